@@ -1,0 +1,336 @@
+"""LatentLM: Coconut continuous thought on any Hugging Face causal LM, batched over one KV cache.
+
+Sequence layout of one row (left padding, so every row's latents sit at the same columns)::
+
+    [pad ...][question tokens][<|start-latent|>][h_1 ... h_T][<|end-latent|>][steps ... #### answer <eos>]
+
+Continuous thought (Coconut, Hao et al. 2024): the last-layer hidden state at position t-1 (after the
+final norm, i.e. what the LM head reads) is the input embedding at latent position t. We run the
+question once, then one single-position forward per latent step over a ``DynamicCache``, then the
+answer, so the work is O(T) forwards of one position instead of Coconut's T full re-forwards.
+Gradients flow through every latent step: the cache holds the graph of every key and value.
+
+Every forward goes through :meth:`LatentLM._forward`, which tells an optional perturbation which
+phase (``prompt`` / ``latent`` / ``answer``) is running; that is the single hook the dropout-GRPO
+perturbations use (see :mod:`dgrpo.perturbation`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+START_LATENT, LATENT, END_LATENT = "<|start-latent|>", "<|latent|>", "<|end-latent|>"
+LATENT_CONFIG_FILE = "latent_config.json"
+MODES = ("coconut", "pause", "cot", "no_cot", "plain")
+
+
+@dataclass
+class LatentSettings:
+    """How a checkpoint reasons; saved next to the weights as ``latent_config.json``.
+
+    ``mode``: ``coconut`` (continuous thought), ``pause`` (``<|latent|>`` pause tokens, no recurrence),
+    ``cot`` / ``no_cot`` (no latents; written steps or answer only), ``plain`` (a plain causal LM
+    prompted without latent markers).
+    """
+
+    mode: str = "coconut"
+    c_thought: int = 1
+    stage: int = 0
+    n_latent: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LatentSettings":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+class PhaseHook(Protocol):
+    """What LatentLM calls before every forward; implemented by the perturbations."""
+
+    def before_forward(self, phase: str) -> None: ...
+
+
+@dataclass
+class DecodeState:
+    """A batch mid-sequence: its KV cache, attention mask so far, next position ids, last hidden state."""
+
+    cache: DynamicCache
+    attention_mask: Tensor  # [B, S] 1 = real token
+    next_position: Tensor  # [B] position id of the next token
+    last_hidden: Tensor  # [B, 1, H] last-layer hidden state at the last position fed
+
+
+@dataclass
+class Generation:
+    tokens: Tensor  # [B, L] generated ids, pad after EOS
+    mask: Tensor  # [B, L] 1 for generated tokens up to and including EOS
+    logprobs: Tensor  # [B, L] log pi(token) under the (temperature-scaled) policy, 0 where mask is 0
+
+
+def init_new_embeddings(model: PreTrainedModel, n_old: int) -> None:
+    """Rule for new special tokens: each new row is the mean of the pre-existing rows.
+
+    Applied to the input embedding and, when untied, the output embedding (the output rows then make
+    the new tokens' logits the average logit, so they are neither favoured nor suppressed).
+    """
+    with torch.no_grad():
+        emb = model.get_input_embeddings().weight
+        emb[n_old:] = emb[:n_old].mean(0, keepdim=True)
+        out = model.get_output_embeddings()
+        if out is not None and out.weight.data_ptr() != emb.data_ptr():
+            out.weight[n_old:] = out.weight[:n_old].mean(0, keepdim=True)
+            if getattr(out, "bias", None) is not None:
+                out.bias[n_old:] = out.bias[:n_old].mean()
+
+
+def add_latent_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Add the three latent markers (and a pad token if missing) and initialise their embeddings."""
+    missing = [t for t in (START_LATENT, LATENT, END_LATENT) if t not in tokenizer.get_vocab()]
+    if missing:
+        tokenizer.add_tokens(missing, special_tokens=True)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    n_old = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > n_old:
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+        init_new_embeddings(model, n_old)
+
+
+class LatentLM(nn.Module):
+    """A causal LM plus the Coconut latent recurrence, batched generation and teacher-forced scoring."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, settings: LatentSettings | None = None):
+        super().__init__()
+        add_latent_tokens(model, tokenizer)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.settings = settings or LatentSettings()
+        tokenizer.padding_side = "left"
+        self.start_id = tokenizer.convert_tokens_to_ids(START_LATENT)
+        self.latent_id = tokenizer.convert_tokens_to_ids(LATENT)
+        self.end_id = tokenizer.convert_tokens_to_ids(END_LATENT)
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id
+
+    # ------------------------------------------------------------------ loading / saving
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
+                        trust_remote_code: bool = False) -> "LatentLM":
+        """Load a checkpoint directory (or a hub id): weights from safetensors only."""
+        path = str(path)
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto", use_safetensors=True, trust_remote_code=trust_remote_code)
+        settings = LatentSettings()
+        cfg_file = Path(path) / LATENT_CONFIG_FILE
+        if cfg_file.is_file():
+            settings = LatentSettings.from_dict(json.loads(cfg_file.read_text()))
+        lm = cls(model, tok, settings)
+        if device is not None:
+            lm.to(device)
+        return lm
+
+    def save_pretrained(self, path: str | Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)
+        (path / LATENT_CONFIG_FILE).write_text(self.settings.to_json())
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def base(self) -> nn.Module:
+        return self.model.base_model
+
+    def embed(self, ids: Tensor) -> Tensor:
+        return self.model.get_input_embeddings()(ids)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.model.get_output_embeddings()(hidden)
+
+    # ------------------------------------------------------------------ tokenization
+    def encode_questions(self, questions: list[str], *, markers: bool = True, max_tokens: int | None = None) -> tuple[Tensor, Tensor]:
+        """Left-padded ``question \\n [<|start-latent|>]`` ids and mask, [B, P]."""
+        rows = []
+        for q in questions:
+            ids = self.tokenizer(q + "\n", add_special_tokens=False)["input_ids"]
+            if max_tokens is not None and len(ids) > max_tokens:
+                ids = ids[-max_tokens:]
+            rows.append(ids + ([self.start_id] if markers else []))
+        return left_pad(rows, self.pad_id, self.device)
+
+    def encode_targets(self, texts: list[str], *, max_tokens: int | None = None, eos: bool = True) -> tuple[Tensor, Tensor]:
+        """Right-padded target ids (each ending in EOS) and mask, [B, L]."""
+        rows = []
+        for t in texts:
+            ids = self.tokenizer(t, add_special_tokens=False)["input_ids"]
+            if max_tokens is not None:
+                ids = ids[: max_tokens - int(eos)]
+            rows.append(ids + ([self.eos_id] if eos else []))
+        return right_pad(rows, self.pad_id, self.device)
+
+    def decode(self, tokens: Tensor, mask: Tensor) -> list[str]:
+        return [self.tokenizer.decode(t[m.bool()].tolist(), skip_special_tokens=True) for t, m in zip(tokens, mask)]
+
+    # ------------------------------------------------------------------ the recurrence
+    def _forward(self, state: DecodeState, phase: str, perturbation: PhaseHook | None, *, ids: Tensor | None = None,
+                 embeds: Tensor | None = None, new_mask: Tensor | None = None) -> Tensor:
+        """Append positions to ``state`` (ids or embeddings), return their last-layer hidden states [B, L, H]."""
+        x = ids if ids is not None else embeds
+        B, L = x.shape[:2]
+        if new_mask is None:
+            new_mask = torch.ones(B, L, dtype=state.attention_mask.dtype, device=x.device)
+        positions = state.next_position[:, None] + torch.arange(L, device=x.device)[None]
+        state.attention_mask = torch.cat([state.attention_mask, new_mask.to(state.attention_mask.dtype)], dim=1)
+        if perturbation is not None:
+            perturbation.before_forward(phase)
+        out = self.base(input_ids=ids, inputs_embeds=embeds, attention_mask=state.attention_mask, position_ids=positions,
+                        past_key_values=state.cache, use_cache=True)
+        state.next_position = state.next_position + L
+        state.last_hidden = out.last_hidden_state[:, -1:]
+        return out.last_hidden_state
+
+    def prefill(self, prompt_ids: Tensor, prompt_mask: Tensor, n_latent: int, *, mode: str | None = None,
+                perturbation: PhaseHook | None = None, markers: bool = True) -> DecodeState:
+        """Run the question, ``n_latent`` continuous thoughts and ``<|end-latent|>``.
+
+        Returns the state whose ``last_hidden`` predicts the first answer token. ``prompt_ids`` is the
+        output of :meth:`encode_questions` (ending in ``<|start-latent|>`` when ``markers``).
+        """
+        mode = mode or self.settings.mode
+        B = prompt_ids.shape[0]
+        positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+        state = DecodeState(DynamicCache(config=self.model.config), prompt_mask, positions[:, -1] + 1, None)  # type: ignore[arg-type]
+        if perturbation is not None:
+            perturbation.before_forward("prompt")
+        out = self.base(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, past_key_values=state.cache, use_cache=True)
+        state.last_hidden = out.last_hidden_state[:, -1:]
+        if n_latent > 0:
+            if mode == "pause":
+                pause = self.embed(torch.full((B, n_latent), self.latent_id, device=prompt_ids.device))
+                self._forward(state, "latent", perturbation, embeds=pause)
+            elif mode == "coconut":
+                for _ in range(n_latent):
+                    self._forward(state, "latent", perturbation, embeds=state.last_hidden)
+            else:
+                raise ValueError(f"mode {mode!r} has no latent thoughts; got n_latent={n_latent}")
+        if markers:
+            end = torch.full((B, 1), self.end_id, device=prompt_ids.device)
+            self._forward(state, "answer", perturbation, ids=end)
+        return state
+
+    def score_targets(self, state: DecodeState, target_ids: Tensor, target_mask: Tensor, *, perturbation: PhaseHook | None = None,
+                      temperature: float = 1.0, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Teacher-forced log pi(target_l | prefix) for every target position, [B, L] (0 at padding).
+
+        Feeds targets[:, :-1] over the cache (one forward); logits only at the L scored positions.
+        """
+        h_first = state.last_hidden
+        if target_ids.shape[1] > 1:
+            h_rest = self._forward(state, "answer", perturbation, ids=target_ids[:, :-1], new_mask=target_mask[:, :-1])
+            hidden = torch.cat([h_first, h_rest], dim=1)
+        else:
+            hidden = h_first
+        logits = self.logits(hidden).float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        logp_all = logits.log_softmax(-1)
+        logp = logp_all.gather(-1, target_ids[..., None]).squeeze(-1) * target_mask
+        entropy = None
+        if with_entropy:
+            entropy = -(logp_all.exp() * logp_all).sum(-1) * target_mask
+        return logp, entropy
+
+    def target_logprobs(self, prompt_ids: Tensor, prompt_mask: Tensor, n_latent: int, target_ids: Tensor, target_mask: Tensor, *,
+                        mode: str | None = None, perturbation: PhaseHook | None = None, temperature: float = 1.0,
+                        with_entropy: bool = False, markers: bool = True) -> tuple[Tensor, Tensor | None]:
+        """Question -> latents -> teacher-forced targets, differentiable end to end: log-probs [B, L]."""
+        state = self.prefill(prompt_ids, prompt_mask, n_latent, mode=mode, perturbation=perturbation, markers=markers)
+        return self.score_targets(state, target_ids, target_mask, perturbation=perturbation, temperature=temperature, with_entropy=with_entropy)
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, n_latent: int, *, max_new_tokens: int = 64, temperature: float = 0.0,
+                 top_p: float = 1.0, generator: torch.Generator | None = None, mode: str | None = None,
+                 perturbation: PhaseHook | None = None, markers: bool = True, stop_ids: list[int] | None = None) -> Generation:
+        """Batched answer decoding after the latents over the KV cache; each row stops at its EOS.
+
+        Greedy when ``temperature == 0``. ``logprobs`` are log pi(token) under softmax(logits / t), with
+        t = temperature when sampling and 1 when greedy: the policy the GRPO ratio is taken against.
+        """
+        state = self.prefill(prompt_ids, prompt_mask, n_latent, mode=mode, perturbation=perturbation, markers=markers)
+        B, dev = prompt_ids.shape[0], prompt_ids.device
+        stops = torch.tensor([self.eos_id] + list(stop_ids or []), device=dev)
+        tokens = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long, device=dev)
+        mask = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
+        logprobs = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=dev)
+        alive = torch.ones(B, dtype=torch.bool, device=dev)
+        t_logp = temperature if temperature > 0 else 1.0
+        for i in range(max_new_tokens):
+            logits = self.logits(state.last_hidden[:, -1]).float()
+            nxt = sample_next(logits, temperature, top_p, generator)
+            lp = (logits / t_logp).log_softmax(-1).gather(-1, nxt[:, None]).squeeze(-1)
+            tokens[:, i] = torch.where(alive, nxt, self.pad_id)
+            mask[:, i] = alive.long()
+            logprobs[:, i] = torch.where(alive, lp, 0.0)
+            alive = alive & ~torch.isin(nxt, stops)
+            if not alive.any() or i == max_new_tokens - 1:
+                break
+            self._forward(state, "answer", perturbation, ids=tokens[:, i:i + 1], new_mask=alive[:, None].long())
+        n = int(mask.sum(1).max().item()) if mask.any() else 0
+        return Generation(tokens[:, :n], mask[:, :n], logprobs[:, :n])
+
+
+def sample_next(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> Tensor:
+    """Greedy (temperature 0) or temperature / nucleus sampling of one token per row, [B]."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probs = (logits / temperature).softmax(-1)
+    if top_p < 1.0:
+        sorted_p, idx = probs.sort(-1, descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < top_p
+        sorted_p = sorted_p * keep
+        probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+    if generator is not None and generator.device != probs.device:
+        u = torch.rand(probs.shape[0], 1, generator=generator).to(probs.device)
+        cdf = (probs / probs.sum(-1, keepdim=True)).cumsum(-1)
+        return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def left_pad(rows: list[list[int]], pad_id: int, device: Any = None) -> tuple[Tensor, Tensor]:
+    n = max(len(r) for r in rows)
+    ids = torch.full((len(rows), n), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), n, dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, n - len(r):] = torch.tensor(r)
+            mask[i, n - len(r):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def right_pad(rows: list[list[int]], pad_id: int, device: Any = None) -> tuple[Tensor, Tensor]:
+    n = max(max(len(r) for r in rows), 1)
+    ids = torch.full((len(rows), n), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), n, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[i, : len(r)] = 1
+    return ids.to(device), mask.to(device)
+
+
+def sequence_logprob_loss(logp: Tensor, mask: Tensor, normalizer: float | Tensor | None = None) -> Tensor:
+    """Negative log-likelihood summed over target tokens / ``normalizer`` (default: their count)."""
+    total = -(logp * mask).sum()
+    return total / (normalizer if normalizer is not None else mask.sum().clamp(min=1))
+

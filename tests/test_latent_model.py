@@ -1,0 +1,148 @@
+"""The latent recurrence: cached == uncached, padding-invariant, differentiable through every step."""
+import pytest
+import torch
+
+from conftest import make_lm
+from dgrpo.model.reference import recompute_generate, uncached_target_logprobs
+
+ARCHS = ["qwen2", "llama", "gpt2"]
+
+
+def batch(lm, records, n=4, ragged=True):
+    qs = [r.question if (i % 2 or not ragged) else r.question[: 25 + i] for i, r in enumerate(records[:n])]
+    targets = ["\n".join(r.steps[2:]) + "\n#### " + r.answer for r in records[:n]]
+    return lm.encode_questions(qs) + lm.encode_targets(targets)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cached_recurrence_equals_uncached_recompute(tokenizer, task_records, arch):
+    lm = make_lm(tokenizer, arch).eval()
+    ids, mask, tg, tm = batch(lm, task_records)
+    with torch.no_grad():
+        state = lm.prefill(ids, mask, 3)
+        cached_lp, _ = lm.score_targets(state, tg, tm)
+        ref_lp, ref_hidden = uncached_target_logprobs(lm, ids, mask, 3, tg, tm)
+    assert torch.allclose(cached_lp, ref_lp, atol=1e-5), (cached_lp - ref_lp).abs().max()
+    # the hidden state fed back at the last latent step equals the full recompute's
+    with torch.no_grad():
+        st = lm.prefill(ids, mask, 3, markers=False)
+    P = ids.shape[1]
+    assert torch.allclose(st.last_hidden[:, 0], ref_hidden[:, P + 2], atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_left_padded_batch_equals_rows_alone(tokenizer, task_records, arch):
+    lm = make_lm(tokenizer, arch).eval()
+    ids, mask, tg, tm = batch(lm, task_records)
+    with torch.no_grad():
+        lp, _ = lm.target_logprobs(ids, mask, 3, tg, tm)
+        gen = lm.generate(ids, mask, 3, max_new_tokens=8)
+        for i in range(ids.shape[0]):
+            keep = mask[i].bool()
+            lp1, _ = lm.target_logprobs(ids[i:i + 1, keep], mask[i:i + 1, keep], 3, tg[i:i + 1, : int(tm[i].sum())], tm[i:i + 1, : int(tm[i].sum())])
+            assert torch.allclose(lp1[0], lp[i, : lp1.shape[1]], atol=1e-5)
+            g1 = lm.generate(ids[i:i + 1, keep], mask[i:i + 1, keep], 3, max_new_tokens=8)
+            n = int(g1.mask.sum())
+            assert g1.tokens[0, :n].tolist() == gen.tokens[i, :n].tolist()
+            assert torch.allclose(g1.logprobs[0, :n], gen.logprobs[i, :n], atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_answer_gradient_reaches_prompt_embeddings_through_all_latent_steps(tokenizer, task_records, arch):
+    lm = make_lm(tokenizer, arch)
+    ids, mask, tg, tm = batch(lm, task_records)
+    captured = []
+    emb = lm.model.get_input_embeddings()
+    hook = emb.register_forward_hook(lambda m, i, o: captured.append(o) and None)
+    try:
+        lp, _ = lm.target_logprobs(ids, mask, 4, tg, tm)  # T = 4 latent steps between prompt and answer
+    finally:
+        hook.remove()
+    prompt_emb = captured[0]
+    assert prompt_emb.shape[:2] == ids.shape
+    loss = -(lp * tm).sum() / tm.sum()
+    g = torch.autograd.grad(loss, prompt_emb)[0]
+    assert torch.isfinite(g).all() and g[mask.bool()].abs().sum() > 0
+
+
+def test_gradient_flows_through_the_chain_not_only_the_cache(tokenizer, task_records):
+    """Cutting the fed-back hidden state (detach) must change the prompt gradient: the chain carries gradient."""
+    lm = make_lm(tokenizer, "qwen2")
+    ids, mask, tg, tm = batch(lm, task_records)
+    grads = []
+    for detach in (False, True):
+        lm.zero_grad()
+        orig = lm._forward
+
+        def fwd(state, phase, perturbation, **kw):
+            if detach and kw.get("embeds") is not None and phase == "latent":
+                kw["embeds"] = kw["embeds"].detach()
+            return orig(state, phase, perturbation, **kw)
+
+        lm._forward = fwd
+        lp, _ = lm.target_logprobs(ids, mask, 4, tg, tm)
+        (-(lp * tm).sum()).backward()
+        lm._forward = orig
+        grads.append(lm.model.get_input_embeddings().weight.grad.clone())
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert not torch.allclose(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batched_cached_generation_matches_batch1_recompute(tokenizer, task_records, arch):
+    lm = make_lm(tokenizer, arch).eval()
+    qs = [r.question for r in task_records[:3]]
+    ids, mask = lm.encode_questions(qs)
+    gen = lm.generate(ids, mask, 2, max_new_tokens=6)
+    for i, q in enumerate(qs):
+        ref = recompute_generate(lm, q, 2, 6)
+        n = int(gen.mask[i].sum())
+        assert gen.tokens[i, :n].tolist() == ref[:n]
+
+
+def test_generation_stops_at_eos_per_row(tokenizer, task_records):
+    lm = make_lm(tokenizer, "qwen2").eval()
+    with torch.no_grad():
+        lm.model.lm_head.weight.zero_()  # tied: all logits 0 ...
+    # ... except EOS gets a bias via the embedding of the last hidden state: make EOS always argmax
+    lm.model.get_output_embeddings().register_forward_hook(lambda m, i, o: o.index_fill(-1, torch.tensor([lm.eos_id]), 1.0))
+    ids, mask = lm.encode_questions([r.question for r in task_records[:3]])
+    gen = lm.generate(ids, mask, 2, max_new_tokens=5)
+    assert gen.tokens.shape[1] == 1 and (gen.tokens[:, 0] == lm.eos_id).all() and gen.mask.sum() == 3
+
+
+def test_sampling_is_seeded_and_top_p_restricts(tokenizer, task_records):
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:4]])
+    a = lm.generate(ids, mask, 2, max_new_tokens=6, temperature=1.0, generator=torch.Generator().manual_seed(1))
+    b = lm.generate(ids, mask, 2, max_new_tokens=6, temperature=1.0, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a.tokens, b.tokens)
+    g = lm.generate(ids, mask, 2, max_new_tokens=6)
+    n = lm.generate(ids, mask, 2, max_new_tokens=6, temperature=1.0, top_p=1e-6, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(g.tokens, n.tokens)  # nucleus of mass ~0 keeps only the argmax
+
+
+def test_special_tokens_added_and_initialised_to_mean(tokenizer):
+    from conftest import make_lm as mk
+    lm = mk(tokenizer, "llama")
+    w = lm.model.get_input_embeddings().weight
+    n_old = w.shape[0] - 3
+    for t in (lm.start_id, lm.latent_id, lm.end_id):
+        assert t >= n_old
+        assert torch.allclose(w[t], w[:n_old].mean(0), atol=1e-6)
+
+
+def test_save_and_reload_roundtrip(tokenizer, task_records, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from dgrpo.model.latent_lm import LatentLM, LatentSettings
+    lm = make_lm(tokenizer, "gpt2").eval()
+    lm.settings = LatentSettings(mode="coconut", c_thought=2, stage=3, n_latent=6)
+    lm.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    lm2 = LatentLM.from_pretrained(tmp_path).eval()
+    assert lm2.settings == lm.settings
+    ids, mask = lm.encode_questions([task_records[0].question])
+    assert torch.equal(lm.generate(ids, mask, 3).tokens, lm2.generate(ids, mask, 3).tokens)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path)  # loadable by plain transformers
+    assert plain.config.vocab_size == lm.model.config.vocab_size
