@@ -2,7 +2,7 @@
 
 A problem is a chain of ``n_steps`` operations evaluated left to right modulo ``modulus``::
 
-    question: Start with 3. Add 4. Multiply by 7. Take away 5. Give the result mod 10.
+    question: Start with 3. Add 4. Multiply by 7. Take away 5. Answer mod 10.
     steps:    <<3+4=7>>  <<7*7=9>>  <<9-5=4>>
     answer:   4
 
@@ -45,7 +45,7 @@ def make_problem(rng: random.Random, n_steps: int, modulus: int, lo: int, hi: in
         parts.append(rng.choice(_PHRASES[op]).format(x=x))
         steps.append(f"<<{value}{op}{x}={new}>>")
         value = new
-    parts.append(f"Give the result mod {modulus}.")
+    parts.append(f"Answer mod {modulus}.")
     return Record(question=" ".join(parts), steps=steps, answer=str(value))
 
 

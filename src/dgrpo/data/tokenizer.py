@@ -1,6 +1,6 @@
 """A small word-level tokenizer for the built-in task, trained locally with the `tokenizers` library.
 
-Words keep their leading space (``▁with``), digits are split one per token (so numbers of any size
+Words and the first digit of a number keep their leading space (``▁with``, ``▁1``), digits are split one per token (so numbers of any size
 are representable), punctuation and ``\\n`` are tokens of their own, and decoding restores the text
 exactly. Saved and loaded as a Hugging Face ``PreTrainedTokenizerFast``.
 """
@@ -17,7 +17,7 @@ def train_word_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel(unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=True),
-        pre_tokenizers.Split(Regex(r"\d|<<|>>|####|[^\w▁]"), behavior="isolated"),
+        pre_tokenizers.Split(Regex(r"▁?\d|<<|>>|####|[^\w▁]"), behavior="isolated"),
     ])
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="never", split=True)
     tok.train_from_iterator(texts, trainer=trainers.WordLevelTrainer(special_tokens=[PAD, EOS, UNK]))

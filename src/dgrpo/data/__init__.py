@@ -1,0 +1,23 @@
+"""Datasets: one record type, loaders for the public math sets, the built-in synthetic task."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .records import DataError, Record
+
+
+def load_spec(spec: str, task=None) -> list[Record]:
+    """Load ``name``, ``name:split`` or a file path. ``task`` (a TaskConfig) parameterises ``builtin`` names."""
+    from .loaders import load_dataset
+
+    if spec.startswith("builtin"):
+        from .synthetic import load_builtin
+
+        return load_builtin(spec, None, task)
+    if Path(spec).exists():
+        return load_dataset(spec)
+    name, _, split = spec.partition(":")
+    return load_dataset(name, split or None)
+
+
+__all__ = ["DataError", "Record", "load_spec"]

@@ -1,0 +1,525 @@
+"""Read every supported dataset (by name or file path) into ``Record`` lists, with one clear ``DataError`` per bad file."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Callable
+
+from dgrpo.data.records import DataError, Record
+from dgrpo.reward import normalize_number
+
+__all__ = ["DATASETS", "HUB_DATASETS", "DatasetSpec", "find_data_dir", "load_dataset"]
+
+# A folder counts as the data folder (for the ./data and ../shared/data guesses) when it holds one of these.
+_DATA_MARKERS = ("gsm8k", "gsm8k_aug", "svamp", "multiarith", "gsm_hard", "coconut")
+
+# ---------------------------------------------------------------------------------------------------------
+# Field helpers: every problem becomes a _RowError, which the caller turns into "<file> line N: <problem>".
+
+
+class _RowError(Exception):
+    """One record's problem; the caller adds the file and line/record position."""
+
+
+def _field(row: dict[str, Any], key: str) -> Any:
+    if key not in row:
+        raise _RowError(f"missing field {key!r}")
+    return row[key]
+
+
+def _text_field(row: dict[str, Any], key: str, *, strip: bool = True, allow_empty: bool = False) -> str:
+    value = _field(row, key)
+    if not isinstance(value, str):
+        raise _RowError(f"field {key!r} must be a string, got {type(value).__name__}")
+    if strip:
+        value = value.strip()
+    if not allow_empty and not value.strip():
+        raise _RowError(f"field {key!r} is empty")
+    return value
+
+
+def _steps_field(row: dict[str, Any], key: str = "steps") -> list[str]:
+    value = _field(row, key)
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise _RowError(f"field {key!r} must be a list of strings")
+    return list(value)
+
+
+def _format_number(value: Any, what: str) -> str:
+    """A numeric gold as answer text: int string when whole (``8.0`` -> ``"8"``), else full precision
+    without exponent (``3244047.0999999996``, ``2.0107e-06`` -> ``"0.0000020107"``)."""
+    if isinstance(value, bool):
+        raise _RowError(f"{what} must be a number, got a boolean")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _RowError(f"{what} must be a finite number, got {value!r}")
+        if value.is_integer():
+            return str(int(value))
+        canon = normalize_number(format(Decimal(repr(value)), "f"))
+        assert canon is not None
+        return canon
+    if isinstance(value, str):
+        canon = normalize_number(value)
+        if canon is not None:
+            return canon
+        raise _RowError(f"{what} must be a number, got {value[:60]!r}")
+    raise _RowError(f"{what} must be a number, got {type(value).__name__}")
+
+
+def _numeric_answer(text: str, what: str) -> str:
+    canon = normalize_number(text)
+    if canon is None:
+        raise _RowError(f"{what} must be a number, got {text.strip()[:60]!r}")
+    return canon
+
+
+def _step_annotations(solution: str) -> list[str]:
+    """GSM8K's ``<<expr=value>>`` calculator annotations, in order, exactly as GSM8K-Aug writes its steps."""
+    steps: list[str] = []
+    start = solution.find("<<")
+    while start >= 0:
+        end = solution.find(">>", start + 2)
+        if end < 0:
+            break
+        inner = solution[start + 2 : end]
+        if "<<" in inner:  # an unmatched "<<": restart at the inner one
+            start = solution.find("<<", start + 2)
+            continue
+        steps.append(solution[start : end + 2])
+        start = solution.find("<<", end + 2)
+    return steps
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Row parsers: one JSON object (a jsonl line, a JSON list element, a hub row) -> Record.
+
+RowParser = Callable[[dict[str, Any]], Record]
+
+
+def _row_gsm8k(row: dict[str, Any]) -> Record:
+    question = _text_field(row, "question")
+    solution = _text_field(row, "answer", strip=False)
+    if "####" not in solution:
+        raise _RowError("field 'answer' has no '#### <final answer>' line")
+    answer = _numeric_answer(solution.rpartition("####")[2], "final answer after '####'")
+    return Record(question, _step_annotations(solution), answer, {"solution": solution})
+
+
+def _row_coconut(row: dict[str, Any], *, numeric: bool) -> Record:
+    question = _text_field(row, "question")
+    # Coconut writes an empty CoT as [""] (its gsm_icot.py splits "" on spaces): blank steps are dropped.
+    steps = [s for s in _steps_field(row) if s.strip()]
+    answer = _text_field(row, "answer")
+    canon = normalize_number(answer)
+    if canon is not None:
+        answer = canon
+    elif numeric:
+        raise _RowError(f"field 'answer' must be a number, got {answer[:60]!r}")
+    meta = {k: v for k, v in row.items() if k not in ("question", "steps", "answer")}
+    return Record(question, steps, answer, meta)
+
+
+def _row_coconut_any(row: dict[str, Any]) -> Record:
+    return _row_coconut(row, numeric=False)
+
+
+def _row_coconut_numeric(row: dict[str, Any]) -> Record:
+    return _row_coconut(row, numeric=True)
+
+
+def _row_svamp(row: dict[str, Any]) -> Record:
+    body = _text_field(row, "Body", allow_empty=True)
+    q = _text_field(row, "Question")
+    answer = _format_number(_field(row, "Answer"), "field 'Answer'")
+    meta = {k: row[k] for k in ("ID", "Equation", "Type") if k in row}
+    return Record(" ".join(p for p in (body, q) if p), [], answer, meta)
+
+
+def _row_multiarith(row: dict[str, Any]) -> Record:
+    question = _text_field(row, "sQuestion")
+    solutions = _field(row, "lSolutions")
+    if not isinstance(solutions, list) or not solutions:
+        raise _RowError("field 'lSolutions' must be a non-empty list of numbers")
+    answer = _format_number(solutions[0], "field 'lSolutions[0]'")
+    meta = {k: row[k] for k in ("iIndex", "lEquations") if k in row}
+    return Record(question, [], answer, meta)
+
+
+def _row_pal(row: dict[str, Any]) -> Record:
+    """PAL's ``{"input", "target"}`` rows: GSM-Hard (float target, with ``code``) and MultiArith's jsonl twin."""
+    question = _text_field(row, "input")
+    answer = _format_number(_field(row, "target"), "field 'target'")
+    meta = {"code": row["code"]} if isinstance(row.get("code"), str) else {}
+    return Record(question, [], answer, meta)
+
+
+def _row_openmath(row: dict[str, Any]) -> Record:
+    """OpenMathInstruct-2 rows: ``problem``, ``expected_answer`` (often LaTeX, so kept as text)."""
+    question = _text_field(row, "problem")
+    answer = _text_field(row, "expected_answer")
+    canon = normalize_number(answer)
+    meta = {k: row[k] for k in ("generated_solution", "problem_source") if k in row}
+    return Record(question, [], canon if canon is not None else answer, meta)
+
+
+def _row_question_answer(row: dict[str, Any]) -> Record:
+    """Plain ``{question, answer}`` rows: GSM8K style when the answer has ``####``, else the answer as is."""
+    if isinstance(row.get("answer"), str) and "####" in row["answer"]:
+        return _row_gsm8k(row)
+    question = _text_field(row, "question")
+    answer = _text_field(row, "answer")
+    canon = normalize_number(answer)
+    return Record(question, [], canon if canon is not None else answer, {})
+
+
+# Key sets that identify a row format, most specific first.
+_ROW_FORMATS: list[tuple[frozenset[str], RowParser, str]] = [
+    (frozenset({"question", "steps", "answer"}), _row_coconut_any, "Coconut {question, steps, answer}"),
+    (frozenset({"Body", "Question", "Answer"}), _row_svamp, "SVAMP {Body, Question, Answer}"),
+    (frozenset({"sQuestion", "lSolutions"}), _row_multiarith, "MultiArith {sQuestion, lSolutions}"),
+    (frozenset({"problem", "expected_answer"}), _row_openmath, "OpenMathInstruct-2 {problem, expected_answer}"),
+    (frozenset({"input", "target"}), _row_pal, "PAL {input, target}"),
+    (frozenset({"question", "answer"}), _row_question_answer, "{question, answer}"),
+]
+_KNOWN_ROW_FORMATS = "; ".join(desc for _, _, desc in _ROW_FORMATS)
+
+
+def _detect_row_parser(row: Any) -> RowParser:
+    if not isinstance(row, dict):
+        raise _RowError(f"expected a JSON object, got {type(row).__name__}")
+    for keys, parser, _ in _ROW_FORMATS:
+        if keys <= row.keys():
+            return parser
+    shown = ", ".join(sorted(map(str, row))[:8])
+    raise _RowError(f"unrecognised record keys ({shown}); expected one of: {_KNOWN_ROW_FORMATS}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# File parsers: (path, text) -> records. A row parser of None means "detect from the first record".
+
+
+def _lines(text: str) -> list[tuple[int, str]]:
+    """Non-blank lines with their 1-based line numbers (split on ``\\n`` only: JSON strings may hold U+2028)."""
+    return [(i, line.rstrip("\r")) for i, line in enumerate(text.split("\n"), 1) if line.strip()]
+
+
+def _apply(path: Path, where: str, parser: RowParser, row: Any) -> Record:
+    if not isinstance(row, dict):
+        raise DataError(f"{path} {where}: expected a JSON object, got {type(row).__name__}")
+    try:
+        record = parser(row)
+    except _RowError as exc:
+        raise DataError(f"{path} {where}: {exc}") from None
+    record.meta.setdefault("source", str(path))
+    return record
+
+
+def _json_value(path: Path, where: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        line = f"line {exc.lineno}" if where == "" else where
+        raise DataError(f"{path} {line}: invalid JSON ({exc.msg}, column {exc.colno})") from None
+    except (ValueError, RecursionError) as exc:  # e.g. an integer too long to convert, nesting too deep
+        raise DataError(f"{path} {where or 'line 1'}: invalid JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
+
+
+def _parse_jsonl(path: Path, text: str, parser: RowParser | None) -> list[Record]:
+    records: list[Record] = []
+    for lineno, line in _lines(text):
+        where = f"line {lineno}"
+        row = _json_value(path, where, line)
+        if parser is None:
+            try:
+                parser = _detect_row_parser(row)
+            except _RowError as exc:
+                raise DataError(f"{path} {where}: {exc}") from None
+        records.append(_apply(path, where, parser, row))
+    return records
+
+
+def _parse_json_list(path: Path, text: str, parser: RowParser | None) -> list[Record]:
+    data = _json_value(path, "", text)
+    if isinstance(data, dict):  # tolerate {"data": [...]} wrappers
+        inner = data.get("data")
+        if not isinstance(inner, list):
+            raise DataError(f"{path}: expected a JSON list of records, got an object without a 'data' list")
+        data = inner
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
+    records: list[Record] = []
+    for index, row in enumerate(data):
+        where = f"record {index}"
+        if parser is None:
+            try:
+                parser = _detect_row_parser(row)
+            except _RowError as exc:
+                raise DataError(f"{path} {where}: {exc}") from None
+        records.append(_apply(path, where, parser, row))
+    return records
+
+
+def _parse_aug_text(path: Path, text: str) -> list[Record]:
+    """GSM8K-Aug lines ``question||<<e1>> <<e2>> #### answer`` (steps split on whitespace, as Coconut does)."""
+    records: list[Record] = []
+    expected = "expected 'question||<<step>> ... #### answer'"
+    for lineno, line in _lines(text):
+        parts = line.split("||")
+        if len(parts) != 2:
+            raise DataError(f"{path} line {lineno}: {expected} with exactly one '||'")
+        question, rest = parts[0].strip(), parts[1]
+        if not question:
+            raise DataError(f"{path} line {lineno}: empty question before '||'")
+        if rest.count("####") != 1:
+            raise DataError(f"{path} line {lineno}: {expected} with exactly one '####'")
+        cot, _, answer_text = rest.partition("####")
+        answer = normalize_number(answer_text)
+        if answer is None:
+            got = answer_text.strip()[:60]
+            raise DataError(f"{path} line {lineno}: final answer after '####' must be a number, got {got!r}")
+        records.append(Record(question, cot.split(), answer, {"source": str(path)}))
+    return records
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Registry of built-in names.
+
+FileParser = Callable[[Path, str], list[Record]]
+
+
+def _jsonl(parser: RowParser | None) -> FileParser:
+    return lambda path, text: _parse_jsonl(path, text, parser)
+
+
+def _json_list(parser: RowParser | None) -> FileParser:
+    return lambda path, text: _parse_json_list(path, text, parser)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A built-in dataset: its files (relative to the data folder) per split, and the parser of those files."""
+
+    splits: dict[str, str]
+    parser: FileParser
+    description: str = ""
+
+    @property
+    def default_split(self) -> str:
+        return "test" if "test" in self.splits else next(iter(self.splits))
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    "gsm8k": DatasetSpec(
+        {"train": "gsm8k/train.jsonl", "test": "gsm8k/test.jsonl"}, _jsonl(_row_gsm8k), "GSM8K (openai/grade-school-math)"
+    ),
+    "gsm8k_aug": DatasetSpec(
+        {"valid": "gsm8k_aug/valid.txt", "test": "gsm8k_aug/test.txt"}, _parse_aug_text, "GSM8K-Aug, iCoT text format"
+    ),
+    "coconut_gsm8k_aug": DatasetSpec(
+        {"valid": "coconut/gsm8k_aug/gsm_valid.json", "test": "coconut/gsm8k_aug/gsm_test.json"},
+        _json_list(_row_coconut_numeric),
+        "GSM8K-Aug in Coconut JSON",
+    ),
+    "prosqa": DatasetSpec({"valid": "coconut/prosqa/prosqa_valid.json"}, _json_list(_row_coconut_any), "ProsQA (Coconut)"),
+    "svamp": DatasetSpec({"test": "svamp/SVAMP.json"}, _json_list(_row_svamp), "SVAMP, all 1000 problems"),
+    "multiarith": DatasetSpec(
+        {"test": "multiarith/MultiArith.json"}, _json_list(_row_multiarith), "MultiArith, 600 problems"
+    ),
+    "gsm_hard": DatasetSpec({"test": "gsm_hard/gsmhardv2.jsonl"}, _jsonl(_row_pal), "GSM-Hard (PAL gsmhardv2)"),
+}
+
+#: Names read from the Hugging Face hub (through the optional ``datasets`` package): name -> hub id.
+HUB_DATASETS: dict[str, str] = {"openmathinstruct2": "nvidia/OpenMathInstruct-2"}
+
+_ALIASES = {
+    "gsm-hard": "gsm_hard",
+    "gsmhard": "gsm_hard",
+    "gsm8k-aug": "gsm8k_aug",
+    "coconut-gsm8k-aug": "coconut_gsm8k_aug",
+    "openmathinstruct-2": "openmathinstruct2",
+    "openmathinstruct_2": "openmathinstruct2",
+}
+
+
+def find_data_dir() -> Path | None:
+    """The folder holding the shared data files, or None.
+
+    Looked for, in order: ``$DGRPO_DATA_DIR`` (used as given when it is a folder), ``./data``, then
+    ``../shared/data`` relative to the current directory, then ``shared/data`` under any parent of this
+    source file (so a dev install in ``/work/main`` finds ``/work/shared/data``). The guessed folders
+    must hold at least one known dataset folder (``gsm8k/``, ``svamp/``, ...).
+    """
+    env = os.environ.get("DGRPO_DATA_DIR")
+    if env and Path(env).expanduser().is_dir():
+        return Path(env).expanduser().resolve()
+    cwd = Path.cwd()
+    guesses = [cwd / "data", cwd.parent / "shared" / "data"]
+    guesses += [parent / "shared" / "data" for parent in Path(__file__).resolve().parents]
+    for guess in guesses:
+        try:
+            if guess.is_dir() and any((guess / marker).is_dir() for marker in _DATA_MARKERS):
+                return guess.resolve()
+        except OSError:
+            continue
+    return None
+
+
+def _read_text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, expected a data file") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise DataError(f"{path} line {line}: not valid UTF-8 (byte {exc.start})") from None
+
+
+def _nonempty(path: Path, records: list[Record]) -> list[Record]:
+    if not records:
+        raise DataError(f"{path} contains no records")
+    return records
+
+
+def _load_file(path: Path) -> list[Record]:
+    """Read a data file, its format detected from the extension and content."""
+    text = _read_text(path)
+    suffix = path.suffix.lower()
+    head = text.lstrip()[:1]
+    if suffix == ".jsonl" or (suffix != ".json" and head == "{"):
+        records = _parse_jsonl(path, text, None)
+    elif suffix == ".json" or head == "[":
+        records = _parse_json_list(path, text, None)
+    elif "||" in text:
+        records = _parse_aug_text(path, text)
+    elif not text.strip():
+        records = []
+    else:
+        raise DataError(
+            f"{path}: unrecognised format; expected .jsonl/.json records or 'question||steps #### answer' lines"
+        )
+    return _nonempty(path, records)
+
+
+def _load_builtin_name(name: str, split: str | None) -> list[Record]:
+    spec = DATASETS[name]
+    chosen = spec.default_split if split is None else split
+    if chosen not in spec.splits:
+        raise DataError(f"dataset {name!r} has splits {', '.join(spec.splits)}; got {chosen!r}")
+    data_dir = find_data_dir()
+    if data_dir is None:
+        raise DataError(
+            f"dataset {name!r}: data folder not found (set DGRPO_DATA_DIR, or put the files in ./data or ../shared/data)"
+        )
+    path = data_dir / spec.splits[chosen]
+    if not path.is_file():
+        raise DataError(f"dataset {name!r} split {chosen!r}: {path} not found (data folder {data_dir})")
+    return _nonempty(path, spec.parser(path, _read_text(path)))
+
+
+def _load_from_hub(name: str, split: str | None, *, hub_id: str | None = None) -> list[Record]:
+    """Rows from the Hugging Face hub, through the optional ``datasets`` package, as Records."""
+    builtin = ", ".join([*DATASETS, *HUB_DATASETS])
+    prefix = f"unknown dataset {name!r}: not a local file, not a built-in name ({builtin}), and"
+    if hub_id is not None:
+        prefix = f"dataset {name!r} (hub {hub_id!r}):"
+    try:
+        import datasets  # type: ignore[import-not-found]
+    except ImportError:
+        raise DataError(
+            f"{prefix} the Hugging Face hub could not be reached: the optional 'datasets' package is not "
+            "installed (pip install 'dgrpo[hub]')"
+        ) from None
+    repo = hub_id or name
+    try:
+        loaded = datasets.load_dataset(repo, split=split)
+        if split is None:  # a DatasetDict: take test if present, else the first split
+            names = list(loaded.keys())
+            split = "test" if "test" in names else names[0]
+            loaded = loaded[split]
+        rows = list(loaded)
+    except Exception as exc:  # noqa: BLE001 - any hub/network/format failure becomes one DataError line
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        raise DataError(f"{prefix} the Hugging Face hub could not be reached: {reason}") from None
+    where = f"hub dataset {repo!r} split {split!r}"
+    records: list[Record] = []
+    parser: RowParser | None = None
+    for index, row in enumerate(rows):
+        try:
+            if not isinstance(row, dict):
+                raise _RowError(f"expected a record (mapping), got {type(row).__name__}")
+            parser = parser or _detect_row_parser(row)
+            record = parser(row)
+        except _RowError as exc:
+            raise DataError(f"{where} row {index}: {exc}") from None
+        record.meta.setdefault("source", f"hf:{repo}")
+        records.append(record)
+    if not records:
+        raise DataError(f"{where} contains no records")
+    return records
+
+
+def load_dataset(name_or_path: str, split: str | None = None) -> list[Record]:
+    """Load a dataset as a list of :class:`Record`.
+
+    ``name_or_path`` is one of:
+
+    * a built-in name (files under :func:`find_data_dir`): ``gsm8k`` (train/test), ``gsm8k_aug``
+      (valid/test), ``coconut_gsm8k_aug`` (valid/test), ``prosqa`` (valid), ``svamp`` (test: all
+      1000), ``multiarith`` (test: all 600), ``gsm_hard`` (test);
+    * ``openmathinstruct2`` (``nvidia/OpenMathInstruct-2`` on the Hugging Face hub);
+    * a name starting with ``builtin``: the project's synthetic task (``dgrpo.data.synthetic``);
+    * a path to a data file; its format is detected from the extension and content (jsonl/JSON-list
+      records keyed like any format above, PAL ``{input, target}`` jsonl, OpenMathInstruct-2
+      ``{problem, expected_answer}`` jsonl, or GSM8K-Aug ``question||steps #### answer`` lines);
+      ``split`` is ignored for a path;
+    * any other name: a Hugging Face hub dataset, read through the optional ``datasets`` package.
+
+    ``split=None`` picks ``test`` when the dataset has one, else its first (for ProsQA the only,
+    ``valid``) split. Numeric answers are normalised number strings (``"40,000"`` -> ``"40000"``).
+
+    Raises :class:`DataError` (one line naming the file and line or record) for a missing or
+    malformed file, an unknown split, an empty dataset, or a name that cannot be resolved.
+    """
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise DataError(f"dataset name or path must be a string, got {type(name_or_path).__name__}")
+    raw = os.fspath(name_or_path)
+    if not isinstance(raw, str) or not raw.strip():
+        raise DataError("dataset name or path is empty")
+    if isinstance(name_or_path, str) and raw.startswith("builtin"):
+        try:
+            from dgrpo.data.synthetic import load_builtin
+        except ModuleNotFoundError as exc:
+            if exc.name != "dgrpo.data.synthetic":
+                raise
+            raise DataError(f"dataset {raw!r}: the synthetic task module dgrpo.data.synthetic is not available") from None
+        return load_builtin(raw, split)
+    path = Path(raw).expanduser()
+    try:
+        is_file = path.is_file()
+    except OSError:
+        is_file = False
+    if is_file:
+        return _load_file(path)
+    key = raw.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key in DATASETS:
+        return _load_builtin_name(key, split)
+    if key in HUB_DATASETS:
+        return _load_from_hub(raw, split if split is not None else "train", hub_id=HUB_DATASETS[key])
+    if path.suffix.lower() in (".json", ".jsonl", ".txt") or raw.startswith((".", "/", "~")) or path.is_dir():
+        if path.is_dir():
+            raise DataError(f"{path}: is a directory; give a data file or a dataset name")
+        raise DataError(f"{path}: file not found")
+    return _load_from_hub(raw, split)

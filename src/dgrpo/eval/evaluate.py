@@ -1,0 +1,121 @@
+"""Batched pass@1 evaluation of a LatentLM (or of a plain causal LM with a chain-of-thought prompt)."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..data.records import Record
+from ..model.latent_lm import LatentLM
+from ..reward import extract_answer, is_parseable, score
+
+
+@dataclass
+class EvalResult:
+    dataset: str
+    accuracy: float
+    n: int
+    correct: int
+    unparseable: int
+    seed: int
+    n_latent: int
+    mode: str
+    wall_s: float
+    predictions: list[dict] = field(default_factory=list, repr=False)
+
+    def summary(self) -> dict:
+        d = dict(self.__dict__)
+        d.pop("predictions")
+        return d
+
+
+def plain_prompt(question: str, shots: list[Record]) -> str:
+    """k-shot chain-of-thought prompt for a plain causal LM (the paper's base-model rows)."""
+    parts = []
+    for r in shots:
+        steps = " ".join(r.steps)
+        parts.append(f"Question: {r.question}\nAnswer: {steps + ' ' if steps else ''}The answer is {r.answer}.\n\n")
+    return "".join(parts) + f"Question: {question}\nAnswer:"
+
+
+def _cut_plain(text: str) -> str:
+    """A plain LM keeps writing after its answer; keep the first answer paragraph."""
+    for stop in ("\n\nQuestion", "\nQuestion:", "\n\n"):
+        if stop in text:
+            text = text.split(stop, 1)[0]
+    return text
+
+
+@torch.no_grad()
+def generate_answers(lm: LatentLM, questions: list[str], *, n_latent: int, batch_size: int = 256, max_new_tokens: int = 64,
+                     temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, mode: str | None = None, markers: bool = True,
+                     max_question_tokens: int | None = None, perturbation_factory=None, progress: bool = True) -> list[str]:
+    """Completions for ``questions`` in batches sorted by length (less padding), returned in input order.
+
+    ``perturbation_factory(batch_size, batch_index)`` may return a bound perturbation for the batch
+    (Monte-Carlo dropout evaluation); ``None`` evaluates the deterministic network.
+    """
+    order = sorted(range(len(questions)), key=lambda i: len(questions[i]))
+    gen = torch.Generator().manual_seed(seed)
+    out: list[str] = [""] * len(questions)
+    was_training = lm.training
+    lm.eval()
+    for bi, b0 in enumerate(tqdm(range(0, len(order), batch_size), desc="eval", disable=not progress, leave=False, dynamic_ncols=True)):
+        idx = order[b0:b0 + batch_size]
+        ids, mask = lm.encode_questions([questions[i] for i in idx], markers=markers, max_tokens=max_question_tokens)
+        pert = perturbation_factory(len(idx), bi) if perturbation_factory is not None else None
+        g = lm.generate(ids, mask, n_latent, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, generator=gen,
+                        mode=mode, markers=markers, perturbation=pert)
+        for i, text in zip(idx, lm.decode(g.tokens, g.mask)):
+            out[i] = text
+    lm.train(was_training)
+    return out
+
+
+def evaluate(lm: LatentLM, records: list[Record], *, dataset: str = "", n_latent: int | None = None, batch_size: int = 256,
+             max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, plain: bool = False,
+             shots: int = 0, limit: int = 0, max_question_tokens: int | None = None, progress: bool = True,
+             perturbation_factory=None) -> EvalResult:
+    """Greedy (by default) pass@1 with no perturbation; counts unparseable outputs."""
+    t0 = time.time()
+    shot_recs: list[Record] = []
+    if plain and shots:
+        shot_recs, records = records[:shots], records[shots:]
+    if limit:
+        records = records[:limit]
+    if plain:
+        questions = [plain_prompt(r.question, shot_recs) for r in records]
+        n_lat, mode, markers = 0, "plain", False
+    else:
+        questions = [r.question for r in records]
+        n_lat = lm.settings.n_latent if n_latent is None or n_latent < 0 else n_latent
+        mode, markers = lm.settings.mode, True
+        if mode in ("cot", "no_cot", "plain"):
+            n_lat, mode = 0, "coconut"
+    texts = generate_answers(lm, questions, n_latent=n_lat, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                             temperature=temperature, top_p=top_p, seed=seed, mode=mode, markers=markers,
+                             max_question_tokens=None if plain else max_question_tokens, perturbation_factory=perturbation_factory,
+                             progress=progress)
+    preds, correct, unparseable = [], 0, 0
+    for r, text in zip(records, texts):
+        text = _cut_plain(text) if plain else text
+        ok = score(text, r.answer)
+        parse = is_parseable(text)
+        correct += int(ok == 1.0)
+        unparseable += int(not parse)
+        preds.append({"question": r.question, "gold": r.answer, "completion": text, "pred": extract_answer(text), "correct": bool(ok == 1.0)})
+    n = len(records)
+    return EvalResult(dataset=dataset, accuracy=correct / n if n else 0.0, n=n, correct=correct, unparseable=unparseable, seed=seed,
+                      n_latent=n_lat, mode="plain" if plain else lm.settings.mode, wall_s=round(time.time() - t0, 3), predictions=preds)
+
+
+def write_results(result: EvalResult, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(result.summary(), indent=2))
+    with open(out_dir / "predictions.jsonl", "w") as f:
+        for p in result.predictions:
+            f.write(json.dumps(p) + "\n")

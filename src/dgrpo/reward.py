@@ -1,0 +1,191 @@
+"""The verifier: extract a model's final answer from its text and score it 1.0/0.0 against the gold answer."""
+from __future__ import annotations
+
+import math
+import re
+from decimal import Decimal, InvalidOperation
+
+__all__ = [
+    "REL_TOL",
+    "extract_answer",
+    "is_parseable",
+    "normalize_number",
+    "normalize_text",
+    "numbers_match",
+    "parse_number",
+    "score",
+]
+
+#: Relative tolerance for non-integer golds (GSM-Hard float noise such as ``3244047.0999999996``).
+REL_TOL = 1e-6
+
+_MINUS = "-\u2212"  # ASCII hyphen-minus and the Unicode minus sign
+_SIGN = r"[-+\u2212]"
+# The digits of one number: ``40,000`` (groups of exactly three after a comma), ``1234``, ``3.50``, ``.5``.
+_DIGITS = r"(?:[0-9]{1,3}(?:,[0-9]{3}(?![0-9]))+|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+"
+# An optional sign and ``$`` either side of each other: ``-3``, ``+3``, ``$5``, ``-$5``, ``$-5``, ``$ 5``.
+_NUMBER = rf"(?P<s1>{_SIGN})?(?:\$\s?)?(?P<s2>{_SIGN})?(?P<num>{_DIGITS})"
+# In running text a number must not be glued to a preceding word, digit, '.' or closing bracket, so
+# ``16-3-4=9`` reads as 16, 3, 4, 9 (not -3, -4) and ``abc123`` holds no number.
+_NUMBER_IN_TEXT = re.compile(rf"(?<![0-9A-Za-z_.)\]]){_NUMBER}")
+# A gold answer string is exactly one number, with optional whitespace and trailing period.
+_NUMBER_ALONE = re.compile(rf"\s*{_NUMBER}\.?\s*")
+_ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)
+
+
+def _canonical(match: re.Match[str]) -> str:
+    """The normalised string of a matched number: no commas/``$``/``+``, no padding zeros ("-3.5", "40000")."""
+    signs = (match.group("s1") or "") + (match.group("s2") or "")
+    negative = sum(ch in _MINUS for ch in signs) % 2 == 1
+    digits = match.group("num").replace(",", "")
+    whole, _, frac = digits.partition(".")
+    whole = whole.lstrip("0") or "0"
+    frac = frac.rstrip("0")
+    out = whole + ("." + frac if frac else "")
+    if out == "0":
+        negative = False
+    return ("-" if negative else "") + out
+
+
+def _find_answer(text: str) -> re.Match[str] | None:
+    """The match of the final-answer number (see :func:`extract_answer`), or None."""
+    if not isinstance(text, str):
+        return None
+    hash_at = text.rfind("#")
+    if hash_at >= 0:
+        found = _NUMBER_IN_TEXT.search(text, hash_at + 1)
+        if found is not None:
+            return found
+    last_marker = None
+    for last_marker in _ANSWER_IS.finditer(text):
+        pass
+    if last_marker is not None:
+        found = _NUMBER_IN_TEXT.search(text, last_marker.end())
+        if found is not None:
+            return found
+    last = None
+    for last in _NUMBER_IN_TEXT.finditer(text):
+        pass
+    return last
+
+
+def extract_answer(text: str) -> str | None:
+    """The predicted final answer of a completion, as a normalised number string, or None.
+
+    The span searched is, in order: the text after the last ``#`` (GSM8K's ``#### 42``), else the text
+    after the last "The answer is" / "answer:" (case-insensitive); the first number of that span is the
+    answer. When neither marker is present, or its span holds no number, the last number of the whole
+    text is used. Thousands commas, ``$``, signs, decimals (``3.50``, ``.5``) and a trailing period are
+    handled: ``"#### $40,000."`` -> ``"40000"``, ``"The answer is -3.50"`` -> ``"-3.5"``. Never raises
+    for a ``str``; never evaluates the text.
+    """
+    found = _find_answer(text)
+    return _canonical(found) if found is not None else None
+
+
+def is_parseable(completion_text: str) -> bool:
+    """Whether :func:`extract_answer` finds a number in the completion (eval counts the ones it doesn't)."""
+    return extract_answer(completion_text) is not None
+
+
+def normalize_number(text: str) -> str | None:
+    """The normalised number string of a text that is exactly one number (``" $40,000. "`` -> ``"40000"``), else None."""
+    if not isinstance(text, str):
+        return None
+    m = _NUMBER_ALONE.fullmatch(text)
+    return _canonical(m) if m else None
+
+
+def parse_number(text: str) -> float | None:
+    """A gold answer string as a float (``"40,000"`` -> 40000.0, ``"-3.5"``, ``"1.0"``, ``"$5."``), or None.
+
+    The whole string must be one number (sentences such as ProsQA's ``"Tom is a lempus."`` give None);
+    None too when the value overflows a float.
+    """
+    canon = normalize_number(text)
+    if canon is None:
+        return None
+    value = float(canon)
+    return value if math.isfinite(value) else None
+
+
+def _gold_canonical(gold: str | float | int) -> str | None:
+    """A numeric gold's normalised number string; None for a non-numeric or non-finite gold."""
+    if isinstance(gold, str):
+        return normalize_number(gold)
+    if isinstance(gold, bool):
+        return None
+    if isinstance(gold, int):
+        try:
+            return str(gold)
+        except ValueError:  # more digits than int->str conversion allows
+            return None
+    if isinstance(gold, float):
+        if not math.isfinite(gold):
+            return None
+        return normalize_number(format(Decimal(repr(gold)), "f"))
+    return None
+
+
+def numbers_match(pred: str, gold: str, decimals: int | None = None) -> bool:
+    """Whether a predicted number matches the gold, both normalised number strings (rule: :func:`score`).
+
+    ``decimals`` is how many decimals the prediction was written with (``"2.30"``: 2); by default
+    those of ``pred``.
+    """
+    try:
+        p, g = Decimal(pred), Decimal(gold)
+    except (InvalidOperation, ValueError):
+        return False
+    if p == g:
+        return True
+    if "." not in gold:  # whole-number gold: only the exact integer counts
+        return False
+    pf, gf = float(p), float(g)
+    if not (math.isfinite(pf) and math.isfinite(gf)):
+        return False
+    diff = abs(pf - gf)
+    if diff <= REL_TOL * max(abs(pf), abs(gf)):
+        return True
+    if decimals is None:
+        decimals = len(pred.partition(".")[2])
+    return decimals >= 2 and pf != 0 and diff <= 0.5 * 10.0**-decimals * (1 + 1e-9)
+
+
+def normalize_text(text: str) -> str:
+    """Text answers compared case- and spacing-blind: stripped, lower-cased, whitespace collapsed, no trailing period."""
+    return " ".join(text.split()).lower().rstrip(".").strip()
+
+
+def score(completion_text: str, gold_answer: str | float | int) -> float:
+    """1.0 when the completion's final answer equals the gold answer, else 0.0 (unparseable output scores 0.0).
+
+    Numeric gold (a number, or a string that is one number such as ``"40,000"``): the number from
+    :func:`extract_answer` is compared exactly as decimals, and
+
+    * a whole-number gold (all of GSM8K, SVAMP, MultiArith; most of GSM-Hard) needs exactly that
+      integer: a tolerance never turns an off-by-one on ``109200000`` or a ``5.5`` for ``5`` into a hit;
+    * a non-integer gold (GSM-Hard, e.g. ``2.3333333333333335``, ``3244047.0999999996``) also accepts
+      a prediction within a relative ``1e-6`` (float noise, rounding of huge values), or a nonzero
+      prediction written with ``d >= 2`` decimals that equals the gold rounded to ``d`` decimals
+      (``|pred - gold| <= 0.5 * 10**-d``): ``"2.33"``, ``"2.3333"`` and (for ``2.30001``) ``"2.30"``
+      score 1.0; ``"2.3"``, ``"2"``, ``"2.34"`` score 0.0. There is no absolute tolerance, so neither
+      ``"0"`` nor ``"0.00"`` matches ``5.158e-07``.
+
+    Non-numeric gold (ProsQA's ``"Tom is a lempus."``): the completion's final segment (after the last
+    ``#`` if any, else the whole text) must equal the gold after :func:`normalize_text`.
+    """
+    if not isinstance(completion_text, str):
+        return 0.0
+    gold = _gold_canonical(gold_answer)
+    if gold is None:
+        if not isinstance(gold_answer, str):
+            return 0.0
+        wanted = normalize_text(gold_answer)
+        final = completion_text.rpartition("#")[2]
+        return 1.0 if wanted and normalize_text(final) == wanted else 0.0
+    found = _find_answer(completion_text)
+    if found is None:
+        return 0.0
+    written_decimals = len(found.group("num").partition(".")[2])
+    return 1.0 if numbers_match(_canonical(found), gold, written_decimals) else 0.0

@@ -1,0 +1,21 @@
+"""Learning-rate and KL-coefficient schedules (pure functions of the step)."""
+from __future__ import annotations
+
+import math
+
+
+def lr_at(step: int, peak: float, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> float:
+    """Linear warmup to ``peak`` over ``warmup_steps``, then cosine decay to ``min_ratio * peak`` at ``total_steps``.
+
+    ``step`` counts optimizer steps from 0; the value is the lr used *for* that step.
+    """
+    if warmup_steps > 0 and step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, max(0.0, (step - warmup_steps) / span))
+    return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def beta_at(step: int, beta0: float, peak_lr: float, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> float:
+    """Eq. 8 of the paper: beta(t) = beta0 * lr(t) / lr_max, the KL pull annealed with the learning rate."""
+    return beta0 * lr_at(step, peak_lr, total_steps, warmup_steps, min_ratio) / peak_lr

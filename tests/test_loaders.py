@@ -1,0 +1,384 @@
+"""Dataset loaders: every real file in ../shared/data by name and by path, the error messages, and corruption fuzzing."""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dgrpo.data import loaders
+from dgrpo.data.loaders import DATASETS, find_data_dir, load_dataset
+from dgrpo.data.records import DataError, Record
+from dgrpo.reward import score
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+if not DATA.is_dir():
+    pytest.skip(f"shared data folder {DATA} not present", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def _data_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Names resolve to the shared data folder whatever the working directory."""
+    monkeypatch.setenv("DGRPO_DATA_DIR", str(DATA))
+
+
+# name, split, file relative to DATA, record count
+REAL = [
+    ("gsm8k", "test", "gsm8k/test.jsonl", 1319),
+    ("gsm8k", "train", "gsm8k/train.jsonl", 7473),
+    ("gsm8k_aug", "valid", "gsm8k_aug/valid.txt", 500),
+    ("gsm8k_aug", "test", "gsm8k_aug/test.txt", 1319),
+    ("coconut_gsm8k_aug", "valid", "coconut/gsm8k_aug/gsm_valid.json", 500),
+    ("coconut_gsm8k_aug", "test", "coconut/gsm8k_aug/gsm_test.json", 1319),
+    ("prosqa", "valid", "coconut/prosqa/prosqa_valid.json", 300),
+    ("svamp", "test", "svamp/SVAMP.json", 1000),
+    ("multiarith", "test", "multiarith/MultiArith.json", 600),
+    ("gsm_hard", "test", "gsm_hard/gsmhardv2.jsonl", 1319),
+]
+
+
+def _comparable(records: list[Record]) -> list[tuple[str, tuple[str, ...], str]]:
+    return [(r.question, tuple(r.steps), r.answer) for r in records]
+
+
+@pytest.mark.parametrize(("name", "split", "rel", "count"), REAL, ids=[f"{n}-{s}" for n, s, _, _ in REAL])
+def test_real_file_by_name_and_path(name: str, split: str, rel: str, count: int) -> None:
+    by_name = load_dataset(name, split)
+    by_path = load_dataset(str(DATA / rel))
+    assert len(by_name) == count
+    assert _comparable(by_path) == _comparable(by_name)
+    for rec in by_name:
+        assert isinstance(rec, Record)
+        assert rec.question and rec.question == rec.question.strip()
+        assert all(isinstance(s, str) for s in rec.steps)
+        assert rec.answer and "," not in rec.answer
+        assert score("#### " + rec.answer, rec.answer) == 1.0, rec
+        assert score(rec.answer, rec.answer) == 1.0, rec
+
+
+def test_gsm8k_solutions_score_and_steps() -> None:
+    for split, count in (("test", 1319), ("train", 7473)):
+        rows = [json.loads(line) for line in (DATA / "gsm8k" / f"{split}.jsonl").read_text("utf-8").splitlines()]
+        records = load_dataset("gsm8k", split)
+        assert len(records) == len(rows) == count
+        for row, rec in zip(rows, records):
+            solution = row["answer"]
+            raw_gold = solution.split("#### ")[-1].strip()
+            assert rec.answer == raw_gold.replace(",", "")
+            assert score(solution, rec.answer) == 1.0
+            assert score(solution, raw_gold) == 1.0  # "40,000" as the gold too
+            assert all(s.startswith("<<") and s.endswith(">>") and "=" in s for s in rec.steps)
+    first = load_dataset("gsm8k", "train")[0]
+    assert first.steps == ["<<48/2=24>>", "<<48+24=72>>"]
+    assert first.answer == "72"
+
+
+def test_gsm8k_steps_match_gsm8k_aug_test() -> None:
+    """GSM8K-Aug test is GSM8K test; its steps are GSM8K's <<expr=value>> annotations written the same way."""
+    gsm, aug = load_dataset("gsm8k", "test"), load_dataset("gsm8k_aug", "test")
+    assert [r.answer for r in gsm] == [r.answer for r in aug]
+    assert aug[0].steps == ["<<16-3-4=9>>", "<<9*2=18>>"] == gsm[0].steps
+    assert sum(a.steps == g.steps for a, g in zip(aug, gsm)) > 1200
+
+
+def test_coconut_json_matches_text_format() -> None:
+    """Same problems, steps and answers; Coconut's [""] for an empty CoT becomes []."""
+    for split in ("valid", "test"):
+        assert _comparable(load_dataset("coconut_gsm8k_aug", split)) == _comparable(load_dataset("gsm8k_aug", split))
+
+
+def test_thousands_commas_removed() -> None:
+    answers = {r.answer for r in load_dataset("gsm8k_aug", "test")}
+    assert "1450000" in answers and "40000" in answers
+
+
+def test_prosqa_meta_and_sentences() -> None:
+    records = load_dataset("prosqa")  # only split: valid
+    assert len(records) == 300
+    first = records[0]
+    assert first.answer == "Tom is a lempus."
+    assert first.steps == ["Tom is a terpus.", "Every terpus is a brimpus.", "Every brimpus is a lempus."]
+    for key in ("idx_to_symbol", "edges", "root", "target", "neg_target"):
+        assert key in first.meta
+    assert score("#### Tom is a lempus.", first.answer) == 1.0
+    assert score("#### Tom is a scrompus.", first.answer) == 0.0
+
+
+def test_svamp_question_and_meta() -> None:
+    first = load_dataset("svamp")[0]
+    assert first.question == (
+        "Each pack of dvds costs 76 dollars. If there is a discount of 25 dollars on each pack "
+        "How much do you have to pay to buy each pack?"
+    )
+    assert first.answer == "51" and first.steps == []
+    assert first.meta["Equation"] == "( 76.0 - 25.0 )"
+    raw = json.loads((DATA / "svamp" / "SVAMP.json").read_text("utf-8"))
+    for row, rec in zip(raw, load_dataset("svamp")):
+        assert score("#### " + rec.answer, row["Answer"]) == 1.0
+
+
+def test_multiarith_both_files_agree() -> None:
+    a = load_dataset("multiarith")
+    b = load_dataset(str(DATA / "multiarith" / "mawpsmultiarith.jsonl"))
+    assert len(a) == len(b) == 600
+    assert [r.answer for r in a] == [r.answer for r in b]
+    assert [r.question for r in a] == [r.question for r in b]
+    assert a[0].answer == "39"
+    for rec in b:
+        assert score("#### " + rec.answer, rec.answer) == 1.0
+        assert score(rec.answer, rec.answer) == 1.0
+
+
+def test_gsm_hard_float_targets() -> None:
+    rows = [json.loads(line) for line in (DATA / "gsm_hard" / "gsmhardv2.jsonl").read_text("utf-8").splitlines()]
+    records = load_dataset("gsm_hard")
+    assert len(records) == len(rows) == 1319
+    non_integer = negative = 0
+    for row, rec in zip(rows, records):
+        target = row["target"]
+        assert float(rec.answer) == target  # full precision kept
+        assert "e" not in rec.answer.lower()  # no exponent notation in answer text
+        non_integer += "." in rec.answer
+        negative += rec.answer.startswith("-")
+        assert score("#### " + rec.answer, target) == 1.0
+        assert score(rec.answer, target) == 1.0
+        assert score(f"The answer is {target:,.2f}.", target) == 1.0 or abs(target) < 0.005
+    assert (non_integer, negative) == (303, 146)
+    assert records[1].answer == "3431580"
+    assert "code" in records[1].meta
+
+
+def test_default_split() -> None:
+    assert len(load_dataset("gsm8k")) == 1319  # test
+    assert len(load_dataset("gsm8k_aug")) == 1319
+    assert len(load_dataset("prosqa")) == 300  # its only split
+
+
+def test_name_aliases_and_case() -> None:
+    assert len(load_dataset("GSM-Hard")) == 1319
+    assert len(load_dataset("SVAMP")) == 1000
+
+
+def test_registry_files_exist() -> None:
+    for name, spec in DATASETS.items():
+        for split, rel in spec.splits.items():
+            assert (DATA / rel).is_file(), (name, split, rel)
+
+
+def test_find_data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert find_data_dir() == DATA
+    monkeypatch.setenv("DGRPO_DATA_DIR", str(tmp_path))
+    assert find_data_dir() == tmp_path.resolve()
+    monkeypatch.delenv("DGRPO_DATA_DIR")
+    monkeypatch.chdir(tmp_path)  # no ./data, no ../shared/data: found from the source file's parents
+    if Path(loaders.__file__).resolve().is_relative_to(DATA.parents[1]):  # a dev install next to shared/
+        assert find_data_dir() == DATA
+    (tmp_path / "data" / "gsm8k").mkdir(parents=True)
+    assert find_data_dir() == (tmp_path / "data").resolve()
+
+
+# ------------------------------------------------------------------ errors
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+GSM_LINE = json.dumps({"question": "What is 2+2?", "answer": "2+2=<<2+2=4>>4\n#### 4"})
+
+
+def test_error_bad_jsonl(tmp_path: Path) -> None:
+    path = _write(tmp_path / "test.jsonl", GSM_LINE + "\n" + '{"question": "x", "answer": \n')
+    with pytest.raises(DataError, match=r"test\.jsonl line 2: invalid JSON") as info:
+        load_dataset(str(path))
+    assert str(path) in str(info.value)
+
+
+def test_error_bad_json_list(tmp_path: Path) -> None:
+    path = _write(tmp_path / "x.json", '[\n {"question": "q", "steps": [], "answer": "1"},\n {"question": \n]')
+    with pytest.raises(DataError, match=r"x\.json line 4: invalid JSON"):
+        load_dataset(str(path))
+
+
+def test_error_missing_field_jsonl(tmp_path: Path) -> None:
+    path = _write(tmp_path / "test.jsonl", "\n".join([GSM_LINE, GSM_LINE, json.dumps({"question": "q", "steps": []})]))
+    with pytest.raises(DataError, match=r"line 3: missing field 'answer'") as info:
+        load_dataset(str(path))
+    assert str(info.value).startswith(str(path))
+
+
+def test_error_missing_field_json_record(tmp_path: Path) -> None:
+    rows = [{"question": "q", "steps": ["a"], "answer": "1"}, {"question": "q", "answer": "2"}]
+    path = _write(tmp_path / "c.json", json.dumps(rows))
+    with pytest.raises(DataError, match=r"c\.json record 1: missing field 'steps'"):
+        load_dataset(str(path))
+
+
+def test_error_wrong_type(tmp_path: Path) -> None:
+    path = _write(tmp_path / "c.json", json.dumps([{"question": 3, "steps": [], "answer": "1"}]))
+    with pytest.raises(DataError, match=r"record 0: field 'question' must be a string"):
+        load_dataset(str(path))
+
+
+@pytest.mark.parametrize("text", ["", "\n\n  \n", "[]"])
+def test_error_empty(tmp_path: Path, text: str) -> None:
+    path = _write(tmp_path / ("e.json" if text == "[]" else "e.jsonl"), text)
+    with pytest.raises(DataError, match="contains no records") as info:
+        load_dataset(str(path))
+    assert str(path) in str(info.value)
+
+
+def test_error_non_numeric_gold(tmp_path: Path) -> None:
+    bad = json.dumps({"question": "q", "answer": "so\n#### many"})
+    path = _write(tmp_path / "gsm8k" / "test.jsonl", GSM_LINE + "\n" + bad + "\n")
+    with pytest.raises(DataError, match=r"line 2: final answer after '####' must be a number"):
+        load_dataset(str(path))
+    with pytest.MonkeyPatch.context() as mp:  # the same file through the name
+        mp.setenv("DGRPO_DATA_DIR", str(tmp_path))
+        with pytest.raises(DataError, match=r"gsm8k/test\.jsonl line 2"):
+            load_dataset("gsm8k", "test")
+
+
+def test_error_non_finite_target(tmp_path: Path) -> None:
+    path = _write(tmp_path / "h.jsonl", '{"input": "q", "target": 1.5}\n{"input": "q", "target": NaN}\n')
+    with pytest.raises(DataError, match=r"h\.jsonl line 2: field 'target' must be a finite number"):
+        load_dataset(str(path))
+
+
+def test_error_aug_text_line(tmp_path: Path) -> None:
+    path = _write(tmp_path / "valid.txt", "q||<<1+1=2>> #### 2\nno separator here #### 3\n")
+    with pytest.raises(DataError, match=r"valid\.txt line 2: expected 'question\|\|"):
+        load_dataset(str(path))
+    path = _write(tmp_path / "valid2.txt", "q||<<1+1=2>> #### 2\nq|| #### two\n")
+    with pytest.raises(DataError, match=r"line 2: final answer after '####' must be a number"):
+        load_dataset(str(path))
+
+
+def test_error_invalid_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(GSM_LINE.encode() + b"\n" + b'{"question": "\xff\xfe"}\n')
+    with pytest.raises(DataError, match=r"bad\.jsonl line 2: not valid UTF-8"):
+        load_dataset(str(path))
+
+
+def test_error_unrecognised_keys(tmp_path: Path) -> None:
+    path = _write(tmp_path / "odd.jsonl", '{"foo": 1}\n')
+    with pytest.raises(DataError, match=r"odd\.jsonl line 1: unrecognised record keys"):
+        load_dataset(str(path))
+
+
+def test_error_unknown_split() -> None:
+    with pytest.raises(DataError, match=r"^dataset 'gsm8k' has splits train, test; got 'val'$"):
+        load_dataset("gsm8k", "val")
+
+
+def test_error_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="file not found"):
+        load_dataset(str(tmp_path / "nope.jsonl"))
+    with pytest.MonkeyPatch.context() as mp:  # data folder without the dataset's file
+        mp.setenv("DGRPO_DATA_DIR", str(tmp_path))
+        with pytest.raises(DataError, match=r"dataset 'svamp' split 'test': .*SVAMP\.json not found"):
+            load_dataset("svamp")
+
+
+def test_error_unknown_name_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(DataError, match=r"unknown dataset 'no_such_dataset_xyz'.*hub could not be reached") as info:
+        load_dataset("no_such_dataset_xyz")
+    assert "\n" not in str(info.value)
+
+
+# ------------------------------------------------------------------ corruption fuzzing
+
+# name, split, real file: small copies (first 50 records) are corrupted and read by path and by name.
+FUZZ = [(n, s, rel) for n, s, rel, _ in REAL if not (n == "gsm8k" and s == "train")]
+FUZZ_EXTRA = "multiarith/mawpsmultiarith.jsonl"
+
+
+def _first_50(rel: str) -> str:
+    text = (DATA / rel).read_text("utf-8")
+    if rel.endswith(".json"):
+        return json.dumps(json.loads(text)[:50], indent=1)
+    return "".join(text.splitlines(keepends=True)[:50])
+
+
+SMALL = {rel: _first_50(rel) for rel in [r for _, _, r in FUZZ] + [FUZZ_EXTRA]}
+
+_junk = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(['"', "{", "}", "[", "]", ",", ":", "\n", "||", "####", "NaN", "null", "1e999", '"answer"', "\\", "\ud800"]),
+)
+
+_KEYS = ['"question"', '"answer"', '"steps"', '"target"', '"input"', '"Answer"', '"Body"', '"lSolutions"', "||", "####"]
+
+
+@st.composite
+def corruption(draw: st.DrawFn) -> tuple[int, str]:
+    """A file index and its small copy with 1-3 random edits (delete / insert / replace spans, drop lines, rename keys)."""
+    index = draw(st.integers(0, len(SMALL) - 1))
+    text = list(SMALL.values())[index]
+    for _ in range(draw(st.integers(1, 3))):
+        op = draw(st.sampled_from(["delete", "insert", "replace", "drop_line", "rename", "retype", "truncate"]))
+        pos = draw(st.integers(0, len(text)))
+        if op == "delete":
+            text = text[:pos] + text[pos + draw(st.integers(1, 40)) :]
+        elif op == "insert":
+            text = text[:pos] + draw(_junk) + text[pos:]
+        elif op == "replace":
+            text = text[:pos] + draw(_junk) + text[pos + draw(st.integers(1, 10)) :]
+        elif op == "drop_line":
+            lines = text.split("\n")
+            del lines[draw(st.integers(0, len(lines) - 1))]
+            text = "\n".join(lines)
+        elif op == "rename":
+            key = draw(st.sampled_from(_KEYS))
+            text = text.replace(key, draw(st.sampled_from(['"x"', '"answer"', "", "|", "###"])), draw(st.integers(1, 3)))
+        elif op == "retype":
+            value = draw(st.sampled_from(["null", "[]", "{}", "true", "-1", '"7"', '"seven"', "1e400", "[1, [2]]"]))
+            key = draw(st.sampled_from([k + ": " for k in _KEYS if k.startswith('"')]))
+            at = text.find(key, pos)
+            if at >= 0:
+                end = at + len(key)
+                text = text[:end] + value + ", " + '"pad": ' + text[end:]
+        else:
+            text = text[:pos]
+    return index, text
+
+
+@given(corruption())
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_corrupted_files_raise_only_data_error(case: tuple[int, str]) -> None:
+    index, text = case
+    rel = list(SMALL)[index]
+    named = [(n, s) for n, s, r in FUZZ if r == rel]
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
+        root = Path(tmp).resolve()
+        mp.setenv("DGRPO_DATA_DIR", str(root))
+        path = root / rel
+        path.parent.mkdir(parents=True)
+        path.write_bytes(text.encode("utf-8", "surrogatepass"))
+        attempts = [(str(path), None)] + named
+        for name_or_path, split in attempts:
+            try:
+                records = load_dataset(name_or_path, split)
+            except DataError as exc:
+                message = str(exc)
+                assert str(path) in message and "\n" not in message, message
+            else:
+                assert records and all(isinstance(r, Record) and isinstance(r.answer, str) for r in records)
+
+
+def test_small_copies_load_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The uncorrupted small copies load, so the fuzz test really exercises the parsers."""
+    monkeypatch.setenv("DGRPO_DATA_DIR", str(tmp_path))
+    for rel, text in SMALL.items():
+        path = _write(tmp_path / rel, text)
+        assert len(load_dataset(str(path))) == 50
+    for name, split, _ in FUZZ:
+        assert len(load_dataset(name, split)) == 50

@@ -1,0 +1,235 @@
+"""The verifier: answer extraction, numeric/text scoring, GSM-Hard tolerance, and property tests."""
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dgrpo.reward import extract_answer, is_parseable, normalize_number, parse_number, score
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 eggs.\n#### 18", "18"),
+        ("#### 40,000", "40000"),
+        ("#### 1,450,000", "1450000"),
+        ("#### $40,000.", "40000"),
+        ("#### -3", "-3"),
+        ("####-3", "-3"),
+        ("#### +7", "7"),
+        ("#### -$5", "-5"),
+        ("#### $-5", "-5"),
+        ("#### \u22124", "-4"),
+        ("#### 3.50", "3.5"),
+        ("#### .5", "0.5"),
+        ("#### 0.50 dollars", "0.5"),
+        ("#### 007", "7"),
+        ("#### -0", "0"),
+        ("#### 42.", "42"),
+        ("####   42  \n", "42"),
+        ("#### 18 eggs, 20 hens", "18"),  # first number after the marker
+        ("The answer is 7.", "7"),
+        ("First 3 + 4 = 7, so the answer is $1,234.50.", "1234.5"),
+        ("THE ANSWER IS -12", "-12"),
+        ("the answer is 5. Then 6 more.", "5"),
+        ("Final answer: 12", "12"),
+        ("She has 3 apples and then 5 pears, 8 fruits in total.", "8"),  # last-number fallback
+        ("16-3-4=9", "9"),  # hyphens between numbers are not signs
+        ("x = -2", "-2"),
+        ("It grows .5 inches", "0.5"),
+        ("#### nothing here, but the answer is 4", "4"),  # marker span without a number falls through
+        ("####", None),
+        ("", None),
+        ("no numbers at all", None),
+        ("abc123", None),  # digits glued to a word are not a number
+        ("1,2,3", "3"),  # not thousands groups
+        ("12,5", "5"),
+    ],
+)
+def test_extract_answer(text: str, expected: str | None) -> None:
+    assert extract_answer(text) == expected
+    assert is_parseable(text) is (expected is not None)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("40,000", 40000.0),
+        ("18", 18.0),
+        (" -3.5 ", -3.5),
+        ("1.0", 1.0),
+        ("$5.", 5.0),
+        (".25", 0.25),
+        ("+2", 2.0),
+        ("Tom is a lempus.", None),
+        ("", None),
+        ("12 apples", None),
+        ("1e3", None),
+        ("3/4", None),
+    ],
+)
+def test_parse_number(text: str, expected: float | None) -> None:
+    assert parse_number(text) == expected
+
+
+def test_parse_number_overflow_is_none() -> None:
+    assert parse_number("9" * 400) is None
+    assert normalize_number("9" * 400) == "9" * 400
+
+
+@pytest.mark.parametrize(
+    ("completion", "gold", "expected"),
+    [
+        ("#### 18", "18", 1.0),
+        ("#### 18", 18, 1.0),
+        ("#### 18", 18.0, 1.0),
+        ("#### 18.00", "18", 1.0),
+        ("#### 40000", "40,000", 1.0),
+        ("The answer is $40,000.", "40000", 1.0),
+        ("#### -3", "-3", 1.0),
+        ("#### 3", "-3", 0.0),
+        ("#### 17", "18", 0.0),
+        ("#### 18.5", "18", 0.0),
+        ("I don't know", "18", 0.0),
+        ("", "18", 0.0),
+        # whole-number golds need the exact integer, however large
+        ("#### 109199999", "109200000", 0.0),
+        ("#### 3431580.5", 3431580.0, 0.0),
+        # ProsQA: sentence answers compared as normalised text
+        ("#### Tom is a lempus.", "Tom is a lempus.", 1.0),
+        ("Tom is a lempus.", "Tom is a lempus.", 1.0),
+        ("  tom IS a   lempus ", "Tom is a lempus.", 1.0),
+        ("Tom is a terpus.\n#### Tom is a lempus", "Tom is a lempus.", 1.0),
+        ("#### Tom is a scrompus.", "Tom is a lempus.", 0.0),
+        ("Tom is a terpus. Tom is a lempus.", "Tom is a lempus.", 0.0),
+        ("#### 3", "Tom is a lempus.", 0.0),
+        # non-finite golds never match
+        ("#### 1", float("nan"), 0.0),
+        ("#### 1", float("inf"), 0.0),
+    ],
+)
+def test_score(completion: str, gold: str | float | int, expected: float) -> None:
+    assert score(completion, gold) == expected
+
+
+@pytest.mark.parametrize(
+    ("completion", "gold", "expected"),
+    [
+        # GSM-Hard float noise and full-precision answers
+        ("#### 3244047.1", 3244047.0999999996, 1.0),
+        ("#### 3244047.0999999996", 3244047.0999999996, 1.0),
+        ("#### 14053029.67", 14053029.666666666, 1.0),
+        ("#### 14053030", 14053029.666666666, 1.0),  # within 1e-6 relative
+        ("#### 3", 3.0000000000000004, 1.0),
+        # rounded to the written decimals (>= 2) counts; coarser or wrong roundings do not
+        ("#### 2.33", 2.3333333333333335, 1.0),
+        ("#### 2.3333", 2.3333333333333335, 1.0),
+        ("#### 2.333333333", 2.3333333333333335, 1.0),
+        ("#### 2.3", 2.3333333333333335, 0.0),
+        ("#### 2", 2.3333333333333335, 0.0),
+        ("#### 2.34", 2.3333333333333335, 0.0),
+        ("#### 2.32", 2.3333333333333335, 0.0),
+        ("#### -8.83", -8.8333333333, 1.0),
+        ("#### 8.83", -8.8333333333, 0.0),
+        ("#### 0.0017", 0.0016791648, 1.0),
+        ("#### 2.30", 2.30001, 1.0),  # decimals as written, not after trailing-zero stripping
+        ("#### 36", 36.0000102016, 1.0),
+        ("#### 0.0000020107", 2.0107e-06, 1.0),
+        # no absolute tolerance: zero is not an answer to a tiny nonzero gold
+        ("#### 0", 5.158e-07, 0.0),
+        ("#### 0.00", 5.158e-07, 0.0),
+        ("#### 0.000002", 2.0107e-06, 1.0),  # 2.0107e-06 rounded to 6 decimals
+        ("#### 0.000003", 2.0107e-06, 0.0),
+    ],
+)
+def test_score_gsm_hard_tolerance(completion: str, gold: float, expected: float) -> None:
+    assert score(completion, gold) == expected
+    assert score(completion, repr(gold)) == expected or "e" in repr(gold)
+
+
+# ------------------------------------------------------------------ properties
+
+
+@given(st.text())
+@settings(max_examples=300, deadline=None)
+def test_extract_answer_never_raises(text: str) -> None:
+    result = extract_answer(text)
+    assert result is None or parse_number(result) is not None or len(result) > 300
+    assert is_parseable(text) is (result is not None)
+
+
+_numberish = st.text(alphabet="0123456789,.$-+#\u2212 eE\n:answerTheis", max_size=40)
+
+
+@given(
+    st.one_of(st.text(), _numberish),
+    st.one_of(st.text(max_size=20), _numberish, st.integers(), st.floats(allow_nan=True, allow_infinity=True)),
+)
+@settings(max_examples=300, deadline=None)
+def test_score_never_raises(completion: str, gold: str | float | int) -> None:
+    assert score(completion, gold) in (0.0, 1.0)
+
+
+@st.composite
+def written_numbers(draw: st.DrawFn) -> tuple[str, Decimal]:
+    """A number written the usual ways: sign, $, thousands commas, decimals, trailing period."""
+    whole = draw(st.integers(0, 10**11))
+    decimals = draw(st.sampled_from([0, 0, 0, 1, 2, 3]))
+    frac = f"{draw(st.integers(0, 10**decimals - 1)):0{decimals}d}" if decimals else ""
+    negative = draw(st.booleans())
+    text = f"{whole:,}" if draw(st.booleans()) else str(whole)
+    if frac:
+        text += "." + frac
+    if draw(st.booleans()):
+        text = "$" + text
+    if negative:
+        text = "-" + text
+    value = Decimal(("-" if negative else "") + str(whole) + ("." + frac if frac else ""))
+    return text, value
+
+
+_TEMPLATES = [
+    "#### {}",
+    "####{}",
+    "#### {}.",
+    "#### {} dollars",
+    "She buys 3 apples for $2 each, 3 * 2 = <<3*2=6>>6.\n#### {}",
+    "The answer is {}",
+    "The answer is {}.",
+    "First 12 + 30 = 42 and 7 more. The answer is {} in total.",
+    "After 12 days, 3 of them pay {}",
+    "{}",
+]
+
+
+@given(written_numbers(), st.sampled_from(_TEMPLATES), st.sampled_from(["str", "canonical", "float", "as_written"]))
+@settings(max_examples=400, deadline=None)
+def test_written_numbers_round_trip(number: tuple[str, Decimal], template: str, gold_kind: str) -> None:
+    text, value = number
+    gold: str | float
+    if gold_kind == "str":
+        gold = str(value)
+    elif gold_kind == "canonical":
+        gold = normalize_number(str(value)) or ""
+    elif gold_kind == "float":
+        gold = float(value)
+    else:
+        gold = text
+    completion = template.format(text)
+    assert score(completion, gold) == 1.0, (completion, gold)
+    assert Decimal(extract_answer(completion) or "nan") == value
+
+
+@given(st.floats(min_value=-1e9, max_value=1e9, allow_nan=False).filter(lambda x: not x.is_integer() and abs(x) >= 0.01))
+@settings(max_examples=300, deadline=None)
+def test_float_golds_match_their_two_decimal_rounding(gold: float) -> None:
+    assert score(f"#### {gold:.2f}", gold) == 1.0
+    assert score(f"#### {gold:.4f}", gold) == 1.0
+    assert score(f"#### {gold!r}", gold) == 1.0
+    # one unit off in the last written decimal is wrong, unless that is still within 1e-6 relative
+    off = f"{gold + 0.02:.2f}"
+    assert score("#### " + off, gold) == (1.0 if math.isclose(float(off), gold, rel_tol=1e-6) else 0.0)
