@@ -170,9 +170,39 @@ def cmd_demo(args) -> int:
 
 
 def cmd_grpo(args) -> int:
-    from .training.grpo_cli import run_grpo
+    from .config import Config, load_config
+    from .data import load_spec
+    from .eval.evaluate import evaluate, write_results
+    from .model.factory import load_model
+    from .training.distributed import Dist
+    from .training.grpo import train_grpo
 
-    return run_grpo(args)
+    cfg = load_config(Config, args.config, args.overrides)
+    device = _setup(cfg)
+    train = load_spec(cfg.data.train, cfg.task)
+    valid = {cfg.data.valid: load_spec(cfg.data.valid, cfg.task)} if cfg.data.valid else {}
+    tests = {spec: load_spec(spec, cfg.task) for spec in cfg.data.test}
+    dist = Dist.from_env()
+    if dist.active and device.type == "cuda":
+        device = torch.device("cuda", dist.local_rank)
+    lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
+    e = cfg.eval
+
+    def eval_fn(lm_, recs):
+        return evaluate(lm_, recs, batch_size=e.batch_size, max_new_tokens=e.max_new_tokens, limit=cfg.data.eval_limit,
+                        seed=cfg.seed, max_question_tokens=cfg.data.max_question_tokens, progress=False).accuracy
+
+    out = Path(args.out)
+    summary = train_grpo(lm, cfg, train, out, valid=valid, evaluate_fn=eval_fn, dist=dist)
+    if dist.is_main:
+        print(json.dumps(summary))
+        for spec, recs in tests.items():
+            r = evaluate(lm, recs, dataset=spec, batch_size=e.batch_size, max_new_tokens=e.max_new_tokens, seed=cfg.seed,
+                         max_question_tokens=cfg.data.max_question_tokens)
+            write_results(r, out / "eval" / spec.replace(":", "_").replace("/", "_"))
+            print(json.dumps(r.summary()))
+    dist.close()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -106,7 +106,6 @@ class SFTConfig:
     max_grad_norm: float = opt(1.0, "gradient clipping (0 = off)")
     bf16: str = opt("auto", "bf16 autocast: auto (on CUDA only) | true | false")
     eval_each_stage: bool = opt(True, "greedy accuracy on data.valid at the end of each stage")
-    gradient_checkpointing: bool = opt(False, "recompute each latent step's activations in backward (saves memory)")
 
     def validate(self, p: str = "sft") -> None:
         _check(self.mode in ("coconut", "cot", "no_cot", "pause", "no_curriculum"), f"{p}.mode", f"unknown mode {self.mode!r}")
@@ -143,6 +142,88 @@ class EvalConfig:
 
 
 @dataclass
+class PerturbationConfig:
+    kind: str = opt("locked", "locked (batched shared-mask dropout) | native (model attention dropout, RNG restore, sequential) | gaussian | none")
+    p: float = opt(0.1, "dropout probability (locked, native)")
+    sites: list = opt(["mlp"], "where locked/gaussian noise is applied: any of attn (attention output), mlp (MLP output), residual (block output)")
+    layers: str = opt("all", "which layers: all, an index, a python slice like 0:4 or -2:, or a list like 1,3")
+    perturb_prompt: bool = opt(True, "perturb the prompt pass too (one network sample per rollout, as the variational reading needs); false = only latents and answer, prompt KV shared by the K rollouts")
+    sigma: float = opt(0.1, "gaussian: noise scale")
+    gaussian_target: str = opt("activations", "gaussian: activations (multiplicative, per rollout) | weights (additive on output projections)")
+
+    def validate(self, p: str = "perturbation") -> None:
+        _check(self.kind in ("locked", "native", "gaussian", "none"), f"{p}.kind", f"unknown kind {self.kind!r}; expected locked, native, gaussian or none")
+        _check(0.0 <= self.p < 1.0, f"{p}.p", f"must be in [0, 1), got {self.p}")
+        _check(all(x in ("attn", "mlp", "residual") for x in self.sites) and len(self.sites) > 0, f"{p}.sites", f"expected a non-empty list of attn, mlp, residual; got {self.sites}")
+        _check(self.sigma >= 0, f"{p}.sigma", "must be >= 0")
+        _check(self.gaussian_target in ("activations", "weights"), f"{p}.gaussian_target", "expected activations or weights")
+
+
+@dataclass
+class GRPOConfig:
+    steps: int = opt(200, "optimizer steps (paper: 3000)")
+    prompts_per_step: int = opt(16, "prompts (groups) per step, global over all ranks (paper: 16)")
+    group_size: int = opt(16, "K rollouts per prompt (paper: 32); 1 only with advantage=ema")
+    n_latent: int = opt(-1, "latent thoughts per rollout (T); -1 = the checkpoint's final-stage count")
+    temperature: float = opt(0.0, "answer decoding: 0 = greedy (paper); > 0 samples tokens")
+    top_p: float = opt(1.0, "nucleus mass when temperature > 0")
+    max_new_tokens: int = opt(48, "answer tokens per rollout")
+    lr: float = opt(1e-5, "peak learning rate (paper: 1e-5)")
+    warmup_steps: int = opt(10, "linear warmup, then cosine decay to min_lr_ratio * lr (paper: 200)")
+    min_lr_ratio: float = opt(0.0, "final lr as a fraction of the peak")
+    optimizer: str = opt("adamw", "adamw | adamw8bit (bitsandbytes on CUDA; falls back to adamw with a warning elsewhere)")
+    weight_decay: float = opt(0.0, "AdamW weight decay")
+    max_grad_norm: float = opt(1.0, "gradient clipping (0 = off)")
+    mini_epochs: int = opt(1, "E: passes over each rollout batch (theta_old fixed within them)")
+    micro_batch_size: int = opt(64, "rollouts per forward/backward in the update (the loss does not depend on it)")
+    rollout_batch_size: int = opt(512, "rollouts per batched generation call")
+    advantage: str = opt("drgrpo", "drgrpo: r - mean (paper) | grpo: std-normalised | rloo | ema: REINFORCE with a running baseline")
+    ema_alpha: float = opt(0.95, "EMA baseline decay (advantage=ema)")
+    eps_low: float = opt(0.10, "PPO clip below 1 (paper 0.10)")
+    eps_high: float = opt(0.12, "PPO clip above 1 (paper 0.12)")
+    aggregation: str = opt("seq_mean", "seq_mean (paper) | token_mean | constant (Dr. GRPO)")
+    beta0: float = opt(5e-3, "peak KL coefficient (paper 5e-3); 0 disables the KL term and the reference model")
+    anneal_beta: bool = opt(True, "beta(t) = beta0 * lr(t) / lr_max (Eq. 8); false keeps beta0")
+    kl_form: str = opt("unbiased", "unbiased: x = log pi_ref - log pi (Schulman k3) | paper: x = log pi - log pi_ref (as the paper writes it)")
+    huber_delta: float = opt(5.0, "Huberized k3 threshold delta (Eq. 7)")
+    ref_renewal_every: int = opt(500, "hard-copy the policy into the reference every N steps (0 = never)")
+    filter: bool = opt(True, "drop groups whose accuracy is outside [alpha_min, alpha_max] (inclusive)")
+    alpha_min: float = opt(0.20, "group-accuracy filter lower bound")
+    alpha_max: float = opt(0.95, "group-accuracy filter upper bound")
+    replay: str = opt("seed", "seed: update under the rollout's own perturbation (mask replay) | fresh: new seeds at update (CRN ablation)")
+    eval_every: int = opt(25, "greedy eval without perturbation on data.valid every N steps (0 = only at start and end)")
+    save_best: bool = opt(True, "keep best/ = the best post-warmup checkpoint by validation accuracy")
+    log_every: int = opt(1, "write a metrics row every N steps")
+
+    def validate(self, p: str = "grpo") -> None:
+        _check(self.steps >= 1, f"{p}.steps", "must be >= 1")
+        _check(self.prompts_per_step >= 1, f"{p}.prompts_per_step", "must be >= 1")
+        if self.advantage == "ema":
+            _check(self.group_size >= 1, f"{p}.group_size", "must be >= 1")
+        else:
+            _check(self.group_size >= 2, f"{p}.group_size", f"GRPO needs K >= 2 rollouts per prompt (got {self.group_size}); use advantage=ema for K = 1")
+        _check(self.n_latent >= -1, f"{p}.n_latent", "must be >= 0 (or -1 for the checkpoint's value)")
+        _check(self.temperature >= 0 and 0 < self.top_p <= 1, f"{p}.temperature", "temperature >= 0 and top_p in (0, 1]")
+        _check(self.max_new_tokens >= 1, f"{p}.max_new_tokens", "must be >= 1")
+        _check(self.lr > 0, f"{p}.lr", "must be > 0")
+        _check(self.warmup_steps >= 0 and 0 <= self.min_lr_ratio <= 1, f"{p}.warmup_steps", "warmup >= 0, min_lr_ratio in [0, 1]")
+        _check(self.optimizer in ("adamw", "adamw8bit"), f"{p}.optimizer", "expected adamw or adamw8bit")
+        _check(self.mini_epochs >= 1 and self.micro_batch_size >= 1 and self.rollout_batch_size >= 1, f"{p}.mini_epochs", "mini_epochs, micro_batch_size, rollout_batch_size must be >= 1")
+        _check(self.advantage in ("drgrpo", "grpo", "rloo", "ema"), f"{p}.advantage", f"unknown {self.advantage!r}")
+        _check(0 <= self.ema_alpha < 1, f"{p}.ema_alpha", "must be in [0, 1)")
+        _check(0 <= self.eps_low < 1 and self.eps_high >= 0, f"{p}.eps_low", "eps_low in [0, 1), eps_high >= 0")
+        _check(self.aggregation in ("seq_mean", "token_mean", "constant"), f"{p}.aggregation", f"unknown {self.aggregation!r}")
+        _check(self.beta0 >= 0, f"{p}.beta0", "must be >= 0")
+        _check(self.kl_form in ("unbiased", "paper"), f"{p}.kl_form", "expected unbiased or paper")
+        _check(self.huber_delta > 0, f"{p}.huber_delta", "must be > 0")
+        _check(self.ref_renewal_every >= 0, f"{p}.ref_renewal_every", "must be >= 0")
+        _check(0 <= self.alpha_min <= 1 and 0 <= self.alpha_max <= 1, f"{p}.alpha_min", "alpha_min and alpha_max must be in [0, 1]")
+        _check(self.alpha_min <= self.alpha_max, f"{p}.alpha_min", f"alpha_min ({self.alpha_min}) > alpha_max ({self.alpha_max})")
+        _check(self.replay in ("seed", "fresh"), f"{p}.replay", "expected seed or fresh")
+        _check(self.eval_every >= 0 and self.log_every >= 1, f"{p}.eval_every", "eval_every >= 0, log_every >= 1")
+
+
+@dataclass
 class Config:
     seed: int = opt(0, "run seed: initialisation, data order, dropout seeds")
     device: str = opt("auto", "auto | cpu | cuda | cuda:N")
@@ -152,6 +233,8 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    perturbation: PerturbationConfig = field(default_factory=PerturbationConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
     def validate(self) -> "Config":
         for f in fields(self):

@@ -2,7 +2,7 @@
 
 A problem is a chain of ``n_steps`` operations evaluated left to right modulo ``modulus``::
 
-    question: Start with 3. Add 4. Multiply by 7. Take away 5. Answer mod 10.
+    question: Start with 3. Add 4. Times 7. Minus 5. Answer mod 10.
     steps:    <<3+4=7>>  <<7*7=9>>  <<9-5=4>>
     answer:   4
 
@@ -12,9 +12,10 @@ task seed. Splits: ``train``, ``valid``, ``test`` and two out-of-distribution te
 ``ood_steps`` (``n_steps + ood_extra_steps`` operations) and ``ood_numbers`` (``+``/``-`` operands
 10..ood_max_operand). Test and validation questions never appear in ``train``.
 
-Why this shape: on a 2-core CPU a tiny from-scratch transformer learns one latent step easily but
-chains several poorly (see ``docs/builtin_task.md``); with 4 operations, 2 latent + 2 written steps
-land in the 30-80% band where RL has room to help.
+Why this shape: every operation is three tokens (``Add 4.``), so a tiny from-scratch transformer
+finds the k-th operand at a fixed offset; it learns one latent step easily but chains several
+poorly (see ``docs/builtin_task.md``), which puts a 2-latent + 2-written-step model in the band
+where RL has room to help.
 """
 from __future__ import annotations
 
@@ -26,11 +27,7 @@ from .records import DataError, Record
 
 SPLITS = ("train", "valid", "test", "ood_steps", "ood_numbers")
 _MUL = (3, 7, 9)
-_PHRASES = {
-    "+": ("Add {x}.", "Plus {x}."),
-    "-": ("Take away {x}.", "Minus {x}."),
-    "*": ("Multiply by {x}.", "Times {x}."),
-}
+_PHRASES = {"+": "Add {x}.", "-": "Minus {x}.", "*": "Times {x}."}
 
 
 def make_problem(rng: random.Random, n_steps: int, modulus: int, lo: int, hi: int) -> Record:
@@ -42,7 +39,7 @@ def make_problem(rng: random.Random, n_steps: int, modulus: int, lo: int, hi: in
         op = rng.choice("+-*")
         x = rng.choice(_MUL) if op == "*" else rng.randint(lo, hi)
         new = {"+": value + x, "-": value - x, "*": value * x}[op] % modulus
-        parts.append(rng.choice(_PHRASES[op]).format(x=x))
+        parts.append(_PHRASES[op].format(x=x))
         steps.append(f"<<{value}{op}{x}={new}>>")
         value = new
     parts.append(f"Answer mod {modulus}.")

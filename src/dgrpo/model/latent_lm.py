@@ -23,7 +23,8 @@ from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase,
+                          PreTrainedTokenizerFast)
 
 START_LATENT, LATENT, END_LATENT = "<|start-latent|>", "<|latent|>", "<|end-latent|>"
 LATENT_CONFIG_FILE = "latent_config.json"
@@ -74,6 +75,7 @@ class Generation:
     tokens: Tensor  # [B, L] generated ids, pad after EOS
     mask: Tensor  # [B, L] 1 for generated tokens up to and including EOS
     logprobs: Tensor  # [B, L] log pi(token) under the (temperature-scaled) policy, 0 where mask is 0
+    entropy: Tensor | None = None  # [B, L] entropy of that distribution (with_entropy=True), 0 where mask is 0
 
 
 def init_new_embeddings(model: PreTrainedModel, n_old: int) -> None:
@@ -105,6 +107,15 @@ def add_latent_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
         init_new_embeddings(model, n_old)
 
 
+def load_tokenizer(path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """AutoTokenizer, except that a plain ``tokenizers`` file (our built-in tokenizer) is loaded as is
+    (AutoTokenizer would otherwise pick the model type's tokenizer class and its decoder)."""
+    cfg = Path(path) / "tokenizer_config.json"
+    if cfg.is_file() and json.loads(cfg.read_text()).get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+
 class LatentLM(nn.Module):
     """A causal LM plus the Coconut latent recurrence, batched generation and teacher-forced scoring."""
 
@@ -127,7 +138,7 @@ class LatentLM(nn.Module):
                         trust_remote_code: bool = False) -> "LatentLM":
         """Load a checkpoint directory (or a hub id): weights from safetensors only."""
         path = str(path)
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tok = load_tokenizer(path, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto", use_safetensors=True, trust_remote_code=trust_remote_code)
         settings = LatentSettings()
         cfg_file = Path(path) / LATENT_CONFIG_FILE
@@ -231,14 +242,20 @@ class LatentLM(nn.Module):
         return state
 
     def score_targets(self, state: DecodeState, target_ids: Tensor, target_mask: Tensor, *, perturbation: PhaseHook | None = None,
-                      temperature: float = 1.0, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+                      temperature: float = 1.0, with_entropy: bool = False, stepwise: bool = False) -> tuple[Tensor, Tensor | None]:
         """Teacher-forced log pi(target_l | prefix) for every target position, [B, L] (0 at padding).
 
-        Feeds targets[:, :-1] over the cache (one forward); logits only at the L scored positions.
+        Feeds targets[:, :-1] over the cache in one forward (``stepwise``: one token per forward, the
+        same call sequence as decoding, which RNG-replayed native dropout needs); logits only at the
+        L scored positions.
         """
         h_first = state.last_hidden
         if target_ids.shape[1] > 1:
-            h_rest = self._forward(state, "answer", perturbation, ids=target_ids[:, :-1], new_mask=target_mask[:, :-1])
+            if stepwise:
+                h_rest = torch.cat([self._forward(state, "answer", perturbation, ids=target_ids[:, i:i + 1], new_mask=target_mask[:, i + 1:i + 2])
+                                    for i in range(target_ids.shape[1] - 1)], dim=1)
+            else:
+                h_rest = self._forward(state, "answer", perturbation, ids=target_ids[:, :-1], new_mask=target_mask[:, :-1])
             hidden = torch.cat([h_first, h_rest], dim=1)
         else:
             hidden = h_first
@@ -254,15 +271,17 @@ class LatentLM(nn.Module):
 
     def target_logprobs(self, prompt_ids: Tensor, prompt_mask: Tensor, n_latent: int, target_ids: Tensor, target_mask: Tensor, *,
                         mode: str | None = None, perturbation: PhaseHook | None = None, temperature: float = 1.0,
-                        with_entropy: bool = False, markers: bool = True) -> tuple[Tensor, Tensor | None]:
+                        with_entropy: bool = False, markers: bool = True, stepwise: bool = False) -> tuple[Tensor, Tensor | None]:
         """Question -> latents -> teacher-forced targets, differentiable end to end: log-probs [B, L]."""
         state = self.prefill(prompt_ids, prompt_mask, n_latent, mode=mode, perturbation=perturbation, markers=markers)
-        return self.score_targets(state, target_ids, target_mask, perturbation=perturbation, temperature=temperature, with_entropy=with_entropy)
+        return self.score_targets(state, target_ids, target_mask, perturbation=perturbation, temperature=temperature,
+                                  with_entropy=with_entropy, stepwise=stepwise)
 
     @torch.no_grad()
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, n_latent: int, *, max_new_tokens: int = 64, temperature: float = 0.0,
                  top_p: float = 1.0, generator: torch.Generator | None = None, mode: str | None = None,
-                 perturbation: PhaseHook | None = None, markers: bool = True, stop_ids: list[int] | None = None) -> Generation:
+                 perturbation: PhaseHook | None = None, markers: bool = True, stop_ids: list[int] | None = None,
+                 with_entropy: bool = False) -> Generation:
         """Batched answer decoding after the latents over the KV cache; each row stops at its EOS.
 
         Greedy when ``temperature == 0``. ``logprobs`` are log pi(token) under softmax(logits / t), with
@@ -274,12 +293,16 @@ class LatentLM(nn.Module):
         tokens = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long, device=dev)
         mask = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
         logprobs = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=dev)
+        entropy = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=dev) if with_entropy else None
         alive = torch.ones(B, dtype=torch.bool, device=dev)
         t_logp = temperature if temperature > 0 else 1.0
         for i in range(max_new_tokens):
             logits = self.logits(state.last_hidden[:, -1]).float()
             nxt = sample_next(logits, temperature, top_p, generator)
-            lp = (logits / t_logp).log_softmax(-1).gather(-1, nxt[:, None]).squeeze(-1)
+            logp_all = (logits / t_logp).log_softmax(-1)
+            lp = logp_all.gather(-1, nxt[:, None]).squeeze(-1)
+            if entropy is not None:
+                entropy[:, i] = torch.where(alive, -(logp_all.exp() * logp_all).sum(-1), 0.0)
             tokens[:, i] = torch.where(alive, nxt, self.pad_id)
             mask[:, i] = alive.long()
             logprobs[:, i] = torch.where(alive, lp, 0.0)
@@ -288,7 +311,7 @@ class LatentLM(nn.Module):
                 break
             self._forward(state, "answer", perturbation, ids=tokens[:, i:i + 1], new_mask=alive[:, None].long())
         n = int(mask.sum(1).max().item()) if mask.any() else 0
-        return Generation(tokens[:, :n], mask[:, :n], logprobs[:, :n])
+        return Generation(tokens[:, :n], mask[:, :n], logprobs[:, :n], entropy[:, :n] if entropy is not None else None)
 
 
 def sample_next(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> Tensor:

@@ -1,0 +1,27 @@
+"""Perturbations: the exogenous, seed-replayable stochasticity source of Dropout-GRPO (paper Sec. 3.1).
+
+One small interface. ``perturbation.bind(lm, seeds)`` returns a context manager for one batch whose
+row ``i`` is perturbed by the noise regenerated from ``seeds[i]`` alone; inside it, every forward of
+the :class:`~dgrpo.model.latent_lm.LatentLM` (prompt, each latent step, each answer token) sees the
+*same* perturbation of that row. Only the seeds (int64, 8 bytes per rollout) are ever stored: at
+update time the same ``bind`` with the same seeds regenerates the noise exactly (mask replay).
+
+Kinds:
+  ``locked``   one Bernoulli mask per rollout per site over the hidden dimension, inverted scaling
+               1/(1-p), shared across positions and latent steps (variational dropout, Gal &
+               Ghahramani 2016). Batched: all rollouts of all groups run in one forward.
+  ``native``   the model's own attention dropout with the RNG state restored from the seed before
+               every forward (the paper's described mechanism); one rollout at a time.
+  ``gaussian`` multiplicative Gaussian noise (1 + sigma * eps) per rollout on the same sites, or
+               additive noise on the weights of the selected linear layers (paper Sec. A.5).
+  ``none``     deterministic.
+"""
+from __future__ import annotations
+
+from .base import BoundPerturbation, NoPerturbation, Perturbation, make_perturbation, seeds_for
+from .gaussian import GaussianNoise
+from .locked import LockedDropout
+from .native import NativeDropout
+
+__all__ = ["BoundPerturbation", "GaussianNoise", "LockedDropout", "NativeDropout", "NoPerturbation", "Perturbation",
+           "make_perturbation", "seeds_for"]

@@ -1,0 +1,81 @@
+"""Gaussian perturbations seeded per rollout (paper Sec. A.5: any exogenous, replayable noise works).
+
+``activations``: multiplicative noise (1 + sigma * eps) on the site outputs, eps ~ N(0, 1) of shape
+[hidden], one draw per rollout held over all positions (Gaussian dropout, locked like the masks).
+``weights``: additive noise sigma * std(W) * E on the weight of the site's output projection
+(``o_proj``/``c_proj`` for attention, ``down_proj``/``c_proj`` for the MLP), one E per rollout,
+computed as an extra batched matmul: memory B x out x in per site, so keep it to small models.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .base import BoundPerturbation, Perturbation, find_sites, map_first_output, row_normals
+
+
+def _output_linear(module: nn.Module) -> nn.Module:
+    for name in ("o_proj", "down_proj", "c_proj", "out_proj", "dense", "fc_out", "c_fc"):
+        sub = getattr(module, name, None)
+        if sub is not None and hasattr(sub, "weight"):
+            return sub
+    raise ValueError(f"{type(module).__name__} has no output projection to perturb")
+
+
+class _BoundGaussian(BoundPerturbation):
+    def __init__(self, targets, noises, perturb_prompt: bool, weights: bool, sigma: float):
+        super().__init__()
+        self.targets, self.noises, self.perturb_prompt, self.weights, self.sigma = targets, noises, perturb_prompt, weights, sigma
+        self.handles: list = []
+
+    def _hook(self, k: int):
+        def act_hook(module, args, output):
+            if not self.active:
+                return None
+            m = 1.0 + self.sigma * self.noises[k][:, None, :]
+            return map_first_output(output, lambda h: h * m.to(h.dtype))
+
+        def weight_hook(module, args, output):
+            if not self.active:
+                return None
+            x = args[0]  # [B, L, in]
+            e = self.noises[k]  # [B, out, in], already scaled
+            return output + torch.einsum("bli,boi->blo", x, e.to(x.dtype))
+        return weight_hook if self.weights else act_hook
+
+    def __enter__(self):
+        self.handles = [m.register_forward_hook(self._hook(k)) for k, m in enumerate(self.targets)]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+class GaussianNoise(Perturbation):
+    kind = "gaussian"
+
+    def __init__(self, sigma: float = 0.1, sites: list[str] | None = None, layers: str = "all", target: str = "activations",
+                 perturb_prompt: bool = True):
+        if sigma < 0:
+            raise ValueError(f"sigma must be >= 0, got {sigma}")
+        if target not in ("activations", "weights"):
+            raise ValueError(f"gaussian target must be activations or weights, got {target!r}")
+        self.sigma, self.sites, self.layers, self.target, self.perturb_prompt = sigma, sites or ["mlp"], layers, target, perturb_prompt
+        self.deterministic = sigma == 0.0
+
+    def bind(self, lm, seeds: Tensor) -> BoundPerturbation:
+        sites = find_sites(lm.model, self.sites, self.layers)
+        if self.target == "activations":
+            z = torch.stack([row_normals(int(s), len(sites), sites[0].width) for s in seeds.tolist()], dim=1)
+            return _BoundGaussian([s.module for s in sites], z.to(lm.device), self.perturb_prompt, False, self.sigma)
+        linears = [_output_linear(s.module) for s in sites]
+        noises = []
+        for k, lin in enumerate(linears):
+            w = lin.weight if lin.weight.dim() == 2 else lin.weight
+            out_f, in_f = (w.shape[0], w.shape[1]) if isinstance(lin, nn.Linear) else (w.shape[1], w.shape[0])  # GPT-2 Conv1D is [in, out]
+            scale = self.sigma * float(w.detach().float().std())
+            rows = [torch.Generator().manual_seed((int(s) + 7919 * (k + 1)) % (2**63)) for s in seeds.tolist()]
+            noises.append(torch.stack([torch.randn(out_f, in_f, generator=g) for g in rows]).mul_(scale).to(lm.device))
+        return _BoundGaussian(linears, noises, self.perturb_prompt, True, self.sigma)

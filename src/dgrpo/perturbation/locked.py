@@ -1,0 +1,59 @@
+"""Locked (variational) dropout: one Bernoulli mask per rollout per site, held over every position.
+
+The mask of row ``i`` at site ``s`` is a [hidden] vector of 0 and 1/(1-p) drawn from row ``i``'s
+own generator seeded with ``seeds[i]``: it does not depend on the batch it runs in, so the K
+rollouts of a group (and all groups) share one batched forward, and replay in any micro-batch
+regenerates it exactly. Applied with forward hooks, so it works on models whose configs have no
+dropout modules (Qwen2, Llama).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import BoundPerturbation, Perturbation, Site, find_sites, map_first_output, row_uniforms
+
+
+def locked_masks(seeds: Tensor, n_sites: int, width: int, p: float) -> Tensor:
+    """[n_sites, B, width] masks with entries in {0, 1/(1-p)}; row i depends on seeds[i] only."""
+    keep = torch.stack([row_uniforms(int(s), n_sites, width) >= p for s in seeds.tolist()], dim=1)
+    return keep.float() / (1.0 - p)
+
+
+class _BoundLocked(BoundPerturbation):
+    def __init__(self, sites: list[Site], masks: Tensor, perturb_prompt: bool):
+        super().__init__()
+        self.sites, self.masks, self.perturb_prompt = sites, masks, perturb_prompt
+        self.handles: list = []
+
+    def _hook(self, k: int):
+        def hook(module, args, output):
+            if not self.active:
+                return None
+            m = self.masks[k][:, None, :]  # [B, 1, H]: the same mask at every position
+            return map_first_output(output, lambda h: h * m.to(h.dtype))
+        return hook
+
+    def __enter__(self):
+        self.handles = [s.module.register_forward_hook(self._hook(k)) for k, s in enumerate(self.sites)]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+class LockedDropout(Perturbation):
+    kind = "locked"
+
+    def __init__(self, p: float = 0.1, sites: list[str] | None = None, layers: str = "all", perturb_prompt: bool = True):
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout p must be in [0, 1), got {p}")
+        self.p, self.sites, self.layers, self.perturb_prompt = p, sites or ["mlp"], layers, perturb_prompt
+        self.deterministic = p == 0.0
+
+    def bind(self, lm, seeds: Tensor) -> BoundPerturbation:
+        sites = find_sites(lm.model, self.sites, self.layers)
+        masks = locked_masks(seeds, len(sites), sites[0].width, self.p).to(lm.device)
+        return _BoundLocked(sites, masks, self.perturb_prompt)

@@ -1,0 +1,106 @@
+"""The paper's math as pure functions, checked against hand-computed values."""
+import math
+
+import pytest
+import torch
+
+from dgrpo.training.losses import (aggregate, clipped_surrogate, ema_update, group_advantages, group_filter, huber_k3, k3,
+                                   kl_log_ratio)
+from dgrpo.training.schedules import beta_at, lr_at
+
+
+def test_advantages_hand_computed():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    assert torch.allclose(group_advantages(r, "drgrpo"), torch.tensor([[0.5, -0.5, -0.5, 0.5], [0.25, 0.25, 0.25, -0.75]]))
+    g = group_advantages(r, "grpo", eps=0.0)  # population std: 0.5 and sqrt(3)/4
+    assert torch.allclose(g[0], torch.tensor([1.0, -1.0, -1.0, 1.0]))
+    assert torch.allclose(g[1], torch.tensor([0.25, 0.25, 0.25, -0.75]) / (math.sqrt(3) / 4))
+    # RLOO: r minus the mean of the other three
+    assert torch.allclose(group_advantages(r, "rloo")[0], torch.tensor([1 - 1 / 3, 0 - 2 / 3, 0 - 2 / 3, 1 - 1 / 3]))
+    assert torch.equal(group_advantages(torch.ones(2, 4), "drgrpo"), torch.zeros(2, 4))
+
+
+def test_ema_baseline_update():
+    assert ema_update(0.5, torch.tensor([[1.0], [0.0], [1.0], [1.0]]), 0.95) == pytest.approx(0.95 * 0.5 + 0.05 * 0.75)
+
+
+def test_clipped_surrogate_asymmetric_clip():
+    old = torch.zeros(1, 4)
+    logp = torch.log(torch.tensor([[1.2, 0.8, 0.8, 1.2]]))
+    for adv, expect, low, high in [
+        (1.0, [1.12, 0.8, 0.8, 1.12], [False] * 4, [True, False, False, True]),
+        (-1.0, [-1.2, -0.9, -0.9, -1.2], [False, True, True, False], [False] * 4),
+    ]:
+        obj, ratio, lo, hi = clipped_surrogate(logp, old, torch.tensor([adv]), 0.10, 0.12)
+        assert torch.allclose(obj, torch.tensor([expect]), atol=1e-6)
+        assert lo.tolist() == [low] and hi.tolist() == [high]
+    # at theta = theta_old the ratio is exactly 1 and the gradient is A * grad log pi
+    lp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    obj, ratio, _, _ = clipped_surrogate(lp, lp.detach(), torch.tensor([0.5]), 0.1, 0.12)
+    assert torch.equal(ratio, torch.ones(1, 2))
+    obj.sum().backward()
+    assert torch.allclose(lp.grad, torch.tensor([[0.5, 0.5]]))
+
+
+def test_aggregation_modes():
+    x = torch.tensor([[1.0, 2.0, 5.0], [3.0, 7.0, 7.0]])
+    m = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert aggregate(x, m, "seq_mean", 2, 3, 3).item() == pytest.approx((1.5 + 3.0) / 2)
+    assert aggregate(x, m, "token_mean", 2, 3, 3).item() == pytest.approx(6.0 / 3)
+    assert aggregate(x, m, "constant", 2, 3, 3).item() == pytest.approx(6.0 / 6)
+    # global normalisers: two halves add up to the whole
+    whole = aggregate(x, m, "seq_mean", 2, 3, 3)
+    halves = aggregate(x[:1], m[:1], "seq_mean", 2, 3, 3) + aggregate(x[1:], m[1:], "seq_mean", 2, 3, 3)
+    assert torch.allclose(whole, halves)
+
+
+def test_huber_k3_properties():
+    d = 5.0
+    x = torch.linspace(-d, d, 101)
+    assert torch.allclose(huber_k3(x, d), k3(x))  # equals k3 inside
+    grid = torch.linspace(-40, 40, 4001)
+    assert (huber_k3(grid, d) >= 0).all()
+    for b in (d, -d):  # value and slope continuous at the bounds
+        lo = torch.tensor(b - 1e-4, dtype=torch.float64, requires_grad=True)
+        hi = torch.tensor(b + 1e-4, dtype=torch.float64, requires_grad=True)
+        vl, vh = huber_k3(lo, d), huber_k3(hi, d)
+        assert abs(vl.item() - vh.item()) < 0.05
+        gl = torch.autograd.grad(vl, lo)[0].item()
+        gh = torch.autograd.grad(vh, hi)[0].item()
+        assert abs(gl - gh) < 0.05 * max(1.0, abs(gl))
+    far = torch.tensor([10.0, -10.0], requires_grad=True)
+    huber_k3(far, d).sum().backward()
+    assert far.grad[0].item() == pytest.approx(math.exp(5) - 1, rel=1e-5)
+    assert far.grad[1].item() == pytest.approx(math.exp(-5) - 1, rel=1e-5)
+    assert huber_k3(torch.tensor(d), d).item() == pytest.approx(math.exp(d) - d - 1, rel=1e-6)
+
+
+def test_kl_forms():
+    lp, ref = torch.tensor([-1.0]), torch.tensor([-2.0])
+    assert kl_log_ratio(lp, ref, "unbiased").item() == -1.0
+    assert kl_log_ratio(lp, ref, "paper").item() == 1.0
+    # the unbiased form estimates KL(pi || ref): exact check on a 2-outcome distribution
+    p, q = torch.tensor([0.7, 0.3]), torch.tensor([0.4, 0.6])
+    est = (p * k3(kl_log_ratio(p.log(), q.log(), "unbiased"))).sum()
+    assert est.item() == pytest.approx((p * (p / q).log()).sum().item(), rel=1e-6)
+
+
+def test_group_filter_inclusive_and_whole_groups():
+    K = 20
+    acc = [0, 3, 4, 10, 19, 20]  # mean 0, .15, .20, .50, .95, 1.0
+    r = torch.stack([torch.tensor([1.0] * a + [0.0] * (K - a)) for a in acc])
+    keep = group_filter(r, 0.20, 0.95)
+    assert keep.tolist() == [False, False, True, True, True, False]
+    rows = keep.repeat_interleave(K).nonzero().flatten()
+    assert rows.numel() == 3 * K and set((rows // K).tolist()) == {2, 3, 4}
+
+
+def test_schedules_eq8():
+    peak, total, warm = 1e-5, 110, 10
+    assert lr_at(0, peak, total, warm) == pytest.approx(1e-6)
+    assert lr_at(9, peak, total, warm) == pytest.approx(peak)
+    assert lr_at(10, peak, total, warm) == pytest.approx(peak)
+    assert lr_at(60, peak, total, warm) == pytest.approx(peak / 2)
+    assert lr_at(110, peak, total, warm) == pytest.approx(0.0, abs=1e-15)
+    for s in (0, 5, 10, 60, 100):
+        assert beta_at(s, 5e-3, peak, total, warm) == pytest.approx(5e-3 * lr_at(s, peak, total, warm) / peak)

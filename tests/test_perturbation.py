@@ -1,0 +1,124 @@
+"""Perturbations: per-row seeded noise, exact mask replay, identity across micro-batches."""
+import pytest
+import torch
+
+from conftest import make_lm
+from dgrpo.perturbation import GaussianNoise, LockedDropout, NativeDropout, NoPerturbation, seeds_for
+from dgrpo.perturbation.locked import locked_masks
+from dgrpo.training.grpo import collect_rollouts, replay_logprobs
+
+T = 2
+
+
+def rollouts(lm, records, pert, K=4, n=3, seed=0, **kw):
+    seeds = seeds_for(seed, 0, 0, n * K)
+    return collect_rollouts(lm, records[:n], group_size=K, n_latent=T, perturbation=pert, seeds=seeds, max_new_tokens=10, **kw)
+
+
+def test_locked_mask_rows_depend_only_on_their_seed():
+    s = torch.tensor([11, 22, 33, 44])
+    m = locked_masks(s, 3, 64, 0.3)
+    m2 = locked_masks(s[[3, 1]], 3, 64, 0.3)
+    assert torch.equal(m[:, [3, 1]], m2)
+    assert not torch.equal(m[:, 0], m[:, 1])
+    vals = m.unique()
+    assert vals.numel() == 2 and vals[0].item() == 0.0 and vals[1].item() == pytest.approx(1 / 0.7)
+    big = locked_masks(torch.arange(200), 1, 512, 0.3)
+    assert abs((big == 0).float().mean().item() - 0.3) < 0.01
+
+
+def test_seeds_distinct_across_steps_and_ranks_and_reproducible():
+    a, b, c = seeds_for(0, 5, 0, 64), seeds_for(0, 5, 1, 64), seeds_for(0, 6, 0, 64)
+    assert torch.equal(a, seeds_for(0, 5, 0, 64))
+    assert len(set(a.tolist()) | set(b.tolist()) | set(c.tolist())) == 192
+    assert a.dtype == torch.int64 and a.element_size() == 8  # 8 bytes stored per rollout
+
+
+@pytest.mark.parametrize("pert", [LockedDropout(p=0.3, sites=["attn", "mlp"]), LockedDropout(p=0.3, sites=["residual"], layers="-1:"),
+                                  GaussianNoise(sigma=0.3), GaussianNoise(sigma=0.05, target="weights")],
+                         ids=["locked-attn-mlp", "locked-residual-last", "gaussian-act", "gaussian-weights"])
+def test_replay_identity_batched(tokenizer, task_records, pert):
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ro = rollouts(lm, task_records, pert)
+    rows = torch.arange(ro.seeds.numel())
+    kw = dict(n_latent=T, perturbation=pert, temperature=0.0)
+    with torch.no_grad():
+        a, m = replay_logprobs(lm, ro, rows, seeds=ro.seeds, **kw)
+        b, _ = replay_logprobs(lm, ro, rows, seeds=ro.seeds, **kw)
+    assert torch.equal(a, b)  # two replays of the same seeds in the same micro-batch: bit-identical
+    g, _ = replay_logprobs(lm, ro, rows, seeds=ro.seeds, **kw)  # with grad, as in the update at theta = theta_old
+    assert torch.equal(g.detach(), a)
+    assert torch.equal(torch.exp(g.detach() - a), torch.ones_like(a))  # every ratio exactly 1
+    # the log-probs recorded while decoding match the teacher-forced replay
+    L = m.shape[1]
+    assert torch.allclose(ro.rollout_logp[:, :L] * m, a, atol=1e-5)
+    # regrouped into other micro-batches: same masks, same log-probs within 1e-6
+    with torch.no_grad():
+        for part in (rows[::2], rows[1::2], rows[[5, 0, 7]]):
+            p, pm = replay_logprobs(lm, ro, part, seeds=ro.seeds[part], **kw)
+            n = pm.shape[1]
+            assert torch.allclose(p, a[part, :n], atol=1e-6)
+        other, _ = replay_logprobs(lm, ro, rows, seeds=ro.seeds + 1, **kw)
+    assert not torch.allclose(other, a)  # a different seed gives different log-probs
+
+
+def test_locked_masks_identical_when_regrouped(tokenizer):
+    lm = make_lm(tokenizer, "qwen2")
+    pert = LockedDropout(p=0.2, sites=["mlp"])
+    s = seeds_for(3, 1, 0, 8)
+    whole = pert.bind(lm, s).masks
+    part = pert.bind(lm, s[[6, 2]]).masks
+    assert torch.equal(whole[:, [6, 2]], part)
+
+
+def test_native_dropout_replays_one_rollout_at_a_time(tokenizer, task_records):
+    lm = make_lm(tokenizer, "qwen2").eval()
+    pert = NativeDropout(p=0.3)
+    before = torch.random.get_rng_state()
+    ro = rollouts(lm, task_records, pert, K=3, n=2)
+    assert torch.equal(before, torch.random.get_rng_state())  # the global RNG stream is left as it was
+    rows = torch.arange(ro.seeds.numel())
+    with torch.no_grad():
+        for r in rows.tolist():
+            a, m = replay_logprobs(lm, ro, torch.tensor([r]), seeds=ro.seeds[[r]], n_latent=T, perturbation=pert, temperature=0.0)
+            b, _ = replay_logprobs(lm, ro, torch.tensor([r]), seeds=ro.seeds[[r]], n_latent=T, perturbation=pert, temperature=0.0)
+            assert torch.equal(a, b)
+            assert torch.allclose(ro.rollout_logp[r, : m.shape[1]] * m[0], a[0], atol=1e-5)
+        c, _ = replay_logprobs(lm, ro, rows[:1], seeds=ro.seeds[:1] + 1, n_latent=T, perturbation=pert, temperature=0.0)
+        assert not torch.allclose(c, a[:1, : c.shape[1]]) if r == 0 else True
+    with pytest.raises(ValueError):
+        pert.bind(lm, ro.seeds[:2])
+    assert all(not m.training for m in lm.model.modules())  # dropout switched off again afterwards
+
+
+def test_native_dropout_actually_perturbs(tokenizer, task_records):
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ro = rollouts(lm, task_records, NativeDropout(p=0.5), K=4, n=1)
+    det = rollouts(lm, task_records, NoPerturbation(), K=4, n=1)
+    assert not torch.allclose(ro.rollout_logp, det.rollout_logp)
+
+
+def test_none_is_deterministic_and_locked_is_not(tokenizer, task_records):
+    lm = make_lm(tokenizer, "qwen2").eval()
+    det = rollouts(lm, task_records, NoPerturbation(), K=4)
+    for g in range(3):  # the K rollouts of a group are identical (same answer; log-probs up to GEMM row order)
+        toks, lps = det.tokens[g * 4:(g + 1) * 4], det.rollout_logp[g * 4:(g + 1) * 4]
+        assert all(torch.equal(toks[0], toks[k]) for k in range(4))
+        assert torch.allclose(lps, lps[:1].expand_as(lps), atol=1e-6)
+    loc = rollouts(lm, task_records, LockedDropout(p=0.3), K=4)
+    lps = loc.rollout_logp[:4]
+    assert not torch.allclose(lps, lps[:1].expand_as(lps), atol=1e-3)
+
+
+def test_perturb_prompt_false_leaves_prompt_pass_untouched(tokenizer, task_records):
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
+    pert = LockedDropout(p=0.5, perturb_prompt=False)
+    with torch.no_grad():
+        clean = lm.prefill(ids, mask, 0, markers=False).last_hidden
+        with pert.bind(lm, torch.tensor([1, 2])) as pb:
+            st = lm.prefill(ids, mask, 0, markers=False, perturbation=pb)
+            assert torch.equal(st.last_hidden, clean)
+            lat = lm.prefill(ids, mask, 2, markers=False, perturbation=pb).last_hidden
+        lat_clean = lm.prefill(ids, mask, 2, markers=False).last_hidden
+    assert not torch.allclose(lat, lat_clean)  # latent steps are perturbed
