@@ -7,9 +7,13 @@ from .records import DataError, Record
 
 
 def load_spec(spec: str, task=None) -> list[Record]:
-    """Load ``name``, ``name:split`` or a file path. ``task`` (a TaskConfig) parameterises ``builtin`` names."""
+    """Load ``name``, ``name:split``, a file path, or several joined by ``+`` (``gsm_hard+svamp``).
+
+    ``task`` (a TaskConfig) parameterises ``builtin`` names."""
     from .loaders import load_dataset
 
+    if "+" in spec and not Path(spec).exists():
+        return [r for part in spec.split("+") if part.strip() for r in load_spec(part.strip(), task)]
     if spec.startswith("builtin"):
         from .synthetic import load_builtin
 

@@ -178,8 +178,19 @@ def _row_question_answer(row: dict[str, Any]) -> Record:
     return Record(question, [], canon if canon is not None else answer, {})
 
 
+def _row_question_cot_answer(row: dict[str, Any]) -> Record:
+    """GSM8K-Aug as published on the hub (e.g. ``whynlp/gsm8k-aug``): ``cot`` is ``<<e1>> <<e2>> ...``."""
+    question = _text_field(row, "question")
+    cot = row.get("cot")
+    if not isinstance(cot, str):
+        raise _RowError(f"field 'cot' must be a string, got {type(cot).__name__}")
+    answer = _numeric_answer(_text_field(row, "answer"), "field 'answer'")
+    return Record(question, cot.split(), answer, {})
+
+
 # Key sets that identify a row format, most specific first.
 _ROW_FORMATS: list[tuple[frozenset[str], RowParser, str]] = [
+    (frozenset({"question", "cot", "answer"}), _row_question_cot_answer, "GSM8K-Aug {question, cot, answer}"),
     (frozenset({"question", "steps", "answer"}), _row_coconut_any, "Coconut {question, steps, answer}"),
     (frozenset({"Body", "Question", "Answer"}), _row_svamp, "SVAMP {Body, Question, Answer}"),
     (frozenset({"sQuestion", "lSolutions"}), _row_multiarith, "MultiArith {sQuestion, lSolutions}"),

@@ -119,3 +119,49 @@ def write_results(result: EvalResult, out_dir: Path) -> None:
     with open(out_dir / "predictions.jsonl", "w") as f:
         for p in result.predictions:
             f.write(json.dumps(p) + "\n")
+
+
+def majority_vote(answers: list[str | None]) -> str | None:
+    """Most common parsed answer (ties: the one seen first); None when nothing parsed."""
+    counts: dict[str, int] = {}
+    for a in answers:
+        if a is not None:
+            counts[a] = counts.get(a, 0) + 1
+    if not counts:
+        return None
+    best = max(counts.values())
+    return next(a for a in answers if a is not None and counts[a] == best)
+
+
+@torch.no_grad()
+def evaluate_mc_vote(lm: LatentLM, records: list[Record], perturbation, *, n_masks: int = 8, dataset: str = "", batch_size: int = 256,
+                     max_new_tokens: int = 64, seed: int = 0, max_question_tokens: int | None = None, progress: bool = True) -> EvalResult:
+    """Monte-Carlo perturbation ensemble: greedy answers under ``n_masks`` seeded perturbations per question,
+    majority vote. This is the model-average policy Dropout-GRPO optimises (paper Sec. 3.1, Sec. 6)."""
+    from ..perturbation import seeds_for
+
+    t0 = time.time()
+    questions = [r.question for r in records for _ in range(n_masks)]
+    seeds = seeds_for(seed, 0, 0, len(questions), stream="mc-vote")
+    order = list(range(len(questions)))
+    texts: list[str] = [""] * len(questions)
+    lm.eval()
+    for b0 in tqdm(range(0, len(order), batch_size), desc="mc-vote", disable=not progress, leave=False, dynamic_ncols=True):
+        idx = order[b0:b0 + batch_size]
+        ids, mask = lm.encode_questions([questions[i] for i in idx], max_tokens=max_question_tokens)
+        with perturbation.bind(lm, seeds[idx]) as pb:
+            g = lm.generate(ids, mask, lm.settings.n_latent, max_new_tokens=max_new_tokens, perturbation=pb)
+        for i, t in zip(idx, lm.decode(g.tokens, g.mask)):
+            texts[i] = t
+    preds, correct = [], 0
+    for j, r in enumerate(records):
+        answers = [extract_answer(t) for t in texts[j * n_masks:(j + 1) * n_masks]]
+        vote = majority_vote(answers)
+        ok = vote is not None and score(f"#### {vote}", r.answer) == 1.0
+        correct += int(ok)
+        preds.append({"question": r.question, "gold": r.answer, "votes": answers, "pred": vote, "correct": ok})
+    n = len(records)
+    unparseable = sum(p["pred"] is None for p in preds)
+    return EvalResult(dataset=dataset, accuracy=correct / n if n else 0.0, n=n, correct=correct, unparseable=unparseable, seed=seed,
+                      n_latent=lm.settings.n_latent, mode=f"{lm.settings.mode}+mc{n_masks}", wall_s=round(time.time() - t0, 3),
+                      predictions=preds)

@@ -244,7 +244,7 @@ class GRPOTrainer:
                                                     seeds=seeds, temperature=g.temperature)
                     kl = agg(huber_k3(kl_log_ratio(logp, ref_lp, g.kl_form), g.huber_delta))
                     loss = loss + beta * kl
-                    stats["kl"] += float(kl) if epoch == 0 else 0.0
+                    stats["kl"] += float(kl.detach()) if epoch == 0 else 0.0
                 loss.backward()
                 if epoch == 0:
                     stats["policy_loss"] += float(-agg(obj.detach()))

@@ -161,7 +161,7 @@ def train_sft(lm: LatentLM, train: list[Record], cfg: Config, out_dir: Path, *, 
                     # summed NLL / global token count: the per-rank gradients add up to the global one
                     loss, _ = sft_loss(lm, local[m0:m0 + micro], cfg, n_tokens_global)
                 loss.backward()
-                loss_sum += float(loss)
+                loss_sum += loss.item()
             dist.all_reduce_grads(lm.model)
             gn = torch.nn.utils.clip_grad_norm_(lm.model.parameters(), s.max_grad_norm) if s.max_grad_norm > 0 else torch.tensor(0.0)
             opt.step()

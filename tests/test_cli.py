@@ -1,0 +1,115 @@
+"""The command line end to end: SFT then eval on the built-in task, data inspect, config errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import SHARED_DATA
+
+TINY = {"model.hidden_size": 64, "model.num_layers": 2, "model.intermediate_size": 128, "task.n_train": 1024, "task.n_valid": 32,
+        "task.n_test": 32, "sft.epochs_per_stage": 1, "sft.num_epochs": 2, "sft.max_latent_stage": 1, "sft.batch_size": 64,
+        "sft.lr": 3e-3, "sft.warmup_steps": 2, "data.test": "[builtin:test]", "eval.max_new_tokens": 40, "threads": 2}
+
+
+def dgrpo(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "dgrpo", *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+def sets(d):
+    out = []
+    for k, v in d.items():
+        out += ["--set", f"{k}={v}"]
+    return out
+
+
+def test_sft_then_eval_end_to_end(tmp_path):
+    run = tmp_path / "sft"
+    r = dgrpo("sft", "--out", run, *sets(TINY))
+    assert r.returncode == 0, r.stderr[-2000:]
+    for sub in ("stage-0", "stage-1", "final"):
+        assert (run / sub / "model.safetensors").exists() and (run / sub / "tokenizer.json").exists()
+    latent = json.loads((run / "final" / "latent_config.json").read_text())
+    assert latent == {"mode": "coconut", "c_thought": 1, "stage": 1, "n_latent": 1}
+    stage_rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if "eval/valid/accuracy" in x]
+    assert [row["stage"] for row in stage_rows] == [0, 1]
+    ev = tmp_path / "ev"
+    r = dgrpo("eval", "--model", run, "--data", "builtin:test", "--limit", 16, "--out", ev, "--set", "task.n_test=32")
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((ev / "results.json").read_text())
+    assert {"accuracy", "n", "correct", "unparseable", "dataset", "seed"} <= set(res) and res["n"] == 16
+    preds = (ev / "predictions.jsonl").read_text().splitlines()
+    assert len(preds) == 16 and {"question", "gold", "completion", "correct"} <= set(json.loads(preds[0]))
+    # the saved weights load in plain transformers too
+    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM.from_pretrained(run / "final")
+
+
+@pytest.mark.parametrize("mode", ["cot", "no_cot", "pause", "no_curriculum"])
+def test_sft_baselines_run(tmp_path, mode):
+    over = {**TINY, "sft.mode": mode, "task.n_train": 256, "sft.num_epochs": 2, "data.valid": "''", "sft.eval_each_stage": "false"}
+    r = dgrpo("sft", "--out", tmp_path / mode, *sets(over))
+    assert r.returncode == 0, r.stderr[-2000:]
+    latent = json.loads((tmp_path / mode / "final" / "latent_config.json").read_text())
+    expect = {"cot": ("cot", 0), "no_cot": ("no_cot", 0), "pause": ("pause", 1), "no_curriculum": ("coconut", 1)}[mode]
+    assert (latent["mode"], latent["n_latent"]) == expect
+
+
+def test_plain_causal_lm_eval(tmp_path, sft_checkpoint):
+    r = dgrpo("eval", "--model", sft_checkpoint, "--data", "builtin:test", "--plain", "--shots", 2, "--limit", 8, "--out", tmp_path,
+              "--set", "task.n_test=16", "--set", "eval.max_new_tokens=16")
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["mode"] == "plain" and res["n"] == 8
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/data not present")
+def test_data_inspect_last_line_is_json():
+    r = dgrpo("data", "inspect", SHARED_DATA / "svamp" / "SVAMP.json")
+    assert r.returncode == 0, r.stderr
+    last = json.loads(r.stdout.strip().splitlines()[-1])
+    assert last["n"] == 1000 and {"question", "steps", "answer"} <= set(last["example"])
+    r = dgrpo("data", "inspect", "gsm8k", "--split", "train")
+    assert json.loads(r.stdout.strip().splitlines()[-1])["n"] == 7473
+
+
+def test_builtin_inspect():
+    r = dgrpo("data", "inspect", "builtin:ood_steps?n_test=10")
+    last = json.loads(r.stdout.strip().splitlines()[-1])
+    assert last["n"] == 10 and len(last["example"]["steps"]) == 6
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--set", "sft.c_thought=0"], "sft.c_thought"),
+    (["--set", "sft.lr=fast"], "sft.lr"),
+    (["--set", "sft.nope=1"], "unknown config key 'sft.nope'"),
+    (["--set", "perturbation.p=1.5"], "perturbation.p"),
+    (["--set", "grpo.alpha_min=0.9", "--set", "grpo.alpha_max=0.5"], "alpha_min"),
+    (["--set", "grpo.group_size=1"], "K >= 2"),
+    (["--set", "grpo.n_latent=-3"], "grpo.n_latent"),
+    (["--config", "/nonexistent.yaml"], "config file not found"),
+])
+def test_invalid_config_exits_2_with_one_line(tmp_path, args, needle):
+    r = dgrpo("sft", "--out", tmp_path / "x", *args)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert not (tmp_path / "x").exists()  # nothing partial written
+
+
+def test_missing_checkpoint_and_unknown_dataset_exit_2(tmp_path):
+    r = dgrpo("eval", "--model", tmp_path / "nope", "--data", "builtin:test", "--out", tmp_path / "o")
+    assert r.returncode == 2 and "checkpoint directory not found" in r.stderr
+    r = dgrpo("data", "inspect", "definitely_not_a_dataset_xyz")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_yaml_configs_in_repo_are_valid():
+    from pathlib import Path
+
+    from dgrpo.config import Config, load_config
+    root = Path(__file__).resolve().parents[1] / "configs"
+    files = sorted(root.rglob("*.yaml"))
+    assert files
+    for f in files:
+        load_config(Config, f)

@@ -1,0 +1,106 @@
+"""The Dropout-GRPO trainer: the determinism failure, loss invariance to micro-batching, the CLI run."""
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from dgrpo.data.synthetic import generate_split
+from dgrpo.model.latent_lm import LatentLM
+from dgrpo.training.grpo import GRPOTrainer
+
+METRIC_KEYS = {"step", "reward_mean", "reward_std", "frac_zero_std", "frac_groups_kept", "policy_loss", "kl", "clip_frac_low",
+               "clip_frac_high", "ratio_max", "ratio_min", "grad_norm", "lr", "beta", "answer_entropy", "skipped", "time_rollout_s",
+               "time_update_s"}
+
+
+def trainer(ckpt, **over):
+    cfg = tiny_config(**over)
+    lm = LatentLM.from_pretrained(ckpt)
+    train = generate_split(cfg.task, "train")
+    return GRPOTrainer(lm, cfg, train)
+
+
+def test_deterministic_grpo_has_zero_std_and_exactly_zero_gradient(sft_checkpoint):
+    tr = trainer(sft_checkpoint, **{"perturbation.kind": "none", "grpo.filter": "false", "grpo.beta0": "0", "grpo.prompts_per_step": "16"})
+    before = copy.deepcopy(tr.lm.model.state_dict())
+    tr.opt = torch.optim.SGD(tr.lm.model.parameters(), lr=1.0)
+    m = tr.step()
+    assert m["reward_std"] == 0.0 and m["frac_zero_std"] == 1.0
+    assert m["grad_norm"] == 0.0
+    after = tr.lm.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the policy gradient is exactly zero
+    # with the filter on (the default), every group is dropped and the step is skipped
+    tr2 = trainer(sft_checkpoint, **{"perturbation.kind": "none"})
+    m2 = tr2.step()
+    assert m2["skipped"] == 1 and m2["frac_groups_kept"] == 0.0
+
+
+def test_locked_dropout_gives_reward_variance(sft_checkpoint):
+    tr = trainer(sft_checkpoint, **{"perturbation.kind": "locked", "perturbation.p": "0.3", "grpo.prompts_per_step": "16", "grpo.group_size": "8"})
+    m = tr.step()
+    assert 0.0 < m["reward_mean"] < 1.0  # neither always right nor always wrong
+    assert m["reward_std"] > 0 and m["frac_zero_std"] < 1.0
+
+
+@pytest.mark.parametrize("agg", ["seq_mean", "token_mean", "constant"])
+def test_update_is_invariant_to_micro_batch_size(sft_checkpoint, agg):
+    params = []
+    for mb in (3, 64):
+        tr = trainer(sft_checkpoint, **{"perturbation.p": "0.3", "grpo.micro_batch_size": mb, "grpo.filter": "false",
+                                        "grpo.aggregation": agg, "grpo.beta0": "0.01", "grpo.prompts_per_step": "4"})
+        tr.opt = torch.optim.SGD(tr.lm.model.parameters(), lr=1.0)
+        torch.manual_seed(0)
+        m = tr.step()
+        assert m["skipped"] == 0
+        params.append(torch.cat([p.detach().flatten() for p in tr.lm.model.parameters()]))
+    start = torch.cat([p.detach().flatten() for p in LatentLM.from_pretrained(sft_checkpoint).model.parameters()])
+    assert not torch.allclose(params[0], start)  # the step did move the weights
+    assert torch.allclose(params[0], params[1], atol=1e-6)
+
+
+def test_mini_epochs_replay_matches_theta_old(sft_checkpoint):
+    tr = trainer(sft_checkpoint, **{"perturbation.p": "0.3", "grpo.mini_epochs": "2", "grpo.filter": "false", "grpo.prompts_per_step": "4"})
+    m = tr.step()
+    assert m["skipped"] == 0
+    # the first mini-epoch runs at theta_old: the separate no-grad replay gives ratio exactly 1
+    assert m["ratio_max"] == 1.0 and m["ratio_min"] == 1.0 and m["clip_frac_high"] == 0.0
+
+
+@pytest.mark.parametrize("over", [
+    {"grpo.advantage": "ema", "grpo.group_size": "1", "grpo.filter": "false"},  # REINFORCE + dropout, EMA baseline
+    {"perturbation.kind": "none", "grpo.temperature": "1.0"},  # token sampling, no dropout
+    {"grpo.replay": "fresh", "grpo.filter": "false"},  # fresh masks at update (CRN ablation)
+    {"perturbation.kind": "gaussian", "perturbation.sigma": "0.3"},
+    {"perturbation.kind": "native", "perturbation.p": "0.3", "grpo.prompts_per_step": "2", "grpo.group_size": "2", "grpo.filter": "false"},
+], ids=["reinforce-ema", "sampling", "fresh-masks", "gaussian", "native"])
+def test_ablations_run(sft_checkpoint, over):
+    tr = trainer(sft_checkpoint, **over)
+    m = tr.step()
+    assert METRIC_KEYS <= set(m)
+    for k in ("reward_mean", "lr", "beta", "grad_norm", "time_rollout_s"):
+        assert m[k] is not None
+
+
+def test_grpo_cli_end_to_end(sft_checkpoint, tmp_path):
+    out = tmp_path / "grpo"
+    cmd = [sys.executable, "-m", "dgrpo", "grpo", "--init", str(sft_checkpoint), "--out", str(out)]
+    for k, v in {"model.hidden_size": 64, "task.n_train": 2048, "task.n_valid": 64, "task.n_test": 64, "grpo.steps": 3,
+                 "grpo.prompts_per_step": 8, "grpo.group_size": 4, "grpo.eval_every": 2, "grpo.warmup_steps": 1,
+                 "perturbation.p": 0.3, "data.test": "[builtin:test]", "threads": 2}.items():
+        cmd += ["--set", f"{k}={v}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [row for row in rows if "reward_mean" in row]
+    assert [row["step"] for row in steps] == [0, 1, 2]
+    for row in steps:
+        assert METRIC_KEYS <= set(row), METRIC_KEYS - set(row)
+    evals = [row for row in rows if "eval/builtin:valid/accuracy" in row]
+    assert [row["step"] for row in evals] == [0, 2, 3]
+    assert (out / "final" / "model.safetensors").exists() and (out / "best" / "latent_config.json").exists()
+    res = json.loads((out / "eval" / "builtin_test" / "results.json").read_text())
+    assert res["n"] == 64 and 0.0 <= res["accuracy"] <= 1.0
