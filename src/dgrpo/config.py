@@ -59,7 +59,7 @@ class TaskConfig:
     max_operand: int = opt(9, "largest operand of + and - (in-distribution)")
     ood_extra_steps: int = opt(2, "the 'ood_steps' test split has n_steps + this many steps")
     ood_max_operand: int = opt(99, "the 'ood_numbers' test split draws +/- operands from 10..this")
-    n_train: int = opt(40000, "training problems")
+    n_train: int = opt(16000, "training problems")
     n_valid: int = opt(1000, "validation problems")
     n_test: int = opt(2000, "test problems (each test split)")
     seed: int = opt(1234, "generation seed of the task (fixed, independent of the training seed)")
@@ -77,10 +77,10 @@ class TaskConfig:
 class DataConfig:
     train: str = opt("builtin:train", "training data: dataset name or file path, optionally 'name:split'")
     valid: str = opt("builtin:valid", "held-out data for per-stage / periodic eval ('' to disable)")
-    test: list = opt(["builtin:test"], "datasets evaluated at the end")
+    test: list = opt(["builtin:test", "builtin:ood_steps", "builtin:ood_numbers"], "datasets evaluated at the end")
     max_question_tokens: int = opt(256, "questions longer than this are truncated from the left")
     max_target_tokens: int = opt(256, "steps + answer longer than this are truncated")
-    eval_limit: int = opt(0, "evaluate at most this many records per dataset during training (0 = all)")
+    eval_limit: int = opt(500, "evaluate at most this many records of data.valid during training (0 = all)")
 
     def validate(self, p: str = "data") -> None:
         _check(bool(self.train), f"{p}.train", "must name a dataset")
@@ -92,16 +92,16 @@ class DataConfig:
 class SFTConfig:
     mode: str = opt("coconut", "coconut | cot (written steps) | no_cot (answer only) | pause (pause-as-thought: <|latent|> tokens, no recurrence) | no_curriculum (coconut, final stage from the start)")
     c_thought: int = opt(1, "latent thoughts per reasoning step (c)")
-    epochs_per_stage: int = opt(3, "epochs per curriculum stage; stage = epoch // epochs_per_stage")
+    epochs_per_stage: int = opt(2, "epochs per curriculum stage; stage = epoch // epochs_per_stage")
     max_latent_stage: int = opt(2, "largest stage that replaces steps one by one; later epochs drop all steps (Coconut)")
-    num_epochs: int = opt(9, "total epochs (Coconut: stage k for epochs [k*eps, (k+1)*eps))")
+    num_epochs: int = opt(6, "total epochs (Coconut: stage k for epochs [k*eps, (k+1)*eps))")
     pad_latent_to_max: bool = opt(False, "at stages past max_latent_stage use max_latent_stage*c latents even for short chains")
     uniform_prob: float = opt(0.0, "probability of training an example at a uniformly random earlier stage (Coconut)")
     reset_optimizer: bool = opt(True, "new AdamW state (and new warmup) at each stage boundary, as Coconut does")
     lr: float = opt(1e-3, "peak learning rate (AdamW)")
     weight_decay: float = opt(0.01, "AdamW weight decay")
     warmup_steps: int = opt(30, "linear warmup steps (per stage when reset_optimizer)")
-    batch_size: int = opt(128, "examples per optimizer step (before accumulation split)")
+    batch_size: int = opt(64, "examples per optimizer step, global over ranks (split into grad_accum micro-batches)")
     grad_accum: int = opt(1, "micro-batches per optimizer step; batch_size must divide by it")
     max_grad_norm: float = opt(1.0, "gradient clipping (0 = off)")
     bf16: str = opt("auto", "bf16 autocast: auto (on CUDA only) | true | false")
@@ -161,9 +161,9 @@ class PerturbationConfig:
 
 @dataclass
 class GRPOConfig:
-    steps: int = opt(200, "optimizer steps (paper: 3000)")
+    steps: int = opt(100, "optimizer steps (paper: 3000)")
     prompts_per_step: int = opt(16, "prompts (groups) per step, global over all ranks (paper: 16)")
-    group_size: int = opt(16, "K rollouts per prompt (paper: 32); 1 only with advantage=ema")
+    group_size: int = opt(8, "K rollouts per prompt (paper: 32); 1 only with advantage=ema")
     n_latent: int = opt(-1, "latent thoughts per rollout (T); -1 = the checkpoint's final-stage count")
     temperature: float = opt(0.0, "answer decoding: 0 = greedy (paper); > 0 samples tokens")
     top_p: float = opt(1.0, "nucleus mass when temperature > 0")
@@ -191,7 +191,7 @@ class GRPOConfig:
     alpha_min: float = opt(0.20, "group-accuracy filter lower bound")
     alpha_max: float = opt(0.95, "group-accuracy filter upper bound")
     replay: str = opt("seed", "seed: update under the rollout's own perturbation (mask replay) | fresh: new seeds at update (CRN ablation)")
-    eval_every: int = opt(25, "greedy eval without perturbation on data.valid every N steps (0 = only at start and end)")
+    eval_every: int = opt(20, "greedy eval without perturbation on data.valid every N steps (0 = only at start and end)")
     save_best: bool = opt(True, "keep best/ = the best post-warmup checkpoint by validation accuracy")
     log_every: int = opt(1, "write a metrics row every N steps")
 

@@ -1,0 +1,84 @@
+"""Peak memory of one GRPO step, in a fresh process (``python -m dgrpo.bench.memprobe SPEC_JSON``).
+
+One warm-up step first (one-time allocations: optimizer state, lazy imports, kernel caches), then the
+measured step. CPU: freed heap is handed back to the OS (``malloc_trim``) and the resident-set
+high-water mark is reset (``/proc/self/clear_refs``), so the peak is the measured step's alone;
+``delta`` = peak - resident size just before the step. Where the reset is not allowed, ``ru_maxrss``
+(the process's lifetime peak) is used and ``clean_peak`` is false. CUDA: ``max_memory_allocated``
+after ``reset_peak_memory_stats``. Prints one JSON line.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import resource
+import sys
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def malloc_trim() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def probe(spec: dict) -> dict:
+    import torch
+
+    from ..training.grpo import GRPOTrainer
+    from .workload import Shapes, build_lm, grpo_config, task_records
+
+    torch.set_num_threads(int(spec.get("threads", 2)))
+    shapes = Shapes.from_json(spec["shapes"])
+    device, dtype = torch.device(spec["device"]), getattr(torch, spec["dtype"])
+    lm = build_lm(shapes, device, dtype)
+    records = task_records(shapes.prompts)
+    trainer = GRPOTrainer(lm, grpo_config(shapes, spec["K"], spec["T"], spec["kind"]), records)
+    for _ in range(int(spec.get("warmup", 1))):
+        trainer.step(prompts=records)
+    gc.collect()
+    malloc_trim()
+    out: dict = {"spec": {k: v for k, v in spec.items() if k != "shapes"}}
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        trainer.step(prompts=records)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        out.update(kind="cuda_allocated", before_bytes=before, peak_bytes=peak, delta_bytes=peak - before, clean_peak=True)
+    else:
+        clean = reset_peak_rss()
+        before = _status_kb("VmRSS") * 1024
+        trainer.step(prompts=records)
+        peak = _status_kb("VmHWM") * 1024 if clean else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        out.update(kind="rss", before_bytes=before, peak_bytes=peak, delta_bytes=peak - before, clean_peak=clean)
+    return out
+
+
+def main() -> int:
+    print(json.dumps(probe(json.loads(sys.argv[1]))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,199 @@
+"""``dgrpo bench [--quick] [--only ITEMS] --out DIR``: the performance suite; writes DIR/bench.json and DIR/bench.md.
+
+Items (see :mod:`dgrpo.bench.items`): 1 rollouts, 2 Coconut SFT step, 3 GRPO step scaling, 4 cost of the
+perturbation, 5 memory, 6 distance to the machine's limit; 7 the same on a ~0.5B Qwen2 in bf16 where
+CUDA is present. Every claim is a ratio of two ways of doing the same work, timed alternately.
+
+OpenMP: with the default (active, spinning) wait policy, two torch threads on a 2-core machine that
+another job is using spend most of their time spinning at barriers for a descheduled partner (a
+batch-1 forward of the tiny model: ~400 ms instead of ~3 ms), which inflates every small-op path and
+skews ratios. Unless ``OMP_WAIT_POLICY`` is already set, the suite therefore re-runs itself in a
+child process with ``OMP_WAIT_POLICY=PASSIVE`` (it has to be set before the OpenMP runtime starts).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from .items import ITEMS, P_DROP
+from .report import Row, markdown_table
+from .workload import FLOP_FORMULA, FULL, GPU, QUICK, Ctx, Shapes
+
+ORDER = ["flops", "rollouts", "sft", "grpo_scaling", "perturbation", "memory"]  # flops first: its matmul peak annotates later rows
+SECTIONS = ORDER + ["gpu"]
+CHILD_ENV = "DGRPO_BENCH_CHILD"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="dgrpo bench", description="Dropout-GRPO performance suite (ratios, alternating timing)")
+    ap.add_argument("--out", required=True, help="output directory (bench.json, bench.md)")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes, 5 repetitions: a smoke test (< 2 minutes), numbers mean little")
+    ap.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(SECTIONS)} (default: all)")
+    return ap
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info() -> dict:
+    import transformers
+
+    info = {"nproc": os.cpu_count(), "cpu_model": cpu_model(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "torch_threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "loadavg_start": os.getloadavg()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def run_section(ctx: Ctx, keys: list[str]) -> tuple[list[Row], dict]:
+    rows: list[Row] = []
+    raw: dict = {"shapes": ctx.shapes.to_json(), "device": str(ctx.device), "dtype": str(ctx.dtype)}
+    for key in keys:
+        t0 = time.perf_counter()
+        load0 = os.getloadavg()
+        try:
+            r, d = ITEMS[key](ctx)
+        except Exception as e:  # keep the other items; the error goes into the report and the exit code
+            traceback.print_exc()
+            raw[key] = {"error": f"{type(e).__name__}: {e}"}
+            continue
+        finally:
+            gc.collect()
+            if ctx.device.type == "cuda":
+                torch.cuda.empty_cache()
+        d["wall_s"] = round(time.perf_counter() - t0, 2)
+        d["loadavg_before_after"] = [load0, os.getloadavg()]
+        raw[key] = d
+        rows += r
+        log(f"{key} done in {d['wall_s']:.1f} s")
+    rows.sort(key=lambda r: r.item)  # numbered items, in their order
+    return rows, raw
+
+
+def write_outputs(out: Path, result: dict, rows: list[Row]) -> None:
+    result["table"] = [r.to_json() for r in rows]
+    (out / "bench.json").write_text(json.dumps(result, indent=2, default=str))
+    (out / "bench.md").write_text(render_md(result, rows))
+
+
+def render_md(result: dict, rows: list[Row]) -> str:
+    m = result["meta"]
+    mach = m["machine"]
+    lines = [f"# dgrpo bench ({'quick smoke run: tiny shapes, the numbers are not the claims' if m['quick'] else 'full run'})", "",
+             f"- date: {m['date']}", f"- command: `{m['command']}`",
+             f"- machine: {mach['nproc']} cores, {mach['cpu_model']}{', GPU ' + mach['gpu'] if 'gpu' in mach else ''}; "
+             f"torch {mach['torch']}, transformers {mach['transformers']}, {mach['torch_threads']} torch threads, "
+             f"OMP_WAIT_POLICY={mach['omp_wait_policy']}",
+             f"- load average (1, 5, 15 min) at start: {', '.join(f'{x:.2f}' for x in mach['loadavg_start'])}; at end: "
+             f"{', '.join(f'{x:.2f}' for x in m.get('loadavg_end', []))}",
+             f"- every ratio: medians of {m['reps']} repetitions per candidate, run alternately (A, B, A, B, ...) after "
+             f"{m['warmup']} warm-up round; wall time of the whole run: {m.get('wall_s', 0):.0f} s", ""]
+    for section, title in (("cpu", "CPU"), ("gpu", "GPU (~0.5B Qwen2, bf16)")):
+        lines += [f"## {title}", ""]
+        sec_rows = [r for r in rows if r.section == section]
+        if section not in result:
+            lines += ["not run (see --only)", ""]
+            continue
+        sec = result[section]
+        if "skipped" in sec:
+            lines += [f"skipped: {sec['skipped']}", ""]
+            continue
+        if sec_rows:
+            lines += [markdown_table(sec_rows), ""]
+        errors = {k: v["error"] for k, v in sec.items() if isinstance(v, dict) and "error" in v}
+        for k, e in errors.items():
+            lines.append(f"- **{k} failed**: {e}")
+        if errors:
+            lines.append("")
+    lines += ["## Notes", "",
+              "- Rollouts: all answers are forced to the same length (EOS logit set to -1e4 by a hook on the LM head), greedy decoding; "
+              f"locked and native dropout with p={P_DROP}; the batch-1 recompute baseline (`dgrpo.model.reference.recompute_generate`) "
+              "runs without dropout. The one-at-a-time baselines are timed on a subset of rollouts (stated in each row) and compared "
+              "per rollout: their cost per rollout does not depend on K.",
+              "- SFT: `naive` is `dgrpo.bench.baselines.naive_coconut_loss` (one full pass per latent + one, embeddings rebuilt from "
+              "per-position Python lists, output_hidden_states=True, full-vocabulary logits everywhere); the two losses are asserted "
+              "equal (1e-5 in fp32) before the ratio is reported.",
+              "- GRPO steps: `GRPOTrainer.step()` on fixed prompts, filter off, lr warm-up off, default beta0 (reference-model KL "
+              "replay included); rollout/update split from the step's own `time_rollout_s` / `time_update_s`.",
+              "- Memory: each configuration in a fresh process (`python -m dgrpo.bench.memprobe`), measured on the step after a warm-up "
+              "step; CPU: freed heap returned with malloc_trim, resident-set high-water mark reset through /proc/self/clear_refs, "
+              "increment over the resident size just before the step; CUDA: max_memory_allocated over memory_allocated.",
+              f"- FLOPs: {FLOP_FORMULA}. Achieved = update FLOPs / the step's `time_update_s` (includes clip + AdamW).",
+              "- OMP_WAIT_POLICY=PASSIVE is set by the suite unless already set: with the default spinning policy and a busy "
+              "2-core machine, small ops are slowed by up to ~100x and the ratios would be skewed.", ""]
+    return "\n".join(lines)
+
+
+def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
+    torch.set_num_threads(2)
+    t_start = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    only = selected(args)
+    shapes: Shapes = QUICK if args.quick else FULL
+    result: dict = {"meta": {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                             "command": "dgrpo bench " + " ".join(argv), "quick": bool(args.quick), "reps": shapes.reps,
+                             "warmup": shapes.warmup, "machine": machine_info(), "flop_formula": FLOP_FORMULA}}
+    rows: list[Row] = []
+    cpu_keys = [k for k in ORDER if k in only]
+    if cpu_keys:
+        log(f"CPU section ({shapes.name} shapes): {', '.join(cpu_keys)}")
+        r, result["cpu"] = run_section(Ctx(torch.device("cpu"), torch.float32, shapes, log=log), cpu_keys)
+        rows += r
+        write_outputs(out, result, rows)  # partial results survive a failure in the GPU section
+    if "gpu" in only:
+        if torch.cuda.is_available():
+            gshapes = QUICK if args.quick else GPU
+            log(f"GPU section ({gshapes.name} shapes, bf16)")
+            r, result["gpu"] = run_section(Ctx(torch.device("cuda"), torch.bfloat16, gshapes, log=log), cpu_keys or ORDER)
+            rows += r
+        else:
+            result["gpu"] = {"skipped": "no CUDA"}
+            log("GPU section skipped: no CUDA")
+    result["meta"]["loadavg_end"] = os.getloadavg()
+    result["meta"]["wall_s"] = round(time.perf_counter() - t_start, 1)
+    write_outputs(out, result, rows)
+    log(f"wrote {out / 'bench.json'} and {out / 'bench.md'} ({result['meta']['wall_s']:.0f} s)")
+    failed = [k for sec in ("cpu", "gpu") for k, v in result.get(sec, {}).items() if isinstance(v, dict) and "error" in v]
+    return 1 if failed else 0
+
+
+def selected(args: argparse.Namespace) -> list[str]:
+    return [x.strip() for x in args.only.split(",") if x.strip()] or SECTIONS
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``dgrpo bench``; ``argv`` are the arguments after ``bench``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    unknown = set(selected(args)) - set(SECTIONS)
+    if unknown:
+        print(f"dgrpo bench: unknown --only item(s) {', '.join(sorted(unknown))}; known: {', '.join(SECTIONS)}", file=sys.stderr)
+        return 2
+    if os.environ.get("OMP_WAIT_POLICY") is None and not os.environ.get(CHILD_ENV):
+        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", **{CHILD_ENV: "1"})
+        return subprocess.call([sys.executable, "-m", "dgrpo.bench", *argv], env=env)
+    return run_suite(args, argv)

@@ -1,0 +1,51 @@
+"""The performance suite runs end to end (``--quick``) and writes its outputs; no speed assertions."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+ITEM_KEYS = ("rollouts", "sft", "grpo_scaling", "perturbation", "memory", "flops")
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run([sys.executable, "-m", "dgrpo.bench", "--quick", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out, proc
+
+
+def test_quick_suite_writes_json_and_markdown(quick_run):
+    out, _ = quick_run
+    data = json.loads((out / "bench.json").read_text())
+    assert {"meta", "cpu", "gpu", "table"} <= set(data)
+    assert data["meta"]["quick"] is True
+    assert data["meta"]["machine"]["omp_wait_policy"]  # the suite pins the OpenMP wait policy
+    for key in ITEM_KEYS:
+        assert key in data["cpu"], key
+        assert "error" not in data["cpu"][key], data["cpu"][key]
+    assert "skipped" in data["gpu"] or all(k in data["gpu"] for k in ITEM_KEYS)
+    per_k = [v for v in data["cpu"]["rollouts"].values() if isinstance(v, dict) and "per_rollout_s" in v]
+    assert len(per_k) == 2  # the two group sizes
+    for v in per_k:
+        assert set(v["per_rollout_s"]) == {"batched_locked", "sequential_native", "recompute_batch1"}
+    assert data["cpu"]["sft"]["max_abs_loss_diff"] <= data["cpu"]["sft"]["tolerance"]
+    assert data["cpu"]["memory"]["replay_bytes_per_rollout"]["seed"] == 8
+    assert data["cpu"]["flops"]["achieved_flops_per_s"] > 0
+    items = {row["item"] for row in data["table"]}
+    assert {"1. rollouts", "2. Coconut SFT step", "3. GRPO step scaling", "4. cost of the perturbation", "5. memory",
+            "6. distance to the machine's limit"} <= items
+    for row in data["table"]:
+        assert {"item", "configuration", "values", "ratio", "goal", "met"} <= set(row)
+        assert row["ratio"] is not None and row["ratio"] > 0
+
+    md = (out / "bench.md").read_text()
+    assert "| item | configuration | measured values | ratio | goal | met |" in md
+    assert "## GPU" in md
+
+
+def test_main_rejects_unknown_items(tmp_path):
+    from dgrpo.bench import main
+
+    assert main(["--only", "nonsense", "--out", str(tmp_path)]) == 2
