@@ -113,3 +113,35 @@ def test_yaml_configs_in_repo_are_valid():
     assert files
     for f in files:
         load_config(Config, f)
+
+
+@pytest.mark.parametrize("content,needle", [
+    ('{"question": "q", "answer": "#### 3"}\n{"question": "q2"\n', "line 2"),
+    ('{"question": "q", "answer": "#### 3"}\n{"question": "q2", "nothing": 1}\n', "line 2"),
+    ("", "no records"),
+])
+def test_bad_data_file_exits_2_naming_file_and_line(tmp_path, content, needle):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(content)
+    out = tmp_path / "run"
+    r = dgrpo("sft", "--out", out, "--set", f"data.train={bad}")
+    assert r.returncode == 2, r.stderr
+    line = r.stderr.strip().splitlines()
+    assert len(line) == 1 and str(bad) in line[0] and needle in line[0], r.stderr
+    assert not out.exists()
+
+
+def test_unknown_yaml_key_and_unknown_dataset_exit_2(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("grpo:\n  stepz: 3\n")
+    r = dgrpo("grpo", "--config", cfg, "--init", tmp_path, "--out", tmp_path / "o")
+    assert r.returncode == 2 and "grpo.stepz" in r.stderr and str(cfg) in r.stderr
+    r = dgrpo("sft", "--out", tmp_path / "o", "--set", "data.train=not_a_dataset_qq")
+    assert r.returncode == 2 and "not_a_dataset_qq" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_grpo_missing_init_exits_2(tmp_path):
+    r = dgrpo("grpo", "--init", tmp_path / "missing", "--out", tmp_path / "o", "--set", "task.n_train=64")
+    assert r.returncode == 2 and "checkpoint directory not found" in r.stderr
+    assert not (tmp_path / "o").exists()

@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=1, help="RL seeds per arm (default 1)")
     p.add_argument("--quick", action="store_true", help="a tiny smoke-test version (about a minute)")
 
+    p = sub.add_parser("bench", help="the benchmark suite (ratios measured side by side; see bench/RESULTS.md)", add_help=False)
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="--out DIR [--quick] [--only KEYS]")
+
     p = sub.add_parser("data", help="dataset utilities")
     dsub = p.add_subparsers(dest="data_cmd", required=True)
     q = dsub.add_parser("inspect", help="count records and show the first one (last line: JSON)")
@@ -94,21 +97,25 @@ def cmd_sft(args) -> int:
     train = load_spec(cfg.data.train, cfg.task)
     valid = load_spec(cfg.data.valid, cfg.task) if cfg.data.valid else None
     tests = {spec: load_spec(spec, cfg.task) for spec in cfg.data.test}
-    dist = Dist.from_env()
+    dist = Dist.from_env(device)
     if dist.active and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
+    if dist.active:  # distinct, reproducible RNG streams per rank (the weights are broadcast from rank 0)
+        seed_everything(cfg.seed * 1000003 + dist.rank)
     out = Path(args.out)
-    limit = cfg.data.eval_limit
+    if valid and cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded
+        valid = valid[:cfg.data.eval_limit]
 
     def eval_fn(lm_, recs, settings):
         return evaluate(lm_, recs, n_latent=settings.n_latent, batch_size=cfg.eval.batch_size, max_new_tokens=cfg.eval.max_new_tokens,
-                        limit=limit, seed=cfg.seed, progress=False).accuracy
+                        seed=cfg.seed, progress=False).accuracy
 
-    train_sft(lm, train, cfg, out, valid=valid, evaluate_fn=eval_fn if dist.is_main else None, dist=dist)
-    if dist.is_main:
-        for spec, recs in tests.items():
-            r = evaluate(lm, recs, dataset=spec, batch_size=cfg.eval.batch_size, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed)
+    train_sft(lm, train, cfg, out, valid=valid, evaluate_fn=eval_fn, dist=dist)
+    for spec, recs in tests.items():  # sharded over ranks, gathered; rank 0 writes
+        r = dist.gather_eval(evaluate(lm, dist.shard(recs), dataset=spec, batch_size=cfg.eval.batch_size,
+                                      max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed, progress=dist.is_main))
+        if dist.is_main:
             write_results(r, out / "eval" / spec.replace(":", "_").replace("/", "_"))
             print(json.dumps(r.summary()))
     dist.close()
@@ -182,23 +189,28 @@ def cmd_grpo(args) -> int:
     train = load_spec(cfg.data.train, cfg.task)
     valid = {cfg.data.valid: load_spec(cfg.data.valid, cfg.task)} if cfg.data.valid else {}
     tests = {spec: load_spec(spec, cfg.task) for spec in cfg.data.test}
-    dist = Dist.from_env()
+    dist = Dist.from_env(device)
     if dist.active and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
+    if dist.active:  # distinct, reproducible RNG streams per rank (rollout seeds come from the global row anyway)
+        seed_everything(cfg.seed * 1000003 + dist.rank)
     e = cfg.eval
+    if cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded
+        valid = {name: recs[:cfg.data.eval_limit] for name, recs in valid.items()}
 
     def eval_fn(lm_, recs):
-        return evaluate(lm_, recs, batch_size=e.batch_size, max_new_tokens=e.max_new_tokens, limit=cfg.data.eval_limit,
+        return evaluate(lm_, recs, batch_size=e.batch_size, max_new_tokens=e.max_new_tokens,
                         seed=cfg.seed, max_question_tokens=cfg.data.max_question_tokens, progress=False).accuracy
 
     out = Path(args.out)
     summary = train_grpo(lm, cfg, train, out, valid=valid, evaluate_fn=eval_fn, dist=dist)
     if dist.is_main:
         print(json.dumps(summary))
-        for spec, recs in tests.items():
-            r = evaluate(lm, recs, dataset=spec, batch_size=e.batch_size, max_new_tokens=e.max_new_tokens, seed=cfg.seed,
-                         max_question_tokens=cfg.data.max_question_tokens)
+    for spec, recs in tests.items():  # sharded over ranks, gathered; rank 0 writes
+        r = dist.gather_eval(evaluate(lm, dist.shard(recs), dataset=spec, batch_size=e.batch_size, max_new_tokens=e.max_new_tokens,
+                                      seed=cfg.seed, max_question_tokens=cfg.data.max_question_tokens, progress=dist.is_main))
+        if dist.is_main:
             write_results(r, out / "eval" / spec.replace(":", "_").replace("/", "_"))
             print(json.dumps(r.summary()))
     dist.close()
@@ -210,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     from .data.records import DataError
     from .model.factory import CheckpointError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # the suite parses its own options (--out, --quick, --only)
+        from .bench import main as bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     handlers = {"sft": cmd_sft, "eval": cmd_eval, "data": cmd_data, "config": cmd_config, "demo": cmd_demo, "grpo": cmd_grpo}
@@ -218,6 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, CheckpointError) as e:
         print(f"dgrpo: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:
+        from .training.grpo import NonFiniteError
+
+        if not isinstance(e, NonFiniteError):
+            raise
+        print(f"dgrpo: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("dgrpo: interrupted", file=sys.stderr)
         return 130

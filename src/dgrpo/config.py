@@ -106,6 +106,9 @@ class SFTConfig:
     max_grad_norm: float = opt(1.0, "gradient clipping (0 = off)")
     bf16: str = opt("auto", "bf16 autocast: auto (on CUDA only) | true | false")
     eval_each_stage: bool = opt(True, "greedy accuracy on data.valid at the end of each stage")
+    save_every: int = opt(500, "write a resumable checkpoint (weights, optimizer, RNG, counters) every N steps (0 = stage ends only)")
+    keep_last: int = opt(2, "resumable checkpoints kept in OUT/checkpoints")
+    max_nonfinite: int = opt(5, "stop (after saving) when this many steps in a row had a non-finite loss or gradient")
 
     def validate(self, p: str = "sft") -> None:
         _check(self.mode in ("coconut", "cot", "no_cot", "pause", "no_curriculum"), f"{p}.mode", f"unknown mode {self.mode!r}")
@@ -119,6 +122,8 @@ class SFTConfig:
         _check(self.batch_size % self.grad_accum == 0, f"{p}.grad_accum", f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")
         _check(self.bf16 in ("auto", "true", "false"), f"{p}.bf16", "expected auto, true or false")
         _check(self.warmup_steps >= 0 and self.max_grad_norm >= 0, f"{p}.warmup_steps", "must be >= 0")
+        _check(self.save_every >= 0 and self.keep_last >= 1 and self.max_nonfinite >= 1, f"{p}.save_every",
+               "save_every >= 0, keep_last >= 1, max_nonfinite >= 1")
 
 
 @dataclass
@@ -194,6 +199,9 @@ class GRPOConfig:
     eval_every: int = opt(20, "greedy eval without perturbation on data.valid every N steps (0 = only at start and end)")
     save_best: bool = opt(True, "keep best/ = the best post-warmup checkpoint by validation accuracy")
     log_every: int = opt(1, "write a metrics row every N steps")
+    save_every: int = opt(50, "write a resumable checkpoint (weights, optimizer, RNG, counters) every N steps (0 = only at the end)")
+    keep_last: int = opt(2, "resumable checkpoints kept in OUT/checkpoints")
+    max_nonfinite: int = opt(5, "stop (after saving) when this many steps in a row had a non-finite loss or gradient")
 
     def validate(self, p: str = "grpo") -> None:
         _check(self.steps >= 1, f"{p}.steps", "must be >= 1")
@@ -221,6 +229,8 @@ class GRPOConfig:
         _check(self.alpha_min <= self.alpha_max, f"{p}.alpha_min", f"alpha_min ({self.alpha_min}) > alpha_max ({self.alpha_max})")
         _check(self.replay in ("seed", "fresh"), f"{p}.replay", "expected seed or fresh")
         _check(self.eval_every >= 0 and self.log_every >= 1, f"{p}.eval_every", "eval_every >= 0, log_every >= 1")
+        _check(self.save_every >= 0 and self.keep_last >= 1 and self.max_nonfinite >= 1, f"{p}.save_every",
+               "save_every >= 0, keep_last >= 1, max_nonfinite >= 1")
 
 
 @dataclass

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor, nn
 from transformers import (AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase,
                           PreTrainedTokenizerFast)
@@ -118,6 +119,11 @@ def load_tokenizer(path: str, trust_remote_code: bool = False) -> PreTrainedToke
 
 class LatentLM(nn.Module):
     """A causal LM plus the Coconut latent recurrence, batched generation and teacher-forced scoring."""
+
+    #: scoring computes fp32 logits in chunks of at most this many elements (B x positions x vocab); with
+    #: grad, each chunk's logits are recomputed in backward instead of kept (a 151k vocabulary would
+    #: otherwise hold GBs of logits per micro-batch)
+    logit_chunk_elems: int = 1 << 26
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, settings: LatentSettings | None = None):
         super().__init__()
@@ -259,15 +265,8 @@ class LatentLM(nn.Module):
             hidden = torch.cat([h_first, h_rest], dim=1)
         else:
             hidden = h_first
-        logits = self.logits(hidden).float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        logp_all = logits.log_softmax(-1)
-        logp = logp_all.gather(-1, target_ids[..., None]).squeeze(-1) * target_mask
-        entropy = None
-        if with_entropy:
-            entropy = -(logp_all.exp() * logp_all).sum(-1) * target_mask
-        return logp, entropy
+        logp, entropy = head_logprobs(self.logits, hidden, target_ids, temperature, with_entropy, self.logit_chunk_elems)
+        return logp * target_mask, (entropy * target_mask if entropy is not None else None)
 
     def target_logprobs(self, prompt_ids: Tensor, prompt_mask: Tensor, n_latent: int, target_ids: Tensor, target_mask: Tensor, *,
                         mode: str | None = None, perturbation: PhaseHook | None = None, temperature: float = 1.0,
@@ -312,6 +311,41 @@ class LatentLM(nn.Module):
             self._forward(state, "answer", perturbation, ids=tokens[:, i:i + 1], new_mask=alive[:, None].long())
         n = int(mask.sum(1).max().item()) if mask.any() else 0
         return Generation(tokens[:, :n], mask[:, :n], logprobs[:, :n], entropy[:, :n] if entropy is not None else None)
+
+
+def _chunk_logprobs(head, h: Tensor, tgt: Tensor, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor]:
+    logits = head(h).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = logits.log_softmax(-1)
+    logp = logp_all.gather(-1, tgt[..., None]).squeeze(-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else torch.zeros_like(logp)
+    return logp, ent
+
+
+def head_logprobs(head, hidden: Tensor, targets: Tensor, temperature: float = 1.0, with_entropy: bool = False,
+                  chunk_elems: int = 1 << 26) -> tuple[Tensor, Tensor | None]:
+    """log softmax(head(hidden) / t)[targets] per position, [B, L] (and the entropy), in position chunks.
+
+    One chunk when the logits are small (the tiny models); otherwise chunks of ``chunk_elems`` logits,
+    each checkpointed under grad so that only ``hidden`` is kept for backward.
+    """
+    B, L = targets.shape
+    vocab = head.weight.shape[0] if hasattr(head, "weight") else None
+    per_pos = B * (vocab or 1)
+    step = max(1, chunk_elems // per_pos) if vocab else L
+    if step >= L:
+        logp, ent = _chunk_logprobs(head, hidden, targets, temperature, with_entropy)
+        return logp, (ent if with_entropy else None)
+    parts = []
+    for i in range(0, L, step):
+        h, t = hidden[:, i:i + step], targets[:, i:i + step]
+        if torch.is_grad_enabled() and h.requires_grad:
+            parts.append(torch.utils.checkpoint.checkpoint(_chunk_logprobs, head, h, t, temperature, with_entropy, use_reentrant=False))
+        else:
+            parts.append(_chunk_logprobs(head, h, t, temperature, with_entropy))
+    logp = torch.cat([p[0] for p in parts], 1)
+    return logp, (torch.cat([p[1] for p in parts], 1) if with_entropy else None)
 
 
 def sample_next(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> Tensor:

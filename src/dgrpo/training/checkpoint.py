@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_model
 
 CKPT_DIR = "checkpoints"
 MANIFEST = "manifest.json"
@@ -64,8 +64,11 @@ def restore_rng(js: dict, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def save_checkpoint(out_dir: Path, step: int, *, lm, optimizer: torch.optim.Optimizer, state: dict[str, Any],
-                    extra_models: dict[str, torch.nn.Module] | None = None, keep_last: int = 2) -> Path:
-    """Write ``checkpoints/step-<step>`` atomically and prune to the ``keep_last`` newest."""
+                    extra_models: dict[str, torch.nn.Module] | None = None, tensors: dict[str, torch.Tensor] | None = None,
+                    keep_last: int = 2) -> Path:
+    """Write ``checkpoints/step-<step>`` atomically and prune to the ``keep_last`` newest.
+
+    ``tensors``: extra tensor state (e.g. a sampling generator's state), stored beside the RNG states."""
     root = Path(out_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
@@ -75,10 +78,12 @@ def save_checkpoint(out_dir: Path, step: int, *, lm, optimizer: torch.optim.Opti
     tmp.mkdir()
     lm.save_pretrained(tmp / "model")
     for name, model in (extra_models or {}).items():
-        save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp / f"{name}.safetensors"))
+        save_model(model, str(tmp / f"{name}.safetensors"))  # handles tied (shared) tensors
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     rng_js, rng_t = capture_rng()
-    torch.save(rng_t, tmp / "rng.pt")
+    torch.save({**rng_t, **{f"extra/{k}": v for k, v in (tensors or {}).items()}}, tmp / "rng.pt")
+    if os.environ.get("DGRPO_TEST_CRASH_IN_CHECKPOINT") == str(step):  # test hook: die mid-write
+        os.kill(os.getpid(), 9)
     (tmp / "state.json").write_text(json.dumps({**state, "step": step, "rng": rng_js}))
     files = sorted(p for p in tmp.rglob("*") if p.is_file())
     manifest = {str(p.relative_to(tmp)): _sha256(p) for p in files}
@@ -147,11 +152,13 @@ def load_checkpoint(ckpt: Path, *, lm, optimizer: torch.optim.Optimizer, extra_m
 
     _load_into(lm.model, str(ckpt / "model" / "model.safetensors"), strict=False)
     for name, model in (extra_models or {}).items():
-        model.load_state_dict(load_file(str(ckpt / f"{name}.safetensors")))
+        _load_into(model, str(ckpt / f"{name}.safetensors"))
     optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True, map_location=lm.device))
     state = json.loads((ckpt / "state.json").read_text())
+    saved = torch.load(ckpt / "rng.pt", weights_only=True)
     if restore_rngs:
-        restore_rng(state["rng"], torch.load(ckpt / "rng.pt", weights_only=True))
+        restore_rng(state["rng"], {k: v for k, v in saved.items() if not k.startswith("extra/")})
+    state["tensors"] = {k[len("extra/"):]: v for k, v in saved.items() if k.startswith("extra/")}
     return state
 
 

@@ -1,16 +1,38 @@
 """Process-group plumbing: one small object that is a no-op in a single process and speaks
 torch.distributed under ``torchrun`` (gloo on CPU, nccl on CUDA, picked automatically).
 
-Gradients are averaged with one flat all-reduce per step (no DDP wrapper: the latent recurrence runs
-several forwards per backward, which DDP's per-forward hooks do not expect).
+Data parallelism. Gradients are summed with one flat all-reduce per optimizer step (no DDP wrapper:
+the latent recurrence runs several forwards per backward, which DDP's per-forward hooks do not
+expect). The losses are already divided by *global* counts, so the sum is the single-process
+gradient of the same global batch.
+
+The one rule that keeps every rank in step: every collective is called by every rank, in the same
+order, whatever its data. The callers make sure of it (see ``docs/distributed.md``): the group filter's
+outcome is all-reduced before any backward; a rank that kept nothing runs no backward but joins the one
+gradient reduction per optimizer step; eval shards are reduced even when empty; checkpoint saving is
+called by every rank.
+
+FSDP2 (``DGRPO_FSDP=1``, or ``=sharded`` for sharded checkpoints) shards gradients and optimizer
+states with ``torch.distributed.fsdp.fully_shard``. Ranks run different numbers of forwards
+(generation stops when a batch is done), so no forward or backward may issue a collective: layers use
+``reshard_after_forward=False`` and no gradient sync, :meth:`Dist.gather_params` all-gathers the
+weights once after each optimizer step, and :meth:`Dist.all_reduce_grads` reduce-scatters the
+accumulated gradients once per step.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as tdist
+from torch import nn
+
+FSDP_ENV = "DGRPO_FSDP"  # 0 (default) | 1 / full: FSDP2, gathered checkpoints | sharded: FSDP2, one checkpoint shard per rank
+SHARDED_DIR = "dcp"  # where a sharded checkpoint keeps its torch.distributed.checkpoint files
 
 
 @dataclass
@@ -18,24 +40,41 @@ class Dist:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where collective buffers live
+    fsdp: bool = False
+    checkpoint: str = "full"  # under FSDP: full (gathered safetensors, rank 0) | sharded (torch.distributed.checkpoint)
+    comm_s: float = 0.0  # seconds spent in collectives, waiting for the slowest rank included
 
     @classmethod
     def single(cls) -> "Dist":
         return cls()
 
     @classmethod
-    def from_env(cls) -> "Dist":
-        """Join the process group torchrun set up (WORLD_SIZE > 1), else a single process."""
+    def from_env(cls, device: torch.device | None = None) -> "Dist":
+        """Join the process group torchrun set up (WORLD_SIZE > 1), else a single process.
+
+        The backend follows the training device: nccl for CUDA, gloo for CPU (``device`` None: CUDA
+        when available). ``DGRPO_FSDP`` turns FSDP2 on."""
+        from ..config import ConfigError
+
+        mode = os.environ.get(FSDP_ENV, "0").strip().lower()
+        if mode not in ("", "0", "false", "off", "1", "true", "on", "full", "sharded"):
+            raise ConfigError(f"{FSDP_ENV}={mode!r}: expected 0, 1 (= full) or sharded")
+        fsdp = mode in ("1", "true", "on", "full", "sharded")
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
+            if fsdp:
+                warnings.warn(f"{FSDP_ENV} is ignored in a single process (launch with torchrun)", stacklevel=2)
             return cls()
-        if not tdist.is_initialized():
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            tdist.init_process_group(backend=backend)
+        cuda = device.type == "cuda" if device is not None else torch.cuda.is_available()
         local = int(os.environ.get("LOCAL_RANK", "0"))
-        if torch.cuda.is_available():
+        if cuda:
             torch.cuda.set_device(local)
-        return cls(rank=tdist.get_rank(), world_size=tdist.get_world_size(), local_rank=local)
+        if not tdist.is_initialized():
+            tdist.init_process_group(backend="nccl" if cuda else "gloo")
+        return cls(rank=tdist.get_rank(), world_size=tdist.get_world_size(), local_rank=local,
+                   device=torch.device("cuda", local) if cuda else torch.device("cpu"), fsdp=fsdp,
+                   checkpoint="sharded" if mode == "sharded" else "full")
 
     @property
     def is_main(self) -> bool:
@@ -45,8 +84,9 @@ class Dist:
     def active(self) -> bool:
         return self.world_size > 1
 
+    # ------------------------------------------------------------------ data
     def shard(self, items: list) -> list:
-        """This rank's contiguous slice of a global batch."""
+        """This rank's contiguous slice of a global batch (rank order = global order)."""
         if not self.active:
             return items
         n = len(items)
@@ -54,9 +94,17 @@ class Dist:
         hi = n * (self.rank + 1) // self.world_size
         return items[lo:hi]
 
+    # ------------------------------------------------------------------ small collectives
     def _reduce(self, t: torch.Tensor, op=None) -> torch.Tensor:
-        if self.active:
-            tdist.all_reduce(t, op=op or tdist.ReduceOp.SUM)
+        """All-reduce ``t`` in place (through the backend's device when ``t`` lives elsewhere)."""
+        if not self.active:
+            return t
+        t0 = time.perf_counter()
+        buf = t if t.device == self.device else t.to(self.device)
+        tdist.all_reduce(buf, op=op or tdist.ReduceOp.SUM)
+        if buf is not t:
+            t.copy_(buf)
+        self.comm_s += time.perf_counter() - t0
         return t
 
     def sum_int(self, x: int) -> int:
@@ -65,24 +113,219 @@ class Dist:
     def sum_float(self, x: float) -> float:
         return float(self._reduce(torch.tensor([x], dtype=torch.float64)).item()) if self.active else x
 
-    def all_reduce_grads(self, model: torch.nn.Module) -> None:
-        """Sum gradients over ranks (the losses are already scaled by the global normaliser)."""
+    def max_float(self, x: float) -> float:
+        return float(self._reduce(torch.tensor([x], dtype=torch.float64), tdist.ReduceOp.MAX).item()) if self.active else x
+
+    def min_float(self, x: float) -> float:
+        return float(self._reduce(torch.tensor([x], dtype=torch.float64), tdist.ReduceOp.MIN).item()) if self.active else x
+
+    def offset(self, n: int) -> int:
+        """Global index of this rank's first item when every rank holds ``n`` items, in rank order."""
+        if not self.active:
+            return 0
+        counts = torch.zeros(self.world_size, dtype=torch.long)
+        counts[self.rank] = n
+        self._reduce(counts)
+        return int(counts[:self.rank].sum())
+
+    def all_gather_objects(self, obj) -> list:
+        """``[obj of rank 0, obj of rank 1, ...]`` on every rank (picklable objects)."""
+        if not self.active:
+            return [obj]
+        t0 = time.perf_counter()
+        out: list = [None] * self.world_size
+        tdist.all_gather_object(out, obj)
+        self.comm_s += time.perf_counter() - t0
+        return out
+
+    def gather_eval(self, result):
+        """Merge the :class:`~dgrpo.eval.evaluate.EvalResult` of every rank's eval shard (every rank gets it)."""
+        return merge_eval_results(self.all_gather_objects(result)) if self.active else result
+
+    # ------------------------------------------------------------------ the model
+    def prepare_model(self, model: nn.Module) -> list[nn.Parameter]:
+        """Rank 0's weights on every rank; with FSDP2, shard the model. Returns the parameters to give the
+        optimizer: under FSDP2 the sharded ones (``model.parameters()`` lists the gathered copies while
+        they are held between an optimizer step and the next backward)."""
+        if not self.active:
+            return list(model.parameters())
+        with torch.no_grad():
+            for p in model.parameters():
+                tdist.broadcast(p.data, src=0)
+        if not self.fsdp:
+            return list(model.parameters())
+        self._fully_shard(model)
+        params = list(model.parameters())  # sharded (DTensor) here
+        self.gather_params(model)
+        return params
+
+    def _fully_shard(self, model: nn.Module) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        from ..perturbation.base import decoder_layers
+
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        for layer in decoder_layers(model):
+            fully_shard(layer, mesh=mesh, reshard_after_forward=False)
+        fully_shard(model, mesh=mesh, reshard_after_forward=False)  # the root: embeddings (tied or not), final norm, head
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.set_gradient_divide_factor(1.0)  # the losses carry the global normaliser: sum, never average
+                m.set_force_sum_reduction_for_comms(True)  # a plain SUM reduce-scatter (gloo has no PREMUL_SUM)
+                # no implicit backward prefetch: it follows the recorded forward order, which differs between
+                # ranks (they run different numbers of forwards) and would all-gather on one rank only
+                m.set_modules_to_backward_prefetch([m])
+        model.set_reduce_scatter_unused_params(True)  # type: ignore[operator]  # a parameter without gradient sends zeros
+        # backward only accumulates: one latent forward runs every layer several times (prompt, each thought,
+        # the answer), and FSDP2 would reduce and free a layer's weights after the first of them
+        model.set_requires_gradient_sync(False)  # type: ignore[operator]
+        model.set_reshard_after_backward(False)  # type: ignore[operator]
+        # FSDP takes the first module to run forward as its root: run the real root once (LatentLM calls
+        # the base model and the head directly), then put the sharded parameters back in place
+        with torch.no_grad():
+            model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device))
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
+
+    def gather_params(self, model: nn.Module) -> None:
+        """FSDP2: all-gather the weights after an optimizer step; they stay gathered until the next backward."""
+        if not self.fsdp:
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        t0 = time.perf_counter()
+        for m in model.modules():  # the same order on every rank
+            if isinstance(m, FSDPModule):
+                m.unshard()
+        self.comm_s += time.perf_counter() - t0
+
+    def all_reduce_grads(self, model: nn.Module) -> None:
+        """Sum gradients over ranks, once per optimizer step, whatever number of backward passes (possibly
+        none) this rank ran. The losses are already scaled by the global normaliser.
+
+        One flat all-reduce: a parameter that got no gradient on a rank contributes zeros; one that got
+        none on any rank keeps ``grad = None``, as in a single process. Under FSDP2: the reduce-scatter."""
         if not self.active:
             return
+        if self.fsdp:
+            self._reduce_scatter_grads(model)
+            return
         params = [p for p in model.parameters() if p.requires_grad]
-        # one flat buffer; a parameter that got no gradient on this rank contributes zeros
-        full = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        if not params:
+            return
+        dtype = params[0].dtype
+        parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(dtype) for p in params]
+        parts.append(torch.tensor([p.grad is not None for p in params], dtype=dtype, device=params[0].device))
+        full = torch.cat(parts)
         self._reduce(full)
+        has_grad = full[-len(params):] > 0
         off = 0
-        for p in params:
+        for p, has in zip(params, has_grad.tolist()):
             n = p.numel()
-            p.grad = full[off:off + n].view_as(p).clone()
+            p.grad = full[off:off + n].view_as(p).to(p.dtype) if has else None
             off += n
 
+    def _reduce_scatter_grads(self, model: nn.Module) -> None:
+        """FSDP2: the backward passes only accumulated full-size gradients. One single-token forward and
+        zero-weight backward with gradient sync on then reduce-scatters all of it (one collective per layer,
+        the same on every rank) and reshards the weights, leaving sharded gradients for the optimizer."""
+        t0 = time.perf_counter()
+        model.set_requires_gradient_sync(True)  # type: ignore[operator]
+        model.set_reshard_after_backward(True)  # type: ignore[operator]
+        out = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device))
+        (out.logits.float().sum() * 0.0).backward()
+        model.set_requires_gradient_sync(False)  # type: ignore[operator]
+        model.set_reshard_after_backward(False)  # type: ignore[operator]
+        self.comm_s += time.perf_counter() - t0
+
+    def full_state_dict(self, model: nn.Module) -> dict:
+        """The whole model's state dict on every rank (a collective under FSDP2)."""
+        if not self.fsdp:
+            return model.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        self.gather_params(model)  # reading the state dict put the shards back in place
+        return state
+
+    def save_checkpoint(self, lm, path: str | Path) -> None:
+        """Save a LatentLM checkpoint. Every rank calls this; only rank 0 writes, except the shards of an
+        FSDP ``sharded`` checkpoint (``path/dcp``, one file per rank; see :func:`consolidate_checkpoint`)."""
+        path = Path(path)
+        if not self.fsdp:
+            if self.is_main:
+                lm.save_pretrained(path)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        from ..model.latent_lm import LATENT_CONFIG_FILE
+
+        t0 = time.perf_counter()
+        state = None
+        if self.checkpoint == "sharded":
+            import torch.distributed.checkpoint as dcp
+
+            dcp.save(get_model_state_dict(lm.model), checkpoint_id=str(path / SHARDED_DIR))
+        else:
+            state = get_model_state_dict(lm.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        self.comm_s += time.perf_counter() - t0
+        self.gather_params(lm.model)  # reading the state dict put the shards back in place
+        if self.is_main:
+            path.mkdir(parents=True, exist_ok=True)
+            if state is not None:
+                lm.model.save_pretrained(path, state_dict=state, safe_serialization=True)
+            else:
+                lm.model.config.save_pretrained(path)
+            lm.tokenizer.save_pretrained(path)
+            (path / LATENT_CONFIG_FILE).write_text(lm.settings.to_json())
+
+    # ------------------------------------------------------------------ lifecycle
     def barrier(self) -> None:
         if self.active:
             tdist.barrier()
 
     def close(self) -> None:
         if self.active and tdist.is_initialized():
+            tdist.barrier()  # nobody tears the group down while another rank still talks to it
             tdist.destroy_process_group()
+
+
+def merge_eval_results(parts: list):
+    """One :class:`~dgrpo.eval.evaluate.EvalResult` from the results of contiguous shards, in rank order."""
+    from ..eval.evaluate import EvalResult
+
+    first = next((p for p in parts if p.n), parts[0])
+    n = sum(p.n for p in parts)
+    correct = sum(p.correct for p in parts)
+    return EvalResult(dataset=first.dataset, accuracy=correct / n if n else 0.0, n=n, correct=correct,
+                      unparseable=sum(p.unparseable for p in parts), seed=first.seed, n_latent=first.n_latent, mode=first.mode,
+                      wall_s=max(p.wall_s for p in parts), predictions=[x for p in parts for x in p.predictions])
+
+
+def consolidate_checkpoint(path: str | Path) -> Path:
+    """Turn a sharded FSDP checkpoint (``path/dcp``) into ``path/model.safetensors``, in one process, so that
+    ``LatentLM.from_pretrained(path)`` and plain transformers load it. Returns ``path``."""
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(path / SHARDED_DIR, Path(tmp) / "full.pt")
+        state = torch.load(Path(tmp) / "full.pt", weights_only=True)
+    dtype = next(iter(state.values())).dtype
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
+    model.load_state_dict(state)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+if __name__ == "__main__":  # python -m dgrpo.training.distributed consolidate RUN/final
+    import sys
+
+    if len(sys.argv) != 3 or sys.argv[1] != "consolidate":
+        raise SystemExit("usage: python -m dgrpo.training.distributed consolidate CHECKPOINT_DIR")
+    print(consolidate_checkpoint(sys.argv[2]))

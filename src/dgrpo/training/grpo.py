@@ -26,14 +26,19 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..config import Config, to_dict
+from ..config import Config, ConfigError, to_dict
 from ..data.records import Record
 from ..model.latent_lm import LatentLM, right_pad
 from ..perturbation import Perturbation, make_perturbation, seeds_for
 from ..reward import extract_answer, score
+from .checkpoint import count_lines, latest_checkpoint, load_checkpoint, save_checkpoint, truncate_metrics
 from .distributed import Dist
 from .losses import aggregate, clipped_surrogate, ema_advantages, ema_update, group_advantages, group_filter, huber_k3, kl_log_ratio
 from .schedules import beta_at, lr_at
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive steps with a non-finite loss or gradient (the state was saved first)."""
 
 
 @dataclass
@@ -139,30 +144,55 @@ class GRPOTrainer:
         self.lm, self.cfg, self.train_data = lm, cfg, train
         self.dist = dist or Dist.single()
         g = cfg.grpo
+        if g.prompts_per_step < self.dist.world_size:
+            raise ConfigError(f"grpo.prompts_per_step: {g.prompts_per_step} prompts cannot be shared by {self.dist.world_size} "
+                              "processes (every rank needs at least one group)")
         self.n_latent = lm.settings.n_latent if g.n_latent < 0 else g.n_latent
         self.perturbation = make_perturbation(cfg.perturbation)
-        self.opt = build_optimizer(lm.model.parameters(), cfg, lm.device)
         self.ref: LatentLM | None = None
-        if g.beta0 > 0:
+        if g.beta0 > 0:  # a plain copy on every rank, also under FSDP (it only runs no-grad forwards)
             self.ref = LatentLM(copy.deepcopy(lm.model).eval().requires_grad_(False), lm.tokenizer, lm.settings)
+        params = self.dist.prepare_model(lm.model)  # rank 0's weights everywhere; FSDP2 shards here
+        self.opt = build_optimizer(params, cfg, lm.device)
         self.ema_baseline = 0.5
         self.step_idx = 0
-        self.data_rng = random.Random(cfg.seed * 1000003 + self.dist.rank)
+        self.row0 = 0  # global index of this rank's first rollout row in the current step
+        # rank-independent: every rank draws the same global prompt list and keeps its shard
+        self.data_rng = random.Random(cfg.seed * 1000003)
         self.order: list[int] = []
         self.sample_gen = torch.Generator().manual_seed(cfg.seed * 7 + 11 + self.dist.rank)
+        self.nonfinite_skips = 0
+        self.nonfinite_streak = 0
+
+    # -------------------------------------------------------------------- resumable state
+    def state(self) -> tuple[dict, dict[str, Tensor]]:
+        """Everything besides weights and optimizer that determines the next steps: (JSON part, tensors)."""
+        js = {"step_idx": self.step_idx, "ema_baseline": self.ema_baseline, "order": list(self.order),
+              "data_rng": [self.data_rng.getstate()[0], list(self.data_rng.getstate()[1]), self.data_rng.getstate()[2]],
+              "nonfinite_skips": self.nonfinite_skips, "nonfinite_streak": self.nonfinite_streak}
+        return js, {f"sample_gen_rank{self.dist.rank}": self.sample_gen.get_state()}
+
+    def load_state(self, js: dict, tensors: dict[str, Tensor]) -> None:
+        self.step_idx, self.ema_baseline, self.order = js["step_idx"], js["ema_baseline"], list(js["order"])
+        v, st, gauss = js["data_rng"]
+        self.data_rng.setstate((v, tuple(st), gauss))
+        self.nonfinite_skips, self.nonfinite_streak = js["nonfinite_skips"], js["nonfinite_streak"]
+        key = f"sample_gen_rank{self.dist.rank}"
+        if key in tensors:
+            self.sample_gen.set_state(tensors[key])
 
     # -------------------------------------------------------------------- data
     def next_prompts(self) -> list[Record]:
-        """This rank's share of the step's prompts (the global batch is sharded; groups never split)."""
+        """This rank's share of the step's prompts: the global list (the same whatever the number of
+        ranks) is drawn, then sharded by prompt, so the K rollouts of a group stay on one rank."""
         g = self.cfg.grpo
-        n_local = len(self.dist.shard(list(range(g.prompts_per_step))))
         out = []
-        while len(out) < n_local:
+        while len(out) < g.prompts_per_step:
             if not self.order:
                 self.order = list(range(len(self.train_data)))
                 self.data_rng.shuffle(self.order)
             out.append(self.train_data[self.order.pop()])
-        return out
+        return self.dist.shard(out)
 
     # -------------------------------------------------------------------- one step
     def step(self, prompts: list[Record] | None = None) -> dict:
@@ -175,7 +205,9 @@ class GRPOTrainer:
         prompts = prompts if prompts is not None else self.next_prompts()
         K = g.group_size
         t0 = time.time()
-        seeds = seeds_for(cfg.seed, step, dist.rank, len(prompts) * K)
+        # one seed per global rollout row, from (run seed, step, row): distinct across ranks, independent of their number
+        self.row0 = dist.offset(len(prompts) * K)
+        seeds = seeds_for(cfg.seed, step, 0, self.row0 + len(prompts) * K)[self.row0:]
         ro = collect_rollouts(lm, prompts, group_size=K, n_latent=self.n_latent, perturbation=self.perturbation, seeds=seeds,
                               temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens, batch_size=g.rollout_batch_size,
                               max_question_tokens=cfg.data.max_question_tokens, generator=self.sample_gen)
@@ -207,19 +239,24 @@ class GRPOTrainer:
             self.ema_baseline = ema_update(self.ema_baseline, R, g.ema_alpha)
             metrics["ema_baseline"] = self.ema_baseline
         metrics["time_update_s"] = round(time.time() - t1, 4)
+        metrics["nonfinite_skips"] = self.nonfinite_skips
         self.step_idx += 1
         if self.ref is not None and g.ref_renewal_every and self.step_idx % g.ref_renewal_every == 0:
-            self.ref.model.load_state_dict(lm.model.state_dict())
+            self.ref.model.load_state_dict(dist.full_state_dict(lm.model))
             metrics["ref_renewed"] = 1
         return metrics
 
     def _update(self, ro: Rollouts, rows: Tensor, adv_rows: Tensor, n_kept: int, n_tok: int, beta: float, step: int) -> dict:
         cfg, g, lm, dist = self.cfg, self.cfg.grpo, self.lm, self.dist
         mb = g.micro_batch_size if self.perturbation.batched else 1
+        # a rank that kept nothing (while others did) has no chunk: it runs no backward but still joins the
+        # gradient reduction below with zeros, and every metric reduction (all ranks, same calls, same order)
         chunks = [rows[i:i + mb] for i in range(0, rows.numel(), mb)]
         stats = {"policy_loss": 0.0, "kl": 0.0, "n_low": 0, "n_high": 0, "rmax": 1.0, "rmin": 1.0, "replay_diff": 0.0}
         old: dict[int, Tensor] = {}
-        lm.train()
+        # the model stays in eval mode: its own dropout modules (e.g. GPT-2's, p > 0 in hub configs) would add
+        # un-replayed noise the rollout never saw; the only stochasticity is the seeded perturbation
+        lm.eval()
         if g.mini_epochs > 1:  # theta_old log-probs from a separate no-grad replay, same micro-batches
             with torch.no_grad():
                 for ci, rws in enumerate(chunks):
@@ -258,19 +295,26 @@ class GRPOTrainer:
             dist.all_reduce_grads(lm.model)
             params = [p for p in lm.model.parameters() if p.grad is not None]
             gn = torch.nn.utils.clip_grad_norm_(params, g.max_grad_norm if g.max_grad_norm > 0 else float("inf"))
-            self.opt.step()
+            if torch.isfinite(gn):  # the summed gradient is the same on every rank, so is this decision
+                self.opt.step()
+            else:  # a non-finite loss or gradient: drop this update, keep training (counted in metrics)
+                self.nonfinite_skips += 1
+                stats["nonfinite"] = True
             self.opt.zero_grad(set_to_none=True)
+            dist.gather_params(lm.model)
+        self.nonfinite_streak = self.nonfinite_streak + 1 if stats.get("nonfinite") else 0
         lm.eval()
         return {"policy_loss": dist.sum_float(stats["policy_loss"]), "kl": dist.sum_float(stats["kl"]),
                 "clip_frac_low": dist.sum_float(stats["n_low"]) / max(n_tok, 1), "clip_frac_high": dist.sum_float(stats["n_high"]) / max(n_tok, 1),
-                "ratio_max": stats["rmax"], "ratio_min": stats["rmin"], "grad_norm": float(gn), "logp_replay_maxdiff": stats["replay_diff"]}
+                "ratio_max": dist.max_float(stats["rmax"]), "ratio_min": dist.min_float(stats["rmin"]), "grad_norm": float(gn),
+                "logp_replay_maxdiff": dist.max_float(stats["replay_diff"])}
 
     def _update_seeds(self, ro: Rollouts, rows: Tensor, step: int, epoch: int) -> Tensor:
         """The rollout's own seeds (mask replay), or fresh ones per mini-epoch (the CRN ablation)."""
         if self.cfg.grpo.replay == "seed":
             return ro.seeds[rows]
-        fresh = seeds_for(self.cfg.seed, step, self.dist.rank, ro.seeds.numel(), stream=f"fresh/{epoch}")
-        return fresh[rows]
+        fresh = seeds_for(self.cfg.seed, step, 0, self.row0 + ro.seeds.numel(), stream=f"fresh/{epoch}")  # per global row
+        return fresh[self.row0:][rows]
 
     def _rollout_metrics(self, ro: Rollouts, keep: Tensor, prompts: list[Record]) -> dict:
         R = ro.rewards
@@ -286,7 +330,7 @@ class GRPOTrainer:
             "frac_zero_std": (d.sum_float(float((within_std == 0).sum())) / n_groups) if K > 1 else None,
             "frac_groups_kept": d.sum_float(float(keep.sum())) / n_groups,
             "distinct_answers": d.sum_float(float(sum(distinct))) / n_groups,
-            "answer_entropy": d.sum_float(ro.entropy) / d.world_size,
+            "answer_entropy": d.sum_float(ro.entropy * float(ro.mask.sum())) / max(1.0, d.sum_float(float(ro.mask.sum()))),
             "answer_len": d.sum_float(float(ro.mask.sum())) / max(1, d.sum_int(ro.mask.shape[0])),
         }
         return out
@@ -294,8 +338,11 @@ class GRPOTrainer:
 
 def train_grpo(lm: LatentLM, cfg: Config, train: list[Record], out_dir: Path, *, valid: dict[str, list[Record]] | None = None,
                evaluate_fn: Callable[[LatentLM, list[Record]], float] | None = None, dist: Dist | None = None,
-               progress: bool = True, log=print) -> dict:
-    """The full loop: periodic eval, metrics.jsonl (+ TensorBoard when installed), best/ and final/ checkpoints."""
+               progress: bool = True, log=print, resume: bool = True) -> dict:
+    """The full loop: periodic eval, metrics.jsonl (+ TensorBoard when installed), best/ and final/ checkpoints.
+
+    Under torchrun every rank calls this; eval is sharded (``evaluate_fn`` must score every record it is
+    given: apply any limit beforehand), and only rank 0 writes files."""
     dist = dist or Dist.single()
     g = cfg.grpo
     trainer = GRPOTrainer(lm, cfg, train, dist=dist)
@@ -330,32 +377,75 @@ def train_grpo(lm: LatentLM, cfg: Config, train: list[Record], out_dir: Path, *,
         row = {"step": step}
         first = None
         for name, recs in valid.items():
-            acc = evaluate_fn(lm, recs)
+            local = dist.shard(recs)
+            acc = evaluate_fn(lm, local) if local else 0.0
+            if dist.active:  # sharded eval: the correct counts add up over ranks
+                acc = dist.sum_int(round(acc * len(local))) / len(recs)
             row[f"eval/{name}/accuracy"] = acc
             first = acc if first is None else first
         write(row)
-        if first is not None and step >= g.warmup_steps and first > best["accuracy"] and g.save_best and dist.is_main:
+        if first is not None and step >= g.warmup_steps and first > best["accuracy"] and g.save_best:
             best.update(step=step, accuracy=first)
-            lm.save_pretrained(out_dir / "best")
+            dist.save_checkpoint(lm, out_dir / "best")  # every rank calls it (FSDP gathers); rank 0 writes
         return first
 
-    last_eval = run_eval(0)
-    bar = tqdm(range(g.steps), desc="grpo", disable=not (progress and dist.is_main), dynamic_ncols=True)
+    # ---- resume: the newest intact checkpoint in OUT/checkpoints, if any (automatic)
+    metrics_path = out_dir / "metrics.jsonl"
+    skipped, last_eval = 0, None
+    ckpt = latest_checkpoint(out_dir, log=log if dist.is_main else (lambda m: None)) if resume else None
+    if ckpt is not None:
+        extra = {"ref": trainer.ref.model} if trainer.ref is not None else None
+        st = load_checkpoint(ckpt, lm=lm, optimizer=trainer.opt, extra_models=extra)
+        trainer.load_state(st["trainer"], st["tensors"])
+        best.update(st["best"])
+        skipped, last_eval = st["skipped"], st["last_eval"]
+        if dist.is_main:
+            metrics_f.close()  # type: ignore[union-attr]
+            truncate_metrics(metrics_path, st["metrics_lines"])
+            metrics_f = open(metrics_path, "a")
+            log(f"dgrpo: resumed from {ckpt} (step {trainer.step_idx})")
+    elif dist.is_main and metrics_path.exists():
+        metrics_f.close()  # type: ignore[union-attr]
+        metrics_path.unlink()  # a fresh run: no stale rows from an earlier one
+        metrics_f = open(metrics_path, "a")
+    if trainer.step_idx == 0:
+        last_eval = run_eval(0)
+
+    def save_state() -> None:
+        if dist.fsdp or not dist.is_main:  # resumable checkpoints: replicated weights, rank 0 writes
+            return
+        js, tensors = trainer.state()
+        save_checkpoint(out_dir, trainer.step_idx, lm=lm, optimizer=trainer.opt, keep_last=g.keep_last, tensors=tensors,
+                        extra_models={"ref": trainer.ref.model} if trainer.ref is not None else None,
+                        state={"trainer": js, "best": best, "skipped": skipped, "last_eval": last_eval,
+                               "metrics_lines": count_lines(metrics_path)})
+
+    bar = tqdm(range(trainer.step_idx, g.steps), desc="grpo", disable=not (progress and dist.is_main), dynamic_ncols=True,
+               initial=trainer.step_idx, total=g.steps)
     for _ in bar:
+        comm0 = dist.comm_s
         m = trainer.step()
+        m["time_comm_s"] = round(dist.comm_s - comm0, 4)  # collectives, waiting for the slowest rank included
+        skipped += m["skipped"]
         if m["step"] % g.log_every == 0 or m["step"] == g.steps - 1:
             write(m)
         done = trainer.step_idx
         if (g.eval_every and done % g.eval_every == 0) or done == g.steps:
             last_eval = run_eval(done)
+        if (g.save_every and done % g.save_every == 0) or done == g.steps:
+            save_state()
+        if trainer.nonfinite_streak >= g.max_nonfinite:
+            save_state()
+            raise NonFiniteError(f"{trainer.nonfinite_streak} steps in a row had a non-finite loss or gradient (step {done}); "
+                                 f"state saved in {out_dir / 'checkpoints'}; lower grpo.lr or check the data")
         post = {"reward": f"{m['reward_mean']:.3f}", "kept": f"{m['frac_groups_kept']:.2f}"}
         if last_eval is not None:
             post["eval"] = f"{last_eval:.3f}"
         bar.set_postfix(post)
+    dist.save_checkpoint(lm, out_dir / "final")
     if dist.is_main:
-        lm.save_pretrained(out_dir / "final")
         summary = {"best_step": best["step"], "best_accuracy": best["accuracy"] if best["step"] is not None else None,
-                   "final_accuracy": last_eval, "steps": g.steps}
+                   "final_accuracy": last_eval, "steps": g.steps, "skipped_steps": skipped}
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         metrics_f.close()  # type: ignore[union-attr]
         if writer is not None:

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from ..config import Config, to_dict
 from ..data.records import Record
 from ..model.latent_lm import LatentLM, LatentSettings
+from .checkpoint import count_lines, latest_checkpoint, load_checkpoint, save_checkpoint, truncate_metrics
 from .schedules import lr_at
 
 
@@ -108,46 +109,79 @@ def autocast_ctx(cfg: Config, device: torch.device):
 
 
 def train_sft(lm: LatentLM, train: list[Record], cfg: Config, out_dir: Path, *, valid: list[Record] | None = None,
-              evaluate_fn=None, log=print, dist=None) -> LatentLM:
+              evaluate_fn=None, log=print, dist=None, resume: bool = True) -> LatentLM:
     """Run the curriculum; write ``metrics.jsonl``, ``stage-K/`` checkpoints and ``final/`` under ``out_dir``.
 
     ``evaluate_fn(lm, records, settings) -> accuracy`` is called at the end of each stage when given.
-    ``dist`` (a :class:`dgrpo.training.distributed.Dist`) shards batches across processes.
+    ``dist`` (a :class:`dgrpo.training.distributed.Dist`) shards batches and the eval across processes;
+    every rank calls this, only rank 0 writes files.
     """
+    from ..config import ConfigError
     from .distributed import Dist
 
     dist = dist or Dist.single()
     s = cfg.sft
+    if s.batch_size < dist.world_size:
+        raise ConfigError(f"sft.batch_size: {s.batch_size} examples cannot be shared by {dist.world_size} processes")
+    params = dist.prepare_model(lm.model)  # rank 0's weights everywhere; FSDP2 shards here
     device = lm.device
     out_dir.mkdir(parents=True, exist_ok=True)
     if dist.is_main:
         (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-    metrics = open(out_dir / "metrics.jsonl", "a") if dist.is_main else None
-    rng = random.Random(cfg.seed)
-    ex_rng = random.Random(cfg.seed + 1)
+    metrics_path = out_dir / "metrics.jsonl"
     global_batch = s.batch_size
     steps_per_epoch = max(1, len(train) // global_batch)
     epochs_by_stage: dict[int, list[int]] = defaultdict(list)
     for e in range(s.num_epochs):
         epochs_by_stage[stage_of_epoch(e, cfg)].append(e)
-    opt = sched_total = None
-    step_in_sched = 0
-    global_step = 0
+
+    def new_optimizer(stage: int):
+        n_ep = len(epochs_by_stage[stage]) if s.reset_optimizer else s.num_epochs
+        return torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.95)), n_ep * steps_per_epoch
+
+    opt, sched_total, step_in_sched, global_step, stage_prev = None, 0, 0, 0, None
+    start_epoch, start_b = 0, 0
+    # ---- resume from the newest intact checkpoint in OUT/checkpoints, if any (automatic)
+    ckpt = latest_checkpoint(out_dir, log=log if dist.is_main else (lambda m: None)) if resume else None
+    if ckpt is not None:
+        saved = json.loads((ckpt / "state.json").read_text())
+        opt, _ = new_optimizer(saved["stage_prev"])
+        st = load_checkpoint(ckpt, lm=lm, optimizer=opt)
+        start_epoch, start_b, global_step = st["epoch"], st["batch"], st["global_step"]
+        step_in_sched, sched_total, stage_prev = st["step_in_sched"], st["sched_total"], st["stage_prev"]
+        if dist.is_main:
+            truncate_metrics(metrics_path, st["metrics_lines"])
+            log(f"dgrpo: resumed from {ckpt} (step {global_step})")
+    elif dist.is_main and metrics_path.exists():
+        metrics_path.unlink()  # a fresh run: no stale rows from an earlier one
+    metrics = open(metrics_path, "a") if dist.is_main else None
+
+    def save_state(epoch: int, batch: int) -> None:
+        """Resumable state: run epoch ``epoch`` from batch ``batch`` next."""
+        if dist.fsdp or not dist.is_main:
+            return
+        metrics.flush()  # type: ignore[union-attr]
+        save_checkpoint(out_dir, global_step, lm=lm, optimizer=opt, keep_last=s.keep_last,
+                        state={"epoch": epoch, "batch": batch, "global_step": global_step, "step_in_sched": step_in_sched,
+                               "sched_total": sched_total, "stage_prev": stage_prev, "nonfinite_skips": nonfinite_skips,
+                               "metrics_lines": count_lines(metrics_path)})
+
     t0 = time.time()
-    stage_prev = None
-    bar = tqdm(total=s.num_epochs * steps_per_epoch, desc="sft", disable=not dist.is_main, dynamic_ncols=True)
-    for epoch in range(s.num_epochs):
+    nonfinite_streak = 0
+    nonfinite_skips = st["nonfinite_skips"] if ckpt is not None else 0
+    bar = tqdm(total=s.num_epochs * steps_per_epoch, initial=global_step, desc="sft", disable=not dist.is_main, dynamic_ncols=True)
+    for epoch in range(start_epoch, s.num_epochs):
         stage = stage_of_epoch(epoch, cfg)
         if opt is None or (stage != stage_prev and s.reset_optimizer):
-            opt = torch.optim.AdamW(lm.model.parameters(), lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.95))
-            n_ep = len(epochs_by_stage[stage]) if s.reset_optimizer else s.num_epochs
-            sched_total, step_in_sched = n_ep * steps_per_epoch, 0
+            opt, sched_total = new_optimizer(stage)
+            step_in_sched = 0
         stage_prev = stage
         order = list(range(len(train)))
-        rng.shuffle(order)
+        random.Random(f"{cfg.seed}/order/{epoch}").shuffle(order)  # a pure function of (seed, epoch): resumable
         lm.train()
-        for b in range(steps_per_epoch):
+        for b in range(start_b if epoch == start_epoch else 0, steps_per_epoch):
             idx = order[b * global_batch:(b + 1) * global_batch]
+            ex_rng = random.Random(f"{cfg.seed}/examples/{global_step}")
             examples = [make_example(train[i], stage, cfg, ex_rng) for i in idx]
             local = dist.shard(examples)
             n_tokens_global = dist.sum_int(count_target_tokens(lm, local, cfg))
@@ -163,18 +197,32 @@ def train_sft(lm: LatentLM, train: list[Record], cfg: Config, out_dir: Path, *, 
                 loss.backward()
                 loss_sum += loss.item()
             dist.all_reduce_grads(lm.model)
-            gn = torch.nn.utils.clip_grad_norm_(lm.model.parameters(), s.max_grad_norm) if s.max_grad_norm > 0 else torch.tensor(0.0)
-            opt.step()
+            gn = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm if s.max_grad_norm > 0 else float("inf"))
+            finite = bool(torch.isfinite(gn))  # the same on every rank: the gradient was all-reduced
+            if finite:
+                opt.step()
+            else:  # a non-finite loss or gradient: drop this update, keep training (counted in metrics)
+                nonfinite_skips += 1
+            nonfinite_streak = 0 if finite else nonfinite_streak + 1
             opt.zero_grad(set_to_none=True)
+            dist.gather_params(lm.model)
             step_in_sched += 1
             global_step += 1
             loss_val = dist.sum_float(loss_sum)
             bar.update(1)
             bar.set_postfix(stage=stage, loss=f"{loss_val:.3f}")
-            if metrics is not None and (global_step % 10 == 0 or b == steps_per_epoch - 1):
+            if metrics is not None and (global_step % 10 == 0 or b == steps_per_epoch - 1 or not finite):
                 metrics.write(json.dumps({"step": global_step, "epoch": epoch, "stage": stage, "loss": loss_val, "lr": lr,
-                                          "grad_norm": float(gn), "time_s": round(time.time() - t0, 2)}) + "\n")
+                                          "grad_norm": float(gn), "nonfinite_skips": nonfinite_skips, "time_s": round(time.time() - t0, 2)}) + "\n")
                 metrics.flush()
+            if nonfinite_streak >= s.max_nonfinite:
+                save_state(epoch, b + 1)
+                from .grpo import NonFiniteError
+
+                raise NonFiniteError(f"{nonfinite_streak} SFT steps in a row had a non-finite loss or gradient (step {global_step}); "
+                                     f"state saved in {out_dir / 'checkpoints'}; lower sft.lr or check the data")
+            if s.save_every and global_step % s.save_every == 0 and b + 1 < steps_per_epoch:
+                save_state(epoch, b + 1)
         last_of_stage = epoch == s.num_epochs - 1 or stage_of_epoch(epoch + 1, cfg) != stage
         if last_of_stage:
             settings = stage_settings(stage, cfg)
@@ -182,18 +230,23 @@ def train_sft(lm: LatentLM, train: list[Record], cfg: Config, out_dir: Path, *, 
             row = {"step": global_step, "stage": stage, "n_latent": settings.n_latent, "time_s": round(time.time() - t0, 2)}
             if s.eval_each_stage and valid and evaluate_fn is not None:
                 lm.eval()
-                row["eval/valid/accuracy"] = evaluate_fn(lm, valid, settings)
+                local = dist.shard(valid)
+                acc = evaluate_fn(lm, local, settings) if local else 0.0
+                if dist.active:  # sharded eval: the correct counts add up over ranks
+                    acc = dist.sum_int(round(acc * len(local))) / len(valid)
+                row["eval/valid/accuracy"] = acc
                 lm.train()
+            dist.save_checkpoint(lm, out_dir / f"stage-{stage}")  # every rank calls it (FSDP gathers); rank 0 writes
             if dist.is_main:
-                lm.save_pretrained(out_dir / f"stage-{stage}")
                 metrics.write(json.dumps(row) + "\n")  # type: ignore[union-attr]
                 metrics.flush()  # type: ignore[union-attr]
                 log(f"stage {stage} done: " + ", ".join(f"{k}={v}" for k, v in row.items()))
+        save_state(epoch + 1, 0)
     bar.close()
     lm.settings = final_settings(cfg)
     lm.eval()
+    dist.save_checkpoint(lm, out_dir / "final")
     if dist.is_main:
-        lm.save_pretrained(out_dir / "final")
         metrics.close()  # type: ignore[union-attr]
     return lm
 

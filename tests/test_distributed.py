@@ -1,0 +1,249 @@
+"""Multi-process training on torch.distributed: 2 ranks on CPU (gloo) under torchrun.
+
+Each test launches ``torchrun --standalone --nproc_per_node 2`` on this file, which then runs as the
+worker (``python test_distributed.py SCENARIO OUT ARGS_JSON``, see the bottom); a wall-clock timeout
+kills the whole process group, so a hang fails the test instead of blocking CI.
+
+The forced-filter hook is test-only: the worker monkeypatches ``dgrpo.training.grpo.group_filter``
+(rank r keeps all or none of its groups at step s), nothing in the public config.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve()
+TIMEOUT_S = 180  # per launch; a healthy one takes about 10 s on 2 cores
+
+# one GRPO setting for the CLI runs (the tiny model and task of conftest.tiny_config)
+GRPO_SETS = {"model.hidden_size": 64, "task.n_train": 2048, "task.n_valid": 64, "task.n_test": 64, "grpo.steps": 3,
+             "grpo.prompts_per_step": 8, "grpo.group_size": 4, "grpo.eval_every": 2, "grpo.warmup_steps": 1,
+             "perturbation.p": 0.3, "data.test": "[builtin:test]", "data.eval_limit": 32, "threads": 1}
+# a gradient that is never zero: the tiny SFT model is at chance level, so whole batches of groups can
+# have no reward variance (a zero GRPO gradient); the EMA baseline (0.5 at the start) gives every
+# rollout a non-zero advantage through the same update code (global counts, chunks, reduction)
+NONZERO = {"grpo.advantage": "ema", "grpo.filter": "false"}
+# the 1-vs-2-process comparison: plain SGD at lr 1 (the update is the clipped gradient itself), KL on,
+# micro-batches of 3 so that chunk boundaries differ between the runs
+PARITY = {**NONZERO, "perturbation.p": "0.3", "grpo.beta0": "0.01", "grpo.micro_batch_size": "3", "grpo.prompts_per_step": "8",
+          "grpo.group_size": "4", "grpo.lr": "1.0", "grpo.max_grad_norm": "1.0"}
+
+
+def torchrun(scenario: str, out: Path, args: dict | None = None, *, nproc: int = 2, env: dict | None = None) -> str:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(HERE), scenario, str(out),
+           json.dumps(args or {})]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})})
+    try:
+        log, _ = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:  # (the workers' own watchdog should have fired first)
+        os.killpg(proc.pid, signal.SIGTERM)  # torchrun terminates its workers on SIGTERM
+        try:
+            log, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            log, _ = proc.communicate()
+        pytest.fail(f"{scenario}: no result within {TIMEOUT_S}s (a collective hang?)\n{log[-4000:]}")
+    assert proc.returncode == 0, log[-6000:]
+    return log
+
+
+def rank_records(out: Path) -> list[list[dict]]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def flat_params(model) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+
+
+# ----------------------------------------------------------------------------------------------- tests
+def test_grpo_two_ranks_stay_bit_identical(sft_checkpoint, tmp_path):
+    out = tmp_path / "run"
+    torchrun("grpo", out, {"init": str(sft_checkpoint), "sets": {**GRPO_SETS, **NONZERO}})
+    recs = rank_records(out)
+    assert [len(r) for r in recs] == [3, 3]
+    assert len({r["checksum"] for r in recs[0]}) == 3  # the weights moved at every step
+    for r0, r1 in zip(*recs):
+        assert r0["identical"] and r1["identical"], (r0, r1)  # all ranks hold the same bits after every step
+        assert r0["skipped"] == r1["skipped"] == 0 and r0["n_rollouts_kept"] == r1["n_rollouts_kept"] == 32
+        assert r0["reward_mean"] == r1["reward_mean"]  # reduced metrics agree
+    # rank 0 alone wrote: one row per step, one final checkpoint, the gathered test eval over all 64 records
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "reward_mean" in row] == [0, 1, 2]
+    assert all(row["time_comm_s"] >= 0 for row in rows if "reward_mean" in row)
+    assert [row["step"] for row in rows if "eval/builtin:valid/accuracy" in row] == [0, 2, 3]
+    assert (out / "final" / "model.safetensors").exists() and json.loads((out / "summary.json").read_text())["skipped_steps"] == 0
+    res = json.loads((out / "eval" / "builtin_test" / "results.json").read_text())
+    assert res["n"] == 64 and len((out / "eval" / "builtin_test" / "predictions.jsonl").read_text().splitlines()) == 64
+
+
+@pytest.mark.parametrize("fsdp", ["0", "1"], ids=["allreduce", "fsdp2"])
+def test_asymmetric_filter_does_not_hang(sft_checkpoint, tmp_path, fsdp):
+    """Step 0: rank 0 keeps all its groups, rank 1 none; step 1: the reverse; step 2: nobody keeps any.
+    (The worker also sets the rewards to 0, 1, 0, 1 in every group, so that kept groups move the weights.)"""
+    out = tmp_path / "run"
+    torchrun("grpo", out, {"init": str(sft_checkpoint), "sets": GRPO_SETS, "keep": [[1, 0], [0, 1], [0, 0]]}, env={"DGRPO_FSDP": fsdp})
+    recs = rank_records(out)
+    assert [len(r) for r in recs] == [3, 3]  # the same number of steps on both ranks
+    for rank, steps in enumerate(recs):
+        assert [s["skipped"] for s in steps] == [0, 0, 1]
+        assert [s["n_rollouts_kept"] for s in steps] == [16, 16, 0]  # global counts: 4 groups of 4 on one rank
+        assert [s["frac_groups_kept"] for s in steps] == [0.5, 0.5, 0.0]
+        assert all(s["identical"] for s in steps)
+        assert [s["filter_calls"] for s in steps] == [1, 2, 3]
+        sums = [s["checksum"] for s in steps]
+        assert sums[0] != sums[1] and sums[1] == sums[2]  # the weights moved at steps 0 and 1; the skipped step left them
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if "reward_mean" in x]
+    assert [row["skipped"] for row in rows] == [0, 0, 1]
+    assert json.loads((out / "summary.json").read_text())["skipped_steps"] == 1
+    from dgrpo.model.latent_lm import LatentLM
+
+    LatentLM.from_pretrained(out / "final")  # a gathered checkpoint under FSDP2 too
+
+
+@pytest.mark.parametrize("fsdp", ["0", "sharded"], ids=["allreduce", "fsdp2"])
+def test_two_ranks_match_one_process(sft_checkpoint, tmp_path, fsdp):
+    """The same global batch of prompts and rollout seeds: one step on 2 ranks = one step in 1 process."""
+    from conftest import tiny_config
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.training.grpo import GRPOTrainer
+
+    out = tmp_path / "run"
+    torchrun("parity", out, {"init": str(sft_checkpoint)}, env={"DGRPO_FSDP": fsdp})
+    cfg = tiny_config(**PARITY)
+    start = flat_params(LatentLM.from_pretrained(sft_checkpoint).model)
+    tr = GRPOTrainer(LatentLM.from_pretrained(sft_checkpoint), cfg, generate_split(cfg.task, "train"))
+    tr.opt = torch.optim.SGD(tr.lm.model.parameters(), lr=1.0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # like each worker (and 2 threads on a busy 2-core machine can be 100x slower)
+    try:
+        m = tr.step()
+    finally:
+        torch.set_num_threads(threads)
+    one = flat_params(tr.lm.model)
+    two = torch.load(out / "params.pt")
+    m2 = json.loads((out / "metrics.json").read_text())
+    assert m["skipped"] == m2["skipped"] == 0 and m["n_rollouts_kept"] == m2["n_rollouts_kept"] == 32
+    assert m["reward_mean"] == m2["reward_mean"]  # the same rollouts
+    step_norm = float((one - start).norm())
+    assert step_norm > 1e-3  # the step moved the weights (SGD at lr 1: the update is the gradient)
+    assert torch.allclose(one, two, rtol=0, atol=1e-6), float((one - two).abs().max())
+    assert float((one - two).norm()) < 1e-4 * step_norm
+    assert m2["grad_norm"] == pytest.approx(m["grad_norm"], rel=1e-5)
+    if fsdp == "sharded":  # the sharded checkpoint, consolidated, is the same model
+        assert torch.equal(torch.load(out / "consolidated.pt"), two)
+
+
+def test_sft_two_ranks_cli(tmp_path):
+    out = tmp_path / "sft"
+    sets = {"model.hidden_size": 64, "model.num_layers": 2, "model.intermediate_size": 128, "task.n_train": 256, "task.n_valid": 32,
+            "task.n_test": 32, "sft.epochs_per_stage": 1, "sft.num_epochs": 2, "sft.max_latent_stage": 1, "sft.batch_size": 32,
+            "sft.lr": 3e-3, "sft.warmup_steps": 2, "data.test": "[builtin:test]", "eval.max_new_tokens": 40, "threads": 1}
+    torchrun("cli", out, {"argv": ["sft", "--out", str(out)], "sets": sets})
+    assert {"eval", "final", "stage-0", "stage-1"} <= {p.name for p in out.iterdir() if p.is_dir()}
+    assert (out / "final" / "model.safetensors").exists()
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["stage"] for row in rows if "eval/valid/accuracy" in row] == [0, 1]  # written once, by rank 0
+    assert len(rows) == len({json.dumps(r, sort_keys=True) for r in rows})
+    assert json.loads((out / "eval" / "builtin_test" / "results.json").read_text())["n"] == 32  # gathered from both shards
+    from dgrpo.model.latent_lm import LatentLM
+
+    LatentLM.from_pretrained(out / "final")
+
+
+# ----------------------------------------------------------------------------------------------- worker
+def _sets(d: dict) -> list[str]:
+    return [x for k, v in d.items() for x in ("--set", f"{k}={v}")]
+
+
+def _worker_grpo(out: Path, args: dict) -> None:
+    """``dgrpo grpo`` through the CLI, with a check after every step that all ranks hold the same weights,
+    and optionally a forced filter outcome per (step, rank)."""
+    import torch.distributed as tdist
+
+    from dgrpo import cli
+    from dgrpo.training import grpo
+
+    records: list[dict] = []
+    calls = {"filter": 0}
+    keep = args.get("keep")
+    if keep:
+        def forced_filter(R, lo, hi):
+            step = calls["filter"]
+            calls["filter"] += 1
+            return torch.full((R.shape[0],), bool(keep[step][tdist.get_rank()]), dtype=torch.bool)
+
+        grpo.group_filter = forced_filter
+        collect = grpo.collect_rollouts
+
+        def alternating_rewards(*a, **kw):  # rewards 0, 1, 0, 1 in every group: kept groups do move the weights
+            ro = collect(*a, **kw)
+            ro.rewards = (torch.arange(ro.rewards.numel()) % 2).float().view_as(ro.rewards)
+            return ro
+
+        grpo.collect_rollouts = alternating_rewards
+    step = grpo.GRPOTrainer.step
+
+    def checked_step(self, prompts=None):
+        m = step(self, prompts)
+        flat = flat_params(self.lm.model)
+        everyone = [torch.empty_like(flat) for _ in range(self.dist.world_size)]
+        tdist.all_gather(everyone, flat)
+        records.append({**{k: m[k] for k in ("step", "skipped", "n_rollouts_kept", "frac_groups_kept", "reward_mean")},
+                        "identical": all(torch.equal(everyone[0], x) for x in everyone), "filter_calls": calls["filter"],
+                        "checksum": float(flat.double().sum())})
+        return m
+
+    grpo.GRPOTrainer.step = checked_step
+    assert cli.main(["grpo", "--init", args["init"], "--out", str(out), *_sets(args["sets"])]) == 0
+    (out / f"rank{os.environ['RANK']}.json").write_text(json.dumps(records))  # (the CLI closed the process group)
+
+
+def _worker_parity(out: Path, args: dict) -> None:
+    """One GRPO step with SGD on 2 ranks; rank 0 saves the full weights (gathered under FSDP2)."""
+    from conftest import tiny_config
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.training.distributed import Dist, consolidate_checkpoint
+    from dgrpo.training.grpo import GRPOTrainer
+
+    dist = Dist.from_env(torch.device("cpu"))
+    cfg = tiny_config(**PARITY)
+    tr = GRPOTrainer(LatentLM.from_pretrained(args["init"]), cfg, generate_split(cfg.task, "train"), dist=dist)
+    tr.opt = torch.optim.SGD(tr.opt.param_groups[0]["params"], lr=1.0)  # the sharded parameters under FSDP2
+    m = tr.step()
+    state = dist.full_state_dict(tr.lm.model)
+    names = [n for n, _ in tr.lm.model.named_parameters()]  # the model's parameter order (tied weights once)
+    flat = torch.cat([state[n].detach().reshape(-1).float() for n in names])
+    dist.save_checkpoint(tr.lm, out / "ckpt")
+    if dist.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save(flat, out / "params.pt")
+        (out / "metrics.json").write_text(json.dumps(m))
+        if dist.fsdp and dist.checkpoint == "sharded":
+            model = LatentLM.from_pretrained(consolidate_checkpoint(out / "ckpt")).model
+            torch.save(torch.cat([p.detach().reshape(-1).float() for p in model.parameters()]), out / "consolidated.pt")
+    dist.close()
+
+
+def _worker_cli(out: Path, args: dict) -> None:
+    from dgrpo import cli
+
+    assert cli.main([*args["argv"], *_sets(args.get("sets", {}))]) == 0
+
+
+if __name__ == "__main__":
+    import faulthandler
+
+    faulthandler.dump_traceback_later(float(os.environ.get("DGRPO_TEST_WATCHDOG_S", TIMEOUT_S - 30)), exit=True)  # a hang: stacks, exit
+    torch.set_num_threads(1)
+    scenario, out_dir, arg_json = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
+    {"grpo": _worker_grpo, "parity": _worker_parity, "cli": _worker_cli}[scenario](out_dir, arg_json)

@@ -1,0 +1,154 @@
+"""Reliability: kill -9 and resume gives the uninterrupted run bit for bit; atomic, verified checkpoints; guards."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import tiny_config
+
+TIMING = {"time_rollout_s", "time_update_s", "time_comm_s"}
+SETS = {"model.hidden_size": 64, "task.n_train": 2048, "task.n_valid": 32, "task.n_test": 32, "grpo.steps": 6,
+        "grpo.prompts_per_step": 4, "grpo.group_size": 4, "grpo.eval_every": 3, "grpo.warmup_steps": 1, "grpo.lr": 1e-3,
+        "grpo.save_every": 1, "grpo.keep_last": 3, "grpo.filter": "false", "perturbation.p": 0.3, "data.test": "[]",
+        "grpo.max_new_tokens": 24, "threads": 1}
+
+
+def cmd(ckpt, out):
+    c = [sys.executable, "-m", "dgrpo", "grpo", "--init", str(ckpt), "--out", str(out)]
+    for k, v in SETS.items():
+        c += ["--set", f"{k}={v}"]
+    return c
+
+
+def run(ckpt, out, env=None):
+    r = subprocess.run(cmd(ckpt, out), capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+    return r
+
+
+def rows(out):
+    return [{k: v for k, v in json.loads(x).items() if k not in TIMING} for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(out):
+    return load_file(str(out / "final" / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def reference_run(sft_checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref")
+    r = run(sft_checkpoint, out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
+
+
+def assert_same_run(a, b):
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert rows(a) == rows(b)
+
+
+def test_sigkill_mid_run_then_resume_is_bit_identical(sft_checkpoint, reference_run, tmp_path):
+    out = tmp_path / "killed"
+    p = subprocess.Popen(cmd(sft_checkpoint, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kill_after = int(torch.randint(1, 4, (1,)))  # a random step
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        m = out / "metrics.jsonl"
+        if m.exists() and sum('"reward_mean"' in x for x in m.read_text().splitlines()) > kill_after:
+            break
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert not (out / "final").exists()
+    r = run(sft_checkpoint, out)  # the output directory holds checkpoints: resumes automatically
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resumed from" in r.stdout + r.stderr
+    assert_same_run(reference_run, out)
+
+
+def test_crash_while_writing_a_checkpoint_falls_back(sft_checkpoint, reference_run, tmp_path):
+    out = tmp_path / "crash"
+    r = run(sft_checkpoint, out, env={"DGRPO_TEST_CRASH_IN_CHECKPOINT": "3"})
+    assert r.returncode == -signal.SIGKILL
+    names = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert names == [".tmp-step-00000003", "step-00000001", "step-00000002"]  # the half-written one is not a checkpoint
+    r = run(sft_checkpoint, out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert_same_run(reference_run, out)
+
+
+def test_corrupted_checkpoint_is_skipped_with_a_message(sft_checkpoint, reference_run, tmp_path):
+    out = tmp_path / "corrupt"
+    p = subprocess.Popen(cmd(sft_checkpoint, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not (out / "checkpoints" / "step-00000004").exists():
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    latest = sorted((out / "checkpoints").glob("step-*"))[-1]
+    opt = latest / "optimizer.pt"
+    data = bytearray(opt.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    opt.write_bytes(bytes(data))
+    r = run(sft_checkpoint, out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = r.stdout + r.stderr
+    assert f"skipping checkpoint {latest}" in said and "checksum mismatch" in said
+    assert_same_run(reference_run, out)
+
+
+def test_nonfinite_step_is_skipped_and_counted(sft_checkpoint, monkeypatch):
+    import dgrpo.training.grpo as grpo
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.latent_lm import LatentLM
+
+    cfg = tiny_config(**{"grpo.filter": "false", "perturbation.p": "0.3", "grpo.prompts_per_step": "4"})
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    tr = grpo.GRPOTrainer(lm, cfg, generate_split(cfg.task, "train"))
+    before = [p.detach().clone() for p in lm.model.parameters()]
+    real = grpo.clipped_surrogate
+    monkeypatch.setattr(grpo, "clipped_surrogate", lambda *a: (real(*a)[0] * float("nan"),) + real(*a)[1:])
+    m = tr.step()
+    assert m["nonfinite_skips"] == 1 and tr.nonfinite_streak == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, lm.model.parameters()))
+    monkeypatch.setattr(grpo, "clipped_surrogate", real)
+    m = tr.step()
+    assert m["nonfinite_skips"] == 1 and tr.nonfinite_streak == 0
+    assert not all(torch.equal(a, b) for a, b in zip(before, lm.model.parameters()))
+
+
+SFT_SETS = {"model.hidden_size": 32, "model.num_layers": 2, "model.intermediate_size": 64, "task.n_train": 256,
+            "task.n_valid": 16, "task.n_test": 16, "sft.epochs_per_stage": 1, "sft.num_epochs": 2, "sft.max_latent_stage": 1,
+            "sft.batch_size": 32, "sft.save_every": 3, "sft.keep_last": 10, "data.test": "[]", "eval.max_new_tokens": 24,
+            "threads": 1}
+
+
+def sft_cmd(out):
+    c = [sys.executable, "-m", "dgrpo", "sft", "--out", str(out)]
+    for k, v in SFT_SETS.items():
+        c += ["--set", f"{k}={v}"]
+    return c
+
+
+def test_sft_killed_across_a_stage_boundary_resumes_bit_identical(tmp_path):
+    ref = tmp_path / "ref"
+    r = subprocess.run(sft_cmd(ref), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = tmp_path / "killed"  # 8 steps per epoch = per stage; die writing the step-6 checkpoint: resume at 3, cross 8
+    r = subprocess.run(sft_cmd(out), capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "DGRPO_TEST_CRASH_IN_CHECKPOINT": "6"})
+    assert r.returncode == -signal.SIGKILL
+    assert not (out / "stage-0").exists() and not (out / "final").exists()
+    r = subprocess.run(sft_cmd(out), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resumed from" in r.stdout
+    a, b = load_file(str(ref / "final" / "model.safetensors")), load_file(str(out / "final" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    strip = lambda p: [{k: v for k, v in json.loads(x).items() if k != "time_s"} for x in p.read_text().splitlines()]  # noqa: E731
+    assert strip(ref / "metrics.jsonl") == strip(out / "metrics.jsonl")
