@@ -1,11 +1,12 @@
 """Multi-process training on torch.distributed: 2 ranks on CPU (gloo) under torchrun.
 
 Each test launches ``torchrun --standalone --nproc_per_node 2`` on this file, which then runs as the
-worker (``python test_distributed.py SCENARIO OUT ARGS_JSON``, see the bottom); a wall-clock timeout
-kills the whole process group, so a hang fails the test instead of blocking CI.
+worker (``python test_distributed.py SCENARIO OUT ARGS_JSON``, see the bottom). A hung worker dumps
+its stacks and exits (faulthandler watchdog), and a wall-clock timeout ends the launch, so a hang fails
+the test instead of blocking CI.
 
 The forced-filter hook is test-only: the worker monkeypatches ``dgrpo.training.grpo.group_filter``
-(rank r keeps all or none of its groups at step s), nothing in the public config.
+(rank r keeps all or none of its groups at step s) and the rewards; nothing in the public config.
 """
 from __future__ import annotations
 
