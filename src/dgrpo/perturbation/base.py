@@ -37,6 +37,28 @@ class BoundPerturbation:
         return None
 
 
+class HookedPerturbation(BoundPerturbation):
+    """A bound perturbation applied by forward hooks on ``modules``: ``_hook(k)`` builds module k's hook;
+    the hooks are installed on ``__enter__`` and removed on ``__exit__``."""
+
+    def __init__(self, modules: list[nn.Module], perturb_prompt: bool):
+        super().__init__()
+        self.modules, self.perturb_prompt = modules, perturb_prompt
+        self.handles: list = []
+
+    def _hook(self, k: int):
+        raise NotImplementedError
+
+    def __enter__(self):
+        self.handles = [m.register_forward_hook(self._hook(k)) for k, m in enumerate(self.modules)]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
 class Perturbation:
     """A stochasticity source; ``bind(lm, seeds)`` gives the context for one batch of rollouts."""
 

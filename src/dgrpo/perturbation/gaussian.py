@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .base import BoundPerturbation, Perturbation, find_sites, map_first_output, row_normals
+from .base import BoundPerturbation, HookedPerturbation, Perturbation, find_sites, map_first_output, row_normals
 
 
 def _output_linear(module: nn.Module) -> nn.Module:
@@ -22,11 +22,10 @@ def _output_linear(module: nn.Module) -> nn.Module:
     raise ValueError(f"{type(module).__name__} has no output projection to perturb")
 
 
-class _BoundGaussian(BoundPerturbation):
+class _BoundGaussian(HookedPerturbation):
     def __init__(self, targets, noises, perturb_prompt: bool, weights: bool, sigma: float):
-        super().__init__()
-        self.targets, self.noises, self.perturb_prompt, self.weights, self.sigma = targets, noises, perturb_prompt, weights, sigma
-        self.handles: list = []
+        super().__init__(targets, perturb_prompt)
+        self.noises, self.weights, self.sigma = noises, weights, sigma
 
     def _hook(self, k: int):
         def act_hook(module, args, output):
@@ -42,15 +41,6 @@ class _BoundGaussian(BoundPerturbation):
             e = self.noises[k]  # [B, out, in], already scaled
             return output + torch.einsum("bli,boi->blo", x, e.to(x.dtype))
         return weight_hook if self.weights else act_hook
-
-    def __enter__(self):
-        self.handles = [m.register_forward_hook(self._hook(k)) for k, m in enumerate(self.targets)]
-        return self
-
-    def __exit__(self, *exc):
-        for h in self.handles:
-            h.remove()
-        self.handles = []
 
 
 class GaussianNoise(Perturbation):

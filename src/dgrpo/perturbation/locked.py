@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import BoundPerturbation, Perturbation, Site, find_sites, map_first_output, row_uniforms
+from .base import BoundPerturbation, HookedPerturbation, Perturbation, Site, find_sites, map_first_output, row_uniforms
 
 
 def locked_masks(seeds: Tensor, n_sites: int, width: int, p: float) -> Tensor:
@@ -20,11 +20,10 @@ def locked_masks(seeds: Tensor, n_sites: int, width: int, p: float) -> Tensor:
     return keep.float() / (1.0 - p)
 
 
-class _BoundLocked(BoundPerturbation):
+class _BoundLocked(HookedPerturbation):
     def __init__(self, sites: list[Site], masks: Tensor, perturb_prompt: bool):
-        super().__init__()
-        self.sites, self.masks, self.perturb_prompt = sites, masks, perturb_prompt
-        self.handles: list = []
+        super().__init__([s.module for s in sites], perturb_prompt)
+        self.masks = masks
 
     def _hook(self, k: int):
         def hook(module, args, output):
@@ -33,15 +32,6 @@ class _BoundLocked(BoundPerturbation):
             m = self.masks[k][:, None, :]  # [B, 1, H]: the same mask at every position
             return map_first_output(output, lambda h: h * m.to(h.dtype))
         return hook
-
-    def __enter__(self):
-        self.handles = [s.module.register_forward_hook(self._hook(k)) for k, s in enumerate(self.sites)]
-        return self
-
-    def __exit__(self, *exc):
-        for h in self.handles:
-            h.remove()
-        self.handles = []
 
 
 class LockedDropout(Perturbation):

@@ -303,7 +303,6 @@ class GRPOTrainer:
             self.opt.zero_grad(set_to_none=True)
             dist.gather_params(lm.model)
         self.nonfinite_streak = self.nonfinite_streak + 1 if stats.get("nonfinite") else 0
-        lm.eval()
         return {"policy_loss": dist.sum_float(stats["policy_loss"]), "kl": dist.sum_float(stats["kl"]),
                 "clip_frac_low": dist.sum_float(stats["n_low"]) / max(n_tok, 1), "clip_frac_high": dist.sum_float(stats["n_high"]) / max(n_tok, 1),
                 "ratio_max": dist.max_float(stats["rmax"]), "ratio_min": dist.min_float(stats["rmin"]), "grad_norm": float(gn),
