@@ -24,13 +24,14 @@ class _BoundLocked(HookedPerturbation):
     def __init__(self, sites: list[Site], masks: Tensor, perturb_prompt: bool):
         super().__init__([s.module for s in sites], perturb_prompt)
         self.masks = masks
+        self.site_masks = [masks[k][:, None, :] for k in range(masks.shape[0])]  # [B, 1, H]: the same mask at every position
 
     def _hook(self, k: int):
         def hook(module, args, output):
             if not self.active:
                 return None
-            m = self.masks[k][:, None, :]  # [B, 1, H]: the same mask at every position
-            return map_first_output(output, lambda h: h * m.to(h.dtype))
+            m = self.site_masks[k]  # already in the weights' dtype: one multiply per site and forward, no cast
+            return map_first_output(output, lambda h: h * (m if m.dtype == h.dtype else m.to(h.dtype)))
         return hook
 
 
@@ -45,5 +46,6 @@ class LockedDropout(Perturbation):
 
     def bind(self, lm, seeds: Tensor) -> BoundPerturbation:
         sites = find_sites(lm.model, self.sites, self.layers)
-        masks = locked_masks(seeds, len(sites), sites[0].width, self.p).to(lm.device)
+        dtype = next(lm.model.parameters()).dtype
+        masks = locked_masks(seeds, len(sites), sites[0].width, self.p).to(lm.device, dtype)  # 0 and 1/(1-p), rounded once
         return _BoundLocked(sites, masks, self.perturb_prompt)
