@@ -104,6 +104,17 @@ def test_missing_checkpoint_and_unknown_dataset_exit_2(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_yaml_booleans_in_string_options():
+    """YAML reads true/false/on/off as booleans: a string option documented as 'true' must accept them."""
+    from dgrpo.config import Config, ConfigError, load_config
+
+    assert load_config(Config, None, ["sft.bf16=true"]).sft.bf16 == "true"
+    assert load_config(Config, None, ["sft.bf16=false"]).sft.bf16 == "false"
+    assert load_config(Config, None, ["fsdp=sharded"]).fsdp == "sharded"
+    with pytest.raises(ConfigError, match="expected none, full or sharded"):
+        load_config(Config, None, ["fsdp=off"])
+
+
 def test_yaml_configs_in_repo_are_valid():
     from pathlib import Path
 

@@ -85,12 +85,13 @@ def test_grpo_two_ranks_stay_bit_identical(sft_checkpoint, tmp_path):
     assert res["n"] == 64 and len((out / "eval" / "builtin_test" / "predictions.jsonl").read_text().splitlines()) == 64
 
 
-@pytest.mark.parametrize("fsdp", ["0", "1"], ids=["allreduce", "fsdp2"])
+@pytest.mark.parametrize("fsdp", ["none", "full"], ids=["allreduce", "fsdp2"])
 def test_asymmetric_filter_does_not_hang(sft_checkpoint, tmp_path, fsdp):
     """Step 0: rank 0 keeps all its groups, rank 1 none; step 1: the reverse; step 2: nobody keeps any.
-    (The worker also sets the rewards to 0, 1, 0, 1 in every group, so that kept groups move the weights.)"""
+    (The worker also sets the rewards to 0, 1, 0, 1 in every group, so that kept groups move the weights.)
+    FSDP2 is switched on by the config key here (``--set fsdp=full``), by the environment variable below."""
     out = tmp_path / "run"
-    torchrun("grpo", out, {"init": str(sft_checkpoint), "sets": GRPO_SETS, "keep": [[1, 0], [0, 1], [0, 0]]}, env={"DGRPO_FSDP": fsdp})
+    torchrun("grpo", out, {"init": str(sft_checkpoint), "sets": {**GRPO_SETS, "fsdp": fsdp}, "keep": [[1, 0], [0, 1], [0, 0]]})
     recs = rank_records(out)
     assert [len(r) for r in recs] == [3, 3]  # the same number of steps on both ranks
     for rank, steps in enumerate(recs):

@@ -97,7 +97,7 @@ def cmd_sft(args) -> int:
     train = load_spec(cfg.data.train, cfg.task)
     valid = load_spec(cfg.data.valid, cfg.task) if cfg.data.valid else None
     tests = {spec: load_spec(spec, cfg.task) for spec in cfg.data.test}
-    dist = Dist.from_env(device)
+    dist = Dist.from_env(device, fsdp=cfg.fsdp)
     if dist.active and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
@@ -189,7 +189,7 @@ def cmd_grpo(args) -> int:
     train = load_spec(cfg.data.train, cfg.task)
     valid = {cfg.data.valid: load_spec(cfg.data.valid, cfg.task)} if cfg.data.valid else {}
     tests = {spec: load_spec(spec, cfg.task) for spec in cfg.data.test}
-    dist = Dist.from_env(device)
+    dist = Dist.from_env(device, fsdp=cfg.fsdp)
     if dist.active and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)

@@ -238,6 +238,8 @@ class Config:
     seed: int = opt(0, "run seed: initialisation, data order, dropout seeds")
     device: str = opt("auto", "auto | cpu | cuda | cuda:N")
     threads: int = opt(0, "torch CPU threads (0 = torch default)")
+    fsdp: str = opt("none", "under torchrun: none (replicated weights, gradients all-reduced) | full (FSDP2; rank 0 writes gathered "
+                    "safetensors) | sharded (FSDP2; one checkpoint shard per rank). The DGRPO_FSDP environment variable overrides it")
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -252,6 +254,7 @@ class Config:
             if is_dataclass(v):
                 v.validate(f.name)
         _check(self.threads >= 0, "threads", "must be >= 0")
+        _check(self.fsdp in ("none", "full", "sharded"), "fsdp", f"expected none, full or sharded, got {self.fsdp!r}")
         return self
 
 
@@ -297,6 +300,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"invalid config value {key}: expected a string, got {value!r}")
+        if isinstance(value, bool):  # YAML reads true/false/yes/no/on/off as booleans
+            return "true" if value else "false"
         return "" if value is None else str(value)
     if tp is list or origin is list:
         if isinstance(value, str):

@@ -12,7 +12,7 @@ outcome is all-reduced before any backward; a rank that kept nothing runs no bac
 gradient reduction per optimizer step; eval shards are reduced even when empty; checkpoint saving is
 called by every rank.
 
-FSDP2 (``DGRPO_FSDP=1``, or ``=sharded`` for sharded checkpoints) shards gradients and optimizer
+FSDP2 (config ``fsdp: full``, or ``sharded`` for sharded checkpoints; or ``DGRPO_FSDP=1|sharded``) shards gradients and optimizer
 states with ``torch.distributed.fsdp.fully_shard``. Ranks run different numbers of forwards
 (generation stops when a batch is done), so no forward or backward may issue a collective: layers use
 ``reshard_after_forward=False`` and no gradient sync, :meth:`Dist.gather_params` all-gathers the
@@ -50,21 +50,22 @@ class Dist:
         return cls()
 
     @classmethod
-    def from_env(cls, device: torch.device | None = None) -> "Dist":
+    def from_env(cls, device: torch.device | None = None, fsdp: str = "none") -> "Dist":
         """Join the process group torchrun set up (WORLD_SIZE > 1), else a single process.
 
         The backend follows the training device: nccl for CUDA, gloo for CPU (``device`` None: CUDA
-        when available). ``DGRPO_FSDP`` turns FSDP2 on."""
+        when available). ``fsdp`` (the config key: none | full | sharded) turns FSDP2 on; the
+        ``DGRPO_FSDP`` environment variable, when set, overrides it."""
         from ..config import ConfigError
 
-        mode = os.environ.get(FSDP_ENV, "0").strip().lower()
-        if mode not in ("", "0", "false", "off", "1", "true", "on", "full", "sharded"):
+        mode = os.environ.get(FSDP_ENV, "").strip().lower() or fsdp
+        if mode not in ("", "0", "false", "off", "none", "1", "true", "on", "full", "sharded"):
             raise ConfigError(f"{FSDP_ENV}={mode!r}: expected 0, 1 (= full) or sharded")
         fsdp = mode in ("1", "true", "on", "full", "sharded")
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
             if fsdp:
-                warnings.warn(f"{FSDP_ENV} is ignored in a single process (launch with torchrun)", stacklevel=2)
+                warnings.warn(f"fsdp={mode} ({FSDP_ENV} or the config key) is ignored in a single process (launch with torchrun)", stacklevel=2)
             return cls()
         cuda = device.type == "cuda" if device is not None else torch.cuda.is_available()
         local = int(os.environ.get("LOCAL_RANK", "0"))
