@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-ITEM_KEYS = ("rollouts", "sft", "grpo_scaling", "perturbation", "memory", "flops")
+ITEM_KEYS = ("rollouts", "sft", "grpo_scaling", "perturbation", "memory", "flops", "soak")
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +33,12 @@ def test_quick_suite_writes_json_and_markdown(quick_run):
     assert data["cpu"]["sft"]["max_abs_loss_diff"] <= data["cpu"]["sft"]["tolerance"]
     assert data["cpu"]["memory"]["replay_bytes_per_rollout"]["seed"] == 8
     assert data["cpu"]["flops"]["achieved_flops_per_s"] > 0
+    soak = data["cpu"]["soak"]
+    assert [st for st, _ in soak["samples"]][:3] == [0, 10, 20] and len(soak["samples"]) >= 4  # RSS every 10 steps
+    assert soak["rss_last"][0] == soak["steps"] and abs(soak["slope_mib_per_100_steps"]) < 1e4
     items = {row["item"] for row in data["table"]}
     assert {"1. rollouts", "2. Coconut SFT step", "3. GRPO step scaling", "4. cost of the perturbation", "5. memory",
-            "6. distance to the machine's limit"} <= items
+            "6. distance to the machine's limit", "8. memory soak"} <= items
     for row in data["table"]:
         assert {"item", "configuration", "values", "ratio", "goal", "met"} <= set(row)
         assert row["ratio"] is not None and row["ratio"] > 0
@@ -49,3 +52,10 @@ def test_main_rejects_unknown_items(tmp_path):
     from dgrpo.bench import main
 
     assert main(["--only", "nonsense", "--out", str(tmp_path)]) == 2
+
+
+def test_fit_slope_recovers_a_line():
+    from dgrpo.bench.long_items import fit_slope
+
+    assert fit_slope([0, 10, 20, 30], [5.0, 6.0, 7.0, 8.0]) == pytest.approx(0.1)
+    assert fit_slope([0, 10, 20], [3.0, 3.0, 3.0]) == 0.0

@@ -364,3 +364,13 @@ ITEMS: dict[str, Callable[[Ctx], tuple[list[Row], dict]]] = {
     "memory": bench_memory,
     "flops": bench_flops,
 }
+
+
+def _register_long_items() -> None:
+    from .long_items import bench_optimizer, bench_soak
+
+    ITEMS["optimizer"] = bench_optimizer
+    ITEMS["soak"] = bench_soak
+
+
+_register_long_items()

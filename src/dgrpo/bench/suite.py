@@ -1,8 +1,9 @@
 """``dgrpo bench [--quick] [--only ITEMS] --out DIR``: the performance suite; writes DIR/bench.json and DIR/bench.md.
 
-Items (see :mod:`dgrpo.bench.items`): 1 rollouts, 2 Coconut SFT step, 3 GRPO step scaling, 4 cost of the
-perturbation, 5 memory, 6 distance to the machine's limit; 7 the same on a ~0.5B Qwen2 in bf16 where
-CUDA is present. Every claim is a ratio of two ways of doing the same work, timed alternately.
+Items (see :mod:`dgrpo.bench.items` and :mod:`dgrpo.bench.long_items`): 1 rollouts, 2 Coconut SFT step,
+3 GRPO step scaling, 4 cost of the perturbation, 5 memory, 6 distance to the machine's limit, 8 a 300-step
+memory soak of ``dgrpo grpo`` (CPU); where CUDA is present, items 1-6 again on a ~0.5B Qwen2 in bf16 plus
+7, AdamW vs 8-bit AdamW (bitsandbytes). Every claim is a ratio of two ways of doing the same work, timed alternately.
 
 OpenMP: with the default (active, spinning) wait policy, two torch threads on a 2-core machine that
 another job is using spend most of their time spinning at barriers for a descheduled partner (a
@@ -30,8 +31,9 @@ from .items import ITEMS, P_DROP
 from .report import Row, markdown_table
 from .workload import FLOP_FORMULA, FULL, GPU, QUICK, Ctx, Shapes
 
-ORDER = ["flops", "rollouts", "sft", "grpo_scaling", "perturbation", "memory"]  # flops first: its matmul peak annotates later rows
-SECTIONS = ORDER + ["gpu"]
+ORDER = ["flops", "rollouts", "sft", "grpo_scaling", "perturbation", "memory", "soak"]  # flops first: its matmul peak annotates later rows
+GPU_ORDER = [k for k in ORDER if k != "soak"] + ["optimizer"]
+ITEM_KEYS = ORDER + ["optimizer"]
 CHILD_ENV = "DGRPO_BENCH_CHILD"
 
 
@@ -39,7 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dgrpo bench", description="Dropout-GRPO performance suite (ratios, alternating timing)")
     ap.add_argument("--out", required=True, help="output directory (bench.json, bench.md)")
     ap.add_argument("--quick", action="store_true", help="tiny shapes, 5 repetitions: a smoke test (< 2 minutes), numbers mean little")
-    ap.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(SECTIONS)} (default: all)")
+    ap.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(ITEM_KEYS)} (default: all; soak runs on CPU only, "
+                    "optimizer on CUDA only)")
+    ap.add_argument("--section", default="all", choices=["all", "cpu", "gpu"],
+                    help="cpu: the tiny model on the CPU; gpu: a ~0.5B Qwen2 in bf16 on CUDA (skipped without CUDA); all: both")
     return ap
 
 
@@ -68,7 +73,8 @@ def machine_info() -> dict:
     return info
 
 
-def run_section(ctx: Ctx, keys: list[str]) -> tuple[list[Row], dict]:
+def run_section(ctx: Ctx, keys: list[str], after_item=None) -> tuple[list[Row], dict]:
+    """Run ``keys`` in order; ``after_item(rows, raw)`` is called after each (partial outputs survive a kill)."""
     rows: list[Row] = []
     raw: dict = {"shapes": ctx.shapes.to_json(), "device": str(ctx.device), "dtype": str(ctx.dtype)}
     for key in keys:
@@ -79,6 +85,8 @@ def run_section(ctx: Ctx, keys: list[str]) -> tuple[list[Row], dict]:
         except Exception as e:  # keep the other items; the error goes into the report and the exit code
             traceback.print_exc()
             raw[key] = {"error": f"{type(e).__name__}: {e}"}
+            if after_item:
+                after_item(rows, raw)
             continue
         finally:
             gc.collect()
@@ -89,6 +97,8 @@ def run_section(ctx: Ctx, keys: list[str]) -> tuple[list[Row], dict]:
         raw[key] = d
         rows += r
         log(f"{key} done in {d['wall_s']:.1f} s")
+        if after_item:
+            after_item(sorted(rows, key=lambda r: r.item), raw)
     rows.sort(key=lambda r: r.item)  # numbered items, in their order
     return rows, raw
 
@@ -115,7 +125,7 @@ def render_md(result: dict, rows: list[Row]) -> str:
         lines += [f"## {title}", ""]
         sec_rows = [r for r in rows if r.section == section]
         if section not in result:
-            lines += ["not run (see --only)", ""]
+            lines += ["not run (see --only and --section)", ""]
             continue
         sec = result[section]
         if "skipped" in sec:
@@ -142,6 +152,10 @@ def render_md(result: dict, rows: list[Row]) -> str:
               "step; CPU: freed heap returned with malloc_trim, resident-set high-water mark reset through /proc/self/clear_refs, "
               "increment over the resident size just before the step; CUDA: max_memory_allocated over memory_allocated.",
               f"- FLOPs: {FLOP_FORMULA}. Achieved = update FLOPs / the step's `time_update_s` (includes clip + AdamW).",
+              "- Soak: `dgrpo grpo` as a child process (the real loop: metrics, eval, resumable checkpoints); its VmRSS is read from "
+              "/proc each time the metrics file passes a multiple of 10 steps, and a least-squares line is fitted from step 20 on.",
+              "- 8-bit optimizer (GPU only): `bitsandbytes.optim.AdamW8bit` vs `torch.optim.AdamW` on the same bf16 weights; state "
+              "bytes summed over the optimizer's state tensors after the timed steps.",
               "- OMP_WAIT_POLICY=PASSIVE is set by the suite unless already set: with the default spinning policy and a busy "
               "2-core machine, small ops are slowed by up to ~100x and the ratios would be skewed.", ""]
     return "\n".join(lines)
@@ -158,18 +172,29 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
                              "command": "dgrpo bench " + " ".join(argv), "quick": bool(args.quick), "reps": shapes.reps,
                              "warmup": shapes.warmup, "machine": machine_info(), "flop_formula": FLOP_FORMULA}}
     rows: list[Row] = []
-    cpu_keys = [k for k in ORDER if k in only]
+    cpu_keys = [k for k in ORDER if k in only] if args.section in ("all", "cpu") else []
+    gpu_keys = [k for k in GPU_ORDER if k in only] if args.section in ("all", "gpu") else []
+
+    def section(name: str, ctx: Ctx, keys: list[str]) -> None:
+        nonlocal rows
+        done = list(rows)
+
+        def partial(sec_rows: list[Row], raw: dict) -> None:
+            result[name] = raw
+            write_outputs(out, result, done + sec_rows)
+
+        r, result[name] = run_section(ctx, keys, partial)
+        rows = done + r
+        write_outputs(out, result, rows)
+
     if cpu_keys:
         log(f"CPU section ({shapes.name} shapes): {', '.join(cpu_keys)}")
-        r, result["cpu"] = run_section(Ctx(torch.device("cpu"), torch.float32, shapes, log=log), cpu_keys)
-        rows += r
-        write_outputs(out, result, rows)  # partial results survive a failure in the GPU section
-    if "gpu" in only:
+        section("cpu", Ctx(torch.device("cpu"), torch.float32, shapes, log=log), cpu_keys)
+    if gpu_keys:
         if torch.cuda.is_available():
             gshapes = QUICK if args.quick else GPU
-            log(f"GPU section ({gshapes.name} shapes, bf16)")
-            r, result["gpu"] = run_section(Ctx(torch.device("cuda"), torch.bfloat16, gshapes, log=log), cpu_keys or ORDER)
-            rows += r
+            log(f"GPU section ({gshapes.name} shapes, bf16): {', '.join(gpu_keys)}")
+            section("gpu", Ctx(torch.device("cuda"), torch.bfloat16, gshapes, log=log), gpu_keys)
         else:
             result["gpu"] = {"skipped": "no CUDA"}
             log("GPU section skipped: no CUDA")
@@ -182,16 +207,16 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def selected(args: argparse.Namespace) -> list[str]:
-    return [x.strip() for x in args.only.split(",") if x.strip()] or SECTIONS
+    return [x.strip() for x in args.only.split(",") if x.strip()] or ITEM_KEYS
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``dgrpo bench``; ``argv`` are the arguments after ``bench``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    unknown = set(selected(args)) - set(SECTIONS)
+    unknown = set(selected(args)) - set(ITEM_KEYS)
     if unknown:
-        print(f"dgrpo bench: unknown --only item(s) {', '.join(sorted(unknown))}; known: {', '.join(SECTIONS)}", file=sys.stderr)
+        print(f"dgrpo bench: unknown --only item(s) {', '.join(sorted(unknown))}; known: {', '.join(ITEM_KEYS)}", file=sys.stderr)
         return 2
     if os.environ.get("OMP_WAIT_POLICY") is None and not os.environ.get(CHILD_ENV):
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", **{CHILD_ENV: "1"})
