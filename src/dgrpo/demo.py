@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -191,13 +192,27 @@ def summary_paragraph(res: dict) -> str:
     det_std = [v for run in res["reward_std_trace"]["grpo_deterministic"] for _, v in run]
     ours_std = [v for run in res["reward_std_trace"]["dropout_grpo"] for _, v in run if v is not None]
     gain = ours["mean"] - sft
-    verdict = ("larger than" if gain > ours["std"] and gain > 0 else "not larger than") + " the seed-to-seed std"
+    if len(ours["per_seed"]) < 2:
+        verdict = "with one seed there is no seed-to-seed std to compare with (run --seeds 3)"
+    else:
+        verdict = ("larger than" if gain > ours["std"] and gain > 0 else "not larger than") + " the seed-to-seed std"
+    best_ctrl = max(("reinforce_ema", "grpo_sampling"), key=lambda a: res["arms"][a][s]["mean"])
+    ctrl = res["arms"][best_ctrl][s]
+    se = 100 * math.sqrt(max(sft * (1 - sft), 1e-12) / res["n"][s])  # binomial standard error of one accuracy
+    valid_end = {a: statistics.fmean(run[-1][1] for run in runs) for a, runs in res["eval_trace"].items() if runs and runs[0]}
+    valid = ""
+    if "dropout_grpo" in valid_end and "sft_valid_accuracy" in res:
+        valid = (f" On the validation split used during training, Dropout-GRPO went {100 * res['sft_valid_accuracy']:.1f}% -> "
+                 f"{100 * valid_end['dropout_grpo']:.1f}% (mean over seeds; {res['config']['data']['eval_limit'] or 'all'} items).")
     return (f"On the built-in {s} split (n={res['n'][s]}), Coconut SFT scores {100 * sft:.2f}%. Deterministic GRPO ends at "
             f"{100 * det['mean']:.2f}% with within-group reward std {'identically 0' if all(v == 0 for v in det_std) else 'NOT always 0'} "
             f"(max {max(det_std) if det_std else 0:.3g}). REINFORCE + dropout (EMA) ends at {100 * rein['mean']:.2f}% ± "
             f"{100 * rein['std']:.2f}%, token sampling without dropout at {100 * samp['mean']:.2f}% ± {100 * samp['std']:.2f}%. "
             f"Dropout-GRPO ends at {100 * ours['mean']:.2f}% ± {100 * ours['std']:.2f}% (mean reward std "
-            f"{statistics.fmean(ours_std) if ours_std else 0:.3f}): a change of {100 * gain:+.2f} points, {verdict}. "
+            f"{statistics.fmean(ours_std) if ours_std else 0:.3f}): a change of {100 * gain:+.2f} points, {verdict}; "
+            f"{100 * (ours['mean'] - ctrl['mean']):+.2f} points against the strongest control ({res['labels'][best_ctrl]}). "
+            f"One accuracy on {res['n'][s]} items has a binomial standard error of about {se:.2f} points (and the SFT "
+            f"checkpoint is a single run): the change is {'within' if abs(100 * gain) < 2 * se else 'outside'} two standard errors.{valid} "
             f"Total wall time {res['wall_s']['total_s']:.0f} s.")
 
 
