@@ -27,4 +27,20 @@ def test_demo_quick(tmp_path):
     # deterministic GRPO never updates, so it stays exactly at the SFT accuracy
     for split in ("test", "ood_steps", "ood_numbers"):
         assert res["arms"]["grpo_deterministic"][split]["mean"] == res["arms"]["sft"][split]["mean"]
+        assert res["arms"]["grpo_deterministic"][split]["flips_vs_sft"] == [[0, 0]]  # not one item changes
     assert "Coconut SFT scores" in r.stdout
+    assert "Paired with the SFT checkpoint" in table
+
+
+def test_paired_difference_against_hand_computed_values():
+    import math
+
+    import pytest
+
+    from dgrpo.demo import flips, paired_diff
+
+    assert flips([True, False, True, False], [True, True, False, False]) == [1, 1]
+    d, se = paired_diff(3, 1, 10)  # d_i: three +1, one -1, six 0 -> mean 0.2, var 0.4 - 0.04
+    assert d == pytest.approx(0.2) and se == pytest.approx(math.sqrt(0.36 / 10))
+    with pytest.raises(ValueError):
+        flips([True], [True, False])

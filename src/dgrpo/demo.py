@@ -58,6 +58,21 @@ def arm_config(base: Config, arm: str, seed: int) -> Config:
     return cfg.validate()
 
 
+def flips(base: list[bool], new: list[bool]) -> list[int]:
+    """[gained, lost]: items the new model gets right that the baseline got wrong, and the reverse."""
+    if len(base) != len(new):
+        raise ValueError(f"paired comparison needs the same items ({len(base)} vs {len(new)})")
+    return [sum(n and not b for b, n in zip(base, new)), sum(b and not n for b, n in zip(base, new))]
+
+
+def paired_diff(gained: int, lost: int, n: int) -> tuple[float, float]:
+    """Accuracy difference (new - base) on the same n items and its standard error: the mean of the per-item
+    differences d_i in {-1, 0, 1} and sqrt(var(d) / n) (with one seed; no correction)."""
+    d = (gained - lost) / n
+    var = (gained + lost) / n - d * d
+    return d, math.sqrt(max(var, 0.0) / n)
+
+
 def mean_std(xs: list[float]) -> tuple[float, float]:
     return (statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
@@ -102,11 +117,13 @@ def run_demo(args) -> int:
     results: dict = {"arms": {}, "labels": {k: v[0] for k, v in ARMS.items()}, "splits": list(TEST_SPLITS),
                      "n": {s: len(splits[s]) for s in TEST_SPLITS}, "config": to_dict(base), "seeds": args.seeds}
 
-    def test_all(model: LatentLM, seed: int) -> dict:
-        return {s: evaluate(model, splits[s], dataset=f"builtin:{s}", seed=seed, **ev_kw).accuracy for s in TEST_SPLITS}
+    def test_all(model: LatentLM, seed: int) -> tuple[dict, dict]:
+        """Accuracy per split, and the per-item correctness (for the paired comparison with SFT)."""
+        res = {s: evaluate(model, splits[s], dataset=f"builtin:{s}", seed=seed, **ev_kw) for s in TEST_SPLITS}
+        return {s: r.accuracy for s, r in res.items()}, {s: [p["correct"] for p in r.predictions] for s, r in res.items()}
 
     sft_lm = LatentLM.from_pretrained(sft_ckpt)
-    sft_acc = test_all(sft_lm, base.seed)
+    sft_acc, sft_items = test_all(sft_lm, base.seed)
     sft_valid = eval_valid(sft_lm, splits["valid"])
     results["arms"]["sft"] = {s: {"per_seed": [sft_acc[s]]} for s in TEST_SPLITS}
     results["sft_valid_accuracy"] = sft_valid
@@ -133,17 +150,20 @@ def run_demo(args) -> int:
             train_grpo(policy, cfg, splits["train"], run_dir, valid={"valid": splits["valid"]},
                        evaluate_fn=lambda m, recs: eval_valid(m, recs))
             wall["arms_s"][arm].append(round(time.time() - t0, 1))
-            acc = test_all(policy, seed)
+            acc, items = test_all(policy, seed)
             for s in TEST_SPLITS:
                 results["arms"][arm][s]["per_seed"].append(acc[s])
+                results["arms"][arm][s].setdefault("flips_vs_sft", []).append(flips(sft_items[s], items[s]))
             traces[arm].append([json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()])
             print(f"[demo]     " + ", ".join(f"{s} {a:.3f}" for s, a in acc.items()) + f" ({wall['arms_s'][arm][-1]:.0f} s)")
             if arm == "dropout_grpo":
                 pert = make_perturbation(cfg.perturbation)
                 mc = {s: evaluate_mc_vote(policy, splits[s], pert, n_masks=mc_masks, seed=seed, batch_size=base.eval.batch_size,
-                                          max_new_tokens=base.eval.max_new_tokens, progress=False).accuracy for s in TEST_SPLITS}
+                                          max_new_tokens=base.eval.max_new_tokens, progress=False) for s in TEST_SPLITS}
                 mc_results.append(mc)
-    results["arms"]["dropout_grpo_mc_vote"] = {s: {"per_seed": [m[s] for m in mc_results]} for s in TEST_SPLITS}
+    results["arms"]["dropout_grpo_mc_vote"] = {
+        s: {"per_seed": [m[s].accuracy for m in mc_results],
+            "flips_vs_sft": [flips(sft_items[s], [p["correct"] for p in m[s].predictions]) for m in mc_results]} for s in TEST_SPLITS}
     results["labels"]["dropout_grpo_mc_vote"] = f"Dropout-GRPO, MC-dropout majority vote ({mc_masks} masks)"
 
     # ---- 3. tables and figures
@@ -176,6 +196,19 @@ def results_table(res: dict) -> str:
             cells.append(f"{100 * d['mean']:.2f}%" if len(d["per_seed"]) == 1 else f"{100 * d['mean']:.2f}% ± {100 * d['std']:.2f}%")
         lines.append(f"| {res['labels'][arm]} | " + " | ".join(cells) + " |")
     seeds = res["seeds"]
+    paired = [(arm, per) for arm, per in res["arms"].items() if "flips_vs_sft" in per[res["splits"][0]]]
+    if paired:
+        lines += ["", "Paired with the SFT checkpoint on the same items: net change in points, mean over seeds (items gained / lost "
+                  "per seed; standard error of one seed's paired difference):", "",
+                  "| Model | " + " | ".join(res["splits"]) + " |", "|" + "---|" * (len(res["splits"]) + 1)]
+        for arm, per in paired:
+            cells = []
+            for s in res["splits"]:
+                fl, n = per[s]["flips_vs_sft"], res["n"][s]
+                diffs = [paired_diff(g, lo, n) for g, lo in fl]
+                cells.append(f"{100 * statistics.fmean(d for d, _ in diffs):+.2f} (+{statistics.fmean(g for g, _ in fl):.0f} / "
+                             f"-{statistics.fmean(lo for _, lo in fl):.0f}; SE {100 * statistics.fmean(e for _, e in diffs):.2f})")
+            lines.append(f"| {res['labels'][arm]} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"Greedy pass@1 without dropout (the MC row votes over dropout masks). SFT: one checkpoint; RL arms: "
                  f"{seeds} seed(s){', mean ± std' if seeds > 1 else ''}. Wall time: {res['wall_s']['total_s']:.0f} s.")
@@ -200,6 +233,12 @@ def summary_paragraph(res: dict) -> str:
     ctrl = res["arms"][best_ctrl][s]
     se = 100 * math.sqrt(max(sft * (1 - sft), 1e-12) / res["n"][s])  # binomial standard error of one accuracy
     valid_end = {a: statistics.fmean(run[-1][1] for run in runs) for a, runs in res["eval_trace"].items() if runs and runs[0]}
+    paired = ""
+    if "flips_vs_sft" in ours:
+        fl = ours["flips_vs_sft"]
+        pse = 100 * statistics.fmean(paired_diff(g, lo, res["n"][s])[1] for g, lo in fl)
+        paired = (f" Paired on the same items, Dropout-GRPO gained {statistics.fmean(g for g, _ in fl):.0f} and lost "
+                  f"{statistics.fmean(lo for _, lo in fl):.0f} of them per seed (paired standard error of one seed {pse:.2f} points).")
     valid = ""
     if "dropout_grpo" in valid_end and "sft_valid_accuracy" in res:
         valid = (f" On the validation split used during training, Dropout-GRPO went {100 * res['sft_valid_accuracy']:.1f}% -> "
@@ -212,7 +251,7 @@ def summary_paragraph(res: dict) -> str:
             f"{statistics.fmean(ours_std) if ours_std else 0:.3f}): a change of {100 * gain:+.2f} points, {verdict}; "
             f"{100 * (ours['mean'] - ctrl['mean']):+.2f} points against the strongest control ({res['labels'][best_ctrl]}). "
             f"One accuracy on {res['n'][s]} items has a binomial standard error of about {se:.2f} points (and the SFT "
-            f"checkpoint is a single run): the change is {'within' if abs(100 * gain) < 2 * se else 'outside'} two standard errors.{valid} "
+            f"checkpoint is a single run): the change is {'within' if abs(100 * gain) < 2 * se else 'outside'} two standard errors.{paired}{valid} "
             f"Total wall time {res['wall_s']['total_s']:.0f} s.")
 
 
