@@ -23,6 +23,7 @@ from ..perturbation.base import parse_layers
 from ..training.grpo import GRPOTrainer, collect_rollouts
 from ..training.sft import count_target_tokens, make_example, sft_loss
 from .baselines import naive_coconut_loss
+from .long_items import bench_optimizer, bench_soak
 from .report import Goal, Row, fmt_bytes, fmt_flops, fmt_s
 from .timing import alternate
 from .workload import (FLOP_FORMULA, GPU, Ctx, build_lm, dims_of, grpo_config, prompt_widths, recurrence_flops, task_records,
@@ -363,14 +364,6 @@ ITEMS: dict[str, Callable[[Ctx], tuple[list[Row], dict]]] = {
     "perturbation": bench_perturbation,
     "memory": bench_memory,
     "flops": bench_flops,
+    "optimizer": bench_optimizer,
+    "soak": bench_soak,
 }
-
-
-def _register_long_items() -> None:
-    from .long_items import bench_optimizer, bench_soak
-
-    ITEMS["optimizer"] = bench_optimizer
-    ITEMS["soak"] = bench_soak
-
-
-_register_long_items()

@@ -10,7 +10,6 @@ shows as a positive slope; the goal is flat.
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import subprocess
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from .memprobe import status_kb
 from .report import Goal, Row, fmt_bytes, fmt_s
 from .timing import alternate
 from .workload import Ctx, build_lm, grpo_config, task_records
@@ -77,13 +77,11 @@ def bench_optimizer(ctx: Ctx) -> tuple[list[Row], dict]:
 
 
 def _rss_bytes(pid: int) -> int | None:
+    """The resident set size of a running process; None once it has exited."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
+        return status_kb("VmRSS", pid) * 1024
+    except (OSError, KeyError):
         return None
-    return None
 
 
 def fit_slope(xs: list[float], ys: list[float]) -> float:
@@ -106,7 +104,7 @@ def bench_soak(ctx: Ctx, steps: int = SOAK_STEPS) -> tuple[list[Row], dict]:
         build_lm(s, torch.device("cpu"), torch.float32, fixed_length=False).save_pretrained(init)
         out = Path(tmp) / "run"
         over = {"grpo.steps": steps, "grpo.prompts_per_step": 16, "grpo.group_size": 8, "grpo.n_latent": 2, "grpo.max_new_tokens": 16,
-                "grpo.filter": "false", "grpo.eval_every": 50, "grpo.save_every": 50, "grpo.warmup_steps": 10, "grpo.lr": 1e-5,
+                "grpo.filter": "false", "grpo.eval_every": 50, "grpo.save_every": 50, "grpo.log_every": 1, "grpo.warmup_steps": 10, "grpo.lr": 1e-5,
                 "task.n_train": 2048, "task.n_valid": 64, "data.eval_limit": 64, "data.test": "[]", "threads": ctx.threads}
         cmd = [sys.executable, "-m", "dgrpo", "grpo", "--init", str(init), "--out", str(out)]
         for k, v in over.items():
@@ -121,7 +119,7 @@ def bench_soak(ctx: Ctx, steps: int = SOAK_STEPS) -> tuple[list[Row], dict]:
             time.sleep(0.05)
             if not metrics.exists():
                 continue
-            done = max((json.loads(x).get("step", -1) for x in metrics.read_text().splitlines() if '"reward_mean"' in x), default=-1) + 1
+            done = metrics.read_text().count('"reward_mean"')  # one row per finished step (log_every = 1)
             if done >= next_step:
                 rss = _rss_bytes(proc.pid)
                 if rss is not None:

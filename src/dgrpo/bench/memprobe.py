@@ -15,8 +15,9 @@ import resource
 import sys
 
 
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
+def status_kb(field: str, pid: int | str = "self") -> int:
+    """A ``kB`` field (VmRSS, VmHWM, ...) of /proc/PID/status (Linux)."""
+    with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
@@ -68,9 +69,9 @@ def probe(spec: dict) -> dict:
         out.update(kind="cuda_allocated", before_bytes=before, peak_bytes=peak, delta_bytes=peak - before, clean_peak=True)
     else:
         clean = reset_peak_rss()
-        before = _status_kb("VmRSS") * 1024
+        before = status_kb("VmRSS") * 1024
         trainer.step(prompts=records)
-        peak = _status_kb("VmHWM") * 1024 if clean else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = status_kb("VmHWM") * 1024 if clean else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         out.update(kind="rss", before_bytes=before, peak_bytes=peak, delta_bytes=peak - before, clean_peak=clean)
     return out
 
