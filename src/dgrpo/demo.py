@@ -73,6 +73,13 @@ def paired_diff(gained: int, lost: int, n: int) -> tuple[float, float]:
     return d, math.sqrt(max(var, 0.0) / n)
 
 
+def paired_summary(flips_per_seed: list[list[int]], n: int) -> dict:
+    """Mean over seeds of the net change, items gained and lost, and one seed's paired standard error."""
+    diffs = [paired_diff(g, lo, n) for g, lo in flips_per_seed]
+    return {"net": statistics.fmean(d for d, _ in diffs), "gained": statistics.fmean(g for g, _ in flips_per_seed),
+            "lost": statistics.fmean(lo for _, lo in flips_per_seed), "se": statistics.fmean(e for _, e in diffs)}
+
+
 def mean_std(xs: list[float]) -> tuple[float, float]:
     return (statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
@@ -204,10 +211,8 @@ def results_table(res: dict) -> str:
         for arm, per in paired:
             cells = []
             for s in res["splits"]:
-                fl, n = per[s]["flips_vs_sft"], res["n"][s]
-                diffs = [paired_diff(g, lo, n) for g, lo in fl]
-                cells.append(f"{100 * statistics.fmean(d for d, _ in diffs):+.2f} (+{statistics.fmean(g for g, _ in fl):.0f} / "
-                             f"-{statistics.fmean(lo for _, lo in fl):.0f}; SE {100 * statistics.fmean(e for _, e in diffs):.2f})")
+                p = paired_summary(per[s]["flips_vs_sft"], res["n"][s])
+                cells.append(f"{100 * p['net']:+.2f} (+{p['gained']:.0f} / -{p['lost']:.0f}; SE {100 * p['se']:.2f})")
             lines.append(f"| {res['labels'][arm]} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"Greedy pass@1 without dropout (the MC row votes over dropout masks). SFT: one checkpoint; RL arms: "
@@ -235,10 +240,9 @@ def summary_paragraph(res: dict) -> str:
     valid_end = {a: statistics.fmean(run[-1][1] for run in runs) for a, runs in res["eval_trace"].items() if runs and runs[0]}
     paired = ""
     if "flips_vs_sft" in ours:
-        fl = ours["flips_vs_sft"]
-        pse = 100 * statistics.fmean(paired_diff(g, lo, res["n"][s])[1] for g, lo in fl)
-        paired = (f" Paired on the same items, Dropout-GRPO gained {statistics.fmean(g for g, _ in fl):.0f} and lost "
-                  f"{statistics.fmean(lo for _, lo in fl):.0f} of them per seed (paired standard error of one seed {pse:.2f} points).")
+        p = paired_summary(ours["flips_vs_sft"], res["n"][s])
+        paired = (f" Paired on the same items, Dropout-GRPO gained {p['gained']:.0f} and lost {p['lost']:.0f} of them per seed "
+                  f"(paired standard error of one seed {100 * p['se']:.2f} points).")
     valid = ""
     if "dropout_grpo" in valid_end and "sft_valid_accuracy" in res:
         valid = (f" On the validation split used during training, Dropout-GRPO went {100 * res['sft_valid_accuracy']:.1f}% -> "
