@@ -166,6 +166,15 @@ def count_lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
+def reset_metrics(path: Path, keep_lines: int | None) -> None:
+    """Before a run appends to its metrics file: resuming, keep the ``keep_lines`` rows of the checkpoint
+    (:func:`truncate_metrics`); a fresh run (``None``) removes the rows of an earlier run."""
+    if keep_lines is None:
+        path.unlink(missing_ok=True)
+    else:
+        truncate_metrics(path, keep_lines)
+
+
 def truncate_metrics(path: Path, n_lines: int) -> None:
     """Keep the first ``n_lines`` rows (those written before the checkpoint being resumed): rows a dead
     run wrote after its last checkpoint are dropped, so the resumed file has no duplicate or missing step."""

@@ -31,7 +31,7 @@ from ..data.records import Record
 from ..model.latent_lm import LatentLM, right_pad
 from ..perturbation import Perturbation, make_perturbation, seeds_for
 from ..reward import extract_answer, score
-from .checkpoint import count_lines, latest_checkpoint, load_checkpoint, save_checkpoint, truncate_metrics
+from .checkpoint import count_lines, latest_checkpoint, load_checkpoint, reset_metrics, save_checkpoint
 from .distributed import Dist
 from .losses import aggregate, clipped_surrogate, ema_advantages, ema_update, group_advantages, group_filter, huber_k3, kl_log_ratio
 from .schedules import beta_at, lr_at
@@ -350,7 +350,6 @@ def train_grpo(lm: LatentLM, cfg: Config, train: list[Record], out_dir: Path, *,
     metrics_f = None
     if dist.is_main:
         (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-        metrics_f = open(out_dir / "metrics.jsonl", "a")
         try:
             from torch.utils.tensorboard import SummaryWriter  # type: ignore[attr-defined]
 
@@ -398,15 +397,11 @@ def train_grpo(lm: LatentLM, cfg: Config, train: list[Record], out_dir: Path, *,
         trainer.load_state(st["trainer"], st["tensors"])
         best.update(st["best"])
         skipped, last_eval = st["skipped"], st["last_eval"]
-        if dist.is_main:
-            metrics_f.close()  # type: ignore[union-attr]
-            truncate_metrics(metrics_path, st["metrics_lines"])
-            metrics_f = open(metrics_path, "a")
-            log(f"dgrpo: resumed from {ckpt} (step {trainer.step_idx})")
-    elif dist.is_main and metrics_path.exists():
-        metrics_f.close()  # type: ignore[union-attr]
-        metrics_path.unlink()  # a fresh run: no stale rows from an earlier one
+    if dist.is_main:
+        reset_metrics(metrics_path, st["metrics_lines"] if ckpt is not None else None)
         metrics_f = open(metrics_path, "a")
+        if ckpt is not None:
+            log(f"dgrpo: resumed from {ckpt} (step {trainer.step_idx})")
     if trainer.step_idx == 0:
         last_eval = run_eval(0)
 

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from ..config import Config, to_dict
 from ..data.records import Record
 from ..model.latent_lm import LatentLM, LatentSettings
-from .checkpoint import count_lines, latest_checkpoint, load_checkpoint, save_checkpoint, truncate_metrics
+from .checkpoint import count_lines, latest_checkpoint, load_checkpoint, reset_metrics, save_checkpoint
 from .schedules import lr_at
 
 
@@ -149,12 +149,12 @@ def train_sft(lm: LatentLM, train: list[Record], cfg: Config, out_dir: Path, *, 
         st = load_checkpoint(ckpt, lm=lm, optimizer=opt)
         start_epoch, start_b, global_step = st["epoch"], st["batch"], st["global_step"]
         step_in_sched, sched_total, stage_prev = st["step_in_sched"], st["sched_total"], st["stage_prev"]
-        if dist.is_main:
-            truncate_metrics(metrics_path, st["metrics_lines"])
+    metrics = None
+    if dist.is_main:
+        reset_metrics(metrics_path, st["metrics_lines"] if ckpt is not None else None)
+        metrics = open(metrics_path, "a")
+        if ckpt is not None:
             log(f"dgrpo: resumed from {ckpt} (step {global_step})")
-    elif dist.is_main and metrics_path.exists():
-        metrics_path.unlink()  # a fresh run: no stale rows from an earlier one
-    metrics = open(metrics_path, "a") if dist.is_main else None
 
     def save_state(epoch: int, batch: int) -> None:
         """Resumable state: run epoch ``epoch`` from batch ``batch`` next."""
