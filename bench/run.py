@@ -1,4 +1,5 @@
 """Run the performance suite: ``python bench/run.py [--quick] [--only ITEMS] --out DIR`` (same as ``dgrpo bench``)."""
+
 import sys
 
 from dgrpo.bench import main

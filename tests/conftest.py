@@ -1,4 +1,9 @@
+"""Shared fixtures: the locally trained tokenizer, tiny models, the one tiny config (the packaged ``tiny.yaml``, also
+``dgrpo demo --quick``), a short SFT checkpoint, and running the command line in-process or as a subprocess."""
+
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -7,6 +12,21 @@ import torch
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+if SHARED_DATA.is_dir():  # the real data files, beside the checkout in development and CI (users set their own)
+    os.environ.setdefault("DGRPO_DATA_DIR", str(SHARED_DATA))
+TINY = "tiny.yaml"  # the packaged tiny-model config every end-to-end test starts from
+#: what the tests change on top of tiny.yaml (4-step problems, K = 4, longer answers, 2 threads)
+TEST_SETS = {
+    "task.n_steps": 4,
+    "data.test": "[builtin:test]",
+    "eval.batch_size": 64,
+    "eval.max_new_tokens": 40,
+    "grpo.steps": 3,
+    "grpo.group_size": 4,
+    "grpo.max_new_tokens": 40,
+    "perturbation.p": 0.1,
+    "threads": 2,
+}
 
 
 @pytest.fixture(scope="session")
@@ -37,23 +57,54 @@ def make_lm(tokenizer, arch="qwen2", seed=0, **kw):
     return LatentLM(build_tiny_model(arch, len(tok), seed=seed, **kw), tok)
 
 
-def tiny_config(**over):
-    """A Config for fast CPU tests: tiny model, small built-in task, short SFT and GRPO."""
-    from dgrpo.config import Config, set_value
+def sets(d: dict) -> list[str]:
+    """``--set k=v`` arguments for a dict of overrides."""
+    return [x for k, v in d.items() for x in ("--set", f"{k}={v}")]
 
-    cfg = Config()
-    base = {
-        "model.hidden_size": "64", "model.num_layers": "2", "model.num_heads": "4", "model.intermediate_size": "128",
-        "task.n_train": "2048", "task.n_valid": "64", "task.n_test": "64",
-        "sft.epochs_per_stage": "2", "sft.num_epochs": "4", "sft.max_latent_stage": "1", "sft.batch_size": "64", "sft.lr": "3e-3",
-        "sft.warmup_steps": "5", "data.test": "[builtin:test]", "eval.batch_size": "64", "eval.max_new_tokens": "40",
-        "grpo.steps": "3", "grpo.prompts_per_step": "8", "grpo.group_size": "4", "grpo.max_new_tokens": "40", "grpo.eval_every": "2",
-        "grpo.warmup_steps": "1", "grpo.lr": "1e-4", "threads": "2",
-    }
-    base.update({k: str(v) for k, v in over.items()})
-    for k, v in base.items():
-        set_value(cfg, k, v)
-    return cfg.validate()
+
+def tiny_config(**over):
+    """The Config of the tests: tiny.yaml, then TEST_SETS, then ``over``."""
+    from dgrpo.config import Config, load_config
+
+    return load_config(Config, TINY, [f"{k}={v}" for k, v in {**TEST_SETS, **over}.items()])
+
+
+def tiny_args(**over) -> list[str]:
+    """The same config as command-line arguments."""
+    return ["--config", TINY, *sets({**TEST_SETS, **over})]
+
+
+def dgrpo(*args, timeout=300, env=None):
+    """``python -m dgrpo ARGS`` in a subprocess (for what must be a real process: kills, exit codes of crashes)."""
+    return subprocess.run(
+        [sys.executable, "-m", "dgrpo", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+class Result:
+    def __init__(self, returncode: int, stdout: str, stderr: str):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """``dgrpo ARGS`` in this process (``dgrpo.cli.main``): exit code, stdout, stderr."""
+    from dgrpo.cli import main
+
+    def run(*args) -> Result:
+        capsys.readouterr()
+        try:
+            rc = main([str(a) for a in args])
+        except SystemExit as e:  # argparse errors
+            rc = e.code if isinstance(e.code, int) else 2
+        out = capsys.readouterr()
+        return Result(rc, out.out, out.err)
+
+    return run
 
 
 @pytest.fixture(scope="session")

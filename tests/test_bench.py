@@ -1,4 +1,5 @@
 """The performance suite runs end to end (``--quick``) and writes its outputs; no speed assertions."""
+
 import json
 import subprocess
 import sys
@@ -11,11 +12,14 @@ ITEM_KEYS = ("rollouts", "sft", "grpo_scaling", "perturbation", "memory", "flops
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    proc = subprocess.run([sys.executable, "-m", "dgrpo.bench", "--quick", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dgrpo.bench", "--quick", "--out", str(out)], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out, proc
 
 
+@pytest.mark.slow
 def test_quick_suite_writes_json_and_markdown(quick_run):
     out, _ = quick_run
     data = json.loads((out / "bench.json").read_text())
@@ -37,8 +41,15 @@ def test_quick_suite_writes_json_and_markdown(quick_run):
     assert [st for st, _ in soak["samples"]][:3] == [0, 10, 20] and len(soak["samples"]) >= 4  # RSS every 10 steps
     assert soak["rss_last"][0] == soak["steps"] and abs(soak["slope_mib_per_100_steps"]) < 1e4
     items = {row["item"] for row in data["table"]}
-    assert {"1. rollouts", "2. Coconut SFT step", "3. GRPO step scaling", "4. cost of the perturbation", "5. memory",
-            "6. distance to the machine's limit", "8. memory soak"} <= items
+    assert {
+        "1. rollouts",
+        "2. Coconut SFT step",
+        "3. GRPO step scaling",
+        "4. cost of the perturbation",
+        "5. memory",
+        "6. distance to the machine's limit",
+        "8. memory soak",
+    } <= items
     for row in data["table"]:
         assert {"item", "configuration", "values", "ratio", "goal", "met"} <= set(row)
         assert row["ratio"] is not None and row["ratio"] > 0

@@ -1,31 +1,27 @@
-"""The command line end to end: SFT then eval on the built-in task, data inspect, config errors."""
+"""The command line: SFT then eval end to end (subprocess, slow), and every error path in-process: a bad config,
+a bad data file or a missing checkpoint exits with code 2 and one line, writing nothing."""
+
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, dgrpo, tiny_args
 
-TINY = {"model.hidden_size": 64, "model.num_layers": 2, "model.intermediate_size": 128, "task.n_train": 1024, "task.n_valid": 32,
-        "task.n_test": 32, "sft.epochs_per_stage": 1, "sft.num_epochs": 2, "sft.max_latent_stage": 1, "sft.batch_size": 64,
-        "sft.lr": 3e-3, "sft.warmup_steps": 2, "data.test": "[builtin:test]", "eval.max_new_tokens": 40, "threads": 2}
-
-
-def dgrpo(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "dgrpo", *map(str, args)], capture_output=True, text=True, timeout=timeout)
-
-
-def sets(d):
-    out = []
-    for k, v in d.items():
-        out += ["--set", f"{k}={v}"]
-    return out
+#: a shorter SFT than the session fixture's: one epoch per stage, 1024 problems
+SHORT_SFT = {
+    "task.n_train": 1024,
+    "task.n_valid": 32,
+    "task.n_test": 32,
+    "sft.epochs_per_stage": 1,
+    "sft.num_epochs": 2,
+    "sft.warmup_steps": 2,
+}
 
 
+@pytest.mark.slow
 def test_sft_then_eval_end_to_end(tmp_path):
     run = tmp_path / "sft"
-    r = dgrpo("sft", "--out", run, *sets(TINY))
+    r = dgrpo("sft", "--out", run, *tiny_args(**SHORT_SFT))
     assert r.returncode == 0, r.stderr[-2000:]
     for sub in ("stage-0", "stage-1", "final"):
         assert (run / sub / "model.safetensors").exists() and (run / sub / "tokenizer.json").exists()
@@ -42,65 +38,86 @@ def test_sft_then_eval_end_to_end(tmp_path):
     assert len(preds) == 16 and {"question", "gold", "completion", "correct"} <= set(json.loads(preds[0]))
     # the saved weights load in plain transformers too
     from transformers import AutoModelForCausalLM
+
     AutoModelForCausalLM.from_pretrained(run / "final")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["cot", "no_cot", "pause", "no_curriculum"])
-def test_sft_baselines_run(tmp_path, mode):
-    over = {**TINY, "sft.mode": mode, "task.n_train": 256, "sft.num_epochs": 2, "data.valid": "''", "sft.eval_each_stage": "false"}
-    r = dgrpo("sft", "--out", tmp_path / mode, *sets(over))
+def test_sft_baselines_run(tmp_path, mode, run_cli):
+    over = {**SHORT_SFT, "sft.mode": mode, "task.n_train": 256, "data.valid": "''", "sft.eval_each_stage": "false"}
+    r = run_cli("sft", "--out", tmp_path / mode, *tiny_args(**over))
     assert r.returncode == 0, r.stderr[-2000:]
     latent = json.loads((tmp_path / mode / "final" / "latent_config.json").read_text())
     expect = {"cot": ("cot", 0), "no_cot": ("no_cot", 0), "pause": ("pause", 1), "no_curriculum": ("coconut", 1)}[mode]
     assert (latent["mode"], latent["n_latent"]) == expect
 
 
-def test_plain_causal_lm_eval(tmp_path, sft_checkpoint):
-    r = dgrpo("eval", "--model", sft_checkpoint, "--data", "builtin:test", "--plain", "--shots", 2, "--limit", 8, "--out", tmp_path,
-              "--set", "task.n_test=16", "--set", "eval.max_new_tokens=16")
+def test_plain_causal_lm_eval(tmp_path, sft_checkpoint, run_cli):
+    r = run_cli(
+        "eval",
+        "--model",
+        sft_checkpoint,
+        "--data",
+        "builtin:test",
+        "--plain",
+        "--shots",
+        2,
+        "--limit",
+        8,
+        "--out",
+        tmp_path,
+        "--set",
+        "task.n_test=16",
+        "--set",
+        "eval.max_new_tokens=16",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["mode"] == "plain" and res["n"] == 8
 
 
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/data not present")
-def test_data_inspect_last_line_is_json():
-    r = dgrpo("data", "inspect", SHARED_DATA / "svamp" / "SVAMP.json")
+def test_data_inspect_last_line_is_json(run_cli):
+    r = run_cli("data", "inspect", SHARED_DATA / "svamp" / "SVAMP.json")
     assert r.returncode == 0, r.stderr
     last = json.loads(r.stdout.strip().splitlines()[-1])
     assert last["n"] == 1000 and {"question", "steps", "answer"} <= set(last["example"])
-    r = dgrpo("data", "inspect", "gsm8k", "--split", "train")
+    r = run_cli("data", "inspect", "gsm8k", "--split", "train")
     assert json.loads(r.stdout.strip().splitlines()[-1])["n"] == 7473
 
 
-def test_builtin_inspect():
-    r = dgrpo("data", "inspect", "builtin:ood_steps?n_test=10")
+def test_builtin_inspect(run_cli):
+    r = run_cli("data", "inspect", "builtin:ood_steps?n_test=10")
     last = json.loads(r.stdout.strip().splitlines()[-1])
     assert last["n"] == 10 and len(last["example"]["steps"]) == 6
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--set", "sft.c_thought=0"], "sft.c_thought"),
-    (["--set", "sft.lr=fast"], "sft.lr"),
-    (["--set", "sft.nope=1"], "unknown config key 'sft.nope'"),
-    (["--set", "perturbation.p=1.5"], "perturbation.p"),
-    (["--set", "grpo.alpha_min=0.9", "--set", "grpo.alpha_max=0.5"], "alpha_min"),
-    (["--set", "grpo.group_size=1"], "K >= 2"),
-    (["--set", "grpo.n_latent=-3"], "grpo.n_latent"),
-    (["--config", "/nonexistent.yaml"], "config file not found"),
-])
-def test_invalid_config_exits_2_with_one_line(tmp_path, args, needle):
-    r = dgrpo("sft", "--out", tmp_path / "x", *args)
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--set", "sft.c_thought=0"], "sft.c_thought"),
+        (["--set", "sft.lr=fast"], "sft.lr"),
+        (["--set", "sft.nope=1"], "unknown config key 'sft.nope'"),
+        (["--set", "perturbation.p=1.5"], "perturbation.p"),
+        (["--set", "grpo.alpha_min=0.9", "--set", "grpo.alpha_max=0.5"], "alpha_min"),
+        (["--set", "grpo.group_size=1"], "K >= 2"),
+        (["--set", "grpo.n_latent=-3"], "grpo.n_latent"),
+        (["--config", "/nonexistent.yaml"], "config file not found"),
+    ],
+)
+def test_invalid_config_exits_2_with_one_line(tmp_path, args, needle, run_cli):
+    r = run_cli("sft", "--out", tmp_path / "x", *args)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], r.stderr
     assert not (tmp_path / "x").exists()  # nothing partial written
 
 
-def test_missing_checkpoint_and_unknown_dataset_exit_2(tmp_path):
-    r = dgrpo("eval", "--model", tmp_path / "nope", "--data", "builtin:test", "--out", tmp_path / "o")
+def test_missing_checkpoint_and_unknown_dataset_exit_2(tmp_path, run_cli):
+    r = run_cli("eval", "--model", tmp_path / "nope", "--data", "builtin:test", "--out", tmp_path / "o")
     assert r.returncode == 2 and "checkpoint directory not found" in r.stderr
-    r = dgrpo("data", "inspect", "definitely_not_a_dataset_xyz")
+    r = run_cli("data", "inspect", "definitely_not_a_dataset_xyz")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
 
 
@@ -116,43 +133,69 @@ def test_yaml_booleans_in_string_options():
 
 
 def test_yaml_configs_in_repo_are_valid():
-    from pathlib import Path
+    from dgrpo.config import Config, load_config, packaged_configs
 
-    from dgrpo.config import Config, load_config
-    root = Path(__file__).resolve().parents[1] / "configs"
-    files = sorted(root.rglob("*.yaml"))
-    assert files
-    for f in files:
-        load_config(Config, f)
+    names = packaged_configs()
+    assert names
+    for name in names:
+        load_config(Config, name)
 
 
-@pytest.mark.parametrize("content,needle", [
-    ('{"question": "q", "answer": "#### 3"}\n{"question": "q2"\n', "line 2"),
-    ('{"question": "q", "answer": "#### 3"}\n{"question": "q2", "nothing": 1}\n', "line 2"),
-    ("", "no records"),
-])
-def test_bad_data_file_exits_2_naming_file_and_line(tmp_path, content, needle):
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ('{"question": "q", "answer": "#### 3"}\n{"question": "q2"\n', "line 2"),
+        ('{"question": "q", "answer": "#### 3"}\n{"question": "q2", "nothing": 1}\n', "line 2"),
+        ("", "no records"),
+    ],
+)
+def test_bad_data_file_exits_2_naming_file_and_line(tmp_path, content, needle, run_cli):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(content)
     out = tmp_path / "run"
-    r = dgrpo("sft", "--out", out, "--set", f"data.train={bad}")
+    r = run_cli("sft", "--out", out, "--set", f"data.train={bad}")
     assert r.returncode == 2, r.stderr
     line = r.stderr.strip().splitlines()
     assert len(line) == 1 and str(bad) in line[0] and needle in line[0], r.stderr
     assert not out.exists()
 
 
-def test_unknown_yaml_key_and_unknown_dataset_exit_2(tmp_path):
+def test_unknown_yaml_key_and_unknown_dataset_exit_2(tmp_path, run_cli):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("grpo:\n  stepz: 3\n")
-    r = dgrpo("grpo", "--config", cfg, "--init", tmp_path, "--out", tmp_path / "o")
+    r = run_cli("grpo", "--config", cfg, "--init", tmp_path, "--out", tmp_path / "o")
     assert r.returncode == 2 and "grpo.stepz" in r.stderr and str(cfg) in r.stderr
-    r = dgrpo("sft", "--out", tmp_path / "o", "--set", "data.train=not_a_dataset_qq")
+    r = run_cli("sft", "--out", tmp_path / "o", "--set", "data.train=not_a_dataset_qq")
     assert r.returncode == 2 and "not_a_dataset_qq" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
 
 
-def test_grpo_missing_init_exits_2(tmp_path):
-    r = dgrpo("grpo", "--init", tmp_path / "missing", "--out", tmp_path / "o", "--set", "task.n_train=64")
+def test_grpo_missing_init_exits_2(tmp_path, run_cli):
+    r = run_cli("grpo", "--init", tmp_path / "missing", "--out", tmp_path / "o", "--set", "task.n_train=64")
     assert r.returncode == 2 and "checkpoint directory not found" in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_help_is_fast_and_lists_examples():
+    """`dgrpo --help` must not import torch (it answered in 3 s when it did); every command's help has examples."""
+    import subprocess
+    import sys
+
+    code = "import sys; from dgrpo.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+    from dgrpo.cli import build_parser
+
+    ap = build_parser()
+    sub = next(a for a in ap._actions if a.dest == "cmd")
+    for name in ("sft", "grpo", "eval", "demo", "data", "config"):
+        assert "examples:" in sub.choices[name].format_help(), name
+
+
+def test_version_and_config_show_filter(run_cli):
+    r = run_cli("--version")
+    assert r.returncode == 0 and r.stdout.startswith("dgrpo ")
+    r = run_cli("config", "show", "grpo")
+    keys = [line.split(" = ")[0] for line in r.stdout.splitlines() if " = " in line]
+    assert keys and all(k.startswith("grpo.") for k in keys)
+    r = run_cli("config", "show", "nope")
+    assert r.returncode == 2 and "unknown section" in r.stderr

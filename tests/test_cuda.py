@@ -1,17 +1,20 @@
-"""CUDA checks (skipped without a GPU): the recurrence, mask replay and a bf16 + 8-bit-optimizer GRPO step on the device.
+"""CUDA checks (skipped without a GPU): the recurrence, mask replay, a bf16 + 8-bit-optimizer GRPO step on the device.
 
 CI has no GPU; these run wherever CUDA is present (``pytest tests/test_cuda.py``).
 """
+
 import copy
 
 import pytest
 import torch
 
-from conftest import make_lm, tiny_config
 from dgrpo.data.synthetic import generate_split
 from dgrpo.model.reference import uncached_target_logprobs
 from dgrpo.perturbation import LockedDropout, seeds_for
-from dgrpo.training.grpo import GRPOTrainer, collect_rollouts, replay_logprobs
+from dgrpo.training.grpo import GRPOTrainer
+from dgrpo.training.rollouts import collect_rollouts, replay_logprobs
+
+from conftest import make_lm, tiny_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 CUDA = torch.device("cuda")
@@ -61,8 +64,17 @@ def test_bf16_grpo_step_on_cuda(sft_checkpoint, optimizer):
         pytest.importorskip("bitsandbytes")
     from dgrpo.model.latent_lm import LatentLM
 
-    cfg = tiny_config(**{"perturbation.p": "0.3", "grpo.filter": "false", "grpo.optimizer": optimizer, "grpo.prompts_per_step": "8",
-                         "grpo.warmup_steps": "0", "grpo.lr": "1e-3", "model.dtype": "bfloat16"})
+    cfg = tiny_config(
+        **{
+            "perturbation.p": "0.3",
+            "grpo.filter": "false",
+            "grpo.optimizer": optimizer,
+            "grpo.prompts_per_step": "8",
+            "grpo.warmup_steps": "0",
+            "grpo.lr": "1e-3",
+            "model.dtype": "bfloat16",
+        }
+    )
     lm = LatentLM.from_pretrained(sft_checkpoint, dtype=torch.bfloat16, device=CUDA)
     before = [p.detach().clone() for p in lm.model.parameters()]
     tr = GRPOTrainer(lm, cfg, generate_split(cfg.task, "train"))
@@ -71,6 +83,8 @@ def test_bf16_grpo_step_on_cuda(sft_checkpoint, optimizer):
     for _ in range(2):
         m = tr.step()
         assert m["skipped"] == 0 and torch.isfinite(torch.tensor(m["grad_norm"]))
-        assert m["logp_replay_maxdiff"] < 0.1  # bf16: rollout and replay run the same kernels, up to batch-shape effects
+        assert (
+            m["logp_replay_maxdiff"] < 0.1
+        )  # bf16: rollout and replay run the same kernels, up to batch-shape effects
     assert all(p.dtype == torch.bfloat16 and p.device.type == "cuda" for p in lm.model.parameters())
     assert any(not torch.equal(b, p) for b, p in zip(before, lm.model.parameters()))

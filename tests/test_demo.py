@@ -1,13 +1,21 @@
 """`dgrpo demo --quick`: the whole pipeline, its files, its table, and the paper's structural claim."""
+
 import json
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_demo_quick(tmp_path):
     out = tmp_path / "demo"
-    r = subprocess.run([sys.executable, "-m", "dgrpo", "demo", "--quick", "--out", str(out), "--set", "threads=2"],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "dgrpo", "demo", "--quick", "--out", str(out), "--set", "threads=2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     for f in ("results.json", "results.md", "eval_accuracy.png", "reward_std.png"):
         assert (out / f).exists(), f

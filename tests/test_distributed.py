@@ -8,6 +8,7 @@ the test instead of blocking CI.
 The forced-filter hook is test-only: the worker monkeypatches ``dgrpo.training.grpo.group_filter``
 (rank r keeps all or none of its groups at step s) and the rewards; nothing in the public config.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,28 +21,50 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # every test launches torchrun
 HERE = Path(__file__).resolve()
 TIMEOUT_S = 180  # per launch; a healthy one takes about 10 s on 2 cores
 
-# one GRPO setting for the CLI runs (the tiny model and task of conftest.tiny_config)
-GRPO_SETS = {"model.hidden_size": 64, "task.n_train": 2048, "task.n_valid": 64, "task.n_test": 64, "grpo.steps": 3,
-             "grpo.prompts_per_step": 8, "grpo.group_size": 4, "grpo.eval_every": 2, "grpo.warmup_steps": 1,
-             "perturbation.p": 0.3, "data.test": "[builtin:test]", "data.eval_limit": 32, "threads": 1}
+# one GRPO setting for the CLI runs (over conftest.tiny_args: the tiny model and task)
+GRPO_SETS = {"perturbation.p": 0.3, "data.eval_limit": 32, "threads": 1}
 # a gradient that is never zero: the tiny SFT model is at chance level, so whole batches of groups can
 # have no reward variance (a zero GRPO gradient); the EMA baseline (0.5 at the start) gives every
 # rollout a non-zero advantage through the same update code (global counts, chunks, reduction)
 NONZERO = {"grpo.advantage": "ema", "grpo.filter": "false"}
 # the 1-vs-2-process comparison: plain SGD at lr 1 (the update is the clipped gradient itself), KL on,
 # micro-batches of 3 so that chunk boundaries differ between the runs
-PARITY = {**NONZERO, "perturbation.p": "0.3", "grpo.beta0": "0.01", "grpo.micro_batch_size": "3", "grpo.prompts_per_step": "8",
-          "grpo.group_size": "4", "grpo.lr": "1.0", "grpo.max_grad_norm": "1.0"}
+PARITY = {
+    **NONZERO,
+    "perturbation.p": "0.3",
+    "grpo.beta0": "0.01",
+    "grpo.micro_batch_size": "3",
+    "grpo.prompts_per_step": "8",
+    "grpo.group_size": "4",
+    "grpo.lr": "1.0",
+    "grpo.max_grad_norm": "1.0",
+}
 
 
 def torchrun(scenario: str, out: Path, args: dict | None = None, *, nproc: int = 2, env: dict | None = None) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(HERE), scenario, str(out),
-           json.dumps(args or {})]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(HERE),
+        scenario,
+        str(out),
+        json.dumps(args or {}),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})},
+    )
     try:
         log, _ = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:  # (the workers' own watchdog should have fired first)
@@ -80,7 +103,9 @@ def test_grpo_two_ranks_stay_bit_identical(sft_checkpoint, tmp_path):
     assert [row["step"] for row in rows if "reward_mean" in row] == [0, 1, 2]
     assert all(row["time_comm_s"] >= 0 for row in rows if "reward_mean" in row)
     assert [row["step"] for row in rows if "eval/builtin:valid/accuracy" in row] == [0, 2, 3]
-    assert (out / "final" / "model.safetensors").exists() and json.loads((out / "summary.json").read_text())["skipped_steps"] == 0
+    assert (out / "final" / "model.safetensors").exists() and json.loads((out / "summary.json").read_text())[
+        "skipped_steps"
+    ] == 0
     res = json.loads((out / "eval" / "builtin_test" / "results.json").read_text())
     assert res["n"] == 64 and len((out / "eval" / "builtin_test" / "predictions.jsonl").read_text().splitlines()) == 64
 
@@ -91,17 +116,23 @@ def test_asymmetric_filter_does_not_hang(sft_checkpoint, tmp_path, fsdp):
     (The worker also sets the rewards to 0, 1, 0, 1 in every group, so that kept groups move the weights.)
     FSDP2 is switched on by the config key here (``--set fsdp=full``), by the environment variable below."""
     out = tmp_path / "run"
-    torchrun("grpo", out, {"init": str(sft_checkpoint), "sets": {**GRPO_SETS, "fsdp": fsdp}, "keep": [[1, 0], [0, 1], [0, 0]]})
+    torchrun(
+        "grpo",
+        out,
+        {"init": str(sft_checkpoint), "sets": {**GRPO_SETS, "fsdp": fsdp}, "keep": [[1, 0], [0, 1], [0, 0]]},
+    )
     recs = rank_records(out)
     assert [len(r) for r in recs] == [3, 3]  # the same number of steps on both ranks
-    for rank, steps in enumerate(recs):
+    for steps in recs:
         assert [s["skipped"] for s in steps] == [0, 0, 1]
         assert [s["n_rollouts_kept"] for s in steps] == [16, 16, 0]  # global counts: 4 groups of 4 on one rank
         assert [s["frac_groups_kept"] for s in steps] == [0.5, 0.5, 0.0]
         assert all(s["identical"] for s in steps)
         assert [s["filter_calls"] for s in steps] == [1, 2, 3]
         sums = [s["checksum"] for s in steps]
-        assert sums[0] != sums[1] and sums[1] == sums[2]  # the weights moved at steps 0 and 1; the skipped step left them
+        assert (
+            sums[0] != sums[1] and sums[1] == sums[2]
+        )  # the weights moved at steps 0 and 1; the skipped step left them
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if "reward_mean" in x]
     assert [row["skipped"] for row in rows] == [0, 0, 1]
     assert json.loads((out / "summary.json").read_text())["skipped_steps"] == 1
@@ -113,10 +144,11 @@ def test_asymmetric_filter_does_not_hang(sft_checkpoint, tmp_path, fsdp):
 @pytest.mark.parametrize("fsdp", ["0", "sharded"], ids=["allreduce", "fsdp2"])
 def test_two_ranks_match_one_process(sft_checkpoint, tmp_path, fsdp):
     """The same global batch of prompts and rollout seeds: one step on 2 ranks = one step in 1 process."""
-    from conftest import tiny_config
     from dgrpo.data.synthetic import generate_split
     from dgrpo.model.latent_lm import LatentLM
     from dgrpo.training.grpo import GRPOTrainer
+
+    from conftest import tiny_config
 
     out = tmp_path / "run"
     torchrun("parity", out, {"init": str(sft_checkpoint)}, env={"DGRPO_FSDP": fsdp})
@@ -146,24 +178,35 @@ def test_two_ranks_match_one_process(sft_checkpoint, tmp_path, fsdp):
 
 def test_sft_two_ranks_cli(tmp_path):
     out = tmp_path / "sft"
-    sets = {"model.hidden_size": 64, "model.num_layers": 2, "model.intermediate_size": 128, "task.n_train": 256, "task.n_valid": 32,
-            "task.n_test": 32, "sft.epochs_per_stage": 1, "sft.num_epochs": 2, "sft.max_latent_stage": 1, "sft.batch_size": 32,
-            "sft.lr": 3e-3, "sft.warmup_steps": 2, "data.test": "[builtin:test]", "eval.max_new_tokens": 40, "threads": 1}
+    sets = {
+        "task.n_train": 256,
+        "task.n_valid": 32,
+        "task.n_test": 32,
+        "sft.epochs_per_stage": 1,
+        "sft.num_epochs": 2,
+        "sft.batch_size": 32,
+        "sft.warmup_steps": 2,
+        "threads": 1,
+    }
     torchrun("cli", out, {"argv": ["sft", "--out", str(out)], "sets": sets})
     assert {"eval", "final", "stage-0", "stage-1"} <= {p.name for p in out.iterdir() if p.is_dir()}
     assert (out / "final" / "model.safetensors").exists()
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["stage"] for row in rows if "eval/valid/accuracy" in row] == [0, 1]  # written once, by rank 0
     assert len(rows) == len({json.dumps(r, sort_keys=True) for r in rows})
-    assert json.loads((out / "eval" / "builtin_test" / "results.json").read_text())["n"] == 32  # gathered from both shards
+    assert (
+        json.loads((out / "eval" / "builtin_test" / "results.json").read_text())["n"] == 32
+    )  # gathered from both shards
     from dgrpo.model.latent_lm import LatentLM
 
     LatentLM.from_pretrained(out / "final")
 
 
 # ----------------------------------------------------------------------------------------------- worker
-def _sets(d: dict) -> list[str]:
-    return [x for k, v in d.items() for x in ("--set", f"{k}={v}")]
+def _args(d: dict) -> list[str]:
+    from conftest import tiny_args
+
+    return tiny_args(**d)
 
 
 def _worker_grpo(out: Path, args: dict) -> None:
@@ -178,6 +221,7 @@ def _worker_grpo(out: Path, args: dict) -> None:
     calls = {"filter": 0}
     keep = args.get("keep")
     if keep:
+
         def forced_filter(R, lo, hi):
             step = calls["filter"]
             calls["filter"] += 1
@@ -199,23 +243,29 @@ def _worker_grpo(out: Path, args: dict) -> None:
         flat = flat_params(self.lm.model)
         everyone = [torch.empty_like(flat) for _ in range(self.dist.world_size)]
         tdist.all_gather(everyone, flat)
-        records.append({**{k: m[k] for k in ("step", "skipped", "n_rollouts_kept", "frac_groups_kept", "reward_mean")},
-                        "identical": all(torch.equal(everyone[0], x) for x in everyone), "filter_calls": calls["filter"],
-                        "checksum": float(flat.double().sum())})
+        records.append(
+            {
+                **{k: m[k] for k in ("step", "skipped", "n_rollouts_kept", "frac_groups_kept", "reward_mean")},
+                "identical": all(torch.equal(everyone[0], x) for x in everyone),
+                "filter_calls": calls["filter"],
+                "checksum": float(flat.double().sum()),
+            }
+        )
         return m
 
     grpo.GRPOTrainer.step = checked_step
-    assert cli.main(["grpo", "--init", args["init"], "--out", str(out), *_sets(args["sets"])]) == 0
+    assert cli.main(["grpo", "--init", args["init"], "--out", str(out), *_args(args["sets"])]) == 0
     (out / f"rank{os.environ['RANK']}.json").write_text(json.dumps(records))  # (the CLI closed the process group)
 
 
 def _worker_parity(out: Path, args: dict) -> None:
     """One GRPO step with SGD on 2 ranks; rank 0 saves the full weights (gathered under FSDP2)."""
-    from conftest import tiny_config
     from dgrpo.data.synthetic import generate_split
     from dgrpo.model.latent_lm import LatentLM
     from dgrpo.training.distributed import Dist, consolidate_checkpoint
     from dgrpo.training.grpo import GRPOTrainer
+
+    from conftest import tiny_config
 
     dist = Dist.from_env(torch.device("cpu"))
     cfg = tiny_config(**PARITY)
@@ -225,7 +275,7 @@ def _worker_parity(out: Path, args: dict) -> None:
     state = dist.full_state_dict(tr.lm.model)
     names = [n for n, _ in tr.lm.model.named_parameters()]  # the model's parameter order (tied weights once)
     flat = torch.cat([state[n].detach().reshape(-1).float() for n in names])
-    dist.save_checkpoint(tr.lm, out / "ckpt")
+    dist.save_model(tr.lm, out / "ckpt")
     if dist.is_main:
         out.mkdir(parents=True, exist_ok=True)
         torch.save(flat, out / "params.pt")
@@ -239,13 +289,15 @@ def _worker_parity(out: Path, args: dict) -> None:
 def _worker_cli(out: Path, args: dict) -> None:
     from dgrpo import cli
 
-    assert cli.main([*args["argv"], *_sets(args.get("sets", {}))]) == 0
+    assert cli.main([*args["argv"], *_args(args.get("sets", {}))]) == 0
 
 
 if __name__ == "__main__":
     import faulthandler
 
-    faulthandler.dump_traceback_later(float(os.environ.get("DGRPO_TEST_WATCHDOG_S", TIMEOUT_S - 30)), exit=True)  # a hang: stacks, exit
+    faulthandler.dump_traceback_later(
+        float(os.environ.get("DGRPO_TEST_WATCHDOG_S", TIMEOUT_S - 30)), exit=True
+    )  # a hang: stacks, exit
     torch.set_num_threads(1)
     scenario, out_dir, arg_json = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
     {"grpo": _worker_grpo, "parity": _worker_parity, "cli": _worker_cli}[scenario](out_dir, arg_json)

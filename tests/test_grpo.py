@@ -1,20 +1,37 @@
 """The Dropout-GRPO trainer: the determinism failure, loss invariance to micro-batching, the CLI run."""
+
 import copy
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import tiny_config
 from dgrpo.data.synthetic import generate_split
 from dgrpo.model.latent_lm import LatentLM
 from dgrpo.training.grpo import GRPOTrainer
 
-METRIC_KEYS = {"step", "reward_mean", "reward_std", "frac_zero_std", "frac_groups_kept", "policy_loss", "kl", "clip_frac_low",
-               "clip_frac_high", "ratio_max", "ratio_min", "grad_norm", "lr", "beta", "answer_entropy", "skipped", "time_rollout_s",
-               "time_update_s"}
+from conftest import dgrpo, tiny_args, tiny_config
+
+METRIC_KEYS = {
+    "step",
+    "reward_mean",
+    "reward_std",
+    "frac_zero_std",
+    "frac_groups_kept",
+    "policy_loss",
+    "kl",
+    "clip_frac_low",
+    "clip_frac_high",
+    "ratio_max",
+    "ratio_min",
+    "grad_norm",
+    "lr",
+    "beta",
+    "answer_entropy",
+    "skipped",
+    "time_rollout_s",
+    "time_update_s",
+}
 
 
 def trainer(ckpt, **over):
@@ -25,7 +42,10 @@ def trainer(ckpt, **over):
 
 
 def test_deterministic_grpo_has_zero_std_and_exactly_zero_gradient(sft_checkpoint):
-    tr = trainer(sft_checkpoint, **{"perturbation.kind": "none", "grpo.filter": "false", "grpo.beta0": "0", "grpo.prompts_per_step": "16"})
+    tr = trainer(
+        sft_checkpoint,
+        **{"perturbation.kind": "none", "grpo.filter": "false", "grpo.beta0": "0", "grpo.prompts_per_step": "16"},
+    )
     before = copy.deepcopy(tr.lm.model.state_dict())
     tr.opt = torch.optim.SGD(tr.lm.model.parameters(), lr=1.0)
     m = tr.step()
@@ -40,7 +60,15 @@ def test_deterministic_grpo_has_zero_std_and_exactly_zero_gradient(sft_checkpoin
 
 
 def test_locked_dropout_gives_reward_variance(sft_checkpoint):
-    tr = trainer(sft_checkpoint, **{"perturbation.kind": "locked", "perturbation.p": "0.3", "grpo.prompts_per_step": "16", "grpo.group_size": "8"})
+    tr = trainer(
+        sft_checkpoint,
+        **{
+            "perturbation.kind": "locked",
+            "perturbation.p": "0.3",
+            "grpo.prompts_per_step": "16",
+            "grpo.group_size": "8",
+        },
+    )
     m = tr.step()
     assert 0.0 < m["reward_mean"] < 1.0  # neither always right nor always wrong
     assert m["reward_std"] > 0 and m["frac_zero_std"] < 1.0
@@ -51,9 +79,18 @@ def test_update_is_invariant_to_micro_batch_size(sft_checkpoint, agg):
     params = []
     for mb in (3, 64):
         # EMA-baseline advantages are never all zero, so the step always moves the weights whatever the rewards
-        tr = trainer(sft_checkpoint, **{"perturbation.p": "0.3", "grpo.micro_batch_size": mb, "grpo.filter": "false",
-                                        "grpo.advantage": "ema", "grpo.aggregation": agg, "grpo.beta0": "0.01",
-                                        "grpo.prompts_per_step": "4"})
+        tr = trainer(
+            sft_checkpoint,
+            **{
+                "perturbation.p": "0.3",
+                "grpo.micro_batch_size": mb,
+                "grpo.filter": "false",
+                "grpo.advantage": "ema",
+                "grpo.aggregation": agg,
+                "grpo.beta0": "0.01",
+                "grpo.prompts_per_step": "4",
+            },
+        )
         tr.opt = torch.optim.SGD(tr.lm.model.parameters(), lr=1.0)
         torch.manual_seed(0)
         m = tr.step()
@@ -65,20 +102,33 @@ def test_update_is_invariant_to_micro_batch_size(sft_checkpoint, agg):
 
 
 def test_mini_epochs_replay_matches_theta_old(sft_checkpoint):
-    tr = trainer(sft_checkpoint, **{"perturbation.p": "0.3", "grpo.mini_epochs": "2", "grpo.filter": "false", "grpo.prompts_per_step": "4"})
+    tr = trainer(
+        sft_checkpoint,
+        **{"perturbation.p": "0.3", "grpo.mini_epochs": "2", "grpo.filter": "false", "grpo.prompts_per_step": "4"},
+    )
     m = tr.step()
     assert m["skipped"] == 0
     # the first mini-epoch runs at theta_old: the separate no-grad replay gives ratio exactly 1
     assert m["ratio_max"] == 1.0 and m["ratio_min"] == 1.0 and m["clip_frac_high"] == 0.0
 
 
-@pytest.mark.parametrize("over", [
-    {"grpo.advantage": "ema", "grpo.group_size": "1", "grpo.filter": "false"},  # REINFORCE + dropout, EMA baseline
-    {"perturbation.kind": "none", "grpo.temperature": "1.0"},  # token sampling, no dropout
-    {"grpo.replay": "fresh", "grpo.filter": "false"},  # fresh masks at update (CRN ablation)
-    {"perturbation.kind": "gaussian", "perturbation.sigma": "0.3"},
-    {"perturbation.kind": "native", "perturbation.p": "0.3", "grpo.prompts_per_step": "2", "grpo.group_size": "2", "grpo.filter": "false"},
-], ids=["reinforce-ema", "sampling", "fresh-masks", "gaussian", "native"])
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"grpo.advantage": "ema", "grpo.group_size": "1", "grpo.filter": "false"},  # REINFORCE + dropout, EMA baseline
+        {"perturbation.kind": "none", "grpo.temperature": "1.0"},  # token sampling, no dropout
+        {"grpo.replay": "fresh", "grpo.filter": "false"},  # fresh masks at update (CRN ablation)
+        {"perturbation.kind": "gaussian", "perturbation.sigma": "0.3"},
+        {
+            "perturbation.kind": "native",
+            "perturbation.p": "0.3",
+            "grpo.prompts_per_step": "2",
+            "grpo.group_size": "2",
+            "grpo.filter": "false",
+        },
+    ],
+    ids=["reinforce-ema", "sampling", "fresh-masks", "gaussian", "native"],
+)
 def test_ablations_run(sft_checkpoint, over):
     tr = trainer(sft_checkpoint, **over)
     m = tr.step()
@@ -87,14 +137,10 @@ def test_ablations_run(sft_checkpoint, over):
         assert m[k] is not None
 
 
+@pytest.mark.slow
 def test_grpo_cli_end_to_end(sft_checkpoint, tmp_path):
     out = tmp_path / "grpo"
-    cmd = [sys.executable, "-m", "dgrpo", "grpo", "--init", str(sft_checkpoint), "--out", str(out)]
-    for k, v in {"model.hidden_size": 64, "task.n_train": 2048, "task.n_valid": 64, "task.n_test": 64, "grpo.steps": 3,
-                 "grpo.prompts_per_step": 8, "grpo.group_size": 4, "grpo.eval_every": 2, "grpo.warmup_steps": 1,
-                 "perturbation.p": 0.3, "data.test": "[builtin:test]", "threads": 2}.items():
-        cmd += ["--set", f"{k}={v}"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    r = dgrpo("grpo", "--init", sft_checkpoint, "--out", out, *tiny_args(**{"perturbation.p": 0.3}))
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [row for row in rows if "reward_mean" in row]

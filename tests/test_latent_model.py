@@ -1,9 +1,11 @@
 """The latent recurrence: cached == uncached, padding-invariant, differentiable through every step."""
+
 import pytest
 import torch
 
-from conftest import make_lm
 from dgrpo.model.reference import recompute_generate, uncached_target_logprobs
+
+from conftest import make_lm
 
 ARCHS = ["qwen2", "llama", "gpt2"]
 
@@ -39,9 +41,15 @@ def test_left_padded_batch_equals_rows_alone(tokenizer, task_records, arch):
         gen = lm.generate(ids, mask, 3, max_new_tokens=8)
         for i in range(ids.shape[0]):
             keep = mask[i].bool()
-            lp1, _ = lm.target_logprobs(ids[i:i + 1, keep], mask[i:i + 1, keep], 3, tg[i:i + 1, : int(tm[i].sum())], tm[i:i + 1, : int(tm[i].sum())])
+            lp1, _ = lm.target_logprobs(
+                ids[i : i + 1, keep],
+                mask[i : i + 1, keep],
+                3,
+                tg[i : i + 1, : int(tm[i].sum())],
+                tm[i : i + 1, : int(tm[i].sum())],
+            )
             assert torch.allclose(lp1[0], lp[i, : lp1.shape[1]], atol=1e-5)
-            g1 = lm.generate(ids[i:i + 1, keep], mask[i:i + 1, keep], 3, max_new_tokens=8)
+            g1 = lm.generate(ids[i : i + 1, keep], mask[i : i + 1, keep], 3, max_new_tokens=8)
             n = int(g1.mask.sum())
             assert g1.tokens[0, :n].tolist() == gen.tokens[i, :n].tolist()
             assert torch.allclose(g1.logprobs[0, :n], gen.logprobs[i, :n], atol=1e-5)
@@ -74,7 +82,7 @@ def test_gradient_flows_through_the_chain_not_only_the_cache(tokenizer, task_rec
         lm.zero_grad()
         orig = lm._forward
 
-        def fwd(state, phase, perturbation, **kw):
+        def fwd(state, phase, perturbation, detach=detach, orig=orig, **kw):
             if detach and kw.get("embeds") is not None and phase == "latent":
                 kw["embeds"] = kw["embeds"].detach()
             return orig(state, phase, perturbation, **kw)
@@ -105,7 +113,9 @@ def test_generation_stops_at_eos_per_row(tokenizer, task_records):
     with torch.no_grad():
         lm.model.lm_head.weight.zero_()  # tied: all logits 0 ...
     # ... except EOS gets a bias via the embedding of the last hidden state: make EOS always argmax
-    lm.model.get_output_embeddings().register_forward_hook(lambda m, i, o: o.index_fill(-1, torch.tensor([lm.eos_id]), 1.0))
+    lm.model.get_output_embeddings().register_forward_hook(
+        lambda m, i, o: o.index_fill(-1, torch.tensor([lm.eos_id]), 1.0)
+    )
     ids, mask = lm.encode_questions([r.question for r in task_records[:3]])
     gen = lm.generate(ids, mask, 2, max_new_tokens=5)
     assert gen.tokens.shape[1] == 1 and (gen.tokens[:, 0] == lm.eos_id).all() and gen.mask.sum() == 3
@@ -118,12 +128,15 @@ def test_sampling_is_seeded_and_top_p_restricts(tokenizer, task_records):
     b = lm.generate(ids, mask, 2, max_new_tokens=6, temperature=1.0, generator=torch.Generator().manual_seed(1))
     assert torch.equal(a.tokens, b.tokens)
     g = lm.generate(ids, mask, 2, max_new_tokens=6)
-    n = lm.generate(ids, mask, 2, max_new_tokens=6, temperature=1.0, top_p=1e-6, generator=torch.Generator().manual_seed(3))
+    n = lm.generate(
+        ids, mask, 2, max_new_tokens=6, temperature=1.0, top_p=1e-6, generator=torch.Generator().manual_seed(3)
+    )
     assert torch.equal(g.tokens, n.tokens)  # nucleus of mass ~0 keeps only the argmax
 
 
 def test_special_tokens_added_and_initialised_to_mean(tokenizer):
     from conftest import make_lm as mk
+
     lm = mk(tokenizer, "llama")
     w = lm.model.get_input_embeddings().weight
     n_old = w.shape[0] - 3
@@ -136,6 +149,7 @@ def test_save_and_reload_roundtrip(tokenizer, task_records, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from dgrpo.model.latent_lm import LatentLM, LatentSettings
+
     lm = make_lm(tokenizer, "gpt2").eval()
     lm.settings = LatentSettings(mode="coconut", c_thought=2, stage=3, n_latent=6)
     lm.save_pretrained(tmp_path)

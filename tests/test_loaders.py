@@ -1,4 +1,5 @@
-"""Dataset loaders: every real file in ../shared/data by name and by path, the error messages, and corruption fuzzing."""
+"""Dataset loaders: every real file in ../shared/data by name and by path, the error messages, corruption fuzzing."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dgrpo.data import loaders
 from dgrpo.data.loaders import DATASETS, find_data_dir, load_dataset
 from dgrpo.data.records import DataError, Record
 from dgrpo.reward import score
@@ -173,9 +173,8 @@ def test_find_data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("DGRPO_DATA_DIR", str(tmp_path))
     assert find_data_dir() == tmp_path.resolve()
     monkeypatch.delenv("DGRPO_DATA_DIR")
-    monkeypatch.chdir(tmp_path)  # no ./data, no ../shared/data: found from the source file's parents
-    if Path(loaders.__file__).resolve().is_relative_to(DATA.parents[1]):  # a dev install next to shared/
-        assert find_data_dir() == DATA
+    monkeypatch.chdir(tmp_path)  # no ./data: nothing found (the code never guesses other places)
+    assert find_data_dir() is None
     (tmp_path / "data" / "gsm8k").mkdir(parents=True)
     assert find_data_dir() == (tmp_path / "data").resolve()
 
@@ -312,7 +311,9 @@ SMALL = {rel: _first_50(rel) for rel in [r for _, _, r in FUZZ] + [FUZZ_EXTRA]}
 
 _junk = st.one_of(
     st.text(max_size=12),
-    st.sampled_from(['"', "{", "}", "[", "]", ",", ":", "\n", "||", "####", "NaN", "null", "1e999", '"answer"', "\\", "\ud800"]),
+    st.sampled_from(
+        ['"', "{", "}", "[", "]", ",", ":", "\n", "||", "####", "NaN", "null", "1e999", '"answer"', "\\", "\ud800"]
+    ),
 )
 
 _KEYS = ['"question"', '"answer"', '"steps"', '"target"', '"input"', '"Answer"', '"Body"', '"lSolutions"', "||", "####"]
@@ -320,7 +321,7 @@ _KEYS = ['"question"', '"answer"', '"steps"', '"target"', '"input"', '"Answer"',
 
 @st.composite
 def corruption(draw: st.DrawFn) -> tuple[int, str]:
-    """A file index and its small copy with 1-3 random edits (delete / insert / replace spans, drop lines, rename keys)."""
+    """A file index and its small copy with 1-3 random edits (delete / insert / replace spans, drop lines, rename)"""
     index = draw(st.integers(0, len(SMALL) - 1))
     text = list(SMALL.values())[index]
     for _ in range(draw(st.integers(1, 3))):
@@ -338,7 +339,9 @@ def corruption(draw: st.DrawFn) -> tuple[int, str]:
             text = "\n".join(lines)
         elif op == "rename":
             key = draw(st.sampled_from(_KEYS))
-            text = text.replace(key, draw(st.sampled_from(['"x"', '"answer"', "", "|", "###"])), draw(st.integers(1, 3)))
+            text = text.replace(
+                key, draw(st.sampled_from(['"x"', '"answer"', "", "|", "###"])), draw(st.integers(1, 3))
+            )
         elif op == "retype":
             value = draw(st.sampled_from(["null", "[]", "{}", "true", "-1", '"7"', '"seven"', "1e400", "[1, [2]]"]))
             key = draw(st.sampled_from([k + ": " for k in _KEYS if k.startswith('"')]))

@@ -1,17 +1,28 @@
 """The paper's math as pure functions, checked against hand-computed values."""
+
 import math
 
 import pytest
 import torch
 
-from dgrpo.training.losses import (aggregate, clipped_surrogate, ema_update, group_advantages, group_filter, huber_k3, k3,
-                                   kl_log_ratio)
+from dgrpo.training.losses import (
+    aggregate,
+    clipped_surrogate,
+    ema_update,
+    group_advantages,
+    group_filter,
+    huber_k3,
+    k3,
+    kl_log_ratio,
+)
 from dgrpo.training.schedules import beta_at, lr_at
 
 
 def test_advantages_hand_computed():
     r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
-    assert torch.allclose(group_advantages(r, "drgrpo"), torch.tensor([[0.5, -0.5, -0.5, 0.5], [0.25, 0.25, 0.25, -0.75]]))
+    assert torch.allclose(
+        group_advantages(r, "drgrpo"), torch.tensor([[0.5, -0.5, -0.5, 0.5], [0.25, 0.25, 0.25, -0.75]])
+    )
     g = group_advantages(r, "grpo", eps=0.0)  # population std: 0.5 and sqrt(3)/4
     assert torch.allclose(g[0], torch.tensor([1.0, -1.0, -1.0, 1.0]))
     assert torch.allclose(g[1], torch.tensor([0.25, 0.25, 0.25, -0.75]) / (math.sqrt(3) / 4))

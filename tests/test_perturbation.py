@@ -1,18 +1,22 @@
 """Perturbations: per-row seeded noise, exact mask replay, identity across micro-batches."""
+
 import pytest
 import torch
 
-from conftest import make_lm
 from dgrpo.perturbation import GaussianNoise, LockedDropout, NativeDropout, NoPerturbation, seeds_for
 from dgrpo.perturbation.locked import locked_masks
-from dgrpo.training.grpo import collect_rollouts, replay_logprobs
+from dgrpo.training.rollouts import collect_rollouts, replay_logprobs
+
+from conftest import make_lm
 
 T = 2
 
 
 def rollouts(lm, records, pert, K=4, n=3, seed=0, **kw):
     seeds = seeds_for(seed, 0, 0, n * K)
-    return collect_rollouts(lm, records[:n], group_size=K, n_latent=T, perturbation=pert, seeds=seeds, max_new_tokens=10, **kw)
+    return collect_rollouts(
+        lm, records[:n], group_size=K, n_latent=T, perturbation=pert, seeds=seeds, max_new_tokens=10, **kw
+    )
 
 
 def test_locked_mask_rows_depend_only_on_their_seed():
@@ -34,9 +38,16 @@ def test_seeds_distinct_across_steps_and_ranks_and_reproducible():
     assert a.dtype == torch.int64 and a.element_size() == 8  # 8 bytes stored per rollout
 
 
-@pytest.mark.parametrize("pert", [LockedDropout(p=0.3, sites=["attn", "mlp"]), LockedDropout(p=0.3, sites=["residual"], layers="-1:"),
-                                  GaussianNoise(sigma=0.3), GaussianNoise(sigma=0.05, target="weights")],
-                         ids=["locked-attn-mlp", "locked-residual-last", "gaussian-act", "gaussian-weights"])
+@pytest.mark.parametrize(
+    "pert",
+    [
+        LockedDropout(p=0.3, sites=["attn", "mlp"]),
+        LockedDropout(p=0.3, sites=["residual"], layers="-1:"),
+        GaussianNoise(sigma=0.3),
+        GaussianNoise(sigma=0.05, target="weights"),
+    ],
+    ids=["locked-attn-mlp", "locked-residual-last", "gaussian-act", "gaussian-weights"],
+)
 def test_replay_identity_batched(tokenizer, task_records, pert):
     lm = make_lm(tokenizer, "qwen2").eval()
     ro = rollouts(lm, task_records, pert)
@@ -80,8 +91,12 @@ def test_native_dropout_replays_one_rollout_at_a_time(tokenizer, task_records):
     rows = torch.arange(ro.seeds.numel())
     with torch.no_grad():
         for r in rows.tolist():
-            a, m = replay_logprobs(lm, ro, torch.tensor([r]), seeds=ro.seeds[[r]], n_latent=T, perturbation=pert, temperature=0.0)
-            b, _ = replay_logprobs(lm, ro, torch.tensor([r]), seeds=ro.seeds[[r]], n_latent=T, perturbation=pert, temperature=0.0)
+            a, m = replay_logprobs(
+                lm, ro, torch.tensor([r]), seeds=ro.seeds[[r]], n_latent=T, perturbation=pert, temperature=0.0
+            )
+            b, _ = replay_logprobs(
+                lm, ro, torch.tensor([r]), seeds=ro.seeds[[r]], n_latent=T, perturbation=pert, temperature=0.0
+            )
             assert torch.equal(a, b)
             assert torch.allclose(ro.rollout_logp[r, : m.shape[1]] * m[0], a[0], atol=1e-5)
         c, _ = replay_logprobs(lm, ro, rows[:1], seeds=ro.seeds[:1] + 1, n_latent=T, perturbation=pert, temperature=0.0)
@@ -102,7 +117,7 @@ def test_none_is_deterministic_and_locked_is_not(tokenizer, task_records):
     lm = make_lm(tokenizer, "qwen2").eval()
     det = rollouts(lm, task_records, NoPerturbation(), K=4)
     for g in range(3):  # the K rollouts of a group are identical (same answer; log-probs up to GEMM row order)
-        toks, lps = det.tokens[g * 4:(g + 1) * 4], det.rollout_logp[g * 4:(g + 1) * 4]
+        toks, lps = det.tokens[g * 4 : (g + 1) * 4], det.rollout_logp[g * 4 : (g + 1) * 4]
         assert all(torch.equal(toks[0], toks[k]) for k in range(4))
         assert torch.allclose(lps, lps[:1].expand_as(lps), atol=1e-6)
     loc = rollouts(lm, task_records, LockedDropout(p=0.3), K=4)

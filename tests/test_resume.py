@@ -1,4 +1,5 @@
 """Reliability: kill -9 and resume gives the uninterrupted run bit for bit; atomic, verified checkpoints; guards."""
+
 import json
 import os
 import signal
@@ -10,20 +11,28 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import tiny_config
+from conftest import tiny_args, tiny_config
 
 TIMING = {"time_rollout_s", "time_update_s", "time_comm_s"}
-SETS = {"model.hidden_size": 64, "task.n_train": 2048, "task.n_valid": 32, "task.n_test": 32, "grpo.steps": 6,
-        "grpo.prompts_per_step": 4, "grpo.group_size": 4, "grpo.eval_every": 3, "grpo.warmup_steps": 1, "grpo.lr": 1e-3,
-        "grpo.save_every": 1, "grpo.keep_last": 3, "grpo.filter": "false", "perturbation.p": 0.3, "data.test": "[]",
-        "grpo.max_new_tokens": 24, "threads": 1}
+SETS = {
+    "task.n_valid": 32,
+    "task.n_test": 32,
+    "grpo.steps": 6,
+    "grpo.prompts_per_step": 4,
+    "grpo.eval_every": 3,
+    "grpo.lr": 1e-3,
+    "grpo.save_every": 1,
+    "grpo.keep_last": 3,
+    "grpo.filter": "false",
+    "perturbation.p": 0.3,
+    "data.test": "[]",
+    "grpo.max_new_tokens": 24,
+    "threads": 1,
+}
 
 
 def cmd(ckpt, out):
-    c = [sys.executable, "-m", "dgrpo", "grpo", "--init", str(ckpt), "--out", str(out)]
-    for k, v in SETS.items():
-        c += ["--set", f"{k}={v}"]
-    return c
+    return [sys.executable, "-m", "dgrpo", "grpo", "--init", str(ckpt), "--out", str(out), *tiny_args(**SETS)]
 
 
 def run(ckpt, out, env=None):
@@ -32,7 +41,10 @@ def run(ckpt, out, env=None):
 
 
 def rows(out):
-    return [{k: v for k, v in json.loads(x).items() if k not in TIMING} for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(x).items() if k not in TIMING}
+        for x in (out / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def weights(out):
@@ -54,6 +66,7 @@ def assert_same_run(a, b):
     assert rows(a) == rows(b)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_then_resume_is_bit_identical(sft_checkpoint, reference_run, tmp_path):
     out = tmp_path / "killed"
     p = subprocess.Popen(cmd(sft_checkpoint, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -73,6 +86,7 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(sft_checkpoint, reference_
     assert_same_run(reference_run, out)
 
 
+@pytest.mark.slow
 def test_crash_while_writing_a_checkpoint_falls_back(sft_checkpoint, reference_run, tmp_path):
     out = tmp_path / "crash"
     r = run(sft_checkpoint, out, env={"DGRPO_TEST_CRASH_IN_CHECKPOINT": "3"})
@@ -84,6 +98,7 @@ def test_crash_while_writing_a_checkpoint_falls_back(sft_checkpoint, reference_r
     assert_same_run(reference_run, out)
 
 
+@pytest.mark.slow
 def test_corrupted_checkpoint_is_skipped_with_a_message(sft_checkpoint, reference_run, tmp_path):
     out = tmp_path / "corrupt"
     p = subprocess.Popen(cmd(sft_checkpoint, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -112,37 +127,56 @@ def test_nonfinite_step_is_skipped_and_counted(sft_checkpoint, monkeypatch):
     lm = LatentLM.from_pretrained(sft_checkpoint)
     tr = grpo.GRPOTrainer(lm, cfg, generate_split(cfg.task, "train"))
     before = [p.detach().clone() for p in lm.model.parameters()]
-    real = grpo.clipped_surrogate
-    monkeypatch.setattr(grpo, "clipped_surrogate", lambda *a: (real(*a)[0] * float("nan"),) + real(*a)[1:])
+    real = grpo.grpo_objective
+
+    def nan_objective(*a, **kw):
+        loss, stats = real(*a, **kw)
+        return loss * float("nan"), stats
+
+    monkeypatch.setattr(grpo, "grpo_objective", nan_objective)
     m = tr.step()
-    assert m["nonfinite_skips"] == 1 and tr.nonfinite_streak == 1
+    assert m["nonfinite_skips"] == 1 and tr.guard.streak == 1
     assert all(torch.equal(a, b) for a, b in zip(before, lm.model.parameters()))
-    monkeypatch.setattr(grpo, "clipped_surrogate", real)
+    monkeypatch.setattr(grpo, "grpo_objective", real)
     m = tr.step()
-    assert m["nonfinite_skips"] == 1 and tr.nonfinite_streak == 0
+    assert m["nonfinite_skips"] == 1 and tr.guard.streak == 0
     assert not all(torch.equal(a, b) for a, b in zip(before, lm.model.parameters()))
 
 
-SFT_SETS = {"model.hidden_size": 32, "model.num_layers": 2, "model.intermediate_size": 64, "task.n_train": 256,
-            "task.n_valid": 16, "task.n_test": 16, "sft.epochs_per_stage": 1, "sft.num_epochs": 2, "sft.max_latent_stage": 1,
-            "sft.batch_size": 32, "sft.save_every": 3, "sft.keep_last": 10, "data.test": "[]", "eval.max_new_tokens": 24,
-            "threads": 1}
+SFT_SETS = {
+    "model.hidden_size": 32,
+    "model.intermediate_size": 64,
+    "task.n_train": 256,
+    "task.n_valid": 16,
+    "task.n_test": 16,
+    "sft.epochs_per_stage": 1,
+    "sft.num_epochs": 2,
+    "sft.batch_size": 32,
+    "sft.save_every": 3,
+    "sft.keep_last": 10,
+    "data.test": "[]",
+    "eval.max_new_tokens": 24,
+    "threads": 1,
+}
 
 
 def sft_cmd(out):
-    c = [sys.executable, "-m", "dgrpo", "sft", "--out", str(out)]
-    for k, v in SFT_SETS.items():
-        c += ["--set", f"{k}={v}"]
-    return c
+    return [sys.executable, "-m", "dgrpo", "sft", "--out", str(out), *tiny_args(**SFT_SETS)]
 
 
+@pytest.mark.slow
 def test_sft_killed_across_a_stage_boundary_resumes_bit_identical(tmp_path):
     ref = tmp_path / "ref"
     r = subprocess.run(sft_cmd(ref), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     out = tmp_path / "killed"  # 8 steps per epoch = per stage; die writing the step-6 checkpoint: resume at 3, cross 8
-    r = subprocess.run(sft_cmd(out), capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "DGRPO_TEST_CRASH_IN_CHECKPOINT": "6"})
+    r = subprocess.run(
+        sft_cmd(out),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "DGRPO_TEST_CRASH_IN_CHECKPOINT": "6"},
+    )
     assert r.returncode == -signal.SIGKILL
     assert not (out / "stage-0").exists() and not (out / "final").exists()
     r = subprocess.run(sft_cmd(out), capture_output=True, text=True, timeout=600)

@@ -1,4 +1,5 @@
 """The verifier: answer extraction, numeric/text scoring, GSM-Hard tolerance, and property tests."""
+
 from __future__ import annotations
 
 import math
@@ -224,7 +225,9 @@ def test_written_numbers_round_trip(number: tuple[str, Decimal], template: str, 
     assert Decimal(extract_answer(completion) or "nan") == value
 
 
-@given(st.floats(min_value=-1e9, max_value=1e9, allow_nan=False).filter(lambda x: not x.is_integer() and abs(x) >= 0.01))
+@given(
+    st.floats(min_value=-1e9, max_value=1e9, allow_nan=False).filter(lambda x: not x.is_integer() and abs(x) >= 0.01)
+)
 @settings(max_examples=300, deadline=None)
 def test_float_golds_match_their_two_decimal_rounding(gold: float) -> None:
     assert score(f"#### {gold:.2f}", gold) == 1.0

@@ -1,5 +1,6 @@
 """Theorem 1 on a toy policy with an enumerable perturbation and output space:
 E[grad of the Dropout-GRPO surrogate at theta_old] = (1 - 1/K) grad J, J the mask-marginal expected reward."""
+
 import itertools
 
 import torch

@@ -1,4 +1,5 @@
 """dgrpo: Dropout-GRPO, reinforcement-learning post-training for Coconut-style latent-reasoning LMs."""
+
 from __future__ import annotations
 
 __version__ = "0.1.0"

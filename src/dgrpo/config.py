@@ -1,18 +1,62 @@
 """Typed, validated configuration: dataclass defaults (the one source of truth), YAML files, ``--set`` overrides.
 
-Every option is a dataclass field with a ``doc`` in its metadata; ``dgrpo config show`` prints them all.
-Invalid values raise :class:`ConfigError`, which the CLI turns into one line on stderr and exit code 2.
+:func:`load_config` builds a config in this order, each step over the previous one:
+
+1. the dataclass defaults (they are Dropout-GRPO on the built-in task);
+2. the ``base:`` chain of the config file, deepest base first: a file may name one base, as a path relative to
+   itself or as a packaged config name (:func:`merge_file` applies a file and its chain to an existing config);
+3. the config file's own keys;
+4. ``--set key=value`` overrides, each value read as YAML (:func:`set_value`);
+5. :meth:`Config.validate`: ranges, relations between options and the ``perturbation.layers`` grammar.
+
+Types are checked once, as each value is applied (:func:`_coerce`): a ``Literal`` option accepts only its
+choices, a float must be finite, an int must fit in int64. YAML is read by :class:`ConfigLoader`, which keeps
+``1:3`` a string (YAML 1.1 would read it as the base-60 number 63). The packaged configs live in ``dgrpo/configs``
+(:func:`packaged_configs`, :func:`resolve_config_path`). Every option is a dataclass field with a ``doc`` in its
+metadata; ``dgrpo config show`` and docs/config.md (:func:`config_markdown`) list them all. Invalid values raise
+:class:`ConfigError`, which the CLI turns into one line on stderr and exit code 2.
 """
+
 from __future__ import annotations
 
+import argparse
+import copy
 import dataclasses
-import types
+import functools
+import inspect
+import itertools
+import math
+import re
+import sys
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 import yaml
+
+Arch = Literal["qwen2", "llama", "gpt2"]
+DType = Literal["float32", "bfloat16"]
+SFTMode = Literal["coconut", "cot", "no_cot", "pause", "no_curriculum"]
+BF16Mode = Literal["auto", "true", "false"]
+PerturbationKind = Literal["locked", "native", "gaussian", "none"]
+GaussianTarget = Literal["activations", "weights"]
+Optimizer = Literal["adamw", "adamw8bit"]
+Advantage = Literal["drgrpo", "grpo", "rloo", "ema"]
+Aggregation = Literal["seq_mean", "token_mean", "constant"]
+KLForm = Literal["unbiased", "paper"]
+ReplayMode = Literal["seed", "fresh"]
+FSDPMode = Literal["none", "full", "sharded"]
+
+#: where the packaged YAML configs live (``builtin/``, ``paper/``, ``tiny.yaml``)
+CONFIG_DIR = Path(__file__).resolve().with_name("configs")
+#: the grammar of ``perturbation.layers`` (:func:`parse_layer_spec`), as error messages and docs state it
+LAYER_GRAMMAR = (
+    "all; one layer index (3, or -1 for the last); a slice start:stop, either end optional, negatives "
+    "counting from the end (0:4, -2:, :3; no step); or a comma list of indices (1,3,5)"
+)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class ConfigError(ValueError):
@@ -22,32 +66,99 @@ class ConfigError(ValueError):
 def opt(default: Any, doc: str, **kw: Any) -> Any:
     """A documented config field."""
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"doc": doc, **kw})
+        return field(default_factory=functools.partial(copy.deepcopy, default), metadata={"doc": doc, **kw})
     return field(default=default, metadata={"doc": doc, **kw})
 
 
+def _invalid(key: str, msg: str) -> ConfigError:
+    """The error for a bad value of ``key``."""
+    return ConfigError(f"invalid config value {key}: {msg}")
+
+
 def _check(cond: bool, key: str, msg: str) -> None:
+    """Raise ``_invalid(key, msg)`` unless ``cond``."""
     if not cond:
-        raise ConfigError(f"invalid config value {key}: {msg}")
+        raise _invalid(key, msg)
+
+
+def _key(p: str, name: str) -> str:
+    """The dotted key of option ``name`` of the section with prefix ``p`` ("" at the top level)."""
+    return f"{p}.{name}" if p else name
+
+
+def _at_least(obj: Any, p: str, lo: int, *names: str) -> None:
+    """Each named option of section ``obj`` (prefix ``p``) must be >= ``lo``."""
+    for n in names:
+        v = getattr(obj, n)
+        _check(v >= lo, _key(p, n), f"must be >= {lo}, got {v}")
+
+
+def _positive(obj: Any, p: str, *names: str) -> None:
+    """Each named option of section ``obj`` (prefix ``p``) must be > 0."""
+    for n in names:
+        v = getattr(obj, n)
+        _check(v > 0, _key(p, n), f"must be > 0, got {v}")
+
+
+def _within(obj: Any, p: str, interval: str, *names: str) -> None:
+    """Each named option of section ``obj`` must lie in ``interval``, written as in maths: ``[0, 1)``, ``(0, 1]``."""
+    lo, hi = (float(x) for x in interval[1:-1].split(","))
+    for n in names:
+        v = getattr(obj, n)
+        above = lo <= v if interval[0] == "[" else lo < v
+        below = v <= hi if interval[-1] == "]" else v < hi
+        _check(above and below, _key(p, n), f"must be in {interval}, got {v}")
+
+
+def parse_layer_spec(spec: str) -> tuple[str, Any]:
+    """The layers a ``perturbation.layers`` value selects, before it meets a model.
+
+    The grammar: ``all``; one integer index (``3``, ``-1``); a Python slice ``start:stop`` with either end optional
+    and negatives counting from the end (``0:4``, ``-2:``, ``:3``; no step); or a comma list of integers
+    (``1,3,5``). Returns ``("all", None)``, ``("slice", (start, stop))`` with ``None`` for an open end, or
+    ``("list", [indices])`` (a single index is a one-element list). Anything else is a :class:`ConfigError` naming
+    ``perturbation.layers``; the range against the model's depth is checked where the model is known.
+    """
+    s = spec.strip()
+    if s == "all":
+        return "all", None
+    m = re.fullmatch(r"(-?[0-9]+)?\s*:\s*(-?[0-9]+)?", s)
+    if m:
+        start, stop = (None if g is None else int(g) for g in m.groups())
+        return "slice", (start, stop)
+    items = [x.strip() for x in s.split(",")]
+    if all(re.fullmatch(r"-?[0-9]+", x) for x in items):
+        return "list", [int(x) for x in items]
+    raise _invalid("perturbation.layers", f"expected {LAYER_GRAMMAR}; got {spec!r}")
 
 
 @dataclass
 class ModelConfig:
-    name_or_path: str = opt("builtin-tiny", "HF model id or local directory; 'builtin-tiny' builds the tiny from-scratch model of the built-in task")
-    arch: str = opt("qwen2", "architecture of the built-in tiny model: qwen2 | llama | gpt2")
+    """The model: a hub id, a local checkpoint, or the built-in tiny model (whose shape is set here)."""
+
+    name_or_path: str = opt(
+        "builtin-tiny",
+        "HF model id or local directory; 'builtin-tiny' builds the tiny from-scratch model of the built-in task",
+    )
+    arch: Arch = opt(
+        "qwen2",
+        "architecture of the built-in tiny model: the Hugging Face Qwen2, Llama or GPT-2 blocks (qwen2, llama, gpt2)",
+    )
     hidden_size: int = opt(128, "built-in tiny model: hidden size")
     num_layers: int = opt(4, "built-in tiny model: number of layers")
     num_heads: int = opt(4, "built-in tiny model: attention heads")
     intermediate_size: int = opt(512, "built-in tiny model: MLP width")
-    dtype: str = opt("float32", "weight dtype: float32 | bfloat16 (bf16 weights, as the paper trains)")
+    dtype: DType = opt("float32", "weight dtype: float32, or bfloat16 (bf16 weights, as the paper trains)")
     trust_remote_code: bool = opt(False, "allow custom modelling code from the hub (only if you trust the repository)")
 
     def validate(self, p: str = "model") -> None:
-        _check(self.arch in ("qwen2", "llama", "gpt2"), f"{p}.arch", f"expected qwen2, llama or gpt2, got {self.arch!r}")
-        _check(self.dtype in ("float32", "bfloat16"), f"{p}.dtype", f"expected float32 or bfloat16, got {self.dtype!r}")
-        for k in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
-            _check(getattr(self, k) > 0, f"{p}.{k}", "must be > 0")
-        _check(self.hidden_size % self.num_heads == 0, f"{p}.hidden_size", "must be divisible by num_heads")
+        """Range checks of the model section."""
+        _positive(self, p, "hidden_size", "num_layers", "num_heads", "intermediate_size")
+        _check(
+            self.hidden_size % self.num_heads == 0,
+            f"{p}.hidden_size",
+            f"must be divisible by num_heads ({self.hidden_size} % {self.num_heads} != 0)",
+        )
 
 
 @dataclass
@@ -65,16 +176,16 @@ class TaskConfig:
     seed: int = opt(1234, "generation seed of the task (fixed, independent of the training seed)")
 
     def validate(self, p: str = "task") -> None:
-        _check(self.n_steps >= 1, f"{p}.n_steps", "must be >= 1")
-        _check(self.modulus >= 2, f"{p}.modulus", "must be >= 2")
-        _check(self.max_operand >= 1, f"{p}.max_operand", "must be >= 1")
-        _check(self.ood_max_operand >= 10, f"{p}.ood_max_operand", "must be >= 10")
-        for k in ("n_train", "n_valid", "n_test"):
-            _check(getattr(self, k) >= 1, f"{p}.{k}", "must be >= 1")
+        """Range checks of the task section."""
+        _at_least(self, p, 1, "n_steps", "max_operand", "n_train", "n_valid", "n_test")
+        _at_least(self, p, 2, "modulus")
+        _at_least(self, p, 10, "ood_max_operand")
 
 
 @dataclass
 class DataConfig:
+    """Datasets: a dataset name (built-in, local or hub) or a file path, optionally 'name:split'."""
+
     train: str = opt("builtin:train", "training data: dataset name or file path, optionally 'name:split'")
     valid: str = opt("builtin:valid", "held-out data for per-stage / periodic eval ('' to disable)")
     test: list = opt(["builtin:test", "builtin:ood_steps", "builtin:ood_numbers"], "datasets evaluated at the end")
@@ -83,19 +194,31 @@ class DataConfig:
     eval_limit: int = opt(500, "evaluate at most this many records of data.valid during training (0 = all)")
 
     def validate(self, p: str = "data") -> None:
+        """Range checks of the data section."""
         _check(bool(self.train), f"{p}.train", "must name a dataset")
-        _check(self.max_question_tokens > 0 and self.max_target_tokens > 0, f"{p}.max_*_tokens", "must be > 0")
-        _check(self.eval_limit >= 0, f"{p}.eval_limit", "must be >= 0")
+        _positive(self, p, "max_question_tokens", "max_target_tokens")
+        _at_least(self, p, 0, "eval_limit")
 
 
 @dataclass
 class SFTConfig:
-    mode: str = opt("coconut", "coconut | cot (written steps) | no_cot (answer only) | pause (pause-as-thought: <|latent|> tokens, no recurrence) | no_curriculum (coconut, final stage from the start)")
+    """Supervised fine-tuning: the Coconut curriculum and its baselines."""
+
+    mode: SFTMode = opt(
+        "coconut",
+        "what SFT trains: coconut (the latent curriculum), cot (written steps), no_cot "
+        "(answer only), pause (pause-as-thought: <|latent|> tokens, no recurrence) or "
+        "no_curriculum (coconut, final stage from the start)",
+    )
     c_thought: int = opt(1, "latent thoughts per reasoning step (c)")
     epochs_per_stage: int = opt(2, "epochs per curriculum stage; stage = epoch // epochs_per_stage")
-    max_latent_stage: int = opt(2, "largest stage that replaces steps one by one; later epochs drop all steps (Coconut)")
+    max_latent_stage: int = opt(
+        2, "largest stage that replaces steps one by one; later epochs drop all steps (Coconut)"
+    )
     num_epochs: int = opt(6, "total epochs (Coconut: stage k for epochs [k*eps, (k+1)*eps))")
-    pad_latent_to_max: bool = opt(False, "at stages past max_latent_stage use max_latent_stage*c latents even for short chains")
+    pad_latent_to_max: bool = opt(
+        False, "at stages past max_latent_stage use max_latent_stage*c latents even for short chains"
+    )
     uniform_prob: float = opt(0.0, "probability of training an example at a uniformly random earlier stage (Coconut)")
     reset_optimizer: bool = opt(True, "new AdamW state (and new warmup) at each stage boundary, as Coconut does")
     lr: float = opt(1e-3, "peak learning rate (AdamW)")
@@ -104,30 +227,42 @@ class SFTConfig:
     batch_size: int = opt(64, "examples per optimizer step, global over ranks (split into grad_accum micro-batches)")
     grad_accum: int = opt(1, "micro-batches per optimizer step; batch_size must divide by it")
     max_grad_norm: float = opt(1.0, "gradient clipping (0 = off)")
-    bf16: str = opt("auto", "bf16 autocast: auto (on CUDA only) | true | false")
+    bf16: BF16Mode = opt("auto", "bf16 autocast: auto (on CUDA only), true (always on) or false (off)")
     eval_each_stage: bool = opt(True, "greedy accuracy on data.valid at the end of each stage")
-    save_every: int = opt(500, "write a resumable checkpoint (weights, optimizer, RNG, counters) every N steps (0 = stage ends only)")
+    save_every: int = opt(
+        500, "write a resumable checkpoint (weights, optimizer, RNG, counters) every N steps (0 = stage ends only)"
+    )
     keep_last: int = opt(2, "resumable checkpoints kept in OUT/checkpoints")
     max_nonfinite: int = opt(5, "stop (after saving) when this many steps in a row had a non-finite loss or gradient")
 
     def validate(self, p: str = "sft") -> None:
-        _check(self.mode in ("coconut", "cot", "no_cot", "pause", "no_curriculum"), f"{p}.mode", f"unknown mode {self.mode!r}")
-        _check(self.c_thought >= 1, f"{p}.c_thought", "must be >= 1")
-        _check(self.epochs_per_stage >= 1, f"{p}.epochs_per_stage", "must be >= 1")
-        _check(self.max_latent_stage >= 0, f"{p}.max_latent_stage", "must be >= 0")
-        _check(self.num_epochs >= 1, f"{p}.num_epochs", "must be >= 1")
-        _check(0.0 <= self.uniform_prob <= 1.0, f"{p}.uniform_prob", "must be in [0, 1]")
-        _check(self.lr > 0, f"{p}.lr", "must be > 0")
-        _check(self.batch_size >= 1 and self.grad_accum >= 1, f"{p}.batch_size", "batch_size and grad_accum must be >= 1")
-        _check(self.batch_size % self.grad_accum == 0, f"{p}.grad_accum", f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")
-        _check(self.bf16 in ("auto", "true", "false"), f"{p}.bf16", "expected auto, true or false")
-        _check(self.warmup_steps >= 0 and self.max_grad_norm >= 0, f"{p}.warmup_steps", "must be >= 0")
-        _check(self.save_every >= 0 and self.keep_last >= 1 and self.max_nonfinite >= 1, f"{p}.save_every",
-               "save_every >= 0, keep_last >= 1, max_nonfinite >= 1")
+        """Range checks of the SFT section."""
+        _at_least(
+            self,
+            p,
+            1,
+            "c_thought",
+            "epochs_per_stage",
+            "num_epochs",
+            "batch_size",
+            "grad_accum",
+            "keep_last",
+            "max_nonfinite",
+        )
+        _at_least(self, p, 0, "max_latent_stage", "weight_decay", "warmup_steps", "max_grad_norm", "save_every")
+        _within(self, p, "[0, 1]", "uniform_prob")
+        _positive(self, p, "lr")
+        _check(
+            self.batch_size % self.grad_accum == 0,
+            f"{p}.grad_accum",
+            f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}",
+        )
 
 
 @dataclass
 class EvalConfig:
+    """Evaluation: generation settings of ``dgrpo eval`` and of the evaluations during training."""
+
     batch_size: int = opt(256, "prompts per generation batch")
     max_new_tokens: int = opt(64, "answer tokens generated after the latents")
     n_latent: int = opt(-1, "latent thoughts at eval; -1 = the checkpoint's final-stage count")
@@ -138,34 +273,64 @@ class EvalConfig:
     plain: bool = opt(False, "evaluate as a plain causal LM (no latents, CoT prompt): the base-model rows of Table 1")
 
     def validate(self, p: str = "eval") -> None:
-        _check(self.batch_size >= 1, f"{p}.batch_size", "must be >= 1")
-        _check(self.max_new_tokens >= 1, f"{p}.max_new_tokens", "must be >= 1")
+        """Range checks of the eval section."""
+        _at_least(self, p, 1, "batch_size", "max_new_tokens")
+        _at_least(self, p, 0, "temperature", "limit", "shots")
         _check(self.n_latent >= -1, f"{p}.n_latent", "must be >= 0 (or -1 for the checkpoint's value)")
-        _check(self.temperature >= 0, f"{p}.temperature", "must be >= 0")
-        _check(0 < self.top_p <= 1, f"{p}.top_p", "must be in (0, 1]")
-        _check(self.limit >= 0 and self.shots >= 0, f"{p}.limit", "must be >= 0")
+        _within(self, p, "(0, 1]", "top_p")
 
 
 @dataclass
 class PerturbationConfig:
-    kind: str = opt("locked", "locked (batched shared-mask dropout) | native (model attention dropout, RNG restore, sequential) | gaussian | none")
+    """The rollout perturbation: the seed-replayable noise that makes a group's K rollouts differ."""
+
+    kind: PerturbationKind = opt(
+        "locked",
+        "the noise: locked (batched shared-mask dropout on the sites and "
+        "layers), native (the model's own attention dropout with the RNG state "
+        "restored, one rollout at a time; sites and layers unused), gaussian "
+        "(Gaussian noise of scale sigma, see gaussian_target) or none "
+        "(deterministic rollouts)",
+    )
     p: float = opt(0.1, "dropout probability (locked, native)")
-    sites: list = opt(["mlp"], "where locked/gaussian noise is applied: any of attn (attention output), mlp (MLP output), residual (block output)")
-    layers: str = opt("all", "which layers: all, an index, a python slice like 0:4 or -2:, or a list like 1,3")
-    perturb_prompt: bool = opt(True, "perturb the prompt pass too (one network sample per rollout, as the variational reading needs); false = only latents and answer, prompt KV shared by the K rollouts")
+    sites: list = opt(
+        ["mlp"],
+        "where locked/gaussian noise is applied: any of attn (attention output), mlp (MLP "
+        "output), residual (block output)",
+    )
+    layers: str = opt(
+        "all", f"which layers carry the sites: {LAYER_GRAMMAR}. In a YAML file quote a slice that ends with ':' ('-2:')"
+    )
+    perturb_prompt: bool = opt(
+        True,
+        "perturb the prompt pass too (one network sample per rollout, as the "
+        "variational reading needs); false = only latents and answer, prompt KV shared "
+        "by the K rollouts",
+    )
     sigma: float = opt(0.1, "gaussian: noise scale")
-    gaussian_target: str = opt("activations", "gaussian: activations (multiplicative, per rollout) | weights (additive on output projections)")
+    gaussian_target: GaussianTarget = opt(
+        "activations",
+        "gaussian: activations (multiplicative noise on the sites' "
+        "outputs, per rollout) or weights (additive noise on the "
+        "output projections)",
+    )
 
     def validate(self, p: str = "perturbation") -> None:
-        _check(self.kind in ("locked", "native", "gaussian", "none"), f"{p}.kind", f"unknown kind {self.kind!r}; expected locked, native, gaussian or none")
-        _check(0.0 <= self.p < 1.0, f"{p}.p", f"must be in [0, 1), got {self.p}")
-        _check(all(x in ("attn", "mlp", "residual") for x in self.sites) and len(self.sites) > 0, f"{p}.sites", f"expected a non-empty list of attn, mlp, residual; got {self.sites}")
-        _check(self.sigma >= 0, f"{p}.sigma", "must be >= 0")
-        _check(self.gaussian_target in ("activations", "weights"), f"{p}.gaussian_target", "expected activations or weights")
+        """Range checks of the perturbation section, and the syntax of ``layers``."""
+        _within(self, p, "[0, 1)", "p")
+        _check(
+            all(x in ("attn", "mlp", "residual") for x in self.sites) and len(self.sites) > 0,
+            f"{p}.sites",
+            f"expected a non-empty list of attn, mlp, residual; got {self.sites}",
+        )
+        parse_layer_spec(self.layers)
+        _at_least(self, p, 0, "sigma")
 
 
 @dataclass
 class GRPOConfig:
+    """GRPO post-training (the paper's Table 3 names in parentheses)."""
+
     steps: int = opt(100, "optimizer steps (paper: 3000)")
     prompts_per_step: int = opt(16, "prompts (groups) per step, global over all ranks (paper: 16)")
     group_size: int = opt(8, "K rollouts per prompt (paper: 32); 1 only with advantage=ema")
@@ -176,70 +341,119 @@ class GRPOConfig:
     lr: float = opt(1e-5, "peak learning rate (paper: 1e-5)")
     warmup_steps: int = opt(10, "linear warmup, then cosine decay to min_lr_ratio * lr (paper: 200)")
     min_lr_ratio: float = opt(0.0, "final lr as a fraction of the peak")
-    optimizer: str = opt("adamw", "adamw | adamw8bit (bitsandbytes on CUDA; falls back to adamw with a warning elsewhere)")
+    optimizer: Optimizer = opt(
+        "adamw", "adamw (torch AdamW) or adamw8bit (bitsandbytes on CUDA; falls back to adamw with a warning elsewhere)"
+    )
     weight_decay: float = opt(0.0, "AdamW weight decay")
     max_grad_norm: float = opt(1.0, "gradient clipping (0 = off)")
     mini_epochs: int = opt(1, "E: passes over each rollout batch (theta_old fixed within them)")
     micro_batch_size: int = opt(64, "rollouts per forward/backward in the update (the loss does not depend on it)")
     rollout_batch_size: int = opt(512, "rollouts per batched generation call")
-    advantage: str = opt("drgrpo", "drgrpo: r - mean (paper) | grpo: std-normalised | rloo | ema: REINFORCE with a running baseline")
+    advantage: Advantage = opt(
+        "drgrpo",
+        "drgrpo: r - group mean (paper); grpo: (r - mean) / std; rloo: r - mean "
+        "of the other K-1 rewards; ema: REINFORCE with a running baseline",
+    )
     ema_alpha: float = opt(0.95, "EMA baseline decay (advantage=ema)")
     eps_low: float = opt(0.10, "PPO clip below 1 (paper 0.10)")
     eps_high: float = opt(0.12, "PPO clip above 1 (paper 0.12)")
-    aggregation: str = opt("seq_mean", "seq_mean (paper) | token_mean | constant (Dr. GRPO)")
+    aggregation: Aggregation = opt(
+        "seq_mean",
+        "how token losses are summed: seq_mean (mean over each answer, then "
+        "over rollouts; paper), token_mean (over all answer tokens) or "
+        "constant (sum / (rollouts * max_new_tokens), Dr. GRPO)",
+    )
     beta0: float = opt(5e-3, "peak KL coefficient (paper 5e-3); 0 disables the KL term and the reference model")
     anneal_beta: bool = opt(True, "beta(t) = beta0 * lr(t) / lr_max (Eq. 8); false keeps beta0")
-    kl_form: str = opt("unbiased", "unbiased: x = log pi_ref - log pi (Schulman k3) | paper: x = log pi - log pi_ref (as the paper writes it)")
+    kl_form: KLForm = opt(
+        "unbiased",
+        "the k3 argument: unbiased (x = log pi_ref - log pi, Schulman's k3) or paper "
+        "(x = log pi - log pi_ref, as the paper writes it)",
+    )
     huber_delta: float = opt(5.0, "Huberized k3 threshold delta (Eq. 7)")
     ref_renewal_every: int = opt(500, "hard-copy the policy into the reference every N steps (0 = never)")
     filter: bool = opt(True, "drop groups whose accuracy is outside [alpha_min, alpha_max] (inclusive)")
     alpha_min: float = opt(0.20, "group-accuracy filter lower bound")
     alpha_max: float = opt(0.95, "group-accuracy filter upper bound")
-    replay: str = opt("seed", "seed: update under the rollout's own perturbation (mask replay) | fresh: new seeds at update (CRN ablation)")
-    eval_every: int = opt(20, "greedy eval without perturbation on data.valid every N steps (0 = only at start and end)")
+    replay: ReplayMode = opt(
+        "seed",
+        "the perturbation at update time: seed (the rollout's own, by mask replay) or "
+        "fresh (new seeds, the CRN ablation)",
+    )
+    eval_every: int = opt(
+        20, "greedy eval without perturbation on data.valid every N steps (0 = only at start and end)"
+    )
     save_best: bool = opt(True, "keep best/ = the best post-warmup checkpoint by validation accuracy")
     log_every: int = opt(1, "write a metrics row every N steps")
-    save_every: int = opt(50, "write a resumable checkpoint (weights, optimizer, RNG, counters) every N steps (0 = only at the end)")
+    save_every: int = opt(
+        50, "write a resumable checkpoint (weights, optimizer, RNG, counters) every N steps (0 = only at the end)"
+    )
     keep_last: int = opt(2, "resumable checkpoints kept in OUT/checkpoints")
     max_nonfinite: int = opt(5, "stop (after saving) when this many steps in a row had a non-finite loss or gradient")
 
     def validate(self, p: str = "grpo") -> None:
-        _check(self.steps >= 1, f"{p}.steps", "must be >= 1")
-        _check(self.prompts_per_step >= 1, f"{p}.prompts_per_step", "must be >= 1")
+        """Range checks of the GRPO section and the relations between its options."""
+        _at_least(
+            self,
+            p,
+            1,
+            "steps",
+            "prompts_per_step",
+            "max_new_tokens",
+            "mini_epochs",
+            "micro_batch_size",
+            "rollout_batch_size",
+            "log_every",
+            "keep_last",
+            "max_nonfinite",
+        )
+        _at_least(
+            self,
+            p,
+            0,
+            "temperature",
+            "warmup_steps",
+            "weight_decay",
+            "max_grad_norm",
+            "eps_high",
+            "beta0",
+            "ref_renewal_every",
+            "eval_every",
+            "save_every",
+        )
         if self.advantage == "ema":
-            _check(self.group_size >= 1, f"{p}.group_size", "must be >= 1")
+            _at_least(self, p, 1, "group_size")
         else:
-            _check(self.group_size >= 2, f"{p}.group_size", f"GRPO needs K >= 2 rollouts per prompt (got {self.group_size}); use advantage=ema for K = 1")
+            _check(
+                self.group_size >= 2,
+                f"{p}.group_size",
+                f"GRPO needs K >= 2 rollouts per prompt (got {self.group_size}); use advantage=ema for K = 1",
+            )
         _check(self.n_latent >= -1, f"{p}.n_latent", "must be >= 0 (or -1 for the checkpoint's value)")
-        _check(self.temperature >= 0 and 0 < self.top_p <= 1, f"{p}.temperature", "temperature >= 0 and top_p in (0, 1]")
-        _check(self.max_new_tokens >= 1, f"{p}.max_new_tokens", "must be >= 1")
-        _check(self.lr > 0, f"{p}.lr", "must be > 0")
-        _check(self.warmup_steps >= 0 and 0 <= self.min_lr_ratio <= 1, f"{p}.warmup_steps", "warmup >= 0, min_lr_ratio in [0, 1]")
-        _check(self.optimizer in ("adamw", "adamw8bit"), f"{p}.optimizer", "expected adamw or adamw8bit")
-        _check(self.mini_epochs >= 1 and self.micro_batch_size >= 1 and self.rollout_batch_size >= 1, f"{p}.mini_epochs", "mini_epochs, micro_batch_size, rollout_batch_size must be >= 1")
-        _check(self.advantage in ("drgrpo", "grpo", "rloo", "ema"), f"{p}.advantage", f"unknown {self.advantage!r}")
-        _check(0 <= self.ema_alpha < 1, f"{p}.ema_alpha", "must be in [0, 1)")
-        _check(0 <= self.eps_low < 1 and self.eps_high >= 0, f"{p}.eps_low", "eps_low in [0, 1), eps_high >= 0")
-        _check(self.aggregation in ("seq_mean", "token_mean", "constant"), f"{p}.aggregation", f"unknown {self.aggregation!r}")
-        _check(self.beta0 >= 0, f"{p}.beta0", "must be >= 0")
-        _check(self.kl_form in ("unbiased", "paper"), f"{p}.kl_form", "expected unbiased or paper")
-        _check(self.huber_delta > 0, f"{p}.huber_delta", "must be > 0")
-        _check(self.ref_renewal_every >= 0, f"{p}.ref_renewal_every", "must be >= 0")
-        _check(0 <= self.alpha_min <= 1 and 0 <= self.alpha_max <= 1, f"{p}.alpha_min", "alpha_min and alpha_max must be in [0, 1]")
-        _check(self.alpha_min <= self.alpha_max, f"{p}.alpha_min", f"alpha_min ({self.alpha_min}) > alpha_max ({self.alpha_max})")
-        _check(self.replay in ("seed", "fresh"), f"{p}.replay", "expected seed or fresh")
-        _check(self.eval_every >= 0 and self.log_every >= 1, f"{p}.eval_every", "eval_every >= 0, log_every >= 1")
-        _check(self.save_every >= 0 and self.keep_last >= 1 and self.max_nonfinite >= 1, f"{p}.save_every",
-               "save_every >= 0, keep_last >= 1, max_nonfinite >= 1")
+        _within(self, p, "(0, 1]", "top_p")
+        _within(self, p, "[0, 1]", "min_lr_ratio", "alpha_min", "alpha_max")
+        _within(self, p, "[0, 1)", "ema_alpha", "eps_low")
+        _positive(self, p, "lr", "huber_delta")
+        _check(
+            self.alpha_min <= self.alpha_max,
+            f"{p}.alpha_min",
+            f"alpha_min ({self.alpha_min}) > alpha_max ({self.alpha_max})",
+        )
 
 
 @dataclass
 class Config:
+    """Everything a run reads: the top-level options and one section per stage of the pipeline."""
+
     seed: int = opt(0, "run seed: initialisation, data order, dropout seeds")
-    device: str = opt("auto", "auto | cpu | cuda | cuda:N")
+    device: str = opt("auto", "auto, cpu, cuda or cuda:N")
     threads: int = opt(0, "torch CPU threads (0 = torch default)")
-    fsdp: str = opt("none", "under torchrun: none (replicated weights, gradients all-reduced) | full (FSDP2; rank 0 writes gathered "
-                    "safetensors) | sharded (FSDP2; one checkpoint shard per rank). The DGRPO_FSDP environment variable overrides it")
+    fsdp: FSDPMode = opt(
+        "none",
+        "under torchrun: none (replicated weights, gradients all-reduced), full (FSDP2; "
+        "rank 0 writes gathered safetensors) or sharded (FSDP2; one checkpoint shard per "
+        "rank). The DGRPO_FSDP environment variable overrides it",
+    )
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -248,73 +462,188 @@ class Config:
     perturbation: PerturbationConfig = field(default_factory=PerturbationConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
+        """Check every section and the top-level options; returns ``self``."""
         for f in fields(self):
-            v = getattr(self, f.name)
-            if is_dataclass(v):
-                v.validate(f.name)
-        _check(self.threads >= 0, "threads", "must be >= 0")
-        _check(self.fsdp in ("none", "full", "sharded"), "fsdp", f"expected none, full or sharded, got {self.fsdp!r}")
+            section = getattr(self, f.name)
+            if hasattr(section, "validate"):
+                section.validate(f.name)
+        _at_least(self, "", 0, "threads")
         return self
 
 
 # ----------------------------------------------------------------------------------------------
-# Loading, overriding, dumping
+# Types: every value is coerced to its option's type as it is applied
 
 
-def _field_type(cls: type, name: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    return hints[name]
+def _one_of(choices: tuple[str, ...]) -> str:
+    """``a, b or c``."""
+    return choices[0] if len(choices) == 1 else f"{', '.join(choices[:-1])} or {choices[-1]}"
+
+
+def _to_str(value: Any, key: str) -> str:
+    """A scalar as a string; YAML booleans become 'true' / 'false' (YAML reads true, off, yes... as booleans)."""
+    if isinstance(value, (dict, list)):
+        raise _invalid(key, f"expected a string, got {value!r}")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+def _to_choice(value: Any, choices: tuple[str, ...], key: str) -> str:
+    """A ``Literal`` option: one of ``choices``."""
+    text = _to_str(value, key)
+    if text not in choices:
+        got = repr(value)
+        if isinstance(value, bool):
+            got = f"{text!r} (YAML reads true, false, yes, no, on, off as booleans)"
+        raise _invalid(key, f"expected {_one_of(choices)}; got {got}")
+    return text
+
+
+def _to_bool(value: Any, key: str) -> bool:
+    """A boolean: a YAML boolean, or true / false / yes / no / 1 / 0 as text."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+        return value.lower() in ("true", "yes", "1")
+    raise _invalid(key, f"expected true or false, got {value!r}")
+
+
+def _to_int(value: Any, key: str) -> int:
+    """An integer that fits in int64: an int, an integral float (``1e3``) or their text."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise _invalid(key, f"expected an integer, got {value!r}")
+    number: int | float
+    if not isinstance(value, str):
+        number = value
+    else:
+        try:
+            number = int(value)
+        except ValueError:
+            try:
+                number = float(value)
+            except ValueError:
+                raise _invalid(key, f"expected an integer, got {value!r}") from None
+    if isinstance(number, float):
+        if not (math.isfinite(number) and number.is_integer()):
+            raise _invalid(key, f"expected an integer, got {value!r}")
+        number = int(number)
+    if not _INT64_MIN <= number <= _INT64_MAX:
+        raise _invalid(key, f"must fit in a signed 64-bit integer, got {value}")
+    return number
+
+
+def _to_float(value: Any, key: str) -> float:
+    """A finite float: a number or its text (``1e-5``); NaN and +-inf are rejected."""
+    if isinstance(value, bool):
+        raise _invalid(key, f"expected a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise _invalid(key, f"expected a number, got {value!r}") from None
+    except OverflowError:  # an integer beyond the float range
+        raise _invalid(key, f"must be a finite number, got {value}") from None
+    if not math.isfinite(number):
+        raise _invalid(key, f"must be a finite number, got {number}")
+    return number
+
+
+def _to_list(value: Any, key: str) -> list:
+    """A list: a YAML list, or comma-separated text."""
+    if isinstance(value, str):
+        value = [v for v in value.split(",") if v]
+    if not isinstance(value, list):
+        raise _invalid(key, f"expected a list, got {value!r}")
+    return list(value)
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        return _coerce(value, args[0], key)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
-            return value.lower() in ("true", "yes", "1")
-        raise ConfigError(f"invalid config value {key}: expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(f"invalid config value {key}: expected an integer, got {value!r}")
-        try:
-            f = float(value)
-        except ValueError:
-            raise ConfigError(f"invalid config value {key}: expected an integer, got {value!r}") from None
-        if f != int(f):
-            raise ConfigError(f"invalid config value {key}: expected an integer, got {value!r}")
-        return int(f)
-    if tp is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"invalid config value {key}: expected a number, got {value!r}")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"invalid config value {key}: expected a number, got {value!r}") from None
-    if tp is str:
-        if isinstance(value, (dict, list)):
-            raise ConfigError(f"invalid config value {key}: expected a string, got {value!r}")
-        if isinstance(value, bool):  # YAML reads true/false/yes/no/on/off as booleans
-            return "true" if value else "false"
-        return "" if value is None else str(value)
-    if tp is list or origin is list:
-        if isinstance(value, str):
-            value = [v for v in value.split(",") if v]
-        if not isinstance(value, list):
-            raise ConfigError(f"invalid config value {key}: expected a list, got {value!r}")
-        return list(value)
-    return value
+    """``value`` (from YAML or ``--set``) as an option of type ``tp``, or a one-line ConfigError naming ``key``."""
+    if typing.get_origin(tp) is Literal:
+        return _to_choice(value, typing.get_args(tp), key)
+    if tp is list or typing.get_origin(tp) is list:
+        return _to_list(value, key)
+    converters = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+    return converters[tp](value, key) if tp in converters else value
+
+
+# ----------------------------------------------------------------------------------------------
+# YAML, packaged configs, loading, overriding, dumping
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without YAML 1.1's base-60 numbers: ``1:3`` stays the string '1:3' (not 63)."""
+
+    def resolve(self, kind: type, value: Any, implicit: Any) -> str:
+        """The implicit tag of a node; a number with a ':' in it is a string."""
+        tag = super().resolve(kind, value, implicit)
+        if kind is yaml.ScalarNode and ":" in value and tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float"):
+            return "tag:yaml.org,2002:str"
+        return tag
+
+
+def packaged_configs() -> list[str]:
+    """The names of the configs shipped with the package (``builtin/sft.yaml``, ``paper/grpo_dropout.yaml``, ...)."""
+    return sorted(p.relative_to(CONFIG_DIR).as_posix() for p in CONFIG_DIR.rglob("*.yaml"))
+
+
+def resolve_config_path(name: str | Path, relative_to: Path | None = None) -> Path:
+    """The file a config name means: an existing file path as given (taken from the folder ``relative_to`` when set
+    and the path is relative), else a packaged config, with or without ``.yaml`` (``paper/grpo_dropout``)."""
+    path = Path(name)
+    if relative_to is not None and not path.is_absolute():
+        path = relative_to / path
+    if path.is_file():
+        return path
+    packaged = Path(name).as_posix().removesuffix(".yaml") + ".yaml"
+    if packaged in packaged_configs():
+        return CONFIG_DIR / packaged
+    raise ConfigError(
+        f"config file not found: {path} (not a file, and not a packaged config: {', '.join(packaged_configs())})"
+    )
+
+
+def _read_yaml(path: Path) -> dict:
+    """The mapping a YAML config file holds ({} for a file of comments only)."""
+    try:
+        data = yaml.load(path.read_text(), Loader=ConfigLoader)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of options, got {data!r}")
+    return data
+
+
+def _file_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[Path, dict]]:
+    """``path`` and its ``base:`` chain, deepest base first: (file, the file's own keys without ``base``)."""
+    real = path.resolve()
+    if real in seen:
+        raise ConfigError(f"config files name each other as base in a cycle: {' -> '.join(map(str, (*seen, real)))}")
+    data = _read_yaml(path)
+    base = data.pop("base", None)
+    if base is None:
+        return [(path, data)]
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{path}: base must name a config file, got {base!r}")
+    try:
+        base_path = resolve_config_path(base, relative_to=path.parent)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return [*_file_chain(base_path, (*seen, real)), (path, data)]
+
+
+def _field_type(cls: type, name: str) -> Any:
+    """The resolved type annotation of option ``name`` of dataclass ``cls``."""
+    return typing.get_type_hints(cls)[name]
 
 
 def _merge(obj: Any, data: dict, prefix: str) -> None:
+    """Apply a nested mapping of options onto the dataclass ``obj``, coercing each value to its option's type."""
     if not isinstance(data, dict):
-        raise ConfigError(f"invalid config value {prefix.rstrip('.') or '<root>'}: expected a mapping, got {data!r}")
+        raise _invalid(prefix.rstrip(".") or "<root>", f"expected a mapping, got {data!r}")
     names = {f.name: f for f in fields(obj)}
     for k, v in data.items():
         key = f"{prefix}{k}"
@@ -327,34 +656,45 @@ def _merge(obj: Any, data: dict, prefix: str) -> None:
             setattr(obj, k, _coerce(v, _field_type(type(obj), k), key))
 
 
+def merge_file(cfg: Any, path: str | Path) -> Any:
+    """Apply a YAML config file (after its ``base:`` chain) onto ``cfg`` in place: no reset to the defaults, no
+    validation. ``path`` is a file or a packaged config name (:func:`resolve_config_path`). Returns ``cfg``."""
+    for file, data in _file_chain(resolve_config_path(path)):
+        try:
+            _merge(cfg, data, "")
+        except ConfigError as e:
+            raise ConfigError(f"{file}: {e}") from None
+    return cfg
+
+
+def _parse_override(raw: str) -> Any:
+    """A ``--set`` value read as YAML (``1e-5``, ``true``, ``[a, b]``, ``{lr: 1}``). Text YAML cannot read, or reads
+    as a block mapping (``-2:`` is YAML for ``{-2: null}``), is taken as it is."""
+    if raw == "":
+        return ""
+    try:
+        value = yaml.load(raw, Loader=ConfigLoader)
+    except yaml.YAMLError:
+        return raw
+    return raw if isinstance(value, dict) and not raw.startswith("{") else value
+
+
 def set_value(cfg: Any, dotted: str, raw: str) -> None:
     """Apply one ``a.b=value`` override; ``raw`` is parsed as YAML (so ``1e-5``, ``true``, ``[a, b]`` work)."""
-    try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError:
-        value = raw
-    parts = dotted.split(".")
-    nested: Any = value
-    for p in reversed(parts):
+    nested: Any = _parse_override(raw)
+    for p in reversed(dotted.split(".")):
         nested = {p: nested}
     _merge(cfg, nested, "")
 
 
-def load_config(cls: type, path: str | Path | None = None, overrides: list[str] | None = None) -> Any:
-    """Defaults of ``cls``, then the YAML file, then ``--set key=value`` overrides; validated."""
+def load_config(
+    cls: type, path: str | Path | list[str | Path] | None = None, overrides: list[str] | None = None
+) -> Any:
+    """Defaults of ``cls``, then each file (its ``base:`` chain first; several files apply in order), then
+    ``--set key=value``; validated."""
     cfg = cls()
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {p} is not valid YAML: {str(e).splitlines()[0]}") from None
-        try:
-            _merge(cfg, data, "")
-        except ConfigError as e:
-            raise ConfigError(f"{p}: {e}") from None
+    for file in path if isinstance(path, list) else [path] if path is not None else []:
+        merge_file(cfg, file)
     for ov in overrides or []:
         if "=" not in ov:
             raise ConfigError(f"--set expects key=value, got {ov!r}")
@@ -365,17 +705,125 @@ def load_config(cls: type, path: str | Path | None = None, overrides: list[str] 
 
 
 def to_dict(cfg: Any) -> dict:
+    """The config as nested plain dicts (as written to a run's config.json)."""
     return dataclasses.asdict(cfg)
 
 
-def describe(cls: type, prefix: str = "") -> list[str]:
-    """One line per option: ``key = default  # doc`` (for ``dgrpo config show`` and docs/config.md)."""
-    lines = []
-    inst = cls()
+# ----------------------------------------------------------------------------------------------
+# Documentation: ``dgrpo config show`` and docs/config.md
+
+
+class Option(NamedTuple):
+    """One option, for the documentation."""
+
+    key: str  # dotted, e.g. grpo.lr
+    type: Any
+    default: Any
+    doc: str
+
+
+def _options(cls: type, prefix: str = "") -> Iterator[Option]:
+    """Every option of dataclass ``cls``, depth first, in declaration order."""
+    inst, hints = cls(), typing.get_type_hints(cls)
     for f in fields(cls):
         v = getattr(inst, f.name)
         if is_dataclass(v):
-            lines.extend(describe(type(v), f"{prefix}{f.name}."))
+            yield from _options(type(v), f"{prefix}{f.name}.")
         else:
-            lines.append(f"{prefix}{f.name} = {v!r}  # {f.metadata.get('doc', '')}")
+            yield Option(f"{prefix}{f.name}", hints[f.name], v, f.metadata.get("doc", ""))
+
+
+def _choices(tp: Any) -> tuple[str, ...]:
+    """The choices of a ``Literal`` type (empty for any other type)."""
+    return typing.get_args(tp) if typing.get_origin(tp) is Literal else ()
+
+
+def describe(cls: type, prefix: str = "", section: str | None = None) -> list[str]:
+    """One line per option: ``key = default  # [choices] doc`` (for ``dgrpo config show``); ``section`` keeps only
+    that section's options (``describe(Config, section="grpo")``)."""
+    options = list(_options(cls, prefix))
+    if section is not None:
+        options = [o for o in options if o.key.startswith(f"{prefix}{section}.")]
+        if not options:
+            raise ConfigError(f"unknown config section {section!r}")
+    lines = []
+    for o in options:
+        choices = f"[{' | '.join(_choices(o.type))}] " if _choices(o.type) else ""
+        lines.append(f"{o.key} = {o.default!r}  # {choices}{o.doc}")
     return lines
+
+
+_MARKDOWN_INTRO = """\
+# Configuration options
+
+<!-- Generated by `python -m dgrpo.config --markdown > docs/config.md`; tests/test_config.py checks it is current. -->
+
+Every command that trains or evaluates builds its configuration in this order, each step over the previous one:
+
+1. the defaults below (they are Dropout-GRPO on the built-in task);
+2. `--config FILE`, a YAML file of nested sections (`grpo: {{lr: 1.0e-5, group_size: 32}}`). FILE is a path, or
+   the name of a config shipped with the package (listed below), with or without `.yaml`: `--config
+   paper/grpo_dropout` works from any directory. A file may start with `base: OTHER.yaml` (a path relative to the
+   file, or a packaged name): the base is loaded first (its own base before it), then the file's keys override
+   it, so an ablation is its differing lines;
+3. `--set key=value`, any number of times, the value read as YAML: `--set grpo.lr=1e-5 --set data.test=[builtin:test]`;
+4. validation: an unknown key or a bad value stops the command with one line naming the key (exit code 2).
+
+A choice option (its type lists the choices) accepts exactly those words; a float must be finite; an int must fit
+in 64 bits. `dgrpo config show` prints the same list; `dgrpo config show --config FILE --set key=value` prints the
+effective configuration as JSON.
+
+`perturbation.layers` takes {layers}. Base-60 numbers are off, so `1:3` stays a slice, but a slice that ends with
+`:` must be quoted in a YAML file (`layers: "-2:"`).
+
+Packaged configs: {packaged}.
+"""
+
+
+def _cell(value: Any) -> str:
+    """A value as a markdown table cell (pipes escaped)."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, list):
+        text = f"[{', '.join(map(str, value))}]"
+    elif value == "":
+        text = "''"
+    else:
+        text = str(value)
+    return text.replace("|", "\\|")
+
+
+def _section_doc(cls: type, section: str) -> str:
+    """The docstring of a section's dataclass (``section`` is a dotted path; "" is ``cls`` itself)."""
+    obj: Any = cls()
+    for part in filter(None, section.split(".")):
+        obj = getattr(obj, part)
+    return inspect.getdoc(type(obj)) or ""
+
+
+def config_markdown(cls: type = Config) -> str:
+    """Every option as markdown (docs/config.md): an introduction, then one table per section."""
+    packaged = ", ".join(f"`{n}`" for n in packaged_configs())
+    parts = [_MARKDOWN_INTRO.format(packaged=packaged, layers=LAYER_GRAMMAR).rstrip()]
+    for section, options in itertools.groupby(_options(cls), key=lambda o: o.key.rpartition(".")[0]):
+        parts.append(
+            f"## {section or 'Top level'}\n\n{_section_doc(cls, section)}\n\n"
+            "| key | type | default | meaning |\n|---|---|---|---|"
+        )
+        for o in options:
+            tp = " \\| ".join(_choices(o.type)) or o.type.__name__
+            parts[-1] += f"\n| `{o.key}` | {tp} | {_cell(o.default)} | {_cell(o.doc)} |"
+    return "\n\n".join(parts) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dgrpo.config [--markdown]``: print every option (as docs/config.md with --markdown)."""
+    parser = argparse.ArgumentParser(prog="python -m dgrpo.config", description=main.__doc__)
+    parser.add_argument("--markdown", action="store_true", help="print docs/config.md instead of one line per option")
+    args = parser.parse_args(argv)
+    sys.stdout.write(config_markdown() if args.markdown else "\n".join(describe(Config)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -5,6 +5,7 @@ REINFORCE + dropout with an EMA baseline, GRPO with answer-token sampling and no
 Dropout-GRPO) for ``--seeds`` seeds; greedy evaluation without dropout on every test split, plus
 Dropout-GRPO as a Monte-Carlo-dropout majority vote. Writes results.json, results.md and two figures.
 """
+
 from __future__ import annotations
 
 import copy
@@ -13,10 +14,11 @@ import math
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from .config import Config, load_config, set_value, to_dict
+from .config import Config, ConfigError, load_config, merge_file, to_dict
 from .data.synthetic import generate_split
 from .eval.evaluate import evaluate, evaluate_mc_vote
 from .model.factory import load_model
@@ -27,33 +29,26 @@ from .training.sft import train_sft
 
 TEST_SPLITS = ("test", "ood_steps", "ood_numbers")
 
-#: The arms of Table 1: config overrides applied to the GRPO defaults (None = no RL).
-ARMS: dict[str, tuple[str, dict | None]] = {
+#: The arms of Table 1: label, and the packaged config merged over the demo's base config (None = no RL).
+ARMS: dict[str, tuple[str, str | None]] = {
     "sft": ("Coconut SFT (baseline)", None),
-    "grpo_deterministic": ("Coconut + GRPO (deterministic rollout)", {"perturbation.kind": "none"}),
-    "reinforce_ema": ("Coconut + REINFORCE + dropout (EMA)", {"grpo.advantage": "ema", "grpo.group_size": 1, "grpo.filter": False}),
-    "grpo_sampling": ("Coconut + GRPO (token sampling, no dropout)", {"perturbation.kind": "none", "grpo.temperature": 1.0}),
-    "dropout_grpo": ("Coconut + Dropout-GRPO (ours)", {}),
+    "grpo_deterministic": ("Coconut + GRPO (deterministic rollout)", "builtin/grpo_deterministic.yaml"),
+    "reinforce_ema": ("Coconut + REINFORCE + dropout (EMA)", "builtin/reinforce_ema.yaml"),
+    "grpo_sampling": ("Coconut + GRPO (token sampling, no dropout)", "builtin/grpo_sampling.yaml"),
+    "dropout_grpo": ("Coconut + Dropout-GRPO (ours)", "builtin/dropout_grpo.yaml"),
 }
-
-#: ``--quick``: a smoke test of the whole pipeline in about a minute (numbers mean nothing).
-QUICK = {
-    "model.hidden_size": 64, "model.num_layers": 2, "model.num_heads": 4, "model.intermediate_size": 128,
-    "task.n_steps": 2, "task.n_train": 2048, "task.n_valid": 64, "task.n_test": 64,
-    "sft.epochs_per_stage": 2, "sft.num_epochs": 4, "sft.max_latent_stage": 1, "sft.batch_size": 64, "sft.lr": 3e-3,
-    "sft.warmup_steps": 5, "grpo.steps": 4, "grpo.prompts_per_step": 8, "grpo.group_size": 8, "grpo.eval_every": 2,
-    "grpo.warmup_steps": 1, "grpo.max_new_tokens": 24, "grpo.lr": 1e-4, "perturbation.p": 0.3, "eval.max_new_tokens": 24,
-    "data.eval_limit": 0, "demo_mc_masks": 3,
-}
+QUICK_CONFIG = "tiny.yaml"  # --quick: the tiny model and task the tests use (a smoke test; numbers mean nothing)
+QUICK_MC_MASKS = 3
 
 
 def arm_config(base: Config, arm: str, seed: int) -> Config:
+    """The arm's config: its file merged over the demo's base config, with the arm's seed."""
     cfg = copy.deepcopy(base)
     cfg.seed = seed
-    over = ARMS[arm][1] or {}
-    for k, v in over.items():
-        set_value(cfg, k, json.dumps(v) if isinstance(v, bool) else str(v))
-    if arm == "reinforce_ema":  # same rollout budget per step as the grouped arms
+    file = ARMS[arm][1]
+    if file is not None:
+        merge_file(cfg, file)
+    if cfg.grpo.advantage == "ema" and cfg.grpo.group_size == 1:  # REINFORCE: the rollout budget of the grouped arms
         cfg.grpo.prompts_per_step = base.grpo.prompts_per_step * base.grpo.group_size
     return cfg.validate()
 
@@ -76,8 +71,12 @@ def paired_diff(gained: int, lost: int, n: int) -> tuple[float, float]:
 def paired_summary(flips_per_seed: list[list[int]], n: int) -> dict:
     """Mean over seeds of the net change, items gained and lost, and one seed's paired standard error."""
     diffs = [paired_diff(g, lo, n) for g, lo in flips_per_seed]
-    return {"net": statistics.fmean(d for d, _ in diffs), "gained": statistics.fmean(g for g, _ in flips_per_seed),
-            "lost": statistics.fmean(lo for _, lo in flips_per_seed), "se": statistics.fmean(e for _, e in diffs)}
+    return {
+        "net": statistics.fmean(d for d, _ in diffs),
+        "gained": statistics.fmean(g for g, _ in flips_per_seed),
+        "lost": statistics.fmean(lo for _, lo in flips_per_seed),
+        "se": statistics.fmean(e for _, e in diffs),
+    }
 
 
 def mean_std(xs: list[float]) -> tuple[float, float]:
@@ -85,16 +84,9 @@ def mean_std(xs: list[float]) -> tuple[float, float]:
 
 
 def run_demo(args) -> int:
-    overrides = list(args.overrides)
-    mc_masks = 8
-    if args.quick:
-        quick = {k: v for k, v in QUICK.items() if k != "demo_mc_masks"}
-        overrides = [f"{k}={v}" for k, v in quick.items()] + overrides
-        mc_masks = QUICK["demo_mc_masks"]
-    base = load_config(Config, args.config, overrides)
+    base = load_config(Config, [*args.config, *([QUICK_CONFIG] if args.quick else [])], args.overrides)
+    mc_masks = QUICK_MC_MASKS if args.quick else 8
     if args.seeds < 1:
-        from .config import ConfigError
-
         raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -102,8 +94,11 @@ def run_demo(args) -> int:
     if base.threads:
         torch.set_num_threads(base.threads)
     splits = {s: generate_split(base.task, s) for s in ("train", "valid", *TEST_SPLITS)}
-    print(f"[demo] built-in task: {len(splits['train'])} train, {len(splits['valid'])} valid, "
-          + ", ".join(f"{len(splits[s])} {s}" for s in TEST_SPLITS) + f"; {args.seeds} seed(s); output in {out}")
+    print(
+        f"[demo] built-in task: {len(splits['train'])} train, {len(splits['valid'])} valid, "
+        + ", ".join(f"{len(splits[s])} {s}" for s in TEST_SPLITS)
+        + f"; {args.seeds} seed(s); output in {out}"
+    )
 
     # ---- 1. Coconut SFT, once
     sft_dir = out / "sft"
@@ -112,29 +107,43 @@ def run_demo(args) -> int:
     lm = load_model(base.model, base.task, seed=base.seed)
     ev_kw = dict(batch_size=base.eval.batch_size, max_new_tokens=base.eval.max_new_tokens, progress=False)
 
-    def eval_valid(lm_, recs, settings=None):
+    valid = splits["valid"][: base.data.eval_limit] if base.data.eval_limit else splits["valid"]
+
+    def count_correct(lm_, recs, settings=None):
         n_lat = settings.n_latent if settings is not None else None
-        return evaluate(lm_, recs, n_latent=n_lat, limit=base.data.eval_limit, seed=base.seed, **ev_kw).accuracy
+        return evaluate(lm_, recs, n_latent=n_lat, seed=base.seed, **ev_kw).correct
 
     print("[demo] 1/3 Coconut curriculum SFT")
-    train_sft(lm, splits["train"], base, sft_dir, valid=splits["valid"], evaluate_fn=eval_valid)
-    wall = {"sft_s": round(time.time() - t0, 1)}
+    train_sft(lm, splits["train"], base, sft_dir, valid=valid, evaluate_fn=count_correct)
+    wall: dict[str, Any] = {"sft_s": round(time.time() - t0, 1)}
     sft_ckpt = sft_dir / "final"
 
-    results: dict = {"arms": {}, "labels": {k: v[0] for k, v in ARMS.items()}, "splits": list(TEST_SPLITS),
-                     "n": {s: len(splits[s]) for s in TEST_SPLITS}, "config": to_dict(base), "seeds": args.seeds}
+    results: dict = {
+        "arms": {},
+        "labels": {k: v[0] for k, v in ARMS.items()},
+        "splits": list(TEST_SPLITS),
+        "n": {s: len(splits[s]) for s in TEST_SPLITS},
+        "config": to_dict(base),
+        "seeds": args.seeds,
+    }
 
     def test_all(model: LatentLM, seed: int) -> tuple[dict, dict]:
         """Accuracy per split, and the per-item correctness (for the paired comparison with SFT)."""
         res = {s: evaluate(model, splits[s], dataset=f"builtin:{s}", seed=seed, **ev_kw) for s in TEST_SPLITS}
-        return {s: r.accuracy for s, r in res.items()}, {s: [p["correct"] for p in r.predictions] for s, r in res.items()}
+        return {s: r.accuracy for s, r in res.items()}, {
+            s: [p["correct"] for p in r.predictions] for s, r in res.items()
+        }
 
     sft_lm = LatentLM.from_pretrained(sft_ckpt)
     sft_acc, sft_items = test_all(sft_lm, base.seed)
-    sft_valid = eval_valid(sft_lm, splits["valid"])
+    sft_valid = count_correct(sft_lm, valid) / len(valid)
     results["arms"]["sft"] = {s: {"per_seed": [sft_acc[s]]} for s in TEST_SPLITS}
     results["sft_valid_accuracy"] = sft_valid
-    print(f"[demo] SFT: valid {sft_valid:.3f}, " + ", ".join(f"{s} {a:.3f}" for s, a in sft_acc.items()) + f" ({wall['sft_s']:.0f} s)")
+    print(
+        f"[demo] SFT: valid {sft_valid:.3f}, "
+        + ", ".join(f"{s} {a:.3f}" for s, a in sft_acc.items())
+        + f" ({wall['sft_s']:.0f} s)"
+    )
 
     # ---- 2. RL arms from the same checkpoint
     print("[demo] 2/3 RL arms from the SFT checkpoint")
@@ -154,36 +163,58 @@ def run_demo(args) -> int:
             torch.manual_seed(seed)
             policy = LatentLM.from_pretrained(sft_ckpt)
             print(f"[demo]   {ARMS[arm][0]}, seed {seed}")
-            train_grpo(policy, cfg, splits["train"], run_dir, valid={"valid": splits["valid"]},
-                       evaluate_fn=lambda m, recs: eval_valid(m, recs))
+            train_grpo(policy, cfg, splits["train"], run_dir, valid={"valid": valid}, evaluate_fn=count_correct)
             wall["arms_s"][arm].append(round(time.time() - t0, 1))
             acc, items = test_all(policy, seed)
             for s in TEST_SPLITS:
                 results["arms"][arm][s]["per_seed"].append(acc[s])
                 results["arms"][arm][s].setdefault("flips_vs_sft", []).append(flips(sft_items[s], items[s]))
             traces[arm].append([json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()])
-            print(f"[demo]     " + ", ".join(f"{s} {a:.3f}" for s, a in acc.items()) + f" ({wall['arms_s'][arm][-1]:.0f} s)")
+            print(
+                "[demo]     "
+                + ", ".join(f"{s} {a:.3f}" for s, a in acc.items())
+                + f" ({wall['arms_s'][arm][-1]:.0f} s)"
+            )
             if arm == "dropout_grpo":
                 pert = make_perturbation(cfg.perturbation)
-                mc = {s: evaluate_mc_vote(policy, splits[s], pert, n_masks=mc_masks, seed=seed, batch_size=base.eval.batch_size,
-                                          max_new_tokens=base.eval.max_new_tokens, progress=False) for s in TEST_SPLITS}
+                mc = {
+                    s: evaluate_mc_vote(
+                        policy,
+                        splits[s],
+                        pert,
+                        n_masks=mc_masks,
+                        seed=seed,
+                        batch_size=base.eval.batch_size,
+                        max_new_tokens=base.eval.max_new_tokens,
+                        progress=False,
+                    )
+                    for s in TEST_SPLITS
+                }
                 mc_results.append(mc)
     results["arms"]["dropout_grpo_mc_vote"] = {
-        s: {"per_seed": [m[s].accuracy for m in mc_results],
-            "flips_vs_sft": [flips(sft_items[s], [p["correct"] for p in m[s].predictions]) for m in mc_results]} for s in TEST_SPLITS}
+        s: {
+            "per_seed": [m[s].accuracy for m in mc_results],
+            "flips_vs_sft": [flips(sft_items[s], [p["correct"] for p in m[s].predictions]) for m in mc_results],
+        }
+        for s in TEST_SPLITS
+    }
     results["labels"]["dropout_grpo_mc_vote"] = f"Dropout-GRPO, MC-dropout majority vote ({mc_masks} masks)"
 
     # ---- 3. tables and figures
     print("[demo] 3/3 tables and figures")
-    for arm, per in results["arms"].items():
+    for per in results["arms"].values():
         for s, d in per.items():
             d["mean"], d["std"] = mean_std(d["per_seed"])
             d["n"] = len(splits[s])
     results["wall_s"] = {**wall, "total_s": round(time.time() - t_start, 1)}
-    results["reward_std_trace"] = {arm: [[(r["step"], r.get("reward_std")) for r in tr if "reward_mean" in r] for tr in runs]
-                                   for arm, runs in traces.items()}
-    results["eval_trace"] = {arm: [[(r["step"], r["eval/valid/accuracy"]) for r in tr if "eval/valid/accuracy" in r] for tr in runs]
-                             for arm, runs in traces.items()}
+    results["reward_std_trace"] = {
+        arm: [[(r["step"], r.get("reward_std")) for r in tr if "reward_mean" in r] for tr in runs]
+        for arm, runs in traces.items()
+    }
+    results["eval_trace"] = {
+        arm: [[(r["step"], r["eval/valid/accuracy"]) for r in tr if "eval/valid/accuracy" in r] for tr in runs]
+        for arm, runs in traces.items()
+    }
     (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "results.md").write_text(results_table(results))
     plot_traces(results, out)
@@ -200,14 +231,24 @@ def results_table(res: dict) -> str:
         cells = []
         for s in res["splits"]:
             d = per[s]
-            cells.append(f"{100 * d['mean']:.2f}%" if len(d["per_seed"]) == 1 else f"{100 * d['mean']:.2f}% ± {100 * d['std']:.2f}%")
+            cells.append(
+                f"{100 * d['mean']:.2f}%"
+                if len(d["per_seed"]) == 1
+                else f"{100 * d['mean']:.2f}% ± {100 * d['std']:.2f}%"
+            )
         lines.append(f"| {res['labels'][arm]} | " + " | ".join(cells) + " |")
     seeds = res["seeds"]
     paired = [(arm, per) for arm, per in res["arms"].items() if "flips_vs_sft" in per[res["splits"][0]]]
     if paired:
-        lines += ["", "Paired with the SFT checkpoint on the same items: net change in points, mean over seeds (items gained / lost "
-                  "per seed; standard error of one seed's paired difference):", "",
-                  "| Model | " + " | ".join(res["splits"]) + " |", "|" + "---|" * (len(res["splits"]) + 1)]
+        lines += [
+            "",
+            "Paired with the SFT checkpoint on the same items: net change in points, mean over seeds (items gained / "
+            "lost "
+            "per seed; standard error of one seed's paired difference):",
+            "",
+            "| Model | " + " | ".join(res["splits"]) + " |",
+            "|" + "---|" * (len(res["splits"]) + 1),
+        ]
         for arm, per in paired:
             cells = []
             for s in res["splits"]:
@@ -215,8 +256,10 @@ def results_table(res: dict) -> str:
                 cells.append(f"{100 * p['net']:+.2f} (+{p['gained']:.0f} / -{p['lost']:.0f}; SE {100 * p['se']:.2f})")
             lines.append(f"| {res['labels'][arm]} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append(f"Greedy pass@1 without dropout (the MC row votes over dropout masks). SFT: one checkpoint; RL arms: "
-                 f"{seeds} seed(s){', mean ± std' if seeds > 1 else ''}. Wall time: {res['wall_s']['total_s']:.0f} s.")
+    lines.append(
+        f"Greedy pass@1 without dropout (the MC row votes over dropout masks). SFT: one checkpoint; RL arms: "
+        f"{seeds} seed(s){', mean ± std' if seeds > 1 else ''}. Wall time: {res['wall_s']['total_s']:.0f} s."
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -237,26 +280,41 @@ def summary_paragraph(res: dict) -> str:
     best_ctrl = max(("reinforce_ema", "grpo_sampling"), key=lambda a: res["arms"][a][s]["mean"])
     ctrl = res["arms"][best_ctrl][s]
     se = 100 * math.sqrt(max(sft * (1 - sft), 1e-12) / res["n"][s])  # binomial standard error of one accuracy
-    valid_end = {a: statistics.fmean(run[-1][1] for run in runs) for a, runs in res["eval_trace"].items() if runs and runs[0]}
+    valid_end = {
+        a: statistics.fmean(run[-1][1] for run in runs) for a, runs in res["eval_trace"].items() if runs and runs[0]
+    }
     paired = ""
     if "flips_vs_sft" in ours:
         p = paired_summary(ours["flips_vs_sft"], res["n"][s])
-        paired = (f" Paired on the same items, Dropout-GRPO gained {p['gained']:.0f} and lost {p['lost']:.0f} of them per seed "
-                  f"(paired standard error of one seed {100 * p['se']:.2f} points).")
+        paired = (
+            f" Paired on the same items, Dropout-GRPO gained {p['gained']:.0f} and lost {p['lost']:.0f} of them per "
+            "seed "
+            f"(paired standard error of one seed {100 * p['se']:.2f} points)."
+        )
     valid = ""
     if "dropout_grpo" in valid_end and "sft_valid_accuracy" in res:
-        valid = (f" On the validation split used during training, Dropout-GRPO went {100 * res['sft_valid_accuracy']:.1f}% -> "
-                 f"{100 * valid_end['dropout_grpo']:.1f}% (mean over seeds; {res['config']['data']['eval_limit'] or 'all'} items).")
-    return (f"On the built-in {s} split (n={res['n'][s]}), Coconut SFT scores {100 * sft:.2f}%. Deterministic GRPO ends at "
-            f"{100 * det['mean']:.2f}% with within-group reward std {'identically 0' if all(v == 0 for v in det_std) else 'NOT always 0'} "
-            f"(max {max(det_std) if det_std else 0:.3g}). REINFORCE + dropout (EMA) ends at {100 * rein['mean']:.2f}% ± "
-            f"{100 * rein['std']:.2f}%, token sampling without dropout at {100 * samp['mean']:.2f}% ± {100 * samp['std']:.2f}%. "
-            f"Dropout-GRPO ends at {100 * ours['mean']:.2f}% ± {100 * ours['std']:.2f}% (mean reward std "
-            f"{statistics.fmean(ours_std) if ours_std else 0:.3f}): a change of {100 * gain:+.2f} points, {verdict}; "
-            f"{100 * (ours['mean'] - ctrl['mean']):+.2f} points against the strongest control ({res['labels'][best_ctrl]}). "
-            f"One accuracy on {res['n'][s]} items has a binomial standard error of about {se:.2f} points (and the SFT "
-            f"checkpoint is a single run): the change is {'within' if abs(100 * gain) < 2 * se else 'outside'} two standard errors.{paired}{valid} "
-            f"Total wall time {res['wall_s']['total_s']:.0f} s.")
+        valid = (
+            f" On the validation split used during training, Dropout-GRPO went {100 * res['sft_valid_accuracy']:.1f}% "
+            "-> "
+            f"{100 * valid_end['dropout_grpo']:.1f}% (mean over seeds; {res['config']['data']['eval_limit'] or 'all'} "
+            "items)."
+        )
+    return (
+        f"On the built-in {s} split (n={res['n'][s]}), Coconut SFT scores {100 * sft:.2f}%. Deterministic GRPO ends at "
+        f"{100 * det['mean']:.2f}% with within-group reward std "
+        f"{'identically 0' if all(v == 0 for v in det_std) else 'NOT always 0'} "
+        f"(max {max(det_std) if det_std else 0:.3g}). REINFORCE + dropout (EMA) ends at {100 * rein['mean']:.2f}% ± "
+        f"{100 * rein['std']:.2f}%, token sampling without dropout at {100 * samp['mean']:.2f}% ± "
+        f"{100 * samp['std']:.2f}%. "
+        f"Dropout-GRPO ends at {100 * ours['mean']:.2f}% ± {100 * ours['std']:.2f}% (mean reward std "
+        f"{statistics.fmean(ours_std) if ours_std else 0:.3f}): a change of {100 * gain:+.2f} points, {verdict}; "
+        f"{100 * (ours['mean'] - ctrl['mean']):+.2f} points against the strongest control "
+        f"({res['labels'][best_ctrl]}). "
+        f"One accuracy on {res['n'][s]} items has a binomial standard error of about {se:.2f} points (and the SFT "
+        f"checkpoint is a single run): the change is {'within' if abs(100 * gain) < 2 * se else 'outside'} two "
+        f"standard errors.{paired}{valid} "
+        f"Total wall time {res['wall_s']['total_s']:.0f} s."
+    )
 
 
 def plot_traces(res: dict, out: Path) -> None:
@@ -265,11 +323,26 @@ def plot_traces(res: dict, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"grpo_deterministic": "#7f7f7f", "reinforce_ema": "#d62728", "grpo_sampling": "#ff7f0e", "dropout_grpo": "#1f77b4"}
-    for key, fname, ylabel, title in (("eval_trace", "eval_accuracy.png", "validation accuracy (greedy, no dropout)",
-                                       "Eval accuracy over training (paper Fig. 2)"),
-                                      ("reward_std_trace", "reward_std.png", "within-group reward std",
-                                       "Rollout diversity within groups (paper Fig. 3)")):
+    colors = {
+        "grpo_deterministic": "#7f7f7f",
+        "reinforce_ema": "#d62728",
+        "grpo_sampling": "#ff7f0e",
+        "dropout_grpo": "#1f77b4",
+    }
+    for key, fname, ylabel, title in (
+        (
+            "eval_trace",
+            "eval_accuracy.png",
+            "validation accuracy (greedy, no dropout)",
+            "Eval accuracy over training (paper Fig. 2)",
+        ),
+        (
+            "reward_std_trace",
+            "reward_std.png",
+            "within-group reward std",
+            "Rollout diversity within groups (paper Fig. 3)",
+        ),
+    ):
         fig, ax = plt.subplots(figsize=(8, 4.8), dpi=120)
         for arm, runs in res[key].items():
             pts = [[(s, v) for s, v in run if v is not None] for run in runs]
@@ -282,14 +355,36 @@ def plot_traces(res: dict, out: Path) -> None:
             ax.plot(steps, mean, color=colors.get(arm), lw=2)
             if len(pts) > 1:
                 sd = [statistics.pstdev(by_step[s]) for s in steps]
-                ax.fill_between(steps, [m - d for m, d in zip(mean, sd)], [m + d for m, d in zip(mean, sd)], color=colors.get(arm), alpha=0.15)
-            ax.annotate(res["labels"][arm].replace("Coconut + ", ""), (steps[-1], mean[-1]), xytext=(6, 0), textcoords="offset points",
-                        color=colors.get(arm), va="center", fontsize=9)
+                ax.fill_between(
+                    steps,
+                    [m - d for m, d in zip(mean, sd)],
+                    [m + d for m, d in zip(mean, sd)],
+                    color=colors.get(arm),
+                    alpha=0.15,
+                )
+            ax.annotate(
+                res["labels"][arm].replace("Coconut + ", ""),
+                (steps[-1], mean[-1]),
+                xytext=(6, 0),
+                textcoords="offset points",
+                color=colors.get(arm),
+                va="center",
+                fontsize=9,
+            )
         if key == "eval_trace":
             ax.axhline(res["sft_valid_accuracy"], color="black", ls="--", lw=1)
-            ax.annotate("Coconut SFT", (0, res["sft_valid_accuracy"]), xytext=(2, 4), textcoords="offset points", fontsize=9)
+            ax.annotate(
+                "Coconut SFT", (0, res["sft_valid_accuracy"]), xytext=(2, 4), textcoords="offset points", fontsize=9
+            )
         else:
-            ax.annotate("REINFORCE (K = 1): undefined", (0.01, 0.97), xycoords="axes fraction", va="top", fontsize=8, color=colors["reinforce_ema"])
+            ax.annotate(
+                "REINFORCE (K = 1): undefined",
+                (0.01, 0.97),
+                xycoords="axes fraction",
+                va="top",
+                fontsize=8,
+                color=colors["reinforce_ema"],
+            )
         ax.set_xlabel("GRPO step")
         ax.set_ylabel(ylabel)
         ax.set_title(title)

@@ -1,4 +1,5 @@
 """The verifier: extract a model's final answer from its text and score it 1.0/0.0 against the gold answer."""
+
 from __future__ import annotations
 
 import math
@@ -56,17 +57,14 @@ def _find_answer(text: str) -> re.Match[str] | None:
         found = _NUMBER_IN_TEXT.search(text, hash_at + 1)
         if found is not None:
             return found
-    last_marker = None
-    for last_marker in _ANSWER_IS.finditer(text):
-        pass
+    markers = list(_ANSWER_IS.finditer(text))
+    last_marker = markers[-1] if markers else None
     if last_marker is not None:
         found = _NUMBER_IN_TEXT.search(text, last_marker.end())
         if found is not None:
             return found
-    last = None
-    for last in _NUMBER_IN_TEXT.finditer(text):
-        pass
-    return last
+    numbers = list(_NUMBER_IN_TEXT.finditer(text))
+    return numbers[-1] if numbers else None
 
 
 def extract_answer(text: str) -> str | None:
@@ -89,7 +87,7 @@ def is_parseable(completion_text: str) -> bool:
 
 
 def normalize_number(text: str) -> str | None:
-    """The normalised number string of a text that is exactly one number (``" $40,000. "`` -> ``"40000"``), else None."""
+    """The normalised number string of a text that is exactly one number (``" $40,000. "`` -> ``"40000"``), or None."""
     if not isinstance(text, str):
         return None
     m = _NUMBER_ALONE.fullmatch(text)
@@ -153,7 +151,7 @@ def numbers_match(pred: str, gold: str, decimals: int | None = None) -> bool:
 
 
 def normalize_text(text: str) -> str:
-    """Text answers compared case- and spacing-blind: stripped, lower-cased, whitespace collapsed, no trailing period."""
+    """Text answers compared case- and spacing-blind: stripped, lower-cased, spaces collapsed, no trailing period."""
     return " ".join(text.split()).lower().rstrip(".").strip()
 
 

@@ -2,6 +2,7 @@
 
 ``main(argv)`` is the entry point (``argv``: the arguments after ``bench``); see :mod:`dgrpo.bench.suite`.
 """
+
 from __future__ import annotations
 
 from .suite import main

@@ -7,6 +7,7 @@ the full vocabulary at every position, cross-entropy over the target positions. 
 same loss as :func:`dgrpo.training.sft.sft_loss` (same sequence layout and position ids as
 :mod:`dgrpo.model.reference`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,13 +28,16 @@ def naive_coconut_loss(lm: LatentLM, examples: list[SFTExample], cfg: Config, no
     B, P = ids.shape
     L = tg.shape[1]
     dev = ids.device
-    seq = torch.cat([ids, torch.full((B, n_lat), lm.latent_id, device=dev), torch.full((B, 1), lm.end_id, device=dev), tg[:, :-1]], 1)
+    seq = torch.cat(
+        [ids, torch.full((B, n_lat), lm.latent_id, device=dev), torch.full((B, 1), lm.end_id, device=dev), tg[:, :-1]],
+        1,
+    )
     mask = torch.cat([pmask, torch.ones(B, n_lat + 1, dtype=pmask.dtype, device=dev), tm[:, :-1]], 1)
     S = seq.shape[1]
     pos = (pmask.cumsum(-1) - 1).clamp(min=0)
     pos = torch.cat([pos, pos[:, -1:] + torch.arange(1, S - P + 1, device=dev)[None]], 1)  # count on over right padding
     labels = torch.full((B, S), -100, dtype=torch.long, device=dev)
-    labels[:, P + n_lat:P + n_lat + L] = tg.masked_fill(tm == 0, -100)  # <|end-latent|> predicts the first target
+    labels[:, P + n_lat : P + n_lat + L] = tg.masked_fill(tm == 0, -100)  # <|end-latent|> predicts the first target
 
     embeds = lm.embed(seq)
     for t in range(n_lat + 1):
@@ -47,4 +51,6 @@ def naive_coconut_loss(lm: LatentLM, examples: list[SFTExample], cfg: Config, no
             cols[b][P + t] = last[b, P + t - 1]
         embeds = torch.stack([torch.stack(c) for c in cols])
     logits = out.logits.float()
-    return F.cross_entropy(logits.reshape(B * S, -1), labels.reshape(-1), ignore_index=-100, reduction="sum") / normalizer
+    return (
+        F.cross_entropy(logits.reshape(B * S, -1), labels.reshape(-1), ignore_index=-100, reduction="sum") / normalizer
+    )

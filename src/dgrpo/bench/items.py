@@ -3,6 +3,7 @@
 Every claim is the ratio of two ways of doing the same work, timed alternately in one run
 (:func:`dgrpo.bench.timing.alternate`), median of ``shapes.reps`` repetitions after a warm-up.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,22 +13,34 @@ import random
 import statistics
 import subprocess
 import sys
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from ..config import Config
+from ..model.anatomy import select_layers
 from ..model.reference import recompute_generate
 from ..perturbation import LockedDropout, NativeDropout, seeds_for
-from ..perturbation.base import parse_layers
-from ..training.grpo import GRPOTrainer, collect_rollouts
+from ..training.grpo import GRPOTrainer
+from ..training.rollouts import collect_rollouts
 from ..training.sft import count_target_tokens, make_example, sft_loss
 from .baselines import naive_coconut_loss
 from .long_items import bench_optimizer, bench_soak
 from .report import Goal, Row, fmt_bytes, fmt_flops, fmt_s
-from .timing import alternate
-from .workload import (FLOP_FORMULA, GPU, Ctx, build_lm, dims_of, grpo_config, prompt_widths, recurrence_flops, task_records,
-                       tokenizing_lm)
+from .timing import alternate, sync
+from .workload import (
+    FLOP_FORMULA,
+    GPU,
+    Ctx,
+    build_lm,
+    dims_of,
+    grpo_config,
+    prompt_widths,
+    recurrence_flops,
+    task_records,
+    tokenizing_lm,
+)
 
 P_DROP = 0.1
 
@@ -57,49 +70,107 @@ def bench_rollouts(ctx: Ctx) -> tuple[list[Row], dict]:
         N = s.prompts * K
         seeds = seeds_for(0, 0, 0, N)
 
-        def batched() -> float:
-            ro = collect_rollouts(lm, records, group_size=K, n_latent=s.T, perturbation=locked, seeds=seeds, max_new_tokens=s.max_new_tokens)
+        def batched(K: int = K, seeds: torch.Tensor = seeds) -> float:
+            ro = collect_rollouts(
+                lm,
+                records,
+                group_size=K,
+                n_latent=s.T,
+                perturbation=locked,
+                seeds=seeds,
+                max_new_tokens=s.max_new_tokens,
+            )
             return float(ro.mask.sum(1).float().mean())
 
         def sequential() -> float:
-            ro = collect_rollouts(lm, records, group_size=s.seq_per_prompt, n_latent=s.T, perturbation=native, seeds=seq_seeds,
-                                  max_new_tokens=s.max_new_tokens)
+            ro = collect_rollouts(
+                lm,
+                records,
+                group_size=s.seq_per_prompt,
+                n_latent=s.T,
+                perturbation=native,
+                seeds=seq_seeds,
+                max_new_tokens=s.max_new_tokens,
+            )
             return float(ro.mask.sum(1).float().mean())
 
         def recompute() -> float:
-            outs = [recompute_generate(lm, r.question, s.T, s.max_new_tokens) for r in records for _ in range(s.seq_per_prompt)]
+            outs = [
+                recompute_generate(lm, r.question, s.T, s.max_new_tokens)
+                for r in records
+                for _ in range(s.seq_per_prompt)
+            ]
             return statistics.fmean(len(o) for o in outs)
 
         ctx.log(f"[1] rollouts K={K}: {N} batched vs {n_seq} one at a time")
-        t = alternate({"batched_locked": batched, "sequential_native": sequential, "recompute_batch1": recompute}, reps=s.reps,
-                      warmup=s.warmup, device=ctx.device, log=ctx.log)
-        per = {"batched_locked": t.median("batched_locked") / N, "sequential_native": t.median("sequential_native") / n_seq,
-               "recompute_batch1": t.median("recompute_batch1") / n_seq}
+        t = alternate(
+            {"batched_locked": batched, "sequential_native": sequential, "recompute_batch1": recompute},
+            reps=s.reps,
+            warmup=s.warmup,
+            device=ctx.device,
+            log=ctx.log,
+        )
+        per = {
+            "batched_locked": t.median("batched_locked") / N,
+            "sequential_native": t.median("sequential_native") / n_seq,
+            "recompute_batch1": t.median("recompute_batch1") / n_seq,
+        }
         toks = {k: statistics.fmean(v) for k, v in t.results.items()}
         P = max(w for _, w in prompt_widths(lm, [r.question for r in records], len(records)))
         fl, _ = recurrence_flops(d, N, P, s.T, s.max_new_tokens, backward=False)
         fps = fl / t.median("batched_locked")
         tok_s = N * toks["batched_locked"] / t.median("batched_locked")
-        raw[f"K={K}"] = {"K": K, "N": N, "n_timed_one_at_a_time": n_seq, "per_rollout_s": per, "answer_tokens_per_rollout": toks,
-                         "batched_tokens_per_s": tok_s, "batched_flops_per_s": fps, "timing": t.to_json(),
-                         "ratio_sequential": per["sequential_native"] / per["batched_locked"],
-                         "ratio_recompute": per["recompute_batch1"] / per["batched_locked"],
-                         "paired_ratio_sequential": [x * N / n_seq for x in t.paired_ratios("sequential_native", "batched_locked")],
-                         "paired_ratio_recompute": [x * N / n_seq for x in t.paired_ratios("recompute_batch1", "batched_locked")]}
+        raw[f"K={K}"] = {
+            "K": K,
+            "N": N,
+            "n_timed_one_at_a_time": n_seq,
+            "per_rollout_s": per,
+            "answer_tokens_per_rollout": toks,
+            "batched_tokens_per_s": tok_s,
+            "batched_flops_per_s": fps,
+            "timing": t.to_json(),
+            "ratio_sequential": per["sequential_native"] / per["batched_locked"],
+            "ratio_recompute": per["recompute_batch1"] / per["batched_locked"],
+            "paired_ratio_sequential": [x * N / n_seq for x in t.paired_ratios("sequential_native", "batched_locked")],
+            "paired_ratio_recompute": [x * N / n_seq for x in t.paired_ratios("recompute_batch1", "batched_locked")],
+        }
         gated = K == max(s.rollout_K)
-        conf = (f"K={K} x {s.prompts} prompts = {N} rollouts, T={s.T}, {s.max_new_tokens} answer tokens each "
-                f"(tokens/rollout: {toks['batched_locked']:.0f} / {toks['sequential_native']:.0f} / {toks['recompute_batch1']:.0f})")
-        base = (f"batched (locked): {fmt_s(per['batched_locked'])}/rollout ({N} in {fmt_s(t.median('batched_locked'))}, "
-                f"{tok_s:,.0f} answer tok/s, {fmt_flops(fps)}{_peak_note(ctx, fps)})")
+        conf = (
+            f"K={K} x {s.prompts} prompts = {N} rollouts, T={s.T}, {s.max_new_tokens} answer tokens each "
+            f"(tokens/rollout: {toks['batched_locked']:.0f} / {toks['sequential_native']:.0f} / "
+            f"{toks['recompute_batch1']:.0f})"
+        )
+        base = (
+            f"batched (locked): {fmt_s(per['batched_locked'])}/rollout ({N} in {fmt_s(t.median('batched_locked'))}, "
+            f"{tok_s:,.0f} answer tok/s, {fmt_flops(fps)}{_peak_note(ctx, fps)})"
+        )
         note = f"; one-at-a-time: {n_seq} rollouts timed, scaled per rollout"
-        rows.append(Row(ctx.section, "1. rollouts", "flops,rollouts", conf,
-                        base + f"; sequential (native, RNG restore): {fmt_s(per['sequential_native'])}/rollout" + note,
-                        "sequential replay / batched, per rollout", raw[f"K={K}"]["ratio_sequential"], Goal(">=", 8) if gated else None,
-                        _range(raw[f"K={K}"]["paired_ratio_sequential"])))
-        rows.append(Row(ctx.section, "1. rollouts", "flops,rollouts", conf,
-                        base + f"; batch-1 recompute (no KV cache): {fmt_s(per['recompute_batch1'])}/rollout" + note,
-                        "batch-1 recompute / batched, per rollout", raw[f"K={K}"]["ratio_recompute"], Goal(">=", 30) if gated else None,
-                        _range(raw[f"K={K}"]["paired_ratio_recompute"])))
+        rows.append(
+            Row(
+                ctx.section,
+                "1. rollouts",
+                "flops,rollouts",
+                conf,
+                base + f"; sequential (native, RNG restore): {fmt_s(per['sequential_native'])}/rollout" + note,
+                "sequential replay / batched, per rollout",
+                raw[f"K={K}"]["ratio_sequential"],
+                Goal(">=", 8) if gated else None,
+                _range(raw[f"K={K}"]["paired_ratio_sequential"]),
+            )
+        )
+        rows.append(
+            Row(
+                ctx.section,
+                "1. rollouts",
+                "flops,rollouts",
+                conf,
+                base + f"; batch-1 recompute (no KV cache): {fmt_s(per['recompute_batch1'])}/rollout" + note,
+                "batch-1 recompute / batched, per rollout",
+                raw[f"K={K}"]["ratio_recompute"],
+                Goal(">=", 30) if gated else None,
+                _range(raw[f"K={K}"]["paired_ratio_recompute"]),
+            )
+        )
     return rows, raw
 
 
@@ -119,6 +190,7 @@ def bench_sft(ctx: Ctx) -> tuple[list[Row], dict]:
             loss = loss_fn()
             loss.backward()
             return float(loss.detach())
+
         return f
 
     ours = run(lambda: sft_loss(lm, examples, cfg, norm)[0])
@@ -128,21 +200,48 @@ def bench_sft(ctx: Ctx) -> tuple[list[Row], dict]:
     diff = max(abs(a - b) for a, b in zip(t.results["ours"], t.results["naive"]))
     tol = 1e-5 if ctx.dtype == torch.float32 else 5e-2
     if diff > tol:
-        raise AssertionError(f"SFT losses differ by {diff:.3g} > {tol:g}: ours {t.results['ours'][0]}, naive {t.results['naive'][0]}")
+        raise AssertionError(
+            f"SFT losses differ by {diff:.3g} > {tol:g}: ours {t.results['ours'][0]}, naive {t.results['naive'][0]}"
+        )
     ratio = t.ratio("ours", "naive")
-    raw = {"batch": s.sft_batch, "n_latent": examples[0].n_latent, "target_tokens": norm, "loss": t.results["ours"][0],
-           "max_abs_loss_diff": diff, "tolerance": tol, "timing": t.to_json(), "ratio": ratio,
-           "paired_ratio": t.paired_ratios("ours", "naive")}
-    conf = (f"batch {s.sft_batch}, stage {s.sft_stage} ({examples[0].n_latent} latents + remaining steps), forward + backward; "
-            f"same loss ({raw['loss']:.5f}, max |diff| {diff:.1e})")
+    raw = {
+        "batch": s.sft_batch,
+        "n_latent": examples[0].n_latent,
+        "target_tokens": norm,
+        "loss": t.results["ours"][0],
+        "max_abs_loss_diff": diff,
+        "tolerance": tol,
+        "timing": t.to_json(),
+        "ratio": ratio,
+        "paired_ratio": t.paired_ratios("ours", "naive"),
+    }
+    conf = (
+        f"batch {s.sft_batch}, stage {s.sft_stage} ({examples[0].n_latent} latents + remaining steps), forward + "
+        "backward; "
+        f"same loss ({raw['loss']:.5f}, max |diff| {diff:.1e})"
+    )
     vals = f"ours (sft_loss): {fmt_s(t.median('ours'))}; naive Coconut forward: {fmt_s(t.median('naive'))}"
-    return [Row(ctx.section, "2. Coconut SFT step", "sft", conf, vals, "ours / naive", ratio, Goal("<=", 0.7), _range(raw["paired_ratio"]))], raw
+    return [
+        Row(
+            ctx.section,
+            "2. Coconut SFT step",
+            "sft",
+            conf,
+            vals,
+            "ours / naive",
+            ratio,
+            Goal("<=", 0.7),
+            _range(raw["paired_ratio"]),
+        )
+    ], raw
 
 
 # --------------------------------------------------------------------------- 3. GRPO step scaling
 def _trainer(ctx: Ctx, K: int, T: int, kind: str, beta0: float | None = None) -> GRPOTrainer:
     s = ctx.shapes
-    return GRPOTrainer(build_lm(s, ctx.device, ctx.dtype), grpo_config(s, K, T, kind, beta0=beta0), task_records(s.prompts))
+    return GRPOTrainer(
+        build_lm(s, ctx.device, ctx.dtype), grpo_config(s, K, T, kind, beta0=beta0), task_records(s.prompts)
+    )
 
 
 def _step_fn(tr: GRPOTrainer, prompts) -> Callable[[], dict]:
@@ -151,7 +250,10 @@ def _step_fn(tr: GRPOTrainer, prompts) -> Callable[[], dict]:
 
 def _split(t, name: str) -> dict:
     ms = t.results[name]
-    return {"rollout_s": statistics.median(m["time_rollout_s"] for m in ms), "update_s": statistics.median(m["time_update_s"] for m in ms)}
+    return {
+        "rollout_s": statistics.median(m["time_rollout_s"] for m in ms),
+        "update_s": statistics.median(m["time_update_s"] for m in ms),
+    }
 
 
 def bench_grpo_scaling(ctx: Ctx) -> tuple[list[Row], dict]:
@@ -162,7 +264,12 @@ def bench_grpo_scaling(ctx: Ctx) -> tuple[list[Row], dict]:
     fns = {f"K={K},T={T}": _step_fn(_trainer(ctx, K, T, "locked"), prompts) for K, T in pairs}
     ctx.log(f"[3] GRPO step scaling: {', '.join(fns)}")
     t = alternate(fns, reps=s.reps, warmup=s.warmup, device=ctx.device, log=ctx.log)
-    raw = {"timing": t.to_json(), "split": {k: _split(t, k) for k in fns}, "prompts": s.prompts, "max_new_tokens": s.max_new_tokens}
+    raw: dict[str, Any] = {
+        "timing": t.to_json(),
+        "split": {k: _split(t, k) for k in fns},
+        "prompts": s.prompts,
+        "max_new_tokens": s.max_new_tokens,
+    }
     Ka, T0, T1, T2 = s.grpo_K_at, *s.grpo_T
     Ta, K0, K1, K2 = s.grpo_T_at, *s.grpo_K
     rows = []
@@ -170,11 +277,24 @@ def bench_grpo_scaling(ctx: Ctx) -> tuple[list[Row], dict]:
     def row(a: str, b: str, what: str, goal: Goal | None) -> None:
         r = t.ratio(a, b)
         raw[f"{a} / {b}"] = r
-        vals = "; ".join(f"{k}: {fmt_s(t.median(k))} (rollout {fmt_s(raw['split'][k]['rollout_s'])}, update {fmt_s(raw['split'][k]['update_s'])})"
-                         for k in (a, b))
-        rows.append(Row(ctx.section, "3. GRPO step scaling", "grpo_scaling",
-                        f"{what}; {s.prompts} prompts, {s.max_new_tokens} answer tokens, locked dropout, filter off", vals,
-                        f"step({a}) / step({b})", r, goal, _range(t.paired_ratios(a, b))))
+        vals = "; ".join(
+            f"{k}: {fmt_s(t.median(k))} (rollout {fmt_s(raw['split'][k]['rollout_s'])}, update "
+            f"{fmt_s(raw['split'][k]['update_s'])})"
+            for k in (a, b)
+        )
+        rows.append(
+            Row(
+                ctx.section,
+                "3. GRPO step scaling",
+                "grpo_scaling",
+                f"{what}; {s.prompts} prompts, {s.max_new_tokens} answer tokens, locked dropout, filter off",
+                vals,
+                f"step({a}) / step({b})",
+                r,
+                goal,
+                _range(t.paired_ratios(a, b)),
+            )
+        )
 
     row(f"K={Ka},T={T1}", f"K={Ka},T={T0}", f"T {T0} -> {T1} at K={Ka}", None)
     row(f"K={Ka},T={T2}", f"K={Ka},T={T1}", f"T {T1} -> {T2} at K={Ka}", Goal("<=", 2.1))
@@ -189,27 +309,64 @@ def bench_perturbation(ctx: Ctx) -> tuple[list[Row], dict]:
     s = ctx.shapes
     K, T = s.grpo_K_at, s.grpo_T_at
     prompts = task_records(s.prompts)
-    fns = {"locked": _step_fn(_trainer(ctx, K, T, "locked"), prompts), "none": _step_fn(_trainer(ctx, K, T, "none"), prompts)}
+    fns = {
+        "locked": _step_fn(_trainer(ctx, K, T, "locked"), prompts),
+        "none": _step_fn(_trainer(ctx, K, T, "none"), prompts),
+    }
     ctx.log(f"[4] perturbation cost: locked vs none at K={K}, T={T}")
     t = alternate(fns, reps=s.reps, warmup=s.warmup, device=ctx.device, log=ctx.log)
     split = {k: _split(t, k) for k in fns}
-    raw = {"K": K, "T": T, "timing": t.to_json(), "split": split, "ratio": t.ratio("locked", "none"),
-           "paired_ratio": t.paired_ratios("locked", "none"),
-           "ratio_rollout": split["locked"]["rollout_s"] / split["none"]["rollout_s"],
-           "ratio_update": split["locked"]["update_s"] / split["none"]["update_s"]}
-    vals = (f"Dropout-GRPO: {fmt_s(t.median('locked'))} (rollout {fmt_s(split['locked']['rollout_s'])}, update {fmt_s(split['locked']['update_s'])}); "
-            f"deterministic: {fmt_s(t.median('none'))} (rollout {fmt_s(split['none']['rollout_s'])}, update {fmt_s(split['none']['update_s'])}); "
-            f"rollout ratio {raw['ratio_rollout']:.3f}, update ratio {raw['ratio_update']:.3f}")
+    raw = {
+        "K": K,
+        "T": T,
+        "timing": t.to_json(),
+        "split": split,
+        "ratio": t.ratio("locked", "none"),
+        "paired_ratio": t.paired_ratios("locked", "none"),
+        "ratio_rollout": split["locked"]["rollout_s"] / split["none"]["rollout_s"],
+        "ratio_update": split["locked"]["update_s"] / split["none"]["update_s"],
+    }
+    vals = (
+        f"Dropout-GRPO: {fmt_s(t.median('locked'))} (rollout {fmt_s(split['locked']['rollout_s'])}, update "
+        f"{fmt_s(split['locked']['update_s'])}); "
+        f"deterministic: {fmt_s(t.median('none'))} (rollout {fmt_s(split['none']['rollout_s'])}, update "
+        f"{fmt_s(split['none']['update_s'])}); "
+        f"rollout ratio {raw['ratio_rollout']:.3f}, update ratio {raw['ratio_update']:.3f}"
+    )
     conf = f"K={K}, T={T}, {s.prompts} prompts, filter off; perturbation.kind locked (p={P_DROP}, mlp sites) vs none"
-    return [Row(ctx.section, "4. cost of the perturbation", "perturbation", conf, vals, "locked / none", raw["ratio"], Goal("<=", 1.10),
-                _range(raw["paired_ratio"]))], raw
+    return [
+        Row(
+            ctx.section,
+            "4. cost of the perturbation",
+            "perturbation",
+            conf,
+            vals,
+            "locked / none",
+            raw["ratio"],
+            Goal("<=", 1.10),
+            _range(raw["paired_ratio"]),
+        )
+    ], raw
 
 
 # --------------------------------------------------------------------------- 5. memory
 def _run_probe(ctx: Ctx, K: int, T: int, kind: str) -> dict:
-    spec = {"shapes": ctx.shapes.to_json(), "device": str(ctx.device), "dtype": str(ctx.dtype).replace("torch.", ""), "K": K, "T": T,
-            "kind": kind, "threads": ctx.threads, "warmup": 1}
-    proc = subprocess.run([sys.executable, "-m", "dgrpo.bench.memprobe", json.dumps(spec)], capture_output=True, text=True, env=os.environ.copy())
+    spec = {
+        "shapes": ctx.shapes.to_json(),
+        "device": str(ctx.device),
+        "dtype": str(ctx.dtype).replace("torch.", ""),
+        "K": K,
+        "T": T,
+        "kind": kind,
+        "threads": ctx.threads,
+        "warmup": 1,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "dgrpo.bench.memprobe", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env=os.environ.copy(),
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"memory probe failed ({kind}, K={K}, T={T}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -226,44 +383,79 @@ def bench_memory(ctx: Ctx) -> tuple[list[Row], dict]:
     for r in range(s.mem_reps):
         for name, (k, t_, kind) in runs.items():
             probes[name].append(_run_probe(ctx, k, t_, kind))
-        ctx.log(f"  rep {r + 1}/{s.mem_reps}: " + ", ".join(f"{n} +{fmt_bytes(p[-1]['delta_bytes'])}" for n, p in probes.items()))
+        ctx.log(
+            f"  rep {r + 1}/{s.mem_reps}: "
+            + ", ".join(f"{n} +{fmt_bytes(p[-1]['delta_bytes'])}" for n, p in probes.items())
+        )
     delta = {k: statistics.median(p["delta_bytes"] for p in v) for k, v in probes.items()}
     peak = {k: statistics.median(p["peak_bytes"] for p in v) for k, v in probes.items()}
     what = "peak allocated (CUDA)" if ctx.device.type == "cuda" else "peak RSS"
-    raw = {"measure": probes["locked"][0]["kind"], "clean_peak": all(p["clean_peak"] for v in probes.values() for p in v),
-           "delta_bytes": delta, "peak_bytes": peak, "probes": probes}
-    rows = [Row(ctx.section, "5. memory", "memory", f"one GRPO step after a warm-up step, K={K}, T={T}, {s.prompts} prompts, fresh process each; "
-                f"{what} during the step minus the level just before it",
-                "; ".join(f"{k}: +{fmt_bytes(delta[k])} (peak {fmt_bytes(peak[k])})" for k in runs),
-                "locked / none (step increment)", delta["locked"] / delta["none"], None)]
+    raw = {
+        "measure": probes["locked"][0]["kind"],
+        "clean_peak": all(p["clean_peak"] for v in probes.values() for p in v),
+        "delta_bytes": delta,
+        "peak_bytes": peak,
+        "probes": probes,
+    }
+    rows = [
+        Row(
+            ctx.section,
+            "5. memory",
+            "memory",
+            f"one GRPO step after a warm-up step, K={K}, T={T}, {s.prompts} prompts, fresh process each; "
+            f"{what} during the step minus the level just before it",
+            "; ".join(f"{k}: +{fmt_bytes(delta[k])} (peak {fmt_bytes(peak[k])})" for k in runs),
+            "locked / none (step increment)",
+            delta["locked"] / delta["none"],
+            None,
+        )
+    ]
 
     # bytes kept per rollout for replay: the seed vs the masks themselves
     cfg = grpo_config(s, K, T, "locked")
-    n_sites = len(cfg.perturbation.sites) * len(parse_layers(cfg.perturbation.layers, s.layers))
+    n_sites = len(cfg.perturbation.sites) * len(select_layers(cfg.perturbation.layers, s.layers))
     seed_bytes = seeds_for(0, 0, 0, 1).element_size()
     mask_bytes = n_sites * s.hidden * 4  # float32 masks, as LockedDropout builds them
     P = max(w for _, w in prompt_widths(tokenizing_lm(), [r.question for r in task_records(s.prompts)], s.prompts))
     S = P + T + s.max_new_tokens
     native_bytes = s.layers * s.heads * S * (S + 1) // 2  # attention-dropout masks of every forward, 1 byte per entry
-    raw["replay_bytes_per_rollout"] = {"seed": seed_bytes, "locked_masks_fp32": mask_bytes, "sites": n_sites, "width": s.hidden,
-                                       "native_attention_masks_bool": native_bytes, "sequence_positions": S}
-    rows.append(Row(ctx.section, "5. memory", "memory",
-                    f"replay state per rollout: {n_sites} sites ({','.join(cfg.perturbation.sites)}) x hidden {s.hidden}",
-                    f"seed (int64): {seed_bytes} B; locked masks (fp32): {fmt_bytes(mask_bytes)}; native attention masks "
-                    f"(bool, {s.layers} layers x {s.heads} heads, {S} positions): {fmt_bytes(native_bytes)}",
-                    "locked masks / seed", mask_bytes / seed_bytes, None))
+    raw["replay_bytes_per_rollout"] = {
+        "seed": seed_bytes,
+        "locked_masks_fp32": mask_bytes,
+        "sites": n_sites,
+        "width": s.hidden,
+        "native_attention_masks_bool": native_bytes,
+        "sequence_positions": S,
+    }
+    rows.append(
+        Row(
+            ctx.section,
+            "5. memory",
+            "memory",
+            f"replay state per rollout: {n_sites} sites ({','.join(cfg.perturbation.sites)}) x hidden {s.hidden}",
+            f"seed (int64): {seed_bytes} B; locked masks (fp32): {fmt_bytes(mask_bytes)}; native attention masks "
+            f"(bool, {s.layers} layers x {s.heads} heads, {S} positions): {fmt_bytes(native_bytes)}",
+            "locked masks / seed",
+            mask_bytes / seed_bytes,
+            None,
+        )
+    )
     big = GPU.layers * GPU.hidden * 4  # one site per layer at Qwen2-0.5B width (the paper's attention sites)
     raw["replay_bytes_per_rollout"]["locked_masks_fp32_qwen2_0.5b_one_site_per_layer"] = big
-    rows[-1].values += f"; at Qwen2-0.5B width ({GPU.layers} layers x {GPU.hidden}, one site per layer): {fmt_bytes(big)} vs 8 B"
+    rows[
+        -1
+    ].values += (
+        f"; at Qwen2-0.5B width ({GPU.layers} layers x {GPU.hidden}, one site per layer): {fmt_bytes(big)} vs 8 B"
+    )
     return rows, raw
 
 
 # --------------------------------------------------------------------------- 6. distance to the machine's limit
-def _mm_fn(m: int, k: int, n: int, device: torch.device, dtype: torch.dtype, target_s: float = 0.05) -> tuple[Callable[[], int], int]:
+def _mm_fn(
+    m: int, k: int, n: int, device: torch.device, dtype: torch.dtype, target_s: float = 0.05
+) -> tuple[Callable[[], int], int]:
     """A callable doing ``iters`` (m x k) @ (k x n) products, ``iters`` chosen so one call takes ~target_s."""
     import time
-
-    from .timing import sync
 
     a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
     c = torch.empty(m, n, device=device, dtype=dtype)
@@ -280,6 +472,7 @@ def _mm_fn(m: int, k: int, n: int, device: torch.device, dtype: torch.dtype, tar
         for _ in range(iters):
             torch.mm(a, b, out=c)
         return iters
+
     return f, iters
 
 
@@ -305,11 +498,17 @@ def op_time_breakdown(fn: Callable[[], object], device: torch.device) -> dict:
     total = sum(getattr(e, attr) for e in events) or 1.0
     share = {"matmul": 0.0, "attention": 0.0, "other": 0.0}
     for e in events:
-        cat = "matmul" if e.key in MATMUL_OPS else "attention" if ("attention" in e.key or "flash" in e.key) else "other"
+        cat = (
+            "matmul" if e.key in MATMUL_OPS else "attention" if ("attention" in e.key or "flash" in e.key) else "other"
+        )
         share[cat] += getattr(e, attr) / total
     top = sorted(events, key=lambda e: -getattr(e, attr))[:5]
-    return {"share": share, "top_ops": [(e.key, getattr(e, attr) / total, e.count) for e in top],
-            "op_time_over_wall": total / 1e6 / wall, "wall_s": wall}
+    return {
+        "share": share,
+        "top_ops": [(e.key, getattr(e, attr) / total, e.count) for e in top],
+        "op_time_over_wall": total / 1e6 / wall,
+        "wall_s": wall,
+    }
 
 
 def bench_flops(ctx: Ctx) -> tuple[list[Row], dict]:
@@ -325,7 +524,9 @@ def bench_flops(ctx: Ctx) -> tuple[list[Row], dict]:
         f_, p_ = recurrence_flops(d, rows_c, P, T, L, backward=True)
         flops, positions = flops + f_, positions + p_
     mb_rows, mb_P = chunks[0]
-    sizes = list(s.mm_sizes) + [(mb_rows * mb_P, s.hidden, s.ffn)]  # the update's own largest matmul shape (prompt pass, MLP)
+    sizes = list(s.mm_sizes) + [
+        (mb_rows * mb_P, s.hidden, s.ffn)
+    ]  # the update's own largest matmul shape (prompt pass, MLP)
     fns: dict[str, Callable] = {"grpo_step": _step_fn(tr, prompts)}
     flop_of: dict[str, float] = {}
     for m, k, n in sizes:
@@ -338,22 +539,52 @@ def bench_flops(ctx: Ctx) -> tuple[list[Row], dict]:
     upd = statistics.median(m["time_update_s"] for m in t.results["grpo_step"])
     achieved = flops / upd
     rates = {n: flop_of[n] * t.results[n][0] / t.median(n) for n in flop_of}
-    peak_name = max(rates, key=rates.get)
+    peak_name = max(rates, key=lambda n: rates[n])
     peak = rates[peak_name]
     ctx.results["peak_flops"] = peak
     prof = op_time_breakdown(fns["grpo_step"], ctx.device)  # one more step, profiled (not timed)
-    raw = {"formula": FLOP_FORMULA, "dims": d.__dict__, "chunks_rows_promptwidth": chunks, "update_flops": flops, "update_positions": positions,
-           "update_time_s": upd, "achieved_flops_per_s": achieved, "update_tokens_per_s": positions / upd, "mm_flops_per_s": rates,
-           "peak_name": peak_name, "fraction_of_peak": achieved / peak, "timing": t.to_json(), "profile_one_step": prof}
-    conf = (f"GRPO update (policy forward+backward through the recurrence, optimizer step; beta0=0), K={K}, T={T}, {s.prompts} prompts, "
-            f"{L} answer tokens; N={d.params_nonembedding:,} non-embedding params; {flops / 1e9:.1f} GFLOP by the formula in the notes")
-    vals = (f"update {fmt_s(upd)} -> {fmt_flops(achieved)} ({positions / upd:,.0f} positions/s); "
-            + "; ".join(f"{n}: {fmt_flops(r)}" for n, r in rates.items())
-            + f"; profile of one step (rollout + update), share of op time: matmul {100 * prof['share']['matmul']:.0f}%, attention "
-            f"{100 * prof['share']['attention']:.0f}%, other ops (norms, activations, rotary, masks, copies, optimizer) "
-            f"{100 * prof['share']['other']:.0f}%; ops cover {100 * prof['op_time_over_wall']:.0f}% of that step's wall time")
-    rows = [Row(ctx.section, "6. distance to the machine's limit", "flops", conf, vals, f"achieved / best matmul ({peak_name})",
-                achieved / peak, None)]
+    raw = {
+        "formula": FLOP_FORMULA,
+        "dims": d.__dict__,
+        "chunks_rows_promptwidth": chunks,
+        "update_flops": flops,
+        "update_positions": positions,
+        "update_time_s": upd,
+        "achieved_flops_per_s": achieved,
+        "update_tokens_per_s": positions / upd,
+        "mm_flops_per_s": rates,
+        "peak_name": peak_name,
+        "fraction_of_peak": achieved / peak,
+        "timing": t.to_json(),
+        "profile_one_step": prof,
+    }
+    conf = (
+        f"GRPO update (policy forward+backward through the recurrence, optimizer step; beta0=0), K={K}, T={T}, "
+        f"{s.prompts} prompts, "
+        f"{L} answer tokens; N={d.params_nonembedding:,} non-embedding params; {flops / 1e9:.1f} GFLOP by the formula "
+        "in the notes"
+    )
+    vals = (
+        f"update {fmt_s(upd)} -> {fmt_flops(achieved)} ({positions / upd:,.0f} positions/s); "
+        + "; ".join(f"{n}: {fmt_flops(r)}" for n, r in rates.items())
+        + f"; profile of one step (rollout + update), share of op time: matmul {100 * prof['share']['matmul']:.0f}%, "
+        "attention "
+        f"{100 * prof['share']['attention']:.0f}%, other ops (norms, activations, rotary, masks, copies, optimizer) "
+        f"{100 * prof['share']['other']:.0f}%; ops cover {100 * prof['op_time_over_wall']:.0f}% of that step's wall "
+        "time"
+    )
+    rows = [
+        Row(
+            ctx.section,
+            "6. distance to the machine's limit",
+            "flops",
+            conf,
+            vals,
+            f"achieved / best matmul ({peak_name})",
+            achieved / peak,
+            None,
+        )
+    ]
     return rows, raw
 
 

@@ -8,18 +8,23 @@ checkpoints every 50 steps, KL reference) for ``soak_steps`` steps; the parent r
 set size (VmRSS) each time the metrics file passes a multiple of 10 steps and fits a line. A leak
 shows as a positive slope; the goal is flat.
 """
+
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from ..training.grpo import GRPOTrainer
 from .memprobe import status_kb
 from .report import Goal, Row, fmt_bytes, fmt_s
 from .timing import alternate
@@ -42,7 +47,6 @@ def bench_optimizer(ctx: Ctx) -> tuple[list[Row], dict]:
         import bitsandbytes  # noqa: F401  # type: ignore[import-not-found]
     except ImportError:
         return [], {"skipped": "bitsandbytes is not installed"}
-    from ..training.grpo import GRPOTrainer
 
     s = ctx.shapes
     K, T = s.grpo_K_at, s.grpo_T_at
@@ -53,7 +57,7 @@ def bench_optimizer(ctx: Ctx) -> tuple[list[Row], dict]:
         cfg.grpo.optimizer = name
         trainers[name] = GRPOTrainer(build_lm(s, ctx.device, ctx.dtype), cfg, prompts)
     kinds = {n: f"{type(tr.opt).__module__}.{type(tr.opt).__name__}" for n, tr in trainers.items()}
-    fns = {n: (lambda tr=tr: tr.step(prompts=prompts)) for n, tr in trainers.items()}
+    fns: dict[str, Callable[[], Any]] = {n: functools.partial(tr.step, prompts=prompts) for n, tr in trainers.items()}
     ctx.log(f"[7] optimizer: {', '.join(f'{n} ({k})' for n, k in kinds.items())} at K={K}, T={T}")
     t = alternate(fns, reps=s.reps, warmup=s.warmup, device=ctx.device, log=ctx.log)
     state = {n: _state_bytes(tr.opt) for n, tr in trainers.items()}
@@ -67,13 +71,37 @@ def bench_optimizer(ctx: Ctx) -> tuple[list[Row], dict]:
         peaks[n] = {"before": before, "peak": torch.cuda.max_memory_allocated()}
     n_params = sum(p.numel() for p in trainers["adamw"].lm.model.parameters() if p.requires_grad)
     raw = {"classes": kinds, "timing": t.to_json(), "state_bytes": state, "peaks": peaks, "params": n_params}
-    vals = "; ".join(f"{n}: step {fmt_s(t.median(n))}, optimizer state {fmt_bytes(state[n])}, resident before step "
-                     f"{fmt_bytes(peaks[n]['before'])}, step peak {fmt_bytes(peaks[n]['peak'])}" for n in fns)
-    conf = f"{n_params / 1e6:.0f}M trainable params ({ctx.dtype}), K={K}, T={T}, {s.prompts} prompts, locked dropout, filter off"
-    return [Row(ctx.section, "7. 8-bit optimizer", "optimizer", conf, vals, "state bytes adamw8bit / adamw",
-                state["adamw8bit"] / state["adamw"], Goal("<=", 0.6)),
-            Row(ctx.section, "7. 8-bit optimizer", "optimizer", conf, f"adamw {fmt_s(t.median('adamw'))}, adamw8bit {fmt_s(t.median('adamw8bit'))}",
-                "step time adamw8bit / adamw", t.ratio("adamw8bit", "adamw"), None)], raw
+    vals = "; ".join(
+        f"{n}: step {fmt_s(t.median(n))}, optimizer state {fmt_bytes(state[n])}, resident before step "
+        f"{fmt_bytes(peaks[n]['before'])}, step peak {fmt_bytes(peaks[n]['peak'])}"
+        for n in fns
+    )
+    conf = (
+        f"{n_params / 1e6:.0f}M trainable params ({ctx.dtype}), K={K}, T={T}, {s.prompts} prompts, "
+        "locked dropout, filter off"
+    )
+    return [
+        Row(
+            ctx.section,
+            "7. 8-bit optimizer",
+            "optimizer",
+            conf,
+            vals,
+            "state bytes adamw8bit / adamw",
+            state["adamw8bit"] / state["adamw"],
+            Goal("<=", 0.6),
+        ),
+        Row(
+            ctx.section,
+            "7. 8-bit optimizer",
+            "optimizer",
+            conf,
+            f"adamw {fmt_s(t.median('adamw'))}, adamw8bit {fmt_s(t.median('adamw8bit'))}",
+            "step time adamw8bit / adamw",
+            t.ratio("adamw8bit", "adamw"),
+            None,
+        ),
+    ], raw
 
 
 def _rss_bytes(pid: int) -> int | None:
@@ -103,15 +131,35 @@ def bench_soak(ctx: Ctx, steps: int = SOAK_STEPS) -> tuple[list[Row], dict]:
         init = Path(tmp) / "init"
         build_lm(s, torch.device("cpu"), torch.float32, fixed_length=False).save_pretrained(init)
         out = Path(tmp) / "run"
-        over = {"grpo.steps": steps, "grpo.prompts_per_step": 16, "grpo.group_size": 8, "grpo.n_latent": 2, "grpo.max_new_tokens": 16,
-                "grpo.filter": "false", "grpo.eval_every": 50, "grpo.save_every": 50, "grpo.log_every": 1, "grpo.warmup_steps": 10, "grpo.lr": 1e-5,
-                "task.n_train": 2048, "task.n_valid": 64, "data.eval_limit": 64, "data.test": "[]", "threads": ctx.threads}
+        over = {
+            "grpo.steps": steps,
+            "grpo.prompts_per_step": 16,
+            "grpo.group_size": 8,
+            "grpo.n_latent": 2,
+            "grpo.max_new_tokens": 16,
+            "grpo.filter": "false",
+            "grpo.eval_every": 50,
+            "grpo.save_every": 50,
+            "grpo.log_every": 1,
+            "grpo.warmup_steps": 10,
+            "grpo.lr": 1e-5,
+            "task.n_train": 2048,
+            "task.n_valid": 64,
+            "data.eval_limit": 64,
+            "data.test": "[]",
+            "threads": ctx.threads,
+        }
         cmd = [sys.executable, "-m", "dgrpo", "grpo", "--init", str(init), "--out", str(out)]
         for k, v in over.items():
             cmd += ["--set", f"{k}={v}"]
-        ctx.log(f"[8] soak: dgrpo grpo for {steps} steps (16 prompts x K=8, T=2, eval and checkpoint every 50), VmRSS every {SOAK_EVERY} steps")
+        ctx.log(
+            f"[8] soak: dgrpo grpo for {steps} steps (16 prompts x K=8, T=2, eval and checkpoint every 50), VmRSS "
+            f"every {SOAK_EVERY} steps"
+        )
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
+        )
         samples: list[tuple[int, int]] = []
         metrics = out / "metrics.jsonl"
         next_step = 0
@@ -132,9 +180,23 @@ def bench_soak(ctx: Ctx, steps: int = SOAK_STEPS) -> tuple[list[Row], dict]:
         if proc.returncode != 0:
             raise RuntimeError(f"soak run failed (exit {proc.returncode}):\n{err[-3000:]}")
     raw, vals, ratio = summarize_soak(samples, steps, wall)
-    conf = (f"dgrpo grpo (CLI, child process), {steps} steps, 16 prompts x K=8, T=2, random-weight Qwen2 {s.hidden}x{s.layers}, "
-            f"filter off, KL reference on, eval + resumable checkpoint every 50 steps; line fitted from step {SOAK_SKIP}")
-    return [Row(ctx.section, "8. memory soak", "soak", conf, vals, "fitted RSS, last / first fitted step", ratio, Goal("<=", 1.02))], raw
+    conf = (
+        f"dgrpo grpo (CLI, child process), {steps} steps, 16 prompts x K=8, T=2, random-weight Qwen2 "
+        f"{s.hidden}x{s.layers}, "
+        f"filter off, KL reference on, eval + resumable checkpoint every 50 steps; line fitted from step {SOAK_SKIP}"
+    )
+    return [
+        Row(
+            ctx.section,
+            "8. memory soak",
+            "soak",
+            conf,
+            vals,
+            "fitted RSS, last / first fitted step",
+            ratio,
+            Goal("<=", 1.02),
+        )
+    ], raw
 
 
 def summarize_soak(samples: list[tuple[int, int]], steps: int, wall: float) -> tuple[dict, str, float]:
@@ -146,10 +208,24 @@ def summarize_soak(samples: list[tuple[int, int]], steps: int, wall: float) -> t
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     at = lambda x: my + slope * (x - mx)  # noqa: E731
     ratio = at(xs[-1]) / at(xs[0])
-    raw = {"steps": steps, "samples": samples, "fitted_from_step": SOAK_SKIP, "slope_mib_per_100_steps": 100 * slope,
-           "fitted_first_mib": at(xs[0]), "fitted_last_mib": at(xs[-1]), "rss_first": fit[0], "rss_last": fit[-1],
-           "rss_min_fitted": min(b for _, b in fit), "rss_max": max(b for _, b in samples), "wall_s": wall}
-    vals = (f"{len(samples)} samples; RSS at step 0: {fmt_bytes(samples[0][1])}; from step {fit[0][0]} to {fit[-1][0]}: between "
-            f"{fmt_bytes(raw['rss_min_fitted'])} and {fmt_bytes(max(b for _, b in fit))}, last {fmt_bytes(fit[-1][1])}; fitted slope "
-            f"{100 * slope:+.2f} MiB per 100 steps ({at(xs[0]):.0f} -> {at(xs[-1]):.0f} MiB on the line); run {fmt_s(wall)}")
+    raw = {
+        "steps": steps,
+        "samples": samples,
+        "fitted_from_step": SOAK_SKIP,
+        "slope_mib_per_100_steps": 100 * slope,
+        "fitted_first_mib": at(xs[0]),
+        "fitted_last_mib": at(xs[-1]),
+        "rss_first": fit[0],
+        "rss_last": fit[-1],
+        "rss_min_fitted": min(b for _, b in fit),
+        "rss_max": max(b for _, b in samples),
+        "wall_s": wall,
+    }
+    vals = (
+        f"{len(samples)} samples; RSS at step 0: {fmt_bytes(samples[0][1])}; from step {fit[0][0]} to {fit[-1][0]}: "
+        "between "
+        f"{fmt_bytes(raw['rss_min_fitted'])} and {fmt_bytes(max(b for _, b in fit))}, last {fmt_bytes(fit[-1][1])}; "
+        "fitted slope "
+        f"{100 * slope:+.2f} MiB per 100 steps ({at(xs[0]):.0f} -> {at(xs[-1]):.0f} MiB on the line); run {fmt_s(wall)}"
+    )
     return raw, vals, ratio

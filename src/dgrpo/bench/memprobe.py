@@ -7,6 +7,7 @@ high-water mark is reset (``/proc/self/clear_refs``), so the peak is the measure
 (the process's lifetime peak) is used and ``clean_peak`` is false. CUDA: ``max_memory_allocated``
 after ``reset_peak_memory_stats``. Prints one JSON line.
 """
+
 from __future__ import annotations
 
 import gc
@@ -66,7 +67,9 @@ def probe(spec: dict) -> dict:
         trainer.step(prompts=records)
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
-        out.update(kind="cuda_allocated", before_bytes=before, peak_bytes=peak, delta_bytes=peak - before, clean_peak=True)
+        out.update(
+            kind="cuda_allocated", before_bytes=before, peak_bytes=peak, delta_bytes=peak - before, clean_peak=True
+        )
     else:
         clean = reset_peak_rss()
         before = status_kb("VmRSS") * 1024

@@ -1,4 +1,5 @@
 """Rows of the results table, and bench.md."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -43,13 +44,23 @@ class Row:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "Row":
+    def from_json(cls, d: dict) -> Row:
         goal = None
         if d.get("goal"):
             op, target = d["goal"].split()
             goal = Goal(op, float(target.rstrip("x")))
         spread = tuple(d["spread"]) if d.get("spread") else None
-        return cls(d["section"], d["item"], d["key"], d["configuration"], d["values"], d["ratio_name"], d["ratio"], goal, spread)
+        return cls(
+            d["section"],
+            d["item"],
+            d["key"],
+            d["configuration"],
+            d["values"],
+            d["ratio_name"],
+            d["ratio"],
+            goal,
+            spread,
+        )
 
 
 def fmt_ratio(r: float | None) -> str:
@@ -97,7 +108,9 @@ def fmt_flops(f: float) -> str:
     return f"{f:.0f} FLOP/s"
 
 
-def table_from_json(bench_json: dict, section: str = "cpu", command: str = "python bench/run.py --only {key} --out runs/bench-repro") -> str:
+def table_from_json(
+    bench_json: dict, section: str = "cpu", command: str = "python bench/run.py --only {key} --out runs/bench-repro"
+) -> str:
     """The table of one section of a bench.json, with a column giving the command that reproduces each row."""
     rows = [Row.from_json(r) for r in bench_json["table"] if r["section"] == section]
     return markdown_table(rows, with_command=command)

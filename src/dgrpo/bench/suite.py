@@ -11,6 +11,7 @@ batch-1 forward of the tiny model: ~400 ms instead of ~3 ms), which inflates eve
 skews ratios. Unless ``OMP_WAIT_POLICY`` is already set, the suite therefore re-runs itself in a
 child process with ``OMP_WAIT_POLICY=PASSIVE`` (it has to be set before the OpenMP runtime starts).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,20 +32,42 @@ from .items import ITEMS, P_DROP
 from .report import Row, markdown_table
 from .workload import FLOP_FORMULA, FULL, GPU, QUICK, Ctx, Shapes
 
-ORDER = ["flops", "rollouts", "sft", "grpo_scaling", "perturbation", "memory", "soak"]  # flops first: its matmul peak annotates later rows
+ORDER = [
+    "flops",
+    "rollouts",
+    "sft",
+    "grpo_scaling",
+    "perturbation",
+    "memory",
+    "soak",
+]  # flops first: its matmul peak annotates later rows
 GPU_ORDER = [k for k in ORDER if k != "soak"] + ["optimizer"]
 ITEM_KEYS = ORDER + ["optimizer"]
 CHILD_ENV = "DGRPO_BENCH_CHILD"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="dgrpo bench", description="Dropout-GRPO performance suite (ratios, alternating timing)")
+    ap = argparse.ArgumentParser(
+        prog="dgrpo bench", description="Dropout-GRPO performance suite (ratios, alternating timing)"
+    )
     ap.add_argument("--out", required=True, help="output directory (bench.json, bench.md)")
-    ap.add_argument("--quick", action="store_true", help="tiny shapes, 5 repetitions: a smoke test (< 2 minutes), numbers mean little")
-    ap.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(ITEM_KEYS)} (default: all; soak runs on CPU only, "
-                    "optimizer on CUDA only)")
-    ap.add_argument("--section", default="all", choices=["all", "cpu", "gpu"],
-                    help="cpu: the tiny model on the CPU; gpu: a ~0.5B Qwen2 in bf16 on CUDA (skipped without CUDA); all: both")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny shapes, 5 repetitions: a smoke test (< 2 minutes), numbers mean little",
+    )
+    ap.add_argument(
+        "--only",
+        default="",
+        help=f"comma-separated subset of: {', '.join(ITEM_KEYS)} (default: all; soak runs on CPU only, "
+        "optimizer on CUDA only)",
+    )
+    ap.add_argument(
+        "--section",
+        default="all",
+        choices=["all", "cpu", "gpu"],
+        help="cpu: the tiny model on the CPU; gpu: a ~0.5B Qwen2 in bf16 on CUDA (skipped without CUDA); all: both",
+    )
     return ap
 
 
@@ -65,9 +88,16 @@ def cpu_model() -> str:
 def machine_info() -> dict:
     import transformers
 
-    info = {"nproc": os.cpu_count(), "cpu_model": cpu_model(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "torch_threads": torch.get_num_threads(),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "loadavg_start": os.getloadavg()}
+    info = {
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "loadavg_start": os.getloadavg(),
+    }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
@@ -112,15 +142,21 @@ def write_outputs(out: Path, result: dict, rows: list[Row]) -> None:
 def render_md(result: dict, rows: list[Row]) -> str:
     m = result["meta"]
     mach = m["machine"]
-    lines = [f"# dgrpo bench ({'quick smoke run: tiny shapes, the numbers are not the claims' if m['quick'] else 'full run'})", "",
-             f"- date: {m['date']}", f"- command: `{m['command']}`",
-             f"- machine: {mach['nproc']} cores, {mach['cpu_model']}{', GPU ' + mach['gpu'] if 'gpu' in mach else ''}; "
-             f"torch {mach['torch']}, transformers {mach['transformers']}, {mach['torch_threads']} torch threads, "
-             f"OMP_WAIT_POLICY={mach['omp_wait_policy']}",
-             f"- load average (1, 5, 15 min) at start: {', '.join(f'{x:.2f}' for x in mach['loadavg_start'])}; at end: "
-             f"{', '.join(f'{x:.2f}' for x in m.get('loadavg_end', []))}",
-             f"- every ratio: medians of {m['reps']} repetitions per candidate, run alternately (A, B, A, B, ...) after "
-             f"{m['warmup']} warm-up round; wall time of the whole run: {m.get('wall_s', 0):.0f} s", ""]
+    lines = [
+        "# dgrpo bench "
+        f"({'quick smoke run: tiny shapes, the numbers are not the claims' if m['quick'] else 'full run'})",
+        "",
+        f"- date: {m['date']}",
+        f"- command: `{m['command']}`",
+        f"- machine: {mach['nproc']} cores, {mach['cpu_model']}{', GPU ' + mach['gpu'] if 'gpu' in mach else ''}; "
+        f"torch {mach['torch']}, transformers {mach['transformers']}, {mach['torch_threads']} torch threads, "
+        f"OMP_WAIT_POLICY={mach['omp_wait_policy']}",
+        f"- load average (1, 5, 15 min) at start: {', '.join(f'{x:.2f}' for x in mach['loadavg_start'])}; at end: "
+        f"{', '.join(f'{x:.2f}' for x in m.get('loadavg_end', []))}",
+        f"- every ratio: medians of {m['reps']} repetitions per candidate, run alternately (A, B, A, B, ...) after "
+        f"{m['warmup']} warm-up round; wall time of the whole run: {m.get('wall_s', 0):.0f} s",
+        "",
+    ]
     for section, title in (("cpu", "CPU"), ("gpu", "GPU (~0.5B Qwen2, bf16)")):
         lines += [f"## {title}", ""]
         sec_rows = [r for r in rows if r.section == section]
@@ -138,26 +174,41 @@ def render_md(result: dict, rows: list[Row]) -> str:
             lines.append(f"- **{k} failed**: {e}")
         if errors:
             lines.append("")
-    lines += ["## Notes", "",
-              "- Rollouts: all answers are forced to the same length (EOS logit set to -1e4 by a hook on the LM head), greedy decoding; "
-              f"locked and native dropout with p={P_DROP}; the batch-1 recompute baseline (`dgrpo.model.reference.recompute_generate`) "
-              "runs without dropout. The one-at-a-time baselines are timed on a subset of rollouts (stated in each row) and compared "
-              "per rollout: their cost per rollout does not depend on K.",
-              "- SFT: `naive` is `dgrpo.bench.baselines.naive_coconut_loss` (one full pass per latent + one, embeddings rebuilt from "
-              "per-position Python lists, output_hidden_states=True, full-vocabulary logits everywhere); the two losses are asserted "
-              "equal (1e-5 in fp32) before the ratio is reported.",
-              "- GRPO steps: `GRPOTrainer.step()` on fixed prompts, filter off, lr warm-up off, default beta0 (reference-model KL "
-              "replay included); rollout/update split from the step's own `time_rollout_s` / `time_update_s`.",
-              "- Memory: each configuration in a fresh process (`python -m dgrpo.bench.memprobe`), measured on the step after a warm-up "
-              "step; CPU: freed heap returned with malloc_trim, resident-set high-water mark reset through /proc/self/clear_refs, "
-              "increment over the resident size just before the step; CUDA: max_memory_allocated over memory_allocated.",
-              f"- FLOPs: {FLOP_FORMULA}. Achieved = update FLOPs / the step's `time_update_s` (includes clip + AdamW).",
-              "- Soak: `dgrpo grpo` as a child process (the real loop: metrics, eval, resumable checkpoints); its VmRSS is read from "
-              "/proc each time the metrics file passes a multiple of 10 steps, and a least-squares line is fitted from step 20 on.",
-              "- 8-bit optimizer (GPU only): `bitsandbytes.optim.AdamW8bit` vs `torch.optim.AdamW` on the same bf16 weights; state "
-              "bytes summed over the optimizer's state tensors after the timed steps.",
-              "- OMP_WAIT_POLICY=PASSIVE is set by the suite unless already set: with the default spinning policy and a busy "
-              "2-core machine, small ops are slowed by up to ~100x and the ratios would be skewed.", ""]
+    lines += [
+        "## Notes",
+        "",
+        "- Rollouts: all answers are forced to the same length (EOS logit set to -1e4 by a hook on the LM head), "
+        "greedy decoding; "
+        f"locked and native dropout with p={P_DROP}; the batch-1 recompute baseline "
+        "(`dgrpo.model.reference.recompute_generate`) "
+        "runs without dropout. The one-at-a-time baselines are timed on a subset of rollouts (stated in each row) and "
+        "compared "
+        "per rollout: their cost per rollout does not depend on K.",
+        "- SFT: `naive` is `dgrpo.bench.baselines.naive_coconut_loss` (one full pass per latent + one, embeddings "
+        "rebuilt from "
+        "per-position Python lists, output_hidden_states=True, full-vocabulary logits everywhere); the two losses are "
+        "asserted "
+        "equal (1e-5 in fp32) before the ratio is reported.",
+        "- GRPO steps: `GRPOTrainer.step()` on fixed prompts, filter off, lr warm-up off, default beta0 "
+        "(reference-model KL "
+        "replay included); rollout/update split from the step's own `time_rollout_s` / `time_update_s`.",
+        "- Memory: each configuration in a fresh process (`python -m dgrpo.bench.memprobe`), measured on the step "
+        "after a warm-up "
+        "step; CPU: freed heap returned with malloc_trim, resident-set high-water mark reset through "
+        "/proc/self/clear_refs, "
+        "increment over the resident size just before the step; CUDA: max_memory_allocated over memory_allocated.",
+        f"- FLOPs: {FLOP_FORMULA}. Achieved = update FLOPs / the step's `time_update_s` (includes clip + AdamW).",
+        "- Soak: `dgrpo grpo` as a child process (the real loop: metrics, eval, resumable checkpoints); its VmRSS is "
+        "read from "
+        "/proc each time the metrics file passes a multiple of 10 steps, and a least-squares line is fitted from step "
+        "20 on.",
+        "- 8-bit optimizer (GPU only): `bitsandbytes.optim.AdamW8bit` vs `torch.optim.AdamW` on the same bf16 weights; "
+        "state "
+        "bytes summed over the optimizer's state tensors after the timed steps.",
+        "- OMP_WAIT_POLICY=PASSIVE is set by the suite unless already set: with the default spinning policy and a busy "
+        "2-core machine, small ops are slowed by up to ~100x and the ratios would be skewed.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -168,9 +219,17 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     only = selected(args)
     shapes: Shapes = QUICK if args.quick else FULL
-    result: dict = {"meta": {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                             "command": "dgrpo bench " + " ".join(argv), "quick": bool(args.quick), "reps": shapes.reps,
-                             "warmup": shapes.warmup, "machine": machine_info(), "flop_formula": FLOP_FORMULA}}
+    result: dict = {
+        "meta": {
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "command": "dgrpo bench " + " ".join(argv),
+            "quick": bool(args.quick),
+            "reps": shapes.reps,
+            "warmup": shapes.warmup,
+            "machine": machine_info(),
+            "flop_formula": FLOP_FORMULA,
+        }
+    }
     rows: list[Row] = []
     cpu_keys = [k for k in ORDER if k in only] if args.section in ("all", "cpu") else []
     gpu_keys = [k for k in GPU_ORDER if k in only] if args.section in ("all", "gpu") else []
@@ -202,7 +261,9 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
     result["meta"]["wall_s"] = round(time.perf_counter() - t_start, 1)
     write_outputs(out, result, rows)
     log(f"wrote {out / 'bench.json'} and {out / 'bench.md'} ({result['meta']['wall_s']:.0f} s)")
-    failed = [k for sec in ("cpu", "gpu") for k, v in result.get(sec, {}).items() if isinstance(v, dict) and "error" in v]
+    failed = [
+        k for sec in ("cpu", "gpu") for k, v in result.get(sec, {}).items() if isinstance(v, dict) and "error" in v
+    ]
     return 1 if failed else 0
 
 
@@ -216,7 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     unknown = set(selected(args)) - set(ITEM_KEYS)
     if unknown:
-        print(f"dgrpo bench: unknown --only item(s) {', '.join(sorted(unknown))}; known: {', '.join(ITEM_KEYS)}", file=sys.stderr)
+        print(
+            f"dgrpo bench: unknown --only item(s) {', '.join(sorted(unknown))}; known: {', '.join(ITEM_KEYS)}",
+            file=sys.stderr,
+        )
         return 2
     if os.environ.get("OMP_WAIT_POLICY") is None and not os.environ.get(CHILD_ENV):
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", **{CHILD_ENV: "1"})

@@ -4,12 +4,14 @@ Alternation matters on a shared machine: a background job that starts or stops h
 slows every candidate of the later repetitions alike, so the *ratio* of medians stays meaningful
 even when the absolute times move.
 """
+
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -34,8 +36,14 @@ class Timed:
         return [x / y for x, y in zip(self.times[a], self.times[b])]
 
     def to_json(self) -> dict:
-        return {name: {"median_s": self.median(name), "times_s": [round(t, 6) for t in ts],
-                       "cpu_times_s": [round(t, 6) for t in self.cpu_times.get(name, [])]} for name, ts in self.times.items()}
+        return {
+            name: {
+                "median_s": self.median(name),
+                "times_s": [round(t, 6) for t in ts],
+                "cpu_times_s": [round(t, 6) for t in self.cpu_times.get(name, [])],
+            }
+            for name, ts in self.times.items()
+        }
 
 
 def sync(device: torch.device | None) -> None:
@@ -43,8 +51,14 @@ def sync(device: torch.device | None) -> None:
         torch.cuda.synchronize(device)
 
 
-def alternate(fns: dict[str, Callable[[], Any]], *, reps: int, warmup: int = 1, device: torch.device | None = None,
-              log: Callable[[str], None] | None = None) -> Timed:
+def alternate(
+    fns: dict[str, Callable[[], Any]],
+    *,
+    reps: int,
+    warmup: int = 1,
+    device: torch.device | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Timed:
     """Run every candidate ``warmup`` times, then ``reps`` rounds of one call each, in a fixed order."""
     if reps < 1:
         raise ValueError("reps must be >= 1")

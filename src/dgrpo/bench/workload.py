@@ -1,16 +1,19 @@
 """What the benchmarks run on: shapes, the model (random weights), the prompts, GRPO configs, FLOP counts."""
+
 from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import torch
 from transformers import AutoModelForCausalLM
 
 from ..config import Config, TaskConfig, set_value
 from ..data.records import Record
+from ..data.synthetic import generate_split, tokenizer_corpus
+from ..data.tokenizer import train_word_tokenizer
 from ..model.latent_lm import LatentLM
 from ..model.tiny import tiny_config
 
@@ -52,7 +55,7 @@ class Shapes:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "Shapes":
+    def from_json(cls, d: dict) -> Shapes:
         d = dict(d)
         for k in ("rollout_K", "grpo_T", "grpo_K"):
             d[k] = tuple(d[k])
@@ -61,13 +64,53 @@ class Shapes:
 
 
 FULL = Shapes()
-QUICK = Shapes(name="quick", hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, prompts=2, rollout_K=(4, 8), T=3, max_new_tokens=8,
-               seq_per_prompt=1, sft_batch=16, grpo_T=(1, 2, 4), grpo_K=(2, 4, 8), grpo_K_at=4, grpo_T_at=2,
-               mm_sizes=((128, 512, 512), (1024, 1024, 1024)), reps=5, warmup=1, mem_reps=1)
+QUICK = Shapes(
+    name="quick",
+    hidden=64,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    ffn=128,
+    prompts=2,
+    rollout_K=(4, 8),
+    T=3,
+    max_new_tokens=8,
+    seq_per_prompt=1,
+    sft_batch=16,
+    grpo_T=(1, 2, 4),
+    grpo_K=(2, 4, 8),
+    grpo_K_at=4,
+    grpo_T_at=2,
+    mm_sizes=((128, 512, 512), (1024, 1024, 1024)),
+    reps=5,
+    warmup=1,
+    mem_reps=1,
+)
 #: ~0.5B Qwen2 (Qwen2.5-0.5B's shape), random weights, bf16: the GPU section.
-GPU = Shapes(name="gpu-0.5b", hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, vocab=151936, prompts=8, rollout_K=(8, 32), T=6,
-             max_new_tokens=16, seq_per_prompt=1, sft_batch=64, sft_stage=2, grpo_T=(3, 6, 12), grpo_K=(8, 16, 32), grpo_K_at=16,
-             grpo_T_at=6, mm_sizes=((128, 896, 4864), (4096, 896, 4864), (8192, 8192, 8192)), reps=5, warmup=1, mem_reps=1)
+GPU = Shapes(
+    name="gpu-0.5b",
+    hidden=896,
+    layers=24,
+    heads=14,
+    kv_heads=2,
+    ffn=4864,
+    vocab=151936,
+    prompts=8,
+    rollout_K=(8, 32),
+    T=6,
+    max_new_tokens=16,
+    seq_per_prompt=1,
+    sft_batch=64,
+    sft_stage=2,
+    grpo_T=(3, 6, 12),
+    grpo_K=(8, 16, 32),
+    grpo_K_at=16,
+    grpo_T_at=6,
+    mm_sizes=((128, 896, 4864), (4096, 896, 4864), (8192, 8192, 8192)),
+    reps=5,
+    warmup=1,
+    mem_reps=1,
+)
 
 
 @dataclass
@@ -89,15 +132,12 @@ class Ctx:
 # --------------------------------------------------------------------------- task and model
 @functools.lru_cache(maxsize=1)
 def task_tokenizer():
-    from ..data.synthetic import tokenizer_corpus
-    from ..data.tokenizer import train_word_tokenizer
 
     return train_word_tokenizer(tokenizer_corpus(TaskConfig()))
 
 
 def task_records(n: int) -> list[Record]:
     """``n`` training problems of the built-in task (4 reasoning steps each)."""
-    from ..data.synthetic import generate_split
 
     return generate_split(TaskConfig(n_train=max(n, 8), n_valid=8, n_test=8), "train")[:n]
 
@@ -120,11 +160,24 @@ def suppress_eos(lm: LatentLM) -> None:
 _BUILT: dict[tuple, LatentLM] = {}
 
 
-def build_lm(shapes: Shapes, device: torch.device, dtype: torch.dtype, seed: int = 0, *, fixed_length: bool = True) -> LatentLM:
+def build_lm(
+    shapes: Shapes, device: torch.device, dtype: torch.dtype, seed: int = 0, *, fixed_length: bool = True
+) -> LatentLM:
     """A Qwen2 LatentLM with random weights over the built-in tokenizer (like ``tests/conftest.py::make_lm``);
     ``fixed_length``: EOS is never generated (:func:`suppress_eos`). Each call returns a fresh copy (the first
     build of a shape is kept, so a 0.5B model is initialised once per process)."""
-    key = (shapes.hidden, shapes.layers, shapes.heads, shapes.kv_heads, shapes.ffn, shapes.vocab, str(device), dtype, seed, fixed_length)
+    key = (
+        shapes.hidden,
+        shapes.layers,
+        shapes.heads,
+        shapes.kv_heads,
+        shapes.ffn,
+        shapes.vocab,
+        str(device),
+        dtype,
+        seed,
+        fixed_length,
+    )
     if key not in _BUILT:
         _BUILT[key] = _build_lm(shapes, device, dtype, seed, fixed_length)
     return copy.deepcopy(_BUILT[key])
@@ -132,8 +185,14 @@ def build_lm(shapes: Shapes, device: torch.device, dtype: torch.dtype, seed: int
 
 def _build_lm(shapes: Shapes, device: torch.device, dtype: torch.dtype, seed: int, fixed_length: bool) -> LatentLM:
     tok = copy.deepcopy(task_tokenizer())
-    cfg = tiny_config("qwen2", shapes.vocab or len(tok), hidden_size=shapes.hidden, num_layers=shapes.layers, num_heads=shapes.heads,
-                      intermediate_size=shapes.ffn)
+    cfg = tiny_config(
+        "qwen2",
+        shapes.vocab or len(tok),
+        hidden_size=shapes.hidden,
+        num_layers=shapes.layers,
+        num_heads=shapes.heads,
+        intermediate_size=shapes.ffn,
+    )
     cfg.num_key_value_heads = shapes.kv_heads
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -148,8 +207,17 @@ def _build_lm(shapes: Shapes, device: torch.device, dtype: torch.dtype, seed: in
 def grpo_config(shapes: Shapes, K: int, T: int, kind: str = "locked", *, beta0: float | None = None) -> Config:
     """A GRPO config for timing: filter off (the update always runs), no warm-up (lr and beta > 0 from step 0)."""
     cfg = Config()
-    over = {"grpo.group_size": K, "grpo.n_latent": T, "grpo.prompts_per_step": shapes.prompts, "grpo.max_new_tokens": shapes.max_new_tokens,
-            "grpo.filter": "false", "grpo.warmup_steps": 0, "grpo.steps": 1_000_000, "perturbation.kind": kind, "threads": 2}
+    over = {
+        "grpo.group_size": K,
+        "grpo.n_latent": T,
+        "grpo.prompts_per_step": shapes.prompts,
+        "grpo.max_new_tokens": shapes.max_new_tokens,
+        "grpo.filter": "false",
+        "grpo.warmup_steps": 0,
+        "grpo.steps": 1_000_000,
+        "perturbation.kind": kind,
+        "threads": 2,
+    }
     if beta0 is not None:
         over["grpo.beta0"] = beta0
     for k, v in over.items():
@@ -175,9 +243,11 @@ def dims_of(lm: LatentLM) -> Dims:
     return Dims(n, c.num_hidden_layers, c.hidden_size, c.num_attention_heads * head_dim, c.vocab_size)
 
 
-FLOP_FORMULA = ("per row, S = P + T + L positions (prompt P, T latents, <|end-latent|>, L-1 fed answer tokens), logits at L: "
-                "forward = 2*N*S + 4*layers*d_attn*S(S+1)/2 + 2*d_model*V*L; forward+backward = 3 x forward "
-                "(N = non-embedding parameters; causal attention counted as QK^T + AV over the S(S+1)/2 visible keys)")
+FLOP_FORMULA = (
+    "per row, S = P + T + L positions (prompt P, T latents, <|end-latent|>, L-1 fed answer tokens), logits at L: "
+    "forward = 2*N*S + 4*layers*d_attn*S(S+1)/2 + 2*d_model*V*L; forward+backward = 3 x forward "
+    "(N = non-embedding parameters; causal attention counted as QK^T + AV over the S(S+1)/2 visible keys)"
+)
 
 
 def recurrence_flops(d: Dims, rows: int, P: int, T: int, L: int, *, backward: bool) -> tuple[float, int]:
@@ -190,7 +260,7 @@ def recurrence_flops(d: Dims, rows: int, P: int, T: int, L: int, *, backward: bo
 def prompt_widths(lm: LatentLM, questions: list[str], chunk: int) -> list[tuple[int, int]]:
     """(rows, padded prompt width) of each chunk the library runs (left-padded, all-pad columns trimmed)."""
     lens = [int(m.sum()) for m in lm.encode_questions(questions)[1]]
-    return [(len(lens[i:i + chunk]), max(lens[i:i + chunk])) for i in range(0, len(lens), chunk)]
+    return [(len(lens[i : i + chunk]), max(lens[i : i + chunk])) for i in range(0, len(lens), chunk)]
 
 
 @functools.lru_cache(maxsize=1)

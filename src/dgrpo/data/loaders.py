@@ -1,20 +1,23 @@
-"""Read every supported dataset (by name or file path) into ``Record`` lists, with one clear ``DataError`` per bad file."""
+"""Read every supported dataset (by name or file path) into ``Record`` lists; one clear ``DataError`` per bad file."""
+
 from __future__ import annotations
 
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from dgrpo.data.records import DataError, Record
-from dgrpo.reward import normalize_number
+from ..reward import normalize_number
+from .records import DataError, Record
+from .synthetic import load_builtin
 
 __all__ = ["DATASETS", "HUB_DATASETS", "DatasetSpec", "find_data_dir", "load_dataset"]
 
-# A folder counts as the data folder (for the ./data and ../shared/data guesses) when it holds one of these.
+# ./data counts as the data folder when it holds one of these.
 _DATA_MARKERS = ("gsm8k", "gsm8k_aug", "svamp", "multiarith", "gsm_hard", "coconut")
 
 # ---------------------------------------------------------------------------------------------------------
@@ -137,7 +140,7 @@ def _row_svamp(row: dict[str, Any]) -> Record:
     body = _text_field(row, "Body", allow_empty=True)
     q = _text_field(row, "Question")
     answer = _format_number(_field(row, "Answer"), "field 'Answer'")
-    meta = {k: row[k] for k in ("ID", "Equation", "Type") if k in row}
+    meta: dict[str, Any] = {k: row[k] for k in ("ID", "Equation", "Type") if k in row}
     return Record(" ".join(p for p in (body, q) if p), [], answer, meta)
 
 
@@ -147,7 +150,7 @@ def _row_multiarith(row: dict[str, Any]) -> Record:
     if not isinstance(solutions, list) or not solutions:
         raise _RowError("field 'lSolutions' must be a non-empty list of numbers")
     answer = _format_number(solutions[0], "field 'lSolutions[0]'")
-    meta = {k: row[k] for k in ("iIndex", "lEquations") if k in row}
+    meta: dict[str, Any] = {k: row[k] for k in ("iIndex", "lEquations") if k in row}
     return Record(question, [], answer, meta)
 
 
@@ -164,7 +167,7 @@ def _row_openmath(row: dict[str, Any]) -> Record:
     question = _text_field(row, "problem")
     answer = _text_field(row, "expected_answer")
     canon = normalize_number(answer)
-    meta = {k: row[k] for k in ("generated_solution", "problem_source") if k in row}
+    meta: dict[str, Any] = {k: row[k] for k in ("generated_solution", "problem_source") if k in row}
     return Record(question, [], canon if canon is not None else answer, meta)
 
 
@@ -327,7 +330,9 @@ class DatasetSpec:
 
 DATASETS: dict[str, DatasetSpec] = {
     "gsm8k": DatasetSpec(
-        {"train": "gsm8k/train.jsonl", "test": "gsm8k/test.jsonl"}, _jsonl(_row_gsm8k), "GSM8K (openai/grade-school-math)"
+        {"train": "gsm8k/train.jsonl", "test": "gsm8k/test.jsonl"},
+        _jsonl(_row_gsm8k),
+        "GSM8K (openai/grade-school-math)",
     ),
     "gsm8k_aug": DatasetSpec(
         {"valid": "gsm8k_aug/valid.txt", "test": "gsm8k_aug/test.txt"}, _parse_aug_text, "GSM8K-Aug, iCoT text format"
@@ -337,7 +342,9 @@ DATASETS: dict[str, DatasetSpec] = {
         _json_list(_row_coconut_numeric),
         "GSM8K-Aug in Coconut JSON",
     ),
-    "prosqa": DatasetSpec({"valid": "coconut/prosqa/prosqa_valid.json"}, _json_list(_row_coconut_any), "ProsQA (Coconut)"),
+    "prosqa": DatasetSpec(
+        {"valid": "coconut/prosqa/prosqa_valid.json"}, _json_list(_row_coconut_any), "ProsQA (Coconut)"
+    ),
     "svamp": DatasetSpec({"test": "svamp/SVAMP.json"}, _json_list(_row_svamp), "SVAMP, all 1000 problems"),
     "multiarith": DatasetSpec(
         {"test": "multiarith/MultiArith.json"}, _json_list(_row_multiarith), "MultiArith, 600 problems"
@@ -359,25 +366,20 @@ _ALIASES = {
 
 
 def find_data_dir() -> Path | None:
-    """The folder holding the shared data files, or None.
+    """The folder holding local copies of the built-in datasets, or None.
 
-    Looked for, in order: ``$DGRPO_DATA_DIR`` (used as given when it is a folder), ``./data``, then
-    ``../shared/data`` relative to the current directory, then ``shared/data`` under any parent of this
-    source file (so a dev install in ``/work/main`` finds ``/work/shared/data``). The guessed folders
-    must hold at least one known dataset folder (``gsm8k/``, ``svamp/``, ...).
+    ``$DGRPO_DATA_DIR`` (used as given when it is a folder), else ``./data`` when it holds at least one known
+    dataset folder (``gsm8k/``, ``svamp/``, ...). Names not found there are looked up on the Hugging Face hub.
     """
     env = os.environ.get("DGRPO_DATA_DIR")
     if env and Path(env).expanduser().is_dir():
         return Path(env).expanduser().resolve()
-    cwd = Path.cwd()
-    guesses = [cwd / "data", cwd.parent / "shared" / "data"]
-    guesses += [parent / "shared" / "data" for parent in Path(__file__).resolve().parents]
-    for guess in guesses:
-        try:
-            if guess.is_dir() and any((guess / marker).is_dir() for marker in _DATA_MARKERS):
-                return guess.resolve()
-        except OSError:
-            continue
+    guess = Path.cwd() / "data"
+    try:
+        if guess.is_dir() and any((guess / marker).is_dir() for marker in _DATA_MARKERS):
+            return guess.resolve()
+    except OSError:
+        pass
     return None
 
 
@@ -431,7 +433,8 @@ def _load_builtin_name(name: str, split: str | None) -> list[Record]:
     data_dir = find_data_dir()
     if data_dir is None:
         raise DataError(
-            f"dataset {name!r}: data folder not found (set DGRPO_DATA_DIR, or put the files in ./data or ../shared/data)"
+            f"dataset {name!r}: data folder not found (set DGRPO_DATA_DIR to the folder holding "
+            f"{spec.splits[chosen].split('/')[0]}/, or put it in ./data)"
         )
     path = data_dir / spec.splits[chosen]
     if not path.is_file():
@@ -446,7 +449,7 @@ def _load_from_hub(name: str, split: str | None, *, hub_id: str | None = None) -
     if hub_id is not None:
         prefix = f"dataset {name!r} (hub {hub_id!r}):"
     try:
-        import datasets  # type: ignore[import-not-found]
+        import datasets
     except ImportError:
         raise DataError(
             f"{prefix} the Hugging Face hub could not be reached: the optional 'datasets' package is not "
@@ -509,12 +512,6 @@ def load_dataset(name_or_path: str, split: str | None = None) -> list[Record]:
     if not isinstance(raw, str) or not raw.strip():
         raise DataError("dataset name or path is empty")
     if isinstance(name_or_path, str) and raw.startswith("builtin"):
-        try:
-            from dgrpo.data.synthetic import load_builtin
-        except ModuleNotFoundError as exc:
-            if exc.name != "dgrpo.data.synthetic":
-                raise
-            raise DataError(f"dataset {raw!r}: the synthetic task module dgrpo.data.synthetic is not available") from None
         return load_builtin(raw, split)
     path = Path(raw).expanduser()
     try:

@@ -1,4 +1,5 @@
 """The one record type every dataset is read into: a question, its reasoning steps, its answer."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -17,6 +17,7 @@ finds the k-th operand at a fixed offset; it learns one latent step easily but c
 poorly (see ``docs/builtin_task.md``), which puts a 2-latent + 2-written-step model in the band
 where RL has room to help.
 """
+
 from __future__ import annotations
 
 import random
@@ -86,7 +87,7 @@ def generate_split(cfg: TaskConfig, split: str) -> list[Record]:
 def parse_builtin_name(name: str, split: str | None) -> tuple[TaskConfig, str]:
     """``builtin``, ``builtin:test`` or ``builtin:test?n_steps=6&modulus=10`` -> (task config, split)."""
     cfg = TaskConfig()
-    rest = name[len("builtin"):]
+    rest = name[len("builtin") :]
     query = ""
     if "?" in rest:
         rest, query = rest.split("?", 1)
@@ -116,7 +117,10 @@ def tokenizer_corpus(cfg: TaskConfig) -> list[str]:
     """Text that covers every word the task (and its OOD splits) can produce, to train the tokenizer."""
     rng = random.Random(f"{cfg.seed}/tokenizer")
     texts = []
-    for n_steps, lo, hi in ((cfg.n_steps, 1, cfg.max_operand), (cfg.n_steps + cfg.ood_extra_steps, 10, cfg.ood_max_operand)):
+    for n_steps, lo, hi in (
+        (cfg.n_steps, 1, cfg.max_operand),
+        (cfg.n_steps + cfg.ood_extra_steps, 10, cfg.ood_max_operand),
+    ):
         for _ in range(200):
             r = make_problem(rng, n_steps, cfg.modulus, lo, hi)
             texts.append(r.question + "\n" + "\n".join(r.steps) + "\n#### " + r.answer)

@@ -1,4 +1,5 @@
 """Batched pass@1 evaluation of a LatentLM (or of a plain causal LM with a chain-of-thought prompt)."""
+
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ from tqdm.auto import tqdm
 
 from ..data.records import Record
 from ..model.latent_lm import LatentLM
+from ..perturbation import seeds_for
 from ..reward import extract_answer, is_parseable, score
 
 
@@ -51,9 +53,22 @@ def _cut_plain(text: str) -> str:
 
 
 @torch.no_grad()
-def generate_answers(lm: LatentLM, questions: list[str], *, n_latent: int, batch_size: int = 256, max_new_tokens: int = 64,
-                     temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, mode: str | None = None, markers: bool = True,
-                     max_question_tokens: int | None = None, perturbation_factory=None, progress: bool = True) -> list[str]:
+def generate_answers(
+    lm: LatentLM,
+    questions: list[str],
+    *,
+    n_latent: int,
+    batch_size: int = 256,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    mode: str | None = None,
+    markers: bool = True,
+    max_question_tokens: int | None = None,
+    perturbation_factory=None,
+    progress: bool = True,
+) -> list[str]:
     """Completions for ``questions`` in batches sorted by length (less padding), returned in input order.
 
     ``perturbation_factory(batch_size, batch_index)`` may return a bound perturbation for the batch
@@ -64,22 +79,48 @@ def generate_answers(lm: LatentLM, questions: list[str], *, n_latent: int, batch
     out: list[str] = [""] * len(questions)
     was_training = lm.training
     lm.eval()
-    for bi, b0 in enumerate(tqdm(range(0, len(order), batch_size), desc="eval", disable=not progress, leave=False, dynamic_ncols=True)):
-        idx = order[b0:b0 + batch_size]
+    for bi, b0 in enumerate(
+        tqdm(range(0, len(order), batch_size), desc="eval", disable=not progress, leave=False, dynamic_ncols=True)
+    ):
+        idx = order[b0 : b0 + batch_size]
         ids, mask = lm.encode_questions([questions[i] for i in idx], markers=markers, max_tokens=max_question_tokens)
         pert = perturbation_factory(len(idx), bi) if perturbation_factory is not None else None
-        g = lm.generate(ids, mask, n_latent, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, generator=gen,
-                        mode=mode, markers=markers, perturbation=pert)
+        g = lm.generate(
+            ids,
+            mask,
+            n_latent,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            generator=gen,
+            mode=mode,
+            markers=markers,
+            perturbation=pert,
+        )
         for i, text in zip(idx, lm.decode(g.tokens, g.mask)):
             out[i] = text
     lm.train(was_training)
     return out
 
 
-def evaluate(lm: LatentLM, records: list[Record], *, dataset: str = "", n_latent: int | None = None, batch_size: int = 256,
-             max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, plain: bool = False,
-             shots: int = 0, limit: int = 0, max_question_tokens: int | None = None, progress: bool = True,
-             perturbation_factory=None) -> EvalResult:
+def evaluate(
+    lm: LatentLM,
+    records: list[Record],
+    *,
+    dataset: str = "",
+    n_latent: int | None = None,
+    batch_size: int = 256,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    plain: bool = False,
+    shots: int = 0,
+    limit: int = 0,
+    max_question_tokens: int | None = None,
+    progress: bool = True,
+    perturbation_factory=None,
+) -> EvalResult:
     """Greedy (by default) pass@1 with no perturbation; counts unparseable outputs."""
     t0 = time.time()
     shot_recs: list[Record] = []
@@ -96,10 +137,21 @@ def evaluate(lm: LatentLM, records: list[Record], *, dataset: str = "", n_latent
         mode, markers = lm.settings.mode, True
         if mode in ("cot", "no_cot", "plain"):
             n_lat, mode = 0, "coconut"
-    texts = generate_answers(lm, questions, n_latent=n_lat, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                             temperature=temperature, top_p=top_p, seed=seed, mode=mode, markers=markers,
-                             max_question_tokens=None if plain else max_question_tokens, perturbation_factory=perturbation_factory,
-                             progress=progress)
+    texts = generate_answers(
+        lm,
+        questions,
+        n_latent=n_lat,
+        batch_size=batch_size,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        mode=mode,
+        markers=markers,
+        max_question_tokens=None if plain else max_question_tokens,
+        perturbation_factory=perturbation_factory,
+        progress=progress,
+    )
     preds, correct, unparseable = [], 0, 0
     for r, text in zip(records, texts):
         text = _cut_plain(text) if plain else text
@@ -107,10 +159,47 @@ def evaluate(lm: LatentLM, records: list[Record], *, dataset: str = "", n_latent
         parse = is_parseable(text)
         correct += int(ok == 1.0)
         unparseable += int(not parse)
-        preds.append({"question": r.question, "gold": r.answer, "completion": text, "pred": extract_answer(text), "correct": bool(ok == 1.0)})
+        preds.append(
+            {
+                "question": r.question,
+                "gold": r.answer,
+                "completion": text,
+                "pred": extract_answer(text),
+                "correct": bool(ok == 1.0),
+            }
+        )
     n = len(records)
-    return EvalResult(dataset=dataset, accuracy=correct / n if n else 0.0, n=n, correct=correct, unparseable=unparseable, seed=seed,
-                      n_latent=n_lat, mode="plain" if plain else lm.settings.mode, wall_s=round(time.time() - t0, 3), predictions=preds)
+    return EvalResult(
+        dataset=dataset,
+        accuracy=correct / n if n else 0.0,
+        n=n,
+        correct=correct,
+        unparseable=unparseable,
+        seed=seed,
+        n_latent=n_lat,
+        mode="plain" if plain else lm.settings.mode,
+        wall_s=round(time.time() - t0, 3),
+        predictions=preds,
+    )
+
+
+def merge_results(parts: list[EvalResult]) -> EvalResult:
+    """One result from the results of contiguous shards of a dataset (e.g. one per process), in order."""
+    first = next((p for p in parts if p.n), parts[0])
+    n = sum(p.n for p in parts)
+    correct = sum(p.correct for p in parts)
+    return EvalResult(
+        dataset=first.dataset,
+        accuracy=correct / n if n else 0.0,
+        n=n,
+        correct=correct,
+        unparseable=sum(p.unparseable for p in parts),
+        seed=first.seed,
+        n_latent=first.n_latent,
+        mode=first.mode,
+        wall_s=max(p.wall_s for p in parts),
+        predictions=[x for p in parts for x in p.predictions],
+    )
 
 
 def write_results(result: EvalResult, out_dir: Path) -> None:
@@ -134,20 +223,31 @@ def majority_vote(answers: list[str | None]) -> str | None:
 
 
 @torch.no_grad()
-def evaluate_mc_vote(lm: LatentLM, records: list[Record], perturbation, *, n_masks: int = 8, dataset: str = "", batch_size: int = 256,
-                     max_new_tokens: int = 64, seed: int = 0, max_question_tokens: int | None = None, progress: bool = True) -> EvalResult:
+def evaluate_mc_vote(
+    lm: LatentLM,
+    records: list[Record],
+    perturbation,
+    *,
+    n_masks: int = 8,
+    dataset: str = "",
+    batch_size: int = 256,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    max_question_tokens: int | None = None,
+    progress: bool = True,
+) -> EvalResult:
     """Monte-Carlo perturbation ensemble: greedy answers under ``n_masks`` seeded perturbations per question,
     majority vote. This is the model-average policy Dropout-GRPO optimises (paper Sec. 3.1, Sec. 6)."""
-    from ..perturbation import seeds_for
-
     t0 = time.time()
     questions = [r.question for r in records for _ in range(n_masks)]
     seeds = seeds_for(seed, 0, 0, len(questions), stream="mc-vote")
     order = list(range(len(questions)))
     texts: list[str] = [""] * len(questions)
     lm.eval()
-    for b0 in tqdm(range(0, len(order), batch_size), desc="mc-vote", disable=not progress, leave=False, dynamic_ncols=True):
-        idx = order[b0:b0 + batch_size]
+    for b0 in tqdm(
+        range(0, len(order), batch_size), desc="mc-vote", disable=not progress, leave=False, dynamic_ncols=True
+    ):
+        idx = order[b0 : b0 + batch_size]
         ids, mask = lm.encode_questions([questions[i] for i in idx], max_tokens=max_question_tokens)
         with perturbation.bind(lm, seeds[idx]) as pb:
             g = lm.generate(ids, mask, lm.settings.n_latent, max_new_tokens=max_new_tokens, perturbation=pb)
@@ -155,13 +255,22 @@ def evaluate_mc_vote(lm: LatentLM, records: list[Record], perturbation, *, n_mas
             texts[i] = t
     preds, correct = [], 0
     for j, r in enumerate(records):
-        answers = [extract_answer(t) for t in texts[j * n_masks:(j + 1) * n_masks]]
+        answers = [extract_answer(t) for t in texts[j * n_masks : (j + 1) * n_masks]]
         vote = majority_vote(answers)
         ok = vote is not None and score(f"#### {vote}", r.answer) == 1.0
         correct += int(ok)
         preds.append({"question": r.question, "gold": r.answer, "votes": answers, "pred": vote, "correct": ok})
     n = len(records)
     unparseable = sum(p["pred"] is None for p in preds)
-    return EvalResult(dataset=dataset, accuracy=correct / n if n else 0.0, n=n, correct=correct, unparseable=unparseable, seed=seed,
-                      n_latent=lm.settings.n_latent, mode=f"{lm.settings.mode}+mc{n_masks}", wall_s=round(time.time() - t0, 3),
-                      predictions=preds)
+    return EvalResult(
+        dataset=dataset,
+        accuracy=correct / n if n else 0.0,
+        n=n,
+        correct=correct,
+        unparseable=unparseable,
+        seed=seed,
+        n_latent=lm.settings.n_latent,
+        mode=f"{lm.settings.mode}+mc{n_masks}",
+        wall_s=round(time.time() - t0, 3),
+        predictions=preds,
+    )

@@ -1,4 +1,5 @@
 """Build the LatentLM a config names: the built-in tiny model, a local checkpoint or a hub id."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +7,10 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig, TaskConfig
+from ..data.synthetic import tokenizer_corpus
+from ..data.tokenizer import train_word_tokenizer
 from .latent_lm import LatentLM, LatentSettings
+from .tiny import build_tiny_model
 
 BUILTIN = "builtin-tiny"
 
@@ -36,25 +40,36 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def build_builtin(model_cfg: ModelConfig, task_cfg: TaskConfig, seed: int = 0) -> LatentLM:
-    from ..data.synthetic import tokenizer_corpus
-    from ..data.tokenizer import train_word_tokenizer
-    from .tiny import build_tiny_model
-
     tok = train_word_tokenizer(tokenizer_corpus(task_cfg))
-    model = build_tiny_model(model_cfg.arch, len(tok), seed=seed, hidden_size=model_cfg.hidden_size, num_layers=model_cfg.num_layers,
-                             num_heads=model_cfg.num_heads, intermediate_size=model_cfg.intermediate_size)
+    model = build_tiny_model(
+        model_cfg.arch,
+        len(tok),
+        seed=seed,
+        hidden_size=model_cfg.hidden_size,
+        num_layers=model_cfg.num_layers,
+        num_heads=model_cfg.num_heads,
+        intermediate_size=model_cfg.intermediate_size,
+    )
     return LatentLM(model, tok, LatentSettings())
 
 
-def load_model(model_cfg: ModelConfig, task_cfg: TaskConfig, *, init: str | None = None, seed: int = 0,
-               device: torch.device | str = "cpu") -> LatentLM:
+def load_model(
+    model_cfg: ModelConfig,
+    task_cfg: TaskConfig,
+    *,
+    init: str | None = None,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> LatentLM:
     """``init`` (a checkpoint) wins over ``model.name_or_path``; the built-in name builds a fresh tiny model."""
     dtype = torch.bfloat16 if model_cfg.dtype == "bfloat16" else torch.float32
     if init:
-        lm = LatentLM.from_pretrained(resolve_checkpoint(init), dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
+        lm = LatentLM.from_pretrained(
+            resolve_checkpoint(init), dtype=dtype, trust_remote_code=model_cfg.trust_remote_code
+        )
     elif model_cfg.name_or_path == BUILTIN:
         lm = build_builtin(model_cfg, task_cfg, seed)
-        lm.model.to(dtype)
+        lm.to(dtype)
     else:
         src = model_cfg.name_or_path
         if Path(src).exists():

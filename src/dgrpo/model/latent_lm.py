@@ -14,6 +14,7 @@ Every forward goes through :meth:`LatentLM._forward`, which tells an optional pe
 phase (``prompt`` / ``latent`` / ``answer``) is running; that is the single hook the dropout-GRPO
 perturbations use (see :mod:`dgrpo.perturbation`).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,12 +25,17 @@ from typing import Any, Protocol
 import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
-from transformers import (AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase,
-                          PreTrainedTokenizerFast)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
 
 START_LATENT, LATENT, END_LATENT = "<|start-latent|>", "<|latent|>", "<|end-latent|>"
 LATENT_CONFIG_FILE = "latent_config.json"
-MODES = ("coconut", "pause", "cot", "no_cot", "plain")
 
 
 @dataclass
@@ -50,7 +56,7 @@ class LatentSettings:
         return json.dumps(asdict(self), indent=2)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "LatentSettings":
+    def from_dict(cls, d: dict) -> LatentSettings:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
@@ -86,13 +92,26 @@ def init_new_embeddings(model: PreTrainedModel, n_old: int) -> None:
     the new tokens' logits the average logit, so they are neither favoured nor suppressed).
     """
     with torch.no_grad():
-        emb = model.get_input_embeddings().weight
+        emb = input_embedding_weight(model)
         emb[n_old:] = emb[:n_old].mean(0, keepdim=True)
-        out = model.get_output_embeddings()
+        out: Any = model.get_output_embeddings()
         if out is not None and out.weight.data_ptr() != emb.data_ptr():
             out.weight[n_old:] = out.weight[:n_old].mean(0, keepdim=True)
             if getattr(out, "bias", None) is not None:
                 out.bias[n_old:] = out.bias[:n_old].mean()
+
+
+def input_embedding_weight(model: PreTrainedModel) -> Tensor:
+    """The input embedding matrix [vocab, hidden] of a causal LM."""
+    weight = model.get_input_embeddings().weight
+    assert isinstance(weight, Tensor)
+    return weight
+
+
+def _token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:
+    found = tokenizer.convert_tokens_to_ids(token)
+    assert isinstance(found, int)
+    return found
 
 
 def add_latent_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -102,7 +121,7 @@ def add_latent_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
         tokenizer.add_tokens(missing, special_tokens=True)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    n_old = model.get_input_embeddings().weight.shape[0]
+    n_old = input_embedding_weight(model).shape[0]
     if len(tokenizer) > n_old:
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
         init_new_embeddings(model, n_old)
@@ -112,7 +131,10 @@ def load_tokenizer(path: str, trust_remote_code: bool = False) -> PreTrainedToke
     """AutoTokenizer, except that a plain ``tokenizers`` file (our built-in tokenizer) is loaded as is
     (AutoTokenizer would otherwise pick the model type's tokenizer class and its decoder)."""
     cfg = Path(path) / "tokenizer_config.json"
-    if cfg.is_file() and json.loads(cfg.read_text()).get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+    if cfg.is_file() and json.loads(cfg.read_text()).get("tokenizer_class") in (
+        "TokenizersBackend",
+        "PreTrainedTokenizerFast",
+    ):
         return PreTrainedTokenizerFast.from_pretrained(path)
     return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
 
@@ -125,27 +147,37 @@ class LatentLM(nn.Module):
     #: otherwise hold GBs of logits per micro-batch)
     logit_chunk_elems: int = 1 << 26
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, settings: LatentSettings | None = None):
+    def __init__(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, settings: LatentSettings | None = None
+    ):
         super().__init__()
         add_latent_tokens(model, tokenizer)
         self.model = model
         self.tokenizer = tokenizer
         self.settings = settings or LatentSettings()
         tokenizer.padding_side = "left"
-        self.start_id = tokenizer.convert_tokens_to_ids(START_LATENT)
-        self.latent_id = tokenizer.convert_tokens_to_ids(LATENT)
-        self.end_id = tokenizer.convert_tokens_to_ids(END_LATENT)
+        self.start_id = _token_id(tokenizer, START_LATENT)
+        self.latent_id = _token_id(tokenizer, LATENT)
+        self.end_id = _token_id(tokenizer, END_LATENT)
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
-                        trust_remote_code: bool = False) -> "LatentLM":
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        dtype: torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        trust_remote_code: bool = False,
+    ) -> LatentLM:
         """Load a checkpoint directory (or a hub id): weights from safetensors only."""
         path = str(path)
         tok = load_tokenizer(path, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto", use_safetensors=True, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype or "auto", use_safetensors=True, trust_remote_code=trust_remote_code
+        )
         settings = LatentSettings()
         cfg_file = Path(path) / LATENT_CONFIG_FILE
         if cfg_file.is_file():
@@ -155,16 +187,24 @@ class LatentLM(nn.Module):
             lm.to(device)
         return lm
 
-    def save_pretrained(self, path: str | Path) -> None:
+    def save_pretrained(
+        self, path: str | Path, *, state_dict: dict[str, Tensor] | None = None, weights: bool = True
+    ) -> None:
+        """Write a checkpoint directory: safetensors weights (``state_dict`` when given, e.g. gathered from
+        FSDP shards; none with ``weights=False``), the model config, the tokenizer, ``latent_config.json``.
+        The one place a model directory is written."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path, safe_serialization=True)
+        if weights:
+            self.model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
+        else:
+            self.model.config.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         (path / LATENT_CONFIG_FILE).write_text(self.settings.to_json())
 
     @property
     def device(self) -> torch.device:
-        return self.model.get_input_embeddings().weight.device
+        return input_embedding_weight(self.model).device
 
     @property
     def base(self) -> nn.Module:
@@ -177,7 +217,9 @@ class LatentLM(nn.Module):
         return self.model.get_output_embeddings()(hidden)
 
     # ------------------------------------------------------------------ tokenization
-    def encode_questions(self, questions: list[str], *, markers: bool = True, max_tokens: int | None = None) -> tuple[Tensor, Tensor]:
+    def encode_questions(
+        self, questions: list[str], *, markers: bool = True, max_tokens: int | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Left-padded ``question \\n [<|start-latent|>]`` ids and mask, [B, P]."""
         rows = []
         for q in questions:
@@ -187,7 +229,9 @@ class LatentLM(nn.Module):
             rows.append(ids + ([self.start_id] if markers else []))
         return left_pad(rows, self.pad_id, self.device)
 
-    def encode_targets(self, texts: list[str], *, max_tokens: int | None = None, eos: bool = True) -> tuple[Tensor, Tensor]:
+    def encode_targets(
+        self, texts: list[str], *, max_tokens: int | None = None, eos: bool = True
+    ) -> tuple[Tensor, Tensor]:
         """Right-padded target ids (each ending in EOS) and mask, [B, L]."""
         rows = []
         for t in texts:
@@ -198,13 +242,24 @@ class LatentLM(nn.Module):
         return right_pad(rows, self.pad_id, self.device)
 
     def decode(self, tokens: Tensor, mask: Tensor) -> list[str]:
-        return [self.tokenizer.decode(t[m.bool()].tolist(), skip_special_tokens=True) for t, m in zip(tokens, mask)]
+        return [
+            str(self.tokenizer.decode(t[m.bool()].tolist(), skip_special_tokens=True)) for t, m in zip(tokens, mask)
+        ]
 
     # ------------------------------------------------------------------ the recurrence
-    def _forward(self, state: DecodeState, phase: str, perturbation: PhaseHook | None, *, ids: Tensor | None = None,
-                 embeds: Tensor | None = None, new_mask: Tensor | None = None) -> Tensor:
+    def _forward(
+        self,
+        state: DecodeState,
+        phase: str,
+        perturbation: PhaseHook | None,
+        *,
+        ids: Tensor | None = None,
+        embeds: Tensor | None = None,
+        new_mask: Tensor | None = None,
+    ) -> Tensor:
         """Append positions to ``state`` (ids or embeddings), return their last-layer hidden states [B, L, H]."""
         x = ids if ids is not None else embeds
+        assert x is not None, "give ids or embeds"
         B, L = x.shape[:2]
         if new_mask is None:
             new_mask = torch.ones(B, L, dtype=state.attention_mask.dtype, device=x.device)
@@ -212,14 +267,28 @@ class LatentLM(nn.Module):
         state.attention_mask = torch.cat([state.attention_mask, new_mask.to(state.attention_mask.dtype)], dim=1)
         if perturbation is not None:
             perturbation.before_forward(phase)
-        out = self.base(input_ids=ids, inputs_embeds=embeds, attention_mask=state.attention_mask, position_ids=positions,
-                        past_key_values=state.cache, use_cache=True)
+        out = self.base(
+            input_ids=ids,
+            inputs_embeds=embeds,
+            attention_mask=state.attention_mask,
+            position_ids=positions,
+            past_key_values=state.cache,
+            use_cache=True,
+        )
         state.next_position = state.next_position + L
         state.last_hidden = out.last_hidden_state[:, -1:]
         return out.last_hidden_state
 
-    def prefill(self, prompt_ids: Tensor, prompt_mask: Tensor, n_latent: int, *, mode: str | None = None,
-                perturbation: PhaseHook | None = None, markers: bool = True) -> DecodeState:
+    def prefill(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        n_latent: int,
+        *,
+        mode: str | None = None,
+        perturbation: PhaseHook | None = None,
+        markers: bool = True,
+    ) -> DecodeState:
         """Run the question, ``n_latent`` continuous thoughts and ``<|end-latent|>``.
 
         Returns the state whose ``last_hidden`` predicts the first answer token. ``prompt_ids`` is the
@@ -231,7 +300,13 @@ class LatentLM(nn.Module):
         state = DecodeState(DynamicCache(config=self.model.config), prompt_mask, positions[:, -1] + 1, None)  # type: ignore[arg-type]
         if perturbation is not None:
             perturbation.before_forward("prompt")
-        out = self.base(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, past_key_values=state.cache, use_cache=True)
+        out = self.base(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            position_ids=positions,
+            past_key_values=state.cache,
+            use_cache=True,
+        )
         state.last_hidden = out.last_hidden_state[:, -1:]
         if n_latent > 0:
             if mode == "pause":
@@ -247,8 +322,17 @@ class LatentLM(nn.Module):
             self._forward(state, "answer", perturbation, ids=end)
         return state
 
-    def score_targets(self, state: DecodeState, target_ids: Tensor, target_mask: Tensor, *, perturbation: PhaseHook | None = None,
-                      temperature: float = 1.0, with_entropy: bool = False, stepwise: bool = False) -> tuple[Tensor, Tensor | None]:
+    def score_targets(
+        self,
+        state: DecodeState,
+        target_ids: Tensor,
+        target_mask: Tensor,
+        *,
+        perturbation: PhaseHook | None = None,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        stepwise: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
         """Teacher-forced log pi(target_l | prefix) for every target position, [B, L] (0 at padding).
 
         Feeds targets[:, :-1] over the cache in one forward (``stepwise``: one token per forward, the
@@ -258,29 +342,75 @@ class LatentLM(nn.Module):
         h_first = state.last_hidden
         if target_ids.shape[1] > 1:
             if stepwise:
-                h_rest = torch.cat([self._forward(state, "answer", perturbation, ids=target_ids[:, i:i + 1], new_mask=target_mask[:, i + 1:i + 2])
-                                    for i in range(target_ids.shape[1] - 1)], dim=1)
+                h_rest = torch.cat(
+                    [
+                        self._forward(
+                            state,
+                            "answer",
+                            perturbation,
+                            ids=target_ids[:, i : i + 1],
+                            new_mask=target_mask[:, i + 1 : i + 2],
+                        )
+                        for i in range(target_ids.shape[1] - 1)
+                    ],
+                    dim=1,
+                )
             else:
-                h_rest = self._forward(state, "answer", perturbation, ids=target_ids[:, :-1], new_mask=target_mask[:, :-1])
+                h_rest = self._forward(
+                    state, "answer", perturbation, ids=target_ids[:, :-1], new_mask=target_mask[:, :-1]
+                )
             hidden = torch.cat([h_first, h_rest], dim=1)
         else:
             hidden = h_first
-        logp, entropy = head_logprobs(self.logits, hidden, target_ids, temperature, with_entropy, self.logit_chunk_elems)
+        logp, entropy = head_logprobs(
+            self.logits, hidden, target_ids, temperature, with_entropy, self.logit_chunk_elems
+        )
         return logp * target_mask, (entropy * target_mask if entropy is not None else None)
 
-    def target_logprobs(self, prompt_ids: Tensor, prompt_mask: Tensor, n_latent: int, target_ids: Tensor, target_mask: Tensor, *,
-                        mode: str | None = None, perturbation: PhaseHook | None = None, temperature: float = 1.0,
-                        with_entropy: bool = False, markers: bool = True, stepwise: bool = False) -> tuple[Tensor, Tensor | None]:
+    def target_logprobs(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        n_latent: int,
+        target_ids: Tensor,
+        target_mask: Tensor,
+        *,
+        mode: str | None = None,
+        perturbation: PhaseHook | None = None,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        markers: bool = True,
+        stepwise: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
         """Question -> latents -> teacher-forced targets, differentiable end to end: log-probs [B, L]."""
         state = self.prefill(prompt_ids, prompt_mask, n_latent, mode=mode, perturbation=perturbation, markers=markers)
-        return self.score_targets(state, target_ids, target_mask, perturbation=perturbation, temperature=temperature,
-                                  with_entropy=with_entropy, stepwise=stepwise)
+        return self.score_targets(
+            state,
+            target_ids,
+            target_mask,
+            perturbation=perturbation,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            stepwise=stepwise,
+        )
 
     @torch.no_grad()
-    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, n_latent: int, *, max_new_tokens: int = 64, temperature: float = 0.0,
-                 top_p: float = 1.0, generator: torch.Generator | None = None, mode: str | None = None,
-                 perturbation: PhaseHook | None = None, markers: bool = True, stop_ids: list[int] | None = None,
-                 with_entropy: bool = False) -> Generation:
+    def generate(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        n_latent: int,
+        *,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
+        mode: str | None = None,
+        perturbation: PhaseHook | None = None,
+        markers: bool = True,
+        stop_ids: list[int] | None = None,
+        with_entropy: bool = False,
+    ) -> Generation:
         """Batched answer decoding after the latents over the KV cache; each row stops at its EOS.
 
         Greedy when ``temperature == 0``. ``logprobs`` are log pi(token) under softmax(logits / t), with
@@ -308,7 +438,7 @@ class LatentLM(nn.Module):
             alive = alive & ~torch.isin(nxt, stops)
             if not alive.any() or i == max_new_tokens - 1:
                 break
-            self._forward(state, "answer", perturbation, ids=tokens[:, i:i + 1], new_mask=alive[:, None].long())
+            self._forward(state, "answer", perturbation, ids=tokens[:, i : i + 1], new_mask=alive[:, None].long())
         n = int(mask.sum(1).max().item()) if mask.any() else 0
         return Generation(tokens[:, :n], mask[:, :n], logprobs[:, :n], entropy[:, :n] if entropy is not None else None)
 
@@ -323,8 +453,14 @@ def _chunk_logprobs(head, h: Tensor, tgt: Tensor, temperature: float, with_entro
     return logp, ent
 
 
-def head_logprobs(head, hidden: Tensor, targets: Tensor, temperature: float = 1.0, with_entropy: bool = False,
-                  chunk_elems: int = 1 << 26) -> tuple[Tensor, Tensor | None]:
+def head_logprobs(
+    head,
+    hidden: Tensor,
+    targets: Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_elems: int = 1 << 26,
+) -> tuple[Tensor, Tensor | None]:
     """log softmax(head(hidden) / t)[targets] per position, [B, L] (and the entropy), in position chunks.
 
     One chunk when the logits are small (the tiny models); otherwise chunks of ``chunk_elems`` logits,
@@ -339,9 +475,13 @@ def head_logprobs(head, hidden: Tensor, targets: Tensor, temperature: float = 1.
         return logp, (ent if with_entropy else None)
     parts = []
     for i in range(0, L, step):
-        h, t = hidden[:, i:i + step], targets[:, i:i + step]
+        h, t = hidden[:, i : i + step], targets[:, i : i + step]
         if torch.is_grad_enabled() and h.requires_grad:
-            parts.append(torch.utils.checkpoint.checkpoint(_chunk_logprobs, head, h, t, temperature, with_entropy, use_reentrant=False))
+            parts.append(
+                torch.utils.checkpoint.checkpoint(
+                    _chunk_logprobs, head, h, t, temperature, with_entropy, use_reentrant=False
+                )
+            )
         else:
             parts.append(_chunk_logprobs(head, h, t, temperature, with_entropy))
     logp = torch.cat([p[0] for p in parts], 1)
@@ -371,8 +511,8 @@ def left_pad(rows: list[list[int]], pad_id: int, device: Any = None) -> tuple[Te
     mask = torch.zeros(len(rows), n, dtype=torch.long)
     for i, r in enumerate(rows):
         if r:
-            ids[i, n - len(r):] = torch.tensor(r)
-            mask[i, n - len(r):] = 1
+            ids[i, n - len(r) :] = torch.tensor(r)
+            mask[i, n - len(r) :] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -384,10 +524,3 @@ def right_pad(rows: list[list[int]], pad_id: int, device: Any = None) -> tuple[T
         ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         mask[i, : len(r)] = 1
     return ids.to(device), mask.to(device)
-
-
-def sequence_logprob_loss(logp: Tensor, mask: Tensor, normalizer: float | Tensor | None = None) -> Tensor:
-    """Negative log-likelihood summed over target tokens / ``normalizer`` (default: their count)."""
-    total = -(logp * mask).sum()
-    return total / (normalizer if normalizer is not None else mask.sum().clamp(min=1))
-

@@ -3,6 +3,7 @@
 Used by the tests (our cached recurrence must match these to 1e-5) and by the benchmarks (as the
 baseline our speed is measured against). Never used for training.
 """
+
 from __future__ import annotations
 
 import torch
@@ -11,8 +12,9 @@ from torch import Tensor
 from .latent_lm import LatentLM
 
 
-def full_sequence_embeds(lm: LatentLM, prompt_ids: Tensor, prompt_mask: Tensor, n_latent: int, target_ids: Tensor,
-                         target_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
+def full_sequence_embeds(
+    lm: LatentLM, prompt_ids: Tensor, prompt_mask: Tensor, n_latent: int, target_ids: Tensor, target_mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor, int]:
     """Coconut-style multi-pass forward: latent position t gets the hidden state of position t-1,
     recomputing the whole sequence from scratch for every latent step (no KV cache).
 
@@ -25,17 +27,18 @@ def full_sequence_embeds(lm: LatentLM, prompt_ids: Tensor, prompt_mask: Tensor, 
     pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
     # positions after the prompt continue counting even over right padding (as the cached path does)
     start = P
-    pos[:, start:] = pos[:, start - 1: start] + torch.arange(1, ids.shape[1] - start + 1, device=ids.device)[None]
+    pos[:, start:] = pos[:, start - 1 : start] + torch.arange(1, ids.shape[1] - start + 1, device=ids.device)[None]
     embeds = lm.embed(ids)
     for t in range(n_latent):
         out = lm.base(inputs_embeds=embeds, attention_mask=mask, position_ids=pos)
         h = out.last_hidden_state[:, start + t - 1]
-        embeds = torch.cat([embeds[:, : start + t], h[:, None], embeds[:, start + t + 1:]], 1)
+        embeds = torch.cat([embeds[:, : start + t], h[:, None], embeds[:, start + t + 1 :]], 1)
     return embeds, mask, pos, start
 
 
-def uncached_target_logprobs(lm: LatentLM, prompt_ids: Tensor, prompt_mask: Tensor, n_latent: int, target_ids: Tensor,
-                             target_mask: Tensor) -> tuple[Tensor, Tensor]:
+def uncached_target_logprobs(
+    lm: LatentLM, prompt_ids: Tensor, prompt_mask: Tensor, n_latent: int, target_ids: Tensor, target_mask: Tensor
+) -> tuple[Tensor, Tensor]:
     """Teacher-forced log-probs [B, L] and all last-layer hidden states by full recomputation."""
     embeds, mask, pos, start = full_sequence_embeds(lm, prompt_ids, prompt_mask, n_latent, target_ids, target_mask)
     out = lm.base(inputs_embeds=embeds, attention_mask=mask, position_ids=pos)
@@ -55,15 +58,19 @@ def recompute_generate(lm: LatentLM, question: str, n_latent: int, max_new_token
     hidden_for: dict[int, Tensor] = {}
     P = prompt_ids.shape[1]
     for t in range(n_latent):
-        embeds = [lm.embed(torch.tensor([i], device=lm.device))[0] if j not in hidden_for else hidden_for[j]
-                  for j, i in enumerate(ids[: P + t])]
+        embeds = [
+            lm.embed(torch.tensor([i], device=lm.device))[0] if j not in hidden_for else hidden_for[j]
+            for j, i in enumerate(ids[: P + t])
+        ]
         out = lm.model(inputs_embeds=torch.stack(embeds)[None], output_hidden_states=True)
         hidden_for[P + t] = out.hidden_states[-1][0, -1]
     new: list[int] = []
     for _ in range(max_new_tokens):
         seq = ids + new
-        embeds = [lm.embed(torch.tensor([i], device=lm.device))[0] if j not in hidden_for else hidden_for[j]
-                  for j, i in enumerate(seq)]
+        embeds = [
+            lm.embed(torch.tensor([i], device=lm.device))[0] if j not in hidden_for else hidden_for[j]
+            for j, i in enumerate(seq)
+        ]
         out = lm.model(inputs_embeds=torch.stack(embeds)[None], output_hidden_states=True)
         nxt = int(out.logits[0, -1].argmax())
         new.append(nxt)

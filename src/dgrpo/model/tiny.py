@@ -1,24 +1,62 @@
 """Tiny from-scratch causal LMs (Qwen2, Llama or GPT-2 architecture) built from configs, no hub needed."""
+
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedModel, Qwen2Config
 
 
-def tiny_config(arch: str, vocab_size: int, *, hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4,
-                intermediate_size: int = 512, max_positions: int = 512, pad_token_id: int = 0, eos_token_id: int = 1):
-    common = dict(vocab_size=vocab_size, pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=eos_token_id)
+def tiny_config(
+    arch: str,
+    vocab_size: int,
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    intermediate_size: int = 512,
+    max_positions: int = 512,
+    pad_token_id: int = 0,
+    eos_token_id: int = 1,
+):
+    common: dict[str, Any] = dict(
+        vocab_size=vocab_size, pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=eos_token_id
+    )
     if arch == "qwen2":
-        return Qwen2Config(hidden_size=hidden_size, intermediate_size=intermediate_size, num_hidden_layers=num_layers,
-                           num_attention_heads=num_heads, num_key_value_heads=max(1, num_heads // 2),
-                           max_position_embeddings=max_positions, tie_word_embeddings=True, **common)
+        return Qwen2Config(
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=max(1, num_heads // 2),
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=True,
+            **common,
+        )
     if arch == "llama":
-        return LlamaConfig(hidden_size=hidden_size, intermediate_size=intermediate_size, num_hidden_layers=num_layers,
-                           num_attention_heads=num_heads, num_key_value_heads=max(1, num_heads // 2),
-                           max_position_embeddings=max_positions, tie_word_embeddings=False, **common)
+        return LlamaConfig(
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=max(1, num_heads // 2),
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=False,
+            **common,
+        )
     if arch == "gpt2":
-        return GPT2Config(n_embd=hidden_size, n_layer=num_layers, n_head=num_heads, n_inner=intermediate_size,
-                          n_positions=max_positions, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
+        return GPT2Config(
+            n_embd=hidden_size,
+            n_layer=num_layers,
+            n_head=num_heads,
+            n_inner=intermediate_size,
+            n_positions=max_positions,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **common,
+        )
     raise ValueError(f"unknown tiny architecture {arch!r}; expected qwen2, llama or gpt2")
 
 

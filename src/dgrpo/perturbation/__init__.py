@@ -6,7 +6,8 @@ the :class:`~dgrpo.model.latent_lm.LatentLM` (prompt, each latent step, each ans
 *same* perturbation of that row. Only the seeds (int64, 8 bytes per rollout) are ever stored: at
 update time the same ``bind`` with the same seeds regenerates the noise exactly (mask replay).
 
-Kinds:
+Kinds (``perturbation.kind``; a new one is a :class:`Perturbation` subclass decorated with
+``@register("name")``):
   ``locked``   one Bernoulli mask per rollout per site over the hidden dimension, inverted scaling
                1/(1-p), shared across positions and latent steps (variational dropout, Gal &
                Ghahramani 2016). Batched: all rollouts of all groups run in one forward.
@@ -16,12 +17,34 @@ Kinds:
                additive noise on the weights of the selected linear layers (paper Sec. A.5).
   ``none``     deterministic.
 """
+
 from __future__ import annotations
 
-from .base import BoundPerturbation, NoPerturbation, Perturbation, make_perturbation, seeds_for
+from typing import TYPE_CHECKING
+
+from .base import PERTURBATIONS, BoundPerturbation, NoPerturbation, Perturbation, register, seeds_for
 from .gaussian import GaussianNoise
 from .locked import LockedDropout
 from .native import NativeDropout
 
-__all__ = ["BoundPerturbation", "GaussianNoise", "LockedDropout", "NativeDropout", "NoPerturbation", "Perturbation",
-           "make_perturbation", "seeds_for"]
+if TYPE_CHECKING:
+    from ..config import PerturbationConfig
+
+
+def make_perturbation(cfg: PerturbationConfig) -> Perturbation:
+    """The perturbation a config names (``perturbation.kind`` looked up in the registry)."""
+    return PERTURBATIONS[cfg.kind].from_config(cfg)
+
+
+__all__ = [
+    "PERTURBATIONS",
+    "BoundPerturbation",
+    "GaussianNoise",
+    "LockedDropout",
+    "NativeDropout",
+    "NoPerturbation",
+    "Perturbation",
+    "make_perturbation",
+    "register",
+    "seeds_for",
+]

@@ -1,18 +1,17 @@
-"""The perturbation interface, site discovery on any HF decoder, per-row seeded noise, and the factory."""
+"""The perturbation interface, per-row seeded noise, and the registry of perturbation kinds."""
+
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from ...config import PerturbationConfig
+    from ..config import PerturbationConfig
     from ..model.latent_lm import LatentLM
-
-SITES = ("attn", "mlp", "residual")
 
 
 class BoundPerturbation:
@@ -30,10 +29,10 @@ class BoundPerturbation:
     def active(self) -> bool:
         return self.perturb_prompt or self.phase != "prompt"
 
-    def __enter__(self) -> "BoundPerturbation":
+    def __enter__(self) -> BoundPerturbation:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         return None
 
 
@@ -46,14 +45,14 @@ class HookedPerturbation(BoundPerturbation):
         self.modules, self.perturb_prompt = modules, perturb_prompt
         self.handles: list = []
 
-    def _hook(self, k: int):
+    def _hook(self, k: int) -> Callable:
         raise NotImplementedError
 
-    def __enter__(self):
+    def __enter__(self) -> HookedPerturbation:
         self.handles = [m.register_forward_hook(self._hook(k)) for k, m in enumerate(self.modules)]
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         for h in self.handles:
             h.remove()
         self.handles = []
@@ -62,19 +61,40 @@ class HookedPerturbation(BoundPerturbation):
 class Perturbation:
     """A stochasticity source; ``bind(lm, seeds)`` gives the context for one batch of rollouts."""
 
-    kind = "base"
     batched = True  # False: rows must be run one at a time (native dropout)
-    deterministic = False
 
-    def bind(self, lm: "LatentLM", seeds: Tensor) -> BoundPerturbation:
+    @classmethod
+    def from_config(cls, cfg: PerturbationConfig) -> Perturbation:
+        raise NotImplementedError
+
+    def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
         raise NotImplementedError
 
 
-class NoPerturbation(Perturbation):
-    kind = "none"
-    deterministic = True
+#: ``perturbation.kind`` -> class; filled by :func:`register` (the kinds' modules register themselves)
+PERTURBATIONS: dict[str, type[Perturbation]] = {}
+P = TypeVar("P", bound=type[Perturbation])
 
-    def bind(self, lm: "LatentLM", seeds: Tensor) -> BoundPerturbation:
+
+def register(kind: str) -> Callable[[P], P]:
+    """Class decorator: make a :class:`Perturbation` available as ``perturbation.kind: <kind>``."""
+
+    def add(cls: P) -> P:
+        PERTURBATIONS[kind] = cls
+        return cls
+
+    return add
+
+
+@register("none")
+class NoPerturbation(Perturbation):
+    """Deterministic rollouts: nothing is perturbed."""
+
+    @classmethod
+    def from_config(cls, cfg: PerturbationConfig) -> NoPerturbation:
+        return cls()
+
+    def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
         return BoundPerturbation()
 
 
@@ -93,90 +113,13 @@ def row_uniforms(seed: int, n_sites: int, width: int) -> Tensor:
 
 
 def row_normals(seed: int, n_sites: int, width: int) -> Tensor:
+    """N(0,1) noise of one row, [n_sites, width], from its own generator."""
     g = torch.Generator().manual_seed(int(seed))
     return torch.randn(n_sites, width, generator=g)
 
 
-@dataclass
-class Site:
-    name: str  # e.g. "layers.3.mlp"
-    module: nn.Module
-    width: int
-
-
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The list of transformer blocks of any HF causal LM (``model.layers``, ``transformer.h``, ...)."""
-    base = model.base_model if hasattr(model, "base_model") else model
-    for attr in ("layers", "h", "blocks", "decoder.layers"):
-        obj = base
-        for part in attr.split("."):
-            obj = getattr(obj, part, None)
-            if obj is None:
-                break
-        if isinstance(obj, nn.ModuleList) and len(obj) > 0:
-            return obj
-    lists = [m for m in base.modules() if isinstance(m, nn.ModuleList)]
-    if not lists:
-        raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
-    return max(lists, key=len)
-
-
-def parse_layers(spec: str, n_layers: int) -> list[int]:
-    """``all``, ``3``, ``0:4`` (python slice, negatives allowed) or ``1,3,5``."""
-    spec = str(spec).strip()
-    if spec == "all":
-        return list(range(n_layers))
-    if ":" in spec:
-        a, b = spec.split(":", 1)
-        return list(range(n_layers))[slice(int(a) if a else None, int(b) if b else None)]
-    out = [int(x) for x in spec.split(",") if x.strip()]
-    for i in out:
-        if not -n_layers <= i < n_layers:
-            raise ValueError(f"layer {i} out of range for a {n_layers}-layer model")
-    return [i % n_layers for i in out]
-
-
-def find_sites(model: nn.Module, sites: list[str], layers: str) -> list[Site]:
-    """Modules whose outputs are perturbed: attention output, MLP output, block output (residual stream)."""
-    blocks = decoder_layers(model)
-    width = model.config.hidden_size if hasattr(model.config, "hidden_size") else model.config.n_embd
-    found = []
-    for i in parse_layers(layers, len(blocks)):
-        block = blocks[i]
-        for s in sites:
-            if s == "residual":
-                mod = block
-            elif s == "attn":
-                mod = getattr(block, "self_attn", None) or getattr(block, "attn", None) or getattr(block, "attention", None)
-            elif s == "mlp":
-                mod = getattr(block, "mlp", None) or getattr(block, "feed_forward", None)
-            else:
-                raise ValueError(f"unknown perturbation site {s!r}; expected one of {SITES}")
-            if mod is None:
-                raise ValueError(f"layer {i} of {type(model).__name__} has no {s} module")
-            found.append(Site(f"layers.{i}.{s}", mod, width))
-    return found
-
-
-def map_first_output(output, fn):
+def map_first_output(output: Tensor | tuple, fn: Callable[[Tensor], Tensor]) -> Tensor | tuple:
     """Apply ``fn`` to a module's main output (a tensor, or the first item of a tuple)."""
     if isinstance(output, tuple):
-        return (fn(output[0]),) + tuple(output[1:])
+        return (fn(output[0]), *output[1:])
     return fn(output)
-
-
-def make_perturbation(cfg: "PerturbationConfig") -> Perturbation:
-    from .gaussian import GaussianNoise
-    from .locked import LockedDropout
-    from .native import NativeDropout
-
-    if cfg.kind == "none":
-        return NoPerturbation()
-    if cfg.kind == "locked":
-        return LockedDropout(p=cfg.p, sites=list(cfg.sites), layers=cfg.layers, perturb_prompt=cfg.perturb_prompt)
-    if cfg.kind == "native":
-        return NativeDropout(p=cfg.p, perturb_prompt=cfg.perturb_prompt)
-    if cfg.kind == "gaussian":
-        return GaussianNoise(sigma=cfg.sigma, sites=list(cfg.sites), layers=cfg.layers, target=cfg.gaussian_target,
-                             perturb_prompt=cfg.perturb_prompt)
-    raise ValueError(f"unknown perturbation kind {cfg.kind!r}")

@@ -6,28 +6,31 @@
 (``o_proj``/``c_proj`` for attention, ``down_proj``/``c_proj`` for the MLP), one E per rollout,
 computed as an extra batched matmul: memory B x out x in per site, so keep it to small models.
 """
+
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
-from .base import BoundPerturbation, HookedPerturbation, Perturbation, find_sites, map_first_output, row_normals
+from ..model.anatomy import find_sites, output_projection
+from .base import BoundPerturbation, HookedPerturbation, Perturbation, map_first_output, register, row_normals
 
-
-def _output_linear(module: nn.Module) -> nn.Module:
-    for name in ("o_proj", "down_proj", "c_proj", "out_proj", "dense", "fc_out", "c_fc"):
-        sub = getattr(module, name, None)
-        if sub is not None and hasattr(sub, "weight"):
-            return sub
-    raise ValueError(f"{type(module).__name__} has no output projection to perturb")
+if TYPE_CHECKING:
+    from ..config import PerturbationConfig
+    from ..model.latent_lm import LatentLM
 
 
 class _BoundGaussian(HookedPerturbation):
-    def __init__(self, targets, noises, perturb_prompt: bool, weights: bool, sigma: float):
+    def __init__(
+        self, targets: list[nn.Module], noises: list[Tensor] | Tensor, perturb_prompt: bool, weights: bool, sigma: float
+    ):
         super().__init__(targets, perturb_prompt)
         self.noises, self.weights, self.sigma = noises, weights, sigma
 
-    def _hook(self, k: int):
+    def _hook(self, k: int) -> Callable:
         def act_hook(module, args, output):
             if not self.active:
                 return None
@@ -40,31 +43,55 @@ class _BoundGaussian(HookedPerturbation):
             x = args[0]  # [B, L, in]
             e = self.noises[k]  # [B, out, in], already scaled
             return output + torch.einsum("bli,boi->blo", x, e.to(x.dtype))
+
         return weight_hook if self.weights else act_hook
 
 
+@register("gaussian")
 class GaussianNoise(Perturbation):
-    kind = "gaussian"
+    """Per-rollout Gaussian noise of scale ``sigma`` on site activations or on their output projections' weights."""
 
-    def __init__(self, sigma: float = 0.1, sites: list[str] | None = None, layers: str = "all", target: str = "activations",
-                 perturb_prompt: bool = True):
+    def __init__(
+        self,
+        sigma: float = 0.1,
+        sites: list[str] | None = None,
+        layers: str = "all",
+        target: str = "activations",
+        perturb_prompt: bool = True,
+    ):
         if sigma < 0:
             raise ValueError(f"sigma must be >= 0, got {sigma}")
-        if target not in ("activations", "weights"):
-            raise ValueError(f"gaussian target must be activations or weights, got {target!r}")
-        self.sigma, self.sites, self.layers, self.target, self.perturb_prompt = sigma, sites or ["mlp"], layers, target, perturb_prompt
-        self.deterministic = sigma == 0.0
+        self.sigma, self.sites, self.layers, self.target, self.perturb_prompt = (
+            sigma,
+            sites or ["mlp"],
+            layers,
+            target,
+            perturb_prompt,
+        )
 
-    def bind(self, lm, seeds: Tensor) -> BoundPerturbation:
+    @classmethod
+    def from_config(cls, cfg: PerturbationConfig) -> GaussianNoise:
+        return cls(
+            sigma=cfg.sigma,
+            sites=list(cfg.sites),
+            layers=cfg.layers,
+            target=cfg.gaussian_target,
+            perturb_prompt=cfg.perturb_prompt,
+        )
+
+    def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
         sites = find_sites(lm.model, self.sites, self.layers)
         if self.target == "activations":
             z = torch.stack([row_normals(int(s), len(sites), sites[0].width) for s in seeds.tolist()], dim=1)
             return _BoundGaussian([s.module for s in sites], z.to(lm.device), self.perturb_prompt, False, self.sigma)
-        linears = [_output_linear(s.module) for s in sites]
+        linears = [output_projection(s.module, s.part) for s in sites]
         noises = []
         for k, lin in enumerate(linears):
-            w = lin.weight if lin.weight.dim() == 2 else lin.weight
-            out_f, in_f = (w.shape[0], w.shape[1]) if isinstance(lin, nn.Linear) else (w.shape[1], w.shape[0])  # GPT-2 Conv1D is [in, out]
+            w = lin.weight
+            assert isinstance(w, Tensor)
+            out_f, in_f = (
+                (w.shape[0], w.shape[1]) if isinstance(lin, nn.Linear) else (w.shape[1], w.shape[0])
+            )  # GPT-2 Conv1D is [in, out]
             scale = self.sigma * float(w.detach().float().std())
             rows = [torch.Generator().manual_seed((int(s) + 7919 * (k + 1)) % (2**63)) for s in seeds.tolist()]
             noises.append(torch.stack([torch.randn(out_f, in_f, generator=g) for g in rows]).mul_(scale).to(lm.device))

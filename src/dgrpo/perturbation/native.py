@@ -6,22 +6,20 @@ else in the batch and on the call sequence: it is exact only one rollout at a ti
 re-running the same sequence of forwards (the trainer scores answers token by token in this mode).
 The global RNG state is saved on entry and restored on exit.
 """
+
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
-from .base import BoundPerturbation, Perturbation, decoder_layers
+from ..model.anatomy import attention_modules
+from .base import BoundPerturbation, Perturbation, register
 
-
-def attention_modules(model: nn.Module) -> list[nn.Module]:
-    mods = []
-    for block in decoder_layers(model):
-        m = getattr(block, "self_attn", None) or getattr(block, "attn", None) or getattr(block, "attention", None)
-        if m is None:
-            raise ValueError(f"{type(block).__name__} has no attention module")
-        mods.append(m)
-    return mods
+if TYPE_CHECKING:
+    from ..config import PerturbationConfig
+    from ..model.latent_lm import LatentLM
 
 
 class _BoundNative(BoundPerturbation):
@@ -39,41 +37,50 @@ class _BoundNative(BoundPerturbation):
         self._set(self.active)
         torch.manual_seed(self.seed)  # the same stream at every forward of this rollout (CPU and all CUDA devices)
 
-    def __enter__(self):
+    def __enter__(self) -> _BoundNative:
         self.cpu_state = torch.random.get_rng_state()
         self.cuda_state = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         for m in self.attn:
-            self.saved.append((m.training, getattr(m, "attention_dropout", None),
-                               getattr(getattr(m, "attn_dropout", None), "p", None)))
-            if hasattr(m, "attention_dropout"):
-                m.attention_dropout = self.p
-            if isinstance(getattr(m, "attn_dropout", None), nn.Dropout):
-                m.attn_dropout.p = self.p
+            mod: Any = m  # the dropout rate is a float (Qwen2 / Llama) or an nn.Dropout module (GPT-2)
+            self.saved.append(
+                (mod.training, getattr(mod, "attention_dropout", None), getattr(mod, "attn_dropout", None))
+            )
+            if hasattr(mod, "attention_dropout"):
+                mod.attention_dropout = self.p
+            if isinstance(getattr(mod, "attn_dropout", None), nn.Dropout):
+                self.saved[-1] = (*self.saved[-1][:2], mod.attn_dropout.p)
+                mod.attn_dropout.p = self.p
         return self
 
-    def __exit__(self, *exc):
-        for m, (training, ad, adp) in zip(self.attn, self.saved):
-            m.train(training)
-            if ad is not None:
-                m.attention_dropout = ad
-            if adp is not None:
-                m.attn_dropout.p = adp
+    def __exit__(self, *exc: object) -> None:
+        for m, (training, rate, module_rate) in zip(self.attn, self.saved):
+            mod: Any = m
+            mod.train(training)
+            if rate is not None:
+                mod.attention_dropout = rate
+            if module_rate is not None:
+                mod.attn_dropout.p = module_rate
         torch.random.set_rng_state(self.cpu_state)
         if self.cuda_state is not None:
             torch.cuda.set_rng_state_all(self.cuda_state)
 
 
+@register("native")
 class NativeDropout(Perturbation):
-    kind = "native"
+    """The model's attention dropout at rate ``p``, one rollout at a time, RNG restored before every forward."""
+
     batched = False
 
     def __init__(self, p: float = 0.1, perturb_prompt: bool = True):
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout p must be in [0, 1), got {p}")
         self.p, self.perturb_prompt = p, perturb_prompt
-        self.deterministic = p == 0.0
 
-    def bind(self, lm, seeds: Tensor) -> BoundPerturbation:
+    @classmethod
+    def from_config(cls, cfg: PerturbationConfig) -> NativeDropout:
+        return cls(p=cfg.p, perturb_prompt=cfg.perturb_prompt)
+
+    def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
         if seeds.numel() != 1:
             raise ValueError("native dropout replays the global RNG stream: bind one rollout at a time")
         return _BoundNative(attention_modules(lm.model), int(seeds.item()), self.p, self.perturb_prompt)

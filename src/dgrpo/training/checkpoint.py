@@ -11,6 +11,7 @@ It is written to ``.tmp-step-...`` and renamed into place, so a kill mid-write l
 that looks complete; a directory whose manifest is missing or whose checksums do not match is
 skipped with a message, falling back to the previous checkpoint. Nothing is ever unpickled.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,9 +42,11 @@ def _sha256(path: Path) -> str:
 def capture_rng() -> tuple[dict, dict[str, torch.Tensor]]:
     """(JSON-able Python/NumPy states, tensor states of torch's generators)."""
     py = random.getstate()
-    np_state = np.random.get_state()
-    js = {"python": [py[0], list(py[1]), py[2]],
-          "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])]}
+    np_state: Any = np.random.get_state()
+    js: dict[str, list] = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+    }
     tensors = {"torch_cpu": torch.random.get_rng_state()}
     if torch.cuda.is_available():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
@@ -63,9 +66,17 @@ def restore_rng(js: dict, tensors: dict[str, torch.Tensor]) -> None:
             torch.cuda.set_rng_state_all(states)
 
 
-def save_checkpoint(out_dir: Path, step: int, *, lm, optimizer: torch.optim.Optimizer, state: dict[str, Any],
-                    extra_models: dict[str, torch.nn.Module] | None = None, tensors: dict[str, torch.Tensor] | None = None,
-                    keep_last: int = 2) -> Path:
+def save_checkpoint(
+    out_dir: Path,
+    step: int,
+    *,
+    lm,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    extra_models: dict[str, torch.nn.Module] | None = None,
+    tensors: dict[str, torch.Tensor] | None = None,
+    keep_last: int = 2,
+) -> Path:
     """Write ``checkpoints/step-<step>`` atomically and prune to the ``keep_last`` newest.
 
     ``tensors``: extra tensor state (e.g. a sampling generator's state), stored beside the RNG states."""
@@ -145,8 +156,14 @@ def latest_checkpoint(out_dir: Path, log=None) -> Path | None:
     return None
 
 
-def load_checkpoint(ckpt: Path, *, lm, optimizer: torch.optim.Optimizer, extra_models: dict[str, torch.nn.Module] | None = None,
-                    restore_rngs: bool = True) -> dict[str, Any]:
+def load_checkpoint(
+    ckpt: Path,
+    *,
+    lm,
+    optimizer: torch.optim.Optimizer,
+    extra_models: dict[str, torch.nn.Module] | None = None,
+    restore_rngs: bool = True,
+) -> dict[str, Any]:
     """Load weights (safetensors), optimizer and RNG states (``weights_only=True``); return state.json."""
     from safetensors.torch import load_model as _load_into
 
@@ -158,7 +175,7 @@ def load_checkpoint(ckpt: Path, *, lm, optimizer: torch.optim.Optimizer, extra_m
     saved = torch.load(ckpt / "rng.pt", weights_only=True)
     if restore_rngs:
         restore_rng(state["rng"], {k: v for k, v in saved.items() if not k.startswith("extra/")})
-    state["tensors"] = {k[len("extra/"):]: v for k, v in saved.items() if k.startswith("extra/")}
+    state["tensors"] = {k[len("extra/") :]: v for k, v in saved.items() if k.startswith("extra/")}
     return state
 
 

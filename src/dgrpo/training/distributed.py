@@ -12,13 +12,14 @@ outcome is all-reduced before any backward; a rank that kept nothing runs no bac
 gradient reduction per optimizer step; eval shards are reduced even when empty; checkpoint saving is
 called by every rank.
 
-FSDP2 (config ``fsdp: full``, or ``sharded`` for sharded checkpoints; or ``DGRPO_FSDP=1|sharded``) shards gradients and optimizer
-states with ``torch.distributed.fsdp.fully_shard``. Ranks run different numbers of forwards
+FSDP2 (config ``fsdp: full``, or ``sharded`` for sharded checkpoints; or ``DGRPO_FSDP=1|sharded``) shards gradients
+and optimizer states with ``torch.distributed.fsdp.fully_shard``. Ranks run different numbers of forwards
 (generation stops when a batch is done), so no forward or backward may issue a collective: layers use
 ``reshard_after_forward=False`` and no gradient sync, :meth:`Dist.gather_params` all-gathers the
 weights once after each optimizer step, and :meth:`Dist.all_reduce_grads` reduce-scatters the
 accumulated gradients once per step.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,7 +32,12 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-FSDP_ENV = "DGRPO_FSDP"  # 0 (default) | 1 / full: FSDP2, gathered checkpoints | sharded: FSDP2, one checkpoint shard per rank
+from ..config import ConfigError
+from ..model.anatomy import decoder_layers
+
+FSDP_ENV = (
+    "DGRPO_FSDP"  # 0 (default) | 1 / full: FSDP2, gathered checkpoints | sharded: FSDP2, one checkpoint shard per rank
+)
 SHARDED_DIR = "dcp"  # where a sharded checkpoint keeps its torch.distributed.checkpoint files
 
 
@@ -46,26 +52,27 @@ class Dist:
     comm_s: float = 0.0  # seconds spent in collectives, waiting for the slowest rank included
 
     @classmethod
-    def single(cls) -> "Dist":
+    def single(cls) -> Dist:
         return cls()
 
     @classmethod
-    def from_env(cls, device: torch.device | None = None, fsdp: str = "none") -> "Dist":
+    def from_env(cls, device: torch.device | None = None, fsdp: str = "none") -> Dist:
         """Join the process group torchrun set up (WORLD_SIZE > 1), else a single process.
 
         The backend follows the training device: nccl for CUDA, gloo for CPU (``device`` None: CUDA
         when available). ``fsdp`` (the config key: none | full | sharded) turns FSDP2 on; the
         ``DGRPO_FSDP`` environment variable, when set, overrides it."""
-        from ..config import ConfigError
-
         mode = os.environ.get(FSDP_ENV, "").strip().lower() or fsdp
         if mode not in ("", "0", "false", "off", "none", "1", "true", "on", "full", "sharded"):
             raise ConfigError(f"{FSDP_ENV}={mode!r}: expected 0, 1 (= full) or sharded")
-        fsdp = mode in ("1", "true", "on", "full", "sharded")
+        sharding = mode in ("1", "true", "on", "full", "sharded")
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
-            if fsdp:
-                warnings.warn(f"fsdp={mode} ({FSDP_ENV} or the config key) is ignored in a single process (launch with torchrun)", stacklevel=2)
+            if sharding:
+                warnings.warn(
+                    f"fsdp={mode} ({FSDP_ENV} or the config key) is ignored in a single process (launch with torchrun)",
+                    stacklevel=2,
+                )
             return cls()
         cuda = device.type == "cuda" if device is not None else torch.cuda.is_available()
         local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -73,9 +80,14 @@ class Dist:
             torch.cuda.set_device(local)
         if not tdist.is_initialized():
             tdist.init_process_group(backend="nccl" if cuda else "gloo")
-        return cls(rank=tdist.get_rank(), world_size=tdist.get_world_size(), local_rank=local,
-                   device=torch.device("cuda", local) if cuda else torch.device("cpu"), fsdp=fsdp,
-                   checkpoint="sharded" if mode == "sharded" else "full")
+        return cls(
+            rank=tdist.get_rank(),
+            world_size=tdist.get_world_size(),
+            local_rank=local,
+            device=torch.device("cuda", local) if cuda else torch.device("cpu"),
+            fsdp=sharding,
+            checkpoint="sharded" if mode == "sharded" else "full",
+        )
 
     @property
     def is_main(self) -> bool:
@@ -111,14 +123,24 @@ class Dist:
     def sum_int(self, x: int) -> int:
         return int(self._reduce(torch.tensor([x], dtype=torch.long)).item()) if self.active else x
 
+    def sum_ints(self, xs: list[int]) -> list[int]:
+        """Element-wise sums over ranks, in one all-reduce."""
+        if not self.active:
+            return list(xs)
+        return [int(v) for v in self._reduce(torch.tensor(xs, dtype=torch.long)).tolist()]
+
     def sum_float(self, x: float) -> float:
         return float(self._reduce(torch.tensor([x], dtype=torch.float64)).item()) if self.active else x
 
     def max_float(self, x: float) -> float:
-        return float(self._reduce(torch.tensor([x], dtype=torch.float64), tdist.ReduceOp.MAX).item()) if self.active else x
+        return (
+            float(self._reduce(torch.tensor([x], dtype=torch.float64), tdist.ReduceOp.MAX).item()) if self.active else x
+        )
 
     def min_float(self, x: float) -> float:
-        return float(self._reduce(torch.tensor([x], dtype=torch.float64), tdist.ReduceOp.MIN).item()) if self.active else x
+        return (
+            float(self._reduce(torch.tensor([x], dtype=torch.float64), tdist.ReduceOp.MIN).item()) if self.active else x
+        )
 
     def offset(self, n: int) -> int:
         """Global index of this rank's first item when every rank holds ``n`` items, in rank order."""
@@ -127,7 +149,7 @@ class Dist:
         counts = torch.zeros(self.world_size, dtype=torch.long)
         counts[self.rank] = n
         self._reduce(counts)
-        return int(counts[:self.rank].sum())
+        return int(counts[: self.rank].sum())
 
     def all_gather_objects(self, obj) -> list:
         """``[obj of rank 0, obj of rank 1, ...]`` on every rank (picklable objects)."""
@@ -138,10 +160,6 @@ class Dist:
         tdist.all_gather_object(out, obj)
         self.comm_s += time.perf_counter() - t0
         return out
-
-    def gather_eval(self, result):
-        """Merge the :class:`~dgrpo.eval.evaluate.EvalResult` of every rank's eval shard (every rank gets it)."""
-        return merge_eval_results(self.all_gather_objects(result)) if self.active else result
 
     # ------------------------------------------------------------------ the model
     def prepare_model(self, model: nn.Module) -> list[nn.Parameter]:
@@ -164,12 +182,12 @@ class Dist:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
-        from ..perturbation.base import decoder_layers
-
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=mesh, reshard_after_forward=False)
-        fully_shard(model, mesh=mesh, reshard_after_forward=False)  # the root: embeddings (tied or not), final norm, head
+        fully_shard(
+            model, mesh=mesh, reshard_after_forward=False
+        )  # the root: embeddings (tied or not), final norm, head
         for m in model.modules():
             if isinstance(m, FSDPModule):
                 m.set_gradient_divide_factor(1.0)  # the losses carry the global normaliser: sum, never average
@@ -221,11 +239,11 @@ class Dist:
         parts.append(torch.tensor([p.grad is not None for p in params], dtype=dtype, device=params[0].device))
         full = torch.cat(parts)
         self._reduce(full)
-        has_grad = full[-len(params):] > 0
+        has_grad = full[-len(params) :] > 0
         off = 0
         for p, has in zip(params, has_grad.tolist()):
             n = p.numel()
-            p.grad = full[off:off + n].view_as(p).to(p.dtype) if has else None
+            p.grad = full[off : off + n].view_as(p).to(p.dtype) if has else None
             off += n
 
     def _reduce_scatter_grads(self, model: nn.Module) -> None:
@@ -251,17 +269,16 @@ class Dist:
         self.gather_params(model)  # reading the state dict put the shards back in place
         return state
 
-    def save_checkpoint(self, lm, path: str | Path) -> None:
-        """Save a LatentLM checkpoint. Every rank calls this; only rank 0 writes, except the shards of an
-        FSDP ``sharded`` checkpoint (``path/dcp``, one file per rank; see :func:`consolidate_checkpoint`)."""
+    def save_model(self, lm, path: str | Path) -> None:
+        """Save a LatentLM checkpoint directory through :meth:`LatentLM.save_pretrained`. Every rank calls this
+        (a collective under FSDP2); only rank 0 writes, except the shards of an FSDP ``sharded`` checkpoint
+        (``path/dcp``, one file per rank; see :func:`consolidate_checkpoint`)."""
         path = Path(path)
         if not self.fsdp:
             if self.is_main:
                 lm.save_pretrained(path)
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        from ..model.latent_lm import LATENT_CONFIG_FILE
 
         t0 = time.perf_counter()
         state = None
@@ -274,35 +291,13 @@ class Dist:
         self.comm_s += time.perf_counter() - t0
         self.gather_params(lm.model)  # reading the state dict put the shards back in place
         if self.is_main:
-            path.mkdir(parents=True, exist_ok=True)
-            if state is not None:
-                lm.model.save_pretrained(path, state_dict=state, safe_serialization=True)
-            else:
-                lm.model.config.save_pretrained(path)
-            lm.tokenizer.save_pretrained(path)
-            (path / LATENT_CONFIG_FILE).write_text(lm.settings.to_json())
+            lm.save_pretrained(path, state_dict=state, weights=state is not None)
 
     # ------------------------------------------------------------------ lifecycle
-    def barrier(self) -> None:
-        if self.active:
-            tdist.barrier()
-
     def close(self) -> None:
         if self.active and tdist.is_initialized():
             tdist.barrier()  # nobody tears the group down while another rank still talks to it
             tdist.destroy_process_group()
-
-
-def merge_eval_results(parts: list):
-    """One :class:`~dgrpo.eval.evaluate.EvalResult` from the results of contiguous shards, in rank order."""
-    from ..eval.evaluate import EvalResult
-
-    first = next((p for p in parts if p.n), parts[0])
-    n = sum(p.n for p in parts)
-    correct = sum(p.correct for p in parts)
-    return EvalResult(dataset=first.dataset, accuracy=correct / n if n else 0.0, n=n, correct=correct,
-                      unparseable=sum(p.unparseable for p in parts), seed=first.seed, n_latent=first.n_latent, mode=first.mode,
-                      wall_s=max(p.wall_s for p in parts), predictions=[x for p in parts for x in p.predictions])
 
 
 def consolidate_checkpoint(path: str | Path) -> Path:

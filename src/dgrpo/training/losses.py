@@ -1,10 +1,15 @@
-"""The math of Dropout-GRPO as small pure functions (paper Sec. 3-4, Algorithm 1, Eq. 1, 7, 8).
+"""The math of Dropout-GRPO as small pure functions (paper Sec. 3-4, Algorithm 1; equation numbers are the paper's).
 
-Shapes: rewards per group ``[G, K]``; per-token tensors ``[N, L]`` with a 0/1 ``mask``.
+Shapes: rewards per group ``[G, K]``; per-token tensors ``[N, L]`` with a 0/1 ``mask``. The update's loss is
+one call, :func:`grpo_objective`; its aggregations and KL estimators are the registries :data:`AGGREGATIONS`
+and :data:`KL_ESTIMATORS` (a new one is one function there and one config value in ``dgrpo.config``).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor
@@ -15,7 +20,7 @@ def group_advantages(rewards: Tensor, kind: str = "drgrpo", eps: float = 1e-4) -
     """Per-rollout advantage from a group's rewards ``[G, K]``.
 
     ``drgrpo`` (default, Liu et al. 2025; paper Sec. 3.1 and Remark 3): A = r - mean(r), which keeps
-      the surrogate gradient unbiased up to the (1 - 1/K) factor of Theorem 1.
+      the surrogate gradient unbiased up to the (1 - 1/K) factor of Theorem 1 (Eq. 5).
     ``grpo``: (r - mean(r)) / (std(r) + eps), the original GRPO normalisation (population std).
     ``rloo``: r - mean of the *other* K-1 rewards = K/(K-1) * (r - mean(r)).
     """
@@ -51,7 +56,9 @@ def group_filter(rewards: Tensor, alpha_min: float, alpha_max: float) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------- surrogate
-def clipped_surrogate(logp: Tensor, old_logp: Tensor, adv: Tensor, eps_low: float, eps_high: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def clipped_surrogate(
+    logp: Tensor, old_logp: Tensor, adv: Tensor, eps_low: float, eps_high: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per-token PPO objective min(rho A, clip(rho, 1-eps_low, 1+eps_high) A) (Eq. 1, asymmetric clip).
 
     ``adv`` is per rollout ``[N]`` (broadcast over tokens). Returns (objective [N, L], ratio,
@@ -68,22 +75,45 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, adv: Tensor, eps_low: floa
     return obj, ratio, low, high
 
 
-def aggregate(per_token: Tensor, mask: Tensor, kind: str, n_sequences: float, n_tokens: float, max_len: int) -> Tensor:
-    """Sum a per-token quantity into a scalar, normalised by *global* counts (so micro-batches add up).
+# ---------------------------------------------------------------------------------- aggregation
+@dataclass(frozen=True)
+class GlobalCounts:
+    """What a sum over tokens is normalised by: counts over the *whole* step (all micro-batches, all ranks)."""
 
-    ``seq_mean`` (default, Algorithm 1): (1/N) sum_k (1/|y_k|) sum_l x_kl.
-    ``token_mean``: sum_kl x_kl / (total tokens).
-    ``constant`` (Dr. GRPO): sum_kl x_kl / (N * max_len).
-    """
-    m = mask.to(per_token.dtype)
-    if kind == "seq_mean":
-        lengths = m.sum(-1).clamp(min=1)
-        return ((per_token * m).sum(-1) / lengths).sum() / max(n_sequences, 1e-12)
-    if kind == "token_mean":
-        return (per_token * m).sum() / max(n_tokens, 1e-12)
-    if kind == "constant":
-        return (per_token * m).sum() / max(n_sequences * max_len, 1e-12)
-    raise ValueError(f"unknown aggregation {kind!r}; expected seq_mean, token_mean or constant")
+    sequences: float  # kept rollouts
+    tokens: float  # their answer tokens
+    max_len: int  # grpo.max_new_tokens
+
+
+def seq_mean(x: Tensor, m: Tensor, n: GlobalCounts) -> Tensor:
+    """(1/N) sum_k (1/|y_k|) sum_l x_kl (Algorithm 1, the paper's choice)."""
+    lengths = m.sum(-1).clamp(min=1)
+    return ((x * m).sum(-1) / lengths).sum() / max(n.sequences, 1e-12)
+
+
+def token_mean(x: Tensor, m: Tensor, n: GlobalCounts) -> Tensor:
+    """sum_kl x_kl / (total tokens)."""
+    return (x * m).sum() / max(n.tokens, 1e-12)
+
+
+def constant_norm(x: Tensor, m: Tensor, n: GlobalCounts) -> Tensor:
+    """sum_kl x_kl / (N * max_len) (Dr. GRPO)."""
+    return (x * m).sum() / max(n.sequences * n.max_len, 1e-12)
+
+
+#: ``grpo.aggregation`` -> function(per-token values, mask, global counts) -> scalar
+AGGREGATIONS: dict[str, Callable[[Tensor, Tensor, GlobalCounts], Tensor]] = {
+    "seq_mean": seq_mean,
+    "token_mean": token_mean,
+    "constant": constant_norm,
+}
+
+
+def aggregate(per_token: Tensor, mask: Tensor, kind: str, n_sequences: float, n_tokens: float, max_len: int) -> Tensor:
+    """Sum a per-token quantity into a scalar, normalised by *global* counts (so micro-batches add up)."""
+    if kind not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {kind!r}; expected one of {', '.join(AGGREGATIONS)}")
+    return AGGREGATIONS[kind](per_token, mask.to(per_token.dtype), GlobalCounts(n_sequences, n_tokens, max_len))
 
 
 # ---------------------------------------------------------------------------------- KL
@@ -93,7 +123,7 @@ def k3(x: Tensor) -> Tensor:
 
 
 def huber_k3(x: Tensor, delta: float = 5.0) -> Tensor:
-    """Eq. 7: k3 inside [-delta, delta], continued linearly outside, value- and slope-matched at the
+    """Eq. 6: k3 inside [-delta, delta], continued linearly outside, value- and slope-matched at the
     bounds (C^1, >= 0, slope e^delta - 1 on the right and e^-delta - 1 on the left, never zero)."""
     ed, emd = math.exp(delta), math.exp(-delta)
     inner = k3(x.clamp(-delta, delta))
@@ -102,16 +132,101 @@ def huber_k3(x: Tensor, delta: float = 5.0) -> Tensor:
     return torch.where(x > delta, right, torch.where(x < -delta, left, inner))
 
 
-def kl_log_ratio(logp: Tensor, ref_logp: Tensor, form: str = "unbiased") -> Tensor:
-    """The argument x fed to (Huberized) k3, per token.
+def kl_unbiased(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """x = log pi_ref - log pi_theta: on tokens sampled from pi_theta, E[exp(x) - x - 1] = KL(pi_theta || pi_ref)
+    (Schulman's unbiased, non-negative k3)."""
+    return ref_logp - logp
 
-    ``unbiased`` (default): x = log pi_ref - log pi_theta. On tokens sampled from pi_theta,
-      E[exp(x) - x - 1] = KL(pi_theta || pi_ref): Schulman's unbiased, non-negative k3.
-    ``paper``: x = log pi_theta - log pi_ref, as the paper's Sec. 4.2 writes it; E[exp(x) - x - 1]
-      is then chi^2-like (E[pi/pi_ref] - 1 + KL), not KL: biased, kept for faithful reproduction.
-    """
-    if form == "unbiased":
-        return ref_logp - logp
-    if form == "paper":
-        return logp - ref_logp
-    raise ValueError(f"unknown KL form {form!r}; expected unbiased or paper")
+
+def kl_paper(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """x = log pi_theta - log pi_ref, as the paper's Sec. 4.2 writes it; on samples from pi_theta,
+    E[exp(x) - x - 1] = E[pi/pi_ref] - 1 - KL(pi_theta || pi_ref): a chi^2-like quantity, not the KL."""
+    return logp - ref_logp
+
+
+#: ``grpo.kl_form`` -> the per-token argument x fed to the Huberized k3
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"unbiased": kl_unbiased, "paper": kl_paper}
+
+
+def kl_log_ratio(logp: Tensor, ref_logp: Tensor, form: str = "unbiased") -> Tensor:
+    """The argument x fed to (Huberized) k3, per token, for ``grpo.kl_form`` = ``form``."""
+    if form not in KL_ESTIMATORS:
+        raise ValueError(f"unknown KL form {form!r}; expected one of {', '.join(KL_ESTIMATORS)}")
+    return KL_ESTIMATORS[form](logp, ref_logp)
+
+
+# ---------------------------------------------------------------------------------- the objective
+@dataclass(frozen=True)
+class ObjectiveSettings:
+    """The knobs of the update's loss (from ``GRPOConfig``)."""
+
+    eps_low: float = 0.10
+    eps_high: float = 0.12
+    aggregation: str = "seq_mean"
+    kl_form: str = "unbiased"
+    huber_delta: float = 5.0
+
+    @classmethod
+    def from_config(cls, g) -> ObjectiveSettings:  # g: dgrpo.config.GRPOConfig
+        return cls(g.eps_low, g.eps_high, g.aggregation, g.kl_form, g.huber_delta)
+
+
+@dataclass
+class ObjectiveStats:
+    """Diagnostics of the objective, named as they appear in metrics.jsonl. Each field adds up over
+    micro-batches (and ranks) of one step, except the ratio extremes (max / min)."""
+
+    policy_loss: float = 0.0  # -(aggregated clipped surrogate)
+    kl: float = 0.0  # aggregated Huberized k3 (0 without a reference)
+    clip_frac_low: float = 0.0  # fraction of the step's tokens clipped below 1 - eps_low
+    clip_frac_high: float = 0.0  # ... above 1 + eps_high
+    ratio_max: float = 1.0
+    ratio_min: float = 1.0
+
+    def add(self, other: ObjectiveStats) -> None:
+        self.policy_loss += other.policy_loss
+        self.kl += other.kl
+        self.clip_frac_low += other.clip_frac_low
+        self.clip_frac_high += other.clip_frac_high
+        self.ratio_max = max(self.ratio_max, other.ratio_max)
+        self.ratio_min = min(self.ratio_min, other.ratio_min)
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def grpo_objective(
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    counts: GlobalCounts,
+    settings: ObjectiveSettings,
+    *,
+    ref_logp: Tensor | None = None,
+    beta: float = 0.0,
+) -> tuple[Tensor, ObjectiveStats]:
+    """The loss of one micro-batch (Algorithm 1, line 5): -agg(clipped surrogate) + beta * agg(Huberized k3),
+    normalised by the step's global ``counts`` so that micro-batches and ranks add up to the full-batch loss.
+
+    ``logp`` [N, L] carries the gradient; ``old_logp`` the log-probs at theta_old (the ratio's denominator);
+    ``adv`` [N] per rollout; ``ref_logp`` the reference model's log-probs under the same perturbation
+    (no KL term when None or ``beta == 0``)."""
+    s = settings
+    m = mask.to(logp.dtype)
+    agg = AGGREGATIONS[s.aggregation]
+    obj, ratio, low, high = clipped_surrogate(logp, old_logp, adv, s.eps_low, s.eps_high)
+    loss = -agg(obj, m, counts)
+    stats = ObjectiveStats(policy_loss=float(loss.detach()))
+    if ref_logp is not None and beta > 0:
+        kl = agg(huber_k3(KL_ESTIMATORS[s.kl_form](logp, ref_logp), s.huber_delta), m, counts)
+        loss = loss + beta * kl
+        stats.kl = float(kl.detach())
+    valid = mask.bool()
+    n_tok = max(counts.tokens, 1)
+    stats.clip_frac_low = int((low & valid).sum()) / n_tok
+    stats.clip_frac_high = int((high & valid).sum()) / n_tok
+    r = ratio.detach()[valid]
+    if r.numel():
+        stats.ratio_max, stats.ratio_min = float(r.max()), float(r.min())
+    return loss, stats

@@ -1,4 +1,5 @@
 """Learning-rate and KL-coefficient schedules (pure functions of the step)."""
+
 from __future__ import annotations
 
 import math
@@ -16,6 +17,8 @@ def lr_at(step: int, peak: float, total_steps: int, warmup_steps: int, min_ratio
     return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def beta_at(step: int, beta0: float, peak_lr: float, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> float:
+def beta_at(
+    step: int, beta0: float, peak_lr: float, total_steps: int, warmup_steps: int, min_ratio: float = 0.0
+) -> float:
     """Eq. 8 of the paper: beta(t) = beta0 * lr(t) / lr_max, the KL pull annealed with the learning rate."""
     return beta0 * lr_at(step, peak_lr, total_steps, warmup_steps, min_ratio) / peak_lr

@@ -7,24 +7,27 @@ markers or the latents). At each stage boundary the AdamW state and the warmup+c
 start afresh when ``reset_optimizer`` (Coconut resets the optimizer per stage: the moments learned
 for predicting step k's tokens are stale once step k became latent).
 """
+
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from ..config import Config, to_dict
+from ..config import Config, ConfigError
 from ..data.records import Record
 from ..model.latent_lm import LatentLM, LatentSettings
-from .checkpoint import count_lines, latest_checkpoint, load_checkpoint, reset_metrics, save_checkpoint
+from .checkpoint import load_checkpoint, save_checkpoint
+from .distributed import Dist
+from .run import NonFiniteGuard, RunDir, sharded_accuracy
 from .schedules import lr_at
 
 
@@ -63,7 +66,11 @@ def latent_layout(stage: int, n_steps: int, cfg: Config) -> tuple[int, int]:
 
 
 def make_example(rec: Record, stage: int, cfg: Config, rng: random.Random) -> SFTExample:
-    if cfg.sft.uniform_prob > 0 and cfg.sft.mode in ("coconut", "pause", "no_curriculum") and rng.random() < cfg.sft.uniform_prob:
+    if (
+        cfg.sft.uniform_prob > 0
+        and cfg.sft.mode in ("coconut", "pause", "no_curriculum")
+        and rng.random() < cfg.sft.uniform_prob
+    ):
         stage = rng.randint(0, len(rec.steps))
     skip, n_lat = latent_layout(stage, len(rec.steps), cfg)
     return SFTExample(rec.question, n_lat, format_target(rec.steps[skip:], rec.answer))
@@ -108,145 +115,218 @@ def autocast_ctx(cfg: Config, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16) if on else nullcontext()
 
 
-def train_sft(lm: LatentLM, train: list[Record], cfg: Config, out_dir: Path, *, valid: list[Record] | None = None,
-              evaluate_fn=None, log=print, dist=None, resume: bool = True) -> LatentLM:
+@dataclass
+class Curriculum:
+    """The run's epochs, stages and optimizer schedules."""
+
+    cfg: Config
+    steps_per_epoch: int
+
+    def stage(self, epoch: int) -> int:
+        return stage_of_epoch(epoch, self.cfg)
+
+    def schedule_length(self, stage: int) -> int:
+        """Optimizer steps of one warmup + cosine schedule: the stage's (``reset_optimizer``) or the whole run's."""
+        s = self.cfg.sft
+        n_epochs = sum(self.stage(e) == stage for e in range(s.num_epochs)) if s.reset_optimizer else s.num_epochs
+        return n_epochs * self.steps_per_epoch
+
+    def last_of_stage(self, epoch: int) -> bool:
+        return epoch == self.cfg.sft.num_epochs - 1 or self.stage(epoch + 1) != self.stage(epoch)
+
+    def epoch_order(self, epoch: int, n: int) -> list[int]:
+        """The data order of an epoch: a pure function of (seed, epoch), so a resumed run sees the same batches."""
+        order = list(range(n))
+        random.Random(f"{self.cfg.seed}/order/{epoch}").shuffle(order)
+        return order
+
+
+@dataclass
+class Progress:
+    """Where the curriculum stands: run epoch ``epoch`` from batch ``batch`` next (saved in checkpoints)."""
+
+    epoch: int = 0
+    batch: int = 0
+    global_step: int = 0
+    step_in_sched: int = 0
+    sched_total: int = 0
+    stage_prev: int | None = None
+
+
+def new_optimizer(params: list, cfg: Config) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay, betas=(0.9, 0.95))
+
+
+def sft_step(
+    lm: LatentLM, opt: torch.optim.Optimizer, params: list, local: list[SFTExample], cfg: Config, dist: Dist, lr: float
+) -> tuple[float, float, bool]:
+    """One optimizer step on this rank's share of a batch, in ``grad_accum`` micro-batches.
+    Returns (this rank's summed loss, gradient norm, whether it was finite and so applied)."""
+    # summed NLL / global token count: the per-rank gradients add up to the global one
+    n_tokens_global = dist.sum_int(count_target_tokens(lm, local, cfg))
+    for g in opt.param_groups:
+        g["lr"] = lr
+    micro = max(1, math.ceil(len(local) / cfg.sft.grad_accum))
+    loss_sum = 0.0
+    for m0 in range(0, len(local), micro):
+        with autocast_ctx(cfg, lm.device):
+            loss, _ = sft_loss(lm, local[m0 : m0 + micro], cfg, n_tokens_global)
+        loss.backward()
+        loss_sum += loss.item()
+    dist.all_reduce_grads(lm.model)
+    max_norm = cfg.sft.max_grad_norm if cfg.sft.max_grad_norm > 0 else float("inf")
+    gn = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    finite = bool(torch.isfinite(gn))  # the same on every rank: the gradient was all-reduced
+    if finite:  # else a non-finite loss or gradient: drop this update, keep training (counted)
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    dist.gather_params(lm.model)
+    return loss_sum, float(gn), finite
+
+
+class SFTRun:
+    """One SFT run between steps: the curriculum, where it stands, the optimizer and the non-finite guard,
+    started fresh or resumed from the run directory's newest intact checkpoint."""
+
+    def __init__(self, lm: LatentLM, cfg: Config, dist: Dist, run: RunDir, n_train: int):
+        self.lm, self.cfg, self.dist, self.run = lm, cfg, dist, run
+        self.params = dist.prepare_model(lm.model)  # rank 0's weights everywhere; FSDP2 shards here
+        self.plan = Curriculum(cfg, max(1, n_train // cfg.sft.batch_size))
+        self.prog, self.opt, saved = Progress(), None, None
+        if run.checkpoint is not None:
+            self.opt = new_optimizer(self.params, cfg)
+            saved = load_checkpoint(run.checkpoint, lm=lm, optimizer=self.opt)
+            self.prog = Progress(**saved["progress"])
+        skips = saved["nonfinite_skips"] if saved else 0
+        self.guard = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr", skips=skips)
+        run.start(saved)
+
+    def enter_stage(self, stage: int) -> None:
+        """A new AdamW and warmup + cosine schedule at a stage boundary (``reset_optimizer``), or at the start."""
+        if self.opt is None or (stage != self.prog.stage_prev and self.cfg.sft.reset_optimizer):
+            self.opt = new_optimizer(self.params, self.cfg)
+            self.prog.sched_total, self.prog.step_in_sched = self.plan.schedule_length(stage), 0
+        self.prog.stage_prev = stage
+
+    def step(self, local: list[SFTExample], epoch: int, stage: int, t0: float) -> tuple[dict, bool]:
+        """One optimizer step; returns (its metrics row, whether it was applied)."""
+        s, prog = self.cfg.sft, self.prog
+        assert self.opt is not None
+        lr = lr_at(prog.step_in_sched, s.lr, prog.sched_total, s.warmup_steps)
+        loss_local, gn, finite = sft_step(self.lm, self.opt, self.params, local, self.cfg, self.dist, lr)
+        self.guard.record(finite)
+        prog.step_in_sched += 1
+        prog.global_step += 1
+        row = {
+            "step": prog.global_step,
+            "epoch": epoch,
+            "stage": stage,
+            "loss": self.dist.sum_float(loss_local),
+            "lr": lr,
+            "grad_norm": gn,
+            "nonfinite_skips": self.guard.skips,
+            "time_s": round(time.time() - t0, 2),
+        }
+        return row, finite
+
+    def save(self, epoch: int, batch: int) -> None:
+        """Resumable state: run epoch ``epoch`` from batch ``batch`` next (replicated weights: rank 0 writes)."""
+        if self.dist.fsdp or not self.dist.is_main:
+            return
+        assert self.opt is not None
+        state = {
+            "progress": {**asdict(self.prog), "epoch": epoch, "batch": batch},
+            "nonfinite_skips": self.guard.skips,
+            "metrics_lines": self.run.metrics.n_rows(),
+        }
+        save_checkpoint(
+            self.run.out_dir,
+            self.prog.global_step,
+            lm=self.lm,
+            optimizer=self.opt,
+            keep_last=self.cfg.sft.keep_last,
+            state=state,
+        )
+
+
+def train_sft(
+    lm: LatentLM,
+    train: list[Record],
+    cfg: Config,
+    out_dir: Path,
+    *,
+    valid: list[Record] | None = None,
+    evaluate_fn: Callable[[LatentLM, list[Record], LatentSettings], int] | None = None,
+    log: Callable[[str], None] = print,
+    dist: Dist | None = None,
+    resume: bool = True,
+) -> LatentLM:
     """Run the curriculum; write ``metrics.jsonl``, ``stage-K/`` checkpoints and ``final/`` under ``out_dir``.
 
-    ``evaluate_fn(lm, records, settings) -> accuracy`` is called at the end of each stage when given.
-    ``dist`` (a :class:`dgrpo.training.distributed.Dist`) shards batches and the eval across processes;
-    every rank calls this, only rank 0 writes files.
-    """
-    from ..config import ConfigError
-    from .distributed import Dist
-
+    ``evaluate_fn(lm, records, settings)`` returns how many of ``records`` are correct; it is called on
+    ``valid`` at the end of each stage. ``dist`` shards batches and the eval across processes; every rank
+    calls this, only rank 0 writes files. Resumes from the newest intact checkpoint when ``resume``."""
     dist = dist or Dist.single()
     s = cfg.sft
     if s.batch_size < dist.world_size:
         raise ConfigError(f"sft.batch_size: {s.batch_size} examples cannot be shared by {dist.world_size} processes")
-    params = dist.prepare_model(lm.model)  # rank 0's weights everywhere; FSDP2 shards here
-    device = lm.device
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if dist.is_main:
-        (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-    metrics_path = out_dir / "metrics.jsonl"
-    global_batch = s.batch_size
-    steps_per_epoch = max(1, len(train) // global_batch)
-    epochs_by_stage: dict[int, list[int]] = defaultdict(list)
-    for e in range(s.num_epochs):
-        epochs_by_stage[stage_of_epoch(e, cfg)].append(e)
-
-    def new_optimizer(stage: int):
-        n_ep = len(epochs_by_stage[stage]) if s.reset_optimizer else s.num_epochs
-        return torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.95)), n_ep * steps_per_epoch
-
-    opt, sched_total, step_in_sched, global_step, stage_prev = None, 0, 0, 0, None
-    start_epoch, start_b = 0, 0
-    # ---- resume from the newest intact checkpoint in OUT/checkpoints, if any (automatic)
-    ckpt = latest_checkpoint(out_dir, log=log if dist.is_main else (lambda m: None)) if resume else None
-    if ckpt is not None:
-        saved = json.loads((ckpt / "state.json").read_text())
-        opt, _ = new_optimizer(saved["stage_prev"])
-        st = load_checkpoint(ckpt, lm=lm, optimizer=opt)
-        start_epoch, start_b, global_step = st["epoch"], st["batch"], st["global_step"]
-        step_in_sched, sched_total, stage_prev = st["step_in_sched"], st["sched_total"], st["stage_prev"]
-    metrics = None
-    if dist.is_main:
-        reset_metrics(metrics_path, st["metrics_lines"] if ckpt is not None else None)
-        metrics = open(metrics_path, "a")
-        if ckpt is not None:
-            log(f"dgrpo: resumed from {ckpt} (step {global_step})")
-
-    def save_state(epoch: int, batch: int) -> None:
-        """Resumable state: run epoch ``epoch`` from batch ``batch`` next."""
-        if dist.fsdp or not dist.is_main:
-            return
-        metrics.flush()  # type: ignore[union-attr]
-        save_checkpoint(out_dir, global_step, lm=lm, optimizer=opt, keep_last=s.keep_last,
-                        state={"epoch": epoch, "batch": batch, "global_step": global_step, "step_in_sched": step_in_sched,
-                               "sched_total": sched_total, "stage_prev": stage_prev, "nonfinite_skips": nonfinite_skips,
-                               "metrics_lines": count_lines(metrics_path)})
-
-    t0 = time.time()
-    nonfinite_streak = 0
-    nonfinite_skips = st["nonfinite_skips"] if ckpt is not None else 0
-    bar = tqdm(total=s.num_epochs * steps_per_epoch, initial=global_step, desc="sft", disable=not dist.is_main, dynamic_ncols=True)
+    run = RunDir(out_dir, cfg, dist, resume=resume, log=log)
+    sft = SFTRun(lm, cfg, dist, run, len(train))
+    plan, prog, t0 = sft.plan, sft.prog, time.time()
+    start_epoch, start_batch = prog.epoch, prog.batch
+    bar = tqdm(
+        total=s.num_epochs * plan.steps_per_epoch, initial=prog.global_step, desc="sft", disable=not dist.is_main
+    )
     for epoch in range(start_epoch, s.num_epochs):
-        stage = stage_of_epoch(epoch, cfg)
-        if opt is None or (stage != stage_prev and s.reset_optimizer):
-            opt, sched_total = new_optimizer(stage)
-            step_in_sched = 0
-        stage_prev = stage
-        order = list(range(len(train)))
-        random.Random(f"{cfg.seed}/order/{epoch}").shuffle(order)  # a pure function of (seed, epoch): resumable
+        stage = plan.stage(epoch)
+        sft.enter_stage(stage)
+        order = plan.epoch_order(epoch, len(train))
         lm.train()
-        for b in range(start_b if epoch == start_epoch else 0, steps_per_epoch):
-            idx = order[b * global_batch:(b + 1) * global_batch]
-            ex_rng = random.Random(f"{cfg.seed}/examples/{global_step}")
-            examples = [make_example(train[i], stage, cfg, ex_rng) for i in idx]
-            local = dist.shard(examples)
-            n_tokens_global = dist.sum_int(count_target_tokens(lm, local, cfg))
-            lr = lr_at(step_in_sched, s.lr, sched_total, s.warmup_steps)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            micro = max(1, math.ceil(len(local) / s.grad_accum))
-            loss_sum = 0.0
-            for m0 in range(0, len(local), micro):
-                with autocast_ctx(cfg, device):
-                    # summed NLL / global token count: the per-rank gradients add up to the global one
-                    loss, _ = sft_loss(lm, local[m0:m0 + micro], cfg, n_tokens_global)
-                loss.backward()
-                loss_sum += loss.item()
-            dist.all_reduce_grads(lm.model)
-            gn = torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm if s.max_grad_norm > 0 else float("inf"))
-            finite = bool(torch.isfinite(gn))  # the same on every rank: the gradient was all-reduced
-            if finite:
-                opt.step()
-            else:  # a non-finite loss or gradient: drop this update, keep training (counted in metrics)
-                nonfinite_skips += 1
-            nonfinite_streak = 0 if finite else nonfinite_streak + 1
-            opt.zero_grad(set_to_none=True)
-            dist.gather_params(lm.model)
-            step_in_sched += 1
-            global_step += 1
-            loss_val = dist.sum_float(loss_sum)
+        for b in range(start_batch if epoch == start_epoch else 0, plan.steps_per_epoch):
+            ex_rng = random.Random(f"{cfg.seed}/examples/{prog.global_step}")
+            batch = [
+                make_example(train[i], stage, cfg, ex_rng) for i in order[b * s.batch_size : (b + 1) * s.batch_size]
+            ]
+            row, applied = sft.step(dist.shard(batch), epoch, stage, t0)
             bar.update(1)
-            bar.set_postfix(stage=stage, loss=f"{loss_val:.3f}")
-            if metrics is not None and (global_step % 10 == 0 or b == steps_per_epoch - 1 or not finite):
-                metrics.write(json.dumps({"step": global_step, "epoch": epoch, "stage": stage, "loss": loss_val, "lr": lr,
-                                          "grad_norm": float(gn), "nonfinite_skips": nonfinite_skips, "time_s": round(time.time() - t0, 2)}) + "\n")
-                metrics.flush()
-            if nonfinite_streak >= s.max_nonfinite:
-                save_state(epoch, b + 1)
-                from .grpo import NonFiniteError
-
-                raise NonFiniteError(f"{nonfinite_streak} SFT steps in a row had a non-finite loss or gradient (step {global_step}); "
-                                     f"state saved in {out_dir / 'checkpoints'}; lower sft.lr or check the data")
-            if s.save_every and global_step % s.save_every == 0 and b + 1 < steps_per_epoch:
-                save_state(epoch, b + 1)
-        last_of_stage = epoch == s.num_epochs - 1 or stage_of_epoch(epoch + 1, cfg) != stage
-        if last_of_stage:
-            settings = stage_settings(stage, cfg)
-            lm.settings = settings
-            row = {"step": global_step, "stage": stage, "n_latent": settings.n_latent, "time_s": round(time.time() - t0, 2)}
-            if s.eval_each_stage and valid and evaluate_fn is not None:
-                lm.eval()
-                local = dist.shard(valid)
-                acc = evaluate_fn(lm, local, settings) if local else 0.0
-                if dist.active:  # sharded eval: the correct counts add up over ranks
-                    acc = dist.sum_int(round(acc * len(local))) / len(valid)
-                row["eval/valid/accuracy"] = acc
-                lm.train()
-            dist.save_checkpoint(lm, out_dir / f"stage-{stage}")  # every rank calls it (FSDP gathers); rank 0 writes
-            if dist.is_main:
-                metrics.write(json.dumps(row) + "\n")  # type: ignore[union-attr]
-                metrics.flush()  # type: ignore[union-attr]
-                log(f"stage {stage} done: " + ", ".join(f"{k}={v}" for k, v in row.items()))
-        save_state(epoch + 1, 0)
+            bar.set_postfix(stage=stage, loss=f"{row['loss']:.3f}")
+            if prog.global_step % 10 == 0 or b == plan.steps_per_epoch - 1 or not applied:
+                run.metrics.write(row)
+            if sft.guard.tripped:
+                sft.save(epoch, b + 1)
+                raise sft.guard.error(prog.global_step, run.out_dir / "checkpoints")
+            if s.save_every and prog.global_step % s.save_every == 0 and b + 1 < plan.steps_per_epoch:
+                sft.save(epoch, b + 1)
+        if plan.last_of_stage(epoch):
+            _finish_stage(lm, stage, cfg, run, dist, valid, evaluate_fn, prog.global_step, t0)
+        sft.save(epoch + 1, 0)
     bar.close()
     lm.settings = final_settings(cfg)
     lm.eval()
-    dist.save_checkpoint(lm, out_dir / "final")
-    if dist.is_main:
-        metrics.close()  # type: ignore[union-attr]
+    dist.save_model(lm, run.out_dir / "final")
+    run.metrics.close()
     return lm
 
+
+def _finish_stage(
+    lm: LatentLM,
+    stage: int,
+    cfg: Config,
+    run: RunDir,
+    dist: Dist,
+    valid: list[Record] | None,
+    evaluate_fn: Callable[[LatentLM, list[Record], LatentSettings], int] | None,
+    step: int,
+    t0: float,
+) -> None:
+    """The end of a curriculum stage: the stage's latent settings, its validation accuracy, ``stage-K/``."""
+    settings = stage_settings(stage, cfg)
+    lm.settings = settings
+    row = {"step": step, "stage": stage, "n_latent": settings.n_latent, "time_s": round(time.time() - t0, 2)}
+    if cfg.sft.eval_each_stage and valid and evaluate_fn is not None:
+        lm.eval()
+        row["eval/valid/accuracy"] = sharded_accuracy(dist, lambda local: evaluate_fn(lm, local, settings), valid)
+        lm.train()
+    dist.save_model(lm, run.out_dir / f"stage-{stage}")  # every rank calls it (FSDP gathers); rank 0 writes
+    run.metrics.write(row)
+    run.log(f"stage {stage} done: " + ", ".join(f"{k}={v}" for k, v in row.items()))

@@ -1,0 +1,64 @@
+"""The command line: ``dgrpo sft | grpo | eval | demo | bench | data | config``.
+
+Every training command takes ``--config FILE.yaml`` (repeatable; a path or a packaged name such as
+``paper/grpo_dropout.yaml``) and any number of ``--set key=value`` overrides. A bad config, a bad data
+file or a missing checkpoint exits with code 2 and one line on stderr. Heavy imports (torch,
+transformers) happen inside the commands, so ``dgrpo --help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from importlib.metadata import version
+
+from . import evaluate, tools, train
+
+EPILOG = """examples:
+  dgrpo demo                                                   # the CPU-scale reproduction, built-in task
+  dgrpo sft  --config builtin/sft.yaml --out runs/sft          # Coconut curriculum SFT
+  dgrpo grpo --init runs/sft --out runs/grpo                   # Dropout-GRPO from it
+  dgrpo eval --model runs/grpo --data builtin:test --out runs/eval
+  dgrpo config show grpo                                       # every grpo.* option, default and meaning
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="dgrpo", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--version", action="version", version=f"dgrpo {version('dgrpo')}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    for module in (train, evaluate, tools):
+        module.register(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # the suite parses its own options (--out, --quick, --only)
+        from ..bench import main as bench_main
+
+        return bench_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from ..config import ConfigError
+    from ..data.records import DataError
+    from ..model.factory import CheckpointError
+    from ..training.run import NonFiniteError
+
+    try:
+        return int(args.func(args))
+    except (ConfigError, DataError, CheckpointError) as e:
+        print(f"dgrpo: error: {e}", file=sys.stderr)
+        return 2
+    except NonFiniteError as e:
+        print(f"dgrpo: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("dgrpo: interrupted", file=sys.stderr)
+        return 130
+
+
+__all__ = ["build_parser", "main"]

@@ -1,0 +1,105 @@
+"""What every command shares: the ``--config`` / ``--set`` options, seeding, the device, the test-set evaluation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..config import Config
+    from ..training.distributed import Dist
+
+
+def add_config_options(p: argparse.ArgumentParser, example: str) -> None:
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="YAML config: a path or a packaged name (builtin/..., paper/..., tiny.yaml); repeatable, applied in order",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override one option, e.g. --set {example} (repeatable; `dgrpo config show` lists them)",
+    )
+
+
+def subcommand(sub: Any, name: str, help: str, examples: str) -> argparse.ArgumentParser:
+    """A subcommand parser whose --help ends with usage examples."""
+    return sub.add_parser(
+        name,
+        help=help,
+        description=help,
+        epilog="examples:\n" + examples,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def load(args: argparse.Namespace, extra: list[str] | None = None) -> Config:
+    from ..config import Config, load_config
+
+    return load_config(Config, list(args.config), [*args.overrides, *(extra or [])])
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def setup(cfg: Config) -> torch.device:
+    """Threads, seeds and the training device of a command."""
+    import torch
+
+    from ..model.factory import resolve_device
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    return resolve_device(cfg.device)
+
+
+def join_processes(cfg: Config, device: torch.device) -> tuple[Dist, torch.device]:
+    """The process group under torchrun (a single process otherwise), and this rank's device."""
+    import torch
+
+    from ..training.distributed import Dist
+
+    dist = Dist.from_env(device, fsdp=cfg.fsdp)
+    if dist.active and device.type == "cuda":
+        device = torch.device("cuda", dist.local_rank)
+    return dist, device
+
+
+def evaluate_test_sets(lm: Any, tests: dict, cfg: Config, out: Path, dist: Dist) -> None:
+    """Greedy eval of a trained model on every ``data.test`` set, sharded over ranks; rank 0 writes ``out/eval/*``."""
+    from ..eval.evaluate import evaluate, merge_results, write_results
+
+    e = cfg.eval
+    for spec, recs in tests.items():
+        r = evaluate(
+            lm,
+            dist.shard(recs),
+            dataset=spec,
+            batch_size=e.batch_size,
+            max_new_tokens=e.max_new_tokens,
+            seed=cfg.seed,
+            max_question_tokens=cfg.data.max_question_tokens,
+            progress=dist.is_main,
+        )
+        r = merge_results(dist.all_gather_objects(r)) if dist.active else r
+        if dist.is_main:
+            write_results(r, out / "eval" / spec.replace(":", "_").replace("/", "_"))
+            print(json.dumps(r.summary()))

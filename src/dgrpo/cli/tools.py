@@ -1,0 +1,96 @@
+"""``dgrpo demo``, ``dgrpo bench`` (its own options), ``dgrpo data inspect`` and ``dgrpo config show``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from .common import add_config_options, subcommand
+
+DEMO_EXAMPLES = """  dgrpo demo                               # 1 seed, the default: runs/demo/results.md and figures
+  dgrpo demo --seeds 3 --out runs/demo3    # 3 RL seeds per arm
+  dgrpo demo --quick                       # a smoke test of the whole pipeline (its numbers mean nothing)
+"""
+DATA_EXAMPLES = """  dgrpo data inspect gsm8k --split train
+  dgrpo data inspect builtin:ood_steps?n_test=10
+  dgrpo data inspect my_data.jsonl
+"""
+CONFIG_EXAMPLES = """  dgrpo config show                        # every option: default and meaning
+  dgrpo config show grpo                   # only the grpo.* options
+  dgrpo config show --config paper/grpo_dropout.yaml --set grpo.lr=2e-5   # the resolved config, as JSON
+"""
+
+
+def register(sub: Any) -> None:
+    p = subcommand(sub, "demo", "the CPU-scale reproduction of the paper's table and figures", DEMO_EXAMPLES)
+    add_config_options(p, "grpo.steps=200")
+    p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    p.add_argument("--seeds", type=int, default=1, help="RL seeds per arm (default 1)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke test of the whole pipeline with the tiny.yaml config (seconds; numbers mean nothing)",
+    )
+    p.set_defaults(func=run_demo)
+
+    p = sub.add_parser(
+        "bench", help="the benchmark suite (ratios measured side by side; see bench/RESULTS.md)", add_help=False
+    )
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="--out DIR [--quick] [--only KEYS]")
+
+    p = subcommand(sub, "data", "dataset utilities", DATA_EXAMPLES)
+    dsub = p.add_subparsers(dest="data_cmd", required=True)
+    q = dsub.add_parser("inspect", help="count records and show the first one (last line: JSON)")
+    q.add_argument("name_or_path")
+    q.add_argument("--split")
+    q.set_defaults(func=run_data_inspect)
+
+    p = subcommand(sub, "config", "configuration utilities", CONFIG_EXAMPLES)
+    csub = p.add_subparsers(dest="config_cmd", required=True)
+    q = csub.add_parser(
+        "show", help="print every option with its default and meaning, or (with --config / --set) the resolved config"
+    )
+    q.add_argument(
+        "section",
+        nargs="?",
+        default=None,
+        metavar="SECTION",
+        help="only this section: model, task, data, sft, eval, perturbation or grpo",
+    )
+    add_config_options(q, "grpo.lr=2e-5")
+    q.set_defaults(func=run_config_show)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from ..demo import run_demo as demo
+
+    return demo(args)
+
+
+def run_data_inspect(args: argparse.Namespace) -> int:
+    from ..data import load_spec
+    from ..data.loaders import load_dataset
+
+    recs = load_dataset(args.name_or_path, args.split) if args.split else load_spec(args.name_or_path)
+    print(f"{len(recs)} records")
+    print(json.dumps({"n": len(recs), "example": recs[0].to_dict() if recs else None}))
+    return 0
+
+
+def run_config_show(args: argparse.Namespace) -> int:
+    from ..config import Config, ConfigError, describe, load_config, to_dict
+
+    sections = [
+        f.name
+        for f in Config.__dataclass_fields__.values()
+        if f.name in ("model", "task", "data", "sft", "eval", "perturbation", "grpo")
+    ]
+    if args.section is not None and args.section not in sections:
+        raise ConfigError(f"config show: unknown section {args.section!r}; expected one of {', '.join(sections)}")
+    if args.config or args.overrides:
+        resolved = to_dict(load_config(Config, list(args.config), args.overrides))
+        print(json.dumps(resolved[args.section] if args.section else resolved, indent=2))
+    else:
+        print("\n".join(describe(Config, section=args.section)))
+    return 0

@@ -1,0 +1,110 @@
+"""``dgrpo sft`` and ``dgrpo grpo``: the two training commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from .common import add_config_options, evaluate_test_sets, join_processes, load, seed_everything, setup, subcommand
+
+SFT_EXAMPLES = """  dgrpo sft --out runs/sft                                          # the built-in task, the defaults
+  dgrpo sft --set sft.mode=cot --out runs/cot                      # a baseline: cot | no_cot | pause | no_curriculum
+  dgrpo sft --config paper/sft_coconut.yaml --out runs/paper/sft         # the paper's recipe (GPU)
+  torchrun --nproc_per_node 8 -m dgrpo sft --config paper/sft_coconut.yaml --out runs/paper/sft
+"""
+GRPO_EXAMPLES = """  dgrpo grpo --init runs/sft --out runs/grpo                           # Dropout-GRPO, the defaults
+  dgrpo grpo --config builtin/grpo_sampling.yaml --init runs/sft --out runs/sampling
+  dgrpo grpo --init runs/sft --out runs/grpo --set grpo.lr=2e-5 --set perturbation.p=0.2
+  dgrpo grpo --config paper/grpo_dropout.yaml --init runs/paper/sft --out runs/paper/dropout_grpo   # GPU
+"""
+
+
+def register(sub: Any) -> None:
+    p = subcommand(sub, "sft", "Coconut curriculum SFT (or a CoT / no-CoT / pause baseline)", SFT_EXAMPLES)
+    add_config_options(p, "sft.lr=1e-4")
+    p.add_argument("--out", required=True, help="run directory (checkpoints stage-K/, final/, metrics.jsonl)")
+    p.add_argument("--init", help="start from this checkpoint instead of model.name_or_path")
+    p.set_defaults(func=run_sft)
+
+    p = subcommand(sub, "grpo", "Dropout-GRPO (and its ablations) from an SFT checkpoint", GRPO_EXAMPLES)
+    add_config_options(p, "grpo.lr=2e-5")
+    p.add_argument("--init", required=True, help="SFT checkpoint (run directory or checkpoint directory)")
+    p.add_argument("--out", required=True, help="run directory")
+    p.set_defaults(func=run_grpo)
+
+
+def run_sft(args: argparse.Namespace) -> int:
+    from ..data import load_spec
+    from ..eval.evaluate import evaluate
+    from ..model.factory import load_model
+    from ..training.sft import train_sft
+
+    cfg = load(args)
+    device = setup(cfg)
+    train = load_spec(cfg.data.train, cfg.task)
+    valid = load_spec(cfg.data.valid, cfg.task) if cfg.data.valid else None
+    tests = {spec: load_spec(spec, cfg.task) for spec in cfg.data.test}
+    dist, device = join_processes(cfg, device)
+    lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
+    if dist.active:  # distinct, reproducible RNG streams per rank (the weights are broadcast from rank 0)
+        seed_everything(cfg.seed * 1000003 + dist.rank)
+    if valid and cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded
+        valid = valid[: cfg.data.eval_limit]
+
+    def count_correct(lm_, recs, settings):
+        return evaluate(
+            lm_,
+            recs,
+            n_latent=settings.n_latent,
+            batch_size=cfg.eval.batch_size,
+            max_new_tokens=cfg.eval.max_new_tokens,
+            seed=cfg.seed,
+            progress=False,
+        ).correct
+
+    out = Path(args.out)
+    train_sft(lm, train, cfg, out, valid=valid, evaluate_fn=count_correct, dist=dist)
+    evaluate_test_sets(lm, tests, cfg, out, dist)
+    dist.close()
+    return 0
+
+
+def run_grpo(args: argparse.Namespace) -> int:
+    from ..data import load_spec
+    from ..eval.evaluate import evaluate
+    from ..model.factory import load_model
+    from ..training.grpo import train_grpo
+
+    cfg = load(args)
+    device = setup(cfg)
+    train = load_spec(cfg.data.train, cfg.task)
+    valid = {cfg.data.valid: load_spec(cfg.data.valid, cfg.task)} if cfg.data.valid else {}
+    tests = {spec: load_spec(spec, cfg.task) for spec in cfg.data.test}
+    dist, device = join_processes(cfg, device)
+    lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
+    if dist.active:  # distinct, reproducible RNG streams per rank (rollout seeds come from the global row anyway)
+        seed_everything(cfg.seed * 1000003 + dist.rank)
+    e = cfg.eval
+    if cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded
+        valid = {name: recs[: cfg.data.eval_limit] for name, recs in valid.items()}
+
+    def count_correct(lm_, recs):
+        return evaluate(
+            lm_,
+            recs,
+            batch_size=e.batch_size,
+            max_new_tokens=e.max_new_tokens,
+            seed=cfg.seed,
+            max_question_tokens=cfg.data.max_question_tokens,
+            progress=False,
+        ).correct
+
+    out = Path(args.out)
+    summary = train_grpo(lm, cfg, train, out, valid=valid, evaluate_fn=count_correct, dist=dist)
+    if dist.is_main:
+        print(json.dumps(summary))
+    evaluate_test_sets(lm, tests, cfg, out, dist)
+    dist.close()
+    return 0

@@ -1,0 +1,134 @@
+"""Where things live inside a Hugging Face causal LM: the decoder blocks, each block's attention and MLP,
+their output projections, and the perturbation sites built from them.
+
+One table (:data:`PART_NAMES`) lists the attribute names tried, in order, for every part; it covers
+Qwen2 / Llama (``self_attn.o_proj``, ``mlp.down_proj``) and GPT-2 (``attn.c_proj``, ``mlp.c_proj``), and
+the usual alternatives of other families. A layer selection (``perturbation.layers``) is parsed by
+:func:`dgrpo.config.parse_layer_spec` and resolved against the model's depth here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from ..config import ConfigError, parse_layer_spec
+
+#: attribute names of a block's parts, tried in order (first match wins)
+PART_NAMES: dict[str, tuple[str, ...]] = {
+    "attn": ("self_attn", "attn", "attention"),  # Qwen2 / Llama: self_attn; GPT-2: attn
+    "mlp": ("mlp", "feed_forward"),  # Qwen2 / Llama / GPT-2: mlp
+    "attn_out": ("o_proj", "c_proj", "out_proj", "dense"),  # the attention's output projection
+    "mlp_out": ("down_proj", "c_proj", "fc_out", "dense"),  # the MLP's output projection
+}
+#: where a causal LM keeps its list of blocks, tried in order (below ``model.base_model``)
+LAYER_LISTS = ("layers", "h", "blocks", "decoder.layers")
+#: perturbation sites: a block's attention output, MLP output, or whole output (the residual stream)
+SITES = ("attn", "mlp", "residual")
+
+
+def _attr_path(obj: object, dotted: str) -> object | None:
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The list of transformer blocks of any HF causal LM (``model.layers``, ``transformer.h``, ...)."""
+    base: nn.Module = getattr(model, "base_model", model)
+    for attr in LAYER_LISTS:
+        obj = _attr_path(base, attr)
+        if isinstance(obj, nn.ModuleList) and len(obj) > 0:
+            return obj
+    lists = [m for m in base.modules() if isinstance(m, nn.ModuleList)]
+    if not lists:
+        raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
+    return max(lists, key=len)
+
+
+def block_part(module: nn.Module, part: str) -> nn.Module | None:
+    """``module``'s sub-module for ``part`` (a key of :data:`PART_NAMES`), or None."""
+    for name in PART_NAMES[part]:
+        sub = getattr(module, name, None)
+        if isinstance(sub, nn.Module):
+            return sub
+    return None
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """The attention module of every block, in order."""
+    mods = []
+    for block in decoder_layers(model):
+        m = block_part(block, "attn")
+        if m is None:
+            raise ValueError(f"{type(block).__name__} has no attention module")
+        mods.append(m)
+    return mods
+
+
+def output_projection(module: nn.Module, part: str) -> nn.Module:
+    """The linear layer that writes ``module``'s output (``part`` is ``attn`` or ``mlp``)."""
+    if part not in ("attn", "mlp"):
+        raise ValueError(f"a {part} site has no single output projection to perturb; use attn or mlp sites")
+    sub = block_part(module, f"{part}_out")
+    if sub is None or not hasattr(sub, "weight"):
+        raise ValueError(f"{type(module).__name__} has no output projection to perturb")
+    return sub
+
+
+def hidden_size(model: nn.Module) -> int:
+    cfg: Any = model.config
+    return int(cfg.hidden_size if hasattr(cfg, "hidden_size") else cfg.n_embd)
+
+
+def select_layers(spec: str, n_layers: int) -> list[int]:
+    """The block indices a layer selection names (grammar: :func:`dgrpo.config.parse_layer_spec`)."""
+    kind, value = parse_layer_spec(spec)
+    if kind == "all":
+        return list(range(n_layers))
+    if kind == "slice":
+        start, stop = value
+        chosen = list(range(n_layers))[slice(start, stop)]
+        if not chosen:
+            raise ConfigError(
+                f"invalid config value perturbation.layers: {spec!r} selects no layer of a {n_layers}-layer model"
+            )
+        return chosen
+    indices = [value] if isinstance(value, int) else list(value)
+    for i in indices:
+        if not -n_layers <= i < n_layers:
+            raise ConfigError(
+                f"invalid config value perturbation.layers: layer {i} out of range for a {n_layers}-layer model"
+            )
+    return [i % n_layers for i in indices]
+
+
+@dataclass
+class Site:
+    """One place whose output a perturbation multiplies."""
+
+    name: str  # e.g. "layers.3.mlp"
+    part: str  # attn | mlp | residual
+    module: nn.Module
+    width: int
+
+
+def find_sites(model: nn.Module, sites: list[str], layers: str) -> list[Site]:
+    """Modules whose outputs are perturbed: attention output, MLP output, block output (residual stream)."""
+    blocks = decoder_layers(model)
+    width = hidden_size(model)
+    found = []
+    for i in select_layers(layers, len(blocks)):
+        block = blocks[i]
+        for s in sites:
+            if s not in SITES:
+                raise ValueError(f"unknown perturbation site {s!r}; expected one of {SITES}")
+            mod = block if s == "residual" else block_part(block, s)
+            if mod is None:
+                raise ValueError(f"layer {i} of {type(model).__name__} has no {s} module")
+            found.append(Site(f"layers.{i}.{s}", s, mod, width))
+    return found

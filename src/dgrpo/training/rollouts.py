@@ -1,0 +1,118 @@
+"""Rollouts of Dropout-GRPO: K perturbed generations per prompt (only the perturbation seeds are kept), and the
+teacher-forced replay of their log-probabilities under the same perturbation at update time (mask replay)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..data.records import Record
+from ..model.latent_lm import LatentLM, right_pad
+from ..perturbation import Perturbation
+from ..reward import score
+
+
+@dataclass
+class Rollouts:
+    """K rollouts of G prompts, row = g * K + k. Only the seeds of the perturbations are kept."""
+
+    prompt_ids: Tensor  # [N, P] left-padded
+    prompt_mask: Tensor
+    seeds: Tensor  # [N] int64
+    tokens: Tensor  # [N, L] right-padded answers
+    mask: Tensor  # [N, L]
+    rollout_logp: Tensor  # [N, L] log-probs recorded while decoding
+    rewards: Tensor  # [G, K]
+    texts: list[str]
+    entropy: float  # mean per-token entropy of the answer distribution while decoding
+
+
+def _trim(ids: Tensor, mask: Tensor, left: bool) -> tuple[Tensor, Tensor]:
+    """Drop all-padding columns (left or right) of a slice of a padded batch."""
+    cols = mask.any(0).nonzero()
+    if cols.numel() == 0:
+        return ids[:, :0], mask[:, :0]
+    lo, hi = int(cols.min()), int(cols.max()) + 1
+    return (ids[:, lo:], mask[:, lo:]) if left else (ids[:, :hi], mask[:, :hi])
+
+
+@torch.no_grad()
+def collect_rollouts(
+    lm: LatentLM,
+    records: list[Record],
+    *,
+    group_size: int,
+    n_latent: int,
+    perturbation: Perturbation,
+    seeds: Tensor,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 48,
+    batch_size: int = 512,
+    max_question_tokens: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Rollouts:
+    """Generate ``group_size`` rollouts for every record; row i is perturbed by ``seeds[i]``."""
+    questions = [r.question for r in records for _ in range(group_size)]
+    golds = [r.answer for r in records for _ in range(group_size)]
+    prompt_ids, prompt_mask = lm.encode_questions(questions, max_tokens=max_question_tokens)
+    bs = batch_size if perturbation.batched else 1
+    toks, masks, logps, ents = [], [], [], []
+    was_training = lm.training
+    lm.eval()
+    for b0 in range(0, len(questions), bs):
+        sl = slice(b0, b0 + bs)
+        ids, mask = _trim(prompt_ids[sl], prompt_mask[sl], left=True)
+        with perturbation.bind(lm, seeds[sl]) as pb:
+            g = lm.generate(
+                ids,
+                mask,
+                n_latent,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                generator=generator,
+                perturbation=pb,
+                with_entropy=True,
+            )
+        toks += list(g.tokens)
+        masks += list(g.mask)
+        logps += list(g.logprobs)
+        assert g.entropy is not None
+        ents.append((g.entropy.sum(), g.mask.sum()))
+    lm.train(was_training)
+    tokens, mask = right_pad([t[m.bool()].tolist() for t, m in zip(toks, masks)], lm.pad_id, lm.device)
+    rollout_logp = torch.zeros(tokens.shape, dtype=torch.float32, device=lm.device)
+    for i, (lp, m) in enumerate(zip(logps, masks)):
+        n = int(m.sum())
+        rollout_logp[i, :n] = lp[:n]
+    texts = lm.decode(tokens, mask)
+    rewards = torch.tensor([score(t, g) for t, g in zip(texts, golds)], dtype=torch.float32).view(
+        len(records), group_size
+    )
+    ent = float(sum(e for e, _ in ents) / max(1, sum(int(n) for _, n in ents)))
+    return Rollouts(prompt_ids, prompt_mask, seeds, tokens, mask, rollout_logp, rewards, texts, ent)
+
+
+def replay_logprobs(
+    lm: LatentLM,
+    ro: Rollouts,
+    rows: Tensor,
+    *,
+    n_latent: int,
+    perturbation: Perturbation,
+    seeds: Tensor,
+    temperature: float,
+) -> tuple[Tensor, Tensor]:
+    """Teacher-forced log pi(y | x, xi) of ``rows`` under the perturbation regenerated from ``seeds``,
+    through the whole latent recurrence (differentiable when grad is enabled). Returns (logp, mask)."""
+    ids, mask = _trim(ro.prompt_ids[rows], ro.prompt_mask[rows], left=True)
+    tg, tm = _trim(ro.tokens[rows], ro.mask[rows], left=False)
+    t = temperature if temperature > 0 else 1.0
+    with perturbation.bind(lm, seeds) as pb:
+        logp, _ = lm.target_logprobs(
+            ids, mask, n_latent, tg, tm, perturbation=pb, temperature=t, stepwise=not perturbation.batched
+        )
+    return logp, tm

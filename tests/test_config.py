@@ -1,0 +1,429 @@
+"""The typed configuration: choices, finite numbers, int64 range, one key per message, the layer grammar,
+``base:`` chains, packaged configs and the generated option docs (no subprocess, fast)."""
+
+import dataclasses
+import typing
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dgrpo.config import (
+    CONFIG_DIR,
+    Config,
+    ConfigError,
+    ConfigLoader,
+    config_markdown,
+    describe,
+    load_config,
+    merge_file,
+    packaged_configs,
+    parse_layer_spec,
+    resolve_config_path,
+    to_dict,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def options_of(tp_filter) -> list[tuple[str, typing.Any]]:
+    """(dotted key, type) of every option whose type passes ``tp_filter``."""
+    out = []
+    for section in [None, *(f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(f.default_factory))]:
+        cls = Config if section is None else type(getattr(Config(), section))
+        for name, tp in typing.get_type_hints(cls).items():
+            if not dataclasses.is_dataclass(tp) and tp_filter(tp):
+                out.append((name if section is None else f"{section}.{name}", tp))
+    return out
+
+
+LITERALS = options_of(lambda tp: typing.get_origin(tp) is typing.Literal)
+FLOATS = [k for k, _ in options_of(lambda tp: tp is float)]
+INTS = [k for k, _ in options_of(lambda tp: tp is int)]
+
+
+def error(*overrides: str) -> str:
+    """The one-line message ``load_config`` raises for these overrides."""
+    with pytest.raises(ConfigError) as e:
+        load_config(Config, None, list(overrides))
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def diff(a: Config, b: Config) -> dict:
+    """{key: value in b} for every option whose value differs."""
+    fa, fb = flat(to_dict(a)), flat(to_dict(b))
+    return {k: fb[k] for k in fa if fa[k] != fb[k]}
+
+
+# ---- types
+
+
+def test_the_option_lists_are_found():
+    assert {"perturbation.kind", "sft.mode", "grpo.advantage", "fsdp", "model.arch", "sft.bf16"} <= {
+        k for k, _ in LITERALS
+    }
+    assert len(LITERALS) == 12
+    assert {"grpo.lr", "sft.lr", "perturbation.p", "eval.top_p"} <= set(FLOATS)
+    assert {"seed", "task.seed", "grpo.steps"} <= set(INTS)
+
+
+@pytest.mark.parametrize("key,tp", LITERALS, ids=[k for k, _ in LITERALS])
+def test_choice_options_reject_other_words_naming_key_and_choices(key, tp):
+    msg = error(f"{key}=bogus")
+    assert msg.startswith(f"invalid config value {key}: expected ")
+    assert all(c in msg for c in typing.get_args(tp)) and "'bogus'" in msg
+    for choice in typing.get_args(tp):  # and accept each of their choices
+        assert flat(to_dict(load_config(Config, None, [f"{key}={choice}"])))[key] == choice
+
+
+def test_choice_message_format():
+    assert error("perturbation.kind=x") == (
+        "invalid config value perturbation.kind: expected locked, native, gaussian or none; got 'x'"
+    )
+    assert "expected none, full or sharded" in error("fsdp=off")
+
+
+def test_yaml_booleans_still_accepted_by_bf16():
+    assert load_config(Config, None, ["sft.bf16=true"]).sft.bf16 == "true"
+    assert load_config(Config, None, ["sft.bf16=off"]).sft.bf16 == "false"
+    assert load_config(Config, None, ["sft.bf16=auto"]).sft.bf16 == "auto"
+
+
+@pytest.mark.parametrize("key", FLOATS)
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", ".inf", ".nan", "1e999"])
+def test_every_float_rejects_nan_and_inf(key, value):
+    msg = error(f"{key}={value}")
+    assert msg.startswith(f"invalid config value {key}: must be a finite number, got ")
+
+
+@pytest.mark.parametrize("key", INTS)
+def test_every_int_must_fit_int64(key):
+    assert error(f"{key}=1e30") == f"invalid config value {key}: must fit in a signed 64-bit integer, got 1e30"
+    assert f"invalid config value {key}:" in error(f"{key}={2**63}")
+    assert f"invalid config value {key}: expected an integer" in error(f"{key}=inf")
+
+
+def test_ints_accept_integral_numbers_and_text():
+    assert load_config(Config, None, ["seed=1e3"]).seed == 1000
+    assert load_config(Config, None, [f"seed={2**63 - 1}"]).seed == 2**63 - 1
+    assert "expected an integer" in error("seed=1.5")
+
+
+# ---- ranges: each message names the key that is wrong
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "eval.shots=-1",
+        "eval.limit=-1",
+        "eval.top_p=0",
+        "eval.temperature=-1",
+        "sft.max_grad_norm=-1",
+        "sft.max_grad_norm=nan",
+        "sft.warmup_steps=-1",
+        "sft.save_every=-1",
+        "sft.keep_last=0",
+        "sft.max_nonfinite=0",
+        "sft.batch_size=0",
+        "sft.grad_accum=0",
+        "sft.weight_decay=-1",
+        "sft.lr=0",
+        "sft.uniform_prob=1.5",
+        "grpo.mini_epochs=0",
+        "grpo.micro_batch_size=0",
+        "grpo.rollout_batch_size=0",
+        "grpo.temperature=-1",
+        "grpo.top_p=0",
+        "grpo.top_p=1.5",
+        "grpo.eval_every=-1",
+        "grpo.log_every=0",
+        "grpo.eps_low=1",
+        "grpo.eps_high=-0.1",
+        "grpo.alpha_min=-0.1",
+        "grpo.alpha_max=1.5",
+        "grpo.weight_decay=-1",
+        "grpo.min_lr_ratio=2",
+        "grpo.warmup_steps=-1",
+        "grpo.lr=0",
+        "grpo.max_grad_norm=-1",
+        "grpo.save_every=-1",
+        "grpo.keep_last=0",
+        "grpo.max_nonfinite=0",
+        "data.max_question_tokens=0",
+        "data.max_target_tokens=0",
+        "data.eval_limit=-1",
+        "model.num_heads=0",
+        "task.modulus=1",
+        "perturbation.p=1",
+        "perturbation.sigma=-1",
+        "threads=-1",
+    ],
+)
+def test_each_range_message_names_its_key(override):
+    key = override.split("=")[0]
+    assert error(override).startswith(f"invalid config value {key}: ")
+
+
+def test_relations_between_options():
+    assert "grpo.alpha_min" in error("grpo.alpha_min=0.9", "grpo.alpha_max=0.5")
+    assert "K >= 2" in error("grpo.group_size=1")
+    assert load_config(Config, None, ["grpo.group_size=1", "grpo.advantage=ema"]).grpo.group_size == 1
+    assert "sft.grad_accum" in error("sft.batch_size=10", "sft.grad_accum=4")
+    assert "model.hidden_size" in error("model.hidden_size=130")
+    assert "unknown config key 'sft.nope'" in error("sft.nope=1")
+
+
+# ---- perturbation.layers
+
+
+@pytest.mark.parametrize(
+    "spec,parsed",
+    [
+        ("all", ("all", None)),
+        ("3", ("list", [3])),
+        ("-1", ("list", [-1])),
+        ("0:4", ("slice", (0, 4))),
+        ("-2:", ("slice", (-2, None))),
+        (":3", ("slice", (None, 3))),
+        ("1,3,5", ("list", [1, 3, 5])),
+        ("1, 3", ("list", [1, 3])),
+    ],
+)
+def test_layer_grammar_accepts(spec, parsed):
+    assert parse_layer_spec(spec) == parsed
+    assert load_config(Config, None, [f"perturbation.layers={spec}"]).perturbation.layers == spec
+
+
+@pytest.mark.parametrize("spec", ["abc", "1:2:3", "1.5", "", "1,,3", "a:b"])
+def test_layer_grammar_rejects(spec):
+    with pytest.raises(ConfigError, match="invalid config value perturbation.layers: expected all"):
+        parse_layer_spec(spec)
+    assert error(f"perturbation.layers={spec}").startswith("invalid config value perturbation.layers: ")
+
+
+def test_colons_stay_strings_in_set_values_and_files(tmp_path):
+    assert load_config(Config, None, ["perturbation.layers=1:3"]).perturbation.layers == "1:3"  # not 63
+    f = tmp_path / "c.yaml"
+    f.write_text("perturbation: {layers: 1:3}\n")
+    assert load_config(Config, f).perturbation.layers == "1:3"
+    f.write_text("perturbation:\n  layers: 3\n")
+    assert load_config(Config, f).perturbation.layers == "3"
+    f.write_text("perturbation:\n  layers: '-2:'\n")
+    assert load_config(Config, f).perturbation.layers == "-2:"
+
+
+def test_loader_keeps_ordinary_numbers():
+    data = yaml.load("a: 1:30\nb: 190\nc: 1.0e-5\nd: 1e-5\ne: -3\nf: 0:4.5\ng: .inf", Loader=ConfigLoader)
+    assert data == {"a": "1:30", "b": 190, "c": 1.0e-5, "d": "1e-5", "e": -3, "f": "0:4.5", "g": float("inf")}
+
+
+# ---- files: base chains, merge_file, packaged configs
+
+
+def test_base_in_the_same_folder_and_the_child_wins(tmp_path):
+    (tmp_path / "parent.yaml").write_text("grpo: {lr: 0.5, steps: 7}\nperturbation: {kind: none}\n")
+    (tmp_path / "child.yaml").write_text("base: parent.yaml\ngrpo: {lr: 0.25}\n")
+    cfg = load_config(Config, tmp_path / "child.yaml")
+    assert (cfg.grpo.lr, cfg.grpo.steps, cfg.perturbation.kind) == (0.25, 7, "none")
+
+
+def test_base_chain_with_relative_paths_and_set_last(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "root.yaml").write_text("seed: 1\ngrpo: {steps: 3}\n")
+    (tmp_path / "a" / "mid.yaml").write_text("base: ../root.yaml\nseed: 2\n")
+    (tmp_path / "b" / "leaf.yaml").write_text("base: ../a/mid.yaml\ngrpo: {steps: 5}\n")
+    cfg = load_config(Config, tmp_path / "b" / "leaf.yaml", ["grpo.steps=9"])
+    assert (cfg.seed, cfg.grpo.steps) == (2, 9)
+
+
+def test_base_may_be_a_packaged_name(tmp_path):
+    (tmp_path / "mine.yaml").write_text("base: paper/grpo_dropout\ngrpo: {steps: 10}\n")
+    cfg = load_config(Config, tmp_path / "mine.yaml")
+    assert (cfg.grpo.steps, cfg.grpo.group_size, cfg.perturbation.sites) == (10, 32, ["attn"])
+
+
+def test_base_cycle_and_missing_base_are_one_line_errors(tmp_path):
+    (tmp_path / "x.yaml").write_text("base: y.yaml\n")
+    (tmp_path / "y.yaml").write_text("base: x.yaml\n")
+    with pytest.raises(ConfigError, match="cycle") as e:
+        load_config(Config, tmp_path / "x.yaml")
+    assert "x.yaml" in str(e.value) and "y.yaml" in str(e.value) and "\n" not in str(e.value)
+    (tmp_path / "z.yaml").write_text("base: nope.yaml\n")
+    with pytest.raises(ConfigError, match="z.yaml: config file not found: .*nope.yaml"):
+        load_config(Config, tmp_path / "z.yaml")
+    (tmp_path / "w.yaml").write_text("base: [a, b]\n")
+    with pytest.raises(ConfigError, match="base must name a config file"):
+        load_config(Config, tmp_path / "w.yaml")
+
+
+def test_errors_in_a_file_name_the_file(tmp_path):
+    (tmp_path / "bad.yaml").write_text("grpo: {lr: .nan}\n")
+    (tmp_path / "child.yaml").write_text("base: bad.yaml\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: invalid config value grpo\.lr: must be a finite number"):
+        load_config(Config, tmp_path / "child.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(Config, tmp_path / "list.yaml")
+
+
+def test_merge_file_keeps_the_existing_config_and_does_not_validate(tmp_path):
+    cfg = load_config(Config, None, ["grpo.lr=0.5", "grpo.steps=3"])
+    assert merge_file(cfg, "builtin/grpo_sampling") is cfg
+    assert (cfg.grpo.lr, cfg.grpo.steps, cfg.grpo.temperature, cfg.perturbation.kind) == (0.5, 3, 1.0, "none")
+    (tmp_path / "k1.yaml").write_text("grpo: {group_size: 1}\n")  # invalid without advantage=ema: not checked here
+    assert merge_file(cfg, tmp_path / "k1.yaml").grpo.group_size == 1
+    with pytest.raises(ConfigError, match="K >= 2"):
+        cfg.validate()
+
+
+def test_an_empty_file_loads_as_the_defaults(tmp_path):
+    (tmp_path / "empty.yaml").write_text("# nothing\n")
+    assert to_dict(load_config(Config, tmp_path / "empty.yaml")) == to_dict(Config())
+
+
+@pytest.mark.parametrize("name", packaged_configs())
+def test_every_packaged_config_loads_and_validates(name):
+    load_config(Config, name).validate()
+
+
+def test_packaged_configs_are_the_folder():
+    names = packaged_configs()
+    assert "paper/grpo_dropout.yaml" in names and "builtin/sft.yaml" in names and "tiny.yaml" in names
+    assert len(names) == len(list(CONFIG_DIR.rglob("*.yaml")))
+
+
+PAPER_ABLATIONS = {
+    "grpo_deterministic": {"perturbation.kind": "none"},
+    "grpo_sampling": {"perturbation.kind": "none", "grpo.temperature": 1.0},
+    "grpo_fresh_masks": {"grpo.replay": "fresh"},
+    "grpo_native": {"perturbation.kind": "native"},
+    "reinforce_ema": {
+        "grpo.advantage": "ema",
+        "grpo.group_size": 1,
+        "grpo.filter": False,
+        "grpo.prompts_per_step": 512,
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_ABLATIONS))
+def test_paper_ablation_differs_from_the_recipe_in_its_keys_only(name):
+    recipe = load_config(Config, "paper/grpo_dropout")
+    assert diff(recipe, load_config(Config, f"paper/{name}")) == PAPER_ABLATIONS[name]
+    assert yaml.safe_load((CONFIG_DIR / "paper" / f"{name}.yaml").read_text())["base"] == "grpo_dropout.yaml"
+
+
+BUILTIN_ARMS = {
+    "dropout_grpo": {},
+    "sft": {},
+    "grpo_deterministic": {"perturbation.kind": "none"},
+    "grpo_sampling": {"perturbation.kind": "none", "grpo.temperature": 1.0},
+    "grpo_fresh_masks": {"grpo.replay": "fresh"},
+    "reinforce_ema": {
+        "grpo.advantage": "ema",
+        "grpo.group_size": 1,
+        "grpo.filter": False,
+        "grpo.prompts_per_step": 128,
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_ARMS))
+def test_builtin_arm_sets_only_what_differs_from_the_defaults(name):
+    assert diff(Config(), load_config(Config, f"builtin/{name}")) == BUILTIN_ARMS[name]
+    keys = flat(yaml.load((CONFIG_DIR / "builtin" / f"{name}.yaml").read_text(), Loader=ConfigLoader) or {})
+    assert set(keys) == set(BUILTIN_ARMS[name])  # no key restates a default
+
+
+def test_tiny_config_is_the_quick_set():
+    assert diff(Config(), load_config(Config, "tiny")) == {
+        "model.hidden_size": 64,
+        "model.num_layers": 2,
+        "model.intermediate_size": 128,
+        "task.n_steps": 2,
+        "task.n_train": 2048,
+        "task.n_valid": 64,
+        "task.n_test": 64,
+        "sft.num_epochs": 4,
+        "sft.max_latent_stage": 1,
+        "sft.lr": 3e-3,
+        "sft.warmup_steps": 5,
+        "grpo.steps": 4,
+        "grpo.prompts_per_step": 8,
+        "grpo.eval_every": 2,
+        "grpo.warmup_steps": 1,
+        "grpo.max_new_tokens": 24,
+        "grpo.lr": 1e-4,
+        "perturbation.p": 0.3,
+        "eval.max_new_tokens": 24,
+        "data.eval_limit": 0,
+    }  # (num_heads 4, epochs_per_stage 2, batch_size 64, group_size 8 are the defaults too)
+
+
+@pytest.mark.parametrize("name", ["paper/grpo_dropout", "paper/grpo_dropout.yaml", "builtin/sft", "tiny"])
+def test_resolve_config_path_finds_packaged_names(name):
+    path = resolve_config_path(name)
+    assert path.is_file() and path.parent.parent in (CONFIG_DIR, CONFIG_DIR.parent)
+
+
+def test_resolve_config_path_prefers_an_existing_file(tmp_path, monkeypatch):
+    (tmp_path / "paper").mkdir()
+    (tmp_path / "paper" / "grpo_dropout.yaml").write_text("seed: 5\n")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_config_path("paper/grpo_dropout.yaml") == Path("paper/grpo_dropout.yaml")
+    assert load_config(Config, "paper/grpo_dropout.yaml").seed == 5
+    assert resolve_config_path("paper/grpo_dropout") == CONFIG_DIR / "paper" / "grpo_dropout.yaml"
+
+
+def test_unknown_config_name_lists_the_packaged_ones():
+    with pytest.raises(ConfigError) as e:
+        resolve_config_path("paper/nope")
+    msg = str(e.value)
+    assert msg.startswith("config file not found: paper/nope (not a file, and not a packaged config: ")
+    assert "paper/grpo_dropout.yaml" in msg and "builtin/sft.yaml" in msg and "\n" not in msg
+
+
+# ---- documentation
+
+
+def test_docs_config_md_is_current():
+    """Regenerate with: python -m dgrpo.config --markdown > docs/config.md"""
+    assert (ROOT / "docs" / "config.md").read_text() == config_markdown()
+
+
+def test_every_option_has_a_doc():
+    lines = describe(Config)
+    assert len(lines) == len(flat(to_dict(Config())))
+    for line in lines:
+        assert line.split("#", 1)[1].strip(), line
+
+
+def test_markdown_lists_every_option_and_the_choices():
+    md = config_markdown()
+    for key in flat(to_dict(Config())):
+        assert f"| `{key}` |" in md
+    assert "| locked \\| native \\| gaussian \\| none |" in md
+    assert "## grpo" in md and "base:" in md
+
+
+def test_describe_filters_a_section():
+    lines = describe(Config, section="grpo")
+    assert lines and all(line.startswith("grpo.") for line in lines)
+    assert len(lines) == len(dataclasses.fields(type(Config().grpo)))
+    assert any(
+        line.startswith("perturbation.kind = 'locked'  # [locked | native | gaussian | none]")
+        for line in describe(Config)
+    )
+    with pytest.raises(ConfigError, match="unknown config section"):
+        describe(Config, section="nope")
