@@ -1,4 +1,4 @@
-"""The command line: ``dgrpo sft | grpo | eval | demo | bench | data | config``.
+"""The command line: ``dgrpo sft | grpo | eval | plot | demo | bench | data | config``.
 
 Every training command takes ``--config FILE.yaml`` (repeatable; a path or a packaged name such as
 ``paper/grpo_dropout.yaml``) and any number of ``--set key=value`` overrides. A bad config, a bad data
@@ -13,13 +13,14 @@ import os
 import sys
 from importlib.metadata import version
 
-from . import evaluate, tools, train
+from . import evaluate, plot, tools, train
 
 EPILOG = """examples:
   dgrpo demo                                                   # the CPU-scale reproduction, built-in task
   dgrpo sft  --config builtin/sft.yaml --out runs/sft          # Coconut curriculum SFT
   dgrpo grpo --init runs/sft --out runs/grpo                   # Dropout-GRPO from it
   dgrpo eval --model runs/grpo --data builtin:test --out runs/eval
+  dgrpo plot runs/grpo runs/sampling --out runs/curves.png     # eval accuracy and reward std over steps
   dgrpo config show grpo                                       # every grpo.* option, default and meaning
 """
 
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--version", action="version", version=f"dgrpo {version('dgrpo')}")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    for module in (train, evaluate, tools):
+    for module in (train, evaluate, tools, plot):
         module.register(sub)
     return ap
 

@@ -1,0 +1,456 @@
+"""Plots of finished (or running, or killed) run directories: read ``config.json`` + ``metrics.jsonl``, group the
+runs into arms, draw the per-arm mean over seeds with a min-max band, one panel per metric.
+
+matplotlib (Agg canvas, no pyplot state) is imported inside the drawing functions, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .data.records import DataError
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.json"
+FORMATS = (".png", ".pdf", ".svg")
+
+#: panel name -> (metrics key, y-axis label, panel title); the eval key is resolved per run
+PANELS: dict[str, tuple[str, str, str]] = {
+    "eval": ("eval", "validation accuracy (greedy, no dropout)", "accuracy during training"),
+    "reward_std": ("reward_std", "within-group reward std", "rollout diversity within groups"),
+    "reward_mean": ("reward_mean", "mean rollout reward", "rollout reward"),
+    "kept": ("frac_groups_kept", "fraction of groups kept", "groups with a learning signal"),
+    "distinct": ("distinct_answers", "distinct answers per group", "answer diversity within groups"),
+}
+
+#: the fixed colours of the well-known arms (keys: the label lower-cased, letters and digits only)
+ARM_COLORS = {
+    "deterministic": "#7f7f7f",
+    "reinforceema": "#d62728",
+    "reinforce": "#d62728",
+    "tokensampling": "#ff7f0e",
+    "dropoutgrpo": "#1f77b4",
+    "sft": "#000000",
+}
+#: colours for every other group, in order (tab10 without the fixed ones)
+OTHER_COLORS = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
+REFERENCE_STYLES = (("#000000", "--"), ("#555555", (0, (6, 3))), ("#555555", (0, (2, 2))), ("#555555", "-."))
+
+_SEED_NAME = re.compile(r"(?:seed|s)[-_=]?\d+", re.IGNORECASE)
+_SEED_SUFFIX = re.compile(r"(?:[-_. ]+(?:seed|s)|seed)[-_=]?\d+$", re.IGNORECASE)
+
+
+@dataclass
+class Run:
+    """One run directory: its resolved config and its metrics rows (training steps and evaluations apart)."""
+
+    path: Path
+    name: str
+    config: dict[str, Any] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def is_grpo(self) -> bool:
+        """Whether the run logged GRPO steps (rows with a rollout reward)."""
+        return any("reward_mean" in r for r in self.steps)
+
+
+# ------------------------------------------------------------------------ reading runs
+def _is_eval_key(key: str) -> bool:
+    return key.startswith("eval/") and key.endswith("/accuracy")
+
+
+def _read_rows(metrics: Path) -> list[dict[str, Any]]:
+    """The rows of ``metrics.jsonl``; an unreadable last line (a killed run) is skipped, one elsewhere is an error."""
+    lines = [(i, ln) for i, ln in enumerate(metrics.read_text(errors="replace").splitlines(), 1) if ln.strip()]
+    rows = []
+    for i, line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict):
+            if i == lines[-1][0]:
+                continue
+            raise DataError(f"{metrics}:{i}: not a JSON object row")
+        if "step" in row:
+            rows.append(row)
+    return rows
+
+
+def load_run(path: str | Path) -> Run:
+    """Read one run directory; a :class:`DataError` naming it when it has no ``metrics.jsonl`` or no readable row."""
+    p = Path(path)
+    metrics = p / METRICS_FILE
+    if not metrics.is_file():
+        raise DataError(f"{p}: no {METRICS_FILE} (not a run directory)")
+    rows = _read_rows(metrics)
+    if not rows:
+        raise DataError(f"{metrics}: no readable rows")
+    config: dict[str, Any] = {}
+    if (p / CONFIG_FILE).is_file():
+        try:
+            config = json.loads((p / CONFIG_FILE).read_text())
+        except json.JSONDecodeError as e:
+            raise DataError(f"{p / CONFIG_FILE}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    evals = [r for r in rows if any(_is_eval_key(k) for k in r)]
+    steps = [r for r in rows if not any(_is_eval_key(k) for k in r)]
+    return Run(
+        path=p, name=p.resolve().name, config=config if isinstance(config, dict) else {}, steps=steps, evals=evals
+    )
+
+
+def find_runs(paths: Sequence[str | Path]) -> list[Path]:
+    """Run directories: each path that holds ``metrics.jsonl``, else every directory below it that does."""
+    found: list[Path] = []
+    for path in paths:
+        p = Path(path)
+        if not p.is_dir():
+            raise DataError(f"{p}: no such directory")
+        if (p / METRICS_FILE).is_file():
+            below = [p]
+        else:
+            below = sorted(m.parent for m in p.rglob(METRICS_FILE) if m.is_file())
+        if not below:
+            raise DataError(f"{p}: no {METRICS_FILE} in it or in any directory below it")
+        found += [b for b in below if b not in found]
+    return found
+
+
+# ------------------------------------------------------------------------ grouping
+def _config_get(config: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
+    if dotted in config:
+        return config[dotted]
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def strip_seed(name: str) -> str | None:
+    """``name`` without a trailing seed (``x_seed0``, ``x-s1``, ``x-seed-2`` -> ``x``); None when it has none."""
+    m = _SEED_SUFFIX.search(name)
+    stem = name[: m.start()].rstrip("-_. ") if m else ""
+    return stem or None
+
+
+def config_label(run: Run) -> str:
+    """The arm a run's config describes: SFT, REINFORCE + EMA, Dropout-GRPO, token sampling or deterministic."""
+    if not run.is_grpo:
+        return "SFT"
+    kind = _config_get(run.config, "perturbation.kind")
+    if _config_get(run.config, "grpo.advantage") == "ema":
+        return "REINFORCE + EMA"
+    if kind in ("locked", "native", "gaussian"):
+        return "Dropout-GRPO"
+    if kind == "none":
+        temperature = _number(_config_get(run.config, "grpo.temperature")) or 0.0
+        return "token sampling" if temperature > 0 else "deterministic"
+    return run.name
+
+
+def arm_of(run: Run) -> str:
+    """The group a run belongs to.
+
+    1. A run directory named like a seed (``seed0``, ``s1``, ``seed-2``; case-insensitive) is grouped by its parent's
+       name (``runs/demo/arms/dropout_grpo/seed0`` -> ``dropout_grpo``).
+    2. A run whose parent is named like a seed (``runs/seed0/dropout``) is grouped by its own name.
+    3. A name ending in a seed suffix (``seed0``, ``s0`` after a separator, ``-seed-2``, ...) is grouped by the name
+       without it, so ``dropout_seed0`` and ``dropout_seed1`` form the group ``dropout``.
+    4. Otherwise the config decides (:func:`config_label`): ``deterministic`` (perturbation.kind none, temperature
+       0), ``token sampling`` (kind none, temperature > 0), ``REINFORCE + EMA`` (grpo.advantage ema),
+       ``Dropout-GRPO`` (kind locked / native / gaussian), ``SFT`` (no GRPO rows).
+
+    In steps 1-3 a remaining seed suffix is stripped too. Explicit groups (:func:`group_runs`) override all this.
+    """
+    path = run.path.resolve()
+    parent = path.parent.name
+    if _SEED_NAME.fullmatch(run.name) and parent:
+        return strip_seed(parent) or parent
+    if _SEED_NAME.fullmatch(parent):
+        return strip_seed(run.name) or run.name
+    return strip_seed(run.name) or config_label(run)
+
+
+def group_runs(runs: Sequence[Run], groups: Mapping[str, Sequence[str | Path]] | None = None) -> dict[str, list[Run]]:
+    """Runs by arm (:func:`arm_of`); ``groups`` (name -> run directories, or directories holding runs) overrides it.
+
+    The named groups come first, in the given order, then the other runs' arms in order of first appearance."""
+    by_path = {r.path.resolve(): r for r in runs}
+    out: dict[str, list[Run]] = {}
+    taken: set[Path] = set()
+    for name, paths in (groups or {}).items():
+        for p in find_runs(paths):
+            key = p.resolve()
+            run = by_path.get(key) or load_run(p)
+            out.setdefault(name, []).append(run)
+            taken.add(key)
+    for run in runs:
+        if run.path.resolve() not in taken:
+            out.setdefault(arm_of(run), []).append(run)
+    return out
+
+
+# ------------------------------------------------------------------------ series
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def _eval_key(run: Run, eval_key: str | None) -> str | None:
+    """The eval column plotted for a run: the requested one, else the first the run logged."""
+    if eval_key:
+        return eval_key if eval_key.startswith("eval/") else f"eval/{eval_key}/accuracy"
+    return next((k for r in run.evals for k in r if _is_eval_key(k)), None)
+
+
+def _eval_keys(groups: Mapping[str, Sequence[Run]], eval_key: str | None) -> list[str]:
+    """The eval columns a figure shows, sorted."""
+    return sorted({key for runs in groups.values() for r in runs if (key := _eval_key(r, eval_key))})
+
+
+def run_series(run: Run, panel: str, eval_key: str | None = None) -> dict[int, float]:
+    """step -> value of one panel's metric in one run (missing, null and non-finite values left out)."""
+    key = _eval_key(run, eval_key) if panel == "eval" else PANELS[panel][0]
+    rows = run.evals if panel == "eval" else run.steps
+    series: dict[int, float] = {}
+    for r in rows:
+        v = _number(r.get(key)) if key else None
+        if v is not None and _number(r.get("step")) is not None:
+            series[int(r["step"])] = v
+    return series
+
+
+def _missing_note(group: str, runs: Sequence[Run], panel: str, eval_key: str | None) -> str:
+    """Why a group has nothing to show in a panel, in a few words."""
+    if panel != "eval" and not any(r.is_grpo for r in runs):
+        return f"{group}: no GRPO steps"
+    if panel == "reward_std" and all(_config_get(r.config, "grpo.group_size") == 1 for r in runs):
+        return f"{group}: no within-group std (K = 1)"
+    if panel == "eval":
+        return f"{group}: no {_eval_key(runs[0], eval_key) or 'eval'} rows"
+    return f"{group}: no {PANELS[panel][0]} values"
+
+
+def aggregate(series: Sequence[dict[int, float]]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Steps shared by all series, and the mean, min and max over the series at each."""
+    shared = sorted(set.intersection(*(set(s) for s in series))) if series else []
+    cols = [[s[t] for s in series] for t in shared]
+    return shared, [sum(c) / len(c) for c in cols], [min(c) for c in cols], [max(c) for c in cols]
+
+
+# ------------------------------------------------------------------------ drawing
+def _norm(label: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", label.lower())
+
+
+def group_colors(groups: Mapping[str, Sequence[Run]]) -> dict[str, str]:
+    """A colour per group: the fixed one of a well-known arm (by name, else by its runs' config), else the cycle."""
+    colors: dict[str, str] = {}
+    for name in groups:
+        c = ARM_COLORS.get(_norm(name))
+        if c is not None and c not in colors.values():
+            colors[name] = c
+    for name, runs in groups.items():
+        labels = {_norm(config_label(r)) for r in runs}
+        c = ARM_COLORS.get(labels.pop()) if len(labels) == 1 else None
+        if name not in colors and c is not None and c not in colors.values():
+            colors[name] = c
+    cycle = [c for c in OTHER_COLORS if c not in colors.values()] or list(OTHER_COLORS)
+    for i, name in enumerate(n for n in groups if n not in colors):
+        colors[name] = cycle[i % len(cycle)]
+    return colors
+
+
+def _draw_panel(
+    ax: Axes,
+    panel: str,
+    groups: Mapping[str, Sequence[Run]],
+    colors: Mapping[str, str],
+    eval_key: str | None,
+    reference: Mapping[str, float],
+) -> dict[str, Any]:
+    """One panel: per group the mean line (+ min-max band), the reference lines, the legend below the axes."""
+    from matplotlib.lines import Line2D
+
+    handles: list[tuple[Any, str]] = []
+    drawn: dict[str, int] = {}
+    bands: list[str] = []
+    notes: list[str] = []
+    for name, runs in groups.items():
+        series = [s for s in (run_series(r, panel, eval_key) for r in runs) if s]
+        steps, mean, lo, hi = aggregate(series)
+        if not steps:
+            notes.append(_missing_note(name, runs, panel, eval_key) if not series else f"{name}: runs share no step")
+            continue
+        marker = "o" if len(steps) <= 30 else None
+        (line,) = ax.plot(steps, mean, color=colors[name], lw=2, marker=marker, ms=3.5)
+        drawn[name] = len(steps)
+        if len(series) >= 2:
+            band = ax.fill_between(steps, lo, hi, color=colors[name], alpha=0.18, lw=0)
+            bands.append(name)
+            handles.append(((line, band), f"{name}: mean of {len(series)} seeds (band: min-max)"))
+        else:
+            handles.append((line, name))
+    if panel == "eval":  # reference values are accuracies
+        for i, (ref_name, value) in enumerate(reference.items()):
+            color, ls = REFERENCE_STYLES[i % len(REFERENCE_STYLES)]
+            handles.append((ax.axhline(value, color=color, ls=ls, lw=1.2), f"{ref_name} ({value:.3g})"))
+    if not handles and not notes:
+        notes.append("no data")
+    handles += [(Line2D([], [], ls="none"), note) for note in notes]
+    _finish_axes(ax, panel, groups, eval_key, handles, len(notes))
+    return {"groups": drawn, "lines": len(ax.get_lines()), "bands": bands, "notes": notes}
+
+
+def _finish_axes(
+    ax: Axes, panel: str, groups: Mapping[str, Sequence[Run]], eval_key: str | None, handles: list, n_notes: int
+) -> None:
+    """Labels, title, grid, and the legend below the axes (outside them; notes last, in grey italics)."""
+    from matplotlib.legend_handler import HandlerTuple
+    from matplotlib.transforms import ScaledTranslation
+
+    _, ylabel, title = PANELS[panel]
+    if panel == "eval":
+        names = [k.removeprefix("eval/").removesuffix("/accuracy") for k in _eval_keys(groups, eval_key)]
+        if names and not all("valid" in n for n in names):
+            ylabel = "accuracy (greedy, no dropout)"
+        title = f"accuracy on {', '.join(names)}" if names else title
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=11)
+    ax.grid(alpha=0.3)
+    fig = ax.get_figure()
+    assert fig is not None
+    below = ax.transAxes + ScaledTranslation(0, -0.6, fig.dpi_scale_trans)  # clear of tick labels and x label
+    legend = ax.legend(
+        [h for h, _ in handles],
+        [label for _, label in handles],
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        bbox_transform=below,
+        fontsize=9,
+        frameon=False,
+        handler_map={tuple: HandlerTuple(ndivide=1)},
+    )
+    for text in legend.get_texts()[len(handles) - n_notes :]:
+        text.set_color("#555555")
+        text.set_fontstyle("italic")
+
+
+def check_format(out: str | Path) -> str:
+    """The figure format from the file suffix (png, pdf or svg); a :class:`DataError` otherwise."""
+    suffix = Path(out).suffix.lower()
+    if suffix not in FORMATS:
+        raise DataError(f"{out}: unknown figure format {suffix or '(no suffix)'!r}; use .png, .pdf or .svg")
+    return suffix[1:]
+
+
+def draw(
+    groups: Mapping[str, Sequence[Run]],
+    *,
+    panels: Sequence[str] = ("eval", "reward_std"),
+    eval_key: str | None = None,
+    reference: Mapping[str, float] | None = None,
+    title: str | None = None,
+) -> tuple[Figure, dict[str, Any]]:
+    """The figure (panels side by side) and the description :func:`plot_runs` returns; nothing is written."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    unknown = [p for p in panels if p not in PANELS]
+    if unknown or not panels:
+        raise DataError(f"unknown panel(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(PANELS)}")
+    if not any(groups.values()):
+        raise DataError("no runs to plot")
+    rows = len(groups) + len(reference or {}) + 1
+    fig = Figure(figsize=(6 * len(panels), 4 + 0.6 + 0.22 * rows))
+    FigureCanvasAgg(fig)
+    colors = group_colors(groups)
+    desc: dict[str, Any] = {"panels": {}, "lines": {}, "bands": {}, "notes": {}}
+    for ax, panel in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+        d = _draw_panel(ax, panel, groups, colors, eval_key, reference or {})
+        for k in ("groups", "lines", "bands", "notes"):
+            desc["panels" if k == "groups" else k][panel] = d[k]
+    desc["eval_keys"] = _eval_keys(groups, eval_key)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig, desc
+
+
+def plot_runs(
+    groups: Mapping[str, Sequence[Run]],
+    out: str | Path,
+    *,
+    panels: Sequence[str] = ("eval", "reward_std"),
+    eval_key: str | None = None,
+    reference: Mapping[str, float] | None = None,
+    title: str | None = None,
+) -> dict[str, Any]:
+    """Draw the groups' runs into ``out`` (.png, .pdf or .svg, by the suffix): one panel per metric.
+
+    Panels: ``eval`` (``eval/<name>/accuracy``, ``eval_key`` or each run's first), ``reward_std``, ``reward_mean``,
+    ``kept`` (frac_groups_kept), ``distinct`` (distinct_answers). Per group the mean over its runs on the steps they
+    share, with a min-max band when it has >= 2 runs; ``reference`` values are dashed lines in the eval panel.
+    Returns ``{"panels": {panel: {group: n_points}}, "lines": {panel: n_Line2D}, "bands": {panel: [group]},
+    "notes": {panel: [note]}, "eval_keys": [...], "out": path}``.
+    """
+    fmt = check_format(out)
+    fig, desc = draw(groups, panels=panels, eval_key=eval_key, reference=reference, title=title)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format=fmt, dpi=120, bbox_inches="tight")
+    desc["out"] = str(out)
+    return desc
+
+
+def plot(
+    paths: Sequence[str | Path],
+    out: str | Path,
+    *,
+    groups: Mapping[str, Sequence[str | Path]] | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Find, load and group the runs under ``paths`` (``groups`` overrides the grouping), then :func:`plot_runs`."""
+    check_format(out)
+    runs = [load_run(p) for p in find_runs(paths)]
+    return plot_runs(group_runs(runs, groups), out, **kwargs)
+
+
+def describe(desc: Mapping[str, Any]) -> str:
+    """One line: the output path and what each panel shows."""
+    parts = []
+    for panel, drawn in desc["panels"].items():
+        notes = f", {len(desc['notes'][panel])} note(s)" if desc["notes"][panel] else ""
+        parts.append(f"{panel}: {len(drawn)} group(s), {desc['lines'][panel]} line(s){notes}")
+    return f"{desc.get('out', '')}: " + "; ".join(parts)
+
+
+__all__ = [
+    "Run",
+    "arm_of",
+    "config_label",
+    "describe",
+    "draw",
+    "find_runs",
+    "group_runs",
+    "load_run",
+    "plot",
+    "plot_runs",
+    "run_series",
+]

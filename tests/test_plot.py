@@ -1,0 +1,224 @@
+"""``dgrpo plot`` and :mod:`dgrpo.plotting` on run directories written by hand (no training, no subprocess)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dgrpo.cli import main
+from dgrpo.data.records import DataError
+from dgrpo.plotting import arm_of, config_label, draw, find_runs, group_runs, load_run, plot, plot_runs
+
+EVAL = "eval/builtin:valid/accuracy"
+
+
+def grpo_config(kind: str = "locked", temperature: float = 0.0, advantage: str = "drgrpo", k: int = 4) -> dict:
+    return {
+        "seed": 0,
+        "perturbation": {"kind": kind, "p": 0.1},
+        "grpo": {"temperature": temperature, "advantage": advantage, "group_size": k},
+    }
+
+
+def grpo_rows(seed: int, steps: int = 6, k: int = 4, level: float = 0.3) -> list[dict]:
+    rows: list[dict] = [{"step": 0, EVAL: level}]
+    for t in range(1, steps + 1):
+        std = None if k == 1 else 0.1 + 0.01 * seed + 0.02 * t
+        rows.append(
+            {
+                "step": t,
+                "reward_mean": level + 0.02 * t,
+                "reward_std": std,
+                "frac_groups_kept": 0.5,
+                "distinct_answers": 1.0 + 0.1 * t,
+            }
+        )
+        if t % 2 == 0:
+            rows.append({"step": t, EVAL: level + 0.01 * t + 0.005 * seed})
+    return rows
+
+
+def write_run(path: Path, config: dict | None, rows: list[dict], tail: str = "") -> Path:
+    path.mkdir(parents=True)
+    if config is not None:
+        (path / "config.json").write_text(json.dumps(config))
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
+    return path
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    """Two arms x 2-3 seeds (demo layout), REINFORCE with K = 1, an SFT run, a seed-suffix pair with a torn line."""
+    for s in range(3):
+        write_run(tmp_path / "arms" / "dropout_grpo" / f"seed{s}", grpo_config("locked"), grpo_rows(s))
+    for s in range(2):
+        write_run(tmp_path / "arms" / "grpo_deterministic" / f"seed{s}", grpo_config("none"), grpo_rows(s, level=0.2))
+    write_run(tmp_path / "reinforce", grpo_config("none", 0.0, "ema", 1), grpo_rows(0, k=1, level=0.25))
+    sft_rows = [{"step": t, "loss": 2.0 / t} for t in range(1, 5)]
+    sft_rows += [
+        {"step": 2, "stage": 0, "eval/valid/accuracy": 0.1},
+        {"step": 4, "stage": 1, "eval/valid/accuracy": 0.2},
+    ]
+    write_run(tmp_path / "sft", {"seed": 0, "sft": {"lr": 1e-4}}, sft_rows)
+    sampling = grpo_config("none", temperature=0.7)
+    write_run(tmp_path / "sampling_s0", sampling, grpo_rows(0, level=0.22))
+    write_run(tmp_path / "sampling_s1", sampling, grpo_rows(1, level=0.22), tail='{"step": 7, "reward_me')
+    return tmp_path
+
+
+def all_groups(root: Path) -> dict:
+    return group_runs([load_run(p) for p in find_runs([root])])
+
+
+def test_load_run_splits_rows_and_skips_a_torn_last_line(runs: Path) -> None:
+    run = load_run(runs / "sampling_s1")
+    assert run.name == "sampling_s1" and run.config["grpo"]["temperature"] == 0.7
+    assert len(run.steps) == 6 and len(run.evals) == 4
+    assert run.steps[-1]["step"] == 6 and run.is_grpo
+    sft = load_run(runs / "sft")
+    assert not sft.is_grpo and len(sft.evals) == 2 and len(sft.steps) == 4
+
+
+def test_bad_run_directories_are_one_line_data_errors(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="empty: no metrics.jsonl") as e:
+        load_run(tmp_path / "empty")
+    assert "\n" not in str(e.value)
+    write_run(tmp_path / "torn", None, [], tail='{"step": 1, "rew')
+    with pytest.raises(DataError, match="no readable rows"):
+        load_run(tmp_path / "torn")
+    write_run(tmp_path / "middle", None, [], tail='{"step": 1\n{"step": 2}\n')
+    with pytest.raises(DataError, match=r"metrics.jsonl:1: not a JSON object row"):
+        load_run(tmp_path / "middle")
+    with pytest.raises(DataError, match="no metrics.jsonl in it"):
+        find_runs([tmp_path / "empty"])
+    with pytest.raises(DataError, match="no such directory"):
+        find_runs([tmp_path / "nowhere"])
+
+
+@pytest.mark.parametrize(
+    "name, arm",
+    [("dropout_seed0", "dropout"), ("dropout-seed-2", "dropout"), ("Dropout_SEED1", "Dropout"), ("x-s3", "x")],
+)
+def test_arm_by_seed_suffix(tmp_path: Path, name: str, arm: str) -> None:
+    run = load_run(write_run(tmp_path / name, grpo_config(), grpo_rows(0)))
+    assert arm_of(run) == arm
+
+
+def test_arm_by_seed_directories(tmp_path: Path) -> None:
+    assert arm_of(load_run(write_run(tmp_path / "arm_a" / "seed3", grpo_config(), grpo_rows(0)))) == "arm_a"
+    assert arm_of(load_run(write_run(tmp_path / "s1" / "arm_b", grpo_config(), grpo_rows(0)))) == "arm_b"
+
+
+@pytest.mark.parametrize(
+    "config, label",
+    [
+        (grpo_config("none", 0.0), "deterministic"),
+        (grpo_config("none", 1.0), "token sampling"),
+        (grpo_config("none", 0.0, "ema", 1), "REINFORCE + EMA"),
+        (grpo_config("locked"), "Dropout-GRPO"),
+        (grpo_config("native"), "Dropout-GRPO"),
+        (grpo_config("gaussian"), "Dropout-GRPO"),
+    ],
+)
+def test_arm_by_config(tmp_path: Path, config: dict, label: str) -> None:
+    run = load_run(write_run(tmp_path / "run", config, grpo_rows(0)))
+    assert arm_of(run) == config_label(run) == label
+    sft = load_run(write_run(tmp_path / "other", config, [{"step": 1, "loss": 1.0}]))
+    assert arm_of(sft) == "SFT"
+
+
+def test_grouping_of_a_mixed_directory_and_explicit_labels(runs: Path) -> None:
+    groups = all_groups(runs)
+    sizes = {name: len(rs) for name, rs in groups.items()}
+    assert sizes == {"dropout_grpo": 3, "grpo_deterministic": 2, "REINFORCE + EMA": 1, "sampling": 2, "SFT": 1}
+    explicit = group_runs(
+        [load_run(p) for p in find_runs([runs])],
+        {"mine": [runs / "sampling_s0", runs / "reinforce"], "arms": [runs / "arms"]},
+    )
+    assert list(explicit)[:2] == ["mine", "arms"]
+    assert {n: len(rs) for n, rs in explicit.items()} == {"mine": 2, "arms": 5, "sampling": 1, "SFT": 1}
+
+
+def test_plot_runs_describes_what_it_drew(runs: Path, tmp_path: Path) -> None:
+    groups = all_groups(runs)
+    desc = plot_runs(
+        groups,
+        tmp_path / "fig.png",
+        panels=("eval", "reward_std", "kept"),
+        reference={"Coconut SFT": 0.247, "CoT": 0.3},
+        title="demo arms",
+    )
+    assert (tmp_path / "fig.png").stat().st_size > 1000
+    assert desc["panels"]["eval"] == {
+        "dropout_grpo": 4,
+        "grpo_deterministic": 4,
+        "REINFORCE + EMA": 4,
+        "sampling": 4,
+        "SFT": 2,
+    }
+    assert set(desc["panels"]["reward_std"]) == {"dropout_grpo", "grpo_deterministic", "sampling"}
+    assert desc["lines"] == {"eval": 5 + 2, "reward_std": 3, "kept": 4}  # mean lines (+ reference lines in eval)
+    assert desc["bands"]["eval"] == ["dropout_grpo", "grpo_deterministic", "sampling"]
+    assert desc["notes"]["reward_std"] == ["REINFORCE + EMA: no within-group std (K = 1)", "SFT: no GRPO steps"]
+    assert desc["notes"]["eval"] == [] and desc["eval_keys"] == [EVAL, "eval/valid/accuracy"]
+    # the torn last line of sampling_s1 is skipped: its steps still align with sampling_s0 (6 shared steps)
+    assert desc["panels"]["kept"]["sampling"] == 6
+
+
+def test_eval_key_selects_one_eval_column(runs: Path, tmp_path: Path) -> None:
+    fig, desc = draw(all_groups(runs), panels=("eval",), eval_key="valid")
+    assert desc["panels"]["eval"] == {"SFT": 2} and desc["eval_keys"] == ["eval/valid/accuracy"]
+    assert any("no eval/valid/accuracy rows" in n for n in desc["notes"]["eval"])
+
+
+@pytest.mark.parametrize("suffix", [".png", ".pdf", ".svg"])
+def test_every_format_is_written(runs: Path, tmp_path: Path, suffix: str) -> None:
+    out = tmp_path / "out" / f"fig{suffix}"
+    plot([runs / "arms"], out)
+    assert out.stat().st_size > 1000
+
+
+def test_unknown_suffix_and_panel_are_data_errors(runs: Path, tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"fig.jpg: unknown figure format '.jpg'") as e:
+        plot([runs], tmp_path / "fig.jpg")
+    assert "\n" not in str(e.value)
+    with pytest.raises(DataError, match="unknown panel"):
+        plot([runs], tmp_path / "fig.png", panels=("loss",))
+
+
+def test_legends_sit_outside_the_axes(runs: Path) -> None:
+    fig, desc = draw(all_groups(runs), panels=("eval", "reward_std"), reference={"Coconut SFT": 0.247})
+    assert [len(ax.collections) for ax in fig.axes] == [3, 3]  # min-max bands: the groups with >= 2 runs
+    assert [len(ax.get_lines()) for ax in fig.axes] == [desc["lines"]["eval"], desc["lines"]["reward_std"]] == [6, 3]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    boxes = []
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        assert legend is not None
+        box = legend.get_window_extent(renderer)
+        boxes.append(box)
+        for other in fig.axes:
+            assert not box.overlaps(other.get_window_extent(renderer))  # clear of every panel's data area
+        assert not box.overlaps(ax.xaxis.label.get_window_extent(renderer))
+        assert box.width > 0 and box.height > 0
+    assert not boxes[0].overlaps(boxes[1])
+
+
+def test_cli_plot(runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cli.svg"
+    argv = ["plot", str(runs / "arms"), str(runs / "reinforce"), "--out", str(out), "--panels", "eval,reward_std"]
+    argv += ["--reference", "Coconut SFT=0.247", "--label", f"mine={runs / 'sampling_s0'},{runs / 'sampling_s1'}"]
+    assert main([*argv, "--title", "arms"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert out.stat().st_size > 1000 and str(out) in line and "\n" not in line
+    assert "eval: 4 group(s), 5 line(s)" in line
+
+
+def test_cli_plot_bad_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plot", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nowhere: no such directory" in err
+    assert main(["plot", str(tmp_path), "--out", str(tmp_path / "x.png"), "--reference", "oops"]) == 2
+    assert "NAME=VALUE" in capsys.readouterr().err
