@@ -1,4 +1,4 @@
-"""The command line: ``dgrpo sft | grpo | eval | plot | demo | bench | data | config``.
+"""The command line: ``dgrpo sft | grpo | eval | plot | import-coconut | demo | bench | data | config``.
 
 Every training command takes ``--config FILE.yaml`` (repeatable; a path or a packaged name such as
 ``paper/grpo_dropout.yaml``) and any number of ``--set key=value`` overrides. A bad config, a bad data
@@ -13,7 +13,7 @@ import os
 import sys
 from importlib.metadata import version
 
-from . import evaluate, plot, tools, train
+from . import convert, evaluate, plot, tools, train
 
 EPILOG = """examples:
   dgrpo demo                                                   # the CPU-scale reproduction, built-in task
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--version", action="version", version=f"dgrpo {version('dgrpo')}")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    for module in (train, evaluate, tools, plot):
+    for module in (train, evaluate, tools, plot, convert):
         module.register(sub)
     return ap
 

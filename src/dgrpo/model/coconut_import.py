@@ -1,0 +1,260 @@
+"""Convert a checkpoint of the official Coconut code (github.com/facebookresearch/coconut) to a dgrpo checkpoint.
+
+The official ``run.py`` saves ``torch.save(model.state_dict(), ...)`` of its ``Coconut`` wrapper: every key of
+the base causal LM is prefixed ``base_causallm.``, plus ``embedding.weight``, the base model's input
+embedding registered a second time. Its CoT stage (stage 0) saves the plain base model's state dict, without
+the prefix and without rows for the latent tokens. The tokenizer is the base model's, with
+``<|start-latent|>``, ``<|end-latent|>``, ``<|latent|>`` added in that order (so on GPT-2 they are ids 50257,
+50258, 50259) and the embedding matrix resized to ``len(tokenizer)``; the new rows start as copies of the
+``<<`` token's row. dgrpo uses the same three strings, so the converted tokenizer carries them at the same
+ids and :class:`~dgrpo.model.latent_lm.LatentLM` finds them present: their trained rows are kept.
+
+Only ``torch.load(..., weights_only=True)`` is ever used: a file that needs code to unpickle is refused.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from .factory import CheckpointError
+from .latent_lm import (
+    END_LATENT,
+    LATENT,
+    START_LATENT,
+    LatentLM,
+    LatentSettings,
+    init_new_embeddings,
+    input_embedding_weight,
+    load_tokenizer,
+)
+
+#: the order in which Coconut's run.py adds its latent tokens to the tokenizer (it fixes their ids)
+OFFICIAL_TOKEN_ORDER = (START_LATENT, END_LATENT, LATENT)
+#: prefix of every base-model key in a state dict of the official ``Coconut`` module
+WRAPPER_PREFIX = "base_causallm."
+#: the wrapper's own key: ``Coconut.embedding`` is the base model's input embedding, saved twice
+WRAPPER_EMBEDDING = "embedding.weight"
+#: Coconut's run.py initialises the latent rows with this token's row
+INIT_TOKEN = "<<"
+#: buffers that older transformers versions saved in state dicts and that are constants, not weights
+LEGACY_BUFFERS = re.compile(r"(\.attn|\.crossattention)\.(masked_)?bias$|rotary_emb\.inv_freq$")
+
+
+def _error(msg: str) -> CheckpointError:
+    return CheckpointError(" ".join(msg.split()))
+
+
+def _few(keys: list[str], n: int = 4) -> str:
+    shown = ", ".join(keys[:n])
+    return shown + (f", ... ({len(keys)} in all)" if len(keys) > n else "")
+
+
+def read_state_dict(ckpt: Path) -> dict[str, Tensor]:
+    """``torch.load(weights_only=True)`` of a flat ``{name: tensor}`` dict; anything else is a CheckpointError."""
+    if not ckpt.is_file():
+        raise _error(f"Coconut checkpoint not found: {ckpt}")
+    try:
+        obj = torch.load(ckpt, map_location="cpu", weights_only=True)
+    except Exception as e:  # every failure to read is one line for the user
+        if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
+            found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+            what = f" (it references {found.group(1)})" if found else ""
+            raise _error(
+                f"{ckpt}: refused: it holds pickled objects other than tensors{what}; only plain tensor state "
+                "dicts are imported (torch.load weights_only=True), no code from the file is run"
+            ) from None
+        raise _error(f"{ckpt}: not a readable torch checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(obj, dict) or not obj:
+        raise _error(f"{ckpt}: expected a state dict (name -> tensor), found {type(obj).__name__}")
+    bad = [f"{k!r}: {type(v).__name__}" for k, v in obj.items() if not isinstance(k, str) or not isinstance(v, Tensor)]
+    if bad:
+        raise _error(f"{ckpt}: expected a state dict (name -> tensor), found non-tensor entries {_few(bad)}")
+    return obj
+
+
+def unwrap(sd: dict[str, Tensor], ckpt: Path) -> tuple[dict[str, Tensor], bool, Tensor | None]:
+    """The base model's state dict, whether it came in the official wrapper, and the wrapper's
+    ``embedding.weight`` (None for a plain state dict)."""
+    keys = list(sd)
+    wrapped = [k for k in keys if k.startswith(WRAPPER_PREFIX)]
+    if not wrapped:
+        if WRAPPER_EMBEDDING in sd:
+            raise _error(f"{ckpt}: has {WRAPPER_EMBEDDING!r} but no {WRAPPER_PREFIX}* keys (keys: {_few(keys)})")
+        return dict(sd), False, None
+    others = [k for k in keys if not k.startswith(WRAPPER_PREFIX) and k != WRAPPER_EMBEDDING]
+    if others:
+        raise _error(
+            f"{ckpt}: neither the official Coconut layout ({WRAPPER_PREFIX}* keys) nor a plain state dict: "
+            f"found both {WRAPPER_PREFIX}* keys and {_few(others)}"
+        )
+    inner = {k[len(WRAPPER_PREFIX) :]: v for k, v in sd.items() if k.startswith(WRAPPER_PREFIX)}
+    return inner, True, sd.get(WRAPPER_EMBEDDING)
+
+
+def coconut_settings(
+    c_thought: int, n_latent: int | None, stage: int | None, max_latent_stage: int | None
+) -> LatentSettings:
+    """Settings of a final-stage Coconut checkpoint: ``n_latent = c_thought * max_latent_stage`` unless given,
+    ``stage = max_latent_stage + 1`` (the first stage with every step latent) unless given."""
+    if c_thought < 1:
+        raise _error(f"c_thought must be >= 1, got {c_thought}")
+    if max_latent_stage is not None and max_latent_stage < 0:
+        raise _error(f"max_latent_stage must be >= 0, got {max_latent_stage}")
+    if n_latent is None:
+        if max_latent_stage is None:
+            raise _error("give max_latent_stage (n_latent = c_thought * max_latent_stage) or n_latent")
+        n_latent = c_thought * max_latent_stage
+    if n_latent < 0:
+        raise _error(f"n_latent must be >= 0, got {n_latent}")
+    if stage is None:
+        if max_latent_stage is None:
+            if n_latent % c_thought:
+                raise _error(f"give stage: n_latent {n_latent} is not a multiple of c_thought {c_thought}")
+            max_latent_stage = n_latent // c_thought
+        stage = max_latent_stage + 1
+    if stage < 0:
+        raise _error(f"stage must be >= 0, got {stage}")
+    return LatentSettings(mode="coconut", c_thought=c_thought, stage=stage, n_latent=n_latent)
+
+
+def choose_settings(
+    ckpt: Path, cot: bool, c_thought: int, n_latent: int | None, stage: int | None, max_latent_stage: int | None
+) -> LatentSettings:
+    """Coconut settings (:func:`coconut_settings`), or mode ``cot`` at stage 0 for a CoT-stage checkpoint."""
+    if not cot:
+        return coconut_settings(c_thought, n_latent, stage, max_latent_stage)
+    if c_thought < 1:
+        raise _error(f"c_thought must be >= 1, got {c_thought}")
+    if (n_latent, stage, max_latent_stage) != (None, None, None):
+        raise _error(
+            f"{ckpt} has no latent-token rows: a CoT-stage checkpoint (Coconut's stage 0), imported as mode "
+            "cot; leave out n_latent / stage / max_latent_stage"
+        )
+    return LatentSettings(mode="cot", c_thought=c_thought, stage=0, n_latent=0)
+
+
+def build_base(base: str, trust_remote_code: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, list[str]]:
+    """An untrained model of ``base``'s architecture (config only), its tokenizer with the Coconut tokens added,
+    and the tokens that were added (all three for a plain base model)."""
+    try:
+        config = AutoConfig.from_pretrained(base, trust_remote_code=trust_remote_code)
+        tokenizer = load_tokenizer(base, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise _error(f"cannot load the base model's config and tokenizer from {base!r}: {e}") from None
+    model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    added = [t for t in OFFICIAL_TOKEN_ORDER if t not in tokenizer.get_vocab()]
+    for token in added:  # one at a time, in run.py's order: the ids come out the same
+        tokenizer.add_tokens([token], special_tokens=True)
+    if tokenizer.pad_token is None:  # run.py and dgrpo both pad with EOS
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer, added
+
+
+def param_key(model: nn.Module, module: nn.Module) -> str:
+    """The state-dict key of ``module.weight`` inside ``model``."""
+    name = next(n for n, m in model.named_modules() if m is module)
+    return f"{name}.weight" if name else "weight"
+
+
+def fit_state_dict(model: PreTrainedModel, sd: dict[str, Tensor], wrapper_emb: Tensor | None) -> dict[str, Tensor]:
+    """Drop constant buffers, restore a tied output embedding, check keys and shapes against ``model``."""
+    expected = model.state_dict()
+    emb_key = param_key(model, model.get_input_embeddings())
+    if wrapper_emb is not None and emb_key in sd and not torch.equal(wrapper_emb, sd[emb_key]):
+        raise _error(f"{WRAPPER_EMBEDDING} differs from {WRAPPER_PREFIX}{emb_key} (they are one tensor in Coconut)")
+    derived = {n for n, _ in model.named_buffers()} - set(expected)
+    sd = {k: v for k, v in sd.items() if k in expected or not (k in derived or LEGACY_BUFFERS.search(k))}
+    out_emb = model.get_output_embeddings()
+    if out_emb is not None and out_emb.weight is model.get_input_embeddings().weight:
+        out_key = param_key(model, out_emb)
+        if out_key not in sd and emb_key in sd:
+            sd[out_key] = sd[emb_key]
+        elif out_key in sd and emb_key in sd and not torch.equal(sd[out_key], sd[emb_key]):
+            raise _error(f"{out_key} differs from {emb_key}, but the base model ties them")
+    missing = [k for k in expected if k not in sd]
+    unexpected = [k for k in sd if k not in expected]
+    if missing or unexpected:
+        parts = [f"missing {_few(missing)}" if missing else "", f"unexpected {_few(unexpected)}" if unexpected else ""]
+        raise _error(f"the checkpoint does not fit the base model: {'; '.join(p for p in parts if p)}")
+    wrong = [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items() if sd[k].shape != v.shape]
+    if wrong:
+        raise _error(f"the checkpoint does not fit the base model: wrong shapes (checkpoint vs base) {_few(wrong)}")
+    return sd
+
+
+def init_latent_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tokens: list[str]) -> None:
+    """Embedding rows for ``tokens`` (new latent tokens of a CoT checkpoint) as Coconut's run.py makes them: copies
+    of ``<<``'s row (dgrpo's mean rule when the tokenizer has no ``<<``); rows added past the end get the mean."""
+    n_old = input_embedding_weight(model).shape[0]
+    if len(tokenizer) > n_old:
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+        init_new_embeddings(model, n_old)
+    vocab = tokenizer.get_vocab()
+    src = vocab.get(INIT_TOKEN)
+    with torch.no_grad():
+        weights = {input_embedding_weight(model).data_ptr(): input_embedding_weight(model)}
+        out = model.get_output_embeddings()
+        if out is not None:
+            weights.setdefault(out.weight.data_ptr(), out.weight)
+        for w in weights.values():
+            fill = w[src] if src is not None and src < n_old else w[:n_old].mean(0)
+            for token in tokens:
+                w[vocab[token]] = fill
+
+
+def import_coconut(
+    ckpt: Path,
+    base: str,
+    out: Path,
+    *,
+    c_thought: int,
+    n_latent: int | None = None,
+    stage: int | None = None,
+    max_latent_stage: int | None = None,
+    trust_remote_code: bool = False,
+) -> Path:
+    """Write ``out``, a dgrpo checkpoint directory, from the official Coconut checkpoint ``ckpt`` over ``base``.
+
+    ``base`` is the hub id or local directory the Coconut run started from (its ``model_id``); only its config
+    and tokenizer are read. A Coconut-stage checkpoint gets ``LatentSettings(mode="coconut", c_thought, stage,
+    n_latent)`` (see :func:`coconut_settings`); a CoT-stage checkpoint (no latent-token rows) is imported as
+    ``mode="cot"``, its latent rows initialised as run.py does, and takes no ``n_latent`` / ``stage`` /
+    ``max_latent_stage``. Every problem is a one-line :class:`CheckpointError`; nothing is written then.
+    """
+    ckpt, out = Path(ckpt), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise _error(f"output directory {out} exists and is not empty")
+    sd, wrapped, wrapper_emb = unwrap(read_state_dict(ckpt), ckpt)
+    model, tokenizer, added = build_base(base, trust_remote_code)
+    emb_key = param_key(model, model.get_input_embeddings())
+    if emb_key not in sd:
+        raise _error(f"{ckpt}: no input embedding {emb_key!r} for the base model of {base!r} (keys: {_few(list(sd))})")
+    rows, base_rows = sd[emb_key].shape[0], input_embedding_weight(model).shape[0]
+    # run.py's CoT stage saves the plain base model, never resized; every Coconut stage has the latent rows
+    cot = not wrapped and bool(added) and rows == base_rows
+    latent_ids = [tokenizer.get_vocab()[t] for t in OFFICIAL_TOKEN_ORDER]
+    if not cot and max(latent_ids) >= rows:
+        raise _error(f"{ckpt}: its {rows} embedding rows lack the latent tokens (ids {latent_ids} in the tokenizer)")
+    settings = choose_settings(ckpt, cot, c_thought, n_latent, stage, max_latent_stage)
+    if sd[emb_key].is_floating_point():
+        nn.Module.to(model, sd[emb_key].dtype)  # the checkpoint dtype (PreTrainedModel.to has narrower stubs)
+    if base_rows != rows:
+        model.resize_token_embeddings(rows, mean_resizing=False)
+    model.load_state_dict(fit_state_dict(model, sd, wrapper_emb), strict=True)
+    if cot:
+        init_latent_rows(model, tokenizer, added)
+    n_rows = input_embedding_weight(model).shape[0]
+    lm = LatentLM(model, tokenizer, settings)
+    if input_embedding_weight(lm.model).shape[0] != n_rows:  # LatentLM found a marker missing: a bug here
+        raise _error("internal error: LatentLM added latent tokens to the converted tokenizer")
+    lm.save_pretrained(out)
+    return out
+
+
+__all__ = ["OFFICIAL_TOKEN_ORDER", "coconut_settings", "import_coconut", "read_state_dict"]

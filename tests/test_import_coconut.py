@@ -1,0 +1,259 @@
+"""``dgrpo import-coconut``: a tiny GPT-2 checkpoint laid out like the official Coconut code's (github.com/
+facebookresearch/coconut, run.py + coconut.py) converts to a dgrpo checkpoint that computes what Coconut computes;
+unsafe or malformed files are refused with one line and exit code 2."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from transformers import GPT2LMHeadModel
+
+from dgrpo.model.coconut_import import import_coconut
+from dgrpo.model.latent_lm import LATENT_CONFIG_FILE, LatentLM, LatentSettings
+from dgrpo.model.reference import uncached_target_logprobs
+from dgrpo.model.tiny import build_tiny_model, tiny_config
+
+TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 64}
+#: run.py's order: tokenizer.add_tokens one at a time, start, end, latent
+OFFICIAL_ORDER = ["<|start-latent|>", "<|end-latent|>", "<|latent|>"]
+
+
+class CoconutLike(nn.Module):
+    """What coconut.py's ``Coconut`` registers: the base LM as ``base_causallm`` and its input embedding again."""
+
+    def __init__(self, base: GPT2LMHeadModel):
+        super().__init__()
+        self.base_causallm = base
+        self.embedding = base.transformer.get_input_embeddings()
+
+
+def _touch(path: str) -> None:
+    Path(path).write_text("executed")
+
+
+class Payload:
+    """Unpickling this runs code: it creates the marker file."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (_touch, (self.marker,))
+
+
+@pytest.fixture(scope="module")
+def official(tmp_path_factory, tokenizer):
+    """(base dir, the official checkpoint file, its unprefixed state dict, the official tokenizer, base vocab)."""
+    root = tmp_path_factory.mktemp("coconut")
+    base_tok = copy.deepcopy(tokenizer)
+    n_base = len(base_tok)
+    base = root / "base"
+    base_tok.save_pretrained(base)
+    tiny_config("gpt2", n_base, **TINY).save_pretrained(base)
+    model = build_tiny_model("gpt2", n_base, seed=3, **TINY)
+    tok = copy.deepcopy(tokenizer)
+    for t in OFFICIAL_ORDER:
+        tok.add_tokens(t)  # as run.py does (not special)
+    model.resize_token_embeddings(len(tok))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # "trained" latent rows, distinct from every other row
+        emb = model.get_input_embeddings().weight
+        emb[n_base:] = torch.randn(3, emb.shape[1], generator=gen)
+        for p in model.parameters():  # and weights far from GPT-2's tiny init, so the comparison has teeth
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    wrapped = CoconutLike(model).state_dict()
+    assert "embedding.weight" in wrapped and all(
+        k.startswith("base_causallm.") for k in wrapped if k != "embedding.weight"
+    )
+    ckpt = root / "checkpoint_15"
+    torch.save(wrapped, ckpt)
+    plain = {k: v.clone() for k, v in model.state_dict().items()}
+    return base, ckpt, plain, tok, n_base
+
+
+def saved(tmp_path, name, sd) -> Path:
+    path = tmp_path / name
+    torch.save(sd, path)
+    return path
+
+
+def coconut_reference(weights, n_vocab, q_ids, n_latent, end_id, target_ids):
+    """log p(target) the Coconut way, from the original weights in a plain GPT-2: embed the question (ending in
+    <|start-latent|>), then each latent position gets the last hidden state of a full forward over everything
+    before it, then <|end-latent|> and the teacher-forced answer."""
+    model = GPT2LMHeadModel(tiny_config("gpt2", n_vocab, **TINY)).eval()
+    model.load_state_dict(weights, strict=True)
+    emb = model.get_input_embeddings()
+    seq = list(emb(torch.tensor(q_ids)))
+    for _ in range(n_latent):
+        out = model(inputs_embeds=torch.stack(seq)[None], output_hidden_states=True)
+        seq.append(out.hidden_states[-1][0, -1])
+    seq += list(emb(torch.tensor([end_id] + target_ids[:-1])))
+    logits = model(inputs_embeds=torch.stack(seq)[None]).logits[0, len(q_ids) + n_latent :]
+    return logits.log_softmax(-1).gather(-1, torch.tensor(target_ids)[:, None]).squeeze(-1)
+
+
+def assert_same_weights(lm: LatentLM, plain: dict) -> None:
+    got = lm.model.state_dict()
+    for k, v in plain.items():
+        assert torch.equal(got[k], v), k
+
+
+def test_official_checkpoint_converts_and_computes_what_coconut_computes(official, tmp_path, task_records):
+    base, ckpt, plain, tok, n_base = official
+    out = import_coconut(ckpt, str(base), tmp_path / "out", c_thought=2, max_latent_stage=3)
+    assert json.loads((out / LATENT_CONFIG_FILE).read_text()) == {
+        "mode": "coconut",
+        "c_thought": 2,
+        "stage": 4,
+        "n_latent": 6,
+    }
+    lm = LatentLM.from_pretrained(out).eval()
+    assert len(lm.tokenizer) == n_base + 3 and lm.model.get_input_embeddings().weight.shape[0] == n_base + 3
+    assert (lm.start_id, lm.end_id, lm.latent_id) == tuple(tok.convert_tokens_to_ids(OFFICIAL_ORDER))
+    assert (lm.pad_id, lm.eos_id) == (tok.pad_token_id, tok.eos_token_id)
+    assert_same_weights(lm, plain)  # the latent rows included: nothing re-initialised
+    assert lm.settings == LatentSettings(mode="coconut", c_thought=2, stage=4, n_latent=6)
+
+    recs = task_records[:3]
+    questions = [r.question if i else r.question[:30] for i, r in enumerate(recs)]  # ragged: left padding
+    targets = ["\n".join(r.steps) + "\n#### " + r.answer for r in recs]
+    ids, mask = lm.encode_questions(questions)
+    tg, tm = lm.encode_targets(targets)
+    n_lat = lm.settings.n_latent
+    with torch.no_grad():
+        cached, _ = lm.target_logprobs(ids, mask, n_lat, tg, tm)
+        uncached, _ = uncached_target_logprobs(lm, ids, mask, n_lat, tg, tm)
+        assert torch.allclose(cached, uncached, atol=1e-5), (cached - uncached).abs().max()
+        for i, (q, t) in enumerate(zip(questions, targets)):
+            q_ids = tok(q + "\n", add_special_tokens=False)["input_ids"] + [
+                tok.convert_tokens_to_ids(OFFICIAL_ORDER[0])
+            ]
+            t_ids = tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            assert ids[i, mask[i].bool()].tolist() == q_ids and tg[i, tm[i].bool()].tolist() == t_ids
+            ref = coconut_reference(plain, len(tok), q_ids, n_lat, tok.convert_tokens_to_ids(OFFICIAL_ORDER[1]), t_ids)
+            got = cached[i, : len(t_ids)]
+            assert torch.allclose(got, ref, atol=1e-5), (got - ref).abs().max()
+
+
+def test_cli_imports_the_official_layout(official, tmp_path, run_cli):
+    base, ckpt, plain, _, _ = official
+    out = tmp_path / "gsm"
+    r = run_cli("import-coconut", ckpt, "--base", base, "--c-thought", 2, "--max-latent-stage", 3, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert str(out) in r.stdout and '"n_latent": 6' in r.stdout and '"stage": 4' in r.stdout
+    lm = LatentLM.from_pretrained(out)
+    assert_same_weights(lm, plain)
+    r = run_cli("import-coconut", ckpt, "--base", base, "--c-thought", 2, "--n-latent", 4, "--out", tmp_path / "t4")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "t4" / LATENT_CONFIG_FILE).read_text())["n_latent"] == 4
+
+
+@pytest.mark.parametrize("variant", ["plain", "plain_legacy_buffers_untied_key_dropped"])
+def test_plain_state_dict_imports(official, tmp_path, variant):
+    base, _, plain, _, _ = official
+    sd = dict(plain)
+    if variant != "plain":  # an older transformers: constant attention buffers saved; lm_head.weight left out (tied)
+        del sd["lm_head.weight"]
+        for layer in range(TINY["num_layers"]):
+            sd[f"transformer.h.{layer}.attn.bias"] = torch.tril(torch.ones(8, 8, dtype=torch.bool))[None, None]
+            sd[f"transformer.h.{layer}.attn.masked_bias"] = torch.tensor(-1e4)
+    out = import_coconut(saved(tmp_path, "ckpt", sd), str(base), tmp_path / "out", c_thought=1, n_latent=3)
+    lm = LatentLM.from_pretrained(out)
+    assert_same_weights(lm, plain)
+    assert lm.settings == LatentSettings(mode="coconut", c_thought=1, stage=4, n_latent=3)
+
+
+def test_cot_stage_checkpoint_gets_the_latent_rows_run_py_would_make(official, tmp_path, tokenizer):
+    base, _, _, tok, n_base = official
+    cot = build_tiny_model("gpt2", n_base, seed=5, **TINY)  # run.py's CoT stage: the plain model, never resized
+    sd = {k: v.clone() for k, v in cot.state_dict().items()}
+    out = import_coconut(saved(tmp_path, "cot", sd), str(base), tmp_path / "out", c_thought=2)
+    lm = LatentLM.from_pretrained(out)
+    assert lm.settings == LatentSettings(mode="cot", c_thought=2, stage=0, n_latent=0)
+    emb = lm.model.get_input_embeddings().weight
+    assert emb.shape[0] == n_base + 3 and torch.equal(emb[:n_base], sd["transformer.wte.weight"])
+    src = tokenizer.get_vocab()["<<"]
+    for t in OFFICIAL_ORDER:
+        assert torch.equal(emb[tok.convert_tokens_to_ids(t)], emb[src])
+
+
+def test_pickled_code_is_refused_and_never_run(official, tmp_path, run_cli):
+    base = official[0]
+    marker = tmp_path / "executed"
+    bad = saved(tmp_path, "evil.pt", {"x": torch.zeros(1), "payload": Payload(marker)})
+    r = run_cli(
+        "import-coconut", bad, "--base", base, "--c-thought", 2, "--max-latent-stage", 3, "--out", tmp_path / "o"
+    )
+    assert r.returncode == 2
+    assert r.stderr.startswith("dgrpo: error:") and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "refused" in r.stderr and "_touch" in r.stderr
+    assert not marker.exists() and not (tmp_path / "o").exists()
+    # the payload is live: an unsafe load would have run it
+    live = tmp_path / "live"
+    torch.load(saved(tmp_path, "live.pt", {"payload": Payload(live)}), weights_only=False)
+    assert live.exists()
+
+
+def _missing(sd):
+    del sd["base_causallm.transformer.h.1.mlp.c_fc.weight"]
+    return sd, "missing transformer.h.1.mlp.c_fc.weight"
+
+
+def _wrong_shape(sd):
+    sd["base_causallm.transformer.h.0.attn.c_proj.weight"] = torch.zeros(32, 16)
+    return sd, "transformer.h.0.attn.c_proj.weight (32, 16) vs (32, 32)"
+
+
+def _extra(sd):
+    sd["base_causallm.transformer.h.2.ln_1.weight"] = torch.ones(32)
+    return sd, "unexpected transformer.h.2.ln_1.weight"
+
+
+def _training_state(sd):
+    return {"model": sd, "epoch": 3}, "found non-tensor entries 'model': OrderedDict"
+
+
+def _mixed(sd):
+    sd["transformer.wte.weight"] = sd["embedding.weight"]
+    return sd, "found both base_causallm.* keys and transformer.wte.weight"
+
+
+def _not_a_dict(sd):
+    return [sd["embedding.weight"]], "found list"
+
+
+@pytest.mark.parametrize("broken", [_missing, _wrong_shape, _extra, _training_state, _mixed, _not_a_dict])
+def test_malformed_checkpoints_are_one_line_errors(official, tmp_path, run_cli, broken):
+    base, ckpt = official[:2]
+    sd, expect = broken(torch.load(ckpt, weights_only=True))
+    bad = saved(tmp_path, "bad.pt", sd)
+    out = tmp_path / "o"
+    r = run_cli("import-coconut", bad, "--base", base, "--c-thought", 2, "--max-latent-stage", 3, "--out", out)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert expect in r.stderr, r.stderr
+    assert not out.exists()
+
+
+def test_argument_errors(official, tmp_path, run_cli):
+    base, ckpt = official[:2]
+    cases = [
+        (["--c-thought", 2], "give max_latent_stage"),
+        (["--c-thought", 2, "--n-latent", 5], "give stage"),
+        (["--c-thought", 0, "--max-latent-stage", 3], "c_thought must be >= 1"),
+    ]
+    for extra, expect in cases:
+        r = run_cli("import-coconut", ckpt, "--base", base, "--out", tmp_path / "o", *extra)
+        assert r.returncode == 2 and expect in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+    r = run_cli("import-coconut", tmp_path / "nope", "--base", base, "--c-thought", 2, "--out", tmp_path / "o")
+    assert r.returncode == 2 and "not found" in r.stderr
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    r = run_cli(
+        "import-coconut", ckpt, "--base", base, "--c-thought", 2, "--max-latent-stage", 3, "--out", tmp_path / "full"
+    )
+    assert r.returncode == 2 and "not empty" in r.stderr
+    assert not (tmp_path / "o").exists()
