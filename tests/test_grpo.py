@@ -118,6 +118,7 @@ def test_mini_epochs_replay_matches_theta_old(sft_checkpoint):
         {"grpo.advantage": "ema", "grpo.group_size": "1", "grpo.filter": "false"},  # REINFORCE + dropout, EMA baseline
         {"perturbation.kind": "none", "grpo.temperature": "1.0"},  # token sampling, no dropout
         {"grpo.replay": "fresh", "grpo.filter": "false"},  # fresh masks at update (CRN ablation)
+    {"grpo.shuffle_rewards": "true", "grpo.filter": "false"},  # the null control
         {"perturbation.kind": "gaussian", "perturbation.sigma": "0.3"},
         {
             "perturbation.kind": "native",
@@ -127,7 +128,7 @@ def test_mini_epochs_replay_matches_theta_old(sft_checkpoint):
             "grpo.filter": "false",
         },
     ],
-    ids=["reinforce-ema", "sampling", "fresh-masks", "gaussian", "native"],
+    ids=["reinforce-ema", "sampling", "fresh-masks", "null-control", "gaussian", "native"],
 )
 def test_ablations_run(sft_checkpoint, over):
     tr = trainer(sft_checkpoint, **over)

@@ -115,3 +115,17 @@ def test_schedules_eq8():
     assert lr_at(110, peak, total, warm) == pytest.approx(0.0, abs=1e-15)
     for s in (0, 5, 10, 60, 100):
         assert beta_at(s, 5e-3, peak, total, warm) == pytest.approx(5e-3 * lr_at(s, peak, total, warm) / peak)
+
+
+def test_shuffle_within_groups_keeps_each_groups_rewards_and_is_seeded():
+    from dgrpo.training.losses import shuffle_within_groups
+
+    r = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.5]])
+    seeds = torch.tensor([3, 4])
+    a, b = shuffle_within_groups(r, seeds), shuffle_within_groups(r, seeds)
+    assert torch.equal(a, b)  # a pure function of the seeds
+    for g in range(2):
+        assert sorted(a[g].tolist()) == sorted(r[g].tolist())  # the same rewards, permuted
+    assert torch.equal(a.mean(-1), r.mean(-1))  # so the filter decides the same
+    moved = [not torch.equal(shuffle_within_groups(r, torch.tensor([s, s]))[0], r[0]) for s in range(20)]
+    assert any(moved) and not all(moved)  # the permutation varies with the seed (the identity is one of them)

@@ -375,6 +375,12 @@ class GRPOConfig:
     filter: bool = opt(True, "drop groups whose accuracy is outside [alpha_min, alpha_max] (inclusive)")
     alpha_min: float = opt(0.20, "group-accuracy filter lower bound")
     alpha_max: float = opt(0.95, "group-accuracy filter upper bound")
+    shuffle_rewards: bool = opt(
+        False,
+        "null control: permute the rewards within each group (a fresh seeded permutation per group and step) "
+        "before the filter and the advantages, so that the update carries no information about which rollout "
+        "was right; everything else is unchanged",
+    )
     replay: ReplayMode = opt(
         "seed",
         "the perturbation at update time: seed (the rollout's own, by mask replay) or "
@@ -439,6 +445,38 @@ class GRPOConfig:
             f"{p}.alpha_min",
             f"alpha_min ({self.alpha_min}) > alpha_max ({self.alpha_max})",
         )
+        _check(
+            not self.shuffle_rewards or (self.advantage != "ema" and self.group_size >= 2),
+            f"{p}.shuffle_rewards",
+            "the null control permutes rewards within groups: it needs group_size >= 2 and a group advantage",
+        )
+
+
+LoggingBackend = Literal["jsonl", "tensorboard", "wandb"]
+
+
+@dataclass
+class LoggingConfig:
+    """Where training metrics go, besides OUT/metrics.jsonl (always written: resuming and `dgrpo plot` read it)."""
+
+    backends: list = opt(
+        ["jsonl"],
+        "metric sinks, any of: jsonl (OUT/metrics.jsonl, always on), tensorboard (OUT/tb; needs the tensorboard "
+        "package), wandb (Weights & Biases; needs the wandb package; WANDB_MODE=offline logs without network)",
+    )
+    project: str = opt("dgrpo", "W&B project")
+    entity: str = opt("", "W&B entity (team or user; '' = your default)")
+    run_name: str = opt("", "the run's name in W&B and TensorBoard ('' = the name of the output directory)")
+
+    def validate(self, p: str = "logging") -> None:
+        """Known backends only."""
+        known = typing.get_args(LoggingBackend)
+        bad = [b for b in self.backends if b not in known]
+        _check(
+            not bad,
+            f"{p}.backends",
+            f"unknown backend(s) {', '.join(map(str, bad))}; expected any of {', '.join(known)}",
+        )
 
 
 @dataclass
@@ -461,6 +499,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     perturbation: PerturbationConfig = field(default_factory=PerturbationConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def validate(self) -> Config:
         """Check every section and the top-level options; returns ``self``."""

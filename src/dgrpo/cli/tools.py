@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any
 
@@ -56,7 +57,7 @@ def register(sub: Any) -> None:
         nargs="?",
         default=None,
         metavar="SECTION",
-        help="only this section: model, task, data, sft, eval, perturbation or grpo",
+        help="only this section: model, task, data, sft, eval, perturbation, grpo or logging",
     )
     add_config_options(q, "grpo.lr=2e-5")
     q.set_defaults(func=run_config_show)
@@ -81,11 +82,8 @@ def run_data_inspect(args: argparse.Namespace) -> int:
 def run_config_show(args: argparse.Namespace) -> int:
     from ..config import Config, ConfigError, describe, load_config, to_dict
 
-    sections = [
-        f.name
-        for f in Config.__dataclass_fields__.values()
-        if f.name in ("model", "task", "data", "sft", "eval", "perturbation", "grpo")
-    ]
+    defaults = Config()
+    sections = [f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(getattr(defaults, f.name))]
     if args.section is not None and args.section not in sections:
         raise ConfigError(f"config show: unknown section {args.section!r}; expected one of {', '.join(sections)}")
     if args.config or args.overrides:

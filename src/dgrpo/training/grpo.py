@@ -43,6 +43,7 @@ from .losses import (
     group_advantages,
     group_filter,
     grpo_objective,
+    shuffle_within_groups,
 )
 from .rollouts import Rollouts, collect_rollouts, replay_logprobs
 from .run import NonFiniteGuard, RunDir, sharded_accuracy
@@ -175,6 +176,11 @@ class GRPOTrainer:
             generator=self.sample_gen,
         )
         t_roll = time.time() - t0
+        if g.shuffle_rewards:  # the null control: the same rewards, assigned to rollouts at random within groups
+            group0 = self.row0 // K
+            ro.rewards = shuffle_within_groups(
+                ro.rewards, seeds_for(cfg.seed, step, 0, group0 + len(prompts), "null")[group0:]
+            )
         # 2-3. filter (agreed over ranks before any backward) and advantages
         keep, adv = self._filter_and_advantages(ro.rewards)
         rows = keep.repeat_interleave(K).nonzero().flatten()

@@ -47,6 +47,17 @@ def ema_update(baseline: float, rewards: Tensor, alpha: float) -> float:
     return alpha * baseline + (1 - alpha) * float(rewards.float().mean())
 
 
+def shuffle_within_groups(rewards: Tensor, seeds: Tensor) -> Tensor:
+    """The null control: each group's rewards ``[G, K]`` permuted by a permutation drawn from its own seed
+    (``seeds`` [G]). Group statistics (mean, std, the filter's decision) are unchanged; which rollout gets
+    which reward is noise, so an update on it can only measure the effect of updating at all."""
+    out = torch.empty_like(rewards)
+    for g in range(rewards.shape[0]):
+        perm = torch.randperm(rewards.shape[1], generator=torch.Generator().manual_seed(int(seeds[g])))
+        out[g] = rewards[g, perm]
+    return out
+
+
 # ---------------------------------------------------------------------------------- filter
 def group_filter(rewards: Tensor, alpha_min: float, alpha_max: float) -> Tensor:
     """Keep-mask ``[G]`` of groups whose accuracy mu_r lies in the *closed* window [alpha_min, alpha_max]
