@@ -118,7 +118,7 @@ def test_mini_epochs_replay_matches_theta_old(sft_checkpoint):
         {"grpo.advantage": "ema", "grpo.group_size": "1", "grpo.filter": "false"},  # REINFORCE + dropout, EMA baseline
         {"perturbation.kind": "none", "grpo.temperature": "1.0"},  # token sampling, no dropout
         {"grpo.replay": "fresh", "grpo.filter": "false"},  # fresh masks at update (CRN ablation)
-    {"grpo.shuffle_rewards": "true", "grpo.filter": "false"},  # the null control
+        {"grpo.shuffle_rewards": "true", "grpo.filter": "false"},  # the null control
         {"perturbation.kind": "gaussian", "perturbation.sigma": "0.3"},
         {
             "perturbation.kind": "native",

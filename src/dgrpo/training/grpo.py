@@ -176,13 +176,8 @@ class GRPOTrainer:
             generator=self.sample_gen,
         )
         t_roll = time.time() - t0
-        if g.shuffle_rewards:  # the null control: the same rewards, assigned to rollouts at random within groups
-            group0 = self.row0 // K
-            ro.rewards = shuffle_within_groups(
-                ro.rewards, seeds_for(cfg.seed, step, 0, group0 + len(prompts), "null")[group0:]
-            )
         # 2-3. filter (agreed over ranks before any backward) and advantages
-        keep, adv = self._filter_and_advantages(ro.rewards)
+        keep, adv = self._filter_and_advantages(ro.rewards, step)
         rows = keep.repeat_interleave(K).nonzero().flatten()
         n_kept, n_tok = agree_on_kept(int(rows.numel()), int(ro.mask[rows].sum()) if rows.numel() else 0, dist)
         metrics = self._rollout_metrics(ro, keep)
@@ -207,9 +202,13 @@ class GRPOTrainer:
             metrics["ref_renewed"] = 1
         return metrics
 
-    def _filter_and_advantages(self, rewards: Tensor) -> tuple[Tensor, Tensor]:
+    def _filter_and_advantages(self, rewards: Tensor, step: int) -> tuple[Tensor, Tensor]:
         """(keep-mask over groups [G], advantages [G, K]): the accuracy filter and Dr. GRPO, or the EMA baseline."""
         g = self.cfg.grpo
+        if g.shuffle_rewards:  # the null control: the same rewards, assigned to rollouts at random within groups
+            group0 = self.row0 // g.group_size  # this rank's first global group: seeds independent of the rank count
+            seeds = seeds_for(self.cfg.seed, step, 0, group0 + rewards.shape[0], stream="null")[group0:]
+            rewards = shuffle_within_groups(rewards, seeds)
         every = torch.ones(rewards.shape[0], dtype=torch.bool)
         if g.advantage == "ema":
             return every, ema_advantages(rewards, self.ema_baseline)
