@@ -33,9 +33,9 @@ TEST_SETS = {
 def tokenizer():
     from dgrpo.config import TaskConfig
     from dgrpo.data.synthetic import tokenizer_corpus
-    from dgrpo.data.tokenizer import train_word_tokenizer
+    from dgrpo.data.tokenizer import train_task_tokenizer
 
-    return train_word_tokenizer(tokenizer_corpus(TaskConfig()))
+    return train_task_tokenizer(tokenizer_corpus(TaskConfig()))
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ def test_sft_then_eval_end_to_end(tmp_path):
     for sub in ("stage-0", "stage-1", "final"):
         assert (run / sub / "model.safetensors").exists() and (run / sub / "tokenizer.json").exists()
     latent = json.loads((run / "final" / "latent_config.json").read_text())
-    assert latent == {"mode": "coconut", "c_thought": 1, "stage": 1, "n_latent": 1}
+    assert latent == {"mode": "coconut", "c_thought": 1, "stage": 1, "n_latent": 1, "chat_template": False}
     stage_rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if "eval/valid/accuracy" in x]
     assert [row["stage"] for row in stage_rows] == [0, 1]
     ev = tmp_path / "ev"

@@ -304,7 +304,7 @@ def test_packaged_configs_are_the_folder():
 
 
 PAPER_ABLATIONS = {
-    "grpo_deterministic": {"perturbation.kind": "none"},
+    "grpo_deterministic": {"perturbation.kind": "none", "grpo.max_skip_streak": 0},
     "grpo_sampling": {"perturbation.kind": "none", "grpo.temperature": 1.0},
     "grpo_fresh_masks": {"grpo.replay": "fresh"},
     "grpo_native": {"perturbation.kind": "native"},
@@ -327,7 +327,7 @@ def test_paper_ablation_differs_from_the_recipe_in_its_keys_only(name):
 BUILTIN_ARMS = {
     "dropout_grpo": {},
     "sft": {},
-    "grpo_deterministic": {"perturbation.kind": "none"},
+    "grpo_deterministic": {"perturbation.kind": "none", "grpo.max_skip_streak": 0},
     "grpo_sampling": {"perturbation.kind": "none", "grpo.temperature": 1.0},
     "grpo_fresh_masks": {"grpo.replay": "fresh"},
     "reinforce_ema": {

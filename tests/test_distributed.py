@@ -262,7 +262,8 @@ def _worker_parity(out: Path, args: dict) -> None:
     """One GRPO step with SGD on 2 ranks; rank 0 saves the full weights (gathered under FSDP2)."""
     from dgrpo.data.synthetic import generate_split
     from dgrpo.model.latent_lm import LatentLM
-    from dgrpo.training.distributed import Dist, consolidate_checkpoint
+    from dgrpo.training.consolidate import consolidate_checkpoint
+    from dgrpo.training.distributed import Dist
     from dgrpo.training.grpo import GRPOTrainer
 
     from conftest import tiny_config

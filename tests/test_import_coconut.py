@@ -110,6 +110,7 @@ def test_official_checkpoint_converts_and_computes_what_coconut_computes(officia
         "c_thought": 2,
         "stage": 4,
         "n_latent": 6,
+        "chat_template": False,
     }
     lm = LatentLM.from_pretrained(out).eval()
     assert len(lm.tokenizer) == n_base + 3 and lm.model.get_input_embeddings().weight.shape[0] == n_base + 3

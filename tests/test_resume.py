@@ -92,7 +92,8 @@ def test_crash_while_writing_a_checkpoint_falls_back(sft_checkpoint, reference_r
     r = run(sft_checkpoint, out, env={"DGRPO_TEST_CRASH_IN_CHECKPOINT": "3"})
     assert r.returncode == -signal.SIGKILL
     names = sorted(p.name for p in (out / "checkpoints").iterdir())
-    assert names == [".tmp-step-00000003", "step-00000001", "step-00000002"]  # the half-written one is not a checkpoint
+    assert names[1:] == ["step-00000001", "step-00000002"]  # the half-written one is not a checkpoint
+    assert names[0].startswith(".tmp-step-00000003-")
     r = run(sft_checkpoint, out)
     assert r.returncode == 0, r.stderr[-2000:]
     assert_same_run(reference_run, out)
@@ -186,3 +187,125 @@ def test_sft_killed_across_a_stage_boundary_resumes_bit_identical(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
     strip = lambda p: [{k: v for k, v in json.loads(x).items() if k != "time_s"} for x in p.read_text().splitlines()]  # noqa: E731
     assert strip(ref / "metrics.jsonl") == strip(out / "metrics.jsonl")
+
+
+def _damage_newest(out, how):
+    """Damage the newest checkpoint and rewrite its manifest to match (as if dgrpo had written it that way)."""
+    from dgrpo.model.verified import write_manifest
+
+    newest = sorted((out / "checkpoints").glob("step-*"))[-1]
+    how(newest)
+    write_manifest(newest)
+    return newest
+
+
+def _kill_after_checkpoint(ckpt, out, step):
+    p = subprocess.Popen(cmd(ckpt, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not (out / "checkpoints" / f"step-{step:08d}").exists():
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["dropped-tensor", "truncated-weights", "pickled-optimizer", "wrong-shape"])
+def test_a_damaged_newest_checkpoint_is_reported_and_the_previous_one_resumed(
+    sft_checkpoint, reference_run, tmp_path, damage
+):
+    """Strict loading: the newest checkpoint (its manifest matching the damage) fails to load in one reported line,
+    the previous one is resumed, and the run ends bit-identical to the uninterrupted one."""
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path / damage
+    _kill_after_checkpoint(sft_checkpoint, out, 4)
+
+    def apply(ckpt):
+        weights = ckpt / "model" / "model.safetensors"
+        if damage in ("dropped-tensor", "wrong-shape"):
+            state = load_file(str(weights))
+            key = sorted(k for k in state if "mlp" in k)[0]
+            if damage == "dropped-tensor":
+                state.pop(key)
+            else:
+                state[key] = torch.zeros(2, 2)
+            save_file(state, str(weights), metadata={"format": "pt"})
+        elif damage == "truncated-weights":
+            weights.write_bytes(weights.read_bytes()[:1000])
+        else:  # an optimizer file that only unpickling code could read
+
+            class Evil:
+                def __reduce__(self):
+                    return (os.system, ("true",))
+
+            torch.save({"state": Evil(), "param_groups": []}, ckpt / "optimizer.pt")
+
+    newest = _damage_newest(out, apply)
+    r = run(sft_checkpoint, out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = [line for line in (r.stdout + r.stderr).splitlines() if f"skipping checkpoint {newest}" in line]
+    assert len(said) == 1 and "weights_only=False" not in said[0], r.stdout + r.stderr
+    assert_same_run(reference_run, out)
+
+
+@pytest.mark.slow
+def test_final_is_written_atomically_under_sigkill(sft_checkpoint, reference_run, tmp_path, run_cli):
+    """Killed while final/ is published: no final/ (only a hidden temporary directory), eval says so in one line,
+    and rerunning the command completes the run, bit-identical."""
+    out = tmp_path / "killed"
+    r = run(sft_checkpoint, out, env={"DGRPO_TEST_CRASH_BEFORE_PUBLISH": "final"})
+    assert r.returncode == -signal.SIGKILL
+    assert not (out / "final").exists() and any(p.name.startswith(".tmp-final-") for p in out.iterdir())
+    r2 = run_cli("eval", "--model", out, "--data", "builtin:test", "--out", tmp_path / "ev")
+    assert r2.returncode == 2 and "holds no model checkpoint" in r2.stderr
+    r = run(sft_checkpoint, out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert_same_run(reference_run, out)
+    from dgrpo.model.verified import verify
+
+    assert verify(out / "final") is None
+    data = bytearray((out / "final" / "model.safetensors").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (out / "final" / "model.safetensors").write_bytes(bytes(data))
+    r2 = run_cli("eval", "--model", out, "--data", "builtin:test", "--out", tmp_path / "ev")
+    assert r2.returncode == 2 and "checksum mismatch in model.safetensors" in r2.stderr
+
+
+@pytest.mark.slow
+def test_killing_the_torchrun_launcher_stops_the_workers(sft_checkpoint, tmp_path):
+    """Workers ask the kernel for SIGTERM when their launcher dies (PR_SET_PDEATHSIG): kill -9 torchrun, and
+    no worker is left running."""
+    out = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "dgrpo",
+            "grpo",
+            "--init",
+            str(sft_checkpoint),
+            "--out",
+            str(out),
+            *tiny_args(**{"grpo.steps": 1000, "threads": 1}),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    deadline = time.time() + 180
+    while not (out / "metrics.jsonl").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    workers = [
+        int(p)
+        for p in subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
+    ]
+    assert len(workers) == 2
+    launcher.kill()
+    launcher.wait()
+    deadline = time.time() + 60
+    while any(os.path.exists(f"/proc/{w}") and "zombie" not in open(f"/proc/{w}/status").read() for w in workers):
+        assert time.time() < deadline, "workers still running after their launcher died"
+        time.sleep(0.2)

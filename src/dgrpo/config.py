@@ -192,10 +192,27 @@ class DataConfig:
     max_question_tokens: int = opt(256, "questions longer than this are truncated from the left")
     max_target_tokens: int = opt(256, "steps + answer longer than this are truncated")
     eval_limit: int = opt(500, "evaluate at most this many records of data.valid during training (0 = all)")
+    question_key: str = opt(
+        "", "column holding the question, for files whose keys are not a known format ('' = detect the format)"
+    )
+    answer_key: str = opt("", "column holding the gold answer (with question_key)")
+    steps_key: str = opt(
+        "", "column holding the reasoning steps: a list of strings, or one string split on newlines ('' = none)"
+    )
+    chat_template: bool = opt(
+        False,
+        "wrap each question in the tokenizer's chat template (instruction-tuned backbones) before the latent "
+        "markers; saved with the checkpoint (latent_config.json), so eval and GRPO prompt the same way",
+    )
 
     def validate(self, p: str = "data") -> None:
         """Range checks of the data section."""
         _check(bool(self.train), f"{p}.train", "must name a dataset")
+        _check(
+            bool(self.question_key) == bool(self.answer_key),
+            f"{p}.answer_key" if self.question_key else f"{p}.question_key",
+            "question_key and answer_key go together",
+        )
         _positive(self, p, "max_question_tokens", "max_target_tokens")
         _at_least(self, p, 0, "eval_limit")
 
@@ -271,6 +288,13 @@ class EvalConfig:
     limit: int = opt(0, "evaluate at most this many records (0 = all)")
     shots: int = opt(0, "plain causal LM only: number of worked examples in the chain-of-thought prompt")
     plain: bool = opt(False, "evaluate as a plain causal LM (no latents, CoT prompt): the base-model rows of Table 1")
+    scorer: str = opt(
+        "numeric",
+        "what counts as correct, for eval and (unless grpo.reward is set) the GRPO reward: numeric (the final "
+        "number equals the gold number), exact (the final answer text equals the gold, normalised), choice (a "
+        "letter A-E), or a plug-in 'package.module:function' / 'path/to/file.py:function' (batched: "
+        "(completions, records) -> 1.0 / 0.0 per completion)",
+    )
 
     def validate(self, p: str = "eval") -> None:
         """Range checks of the eval section."""
@@ -375,6 +399,25 @@ class GRPOConfig:
     filter: bool = opt(True, "drop groups whose accuracy is outside [alpha_min, alpha_max] (inclusive)")
     alpha_min: float = opt(0.20, "group-accuracy filter lower bound")
     alpha_max: float = opt(0.95, "group-accuracy filter upper bound")
+    reward: str = opt(
+        "",
+        "the reward: '' = eval.scorer (1 when correct, else 0), or a plug-in 'package.module:function' / "
+        "'path/to/file.py:function': batched (completions, records) -> one finite float per completion",
+    )
+    rewards: list = opt(
+        [],
+        "several rewards, weighted (replaces grpo.reward): a list of {fn: <plug-in or scorer>, weight: 1.0, name: "
+        "<optional>}; the reward is the weighted sum; metrics log each one's mean as reward/<name>",
+    )
+    filter_reward: str = opt(
+        "",
+        "the reward the accuracy filter's window applies to: '' = the total reward, or the name of one of "
+        "grpo.rewards (e.g. a 0/1 correctness reward); its values must lie in [0, 1] when grpo.filter is on",
+    )
+    log_rollouts: int = opt(
+        0,
+        "write the first N rollouts of each step (prompt, completion, reward) to OUT/rollouts.jsonl (0 = none)",
+    )
     shuffle_rewards: bool = opt(
         False,
         "null control: permute the rewards within each group (a fresh seeded permutation per group and step) "
@@ -396,6 +439,11 @@ class GRPOConfig:
     )
     keep_last: int = opt(2, "resumable checkpoints kept in OUT/checkpoints")
     max_nonfinite: int = opt(5, "stop (after saving) when this many steps in a row had a non-finite loss or gradient")
+    max_skip_streak: int = opt(
+        100,
+        "stop (after saving) when this many steps in a row skipped the update because every group was filtered out "
+        "(no update is then happening; the log warns from 10 on); 0 = never stop (the deterministic ablation)",
+    )
 
     def validate(self, p: str = "grpo") -> None:
         """Range checks of the GRPO section and the relations between its options."""
@@ -426,6 +474,8 @@ class GRPOConfig:
             "ref_renewal_every",
             "eval_every",
             "save_every",
+            "max_skip_streak",
+            "log_rollouts",
         )
         if self.advantage == "ema":
             _at_least(self, p, 1, "group_size")
@@ -445,6 +495,15 @@ class GRPOConfig:
             f"{p}.alpha_min",
             f"alpha_min ({self.alpha_min}) > alpha_max ({self.alpha_max})",
         )
+        for j, item in enumerate(self.rewards):
+            ok = isinstance(item, dict) and isinstance(item.get("fn"), str) and set(item) <= {"fn", "weight", "name"}
+            _check(ok, f"{p}.rewards", f"item {j} must be a mapping {{fn: ..., weight: ..., name: ...}}, got {item!r}")
+            w = item.get("weight", 1.0)
+            _check(
+                isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w),
+                f"{p}.rewards",
+                f"item {j}: weight must be a finite number, got {w!r}",
+            )
         _check(
             not self.shuffle_rewards or (self.advantage != "ema" and self.group_size >= 2),
             f"{p}.shuffle_rewards",
@@ -466,7 +525,9 @@ class LoggingConfig:
     )
     project: str = opt("dgrpo", "W&B project")
     entity: str = opt("", "W&B entity (team or user; '' = your default)")
-    run_name: str = opt("", "the run's name in W&B and TensorBoard ('' = the name of the output directory)")
+    run_name: str = opt(
+        "", "the run's name in W&B ('' = the name of the output directory; TensorBoard names runs by folder)"
+    )
 
     def validate(self, p: str = "logging") -> None:
         """Known backends only."""
@@ -484,7 +545,7 @@ class Config:
     """Everything a run reads: the top-level options and one section per stage of the pipeline."""
 
     seed: int = opt(0, "run seed: initialisation, data order, dropout seeds")
-    device: str = opt("auto", "auto, cpu, cuda or cuda:N")
+    device: str = opt("auto", "auto (CUDA when available), cpu, cuda, cuda:N or mps")
     threads: int = opt(0, "torch CPU threads (0 = torch default)")
     fsdp: FSDPMode = opt(
         "none",
@@ -507,6 +568,11 @@ class Config:
             section = getattr(self, f.name)
             if hasattr(section, "validate"):
                 section.validate(f.name)
+        _check(
+            re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device) is not None,
+            "device",
+            f"expected auto, cpu, cuda, cuda:N or mps, got {self.device!r}",
+        )
         _at_least(self, "", 0, "threads")
         return self
 
@@ -646,9 +712,13 @@ def resolve_config_path(name: str | Path, relative_to: Path | None = None) -> Pa
 def _read_yaml(path: Path) -> dict:
     """The mapping a YAML config file holds ({} for a file of comments only)."""
     try:
-        data = yaml.load(path.read_text(), Loader=ConfigLoader)
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=ConfigLoader)
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path}: cannot read it ({e.strerror or e})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -727,11 +797,18 @@ def set_value(cfg: Any, dotted: str, raw: str) -> None:
 
 
 def load_config(
-    cls: type, path: str | Path | list[str | Path] | None = None, overrides: list[str] | None = None
+    cls: type,
+    path: str | Path | list[str | Path] | None = None,
+    overrides: list[str] | None = None,
+    *,
+    start: dict | None = None,
 ) -> Any:
-    """Defaults of ``cls``, then each file (its ``base:`` chain first; several files apply in order), then
-    ``--set key=value``; validated."""
+    """Defaults of ``cls``, then ``start`` (a nested dict of values, e.g. the settings a checkpoint was trained
+    with), then each file (its ``base:`` chain first; several files apply in order), then ``--set key=value``;
+    validated."""
     cfg = cls()
+    if start:
+        _merge(cfg, start, "")
     for file in path if isinstance(path, list) else [path] if path is not None else []:
         merge_file(cfg, file)
     for ov in overrides or []:

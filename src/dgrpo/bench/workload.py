@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from ..config import Config, TaskConfig, set_value
 from ..data.records import Record
 from ..data.synthetic import generate_split, tokenizer_corpus
-from ..data.tokenizer import train_word_tokenizer
+from ..data.tokenizer import train_task_tokenizer
 from ..model.latent_lm import LatentLM
 from ..model.tiny import tiny_config
 
@@ -133,7 +133,7 @@ class Ctx:
 @functools.lru_cache(maxsize=1)
 def task_tokenizer():
 
-    return train_word_tokenizer(tokenizer_corpus(TaskConfig()))
+    return train_task_tokenizer(tokenizer_corpus(TaskConfig()))
 
 
 def task_records(n: int) -> list[Record]:

@@ -44,22 +44,40 @@ def main(argv: list[str] | None = None) -> int:
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ:
+        exit_with_launcher()
     from ..config import ConfigError
     from ..data.records import DataError
+    from ..eval.scoring import RewardError
     from ..model.factory import CheckpointError
-    from ..training.run import NonFiniteError
+    from ..training.run import TrainingStopped
 
     try:
         return int(args.func(args))
-    except (ConfigError, DataError, CheckpointError) as e:
+    except (ConfigError, DataError, CheckpointError, RewardError) as e:
         print(f"dgrpo: error: {e}", file=sys.stderr)
         return 2
-    except NonFiniteError as e:
+    except TrainingStopped as e:
         print(f"dgrpo: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("dgrpo: interrupted", file=sys.stderr)
         return 130
+
+
+def exit_with_launcher() -> None:
+    """Under torchrun: ask Linux to send this worker SIGTERM when its launcher dies (however it dies, SIGKILL
+    included), so that killing ``torchrun`` never leaves workers running (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the README says how to clean up
+        return
+    if os.getppid() == 1:  # the launcher died before the call above: nobody will signal us
+        raise SystemExit("dgrpo: the torchrun launcher is gone; exiting")
 
 
 __all__ = ["build_parser", "main"]

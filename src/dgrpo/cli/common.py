@@ -45,9 +45,14 @@ def subcommand(sub: Any, name: str, help: str, examples: str) -> argparse.Argume
 
 
 def load(args: argparse.Namespace, extra: list[str] | None = None) -> Config:
+    """The command's config; then, when it writes to ``--out``, a one-line error early if it cannot."""
     from ..config import Config, load_config
+    from ..training.run import check_output_path
 
-    return load_config(Config, list(args.config), [*args.overrides, *(extra or [])])
+    cfg = load_config(Config, list(args.config), [*args.overrides, *(extra or [])])
+    if getattr(args, "out", None):
+        check_output_path(Path(args.out))
+    return cfg
 
 
 def seed_everything(seed: int) -> None:
@@ -60,11 +65,14 @@ def seed_everything(seed: int) -> None:
 
 
 def setup(cfg: Config) -> torch.device:
-    """Threads, seeds and the training device of a command."""
+    """Threads, seeds and the training device of a command; transformers' per-file progress bars off (a command
+    has its own progress bars, and its errors must stay one line)."""
     import torch
+    from transformers.utils import logging as hf_logging
 
     from ..model.factory import resolve_device
 
+    hf_logging.disable_progress_bar()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
@@ -83,11 +91,19 @@ def join_processes(cfg: Config, device: torch.device) -> tuple[Dist, torch.devic
     return dist, device
 
 
+def prompt_settings(lm: Any, cfg: Config) -> None:
+    """``data.chat_template: true`` on the command line turns the chat template on for a checkpoint or hub model
+    that was not trained with it (a checkpoint trained with it keeps it)."""
+    if cfg.data.chat_template:
+        lm.settings.chat_template = True
+
+
 def evaluate_test_sets(lm: Any, tests: dict, cfg: Config, out: Path, dist: Dist) -> None:
     """Greedy eval of a trained model on every ``data.test`` set, sharded over ranks; rank 0 writes ``out/eval/*``."""
     from ..eval.evaluate import evaluate, merge_results, write_results
+    from ..eval.scoring import build_scorer
 
-    e = cfg.eval
+    e, scorer = cfg.eval, build_scorer(cfg.eval.scorer)
     for spec, recs in tests.items():
         r = evaluate(
             lm,
@@ -98,6 +114,7 @@ def evaluate_test_sets(lm: Any, tests: dict, cfg: Config, out: Path, dist: Dist)
             seed=cfg.seed,
             max_question_tokens=cfg.data.max_question_tokens,
             progress=dist.is_main,
+            scorer=scorer,
         )
         r = merge_results(dist.all_gather_objects(r)) if dist.active else r
         if dist.is_main:

@@ -48,6 +48,22 @@ def register(sub: Any) -> None:
     p.add_argument("--trust-remote-code", action="store_true", help="allow the base model's own code (hub models)")
     p.set_defaults(func=run_import)
 
+    p = subcommand(
+        sub,
+        "consolidate",
+        "turn a sharded FSDP checkpoint (DIR/dcp, written with fsdp=sharded) into DIR/model.safetensors",
+        "  dgrpo consolidate runs/paper/dropout_grpo/final      # then dgrpo eval --model runs/paper/dropout_grpo\n",
+    )
+    p.add_argument("dir", metavar="DIR", help="a checkpoint directory holding dcp/ (reads no pickled code: see docs)")
+    p.set_defaults(func=run_consolidate)
+
+
+def run_consolidate(args: argparse.Namespace) -> int:
+    from ..training.consolidate import consolidate_checkpoint
+
+    print(f"wrote {consolidate_checkpoint(args.dir)}/model.safetensors")
+    return 0
+
 
 def run_import(args: argparse.Namespace) -> int:
     from ..model.coconut_import import import_coconut

@@ -1,4 +1,9 @@
-"""``dgrpo eval``: pass@1 of a checkpoint (or of a plain causal LM with a chain-of-thought prompt) on a dataset."""
+"""``dgrpo eval``: pass@1 of a checkpoint (or of a plain causal LM with a chain-of-thought prompt) on a dataset.
+
+A checkpoint written by ``dgrpo sft`` / ``dgrpo grpo`` carries the config it was trained with (``run_config.json``);
+eval starts from its task and data settings, so ``--data builtin:test`` is the run's own test set. ``--config`` and
+``--set`` still win, and the command says which settings it took from the checkpoint and which were overridden.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .common import add_config_options, load, setup, subcommand
+from .common import add_config_options, load, prompt_settings, setup, subcommand
 
 EXAMPLES = """  dgrpo eval --model runs/grpo --data builtin:test --out runs/eval    # a run directory means its final/
   dgrpo eval --model runs/grpo/best --data gsm8k --limit 200 --out runs/eval-gsm8k
   dgrpo eval --model Qwen/Qwen2.5-1.5B --data gsm8k --plain --shots 1 --out runs/base   # a plain LM, 1-shot CoT prompt
 """
+#: what eval takes from the checkpoint's run_config.json (the definition of the task and of a prompt)
+CHECKPOINT_SECTIONS = {"task": None, "data": ("max_question_tokens", "max_target_tokens"), "eval": ("scorer",)}
 
 
 def register(sub: Any) -> None:
@@ -30,11 +37,45 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def checkpoint_settings(model: str) -> dict:
+    """The task and data settings a local checkpoint was trained with ({} for a hub model or an older checkpoint)."""
+    from ..model.factory import resolve_checkpoint
+    from ..model.latent_lm import RUN_CONFIG_FILE
+
+    if not Path(model).expanduser().exists():
+        return {}
+    trained = resolve_checkpoint(model) / RUN_CONFIG_FILE
+    if not trained.is_file():
+        return {}
+    run = json.loads(trained.read_text())
+    out: dict = {}
+    for section, keys in CHECKPOINT_SECTIONS.items():
+        values = run.get(section) or {}
+        out[section] = dict(values) if keys is None else {k: values[k] for k in keys if k in values}
+    return out
+
+
+def explain(start: dict, cfg: Any) -> str | None:
+    """One line: which settings came from the checkpoint and which the command line changed."""
+    if not start:
+        return None
+    taken: list[str] = []
+    changed: list[str] = []
+    for section, values in start.items():
+        for k, v in values.items():
+            (taken if getattr(getattr(cfg, section), k) == v else changed).append(f"{section}.{k}")
+    line = f"dgrpo eval: task and data settings from the checkpoint's run_config.json ({len(taken)} kept"
+    return line + (f"; overridden: {', '.join(changed)})" if changed else ")")
+
+
 def run(args: argparse.Namespace) -> int:
+    from ..config import Config, load_config
     from ..data import load_spec
-    from ..data.loaders import load_dataset
+    from ..data.records import DataError
     from ..eval.evaluate import evaluate, write_results
+    from ..eval.scoring import build_scorer
     from ..model.factory import load_model
+    from ..training.run import check_output_path
 
     extra = []
     if args.limit is not None:
@@ -43,11 +84,21 @@ def run(args: argparse.Namespace) -> int:
         extra.append("eval.plain=true")
     if args.shots is not None:
         extra.append(f"eval.shots={args.shots}")
-    cfg = load(args, extra)
+    load(args, extra)  # validates the options (and --out) before anything is read from the checkpoint
+    start = checkpoint_settings(args.model)
+    cfg = load_config(Config, list(args.config), [*args.overrides, *extra], start=start)
+    check_output_path(Path(args.out))
     device = setup(cfg)
-    recs = load_dataset(args.data, args.split) if args.split else load_spec(args.data, cfg.task)
-    lm = load_model(cfg.model, cfg.task, init=args.model, device=device)
+    recs = load_spec(args.data, cfg.task, split=args.split, data=cfg.data)
     e = cfg.eval
+    n = len(recs) - (e.shots if e.plain else 0)
+    if n <= 0 or (e.limit and min(n, e.limit) <= 0):
+        raise DataError(f"{args.data}: nothing to evaluate ({len(recs)} records, {e.shots} of them used as shots)")
+    note = explain(start, cfg)
+    if note:
+        print(note)
+    lm = load_model(cfg.model, cfg.task, init=args.model, device=device)
+    prompt_settings(lm, cfg)
     name = args.data if not args.split else f"{args.data}:{args.split}"
     r = evaluate(
         lm,
@@ -63,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         shots=e.shots,
         limit=e.limit,
         max_question_tokens=cfg.data.max_question_tokens,
+        scorer=build_scorer(e.scorer),
     )
     write_results(r, Path(args.out))
     print(json.dumps(r.summary()))

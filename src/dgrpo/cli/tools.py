@@ -71,9 +71,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def run_data_inspect(args: argparse.Namespace) -> int:
     from ..data import load_spec
-    from ..data.loaders import load_dataset
 
-    recs = load_dataset(args.name_or_path, args.split) if args.split else load_spec(args.name_or_path)
+    recs = load_spec(args.name_or_path, split=args.split)
     print(f"{len(recs)} records")
     print(json.dumps({"n": len(recs), "example": recs[0].to_dict() if recs else None}))
     return 0

@@ -7,7 +7,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .common import add_config_options, evaluate_test_sets, join_processes, load, seed_everything, setup, subcommand
+from .common import (
+    add_config_options,
+    evaluate_test_sets,
+    join_processes,
+    load,
+    prompt_settings,
+    seed_everything,
+    setup,
+    subcommand,
+)
 
 SFT_EXAMPLES = """  dgrpo sft --out runs/sft                                          # the built-in task, the defaults
   dgrpo sft --set sft.mode=cot --out runs/cot                      # a baseline: cot | no_cot | pause | no_curriculum
@@ -25,27 +34,45 @@ def register(sub: Any) -> None:
     p = subcommand(sub, "sft", "Coconut curriculum SFT (or a CoT / no-CoT / pause baseline)", SFT_EXAMPLES)
     add_config_options(p, "sft.lr=1e-4")
     p.add_argument("--out", required=True, help="run directory (checkpoints stage-K/, final/, metrics.jsonl)")
-    p.add_argument("--init", help="start from this checkpoint instead of model.name_or_path")
+    p.add_argument("--init", help="start from this checkpoint (directory or hub id) instead of model.name_or_path")
+    add_resume_options(p)
     p.set_defaults(func=run_sft)
 
     p = subcommand(sub, "grpo", "Dropout-GRPO (and its ablations) from an SFT checkpoint", GRPO_EXAMPLES)
     add_config_options(p, "grpo.lr=2e-5")
-    p.add_argument("--init", required=True, help="SFT checkpoint (run directory or checkpoint directory)")
+    p.add_argument("--init", required=True, help="SFT checkpoint (run directory, checkpoint directory or hub id)")
     p.add_argument("--out", required=True, help="run directory")
+    add_resume_options(p)
     p.set_defaults(func=run_grpo)
+
+
+def add_resume_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--resume",
+        default="auto",
+        metavar="auto|never|PATH",
+        help="auto (default): continue from the newest intact checkpoint in OUT/checkpoints, if any; never: start "
+        "over (earlier checkpoints are deleted); PATH: continue from that checkpoint directory",
+    )
+    p.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="resume even though the config differs from the run's (every config used is kept as config.N.json)",
+    )
 
 
 def run_sft(args: argparse.Namespace) -> int:
     from ..data import load_spec
     from ..eval.evaluate import evaluate
+    from ..eval.scoring import build_scorer
     from ..model.factory import load_model
     from ..training.sft import train_sft
 
     cfg = load(args)
     device = setup(cfg)
-    train = load_spec(cfg.data.train, cfg.task)
-    valid = load_spec(cfg.data.valid, cfg.task) if cfg.data.valid else None
-    tests = {spec: load_spec(spec, cfg.task) for spec in cfg.data.test}
+    train = load_spec(cfg.data.train, cfg.task, data=cfg.data)
+    valid = load_spec(cfg.data.valid, cfg.task, data=cfg.data) if cfg.data.valid else None
+    tests = {spec: load_spec(spec, cfg.task, data=cfg.data) for spec in cfg.data.test}
     dist, device = join_processes(cfg, device)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
     if dist.active:  # distinct, reproducible RNG streams per rank (the weights are broadcast from rank 0)
@@ -53,10 +80,13 @@ def run_sft(args: argparse.Namespace) -> int:
     if valid and cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded
         valid = valid[: cfg.data.eval_limit]
 
+    scorer = build_scorer(cfg.eval.scorer)
+
     def count_correct(lm_, recs, settings):
         return evaluate(
             lm_,
             recs,
+            scorer=scorer,
             n_latent=settings.n_latent,
             batch_size=cfg.eval.batch_size,
             max_new_tokens=cfg.eval.max_new_tokens,
@@ -65,7 +95,17 @@ def run_sft(args: argparse.Namespace) -> int:
         ).correct
 
     out = Path(args.out)
-    train_sft(lm, train, cfg, out, valid=valid, evaluate_fn=count_correct, dist=dist)
+    train_sft(
+        lm,
+        train,
+        cfg,
+        out,
+        valid=valid,
+        evaluate_fn=count_correct,
+        dist=dist,
+        resume=args.resume,
+        allow_config_change=args.allow_config_change,
+    )
     evaluate_test_sets(lm, tests, cfg, out, dist)
     dist.close()
     return 0
@@ -74,26 +114,31 @@ def run_sft(args: argparse.Namespace) -> int:
 def run_grpo(args: argparse.Namespace) -> int:
     from ..data import load_spec
     from ..eval.evaluate import evaluate
+    from ..eval.scoring import build_scorer
     from ..model.factory import load_model
     from ..training.grpo import train_grpo
 
     cfg = load(args)
     device = setup(cfg)
-    train = load_spec(cfg.data.train, cfg.task)
-    valid = {cfg.data.valid: load_spec(cfg.data.valid, cfg.task)} if cfg.data.valid else {}
-    tests = {spec: load_spec(spec, cfg.task) for spec in cfg.data.test}
+    train = load_spec(cfg.data.train, cfg.task, data=cfg.data)
+    valid = {cfg.data.valid: load_spec(cfg.data.valid, cfg.task, data=cfg.data)} if cfg.data.valid else {}
+    tests = {spec: load_spec(spec, cfg.task, data=cfg.data) for spec in cfg.data.test}
     dist, device = join_processes(cfg, device)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
+    prompt_settings(lm, cfg)
     if dist.active:  # distinct, reproducible RNG streams per rank (rollout seeds come from the global row anyway)
         seed_everything(cfg.seed * 1000003 + dist.rank)
     e = cfg.eval
     if cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded
         valid = {name: recs[: cfg.data.eval_limit] for name, recs in valid.items()}
 
+    scorer = build_scorer(cfg.eval.scorer)
+
     def count_correct(lm_, recs):
         return evaluate(
             lm_,
             recs,
+            scorer=scorer,
             batch_size=e.batch_size,
             max_new_tokens=e.max_new_tokens,
             seed=cfg.seed,
@@ -102,7 +147,17 @@ def run_grpo(args: argparse.Namespace) -> int:
         ).correct
 
     out = Path(args.out)
-    summary = train_grpo(lm, cfg, train, out, valid=valid, evaluate_fn=count_correct, dist=dist)
+    summary = train_grpo(
+        lm,
+        cfg,
+        train,
+        out,
+        valid=valid,
+        evaluate_fn=count_correct,
+        dist=dist,
+        resume=args.resume,
+        allow_config_change=args.allow_config_change,
+    )
     if dist.is_main:
         print(json.dumps(summary))
     evaluate_test_sets(lm, tests, cfg, out, dist)

@@ -4,23 +4,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .loaders import load_dataset
+from .loaders import column_parser, load_dataset
 from .records import DataError, Record
 from .synthetic import load_builtin
 
 
-def load_spec(spec: str, task=None) -> list[Record]:
+def load_spec(spec: str, task=None, split: str | None = None, data=None) -> list[Record]:
     """Load ``name``, ``name:split``, a file path, or several joined by ``+`` (``gsm_hard+svamp``).
 
-    ``task`` (a TaskConfig) parameterises ``builtin`` names."""
+    ``task`` (a TaskConfig) parameterises ``builtin`` names (options in the name apply over it); ``split``, when
+    given, wins over a split in the name; ``data`` (a DataConfig) gives the column mapping for files whose keys
+    are not a known format (``question_key``, ``answer_key``, ``steps_key``)."""
+    columns = column_parser(data.question_key, data.answer_key, data.steps_key) if data and data.question_key else None
     if "+" in spec and not Path(spec).exists():
-        return [r for part in spec.split("+") if part.strip() for r in load_spec(part.strip(), task)]
+        return [r for part in spec.split("+") if part.strip() for r in load_spec(part.strip(), task, split, data)]
     if spec.startswith("builtin"):
-        return load_builtin(spec, None, task)
+        return load_builtin(spec, split, task)
     if Path(spec).exists():
-        return load_dataset(spec)
-    name, _, split = spec.partition(":")
-    return load_dataset(name, split or None)
+        return load_dataset(spec, split, columns=columns)
+    name, _, in_name = spec.partition(":")
+    return load_dataset(name, split or in_name or None, columns=columns)
 
 
 __all__ = ["DataError", "Record", "load_spec"]

@@ -14,6 +14,7 @@ from typing import Any
 from ..reward import normalize_number
 from .records import DataError, Record
 from .synthetic import load_builtin
+from .tables import is_hf_folder, read_csv, read_hf_folder, read_parquet
 
 __all__ = ["DATASETS", "HUB_DATASETS", "DatasetSpec", "find_data_dir", "load_dataset"]
 
@@ -405,22 +406,27 @@ def _nonempty(path: Path, records: list[Record]) -> list[Record]:
     return records
 
 
-def _load_file(path: Path) -> list[Record]:
-    """Read a data file, its format detected from the extension and content."""
-    text = _read_text(path)
+def _load_file(path: Path, columns: RowParser | None = None) -> list[Record]:
+    """Read a data file, its format detected from the extension and content (``columns``: a column mapping)."""
     suffix = path.suffix.lower()
+    if suffix == ".csv":
+        return rows_to_records(read_csv(path), str(path), str(path), columns)
+    if suffix in (".parquet", ".pq"):
+        return rows_to_records(read_parquet(path), str(path), str(path), columns)
+    text = _read_text(path)
     head = text.lstrip()[:1]
     if suffix == ".jsonl" or (suffix != ".json" and head == "{"):
-        records = _parse_jsonl(path, text, None)
+        records = _parse_jsonl(path, text, columns)
     elif suffix == ".json" or head == "[":
-        records = _parse_json_list(path, text, None)
+        records = _parse_json_list(path, text, columns)
     elif "||" in text:
         records = _parse_aug_text(path, text)
     elif not text.strip():
         records = []
     else:
         raise DataError(
-            f"{path}: unrecognised format; expected .jsonl/.json records or 'question||steps #### answer' lines"
+            f"{path}: unrecognised format; expected .jsonl/.json/.csv/.parquet records or 'question||steps #### "
+            "answer' lines"
         )
     return _nonempty(path, records)
 
@@ -442,7 +448,9 @@ def _load_builtin_name(name: str, split: str | None) -> list[Record]:
     return _nonempty(path, spec.parser(path, _read_text(path)))
 
 
-def _load_from_hub(name: str, split: str | None, *, hub_id: str | None = None) -> list[Record]:
+def _load_from_hub(
+    name: str, split: str | None, *, hub_id: str | None = None, columns: RowParser | None = None
+) -> list[Record]:
     """Rows from the Hugging Face hub, through the optional ``datasets`` package, as Records."""
     builtin = ", ".join([*DATASETS, *HUB_DATASETS])
     prefix = f"unknown dataset {name!r}: not a local file, not a built-in name ({builtin}), and"
@@ -466,9 +474,13 @@ def _load_from_hub(name: str, split: str | None, *, hub_id: str | None = None) -
     except Exception as exc:  # noqa: BLE001 - any hub/network/format failure becomes one DataError line
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
         raise DataError(f"{prefix} the Hugging Face hub could not be reached: {reason}") from None
-    where = f"hub dataset {repo!r} split {split!r}"
+    return rows_to_records(rows, f"hub dataset {repo!r} split {split!r}", f"hf:{repo}", columns)
+
+
+def rows_to_records(rows: list[Any], where: str, source: str, parser: RowParser | None) -> list[Record]:
+    """Records from row dicts (a table, a hub dataset): ``parser`` (a column mapping) or the format the first row's
+    keys identify; one DataError line naming the row on any problem."""
     records: list[Record] = []
-    parser: RowParser | None = None
     for index, row in enumerate(rows):
         try:
             if not isinstance(row, dict):
@@ -477,14 +489,38 @@ def _load_from_hub(name: str, split: str | None, *, hub_id: str | None = None) -
             record = parser(row)
         except _RowError as exc:
             raise DataError(f"{where} row {index}: {exc}") from None
-        record.meta.setdefault("source", f"hf:{repo}")
+        record.meta.setdefault("source", source)
         records.append(record)
     if not records:
         raise DataError(f"{where} contains no records")
     return records
 
 
-def load_dataset(name_or_path: str, split: str | None = None) -> list[Record]:
+def column_parser(question_key: str, answer_key: str, steps_key: str = "") -> RowParser:
+    """A row parser for files whose keys are not a known format: the question, answer (a number is normalised,
+    text kept) and steps (a list of strings, or one string split on newlines) from the named columns."""
+
+    def parse(row: dict[str, Any]) -> Record:
+        question = str(_field(row, question_key)).strip()
+        if not question:
+            raise _RowError(f"column {question_key!r} is empty")
+        raw = _field(row, answer_key)
+        answer = _format_number(raw, f"column {answer_key!r}") if isinstance(raw, (int, float)) else str(raw).strip()
+        answer = normalize_number(answer) or answer
+        if not answer:
+            raise _RowError(f"column {answer_key!r} is empty")
+        steps: Any = row.get(steps_key, []) if steps_key else []
+        if isinstance(steps, str):
+            steps = [s for s in steps.splitlines() if s.strip()]
+        if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
+            raise _RowError(f"column {steps_key!r} must be a list of strings or one string")
+        meta = {k: v for k, v in row.items() if k not in (question_key, answer_key, steps_key)}
+        return Record(question, list(steps), answer, meta)
+
+    return parse
+
+
+def load_dataset(name_or_path: str, split: str | None = None, *, columns: RowParser | None = None) -> list[Record]:
     """Load a dataset as a list of :class:`Record`.
 
     ``name_or_path`` is one of:
@@ -519,7 +555,9 @@ def load_dataset(name_or_path: str, split: str | None = None) -> list[Record]:
     except OSError:
         is_file = False
     if is_file:
-        return _load_file(path)
+        return _load_file(path, columns)
+    if is_hf_folder(path):
+        return rows_to_records(read_hf_folder(path, split), str(path), str(path), columns)
     key = raw.strip().lower()
     key = _ALIASES.get(key, key)
     if key in DATASETS:
@@ -530,4 +568,4 @@ def load_dataset(name_or_path: str, split: str | None = None) -> list[Record]:
         if path.is_dir():
             raise DataError(f"{path}: is a directory; give a data file or a dataset name")
         raise DataError(f"{path}: file not found")
-    return _load_from_hub(raw, split)
+    return _load_from_hub(raw, split, columns=columns)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from ..config import TaskConfig
+from ..config import ConfigError, TaskConfig
 from .records import DataError, Record
 
 SPLITS = ("train", "valid", "test", "ood_steps", "ood_numbers")
@@ -84,9 +84,10 @@ def generate_split(cfg: TaskConfig, split: str) -> list[Record]:
     return out
 
 
-def parse_builtin_name(name: str, split: str | None) -> tuple[TaskConfig, str]:
-    """``builtin``, ``builtin:test`` or ``builtin:test?n_steps=6&modulus=10`` -> (task config, split)."""
-    cfg = TaskConfig()
+def parse_builtin_name(name: str, split: str | None, task: TaskConfig | None = None) -> tuple[TaskConfig, str]:
+    """``builtin``, ``builtin:test`` or ``builtin:test?n_steps=6&modulus=10`` -> (task config, split). The options
+    in the name apply over ``task`` (the run's task; the defaults when None) and are validated."""
+    cfg = task or TaskConfig()
     rest = name[len("builtin") :]
     query = ""
     if "?" in rest:
@@ -103,13 +104,15 @@ def parse_builtin_name(name: str, split: str | None) -> tuple[TaskConfig, str]:
             cfg = replace(cfg, **{k: int(v)})
         except ValueError:
             raise DataError(f"built-in task option {k} expects an integer, got {v!r}") from None
+    try:
+        cfg.validate("task")
+    except ConfigError as e:
+        raise DataError(f"built-in dataset {name!r}: {e}") from None
     return cfg, split or "test"
 
 
 def load_builtin(name: str, split: str | None = None, task: TaskConfig | None = None) -> list[Record]:
-    cfg, split = parse_builtin_name(name, split)
-    if task is not None and "?" not in name:
-        cfg = task
+    cfg, split = parse_builtin_name(name, split, task)
     return generate_split(cfg, split)
 
 

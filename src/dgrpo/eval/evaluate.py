@@ -14,6 +14,7 @@ from ..data.records import Record
 from ..model.latent_lm import LatentLM
 from ..perturbation import seeds_for
 from ..reward import extract_answer, is_parseable, score
+from .scoring import ScoreFn, final_answer_text, numeric
 
 
 @dataclass
@@ -75,6 +76,9 @@ def generate_answers(
     (Monte-Carlo dropout evaluation); ``None`` evaluates the deterministic network.
     """
     order = sorted(range(len(questions)), key=lambda i: len(questions[i]))
+    if questions:  # the longest question (by characters) with every latent and answer token must fit the context
+        longest, _ = lm.encode_questions([questions[order[-1]]], markers=markers, max_tokens=max_question_tokens)
+        lm.check_fits(longest.shape[1], n_latent, max_new_tokens, key="eval.n_latent")
     gen = torch.Generator().manual_seed(seed)
     out: list[str] = [""] * len(questions)
     was_training = lm.training
@@ -120,8 +124,10 @@ def evaluate(
     max_question_tokens: int | None = None,
     progress: bool = True,
     perturbation_factory=None,
+    scorer: ScoreFn | None = None,
 ) -> EvalResult:
-    """Greedy (by default) pass@1 with no perturbation; counts unparseable outputs."""
+    """Greedy (by default) pass@1 with no perturbation. ``scorer`` decides what is correct (a value > 0.5; default:
+    the numeric verifier, which also counts unparseable outputs)."""
     t0 = time.time()
     shot_recs: list[Record] = []
     if plain and shots:
@@ -152,22 +158,16 @@ def evaluate(
         perturbation_factory=perturbation_factory,
         progress=progress,
     )
+    texts = [_cut_plain(t) for t in texts] if plain else texts
+    scores = (scorer or numeric)(texts, records)
+    is_numeric = scorer is None or scorer is numeric
     preds, correct, unparseable = [], 0, 0
-    for r, text in zip(records, texts):
-        text = _cut_plain(text) if plain else text
-        ok = score(text, r.answer)
-        parse = is_parseable(text)
-        correct += int(ok == 1.0)
-        unparseable += int(not parse)
-        preds.append(
-            {
-                "question": r.question,
-                "gold": r.answer,
-                "completion": text,
-                "pred": extract_answer(text),
-                "correct": bool(ok == 1.0),
-            }
-        )
+    for r, text, value in zip(records, texts, scores):
+        ok = value > 0.5
+        correct += int(ok)
+        unparseable += int(is_numeric and not is_parseable(text))
+        pred = extract_answer(text) if is_numeric else final_answer_text(text).strip()
+        preds.append({"question": r.question, "gold": r.answer, "completion": text, "pred": pred, "correct": ok})
     n = len(records)
     return EvalResult(
         dataset=dataset,

@@ -126,9 +126,13 @@ def find_sites(model: nn.Module, sites: list[str], layers: str) -> list[Site]:
         block = blocks[i]
         for s in sites:
             if s not in SITES:
-                raise ValueError(f"unknown perturbation site {s!r}; expected one of {SITES}")
+                raise ConfigError(
+                    f"invalid config value perturbation.sites: unknown site {s!r}; expected any of {SITES}"
+                )
             mod = block if s == "residual" else block_part(block, s)
             if mod is None:
-                raise ValueError(f"layer {i} of {type(model).__name__} has no {s} module")
+                raise ConfigError(
+                    f"invalid config value perturbation.sites: layer {i} of {type(model).__name__} has no {s}"
+                )
             found.append(Site(f"layers.{i}.{s}", s, mod, width))
     return found

@@ -1,22 +1,33 @@
-"""Build the LatentLM a config names: the built-in tiny model, a local checkpoint or a hub id."""
+"""Build the LatentLM a config names: the built-in tiny model, a local checkpoint or a Hugging Face hub id.
+
+A name that is an existing path is a checkpoint directory (a run directory means its ``final/``); a name shaped
+like a path that does not exist is an error; anything else is a hub id, looked up in the local cache first and
+on the hub only when it is reachable: an unreachable hub fails at once with one line (no 50 s of retries).
+"""
 
 from __future__ import annotations
 
+import re
+import socket
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 
 from ..config import ModelConfig, TaskConfig
 from ..data.synthetic import tokenizer_corpus
-from ..data.tokenizer import train_word_tokenizer
-from .latent_lm import LatentLM, LatentSettings
+from ..data.tokenizer import train_task_tokenizer
+from .latent_lm import LATENT_CONFIG_FILE, LatentLM, LatentSettings
 from .tiny import build_tiny_model
+from .verified import SAFETENSORS, SAFETENSORS_INDEX, CheckpointError
+
+METRICS_FILE = "metrics.jsonl"  # what marks a run directory
 
 BUILTIN = "builtin-tiny"
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "gpt2", "Qwen/Qwen2.5-1.5B"
+HUB_TIMEOUT_S = 3.0  # the reachability probe; downloads then use huggingface_hub's own timeouts
 
-
-class CheckpointError(FileNotFoundError):
-    """A checkpoint directory that does not exist or does not hold a model."""
+__all__ = ["BUILTIN", "CheckpointError", "build_builtin", "load_model", "resolve_checkpoint", "resolve_device"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -27,20 +38,81 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def _is_model_dir(p: Path) -> bool:
+    weights = (p / SAFETENSORS).is_file() or (p / SAFETENSORS_INDEX).is_file() or (p / "pytorch_model.bin").is_file()
+    return (p / "config.json").is_file() and (weights or (p / LATENT_CONFIG_FILE).is_file())
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """A run directory resolves to its ``final/`` checkpoint; a checkpoint directory to itself."""
-    p = Path(path)
-    if (p / "final" / "config.json").is_file():
+    p = Path(path).expanduser()
+    if _is_model_dir(p / "final"):
         return p / "final"
-    if (p / "config.json").is_file():
+    if _is_model_dir(p):
         return p
+    if p.is_file():
+        raise CheckpointError(f"{p} is a file, not a checkpoint directory")
+    if (p / METRICS_FILE).is_file():
+        raise CheckpointError(
+            f"{p} holds no model checkpoint: a run directory without final/ (the run did not finish: rerun its command "
+            "to resume it, or name one of its checkpoints: best/, stage-K/, checkpoints/step-N/model)"
+        )
     if p.exists():
-        raise CheckpointError(f"{p} holds no model checkpoint (no config.json, no final/config.json)")
+        raise CheckpointError(f"{p} holds no model checkpoint (no config.json with weights, no final/)")
     raise CheckpointError(f"checkpoint directory not found: {p}")
 
 
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", ".", "~")) or name.endswith("/") or not HUB_ID.match(name)
+
+
+def _hub_reachable() -> bool:
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=HUB_TIMEOUT_S).close()
+        return True
+    except OSError:
+        return False
+
+
+def resolve_hub_model(name: str) -> tuple[str, bool]:
+    """(name, local_files_only) for a hub id: the cached copy when the hub cannot be reached, else the hub.
+    One CheckpointError line when neither works."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
+    if constants.HF_HUB_OFFLINE:
+        if cached:
+            return name, True
+        raise CheckpointError(
+            f"model {name!r}: not a local directory, and HF_HUB_OFFLINE is set but the model is not in the "
+            f"Hugging Face cache ({constants.HF_HUB_CACHE})"
+        )
+    if _hub_reachable():
+        return name, False
+    if cached:
+        return name, True
+    raise CheckpointError(
+        f"model {name!r}: not a local directory, not in the Hugging Face cache, and the hub ({constants.ENDPOINT}) "
+        f"cannot be reached (no network?); download it where there is network, or point to a local copy "
+        f"(HF_HUB_ETAG_TIMEOUT / HF_HUB_DOWNLOAD_TIMEOUT set the hub's timeouts in seconds)"
+    )
+
+
+def resolve_model_source(name: str) -> tuple[str, bool]:
+    """(what to pass to ``from_pretrained``, local_files_only) for a model name: a checkpoint path or a hub id."""
+    p = Path(name).expanduser()
+    if p.exists():
+        return str(resolve_checkpoint(p)), True
+    if _looks_like_path(name):
+        raise CheckpointError(f"checkpoint directory not found: {p}")
+    return resolve_hub_model(name)
+
+
 def build_builtin(model_cfg: ModelConfig, task_cfg: TaskConfig, seed: int = 0) -> LatentLM:
-    tok = train_word_tokenizer(tokenizer_corpus(task_cfg))
+    tok = train_task_tokenizer(tokenizer_corpus(task_cfg))
     model = build_tiny_model(
         model_cfg.arch,
         len(tok),
@@ -61,18 +133,16 @@ def load_model(
     seed: int = 0,
     device: torch.device | str = "cpu",
 ) -> LatentLM:
-    """``init`` (a checkpoint) wins over ``model.name_or_path``; the built-in name builds a fresh tiny model."""
+    """``init`` (a checkpoint directory or hub id) wins over ``model.name_or_path``; the built-in name builds a
+    fresh tiny model. Every way this can fail is one :class:`CheckpointError` line."""
     dtype = torch.bfloat16 if model_cfg.dtype == "bfloat16" else torch.float32
-    if init:
-        lm = LatentLM.from_pretrained(
-            resolve_checkpoint(init), dtype=dtype, trust_remote_code=model_cfg.trust_remote_code
-        )
-    elif model_cfg.name_or_path == BUILTIN:
+    name = init or model_cfg.name_or_path
+    if not init and name == BUILTIN:
         lm = build_builtin(model_cfg, task_cfg, seed)
         lm.to(dtype)
     else:
-        src = model_cfg.name_or_path
-        if Path(src).exists():
-            src = str(resolve_checkpoint(src))
-        lm = LatentLM.from_pretrained(src, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
+        source, local_only = resolve_model_source(str(name))
+        lm = LatentLM.from_pretrained(
+            source, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code, local_files_only=local_only
+        )
     return lm.to(device)

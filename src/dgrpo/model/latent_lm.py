@@ -18,6 +18,7 @@ perturbations use (see :mod:`dgrpo.perturbation`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,8 +35,22 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from ..config import ConfigError
+from .verified import (
+    MANIFEST,
+    SAFETENSORS,
+    SAFETENSORS_INDEX,
+    CheckpointError,
+    atomic_dir,
+    one_line,
+    verify,
+)
+
 START_LATENT, LATENT, END_LATENT = "<|start-latent|>", "<|latent|>", "<|end-latent|>"
 LATENT_CONFIG_FILE = "latent_config.json"
+RUN_CONFIG_FILE = "run_config.json"
+#: the files a model checkpoint directory must hold (``a|b``: either)
+MODEL_FILES = ("config.json", f"{SAFETENSORS}|{SAFETENSORS_INDEX}", LATENT_CONFIG_FILE, "tokenizer_config.json")
 
 
 @dataclass
@@ -44,13 +59,15 @@ class LatentSettings:
 
     ``mode``: ``coconut`` (continuous thought), ``pause`` (``<|latent|>`` pause tokens, no recurrence),
     ``cot`` / ``no_cot`` (no latents; written steps or answer only), ``plain`` (a plain causal LM
-    prompted without latent markers).
+    prompted without latent markers). ``chat_template``: questions are wrapped in the tokenizer's chat
+    template (instruction-tuned backbones) before the latent markers.
     """
 
     mode: str = "coconut"
     c_thought: int = 1
     stage: int = 0
     n_latent: int = 0
+    chat_template: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -127,7 +144,9 @@ def add_latent_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
         init_new_embeddings(model, n_old)
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+def load_tokenizer(
+    path: str, trust_remote_code: bool = False, local_files_only: bool = False
+) -> PreTrainedTokenizerBase:
     """AutoTokenizer, except that a plain ``tokenizers`` file (our built-in tokenizer) is loaded as is
     (AutoTokenizer would otherwise pick the model type's tokenizer class and its decoder)."""
     cfg = Path(path) / "tokenizer_config.json"
@@ -136,7 +155,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False) -> PreTrainedToke
         "PreTrainedTokenizerFast",
     ):
         return PreTrainedTokenizerFast.from_pretrained(path)
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=local_files_only)
 
 
 class LatentLM(nn.Module):
@@ -161,6 +180,7 @@ class LatentLM(nn.Module):
         self.end_id = _token_id(tokenizer, END_LATENT)
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id
+        self.run_config: dict | None = None  # the training config that produced this model (run_config.json)
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod
@@ -171,36 +191,96 @@ class LatentLM(nn.Module):
         dtype: torch.dtype | None = None,
         device: str | torch.device | None = None,
         trust_remote_code: bool = False,
+        local_files_only: bool = False,
     ) -> LatentLM:
-        """Load a checkpoint directory (or a hub id): weights from safetensors only."""
-        path = str(path)
-        tok = load_tokenizer(path, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype or "auto", use_safetensors=True, trust_remote_code=trust_remote_code
-        )
-        settings = LatentSettings()
-        cfg_file = Path(path) / LATENT_CONFIG_FILE
-        if cfg_file.is_file():
-            settings = LatentSettings.from_dict(json.loads(cfg_file.read_text()))
+        """Load a checkpoint directory (or a hub id): weights from safetensors only, every tensor present with its
+        shape (a directory dgrpo wrote is first verified against its manifest). Any problem is one
+        :class:`CheckpointError` line."""
+        local = Path(path)
+        if (local / MANIFEST).is_file():
+            problem = verify(local, MODEL_FILES)
+            if problem is not None:
+                raise CheckpointError(f"checkpoint {local} is damaged: {problem}")
+        try:
+            tok = load_tokenizer(str(path), trust_remote_code=trust_remote_code, local_files_only=local_files_only)
+            loaded: Any = AutoModelForCausalLM.from_pretrained(
+                str(path),
+                dtype=dtype or "auto",
+                use_safetensors=True,
+                trust_remote_code=trust_remote_code,
+                local_files_only=local_files_only,
+                output_loading_info=True,
+            )
+            model, info = loaded
+            settings = LatentSettings()
+            if (local / LATENT_CONFIG_FILE).is_file():
+                settings = LatentSettings.from_dict(json.loads((local / LATENT_CONFIG_FILE).read_text()))
+            run_config = (
+                json.loads((local / RUN_CONFIG_FILE).read_text()) if (local / RUN_CONFIG_FILE).is_file() else None
+            )
+        except CheckpointError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a damaged directory fails in many ways; each is one line for the user
+            raise CheckpointError(f"cannot load the model {path}: {one_line(e)}") from None
+        bad = [
+            (what, info.get(key) or [])
+            for what, key in (("missing", "missing_keys"), ("wrong-shape", "mismatched_keys"))
+        ]
+        for what, keys in bad:
+            if keys:
+                names = [k if isinstance(k, str) else k[0] for k in keys]
+                raise CheckpointError(f"the model {path} has {what} tensors: {', '.join(names[:3])}")
         lm = cls(model, tok, settings)
+        lm.run_config = run_config
         if device is not None:
             lm.to(device)
         return lm
 
     def save_pretrained(
-        self, path: str | Path, *, state_dict: dict[str, Tensor] | None = None, weights: bool = True
+        self,
+        path: str | Path,
+        *,
+        state_dict: dict[str, Tensor] | None = None,
+        weights: bool = True,
+        extra: Callable[[Path], None] | None = None,
     ) -> None:
-        """Write a checkpoint directory: safetensors weights (``state_dict`` when given, e.g. gathered from
-        FSDP shards; none with ``weights=False``), the model config, the tokenizer, ``latent_config.json``.
-        The one place a model directory is written."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        if weights:
-            self.model.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
-        else:
-            self.model.config.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
-        (path / LATENT_CONFIG_FILE).write_text(self.settings.to_json())
+        """Write a checkpoint directory, atomically and with a sha256 manifest (``verified.atomic_dir``): safetensors
+        weights (``state_dict`` when given, e.g. gathered from FSDP shards; none with ``weights=False``),
+        the model config, the tokenizer, ``latent_config.json`` and, when set, ``run_config.json`` (the training
+        config that produced it: ``dgrpo eval`` rebuilds the run's task from it). ``extra(tmp_dir)`` may add files
+        before the directory is published. The one place a model directory is written."""
+        with atomic_dir(Path(path)) as tmp:
+            if weights:
+                self.model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+            else:
+                self.model.config.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            (tmp / LATENT_CONFIG_FILE).write_text(self.settings.to_json())
+            if self.run_config is not None:
+                (tmp / RUN_CONFIG_FILE).write_text(json.dumps(self.run_config, indent=2))
+            if extra is not None:
+                extra(tmp)
+
+    @property
+    def context_length(self) -> int | None:
+        """The longest sequence the model was built for (None when its config does not say)."""
+        cfg = self.model.config
+        for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+            value = getattr(cfg, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    def check_fits(self, prompt_tokens: int, n_latent: int, answer_tokens: int, key: str = "n_latent") -> None:
+        """ConfigError (one line) when question + latents + markers + answer exceed the model's context: a
+        sequence that long would run for minutes and then read positions the model was never trained on."""
+        total, limit = prompt_tokens + n_latent + 2 + answer_tokens, self.context_length
+        if limit is not None and total > limit:
+            raise ConfigError(
+                f"invalid config value {key}: {n_latent} latent thoughts do not fit the model's context: question "
+                f"({prompt_tokens} tokens) + {n_latent} latents + 2 markers + answer ({answer_tokens}) = {total} > "
+                f"{limit} positions"
+            )
 
     @property
     def device(self) -> torch.device:
@@ -220,14 +300,24 @@ class LatentLM(nn.Module):
     def encode_questions(
         self, questions: list[str], *, markers: bool = True, max_tokens: int | None = None
     ) -> tuple[Tensor, Tensor]:
-        """Left-padded ``question \\n [<|start-latent|>]`` ids and mask, [B, P]."""
+        """Left-padded ``question \\n [<|start-latent|>]`` ids and mask, [B, P] (the question in the chat template
+        when ``settings.chat_template``)."""
         rows = []
         for q in questions:
-            ids = self.tokenizer(q + "\n", add_special_tokens=False)["input_ids"]
+            ids = self.tokenizer(self.format_question(q), add_special_tokens=False)["input_ids"]
             if max_tokens is not None and len(ids) > max_tokens:
                 ids = ids[-max_tokens:]
             rows.append(ids + ([self.start_id] if markers else []))
         return left_pad(rows, self.pad_id, self.device)
+
+    def format_question(self, question: str) -> str:
+        """The text before ``<|start-latent|>``: the question and a newline, or its chat-template rendering."""
+        if not self.settings.chat_template:
+            return question + "\n"
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ConfigError("invalid config value data.chat_template: this tokenizer has no chat template")
+        message = [{"role": "user", "content": question}]
+        return str(self.tokenizer.apply_chat_template(message, tokenize=False, add_generation_prompt=True))
 
     def encode_targets(
         self, texts: list[str], *, max_tokens: int | None = None, eos: bool = True

@@ -70,6 +70,10 @@ class Perturbation:
     def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
         raise NotImplementedError
 
+    def check(self, lm: LatentLM) -> None:
+        """Raise ConfigError (one line) when this perturbation cannot be applied to ``lm`` (e.g. no such layer)."""
+        self.bind(lm, torch.zeros(1, dtype=torch.long))
+
 
 #: ``perturbation.kind`` -> class; filled by :func:`register` (the kinds' modules register themselves)
 PERTURBATIONS: dict[str, type[Perturbation]] = {}

@@ -7,19 +7,20 @@ A checkpoint is a directory ``OUT/checkpoints/step-00000123/`` holding:
   ``rng.pt``            torch CPU/CUDA generator states (tensors, ``weights_only=True``)
   ``state.json``        counters, Python/NumPy RNG states, EMA baseline, best record, data position ...
   ``manifest.json``     sha256 of every file above, written last
-It is written to ``.tmp-step-...`` and renamed into place, so a kill mid-write leaves no directory
-that looks complete; a directory whose manifest is missing or whose checksums do not match is
-skipped with a message, falling back to the previous checkpoint. Nothing is ever unpickled.
+It is written to a hidden ``.tmp-step-...`` directory and renamed into place, so a kill mid-write leaves no
+directory that looks complete. Resuming reads the newest checkpoint whole into memory and checks it (manifest,
+every required file listed, exact tensor names and shapes, optimizer state shapes) before anything is applied;
+any problem is reported in one line and the previous checkpoint is tried. Nothing is ever unpickled.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import pickle
 import random
 import shutil
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +28,12 @@ import numpy as np
 import torch
 from safetensors.torch import save_model
 
+from ..model.latent_lm import MODEL_FILES
+from ..model.verified import CheckpointError, atomic_dir, check_state_dict, one_line, read_weights, verify
+
 CKPT_DIR = "checkpoints"
-MANIFEST = "manifest.json"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+#: torch optimizers' per-parameter state tensors, shaped like their parameter (8-bit optimizers keep others)
+PER_PARAMETER_STATE = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")
 
 
 def capture_rng() -> tuple[dict, dict[str, torch.Tensor]]:
@@ -77,106 +74,122 @@ def save_checkpoint(
     tensors: dict[str, torch.Tensor] | None = None,
     keep_last: int = 2,
 ) -> Path:
-    """Write ``checkpoints/step-<step>`` atomically and prune to the ``keep_last`` newest.
+    """Write ``checkpoints/step-<step>`` atomically (:func:`~dgrpo.model.verified.atomic_dir`: temporary directory,
+    manifest, rename) and prune to the ``keep_last`` newest.
 
     ``tensors``: extra tensor state (e.g. a sampling generator's state), stored beside the RNG states."""
     root = Path(out_dir) / CKPT_DIR
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
-    tmp = root / f".tmp-step-{step:08d}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    lm.save_pretrained(tmp / "model")
-    for name, model in (extra_models or {}).items():
-        save_model(model, str(tmp / f"{name}.safetensors"))  # handles tied (shared) tensors
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    rng_js, rng_t = capture_rng()
-    torch.save({**rng_t, **{f"extra/{k}": v for k, v in (tensors or {}).items()}}, tmp / "rng.pt")
-    if os.environ.get("DGRPO_TEST_CRASH_IN_CHECKPOINT") == str(step):  # test hook: die mid-write
-        os.kill(os.getpid(), 9)
-    (tmp / "state.json").write_text(json.dumps({**state, "step": step, "rng": rng_js}))
-    files = sorted(p for p in tmp.rglob("*") if p.is_file())
-    manifest = {str(p.relative_to(tmp)): _sha256(p) for p in files}
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    _fsync_dir(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(root)
+    with atomic_dir(final) as tmp:
+        lm.save_pretrained(tmp / "model")
+        for name, model in (extra_models or {}).items():
+            save_model(model, str(tmp / f"{name}.safetensors"))  # handles tied (shared) tensors
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        rng_js, rng_t = capture_rng()
+        torch.save({**rng_t, **{f"extra/{k}": v for k, v in (tensors or {}).items()}}, tmp / "rng.pt")
+        if os.environ.get("DGRPO_TEST_CRASH_IN_CHECKPOINT") == str(step):  # test hook: die mid-write
+            os.kill(os.getpid(), 9)
+        (tmp / "state.json").write_text(json.dumps({**state, "step": step, "rng": rng_js}))
     for old in list_checkpoints(out_dir)[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-
-
 def list_checkpoints(out_dir: Path) -> list[Path]:
+    """The run's checkpoint directories, oldest first (temporary and half-written ones excluded by name)."""
     root = Path(out_dir) / CKPT_DIR
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
 
 
-def verify(ckpt: Path) -> str | None:
-    """None when the checkpoint is complete and intact, else what is wrong."""
-    man = ckpt / MANIFEST
-    if not man.is_file():
-        return "no manifest (incomplete write)"
+def required_files(extra_models: dict[str, torch.nn.Module] | None) -> tuple[str, ...]:
+    """What a resumable checkpoint must hold (its manifest must list each of these)."""
+    model = tuple(f"model/{f}" for f in MODEL_FILES)
+    return (*model, "optimizer.pt", "rng.pt", "state.json", *(f"{n}.safetensors" for n in extra_models or {}))
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A checkpoint read and checked in memory (nothing applied yet): ``apply()`` puts it in place."""
+
+    path: Path
+    state: dict[str, Any]
+    weights: dict[str, torch.Tensor]
+    extra_weights: dict[str, dict[str, torch.Tensor]]
+    optimizer_state: dict[str, Any]
+    rng: dict[str, torch.Tensor]
+
+    def apply(
+        self, lm, optimizer: torch.optim.Optimizer, extra_models: dict[str, torch.nn.Module] | None = None
+    ) -> dict:
+        """Load everything into the model, the extra models and the optimizer; restore the RNGs; return the state
+        (state.json's content plus ``tensors``, the extra tensor state)."""
+        lm.model.load_state_dict(self.weights, strict=False)  # complete: checked by read_checkpoint
+        for name, model in (extra_models or {}).items():
+            model.load_state_dict(self.extra_weights[name], strict=False)
+        optimizer.load_state_dict(self.optimizer_state)
+        restore_rng(self.state["rng"], {k: v for k, v in self.rng.items() if not k.startswith("extra/")})
+        return {**self.state, "tensors": {k[len("extra/") :]: v for k, v in self.rng.items() if k.startswith("extra/")}}
+
+
+def read_checkpoint(
+    ckpt: Path, *, lm, optimizer: torch.optim.Optimizer, extra_models: dict[str, torch.nn.Module] | None = None
+) -> LoadedCheckpoint:
+    """Verify a checkpoint (manifest, every required file) and read all of it into memory, checking that it fits:
+    the weights are exactly the model's tensors with their shapes, the optimizer state matches the optimizer's
+    parameters. Raises CheckpointError (one line) on any problem; mutates nothing."""
+    problem = verify(ckpt, required_files(extra_models))
+    if problem is not None:
+        raise CheckpointError(problem)
     try:
-        manifest = json.loads(man.read_text())
-    except ValueError:
-        return "unreadable manifest"
-    for rel, digest in manifest.items():
-        p = ckpt / rel
-        if not p.is_file():
-            return f"missing file {rel}"
-        if _sha256(p) != digest:
-            return f"checksum mismatch in {rel}"
-    return None
+        weights = read_weights(ckpt / "model")
+        check_state_dict(lm.model, weights, "model")
+        extra = {}
+        for name, model in (extra_models or {}).items():
+            extra[name] = read_weights_file(ckpt / f"{name}.safetensors")
+            check_state_dict(model, extra[name], name)
+        opt_state = torch.load(ckpt / "optimizer.pt", weights_only=True, map_location=lm.device)
+        check_optimizer_state(optimizer, opt_state)
+        rng = torch.load(ckpt / "rng.pt", weights_only=True)
+        state = json.loads((ckpt / "state.json").read_text())
+    except CheckpointError:
+        raise
+    except pickle.UnpicklingError:
+        raise CheckpointError("a state file holds objects that cannot be loaded safely (weights_only=True)") from None
+    except Exception as e:  # noqa: BLE001 - truncated files, bad JSON, ...: each one line
+        raise CheckpointError(one_line(e)) from None
+    return LoadedCheckpoint(ckpt, state, weights, extra, opt_state, rng)
 
 
-def latest_checkpoint(out_dir: Path, log=None) -> Path | None:
-    """The newest intact checkpoint; corrupted or incomplete ones are reported and skipped."""
-    log = log or (lambda m: print(m, file=sys.stderr))
-    for ckpt in reversed(list_checkpoints(out_dir)):
-        problem = verify(ckpt)
-        if problem is None:
-            return ckpt
-        log(f"dgrpo: skipping checkpoint {ckpt}: {problem}; falling back to the previous one")
-    return None
+def read_weights_file(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
 
 
-def load_checkpoint(
-    ckpt: Path,
-    *,
-    lm,
-    optimizer: torch.optim.Optimizer,
-    extra_models: dict[str, torch.nn.Module] | None = None,
-    restore_rngs: bool = True,
-) -> dict[str, Any]:
-    """Load weights (safetensors), optimizer and RNG states (``weights_only=True``); return state.json."""
-    from safetensors.torch import load_model as _load_into
+def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: Any) -> None:
+    """The saved optimizer state has this optimizer's parameter groups and, per parameter, tensors of its shape."""
+    if not isinstance(saved, dict) or "param_groups" not in saved or "state" not in saved:
+        raise CheckpointError("optimizer.pt does not hold an optimizer state")
+    groups = [g["params"] for g in optimizer.param_groups]
+    saved_groups = [g.get("params", []) for g in saved["param_groups"]]
+    if [len(g) for g in groups] != [len(g) for g in saved_groups]:
+        raise CheckpointError("optimizer.pt: its parameter groups do not match this model's parameters")
+    params = {i: p for i, p in zip((i for g in saved_groups for i in g), (p for g in groups for p in g))}
+    for i, per_param in saved["state"].items():
+        p = params.get(i)
+        if p is None:
+            raise CheckpointError("optimizer.pt: state for a parameter the optimizer does not have")
+        for name, value in per_param.items():
+            if name in PER_PARAMETER_STATE and isinstance(value, torch.Tensor) and value.shape != p.shape:
+                got, want = tuple(value.shape), tuple(p.shape)
+                raise CheckpointError(f"optimizer.pt: the {name} of a parameter has shape {got}, not {want}")
 
-    _load_into(lm.model, str(ckpt / "model" / "model.safetensors"), strict=False)
-    for name, model in (extra_models or {}).items():
-        _load_into(model, str(ckpt / f"{name}.safetensors"))
-    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True, map_location=lm.device))
-    state = json.loads((ckpt / "state.json").read_text())
-    saved = torch.load(ckpt / "rng.pt", weights_only=True)
-    if restore_rngs:
-        restore_rng(state["rng"], {k: v for k, v in saved.items() if not k.startswith("extra/")})
-    state["tensors"] = {k[len("extra/") :]: v for k, v in saved.items() if k.startswith("extra/")}
-    return state
+
+def resume_candidates(out_dir: Path) -> list[Path]:
+    """Checkpoints to try when resuming, newest first."""
+    return list(reversed(list_checkpoints(out_dir)))
 
 
 def count_lines(path: Path) -> int:

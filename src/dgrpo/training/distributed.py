@@ -23,6 +23,7 @@ accumulated gradients once per step.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -35,10 +36,10 @@ from torch import nn
 from ..config import ConfigError
 from ..model.anatomy import decoder_layers
 
+SHARDED_DIR = "dcp"  # where a sharded checkpoint keeps its torch.distributed.checkpoint files
 FSDP_ENV = (
     "DGRPO_FSDP"  # 0 (default) | 1 / full: FSDP2, gathered checkpoints | sharded: FSDP2, one checkpoint shard per rank
 )
-SHARDED_DIR = "dcp"  # where a sharded checkpoint keeps its torch.distributed.checkpoint files
 
 
 @dataclass
@@ -282,46 +283,26 @@ class Dist:
 
         t0 = time.perf_counter()
         state = None
+        staging = path.parent / f".tmp-{path.name}-shards"  # the same name on every rank
         if self.checkpoint == "sharded":
             import torch.distributed.checkpoint as dcp
 
-            dcp.save(get_model_state_dict(lm.model), checkpoint_id=str(path / SHARDED_DIR))
+            dcp.save(get_model_state_dict(lm.model), checkpoint_id=str(staging / SHARDED_DIR))  # returns when all wrote
         else:
             state = get_model_state_dict(lm.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         self.comm_s += time.perf_counter() - t0
         self.gather_params(lm.model)  # reading the state dict put the shards back in place
         if self.is_main:
-            lm.save_pretrained(path, state_dict=state, weights=state is not None)
+            if state is not None:
+                lm.save_pretrained(path, state_dict=state)
+            else:  # the shards go into the directory before its manifest is written and it is renamed into place
+                lm.save_pretrained(
+                    path, weights=False, extra=lambda tmp: os.replace(staging / SHARDED_DIR, tmp / SHARDED_DIR)
+                )
+                shutil.rmtree(staging, ignore_errors=True)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
         if self.active and tdist.is_initialized():
             tdist.barrier()  # nobody tears the group down while another rank still talks to it
             tdist.destroy_process_group()
-
-
-def consolidate_checkpoint(path: str | Path) -> Path:
-    """Turn a sharded FSDP checkpoint (``path/dcp``) into ``path/model.safetensors``, in one process, so that
-    ``LatentLM.from_pretrained(path)`` and plain transformers load it. Returns ``path``."""
-    import tempfile
-
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    path = Path(path)
-    with tempfile.TemporaryDirectory() as tmp:
-        dcp_to_torch_save(path / SHARDED_DIR, Path(tmp) / "full.pt")
-        state = torch.load(Path(tmp) / "full.pt", weights_only=True)
-    dtype = next(iter(state.values())).dtype
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
-    model.load_state_dict(state)
-    model.save_pretrained(path, safe_serialization=True)
-    return path
-
-
-if __name__ == "__main__":  # python -m dgrpo.training.distributed consolidate RUN/final
-    import sys
-
-    if len(sys.argv) != 3 or sys.argv[1] != "consolidate":
-        raise SystemExit("usage: python -m dgrpo.training.distributed consolidate CHECKPOINT_DIR")
-    print(consolidate_checkpoint(sys.argv[2]))

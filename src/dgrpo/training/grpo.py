@@ -27,12 +27,13 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, to_dict
 from ..data.records import Record
+from ..eval.scoring import RewardPart, Rewards, ScoreFn, build_rewards, final_answer_text
 from ..model.latent_lm import LatentLM
 from ..perturbation import make_perturbation, seeds_for
-from ..reward import extract_answer
-from .checkpoint import load_checkpoint, save_checkpoint
+from ..reward import extract_answer, normalize_text
+from .checkpoint import read_checkpoint, save_checkpoint
 from .distributed import Dist
 from .losses import (
     GlobalCounts,
@@ -46,7 +47,7 @@ from .losses import (
     shuffle_within_groups,
 )
 from .rollouts import Rollouts, collect_rollouts, replay_logprobs
-from .run import NonFiniteGuard, RunDir, sharded_accuracy
+from .run import NonFiniteError, NonFiniteGuard, RunDir, StalledError, sharded_accuracy, weights_finite
 from .schedules import beta_at, lr_at
 
 
@@ -80,7 +81,17 @@ def build_optimizer(params: list, cfg: Config, device: torch.device) -> torch.op
 class GRPOTrainer:
     """State of a Dropout-GRPO run; :meth:`step` is one iteration of Algorithm 1."""
 
-    def __init__(self, lm: LatentLM, cfg: Config, train: list[Record], *, dist: Dist | None = None):
+    def __init__(
+        self,
+        lm: LatentLM,
+        cfg: Config,
+        train: list[Record],
+        *,
+        dist: Dist | None = None,
+        reward_fn: ScoreFn | Rewards | None = None,
+    ):
+        """``reward_fn``: the reward (batched ``(completions, records) -> list[float]``, or a :class:`Rewards`);
+        default: what ``grpo.reward`` / ``grpo.rewards`` name, else ``eval.scorer``."""
         self.lm, self.cfg, self.train_data = lm, cfg, train
         self.dist = dist or Dist.single()
         g = cfg.grpo
@@ -90,13 +101,17 @@ class GRPOTrainer:
                 "processes (every rank needs at least one group)"
             )
         self.n_latent = lm.settings.n_latent if g.n_latent < 0 else g.n_latent
+        lm.check_fits(1, self.n_latent, g.max_new_tokens, key="grpo.n_latent")  # (rollouts check their prompts too)
         self.perturbation = make_perturbation(cfg.perturbation)
+        self.perturbation.check(lm)  # sites and layers exist (one line now, not a traceback at the first rollout)
         self.objective = ObjectiveSettings.from_config(g)
+        self.rewards = _rewards(reward_fn, cfg)
+        self.rewards.smoke_test(train[:2], check_filter=g.filter and g.advantage != "ema")
         self.ref: LatentLM | None = None
         if g.beta0 > 0:  # a plain copy on every rank, also under FSDP (it only runs no-grad forwards)
             self.ref = LatentLM(copy.deepcopy(lm.model).eval().requires_grad_(False), lm.tokenizer, lm.settings)
-        params = self.dist.prepare_model(lm.model)  # rank 0's weights everywhere; FSDP2 shards here
-        self.opt = build_optimizer(params, cfg, lm.device)
+        self.opt_params = self.dist.prepare_model(lm.model)  # rank 0's weights everywhere; FSDP2 shards here
+        self.opt = build_optimizer(self.opt_params, cfg, lm.device)
         self.ema_baseline = 0.5
         self.step_idx = 0
         self.row0 = 0  # global index of this rank's first rollout row in the current step
@@ -161,20 +176,7 @@ class GRPOTrainer:
         # independent of their number
         self.row0 = dist.offset(len(prompts) * K)
         seeds = seeds_for(cfg.seed, step, 0, self.row0 + len(prompts) * K)[self.row0 :]
-        ro = collect_rollouts(
-            self.lm,
-            prompts,
-            group_size=K,
-            n_latent=self.n_latent,
-            perturbation=self.perturbation,
-            seeds=seeds,
-            temperature=g.temperature,
-            top_p=g.top_p,
-            max_new_tokens=g.max_new_tokens,
-            batch_size=g.rollout_batch_size,
-            max_question_tokens=cfg.data.max_question_tokens,
-            generator=self.sample_gen,
-        )
+        ro = self._collect(prompts, seeds)
         t_roll = time.time() - t0
         # 2-3. filter (agreed over ranks before any backward) and advantages
         keep, adv = self._filter_and_advantages(ro.rewards, step)
@@ -202,6 +204,27 @@ class GRPOTrainer:
             metrics["ref_renewed"] = 1
         return metrics
 
+    def _collect(self, prompts: list[Record], seeds: Tensor) -> Rollouts:
+        """K rollouts of each prompt under the perturbations of ``seeds``, with their rewards."""
+        g = self.cfg.grpo
+        ro = collect_rollouts(
+            self.lm,
+            prompts,
+            group_size=g.group_size,
+            n_latent=self.n_latent,
+            perturbation=self.perturbation,
+            seeds=seeds,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            max_new_tokens=g.max_new_tokens,
+            batch_size=g.rollout_batch_size,
+            max_question_tokens=self.cfg.data.max_question_tokens,
+            generator=self.sample_gen,
+            reward_fn=self.rewards,
+        )
+        self.last_rollouts, self.last_prompts = ro, prompts
+        return ro
+
     def _filter_and_advantages(self, rewards: Tensor, step: int) -> tuple[Tensor, Tensor]:
         """(keep-mask over groups [G], advantages [G, K]): the accuracy filter and Dr. GRPO, or the EMA baseline."""
         g = self.cfg.grpo
@@ -212,8 +235,10 @@ class GRPOTrainer:
         every = torch.ones(rewards.shape[0], dtype=torch.bool)
         if g.advantage == "ema":
             return every, ema_advantages(rewards, self.ema_baseline)
-        keep = group_filter(rewards, g.alpha_min, g.alpha_max) if g.filter else every
-        return keep, group_advantages(rewards, g.advantage)
+        if g.filter:  # the accuracy window, on the total reward or on the reward grpo.filter_reward names
+            accuracy = torch.tensor(self.rewards.filter_values(rewards.flatten().tolist())).view_as(rewards)
+            return group_filter(accuracy, g.alpha_min, g.alpha_max), group_advantages(rewards, g.advantage)
+        return every, group_advantages(rewards, g.advantage)
 
     def _update(
         self, ro: Rollouts, rows: Tensor, adv_rows: Tensor, counts: GlobalCounts, beta: float, step: int
@@ -281,6 +306,12 @@ class GRPOTrainer:
         self.guard.record(finite)
         self.opt.zero_grad(set_to_none=True)
         self.dist.gather_params(lm.model)
+        if finite and not weights_finite(self.opt_params, self.dist):
+            raise NonFiniteError(
+                f"the weights became non-finite in the optimizer step of step {self.step_idx} (lr "
+                f"{self.opt.param_groups[0]['lr']:.3g}, finite gradient norm {float(gn):.3g}); nothing of this step "
+                "was saved: the run directory's last checkpoint is intact; lower grpo.lr"
+            )
         return float(gn)
 
     def _theta_old_logprobs(self, ro: Rollouts, chunks: list[Tensor], step: int) -> dict[int, Tensor]:
@@ -322,12 +353,29 @@ class GRPOTrainer:
         )  # per global row
         return fresh[self.row0 :][rows]
 
+    def rollout_rows(self, n: int) -> list[dict]:
+        """The first ``n`` rollouts of the last step, for ``rollouts.jsonl``: prompt, completion, reward(s)."""
+        ro, K = self.last_rollouts, self.cfg.grpo.group_size
+        parts = self.rewards.last if len(self.rewards.parts) > 1 else {}
+        return [
+            {
+                "step": self.step_idx - 1,
+                "group": i // K,
+                "seed": int(ro.seeds[i]),
+                "question": self.last_prompts[i // K].question,
+                "completion": ro.texts[i],
+                "reward": float(ro.rewards.flatten()[i]),
+                **{k: v[i] for k, v in parts.items()},
+            }
+            for i in range(min(n, len(ro.texts)))
+        ]
+
     def _rollout_metrics(self, ro: Rollouts, keep: Tensor) -> dict:
         """Reward and diversity diagnostics of the step's rollouts, reduced over ranks."""
         R = ro.rewards
         K = R.shape[1]
         within_std = R.std(dim=1, unbiased=False) if K > 1 else torch.full((R.shape[0],), float("nan"))
-        answers = [extract_answer(t) for t in ro.texts]
+        answers = [extract_answer(t) or normalize_text(final_answer_text(t)) for t in ro.texts]  # numbers or text
         distinct = [len(set(answers[i * K : (i + 1) * K])) for i in range(R.shape[0])]
         d = self.dist
         n_groups = d.sum_int(R.shape[0])
@@ -340,7 +388,22 @@ class GRPOTrainer:
             "distinct_answers": d.sum_float(float(sum(distinct))) / n_groups,
             "answer_entropy": d.sum_float(ro.entropy * n_tokens) / max(1.0, d.sum_float(n_tokens)),
             "answer_len": d.sum_float(n_tokens) / max(1, d.sum_int(ro.mask.shape[0])),
+            **{
+                f"reward/{name}": d.sum_float(sum(values)) / max(1, n_groups * K)
+                for name, values in self.rewards.last.items()
+                if len(self.rewards.parts) > 1
+            },
         }
+
+
+def _rewards(reward_fn: ScoreFn | Rewards | None, cfg: Config) -> Rewards:
+    """The trainer's reward: the one given in Python, else the config's (``grpo.reward(s)``, else ``eval.scorer``)."""
+    if isinstance(reward_fn, Rewards):
+        return reward_fn
+    if reward_fn is not None:
+        return Rewards([RewardPart(getattr(reward_fn, "__name__", "reward_fn"), reward_fn)], cfg.grpo.filter_reward)
+    g = cfg.grpo
+    return build_rewards(g.reward, g.rewards, cfg.eval.scorer, g.filter_reward)
 
 
 # ------------------------------------------------------------------------ the run
@@ -351,7 +414,9 @@ class LoopState:
     best_step: int | None = None
     best_accuracy: float = -1.0
     skipped: int = 0
+    skip_streak: int = 0  # steps in a row with every group filtered out (no update)
     last_eval: float | None = None
+    started: float = 0.0  # wall clock at the start of this process's part of the run
 
 
 def train_grpo(
@@ -365,55 +430,83 @@ def train_grpo(
     dist: Dist | None = None,
     progress: bool = True,
     log: Callable[[str], None] = print,
-    resume: bool = True,
+    resume: bool | str = "auto",
+    allow_config_change: bool = False,
+    reward_fn: ScoreFn | Rewards | None = None,
 ) -> dict:
     """The full loop: periodic eval, metrics.jsonl (+ TensorBoard when installed), best/ and final/ checkpoints.
 
     ``evaluate_fn(lm, records)`` returns how many of ``records`` the model gets right (score every record it
     is given: apply any limit beforehand). Under torchrun every rank calls this; eval is sharded and only
-    rank 0 writes files. Resumes from the newest intact checkpoint in ``out_dir`` when ``resume``."""
+    rank 0 writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see
+    :class:`~dgrpo.training.run.RunDir`). ``reward_fn``: see :class:`GRPOTrainer`."""
     dist = dist or Dist.single()
     g = cfg.grpo
-    trainer = GRPOTrainer(lm, cfg, train, dist=dist)
-    run = RunDir(out_dir, cfg, dist, resume=resume, tensorboard=True, log=log)
-    loop = _resume(run, trainer)
-    evaluate = _periodic_eval(run, trainer, loop, valid or {}, evaluate_fn)
-    if trainer.step_idx == 0:
-        loop.last_eval = evaluate(0)
-    show = progress and dist.is_main
-    bar = tqdm(range(trainer.step_idx, g.steps), desc="grpo", disable=not show, initial=trainer.step_idx, total=g.steps)
-    for _ in bar:
-        comm0 = dist.comm_s
-        m = trainer.step()
-        m["time_comm_s"] = round(dist.comm_s - comm0, 4)  # collectives, waiting for the slowest rank included
-        loop.skipped += m["skipped"]
-        if m["step"] % g.log_every == 0 or m["step"] == g.steps - 1:
-            run.metrics.write(m)
-        done = trainer.step_idx
-        if (g.eval_every and done % g.eval_every == 0) or done == g.steps:
-            loop.last_eval = evaluate(done)
-        if (g.save_every and done % g.save_every == 0) or done == g.steps or trainer.guard.tripped:
-            _save_resumable(run, trainer, loop)
-        if trainer.guard.tripped:
-            raise trainer.guard.error(done, run.out_dir / "checkpoints")
-        shown = {"reward": f"{m['reward_mean']:.3f}", "kept": f"{m['frac_groups_kept']:.2f}"}
-        bar.set_postfix({**shown, **({"eval": f"{loop.last_eval:.3f}"} if loop.last_eval is not None else {})})
-    dist.save_model(lm, run.out_dir / "final")
-    run.metrics.close()
-    return _summary(run, loop, g.steps) if dist.is_main else {}
+    trainer = GRPOTrainer(lm, cfg, train, dist=dist, reward_fn=reward_fn)
+    lm.run_config = to_dict(cfg)  # final/ and best/ carry the config (and the task) that produced them
+    with RunDir(out_dir, cfg, dist, resume=resume, allow_config_change=allow_config_change, log=log) as run:
+        loop = _resume(run, trainer)
+        evaluate = _periodic_eval(run, trainer, loop, valid or {}, evaluate_fn)
+        if trainer.step_idx == 0:
+            loop.last_eval = evaluate(0)
+        show = progress and dist.is_main
+        bar = tqdm(
+            range(trainer.step_idx, g.steps), desc="grpo", disable=not show, initial=trainer.step_idx, total=g.steps
+        )
+        for _ in bar:
+            comm0 = dist.comm_s
+            m = trainer.step()
+            m["time_comm_s"] = round(dist.comm_s - comm0, 4)  # collectives, waiting for the slowest rank included
+            loop.skipped += m["skipped"]
+            stalled = _check_stall(run, loop, m, g.max_skip_streak)
+            if m["step"] % g.log_every == 0 or m["step"] == g.steps - 1:
+                run.metrics.write(m)
+            run.write_rollouts(trainer.rollout_rows(g.log_rollouts))
+            done = trainer.step_idx
+            if (g.eval_every and done % g.eval_every == 0) or done == g.steps:
+                loop.last_eval = evaluate(done)
+            if (g.save_every and done % g.save_every == 0) or done == g.steps or trainer.guard.tripped or stalled:
+                _save_resumable(run, trainer, loop)
+            if trainer.guard.tripped:
+                raise trainer.guard.error(done, run.out_dir / "checkpoints")
+            if stalled:
+                raise StalledError(stalled)
+            shown = {"reward": f"{m['reward_mean']:.3f}", "kept": f"{m['frac_groups_kept']:.2f}"}
+            bar.set_postfix({**shown, **({"eval": f"{loop.last_eval:.3f}"} if loop.last_eval is not None else {})})
+        dist.save_model(lm, run.out_dir / "final")
+        return _summary(run, loop, g.steps) if dist.is_main else {}
 
 
 def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
-    """Load the run directory's newest intact checkpoint into the trainer (if any) and open the metrics log."""
-    loop, saved = LoopState(), None
-    if run.checkpoint is not None:
-        saved = load_checkpoint(
-            run.checkpoint, lm=trainer.lm, optimizer=trainer.opt, extra_models=_extra_models(trainer)
-        )
+    """Load the newest checkpoint that loads into the trainer (if any) and open the metrics log."""
+    extra = _extra_models(trainer)
+    loaded = run.resume(lambda ckpt: read_checkpoint(ckpt, lm=trainer.lm, optimizer=trainer.opt, extra_models=extra))
+    saved = loaded.apply(trainer.lm, trainer.opt, extra) if loaded is not None else None
+    loop = LoopState()
+    if saved is not None:
         trainer.load_state(saved["trainer"], saved["tensors"])
         loop = LoopState(**saved["loop"])
+    loop.started = time.time()
     run.start(saved)
     return loop
+
+
+def _check_stall(run: RunDir, loop: LoopState, m: dict, limit: int) -> str | None:
+    """Count steps in a row with every group filtered out; warn from 10 on; past ``limit`` return why to stop."""
+    loop.skip_streak = loop.skip_streak + 1 if m["skipped"] else 0
+    m["skip_streak"] = loop.skip_streak
+    if loop.skip_streak and loop.skip_streak % 10 == 0:
+        run.log(
+            f"dgrpo: warning: every group was filtered out for {loop.skip_streak} steps in a row (step {m['step']}): "
+            f"no update is happening (reward_mean {m['reward_mean']:.3f}, filter window {m.get('filter_window')})"
+        )
+    if limit and loop.skip_streak >= limit:
+        return (
+            f"every group was filtered out for {loop.skip_streak} steps in a row (step {m['step']}): training had "
+            f"stopped updating (reward_mean {m['reward_mean']:.3f}); state saved in {run.out_dir / 'checkpoints'}; "
+            "check the rewards and grpo.alpha_min / alpha_max, or set grpo.max_skip_streak=0 to keep going"
+        )
+    return None
 
 
 def _summary(run: RunDir, loop: LoopState, steps: int) -> dict:
@@ -426,6 +519,10 @@ def _summary(run: RunDir, loop: LoopState, steps: int) -> dict:
         "skipped_steps": loop.skipped,
     }
     (run.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    best = f"best {100 * loop.best_accuracy:.2f}% at step {loop.best_step}" if loop.best_step is not None else "no best"
+    final = f"final {100 * loop.last_eval:.2f}%" if loop.last_eval is not None else "no eval"
+    wall = time.time() - loop.started
+    run.log(f"dgrpo grpo: done in {wall:.0f} s; {best}; {final}; {loop.skipped} of {steps} steps skipped")
     return summary
 
 

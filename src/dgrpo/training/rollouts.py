@@ -9,9 +9,9 @@ import torch
 from torch import Tensor
 
 from ..data.records import Record
+from ..eval.scoring import ScoreFn, call_checked, numeric
 from ..model.latent_lm import LatentLM, right_pad
 from ..perturbation import Perturbation
-from ..reward import score
 
 
 @dataclass
@@ -53,47 +53,53 @@ def collect_rollouts(
     batch_size: int = 512,
     max_question_tokens: int | None = None,
     generator: torch.Generator | None = None,
+    reward_fn: ScoreFn | None = None,
 ) -> Rollouts:
-    """Generate ``group_size`` rollouts for every record; row i is perturbed by ``seeds[i]``."""
-    questions = [r.question for r in records for _ in range(group_size)]
-    golds = [r.answer for r in records for _ in range(group_size)]
-    prompt_ids, prompt_mask = lm.encode_questions(questions, max_tokens=max_question_tokens)
+    """Generate ``group_size`` rollouts for every record; row i is perturbed by ``seeds[i]``. ``reward_fn`` (batched,
+    see :mod:`dgrpo.eval.scoring`; default: the numeric verifier) gives each completion its reward."""
+    expanded = [r for r in records for _ in range(group_size)]
+    prompt_ids, prompt_mask = lm.encode_questions([r.question for r in expanded], max_tokens=max_question_tokens)
+    lm.check_fits(prompt_ids.shape[1], n_latent, max_new_tokens, key="grpo.n_latent")
     bs = batch_size if perturbation.batched else 1
-    toks, masks, logps, ents = [], [], [], []
+    gens = []
     was_training = lm.training
     lm.eval()
-    for b0 in range(0, len(questions), bs):
+    for b0 in range(0, len(expanded), bs):
         sl = slice(b0, b0 + bs)
         ids, mask = _trim(prompt_ids[sl], prompt_mask[sl], left=True)
         with perturbation.bind(lm, seeds[sl]) as pb:
-            g = lm.generate(
-                ids,
-                mask,
-                n_latent,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                generator=generator,
-                perturbation=pb,
-                with_entropy=True,
+            gens.append(
+                lm.generate(
+                    ids,
+                    mask,
+                    n_latent,
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                    top_p=top_p,
+                    generator=generator,
+                    perturbation=pb,
+                    with_entropy=True,
+                )
             )
-        toks += list(g.tokens)
-        masks += list(g.mask)
-        logps += list(g.logprobs)
-        assert g.entropy is not None
-        ents.append((g.entropy.sum(), g.mask.sum()))
     lm.train(was_training)
-    tokens, mask = right_pad([t[m.bool()].tolist() for t, m in zip(toks, masks)], lm.pad_id, lm.device)
+    tokens, mask, rollout_logp, ent = _concat(gens, lm)
+    texts = lm.decode(tokens, mask)
+    values = reward_fn(texts, expanded) if reward_fn is not None else call_checked(numeric, "numeric", texts, expanded)
+    rewards = torch.tensor(values, dtype=torch.float32).view(len(records), group_size)
+    return Rollouts(prompt_ids, prompt_mask, seeds, tokens, mask, rollout_logp, rewards, texts, ent)
+
+
+def _concat(gens: list, lm: LatentLM) -> tuple[Tensor, Tensor, Tensor, float]:
+    """One right-padded batch (tokens, mask, recorded log-probs) from the generation batches, and the mean
+    per-token entropy of the answer distribution."""
+    rows = [(t, m, lp) for g in gens for t, m, lp in zip(g.tokens, g.mask, g.logprobs)]
+    tokens, mask = right_pad([t[m.bool()].tolist() for t, m, _ in rows], lm.pad_id, lm.device)
     rollout_logp = torch.zeros(tokens.shape, dtype=torch.float32, device=lm.device)
-    for i, (lp, m) in enumerate(zip(logps, masks)):
+    for i, (_, m, lp) in enumerate(rows):
         n = int(m.sum())
         rollout_logp[i, :n] = lp[:n]
-    texts = lm.decode(tokens, mask)
-    rewards = torch.tensor([score(t, g) for t, g in zip(texts, golds)], dtype=torch.float32).view(
-        len(records), group_size
-    )
-    ent = float(sum(e for e, _ in ents) / max(1, sum(int(n) for _, n in ents)))
-    return Rollouts(prompt_ids, prompt_mask, seeds, tokens, mask, rollout_logp, rewards, texts, ent)
+    ent_sum = sum(float(g.entropy.sum()) for g in gens if g.entropy is not None)
+    return tokens, mask, rollout_logp, ent_sum / max(1, sum(int(g.mask.sum()) for g in gens))
 
 
 def replay_logprobs(

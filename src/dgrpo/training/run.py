@@ -1,78 +1,164 @@
-"""One training run's plumbing, shared by SFT and GRPO: the run directory, the metrics log, start-or-resume,
-the non-finite guard, and evaluation sharded over processes.
+"""One training run's plumbing, shared by SFT and GRPO: the run directory (an exclusive lock, ``config.json`` and
+its history, start-or-resume with fallback), the metrics log, the guards that stop a run that stopped learning,
+and evaluation sharded over processes.
 
-Every rank builds the same objects; the ones that write (``config.json``, ``metrics.jsonl``, TensorBoard)
-are no-ops off rank 0, so a trainer's loop calls them unconditionally.
+Every rank builds the same objects; the ones that write (``config.json``, ``metrics.jsonl``, trackers) are no-ops
+off rank 0, so a trainer's loop calls them unconditionally.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
-import math
-import sys
+import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from ..config import Config, to_dict
+from ..config import Config, ConfigError, to_dict
 from ..data.records import Record
-from .checkpoint import count_lines, latest_checkpoint, reset_metrics
+from ..model.verified import CheckpointError
+from .checkpoint import CKPT_DIR, LoadedCheckpoint, count_lines, reset_metrics, resume_candidates
 from .distributed import Dist
+from .tracking import Tracker, describe_backends, open_trackers
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
+ROLLOUTS_FILE = "rollouts.jsonl"
+LOCK_FILE = ".lock"
+#: options that change neither the computation nor its results: a resumed run may change them freely
+NEUTRAL_KEYS = ("threads", "device", "logging.")
 
 
-class NonFiniteError(RuntimeError):
-    """Too many consecutive steps with a non-finite loss or gradient (the state was saved first)."""
+class TrainingStopped(RuntimeError):
+    """A run stopped on purpose because it stopped learning (its state was saved first); exit code 1."""
+
+
+class NonFiniteError(TrainingStopped):
+    """Too many consecutive steps with a non-finite loss or gradient, or non-finite weights after a step."""
+
+
+class StalledError(TrainingStopped):
+    """Every group was filtered out for too many steps in a row: no update happened for that long."""
+
+
+def check_output_path(path: Path, what: str = "--out") -> None:
+    """Fail early, in one line, when ``path`` cannot hold a command's output: an existing file, or a place that
+    cannot be written (a probe file is written and removed in ``path`` or its nearest existing parent; nothing is
+    created)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{what} {path} exists and is not a directory")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{what} {path}: {parent} is not a directory")
+    try:
+        probe = parent / f".dgrpo-write-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{what} {path}: cannot write there ({e.strerror or e})") from None
+
+
+def check_output_dir(path: Path, what: str = "--out") -> Path:
+    """``path`` can hold a run: checked (:func:`check_output_path`), then created."""
+    check_output_path(path, what)
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{what} {path}: cannot create it ({e.strerror or e})") from None
+    return Path(path)
+
+
+class RunLock:
+    """An exclusive lock on a run directory for this process's lifetime (``flock``: the OS releases it when the
+    process dies, however it dies). A second process on the same directory gets a one-line ConfigError naming
+    the holder's PID."""
+
+    def __init__(self, directory: Path):
+        self.path = Path(directory) / LOCK_FILE
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = self.path.read_text().strip() or "unknown"
+            os.close(self._fd)
+            self._fd = None
+            raise ConfigError(
+                f"{directory} is in use by another dgrpo process (PID {holder}); wait for it to finish or use "
+                "another --out"
+            ) from None
+        os.ftruncate(self._fd, 0)
+        os.write(self._fd, f"{os.getpid()}\n".encode())
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class MetricsLog:
-    """``metrics.jsonl`` (one JSON row per write, flushed) and optionally TensorBoard, written by rank 0 only."""
+    """``metrics.jsonl`` (one JSON row per write, flushed) and the run's other trackers (TensorBoard, W&B), written
+    by rank 0 only: every method is a no-op on other ranks."""
 
-    def __init__(self, path: Path, enabled: bool, tensorboard_dir: Path | None = None):
+    def __init__(self, path: Path, enabled: bool):
         self.path, self.enabled = path, enabled
         self._file: IO[str] | None = None
-        self._tb: Any = None
-        if enabled and tensorboard_dir is not None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
+        self.trackers: list[Tracker] = []
 
-                self._tb = SummaryWriter(str(tensorboard_dir))
-            except Exception:  # tensorboard not installed
-                self._tb = None
-
-    def open(self, keep_lines: int | None) -> None:
+    def open(self, keep_lines: int | None, trackers: list[Tracker]) -> None:
         """Resuming: keep the first ``keep_lines`` rows (those of the checkpoint); fresh (None): start empty."""
         if not self.enabled:
             return
         reset_metrics(self.path, keep_lines)
         self._file = open(self.path, "a")
+        self.trackers = trackers
 
     def write(self, row: dict[str, Any]) -> None:
         if self._file is None:
             return
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
-        if self._tb is not None:
-            for k, v in row.items():
-                if isinstance(v, (int, float)) and k != "step" and v is not None and math.isfinite(v):
-                    self._tb.add_scalar(k, v, row["step"])
+        for t in self.trackers:
+            t.log(row, row["step"])
 
     def n_rows(self) -> int:
         """Rows written so far (stored in checkpoints, so a resumed run drops the rows after them)."""
         return count_lines(self.path) if self.enabled else 0
 
-    def close(self) -> None:
+    def close(self, exit_code: int = 0) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._tb is not None:
-            self._tb.close()
+        for t in self.trackers:
+            t.close(exit_code)
+        self.trackers = []
+
+
+def config_diff(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two config dicts (options that cannot change results excluded)."""
+    keys = []
+    for k in sorted(set(old) | set(new)):
+        key = f"{prefix}{k}"
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += config_diff(a, b, key + ".")
+        elif a != b and not key.startswith(NEUTRAL_KEYS) and key not in NEUTRAL_KEYS:
+            keys.append(key)
+    return keys
 
 
 class RunDir:
-    """A run's output directory: ``config.json``, the metrics log, and the checkpoint to resume from (if any)."""
+    """A run's output directory: locked for this run, ``config.json`` (with its history when a resumed run was
+    allowed to change it), the metrics log, and the checkpoint to resume from.
+
+    ``resume``: ``auto`` (the newest intact checkpoint in ``OUT/checkpoints``, falling back to older ones on any
+    problem; a fresh start when there is none), ``never`` (start over: earlier checkpoints are deleted) or the path
+    of one checkpoint directory to resume from. Resuming with a config that differs from the one the run was
+    started with is refused (one line listing the keys) unless ``allow_config_change``."""
 
     def __init__(
         self,
@@ -80,25 +166,161 @@ class RunDir:
         cfg: Config,
         dist: Dist,
         *,
-        resume: bool = True,
-        tensorboard: bool = False,
+        resume: bool | str = "auto",
+        allow_config_change: bool = False,
         log: Callable[[str], None] = print,
     ):
-        self.out_dir, self.dist = Path(out_dir), dist
+        self.out_dir, self.dist, self.cfg, self.logging = Path(out_dir), dist, to_dict(cfg), cfg.logging
+        self.resume_mode = {True: "auto", False: "never"}[resume] if isinstance(resume, bool) else resume
+        self.allow_config_change = allow_config_change
         self.log = log if dist.is_main else (lambda m: None)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        if dist.is_main:
-            (self.out_dir / CONFIG_FILE).write_text(json.dumps(to_dict(cfg), indent=2))
-        self.metrics = MetricsLog(
-            self.out_dir / METRICS_FILE, dist.is_main, self.out_dir / "tb" if tensorboard else None
-        )
-        self.checkpoint = latest_checkpoint(self.out_dir, log=self.log) if resume else None
+        self.lock = self._lock()
+        self.metrics = MetricsLog(self.out_dir / METRICS_FILE, dist.is_main)
+        self.changed: list[str] = []
+        self.checkpoint: Path | None = None
+        try:
+            self.candidates = self._candidates()
+            if self.candidates:
+                self._on_rank0(self._check_config)
+        except BaseException:
+            self.close(1)  # a refused run releases the directory at once
+            raise
+        if self.resume_mode == "never" and dist.is_main and (self.out_dir / CKPT_DIR).is_dir():
+            shutil.rmtree(self.out_dir / CKPT_DIR)
+            self.log(f"dgrpo: --resume never: removed the earlier checkpoints in {self.out_dir / CKPT_DIR}")
+
+    def _lock(self) -> RunLock | None:
+        """Rank 0 checks the directory and takes the lock (every rank learns whether it could)."""
+        found: list[RunLock] = []
+
+        def take() -> None:
+            check_output_dir(self.out_dir)
+            found.append(RunLock(self.out_dir))
+
+        self._on_rank0(take)
+        return found[0] if found else None
+
+    def _on_rank0(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on rank 0; if it raises ConfigError, every rank raises it (all fail together, none hangs)."""
+        problem = None
+        if self.dist.is_main:
+            try:
+                fn()
+            except ConfigError as e:
+                problem = e
+        if self.dist.sum_int(int(problem is not None)):
+            raise problem or ConfigError(f"{self.out_dir}: the run directory cannot be used (see rank 0's error)")
+
+    def _candidates(self) -> list[Path]:
+        if self.resume_mode == "never":
+            return []
+        if self.resume_mode == "auto":
+            return resume_candidates(self.out_dir)
+        path = Path(self.resume_mode)
+        if not path.is_dir():
+            raise ConfigError(f"--resume {path}: no such checkpoint directory")
+        return [path]
+
+    def _check_config(self) -> None:
+        """Refuse to resume under a changed config (unless allowed: then keep every config with its start step)."""
+        current = self.out_dir / CONFIG_FILE
+        if not current.is_file():
+            return
+        old = json.loads(current.read_text())
+        changed = config_diff(old, self.cfg)
+        if changed and not self.allow_config_change:
+            raise ConfigError(
+                f"{self.out_dir} holds a run started with a different config ({', '.join(changed[:8])}"
+                f"{', ...' if len(changed) > 8 else ''}); resume it unchanged, start over with --resume never, "
+                "or pass --allow-config-change to continue with the new values (every config used is kept)"
+            )
+        self.changed = changed
+
+    def resume(self, load: Callable[[Path], LoadedCheckpoint]) -> LoadedCheckpoint | None:
+        """Read the newest checkpoint that loads (``load`` reads and checks one, mutating nothing); each one that
+        does not is reported in one line. None for a fresh start; an error when checkpoints exist but none loads."""
+        problems = []
+        for ckpt in self.candidates:
+            try:
+                loaded = load(ckpt)
+            except CheckpointError as e:
+                problems.append(f"{ckpt.name}: {e}")
+                self.log(f"dgrpo: skipping checkpoint {ckpt}: {e}; falling back to the previous one")
+                continue
+            self.checkpoint = ckpt
+            return loaded
+        if problems:
+            raise CheckpointError(
+                f"no checkpoint in {self.out_dir} can be resumed ({'; '.join(problems[:3])}); "
+                "start over with --resume never"
+            )
+        return None
 
     def start(self, resumed_state: dict | None) -> None:
-        """Open the metrics log: keep the resumed checkpoint's rows, or start empty; say that we resumed."""
-        self.metrics.open(resumed_state["metrics_lines"] if resumed_state is not None else None)
+        """Write ``config.json`` (and its history), open the metrics log (keeping the resumed checkpoint's rows, or
+        starting empty) and the trackers, say where metrics go and that we resumed."""
+        trackers: list[Tracker] = []
+        if self.dist.is_main:
+            step = resumed_state["step"] if resumed_state is not None else 0
+            if resumed_state is not None and self.changed:
+                self._keep_config_history(step)
+            (self.out_dir / CONFIG_FILE).write_text(json.dumps(self.cfg, indent=2))
+            lg = self.logging
+            trackers = open_trackers(
+                lg.backends,
+                self.out_dir,
+                config=self.cfg,
+                project=lg.project,
+                entity=lg.entity,
+                run_name=lg.run_name,
+                resume=resumed_state is not None,
+            )
+            self.log(describe_backends(lg.backends, trackers, self.out_dir / METRICS_FILE))
+        self.metrics.open(resumed_state["metrics_lines"] if resumed_state is not None else None, trackers)
+        if self.dist.is_main:  # rollouts.jsonl: keep the rows of the steps before the resumed one
+            keep_before = resumed_state["step"] if resumed_state is not None else 0
+            rows = self.rollouts_path.read_text().splitlines() if self.rollouts_path.is_file() else []
+            kept = [r for r in rows if r.strip() and json.loads(r)["step"] < keep_before]
+            if rows or kept:
+                self.rollouts_path.write_text("".join(r + "\n" for r in kept))
         if self.checkpoint is not None and resumed_state is not None:
             self.log(f"dgrpo: resumed from {self.checkpoint} (step {resumed_state['step']})")
+
+    @property
+    def rollouts_path(self) -> Path:
+        return self.out_dir / ROLLOUTS_FILE
+
+    def write_rollouts(self, rows: list[dict]) -> None:
+        """Append rows to ``rollouts.jsonl`` (rank 0)."""
+        if rows and self.dist.is_main:
+            with open(self.rollouts_path, "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+
+    def _keep_config_history(self, step: int) -> None:
+        """``config.N.json``: every config the run used, with the step it started at (0 = the run's first)."""
+        history = sorted(self.out_dir.glob("config.*.json"), key=lambda p: int(p.name.split(".")[1]))
+        if not history:
+            first = json.loads((self.out_dir / CONFIG_FILE).read_text())
+            (self.out_dir / "config.0.json").write_text(json.dumps({"started_at_step": 0, "config": first}, indent=2))
+            history = [self.out_dir / "config.0.json"]
+        n = int(history[-1].name.split(".")[1]) + 1
+        (self.out_dir / f"config.{n}.json").write_text(
+            json.dumps({"started_at_step": step, "config": self.cfg}, indent=2)
+        )
+        self.log(f"dgrpo: config changed at step {step} ({', '.join(self.changed[:8])}); kept as config.{n}.json")
+
+    def close(self, exit_code: int = 0) -> None:
+        """Close the metrics log and the trackers (marking a W&B run failed unless ``exit_code`` is 0); unlock."""
+        self.metrics.close(exit_code)
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, kind: type | None, *exc: object) -> None:
+        self.close(0 if kind is None else 1)
 
 
 class NonFiniteGuard:
@@ -123,13 +345,19 @@ class NonFiniteGuard:
         )
 
 
+def weights_finite(params: list, dist: Dist) -> bool:
+    """Whether every weight is finite (all ranks agree: under FSDP each holds a shard). One fused norm per call."""
+    import torch
+
+    local = (
+        bool(torch.isfinite(torch.stack(torch._foreach_norm([p.detach() for p in params]))).all()) if params else True
+    )
+    return dist.sum_int(int(not local)) == 0
+
+
 def sharded_accuracy(dist: Dist, count_correct: Callable[[list[Record]], int], records: list[Record]) -> float:
     """Accuracy on ``records`` with each rank scoring its shard: ``count_correct(shard)`` returns how many
     of the shard's records are correct; the counts are summed over ranks (every rank calls this)."""
     local = dist.shard(records)
     correct = count_correct(local) if local else 0
     return dist.sum_int(correct) / max(1, len(records))
-
-
-def stderr_log(msg: str) -> None:
-    print(msg, file=sys.stderr)

@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, to_dict
 from ..data.records import Record
 from ..model.latent_lm import LatentLM, LatentSettings
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import read_checkpoint, save_checkpoint
 from .distributed import Dist
-from .run import NonFiniteGuard, RunDir, sharded_accuracy
+from .run import NonFiniteError, NonFiniteGuard, RunDir, sharded_accuracy, weights_finite
 from .schedules import lr_at
 
 
@@ -80,7 +80,9 @@ def stage_settings(stage: int, cfg: Config) -> LatentSettings:
     """What a checkpoint of ``stage`` uses at inference (its latent count for a full-length chain)."""
     _, n_lat = latent_layout(stage, 10**6 if cfg.sft.pad_latent_to_max else cfg.sft.max_latent_stage, cfg)
     mode = {"no_curriculum": "coconut"}.get(cfg.sft.mode, cfg.sft.mode)
-    return LatentSettings(mode=mode, c_thought=cfg.sft.c_thought, stage=stage, n_latent=n_lat)
+    return LatentSettings(
+        mode=mode, c_thought=cfg.sft.c_thought, stage=stage, n_latent=n_lat, chat_template=cfg.data.chat_template
+    )
 
 
 def final_settings(cfg: Config) -> LatentSettings:
@@ -181,6 +183,11 @@ def sft_step(
         opt.step()
     opt.zero_grad(set_to_none=True)
     dist.gather_params(lm.model)
+    if finite and not weights_finite(params, dist):
+        raise NonFiniteError(
+            f"the weights became non-finite in an SFT optimizer step (lr {lr:.3g}, finite gradient norm "
+            f"{float(gn):.3g}); nothing of this step was saved: the last checkpoint is intact; lower sft.lr"
+        )
     return loss_sum, float(gn), finite
 
 
@@ -192,11 +199,13 @@ class SFTRun:
         self.lm, self.cfg, self.dist, self.run = lm, cfg, dist, run
         self.params = dist.prepare_model(lm.model)  # rank 0's weights everywhere; FSDP2 shards here
         self.plan = Curriculum(cfg, max(1, n_train // cfg.sft.batch_size))
-        self.prog, self.opt, saved = Progress(), None, None
-        if run.checkpoint is not None:
-            self.opt = new_optimizer(self.params, cfg)
-            saved = load_checkpoint(run.checkpoint, lm=lm, optimizer=self.opt)
-            self.prog = Progress(**saved["progress"])
+        self.prog, saved = Progress(), None
+        opt = new_optimizer(self.params, cfg)  # the state a checkpoint loads into
+        loaded = run.resume(lambda ckpt: read_checkpoint(ckpt, lm=lm, optimizer=opt))
+        self.opt: torch.optim.Optimizer | None = None  # a fresh run makes it at its first stage
+        if loaded is not None:
+            saved = loaded.apply(lm, opt)
+            self.prog, self.opt = Progress(**saved["progress"]), opt
         skips = saved["nonfinite_skips"] if saved else 0
         self.guard = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr", skips=skips)
         run.start(saved)
@@ -259,52 +268,55 @@ def train_sft(
     evaluate_fn: Callable[[LatentLM, list[Record], LatentSettings], int] | None = None,
     log: Callable[[str], None] = print,
     dist: Dist | None = None,
-    resume: bool = True,
+    resume: bool | str = "auto",
+    allow_config_change: bool = False,
 ) -> LatentLM:
     """Run the curriculum; write ``metrics.jsonl``, ``stage-K/`` checkpoints and ``final/`` under ``out_dir``.
 
     ``evaluate_fn(lm, records, settings)`` returns how many of ``records`` are correct; it is called on
     ``valid`` at the end of each stage. ``dist`` shards batches and the eval across processes; every rank
-    calls this, only rank 0 writes files. Resumes from the newest intact checkpoint when ``resume``."""
+    calls this, only rank 0 writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path
+    (see :class:`~dgrpo.training.run.RunDir`)."""
     dist = dist or Dist.single()
     s = cfg.sft
     if s.batch_size < dist.world_size:
         raise ConfigError(f"sft.batch_size: {s.batch_size} examples cannot be shared by {dist.world_size} processes")
-    run = RunDir(out_dir, cfg, dist, resume=resume, log=log)
-    sft = SFTRun(lm, cfg, dist, run, len(train))
-    plan, prog, t0 = sft.plan, sft.prog, time.time()
-    start_epoch, start_batch = prog.epoch, prog.batch
-    bar = tqdm(
-        total=s.num_epochs * plan.steps_per_epoch, initial=prog.global_step, desc="sft", disable=not dist.is_main
-    )
-    for epoch in range(start_epoch, s.num_epochs):
-        stage = plan.stage(epoch)
-        sft.enter_stage(stage)
-        order = plan.epoch_order(epoch, len(train))
-        lm.train()
-        for b in range(start_batch if epoch == start_epoch else 0, plan.steps_per_epoch):
-            ex_rng = random.Random(f"{cfg.seed}/examples/{prog.global_step}")
-            batch = [
-                make_example(train[i], stage, cfg, ex_rng) for i in order[b * s.batch_size : (b + 1) * s.batch_size]
-            ]
-            row, applied = sft.step(dist.shard(batch), epoch, stage, t0)
-            bar.update(1)
-            bar.set_postfix(stage=stage, loss=f"{row['loss']:.3f}")
-            if prog.global_step % 10 == 0 or b == plan.steps_per_epoch - 1 or not applied:
-                run.metrics.write(row)
-            if sft.guard.tripped:
-                sft.save(epoch, b + 1)
-                raise sft.guard.error(prog.global_step, run.out_dir / "checkpoints")
-            if s.save_every and prog.global_step % s.save_every == 0 and b + 1 < plan.steps_per_epoch:
-                sft.save(epoch, b + 1)
-        if plan.last_of_stage(epoch):
-            _finish_stage(lm, stage, cfg, run, dist, valid, evaluate_fn, prog.global_step, t0)
-        sft.save(epoch + 1, 0)
-    bar.close()
-    lm.settings = final_settings(cfg)
-    lm.eval()
-    dist.save_model(lm, run.out_dir / "final")
-    run.metrics.close()
+    lm.run_config = to_dict(cfg)  # stage-K/ and final/ carry the config (and the task) that produced them
+    lm.settings.chat_template = cfg.data.chat_template  # how questions are prompted, from the first step on
+    with RunDir(out_dir, cfg, dist, resume=resume, allow_config_change=allow_config_change, log=log) as run:
+        sft = SFTRun(lm, cfg, dist, run, len(train))
+        plan, prog, t0 = sft.plan, sft.prog, time.time()
+        start_epoch, start_batch = prog.epoch, prog.batch
+        bar = tqdm(
+            total=s.num_epochs * plan.steps_per_epoch, initial=prog.global_step, desc="sft", disable=not dist.is_main
+        )
+        for epoch in range(start_epoch, s.num_epochs):
+            stage = plan.stage(epoch)
+            sft.enter_stage(stage)
+            order = plan.epoch_order(epoch, len(train))
+            lm.train()
+            for b in range(start_batch if epoch == start_epoch else 0, plan.steps_per_epoch):
+                ex_rng = random.Random(f"{cfg.seed}/examples/{prog.global_step}")
+                batch = [
+                    make_example(train[i], stage, cfg, ex_rng) for i in order[b * s.batch_size : (b + 1) * s.batch_size]
+                ]
+                row, applied = sft.step(dist.shard(batch), epoch, stage, t0)
+                bar.update(1)
+                bar.set_postfix(stage=stage, loss=f"{row['loss']:.3f}")
+                if prog.global_step % 10 == 0 or b == plan.steps_per_epoch - 1 or not applied:
+                    run.metrics.write(row)
+                if sft.guard.tripped:
+                    sft.save(epoch, b + 1)
+                    raise sft.guard.error(prog.global_step, run.out_dir / "checkpoints")
+                if s.save_every and prog.global_step % s.save_every == 0 and b + 1 < plan.steps_per_epoch:
+                    sft.save(epoch, b + 1)
+            if plan.last_of_stage(epoch):
+                _finish_stage(lm, stage, cfg, run, dist, valid, evaluate_fn, prog.global_step, t0)
+            sft.save(epoch + 1, 0)
+        bar.close()
+        lm.settings = final_settings(cfg)
+        lm.eval()
+        dist.save_model(lm, run.out_dir / "final")
     return lm
 
 

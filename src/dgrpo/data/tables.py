@@ -1,0 +1,67 @@
+"""Tabular files you bring: CSV (standard library), parquet and Hugging Face dataset folders (``save_to_disk``,
+through the optional ``datasets`` package). Each reader returns plain row dicts; :mod:`dgrpo.data.loaders` turns
+them into records (by their keys, or by the column mapping ``data.question_key`` / ``answer_key`` / ``steps_key``).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+from .records import DataError
+
+#: files that mark a folder written by ``datasets.Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``
+HF_FOLDER_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
+
+
+def is_hf_folder(path: Path) -> bool:
+    return path.is_dir() and any((path / m).is_file() for m in HF_FOLDER_MARKERS)
+
+
+def read_csv(path: Path) -> list[dict[str, Any]]:
+    """The rows of a CSV file with a header line (values are strings)."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            if not reader.fieldnames:
+                raise DataError(f"{path}: no header line (CSV files need one, naming the columns)")
+            return [dict(row) for row in reader]
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except csv.Error as e:
+        raise DataError(f"{path}: not a readable CSV file ({e})") from None
+
+
+def _datasets(what: str) -> Any:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{what} needs the optional 'datasets' package: pip install 'dgrpo[hub]'") from None
+    return datasets
+
+
+def read_parquet(path: Path) -> list[dict[str, Any]]:
+    """The rows of a parquet file."""
+    datasets = _datasets(f"{path}: reading parquet")
+    try:
+        return list(datasets.Dataset.from_parquet(str(path)))
+    except Exception as e:  # noqa: BLE001 - a damaged or foreign file: one line
+        raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def read_hf_folder(path: Path, split: str | None) -> list[dict[str, Any]]:
+    """The rows of a ``save_to_disk`` folder: a Dataset, or one split of a DatasetDict (``test`` if present, else
+    the first, unless ``split`` names one)."""
+    datasets = _datasets(f"{path}: reading a Hugging Face dataset folder")
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except Exception as e:  # noqa: BLE001
+        raise DataError(f"{path}: not a readable dataset folder ({type(e).__name__}: {str(e)[:200]})") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        names = list(loaded.keys())
+        chosen = split or ("test" if "test" in names else names[0])
+        if chosen not in names:
+            raise DataError(f"{path}: has splits {', '.join(names)}; got {chosen!r}")
+        loaded = loaded[chosen]
+    return list(loaded)

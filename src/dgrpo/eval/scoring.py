@@ -1,0 +1,188 @@
+"""What counts as correct, and what a rollout earns: built-in scorers, reward and scorer plug-ins, and their
+weighted combination.
+
+A scorer or reward function is batched: ``fn(completions: list[str], records: list[Record]) -> list[float]``, one
+value per completion (``records[i]`` is the problem completion ``i`` answers: its ``question``, ``answer``,
+``steps`` and ``meta``). A scorer returns 1.0 for a correct completion and 0.0 otherwise; a reward may return any
+finite number. Built-in scorers, by name: ``numeric`` (the final number equals the gold number; text golds are
+compared as normalised text), ``exact`` (the final answer, after the last ``####`` if any, equals the gold after
+normalisation: case, spacing, a trailing period), ``choice`` (a multiple-choice letter A-E). A plug-in is named
+``package.module:function`` or ``path/to/file.py:function``.
+
+Every call is checked: a function that raises, returns the wrong number of values, or a value that is not a
+finite number is a :class:`RewardError` (one line naming the function and the row).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..data.records import Record
+from ..reward import normalize_text, score
+
+ScoreFn = Callable[[list[str], list[Record]], Sequence[float]]
+
+
+class RewardError(ValueError):
+    """A reward or scorer that cannot be loaded, or that misbehaved on a batch (the message is one line)."""
+
+
+def numeric(completions: list[str], records: list[Record]) -> list[float]:
+    """The verifier: the completion's final number equals the gold answer (see :func:`dgrpo.reward.score`)."""
+    return [score(c, r.answer) for c, r in zip(completions, records)]
+
+
+def final_answer_text(completion: str) -> str:
+    """The answer part of a completion: after the last ``####`` when there is one, else the whole text."""
+    return completion.rpartition("####")[2] if "####" in completion else completion
+
+
+def exact(completions: list[str], records: list[Record]) -> list[float]:
+    """The final answer text equals the gold after normalisation (case, spacing, a trailing period)."""
+    return [
+        float(normalize_text(final_answer_text(c)) == normalize_text(str(r.answer)))
+        for c, r in zip(completions, records)
+    ]
+
+
+_LETTER = re.compile(r"(?<![A-Za-z])\(?([A-E])\)?(?![A-Za-z])")
+
+
+def choice_letter(text: str) -> str | None:
+    """The multiple-choice letter a text answers with: the last standalone A-E of its final answer part."""
+    found = _LETTER.findall(final_answer_text(text))
+    return found[-1] if found else None
+
+
+def choice(completions: list[str], records: list[Record]) -> list[float]:
+    """A multiple-choice answer: the letter A-E of the completion equals the gold's letter."""
+    return [
+        float(choice_letter(c) is not None and choice_letter(c) == choice_letter(str(r.answer)))
+        for c, r in zip(completions, records)
+    ]
+
+
+#: scorers by name (``eval.scorer``)
+SCORERS: dict[str, ScoreFn] = {"numeric": numeric, "exact": exact, "choice": choice}
+
+
+def load_function(spec: str, what: str = "reward") -> ScoreFn:
+    """A built-in scorer's name, ``package.module:function`` or ``path/to/file.py:function``."""
+    if spec in SCORERS:
+        return SCORERS[spec]
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name:
+        raise RewardError(
+            f"{what} {spec!r}: expected a built-in scorer ({', '.join(SCORERS)}), 'package.module:function' or "
+            "'path/to/file.py:function'"
+        )
+    try:
+        if target.endswith(".py") or "/" in target:
+            path = Path(target).expanduser()
+            if not path.is_file():
+                raise RewardError(f"{what} {spec!r}: file {path} not found")
+            module_spec = importlib.util.spec_from_file_location(f"dgrpo_plugin_{path.stem}", path)
+            assert module_spec is not None and module_spec.loader is not None
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except RewardError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's module failed to import: one line
+        raise RewardError(f"{what} {spec!r}: cannot import {target} ({type(e).__name__}: {e})") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise RewardError(f"{what} {spec!r}: {target} has no function {name!r}")
+    return fn
+
+
+def call_checked(fn: ScoreFn, name: str, completions: list[str], records: list[Record]) -> list[float]:
+    """``fn(completions, records)``, checked: it must return one finite number per completion."""
+    try:
+        values = list(fn(completions, records))
+    except Exception as e:  # noqa: BLE001 - the user's function failed: one line naming it
+        raise RewardError(
+            f"reward {name} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from None
+    if len(values) != len(completions):
+        raise RewardError(f"reward {name} returned {len(values)} values for {len(completions)} completions")
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+            raise RewardError(f"reward {name} returned {v!r} for row {i} (question {records[i].question[:60]!r})")
+        out.append(float(v))
+    return out
+
+
+@dataclass
+class RewardPart:
+    name: str
+    fn: ScoreFn
+    weight: float = 1.0
+
+
+@dataclass
+class Rewards:
+    """The reward of a rollout: the weighted sum of one or more parts; ``filter_on`` names the part the accuracy
+    filter's window applies to ('' = the total)."""
+
+    parts: list[RewardPart]
+    filter_on: str = ""
+    last: dict[str, list[float]] = field(default_factory=dict)  # each part's values of the last call
+
+    def __call__(self, completions: list[str], records: list[Record]) -> list[float]:
+        self.last = {p.name: call_checked(p.fn, p.name, completions, records) for p in self.parts}
+        return [sum(p.weight * self.last[p.name][i] for p in self.parts) for i in range(len(completions))]
+
+    def smoke_test(self, records: list[Record], check_filter: bool) -> None:
+        """Call every reward once on gold answers (``#### <answer>``) of ``records``, before a run writes anything:
+        a function that cannot be imported, raises or returns the wrong thing fails here, in one line."""
+        total = self([f"#### {r.answer}" for r in records], records)
+        if check_filter:
+            self.filter_values(total)
+
+    def filter_values(self, total: list[float]) -> list[float]:
+        """The values the accuracy window is applied to; they must lie in [0, 1]."""
+        values = total if not self.filter_on else self.last[self.filter_on]
+        for i, v in enumerate(values):
+            if not 0.0 <= v <= 1.0:
+                what = f"reward {self.filter_on}" if self.filter_on else "the total reward"
+                raise RewardError(
+                    f"grpo.filter: the accuracy window applies to {what}, which must lie in [0, 1]; it is {v} for row "
+                    f"{i}: set grpo.filter_reward to a 0/1 reward of grpo.rewards, or grpo.filter=false"
+                )
+        return values
+
+
+def build_rewards(reward: str, rewards: list[dict], scorer: str, filter_reward: str = "") -> Rewards:
+    """The reward a config names: ``grpo.rewards`` (several, weighted) or ``grpo.reward`` (one), else the scorer."""
+    if rewards:
+        parts = []
+        for item in rewards:
+            fn_spec = str(item["fn"])
+            parts.append(
+                RewardPart(str(item.get("name") or fn_spec), load_function(fn_spec), float(item.get("weight", 1.0)))
+            )
+    else:
+        spec = reward or scorer
+        parts = [RewardPart(spec, load_function(spec, "reward" if reward else "eval.scorer"))]
+    if filter_reward and filter_reward not in {p.name for p in parts}:
+        raise RewardError(
+            f"grpo.filter_reward {filter_reward!r} is not one of the rewards ({', '.join(p.name for p in parts)})"
+        )
+    return Rewards(parts, filter_reward)
+
+
+def build_scorer(spec: str) -> ScoreFn:
+    """The scorer ``eval.scorer`` names: a built-in one, or a plug-in wrapped so that every call is checked."""
+    if spec in SCORERS:
+        return SCORERS[spec]
+    fn = load_function(spec, "eval.scorer")
+    return lambda completions, records: call_checked(fn, spec, completions, records)

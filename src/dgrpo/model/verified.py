@@ -1,0 +1,172 @@
+"""Directories written atomically and verified when read: a sha256 manifest, a temporary directory renamed into
+place, strict loading of safetensors weights, and one error type with a one-line message.
+
+Every directory dgrpo writes (a model checkpoint: ``final/``, ``best/``, ``stage-K/``; a resumable training
+checkpoint) is first written to a hidden temporary sibling, then ``manifest.json`` (the sha256 of every file) is
+written last and the directory is renamed into place, so a kill mid-write never leaves a directory that looks
+complete. A reader verifies the manifest and that every file it needs is listed in it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import nn
+
+MANIFEST = "manifest.json"
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+class CheckpointError(FileNotFoundError):
+    """A checkpoint that does not exist, does not hold a model, or is damaged (the message is one line)."""
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a directory's entries to disk (best effort: not every filesystem supports it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def write_manifest(directory: Path) -> None:
+    """``manifest.json``: the sha256 of every file below ``directory`` (nested manifests included)."""
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p != directory / MANIFEST)
+    manifest = {str(p.relative_to(directory)): sha256(p) for p in files}
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def verify(directory: Path, required: tuple[str, ...] = ()) -> str | None:
+    """None when ``directory`` is complete and intact, else what is wrong (one line): the manifest must exist,
+    every file it lists must match its checksum, and every ``required`` file must be listed (so a planted or
+    truncated manifest cannot vouch for a directory that lacks a file). A required entry ``a|b`` is met by either."""
+    man = directory / MANIFEST
+    if not man.is_file():
+        return "no manifest (incomplete write)"
+    try:
+        manifest = json.loads(man.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return "unreadable manifest"
+    if not isinstance(manifest, dict):
+        return "unreadable manifest"
+    for alternatives in required:
+        if not any(name in manifest for name in alternatives.split("|")):
+            return f"the manifest does not list {alternatives.replace('|', ' or ')}"
+    for rel, digest in manifest.items():
+        p = directory / rel
+        if not p.is_file():
+            return f"missing file {rel}"
+        if sha256(p) != digest:
+            return f"checksum mismatch in {rel}"
+    return None
+
+
+@contextmanager
+def atomic_dir(final: Path) -> Iterator[Path]:
+    """Write a directory atomically: yields a fresh temporary sibling to fill; on success writes its manifest and
+    renames it to ``final`` (replacing an existing one); on an exception removes it and re-raises."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+        write_manifest(tmp)
+        fsync_dir(tmp)
+        if os.environ.get("DGRPO_TEST_CRASH_BEFORE_PUBLISH") == final.name:  # test hook: die before the rename
+            os.kill(os.getpid(), 9)
+        replace_dir(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Move the complete directory ``src`` to ``dst``; an existing ``dst`` is moved aside first and deleted after,
+    so at every moment either the old or the new directory is complete on disk."""
+    old = dst.parent / f".old-{dst.name}-{os.getpid()}"
+    if dst.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(dst, old)
+    os.replace(src, dst)
+    fsync_dir(dst.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The state dict of a safetensors model directory (one file, or shards listed in the index)."""
+    try:
+        if (folder / SAFETENSORS).is_file():
+            return load_file(str(folder / SAFETENSORS))
+        index = folder / SAFETENSORS_INDEX
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            state: dict[str, torch.Tensor] = {}
+            for shard in shards:
+                state.update(load_file(str(folder / shard)))
+            return state
+    except (SafetensorError, OSError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{folder}: unreadable weights ({one_line(e)})") from None
+    raise CheckpointError(f"{folder}: no {SAFETENSORS} (dgrpo reads safetensors weights only, never pickles)")
+
+
+def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
+    """Raise CheckpointError unless ``state`` holds exactly ``model``'s tensors with their shapes. A parameter tied
+    to another (shared storage, e.g. a tied LM head) may be absent when one of its twins is present."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state and not _tied_twin_present(model, k, state)]
+    unexpected = [k for k in state if k not in own]
+    shapes = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
+        for k in state
+        if k in own and state[k].shape != own[k].shape
+    ]
+    for what, names in (("missing tensors", missing), ("unexpected tensors", unexpected), ("wrong shapes", shapes)):
+        if names:
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            raise CheckpointError(f"{where}: {what}: {', '.join(names[:3])}{more}")
+
+
+def _tied_twin_present(model: nn.Module, key: str, state: dict[str, torch.Tensor]) -> bool:
+    own = model.state_dict(keep_vars=True)
+    ptr = own[key].data_ptr()
+    return any(k in state for k, t in own.items() if k != key and t.data_ptr() == ptr)
+
+
+def load_weights_strict(model: nn.Module, folder: Path) -> None:
+    """Load a safetensors model directory into ``model``: every tensor present, no extra one, the right shapes,
+    checked before anything is copied (a failed load leaves the model untouched)."""
+    state = read_weights(folder)
+    check_state_dict(model, state, str(folder))
+    model.load_state_dict(state, strict=False)
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one short line (its first line; torch adds paragraphs of advice below it)."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__

@@ -1,0 +1,127 @@
+"""Consolidate a sharded FSDP checkpoint (``DIR/dcp``, torch.distributed.checkpoint) into ``DIR/model.safetensors``,
+in one process, without running code from the checkpoint.
+
+torch's own reader unpickles the checkpoint's ``.metadata`` file with :func:`pickle.load`, which runs whatever a
+planted file asks for. Here the metadata is read with an unpickler that only builds the checkpoint-metadata
+classes of ``torch.distributed.checkpoint`` (plus ``torch.Size``, dtypes and paths); the checkpoint must hold
+tensors only (no pickled "bytes" entries, which torch would load with ``weights_only=False``), and tensor data is
+read with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+from ..model.latent_lm import LatentLM
+from ..model.verified import CheckpointError, one_line, write_manifest
+from .distributed import SHARDED_DIR
+
+#: (module, name) pairs the metadata may reference; everything else is refused before it is imported
+_ALLOWED = {
+    ("torch.distributed.checkpoint.metadata", n)
+    for n in (
+        "Metadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "TensorProperties",
+        "ChunkStorageMetadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    )
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds checkpoint metadata and nothing else."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"the metadata references {module}.{name}, which a checkpoint never needs")
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """torch's FileSystemReader with the metadata read by :class:`_MetadataUnpickler`, tensors only."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = Path(self.path) / ".metadata"
+        try:
+            with open(path, "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError, OSError) as e:
+            raise CheckpointError(
+                f"{path}: not a checkpoint metadata file dgrpo can read safely ({one_line(e)})"
+            ) from None
+        if not isinstance(metadata, Metadata):
+            raise CheckpointError(f"{path}: not a checkpoint metadata file (found a {type(metadata).__name__})")
+        for key, entry in metadata.state_dict_metadata.items():
+            if not isinstance(entry, TensorStorageMetadata):
+                raise CheckpointError(f"{path}: entry {key!r} is not a tensor (model checkpoints hold tensors only)")
+        storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+        storage_meta.load_id = self.load_id
+        metadata.storage_meta = storage_meta
+        return metadata
+
+
+def read_sharded(directory: Path) -> dict[str, torch.Tensor]:
+    """The full state dict of a sharded checkpoint directory (``directory/dcp``), read safely in one process."""
+    state: dict[str, Any] = {}
+    reader = SafeFileSystemReader(directory / SHARDED_DIR)
+    reader.read_metadata()  # checked here, where its error is one line (torch wraps the reader's errors)
+    _load_state_dict(
+        state,
+        storage_reader=reader,
+        planner=_EmptyStateDictLoadPlanner(),
+        no_dist=True,
+    )
+    return state
+
+
+def consolidate_checkpoint(path: str | Path) -> Path:
+    """Turn a sharded FSDP checkpoint (``path/dcp``) into ``path/model.safetensors`` (and a new manifest), so that
+    ``LatentLM.from_pretrained(path)`` and plain transformers load it. Returns ``path``."""
+    path = Path(path)
+    if not (path / SHARDED_DIR / ".metadata").is_file():
+        raise CheckpointError(f"{path}: no sharded checkpoint ({SHARDED_DIR}/.metadata) to consolidate")
+    state = read_sharded(path)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dtype = next(iter(state.values())).dtype
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
+    lm_keys = set(model.state_dict())
+    if set(state) - lm_keys or lm_keys - set(state) - _tied(model):
+        raise CheckpointError(f"{path}: the sharded weights do not match the model config")
+    model.load_state_dict(state, strict=False)
+    model.save_pretrained(path, safe_serialization=True)
+    write_manifest(path)
+    LatentLM.from_pretrained(path)  # verifies the result loads
+    return path
+
+
+def _tied(model: torch.nn.Module) -> set[str]:
+    """State-dict keys that share storage with an earlier key (tied weights)."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for k, t in model.state_dict(keep_vars=True).items():
+        if t.data_ptr() in seen:
+            tied.add(k)
+        seen.setdefault(t.data_ptr(), k)
+    return tied

@@ -1,0 +1,287 @@
+"""Metric sinks besides ``OUT/metrics.jsonl``: TensorBoard and Weights & Biases.
+
+``metrics.jsonl`` stays the record of a run (resuming and ``dgrpo plot`` read it); the trackers here copy each of
+its rows, under the same metric names, to the other backends of ``logging.backends``. :func:`open_trackers`
+opens one :class:`Tracker` per backend; the caller (rank 0 only) passes every row to each tracker's ``log`` and
+calls ``close`` at the end. The optional packages are imported lazily, so importing this module needs neither.
+
+Values: ints and floats are logged as scalars, bools as 0/1 (so that they can be charted); ``None`` is skipped
+everywhere; strings go to W&B only; non-finite floats go to W&B only (TensorBoard would draw them as spikes).
+
+Resuming a run in the same output directory, which re-logs the steps after its checkpoint:
+
+* TensorBoard: a new event file per process; before its first row the tracker writes a session ``START``
+  marker at that row's step (as ``torch.utils.tensorboard.SummaryWriter(purge_step=...)`` does), so TensorBoard's
+  reader drops the older files' points at that step and later: the curves show the resumed values only.
+* W&B: the run's id is created once and kept in ``OUT/wandb_run_id``; a resumed process calls ``wandb.init`` with
+  that id and ``resume="allow"``, so it continues the same W&B run (offline, each process writes its own
+  ``OUT/wandb/offline-run-*`` directory with that id; ``wandb sync`` uploads them to that one run). W&B steps must
+  not decrease: rows whose step is below the last logged one (or, online, below the resumed run's next step) are
+  skipped, and counted in ``WandbTracker.skipped``; rows at the same step are merged into one W&B history row
+  (an eval row and a training row often share a step). So, unlike metrics.jsonl and TensorBoard, W&B keeps the
+  values the interrupted process logged after its checkpoint (W&B history cannot be rewritten).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import secrets
+import string
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..config import ConfigError
+
+#: the backends this module opens (``jsonl`` is the caller's metrics.jsonl)
+TRACKER_BACKENDS = ("tensorboard", "wandb")
+#: the file, in the run directory, that keeps the W&B run id across resumes
+WANDB_ID_FILE = "wandb_run_id"
+_INSTALL = "pip install 'dgrpo[tracking]'"
+
+
+class Tracker(Protocol):
+    """A metric sink: gets every metrics row, with its step; closed once at the end of the run."""
+
+    #: the backend, as named in ``logging.backends``
+    name: str
+    #: where the metrics go, in a few words (for the run's first log line)
+    where: str
+
+    def log(self, row: dict[str, Any], step: int) -> None:
+        """Log one metrics row (the ``"step"`` key, if present, is not logged as a metric)."""
+        ...
+
+    def close(self, exit_code: int = 0) -> None:
+        """Flush and release the sink; ``exit_code`` != 0 marks a failed run where the backend records it."""
+        ...
+
+
+def _require(backend: str, module: str, package: str) -> Any:
+    """Import ``module`` for ``backend``, or raise a one-line :class:`ConfigError` saying what to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(
+            f"logging.backends: {backend} needs the {package} package, which could not be imported ({e}); "
+            f"install it: {_INSTALL} (or pip install {package})"
+        ) from e
+
+
+def _number(v: Any) -> float | int | None:
+    """``v`` as a number for a scalar chart (bools as 0/1), or None for anything else."""
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (int, float)):
+        return v
+    return None
+
+
+def _shown(path: Path, base: Path) -> str:
+    """``path`` under ``base`` as ``base/...`` (``base`` as the caller spelled it); otherwise ``path`` itself."""
+    try:
+        return str(base / Path(path).resolve().relative_to(base.resolve()))
+    except ValueError:
+        return str(path)
+
+
+class TensorBoardTracker:
+    """Scalars in a TensorBoard event file under ``log_dir`` (``OUT/tb``).
+
+    Every int, float or bool (as 0/1) value except ``"step"`` is written as a scalar at ``step``; ``None``, strings
+    and non-finite floats are skipped. TensorBoard names a run by its directory (``tensorboard --logdir runs``
+    shows ``x/tb``), so ``run_name`` is only kept as an attribute. Events are flushed after every row."""
+
+    name = "tensorboard"
+
+    def __init__(self, log_dir: Path, run_name: str = "") -> None:
+        writer_mod = _require("tensorboard", "tensorboard.summary.writer.event_file_writer", "tensorboard")
+        self._event_pb2 = _require("tensorboard", "tensorboard.compat.proto.event_pb2", "tensorboard")
+        self._summary_pb2 = _require("tensorboard", "tensorboard.compat.proto.summary_pb2", "tensorboard")
+        self.log_dir, self.run_name = Path(log_dir), run_name
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._writer: Any = writer_mod.EventFileWriter(str(self.log_dir))
+        self._started = False
+        self.where = str(self.log_dir)
+
+    def log(self, row: dict[str, Any], step: int) -> None:
+        """Write the row's finite numbers as scalars at ``step``; the first row also purges older points."""
+        if self._writer is None:
+            raise RuntimeError("TensorBoardTracker.log after close()")
+        ev, sm = self._event_pb2, self._summary_pb2
+        now = time.time()
+        if not self._started:
+            # a resumed run: points a previous process wrote at this step or later are superseded
+            start = ev.Event(wall_time=now, step=step, session_log=ev.SessionLog(status=ev.SessionLog.START))
+            self._writer.add_event(start)
+            self._started = True
+        values = []
+        for k, v in row.items():
+            x = _number(v)
+            if k != "step" and x is not None and math.isfinite(x):
+                values.append(sm.Summary.Value(tag=k, simple_value=float(x)))
+        if values:
+            self._writer.add_event(ev.Event(wall_time=now, step=step, summary=sm.Summary(value=values)))
+        self._writer.flush()
+
+    def close(self, exit_code: int = 0) -> None:
+        """Flush and close the event file (idempotent)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def _new_run_id() -> str:
+    """A W&B-style run id: 8 random lowercase letters and digits."""
+    alphabet = string.ascii_lowercase + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(8))
+
+
+def wandb_run_id(run_dir: Path, resume: bool = True) -> str:
+    """The W&B run id of ``run_dir``: the one stored in ``run_dir/wandb_run_id`` when ``resume`` and present;
+    otherwise a new one, stored there (overwriting any old one)."""
+    path = Path(run_dir) / WANDB_ID_FILE
+    if resume and path.is_file():
+        stored = path.read_text().strip()
+        if stored:
+            return stored
+    run_id = _new_run_id()
+    path.write_text(run_id + "\n")
+    return run_id
+
+
+class WandbTracker:
+    """A Weights & Biases run, under ``run_dir/wandb``; ``WANDB_MODE`` (e.g. ``offline``) is honoured.
+
+    The run id is kept in ``run_dir/wandb_run_id`` (:func:`wandb_run_id`) and the run started with
+    ``resume="allow"``: a resumed ``dgrpo`` run continues the same W&B run (``resume=False``: a new id, a new run).
+    Rows are logged with ``run.log(values, step=step)`` under their metrics.jsonl names; ``None`` values are
+    dropped, bools become 0/1, strings and non-finite floats are kept. A row whose step is below the last logged
+    step (or below the resumed online run's next step) would be dropped by W&B with a warning: it is skipped here
+    and counted in :attr:`skipped`. Rows at the same step are merged into one history row."""
+
+    name = "wandb"
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        project: str = "dgrpo",
+        entity: str = "",
+        run_name: str = "",
+        config: dict | None = None,
+        resume: bool = True,
+    ) -> None:
+        wandb = _require("wandb", "wandb", "wandb")
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_id = wandb_run_id(self.run_dir, resume)
+        try:
+            self._run: Any = wandb.init(
+                dir=str(self.run_dir),
+                project=project,
+                entity=entity or None,
+                name=run_name or self.run_dir.name,
+                config=config,
+                id=self.run_id,
+                resume="allow",
+            )
+        except wandb.errors.Error as e:
+            raise ConfigError(
+                f"logging.backends: wandb could not start a run ({' '.join(str(e).split())}); "
+                "log in (wandb login, or set WANDB_API_KEY) or set WANDB_MODE=offline"
+            ) from e
+        if self._run is None or self._run.id != self.run_id:
+            raise RuntimeError(
+                f"wandb.init returned another active W&B run ({getattr(self._run, 'id', None)}), not {self.run_id}: "
+                "finish it (run.finish()) before training"
+            )
+        #: the smallest step W&B still accepts (a resumed online run continues after its last logged step)
+        self._floor = int(getattr(self._run, "starting_step", 0) or 0)
+        #: rows skipped because their step was below the last one logged
+        self.skipped = 0
+        self.offline = bool(getattr(self._run, "offline", False))
+        if self.offline:
+            self.where = f"W&B offline run in {_shown(Path(self._run.dir).parent, self.run_dir)}"
+        else:
+            where = (
+                f"W&B project {'/'.join(p for p in (self._run.entity, self._run.project) if p)}, run {self._run.name}"
+            )
+            url = getattr(self._run, "url", None)
+            self.where = where + (f" ({url})" if url else "")
+
+    def log(self, row: dict[str, Any], step: int) -> None:
+        """Log the row at ``step`` (skipped, and counted, when ``step`` is below the last logged step)."""
+        if self._run is None:
+            raise RuntimeError("WandbTracker.log after close()")
+        if step < self._floor:
+            self.skipped += 1
+            return
+        values = {}
+        for k, v in row.items():
+            if k == "step" or v is None:
+                continue
+            values[k] = int(v) if isinstance(v, bool) else v
+        if values:
+            self._run.log(values, step=step)
+        self._floor = step
+
+    def close(self, exit_code: int = 0) -> None:
+        """Finish the W&B run (``exit_code`` != 0 marks it failed); idempotent."""
+        if self._run is not None:
+            run, self._run = self._run, None
+            run.finish(exit_code=exit_code)
+
+
+def open_trackers(
+    backends: Sequence[str],
+    run_dir: Path,
+    *,
+    config: dict,
+    project: str = "dgrpo",
+    entity: str = "",
+    run_name: str = "",
+    resume: bool = True,
+) -> list[Tracker]:
+    """One tracker per backend of ``backends`` besides ``jsonl`` (the caller's), in order, duplicates once:
+    ``tensorboard`` writes ``run_dir/tb``, ``wandb`` a W&B run (``config`` recorded as its config).
+    ``run_name`` '' means ``run_dir``'s name. ``resume``: continue the W&B run whose id ``run_dir`` stores (pass
+    False when the run starts afresh). Raises :class:`ConfigError` for an unknown backend or a missing package;
+    a tracker already opened is closed first."""
+    known = ("jsonl", *TRACKER_BACKENDS)
+    wanted = list(dict.fromkeys(b for b in backends if b != "jsonl"))
+    bad = [b for b in wanted if b not in known]
+    if bad:
+        raise ConfigError(
+            f"logging.backends: unknown backend(s) {', '.join(map(str, bad))}; expected any of {', '.join(known)}"
+        )
+    run_dir = Path(run_dir)
+    name = run_name or run_dir.name
+    trackers: list[Tracker] = []
+    try:
+        for b in wanted:
+            if b == "tensorboard":
+                trackers.append(TensorBoardTracker(run_dir / "tb", name))
+            else:
+                trackers.append(
+                    WandbTracker(run_dir, project=project, entity=entity, run_name=name, config=config, resume=resume)
+                )
+    except BaseException:
+        for t in trackers:
+            t.close(exit_code=1)
+        raise
+    return trackers
+
+
+def describe_backends(backends: Sequence[str], trackers: Sequence[Tracker], metrics_path: Path | str) -> str:
+    """The run's first log line about its metrics, e.g.
+    ``dgrpo: metrics -> runs/x/metrics.jsonl, tensorboard (runs/x/tb), wandb (W&B offline run in runs/x/wandb/...)``;
+    a backend of ``backends`` without a tracker is shown as ``(not open)``."""
+    parts = [str(metrics_path)]
+    by_name = {t.name: t for t in trackers}
+    for b in dict.fromkeys([*(b for b in backends if b != "jsonl"), *by_name]):
+        t = by_name.get(b)
+        parts.append(f"{b} ({t.where if t is not None else 'not open'})")
+    return "dgrpo: metrics -> " + ", ".join(parts)

@@ -1,0 +1,311 @@
+"""Your own task: reward and scorer plug-ins, data you bring (JSONL, CSV, parquet, dataset folders, column mapping,
+chat templates), hub ids wherever a model goes, checkpoints that carry their task, and resume that refuses a
+silently changed config."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dgrpo.data import load_spec
+from dgrpo.eval.scoring import RewardError, build_rewards, choice, exact, load_function, numeric
+
+from conftest import TEST_SETS, tiny_args
+
+REWARD_FILE = '''
+def reward(completions, records):
+    """A made-up reward in [0, 1]: the fraction of the completion's characters that are digits."""
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+
+def broken(completions, records):
+    return [0.5] * (len(completions) - 1)
+
+
+def nan(completions, records):
+    return [float("nan")] * len(completions)
+
+
+def raises(completions, records):
+    raise KeyError("no such field")
+'''
+
+
+@pytest.fixture
+def reward_file(tmp_path):
+    path = tmp_path / "my_reward.py"
+    path.write_text(REWARD_FILE)
+    return path
+
+
+# ----------------------------------------------------------------------------------- rewards and scorers
+def test_a_reward_written_in_a_test_file_drives_grpo_from_the_command_line(
+    sft_checkpoint, reward_file, tmp_path, run_cli
+):
+    """The metrics' reward column is what that function returns for the logged completions."""
+    out = tmp_path / "run"
+    over = {"grpo.reward": f"{reward_file}:reward", "grpo.log_rollouts": 1000, "grpo.steps": 2, "grpo.filter": "false"}
+    r = run_cli("grpo", "--init", sft_checkpoint, *tiny_args(**over), "--out", out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    fn = load_function(f"{reward_file}:reward")
+    logged = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"reward_mean"' in x]
+    assert [row["step"] for row in rows] == [0, 1]
+    for row in rows:
+        step = [x for x in logged if x["step"] == row["step"]]
+        assert len(step) == TEST_SETS["grpo.group_size"] * 8  # every rollout of the step (8 prompts x K)
+        values = fn([x["completion"] for x in step], [None] * len(step))
+        assert [x["reward"] for x in step] == pytest.approx(values)
+        assert row["reward_mean"] == pytest.approx(sum(values) / len(values))
+
+
+@pytest.mark.parametrize(
+    "name,needle",
+    [
+        ("broken", "returned 31 values for 32 completions"),
+        ("nan", "returned nan for row 0"),
+        ("raises", "raised KeyError"),
+        ("missing", "has no function 'missing'"),
+    ],
+)
+def test_a_misbehaving_reward_is_exit_2_naming_it_before_anything_is_written(
+    sft_checkpoint, reward_file, tmp_path, run_cli, name, needle
+):
+    over = {"grpo.reward": f"{reward_file}:{name}", "grpo.prompts_per_step": 8, "grpo.group_size": 4}
+    r = run_cli("grpo", "--init", sft_checkpoint, *tiny_args(**over), "--out", tmp_path / "o")
+    assert r.returncode == 2, r.stderr[-2000:]
+    line = r.stderr.strip().splitlines()
+    assert len(line) == 1 and name in line[0] and (needle in line[0] or name == "broken"), r.stderr
+    assert not (tmp_path / "o").exists()  # the reward is checked on gold answers before the run directory is made
+
+
+def test_several_weighted_rewards_and_the_filter_rule(reward_file):
+    from dgrpo.data.records import Record
+
+    recs = [Record("q", [], "12"), Record("q", [], "7")]
+    rw = build_rewards(
+        "",
+        [
+            {"fn": "numeric", "weight": 1.0, "name": "correct"},
+            {"fn": f"{reward_file}:reward", "weight": 0.5, "name": "digits"},
+        ],
+        "numeric",
+        "correct",
+    )
+    total = rw(["#### 12", "#### 8"], recs)
+    digits = [2 / 7, 1 / 6]
+    assert total == pytest.approx([1.0 + 0.5 * digits[0], 0.0 + 0.5 * digits[1]])
+    assert rw.filter_values(total) == [1.0, 0.0]  # the window applies to the named 0/1 reward
+    rw_total = build_rewards("", [{"fn": "numeric", "weight": 2.0}], "numeric")
+    with pytest.raises(RewardError, match="must lie in \\[0, 1\\]"):
+        rw_total.filter_values(rw_total(["#### 12"], recs[:1]))  # a total of 2.0 cannot be an accuracy
+    with pytest.raises(RewardError, match="not one of the rewards"):
+        build_rewards("", [{"fn": "numeric"}], "numeric", "nope")
+
+
+def test_builtin_scorers():
+    from dgrpo.data.records import Record
+
+    r = [Record("q", [], "Tom is a wumpus."), Record("q", [], "B"), Record("q", [], "40")]
+    assert exact(["#### tom is a WUMPUS", "#### C", "x"], r) == [1.0, 0.0, 0.0]
+    assert choice(["The answer is (B).", "#### b", "#### B"], [r[1], r[1], r[1]]) == [1.0, 0.0, 1.0]
+    assert numeric(["#### 40.0", "#### 41"], [r[2], r[2]]) == [1.0, 0.0]
+
+
+# ----------------------------------------------------------------------------------- a text-answer task
+def test_a_text_answer_task_trains_and_evaluates_end_to_end(tmp_path, run_cli):
+    """50 records with word answers, the exact-match scorer: SFT, GRPO and eval run and use the same definition
+    of correct (eval takes the scorer from the checkpoint's run_config.json)."""
+    colors = ["red", "green", "blue", "white", "black"]
+    rows = [
+        {"question": f"Item {i} is painted {colors[i % 5]}. What color is item {i}?", "answer": colors[i % 5]}
+        for i in range(50)
+    ]
+    data = tmp_path / "colors.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sets = {
+        "data.train": data,
+        "data.valid": data,
+        "data.test": f"[{data}]",
+        "eval.scorer": "exact",
+        "sft.batch_size": 16,
+        "sft.num_epochs": 2,
+        "sft.epochs_per_stage": 1,
+        "grpo.steps": 2,
+        "grpo.prompts_per_step": 4,
+        "grpo.max_new_tokens": 8,
+        "eval.max_new_tokens": 8,
+    }
+    r = run_cli("sft", *tiny_args(**sets), "--out", tmp_path / "sft")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_cli("grpo", "--init", tmp_path / "sft", *tiny_args(**sets), "--out", tmp_path / "grpo")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_cli("eval", "--model", tmp_path / "grpo", "--data", data, "--out", tmp_path / "ev")
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((tmp_path / "ev" / "results.json").read_text())
+    preds = [json.loads(x) for x in (tmp_path / "ev" / "predictions.jsonl").read_text().splitlines()]
+    assert res["n"] == 50 and res["correct"] == sum(p["correct"] for p in preds)
+    assert all(
+        p["correct"] == (exact([p["completion"]], [type("R", (), {"answer": p["gold"]})])[0] == 1.0) for p in preds
+    )
+
+
+# ----------------------------------------------------------------------------------- data you bring
+def test_csv_parquet_dataset_folders_and_column_mapping(tmp_path):
+    from dgrpo.config import DataConfig
+
+    rows = [{"prompt": f"What is {i} plus 1?", "target": str(i + 1), "work": f"{i}+1={i + 1}"} for i in range(6)]
+    csv = tmp_path / "d.csv"
+    csv.write_text("prompt,target,work\n" + "".join(f"{r['prompt']},{r['target']},{r['work']}\n" for r in rows))
+    cols = DataConfig(question_key="prompt", answer_key="target", steps_key="work")
+    recs = load_spec(str(csv), data=cols)
+    assert [(r.question, r.answer, r.steps) for r in recs][:2] == [
+        ("What is 0 plus 1?", "1", ["0+1=1"]),
+        ("What is 1 plus 1?", "2", ["1+1=2"]),
+    ]
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_list(rows)
+    ds.to_parquet(str(tmp_path / "d.parquet"))
+    ds.save_to_disk(str(tmp_path / "folder"))
+    datasets.DatasetDict({"train": ds, "test": ds.select(range(2))}).save_to_disk(str(tmp_path / "dict"))
+    assert [r.answer for r in load_spec(str(tmp_path / "d.parquet"), data=cols)] == [r["target"] for r in rows]
+    assert len(load_spec(str(tmp_path / "folder"), data=cols)) == 6
+    assert len(load_spec(str(tmp_path / "dict"), data=cols)) == 2  # a DatasetDict: the test split
+    assert len(load_spec(str(tmp_path / "dict"), data=cols, split="train")) == 6
+    from dgrpo.data.records import DataError
+
+    with pytest.raises(DataError, match="d.csv row 0: missing field 'answer'"):
+        load_spec(str(csv), data=DataConfig(question_key="prompt", answer_key="answer"))
+
+
+def test_chat_template_wraps_the_question_and_is_saved_with_the_checkpoint(tokenizer, tmp_path):
+    from dgrpo.model.latent_lm import LatentLM
+
+    from conftest import make_lm
+
+    lm = make_lm(tokenizer)
+    template = "{% for m in messages %}<|user|> {{ m['content'] }}\n{% endfor %}"
+    lm.tokenizer.chat_template = template + "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    plain = lm.format_question("What is 2?")
+    lm.settings.chat_template = True
+    wrapped = lm.format_question("What is 2?")
+    assert plain == "What is 2?\n" and wrapped == "<|user|> What is 2?\n<|assistant|>"
+    ids, _ = lm.encode_questions(["What is 2?"])
+    assert lm.tokenizer.decode(ids[0, :-1]) == wrapped and int(ids[0, -1]) == lm.start_id
+    lm.save_pretrained(tmp_path / "ck")
+    again = LatentLM.from_pretrained(tmp_path / "ck")
+    assert again.settings.chat_template and again.format_question("What is 2?") == wrapped
+
+
+# ----------------------------------------------------------------------------------- models and checkpoints
+def test_builtin_checkpoint_tokenizer_round_trips_in_plain_transformers(sft_checkpoint):
+    from transformers import AutoTokenizer
+
+    from dgrpo.model.latent_lm import LatentLM
+
+    ours = LatentLM.from_pretrained(sft_checkpoint).tokenizer
+    plain = AutoTokenizer.from_pretrained(sft_checkpoint)
+    text = "Start with 3. Add 4. Times 7. Minus 15. Answer mod 10.\n<|start-latent|><|latent|><|end-latent|>"
+    text += "<<3+4=7>>\n#### 4"
+    ids = plain(text, add_special_tokens=False)["input_ids"]
+    assert ids == ours(text, add_special_tokens=False)["input_ids"]
+    assert plain.decode(ids) == text
+
+
+def test_eval_rebuilds_the_checkpoints_own_task_and_overrides_win(sft_checkpoint, tmp_path, run_cli):
+    """The session checkpoint was trained on 4-step problems (TEST_SETS) over tiny.yaml's 2-step task: eval of
+    builtin:test without options evaluates 4-step problems, and --set task.* still wins (and says so)."""
+    run_config = json.loads((sft_checkpoint / "run_config.json").read_text())
+    assert run_config["task"]["n_steps"] == 4 and run_config["task"]["n_test"] == 64
+    r = run_cli("eval", "--model", sft_checkpoint, "--data", "builtin:test", "--out", tmp_path / "a")
+    assert r.returncode == 0, r.stderr[-2000:]
+    preds = [json.loads(x) for x in (tmp_path / "a" / "predictions.jsonl").read_text().splitlines()]
+    assert len(preds) == 64 and all(p["question"].count(".") == 6 for p in preds)  # Start + 4 ops + Answer
+    assert "run_config.json" in r.stdout
+    r = run_cli(
+        "eval",
+        "--model",
+        sft_checkpoint,
+        "--data",
+        "builtin:test",
+        "--split",
+        "valid",
+        "--set",
+        "task.n_valid=8",
+        "--out",
+        tmp_path / "b",
+    )
+    assert r.returncode == 0 and "overridden: task.n_valid" in r.stdout
+    assert json.loads((tmp_path / "b" / "results.json").read_text())["n"] == 8  # --split now honours task.*
+
+
+@pytest.mark.slow
+def test_hub_ids_load_from_the_cache_wherever_a_model_goes(sft_checkpoint, tmp_path):
+    """A hub id (here served from a local Hugging Face cache, offline) works for --model, --init and
+    model.name_or_path."""
+    cache = tmp_path / "hub"
+    snap = cache / "models--tiny-org--tiny-model" / "snapshots" / "0123456789abcdef"
+    snap.parent.mkdir(parents=True)
+    import shutil
+
+    shutil.copytree(sft_checkpoint, snap)
+    (cache / "models--tiny-org--tiny-model" / "refs").mkdir()
+    (cache / "models--tiny-org--tiny-model" / "refs" / "main").write_text("0123456789abcdef")
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "dgrpo", *map(str, args)], capture_output=True, text=True, env=env, timeout=600
+        )
+
+    r = run("eval", "--model", "tiny-org/tiny-model", "--data", "builtin:test", "--limit", 8, "--out", tmp_path / "e")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run("grpo", "--init", "tiny-org/tiny-model", *tiny_args(**{"grpo.steps": 1}), "--out", tmp_path / "g")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run(
+        "sft",
+        *tiny_args(
+            **{"model.name_or_path": "tiny-org/tiny-model", "sft.num_epochs": 1, "task.n_train": 64, "data.valid": "''"}
+        ),
+        "--out",
+        tmp_path / "s",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------------- resume and config changes
+def test_resume_refuses_a_changed_config_unless_allowed(sft_checkpoint, tmp_path, run_cli):
+    out = tmp_path / "run"
+    args = ["grpo", "--init", sft_checkpoint, *tiny_args(**{"grpo.steps": 2, "grpo.save_every": 1}), "--out", out]
+    assert run_cli(*args).returncode == 0
+    r = run_cli(*args, "--set", "grpo.lr=5e-2", "--set", "grpo.steps=3")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "grpo.lr" in r.stderr and "grpo.steps" in r.stderr and "--allow-config-change" in r.stderr
+    assert json.loads((out / "config.json").read_text())["grpo"]["lr"] == 1e-4  # untouched
+    r = run_cli(*args, "--set", "grpo.lr=5e-2", "--set", "grpo.steps=3", "--allow-config-change")
+    assert r.returncode == 0, r.stderr[-2000:]
+    first, second = (json.loads((out / f"config.{i}.json").read_text()) for i in (0, 1))
+    assert first["started_at_step"] == 0 and first["config"]["grpo"]["lr"] == 1e-4
+    assert second["started_at_step"] == 2 and second["config"]["grpo"]["lr"] == 5e-2
+    assert json.loads((out / "config.json").read_text())["grpo"]["lr"] == 5e-2
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines() if '"reward_mean"' in x]
+    assert steps == [0, 1, 2]
+    r = run_cli(*args, "--set", "threads=1")  # options that cannot change results are not a change
+    assert r.returncode == 2 and "threads" not in r.stderr  # (the steps still differ: 2 vs 3)
+    r = run_cli(*args, "--resume", "never")
+    assert r.returncode == 0 and "removed the earlier checkpoints" in r.stdout
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines() if '"reward_mean"' in x]
+    assert steps == [0, 1]
+
+
+def test_resume_from_an_explicit_checkpoint_path(sft_checkpoint, tmp_path, run_cli):
+    args = ["grpo", "--init", sft_checkpoint, *tiny_args(**{"grpo.steps": 2, "grpo.save_every": 1})]
+    assert run_cli(*args, "--out", tmp_path / "a").returncode == 0
+    ckpt = tmp_path / "a" / "checkpoints" / "step-00000001"
+    r = run_cli(*args, "--out", tmp_path / "b", "--resume", ckpt)
+    assert r.returncode == 0 and f"resumed from {ckpt}" in r.stdout
+    wa = (tmp_path / "a" / "final" / "model.safetensors").read_bytes()
+    wb = (tmp_path / "b" / "final" / "model.safetensors").read_bytes()
+    assert wa == wb  # step 1 from a's checkpoint, then step 2: the same run

@@ -1,0 +1,312 @@
+"""What the README's reliability section promises: every bad input is exit code 2 and one line naming what is wrong
+(no traceback); a run that stops learning stops with a clear line (exit 1); one run per directory; damaged or
+incomplete checkpoints are detected (strict loading, manifests, atomic writes) and never loaded; nothing from a
+checkpoint is ever unpickled."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dgrpo.model.latent_lm import LatentLM
+
+from conftest import dgrpo, tiny_args, tiny_config
+
+READ_ONLY = Path("/sys/dgrpo-read-only-out")  # unwritable even for root
+
+
+@pytest.fixture(scope="module")
+def damaged(sft_checkpoint, tmp_path_factory):
+    """Copies of the SFT checkpoint, each damaged one way (manifest kept or rewritten to match the damage)."""
+    from dgrpo.model.verified import write_manifest
+
+    root = tmp_path_factory.mktemp("damaged")
+
+    def copy(name: str, rewrite_manifest: bool, damage) -> Path:
+        d = root / name
+        shutil.copytree(sft_checkpoint, d)
+        damage(d)
+        if rewrite_manifest:
+            write_manifest(d)  # as if the damage had been written through dgrpo itself: the manifest cannot tell
+        return d
+
+    def truncate(d):
+        data = (d / "model.safetensors").read_bytes()
+        (d / "model.safetensors").write_bytes(data[: len(data) // 2])
+
+    def drop_tensor(d):
+        from safetensors.torch import load_file, save_file
+
+        state = load_file(str(d / "model.safetensors"))
+        state.pop(sorted(k for k in state if "layers.1.mlp" in k)[0])
+        save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+    def wrong_shape(d):
+        from safetensors.torch import load_file, save_file
+
+        state = load_file(str(d / "model.safetensors"))
+        k = sorted(k for k in state if "layers.0.mlp.down_proj" in k)[0]
+        state[k] = torch.zeros(3, 3)
+        save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+    def pickle_weights(d):
+        from safetensors.torch import load_file
+
+        torch.save(load_file(str(d / "model.safetensors")), d / "pytorch_model.bin")
+        (d / "model.safetensors").unlink()
+
+    def flip_byte(d):
+        data = bytearray((d / "model.safetensors").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (d / "model.safetensors").write_bytes(bytes(data))
+
+    return {
+        "truncated": copy("truncated", True, truncate),
+        "empty": copy("empty", True, lambda d: (d / "model.safetensors").write_bytes(b"")),
+        "bad-json": copy("bad-json", True, lambda d: (d / "config.json").write_text("{not json")),
+        "no-tokenizer": copy("no-tokenizer", True, lambda d: [(d / f).unlink() for f in ("tokenizer.json",)]),
+        "dropped-tensor": copy("dropped-tensor", True, drop_tensor),
+        "wrong-shape": copy("wrong-shape", True, wrong_shape),
+        "pickle-weights": copy("pickle-weights", True, pickle_weights),
+        "flipped-byte": copy("flipped-byte", False, flip_byte),
+        "manifest-empty": copy(
+            "manifest-empty", False, lambda d: (drop_tensor(d), (d / "manifest.json").write_text("{}"))
+        ),
+    }
+
+
+DAMAGED = (
+    "truncated",
+    "empty",
+    "bad-json",
+    "no-tokenizer",
+    "dropped-tensor",
+    "wrong-shape",
+    "pickle-weights",
+    "flipped-byte",
+    "manifest-empty",
+)
+
+
+def bad_inputs(tmp: Path, ckpt: Path, damaged: dict) -> dict[str, tuple[list, str]]:
+    """case -> (argv, what the one line must name); the files the cases name are written by the test."""
+    out = ["--out", tmp / "o"]
+    grpo = ["grpo", "--init", ckpt, *tiny_args()]
+    sft = ["sft", *tiny_args()]
+    ev = ["eval", "--model", ckpt, "--data", "builtin:test", "--set", "task.n_test=16"]
+    rows = {
+        "yaml-not-utf8": ([*sft, "--config", tmp / "latin1.yaml", *out], "not UTF-8"),
+        "weight-decay-negative": ([*sft, "--set", "sft.weight_decay=-1", *out], "sft.weight_decay"),
+        "weight-decay-nan": ([*grpo, "--set", "grpo.weight_decay=nan", *out], "grpo.weight_decay"),
+        "lr-inf": ([*grpo, "--set", "grpo.lr=inf", *out], "grpo.lr"),
+        "layers-99": ([*grpo, "--set", "perturbation.layers=99", *out], "perturbation.layers"),
+        "layers-abc": ([*grpo, "--set", "perturbation.layers=abc", *out], "perturbation.layers"),
+        "layers-1:2:3": ([*grpo, "--set", "perturbation.layers=1:2:3", *out], "perturbation.layers"),
+        "seed-1e30": ([*sft, "--set", "seed=1e30", *out], "seed"),
+        "device-tpu": ([*sft, "--set", "device=tpu", *out], "device"),
+        "grpo-out-is-a-file": ([*grpo, "--out", tmp / "a-file"], "not a directory"),
+        "sft-out-is-a-file": ([*sft, "--out", tmp / "a-file"], "not a directory"),
+        "eval-out-is-a-file": ([*ev, "--out", tmp / "a-file"], "not a directory"),
+        "sft-out-read-only": ([*sft, "--out", READ_ONLY], "cannot write"),
+        "eval-out-read-only": ([*ev, "--out", READ_ONLY], "cannot write"),
+        "model-path-missing": ([*sft, "--set", f"model.name_or_path={tmp / 'nope'}", *out], "not found"),
+        "n-train-0": ([*sft, "--set", "data.train=builtin:train?n_train=0", *out], "n_train"),
+        "n-train-negative": ([*sft, "--set", "data.train=builtin:train?n_train=-3", *out], "n_train"),
+        "shots-negative": ([*ev, "--plain", "--shots", "-1", *out], "eval.shots"),
+        "max-grad-norm-nan": ([*sft, "--set", "sft.max_grad_norm=nan", *out], "sft.max_grad_norm"),
+        "eval-n-latent-huge": ([*ev, "--set", "eval.n_latent=100000", *out], "eval.n_latent"),
+        "grpo-n-latent-huge": ([*grpo, "--set", "grpo.n_latent=100000", *out], "grpo.n_latent"),
+        "eval-no-records": ([*ev, "--plain", "--shots", "16", *out], "nothing to evaluate"),
+        "hub-id-unreachable": (
+            ["eval", "--model", "some-org/no-such-model", "--data", "builtin:test", *out],
+            "some-org/no-such-model",
+        ),
+    }
+    for name in DAMAGED:
+        rows[f"eval-{name}"] = (["eval", "--model", damaged[name], "--data", "builtin:test", *out], name)
+        rows[f"init-{name}"] = (["grpo", "--init", damaged[name], *tiny_args(), *out], name)
+    return rows
+
+
+CASES = list(bad_inputs(Path("/unused"), Path("/unused"), {n: Path("/unused") / n for n in DAMAGED}))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_exit_2_and_one_line_naming_it(case, tmp_path, sft_checkpoint, damaged, run_cli):
+    (tmp_path / "latin1.yaml").write_bytes("grpo: {lr: 1e-5}  # caf\xe9\n".encode("latin-1"))
+    (tmp_path / "a-file").write_text("")
+    argv, needle = bad_inputs(tmp_path, sft_checkpoint, damaged)[case]
+    t0 = time.time()
+    r = run_cli(*argv)
+    assert r.returncode == 2, (case, r.returncode, r.stderr[-2000:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], (case, r.stderr)
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "o" / "final").exists()
+    assert time.time() - t0 < 60  # an unreachable hub fails at once, not after retries
+
+
+def test_layers_slice_forms_are_accepted_through_set(sft_checkpoint, tmp_path, run_cli):
+    """`1:2` was read as the base-60 number 62; `-2:` was rejected. Both are slices now."""
+    from dgrpo.model.anatomy import select_layers
+
+    assert select_layers(tiny_config(**{"perturbation.layers": "1:2"}).perturbation.layers, 2) == [1]
+    assert select_layers(tiny_config(**{"perturbation.layers": "-1:"}).perturbation.layers, 2) == [1]
+    r = run_cli(
+        "grpo",
+        "--init",
+        sft_checkpoint,
+        *tiny_args(**{"grpo.steps": 1, "perturbation.layers": "-1:"}),
+        "--out",
+        tmp_path / "o",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------------- a run that stops learning
+def test_lr_inf_is_refused_and_nan_weights_stop_the_run(sft_checkpoint, monkeypatch):
+    """lr=inf used to pass validation, make every weight NaN at step 1 and end with exit 0 after all steps were
+    silently skipped. The value is refused now; and weights that become non-finite in a step stop the run."""
+    from dgrpo.config import ConfigError
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.training import grpo
+    from dgrpo.training.run import NonFiniteError
+
+    with pytest.raises(ConfigError, match="grpo.lr"):
+        tiny_config(**{"grpo.lr": "inf"})
+    cfg = tiny_config(**{"grpo.filter": "false", "perturbation.p": "0.3", "grpo.prompts_per_step": "4"})
+    tr = grpo.GRPOTrainer(LatentLM.from_pretrained(sft_checkpoint), cfg, generate_split(cfg.task, "train"))
+    real_step = tr.opt.step
+
+    def poisoned_step(*a, **kw):
+        out = real_step(*a, **kw)
+        with torch.no_grad():
+            next(tr.lm.model.parameters()).fill_(float("nan"))
+        return out
+
+    monkeypatch.setattr(tr.opt, "step", poisoned_step)
+    with pytest.raises(NonFiniteError, match="weights became non-finite"):
+        tr.step()
+
+
+@pytest.mark.slow
+def test_every_group_filtered_warns_then_stops_with_exit_1(sft_checkpoint, tmp_path):
+    """Deterministic rollouts: every group is filtered out at every step. The log warns, the metrics carry the
+    streak, and past grpo.max_skip_streak the run stops (state saved) with one line and exit code 1."""
+    over = {"perturbation.kind": "none", "grpo.steps": 30, "grpo.max_skip_streak": 12, "grpo.eval_every": 0}
+    r = dgrpo("grpo", "--init", sft_checkpoint, *tiny_args(**over), "--out", tmp_path / "o")
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "filtered out for 10 steps in a row" in r.stdout + r.stderr  # the warning
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("dgrpo: error:") and "12 steps in a row" in last and "max_skip_streak" in last
+    rows = [json.loads(x) for x in (tmp_path / "o" / "metrics.jsonl").read_text().splitlines() if '"reward_mean"' in x]
+    assert [row["skip_streak"] for row in rows] == list(range(1, 13))
+    assert (tmp_path / "o" / "checkpoints").is_dir() and not (tmp_path / "o" / "final").exists()
+
+
+# ----------------------------------------------------------------------------------- one run per directory
+@pytest.mark.slow
+def test_a_second_command_on_the_same_out_is_refused_naming_the_pid(sft_checkpoint, tmp_path, run_cli):
+    out = tmp_path / "run"
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dgrpo",
+            "grpo",
+            "--init",
+            str(sft_checkpoint),
+            "--out",
+            str(out),
+            *tiny_args(**{"grpo.steps": 500, "grpo.eval_every": 0}),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 120
+        while not (out / "metrics.jsonl").exists() and time.time() < deadline:
+            time.sleep(0.1)
+        r = run_cli("grpo", "--init", sft_checkpoint, *tiny_args(**{"seed": 1}), "--out", out)
+        assert r.returncode == 2 and f"PID {first.pid}" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        assert json.loads((out / "config.json").read_text())["seed"] == 0  # the first run's files are untouched
+    finally:
+        first.kill()
+        first.wait()
+    # the OS released the lock with the process: the directory can be used again (here: resumed)
+    r = run_cli(
+        "grpo",
+        "--init",
+        sft_checkpoint,
+        *tiny_args(**{"grpo.steps": 500, "grpo.eval_every": 0}),
+        "--out",
+        out,
+        "--set",
+        "grpo.steps=1",
+        "--resume",
+        "never",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------------- checkpoints
+def test_damaged_checkpoints_are_never_loaded(damaged):
+    from dgrpo.model.verified import CheckpointError
+
+    for name, d in damaged.items():
+        with pytest.raises(CheckpointError) as e:
+            LatentLM.from_pretrained(d)
+        assert "\n" not in str(e.value), name
+
+
+def test_model_directories_are_written_atomically_with_a_manifest(sft_checkpoint, tmp_path, monkeypatch):
+    """A kill while final/ is written leaves no final/ (only a hidden temporary directory); a complete one has a
+    manifest, and a flipped byte in it is detected."""
+    from dgrpo.model.verified import MANIFEST, verify
+
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    assert verify(sft_checkpoint) is None and (sft_checkpoint / MANIFEST).is_file()
+
+    class Killed(BaseException):
+        pass
+
+    def die(*a, **kw):
+        raise Killed  # stands in for SIGKILL between the files and the rename (the slow test uses a real one)
+
+    monkeypatch.setattr("dgrpo.model.verified.replace_dir", die)
+    with pytest.raises(Killed):
+        lm.save_pretrained(tmp_path / "final")
+    assert not (tmp_path / "final").exists()
+
+
+def test_consolidate_never_runs_a_pickle_from_the_checkpoint(tmp_path, run_cli):
+    """A planted dcp/.metadata whose unpickling would run code: refused in one line, and the code never runs."""
+    marker = tmp_path / "PWNED"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    import pickle
+
+    ckpt = tmp_path / "final"
+    (ckpt / "dcp").mkdir(parents=True)
+    (ckpt / "dcp" / ".metadata").write_bytes(pickle.dumps(Payload()))
+    (ckpt / "config.json").write_text("{}")
+    r = run_cli("consolidate", ckpt)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "system, which a checkpoint" in r.stderr
+    assert not marker.exists()
+
+
+def test_hub_id_offline_names_the_id_fast(tmp_path, run_cli, monkeypatch):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    t0 = time.time()
+    r = run_cli("eval", "--model", "Qwen/Qwen2.5-1.5B", "--data", "builtin:test", "--out", tmp_path / "o")
+    assert r.returncode == 2 and "'Qwen/Qwen2.5-1.5B'" in r.stderr and "HF_HUB_OFFLINE" in r.stderr
+    assert time.time() - t0 < 30

@@ -1,0 +1,277 @@
+"""Metric sinks of :mod:`dgrpo.training.tracking`: TensorBoard event files and offline W&B runs, read back."""
+
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dgrpo.config import ConfigError
+from dgrpo.training.tracking import (
+    WANDB_ID_FILE,
+    TensorBoardTracker,
+    WandbTracker,
+    describe_backends,
+    open_trackers,
+)
+
+EVAL = "eval/valid/accuracy"
+
+
+def _children() -> set[int]:
+    """This process's live child processes (Linux)."""
+    pids: set[int] = set()
+    for f in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        pids.update(int(p) for p in f.read_text().split())
+    return {p for p in pids if Path(f"/proc/{p}").exists()}
+
+
+# -- TensorBoard ---------------------------------------------------------------------------------------------------
+
+
+def _tb_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _next_second() -> None:
+    """Event files sort by their creation second first: start the next writer in a later second."""
+    time.sleep(1.01 - time.time() % 1)
+
+
+def test_tensorboard_scalars(tmp_path):
+    pytest.importorskip("tensorboard")
+    t = TensorBoardTracker(tmp_path / "tb", "my-run")
+    rows = [
+        {"step": 0, EVAL: 0.25},
+        {"step": 0, "reward_mean": 0.5, "skipped": True, "note": "hello", "reward_std": None},
+        {"step": 1, "reward_mean": 0.75, "grad_norm": float("nan"), "loss": float("inf"), "n_rollouts_kept": 12},
+        {"step": 2, "reward_mean": 1.0, EVAL: 0.5, "skipped": False},
+    ]
+    for r in rows:
+        t.log(r, r["step"])
+    t.close()
+    t.close()  # idempotent
+    assert t.where == str(tmp_path / "tb") and t.run_name == "my-run"
+    got = _tb_scalars(tmp_path / "tb")
+    assert got == {
+        EVAL: [(0, 0.25), (2, 0.5)],
+        "reward_mean": [(0, 0.5), (1, 0.75), (2, 1.0)],
+        "skipped": [(0, 1.0), (2, 0.0)],
+        "n_rollouts_kept": [(1, 12.0)],
+    }  # no step, note (str), reward_std (None), grad_norm (NaN), loss (inf)
+
+
+def test_tensorboard_resume_supersedes_later_steps(tmp_path):
+    pytest.importorskip("tensorboard")
+    first = TensorBoardTracker(tmp_path / "tb", "x")
+    for s in range(5):
+        first.log({"step": s, "loss": float(s)}, s)
+    first.close()
+    _next_second()
+    resumed = TensorBoardTracker(tmp_path / "tb", "x")  # resumed from a checkpoint at step 2
+    for s in (2, 3):
+        resumed.log({"step": s, "loss": 10.0 + s}, s)
+    resumed.close()
+    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2
+    assert _tb_scalars(tmp_path / "tb")["loss"] == [(0, 0.0), (1, 1.0), (2, 12.0), (3, 13.0)]
+
+
+# -- W&B (offline) -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def wandb_env(tmp_path, monkeypatch):
+    """Offline, quiet W&B with every file under tmp_path; after the test, no W&B process is left running."""
+    wandb = pytest.importorskip("wandb")
+    home = tmp_path / "wandb-home"
+    for key, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_CONSOLE": "off",
+        "WANDB_DISABLE_GIT": "true",
+        "WANDB_DISABLE_CODE": "true",
+        "WANDB_X_DISABLE_STATS": "true",
+        "WANDB_X_DISABLE_MACHINE_INFO": "true",
+        "WANDB_DIR": str(home / "dir"),
+        "WANDB_CONFIG_DIR": str(home / "config"),
+        "WANDB_CACHE_DIR": str(home / "cache"),
+        "WANDB_DATA_DIR": str(home / "data"),
+        "WANDB_ARTIFACT_DIR": str(home / "artifacts"),
+    }.items():
+        monkeypatch.setenv(key, value)
+    for key in ("WANDB_API_KEY", "WANDB_ENTITY", "WANDB_PROJECT", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_NAME"):
+        monkeypatch.delenv(key, raising=False)
+    before = _children()
+    try:
+        yield wandb
+    finally:
+        wandb.teardown()  # stops the wandb-core service this process started
+        deadline = time.time() + 10
+        while _children() - before and time.time() < deadline:
+            time.sleep(0.1)
+        assert not _children() - before, "a W&B process outlived the test"
+
+
+def _wandb_records(path: Path):
+    """The records of a ``.wandb`` file: W&B's LevelDB-style log (a 7-byte ``:W&B`` header, then 32 KiB blocks of
+    chunks, each with a 7-byte header: crc32, length, type 1 full / 2 first / 3 middle / 4 last) of ``Record``s."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    ident, magic, _version = struct.unpack("<4sHB", data[:7])
+    assert (ident, magic) == (b":W&B", 0xBEE1)
+    pos, pending, block = 7, b"", 32768
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # too little room left in the block for a chunk header: zero padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def _offline_run(run_dir: Path, run_id: str, index: int = -1) -> tuple[dict, dict[int, dict]]:
+    """(config, {step: history row}) of the ``index``-th offline run directory of ``run_id`` in ``run_dir/wandb``."""
+    dirs = sorted((run_dir / "wandb").glob(f"offline-run-*-{run_id}*"))
+    files = list(dirs[index].glob(f"run-{run_id}.wandb"))
+    assert len(files) == 1, dirs
+    deadline = time.time() + 30
+    records = list(_wandb_records(files[0]))
+    while (not records or records[-1].WhichOneof("record_type") != "exit") and time.time() < deadline:
+        # run.finish() can return before wandb-core has flushed the run's log to disk: wait for its exit record
+        time.sleep(0.05)
+        records = list(_wandb_records(files[0]))
+    config: dict = {}
+    history: dict[int, dict] = {}
+    for r in records:
+        kind = r.WhichOneof("record_type")
+        if kind == "run":
+            assert r.run.run_id == run_id
+            config.update({u.key: json.loads(u.value_json) for u in r.run.config.update})
+        elif kind == "config":
+            config.update({u.key: json.loads(u.value_json) for u in r.config.update})
+        elif kind == "history":
+            items = {u.key or "/".join(u.nested_key): json.loads(u.value_json) for u in r.history.item}
+            history[r.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
+    return config, history
+
+
+def test_wandb_offline_logs_rows_and_config(tmp_path, wandb_env):
+    run_dir = tmp_path / "runs" / "x"
+    t = WandbTracker(run_dir, project="dgrpo", run_name="my-run", config={"seed": 3, "grpo": {"lr": 1e-5}})
+    try:
+        t.log({"step": 0, EVAL: 0.25}, 0)
+        t.log({"step": 0, "reward_mean": 0.5, "skipped": True, "reward_std": None}, 0)  # same step: merged
+        t.log({"step": 1, "reward_mean": 0.75, "grad_norm": float("nan"), "note": "hi"}, 1)
+        t.log({"step": 2, "reward_mean": 1.0, EVAL: 0.5}, 2)
+    finally:
+        t.close()
+    t.close()  # idempotent
+    run_id = (run_dir / WANDB_ID_FILE).read_text().strip()
+    assert t.run_id == run_id and t.offline and t.skipped == 0
+    assert t.where.startswith(f"W&B offline run in {run_dir / 'wandb' / 'offline-run-'}")
+    assert t.where.endswith(run_id)
+    config, history = _offline_run(run_dir, run_id)
+    assert config["seed"] == 3 and config["grpo"] == {"lr": 1e-5}
+    assert sorted(history) == [0, 1, 2]
+    assert history[0] == {EVAL: 0.25, "reward_mean": 0.5, "skipped": 1}
+    assert history[1]["reward_mean"] == 0.75 and math.isnan(history[1]["grad_norm"]) and history[1]["note"] == "hi"
+    assert history[2] == {"reward_mean": 1.0, EVAL: 0.5}
+
+
+def test_wandb_resume_reuses_run_id(tmp_path, wandb_env):
+    run_dir = tmp_path / "x"
+    first = WandbTracker(run_dir, project="dgrpo", config={"seed": 0})
+    try:
+        for s in range(4):
+            first.log({"step": s, "loss": float(s)}, s)
+    finally:
+        first.close()
+    run_id = first.run_id
+    resumed = WandbTracker(run_dir, project="dgrpo", config={"seed": 0})  # a resumed run: checkpoint at step 2
+    try:
+        assert resumed.run_id == run_id
+        resumed.log({"step": 2, "loss": 20.0}, 2)  # a step the first process logged too
+        resumed.log({"step": 2, EVAL: 0.5}, 2)  # same step again: merged
+        resumed.log({"step": 1, "loss": 10.0}, 1)  # below the last logged step: skipped
+        resumed.log({"step": 3, "loss": 30.0}, 3)
+    finally:
+        resumed.close()
+    assert resumed.skipped == 1
+    assert len(list((run_dir / "wandb").glob(f"offline-run-*-{run_id}*"))) == 2
+    assert _offline_run(run_dir, run_id, 0)[1] == {s: {"loss": float(s)} for s in range(4)}
+    assert _offline_run(run_dir, run_id, 1)[1] == {2: {"loss": 20.0, EVAL: 0.5}, 3: {"loss": 30.0}}
+    fresh = WandbTracker(run_dir, project="dgrpo", config={}, resume=False)  # starting afresh: a new run
+    fresh.close()
+    assert fresh.run_id != run_id and (run_dir / WANDB_ID_FILE).read_text().strip() == fresh.run_id
+
+
+def test_open_trackers_and_describe(tmp_path, wandb_env):
+    pytest.importorskip("tensorboard")
+    run_dir = tmp_path / "runs" / "x"
+    assert open_trackers(["jsonl"], run_dir, config={}) == []
+    trackers = open_trackers(["jsonl", "tensorboard", "wandb", "tensorboard"], run_dir, config={"seed": 1})
+    try:
+        assert [t.name for t in trackers] == ["tensorboard", "wandb"]
+        for t in trackers:
+            t.log({"step": 0, "loss": 1.0}, 0)
+        line = describe_backends(["jsonl", "tensorboard", "wandb"], trackers, run_dir / "metrics.jsonl")
+    finally:
+        for t in trackers:
+            t.close()
+    wb = trackers[1]
+    assert isinstance(wb, WandbTracker)
+    assert line == (
+        f"dgrpo: metrics -> {run_dir / 'metrics.jsonl'}, tensorboard ({run_dir / 'tb'}), wandb ({wb.where})"
+    )
+    assert _tb_scalars(run_dir / "tb") == {"loss": [(0, 1.0)]}
+    assert _offline_run(run_dir, wb.run_id)[1] == {0: {"loss": 1.0}}
+
+
+# -- errors and imports --------------------------------------------------------------------------------------------
+
+
+def test_unknown_backend(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        open_trackers(["jsonl", "mlflow"], tmp_path, config={})
+    assert "mlflow" in str(e.value) and "\n" not in str(e.value)
+    assert not list(tmp_path.iterdir())  # nothing opened
+
+
+@pytest.mark.parametrize("backend", ["wandb", "tensorboard"])
+def test_missing_package(tmp_path, monkeypatch, backend):
+    for name in [m for m in sys.modules if m == backend or m.startswith(backend + ".")] + [backend]:
+        monkeypatch.setitem(sys.modules, name, None)  # a None entry makes `import` fail as if not installed
+    with pytest.raises(ConfigError) as e:
+        open_trackers([backend], tmp_path, config={})
+    msg = str(e.value)
+    assert backend in msg and "pip install 'dgrpo[tracking]'" in msg and f"pip install {backend}" in msg
+    assert "\n" not in msg
+
+
+def test_missing_package_closes_trackers_already_open(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(ConfigError, match="wandb"):
+        open_trackers(["tensorboard", "wandb"], tmp_path, config={})
+    assert _tb_scalars(tmp_path / "tb") == {}  # the event file was written and closed
+
+
+def test_import_is_lazy():
+    code = "import sys, dgrpo.training.tracking; print(sorted({'wandb', 'tensorboard', 'torch'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
