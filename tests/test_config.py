@@ -306,7 +306,7 @@ def test_packaged_configs_are_the_folder():
 PAPER_ABLATIONS = {
     "grpo_deterministic": {"perturbation.kind": "none", "grpo.max_skip_streak": 0},
     "grpo_sampling": {"perturbation.kind": "none", "grpo.temperature": 1.0},
-    "grpo_fresh_masks": {"grpo.replay": "fresh"},
+    "grpo_fresh_masks": {"grpo.replay": "fresh_mask"},
     "grpo_native": {"perturbation.kind": "native"},
     "reinforce_ema": {
         "grpo.advantage": "ema",
@@ -329,7 +329,7 @@ BUILTIN_ARMS = {
     "sft": {},
     "grpo_deterministic": {"perturbation.kind": "none", "grpo.max_skip_streak": 0},
     "grpo_sampling": {"perturbation.kind": "none", "grpo.temperature": 1.0},
-    "grpo_fresh_masks": {"grpo.replay": "fresh"},
+    "grpo_fresh_masks": {"grpo.replay": "fresh_mask"},
     "reinforce_ema": {
         "grpo.advantage": "ema",
         "grpo.group_size": 1,

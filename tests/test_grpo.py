@@ -117,7 +117,7 @@ def test_mini_epochs_replay_matches_theta_old(sft_checkpoint):
     [
         {"grpo.advantage": "ema", "grpo.group_size": "1", "grpo.filter": "false"},  # REINFORCE + dropout, EMA baseline
         {"perturbation.kind": "none", "grpo.temperature": "1.0"},  # token sampling, no dropout
-        {"grpo.replay": "fresh", "grpo.filter": "false"},  # fresh masks at update (CRN ablation)
+        {"grpo.replay": "fresh_mask", "grpo.filter": "false"},  # new masks at update time (ablation)
         {"grpo.shuffle_rewards": "true", "grpo.filter": "false"},  # the null control
         {"perturbation.kind": "gaussian", "perturbation.sigma": "0.3"},
         {

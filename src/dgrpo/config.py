@@ -46,7 +46,7 @@ Optimizer = Literal["adamw", "adamw8bit"]
 Advantage = Literal["drgrpo", "grpo", "rloo", "ema"]
 Aggregation = Literal["seq_mean", "token_mean", "constant"]
 KLForm = Literal["unbiased", "paper"]
-ReplayMode = Literal["seed", "fresh"]
+ReplayMode = Literal["seed", "fresh_mask"]
 FSDPMode = Literal["none", "full", "sharded"]
 
 #: where the packaged YAML configs live (``builtin/``, ``paper/``, ``tiny.yaml``)
@@ -359,7 +359,11 @@ class GRPOConfig:
     prompts_per_step: int = opt(16, "prompts (groups) per step, global over all ranks (paper: 16)")
     group_size: int = opt(8, "K rollouts per prompt (paper: 32); 1 only with advantage=ema")
     n_latent: int = opt(-1, "latent thoughts per rollout (T); -1 = the checkpoint's final-stage count")
-    temperature: float = opt(0.0, "answer decoding: 0 = greedy (paper); > 0 samples tokens")
+    temperature: float = opt(
+        0.0,
+        "answer decoding: 0 = greedy, our reading of the paper (it states no temperature; its Sec. 3.1 assumes "
+        "low-temperature decoding, and all diversity comes from the masks); > 0 samples tokens",
+    )
     top_p: float = opt(1.0, "nucleus mass when temperature > 0")
     max_new_tokens: int = opt(48, "answer tokens per rollout")
     lr: float = opt(1e-5, "peak learning rate (paper: 1e-5)")
@@ -388,13 +392,13 @@ class GRPOConfig:
         "constant (sum / (rollouts * max_new_tokens), Dr. GRPO)",
     )
     beta0: float = opt(5e-3, "peak KL coefficient (paper 5e-3); 0 disables the KL term and the reference model")
-    anneal_beta: bool = opt(True, "beta(t) = beta0 * lr(t) / lr_max (Eq. 8); false keeps beta0")
+    anneal_beta: bool = opt(True, "beta(t) = beta0 * lr(t) / lr_max (Eq. 7); false keeps beta0")
     kl_form: KLForm = opt(
         "unbiased",
         "the k3 argument: unbiased (x = log pi_ref - log pi, Schulman's k3) or paper "
         "(x = log pi - log pi_ref, as the paper writes it)",
     )
-    huber_delta: float = opt(5.0, "Huberized k3 threshold delta (Eq. 7)")
+    huber_delta: float = opt(5.0, "Huberized k3 threshold delta (Eq. 6)")
     ref_renewal_every: int = opt(500, "hard-copy the policy into the reference every N steps (0 = never)")
     filter: bool = opt(True, "drop groups whose accuracy is outside [alpha_min, alpha_max] (inclusive)")
     alpha_min: float = opt(0.20, "group-accuracy filter lower bound")
@@ -426,8 +430,9 @@ class GRPOConfig:
     )
     replay: ReplayMode = opt(
         "seed",
-        "the perturbation at update time: seed (the rollout's own, by mask replay) or "
-        "fresh (new seeds, the CRN ablation)",
+        "the perturbation at update time: seed (the rollout's own, by mask replay: the method) or fresh_mask (new "
+        "seeds per mini-epoch: the rollout's answer is scored under a network that did not produce it; an ablation "
+        "of mask replay, not Proposition 2's fresh-rollout estimator, which would resample the answers too)",
     )
     eval_every: int = opt(
         20, "greedy eval without perturbation on data.valid every N steps (0 = only at start and end)"

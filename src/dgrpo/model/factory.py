@@ -17,11 +17,9 @@ import torch
 from ..config import ModelConfig, TaskConfig
 from ..data.synthetic import tokenizer_corpus
 from ..data.tokenizer import train_task_tokenizer
-from .latent_lm import LATENT_CONFIG_FILE, LatentLM, LatentSettings
+from .latent_lm import LatentLM, LatentSettings, resolve_checkpoint
 from .tiny import build_tiny_model
-from .verified import SAFETENSORS, SAFETENSORS_INDEX, CheckpointError
-
-METRICS_FILE = "metrics.jsonl"  # what marks a run directory
+from .verified import CheckpointError
 
 BUILTIN = "builtin-tiny"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "gpt2", "Qwen/Qwen2.5-1.5B"
@@ -36,30 +34,6 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise CheckpointError(f"device {name!r} requested but CUDA is not available on this machine")
     return torch.device(name)
-
-
-def _is_model_dir(p: Path) -> bool:
-    weights = (p / SAFETENSORS).is_file() or (p / SAFETENSORS_INDEX).is_file() or (p / "pytorch_model.bin").is_file()
-    return (p / "config.json").is_file() and (weights or (p / LATENT_CONFIG_FILE).is_file())
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A run directory resolves to its ``final/`` checkpoint; a checkpoint directory to itself."""
-    p = Path(path).expanduser()
-    if _is_model_dir(p / "final"):
-        return p / "final"
-    if _is_model_dir(p):
-        return p
-    if p.is_file():
-        raise CheckpointError(f"{p} is a file, not a checkpoint directory")
-    if (p / METRICS_FILE).is_file():
-        raise CheckpointError(
-            f"{p} holds no model checkpoint: a run directory without final/ (the run did not finish: rerun its command "
-            "to resume it, or name one of its checkpoints: best/, stage-K/, checkpoints/step-N/model)"
-        )
-    if p.exists():
-        raise CheckpointError(f"{p} holds no model checkpoint (no config.json with weights, no final/)")
-    raise CheckpointError(f"checkpoint directory not found: {p}")
 
 
 def _looks_like_path(name: str) -> bool:

@@ -144,6 +144,30 @@ def add_latent_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
         init_new_embeddings(model, n_old)
 
 
+def _is_model_dir(p: Path) -> bool:
+    weights = (p / SAFETENSORS).is_file() or (p / SAFETENSORS_INDEX).is_file() or (p / "pytorch_model.bin").is_file()
+    return (p / "config.json").is_file() and (weights or (p / LATENT_CONFIG_FILE).is_file())
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A run directory resolves to its ``final/`` checkpoint; a checkpoint directory to itself."""
+    p = Path(path).expanduser()
+    if _is_model_dir(p / "final"):
+        return p / "final"
+    if _is_model_dir(p):
+        return p
+    if p.is_file():
+        raise CheckpointError(f"{p} is a file, not a checkpoint directory")
+    if (p / "metrics.jsonl").is_file():
+        raise CheckpointError(
+            f"{p} holds no model checkpoint: a run directory without final/ (the run did not finish: rerun its command "
+            "to resume it, or name one of its checkpoints: best/, stage-K/, checkpoints/step-N/model)"
+        )
+    if p.exists():
+        raise CheckpointError(f"{p} holds no model checkpoint (no config.json with weights, no final/)")
+    raise CheckpointError(f"checkpoint directory not found: {p}")
+
+
 def load_tokenizer(
     path: str, trust_remote_code: bool = False, local_files_only: bool = False
 ) -> PreTrainedTokenizerBase:
@@ -196,7 +220,9 @@ class LatentLM(nn.Module):
         """Load a checkpoint directory (or a hub id): weights from safetensors only, every tensor present with its
         shape (a directory dgrpo wrote is first verified against its manifest). Any problem is one
         :class:`CheckpointError` line."""
-        local = Path(path)
+        local = Path(path).expanduser()
+        if local.exists():  # a run directory means its final/
+            local = path = resolve_checkpoint(local)
         if (local / MANIFEST).is_file():
             problem = verify(local, MODEL_FILES)
             if problem is not None:

@@ -8,8 +8,9 @@ One step, linearly (:meth:`GRPOTrainer.step`):
                 recompute log pi(y | x, xi) through the whole latent recurrence with gradient, and take
                 :func:`~dgrpo.training.losses.grpo_objective` (clipped surrogate + beta(t) * Huberized k3),
                 normalised by global counts; one optimizer step.
-The ablations (deterministic GRPO, REINFORCE + EMA baseline, token sampling without dropout, fresh
-masks at update) are the same loop with different config values. :func:`train_grpo` is the run around it.
+The ablations (deterministic GRPO, REINFORCE + EMA baseline, token sampling without dropout, new masks
+at update time, the shuffled-reward null control) are the same loop with different config values.
+:func:`train_grpo` is the run around it.
 """
 
 from __future__ import annotations
@@ -345,7 +346,7 @@ class GRPOTrainer:
             )[0]
 
     def _update_seeds(self, ro: Rollouts, rows: Tensor, step: int, epoch: int) -> Tensor:
-        """The rollout's own seeds (mask replay), or fresh ones per mini-epoch (the CRN ablation)."""
+        """The rollout's own seeds (mask replay), or new ones per mini-epoch (``replay: fresh_mask``, the ablation)."""
         if self.cfg.grpo.replay == "seed":
             return ro.seeds[rows]
         fresh = seeds_for(

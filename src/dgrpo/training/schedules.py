@@ -20,5 +20,5 @@ def lr_at(step: int, peak: float, total_steps: int, warmup_steps: int, min_ratio
 def beta_at(
     step: int, beta0: float, peak_lr: float, total_steps: int, warmup_steps: int, min_ratio: float = 0.0
 ) -> float:
-    """Eq. 8 of the paper: beta(t) = beta0 * lr(t) / lr_max, the KL pull annealed with the learning rate."""
+    """Eq. 7 of the paper: beta(t) = beta0 * lr(t) / lr_max, the KL pull annealed with the learning rate."""
     return beta0 * lr_at(step, peak_lr, total_steps, warmup_steps, min_ratio) / peak_lr

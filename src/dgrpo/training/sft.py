@@ -208,6 +208,7 @@ class SFTRun:
             self.prog, self.opt = Progress(**saved["progress"]), opt
         skips = saved["nonfinite_skips"] if saved else 0
         self.guard = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr", skips=skips)
+        self.stage_accuracy: dict[int, float | None] = {}
         run.start(saved)
 
     def enter_stage(self, stage: int) -> None:
@@ -237,6 +238,18 @@ class SFTRun:
             "time_s": round(time.time() - t0, 2),
         }
         return row, finite
+
+    def finish(self, t0: float) -> None:
+        """``final/`` with the final stage's settings, and one summary line."""
+        self.lm.settings = final_settings(self.cfg)
+        self.lm.eval()
+        self.dist.save_model(self.lm, self.run.out_dir / "final")
+        accs = ", ".join(f"{k}: {100 * v:.1f}%" for k, v in self.stage_accuracy.items() if v is not None)
+        s = self.lm.settings
+        self.run.log(
+            f"dgrpo sft: done in {time.time() - t0:.0f} s; validation accuracy by stage: {accs or 'not evaluated'}; "
+            f"final stage {s.stage} ({s.n_latent} latent thoughts); {self.guard.skips} non-finite steps skipped"
+        )
 
     def save(self, epoch: int, batch: int) -> None:
         """Resumable state: run epoch ``epoch`` from batch ``batch`` next (replicated weights: rank 0 writes)."""
@@ -311,12 +324,12 @@ def train_sft(
                 if s.save_every and prog.global_step % s.save_every == 0 and b + 1 < plan.steps_per_epoch:
                     sft.save(epoch, b + 1)
             if plan.last_of_stage(epoch):
-                _finish_stage(lm, stage, cfg, run, dist, valid, evaluate_fn, prog.global_step, t0)
+                sft.stage_accuracy[stage] = _finish_stage(
+                    lm, stage, cfg, run, dist, valid, evaluate_fn, prog.global_step, t0
+                )
             sft.save(epoch + 1, 0)
         bar.close()
-        lm.settings = final_settings(cfg)
-        lm.eval()
-        dist.save_model(lm, run.out_dir / "final")
+        sft.finish(t0)
     return lm
 
 
@@ -330,8 +343,8 @@ def _finish_stage(
     evaluate_fn: Callable[[LatentLM, list[Record], LatentSettings], int] | None,
     step: int,
     t0: float,
-) -> None:
-    """The end of a curriculum stage: the stage's latent settings, its validation accuracy, ``stage-K/``."""
+) -> float | None:
+    """The end of a curriculum stage: the stage's latent settings, its validation accuracy (returned), ``stage-K/``."""
     settings = stage_settings(stage, cfg)
     lm.settings = settings
     row = {"step": step, "stage": stage, "n_latent": settings.n_latent, "time_s": round(time.time() - t0, 2)}
@@ -342,3 +355,4 @@ def _finish_stage(
     dist.save_model(lm, run.out_dir / f"stage-{stage}")  # every rank calls it (FSDP gathers); rank 0 writes
     run.metrics.write(row)
     run.log(f"stage {stage} done: " + ", ".join(f"{k}={v}" for k, v in row.items()))
+    return row.get("eval/valid/accuracy")
