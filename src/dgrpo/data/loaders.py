@@ -13,6 +13,7 @@ from typing import Any
 
 from ..reward import normalize_number
 from .records import DataError, Record
+from .subsets import OPENMATH_HUB_ID, sample_subset, stream_openmath
 from .synthetic import load_builtin
 from .tables import is_hf_folder, read_csv, read_hf_folder, read_parquet
 
@@ -363,6 +364,7 @@ _ALIASES = {
     "coconut-gsm8k-aug": "coconut_gsm8k_aug",
     "openmathinstruct-2": "openmathinstruct2",
     "openmathinstruct_2": "openmathinstruct2",
+    "openmathinstruct-2-gsm": "openmathinstruct2_gsm",
 }
 
 
@@ -477,6 +479,20 @@ def _load_from_hub(
     return rows_to_records(rows, f"hub dataset {repo!r} split {split!r}", f"hf:{repo}", columns)
 
 
+def _load_openmath_subset(name: str) -> list[Record]:
+    """``openmathinstruct2_gsm``: the paper-sized GSM-style subset of OpenMathInstruct-2 (rule: dgrpo.data.subsets)."""
+    try:
+        rows = sample_subset(stream_openmath())
+    except ImportError:
+        raise DataError(f"dataset {name!r} needs the optional 'datasets' package (pip install 'dgrpo[hub]')") from None
+    except Exception as exc:  # noqa: BLE001 - any hub/network failure becomes one DataError line
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        raise DataError(
+            f"dataset {name!r} (hub {OPENMATH_HUB_ID!r}): the Hugging Face hub could not be reached: {reason}"
+        ) from None
+    return rows_to_records(rows, f"dataset {name!r}", f"hf:{OPENMATH_HUB_ID}", None)
+
+
 def rows_to_records(rows: list[Any], where: str, source: str, parser: RowParser | None) -> list[Record]:
     """Records from row dicts (a table, a hub dataset): ``parser`` (a column mapping) or the format the first row's
     keys identify; one DataError line naming the row on any problem."""
@@ -564,6 +580,8 @@ def load_dataset(name_or_path: str, split: str | None = None, *, columns: RowPar
         return _load_builtin_name(key, split)
     if key in HUB_DATASETS:
         return _load_from_hub(raw, split if split is not None else "train", hub_id=HUB_DATASETS[key])
+    if key == "openmathinstruct2_gsm":
+        return _load_openmath_subset(raw)
     if path.suffix.lower() in (".json", ".jsonl", ".txt") or raw.startswith((".", "/", "~")) or path.is_dir():
         if path.is_dir():
             raise DataError(f"{path}: is a directory; give a data file or a dataset name")
