@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-ITEM_KEYS = ("rollouts", "sft", "grpo_scaling", "perturbation", "memory", "flops", "soak")
+ITEM_KEYS = ("rollouts", "sft", "grpo_scaling", "perturbation", "memory", "flops", "lora", "soak")
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +37,9 @@ def test_quick_suite_writes_json_and_markdown(quick_run):
     assert data["cpu"]["sft"]["max_abs_loss_diff"] <= data["cpu"]["sft"]["tolerance"]
     assert data["cpu"]["memory"]["replay_bytes_per_rollout"]["seed"] == 8
     assert data["cpu"]["flops"]["achieved_flops_per_s"] > 0
+    lora = data["cpu"]["lora"]
+    assert 0 < lora["params"]["lora"][0] < lora["params"]["full"][0]  # (trainable, total) per arm
+    assert 0 < lora["state_bytes"]["lora"] < lora["state_bytes"]["full"]
     soak = data["cpu"]["soak"]
     assert [st for st, _ in soak["samples"]][:3] == [0, 10, 20] and len(soak["samples"]) >= 4  # RSS every 10 steps
     assert soak["rss_last"][0] == soak["steps"] and abs(soak["slope_mib_per_100_steps"]) < 1e4

@@ -275,3 +275,34 @@ def test_import_is_lazy():
     code = "import sys, dgrpo.training.tracking; print(sorted({'wandb', 'tensorboard', 'torch'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# -- the command line ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_command_line_sft_and_grpo_log_to_wandb_offline(sft_checkpoint, tmp_path, wandb_env, run_cli):
+    """``--set logging.backends=[jsonl,wandb]`` for SFT and GRPO: the start line names the backends, and the offline
+    W&B run holds the config and the rows that metrics.jsonl holds."""
+    from conftest import tiny_args
+
+    wandb = {"logging.backends": "[jsonl,wandb]", "task.n_train": 256}
+    runs = {
+        "sft": ("sft", {**wandb, "sft.num_epochs": 2, "sft.epochs_per_stage": 1}),
+        "grpo": ("grpo", {**wandb, "grpo.steps": 2, "grpo.prompts_per_step": 4, "--init": None}),
+    }
+    for name, (command, over) in runs.items():
+        out = tmp_path / name
+        init = ["--init", str(sft_checkpoint)] if "--init" in over else []
+        over = {k: v for k, v in over.items() if k != "--init"}
+        r = run_cli(command, *init, "--out", out, *tiny_args(**over))
+        assert r.returncode == 0, r.stderr[-3000:]
+        said = r.stdout + r.stderr
+        assert f"dgrpo: metrics -> {out / 'metrics.jsonl'}, wandb (W&B offline run in" in said
+        run_id = (out / WANDB_ID_FILE).read_text().strip()
+        config, history = _offline_run(out, run_id)
+        assert config[command]["lr"] > 0 and config["logging"]["backends"] == ["jsonl", "wandb"]
+        logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        keys = {k for row in logged for k in row if k != "step" and isinstance(row[k], (int, float))}
+        assert keys and keys <= {k for row in history.values() for k in row}, keys
+        assert len(history) >= 2

@@ -133,6 +133,35 @@ def parse_layer_spec(spec: str) -> tuple[str, Any]:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA adapters (through the ``peft`` package: pip install 'dgrpo[lora]'): the memory lever for large backbones."""
+
+    r: int = opt(0, "adapter rank; 0 = off (every weight is trained)")
+    alpha: float = opt(16.0, "scaling: the adapter adds alpha / r * B A to each targeted weight")
+    target_modules: list = opt(
+        ["all-linear"],
+        "the linear layers that get adapters: all-linear (every linear layer but the LM head), or module names "
+        "(Qwen2 / Llama: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; GPT-2: c_attn, c_proj, c_fc)",
+    )
+    dropout: float = opt(
+        0.0,
+        "PEFT's lora_dropout; anything but 0 is replaced by 0 with a warning: it draws from the global RNG at every "
+        "forward, so the update could not replay the rollout's network (the perturbation is the only noise)",
+    )
+    train_latent_tokens: bool = opt(
+        True,
+        "keep the embedding rows of <|start-latent|>, <|latent|>, <|end-latent|> trainable (PEFT trainable tokens: "
+        "those rows only, input and tied output)",
+    )
+
+    def validate(self, p: str = "model.lora") -> None:
+        _at_least(self, p, 0, "r")
+        _positive(self, p, "alpha")
+        _within(self, p, "[0, 1)", "dropout")
+        _check(bool(self.target_modules), f"{p}.target_modules", "must name at least one module (or all-linear)")
+
+
+@dataclass
 class ModelConfig:
     """The model: a hub id, a local checkpoint, or the built-in tiny model (whose shape is set here)."""
 
@@ -150,9 +179,11 @@ class ModelConfig:
     intermediate_size: int = opt(512, "built-in tiny model: MLP width")
     dtype: DType = opt("float32", "weight dtype: float32, or bfloat16 (bf16 weights, as the paper trains)")
     trust_remote_code: bool = opt(False, "allow custom modelling code from the hub (only if you trust the repository)")
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def validate(self, p: str = "model") -> None:
         """Range checks of the model section."""
+        self.lora.validate(f"{p}.lora")
         _positive(self, p, "hidden_size", "num_layers", "num_heads", "intermediate_size")
         _check(
             self.hidden_size % self.num_heads == 0,
@@ -579,6 +610,12 @@ class Config:
             f"expected auto, cpu, cuda, cuda:N or mps, got {self.device!r}",
         )
         _at_least(self, "", 0, "threads")
+        _check(
+            not (self.model.lora.r > 0 and self.fsdp != "none"),
+            "model.lora.r",
+            "LoRA with FSDP is not supported: the frozen backbone is replicated and only the adapters train "
+            "(set fsdp=none: plain data parallelism)",
+        )
         return self
 
 

@@ -27,6 +27,7 @@ from ..training.rollouts import collect_rollouts
 from ..training.sft import count_target_tokens, make_example, sft_loss
 from .baselines import naive_coconut_loss
 from .long_items import bench_optimizer, bench_soak
+from .lora_item import bench_lora
 from .report import Goal, Row, fmt_bytes, fmt_flops, fmt_s
 from .timing import alternate, sync
 from .workload import (
@@ -597,4 +598,5 @@ ITEMS: dict[str, Callable[[Ctx], tuple[list[Row], dict]]] = {
     "flops": bench_flops,
     "optimizer": bench_optimizer,
     "soak": bench_soak,
+    "lora": bench_lora,
 }

@@ -53,6 +53,10 @@ def probe(spec: dict) -> dict:
     shapes = Shapes.from_json(spec["shapes"])
     device, dtype = torch.device(spec["device"]), getattr(torch, spec["dtype"])
     lm = build_lm(shapes, device, dtype)
+    if spec.get("lora_r"):
+        from .lora_item import add_lora
+
+        add_lora(lm, int(spec["lora_r"]))
     records = task_records(shapes.prompts)
     trainer = GRPOTrainer(lm, grpo_config(shapes, spec["K"], spec["T"], spec["kind"]), records)
     for _ in range(int(spec.get("warmup", 1))):

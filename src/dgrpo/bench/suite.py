@@ -39,6 +39,7 @@ ORDER = [
     "grpo_scaling",
     "perturbation",
     "memory",
+    "lora",
     "soak",
 ]  # flops first: its matmul peak annotates later rows
 GPU_ORDER = [k for k in ORDER if k != "soak"] + ["optimizer"]
@@ -197,6 +198,10 @@ def render_md(result: dict, rows: list[Row]) -> str:
         "step; CPU: freed heap returned with malloc_trim, resident-set high-water mark reset through "
         "/proc/self/clear_refs, "
         "increment over the resident size just before the step; CUDA: max_memory_allocated over memory_allocated.",
+        "- LoRA vs full fine-tuning (item 8): the same GRPO step (KL reference on: a frozen model copy for full "
+        "fine-tuning, a frozen adapter under LoRA), rank 16, alpha 32, every linear layer plus the three latent rows; "
+        "memory as above but the absolute peak of each arm; on CPU a wider model (6 layers x 768) than the other "
+        "items, so that weights rather than the tiny model's activations set the memory.",
         f"- FLOPs: {FLOP_FORMULA}. Achieved = update FLOPs / the step's `time_update_s` (includes clip + AdamW).",
         "- Soak: `dgrpo grpo` as a child process (the real loop: metrics, eval, resumable checkpoints); its VmRSS is "
         "read from "

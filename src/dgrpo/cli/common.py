@@ -91,6 +91,20 @@ def join_processes(cfg: Config, device: torch.device) -> tuple[Dist, torch.devic
     return dist, device
 
 
+def report_lora(lm: Any, dist: Dist) -> None:
+    """One line at the start of a LoRA run: rank, base model, how many parameters train."""
+    if lm.peft is None or not dist.is_main:
+        return
+    from ..model.lora import POLICY, trainable_parameters
+
+    n, total = trainable_parameters(lm)
+    c = lm.peft.peft_config[POLICY]
+    print(
+        f"dgrpo: LoRA r={c.r} alpha={c.lora_alpha} on {lm.name_or_path}: {n:,} of {total:,} parameters train "
+        f"({100 * n / total:.2f}%)"
+    )
+
+
 def prompt_settings(lm: Any, cfg: Config) -> None:
     """``data.chat_template: true`` on the command line turns the chat template on for a checkpoint or hub model
     that was not trained with it (a checkpoint trained with it keeps it)."""

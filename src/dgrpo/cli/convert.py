@@ -1,11 +1,15 @@
-"""``dgrpo import-coconut``: a checkpoint of the official Coconut code as a dgrpo checkpoint directory."""
+"""Checkpoint conversions: ``import-coconut`` (the official Coconut code's checkpoints), ``consolidate`` (FSDP
+shards), ``export --merge`` (a LoRA adapter checkpoint as one full model)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 from .common import subcommand
 
@@ -57,6 +61,51 @@ def register(sub: Any) -> None:
     p.add_argument("dir", metavar="DIR", help="a checkpoint directory holding dcp/ (reads no pickled code: see docs)")
     p.set_defaults(func=run_consolidate)
 
+    p = subcommand(
+        sub,
+        "export",
+        "write base model + LoRA adapter as one full checkpoint (Hugging Face format, plus dgrpo's latent_config.json)",
+        "  dgrpo export runs/grpo-lora --merge --out runs/grpo-merged        # the run's final/ adapter\n"
+        "  dgrpo export runs/grpo-lora/best --merge --dtype bfloat16 --out runs/best-bf16\n"
+        "  dgrpo eval --model runs/grpo-merged --data gsm8k --out runs/grpo-merged/eval\n",
+    )
+    p.add_argument("src", metavar="SRC", help="an adapter checkpoint directory (or a run directory: its final/)")
+    p.add_argument("--merge", action="store_true", help="fold the adapter into the base weights (required for now)")
+    p.add_argument("--out", required=True, help="the checkpoint directory to write (must not exist or be empty)")
+    p.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="weights dtype of the export (merging is done in float32); auto: the base model's own dtype",
+    )
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the base model's own code (hub models)")
+    p.set_defaults(func=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from ..model import lora
+    from ..model.latent_lm import LatentLM, resolve_checkpoint
+    from ..model.verified import CheckpointError
+    from ..training.run import check_output_path
+
+    hf_logging.disable_progress_bar()
+    check_output_path(Path(args.out))
+    src = resolve_checkpoint(args.src)
+    if not lora.is_adapter_dir(src):
+        raise CheckpointError(f"{src} is already a full checkpoint (no adapter_config.json): nothing to merge")
+    if not args.merge:
+        raise CheckpointError(f"{src} is a LoRA adapter checkpoint: pass --merge to write base + adapter as one model")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(args.dtype)
+    lm = LatentLM.from_pretrained(src, dtype=torch.float32, trust_remote_code=args.trust_remote_code)
+    lora.merge_into_base(lm)
+    lm.to(dtype or base_dtype(lora.adapter_base(src), args.trust_remote_code))
+    lm.save_pretrained(args.out)
+    print(f"wrote {args.out} (base {lora.adapter_base(src)} + adapter {src}, merged; {next(lm.parameters()).dtype})")
+    return 0
+
 
 def run_consolidate(args: argparse.Namespace) -> int:
     from ..training.consolidate import consolidate_checkpoint
@@ -83,3 +132,18 @@ def run_import(args: argparse.Namespace) -> int:
     print(f"wrote {out}")
     print(f"{LATENT_CONFIG_FILE}: {json.dumps(settings)}")
     return 0
+
+
+def base_dtype(name: str, trust_remote_code: bool) -> torch.dtype:
+    """The dtype a base model's config.json states (float32 when it states none)."""
+    import torch
+    from transformers import AutoConfig
+
+    from ..model.sources import resolve_model_source
+
+    source, local_only = resolve_model_source(name)
+    config = AutoConfig.from_pretrained(source, local_files_only=local_only, trust_remote_code=trust_remote_code)
+    stated = getattr(config, "dtype", None)
+    if isinstance(stated, str):
+        stated = getattr(torch, stated, None)
+    return stated if isinstance(stated, torch.dtype) else torch.float32

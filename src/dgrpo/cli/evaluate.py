@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     note = explain(start, cfg)
     if note:
         print(note)
-    lm = load_model(cfg.model, cfg.task, init=args.model, device=device)
+    lm = load_model(cfg.model, cfg.task, init=args.model, device=device, training=False)
     prompt_settings(lm, cfg)
     name = args.data if not args.split else f"{args.data}:{args.split}"
     r = evaluate(

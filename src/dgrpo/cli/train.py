@@ -13,6 +13,7 @@ from .common import (
     join_processes,
     load,
     prompt_settings,
+    report_lora,
     seed_everything,
     setup,
     subcommand,
@@ -75,6 +76,7 @@ def run_sft(args: argparse.Namespace) -> int:
     tests = {spec: load_spec(spec, cfg.task, data=cfg.data) for spec in cfg.data.test}
     dist, device = join_processes(cfg, device)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
+    report_lora(lm, dist)
     if dist.active:  # distinct, reproducible RNG streams per rank (the weights are broadcast from rank 0)
         seed_everything(cfg.seed * 1000003 + dist.rank)
     if valid and cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded
@@ -125,6 +127,7 @@ def run_grpo(args: argparse.Namespace) -> int:
     tests = {spec: load_spec(spec, cfg.task, data=cfg.data) for spec in cfg.data.test}
     dist, device = join_processes(cfg, device)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
+    report_lora(lm, dist)
     prompt_settings(lm, cfg)
     if dist.active:  # distinct, reproducible RNG streams per rank (rollout seeds come from the global row anyway)
         seed_everything(cfg.seed * 1000003 + dist.rank)

@@ -1,88 +1,24 @@
-"""Build the LatentLM a config names: the built-in tiny model, a local checkpoint or a Hugging Face hub id.
-
-A name that is an existing path is a checkpoint directory (a run directory means its ``final/``); a name shaped
-like a path that does not exist is an error; anything else is a hub id, looked up in the local cache first and
-on the hub only when it is reachable: an unreachable hub fails at once with one line (no 50 s of retries).
-"""
+"""Build the LatentLM a config names: the built-in tiny model, a local checkpoint or a Hugging Face hub id
+(:mod:`~dgrpo.model.sources` resolves the name), with LoRA adapters when ``model.lora.r`` > 0."""
 
 from __future__ import annotations
 
-import re
-import socket
-from pathlib import Path
-from urllib.parse import urlparse
+import warnings
 
 import torch
 
-from ..config import ModelConfig, TaskConfig
+from ..config import LoraConfig, ModelConfig, TaskConfig
 from ..data.synthetic import tokenizer_corpus
 from ..data.tokenizer import train_task_tokenizer
+from . import lora
 from .latent_lm import LatentLM, LatentSettings, resolve_checkpoint
+from .sources import resolve_device, resolve_model_source
 from .tiny import build_tiny_model
 from .verified import CheckpointError
 
 BUILTIN = "builtin-tiny"
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "gpt2", "Qwen/Qwen2.5-1.5B"
-HUB_TIMEOUT_S = 3.0  # the reachability probe; downloads then use huggingface_hub's own timeouts
 
 __all__ = ["BUILTIN", "CheckpointError", "build_builtin", "load_model", "resolve_checkpoint", "resolve_device"]
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise CheckpointError(f"device {name!r} requested but CUDA is not available on this machine")
-    return torch.device(name)
-
-
-def _looks_like_path(name: str) -> bool:
-    return name.startswith(("/", ".", "~")) or name.endswith("/") or not HUB_ID.match(name)
-
-
-def _hub_reachable() -> bool:
-    from huggingface_hub import constants
-
-    url = urlparse(constants.ENDPOINT)
-    try:
-        socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=HUB_TIMEOUT_S).close()
-        return True
-    except OSError:
-        return False
-
-
-def resolve_hub_model(name: str) -> tuple[str, bool]:
-    """(name, local_files_only) for a hub id: the cached copy when the hub cannot be reached, else the hub.
-    One CheckpointError line when neither works."""
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
-    if constants.HF_HUB_OFFLINE:
-        if cached:
-            return name, True
-        raise CheckpointError(
-            f"model {name!r}: not a local directory, and HF_HUB_OFFLINE is set but the model is not in the "
-            f"Hugging Face cache ({constants.HF_HUB_CACHE})"
-        )
-    if _hub_reachable():
-        return name, False
-    if cached:
-        return name, True
-    raise CheckpointError(
-        f"model {name!r}: not a local directory, not in the Hugging Face cache, and the hub ({constants.ENDPOINT}) "
-        f"cannot be reached (no network?); download it where there is network, or point to a local copy "
-        f"(HF_HUB_ETAG_TIMEOUT / HF_HUB_DOWNLOAD_TIMEOUT set the hub's timeouts in seconds)"
-    )
-
-
-def resolve_model_source(name: str) -> tuple[str, bool]:
-    """(what to pass to ``from_pretrained``, local_files_only) for a model name: a checkpoint path or a hub id."""
-    p = Path(name).expanduser()
-    if p.exists():
-        return str(resolve_checkpoint(p)), True
-    if _looks_like_path(name):
-        raise CheckpointError(f"checkpoint directory not found: {p}")
-    return resolve_hub_model(name)
 
 
 def build_builtin(model_cfg: ModelConfig, task_cfg: TaskConfig, seed: int = 0) -> LatentLM:
@@ -106,9 +42,11 @@ def load_model(
     init: str | None = None,
     seed: int = 0,
     device: torch.device | str = "cpu",
+    training: bool = True,
 ) -> LatentLM:
-    """``init`` (a checkpoint directory or hub id) wins over ``model.name_or_path``; the built-in name builds a
-    fresh tiny model. Every way this can fail is one :class:`CheckpointError` line."""
+    """``init`` (a checkpoint directory, a LoRA adapter directory or a hub id) wins over ``model.name_or_path``; the
+    built-in name builds a fresh tiny model. For ``training``, ``model.lora`` applies (:func:`configure_lora`); for
+    evaluation a checkpoint is used as saved. Every way this can fail is one :class:`CheckpointError` line."""
     dtype = torch.bfloat16 if model_cfg.dtype == "bfloat16" else torch.float32
     name = init or model_cfg.name_or_path
     if not init and name == BUILTIN:
@@ -119,4 +57,29 @@ def load_model(
         lm = LatentLM.from_pretrained(
             source, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code, local_files_only=local_only
         )
+    if training:
+        configure_lora(lm, model_cfg.lora)
     return lm.to(device)
+
+
+def configure_lora(lm: LatentLM, cfg: LoraConfig) -> None:
+    """``model.lora.r`` > 0: new adapters on a full model, or an adapter checkpoint's own adapter trained further
+    (its rank and targets win; a different ``model.lora`` is reported). ``r`` = 0 on an adapter checkpoint: the
+    adapter is merged into the base and every weight is trained."""
+    if cfg.r > 0 and lm.peft is None:
+        lora.apply_lora(lm, cfg)
+    elif cfg.r > 0:
+        saved = lm.peft.peft_config[lora.POLICY]
+        if (saved.r, float(saved.lora_alpha)) != (cfg.r, float(cfg.alpha)):
+            warnings.warn(
+                f"model.lora (r={cfg.r}, alpha={cfg.alpha}) differs from the checkpoint's adapter (r={saved.r}, "
+                f"alpha={saved.lora_alpha}): training continues the checkpoint's adapter",
+                stacklevel=2,
+            )
+    elif lm.peft is not None:
+        warnings.warn(
+            "the checkpoint is a LoRA adapter and model.lora.r=0: merging it into the base, every weight is trained "
+            "(set model.lora.r to train the adapter instead)",
+            stacklevel=2,
+        )
+        lora.merge_into_base(lm)

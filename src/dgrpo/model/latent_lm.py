@@ -42,7 +42,9 @@ from .verified import (
     SAFETENSORS_INDEX,
     CheckpointError,
     atomic_dir,
+    check_state_dict,
     one_line,
+    read_weights,
     verify,
 )
 
@@ -51,6 +53,9 @@ LATENT_CONFIG_FILE = "latent_config.json"
 RUN_CONFIG_FILE = "run_config.json"
 #: the files a model checkpoint directory must hold (``a|b``: either)
 MODEL_FILES = ("config.json", f"{SAFETENSORS}|{SAFETENSORS_INDEX}", LATENT_CONFIG_FILE, "tokenizer_config.json")
+ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+#: the files a LoRA adapter checkpoint directory must hold (the base model lives where adapter_config.json says)
+ADAPTER_FILES = (ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, LATENT_CONFIG_FILE, "tokenizer_config.json")
 
 
 @dataclass
@@ -145,6 +150,8 @@ def add_latent_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
 
 
 def _is_model_dir(p: Path) -> bool:
+    if (p / ADAPTER_CONFIG_FILE).is_file():
+        return True
     weights = (p / SAFETENSORS).is_file() or (p / SAFETENSORS_INDEX).is_file() or (p / "pytorch_model.bin").is_file()
     return (p / "config.json").is_file() and (weights or (p / LATENT_CONFIG_FILE).is_file())
 
@@ -182,6 +189,39 @@ def load_tokenizer(
     return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=local_files_only)
 
 
+def _read_latent_files(folder: Path) -> tuple[LatentSettings, dict | None]:
+    """``latent_config.json`` (default settings when absent: a plain hub model) and ``run_config.json`` (or None)."""
+    settings = LatentSettings()
+    if (folder / LATENT_CONFIG_FILE).is_file():
+        settings = LatentSettings.from_dict(json.loads((folder / LATENT_CONFIG_FILE).read_text()))
+    run = folder / RUN_CONFIG_FILE
+    return settings, (json.loads(run.read_text()) if run.is_file() else None)
+
+
+def load_hf_model(
+    path: str, dtype: torch.dtype | None, trust_remote_code: bool = False, local_files_only: bool = False
+) -> PreTrainedModel:
+    """``AutoModelForCausalLM`` from safetensors, strictly: a missing or wrong-shape tensor is a CheckpointError."""
+    try:
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
+            path,
+            dtype=dtype or "auto",
+            use_safetensors=True,
+            trust_remote_code=trust_remote_code,
+            local_files_only=local_files_only,
+            output_loading_info=True,
+        )
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"cannot load the model {path}: {one_line(e)}") from None
+    model, info = loaded
+    for what, key in (("missing", "missing_keys"), ("wrong-shape", "mismatched_keys")):
+        keys = info.get(key) or []
+        if keys:
+            names = [k if isinstance(k, str) else k[0] for k in keys]
+            raise CheckpointError(f"the model {path} has {what} tensors: {', '.join(names[:3])}")
+    return model
+
+
 class LatentLM(nn.Module):
     """A causal LM plus the Coconut latent recurrence, batched generation and teacher-forced scoring."""
 
@@ -205,6 +245,8 @@ class LatentLM(nn.Module):
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id
         self.run_config: dict | None = None  # the training config that produced this model (run_config.json)
+        self.name_or_path: str | None = None  # where the weights came from (a directory or hub id; None: built here)
+        self.peft: Any = None  # PEFT's wrapper when LoRA adapters are on (dgrpo.model.lora), not a sub-module
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod
@@ -218,46 +260,51 @@ class LatentLM(nn.Module):
         local_files_only: bool = False,
     ) -> LatentLM:
         """Load a checkpoint directory (or a hub id): weights from safetensors only, every tensor present with its
-        shape (a directory dgrpo wrote is first verified against its manifest). Any problem is one
+        shape (a directory dgrpo wrote is first verified against its manifest). A LoRA adapter directory loads its
+        base model (``adapter_config.json`` names it) with the adapter on top. Any problem is one
         :class:`CheckpointError` line."""
         local = Path(path).expanduser()
         if local.exists():  # a run directory means its final/
-            local = path = resolve_checkpoint(local)
+            local = resolve_checkpoint(local)
+            path = str(local.resolve())
+        adapter = (local / ADAPTER_CONFIG_FILE).is_file()
         if (local / MANIFEST).is_file():
-            problem = verify(local, MODEL_FILES)
+            problem = verify(local, ADAPTER_FILES if adapter else MODEL_FILES)
             if problem is not None:
                 raise CheckpointError(f"checkpoint {local} is damaged: {problem}")
+        if adapter:
+            return cls._from_adapter_dir(local, dtype, device, trust_remote_code)
         try:
             tok = load_tokenizer(str(path), trust_remote_code=trust_remote_code, local_files_only=local_files_only)
-            loaded: Any = AutoModelForCausalLM.from_pretrained(
-                str(path),
-                dtype=dtype or "auto",
-                use_safetensors=True,
-                trust_remote_code=trust_remote_code,
-                local_files_only=local_files_only,
-                output_loading_info=True,
-            )
-            model, info = loaded
-            settings = LatentSettings()
-            if (local / LATENT_CONFIG_FILE).is_file():
-                settings = LatentSettings.from_dict(json.loads((local / LATENT_CONFIG_FILE).read_text()))
-            run_config = (
-                json.loads((local / RUN_CONFIG_FILE).read_text()) if (local / RUN_CONFIG_FILE).is_file() else None
-            )
-        except CheckpointError:
-            raise
+            settings, run_config = _read_latent_files(local)
         except Exception as e:  # noqa: BLE001 - a damaged directory fails in many ways; each is one line for the user
             raise CheckpointError(f"cannot load the model {path}: {one_line(e)}") from None
-        bad = [
-            (what, info.get(key) or [])
-            for what, key in (("missing", "missing_keys"), ("wrong-shape", "mismatched_keys"))
-        ]
-        for what, keys in bad:
-            if keys:
-                names = [k if isinstance(k, str) else k[0] for k in keys]
-                raise CheckpointError(f"the model {path} has {what} tensors: {', '.join(names[:3])}")
+        model = load_hf_model(str(path), dtype, trust_remote_code, local_files_only)
         lm = cls(model, tok, settings)
-        lm.run_config = run_config
+        lm.run_config, lm.name_or_path = run_config, str(path)
+        if device is not None:
+            lm.to(device)
+        return lm
+
+    @classmethod
+    def _from_adapter_dir(
+        cls, folder: Path, dtype: torch.dtype | None, device: str | torch.device | None, trust_remote_code: bool
+    ) -> LatentLM:
+        """The base model an adapter directory names, with the directory's tokenizer, settings and adapter."""
+        from . import lora
+        from .sources import resolve_model_source
+
+        base, local_only = resolve_model_source(lora.adapter_base(folder))
+        if lora.is_adapter_dir(Path(base)):
+            raise CheckpointError(f"{folder}: its base model {base} is itself an adapter directory")
+        try:
+            tok = load_tokenizer(str(folder))
+            settings, run_config = _read_latent_files(folder)
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(f"cannot load the adapter checkpoint {folder}: {one_line(e)}") from None
+        lm = cls(load_hf_model(base, dtype, trust_remote_code, local_only), tok, settings)
+        lm.run_config, lm.name_or_path = run_config, base
+        lora.attach_saved_adapter(lm, folder)
         if device is not None:
             lm.to(device)
         return lm
@@ -273,10 +320,15 @@ class LatentLM(nn.Module):
         """Write a checkpoint directory, atomically and with a sha256 manifest (``verified.atomic_dir``): safetensors
         weights (``state_dict`` when given, e.g. gathered from FSDP shards; none with ``weights=False``),
         the model config, the tokenizer, ``latent_config.json`` and, when set, ``run_config.json`` (the training
-        config that produced it: ``dgrpo eval`` rebuilds the run's task from it). ``extra(tmp_dir)`` may add files
-        before the directory is published. The one place a model directory is written."""
+        config that produced it: ``dgrpo eval`` rebuilds the run's task from it). Under LoRA the policy adapter in
+        PEFT's format instead of the weights. ``extra(tmp_dir)`` may add files before the directory is published.
+        The one place a model directory is written."""
         with atomic_dir(Path(path)) as tmp:
-            if weights:
+            if self.peft is not None:  # LoRA: the policy adapter only, in PEFT's format (it names the base model)
+                from .lora import save_adapter
+
+                save_adapter(self, tmp)
+            elif weights:
                 self.model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
             else:
                 self.model.config.save_pretrained(tmp)
@@ -286,6 +338,30 @@ class LatentLM(nn.Module):
                 (tmp / RUN_CONFIG_FILE).write_text(json.dumps(self.run_config, indent=2))
             if extra is not None:
                 extra(tmp)
+
+    @property
+    def checkpoint_files(self) -> tuple[str, ...]:
+        """The files :meth:`save_pretrained` writes for this model (the manifest must list them)."""
+        return ADAPTER_FILES if self.peft is not None else MODEL_FILES
+
+    def read_weights_dir(self, folder: Path) -> dict[str, Tensor]:
+        """The weights (under LoRA: the adapter) of a directory this model saved, checked to fit it exactly."""
+        if self.peft is not None:
+            from .lora import read_adapter
+
+            return read_adapter(self, folder)
+        state = read_weights(folder)
+        check_state_dict(self.model, state, "model")
+        return state
+
+    def load_weights(self, state: dict[str, Tensor]) -> None:
+        """Put weights from :meth:`read_weights_dir` in place."""
+        if self.peft is not None:
+            from .lora import load_adapter_state
+
+            load_adapter_state(self, state)
+        else:
+            self.model.load_state_dict(state, strict=False)  # complete: checked by read_weights_dir
 
     @property
     def context_length(self) -> int | None:

@@ -1,8 +1,9 @@
 """Atomic, verifiable training checkpoints and everything a resumed run needs to continue bit-exactly.
 
 A checkpoint is a directory ``OUT/checkpoints/step-00000123/`` holding:
-  ``model/``            the policy, ``save_pretrained`` (safetensors, tokenizer, latent_config.json)
-  ``<name>.safetensors`` extra models' weights (the GRPO reference model)
+  ``model/``            the policy, ``save_pretrained`` (safetensors, tokenizer, latent_config.json; under LoRA the
+                        adapter in PEFT's format)
+  ``<name>.safetensors`` extra models' weights (the GRPO reference model, or under LoRA the reference adapter)
   ``optimizer.pt``      optimizer state (tensors and numbers only: loaded with ``weights_only=True``)
   ``rng.pt``            torch CPU/CUDA generator states (tensors, ``weights_only=True``)
   ``state.json``        counters, Python/NumPy RNG states, EMA baseline, best record, data position ...
@@ -26,10 +27,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save_model
+from safetensors.torch import save_file, save_model
 
-from ..model.latent_lm import MODEL_FILES
-from ..model.verified import CheckpointError, atomic_dir, check_state_dict, one_line, read_weights, verify
+from ..model.verified import CheckpointError, atomic_dir, check_state_dict, one_line, verify
 
 CKPT_DIR = "checkpoints"
 #: torch optimizers' per-parameter state tensors, shaped like their parameter (8-bit optimizers keep others)
@@ -70,7 +70,7 @@ def save_checkpoint(
     lm,
     optimizer: torch.optim.Optimizer,
     state: dict[str, Any],
-    extra_models: dict[str, torch.nn.Module] | None = None,
+    extra_models: dict[str, Any] | None = None,
     tensors: dict[str, torch.Tensor] | None = None,
     keep_last: int = 2,
 ) -> Path:
@@ -83,7 +83,10 @@ def save_checkpoint(
     with atomic_dir(final) as tmp:
         lm.save_pretrained(tmp / "model")
         for name, model in (extra_models or {}).items():
-            save_model(model, str(tmp / f"{name}.safetensors"))  # handles tied (shared) tensors
+            if isinstance(model, torch.nn.Module):
+                save_model(model, str(tmp / f"{name}.safetensors"))  # handles tied (shared) tensors
+            else:  # a state holder (the LoRA reference adapter)
+                save_file(model.state_dict(), str(tmp / f"{name}.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         rng_js, rng_t = capture_rng()
         torch.save({**rng_t, **{f"extra/{k}": v for k, v in (tensors or {}).items()}}, tmp / "rng.pt")
@@ -103,9 +106,9 @@ def list_checkpoints(out_dir: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
 
 
-def required_files(extra_models: dict[str, torch.nn.Module] | None) -> tuple[str, ...]:
+def required_files(lm, extra_models: dict[str, Any] | None) -> tuple[str, ...]:
     """What a resumable checkpoint must hold (its manifest must list each of these)."""
-    model = tuple(f"model/{f}" for f in MODEL_FILES)
+    model = tuple(f"model/{f}" for f in lm.checkpoint_files)
     return (*model, "optimizer.pt", "rng.pt", "state.json", *(f"{n}.safetensors" for n in extra_models or {}))
 
 
@@ -120,12 +123,10 @@ class LoadedCheckpoint:
     optimizer_state: dict[str, Any]
     rng: dict[str, torch.Tensor]
 
-    def apply(
-        self, lm, optimizer: torch.optim.Optimizer, extra_models: dict[str, torch.nn.Module] | None = None
-    ) -> dict:
+    def apply(self, lm, optimizer: torch.optim.Optimizer, extra_models: dict[str, Any] | None = None) -> dict:
         """Load everything into the model, the extra models and the optimizer; restore the RNGs; return the state
         (state.json's content plus ``tensors``, the extra tensor state)."""
-        lm.model.load_state_dict(self.weights, strict=False)  # complete: checked by read_checkpoint
+        lm.load_weights(self.weights)  # complete: checked by read_checkpoint
         for name, model in (extra_models or {}).items():
             model.load_state_dict(self.extra_weights[name], strict=False)
         optimizer.load_state_dict(self.optimizer_state)
@@ -134,17 +135,16 @@ class LoadedCheckpoint:
 
 
 def read_checkpoint(
-    ckpt: Path, *, lm, optimizer: torch.optim.Optimizer, extra_models: dict[str, torch.nn.Module] | None = None
+    ckpt: Path, *, lm, optimizer: torch.optim.Optimizer, extra_models: dict[str, Any] | None = None
 ) -> LoadedCheckpoint:
     """Verify a checkpoint (manifest, every required file) and read all of it into memory, checking that it fits:
     the weights are exactly the model's tensors with their shapes, the optimizer state matches the optimizer's
     parameters. Raises CheckpointError (one line) on any problem; mutates nothing."""
-    problem = verify(ckpt, required_files(extra_models))
+    problem = verify(ckpt, required_files(lm, extra_models))
     if problem is not None:
         raise CheckpointError(problem)
     try:
-        weights = read_weights(ckpt / "model")
-        check_state_dict(lm.model, weights, "model")
+        weights = lm.read_weights_dir(ckpt / "model")
         extra = {}
         for name, model in (extra_models or {}).items():
             extra[name] = read_weights_file(ckpt / f"{name}.safetensors")

@@ -167,13 +167,19 @@ class Dist:
         """Rank 0's weights on every rank; with FSDP2, shard the model. Returns the parameters to give the
         optimizer: under FSDP2 the sharded ones (``model.parameters()`` lists the gathered copies while
         they are held between an optimizer step and the next backward)."""
+        trainable = [p for p in model.parameters() if p.requires_grad]  # under LoRA: the adapters only
+        if self.fsdp and len(trainable) < len(list(model.parameters())):
+            raise ConfigError(
+                "invalid config value fsdp: FSDP with frozen weights (LoRA) is not supported; LoRA runs with "
+                "fsdp=none (DGRPO_FSDP=0): the backbone is replicated and only the adapters train"
+            )
         if not self.active:
-            return list(model.parameters())
+            return trainable
         with torch.no_grad():
             for p in model.parameters():
                 tdist.broadcast(p.data, src=0)
         if not self.fsdp:
-            return list(model.parameters())
+            return trainable
         self._fully_shard(model)
         params = list(model.parameters())  # sharded (DTensor) here
         self.gather_params(model)

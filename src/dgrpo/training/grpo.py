@@ -15,7 +15,6 @@ at update time, the shuffled-reward null control) are the same loop with differe
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 import time
@@ -23,6 +22,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -47,6 +47,7 @@ from .losses import (
     grpo_objective,
     shuffle_within_groups,
 )
+from .ref_policy import make_reference
 from .rollouts import Rollouts, collect_rollouts, replay_logprobs
 from .run import NonFiniteError, NonFiniteGuard, RunDir, StalledError, sharded_accuracy, weights_finite
 from .schedules import beta_at, lr_at
@@ -108,9 +109,8 @@ class GRPOTrainer:
         self.objective = ObjectiveSettings.from_config(g)
         self.rewards = _rewards(reward_fn, cfg)
         self.rewards.smoke_test(train[:2], check_filter=g.filter and g.advantage != "ema")
-        self.ref: LatentLM | None = None
-        if g.beta0 > 0:  # a plain copy on every rank, also under FSDP (it only runs no-grad forwards)
-            self.ref = LatentLM(copy.deepcopy(lm.model).eval().requires_grad_(False), lm.tokenizer, lm.settings)
+        # the KL reference: a frozen copy of the model, or under LoRA a frozen adapter (before the optimizer)
+        self.ref = make_reference(lm, self.dist) if g.beta0 > 0 else None
         self.opt_params = self.dist.prepare_model(lm.model)  # rank 0's weights everywhere; FSDP2 shards here
         self.opt = build_optimizer(self.opt_params, cfg, lm.device)
         self.ema_baseline = 0.5
@@ -201,7 +201,7 @@ class GRPOTrainer:
         metrics["nonfinite_skips"] = self.guard.skips
         self.step_idx += 1
         if self.ref is not None and g.ref_renewal_every and self.step_idx % g.ref_renewal_every == 0:
-            self.ref.model.load_state_dict(dist.full_state_dict(self.lm.model))
+            self.ref.renew()
             metrics["ref_renewed"] = 1
         return metrics
 
@@ -334,9 +334,9 @@ class GRPOTrainer:
     def _reference_logprobs(self, ro: Rollouts, rows: Tensor, seeds: Tensor) -> Tensor:
         """The reference model's log-probs of the same answers under the same perturbation (no grad)."""
         assert self.ref is not None
-        with torch.no_grad():
-            return replay_logprobs(
-                self.ref,
+        return self.ref.run(
+            lambda ref: replay_logprobs(
+                ref,
                 ro,
                 rows,
                 n_latent=self.n_latent,
@@ -344,6 +344,7 @@ class GRPOTrainer:
                 seeds=seeds,
                 temperature=self.cfg.grpo.temperature,
             )[0]
+        )
 
     def _update_seeds(self, ro: Rollouts, rows: Tensor, step: int, epoch: int) -> Tensor:
         """The rollout's own seeds (mask replay), or new ones per mini-epoch (``replay: fresh_mask``, the ablation)."""
@@ -527,8 +528,8 @@ def _summary(run: RunDir, loop: LoopState, steps: int) -> dict:
     return summary
 
 
-def _extra_models(trainer: GRPOTrainer) -> dict[str, torch.nn.Module] | None:
-    return {"ref": trainer.ref.model} if trainer.ref is not None else None
+def _extra_models(trainer: GRPOTrainer) -> dict[str, Any] | None:
+    return {"ref": trainer.ref.checkpoint_state} if trainer.ref is not None else None
 
 
 def _periodic_eval(

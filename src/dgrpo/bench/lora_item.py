@@ -1,0 +1,143 @@
+"""Benchmark item 8: LoRA vs full fine-tuning, one GRPO step on the same model.
+
+Both arms run the paper's step with the KL reference on (``beta0`` default): full fine-tuning keeps a frozen copy
+of the model for it, LoRA a frozen adapter (:mod:`dgrpo.training.ref_policy`). Measured: trainable parameters,
+optimizer state bytes, the step's peak memory (each arm in a fresh process, as in item 5: peak RSS on CPU,
+``max_memory_allocated`` on CUDA) and the step time (alternating, median). The CPU section uses a wider model than
+the other items (``LORA_CPU``) so that weights, not the tiny model's activations, set the memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..config import LoraConfig
+from ..model import lora
+from ..model.latent_lm import LatentLM
+from ..training.grpo import GRPOTrainer
+from .report import Row, fmt_bytes, fmt_s
+from .timing import alternate
+from .workload import Ctx, Shapes, build_lm, grpo_config, task_records
+
+LORA_R = 16
+#: CPU: a ~42M-parameter Qwen2 (6 layers x 768), few short rollouts, so that a step takes seconds
+LORA_CPU = Shapes(
+    name="lora-cpu",
+    hidden=768,
+    layers=6,
+    heads=12,
+    kv_heads=4,
+    ffn=2048,
+    prompts=4,
+    max_new_tokens=8,
+    grpo_K_at=8,
+    grpo_T_at=3,
+    reps=5,
+    warmup=1,
+    mem_reps=1,
+)
+
+
+def item_shapes(ctx: Ctx) -> Shapes:
+    """The suite's own shapes on GPU and in --quick; :data:`LORA_CPU` for the full CPU section."""
+    return LORA_CPU if ctx.device.type == "cpu" and ctx.shapes.name == "full" else ctx.shapes
+
+
+def add_lora(lm: LatentLM, r: int = LORA_R) -> LatentLM:
+    """LoRA (rank ``r``, alpha 2r, every linear layer, the latent rows trainable) on a bench model."""
+    lm.name_or_path = "bench: random-weight Qwen2 built in memory"  # adapters name their base; never saved here
+    lora.apply_lora(lm, LoraConfig(r=r, alpha=2.0 * r))
+    return lm
+
+
+def build_trainer(s: Shapes, ctx_device, dtype, r: int) -> GRPOTrainer:
+    lm = build_lm(s, ctx_device, dtype)
+    if r:
+        add_lora(lm, r)
+    return GRPOTrainer(lm, grpo_config(s, s.grpo_K_at, s.grpo_T_at, "locked"), task_records(s.prompts))
+
+
+def state_bytes(trainer: GRPOTrainer) -> int:
+    st = trainer.opt.state.values()
+    return sum(v.numel() * v.element_size() for d in st for v in d.values() if hasattr(v, "numel") and v.dim() > 0)
+
+
+def _probe(ctx: Ctx, s: Shapes, r: int) -> dict:
+    spec = {
+        "shapes": s.to_json(),
+        "device": str(ctx.device),
+        "dtype": str(ctx.dtype).replace("torch.", ""),
+        "K": s.grpo_K_at,
+        "T": s.grpo_T_at,
+        "kind": "locked",
+        "threads": ctx.threads,
+        "warmup": 1,
+        "lora_r": r,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "dgrpo.bench.memprobe", json.dumps(spec)], capture_output=True, text=True, env=os.environ
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory probe failed (lora_r={r}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def bench_lora(ctx: Ctx) -> tuple[list[Row], dict]:
+    """GRPO step under LoRA (r=16, all linear layers) vs full fine-tuning: parameters, state, memory, time."""
+    if importlib.util.find_spec("peft") is None:
+        return [], {"skipped": "peft is not installed (pip install 'dgrpo[lora]')"}
+    s = item_shapes(ctx)
+    arms = {"full": 0, "lora": LORA_R}
+    ctx.log(f"[8] lora: full vs LoRA r={LORA_R} on {s.layers} x {s.hidden} Qwen2, K={s.grpo_K_at}, T={s.grpo_T_at}")
+    mem = {name: _probe(ctx, s, r) for name, r in arms.items()}  # fresh processes first, before this one grows
+    trainers = {name: build_trainer(s, ctx.device, ctx.dtype, r) for name, r in arms.items()}
+    prompts = task_records(s.prompts)
+    fns: dict[str, Callable[[], Any]] = {n: functools.partial(t.step, prompts=prompts) for n, t in trainers.items()}
+    t = alternate(fns, reps=s.reps, warmup=s.warmup, device=ctx.device, log=ctx.log)
+    params = {n: lora.trainable_parameters(tr.lm) if tr.lm.peft else _counts(tr.lm) for n, tr in trainers.items()}
+    state = {n: state_bytes(tr) for n, tr in trainers.items()}
+    raw = {
+        "shapes": dataclasses.asdict(s),
+        "r": LORA_R,
+        "params": params,
+        "state_bytes": state,
+        "memory": mem,
+        "timing": t.to_json(),
+    }
+    what = "peak allocated (CUDA)" if ctx.device.type == "cuda" else "peak RSS"
+    conf = (
+        f"Qwen2 {s.layers} layers x {s.hidden} ({params['full'][1]:,} params, {ctx.dtype}), K={s.grpo_K_at}, "
+        f"T={s.grpo_T_at}, {s.prompts} prompts, {s.max_new_tokens} answer tokens, KL reference on; LoRA r={LORA_R} "
+        f"alpha 32 on every linear layer + the 3 latent rows; time: median of {s.reps} alternating repetitions; "
+        "memory: fresh process each, step after a warm-up step"
+    )
+    vals = "; ".join(
+        f"{n}: {params[n][0]:,} trainable, optimizer state {fmt_bytes(state[n])}, {what} "
+        f"{fmt_bytes(mem[n]['peak_bytes'])} (before the step {fmt_bytes(mem[n]['before_bytes'])}), step "
+        f"{fmt_s(t.median(n))}"
+        for n in arms
+    )
+    row = functools.partial(Row, ctx.section, "8. LoRA vs full fine-tuning", "lora", conf, vals)
+    return [
+        row("trainable params lora / full", params["lora"][0] / params["full"][0], None),
+        row("optimizer state lora / full", state["lora"] / state["full"], None),
+        row(f"{what} of the step lora / full", mem["lora"]["peak_bytes"] / mem["full"]["peak_bytes"], None),
+        row("step time lora / full", t.ratio("lora", "full"), None, _spread(t.paired_ratios("lora", "full"))),
+    ], raw
+
+
+def _counts(lm: LatentLM) -> tuple[int, int]:
+    n = sum(p.numel() for p in lm.model.parameters())
+    return sum(p.numel() for p in lm.model.parameters() if p.requires_grad), n
+
+
+def _spread(ratios: list[float]) -> tuple[float, float]:
+    return min(ratios), max(ratios)

@@ -1,0 +1,233 @@
+"""LoRA adapters on a LatentLM, through the ``peft`` package: wrapping, the frozen reference adapter, adapter
+checkpoints (PEFT's format) and the merged export.
+
+PEFT injects its layers into ``lm.model`` in place, so ``lm.model`` stays the Hugging Face causal LM: the latent
+recurrence, the perturbation sites and every forward see the same modules as without LoRA. ``lm.peft`` holds PEFT's
+wrapper for what only it does (switching adapters, adapter state dicts, merging).
+
+- Latent tokens: the embedding rows of ``<|start-latent|>``, ``<|latent|>``, ``<|end-latent|>`` stay trainable
+  through PEFT's trainable tokens (``trainable_token_indices``: those three rows only; a tied LM head shares them,
+  an untied head gets its own three trainable rows).
+- Exact replay: ``lora_dropout`` is always 0. PEFT's adapter dropout draws from the global RNG at every forward,
+  so the update could not replay the network that produced the rollout; the seeded perturbation is the only noise.
+- Reference policy for the KL term: a second adapter, ``reference``, a frozen copy of the policy adapter taken at
+  the start (so the reference is the initial policy, with no second copy of the backbone). Renewal (paper Sec. 4,
+  ``grpo.ref_renewal_every``) copies the policy adapter into it: reference = base + the adapter of that moment.
+- Checkpoints hold the policy adapter only (``adapter_model.safetensors``, ``adapter_config.json`` naming the base
+  model), with the tokenizer and ``latent_config.json``; :func:`merged` gives base + adapters as one plain model
+  (``dgrpo export --merge``).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from ..config import ConfigError
+from .verified import CheckpointError, one_line
+
+if TYPE_CHECKING:
+    from ..config import LoraConfig
+    from .latent_lm import LatentLM
+
+POLICY, REFERENCE = "default", "reference"
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+INSTALL = "LoRA needs the peft package: pip install 'dgrpo[lora]'"
+
+
+def _peft() -> Any:
+    try:
+        import peft
+    except ImportError:
+        raise ConfigError(f"invalid config value model.lora.r: {INSTALL}") from None
+    return peft
+
+
+def latent_token_rows(lm: LatentLM) -> dict[str, list[int]]:
+    """PEFT ``trainable_token_indices``: the latent markers' rows of the input embedding, and of an untied head."""
+    ids = [lm.start_id, lm.latent_id, lm.end_id]
+    names = {id(m): n.rsplit(".", 1)[-1] for n, m in lm.model.named_modules()}
+    emb: Any = lm.model.get_input_embeddings()
+    head: Any = lm.model.get_output_embeddings()
+    rows = {names[id(emb)]: ids}
+    if head is not None and head.weight.data_ptr() != emb.weight.data_ptr():
+        rows[names[id(head)]] = ids
+    return rows
+
+
+def peft_config(lm: LatentLM, cfg: LoraConfig) -> Any:
+    """The ``peft.LoraConfig`` for ``cfg`` (adapter dropout forced to 0, see the module docstring)."""
+    if cfg.dropout > 0:
+        warnings.warn(
+            f"model.lora.dropout={cfg.dropout} replaced by 0: PEFT's adapter dropout draws new noise at every forward, "
+            "so the update could not replay the rollout's network; the perturbation is the only noise",
+            stacklevel=2,
+        )
+    targets = cfg.target_modules
+    return _peft().LoraConfig(
+        r=cfg.r,
+        lora_alpha=cfg.alpha,
+        lora_dropout=0.0,
+        target_modules="all-linear" if list(targets) == ["all-linear"] else list(targets),
+        trainable_token_indices=latent_token_rows(lm) if cfg.train_latent_tokens else None,
+        task_type="CAUSAL_LM",
+    )
+
+
+def apply_lora(lm: LatentLM, cfg: LoraConfig | Any) -> None:
+    """Inject adapters into ``lm.model`` (in place); afterwards only the adapters (and the latent rows) are trainable.
+    ``cfg``: a :class:`~dgrpo.config.LoraConfig`, or a ``peft.LoraConfig`` (a checkpoint's own)."""
+    if lm.peft is not None:
+        raise ValueError("this model already has LoRA adapters")
+    if lm.name_or_path is None:
+        raise ConfigError(
+            "invalid config value model.lora.r: LoRA adapts a pretrained model saved on disk or on the hub (the "
+            "adapter checkpoint names its base); the built-in tiny model is built in memory: train it fully first "
+            "(dgrpo sft), then start from that run with --init RUN --set model.lora.r=..."
+        )
+    peft = _peft()
+    config = cfg if isinstance(cfg, peft.LoraConfig) else peft_config(lm, cfg)
+    config.base_model_name_or_path = None  # PEFT takes the model's own name; we set ours after
+    with warnings.catch_warnings():  # GPT-2's Conv1D: PEFT sets fan_in_fan_out itself and says so
+        warnings.filterwarnings("ignore", message=".*fan_in_fan_out.*")
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # PEFT reads a renamed property
+        wrapper = peft.get_peft_model(lm.model, config)
+    wrapper.peft_config[POLICY].base_model_name_or_path = lm.name_or_path  # a hub id, or an absolute directory
+    object.__setattr__(lm, "peft", wrapper)  # not a registered sub-module: lm.model holds the same parameters
+
+
+def adapter_state(lm: LatentLM, adapter: str = POLICY) -> dict[str, Tensor]:
+    """One adapter's tensors, in PEFT's checkpoint naming (adapter name left out), detached copies."""
+    sd = _peft().get_peft_model_state_dict(lm.peft, adapter_name=adapter, save_embedding_layers=False)
+    return {k: v.detach().clone().contiguous() for k, v in sd.items()}
+
+
+def check_adapter_state(lm: LatentLM, state: dict[str, Tensor], where: str, adapter: str = POLICY) -> None:
+    """CheckpointError unless ``state`` holds exactly the adapter's tensors with their shapes."""
+    own = _peft().get_peft_model_state_dict(lm.peft, adapter_name=adapter, save_embedding_layers=False)
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
+        for k in own
+        if k in state and state[k].shape != own[k].shape
+    ]
+    for what, names in (("missing tensors", missing), ("unexpected tensors", unexpected), ("wrong shapes", shapes)):
+        if names:
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            raise CheckpointError(f"{where}: {what}: {', '.join(names[:3])}{more}")
+
+
+def load_adapter_state(lm: LatentLM, state: dict[str, Tensor], adapter: str = POLICY, where: str = "adapter") -> None:
+    """Put ``state`` into an adapter, checked first (nothing is copied unless every tensor fits)."""
+    check_adapter_state(lm, state, where, adapter)
+    _peft().set_peft_model_state_dict(lm.peft, state, adapter_name=adapter)
+
+
+def save_adapter(lm: LatentLM, folder: Path) -> None:
+    """``adapter_config.json`` (naming the base model) and ``adapter_model.safetensors`` of the policy adapter."""
+    assert lm.peft is not None
+    lm.peft.peft_config[POLICY].save_pretrained(str(folder))
+    save_file(adapter_state(lm), str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+
+
+def read_adapter(lm: LatentLM, folder: Path) -> dict[str, Tensor]:
+    """The policy adapter tensors of an adapter directory, checked against ``lm``'s adapter."""
+    try:
+        state = load_file(str(folder / ADAPTER_WEIGHTS))
+    except Exception as e:  # noqa: BLE001 - truncated or foreign files: one line
+        raise CheckpointError(f"{folder}: unreadable adapter weights ({one_line(e)})") from None
+    check_adapter_state(lm, state, str(folder))
+    return state
+
+
+def is_adapter_dir(path: Path) -> bool:
+    return (path / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base(folder: Path) -> str:
+    """The base model an adapter directory names (``base_model_name_or_path``)."""
+    try:
+        base = json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{folder}: unreadable {ADAPTER_CONFIG} ({one_line(e)})") from None
+    if not base:
+        raise CheckpointError(f"{folder}: {ADAPTER_CONFIG} names no base model (base_model_name_or_path)")
+    return str(base)
+
+
+def attach_saved_adapter(lm: LatentLM, folder: Path) -> None:
+    """Give ``lm`` (the base model of an adapter directory) that directory's adapter and weights."""
+    try:
+        config = _peft().LoraConfig.from_pretrained(str(folder))
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"{folder}: unreadable {ADAPTER_CONFIG} ({one_line(e)})") from None
+    if getattr(config, "lora_dropout", 0.0):
+        config.lora_dropout = 0.0  # an adapter trained elsewhere: dropout off, as in every dgrpo forward
+    apply_lora(lm, config)
+    load_adapter_state(lm, read_adapter(lm, folder), where=str(folder))
+
+
+# ---------------------------------------------------------------------- the reference adapter
+def add_reference(lm: LatentLM) -> None:
+    """A frozen ``reference`` adapter, a copy of the policy adapter now (the KL reference, no backbone copy)."""
+    assert lm.peft is not None
+    lm.peft.add_adapter(REFERENCE, lm.peft.peft_config[POLICY])
+    renew_reference(lm)
+    lm.peft.set_adapter(POLICY)  # add_adapter leaves the new adapter trainable; only the policy is
+
+
+def renew_reference(lm: LatentLM) -> None:
+    """Reference renewal under LoRA: copy the policy adapter's current weights into the reference adapter."""
+    load_adapter_state(lm, adapter_state(lm, POLICY), adapter=REFERENCE, where="reference adapter")
+
+
+@contextmanager
+def reference_active(lm: LatentLM) -> Iterator[LatentLM]:
+    """Within: ``lm`` computes with the reference adapter (use under ``torch.no_grad``); after: the policy again."""
+    assert lm.peft is not None
+    lm.peft.set_adapter(REFERENCE)
+    try:
+        yield lm
+    finally:
+        lm.peft.set_adapter(POLICY)  # also makes the policy (and only it) trainable again
+
+
+class ReferenceAdapterState:
+    """The reference adapter as a training checkpoint sees an extra model: ``state_dict`` / ``load_state_dict``."""
+
+    def __init__(self, lm: LatentLM):
+        self.lm = lm
+
+    def state_dict(self, keep_vars: bool = False) -> dict[str, Tensor]:
+        return adapter_state(self.lm, REFERENCE)
+
+    def load_state_dict(self, state: dict[str, Tensor], strict: bool = True) -> None:
+        load_adapter_state(self.lm, state, adapter=REFERENCE, where="reference adapter")
+
+
+# ---------------------------------------------------------------------- counting and merging
+def trainable_parameters(lm: LatentLM) -> tuple[int, int]:
+    """(trainable, total) parameter counts; the trainable tokens count as their rows only."""
+    trainable = sum(p.numel() for p in lm.model.parameters() if p.requires_grad)
+    return trainable, sum(p.numel() for p in lm.model.parameters())
+
+
+@torch.no_grad()
+def merge_into_base(lm: LatentLM) -> None:
+    """Fold the policy adapter (and the trained latent rows) into the weights: ``lm.model`` becomes a plain Hugging
+    Face model again, without adapters (``dgrpo export --merge``; full fine-tuning of an adapter checkpoint)."""
+    assert lm.peft is not None
+    if REFERENCE in lm.peft.peft_config:
+        lm.peft.delete_adapter(REFERENCE)
+    lm.model = lm.peft.merge_and_unload().requires_grad_(True)  # PEFT had frozen the backbone
+    lm.peft, lm.name_or_path = None, None

@@ -1,0 +1,78 @@
+"""Where a model name points: a checkpoint directory (a run directory means its ``final/``) or a Hugging Face hub id.
+
+A name that is an existing path is a checkpoint directory; a name shaped like a path that does not exist is an
+error; anything else is a hub id, looked up in the local cache first and on the hub only when it is reachable: an
+unreachable hub fails at once with one line (no 50 s of retries).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+
+from .latent_lm import resolve_checkpoint
+from .verified import CheckpointError
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "gpt2", "Qwen/Qwen2.5-1.5B"
+HUB_TIMEOUT_S = 3.0  # the reachability probe; downloads then use huggingface_hub's own timeouts
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise CheckpointError(f"device {name!r} requested but CUDA is not available on this machine")
+    return torch.device(name)
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", ".", "~")) or name.endswith("/") or not HUB_ID.match(name)
+
+
+def _hub_reachable() -> bool:
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=HUB_TIMEOUT_S).close()
+        return True
+    except OSError:
+        return False
+
+
+def resolve_hub_model(name: str) -> tuple[str, bool]:
+    """(name, local_files_only) for a hub id: the cached copy when the hub cannot be reached, else the hub.
+    One CheckpointError line when neither works."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
+    if constants.HF_HUB_OFFLINE:
+        if cached:
+            return name, True
+        raise CheckpointError(
+            f"model {name!r}: not a local directory, and HF_HUB_OFFLINE is set but the model is not in the "
+            f"Hugging Face cache ({constants.HF_HUB_CACHE})"
+        )
+    if _hub_reachable():
+        return name, False
+    if cached:
+        return name, True
+    raise CheckpointError(
+        f"model {name!r}: not a local directory, not in the Hugging Face cache, and the hub ({constants.ENDPOINT}) "
+        f"cannot be reached (no network?); download it where there is network, or point to a local copy "
+        f"(HF_HUB_ETAG_TIMEOUT / HF_HUB_DOWNLOAD_TIMEOUT set the hub's timeouts in seconds)"
+    )
+
+
+def resolve_model_source(name: str) -> tuple[str, bool]:
+    """(what to pass to ``from_pretrained``, local_files_only) for a model name: a checkpoint path or a hub id."""
+    p = Path(name).expanduser()
+    if p.exists():
+        return str(resolve_checkpoint(p)), True
+    if _looks_like_path(name):
+        raise CheckpointError(f"checkpoint directory not found: {p}")
+    return resolve_hub_model(name)

@@ -1,0 +1,280 @@
+"""LoRA through PEFT: the latent recurrence under adapters, trainable latent rows, exact replay, the reference as a
+frozen adapter, adapter checkpoints (save / load / merge / resume) and the command line."""
+
+import pytest
+import torch
+
+from conftest import make_lm, tiny_args, tiny_config
+
+pytest.importorskip("peft")
+
+from dgrpo.config import ConfigError, LoraConfig  # noqa: E402
+from dgrpo.model import lora  # noqa: E402
+from dgrpo.model.latent_lm import LatentLM  # noqa: E402
+from dgrpo.model.reference import uncached_target_logprobs  # noqa: E402
+from dgrpo.model.verified import CheckpointError  # noqa: E402
+
+N_LATENT = 3
+QUESTIONS, ANSWERS = ["12 + 7 = ?", "3 * 4 + 1 = ?"], ["19 #### 19", "13 #### 13"]
+
+
+@pytest.fixture(scope="module")
+def base_dirs(tokenizer, tmp_path_factory):
+    """Tiny models saved on disk (LoRA adapts a model with a name or path): tied Qwen2, untied Llama, GPT-2."""
+    root = tmp_path_factory.mktemp("lora-base")
+    for arch in ("qwen2", "llama", "gpt2"):
+        make_lm(tokenizer, arch).save_pretrained(root / arch)
+    return root
+
+
+def with_lora(path, nonzero=True, **kw) -> LatentLM:
+    lm = LatentLM.from_pretrained(path)
+    lora.apply_lora(lm, LoraConfig(r=4, alpha=8.0, **kw))
+    if nonzero:  # B = 0 at init makes every adapter a no-op; give them a value so that they matter
+        with torch.no_grad():
+            gen = torch.Generator().manual_seed(1)
+            for name, p in lm.model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    return lm
+
+
+def batch(lm):
+    q, qm = lm.encode_questions(QUESTIONS)
+    t, tm = lm.encode_targets(ANSWERS)
+    return q, qm, t, tm
+
+
+def logprobs(lm, n_latent=N_LATENT):
+    with torch.no_grad():
+        return lm.target_logprobs(*batch(lm)[:2], n_latent, *batch(lm)[2:])[0]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
+def test_recurrence_runs_under_peft(base_dirs, arch):
+    """A PeftModel no longer breaks LatentLM: fresh adapters change nothing, and with trained adapters the cached
+    recurrence still equals the uncached per-step recomputation."""
+    plain = LatentLM.from_pretrained(base_dirs / arch)
+    fresh = with_lora(base_dirs / arch, nonzero=False)
+    assert torch.equal(logprobs(plain), logprobs(fresh))
+    lm = with_lora(base_dirs / arch)
+    q, qm, t, tm = batch(lm)
+    with torch.no_grad():
+        slow, _ = uncached_target_logprobs(lm, q, qm, N_LATENT, t, tm)
+    assert not torch.allclose(logprobs(lm), logprobs(plain), atol=1e-3)
+    torch.testing.assert_close(logprobs(lm), slow, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_latent_rows_and_adapters_train_through_the_recurrence(base_dirs, arch):
+    lm = with_lora(base_dirs / arch)
+    trainable = {n for n, p in lm.model.named_parameters() if p.requires_grad}
+    assert all("lora_" in n or "trainable_tokens_delta" in n for n in trainable)
+    q, qm, t, tm = batch(lm)
+    (-lm.target_logprobs(q, qm, N_LATENT, t, tm)[0].sum()).backward()
+    params = dict(lm.model.named_parameters())
+    rows = [n for n in trainable if "trainable_tokens_delta" in n]
+    assert len(rows) == (1 if arch == "qwen2" else 2)  # tied head: the same rows; untied (Llama): its own rows too
+    emb = next(params[n] for n in rows if "embed_tokens" in n)
+    assert emb.shape[0] == 3  # <|start-latent|>, <|latent|>, <|end-latent|> only
+    # <|start-latent|> reaches the answer only through attention over the latent chain; <|end-latent|> directly
+    assert emb.grad[0].abs().sum() > 0 and emb.grad[2].abs().sum() > 0
+    if arch == "llama":
+        head = next(params[n] for n in rows if "lm_head" in n)
+        assert head.grad.abs().sum() > 0
+    lora_b = [p for n, p in params.items() if "lora_B" in n]
+    assert lora_b and all(p.grad is not None and p.grad.abs().sum() > 0 for p in lora_b)
+
+
+def test_adapter_dropout_is_forced_to_zero(base_dirs):
+    with pytest.warns(UserWarning, match="replaced by 0"):
+        lm = with_lora(base_dirs / "qwen2", dropout=0.1)
+    assert lm.peft.peft_config[lora.POLICY].lora_dropout == 0.0
+    lm.train()  # even in train mode two forwards are the same network
+    assert torch.equal(logprobs(lm), logprobs(lm))
+
+
+def test_reference_adapter_is_the_initial_policy_and_renews(base_dirs):
+    lm = with_lora(base_dirs / "llama")
+    n_before = sum(p.numel() for p in lm.model.parameters())
+    adapter = sum(p.numel() for p in lm.model.parameters() if p.requires_grad)
+    start = logprobs(lm)
+    lora.add_reference(lm)
+    # no second copy of the backbone: the reference adds exactly one adapter's worth of parameters
+    assert sum(p.numel() for p in lm.model.parameters()) == n_before + adapter
+    assert sum(p.numel() for p in lm.model.parameters() if p.requires_grad) == adapter  # the reference is frozen
+    with torch.no_grad():
+        for p in lm.model.parameters():
+            if p.requires_grad:
+                p.add_(0.05)
+    moved = logprobs(lm)
+    with lora.reference_active(lm):
+        assert torch.equal(logprobs(lm), start)
+    assert torch.equal(logprobs(lm), moved)  # the policy is back after the context
+    lora.renew_reference(lm)
+    with lora.reference_active(lm):
+        assert torch.equal(logprobs(lm), moved)
+
+
+def test_adapter_checkpoint_save_load_and_merge(base_dirs, tmp_path, run_cli):
+    lm = with_lora(base_dirs / "llama")
+    lm.save_pretrained(tmp_path / "adapter")
+    files = {p.name for p in (tmp_path / "adapter").iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "latent_config.json"} <= files
+    assert "model.safetensors" not in files  # the adapter only: the base is named, not copied
+    again = LatentLM.from_pretrained(tmp_path / "adapter")
+    assert again.peft is not None and again.name_or_path == str((base_dirs / "llama").resolve())
+    assert torch.equal(logprobs(again), logprobs(lm))
+    r = run_cli("export", tmp_path / "adapter", "--merge", "--out", tmp_path / "merged")
+    assert r.returncode == 0, r.stderr
+    merged = LatentLM.from_pretrained(tmp_path / "merged")
+    assert merged.peft is None and (tmp_path / "merged" / "model.safetensors").is_file()
+    torch.testing.assert_close(logprobs(merged), logprobs(lm), atol=1e-5, rtol=0)
+    q, qm = merged.encode_questions(QUESTIONS)
+    greedy = [m.generate(q, qm, N_LATENT, max_new_tokens=12).tokens for m in (merged, lm)]
+    assert torch.equal(*greedy)
+    r = run_cli("export", tmp_path / "adapter", "--out", tmp_path / "nomerge")
+    assert r.returncode == 2 and "pass --merge" in r.stderr
+
+
+def test_init_takes_an_adapter_checkpoint(base_dirs, tmp_path):
+    from dgrpo.model.factory import load_model
+
+    lm = with_lora(base_dirs / "qwen2")
+    lm.save_pretrained(tmp_path / "adapter")
+    cfg = tiny_config(**{"model.lora.r": 4, "model.lora.alpha": 8.0})
+    cont = load_model(cfg.model, cfg.task, init=str(tmp_path / "adapter"))
+    assert cont.peft is not None and torch.equal(logprobs(cont), logprobs(lm))  # the same adapter trains on
+    with pytest.warns(UserWarning, match="merging it into the base"):
+        full = load_model(tiny_config().model, cfg.task, init=str(tmp_path / "adapter"))
+    assert full.peft is None and all(p.requires_grad for p in full.model.parameters())
+    torch.testing.assert_close(logprobs(full), logprobs(lm), atol=1e-5, rtol=0)
+
+
+def test_lora_needs_a_saved_base_and_no_fsdp():
+    from dgrpo.model.factory import load_model
+
+    cfg = tiny_config(**{"model.lora.r": 4})
+    with pytest.raises(ConfigError, match="train it fully first"):
+        load_model(cfg.model, cfg.task)
+    with pytest.raises(ConfigError, match="LoRA with FSDP"):
+        tiny_config(**{"model.lora.r": 4, "fsdp": "full"})
+
+
+def test_adapter_checkpoint_with_a_missing_base_is_one_line(base_dirs, tmp_path):
+    import json
+    import shutil
+
+    shutil.copytree(base_dirs / "qwen2", tmp_path / "base")
+    lm = with_lora(tmp_path / "base")
+    lm.save_pretrained(tmp_path / "adapter")
+    shutil.rmtree(tmp_path / "base")
+    with pytest.raises(CheckpointError, match="not found"):
+        LatentLM.from_pretrained(tmp_path / "adapter")
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["r"] == 4
+
+
+# -- GRPO under LoRA -------------------------------------------------------------------------------------------
+
+GRPO = {
+    "model.lora.r": 4,
+    "model.lora.alpha": 8.0,
+    "grpo.beta0": 0.02,
+    "grpo.mini_epochs": 2,
+    "grpo.filter": "false",
+    "grpo.prompts_per_step": 4,
+    "grpo.lr": 1e-3,
+    "grpo.max_new_tokens": 24,
+    "grpo.ref_renewal_every": 2,
+}
+
+
+def lora_trainer(sft_checkpoint, records, **over):
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.grpo import GRPOTrainer
+
+    cfg = tiny_config(**{**GRPO, **over})
+    torch.manual_seed(0)
+    lm = load_model(cfg.model, cfg.task, init=str(sft_checkpoint))
+    return GRPOTrainer(lm, cfg, records)
+
+
+def frozen_weights(lm):
+    return {n: p.detach().clone() for n, p in lm.model.named_parameters() if not p.requires_grad and "lora" not in n}
+
+
+def test_grpo_under_lora_replays_exactly_and_trains_only_adapters(sft_checkpoint, task_records):
+    from dgrpo.training.rollouts import replay_logprobs
+
+    tr = lora_trainer(sft_checkpoint, task_records)
+    lm = tr.lm
+    n_train, n_total = lora.trainable_parameters(lm)
+    assert sum(p.numel() for p in tr.opt_params) == n_train < n_total / 10  # the optimizer holds the adapters only
+    base = frozen_weights(lm)
+    policy0 = lora.adapter_state(lm)
+    m = tr.step()
+    assert m["skipped"] == 0 and m["grad_norm"] > 0
+    assert m["ratio_max"] == 1.0 and m["ratio_min"] == 1.0  # exactly 1 at theta_old: the replay is exact
+    ro, rows = tr.last_rollouts, torch.arange(4)
+    kw = dict(n_latent=tr.n_latent, perturbation=tr.perturbation, seeds=ro.seeds[rows], temperature=1.0)
+    with torch.no_grad():
+        a, b = replay_logprobs(lm, ro, rows, **kw)[0], replay_logprobs(lm, ro, rows, **kw)[0]
+    assert torch.equal(a, b)  # bit-identical replay of the same masks
+    after = frozen_weights(lm)
+    assert all(torch.equal(base[k], after[k]) for k in base)  # the backbone never moves
+    assert any(not torch.equal(policy0[k], v) for k, v in lora.adapter_state(lm).items())
+    assert all(torch.equal(policy0[k], v) for k, v in lora.adapter_state(lm, lora.REFERENCE).items())
+    tr.step()  # step 2: renewal (ref_renewal_every = 2) copies the policy adapter into the reference
+    now = lora.adapter_state(lm)
+    assert all(torch.equal(now[k], v) for k, v in lora.adapter_state(lm, lora.REFERENCE).items())
+
+
+def test_grpo_under_lora_resumes_bit_exactly(sft_checkpoint, task_records, tmp_path):
+    """Save after 2 steps, load into a fresh trainer: both then take the same steps to the same adapters."""
+    from dgrpo.training.checkpoint import list_checkpoints, read_checkpoint, save_checkpoint
+
+    timing = {"time_rollout_s", "time_update_s"}
+    a = lora_trainer(sft_checkpoint, task_records, **{"grpo.ref_renewal_every": 3})
+    for _ in range(2):
+        a.step()
+    js, tensors = a.state()
+    extra = {"ref": a.ref.checkpoint_state}
+    save_checkpoint(tmp_path, 2, lm=a.lm, optimizer=a.opt, state={"trainer": js}, tensors=tensors, extra_models=extra)
+    b = lora_trainer(sft_checkpoint, task_records, **{"grpo.ref_renewal_every": 3})
+    extra_b = {"ref": b.ref.checkpoint_state}
+    saved = read_checkpoint(list_checkpoints(tmp_path)[-1], lm=b.lm, optimizer=b.opt, extra_models=extra_b)
+    state = saved.apply(b.lm, b.opt, extra_b)
+    b.load_state(state["trainer"], state["tensors"])
+    rng = torch.random.get_rng_state()
+    for _ in range(2):
+        torch.random.set_rng_state(rng)
+        ma = {k: v for k, v in a.step().items() if k not in timing}
+        torch.random.set_rng_state(rng)
+        mb = {k: v for k, v in b.step().items() if k not in timing}
+        assert ma == mb
+    for adapter in (lora.POLICY, lora.REFERENCE):
+        sa, sb = lora.adapter_state(a.lm, adapter), lora.adapter_state(b.lm, adapter)
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.slow
+def test_command_line_lora_sft_grpo_eval_export(sft_checkpoint, tmp_path, run_cli):
+    """LoRA SFT from a full checkpoint, LoRA GRPO on its adapter, eval of the adapter run, merged export: same
+    predictions."""
+    over = {"model.lora.r": 4, "task.n_train": 256, "sft.num_epochs": 1, "sft.epochs_per_stage": 1}
+    r = run_cli("sft", "--init", sft_checkpoint, "--out", tmp_path / "sft", *tiny_args(**over))
+    assert r.returncode == 0, r.stderr
+    assert "dgrpo: LoRA r=4" in r.stdout
+    assert (tmp_path / "sft" / "final" / "adapter_model.safetensors").is_file()
+    over = {"model.lora.r": 4, "grpo.steps": 2, "grpo.beta0": 0.02, "grpo.prompts_per_step": 4}
+    r = run_cli("grpo", "--init", tmp_path / "sft", "--out", tmp_path / "grpo", *tiny_args(**over))
+    assert r.returncode == 0, r.stderr
+    base = lora.adapter_base(tmp_path / "grpo" / "final")
+    assert base == lora.adapter_base(tmp_path / "sft" / "final") == str(sft_checkpoint.resolve())
+    r = run_cli("export", tmp_path / "grpo", "--merge", "--out", tmp_path / "merged")
+    assert r.returncode == 0, r.stderr
+    for name in ("grpo", "merged"):
+        r = run_cli("eval", "--model", tmp_path / name, "--data", "builtin:test", "--out", tmp_path / f"eval-{name}")
+        assert r.returncode == 0, r.stderr
+    preds = [(tmp_path / f"eval-{n}" / "predictions.jsonl").read_text() for n in ("grpo", "merged")]
+    assert preds[0] == preds[1]
