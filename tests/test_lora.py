@@ -278,3 +278,23 @@ def test_command_line_lora_sft_grpo_eval_export(sft_checkpoint, tmp_path, run_cl
         assert r.returncode == 0, r.stderr
     preds = [(tmp_path / f"eval-{n}" / "predictions.jsonl").read_text() for n in ("grpo", "merged")]
     assert preds[0] == preds[1]
+
+
+@pytest.mark.parametrize("kind", ["locked", "gaussian", "native"])
+def test_every_perturbation_replays_under_lora(base_dirs, kind):
+    """Each stochasticity source binds to the adapted model, changes its output, and replays bit for bit."""
+    from dgrpo.config import PerturbationConfig
+    from dgrpo.perturbation import make_perturbation, seeds_for
+
+    lm = with_lora(base_dirs / "qwen2").eval()
+    cfg = PerturbationConfig(kind=kind, p=0.3, sigma=0.5, gaussian_target="weights")
+    pert = make_perturbation(cfg)
+    q, qm, t, tm = (x[:1] for x in batch(lm))  # native dropout binds one rollout at a time
+    seeds = seeds_for(0, 0, 0, 1)
+
+    def run():
+        with torch.no_grad(), pert.bind(lm, seeds) as pb:
+            return lm.target_logprobs(q, qm, N_LATENT, t, tm, perturbation=pb, stepwise=kind == "native")[0]
+
+    a, b = run(), run()
+    assert torch.equal(a, b) and not torch.equal(a, logprobs(lm)[:1])

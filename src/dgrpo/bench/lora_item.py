@@ -1,4 +1,4 @@
-"""Benchmark item 8: LoRA vs full fine-tuning, one GRPO step on the same model.
+"""Benchmark item 9: LoRA vs full fine-tuning, one GRPO step on the same model.
 
 Both arms run the paper's step with the KL reference on (``beta0`` default): full fine-tuning keeps a frozen copy
 of the model for it, LoRA a frozen adapter (:mod:`dgrpo.training.ref_policy`). Measured: trainable parameters,
@@ -96,7 +96,7 @@ def bench_lora(ctx: Ctx) -> tuple[list[Row], dict]:
         return [], {"skipped": "peft is not installed (pip install 'dgrpo[lora]')"}
     s = item_shapes(ctx)
     arms = {"full": 0, "lora": LORA_R}
-    ctx.log(f"[8] lora: full vs LoRA r={LORA_R} on {s.layers} x {s.hidden} Qwen2, K={s.grpo_K_at}, T={s.grpo_T_at}")
+    ctx.log(f"[9] lora: full vs LoRA r={LORA_R} on {s.layers} x {s.hidden} Qwen2, K={s.grpo_K_at}, T={s.grpo_T_at}")
     mem = {name: _probe(ctx, s, r) for name, r in arms.items()}  # fresh processes first, before this one grows
     trainers = {name: build_trainer(s, ctx.device, ctx.dtype, r) for name, r in arms.items()}
     prompts = task_records(s.prompts)
@@ -125,7 +125,7 @@ def bench_lora(ctx: Ctx) -> tuple[list[Row], dict]:
         f"{fmt_s(t.median(n))}"
         for n in arms
     )
-    row = functools.partial(Row, ctx.section, "8. LoRA vs full fine-tuning", "lora", conf, vals)
+    row = functools.partial(Row, ctx.section, "9. LoRA vs full fine-tuning", "lora", conf, vals)
     return [
         row("trainable params lora / full", params["lora"][0] / params["full"][0], None),
         row("optimizer state lora / full", state["lora"] / state["full"], None),

@@ -198,7 +198,7 @@ def render_md(result: dict, rows: list[Row]) -> str:
         "step; CPU: freed heap returned with malloc_trim, resident-set high-water mark reset through "
         "/proc/self/clear_refs, "
         "increment over the resident size just before the step; CUDA: max_memory_allocated over memory_allocated.",
-        "- LoRA vs full fine-tuning (item 8): the same GRPO step (KL reference on: a frozen model copy for full "
+        "- LoRA vs full fine-tuning (item 9): the same GRPO step (KL reference on: a frozen model copy for full "
         "fine-tuning, a frozen adapter under LoRA), rank 16, alpha 32, every linear layer plus the three latent rows; "
         "memory as above but the absolute peak of each arm; on CPU a wider model (6 layers x 768) than the other "
         "items, so that weights rather than the tiny model's activations set the memory.",

@@ -75,6 +75,7 @@ def output_projection(module: nn.Module, part: str) -> nn.Module:
     if part not in ("attn", "mlp"):
         raise ValueError(f"a {part} site has no single output projection to perturb; use attn or mlp sites")
     sub = block_part(module, f"{part}_out")
+    sub = getattr(sub, "base_layer", sub)  # under LoRA (PEFT), the wrapped layer: its weight is the backbone's
     if sub is None or not hasattr(sub, "weight"):
         raise ValueError(f"{type(module).__name__} has no output projection to perturb")
     return sub
