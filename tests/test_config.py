@@ -308,6 +308,7 @@ PAPER_ABLATIONS = {
     "grpo_sampling": {"perturbation.kind": "none", "grpo.temperature": 1.0},
     "grpo_fresh_masks": {"grpo.replay": "fresh_mask"},
     "grpo_native": {"perturbation.kind": "native"},
+    "grpo_kl_unbiased": {"grpo.kl_form": "unbiased"},
     "reinforce_ema": {
         "grpo.advantage": "ema",
         "grpo.group_size": 1,

@@ -1,10 +1,152 @@
-"""`dgrpo demo --quick`: the whole pipeline, its files, its table, and the paper's structural claim."""
+"""`dgrpo demo`: the statistics against hand-computed values, and the `--quick` run end to end (its files, its
+tables, and the paper's structural claim: deterministic rollouts never update and equal SFT on every item)."""
 
 import json
+import math
 import subprocess
 import sys
 
 import pytest
+
+from dgrpo.demo import (
+    CLAIMS,
+    claim_verdicts,
+    compare,
+    exact_verdict,
+    flips,
+    mean_ci,
+    t_quantile,
+    verdict,
+)
+
+
+@pytest.mark.parametrize(
+    ("df", "q"), [(1, 12.7062047), (2, 4.3026527), (3, 3.1824463), (5, 2.5705818), (10, 2.2281389), (30, 2.0422725)]
+)
+def test_t_quantile_matches_the_table(df, q):
+    assert t_quantile(0.975, df) == pytest.approx(q, abs=1e-6)
+    assert t_quantile(0.025, df) == pytest.approx(-q, abs=1e-6)
+
+
+def test_t_quantile_approaches_the_normal_quantile():
+    assert t_quantile(0.975, 100000) == pytest.approx(1.959964, abs=1e-4)
+    assert t_quantile(0.5, 7) == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError):
+        t_quantile(1.0, 3)
+
+
+def test_mean_ci_by_hand():
+    # [1, 2, 3]: mean 2, sd 1, t(0.975, 2) = 4.302653 -> half-width 4.302653 / sqrt(3) = 2.484138
+    ci = mean_ci([1.0, 2.0, 3.0])
+    assert (ci.mean, ci.sd, ci.n) == (2.0, 1.0, 3)
+    assert ci.lo == pytest.approx(2 - 2.484138, abs=1e-5) and ci.hi == pytest.approx(2 + 2.484138, abs=1e-5)
+    # the notes' K = 8 Dropout-GRPO - token sampling test differences: mean 0.75, sd sqrt(0.0925) = 0.304138,
+    # half-width 4.302653 * 0.304138 / sqrt(3) = 0.755522 -> the interval just reaches below 0
+    ci = mean_ci([0.90, 0.40, 0.95])
+    assert ci.mean == pytest.approx(0.75) and ci.sd == pytest.approx(math.sqrt(0.0925))
+    assert ci.lo == pytest.approx(-0.005522, abs=1e-5) and ci.hi == pytest.approx(1.505522, abs=1e-5)
+    # the notes' K = 16 validation differences: mean 3.5, var 10.7 / 5 = 2.14, t(0.975, 5) = 2.570582,
+    # half-width 2.570582 * sqrt(2.14) / sqrt(6) = 1.535197
+    ci = mean_ci([2.2, 3.6, 3.4, 3.4, 2.2, 6.2])
+    assert ci.lo == pytest.approx(3.5 - 1.535197, abs=1e-5) and ci.hi == pytest.approx(3.5 + 1.535197, abs=1e-5)
+    one = mean_ci([0.7])
+    assert (one.mean, one.lo, one.hi, one.n) == (0.7, None, None, 1)
+    with pytest.raises(ValueError):
+        mean_ci([])
+
+
+def test_flips_count_items_gained_and_lost():
+    assert flips([True, False, True, False], [True, True, False, False]) == (1, 1)
+    assert flips([False, False], [True, True]) == (2, 0)
+    with pytest.raises(ValueError):
+        flips([True], [True, False])
+
+
+def test_compare_pairs_runs_with_their_own_sft_checkpoint():
+    T, F = True, False
+    sft = {0: [T, F, F, F], 1: [T, T, F, F]}  # keyed by SFT seed alone
+    arm = {
+        (0, 0): [T, T, F, F],  # +1 item of 4 over SFT seed 0: +25 points
+        (0, 1): [T, T, T, F],  # +2: +50
+        (1, 0): [F, T, F, F],  # -1 over SFT seed 1: -25
+        (2, 0): [T, T, T, T],  # no SFT seed 2: left out
+    }
+    c = compare(arm, sft)
+    assert c["n_pairs"] == 3 and c["n_items"] == 4
+    assert [p["diff"] for p in c["pairs"]] == [25.0, 50.0, -25.0]
+    assert [(p["gained"], p["lost"]) for p in c["pairs"]] == [(1, 0), (2, 0), (0, 1)]
+    assert c["gained"] == 1.0 and c["lost"] == pytest.approx(1 / 3)
+    # mean 50/3, sd sqrt(((25-50/3)^2 + (50-50/3)^2 + (-25-50/3)^2) / 2) = 38.188131
+    assert c["mean"] == pytest.approx(50 / 3) and c["sd"] == pytest.approx(38.188131, abs=1e-5)
+    half = 4.3026527 * 38.188131 / math.sqrt(3)
+    assert c["lo"] == pytest.approx(50 / 3 - half, abs=1e-4) and c["hi"] == pytest.approx(50 / 3 + half, abs=1e-4)
+    # two arms: pairs by (SFT seed, RL seed)
+    other = {(0, 0): [T, T, F, F], (0, 1): [T, F, F, F]}
+    c = compare(arm, other)
+    assert [p["diff"] for p in c["pairs"]] == [0.0, 50.0] and c["n_pairs"] == 2
+    assert compare({}, sft) == {"pairs": [], "n_pairs": 0}
+
+
+def test_verdicts():
+    assert verdict("greater", 0.1, 2.0) == "resolved"
+    assert verdict("greater", -0.1, 2.0) == "not resolved"
+    assert verdict("greater", -2.0, -0.1) == "contradicted"
+    assert verdict("not_greater", -2.0, 0.0) == "resolved"
+    assert verdict("not_greater", -1.0, 1.0) == "not resolved"
+    assert verdict("not_greater", 0.5, 2.0) == "contradicted"
+    assert verdict("greater", None, None) == "not resolved"  # one pair: no interval
+    with pytest.raises(ValueError):
+        verdict("bigger", 0.0, 1.0)
+    same = {"pairs": [{"gained": 0, "lost": 0}, {"gained": 0, "lost": 0}]}
+    assert exact_verdict(same, 0.0) == "resolved"
+    assert exact_verdict(same, 0.01) == "not resolved"  # the rollouts differed at some step
+    assert exact_verdict({"pairs": [{"gained": 1, "lost": 1}]}, 0.0) == "not resolved"  # same accuracy, items differ
+    assert exact_verdict({"pairs": []}, 0.0) == "not resolved"
+
+
+def test_claim_verdicts_judge_each_claim_on_the_headline_split():
+    def comp(a, b, ckpt, lo, hi, split="test"):
+        pairs = [{"gained": 0, "lost": 0}] if a == "grpo_deterministic" else [{"gained": 3, "lost": 1}] * 2
+        return {
+            "a": a,
+            "b": b,
+            "checkpoint": ckpt,
+            "split": split,
+            "pairs": pairs,
+            "n_pairs": len(pairs),
+            "mean": (lo + hi) / 2,
+            "lo": lo,
+            "hi": hi,
+            "gained": pairs[0]["gained"],
+            "lost": pairs[0]["lost"],
+        }
+
+    comparisons = []
+    for ckpt in ("best", "final"):
+        comparisons += [
+            comp("grpo_deterministic", "sft", ckpt, 0.0, 0.0),
+            comp("dropout_grpo", "grpo_sampling", ckpt, 0.5, 3.0),
+            comp("dropout_grpo", "sft", ckpt, -1.0, 2.0),
+            comp("grpo_null", "sft", ckpt, -3.0, -0.5),
+            comp("dropout_grpo", "reinforce_ema", ckpt, -4.0, -1.0),
+            comp("dropout_grpo", "sft", ckpt, 5.0, 6.0, split="shifted"),  # not the headline split
+        ]
+    rows = claim_verdicts(comparisons, {"grpo_deterministic": 0.0, "dropout_grpo": 0.3}, "test")
+    assert len(rows) == 2 * len(CLAIMS)
+    got = {(r["id"], r["checkpoint"]): r["verdict"] for r in rows}
+    for ckpt in ("best", "final"):
+        assert [got[(i, ckpt)] for i in (1, 2, 3, 4, 5)] == [
+            "resolved",
+            "resolved",
+            "not resolved",
+            "resolved",
+            "contradicted",
+        ]
+    r3 = next(r for r in rows if r["id"] == 3 and r["checkpoint"] == "best")
+    assert (r3["lo"], r3["hi"], r3["n_pairs"]) == (-1.0, 2.0, 2)
+    # claim 1 needs the reward std to be exactly 0
+    rows = claim_verdicts(comparisons, {"grpo_deterministic": 0.1}, "test")
+    assert {r["verdict"] for r in rows if r["id"] == 1} == {"not resolved"}
 
 
 @pytest.mark.slow
@@ -17,38 +159,37 @@ def test_demo_quick(tmp_path):
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    for f in ("results.json", "results.md", "eval_accuracy.png", "reward_std.png"):
+    for f in ("results.json", "results.md", "summary.txt", "eval_accuracy.png", "reward_std.png"):
         assert (out / f).exists(), f
     res = json.loads((out / "results.json").read_text())
-    arms = {"sft", "grpo_deterministic", "reinforce_ema", "grpo_sampling", "dropout_grpo", "dropout_grpo_mc_vote"}
-    assert set(res["arms"]) == arms
-    for arm in arms:
-        for split in ("test", "ood_steps", "ood_numbers"):
-            d = res["arms"][arm][split]
-            assert 0.0 <= d["mean"] <= 1.0 and d["n"] > 0 and len(d["per_seed"]) == 1
+    assert (res["n_sft"], res["n_rl"]) == (2, 1)  # --quick: 2 SFT checkpoints, so the intervals are computed
+    arms = {m["arm"] for m in res["models"]}
+    assert arms == {"sft", "grpo_deterministic", "reinforce_ema", "grpo_sampling", "grpo_null", "dropout_grpo"}
+    splits = list(res["splits"])
+    assert splits[0] == "test" and len(splits) == 2
+    for m in res["models"]:
+        for s in splits:
+            d = m["splits"][s]
+            assert 0.0 <= d["accuracy"] <= 1.0 and len(d["items"]) == res["splits"][s]
+    for arm in ("grpo_null", "dropout_grpo"):  # one run per SFT seed, each tested at two checkpoints
+        assert sorted((m["sft_seed"], m["checkpoint"]) for m in res["models"] if m["arm"] == arm) == [
+            (0, "best"),
+            (0, "final"),
+            (1, "best"),
+            (1, "final"),
+        ]
+    # deterministic rollouts: identical within every group, no update, the SFT model on every item
+    det = [run for run in res["runs"] if run["arm"] == "grpo_deterministic"]
+    assert len(det) == 2 and all(run["reward_std_max"] == 0.0 and run["updates"] == 0 for run in det)
+    assert all(run["reward_std_max"] > 0.0 for run in res["runs"] if run["arm"] == "dropout_grpo")
+    for c in res["analysis"]["comparisons"]:
+        if c["a"] == "grpo_deterministic":
+            assert c["n_pairs"] == 2 and all(p["gained"] == p["lost"] == 0 for p in c["pairs"]), c
+    claims = {(c["id"], c["checkpoint"]): c for c in res["analysis"]["claims"]}
+    assert len(claims) == 10 and claims[(1, "best")]["verdict"] == claims[(1, "final")]["verdict"] == "resolved"
+    assert all(c["lo"] is not None for c in claims.values() if c["id"] != 1)  # 2 pairs: every interval exists
     table = (out / "results.md").read_text()
-    assert "Coconut + Dropout-GRPO (ours)" in table and "Coconut + GRPO (deterministic rollout)" in table
-    det = [v for run in res["reward_std_trace"]["grpo_deterministic"] for _, v in run]
-    ours = [v for run in res["reward_std_trace"]["dropout_grpo"] for _, v in run]
-    assert det and all(v == 0.0 for v in det)  # deterministic rollouts: identical within every group
-    assert any(v > 0.0 for v in ours)  # shared-mask dropout: diversity
-    # deterministic GRPO never updates, so it stays exactly at the SFT accuracy
-    for split in ("test", "ood_steps", "ood_numbers"):
-        assert res["arms"]["grpo_deterministic"][split]["mean"] == res["arms"]["sft"][split]["mean"]
-        assert res["arms"]["grpo_deterministic"][split]["flips_vs_sft"] == [[0, 0]]  # not one item changes
-    assert "Coconut SFT scores" in r.stdout
-    assert "Paired with the SFT checkpoint" in table
-
-
-def test_paired_difference_against_hand_computed_values():
-    import math
-
-    import pytest
-
-    from dgrpo.demo import flips, paired_diff
-
-    assert flips([True, False, True, False], [True, True, False, False]) == [1, 1]
-    d, se = paired_diff(3, 1, 10)  # d_i: three +1, one -1, six 0 -> mean 0.2, var 0.4 - 0.04
-    assert d == pytest.approx(0.2) and se == pytest.approx(math.sqrt(0.36 / 10))
-    with pytest.raises(ValueError):
-        flips([True], [True, False])
+    assert "Coconut + Dropout-GRPO (ours)" in table and "95% CI" in table
+    assert "1. deterministic GRPO = SFT exactly: best-valid checkpoint: **resolved**" in table
+    summary = (out / "summary.txt").read_text()
+    assert "(3) Dropout-GRPO > SFT" in summary and summary.strip() in r.stdout

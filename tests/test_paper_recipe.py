@@ -1,14 +1,16 @@
 """The paper's full-scale recipe (paper/ configs) runs end to end on CPU: a tiny plain HF checkpoint stands in for
 Qwen2.5-1.5B and the built-in task for GSM8K-Aug / GSM-Hard, both through ``--set``; every other setting is the
-recipe's own (c = 3, stages 0..2 -> T = 6, grad_accum 4, bf16 weights, K = 32, p = 0.1 on attention, clip
-0.10/0.12, annealed beta, Huber delta 5, filter [0.2, 0.95], reference renewal, adamw8bit -> AdamW on CPU)."""
+recipe's own (c = 3, stages 0..2 then the all-latent stage -> T = 6, grad_accum 4, bf16 weights, K = 32, p = 0.1 on
+attention, clip 0.10/0.12, annealed beta, the paper's KL form, Huber delta 5, filter [0.2, 0.95], reference renewal,
+adamw8bit -> AdamW on CPU). The fast test checks the recipe's curriculum without training."""
 
 import json
 
 import pytest
 
-from dgrpo.config import resolve_config_path
+from dgrpo.config import Config, load_config, resolve_config_path
 from dgrpo.model.tiny import build_tiny_model
+from dgrpo.training.sft import final_settings, latent_layout, stage_of_epoch
 
 from conftest import dgrpo, sets
 
@@ -22,6 +24,31 @@ TINY_DATA = {
     "data.eval_limit": 16,
     "threads": 2,
 }
+
+
+def test_sft_recipe_ends_in_the_all_latent_stage():
+    """Hao et al.'s curriculum to its end: the final stage writes no step and thinks with T = 6 latents (c = 3)."""
+    cfg = load_config(Config, "paper/sft_coconut.yaml")
+    s = cfg.sft
+    last = stage_of_epoch(s.num_epochs - 1, cfg)
+    assert last > s.max_latent_stage  # past the last stage that still writes steps
+    for n_steps in (1, 2, 8):  # a record with 8 steps (and short ones: padded to the same T)
+        replaced, n_latent = latent_layout(last, n_steps, cfg)
+        assert (replaced, n_latent) == (n_steps, 6)  # every step latent: nothing written before the answer
+    assert latent_layout(s.max_latent_stage, 8, cfg) == (2, 6)  # the last mixed stage still writes 6 of 8 steps
+    settings = final_settings(cfg)
+    assert (settings.stage, settings.n_latent, settings.c_thought) == (last, 6, 3)
+    # 3 epochs for each of stages 0, 1, 2; every later epoch is all-latent
+    stages = [stage_of_epoch(e, cfg) for e in range(s.num_epochs)]
+    assert [stages.count(k) for k in range(3)] == [3, 3, 3]
+    assert all(latent_layout(k, 8, cfg) == (8, 6) for k in stages[9:]) and len(stages[9:]) == 16
+
+
+def test_grpo_recipe_uses_the_papers_kl_form():
+    """Eq. 6 as the paper writes it (x = log pi - log pi_ref); the library default is the ablation file."""
+    assert load_config(Config, "paper/grpo_dropout.yaml").grpo.kl_form == "paper"
+    assert load_config(Config, "paper/grpo_kl_unbiased.yaml").grpo.kl_form == "unbiased"
+    assert Config().grpo.kl_form == "unbiased"
 
 
 @pytest.mark.slow
@@ -42,13 +69,14 @@ def test_paper_recipe_runs_two_steps_with_a_tiny_model(tmp_path, tokenizer):
         "--set",
         f"model.name_or_path={base}",
         *sets(
-            {**TINY_DATA, "sft.batch_size": 32, "sft.epochs_per_stage": 1, "sft.num_epochs": 3, "sft.warmup_steps": 1}
+            {**TINY_DATA, "sft.batch_size": 32, "sft.epochs_per_stage": 1, "sft.num_epochs": 4, "sft.warmup_steps": 1}
         ),
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     latent = json.loads((sft / "final" / "latent_config.json").read_text())
-    assert latent["c_thought"] == 3 and latent["stage"] == 2 and latent["n_latent"] == 6  # the paper's T = 6
+    # one epoch per stage: stages 0, 1, 2, then the recipe's all-latent stage 3, which thinks with the paper's T = 6
+    assert latent["c_thought"] == 3 and latent["stage"] == 3 and latent["n_latent"] == 6
     sft_cfg = json.loads((sft / "config.json").read_text())
     assert sft_cfg["sft"]["grad_accum"] == 4 and sft_cfg["model"]["dtype"] == "bfloat16"
 
@@ -94,6 +122,7 @@ def test_paper_recipe_runs_two_steps_with_a_tiny_model(tmp_path, tokenizer):
         "seed",
     )
     assert (p["kind"], p["p"], p["sites"]) == ("locked", 0.1, ["attn"])
+    assert g["kl_form"] == "paper"
     steps = [json.loads(x) for x in (grpo / "metrics.jsonl").read_text().splitlines() if '"reward_mean"' in x]
     assert [s["step"] for s in steps] == [0, 1]
     assert all(s["n_rollouts_kept"] % 32 == 0 for s in steps)  # whole groups of K = 32 rollouts

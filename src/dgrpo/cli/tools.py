@@ -9,8 +9,9 @@ from typing import Any
 
 from .common import add_config_options, subcommand
 
-DEMO_EXAMPLES = """  dgrpo demo                               # 1 seed, the default: runs/demo/results.md and figures
-  dgrpo demo --seeds 3 --out runs/demo3    # 3 RL seeds per arm
+DEMO_EXAMPLES = """  dgrpo demo                               # 2 SFT seeds x 1 RL seed per arm; results in runs/demo
+  dgrpo demo --full --out runs/demo-full   # 4 SFT seeds x 1 RL seed per arm: 4 pairs per comparison
+  dgrpo demo --sft-seeds 3 --seeds 2       # any other number of seeds
   dgrpo demo --quick                       # a smoke test of the whole pipeline (its numbers mean nothing)
 """
 DATA_EXAMPLES = """  dgrpo data inspect gsm8k --split train
@@ -24,11 +25,27 @@ CONFIG_EXAMPLES = """  dgrpo config show                        # every option: 
 
 
 def register(sub: Any) -> None:
-    p = subcommand(sub, "demo", "the CPU-scale reproduction of the paper's table and figures", DEMO_EXAMPLES)
+    p = subcommand(
+        sub,
+        "demo",
+        "the paper's claims at CPU scale: several SFT seeds, every arm, paired 95% intervals",
+        DEMO_EXAMPLES,
+    )
     add_config_options(p, "grpo.steps=200")
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
-    p.add_argument("--seeds", type=int, default=1, help="RL seeds per arm (default 1)")
     p.add_argument(
+        "--sft-seeds", type=int, default=None, help="SFT checkpoints, one per seed (default 2; --full 4; --quick 2)"
+    )
+    p.add_argument(
+        "--seeds", type=int, default=None, help="RL seeds per arm and SFT checkpoint (default 1; --full 1; --quick 1)"
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--full",
+        action="store_true",
+        help="more SFT seeds: --sft-seeds 4 (4 pairs per comparison instead of 2; the default's runs are its first 2)",
+    )
+    mode.add_argument(
         "--quick",
         action="store_true",
         help="a smoke test of the whole pipeline with the tiny.yaml config (seconds; numbers mean nothing)",

@@ -1,0 +1,37 @@
+"""Which distribution shifts is Coconut SFT above chance on? (docs/demo/valid_sweep.md, "Shifted splits")
+
+    python experiments/ood_variants.py SFT_CHECKPOINT [SFT_CHECKPOINT ...]
+
+Greedy accuracy (no dropout) of each checkpoint on candidate shifted splits of the built-in task, generated with a
+different task seed (4321) than the demo's (1234), so that no demo test item is read: validation-style data only.
+Prints one JSON line per (checkpoint, variant).
+"""
+
+import json
+import sys
+from dataclasses import replace
+
+from dgrpo.config import TaskConfig
+from dgrpo.data.synthetic import generate_split
+from dgrpo.eval.evaluate import evaluate
+from dgrpo.model.latent_lm import LatentLM
+
+TASK = TaskConfig(seed=4321, n_test=500, n_valid=500)
+#: name -> (task options, split)
+VARIANTS = {
+    "in-distribution (4 operations)": ({}, "valid"),
+    "3 operations": ({"n_steps": 3}, "test"),
+    "5 operations (ood_extra_steps=1)": ({"ood_extra_steps": 1}, "ood_steps"),
+    "6 operations (ood_steps, the old split)": ({}, "ood_steps"),
+    "operands 10..12 (ood_max_operand=12)": ({"ood_max_operand": 12}, "ood_numbers"),
+    "operands 10..19 (ood_max_operand=19)": ({"ood_max_operand": 19}, "ood_numbers"),
+    "operands 10..99 (ood_numbers, the old split)": ({}, "ood_numbers"),
+}
+
+for ckpt in sys.argv[1:]:
+    lm = LatentLM.from_pretrained(ckpt)
+    for name, (opts, split) in VARIANTS.items():
+        recs = generate_split(replace(TASK, **opts), split)
+        r = evaluate(lm, recs, batch_size=256, max_new_tokens=64, progress=False, seed=0)
+        row = {"checkpoint": ckpt, "variant": name, "n": r.n, "accuracy": r.accuracy, "unparseable": r.unparseable}
+        print(json.dumps(row), flush=True)
