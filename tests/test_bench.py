@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-ITEM_KEYS = ("rollouts", "sft", "grpo_scaling", "perturbation", "memory", "flops", "lora", "soak")
+ITEM_KEYS = ("rollouts", "sft", "grpo_scaling", "perturbation", "memory", "flops", "lora", "recompute", "soak")
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +40,8 @@ def test_quick_suite_writes_json_and_markdown(quick_run):
     lora = data["cpu"]["lora"]
     assert 0 < lora["params"]["lora"][0] < lora["params"]["full"][0]  # (trainable, total) per arm
     assert 0 < lora["state_bytes"]["lora"] < lora["state_bytes"]["full"]
+    rec = data["cpu"]["recompute"]
+    assert 0 < rec["saved_bytes"]["recompute"] < rec["saved_bytes"]["full"]  # activations kept for backward
     soak = data["cpu"]["soak"]
     assert [st for st, _ in soak["samples"]][:3] == [0, 10, 20] and len(soak["samples"]) >= 4  # RSS every 10 steps
     assert soak["rss_last"][0] == soak["steps"] and abs(soak["slope_mib_per_100_steps"]) < 1e4

@@ -274,6 +274,11 @@ class SFTConfig:
     warmup_steps: int = opt(30, "linear warmup steps (per stage when reset_optimizer)")
     batch_size: int = opt(64, "examples per optimizer step, global over ranks (split into grad_accum micro-batches)")
     grad_accum: int = opt(1, "micro-batches per optimizer step; batch_size must divide by it")
+    recompute: bool = opt(
+        False,
+        "activation recomputation: each forward call of the latent recurrence keeps only its inputs and is run "
+        "again in backward (less memory per micro-batch, about one more forward of compute)",
+    )
     max_grad_norm: float = opt(1.0, "gradient clipping (0 = off)")
     bf16: BF16Mode = opt("auto", "bf16 autocast: auto (on CUDA only), true (always on) or false (off)")
     eval_each_stage: bool = opt(True, "greedy accuracy on data.valid at the end of each stage")
@@ -407,6 +412,12 @@ class GRPOConfig:
     max_grad_norm: float = opt(1.0, "gradient clipping (0 = off)")
     mini_epochs: int = opt(1, "E: passes over each rollout batch (theta_old fixed within them)")
     micro_batch_size: int = opt(64, "rollouts per forward/backward in the update (the loss does not depend on it)")
+    recompute: bool = opt(
+        False,
+        "activation recomputation in the update: each forward call of the replayed recurrence (prompt, each latent "
+        "step, the answer) keeps only its inputs and is run again, under the same perturbation, in backward: less "
+        "memory per micro-batch (so larger micro-batches fit), about one more forward of compute",
+    )
     rollout_batch_size: int = opt(512, "rollouts per batched generation call")
     advantage: Advantage = opt(
         "drgrpo",

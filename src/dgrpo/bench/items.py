@@ -6,13 +6,9 @@ Every claim is the ratio of two ways of doing the same work, timed alternately i
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import random
 import statistics
-import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +24,8 @@ from ..training.sft import count_target_tokens, make_example, sft_loss
 from .baselines import naive_coconut_loss
 from .long_items import bench_optimizer, bench_soak
 from .lora_item import bench_lora
+from .memprobe import run_probe
+from .recompute_item import bench_recompute
 from .report import Goal, Row, fmt_bytes, fmt_flops, fmt_s
 from .timing import alternate, sync
 from .workload import (
@@ -352,25 +350,7 @@ def bench_perturbation(ctx: Ctx) -> tuple[list[Row], dict]:
 
 # --------------------------------------------------------------------------- 5. memory
 def _run_probe(ctx: Ctx, K: int, T: int, kind: str) -> dict:
-    spec = {
-        "shapes": ctx.shapes.to_json(),
-        "device": str(ctx.device),
-        "dtype": str(ctx.dtype).replace("torch.", ""),
-        "K": K,
-        "T": T,
-        "kind": kind,
-        "threads": ctx.threads,
-        "warmup": 1,
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "dgrpo.bench.memprobe", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        env=os.environ.copy(),
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"memory probe failed ({kind}, K={K}, T={T}):\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_probe(ctx, ctx.shapes, K, T, kind)
 
 
 def bench_memory(ctx: Ctx) -> tuple[list[Row], dict]:
@@ -599,4 +579,5 @@ ITEMS: dict[str, Callable[[Ctx], tuple[list[Row], dict]]] = {
     "optimizer": bench_optimizer,
     "soak": bench_soak,
     "lora": bench_lora,
+    "recompute": bench_recompute,
 }

@@ -12,10 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -23,9 +19,10 @@ from ..config import LoraConfig
 from ..model import lora
 from ..model.latent_lm import LatentLM
 from ..training.grpo import GRPOTrainer
+from .memprobe import run_probe
 from .report import Row, fmt_bytes, fmt_s
 from .timing import alternate
-from .workload import Ctx, Shapes, build_lm, grpo_config, task_records
+from .workload import Ctx, Shapes, build_lm, cpu_item_shapes, grpo_config, task_records
 
 LORA_R = 16
 #: CPU: a ~42M-parameter Qwen2 (6 layers x 768), few short rollouts, so that a step takes seconds
@@ -47,8 +44,7 @@ LORA_CPU = Shapes(
 
 
 def item_shapes(ctx: Ctx) -> Shapes:
-    """The suite's own shapes on GPU and in --quick; :data:`LORA_CPU` for the full CPU section."""
-    return LORA_CPU if ctx.device.type == "cpu" and ctx.shapes.name == "full" else ctx.shapes
+    return cpu_item_shapes(ctx, LORA_CPU)
 
 
 def add_lora(lm: LatentLM, r: int = LORA_R) -> LatentLM:
@@ -71,23 +67,7 @@ def state_bytes(trainer: GRPOTrainer) -> int:
 
 
 def _probe(ctx: Ctx, s: Shapes, r: int) -> dict:
-    spec = {
-        "shapes": s.to_json(),
-        "device": str(ctx.device),
-        "dtype": str(ctx.dtype).replace("torch.", ""),
-        "K": s.grpo_K_at,
-        "T": s.grpo_T_at,
-        "kind": "locked",
-        "threads": ctx.threads,
-        "warmup": 1,
-        "lora_r": r,
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "dgrpo.bench.memprobe", json.dumps(spec)], capture_output=True, text=True, env=os.environ
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"memory probe failed (lora_r={r}):\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_probe(ctx, s, s.grpo_K_at, s.grpo_T_at, lora_r=r)
 
 
 def bench_lora(ctx: Ctx) -> tuple[list[Row], dict]:
@@ -130,14 +110,10 @@ def bench_lora(ctx: Ctx) -> tuple[list[Row], dict]:
         row("trainable params lora / full", params["lora"][0] / params["full"][0], None),
         row("optimizer state lora / full", state["lora"] / state["full"], None),
         row(f"{what} of the step lora / full", mem["lora"]["peak_bytes"] / mem["full"]["peak_bytes"], None),
-        row("step time lora / full", t.ratio("lora", "full"), None, _spread(t.paired_ratios("lora", "full"))),
+        row("step time lora / full", t.ratio("lora", "full"), None, t.paired_spread("lora", "full")),
     ], raw
 
 
 def _counts(lm: LatentLM) -> tuple[int, int]:
     n = sum(p.numel() for p in lm.model.parameters())
     return sum(p.numel() for p in lm.model.parameters() if p.requires_grad), n
-
-
-def _spread(ratios: list[float]) -> tuple[float, float]:
-    return min(ratios), max(ratios)

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import resource
+import subprocess
 import sys
+from typing import Any
 
 
 def status_kb(field: str, pid: int | str = "self") -> int:
@@ -58,7 +61,10 @@ def probe(spec: dict) -> dict:
 
         add_lora(lm, int(spec["lora_r"]))
     records = task_records(shapes.prompts)
-    trainer = GRPOTrainer(lm, grpo_config(shapes, spec["K"], spec["T"], spec["kind"]), records)
+    cfg = grpo_config(shapes, spec["K"], spec["T"], spec["kind"])
+    cfg.grpo.recompute = bool(spec.get("recompute", False))
+    cfg.grpo.micro_batch_size = int(spec.get("micro_batch_size", cfg.grpo.micro_batch_size))
+    trainer = GRPOTrainer(lm, cfg, records)
     for _ in range(int(spec.get("warmup", 1))):
         trainer.step(prompts=records)
     gc.collect()
@@ -81,6 +87,32 @@ def probe(spec: dict) -> dict:
         peak = status_kb("VmHWM") * 1024 if clean else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         out.update(kind="rss", before_bytes=before, peak_bytes=peak, delta_bytes=peak - before, clean_peak=clean)
     return out
+
+
+def run_probe(ctx: Any, shapes: Any, K: int, T: int, kind: str = "locked", **extra: Any) -> dict:
+    """Run :func:`probe` in a fresh process for ``shapes`` on ``ctx``'s device, dtype and threads (``extra``: more
+    spec keys, e.g. ``lora_r``, ``recompute``, ``micro_batch_size``); its JSON result."""
+    spec = {
+        "shapes": shapes.to_json(),
+        "device": str(ctx.device),
+        "dtype": str(ctx.dtype).replace("torch.", ""),
+        "K": K,
+        "T": T,
+        "kind": kind,
+        "threads": ctx.threads,
+        "warmup": 1,
+        **extra,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "dgrpo.bench.memprobe", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env=os.environ.copy(),
+    )
+    if proc.returncode != 0:
+        what = ", ".join(f"{k}={v}" for k, v in {"kind": kind, "K": K, "T": T, **extra}.items())
+        raise RuntimeError(f"memory probe failed ({what}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:

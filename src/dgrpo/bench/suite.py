@@ -1,9 +1,10 @@
 """``dgrpo bench [--quick] [--only ITEMS] --out DIR``: the performance suite; writes DIR/bench.json and DIR/bench.md.
 
 Items (see :mod:`dgrpo.bench.items` and :mod:`dgrpo.bench.long_items`): 1 rollouts, 2 Coconut SFT step,
-3 GRPO step scaling, 4 cost of the perturbation, 5 memory, 6 distance to the machine's limit, 8 a 300-step
-memory soak of ``dgrpo grpo`` (CPU); where CUDA is present, items 1-6 again on a ~0.5B Qwen2 in bf16 plus
-7, AdamW vs 8-bit AdamW (bitsandbytes). Every claim is a ratio of two ways of doing the same work, timed alternately.
+3 GRPO step scaling, 4 cost of the perturbation, 5 memory, 6 distance to the machine's limit, 9 LoRA vs full
+fine-tuning, 10 activation recomputation vs full backprop, 8 a 300-step memory soak of ``dgrpo grpo`` (CPU); where
+CUDA is present, items 1-6, 9 and 10 again on a ~0.5B Qwen2 in bf16 plus 7, AdamW vs 8-bit AdamW (bitsandbytes).
+Every claim is a ratio of two ways of doing the same work, timed alternately.
 
 OpenMP: with the default (active, spinning) wait policy, two torch threads on a 2-core machine that
 another job is using spend most of their time spinning at barriers for a descheduled partner (a
@@ -40,6 +41,7 @@ ORDER = [
     "perturbation",
     "memory",
     "lora",
+    "recompute",
     "soak",
 ]  # flops first: its matmul peak annotates later rows
 GPU_ORDER = [k for k in ORDER if k != "soak"] + ["optimizer"]

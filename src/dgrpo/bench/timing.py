@@ -35,6 +35,11 @@ class Timed:
         """a_i / b_i for each repetition i (the two were run back to back)."""
         return [x / y for x, y in zip(self.times[a], self.times[b])]
 
+    def paired_spread(self, a: str, b: str) -> tuple[float, float]:
+        """The smallest and largest of :meth:`paired_ratios`."""
+        r = self.paired_ratios(a, b)
+        return min(r), max(r)
+
     def to_json(self) -> dict:
         return {
             name: {

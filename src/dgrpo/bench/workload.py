@@ -129,6 +129,11 @@ class Ctx:
         return "gpu" if self.device.type == "cuda" else "cpu"
 
 
+def cpu_item_shapes(ctx: Ctx, cpu: Shapes) -> Shapes:
+    """An item's own shapes ``cpu`` for the full CPU section; the suite's shapes on GPU and in --quick."""
+    return cpu if ctx.device.type == "cpu" and ctx.shapes.name == "full" else ctx.shapes
+
+
 # --------------------------------------------------------------------------- task and model
 @functools.lru_cache(maxsize=1)
 def task_tokenizer():

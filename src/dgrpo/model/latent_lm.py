@@ -10,7 +10,7 @@ question once, then one single-position forward per latent step over a ``Dynamic
 answer, so the work is O(T) forwards of one position instead of Coconut's T full re-forwards.
 Gradients flow through every latent step: the cache holds the graph of every key and value.
 
-Every forward goes through :meth:`LatentLM._forward`, which tells an optional perturbation which
+Every forward goes through :meth:`LatentLM._call_base`, which tells an optional perturbation which
 phase (``prompt`` / ``latent`` / ``answer``) is running; that is the single hook the dropout-GRPO
 perturbations use (see :mod:`dgrpo.perturbation`).
 """
@@ -36,6 +36,7 @@ from transformers import (
 )
 
 from ..config import ConfigError
+from .recompute import recomputed_call
 from .verified import (
     MANIFEST,
     SAFETENSORS,
@@ -247,6 +248,9 @@ class LatentLM(nn.Module):
         self.run_config: dict | None = None  # the training config that produced this model (run_config.json)
         self.name_or_path: str | None = None  # where the weights came from (a directory or hub id; None: built here)
         self.peft: Any = None  # PEFT's wrapper when LoRA adapters are on (dgrpo.model.lora), not a sub-module
+        #: activation recomputation (dgrpo.model.recompute): with grad on, each forward call of the recurrence keeps
+        #: only its inputs and is run again in backward (grpo.recompute / sft.recompute)
+        self.recompute = False
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod
@@ -457,19 +461,41 @@ class LatentLM(nn.Module):
             new_mask = torch.ones(B, L, dtype=state.attention_mask.dtype, device=x.device)
         positions = state.next_position[:, None] + torch.arange(L, device=x.device)[None]
         state.attention_mask = torch.cat([state.attention_mask, new_mask.to(state.attention_mask.dtype)], dim=1)
-        if perturbation is not None:
-            perturbation.before_forward(phase)
-        out = self.base(
-            input_ids=ids,
-            inputs_embeds=embeds,
-            attention_mask=state.attention_mask,
-            position_ids=positions,
-            past_key_values=state.cache,
-            use_cache=True,
-        )
+        hidden = self._call_base(state.cache, phase, perturbation, x, state.attention_mask, positions, ids is not None)
         state.next_position = state.next_position + L
-        state.last_hidden = out.last_hidden_state[:, -1:]
-        return out.last_hidden_state
+        state.last_hidden = hidden[:, -1:]
+        return hidden
+
+    def _call_base(
+        self,
+        cache: DynamicCache,
+        phase: str,
+        perturbation: PhaseHook | None,
+        x: Tensor,
+        attention_mask: Tensor,
+        positions: Tensor,
+        x_is_ids: bool,
+    ) -> Tensor:
+        """One cached forward of the decoder (``x``: ids or embeddings); its last-layer hidden states [B, L, H].
+        With ``recompute`` and grad on, a checkpointed region (dgrpo.model.recompute)."""
+
+        def run(c: DynamicCache, x: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
+            if perturbation is not None:
+                perturbation.before_forward(phase)
+            out = self.base(
+                input_ids=x if x_is_ids else None,
+                inputs_embeds=None if x_is_ids else x,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=c,
+                use_cache=True,
+            )
+            return out.last_hidden_state
+
+        if not (self.recompute and torch.is_grad_enabled()):
+            return run(cache, x, attention_mask, positions)
+        new_cache = lambda: DynamicCache(config=self.model.config)  # noqa: E731
+        return recomputed_call(run, cache, new_cache, (x, attention_mask, positions), perturbation)
 
     def prefill(
         self,
@@ -490,16 +516,8 @@ class LatentLM(nn.Module):
         B = prompt_ids.shape[0]
         positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
         state = DecodeState(DynamicCache(config=self.model.config), prompt_mask, positions[:, -1] + 1, None)  # type: ignore[arg-type]
-        if perturbation is not None:
-            perturbation.before_forward("prompt")
-        out = self.base(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            position_ids=positions,
-            past_key_values=state.cache,
-            use_cache=True,
-        )
-        state.last_hidden = out.last_hidden_state[:, -1:]
+        hidden = self._call_base(state.cache, "prompt", perturbation, prompt_ids, prompt_mask, positions, True)
+        state.last_hidden = hidden[:, -1:]
         if n_latent > 0:
             if mode == "pause":
                 pause = self.embed(torch.full((B, n_latent), self.latent_id, device=prompt_ids.device))

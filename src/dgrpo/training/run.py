@@ -28,7 +28,8 @@ CONFIG_FILE = "config.json"
 ROLLOUTS_FILE = "rollouts.jsonl"
 LOCK_FILE = ".lock"
 #: options that change neither the computation nor its results: a resumed run may change them freely
-NEUTRAL_KEYS = ("threads", "device", "logging.")
+#: (recomputation gives the same gradients, bit for bit on CPU: tests/test_recompute.py)
+NEUTRAL_KEYS = ("threads", "device", "logging.", "grpo.recompute", "sft.recompute")
 
 
 class TrainingStopped(RuntimeError):

@@ -1,0 +1,70 @@
+"""Validation-only sweep of Dropout-GRPO settings from one SFT checkpoint (docs/demo/valid_sweep.md).
+
+    python experiments/valid_sweep.py SFT_CHECKPOINT NAME SEED [KEY=VALUE ...]
+
+Trains GRPO with the defaults plus the overrides, greedy-evaluates the whole built-in validation split (1000)
+before and after, appends one JSON line to runs/sweep/results.jsonl. The test splits are never touched.
+"""
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from dgrpo.config import Config, load_config
+from dgrpo.data.synthetic import generate_split
+from dgrpo.eval.evaluate import evaluate
+from dgrpo.model.latent_lm import LatentLM
+from dgrpo.training.grpo import train_grpo
+
+sft = Path(sys.argv[1])
+name = sys.argv[2]
+seed = int(sys.argv[3])
+overrides = sys.argv[4:]
+base = load_config(
+    Config, None, overrides + [f"seed={seed}", "grpo.eval_every=0", "grpo.save_every=0", "grpo.save_best=false"]
+)
+valid = generate_split(base.task, "valid")
+train = generate_split(base.task, "train")
+torch.manual_seed(seed)
+lm = LatentLM.from_pretrained(sft)
+
+
+def ev(m):
+    r = evaluate(m, valid, batch_size=256, max_new_tokens=base.eval.max_new_tokens, progress=False, seed=0)
+    return r
+
+
+r0 = ev(lm)
+t0 = time.time()
+out = Path("runs/sweep") / f"{name}_s{seed}"
+shutil.rmtree(out, ignore_errors=True)
+train_grpo(lm, base, train, out, progress=False, log=lambda *a, **k: None, resume=False)
+dt = time.time() - t0
+r1 = ev(lm)
+rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+
+
+def avg(key, rs):
+    v = [r[key] for r in rs if key in r and r[key] is not None]
+    return sum(v) / max(1, len(v))
+
+
+keys = [k for k in rows[-1] if "std" in k or "distinct" in k or "kept" in k]
+first, last = rows[1:11], rows[-10:]
+summ = {k: (round(avg(k, first), 3), round(avg(k, last), 3)) for k in keys}
+res = {
+    "name": name,
+    "seed": seed,
+    "overrides": overrides,
+    "valid0": r0.accuracy,
+    "valid1": r1.accuracy,
+    "gain": round(r1.accuracy - r0.accuracy, 4),
+    "wall": round(dt, 1),
+    "diag_first_last10": summ,
+}
+print(json.dumps(res))
+open("runs/sweep/results.jsonl", "a").write(json.dumps(res) + "\n")

@@ -1,0 +1,15 @@
+set -u
+mkdir -p runs/sweep
+S=${1:?usage: experiments/valid_sweep.sh SFT_CHECKPOINT}
+for seed in 0 1; do
+run() { name=$1; shift; python experiments/valid_sweep.py $S $name $seed "$@" 2>>runs/sweep/err.log; }
+run base
+run K16 grpo.group_size=16
+run steps200 grpo.steps=200
+run lr2e-5 grpo.lr=2e-5
+run lr5e-6 grpo.lr=5e-6
+run nokl grpo.beta0=0
+run p0.2 perturbation.p=0.2
+run K16_200 grpo.group_size=16 grpo.steps=200
+done
+echo DONE

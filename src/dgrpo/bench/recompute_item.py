@@ -1,0 +1,131 @@
+"""Benchmark item 10: activation recomputation through the recurrence vs full backprop, one GRPO step.
+
+The same step (same seeds, same micro-batch) with ``grpo.recompute`` off and on: each forward call of the replayed
+recurrence then keeps only its inputs for backward and is run again in backward (:mod:`dgrpo.model.recompute`).
+Measured: the step's peak memory (a fresh process per arm, as in item 5: peak RSS on CPU, ``max_memory_allocated``
+on CUDA), the bytes autograd keeps for backward in one micro-batch, and the step time (alternating, median). The CPU
+section uses a wider model and a longer chain than the other items (``RECOMPUTE_CPU``) so that activations, not
+weights, set the memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..training.grpo import GRPOTrainer
+from ..training.rollouts import replay_logprobs
+from .memprobe import run_probe
+from .report import Row, fmt_bytes, fmt_s
+from .timing import alternate
+from .workload import Ctx, Shapes, build_lm, cpu_item_shapes, grpo_config, task_records
+
+#: CPU: a ~10M-parameter Qwen2 (4 layers x 512), 4 prompts x K = 16 rollouts of T = 6 latents and 16 answer tokens,
+#: all 64 in one micro-batch
+RECOMPUTE_CPU = Shapes(
+    name="recompute-cpu",
+    hidden=512,
+    layers=4,
+    heads=8,
+    kv_heads=4,
+    ffn=2048,
+    prompts=4,
+    max_new_tokens=16,
+    grpo_K_at=16,
+    grpo_T_at=6,
+    reps=5,
+    warmup=1,
+    mem_reps=1,
+)
+
+
+def item_shapes(ctx: Ctx) -> Shapes:
+    return cpu_item_shapes(ctx, RECOMPUTE_CPU)
+
+
+def build_trainer(s: Shapes, device: torch.device, dtype: torch.dtype, recompute: bool) -> GRPOTrainer:
+    cfg = grpo_config(s, s.grpo_K_at, s.grpo_T_at, "locked")
+    cfg.grpo.recompute = recompute
+    cfg.grpo.micro_batch_size = s.prompts * s.grpo_K_at  # the whole step in one micro-batch
+    return GRPOTrainer(build_lm(s, device, dtype), cfg, task_records(s.prompts))
+
+
+def saved_bytes(trainer: GRPOTrainer) -> int:
+    """Bytes autograd keeps for backward in one micro-batch of the step's replay (its activation memory)."""
+    prompts = task_records(trainer.cfg.grpo.prompts_per_step)
+    ro = trainer._collect(prompts, torch.arange(len(prompts) * trainer.cfg.grpo.group_size) + 1)
+    rows = torch.arange(ro.tokens.shape[0])
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    trainer.lm.recompute = trainer.cfg.grpo.recompute
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logp, tm = replay_logprobs(
+            trainer.lm,
+            ro,
+            rows,
+            n_latent=trainer.n_latent,
+            perturbation=trainer.perturbation,
+            seeds=ro.seeds[rows],
+            temperature=1.0,
+        )
+        (logp * tm).sum().backward()
+    trainer.lm.model.zero_grad(set_to_none=True)
+    return total
+
+
+def _probe(ctx: Ctx, s: Shapes, recompute: bool) -> dict:
+    return run_probe(ctx, s, s.grpo_K_at, s.grpo_T_at, recompute=recompute, micro_batch_size=s.prompts * s.grpo_K_at)
+
+
+def bench_recompute(ctx: Ctx) -> tuple[list[Row], dict]:
+    """GRPO step with activation recomputation vs full backprop: peak memory, kept activations, step time."""
+    s = item_shapes(ctx)
+    arms = {"full": False, "recompute": True}
+    mb = s.prompts * s.grpo_K_at
+    ctx.log(f"[10] recompute: {s.layers} x {s.hidden} Qwen2, K={s.grpo_K_at}, T={s.grpo_T_at}, micro-batch {mb}")
+    mem = {name: _probe(ctx, s, r) for name, r in arms.items()}  # fresh processes first, before this one grows
+    trainers = {name: build_trainer(s, ctx.device, ctx.dtype, r) for name, r in arms.items()}
+    kept = {name: saved_bytes(tr) for name, tr in trainers.items()}
+    prompts = task_records(s.prompts)
+    fns: dict[str, Callable[[], Any]] = {n: functools.partial(t.step, prompts=prompts) for n, t in trainers.items()}
+    t = alternate(fns, reps=s.reps, warmup=s.warmup, device=ctx.device, log=ctx.log)
+    raw = {
+        "shapes": dataclasses.asdict(s),
+        "micro_batch": mb,
+        "memory": mem,
+        "saved_bytes": kept,
+        "timing": t.to_json(),
+    }
+    what = "peak allocated (CUDA)" if ctx.device.type == "cuda" else "peak RSS"
+    conf = (
+        f"Qwen2 {s.layers} layers x {s.hidden} ({ctx.dtype}), {s.prompts} prompts x K={s.grpo_K_at}, T={s.grpo_T_at}, "
+        f"{s.max_new_tokens} answer tokens, one micro-batch of {mb}, KL reference on; time: median of {s.reps} "
+        "alternating repetitions; memory: fresh process each, step after a warm-up step"
+    )
+    vals = "; ".join(
+        f"{n}: kept for backward {fmt_bytes(kept[n])}, {what} {fmt_bytes(mem[n]['peak_bytes'])} (before the step "
+        f"{fmt_bytes(mem[n]['before_bytes'])}), step {fmt_s(t.median(n))}"
+        for n in arms
+    )
+    row = functools.partial(Row, ctx.section, "10. Activation recomputation", "recompute", conf, vals)
+    growth = {n: mem[n]["peak_bytes"] - mem[n]["before_bytes"] for n in arms}
+    return [
+        row("activations kept for backward recompute / full", kept["recompute"] / kept["full"], None),
+        row(f"{what} of the step recompute / full", mem["recompute"]["peak_bytes"] / mem["full"]["peak_bytes"], None),
+        row(f"{what} growth during the step recompute / full", growth["recompute"] / max(1, growth["full"]), None),
+        row(
+            "step time recompute / full",
+            t.ratio("recompute", "full"),
+            None,
+            t.paired_spread("recompute", "full"),
+        ),
+    ], raw

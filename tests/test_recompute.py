@@ -1,0 +1,134 @@
+"""Activation recomputation through the recurrence (``grpo.recompute``): the same log-probs and gradients as full
+backprop under every perturbation, with less kept for backward."""
+
+import pytest
+import torch
+
+from dgrpo.config import Config, PerturbationConfig
+from dgrpo.perturbation import make_perturbation
+
+from conftest import make_lm
+
+ARCHS = ["qwen2", "llama", "gpt2"]
+KINDS = [
+    {"kind": "none"},
+    {"kind": "locked", "p": 0.3, "sites": ["attn", "mlp", "residual"]},
+    {"kind": "native", "p": 0.3},
+    {"kind": "gaussian", "sigma": 0.2},
+    {"kind": "gaussian", "sigma": 0.05, "gaussian_target": "weights"},
+]
+
+
+def batch(lm, records, n=4):
+    qs = [r.question for r in records[:n]]
+    targets = ["\n".join(r.steps[2:]) + "\n#### " + r.answer for r in records[:n]]
+    return lm.encode_questions(qs) + lm.encode_targets(targets)
+
+
+def loss_and_grads(lm, inputs, *, recompute, pert=None, seeds=None, n_latent=3, stepwise=False):
+    """Answer NLL through prompt -> T latent steps -> answer (under the perturbation bound to ``seeds``), and the
+    gradient of every parameter; backward runs after the perturbation's block, as in the trainer."""
+    ids, mask, tg, tm = inputs
+    lm.recompute = recompute
+    lm.model.zero_grad(set_to_none=True)
+    if pert is None:
+        lp, _ = lm.target_logprobs(ids, mask, n_latent, tg, tm, stepwise=stepwise)
+    else:
+        with pert.bind(lm, seeds) as pb:
+            lp, _ = lm.target_logprobs(ids, mask, n_latent, tg, tm, perturbation=pb, stepwise=stepwise)
+    loss = -(lp * tm).sum() / tm.sum()
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in lm.model.named_parameters() if p.grad is not None}
+    return lp.detach(), grads
+
+
+def assert_same(a, b, tol=1e-5):
+    lp_a, g_a = a
+    lp_b, g_b = b
+    assert torch.allclose(lp_a, lp_b, atol=tol, rtol=0), (lp_a - lp_b).abs().max()
+    assert g_a.keys() == g_b.keys() and g_a
+    worst = max(float((g_a[k] - g_b[k]).abs().max()) for k in g_a)
+    assert worst <= tol, worst
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_recomputed_backprop_equals_full_backprop(tokenizer, task_records, arch):
+    lm = make_lm(tokenizer, arch).eval()
+    inputs = batch(lm, task_records)
+    assert_same(loss_and_grads(lm, inputs, recompute=False), loss_and_grads(lm, inputs, recompute=True))
+
+
+@pytest.mark.parametrize("spec", KINDS, ids=lambda s: "-".join(str(v) for v in s.values()))
+def test_recomputation_replays_every_perturbation(tokenizer, task_records, spec):
+    """The recomputation in backward runs outside the perturbation's block: it must re-enter it, or the gradient
+    would be taken through the unperturbed network."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    pert = make_perturbation(PerturbationConfig(**spec))
+    rows = 1 if spec["kind"] == "native" else 4  # native dropout: one rollout at a time, scored token by token
+    inputs = batch(lm, task_records, n=rows)
+    seeds = torch.arange(11, 11 + rows)
+    kw = {"pert": pert, "seeds": seeds, "stepwise": spec["kind"] == "native"}
+    full = loss_and_grads(lm, inputs, recompute=False, **kw)
+    assert_same(full, loss_and_grads(lm, inputs, recompute=True, **kw))
+    if spec["kind"] != "none":  # and the perturbation did act: without it the gradient differs
+        plain = loss_and_grads(lm, inputs, recompute=True)
+        assert max(float((full[1][k] - plain[1][k]).abs().max()) for k in full[1]) > 1e-4
+
+
+def saved_bytes(lm, inputs, recompute):
+    """Bytes of the tensors autograd keeps for backward (activation memory of one micro-batch)."""
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss_and_grads(lm, inputs, recompute=recompute, n_latent=6)
+    return total
+
+
+def test_recomputation_keeps_less_for_backward(tokenizer, task_records):
+    lm = make_lm(tokenizer, "qwen2", hidden_size=64, intermediate_size=256).eval()
+    inputs = batch(lm, task_records, n=8)
+    full, lean = saved_bytes(lm, inputs, False), saved_bytes(lm, inputs, True)
+    # the regions keep their inputs and the K/V they hand on; the layers' activations are recomputed
+    assert lean < 0.5 * full, (lean, full)
+
+
+def test_grpo_step_with_recompute_matches(tokenizer, task_records, tmp_path):
+    """Two trainer steps: the same rewards, losses and weights with and without recomputation."""
+    from dgrpo.config import load_config
+    from dgrpo.training.grpo import GRPOTrainer
+
+    results = []
+    for recompute in (False, True):
+        cfg = load_config(Config, "tiny.yaml", [f"grpo.recompute={str(recompute).lower()}", "grpo.group_size=4"])
+        lm = make_lm(tokenizer, "qwen2")
+        trainer = GRPOTrainer(lm, cfg, task_records)
+        rows = [trainer.step() for _ in range(2)]
+        results.append((rows, {k: v.detach().clone() for k, v in lm.model.state_dict().items()}))
+    (rows_a, w_a), (rows_b, w_b) = results
+    for a, b in zip(rows_a, rows_b):
+        for key in ("reward_mean", "policy_loss", "kl", "grad_norm"):
+            if a.get(key) is not None:
+                assert a[key] == pytest.approx(b[key], abs=1e-6), key
+    assert max(float((w_a[k] - w_b[k]).abs().max()) for k in w_a) <= 1e-6
+
+
+@pytest.mark.slow
+def test_recomputation_lowers_the_peak_rss_of_a_grpo_step():
+    """Peak resident memory of one GRPO step at the same micro-batch (64 rollouts, T = 6), each arm in a fresh
+    process after a warm-up step (dgrpo.bench.memprobe): the growth during the step is smaller with recomputation."""
+    import dataclasses
+
+    from dgrpo.bench.recompute_item import RECOMPUTE_CPU, _probe
+    from dgrpo.bench.workload import Ctx
+
+    shapes = dataclasses.replace(RECOMPUTE_CPU, hidden=256, ffn=1024)
+    ctx = Ctx(device=torch.device("cpu"), dtype=torch.float32, shapes=shapes, threads=2)
+    full, lean = _probe(ctx, shapes, False), _probe(ctx, shapes, True)
+    growth_full = full["peak_bytes"] - full["before_bytes"]
+    growth_lean = lean["peak_bytes"] - lean["before_bytes"]
+    assert growth_lean < 0.8 * growth_full, (growth_lean, growth_full)
