@@ -9,6 +9,7 @@ Prints one JSON line per (checkpoint, variant).
 
 import json
 import sys
+from collections import Counter
 from dataclasses import replace
 
 from dgrpo.config import TaskConfig
@@ -33,5 +34,6 @@ for ckpt in sys.argv[1:]:
     for name, (opts, split) in VARIANTS.items():
         recs = generate_split(replace(TASK, **opts), split)
         r = evaluate(lm, recs, batch_size=256, max_new_tokens=64, progress=False, seed=0)
-        row = {"checkpoint": ckpt, "variant": name, "n": r.n, "accuracy": r.accuracy, "unparseable": r.unparseable}
+        top = Counter(x.answer for x in recs).most_common(1)[0][1] / len(recs)  # always answering the commonest
+        row = {"checkpoint": ckpt, "variant": name, "n": r.n, "accuracy": r.accuracy, "most_frequent_answer": top}
         print(json.dumps(row), flush=True)

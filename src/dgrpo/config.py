@@ -46,6 +46,7 @@ Optimizer = Literal["adamw", "adamw8bit"]
 Advantage = Literal["drgrpo", "grpo", "rloo", "ema"]
 Aggregation = Literal["seq_mean", "token_mean", "constant"]
 KLForm = Literal["unbiased", "paper"]
+RolloutCache = Literal["dynamic", "static"]
 ReplayMode = Literal["seed", "fresh_mask"]
 FSDPMode = Literal["none", "full", "sharded"]
 
@@ -419,6 +420,12 @@ class GRPOConfig:
         "memory per micro-batch (so larger micro-batches fit), about one more forward of compute",
     )
     rollout_batch_size: int = opt(512, "rollouts per batched generation call")
+    rollout_cache: RolloutCache = opt(
+        "dynamic",
+        "the KV cache of rollout decoding: dynamic (grows by concatenation, transformers' DynamicCache) or static "
+        "(preallocated for prompt + latents + answer, StaticCache: fixed shapes, the basis of graph capture on a "
+        "GPU; the same answers)",
+    )
     advantage: Advantage = opt(
         "drgrpo",
         "drgrpo: r - group mean (paper); grpo: (r - mean) / std; rloo: r - mean "

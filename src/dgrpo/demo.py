@@ -651,7 +651,8 @@ def plot_figures(res: Mapping[str, Any], out: Path) -> list[str]:
     groups = {SHORT[arm]: [plotting.load_run(r["dir"]) for r in res["runs"] if r["arm"] == arm] for arm in SHORT}
     groups = {k: v for k, v in groups.items() if v}
     sft_valid = [m["valid_accuracy"] for m in res["models"] if m["arm"] == "sft"]
-    ref = {f"Coconut SFT (mean of {len(sft_valid)} seeds)": statistics.fmean(sft_valid)}
+    seeds = "1 seed" if len(sft_valid) == 1 else f"mean of {len(sft_valid)} seeds"
+    ref = {f"Coconut SFT ({seeds})": statistics.fmean(sft_valid)}
     descs = [
         plotting.plot_runs(groups, out / "eval_accuracy.png", panels=("eval",), reference=ref),
         plotting.plot_runs(groups, out / "reward_std.png", panels=("reward_std", "kept")),

@@ -33,6 +33,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
+    StaticCache,
 )
 
 from ..config import ConfigError
@@ -497,6 +498,12 @@ class LatentLM(nn.Module):
         new_cache = lambda: DynamicCache(config=self.model.config)  # noqa: E731
         return recomputed_call(run, cache, new_cache, (x, attention_mask, positions), perturbation)
 
+    def new_cache(self, cache_len: int | None = None) -> DynamicCache | StaticCache:
+        """An empty KV cache: growing (``DynamicCache``), or preallocated for ``cache_len`` positions."""
+        if cache_len is None:
+            return DynamicCache(config=self.model.config)
+        return StaticCache(config=self.model.config, max_cache_len=cache_len)
+
     def prefill(
         self,
         prompt_ids: Tensor,
@@ -506,16 +513,19 @@ class LatentLM(nn.Module):
         mode: str | None = None,
         perturbation: PhaseHook | None = None,
         markers: bool = True,
+        cache_len: int | None = None,
     ) -> DecodeState:
         """Run the question, ``n_latent`` continuous thoughts and ``<|end-latent|>``.
 
         Returns the state whose ``last_hidden`` predicts the first answer token. ``prompt_ids`` is the
-        output of :meth:`encode_questions` (ending in ``<|start-latent|>`` when ``markers``).
+        output of :meth:`encode_questions` (ending in ``<|start-latent|>`` when ``markers``). ``cache_len``: keep
+        the keys and values in a preallocated ``StaticCache`` of that many positions (one buffer whose shape never
+        changes, what graph capture needs) instead of a growing ``DynamicCache``.
         """
         mode = mode or self.settings.mode
         B = prompt_ids.shape[0]
         positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-        state = DecodeState(DynamicCache(config=self.model.config), prompt_mask, positions[:, -1] + 1, None)  # type: ignore[arg-type]
+        state = DecodeState(self.new_cache(cache_len), prompt_mask, positions[:, -1] + 1, None)  # type: ignore[arg-type]
         hidden = self._call_base(state.cache, "prompt", perturbation, prompt_ids, prompt_mask, positions, True)
         state.last_hidden = hidden[:, -1:]
         if n_latent > 0:
@@ -620,13 +630,24 @@ class LatentLM(nn.Module):
         markers: bool = True,
         stop_ids: list[int] | None = None,
         with_entropy: bool = False,
+        static_cache: bool = False,
     ) -> Generation:
         """Batched answer decoding after the latents over the KV cache; each row stops at its EOS.
 
         Greedy when ``temperature == 0``. ``logprobs`` are log pi(token) under softmax(logits / t), with
         t = temperature when sampling and 1 when greedy: the policy the GRPO ratio is taken against.
+        ``static_cache``: one preallocated cache for the whole sequence (the same answers, tests/test_static_cache.py).
         """
-        state = self.prefill(prompt_ids, prompt_mask, n_latent, mode=mode, perturbation=perturbation, markers=markers)
+        n_cols = prompt_ids.shape[1] + n_latent + int(markers) + max_new_tokens
+        state = self.prefill(
+            prompt_ids,
+            prompt_mask,
+            n_latent,
+            mode=mode,
+            perturbation=perturbation,
+            markers=markers,
+            cache_len=n_cols if static_cache else None,
+        )
         B, dev = prompt_ids.shape[0], prompt_ids.device
         stops = torch.tensor([self.eos_id] + list(stop_ids or []), device=dev)
         tokens = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long, device=dev)

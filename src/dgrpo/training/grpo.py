@@ -223,6 +223,7 @@ class GRPOTrainer:
             max_question_tokens=self.cfg.data.max_question_tokens,
             generator=self.sample_gen,
             reward_fn=self.rewards,
+            static_cache=g.rollout_cache == "static",
         )
         self.last_rollouts, self.last_prompts = ro, prompts
         return ro

@@ -54,9 +54,11 @@ def collect_rollouts(
     max_question_tokens: int | None = None,
     generator: torch.Generator | None = None,
     reward_fn: ScoreFn | None = None,
+    static_cache: bool = False,
 ) -> Rollouts:
     """Generate ``group_size`` rollouts for every record; row i is perturbed by ``seeds[i]``. ``reward_fn`` (batched,
-    see :mod:`dgrpo.eval.scoring`; default: the numeric verifier) gives each completion its reward."""
+    see :mod:`dgrpo.eval.scoring`; default: the numeric verifier) gives each completion its reward;
+    ``static_cache``: decode over a preallocated KV cache (``grpo.rollout_cache: static``)."""
     expanded = [r for r in records for _ in range(group_size)]
     prompt_ids, prompt_mask = lm.encode_questions([r.question for r in expanded], max_tokens=max_question_tokens)
     lm.check_fits(prompt_ids.shape[1], n_latent, max_new_tokens, key="grpo.n_latent")
@@ -79,6 +81,7 @@ def collect_rollouts(
                     generator=generator,
                     perturbation=pb,
                     with_entropy=True,
+                    static_cache=static_cache,
                 )
             )
     lm.train(was_training)
