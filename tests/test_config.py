@@ -71,7 +71,7 @@ def test_the_option_lists_are_found():
     assert {"perturbation.kind", "sft.mode", "grpo.advantage", "fsdp", "model.arch", "sft.bf16"} <= {
         k for k, _ in LITERALS
     }
-    assert len(LITERALS) == 12
+    assert len(LITERALS) == 13
     assert {"grpo.lr", "sft.lr", "perturbation.p", "eval.top_p"} <= set(FLOATS)
     assert {"seed", "task.seed", "grpo.steps"} <= set(INTS)
 
