@@ -76,17 +76,10 @@ def test_recomputation_replays_every_perturbation(tokenizer, task_records, spec)
 
 
 def saved_bytes(lm, inputs, recompute):
-    """Bytes of the tensors autograd keeps for backward (activation memory of one micro-batch)."""
-    total = 0
+    """Bytes autograd keeps for backward (distinct storages, weights left out): one micro-batch's activations."""
+    from dgrpo.bench.recompute_item import kept_for_backward
 
-    def pack(t):
-        nonlocal total
-        total += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss_and_grads(lm, inputs, recompute=recompute, n_latent=6)
-    return total
+    return kept_for_backward(lambda: loss_and_grads(lm, inputs, recompute=recompute, n_latent=6), lm.model.parameters())
 
 
 def test_recomputation_keeps_less_for_backward(tokenizer, task_records):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -54,20 +54,31 @@ def build_trainer(s: Shapes, device: torch.device, dtype: torch.dtype, recompute
     return GRPOTrainer(build_lm(s, device, dtype), cfg, task_records(s.prompts))
 
 
+def kept_for_backward(run: Callable[[], Any], params: Iterable[torch.Tensor]) -> int:
+    """Bytes autograd keeps for backward while ``run()`` builds its graph: the distinct storages of the saved
+    tensors, the parameters' own storages left out (saving a weight costs nothing)."""
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in skip:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(seen.values())
+
+
 def saved_bytes(trainer: GRPOTrainer) -> int:
-    """Bytes autograd keeps for backward in one micro-batch of the step's replay (its activation memory)."""
+    """Activation memory of the step's replay in one micro-batch (:func:`kept_for_backward`)."""
     prompts = task_records(trainer.cfg.grpo.prompts_per_step)
     ro = trainer._collect(prompts, torch.arange(len(prompts) * trainer.cfg.grpo.group_size) + 1)
     rows = torch.arange(ro.tokens.shape[0])
-    total = 0
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        total += t.numel() * t.element_size()
-        return t
-
     trainer.lm.recompute = trainer.cfg.grpo.recompute
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+
+    def replay() -> None:
         logp, tm = replay_logprobs(
             trainer.lm,
             ro,
@@ -78,8 +89,10 @@ def saved_bytes(trainer: GRPOTrainer) -> int:
             temperature=1.0,
         )
         (logp * tm).sum().backward()
+
+    kept = kept_for_backward(replay, trainer.lm.model.parameters())
     trainer.lm.model.zero_grad(set_to_none=True)
-    return total
+    return kept
 
 
 def _probe(ctx: Ctx, s: Shapes, recompute: bool) -> dict:
