@@ -10,6 +10,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "dgrpo"
 #: the layer of each top-level part of the package; a module may import its own layer or a lower one
 LAYERS = {
     "errors": 0,
+    "hub": 0,
     "config": 0,
     "reward": 0,
     "data": 1,

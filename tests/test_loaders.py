@@ -285,6 +285,7 @@ def test_error_missing_file(tmp_path: Path) -> None:
             load_dataset("svamp")
 
 
+@pytest.mark.slow  # ~20 s: the datasets library, imported before the variables are set, still tries the network
 def test_error_unknown_name_offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -385,3 +386,18 @@ def test_small_copies_load_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert len(load_dataset(str(path))) == 50
     for name, split, _ in FUZZ:
         assert len(load_dataset(name, split)) == 50
+
+
+def test_unreachable_hub_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No offline variable set and no connection to the hub: one line at once, not the hub libraries' retries."""
+    import time
+
+    import dgrpo.data.loaders as loaders
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr(loaders, "hub_reachable", lambda: False)
+    t0 = time.monotonic()
+    with pytest.raises(DataError, match=r"unknown dataset 'no_such_dataset_xyz'.*hub could not be reached") as info:
+        load_dataset("no_such_dataset_xyz")
+    assert time.monotonic() - t0 < 5 and "\n" not in str(info.value)

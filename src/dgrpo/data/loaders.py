@@ -11,6 +11,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from ..hub import hub_reachable, offline_requested
 from ..reward import normalize_number
 from .records import DataError, Record
 from .subsets import OPENMATH_HUB_ID, sample_subset, stream_openmath
@@ -466,6 +467,11 @@ def _load_from_hub(
             "installed (pip install 'dgrpo[hub]')"
         ) from None
     repo = hub_id or name
+    if not offline_requested("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") and not hub_reachable():
+        raise DataError(
+            f"{prefix} the Hugging Face hub could not be reached: no connection to it (set "
+            "HF_DATASETS_OFFLINE=1 to use the local datasets cache)"
+        )
     try:
         loaded = datasets.load_dataset(repo, split=split)
         if split is None:  # a DatasetDict: take test if present, else the first split

@@ -8,17 +8,15 @@ unreachable hub fails at once with one line (no 50 s of retries).
 from __future__ import annotations
 
 import re
-import socket
 from pathlib import Path
-from urllib.parse import urlparse
 
 import torch
 
+from ..hub import hub_reachable
 from .latent_lm import resolve_checkpoint
 from .verified import CheckpointError
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "gpt2", "Qwen/Qwen2.5-1.5B"
-HUB_TIMEOUT_S = 3.0  # the reachability probe; downloads then use huggingface_hub's own timeouts
 
 
 def resolve_device(name: str) -> torch.device:
@@ -31,17 +29,6 @@ def resolve_device(name: str) -> torch.device:
 
 def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or name.endswith("/") or not HUB_ID.match(name)
-
-
-def _hub_reachable() -> bool:
-    from huggingface_hub import constants
-
-    url = urlparse(constants.ENDPOINT)
-    try:
-        socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=HUB_TIMEOUT_S).close()
-        return True
-    except OSError:
-        return False
 
 
 def resolve_hub_model(name: str) -> tuple[str, bool]:
@@ -57,7 +44,7 @@ def resolve_hub_model(name: str) -> tuple[str, bool]:
             f"model {name!r}: not a local directory, and HF_HUB_OFFLINE is set but the model is not in the "
             f"Hugging Face cache ({constants.HF_HUB_CACHE})"
         )
-    if _hub_reachable():
+    if hub_reachable():
         return name, False
     if cached:
         return name, True
