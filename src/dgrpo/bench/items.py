@@ -291,7 +291,7 @@ def bench_grpo_scaling(ctx: Ctx) -> tuple[list[Row], dict]:
                 f"step({a}) / step({b})",
                 r,
                 goal,
-                _range(t.paired_ratios(a, b)),
+                t.paired_spread(a, b),
             )
         )
 
