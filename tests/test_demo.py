@@ -10,11 +10,13 @@ import pytest
 
 from dgrpo.demo import (
     CLAIMS,
+    Demo,
     claim_verdicts,
     compare,
     exact_verdict,
     flips,
     mean_ci,
+    merge_seed,
     t_quantile,
     verdict,
 )
@@ -149,16 +151,50 @@ def test_claim_verdicts_judge_each_claim_on_the_headline_split():
     assert {r["verdict"] for r in rows if r["id"] == 1} == {"not resolved"}
 
 
+def quick_demo(out, workers):
+    cmd = [sys.executable, "-m", "dgrpo", "demo", "--quick", "--out", str(out), "--workers", str(workers)]
+    r = subprocess.run([*cmd, "--set", "threads=1"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def test_merge_seed_keeps_sft_seed_order_whatever_finishes_first():
+    def part(seed):
+        models = [{"arm": "sft", "sft_seed": seed}, {"arm": "dropout_grpo", "sft_seed": seed}]
+        wall = {f"sft/seed{seed}": 1.0, f"dropout_grpo/sft{seed}_rl0": 2.0}
+        return Demo(None, None, [], [], {}, models=models, runs=[{"sft_seed": seed}], wall=wall)
+
+    demo = part(2)  # seed 2 finished first, then 0, then 1
+    for seed in (0, 1):
+        merge_seed(demo, part(seed))
+    assert [(m["sft_seed"], m["arm"]) for m in demo.models] == [
+        (0, "sft"),
+        (0, "dropout_grpo"),
+        (1, "sft"),
+        (1, "dropout_grpo"),
+        (2, "sft"),
+        (2, "dropout_grpo"),
+    ]
+    assert [r["sft_seed"] for r in demo.runs] == [0, 1, 2]
+    assert (
+        list(demo.wall)[:2] == ["sft/seed0", "dropout_grpo/sft0_rl0"] and list(demo.wall)[-1] == "dropout_grpo/sft2_rl0"
+    )
+
+
+@pytest.mark.slow
+def test_demo_workers_give_the_in_process_results(tmp_path):
+    """Two worker processes (one per SFT seed) and one in-process pipeline, both single-threaded: the same models
+    with the same answers on every item, in the same order."""
+    quick_demo(tmp_path / "w1", 1)
+    quick_demo(tmp_path / "w2", 2)
+    one, two = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("w1", "w2"))
+    assert one["models"] == two["models"] and one["analysis"]["claims"] == two["analysis"]["claims"]
+
+
 @pytest.mark.slow
 def test_demo_quick(tmp_path):
     out = tmp_path / "demo"
-    r = subprocess.run(
-        [sys.executable, "-m", "dgrpo", "demo", "--quick", "--out", str(out), "--set", "threads=2"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = quick_demo(out, 2)
     for f in ("results.json", "results.md", "summary.txt", "eval_accuracy.png", "reward_std.png"):
         assert (out / f).exists(), f
     res = json.loads((out / "results.json").read_text())

@@ -12,6 +12,7 @@ from .common import add_config_options, subcommand
 DEMO_EXAMPLES = """  dgrpo demo                               # 2 SFT seeds x 1 RL seed per arm; results in runs/demo
   dgrpo demo --full --out runs/demo-full   # 4 SFT seeds x 1 RL seed per arm: 4 pairs per comparison
   dgrpo demo --sft-seeds 3 --seeds 2       # any other number of seeds
+  dgrpo demo --workers 1                   # one SFT seed after the other, in this process
   dgrpo demo --quick                       # a smoke test of the whole pipeline (its numbers mean nothing)
 """
 DATA_EXAMPLES = """  dgrpo data inspect gsm8k --split train
@@ -38,6 +39,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--seeds", type=int, default=None, help="RL seeds per arm and SFT checkpoint (default 1; --full 1; --quick 1)"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes running SFT seeds' pipelines side by side (default: one per SFT seed, at most one per CPU; "
+        "1 on a GPU); each gets an equal share of the CPUs as torch threads unless --set threads=N",
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(

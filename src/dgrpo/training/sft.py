@@ -284,13 +284,14 @@ def train_sft(
     dist: Dist | None = None,
     resume: bool | str = "auto",
     allow_config_change: bool = False,
+    progress: bool = True,
 ) -> LatentLM:
     """Run the curriculum; write ``metrics.jsonl``, ``stage-K/`` checkpoints and ``final/`` under ``out_dir``.
 
     ``evaluate_fn(lm, records, settings)`` returns how many of ``records`` are correct; it is called on
     ``valid`` at the end of each stage. ``dist`` shards batches and the eval across processes; every rank
     calls this, only rank 0 writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path
-    (see :class:`~dgrpo.training.run.RunDir`)."""
+    (see :class:`~dgrpo.training.run.RunDir`); ``progress``: show the progress bar."""
     dist = dist or Dist.single()
     s = cfg.sft
     if s.batch_size < dist.world_size:
@@ -301,9 +302,8 @@ def train_sft(
         sft = SFTRun(lm, cfg, dist, run, len(train))
         plan, prog, t0 = sft.plan, sft.prog, time.time()
         start_epoch, start_batch = prog.epoch, prog.batch
-        bar = tqdm(
-            total=s.num_epochs * plan.steps_per_epoch, initial=prog.global_step, desc="sft", disable=not dist.is_main
-        )
+        n_steps, shown = s.num_epochs * plan.steps_per_epoch, dist.is_main and progress
+        bar = tqdm(total=n_steps, initial=prog.global_step, desc="sft", disable=not shown)
         for epoch in range(start_epoch, s.num_epochs):
             stage = plan.stage(epoch)
             sft.enter_stage(stage)
