@@ -392,7 +392,7 @@ class PerturbationConfig:
 class GRPOConfig:
     """GRPO post-training (the paper's Table 3 names in parentheses)."""
 
-    steps: int = opt(100, "optimizer steps (paper: 3000)")
+    steps: int = opt(50, "optimizer steps (paper: 3000)")
     prompts_per_step: int = opt(16, "prompts (groups) per step, global over all ranks (paper: 16)")
     group_size: int = opt(8, "K rollouts per prompt (paper: 32); 1 only with advantage=ema")
     n_latent: int = opt(-1, "latent thoughts per rollout (T); -1 = the checkpoint's final-stage count")
@@ -484,7 +484,7 @@ class GRPOConfig:
         "of mask replay, not Proposition 2's fresh-rollout estimator, which would resample the answers too)",
     )
     eval_every: int = opt(
-        20, "greedy eval without perturbation on data.valid every N steps (0 = only at start and end)"
+        10, "greedy eval without perturbation on data.valid every N steps (0 = only at start and end)"
     )
     save_best: bool = opt(True, "keep best/ = the best post-warmup checkpoint by validation accuracy")
     log_every: int = opt(1, "write a metrics row every N steps")
