@@ -4,7 +4,6 @@ one SFT seed's pipeline in-process or, with several workers, in its own process 
 from __future__ import annotations
 
 import copy
-import json
 import multiprocessing
 import os
 import re
@@ -18,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .. import plotting
 from ..config import Config, ConfigError, TaskConfig, load_config, merge_file
 from ..data.records import Record
 from ..data.synthetic import generate_split
@@ -141,7 +141,7 @@ def run_sft(demo: Demo, seed: int) -> Path:
     t0 = time.time()
     torch.manual_seed(seed)
     lm = load_model(cfg.model, cfg.task, seed=seed)
-    stage_log = (lambda m: None) if demo.progress else (lambda m: _say(f"SFT seed {seed}: {m}"))
+    stage_log = (lambda m: None) if demo.progress else (lambda m: say(f"SFT seed {seed}: {m}"))
     train_sft(
         lm,
         demo.train,
@@ -158,14 +158,13 @@ def run_sft(demo: Demo, seed: int) -> Path:
     valid = demo.count_correct(lm, demo.valid) / len(demo.valid) if valid is None else valid
     row = demo.test_model(lm, arm="sft", sft_seed=seed, rl_seed=None, checkpoint="sft", valid_accuracy=valid)
     demo.wall[f"sft/seed{seed}"] = round(time.time() - t0, 1)
-    _say(f"SFT seed {seed}: valid {valid:.3f}, " + _accs(row) + f" ({demo.wall[f'sft/seed{seed}']:.0f} s)")
+    say(f"SFT seed {seed}: valid {valid:.3f}, " + _accs(row) + f" ({demo.wall[f'sft/seed{seed}']:.0f} s)")
     return out / "final"
 
 
 def _last_eval(run_dir: Path) -> float | None:
     """The validation accuracy of a run's last evaluation row (SFT: the end of its final stage)."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    evals = [r["eval/valid/accuracy"] for r in rows if "eval/valid/accuracy" in r]
+    evals = [r["eval/valid/accuracy"] for r in plotting.load_run(run_dir).evals if "eval/valid/accuracy" in r]
     return evals[-1] if evals else None
 
 
@@ -202,7 +201,7 @@ def run_arm(demo: Demo, arm: str, sft_seed: int, r: int, sft_ckpt: Path) -> None
         demo.models.append(best)
     demo.runs.append({**ident, "dir": str(run_dir), **run_diagnostics(run_dir), "best_step": best["step"]})
     demo.wall[f"{arm}/sft{sft_seed}_rl{r}"] = round(time.time() - t0, 1)
-    _say(
+    say(
         f"  {SHORT[arm]}, SFT seed {sft_seed}, RL seed {seed}: final {_accs(final)}; best (step {best['step']}) "
         f"{_accs(best)} (train {t_train:.0f} s, total {demo.wall[f'{arm}/sft{sft_seed}_rl{r}']:.0f} s)"
     )
@@ -217,8 +216,7 @@ def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 def run_diagnostics(run_dir: Path) -> dict[str, Any]:
     """From a run's metrics: the within-group reward std, kept fraction and distinct answers (mean over the first and
     the last 10 steps; the std's maximum), and how many steps updated the model."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    steps = [r for r in rows if "reward_mean" in r]
+    steps = [r for r in plotting.load_run(run_dir).steps if "reward_mean" in r]
 
     def mean(key: str, part: list[dict]) -> float | None:
         vals = [r[key] for r in part if r.get(key) is not None]
@@ -235,7 +233,7 @@ def _accs(row: Mapping[str, Any]) -> str:
     return ", ".join(f"{name.split(' ')[0]} {d['accuracy']:.3f}" for name, d in row["splits"].items())
 
 
-def _say(msg: str) -> None:
+def say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
 
 
@@ -283,8 +281,8 @@ def available_cpus() -> int:
 
 def default_workers(base: Config, n_sft: int) -> int:
     """One worker per SFT seed, at most one per CPU; 1 on a GPU (the processes would share it). On 2 cores two
-    single-thread pipelines do 1.6x the work of one two-thread pipeline: the demo's model is small enough that a
-    second thread adds little to a matrix product."""
+    single-thread pipelines do 1.3x the work of one two-thread pipeline (an SFT step of the demo: 0.69-0.71 s in
+    each worker, 0.44 s in one two-thread process): a second thread adds little to this model's matrix products."""
     if base.device.startswith(("cuda", "mps")) or (base.device == "auto" and torch.cuda.is_available()):
         return 1
     return max(1, min(n_sft, available_cpus()))
@@ -304,7 +302,7 @@ def run_pipeline(
     writes its results so far)."""
     demo.out.mkdir(parents=True, exist_ok=True)
     workers = max(1, min(workers, n_sft))
-    _say(
+    say(
         f"built-in task: {len(demo.train)} train, {len(demo.valid)} valid (per eval), "
         + ", ".join(f"{len(r)} {s}" for s, r in demo.tests.items())
         + f"; {n_sft} SFT seed(s) x {n_rl} RL seed(s); {workers} worker(s); output in {demo.out}"

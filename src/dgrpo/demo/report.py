@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import plotting
 from ..config import to_dict
-from .pipeline import ARMS, SHORT, Demo, _say, items_of
+from .pipeline import ARMS, SHORT, Demo, items_of, say
 from .stats import CHECKPOINTS, CLAIMS, claim_verdicts, compare
 
 #: the comparisons reported, A minus B (every one on every test split, for both checkpoints)
@@ -276,7 +276,7 @@ def write_results(demo: Demo, command: str, n_sft: int, n_rl: int, quiet: bool =
     (demo.out / "summary.txt").write_text(summary_paragraph(res) + "\n")
     for line in plot_figures(res, demo.out):
         if not quiet:
-            _say(line)
+            say(line)
     return res
 
 
