@@ -167,6 +167,8 @@ def test_ints_accept_integral_numbers_and_text():
         "perturbation.p=1",
         "perturbation.sigma=-1",
         "threads=-1",
+        "sft.stage_epochs=[1,-1]",
+        "sft.stage_epochs=[1.5]",
     ],
 )
 def test_each_range_message_names_its_key(override):

@@ -10,7 +10,7 @@ import pytest
 
 from dgrpo.config import Config, load_config, resolve_config_path
 from dgrpo.model.tiny import build_tiny_model
-from dgrpo.training.sft import final_settings, latent_layout, stage_of_epoch
+from dgrpo.training.sft import Curriculum, curriculum_stage, final_settings, latent_layout, stage_of_epoch
 
 from conftest import dgrpo, sets
 
@@ -42,6 +42,21 @@ def test_sft_recipe_ends_in_the_all_latent_stage():
     stages = [stage_of_epoch(e, cfg) for e in range(s.num_epochs)]
     assert [stages.count(k) for k in range(3)] == [3, 3, 3]
     assert all(latent_layout(k, 8, cfg) == (8, 6) for k in stages[9:]) and len(stages[9:]) == 16
+
+
+def test_stage_epochs_give_each_stage_its_own_length():
+    """sft.stage_epochs: stage k takes stage_epochs[k] epochs, later stages epochs_per_stage each; empty = Coconut."""
+    assert [curriculum_stage(e, [], 2) for e in range(6)] == [0, 0, 1, 1, 2, 2]
+    assert [curriculum_stage(e, [1, 1, 2], 2) for e in range(7)] == [0, 1, 2, 2, 3, 3, 4]
+    assert [curriculum_stage(e, [3], 1) for e in range(5)] == [0, 0, 0, 1, 2]
+    cfg = load_config(Config, None, ["sft.stage_epochs=[1,1,2]", "sft.num_epochs=4"])
+    plan = Curriculum(cfg, steps_per_epoch=10)
+    assert [plan.schedule_length(k) for k in range(3)] == [10, 10, 20]  # one warmup + cosine per stage
+    assert [plan.last_of_stage(e) for e in range(4)] == [True, True, False, True]
+    assert final_settings(cfg).stage == 2
+    overrides = ["sft.stage_epochs=[1,1,2]", "sft.num_epochs=4", "sft.mode=no_curriculum"]
+    no_curriculum = load_config(Config, None, overrides)
+    assert {stage_of_epoch(e, no_curriculum) for e in range(4)} == {2}
 
 
 def test_grpo_recipe_uses_the_papers_kl_form():

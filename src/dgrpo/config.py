@@ -261,6 +261,11 @@ class SFTConfig:
     )
     c_thought: int = opt(1, "latent thoughts per reasoning step (c)")
     epochs_per_stage: int = opt(2, "epochs per curriculum stage; stage = epoch // epochs_per_stage")
+    stage_epochs: list = opt(
+        [],
+        "epochs of stages 0, 1, ... in order, e.g. [1, 1, 2] (0 skips a stage); later stages take epochs_per_stage "
+        "each; empty: epochs_per_stage for every stage (Coconut's uniform curriculum)",
+    )
     max_latent_stage: int = opt(
         2, "largest stage that replaces steps one by one; later epochs drop all steps (Coconut)"
     )
@@ -306,6 +311,11 @@ class SFTConfig:
         _at_least(self, p, 0, "max_latent_stage", "weight_decay", "warmup_steps", "max_grad_norm", "save_every")
         _within(self, p, "[0, 1]", "uniform_prob")
         _positive(self, p, "lr")
+        _check(
+            all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in self.stage_epochs),
+            f"{p}.stage_epochs",
+            f"expected a list of epoch counts >= 0 (0 skips the stage), got {self.stage_epochs}",
+        )
         _check(
             self.batch_size % self.grad_accum == 0,
             f"{p}.grad_accum",

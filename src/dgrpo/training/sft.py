@@ -43,13 +43,23 @@ def format_target(steps: list[str], answer: str) -> str:
     return "".join(s + "\n" for s in steps) + f"#### {answer}"
 
 
+def curriculum_stage(epoch: int, stage_epochs: list[int], epochs_per_stage: int) -> int:
+    """The curriculum stage of ``epoch``: stage k takes ``stage_epochs[k]`` epochs, every stage past the list
+    ``epochs_per_stage`` (an empty list is Coconut's rule, stage = epoch // epochs_per_stage)."""
+    for stage, n in enumerate(stage_epochs):
+        if epoch < n:
+            return stage
+        epoch -= n
+    return len(stage_epochs) + epoch // epochs_per_stage
+
+
 def stage_of_epoch(epoch: int, cfg: Config) -> int:
     s = cfg.sft
     if s.mode in ("cot", "no_cot"):
         return 0
-    if s.mode == "no_curriculum":
-        return (s.num_epochs - 1) // s.epochs_per_stage
-    return epoch // s.epochs_per_stage
+    if s.mode == "no_curriculum":  # the final stage from the first epoch on
+        epoch = s.num_epochs - 1
+    return curriculum_stage(epoch, s.stage_epochs, s.epochs_per_stage)
 
 
 def latent_layout(stage: int, n_steps: int, cfg: Config) -> tuple[int, int]:
