@@ -20,6 +20,7 @@ from dgrpo.demo import (
     t_quantile,
     verdict,
 )
+from dgrpo.demo.pipeline import Task, arm_tasks, join_parts
 
 
 @pytest.mark.parametrize(
@@ -181,10 +182,31 @@ def test_merge_seed_keeps_sft_seed_order_whatever_finishes_first():
     )
 
 
+def test_arm_tasks_list_every_run_of_a_seed_in_table_order():
+    """Every arm from SFT seed 1's checkpoint, n_rl RL seeds each; the deterministic arm once (it cannot update)."""
+    tasks = arm_tasks(1, 2)
+    assert tasks[0] == Task(1, "grpo_deterministic", 0) and len(tasks) == 1 + 4 * 2
+    assert [t.arm for t in tasks[1:3]] == ["reinforce_ema"] * 2 and [t.r for t in tasks[1:3]] == [0, 1]
+    assert arm_tasks(0, 1, ["dropout_grpo"]) == [Task(0, "dropout_grpo", 0)]
+
+
+def test_join_parts_keeps_task_order_whatever_finishes_first():
+    """A seed's task results, finished in any order, join as the in-process pipeline lists them: SFT, then the arms."""
+
+    def part(arm):
+        return Demo(None, None, [], [], {}, models=[{"arm": arm}], runs=[{"arm": arm}], wall={arm: 1.0})
+
+    finished = {2: part("grpo_null"), -1: part("sft"), 0: part("grpo_deterministic"), 1: part("reinforce_ema")}
+    joined = join_parts(finished)
+    order = ["sft", "grpo_deterministic", "reinforce_ema", "grpo_null"]
+    assert [m["arm"] for m in joined.models] == order and list(joined.wall) == order
+    assert [r["arm"] for r in joined.runs] == order and finished[-1].models == [{"arm": "sft"}]  # inputs untouched
+
+
 @pytest.mark.slow
 def test_demo_workers_give_the_in_process_results(tmp_path):
-    """Two worker processes (one per SFT seed) and one in-process pipeline, both single-threaded: the same models
-    with the same answers on every item, in the same order."""
+    """A pool of two worker processes (SFT and RL runs as tasks) and one in-process pipeline, both single-threaded:
+    the same models with the same answers on every item, in the same order."""
     quick_demo(tmp_path / "w1", 1)
     quick_demo(tmp_path / "w2", 2)
     one, two = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("w1", "w2"))

@@ -9,10 +9,10 @@ from typing import Any
 
 from .common import add_config_options, subcommand
 
-DEMO_EXAMPLES = """  dgrpo demo                               # 2 SFT seeds x 1 RL seed per arm; results in runs/demo
-  dgrpo demo --full --out runs/demo-full   # 4 SFT seeds x 1 RL seed per arm: 4 pairs per comparison
+DEMO_EXAMPLES = """  dgrpo demo                               # 1 SFT seed x every arm; results in runs/demo
+  dgrpo demo --full --out runs/demo-full   # 4 SFT seeds x 1 RL seed per arm: 4 pairs per comparison, 95% intervals
   dgrpo demo --sft-seeds 3 --seeds 2       # any other number of seeds
-  dgrpo demo --workers 1                   # one SFT seed after the other, in this process
+  dgrpo demo --workers 1                   # every run after the other, in this process
   dgrpo demo --quick                       # a smoke test of the whole pipeline (its numbers mean nothing)
 """
 DATA_EXAMPLES = """  dgrpo data inspect gsm8k --split train
@@ -29,13 +29,13 @@ def register(sub: Any) -> None:
     p = subcommand(
         sub,
         "demo",
-        "the paper's claims at CPU scale: several SFT seeds, every arm, paired 95% intervals",
+        "the paper's claims at CPU scale: SFT seeds x every arm, paired comparisons (95% intervals over seeds)",
         DEMO_EXAMPLES,
     )
     add_config_options(p, "grpo.steps=200")
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument(
-        "--sft-seeds", type=int, default=None, help="SFT checkpoints, one per seed (default 2; --full 4; --quick 2)"
+        "--sft-seeds", type=int, default=None, help="SFT checkpoints, one per seed (default 1; --full 4; --quick 2)"
     )
     p.add_argument(
         "--seeds", type=int, default=None, help="RL seeds per arm and SFT checkpoint (default 1; --full 1; --quick 1)"
@@ -44,14 +44,14 @@ def register(sub: Any) -> None:
         "--workers",
         type=int,
         default=None,
-        help="processes running SFT seeds' pipelines side by side (default: one per SFT seed, at most one per CPU; "
-        "1 on a GPU); each gets an equal share of the CPUs as torch threads unless --set threads=N",
+        help="processes running the demo's tasks side by side (one SFT run, one RL run each; default one per CPU, 1 on "
+        "a GPU); each gets an equal share of the CPUs as torch threads unless --set threads=N",
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
         "--full",
         action="store_true",
-        help="more SFT seeds: --sft-seeds 4 (4 pairs per comparison instead of 2; the default's runs are its first 2)",
+        help="more SFT seeds: --sft-seeds 4 (4 pairs per comparison, with 95%% intervals; SFT seed 0 is the default's)",
     )
     mode.add_argument(
         "--quick",

@@ -14,9 +14,9 @@
    and lost. Each of the paper's claims (``CLAIMS``) is then resolved, not resolved or contradicted at 95%.
 5. results.json, results.md, summary.txt, and two figures drawn by :mod:`dgrpo.plotting`.
 
-The SFT seeds' pipelines are independent: ``--workers N`` runs them in N processes (default: one per SFT seed, at
-most one per CPU, 1 on a GPU). Modules: :mod:`.pipeline` (running), :mod:`.stats` (the statistics),
-:mod:`.report` (analysis, files, figures).
+The work is independent tasks (one SFT run per seed; one RL run per arm, SFT seed and RL seed, once its SFT
+checkpoint exists): ``--workers N`` runs them in a pool of N processes (default one per CPU, 1 on a GPU).
+Modules: :mod:`.pipeline` (running), :mod:`.stats` (the statistics), :mod:`.report` (analysis, files, figures).
 
 ``--quick`` runs the same pipeline on the tiny config (``tiny.yaml``): a smoke test whose numbers mean nothing.
 The statistics are small pure functions in :mod:`.stats` (:func:`t_quantile`, :func:`mean_ci`, :func:`flips`,
@@ -56,7 +56,7 @@ def run_demo(args: Any) -> int:
         torch.set_num_threads(base.threads)
     quiet_transformers()
     demo = Demo(base, Path(args.out), generate_split(base.task, "train"), valid_split(base), demo_splits(base.task))
-    workers = args.workers if getattr(args, "workers", None) is not None else default_workers(base, n_sft)
+    workers = args.workers if getattr(args, "workers", None) is not None else default_workers(base)
 
     def partial(done: list[int]) -> None:  # results so far, after each SFT seed: an interrupted demo leaves its table
         if len(done) < n_sft:

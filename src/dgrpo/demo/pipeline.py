@@ -1,5 +1,5 @@
 """Running the demo: the data, SFT per seed, every RL arm from each SFT checkpoint, each model's test answers;
-one SFT seed's pipeline in-process or, with several workers, in its own process (the pipelines are independent)."""
+in this process or, with several workers, as tasks (one SFT run, one RL run) of a process pool."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -44,12 +44,13 @@ SHORT = {
     "grpo_null": "null control",
     "dropout_grpo": "Dropout-GRPO",
 }
-#: preset -> (config files applied before --config, SFT seeds, RL seeds per SFT seed). The SFT seed moves accuracy
-#: more than the RL seed, so --full adds SFT seeds; its first two SFT seeds are the default's runs, to the last digit
-#: (with as many torch threads per pipeline: the last float bits depend on the thread count)
+#: preset -> (config files applied before --config, SFT seeds, RL seeds per SFT seed). The default is one SFT seed
+#: (every arm from one checkpoint: one pair per comparison, so no interval; 15 minutes on 2 cores); the SFT seed
+#: moves accuracy more than the RL seed, so --full adds SFT seeds (4 pairs, 95% intervals). --full's SFT seed 0 is the
+#: default's run, to the last digit at the same torch threads per worker (the last float bits depend on the count)
 PRESETS: dict[str, tuple[tuple[str, ...], int, int]] = {
     "quick": (("tiny.yaml",), 2, 1),
-    "default": (("builtin/demo.yaml",), 2, 1),
+    "default": (("builtin/demo.yaml",), 1, 1),
     "full": (("builtin/demo.yaml",), 4, 1),
 }
 
@@ -249,20 +250,45 @@ def demo_config(args: Any) -> tuple[Config, int, int]:
     return base, n_sft, n_rl
 
 
+@dataclass(frozen=True)
+class Task:
+    """One unit of the demo's work: SFT for an SFT seed (``arm`` None), or one RL run from that seed's checkpoint."""
+
+    sft_seed: int
+    arm: str | None = None
+    r: int = 0
+
+
+def arm_tasks(s: int, n_rl: int, arms: Sequence[str] | None = None) -> list[Task]:
+    """The RL runs from SFT seed ``s``'s checkpoint, in the order the tables list them: every arm (or ``arms``),
+    ``n_rl`` RL seeds each (the deterministic arm once: it cannot update, whatever its seed)."""
+    names = [a for a in ARMS if ARMS[a][1] is not None and (arms is None or a in arms)]
+    return [Task(s, a, r) for a in names for r in range(1 if a == "grpo_deterministic" else n_rl)]
+
+
+def sft_checkpoint(demo: Demo, s: int) -> Path:
+    return demo.out / "sft" / f"seed{s}" / "final"
+
+
+def run_task(demo: Demo, task: Task) -> None:
+    """SFT (then its test) or one RL run (then its tests); the models, runs and wall times land in ``demo``."""
+    if task.arm is None:
+        run_sft(demo, task.sft_seed)
+    else:
+        run_arm(demo, task.arm, task.sft_seed, task.r, sft_checkpoint(demo, task.sft_seed))
+
+
 def run_seed(demo: Demo, s: int, n_rl: int, arms: Sequence[str] | None = None) -> None:
-    """One SFT seed's pipeline: SFT, then every RL arm (or ``arms``) from its checkpoint, ``n_rl`` seeds each (the
-    deterministic arm once: it cannot update, whatever its seed). The models, runs and wall times land in ``demo``."""
-    ckpt = run_sft(demo, s)
-    for arm in (a for a in ARMS if ARMS[a][1] is not None and (arms is None or a in arms)):
-        for r in range(1 if arm == "grpo_deterministic" else n_rl):
-            run_arm(demo, arm, s, r, ckpt)
+    """One SFT seed's pipeline in this process: SFT, then every RL run from its checkpoint."""
+    for task in [Task(s), *arm_tasks(s, n_rl, arms)]:
+        run_task(demo, task)
 
 
-def _seed_worker(demo: Demo, s: int, n_rl: int, arms: Sequence[str] | None, threads: int) -> Demo:
-    """:func:`run_seed` in a worker process, with ``threads`` torch threads and no progress bars."""
+def _task_worker(demo: Demo, task: Task, threads: int) -> Demo:
+    """:func:`run_task` in a worker process, with ``threads`` torch threads and no progress bars."""
     torch.set_num_threads(threads)
     quiet_transformers()
-    run_seed(demo, s, n_rl, arms)
+    run_task(demo, task)
     return demo
 
 
@@ -279,13 +305,13 @@ def available_cpus() -> int:
     return len(sched(0)) if sched is not None else os.cpu_count() or 1
 
 
-def default_workers(base: Config, n_sft: int) -> int:
-    """One worker per SFT seed, at most one per CPU; 1 on a GPU (the processes would share it). On 2 cores two
-    single-thread pipelines do 1.3x the work of one two-thread pipeline (an SFT step of the demo: 0.69-0.71 s in
-    each worker, 0.44 s in one two-thread process): a second thread adds little to this model's matrix products."""
+def default_workers(base: Config) -> int:
+    """One worker per CPU; 1 on a GPU (the processes would share it). On 2 cores two single-thread workers do 1.3x
+    the work of one two-thread process (an SFT step of 64 problems: 0.69-0.71 s in each worker, 0.44 s in one
+    two-thread process): a second thread adds little to this model's matrix products."""
     if base.device.startswith(("cuda", "mps")) or (base.device == "auto" and torch.cuda.is_available()):
         return 1
-    return max(1, min(n_sft, available_cpus()))
+    return max(1, available_cpus())
 
 
 def run_pipeline(
@@ -296,12 +322,13 @@ def run_pipeline(
     after_seed: Callable[[list[int]], None] | None = None,
     workers: int = 1,
 ) -> None:
-    """:func:`run_seed` for SFT seeds 0 .. n_sft-1, in this process (``workers`` = 1) or in ``workers`` processes
-    (spawned; each with ``threads`` torch threads, else an equal share of the CPUs). The results are merged in SFT-seed
-    order whatever order the seeds finish in; ``after_seed(done)`` runs when a seed's pipeline is done (the demo
-    writes its results so far)."""
+    """SFT for seeds 0 .. n_sft-1 and every RL run from each checkpoint: in this process (``workers`` = 1), or as
+    tasks of ``workers`` spawned processes (each with ``threads`` torch threads, else an equal share of the CPUs):
+    every SFT seed first, each seed's RL runs as soon as its checkpoint exists, so one SFT seed's arms also run side
+    by side. The results are merged in the in-process order whatever order the tasks finish in;
+    ``after_seed(done)`` runs when all of a seed's tasks are done (the demo writes its results so far)."""
     demo.out.mkdir(parents=True, exist_ok=True)
-    workers = max(1, min(workers, n_sft))
+    workers = max(1, workers)
     say(
         f"built-in task: {len(demo.train)} train, {len(demo.valid)} valid (per eval), "
         + ", ".join(f"{len(r)} {s}" for s, r in demo.tests.items())
@@ -317,17 +344,36 @@ def run_pipeline(
         return
     threads = demo.base.threads or max(1, available_cpus() // workers)
     blank = replace(demo, models=[], runs=[], wall={}, progress=False)
+    parts: dict[int, dict[int, Demo]] = {s: {} for s in range(n_sft)}  # seed -> task index (SFT: -1) -> results
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(_seed_worker, blank, s, n_rl, arms, threads): s for s in range(n_sft)}
+        futures = {pool.submit(_task_worker, blank, Task(s), threads): (s, -1) for s in range(n_sft)}
         try:
-            for fut in as_completed(futures):
-                merge_seed(demo, fut.result())
-                done.append(futures[fut])
-                if after_seed is not None:
-                    after_seed(sorted(done))
+            while futures:
+                for fut in wait(futures, return_when=FIRST_COMPLETED).done:
+                    s, i = futures.pop(fut)
+                    parts[s][i] = fut.result()
+                    if i == -1:  # the checkpoint exists: its RL runs
+                        for j, task in enumerate(arm_tasks(s, n_rl, arms)):
+                            futures[pool.submit(_task_worker, blank, task, threads)] = (s, j)
+                    elif len(parts[s]) == len(arm_tasks(s, n_rl, arms)) + 1:
+                        merge_seed(demo, join_parts(parts[s]))
+                        done.append(s)
+                        if after_seed is not None:
+                            after_seed(sorted(done))
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
+
+
+def join_parts(parts: Mapping[int, Demo]) -> Demo:
+    """One seed's task results (task index -> results; SFT -1) as one part, in task order."""
+    first = parts[min(parts)]
+    out = replace(first, models=[], runs=[], wall={})
+    for i in sorted(parts):
+        out.models += parts[i].models
+        out.runs += parts[i].runs
+        out.wall.update(parts[i].wall)
+    return out
 
 
 def merge_seed(demo: Demo, part: Demo) -> None:
