@@ -45,7 +45,7 @@ SHORT = {
     "dropout_grpo": "Dropout-GRPO",
 }
 #: preset -> (config files applied before --config, SFT seeds, RL seeds per SFT seed). The default is one SFT seed
-#: (every arm from one checkpoint: one pair per comparison, so no interval; 15 minutes on 2 cores); the SFT seed
+#: (every arm from one checkpoint: one pair per comparison, so no interval; 18 minutes on 2 cores); the SFT seed
 #: moves accuracy more than the RL seed, so --full adds SFT seeds (4 pairs, 95% intervals). --full's SFT seed 0 is the
 #: default's run, to the last digit at the same torch threads per worker (the last float bits depend on the count)
 PRESETS: dict[str, tuple[tuple[str, ...], int, int]] = {
