@@ -138,7 +138,7 @@ def run_sft(demo: Demo, seed: int) -> Path:
     """Coconut curriculum SFT with this seed; test its final checkpoint. Returns the checkpoint."""
     cfg = copy.deepcopy(demo.base)
     cfg.seed = seed
-    out = demo.out / "sft" / f"seed{seed}"
+    out = sft_checkpoint(demo, seed).parent
     t0 = time.time()
     torch.manual_seed(seed)
     lm = load_model(cfg.model, cfg.task, seed=seed)
@@ -267,6 +267,7 @@ def arm_tasks(s: int, n_rl: int, arms: Sequence[str] | None = None) -> list[Task
 
 
 def sft_checkpoint(demo: Demo, s: int) -> Path:
+    """Where SFT seed ``s``'s final checkpoint is written (run_sft) and read (its RL runs)."""
     return demo.out / "sft" / f"seed{s}" / "final"
 
 
@@ -345,6 +346,7 @@ def run_pipeline(
     threads = demo.base.threads or max(1, available_cpus() // workers)
     blank = replace(demo, models=[], runs=[], wall={}, progress=False)
     parts: dict[int, dict[int, Demo]] = {s: {} for s in range(n_sft)}  # seed -> task index (SFT: -1) -> results
+    n_tasks = len(arm_tasks(0, n_rl, arms)) + 1  # per seed, the same for every seed
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {pool.submit(_task_worker, blank, Task(s), threads): (s, -1) for s in range(n_sft)}
         try:
@@ -355,7 +357,7 @@ def run_pipeline(
                     if i == -1:  # the checkpoint exists: its RL runs
                         for j, task in enumerate(arm_tasks(s, n_rl, arms)):
                             futures[pool.submit(_task_worker, blank, task, threads)] = (s, j)
-                    elif len(parts[s]) == len(arm_tasks(s, n_rl, arms)) + 1:
+                    if len(parts[s]) == n_tasks:  # SFT and every RL run of this seed
                         merge_seed(demo, join_parts(parts[s]))
                         done.append(s)
                         if after_seed is not None:
