@@ -6,7 +6,19 @@ import sys
 
 import pytest
 
-ITEM_KEYS = ("rollouts", "sft", "grpo_scaling", "perturbation", "memory", "flops", "lora", "recompute", "soak")
+ITEM_KEYS = (
+    "rollouts",
+    "sft",
+    "grpo_scaling",
+    "perturbation",
+    "memory",
+    "flops",
+    "lora",
+    "recompute",
+    "parallel",
+    "soak",
+)
+CPU_ONLY = ("parallel", "soak")
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +41,7 @@ def test_quick_suite_writes_json_and_markdown(quick_run):
     for key in ITEM_KEYS:
         assert key in data["cpu"], key
         assert "error" not in data["cpu"][key], data["cpu"][key]
-    assert "skipped" in data["gpu"] or all(k in data["gpu"] for k in ITEM_KEYS)
+    assert "skipped" in data["gpu"] or all(k in data["gpu"] for k in ITEM_KEYS if k not in CPU_ONLY)
     per_k = [v for v in data["cpu"]["rollouts"].values() if isinstance(v, dict) and "per_rollout_s" in v]
     assert len(per_k) == 2  # the two group sizes
     for v in per_k:
@@ -42,6 +54,8 @@ def test_quick_suite_writes_json_and_markdown(quick_run):
     assert 0 < lora["state_bytes"]["lora"] < lora["state_bytes"]["full"]
     rec = data["cpu"]["recompute"]
     assert 0 < rec["saved_bytes"]["recompute"] < rec["saved_bytes"]["full"]  # activations kept for backward
+    par = data["cpu"]["parallel"]  # every arm ran and timed its steps: processes x threads, alternated
+    assert len(par["steps_per_s"]) == 4 and all(r and min(r) > 0 for r in par["steps_per_s"].values())
     soak = data["cpu"]["soak"]
     assert [st for st, _ in soak["samples"]][:3] == [0, 10, 20] and len(soak["samples"]) >= 4  # RSS every 10 steps
     assert soak["rss_last"][0] == soak["steps"] and abs(soak["slope_mib_per_100_steps"]) < 1e4

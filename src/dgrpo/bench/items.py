@@ -25,6 +25,7 @@ from .baselines import naive_coconut_loss
 from .long_items import bench_optimizer, bench_soak
 from .lora_item import bench_lora
 from .memprobe import run_probe
+from .parallel_item import bench_parallel
 from .recompute_item import bench_recompute
 from .report import Goal, Row, fmt_bytes, fmt_flops, fmt_s
 from .timing import alternate, sync
@@ -580,4 +581,5 @@ ITEMS: dict[str, Callable[[Ctx], tuple[list[Row], dict]]] = {
     "soak": bench_soak,
     "lora": bench_lora,
     "recompute": bench_recompute,
+    "parallel": bench_parallel,
 }

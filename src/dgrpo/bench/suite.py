@@ -2,7 +2,8 @@
 
 Items (see :mod:`dgrpo.bench.items` and :mod:`dgrpo.bench.long_items`): 1 rollouts, 2 Coconut SFT step,
 3 GRPO step scaling, 4 cost of the perturbation, 5 memory, 6 distance to the machine's limit, 9 LoRA vs full
-fine-tuning, 10 activation recomputation vs full backprop, 8 a 300-step memory soak of ``dgrpo grpo`` (CPU); where
+fine-tuning, 10 activation recomputation vs full backprop, 11 threads vs processes for the demo's SFT step (CPU), 8 a
+300-step memory soak of ``dgrpo grpo`` (CPU); where
 CUDA is present, items 1-6, 9 and 10 again on a ~0.5B Qwen2 in bf16 plus 7, AdamW vs 8-bit AdamW (bitsandbytes).
 Every claim is a ratio of two ways of doing the same work, timed alternately.
 
@@ -42,9 +43,10 @@ ORDER = [
     "memory",
     "lora",
     "recompute",
+    "parallel",
     "soak",
 ]  # flops first: its matmul peak annotates later rows
-GPU_ORDER = [k for k in ORDER if k != "soak"] + ["optimizer"]
+GPU_ORDER = [k for k in ORDER if k not in ("soak", "parallel")] + ["optimizer"]  # CPU-only items out
 ITEM_KEYS = ORDER + ["optimizer"]
 CHILD_ENV = "DGRPO_BENCH_CHILD"
 
