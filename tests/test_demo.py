@@ -20,7 +20,7 @@ from dgrpo.demo import (
     t_quantile,
     verdict,
 )
-from dgrpo.demo.pipeline import Task, arm_tasks, join_parts
+from dgrpo.demo.pipeline import Task, arm_tasks, join_parts, task_threads
 
 
 @pytest.mark.parametrize(
@@ -188,6 +188,18 @@ def test_arm_tasks_list_every_run_of_a_seed_in_table_order():
     assert tasks[0] == Task(1, "grpo_deterministic", 0) and len(tasks) == 1 + 4 * 2
     assert [t.arm for t in tasks[1:3]] == ["reinforce_ema"] * 2 and [t.r for t in tasks[1:3]] == [0, 1]
     assert arm_tasks(0, 1, ["dropout_grpo"]) == [Task(0, "dropout_grpo", 0)]
+
+
+def test_a_lone_sft_run_gets_the_cpus_its_rl_runs_wait_with():
+    """Threads per pool task: an SFT run takes the CPUs of the workers idle beside it (its RL runs wait for its
+    checkpoint); RL runs and SFT runs side by side an equal share; a pinned ``threads`` wins."""
+    sft, rl = Task(0), Task(0, "dropout_grpo", 0)
+    assert task_threads(sft, n_sft=1, workers=2, cpus=2) == 2  # the default demo: one SFT seed
+    assert task_threads(rl, n_sft=1, workers=2, cpus=2) == 1  # its five RL runs, two at a time
+    assert task_threads(sft, n_sft=4, workers=2, cpus=2) == 1  # --full: two SFT runs side by side
+    assert (task_threads(sft, n_sft=2, workers=4, cpus=8), task_threads(rl, n_sft=2, workers=4, cpus=8)) == (4, 2)
+    assert task_threads(sft, n_sft=1, workers=3, cpus=2) == 2 and task_threads(rl, n_sft=1, workers=3, cpus=2) == 1
+    assert task_threads(sft, n_sft=1, workers=2, cpus=2, pinned=1) == 1  # --set threads=1
 
 
 def test_join_parts_keeps_task_order_whatever_finishes_first():

@@ -10,7 +10,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -45,9 +45,10 @@ SHORT = {
     "dropout_grpo": "Dropout-GRPO",
 }
 #: preset -> (config files applied before --config, SFT seeds, RL seeds per SFT seed). The default is one SFT seed
-#: (every arm from one checkpoint: one pair per comparison, so no interval; 18 minutes on 2 cores); the SFT seed
+#: (every arm from one checkpoint: one pair per comparison, so no interval; 8 minutes on 2 cores); the SFT seed
 #: moves accuracy more than the RL seed, so --full adds SFT seeds (4 pairs, 95% intervals). --full's SFT seed 0 is the
-#: default's run, to the last digit at the same torch threads per worker (the last float bits depend on the count)
+#: default's run to the last digit at the same torch threads (--set threads=1: the default's lone SFT run otherwise
+#: takes every CPU, and the last float bits depend on the count)
 PRESETS: dict[str, tuple[tuple[str, ...], int, int]] = {
     "quick": (("tiny.yaml",), 2, 1),
     "default": (("builtin/demo.yaml",), 1, 1),
@@ -306,10 +307,22 @@ def available_cpus() -> int:
     return len(sched(0)) if sched is not None else os.cpu_count() or 1
 
 
+def task_threads(task: Task, n_sft: int, workers: int, cpus: int, pinned: int = 0) -> int:
+    """Torch threads for one pool task: ``pinned`` (the config's ``threads``) when set. Otherwise an equal share of
+    the CPUs per worker, except that SFT runs take the CPUs of the workers that would sit idle beside them (every RL
+    run waits for a checkpoint): a single SFT seed gets every CPU. On 2 cores one SFT run does 1.5x the steps
+    per second with two threads as with one, two single-thread runs side by side 1.9x (bench item 11)."""
+    if pinned:
+        return pinned
+    share = max(1, cpus // workers)
+    if task.arm is None:
+        return max(share, cpus // max(1, min(n_sft, workers)))
+    return share
+
+
 def default_workers(base: Config) -> int:
-    """One worker per CPU; 1 on a GPU (the processes would share it). On 2 cores two single-thread workers do 1.3x
-    the work of one two-thread process (an SFT step of 64 problems: 0.69-0.71 s in each worker, 0.44 s in one
-    two-thread process): a second thread adds little to this model's matrix products."""
+    """One worker per CPU; 1 on a GPU (the processes would share it). On 2 cores two single-thread workers do 1.9x
+    the SFT steps of one, one two-thread process 1.5x (bench item 11)."""
     if base.device.startswith(("cuda", "mps")) or (base.device == "auto" and torch.cuda.is_available()):
         return 1
     return max(1, available_cpus())
@@ -324,10 +337,10 @@ def run_pipeline(
     workers: int = 1,
 ) -> None:
     """SFT for seeds 0 .. n_sft-1 and every RL run from each checkpoint: in this process (``workers`` = 1), or as
-    tasks of ``workers`` spawned processes (each with ``threads`` torch threads, else an equal share of the CPUs):
-    every SFT seed first, each seed's RL runs as soon as its checkpoint exists, so one SFT seed's arms also run side
-    by side. The results are merged in the in-process order whatever order the tasks finish in;
-    ``after_seed(done)`` runs when all of a seed's tasks are done (the demo writes its results so far)."""
+    tasks of ``workers`` spawned processes (threads per task: :func:`task_threads`): every SFT seed first, each
+    seed's RL runs as soon as its checkpoint exists, so one SFT seed's arms also run side by side. The results are
+    merged in the in-process order whatever order the tasks finish in; ``after_seed(done)`` runs when all of a
+    seed's tasks are done (the demo writes its results so far)."""
     demo.out.mkdir(parents=True, exist_ok=True)
     workers = max(1, workers)
     say(
@@ -336,19 +349,36 @@ def run_pipeline(
         + f"; {n_sft} SFT seed(s) x {n_rl} RL seed(s); {workers} worker(s); output in {demo.out}"
     )
     done: list[int] = []
+
+    def seed_done(s: int) -> None:
+        done.append(s)
+        if after_seed is not None:
+            after_seed(sorted(done))
+
     if workers == 1:
         for s in range(n_sft):
             run_seed(demo, s, n_rl, arms)
-            done.append(s)
-            if after_seed is not None:
-                after_seed(done)
-        return
-    threads = demo.base.threads or max(1, available_cpus() // workers)
+            seed_done(s)
+    else:
+        _run_pool(demo, n_sft, n_rl, arms, workers, seed_done)
+
+
+def _run_pool(
+    demo: Demo, n_sft: int, n_rl: int, arms: Sequence[str] | None, workers: int, seed_done: Callable[[int], None]
+) -> None:
+    """:func:`run_pipeline`'s tasks in ``workers`` spawned processes; each seed's results merged into ``demo`` (then
+    ``seed_done(seed)``) once its SFT and every RL run are in."""
+    cpus = available_cpus()
     blank = replace(demo, models=[], runs=[], wall={}, progress=False)
     parts: dict[int, dict[int, Demo]] = {s: {} for s in range(n_sft)}  # seed -> task index (SFT: -1) -> results
     n_tasks = len(arm_tasks(0, n_rl, arms)) + 1  # per seed, the same for every seed
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(_task_worker, blank, Task(s), threads): (s, -1) for s in range(n_sft)}
+
+        def submit(task: Task) -> Future:
+            threads = task_threads(task, n_sft, workers, cpus, demo.base.threads)
+            return pool.submit(_task_worker, blank, task, threads)
+
+        futures = {submit(Task(s)): (s, -1) for s in range(n_sft)}
         try:
             while futures:
                 for fut in wait(futures, return_when=FIRST_COMPLETED).done:
@@ -356,12 +386,10 @@ def run_pipeline(
                     parts[s][i] = fut.result()
                     if i == -1:  # the checkpoint exists: its RL runs
                         for j, task in enumerate(arm_tasks(s, n_rl, arms)):
-                            futures[pool.submit(_task_worker, blank, task, threads)] = (s, j)
+                            futures[submit(task)] = (s, j)
                     if len(parts[s]) == n_tasks:  # SFT and every RL run of this seed
                         merge_seed(demo, join_parts(parts[s]))
-                        done.append(s)
-                        if after_seed is not None:
-                            after_seed(sorted(done))
+                        seed_done(s)
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
