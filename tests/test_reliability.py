@@ -305,7 +305,7 @@ def test_consolidate_never_runs_a_pickle_from_the_checkpoint(tmp_path, run_cli):
 
 
 def test_hub_id_offline_names_the_id_fast(tmp_path, run_cli, monkeypatch):
-    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # read when the model is resolved, not when huggingface_hub is imported
     t0 = time.time()
     r = run_cli("eval", "--model", "Qwen/Qwen2.5-1.5B", "--data", "builtin:test", "--out", tmp_path / "o")
     assert r.returncode == 2 and "'Qwen/Qwen2.5-1.5B'" in r.stderr and "HF_HUB_OFFLINE" in r.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..hub import hub_reachable
+from ..hub import hub_reachable, offline_requested
 from .latent_lm import resolve_checkpoint
 from .verified import CheckpointError
 
@@ -32,12 +32,13 @@ def _looks_like_path(name: str) -> bool:
 
 
 def resolve_hub_model(name: str) -> tuple[str, bool]:
-    """(name, local_files_only) for a hub id: the cached copy when the hub cannot be reached, else the hub.
-    One CheckpointError line when neither works."""
+    """(name, local_files_only) for a hub id: the cached copy when the hub cannot be reached or offline mode is
+    asked for (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``, read now, as the dataset loaders read theirs), else
+    the hub. One CheckpointError line when neither works."""
     from huggingface_hub import constants, try_to_load_from_cache
 
     cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
-    if constants.HF_HUB_OFFLINE:
+    if offline_requested("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         if cached:
             return name, True
         raise CheckpointError(
