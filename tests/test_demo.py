@@ -3,8 +3,12 @@ tables, and the paper's structural claim: deterministic rollouts never update an
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -223,6 +227,54 @@ def test_demo_workers_give_the_in_process_results(tmp_path):
     quick_demo(tmp_path / "w2", 2)
     one, two = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("w1", "w2"))
     assert one["models"] == two["models"] and one["analysis"]["claims"] == two["analysis"]["claims"]
+
+
+def children(pid: int) -> set[int]:
+    """The live child processes of ``pid`` (Linux /proc)."""
+    kids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            kids.add(int(stat.parent.name))
+    return kids
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_sigterm_to_the_demo_ends_its_workers_mid_task(tmp_path):
+    """``kill`` (SIGTERM, what a job scheduler sends) to the demo's process mid-SFT: its pool workers end with it
+    instead of finishing their tasks (here SFT runs of over a minute)."""
+    cmd = [sys.executable, "-m", "dgrpo", "demo", "--quick", "--out", str(tmp_path / "d"), "--workers", "2"]
+    demo = subprocess.Popen([*cmd, "--set", "threads=1", "--set", "sft.num_epochs=40"], stderr=subprocess.DEVNULL)
+    workers: set[int] = set()
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / "d" / "sft" / "seed1" / "metrics.jsonl").exists():  # both workers are training
+            assert demo.poll() is None and time.time() < deadline, "the demo did not start its SFT runs"
+            time.sleep(0.2)
+        workers = children(demo.pid)  # the two pool workers (and the spawn context's resource tracker)
+        assert len(workers) >= 2
+        os.kill(demo.pid, signal.SIGTERM)
+        demo.wait(timeout=30)
+        deadline = time.time() + 15
+        while any(alive(w) for w in workers) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not [w for w in workers if alive(w)], "pool workers outlived the demo"
+    finally:  # nothing left running if the test fails
+        demo.kill()
+        for w in workers | children(demo.pid):
+            if alive(w):
+                os.kill(w, signal.SIGKILL)
 
 
 @pytest.mark.slow

@@ -66,17 +66,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def exit_with_launcher() -> None:
-    """Under torchrun: ask Linux to send this worker SIGTERM when its launcher dies (however it dies, SIGKILL
-    included), so that killing ``torchrun`` never leaves workers running (prctl PR_SET_PDEATHSIG)."""
-    import ctypes
-    import signal
+    """Under torchrun: this worker gets SIGTERM when its launcher dies (however it dies, SIGKILL included), so that
+    killing ``torchrun`` never leaves workers running."""
+    from ..training.distributed import exit_with_parent
 
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the README says how to clean up
-        return
-    if os.getppid() == 1:  # the launcher died before the call above: nobody will signal us
+    if not exit_with_parent() and os.getppid() == 1:  # the launcher died before the call: nobody will signal us
         raise SystemExit("dgrpo: the torchrun launcher is gone; exiting")
 
 

@@ -24,6 +24,7 @@ from ..data.synthetic import generate_split
 from ..eval.evaluate import evaluate
 from ..model.factory import load_model
 from ..model.latent_lm import LatentLM
+from ..training.distributed import exit_with_parent
 from ..training.grpo import train_grpo
 from ..training.sft import train_sft
 
@@ -286,10 +287,17 @@ def run_seed(demo: Demo, s: int, n_rl: int, arms: Sequence[str] | None = None) -
         run_task(demo, task)
 
 
+def _start_worker() -> None:
+    """A pool worker's start: it dies with the demo's process, however that ends (a SIGTERM from a job scheduler or
+    ``kill``, SIGKILL included; Ctrl-C reaches the workers by itself), and the library's bars stay quiet."""
+    if not exit_with_parent() and os.getppid() == 1:
+        os._exit(1)  # the demo's process is already gone
+    quiet_transformers()
+
+
 def _task_worker(demo: Demo, task: Task, threads: int) -> Demo:
     """:func:`run_task` in a worker process, with ``threads`` torch threads and no progress bars."""
     torch.set_num_threads(threads)
-    quiet_transformers()
     run_task(demo, task)
     return demo
 
@@ -372,7 +380,8 @@ def _run_pool(
     blank = replace(demo, models=[], runs=[], wall={}, progress=False)
     parts: dict[int, dict[int, Demo]] = {s: {} for s in range(n_sft)}  # seed -> task index (SFT: -1) -> results
     n_tasks = len(arm_tasks(0, n_rl, arms)) + 1  # per seed, the same for every seed
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=spawn, initializer=_start_worker) as pool:
 
         def submit(task: Task) -> Future:
             threads = task_threads(task, n_sft, workers, cpus, demo.base.threads)

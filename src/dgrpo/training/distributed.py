@@ -312,3 +312,19 @@ class Dist:
         if self.active and tdist.is_initialized():
             tdist.barrier()  # nobody tears the group down while another rank still talks to it
             tdist.destroy_process_group()
+
+
+def exit_with_parent() -> bool:
+    """Ask Linux to send this process SIGTERM when its parent dies, however it dies (SIGKILL included): prctl
+    PR_SET_PDEATHSIG. Used by torchrun workers (the parent is the launcher) and the demo's pool workers. False where
+    it is not available (not Linux); True means the parent was alive at the call (else nobody will signal)."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        if libc.prctl(1, signal.SIGTERM) != 0:  # PR_SET_PDEATHSIG
+            return False
+    except (OSError, AttributeError):
+        return False
+    return os.getppid() != 1
