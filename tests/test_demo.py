@@ -163,6 +163,13 @@ def quick_demo(out, workers):
     return r
 
 
+@pytest.fixture(scope="module")
+def pool_demo(tmp_path_factory):
+    """One ``dgrpo demo --quick`` in a pool of two single-thread workers: its folder and its process result."""
+    out = tmp_path_factory.mktemp("pool") / "demo"
+    return out, quick_demo(out, 2)
+
+
 def test_merge_seed_keeps_sft_seed_order_whatever_finishes_first():
     def part(seed):
         models = [{"arm": "sft", "sft_seed": seed}, {"arm": "dropout_grpo", "sft_seed": seed}]
@@ -220,12 +227,11 @@ def test_join_parts_keeps_task_order_whatever_finishes_first():
 
 
 @pytest.mark.slow
-def test_demo_workers_give_the_in_process_results(tmp_path):
+def test_demo_workers_give_the_in_process_results(tmp_path, pool_demo):
     """A pool of two worker processes (SFT and RL runs as tasks) and one in-process pipeline, both single-threaded:
     the same models with the same answers on every item, in the same order."""
     quick_demo(tmp_path / "w1", 1)
-    quick_demo(tmp_path / "w2", 2)
-    one, two = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("w1", "w2"))
+    one, two = (json.loads((d / "results.json").read_text()) for d in (tmp_path / "w1", pool_demo[0]))
     assert one["models"] == two["models"] and one["analysis"]["claims"] == two["analysis"]["claims"]
 
 
@@ -278,9 +284,8 @@ def test_sigterm_to_the_demo_ends_its_workers_mid_task(tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_quick(tmp_path):
-    out = tmp_path / "demo"
-    r = quick_demo(out, 2)
+def test_demo_quick(pool_demo):
+    out, r = pool_demo
     for f in ("results.json", "results.md", "summary.txt", "eval_accuracy.png", "reward_std.png"):
         assert (out / f).exists(), f
     res = json.loads((out / "results.json").read_text())
