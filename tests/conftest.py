@@ -85,6 +85,22 @@ def dgrpo(*args, timeout=300, env=None):
     )
 
 
+def child_pids(pid: int | None = None) -> set[int]:
+    """The child processes of ``pid`` (default: this process) that still exist, zombies included (Linux /proc)."""
+    pids: set[int] = set()
+    for f in Path(f"/proc/{os.getpid() if pid is None else pid}/task").glob("*/children"):
+        pids.update(int(p) for p in f.read_text().split())
+    return {p for p in pids if Path(f"/proc/{p}").exists()}
+
+
+def process_alive(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (Linux /proc)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 class Result:
     def __init__(self, returncode: int, stdout: str, stderr: str):
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr

@@ -26,6 +26,8 @@ from dgrpo.demo import (
 )
 from dgrpo.demo.pipeline import Task, arm_tasks, join_parts, task_threads
 
+from conftest import child_pids, process_alive
+
 
 @pytest.mark.parametrize(
     ("df", "q"), [(1, 12.7062047), (2, 4.3026527), (3, 3.1824463), (5, 2.5705818), (10, 2.2281389), (30, 2.0422725)]
@@ -235,26 +237,6 @@ def test_demo_workers_give_the_in_process_results(tmp_path, pool_demo):
     assert one["models"] == two["models"] and one["analysis"]["claims"] == two["analysis"]["claims"]
 
 
-def children(pid: int) -> set[int]:
-    """The live child processes of ``pid`` (Linux /proc)."""
-    kids = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            kids.add(int(stat.parent.name))
-    return kids
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
 def test_sigterm_to_the_demo_ends_its_workers_mid_task(tmp_path):
@@ -268,18 +250,18 @@ def test_sigterm_to_the_demo_ends_its_workers_mid_task(tmp_path):
         while not (tmp_path / "d" / "sft" / "seed1" / "metrics.jsonl").exists():  # both workers are training
             assert demo.poll() is None and time.time() < deadline, "the demo did not start its SFT runs"
             time.sleep(0.2)
-        workers = children(demo.pid)  # the two pool workers (and the spawn context's resource tracker)
+        workers = {p for p in child_pids(demo.pid) if process_alive(p)}  # the two pool workers (and a resource tracker)
         assert len(workers) >= 2
         os.kill(demo.pid, signal.SIGTERM)
         demo.wait(timeout=30)
         deadline = time.time() + 15
-        while any(alive(w) for w in workers) and time.time() < deadline:
+        while any(process_alive(w) for w in workers) and time.time() < deadline:
             time.sleep(0.2)
-        assert not [w for w in workers if alive(w)], "pool workers outlived the demo"
+        assert not [w for w in workers if process_alive(w)], "pool workers outlived the demo"
     finally:  # nothing left running if the test fails
         demo.kill()
-        for w in workers | children(demo.pid):
-            if alive(w):
+        for w in workers | child_pids(demo.pid):
+            if process_alive(w):
                 os.kill(w, signal.SIGKILL)
 
 

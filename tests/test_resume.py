@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import tiny_args, tiny_config
+from conftest import child_pids, process_alive, tiny_args, tiny_config
 
 TIMING = {"time_rollout_s", "time_update_s", "time_comm_s"}
 SETS = {
@@ -298,14 +298,11 @@ def test_killing_the_torchrun_launcher_stops_the_workers(sft_checkpoint, tmp_pat
     deadline = time.time() + 180
     while not (out / "metrics.jsonl").exists() and time.time() < deadline:
         time.sleep(0.2)
-    workers = [
-        int(p)
-        for p in subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
-    ]
+    workers = child_pids(launcher.pid)
     assert len(workers) == 2
     launcher.kill()
     launcher.wait()
     deadline = time.time() + 60
-    while any(os.path.exists(f"/proc/{w}") and "zombie" not in open(f"/proc/{w}/status").read() for w in workers):
+    while any(process_alive(w) for w in workers):
         assert time.time() < deadline, "workers still running after their launcher died"
         time.sleep(0.2)

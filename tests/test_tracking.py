@@ -2,7 +2,6 @@
 
 import json
 import math
-import os
 import struct
 import subprocess
 import sys
@@ -20,15 +19,9 @@ from dgrpo.training.tracking import (
     open_trackers,
 )
 
+from conftest import child_pids
+
 EVAL = "eval/valid/accuracy"
-
-
-def _children() -> set[int]:
-    """This process's live child processes (Linux)."""
-    pids: set[int] = set()
-    for f in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
-        pids.update(int(p) for p in f.read_text().split())
-    return {p for p in pids if Path(f"/proc/{p}").exists()}
 
 
 # -- TensorBoard ---------------------------------------------------------------------------------------------------
@@ -110,15 +103,15 @@ def wandb_env(tmp_path, monkeypatch):
         monkeypatch.setenv(key, value)
     for key in ("WANDB_API_KEY", "WANDB_ENTITY", "WANDB_PROJECT", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_NAME"):
         monkeypatch.delenv(key, raising=False)
-    before = _children()
+    before = child_pids()
     try:
         yield wandb
     finally:
         wandb.teardown()  # stops the wandb-core service this process started
         deadline = time.time() + 10
-        while _children() - before and time.time() < deadline:
+        while child_pids() - before and time.time() < deadline:
             time.sleep(0.1)
-        assert not _children() - before, "a W&B process outlived the test"
+        assert not child_pids() - before, "a W&B process outlived the test"
 
 
 def _wandb_records(path: Path):

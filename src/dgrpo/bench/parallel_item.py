@@ -22,6 +22,7 @@ import tempfile
 import time
 from typing import Any
 
+from ..training.distributed import available_cpus
 from .report import Row
 from .workload import Ctx
 
@@ -44,16 +45,17 @@ def probe(spec: dict) -> dict:
     lm.train()
     params = [p for p in lm.parameters() if p.requires_grad]
     opt = new_optimizer(params, cfg)
-    n, b = int(spec["warmup"]) + int(spec["steps"]), cfg.sft.batch_size
+    warmup, b = int(spec["warmup"]), cfg.sft.batch_size
+    n = warmup + int(spec["steps"])
     train, rng = generate_split(cfg.task, "train")[: n * b], random.Random(0)
     batches = [[make_example(r, 2, cfg, rng) for r in train[i * b : (i + 1) * b]] for i in range(n)]
     dist = Dist.single()
-    for batch in batches[: int(spec["warmup"])]:
+    for batch in batches[:warmup]:
         sft_step(lm, opt, params, batch, cfg, dist, cfg.sft.lr)
     print("ready", flush=True)
     sys.stdin.readline()
     t0 = time.perf_counter()
-    for batch in batches[int(spec["warmup"]) :]:
+    for batch in batches[warmup:]:
         sft_step(lm, opt, params, batch, cfg, dist, cfg.sft.lr)
     seconds = time.perf_counter() - t0
     return {"steps": int(spec["steps"]), "seconds": seconds, "threads": torch.get_num_threads()}
@@ -105,7 +107,7 @@ def throughput(results: list[dict]) -> float:
 
 
 def bench_parallel(ctx: Ctx) -> tuple[list[Row], dict]:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = available_cpus()
     quick = ctx.shapes.name == "quick"
     steps, warmup, reps = (4, 1, 1) if quick else (40, 3, 3)
     arms = {  # name -> (processes, threads each, OpenMP wait policy)

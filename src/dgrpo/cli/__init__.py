@@ -70,7 +70,7 @@ def exit_with_launcher() -> None:
     killing ``torchrun`` never leaves workers running."""
     from ..training.distributed import exit_with_parent
 
-    if not exit_with_parent() and os.getppid() == 1:  # the launcher died before the call: nobody will signal us
+    if not exit_with_parent():  # the launcher died before the call: nobody will signal us
         raise SystemExit("dgrpo: the torchrun launcher is gone; exiting")
 
 

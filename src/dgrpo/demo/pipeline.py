@@ -24,7 +24,7 @@ from ..data.synthetic import generate_split
 from ..eval.evaluate import evaluate
 from ..model.factory import load_model
 from ..model.latent_lm import LatentLM
-from ..training.distributed import exit_with_parent
+from ..training.distributed import available_cpus, exit_with_parent
 from ..training.grpo import train_grpo
 from ..training.sft import train_sft
 
@@ -290,7 +290,7 @@ def run_seed(demo: Demo, s: int, n_rl: int, arms: Sequence[str] | None = None) -
 def _start_worker() -> None:
     """A pool worker's start: it dies with the demo's process, however that ends (a SIGTERM from a job scheduler or
     ``kill``, SIGKILL included; Ctrl-C reaches the workers by itself), and the library's bars stay quiet."""
-    if not exit_with_parent() and os.getppid() == 1:
+    if not exit_with_parent():
         os._exit(1)  # the demo's process is already gone
     quiet_transformers()
 
@@ -307,12 +307,6 @@ def quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on (the affinity mask where the OS has one)."""
-    sched = getattr(os, "sched_getaffinity", None)
-    return len(sched(0)) if sched is not None else os.cpu_count() or 1
 
 
 def task_threads(task: Task, n_sft: int, workers: int, cpus: int, pinned: int = 0) -> int:

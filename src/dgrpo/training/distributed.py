@@ -316,15 +316,21 @@ class Dist:
 
 def exit_with_parent() -> bool:
     """Ask Linux to send this process SIGTERM when its parent dies, however it dies (SIGKILL included): prctl
-    PR_SET_PDEATHSIG. Used by torchrun workers (the parent is the launcher) and the demo's pool workers. False where
-    it is not available (not Linux); True means the parent was alive at the call (else nobody will signal)."""
+    PR_SET_PDEATHSIG. Used by torchrun workers (the parent is the launcher) and the demo's pool workers. False when
+    the parent died before the call (no signal will come: the caller should exit); True otherwise, and where prctl
+    is not available (not Linux: kill the process group instead)."""
     import ctypes
     import signal
 
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        if libc.prctl(1, signal.SIGTERM) != 0:  # PR_SET_PDEATHSIG
-            return False
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        return False
+        return True
     return os.getppid() != 1
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (the affinity mask where the OS has one)."""
+    sched = getattr(os, "sched_getaffinity", None)
+    return len(sched(0)) if sched is not None else os.cpu_count() or 1
