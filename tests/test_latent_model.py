@@ -1,8 +1,12 @@
 """The latent recurrence: cached == uncached, padding-invariant, differentiable through every step."""
 
+import inspect
+import warnings
+
 import pytest
 import torch
 
+from dgrpo.model.latent_lm import cache_keyword
 from dgrpo.model.reference import recompute_generate, uncached_target_logprobs
 
 from conftest import make_lm
@@ -106,6 +110,21 @@ def test_batched_cached_generation_matches_batch1_recompute(tokenizer, task_reco
         ref = recompute_generate(lm, q, 2, 6)
         n = int(gen.mask[i].sum())
         assert gen.tokens[i, :n].tolist() == ref[:n]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_cache_goes_by_the_keyword_the_installed_transformers_takes(tokenizer, task_records, arch):
+    """transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns, and goes in 5.40): no
+    forward of ours (prefill, latents, decoding, over either cache) may warn about it."""
+    lm = make_lm(tokenizer, arch).eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for static in (False, True):
+            lm.generate(ids, mask, 2, max_new_tokens=3, static_cache=static)
+    assert not [w for w in caught if "past_key_values" in str(w.message)], [str(w.message) for w in caught]
+    params = inspect.signature(type(lm.base).forward).parameters
+    assert cache_keyword(type(lm.base)) in params
 
 
 def test_generation_stops_at_eos_per_row(tokenizer, task_records):

@@ -17,6 +17,8 @@ perturbations use (see :mod:`dgrpo.perturbation`).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
@@ -175,6 +177,13 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if p.exists():
         raise CheckpointError(f"{p} holds no model checkpoint (no config.json with weights, no final/)")
     raise CheckpointError(f"checkpoint directory not found: {p}")
+
+
+@functools.cache
+def cache_keyword(forward_type: type) -> str:
+    """The keyword a decoder's ``forward`` takes its KV cache by: ``cache`` from transformers 5.24 on (where
+    ``past_key_values`` is deprecated, to be removed in 5.40), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(forward_type.forward).parameters else "past_key_values"
 
 
 def load_tokenizer(
@@ -488,8 +497,8 @@ class LatentLM(nn.Module):
                 inputs_embeds=None if x_is_ids else x,
                 attention_mask=mask,
                 position_ids=pos,
-                past_key_values=c,
                 use_cache=True,
+                **{cache_keyword(type(self.base)): c},
             )
             return out.last_hidden_state
 
