@@ -8,7 +8,7 @@ import torch
 from dgrpo.config import Config, PerturbationConfig, load_config
 from dgrpo.perturbation import make_perturbation
 
-from conftest import make_lm
+from conftest import code_parity, make_lm
 
 ARCHS = ["qwen2", "llama", "gpt2"]
 
@@ -54,9 +54,13 @@ def test_grpo_steps_with_static_rollout_cache_match(tokenizer, task_records):
 
     rows = []
     for cache in ("dynamic", "static"):
-        cfg = load_config(Config, "tiny.yaml", [f"grpo.rollout_cache={cache}", "grpo.group_size=4"])
-        trainer = GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records)
+        cfg = load_config(
+            Config, "tiny.yaml", [f"grpo.rollout_cache={cache}", "grpo.group_size=4", "grpo.temperature=1"]
+        )
+        trainer = GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records, reward_fn=code_parity)
         rows.append([trainer.step() for _ in range(2)])
+    assert all(m["skipped"] == 0 for m in rows[0])  # the rewards differ within groups: every step updates
     for a, b in zip(*rows):
         assert a["reward_mean"] == b["reward_mean"] and a["reward_std"] == b["reward_std"]
         assert a["policy_loss"] == pytest.approx(b["policy_loss"], abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)

@@ -47,6 +47,7 @@ Advantage = Literal["drgrpo", "grpo", "rloo", "ema"]
 Aggregation = Literal["seq_mean", "token_mean", "constant"]
 KLForm = Literal["unbiased", "paper"]
 RolloutCache = Literal["dynamic", "static"]
+Engine = Literal["eager", "fast"]
 ReplayMode = Literal["seed", "fresh_mask"]
 FSDPMode = Literal["none", "full", "sharded"]
 
@@ -436,6 +437,14 @@ class GRPOConfig:
         "(preallocated for prompt + latents + answer, StaticCache: fixed shapes, the basis of graph capture on a "
         "GPU; the same answers)",
     )
+    engine: Engine = opt(
+        "eager",
+        "how rollouts run: eager (one forward per step, the reference) or fast (every latent and answer step a "
+        "one-position forward over fixed buffers (static KV cache, full-width mask, device-side counters), rows' "
+        "ends booked on the device, the host checking every 8 tokens; on CUDA each step captured once per batch as a "
+        "CUDA graph and replayed; the same answers and log-probs; needs a batched perturbation (not native); "
+        "rollout_cache does not apply)",
+    )
     advantage: Advantage = opt(
         "drgrpo",
         "drgrpo: r - group mean (paper); grpo: (r - mean) / std; rloo: r - mean "
@@ -638,6 +647,12 @@ class Config:
             f"expected auto, cpu, cuda, cuda:N or mps, got {self.device!r}",
         )
         _at_least(self, "", 0, "threads")
+        _check(
+            not (self.grpo.engine == "fast" and self.perturbation.kind == "native"),
+            "grpo.engine",
+            "the fast engine needs a perturbation held in tensors for the batch (locked, gaussian or none); native "
+            "dropout reseeds the RNG before every forward, one rollout at a time (set grpo.engine=eager)",
+        )
         _check(
             not (self.model.lora.r > 0 and self.fsdp != "none"),
             "model.lora.r",

@@ -17,7 +17,6 @@ perturbations use (see :mod:`dgrpo.perturbation`).
 
 from __future__ import annotations
 
-import functools
 import inspect
 import json
 from collections.abc import Callable
@@ -179,11 +178,16 @@ def resolve_checkpoint(path: str | Path) -> Path:
     raise CheckpointError(f"checkpoint directory not found: {p}")
 
 
-@functools.cache
-def cache_keyword(forward_type: type) -> str:
+_CACHE_KEYWORDS: dict[type, str] = {}
+
+
+def cache_keyword(decoder_type: type[nn.Module]) -> str:
     """The keyword a decoder's ``forward`` takes its KV cache by: ``cache`` from transformers 5.24 on (where
     ``past_key_values`` is deprecated, to be removed in 5.40), ``past_key_values`` before."""
-    return "cache" if "cache" in inspect.signature(forward_type.forward).parameters else "past_key_values"
+    if decoder_type not in _CACHE_KEYWORDS:
+        params = inspect.signature(decoder_type.forward).parameters
+        _CACHE_KEYWORDS[decoder_type] = "cache" if "cache" in params else "past_key_values"
+    return _CACHE_KEYWORDS[decoder_type]
 
 
 def load_tokenizer(
@@ -478,7 +482,7 @@ class LatentLM(nn.Module):
 
     def _call_base(
         self,
-        cache: DynamicCache,
+        cache: DynamicCache | StaticCache,
         phase: str,
         perturbation: PhaseHook | None,
         x: Tensor,
@@ -489,7 +493,7 @@ class LatentLM(nn.Module):
         """One cached forward of the decoder (``x``: ids or embeddings); its last-layer hidden states [B, L, H].
         With ``recompute`` and grad on, a checkpointed region (dgrpo.model.recompute)."""
 
-        def run(c: DynamicCache, x: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
+        def run(c: DynamicCache | StaticCache, x: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
             if perturbation is not None:
                 perturbation.before_forward(phase)
             out = self.base(
@@ -504,6 +508,7 @@ class LatentLM(nn.Module):
 
         if not (self.recompute and torch.is_grad_enabled()):
             return run(cache, x, attention_mask, positions)
+        assert isinstance(cache, DynamicCache), "recomputation runs over the growing cache (the update's replay)"
         new_cache = lambda: DynamicCache(config=self.model.config)  # noqa: E731
         return recomputed_call(run, cache, new_cache, (x, attention_mask, positions), perturbation)
 

@@ -224,6 +224,7 @@ class GRPOTrainer:
             generator=self.sample_gen,
             reward_fn=self.rewards,
             static_cache=g.rollout_cache == "static",
+            engine=g.engine,
         )
         self.last_rollouts, self.last_prompts = ro, prompts
         return ro

@@ -4,12 +4,14 @@ teacher-forced replay of their log-probabilities under the same perturbation at 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from ..data.records import Record
 from ..eval.scoring import ScoreFn, call_checked, numeric
+from ..model.fixed_shape import fixed_shape_generate
 from ..model.latent_lm import LatentLM, right_pad
 from ..perturbation import Perturbation
 
@@ -55,10 +57,12 @@ def collect_rollouts(
     generator: torch.Generator | None = None,
     reward_fn: ScoreFn | None = None,
     static_cache: bool = False,
+    engine: str = "eager",
 ) -> Rollouts:
     """Generate ``group_size`` rollouts for every record; row i is perturbed by ``seeds[i]``. ``reward_fn`` (batched,
     see :mod:`dgrpo.eval.scoring`; default: the numeric verifier) gives each completion its reward;
-    ``static_cache``: decode over a preallocated KV cache (``grpo.rollout_cache: static``)."""
+    ``static_cache``: decode over a preallocated KV cache (``grpo.rollout_cache: static``); ``engine``: ``fast`` runs
+    each batch over fixed shapes (:mod:`dgrpo.model.fixed_shape`, graph-captured on CUDA)."""
     expanded = [r for r in records for _ in range(group_size)]
     prompt_ids, prompt_mask = lm.encode_questions([r.question for r in expanded], max_tokens=max_question_tokens)
     lm.check_fits(prompt_ids.shape[1], n_latent, max_new_tokens, key="grpo.n_latent")
@@ -69,21 +73,23 @@ def collect_rollouts(
     for b0 in range(0, len(expanded), bs):
         sl = slice(b0, b0 + bs)
         ids, mask = _trim(prompt_ids[sl], prompt_mask[sl], left=True)
+        if engine == "fast":
+            generate = partial(fixed_shape_generate, lm, capture=ids.device.type == "cuda")
+        else:
+            generate = partial(lm.generate, static_cache=static_cache)
         with perturbation.bind(lm, seeds[sl]) as pb:
-            gens.append(
-                lm.generate(
-                    ids,
-                    mask,
-                    n_latent,
-                    max_new_tokens=max_new_tokens,
-                    temperature=temperature,
-                    top_p=top_p,
-                    generator=generator,
-                    perturbation=pb,
-                    with_entropy=True,
-                    static_cache=static_cache,
-                )
+            gen = generate(
+                ids,
+                mask,
+                n_latent,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                generator=generator,
+                perturbation=pb,
+                with_entropy=True,
             )
+            gens.append(gen)
     lm.train(was_training)
     tokens, mask, rollout_logp, ent = _concat(gens, lm)
     texts = lm.decode(tokens, mask)

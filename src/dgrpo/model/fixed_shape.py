@@ -1,0 +1,186 @@
+"""Fixed-shape rollouts: the latent and decode steps as one-position forwards over preallocated buffers.
+
+The eager rollout (:meth:`LatentLM.generate`) grows its attention mask by concatenation and asks the host after every
+answer token whether a row is still alive: every step has a new shape and a host synchronisation, so it cannot be
+captured as a CUDA graph and the GPU idles between its launches. Here one batch's rollout owns fixed buffers:
+
+* a ``StaticCache`` of prompt + latents + marker + answer columns (transformers keeps its write offset on the device);
+* a full-width attention mask [B, columns], written one column per step at a device-side column counter;
+* the next position ids [B], the step's input (an embedding [B, 1, H] or a token [B, 1]) and its new mask column;
+* the last-layer hidden state [B, 1, H] the step leaves behind.
+
+So every latent step is the same computation on the same tensors, and so is every answer step:
+:meth:`FixedShapeDecoder.step` runs it eagerly, or (``capture``, CUDA only) records it once per phase as a
+``torch.cuda.CUDAGraph`` and replays it: one launch per forward instead of hundreds. The perturbation's hooks act
+inside the step: a batch-bound one (locked dropout, Gaussian noise: fixed tensors per batch) is captured with it; the
+RNG-replayed native dropout cannot be.
+
+Token choice and EOS bookkeeping stay on the device; the host asks whether any row is alive only every
+``sync_every`` tokens. The answers, log-probs and entropies equal :meth:`LatentLM.generate`'s over a static cache
+(tests/test_fixed_shape.py): the perturbation, the positions and the attended columns are the same.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch import Tensor
+
+from .latent_lm import Generation, LatentLM, PhaseHook, cache_keyword, sample_next
+
+
+class FixedShapeDecoder:
+    """One batch's rollout over fixed buffers; :func:`fixed_shape_generate` drives it."""
+
+    def __init__(
+        self,
+        lm: LatentLM,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        n_columns: int,
+        perturbation: PhaseHook | None,
+        capture: bool,
+    ):
+        if capture and (prompt_ids.device.type != "cuda" or cache_keyword(type(lm.base)) != "cache"):
+            raise ValueError(
+                "graph capture needs a CUDA device and transformers >= 5.24 (a static cache whose write offset "
+                f"lives on the device); got device {prompt_ids.device.type}"
+            )
+        B, P = prompt_ids.shape
+        dev = prompt_ids.device
+        self.lm, self.perturbation, self.capture = lm, perturbation, capture
+        self.cache = lm.new_cache(n_columns)
+        self.mask = torch.zeros(B, n_columns, dtype=prompt_mask.dtype, device=dev)
+        self.mask[:, :P] = prompt_mask
+        self.column = torch.full((B, 1), P, dtype=torch.long, device=dev)  # where the next step writes
+        positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+        self.next_position = positions[:, -1] + 1
+        hidden = lm._call_base(self.cache, "prompt", perturbation, prompt_ids, self.mask, positions, True)
+        self.hidden = hidden[:, -1:].clone()  # [B, 1, H]: the static output every step overwrites
+        self.embeds = torch.zeros_like(self.hidden)  # the latent step's input
+        self.ids = torch.zeros(B, 1, dtype=torch.long, device=dev)  # the answer step's input
+        self.new_column = torch.ones(B, 1, dtype=self.mask.dtype, device=dev)  # 1: the step's token is attended
+        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.warm: set[str] = set()
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+
+    def _forward(self, phase: str) -> None:
+        """The step itself: in-place on the buffers, no host synchronisation, the same shapes every time."""
+        self.mask.scatter_(1, self.column, self.new_column)
+        as_ids = phase == "answer"
+        x = self.ids if as_ids else self.embeds
+        hidden = self.lm._call_base(
+            self.cache, phase, self.perturbation, x, self.mask, self.next_position[:, None], as_ids
+        )
+        self.hidden.copy_(hidden)
+        self.next_position.add_(1)
+        self.column.add_(1)
+
+    def step(self, phase: str) -> None:
+        """One position of ``phase`` (``latent``: input ``embeds``; ``answer``: input ``ids``). Captured: the first
+        step of a phase runs eagerly (the warm-up capture needs), the second records the graph, every later one
+        replays it."""
+        graph = self.graphs.get(phase)
+        if graph is None and self.capture and phase in self.warm:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self._forward(phase)
+            self.graphs[phase] = graph
+        if graph is not None:
+            graph.replay()
+            return
+        side = torch.cuda.Stream() if self.capture else None
+        if side is not None:  # warm-up on a side stream, as torch.cuda.graph's documentation asks
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side) if side is not None else nullcontext():
+            self._forward(phase)
+        if side is not None:
+            torch.cuda.current_stream().wait_stream(side)
+        self.warm.add(phase)
+
+    def latent(self, n_latent: int, mode: str, latent_embedding: Tensor) -> None:
+        """The ``n_latent`` thoughts: the last hidden state fed back (coconut), or the ``<|latent|>`` embedding
+        (pause)."""
+        for _ in range(n_latent):
+            self.embeds.copy_(self.hidden if mode == "coconut" else latent_embedding)
+            self.step("latent")
+
+    def feed(self, ids: Tensor, new_column: Tensor) -> None:
+        """One answer-phase token per row (``new_column`` 0: a finished row's token, not attended)."""
+        self.ids.copy_(ids)
+        self.new_column.copy_(new_column)
+        self.step("answer")
+
+
+@torch.no_grad()
+def fixed_shape_generate(
+    lm: LatentLM,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    n_latent: int,
+    *,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    mode: str | None = None,
+    perturbation: PhaseHook | None = None,
+    markers: bool = True,
+    stop_ids: list[int] | None = None,
+    with_entropy: bool = False,
+    capture: bool = False,
+    sync_every: int = 8,
+) -> Generation:
+    """:meth:`LatentLM.generate` over fixed shapes (same arguments, same result); ``capture``: CUDA graphs of the
+    latent and answer steps; ``sync_every``: how many tokens pass between the host's checks that a row is alive
+    (0: never, all ``max_new_tokens`` are decoded)."""
+    mode = mode or lm.settings.mode
+    if n_latent > 0 and mode not in ("coconut", "pause"):
+        raise ValueError(f"mode {mode!r} has no latent thoughts; got n_latent={n_latent}")
+    B, dev = prompt_ids.shape[0], prompt_ids.device
+    n_columns = prompt_ids.shape[1] + n_latent + int(markers) + max_new_tokens
+    dec = FixedShapeDecoder(lm, prompt_ids, prompt_mask, n_columns, perturbation, capture)
+    pause = lm.embed(torch.full((B, 1), lm.latent_id, device=dev)) if mode == "pause" and n_latent else dec.hidden
+    dec.latent(n_latent, mode, pause)
+    if markers:
+        dec.feed(torch.full((B, 1), lm.end_id, device=dev), torch.ones(B, 1, dtype=dec.mask.dtype, device=dev))
+    return _decode(dec, lm, max_new_tokens, temperature, top_p, generator, stop_ids, with_entropy, sync_every)
+
+
+def _decode(
+    dec: FixedShapeDecoder,
+    lm: LatentLM,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+    stop_ids: list[int] | None,
+    with_entropy: bool,
+    sync_every: int,
+) -> Generation:
+    """The answer tokens, chosen and booked on the device (as :meth:`LatentLM.generate` does, without its host check
+    per token): a finished row keeps decoding masked-out pad tokens until the host's next check."""
+    B, dev = dec.hidden.shape[0], dec.hidden.device
+    stops = torch.tensor([lm.eos_id] + list(stop_ids or []), device=dev)
+    tokens = torch.full((B, max_new_tokens), lm.pad_id, dtype=torch.long, device=dev)
+    mask = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
+    logprobs = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=dev)
+    entropy = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=dev) if with_entropy else None
+    alive = torch.ones(B, dtype=torch.bool, device=dev)
+    t_logp = temperature if temperature > 0 else 1.0
+    for i in range(max_new_tokens):
+        logits = lm.logits(dec.hidden[:, -1]).float()
+        nxt = sample_next(logits, temperature, top_p, generator)
+        logp_all = (logits / t_logp).log_softmax(-1)
+        if entropy is not None:
+            entropy[:, i] = torch.where(alive, -(logp_all.exp() * logp_all).sum(-1), 0.0)
+        tokens[:, i] = torch.where(alive, nxt, lm.pad_id)
+        mask[:, i] = alive.long()
+        logprobs[:, i] = torch.where(alive, logp_all.gather(-1, nxt[:, None]).squeeze(-1), 0.0)
+        alive = alive & ~torch.isin(nxt, stops)
+        if i == max_new_tokens - 1 or (sync_every and (i + 1) % sync_every == 0 and not alive.any()):
+            break
+        dec.feed(tokens[:, i : i + 1], alive[:, None].to(dec.mask.dtype))
+    n = int(mask.sum(1).max().item()) if max_new_tokens else 0
+    return Generation(tokens[:, :n], mask[:, :n], logprobs[:, :n], entropy[:, :n] if entropy is not None else None)

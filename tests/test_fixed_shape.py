@@ -1,0 +1,123 @@
+"""Fixed-shape rollouts (``grpo.engine: fast``, dgrpo.model.fixed_shape) give the eager rollouts' answers, log-probs
+and entropies; their step is one computation on fixed buffers with no host synchronisation (what CUDA graph capture
+needs: checked here by tracing it whole with torch.compile's ``fullgraph``)."""
+
+import pytest
+import torch
+
+from dgrpo.config import Config, ConfigError, PerturbationConfig, load_config
+from dgrpo.model.fixed_shape import FixedShapeDecoder, fixed_shape_generate
+from dgrpo.perturbation import make_perturbation
+
+from conftest import code_parity, make_lm
+
+ARCHS = ["qwen2", "llama", "gpt2"]
+
+
+def ragged_batch(lm, records, n=6):
+    questions = [r.question if i % 2 else r.question[: 25 + i] for i, r in enumerate(records[:n])]
+    return lm.encode_questions(questions)  # left padding differs per row
+
+
+def both(lm, ids, mask, pert, *, sync_every=8, **kw):
+    out = []
+    for fixed in (False, True):
+        gen = torch.Generator().manual_seed(7)
+        with torch.no_grad(), pert.bind(lm, torch.arange(ids.shape[0])) as pb:
+            run = (lambda **a: fixed_shape_generate(lm, ids, mask, sync_every=sync_every, **a)) if fixed else None
+            args = {"generator": gen, "perturbation": pb, "with_entropy": True, **kw}
+            out.append(run(**args) if run else lm.generate(ids, mask, **args))
+    return out
+
+
+def assert_same(eager, fixed):
+    assert torch.equal(eager.tokens, fixed.tokens) and torch.equal(eager.mask, fixed.mask)
+    assert torch.allclose(eager.logprobs, fixed.logprobs, atol=1e-5, rtol=0)
+    assert torch.allclose(eager.entropy, fixed.entropy, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_fixed_shape_rollouts_equal_eager(tokenizer, task_records, arch, temperature):
+    lm = make_lm(tokenizer, arch).eval()
+    ids, mask = ragged_batch(lm, task_records)
+    pert = make_perturbation(PerturbationConfig(kind="locked", p=0.3, sites=["attn", "mlp"]))
+    eager, fixed = both(lm, ids, mask, pert, n_latent=3, max_new_tokens=20, temperature=temperature)
+    assert_same(eager, fixed)
+
+
+@pytest.mark.parametrize("sync_every", [0, 1, 3])
+def test_rows_stop_at_eos_whatever_the_host_check_interval(tokenizer, task_records, sync_every):
+    """Rows that finish early keep decoding masked-out pad until the host looks: the result does not change."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = ragged_batch(lm, task_records)
+    eos_bias = torch.zeros(len(lm.tokenizer))
+    eos_bias[lm.eos_id] = 5.5  # most rows end within a few tokens, at different steps
+    lm.model.get_output_embeddings().register_forward_hook(lambda m, i, o: o + eos_bias)
+    pert = make_perturbation(PerturbationConfig(kind="locked", p=0.5, sites=["mlp"]))
+    eager, fixed = both(lm, ids, mask, pert, sync_every=sync_every, n_latent=2, max_new_tokens=12, temperature=1.0)
+    lengths = eager.mask.sum(1)
+    assert lengths.min() < lengths.max() < 12  # ragged, and all rows stopped
+    assert_same(eager, fixed)
+
+
+@pytest.mark.parametrize(
+    "kind, mode", [("gaussian", "coconut"), ("none", "coconut"), ("locked", "pause")], ids=["gaussian", "none", "pause"]
+)
+def test_other_perturbations_and_pause_tokens(tokenizer, task_records, kind, mode):
+    lm = make_lm(tokenizer, "llama").eval()
+    ids, mask = ragged_batch(lm, task_records, n=4)
+    pert = make_perturbation(PerturbationConfig(kind=kind, p=0.3, sigma=0.3, sites=["attn", "mlp"]))
+    eager, fixed = both(lm, ids, mask, pert, n_latent=3, max_new_tokens=10, mode=mode)
+    assert_same(eager, fixed)
+
+
+def test_the_step_is_one_graph_without_host_synchronisation(tokenizer, task_records):
+    """torch.compile(fullgraph=True) refuses a graph break: a ``.item()``, a data-dependent branch, a shape that
+    depends on the step. The latent step (under locked dropout, over the static cache) traces whole, and running the
+    traced step twice moves the buffers exactly as two eager steps do."""
+    torch._dynamo.reset()
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = ragged_batch(lm, task_records, n=3)
+    pert = make_perturbation(PerturbationConfig(kind="locked", p=0.3, sites=["attn", "mlp"]))
+    hidden = []
+    for traced in (False, True):
+        with torch.no_grad(), pert.bind(lm, torch.arange(3)) as pb:
+            dec = FixedShapeDecoder(lm, ids, mask, ids.shape[1] + 4, pb, capture=False)
+            step = torch.compile(dec._forward, fullgraph=True, backend="eager") if traced else dec._forward
+            for _ in range(2):
+                dec.embeds.copy_(dec.hidden)
+                step("latent")
+            hidden.append((dec.hidden.clone(), dec.column.clone(), dec.next_position.clone(), dec.mask.clone()))
+    torch._dynamo.reset()
+    for a, b in zip(*hidden):
+        assert torch.allclose(a.float(), b.float(), atol=1e-6, rtol=0)
+
+
+def test_capture_is_refused_off_cuda(tokenizer, task_records):
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = ragged_batch(lm, task_records, n=2)
+    with pytest.raises(ValueError, match="CUDA"):
+        fixed_shape_generate(lm, ids, mask, 2, capture=True)
+
+
+def test_grpo_steps_with_the_fast_engine_match_eager(tokenizer, task_records):
+    """Two trainer steps (sampled rollouts, locked dropout): the same rewards and update with either engine."""
+    from dgrpo.training.grpo import GRPOTrainer
+
+    rows = []
+    for engine in ("eager", "fast"):
+        cfg = load_config(Config, "tiny.yaml", [f"grpo.engine={engine}", "grpo.group_size=4", "grpo.temperature=1"])
+        trainer = GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records, reward_fn=code_parity)
+        rows.append([trainer.step() for _ in range(2)])
+    assert all(m["skipped"] == 0 for m in rows[0])  # the rewards differ within groups: every step updates
+    for a, b in zip(*rows):
+        assert a["reward_mean"] == b["reward_mean"] and a["reward_std"] == b["reward_std"]
+        assert a["policy_loss"] == pytest.approx(b["policy_loss"], abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+        assert a["logp_replay_maxdiff"] < 1e-5 and b["logp_replay_maxdiff"] < 1e-5
+
+
+def test_the_fast_engine_refuses_native_dropout():
+    with pytest.raises(ConfigError, match="grpo.engine"):
+        load_config(Config, "tiny.yaml", ["grpo.engine=fast", "perturbation.kind=native"])
