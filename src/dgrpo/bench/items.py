@@ -22,6 +22,7 @@ from ..training.grpo import GRPOTrainer
 from ..training.rollouts import collect_rollouts
 from ..training.sft import count_target_tokens, make_example, sft_loss
 from .baselines import naive_coconut_loss
+from .engine_item import bench_engine
 from .long_items import bench_optimizer, bench_soak
 from .lora_item import bench_lora
 from .memprobe import run_probe
@@ -582,4 +583,5 @@ ITEMS: dict[str, Callable[[Ctx], tuple[list[Row], dict]]] = {
     "lora": bench_lora,
     "recompute": bench_recompute,
     "parallel": bench_parallel,
+    "engine": bench_engine,
 }

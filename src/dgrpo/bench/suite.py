@@ -2,9 +2,9 @@
 
 Items (see :mod:`dgrpo.bench.items` and :mod:`dgrpo.bench.long_items`): 1 rollouts, 2 Coconut SFT step,
 3 GRPO step scaling, 4 cost of the perturbation, 5 memory, 6 distance to the machine's limit, 9 LoRA vs full
-fine-tuning, 10 activation recomputation vs full backprop, 11 threads vs processes for the demo's SFT step (CPU), 8 a
-300-step memory soak of ``dgrpo grpo`` (CPU); where
-CUDA is present, items 1-6, 9 and 10 again on a ~0.5B Qwen2 in bf16 plus 7, AdamW vs 8-bit AdamW (bitsandbytes).
+fine-tuning, 10 activation recomputation vs full backprop, 12 the fast rollout engine vs the eager one, 11 threads vs
+processes for the demo's SFT step (CPU), 8 a 300-step memory soak of ``dgrpo grpo`` (CPU); where CUDA is present,
+items 1-6, 9, 10 and 12 again on a ~0.5B Qwen2 in bf16 plus 7, AdamW vs 8-bit AdamW (bitsandbytes).
 Every claim is a ratio of two ways of doing the same work, timed alternately.
 
 OpenMP: with the default (active, spinning) wait policy, two torch threads on a 2-core machine that
@@ -43,6 +43,7 @@ ORDER = [
     "memory",
     "lora",
     "recompute",
+    "engine",
     "parallel",
     "soak",
 ]  # flops first: its matmul peak annotates later rows
