@@ -57,11 +57,6 @@ def make_lm(tokenizer, arch="qwen2", seed=0, **kw):
     return LatentLM(build_tiny_model(arch, len(tok), seed=seed, **kw), tok)
 
 
-def code_parity(completions, records):
-    """A reward a random tiny model's sampled answers earn about half the time: the parity of their code points."""
-    return [float(sum(map(ord, c)) % 2) for c in completions]
-
-
 def sets(d: dict) -> list[str]:
     """``--set k=v`` arguments for a dict of overrides."""
     return [x for k, v in d.items() for x in ("--set", f"{k}={v}")]

@@ -9,7 +9,7 @@ from dgrpo.config import Config, ConfigError, PerturbationConfig, load_config
 from dgrpo.model.fixed_shape import FixedShapeDecoder, fixed_shape_generate
 from dgrpo.perturbation import make_perturbation
 
-from conftest import code_parity, make_lm
+from conftest import make_lm
 
 ARCHS = ["qwen2", "llama", "gpt2"]
 
@@ -101,13 +101,20 @@ def test_capture_is_refused_off_cuda(tokenizer, task_records):
         fixed_shape_generate(lm, ids, mask, 2, capture=True)
 
 
-def test_grpo_steps_with_the_fast_engine_match_eager(tokenizer, task_records):
-    """Two trainer steps (sampled rollouts, locked dropout): the same rewards and update with either engine."""
+def code_parity(completions, records):
+    """A reward a random tiny model's sampled answers earn about half the time: the parity of their code points."""
+    return [float(sum(map(ord, c)) % 2) for c in completions]
+
+
+@pytest.mark.parametrize("variant", ["grpo.engine=fast", "grpo.rollout_cache=static"])
+def test_grpo_steps_match_the_eager_dynamic_cache_ones(tokenizer, task_records, variant):
+    """Two trainer steps (sampled rollouts, locked dropout): the same rewards and update with the fast engine, or
+    with eager rollouts over the static cache, as with the defaults."""
     from dgrpo.training.grpo import GRPOTrainer
 
     rows = []
-    for engine in ("eager", "fast"):
-        cfg = load_config(Config, "tiny.yaml", [f"grpo.engine={engine}", "grpo.group_size=4", "grpo.temperature=1"])
+    for over in ([], [variant]):
+        cfg = load_config(Config, "tiny.yaml", ["grpo.group_size=4", "grpo.temperature=1", *over])
         trainer = GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records, reward_fn=code_parity)
         rows.append([trainer.step() for _ in range(2)])
     assert all(m["skipped"] == 0 for m in rows[0])  # the rewards differ within groups: every step updates

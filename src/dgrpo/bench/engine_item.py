@@ -15,19 +15,20 @@ import functools
 
 import torch
 
+from ..config import Engine
 from ..training.grpo import GRPOTrainer
 from .report import Goal, Row, fmt_s
 from .timing import alternate
 from .workload import Ctx, build_lm, grpo_config, task_records
 
-ENGINES = ("eager", "fast")
+ENGINES: tuple[Engine, ...] = ("eager", "fast")
 
 
 def build_trainers(ctx: Ctx) -> dict[str, GRPOTrainer]:
     s = ctx.shapes
     lm = build_lm(s, ctx.device, ctx.dtype)
     state = {k: v.clone() for k, v in lm.model.state_dict().items()}
-    trainers = {}
+    trainers: dict[str, GRPOTrainer] = {}
     for engine in ENGINES:
         cfg = grpo_config(s, s.grpo_K_at, s.grpo_T_at, "locked")
         cfg.grpo.engine = engine

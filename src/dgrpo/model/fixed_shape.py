@@ -27,7 +27,7 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor
 
-from .latent_lm import Generation, LatentLM, PhaseHook, cache_keyword, sample_next
+from .latent_lm import AnswerBook, Generation, LatentLM, PhaseHook, cache_keyword
 
 
 class FixedShapeDecoder:
@@ -159,28 +159,12 @@ def _decode(
     with_entropy: bool,
     sync_every: int,
 ) -> Generation:
-    """The answer tokens, chosen and booked on the device (as :meth:`LatentLM.generate` does, without its host check
-    per token): a finished row keeps decoding masked-out pad tokens until the host's next check."""
-    B, dev = dec.hidden.shape[0], dec.hidden.device
-    stops = torch.tensor([lm.eos_id] + list(stop_ids or []), device=dev)
-    tokens = torch.full((B, max_new_tokens), lm.pad_id, dtype=torch.long, device=dev)
-    mask = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
-    logprobs = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=dev)
-    entropy = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=dev) if with_entropy else None
-    alive = torch.ones(B, dtype=torch.bool, device=dev)
-    t_logp = temperature if temperature > 0 else 1.0
+    """The answer tokens, chosen and booked on the device as :meth:`LatentLM.generate` does, without its host check
+    per token: a finished row keeps feeding masked-out pad tokens until the host's next check."""
+    book = AnswerBook(lm, dec.hidden.shape[0], max_new_tokens, stop_ids, with_entropy)
     for i in range(max_new_tokens):
-        logits = lm.logits(dec.hidden[:, -1]).float()
-        nxt = sample_next(logits, temperature, top_p, generator)
-        logp_all = (logits / t_logp).log_softmax(-1)
-        if entropy is not None:
-            entropy[:, i] = torch.where(alive, -(logp_all.exp() * logp_all).sum(-1), 0.0)
-        tokens[:, i] = torch.where(alive, nxt, lm.pad_id)
-        mask[:, i] = alive.long()
-        logprobs[:, i] = torch.where(alive, logp_all.gather(-1, nxt[:, None]).squeeze(-1), 0.0)
-        alive = alive & ~torch.isin(nxt, stops)
-        if i == max_new_tokens - 1 or (sync_every and (i + 1) % sync_every == 0 and not alive.any()):
+        book.choose(i, lm.logits(dec.hidden[:, -1]), temperature, top_p, generator)
+        if i == max_new_tokens - 1 or (sync_every and (i + 1) % sync_every == 0 and not book.alive.any()):
             break
-        dec.feed(tokens[:, i : i + 1], alive[:, None].to(dec.mask.dtype))
-    n = int(mask.sum(1).max().item()) if max_new_tokens else 0
-    return Generation(tokens[:, :n], mask[:, :n], logprobs[:, :n], entropy[:, :n] if entropy is not None else None)
+        dec.feed(book.tokens[:, i : i + 1], book.alive[:, None].to(dec.mask.dtype))
+    return book.result()

@@ -110,6 +110,42 @@ class Generation:
     entropy: Tensor | None = None  # [B, L] entropy of that distribution (with_entropy=True), 0 where mask is 0
 
 
+class AnswerBook:
+    """The answer tokens of one batch as they are decoded: which token each row chose at each step, its log-prob
+    (and entropy), which rows are still going. Everything stays on the device; finished rows record pad, mask 0."""
+
+    def __init__(self, lm: LatentLM, B: int, max_new_tokens: int, stop_ids: list[int] | None, with_entropy: bool):
+        dev, self.pad_id = lm.device, lm.pad_id
+        self.stops = torch.tensor([lm.eos_id] + list(stop_ids or []), device=dev)
+        self.tokens = torch.full((B, max_new_tokens), lm.pad_id, dtype=torch.long, device=dev)
+        self.mask = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
+        self.logprobs = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=dev)
+        self.entropy = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=dev) if with_entropy else None
+        self.alive = torch.ones(B, dtype=torch.bool, device=dev)
+
+    def choose(
+        self, i: int, logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+    ) -> None:
+        """Step ``i``: pick each row's token from ``logits`` [B, V] and book it. ``logprobs`` are log pi(token) under
+        softmax(logits / t), t = temperature when sampling and 1 when greedy: the policy the GRPO ratio is taken
+        against."""
+        logits = logits.float()
+        nxt = sample_next(logits, temperature, top_p, generator)
+        logp_all = (logits / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
+        if self.entropy is not None:
+            self.entropy[:, i] = torch.where(self.alive, -(logp_all.exp() * logp_all).sum(-1), 0.0)
+        self.tokens[:, i] = torch.where(self.alive, nxt, self.pad_id)
+        self.mask[:, i] = self.alive.long()
+        self.logprobs[:, i] = torch.where(self.alive, logp_all.gather(-1, nxt[:, None]).squeeze(-1), 0.0)
+        self.alive = self.alive & ~torch.isin(nxt, self.stops)
+
+    def result(self) -> Generation:
+        """The booked answers, cut to the longest (one host synchronisation)."""
+        n = int(self.mask.sum(1).max().item()) if self.mask.numel() else 0
+        ent = self.entropy[:, :n] if self.entropy is not None else None
+        return Generation(self.tokens[:, :n], self.mask[:, :n], self.logprobs[:, :n], ent)
+
+
 def init_new_embeddings(model: PreTrainedModel, n_old: int) -> None:
     """Rule for new special tokens: each new row is the mean of the pre-existing rows.
 
@@ -662,30 +698,15 @@ class LatentLM(nn.Module):
             markers=markers,
             cache_len=n_cols if static_cache else None,
         )
-        B, dev = prompt_ids.shape[0], prompt_ids.device
-        stops = torch.tensor([self.eos_id] + list(stop_ids or []), device=dev)
-        tokens = torch.full((B, max_new_tokens), self.pad_id, dtype=torch.long, device=dev)
-        mask = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
-        logprobs = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=dev)
-        entropy = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=dev) if with_entropy else None
-        alive = torch.ones(B, dtype=torch.bool, device=dev)
-        t_logp = temperature if temperature > 0 else 1.0
+        book = AnswerBook(self, prompt_ids.shape[0], max_new_tokens, stop_ids, with_entropy)
         for i in range(max_new_tokens):
-            logits = self.logits(state.last_hidden[:, -1]).float()
-            nxt = sample_next(logits, temperature, top_p, generator)
-            logp_all = (logits / t_logp).log_softmax(-1)
-            lp = logp_all.gather(-1, nxt[:, None]).squeeze(-1)
-            if entropy is not None:
-                entropy[:, i] = torch.where(alive, -(logp_all.exp() * logp_all).sum(-1), 0.0)
-            tokens[:, i] = torch.where(alive, nxt, self.pad_id)
-            mask[:, i] = alive.long()
-            logprobs[:, i] = torch.where(alive, lp, 0.0)
-            alive = alive & ~torch.isin(nxt, stops)
-            if not alive.any() or i == max_new_tokens - 1:
+            book.choose(i, self.logits(state.last_hidden[:, -1]), temperature, top_p, generator)
+            if not book.alive.any() or i == max_new_tokens - 1:
                 break
-            self._forward(state, "answer", perturbation, ids=tokens[:, i : i + 1], new_mask=alive[:, None].long())
-        n = int(mask.sum(1).max().item()) if mask.any() else 0
-        return Generation(tokens[:, :n], mask[:, :n], logprobs[:, :n], entropy[:, :n] if entropy is not None else None)
+            self._forward(
+                state, "answer", perturbation, ids=book.tokens[:, i : i + 1], new_mask=book.alive[:, None].long()
+            )
+        return book.result()
 
 
 def _chunk_logprobs(head, h: Tensor, tgt: Tensor, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor]:
