@@ -10,12 +10,14 @@ the paper's scale, ``bench/paper_step.py``) is measured by.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 
 import torch
 
 from ..config import Engine
+from ..data.records import Record
 from ..training.grpo import GRPOTrainer
 from .report import Goal, Row, fmt_s
 from .timing import alternate
@@ -25,24 +27,19 @@ ENGINES: tuple[Engine, ...] = ("eager", "fast")
 
 
 def build_trainers(ctx: Ctx) -> dict[str, GRPOTrainer]:
+    """One trainer per engine, on two copies of the same weights."""
     s = ctx.shapes
     lm = build_lm(s, ctx.device, ctx.dtype)
-    state = {k: v.clone() for k, v in lm.model.state_dict().items()}
     trainers: dict[str, GRPOTrainer] = {}
     for engine in ENGINES:
         cfg = grpo_config(s, s.grpo_K_at, s.grpo_T_at, "locked")
         cfg.grpo.engine = engine
-        model = lm if engine == "eager" else build_lm(s, ctx.device, ctx.dtype)
-        model.model.load_state_dict(state)
-        trainers[engine] = GRPOTrainer(model, cfg, task_records(s.prompts))
+        trainers[engine] = GRPOTrainer(lm if engine == "eager" else copy.deepcopy(lm), cfg, task_records(s.prompts))
     return trainers
 
 
-def same_answers(trainers: dict[str, GRPOTrainer]) -> float:
+def same_answers(trainers: dict[str, GRPOTrainer], prompts: list[Record], seeds: torch.Tensor) -> float:
     """The share of rollouts whose answer text is the same under both engines (same prompts, same seeds)."""
-    s = trainers["eager"].cfg.grpo
-    prompts = task_records(s.prompts_per_step)
-    seeds = torch.arange(len(prompts) * s.group_size) + 1
     texts = {n: tr._collect(prompts, seeds).texts for n, tr in trainers.items()}
     return sum(a == b for a, b in zip(texts["eager"], texts["fast"])) / len(texts["eager"])
 
@@ -52,9 +49,9 @@ def bench_engine(ctx: Ctx) -> tuple[list[Row], dict]:
     s = ctx.shapes
     ctx.log(f"[12] engine: {s.layers} x {s.hidden} Qwen2, {s.prompts} x K={s.grpo_K_at}, T={s.grpo_T_at}")
     trainers = build_trainers(ctx)
-    agree = same_answers(trainers)
     prompts = task_records(s.prompts)
     seeds = torch.arange(s.prompts * s.grpo_K_at) + 1
+    agree = same_answers(trainers, prompts, seeds)
     roll = alternate(
         {n: functools.partial(tr._collect, prompts, seeds) for n, tr in trainers.items()},
         reps=s.reps,

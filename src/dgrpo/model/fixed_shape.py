@@ -22,8 +22,6 @@ Token choice and EOS bookkeeping stay on the device; the host asks whether any r
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 from torch import Tensor
 
@@ -50,14 +48,12 @@ class FixedShapeDecoder:
         B, P = prompt_ids.shape
         dev = prompt_ids.device
         self.lm, self.perturbation, self.capture = lm, perturbation, capture
-        self.cache = lm.new_cache(n_columns)
         self.mask = torch.zeros(B, n_columns, dtype=prompt_mask.dtype, device=dev)
         self.mask[:, :P] = prompt_mask
         self.column = torch.full((B, 1), P, dtype=torch.long, device=dev)  # where the next step writes
-        positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-        self.next_position = positions[:, -1] + 1
-        hidden = lm._call_base(self.cache, "prompt", perturbation, prompt_ids, self.mask, positions, True)
-        self.hidden = hidden[:, -1:].clone()  # [B, 1, H]: the static output every step overwrites
+        prompt = lm.prefill(prompt_ids, prompt_mask, 0, perturbation=perturbation, markers=False, cache_len=n_columns)
+        self.cache, self.next_position = prompt.cache, prompt.next_position
+        self.hidden = prompt.last_hidden.clone()  # [B, 1, H]: the static output every step overwrites
         self.embeds = torch.zeros_like(self.hidden)  # the latent step's input
         self.ids = torch.zeros(B, 1, dtype=torch.long, device=dev)  # the answer step's input
         self.new_column = torch.ones(B, 1, dtype=self.mask.dtype, device=dev)  # 1: the step's token is attended
@@ -81,23 +77,24 @@ class FixedShapeDecoder:
         """One position of ``phase`` (``latent``: input ``embeds``; ``answer``: input ``ids``). Captured: the first
         step of a phase runs eagerly (the warm-up capture needs), the second records the graph, every later one
         replays it."""
+        if not self.capture:
+            self._forward(phase)
+            return
         graph = self.graphs.get(phase)
-        if graph is None and self.capture and phase in self.warm:
+        if graph is None and phase not in self.warm:  # warm-up on a side stream, as torch.cuda.graph's docs ask
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._forward(phase)
+            torch.cuda.current_stream().wait_stream(side)
+            self.warm.add(phase)
+            return
+        if graph is None:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 self._forward(phase)
             self.graphs[phase] = graph
-        if graph is not None:
-            graph.replay()
-            return
-        side = torch.cuda.Stream() if self.capture else None
-        if side is not None:  # warm-up on a side stream, as torch.cuda.graph's documentation asks
-            side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side) if side is not None else nullcontext():
-            self._forward(phase)
-        if side is not None:
-            torch.cuda.current_stream().wait_stream(side)
-        self.warm.add(phase)
+        graph.replay()
 
     def latent(self, n_latent: int, mode: str, latent_embedding: Tensor) -> None:
         """The ``n_latent`` thoughts: the last hidden state fed back (coconut), or the ``<|latent|>`` embedding

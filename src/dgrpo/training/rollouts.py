@@ -67,16 +67,16 @@ def collect_rollouts(
     prompt_ids, prompt_mask = lm.encode_questions([r.question for r in expanded], max_tokens=max_question_tokens)
     lm.check_fits(prompt_ids.shape[1], n_latent, max_new_tokens, key="grpo.n_latent")
     bs = batch_size if perturbation.batched else 1
+    if engine == "fast":
+        generate = partial(fixed_shape_generate, lm, capture=lm.device.type == "cuda")
+    else:
+        generate = partial(lm.generate, static_cache=static_cache)
     gens = []
     was_training = lm.training
     lm.eval()
     for b0 in range(0, len(expanded), bs):
         sl = slice(b0, b0 + bs)
         ids, mask = _trim(prompt_ids[sl], prompt_mask[sl], left=True)
-        if engine == "fast":
-            generate = partial(fixed_shape_generate, lm, capture=ids.device.type == "cuda")
-        else:
-            generate = partial(lm.generate, static_cache=static_cache)
         with perturbation.bind(lm, seeds[sl]) as pb:
             gen = generate(
                 ids,
