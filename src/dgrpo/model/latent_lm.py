@@ -278,8 +278,8 @@ class LatentLM(nn.Module):
 
     #: scoring computes fp32 logits in chunks of at most this many elements (B x positions x vocab); with
     #: grad, each chunk's logits are recomputed in backward instead of kept (a 151k vocabulary would
-    #: otherwise hold GBs of logits per micro-batch)
-    logit_chunk_elems: int = 1 << 26
+    #: otherwise hold GBs of logits per micro-batch; 2^28 fp32 logits: 1 GiB per chunk)
+    logit_chunk_elems: int = 1 << 28
 
     def __init__(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, settings: LatentSettings | None = None
@@ -451,6 +451,11 @@ class LatentLM(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self.model.get_output_embeddings()(hidden)
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the LM head (the logits' last dimension)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
 
     # ------------------------------------------------------------------ tokenization
     def encode_questions(
@@ -633,7 +638,7 @@ class LatentLM(nn.Module):
         else:
             hidden = h_first
         logp, entropy = head_logprobs(
-            self.logits, hidden, target_ids, temperature, with_entropy, self.logit_chunk_elems
+            self.logits, hidden, target_ids, temperature, with_entropy, self.logit_chunk_elems, self.vocab_size
         )
         return logp * target_mask, (entropy * target_mask if entropy is not None else None)
 
@@ -710,7 +715,9 @@ class LatentLM(nn.Module):
 
 
 def _chunk_logprobs(head, h: Tensor, tgt: Tensor, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor]:
-    logits = head(h).float()
+    # one [rows x positions, H] matrix product: a position slice of [B, L, H] is not contiguous, and a 3-d
+    # non-contiguous input would go to a batched product with a broadcast weight (~50x slower on an H100)
+    logits = head(h.reshape(-1, h.shape[-1])).view(*h.shape[:-1], -1).float()
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = logits.log_softmax(-1)
@@ -726,14 +733,16 @@ def head_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_elems: int = 1 << 26,
+    vocab: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """log softmax(head(hidden) / t)[targets] per position, [B, L] (and the entropy), in position chunks.
 
     One chunk when the logits are small (the tiny models); otherwise chunks of ``chunk_elems`` logits,
-    each checkpointed under grad so that only ``hidden`` is kept for backward.
+    each checkpointed under grad so that only ``hidden`` is kept for backward. ``vocab``: the logits' width (read
+    from ``head.weight`` when not given; without either, one chunk).
     """
     B, L = targets.shape
-    vocab = head.weight.shape[0] if hasattr(head, "weight") else None
+    vocab = vocab or (head.weight.shape[0] if hasattr(head, "weight") else None)
     per_pos = B * (vocab or 1)
     step = max(1, chunk_elems // per_pos) if vocab else L
     if step >= L:
