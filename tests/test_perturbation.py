@@ -137,3 +137,18 @@ def test_perturb_prompt_false_leaves_prompt_pass_untouched(tokenizer, task_recor
             lat = lm.prefill(ids, mask, 2, markers=False, perturbation=pb).last_hidden
         lat_clean = lm.prefill(ids, mask, 2, markers=False).last_hidden
     assert not torch.allclose(lat, lat_clean)  # latent steps are perturbed
+
+
+def test_memoized_locked_masks_are_the_drawn_ones():
+    """A step binds the same seeds three times (rollout, update, reference): the memo returns the rows drawn first,
+    bit for bit, and forgets the oldest beyond its capacity."""
+    from dgrpo.perturbation.locked import RowMemo, locked_masks
+
+    seeds = torch.tensor([5, 9, 11, 5])
+    memo = RowMemo(capacity=3)
+    fresh = locked_masks(seeds, 3, 16, 0.3)
+    assert torch.equal(locked_masks(seeds, 3, 16, 0.3, memo), fresh)
+    assert torch.equal(locked_masks(seeds.flip(0), 3, 16, 0.3, memo), fresh.flip(1))
+    assert len(memo.rows) == 3
+    assert not torch.equal(locked_masks(seeds, 3, 16, 0.5, memo), fresh)  # p is part of the key
+    assert len(memo.rows) == 3

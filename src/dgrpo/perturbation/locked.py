@@ -9,6 +9,7 @@ dropout modules (Qwen2, Llama).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -23,10 +24,29 @@ if TYPE_CHECKING:
     from ..model.latent_lm import LatentLM
 
 
-def locked_masks(seeds: Tensor, n_sites: int, width: int, p: float) -> Tensor:
-    """[n_sites, B, width] masks with entries in {0, 1/(1-p)}; row i depends on seeds[i] only."""
-    keep = torch.stack([row_uniforms(int(s), n_sites, width) >= p for s in seeds.tolist()], dim=1)
-    return keep.float() / (1.0 - p)
+def locked_masks(seeds: Tensor, n_sites: int, width: int, p: float, memo: RowMemo | None = None) -> Tensor:
+    """[n_sites, B, width] masks with entries in {0, 1/(1-p)}; row i depends on seeds[i] only. ``memo``: rows drawn
+    before are taken from it (a step binds the same seeds for its rollout, its update and its reference)."""
+    draw = lambda s: row_uniforms(s, n_sites, width) >= p  # noqa: E731
+    rows = [memo.get((s, n_sites, width, p), draw) if memo is not None else draw(s) for s in seeds.tolist()]
+    return torch.stack(rows, dim=1).float() / (1.0 - p)
+
+
+class RowMemo:
+    """The last ``capacity`` rows' keep-masks, by (seed, sites, width, p): drawing a row's mask from its own CPU
+    generator costs ~1 ms of host time, and one GRPO step binds every seed three times."""
+
+    def __init__(self, capacity: int = 4096):
+        self.capacity, self.rows = capacity, OrderedDict[tuple, Tensor]()
+
+    def get(self, key: tuple, draw: Callable[[int], Tensor]) -> Tensor:
+        if key in self.rows:
+            self.rows.move_to_end(key)
+            return self.rows[key]
+        row = self.rows[key] = draw(key[0])
+        if len(self.rows) > self.capacity:
+            self.rows.popitem(last=False)
+        return row
 
 
 class _BoundLocked(HookedPerturbation):
@@ -57,6 +77,7 @@ class LockedDropout(Perturbation):
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout p must be in [0, 1), got {p}")
         self.p, self.sites, self.layers, self.perturb_prompt = p, sites or ["mlp"], layers, perturb_prompt
+        self.memo = RowMemo()
 
     @classmethod
     def from_config(cls, cfg: PerturbationConfig) -> LockedDropout:
@@ -65,7 +86,7 @@ class LockedDropout(Perturbation):
     def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
         sites = find_sites(lm.model, self.sites, self.layers)
         dtype = next(lm.model.parameters()).dtype
-        masks = locked_masks(seeds, len(sites), sites[0].width, self.p).to(
+        masks = locked_masks(seeds, len(sites), sites[0].width, self.p, self.memo).to(
             lm.device, dtype
         )  # 0 and 1/(1-p), rounded once
         return _BoundLocked(sites, masks, self.perturb_prompt)
