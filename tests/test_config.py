@@ -68,10 +68,9 @@ def diff(a: Config, b: Config) -> dict:
 
 
 def test_the_option_lists_are_found():
-    assert {"perturbation.kind", "sft.mode", "grpo.advantage", "grpo.engine", "fsdp", "model.arch", "sft.bf16"} <= {
-        k for k, _ in LITERALS
-    }
-    assert len(LITERALS) == 14
+    keys = {"perturbation.kind", "sft.mode", "grpo.advantage", "grpo.engine", "fsdp", "model.arch", "model.kernels"}
+    assert keys | {"sft.bf16"} <= {k for k, _ in LITERALS}
+    assert len(LITERALS) == 15
     assert {"grpo.lr", "sft.lr", "perturbation.p", "eval.top_p"} <= set(FLOATS)
     assert {"seed", "task.seed", "grpo.steps"} <= set(INTS)
 

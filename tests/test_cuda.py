@@ -127,3 +127,33 @@ def test_captured_greedy_rollouts_agree_with_eager_in_bf16(sft_checkpoint):
     fast = _rollouts(lm, ids, mask, seeds, True, max_new_tokens=24)
     agree = [e == f for e, f in zip(lm.decode(eager.tokens, eager.mask), lm.decode(fast.tokens, fast.mask))]
     assert sum(agree) >= 0.99 * len(agree), f"{sum(agree)}/{len(agree)} rows agree"
+
+
+def test_liger_kernels_keep_logprobs_gradients_and_captured_rollouts(tokenizer, task_records):
+    """``model.kernels=liger`` (fused RMSNorm / SwiGLU / rotary): the same log-probs and gradients as Hugging Face's
+    modules in fp32, and the fast engine captures the fused layers into its graphs (eager's answers, replay-exact).
+    Last in this file: Liger's rotary function stays swapped for the process."""
+    pytest.importorskip("liger_kernel")
+    from dgrpo.model.kernels import apply_kernels
+
+    hf = make_lm(tokenizer, hidden_size=64).eval()
+    hf.model.to(CUDA)
+    fused = copy.deepcopy(hf)
+    assert apply_kernels(fused.model, "liger")
+    assert fused.model.model.norm._get_name() == "LigerRMSNorm"
+    recs = task_records[:8]
+    ids, mask = (x.to(CUDA) for x in hf.encode_questions([r.question for r in recs]))
+    tg, tm = (x.to(CUDA) for x in hf.encode_targets([r.answer for r in recs]))
+    grads = []
+    for lm in (hf, fused):
+        lp, _ = lm.target_logprobs(ids, mask, 3, tg, tm)
+        (-(lp * tm).sum()).backward()
+        grads.append((lp.detach(), [p.grad.clone() for p in lm.model.parameters()]))
+    assert torch.allclose(grads[0][0], grads[1][0], atol=1e-4), (grads[0][0] - grads[1][0]).abs().max()
+    for a, b in zip(grads[0][1], grads[1][1]):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-3), (a - b).abs().max()
+    seeds = seeds_for(0, 0, 0, len(recs))
+    eager = _rollouts(fused, ids, mask, seeds, False, max_new_tokens=12)
+    fast = [_rollouts(fused, ids, mask, seeds, True, max_new_tokens=12) for _ in range(2)]
+    assert torch.equal(fast[0].tokens, fast[1].tokens) and torch.equal(fast[0].logprobs, fast[1].logprobs)
+    assert torch.equal(eager.tokens, fast[0].tokens)

@@ -128,3 +128,26 @@ def test_grpo_steps_match_the_eager_dynamic_cache_ones(tokenizer, task_records, 
 def test_the_fast_engine_refuses_native_dropout():
     with pytest.raises(ConfigError, match="grpo.engine"):
         load_config(Config, "tiny.yaml", ["grpo.engine=fast", "perturbation.kind=native"])
+
+
+def test_auto_engine_is_fast_on_cuda_with_a_batched_perturbation_only():
+    from dgrpo.training.rollouts import resolve_engine
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert resolve_engine("auto", cuda, True) == "fast"
+    assert resolve_engine("auto", cuda, False) == "eager"  # native dropout: one rollout at a time
+    assert resolve_engine("auto", cpu, True) == "eager"
+    assert resolve_engine("eager", cuda, True) == "eager" and resolve_engine("fast", cpu, True) == "fast"
+
+
+def test_fused_kernels_leave_a_cpu_model_as_it_is(tokenizer):
+    from dgrpo.model.kernels import apply_kernels
+
+    lm = make_lm(tokenizer)
+    before = {n: type(m) for n, m in lm.model.named_modules()}
+    assert not apply_kernels(lm.model, "none")
+    with pytest.warns(UserWarning, match="need CUDA"):
+        assert not apply_kernels(lm.model, "liger")
+    assert {n: type(m) for n, m in lm.model.named_modules()} == before
+    with pytest.raises(ValueError, match="none or liger"):
+        apply_kernels(lm.model, "fused")

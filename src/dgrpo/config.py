@@ -47,7 +47,8 @@ Advantage = Literal["drgrpo", "grpo", "rloo", "ema"]
 Aggregation = Literal["seq_mean", "token_mean", "constant"]
 KLForm = Literal["unbiased", "paper"]
 RolloutCache = Literal["dynamic", "static"]
-Engine = Literal["eager", "fast"]
+Engine = Literal["auto", "eager", "fast"]
+Kernels = Literal["none", "liger"]
 ReplayMode = Literal["seed", "fresh_mask"]
 FSDPMode = Literal["none", "full", "sharded"]
 
@@ -181,6 +182,13 @@ class ModelConfig:
     intermediate_size: int = opt(512, "built-in tiny model: MLP width")
     dtype: DType = opt("float32", "weight dtype: float32, or bfloat16 (bf16 weights, as the paper trains)")
     trust_remote_code: bool = opt(False, "allow custom modelling code from the hub (only if you trust the repository)")
+    kernels: Kernels = opt(
+        "none",
+        "the decoder's layers: none (Hugging Face's modules) or liger (Liger Kernel's fused Triton RMSNorm, SwiGLU MLP "
+        "and rotary embedding, for the architectures Liger supports: Qwen2, Llama and more; CUDA only, pip install "
+        "liger-kernel; less activation memory and fewer kernel launches in training; on a CPU the modules stay as "
+        "they are, with a warning)",
+    )
     lora: LoraConfig = field(default_factory=LoraConfig)
 
     def validate(self, p: str = "model") -> None:
@@ -438,8 +446,9 @@ class GRPOConfig:
         "GPU; the same answers)",
     )
     engine: Engine = opt(
-        "eager",
-        "how rollouts run: eager (one forward per step, the reference) or fast (every latent and answer step a "
+        "auto",
+        "how rollouts run: auto (fast on CUDA when the perturbation is batched, else eager), eager (one forward per "
+        "step, the reference) or fast (every latent and answer step a "
         "one-position forward over fixed buffers (static KV cache, full-width mask, device-side counters), rows' "
         "ends booked on the device, the host checking every 8 tokens; on CUDA each step captured once per batch as a "
         "CUDA graph and replayed; the same answers and log-probs; needs a batched perturbation (not native); "

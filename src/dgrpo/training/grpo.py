@@ -21,6 +21,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from tqdm.auto import tqdm
 from ..config import Config, ConfigError, to_dict
 from ..data.records import Record
 from ..eval.scoring import RewardPart, Rewards, ScoreFn, build_rewards, final_answer_text
+from ..model.kernels import apply_kernels
 from ..model.latent_lm import LatentLM
 from ..perturbation import make_perturbation, seeds_for
 from ..reward import extract_answer, normalize_text
@@ -48,7 +50,7 @@ from .losses import (
     shuffle_within_groups,
 )
 from .ref_policy import make_reference
-from .rollouts import Rollouts, collect_rollouts, replay_logprobs
+from .rollouts import Rollouts, collect_rollouts, replay_logprobs, resolve_engine
 from .run import NonFiniteError, NonFiniteGuard, RunDir, StalledError, sharded_accuracy, weights_finite
 from .schedules import beta_at, lr_at
 
@@ -80,6 +82,11 @@ def build_optimizer(params: list, cfg: Config, device: torch.device) -> torch.op
     return torch.optim.AdamW(params, lr=g.lr, weight_decay=g.weight_decay)
 
 
+def _replayed_logprobs(lm: LatentLM, **kw: Any) -> Tensor:
+    """:func:`replay_logprobs`' log-probs alone (for the reference model)."""
+    return replay_logprobs(lm, **kw)[0]
+
+
 class GRPOTrainer:
     """State of a Dropout-GRPO run; :meth:`step` is one iteration of Algorithm 1."""
 
@@ -107,6 +114,8 @@ class GRPOTrainer:
         lm.check_fits(1, self.n_latent, g.max_new_tokens, key="grpo.n_latent")  # (rollouts check their prompts too)
         self.perturbation = make_perturbation(cfg.perturbation)
         self.perturbation.check(lm)  # sites and layers exist (one line now, not a traceback at the first rollout)
+        self.engine = resolve_engine(g.engine, lm.device, self.perturbation.batched)
+        apply_kernels(lm.model, cfg.model.kernels)  # before the reference copy, which then has them too
         self.objective = ObjectiveSettings.from_config(g)
         self.rewards = _rewards(reward_fn, cfg)
         self.rewards.smoke_test(train[:2], check_filter=g.filter and g.advantage != "ema")
@@ -224,7 +233,7 @@ class GRPOTrainer:
             generator=self.sample_gen,
             reward_fn=self.rewards,
             static_cache=g.rollout_cache == "static",
-            engine=g.engine,
+            engine=self.engine,
         )
         self.last_rollouts, self.last_prompts = ro, prompts
         return ro
@@ -259,6 +268,7 @@ class GRPOTrainer:
         old = self._theta_old_logprobs(ro, chunks, step) if g.mini_epochs > 1 else {}
         stats, replay_diff, gn = ObjectiveStats(), 0.0, 0.0
         for epoch in range(g.mini_epochs):
+            ref = self._reference_logprobs(ro, rows, step, epoch) if self.ref is not None and beta > 0 else None
             for ci, rws in enumerate(chunks):
                 seeds = self._update_seeds(ro, rws, step, epoch)
                 logp, tm = replay_logprobs(
@@ -270,7 +280,7 @@ class GRPOTrainer:
                     seeds=seeds,
                     temperature=g.temperature,
                 )
-                ref_lp = self._reference_logprobs(ro, rws, seeds) if self.ref is not None and beta > 0 else None
+                ref_lp = ref[ci * mb : ci * mb + rws.numel(), : tm.shape[1]] if ref is not None else None
                 loss, st = grpo_objective(
                     logp,
                     old.get(ci, logp.detach()),
@@ -334,20 +344,21 @@ class GRPOTrainer:
                 for ci, rws in enumerate(chunks)
             }
 
-    def _reference_logprobs(self, ro: Rollouts, rows: Tensor, seeds: Tensor) -> Tensor:
-        """The reference model's log-probs of the same answers under the same perturbation (no grad)."""
+    def _reference_logprobs(self, ro: Rollouts, rows: Tensor, step: int, epoch: int) -> Tensor:
+        """The reference model's log-probs of ``rows``' answers under the same perturbations as the policy's replay
+        (no grad), [rows, answer width]: in batches of ``grpo.rollout_batch_size`` rows (a no-grad forward keeps no
+        activations, so it runs in the rollout's batches, not the update's micro-batches: fewer, wider kernels)."""
         assert self.ref is not None
-        return self.ref.run(
-            lambda ref: replay_logprobs(
-                ref,
-                ro,
-                rows,
-                n_latent=self.n_latent,
-                perturbation=self.perturbation,
-                seeds=seeds,
-                temperature=self.cfg.grpo.temperature,
-            )[0]
-        )
+        g = self.cfg.grpo
+        step_rows = g.rollout_batch_size if self.perturbation.batched else 1
+        out = torch.zeros(rows.numel(), ro.tokens.shape[1], device=ro.tokens.device)
+        kw: dict[str, Any] = dict(n_latent=self.n_latent, perturbation=self.perturbation, temperature=g.temperature)
+        for i in range(0, rows.numel(), step_rows):
+            rws = rows[i : i + step_rows]
+            seeds = self._update_seeds(ro, rws, step, epoch)
+            lp = self.ref.run(partial(_replayed_logprobs, ro=ro, rows=rws, seeds=seeds, **kw))
+            out[i : i + rws.numel(), : lp.shape[1]] = lp
+        return out
 
     def _update_seeds(self, ro: Rollouts, rows: Tensor, step: int, epoch: int) -> Tensor:
         """The rollout's own seeds (mask replay), or new ones per mini-epoch (``replay: fresh_mask``, the ablation)."""
