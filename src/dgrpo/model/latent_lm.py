@@ -452,11 +452,6 @@ class LatentLM(nn.Module):
     def logits(self, hidden: Tensor) -> Tensor:
         return self.model.get_output_embeddings()(hidden)
 
-    @property
-    def vocab_size(self) -> int:
-        """Rows of the LM head (the logits' last dimension)."""
-        return int(self.model.get_output_embeddings().weight.shape[0])
-
     # ------------------------------------------------------------------ tokenization
     def encode_questions(
         self, questions: list[str], *, markers: bool = True, max_tokens: int | None = None
@@ -638,7 +633,7 @@ class LatentLM(nn.Module):
         else:
             hidden = h_first
         logp, entropy = head_logprobs(
-            self.logits, hidden, target_ids, temperature, with_entropy, self.logit_chunk_elems, self.vocab_size
+            self.model.get_output_embeddings(), hidden, target_ids, temperature, with_entropy, self.logit_chunk_elems
         )
         return logp * target_mask, (entropy * target_mask if entropy is not None else None)
 
@@ -733,16 +728,15 @@ def head_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_elems: int = 1 << 26,
-    vocab: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """log softmax(head(hidden) / t)[targets] per position, [B, L] (and the entropy), in position chunks.
 
     One chunk when the logits are small (the tiny models); otherwise chunks of ``chunk_elems`` logits,
-    each checkpointed under grad so that only ``hidden`` is kept for backward. ``vocab``: the logits' width (read
-    from ``head.weight`` when not given; without either, one chunk).
+    each checkpointed under grad so that only ``hidden`` is kept for backward. ``head``: the LM head module (its
+    ``weight`` gives the vocabulary; a head without one is run in one chunk).
     """
     B, L = targets.shape
-    vocab = vocab or (head.weight.shape[0] if hasattr(head, "weight") else None)
+    vocab = head.weight.shape[0] if hasattr(head, "weight") else None
     per_pos = B * (vocab or 1)
     step = max(1, chunk_elems // per_pos) if vocab else L
     if step >= L:

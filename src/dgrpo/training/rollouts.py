@@ -40,7 +40,6 @@ def _trim(ids: Tensor, mask: Tensor, left: bool) -> tuple[Tensor, Tensor]:
     return (ids[:, lo:], mask[:, lo:]) if left else (ids[:, :hi], mask[:, :hi])
 
 
-@torch.no_grad()
 def resolve_engine(engine: str, device: torch.device, batched: bool) -> str:
     """``grpo.engine``: ``auto`` is the fast engine on CUDA with a batched perturbation (graph capture pays off
     there), else the eager one; ``eager`` and ``fast`` are taken as given."""
@@ -49,6 +48,7 @@ def resolve_engine(engine: str, device: torch.device, batched: bool) -> str:
     return "fast" if device.type == "cuda" and batched else "eager"
 
 
+@torch.no_grad()
 def collect_rollouts(
     lm: LatentLM,
     records: list[Record],
