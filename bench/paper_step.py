@@ -1,17 +1,28 @@
 """Time and memory of one Dropout-GRPO step at the paper's full scale, on whatever device is present.
 
     python bench/paper_step.py --steps 3 [--device cuda] [--out runs/paper-step.json]
+    python bench/paper_step.py --steps 3 --versus grpo.engine=eager --versus model.kernels=none \\
+        --versus grpo.micro_batch_size=64 --versus grpo.recompute=false        # against the eager path, alternated
+    python bench/paper_step.py --steps 2 --profile                             # kernels, busy share, FLOP/s, syncs
 
 Builds a model of Qwen2.5-1.5B's shape with random weights (no hub access needed) in the recipe's dtype, loads
 the packaged paper/grpo_dropout.yaml unchanged except: T = 6 is given explicitly (there is no SFT checkpoint to read it
 from), the group filter is off and EOS is suppressed, so that every step runs the full update on 16 x 32 rollouts of
 exactly ``max_new_tokens`` answer tokens (the worst case a real step can reach). Prints one JSON line per step and a
 summary: step time (rollout / update split), peak memory, the optimizer actually used.
+
+``--versus KEY=VALUE`` (repeatable) adds a second arm: a trainer on a copy of the same initial weights with those
+overrides on top, stepping alternately with the recipe on the same prompts; the summary gives each arm's medians and
+the recipe / versus ratio of the step. ``--profile`` (CUDA) adds, after the timed steps, one step of the recipe
+under the profiler (device kernels, host launch calls, kernel-busy share of the wall, FLOP/s by the counting rule
+of bench/RESULTS.md against the bf16 matmul peak measured in the same process) and one under sync-debug mode (the
+calls that made the host wait for the device, by call site).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -23,79 +34,71 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from dgrpo.bench import step_profile  # noqa: E402
 from dgrpo.bench.workload import QUICK, Shapes, build_lm, task_records  # noqa: E402
 from dgrpo.config import Config, load_config  # noqa: E402
+from dgrpo.data.records import Record  # noqa: E402
 from dgrpo.training.grpo import GRPOTrainer  # noqa: E402
 
 #: Qwen2.5-1.5B: 28 layers, hidden 1536, 12 query / 2 KV heads, FFN 8960, vocabulary 151,936.
 QWEN25_15B = Shapes(name="qwen2.5-1.5b", hidden=1536, layers=28, heads=12, kv_heads=2, ffn=8960, vocab=151936)
+#: what the measurement fixes on top of the packaged recipe
+MEASURED = ["grpo.n_latent=6", "grpo.filter=false", "grpo.warmup_steps=0"]
+T = 6
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=3, help="timed steps (after one warm-up step)")
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per arm (after one warm-up step each)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra config overrides")
+    ap.add_argument(
+        "--versus",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a second arm with these overrides on top, alternated with the recipe",
+    )
+    ap.add_argument("--profile", action="store_true", help="one profiled and one sync-counted step (CUDA)")
     ap.add_argument("--out", default="", help="write the summary JSON here too")
     ap.add_argument(
         "--tiny",
         action="store_true",
         help="a tiny model of the same architecture instead (a smoke test of this script)",
     )
-    args = ap.parse_args()
-    device = torch.device(args.device)
-    cfg = load_config(
-        Config, "paper/grpo_dropout.yaml", ["grpo.n_latent=6", "grpo.filter=false", "grpo.warmup_steps=0", *args.set]
-    )
-    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
-    t0 = time.perf_counter()
-    shape = QUICK if args.tiny else QWEN25_15B
-    lm = build_lm(shape, device, dtype)
-    prompts = task_records(cfg.grpo.prompts_per_step)
-    tr = GRPOTrainer(lm, cfg, prompts)
-    n_params = sum(p.numel() for p in lm.model.parameters())
-    print(
-        json.dumps(
-            {
-                "built_s": round(time.perf_counter() - t0, 1),
-                "params": n_params,
-                "optimizer": type(tr.opt).__module__ + "." + type(tr.opt).__name__,
-                "device": str(device),
-                "dtype": str(dtype),
-            }
-        ),
-        flush=True,
-    )
-    rows = []
-    for i in range(args.steps + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        t = time.perf_counter()
-        m = tr.step(prompts=prompts)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        row = {
-            "step": i,
-            "warmup": i == 0,
-            "wall_s": round(time.perf_counter() - t, 3),
-            "rollout_s": m["time_rollout_s"],
-            "update_s": m["time_update_s"],
-            "n_rollouts_kept": m["n_rollouts_kept"],
-        }
-        if device.type == "cuda":
-            row["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    return ap.parse_args()
+
+
+def timed_step(tr: GRPOTrainer, prompts: list[Record], device: torch.device, i: int) -> dict:
+    """One step of ``tr``: wall time, the trainer's rollout / update split, peak memory on CUDA."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    m = tr.step(prompts=prompts)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    row = {
+        "step": i,
+        "warmup": i == 0,
+        "wall_s": round(time.perf_counter() - t, 3),
+        "rollout_s": m["time_rollout_s"],
+        "update_s": m["time_update_s"],
+        "n_rollouts_kept": m["n_rollouts_kept"],
+    }
+    if device.type == "cuda":
+        row["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return row
+
+
+def summarize(tr: GRPOTrainer, rows: list[dict], device: torch.device) -> dict:
     timed = [r for r in rows if not r["warmup"]]
-    summary = {
-        "shape": shape.name,
-        "params": n_params,
-        "prompts": cfg.grpo.prompts_per_step,
-        "K": cfg.grpo.group_size,
-        "T": 6,
-        "max_new_tokens": cfg.grpo.max_new_tokens,
-        "micro_batch_size": cfg.grpo.micro_batch_size,
+    g = tr.cfg.grpo
+    out = {
+        "micro_batch_size": g.micro_batch_size,
+        "engine": tr.engine,
+        "kernels": tr.cfg.model.kernels,
+        "recompute": g.recompute_granularity if g.recompute else False,
         "optimizer": type(tr.opt).__name__,
         "median_step_s": statistics.median(r["wall_s"] for r in timed),
         "median_rollout_s": statistics.median(r["rollout_s"] for r in timed),
@@ -103,9 +106,70 @@ def main() -> int:
         "hours_for_3000_steps": round(3000 * statistics.median(r["wall_s"] for r in timed) / 3600, 2),
     }
     if device.type == "cuda":
-        summary.update(
-            gpu=torch.cuda.get_device_name(0), peak_allocated_gib=max(r["peak_allocated_gib"] for r in timed)
-        )
+        out["peak_allocated_gib"] = max(r["peak_allocated_gib"] for r in timed)
+    return out
+
+
+def profile_recipe(tr: GRPOTrainer, prompts: list[Record], device: torch.device, dtype: torch.dtype) -> dict:
+    """Device activity, FLOP/s by the counting rule and host syncs of one more step of the recipe."""
+    peak = step_profile.matmul_peak(device, dtype)
+    prompt_len = tr.lm.encode_questions([r.question for r in prompts])[0].shape[1]
+    rows, tokens = len(prompts) * tr.cfg.grpo.group_size, prompt_len + T + tr.cfg.grpo.max_new_tokens
+    flops = step_profile.grpo_step_flops(tr.lm, rows, tokens)
+    act = step_profile.device_activity(lambda: tr.step(prompts=prompts), device)
+    achieved = flops / act["profiled_wall_s"]
+    out = {
+        **act,
+        "tokens_per_row": tokens,
+        "step_tflop": round(flops / 1e12, 1),
+        "achieved_tflops": round(achieved / 1e12, 1),
+        "matmul_peak_tflops": round(peak / 1e12, 1),
+        "share_of_peak": round(achieved / peak, 4),
+    }
+    return {**out, **step_profile.host_syncs(lambda: tr.step(prompts=prompts))}
+
+
+def main() -> int:
+    args = parse_args()
+    device = torch.device(args.device)
+    if args.profile and device.type != "cuda":
+        raise SystemExit("--profile measures CUDA kernels and syncs: it needs --device cuda")
+    cfg = load_config(Config, "paper/grpo_dropout.yaml", [*MEASURED, *args.set])
+    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+    t0 = time.perf_counter()
+    lm = build_lm(QUICK if args.tiny else QWEN25_15B, device, dtype, keep=False)  # no spare copy on the device
+    prompts = task_records(cfg.grpo.prompts_per_step)
+    arms = {"recipe": (lm, cfg)}
+    if args.versus:  # a copy of the weights before the recipe's trainer swaps in its kernels
+        versus = load_config(Config, "paper/grpo_dropout.yaml", [*MEASURED, *args.set, *args.versus])
+        arms["versus"] = (copy.deepcopy(lm), versus)
+    trainers = {name: GRPOTrainer(a_lm, a_cfg, prompts) for name, (a_lm, a_cfg) in arms.items()}
+    head = {"built_s": round(time.perf_counter() - t0, 1), "params": sum(p.numel() for p in lm.model.parameters())}
+    print(json.dumps({**head, "device": str(device), "dtype": str(dtype), "versus": args.versus}), flush=True)
+    if device.type == "cuda":
+        retries0 = step_profile.allocator_retries()
+    rows: dict[str, list[dict]] = {name: [] for name in trainers}
+    for i in range(args.steps + 1):
+        for name, tr in trainers.items():
+            rows[name].append({"arm": name, **timed_step(tr, prompts, device, i)})
+            print(json.dumps(rows[name][-1]), flush=True)
+    summary = {
+        "shape": "tiny" if args.tiny else QWEN25_15B.name,
+        "prompts": cfg.grpo.prompts_per_step,
+        "K": cfg.grpo.group_size,
+        "T": T,
+        "max_new_tokens": cfg.grpo.max_new_tokens,
+        **summarize(trainers["recipe"], rows["recipe"], device),
+    }
+    if device.type == "cuda":
+        summary.update(gpu=torch.cuda.get_device_name(0), allocator_retries=step_profile.allocator_retries() - retries0)
+    if "versus" in trainers:
+        summary["versus"] = {"overrides": args.versus, **summarize(trainers["versus"], rows["versus"], device)}
+        pairs = [a["wall_s"] / b["wall_s"] for a, b in zip(rows["recipe"], rows["versus"]) if not a["warmup"]]
+        summary["step_ratio"] = round(summary["median_step_s"] / summary["versus"]["median_step_s"], 4)
+        summary["step_ratio_per_round"] = [round(r, 4) for r in pairs]
+    if args.profile:
+        summary["profile"] = profile_recipe(trainers["recipe"], prompts, device, dtype)
     print(json.dumps(summary), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"summary": summary, "steps": rows}, indent=2))

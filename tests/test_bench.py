@@ -53,7 +53,8 @@ def test_quick_suite_writes_json_and_markdown(quick_run):
     assert 0 < lora["params"]["lora"][0] < lora["params"]["full"][0]  # (trainable, total) per arm
     assert 0 < lora["state_bytes"]["lora"] < lora["state_bytes"]["full"]
     rec = data["cpu"]["recompute"]
-    assert 0 < rec["saved_bytes"]["recompute"] < rec["saved_bytes"]["full"]  # activations kept for backward
+    kept = rec["saved_bytes"]  # activations kept for backward: the layers' inputs are more than the calls' inputs
+    assert 0 < kept["call"] < kept["layer"] < kept["full"]
     par = data["cpu"]["parallel"]  # every arm ran and timed its steps: processes x threads, alternated
     assert len(par["steps_per_s"]) == 4 and all(r and min(r) > 0 for r in par["steps_per_s"].values())
     soak = data["cpu"]["soak"]
@@ -89,3 +90,41 @@ def test_fit_slope_recovers_a_line():
 
     assert fit_slope([0, 10, 20, 30], [5.0, 6.0, 7.0, 8.0]) == pytest.approx(0.1)
     assert fit_slope([0, 10, 20], [3.0, 3.0, 3.0]) == 0.0
+
+
+@pytest.mark.slow
+def test_paper_step_script_alternates_two_arms(tmp_path):
+    """bench/paper_step.py (the paper-scale step; here --tiny on the CPU, few rollouts): both arms step alternately
+    and the summary gives the recipe / versus ratio from their medians."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    small = ["grpo.prompts_per_step=2", "grpo.group_size=4", "grpo.max_new_tokens=6"]
+    argv = [sys.executable, str(root / "bench/paper_step.py"), "--tiny", "--steps", "2", "--out", str(tmp_path / "s")]
+    argv += [a for kv in small for a in ("--set", kv)] + ["--versus", "grpo.recompute_granularity=layer"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads((tmp_path / "s").read_text())
+    s = out["summary"]
+    assert [r["arm"] for r in out["steps"]["recipe"]] == ["recipe"] * 3 and len(out["steps"]["versus"]) == 3
+    assert s["recompute"] == "call" and s["versus"]["recompute"] == "layer" and s["K"] == 4
+    assert s["step_ratio"] == pytest.approx(s["median_step_s"] / s["versus"]["median_step_s"], rel=1e-3)
+    assert len(s["step_ratio_per_round"]) == 2
+
+
+def test_step_flops_by_the_counting_rule(tokenizer):
+    """2 x (non-embedding parameters + LM head) per token per pass, 5 passes per GRPO step; the head counted once
+    whether tied (Qwen2 here) or not (Llama)."""
+    from dgrpo.bench.step_profile import grpo_step_flops, matmul_params
+
+    from conftest import make_lm
+
+    for arch in ("qwen2", "llama"):
+        lm = make_lm(tokenizer, arch)
+        emb = lm.model.get_input_embeddings().weight.numel()
+        total = sum(p.numel() for p in lm.model.parameters())
+        head = lm.model.get_output_embeddings().weight
+        tied = head.data_ptr() == lm.model.get_input_embeddings().weight.data_ptr()
+        assert tied == (arch == "qwen2")
+        assert matmul_params(lm) == total - emb + (head.numel() if tied else 0)
+        assert grpo_step_flops(lm, rows=4, tokens_per_row=10) == 2 * matmul_params(lm) * 4 * 10 * 5

@@ -129,6 +129,38 @@ def test_captured_greedy_rollouts_agree_with_eager_in_bf16(sft_checkpoint):
     assert sum(agree) >= 0.99 * len(agree), f"{sum(agree)}/{len(agree)} rows agree"
 
 
+def test_layer_recomputation_on_cuda_matches_full_backprop_with_a_lower_peak(tokenizer, task_records):
+    """``grpo.recompute_granularity``: per layer and per call, the gradients of full backprop under locked dropout
+    (fp32); the peak allocated during the step is lowest per layer (it rebuilds one layer at a time in backward)."""
+    lm = make_lm(tokenizer, hidden_size=256, num_layers=8, intermediate_size=1024).eval()
+    lm.model.to(CUDA)
+    recs = task_records[:48]
+    ids, mask = (x.to(CUDA) for x in lm.encode_questions([r.question for r in recs]))
+    targets = ["\n".join(r.steps) + "\n#### " + r.answer for r in recs]
+    tg, tm = (x.to(CUDA) for x in lm.encode_targets(targets))
+    pert, seeds = LockedDropout(p=0.2, sites=["attn", "mlp"]), seeds_for(0, 0, 0, len(recs))
+    out = {}
+    for recompute in (False, "call", "layer"):
+        lm.recompute = recompute
+        lm.model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        with pert.bind(lm, seeds) as pb:
+            lp, _ = lm.target_logprobs(ids, mask, 4, tg, tm, perturbation=pb)
+        (-(lp * tm).sum()).backward()
+        torch.cuda.synchronize()
+        grads = [p.grad.clone() for p in lm.model.parameters()]
+        out[recompute] = (lp.detach(), grads, torch.cuda.max_memory_allocated() - base)
+    lm.recompute = False
+    for arm in ("call", "layer"):
+        assert torch.allclose(out[False][0], out[arm][0], atol=1e-5, rtol=0)
+        for a, b in zip(out[False][1], out[arm][1]):
+            assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), (arm, (a - b).abs().max())
+    peaks = {k: v[2] for k, v in out.items()}
+    assert peaks["layer"] < peaks["call"] < peaks[False], peaks
+
+
 def test_liger_kernels_keep_logprobs_gradients_and_captured_rollouts(tokenizer, task_records):
     """``model.kernels=liger`` (fused RMSNorm / SwiGLU / rotary): the same log-probs and gradients as Hugging Face's
     modules in fp32, and the fast engine captures the fused layers into its graphs (eager's answers, replay-exact).

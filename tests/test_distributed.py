@@ -143,7 +143,8 @@ def test_asymmetric_filter_does_not_hang(sft_checkpoint, tmp_path, fsdp):
 
 @pytest.mark.parametrize("fsdp", ["0", "sharded"], ids=["allreduce", "fsdp2"])
 def test_two_ranks_match_one_process(sft_checkpoint, tmp_path, fsdp):
-    """The same global batch of prompts and rollout seeds: one step on 2 ranks = one step in 1 process."""
+    """The same global batch of prompts and rollout seeds: one step on 2 ranks = one step in 1 process (under FSDP2
+    with layer recomputation)."""
     from dgrpo.data.synthetic import generate_split
     from dgrpo.model.latent_lm import LatentLM
     from dgrpo.training.grpo import GRPOTrainer
@@ -151,7 +152,10 @@ def test_two_ranks_match_one_process(sft_checkpoint, tmp_path, fsdp):
     from conftest import tiny_config
 
     out = tmp_path / "run"
-    torchrun("parity", out, {"init": str(sft_checkpoint)}, env={"DGRPO_FSDP": fsdp})
+    # under FSDP2 the ranks also recompute each layer in backward (the same gradients): the regions sit inside the
+    # sharded layers' gather and reshard
+    sets = {"grpo.recompute": "true", "grpo.recompute_granularity": "layer"} if fsdp == "sharded" else {}
+    torchrun("parity", out, {"init": str(sft_checkpoint), "sets": sets}, env={"DGRPO_FSDP": fsdp})
     cfg = tiny_config(**PARITY)
     start = flat_params(LatentLM.from_pretrained(sft_checkpoint).model)
     tr = GRPOTrainer(LatentLM.from_pretrained(sft_checkpoint), cfg, generate_split(cfg.task, "train"))
@@ -269,7 +273,7 @@ def _worker_parity(out: Path, args: dict) -> None:
     from conftest import tiny_config
 
     dist = Dist.from_env(torch.device("cpu"))
-    cfg = tiny_config(**PARITY)
+    cfg = tiny_config(**PARITY, **args.get("sets", {}))
     tr = GRPOTrainer(LatentLM.from_pretrained(args["init"]), cfg, generate_split(cfg.task, "train"), dist=dist)
     tr.opt = torch.optim.SGD(tr.opt.param_groups[0]["params"], lr=1.0)  # the sharded parameters under FSDP2
     m = tr.step()

@@ -86,6 +86,21 @@ def test_latent_rows_and_adapters_train_through_the_recurrence(base_dirs, arch):
     assert lora_b and all(p.grad is not None and p.grad.abs().sum() > 0 for p in lora_b)
 
 
+@pytest.mark.parametrize("granularity", ["call", "layer"])
+def test_recomputation_under_adapters_gives_full_backprops_gradients(base_dirs, granularity):
+    """Activation recomputation (per call, per layer) through the PEFT-wrapped recurrence: the adapters' and
+    latent rows' gradients are those of full backprop."""
+    lm = with_lora(base_dirs / "qwen2")
+    grads = []
+    for recompute in (False, granularity):
+        lm.recompute = recompute
+        lm.model.zero_grad(set_to_none=True)
+        (-lm.target_logprobs(*batch(lm)[:2], N_LATENT, *batch(lm)[2:])[0].sum()).backward()
+        grads.append({n: p.grad.clone() for n, p in lm.model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    assert max(float((grads[0][k] - grads[1][k]).abs().max()) for k in grads[0]) <= 1e-6
+
+
 def test_adapter_dropout_is_forced_to_zero(base_dirs):
     with pytest.warns(UserWarning, match="replaced by 0"):
         lm = with_lora(base_dirs / "qwen2", dropout=0.1)

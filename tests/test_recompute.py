@@ -1,8 +1,11 @@
-"""Activation recomputation through the recurrence (``grpo.recompute``): the same log-probs and gradients as full
-backprop under every perturbation, with less kept for backward."""
+"""Activation recomputation through the recurrence (``grpo.recompute``, per call or per layer): the same log-probs and
+gradients as full backprop under every perturbation, with less kept for backward."""
+
+from unittest import mock
 
 import pytest
 import torch
+import torch.utils.checkpoint
 
 from dgrpo.config import Config, PerturbationConfig
 from dgrpo.perturbation import make_perturbation
@@ -51,15 +54,28 @@ def assert_same(a, b, tol=1e-5):
     assert worst <= tol, worst
 
 
+GRANULARITIES = ["call", "layer"]
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_recomputed_backprop_equals_full_backprop(tokenizer, task_records, arch):
+def test_recomputed_backprop_equals_full_backprop(tokenizer, task_records, arch, granularity):
+    from dgrpo.model.anatomy import decoder_layers
+
     lm = make_lm(tokenizer, arch).eval()
     inputs = batch(lm, task_records)
-    assert_same(loss_and_grads(lm, inputs, recompute=False), loss_and_grads(lm, inputs, recompute=True))
+    full = loss_and_grads(lm, inputs, recompute=False)
+    with mock.patch.object(torch.utils.checkpoint, "checkpoint", wraps=torch.utils.checkpoint.checkpoint) as regions:
+        lean = loss_and_grads(lm, inputs, recompute=granularity)
+    assert_same(full, lean)
+    calls = 1 + 3 + 2  # the prompt, T = 3 latent steps, <|end-latent|> and the answer: one region each (call) ...
+    per_call = len(decoder_layers(lm.model)) if granularity == "layer" else 1  # ... or one per layer of each
+    assert regions.call_count >= calls * per_call  # (+ the LM head's logit chunks, when they are chunked)
 
 
+@pytest.mark.parametrize("granularity", GRANULARITIES)
 @pytest.mark.parametrize("spec", KINDS, ids=lambda s: "-".join(str(v) for v in s.values()))
-def test_recomputation_replays_every_perturbation(tokenizer, task_records, spec):
+def test_recomputation_replays_every_perturbation(tokenizer, task_records, spec, granularity):
     """The recomputation in backward runs outside the perturbation's block: it must re-enter it, or the gradient
     would be taken through the unperturbed network."""
     lm = make_lm(tokenizer, "qwen2").eval()
@@ -69,9 +85,9 @@ def test_recomputation_replays_every_perturbation(tokenizer, task_records, spec)
     seeds = torch.arange(11, 11 + rows)
     kw = {"pert": pert, "seeds": seeds, "stepwise": spec["kind"] == "native"}
     full = loss_and_grads(lm, inputs, recompute=False, **kw)
-    assert_same(full, loss_and_grads(lm, inputs, recompute=True, **kw))
+    assert_same(full, loss_and_grads(lm, inputs, recompute=granularity, **kw))
     if spec["kind"] != "none":  # and the perturbation did act: without it the gradient differs
-        plain = loss_and_grads(lm, inputs, recompute=True)
+        plain = loss_and_grads(lm, inputs, recompute=granularity)
         assert max(float((full[1][k] - plain[1][k]).abs().max()) for k in full[1]) > 1e-4
 
 
@@ -85,9 +101,18 @@ def saved_bytes(lm, inputs, recompute):
 def test_recomputation_keeps_less_for_backward(tokenizer, task_records):
     lm = make_lm(tokenizer, "qwen2", hidden_size=64, intermediate_size=256).eval()
     inputs = batch(lm, task_records, n=8)
-    full, lean = saved_bytes(lm, inputs, False), saved_bytes(lm, inputs, True)
-    # the regions keep their inputs and the K/V they hand on; the layers' activations are recomputed
-    assert lean < 0.5 * full, (lean, full)
+    full, call, layer = (saved_bytes(lm, inputs, r) for r in (False, "call", "layer"))
+    # the call regions keep their inputs and the K/V they hand on; the layer regions keep each layer's input too
+    assert call < layer < 0.5 * full, (call, layer, full)
+
+
+def test_layer_recomputation_restores_the_layers(tokenizer, task_records):
+    """The layer regions are installed for one forward call only: afterwards the layers run their own forward."""
+    from dgrpo.model.anatomy import decoder_layers
+
+    lm = make_lm(tokenizer, "llama").eval()
+    loss_and_grads(lm, batch(lm, task_records, n=2), recompute="layer")
+    assert all("forward" not in vars(layer) for layer in decoder_layers(lm.model))
 
 
 def test_grpo_step_with_recompute_matches(tokenizer, task_records, tmp_path):
@@ -96,24 +121,29 @@ def test_grpo_step_with_recompute_matches(tokenizer, task_records, tmp_path):
     from dgrpo.training.grpo import GRPOTrainer
 
     results = []
-    for recompute in (False, True):
-        cfg = load_config(Config, "tiny.yaml", [f"grpo.recompute={str(recompute).lower()}", "grpo.group_size=4"])
+    for recompute in ("false", "true", "layer"):
+        over = [f"grpo.recompute={recompute != 'false'}".lower(), "grpo.group_size=4"]
+        if recompute == "layer":
+            over.append("grpo.recompute_granularity=layer")
+        cfg = load_config(Config, "tiny.yaml", over)
         lm = make_lm(tokenizer, "qwen2")
         trainer = GRPOTrainer(lm, cfg, task_records)
         rows = [trainer.step() for _ in range(2)]
         results.append((rows, {k: v.detach().clone() for k, v in lm.model.state_dict().items()}))
-    (rows_a, w_a), (rows_b, w_b) = results
-    for a, b in zip(rows_a, rows_b):
-        for key in ("reward_mean", "policy_loss", "kl", "grad_norm"):
-            if a.get(key) is not None:
-                assert a[key] == pytest.approx(b[key], abs=1e-6), key
-    assert max(float((w_a[k] - w_b[k]).abs().max()) for k in w_a) <= 1e-6
+    rows_a, w_a = results[0]
+    for rows_b, w_b in results[1:]:
+        for a, b in zip(rows_a, rows_b):
+            for key in ("reward_mean", "policy_loss", "kl", "grad_norm"):
+                if a.get(key) is not None:
+                    assert a[key] == pytest.approx(b[key], abs=1e-6), key
+        assert max(float((w_a[k] - w_b[k]).abs().max()) for k in w_a) <= 1e-6
 
 
 @pytest.mark.slow
 def test_recomputation_lowers_the_peak_rss_of_a_grpo_step():
     """Peak resident memory of one GRPO step at the same micro-batch (64 rollouts, T = 6), each arm in a fresh
-    process after a warm-up step (dgrpo.bench.memprobe): the growth during the step is smaller with recomputation."""
+    process after a warm-up step (dgrpo.bench.memprobe): the growth during the step is smaller with recomputation,
+    and smaller again when one layer at a time is rebuilt."""
     import dataclasses
 
     from dgrpo.bench.recompute_item import RECOMPUTE_CPU, _probe
@@ -121,9 +151,12 @@ def test_recomputation_lowers_the_peak_rss_of_a_grpo_step():
 
     shapes = dataclasses.replace(RECOMPUTE_CPU, hidden=256, ffn=1024)
     ctx = Ctx(device=torch.device("cpu"), dtype=torch.float32, shapes=shapes, threads=2)
-    full, lean = _probe(ctx, shapes, False), _probe(ctx, shapes, True)
-    growth_full = full["peak_bytes"] - full["before_bytes"]
-    growth_lean = lean["peak_bytes"] - lean["before_bytes"]
-    # measured 0.75-0.80 (the step's growth also holds gradients, optimizer state and rollouts, which recomputation
-    # does not shrink; allocator reuse moves the peak by a few percent): a bound with room for that noise
-    assert growth_lean < 0.88 * growth_full, (growth_lean, growth_full)
+    growth = {}
+    for arm in (None, "call", "layer"):
+        probe = _probe(ctx, shapes, arm)
+        growth[arm] = probe["peak_bytes"] - probe["before_bytes"]
+    # measured: call / full 0.75-0.82 (the step's growth also holds gradients, optimizer state and rollouts, which
+    # recomputation does not shrink; allocator reuse moves the peak by a few percent), layer / call 0.66-0.68 (4
+    # layers; 12 layers: 0.66): bounds with room for that noise
+    assert growth["call"] < 0.88 * growth[None], growth
+    assert growth["layer"] < 0.85 * growth["call"], growth

@@ -49,6 +49,7 @@ KLForm = Literal["unbiased", "paper"]
 RolloutCache = Literal["dynamic", "static"]
 Engine = Literal["auto", "eager", "fast"]
 Kernels = Literal["none", "liger"]
+RecomputeGranularity = Literal["call", "layer"]
 ReplayMode = Literal["seed", "fresh_mask"]
 FSDPMode = Literal["none", "full", "sharded"]
 
@@ -291,8 +292,15 @@ class SFTConfig:
     grad_accum: int = opt(1, "micro-batches per optimizer step; batch_size must divide by it")
     recompute: bool = opt(
         False,
-        "activation recomputation: each forward call of the latent recurrence keeps only its inputs and is run "
-        "again in backward (less memory per micro-batch, about one more forward of compute)",
+        "activation recomputation through the latent recurrence: activations are dropped in the forward and "
+        "rebuilt in backward, per decoder layer or per forward call (recompute_granularity): less memory per "
+        "micro-batch, about one more forward of compute",
+    )
+    recompute_granularity: RecomputeGranularity = opt(
+        "layer",
+        "with recompute: layer (each decoder layer of each call keeps its input; in backward one layer's activations "
+        "at a time are rebuilt) or call (each forward call keeps only its inputs; its whole decoder stack runs again "
+        "in backward, so the widest call's activations of every layer are held at once); the same gradients",
     )
     max_grad_norm: float = opt(1.0, "gradient clipping (0 = off)")
     bf16: BF16Mode = opt("auto", "bf16 autocast: auto (on CUDA only), true (always on) or false (off)")
@@ -434,9 +442,17 @@ class GRPOConfig:
     micro_batch_size: int = opt(64, "rollouts per forward/backward in the update (the loss does not depend on it)")
     recompute: bool = opt(
         False,
-        "activation recomputation in the update: each forward call of the replayed recurrence (prompt, each latent "
-        "step, the answer) keeps only its inputs and is run again, under the same perturbation, in backward: less "
-        "memory per micro-batch (so larger micro-batches fit), about one more forward of compute",
+        "activation recomputation in the update: the replayed recurrence's activations (prompt, each latent step, "
+        "the answer) are dropped in the forward and rebuilt, under the same perturbation, in backward, per decoder "
+        "layer or per forward call (recompute_granularity): less memory per micro-batch (so larger micro-batches "
+        "fit), about one more forward of compute",
+    )
+    recompute_granularity: RecomputeGranularity = opt(
+        "layer",
+        "with recompute: layer (each decoder layer of each call keeps its input; in backward one layer's activations "
+        "at a time are rebuilt: the lower peak) or call (each forward call keeps only its inputs; its whole decoder "
+        "stack runs again in backward, so the widest call's activations of every layer are held at once); the same "
+        "gradients and the same compute (one more forward) either way",
     )
     rollout_batch_size: int = opt(512, "rollouts per batched generation call")
     rollout_cache: RolloutCache = opt(

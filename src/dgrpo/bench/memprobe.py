@@ -62,7 +62,8 @@ def probe(spec: dict) -> dict:
         add_lora(lm, int(spec["lora_r"]))
     records = task_records(shapes.prompts)
     cfg = grpo_config(shapes, spec["K"], spec["T"], spec["kind"])
-    cfg.grpo.recompute = bool(spec.get("recompute", False))
+    cfg.grpo.recompute = bool(spec.get("recompute"))  # None / False: off; "call" / "layer" (True: "call")
+    cfg.grpo.recompute_granularity = "layer" if spec.get("recompute") == "layer" else "call"
     cfg.grpo.micro_batch_size = int(spec.get("micro_batch_size", cfg.grpo.micro_batch_size))
     trainer = GRPOTrainer(lm, cfg, records)
     for _ in range(int(spec.get("warmup", 1))):

@@ -1,7 +1,8 @@
 """Benchmark item 10: activation recomputation through the recurrence vs full backprop, one GRPO step.
 
-The same step (same seeds, same micro-batch) with ``grpo.recompute`` off and on: each forward call of the replayed
-recurrence then keeps only its inputs for backward and is run again in backward (:mod:`dgrpo.model.recompute`).
+The same step (same seeds, same micro-batch) with ``grpo.recompute`` off and on at both granularities
+(:mod:`dgrpo.model.recompute`): ``call`` (each forward call of the replayed recurrence keeps only its inputs and runs
+again in backward) and ``layer`` (each decoder layer of each call keeps its input; one layer is rebuilt at a time).
 Measured: the step's peak memory (a fresh process per arm, as in item 5: peak RSS on CPU, ``max_memory_allocated``
 on CUDA), the bytes autograd keeps for backward in one micro-batch, and the step time (alternating, median). The CPU
 section uses a wider model and a longer chain than the other items (``RECOMPUTE_CPU``) so that activations, not
@@ -12,11 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import unittest.mock
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 
+from ..config import RecomputeGranularity
 from ..training.grpo import GRPOTrainer
 from ..training.rollouts import replay_logprobs
 from .memprobe import run_probe
@@ -47,26 +51,45 @@ def item_shapes(ctx: Ctx) -> Shapes:
     return cpu_item_shapes(ctx, RECOMPUTE_CPU)
 
 
-def build_trainer(s: Shapes, device: torch.device, dtype: torch.dtype, recompute: bool) -> GRPOTrainer:
+#: the arms: no recomputation, and recomputation at each granularity
+ARMS: dict[str, RecomputeGranularity | None] = {"full": None, "call": "call", "layer": "layer"}
+
+
+def build_trainer(
+    s: Shapes, device: torch.device, dtype: torch.dtype, recompute: RecomputeGranularity | None
+) -> GRPOTrainer:
     cfg = grpo_config(s, s.grpo_K_at, s.grpo_T_at, "locked")
-    cfg.grpo.recompute = recompute
+    cfg.grpo.recompute = recompute is not None
+    cfg.grpo.recompute_granularity = recompute or "call"
     cfg.grpo.micro_batch_size = s.prompts * s.grpo_K_at  # the whole step in one micro-batch
     return GRPOTrainer(build_lm(s, device, dtype), cfg, task_records(s.prompts))
 
 
 def kept_for_backward(run: Callable[[], Any], params: Iterable[torch.Tensor]) -> int:
-    """Bytes autograd keeps for backward while ``run()`` builds its graph: the distinct storages of the saved
-    tensors, the parameters' own storages left out (saving a weight costs nothing)."""
+    """Bytes kept for backward while ``run()`` builds its graph: the distinct storages of the tensors autograd saves
+    and of the inputs of checkpointed regions (which a region holds itself), the parameters' own storages left out
+    (saving a weight costs nothing)."""
     skip = {p.untyped_storage().data_ptr() for p in params}
     seen: dict[int, int] = {}
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
+    def keep(t: torch.Tensor) -> torch.Tensor:
         st = t.untyped_storage()
         if st.data_ptr() not in skip:
             seen[st.data_ptr()] = st.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    real = torch.utils.checkpoint.checkpoint
+
+    def checkpoint(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                keep(a)
+        return real(fn, *args, **kwargs)
+
+    with (
+        torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t),
+        unittest.mock.patch.object(torch.utils.checkpoint, "checkpoint", checkpoint),
+    ):
         run()
     return sum(seen.values())
 
@@ -76,7 +99,8 @@ def saved_bytes(trainer: GRPOTrainer) -> int:
     prompts = task_records(trainer.cfg.grpo.prompts_per_step)
     ro = trainer._collect(prompts, torch.arange(len(prompts) * trainer.cfg.grpo.group_size) + 1)
     rows = torch.arange(ro.tokens.shape[0])
-    trainer.lm.recompute = trainer.cfg.grpo.recompute
+    g = trainer.cfg.grpo
+    trainer.lm.recompute = g.recompute_granularity if g.recompute else False
 
     def replay() -> None:
         logp, tm = replay_logprobs(
@@ -95,18 +119,18 @@ def saved_bytes(trainer: GRPOTrainer) -> int:
     return kept
 
 
-def _probe(ctx: Ctx, s: Shapes, recompute: bool) -> dict:
+def _probe(ctx: Ctx, s: Shapes, recompute: RecomputeGranularity | None) -> dict:
     return run_probe(ctx, s, s.grpo_K_at, s.grpo_T_at, recompute=recompute, micro_batch_size=s.prompts * s.grpo_K_at)
 
 
 def bench_recompute(ctx: Ctx) -> tuple[list[Row], dict]:
-    """GRPO step with activation recomputation vs full backprop: peak memory, kept activations, step time."""
+    """GRPO step with activation recomputation (per call, per layer) vs full backprop: peak memory, kept
+    activations, step time."""
     s = item_shapes(ctx)
-    arms = {"full": False, "recompute": True}
     mb = s.prompts * s.grpo_K_at
     ctx.log(f"[10] recompute: {s.layers} x {s.hidden} Qwen2, K={s.grpo_K_at}, T={s.grpo_T_at}, micro-batch {mb}")
-    mem = {name: _probe(ctx, s, r) for name, r in arms.items()}  # fresh processes first, before this one grows
-    trainers = {name: build_trainer(s, ctx.device, ctx.dtype, r) for name, r in arms.items()}
+    mem = {name: _probe(ctx, s, r) for name, r in ARMS.items()}  # fresh processes first, before this one grows
+    trainers = {name: build_trainer(s, ctx.device, ctx.dtype, r) for name, r in ARMS.items()}
     kept = {name: saved_bytes(tr) for name, tr in trainers.items()}
     prompts = task_records(s.prompts)
     fns: dict[str, Callable[[], Any]] = {n: functools.partial(t.step, prompts=prompts) for n, t in trainers.items()}
@@ -127,18 +151,15 @@ def bench_recompute(ctx: Ctx) -> tuple[list[Row], dict]:
     vals = "; ".join(
         f"{n}: kept for backward {fmt_bytes(kept[n])}, {what} {fmt_bytes(mem[n]['peak_bytes'])} (before the step "
         f"{fmt_bytes(mem[n]['before_bytes'])}), step {fmt_s(t.median(n))}"
-        for n in arms
+        for n in ARMS
     )
     row = functools.partial(Row, ctx.section, "10. Activation recomputation", "recompute", conf, vals)
-    growth = {n: mem[n]["peak_bytes"] - mem[n]["before_bytes"] for n in arms}
-    return [
-        row("activations kept for backward recompute / full", kept["recompute"] / kept["full"], None),
-        row(f"{what} of the step recompute / full", mem["recompute"]["peak_bytes"] / mem["full"]["peak_bytes"], None),
-        row(f"{what} growth during the step recompute / full", growth["recompute"] / max(1, growth["full"]), None),
-        row(
-            "step time recompute / full",
-            t.ratio("recompute", "full"),
-            None,
-            t.paired_spread("recompute", "full"),
-        ),
-    ], raw
+    growth = {n: mem[n]["peak_bytes"] - mem[n]["before_bytes"] for n in ARMS}
+    rows = []
+    for arm in ("call", "layer"):
+        rows += [
+            row(f"activations kept for backward {arm} / full", kept[arm] / kept["full"], None),
+            row(f"{what} growth during the step {arm} / full", growth[arm] / max(1, growth["full"]), None),
+            row(f"step time {arm} / full", t.ratio(arm, "full"), None, t.paired_spread(arm, "full")),
+        ]
+    return rows, raw

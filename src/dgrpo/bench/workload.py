@@ -166,11 +166,19 @@ _BUILT: dict[tuple, LatentLM] = {}
 
 
 def build_lm(
-    shapes: Shapes, device: torch.device, dtype: torch.dtype, seed: int = 0, *, fixed_length: bool = True
+    shapes: Shapes,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int = 0,
+    *,
+    fixed_length: bool = True,
+    keep: bool = True,
 ) -> LatentLM:
     """A Qwen2 LatentLM with random weights over the built-in tokenizer (like ``tests/conftest.py::make_lm``);
-    ``fixed_length``: EOS is never generated (:func:`suppress_eos`). Each call returns a fresh copy (the first
-    build of a shape is kept, so a 0.5B model is initialised once per process)."""
+    ``fixed_length``: EOS is never generated (:func:`suppress_eos`). Each call returns a fresh copy (``keep``: the
+    first build of a shape is kept on its device, so a 0.5B model is initialised once per process)."""
+    if not keep:
+        return _build_lm(shapes, device, dtype, seed, fixed_length)
     key = (
         shapes.hidden,
         shapes.layers,

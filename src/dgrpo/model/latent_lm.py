@@ -38,7 +38,7 @@ from transformers import (
 )
 
 from ..config import ConfigError
-from .recompute import recomputed_call
+from .recompute import checkpointed_layers, recomputed_call
 from .verified import (
     MANIFEST,
     SAFETENSORS,
@@ -298,9 +298,10 @@ class LatentLM(nn.Module):
         self.run_config: dict | None = None  # the training config that produced this model (run_config.json)
         self.name_or_path: str | None = None  # where the weights came from (a directory or hub id; None: built here)
         self.peft: Any = None  # PEFT's wrapper when LoRA adapters are on (dgrpo.model.lora), not a sub-module
-        #: activation recomputation (dgrpo.model.recompute): with grad on, each forward call of the recurrence keeps
-        #: only its inputs and is run again in backward (grpo.recompute / sft.recompute)
-        self.recompute = False
+        #: activation recomputation (dgrpo.model.recompute) under grad: False (off), "call" (each forward call of the
+        #: recurrence keeps only its inputs and runs again in backward; True means the same) or "layer" (each decoder
+        #: layer of each call does); grpo.recompute / sft.recompute and their *_granularity
+        self.recompute: bool | str = False
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod
@@ -527,7 +528,7 @@ class LatentLM(nn.Module):
         x_is_ids: bool,
     ) -> Tensor:
         """One cached forward of the decoder (``x``: ids or embeddings); its last-layer hidden states [B, L, H].
-        With ``recompute`` and grad on, a checkpointed region (dgrpo.model.recompute)."""
+        With ``recompute`` and grad on, checkpointed regions (dgrpo.model.recompute): the call, or each layer."""
 
         def run(c: DynamicCache | StaticCache, x: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
             if perturbation is not None:
@@ -544,6 +545,11 @@ class LatentLM(nn.Module):
 
         if not (self.recompute and torch.is_grad_enabled()):
             return run(cache, x, attention_mask, positions)
+        if self.recompute == "layer":
+            with checkpointed_layers(self.model, perturbation, phase):
+                return run(cache, x, attention_mask, positions)
+        if self.recompute not in (True, "call"):
+            raise ValueError(f"LatentLM.recompute: expected False, 'call' or 'layer', got {self.recompute!r}")
         assert isinstance(cache, DynamicCache), "recomputation runs over the growing cache (the update's replay)"
         new_cache = lambda: DynamicCache(config=self.model.config)  # noqa: E731
         return recomputed_call(run, cache, new_cache, (x, attention_mask, positions), perturbation)

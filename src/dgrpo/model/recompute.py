@@ -1,28 +1,39 @@
-"""Activation recomputation through the latent recurrence, one cached forward call at a time.
+"""Activation recomputation through the latent recurrence: per forward call, or per decoder layer of each call.
 
 Backprop through the recurrence keeps every activation of every forward call (the prompt, each latent step, the
 answer) until the backward pass. With recomputation on (``LatentLM.recompute``; ``grpo.recompute`` /
-``sft.recompute``), each call keeps only its inputs: the input ids or embeddings, the attention mask, the positions
-and the past keys and values; the decoder stack is run again in backward. Hugging Face's layer checkpointing cannot
-be used here because it turns the KV cache off, so the region is our own :func:`torch.utils.checkpoint.checkpoint`
-around the whole cached call, with the cache's tensors as explicit inputs and outputs: inside the region a
-``DynamicCache`` is rebuilt from the past tensors, and the call's updated keys and values leave it as outputs.
+``sft.recompute``, granularity ``grpo.recompute_granularity`` / ``sft.recompute_granularity``), activations are
+dropped and computed again in backward. Hugging Face's layer checkpointing cannot be used here because it turns the
+KV cache off, so the regions are our own :func:`torch.utils.checkpoint.checkpoint`:
+
+* ``call`` (:func:`recomputed_call`): one region around each whole cached call, with the cache's tensors as explicit
+  inputs and outputs (inside the region a ``DynamicCache`` is rebuilt from the past tensors). Each call keeps only its
+  inputs; its whole decoder stack runs again in backward, so the backward of the widest call (the answer) holds
+  every layer's activations of that call at once.
+* ``layer`` (:func:`checkpointed_layers`): one region around each decoder layer of each call, the layer's past keys
+  and values held by a one-layer stand-in cache (:class:`OneLayerCache`). Each call keeps its layers' inputs; in
+  backward one layer's activations are rebuilt at a time: a lower peak (about one layer's activations instead of all
+  of them), the same recomputed compute (one more forward).
 
 The perturbation must act in the recomputation exactly as in the forward. The forward runs inside the perturbation's
-``with`` block; the backward (and so the recomputation) runs after it, so the region re-enters the perturbation for
-its second run: the seeded masks, noise and RNG states come back identical (replay is what the method rests on).
+``with`` block; the backward (and so the recomputation) runs after it, so each region enters the perturbation again
+for its second run: the seeded masks, noise and RNG states come back identical (replay is what the method rests on).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
 import torch.utils.checkpoint
-from torch import Tensor
+from torch import Tensor, nn
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from .anatomy import decoder_layers
 
 
 def cache_tensors(cache: DynamicCache) -> list[Tensor]:
@@ -84,3 +95,86 @@ def recomputed_call(
     hidden, *kv = torch.utils.checkpoint.checkpoint(region, *inputs, *past, use_reentrant=False)
     load_cache(cache, kv)
     return hidden
+
+
+class OneLayerCache:
+    """One decoder layer's past keys and values, standing in for the model's cache inside a checkpointed layer:
+    ``update`` appends the new positions along the sequence, as ``DynamicCache`` does, and keeps the result."""
+
+    def __init__(self, layer_idx: int, keys: Tensor | None, values: Tensor | None):
+        self.layer_idx, self.keys, self.values = layer_idx, keys, values
+
+    def update(self, keys: Tensor, values: Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        if layer_idx != self.layer_idx:
+            raise RuntimeError(f"layer {self.layer_idx}'s cache was asked for layer {layer_idx}")
+        if self.keys is not None and self.values is not None:
+            keys, values = torch.cat([self.keys, keys], dim=-2), torch.cat([self.values, values], dim=-2)
+        self.keys, self.values = keys, values
+        return keys, values
+
+
+def _cache_layer(cache: Any, i: int) -> Any:
+    layer = cache.layers[i] if isinstance(cache, DynamicCache) else None
+    if type(layer) is not DynamicLayer:  # sliding-window, quantized or static layers keep their own bookkeeping
+        found = type(layer).__name__ if layer is not None else type(cache).__name__
+        raise NotImplementedError(f"layer recomputation runs over a DynamicCache of full-attention layers; got {found}")
+    return layer
+
+
+def _checkpointed_forward(forward: Callable, i: int, perturbation: Any, phase: str) -> Callable:
+    """Decoder layer ``i``'s ``forward`` as a checkpointed region over its past keys and values."""
+    sig = inspect.signature(forward)
+    names = list(sig.parameters)
+    hidden_name, cache_name = names[0], ("cache" if "cache" in names else "past_key_values")
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        bound = sig.bind(*args, **kwargs)
+        cache = bound.arguments.get(cache_name)
+        if cache is None:
+            return forward(*args, **kwargs)
+        layer = _cache_layer(cache, i)
+        past = (layer.keys, layer.values) if layer.is_initialized else ()
+        calls = 0
+
+        def region(hidden: Tensor, *kv: Tensor) -> tuple[Any, Tensor | None, Tensor | None]:
+            nonlocal calls
+            again, calls = calls > 0, calls + 1  # the second run is the recomputation, in backward
+            inner = OneLayerCache(i, *kv) if kv else OneLayerCache(i, None, None)
+            run = sig.bind(*args, **kwargs)
+            run.arguments[hidden_name], run.arguments[cache_name] = hidden, inner
+            ctx: AbstractContextManager[Any] = nullcontext()
+            if again and perturbation is not None and hasattr(perturbation, "__enter__"):
+                ctx = perturbation
+            with ctx:
+                if again and perturbation is not None and hasattr(perturbation, "resume"):
+                    perturbation.resume(phase)
+                out = forward(*run.args, **run.kwargs)
+            return out, inner.keys, inner.values
+
+        hidden = bound.arguments[hidden_name]
+        out, keys, values = torch.utils.checkpoint.checkpoint(region, hidden, *past, use_reentrant=False)
+        if not layer.is_initialized:
+            layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+        return out
+
+    return wrapped
+
+
+@contextmanager
+def checkpointed_layers(model: nn.Module, perturbation: Any = None, phase: str = "prompt") -> Iterator[None]:
+    """Within the block, every decoder layer of ``model`` runs as its own checkpointed region (under grad): it keeps
+    its inputs for backward, and its activations are rebuilt there, under ``perturbation`` (a bound perturbation,
+    or None) resumed at ``phase``. The layers' own ``forward`` is restored on leaving."""
+    layers = list(decoder_layers(model))
+    own = [layer.__dict__.get("forward") for layer in layers]  # an instance-level forward (patched), or None
+    try:
+        for i, layer in enumerate(layers):
+            layer.forward = _checkpointed_forward(layer.forward, i, perturbation, phase)
+        yield
+    finally:
+        for layer, forward in zip(layers, own):
+            if forward is None:
+                del layer.forward
+            else:
+                layer.forward = forward

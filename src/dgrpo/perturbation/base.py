@@ -15,30 +15,50 @@ if TYPE_CHECKING:
 
 
 class BoundPerturbation:
-    """Active perturbation for one batch (a context manager); LatentLM calls ``before_forward``."""
+    """Active perturbation for one batch (a context manager); LatentLM calls ``before_forward``.
+
+    Entering is re-entrant: only the outermost ``with`` installs it (``_install``) and removes it (``_uninstall``),
+    so a recomputation in backward (dgrpo.model.recompute) may enter it again whether or not it is still active."""
 
     perturb_prompt: bool = True
 
     def __init__(self) -> None:
         self.phase = "prompt"
+        self.depth = 0  # nesting of ``with`` blocks
 
     def before_forward(self, phase: str) -> None:
+        """A forward call of ``phase`` begins (each call of the recurrence restarts what a phase needs)."""
+        self.phase = phase
+
+    def resume(self, phase: str) -> None:
+        """Part of a ``phase`` call runs again (a recomputed layer): take up its phase, restart nothing."""
         self.phase = phase
 
     @property
     def active(self) -> bool:
         return self.perturb_prompt or self.phase != "prompt"
 
+    def _install(self) -> None:
+        return None
+
+    def _uninstall(self) -> None:
+        return None
+
     def __enter__(self) -> BoundPerturbation:
+        self.depth += 1
+        if self.depth == 1:
+            self._install()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        self.depth -= 1
+        if self.depth == 0:
+            self._uninstall()
 
 
 class HookedPerturbation(BoundPerturbation):
     """A bound perturbation applied by forward hooks on ``modules``: ``_hook(k)`` builds module k's hook;
-    the hooks are installed on ``__enter__`` and removed on ``__exit__``."""
+    the hooks are installed on entering and removed on leaving."""
 
     def __init__(self, modules: list[nn.Module], perturb_prompt: bool):
         super().__init__()
@@ -48,11 +68,10 @@ class HookedPerturbation(BoundPerturbation):
     def _hook(self, k: int) -> Callable:
         raise NotImplementedError
 
-    def __enter__(self) -> HookedPerturbation:
+    def _install(self) -> None:
         self.handles = [m.register_forward_hook(self._hook(k)) for k, m in enumerate(self.modules)]
-        return self
 
-    def __exit__(self, *exc: object) -> None:
+    def _uninstall(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles = []

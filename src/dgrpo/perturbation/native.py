@@ -37,7 +37,13 @@ class _BoundNative(BoundPerturbation):
         self._set(self.active)
         torch.manual_seed(self.seed)  # the same stream at every forward of this rollout (CPU and all CUDA devices)
 
-    def __enter__(self) -> _BoundNative:
+    def resume(self, phase: str) -> None:
+        # a recomputed layer: the checkpoint has restored the RNG state it had; only the dropout switch follows phase
+        super().resume(phase)
+        self._set(self.active)
+
+    def _install(self) -> None:
+        self.saved = []
         self.cpu_state = torch.random.get_rng_state()
         self.cuda_state = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         for m in self.attn:
@@ -50,9 +56,8 @@ class _BoundNative(BoundPerturbation):
             if isinstance(getattr(mod, "attn_dropout", None), nn.Dropout):
                 self.saved[-1] = (*self.saved[-1][:2], mod.attn_dropout.p)
                 mod.attn_dropout.p = self.p
-        return self
 
-    def __exit__(self, *exc: object) -> None:
+    def _uninstall(self) -> None:
         for m, (training, rate, module_rate) in zip(self.attn, self.saved):
             mod: Any = m
             mod.train(training)

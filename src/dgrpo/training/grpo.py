@@ -104,7 +104,7 @@ class GRPOTrainer:
         self.lm, self.cfg, self.train_data = lm, cfg, train
         self.dist = dist or Dist.single()
         g = cfg.grpo
-        lm.recompute = g.recompute
+        lm.recompute = g.recompute_granularity if g.recompute else False
         if g.prompts_per_step < self.dist.world_size:
             raise ConfigError(
                 f"grpo.prompts_per_step: {g.prompts_per_step} prompts cannot be shared by {self.dist.world_size} "

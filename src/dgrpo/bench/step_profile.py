@@ -1,0 +1,121 @@
+"""What one training step does with the device: kernels launched, how busy they keep it, FLOP/s by the counting rule,
+host synchronisations by call site, allocator retries (``bench/paper_step.py --profile``).
+
+The counting rule (bench/RESULTS.md): 2 x (non-embedding parameters + LM head) FLOPs per token per forward pass, and
+a GRPO step makes five passes over every rollout token: the rollout, the policy's forward and its backward (counted
+twice) in the update, and the reference's forward. The matmul peak it is set against is measured in the same process.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ..model.latent_lm import LatentLM
+
+#: forward-pass equivalents per rollout token in one GRPO step: rollout + policy forward + backward (2) + reference
+GRPO_PASSES = 5
+#: host calls that start work on the GPU: a kernel, or a whole captured graph
+LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchCooperativeKernel")
+GRAPH_LAUNCH = "cudaGraphLaunch"
+
+
+def matmul_params(lm: LatentLM) -> int:
+    """Parameters that take part in a matmul per token: all but the input embedding, plus the LM head (tied or not)."""
+    model: Any = lm.model
+    n = sum(p.numel() for p in model.parameters())
+    emb = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight.data_ptr() == emb.data_ptr()
+    return n - emb.numel() + (emb.numel() if tied else 0)
+
+
+def grpo_step_flops(lm: LatentLM, rows: int, tokens_per_row: int) -> float:
+    """FLOPs of one GRPO step on ``rows`` rollouts of ``tokens_per_row`` tokens (prompt + latents + answer)."""
+    return 2.0 * matmul_params(lm) * rows * tokens_per_row * GRPO_PASSES
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype, n: int = 8192, reps: int = 10) -> float:
+    """FLOP/s of an n x n x n matmul in ``dtype`` on ``device``, measured now (3 warm-ups, ``reps`` timed)."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn_like(a)
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    _sync(device)
+    return reps * 2 * n**3 / (time.perf_counter() - t)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_activity(step: Callable[[], Any], device: torch.device) -> dict:
+    """One ``step()`` under the profiler: its wall time, the device kernels it ran and their summed time (the
+    kernel-busy share of the wall), and the host's launch calls (kernels and graph replays). CUDA only."""
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        step()
+        _sync(device)
+        wall = time.perf_counter() - t
+    events = prof.events()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.device_time for e in kernels) / 1e6
+    names = collections.Counter(e.name for e in events if e.device_type == torch.autograd.DeviceType.CPU)
+    return {
+        "profiled_wall_s": round(wall, 3),
+        "kernels": len(kernels),
+        "kernel_launches": sum(names[n] for n in LAUNCH_CALLS),
+        "graph_launches": names[GRAPH_LAUNCH],
+        "gpu_busy_s": round(busy, 3),
+        "gpu_busy_share": round(busy / wall, 3),
+    }
+
+
+def host_syncs(step: Callable[[], Any], top: int = 8) -> dict:
+    """One ``step()`` under ``torch.cuda`` sync-debug mode: how many calls made the host wait for the device, and the
+    ``top`` call sites (innermost frames of this library, transformers, torch.nn / optim, Liger or bitsandbytes)."""
+    sites: collections.Counter[str] = collections.Counter()
+    keep = ("dgrpo", "transformers", "liger_kernel", "torch/nn", "torch/optim", "torch/utils", "bitsandbytes")
+
+    def record(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        frames = [f for f in traceback.extract_stack()[:-1] if any(k in f.filename for k in keep)]
+        where = " < ".join(f"{_short(f.filename)}:{f.lineno}" for f in frames[-3:][::-1]) or f"{filename}:{lineno}"
+        sites[where] += 1
+
+    show = warnings.showwarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+            torch.cuda.synchronize()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+            warnings.showwarning = show
+    return {"host_syncs": sum(sites.values()), "host_sync_sites": dict(sites.most_common(top))}
+
+
+def _short(path: str) -> str:
+    for mark in ("site-packages/", "src/"):
+        if mark in path:
+            return path.split(mark)[-1]
+    return path
+
+
+def allocator_retries() -> int:
+    """The CUDA caching allocator's retries so far (each frees cached blocks and synchronises): 0 without CUDA."""
+    return int(torch.cuda.memory_stats().get("num_alloc_retries", 0)) if torch.cuda.is_available() else 0
