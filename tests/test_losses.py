@@ -129,3 +129,39 @@ def test_shuffle_within_groups_keeps_each_groups_rewards_and_is_seeded():
     assert torch.equal(a.mean(-1), r.mean(-1))  # so the filter decides the same
     moved = [not torch.equal(shuffle_within_groups(r, torch.tensor([s, s]))[0], r[0]) for s in range(20)]
     assert any(moved) and not all(moved)  # the permutation varies with the seed (the identity is one of them)
+
+
+def test_the_objective_and_its_stats_need_no_host_synchronisation():
+    """torch.compile(fullgraph=True) refuses a graph break (``.item()``, ``float()``, a data-dependent shape): the
+    objective and all its diagnostics trace whole, so a micro-batch asks the host nothing; a step reads them once
+    (``as_dict``). Traced and eager agree, and a row without valid tokens leaves the ratio extremes at 1."""
+    from dgrpo.training.losses import GlobalCounts, ObjectiveSettings, ObjectiveStats, grpo_objective
+
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(0)
+    logp = -torch.rand(3, 5, generator=gen)
+    old = logp + 0.2 * torch.randn(3, 5, generator=gen)
+    ref = logp + 0.1 * torch.randn(3, 5, generator=gen)
+    adv, mask = torch.tensor([1.0, -0.5, 0.25]), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    counts, settings = GlobalCounts(3.0, 9.0, 5), ObjectiveSettings(kl_form="paper")
+
+    def run(lp, m):
+        return grpo_objective(lp, old, adv, m, counts, settings, ref_logp=ref, beta=0.01)
+
+    traced = torch.compile(run, fullgraph=True, backend="eager")
+    for m in (mask, torch.zeros_like(mask)):
+        (loss_a, st_a), (loss_b, st_b) = run(logp, m), traced(logp, m)
+        assert torch.allclose(loss_a, loss_b)
+        assert st_a.as_dict() == pytest.approx(st_b.as_dict())
+    torch._dynamo.reset()
+    assert st_a.as_dict()["ratio_max"] == 1.0 and st_a.as_dict()["ratio_min"] == 1.0  # (the all-masked batch)
+    total = ObjectiveStats()
+    for m in (mask, mask):
+        total.add(run(logp, m)[1])
+    one = run(logp, mask)[1].as_dict()
+    both = total.as_dict()
+    assert both["policy_loss"] == pytest.approx(2 * one["policy_loss"]) and both["ratio_max"] == one["ratio_max"]
+    ratio = (logp - old).exp()[mask.bool()]
+    assert one["ratio_max"] == pytest.approx(float(ratio.max()))
+    assert one["ratio_min"] == pytest.approx(float(ratio.min()))
+    assert both["ratio_min"] == pytest.approx(min(1.0, float(ratio.min())))  # the running extremes start at 1

@@ -266,7 +266,8 @@ class GRPOTrainer:
         # un-replayed noise the rollout never saw; the only stochasticity is the seeded perturbation
         lm.eval()
         old = self._theta_old_logprobs(ro, chunks, step) if g.mini_epochs > 1 else {}
-        stats, replay_diff, gn = ObjectiveStats(), 0.0, 0.0
+        # the stats and the replay check stay on the device until the step's end (no host sync per micro-batch)
+        stats, replay_diff, gn = ObjectiveStats(), torch.zeros((), device=lm.device), 0.0
         for epoch in range(g.mini_epochs):
             ref = self._reference_logprobs(ro, rows, step, epoch) if self.ref is not None and beta > 0 else None
             for ci, rws in enumerate(chunks):
@@ -295,17 +296,19 @@ class GRPOTrainer:
                 if epoch == 0:
                     stats.add(st)
                     recorded = ro.rollout_logp[rws, : tm.shape[1]]
-                    replay_diff = max(replay_diff, float(((logp.detach() - recorded) * tm).abs().max()))
+                    diff = ((logp.detach() - recorded) * tm).abs()
+                    replay_diff = torch.maximum(replay_diff, diff.max() if diff.numel() else replay_diff)
             gn = self._optimizer_step()
+        values = stats.as_dict()  # one device-to-host copy for the step's stats
         return {
-            "policy_loss": dist.sum_float(stats.policy_loss),
-            "kl": dist.sum_float(stats.kl),
-            "clip_frac_low": dist.sum_float(stats.clip_frac_low),
-            "clip_frac_high": dist.sum_float(stats.clip_frac_high),
-            "ratio_max": dist.max_float(stats.ratio_max),
-            "ratio_min": dist.min_float(stats.ratio_min),
+            "policy_loss": dist.sum_float(values["policy_loss"]),
+            "kl": dist.sum_float(values["kl"]),
+            "clip_frac_low": dist.sum_float(values["clip_frac_low"]),
+            "clip_frac_high": dist.sum_float(values["clip_frac_high"]),
+            "ratio_max": dist.max_float(values["ratio_max"]),
+            "ratio_min": dist.min_float(values["ratio_min"]),
             "grad_norm": gn,
-            "logp_replay_maxdiff": dist.max_float(replay_diff),
+            "logp_replay_maxdiff": dist.max_float(float(replay_diff)),
         }
 
     def _optimizer_step(self) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
@@ -185,25 +185,42 @@ class ObjectiveSettings:
 @dataclass
 class ObjectiveStats:
     """Diagnostics of the objective, named as they appear in metrics.jsonl. Each field adds up over
-    micro-batches (and ranks) of one step, except the ratio extremes (max / min)."""
+    micro-batches (and ranks) of one step, except the ratio extremes (max / min). The objective fills them with
+    0-d tensors on the loss's device, so that a step asks the host for all of them once (:meth:`as_dict`), not after
+    every micro-batch's forward."""
 
-    policy_loss: float = 0.0  # -(aggregated clipped surrogate)
-    kl: float = 0.0  # aggregated Huberized k3 (0 without a reference)
-    clip_frac_low: float = 0.0  # fraction of the step's tokens clipped below 1 - eps_low
-    clip_frac_high: float = 0.0  # ... above 1 + eps_high
-    ratio_max: float = 1.0
-    ratio_min: float = 1.0
+    policy_loss: float | Tensor = 0.0  # -(aggregated clipped surrogate)
+    kl: float | Tensor = 0.0  # aggregated Huberized k3 (0 without a reference)
+    clip_frac_low: float | Tensor = 0.0  # fraction of the step's tokens clipped below 1 - eps_low
+    clip_frac_high: float | Tensor = 0.0  # ... above 1 + eps_high
+    ratio_max: float | Tensor = 1.0
+    ratio_min: float | Tensor = 1.0
 
     def add(self, other: ObjectiveStats) -> None:
-        self.policy_loss += other.policy_loss
-        self.kl += other.kl
-        self.clip_frac_low += other.clip_frac_low
-        self.clip_frac_high += other.clip_frac_high
-        self.ratio_max = max(self.ratio_max, other.ratio_max)
-        self.ratio_min = min(self.ratio_min, other.ratio_min)
+        self.policy_loss = self.policy_loss + other.policy_loss
+        self.kl = self.kl + other.kl
+        self.clip_frac_low = self.clip_frac_low + other.clip_frac_low
+        self.clip_frac_high = self.clip_frac_high + other.clip_frac_high
+        self.ratio_max = _extreme(True, self.ratio_max, other.ratio_max)
+        self.ratio_min = _extreme(False, self.ratio_min, other.ratio_min)
 
     def as_dict(self) -> dict[str, float]:
-        return asdict(self)
+        """The values as floats (one device-to-host copy for all of them)."""
+        values = [getattr(self, f.name) for f in fields(self)]
+        tensors = [v for v in values if isinstance(v, Tensor)]
+        if tensors:
+            dev = tensors[0].device
+            values = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=dev) for v in values]).tolist()
+        return {f.name: float(v) for f, v in zip(fields(self), values)}
+
+
+def _extreme(larger: bool, a: float | Tensor, b: float | Tensor) -> float | Tensor:
+    """max (``larger``) or min of two stats, on the device when either is a tensor."""
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        dev = a.device if isinstance(a, Tensor) else b.device  # type: ignore[union-attr]
+        ta, tb = (torch.as_tensor(v, dtype=torch.float64, device=dev) for v in (a, b))
+        return torch.maximum(ta, tb) if larger else torch.minimum(ta, tb)
+    return max(a, b) if larger else min(a, b)
 
 
 def grpo_objective(
@@ -228,16 +245,17 @@ def grpo_objective(
     agg = AGGREGATIONS[s.aggregation]
     obj, ratio, low, high = clipped_surrogate(logp, old_logp, adv, s.eps_low, s.eps_high)
     loss = -agg(obj, m, counts)
-    stats = ObjectiveStats(policy_loss=float(loss.detach()))
+    stats = ObjectiveStats(policy_loss=loss.detach())
     if ref_logp is not None and beta > 0:
         kl = agg(huber_k3(KL_ESTIMATORS[s.kl_form](logp, ref_logp), s.huber_delta), m, counts)
         loss = loss + beta * kl
-        stats.kl = float(kl.detach())
+        stats.kl = kl.detach()
+    # the rest stays on the device too (no host synchronisation here): counts as sums, extremes over valid tokens
     valid = mask.bool()
     n_tok = max(counts.tokens, 1)
-    stats.clip_frac_low = int((low & valid).sum()) / n_tok
-    stats.clip_frac_high = int((high & valid).sum()) / n_tok
-    r = ratio.detach()[valid]
-    if r.numel():
-        stats.ratio_max, stats.ratio_min = float(r.max()), float(r.min())
+    stats.clip_frac_low = (low & valid).sum() / n_tok
+    stats.clip_frac_high = (high & valid).sum() / n_tok
+    r, some = ratio.detach().double(), valid.any()
+    stats.ratio_max = torch.where(some, torch.where(valid, r, -torch.inf).amax(), 1.0)
+    stats.ratio_min = torch.where(some, torch.where(valid, r, torch.inf).amin(), 1.0)
     return loss, stats
