@@ -160,3 +160,24 @@ def test_recomputation_lowers_the_peak_rss_of_a_grpo_step():
     # layers; 12 layers: 0.66): bounds with room for that noise
     assert growth["call"] < 0.88 * growth[None], growth
     assert growth["layer"] < 0.85 * growth["call"], growth
+
+
+def test_sft_with_recompute_trains_the_same_weights(tmp_path, run_cli):
+    """``dgrpo sft`` through a curriculum stage boundary: with recomputation per call and per layer, the same losses
+    and the same final weights as full backprop."""
+    from dgrpo.model.latent_lm import LatentLM
+
+    from conftest import tiny_args
+
+    small = {"model.hidden_size": 32, "model.intermediate_size": 64, "task.n_train": 64, "task.n_valid": 8}
+    small |= {"task.n_test": 8, "sft.epochs_per_stage": 1, "sft.num_epochs": 2, "sft.batch_size": 32}
+    small |= {"data.test": "[]", "sft.eval_each_stage": "false"}
+    weights = {}
+    for arm, extra in {"full": {}, "call": {"sft.recompute_granularity": "call"}, "layer": {}}.items():
+        recompute = {"sft.recompute": "false" if arm == "full" else "true", **extra}
+        res = run_cli("sft", "--out", tmp_path / arm, *tiny_args(**small, **recompute))
+        assert res.returncode == 0, res.stderr[-2000:]
+        lm = LatentLM.from_pretrained(tmp_path / arm / "final")
+        weights[arm] = {k: v.clone() for k, v in lm.model.state_dict().items()}
+    for arm in ("call", "layer"):
+        assert max(float((weights["full"][k] - weights[arm][k]).abs().max()) for k in weights["full"]) <= 1e-6
