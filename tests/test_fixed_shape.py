@@ -108,8 +108,9 @@ def code_parity(completions, records):
 
 @pytest.mark.parametrize("variant", ["grpo.engine=fast", "grpo.rollout_cache=static"])
 def test_grpo_steps_match_the_eager_dynamic_cache_ones(tokenizer, task_records, variant):
-    """Two trainer steps (sampled rollouts, locked dropout): the same rewards and update with the fast engine, or
-    with eager rollouts over the static cache, as with the defaults."""
+    """Two trainer steps (sampled rollouts, locked dropout): the same rewards and update with the fast engine (whose
+    update and reference also run <|end-latent|> in the answer's forward call), or with eager rollouts over the
+    static cache, as with the defaults."""
     from dgrpo.training.grpo import GRPOTrainer
 
     rows = []

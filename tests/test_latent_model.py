@@ -204,3 +204,32 @@ def test_chunked_logprob_scoring_matches_one_shot(tokenizer, task_records, monke
     assert n_calls[0] == 1 and n_calls[1] >= tg.shape[1], n_calls
     assert torch.allclose(res[0][0], res[1][0], atol=1e-6) and torch.allclose(res[0][1], res[1][1], atol=1e-6)
     assert torch.allclose(res[0][2], res[1][2], atol=1e-5, rtol=1e-5), (res[0][2] - res[1][2]).abs().max()
+
+
+@pytest.mark.parametrize("recompute", [False, "layer"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_end_marker_in_the_answer_call_gives_the_same_logprobs_and_gradients(tokenizer, task_records, arch, recompute):
+    """``end_with_targets`` (the fast engine's update and reference): <|end-latent|> runs in the answer's forward call,
+    one call fewer, with the same log-probs and gradients (fp32, 1e-5) under locked dropout, with and without
+    recomputation."""
+    from dgrpo.config import PerturbationConfig
+    from dgrpo.perturbation import make_perturbation
+
+    lm = make_lm(tokenizer, arch).eval()
+    lm.recompute = recompute
+    ids, mask, tg, tm = batch(lm, task_records)
+    pert = make_perturbation(PerturbationConfig(kind="locked", p=0.3, sites=["attn", "mlp"]))
+    out = []
+    for merged in (False, True):
+        lm.model.zero_grad(set_to_none=True)
+        calls: list[int] = []
+        handle = lm.base.register_forward_pre_hook(lambda *a, seen=calls: seen.append(1))
+        with pert.bind(lm, torch.arange(4)) as pb:
+            lp, _ = lm.target_logprobs(ids, mask, 3, tg, tm, perturbation=pb, end_with_targets=merged)
+        handle.remove()
+        (-(lp * tm).sum()).backward()
+        out.append((lp.detach(), {n: p.grad.clone() for n, p in lm.model.named_parameters()}, len(calls)))
+    (lp_a, g_a, n_a), (lp_b, g_b, n_b) = out
+    assert n_b == n_a - 1 == 1 + 3 + 1  # the prompt, 3 latent steps, then one call for the marker and the answer
+    assert torch.allclose(lp_a, lp_b, atol=1e-5, rtol=0), (lp_a - lp_b).abs().max()
+    assert max(float((g_a[k] - g_b[k]).abs().max()) for k in g_a) <= 1e-5

@@ -468,7 +468,8 @@ class GRPOConfig:
         "one-position forward over fixed buffers (static KV cache, full-width mask, device-side counters), rows' "
         "ends booked on the device, the host checking every 8 tokens; on CUDA each step captured once per batch as a "
         "CUDA graph and replayed; the same answers and log-probs; needs a batched perturbation (not native); "
-        "rollout_cache does not apply)",
+        "rollout_cache does not apply; its update and reference also run <|end-latent|> in the answer's forward "
+        "call, one call fewer, the same log-probs up to rounding)",
     )
     advantage: Advantage = opt(
         "drgrpo",

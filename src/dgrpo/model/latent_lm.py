@@ -608,13 +608,22 @@ class LatentLM(nn.Module):
         temperature: float = 1.0,
         with_entropy: bool = False,
         stepwise: bool = False,
+        lead_ids: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Teacher-forced log pi(target_l | prefix) for every target position, [B, L] (0 at padding).
 
         Feeds targets[:, :-1] over the cache in one forward (``stepwise``: one token per forward, the
         same call sequence as decoding, which RNG-replayed native dropout needs); logits only at the
-        L scored positions.
+        L scored positions. ``lead_ids`` [B, 1] (not with ``stepwise``): a token fed first in that same forward (the
+        ``<|end-latent|>`` marker, not yet run), whose hidden state then predicts the first target.
         """
+        if lead_ids is not None:
+            if stepwise:
+                raise ValueError("lead_ids run in the targets' one forward call; stepwise scoring has one per token")
+            ones = torch.ones_like(target_mask[:, :1])
+            x, new_mask = torch.cat([lead_ids, target_ids[:, :-1]], 1), torch.cat([ones, target_mask[:, :-1]], 1)
+            hidden = self._forward(state, "answer", perturbation, ids=x, new_mask=new_mask)
+            return self._scored(hidden, target_ids, target_mask, temperature, with_entropy)
         h_first = state.last_hidden
         if target_ids.shape[1] > 1:
             if stepwise:
@@ -638,6 +647,12 @@ class LatentLM(nn.Module):
             hidden = torch.cat([h_first, h_rest], dim=1)
         else:
             hidden = h_first
+        return self._scored(hidden, target_ids, target_mask, temperature, with_entropy)
+
+    def _scored(
+        self, hidden: Tensor, target_ids: Tensor, target_mask: Tensor, temperature: float, with_entropy: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs (and entropies) of ``target_ids`` from the hidden states that predict them, 0 at padding."""
         logp, entropy = head_logprobs(
             self.model.get_output_embeddings(), hidden, target_ids, temperature, with_entropy, self.logit_chunk_elems
         )
@@ -657,9 +672,18 @@ class LatentLM(nn.Module):
         with_entropy: bool = False,
         markers: bool = True,
         stepwise: bool = False,
+        end_with_targets: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """Question -> latents -> teacher-forced targets, differentiable end to end: log-probs [B, L]."""
-        state = self.prefill(prompt_ids, prompt_mask, n_latent, mode=mode, perturbation=perturbation, markers=markers)
+        """Question -> latents -> teacher-forced targets, differentiable end to end: log-probs [B, L].
+        ``end_with_targets`` (with ``markers``, not ``stepwise``): ``<|end-latent|>`` runs in the targets' forward
+        call instead of its own (one call fewer; the same positions, masks and perturbation, so the same log-probs up
+        to the rounding of a wider matrix product)."""
+        lead = None
+        if end_with_targets and markers and not stepwise:
+            lead = torch.full((prompt_ids.shape[0], 1), self.end_id, device=prompt_ids.device)
+        state = self.prefill(
+            prompt_ids, prompt_mask, n_latent, mode=mode, perturbation=perturbation, markers=markers and lead is None
+        )
         return self.score_targets(
             state,
             target_ids,
@@ -668,6 +692,7 @@ class LatentLM(nn.Module):
             temperature=temperature,
             with_entropy=with_entropy,
             stepwise=stepwise,
+            lead_ids=lead,
         )
 
     @torch.no_grad()

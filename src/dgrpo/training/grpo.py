@@ -280,6 +280,7 @@ class GRPOTrainer:
                     perturbation=self.perturbation,
                     seeds=seeds,
                     temperature=g.temperature,
+                    end_with_answer=self.engine == "fast",
                 )
                 ref_lp = ref[ci * mb : ci * mb + rws.numel(), : tm.shape[1]] if ref is not None else None
                 loss, st = grpo_objective(
@@ -343,6 +344,7 @@ class GRPOTrainer:
                     perturbation=self.perturbation,
                     seeds=self._update_seeds(ro, rws, step, 0),
                     temperature=self.cfg.grpo.temperature,
+                    end_with_answer=self.engine == "fast",
                 )[0]
                 for ci, rws in enumerate(chunks)
             }
@@ -356,6 +358,7 @@ class GRPOTrainer:
         step_rows = g.rollout_batch_size if self.perturbation.batched else 1
         out = torch.zeros(rows.numel(), ro.tokens.shape[1], device=ro.tokens.device)
         kw: dict[str, Any] = dict(n_latent=self.n_latent, perturbation=self.perturbation, temperature=g.temperature)
+        kw["end_with_answer"] = self.engine == "fast"
         for i in range(0, rows.numel(), step_rows):
             rws = rows[i : i + step_rows]
             seeds = self._update_seeds(ro, rws, step, epoch)

@@ -131,14 +131,24 @@ def replay_logprobs(
     perturbation: Perturbation,
     seeds: Tensor,
     temperature: float,
+    end_with_answer: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Teacher-forced log pi(y | x, xi) of ``rows`` under the perturbation regenerated from ``seeds``,
-    through the whole latent recurrence (differentiable when grad is enabled). Returns (logp, mask)."""
+    through the whole latent recurrence (differentiable when grad is enabled). Returns (logp, mask).
+    ``end_with_answer``: ``<|end-latent|>`` runs in the answer's forward call (one call fewer; the fast engine)."""
     ids, mask = _trim(ro.prompt_ids[rows], ro.prompt_mask[rows], left=True)
     tg, tm = _trim(ro.tokens[rows], ro.mask[rows], left=False)
     t = temperature if temperature > 0 else 1.0
     with perturbation.bind(lm, seeds) as pb:
         logp, _ = lm.target_logprobs(
-            ids, mask, n_latent, tg, tm, perturbation=pb, temperature=t, stepwise=not perturbation.batched
+            ids,
+            mask,
+            n_latent,
+            tg,
+            tm,
+            perturbation=pb,
+            temperature=t,
+            stepwise=not perturbation.batched,
+            end_with_targets=end_with_answer,
         )
     return logp, tm
