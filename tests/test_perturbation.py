@@ -152,3 +152,24 @@ def test_memoized_locked_masks_are_the_drawn_ones():
     assert len(memo.rows) == 3
     assert not torch.equal(locked_masks(seeds, 3, 16, 0.5, memo), fresh)  # p is part of the key
     assert len(memo.rows) == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_bound_masks_are_the_scaled_keep_rows_bit_for_bit(tokenizer, dtype):
+    """The bound masks (booleans moved to the device, scaled there) are exactly the masks of the fp32 formula
+    keep / (1 - p) rounded once to the weights' dtype, for values of p whose reciprocal rounds differently."""
+    from dgrpo.model.anatomy import decoder_layers
+    from dgrpo.perturbation.locked import keep_rows, scale_kept
+
+    seeds = torch.tensor([3, 1, 4, 1, 5])
+    for p in (0.1, 0.3, 1 / 3, 0.7):
+        keep = keep_rows(seeds, 4, 32, p)
+        formula = (keep.transpose(0, 1).float() / (1.0 - p)).to(dtype)
+        assert torch.equal(scale_kept(keep.transpose(0, 1).contiguous(), p, dtype), formula)
+    pert = LockedDropout(p=0.3, sites=["attn", "mlp"])
+    lm = make_lm(tokenizer, "qwen2")
+    lm.model.to(dtype)
+    bound = pert.bind(lm, seeds)
+    n_sites = 2 * len(decoder_layers(lm.model))
+    want = (keep_rows(seeds, n_sites, lm.model.config.hidden_size, 0.3).transpose(0, 1).float() / 0.7).to(dtype)
+    assert bound.masks.dtype == dtype and torch.equal(bound.masks, want)

@@ -24,12 +24,25 @@ if TYPE_CHECKING:
     from ..model.latent_lm import LatentLM
 
 
-def locked_masks(seeds: Tensor, n_sites: int, width: int, p: float, memo: RowMemo | None = None) -> Tensor:
-    """[n_sites, B, width] masks with entries in {0, 1/(1-p)}; row i depends on seeds[i] only. ``memo``: rows drawn
-    before are taken from it (a step binds the same seeds for its rollout, its update and its reference)."""
+def keep_rows(seeds: Tensor, n_sites: int, width: int, p: float, memo: RowMemo | None = None) -> Tensor:
+    """[B, n_sites, width] booleans, True where a unit is kept; row i depends on seeds[i] only (drawn on the CPU from
+    its own generator, so the same on every device). ``memo``: rows drawn before are taken from it (a step binds the
+    same seeds for its rollout, its update and its reference)."""
     draw = lambda s: row_uniforms(s, n_sites, width) >= p  # noqa: E731
     rows = [memo.get((s, n_sites, width, p), draw) if memo is not None else draw(s) for s in seeds.tolist()]
-    return torch.stack(rows, dim=1).float() / (1.0 - p)
+    return torch.stack(rows)
+
+
+def scale_kept(keep: Tensor, p: float, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Masks from keep-booleans: 1/(1-p) where kept, 0 elsewhere, computed in fp32 and rounded once to ``dtype``;
+    on whatever device ``keep`` is (moving booleans is a quarter of the bytes of fp32 masks)."""
+    scale = (torch.ones((), dtype=torch.float32) / (1.0 - p)).to(keep.device)
+    return torch.where(keep, scale, 0.0).to(dtype)
+
+
+def locked_masks(seeds: Tensor, n_sites: int, width: int, p: float, memo: RowMemo | None = None) -> Tensor:
+    """[n_sites, B, width] masks with entries in {0, 1/(1-p)} (fp32, on the CPU); row i depends on seeds[i] only."""
+    return scale_kept(keep_rows(seeds, n_sites, width, p, memo).transpose(0, 1).contiguous(), p)
 
 
 class RowMemo:
@@ -86,7 +99,8 @@ class LockedDropout(Perturbation):
     def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
         sites = find_sites(lm.model, self.sites, self.layers)
         dtype = next(lm.model.parameters()).dtype
-        masks = locked_masks(seeds, len(sites), sites[0].width, self.p, self.memo).to(
-            lm.device, dtype
-        )  # 0 and 1/(1-p), rounded once
+        # booleans cross to the device (not fp32 masks: a quarter of the bytes and of the host's work), are laid out
+        # [sites, rows, width] there and become 0 and 1/(1-p), rounded once to the weights' dtype
+        keep = keep_rows(seeds, len(sites), sites[0].width, self.p, self.memo).to(lm.device)
+        masks = scale_kept(keep.transpose(0, 1).contiguous(), self.p, dtype)
         return _BoundLocked(sites, masks, self.perturb_prompt)
