@@ -181,3 +181,23 @@ def test_sft_with_recompute_trains_the_same_weights(tmp_path, run_cli):
         weights[arm] = {k: v.clone() for k, v in lm.model.state_dict().items()}
     for arm in ("call", "layer"):
         assert max(float((weights["full"][k] - weights[arm][k]).abs().max()) for k in weights["full"]) <= 1e-6
+
+
+def test_a_recomputed_layer_enters_only_its_own_sites(tokenizer, task_records):
+    """In backward each layer region re-enters the perturbation for its own sites only: over the whole backward,
+    every site's hook is installed once per forward call, not once per layer of every call."""
+    from dgrpo.model.anatomy import decoder_layers
+
+    lm = make_lm(tokenizer, "qwen2", num_layers=3).eval()
+    lm.recompute = "layer"
+    inputs = batch(lm, task_records, n=2)
+    pert = make_perturbation(PerturbationConfig(kind="locked", p=0.3, sites=["attn", "mlp"]))
+    ids, mask, tg, tm = inputs
+    with pert.bind(lm, torch.arange(2)) as pb:
+        lp, _ = lm.target_logprobs(ids, mask, 3, tg, tm, perturbation=pb)
+    built = []
+    real = type(pb)._hook
+    with mock.patch.object(type(pb), "_hook", lambda self, k: built.append(k) or real(self, k)):
+        (-(lp * tm).sum()).backward()
+    n_calls, n_sites = 1 + 3 + 2, 2 * len(decoder_layers(lm.model))
+    assert len(built) == n_calls * n_sites and sorted(set(built)) == list(range(n_sites))

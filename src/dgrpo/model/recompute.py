@@ -121,8 +121,9 @@ def _cache_layer(cache: Any, i: int) -> Any:
     return layer
 
 
-def _checkpointed_forward(forward: Callable, i: int, perturbation: Any, phase: str) -> Callable:
+def _checkpointed_forward(layer: nn.Module, i: int, perturbation: Any, phase: str) -> Callable:
     """Decoder layer ``i``'s ``forward`` as a checkpointed region over its past keys and values."""
+    forward = layer.forward
     sig = inspect.signature(forward)
     names = list(sig.parameters)
     hidden_name, cache_name = names[0], ("cache" if "cache" in names else "past_key_values")
@@ -132,8 +133,8 @@ def _checkpointed_forward(forward: Callable, i: int, perturbation: Any, phase: s
         cache = bound.arguments.get(cache_name)
         if cache is None:
             return forward(*args, **kwargs)
-        layer = _cache_layer(cache, i)
-        past = (layer.keys, layer.values) if layer.is_initialized else ()
+        stored = _cache_layer(cache, i)
+        past = (stored.keys, stored.values) if stored.is_initialized else ()
         calls = 0
 
         def region(hidden: Tensor, *kv: Tensor) -> tuple[Any, Tensor | None, Tensor | None]:
@@ -144,7 +145,7 @@ def _checkpointed_forward(forward: Callable, i: int, perturbation: Any, phase: s
             run.arguments[hidden_name], run.arguments[cache_name] = hidden, inner
             ctx: AbstractContextManager[Any] = nullcontext()
             if again and perturbation is not None and hasattr(perturbation, "__enter__"):
-                ctx = perturbation
+                ctx = perturbation.within(layer) if hasattr(perturbation, "within") else perturbation
             with ctx:
                 if again and perturbation is not None and hasattr(perturbation, "resume"):
                     perturbation.resume(phase)
@@ -153,9 +154,9 @@ def _checkpointed_forward(forward: Callable, i: int, perturbation: Any, phase: s
 
         hidden = bound.arguments[hidden_name]
         out, keys, values = torch.utils.checkpoint.checkpoint(region, hidden, *past, use_reentrant=False)
-        if not layer.is_initialized:
-            layer.lazy_initialization(keys, values)
-        layer.keys, layer.values = keys, values
+        if not stored.is_initialized:
+            stored.lazy_initialization(keys, values)
+        stored.keys, stored.values = keys, values
         return out
 
     return wrapped
@@ -170,7 +171,7 @@ def checkpointed_layers(model: nn.Module, perturbation: Any = None, phase: str =
     own = [layer.__dict__.get("forward") for layer in layers]  # an instance-level forward (patched), or None
     try:
         for i, layer in enumerate(layers):
-            layer.forward = _checkpointed_forward(layer.forward, i, perturbation, phase)
+            layer.forward = _checkpointed_forward(layer, i, perturbation, phase)
         yield
     finally:
         for layer, forward in zip(layers, own):

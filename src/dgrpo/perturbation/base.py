@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
@@ -55,6 +56,10 @@ class BoundPerturbation:
         if self.depth == 0:
             self._uninstall()
 
+    def within(self, root: nn.Module) -> AbstractContextManager[object]:
+        """Entered for what runs inside ``root`` (one recomputed decoder layer): here, all of it."""
+        return self
+
 
 class HookedPerturbation(BoundPerturbation):
     """A bound perturbation applied by forward hooks on ``modules``: ``_hook(k)`` builds module k's hook;
@@ -75,6 +80,21 @@ class HookedPerturbation(BoundPerturbation):
         for h in self.handles:
             h.remove()
         self.handles = []
+
+    @contextmanager
+    def within(self, root: nn.Module) -> Iterator[object]:
+        """Only the hooks of the modules inside ``root`` (none when the perturbation is entered already): a
+        recomputed layer needs its own sites, not every layer's."""
+        if self.depth > 0:
+            yield self
+            return
+        inside = {id(m) for m in root.modules()}
+        handles = [m.register_forward_hook(self._hook(k)) for k, m in enumerate(self.modules) if id(m) in inside]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
 
 
 class Perturbation:
