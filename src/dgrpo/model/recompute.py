@@ -117,7 +117,10 @@ def _cache_layer(cache: Any, i: int) -> Any:
     layer = cache.layers[i] if isinstance(cache, DynamicCache) else None
     if type(layer) is not DynamicLayer:  # sliding-window, quantized or static layers keep their own bookkeeping
         found = type(layer).__name__ if layer is not None else type(cache).__name__
-        raise NotImplementedError(f"layer recomputation runs over a DynamicCache of full-attention layers; got {found}")
+        raise NotImplementedError(
+            f"layer recomputation runs over a DynamicCache of full-attention layers; got {found} (set "
+            "grpo.recompute_granularity=call / sft.recompute_granularity=call)"
+        )
     return layer
 
 
