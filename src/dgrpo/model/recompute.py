@@ -22,6 +22,7 @@ for its second run: the seeded masks, noise and RNG states come back identical (
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -124,10 +125,18 @@ def _cache_layer(cache: Any, i: int) -> Any:
     return layer
 
 
+@functools.lru_cache(maxsize=64)
+def _method_signature(func: Callable) -> inspect.Signature:
+    """A forward method's signature without ``self``, read once per class (every layer of every call asks)."""
+    sig = inspect.signature(func)
+    return sig.replace(parameters=list(sig.parameters.values())[1:])
+
+
 def _checkpointed_forward(layer: nn.Module, i: int, perturbation: Any, phase: str) -> Callable:
     """Decoder layer ``i``'s ``forward`` as a checkpointed region over its past keys and values."""
     forward = layer.forward
-    sig = inspect.signature(forward)
+    func = getattr(forward, "__func__", None)  # the class's function, or None for an instance-level callable
+    sig = _method_signature(func) if func is not None else inspect.signature(forward)
     names = list(sig.parameters)
     hidden_name, cache_name = names[0], ("cache" if "cache" in names else "past_key_values")
 
