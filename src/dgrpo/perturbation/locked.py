@@ -36,8 +36,8 @@ def keep_rows(seeds: Tensor, n_sites: int, width: int, p: float, memo: RowMemo |
 def scale_kept(keep: Tensor, p: float, dtype: torch.dtype = torch.float32) -> Tensor:
     """Masks from keep-booleans: 1/(1-p) where kept, 0 elsewhere, computed in fp32 and rounded once to ``dtype``;
     on whatever device ``keep`` is (moving booleans is a quarter of the bytes of fp32 masks)."""
-    scale = (torch.ones((), dtype=torch.float32) / (1.0 - p)).to(keep.device)
-    return torch.where(keep, scale, 0.0).to(dtype)
+    scale = float(torch.ones((), dtype=torch.float32) / (1.0 - p))  # the fp32 quotient, exact as a Python float
+    return torch.where(keep, scale, 0.0).to(dtype)  # (a scalar: nothing copied to the device)
 
 
 def locked_masks(seeds: Tensor, n_sites: int, width: int, p: float, memo: RowMemo | None = None) -> Tensor:

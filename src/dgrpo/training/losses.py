@@ -206,20 +206,23 @@ class ObjectiveStats:
 
     def as_dict(self) -> dict[str, float]:
         """The values as floats (one device-to-host copy for all of them)."""
-        values = [getattr(self, f.name) for f in fields(self)]
-        tensors = [v for v in values if isinstance(v, Tensor)]
-        if tensors:
-            dev = tensors[0].device
-            values = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=dev) for v in values]).tolist()
+        values: list[float | Tensor] = [getattr(self, f.name) for f in fields(self)]
+        on_device = [i for i, v in enumerate(values) if isinstance(v, Tensor)]
+        if on_device:  # the tensors stacked on their device, copied once; the plain floats never leave the host
+            host = torch.stack([values[i].detach().double() for i in on_device]).tolist()  # type: ignore[union-attr]
+            for i, v in zip(on_device, host):
+                values[i] = v
         return {f.name: float(v) for f, v in zip(fields(self), values)}
 
 
 def _extreme(larger: bool, a: float | Tensor, b: float | Tensor) -> float | Tensor:
-    """max (``larger``) or min of two stats, on the device when either is a tensor."""
+    """max (``larger``) or min of two stats; on the device when either is a tensor (a float joins as a clamp bound,
+    so nothing is copied to the device)."""
+    if isinstance(a, Tensor) and isinstance(b, Tensor):
+        return torch.maximum(a, b) if larger else torch.minimum(a, b)
     if isinstance(a, Tensor) or isinstance(b, Tensor):
-        dev = a.device if isinstance(a, Tensor) else b.device  # type: ignore[union-attr]
-        ta, tb = (torch.as_tensor(v, dtype=torch.float64, device=dev) for v in (a, b))
-        return torch.maximum(ta, tb) if larger else torch.minimum(ta, tb)
+        t, x = (a, b) if isinstance(a, Tensor) else (b, a)
+        return t.clamp(min=x) if larger else t.clamp(max=x)  # type: ignore[union-attr]
     return max(a, b) if larger else min(a, b)
 
 
