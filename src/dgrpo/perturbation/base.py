@@ -166,3 +166,11 @@ def map_first_output(output: Tensor | tuple, fn: Callable[[Tensor], Tensor]) -> 
     if isinstance(output, tuple):
         return (fn(output[0]), *output[1:])
     return fn(output)
+
+
+def to_device(t: Tensor, device: torch.device) -> Tensor:
+    """A host tensor moved to ``device``: on CUDA through pinned memory, without waiting (a copy from pageable
+    memory synchronises the stream first)."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)

@@ -17,7 +17,15 @@ import torch
 from torch import Tensor
 
 from ..model.anatomy import Site, find_sites
-from .base import BoundPerturbation, HookedPerturbation, Perturbation, map_first_output, register, row_uniforms
+from .base import (
+    BoundPerturbation,
+    HookedPerturbation,
+    Perturbation,
+    map_first_output,
+    register,
+    row_uniforms,
+    to_device,
+)
 
 if TYPE_CHECKING:
     from ..config import PerturbationConfig
@@ -101,6 +109,6 @@ class LockedDropout(Perturbation):
         dtype = next(lm.model.parameters()).dtype
         # booleans cross to the device (not fp32 masks: a quarter of the bytes and of the host's work), are laid out
         # [sites, rows, width] there and become 0 and 1/(1-p), rounded once to the weights' dtype
-        keep = keep_rows(seeds, len(sites), sites[0].width, self.p, self.memo).to(lm.device)
+        keep = to_device(keep_rows(seeds, len(sites), sites[0].width, self.p, self.memo), lm.device)
         masks = scale_kept(keep.transpose(0, 1).contiguous(), self.p, dtype)
         return _BoundLocked(sites, masks, self.perturb_prompt)

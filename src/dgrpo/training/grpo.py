@@ -35,6 +35,7 @@ from ..eval.scoring import RewardPart, Rewards, ScoreFn, build_rewards, final_an
 from ..model.kernels import apply_kernels
 from ..model.latent_lm import LatentLM
 from ..perturbation import make_perturbation, seeds_for
+from ..perturbation.base import to_device
 from ..reward import extract_answer, normalize_text
 from .checkpoint import read_checkpoint, save_checkpoint
 from .distributed import Dist
@@ -286,7 +287,7 @@ class GRPOTrainer:
                 loss, st = grpo_objective(
                     logp,
                     old.get(ci, logp.detach()),
-                    adv_rows[rws].to(logp.device),
+                    to_device(adv_rows[rws], logp.device),
                     tm,
                     counts,
                     self.objective,
@@ -296,7 +297,7 @@ class GRPOTrainer:
                 loss.backward()
                 if epoch == 0:
                     stats.add(st)
-                    recorded = ro.rollout_logp[rws, : tm.shape[1]]
+                    recorded = ro.rollout_logp.index_select(0, to_device(rws, logp.device))[:, : tm.shape[1]]
                     diff = ((logp.detach() - recorded) * tm).abs()
                     replay_diff = torch.maximum(replay_diff, diff.max() if diff.numel() else replay_diff)
             gn = self._optimizer_step()

@@ -14,6 +14,7 @@ from ..eval.scoring import ScoreFn, call_checked, numeric
 from ..model.fixed_shape import fixed_shape_generate
 from ..model.latent_lm import LatentLM, right_pad
 from ..perturbation import Perturbation
+from ..perturbation.base import to_device
 
 
 @dataclass
@@ -29,15 +30,28 @@ class Rollouts:
     rewards: Tensor  # [G, K]
     texts: list[str]
     entropy: float  # mean per-token entropy of the answer distribution while decoding
+    host_masks: tuple[Tensor, Tensor] | None = None  # (prompt_mask, mask) on the CPU, copied once (see host())
+
+    def host(self) -> tuple[Tensor, Tensor]:
+        """The prompt and answer masks on the CPU (one copy per step): a micro-batch finds its padding columns there
+        instead of asking the device."""
+        if self.host_masks is None:
+            self.host_masks = (self.prompt_mask.cpu(), self.mask.cpu())
+        return self.host_masks
 
 
 def _trim(ids: Tensor, mask: Tensor, left: bool) -> tuple[Tensor, Tensor]:
     """Drop all-padding columns (left or right) of a slice of a padded batch."""
+    lo, hi = _span(mask)
+    return (ids[:, lo:], mask[:, lo:]) if left else (ids[:, :hi], mask[:, :hi])
+
+
+def _span(mask: Tensor) -> tuple[int, int]:
+    """The first and one-past-the-last column of ``mask`` [rows, columns] that any row uses ((0, 0) if none)."""
     cols = mask.any(0).nonzero()
     if cols.numel() == 0:
-        return ids[:, :0], mask[:, :0]
-    lo, hi = int(cols.min()), int(cols.max()) + 1
-    return (ids[:, lo:], mask[:, lo:]) if left else (ids[:, :hi], mask[:, :hi])
+        return 0, 0
+    return int(cols.min()), int(cols.max()) + 1
 
 
 def resolve_engine(engine: str, device: torch.device, batched: bool) -> str:
@@ -136,8 +150,14 @@ def replay_logprobs(
     """Teacher-forced log pi(y | x, xi) of ``rows`` under the perturbation regenerated from ``seeds``,
     through the whole latent recurrence (differentiable when grad is enabled). Returns (logp, mask).
     ``end_with_answer``: ``<|end-latent|>`` runs in the answer's forward call (one call fewer; the fast engine)."""
-    ids, mask = _trim(ro.prompt_ids[rows], ro.prompt_mask[rows], left=True)
-    tg, tm = _trim(ro.tokens[rows], ro.mask[rows], left=False)
+    # the padding columns from the host's copy of the masks, the rows gathered on the device: no synchronisation
+    prompt_host, answer_host = ro.host()
+    rows_host = rows.cpu()
+    lo, _ = _span(prompt_host[rows_host])
+    _, hi = _span(answer_host[rows_host])
+    idx = to_device(rows_host, ro.tokens.device)
+    ids, mask = ro.prompt_ids.index_select(0, idx)[:, lo:], ro.prompt_mask.index_select(0, idx)[:, lo:]
+    tg, tm = ro.tokens.index_select(0, idx)[:, :hi], ro.mask.index_select(0, idx)[:, :hi]
     t = temperature if temperature > 0 else 1.0
     with perturbation.bind(lm, seeds) as pb:
         logp, _ = lm.target_logprobs(
