@@ -42,9 +42,10 @@ from dgrpo.training.grpo import GRPOTrainer  # noqa: E402
 
 #: Qwen2.5-1.5B: 28 layers, hidden 1536, 12 query / 2 KV heads, FFN 8960, vocabulary 151,936.
 QWEN25_15B = Shapes(name="qwen2.5-1.5b", hidden=1536, layers=28, heads=12, kv_heads=2, ffn=8960, vocab=151936)
-#: what the measurement fixes on top of the packaged recipe
-MEASURED = ["grpo.n_latent=6", "grpo.filter=false", "grpo.warmup_steps=0"]
+#: T (given explicitly: there is no SFT checkpoint to read it from), and what else the measurement fixes on top of
+#: the packaged recipe
 T = 6
+MEASURED = [f"grpo.n_latent={T}", "grpo.filter=false", "grpo.warmup_steps=0"]
 
 
 def parse_args() -> argparse.Namespace:

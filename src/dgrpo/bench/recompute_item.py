@@ -99,8 +99,6 @@ def saved_bytes(trainer: GRPOTrainer) -> int:
     prompts = task_records(trainer.cfg.grpo.prompts_per_step)
     ro = trainer._collect(prompts, torch.arange(len(prompts) * trainer.cfg.grpo.group_size) + 1)
     rows = torch.arange(ro.tokens.shape[0])
-    g = trainer.cfg.grpo
-    trainer.lm.recompute = g.recompute_granularity if g.recompute else False
 
     def replay() -> None:
         logp, tm = replay_logprobs(

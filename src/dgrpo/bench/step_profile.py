@@ -95,8 +95,7 @@ def host_syncs(step: Callable[[], Any], top: int = 8) -> dict:
         where = " < ".join(f"{_short(f.filename)}:{f.lineno}" for f in frames[-3:][::-1]) or f"{filename}:{lineno}"
         sites[where] += 1
 
-    show = warnings.showwarning
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # (restores warnings.showwarning on leaving)
         warnings.simplefilter("always")
         warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
@@ -105,7 +104,6 @@ def host_syncs(step: Callable[[], Any], top: int = 8) -> dict:
             torch.cuda.synchronize()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-            warnings.showwarning = show
     return {"host_syncs": sum(sites.values()), "host_sync_sites": dict(sites.most_common(top))}
 
 

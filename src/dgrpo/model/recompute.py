@@ -102,7 +102,7 @@ class OneLayerCache:
     """One decoder layer's past keys and values, standing in for the model's cache inside a checkpointed layer:
     ``update`` appends the new positions along the sequence, as ``DynamicCache`` does, and keeps the result."""
 
-    def __init__(self, layer_idx: int, keys: Tensor | None, values: Tensor | None):
+    def __init__(self, layer_idx: int, keys: Tensor | None = None, values: Tensor | None = None):
         self.layer_idx, self.keys, self.values = layer_idx, keys, values
 
     def update(self, keys: Tensor, values: Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
@@ -152,7 +152,7 @@ def _checkpointed_forward(layer: nn.Module, i: int, perturbation: Any, phase: st
         def region(hidden: Tensor, *kv: Tensor) -> tuple[Any, Tensor | None, Tensor | None]:
             nonlocal calls
             again, calls = calls > 0, calls + 1  # the second run is the recomputation, in backward
-            inner = OneLayerCache(i, *kv) if kv else OneLayerCache(i, None, None)
+            inner = OneLayerCache(i, *kv)
             run = sig.bind(*args, **kwargs)
             run.arguments[hidden_name], run.arguments[cache_name] = hidden, inner
             ctx: AbstractContextManager[Any] = nullcontext()

@@ -273,16 +273,7 @@ class GRPOTrainer:
             ref = self._reference_logprobs(ro, rows, step, epoch) if self.ref is not None and beta > 0 else None
             for ci, rws in enumerate(chunks):
                 seeds = self._update_seeds(ro, rws, step, epoch)
-                logp, tm = replay_logprobs(
-                    lm,
-                    ro,
-                    rws,
-                    n_latent=self.n_latent,
-                    perturbation=self.perturbation,
-                    seeds=seeds,
-                    temperature=g.temperature,
-                    end_with_answer=self.engine == "fast",
-                )
+                logp, tm = replay_logprobs(lm, ro, rws, seeds=seeds, **self._replay_kw())
                 ref_lp = ref[ci * mb : ci * mb + rws.numel(), : tm.shape[1]] if ref is not None else None
                 loss, st = grpo_objective(
                     logp,
@@ -337,16 +328,9 @@ class GRPOTrainer:
         """With several mini-epochs: log-probs at theta_old from a separate no-grad replay, same micro-batches."""
         with torch.no_grad():
             return {
-                ci: replay_logprobs(
-                    self.lm,
-                    ro,
-                    rws,
-                    n_latent=self.n_latent,
-                    perturbation=self.perturbation,
-                    seeds=self._update_seeds(ro, rws, step, 0),
-                    temperature=self.cfg.grpo.temperature,
-                    end_with_answer=self.engine == "fast",
-                )[0]
+                ci: replay_logprobs(self.lm, ro, rws, seeds=self._update_seeds(ro, rws, step, 0), **self._replay_kw())[
+                    0
+                ]
                 for ci, rws in enumerate(chunks)
             }
 
@@ -358,14 +342,23 @@ class GRPOTrainer:
         g = self.cfg.grpo
         step_rows = g.rollout_batch_size if self.perturbation.batched else 1
         out = torch.zeros(rows.numel(), ro.tokens.shape[1], device=ro.tokens.device)
-        kw: dict[str, Any] = dict(n_latent=self.n_latent, perturbation=self.perturbation, temperature=g.temperature)
-        kw["end_with_answer"] = self.engine == "fast"
         for i in range(0, rows.numel(), step_rows):
             rws = rows[i : i + step_rows]
             seeds = self._update_seeds(ro, rws, step, epoch)
-            lp = self.ref.run(partial(_replayed_logprobs, ro=ro, rows=rws, seeds=seeds, **kw))
+            lp = self.ref.run(partial(_replayed_logprobs, ro=ro, rows=rws, seeds=seeds, **self._replay_kw()))
             out[i : i + rws.numel(), : lp.shape[1]] = lp
         return out
+
+    def _replay_kw(self) -> dict[str, Any]:
+        """How the update, theta_old and the reference replay rollouts: the same latent steps, perturbation,
+        temperature and calls (under the fast engine <|end-latent|> runs in the answer's forward call)."""
+        g = self.cfg.grpo
+        return dict(
+            n_latent=self.n_latent,
+            perturbation=self.perturbation,
+            temperature=g.temperature,
+            end_with_answer=self.engine == "fast",
+        )
 
     def _update_seeds(self, ro: Rollouts, rows: Tensor, step: int, epoch: int) -> Tensor:
         """The rollout's own seeds (mask replay), or new ones per mini-epoch (``replay: fresh_mask``, the ablation)."""

@@ -47,10 +47,11 @@ def _trim(ids: Tensor, mask: Tensor, left: bool) -> tuple[Tensor, Tensor]:
 
 
 def _span(mask: Tensor) -> tuple[int, int]:
-    """The first and one-past-the-last column of ``mask`` [rows, columns] that any row uses ((0, 0) if none)."""
+    """The first and one-past-the-last column of ``mask`` [rows, columns] that any row uses; if none, (columns, 0),
+    so that both ``[:, lo:]`` and ``[:, :hi]`` are empty."""
     cols = mask.any(0).nonzero()
     if cols.numel() == 0:
-        return 0, 0
+        return mask.shape[1], 0
     return int(cols.min()), int(cols.max()) + 1
 
 
