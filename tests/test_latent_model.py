@@ -233,3 +233,84 @@ def test_end_marker_in_the_answer_call_gives_the_same_logprobs_and_gradients(tok
     assert n_b == n_a - 1 == 1 + 3 + 1  # the prompt, 3 latent steps, then one call for the marker and the answer
     assert torch.allclose(lp_a, lp_b, atol=1e-5, rtol=0), (lp_a - lp_b).abs().max()
     assert max(float((g_a[k] - g_b[k]).abs().max()) for k in g_a) <= 1e-5
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_prebuilt_mask_is_hugging_faces_mask(tokenizer, task_records, arch):
+    """For a padded batch the 4-d mask built on the device is the one Hugging Face builds from the 2-d padding mask,
+    for a prompt call, a one-position latent step and a several-position call on a cache."""
+    from transformers import DynamicCache
+    from transformers.masking_utils import create_causal_mask
+
+    from dgrpo.model.attention_mask import causal_padding_mask, prebuilt_mask_applies
+
+    lm = make_lm(tokenizer, arch)
+    assert prebuilt_mask_applies(lm.model.config)
+    ids, mask, _, _ = batch(lm, task_records)
+    assert not bool(mask.all())  # padded: Hugging Face builds a mask rather than using is_causal
+    for past, q_len in ((0, ids.shape[1]), (ids.shape[1], 1), (ids.shape[1], 5)):
+        cache = DynamicCache(config=lm.model.config)
+        if past:  # a cache that holds ``past`` positions
+            with torch.no_grad():
+                lm.base(input_ids=ids, attention_mask=mask, use_cache=True, **{cache_keyword(type(lm.base)): cache})
+        full = torch.cat([mask, torch.ones(mask.shape[0], past + q_len - mask.shape[1], dtype=mask.dtype)], 1)
+        emb = torch.zeros(mask.shape[0], q_len, lm.model.config.hidden_size)
+        theirs = create_causal_mask(lm.model.config, emb, full, cache, position_ids=None)
+        assert torch.equal(causal_padding_mask(full, q_len), theirs), (arch, past, q_len)
+
+
+@pytest.mark.parametrize("ragged", [True, False])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_prebuilt_mask_gives_hugging_faces_logprobs_and_gradients(
+    tokenizer, task_records, arch, ragged, monkeypatch
+):
+    """The recurrence with the device-built mask and with Hugging Face's mask builder: the same log-probs and
+    gradients (bit for bit with padding, where both pass SDPA the same mask; 1e-5 without, where Hugging Face passes
+    is_causal instead)."""
+    import dgrpo.model.latent_lm as latent_lm
+
+    lm = make_lm(tokenizer, arch)
+    ids, mask, tg, tm = batch(lm, task_records, ragged=ragged)
+    out = []
+    for prebuilt in (True, False):
+        monkeypatch.setattr(latent_lm, "prebuilt_mask_applies", lambda config, on=prebuilt: on)
+        lm.model.zero_grad(set_to_none=True)
+        lp, _ = lm.target_logprobs(ids, mask, 3, tg, tm)
+        (-(lp * tm).sum()).backward()
+        out.append((lp.detach(), [p.grad.clone() for p in lm.model.parameters() if p.grad is not None]))
+    (lp_a, g_a), (lp_b, g_b) = out
+    if ragged:
+        assert torch.equal(lp_a, lp_b) and all(torch.equal(a, b) for a, b in zip(g_a, g_b))
+    else:
+        assert torch.allclose(lp_a, lp_b, atol=1e-5, rtol=0)
+        assert max(float((a - b).abs().max()) for a, b in zip(g_a, g_b)) <= 1e-5
+
+
+@pytest.mark.parametrize("recompute", [False, "call", "layer"])
+def test_the_replay_forward_and_backward_make_the_host_wait_for_nothing(tokenizer, task_records, recompute):
+    """Scoring answers through the latent chain under locked dropout, forward and backward, on a padded batch, runs
+    no op that would make the host wait for a GPU (a value read back, a data-dependent size): the update's forward
+    calls can run ahead of the device, and could be captured as graphs."""
+    from dgrpo.bench.step_profile import waiting_ops
+    from dgrpo.config import PerturbationConfig
+    from dgrpo.perturbation import make_perturbation
+
+    lm = make_lm(tokenizer, "qwen2")
+    lm.recompute = recompute
+    ids, mask, tg, tm = batch(lm, task_records)
+    pert = make_perturbation(PerturbationConfig(kind="locked", p=0.3, sites=["attn", "mlp"]))
+    with pert.bind(lm, torch.arange(4)) as pb:
+
+        def replay() -> None:
+            lp, _ = lm.target_logprobs(ids, mask, 3, tg, tm, perturbation=pb, end_with_targets=True)
+            (-(lp * tm).sum()).backward()
+
+        found = waiting_ops(replay)
+    assert found["waiting_ops"] == 0, found["waiting_op_sites"]
+    # the audit does see such ops: the same call through Hugging Face's mask builder reads the padding back
+    import dgrpo.model.latent_lm as latent_lm
+
+    with pert.bind(lm, torch.arange(4)) as pb, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(latent_lm, "prebuilt_mask_applies", lambda config: False)
+        found = waiting_ops(lambda: lm.target_logprobs(ids, mask, 3, tg, tm, perturbation=pb, end_with_targets=True))
+    assert found["waiting_ops"] >= 5 and all("masking_utils" in s for s in found["waiting_op_sites"]), found

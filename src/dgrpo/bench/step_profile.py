@@ -1,5 +1,6 @@
 """What one training step does with the device: kernels launched, how busy they keep it, FLOP/s by the counting rule,
-host synchronisations by call site, allocator retries (``bench/paper_step.py --profile``).
+host synchronisations by call site, allocator retries (``bench/paper_step.py --profile``, CUDA); and, on any device,
+the ops that would make the host wait for a GPU, by call site (:func:`waiting_ops`).
 
 The counting rule (bench/RESULTS.md): 2 x (non-embedding parameters + LM head) FLOPs per token per forward pass, and
 a GRPO step makes five passes over every rollout token: the rollout, the policy's forward and its backward (counted
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..model.latent_lm import LatentLM
 
@@ -88,12 +90,9 @@ def host_syncs(step: Callable[[], Any], top: int = 8) -> dict:
     """One ``step()`` under ``torch.cuda`` sync-debug mode: how many calls made the host wait for the device, and the
     ``top`` call sites (innermost frames of this library, transformers, torch.nn / optim, Liger or bitsandbytes)."""
     sites: collections.Counter[str] = collections.Counter()
-    keep = ("dgrpo", "transformers", "liger_kernel", "torch/nn", "torch/optim", "torch/utils", "bitsandbytes")
 
     def record(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-        frames = [f for f in traceback.extract_stack()[:-1] if any(k in f.filename for k in keep)]
-        where = " < ".join(f"{_short(f.filename)}:{f.lineno}" for f in frames[-3:][::-1]) or f"{filename}:{lineno}"
-        sites[where] += 1
+        sites[_call_site() or f"{filename}:{lineno}"] += 1
 
     with warnings.catch_warnings():  # (restores warnings.showwarning on leaving)
         warnings.simplefilter("always")
@@ -105,6 +104,58 @@ def host_syncs(step: Callable[[], Any], top: int = 8) -> dict:
         finally:
             torch.cuda.set_sync_debug_mode(0)
     return {"host_syncs": sum(sites.values()), "host_sync_sites": dict(sites.most_common(top))}
+
+
+#: ops that make the host wait for a GPU: a value read back (``item``, ``bool``, ``int``), a result whose size depends
+#: on the data (``nonzero``, boolean indexing, ``masked_select``, ``unique``, ``repeat_interleave`` without its size)
+_WAITING_OPS = {
+    torch.ops.aten._local_scalar_dense.default,
+    torch.ops.aten.is_nonzero.default,
+    torch.ops.aten.equal.default,
+    torch.ops.aten.nonzero.default,
+    torch.ops.aten.masked_select.default,
+    torch.ops.aten.repeat_interleave.Tensor,
+    torch.ops.aten._unique2.default,
+    torch.ops.aten.unique_consecutive.default,
+    torch.ops.aten.unique_dim.default,
+}
+_INDEXING_OPS = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default}
+
+
+class _WaitingOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sites: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        waits = func in _WAITING_OPS
+        if func in _INDEXING_OPS:  # indexing waits when an index is boolean (it runs nonzero first)
+            waits = any(i is not None and i.dtype == torch.bool for i in args[1])
+        if waits:
+            self.sites[f"{func.__name__} at {_call_site()}"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def waiting_ops(fn: Callable[[], Any], top: int = 8) -> dict:
+    """``fn()`` with every op recorded that would make the host wait for the device were its tensors on a GPU, by
+    call site; runs on any device, CPU included (a dispatch mode sees each op). It cannot tell a host tensor from a
+    device one on the CPU (there, ops on tensors that stay on the host on a GPU count too) and does not see copies to
+    the host (``.cpu()``, ``.tolist()``): scope it to work on device tensors."""
+    mode = _WaitingOps()
+    with mode:
+        fn()
+    return {"waiting_ops": sum(mode.sites.values()), "waiting_op_sites": dict(mode.sites.most_common(top))}
+
+
+#: the frames a call site is told by: this library and the libraries it drives
+_SITE_FILES = ("dgrpo", "transformers", "liger_kernel", "torch/nn", "torch/optim", "torch/utils", "bitsandbytes")
+
+
+def _call_site(depth: int = 3) -> str:
+    """The innermost ``depth`` frames of this library and the ones it drives, innermost first."""
+    frames = [f for f in traceback.extract_stack()[:-2] if any(k in f.filename for k in _SITE_FILES)]
+    frames = [f for f in frames if "step_profile" not in f.filename]
+    return " < ".join(f"{_short(f.filename)}:{f.lineno}" for f in frames[-depth:][::-1])
 
 
 def _short(path: str) -> str:

@@ -38,6 +38,7 @@ from transformers import (
 )
 
 from ..config import ConfigError
+from .attention_mask import causal_padding_mask, prebuilt_mask_applies
 from .recompute import checkpointed_layers, recomputed_call
 from .verified import (
     MANIFEST,
@@ -489,6 +490,8 @@ class LatentLM(nn.Module):
         return right_pad(rows, self.pad_id, self.device)
 
     def decode(self, tokens: Tensor, mask: Tensor) -> list[str]:
+        """The texts of right-padded answer rows (special tokens dropped), from one host copy of the batch."""
+        tokens, mask = tokens.cpu(), mask.cpu()
         return [
             str(self.tokenizer.decode(t[m.bool()].tolist(), skip_special_tokens=True)) for t, m in zip(tokens, mask)
         ]
@@ -543,6 +546,8 @@ class LatentLM(nn.Module):
             )
             return out.last_hidden_state
 
+        if isinstance(cache, DynamicCache) and prebuilt_mask_applies(self.model.config):
+            attention_mask = causal_padding_mask(attention_mask, x.shape[1])  # no host read of the padding
         if not (self.recompute and torch.is_grad_enabled()):
             return run(cache, x, attention_mask, positions)
         if self.recompute == "layer":

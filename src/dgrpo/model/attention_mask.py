@@ -1,0 +1,42 @@
+"""The 4-d attention mask of a cached forward call, built on the device without asking the host anything.
+
+Given a 2-d padding mask, Hugging Face's mask builder (``transformers.masking_utils``) first reads whether it has any
+zero (``padding_mask.sum() == numel``, once or twice per forward call), to hand SDPA ``is_causal`` instead of a mask
+when there is no padding. On a GPU that read makes the host wait until every kernel queued before it has run. Given a
+4-d mask, the model uses it as it is. :func:`causal_padding_mask` builds the boolean mask Hugging Face builds for a
+padded batch; :func:`prebuilt_mask_applies` says for which models that mask is the whole story (SDPA attention, every
+layer full causal attention, an architecture whose mask the tests compare with Hugging Face's).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+#: model types whose decoders read a 4-d boolean mask as Hugging Face's own (tests/test_latent_model.py compares them)
+CHECKED_MODEL_TYPES = ("qwen2", "llama", "gpt2")
+
+
+def prebuilt_mask_applies(config: Any) -> bool:
+    """Whether ``causal_padding_mask`` is the mask this model would build: SDPA attention (eager attention wants an
+    additive float mask, FlashAttention a 2-d one), no sliding-window or chunked layers, a checked architecture."""
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return False
+    if getattr(config, "model_type", None) not in CHECKED_MODEL_TYPES:
+        return False
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return all(t == "full_attention" for t in layer_types)
+    return getattr(config, "sliding_window", None) is None
+
+
+def causal_padding_mask(attention_mask: Tensor, q_len: int) -> Tensor:
+    """[B, 1, q_len, S] bool from a [B, S] padding mask (1 = a real column) whose last ``q_len`` columns are this
+    call's queries: query i sees column j when j <= S - q_len + i and column j is real."""
+    S = attention_mask.shape[1]
+    dev = attention_mask.device
+    q_pos = torch.arange(S - q_len, S, device=dev)[:, None]
+    causal = torch.arange(S, device=dev)[None, :] <= q_pos  # [q_len, S]
+    return causal[None, None] & attention_mask.bool()[:, None, None, :]
