@@ -64,6 +64,16 @@ def load_cache(cache: DynamicCache, tensors: Sequence[Tensor]) -> None:
             cache.update(k, v, i)
 
 
+def _reentered(perturbation: Any, layer: nn.Module | None = None) -> AbstractContextManager[Any]:
+    """The perturbation entered again for a region's recomputation in backward, which runs after the forward's
+    ``with`` block has left: only ``layer``'s sites when given and the perturbation can do that; nothing without one."""
+    if perturbation is None or not hasattr(perturbation, "__enter__"):
+        return nullcontext()
+    if layer is not None and hasattr(perturbation, "within"):
+        return perturbation.within(layer)
+    return perturbation
+
+
 def recomputed_call(
     run: Callable[..., Tensor],
     cache: DynamicCache,
@@ -86,10 +96,7 @@ def recomputed_call(
         inner = new_cache()
         if len(tensors) > n_inputs:
             load_cache(inner, tensors[n_inputs:])
-        ctx: AbstractContextManager[Any] = nullcontext()
-        if again and perturbation is not None and hasattr(perturbation, "__enter__"):
-            ctx = perturbation
-        with ctx:
+        with _reentered(perturbation) if again else nullcontext():
             hidden = run(inner, *tensors[:n_inputs])
         return (hidden, *cache_tensors(inner))
 
@@ -155,10 +162,7 @@ def _checkpointed_forward(layer: nn.Module, i: int, perturbation: Any, phase: st
             inner = OneLayerCache(i, *kv)
             run = sig.bind(*args, **kwargs)
             run.arguments[hidden_name], run.arguments[cache_name] = hidden, inner
-            ctx: AbstractContextManager[Any] = nullcontext()
-            if again and perturbation is not None and hasattr(perturbation, "__enter__"):
-                ctx = perturbation.within(layer) if hasattr(perturbation, "within") else perturbation
-            with ctx:
+            with _reentered(perturbation, layer) if again else nullcontext():
                 if again and perturbation is not None and hasattr(perturbation, "resume"):
                     perturbation.resume(phase)
                 out = forward(*run.args, **run.kwargs)
