@@ -491,10 +491,8 @@ class LatentLM(nn.Module):
 
     def decode(self, tokens: Tensor, mask: Tensor) -> list[str]:
         """The texts of right-padded answer rows (special tokens dropped), from one host copy of the batch."""
-        tokens, mask = tokens.cpu(), mask.cpu()
-        return [
-            str(self.tokenizer.decode(t[m.bool()].tolist(), skip_special_tokens=True)) for t, m in zip(tokens, mask)
-        ]
+        kept = [[t for t, m in zip(ts, ms) if m] for ts, ms in zip(tokens.tolist(), mask.tolist())]
+        return [str(self.tokenizer.decode(ids, skip_special_tokens=True)) for ids in kept]
 
     # ------------------------------------------------------------------ the recurrence
     def _forward(

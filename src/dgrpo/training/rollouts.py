@@ -12,7 +12,7 @@ from torch import Tensor
 from ..data.records import Record
 from ..eval.scoring import ScoreFn, call_checked, numeric
 from ..model.fixed_shape import fixed_shape_generate
-from ..model.latent_lm import LatentLM, right_pad
+from ..model.latent_lm import LatentLM
 from ..perturbation import Perturbation
 from ..perturbation.base import to_device
 
@@ -123,18 +123,20 @@ def collect_rollouts(
 
 def _concat(gens: list, lm: LatentLM) -> tuple[Tensor, Tensor, Tensor, float]:
     """One right-padded batch (tokens, mask, recorded log-probs) from the generation batches, and the mean
-    per-token entropy of the answer distribution."""
-    # one device-to-host copy per batch, then row work on the host (not two host syncs per row)
-    host = [(g.tokens.cpu(), g.mask.cpu(), g.logprobs.float().cpu()) for g in gens]
-    rows = [(t, m, lp) for ts, ms, lps in host for t, m, lp in zip(ts, ms, lps)]
-    tokens, mask = right_pad([t[m.bool()].tolist() for t, m, _ in rows], lm.pad_id, lm.device)
-    rollout_logp = torch.zeros(tokens.shape, dtype=torch.float32)
-    for i, (_, m, lp) in enumerate(rows):
-        n = int(m.sum())
-        rollout_logp[i, :n] = lp[:n]
-    rollout_logp = rollout_logp.to(lm.device)
-    ent_sum = sum(float(g.entropy.sum()) for g in gens if g.entropy is not None)
-    return tokens, mask, rollout_logp, ent_sum / max(1, sum(int(g.mask.sum()) for g in gens))
+    per-token entropy of the answer distribution. Each batch is already right-padded (pad after EOS, mask 0,
+    log-prob 0): widened to the longest and stacked on the device, with one host read for the entropy."""
+    width = max(1, *(g.tokens.shape[1] for g in gens))
+
+    def widened(t: Tensor, value: float) -> Tensor:
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+    tokens = torch.cat([widened(g.tokens, lm.pad_id) for g in gens])
+    mask = torch.cat([widened(g.mask, 0) for g in gens])
+    rollout_logp = torch.cat([widened(g.logprobs.float(), 0.0) for g in gens])
+    ent = [g.entropy.sum() for g in gens if g.entropy is not None]
+    ent_sum = torch.stack(ent).sum() if ent else torch.zeros((), device=mask.device)
+    ent_sum, n_tokens = torch.stack([ent_sum.float(), mask.sum().float()]).tolist()
+    return tokens, mask, rollout_logp, ent_sum / max(1.0, n_tokens)
 
 
 def replay_logprobs(
