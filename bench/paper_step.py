@@ -4,6 +4,7 @@
     python bench/paper_step.py --steps 3 --versus grpo.engine=eager --versus model.kernels=none \\
         --versus grpo.micro_batch_size=64 --versus grpo.recompute=false        # against the eager path, alternated
     python bench/paper_step.py --steps 2 --profile                             # kernels, busy share, FLOP/s, syncs
+    python bench/paper_step.py --tiny --device cpu --steps 1 --profile         # (CPU: the ops that would wait)
 
 Builds a model of Qwen2.5-1.5B's shape with random weights (no hub access needed) in the recipe's dtype, loads
 the packaged paper/grpo_dropout.yaml unchanged except: T = 6 is given explicitly (there is no SFT checkpoint to read it
@@ -16,7 +17,8 @@ overrides on top, stepping alternately with the recipe on the same prompts; the 
 the recipe / versus ratio of the step. ``--profile`` (CUDA) adds, after the timed steps, one step of the recipe
 under the profiler (device kernels, host launch calls, kernel-busy share of the wall, FLOP/s by the counting rule
 of bench/RESULTS.md against the bf16 matmul peak measured in the same process) and one under sync-debug mode (the
-calls that made the host wait for the device, by call site).
+calls that made the host wait for the device, by call site). On a CPU ``--profile`` gives, for one more step, the ops
+that would make the host wait were they on a GPU, by call site (the step's host-side bookkeeping counts there too).
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ def parse_args() -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="a second arm with these overrides on top, alternated with the recipe",
     )
-    ap.add_argument("--profile", action="store_true", help="one profiled and one sync-counted step (CUDA)")
+    ap.add_argument(
+        "--profile", action="store_true", help="one profiled and one sync-counted step (CUDA; CPU: waiting ops)"
+    )
     ap.add_argument("--out", default="", help="write the summary JSON here too")
     ap.add_argument(
         "--tiny",
@@ -133,8 +137,6 @@ def profile_recipe(tr: GRPOTrainer, prompts: list[Record], device: torch.device,
 def main() -> int:
     args = parse_args()
     device = torch.device(args.device)
-    if args.profile and device.type != "cuda":
-        raise SystemExit("--profile measures CUDA kernels and syncs: it needs --device cuda")
     cfg = load_config(Config, "paper/grpo_dropout.yaml", [*MEASURED, *args.set])
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     t0 = time.perf_counter()
@@ -169,8 +171,10 @@ def main() -> int:
         pairs = [a["wall_s"] / b["wall_s"] for a, b in zip(rows["recipe"], rows["versus"]) if not a["warmup"]]
         summary["step_ratio"] = round(summary["median_step_s"] / summary["versus"]["median_step_s"], 4)
         summary["step_ratio_per_round"] = [round(r, 4) for r in pairs]
-    if args.profile:
+    if args.profile and device.type == "cuda":
         summary["profile"] = profile_recipe(trainers["recipe"], prompts, device, dtype)
+    elif args.profile:  # no kernels to count here: the ops that would make the host wait on a GPU, by call site
+        summary["profile"] = step_profile.waiting_ops(lambda: trainers["recipe"].step(prompts=prompts), top=12)
     print(json.dumps(summary), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"summary": summary, "steps": rows}, indent=2))
