@@ -174,7 +174,7 @@ def main() -> int:
     if args.profile and device.type == "cuda":
         summary["profile"] = profile_recipe(trainers["recipe"], prompts, device, dtype)
     elif args.profile:  # no kernels to count here: the ops that would make the host wait on a GPU, by call site
-        summary["profile"] = step_profile.waiting_ops(lambda: trainers["recipe"].step(prompts=prompts), top=12)
+        summary["profile"] = step_profile.waiting_ops(lambda: trainers["recipe"].step(prompts=prompts), top=24)
     print(json.dumps(summary), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"summary": summary, "steps": rows}, indent=2))

@@ -95,13 +95,13 @@ def test_fit_slope_recovers_a_line():
 @pytest.mark.slow
 def test_paper_step_script_alternates_two_arms(tmp_path):
     """bench/paper_step.py (the paper-scale step; here --tiny on the CPU, few rollouts): both arms step alternately
-    and the summary gives the recipe / versus ratio from their medians."""
+    and the summary gives the recipe / versus ratio from their medians; --profile adds the ops that would wait."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     small = ["grpo.prompts_per_step=2", "grpo.group_size=4", "grpo.max_new_tokens=6"]
     argv = [sys.executable, str(root / "bench/paper_step.py"), "--tiny", "--steps", "2", "--out", str(tmp_path / "s")]
-    argv += [a for kv in small for a in ("--set", kv)] + ["--versus", "grpo.recompute_granularity=layer"]
+    argv += [a for kv in small for a in ("--set", kv)] + ["--versus", "grpo.recompute_granularity=layer", "--profile"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads((tmp_path / "s").read_text())
@@ -110,6 +110,11 @@ def test_paper_step_script_alternates_two_arms(tmp_path):
     assert s["recompute"] == "call" and s["versus"]["recompute"] == "layer" and s["K"] == 4
     assert s["step_ratio"] == pytest.approx(s["median_step_s"] / s["versus"]["median_step_s"], rel=1e-3)
     assert len(s["step_ratio_per_round"]) == 2
+    # --profile on the CPU: what would make the host wait on a GPU is the step's bookkeeping, the eager engine's
+    # per-token check and the optimizer, never the model's forward calls (Hugging Face's mask builder read them)
+    sites = s["profile"]["waiting_op_sites"]
+    assert s["profile"]["waiting_ops"] >= sum(sites.values()) > 0
+    assert not any(k in site for site in sites for k in ("masking_utils", "modeling_", "recompute.py")), sites
 
 
 def test_step_flops_by_the_counting_rule(tokenizer):
