@@ -153,3 +153,28 @@ def test_grpo_cli_end_to_end(sft_checkpoint, tmp_path):
     assert (out / "final" / "model.safetensors").exists() and (out / "best" / "latent_config.json").exists()
     res = json.loads((out / "eval" / "builtin_test" / "results.json").read_text())
     assert res["n"] == 64 and 0.0 <= res["accuracy"] <= 1.0
+
+
+def test_generation_batches_are_stacked_right_padded_to_the_longest():
+    """Rollouts gathered from several generation batches (native dropout runs one row per batch): each batch is
+    widened to the longest answer with pad / mask 0 / log-prob 0, the rows stacked in order, and the entropy is the
+    mean over answer tokens of every batch."""
+    from types import SimpleNamespace
+
+    from dgrpo.model.latent_lm import Generation
+    from dgrpo.training.rollouts import _concat
+
+    def gen(tokens, mask, ent):
+        t, m = torch.tensor(tokens), torch.tensor(mask)
+        return Generation(t, m, m * -0.5, torch.tensor(ent) * m)
+
+    gens = [
+        gen([[5, 6, 9], [7, 9, 0]], [[1, 1, 1], [1, 1, 0]], [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]),
+        gen([[8]], [[1]], [[10.0]]),
+        gen([[4, 4, 4, 9]], [[1, 1, 1, 1]], [[1.0, 1.0, 1.0, 1.0]]),
+    ]
+    tokens, mask, logp, entropy = _concat(gens, SimpleNamespace(pad_id=0))
+    assert tokens.tolist() == [[5, 6, 9, 0], [7, 9, 0, 0], [8, 0, 0, 0], [4, 4, 4, 9]]
+    assert mask.tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]]
+    assert torch.equal(logp, mask * -0.5) and logp.dtype == torch.float32
+    assert entropy == pytest.approx((1 + 2 + 3 + 4 + 5 + 10 + 4) / 10)

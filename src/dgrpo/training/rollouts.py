@@ -125,7 +125,7 @@ def _concat(gens: list, lm: LatentLM) -> tuple[Tensor, Tensor, Tensor, float]:
     """One right-padded batch (tokens, mask, recorded log-probs) from the generation batches, and the mean
     per-token entropy of the answer distribution. Each batch is already right-padded (pad after EOS, mask 0,
     log-prob 0): widened to the longest and stacked on the device, with one host read for the entropy."""
-    width = max(1, *(g.tokens.shape[1] for g in gens))
+    width = max([1, *(g.tokens.shape[1] for g in gens)])
 
     def widened(t: Tensor, value: float) -> Tensor:
         return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
