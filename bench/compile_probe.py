@@ -2,6 +2,7 @@
 
     python bench/compile_probe.py                    # tiny Qwen2, 4 layers, CPU: graphs, recompiles, error vs eager
     python bench/compile_probe.py --rows 8 8 8 6     # rows per replay (a different count: the last micro-batch)
+    python bench/compile_probe.py --layers 28 --device cuda                  # depth and compile time on a GPU
 
 Not part of the library (nothing here is used by training): it measures what a compiled path would need. Compiling
 Hugging Face's decoder layers as they are recompiles past dynamo's limit inside one replay (the guards read the
@@ -111,6 +112,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--rows", type=int, nargs="+", default=[8, 8, 8, 8], help="rows of each replay (one bind each)")
     ap.add_argument("--latent", type=int, default=6, help="latent steps (T)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (fp32 either way)")
     args = ap.parse_args()
     torch.manual_seed(0)
     tok = train_task_tokenizer(tokenizer_corpus(TaskConfig()))
@@ -119,6 +121,7 @@ def main() -> None:
         build_tiny_model("qwen2", len(tok), hidden_size=32, num_layers=args.layers, num_heads=4, intermediate_size=64),
         tok,
     )
+    lm.model.to(args.device)
     pert = make_perturbation(PerturbationConfig(kind="locked", p=0.1, sites=["attn", "mlp"]))
     batches = [(records[10 * j : 10 * j + n], torch.arange(n) + 100 * j) for j, n in enumerate(args.rows)]
     state: dict = {}
