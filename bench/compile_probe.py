@@ -30,7 +30,7 @@ from dgrpo.config import PerturbationConfig, TaskConfig
 from dgrpo.data.synthetic import generate_split, tokenizer_corpus
 from dgrpo.data.tokenizer import train_task_tokenizer
 from dgrpo.model.latent_lm import LatentLM
-from dgrpo.model.recompute import OneLayerCache
+from dgrpo.model.recompute import OneLayerCache, _cache_layer
 from dgrpo.model.tiny import build_tiny_model
 from dgrpo.perturbation import make_perturbation
 
@@ -72,7 +72,7 @@ def install(lm: LatentLM, step: Any, state: dict) -> None:
         def forward(
             hidden_states, attention_mask=None, cache=None, position_embeddings=None, _i=i, _l=layer, _p=params, **kw
         ):
-            stored = cache.layers[_i]
+            stored = _cache_layer(cache, _i)  # a DynamicCache's full-attention layer, or a clear error
             pk, pv = (stored.keys.contiguous(), stored.values.contiguous()) if stored.is_initialized else (None, None)
             pb = state["bound"]
             masks = [pb.site_masks[state["site"][id(m)]].clone() if pb.active else None for m in (_l.self_attn, _l.mlp)]
