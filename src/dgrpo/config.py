@@ -49,6 +49,8 @@ KLForm = Literal["unbiased", "paper"]
 RolloutCache = Literal["dynamic", "static"]
 Engine = Literal["auto", "eager", "fast"]
 Kernels = Literal["none", "liger"]
+CompileBackend = Literal["inductor", "aot_eager", "eager"]
+CompileMode = Literal["default", "max-autotune-no-cudagraphs"]
 RecomputeGranularity = Literal["call", "layer"]
 ReplayMode = Literal["seed", "fresh_mask"]
 FSDPMode = Literal["none", "full", "sharded"]
@@ -189,6 +191,24 @@ class ModelConfig:
         "and rotary embedding, for the architectures Liger supports: Qwen2, Llama and more; CUDA only, pip install "
         "liger-kernel; applied by the GRPO trainer: less activation memory and fewer kernel launches in its update; "
         "on a CPU the modules stay as they are, with a warning)",
+    )
+    compile: bool = opt(
+        False,
+        "run the decoder layers as one torch.compile'd step shared by every layer (weights, past keys/values and "
+        "the perturbation's masks as its arguments; dgrpo.model.compiled_layers) in every cached forward call of "
+        "SFT, the GRPO update, the reference and the eager engine's rollouts (the fast engine's captured rollouts "
+        "keep their static cache). Qwen2 / Llama with SDPA attention; perturbation none, locked or gaussian "
+        "activations; not with LoRA, FSDP or model.kernels=liger (the compiler fuses those layers itself). The "
+        "first calls compile (tens of seconds); log-probs agree with the eager layers to float rounding, not bitwise",
+    )
+    compile_backend: CompileBackend = opt(
+        "inductor",
+        "torch.compile backend of model.compile: inductor (generated fused kernels), aot_eager or eager (tracing "
+        "only, to debug)",
+    )
+    compile_mode: CompileMode = opt(
+        "default",
+        "inductor's mode for model.compile: default, or max-autotune-no-cudagraphs (longer compile, tuned matmuls)",
     )
     lora: LoraConfig = field(default_factory=LoraConfig)
 
@@ -679,6 +699,7 @@ class Config:
             "the fast engine needs a perturbation held in tensors for the batch (locked, gaussian or none); native "
             "dropout reseeds the RNG before every forward, one rollout at a time (set grpo.engine=eager)",
         )
+        self._validate_compile()
         _check(
             not (self.model.lora.r > 0 and self.fsdp != "none"),
             "model.lora.r",
@@ -686,6 +707,23 @@ class Config:
             "(set fsdp=none: plain data parallelism)",
         )
         return self
+
+    def _validate_compile(self) -> None:
+        """What ``model.compile`` runs with (the architecture is checked when the model is loaded)."""
+        if not self.model.compile:
+            return
+        pert = self.perturbation
+        for ok, why in (
+            (self.model.kernels == "none", "model.kernels=liger: the compiler fuses those layers itself"),
+            (self.model.lora.r == 0, "LoRA adapters (model.lora.r > 0)"),
+            (self.fsdp == "none", "FSDP (fsdp != none)"),
+            (pert.kind != "native", "perturbation.kind=native (dropout modules drawing from the global RNG)"),
+            (
+                pert.kind != "gaussian" or pert.gaussian_target == "activations",
+                "perturbation.gaussian_target=weights (a hook inside the attention / MLP)",
+            ),
+        ):
+            _check(ok, "model.compile", f"the compiled layers do not run with {why}; set model.compile=false")
 
 
 # ----------------------------------------------------------------------------------------------

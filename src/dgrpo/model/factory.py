@@ -11,6 +11,7 @@ from ..config import LoraConfig, ModelConfig, TaskConfig
 from ..data.synthetic import tokenizer_corpus
 from ..data.tokenizer import train_task_tokenizer
 from . import lora
+from .compiled_layers import CompiledLayers
 from .latent_lm import LatentLM, LatentSettings, resolve_checkpoint
 from .sources import resolve_device, resolve_model_source
 from .tiny import build_tiny_model
@@ -18,7 +19,15 @@ from .verified import CheckpointError
 
 BUILTIN = "builtin-tiny"
 
-__all__ = ["BUILTIN", "CheckpointError", "build_builtin", "load_model", "resolve_checkpoint", "resolve_device"]
+__all__ = [
+    "BUILTIN",
+    "CheckpointError",
+    "build_builtin",
+    "compile_layers",
+    "load_model",
+    "resolve_checkpoint",
+    "resolve_device",
+]
 
 
 def build_builtin(model_cfg: ModelConfig, task_cfg: TaskConfig, seed: int = 0) -> LatentLM:
@@ -83,3 +92,10 @@ def configure_lora(lm: LatentLM, cfg: LoraConfig) -> None:
             stacklevel=2,
         )
         lora.merge_into_base(lm)
+
+
+def compile_layers(lm: LatentLM, cfg: ModelConfig) -> None:
+    """``model.compile``: the decoder layers of ``lm`` run one compiled step (:mod:`~dgrpo.model.compiled_layers`);
+    a ConfigError when its architecture cannot. Nothing when the option is off."""
+    if cfg.compile and lm.compiled_layers is None:
+        lm.compiled_layers = CompiledLayers(lm.model, backend=cfg.compile_backend, mode=cfg.compile_mode)

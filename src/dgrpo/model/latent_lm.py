@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,6 +40,7 @@ from transformers import (
 
 from ..config import ConfigError
 from .attention_mask import causal_padding_mask, prebuilt_mask_applies
+from .compiled_layers import CompiledLayers
 from .recompute import checkpointed_layers, recomputed_call
 from .verified import (
     MANIFEST,
@@ -303,6 +305,9 @@ class LatentLM(nn.Module):
         #: recurrence keeps only its inputs and runs again in backward; True means the same) or "layer" (each decoder
         #: layer of each call does); grpo.recompute / sft.recompute and their *_granularity
         self.recompute: bool | str = False
+        #: the decoder layers' compiled step (``model.compile``; dgrpo.model.compiled_layers), or None: eager layers.
+        #: It runs the calls over a growing ``DynamicCache`` (the update, the reference, the eager engine's rollouts)
+        self.compiled_layers: CompiledLayers | None = None
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod
@@ -534,28 +539,36 @@ class LatentLM(nn.Module):
         def run(c: DynamicCache | StaticCache, x: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
             if perturbation is not None:
                 perturbation.before_forward(phase)
-            out = self.base(
-                input_ids=x if x_is_ids else None,
-                inputs_embeds=None if x_is_ids else x,
-                attention_mask=mask,
-                position_ids=pos,
-                use_cache=True,
-                **{cache_keyword(type(self.base)): c},
-            )
+            with self._compiled(c):  # (entered again by a call's recomputation, which runs after this block)
+                out = self.base(
+                    input_ids=x if x_is_ids else None,
+                    inputs_embeds=None if x_is_ids else x,
+                    attention_mask=mask,
+                    position_ids=pos,
+                    use_cache=True,
+                    **{cache_keyword(type(self.base)): c},
+                )
             return out.last_hidden_state
 
         if isinstance(cache, DynamicCache) and prebuilt_mask_applies(self.model.config):
             attention_mask = causal_padding_mask(attention_mask, x.shape[1])  # no host read of the padding
         if not (self.recompute and torch.is_grad_enabled()):
             return run(cache, x, attention_mask, positions)
-        if self.recompute == "layer":
-            with checkpointed_layers(self.model, perturbation, phase):
+        if self.recompute == "layer":  # the compiled step goes in first: each checkpointed layer region calls it
+            with self._compiled(cache), checkpointed_layers(self.model, perturbation, phase):
                 return run(cache, x, attention_mask, positions)
         if self.recompute not in (True, "call"):
             raise ValueError(f"LatentLM.recompute: expected False, 'call' or 'layer', got {self.recompute!r}")
         assert isinstance(cache, DynamicCache), "recomputation runs over the growing cache (the update's replay)"
         new_cache = lambda: DynamicCache(config=self.model.config)  # noqa: E731
         return recomputed_call(run, cache, new_cache, (x, attention_mask, positions), perturbation)
+
+    def _compiled(self, cache: DynamicCache | StaticCache) -> AbstractContextManager[Any]:
+        """The compiled layer step installed for a call over ``cache`` (a ``DynamicCache``), unless it is already."""
+        compiled = self.compiled_layers
+        if compiled is None or not isinstance(cache, DynamicCache) or compiled.is_installed(self.model):
+            return nullcontext()
+        return compiled.installed(self.model)
 
     def new_cache(self, cache_len: int | None = None) -> DynamicCache | StaticCache:
         """An empty KV cache: growing (``DynamicCache``), or preallocated for ``cache_len`` positions."""

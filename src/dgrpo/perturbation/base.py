@@ -161,13 +161,6 @@ def row_normals(seed: int, n_sites: int, width: int) -> Tensor:
     return torch.randn(n_sites, width, generator=g)
 
 
-def map_first_output(output: Tensor | tuple, fn: Callable[[Tensor], Tensor]) -> Tensor | tuple:
-    """Apply ``fn`` to a module's main output (a tensor, or the first item of a tuple)."""
-    if isinstance(output, tuple):
-        return (fn(output[0]), *output[1:])
-    return fn(output)
-
-
 def to_device(t: Tensor, device: torch.device) -> Tensor:
     """A host tensor moved to ``device``: on CUDA through pinned memory, without waiting (a copy from pageable
     memory synchronises the stream first)."""

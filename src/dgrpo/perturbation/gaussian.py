@@ -16,7 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from ..model.anatomy import find_sites, output_projection
-from .base import BoundPerturbation, HookedPerturbation, Perturbation, map_first_output, register, row_normals
+from ..model.compiled_layers import output_factor_hook
+from .base import BoundPerturbation, HookedPerturbation, Perturbation, register, row_normals
 
 if TYPE_CHECKING:
     from ..config import PerturbationConfig
@@ -31,11 +32,7 @@ class _BoundGaussian(HookedPerturbation):
         self.noises, self.weights, self.sigma = noises, weights, sigma
 
     def _hook(self, k: int) -> Callable:
-        def act_hook(module, args, output):
-            if not self.active:
-                return None
-            m = 1.0 + self.sigma * self.noises[k][:, None, :]
-            return map_first_output(output, lambda h: h * m.to(h.dtype))
+        act_hook = output_factor_hook(lambda: 1.0 + self.sigma * self.noises[k][:, None, :] if self.active else None)
 
         def weight_hook(module, args, output):
             if not self.active:

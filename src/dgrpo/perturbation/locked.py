@@ -17,11 +17,11 @@ import torch
 from torch import Tensor
 
 from ..model.anatomy import Site, find_sites
+from ..model.compiled_layers import output_factor_hook
 from .base import (
     BoundPerturbation,
     HookedPerturbation,
     Perturbation,
-    map_first_output,
     register,
     row_uniforms,
     to_device,
@@ -73,19 +73,18 @@ class RowMemo:
 class _BoundLocked(HookedPerturbation):
     def __init__(self, sites: list[Site], masks: Tensor, perturb_prompt: bool):
         super().__init__([s.module for s in sites], perturb_prompt)
-        self.masks = masks  # [n_sites, B, H]
-        self.site_masks = [
-            masks[k][:, None, :] for k in range(masks.shape[0])
-        ]  # [B, 1, H]: the same mask at every position
+        # [B, 1, H] per site, the same mask at every position; each its own tensor (a compiled layer step would be
+        # specialised on a view's offset into one [sites, B, H] tensor: dgrpo.model.compiled_layers)
+        self.site_masks = [masks[k, :, None, :].clone() for k in range(masks.shape[0])]
+
+    @property
+    def masks(self) -> Tensor:
+        """[n_sites, B, H]: every site's masks."""
+        return torch.stack([m[:, 0] for m in self.site_masks])
 
     def _hook(self, k: int) -> Callable:
-        def hook(module, args, output):
-            if not self.active:
-                return None
-            m = self.site_masks[k]  # already in the weights' dtype: one multiply per site and forward, no cast
-            return map_first_output(output, lambda h: h * (m if m.dtype == h.dtype else m.to(h.dtype)))
-
-        return hook
+        # the mask is already in the weights' dtype: one multiply per site and forward, no cast
+        return output_factor_hook(lambda: self.site_masks[k] if self.active else None)
 
 
 @register("locked")

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from ..config import Config, ConfigError, to_dict
 from ..data.records import Record
 from ..eval.scoring import RewardPart, Rewards, ScoreFn, build_rewards, final_answer_text
+from ..model.factory import compile_layers
 from ..model.kernels import apply_kernels
 from ..model.latent_lm import LatentLM
 from ..perturbation import make_perturbation, seeds_for
@@ -117,6 +118,7 @@ class GRPOTrainer:
         self.perturbation.check(lm)  # sites and layers exist (one line now, not a traceback at the first rollout)
         self.engine = resolve_engine(g.engine, lm.device, self.perturbation.batched)
         apply_kernels(lm.model, cfg.model.kernels)  # before the reference copy, which then has them too
+        compile_layers(lm, cfg.model)  # (the reference copy shares the compiled step)
         self.objective = ObjectiveSettings.from_config(g)
         self.rewards = _rewards(reward_fn, cfg)
         self.rewards.smoke_test(train[:2], check_filter=g.filter and g.advantage != "ema")

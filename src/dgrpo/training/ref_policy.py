@@ -27,6 +27,7 @@ class CopiedReference:
     def __init__(self, lm: LatentLM, dist: Dist):
         self.policy, self.dist = lm, dist
         self.lm = LatentLM(copy.deepcopy(lm.model).eval().requires_grad_(False), lm.tokenizer, lm.settings)
+        self.lm.compiled_layers = lm.compiled_layers  # model.compile: one step serves both (weights are arguments)
 
     def run(self, fn: Callable[[LatentLM], T]) -> T:
         """``fn(reference model)`` without gradient."""

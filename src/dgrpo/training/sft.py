@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, to_dict
 from ..data.records import Record
+from ..model.factory import compile_layers
 from ..model.latent_lm import LatentLM, LatentSettings
 from .checkpoint import read_checkpoint, save_checkpoint
 from .distributed import Dist
@@ -208,6 +209,7 @@ class SFTRun:
     def __init__(self, lm: LatentLM, cfg: Config, dist: Dist, run: RunDir, n_train: int):
         self.lm, self.cfg, self.dist, self.run = lm, cfg, dist, run
         lm.recompute = cfg.sft.recompute_granularity if cfg.sft.recompute else False
+        compile_layers(lm, cfg.model)
         self.params = dist.prepare_model(lm.model)  # rank 0's weights everywhere; FSDP2 shards here
         self.plan = Curriculum(cfg, max(1, n_train // cfg.sft.batch_size))
         self.prog, saved = Progress(), None

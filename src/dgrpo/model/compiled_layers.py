@@ -1,0 +1,237 @@
+"""The decoder layers as one ``torch.compile``d step shared by every layer (``model.compile``).
+
+Each cached forward call of the recurrence runs the whole decoder stack, one eager Hugging Face layer after the other:
+a dozen small kernels per layer and per call, issued from Python. Compiling the layers as they are does not work
+here: dynamo's guards read the whole ``DynamicCache`` (other layers' keys, their lengths), the layer index and the
+perturbation hooks' closures, so one replay recompiles past dynamo's limit. Instead every layer calls one compiled
+``step``: ``torch.func.functional_call`` of a *template* copy of a layer with layer i's weights, its past keys and
+values, the 4-d attention mask, the rotary tables and the factors its perturbation multiplies the attention's and
+the MLP's outputs by, all as tensor arguments, the rows marked dynamic. One set of graphs serves every layer, every
+call, every micro-batch size and the reference model (its weights are arguments too).
+
+The perturbation keeps its hooks on the real modules; a hook made by :func:`output_factor_hook` says what it
+multiplies by, and the step applies that factor inside the graph (the real attention and MLP modules do not run).
+Hooks on the block itself (the ``residual`` site) act as always, outside the step. Any other hook inside a layer is an
+error: the step could not apply it. Calls over another cache (the fast engine's static cache, captured as CUDA
+graphs) run the layers' own forward.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from ..config import ConfigError
+from .anatomy import block_part, decoder_layers
+from .attention_mask import prebuilt_mask_applies
+from .recompute import OneLayerCache
+
+#: the attribute :func:`output_factor_hook` tags its hooks with: a callable giving the factor (or None)
+FACTOR_ATTR = "dgrpo_output_factor"
+#: architectures whose decoder layer the step runs (rotary tables as ``position_embeddings``, a 4-d SDPA mask)
+COMPILABLE_MODEL_TYPES = ("qwen2", "llama")
+#: dynamo's limit on graphs per compiled function, raised to at least this (a process-wide setting)
+RECOMPILE_LIMIT = 64
+#: the parts of a block whose output factors the step applies (``dgrpo.model.anatomy.PART_NAMES``)
+FACTOR_PARTS = ("attn", "mlp")
+
+
+def output_factor_hook(factor: Callable[[], Tensor | None]) -> Callable:
+    """A forward hook that multiplies a module's main output (a tensor, or a tuple's first item) by ``factor()``
+    (broadcast, cast to the output's dtype; None: the output unchanged), tagged so that the compiled layers can
+    apply the same factor inside their graph."""
+
+    def hook(module: nn.Module, args: Any, output: Any) -> Any:
+        f = factor()
+        return None if f is None else _scaled(output, f)
+
+    setattr(hook, FACTOR_ATTR, factor)
+    return hook
+
+
+def _scaled(output: Any, f: Tensor) -> Any:
+    if isinstance(output, tuple):
+        h = output[0]
+        return (h * (f if f.dtype == h.dtype else f.to(h.dtype)), *output[1:])
+    return output * (f if f.dtype == output.dtype else f.to(output.dtype))
+
+
+def _factor_of(module: nn.Module, where: str) -> Tensor | None:
+    """The factor the tagged hook on ``module`` asks for now (None: no hook, or an inactive one)."""
+    if module._forward_pre_hooks:
+        raise RuntimeError(f"model.compile: {where} has a forward pre-hook, which the compiled layers cannot apply")
+    found = None
+    for hook in module._forward_hooks.values():
+        factor = getattr(hook, FACTOR_ATTR, None)
+        if factor is None:
+            raise RuntimeError(
+                f"model.compile: {where} has a forward hook the compiled layers cannot apply ({hook!r}); only "
+                "output factors (locked dropout, Gaussian noise on activations) run inside them"
+            )
+        f = factor()
+        found = f if found is None or f is None else found * f
+    if found is not None and found.storage_offset() != 0:
+        found = found.clone()  # a view into a larger tensor: the graph would be specialised on its offset
+    return found
+
+
+def _dynamic_layer(cache: Any, i: int) -> DynamicLayer | None:
+    """Layer ``i`` of a ``DynamicCache`` of full-attention layers, or None (another cache: the layer's own forward)."""
+    layer = cache.layers[i] if isinstance(cache, DynamicCache) else None
+    return layer if type(layer) is DynamicLayer else None
+
+
+def check_compilable(model: nn.Module) -> None:
+    """Raise ConfigError (one line) when ``model``'s layers cannot run as the compiled step."""
+    config = model.config
+    model_type = getattr(config, "model_type", None)
+    if model_type not in COMPILABLE_MODEL_TYPES:
+        raise ConfigError(
+            f"invalid config value model.compile: the compiled layers run {', '.join(COMPILABLE_MODEL_TYPES)} "
+            f"decoders; this model is {model_type!r} (set model.compile=false)"
+        )
+    if not prebuilt_mask_applies(config):
+        raise ConfigError(
+            "invalid config value model.compile: the compiled layers need SDPA attention over full-attention layers "
+            f"(attn_implementation={getattr(config, '_attn_implementation', None)!r}); set model.compile=false"
+        )
+
+
+class CompiledLayers:
+    """One compiled layer step for a model's decoder layers (and any model of the same shape: the reference).
+
+    ``installed(model)`` makes every decoder layer of ``model`` call the step while the block runs. Copying (as the
+    reference copies the policy) shares the step: its weights are arguments, not part of it."""
+
+    def __init__(self, model: nn.Module, backend: str = "inductor", mode: str = "default"):
+        check_compilable(model)
+        layers = decoder_layers(model)
+        # the layer's structure only: every weight comes in as an argument, so it holds none (the meta device)
+        self.template = copy.deepcopy(layers[0]).requires_grad_(False).to("meta")
+        attn: Any = block_part(self.template, "attn")
+        attn.layer_idx = 0  # it only ever reads the one-layer cache it is given
+        self.slots: dict[str, Tensor | None] = dict.fromkeys(FACTOR_PARTS)  # (filled: no guard on it being empty)
+        for part in FACTOR_PARTS:
+            sub = block_part(self.template, part)
+            if sub is None:
+                raise ConfigError(f"invalid config value model.compile: {type(layers[0]).__name__} has no {part}")
+            for handle in list(sub._forward_hooks):
+                del sub._forward_hooks[handle]  # a hook copied with the layer (none in a model at rest)
+            sub.register_forward_hook(self._slot_hook(part))
+        self._active: set[int] = set()  # the models (by id) whose layers run the step now
+        self._anatomy: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
+        # graphs per code object: with / without grad, past and factors, one / many positions, one / many rows
+        # (dynamo's default of 8 could be reached within a run; past it, dynamo would fall back to eager silently)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        inductor_mode = None if backend != "inductor" or mode == "default" else mode
+        self.step: Callable[..., tuple[Tensor, Tensor, Tensor]] = torch.compile(
+            self._step, dynamic=True, backend=backend, mode=inductor_mode
+        )
+
+    def __deepcopy__(self, memo: dict) -> CompiledLayers:
+        return self
+
+    def _slot_hook(self, part: str) -> Callable:
+        def hook(module: nn.Module, args: Any, output: Any) -> Any:
+            f = self.slots.get(part)
+            return None if f is None else _scaled(output, f)
+
+        return hook
+
+    def _step(
+        self,
+        params: dict[str, Tensor],
+        hidden: Tensor,
+        past_k: Tensor | None,
+        past_v: Tensor | None,
+        mask: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        *factors: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """One layer: its output, and its keys and values (past and new)."""
+        for part, f in zip(FACTOR_PARTS, factors):
+            self.slots[part] = f
+        cache = OneLayerCache(0, past_k, past_v)
+        kwargs = {"attention_mask": mask, "position_embeddings": (cos, sin), "cache": cache, "use_cache": True}
+        out = torch.func.functional_call(self.template, params, (hidden,), kwargs)
+        assert cache.keys is not None and cache.values is not None
+        # contiguous: the first call's keys are a transposed view, and the next call's graph guards on the strides
+        return out, cache.keys.contiguous(), cache.values.contiguous()
+
+    def _layer_forward(self, layer: nn.Module, i: int, own: Callable) -> Callable:
+        """Layer ``i``'s forward as a call of the step (``own``: its forward, for calls over another cache)."""
+        if layer not in self._anatomy:  # read once per layer (each forward call installs the step again)
+            parts = [(part, block_part(layer, part)) for part in FACTOR_PARTS]
+            others = [(name, m) for name, m in layer.named_modules() if name and all(m is not p for _, p in parts)]
+            self._anatomy[layer] = (parts, others)
+        parts, others = self._anatomy[layer]
+        # read at each install (the weights may have been replaced): every tensor the template lacks
+        params = {**dict(layer.named_parameters()), **dict(layer.named_buffers())}
+
+        def forward(
+            hidden_states: Tensor,
+            attention_mask: Tensor | None = None,
+            position_ids: Tensor | None = None,
+            cache: Any = None,
+            use_cache: bool | None = False,
+            position_embeddings: tuple[Tensor, Tensor] | None = None,
+            **kwargs: Any,
+        ) -> Tensor:
+            cache = kwargs.pop("past_key_values", cache)  # transformers before 5.24 name it so
+            # the layer's past: its layer of a DynamicCache, or a checkpointed layer region's one-layer cache
+            stored = cache if isinstance(cache, OneLayerCache) else _dynamic_layer(cache, i)
+            if stored is None:
+                return own(hidden_states, attention_mask, position_ids, cache, use_cache, position_embeddings, **kwargs)
+            if attention_mask is None or position_embeddings is None:
+                raise RuntimeError("model.compile: a layer was called without a 4-d attention mask or rotary tables")
+            for name, m in others:
+                if m._forward_hooks or m._forward_pre_hooks:
+                    raise RuntimeError(f"model.compile: layer {i}'s {name} has a hook the compiled layers cannot apply")
+            factors = [_factor_of(m, f"layer {i}'s {part}") for part, m in parts]
+            empty = isinstance(stored, DynamicLayer) and not stored.is_initialized
+            past = (None, None) if empty else (stored.keys, stored.values)
+            tensors = [hidden_states, *past, attention_mask, *position_embeddings, *factors]
+            # contiguous (a latent step's input is a view of the last position): the graphs guard on the strides
+            tensors = [t if t is None or t.is_contiguous() else t.contiguous() for t in tensors]
+            for t in tensors:
+                if t is not None:
+                    torch._dynamo.maybe_mark_dynamic(t, 0)  # rows: a last micro-batch has fewer
+            out, keys, values = self.step(params, *tensors)
+            if isinstance(stored, DynamicLayer) and empty:
+                stored.lazy_initialization(keys, values)
+            stored.keys, stored.values = keys, values
+            return out
+
+        return forward
+
+    def is_installed(self, model: nn.Module) -> bool:
+        return id(model) in self._active
+
+    @contextmanager
+    def installed(self, model: nn.Module) -> Iterator[None]:
+        """Within the block, ``model``'s decoder layers run the step (their own ``forward`` restored on leaving)."""
+        if self.is_installed(model):
+            raise RuntimeError("the compiled layers are installed on this model already")
+        layers = list(decoder_layers(model))
+        own = [layer.__dict__.get("forward") for layer in layers]  # an instance-level forward (patched), or None
+        self._active.add(id(model))
+        try:
+            for i, layer in enumerate(layers):
+                layer.forward = self._layer_forward(layer, i, layer.forward)
+            yield
+        finally:
+            self._active.discard(id(model))
+            for layer, forward in zip(layers, own):
+                if forward is None:
+                    del layer.forward
+                else:
+                    layer.forward = forward

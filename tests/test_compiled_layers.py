@@ -1,0 +1,167 @@
+"""``model.compile``: the decoder layers as one compiled step shared by every layer (dgrpo.model.compiled_layers).
+
+The compiling tests are slow (dynamo traces every graph once per process; inductor also generates C++): the fast
+tier checks what is decided before anything compiles."""
+
+import copy
+
+import pytest
+import torch
+from test_recompute import assert_same, batch, loss_and_grads
+from torch._dynamo.utils import counters
+
+from dgrpo.config import ConfigError, PerturbationConfig
+from dgrpo.model.compiled_layers import FACTOR_ATTR, CompiledLayers, output_factor_hook
+from dgrpo.perturbation import make_perturbation
+
+from conftest import make_lm, tiny_config
+
+LOCKED = PerturbationConfig(kind="locked", p=0.3, sites=["attn", "mlp", "residual"])
+
+
+def counted(compiled: CompiledLayers) -> dict:
+    """Count the calls of ``compiled``'s step (so a test knows the step ran, not the layers' own forward)."""
+    calls = {"n": 0}
+    step = compiled.step
+
+    def counting(*args, **kwargs):
+        calls["n"] += 1
+        return step(*args, **kwargs)
+
+    compiled.step = counting
+    return calls
+
+
+# ------------------------------------------------------------------ decided before anything compiles
+
+
+def test_output_factor_hook_multiplies_and_says_by_what():
+    mod = torch.nn.Linear(3, 3)
+    x = torch.randn(2, 4, 3)
+    f = torch.tensor([[[2.0, 0.0, 1.0]], [[1.0, 1.0, 0.5]]])
+    hook = output_factor_hook(lambda: f)
+    handle = mod.register_forward_hook(hook)
+    assert torch.equal(mod(x), torch.nn.functional.linear(x, mod.weight, mod.bias) * f)
+    assert getattr(hook, FACTOR_ATTR)() is f
+    handle.remove()
+    mod.register_forward_hook(output_factor_hook(lambda: None))  # inactive: the output as it is
+    assert torch.equal(mod(x), torch.nn.functional.linear(x, mod.weight, mod.bias))
+
+
+@pytest.mark.parametrize("arch", ["gpt2"])
+def test_unsupported_architectures_are_a_config_error(tokenizer, arch):
+    with pytest.raises(ConfigError, match="model.compile: the compiled layers run qwen2, llama decoders"):
+        CompiledLayers(make_lm(tokenizer, arch).model)
+    lm = make_lm(tokenizer, "qwen2")
+    lm.model.config._attn_implementation = "eager"
+    with pytest.raises(ConfigError, match="need SDPA attention"):
+        CompiledLayers(lm.model)
+
+
+@pytest.mark.parametrize(
+    "over, why",
+    [
+        ({"model.kernels": "liger"}, "model.kernels=liger"),
+        ({"model.lora.r": "4"}, "LoRA"),
+        ({"fsdp": "full"}, "FSDP"),
+        ({"perturbation.kind": "native"}, "perturbation.kind=native"),
+        ({"perturbation.kind": "gaussian", "perturbation.gaussian_target": "weights"}, "gaussian_target=weights"),
+    ],
+)
+def test_what_the_compiled_layers_cannot_run_with_is_a_config_error(over, why):
+    with pytest.raises(ConfigError, match=f"invalid config value model.compile: .*{why}"):
+        tiny_config(**{"model.compile": "true", **over})
+    tiny_config(**over)  # fine without it
+
+
+def test_a_hook_the_step_cannot_apply_is_an_error(tokenizer, task_records):
+    lm = make_lm(tokenizer).eval()
+    lm.compiled_layers = CompiledLayers(lm.model, backend="eager")
+    ids, mask, tg, tm = batch(lm, task_records)
+    handle = lm.model.model.layers[1].mlp.down_proj.register_forward_hook(lambda m, a, o: o * 2)
+    with pytest.raises(RuntimeError, match="layer 1's mlp.down_proj has a hook the compiled layers cannot apply"):
+        lm.target_logprobs(ids, mask, 2, tg, tm)
+    handle.remove()
+    handle = lm.model.model.layers[0].mlp.register_forward_hook(lambda m, a, o: o * 2)
+    with pytest.raises(RuntimeError, match="layer 0's mlp has a forward hook the compiled layers cannot apply"):
+        lm.target_logprobs(ids, mask, 2, tg, tm)
+    handle.remove()
+    assert "forward" not in lm.model.model.layers[0].__dict__  # the layers' own forward is back after the error
+
+
+def test_the_step_is_shared_by_copies_and_skips_static_caches(tokenizer, task_records):
+    lm = make_lm(tokenizer).eval()
+    compiled = lm.compiled_layers = CompiledLayers(lm.model, backend="eager")
+    assert copy.deepcopy(compiled) is compiled  # the reference's copy runs the same step (weights are arguments)
+    calls = counted(compiled)
+    ids, mask = batch(lm, task_records)[:2]
+    with torch.no_grad():
+        lm.prefill(ids, mask, 2, cache_len=ids.shape[1] + 8)  # the fast engine's preallocated cache
+    assert calls["n"] == 0
+
+
+# ------------------------------------------------------------------ compiled
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recompute", [False, "call", "layer"])
+def test_compiled_layers_match_the_eager_layers(tokenizer, task_records, recompute):
+    """Log-probs and every gradient through prompt -> latent steps -> answer under locked dropout (attention, MLP
+    and residual sites), with and without recomputation, two row counts: as the layers' own forward, to 1e-5."""
+    lm = make_lm(tokenizer).eval()
+    pert = make_perturbation(LOCKED)
+    cases = [(batch(lm, task_records, n), torch.arange(n) + 10 * n) for n in (4, 3)]
+    eager = [loss_and_grads(lm, inputs, recompute=recompute, pert=pert, seeds=s) for inputs, s in cases]
+    lm.compiled_layers = CompiledLayers(lm.model, backend="aot_eager")
+    calls = counted(lm.compiled_layers)
+    for (inputs, seeds), want in zip(cases, eager):
+        assert_same(loss_and_grads(lm, inputs, recompute=recompute, pert=pert, seeds=seeds), want)
+    n_layers, n_calls = 2, 1 + 3 + 2  # the prompt, T = 3 latent steps, <|end-latent|>, the answer
+    assert calls["n"] == 2 * n_layers * n_calls * (2 if recompute else 1)  # (recomputation runs it again)
+
+
+@pytest.mark.slow
+def test_inductor_graphs_are_shared_by_layers_calls_and_row_counts(tokenizer, task_records):
+    """Four layers, four binds (4, 4, 3 rows; longer questions and answers) with layer recomputation, and a no-grad
+    replay: three graphs with grad and three without (the prompt; one position with past; many with past), not one
+    per layer, call, row count or length."""
+    from dgrpo.config import TaskConfig
+    from dgrpo.data.synthetic import generate_split
+
+    lm = make_lm(tokenizer, num_layers=4).eval()
+    pert = make_perturbation(LOCKED)
+    longer = generate_split(TaskConfig(n_test=8), "ood_steps")
+    cases = [(batch(lm, task_records[k:], n), torch.arange(n) + 7 * k) for k, n in ((0, 4), (4, 4), (8, 3))]
+    cases.append((batch(lm, longer, 4), torch.arange(4) + 99))
+    assert len({inputs[0].shape[1] for inputs, _ in cases}) > 1 and len({inputs[2].shape[1] for inputs, _ in cases}) > 1
+    eager = [loss_and_grads(lm, inputs, recompute="layer", pert=pert, seeds=s) for inputs, s in cases]
+    counters.clear()
+    lm.compiled_layers = CompiledLayers(lm.model)
+    for (inputs, seeds), want in zip(cases, eager):
+        assert_same(loss_and_grads(lm, inputs, recompute="layer", pert=pert, seeds=seeds), want)
+    (ids, mask, tg, tm), seeds = cases[0]
+    with torch.no_grad(), pert.bind(lm, seeds) as pb:
+        lp, _ = lm.target_logprobs(ids, mask, 3, tg, tm, perturbation=pb)
+    assert torch.allclose(lp, eager[0][0], atol=1e-5, rtol=0)
+    assert counters["stats"]["unique_graphs"] == 6, dict(counters["stats"])
+
+
+@pytest.mark.slow
+def test_grpo_steps_with_compiled_layers(sft_checkpoint):
+    """Two trainer steps with model.compile (two mini-epochs: theta_old from a no-grad replay): the update's
+    log-probs replay the rollout's and the first mini-epoch's ratios are 1."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.training.grpo import GRPOTrainer
+
+    over = {"model.compile": "true", "model.compile_backend": "aot_eager", "grpo.mini_epochs": "2"}
+    cfg = tiny_config(**over, **{"grpo.filter": "false", "grpo.prompts_per_step": "4", "grpo.recompute": "true"})
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    tr = GRPOTrainer(lm, cfg, generate_split(cfg.task, "train"))
+    assert lm.compiled_layers is not None and tr.ref is not None and tr.ref.lm.compiled_layers is lm.compiled_layers
+    calls = counted(lm.compiled_layers)
+    for _ in range(2):
+        m = tr.step()
+        assert m["skipped"] == 0 and abs(m["ratio_max"] - 1) < 1e-5 and abs(m["ratio_min"] - 1) < 1e-5
+        assert m["logp_replay_maxdiff"] < 1e-4
+    assert calls["n"] > 0
