@@ -169,13 +169,19 @@ class CompiledLayers:
 
     def _layer_forward(self, layer: nn.Module, i: int, own: Callable) -> Callable:
         """Layer ``i``'s forward as a call of the step (``own``: its forward, for calls over another cache)."""
-        if layer not in self._anatomy:  # read once per layer (each forward call installs the step again)
+        if layer not in self._anatomy:  # walked once per layer (each forward call installs the step again)
             parts = [(part, block_part(layer, part)) for part in FACTOR_PARTS]
             others = [(name, m) for name, m in layer.named_modules() if name and all(m is not p for _, p in parts)]
-            self._anatomy[layer] = (parts, others)
-        parts, others = self._anatomy[layer]
-        # read at each install (the weights may have been replaced): every tensor the template lacks
-        params = {**dict(layer.named_parameters()), **dict(layer.named_buffers())}
+            owners = [
+                (f"{name}.{key}" if name else key, m, table)
+                for name, m in layer.named_modules()
+                for table in ("_parameters", "_buffers")
+                for key in getattr(m, table)
+            ]
+            self._anatomy[layer] = (parts, others, owners)
+        parts, others, owners = self._anatomy[layer]
+        # every tensor the template lacks, read from its owner at each install (the weights may have been replaced)
+        params = {full: getattr(m, table)[full.rsplit(".", 1)[-1]] for full, m, table in owners}
 
         def forward(
             hidden_states: Tensor,
@@ -202,9 +208,6 @@ class CompiledLayers:
             tensors = [hidden_states, *past, attention_mask, *position_embeddings, *factors]
             # contiguous (a latent step's input is a view of the last position): the graphs guard on the strides
             tensors = [t if t is None or t.is_contiguous() else t.contiguous() for t in tensors]
-            for t in tensors:
-                if t is not None:
-                    torch._dynamo.maybe_mark_dynamic(t, 0)  # rows: a last micro-batch has fewer
             out, keys, values = self.step(params, *tensors)
             if isinstance(stored, DynamicLayer) and empty:
                 stored.lazy_initialization(keys, values)
