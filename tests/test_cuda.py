@@ -161,6 +161,39 @@ def test_layer_recomputation_on_cuda_matches_full_backprop_with_a_lower_peak(tok
     assert peaks["layer"] < peaks["call"] < peaks[False], peaks
 
 
+def test_compiled_layers_on_cuda_match_eager_and_train_in_bf16(tokenizer, task_records, sft_checkpoint):
+    """``model.compile``: inductor's layer step gives the eager layers' log-probs and gradients under locked dropout
+    with layer recomputation (fp32), and two bf16 GRPO steps (fast-engine rollouts, compiled update) train."""
+    from dgrpo.model.compiled_layers import CompiledLayers
+    from dgrpo.model.latent_lm import LatentLM
+
+    lm = make_lm(tokenizer, hidden_size=256, num_layers=4, intermediate_size=1024).eval()
+    lm.model.to(CUDA)
+    recs = task_records[:16]
+    ids, mask = (x.to(CUDA) for x in lm.encode_questions([r.question for r in recs]))
+    tg, tm = (x.to(CUDA) for x in lm.encode_targets(["\n".join(r.steps) + "\n#### " + r.answer for r in recs]))
+    pert, seeds = LockedDropout(p=0.2, sites=["attn", "mlp"]), seeds_for(0, 0, 0, len(recs))
+    lm.recompute = "layer"
+    out = []
+    for compiled in (None, CompiledLayers(lm.model)):
+        lm.compiled_layers = compiled
+        lm.model.zero_grad(set_to_none=True)
+        with pert.bind(lm, seeds) as pb:
+            lp, _ = lm.target_logprobs(ids, mask, 4, tg, tm, perturbation=pb)
+        (-(lp * tm).sum()).backward()
+        out.append((lp.detach(), [p.grad.clone() for p in lm.model.parameters()]))
+    assert torch.allclose(out[0][0], out[1][0], atol=1e-4, rtol=0), (out[0][0] - out[1][0]).abs().max()
+    for a, b in zip(out[0][1], out[1][1]):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-3), (a - b).abs().max()
+    over = {"model.compile": "true", "model.dtype": "bfloat16", "grpo.filter": "false", "grpo.lr": "1e-3"}
+    cfg = tiny_config(**over, **{"perturbation.p": "0.3", "grpo.prompts_per_step": "8", "grpo.warmup_steps": "0"})
+    lm = LatentLM.from_pretrained(sft_checkpoint, dtype=torch.bfloat16, device=CUDA)
+    tr = GRPOTrainer(lm, cfg, generate_split(cfg.task, "train"))
+    for _ in range(2):
+        m = tr.step()
+        assert m["skipped"] == 0 and torch.isfinite(torch.tensor(m["grad_norm"])) and m["logp_replay_maxdiff"] < 0.1
+
+
 def test_liger_kernels_keep_logprobs_gradients_and_captured_rollouts(tokenizer, task_records):
     """``model.kernels=liger`` (fused RMSNorm / SwiGLU / rotary): the same log-probs and gradients as Hugging Face's
     modules in fp32, and the fast engine captures the fused layers into its graphs (eager's answers, replay-exact).
