@@ -5,11 +5,13 @@
         --versus grpo.micro_batch_size=64 --versus grpo.recompute=false        # against the eager path, alternated
     python bench/paper_step.py --steps 2 --profile                             # kernels, busy share, FLOP/s, syncs
     python bench/paper_step.py --tiny --device cpu --steps 1 --profile         # (CPU: the ops that would wait)
+    python bench/paper_step.py --shape full --device cpu --set model.kernels=none --versus model.compile=true
 
-Builds a model of Qwen2.5-1.5B's shape with random weights (no hub access needed) in the recipe's dtype, loads
-the packaged paper/grpo_dropout.yaml unchanged except: T = 6 is given explicitly (there is no SFT checkpoint to read it
-from), the group filter is off and EOS is suppressed, so that every step runs the full update on 16 x 32 rollouts of
-exactly ``max_new_tokens`` answer tokens (the worst case a real step can reach). Prints one JSON line per step and a
+Builds a model of Qwen2.5-1.5B's shape (``--shape``: or one of the CPU bench suite's) with random weights (no hub
+access needed) in the recipe's dtype, loads the packaged paper/grpo_dropout.yaml unchanged except: T = 6 is given
+explicitly (there is no SFT checkpoint to read it from), the group filter is off and EOS is suppressed, so that
+every step runs the full update on 16 x 32 rollouts of exactly ``max_new_tokens`` answer tokens (the worst case a
+real step can reach). Prints one JSON line per step and a
 summary: step time (rollout / update split), peak memory, the optimizer actually used.
 
 ``--versus KEY=VALUE`` (repeatable) adds a second arm: a trainer on a copy of the same initial weights with those
@@ -37,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from dgrpo.bench import step_profile  # noqa: E402
-from dgrpo.bench.workload import QUICK, Shapes, build_lm, task_records  # noqa: E402
+from dgrpo.bench.workload import FULL, QUICK, Shapes, build_lm, task_records  # noqa: E402
 from dgrpo.config import Config, load_config  # noqa: E402
 from dgrpo.data.records import Record  # noqa: E402
 from dgrpo.training.grpo import GRPOTrainer  # noqa: E402
@@ -47,6 +49,8 @@ QWEN25_15B = Shapes(name="qwen2.5-1.5b", hidden=1536, layers=28, heads=12, kv_he
 #: T (given explicitly: there is no SFT checkpoint to read it from), and what else the measurement fixes on top of
 #: the packaged recipe
 T = 6
+#: --shape: the paper's model, and the bench suite's CPU sizes (dgrpo.bench.workload)
+SHAPES = {QWEN25_15B.name: QWEN25_15B, FULL.name: FULL, QUICK.name: QUICK}
 MEASURED = [f"grpo.n_latent={T}", "grpo.filter=false", "grpo.warmup_steps=0"]
 
 
@@ -67,10 +71,12 @@ def parse_args() -> argparse.Namespace:
     )
     ap.add_argument("--out", default="", help="write the summary JSON here too")
     ap.add_argument(
-        "--tiny",
-        action="store_true",
-        help="a tiny model of the same architecture instead (a smoke test of this script)",
+        "--shape",
+        choices=sorted(SHAPES),
+        default=QWEN25_15B.name,
+        help="the model's shape: Qwen2.5-1.5B's, the CPU bench suite's 128-wide model (full), or a tiny one (quick)",
     )
+    ap.add_argument("--tiny", action="store_true", help="= --shape quick (a smoke test of this script)")
     return ap.parse_args()
 
 
@@ -140,7 +146,8 @@ def main() -> int:
     cfg = load_config(Config, "paper/grpo_dropout.yaml", [*MEASURED, *args.set])
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     t0 = time.perf_counter()
-    lm = build_lm(QUICK if args.tiny else QWEN25_15B, device, dtype, keep=False)  # no spare copy on the device
+    shape = SHAPES[QUICK.name if args.tiny else args.shape]
+    lm = build_lm(shape, device, dtype, keep=False)  # no spare copy on the device
     prompts = task_records(cfg.grpo.prompts_per_step)
     arms = {"recipe": (lm, cfg)}
     if args.versus:  # a copy of the weights before the recipe's trainer swaps in its kernels
@@ -157,7 +164,7 @@ def main() -> int:
             rows[name].append({"arm": name, **timed_step(tr, prompts, device, i)})
             print(json.dumps(rows[name][-1]), flush=True)
     summary = {
-        "shape": "tiny" if args.tiny else QWEN25_15B.name,
+        "shape": shape.name,
         "prompts": cfg.grpo.prompts_per_step,
         "K": cfg.grpo.group_size,
         "T": T,

@@ -89,14 +89,14 @@ def test_a_hook_the_step_cannot_apply_is_an_error(tokenizer, task_records):
     assert "forward" not in lm.model.model.layers[0].__dict__  # the layers' own forward is back after the error
 
 
-def test_the_step_is_shared_by_copies_and_skips_static_caches(tokenizer, task_records):
+def test_the_step_is_shared_by_copies_and_serves_scoring_only(tokenizer, task_records):
     lm = make_lm(tokenizer).eval()
     compiled = lm.compiled_layers = CompiledLayers(lm.model, backend="eager")
     assert copy.deepcopy(compiled) is compiled  # the reference's copy runs the same step (weights are arguments)
     calls = counted(compiled)
     ids, mask = batch(lm, task_records)[:2]
-    with torch.no_grad():
-        lm.prefill(ids, mask, 2, cache_len=ids.shape[1] + 8)  # the fast engine's preallocated cache
+    lm.generate(ids, mask, 2, max_new_tokens=4)  # generation (rollouts, evaluation): the layers' own forward
+    lm.generate(ids, mask, 2, max_new_tokens=4, static_cache=True)
     assert calls["n"] == 0
 
 

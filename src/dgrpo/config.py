@@ -195,9 +195,9 @@ class ModelConfig:
     compile: bool = opt(
         False,
         "run the decoder layers as one torch.compile'd step shared by every layer (weights, past keys/values and "
-        "the perturbation's masks as its arguments; dgrpo.model.compiled_layers) in every cached forward call of "
-        "SFT, the GRPO update, the reference and the eager engine's rollouts (the fast engine's captured rollouts "
-        "keep their static cache). Qwen2 / Llama with SDPA attention; perturbation none, locked or gaussian "
+        "the perturbation's masks as its arguments; dgrpo.model.compiled_layers) wherever answers are scored "
+        "teacher-forced: SFT, the GRPO update, theta_old and the reference (rollouts and evaluation keep the "
+        "layers' own forward). Qwen2 / Llama with SDPA attention; perturbation none, locked or gaussian "
         "activations; not with LoRA, FSDP or model.kernels=liger (the compiler fuses those layers itself). The "
         "first calls compile (tens of seconds); log-probs agree with the eager layers to float rounding, not bitwise",
     )

@@ -12,8 +12,9 @@ call, every micro-batch size and the reference model (its weights are arguments 
 The perturbation keeps its hooks on the real modules; a hook made by :func:`output_factor_hook` says what it
 multiplies by, and the step applies that factor inside the graph (the real attention and MLP modules do not run).
 Hooks on the block itself (the ``residual`` site) act as always, outside the step. Any other hook inside a layer is an
-error: the step could not apply it. Calls over another cache (the fast engine's static cache, captured as CUDA
-graphs) run the layers' own forward.
+error: the step could not apply it. ``LatentLM`` installs the step for teacher-forced scoring over a growing cache
+(SFT, the GRPO update, theta_old, the reference); generation keeps the layers' own forward (on a CPU the compiled
+one-position calls were slower: bench/RESULTS.md). A call over another cache runs the layers' own forward too.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
@@ -308,6 +308,7 @@ class LatentLM(nn.Module):
         #: the decoder layers' compiled step (``model.compile``; dgrpo.model.compiled_layers), or None: eager layers.
         #: It runs the calls over a growing ``DynamicCache`` (the update, the reference, the eager engine's rollouts)
         self.compiled_layers: CompiledLayers | None = None
+        self._scoring = False  # within target_logprobs: the compiled layers run (on CPU they slow generation)
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod
@@ -534,12 +535,14 @@ class LatentLM(nn.Module):
         x_is_ids: bool,
     ) -> Tensor:
         """One cached forward of the decoder (``x``: ids or embeddings); its last-layer hidden states [B, L, H].
-        With ``recompute`` and grad on, checkpointed regions (dgrpo.model.recompute): the call, or each layer."""
+        With ``recompute`` and grad on, checkpointed regions (dgrpo.model.recompute): the call, or each layer.
+        Under teacher-forced scoring over a growing cache, the compiled layer step when there is one."""
+        compiled = self.compiled_layers if self._scoring and isinstance(cache, DynamicCache) else None
 
         def run(c: DynamicCache | StaticCache, x: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
             if perturbation is not None:
                 perturbation.before_forward(phase)
-            with self._compiled(c):  # (entered again by a call's recomputation, which runs after this block)
+            with self._compiled(compiled):  # (entered again by a call's recomputation, which runs after this block)
                 out = self.base(
                     input_ids=x if x_is_ids else None,
                     inputs_embeds=None if x_is_ids else x,
@@ -555,7 +558,7 @@ class LatentLM(nn.Module):
         if not (self.recompute and torch.is_grad_enabled()):
             return run(cache, x, attention_mask, positions)
         if self.recompute == "layer":  # the compiled step goes in first: each checkpointed layer region calls it
-            with self._compiled(cache), checkpointed_layers(self.model, perturbation, phase):
+            with self._compiled(compiled), checkpointed_layers(self.model, perturbation, phase):
                 return run(cache, x, attention_mask, positions)
         if self.recompute not in (True, "call"):
             raise ValueError(f"LatentLM.recompute: expected False, 'call' or 'layer', got {self.recompute!r}")
@@ -563,12 +566,20 @@ class LatentLM(nn.Module):
         new_cache = lambda: DynamicCache(config=self.model.config)  # noqa: E731
         return recomputed_call(run, cache, new_cache, (x, attention_mask, positions), perturbation)
 
-    def _compiled(self, cache: DynamicCache | StaticCache) -> AbstractContextManager[Any]:
-        """The compiled layer step installed for a call over ``cache`` (a ``DynamicCache``), unless it is already."""
-        compiled = self.compiled_layers
-        if compiled is None or not isinstance(cache, DynamicCache) or compiled.is_installed(self.model):
+    def _compiled(self, compiled: CompiledLayers | None) -> AbstractContextManager[Any]:
+        """``compiled``'s layer step installed on the model (nothing: None, or installed already)."""
+        if compiled is None or compiled.is_installed(self.model):
             return nullcontext()
         return compiled.installed(self.model)
+
+    @contextmanager
+    def _scoring_block(self) -> Iterator[None]:
+        """Teacher-forced scoring runs within (the compiled layers serve it, not generation)."""
+        before, self._scoring = self._scoring, True
+        try:
+            yield
+        finally:
+            self._scoring = before
 
     def new_cache(self, cache_len: int | None = None) -> DynamicCache | StaticCache:
         """An empty KV cache: growing (``DynamicCache``), or preallocated for ``cache_len`` positions."""
@@ -697,19 +708,21 @@ class LatentLM(nn.Module):
         lead = None
         if end_with_targets and markers and not stepwise:
             lead = torch.full((prompt_ids.shape[0], 1), self.end_id, device=prompt_ids.device)
-        state = self.prefill(
-            prompt_ids, prompt_mask, n_latent, mode=mode, perturbation=perturbation, markers=markers and lead is None
-        )
-        return self.score_targets(
-            state,
-            target_ids,
-            target_mask,
-            perturbation=perturbation,
-            temperature=temperature,
-            with_entropy=with_entropy,
-            stepwise=stepwise,
-            lead_ids=lead,
-        )
+        with self._scoring_block():
+            own_marker = markers and lead is None
+            state = self.prefill(
+                prompt_ids, prompt_mask, n_latent, mode=mode, perturbation=perturbation, markers=own_marker
+            )
+            return self.score_targets(
+                state,
+                target_ids,
+                target_mask,
+                perturbation=perturbation,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                stepwise=stepwise,
+                lead_ids=lead,
+            )
 
     @torch.no_grad()
     def generate(
