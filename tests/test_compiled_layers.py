@@ -56,6 +56,10 @@ def test_unsupported_architectures_are_a_config_error(tokenizer, arch):
     lm.model.config._attn_implementation = "eager"
     with pytest.raises(ConfigError, match="need SDPA attention"):
         CompiledLayers(lm.model)
+    lm = make_lm(tokenizer, "llama")
+    lm.model.config.attention_dropout = 0.1  # (in training mode the eager layers would drop attention weights)
+    with pytest.raises(ConfigError, match="attention_dropout is 0.1"):
+        CompiledLayers(lm.model)
 
 
 @pytest.mark.parametrize(

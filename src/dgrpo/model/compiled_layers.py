@@ -99,6 +99,11 @@ def check_compilable(model: nn.Module) -> None:
             f"invalid config value model.compile: the compiled layers run {', '.join(COMPILABLE_MODEL_TYPES)} "
             f"decoders; this model is {model_type!r} (set model.compile=false)"
         )
+    if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
+        raise ConfigError(
+            f"invalid config value model.compile: the model's attention_dropout is {config.attention_dropout}; the "
+            "compiled layers run without it (it would draw from the global RNG: set it to 0, or model.compile=false)"
+        )
     if not prebuilt_mask_applies(config):
         raise ConfigError(
             "invalid config value model.compile: the compiled layers need SDPA attention over full-attention layers "
@@ -116,7 +121,7 @@ class CompiledLayers:
         check_compilable(model)
         layers = decoder_layers(model)
         # the layer's structure only: every weight comes in as an argument, so it holds none (the meta device)
-        self.template = copy.deepcopy(layers[0]).requires_grad_(False).to("meta")
+        self.template = copy.deepcopy(layers[0]).requires_grad_(False).to("meta").eval()
         attn: Any = block_part(self.template, "attn")
         attn.layer_idx = 0  # it only ever reads the one-layer cache it is given
         self.slots: dict[str, Tensor | None] = dict.fromkeys(FACTOR_PARTS)  # (filled: no guard on it being empty)
