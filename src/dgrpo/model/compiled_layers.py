@@ -99,9 +99,10 @@ def check_compilable(model: nn.Module) -> None:
             f"invalid config value model.compile: the compiled layers run {', '.join(COMPILABLE_MODEL_TYPES)} "
             f"decoders; this model is {model_type!r} (set model.compile=false)"
         )
-    if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
+    attention_dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0)
+    if attention_dropout > 0:
         raise ConfigError(
-            f"invalid config value model.compile: the model's attention_dropout is {config.attention_dropout}; the "
+            f"invalid config value model.compile: the model's attention_dropout is {attention_dropout}; the "
             "compiled layers run without it (it would draw from the global RNG: set it to 0, or model.compile=false)"
         )
     if not prebuilt_mask_applies(config):
