@@ -4,6 +4,7 @@ The compiling tests are slow (dynamo traces every graph once per process; induct
 tier checks what is decided before anything compiles."""
 
 import copy
+import shutil
 
 import pytest
 import torch
@@ -125,6 +126,9 @@ def test_compiled_layers_match_the_eager_layers(tokenizer, task_records, recompu
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("c++") is None and shutil.which("g++") is None, reason="inductor on CPU needs a C++ compiler"
+)
 def test_inductor_graphs_are_shared_by_layers_calls_and_row_counts(tokenizer, task_records):
     """Four layers, four binds (4, 4, 3 rows; longer questions and answers) with layer recomputation, and a no-grad
     replay: three graphs with grad and three without (the prompt; one position with past; many with past), not one

@@ -203,8 +203,8 @@ class ModelConfig:
     )
     compile_backend: CompileBackend = opt(
         "inductor",
-        "torch.compile backend of model.compile: inductor (generated fused kernels), aot_eager or eager (tracing "
-        "only, to debug)",
+        "torch.compile backend of model.compile: inductor (generated fused kernels: Triton on a GPU, C++ on a CPU, "
+        "which needs a C++ compiler), aot_eager or eager (tracing only, to debug)",
     )
     compile_mode: CompileMode = opt(
         "default",
