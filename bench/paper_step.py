@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import counters
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -109,6 +110,7 @@ def summarize(tr: GRPOTrainer, rows: list[dict], device: torch.device) -> dict:
         "micro_batch_size": g.micro_batch_size,
         "engine": tr.engine,
         "kernels": tr.cfg.model.kernels,
+        "compile": tr.cfg.model.compile,
         "recompute": g.recompute_granularity if g.recompute else False,
         "optimizer": type(tr.opt).__name__,
         "median_step_s": statistics.median(r["wall_s"] for r in timed),
@@ -173,6 +175,8 @@ def main() -> int:
     }
     if device.type == "cuda":
         summary.update(gpu=torch.cuda.get_device_name(0), allocator_retries=step_profile.allocator_retries() - retries0)
+    if any(tr.cfg.model.compile for tr in trainers.values()):  # graphs dynamo built (model.compile: 3 per grad mode)
+        summary["compiled_graphs"] = counters["stats"]["unique_graphs"]
     if "versus" in trainers:
         summary["versus"] = {"overrides": args.versus, **summarize(trainers["versus"], rows["versus"], device)}
         pairs = [a["wall_s"] / b["wall_s"] for a, b in zip(rows["recipe"], rows["versus"]) if not a["warmup"]]
