@@ -306,7 +306,7 @@ class LatentLM(nn.Module):
         #: layer of each call does); grpo.recompute / sft.recompute and their *_granularity
         self.recompute: bool | str = False
         #: the decoder layers' compiled step (``model.compile``; dgrpo.model.compiled_layers), or None: eager layers.
-        #: It runs the calls over a growing ``DynamicCache`` (the update, the reference, the eager engine's rollouts)
+        #: It runs teacher-forced scoring over a growing ``DynamicCache`` (SFT, the update, theta_old, the reference)
         self.compiled_layers: CompiledLayers | None = None
         self._scoring = False  # within target_logprobs: the compiled layers run (on CPU they slow generation)
 
