@@ -27,13 +27,12 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from ..config import ConfigError
 from .anatomy import block_part, decoder_layers
 from .attention_mask import prebuilt_mask_applies
-from .recompute import OneLayerCache
+from .recompute import OneLayerCache, dynamic_layer, layer_forwards
 
 #: the attribute :func:`output_factor_hook` tags its hooks with: a callable giving the factor (or None)
 FACTOR_ATTR = "dgrpo_output_factor"
@@ -82,12 +81,6 @@ def _factor_of(module: nn.Module, where: str) -> Tensor | None:
     if found is not None and found.storage_offset() != 0:
         found = found.clone()  # a view into a larger tensor: the graph would be specialised on its offset
     return found
-
-
-def _dynamic_layer(cache: Any, i: int) -> DynamicLayer | None:
-    """Layer ``i`` of a ``DynamicCache`` of full-attention layers, or None (another cache: the layer's own forward)."""
-    layer = cache.layers[i] if isinstance(cache, DynamicCache) else None
-    return layer if type(layer) is DynamicLayer else None
 
 
 def check_compilable(model: nn.Module) -> None:
@@ -201,7 +194,7 @@ class CompiledLayers:
         ) -> Tensor:
             cache = kwargs.pop("past_key_values", cache)  # transformers before 5.24 name it so
             # the layer's past: its layer of a DynamicCache, or a checkpointed layer region's one-layer cache
-            stored = cache if isinstance(cache, OneLayerCache) else _dynamic_layer(cache, i)
+            stored = cache if isinstance(cache, OneLayerCache) else dynamic_layer(cache, i)
             if stored is None:
                 return own(hidden_states, attention_mask, position_ids, cache, use_cache, position_embeddings, **kwargs)
             if attention_mask is None or position_embeddings is None:
@@ -231,17 +224,9 @@ class CompiledLayers:
         """Within the block, ``model``'s decoder layers run the step (their own ``forward`` restored on leaving)."""
         if self.is_installed(model):
             raise RuntimeError("the compiled layers are installed on this model already")
-        layers = list(decoder_layers(model))
-        own = [layer.__dict__.get("forward") for layer in layers]  # an instance-level forward (patched), or None
         self._active.add(id(model))
         try:
-            for i, layer in enumerate(layers):
-                layer.forward = self._layer_forward(layer, i, layer.forward)
-            yield
+            with layer_forwards(model, lambda layer, i: self._layer_forward(layer, i, layer.forward)):
+                yield
         finally:
             self._active.discard(id(model))
-            for layer, forward in zip(layers, own):
-                if forward is None:
-                    del layer.forward
-                else:
-                    layer.forward = forward

@@ -121,10 +121,17 @@ class OneLayerCache:
         return keys, values
 
 
-def _cache_layer(cache: Any, i: int) -> Any:
+def dynamic_layer(cache: Any, i: int) -> DynamicLayer | None:
+    """Layer ``i`` of a ``DynamicCache`` of full-attention layers, or None (another cache, or another kind of layer:
+    sliding-window, quantized or static layers keep their own bookkeeping)."""
     layer = cache.layers[i] if isinstance(cache, DynamicCache) else None
-    if type(layer) is not DynamicLayer:  # sliding-window, quantized or static layers keep their own bookkeeping
-        found = type(layer).__name__ if layer is not None else type(cache).__name__
+    return layer if type(layer) is DynamicLayer else None
+
+
+def _cache_layer(cache: Any, i: int) -> DynamicLayer:
+    layer = dynamic_layer(cache, i)
+    if layer is None:
+        found = type(cache.layers[i]).__name__ if isinstance(cache, DynamicCache) else type(cache).__name__
         raise NotImplementedError(
             f"layer recomputation runs over a DynamicCache of full-attention layers; got {found} (set "
             "grpo.recompute_granularity=call / sft.recompute_granularity=call)"
@@ -183,11 +190,19 @@ def checkpointed_layers(model: nn.Module, perturbation: Any = None, phase: str =
     """Within the block, every decoder layer of ``model`` runs as its own checkpointed region (under grad): it keeps
     its inputs for backward, and its activations are rebuilt there, under ``perturbation`` (a bound perturbation,
     or None) resumed at ``phase``. The layers' own ``forward`` is restored on leaving."""
+    with layer_forwards(model, lambda layer, i: _checkpointed_forward(layer, i, perturbation, phase)):
+        yield
+
+
+@contextmanager
+def layer_forwards(model: nn.Module, make: Callable[[nn.Module, int], Callable]) -> Iterator[None]:
+    """Within the block, decoder layer i of ``model`` runs ``make(layer, i)`` as its ``forward`` (made from the
+    ``forward`` it has on entering); on leaving, each layer gets back the ``forward`` it had."""
     layers = list(decoder_layers(model))
     own = [layer.__dict__.get("forward") for layer in layers]  # an instance-level forward (patched), or None
     try:
         for i, layer in enumerate(layers):
-            layer.forward = _checkpointed_forward(layer, i, perturbation, phase)
+            layer.forward = make(layer, i)
         yield
     finally:
         for layer, forward in zip(layers, own):
