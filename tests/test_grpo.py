@@ -8,6 +8,7 @@ import torch
 
 from dgrpo.data.synthetic import generate_split
 from dgrpo.model.latent_lm import LatentLM
+from dgrpo.training import grpo as grpo_module
 from dgrpo.training.grpo import GRPOTrainer
 
 from conftest import dgrpo, tiny_args, tiny_config
@@ -101,15 +102,36 @@ def test_update_is_invariant_to_micro_batch_size(sft_checkpoint, agg):
     assert torch.allclose(params[0], params[1], atol=1e-6)
 
 
-def test_mini_epochs_replay_matches_theta_old(sft_checkpoint):
+def test_mini_epochs_replay_matches_theta_old(sft_checkpoint, monkeypatch):
     tr = trainer(
         sft_checkpoint,
-        **{"perturbation.p": "0.3", "grpo.mini_epochs": "2", "grpo.filter": "false", "grpo.prompts_per_step": "4"},
+        **{
+            "perturbation.p": "0.3",
+            "grpo.mini_epochs": "2",
+            "grpo.filter": "false",
+            "grpo.prompts_per_step": "4",
+            "grpo.micro_batch_size": "8",
+        },
     )
+    seen = []  # (log-probs, old log-probs) of each micro-batch's objective, in call order
+    objective = grpo_module.grpo_objective
+
+    def recording(logp, old, *args, **kwargs):
+        seen.append((logp.detach().clone(), old.clone()))
+        return objective(logp, old, *args, **kwargs)
+
+    monkeypatch.setattr(grpo_module, "grpo_objective", recording)
+    monkeypatch.setattr(tr.opt, "step", lambda *a, **k: None)  # the weights stay at theta_old in both mini-epochs
     m = tr.step()
     assert m["skipped"] == 0
-    # the first mini-epoch runs at theta_old: the separate no-grad replay gives ratio exactly 1
+    # the first mini-epoch runs at theta_old: its own detached log-probs are the old ones, ratio exactly 1
     assert m["ratio_max"] == 1.0 and m["ratio_min"] == 1.0 and m["clip_frac_high"] == 0.0
+    half = len(seen) // 2
+    assert len(seen) == 2 * half and half > 1  # two mini-epochs of several micro-batches
+    for (logp0, old0), (logp1, old1) in zip(seen[:half], seen[half:]):
+        assert torch.equal(old0, logp0)  # epoch 0: against itself
+        assert torch.equal(old1, logp0)  # epoch 1: against epoch 0's log-probs, kept per micro-batch
+        assert torch.equal(logp1, logp0)  # at the same weights, the second gradient pass replays bit-for-bit
 
 
 @pytest.mark.parametrize(

@@ -268,7 +268,10 @@ class GRPOTrainer:
         # the model stays in eval mode: its own dropout modules (e.g. GPT-2's, p > 0 in hub configs) would add
         # un-replayed noise the rollout never saw; the only stochasticity is the seeded perturbation
         lm.eval()
-        old = self._theta_old_logprobs(ro, chunks, step) if g.mini_epochs > 1 else {}
+        # theta_old: the optimizer steps once per mini-epoch, so the first mini-epoch's forward runs at theta_old
+        # under the same seeds; its log-probs, kept per micro-batch, are the later mini-epochs' old log-probs (no
+        # separate replay, and ratios exactly 1 in the first mini-epoch whatever the engine or compiled graph)
+        old: dict[int, Tensor] = {}
         # the stats and the replay check stay on the device until the step's end (no host sync per micro-batch)
         stats, replay_diff, gn = ObjectiveStats(), torch.zeros((), device=lm.device), 0.0
         for epoch in range(g.mini_epochs):
@@ -277,6 +280,8 @@ class GRPOTrainer:
                 seeds = self._update_seeds(ro, rws, step, epoch)
                 logp, tm = replay_logprobs(lm, ro, rws, seeds=seeds, **self._replay_kw())
                 ref_lp = ref[ci * mb : ci * mb + rws.numel(), : tm.shape[1]] if ref is not None else None
+                if epoch == 0 and g.mini_epochs > 1:
+                    old[ci] = logp.detach()
                 loss, st = grpo_objective(
                     logp,
                     old.get(ci, logp.detach()),
@@ -325,16 +330,6 @@ class GRPOTrainer:
                 "was saved: the run directory's last checkpoint is intact; lower grpo.lr"
             )
         return float(gn)
-
-    def _theta_old_logprobs(self, ro: Rollouts, chunks: list[Tensor], step: int) -> dict[int, Tensor]:
-        """With several mini-epochs: log-probs at theta_old from a separate no-grad replay, same micro-batches."""
-        with torch.no_grad():
-            return {
-                ci: replay_logprobs(self.lm, ro, rws, seeds=self._update_seeds(ro, rws, step, 0), **self._replay_kw())[
-                    0
-                ]
-                for ci, rws in enumerate(chunks)
-            }
 
     def _reference_logprobs(self, ro: Rollouts, rows: Tensor, step: int, epoch: int) -> Tensor:
         """The reference model's log-probs of ``rows``' answers under the same perturbations as the policy's replay
