@@ -72,10 +72,12 @@ class RowMemo:
 
 class _BoundLocked(HookedPerturbation):
     def __init__(self, sites: list[Site], masks: Tensor, perturb_prompt: bool):
+        """``masks``: [B, sites, H], every row's masks in the weights' dtype."""
         super().__init__([s.module for s in sites], perturb_prompt)
-        # [B, 1, H] per site, the same mask at every position; each its own tensor (a compiled layer step would be
-        # specialised on a view's offset into one [sites, B, H] tensor: dgrpo.model.compiled_layers)
-        self.site_masks = [masks[k, :, None, :].clone() for k in range(masks.shape[0])]
+        # [B, 1, H] per site, the same mask at every position; each its own contiguous tensor, copied once from
+        # ``masks`` (a compiled layer step would be specialised on a view's offset into one tensor:
+        # dgrpo.model.compiled_layers)
+        self.site_masks = [masks[:, k, None, :].contiguous() for k in range(masks.shape[1])]
 
     @property
     def masks(self) -> Tensor:
@@ -106,8 +108,7 @@ class LockedDropout(Perturbation):
     def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
         sites = find_sites(lm.model, self.sites, self.layers)
         dtype = next(lm.model.parameters()).dtype
-        # booleans cross to the device (not fp32 masks: a quarter of the bytes and of the host's work), are laid out
-        # [sites, rows, width] there and become 0 and 1/(1-p), rounded once to the weights' dtype
+        # booleans cross to the device (not fp32 masks: a quarter of the bytes and of the host's work) and become 0
+        # and 1/(1-p) there, rounded once to the weights' dtype
         keep = to_device(keep_rows(seeds, len(sites), sites[0].width, self.p, self.memo), lm.device)
-        masks = scale_kept(keep.transpose(0, 1).contiguous(), self.p, dtype)
-        return _BoundLocked(sites, masks, self.perturb_prompt)
+        return _BoundLocked(sites, scale_kept(keep, self.p, dtype), self.perturb_prompt)
