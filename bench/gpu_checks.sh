@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The GPU measurements of the paper-scale step and the CUDA tests, in priority order, inside one time budget; for a
+# GPU node you hold for a short while, possibly one without network access. Each item's output goes to its own log
+# in OUT_DIR; an item that would not end inside the budget is cut at the deadline (its log keeps what it printed),
+# and the items after it are skipped. bench/RESULTS.md says what each figure means.
+#
+#   bash bench/gpu_checks.sh [OUT_DIR] [BUDGET_S]      # default: runs/gpu_checks, 540 s
+#
+# The node's Python needs torch with CUDA, transformers, liger-kernel and bitsandbytes (pip install -e ".[gpu]").
+# On a node without network, download the three wheels on a machine with it, copy the folder beside the checkout and
+# point WHEELS at it; they are installed into a temporary folder on PYTHONPATH (the node's torch, triton, numpy,
+# tokenizers, huggingface_hub are used as they are):
+#
+#   bash bench/gpu_checks.sh --download-wheels .whl    # here: ~58 MB, for CPython 3.12 on x86-64 Linux
+#   WHEELS=.whl bash bench/gpu_checks.sh               # there
+#
+# Items (name: what it shows), most wanted first:
+#   recipe_vs_layer512 : the recipe as shipped (per-call recomputation, 256-row micro-batches) alternated with
+#                        layer recomputation at 512 rows, with the recipe's profile (busy share, kernels, FLOP/s,
+#                        host syncs by call site)
+#   fast_vs_eager      : the recipe against grpo.engine=eager on the same weights and prompts (the fast/eager ratio)
+#   compiled_vs_liger  : model.compile=true with Hugging Face's layers (profiled) against the recipe's Liger layers
+#   cuda_tests         : pytest tests/test_cuda.py
+#   hf_vs_liger        : the recipe against model.kernels=none (what Liger's layers save)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+WHEEL_SPECS=(liger-kernel==0.8.5 bitsandbytes==0.50.2 transformers==5.24.0)
+
+if [[ "${1:-}" == "--download-wheels" ]]; then
+    dest=${2:?--download-wheels DIR}
+    platforms=()
+    for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 \
+        manylinux2014_x86_64 manylinux1_x86_64; do platforms+=(--platform "$p"); done
+    exec "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        "${platforms[@]}" -d "$dest" "${WHEEL_SPECS[@]}"
+fi
+
+OUT_DIR=${1:-runs/gpu_checks}
+BUDGET_S=${2:-540}
+mkdir -p "$OUT_DIR"
+deadline=$(($(date +%s) + BUDGET_S))
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+if [[ -n "${WHEELS:-}" ]]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/dgrpo_site \
+        "$WHEELS"/*.whl || exit 1
+    export PYTHONPATH="$PYTHONPATH:/tmp/dgrpo_site"
+fi
+"$PY" - <<'EOF' | tee "$OUT_DIR/environment.txt"
+import importlib, torch
+print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
+for name in ("transformers", "liger_kernel", "bitsandbytes", "triton"):
+    try:
+        print(name, getattr(importlib.import_module(name), "__version__", "?"))
+    except Exception as e:  # noqa: BLE001
+        print(name, "missing:", type(e).__name__)
+EOF
+
+# GPU_CHECKS_STEP_ARGS: extra paper_step.py arguments (e.g. "--device cpu --shape quick" to try this script on a CPU)
+read -r -a EXTRA <<<"${GPU_CHECKS_STEP_ARGS:-}"
+STEP=(bench/paper_step.py --steps 2 "${EXTRA[@]}")
+run_item() {  # name, command...
+    local name=$1 left
+    shift
+    left=$((deadline - $(date +%s)))
+    if ((left < 30)); then
+        echo "== $name: skipped, ${left}s left of the budget" | tee -a "$OUT_DIR/summary.txt"
+        return
+    fi
+    echo "== $name ($(date +%T), ${left}s left): $*" | tee -a "$OUT_DIR/summary.txt"
+    timeout --signal=INT --kill-after=15 "$left" "$@" >"$OUT_DIR/$name.log" 2>&1
+    local rc=$?
+    echo "   rc $rc; last line: $(tail -n 1 "$OUT_DIR/$name.log" | cut -c1-400)" | tee -a "$OUT_DIR/summary.txt"
+}
+
+run_item recipe_vs_layer512 "$PY" "${STEP[@]}" --profile \
+    --versus grpo.recompute_granularity=layer --versus grpo.micro_batch_size=512
+run_item fast_vs_eager "$PY" "${STEP[@]}" --versus grpo.engine=eager
+run_item compiled_vs_liger "$PY" "${STEP[@]}" --profile --set model.kernels=none --set model.compile=true \
+    --versus model.kernels=liger --versus model.compile=false
+run_item cuda_tests "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py
+run_item hf_vs_liger "$PY" "${STEP[@]}" --versus model.kernels=none
+echo "done at $(date +%T); logs in $OUT_DIR" | tee -a "$OUT_DIR/summary.txt"
