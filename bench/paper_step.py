@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import statistics
 import sys
@@ -142,6 +143,31 @@ def profile_recipe(tr: GRPOTrainer, prompts: list[Record], device: torch.device,
     return {**out, **step_profile.host_syncs(lambda: tr.step(prompts=prompts))}
 
 
+def alternate(
+    trainers: dict[str, GRPOTrainer], prompts: list[Record], device: torch.device, steps: int
+) -> tuple[dict[str, list[dict]], dict[str, str]]:
+    """A warm-up step and ``steps`` timed steps of each arm in turn, each row printed as it ends: (rows by arm, why an
+    arm stopped). An arm that runs out of device memory is dropped (its trainer and memory freed) and the others
+    go on, so that one configuration too large for the card does not lose the measurements of the rest."""
+    rows: dict[str, list[dict]] = {name: [] for name in trainers}
+    failed: dict[str, str] = {}
+    for i in range(steps + 1):
+        for name in list(trainers):
+            try:
+                rows[name].append({"arm": name, **timed_step(trainers[name], prompts, device, i)})
+            except torch.OutOfMemoryError as e:
+                failed[name] = f"out of memory in step {i}: {str(e).splitlines()[0][:300]}"
+            if name in failed:  # outside the handler: its traceback no longer holds the step's tensors
+                del trainers[name], rows[name]
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                print(json.dumps({"arm": name, "step": i, "error": failed[name]}), flush=True)
+                continue
+            print(json.dumps(rows[name][-1]), flush=True)
+    return rows, failed
+
+
 def main() -> int:
     args = parse_args()
     device = torch.device(args.device)
@@ -160,18 +186,15 @@ def main() -> int:
     print(json.dumps({**head, "device": str(device), "dtype": str(dtype), "versus": args.versus}), flush=True)
     if device.type == "cuda":
         retries0 = step_profile.allocator_retries()
-    rows: dict[str, list[dict]] = {name: [] for name in trainers}
-    for i in range(args.steps + 1):
-        for name, tr in trainers.items():
-            rows[name].append({"arm": name, **timed_step(tr, prompts, device, i)})
-            print(json.dumps(rows[name][-1]), flush=True)
-    summary = {
+    rows, failed = alternate(trainers, prompts, device, args.steps)
+    summary: dict = {
         "shape": shape.name,
         "prompts": cfg.grpo.prompts_per_step,
         "K": cfg.grpo.group_size,
         "T": T,
         "max_new_tokens": cfg.grpo.max_new_tokens,
-        **summarize(trainers["recipe"], rows["recipe"], device),
+        **({"failed": failed} if failed else {}),
+        **(summarize(trainers["recipe"], rows["recipe"], device) if "recipe" in trainers else {}),
     }
     if device.type == "cuda":
         summary.update(gpu=torch.cuda.get_device_name(0), allocator_retries=step_profile.allocator_retries() - retries0)
@@ -179,13 +202,17 @@ def main() -> int:
         summary["compiled_graphs"] = counters["stats"]["unique_graphs"]
     if "versus" in trainers:
         summary["versus"] = {"overrides": args.versus, **summarize(trainers["versus"], rows["versus"], device)}
+    if "recipe" in trainers and "versus" in trainers:
         pairs = [a["wall_s"] / b["wall_s"] for a, b in zip(rows["recipe"], rows["versus"]) if not a["warmup"]]
         summary["step_ratio"] = round(summary["median_step_s"] / summary["versus"]["median_step_s"], 4)
         summary["step_ratio_per_round"] = [round(r, 4) for r in pairs]
-    if args.profile and device.type == "cuda":
-        summary["profile"] = profile_recipe(trainers["recipe"], prompts, device, dtype)
-    elif args.profile:  # no kernels to count here: the ops that would make the host wait on a GPU, by call site
-        summary["profile"] = step_profile.waiting_ops(lambda: trainers["recipe"].step(prompts=prompts), top=24)
+    if args.profile and "recipe" in trainers:
+        recipe = trainers["recipe"]
+        summary["profile"] = (
+            profile_recipe(recipe, prompts, device, dtype)
+            if device.type == "cuda"  # on a CPU no kernels to count: the ops that would make a GPU's host wait
+            else step_profile.waiting_ops(lambda: recipe.step(prompts=prompts), top=24)
+        )
     print(json.dumps(summary), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"summary": summary, "steps": rows}, indent=2))

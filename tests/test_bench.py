@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ITEM_KEYS = (
     "rollouts",
@@ -115,6 +116,40 @@ def test_paper_step_script_alternates_two_arms(tmp_path):
     sites = s["profile"]["waiting_op_sites"]
     assert s["profile"]["waiting_ops"] >= sum(sites.values()) > 0
     assert not any(k in site for site in sites for k in ("masking_utils", "modeling_", "recompute.py")), sites
+
+
+def test_paper_step_drops_an_arm_that_runs_out_of_memory_and_keeps_the_other(capsys):
+    """bench/paper_step.alternate: an arm too large for the card ends with an error row; the other arm's steps go on."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench/paper_step.py"
+    spec = importlib.util.spec_from_file_location("paper_step", path)
+    paper_step = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(paper_step)
+
+    class Arm:
+        def __init__(self, fail_at=None):
+            self.fail_at, self.n = fail_at, 0
+
+        def step(self, prompts):
+            self.n += 1
+            if self.n - 1 == self.fail_at:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB\nmore")
+            return {"time_rollout_s": 0.1, "time_update_s": 0.2, "n_rollouts_kept": 8}
+
+    trainers = {"recipe": Arm(), "versus": Arm(fail_at=1)}
+    rows, failed = paper_step.alternate(trainers, [], torch.device("cpu"), steps=2)
+    assert list(trainers) == ["recipe"] and list(rows) == ["recipe"] and len(rows["recipe"]) == 3
+    assert failed == {"versus": "out of memory in step 1: CUDA out of memory. Tried to allocate 9.00 GiB"}
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["arm"], r["step"], "error" in r) for r in printed] == [
+        ("recipe", 0, False),
+        ("versus", 0, False),
+        ("recipe", 1, False),
+        ("versus", 1, True),
+        ("recipe", 2, False),
+    ]
 
 
 def test_step_flops_by_the_counting_rule(tokenizer):
