@@ -6,6 +6,8 @@
     python bench/paper_step.py --steps 2 --profile                             # kernels, busy share, FLOP/s, syncs
     python bench/paper_step.py --tiny --device cpu --steps 1 --profile         # (CPU: the ops that would wait)
     python bench/paper_step.py --shape full --device cpu --set model.kernels=none --versus model.compile=true
+    python bench/paper_step.py --shape host --device cpu --set model.kernels=none --set grpo.micro_batch_size=16 \
+        --set grpo.prompts_per_step=4 --set grpo.group_size=8   # the update's ops at little arithmetic: host time
 
 Builds a model of Qwen2.5-1.5B's shape (``--shape``: or one of the CPU bench suite's) with random weights (no hub
 access needed) in the recipe's dtype, loads the packaged paper/grpo_dropout.yaml unchanged except: T = 6 is given
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import gc
 import json
 import statistics
@@ -52,7 +55,10 @@ QWEN25_15B = Shapes(name="qwen2.5-1.5b", hidden=1536, layers=28, heads=12, kv_he
 #: the packaged recipe
 T = 6
 #: --shape: the paper's model, and the bench suite's CPU sizes (dgrpo.bench.workload)
-SHAPES = {QWEN25_15B.name: QWEN25_15B, FULL.name: FULL, QUICK.name: QUICK}
+#: Qwen2.5-1.5B's depth at the quick shape's width: a CPU proxy for a GPU step's host time (every op of the 28-layer
+#: step is dispatched, by Python and the autograd engine, at little arithmetic per op)
+HOST = dataclasses.replace(QUICK, name="host", layers=QWEN25_15B.layers)
+SHAPES = {s.name: s for s in (QWEN25_15B, FULL, QUICK, HOST)}
 MEASURED = [f"grpo.n_latent={T}", "grpo.filter=false", "grpo.warmup_steps=0"]
 
 
@@ -76,7 +82,8 @@ def parse_args() -> argparse.Namespace:
         "--shape",
         choices=sorted(SHAPES),
         default=QWEN25_15B.name,
-        help="the model's shape: Qwen2.5-1.5B's, the CPU bench suite's 128-wide model (full), or a tiny one (quick)",
+        help="the model's shape: Qwen2.5-1.5B's, the CPU bench suite's 128-wide model (full), a tiny one (quick), or "
+        "the tiny one 28 layers deep (host: a CPU proxy for the host's share of a GPU step)",
     )
     ap.add_argument("--tiny", action="store_true", help="= --shape quick (a smoke test of this script)")
     return ap.parse_args()

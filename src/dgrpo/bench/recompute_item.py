@@ -68,11 +68,13 @@ def build_trainer(
 def kept_for_backward(run: Callable[[], Any], params: Iterable[torch.Tensor]) -> int:
     """Bytes kept for backward while ``run()`` builds its graph: the distinct storages of the tensors autograd saves
     and of the inputs of checkpointed regions (which a region holds itself), the parameters' own storages left out
-    (saving a weight costs nothing)."""
+    (saving a weight costs nothing); what a region's recomputation saves inside backward is transient, not counted."""
     skip = {p.untyped_storage().data_ptr() for p in params}
     seen: dict[int, int] = {}
 
     def keep(t: torch.Tensor) -> torch.Tensor:
+        if torch._C._current_graph_task_id() != -1:  # saved by a recomputation inside backward: not kept across it
+            return t
         st = t.untyped_storage()
         if st.data_ptr() not in skip:
             seen[st.data_ptr()] = st.nbytes()

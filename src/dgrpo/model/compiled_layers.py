@@ -208,6 +208,8 @@ class CompiledLayers:
             tensors = [hidden_states, *past, attention_mask, *position_embeddings, *factors]
             # contiguous (a latent step's input is a view of the last position): the graphs guard on the strides
             tensors = [t if t is None or t.is_contiguous() else t.contiguous() for t in tensors]
+            if not torch.is_grad_enabled():  # one no-grad graph whether an input came from a graph or not (the
+                tensors = [None if t is None else t.detach() for t in tensors]  # graphs guard on requires_grad)
             out, keys, values = self.step(params, *tensors)
             if isinstance(stored, DynamicLayer) and empty:
                 stored.lazy_initialization(keys, values)
