@@ -91,6 +91,19 @@ def test_recomputation_replays_every_perturbation(tokenizer, task_records, spec,
         assert max(float((full[1][k] - plain[1][k]).abs().max()) for k in full[1]) > 1e-4
 
 
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_recomputation_reaches_the_layers_when_no_input_requires_grad(tokenizer, task_records, granularity):
+    """Frozen embeddings (and a frozen tied head): the prompt call's inputs need no grad, so a reentrant region
+    would leave its layers without gradients; every layer still gets full backprop's gradients."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    lm.model.get_input_embeddings().weight.requires_grad_(False)
+    inputs = batch(lm, task_records)
+    full = loss_and_grads(lm, inputs, recompute=False)
+    layers = [n for n in full[1] if ".layers.0." in n]
+    assert layers and "model.embed_tokens.weight" not in full[1]
+    assert_same(full, loss_and_grads(lm, inputs, recompute=granularity), tol=0.0)
+
+
 def saved_bytes(lm, inputs, recompute):
     """Bytes autograd keeps for backward (distinct storages, weights left out): one micro-batch's activations."""
     from dgrpo.bench.recompute_item import kept_for_backward
