@@ -47,11 +47,12 @@ if [[ -n "${WHEELS:-}" ]]; then
     export PYTHONPATH="$PYTHONPATH:/tmp/dgrpo_site"
 fi
 "$PY" - <<'EOF' | tee "$OUT_DIR/environment.txt"
-import importlib, torch
+import importlib, importlib.metadata, torch
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
-for name in ("transformers", "liger_kernel", "bitsandbytes", "triton"):
+for name, dist in (("transformers",) * 2, ("liger_kernel", "liger-kernel"), ("bitsandbytes",) * 2, ("triton",) * 2):
     try:
-        print(name, getattr(importlib.import_module(name), "__version__", "?"))
+        importlib.import_module(name)
+        print(name, importlib.metadata.version(dist))
     except Exception as e:  # noqa: BLE001
         print(name, "missing:", type(e).__name__)
 EOF
