@@ -13,8 +13,8 @@ Builds a model of Qwen2.5-1.5B's shape (``--shape``: or one of the CPU bench sui
 access needed) in the recipe's dtype, loads the packaged paper/grpo_dropout.yaml unchanged except: T = 6 is given
 explicitly (there is no SFT checkpoint to read it from), the group filter is off and EOS is suppressed, so that
 every step runs the full update on 16 x 32 rollouts of exactly ``max_new_tokens`` answer tokens (the worst case a
-real step can reach). Prints one JSON line per step and a
-summary: step time (rollout / update split), peak memory, the optimizer actually used.
+real step can reach). Prints one JSON line per step and a summary: step time (rollout / update split), peak
+memory, the optimizer actually used.
 
 ``--versus KEY=VALUE`` (repeatable) adds a second arm: a trainer on a copy of the same initial weights with those
 overrides on top, stepping alternately with the recipe on the same prompts; the summary gives each arm's medians and
@@ -54,10 +54,10 @@ QWEN25_15B = Shapes(name="qwen2.5-1.5b", hidden=1536, layers=28, heads=12, kv_he
 #: T (given explicitly: there is no SFT checkpoint to read it from), and what else the measurement fixes on top of
 #: the packaged recipe
 T = 6
-#: --shape: the paper's model, and the bench suite's CPU sizes (dgrpo.bench.workload)
 #: Qwen2.5-1.5B's depth at the quick shape's width: a CPU proxy for a GPU step's host time (every op of the 28-layer
 #: step is dispatched, by Python and the autograd engine, at little arithmetic per op)
 HOST = dataclasses.replace(QUICK, name="host", layers=QWEN25_15B.layers)
+#: --shape: the paper's model, the bench suite's CPU sizes (dgrpo.bench.workload) and the host-time proxy
 SHAPES = {s.name: s for s in (QWEN25_15B, FULL, QUICK, HOST)}
 MEASURED = [f"grpo.n_latent={T}", "grpo.filter=false", "grpo.warmup_steps=0"]
 

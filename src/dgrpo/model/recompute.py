@@ -69,7 +69,8 @@ def checkpoint(region: Callable[..., tuple], *inputs: Tensor) -> tuple:
 
     PyTorch's reentrant checkpoint: the forward keeps no autograd graph and saves nothing per op, where the
     non-reentrant one packs and unpacks every saved tensor through Python hooks (~18,000 per GRPO step of a
-    28-layer model; most of the update's host time on a small model). The reentrant form has two rules, both kept
+    28-layer model; a third of the update's time on a CPU proxy of host time, bench/RESULTS.md). The reentrant
+    form has two rules, both kept
     here: gradients reach the region's parameters only if an input requires grad, so when none does (frozen
     embeddings under LoRA, say) an empty leaf that requires grad enters beside the inputs (the region does not see
     it); and it works with ``backward()``, not ``torch.autograd.grad`` (this library only calls ``backward``). The

@@ -280,11 +280,11 @@ class GRPOTrainer:
                 seeds = self._update_seeds(ro, rws, step, epoch)
                 logp, tm = replay_logprobs(lm, ro, rws, seeds=seeds, **self._replay_kw())
                 ref_lp = ref[ci * mb : ci * mb + rws.numel(), : tm.shape[1]] if ref is not None else None
-                if epoch == 0 and g.mini_epochs > 1:
+                if epoch == 0:
                     old[ci] = logp.detach()
                 loss, st = grpo_objective(
                     logp,
-                    old.get(ci, logp.detach()),
+                    old[ci],
                     to_device(adv_rows[rws], logp.device),
                     tm,
                     counts,
