@@ -79,6 +79,6 @@ run_item recipe_vs_layer512 "$PY" "${STEP[@]}" --profile \
 run_item fast_vs_eager "$PY" "${STEP[@]}" --versus grpo.engine=eager
 run_item compiled_vs_liger "$PY" "${STEP[@]}" --profile --set model.kernels=none --set model.compile=true \
     --versus model.kernels=liger --versus model.compile=false
-run_item cuda_tests "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py
+run_item cuda_tests "$PY" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda.py  # (addopts: xdist, maybe absent)
 run_item hf_vs_liger "$PY" "${STEP[@]}" --versus model.kernels=none
 echo "done at $(date +%T); logs in $OUT_DIR" | tee -a "$OUT_DIR/summary.txt"

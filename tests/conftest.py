@@ -7,7 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+# the suite runs in parallel workers (pytest-xdist, pyproject's addopts), each with its own OpenMP pool: waits must
+# yield the core (OpenMP's default spins, and two spinning workers on two cores run the fast tier 3x slower); set
+# before torch loads OpenMP, inherited by the workers and by the subprocesses the tests start
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
