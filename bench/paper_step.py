@@ -7,14 +7,15 @@
     python bench/paper_step.py --tiny --device cpu --steps 1 --profile         # (CPU: the ops that would wait)
     python bench/paper_step.py --shape full --device cpu --set model.kernels=none --versus model.compile=true
     python bench/paper_step.py --shape host --device cpu --set model.kernels=none --set grpo.micro_batch_size=16 \
-        --set grpo.prompts_per_step=4 --set grpo.group_size=8   # the update's ops at little arithmetic: host time
+        --set grpo.prompts_per_step=4 --set grpo.group_size=8 --set threads=1   # the update's ops at little arithmetic
 
 Builds a model of Qwen2.5-1.5B's shape (``--shape``: or one of the CPU bench suite's) with random weights (no hub
 access needed) in the recipe's dtype, loads the packaged paper/grpo_dropout.yaml unchanged except: T = 6 is given
 explicitly (there is no SFT checkpoint to read it from), the group filter is off and EOS is suppressed, so that
 every step runs the full update on 16 x 32 rollouts of exactly ``max_new_tokens`` answer tokens (the worst case a
 real step can reach). Prints one JSON line per step and a summary: step time (rollout / update split), peak
-memory, the optimizer actually used.
+memory, the optimizer actually used. ``--set threads=N`` sets torch's CPU threads (the host proxy at one thread: with
+two, every tiny op also pays for handing work to an OpenMP thread, which a GPU's host does not).
 
 ``--versus KEY=VALUE`` (repeatable) adds a second arm: a trainer on a copy of the same initial weights with those
 overrides on top, stepping alternately with the recipe on the same prompts; the summary gives each arm's medians and
@@ -180,6 +181,8 @@ def main() -> int:
     device = torch.device(args.device)
     cfg = load_config(Config, "paper/grpo_dropout.yaml", [*MEASURED, *args.set])
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+    if cfg.threads:  # (--set threads=1: the host proxy without OpenMP's wake-ups in every tiny op)
+        torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
     shape = SHAPES[QUICK.name if args.tiny else args.shape]
     lm = build_lm(shape, device, dtype, keep=False)  # no spare copy on the device
