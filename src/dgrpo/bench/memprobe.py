@@ -64,6 +64,7 @@ def probe(spec: dict) -> dict:
     cfg = grpo_config(shapes, spec["K"], spec["T"], spec["kind"])
     cfg.grpo.recompute = bool(spec.get("recompute"))  # None / False: off; "call" / "layer" (True: "call")
     cfg.grpo.recompute_granularity = "layer" if spec.get("recompute") == "layer" else "call"
+    cfg.grpo.recompute_latent_steps = bool(spec.get("recompute_latent_steps", True))
     cfg.grpo.micro_batch_size = int(spec.get("micro_batch_size", cfg.grpo.micro_batch_size))
     trainer = GRPOTrainer(lm, cfg, records)
     for _ in range(int(spec.get("warmup", 1))):
@@ -92,7 +93,7 @@ def probe(spec: dict) -> dict:
 
 def run_probe(ctx: Any, shapes: Any, K: int, T: int, kind: str = "locked", **extra: Any) -> dict:
     """Run :func:`probe` in a fresh process for ``shapes`` on ``ctx``'s device, dtype and threads (``extra``: more
-    spec keys, e.g. ``lora_r``, ``recompute``, ``micro_batch_size``); its JSON result."""
+    spec keys, e.g. ``lora_r``, ``recompute``, ``recompute_latent_steps``, ``micro_batch_size``); its JSON result."""
     spec = {
         "shapes": shapes.to_json(),
         "device": str(ctx.device),

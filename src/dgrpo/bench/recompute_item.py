@@ -2,7 +2,9 @@
 
 The same step (same seeds, same micro-batch) with ``grpo.recompute`` off and on at both granularities
 (:mod:`dgrpo.model.recompute`): ``call`` (each forward call of the replayed recurrence keeps only its inputs and runs
-again in backward) and ``layer`` (each decoder layer of each call keeps its input; one layer is rebuilt at a time).
+again in backward) and ``layer`` (each decoder layer of each call keeps its input; one layer is rebuilt at a time);
+and per layer with the latent steps' calls not recomputed (``grpo.recompute_latent_steps: false``: they keep their
+activations, one position per row each, and skip their second forward).
 Measured: the step's peak memory (a fresh process per arm, as in item 5: peak RSS on CPU, ``max_memory_allocated``
 on CUDA), the bytes autograd keeps for backward in one micro-batch, and the step time (alternating, median). The CPU
 section uses a wider model and a longer chain than the other items (``RECOMPUTE_CPU``) so that activations, not
@@ -51,16 +53,27 @@ def item_shapes(ctx: Ctx) -> Shapes:
     return cpu_item_shapes(ctx, RECOMPUTE_CPU)
 
 
-#: the arms: no recomputation, and recomputation at each granularity
-ARMS: dict[str, RecomputeGranularity | None] = {"full": None, "call": "call", "layer": "layer"}
+#: the arms: no recomputation; recomputation at each granularity; per layer without the latent steps' calls
+#: (granularity or None, whether the latent steps are recomputed)
+ARMS: dict[str, tuple[RecomputeGranularity | None, bool]] = {
+    "full": (None, True),
+    "call": ("call", True),
+    "layer": ("layer", True),
+    "layer, latent steps kept": ("layer", False),
+}
 
 
 def build_trainer(
-    s: Shapes, device: torch.device, dtype: torch.dtype, recompute: RecomputeGranularity | None
+    s: Shapes,
+    device: torch.device,
+    dtype: torch.dtype,
+    recompute: RecomputeGranularity | None,
+    latent_steps: bool = True,
 ) -> GRPOTrainer:
     cfg = grpo_config(s, s.grpo_K_at, s.grpo_T_at, "locked")
     cfg.grpo.recompute = recompute is not None
     cfg.grpo.recompute_granularity = recompute or "call"
+    cfg.grpo.recompute_latent_steps = latent_steps
     cfg.grpo.micro_batch_size = s.prompts * s.grpo_K_at  # the whole step in one micro-batch
     return GRPOTrainer(build_lm(s, device, dtype), cfg, task_records(s.prompts))
 
@@ -119,8 +132,11 @@ def saved_bytes(trainer: GRPOTrainer) -> int:
     return kept
 
 
-def _probe(ctx: Ctx, s: Shapes, recompute: RecomputeGranularity | None) -> dict:
-    return run_probe(ctx, s, s.grpo_K_at, s.grpo_T_at, recompute=recompute, micro_batch_size=s.prompts * s.grpo_K_at)
+def _probe(ctx: Ctx, s: Shapes, recompute: RecomputeGranularity | None, latent_steps: bool = True) -> dict:
+    mb = s.prompts * s.grpo_K_at
+    return run_probe(
+        ctx, s, s.grpo_K_at, s.grpo_T_at, recompute=recompute, recompute_latent_steps=latent_steps, micro_batch_size=mb
+    )
 
 
 def bench_recompute(ctx: Ctx) -> tuple[list[Row], dict]:
@@ -129,8 +145,8 @@ def bench_recompute(ctx: Ctx) -> tuple[list[Row], dict]:
     s = item_shapes(ctx)
     mb = s.prompts * s.grpo_K_at
     ctx.log(f"[10] recompute: {s.layers} x {s.hidden} Qwen2, K={s.grpo_K_at}, T={s.grpo_T_at}, micro-batch {mb}")
-    mem = {name: _probe(ctx, s, r) for name, r in ARMS.items()}  # fresh processes first, before this one grows
-    trainers = {name: build_trainer(s, ctx.device, ctx.dtype, r) for name, r in ARMS.items()}
+    mem = {name: _probe(ctx, s, *arm) for name, arm in ARMS.items()}  # fresh processes first, before this one grows
+    trainers = {name: build_trainer(s, ctx.device, ctx.dtype, *arm) for name, arm in ARMS.items()}
     kept = {name: saved_bytes(tr) for name, tr in trainers.items()}
     prompts = task_records(s.prompts)
     fns: dict[str, Callable[[], Any]] = {n: functools.partial(t.step, prompts=prompts) for n, t in trainers.items()}
@@ -156,7 +172,7 @@ def bench_recompute(ctx: Ctx) -> tuple[list[Row], dict]:
     row = functools.partial(Row, ctx.section, "10. Activation recomputation", "recompute", conf, vals)
     growth = {n: mem[n]["peak_bytes"] - mem[n]["before_bytes"] for n in ARMS}
     rows = []
-    for arm in ("call", "layer"):
+    for arm in [n for n in ARMS if n != "full"]:
         rows += [
             row(f"activations kept for backward {arm} / full", kept[arm] / kept["full"], None),
             row(f"{what} growth during the step {arm} / full", growth[arm] / max(1, growth["full"]), None),

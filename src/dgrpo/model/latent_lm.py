@@ -305,6 +305,10 @@ class LatentLM(nn.Module):
         #: recurrence keeps only its inputs and runs again in backward; True means the same) or "layer" (each decoder
         #: layer of each call does); grpo.recompute / sft.recompute and their *_granularity
         self.recompute: bool | str = False
+        #: with ``recompute``: whether the latent steps' calls are recomputed too, or keep their activations (one
+        #: position per row: little memory, and a whole decoder stack's forward less per latent step in backward);
+        #: grpo.recompute_latent_steps / sft.recompute_latent_steps
+        self.recompute_latent_steps = True
         #: the decoder layers' compiled step (``model.compile``; dgrpo.model.compiled_layers), or None: eager layers.
         #: It runs teacher-forced scoring over a growing ``DynamicCache`` (SFT, the update, theta_old, the reference)
         self.compiled_layers: CompiledLayers | None = None
@@ -535,7 +539,8 @@ class LatentLM(nn.Module):
         x_is_ids: bool,
     ) -> Tensor:
         """One cached forward of the decoder (``x``: ids or embeddings); its last-layer hidden states [B, L, H].
-        With ``recompute`` and grad on, checkpointed regions (dgrpo.model.recompute): the call, or each layer.
+        With ``recompute`` and grad on, checkpointed regions (dgrpo.model.recompute): the call, or each layer (a
+        latent step's call only with ``recompute_latent_steps``).
         Under teacher-forced scoring over a growing cache, the compiled layer step when there is one."""
         compiled = self.compiled_layers if self._scoring and isinstance(cache, DynamicCache) else None
 
@@ -555,7 +560,8 @@ class LatentLM(nn.Module):
 
         if isinstance(cache, DynamicCache) and prebuilt_mask_applies(self.model.config):
             attention_mask = causal_padding_mask(attention_mask, x.shape[1])  # no host read of the padding
-        if not (self.recompute and torch.is_grad_enabled()):
+        kept = phase == "latent" and not self.recompute_latent_steps  # a latent step that keeps its activations
+        if not (self.recompute and torch.is_grad_enabled()) or kept:
             return run(cache, x, attention_mask, positions)
         if self.recompute == "layer":  # the compiled step goes in first: each checkpointed layer region calls it
             with self._compiled(compiled), checkpointed_layers(self.model, perturbation, phase):
