@@ -15,12 +15,14 @@
 #   WHEELS=.whl bash bench/gpu_checks.sh               # there
 #
 # Items (name: what it shows), most wanted first:
-#   recipe_vs_layer512 : the recipe as shipped (per-call recomputation, 256-row micro-batches) alternated with
-#                        layer recomputation at 512 rows, with the recipe's profile (busy share, kernels, FLOP/s,
-#                        host syncs by call site)
+#   lean_vs_recipe     : the lean update (layer recomputation, all 512 rows in one micro-batch, the latent steps
+#                        not recomputed: 0.47x the update's ops of the recipe, counted on a CPU) with its profile (busy
+#                        share, kernels, FLOP/s, host syncs by call site, peak memory), alternated with the recipe as
+#                        shipped (per-call recomputation of every call, 256-row micro-batches)
 #   fast_vs_eager      : the recipe against grpo.engine=eager on the same weights and prompts (the fast/eager ratio)
 #   compiled_vs_liger  : model.compile=true with Hugging Face's layers (profiled) against the recipe's Liger layers
 #   cuda_tests         : pytest tests/test_cuda.py
+#   layer512_vs_recipe : layer recomputation of every call at 512 rows (the fallback should the lean update not fit)
 #   hf_vs_liger        : the recipe against model.kernels=none (what Liger's layers save)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -74,11 +76,13 @@ run_item() {  # name, command...
     echo "   rc $rc; last line: $(tail -n 1 "$OUT_DIR/$name.log" | cut -c1-400)" | tee -a "$OUT_DIR/summary.txt"
 }
 
-run_item recipe_vs_layer512 "$PY" "${STEP[@]}" --profile \
-    --versus grpo.recompute_granularity=layer --versus grpo.micro_batch_size=512
+LEAN=(grpo.recompute_granularity=layer grpo.micro_batch_size=512 grpo.recompute_latent_steps=false)
+SHIPPED=(grpo.recompute_granularity=call grpo.micro_batch_size=256 grpo.recompute_latent_steps=true)
+run_item lean_vs_recipe "$PY" "${STEP[@]}" --profile "${LEAN[@]/#/--set=}" "${SHIPPED[@]/#/--versus=}"
 run_item fast_vs_eager "$PY" "${STEP[@]}" --versus grpo.engine=eager
 run_item compiled_vs_liger "$PY" "${STEP[@]}" --profile --set model.kernels=none --set model.compile=true \
     --versus model.kernels=liger --versus model.compile=false
 run_item cuda_tests "$PY" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda.py  # (addopts: xdist, maybe absent)
+run_item layer512_vs_recipe "$PY" "${STEP[@]}" --versus grpo.recompute_granularity=layer --versus grpo.micro_batch_size=512
 run_item hf_vs_liger "$PY" "${STEP[@]}" --versus model.kernels=none
 echo "done at $(date +%T); logs in $OUT_DIR" | tee -a "$OUT_DIR/summary.txt"

@@ -23,7 +23,9 @@ the recipe / versus ratio of the step. ``--profile`` (CUDA) adds, after the time
 under the profiler (device kernels, host launch calls, kernel-busy share of the wall, FLOP/s by the counting rule
 of bench/RESULTS.md against the bf16 matmul peak measured in the same process) and one under sync-debug mode (the
 calls that made the host wait for the device, by call site). On a CPU ``--profile`` gives, for one more step, the ops
-that would make the host wait were they on a GPU, by call site (the step's host-side bookkeeping counts there too).
+that would make the host wait were they on a GPU, by call site (the step's host-side bookkeeping counts there too),
+and for another the ops that reach a kernel in the rollout and in the update (a count of the launches the eager
+layers would make on a GPU).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch._dynamo.utils import counters
@@ -151,6 +154,25 @@ def profile_recipe(tr: GRPOTrainer, prompts: list[Record], device: torch.device,
     return {**out, **step_profile.host_syncs(lambda: tr.step(prompts=prompts))}
 
 
+def phase_ops(tr: GRPOTrainer, prompts: list[Record]) -> dict:
+    """The ops that reach a kernel in one more step of ``tr``: in its rollout, in its update and in all."""
+    counts: dict[str, int] = {}
+
+    def counting(name: str, method: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            out, counts[name] = step_profile.counted_ops(lambda: method(*args, **kwargs))
+            return out
+
+        return run
+
+    tr._collect, tr._update = counting("rollout", tr._collect), counting("update", tr._update)  # type: ignore[method-assign]
+    try:
+        _, total = step_profile.counted_ops(lambda: tr.step(prompts=prompts))
+    finally:
+        del tr._collect, tr._update  # the class's methods again
+    return {"ops_rollout": counts["rollout"], "ops_update": counts["update"], "ops_step": total}
+
+
 def alternate(
     trainers: dict[str, GRPOTrainer], prompts: list[Record], device: torch.device, steps: int
 ) -> tuple[dict[str, list[dict]], dict[str, str]]:
@@ -218,11 +240,11 @@ def main() -> int:
         summary["step_ratio_per_round"] = [round(r, 4) for r in pairs]
     if args.profile and "recipe" in trainers:
         recipe = trainers["recipe"]
-        summary["profile"] = (
-            profile_recipe(recipe, prompts, device, dtype)
-            if device.type == "cuda"  # on a CPU no kernels to count: the ops that would make a GPU's host wait
-            else step_profile.waiting_ops(lambda: recipe.step(prompts=prompts), top=24)
-        )
+        if device.type == "cuda":
+            summary["profile"] = profile_recipe(recipe, prompts, device, dtype)
+        else:  # no kernels to count on a CPU: the ops that would make a GPU's host wait, and the ops per phase
+            waits = step_profile.waiting_ops(lambda: recipe.step(prompts=prompts), top=24)
+            summary["profile"] = {**waits, **phase_ops(recipe, prompts)}
     print(json.dumps(summary), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"summary": summary, "steps": rows}, indent=2))

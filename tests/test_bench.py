@@ -55,7 +55,7 @@ def test_quick_suite_writes_json_and_markdown(quick_run):
     assert 0 < lora["state_bytes"]["lora"] < lora["state_bytes"]["full"]
     rec = data["cpu"]["recompute"]
     kept = rec["saved_bytes"]  # activations kept for backward: the layers' inputs are more than the calls' inputs
-    assert 0 < kept["call"] < kept["layer"] < kept["full"]
+    assert 0 < kept["call"] < kept["layer"] < kept["layer, latent steps kept"] < kept["full"]
     par = data["cpu"]["parallel"]  # every arm ran and timed its steps: processes x threads, alternated
     assert len(par["steps_per_s"]) == 4 and all(r and min(r) > 0 for r in par["steps_per_s"].values())
     soak = data["cpu"]["soak"]
@@ -116,6 +116,8 @@ def test_paper_step_script_alternates_two_arms(tmp_path):
     sites = s["profile"]["waiting_op_sites"]
     assert s["profile"]["waiting_ops"] >= sum(sites.values()) > 0
     assert not any(k in site for site in sites for k in ("masking_utils", "modeling_", "recompute.py")), sites
+    ops = s["profile"]  # and the ops that reach a kernel: the update's forward and backward, the rollout's
+    assert 0 < ops["ops_rollout"] and 0 < ops["ops_update"] and ops["ops_rollout"] + ops["ops_update"] < ops["ops_step"]
 
 
 def test_paper_step_drops_an_arm_that_runs_out_of_memory_and_keeps_the_other(capsys):

@@ -1,6 +1,7 @@
 """What one training step does with the device: kernels launched, how busy they keep it, FLOP/s by the counting rule,
 host synchronisations by call site, allocator retries (``bench/paper_step.py --profile``, CUDA); and, on any device,
-the ops that would make the host wait for a GPU, by call site (:func:`waiting_ops`).
+the ops that would make the host wait for a GPU, by call site (:func:`waiting_ops`), and the ops that reach a kernel
+(:func:`counted_ops`: on a CPU, a count of the launches the same step would make on a GPU with the same layers).
 
 The counting rule (bench/RESULTS.md): 2 x (non-embedding parameters + LM head) FLOPs per token per forward pass, and
 a GRPO step makes five passes over every rollout token: the rollout, the policy's forward and its backward (counted
@@ -10,6 +11,7 @@ twice) in the update, and the reference's forward. The matmul peak it is set aga
 from __future__ import annotations
 
 import collections
+import functools
 import time
 import traceback
 import warnings
@@ -145,6 +147,33 @@ def waiting_ops(fn: Callable[[], Any], top: int = 8) -> dict:
     with mode:
         fn()
     return {"waiting_ops": sum(mode.sites.values()), "waiting_op_sites": dict(mode.sites.most_common(top))}
+
+
+class _KernelOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if not _aliases(func):
+            self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+@functools.cache
+def _aliases(func: Any) -> bool:
+    """Whether ``func`` returns a view of an input (a view, reshape or transpose: metadata, no kernel)."""
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+
+
+def counted_ops(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """(``fn()``, how many ops it dispatched that run a kernel: every op but those returning a view). On any device,
+    the autograd engine's backward ops included; an eager op is at least one kernel launch on a GPU (fused layers
+    and compiled graphs launch fewer: count those on the GPU)."""
+    mode = _KernelOps()
+    with mode:
+        out = fn()
+    return out, mode.n
 
 
 #: the frames a call site is told by: this library and the libraries it drives
