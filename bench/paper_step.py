@@ -124,6 +124,7 @@ def summarize(tr: GRPOTrainer, rows: list[dict], device: torch.device) -> dict:
         "kernels": tr.cfg.model.kernels,
         "compile": tr.cfg.model.compile,
         "recompute": g.recompute_granularity if g.recompute else False,
+        "recompute_latent_steps": g.recompute_latent_steps,
         "optimizer": type(tr.opt).__name__,
         "median_step_s": statistics.median(r["wall_s"] for r in timed),
         "median_rollout_s": statistics.median(r["rollout_s"] for r in timed),
