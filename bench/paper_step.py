@@ -24,8 +24,8 @@ under the profiler (device kernels, host launch calls, kernel-busy share of the 
 of bench/RESULTS.md against the bf16 matmul peak measured in the same process) and one under sync-debug mode (the
 calls that made the host wait for the device, by call site). On a CPU ``--profile`` gives, for one more step, the ops
 that would make the host wait were they on a GPU, by call site (the step's host-side bookkeeping counts there too),
-and for another the ops that reach a kernel in the rollout and in the update (a count of the launches the eager
-layers would make on a GPU).
+and for another the ops that reach a kernel in the rollout and in the update (about the launches the eager layers
+would make on a GPU).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What one training step does with the device: kernels launched, how busy they keep it, FLOP/s by the counting rule,
 host synchronisations by call site, allocator retries (``bench/paper_step.py --profile``, CUDA); and, on any device,
 the ops that would make the host wait for a GPU, by call site (:func:`waiting_ops`), and the ops that reach a kernel
-(:func:`counted_ops`: on a CPU, a count of the launches the same step would make on a GPU with the same layers).
+(:func:`counted_ops`: on a CPU, about the launches the same step would make on a GPU with the same eager layers).
 
 The counting rule (bench/RESULTS.md): 2 x (non-embedding parameters + LM head) FLOPs per token per forward pass, and
 a GRPO step makes five passes over every rollout token: the rollout, the policy's forward and its backward (counted
@@ -168,8 +168,9 @@ def _aliases(func: Any) -> bool:
 
 def counted_ops(fn: Callable[[], Any]) -> tuple[Any, int]:
     """(``fn()``, how many ops it dispatched that run a kernel: every op but those returning a view). On any device,
-    the autograd engine's backward ops included; an eager op is at least one kernel launch on a GPU (fused layers
-    and compiled graphs launch fewer: count those on the GPU)."""
+    the autograd engine's backward ops included. An eager op is about one kernel launch on a GPU (a few run
+    differently there: the CPU's attention adds a mask op or two per call, a value read back launches nothing;
+    fused layers and compiled graphs launch fewer: count those on the GPU)."""
     mode = _KernelOps()
     with mode:
         out = fn()
