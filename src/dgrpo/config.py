@@ -279,6 +279,14 @@ class DataConfig:
         _at_least(self, p, 0, "eval_limit")
 
 
+#: sft.recompute_latent_steps and grpo.recompute_latent_steps: the same switch over the same recurrence
+RECOMPUTE_LATENT_STEPS_HELP = (
+    "with recompute: the latent steps' forward calls are recomputed too (true), or keep their activations (false): "
+    "each holds one position per row, little next to the prompt's and the answer's, and each one not recomputed saves "
+    "a forward of the whole decoder stack (its kernel launches) in backward; the same gradients"
+)
+
+
 @dataclass
 class SFTConfig:
     """Supervised fine-tuning: the Coconut curriculum and its baselines."""
@@ -322,12 +330,7 @@ class SFTConfig:
         "at a time are rebuilt) or call (each forward call keeps only its inputs; its whole decoder stack runs again "
         "in backward, so the widest call's activations of every layer are held at once); the same gradients",
     )
-    recompute_latent_steps: bool = opt(
-        True,
-        "with recompute: the latent steps' forward calls are recomputed too (true), or keep their activations "
-        "(false): each holds one position per row, little next to the prompt's and the answer's, and each one not "
-        "recomputed saves a forward of the whole decoder stack (its kernel launches) in backward; the same gradients",
-    )
+    recompute_latent_steps: bool = opt(True, RECOMPUTE_LATENT_STEPS_HELP)
     max_grad_norm: float = opt(1.0, "gradient clipping (0 = off)")
     bf16: BF16Mode = opt("auto", "bf16 autocast: auto (on CUDA only), true (always on) or false (off)")
     eval_each_stage: bool = opt(True, "greedy accuracy on data.valid at the end of each stage")
@@ -480,12 +483,7 @@ class GRPOConfig:
         "stack runs again in backward, so the widest call's activations of every layer are held at once); the same "
         "gradients and the same compute (one more forward) either way",
     )
-    recompute_latent_steps: bool = opt(
-        True,
-        "with recompute: the latent steps' forward calls are recomputed too (true), or keep their activations "
-        "(false): each holds one position per row, little next to the prompt's and the answer's, and each one not "
-        "recomputed saves a forward of the whole decoder stack (its kernel launches) in backward; the same gradients",
-    )
+    recompute_latent_steps: bool = opt(True, RECOMPUTE_LATENT_STEPS_HELP)
     rollout_batch_size: int = opt(512, "rollouts per batched generation call")
     rollout_cache: RolloutCache = opt(
         "dynamic",
