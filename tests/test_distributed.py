@@ -178,6 +178,10 @@ def test_two_ranks_match_one_process(sft_checkpoint, tmp_path, fsdp):
     assert m2["grad_norm"] == pytest.approx(m["grad_norm"], rel=1e-5)
     if fsdp == "sharded":  # the sharded checkpoint, consolidated, is the same model
         assert torch.equal(torch.load(out / "consolidated.pt"), two)
+    # Dist.close() destroyed the process group here, not at interpreter exit: gloo's threads are gone (FSDP2's
+    # mesh held the group past destroy_process_group, and its teardown at exit could abort the finished run)
+    threads_open, threads_closed = json.loads((out / "threads.json").read_text())
+    assert threads_open and not threads_closed, (threads_open, threads_closed)
 
 
 def test_sft_two_ranks_cli(tmp_path):
@@ -288,7 +292,16 @@ def _worker_parity(out: Path, args: dict) -> None:
         if dist.fsdp and dist.checkpoint == "sharded":
             model = LatentLM.from_pretrained(consolidate_checkpoint(out / "ckpt")).model
             torch.save(torch.cat([p.detach().reshape(-1).float() for p in model.parameters()]), out / "consolidated.pt")
+    threads_open = gloo_threads()
     dist.close()
+    if dist.is_main:
+        (out / "threads.json").write_text(json.dumps([threads_open, gloo_threads()]))
+
+
+def gloo_threads() -> list[str]:
+    """gloo's native threads in this process (its workers, pt_gloo_runloop, and its socket loop, gloo_tcp_loop)."""
+    names = (Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task"))
+    return sorted(n for n in names if "gloo" in n)
 
 
 def _worker_cli(out: Path, args: dict) -> None:

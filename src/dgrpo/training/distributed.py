@@ -26,6 +26,7 @@ import os
 import shutil
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,7 @@ class Dist:
     fsdp: bool = False
     checkpoint: str = "full"  # under FSDP: full (gathered safetensors, rank 0) | sharded (torch.distributed.checkpoint)
     comm_s: float = 0.0  # seconds spent in collectives, waiting for the slowest rank included
+    sharded: list = field(default_factory=list, repr=False)  # (weakref to a model, its mesh) under FSDP2, for close()
 
     @classmethod
     def single(cls) -> Dist:
@@ -190,6 +192,7 @@ class Dist:
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
         mesh = init_device_mesh(self.device.type, (self.world_size,))
+        self.sharded.append((weakref.ref(model), mesh))
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=mesh, reshard_after_forward=False)
         fully_shard(
@@ -309,9 +312,42 @@ class Dist:
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
+        """Leave the process group: a barrier, then the group is destroyed and its threads joined here, not at
+        interpreter exit."""
         if self.active and tdist.is_initialized():
             tdist.barrier()  # nobody tears the group down while another rank still talks to it
             tdist.destroy_process_group()
+        for model_ref, mesh in self.sharded:
+            release_fsdp_groups(model_ref(), mesh)
+        self.sharded.clear()
+
+
+def release_fsdp_groups(model: nn.Module | None, mesh: object) -> None:
+    """Drop FSDP2's own references to the process group of ``model`` (after ``destroy_process_group``).
+
+    FSDP2's mesh infos and the device mesh (which DTensor's sharding caches keep alive after the model is gone) hold
+    the group, so ``destroy_process_group`` leaves it, and gloo's worker and socket threads, alive until interpreter
+    teardown, where destroying it can abort a run that succeeded ("terminate called without an active exception",
+    exit code -6). Without references the group is destroyed at once. Reads FSDP2 internals of recent torch;
+    what a version lacks is skipped (the group then lives on as before)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    groups = ("shard_process_group", "replicate_process_group", "reduce_scatter_process_group")
+    for module in model.modules() if model is not None else ():
+        if not isinstance(module, FSDPModule):
+            continue
+        get_state = getattr(module, "_get_fsdp_state", None)
+        param_group = getattr(get_state(), "_fsdp_param_group", None) if get_state else None
+        holders = [getattr(param_group, "mesh_info", None), getattr(param_group, "post_forward_mesh_info", None)]
+        for param in getattr(param_group, "fsdp_params", []):
+            holders += [getattr(param, "mesh_info", None), getattr(param, "post_forward_mesh_info", None)]
+        for info in holders:
+            for name in groups:
+                if getattr(info, name, None) is not None:
+                    setattr(info, name, None)
+    registry = getattr(mesh, "_pg_registry", None)
+    if isinstance(registry, dict):
+        registry.clear()
 
 
 def exit_with_parent() -> bool:
