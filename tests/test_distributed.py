@@ -139,6 +139,8 @@ def test_asymmetric_filter_does_not_hang(sft_checkpoint, tmp_path, fsdp):
     from dgrpo.model.latent_lm import LatentLM
 
     LatentLM.from_pretrained(out / "final")  # a gathered checkpoint under FSDP2 too
+    # the CLI's Dist.close() destroyed the group and joined gloo's threads on both ranks, under FSDP2 too
+    assert [json.loads((out / f"gloo{r}.json").read_text()) for r in range(2)] == [[], []]
 
 
 @pytest.mark.parametrize("fsdp", ["0", "sharded"], ids=["allreduce", "fsdp2"])
@@ -264,6 +266,7 @@ def _worker_grpo(out: Path, args: dict) -> None:
     grpo.GRPOTrainer.step = checked_step
     assert cli.main(["grpo", "--init", args["init"], "--out", str(out), *_args(args["sets"])]) == 0
     (out / f"rank{os.environ['RANK']}.json").write_text(json.dumps(records))  # (the CLI closed the process group)
+    (out / f"gloo{os.environ['RANK']}.json").write_text(json.dumps(gloo_threads()))  # none left: see Dist.close()
 
 
 def _worker_parity(out: Path, args: dict) -> None:
