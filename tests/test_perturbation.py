@@ -1,5 +1,8 @@
 """Perturbations: per-row seeded noise, exact mask replay, identity across micro-batches."""
 
+import os
+import time
+
 import pytest
 import torch
 
@@ -173,3 +176,58 @@ def test_bound_masks_are_the_scaled_keep_rows_bit_for_bit(tokenizer, dtype):
     n_sites = 2 * len(decoder_layers(lm.model))
     want = (keep_rows(seeds, n_sites, lm.model.config.hidden_size, 0.3).transpose(0, 1).float() / 0.7).to(dtype)
     assert bound.masks.dtype == dtype and torch.equal(bound.masks, want)
+
+
+def test_parallel_mask_draw_is_the_serial_draw(monkeypatch):
+    """A large draw is split over torch's thread budget (PARALLEL_DRAW_MIN lowered here so a small one is): every row
+    still comes from its own generator, so the masks equal the serial draw bit for bit, in the seeds' order, with
+    and without the memo (repeated seeds included), and the chunks ran on the pool's threads."""
+    import threading
+
+    from dgrpo.perturbation import base, locked
+
+    seeds = seeds_for(3, 1, 0, 37)
+    seeds = torch.cat([seeds, seeds[[4, 0]]])  # a row bound twice in one call
+    serial = locked.keep_rows(seeds, 3, 40, 0.2)
+    names: set[str] = set()
+    drawn = base.row_uniforms
+
+    def recording(*a, **kw):
+        names.add(threading.current_thread().name)
+        return drawn(*a, **kw)
+
+    monkeypatch.setattr(locked, "row_uniforms", recording)
+    monkeypatch.setattr(locked, "PARALLEL_DRAW_MIN", 1)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    assert torch.equal(locked.keep_rows(seeds, 3, 40, 0.2), serial)
+    assert len(names) > 1 and all(n.startswith("dgrpo-masks") for n in names)
+    memo = locked.RowMemo()
+    assert torch.equal(locked.keep_rows(seeds, 3, 40, 0.2, memo), serial)
+    assert len(memo.rows) == 37
+    assert torch.equal(locked.keep_rows(seeds.flip(0), 3, 40, 0.2, memo), serial.flip(0))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_parallel_mask_draw_after_fork(monkeypatch):
+    """A process forked after a parallel draw (the demo's worker pool) draws with a pool of its own: the parent's
+    pool threads do not exist in the child, and waiting on them would hang."""
+    from dgrpo.perturbation import locked
+
+    monkeypatch.setattr(locked, "PARALLEL_DRAW_MIN", 1)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    seeds = torch.arange(6)
+    want = locked.keep_rows(seeds, 2, 8, 0.3)
+    pid = os.fork()
+    if pid == 0:  # the child: exit code 0 when the draw finishes and matches, 1 otherwise
+        ok = torch.equal(locked.keep_rows(seeds, 2, 8, 0.3), want)
+        os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child's mask draw hung")
