@@ -49,6 +49,8 @@ def test_quick_suite_writes_json_and_markdown(quick_run):
         assert set(v["per_rollout_s"]) == {"batched_locked", "sequential_native", "recompute_batch1"}
     assert data["cpu"]["sft"]["max_abs_loss_diff"] <= data["cpu"]["sft"]["tolerance"]
     assert data["cpu"]["memory"]["replay_bytes_per_rollout"]["seed"] == 8
+    draw = data["cpu"]["perturbation"]["mask_draw"]  # serial vs split host draw, alternated
+    assert draw["shape"] == [128, 28, 1536] and draw["threads"] >= 1 and draw["ratio"] > 0
     assert data["cpu"]["flops"]["achieved_flops_per_s"] > 0
     lora = data["cpu"]["lora"]
     assert 0 < lora["params"]["lora"][0] < lora["params"]["full"][0]  # (trainable, total) per arm

@@ -46,6 +46,8 @@ class Shapes:
     grpo_T_at: int = 6
     # dense matmul reference sizes (item 6): (m, k, n)
     mm_sizes: tuple = ((128, 512, 512), (2048, 2048, 2048))
+    # the rollout's locked-mask draw (item 4): rows, sites, width (a paper step: 16 x 32 rows, Qwen2.5-1.5B's 28 x 1536)
+    mask_draw: tuple = (512, 28, 1536)
     # repetitions
     reps: int = 7
     warmup: int = 1
@@ -57,7 +59,7 @@ class Shapes:
     @classmethod
     def from_json(cls, d: dict) -> Shapes:
         d = dict(d)
-        for k in ("rollout_K", "grpo_T", "grpo_K"):
+        for k in ("rollout_K", "grpo_T", "grpo_K", "mask_draw"):
             d[k] = tuple(d[k])
         d["mm_sizes"] = tuple(tuple(x) for x in d["mm_sizes"])
         return cls(**d)
@@ -82,6 +84,7 @@ QUICK = Shapes(
     grpo_K_at=4,
     grpo_T_at=2,
     mm_sizes=((128, 512, 512), (1024, 1024, 1024)),
+    mask_draw=(128, 28, 1536),
     reps=5,
     warmup=1,
     mem_reps=1,

@@ -54,13 +54,13 @@ PARALLEL_DRAW_MIN = 1 << 22
 _pools: dict[tuple[int, int], ThreadPoolExecutor] = {}
 
 
-def draw_keep_rows(seeds: list[int], n_sites: int, width: int, p: float) -> list[Tensor]:
+def draw_keep_rows(seeds: list[int], n_sites: int, width: int, p: float, threads: int | None = None) -> list[Tensor]:
     """Each seed's [n_sites, width] keep-mask, from its own generator. A large draw (a paper-scale step: 512 rows x
-    28 sites x 1536 units, ~0.1 s on one host thread) is split in contiguous chunks over torch's intra-op thread
-    budget (``torch.get_num_threads()``, at most 8), idle while the host draws; each row still comes from its own
-    generator, so the masks are bit-identical to a serial draw."""
+    28 sites x 1536 units, ~0.1-0.2 s on one host thread) is split in contiguous chunks over ``threads`` (default:
+    torch's intra-op thread budget ``torch.get_num_threads()``, idle while the host draws; at most 8); each row
+    still comes from its own generator, so the masks are bit-identical to a serial draw (bench item 4 times both)."""
     draw = lambda chunk: [row_uniforms(s, n_sites, width) >= p for s in chunk]  # noqa: E731
-    threads = min(torch.get_num_threads(), 8, len(seeds))
+    threads = min(threads or torch.get_num_threads(), 8, len(seeds))
     if threads < 2 or len(seeds) * n_sites * width < PARALLEL_DRAW_MIN:
         return draw(seeds)
     key = (os.getpid(), threads)  # a pool's threads do not survive a fork: a forked worker would wait on it forever
