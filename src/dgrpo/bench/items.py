@@ -63,117 +63,102 @@ def bench_rollouts(ctx: Ctx) -> tuple[list[Row], dict]:
     s = ctx.shapes
     lm = build_lm(s, ctx.device, ctx.dtype).eval()
     records = task_records(s.prompts)
-    d = dims_of(lm)
     n_seq = s.prompts * s.seq_per_prompt  # rollouts timed for the one-at-a-time baselines
-    seq_seeds = seeds_for(0, 0, 0, n_seq, stream="sequential")
-    locked, native = LockedDropout(p=P_DROP), NativeDropout(p=P_DROP)
     rows, raw = [], {}
     for K in s.rollout_K:
         N = s.prompts * K
-        seeds = seeds_for(0, 0, 0, N)
-
-        def batched(K: int = K, seeds: torch.Tensor = seeds) -> float:
-            ro = collect_rollouts(
-                lm,
-                records,
-                group_size=K,
-                n_latent=s.T,
-                perturbation=locked,
-                seeds=seeds,
-                max_new_tokens=s.max_new_tokens,
-            )
-            return float(ro.mask.sum(1).float().mean())
-
-        def sequential() -> float:
-            ro = collect_rollouts(
-                lm,
-                records,
-                group_size=s.seq_per_prompt,
-                n_latent=s.T,
-                perturbation=native,
-                seeds=seq_seeds,
-                max_new_tokens=s.max_new_tokens,
-            )
-            return float(ro.mask.sum(1).float().mean())
-
-        def recompute() -> float:
-            outs = [
-                recompute_generate(lm, r.question, s.T, s.max_new_tokens)
-                for r in records
-                for _ in range(s.seq_per_prompt)
-            ]
-            return statistics.fmean(len(o) for o in outs)
-
         ctx.log(f"[1] rollouts K={K}: {N} batched vs {n_seq} one at a time")
-        t = alternate(
-            {"batched_locked": batched, "sequential_native": sequential, "recompute_batch1": recompute},
-            reps=s.reps,
-            warmup=s.warmup,
-            device=ctx.device,
-            log=ctx.log,
-        )
-        per = {
-            "batched_locked": t.median("batched_locked") / N,
-            "sequential_native": t.median("sequential_native") / n_seq,
-            "recompute_batch1": t.median("recompute_batch1") / n_seq,
-        }
-        toks = {k: statistics.fmean(v) for k, v in t.results.items()}
-        P = max(w for _, w in prompt_widths(lm, [r.question for r in records], len(records)))
-        fl, _ = recurrence_flops(d, N, P, s.T, s.max_new_tokens, backward=False)
-        fps = fl / t.median("batched_locked")
-        tok_s = N * toks["batched_locked"] / t.median("batched_locked")
-        raw[f"K={K}"] = {
-            "K": K,
-            "N": N,
-            "n_timed_one_at_a_time": n_seq,
-            "per_rollout_s": per,
-            "answer_tokens_per_rollout": toks,
-            "batched_tokens_per_s": tok_s,
-            "batched_flops_per_s": fps,
-            "timing": t.to_json(),
-            "ratio_sequential": per["sequential_native"] / per["batched_locked"],
-            "ratio_recompute": per["recompute_batch1"] / per["batched_locked"],
-            "paired_ratio_sequential": [x * N / n_seq for x in t.paired_ratios("sequential_native", "batched_locked")],
-            "paired_ratio_recompute": [x * N / n_seq for x in t.paired_ratios("recompute_batch1", "batched_locked")],
-        }
-        gated = K == max(s.rollout_K)
+        fns = _rollout_candidates(lm, records, s, K)
+        t = alternate(fns, reps=s.reps, warmup=s.warmup, device=ctx.device, log=ctx.log)
+        raw[f"K={K}"] = r = _rollout_figures(lm, records, s, K, t)
         conf = (
             f"K={K} x {s.prompts} prompts = {N} rollouts, T={s.T}, {s.max_new_tokens} answer tokens each "
-            f"(tokens/rollout: {toks['batched_locked']:.0f} / {toks['sequential_native']:.0f} / "
-            f"{toks['recompute_batch1']:.0f})"
+            f"(tokens/rollout: {' / '.join(f'{n:.0f}' for n in r['answer_tokens_per_rollout'].values())})"
         )
+        per, fps = r["per_rollout_s"], r["batched_flops_per_s"]
         base = (
             f"batched (locked): {fmt_s(per['batched_locked'])}/rollout ({N} in {fmt_s(t.median('batched_locked'))}, "
-            f"{tok_s:,.0f} answer tok/s, {fmt_flops(fps)}{_peak_note(ctx, fps)})"
+            f"{r['batched_tokens_per_s']:,.0f} answer tok/s, {fmt_flops(fps)}{_peak_note(ctx, fps)})"
         )
         note = f"; one-at-a-time: {n_seq} rollouts timed, scaled per rollout"
-        rows.append(
-            Row(
-                ctx.section,
-                "1. rollouts",
-                "flops,rollouts",
-                conf,
-                base + f"; sequential (native, RNG restore): {fmt_s(per['sequential_native'])}/rollout" + note,
-                "sequential replay / batched, per rollout",
-                raw[f"K={K}"]["ratio_sequential"],
-                Goal(">=", 8) if gated else None,
-                _range(raw[f"K={K}"]["paired_ratio_sequential"]),
+        gated = K == max(s.rollout_K)
+        for key, name, what, label, goal in (  # the two one-at-a-time baselines, each against the batched rollouts
+            ("sequential_native", "sequential", "sequential (native, RNG restore)", "sequential replay", 8),
+            ("recompute_batch1", "recompute", "batch-1 recompute (no KV cache)", "batch-1 recompute", 30),
+        ):
+            rows.append(
+                Row(
+                    ctx.section,
+                    "1. rollouts",
+                    "flops,rollouts",
+                    conf,
+                    base + f"; {what}: {fmt_s(per[key])}/rollout" + note,
+                    f"{label} / batched, per rollout",
+                    r[f"ratio_{name}"],
+                    Goal(">=", goal) if gated else None,
+                    _range(r[f"paired_ratio_{name}"]),
+                )
             )
-        )
-        rows.append(
-            Row(
-                ctx.section,
-                "1. rollouts",
-                "flops,rollouts",
-                conf,
-                base + f"; batch-1 recompute (no KV cache): {fmt_s(per['recompute_batch1'])}/rollout" + note,
-                "batch-1 recompute / batched, per rollout",
-                raw[f"K={K}"]["ratio_recompute"],
-                Goal(">=", 30) if gated else None,
-                _range(raw[f"K={K}"]["paired_ratio_recompute"]),
-            )
-        )
     return rows, raw
+
+
+def _rollout_candidates(lm: Any, records: list, s: Any, K: int) -> dict[str, Callable[[], float]]:
+    """Item 1's three ways to make rollouts, each returning the mean answer length: K batched rollouts per prompt
+    under locked masks, ``seq_per_prompt`` per prompt one at a time under native dropout, and batch-1 recompute."""
+    seeds, seq_seeds = seeds_for(0, 0, 0, s.prompts * K), seeds_for(0, 0, 0, s.prompts * s.seq_per_prompt, "sequential")
+
+    def rollouts(group_size: int, perturbation: Any, seeds: torch.Tensor) -> float:
+        ro = collect_rollouts(
+            lm,
+            records,
+            group_size=group_size,
+            n_latent=s.T,
+            perturbation=perturbation,
+            seeds=seeds,
+            max_new_tokens=s.max_new_tokens,
+        )
+        return float(ro.mask.sum(1).float().mean())
+
+    def recompute() -> float:
+        outs = [
+            recompute_generate(lm, r.question, s.T, s.max_new_tokens) for r in records for _ in range(s.seq_per_prompt)
+        ]
+        return statistics.fmean(len(o) for o in outs)
+
+    locked, native = LockedDropout(p=P_DROP), NativeDropout(p=P_DROP)
+    return {
+        "batched_locked": lambda: rollouts(K, locked, seeds),
+        "sequential_native": lambda: rollouts(s.seq_per_prompt, native, seq_seeds),
+        "recompute_batch1": recompute,
+    }
+
+
+def _rollout_figures(lm: Any, records: list, s: Any, K: int, t: Any) -> dict:
+    """Item 1's figures for one K from the alternated timings ``t``: time per rollout, the ratios (the one-at-a-time
+    baselines scaled to the batched rollout count), answer tokens and the batched path's FLOP/s."""
+    N, n_seq = s.prompts * K, s.prompts * s.seq_per_prompt
+    per = {
+        "batched_locked": t.median("batched_locked") / N,
+        "sequential_native": t.median("sequential_native") / n_seq,
+        "recompute_batch1": t.median("recompute_batch1") / n_seq,
+    }
+    toks = {k: statistics.fmean(v) for k, v in t.results.items()}
+    P = max(w for _, w in prompt_widths(lm, [r.question for r in records], len(records)))
+    fl, _ = recurrence_flops(dims_of(lm), N, P, s.T, s.max_new_tokens, backward=False)
+    return {
+        "K": K,
+        "N": N,
+        "n_timed_one_at_a_time": n_seq,
+        "per_rollout_s": per,
+        "answer_tokens_per_rollout": toks,
+        "batched_tokens_per_s": N * toks["batched_locked"] / t.median("batched_locked"),
+        "batched_flops_per_s": fl / t.median("batched_locked"),
+        "timing": t.to_json(),
+        "ratio_sequential": per["sequential_native"] / per["batched_locked"],
+        "ratio_recompute": per["recompute_batch1"] / per["batched_locked"],
+        "paired_ratio_sequential": [x * N / n_seq for x in t.paired_ratios("sequential_native", "batched_locked")],
+        "paired_ratio_recompute": [x * N / n_seq for x in t.paired_ratios("recompute_batch1", "batched_locked")],
+    }
 
 
 # --------------------------------------------------------------------------- 2. Coconut SFT step
