@@ -16,9 +16,10 @@ import torch
 
 from ..config import Config
 from ..model.anatomy import select_layers
+from ..model.latent_lm import LatentLM
 from ..model.reference import recompute_generate
 from ..perturbation import LockedDropout, NativeDropout, seeds_for
-from ..perturbation.locked import draw_keep_rows
+from ..perturbation.locked import draw_keep_rows, draw_threads
 from ..training.grpo import GRPOTrainer
 from ..training.rollouts import collect_rollouts
 from ..training.sft import count_target_tokens, make_example, sft_loss
@@ -30,11 +31,12 @@ from .memprobe import run_probe
 from .parallel_item import bench_parallel
 from .recompute_item import bench_recompute
 from .report import Goal, Row, fmt_bytes, fmt_flops, fmt_s
-from .timing import alternate, sync
+from .timing import Timed, alternate, sync
 from .workload import (
     FLOP_FORMULA,
     GPU,
     Ctx,
+    Shapes,
     build_lm,
     dims_of,
     grpo_config,
@@ -102,7 +104,7 @@ def bench_rollouts(ctx: Ctx) -> tuple[list[Row], dict]:
     return rows, raw
 
 
-def _rollout_candidates(lm: Any, records: list, s: Any, K: int) -> dict[str, Callable[[], float]]:
+def _rollout_candidates(lm: LatentLM, records: list, s: Shapes, K: int) -> dict[str, Callable[[], float]]:
     """Item 1's three ways to make rollouts, each returning the mean answer length: K batched rollouts per prompt
     under locked masks, ``seq_per_prompt`` per prompt one at a time under native dropout, and batch-1 recompute."""
     seeds, seq_seeds = seeds_for(0, 0, 0, s.prompts * K), seeds_for(0, 0, 0, s.prompts * s.seq_per_prompt, "sequential")
@@ -133,7 +135,7 @@ def _rollout_candidates(lm: Any, records: list, s: Any, K: int) -> dict[str, Cal
     }
 
 
-def _rollout_figures(lm: Any, records: list, s: Any, K: int, t: Any) -> dict:
+def _rollout_figures(lm: LatentLM, records: list, s: Shapes, K: int, t: Timed) -> dict:
     """Item 1's figures for one K from the alternated timings ``t``: time per rollout, the ratios (the one-at-a-time
     baselines scaled to the batched rollout count), answer tokens and the batched path's FLOP/s."""
     N, n_seq = s.prompts * K, s.prompts * s.seq_per_prompt
@@ -341,15 +343,21 @@ def _bench_mask_draw(ctx: Ctx) -> tuple[Row, dict]:
     torch's thread budget (dgrpo.perturbation.locked.draw_keep_rows); the same masks either way."""
     rows, sites, width = ctx.shapes.mask_draw
     seeds = seeds_for(0, 0, 0, rows).tolist()
-    threads = min(torch.get_num_threads(), 8, rows)
+    threads = draw_threads(rows)
     fns = {  # (results dropped: a run of the suite would keep every repetition's masks)
         "serial": lambda: draw_keep_rows(seeds, sites, width, P_DROP, threads=1) and None,
         "split": lambda: draw_keep_rows(seeds, sites, width, P_DROP, threads=threads) and None,
     }
     ctx.log(f"[4] locked-mask draw: {rows} rows x {sites} x {width}, 1 vs {threads} host threads")
     t = alternate(fns, reps=ctx.shapes.reps, warmup=ctx.shapes.warmup, log=ctx.log)
-    raw = {"shape": [rows, sites, width], "threads": threads, "timing": t.to_json()}
-    raw.update(ratio=t.ratio("serial", "split"), paired_ratio=t.paired_ratios("serial", "split"))
+    ratio, paired = t.ratio("serial", "split"), t.paired_ratios("serial", "split")
+    raw = {
+        "shape": [rows, sites, width],
+        "threads": threads,
+        "timing": t.to_json(),
+        "ratio": ratio,
+        "paired_ratio": paired,
+    }
     conf = f"{rows} rows x {sites} sites x {width} units (a paper step's first bind), p={P_DROP}; bit-identical masks"
     vals = f"serial (1 thread): {fmt_s(t.median('serial'))}; split ({threads} threads): {fmt_s(t.median('split'))}"
     return Row(
@@ -359,9 +367,9 @@ def _bench_mask_draw(ctx: Ctx) -> tuple[Row, dict]:
         conf,
         vals,
         "serial / split mask draw",
-        raw["ratio"],
+        ratio,
         None,
-        _range(raw["paired_ratio"]),
+        _range(paired),
     ), raw
 
 

@@ -38,9 +38,9 @@ def keep_rows(seeds: Tensor, n_sites: int, width: int, p: float, memo: RowMemo |
     """[B, n_sites, width] booleans, True where a unit is kept; row i depends on seeds[i] only (drawn on the CPU from
     its own generator, so the same on every device). ``memo``: rows drawn before are taken from it (a step binds the
     same seeds for its rollout, its update and its reference)."""
-    keys = [(s, n_sites, width, p) for s in seeds.tolist()]
     if memo is None:
-        return torch.stack(draw_keep_rows([k[0] for k in keys], n_sites, width, p))
+        return torch.stack(draw_keep_rows(seeds.tolist(), n_sites, width, p))
+    keys = [(s, n_sites, width, p) for s in seeds.tolist()]
     missing = list(dict.fromkeys(k for k in keys if k not in memo))
     drawn = dict(zip(missing, draw_keep_rows([k[0] for k in missing], n_sites, width, p), strict=True))
     rows = [drawn[k] if k in drawn else memo.get(k) for k in keys]
@@ -54,13 +54,19 @@ PARALLEL_DRAW_MIN = 1 << 22
 _pools: dict[tuple[int, int], ThreadPoolExecutor] = {}
 
 
+def draw_threads(rows: int, threads: int | None = None) -> int:
+    """The host threads a draw of ``rows`` rows is split over: ``threads`` (default: torch's intra-op thread budget
+    ``torch.get_num_threads()``, idle while the host draws), at most 8 and at most one per row."""
+    return max(1, min(threads or torch.get_num_threads(), 8, rows))
+
+
 def draw_keep_rows(seeds: list[int], n_sites: int, width: int, p: float, threads: int | None = None) -> list[Tensor]:
     """Each seed's [n_sites, width] keep-mask, from its own generator. A large draw (a paper-scale step: 512 rows x
-    28 sites x 1536 units, ~0.1-0.2 s on one host thread) is split in contiguous chunks over ``threads`` (default:
-    torch's intra-op thread budget ``torch.get_num_threads()``, idle while the host draws; at most 8); each row
-    still comes from its own generator, so the masks are bit-identical to a serial draw (bench item 4 times both)."""
+    28 sites x 1536 units, ~0.1-0.2 s on one host thread) is split in contiguous chunks over :func:`draw_threads`
+    threads; each row still comes from its own generator, so the masks are bit-identical to a serial draw (bench
+    item 4 times both)."""
     draw = lambda chunk: [row_uniforms(s, n_sites, width) >= p for s in chunk]  # noqa: E731
-    threads = min(threads or torch.get_num_threads(), 8, len(seeds))
+    threads = draw_threads(len(seeds), threads)
     if threads < 2 or len(seeds) * n_sites * width < PARALLEL_DRAW_MIN:
         return draw(seeds)
     key = (os.getpid(), threads)  # a pool's threads do not survive a fork: a forked worker would wait on it forever
