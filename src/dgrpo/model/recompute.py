@@ -181,21 +181,24 @@ def _checkpointed_forward(layer: nn.Module, i: int, perturbation: Any, phase: st
             return forward(*args, **kwargs)
         stored = _cache_layer(cache, i)
         past = (stored.keys, stored.values) if stored.is_initialized else ()
+        hidden = bound.arguments[hidden_name]
+        # The region's closure lives as long as its autograd node, so it must not hold the model's cache (nor
+        # ``args``/``kwargs``, which do): the cache holds the region's outputs, whose node holds the region, a cycle
+        # through C++ that Python's gc cannot see into; every step's graph and cache would stay alive.
+        rest = {**bound.arguments, hidden_name: None, cache_name: None}
         calls = 0
 
         def region(hidden: Tensor, *kv: Tensor) -> tuple[Any, Tensor | None, Tensor | None]:
             nonlocal calls
             again, calls = calls > 0, calls + 1  # the second run is the recomputation, in backward
             inner = OneLayerCache(i, *kv)
-            run = sig.bind(*args, **kwargs)
-            run.arguments[hidden_name], run.arguments[cache_name] = hidden, inner
+            run = inspect.BoundArguments(sig, {**rest, hidden_name: hidden, cache_name: inner})
             with _reentered(perturbation, layer) if again else nullcontext():
                 if again and perturbation is not None and hasattr(perturbation, "resume"):
                     perturbation.resume(phase)
                 out = forward(*run.args, **run.kwargs)
             return out, inner.keys, inner.values
 
-        hidden = bound.arguments[hidden_name]
         out, keys, values = checkpoint(region, hidden, *past)
         if not stored.is_initialized:
             stored.lazy_initialization(keys, values)
