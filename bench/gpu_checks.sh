@@ -15,15 +15,16 @@
 #   WHEELS=.whl bash bench/gpu_checks.sh               # there
 #
 # Items (name: what it shows), most wanted first:
-#   lean_vs_recipe     : the lean update (layer recomputation, all 512 rows in one micro-batch, the latent steps
-#                        not recomputed: 0.47x the update's ops of the recipe, counted on a CPU) with its profile (busy
-#                        share, kernels, FLOP/s, host syncs by call site, peak memory), alternated with the recipe as
-#                        shipped (per-call recomputation of every call, 256-row micro-batches)
+#   recipe_vs_earlier  : the recipe as shipped (per-layer recomputation, all 512 rows in one micro-batch, the latent
+#                        steps not recomputed) with its profile (busy share, kernels, FLOP/s, host syncs by call
+#                        site), alternated with the earlier GPU path (eager engine, HF layers, 64-row micro-batches,
+#                        no recomputation)
+#   recipe_peak        : the recipe alone in its process (its peak memory; two arms in one process share the device)
 #   fast_vs_eager      : the recipe against grpo.engine=eager on the same weights and prompts (the fast/eager ratio)
-#   compiled_vs_liger  : model.compile=true with Hugging Face's layers (profiled) against the recipe's Liger layers
 #   cuda_tests         : pytest tests/test_cuda.py
-#   layer512_vs_recipe : layer recomputation of every call at 512 rows (the fallback should the lean update not fit)
+#   call256_vs_recipe  : per-call recomputation of every call at 256-row micro-batches (the recipe until 2026-11-25)
 #   hf_vs_liger        : the recipe against model.kernels=none (what Liger's layers save)
+#   compiled_vs_liger  : model.compile=true with Hugging Face's layers (profiled) against the recipe's Liger layers
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -76,13 +77,14 @@ run_item() {  # name, command...
     echo "   rc $rc; last line: $(tail -n 1 "$OUT_DIR/$name.log" | cut -c1-400)" | tee -a "$OUT_DIR/summary.txt"
 }
 
-LEAN=(grpo.recompute_granularity=layer grpo.micro_batch_size=512 grpo.recompute_latent_steps=false)
-SHIPPED=(grpo.recompute_granularity=call grpo.micro_batch_size=256 grpo.recompute_latent_steps=true)
-run_item lean_vs_recipe "$PY" "${STEP[@]}" --profile "${LEAN[@]/#/--set=}" "${SHIPPED[@]/#/--versus=}"
+EARLIER=(grpo.engine=eager model.kernels=none grpo.micro_batch_size=64 grpo.recompute=false)
+CALL256=(grpo.recompute_granularity=call grpo.micro_batch_size=256 grpo.recompute_latent_steps=true)
+run_item recipe_vs_earlier "$PY" "${STEP[@]}" --profile "${EARLIER[@]/#/--versus=}"
+run_item recipe_peak "$PY" "${STEP[@]}"
 run_item fast_vs_eager "$PY" "${STEP[@]}" --versus grpo.engine=eager
+run_item cuda_tests "$PY" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda.py  # (addopts: xdist, maybe absent)
+run_item call256_vs_recipe "$PY" "${STEP[@]}" "${CALL256[@]/#/--versus=}"
+run_item hf_vs_liger "$PY" "${STEP[@]}" --versus model.kernels=none
 run_item compiled_vs_liger "$PY" "${STEP[@]}" --profile --set model.kernels=none --set model.compile=true \
     --versus model.kernels=liger --versus model.compile=false
-run_item cuda_tests "$PY" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda.py  # (addopts: xdist, maybe absent)
-run_item layer512_vs_recipe "$PY" "${STEP[@]}" --versus grpo.recompute_granularity=layer --versus grpo.micro_batch_size=512
-run_item hf_vs_liger "$PY" "${STEP[@]}" --versus model.kernels=none
 echo "done at $(date +%T); logs in $OUT_DIR" | tee -a "$OUT_DIR/summary.txt"
