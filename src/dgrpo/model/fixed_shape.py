@@ -22,10 +22,30 @@ Token choice and EOS bookkeeping stay on the device; the host asks whether any r
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor
 
 from .latent_lm import AnswerBook, Generation, LatentLM, PhaseHook, cache_keyword
+
+
+@contextmanager
+def captured(graph: torch.cuda.CUDAGraph, pool: torch.cuda.graphs._POOL_HANDLE | None) -> Iterator[None]:
+    """Record the block's CUDA work into ``graph`` (memory from ``pool``) on a side stream that first waits for the
+    current one. ``torch.cuda.graph`` does the same after a device-wide synchronisation, emptying the allocator's
+    cache and the pinned host cache: two captures per rollout batch would drain the GPU twice a step and hand every
+    block the update had cached back to the driver, to be allocated from it again in the next update."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool=pool)
+        try:
+            yield
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
 
 
 class FixedShapeDecoder:
@@ -91,7 +111,7 @@ class FixedShapeDecoder:
             return
         if graph is None:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            with captured(graph, self.pool):
                 self._forward(phase)
             self.graphs[phase] = graph
         graph.replay()
