@@ -38,6 +38,8 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +144,8 @@ def profile_recipe(tr: GRPOTrainer, prompts: list[Record], device: torch.device,
     prompt_len = tr.lm.encode_questions([r.question for r in prompts])[0].shape[1]
     rows, tokens = len(prompts) * tr.cfg.grpo.group_size, prompt_len + T + tr.cfg.grpo.max_new_tokens
     flops = step_profile.grpo_step_flops(tr.lm, rows, tokens)
-    act = step_profile.device_activity(lambda: tr.step(prompts=prompts), device)
+    with phase_ranges(tr):
+        act = step_profile.device_activity(lambda: tr.step(prompts=prompts), device, phases=tuple(PHASES))
     achieved = flops / act["profiled_wall_s"]
     out = {
         **act,
@@ -153,6 +156,41 @@ def profile_recipe(tr: GRPOTrainer, prompts: list[Record], device: torch.device,
         "share_of_peak": round(achieved / peak, 4),
     }
     return {**out, **step_profile.host_syncs(lambda: tr.step(prompts=prompts))}
+
+
+#: the step's phases in a profile, each a trainer method (the reference and the optimizer run inside the update)
+PHASES = {
+    "rollout": "_collect",
+    "update": "_update",
+    "reference": "_reference_logprobs",
+    "optimizer": "_optimizer_step",
+}
+
+
+@contextmanager
+def wrapped_phases(tr: GRPOTrainer, wrap: Any, phases: dict[str, str]) -> Iterator[None]:
+    """Within the block, each of ``tr``'s methods in ``phases`` (phase name -> method name) runs as
+    ``wrap(phase, method)``; on leaving, the class's methods again."""
+    for name, attr in phases.items():
+        setattr(tr, attr, wrap(name, getattr(tr, attr)))
+    try:
+        yield
+    finally:
+        for attr in phases.values():
+            delattr(tr, attr)
+
+
+def phase_ranges(tr: GRPOTrainer) -> AbstractContextManager[None]:
+    """Within the block, each method of ``tr`` named in PHASES runs inside a profiler range of its phase's name."""
+
+    def ranged(name: str, method: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with torch.profiler.record_function(name):
+                return method(*args, **kwargs)
+
+        return run
+
+    return wrapped_phases(tr, ranged, PHASES)
 
 
 def phase_ops(tr: GRPOTrainer, prompts: list[Record]) -> dict:
@@ -166,11 +204,8 @@ def phase_ops(tr: GRPOTrainer, prompts: list[Record]) -> dict:
 
         return run
 
-    tr._collect, tr._update = counting("rollout", tr._collect), counting("update", tr._update)  # type: ignore[method-assign]
-    try:
+    with wrapped_phases(tr, counting, {"rollout": "_collect", "update": "_update"}):
         _, total = step_profile.counted_ops(lambda: tr.step(prompts=prompts))
-    finally:
-        del tr._collect, tr._update  # the class's methods again
     return {"ops_rollout": counts["rollout"], "ops_update": counts["update"], "ops_step": total}
 
 
@@ -245,7 +280,14 @@ def main() -> int:
             summary["profile"] = profile_recipe(recipe, prompts, device, dtype)
         else:  # no kernels to count on a CPU: the ops that would make a GPU's host wait, and the ops per phase
             waits = step_profile.waiting_ops(lambda: recipe.step(prompts=prompts), top=24)
-            summary["profile"] = {**waits, **phase_ops(recipe, prompts)}
+            with phase_ranges(recipe):  # the phases' wall times and the host calls that take the most time
+                act = step_profile.device_activity(lambda: recipe.step(prompts=prompts), device, tuple(PHASES))
+            summary["profile"] = {
+                **waits,
+                **phase_ops(recipe, prompts),
+                "phases": act["phases"],
+                "host_top": act["host_top"],
+            }
     print(json.dumps(summary), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"summary": summary, "steps": rows}, indent=2))

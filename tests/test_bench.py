@@ -104,13 +104,13 @@ def test_paper_step_script_alternates_two_arms(tmp_path):
     root = Path(__file__).resolve().parents[1]
     small = ["grpo.prompts_per_step=2", "grpo.group_size=4", "grpo.max_new_tokens=6"]
     argv = [sys.executable, str(root / "bench/paper_step.py"), "--tiny", "--steps", "2", "--out", str(tmp_path / "s")]
-    argv += [a for kv in small for a in ("--set", kv)] + ["--versus", "grpo.recompute_granularity=layer", "--profile"]
+    argv += [a for kv in small for a in ("--set", kv)] + ["--versus", "grpo.recompute_granularity=call", "--profile"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads((tmp_path / "s").read_text())
     s = out["summary"]
     assert [r["arm"] for r in out["steps"]["recipe"]] == ["recipe"] * 3 and len(out["steps"]["versus"]) == 3
-    assert s["recompute"] == "call" and s["versus"]["recompute"] == "layer" and s["K"] == 4
+    assert s["recompute"] == "layer" and s["versus"]["recompute"] == "call" and s["K"] == 4
     assert s["step_ratio"] == pytest.approx(s["median_step_s"] / s["versus"]["median_step_s"], rel=1e-3)
     assert len(s["step_ratio_per_round"]) == 2
     # --profile on the CPU: what would make the host wait on a GPU is the step's bookkeeping, the eager engine's
@@ -120,6 +120,12 @@ def test_paper_step_script_alternates_two_arms(tmp_path):
     assert not any(k in site for site in sites for k in ("masking_utils", "modeling_", "recompute.py")), sites
     ops = s["profile"]  # and the ops that reach a kernel: the update's forward and backward, the rollout's
     assert 0 < ops["ops_rollout"] and 0 < ops["ops_update"] and ops["ops_rollout"] + ops["ops_update"] < ops["ops_step"]
+    # and the phases' wall times (the reference and the optimizer inside the update), the costliest host calls
+    phases = s["profile"]["phases"]
+    assert set(phases) == {"rollout", "update", "reference", "optimizer"}
+    assert 0 < phases["reference"]["wall_s"] + phases["optimizer"]["wall_s"] <= phases["update"]["wall_s"]
+    assert all(p["busy_s"] == 0 for p in phases.values())  # no kernels on a CPU
+    assert s["profile"]["host_top"] and all(calls > 0 for _, calls, _ in s["profile"]["host_top"])
 
 
 def test_paper_step_drops_an_arm_that_runs_out_of_memory_and_keeps_the_other(capsys):
@@ -154,6 +160,32 @@ def test_paper_step_drops_an_arm_that_runs_out_of_memory_and_keeps_the_other(cap
         ("versus", 1, True),
         ("recipe", 2, False),
     ]
+
+
+def test_phase_activity_counts_overlapping_kernels_once_inside_the_windows():
+    from dgrpo.bench.step_profile import phase_activity
+
+    ms = 1000.0  # the profiler's times are microseconds
+    # two windows (10 ms and 20 ms); kernels: one straddling the first window's start, two overlapping ones inside
+    # it, one outside both, one straddling the second window's end
+    windows = [(100 * ms, 110 * ms), (200 * ms, 220 * ms)]
+    kernels = [
+        (95 * ms, 102 * ms),
+        (104 * ms, 107 * ms),
+        (105 * ms, 108 * ms),
+        (150 * ms, 160 * ms),
+        (215 * ms, 230 * ms),
+    ]
+    # busy: 100-102 (2 ms) + 104-108 (4 ms, the overlap once) + 215-220 (5 ms) = 11 ms of 30 ms
+    assert phase_activity(windows, kernels) == {"wall_s": 0.03, "busy_s": 0.011, "busy_share": 0.367}
+    assert phase_activity([], kernels) == {"wall_s": 0.0, "busy_s": 0.0, "busy_share": 0.0}
+
+
+def test_top_host_calls_sum_own_time_by_name():
+    from dgrpo.bench.step_profile import top_host_calls
+
+    own = [("cudaMalloc", 3000.0), ("aten::mm", 500.0), ("cudaMalloc", 1500.0), ("aten::mm", 600.0), ("x", 1.0)]
+    assert top_host_calls(own, 2) == [["cudaMalloc", 2, 4.5], ["aten::mm", 2, 1.1]]
 
 
 def test_step_flops_by_the_counting_rule(tokenizer):

@@ -15,7 +15,7 @@ import functools
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -65,20 +65,26 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def device_activity(step: Callable[[], Any], device: torch.device) -> dict:
+def device_activity(step: Callable[[], Any], device: torch.device, phases: Sequence[str] = (), top: int = 12) -> dict:
     """One ``step()`` under the profiler: its wall time, the device kernels it ran and their summed time (the
-    kernel-busy share of the wall), and the host's launch calls (kernels and graph replays). CUDA only."""
+    kernel-busy share of the wall), and the host's launch calls (kernels and graph replays); per phase (a
+    ``torch.profiler.record_function`` range the step opens, named in ``phases``) its wall time and kernel-busy share;
+    and the ``top`` host calls by their own time (CUDA runtime calls among them: mallocs, syncs, graph instantiation).
+    On a CPU: no kernels, the phases' wall times and the host calls only."""
     _sync(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
         t = time.perf_counter()
         step()
         _sync(device)
         wall = time.perf_counter() - t
     events = prof.events()
     kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
     busy = sum(e.device_time for e in kernels) / 1e6
-    names = collections.Counter(e.name for e in events if e.device_type == torch.autograd.DeviceType.CPU)
-    return {
+    names = collections.Counter(e.name for e in host)
+    spans = [(e.time_range.start, e.time_range.end) for e in kernels]
+    out: dict[str, Any] = {
         "profiled_wall_s": round(wall, 3),
         "kernels": len(kernels),
         "kernel_launches": sum(names[n] for n in LAUNCH_CALLS),
@@ -86,6 +92,42 @@ def device_activity(step: Callable[[], Any], device: torch.device) -> dict:
         "gpu_busy_s": round(busy, 3),
         "gpu_busy_share": round(busy / wall, 3),
     }
+    if phases:
+        out["phases"] = {
+            name: phase_activity([(e.time_range.start, e.time_range.end) for e in host if e.name == name], spans)
+            for name in phases
+        }
+    own = [(e.name, e.self_cpu_time_total) for e in host if e.name not in phases]
+    out["host_top"] = top_host_calls(own, top)
+    return out
+
+
+def phase_activity(windows: Sequence[tuple[float, float]], kernels: Sequence[tuple[float, float]]) -> dict:
+    """A phase's wall time (its ``windows``, [start, end) in microseconds) and the share of it some kernel ran: the
+    union of the kernels' spans (also in microseconds) clipped to the windows, so overlapping kernels count once."""
+    wall = sum(end - start for start, end in windows)
+    busy = 0.0
+    for start, end in windows:
+        reach = start  # how far into the window the kernels so far have covered
+        for k0, k1 in sorted((max(a, start), min(b, end)) for a, b in kernels if a < end and b > start):
+            busy += max(0.0, k1 - max(k0, reach))
+            reach = max(reach, k1)
+    return {
+        "wall_s": round(wall / 1e6, 3),
+        "busy_s": round(busy / 1e6, 3),
+        "busy_share": round(busy / wall, 3) if wall else 0.0,
+    }
+
+
+def top_host_calls(own_times: Sequence[tuple[str, float]], top: int) -> list[list]:
+    """The ``top`` names by summed own time (microseconds), as [name, calls, milliseconds], most first."""
+    total: dict[str, float] = collections.defaultdict(float)
+    calls: collections.Counter[str] = collections.Counter()
+    for name, us in own_times:
+        total[name] += us
+        calls[name] += 1
+    ranked = sorted(total.items(), key=lambda item: -item[1])[:top]
+    return [[name, calls[name], round(us / 1e3, 1)] for name, us in ranked]
 
 
 def host_syncs(step: Callable[[], Any], top: int = 8) -> dict:
