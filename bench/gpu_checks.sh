@@ -16,9 +16,9 @@
 #
 # Items (name: what it shows), most wanted first:
 #   recipe_vs_earlier  : the recipe as shipped (per-layer recomputation, all 512 rows in one micro-batch, the latent
-#                        steps not recomputed) with its profile (busy share, kernels, FLOP/s, host syncs by call
-#                        site), alternated with the earlier GPU path (eager engine, HF layers, 64-row micro-batches,
-#                        no recomputation)
+#                        steps not recomputed) with its profile (busy share overall and per phase, kernels, FLOP/s,
+#                        host syncs by call site, costliest host calls), alternated with the earlier GPU path (eager
+#                        engine, HF layers, 64-row micro-batches, no recomputation)
 #   recipe_peak        : the recipe alone in its process (its peak memory; two arms in one process share the device)
 #   fast_vs_eager      : the recipe against grpo.engine=eager on the same weights and prompts (the fast/eager ratio)
 #   cuda_tests         : pytest tests/test_cuda.py
