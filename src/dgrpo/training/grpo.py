@@ -20,6 +20,7 @@ import random
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -51,6 +52,7 @@ from .losses import (
     grpo_objective,
     shuffle_within_groups,
 )
+from .memory import oom_advice
 from .ref_policy import make_reference
 from .rollouts import Rollouts, collect_rollouts, replay_logprobs, resolve_engine
 from .run import NonFiniteError, NonFiniteGuard, RunDir, StalledError, sharded_accuracy, weights_finite
@@ -191,7 +193,9 @@ class GRPOTrainer:
         # independent of their number
         self.row0 = dist.offset(len(prompts) * K)
         seeds = seeds_for(cfg.seed, step, 0, self.row0 + len(prompts) * K)[self.row0 :]
-        ro = self._collect(prompts, seeds)
+        n = g.rollout_batch_size
+        with oom_advice("rollouts", "grpo.rollout_batch_size", n, max(1, n // 2), "rows generated at a time"):
+            ro = self._collect(prompts, seeds)
         t_roll = time.time() - t0
         # 2-3. filter (agreed over ranks before any backward) and advantages
         keep, adv = self._filter_and_advantages(ro.rewards, step)
@@ -204,9 +208,9 @@ class GRPOTrainer:
         if n_kept == 0:
             metrics.update(skipped=1, **ObjectiveStats().as_dict(), grad_norm=0.0, n_rollouts_kept=0)
         else:
-            metrics.update(
-                self._update(ro, rows, adv.flatten(), GlobalCounts(n_kept, n_tok, g.max_new_tokens), beta, step)
-            )
+            with self._update_oom_advice():
+                counts = GlobalCounts(n_kept, n_tok, g.max_new_tokens)
+                metrics.update(self._update(ro, rows, adv.flatten(), counts, beta, step))
             metrics.update(skipped=0, n_rollouts_kept=n_kept)
         if g.advantage == "ema":
             self.ema_baseline = ema_update(self.ema_baseline, ro.rewards, g.ema_alpha)
@@ -340,12 +344,29 @@ class GRPOTrainer:
         g = self.cfg.grpo
         step_rows = g.rollout_batch_size if self.perturbation.batched else 1
         out = torch.zeros(rows.numel(), ro.tokens.shape[1], device=ro.tokens.device)
-        for i in range(0, rows.numel(), step_rows):
-            rws = rows[i : i + step_rows]
-            seeds = self._update_seeds(ro, rws, step, epoch)
-            lp = self.ref.run(partial(_replayed_logprobs, ro=ro, rows=rws, seeds=seeds, **self._replay_kw()))
-            out[i : i + rws.numel(), : lp.shape[1]] = lp
+        why = "rows the reference scores at a time, without grad"
+        with oom_advice("reference's scoring", "grpo.rollout_batch_size", step_rows, max(1, step_rows // 2), why):
+            for i in range(0, rows.numel(), step_rows):
+                rws = rows[i : i + step_rows]
+                seeds = self._update_seeds(ro, rws, step, epoch)
+                lp = self.ref.run(partial(_replayed_logprobs, ro=ro, rows=rws, seeds=seeds, **self._replay_kw()))
+                out[i : i + rws.numel(), : lp.shape[1]] = lp
         return out
+
+    def _update_oom_advice(self) -> AbstractContextManager[None]:
+        """What to try when the update runs out of device memory: smaller micro-batches (the loss does not depend
+        on them), or recomputation."""
+        g = self.cfg.grpo
+        mb = g.micro_batch_size if self.perturbation.batched else 1
+        if not g.recompute:
+            less = "grpo.recompute=true keeps less for backward"
+        elif g.recompute_granularity == "call":
+            less = "grpo.recompute_granularity=layer keeps less for backward"
+        else:
+            less = "" if mb > 1 else "a smaller model or a larger device"
+        rows = "rows per forward/backward; the loss does not depend on it" if mb > 1 else "one row per forward already"
+        why = "; ".join(part for part in (rows, less) if part)
+        return oom_advice("update", "grpo.micro_batch_size", mb, max(1, mb // 2), why)
 
     def _replay_kw(self) -> dict[str, Any]:
         """How the update, theta_old and the reference replay rollouts: the same latent steps, perturbation,

@@ -28,6 +28,7 @@ from ..model.factory import compile_layers
 from ..model.latent_lm import LatentLM, LatentSettings
 from .checkpoint import read_checkpoint, save_checkpoint
 from .distributed import Dist
+from .memory import oom_advice
 from .run import NonFiniteError, NonFiniteGuard, RunDir, sharded_accuracy, weights_finite
 from .schedules import lr_at
 
@@ -237,7 +238,12 @@ class SFTRun:
         s, prog = self.cfg.sft, self.prog
         assert self.opt is not None
         lr = lr_at(prog.step_in_sched, s.lr, prog.sched_total, s.warmup_steps)
-        loss_local, gn, finite = sft_step(self.lm, self.opt, self.params, local, self.cfg, self.dist, lr)
+        more = next((d for d in range(s.grad_accum + 1, s.batch_size + 1) if s.batch_size % d == 0), s.grad_accum)
+        why = "micro-batches per optimizer step, batch_size / grad_accum examples each; the loss does not depend on it"
+        if not s.recompute:
+            why += "; sft.recompute=true keeps less for backward"
+        with oom_advice("SFT step", "sft.grad_accum", s.grad_accum, more, why):
+            loss_local, gn, finite = sft_step(self.lm, self.opt, self.params, local, self.cfg, self.dist, lr)
         self.guard.record(finite)
         prog.step_in_sched += 1
         prog.global_step += 1

@@ -1,0 +1,29 @@
+"""Out-of-memory advice: a device out-of-memory error raised in a training phase comes back naming the phase, the
+setting that bounds that phase's memory and a value of it to try (bench/RESULTS.md has the paper recipe's peaks)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+#: the start of the line this module adds to an out-of-memory message
+MARK = "dgrpo: out of device memory"
+
+
+@contextmanager
+def oom_advice(phase: str, setting: str, value: int, to_try: int, why: str) -> Iterator[None]:
+    """Within the block, a ``torch.OutOfMemoryError`` is raised again (the same type, chained) with one line after
+    its first: the ``phase``, ``setting=value``, ``setting=to_try`` to try (when it differs) and ``why``. An error
+    that already has the line, from a phase inside this one, passes unchanged."""
+    try:
+        yield
+    except torch.OutOfMemoryError as e:
+        message = str(e)
+        if MARK in message:
+            raise
+        first, _, rest = message.partition("\n")
+        advice = f"{MARK} in the {phase} at {setting}={value}: "
+        advice += f"try --set {setting}={to_try} ({why})" if to_try != value else why
+        raise torch.OutOfMemoryError("\n".join(part for part in (first, advice, rest) if part)) from e

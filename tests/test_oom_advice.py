@@ -1,0 +1,85 @@
+"""Out of device memory in a training phase: the error names the phase, the setting that bounds its memory and a
+value to try (``dgrpo.training.memory``)."""
+
+from unittest import mock
+
+import pytest
+import torch
+
+from dgrpo.config import Config, load_config
+from dgrpo.training.memory import MARK, oom_advice
+
+from conftest import make_lm
+
+OOM = "CUDA out of memory. Tried to allocate 9.00 GiB. GPU 0 has a total capacity of 79.19 GiB\nthe allocator's notes"
+
+
+def raise_oom(*args, **kwargs):
+    raise torch.OutOfMemoryError(OOM)
+
+
+def test_the_advice_follows_the_first_line_and_keeps_the_error():
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        with oom_advice("update", "grpo.micro_batch_size", 512, 256, "rows per forward/backward"):
+            raise_oom()
+    lines = str(info.value).splitlines()
+    assert lines[0] == OOM.splitlines()[0] and lines[2] == "the allocator's notes"
+    advice = (
+        "in the update at grpo.micro_batch_size=512: try --set grpo.micro_batch_size=256 (rows per forward/backward)"
+    )
+    assert lines[1] == f"{MARK} {advice}"
+    assert isinstance(info.value.__cause__, torch.OutOfMemoryError)  # chained: the original traceback is kept
+
+
+def test_an_inner_phase_advice_is_not_overwritten_and_nothing_smaller_says_only_why():
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        with oom_advice("update", "grpo.micro_batch_size", 64, 32, "outer"):
+            with oom_advice("reference's scoring", "grpo.rollout_batch_size", 1, 1, "a larger device"):
+                raise_oom()
+    message = str(info.value)
+    assert message.count(MARK) == 1 and "outer" not in message
+    assert f"{MARK} in the reference's scoring at grpo.rollout_batch_size=1: a larger device" in message
+    assert "try" not in message
+
+
+def make_trainer(tokenizer, task_records, beta0):
+    from dgrpo.training.grpo import GRPOTrainer
+
+    over = ["grpo.group_size=4", "grpo.filter=false", f"grpo.beta0={beta0}", "grpo.micro_batch_size=8"]
+    over += ["grpo.rollout_batch_size=16", "grpo.recompute=true", "grpo.recompute_granularity=call"]
+    return GRPOTrainer(make_lm(tokenizer, "qwen2"), load_config(Config, "tiny.yaml", over), task_records)
+
+
+ROLLOUTS = "in the rollouts at grpo.rollout_batch_size=16: try --set grpo.rollout_batch_size=8"
+REFERENCE = "in the reference's scoring at grpo.rollout_batch_size=16: try --set grpo.rollout_batch_size=8"
+UPDATE = "in the update at grpo.micro_batch_size=8: try --set grpo.micro_batch_size=4"
+
+
+@pytest.mark.parametrize(
+    ("target", "beta0", "expected"),
+    [
+        ("collect_rollouts", 0.01, ROLLOUTS),
+        ("_replayed_logprobs", 0.01, REFERENCE),  # the reference scores first in the update
+        ("replay_logprobs", 0.0, UPDATE),  # no reference: the policy's replay
+    ],
+)
+def test_a_grpo_step_names_the_phase_and_the_setting(tokenizer, task_records, target, beta0, expected):
+    trainer = make_trainer(tokenizer, task_records, beta0)
+    with mock.patch(f"dgrpo.training.grpo.{target}", raise_oom):
+        with pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory") as info:
+            trainer.step()
+    assert f"{MARK} {expected}" in str(info.value)
+    if expected == UPDATE:  # per-call recomputation on: per layer keeps less
+        assert "grpo.recompute_granularity=layer keeps less for backward" in str(info.value)
+
+
+def test_an_sft_step_names_the_next_grad_accum_that_divides_the_batch(tmp_path, run_cli):
+    from conftest import tiny_args
+
+    small = {"model.hidden_size": 32, "model.intermediate_size": 64, "task.n_train": 48, "task.n_valid": 8}
+    small |= {"task.n_test": 8, "sft.batch_size": 12, "sft.grad_accum": 4, "data.test": "[]"}
+    with mock.patch("dgrpo.training.sft.sft_step", raise_oom):
+        with pytest.raises(torch.OutOfMemoryError) as info:
+            run_cli("sft", "--out", tmp_path / "sft", *tiny_args(**small))
+    assert f"{MARK} in the SFT step at sft.grad_accum=4: try --set sft.grad_accum=6" in str(info.value)
+    assert "sft.recompute=true keeps less for backward" in str(info.value)
