@@ -20,7 +20,7 @@ def raise_oom(*args, **kwargs):
 
 def test_the_advice_follows_the_first_line_and_keeps_the_error():
     with pytest.raises(torch.OutOfMemoryError) as info:
-        with oom_advice("update", "grpo.micro_batch_size", 512, 256, "rows per forward/backward"):
+        with oom_advice("update", "grpo.micro_batch_size", 512, "rows per forward/backward"):
             raise_oom()
     lines = str(info.value).splitlines()
     assert lines[0] == OOM.splitlines()[0] and lines[2] == "the allocator's notes"
@@ -33,8 +33,8 @@ def test_the_advice_follows_the_first_line_and_keeps_the_error():
 
 def test_an_inner_phase_advice_is_not_overwritten_and_nothing_smaller_says_only_why():
     with pytest.raises(torch.OutOfMemoryError) as info:
-        with oom_advice("update", "grpo.micro_batch_size", 64, 32, "outer"):
-            with oom_advice("reference's scoring", "grpo.rollout_batch_size", 1, 1, "a larger device"):
+        with oom_advice("update", "grpo.micro_batch_size", 64, "outer"):
+            with oom_advice("reference's scoring", "grpo.rollout_batch_size", 1, "a larger device"):
                 raise_oom()
     message = str(info.value)
     assert message.count(MARK) == 1 and "outer" not in message
@@ -42,10 +42,10 @@ def test_an_inner_phase_advice_is_not_overwritten_and_nothing_smaller_says_only_
     assert "try" not in message
 
 
-def make_trainer(tokenizer, task_records, beta0):
+def make_trainer(tokenizer, task_records, beta0, *extra):
     from dgrpo.training.grpo import GRPOTrainer
 
-    over = ["grpo.group_size=4", "grpo.filter=false", f"grpo.beta0={beta0}", "grpo.micro_batch_size=8"]
+    over = ["grpo.group_size=4", "grpo.filter=false", f"grpo.beta0={beta0}", "grpo.micro_batch_size=8", *extra]
     over += ["grpo.rollout_batch_size=16", "grpo.recompute=true", "grpo.recompute_granularity=call"]
     return GRPOTrainer(make_lm(tokenizer, "qwen2"), load_config(Config, "tiny.yaml", over), task_records)
 
@@ -71,6 +71,15 @@ def test_a_grpo_step_names_the_phase_and_the_setting(tokenizer, task_records, ta
     assert f"{MARK} {expected}" in str(info.value)
     if expected == UPDATE:  # per-call recomputation on: per layer keeps less
         assert "grpo.recompute_granularity=layer keeps less for backward" in str(info.value)
+
+
+def test_rollouts_one_at_a_time_are_advised_as_such(tokenizer, task_records):
+    """Native dropout replays one rollout at a time whatever grpo.rollout_batch_size says: no smaller value to try."""
+    trainer = make_trainer(tokenizer, task_records, 0.0, "perturbation.kind=native")
+    with mock.patch("dgrpo.training.grpo.collect_rollouts", raise_oom):
+        with pytest.raises(torch.OutOfMemoryError) as info:
+            trainer.step()
+    assert f"{MARK} in the rollouts at grpo.rollout_batch_size=1: rows generated at a time" in str(info.value)
 
 
 def test_an_sft_step_names_the_next_grad_accum_that_divides_the_batch(tmp_path, run_cli):

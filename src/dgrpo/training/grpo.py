@@ -193,8 +193,8 @@ class GRPOTrainer:
         # independent of their number
         self.row0 = dist.offset(len(prompts) * K)
         seeds = seeds_for(cfg.seed, step, 0, self.row0 + len(prompts) * K)[self.row0 :]
-        n = g.rollout_batch_size
-        with oom_advice("rollouts", "grpo.rollout_batch_size", n, max(1, n // 2), "rows generated at a time"):
+        rows_at_a_time = self._rows_at_a_time(g.rollout_batch_size)
+        with oom_advice("rollouts", "grpo.rollout_batch_size", rows_at_a_time, "rows generated at a time"):
             ro = self._collect(prompts, seeds)
         t_roll = time.time() - t0
         # 2-3. filter (agreed over ranks before any backward) and advantages
@@ -266,7 +266,7 @@ class GRPOTrainer:
     ) -> dict:
         """E mini-epochs over the kept rows in micro-batches; each micro-batch replays its rollouts' perturbations."""
         g, lm, dist = self.cfg.grpo, self.lm, self.dist
-        mb = g.micro_batch_size if self.perturbation.batched else 1
+        mb = self._rows_at_a_time(g.micro_batch_size)
         # a rank that kept nothing (while others did) has no chunk: it runs no backward but still joins the
         # gradient reduction below with zeros, and every metric reduction (all ranks, same calls, same order)
         chunks = [rows[i : i + mb] for i in range(0, rows.numel(), mb)]
@@ -342,10 +342,10 @@ class GRPOTrainer:
         activations, so it runs in the rollout's batches, not the update's micro-batches: fewer, wider kernels)."""
         assert self.ref is not None
         g = self.cfg.grpo
-        step_rows = g.rollout_batch_size if self.perturbation.batched else 1
+        step_rows = self._rows_at_a_time(g.rollout_batch_size)
         out = torch.zeros(rows.numel(), ro.tokens.shape[1], device=ro.tokens.device)
         why = "rows the reference scores at a time, without grad"
-        with oom_advice("reference's scoring", "grpo.rollout_batch_size", step_rows, max(1, step_rows // 2), why):
+        with oom_advice("reference's scoring", "grpo.rollout_batch_size", step_rows, why):
             for i in range(0, rows.numel(), step_rows):
                 rws = rows[i : i + step_rows]
                 seeds = self._update_seeds(ro, rws, step, epoch)
@@ -357,7 +357,7 @@ class GRPOTrainer:
         """What to try when the update runs out of device memory: smaller micro-batches (the loss does not depend
         on them), or recomputation."""
         g = self.cfg.grpo
-        mb = g.micro_batch_size if self.perturbation.batched else 1
+        mb = self._rows_at_a_time(g.micro_batch_size)
         if not g.recompute:
             less = "grpo.recompute=true keeps less for backward"
         elif g.recompute_granularity == "call":
@@ -366,7 +366,11 @@ class GRPOTrainer:
             less = "" if mb > 1 else "a smaller model or a larger device"
         rows = "rows per forward/backward; the loss does not depend on it" if mb > 1 else "one row per forward already"
         why = "; ".join(part for part in (rows, less) if part)
-        return oom_advice("update", "grpo.micro_batch_size", mb, max(1, mb // 2), why)
+        return oom_advice("update", "grpo.micro_batch_size", mb, why)
+
+    def _rows_at_a_time(self, batch_size: int) -> int:
+        """Rows per batched call: ``batch_size``, or one under a perturbation replayed one rollout at a time."""
+        return batch_size if self.perturbation.batched else 1
 
     def _replay_kw(self) -> dict[str, Any]:
         """How the update, theta_old and the reference replay rollouts: the same latent steps, perturbation,

@@ -13,10 +13,12 @@ MARK = "dgrpo: out of device memory"
 
 
 @contextmanager
-def oom_advice(phase: str, setting: str, value: int, to_try: int, why: str) -> Iterator[None]:
+def oom_advice(phase: str, setting: str, value: int, why: str, *, to_try: int | None = None) -> Iterator[None]:
     """Within the block, a ``torch.OutOfMemoryError`` is raised again (the same type, chained) with one line after
-    its first: the ``phase``, ``setting=value``, ``setting=to_try`` to try (when it differs) and ``why``. An error
-    that already has the line, from a phase inside this one, passes unchanged."""
+    its first: the ``phase``, ``setting=value``, ``setting=to_try`` to try (default: half of ``value``; left out
+    when it is ``value``) and ``why``. An error that already has the line, from a phase inside this one, passes
+    unchanged."""
+    to_try = max(1, value // 2) if to_try is None else to_try
     try:
         yield
     except torch.OutOfMemoryError as e:

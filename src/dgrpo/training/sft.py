@@ -15,7 +15,7 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -238,11 +238,7 @@ class SFTRun:
         s, prog = self.cfg.sft, self.prog
         assert self.opt is not None
         lr = lr_at(prog.step_in_sched, s.lr, prog.sched_total, s.warmup_steps)
-        more = next((d for d in range(s.grad_accum + 1, s.batch_size + 1) if s.batch_size % d == 0), s.grad_accum)
-        why = "micro-batches per optimizer step, batch_size / grad_accum examples each; the loss does not depend on it"
-        if not s.recompute:
-            why += "; sft.recompute=true keeps less for backward"
-        with oom_advice("SFT step", "sft.grad_accum", s.grad_accum, more, why):
+        with self._oom_advice():
             loss_local, gn, finite = sft_step(self.lm, self.opt, self.params, local, self.cfg, self.dist, lr)
         self.guard.record(finite)
         prog.step_in_sched += 1
@@ -258,6 +254,16 @@ class SFTRun:
             "time_s": round(time.time() - t0, 2),
         }
         return row, finite
+
+    def _oom_advice(self) -> AbstractContextManager[None]:
+        """What to try when an SFT step runs out of device memory: the next ``sft.grad_accum`` that divides
+        ``sft.batch_size`` (smaller micro-batches), or recomputation."""
+        s = self.cfg.sft
+        more = next((d for d in range(s.grad_accum + 1, s.batch_size + 1) if s.batch_size % d == 0), s.grad_accum)
+        why = "micro-batches per optimizer step, batch_size / grad_accum examples each; the loss does not depend on it"
+        if not s.recompute:
+            why += "; sft.recompute=true keeps less for backward"
+        return oom_advice("SFT step", "sft.grad_accum", s.grad_accum, why, to_try=more)
 
     def finish(self, t0: float) -> None:
         """``final/`` with the final stage's settings, and one summary line."""
