@@ -39,7 +39,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -144,8 +144,7 @@ def profile_recipe(tr: GRPOTrainer, prompts: list[Record], device: torch.device,
     prompt_len = tr.lm.encode_questions([r.question for r in prompts])[0].shape[1]
     rows, tokens = len(prompts) * tr.cfg.grpo.group_size, prompt_len + T + tr.cfg.grpo.max_new_tokens
     flops = step_profile.grpo_step_flops(tr.lm, rows, tokens)
-    with phase_ranges(tr):
-        act = step_profile.device_activity(lambda: tr.step(prompts=prompts), device, phases=tuple(PHASES))
+    act = phase_activity(tr, prompts, device)
     achieved = flops / act["profiled_wall_s"]
     out = {
         **act,
@@ -180,8 +179,9 @@ def wrapped_phases(tr: GRPOTrainer, wrap: Any, phases: dict[str, str]) -> Iterat
             delattr(tr, attr)
 
 
-def phase_ranges(tr: GRPOTrainer) -> AbstractContextManager[None]:
-    """Within the block, each method of ``tr`` named in PHASES runs inside a profiler range of its phase's name."""
+def phase_activity(tr: GRPOTrainer, prompts: list[Record], device: torch.device) -> dict:
+    """One more step of ``tr`` under the profiler (``step_profile.device_activity``), each method named in PHASES
+    inside a profiler range of its phase's name."""
 
     def ranged(name: str, method: Any) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -190,7 +190,8 @@ def phase_ranges(tr: GRPOTrainer) -> AbstractContextManager[None]:
 
         return run
 
-    return wrapped_phases(tr, ranged, PHASES)
+    with wrapped_phases(tr, ranged, PHASES):
+        return step_profile.device_activity(lambda: tr.step(prompts=prompts), device, tuple(PHASES))
 
 
 def phase_ops(tr: GRPOTrainer, prompts: list[Record]) -> dict:
@@ -280,8 +281,7 @@ def main() -> int:
             summary["profile"] = profile_recipe(recipe, prompts, device, dtype)
         else:  # no kernels to count on a CPU: the ops that would make a GPU's host wait, and the ops per phase
             waits = step_profile.waiting_ops(lambda: recipe.step(prompts=prompts), top=24)
-            with phase_ranges(recipe):  # the phases' wall times and the host calls that take the most time
-                act = step_profile.device_activity(lambda: recipe.step(prompts=prompts), device, tuple(PHASES))
+            act = phase_activity(recipe, prompts, device)  # the phases' wall times, the costliest host calls
             summary["profile"] = {
                 **waits,
                 **phase_ops(recipe, prompts),

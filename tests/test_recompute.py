@@ -187,19 +187,27 @@ def test_layer_recomputation_restores_the_layers(tokenizer, task_records):
     assert all("forward" not in vars(layer) for layer in decoder_layers(lm.model))
 
 
+#: the update's recomputation settings the trainer-level tests run: off, per call, per layer, per layer with the
+#: latent steps keeping their activations
+RECOMPUTE_SETTINGS = ["false", "call", "layer", "layer-latent-kept"]
+
+
+def recompute_overrides(setting: str) -> list[str]:
+    """The ``--set`` overrides of one of RECOMPUTE_SETTINGS."""
+    if setting == "false":
+        return ["grpo.recompute=false"]
+    over = ["grpo.recompute=true", f"grpo.recompute_granularity={setting.split('-')[0]}"]
+    return over + (["grpo.recompute_latent_steps=false"] if setting.endswith("kept") else [])
+
+
 def test_grpo_step_with_recompute_matches(tokenizer, task_records, tmp_path):
     """Two trainer steps: the same rewards, losses and weights with and without recomputation."""
     from dgrpo.config import load_config
     from dgrpo.training.grpo import GRPOTrainer
 
     results = []
-    for recompute in ("false", "true", "layer", "layer-latent-kept"):
-        over = [f"grpo.recompute={recompute != 'false'}".lower(), "grpo.group_size=4"]
-        if recompute.startswith("layer"):
-            over.append("grpo.recompute_granularity=layer")
-        if recompute.endswith("kept"):
-            over.append("grpo.recompute_latent_steps=false")
-        cfg = load_config(Config, "tiny.yaml", over)
+    for recompute in RECOMPUTE_SETTINGS:
+        cfg = load_config(Config, "tiny.yaml", [*recompute_overrides(recompute), "grpo.group_size=4"])
         lm = make_lm(tokenizer, "qwen2")
         trainer = GRPOTrainer(lm, cfg, task_records)
         rows = [trainer.step() for _ in range(2)]
@@ -227,7 +235,7 @@ def live_tensor_bytes() -> int:
     return sum(storages.values())
 
 
-@pytest.mark.parametrize("recompute", ["false", "call", "layer", "layer-latent-kept"])
+@pytest.mark.parametrize("recompute", RECOMPUTE_SETTINGS)
 def test_grpo_steps_leave_nothing_behind(tokenizer, task_records, recompute):
     """What stays alive after a trainer step does not grow from one step to the next, under every recomputation
     setting: a step's graph, cache and activations must all go (under layer recomputation they once stayed, a few GiB
@@ -235,11 +243,7 @@ def test_grpo_steps_leave_nothing_behind(tokenizer, task_records, recompute):
     from dgrpo.config import load_config
     from dgrpo.training.grpo import GRPOTrainer
 
-    over = [f"grpo.recompute={recompute != 'false'}".lower(), "grpo.group_size=4", "grpo.filter=false"]
-    if recompute != "false":
-        over.append(f"grpo.recompute_granularity={recompute.split('-')[0]}")
-    if recompute.endswith("kept"):
-        over.append("grpo.recompute_latent_steps=false")
+    over = [*recompute_overrides(recompute), "grpo.group_size=4", "grpo.filter=false"]
     trainer = GRPOTrainer(make_lm(tokenizer, "qwen2"), load_config(Config, "tiny.yaml", over), task_records)
     rows = [trainer.step(), trainer.step()]  # (the first makes the optimizer's state)
     before = live_tensor_bytes()
