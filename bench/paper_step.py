@@ -21,11 +21,12 @@ two, every tiny op also pays for handing work to an OpenMP thread, which a GPU's
 overrides on top, stepping alternately with the recipe on the same prompts; the summary gives each arm's medians and
 the recipe / versus ratio of the step. ``--profile`` (CUDA) adds, after the timed steps, one step of the recipe
 under the profiler (device kernels, host launch calls, kernel-busy share of the wall, FLOP/s by the counting rule
-of bench/RESULTS.md against the bf16 matmul peak measured in the same process) and one under sync-debug mode (the
-calls that made the host wait for the device, by call site). On a CPU ``--profile`` gives, for one more step, the ops
-that would make the host wait were they on a GPU, by call site (the step's host-side bookkeeping counts there too),
-and for another the ops that reach a kernel in the rollout and in the update (about the launches the eager layers
-would make on a GPU).
+of bench/RESULTS.md against the bf16 matmul peak measured in the same process; per phase and per path of the calls
+:func:`step_labels` names, host time and the device idle time it caused) and one under sync-debug mode (the calls
+that made the host wait for the device, by call site). On a CPU ``--profile`` gives, for one more step, the ops that
+would make the host wait were they on a GPU, by call site (the step's host-side bookkeeping counts there too), for
+another the ops that reach a kernel in the rollout and in the update (about the launches the eager layers would make
+on a GPU), and for a third the host time per path of labelled calls (``--shape host``: a GPU step's host work).
 """
 
 from __future__ import annotations
@@ -49,10 +50,15 @@ from torch._dynamo.utils import counters
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from dgrpo.bench import step_profile  # noqa: E402
+from dgrpo.bench import step_profile, timeline  # noqa: E402
 from dgrpo.bench.workload import FULL, QUICK, Shapes, build_lm, task_records  # noqa: E402
 from dgrpo.config import Config, load_config  # noqa: E402
 from dgrpo.data.records import Record  # noqa: E402
+from dgrpo.eval.scoring import Rewards  # noqa: E402
+from dgrpo.model import latent_lm  # noqa: E402
+from dgrpo.model.fixed_shape import FixedShapeDecoder  # noqa: E402
+from dgrpo.model.latent_lm import AnswerBook, LatentLM  # noqa: E402
+from dgrpo.training import grpo  # noqa: E402
 from dgrpo.training.grpo import GRPOTrainer  # noqa: E402
 
 #: Qwen2.5-1.5B: 28 layers, hidden 1536, 12 query / 2 KV heads, FFN 8960, vocabulary 151,936.
@@ -181,17 +187,45 @@ def wrapped_phases(tr: GRPOTrainer, wrap: Any, phases: dict[str, str]) -> Iterat
 
 def phase_activity(tr: GRPOTrainer, prompts: list[Record], device: torch.device) -> dict:
     """One more step of ``tr`` under the profiler (``step_profile.device_activity``), each method named in PHASES
-    inside a profiler range of its phase's name."""
+    inside a profiler range of its phase's name and the calls of :func:`step_labels` inside theirs: the phases'
+    busy shares, and per label path its host time and the device idle time it caused."""
+    with timeline.labelled_calls(step_labels(tr)) as labels:
+        return step_profile.device_activity(lambda: tr.step(prompts=prompts), device, tuple(PHASES), labels)
 
-    def ranged(name: str, method: Any) -> Any:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            with torch.profiler.record_function(name):
-                return method(*args, **kwargs)
 
-        return run
+def step_labels(tr: GRPOTrainer) -> list[tuple[Any, str, timeline.Label]]:
+    """What a profiled step's time is told by (``timeline.labelled_calls``): the phases, and inside them the model's
+    forward calls (by phase, with or without grad), the rollout's fixed-shape steps (warm-up, capture, replay or
+    eager), its token choices, the head's log-probs, the perturbation's binding, the backward, the optimizer's parts
+    and the host-side text work."""
 
-    with wrapped_phases(tr, ranged, PHASES):
-        return step_profile.device_activity(lambda: tr.step(prompts=prompts), device, tuple(PHASES))
+    def forward(lm: LatentLM, cache: Any, phase: str, *args: Any, **kwargs: Any) -> str:
+        return f"{phase} forward" + (" with grad" if torch.is_grad_enabled() else "")
+
+    def decoder_step(dec: FixedShapeDecoder, phase: str) -> str:
+        if not dec.capture:
+            return f"{phase} step: eager"
+        how = "replay" if phase in dec.graphs else "capture" if phase in dec.warm else "warm-up"
+        return f"{phase} step: {how}"
+
+    return [
+        *((tr, method, phase) for phase, method in PHASES.items()),
+        (LatentLM, "_call_base", forward),
+        (FixedShapeDecoder, "step", decoder_step),
+        (AnswerBook, "choose", "token choice"),
+        (LatentLM, "logits", "LM head logits"),
+        (latent_lm, "head_logprobs", "head log-probs"),
+        (LatentLM, "encode_questions", "tokenize"),
+        (LatentLM, "decode", "detokenize"),
+        (Rewards, "__call__", "reward"),
+        (tr.perturbation, "bind", "perturbation bind"),
+        (grpo, "replay_logprobs", "replay"),
+        (grpo, "grpo_objective", "objective"),
+        (torch.autograd, "backward", "backward"),
+        (torch.nn.utils, "clip_grad_norm_", "clip grad norm"),
+        (tr.opt, "step", "optimizer step"),
+        (grpo, "weights_finite", "finite-weights check"),
+    ]
 
 
 def phase_ops(tr: GRPOTrainer, prompts: list[Record]) -> dict:
@@ -281,11 +315,12 @@ def main() -> int:
             summary["profile"] = profile_recipe(recipe, prompts, device, dtype)
         else:  # no kernels to count on a CPU: the ops that would make a GPU's host wait, and the ops per phase
             waits = step_profile.waiting_ops(lambda: recipe.step(prompts=prompts), top=24)
-            act = phase_activity(recipe, prompts, device)  # the phases' wall times, the costliest host calls
+            act = phase_activity(recipe, prompts, device)  # the phases' and labelled calls' host times, costliest calls
             summary["profile"] = {
                 **waits,
                 **phase_ops(recipe, prompts),
                 "phases": act["phases"],
+                "by_range": act["by_range"],
                 "host_top": act["host_top"],
             }
     print(json.dumps(summary), flush=True)

@@ -15,7 +15,7 @@ import functools
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..model.latent_lm import LatentLM
+from . import timeline
 
 #: forward-pass equivalents per rollout token in one GRPO step: rollout + policy forward + backward (2) + reference
 GRPO_PASSES = 5
@@ -65,21 +66,30 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def device_activity(step: Callable[[], Any], device: torch.device, phases: Sequence[str] = (), top: int = 12) -> dict:
+def device_activity(
+    step: Callable[[], Any],
+    device: torch.device,
+    phases: Sequence[str] = (),
+    labels: Collection[str] = (),
+    top: int = 12,
+) -> dict:
     """One ``step()`` under the profiler: its wall time, the device kernels it ran and their summed time (the
     kernel-busy share of the wall), and the host's launch calls (kernels and graph replays); per phase (a
     ``torch.profiler.record_function`` range the step opens, named in ``phases``) its wall time and kernel-busy share;
-    and the ``top`` host calls by their own time (CUDA runtime calls among them: mallocs, syncs, graph instantiation).
-    On a CPU: no kernels, the phases' wall times and the host calls only."""
+    per path of the labelled ranges the step opens (names in ``labels``, read after the step: e.g. the set
+    :func:`~dgrpo.bench.timeline.labelled_calls` fills) its own host time and the device idle time it caused
+    (:func:`~dgrpo.bench.timeline.time_by_range`); and the ``top`` host calls by their own time (CUDA runtime calls
+    among them: mallocs, syncs, graph instantiation). On a CPU: no kernels, the host times only."""
     _sync(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         t = time.perf_counter()
-        step()
+        with torch.profiler.record_function(_STEP_RANGE):
+            step()
         _sync(device)
         wall = time.perf_counter() - t
     events = prof.events()
-    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = device_kernels(events)
     host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
     busy = sum(e.device_time for e in kernels) / 1e6
     names = collections.Counter(e.name for e in host)
@@ -97,8 +107,49 @@ def device_activity(step: Callable[[], Any], device: torch.device, phases: Seque
             name: phase_activity([(e.time_range.start, e.time_range.end) for e in host if e.name == name], spans)
             for name in phases
         }
-    own = [(e.name, e.self_cpu_time_total) for e in host if e.name not in phases]
+    if labels:
+        out.update(_by_range(host, kernels, set(labels) | set(phases)))
+    own = [(e.name, e.self_cpu_time_total) for e in host if e.name not in phases and e.name not in labels]
     out["host_top"] = top_host_calls(own, top)
+    return out
+
+
+#: the profiler range around the profiled step (its window, and the thread that ran it)
+_STEP_RANGE = "dgrpo: profiled step"
+
+
+def device_kernels(events: Sequence[Any]) -> list[Any]:
+    """The events of work on a CUDA device: kernels, copies, fills; not the device-side images of the host's
+    ``record_function`` ranges (user annotations), which span whole phases and are no work."""
+    cuda = torch.autograd.DeviceType.CUDA
+    return [e for e in events if e.device_type == cuda and not e.is_user_annotation]
+
+
+def launch_times(host: Sequence[Any], kernels: Sequence[Any]) -> list[float | None]:
+    """When the host launched each of ``kernels``: the start of the launch call (a kernel launch, or the graph launch
+    a captured kernel replayed in) with the kernel's correlation id; else of the first launch call of the op that
+    launched it (the profiler's linked id); None when neither is known."""
+    calls = [e for e in host if e.name in LAUNCH_CALLS or e.name == GRAPH_LAUNCH]
+    by_id = {e.id: e.time_range.start for e in calls}
+    by_op: dict[int, float] = {}
+    for e in sorted(calls, key=lambda e: e.time_range.start):
+        if getattr(e, "linked_correlation_id", 0) > 0:
+            by_op.setdefault(e.linked_correlation_id, e.time_range.start)
+    return [by_id.get(e.id, by_op.get(getattr(e, "linked_correlation_id", 0))) for e in kernels]
+
+
+def _by_range(host: Sequence[Any], kernels: Sequence[Any], labels: set[str]) -> dict:
+    """:func:`~dgrpo.bench.timeline.time_by_range` of the profiled step: the labelled ranges of the thread that ran
+    it, and each kernel's launch time (:func:`launch_times`)."""
+    step = next(e for e in host if e.name == _STEP_RANGE)
+    window = (step.time_range.start, step.time_range.end)
+    ours = [e for e in host if e.thread == step.thread and e.name in labels]
+    ranges = [(e.time_range.start, e.time_range.end, e.name) for e in ours]
+    launches = launch_times(host, kernels)
+    spans = [(e.time_range.start, e.time_range.end) for e in kernels]
+    out: dict[str, Any] = {"by_range": timeline.time_by_range(window, ranges, spans, launches)}
+    if kernels:  # how many kernels were matched to their launch (the others count from their start)
+        out["launch_matched_share"] = round(sum(t is not None for t in launches) / len(launches), 3)
     return out
 
 

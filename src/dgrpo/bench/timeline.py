@@ -1,0 +1,146 @@
+"""Where a profiled step's time goes, by labelled host code: what the host was running, and what the device waited for.
+
+* :func:`labelled_calls` runs chosen functions (a module's, a class's or an object's) inside profiler ranges named
+  by a label, for the length of a ``with`` block;
+* :func:`label_timeline` turns one thread's nested ranges into the label path in force at every moment
+  (``"update > reference > latent forward"``);
+* :func:`idle_gaps` finds the intervals in which no kernel ran;
+* :func:`time_by_range` gives each label path its own host time (the moments it was the innermost range) and the
+  device idle time it caused: each gap goes to the path in force when the host launched the kernel that ended it.
+  A gap before a kernel is the device waiting for the host to get to that launch, so a path with much idle time is a
+  host-bound stretch (small kernels, Python, a capture) or comes right after a synchronisation.
+
+Times are the profiler's microseconds throughout. Pure functions, tested on hand-made timelines (tests/test_bench.py).
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+#: a label: a fixed name, or a function of the call's arguments that returns one
+Label = str | Callable[..., str]
+#: the path of time outside every labelled range
+UNLABELLED = "(outside the labelled calls)"
+_MISSING = object()
+
+
+@contextmanager
+def labelled_calls(targets: Sequence[tuple[Any, str, Label]]) -> Iterator[set[str]]:
+    """Within the block, each ``(owner, attribute, label)``: ``owner.attribute(...)`` (a module's function, a class's
+    method or an object's) runs inside a ``torch.profiler.record_function`` range named by ``label``. Yields the set
+    of names the block's calls used (filled as they run); on leaving, the owners have their own attributes back."""
+    names: set[str] = set()
+    saved: list[tuple[Any, str, Any]] = []
+    try:
+        for owner, attr, label in targets:
+            own = vars(owner).get(attr, _MISSING)
+            if isinstance(own, (staticmethod, classmethod)):
+                raise TypeError(f"{owner!r}.{attr}: label a plain function or method, not a {type(own).__name__}")
+            saved.append((owner, attr, own))
+            setattr(owner, attr, _ranged(getattr(owner, attr), label, names))
+        yield names
+    finally:
+        for owner, attr, own in reversed(saved):
+            if own is _MISSING:
+                delattr(owner, attr)  # the object's class attribute shows through again
+            else:
+                setattr(owner, attr, own)
+
+
+def _ranged(fn: Callable[..., Any], label: Label, names: set[str]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        name = label if isinstance(label, str) else label(*args, **kwargs)
+        names.add(name)
+        with torch.profiler.record_function(name):
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def label_timeline(ranges: Sequence[tuple[float, float, str]]) -> tuple[list[float], list[str]]:
+    """One thread's ranges ``(start, end, label)`` -> change points ``(times, paths)``: from ``times[i]`` on (until
+    the next point) the innermost ranges in force are ``paths[i]``, their labels joined by ``" > "`` ("" outside
+    all). A range that outlasts its enclosing one (not one thread's nesting) is cut at its end."""
+    times: list[float] = []
+    paths: list[str] = []
+    stack: list[tuple[float, str]] = []  # (end, label), innermost last
+
+    def mark(t: float) -> None:
+        times.append(t)
+        paths.append(" > ".join(label for _, label in stack))
+
+    for start, end, label in sorted(ranges, key=lambda r: (r[0], -r[1])):
+        while stack and stack[-1][0] <= start:
+            mark(stack.pop()[0])
+        stack.append((min(end, stack[-1][0]) if stack else end, label))
+        mark(start)
+    while stack:
+        mark(stack.pop()[0])
+    return times, paths
+
+
+def path_at(timeline: tuple[list[float], list[str]], t: float) -> str:
+    """The path :func:`label_timeline` gives for moment ``t`` ("" before its first point)."""
+    times, paths = timeline
+    i = bisect.bisect_right(times, t) - 1
+    return paths[i] if i >= 0 else ""
+
+
+def idle_gaps(kernels: Sequence[tuple[float, float]], window: tuple[float, float]) -> list[tuple[float, float, int]]:
+    """The intervals of ``window`` in which none of ``kernels`` (``(start, end)``, any order, overlaps allowed) ran:
+    ``(start, end, i)``, ``i`` the index in ``kernels`` of the kernel that ended the gap, -1 for a gap that lasts to
+    the window's end."""
+    lo, hi = window
+    order = sorted(range(len(kernels)), key=lambda i: kernels[i][0])
+    gaps: list[tuple[float, float, int]] = []
+    reach = lo  # how far into the window the kernels so far have covered
+    for i in order:
+        start, end = kernels[i]
+        if end <= lo or start >= hi:
+            continue
+        if start > reach:
+            gaps.append((reach, start, i))
+        reach = max(reach, end)
+    if reach < hi:
+        gaps.append((reach, hi, -1))
+    return gaps
+
+
+def time_by_range(
+    window: tuple[float, float],
+    ranges: Sequence[tuple[float, float, str]],
+    kernels: Sequence[tuple[float, float]] = (),
+    launches: Sequence[float | None] = (),
+    top: int = 20,
+) -> list[list]:
+    """Per label path (``ranges`` of the host thread that ran the window's work): ``[path, host_ms, idle_ms, gaps]``,
+    the ``top`` paths by idle time, then host time. ``host_ms``: the moments of ``window`` the path was innermost;
+    ``idle_ms``: the device's idle gaps in ``window`` whose ending kernel was launched (``launches[i]``: the host time
+    of kernel ``i``'s launch, None where unknown: then its start) while the path was innermost; a gap no kernel ends
+    goes to the path in force at its middle. Without kernels (a CPU), the host times alone."""
+    timeline = label_timeline(ranges)
+    host: dict[str, float] = collections.defaultdict(float)
+    lo, hi = window
+    times, paths = timeline
+    bounds = [lo, *(t for t in times if lo < t < hi), hi]
+    for a, b in zip(bounds, bounds[1:]):
+        host[path_at(timeline, a) or UNLABELLED] += b - a
+    idle: dict[str, float] = collections.defaultdict(float)
+    gaps: collections.Counter[str] = collections.Counter()
+    if kernels:
+        for start, end, i in idle_gaps(kernels, window):
+            launched = launches[i] if 0 <= i < len(launches) else None
+            t = (launched if launched is not None else end) if i >= 0 else (start + end) / 2
+            path = path_at(timeline, t) or UNLABELLED
+            idle[path] += end - start
+            gaps[path] += 1
+    ranked = sorted(set(host) | set(idle), key=lambda p: (-idle[p], -host[p], p))[:top]
+    return [[p, round(host[p] / 1e3, 1), round(idle[p] / 1e3, 1), gaps[p]] for p in ranked]
