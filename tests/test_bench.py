@@ -126,6 +126,9 @@ def test_paper_step_script_alternates_two_arms(tmp_path):
     assert 0 < phases["reference"]["wall_s"] + phases["optimizer"]["wall_s"] <= phases["update"]["wall_s"]
     assert all(p["busy_s"] == 0 for p in phases.values())  # no kernels on a CPU
     assert s["profile"]["host_top"] and all(calls > 0 for _, calls, _ in s["profile"]["host_top"])
+    # and the host time per path of labelled calls: the rollout's steps and the update's replays among them
+    paths = {path for path, *_ in s["profile"]["by_range"]}
+    assert any(p.startswith("rollout > ") for p in paths) and any(p.startswith("update > replay") for p in paths)
 
 
 def test_paper_step_drops_an_arm_that_runs_out_of_memory_and_keeps_the_other(capsys):
