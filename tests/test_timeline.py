@@ -112,12 +112,14 @@ def test_device_events_leave_out_the_ranges_device_side_images():
 def test_device_activity_on_a_cpu_gives_each_labelled_path_its_host_time():
     module = types.ModuleType("m")
     module.work = lambda n: torch.randn(n, n) @ torch.randn(n, n)
-    module.step = lambda: [module.work(64) for _ in range(3)]
+    module.step = lambda: [module.work(256) for _ in range(20)]
     with labelled_calls([(module, "step", "step"), (module, "work", "work")]) as labels:
         out = step_profile.device_activity(lambda: module.step(), torch.device("cpu"), labels=labels)
     rows = {path: (host, idle, gaps) for path, host, idle, gaps in out["by_range"]}
     assert {"step", "step > work"} <= set(rows) and all(idle == 0 and gaps == 0 for _, idle, gaps in rows.values())
-    assert sum(host for host, _, _ in rows.values()) == pytest.approx(out["profiled_wall_s"] * 1e3, rel=0.5)
+    # every moment of the step's window goes to one path: the paths' host times add up to about the step's wall
+    wall_ms = out["profiled_wall_s"] * 1e3
+    assert 0.5 * wall_ms <= sum(host for host, _, _ in rows.values()) <= wall_ms + 0.5
     assert out["kernels"] == 0 and "launch_matched_share" not in out
 
 
