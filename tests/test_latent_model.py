@@ -314,3 +314,25 @@ def test_the_replay_forward_and_backward_make_the_host_wait_for_nothing(tokenize
         mp.setattr(latent_lm, "prebuilt_mask_applies", lambda config: False)
         found = waiting_ops(lambda: lm.target_logprobs(ids, mask, 3, tg, tm, perturbation=pb, end_with_targets=True))
     assert found["waiting_ops"] >= 5 and all("masking_utils" in s for s in found["waiting_op_sites"]), found
+
+
+def test_questions_encode_left_padded_and_each_distinct_one_is_tokenized_once(tokenizer, task_records):
+    """A GRPO step encodes K copies of each prompt: one tokenizer call per distinct question, the same rows as
+    encoding them one by one (left padding, the marker last, questions cut from the left at ``max_tokens``)."""
+    lm = make_lm(tokenizer, "qwen2")
+    qs = [task_records[0].question, task_records[1].question[:20]]
+    alone = [lm.encode_questions([q], max_tokens=12) for q in qs]
+    calls = []
+    real = type(lm.tokenizer).__call__
+    type(lm.tokenizer).__call__ = lambda self, *a, **k: calls.append(a[0]) or real(self, *a, **k)
+    try:
+        ids, mask = lm.encode_questions([qs[0], qs[1], qs[0], qs[1], qs[0]], max_tokens=12)
+    finally:
+        type(lm.tokenizer).__call__ = real
+    assert len(calls) == 2
+    for row, q in enumerate([0, 1, 0, 1, 0]):
+        a_ids, a_mask = alone[q]
+        n = int(a_mask.sum())
+        assert ids[row, -n:].tolist() == a_ids[0, -n:].tolist() and ids[row, -1] == lm.start_id
+        assert mask[row].tolist() == [0] * (ids.shape[1] - n) + [1] * n
+        assert (ids[row, : ids.shape[1] - n] == lm.pad_id).all()

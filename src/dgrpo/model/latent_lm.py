@@ -469,14 +469,15 @@ class LatentLM(nn.Module):
         self, questions: list[str], *, markers: bool = True, max_tokens: int | None = None
     ) -> tuple[Tensor, Tensor]:
         """Left-padded ``question \\n [<|start-latent|>]`` ids and mask, [B, P] (the question in the chat template
-        when ``settings.chat_template``)."""
-        rows = []
-        for q in questions:
+        when ``settings.chat_template``). Each distinct question is tokenized once (a GRPO step's K copies of a prompt:
+        512 rows, 16 questions)."""
+        encoded: dict[str, list[int]] = {}
+        for q in dict.fromkeys(questions):
             ids = self.tokenizer(self.format_question(q), add_special_tokens=False)["input_ids"]
             if max_tokens is not None and len(ids) > max_tokens:
                 ids = ids[-max_tokens:]
-            rows.append(ids + ([self.start_id] if markers else []))
-        return left_pad(rows, self.pad_id, self.device)
+            encoded[q] = ids + ([self.start_id] if markers else [])
+        return left_pad([encoded[q] for q in questions], self.pad_id, self.device)
 
     def format_question(self, question: str) -> str:
         """The text before ``<|start-latent|>``: the question and a newline, or its chat-template rendering."""
@@ -841,21 +842,16 @@ def sample_next(logits: Tensor, temperature: float, top_p: float, generator: tor
 
 
 def left_pad(rows: list[list[int]], pad_id: int, device: Any = None) -> tuple[Tensor, Tensor]:
+    """Ids and mask [B, longest row], each row padded on the left (one tensor built from lists, no loop of copies)."""
     n = max(len(r) for r in rows)
-    ids = torch.full((len(rows), n), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), n, dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, n - len(r) :] = torch.tensor(r)
-            mask[i, n - len(r) :] = 1
+    ids = torch.tensor([[pad_id] * (n - len(r)) + r for r in rows], dtype=torch.long)
+    mask = torch.tensor([[0] * (n - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
     return ids.to(device), mask.to(device)
 
 
 def right_pad(rows: list[list[int]], pad_id: int, device: Any = None) -> tuple[Tensor, Tensor]:
+    """Ids and mask [B, longest row (at least 1)], each row padded on the right."""
     n = max(max(len(r) for r in rows), 1)
-    ids = torch.full((len(rows), n), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), n, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[i, : len(r)] = 1
+    ids = torch.tensor([r + [pad_id] * (n - len(r)) for r in rows], dtype=torch.long)
+    mask = torch.tensor([[1] * len(r) + [0] * (n - len(r)) for r in rows], dtype=torch.long)
     return ids.to(device), mask.to(device)
