@@ -22,6 +22,7 @@
 #   recipe_peak        : the recipe alone in its process (its peak memory; two arms in one process share the device)
 #   fast_vs_eager      : the recipe against grpo.engine=eager on the same weights and prompts (the fast/eager ratio)
 #   cuda_tests         : pytest tests/test_cuda.py
+#   reference_share    : the recipe against grpo.beta0=0 (no reference model: what its forward pass costs a step)
 #   call256_vs_recipe  : per-call recomputation of every call at 256-row micro-batches (the recipe until 2026-11-25)
 #   hf_vs_liger        : the recipe against model.kernels=none (what Liger's layers save)
 #   compiled_vs_liger  : model.compile=true with Hugging Face's layers (profiled) against the recipe's Liger layers
@@ -83,6 +84,7 @@ run_item recipe_vs_earlier "$PY" "${STEP[@]}" --profile "${EARLIER[@]/#/--versus
 run_item recipe_peak "$PY" "${STEP[@]}"
 run_item fast_vs_eager "$PY" "${STEP[@]}" --versus grpo.engine=eager
 run_item cuda_tests "$PY" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda.py  # (addopts: xdist, maybe absent)
+run_item reference_share "$PY" "${STEP[@]}" --versus grpo.beta0=0
 run_item call256_vs_recipe "$PY" "${STEP[@]}" "${CALL256[@]/#/--versus=}"
 run_item hf_vs_liger "$PY" "${STEP[@]}" --versus model.kernels=none
 run_item compiled_vs_liger "$PY" "${STEP[@]}" --profile --set model.kernels=none --set model.compile=true \
