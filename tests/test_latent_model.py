@@ -336,3 +336,25 @@ def test_questions_encode_left_padded_and_each_distinct_one_is_tokenized_once(to
         assert ids[row, -n:].tolist() == a_ids[0, -n:].tolist() and ids[row, -1] == lm.start_id
         assert mask[row].tolist() == [0] * (ids.shape[1] - n) + [1] * n
         assert (ids[row, : ids.shape[1] - n] == lm.pad_id).all()
+
+
+def test_head_logprobs_of_bf16_hidden_states_equal_those_from_fp32_logits():
+    """The head's log-probs take log-softmax in fp32 straight from bf16 logits (one kernel on CUDA): the same
+    values and gradients as casting the logits to fp32 first, with and without a temperature (in one chunk: chunks
+    sum the head's weight gradient in another order)."""
+    from dgrpo.model.latent_lm import head_logprobs
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 50, bias=False).to(torch.bfloat16)
+    hidden = torch.randn(3, 5, 16, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, 50, (3, 5))
+    for temperature in (1.0, 0.7):
+        lp, ent = head_logprobs(head, hidden, targets, temperature, True)
+        g, gw = torch.autograd.grad(lp.sum(), (hidden, head.weight))
+        logits = head(hidden).float() / temperature
+        ref = logits.log_softmax(-1)
+        ref_lp = ref.gather(-1, targets[..., None]).squeeze(-1)
+        rg, rgw = torch.autograd.grad(ref_lp.sum(), (hidden, head.weight))
+        assert lp.dtype == torch.float32 and torch.equal(lp, ref_lp)
+        assert torch.allclose(ent, -(ref.exp() * ref).sum(-1), atol=1e-6)
+        assert torch.equal(g, rg) and torch.equal(gw, rgw)

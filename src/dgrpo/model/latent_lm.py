@@ -780,10 +780,12 @@ class LatentLM(nn.Module):
 def _chunk_logprobs(head, h: Tensor, tgt: Tensor, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor]:
     # one [rows x positions, H] matrix product: a position slice of [B, L, H] is not contiguous, and a 3-d
     # non-contiguous input would go to a batched product with a broadcast weight (~50x slower on an H100)
-    logits = head(h.reshape(-1, h.shape[-1])).view(*h.shape[:-1], -1).float()
+    logits = head(h.reshape(-1, h.shape[-1])).view(*h.shape[:-1], -1)
     if temperature != 1.0:
-        logits = logits / temperature
-    logp_all = logits.log_softmax(-1)
+        logits = logits.float() / temperature
+    # in fp32 from bf16 logits in one kernel on CUDA (no fp32 copy of the logits written, read, and its gradient
+    # cast back); the same fp32 arithmetic as a cast first
+    logp_all = logits.log_softmax(-1, dtype=torch.float32)
     logp = logp_all.gather(-1, tgt[..., None]).squeeze(-1)
     ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else torch.zeros_like(logp)
     return logp, ent
