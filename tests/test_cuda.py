@@ -114,6 +114,20 @@ def test_captured_rollouts_equal_eager_in_fp32_and_replay_bit_identically(tokeni
     assert torch.allclose(eager.logprobs, fast[0].logprobs, atol=1e-4, rtol=0)
 
 
+def test_the_prompts_forward_over_a_static_cache_waits_for_no_write_offset(tokenizer, task_records):
+    """The fast engine's prefill: transformers' static cache would copy each layer's write offset to the device at
+    its first update (a host wait per layer); ``LatentLM.new_cache`` makes them on the device beforehand."""
+    lm = make_lm(tokenizer, hidden_size=64).eval()
+    lm.model.to(CUDA)
+    ids, mask = (x.to(CUDA) for x in lm.encode_questions([r.question for r in task_records[:8]]))
+    from dgrpo.bench.step_profile import host_syncs
+
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        waits = host_syncs(lambda: lm.prefill(ids, mask, 0, markers=False, cache_len=ids.shape[1] + 8))
+    assert not any("cache_utils" in site for site in waits["host_sync_sites"]), waits
+
+
 def test_captured_greedy_rollouts_agree_with_eager_in_bf16(sft_checkpoint):
     """bf16 reorders no sum the same way twice across kernels: answers may differ where two tokens nearly tie.
     The issue's bar: >= 99% of rows agree."""

@@ -593,7 +593,15 @@ class LatentLM(nn.Module):
         """An empty KV cache: growing (``DynamicCache``), or preallocated for ``cache_len`` positions."""
         if cache_len is None:
             return DynamicCache(config=self.model.config)
-        return StaticCache(config=self.model.config, max_cache_len=cache_len)
+        cache = StaticCache(config=self.model.config, max_cache_len=cache_len)
+        # transformers keeps each layer's write offset in a host tensor that the layer's first update copies to the
+        # device: a host wait per layer in the middle of the prompt's forward. Made on the device here (a fill, no
+        # copy), the first update finds it there.
+        for layer in getattr(cache, "layers", ()):
+            offset = getattr(layer, "cumulative_length", None)
+            if isinstance(offset, Tensor) and offset.device != self.device:
+                layer.cumulative_length = torch.full((), int(offset), dtype=offset.dtype, device=self.device)
+        return cache
 
     def prefill(
         self,
