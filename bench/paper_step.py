@@ -118,8 +118,9 @@ def timed_step(tr: GRPOTrainer, prompts: list[Record], device: torch.device, i: 
         "update_s": m["time_update_s"],
         "n_rollouts_kept": m["n_rollouts_kept"],
     }
-    if device.type == "cuda":
+    if device.type == "cuda":  # (reserved: what the allocator holds, dead graph pools included, after the step)
         row["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        row["reserved_gib"] = round(torch.cuda.memory_reserved() / 2**30, 2)
     return row
 
 
