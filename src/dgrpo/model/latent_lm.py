@@ -135,9 +135,8 @@ class AnswerBook:
         logits = logits.float()
         nxt = sample_next(logits, temperature, top_p, generator)
         logp_all = (logits / temperature if temperature > 0 else logits).log_softmax(-1)
-        if self.entropy is not None:  # (a dot product per row: no [B, V] product written and read back)
-            entropy = -torch.linalg.vecdot(logp_all.exp(), logp_all)
-            self.entropy[:, i] = torch.where(self.alive, entropy, 0.0)
+        if self.entropy is not None:
+            self.entropy[:, i] = torch.where(self.alive, -(logp_all.exp() * logp_all).sum(-1), 0.0)
         self.tokens[:, i] = torch.where(self.alive, nxt, self.pad_id)
         self.mask[:, i] = self.alive.long()
         self.logprobs[:, i] = torch.where(self.alive, logp_all.gather(-1, nxt[:, None]).squeeze(-1), 0.0)
