@@ -15,6 +15,7 @@
 #   WHEELS=.whl bash bench/gpu_checks.sh               # there
 #
 # Items (name: what it shows), most wanted first:
+#   capture_smoke      : the CUDA tests of the fast engine's graph capture (seconds); the script stops if they fail
 #   recipe_vs_earlier  : the recipe as shipped (per-layer recomputation, all 512 rows in one micro-batch, the latent
 #                        steps not recomputed) with its profile (busy share overall and per phase, kernels, FLOP/s,
 #                        host syncs by call site, costliest host calls), alternated with the earlier GPU path (eager
@@ -76,14 +77,21 @@ run_item() {  # name, command...
     timeout --signal=INT --kill-after=15 "$left" "$@" >"$OUT_DIR/$name.log" 2>&1
     local rc=$?
     echo "   rc $rc; last line: $(tail -n 1 "$OUT_DIR/$name.log" | cut -c1-400)" | tee -a "$OUT_DIR/summary.txt"
+    return $rc
 }
 
 EARLIER=(grpo.engine=eager model.kernels=none grpo.micro_batch_size=64 grpo.recompute=false)
 CALL256=(grpo.recompute_granularity=call grpo.micro_batch_size=256 grpo.recompute_latent_steps=true)
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts="")  # (addopts: xdist, which the node may not have)
+# every later item runs the fast engine's captured rollouts: if they fail here (seconds), stop and keep the budget
+if ! run_item capture_smoke "${PYTEST[@]}" tests/test_cuda.py -k "captured or write_offset"; then
+    echo "stopped: the captured rollouts fail (capture_smoke.log)" | tee -a "$OUT_DIR/summary.txt"
+    exit 1
+fi
 run_item recipe_vs_earlier "$PY" "${STEP[@]}" --profile "${EARLIER[@]/#/--versus=}"
 run_item recipe_peak "$PY" "${STEP[@]}"
 run_item fast_vs_eager "$PY" "${STEP[@]}" --versus grpo.engine=eager
-run_item cuda_tests "$PY" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_cuda.py  # (addopts: xdist, maybe absent)
+run_item cuda_tests "${PYTEST[@]}" tests/test_cuda.py
 run_item reference_share "$PY" "${STEP[@]}" --versus grpo.beta0=0
 run_item call256_vs_recipe "$PY" "${STEP[@]}" "${CALL256[@]/#/--versus=}"
 run_item hf_vs_liger "$PY" "${STEP[@]}" --versus model.kernels=none
