@@ -39,8 +39,6 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -173,19 +171,6 @@ PHASES = {
 }
 
 
-@contextmanager
-def wrapped_phases(tr: GRPOTrainer, wrap: Any, phases: dict[str, str]) -> Iterator[None]:
-    """Within the block, each of ``tr``'s methods in ``phases`` (phase name -> method name) runs as
-    ``wrap(phase, method)``; on leaving, the class's methods again."""
-    for name, attr in phases.items():
-        setattr(tr, attr, wrap(name, getattr(tr, attr)))
-    try:
-        yield
-    finally:
-        for attr in phases.values():
-            delattr(tr, attr)
-
-
 def phase_activity(tr: GRPOTrainer, prompts: list[Record], device: torch.device) -> dict:
     """One more step of ``tr`` under the profiler (``step_profile.device_activity``), each method named in PHASES
     inside a profiler range of its phase's name and the calls of :func:`step_labels` inside theirs: the phases'
@@ -233,14 +218,17 @@ def phase_ops(tr: GRPOTrainer, prompts: list[Record]) -> dict:
     """The ops that reach a kernel in one more step of ``tr``: in its rollout, in its update and in all."""
     counts: dict[str, int] = {}
 
-    def counting(name: str, method: Any) -> Any:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            out, counts[name] = step_profile.counted_ops(lambda: method(*args, **kwargs))
-            return out
+    def counting(name: str) -> Any:
+        def wrap(method: Any) -> Any:
+            def run(*args: Any, **kwargs: Any) -> Any:
+                out, counts[name] = step_profile.counted_ops(lambda: method(*args, **kwargs))
+                return out
 
-        return run
+            return run
 
-    with wrapped_phases(tr, counting, {"rollout": "_collect", "update": "_update"}):
+        return wrap
+
+    with timeline.wrapped_calls([(tr, PHASES[name], counting(name)) for name in ("rollout", "update")]):
         _, total = step_profile.counted_ops(lambda: tr.step(prompts=prompts))
     return {"ops_rollout": counts["rollout"], "ops_update": counts["update"], "ops_step": total}
 

@@ -1,7 +1,7 @@
 """Where a profiled step's time goes, by labelled host code: what the host was running, and what the device waited for.
 
 * :func:`labelled_calls` runs chosen functions (a module's, a class's or an object's) inside profiler ranges named
-  by a label, for the length of a ``with`` block;
+  by a label, for the length of a ``with`` block (:func:`wrapped_calls`: any wrapper, e.g. an op counter);
 * :func:`label_timeline` turns one thread's nested ranges into the label path in force at every moment
   (``"update > reference > latent forward"``);
 * :func:`idle_gaps` finds the intervals in which no kernel ran;
@@ -32,29 +32,42 @@ _MISSING = object()
 
 
 @contextmanager
-def labelled_calls(targets: Sequence[tuple[Any, str, Label]]) -> Iterator[set[str]]:
-    """Within the block, each ``(owner, attribute, label)``: ``owner.attribute(...)`` (a module's function, a class's
-    method or an object's) runs inside a ``torch.profiler.record_function`` range named by ``label``. Yields the set
-    of names the block's calls used (filled as they run); on leaving, the owners have their own attributes back."""
-    names: set[str] = set()
+def wrapped_calls(
+    targets: Sequence[tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]]],
+) -> Iterator[None]:
+    """Within the block, each ``(owner, attribute, wrap)``: ``owner.attribute`` (a module's function, a class's method
+    or an object's) is ``wrap(original)``; on leaving, the owners have their own attributes back (an object's
+    class method shows through again)."""
     saved: list[tuple[Any, str, Any]] = []
     try:
-        for owner, attr, label in targets:
+        for owner, attr, wrap in targets:
             own = vars(owner).get(attr, _MISSING)
             if isinstance(own, (staticmethod, classmethod)):
-                raise TypeError(f"{owner!r}.{attr}: label a plain function or method, not a {type(own).__name__}")
+                raise TypeError(f"{owner!r}.{attr}: wrap a plain function or method, not a {type(own).__name__}")
             saved.append((owner, attr, own))
-            setattr(owner, attr, _ranged(getattr(owner, attr), label, names))
-        yield names
+            setattr(owner, attr, wrap(getattr(owner, attr)))
+        yield
     finally:
         for owner, attr, own in reversed(saved):
             if own is _MISSING:
-                delattr(owner, attr)  # the object's class attribute shows through again
+                delattr(owner, attr)
             else:
                 setattr(owner, attr, own)
 
 
-def _ranged(fn: Callable[..., Any], label: Label, names: set[str]) -> Callable[..., Any]:
+@contextmanager
+def labelled_calls(targets: Sequence[tuple[Any, str, Label]]) -> Iterator[set[str]]:
+    """Within the block, each ``(owner, attribute, label)``: ``owner.attribute(...)`` runs inside a
+    ``torch.profiler.record_function`` range named by ``label`` (:func:`wrapped_calls`). Yields the set of names the
+    block's calls used (filled as they run)."""
+    names: set[str] = set()
+    with wrapped_calls(
+        [(owner, attr, functools.partial(_ranged, label=label, names=names)) for owner, attr, label in targets]
+    ):
+        yield names
+
+
+def _ranged(fn: Callable[..., Any], *, label: Label, names: set[str]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         name = label if isinstance(label, str) else label(*args, **kwargs)
