@@ -149,7 +149,7 @@ def profile_recipe(tr: GRPOTrainer, prompts: list[Record], device: torch.device,
     prompt_len = tr.lm.encode_questions([r.question for r in prompts])[0].shape[1]
     rows, tokens = len(prompts) * tr.cfg.grpo.group_size, prompt_len + T + tr.cfg.grpo.max_new_tokens
     flops = step_profile.grpo_step_flops(tr.lm, rows, tokens)
-    act = phase_activity(tr, prompts, device)
+    act = labelled_activity(tr, prompts, device)
     achieved = flops / act["profiled_wall_s"]
     out = {
         **act,
@@ -171,7 +171,7 @@ PHASES = {
 }
 
 
-def phase_activity(tr: GRPOTrainer, prompts: list[Record], device: torch.device) -> dict:
+def labelled_activity(tr: GRPOTrainer, prompts: list[Record], device: torch.device) -> dict:
     """One more step of ``tr`` under the profiler (``step_profile.device_activity``), each method named in PHASES
     inside a profiler range of its phase's name and the calls of :func:`step_labels` inside theirs: the phases'
     busy shares, and per label path its host time and the device idle time it caused."""
@@ -304,7 +304,9 @@ def main() -> int:
             summary["profile"] = profile_recipe(recipe, prompts, device, dtype)
         else:  # no kernels to count on a CPU: the ops that would make a GPU's host wait, and the ops per phase
             waits = step_profile.waiting_ops(lambda: recipe.step(prompts=prompts), top=24)
-            act = phase_activity(recipe, prompts, device)  # the phases' and labelled calls' host times, costliest calls
+            act = labelled_activity(
+                recipe, prompts, device
+            )  # the phases' and labelled calls' host times, costliest calls
             summary["profile"] = {
                 **waits,
                 **phase_ops(recipe, prompts),

@@ -108,7 +108,7 @@ def device_activity(
             for name in phases
         }
     if labels:
-        out.update(_by_range(host, kernels, set(labels) | set(phases)))
+        out.update(_by_range(host, kernels, spans, set(labels) | set(phases)))
     own = [(e.name, e.self_cpu_time_total) for e in host if e.name not in phases and e.name not in labels]
     out["host_top"] = top_host_calls(own, top)
     return out
@@ -138,15 +138,16 @@ def launch_times(host: Sequence[Any], kernels: Sequence[Any]) -> list[float | No
     return [by_id.get(e.id, by_op.get(getattr(e, "linked_correlation_id", 0))) for e in kernels]
 
 
-def _by_range(host: Sequence[Any], kernels: Sequence[Any], labels: set[str]) -> dict:
+def _by_range(
+    host: Sequence[Any], kernels: Sequence[Any], spans: Sequence[tuple[float, float]], labels: set[str]
+) -> dict:
     """:func:`~dgrpo.bench.timeline.time_by_range` of the profiled step: the labelled ranges of the thread that ran
-    it, and each kernel's launch time (:func:`launch_times`)."""
+    it, the kernels' ``spans`` and each kernel's launch time (:func:`launch_times`)."""
     step = next(e for e in host if e.name == _STEP_RANGE)
     window = (step.time_range.start, step.time_range.end)
     ours = [e for e in host if e.thread == step.thread and e.name in labels]
     ranges = [(e.time_range.start, e.time_range.end, e.name) for e in ours]
     launches = launch_times(host, kernels)
-    spans = [(e.time_range.start, e.time_range.end) for e in kernels]
     out: dict[str, Any] = {"by_range": timeline.time_by_range(window, ranges, spans, launches)}
     if kernels:  # how many kernels were matched to their launch (the others count from their start)
         out["launch_matched_share"] = round(sum(t is not None for t in launches) / len(launches), 3)
@@ -157,12 +158,8 @@ def phase_activity(windows: Sequence[tuple[float, float]], kernels: Sequence[tup
     """A phase's wall time (its ``windows``, [start, end) in microseconds) and the share of it some kernel ran: the
     union of the kernels' spans (also in microseconds) clipped to the windows, so overlapping kernels count once."""
     wall = sum(end - start for start, end in windows)
-    busy = 0.0
-    for start, end in windows:
-        reach = start  # how far into the window the kernels so far have covered
-        for k0, k1 in sorted((max(a, start), min(b, end)) for a, b in kernels if a < end and b > start):
-            busy += max(0.0, k1 - max(k0, reach))
-            reach = max(reach, k1)
+    idle = sum(b - a for window in windows for a, b, _ in timeline.idle_gaps(kernels, window))
+    busy = wall - idle
     return {
         "wall_s": round(wall / 1e6, 3),
         "busy_s": round(busy / 1e6, 3),

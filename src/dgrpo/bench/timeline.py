@@ -10,7 +10,8 @@
   A gap before a kernel is the device waiting for the host to get to that launch, so a path with much idle time is a
   host-bound stretch (small kernels, Python, a capture) or comes right after a synchronisation.
 
-Times are the profiler's microseconds throughout. Pure functions, tested on hand-made timelines (tests/test_bench.py).
+Times are the profiler's microseconds throughout. Pure functions, tested on hand-made timelines
+(tests/test_timeline.py).
 """
 
 from __future__ import annotations
@@ -142,8 +143,7 @@ def time_by_range(
     timeline = label_timeline(ranges)
     host: dict[str, float] = collections.defaultdict(float)
     lo, hi = window
-    times, paths = timeline
-    bounds = [lo, *(t for t in times if lo < t < hi), hi]
+    bounds = [lo, *(t for t in timeline[0] if lo < t < hi), hi]
     for a, b in zip(bounds, bounds[1:]):
         host[path_at(timeline, a) or UNLABELLED] += b - a
     idle: dict[str, float] = collections.defaultdict(float)
