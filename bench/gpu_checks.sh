@@ -6,6 +6,11 @@
 #
 #   bash bench/gpu_checks.sh [OUT_DIR] [BUDGET_S]      # default: runs/gpu_checks, 540 s
 #
+# OUT_DIR gets about a dozen files (a log per item, summary.txt, environment.txt, the profiled step's trace). Where
+# only a few files come back from the node, bundle them after the run, the trace apart (it may be ~10 MB):
+#
+#   bash bench/gpu_checks.sh /tmp/gc 515; mv /tmp/gc/*.json.gz "$OUT"/; tar czf "$OUT"/gpu_checks.tgz -C /tmp gc
+#
 # The node's Python needs torch with CUDA, transformers, liger-kernel and bitsandbytes (pip install -e ".[gpu]").
 # On a node without network, download the three wheels on a machine with it, copy the folder beside the checkout and
 # point WHEELS at it; they are installed into a temporary folder on PYTHONPATH (the node's torch, triton, numpy,
@@ -18,8 +23,10 @@
 #   capture_smoke      : the CUDA tests of the fast engine's graph capture (seconds); the script stops if they fail
 #   recipe_vs_earlier  : the recipe as shipped (per-layer recomputation, all 512 rows in one micro-batch, the latent
 #                        steps not recomputed) with its profile (busy share overall and per phase, kernels, FLOP/s,
-#                        host syncs by call site, costliest host calls), alternated with the earlier GPU path (eager
-#                        engine, HF layers, 64-row micro-batches, no recomputation)
+#                        host syncs by call site, costliest host calls and kernels, by_range: host, idle and kernel
+#                        time per path of labelled calls; the step's Chrome trace in recipe_trace.json.gz),
+#                        alternated with the earlier GPU path (eager engine, HF layers, 64-row micro-batches, no
+#                        recomputation)
 #   recipe_peak        : the recipe alone in its process (its peak memory; two arms in one process share the device)
 #   fast_vs_eager      : the recipe against grpo.engine=eager on the same weights and prompts (the fast/eager ratio)
 #   cuda_tests         : pytest tests/test_cuda.py
@@ -88,7 +95,8 @@ if ! run_item capture_smoke "${PYTEST[@]}" tests/test_cuda.py -k "captured or wr
     echo "stopped: the captured rollouts fail (capture_smoke.log)" | tee -a "$OUT_DIR/summary.txt"
     exit 1
 fi
-run_item recipe_vs_earlier "$PY" "${STEP[@]}" --profile "${EARLIER[@]/#/--versus=}"
+run_item recipe_vs_earlier "$PY" "${STEP[@]}" --profile --trace "$OUT_DIR/recipe_trace.json.gz" \
+    "${EARLIER[@]/#/--versus=}"
 run_item recipe_peak "$PY" "${STEP[@]}"
 run_item fast_vs_eager "$PY" "${STEP[@]}" --versus grpo.engine=eager
 run_item cuda_tests "${PYTEST[@]}" tests/test_cuda.py

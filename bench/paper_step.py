@@ -87,6 +87,13 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--profile", action="store_true", help="one profiled and one sync-counted step (CUDA; CPU: waiting ops)"
     )
+    ap.add_argument(
+        "--trace",
+        default="",
+        metavar="PATH",
+        help="with --profile: write the profiled step's Chrome trace here (.json, or .json.gz compressed) for "
+        "Perfetto or chrome://tracing",
+    )
     ap.add_argument("--out", default="", help="write the summary JSON here too")
     ap.add_argument(
         "--shape",
@@ -96,7 +103,10 @@ def parse_args() -> argparse.Namespace:
         "the tiny one 28 layers deep (host: a CPU proxy for the host's share of a GPU step)",
     )
     ap.add_argument("--tiny", action="store_true", help="= --shape quick (a smoke test of this script)")
-    return ap.parse_args()
+    args = ap.parse_args()
+    if args.trace and not args.profile:
+        ap.error("--trace writes the profiled step's trace: add --profile")
+    return args
 
 
 def timed_step(tr: GRPOTrainer, prompts: list[Record], device: torch.device, i: int) -> dict:
@@ -143,13 +153,16 @@ def summarize(tr: GRPOTrainer, rows: list[dict], device: torch.device) -> dict:
     return out
 
 
-def profile_recipe(tr: GRPOTrainer, prompts: list[Record], device: torch.device, dtype: torch.dtype) -> dict:
-    """Device activity, FLOP/s by the counting rule and host syncs of one more step of the recipe."""
+def profile_recipe(
+    tr: GRPOTrainer, prompts: list[Record], device: torch.device, dtype: torch.dtype, trace: str = ""
+) -> dict:
+    """Device activity, FLOP/s by the counting rule and host syncs of one more step of the recipe (``trace``: where
+    to write the profiled step's Chrome trace)."""
     peak = step_profile.matmul_peak(device, dtype)
     prompt_len = tr.lm.encode_questions([r.question for r in prompts])[0].shape[1]
     rows, tokens = len(prompts) * tr.cfg.grpo.group_size, prompt_len + T + tr.cfg.grpo.max_new_tokens
     flops = step_profile.grpo_step_flops(tr.lm, rows, tokens)
-    act = labelled_activity(tr, prompts, device)
+    act = labelled_activity(tr, prompts, device, trace)
     achieved = flops / act["profiled_wall_s"]
     out = {
         **act,
@@ -171,12 +184,13 @@ PHASES = {
 }
 
 
-def labelled_activity(tr: GRPOTrainer, prompts: list[Record], device: torch.device) -> dict:
+def labelled_activity(tr: GRPOTrainer, prompts: list[Record], device: torch.device, trace: str = "") -> dict:
     """One more step of ``tr`` under the profiler (``step_profile.device_activity``), each method named in PHASES
     inside a profiler range of its phase's name and the calls of :func:`step_labels` inside theirs: the phases'
-    busy shares, and per label path its host time and the device idle time it caused."""
+    busy shares and costliest kernels, and per label path its host time, the device idle time it caused and its
+    kernels' time (``trace``: also write the step's Chrome trace there)."""
     with timeline.labelled_calls(step_labels(tr)) as labels:
-        return step_profile.device_activity(lambda: tr.step(prompts=prompts), device, tuple(PHASES), labels)
+        return step_profile.device_activity(lambda: tr.step(prompts=prompts), device, tuple(PHASES), labels, trace)
 
 
 def step_labels(tr: GRPOTrainer) -> list[tuple[Any, str, timeline.Label]]:
@@ -301,12 +315,11 @@ def main() -> int:
     if args.profile and "recipe" in trainers:
         recipe = trainers["recipe"]
         if device.type == "cuda":
-            summary["profile"] = profile_recipe(recipe, prompts, device, dtype)
+            summary["profile"] = profile_recipe(recipe, prompts, device, dtype, args.trace)
         else:  # no kernels to count on a CPU: the ops that would make a GPU's host wait, and the ops per phase
             waits = step_profile.waiting_ops(lambda: recipe.step(prompts=prompts), top=24)
-            act = labelled_activity(
-                recipe, prompts, device
-            )  # the phases' and labelled calls' host times, costliest calls
+            # the phases' and labelled calls' host times, costliest calls
+            act = labelled_activity(recipe, prompts, device, args.trace)
             summary["profile"] = {
                 **waits,
                 **phase_ops(recipe, prompts),

@@ -1,11 +1,14 @@
 """The performance suite runs end to end (``--quick``) and writes its outputs; no speed assertions."""
 
+import gzip
 import json
 import subprocess
 import sys
 
 import pytest
 import torch
+
+from dgrpo.bench.timeline import UNLABELLED
 
 ITEM_KEYS = (
     "rollouts",
@@ -105,6 +108,7 @@ def test_paper_step_script_alternates_two_arms(tmp_path):
     small = ["grpo.prompts_per_step=2", "grpo.group_size=4", "grpo.max_new_tokens=6"]
     argv = [sys.executable, str(root / "bench/paper_step.py"), "--tiny", "--steps", "2", "--out", str(tmp_path / "s")]
     argv += [a for kv in small for a in ("--set", kv)] + ["--versus", "grpo.recompute_granularity=call", "--profile"]
+    argv += ["--trace", str(tmp_path / "trace.json.gz")]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads((tmp_path / "s").read_text())
@@ -129,6 +133,10 @@ def test_paper_step_script_alternates_two_arms(tmp_path):
     # and the host time per path of labelled calls: the rollout's steps and the update's replays among them
     paths = {path for path, *_ in s["profile"]["by_range"]}
     assert any(p.startswith("rollout > ") for p in paths) and any(p.startswith("update > replay") for p in paths)
+    # and --trace: the profiled step's Chrome trace, with the labelled ranges in it
+    trace = json.loads(gzip.decompress((tmp_path / "trace.json.gz").read_bytes()))
+    labels = {label for path in paths - {UNLABELLED} for label in path.split(" > ")}
+    assert labels and labels <= {e.get("name") for e in trace["traceEvents"]}
 
 
 def test_paper_step_drops_an_arm_that_runs_out_of_memory_and_keeps_the_other(capsys):

@@ -50,13 +50,17 @@ def test_time_by_range_gives_each_path_its_host_time_and_the_idle_time_its_launc
     launches = [None, 15 * ms, 45 * ms, None]
     rows = time_by_range((0, 110 * ms), ranges, kernels, launches)
     # gaps: 5-20 (15 ms, to latent), 30-50 (20 ms, to update), 70-80 (10 ms, to backward), 95-110 (15 ms, no kernel
-    # ends it: the path at its middle, 102.5 ms, is outside every range)
+    # ends it: the path at its middle, 102.5 ms, is outside every range); kernel time: 0-5 ms to update (from its
+    # start, 0 ms), 20-30 to latent, 50-70 to update, 80-95 to backward
     assert rows == [
-        ["update", 40.0, 20.0, 1],
-        ["update > latent", 30.0, 15.0, 1],
-        [UNLABELLED, 10.0, 15.0, 1],
-        ["update > backward", 30.0, 10.0, 1],
+        ["update", 40.0, 20.0, 1, 25.0, 2],
+        ["update > latent", 30.0, 15.0, 1, 10.0, 1],
+        [UNLABELLED, 10.0, 15.0, 1, 0.0, 0],
+        ["update > backward", 30.0, 10.0, 1, 15.0, 1],
     ]  # (latent before the unlabelled time: the same idle time, more host time)
+    # a kernel that runs past the window's end counts only inside it
+    clipped = time_by_range((0, 90 * ms), ranges, kernels, launches)
+    assert [row[0::4] for row in clipped if row[0] == "update > backward"] == [["update > backward", 10.0]]
 
 
 def test_time_by_range_ranks_by_idle_then_host_time_and_without_kernels_gives_host_times():
@@ -64,8 +68,13 @@ def test_time_by_range_ranks_by_idle_then_host_time_and_without_kernels_gives_ho
     ranges = [(0, 10 * ms, "a"), (10 * ms, 40 * ms, "b"), (40 * ms, 45 * ms, "c")]
     # the device waits from 10 ms to 42 ms for a kernel launched at 41 ms, inside c
     rows = time_by_range((0, 50 * ms), ranges, [(0, 10 * ms), (42 * ms, 50 * ms)], [None, 41 * ms])
-    assert rows == [["c", 5.0, 32.0, 1], ["b", 30.0, 0.0, 0], ["a", 10.0, 0.0, 0], [UNLABELLED, 5.0, 0.0, 0]]
-    assert time_by_range((0, 50 * ms), ranges, top=2) == [["b", 30.0, 0.0, 0], ["a", 10.0, 0.0, 0]]
+    assert rows == [
+        ["c", 5.0, 32.0, 1, 8.0, 1],
+        ["b", 30.0, 0.0, 0, 0.0, 0],
+        ["a", 10.0, 0.0, 0, 10.0, 1],
+        [UNLABELLED, 5.0, 0.0, 0, 0.0, 0],
+    ]
+    assert time_by_range((0, 50 * ms), ranges, top=2) == [["b", 30.0, 0.0, 0, 0.0, 0], ["a", 10.0, 0.0, 0, 0.0, 0]]
 
 
 class _Thing:
@@ -109,13 +118,24 @@ def test_device_events_leave_out_the_ranges_device_side_images():
     assert [e.name for e in step_profile.device_kernels(events)] == ["gemm"]
 
 
+def test_a_phases_kernels_are_those_it_launched_ranked_by_device_time():
+    k = [types.SimpleNamespace(name=n, device_time=us) for n, us in [("gemm", 50.0), ("mul", 5.0), ("gemm", 30.0)]]
+    # launched at 10, 25 and 41 us: the phase ran 0-20 and 40-60 on the host, whenever the device ran them
+    mine = step_profile.launched_within(k, [10.0, 25.0, 41.0], [(0.0, 20.0), (40.0, 60.0)])
+    assert [e.device_time for e in mine] == [50.0, 30.0]
+    assert step_profile.top_kernels(k, 5) == [["gemm", 2, 0.1], ["mul", 1, 0.0]]
+    assert step_profile.top_kernels([types.SimpleNamespace(name="x" * 200, device_time=1e3)], 1, width=8) == [
+        ["x" * 8, 1, 1.0]
+    ]
+
+
 def test_device_activity_on_a_cpu_gives_each_labelled_path_its_host_time():
     module = types.ModuleType("m")
     module.work = lambda n: torch.randn(n, n) @ torch.randn(n, n)
     module.step = lambda: [module.work(256) for _ in range(20)]
     with labelled_calls([(module, "step", "step"), (module, "work", "work")]) as labels:
         out = step_profile.device_activity(lambda: module.step(), torch.device("cpu"), labels=labels)
-    rows = {path: (host, idle, gaps) for path, host, idle, gaps in out["by_range"]}
+    rows = {path: (host, idle, gaps) for path, host, idle, gaps, _, _ in out["by_range"]}
     assert {"step", "step > work"} <= set(rows) and all(idle == 0 and gaps == 0 for _, idle, gaps in rows.values())
     # every moment of the step's window goes to one path: the paths' host times add up to about the step's wall
     wall_ms = out["profiled_wall_s"] * 1e3

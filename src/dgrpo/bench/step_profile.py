@@ -71,15 +71,18 @@ def device_activity(
     device: torch.device,
     phases: Sequence[str] = (),
     labels: Collection[str] = (),
+    trace: str = "",
     top: int = 12,
 ) -> dict:
     """One ``step()`` under the profiler: its wall time, the device kernels it ran and their summed time (the
     kernel-busy share of the wall), and the host's launch calls (kernels and graph replays); per phase (a
-    ``torch.profiler.record_function`` range the step opens, named in ``phases``) its wall time and kernel-busy share;
+    ``torch.profiler.record_function`` range the step opens, named in ``phases``) its wall time, kernel-busy share and
+    costliest kernels (those launched inside it);
     per path of the labelled ranges the step opens (names in ``labels``, read after the step: e.g. the set
-    :func:`~dgrpo.bench.timeline.labelled_calls` fills) its own host time and the device idle time it caused
-    (:func:`~dgrpo.bench.timeline.time_by_range`); and the ``top`` host calls by their own time (CUDA runtime calls
-    among them: mallocs, syncs, graph instantiation). On a CPU: no kernels, the host times only."""
+    :func:`~dgrpo.bench.timeline.labelled_calls` fills) its own host time, the device idle time it caused and its
+    kernels' time (:func:`~dgrpo.bench.timeline.time_by_range`); the ``top`` host calls by their own time (CUDA
+    runtime calls among them: mallocs, syncs, graph instantiation) and the ``top`` kernels by device time. On a CPU:
+    no kernels, the host times only. ``trace``: write the step's Chrome trace there too (``.gz``: compressed)."""
     _sync(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
@@ -88,6 +91,8 @@ def device_activity(
             step()
         _sync(device)
         wall = time.perf_counter() - t
+    if trace:
+        prof.export_chrome_trace(trace)
     events = prof.events()
     kernels = device_kernels(events)
     host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
@@ -102,16 +107,33 @@ def device_activity(
         "gpu_busy_s": round(busy, 3),
         "gpu_busy_share": round(busy / wall, 3),
     }
+    launches = launch_times(host, kernels)
+    launched = [t if t is not None else e.time_range.start for t, e in zip(launches, kernels)]
     if phases:
-        out["phases"] = {
-            name: phase_activity([(e.time_range.start, e.time_range.end) for e in host if e.name == name], spans)
-            for name in phases
-        }
+        out["phases"] = {}
+        for name in phases:
+            windows = [(e.time_range.start, e.time_range.end) for e in host if e.name == name]
+            ours = launched_within(kernels, launched, windows)
+            out["phases"][name] = {**phase_activity(windows, spans), "device_top": top_kernels(ours, top // 2)}
     if labels:
-        out.update(_by_range(host, kernels, spans, set(labels) | set(phases)))
+        out.update(_by_range(host, spans, launches, set(labels) | set(phases)))
     own = [(e.name, e.self_cpu_time_total) for e in host if e.name not in phases and e.name not in labels]
     out["host_top"] = top_host_calls(own, top)
+    if kernels:
+        out["device_top"] = top_kernels(kernels, top)
     return out
+
+
+def launched_within(kernels: Sequence[Any], launched: Sequence[float], windows: Sequence[tuple[float, float]]) -> list:
+    """The ``kernels`` whose launch (``launched[i]``, host microseconds) falls in one of ``windows`` ([start, end)):
+    a phase's own kernels, wherever the device ran them."""
+    return [k for k, t in zip(kernels, launched) if any(a <= t < b for a, b in windows)]
+
+
+def top_kernels(kernels: Sequence[Any], top: int, width: int = 96) -> list[list]:
+    """The ``top`` device kernels by summed device time, as [name (its first ``width`` characters), runs,
+    milliseconds]: what the busy time is made of (matmuls, attention, element-wise ops, copies)."""
+    return top_host_calls([(e.name[:width], e.device_time) for e in kernels], top)
 
 
 #: the profiler range around the profiled step (its window, and the thread that ran it)
@@ -139,17 +161,16 @@ def launch_times(host: Sequence[Any], kernels: Sequence[Any]) -> list[float | No
 
 
 def _by_range(
-    host: Sequence[Any], kernels: Sequence[Any], spans: Sequence[tuple[float, float]], labels: set[str]
+    host: Sequence[Any], spans: Sequence[tuple[float, float]], launches: Sequence[float | None], labels: set[str]
 ) -> dict:
     """:func:`~dgrpo.bench.timeline.time_by_range` of the profiled step: the labelled ranges of the thread that ran
-    it, the kernels' ``spans`` and each kernel's launch time (:func:`launch_times`)."""
+    it, the kernels' ``spans`` and their ``launches`` (:func:`launch_times`)."""
     step = next(e for e in host if e.name == _STEP_RANGE)
     window = (step.time_range.start, step.time_range.end)
     ours = [e for e in host if e.thread == step.thread and e.name in labels]
     ranges = [(e.time_range.start, e.time_range.end, e.name) for e in ours]
-    launches = launch_times(host, kernels)
     out: dict[str, Any] = {"by_range": timeline.time_by_range(window, ranges, spans, launches)}
-    if kernels:  # how many kernels were matched to their launch (the others count from their start)
+    if launches:  # how many kernels were matched to their launch (the others count from their start)
         out["launch_matched_share"] = round(sum(t is not None for t in launches) / len(launches), 3)
     return out
 
@@ -168,7 +189,8 @@ def phase_activity(windows: Sequence[tuple[float, float]], kernels: Sequence[tup
 
 
 def top_host_calls(own_times: Sequence[tuple[str, float]], top: int) -> list[list]:
-    """The ``top`` names by summed own time (microseconds), as [name, calls, milliseconds], most first."""
+    """The ``top`` names by summed own time (microseconds), as [name, calls, milliseconds], most first (host calls'
+    own times, or kernels' device times)."""
     total: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter[str] = collections.Counter()
     for name, us in own_times:

@@ -5,10 +5,11 @@
 * :func:`label_timeline` turns one thread's nested ranges into the label path in force at every moment
   (``"update > reference > latent forward"``);
 * :func:`idle_gaps` finds the intervals in which no kernel ran;
-* :func:`time_by_range` gives each label path its own host time (the moments it was the innermost range) and the
-  device idle time it caused: each gap goes to the path in force when the host launched the kernel that ended it.
-  A gap before a kernel is the device waiting for the host to get to that launch, so a path with much idle time is a
-  host-bound stretch (small kernels, Python, a capture) or comes right after a synchronisation.
+* :func:`time_by_range` gives each label path its own host time (the moments it was the innermost range), the
+  device idle time it caused (each gap goes to the path in force when the host launched the kernel that ended it)
+  and the device time of the kernels it launched. A gap before a kernel is the device waiting for the host to get
+  to that launch, so a path with much idle time is a host-bound stretch (small kernels, Python, a capture) or comes
+  right after a synchronisation; a path with much kernel time is where fewer or faster kernels would pay.
 
 Times are the profiler's microseconds throughout. Pure functions, tested on hand-made timelines
 (tests/test_timeline.py).
@@ -135,25 +136,39 @@ def time_by_range(
     launches: Sequence[float | None] = (),
     top: int = 20,
 ) -> list[list]:
-    """Per label path (``ranges`` of the host thread that ran the window's work): ``[path, host_ms, idle_ms, gaps]``,
-    the ``top`` paths by idle time, then host time. ``host_ms``: the moments of ``window`` the path was innermost;
-    ``idle_ms``: the device's idle gaps in ``window`` whose ending kernel was launched (``launches[i]``: the host time
-    of kernel ``i``'s launch, None where unknown: then its start) while the path was innermost; a gap no kernel ends
-    goes to the path in force at its middle. Without kernels (a CPU), the host times alone."""
+    """Per label path (``ranges`` of the host thread that ran the window's work):
+    ``[path, host_ms, idle_ms, gaps, kernel_ms, kernels]``, the ``top`` paths by idle time, then host time.
+    ``host_ms``: the moments of ``window`` the path was innermost; ``idle_ms`` (over ``gaps`` gaps): the device's idle
+    gaps in ``window`` whose ending kernel was launched (``launches[i]``: the host time of kernel ``i``'s launch, None
+    where unknown: then its start) while the path was innermost; a gap no kernel ends goes to the path in force at its
+    middle; ``kernel_ms``: the summed device time of the ``kernels`` in ``window`` the path launched, by the same
+    rule. Without kernels (a CPU), the host times alone."""
     timeline = label_timeline(ranges)
     host: dict[str, float] = collections.defaultdict(float)
     lo, hi = window
     bounds = [lo, *(t for t in timeline[0] if lo < t < hi), hi]
     for a, b in zip(bounds, bounds[1:]):
         host[path_at(timeline, a) or UNLABELLED] += b - a
+
+    def launcher(i: int) -> str:
+        launched = launches[i] if i < len(launches) else None
+        return path_at(timeline, launched if launched is not None else kernels[i][0]) or UNLABELLED
+
     idle: dict[str, float] = collections.defaultdict(float)
     gaps: collections.Counter[str] = collections.Counter()
-    if kernels:
-        for start, end, i in idle_gaps(kernels, window):
-            launched = launches[i] if 0 <= i < len(launches) else None
-            t = (launched if launched is not None else end) if i >= 0 else (start + end) / 2
-            path = path_at(timeline, t) or UNLABELLED
-            idle[path] += end - start
-            gaps[path] += 1
-    ranked = sorted(set(host) | set(idle), key=lambda p: (-idle[p], -host[p], p))[:top]
-    return [[p, round(host[p] / 1e3, 1), round(idle[p] / 1e3, 1), gaps[p]] for p in ranked]
+    for start, end, i in idle_gaps(kernels, window) if kernels else ():
+        path = launcher(i) if i >= 0 else path_at(timeline, (start + end) / 2) or UNLABELLED
+        idle[path] += end - start
+        gaps[path] += 1
+    busy: dict[str, float] = collections.defaultdict(float)
+    launched: collections.Counter[str] = collections.Counter()
+    for i, (start, end) in enumerate(kernels):
+        if start < hi and end > lo:
+            path = launcher(i)
+            busy[path] += min(end, hi) - max(start, lo)
+            launched[path] += 1
+    ranked = sorted(set(host) | set(idle) | set(busy), key=lambda p: (-idle[p], -host[p], p))[:top]
+    return [
+        [p, round(host[p] / 1e3, 1), round(idle[p] / 1e3, 1), gaps[p], round(busy[p] / 1e3, 1), launched[p]]
+        for p in ranked
+    ]
