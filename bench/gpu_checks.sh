@@ -31,6 +31,8 @@
 #   fast_vs_eager      : the recipe against grpo.engine=eager on the same weights and prompts (the fast/eager ratio)
 #   cuda_tests         : pytest tests/test_cuda.py
 #   reference_share    : the recipe against grpo.beta0=0 (no reference model: what its forward pass costs a step)
+#   kept_layers        : the recipe with its last 6 layers kept out of recomputation against the recipe (what a kept
+#                        layer saves in time; bench/kept_layer_bytes.py counts what it costs in memory)
 #   call256_vs_recipe  : per-call recomputation of every call at 256-row micro-batches (the recipe until 2026-11-25)
 #   hf_vs_liger        : the recipe against model.kernels=none (what Liger's layers save)
 #   compiled_vs_liger  : model.compile=true with Hugging Face's layers (profiled) against the recipe's Liger layers
@@ -101,6 +103,7 @@ run_item recipe_peak "$PY" "${STEP[@]}"
 run_item fast_vs_eager "$PY" "${STEP[@]}" --versus grpo.engine=eager
 run_item cuda_tests "${PYTEST[@]}" tests/test_cuda.py
 run_item reference_share "$PY" "${STEP[@]}" --versus grpo.beta0=0
+run_item kept_layers "$PY" "${STEP[@]}" --set grpo.recompute_kept_layers=6 --versus grpo.recompute_kept_layers=0
 run_item call256_vs_recipe "$PY" "${STEP[@]}" "${CALL256[@]/#/--versus=}"
 run_item hf_vs_liger "$PY" "${STEP[@]}" --versus model.kernels=none
 run_item compiled_vs_liger "$PY" "${STEP[@]}" --profile --set model.kernels=none --set model.compile=true \

@@ -4,6 +4,7 @@
     python bench/paper_step.py --steps 3 --versus grpo.engine=eager --versus model.kernels=none \\
         --versus grpo.micro_batch_size=64 --versus grpo.recompute=false        # against the eager path, alternated
     python bench/paper_step.py --steps 2 --profile                             # kernels, busy share, FLOP/s, syncs
+    python bench/paper_step.py --steps 2 --profile --trace step.json.gz        # ... and the step's Chrome trace
     python bench/paper_step.py --tiny --device cpu --steps 1 --profile         # (CPU: the ops that would wait)
     python bench/paper_step.py --shape full --device cpu --set model.kernels=none --versus model.compile=true
     python bench/paper_step.py --shape host --device cpu --set model.kernels=none --set grpo.micro_batch_size=16 \
@@ -22,7 +23,8 @@ overrides on top, stepping alternately with the recipe on the same prompts; the 
 the recipe / versus ratio of the step. ``--profile`` (CUDA) adds, after the timed steps, one step of the recipe
 under the profiler (device kernels, host launch calls, kernel-busy share of the wall, FLOP/s by the counting rule
 of bench/RESULTS.md against the bf16 matmul peak measured in the same process; per phase and per path of the calls
-:func:`step_labels` names, host time and the device idle time it caused) and one under sync-debug mode (the calls
+:func:`step_labels` names, host time, the device idle time it caused and its kernels' time; the costliest kernels;
+``--trace``: the step's Chrome trace, for Perfetto) and one under sync-debug mode (the calls
 that made the host wait for the device, by call site). On a CPU ``--profile`` gives, for one more step, the ops that
 would make the host wait were they on a GPU, by call site (the step's host-side bookkeeping counts there too), for
 another the ops that reach a kernel in the rollout and in the update (about the launches the eager layers would make
@@ -142,6 +144,7 @@ def summarize(tr: GRPOTrainer, rows: list[dict], device: torch.device) -> dict:
         "compile": tr.cfg.model.compile,
         "recompute": g.recompute_granularity if g.recompute else False,
         "recompute_latent_steps": g.recompute_latent_steps,
+        "recompute_kept_layers": g.recompute_kept_layers,
         "optimizer": type(tr.opt).__name__,
         "median_step_s": statistics.median(r["wall_s"] for r in timed),
         "median_rollout_s": statistics.median(r["rollout_s"] for r in timed),

@@ -215,3 +215,19 @@ def test_step_flops_by_the_counting_rule(tokenizer):
         assert tied == (arch == "qwen2")
         assert matmul_params(lm) == total - emb + (head.numel() if tied else 0)
         assert grpo_step_flops(lm, rows=4, tokens_per_row=10) == 2 * matmul_params(lm) * 4 * 10 * 5
+
+
+@pytest.mark.slow
+def test_kept_layer_bytes_script_counts_one_layers_activations():
+    """bench/kept_layer_bytes.py: what a layer kept out of recomputation holds, per row, at Qwen2.5-1.5B's width; a
+    layer's activations of ~43 positions: several bf16 vectors of the hidden (1536) and FFN (8960) widths each."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench/kept_layer_bytes.py"
+    argv = [sys.executable, str(script), "--rows", "1", "--answer", "8", "--scale-rows", "2"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    per_position = out["kept_per_layer_per_row_mib"] * 2**20 / out["positions_per_row"]
+    assert 2 * (1536 + 8960) < per_position / 2 < 20 * (1536 + 8960), out  # (bf16: 2 bytes an element)
+    assert out["kept_per_layer_at_2_rows_gib"] == pytest.approx(2 * out["kept_per_layer_per_row_mib"] / 1024, abs=0.01)

@@ -156,6 +156,62 @@ def test_recomputation_keeps_less_for_backward(tokenizer, task_records):
     assert call < call_kept < 0.5 * full and layer < layer_kept < 0.5 * full, (call_kept, layer_kept, full)
 
 
+def test_layers_kept_out_of_recomputation_give_the_same_gradients_and_keep_their_activations(tokenizer, task_records):
+    """``recompute_kept_layers``: the last layers run as they are (no region, no second forward), the others are
+    recomputed; full backprop's log-probs and gradients under locked dropout, and what is kept for backward grows
+    by about one layer's activations per layer kept."""
+    from dgrpo.model.anatomy import block_part, decoder_layers
+
+    lm = make_lm(tokenizer, "qwen2", num_layers=4, hidden_size=64, intermediate_size=256).eval()
+    pert = make_perturbation(PerturbationConfig(kind="locked", p=0.3, sites=["attn", "mlp"]))
+    inputs, seeds, T = batch(lm, task_records, n=8), torch.arange(5, 13), 3
+    full = loss_and_grads(lm, inputs, recompute=False, pert=pert, seeds=seeds, n_latent=T)
+    layers = decoder_layers(lm.model)
+    calls = 1 + T + 2  # the prompt, the latent steps, <|end-latent|> and the answer
+    kept_bytes, region_counts = [], []
+    for kept in (0, 1, 4):
+        lm.recompute_kept_layers = kept
+        forwards = {0: [], 3: []}  # the first layer's MLP and the last one's
+        hooks = [
+            block_part(layers[i], "mlp").register_forward_pre_hook(lambda *a, n=forwards[i]: n.append(1))
+            for i in forwards
+        ]
+        wrap = mock.patch.object(torch.utils.checkpoint, "checkpoint", wraps=torch.utils.checkpoint.checkpoint)
+        with wrap as regions:
+            got = loss_and_grads(lm, inputs, recompute="layer", pert=pert, seeds=seeds, n_latent=T)
+        for h in hooks:
+            h.remove()
+        assert_same(full, got)
+        region_counts.append(regions.call_count)
+        if kept == 1:  # one region fewer per call, and the last layer runs once per call, not twice
+            assert len(forwards[3]) == calls and len(forwards[0]) == 2 * calls
+        if kept == 4:
+            assert len(forwards[0]) == calls
+        kept_bytes.append(saved_bytes(lm, inputs, "layer"))
+    lm.recompute_kept_layers = 0
+    all_recomputed, one_kept, none_recomputed = kept_bytes
+    assert region_counts[0] - region_counts[1] == calls and region_counts[0] - region_counts[2] == 4 * calls
+    assert all_recomputed < one_kept < none_recomputed <= saved_bytes(lm, inputs, False) * 1.01
+    # (one kept layer: about a quarter of the way from every layer recomputed to none, with 4 layers)
+    assert 0.1 < (one_kept - all_recomputed) / (none_recomputed - all_recomputed) < 0.4
+
+
+def test_the_trainers_check_the_kept_layers_against_the_model(tokenizer):
+    from dgrpo.config import ConfigError, GRPOConfig
+
+    lm = make_lm(tokenizer, "qwen2")  # 2 layers
+    with pytest.raises(
+        ConfigError, match="recompute_kept_layers: 3 layers kept out of recomputation, but the model has 2"
+    ):
+        lm.use_recompute(GRPOConfig(recompute=True, recompute_kept_layers=3), "grpo")
+    lm.use_recompute(GRPOConfig(recompute=True, recompute_kept_layers=2, recompute_latent_steps=False), "grpo")
+    assert (lm.recompute, lm.recompute_latent_steps, lm.recompute_kept_layers) == ("layer", False, 2)
+    with pytest.raises(ConfigError, match="grpo.recompute_kept_layers.*recompute_granularity=layer"):
+        GRPOConfig(recompute=True, recompute_granularity="call", recompute_kept_layers=1).validate()
+    with pytest.raises(ConfigError, match="grpo.recompute_kept_layers.*recompute=true"):
+        GRPOConfig(recompute_kept_layers=1).validate()
+
+
 @pytest.mark.parametrize("granularity", GRANULARITIES)
 def test_recomputed_regions_free_their_graph_after_backward(tokenizer, task_records, granularity):
     """Once backward has run and the forward's results are dropped, nothing the regions made stays alive. A region
@@ -189,7 +245,7 @@ def test_layer_recomputation_restores_the_layers(tokenizer, task_records):
 
 #: the update's recomputation settings the trainer-level tests run: off, per call, per layer, per layer with the
 #: latent steps keeping their activations
-RECOMPUTE_SETTINGS = ["false", "call", "layer", "layer-latent-kept"]
+RECOMPUTE_SETTINGS = ["false", "call", "layer", "layer-latent-kept", "layer-last-kept"]
 
 
 def recompute_overrides(setting: str) -> list[str]:
@@ -197,6 +253,8 @@ def recompute_overrides(setting: str) -> list[str]:
     if setting == "false":
         return ["grpo.recompute=false"]
     over = ["grpo.recompute=true", f"grpo.recompute_granularity={setting.split('-')[0]}"]
+    if setting.endswith("last-kept"):  # the last layer left out of recomputation
+        return over + ["grpo.recompute_kept_layers=1"]
     return over + (["grpo.recompute_latent_steps=false"] if setting.endswith("kept") else [])
 
 

@@ -287,6 +287,31 @@ RECOMPUTE_LATENT_STEPS_HELP = (
 )
 
 
+#: sft.recompute_kept_layers and grpo.recompute_kept_layers
+RECOMPUTE_KEPT_LAYERS_HELP = (
+    "with recompute at layer granularity: how many of the last decoder layers keep their activations instead of "
+    "being recomputed (0: every layer is recomputed); each one kept saves its share of the second forward (1/L of "
+    "it for L layers) and keeps that layer's activations of every call until backward, the memory the "
+    "recomputation saved (memory per kept layer: bench/RESULTS.md)"
+)
+
+
+def _check_kept_layers(section: Any, p: str) -> None:
+    """``recompute_kept_layers`` >= 0, and only where layers are recomputed (a kept layer means nothing otherwise)."""
+    n = section.recompute_kept_layers
+    _check(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0,
+        f"{p}.recompute_kept_layers",
+        f"must be >= 0, got {n}",
+    )
+    _check(
+        n == 0 or (section.recompute and section.recompute_granularity == "layer"),
+        f"{p}.recompute_kept_layers",
+        f"keeps layers out of per-layer recomputation: set {p}.recompute=true and {p}.recompute_granularity=layer "
+        f"(got recompute={section.recompute}, granularity={section.recompute_granularity})",
+    )
+
+
 @dataclass
 class SFTConfig:
     """Supervised fine-tuning: the Coconut curriculum and its baselines."""
@@ -331,6 +356,7 @@ class SFTConfig:
         "in backward, so the widest call's activations of every layer are held at once); the same gradients",
     )
     recompute_latent_steps: bool = opt(True, RECOMPUTE_LATENT_STEPS_HELP)
+    recompute_kept_layers: int = opt(0, RECOMPUTE_KEPT_LAYERS_HELP)
     max_grad_norm: float = opt(1.0, "gradient clipping (0 = off)")
     bf16: BF16Mode = opt("auto", "bf16 autocast: auto (on CUDA only), true (always on) or false (off)")
     eval_each_stage: bool = opt(True, "greedy accuracy on data.valid at the end of each stage")
@@ -367,6 +393,7 @@ class SFTConfig:
             f"{p}.grad_accum",
             f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}",
         )
+        _check_kept_layers(self, p)
 
 
 @dataclass
@@ -484,6 +511,7 @@ class GRPOConfig:
         "gradients and the same compute (one more forward) either way",
     )
     recompute_latent_steps: bool = opt(True, RECOMPUTE_LATENT_STEPS_HELP)
+    recompute_kept_layers: int = opt(0, RECOMPUTE_KEPT_LAYERS_HELP)
     rollout_batch_size: int = opt(512, "rollouts per batched generation call")
     rollout_cache: RolloutCache = opt(
         "dynamic",
@@ -638,6 +666,7 @@ class GRPOConfig:
             f"{p}.shuffle_rewards",
             "the null control permutes rewards within groups: it needs group_size >= 2 and a group advantage",
         )
+        _check_kept_layers(self, p)
 
 
 LoggingBackend = Literal["jsonl", "tensorboard", "wandb"]

@@ -39,9 +39,10 @@ from transformers import (
 )
 
 from ..config import ConfigError
+from .anatomy import decoder_layers
 from .attention_mask import causal_padding_mask, prebuilt_mask_applies
 from .compiled_layers import CompiledLayers
-from .recompute import checkpointed_layers, recomputed_call
+from .recompute import checkpointed_layers, last_layers, recomputed_call
 from .verified import (
     MANIFEST,
     SAFETENSORS,
@@ -309,6 +310,9 @@ class LatentLM(nn.Module):
         #: position per row: little memory, and a whole decoder stack's forward less per latent step in backward);
         #: grpo.recompute_latent_steps / sft.recompute_latent_steps
         self.recompute_latent_steps = True
+        #: with ``recompute == "layer"``: how many of the last decoder layers keep their activations instead (no
+        #: second forward for them); grpo.recompute_kept_layers / sft.recompute_kept_layers
+        self.recompute_kept_layers = 0
         #: the decoder layers' compiled step (``model.compile``; dgrpo.model.compiled_layers), or None: eager layers.
         #: It runs teacher-forced scoring over a growing ``DynamicCache`` (SFT, the update, theta_old, the reference)
         self.compiled_layers: CompiledLayers | None = None
@@ -450,6 +454,20 @@ class LatentLM(nn.Module):
                 f"{limit} positions"
             )
 
+    def use_recompute(self, section: Any, key: str) -> None:
+        """Set the recomputation of the update's (or SFT's) replay from a config section (``grpo``/``sft``: its
+        recompute, recompute_granularity, recompute_latent_steps and recompute_kept_layers), checked against this
+        model's depth."""
+        self.recompute = section.recompute_granularity if section.recompute else False
+        self.recompute_latent_steps = section.recompute_latent_steps
+        n_layers = len(decoder_layers(self.model))
+        if section.recompute_kept_layers > n_layers:
+            raise ConfigError(
+                f"{key}.recompute_kept_layers: {section.recompute_kept_layers} layers kept out of recomputation, but "
+                f"the model has {n_layers}"
+            )
+        self.recompute_kept_layers = section.recompute_kept_layers
+
     @property
     def device(self) -> torch.device:
         return input_embedding_weight(self.model).device
@@ -540,8 +558,8 @@ class LatentLM(nn.Module):
         x_is_ids: bool,
     ) -> Tensor:
         """One cached forward of the decoder (``x``: ids or embeddings); its last-layer hidden states [B, L, H].
-        With ``recompute`` and grad on, checkpointed regions (dgrpo.model.recompute): the call, or each layer (a
-        latent step's call only with ``recompute_latent_steps``).
+        With ``recompute`` and grad on, checkpointed regions (dgrpo.model.recompute): the call, or each layer but
+        the last ``recompute_kept_layers`` (a latent step's call only with ``recompute_latent_steps``).
         Under teacher-forced scoring over a growing cache, the compiled layer step when there is one."""
         compiled = self.compiled_layers if self._scoring and isinstance(cache, DynamicCache) else None
 
@@ -565,7 +583,9 @@ class LatentLM(nn.Module):
         if not (self.recompute and torch.is_grad_enabled()) or kept:
             return run(cache, x, attention_mask, positions)
         if self.recompute == "layer":  # the compiled step goes in first: each checkpointed layer region calls it
-            with self._compiled(compiled), checkpointed_layers(self.model, perturbation, phase):
+            n_kept = self.recompute_kept_layers
+            kept = last_layers(len(decoder_layers(self.model)), n_kept) if n_kept else frozenset()
+            with self._compiled(compiled), checkpointed_layers(self.model, perturbation, phase, kept):
                 return run(cache, x, attention_mask, positions)
         if self.recompute not in (True, "call"):
             raise ValueError(f"LatentLM.recompute: expected False, 'call' or 'layer', got {self.recompute!r}")

@@ -13,7 +13,8 @@ KV cache off, so the regions are our own :func:`torch.utils.checkpoint.checkpoin
 * ``layer`` (:func:`checkpointed_layers`): one region around each decoder layer of each call, the layer's past keys
   and values held by a one-layer stand-in cache (:class:`OneLayerCache`). Each call keeps its layers' inputs; in
   backward one layer's activations are rebuilt at a time: a lower peak (about one layer's activations instead of all
-  of them), the same recomputed compute (one more forward).
+  of them), the same recomputed compute (one more forward). The last layers can be left out
+  (``grpo.recompute_kept_layers``): each keeps its activations, saving its share of the second forward.
 
 The perturbation must act in the recomputation exactly as in the forward. The forward runs inside the perturbation's
 ``with`` block; the backward (and so the recomputation) runs after it, so each region enters the perturbation again
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
@@ -209,12 +210,27 @@ def _checkpointed_forward(layer: nn.Module, i: int, perturbation: Any, phase: st
 
 
 @contextmanager
-def checkpointed_layers(model: nn.Module, perturbation: Any = None, phase: str = "prompt") -> Iterator[None]:
+def checkpointed_layers(
+    model: nn.Module, perturbation: Any = None, phase: str = "prompt", kept: Collection[int] = ()
+) -> Iterator[None]:
     """Within the block, every decoder layer of ``model`` runs as its own checkpointed region (under grad): it keeps
     its inputs for backward, and its activations are rebuilt there, under ``perturbation`` (a bound perturbation,
-    or None) resumed at ``phase``. The layers' own ``forward`` is restored on leaving."""
-    with layer_forwards(model, lambda layer, i: _checkpointed_forward(layer, i, perturbation, phase)):
+    or None) resumed at ``phase``; the layers whose index is in ``kept`` run as they are (they keep their
+    activations: no second forward). The layers' own ``forward`` is restored on leaving."""
+
+    def make(layer: nn.Module, i: int) -> Callable:
+        return layer.forward if i in kept else _checkpointed_forward(layer, i, perturbation, phase)
+
+    with layer_forwards(model, make):
         yield
+
+
+def last_layers(n_layers: int, count: int) -> frozenset[int]:
+    """The indices of the last ``count`` of ``n_layers`` decoder layers (``grpo.recompute_kept_layers``: the layers
+    left out of recomputation; the last ones are the first that backward reaches)."""
+    if not 0 <= count <= n_layers:
+        raise ValueError(f"{count} layers kept out of recomputation, but the model has {n_layers}")
+    return frozenset(range(n_layers - count, n_layers))
 
 
 @contextmanager

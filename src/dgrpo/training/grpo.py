@@ -108,8 +108,7 @@ class GRPOTrainer:
         self.lm, self.cfg, self.train_data = lm, cfg, train
         self.dist = dist or Dist.single()
         g = cfg.grpo
-        lm.recompute = g.recompute_granularity if g.recompute else False
-        lm.recompute_latent_steps = g.recompute_latent_steps
+        lm.use_recompute(g, "grpo")
         if g.prompts_per_step < self.dist.world_size:
             raise ConfigError(
                 f"grpo.prompts_per_step: {g.prompts_per_step} prompts cannot be shared by {self.dist.world_size} "

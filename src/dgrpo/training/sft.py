@@ -209,8 +209,7 @@ class SFTRun:
 
     def __init__(self, lm: LatentLM, cfg: Config, dist: Dist, run: RunDir, n_train: int):
         self.lm, self.cfg, self.dist, self.run = lm, cfg, dist, run
-        lm.recompute = cfg.sft.recompute_granularity if cfg.sft.recompute else False
-        lm.recompute_latent_steps = cfg.sft.recompute_latent_steps
+        lm.use_recompute(cfg.sft, "sft")
         compile_layers(lm, cfg.model)
         self.params = dist.prepare_model(lm.model)  # rank 0's weights everywhere; FSDP2 shards here
         self.plan = Curriculum(cfg, max(1, n_train // cfg.sft.batch_size))
