@@ -114,6 +114,22 @@ def test_captured_rollouts_equal_eager_in_fp32_and_replay_bit_identically(tokeni
     assert torch.allclose(eager.logprobs, fast[0].logprobs, atol=1e-4, rtol=0)
 
 
+def test_rollout_batches_reuse_one_graph_pool(tokenizer, task_records):
+    """Every rollout batch captures its graphs into the device's one pool (``fixed_shape.shared_pool``): after the
+    first batches, more of them reserve no more memory, and their answers stay bit-identical."""
+    lm = make_lm(tokenizer, hidden_size=64).eval()
+    lm.model.to(CUDA)
+    ids, mask = (x.to(CUDA) for x in lm.encode_questions([r.question for r in task_records[:16]]))
+    seeds = seeds_for(0, 0, 0, 16)
+    runs = [_rollouts(lm, ids, mask, seeds, True, max_new_tokens=16) for _ in range(3)]
+    torch.cuda.synchronize()
+    reserved = torch.cuda.memory_reserved()
+    runs += [_rollouts(lm, ids, mask, seeds, True, max_new_tokens=16) for _ in range(5)]
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_reserved() == reserved
+    assert all(torch.equal(r.tokens, runs[0].tokens) and torch.equal(r.logprobs, runs[0].logprobs) for r in runs)
+
+
 def test_the_prompts_forward_over_a_static_cache_waits_for_no_write_offset(tokenizer, task_records):
     """The fast engine's prefill: transformers' static cache would copy each layer's write offset to the device at
     its first update (a host wait per layer); ``LatentLM.new_cache`` makes them on the device beforehand."""

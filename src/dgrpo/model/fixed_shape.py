@@ -15,6 +15,11 @@ So every latent step is the same computation on the same tensors, and so is ever
 inside the step: a batch-bound one (locked dropout, Gaussian noise: fixed tensors per batch) is captured with it; the
 RNG-replayed native dropout cannot be.
 
+Every decoder's graphs record into one memory pool per device (:func:`shared_pool`), as torch's docs describe for
+graphs replayed in the order they were captured: a rollout batch's graphs are never replayed once the next batch's
+are captured, so the next capture reuses their memory instead of reserving a new pool each batch (a finished pool
+would go back to the driver only when the allocator runs short).
+
 Token choice and EOS bookkeeping stay on the device; the host asks whether any row is alive only every
 ``sync_every`` tokens. The answers, log-probs and entropies equal :meth:`LatentLM.generate`'s over a static cache
 (tests/test_fixed_shape.py): the perturbation, the positions and the attended columns are the same.
@@ -48,6 +53,26 @@ def captured(graph: torch.cuda.CUDAGraph, pool: torch.cuda.graphs._POOL_HANDLE |
     torch.cuda.current_stream().wait_stream(stream)
 
 
+class _SharedPool:
+    """A device's pool token and the graphs captured into it last: a pool lives while a graph captured into it does,
+    so the newest graphs are kept (never replayed again) until newer ones replace them."""
+
+    def __init__(self) -> None:
+        self.handle = torch.cuda.graph_pool_handle()
+        self.newest: list[torch.cuda.CUDAGraph] = []
+
+
+_pools: dict[torch.device, _SharedPool] = {}
+
+
+def shared_pool(device: torch.device) -> _SharedPool:
+    """The one graph memory pool of ``device``'s fixed-shape decoders (made on first use)."""
+    pool = _pools.get(device)
+    if pool is None:
+        pool = _pools[device] = _SharedPool()
+    return pool
+
+
 class FixedShapeDecoder:
     """One batch's rollout over fixed buffers; :func:`fixed_shape_generate` drives it."""
 
@@ -79,7 +104,7 @@ class FixedShapeDecoder:
         self.new_column = torch.ones(B, 1, dtype=self.mask.dtype, device=dev)  # 1: the step's token is attended
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self.warm: set[str] = set()
-        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.pool = shared_pool(dev) if capture else None
 
     def _forward(self, phase: str) -> None:
         """The step itself: in-place on the buffers, no host synchronisation, the same shapes every time."""
@@ -110,10 +135,12 @@ class FixedShapeDecoder:
             self.warm.add(phase)
             return
         if graph is None:
+            assert self.pool is not None
             graph = torch.cuda.CUDAGraph()
-            with captured(graph, self.pool):
+            with captured(graph, self.pool.handle):
                 self._forward(phase)
             self.graphs[phase] = graph
+            self.pool.newest = list(self.graphs.values())  # (the previous batch's graphs may go now)
         graph.replay()
 
     def latent(self, n_latent: int, mode: str, latent_embedding: Tensor) -> None:

@@ -584,8 +584,8 @@ class LatentLM(nn.Module):
             return run(cache, x, attention_mask, positions)
         if self.recompute == "layer":  # the compiled step goes in first: each checkpointed layer region calls it
             n_kept = self.recompute_kept_layers
-            kept = last_layers(len(decoder_layers(self.model)), n_kept) if n_kept else frozenset()
-            with self._compiled(compiled), checkpointed_layers(self.model, perturbation, phase, kept):
+            run_once = last_layers(len(decoder_layers(self.model)), n_kept) if n_kept else frozenset()
+            with self._compiled(compiled), checkpointed_layers(self.model, perturbation, phase, run_once):
                 return run(cache, x, attention_mask, positions)
         if self.recompute not in (True, "call"):
             raise ValueError(f"LatentLM.recompute: expected False, 'call' or 'layer', got {self.recompute!r}")
