@@ -358,3 +358,24 @@ def test_head_logprobs_of_bf16_hidden_states_equal_those_from_fp32_logits():
         assert lp.dtype == torch.float32 and torch.equal(lp, ref_lp)
         assert torch.allclose(ent, -(ref.exp() * ref).sum(-1), atol=1e-6)
         assert torch.equal(g, rg) and torch.equal(gw, rgw)
+
+
+def test_greedy_token_choice_from_bf16_logits_books_what_their_fp32_copy_would():
+    """``AnswerBook.choose`` at temperature 0 takes the argmax and the fp32 log-softmax straight from the logits as
+    they come (bf16 on a GPU), with no fp32 copy of [rows, vocabulary]: the same tokens (ties included), log-probs
+    and entropies, bit for bit."""
+    from types import SimpleNamespace
+
+    from dgrpo.model.latent_lm import AnswerBook
+
+    torch.manual_seed(0)
+    logits = (torch.randn(6, 300) * 4).to(torch.bfloat16)
+    logits[2, 7] = logits[2, 9] = logits[2].max() + 1  # a tie: the first index wins either way
+    lm = SimpleNamespace(device=torch.device("cpu"), pad_id=0, eos_id=5)
+    books = [AnswerBook(lm, 6, 2, None, with_entropy=True) for _ in range(2)]
+    for book, x in zip(books, (logits, logits.float())):
+        book.choose(0, x, 0.0, 1.0, None)
+    (a, b), ties = books, books[0].tokens[2, 0]
+    assert int(ties) == 7
+    for name in ("tokens", "mask", "logprobs", "entropy", "alive"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name

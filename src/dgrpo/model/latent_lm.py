@@ -133,9 +133,13 @@ class AnswerBook:
         """Step ``i``: pick each row's token from ``logits`` [B, V] and book it. ``logprobs`` are log pi(token) under
         softmax(logits / t), t = temperature when sampling and 1 when greedy: the policy the GRPO ratio is taken
         against."""
-        logits = logits.float()
-        nxt = sample_next(logits, temperature, top_p, generator)
-        logp_all = (logits / temperature if temperature > 0 else logits).log_softmax(-1)
+        if temperature > 0:
+            logits = logits.float()
+            nxt = sample_next(logits, temperature, top_p, generator)
+            logp_all = (logits / temperature).log_softmax(-1)
+        else:  # greedy: argmax of the logits as they are, the fp32 log-softmax read straight from them (no fp32 copy)
+            nxt = logits.argmax(-1)
+            logp_all = logits.log_softmax(-1, dtype=torch.float32)
         if self.entropy is not None:
             self.entropy[:, i] = torch.where(self.alive, -(logp_all.exp() * logp_all).sum(-1), 0.0)
         self.tokens[:, i] = torch.where(self.alive, nxt, self.pad_id)
