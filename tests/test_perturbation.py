@@ -157,6 +157,60 @@ def test_memoized_locked_masks_are_the_drawn_ones():
     assert len(memo.rows) == 3
 
 
+def test_prefetched_masks_are_the_ones_a_bind_would_draw_and_are_not_drawn_again(tokenizer, monkeypatch):
+    """``LockedDropout.prefetch``: a later step's masks drawn on a host thread; the bind of those seeds waits for
+    that draw and draws nothing itself, and binds the same masks, bit for bit, as a bind without the prefetch."""
+    import threading
+
+    from dgrpo.perturbation import locked
+
+    lm = make_lm(tokenizer, "qwen2")
+    seeds, now = torch.arange(100, 108), torch.arange(8)
+    plain = LockedDropout(p=0.3, sites=["attn", "mlp"]).bind(lm, seeds).masks
+    draws = []
+    real = locked.draw_keep_rows
+
+    def counted(s, *a, **kw):
+        draws.append((threading.current_thread().name, len(s)))
+        return real(s, *a, **kw)
+
+    monkeypatch.setattr(locked, "draw_keep_rows", counted)
+    pert = LockedDropout(p=0.3, sites=["attn", "mlp"])
+    pert.bind(lm, now)  # this step's rows
+    pert.prefetch(lm, seeds)  # the next step's, in the background
+    pert.bind(lm, now)  # (this step's update: nothing to draw, no wait for the prefetch)
+    assert torch.equal(pert.bind(lm, seeds).masks, plain)
+    main = threading.current_thread().name
+    assert draws[0] == (main, 8) and [n for t, n in draws[1:] if t == main] == []
+    assert [n for t, n in draws if t.startswith("dgrpo-mask-prefetch")] == [8]
+
+
+def test_the_row_memo_can_be_shared_with_a_drawing_thread():
+    """Two threads reading and filling one memo past its capacity (the prefetch and the step's binds): every row
+    read is the row of its seed, and the memo keeps its capacity."""
+    import threading
+
+    from dgrpo.perturbation.locked import RowMemo, keep_rows
+
+    memo, errors = RowMemo(capacity=40), []
+    want = keep_rows(torch.arange(120), 2, 8, 0.3)
+
+    def work(lo):
+        try:
+            for _ in range(20):
+                seeds = torch.arange(lo, lo + 60)
+                assert torch.equal(keep_rows(seeds, 2, 8, 0.3, memo), want[lo : lo + 60])
+        except Exception as e:  # noqa: BLE001 (reported below, from the main thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(lo,)) for lo in (0, 60)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(memo.rows) == 40
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_bound_masks_are_the_scaled_keep_rows_bit_for_bit(tokenizer, dtype):
     """The bound masks (booleans moved to the device, scaled there) are exactly the masks of the fp32 formula

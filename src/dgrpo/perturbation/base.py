@@ -109,6 +109,10 @@ class Perturbation:
     def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
         raise NotImplementedError
 
+    def prefetch(self, lm: LatentLM, seeds: Tensor) -> None:
+        """Prepare, on the host and in the background, what a later :meth:`bind` of ``seeds`` will need (nothing by
+        default; locked dropout draws its masks); the caller goes on at once."""
+
     def check(self, lm: LatentLM) -> None:
         """Raise ConfigError (one line) when this perturbation cannot be applied to ``lm`` (e.g. no such layer)."""
         self.bind(lm, torch.zeros(1, dtype=torch.long))

@@ -10,9 +10,10 @@ dropout modules (Qwen2, Llama).
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import torch
@@ -41,12 +42,13 @@ def keep_rows(seeds: Tensor, n_sites: int, width: int, p: float, memo: RowMemo |
     if memo is None:
         return torch.stack(draw_keep_rows(seeds.tolist(), n_sites, width, p))
     keys = [(s, n_sites, width, p) for s in seeds.tolist()]
-    missing = list(dict.fromkeys(k for k in keys if k not in memo))
+    found = memo.lookup(keys)
+    missing = list(dict.fromkeys(k for k in keys if k not in found))
+    if not missing:
+        return torch.stack([found[k] for k in keys])
     drawn = dict(zip(missing, draw_keep_rows([k[0] for k in missing], n_sites, width, p), strict=True))
-    rows = [drawn[k] if k in drawn else memo.get(k) for k in keys]
-    for key, row in drawn.items():
-        memo.put(key, row)
-    return torch.stack(rows)
+    memo.put_many(drawn)
+    return torch.stack([found[k] if k in found else drawn[k] for k in keys])
 
 
 #: below this many uniforms a draw stays on the calling thread (a thread pool's overhead is ~0.1 ms per chunk)
@@ -76,6 +78,18 @@ def draw_keep_rows(seeds: list[int], n_sites: int, width: int, p: float, threads
     return [row for rows in pool.map(draw, chunks) for row in rows]  # torch's RNG and compare release the GIL
 
 
+_prefetch_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _prefetcher() -> ThreadPoolExecutor:
+    """The one host thread that draws prefetched masks (per process: a forked worker gets its own)."""
+    pid = os.getpid()
+    pool = _prefetch_pools.get(pid)
+    if pool is None:
+        pool = _prefetch_pools[pid] = ThreadPoolExecutor(1, "dgrpo-mask-prefetch")
+    return pool
+
+
 def scale_kept(keep: Tensor, p: float, dtype: torch.dtype = torch.float32) -> Tensor:
     """Masks from keep-booleans: 1/(1-p) where kept, 0 elsewhere, computed in fp32 and rounded once to ``dtype``;
     on whatever device ``keep`` is (moving booleans is a quarter of the bytes of fp32 masks)."""
@@ -90,23 +104,29 @@ def locked_masks(seeds: Tensor, n_sites: int, width: int, p: float, memo: RowMem
 
 class RowMemo:
     """The last ``capacity`` rows' keep-masks, by (seed, sites, width, p): drawing a row's mask from its own CPU
-    generator costs ~0.2 ms of host time at Qwen2.5-1.5B's width, and one GRPO step binds every seed three times."""
+    generator costs ~0.2 ms of host time at Qwen2.5-1.5B's width, and one GRPO step binds every seed three times.
+    Safe to share with a prefetching thread (:meth:`LockedDropout.prefetch`)."""
 
     def __init__(self, capacity: int = 4096):
         self.capacity, self.rows = capacity, OrderedDict[tuple, Tensor]()
+        self._lock = threading.Lock()
 
-    def __contains__(self, key: tuple) -> bool:
-        return key in self.rows
+    def lookup(self, keys: list[tuple]) -> dict[tuple, Tensor]:
+        """The rows of ``keys`` it holds (now the most recently used)."""
+        with self._lock:
+            found = {k: self.rows[k] for k in keys if k in self.rows}
+            for k in found:
+                self.rows.move_to_end(k)
+        return found
 
-    def get(self, key: tuple) -> Tensor:
-        self.rows.move_to_end(key)
-        return self.rows[key]
-
-    def put(self, key: tuple, row: Tensor) -> None:
-        self.rows[key] = row
-        self.rows.move_to_end(key)
-        if len(self.rows) > self.capacity:
-            self.rows.popitem(last=False)
+    def put_many(self, rows: dict[tuple, Tensor]) -> None:
+        """Hold ``rows``, forgetting the least recently used beyond the capacity."""
+        with self._lock:
+            for key, row in rows.items():
+                self.rows[key] = row
+                self.rows.move_to_end(key)
+            while len(self.rows) > self.capacity:
+                self.rows.popitem(last=False)
 
 
 class _BoundLocked(HookedPerturbation):
@@ -139,6 +159,7 @@ class LockedDropout(Perturbation):
             raise ValueError(f"dropout p must be in [0, 1), got {p}")
         self.p, self.sites, self.layers, self.perturb_prompt = p, sites or ["mlp"], layers, perturb_prompt
         self.memo = RowMemo()
+        self._prefetch: tuple[frozenset[int], Future] | None = None  # (seeds, their draw) under way
 
     @classmethod
     def from_config(cls, cfg: PerturbationConfig) -> LockedDropout:
@@ -147,7 +168,24 @@ class LockedDropout(Perturbation):
     def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
         sites = find_sites(lm.model, self.sites, self.layers)
         dtype = next(lm.model.parameters()).dtype
+        self._await_prefetch(seeds)
         # booleans cross to the device (not fp32 masks: a quarter of the bytes and of the host's work) and become 0
         # and 1/(1-p) there, rounded once to the weights' dtype
         keep = to_device(keep_rows(seeds, len(sites), sites[0].width, self.p, self.memo), lm.device)
         return _BoundLocked(sites, scale_kept(keep, self.p, dtype), self.perturb_prompt)
+
+    def prefetch(self, lm: LatentLM, seeds: Tensor) -> None:
+        """Draw the keep-masks of ``seeds`` (a later step's) into the memo on a host thread, while the caller goes on
+        (e.g. launching this step's update on a GPU); a later :meth:`bind` of any of them waits for the draw. The
+        same masks as drawing them at bind time: each row comes from its own generator."""
+        sites = find_sites(lm.model, self.sites, self.layers)
+        seeds = seeds.cpu()
+        self._await_prefetch(seeds)  # (one draw under way at a time)
+        draw = _prefetcher().submit(keep_rows, seeds, len(sites), sites[0].width, self.p, self.memo)
+        self._prefetch = (frozenset(seeds.tolist()), draw)
+
+    def _await_prefetch(self, seeds: Tensor) -> None:
+        """Wait for the draw under way if it holds any of ``seeds`` (and raise what it raised)."""
+        if self._prefetch is not None and not self._prefetch[0].isdisjoint(seeds.tolist()):
+            draw, self._prefetch = self._prefetch[1], None
+            draw.result()

@@ -195,6 +195,8 @@ class GRPOTrainer:
         rows_at_a_time = self._rows_at_a_time(g.rollout_batch_size)
         with oom_advice("rollouts", "grpo.rollout_batch_size", rows_at_a_time, "rows generated at a time"):
             ro = self._collect(prompts, seeds)
+        if self.lm.device.type == "cuda":  # the next step's masks, drawn on a host thread while this update runs
+            self.perturbation.prefetch(self.lm, seeds_for(cfg.seed, step + 1, 0, self.row0 + len(seeds))[self.row0 :])
         t_roll = time.time() - t0
         # 2-3. filter (agreed over ranks before any backward) and advantages
         keep, adv = self._filter_and_advantages(ro.rewards, step)
