@@ -189,6 +189,8 @@ def test_help_is_fast_and_lists_examples():
     sub = next(a for a in ap._actions if a.dest == "cmd")
     for name in ("sft", "grpo", "eval", "demo", "data", "config"):
         assert "examples:" in sub.choices[name].format_help(), name
+    # and the command list itself (a '%' in a command's one-line help once broke `dgrpo --help`)
+    assert "95% intervals" in ap.format_help() and all(name in ap.format_help() for name in sub.choices)
 
 
 def test_version_and_config_show_filter(run_cli):

@@ -34,10 +34,11 @@ def add_config_options(p: argparse.ArgumentParser, example: str) -> None:
 
 
 def subcommand(sub: Any, name: str, help: str, examples: str) -> argparse.ArgumentParser:
-    """A subcommand parser whose --help ends with usage examples."""
+    """A subcommand parser whose --help ends with usage examples (``help`` as written: the command list's
+    formatter would read a '%' in it as a format directive)."""
     return sub.add_parser(
         name,
-        help=help,
+        help=help.replace("%", "%%"),
         description=help,
         epilog="examples:\n" + examples,
         formatter_class=argparse.RawDescriptionHelpFormatter,
