@@ -1,4 +1,5 @@
-"""The command line: ``dgrpo sft | grpo | eval | demo | bench | data | config | plot | import-coconut | consolidate | export``.
+"""The command line: ``dgrpo sft | grpo | eval | demo | bench | data | config | plot``, and the checkpoint tools
+``import-coconut | consolidate | export``.
 
 Every training command takes ``--config FILE.yaml`` (repeatable; a path or a packaged name such as
 ``paper/grpo_dropout.yaml``) and any number of ``--set key=value`` overrides. A bad config, a bad data
