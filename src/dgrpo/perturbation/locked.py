@@ -180,7 +180,9 @@ class LockedDropout(Perturbation):
         same masks as drawing them at bind time: each row comes from its own generator."""
         sites = find_sites(lm.model, self.sites, self.layers)
         seeds = seeds.cpu()
-        self._await_prefetch(seeds)  # (one draw under way at a time)
+        if self._prefetch is not None:  # one draw under way at a time
+            draw, self._prefetch = self._prefetch[1], None
+            draw.result()
         draw = _prefetcher().submit(keep_rows, seeds, len(sites), sites[0].width, self.p, self.memo)
         self._prefetch = (frozenset(seeds.tolist()), draw)
 
