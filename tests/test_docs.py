@@ -1,0 +1,105 @@
+"""The documentation's commands stay true to the code: every ``dgrpo`` command in a code block of README.md and
+docs/*.md parses with the command line it documents, and the config it names (files and ``--set`` overrides) loads
+and validates. Nothing is run."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: a command as written in the docs: `dgrpo`, a venv's, or `python -m dgrpo` / `torchrun ... -m dgrpo`
+COMMAND = re.compile(r"^(?:\S*/)?dgrpo\s|^(?:python3?|torchrun)\b.*\s-m\s+dgrpo\s")
+#: the endings of file names the docs write like options (model.safetensors)
+FILE_TYPES = {"safetensors", "json", "jsonl", "yaml", "py", "md", "pt", "bin", "png", "txt"}
+
+
+def code_lines(path: Path) -> list[tuple[int, str]]:
+    """The lines inside the file's ``` blocks, continuation lines (a trailing backslash) joined, with line numbers."""
+    out: list[tuple[int, str]] = []
+    inside, pending, start = False, "", 0
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            inside, pending = not inside, ""
+            continue
+        if not inside:
+            continue
+        if not pending:
+            start = n
+        text = line.rstrip()
+        if text.endswith("\\"):
+            pending += text[:-1] + " "
+            continue
+        out.append((start, pending + text))
+        pending = ""
+    return out
+
+
+def documented_commands() -> list[tuple[str, list[str]]]:
+    """Every ``dgrpo`` invocation in the docs' code blocks: (where, the arguments after the command name)."""
+    found = []
+    for path in DOCS:
+        for n, line in code_lines(path):
+            for part in re.split(r"&&|;", line):
+                part = part.strip()
+                if not COMMAND.search(part):
+                    continue
+                words = shlex.split(part, comments=True)
+                at = next(i for i, w in enumerate(words) if w == "dgrpo" or w.endswith("/dgrpo"))
+                found.append((f"{path.relative_to(ROOT)}:{n}", words[at + 1 :]))
+    return found
+
+
+COMMANDS = documented_commands()
+
+
+def test_the_docs_have_commands_to_check():
+    names = {argv[0] for _, argv in COMMANDS if argv}
+    assert {"demo", "sft", "grpo", "eval"} <= names, names
+
+
+@pytest.mark.parametrize("where,argv", COMMANDS, ids=[w for w, _ in COMMANDS])
+def test_a_documented_command_parses_and_its_config_loads(where, argv):
+    from dgrpo.cli import build_parser
+    from dgrpo.config import Config, load_config
+
+    if argv[:1] == ["bench"]:
+        from dgrpo.bench.suite import build_parser as bench_parser
+
+        bench_parser().parse_args(argv[1:])
+        return
+    if "..." in argv:  # "the other arguments", as in `dgrpo grpo ... --set fsdp=full`: the config part alone
+        pairs = list(zip(argv, argv[1:]))
+        configs = [v for k, v in pairs if k == "--config"]
+        load_config(Config, configs, [v for k, v in pairs if k == "--set"])
+        return
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:
+        pytest.fail(f"{where}: `dgrpo {shlex.join(argv)}` does not parse (exit {e.code})")
+    if hasattr(args, "config") and hasattr(args, "overrides"):
+        load_config(Config, list(args.config), list(args.overrides))
+
+
+def test_every_config_key_the_docs_name_exists():
+    """A dotted option in the docs' code (``grpo.micro_batch_size``, ``model.lora.r``) is a key of the config: a
+    renamed or removed option cannot linger in the README, docs/*.md or bench/RESULTS.md. (docs/config.md is
+    generated from the config itself.)"""
+    from dgrpo.config import Config, _options
+
+    keys = {o.key for o in _options(Config)}
+    sections = {k.split(".")[0] for k in keys if "." in k}
+    dotted = re.compile(rf"(?<![\w./])(?:{'|'.join(sorted(sections))})(?:\.[a-z_0-9]+)+")
+    missing = []
+    for path in [*DOCS, ROOT / "bench/RESULTS.md"]:
+        if path.name == "config.md":
+            continue
+        for span in re.findall(r"`([^`\n]+)`", path.read_text()) + [t for _, t in code_lines(path)]:
+            for key in dotted.findall(span):
+                if key.rsplit(".", 1)[-1] in FILE_TYPES:  # a file (model.safetensors), not an option
+                    continue
+                if key not in keys and not any(k.startswith(key + ".") for k in keys):
+                    missing.append(f"{path.relative_to(ROOT)}: {key}")
+    assert not missing, sorted(set(missing))
