@@ -200,4 +200,11 @@ def test_version_and_config_show_filter(run_cli):
     keys = [line.split(" = ")[0] for line in r.stdout.splitlines() if " = " in line]
     assert keys and all(k.startswith("grpo.") for k in keys)
     r = run_cli("config", "show", "nope")
-    assert r.returncode == 2 and "unknown section" in r.stderr
+    assert r.returncode == 2 and "no option is named by 'nope'" in r.stderr
+    # or the options whose key starts with a dotted prefix, and their resolved values
+    r = run_cli("config", "show", "grpo.recompute")
+    keys = [line.split(" = ")[0] for line in r.stdout.splitlines() if " = " in line]
+    assert keys[0] == "grpo.recompute" and "grpo.recompute_kept_layers" in keys and len(keys) == 4
+    r = run_cli("config", "show", "grpo.lr", "--set", "grpo.lr=2e-5")
+    assert r.returncode == 0 and json.loads(r.stdout) == {"grpo.lr": 2e-5}
+    assert run_cli("config", "show", "seed").stdout.startswith("seed = ")

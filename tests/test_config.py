@@ -428,5 +428,5 @@ def test_describe_filters_a_section():
         line.startswith("perturbation.kind = 'locked'  # [locked | native | gaussian | none]")
         for line in describe(Config)
     )
-    with pytest.raises(ConfigError, match="unknown config section"):
+    with pytest.raises(ConfigError, match="no config option is named by"):
         describe(Config, section="nope")

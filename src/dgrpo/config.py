@@ -1042,14 +1042,24 @@ def _choices(tp: Any) -> tuple[str, ...]:
     return typing.get_args(tp) if typing.get_origin(tp) is Literal else ()
 
 
+def matching_keys(cls: type, pattern: str) -> list[str]:
+    """The option keys ``pattern`` names: a section (``grpo``: its options), a top-level option (``seed``), or the
+    start of dotted keys (``grpo.recompute``: recompute, recompute_granularity, ...; ``grpo.lr``: that one)."""
+    keys = [o.key for o in _options(cls)]
+    if "." not in pattern:  # a section, or a top-level option (seed)
+        return [k for k in keys if k == pattern or k.startswith(pattern + ".")]
+    return [k for k in keys if k.startswith(pattern)]
+
+
 def describe(cls: type, prefix: str = "", section: str | None = None) -> list[str]:
     """One line per option: ``key = default  # [choices] doc`` (for ``dgrpo config show``); ``section`` keeps only
-    that section's options (``describe(Config, section="grpo")``)."""
+    the options it names (:func:`matching_keys`: ``describe(Config, section="grpo")``, ``section="grpo.recompute"``)."""
     options = list(_options(cls, prefix))
     if section is not None:
-        options = [o for o in options if o.key.startswith(f"{prefix}{section}.")]
+        named = set(matching_keys(cls, section))
+        options = [o for o in options if o.key[len(prefix) :] in named]
         if not options:
-            raise ConfigError(f"unknown config section {section!r}")
+            raise ConfigError(f"no config option is named by {section!r}")
     lines = []
     for o in options:
         choices = f"[{' | '.join(_choices(o.type))}] " if _choices(o.type) else ""

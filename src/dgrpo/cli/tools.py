@@ -21,6 +21,7 @@ DATA_EXAMPLES = """  dgrpo data inspect gsm8k --split train
 """
 CONFIG_EXAMPLES = """  dgrpo config show                        # every option: default and meaning
   dgrpo config show grpo                   # only the grpo.* options
+  dgrpo config show grpo.recompute         # the options whose key starts with grpo.recompute
   dgrpo config show --config paper/grpo_dropout.yaml --set grpo.lr=2e-5   # the resolved config, as JSON
 """
 
@@ -82,7 +83,8 @@ def register(sub: Any) -> None:
         nargs="?",
         default=None,
         metavar="SECTION",
-        help="only this section: model, task, data, sft, eval, perturbation, grpo or logging",
+        help="only this section (model, task, data, sft, eval, perturbation, grpo or logging), or the options whose "
+        "key starts with this (grpo.recompute, grpo.lr)",
     )
     add_config_options(q, "grpo.lr=2e-5")
     q.set_defaults(func=run_config_show)
@@ -104,15 +106,31 @@ def run_data_inspect(args: argparse.Namespace) -> int:
 
 
 def run_config_show(args: argparse.Namespace) -> int:
-    from ..config import Config, ConfigError, describe, load_config, to_dict
+    from ..config import Config, ConfigError, describe, load_config, matching_keys, to_dict
 
     defaults = Config()
     sections = [f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(getattr(defaults, f.name))]
-    if args.section is not None and args.section not in sections:
-        raise ConfigError(f"config show: unknown section {args.section!r}; expected one of {', '.join(sections)}")
-    if args.config or args.overrides:
-        resolved = to_dict(load_config(Config, list(args.config), args.overrides))
-        print(json.dumps(resolved[args.section] if args.section else resolved, indent=2))
-    else:
+    keys = matching_keys(Config, args.section) if args.section is not None else []
+    if args.section is not None and not keys:
+        raise ConfigError(
+            f"config show: no option is named by {args.section!r}; expected a section ({', '.join(sections)}) or the "
+            "start of a key (grpo.recompute)"
+        )
+    if not (args.config or args.overrides):
         print("\n".join(describe(Config, section=args.section)))
+        return 0
+    resolved = to_dict(load_config(Config, list(args.config), args.overrides))
+    if args.section in sections:
+        print(json.dumps(resolved[args.section], indent=2))
+    elif args.section is not None:  # the named keys' values, flat
+        print(json.dumps({k: _value_at(resolved, k) for k in keys}, indent=2))
+    else:
+        print(json.dumps(resolved, indent=2))
     return 0
+
+
+def _value_at(tree: dict, key: str) -> Any:
+    """The value of dotted ``key`` in nested dicts."""
+    for part in key.split("."):
+        tree = tree[part]
+    return tree
