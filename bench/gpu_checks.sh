@@ -21,18 +21,18 @@
 #
 # Items (name: what it shows), most wanted first:
 #   capture_smoke      : the CUDA tests of the fast engine's graph capture (seconds); the script stops if they fail
-#   recipe_vs_earlier  : the recipe as shipped (per-layer recomputation, all 512 rows in one micro-batch, the latent
-#                        steps not recomputed) with its profile (busy share overall and per phase, kernels, FLOP/s,
-#                        host syncs by call site, costliest host calls and kernels, by_range: host, idle and kernel
-#                        time per path of labelled calls; the step's Chrome trace in recipe_trace.json.gz),
-#                        alternated with the earlier GPU path (eager engine, HF layers, 64-row micro-batches, no
-#                        recomputation)
-#   recipe_peak        : the recipe alone in its process (its peak memory; two arms in one process share the device)
-#   fast_vs_eager      : the recipe against grpo.engine=eager on the same weights and prompts (the fast/eager ratio)
-#   cuda_tests         : pytest tests/test_cuda.py
-#   reference_share    : the recipe against grpo.beta0=0 (no reference model: what its forward pass costs a step)
+#   recipe_profile     : the recipe as shipped (per-layer recomputation, all 512 rows in one micro-batch, the latent
+#                        steps not recomputed), alone in its process (its peak memory), three timed steps, then its
+#                        profile: busy share overall and per phase, kernels, FLOP/s, host syncs by call site, the
+#                        costliest host calls and kernels, by_range (host, idle and kernel time per path of labelled
+#                        calls), and the step's Chrome trace in recipe_trace.json.gz
 #   kept_layers        : the recipe with its last 6 layers kept out of recomputation against the recipe (what a kept
 #                        layer saves in time; bench/kept_layer_bytes.py counts what it costs in memory)
+#   reference_share    : the recipe against grpo.beta0=0 (no reference model: what its forward pass costs a step)
+#   cuda_tests         : pytest tests/test_cuda.py
+#   recipe_vs_earlier  : the recipe alternated with the earlier GPU path (eager engine, HF layers, 64-row
+#                        micro-batches, no recomputation): the issue's ratio
+#   fast_vs_eager      : the recipe against grpo.engine=eager on the same weights and prompts (the engine key alone)
 #   call256_vs_recipe  : per-call recomputation of every call at 256-row micro-batches (the recipe until 2026-11-25)
 #   hf_vs_liger        : the recipe against model.kernels=none (what Liger's layers save)
 #   compiled_vs_liger  : model.compile=true with Hugging Face's layers (profiled) against the recipe's Liger layers
@@ -71,7 +71,8 @@ for name, dist in (("transformers",) * 2, ("liger_kernel", "liger-kernel"), ("bi
         print(name, "missing:", type(e).__name__)
 EOF
 
-# GPU_CHECKS_STEP_ARGS: extra paper_step.py arguments (e.g. "--device cpu --shape quick" to try this script on a CPU)
+# GPU_CHECKS_STEP_ARGS: extra paper_step.py arguments (e.g. "--device cpu --shape host --set grpo.prompts_per_step=2
+# --set grpo.group_size=4 --set grpo.max_new_tokens=6" to try this script on a CPU: 28 layers, ~3.5 min)
 read -r -a EXTRA <<<"${GPU_CHECKS_STEP_ARGS:-}"
 STEP=(bench/paper_step.py --steps 2 "${EXTRA[@]}")
 run_item() {  # name, command...
@@ -97,13 +98,12 @@ if ! run_item capture_smoke "${PYTEST[@]}" tests/test_cuda.py -k "captured or wr
     echo "stopped: the captured rollouts fail (capture_smoke.log)" | tee -a "$OUT_DIR/summary.txt"
     exit 1
 fi
-run_item recipe_vs_earlier "$PY" "${STEP[@]}" --profile --trace "$OUT_DIR/recipe_trace.json.gz" \
-    "${EARLIER[@]/#/--versus=}"
-run_item recipe_peak "$PY" "${STEP[@]}"
-run_item fast_vs_eager "$PY" "${STEP[@]}" --versus grpo.engine=eager
-run_item cuda_tests "${PYTEST[@]}" tests/test_cuda.py
-run_item reference_share "$PY" "${STEP[@]}" --versus grpo.beta0=0
+run_item recipe_profile "$PY" "${STEP[@]}" --steps 3 --profile --trace "$OUT_DIR/recipe_trace.json.gz"
 run_item kept_layers "$PY" "${STEP[@]}" --set grpo.recompute_kept_layers=6 --versus grpo.recompute_kept_layers=0
+run_item reference_share "$PY" "${STEP[@]}" --versus grpo.beta0=0
+run_item cuda_tests "${PYTEST[@]}" tests/test_cuda.py
+run_item recipe_vs_earlier "$PY" "${STEP[@]}" "${EARLIER[@]/#/--versus=}"
+run_item fast_vs_eager "$PY" "${STEP[@]}" --versus grpo.engine=eager
 run_item call256_vs_recipe "$PY" "${STEP[@]}" "${CALL256[@]/#/--versus=}"
 run_item hf_vs_liger "$PY" "${STEP[@]}" --versus model.kernels=none
 run_item compiled_vs_liger "$PY" "${STEP[@]}" --profile --set model.kernels=none --set model.compile=true \
