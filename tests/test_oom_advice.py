@@ -45,8 +45,8 @@ def test_an_inner_phase_advice_is_not_overwritten_and_nothing_smaller_says_only_
 def make_trainer(tokenizer, task_records, beta0, *extra):
     from dgrpo.training.grpo import GRPOTrainer
 
-    over = ["grpo.group_size=4", "grpo.filter=false", f"grpo.beta0={beta0}", "grpo.micro_batch_size=8", *extra]
-    over += ["grpo.rollout_batch_size=16", "grpo.recompute=true", "grpo.recompute_granularity=call"]
+    over = ["grpo.group_size=4", "grpo.filter=false", f"grpo.beta0={beta0}", "grpo.micro_batch_size=8"]
+    over += ["grpo.rollout_batch_size=16", "grpo.recompute=true", "grpo.recompute_granularity=call", *extra]
     return GRPOTrainer(make_lm(tokenizer, "qwen2"), load_config(Config, "tiny.yaml", over), task_records)
 
 
@@ -71,6 +71,17 @@ def test_a_grpo_step_names_the_phase_and_the_setting(tokenizer, task_records, ta
     assert f"{MARK} {expected}" in str(info.value)
     if expected == UPDATE:  # per-call recomputation on: per layer keeps less
         assert "grpo.recompute_granularity=layer keeps less for backward" in str(info.value)
+
+
+def test_kept_layers_are_the_first_thing_to_give_back(tokenizer, task_records):
+    """With layers kept out of per-layer recomputation, the update's advice names them too."""
+    over = ["grpo.recompute_granularity=layer", "grpo.recompute_kept_layers=1"]
+    trainer = make_trainer(tokenizer, task_records, 0.0, *over)
+    with mock.patch("dgrpo.training.grpo.replay_logprobs", raise_oom):
+        with pytest.raises(torch.OutOfMemoryError) as info:
+            trainer.step()
+    assert f"{MARK} {UPDATE}" in str(info.value)
+    assert "fewer grpo.recompute_kept_layers (now 1) keep less for backward" in str(info.value)
 
 
 def test_rollouts_one_at_a_time_are_advised_as_such(tokenizer, task_records):

@@ -363,6 +363,8 @@ class GRPOTrainer:
             less = "grpo.recompute=true keeps less for backward"
         elif g.recompute_granularity == "call":
             less = "grpo.recompute_granularity=layer keeps less for backward"
+        elif g.recompute_kept_layers:
+            less = f"fewer grpo.recompute_kept_layers (now {g.recompute_kept_layers}) keep less for backward"
         else:
             less = "" if mb > 1 else "a smaller model or a larger device"
         rows = "rows per forward/backward; the loss does not depend on it" if mb > 1 else "one row per forward already"
