@@ -103,3 +103,8 @@ def test_an_sft_step_names_the_next_grad_accum_that_divides_the_batch(tmp_path, 
             run_cli("sft", "--out", tmp_path / "sft", *tiny_args(**small))
     assert f"{MARK} in the SFT step at sft.grad_accum=4: try --set sft.grad_accum=6" in str(info.value)
     assert "sft.recompute=true keeps less for backward" in str(info.value)
+    small |= {"sft.recompute": "true", "sft.recompute_kept_layers": 1}  # (layers kept out of recomputation)
+    with mock.patch("dgrpo.training.sft.sft_step", raise_oom):
+        with pytest.raises(torch.OutOfMemoryError) as info:
+            run_cli("sft", "--out", tmp_path / "sft2", *tiny_args(**small))
+    assert "fewer sft.recompute_kept_layers (now 1) keep less for backward" in str(info.value)

@@ -262,6 +262,8 @@ class SFTRun:
         why = "micro-batches per optimizer step, batch_size / grad_accum examples each; the loss does not depend on it"
         if not s.recompute:
             why += "; sft.recompute=true keeps less for backward"
+        elif s.recompute_kept_layers:
+            why += f"; fewer sft.recompute_kept_layers (now {s.recompute_kept_layers}) keep less for backward"
         return oom_advice("SFT step", "sft.grad_accum", s.grad_accum, why, to_try=more)
 
     def finish(self, t0: float) -> None:
