@@ -130,7 +130,7 @@ def launched_within(kernels: Sequence[Any], launched: Sequence[float], windows: 
     return [k for k, t in zip(kernels, launched) if any(a <= t < b for a, b in windows)]
 
 
-def top_kernels(kernels: Sequence[Any], top: int, width: int = 96) -> list[list]:
+def top_kernels(kernels: Sequence[Any], top: int, width: int = 160) -> list[list]:
     """The ``top`` device kernels by summed device time, as [name (its first ``width`` characters), runs,
     milliseconds]: what the busy time is made of (matmuls, attention, element-wise ops, copies)."""
     return top_host_calls([(e.name[:width], e.device_time) for e in kernels], top)
