@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 from typing import Any
 
@@ -119,18 +120,12 @@ def run_config_show(args: argparse.Namespace) -> int:
     if not (args.config or args.overrides):
         print("\n".join(describe(Config, section=args.section)))
         return 0
-    resolved = to_dict(load_config(Config, list(args.config), args.overrides))
+    cfg = load_config(Config, list(args.config), args.overrides)
+    resolved = to_dict(cfg)
     if args.section in sections:
         print(json.dumps(resolved[args.section], indent=2))
     elif args.section is not None:  # the named keys' values, flat
-        print(json.dumps({k: _value_at(resolved, k) for k in keys}, indent=2))
+        print(json.dumps({k: functools.reduce(getattr, k.split("."), cfg) for k in keys}, indent=2))
     else:
         print(json.dumps(resolved, indent=2))
     return 0
-
-
-def _value_at(tree: dict, key: str) -> Any:
-    """The value of dotted ``key`` in nested dicts."""
-    for part in key.split("."):
-        tree = tree[part]
-    return tree

@@ -464,12 +464,10 @@ class LatentLM(nn.Module):
         model's depth."""
         self.recompute = section.recompute_granularity if section.recompute else False
         self.recompute_latent_steps = section.recompute_latent_steps
-        n_layers = len(decoder_layers(self.model))
-        if section.recompute_kept_layers > n_layers:
-            raise ConfigError(
-                f"{key}.recompute_kept_layers: {section.recompute_kept_layers} layers kept out of recomputation, but "
-                f"the model has {n_layers}"
-            )
+        try:  # (the check each recomputed call makes, once and as a config error)
+            last_layers(len(decoder_layers(self.model)), section.recompute_kept_layers)
+        except ValueError as e:
+            raise ConfigError(f"{key}.recompute_kept_layers: {e}") from None
         self.recompute_kept_layers = section.recompute_kept_layers
 
     @property

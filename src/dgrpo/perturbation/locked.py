@@ -42,13 +42,13 @@ def keep_rows(seeds: Tensor, n_sites: int, width: int, p: float, memo: RowMemo |
     if memo is None:
         return torch.stack(draw_keep_rows(seeds.tolist(), n_sites, width, p))
     keys = [(s, n_sites, width, p) for s in seeds.tolist()]
-    found = memo.lookup(keys)
-    missing = list(dict.fromkeys(k for k in keys if k not in found))
-    if not missing:
-        return torch.stack([found[k] for k in keys])
-    drawn = dict(zip(missing, draw_keep_rows([k[0] for k in missing], n_sites, width, p), strict=True))
-    memo.put_many(drawn)
-    return torch.stack([found[k] if k in found else drawn[k] for k in keys])
+    rows = memo.lookup(keys)
+    missing = list(dict.fromkeys(k for k in keys if k not in rows))
+    if missing:
+        drawn = dict(zip(missing, draw_keep_rows([k[0] for k in missing], n_sites, width, p), strict=True))
+        memo.put_many(drawn)
+        rows.update(drawn)
+    return torch.stack([rows[k] for k in keys])
 
 
 #: below this many uniforms a draw stays on the calling thread (a thread pool's overhead is ~0.1 ms per chunk)
@@ -180,14 +180,13 @@ class LockedDropout(Perturbation):
         same masks as drawing them at bind time: each row comes from its own generator."""
         sites = find_sites(lm.model, self.sites, self.layers)
         seeds = seeds.cpu()
-        if self._prefetch is not None:  # one draw under way at a time
-            draw, self._prefetch = self._prefetch[1], None
-            draw.result()
+        self._await_prefetch()  # one draw under way at a time
         draw = _prefetcher().submit(keep_rows, seeds, len(sites), sites[0].width, self.p, self.memo)
         self._prefetch = (frozenset(seeds.tolist()), draw)
 
-    def _await_prefetch(self, seeds: Tensor) -> None:
-        """Wait for the draw under way if it holds any of ``seeds`` (and raise what it raised)."""
-        if self._prefetch is not None and not self._prefetch[0].isdisjoint(seeds.tolist()):
-            draw, self._prefetch = self._prefetch[1], None
-            draw.result()
+    def _await_prefetch(self, seeds: Tensor | None = None) -> None:
+        """Wait for the draw under way (with ``seeds``: only if it holds any of them), and raise what it raised."""
+        if self._prefetch is None or (seeds is not None and self._prefetch[0].isdisjoint(seeds.tolist())):
+            return
+        draw, self._prefetch = self._prefetch[1], None
+        draw.result()
