@@ -95,7 +95,10 @@ def child_pids(pid: int | None = None) -> set[int]:
     """The child processes of ``pid`` (default: this process) that still exist, zombies included (Linux /proc)."""
     pids: set[int] = set()
     for f in Path(f"/proc/{os.getpid() if pid is None else pid}/task").glob("*/children"):
-        pids.update(int(p) for p in f.read_text().split())
+        try:
+            pids.update(int(p) for p in f.read_text().split())
+        except OSError:  # the thread exited between the listing and the read
+            continue
     return {p for p in pids if Path(f"/proc/{p}").exists()}
 
 

@@ -302,8 +302,16 @@ def _worker_parity(out: Path, args: dict) -> None:
 
 
 def gloo_threads() -> list[str]:
-    """gloo's native threads in this process (its workers, pt_gloo_runloop, and its socket loop, gloo_tcp_loop)."""
-    names = (Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task"))
+    """gloo's native threads in this process (its workers, pt_gloo_runloop, and its socket loop, gloo_tcp_loop).
+
+    A thread can exit between the directory listing and the read of its name: such a thread is gone, not counted.
+    """
+    names = []
+    for t in os.listdir("/proc/self/task"):
+        try:
+            names.append(Path(f"/proc/self/task/{t}/comm").read_text().strip())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
     return sorted(n for n in names if "gloo" in n)
 
 
