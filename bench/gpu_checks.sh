@@ -26,8 +26,9 @@
 #                        profile: busy share overall and per phase, kernels, FLOP/s, host syncs by call site, the
 #                        costliest host calls and kernels, by_range (host, idle and kernel time per path of labelled
 #                        calls), and the step's Chrome trace in recipe_trace.json.gz
-#   kept_layers        : the recipe with its last 6 layers kept out of recomputation against the recipe (what a kept
-#                        layer saves in time; bench/kept_layer_bytes.py counts what it costs in memory)
+#   kept_layers        : the recipe with its last KEPT_LAYERS (default 6) layers kept out of recomputation against the
+#                        recipe (what a kept layer saves in time; bench/kept_layer_bytes.py counts what it costs in
+#                        memory); KEPT_LAYERS=1 for a try-out on a 2-layer shape
 #   reference_share    : the recipe against grpo.beta0=0 (no reference model: what its forward pass costs a step)
 #   cuda_tests         : pytest tests/test_cuda.py
 #   recipe_vs_earlier  : the recipe alternated with the earlier GPU path (eager engine, HF layers, 64-row
@@ -99,7 +100,7 @@ if ! run_item capture_smoke "${PYTEST[@]}" tests/test_cuda.py -k "captured or wr
     exit 1
 fi
 run_item recipe_profile "$PY" "${STEP[@]}" --steps 3 --profile --trace "$OUT_DIR/recipe_trace.json.gz"
-run_item kept_layers "$PY" "${STEP[@]}" --set grpo.recompute_kept_layers=6 --versus grpo.recompute_kept_layers=0
+run_item kept_layers "$PY" "${STEP[@]}" --set "grpo.recompute_kept_layers=${KEPT_LAYERS:-6}" --versus grpo.recompute_kept_layers=0
 run_item reference_share "$PY" "${STEP[@]}" --versus grpo.beta0=0
 run_item cuda_tests "${PYTEST[@]}" tests/test_cuda.py
 run_item recipe_vs_earlier "$PY" "${STEP[@]}" "${EARLIER[@]/#/--versus=}"
