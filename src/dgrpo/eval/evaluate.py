@@ -134,15 +134,7 @@ def evaluate(
         shot_recs, records = records[:shots], records[shots:]
     if limit:
         records = records[:limit]
-    if plain:
-        questions = [plain_prompt(r.question, shot_recs) for r in records]
-        n_lat, mode, markers = 0, "plain", False
-    else:
-        questions = [r.question for r in records]
-        n_lat = lm.settings.n_latent if n_latent is None or n_latent < 0 else n_latent
-        mode, markers = lm.settings.mode, True
-        if mode in ("cot", "no_cot", "plain"):
-            n_lat, mode = 0, "coconut"
+    questions, n_lat, mode, markers = _prompts(lm, records, plain, shot_recs, n_latent)
     texts = generate_answers(
         lm,
         questions,
@@ -159,15 +151,7 @@ def evaluate(
         progress=progress,
     )
     texts = [_cut_plain(t) for t in texts] if plain else texts
-    scores = (scorer or numeric)(texts, records)
-    is_numeric = scorer is None or scorer is numeric
-    preds, correct, unparseable = [], 0, 0
-    for r, text, value in zip(records, texts, scores):
-        ok = value > 0.5
-        correct += int(ok)
-        unparseable += int(is_numeric and not is_parseable(text))
-        pred = extract_answer(text) if is_numeric else final_answer_text(text).strip()
-        preds.append({"question": r.question, "gold": r.answer, "completion": text, "pred": pred, "correct": ok})
+    preds, correct, unparseable = _graded(records, texts, scorer)
     n = len(records)
     return EvalResult(
         dataset=dataset,
@@ -181,6 +165,35 @@ def evaluate(
         wall_s=round(time.time() - t0, 3),
         predictions=preds,
     )
+
+
+def _prompts(
+    lm: LatentLM, records: list[Record], plain: bool, shots: list[Record], n_latent: int | None
+) -> tuple[list[str], int, str, bool]:
+    """(prompts, latent thoughts, generation mode, markers): a k-shot prompt without thoughts for a plain LM, else
+    the question with ``n_latent`` thoughts (None or < 0: the model's own; none for a model trained without them)."""
+    if plain:
+        return [plain_prompt(r.question, shots) for r in records], 0, "plain", False
+    n_lat = lm.settings.n_latent if n_latent is None or n_latent < 0 else n_latent
+    mode = lm.settings.mode
+    if mode in ("cot", "no_cot", "plain"):
+        n_lat, mode = 0, "coconut"
+    return [r.question for r in records], n_lat, mode, True
+
+
+def _graded(records: list[Record], texts: list[str], scorer: ScoreFn | None) -> tuple[list[dict], int, int]:
+    """(one prediction row per record, how many are correct, how many have no parseable number): ``scorer``'s
+    value > 0.5 is correct (default: the numeric verifier, the only one whose unparseable outputs are counted)."""
+    scores = (scorer or numeric)(texts, records)
+    is_numeric = scorer is None or scorer is numeric
+    preds, correct, unparseable = [], 0, 0
+    for r, text, value in zip(records, texts, scores):
+        ok = value > 0.5
+        correct += int(ok)
+        unparseable += int(is_numeric and not is_parseable(text))
+        pred = extract_answer(text) if is_numeric else final_answer_text(text).strip()
+        preds.append({"question": r.question, "gold": r.answer, "completion": text, "pred": pred, "correct": ok})
+    return preds, correct, unparseable
 
 
 def merge_results(parts: list[EvalResult]) -> EvalResult:
