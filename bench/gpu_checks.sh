@@ -5,6 +5,7 @@
 # and the items after it are skipped. bench/RESULTS.md says what each figure means.
 #
 #   bash bench/gpu_checks.sh [OUT_DIR] [BUDGET_S]      # default: runs/gpu_checks, 540 s
+#   ONLY="capture_smoke recipe_profile" bash bench/gpu_checks.sh ...   # just the items named
 #
 # OUT_DIR gets about a dozen files (a log per item, summary.txt, environment.txt, the profiled step's trace). Where
 # only a few files come back from the node, bundle them after the run, the trace apart (it may be ~10 MB):
@@ -79,6 +80,7 @@ STEP=(bench/paper_step.py --steps 2 "${EXTRA[@]}")
 run_item() {  # name, command...
     local name=$1 left
     shift
+    if [[ -n "${ONLY:-}" && " $ONLY " != *" $name "* ]]; then return 0; fi
     left=$((deadline - $(date +%s)))
     if ((left < 30)); then
         echo "== $name: skipped, ${left}s left of the budget" | tee -a "$OUT_DIR/summary.txt"

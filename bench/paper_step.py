@@ -206,10 +206,7 @@ def step_labels(tr: GRPOTrainer) -> list[tuple[Any, str, timeline.Label]]:
         return f"{phase} forward" + (" with grad" if torch.is_grad_enabled() else "")
 
     def decoder_step(dec: FixedShapeDecoder, phase: str) -> str:
-        if not dec.capture:
-            return f"{phase} step: eager"
-        how = "replay" if phase in dec.graphs else "capture" if phase in dec.warm else "warm-up"
-        return f"{phase} step: {how}"
+        return f"{phase} step: {dec.next_step(phase)}"
 
     return [
         *((tr, method, phase) for phase, method in PHASES.items()),

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dgrpo.config import Config, ConfigError, PerturbationConfig, load_config
-from dgrpo.model.fixed_shape import FixedShapeDecoder, fixed_shape_generate
+from dgrpo.model.fixed_shape import FixedShapeDecoder, fixed_shape_generate, fixed_shape_target_logprobs
 from dgrpo.perturbation import make_perturbation
 
 from conftest import make_lm
@@ -70,6 +70,26 @@ def test_other_perturbations_and_pause_tokens(tokenizer, task_records, kind, mod
     pert = make_perturbation(PerturbationConfig(kind=kind, p=0.3, sigma=0.3, sites=["attn", "mlp"]))
     eager, fixed = both(lm, ids, mask, pert, n_latent=3, max_new_tokens=10, mode=mode)
     assert_same(eager, fixed)
+
+
+@pytest.mark.parametrize("arch, mode", [("qwen2", "coconut"), ("llama", "pause"), ("gpt2", "coconut")])
+def test_fixed_shape_scoring_equals_the_growing_cache_one(tokenizer, task_records, arch, mode):
+    """The fast engine's reference scoring (no grad): the latent steps over fixed buffers, then the marker and the
+    right-padded targets in one call over the static cache, give ``target_logprobs``'s log-probs (fp32, 1e-5) for
+    ragged prompts and targets, under locked dropout."""
+    lm = make_lm(tokenizer, arch).eval()
+    ids, mask = ragged_batch(lm, task_records)
+    targets = [[5 + (3 * i + j) % 40 for j in range(3 + 2 * i)] for i in range(ids.shape[0])]
+    tg = torch.full((len(targets), max(map(len, targets))), lm.pad_id)
+    tm = torch.zeros_like(tg)
+    for i, t in enumerate(targets):
+        tg[i, : len(t)], tm[i, : len(t)] = torch.tensor(t), 1
+    pert = make_perturbation(PerturbationConfig(kind="locked", p=0.3, sites=["attn", "mlp"]))
+    with torch.no_grad(), pert.bind(lm, torch.arange(ids.shape[0])) as pb:
+        grown, _ = lm.target_logprobs(ids, mask, 3, tg, tm, mode=mode, perturbation=pb, end_with_targets=True)
+        fixed = fixed_shape_target_logprobs(lm, ids, mask, 3, tg, tm, mode=mode, perturbation=pb)
+    assert (fixed[tm == 0] == 0).all() and (grown[tm == 1] < 0).all()
+    assert torch.allclose(fixed, grown, atol=1e-5, rtol=0)
 
 
 def test_the_step_is_one_graph_without_host_synchronisation(tokenizer, task_records):

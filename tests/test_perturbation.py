@@ -185,6 +185,25 @@ def test_prefetched_masks_are_the_ones_a_bind_would_draw_and_are_not_drawn_again
     assert [n for t, n in draws if t.startswith("dgrpo-mask-prefetch")] == [8]
 
 
+def test_binding_the_same_seeds_again_reuses_the_bound_masks(tokenizer):
+    """A step binds its seeds three times (rollout, update, reference model): the second bind of the same seeds, on
+    the same kind of model, takes the device masks the first made (the same tensors, nothing drawn or copied); other
+    seeds or another dtype get their own masks, equal to a fresh bind's."""
+    lm, ref = make_lm(tokenizer, "qwen2"), make_lm(tokenizer, "qwen2")
+    pert = LockedDropout(p=0.3, sites=["attn", "mlp"])
+    seeds, other = torch.arange(8), torch.arange(8) + 50
+    first = pert.bind(lm, seeds)
+    again, on_ref = pert.bind(lm, seeds.clone()), pert.bind(ref, seeds)
+    assert all(a is b for a, b in zip(first.site_masks, again.site_masks, strict=True))
+    assert all(a is b for a, b in zip(first.site_masks, on_ref.site_masks, strict=True))
+    assert on_ref.modules[0] is not first.modules[0]  # each bind hooks its own model's sites
+    moved = pert.bind(lm, other)
+    assert torch.equal(moved.masks, LockedDropout(p=0.3, sites=["attn", "mlp"]).bind(lm, other).masks)
+    assert not torch.equal(moved.masks, first.masks)
+    lm.model.to(torch.float64)
+    assert pert.bind(lm, other).masks.dtype == torch.float64
+
+
 def test_the_row_memo_can_be_shared_with_a_drawing_thread():
     """Two threads reading and filling one memo past its capacity (the prefetch and the step's binds): every row
     read is the row of its seed, and the memo keeps its capacity."""

@@ -73,6 +73,11 @@ def shared_pool(device: torch.device) -> _SharedPool:
     return pool
 
 
+#: the steps run eagerly in this process, by :meth:`FixedShapeDecoder.warm_key`: a later decoder of the same kind
+#: captures its first step of that phase at once instead of running it eagerly first
+_warmed: set[tuple] = set()
+
+
 class FixedShapeDecoder:
     """One batch's rollout over fixed buffers; :func:`fixed_shape_generate` drives it."""
 
@@ -103,7 +108,6 @@ class FixedShapeDecoder:
         self.ids = torch.zeros(B, 1, dtype=torch.long, device=dev)  # the answer step's input
         self.new_column = torch.ones(B, 1, dtype=self.mask.dtype, device=dev)  # 1: the step's token is attended
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
-        self.warm: set[str] = set()
         self.pool = shared_pool(dev) if capture else None
 
     def _forward(self, phase: str) -> None:
@@ -118,30 +122,53 @@ class FixedShapeDecoder:
         self.next_position.add_(1)
         self.column.add_(1)
 
-    def step(self, phase: str) -> None:
-        """One position of ``phase`` (``latent``: input ``embeds``; ``answer``: input ``ids``). Captured: the first
-        step of a phase runs eagerly (the warm-up capture needs), the second records the graph, every later one
-        replays it."""
+    def warm_key(self, phase: str) -> tuple:
+        """What a step of ``phase`` runs, for the warm-up rule: the shapes of the buffers, the weights' dtype and
+        device, the model's configuration and module classes (e.g. Liger's layers) and the perturbation's kind."""
+        model = self.lm.model
+        return (
+            phase,
+            tuple(self.mask.shape),
+            tuple(self.hidden.shape),
+            next(model.parameters()).dtype,
+            self.mask.device,
+            model.config.to_json_string(use_diff=False),
+            frozenset(type(m).__qualname__ for m in model.modules()),
+            type(self.perturbation).__qualname__,
+        )
+
+    def next_step(self, phase: str) -> str:
+        """How the next step of ``phase`` runs: ``eager`` (no capture), ``warm-up`` (eagerly, on a side stream, as
+        torch.cuda.graph's docs ask: first-use work such as compiling a kernel or planning an attention call for a
+        new shape cannot be captured; skipped when a decoder of this process ran that same step, :meth:`warm_key`),
+        ``capture`` (recorded as the phase's graph, then replayed) or ``replay``."""
         if not self.capture:
+            return "eager"
+        if phase in self.graphs:
+            return "replay"
+        return "capture" if self.warm_key(phase) in _warmed else "warm-up"
+
+    def step(self, phase: str) -> None:
+        """One position of ``phase`` (``latent``: input ``embeds``; ``answer``: input ``ids``), as
+        :meth:`next_step` says."""
+        how = self.next_step(phase)
+        if how == "eager":
             self._forward(phase)
-            return
-        graph = self.graphs.get(phase)
-        if graph is None and phase not in self.warm:  # warm-up on a side stream, as torch.cuda.graph's docs ask
+        elif how == "warm-up":
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 self._forward(phase)
             torch.cuda.current_stream().wait_stream(side)
-            self.warm.add(phase)
-            return
-        if graph is None:
-            assert self.pool is not None
-            graph = torch.cuda.CUDAGraph()
-            with captured(graph, self.pool.handle):
-                self._forward(phase)
-            self.graphs[phase] = graph
-            self.pool.newest = list(self.graphs.values())  # (the previous batch's graphs may go now)
-        graph.replay()
+            _warmed.add(self.warm_key(phase))
+        else:
+            if how == "capture":
+                assert self.pool is not None
+                graph = self.graphs[phase] = torch.cuda.CUDAGraph()
+                with captured(graph, self.pool.handle):
+                    self._forward(phase)
+                self.pool.newest = list(self.graphs.values())  # (the previous batch's graphs may go now)
+            self.graphs[phase].replay()
 
     def latent(self, n_latent: int, mode: str, latent_embedding: Tensor) -> None:
         """The ``n_latent`` thoughts: the last hidden state fed back (coconut), or the ``<|latent|>`` embedding
@@ -149,6 +176,19 @@ class FixedShapeDecoder:
         for _ in range(n_latent):
             self.embeds.copy_(self.hidden if mode == "coconut" else latent_embedding)
             self.step("latent")
+
+    def score(self, target_ids: Tensor, target_mask: Tensor, temperature: float) -> Tensor:
+        """Teacher-forced log-probs [B, L] of ``target_ids`` (0 at padding) after the latent steps: ``<|end-latent|>``
+        and the targets but the last in one eager forward call over the last L columns, as
+        :meth:`LatentLM.target_logprobs` with ``end_with_targets`` does over a growing cache."""
+        B, L = target_ids.shape
+        start = self.mask.shape[1] - L  # (every row's next column: the latent steps wrote the same columns)
+        lead = torch.full((B, 1), self.lm.end_id, dtype=target_ids.dtype, device=target_ids.device)
+        ids = torch.cat([lead, target_ids[:, :-1]], 1)
+        self.mask[:, start:] = torch.cat([torch.ones_like(target_mask[:, :1]), target_mask[:, :-1]], 1)
+        positions = self.next_position[:, None] + torch.arange(L, device=ids.device)[None]
+        hidden = self.lm._call_base(self.cache, "answer", self.perturbation, ids, self.mask, positions, True)
+        return self.lm._scored(hidden, target_ids, target_mask, temperature, False)[0]
 
     def feed(self, ids: Tensor, new_column: Tensor) -> None:
         """One answer-phase token per row (``new_column`` 0: a finished row's token, not attended)."""
@@ -190,6 +230,34 @@ def fixed_shape_generate(
     if markers:
         dec.feed(torch.full((B, 1), lm.end_id, device=dev), torch.ones(B, 1, dtype=dec.mask.dtype, device=dev))
     return _decode(dec, lm, max_new_tokens, temperature, top_p, generator, stop_ids, with_entropy, sync_every)
+
+
+@torch.no_grad()
+def fixed_shape_target_logprobs(
+    lm: LatentLM,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    n_latent: int,
+    target_ids: Tensor,
+    target_mask: Tensor,
+    *,
+    mode: str | None = None,
+    perturbation: PhaseHook | None = None,
+    temperature: float = 1.0,
+    capture: bool = False,
+) -> Tensor:
+    """:meth:`LatentLM.target_logprobs` with ``end_with_targets`` (the same log-probs [B, L], 0 at padding, up to
+    the rounding of other kernels), without grad, over fixed buffers: the latent steps run as the rollout's do
+    (``capture``: one CUDA graph replayed T times instead of T eager forwards, each of hundreds of small launches at
+    one position per row), then the marker and the targets in one forward call. The reference model's scoring."""
+    mode = mode or lm.settings.mode
+    if n_latent > 0 and mode not in ("coconut", "pause"):
+        raise ValueError(f"mode {mode!r} has no latent thoughts; got n_latent={n_latent}")
+    B, P = prompt_ids.shape
+    dec = FixedShapeDecoder(lm, prompt_ids, prompt_mask, P + n_latent + target_ids.shape[1], perturbation, capture)
+    pause = lm.embed(torch.full((B, 1), lm.latent_id, device=prompt_ids.device)) if mode == "pause" else dec.hidden
+    dec.latent(n_latent, mode, pause)
+    return dec.score(target_ids, target_mask, temperature)
 
 
 def _decode(

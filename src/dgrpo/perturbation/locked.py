@@ -130,13 +130,10 @@ class RowMemo:
 
 
 class _BoundLocked(HookedPerturbation):
-    def __init__(self, sites: list[Site], masks: Tensor, perturb_prompt: bool):
-        """``masks``: [B, sites, H], every row's masks in the weights' dtype."""
+    def __init__(self, sites: list[Site], site_masks: list[Tensor], perturb_prompt: bool):
+        """``site_masks``: per site, every row's mask [B, 1, H] in the weights' dtype (see :func:`site_masks`)."""
         super().__init__([s.module for s in sites], perturb_prompt)
-        # [B, 1, H] per site, the same mask at every position; each its own contiguous tensor, copied once from
-        # ``masks`` (a compiled layer step would be specialised on a view's offset into one tensor:
-        # dgrpo.model.compiled_layers)
-        self.site_masks = [masks[:, k, None, :].contiguous() for k in range(masks.shape[1])]
+        self.site_masks = site_masks
 
     @property
     def masks(self) -> Tensor:
@@ -146,6 +143,13 @@ class _BoundLocked(HookedPerturbation):
     def _hook(self, k: int) -> Callable:
         # the mask is already in the weights' dtype: one multiply per site and forward, no cast
         return output_factor_hook(lambda: self.site_masks[k] if self.active else None)
+
+
+def site_masks(masks: Tensor) -> list[Tensor]:
+    """[B, sites, H] masks as one [B, 1, H] tensor per site (the same mask at every position), each its own contiguous
+    copy: a compiled layer step would be specialised on a view's offset into one tensor (dgrpo.model.compiled_layers).
+    """
+    return [masks[:, k, None, :].contiguous() for k in range(masks.shape[1])]
 
 
 @register("locked")
@@ -159,7 +163,10 @@ class LockedDropout(Perturbation):
             raise ValueError(f"dropout p must be in [0, 1), got {p}")
         self.p, self.sites, self.layers, self.perturb_prompt = p, sites or ["mlp"], layers, perturb_prompt
         self.memo = RowMemo()
-        self._prefetch: tuple[frozenset[int], Future] | None = None  # (seeds, their draw) under way
+        self._prefetch: tuple[tuple[int, ...], Future] | None = None  # (seeds, their draw) under way
+        # the device masks of the last bind: a step binds the same seeds for its rollout, its update and its
+        # reference (one batch each at the recipe's sizes), and the masks are read-only
+        self._bound: tuple[tuple, list[Tensor]] | None = None
 
     @classmethod
     def from_config(cls, cfg: PerturbationConfig) -> LockedDropout:
@@ -168,25 +175,47 @@ class LockedDropout(Perturbation):
     def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
         sites = find_sites(lm.model, self.sites, self.layers)
         dtype = next(lm.model.parameters()).dtype
-        self._await_prefetch(seeds)
-        # booleans cross to the device (not fp32 masks: a quarter of the bytes and of the host's work) and become 0
-        # and 1/(1-p) there, rounded once to the weights' dtype
-        keep = to_device(keep_rows(seeds, len(sites), sites[0].width, self.p, self.memo), lm.device)
-        return _BoundLocked(sites, scale_kept(keep, self.p, dtype), self.perturb_prompt)
+        seed_list = tuple(seeds.tolist())
+        key = (seed_list, len(sites), sites[0].width, self.p, dtype, lm.device)
+        if self._bound is None or self._bound[0] != key:
+            self._bound = None  # (its device memory may go before the new masks are made)
+            keep = self._prefetched(seed_list)
+            if keep is None:
+                keep = keep_rows(seeds, len(sites), sites[0].width, self.p, self.memo)
+            # booleans cross to the device (not fp32 masks: a quarter of the bytes and of the host's work) and become
+            # 0 and 1/(1-p) there, rounded once to the weights' dtype
+            self._bound = (key, site_masks(scale_kept(to_device(keep, lm.device), self.p, dtype)))
+        return _BoundLocked(sites, self._bound[1], self.perturb_prompt)
 
     def prefetch(self, lm: LatentLM, seeds: Tensor) -> None:
         """Draw the keep-masks of ``seeds`` (a later step's) into the memo on a host thread, while the caller goes on
-        (e.g. launching this step's update on a GPU); a later :meth:`bind` of any of them waits for the draw. The
-        same masks as drawing them at bind time: each row comes from its own generator."""
+        (e.g. launching this step's update on a GPU); a later :meth:`bind` of any of them waits for the draw, and one
+        of exactly ``seeds`` takes the stacked batch the thread made (in pinned memory when ``lm`` is on CUDA, ready
+        for a copy that does not wait). The same masks as drawing them at bind time: each row comes from its own
+        generator."""
         sites = find_sites(lm.model, self.sites, self.layers)
         seeds = seeds.cpu()
         self._await_prefetch()  # one draw under way at a time
-        draw = _prefetcher().submit(keep_rows, seeds, len(sites), sites[0].width, self.p, self.memo)
-        self._prefetch = (frozenset(seeds.tolist()), draw)
+        pin = lm.device.type == "cuda"
 
-    def _await_prefetch(self, seeds: Tensor | None = None) -> None:
+        def draw() -> Tensor:
+            keep = keep_rows(seeds, len(sites), sites[0].width, self.p, self.memo)
+            return keep.pin_memory() if pin else keep
+
+        self._prefetch = (tuple(seeds.tolist()), _prefetcher().submit(draw))
+
+    def _prefetched(self, seeds: tuple[int, ...]) -> Tensor | None:
+        """The stacked keep-masks of exactly ``seeds`` when the draw under way is theirs (after waiting for it); else
+        None, after waiting for the draw if it holds any of them (it fills the memo)."""
+        if self._prefetch is None or self._prefetch[0] != seeds:
+            self._await_prefetch(seeds)
+            return None
+        draw, self._prefetch = self._prefetch[1], None
+        return draw.result()
+
+    def _await_prefetch(self, seeds: tuple[int, ...] | None = None) -> None:
         """Wait for the draw under way (with ``seeds``: only if it holds any of them), and raise what it raised."""
-        if self._prefetch is None or (seeds is not None and self._prefetch[0].isdisjoint(seeds.tolist())):
+        if self._prefetch is None or (seeds is not None and set(self._prefetch[0]).isdisjoint(seeds)):
             return
         draw, self._prefetch = self._prefetch[1], None
         draw.result()

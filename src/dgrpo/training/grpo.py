@@ -383,7 +383,7 @@ class GRPOTrainer:
             n_latent=self.n_latent,
             perturbation=self.perturbation,
             temperature=g.temperature,
-            end_with_answer=self.engine == "fast",
+            engine=self.engine,
         )
 
     def _update_seeds(self, ro: Rollouts, rows: Tensor, step: int, epoch: int) -> Tensor:

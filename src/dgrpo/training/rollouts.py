@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ..data.records import Record
 from ..eval.scoring import ScoreFn, call_checked, numeric
-from ..model.fixed_shape import fixed_shape_generate
+from ..model.fixed_shape import fixed_shape_generate, fixed_shape_target_logprobs
 from ..model.latent_lm import LatentLM
 from ..perturbation import Perturbation
 from ..perturbation.base import to_device
@@ -148,11 +148,12 @@ def replay_logprobs(
     perturbation: Perturbation,
     seeds: Tensor,
     temperature: float,
-    end_with_answer: bool = False,
+    engine: str = "eager",
 ) -> tuple[Tensor, Tensor]:
     """Teacher-forced log pi(y | x, xi) of ``rows`` under the perturbation regenerated from ``seeds``,
     through the whole latent recurrence (differentiable when grad is enabled). Returns (logp, mask).
-    ``end_with_answer``: ``<|end-latent|>`` runs in the answer's forward call (one call fewer; the fast engine)."""
+    ``engine``: ``fast`` runs ``<|end-latent|>`` in the answer's forward call (one call fewer) and, without grad (the
+    reference model), the latent steps over fixed buffers as the rollout does (graph-captured on CUDA)."""
     # the padding columns from the host's copy of the masks, the rows gathered on the device: no synchronisation
     prompt_host, answer_host = ro.host()
     rows_host = rows.cpu()
@@ -162,7 +163,14 @@ def replay_logprobs(
     ids, mask = ro.prompt_ids.index_select(0, idx)[:, lo:], ro.prompt_mask.index_select(0, idx)[:, lo:]
     tg, tm = ro.tokens.index_select(0, idx)[:, :hi], ro.mask.index_select(0, idx)[:, :hi]
     t = temperature if temperature > 0 else 1.0
+    fast = engine == "fast"
     with perturbation.bind(lm, seeds) as pb:
+        if fast and perturbation.batched and not torch.is_grad_enabled() and tg.shape[1] > 0:
+            capture = lm.device.type == "cuda"
+            logp = fixed_shape_target_logprobs(
+                lm, ids, mask, n_latent, tg, tm, perturbation=pb, temperature=t, capture=capture
+            )
+            return logp, tm
         logp, _ = lm.target_logprobs(
             ids,
             mask,
@@ -172,6 +180,6 @@ def replay_logprobs(
             perturbation=pb,
             temperature=t,
             stepwise=not perturbation.batched,
-            end_with_targets=end_with_answer,
+            end_with_targets=fast,
         )
     return logp, tm
