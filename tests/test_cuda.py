@@ -114,6 +114,28 @@ def test_captured_rollouts_equal_eager_in_fp32_and_replay_bit_identically(tokeni
     assert torch.allclose(eager.logprobs, fast[0].logprobs, atol=1e-4, rtol=0)
 
 
+def test_captured_reference_scoring_equals_eager_in_fp32(tokenizer, task_records):
+    """The fast engine's reference scoring (latent steps captured as a graph, then the answer's call over the static
+    cache) gives ``target_logprobs``' log-probs in fp32, the first run (warm-up, capture) and the second (capture at
+    once: the same step ran in this process) alike."""
+    from dgrpo.model.fixed_shape import fixed_shape_target_logprobs
+
+    lm = make_lm(tokenizer, hidden_size=64).eval()
+    lm.model.to(CUDA)
+    ids, mask = (x.to(CUDA) for x in lm.encode_questions([r.question for r in task_records[:16]]))
+    gen = _rollouts(lm, ids, mask, seeds_for(0, 0, 0, 16), True, max_new_tokens=16)
+    pert = LockedDropout(p=0.3, sites=["attn", "mlp"])
+    with torch.no_grad(), pert.bind(lm, seeds_for(0, 0, 0, 16)) as pb:
+        kw = dict(perturbation=pb, end_with_targets=True)
+        eager, _ = lm.target_logprobs(ids, mask, 3, gen.tokens, gen.mask, **kw)
+        fast = [
+            fixed_shape_target_logprobs(lm, ids, mask, 3, gen.tokens, gen.mask, perturbation=pb, capture=True)
+            for _ in range(2)
+        ]
+    assert torch.equal(fast[0], fast[1])
+    assert torch.allclose(eager, fast[0], atol=1e-4, rtol=0)
+
+
 def test_rollout_batches_reuse_one_graph_pool(tokenizer, task_records):
     """Every rollout batch captures its graphs into the device's one pool (``fixed_shape.shared_pool``): after the
     first batches, more of them reserve no more memory, and their answers stay bit-identical."""
