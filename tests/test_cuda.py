@@ -3,6 +3,7 @@
 CI has no GPU; these run wherever CUDA is present (``pytest tests/test_cuda.py``).
 """
 
+import contextlib
 import copy
 
 import pytest
@@ -88,6 +89,32 @@ def test_bf16_grpo_step_on_cuda(sft_checkpoint, optimizer):
         )  # bf16: rollout and replay run the same kernels, up to batch-shape effects
     assert all(p.dtype == torch.bfloat16 and p.device.type == "cuda" for p in lm.model.parameters())
     assert any(not torch.equal(b, p) for b, p in zip(before, lm.model.parameters()))
+
+
+def test_8bit_optimizer_steps_without_per_parameter_syncs_give_the_same_weights(monkeypatch):
+    """bitsandbytes' AdamW8bit with its device synchronisation after each parameter turned off
+    (``without_per_parameter_syncs``, the trainer's step): the same weights, bit for bit, and no wait."""
+    bnb = pytest.importorskip("bitsandbytes")
+    from dgrpo.training.grpo import without_per_parameter_syncs
+
+    waits, synchronize = [], torch.cuda.synchronize
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: (waits.append(1), synchronize(*a))[1])
+    torch.manual_seed(0)
+    params = [torch.randn(n, 256, device=CUDA, dtype=torch.bfloat16) for n in (512, 1024, 64)]
+    runs, counts = [], []
+    for off in (False, True):
+        ps = [torch.nn.Parameter(p.clone()) for p in params]
+        opt = bnb.optim.AdamW8bit(ps, lr=1e-2)
+        waits.clear()
+        for k in range(3):
+            for i, p in enumerate(ps):
+                p.grad = torch.sin(params[i].float() * (k + 1)).to(p.dtype)
+            with without_per_parameter_syncs(opt) if off else contextlib.nullcontext():
+                opt.step()
+        runs.append([p.detach().clone() for p in ps])
+        counts.append(len(waits))
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+    assert counts[0] >= 9 and counts[1] == 0, counts
 
 
 def _rollouts(lm, ids, mask, seeds, fast, **kw):

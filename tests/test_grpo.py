@@ -200,3 +200,37 @@ def test_generation_batches_are_stacked_right_padded_to_the_longest():
     assert mask.tolist() == [[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]]
     assert torch.equal(logp, mask * -0.5) and logp.dtype == torch.float32
     assert entropy == pytest.approx((1 + 2 + 3 + 4 + 5 + 10 + 4) / 10)
+
+
+def test_an_unpaged_8bit_optimizer_steps_without_its_per_parameter_syncs(monkeypatch):
+    """``without_per_parameter_syncs``: inside the block a bitsandbytes 8-bit optimizer that is not paged finds its
+    ``sync_gpu`` a no-op, restored afterwards; a paged one, or any other optimizer, keeps it."""
+    import sys
+    import types
+
+    from dgrpo.training.grpo import without_per_parameter_syncs
+
+    calls = []
+    module = types.ModuleType("bitsandbytes.optim.optimizer")
+    module.sync_gpu = lambda t: calls.append(t)
+
+    class Optimizer8bit:
+        def __init__(self, is_paged):
+            self.is_paged = is_paged
+
+        def step(self):
+            module.sync_gpu("p")
+
+    module.Optimizer8bit = Optimizer8bit
+    monkeypatch.setitem(sys.modules, "bitsandbytes.optim.optimizer", module)
+    for opt, synced in ((Optimizer8bit(False), 0), (Optimizer8bit(True), 1)):
+        calls.clear()
+        with without_per_parameter_syncs(opt):
+            opt.step()
+        assert len(calls) == synced
+        opt.step()  # restored after the block
+        assert len(calls) == synced + 1
+    adamw = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
+    with without_per_parameter_syncs(adamw):
+        module.sync_gpu("q")
+    assert calls[-1] == "q"

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
 import warnings
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -84,6 +85,25 @@ def build_optimizer(params: list, cfg: Config, device: torch.device) -> torch.op
         else:
             warnings.warn("grpo.optimizer=adamw8bit runs on CUDA only; using torch AdamW on this device", stacklevel=2)
     return torch.optim.AdamW(params, lr=g.lr, weight_decay=g.weight_decay)
+
+
+@contextmanager
+def without_per_parameter_syncs(opt: torch.optim.Optimizer) -> Iterator[None]:
+    """bitsandbytes' 8-bit optimizers synchronise the device after every parameter's update (``sync_gpu``, there for
+    paged states): 338 waits in a step of Qwen2.5-1.5B, each leaving the GPU idle until the host launches the next
+    update. Unpaged states need none (every update runs in order on one stream), so for such an optimizer the block
+    runs with that synchronisation off; the same updates, bit for bit."""
+    module = sys.modules.get("bitsandbytes.optim.optimizer")
+    base = getattr(module, "Optimizer8bit", None)
+    if module is None or base is None or not isinstance(opt, base) or getattr(opt, "is_paged", True):
+        yield
+        return
+    synchronise = getattr(module, "sync_gpu")  # noqa: B009 (a module mypy does not know)
+    setattr(module, "sync_gpu", lambda t: None)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(module, "sync_gpu", synchronise)  # noqa: B010
 
 
 def _replayed_logprobs(lm: LatentLM, **kw: Any) -> Tensor:
@@ -325,7 +345,8 @@ class GRPOTrainer:
         gn = torch.nn.utils.clip_grad_norm_(params, g.max_grad_norm if g.max_grad_norm > 0 else float("inf"))
         finite = bool(torch.isfinite(gn))  # the summed gradient is the same on every rank, so is this decision
         if finite:
-            self.opt.step()
+            with without_per_parameter_syncs(self.opt):
+                self.opt.step()
         self.guard.record(finite)
         self.opt.zero_grad(set_to_none=True)
         self.dist.gather_params(lm.model)
