@@ -11,9 +11,13 @@ captured as a CUDA graph and the GPU idles between its launches. Here one batch'
 
 So every latent step is the same computation on the same tensors, and so is every answer step:
 :meth:`FixedShapeDecoder.step` runs it eagerly, or (``capture``, CUDA only) records it once per phase as a
-``torch.cuda.CUDAGraph`` and replays it: one launch per forward instead of hundreds. The perturbation's hooks act
-inside the step: a batch-bound one (locked dropout, Gaussian noise: fixed tensors per batch) is captured with it; the
-RNG-replayed native dropout cannot be.
+``torch.cuda.CUDAGraph`` and replays it: one launch per forward instead of hundreds. A phase's first step runs eagerly
+first (the warm-up capture needs) unless a decoder of this process already ran that same step (same shapes, model
+and perturbation kind). The perturbation's hooks act inside the step: a batch-bound one (locked dropout, Gaussian
+noise: fixed tensors per batch) is captured with it; the RNG-replayed native dropout cannot be.
+
+The reference model's scoring (:func:`fixed_shape_target_logprobs`, no grad) runs its latent steps the same way, then
+the marker and the teacher-forced answer in one call over the static cache.
 
 Every decoder's graphs record into one memory pool per device (:func:`shared_pool`), as torch's docs describe for
 graphs replayed in the order they were captured: a rollout batch's graphs are never replayed once the next batch's
@@ -35,22 +39,43 @@ from torch import Tensor
 
 from .latent_lm import AnswerBook, Generation, LatentLM, PhaseHook, cache_keyword
 
+_side_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def side_stream() -> torch.cuda.Stream:
+    """The current device's one stream for warm-ups and captures (made on first use), as ``torch.cuda.graph`` keeps
+    one: what a library first makes per stream (cuBLAS' workspace) is then made once, by the first warm-up, not by
+    each capture into its graph's pool, where it would stay reserved (a new stream per capture grew the reserved
+    memory by a few MB a rollout batch on an H200)."""
+    device = torch.cuda.current_device()
+    stream = _side_streams.get(device)
+    if stream is None:
+        stream = _side_streams[device] = torch.cuda.Stream()
+    return stream
+
+
+@contextmanager
+def on_side_stream() -> Iterator[torch.cuda.Stream]:
+    """Run the block on :func:`side_stream`, ordered after the current stream's work and before its later work."""
+    stream, current = side_stream(), torch.cuda.current_stream()
+    stream.wait_stream(current)
+    with torch.cuda.stream(stream):
+        yield stream
+    current.wait_stream(stream)
+
 
 @contextmanager
 def captured(graph: torch.cuda.CUDAGraph, pool: torch.cuda.graphs._POOL_HANDLE | None) -> Iterator[None]:
-    """Record the block's CUDA work into ``graph`` (memory from ``pool``) on a side stream that first waits for the
-    current one. ``torch.cuda.graph`` does the same after a device-wide synchronisation, emptying the allocator's
+    """Record the block's CUDA work into ``graph`` (memory from ``pool``) on the side stream, which first waits for
+    the current one. ``torch.cuda.graph`` does the same after a device-wide synchronisation, emptying the allocator's
     cache and the pinned host cache: two captures per rollout batch would drain the GPU twice a step and hand every
     block the update had cached back to the driver, to be allocated from it again in the next update."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+    with on_side_stream():
         graph.capture_begin(pool=pool)
         try:
             yield
         finally:
             graph.capture_end()
-    torch.cuda.current_stream().wait_stream(stream)
 
 
 class _SharedPool:
@@ -155,11 +180,8 @@ class FixedShapeDecoder:
         if how == "eager":
             self._forward(phase)
         elif how == "warm-up":
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
+            with on_side_stream():
                 self._forward(phase)
-            torch.cuda.current_stream().wait_stream(side)
             _warmed.add(self.warm_key(phase))
         else:
             if how == "capture":
