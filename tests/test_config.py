@@ -374,7 +374,9 @@ def test_tiny_config_is_the_quick_set():
     }  # (num_heads 4, epochs_per_stage 2, batch_size 64, group_size 8 are the defaults too)
 
 
-@pytest.mark.parametrize("name", ["paper/grpo_dropout", "paper/grpo_dropout.yaml", "builtin/sft", "tiny"])
+@pytest.mark.parametrize(
+    "name", ["paper/grpo_dropout", "paper/grpo_dropout.yaml", "configs/paper/grpo_dropout.yaml", "builtin/sft", "tiny"]
+)
 def test_resolve_config_path_finds_packaged_names(name):
     path = resolve_config_path(name)
     assert path.is_file() and path.parent.parent in (CONFIG_DIR, CONFIG_DIR.parent)

@@ -883,13 +883,15 @@ def packaged_configs() -> list[str]:
 
 def resolve_config_path(name: str | Path, relative_to: Path | None = None) -> Path:
     """The file a config name means: an existing file path as given (taken from the folder ``relative_to`` when set
-    and the path is relative), else a packaged config, with or without ``.yaml`` (``paper/grpo_dropout``)."""
+    and the path is relative), else a packaged config, with or without ``.yaml`` (``paper/grpo_dropout``) and with or
+    without the packaged folder's name before it (``configs/paper/grpo_dropout.yaml``, as torchtune's recipes are
+    named)."""
     path = Path(name)
     if relative_to is not None and not path.is_absolute():
         path = relative_to / path
     if path.is_file():
         return path
-    packaged = Path(name).as_posix().removesuffix(".yaml") + ".yaml"
+    packaged = Path(name).as_posix().removeprefix("configs/").removesuffix(".yaml") + ".yaml"
     if packaged in packaged_configs():
         return CONFIG_DIR / packaged
     raise ConfigError(
