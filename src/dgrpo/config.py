@@ -527,7 +527,8 @@ class GRPOConfig:
         "ends booked on the device, the host checking every 8 tokens; on CUDA each step captured once per batch as a "
         "CUDA graph and replayed; the same answers and log-probs; needs a batched perturbation (not native); "
         "rollout_cache does not apply; its update and reference also run <|end-latent|> in the answer's forward "
-        "call, one call fewer, the same log-probs up to rounding)",
+        "call, one call fewer, and the reference model (no grad) runs its latent steps over fixed buffers too, "
+        "captured on CUDA; the same log-probs up to rounding)",
     )
     advantage: Advantage = opt(
         "drgrpo",
