@@ -315,7 +315,12 @@ def main() -> int:
     if args.profile and "recipe" in trainers:
         recipe = trainers["recipe"]
         if device.type == "cuda":
-            summary["profile"] = profile_recipe(recipe, prompts, device, dtype, args.trace)
+            prof = summary["profile"] = profile_recipe(recipe, prompts, device, dtype, args.trace)
+            # the rule: the profiled step's kernel time (and FLOPs) over a timed step's wall, which the
+            # profiler's host overhead does not stretch
+            median = summary["median_step_s"]
+            prof["gpu_busy_of_median_step"] = round(prof["gpu_busy_s"] / median, 3)
+            prof["share_of_peak_at_median_step"] = round(prof["step_tflop"] / median / prof["matmul_peak_tflops"], 4)
         else:  # no kernels to count on a CPU: the ops that would make a GPU's host wait, and the ops per phase
             waits = step_profile.waiting_ops(lambda: recipe.step(prompts=prompts), top=24)
             # the phases' and labelled calls' host times, costliest calls
