@@ -218,10 +218,12 @@ def frozen_weights(lm):
     return {n: p.detach().clone() for n, p in lm.model.named_parameters() if not p.requires_grad and "lora" not in n}
 
 
-def test_grpo_under_lora_replays_exactly_and_trains_only_adapters(sft_checkpoint, task_records):
+@pytest.mark.parametrize("engine", ["eager", "fast"])
+def test_grpo_under_lora_replays_exactly_and_trains_only_adapters(sft_checkpoint, task_records, engine):
+    """(``fast``: the rollouts and the reference adapter's scoring over fixed buffers.)"""
     from dgrpo.training.rollouts import replay_logprobs
 
-    tr = lora_trainer(sft_checkpoint, task_records)
+    tr = lora_trainer(sft_checkpoint, task_records, **{"grpo.engine": engine})
     lm = tr.lm
     n_train, n_total = lora.trainable_parameters(lm)
     assert sum(p.numel() for p in tr.opt_params) == n_train < n_total / 10  # the optimizer holds the adapters only
@@ -234,7 +236,9 @@ def test_grpo_under_lora_replays_exactly_and_trains_only_adapters(sft_checkpoint
     kw = dict(n_latent=tr.n_latent, perturbation=tr.perturbation, seeds=ro.seeds[rows], temperature=1.0)
     with torch.no_grad():
         a, b = replay_logprobs(lm, ro, rows, **kw)[0], replay_logprobs(lm, ro, rows, **kw)[0]
+        fixed = replay_logprobs(lm, ro, rows, engine="fast", **kw)[0]  # (the reference's way, here the policy's)
     assert torch.equal(a, b)  # bit-identical replay of the same masks
+    assert torch.allclose(fixed, a, atol=1e-5, rtol=0)
     after = frozen_weights(lm)
     assert all(torch.equal(base[k], after[k]) for k in base)  # the backbone never moves
     assert any(not torch.equal(policy0[k], v) for k, v in lora.adapter_state(lm).items())
