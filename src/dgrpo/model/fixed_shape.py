@@ -186,9 +186,10 @@ class FixedShapeDecoder:
         else:
             if how == "capture":
                 assert self.pool is not None
-                graph = self.graphs[phase] = torch.cuda.CUDAGraph()
+                graph = torch.cuda.CUDAGraph()
                 with captured(graph, self.pool.handle):
                     self._forward(phase)
+                self.graphs[phase] = graph  # (only once captured whole)
                 self.pool.newest = list(self.graphs.values())  # (the previous batch's graphs may go now)
             self.graphs[phase].replay()
 
