@@ -27,6 +27,8 @@
 #                        profile: busy share overall and per phase, kernels, FLOP/s, host syncs by call site, the
 #                        costliest host calls and kernels, by_range (host, idle and kernel time per path of labelled
 #                        calls), and the step's Chrome trace in recipe_trace.json.gz
+#   extra_profile      : only with EXTRA_PROFILE=path/to/script.py: that script, run from the checkout's root with
+#                        src/ on PYTHONPATH (e.g. a profile tool kept with an issue, carried to the node)
 #   kept_layers        : the recipe with its last KEPT_LAYERS (default 6) layers kept out of recomputation against the
 #                        recipe (what a kept layer saves in time; bench/kept_layer_bytes.py counts what it costs in
 #                        memory); KEPT_LAYERS=1 for a try-out on a 2-layer shape
@@ -102,6 +104,9 @@ if ! run_item capture_smoke "${PYTEST[@]}" tests/test_cuda.py -k "captured or wr
     exit 1
 fi
 run_item recipe_profile "$PY" "${STEP[@]}" --steps 3 --profile --trace "$OUT_DIR/recipe_trace.json.gz"
+if [[ -n "${EXTRA_PROFILE:-}" ]]; then  # a profile script of one's own (e.g. one kept with an issue), run from here
+    run_item extra_profile "$PY" "$EXTRA_PROFILE"
+fi
 run_item kept_layers "$PY" "${STEP[@]}" --set "grpo.recompute_kept_layers=${KEPT_LAYERS:-6}" --versus grpo.recompute_kept_layers=0
 run_item reference_share "$PY" "${STEP[@]}" --versus grpo.beta0=0
 run_item cuda_tests "${PYTEST[@]}" tests/test_cuda.py
