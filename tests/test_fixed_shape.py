@@ -72,11 +72,19 @@ def test_other_perturbations_and_pause_tokens(tokenizer, task_records, kind, mod
     assert_same(eager, fixed)
 
 
-@pytest.mark.parametrize("arch, mode", [("qwen2", "coconut"), ("llama", "pause"), ("gpt2", "coconut")])
-def test_fixed_shape_scoring_equals_the_growing_cache_one(tokenizer, task_records, arch, mode):
+@pytest.mark.parametrize(
+    "arch, mode, kind",
+    [
+        ("qwen2", "coconut", "locked"),
+        ("llama", "pause", "locked"),
+        ("gpt2", "coconut", "locked"),
+        ("qwen2", "coconut", "gaussian"),
+    ],
+)
+def test_fixed_shape_scoring_equals_the_growing_cache_one(tokenizer, task_records, arch, mode, kind):
     """The fast engine's reference scoring (no grad): the latent steps over fixed buffers, then the marker and the
     right-padded targets in one call over the static cache, give ``target_logprobs``'s log-probs (fp32, 1e-5) for
-    ragged prompts and targets, under locked dropout."""
+    ragged prompts and targets, under a batched perturbation."""
     lm = make_lm(tokenizer, arch).eval()
     ids, mask = ragged_batch(lm, task_records)
     targets = [[5 + (3 * i + j) % 40 for j in range(3 + 2 * i)] for i in range(ids.shape[0])]
@@ -84,7 +92,7 @@ def test_fixed_shape_scoring_equals_the_growing_cache_one(tokenizer, task_record
     tm = torch.zeros_like(tg)
     for i, t in enumerate(targets):
         tg[i, : len(t)], tm[i, : len(t)] = torch.tensor(t), 1
-    pert = make_perturbation(PerturbationConfig(kind="locked", p=0.3, sites=["attn", "mlp"]))
+    pert = make_perturbation(PerturbationConfig(kind=kind, p=0.3, sigma=0.3, sites=["attn", "mlp"]))
     with torch.no_grad(), pert.bind(lm, torch.arange(ids.shape[0])) as pb:
         grown, _ = lm.target_logprobs(ids, mask, 3, tg, tm, mode=mode, perturbation=pb, end_with_targets=True)
         fixed = fixed_shape_target_logprobs(lm, ids, mask, 3, tg, tm, mode=mode, perturbation=pb)
