@@ -242,14 +242,10 @@ def fixed_shape_generate(
     """:meth:`LatentLM.generate` over fixed shapes (same arguments, same result); ``capture``: CUDA graphs of the
     latent and answer steps; ``sync_every``: how many tokens pass between the host's checks that a row is alive
     (0: never, all ``max_new_tokens`` are decoded)."""
-    mode = mode or lm.settings.mode
-    if n_latent > 0 and mode not in ("coconut", "pause"):
-        raise ValueError(f"mode {mode!r} has no latent thoughts; got n_latent={n_latent}")
     B, dev = prompt_ids.shape[0], prompt_ids.device
-    n_columns = prompt_ids.shape[1] + n_latent + int(markers) + max_new_tokens
-    dec = FixedShapeDecoder(lm, prompt_ids, prompt_mask, n_columns, perturbation, capture)
-    pause = lm.embed(torch.full((B, 1), lm.latent_id, device=dev)) if mode == "pause" and n_latent else dec.hidden
-    dec.latent(n_latent, mode, pause)
+    dec = _after_latents(
+        lm, prompt_ids, prompt_mask, n_latent, int(markers) + max_new_tokens, mode, perturbation, capture
+    )
     if markers:
         dec.feed(torch.full((B, 1), lm.end_id, device=dev), torch.ones(B, 1, dtype=dec.mask.dtype, device=dev))
     return _decode(dec, lm, max_new_tokens, temperature, top_p, generator, stop_ids, with_entropy, sync_every)
@@ -273,14 +269,31 @@ def fixed_shape_target_logprobs(
     the rounding of other kernels), without grad, over fixed buffers: the latent steps run as the rollout's do
     (``capture``: one CUDA graph replayed T times instead of T eager forwards, each of hundreds of small launches at
     one position per row), then the marker and the targets in one forward call. The reference model's scoring."""
+    dec = _after_latents(lm, prompt_ids, prompt_mask, n_latent, target_ids.shape[1], mode, perturbation, capture)
+    return dec.score(target_ids, target_mask, temperature)
+
+
+def _after_latents(
+    lm: LatentLM,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    n_latent: int,
+    n_after: int,
+    mode: str | None,
+    perturbation: PhaseHook | None,
+    capture: bool,
+) -> FixedShapeDecoder:
+    """A decoder over the prompt, ``n_latent`` thoughts and ``n_after`` more columns, having run the prompt and the
+    thoughts (``mode``: coconut or pause; None: the model's own)."""
     mode = mode or lm.settings.mode
     if n_latent > 0 and mode not in ("coconut", "pause"):
         raise ValueError(f"mode {mode!r} has no latent thoughts; got n_latent={n_latent}")
     B, P = prompt_ids.shape
-    dec = FixedShapeDecoder(lm, prompt_ids, prompt_mask, P + n_latent + target_ids.shape[1], perturbation, capture)
-    pause = lm.embed(torch.full((B, 1), lm.latent_id, device=prompt_ids.device)) if mode == "pause" else dec.hidden
+    dec = FixedShapeDecoder(lm, prompt_ids, prompt_mask, P + n_latent + n_after, perturbation, capture)
+    dev = prompt_ids.device
+    pause = lm.embed(torch.full((B, 1), lm.latent_id, device=dev)) if mode == "pause" and n_latent else dec.hidden
     dec.latent(n_latent, mode, pause)
-    return dec.score(target_ids, target_mask, temperature)
+    return dec
 
 
 def _decode(
