@@ -133,6 +133,7 @@ class FixedShapeDecoder:
         self.ids = torch.zeros(B, 1, dtype=torch.long, device=dev)  # the answer step's input
         self.new_column = torch.ones(B, 1, dtype=self.mask.dtype, device=dev)  # 1: the step's token is attended
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self._warm_keys: dict[str, tuple] = {}
         self.pool = shared_pool(dev) if capture else None
 
     def _forward(self, phase: str) -> None:
@@ -149,7 +150,14 @@ class FixedShapeDecoder:
 
     def warm_key(self, phase: str) -> tuple:
         """What a step of ``phase`` runs, for the warm-up rule: the shapes of the buffers, the weights' dtype and
-        device, the model's configuration and module classes (e.g. Liger's layers) and the perturbation's kind."""
+        device, the model's configuration and module classes (e.g. Liger's layers) and the perturbation's kind (made
+        once per phase: the buffers and the model stay the same for the decoder's life)."""
+        key = self._warm_keys.get(phase)
+        if key is None:
+            key = self._warm_keys[phase] = self._describe_step(phase)
+        return key
+
+    def _describe_step(self, phase: str) -> tuple:
         model = self.lm.model
         return (
             phase,
