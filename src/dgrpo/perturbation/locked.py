@@ -179,7 +179,7 @@ class LockedDropout(Perturbation):
         key = (seed_list, len(sites), sites[0].width, self.p, dtype, lm.device)
         if self._bound is None or self._bound[0] != key:
             self._bound = None  # (its device memory may go before the new masks are made)
-            keep = self._prefetched(seed_list)
+            keep = self._await_prefetch(seed_list)
             if keep is None:
                 keep = keep_rows(seeds, len(sites), sites[0].width, self.p, self.memo)
             # booleans cross to the device (not fp32 masks: a quarter of the bytes and of the host's work) and become
@@ -204,18 +204,11 @@ class LockedDropout(Perturbation):
 
         self._prefetch = (tuple(seeds.tolist()), _prefetcher().submit(draw))
 
-    def _prefetched(self, seeds: tuple[int, ...]) -> Tensor | None:
-        """The stacked keep-masks of exactly ``seeds`` when the draw under way is theirs (after waiting for it); else
-        None, after waiting for the draw if it holds any of them (it fills the memo)."""
-        if self._prefetch is None or self._prefetch[0] != seeds:
-            self._await_prefetch(seeds)
-            return None
-        draw, self._prefetch = self._prefetch[1], None
-        return draw.result()
-
-    def _await_prefetch(self, seeds: tuple[int, ...] | None = None) -> None:
-        """Wait for the draw under way (with ``seeds``: only if it holds any of them), and raise what it raised."""
+    def _await_prefetch(self, seeds: tuple[int, ...] | None = None) -> Tensor | None:
+        """Wait for the draw under way (with ``seeds``: only if it holds any of them), and raise what it raised; its
+        stacked keep-masks when it drew exactly ``seeds``, else None (it filled the memo either way)."""
         if self._prefetch is None or (seeds is not None and set(self._prefetch[0]).isdisjoint(seeds)):
-            return
-        draw, self._prefetch = self._prefetch[1], None
-        draw.result()
+            return None
+        (drawn_for, draw), self._prefetch = self._prefetch, None
+        keep = draw.result()
+        return keep if drawn_for == seeds else None
