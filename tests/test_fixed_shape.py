@@ -111,7 +111,8 @@ def test_the_step_is_one_graph_without_host_synchronisation(tokenizer, task_reco
     hidden = []
     for traced in (False, True):
         with torch.no_grad(), pert.bind(lm, torch.arange(3)) as pb:
-            dec = FixedShapeDecoder(lm, ids, mask, ids.shape[1] + 4, pb, capture=False)
+            dec = FixedShapeDecoder(lm, 3, ids.shape[1] + 4, capture=False)
+            dec.start(ids, mask, pb)
             step = torch.compile(dec._forward, fullgraph=True, backend="eager") if traced else dec._forward
             for _ in range(2):
                 dec.embeds.copy_(dec.hidden)
@@ -127,6 +128,86 @@ def test_capture_is_refused_off_cuda(tokenizer, task_records):
     ids, mask = ragged_batch(lm, task_records, n=2)
     with pytest.raises(ValueError, match="CUDA"):
         fixed_shape_generate(lm, ids, mask, 2, capture=True)
+
+
+def batches_of_one_shape(lm, records, n=6):
+    """Three batches of ``n`` rows: prompts of different lengths (and paddings), within one column bucket."""
+    out = []
+    for k, cut in enumerate((0, 3, 1)):
+        questions = [r.question[: 22 + (6, 0, 12)[k] + 3 * (i % 2)] for i, r in enumerate(records[cut : cut + n])]
+        out.append(lm.encode_questions(questions))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["locked", "gaussian", "none"])
+def test_a_kept_decoder_serves_later_batches_as_a_new_one_would(tokenizer, task_records, kind):
+    """``keep``: one decoder (its cache, buffers and graphs) serves every batch of its shape: the second and third
+    batches, with other prompts and other seeds, get the rollouts and the reference scores a new decoder gives them
+    (fp32: its columns are rounded up, never attended); a batch of another shape gets a decoder of its own."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    pert = make_perturbation(PerturbationConfig(kind=kind, p=0.3, sigma=0.3, sites=["attn", "mlp"]))
+    batches = batches_of_one_shape(lm, task_records)
+    assert len({ids.shape[1] for ids, _ in batches}) > 1  # the prompts' widths differ
+    kept = []
+    for b, (ids, mask) in enumerate(batches):
+        seeds = torch.arange(ids.shape[0]) + 100 * b
+        gens, scores = [], []
+        for keep in (False, True):
+            with torch.no_grad(), pert.bind(lm, seeds) as pb:
+                g = fixed_shape_generate(
+                    lm, ids, mask, 3, max_new_tokens=8, perturbation=pb, with_entropy=True, keep=keep
+                )
+                gens.append(g)
+                scores.append(
+                    fixed_shape_target_logprobs(lm, ids, mask, 3, g.tokens, g.mask, perturbation=pb, keep=keep)
+                )
+        assert_same(*gens)
+        assert torch.allclose(scores[0], scores[1], atol=1e-5, rtol=0)
+        kept.append({p: (dec, dec.cache.layers[0].keys.data_ptr()) for p, (_, dec) in lm.kept_decoders.items()})
+    assert set(kept[0]) == {"generate", "score"}
+    assert kept[0] == kept[1] == kept[2]  # the same decoders over the same cache memory
+    ids, mask = batches[0]
+    with torch.no_grad(), pert.bind(lm, torch.arange(3)) as pb:
+        fixed_shape_generate(lm, ids[:3], mask[:3], 3, max_new_tokens=8, perturbation=pb, keep=True)
+    assert lm.kept_decoders["generate"][1] is not kept[0]["generate"][0]
+
+
+def test_a_kept_decoder_copies_each_batch_perturbation_into_what_its_graphs_read(tokenizer, task_records):
+    """A replayed graph reads the tensors it was captured with: a later batch's masks are copied into them."""
+    from dgrpo.model.fixed_shape import decoder_for
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = ragged_batch(lm, task_records, n=4)
+    pert = make_perturbation(PerturbationConfig(kind="locked", p=0.3, sites=["attn", "mlp"]))
+    with torch.no_grad(), pert.bind(lm, torch.arange(4)) as first:
+        dec = decoder_for(lm, "generate", 4, ids.shape[1] + 10, first, capture=False, keep=True)
+        dec.start(ids, mask, first)
+        dec.graph_inputs["latent"] = captured = [t.clone() for t in first.graph_inputs()]  # (what capture records)
+    with torch.no_grad(), pert.bind(lm, torch.arange(4) + 50) as second:
+        assert decoder_for(lm, "generate", 4, ids.shape[1] + 10, second, capture=False, keep=True) is dec
+        assert not all(torch.equal(a, b) for a, b in zip(captured, second.graph_inputs()))
+        dec.start(ids, mask, second)
+    assert all(torch.equal(a, b) for a, b in zip(captured, second.graph_inputs(), strict=True))
+
+
+def test_decoders_are_kept_only_for_perturbations_that_state_their_tensors_and_per_adapter(tokenizer, task_records):
+    """A hooked perturbation that does not say which tensors it reads cannot have them copied in: a new decoder per
+    batch. Under LoRA the reference adapter's graphs are not the policy's: one decoder per active adapter."""
+    from types import SimpleNamespace
+
+    from dgrpo.model.fixed_shape import decoder_for
+    from dgrpo.perturbation.base import HookedPerturbation
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    opaque = HookedPerturbation([], perturb_prompt=True)
+    assert opaque.graph_inputs() is None
+    a = decoder_for(lm, "generate", 2, 40, opaque, capture=False, keep=True)
+    assert decoder_for(lm, "generate", 2, 40, opaque, capture=False, keep=True) is not a and not lm.kept_decoders
+    lm.peft = SimpleNamespace(active_adapters=["policy"])
+    policy = decoder_for(lm, "score", 2, 40, None, capture=False, keep=True)
+    assert decoder_for(lm, "score", 2, 33, None, capture=False, keep=True) is policy  # (the same column bucket)
+    lm.peft.active_adapters = ["reference"]
+    assert decoder_for(lm, "score", 2, 40, None, capture=False, keep=True) is not policy
 
 
 def code_parity(completions, records):

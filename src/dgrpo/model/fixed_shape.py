@@ -36,6 +36,7 @@ from contextlib import contextmanager
 
 import torch
 from torch import Tensor
+from transformers import StaticCache
 
 from .latent_lm import AnswerBook, Generation, LatentLM, PhaseHook, cache_keyword
 
@@ -104,40 +105,79 @@ _warmed: set[tuple] = set()
 
 
 class FixedShapeDecoder:
-    """One batch's rollout over fixed buffers; :func:`fixed_shape_generate` drives it."""
+    """A rollout's fixed buffers for batches of ``batch_size`` rows and ``n_columns`` columns, and (``capture``) the
+    CUDA graphs of its steps; :meth:`start` begins a batch over them, :func:`fixed_shape_generate` drives it. A
+    decoder kept for later batches of the same shape (:func:`decoder_for`) replays the graphs it captured."""
 
-    def __init__(
-        self,
-        lm: LatentLM,
-        prompt_ids: Tensor,
-        prompt_mask: Tensor,
-        n_columns: int,
-        perturbation: PhaseHook | None,
-        capture: bool,
-    ):
-        if capture and (prompt_ids.device.type != "cuda" or cache_keyword(type(lm.base)) != "cache"):
+    def __init__(self, lm: LatentLM, batch_size: int, n_columns: int, capture: bool):
+        dev = lm.device
+        if capture and (dev.type != "cuda" or cache_keyword(type(lm.base)) != "cache"):
             raise ValueError(
                 "graph capture needs a CUDA device and transformers >= 5.24 (a static cache whose write offset "
-                f"lives on the device); got device {prompt_ids.device.type}"
+                f"lives on the device); got device {dev.type}"
             )
-        B, P = prompt_ids.shape
-        dev = prompt_ids.device
-        self.lm, self.perturbation, self.capture = lm, perturbation, capture
-        self.mask = torch.zeros(B, n_columns, dtype=prompt_mask.dtype, device=dev)
-        self.mask[:, :P] = prompt_mask
-        self.column = torch.full((B, 1), P, dtype=torch.long, device=dev)  # where the next step writes
-        prompt = lm.prefill(prompt_ids, prompt_mask, 0, perturbation=perturbation, markers=False, cache_len=n_columns)
-        self.cache, self.next_position = prompt.cache, prompt.next_position
-        self.hidden = prompt.last_hidden.clone()  # [B, 1, H]: the static output every step overwrites
-        self.embeds = torch.zeros_like(self.hidden)  # the latent step's input
-        self.ids = torch.zeros(B, 1, dtype=torch.long, device=dev)  # the answer step's input
-        self.new_column = torch.ones(B, 1, dtype=self.mask.dtype, device=dev)  # 1: the step's token is attended
+        self.lm, self.capture, self.n_columns = lm, capture, n_columns
+        self.perturbation: PhaseHook | None = None
+        self.mask = torch.zeros(batch_size, n_columns, dtype=torch.long, device=dev)
+        self.column = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)  # where the next step writes
+        self.ids = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)  # the answer step's input
+        self.new_column = torch.ones_like(self.column)  # 1: the step's token is attended
+        # made by the first batch's prompt: the static cache, the next positions [B] and the last-layer hidden state
+        # [B, 1, H] every step overwrites (``hidden``), with the latent step's input (``embeds``) of its shape
+        self.cache: StaticCache | None = None
+        self.next_position = self.hidden = self.embeds = torch.empty(0)
+        self.written = 0  # columns written in this batch (the host's count: every row writes the same columns)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.graph_inputs: dict[str, list[Tensor]] = {}  # per graph, the perturbation tensors it was captured with
         self._warm_keys: dict[str, tuple] = {}
         self.pool = shared_pool(dev) if capture else None
 
+    def start(self, prompt_ids: Tensor, prompt_mask: Tensor, perturbation: PhaseHook | None) -> None:
+        """Begin a batch: its prompt's forward fills the cache from column 0 (the buffers keep their addresses, so
+        the graphs of an earlier batch stay valid), and ``perturbation``'s tensors are copied into the ones the
+        graphs were captured with (see :meth:`BoundPerturbation.graph_inputs`)."""
+        B, P = prompt_ids.shape
+        if B != self.mask.shape[0] or P > self.n_columns:
+            raise ValueError(f"a batch of {B} x {P} prompt tokens does not fit a decoder of {tuple(self.mask.shape)}")
+        self._adopt(perturbation)
+        self.mask.zero_()
+        self.mask[:, :P] = prompt_mask
+        self.column.fill_(P)
+        self.new_column.fill_(1)
+        prompt = self.lm.prefill(
+            prompt_ids,
+            prompt_mask,
+            0,
+            perturbation=perturbation,
+            markers=False,
+            cache_len=self.n_columns,
+            cache=self.cache,
+        )
+        if self.cache is None:
+            self.cache, self.next_position = prompt.cache, prompt.next_position  # type: ignore[assignment]
+            self.hidden = prompt.last_hidden.clone()
+            self.embeds = torch.zeros_like(self.hidden)
+        else:
+            self.next_position.copy_(prompt.next_position)
+            self.hidden.copy_(prompt.last_hidden)
+        self.written = P
+
+    def _adopt(self, perturbation: PhaseHook | None) -> None:
+        """``perturbation`` acts in this batch: in the eager calls through its hooks, in the graphs' replays through
+        its tensors' values, copied into the tensors each graph was captured with."""
+        self.perturbation = perturbation
+        if not self.graph_inputs:
+            return
+        new = _graph_inputs(perturbation)
+        assert new is not None, "a decoder whose graphs read perturbation tensors is kept only for known ones"
+        for old in self.graph_inputs.values():
+            for was, now in zip(old, new, strict=True):
+                if was is not now:
+                    was.copy_(now)
+
     def _forward(self, phase: str) -> None:
         """The step itself: in-place on the buffers, no host synchronisation, the same shapes every time."""
+        assert self.cache is not None, "start a batch first"
         self.mask.scatter_(1, self.column, self.new_column)
         as_ids = phase == "answer"
         x = self.ids if as_ids else self.embeds
@@ -198,8 +238,10 @@ class FixedShapeDecoder:
                 with captured(graph, self.pool.handle):
                     self._forward(phase)
                 self.graphs[phase] = graph  # (only once captured whole)
+                self.graph_inputs[phase] = list(_graph_inputs(self.perturbation) or [])
                 self.pool.newest = list(self.graphs.values())  # (the previous batch's graphs may go now)
             self.graphs[phase].replay()
+        self.written += 1
 
     def latent(self, n_latent: int, mode: str, latent_embedding: Tensor) -> None:
         """The ``n_latent`` thoughts: the last hidden state fed back (coconut), or the ``<|latent|>`` embedding
@@ -210,13 +252,14 @@ class FixedShapeDecoder:
 
     def score(self, target_ids: Tensor, target_mask: Tensor, temperature: float) -> Tensor:
         """Teacher-forced log-probs [B, L] of ``target_ids`` (0 at padding) after the latent steps: ``<|end-latent|>``
-        and the targets but the last in one eager forward call over the last L columns, as
+        and the targets but the last in one eager forward call over the next L columns, as
         :meth:`LatentLM.target_logprobs` with ``end_with_targets`` does over a growing cache."""
+        assert self.cache is not None, "start a batch first"
         B, L = target_ids.shape
-        start = self.mask.shape[1] - L  # (every row's next column: the latent steps wrote the same columns)
+        start = self.written  # (every row's next column: the latent steps wrote the same columns)
         lead = torch.full((B, 1), self.lm.end_id, dtype=target_ids.dtype, device=target_ids.device)
         ids = torch.cat([lead, target_ids[:, :-1]], 1)
-        self.mask[:, start:] = torch.cat([torch.ones_like(target_mask[:, :1]), target_mask[:, :-1]], 1)
+        self.mask[:, start : start + L] = torch.cat([torch.ones_like(target_mask[:, :1]), target_mask[:, :-1]], 1)
         positions = self.next_position[:, None] + torch.arange(L, device=ids.device)[None]
         hidden = self.lm._call_base(self.cache, "answer", self.perturbation, ids, self.mask, positions, True)
         return self.lm._scored(hidden, target_ids, target_mask, temperature, False)[0]
@@ -246,14 +289,15 @@ def fixed_shape_generate(
     with_entropy: bool = False,
     capture: bool = False,
     sync_every: int = 8,
+    keep: bool = False,
 ) -> Generation:
     """:meth:`LatentLM.generate` over fixed shapes (same arguments, same result); ``capture``: CUDA graphs of the
     latent and answer steps; ``sync_every``: how many tokens pass between the host's checks that a row is alive
-    (0: never, all ``max_new_tokens`` are decoded)."""
+    (0: never, all ``max_new_tokens`` are decoded); ``keep``: the buffers and graphs serve the next batch of the same
+    shape too (:func:`decoder_for`)."""
     B, dev = prompt_ids.shape[0], prompt_ids.device
-    dec = _after_latents(
-        lm, prompt_ids, prompt_mask, n_latent, int(markers) + max_new_tokens, mode, perturbation, capture
-    )
+    n_after = int(markers) + max_new_tokens
+    dec = _after_latents(lm, "generate", prompt_ids, prompt_mask, n_latent, n_after, mode, perturbation, capture, keep)
     if markers:
         dec.feed(torch.full((B, 1), lm.end_id, device=dev), torch.ones(B, 1, dtype=dec.mask.dtype, device=dev))
     return _decode(dec, lm, max_new_tokens, temperature, top_p, generator, stop_ids, with_entropy, sync_every)
@@ -272,17 +316,21 @@ def fixed_shape_target_logprobs(
     perturbation: PhaseHook | None = None,
     temperature: float = 1.0,
     capture: bool = False,
+    keep: bool = False,
 ) -> Tensor:
     """:meth:`LatentLM.target_logprobs` with ``end_with_targets`` (the same log-probs [B, L], 0 at padding, up to
     the rounding of other kernels), without grad, over fixed buffers: the latent steps run as the rollout's do
     (``capture``: one CUDA graph replayed T times instead of T eager forwards, each of hundreds of small launches at
-    one position per row), then the marker and the targets in one forward call. The reference model's scoring."""
-    dec = _after_latents(lm, prompt_ids, prompt_mask, n_latent, target_ids.shape[1], mode, perturbation, capture)
+    one position per row), then the marker and the targets in one forward call (``keep``: as in
+    :func:`fixed_shape_generate`). The reference model's scoring."""
+    n_after = target_ids.shape[1]
+    dec = _after_latents(lm, "score", prompt_ids, prompt_mask, n_latent, n_after, mode, perturbation, capture, keep)
     return dec.score(target_ids, target_mask, temperature)
 
 
 def _after_latents(
     lm: LatentLM,
+    purpose: str,
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     n_latent: int,
@@ -290,6 +338,7 @@ def _after_latents(
     mode: str | None,
     perturbation: PhaseHook | None,
     capture: bool,
+    keep: bool,
 ) -> FixedShapeDecoder:
     """A decoder over the prompt, ``n_latent`` thoughts and ``n_after`` more columns, having run the prompt and the
     thoughts (``mode``: coconut or pause; None: the model's own)."""
@@ -297,11 +346,62 @@ def _after_latents(
     if n_latent > 0 and mode not in ("coconut", "pause"):
         raise ValueError(f"mode {mode!r} has no latent thoughts; got n_latent={n_latent}")
     B, P = prompt_ids.shape
-    dec = FixedShapeDecoder(lm, prompt_ids, prompt_mask, P + n_latent + n_after, perturbation, capture)
+    dec = decoder_for(lm, purpose, B, P + n_latent + n_after, perturbation, capture, keep)
+    dec.start(prompt_ids, prompt_mask, perturbation)
     dev = prompt_ids.device
     pause = lm.embed(torch.full((B, 1), lm.latent_id, device=dev)) if mode == "pause" and n_latent else dec.hidden
     dec.latent(n_latent, mode, pause)
     return dec
+
+
+#: under ``keep`` a decoder's columns are rounded up to a multiple of this: a batch whose prompt is a few tokens longer
+#: or shorter than the last one's still fits its buffers (the columns past the answer are never attended)
+COLUMN_BUCKET = 32
+
+
+def decoder_for(
+    lm: LatentLM,
+    purpose: str,
+    batch_size: int,
+    n_columns: int,
+    perturbation: PhaseHook | None,
+    capture: bool,
+    keep: bool,
+) -> FixedShapeDecoder:
+    """A decoder for a batch of ``batch_size`` rows and ``n_columns`` columns. ``keep``: the one ``lm`` kept for
+    ``purpose`` (``generate``, ``score``) when it fits (the same rows, columns rounded up to :data:`COLUMN_BUCKET`,
+    the same kind and shapes of perturbation tensors and, under LoRA, the same active adapter); else a new one, kept
+    in its place. Its graphs are then captured once and replayed by every later batch: the weights are read where
+    they are (an optimizer step updates them in place), the perturbation's tensors are copied in by
+    :meth:`FixedShapeDecoder.start`. Not kept: a perturbation whose tensors are unknown (``graph_inputs`` None)."""
+    inputs = _graph_inputs(perturbation)
+    if not keep or inputs is None:
+        return FixedShapeDecoder(lm, batch_size, n_columns, capture)
+    n_columns = -(-n_columns // COLUMN_BUCKET) * COLUMN_BUCKET
+    adapters = getattr(lm.peft, "active_adapters", None) if lm.peft is not None else None
+    key = (
+        batch_size,
+        n_columns,
+        capture,
+        type(perturbation).__qualname__,
+        tuple((tuple(t.shape), t.dtype) for t in inputs),
+        tuple(adapters) if adapters is not None else None,
+    )
+    kept = lm.kept_decoders.get(purpose)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    lm.kept_decoders.pop(purpose, None)  # (its memory may serve the new one)
+    dec = FixedShapeDecoder(lm, batch_size, n_columns, capture)
+    lm.kept_decoders[purpose] = (key, dec)
+    return dec
+
+
+def _graph_inputs(perturbation: PhaseHook | None) -> list[Tensor] | None:
+    """The tensors ``perturbation`` reads (:meth:`BoundPerturbation.graph_inputs`; none without one)."""
+    if perturbation is None:
+        return []
+    inputs = getattr(perturbation, "graph_inputs", None)
+    return inputs() if inputs is not None else None
 
 
 def _decode(

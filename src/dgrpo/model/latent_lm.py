@@ -306,6 +306,8 @@ class LatentLM(nn.Module):
         self.run_config: dict | None = None  # the training config that produced this model (run_config.json)
         self.name_or_path: str | None = None  # where the weights came from (a directory or hub id; None: built here)
         self.peft: Any = None  # PEFT's wrapper when LoRA adapters are on (dgrpo.model.lora), not a sub-module
+        #: the fast engine's decoders kept from one batch to the next, by purpose (dgrpo.model.fixed_shape)
+        self.kept_decoders: dict[str, tuple[tuple, Any]] = {}
         #: activation recomputation (dgrpo.model.recompute) under grad: False (off), "call" (each forward call of the
         #: recurrence keeps only its inputs and runs again in backward; True means the same) or "layer" (each decoder
         #: layer of each call does); grpo.recompute / sft.recompute and their *_granularity
@@ -634,18 +636,23 @@ class LatentLM(nn.Module):
         perturbation: PhaseHook | None = None,
         markers: bool = True,
         cache_len: int | None = None,
+        cache: StaticCache | None = None,
     ) -> DecodeState:
         """Run the question, ``n_latent`` continuous thoughts and ``<|end-latent|>``.
 
         Returns the state whose ``last_hidden`` predicts the first answer token. ``prompt_ids`` is the
         output of :meth:`encode_questions` (ending in ``<|start-latent|>`` when ``markers``). ``cache_len``: keep
         the keys and values in a preallocated ``StaticCache`` of that many positions (one buffer whose shape never
-        changes, what graph capture needs) instead of a growing ``DynamicCache``.
+        changes, what graph capture needs) instead of a growing ``DynamicCache``; ``cache``: that static cache
+        itself, emptied here and filled again (its buffers keep their addresses).
         """
         mode = mode or self.settings.mode
         B = prompt_ids.shape[0]
         positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-        state = DecodeState(self.new_cache(cache_len), prompt_mask, positions[:, -1] + 1, None)  # type: ignore[arg-type]
+        if cache is not None:
+            cache.reset()
+        kv = cache if cache is not None else self.new_cache(cache_len)
+        state = DecodeState(kv, prompt_mask, positions[:, -1] + 1, None)  # type: ignore[arg-type]
         hidden = self._call_base(state.cache, "prompt", perturbation, prompt_ids, prompt_mask, positions, True)
         state.last_hidden = hidden[:, -1:]
         if n_latent > 0:

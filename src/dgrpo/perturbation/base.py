@@ -60,6 +60,13 @@ class BoundPerturbation:
         """Entered for what runs inside ``root`` (one recomputed decoder layer): here, all of it."""
         return self
 
+    def graph_inputs(self) -> list[Tensor] | None:
+        """Every tensor the perturbation's forwards read, for a CUDA graph kept from one batch to the next
+        (dgrpo.model.fixed_shape): a replay reads the tensors it was captured with, so a later batch's perturbation
+        copies its own into them; their number and shapes depend only on the batch's shape. None: unknown (the
+        graphs are then captured again for every batch). Nothing here: nothing is perturbed."""
+        return []
+
 
 class HookedPerturbation(BoundPerturbation):
     """A bound perturbation applied by forward hooks on ``modules``: ``_hook(k)`` builds module k's hook;
@@ -72,6 +79,9 @@ class HookedPerturbation(BoundPerturbation):
 
     def _hook(self, k: int) -> Callable:
         raise NotImplementedError
+
+    def graph_inputs(self) -> list[Tensor] | None:
+        return None  # (a hooked kind states its tensors itself)
 
     def _install(self) -> None:
         self.handles = [m.register_forward_hook(self._hook(k)) for k, m in enumerate(self.modules)]

@@ -31,6 +31,9 @@ class _BoundGaussian(HookedPerturbation):
         super().__init__(targets, perturb_prompt)
         self.noises, self.weights, self.sigma = noises, weights, sigma
 
+    def graph_inputs(self) -> list[Tensor]:
+        return [self.noises] if isinstance(self.noises, Tensor) else list(self.noises)
+
     def _hook(self, k: int) -> Callable:
         act_hook = output_factor_hook(lambda: 1.0 + self.sigma * self.noises[k][:, None, :] if self.active else None)
 

@@ -140,6 +140,9 @@ class _BoundLocked(HookedPerturbation):
         """[n_sites, B, H]: every site's masks."""
         return torch.stack([m[:, 0] for m in self.site_masks])
 
+    def graph_inputs(self) -> list[Tensor]:
+        return self.site_masks
+
     def _hook(self, k: int) -> Callable:
         # the mask is already in the weights' dtype: one multiply per site and forward, no cast
         return output_factor_hook(lambda: self.site_masks[k] if self.active else None)
