@@ -179,6 +179,48 @@ def test_rollout_batches_reuse_one_graph_pool(tokenizer, task_records):
     assert all(torch.equal(r.tokens, runs[0].tokens) and torch.equal(r.logprobs, runs[0].logprobs) for r in runs)
 
 
+def test_a_kept_decoder_captures_once_and_later_batches_replay_its_graphs(tokenizer, task_records):
+    """``keep`` (grpo.keep_graphs): batches of one shape, with other prompts and other seeds, replay the first
+    batch's graphs, their masks copied into the tensors the graphs read: each batch gets the answers and log-probs
+    (fp32) of a decoder captured for it alone, and the graphs are captured once."""
+    lm = make_lm(tokenizer, hidden_size=64).eval()
+    lm.model.to(CUDA)
+    graphs = []
+    for b in range(3):
+        questions = [r.question[: 30 + 5 * ((i + b) % 3)] for i, r in enumerate(task_records[16 * b : 16 * b + 16])]
+        ids, mask = (x.to(CUDA) for x in lm.encode_questions(questions))
+        seeds = seeds_for(0, b, 0, 16)
+        alone = _rollouts(lm, ids, mask, seeds, True, max_new_tokens=16)
+        kept = _rollouts(lm, ids, mask, seeds, True, max_new_tokens=16, keep=True)
+        assert torch.equal(alone.tokens, kept.tokens) and torch.equal(alone.mask, kept.mask)
+        assert torch.allclose(alone.logprobs, kept.logprobs, atol=1e-4, rtol=0)
+        graphs.append(dict(lm.kept_decoders["generate"][1].graphs))
+    assert set(graphs[0]) == {"latent", "answer"}
+    assert graphs[0] == graphs[1] == graphs[2]  # the same graph objects: captured once
+
+
+def test_grpo_steps_with_kept_graphs_equal_those_capturing_each_batch(tokenizer, task_records):
+    """Three fp32 trainer steps on the fast engine: the graphs kept from step to step read the weights each update
+    left (in place) and the step's masks, so rewards, losses and gradients equal a run that captures every batch."""
+    from test_fixed_shape import code_parity
+
+    from dgrpo.config import Config, load_config
+
+    rows = []
+    for keep in ("true", "false"):
+        sets = ["grpo.group_size=4", "grpo.temperature=1", "grpo.engine=fast", f"grpo.keep_graphs={keep}"]
+        cfg = load_config(Config, "tiny.yaml", sets)
+        lm = make_lm(tokenizer, hidden_size=64)
+        lm.model.to(CUDA)
+        trainer = GRPOTrainer(lm, cfg, task_records, reward_fn=code_parity)
+        rows.append([trainer.step() for _ in range(3)])
+    assert any(m["skipped"] == 0 for m in rows[0])
+    for a, b in zip(*rows):
+        assert a["reward_mean"] == b["reward_mean"] and a["reward_std"] == b["reward_std"]
+        assert a["policy_loss"] == pytest.approx(b["policy_loss"], abs=1e-5)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
+
+
 def test_the_prompts_forward_over_a_static_cache_waits_for_no_write_offset(tokenizer, task_records):
     """The fast engine's prefill: transformers' static cache would copy each layer's write offset to the device at
     its first update (a host wait per layer); ``LatentLM.new_cache`` makes them on the device beforehand."""

@@ -139,6 +139,7 @@ class GRPOTrainer:
         self.perturbation = make_perturbation(cfg.perturbation)
         self.perturbation.check(lm)  # sites and layers exist (one line now, not a traceback at the first rollout)
         self.engine = resolve_engine(g.engine, lm.device, self.perturbation.batched)
+        self.keep_graphs = g.keep_graphs and not self.dist.fsdp  # (FSDP gathers the weights anew for each forward)
         apply_kernels(lm.model, cfg.model.kernels)  # before the reference copy, which then has them too
         compile_layers(lm, cfg.model)  # (the reference copy shares the compiled step)
         self.objective = ObjectiveSettings.from_config(g)
@@ -263,6 +264,7 @@ class GRPOTrainer:
             reward_fn=self.rewards,
             static_cache=g.rollout_cache == "static",
             engine=self.engine,
+            keep_graphs=self.keep_graphs,
         )
         self.last_rollouts, self.last_prompts = ro, prompts
         return ro
@@ -405,6 +407,7 @@ class GRPOTrainer:
             perturbation=self.perturbation,
             temperature=g.temperature,
             engine=self.engine,
+            keep_graphs=self.keep_graphs,
         )
 
     def _update_seeds(self, ro: Rollouts, rows: Tensor, step: int, epoch: int) -> Tensor:

@@ -81,17 +81,19 @@ def collect_rollouts(
     reward_fn: ScoreFn | None = None,
     static_cache: bool = False,
     engine: str = "eager",
+    keep_graphs: bool = False,
 ) -> Rollouts:
     """Generate ``group_size`` rollouts for every record; row i is perturbed by ``seeds[i]``. ``reward_fn`` (batched,
     see :mod:`dgrpo.eval.scoring`; default: the numeric verifier) gives each completion its reward;
     ``static_cache``: decode over a preallocated KV cache (``grpo.rollout_cache: static``); ``engine``: ``fast`` runs
-    each batch over fixed shapes (:mod:`dgrpo.model.fixed_shape`, graph-captured on CUDA)."""
+    each batch over fixed shapes (:mod:`dgrpo.model.fixed_shape`, graph-captured on CUDA), ``keep_graphs``: with one
+    decoder kept for every batch of its shape (``grpo.keep_graphs``)."""
     expanded = [r for r in records for _ in range(group_size)]
     prompt_ids, prompt_mask = lm.encode_questions([r.question for r in expanded], max_tokens=max_question_tokens)
     lm.check_fits(prompt_ids.shape[1], n_latent, max_new_tokens, key="grpo.n_latent")
     bs = batch_size if perturbation.batched else 1
     if engine == "fast":
-        generate = partial(fixed_shape_generate, lm, capture=lm.device.type == "cuda")
+        generate = partial(fixed_shape_generate, lm, capture=lm.device.type == "cuda", keep=keep_graphs)
     else:
         generate = partial(lm.generate, static_cache=static_cache)
     gens = []
@@ -149,11 +151,13 @@ def replay_logprobs(
     seeds: Tensor,
     temperature: float,
     engine: str = "eager",
+    keep_graphs: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Teacher-forced log pi(y | x, xi) of ``rows`` under the perturbation regenerated from ``seeds``,
     through the whole latent recurrence (differentiable when grad is enabled). Returns (logp, mask).
     ``engine``: ``fast`` runs ``<|end-latent|>`` in the answer's forward call (one call fewer) and, without grad (the
-    reference model), the latent steps over fixed buffers as the rollout does (graph-captured on CUDA)."""
+    reference model), the latent steps over fixed buffers as the rollout does (graph-captured on CUDA; ``keep_graphs``
+    as in :func:`collect_rollouts`)."""
     # the padding columns from the host's copy of the masks, the rows gathered on the device: no synchronisation
     prompt_host, answer_host = ro.host()
     rows_host = rows.cpu()
@@ -168,7 +172,7 @@ def replay_logprobs(
         if fast and perturbation.batched and not torch.is_grad_enabled() and tg.shape[1] > 0:
             capture = lm.device.type == "cuda"
             logp = fixed_shape_target_logprobs(
-                lm, ids, mask, n_latent, tg, tm, perturbation=pb, temperature=t, capture=capture
+                lm, ids, mask, n_latent, tg, tm, perturbation=pb, temperature=t, capture=capture, keep=keep_graphs
             )
             return logp, tm
         logp, _ = lm.target_logprobs(
