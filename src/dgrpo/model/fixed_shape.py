@@ -19,10 +19,16 @@ noise: fixed tensors per batch) is captured with it; the RNG-replayed native dro
 The reference model's scoring (:func:`fixed_shape_target_logprobs`, no grad) runs its latent steps the same way, then
 the marker and the teacher-forced answer in one call over the static cache.
 
-Every decoder's graphs record into one memory pool per device (:func:`shared_pool`), as torch's docs describe for
-graphs replayed in the order they were captured: a rollout batch's graphs are never replayed once the next batch's
-are captured, so the next capture reuses their memory instead of reserving a new pool each batch (a finished pool
-would go back to the driver only when the allocator runs short).
+A decoder can be kept for every later batch of its shape (:func:`decoder_for`, ``grpo.keep_graphs``): its cache is
+refilled in place, and its graphs, captured once, read the weights where they are (an optimizer step updates them in
+place) and the perturbation tensors they were captured with, into which each batch's own are copied
+(:meth:`BoundPerturbation.graph_inputs`).
+
+Every decoder's graphs record into one memory pool per device (:func:`shared_pool`): a capture then reuses the memory
+of the graphs before it instead of reserving a new pool each batch (a finished pool would go back to the driver only
+when the allocator runs short). Graphs sharing a pool may be replayed in any order here: each writes its results
+into buffers allocated outside the pool (the pool holds only temporaries, dead between replays), and all replays and
+captures are ordered on the device (a capture's side stream waits for the current one).
 
 Token choice and EOS bookkeeping stay on the device; the host asks whether any row is alive only every
 ``sync_every`` tokens. The answers, log-probs and entropies equal :meth:`LatentLM.generate`'s over a static cache
@@ -81,7 +87,8 @@ def captured(graph: torch.cuda.CUDAGraph, pool: torch.cuda.graphs._POOL_HANDLE |
 
 class _SharedPool:
     """A device's pool token and the graphs captured into it last: a pool lives while a graph captured into it does,
-    so the newest graphs are kept (never replayed again) until newer ones replace them."""
+    so the newest graphs are held here (by a decoder not kept: never to be replayed again) until newer ones replace
+    them."""
 
     def __init__(self) -> None:
         self.handle = torch.cuda.graph_pool_handle()
