@@ -27,6 +27,8 @@
 #                        profile: busy share overall and per phase, kernels, FLOP/s, host syncs by call site, the
 #                        costliest host calls and kernels, by_range (host, idle and kernel time per path of labelled
 #                        calls), and the step's Chrome trace in recipe_trace.json.gz
+#   kept_vs_capture    : the recipe (grpo.keep_graphs: each decoder's graphs captured once, replayed every later step)
+#                        against grpo.keep_graphs=false (captured again for every batch), alternated
 #   extra_profile      : only with EXTRA_PROFILE=path/to/script.py: that script, run from the checkout's root with
 #                        src/ on PYTHONPATH (e.g. a profile tool kept with an issue, carried to the node)
 #   kept_layers        : the recipe with its last KEPT_LAYERS (default 6) layers kept out of recomputation against the
@@ -99,11 +101,12 @@ EARLIER=(grpo.engine=eager model.kernels=none grpo.micro_batch_size=64 grpo.reco
 CALL256=(grpo.recompute_granularity=call grpo.micro_batch_size=256 grpo.recompute_latent_steps=true)
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts="")  # (addopts: xdist, which the node may not have)
 # every later item runs the fast engine's captured rollouts: if they fail here (seconds), stop and keep the budget
-if ! run_item capture_smoke "${PYTEST[@]}" tests/test_cuda.py -k "captured or write_offset"; then
+if ! run_item capture_smoke "${PYTEST[@]}" tests/test_cuda.py -k "captured or write_offset or kept"; then
     echo "stopped: the captured rollouts fail (capture_smoke.log)" | tee -a "$OUT_DIR/summary.txt"
     exit 1
 fi
 run_item recipe_profile "$PY" "${STEP[@]}" --steps 3 --profile --trace "$OUT_DIR/recipe_trace.json.gz"
+run_item kept_vs_capture "$PY" "${STEP[@]}" --versus grpo.keep_graphs=false
 if [[ -n "${EXTRA_PROFILE:-}" ]]; then  # a profile script of one's own (e.g. one kept with an issue), run from here
     run_item extra_profile "$PY" "$EXTRA_PROFILE"
 fi
