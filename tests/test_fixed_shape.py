@@ -207,7 +207,25 @@ def test_decoders_are_kept_only_for_perturbations_that_state_their_tensors_and_p
     policy = decoder_for(lm, "score", 2, 40, None, capture=False, keep=True)
     assert decoder_for(lm, "score", 2, 33, None, capture=False, keep=True) is policy  # (the same column bucket)
     lm.peft.active_adapters = ["reference"]
-    assert decoder_for(lm, "score", 2, 40, None, capture=False, keep=True) is not policy
+    reference = decoder_for(lm, "score", 2, 40, None, capture=False, keep=True)
+    assert reference is not policy
+    lm.model.to(torch.float64)  # the weights moved: a graph would read where they were
+    assert decoder_for(lm, "score", 2, 40, None, capture=False, keep=True) is not reference
+
+
+def test_a_trainer_keeps_one_decoder_per_model_and_purpose_and_frees_them(tokenizer, task_records):
+    """Under the fast engine a step leaves the policy's rollout decoder and the reference's scoring decoder kept
+    (their caches stay allocated: the update's out-of-memory advice names grpo.keep_graphs); releasing frees them."""
+    from dgrpo.training.grpo import GRPOTrainer
+
+    cfg = load_config(Config, "tiny.yaml", ["grpo.group_size=4", "grpo.engine=fast", "grpo.filter=false"])
+    trainer = GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records, reward_fn=code_parity)
+    trainer.step()
+    assert set(trainer.lm.kept_decoders) == {"generate"} and set(trainer.ref.lm.kept_decoders) == {"score"}
+    with pytest.raises(torch.OutOfMemoryError, match="grpo.keep_graphs=false"), trainer._update_oom_advice():
+        raise torch.OutOfMemoryError("CUDA out of memory.")
+    trainer.release_kept_decoders()
+    assert not trainer.lm.kept_decoders and not trainer.ref.lm.kept_decoders
 
 
 def code_parity(completions, records):

@@ -522,10 +522,10 @@ class GRPOConfig:
     engine: Engine = opt(
         "auto",
         "how rollouts run: auto (fast on CUDA when the perturbation is batched, else eager), eager (one forward per "
-        "step, the reference) or fast (every latent and answer step a "
-        "one-position forward over fixed buffers (static KV cache, full-width mask, device-side counters), rows' "
-        "ends booked on the device, the host checking every 8 tokens; on CUDA each step captured as a CUDA graph "
-        "and replayed (once per batch, or once per shape with keep_graphs); the same answers and log-probs; needs a batched perturbation (not native); "
+        "step, the reference) or fast (every latent and answer step a one-position forward over fixed buffers "
+        "(static KV cache, full-width mask, device-side counters), rows' ends booked on the device, the host checking "
+        "every 8 tokens; on CUDA each step captured as a CUDA graph and replayed (once per batch, or once per shape "
+        "with keep_graphs); the same answers and log-probs; needs a batched perturbation (not native); "
         "rollout_cache does not apply; its update and reference also run <|end-latent|> in the answer's forward "
         "call, one call fewer, and the reference model (no grad) runs its latent steps over fixed buffers too, "
         "captured on CUDA; the same log-probs up to rounding)",

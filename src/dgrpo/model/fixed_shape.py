@@ -377,8 +377,8 @@ def decoder_for(
 ) -> FixedShapeDecoder:
     """A decoder for a batch of ``batch_size`` rows and ``n_columns`` columns. ``keep``: the one ``lm`` kept for
     ``purpose`` (``generate``, ``score``) when it fits (the same rows, columns rounded up to :data:`COLUMN_BUCKET`,
-    the same kind and shapes of perturbation tensors and, under LoRA, the same active adapter); else a new one, kept
-    in its place. Its graphs are then captured once and replayed by every later batch: the weights are read where
+    the same kind and shapes of perturbation tensors, the weights where they were and, under LoRA, the same active
+    adapter); else a new one, kept in its place. Its graphs are then captured once and replayed by every later batch: the weights are read where
     they are (an optimizer step updates them in place), the perturbation's tensors are copied in by
     :meth:`FixedShapeDecoder.start`. Not kept: a perturbation whose tensors are unknown (``graph_inputs`` None)."""
     inputs = _graph_inputs(perturbation)
@@ -387,6 +387,7 @@ def decoder_for(
     n_columns = -(-n_columns // COLUMN_BUCKET) * COLUMN_BUCKET
     adapters = getattr(lm.peft, "active_adapters", None) if lm.peft is not None else None
     key = (
+        _storage(lm),
         batch_size,
         n_columns,
         capture,
@@ -401,6 +402,12 @@ def decoder_for(
     dec = FixedShapeDecoder(lm, batch_size, n_columns, capture)
     lm.kept_decoders[purpose] = (key, dec)
     return dec
+
+
+def _storage(lm: LatentLM) -> int:
+    """A fingerprint of where ``lm``'s weights and buffers are: a graph reads them by address, so a model moved or
+    cast (or a module replaced) after a capture must not replay it (a walk of ~400 tensors, ~0.1 ms a batch)."""
+    return hash(tuple(t.data_ptr() for t in (*lm.model.parameters(), *lm.model.buffers())))
 
 
 def _graph_inputs(perturbation: PhaseHook | None) -> list[Tensor] | None:

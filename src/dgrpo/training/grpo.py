@@ -391,8 +391,21 @@ class GRPOTrainer:
         else:
             less = "" if mb > 1 else "a smaller model or a larger device"
         rows = "rows per forward/backward; the loss does not depend on it" if mb > 1 else "one row per forward already"
-        why = "; ".join(part for part in (rows, less) if part)
+        kept = "grpo.keep_graphs=false frees the fast engine's kept caches for it" if self._keeps_decoders else ""
+        why = "; ".join(part for part in (rows, less, kept) if part)
         return oom_advice("update", "grpo.micro_batch_size", mb, why)
+
+    @property
+    def _keeps_decoders(self) -> bool:
+        """Whether the fast engine's decoders (their caches) stay allocated from one step to the next."""
+        return self.keep_graphs and self.engine == "fast"
+
+    def release_kept_decoders(self) -> None:
+        """Free the fast engine's kept decoders (caches, buffers, graphs) of the policy and the reference: at the
+        end of training (the model goes on to evaluation or elsewhere). A later step would make them again."""
+        self.lm.kept_decoders.clear()
+        if self.ref is not None:  # (under LoRA its model is the policy's)
+            self.ref.lm.kept_decoders.clear()
 
     def _rows_at_a_time(self, batch_size: int) -> int:
         """Rows per batched call: ``batch_size``, or one under a perturbation replayed one rollout at a time."""
@@ -539,6 +552,7 @@ def train_grpo(
                 raise StalledError(stalled)
             shown = {"reward": f"{m['reward_mean']:.3f}", "kept": f"{m['frac_groups_kept']:.2f}"}
             bar.set_postfix({**shown, **({"eval": f"{loop.last_eval:.3f}"} if loop.last_eval is not None else {})})
+        trainer.release_kept_decoders()
         dist.save_model(lm, run.out_dir / "final")
         return _summary(run, loop, g.steps) if dist.is_main else {}
 
