@@ -2,6 +2,8 @@
 and entropies; their step is one computation on fixed buffers with no host synchronisation (what CUDA graph capture
 needs: checked here by tracing it whole with torch.compile's ``fullgraph``)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -224,6 +226,7 @@ def test_a_trainer_keeps_one_decoder_per_model_and_purpose_and_frees_them(tokeni
     assert set(trainer.lm.kept_decoders) == {"generate"} and set(trainer.ref.lm.kept_decoders) == {"score"}
     with pytest.raises(torch.OutOfMemoryError, match="grpo.keep_graphs=false"), trainer._update_oom_advice():
         raise torch.OutOfMemoryError("CUDA out of memory.")
+    assert not copy.deepcopy(trainer.lm).kept_decoders  # (a copy's weights are elsewhere; graphs are not copied)
     trainer.release_kept_decoders()
     assert not trainer.lm.kept_decoders and not trainer.ref.lm.kept_decoders
 

@@ -378,9 +378,10 @@ def decoder_for(
     """A decoder for a batch of ``batch_size`` rows and ``n_columns`` columns. ``keep``: the one ``lm`` kept for
     ``purpose`` (``generate``, ``score``) when it fits (the same rows, columns rounded up to :data:`COLUMN_BUCKET`,
     the same kind and shapes of perturbation tensors, the weights where they were and, under LoRA, the same active
-    adapter); else a new one, kept in its place. Its graphs are then captured once and replayed by every later batch: the weights are read where
-    they are (an optimizer step updates them in place), the perturbation's tensors are copied in by
-    :meth:`FixedShapeDecoder.start`. Not kept: a perturbation whose tensors are unknown (``graph_inputs`` None)."""
+    adapter); else a new one, kept in its place. Its graphs are then captured once and replayed by every later
+    batch: the weights are read where they are (an optimizer step updates them in place), the perturbation's
+    tensors are copied in by :meth:`FixedShapeDecoder.start`. Not kept: a perturbation whose tensors are unknown
+    (``graph_inputs`` None)."""
     inputs = _graph_inputs(perturbation)
     if not keep or inputs is None:
         return FixedShapeDecoder(lm, batch_size, n_columns, capture)

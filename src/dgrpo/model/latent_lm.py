@@ -281,6 +281,14 @@ def load_hf_model(
     return model
 
 
+class KeptDecoders(dict[str, tuple[tuple, Any]]):
+    """The fast engine's kept decoders of a model, by purpose: (key, decoder). A copy of the model starts without
+    them (their buffers and CUDA graphs belong to the original's weights, and graphs cannot be copied)."""
+
+    def __deepcopy__(self, memo: dict) -> KeptDecoders:
+        return KeptDecoders()
+
+
 class LatentLM(nn.Module):
     """A causal LM plus the Coconut latent recurrence, batched generation and teacher-forced scoring."""
 
@@ -307,7 +315,7 @@ class LatentLM(nn.Module):
         self.name_or_path: str | None = None  # where the weights came from (a directory or hub id; None: built here)
         self.peft: Any = None  # PEFT's wrapper when LoRA adapters are on (dgrpo.model.lora), not a sub-module
         #: the fast engine's decoders kept from one batch to the next, by purpose (dgrpo.model.fixed_shape)
-        self.kept_decoders: dict[str, tuple[tuple, Any]] = {}
+        self.kept_decoders = KeptDecoders()
         #: activation recomputation (dgrpo.model.recompute) under grad: False (off), "call" (each forward call of the
         #: recurrence keeps only its inputs and runs again in backward; True means the same) or "layer" (each decoder
         #: layer of each call does); grpo.recompute / sft.recompute and their *_granularity
