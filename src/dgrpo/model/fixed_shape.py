@@ -405,10 +405,10 @@ def decoder_for(
     return dec
 
 
-def _storage(lm: LatentLM) -> int:
-    """A fingerprint of where ``lm``'s weights and buffers are: a graph reads them by address, so a model moved or
-    cast (or a module replaced) after a capture must not replay it (a walk of ~400 tensors, ~0.1 ms a batch)."""
-    return hash(tuple(t.data_ptr() for t in (*lm.model.parameters(), *lm.model.buffers())))
+def _storage(lm: LatentLM) -> tuple[int, ...]:
+    """Where ``lm``'s weights and buffers are: a graph reads them by address, so a model moved or cast (or a module
+    replaced) after a capture must not replay it (a walk of ~400 tensors, ~0.1 ms a batch)."""
+    return tuple(t.data_ptr() for t in (*lm.model.parameters(), *lm.model.buffers()))
 
 
 def _graph_inputs(perturbation: PhaseHook | None) -> list[Tensor] | None:
