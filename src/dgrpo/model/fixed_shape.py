@@ -407,7 +407,8 @@ def decoder_for(
 
 def _storage(lm: LatentLM) -> tuple[int, ...]:
     """Where ``lm``'s weights and buffers are: a graph reads them by address, so a model moved or cast (or a module
-    replaced) after a capture must not replay it (a walk of ~400 tensors, ~0.1 ms a batch)."""
+    replaced) after a capture must not replay it (a walk of 340 tensors at Qwen2.5-1.5B's depth: 0.75 ms a batch on
+    a 2-core CPU)."""
     return tuple(t.data_ptr() for t in (*lm.model.parameters(), *lm.model.buffers()))
 
 
