@@ -153,6 +153,7 @@ def summarize(tr: GRPOTrainer, rows: list[dict], device: torch.device) -> dict:
     }
     if device.type == "cuda":
         out["peak_allocated_gib"] = max(r["peak_allocated_gib"] for r in timed)
+    out["kept_decoders_gib"] = round(tr.kept_decoder_bytes() / 2**30, 3)  # (grpo.keep_graphs: held through the update)
     return out
 
 

@@ -226,6 +226,11 @@ def test_a_trainer_keeps_one_decoder_per_model_and_purpose_and_frees_them(tokeni
     assert set(trainer.lm.kept_decoders) == {"generate"} and set(trainer.ref.lm.kept_decoders) == {"score"}
     with pytest.raises(torch.OutOfMemoryError, match="grpo.keep_graphs=false"), trainer._update_oom_advice():
         raise torch.OutOfMemoryError("CUDA out of memory.")
+    dec = trainer.lm.kept_decoders["generate"][1]
+    cfg_m = trainer.lm.model.config
+    kv_width = cfg_m.num_key_value_heads * (cfg_m.hidden_size // cfg_m.num_attention_heads)
+    cache = 2 * cfg_m.num_hidden_layers * dec.mask.numel() * kv_width * 4  # keys and values, fp32
+    assert cache < dec.nbytes < cache * 1.2 and trainer.kept_decoder_bytes() > dec.nbytes
     assert not copy.deepcopy(trainer.lm).kept_decoders  # (a copy's weights are elsewhere; graphs are not copied)
     trainer.release_kept_decoders()
     assert not trainer.lm.kept_decoders and not trainer.ref.lm.kept_decoders

@@ -169,6 +169,14 @@ class FixedShapeDecoder:
             self.hidden.copy_(prompt.last_hidden)
         self.written = P
 
+    @property
+    def nbytes(self) -> int:
+        """The device memory its cache and buffers hold (not its graphs' pool, shared by every decoder)."""
+        layers = getattr(self.cache, "layers", ()) if self.cache is not None else ()
+        kv = [t for layer in layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
+        buffers = [self.mask, self.column, self.ids, self.new_column, self.next_position, self.hidden, self.embeds]
+        return sum(t.numel() * t.element_size() for t in [*kv, *buffers] if isinstance(t, Tensor))
+
     def _adopt(self, perturbation: PhaseHook | None) -> None:
         """``perturbation`` acts in this batch: in the eager calls through its hooks, in the graphs' replays through
         its tensors' values, copied into the tensors each graph was captured with."""

@@ -400,6 +400,11 @@ class GRPOTrainer:
         """Whether the fast engine's decoders (their caches) stay allocated from one step to the next."""
         return self.keep_graphs and self.engine == "fast"
 
+    def kept_decoder_bytes(self) -> int:
+        """The device memory the fast engine's kept decoders hold (their caches and buffers) between steps."""
+        models = [self.lm] + ([self.ref.lm] if self.ref is not None and self.ref.lm is not self.lm else [])
+        return sum(dec.nbytes for lm in models for _, dec in lm.kept_decoders.values())
+
     def release_kept_decoders(self) -> None:
         """Free the fast engine's kept decoders (caches, buffers, graphs) of the policy and the reference: at the
         end of training (the model goes on to evaluation or elsewhere). A later step would make them again."""
