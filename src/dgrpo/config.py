@@ -536,9 +536,10 @@ class GRPOConfig:
         "buffers and, on CUDA, graphs from one batch to the next, so that a batch of the same rows and a prompt "
         "within the same 32 columns replays the graphs captured before instead of capturing them again (the "
         "three captures left the GPU idle ~0.15 s of the paper-scale step on an H200) and copies its perturbation "
-        "into the tensors they read; the cost: those caches stay allocated through the update (rows x columns x layers x 2 x the "
-        "key-value width: ~1.4 GB per decoder at 512 rows of 96 columns of Qwen2.5-1.5B); off under FSDP (its "
-        "weights are gathered anew for every forward) and for a perturbation that does not state its tensors",
+        "into the tensors they read; the cost: those caches stay allocated through the update (rows x columns x "
+        "layers x 2 x the key-value width: ~1.4 GB per decoder at 512 rows of 96 columns of Qwen2.5-1.5B); off "
+        "under FSDP (its weights are gathered anew for every forward) and for a perturbation that does not state "
+        "its tensors",
     )
     advantage: Advantage = opt(
         "drgrpo",
