@@ -198,11 +198,11 @@ def test_decoders_are_kept_only_for_perturbations_that_state_their_tensors_and_p
     from types import SimpleNamespace
 
     from dgrpo.model.fixed_shape import decoder_for
-    from dgrpo.perturbation.base import HookedPerturbation
+    from dgrpo.perturbation.base import BoundPerturbation, HookedPerturbation
 
     lm = make_lm(tokenizer, "qwen2").eval()
     opaque = HookedPerturbation([], perturb_prompt=True)
-    assert opaque.graph_inputs() is None
+    assert opaque.graph_inputs() is None and BoundPerturbation().graph_inputs() is None  # (a kind that does not say)
     a = decoder_for(lm, "generate", 2, 40, opaque, capture=False, keep=True)
     assert decoder_for(lm, "generate", 2, 40, opaque, capture=False, keep=True) is not a and not lm.kept_decoders
     lm.peft = SimpleNamespace(active_adapters=["policy"])

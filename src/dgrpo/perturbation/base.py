@@ -63,9 +63,9 @@ class BoundPerturbation:
     def graph_inputs(self) -> list[Tensor] | None:
         """Every tensor the perturbation's forwards read, for a CUDA graph kept from one batch to the next
         (dgrpo.model.fixed_shape): a replay reads the tensors it was captured with, so a later batch's perturbation
-        copies its own into them; their number and shapes depend only on the batch's shape. None: unknown (the
-        graphs are then captured again for every batch). Nothing here: nothing is perturbed."""
-        return []
+        copies its own into them; their number and shapes depend only on the batch's shape. None (the default, for
+        a kind that does not say): unknown, and the graphs are captured again for every batch."""
+        return None
 
 
 class HookedPerturbation(BoundPerturbation):
@@ -79,9 +79,6 @@ class HookedPerturbation(BoundPerturbation):
 
     def _hook(self, k: int) -> Callable:
         raise NotImplementedError
-
-    def graph_inputs(self) -> list[Tensor] | None:
-        return None  # (a hooked kind states its tensors itself)
 
     def _install(self) -> None:
         self.handles = [m.register_forward_hook(self._hook(k)) for k, m in enumerate(self.modules)]
@@ -152,7 +149,14 @@ class NoPerturbation(Perturbation):
         return cls()
 
     def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
-        return BoundPerturbation()
+        return Unperturbed()
+
+
+class Unperturbed(BoundPerturbation):
+    """What ``none`` binds: no hooks, no tensors."""
+
+    def graph_inputs(self) -> list[Tensor]:
+        return []
 
 
 def seeds_for(run_seed: int, step: int, rank: int, n: int, stream: str = "rollout") -> Tensor:

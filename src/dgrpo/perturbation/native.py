@@ -28,9 +28,6 @@ class _BoundNative(BoundPerturbation):
         self.attn, self.seed, self.p, self.perturb_prompt = attn, seed, p, perturb_prompt
         self.saved: list = []
 
-    def graph_inputs(self) -> None:
-        return None  # (torch's RNG stream, not tensors of its own)
-
     def _set(self, on: bool) -> None:
         for m in self.attn:
             m.train(on)
