@@ -180,22 +180,24 @@ def test_rollout_batches_reuse_one_graph_pool(tokenizer, task_records):
 
 
 def test_a_kept_decoder_captures_once_and_later_batches_replay_its_graphs(tokenizer, task_records):
-    """``keep`` (grpo.keep_graphs): batches of one shape, with other prompts and other seeds, replay the first
-    batch's graphs, their masks copied into the tensors the graphs read: each batch gets the answers and log-probs
-    (fp32) of a decoder captured for it alone, and the graphs are captured once."""
+    """``keep`` (grpo.keep_graphs): batches of one shape (prompts of other widths within one column bucket, other
+    seeds) replay the first batch's graphs, their masks copied into the tensors the graphs read: each batch gets the
+    answers and log-probs (fp32) of a decoder captured for it alone, and the graphs are captured once."""
     lm = make_lm(tokenizer, hidden_size=64).eval()
     lm.model.to(CUDA)
-    graphs = []
+    graphs, widths = [], set()
     for b in range(3):
-        questions = [r.question[: 30 + 5 * ((i + b) % 3)] for i, r in enumerate(task_records[16 * b : 16 * b + 16])]
+        records = task_records[16 * b : 16 * b + 16]
+        questions = [r.question[: 26 + 6 * (2, 0, 1)[b] + 3 * (i % 2)] for i, r in enumerate(records)]
         ids, mask = (x.to(CUDA) for x in lm.encode_questions(questions))
+        widths.add(ids.shape[1])
         seeds = seeds_for(0, b, 0, 16)
         alone = _rollouts(lm, ids, mask, seeds, True, max_new_tokens=16)
         kept = _rollouts(lm, ids, mask, seeds, True, max_new_tokens=16, keep=True)
         assert torch.equal(alone.tokens, kept.tokens) and torch.equal(alone.mask, kept.mask)
         assert torch.allclose(alone.logprobs, kept.logprobs, atol=1e-4, rtol=0)
         graphs.append(dict(lm.kept_decoders["generate"][1].graphs))
-    assert set(graphs[0]) == {"latent", "answer"}
+    assert len(widths) == 3 and set(graphs[0]) == {"latent", "answer"}
     assert graphs[0] == graphs[1] == graphs[2]  # the same graph objects: captured once
 
 
