@@ -172,7 +172,7 @@ class FixedShapeDecoder:
     @property
     def nbytes(self) -> int:
         """The device memory its cache and buffers hold (not its graphs' pool, shared by every decoder)."""
-        layers = getattr(self.cache, "layers", ()) if self.cache is not None else ()
+        layers = getattr(self.cache, "layers", ())  # (none before the first batch)
         kv = [t for layer in layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
         buffers = [self.mask, self.column, self.ids, self.new_column, self.next_position, self.hidden, self.embeds]
         return sum(t.numel() * t.element_size() for t in [*kv, *buffers] if isinstance(t, Tensor))

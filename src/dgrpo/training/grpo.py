@@ -139,7 +139,8 @@ class GRPOTrainer:
         self.perturbation = make_perturbation(cfg.perturbation)
         self.perturbation.check(lm)  # sites and layers exist (one line now, not a traceback at the first rollout)
         self.engine = resolve_engine(g.engine, lm.device, self.perturbation.batched)
-        self.keep_graphs = g.keep_graphs and not self.dist.fsdp  # (FSDP gathers the weights anew for each forward)
+        # the fast engine's decoders kept from step to step (not under FSDP: it gathers the weights for each forward)
+        self.keep_graphs = g.keep_graphs and self.engine == "fast" and not self.dist.fsdp
         apply_kernels(lm.model, cfg.model.kernels)  # before the reference copy, which then has them too
         compile_layers(lm, cfg.model)  # (the reference copy shares the compiled step)
         self.objective = ObjectiveSettings.from_config(g)
@@ -391,26 +392,23 @@ class GRPOTrainer:
         else:
             less = "" if mb > 1 else "a smaller model or a larger device"
         rows = "rows per forward/backward; the loss does not depend on it" if mb > 1 else "one row per forward already"
-        kept = "grpo.keep_graphs=false frees the fast engine's kept caches for it" if self._keeps_decoders else ""
+        kept = "grpo.keep_graphs=false frees the fast engine's kept caches for it" if self.keep_graphs else ""
         why = "; ".join(part for part in (rows, less, kept) if part)
         return oom_advice("update", "grpo.micro_batch_size", mb, why)
 
-    @property
-    def _keeps_decoders(self) -> bool:
-        """Whether the fast engine's decoders (their caches) stay allocated from one step to the next."""
-        return self.keep_graphs and self.engine == "fast"
+    def _models(self) -> list[LatentLM]:
+        """The policy and the reference model (one model under LoRA: the reference is its adapter)."""
+        return [self.lm] + ([self.ref.lm] if self.ref is not None and self.ref.lm is not self.lm else [])
 
     def kept_decoder_bytes(self) -> int:
         """The device memory the fast engine's kept decoders hold (their caches and buffers) between steps."""
-        models = [self.lm] + ([self.ref.lm] if self.ref is not None and self.ref.lm is not self.lm else [])
-        return sum(dec.nbytes for lm in models for _, dec in lm.kept_decoders.values())
+        return sum(dec.nbytes for lm in self._models() for _, dec in lm.kept_decoders.values())
 
     def release_kept_decoders(self) -> None:
         """Free the fast engine's kept decoders (caches, buffers, graphs) of the policy and the reference: at the
         end of training (the model goes on to evaluation or elsewhere). A later step would make them again."""
-        self.lm.kept_decoders.clear()
-        if self.ref is not None:  # (under LoRA its model is the policy's)
-            self.ref.lm.kept_decoders.clear()
+        for lm in self._models():
+            lm.kept_decoders.clear()
 
     def _rows_at_a_time(self, batch_size: int) -> int:
         """Rows per batched call: ``batch_size``, or one under a perturbation replayed one rollout at a time."""
