@@ -30,7 +30,8 @@
 #   kept_vs_capture    : the recipe (grpo.keep_graphs: each decoder's graphs captured once, replayed every later step)
 #                        against grpo.keep_graphs=false (captured again for every batch), alternated
 #   extra_profile      : only with EXTRA_PROFILE=path/to/script.py: that script, run from the checkout's root with
-#                        src/ on PYTHONPATH (e.g. a profile tool kept with an issue, carried to the node)
+#                        src/ on PYTHONPATH (e.g. a profile tool kept with an issue, carried to the node), with the
+#                        arguments in EXTRA_PROFILE_ARGS (e.g. "28 grpo.optimizer=adamw8bit")
 #   kept_layers        : the recipe with its last KEPT_LAYERS (default 6) layers kept out of recomputation against the
 #                        recipe (what a kept layer saves in time; bench/kept_layer_bytes.py counts what it costs in
 #                        memory); KEPT_LAYERS=1 for a try-out on a 2-layer shape
@@ -108,7 +109,8 @@ fi
 run_item recipe_profile "$PY" "${STEP[@]}" --steps 3 --profile --trace "$OUT_DIR/recipe_trace.json.gz"
 run_item kept_vs_capture "$PY" "${STEP[@]}" --versus grpo.keep_graphs=false
 if [[ -n "${EXTRA_PROFILE:-}" ]]; then  # a profile script of one's own (e.g. one kept with an issue), run from here
-    run_item extra_profile "$PY" "$EXTRA_PROFILE"
+    read -r -a EXTRA_ARGS <<<"${EXTRA_PROFILE_ARGS:-}"
+    run_item extra_profile "$PY" "$EXTRA_PROFILE" "${EXTRA_ARGS[@]}"
 fi
 run_item kept_layers "$PY" "${STEP[@]}" --set "grpo.recompute_kept_layers=${KEPT_LAYERS:-6}" --versus grpo.recompute_kept_layers=0
 run_item reference_share "$PY" "${STEP[@]}" --versus grpo.beta0=0
