@@ -27,6 +27,11 @@
 #                        profile: busy share overall and per phase, kernels, FLOP/s, host syncs by call site, the
 #                        costliest host calls and kernels, by_range (host, idle and kernel time per path of labelled
 #                        calls), and the step's Chrome trace in recipe_trace.json.gz
+#   chain_smoke        : the CUDA tests of grpo.update_latent_graphs (the update's latent steps as one captured
+#                        forward and backward); the two chain items after it run only if they pass
+#   chain_vs_recipe    : the recipe with grpo.update_latent_graphs=true against the recipe, alternated
+#   chain_profile      : the recipe with grpo.update_latent_graphs=true alone in its process (its peak memory),
+#                        three timed steps, then its profile
 #   kept_vs_capture    : the recipe (grpo.keep_graphs: each decoder's graphs captured once, replayed every later step)
 #                        against grpo.keep_graphs=false (captured again for every batch), alternated
 #   extra_profile      : only with EXTRA_PROFILE=path/to/script.py: that script, run from the checkout's root with
@@ -107,6 +112,11 @@ if ! run_item capture_smoke "${PYTEST[@]}" tests/test_cuda.py -k "captured or wr
     exit 1
 fi
 run_item recipe_profile "$PY" "${STEP[@]}" --steps 3 --profile --trace "$OUT_DIR/recipe_trace.json.gz"
+CHAIN=grpo.update_latent_graphs
+if run_item chain_smoke "${PYTEST[@]}" tests/test_cuda.py -k latent_chain; then
+    run_item chain_vs_recipe "$PY" "${STEP[@]}" --set "$CHAIN=true" --versus "$CHAIN=false"
+    run_item chain_profile "$PY" "${STEP[@]}" --steps 3 --set "$CHAIN=true" --profile
+fi
 run_item kept_vs_capture "$PY" "${STEP[@]}" --versus grpo.keep_graphs=false
 if [[ -n "${EXTRA_PROFILE:-}" ]]; then  # a profile script of one's own (e.g. one kept with an issue), run from here
     read -r -a EXTRA_ARGS <<<"${EXTRA_PROFILE_ARGS:-}"

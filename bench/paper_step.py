@@ -57,6 +57,7 @@ from dgrpo.data.records import Record  # noqa: E402
 from dgrpo.eval.scoring import Rewards  # noqa: E402
 from dgrpo.model import latent_lm  # noqa: E402
 from dgrpo.model.fixed_shape import FixedShapeDecoder  # noqa: E402
+from dgrpo.model.latent_chain import LatentChain  # noqa: E402
 from dgrpo.model.latent_lm import AnswerBook, LatentLM  # noqa: E402
 from dgrpo.training import grpo  # noqa: E402
 from dgrpo.training.grpo import GRPOTrainer  # noqa: E402
@@ -209,10 +210,19 @@ def step_labels(tr: GRPOTrainer) -> list[tuple[Any, str, timeline.Label]]:
     def decoder_step(dec: FixedShapeDecoder, phase: str) -> str:
         return f"{phase} step: {dec.next_step(phase)}"
 
+    def chain(kind: str) -> timeline.Label:
+        def label(c: LatentChain, *args: Any) -> str:
+            how = "eager" if not c.capture else ("replay" if c.forward_graph is not None else "capture")
+            return f"latent chain {kind}: {how}"
+
+        return label
+
     return [
         *((tr, method, phase) for phase, method in PHASES.items()),
         (LatentLM, "_call_base", forward),
         (FixedShapeDecoder, "step", decoder_step),
+        (LatentChain, "forward", chain("forward")),
+        (LatentChain, "backward", chain("backward")),
         (AnswerBook, "choose", "token choice"),
         (LatentLM, "logits", "LM head logits"),
         (latent_lm, "head_logprobs", "head log-probs"),

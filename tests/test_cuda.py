@@ -5,6 +5,7 @@ CI has no GPU; these run wherever CUDA is present (``pytest tests/test_cuda.py``
 
 import contextlib
 import copy
+from functools import partial
 
 import pytest
 import torch
@@ -212,6 +213,58 @@ def test_grpo_steps_with_kept_graphs_equal_those_capturing_each_batch(tokenizer,
     for keep in ("true", "false"):
         sets = ["grpo.group_size=4", "grpo.temperature=1", "grpo.engine=fast", f"grpo.keep_graphs={keep}"]
         cfg = load_config(Config, "tiny.yaml", sets)
+        lm = make_lm(tokenizer, hidden_size=64)
+        lm.model.to(CUDA)
+        trainer = GRPOTrainer(lm, cfg, task_records, reward_fn=code_parity)
+        rows.append([trainer.step() for _ in range(3)])
+    assert any(m["skipped"] == 0 for m in rows[0])
+    for a, b in zip(*rows):
+        assert a["reward_mean"] == b["reward_mean"] and a["reward_std"] == b["reward_std"]
+        assert a["policy_loss"] == pytest.approx(b["policy_loss"], abs=1e-5)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
+
+
+def test_the_captured_latent_chain_gives_the_recurrence_log_probs_and_gradients(tokenizer, task_records):
+    """``grpo.update_latent_graphs``: the update's latent steps as one captured forward and one captured backward,
+    kept for three batches (prompts of three widths within one column bucket, other seeds, in fp32): each batch's
+    log-probs and weight gradients equal the step-by-step recurrence's, and the graphs are captured once."""
+    from test_latent_chain import assert_close, eager_logprobs, logp_and_grads, targets_for
+
+    from dgrpo.config import PerturbationConfig
+    from dgrpo.model.latent_chain import chained_target_logprobs
+    from dgrpo.perturbation import make_perturbation
+
+    lm = make_lm(tokenizer, hidden_size=64)
+    lm.model.to(CUDA)
+    lm.recompute, lm.recompute_latent_steps = "layer", False
+    pert = make_perturbation(PerturbationConfig(kind="locked", p=0.3, sites=["attn", "mlp"]))
+    tg, tm = (x.to(CUDA) for x in targets_for(lm, 8))
+    graphs = []
+    for b in range(3):
+        questions = [r.question[: 22 + 4 * (2, 0, 1)[b] + i % 3] for i, r in enumerate(task_records[:8])]
+        ids, mask = (x.to(CUDA) for x in lm.encode_questions(questions))
+        with pert.bind(lm, seeds_for(0, b, 0, 8).to(CUDA)) as pb:
+            eager = logp_and_grads(lm, partial(eager_logprobs, lm, ids, mask, 3, tg, tm, perturbation=pb))
+            run = partial(chained_target_logprobs, lm, ids, mask, 3, tg, tm, perturbation=pb, capture=True, keep=True)
+            chained = logp_and_grads(lm, run)
+        assert_close(eager, chained, atol=1e-4)
+        chain = lm.kept_decoders["update"][1]
+        graphs.append((chain.forward_graph, chain.backward_graph))
+    assert graphs[0] == graphs[1] == graphs[2] and graphs[0][0] is not None
+
+
+def test_grpo_steps_with_the_captured_latent_chain_equal_those_without(tokenizer, task_records):
+    """Three fp32 trainer steps on the fast engine, two micro-batches each: with the update's latent steps as the
+    kept, captured chain (reading the weights each update left) the rewards, losses and gradient norms are those of
+    the step-by-step recurrence."""
+    from test_fixed_shape import code_parity
+
+    from dgrpo.config import Config, load_config
+
+    rows = []
+    for chain in ("true", "false"):
+        sets = ["grpo.group_size=4", "grpo.temperature=1", "grpo.engine=fast", "grpo.micro_batch_size=8"]
+        cfg = load_config(Config, "tiny.yaml", [*sets, "grpo.n_latent=3", f"grpo.update_latent_graphs={chain}"])
         lm = make_lm(tokenizer, hidden_size=64)
         lm.model.to(CUDA)
         trainer = GRPOTrainer(lm, cfg, task_records, reward_fn=code_parity)

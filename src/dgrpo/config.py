@@ -541,6 +541,17 @@ class GRPOConfig:
         "under FSDP (its weights are gathered anew for every forward) and for a perturbation that does not state "
         "its tensors",
     )
+    update_latent_graphs: bool = opt(
+        False,
+        "under the fast engine: the update's T latent steps run as one unit whose forward and backward are each "
+        "one CUDA graph (the gradients of the prompt's state and of the weights computed inside), replayed per "
+        "micro-batch instead of ~20 small launches per layer and step (on CUDA; on CPU the same unit runs "
+        "uncaptured, for tests); kept across steps for micro-batches of the same rows and a prompt within the same "
+        "32 columns (with keep_graphs; else captured per micro-batch); the cost: the forward's activations, the "
+        "weights' gradients and the keys and values stay allocated in its own pool between steps; single process, "
+        "coconut models, needs recompute_latent_steps=false and model.compile=false; experimental: not yet "
+        "measured on a GPU",
+    )
     advantage: Advantage = opt(
         "drgrpo",
         "drgrpo: r - group mean (paper); grpo: (r - mean) / std; rloo: r - mean "
@@ -751,6 +762,7 @@ class Config:
             "dropout reseeds the RNG before every forward, one rollout at a time (set grpo.engine=eager)",
         )
         self._validate_compile()
+        self._validate_latent_graphs()
         _check(
             not (self.model.lora.r > 0 and self.fsdp != "none"),
             "model.lora.r",
@@ -775,6 +787,22 @@ class Config:
             ),
         ):
             _check(ok, "model.compile", f"the compiled layers do not run with {why}; set model.compile=false")
+
+    def _validate_latent_graphs(self) -> None:
+        """What ``grpo.update_latent_graphs`` runs with (the engine, once resolved, and the processes: the trainer)."""
+        g = self.grpo
+        if not g.update_latent_graphs:
+            return
+        for ok, why in (
+            (g.engine != "eager", "grpo.engine=eager (the chain is the fast engine's: set grpo.engine=fast or auto)"),
+            (
+                not (g.recompute and g.recompute_latent_steps),
+                "grpo.recompute_latent_steps=true (the chain keeps the latent steps' activations)",
+            ),
+            (not self.model.compile, "model.compile=true (compiled layers inside a captured graph)"),
+            (self.fsdp == "none", "FSDP (fsdp != none)"),
+        ):
+            _check(ok, "grpo.update_latent_graphs", f"the latent chain does not run with {why}")
 
 
 # ----------------------------------------------------------------------------------------------

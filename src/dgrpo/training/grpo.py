@@ -55,7 +55,7 @@ from .losses import (
 )
 from .memory import oom_advice
 from .ref_policy import make_reference
-from .rollouts import Rollouts, collect_rollouts, replay_logprobs, resolve_engine
+from .rollouts import Rollouts, check_latent_chain, collect_rollouts, replay_logprobs, resolve_engine
 from .run import NonFiniteError, NonFiniteGuard, RunDir, StalledError, sharded_accuracy, weights_finite
 from .schedules import beta_at, lr_at
 
@@ -141,6 +141,9 @@ class GRPOTrainer:
         self.engine = resolve_engine(g.engine, lm.device, self.perturbation.batched)
         # the fast engine's decoders kept from step to step (not under FSDP: it gathers the weights for each forward)
         self.keep_graphs = g.keep_graphs and self.engine == "fast" and not self.dist.fsdp
+        self.chain_latents = g.update_latent_graphs
+        if self.chain_latents:
+            check_latent_chain(lm, self.engine, self.dist.active)
         apply_kernels(lm.model, cfg.model.kernels)  # before the reference copy, which then has them too
         compile_layers(lm, cfg.model)  # (the reference copy shares the compiled step)
         self.objective = ObjectiveSettings.from_config(g)
@@ -393,7 +396,8 @@ class GRPOTrainer:
             less = "" if mb > 1 else "a smaller model or a larger device"
         rows = "rows per forward/backward; the loss does not depend on it" if mb > 1 else "one row per forward already"
         kept = "grpo.keep_graphs=false frees the fast engine's kept caches for it" if self.keep_graphs else ""
-        why = "; ".join(part for part in (rows, less, kept) if part)
+        chain = "grpo.update_latent_graphs=false frees its graphs' memory" if self.chain_latents else ""
+        why = "; ".join(part for part in (rows, less, kept, chain) if part)
         return oom_advice("update", "grpo.micro_batch_size", mb, why)
 
     def _models(self) -> list[LatentLM]:
@@ -424,6 +428,7 @@ class GRPOTrainer:
             temperature=g.temperature,
             engine=self.engine,
             keep_graphs=self.keep_graphs,
+            chain_latents=self.chain_latents,
         )
 
     def _update_seeds(self, ro: Rollouts, rows: Tensor, step: int, epoch: int) -> Tensor:

@@ -9,9 +9,12 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from ..config import ConfigError
 from ..data.records import Record
 from ..eval.scoring import ScoreFn, call_checked, numeric
+from ..model.attention_mask import prebuilt_mask_applies
 from ..model.fixed_shape import fixed_shape_generate, fixed_shape_target_logprobs
+from ..model.latent_chain import chained_target_logprobs
 from ..model.latent_lm import LatentLM
 from ..perturbation import Perturbation
 from ..perturbation.base import to_device
@@ -61,6 +64,24 @@ def resolve_engine(engine: str, device: torch.device, batched: bool) -> str:
     if engine != "auto":
         return engine
     return "fast" if device.type == "cuda" and batched else "eager"
+
+
+def check_latent_chain(lm: LatentLM, engine: str, distributed: bool) -> None:
+    """Raise ConfigError (one line) when ``grpo.update_latent_graphs`` cannot run: it is the fast engine's, for one
+    process and a coconut model, and its capture (CUDA) needs the prebuilt attention mask (no host read of the
+    padding inside the graph)."""
+    for ok, why in (
+        (engine == "fast", f"the engine resolved to {engine} (on {lm.device.type}): set grpo.engine=fast"),
+        (not distributed, "it runs in one process (not under torchrun yet)"),
+        (lm.settings.mode == "coconut", f"it runs coconut thoughts; this model's mode is {lm.settings.mode!r}"),
+        (
+            lm.device.type != "cuda" or prebuilt_mask_applies(lm.model.config),
+            "its CUDA graphs need SDPA attention over full-attention layers "
+            f"(attn_implementation={getattr(lm.model.config, '_attn_implementation', None)!r})",
+        ),
+    ):
+        if not ok:
+            raise ConfigError(f"invalid config value grpo.update_latent_graphs: {why}; or set it to false")
 
 
 @torch.no_grad()
@@ -152,12 +173,14 @@ def replay_logprobs(
     temperature: float,
     engine: str = "eager",
     keep_graphs: bool = False,
+    chain_latents: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Teacher-forced log pi(y | x, xi) of ``rows`` under the perturbation regenerated from ``seeds``,
     through the whole latent recurrence (differentiable when grad is enabled). Returns (logp, mask).
     ``engine``: ``fast`` runs ``<|end-latent|>`` in the answer's forward call (one call fewer) and, without grad (the
     reference model), the latent steps over fixed buffers as the rollout does (graph-captured on CUDA; ``keep_graphs``
-    as in :func:`collect_rollouts`)."""
+    as in :func:`collect_rollouts`); with grad and ``chain_latents`` (``grpo.update_latent_graphs``), as one
+    :class:`dgrpo.model.latent_chain.LatentChain` (graph-captured on CUDA, kept under ``keep_graphs``)."""
     # the padding columns from the host's copy of the masks, the rows gathered on the device: no synchronisation
     prompt_host, answer_host = ro.host()
     rows_host = rows.cpu()
@@ -172,6 +195,12 @@ def replay_logprobs(
         if fast and perturbation.batched and not torch.is_grad_enabled() and tg.shape[1] > 0:
             capture = lm.device.type == "cuda"
             logp = fixed_shape_target_logprobs(
+                lm, ids, mask, n_latent, tg, tm, perturbation=pb, temperature=t, capture=capture, keep=keep_graphs
+            )
+            return logp, tm
+        if fast and chain_latents and perturbation.batched and torch.is_grad_enabled():
+            capture = lm.device.type == "cuda"
+            logp = chained_target_logprobs(
                 lm, ids, mask, n_latent, tg, tm, perturbation=pb, temperature=t, capture=capture, keep=keep_graphs
             )
             return logp, tm

@@ -1,0 +1,279 @@
+"""The GRPO update's latent steps as one unit whose forward and backward are each one CUDA graph
+(``grpo.update_latent_graphs``).
+
+In the update, after the prompt's forward with grad, the T coconut steps are one-position forwards of the whole
+decoder stack at a few hundred rows: ~20 small kernels per layer and step in forward, more in backward, issued one by
+one from Python while the GPU waits (bench/RESULTS.md: on an H200 ~0.7 s of the paper step's idle time). Here the T
+steps are one function of tensors, wrapped in an autograd ``Function``:
+
+* in: the prompt's last hidden state, its padding mask and next positions, and every layer's keys and values;
+* out: the hidden state after the T steps and every layer's keys and values with the T new columns;
+* gradients: of the hidden state, the keys and values, and the trainable weights.
+
+:class:`LatentChain` runs it eagerly over detached inputs (CPU; the tests), or (``capture``, CUDA) records the
+function's forward and its backward once each as a CUDA graph and replays them: two launches instead of thousands.
+Both go through the same ``Function``, so the way gradients cross it is the same code in both.
+
+A captured chain reads static inputs (each call's tensors are copied in), the weights where they are (an optimizer
+step updates them in place) and the perturbation's tensors it was captured with (each batch's copied in, as the fast
+engine's kept decoders do). Its memory comes from a pool of its own: the forward's saved activations must outlive
+every graph replayed before the backward's (the reference's, another chain's). The gradients leave the backward as
+copies, since the graph's next replay overwrites its outputs. A chain is kept for later batches of the same shape
+(:func:`chain_for`); the prompt's columns are rounded up to :data:`COLUMN_BUCKET` for that (padding columns, masked).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from .fixed_shape import COLUMN_BUCKET, _graph_inputs, _storage, captured, on_side_stream
+from .latent_lm import DecodeState, LatentLM, PhaseHook
+from .recompute import dynamic_layer
+
+#: eager forward-and-backward runs before a capture (first-use work such as autotuning a kernel for a new shape
+#: or planning an attention call cannot be captured)
+WARMUP_ITERS = 2
+
+
+def filled_cache(config: Any, keys: list[Tensor], values: list[Tensor]) -> DynamicCache:
+    """A ``DynamicCache`` whose layers hold ``keys`` and ``values`` as they are (no copy, no host work: it is made
+    inside a captured region too)."""
+    cache = DynamicCache(config=config)
+    for i, (layer, k, v) in enumerate(zip(cache.layers, keys, values, strict=True)):
+        if type(layer) is not DynamicLayer:
+            raise NotImplementedError(
+                f"grpo.update_latent_graphs runs over full-attention cache layers; layer {i} is {type(layer).__name__}"
+            )
+        layer.device, layer.keys, layer.values, layer.is_initialized = k.device, k, v, True
+    return cache
+
+
+def cache_tensors(cache: DynamicCache) -> list[Tensor]:
+    """Every layer's keys, then every layer's values, of a cache of full-attention layers."""
+    layers = [dynamic_layer(cache, i) for i in range(len(cache.layers))]
+    keys, values = [], []
+    for i, layer in enumerate(layers):
+        if layer is None or layer.keys is None or layer.values is None:
+            raise NotImplementedError(f"grpo.update_latent_graphs: layer {i} of the cache holds no full-attention keys")
+        keys.append(layer.keys)
+        values.append(layer.values)
+    return keys + values
+
+
+class LatentChain:
+    """The ``n_latent`` coconut steps after a prompt, for batches of one shape: the static inputs, outputs and
+    gradients, and (``capture``) the CUDA graphs of the forward and of the backward."""
+
+    def __init__(self, lm: LatentLM, n_latent: int, capture: bool):
+        if capture and lm.device.type != "cuda":
+            raise ValueError(f"capturing the latent steps needs a CUDA device; got {lm.device.type}")
+        self.lm, self.n_latent, self.capture = lm, n_latent, capture
+        self.params = [p for p in lm.model.parameters() if p.requires_grad]
+        self.inputs: list[Tensor] = []  # last hidden, mask, next positions, keys..., values...
+        self.outputs: list[Tensor] = []  # last hidden, keys..., values... (n_latent more columns)
+        self.grad_outputs: list[Tensor] = []  # (captured) what the backward graph reads
+        self.grads: list[Tensor | None] = []  # (captured) what it writes: the differentiable inputs', the params'
+        self.graph_inputs: list[Tensor] = []  # the perturbation tensors the graphs were captured with
+        self.forward_graph: torch.cuda.CUDAGraph | None = None
+        self.backward_graph: torch.cuda.CUDAGraph | None = None
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.calls = 0  # forwards run: a backward must belong to the last one (one set of static tensors)
+
+    def run(self, state: DecodeState, perturbation: PhaseHook | None) -> DecodeState:
+        """The latent steps after ``state`` (a prompt's, over a ``DynamicCache``): the state after them, differentiable
+        with respect to the prompt's state and the trainable weights."""
+        tensors = [state.last_hidden, state.attention_mask, state.next_position, *cache_tensors(state.cache)]
+        out = _ChainFunction.apply(self, perturbation, len(tensors), *tensors, *self.params)
+        n = len(state.cache.layers)
+        cache = filled_cache(self.lm.model.config, list(out[1 : 1 + n]), list(out[1 + n :]))
+        mask = state.attention_mask
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], self.n_latent)], dim=1)
+        return DecodeState(cache, mask, state.next_position + self.n_latent, out[0])
+
+    @property
+    def nbytes(self) -> int:
+        """The device memory of its static tensors (not its graphs' pool: the forward's saved activations)."""
+        tensors = [*self.inputs, *self.outputs, *self.grad_outputs, *self.grads] if self.capture else []
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    # ------------------------------------------------------------------ what the Function calls
+    def steps(self, inputs: list[Tensor], perturbation: PhaseHook | None) -> list[Tensor]:
+        """The function itself, with grad: the latent steps from ``inputs`` (see :meth:`run`)."""
+        x, mask, next_position, *kv = inputs
+        n = len(kv) // 2
+        state = DecodeState(filled_cache(self.lm.model.config, kv[:n], kv[n:]), mask, next_position, x)
+        for _ in range(self.n_latent):
+            self.lm._forward(state, "latent", perturbation, embeds=state.last_hidden)
+        return [state.last_hidden, *cache_tensors(state.cache)]
+
+    def forward(self, inputs: list[Tensor], perturbation: PhaseHook | None) -> list[Tensor]:
+        """The outputs for ``inputs`` (detached; their gradients come from :meth:`backward`)."""
+        self.calls += 1
+        if not self.capture:
+            self.inputs = [t.detach().requires_grad_(t.requires_grad) for t in inputs]
+            with torch.enable_grad():
+                self.outputs = self.steps(self.inputs, perturbation)
+            return [o.detach() for o in self.outputs]
+        if self.forward_graph is None:
+            self._capture(inputs, perturbation)
+        else:
+            self._adopt(perturbation)
+        for static, t in zip(self.inputs, inputs, strict=True):
+            static.copy_(t)
+        assert self.forward_graph is not None
+        self.forward_graph.replay()
+        return [o.detach() for o in self.outputs]
+
+    def backward(self, grad_outputs: list[Tensor]) -> list[Tensor | None]:
+        """Gradients of the differentiable inputs, then of the params, for the outputs' ``grad_outputs``."""
+        if not self.capture:
+            grads = torch.autograd.grad(
+                self.outputs, self._differentiable(), grad_outputs, allow_unused=True, materialize_grads=False
+            )
+            self.outputs = []  # (the graph is spent)
+            return list(grads)
+        for static, g in zip(self.grad_outputs, grad_outputs, strict=True):
+            static.copy_(g)
+        assert self.backward_graph is not None
+        self.backward_graph.replay()
+        return [None if g is None else g.clone() for g in self.grads]
+
+    def differentiable_positions(self) -> list[int]:
+        """Which of the inputs get gradients (those that require them)."""
+        return [i for i, t in enumerate(self.inputs) if t.requires_grad]
+
+    def _differentiable(self) -> list[Tensor]:
+        return [self.inputs[i] for i in self.differentiable_positions()] + self.params
+
+    def _capture(self, inputs: list[Tensor], perturbation: PhaseHook | None) -> None:
+        """Warm up, then record the forward and the backward (their scratch memory from this chain's own pool)."""
+        self.inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+        wrt = self._differentiable()
+        with torch.enable_grad():
+            with on_side_stream():
+                for _ in range(WARMUP_ITERS):
+                    outs = self.steps(self.inputs, perturbation)
+                    torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
+                del outs
+            self.forward_graph = torch.cuda.CUDAGraph()
+            with captured(self.forward_graph, self.pool):
+                self.outputs = self.steps(self.inputs, perturbation)
+            self.grad_outputs = [torch.empty_like(o) for o in self.outputs]  # (outside the pool: an input)
+            self.backward_graph = torch.cuda.CUDAGraph()
+            with captured(self.backward_graph, self.pool):
+                grads = torch.autograd.grad(self.outputs, wrt, self.grad_outputs, allow_unused=True)
+        self.grads = list(grads)
+        self.graph_inputs = list(_graph_inputs(perturbation) or [])
+
+    def _adopt(self, perturbation: PhaseHook | None) -> None:
+        """Copy ``perturbation``'s tensors into those the graphs were captured with."""
+        new = _graph_inputs(perturbation)
+        assert new is not None, "a chain is captured only for a perturbation that states its tensors"
+        for was, now in zip(self.graph_inputs, new, strict=True):
+            if was is not now:
+                was.copy_(now)
+
+
+class _ChainFunction(torch.autograd.Function):
+    """The autograd node of a :class:`LatentChain` call: its inputs, then the trainable weights, in; its outputs
+    out."""
+
+    @staticmethod
+    def forward(ctx: Any, chain: LatentChain, perturbation: PhaseHook | None, n_inputs: int, *tensors: Tensor) -> Any:
+        outputs = chain.forward(list(tensors[:n_inputs]), perturbation)
+        ctx.chain, ctx.n_inputs, ctx.call = chain, n_inputs, chain.calls
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: Tensor) -> Any:
+        chain: LatentChain = ctx.chain
+        if ctx.call != chain.calls:
+            raise RuntimeError(
+                "grpo.update_latent_graphs: a latent chain's backward ran after a later forward of the same chain "
+                "(its static tensors hold the later one's): run each micro-batch's backward before the next forward"
+            )
+        grads = chain.backward(list(grad_outputs))
+        positions = chain.differentiable_positions()
+        out: list[Tensor | None] = [None] * ctx.n_inputs
+        for i, g in zip(positions, grads[: len(positions)], strict=True):
+            out[i] = g
+        return (None, None, None, *out, *grads[len(positions) :])
+
+
+def chain_for(
+    lm: LatentLM, state: DecodeState, n_latent: int, perturbation: PhaseHook | None, capture: bool, keep: bool
+) -> LatentChain:
+    """A chain for the latent steps after ``state``. ``keep``: the one ``lm`` kept (``update``) when it fits (the
+    weights where they were, the same input shapes, dtypes and grad needs, perturbation tensors and active
+    adapter), else a new one kept in its place."""
+    if not keep:
+        return LatentChain(lm, n_latent, capture)
+    inputs = _graph_inputs(perturbation)
+    if inputs is None:
+        raise ValueError("grpo.update_latent_graphs needs a perturbation that states its tensors (graph_inputs)")
+    tensors = [state.last_hidden, state.attention_mask, state.next_position, *cache_tensors(state.cache)]
+    adapters = getattr(lm.peft, "active_adapters", None) if lm.peft is not None else None
+    key = (
+        _storage(lm),
+        n_latent,
+        capture,
+        tuple((tuple(t.shape), t.dtype, t.requires_grad) for t in tensors),
+        type(perturbation).__qualname__,
+        tuple((tuple(t.shape), t.dtype) for t in inputs),
+        tuple(adapters) if adapters is not None else None,
+        tuple(p.requires_grad for p in lm.model.parameters()),
+    )
+    kept = lm.kept_decoders.get("update")
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    lm.kept_decoders.pop("update", None)  # (its memory may serve the new one)
+    chain = LatentChain(lm, n_latent, capture)
+    lm.kept_decoders["update"] = (key, chain)
+    return chain
+
+
+def bucketed_prompt(lm: LatentLM, prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """The prompt left-padded (masked-out padding tokens) to a multiple of :data:`COLUMN_BUCKET` columns: batches
+    whose prompts differ by a few tokens then share one chain. Positions count real tokens only, so the log-probs
+    do not change."""
+    B, P = prompt_ids.shape
+    extra = -P % COLUMN_BUCKET
+    if extra == 0:
+        return prompt_ids, prompt_mask
+    pad_ids = prompt_ids.new_full((B, extra), lm.pad_id)
+    return torch.cat([pad_ids, prompt_ids], 1), torch.cat([prompt_mask.new_zeros(B, extra), prompt_mask], 1)
+
+
+def chained_target_logprobs(
+    lm: LatentLM,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    n_latent: int,
+    target_ids: Tensor,
+    target_mask: Tensor,
+    *,
+    perturbation: PhaseHook | None = None,
+    temperature: float = 1.0,
+    capture: bool = False,
+    keep: bool = False,
+) -> Tensor:
+    """:meth:`LatentLM.target_logprobs` of a coconut model with ``end_with_targets`` (the same log-probs [B, L], 0
+    at padding, differentiable end to end), its latent steps run by a :class:`LatentChain` (``capture``: as CUDA
+    graphs; ``keep``: the chain kept for later batches of its shape): the GRPO update's replay."""
+    if n_latent > 0 and lm.settings.mode != "coconut":
+        raise ValueError(f"the latent chain runs coconut thoughts; this model's mode is {lm.settings.mode!r}")
+    ids, mask = bucketed_prompt(lm, prompt_ids, prompt_mask)
+    with lm._scoring_block():
+        state = lm.prefill(ids, mask, 0, perturbation=perturbation, markers=False)
+        if n_latent > 0:
+            state = chain_for(lm, state, n_latent, perturbation, capture, keep).run(state, perturbation)
+        lead = torch.full((ids.shape[0], 1), lm.end_id, dtype=target_ids.dtype, device=target_ids.device)
+        logp, _ = lm.score_targets(
+            state, target_ids, target_mask, perturbation=perturbation, temperature=temperature, lead_ids=lead
+        )
+    return logp

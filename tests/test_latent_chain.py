@@ -1,0 +1,171 @@
+"""The update's latent steps as one unit (``grpo.update_latent_graphs``, dgrpo.model.latent_chain): the same
+log-probs and gradients as the step-by-step recurrence, through the autograd Function that carries them across the
+captured graphs on CUDA (run here uncaptured; tests/test_cuda.py captures them)."""
+
+from functools import partial
+
+import pytest
+import torch
+
+from dgrpo.config import Config, ConfigError, PerturbationConfig, load_config
+from dgrpo.model.latent_chain import LatentChain, bucketed_prompt, chained_target_logprobs, filled_cache
+from dgrpo.model.recompute import dynamic_layer
+from dgrpo.perturbation import make_perturbation
+
+from conftest import make_lm
+
+
+def targets_for(lm, n):
+    targets = [[5 + (3 * i + j) % 40 for j in range(3 + 2 * i)] for i in range(n)]
+    tg = torch.full((n, max(map(len, targets))), lm.pad_id)
+    tm = torch.zeros_like(tg)
+    for i, t in enumerate(targets):
+        tg[i, : len(t)], tm[i, : len(t)] = torch.tensor(t), 1
+    return tg, tm
+
+
+def eager_logprobs(lm, *args, **kw):
+    """``target_logprobs``' log-probs with ``end_with_targets`` (the fast engine's replay, step by step)."""
+    return lm.target_logprobs(*args, end_with_targets=True, **kw)[0]
+
+
+def logp_and_grads(lm, run):
+    """The masked log-probs ``run()`` gives and the gradients of their weighted sum, per trainable parameter."""
+    lm.model.zero_grad(set_to_none=True)
+    logp = run()
+    weights = torch.linspace(0.5, 1.5, logp.numel()).view_as(logp)
+    (logp * weights).sum().backward()
+    grads = {n: p.grad.clone() for n, p in lm.model.named_parameters() if p.grad is not None}
+    return logp.detach(), grads
+
+
+def assert_close(a, b, atol=1e-5):
+    (la, ga), (lb, gb) = a, b
+    assert torch.allclose(la, lb, atol=atol, rtol=0)
+    assert ga.keys() == gb.keys()
+    for name in ga:
+        scale = max(1.0, ga[name].abs().max().item())
+        assert torch.allclose(ga[name], gb[name], atol=atol * scale, rtol=0), name
+
+
+@pytest.mark.parametrize(
+    "arch, kind, recompute",
+    [("qwen2", "locked", "layer"), ("llama", "gaussian", False), ("qwen2", "none", "call")],
+)
+def test_the_chain_gives_the_recurrence_log_probs_and_gradients(tokenizer, task_records, arch, kind, recompute):
+    """fp32: log-probs and every weight's gradient equal ``target_logprobs``' (end_with_targets) within 1e-5, for
+    ragged prompts (padded to the column bucket on the chain's side) and targets, whatever the prompt's
+    recomputation."""
+    lm = make_lm(tokenizer, arch)
+    lm.recompute, lm.recompute_latent_steps = recompute, False
+    ids, mask = lm.encode_questions([r.question[: 20 + 7 * i] for i, r in enumerate(task_records[:5])])
+    tg, tm = targets_for(lm, 5)
+    pert = make_perturbation(PerturbationConfig(kind=kind, p=0.3, sigma=0.3, sites=["attn", "mlp"]))
+    with pert.bind(lm, torch.arange(5)) as pb:
+        eager = logp_and_grads(lm, partial(eager_logprobs, lm, ids, mask, 3, tg, tm, perturbation=pb))
+        chained = logp_and_grads(lm, lambda: chained_target_logprobs(lm, ids, mask, 3, tg, tm, perturbation=pb))
+    assert (chained[0][tm == 1] < 0).all() and (chained[0][tm == 0] == 0).all()
+    assert any("layers.0." in n for n in chained[1])  # the chain's weights got their gradients
+    assert_close(eager, chained)
+
+
+def test_a_kept_chain_serves_later_batches_of_its_shape(tokenizer, task_records):
+    """Three batches whose prompts differ in width within one column bucket and whose perturbation seeds differ:
+    one kept chain serves them all, with the log-probs and gradients of a new chain each time."""
+    lm = make_lm(tokenizer, "qwen2")
+    pert = make_perturbation(PerturbationConfig(kind="locked", p=0.3, sites=["mlp"]))
+    tg, tm = targets_for(lm, 4)
+    chains = set()
+    for b in range(3):
+        ids, mask = lm.encode_questions([r.question[: 18 + 3 * b + i] for i, r in enumerate(task_records[:4])])
+        seeds = torch.arange(4) + 10 * b
+        results = []
+        for keep in (False, True):
+            with pert.bind(lm, seeds) as pb:
+                run = partial(chained_target_logprobs, lm, ids, mask, 2, tg, tm, perturbation=pb, keep=keep)
+                results.append(logp_and_grads(lm, run))
+        assert_close(*results, atol=0)
+        chains.add(id(lm.kept_decoders["update"][1]))
+    assert len(chains) == 1
+
+
+def test_the_prompt_bucket_pads_masked_columns_only(tokenizer, task_records):
+    lm = make_lm(tokenizer, "qwen2")
+    ids, mask = lm.encode_questions([r.question[:30] for r in task_records[:3]])
+    b_ids, b_mask = bucketed_prompt(lm, ids, mask)
+    assert b_ids.shape[1] % 32 == 0 and b_ids.shape[1] >= ids.shape[1]
+    extra = b_ids.shape[1] - ids.shape[1]
+    assert torch.equal(b_ids[:, extra:], ids) and torch.equal(b_mask[:, extra:], mask)
+    assert (b_mask[:, :extra] == 0).all()
+    assert bucketed_prompt(lm, b_ids, b_mask)[0] is b_ids
+
+
+def test_a_filled_cache_holds_the_tensors_and_grows_as_a_dynamic_cache(tokenizer):
+    lm = make_lm(tokenizer, "qwen2")
+    cfg = lm.model.config
+    n = cfg.num_hidden_layers
+    keys = [torch.randn(2, cfg.num_key_value_heads, 5, cfg.hidden_size // cfg.num_attention_heads) for _ in range(n)]
+    values = [torch.randn_like(k) for k in keys]
+    cache = filled_cache(cfg, keys, values)
+    assert cache.get_seq_length() == 5
+    assert all(dynamic_layer(cache, i).keys is keys[i] for i in range(n))
+    new = torch.randn(2, cfg.num_key_value_heads, 1, keys[0].shape[-1])
+    k, _ = cache.update(new, new, 0)
+    assert k.shape[2] == 6 and torch.equal(k[:, :, :5], keys[0])
+
+
+def test_a_backward_after_a_later_forward_is_refused(tokenizer, task_records):
+    """One chain holds one call's tensors (on CUDA: its graphs' static buffers): a second forward before the first's
+    backward would give the first the second's gradients, so that backward raises."""
+    lm = make_lm(tokenizer, "qwen2")
+    ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
+    tg, tm = targets_for(lm, 2)
+    first = chained_target_logprobs(lm, ids, mask, 2, tg, tm, keep=True)
+    second = chained_target_logprobs(lm, ids, mask, 2, tg, tm, keep=True)
+    second.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="next forward"):
+        first.sum().backward()
+
+
+def test_capture_is_refused_off_cuda(tokenizer):
+    with pytest.raises(ValueError, match="CUDA"):
+        LatentChain(make_lm(tokenizer, "qwen2"), 2, capture=True)
+
+
+def code_parity(completions, records):
+    return [float(sum(map(ord, c)) % 2) for c in completions]
+
+
+def test_grpo_steps_with_the_chain_equal_those_without(tokenizer, task_records):
+    """Two trainer steps (fast engine on CPU, fp32, two micro-batches, locked dropout): the same rewards, losses
+    and gradient norms with the update's latent steps as one chain as without."""
+    from dgrpo.training.grpo import GRPOTrainer
+
+    rows = []
+    base = ["grpo.group_size=4", "grpo.temperature=1", "grpo.engine=fast", "grpo.micro_batch_size=4", "grpo.n_latent=2"]
+    for over in ([], ["grpo.update_latent_graphs=true"]):
+        cfg = load_config(Config, "tiny.yaml", [*base, *over])
+        trainer = GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records, reward_fn=code_parity)
+        rows.append([trainer.step() for _ in range(2)])
+        assert ("update" in trainer.lm.kept_decoders) == bool(over)
+    assert all(m["skipped"] == 0 for m in rows[0])
+    for a, b in zip(*rows):
+        assert a["reward_mean"] == b["reward_mean"]
+        assert a["policy_loss"] == pytest.approx(b["policy_loss"], abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    "over, match",
+    [
+        (["grpo.engine=eager"], "grpo.engine=fast"),
+        (["grpo.engine=auto"], "resolved to eager"),  # (auto is the eager engine on this CPU)
+        (["grpo.engine=fast", "grpo.recompute=true", "grpo.recompute_latent_steps=true"], "recompute_latent_steps"),
+    ],
+)
+def test_the_chain_refuses_what_it_cannot_run(tokenizer, task_records, over, match):
+    from dgrpo.training.grpo import GRPOTrainer
+
+    with pytest.raises(ConfigError, match=match):
+        cfg = load_config(Config, "tiny.yaml", ["grpo.update_latent_graphs=true", *over])
+        GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records, reward_fn=code_parity)
