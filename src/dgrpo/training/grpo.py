@@ -405,12 +405,14 @@ class GRPOTrainer:
         return [self.lm] + ([self.ref.lm] if self.ref is not None and self.ref.lm is not self.lm else [])
 
     def kept_decoder_bytes(self) -> int:
-        """The device memory the fast engine's kept decoders hold (their caches and buffers) between steps."""
+        """The device memory the fast engine's kept decoders hold (their caches and buffers) between steps, and the
+        kept latent chain's static tensors (``grpo.update_latent_graphs``; not its graphs' pool)."""
         return sum(dec.nbytes for lm in self._models() for _, dec in lm.kept_decoders.values())
 
     def release_kept_decoders(self) -> None:
-        """Free the fast engine's kept decoders (caches, buffers, graphs) of the policy and the reference: at the
-        end of training (the model goes on to evaluation or elsewhere). A later step would make them again."""
+        """Free the fast engine's kept decoders (caches, buffers, graphs) and latent chain of the policy and the
+        reference: at the end of training (the model goes on to evaluation or elsewhere). A later step would make
+        them again."""
         for lm in self._models():
             lm.kept_decoders.clear()
 
