@@ -3,8 +3,9 @@
 
 In the update, after the prompt's forward with grad, the T coconut steps are one-position forwards of the whole
 decoder stack at a few hundred rows: ~20 small kernels per layer and step in forward, more in backward, issued one by
-one from Python while the GPU waits (bench/RESULTS.md: on an H200 ~0.7 s of the paper step's idle time). Here the T
-steps are one function of tensors, wrapped in an autograd ``Function``:
+one from Python while the GPU waits (bench/RESULTS.md: on an H200, 0.29 s of idle in forward and most of the
+backward's 0.43 s, in the profiled paper step). Here the T steps are one function of tensors, wrapped in an autograd
+``Function``:
 
 * in: the prompt's last hidden state, its padding mask and next positions, and every layer's keys and values;
 * out: the hidden state after the T steps and every layer's keys and values with the T new columns;
