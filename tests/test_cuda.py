@@ -205,20 +205,27 @@ def test_a_kept_decoder_captures_once_and_later_batches_replay_its_graphs(tokeni
 def test_grpo_steps_with_kept_graphs_equal_those_capturing_each_batch(tokenizer, task_records):
     """Three fp32 trainer steps on the fast engine: the graphs kept from step to step read the weights each update
     left (in place) and the step's masks, so rewards, losses and gradients equal a run that captures every batch."""
+    rows = [_fast_engine_steps(tokenizer, task_records, [f"grpo.keep_graphs={keep}"]) for keep in ("true", "false")]
+    _assert_same_steps(*rows)
+
+
+def _fast_engine_steps(tokenizer, task_records, overrides):
+    """Three fp32 trainer steps on the fast engine on the GPU (sampled rollouts, the code-parity reward)."""
     from test_fixed_shape import code_parity
 
     from dgrpo.config import Config, load_config
 
-    rows = []
-    for keep in ("true", "false"):
-        sets = ["grpo.group_size=4", "grpo.temperature=1", "grpo.engine=fast", f"grpo.keep_graphs={keep}"]
-        cfg = load_config(Config, "tiny.yaml", sets)
-        lm = make_lm(tokenizer, hidden_size=64)
-        lm.model.to(CUDA)
-        trainer = GRPOTrainer(lm, cfg, task_records, reward_fn=code_parity)
-        rows.append([trainer.step() for _ in range(3)])
-    assert any(m["skipped"] == 0 for m in rows[0])
-    for a, b in zip(*rows):
+    sets = ["grpo.group_size=4", "grpo.temperature=1", "grpo.engine=fast", *overrides]
+    lm = make_lm(tokenizer, hidden_size=64)
+    lm.model.to(CUDA)
+    trainer = GRPOTrainer(lm, load_config(Config, "tiny.yaml", sets), task_records, reward_fn=code_parity)
+    return [trainer.step() for _ in range(3)]
+
+
+def _assert_same_steps(first, second):
+    """The same rewards, and losses and gradient norms up to the rounding of other kernels; some step updated."""
+    assert any(m["skipped"] == 0 for m in first)
+    for a, b in zip(first, second):
         assert a["reward_mean"] == b["reward_mean"] and a["reward_std"] == b["reward_std"]
         assert a["policy_loss"] == pytest.approx(b["policy_loss"], abs=1e-5)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
@@ -257,23 +264,12 @@ def test_grpo_steps_with_the_captured_latent_chain_equal_those_without(tokenizer
     """Three fp32 trainer steps on the fast engine, two micro-batches each: with the update's latent steps as the
     kept, captured chain (reading the weights each update left) the rewards, losses and gradient norms are those of
     the step-by-step recurrence."""
-    from test_fixed_shape import code_parity
-
-    from dgrpo.config import Config, load_config
-
-    rows = []
-    for chain in ("true", "false"):
-        sets = ["grpo.group_size=4", "grpo.temperature=1", "grpo.engine=fast", "grpo.micro_batch_size=8"]
-        cfg = load_config(Config, "tiny.yaml", [*sets, "grpo.n_latent=3", f"grpo.update_latent_graphs={chain}"])
-        lm = make_lm(tokenizer, hidden_size=64)
-        lm.model.to(CUDA)
-        trainer = GRPOTrainer(lm, cfg, task_records, reward_fn=code_parity)
-        rows.append([trainer.step() for _ in range(3)])
-    assert any(m["skipped"] == 0 for m in rows[0])
-    for a, b in zip(*rows):
-        assert a["reward_mean"] == b["reward_mean"] and a["reward_std"] == b["reward_std"]
-        assert a["policy_loss"] == pytest.approx(b["policy_loss"], abs=1e-5)
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
+    sets = ["grpo.micro_batch_size=8", "grpo.n_latent=3"]
+    rows = [
+        _fast_engine_steps(tokenizer, task_records, [*sets, f"grpo.update_latent_graphs={chain}"])
+        for chain in ("true", "false")
+    ]
+    _assert_same_steps(*rows)
 
 
 def test_the_prompts_forward_over_a_static_cache_waits_for_no_write_offset(tokenizer, task_records):
