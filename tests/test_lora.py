@@ -317,3 +317,25 @@ def test_every_perturbation_replays_under_lora(base_dirs, kind):
 
     a, b = run(), run()
     assert torch.equal(a, b) and not torch.equal(a, logprobs(lm)[:1])
+
+
+def test_the_latent_chain_under_adapters_gives_the_recurrences_gradients(base_dirs):
+    """``grpo.update_latent_graphs`` through the PEFT-wrapped model (uncaptured here): only the adapters and latent
+    rows are its trainable weights, and their gradients are the step-by-step recurrence's (fp32)."""
+    from dgrpo.model.latent_chain import chained_target_logprobs
+
+    lm = with_lora(base_dirs / "qwen2")
+    q, qm, t, tm = batch(lm)
+    grads = []
+    for chained in (False, True):
+        lm.model.zero_grad(set_to_none=True)
+        if chained:
+            logp = chained_target_logprobs(lm, q, qm, N_LATENT, t, tm, keep=True)
+        else:
+            logp = lm.target_logprobs(q, qm, N_LATENT, t, tm, end_with_targets=True)[0]
+        (-logp.sum()).backward()
+        grads.append({n: p.grad.clone() for n, p in lm.model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and any("lora_B" in k for k in grads[0])
+    for k in grads[0]:
+        scale = max(1.0, float(grads[0][k].abs().max()))
+        assert float((grads[0][k] - grads[1][k]).abs().max()) <= 1e-5 * scale, k
