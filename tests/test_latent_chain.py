@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dgrpo.config import Config, ConfigError, PerturbationConfig, load_config
+from dgrpo.model import latent_chain
 from dgrpo.model.latent_chain import LatentChain, bucketed_prompt, chained_target_logprobs, filled_cache
 from dgrpo.model.recompute import dynamic_layer
 from dgrpo.perturbation import make_perturbation
@@ -125,6 +126,30 @@ def test_a_backward_after_a_later_forward_is_refused(tokenizer, task_records):
     second.sum().backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="next forward"):
         first.sum().backward()
+
+
+def test_a_failed_capture_warns_and_runs_the_steps_one_by_one(tokenizer, task_records, monkeypatch):
+    """An op that cannot be captured: the chain says so once and runs the recurrence step by step (the same
+    log-probs and gradients), without trying to capture again."""
+    lm = make_lm(tokenizer, "qwen2")
+    ids, mask = lm.encode_questions([r.question for r in task_records[:3]])
+    tg, tm = targets_for(lm, 3)
+    eager = logp_and_grads(lm, partial(eager_logprobs, lm, ids, mask, 2, tg, tm))
+    tries = []
+
+    def failing_capture(self, inputs, perturbation):
+        tries.append(1)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    chain = LatentChain(lm, 2, capture=False)
+    chain.capture = True  # (as on CUDA; the capture fails before any device work)
+    monkeypatch.setattr(LatentChain, "_capture", failing_capture)
+    monkeypatch.setattr(latent_chain, "chain_for", lambda *args: chain)
+    with pytest.warns(RuntimeWarning, match="capturing the latent steps failed"):
+        chained = [logp_and_grads(lm, partial(chained_target_logprobs, lm, ids, mask, 2, tg, tm)) for _ in range(2)]
+    assert len(tries) == 1 and chain.failed and chain.forward_graph is None
+    for result in chained:
+        assert_close(eager, result)
 
 
 def test_capture_is_refused_off_cuda(tokenizer):

@@ -21,10 +21,12 @@ engine's kept decoders do). Its memory comes from a pool of its own: the forward
 every graph replayed before the backward's (the reference's, another chain's). The gradients leave the backward as
 copies, since the graph's next replay overwrites its outputs. A chain is kept for later batches of the same shape
 (:func:`chain_for`); the prompt's columns are rounded up to :data:`COLUMN_BUCKET` for that (padding columns, masked).
+Should a capture fail (an op that cannot be captured), a warning says so and that chain runs the steps one by one.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -84,11 +86,30 @@ class LatentChain:
         self.backward_graph: torch.cuda.CUDAGraph | None = None
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.calls = 0  # forwards run: a backward must belong to the last one (one set of static tensors)
+        self.failed = False  # its capture failed: the steps run one by one (a warning said so)
 
     def run(self, state: DecodeState, perturbation: PhaseHook | None) -> DecodeState:
         """The latent steps after ``state`` (a prompt's, over a ``DynamicCache``): the state after them, differentiable
         with respect to the prompt's state and the trainable weights."""
         tensors = [state.last_hidden, state.attention_mask, state.next_position, *cache_tensors(state.cache)]
+        if self.capture and self.forward_graph is None and not self.failed:
+            try:
+                self._capture(tensors, perturbation)
+            except RuntimeError as e:  # (what CUDA graph capture raises: an op that cannot be captured, ...)
+                self.failed = True
+                self.forward_graph = self.backward_graph = None
+                self.inputs, self.outputs, self.grad_outputs, self.grads = [], [], [], []
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                warnings.warn(
+                    f"grpo.update_latent_graphs: capturing the latent steps failed ({first[:300]}); this model's "
+                    "update runs them step by step instead",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        if self.failed:
+            for _ in range(self.n_latent):
+                self.lm._forward(state, "latent", perturbation, embeds=state.last_hidden)
+            return state
         out = _ChainFunction.apply(self, perturbation, len(tensors), *tensors, *self.params)
         n = len(state.cache.layers)
         cache = filled_cache(self.lm.model.config, list(out[1 : 1 + n]), list(out[1 + n :]))
@@ -120,10 +141,7 @@ class LatentChain:
             with torch.enable_grad():
                 self.outputs = self.steps(self.inputs, perturbation)
             return [o.detach() for o in self.outputs]
-        if self.forward_graph is None:
-            self._capture(inputs, perturbation)
-        else:
-            self._adopt(perturbation)
+        self._adopt(perturbation)  # (captured by :meth:`run` before the first call)
         for static, t in zip(self.inputs, inputs, strict=True):
             static.copy_(t)
         assert self.forward_graph is not None
