@@ -9,7 +9,7 @@ import torch
 
 from dgrpo.config import Config, ConfigError, PerturbationConfig, load_config
 from dgrpo.model import latent_chain
-from dgrpo.model.latent_chain import LatentChain, bucketed_prompt, chained_target_logprobs, filled_cache
+from dgrpo.model.latent_chain import LatentChain, bucketed_prompt, chain_for, chained_target_logprobs, filled_cache
 from dgrpo.model.recompute import dynamic_layer
 from dgrpo.perturbation import make_perturbation
 
@@ -88,6 +88,40 @@ def test_a_kept_chain_serves_later_batches_of_its_shape(tokenizer, task_records)
         assert_close(*results, atol=0)
         chains.add(id(lm.kept_decoders["update"][1]))
     assert len(chains) == 1
+
+
+def test_a_captured_chain_is_kept_once_its_shape_repeats(tokenizer, task_records, monkeypatch):
+    """Capturing costs a few eager runs: a shape seen once runs uncaptured, one seen twice in a row is captured and
+    kept, and shapes taking turns never replace the kept one (the capture itself is CUDA's: here each chain is made
+    uncaptured and records whether it was asked to capture)."""
+    lm = make_lm(tokenizer, "qwen2")
+    asked = []
+    init = LatentChain.__init__
+
+    def recording_init(self, lm_, n_latent, capture):
+        asked.append(capture)
+        init(self, lm_, n_latent, False)
+
+    monkeypatch.setattr(LatentChain, "__init__", recording_init)
+    states = {}
+    for rows in (2, 3):
+        ids, mask = lm.encode_questions([r.question for r in task_records[:rows]])
+        states[rows] = lm.prefill(ids, mask, 0, markers=False)
+
+    def chain(rows):
+        return chain_for(lm, states[rows], 2, None, capture=True, keep=True)
+
+    one_off = chain(2)
+    kept = chain(2)
+    assert asked == [False, True] and lm.kept_decoders["update"][1] is kept is not one_off
+    assert chain(2) is kept and len(asked) == 2
+    for _ in range(3):  # 3 rows, then 2, then 3 ...: the 3-row batches run uncaptured, the kept chain stays
+        assert chain(3) is not kept and chain(2) is kept
+    assert asked == [False, True, False, False, False]
+    new = [chain(3), chain(3)]  # 3 rows twice in a row: now captured and kept
+    assert asked[-2:] == [False, True] and lm.kept_decoders["update"][1] is new[1] is not kept
+    lm.kept_decoders.clear()
+    assert not lm.kept_decoders and not lm.kept_decoders.seen
 
 
 def test_the_prompt_bucket_pads_masked_columns_only(tokenizer, task_records):

@@ -229,7 +229,10 @@ def chain_for(
 ) -> LatentChain:
     """A chain for the latent steps after ``state``. ``keep``: the one ``lm`` kept (``update``) when it fits (the
     weights where they were, the same input shapes, dtypes and grad needs, perturbation tensors and active
-    adapter), else a new one kept in its place."""
+    adapter), else a new one kept in its place. A captured chain is kept only for a key seen twice in a row; a
+    batch of another shape runs uncaptured: a capture costs a few eager runs (warm-ups, recording), which a shape
+    that comes once (a step's last, smaller micro-batch; a row count the group filter left) would not repay, and
+    two shapes taking turns would capture at every micro-batch."""
     if not keep:
         return LatentChain(lm, n_latent, capture)
     inputs = _graph_inputs(perturbation)
@@ -249,7 +252,12 @@ def chain_for(
     )
     kept = lm.kept_decoders.get("update")
     if kept is not None and kept[0] == key:
+        lm.kept_decoders.seen.pop("update", None)  # (another shape must now come twice in a row again)
         return kept[1]
+    if capture and lm.kept_decoders.seen.get("update") != key:
+        lm.kept_decoders.seen["update"] = key
+        return LatentChain(lm, n_latent, capture=False)
+    lm.kept_decoders.seen.pop("update", None)
     lm.kept_decoders.pop("update", None)  # (its memory may serve the new one)
     chain = LatentChain(lm, n_latent, capture)
     lm.kept_decoders["update"] = (key, chain)

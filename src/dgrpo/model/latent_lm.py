@@ -282,11 +282,20 @@ def load_hf_model(
 
 
 class KeptDecoders(dict[str, tuple[tuple, Any]]):
-    """The fast engine's kept decoders of a model, by purpose: (key, decoder). A copy of the model starts without
+    """The fast engine's kept decoders of a model, by purpose: (key, decoder); ``seen``: by purpose, the key of the
+    last batch that found none to fit (some are kept only once a key repeats). A copy of the model starts without
     them (their buffers and CUDA graphs belong to the original's weights, and graphs cannot be copied)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[str, tuple] = {}
 
     def __deepcopy__(self, memo: dict) -> KeptDecoders:
         return KeptDecoders()
+
+    def clear(self) -> None:
+        super().clear()
+        self.seen.clear()
 
 
 class LatentLM(nn.Module):
