@@ -195,13 +195,21 @@ def code_parity(completions, records):
     return [float(sum(map(ord, c)) % 2) for c in completions]
 
 
-def test_grpo_steps_with_the_chain_equal_those_without(tokenizer, task_records):
-    """Two trainer steps (fast engine on CPU, fp32, two micro-batches, locked dropout): the same rewards, losses
-    and gradient norms with the update's latent steps as one chain as without."""
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_grpo_steps_with_the_chain_equal_those_without(tokenizer, task_records, epochs):
+    """Two trainer steps (fast engine on CPU, fp32, two micro-batches, locked dropout; one or two mini-epochs): the
+    same rewards, losses and gradient norms with the update's latent steps as one chain as without."""
     from dgrpo.training.grpo import GRPOTrainer
 
     rows = []
-    base = ["grpo.group_size=4", "grpo.temperature=1", "grpo.engine=fast", "grpo.micro_batch_size=4", "grpo.n_latent=2"]
+    base = [
+        f"grpo.mini_epochs={epochs}",
+        "grpo.group_size=4",
+        "grpo.temperature=1",
+        "grpo.engine=fast",
+        "grpo.micro_batch_size=4",
+        "grpo.n_latent=2",
+    ]
     for over in ([], ["grpo.update_latent_graphs=true"]):
         cfg = load_config(Config, "tiny.yaml", [*base, *over])
         trainer = GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records, reward_fn=code_parity)
