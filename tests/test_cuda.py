@@ -236,7 +236,8 @@ def test_the_captured_latent_chain_gives_the_recurrence_log_probs_and_gradients(
     over four batches (prompts of other widths within one column bucket, other seeds, in fp32): the first runs
     uncaptured (a shape is captured once it repeats), the second captures, the last two replay; each batch's
     log-probs and weight gradients equal the step-by-step recurrence's."""
-    from test_latent_chain import assert_close, eager_logprobs, logp_and_grads, targets_for
+    from test_fixed_shape import ragged_targets
+    from test_latent_chain import assert_close, eager_logprobs, logp_and_grads
 
     from dgrpo.config import PerturbationConfig
     from dgrpo.model.latent_chain import chained_target_logprobs
@@ -246,7 +247,7 @@ def test_the_captured_latent_chain_gives_the_recurrence_log_probs_and_gradients(
     lm.model.to(CUDA)
     lm.recompute, lm.recompute_latent_steps = "layer", False
     pert = make_perturbation(PerturbationConfig(kind="locked", p=0.3, sites=["attn", "mlp"]))
-    tg, tm = (x.to(CUDA) for x in targets_for(lm, 8))
+    tg, tm = (x.to(CUDA) for x in ragged_targets(lm, 8))
     graphs = []
     for b in range(4):
         questions = [r.question[: 22 + 4 * (2, 0, 1, 2)[b] + i % 3] for i, r in enumerate(task_records[:8])]

@@ -32,6 +32,16 @@ def both(lm, ids, mask, pert, *, sync_every=8, **kw):
     return out
 
 
+def ragged_targets(lm, n):
+    """``n`` right-padded target rows of 3, 5, 7, ... tokens, and their mask."""
+    targets = [[5 + (3 * i + j) % 40 for j in range(3 + 2 * i)] for i in range(n)]
+    tg = torch.full((n, max(map(len, targets))), lm.pad_id)
+    tm = torch.zeros_like(tg)
+    for i, t in enumerate(targets):
+        tg[i, : len(t)], tm[i, : len(t)] = torch.tensor(t), 1
+    return tg, tm
+
+
 def assert_same(eager, fixed):
     assert torch.equal(eager.tokens, fixed.tokens) and torch.equal(eager.mask, fixed.mask)
     assert torch.allclose(eager.logprobs, fixed.logprobs, atol=1e-5, rtol=0)
@@ -89,11 +99,7 @@ def test_fixed_shape_scoring_equals_the_growing_cache_one(tokenizer, task_record
     ragged prompts and targets, under a batched perturbation."""
     lm = make_lm(tokenizer, arch).eval()
     ids, mask = ragged_batch(lm, task_records)
-    targets = [[5 + (3 * i + j) % 40 for j in range(3 + 2 * i)] for i in range(ids.shape[0])]
-    tg = torch.full((len(targets), max(map(len, targets))), lm.pad_id)
-    tm = torch.zeros_like(tg)
-    for i, t in enumerate(targets):
-        tg[i, : len(t)], tm[i, : len(t)] = torch.tensor(t), 1
+    tg, tm = ragged_targets(lm, ids.shape[0])
     pert = make_perturbation(PerturbationConfig(kind=kind, p=0.3, sigma=0.3, sites=["attn", "mlp"]))
     with torch.no_grad(), pert.bind(lm, torch.arange(ids.shape[0])) as pb:
         grown, _ = lm.target_logprobs(ids, mask, 3, tg, tm, mode=mode, perturbation=pb, end_with_targets=True)

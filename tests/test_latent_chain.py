@@ -6,6 +6,7 @@ from functools import partial
 
 import pytest
 import torch
+from test_fixed_shape import code_parity, ragged_targets
 
 from dgrpo.config import Config, ConfigError, PerturbationConfig, load_config
 from dgrpo.model import latent_chain
@@ -14,15 +15,6 @@ from dgrpo.model.recompute import dynamic_layer
 from dgrpo.perturbation import make_perturbation
 
 from conftest import make_lm
-
-
-def targets_for(lm, n):
-    targets = [[5 + (3 * i + j) % 40 for j in range(3 + 2 * i)] for i in range(n)]
-    tg = torch.full((n, max(map(len, targets))), lm.pad_id)
-    tm = torch.zeros_like(tg)
-    for i, t in enumerate(targets):
-        tg[i, : len(t)], tm[i, : len(t)] = torch.tensor(t), 1
-    return tg, tm
 
 
 def eager_logprobs(lm, *args, **kw):
@@ -60,7 +52,7 @@ def test_the_chain_gives_the_recurrence_log_probs_and_gradients(tokenizer, task_
     lm = make_lm(tokenizer, arch)
     lm.recompute, lm.recompute_latent_steps = recompute, False
     ids, mask = lm.encode_questions([r.question[: 20 + 7 * i] for i, r in enumerate(task_records[:5])])
-    tg, tm = targets_for(lm, 5)
+    tg, tm = ragged_targets(lm, 5)
     pert = make_perturbation(PerturbationConfig(kind=kind, p=0.3, sigma=0.3, sites=["attn", "mlp"]))
     with pert.bind(lm, torch.arange(5)) as pb:
         eager = logp_and_grads(lm, partial(eager_logprobs, lm, ids, mask, 3, tg, tm, perturbation=pb))
@@ -75,7 +67,7 @@ def test_a_kept_chain_serves_later_batches_of_its_shape(tokenizer, task_records)
     one kept chain serves them all, with the log-probs and gradients of a new chain each time."""
     lm = make_lm(tokenizer, "qwen2")
     pert = make_perturbation(PerturbationConfig(kind="locked", p=0.3, sites=["mlp"]))
-    tg, tm = targets_for(lm, 4)
+    tg, tm = ragged_targets(lm, 4)
     chains = set()
     for b in range(3):
         ids, mask = lm.encode_questions([r.question[: 18 + 3 * b + i] for i, r in enumerate(task_records[:4])])
@@ -154,7 +146,7 @@ def test_a_backward_after_a_later_forward_is_refused(tokenizer, task_records):
     backward would give the first the second's gradients, so that backward raises."""
     lm = make_lm(tokenizer, "qwen2")
     ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
-    tg, tm = targets_for(lm, 2)
+    tg, tm = ragged_targets(lm, 2)
     first = chained_target_logprobs(lm, ids, mask, 2, tg, tm, keep=True)
     second = chained_target_logprobs(lm, ids, mask, 2, tg, tm, keep=True)
     second.sum().backward(retain_graph=True)
@@ -167,7 +159,7 @@ def test_a_failed_capture_warns_and_runs_the_steps_one_by_one(tokenizer, task_re
     log-probs and gradients), without trying to capture again."""
     lm = make_lm(tokenizer, "qwen2")
     ids, mask = lm.encode_questions([r.question for r in task_records[:3]])
-    tg, tm = targets_for(lm, 3)
+    tg, tm = ragged_targets(lm, 3)
     eager = logp_and_grads(lm, partial(eager_logprobs, lm, ids, mask, 2, tg, tm))
     tries = []
 
@@ -189,10 +181,6 @@ def test_a_failed_capture_warns_and_runs_the_steps_one_by_one(tokenizer, task_re
 def test_capture_is_refused_off_cuda(tokenizer):
     with pytest.raises(ValueError, match="CUDA"):
         LatentChain(make_lm(tokenizer, "qwen2"), 2, capture=True)
-
-
-def code_parity(completions, records):
-    return [float(sum(map(ord, c)) % 2) for c in completions]
 
 
 @pytest.mark.parametrize("epochs", [1, 2])

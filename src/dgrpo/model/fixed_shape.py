@@ -37,8 +37,9 @@ Token choice and EOS bookkeeping stay on the device; the host asks whether any r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -47,6 +48,7 @@ from transformers import StaticCache
 from .latent_lm import AnswerBook, Generation, LatentLM, PhaseHook, cache_keyword
 
 _side_streams: dict[int, torch.cuda.Stream] = {}
+_Kept = TypeVar("_Kept")
 
 
 def side_stream() -> torch.cuda.Stream:
@@ -181,14 +183,8 @@ class FixedShapeDecoder:
         """``perturbation`` acts in this batch: in the eager calls through its hooks, in the graphs' replays through
         its tensors' values, copied into the tensors each graph was captured with."""
         self.perturbation = perturbation
-        if not self.graph_inputs:
-            return
-        new = _graph_inputs(perturbation)
-        assert new is not None, "a decoder whose graphs read perturbation tensors is kept only for known ones"
-        for old in self.graph_inputs.values():
-            for was, now in zip(old, new, strict=True):
-                if was is not now:
-                    was.copy_(now)
+        for captured_with in self.graph_inputs.values():
+            adopt_tensors(captured_with, perturbation)
 
     def _forward(self, phase: str) -> None:
         """The step itself: in-place on the buffers, no host synchronisation, the same shapes every time."""
@@ -253,7 +249,7 @@ class FixedShapeDecoder:
                 with captured(graph, self.pool.handle):
                     self._forward(phase)
                 self.graphs[phase] = graph  # (only once captured whole)
-                self.graph_inputs[phase] = list(_graph_inputs(self.perturbation) or [])
+                self.graph_inputs[phase] = list(graph_inputs_of(self.perturbation) or [])
                 self.pool.newest = list(self.graphs.values())  # (the previous batch's graphs may go now)
             self.graphs[phase].replay()
         self.written += 1
@@ -390,27 +386,40 @@ def decoder_for(
     batch: the weights are read where they are (an optimizer step updates them in place), the perturbation's
     tensors are copied in by :meth:`FixedShapeDecoder.start`. Not kept: a perturbation whose tensors are unknown
     (``graph_inputs`` None)."""
-    inputs = _graph_inputs(perturbation)
-    if not keep or inputs is None:
+    replay = replay_key(lm, perturbation)
+    if not keep or replay is None:
         return FixedShapeDecoder(lm, batch_size, n_columns, capture)
     n_columns = -(-n_columns // COLUMN_BUCKET) * COLUMN_BUCKET
+    key = (replay, batch_size, n_columns, capture)
+    return kept_for(lm, purpose, key, lambda: FixedShapeDecoder(lm, batch_size, n_columns, capture))
+
+
+def replay_key(lm: LatentLM, perturbation: PhaseHook | None) -> tuple | None:
+    """What a graph kept from one batch to the next reads besides its own buffers: the weights where they are, the
+    kind and tensor shapes of the perturbation (whose values each batch copies in) and, under LoRA, the active
+    adapter. None for a perturbation whose tensors are unknown: nothing is kept for it."""
+    inputs = graph_inputs_of(perturbation)
+    if inputs is None:
+        return None
     adapters = getattr(lm.peft, "active_adapters", None) if lm.peft is not None else None
-    key = (
+    return (
         _storage(lm),
-        batch_size,
-        n_columns,
-        capture,
         type(perturbation).__qualname__,
         tuple((tuple(t.shape), t.dtype) for t in inputs),
         tuple(adapters) if adapters is not None else None,
     )
+
+
+def kept_for(lm: LatentLM, purpose: str, key: tuple, make: Callable[[], _Kept]) -> _Kept:
+    """What ``lm`` keeps for ``purpose`` when it was made for ``key``; else ``make()``'s, kept in its place."""
+    lm.kept_decoders.seen.pop(purpose, None)  # (a key waiting to repeat: this call decided for or against it)
     kept = lm.kept_decoders.get(purpose)
     if kept is not None and kept[0] == key:
         return kept[1]
     lm.kept_decoders.pop(purpose, None)  # (its memory may serve the new one)
-    dec = FixedShapeDecoder(lm, batch_size, n_columns, capture)
-    lm.kept_decoders[purpose] = (key, dec)
-    return dec
+    new = make()
+    lm.kept_decoders[purpose] = (key, new)
+    return new
 
 
 def _storage(lm: LatentLM) -> tuple[int, ...]:
@@ -420,12 +429,23 @@ def _storage(lm: LatentLM) -> tuple[int, ...]:
     return tuple(t.data_ptr() for t in (*lm.model.parameters(), *lm.model.buffers()))
 
 
-def _graph_inputs(perturbation: PhaseHook | None) -> list[Tensor] | None:
+def graph_inputs_of(perturbation: PhaseHook | None) -> list[Tensor] | None:
     """The tensors ``perturbation`` reads (:meth:`BoundPerturbation.graph_inputs`; none without one)."""
     if perturbation is None:
         return []
     inputs = getattr(perturbation, "graph_inputs", None)
     return inputs() if inputs is not None else None
+
+
+def adopt_tensors(captured_with: list[Tensor], perturbation: PhaseHook | None) -> None:
+    """Copy ``perturbation``'s tensors into those a graph was captured with (where they are those: nothing)."""
+    if not captured_with:
+        return
+    new = graph_inputs_of(perturbation)
+    assert new is not None, "graphs that read perturbation tensors are kept only for perturbations that state them"
+    for was, now in zip(captured_with, new, strict=True):
+        if was is not now:
+            was.copy_(now)
 
 
 def _decode(

@@ -34,7 +34,7 @@ from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .fixed_shape import COLUMN_BUCKET, _graph_inputs, _storage, captured, on_side_stream
+from .fixed_shape import COLUMN_BUCKET, adopt_tensors, captured, graph_inputs_of, kept_for, on_side_stream, replay_key
 from .latent_lm import DecodeState, LatentLM, PhaseHook
 from .recompute import dynamic_layer
 
@@ -107,8 +107,7 @@ class LatentChain:
                     stacklevel=2,
                 )
         if self.failed:
-            for _ in range(self.n_latent):
-                self.lm._forward(state, "latent", perturbation, embeds=state.last_hidden)
+            self.lm.coconut_steps(state, self.n_latent, perturbation)
             return state
         out = _ChainFunction.apply(self, perturbation, len(tensors), *tensors, *self.params)
         n = len(state.cache.layers)
@@ -129,8 +128,7 @@ class LatentChain:
         x, mask, next_position, *kv = inputs
         n = len(kv) // 2
         state = DecodeState(filled_cache(self.lm.model.config, kv[:n], kv[n:]), mask, next_position, x)
-        for _ in range(self.n_latent):
-            self.lm._forward(state, "latent", perturbation, embeds=state.last_hidden)
+        self.lm.coconut_steps(state, self.n_latent, perturbation)
         return [state.last_hidden, *cache_tensors(state.cache)]
 
     def forward(self, inputs: list[Tensor], perturbation: PhaseHook | None) -> list[Tensor]:
@@ -141,7 +139,7 @@ class LatentChain:
             with torch.enable_grad():
                 self.outputs = self.steps(self.inputs, perturbation)
             return [o.detach() for o in self.outputs]
-        self._adopt(perturbation)  # (captured by :meth:`run` before the first call)
+        adopt_tensors(self.graph_inputs, perturbation)  # (captured by :meth:`run` before the first call)
         for static, t in zip(self.inputs, inputs, strict=True):
             static.copy_(t)
         assert self.forward_graph is not None
@@ -187,15 +185,7 @@ class LatentChain:
             with captured(self.backward_graph, self.pool):
                 grads = torch.autograd.grad(self.outputs, wrt, self.grad_outputs, allow_unused=True)
         self.grads = list(grads)
-        self.graph_inputs = list(_graph_inputs(perturbation) or [])
-
-    def _adopt(self, perturbation: PhaseHook | None) -> None:
-        """Copy ``perturbation``'s tensors into those the graphs were captured with."""
-        new = _graph_inputs(perturbation)
-        assert new is not None, "a chain is captured only for a perturbation that states its tensors"
-        for was, now in zip(self.graph_inputs, new, strict=True):
-            if was is not now:
-                was.copy_(now)
+        self.graph_inputs = list(graph_inputs_of(perturbation) or [])
 
 
 class _ChainFunction(torch.autograd.Function):
@@ -235,33 +225,22 @@ def chain_for(
     two shapes taking turns would capture at every micro-batch."""
     if not keep:
         return LatentChain(lm, n_latent, capture)
-    inputs = _graph_inputs(perturbation)
-    if inputs is None:
+    replay = replay_key(lm, perturbation)
+    if replay is None:
         raise ValueError("grpo.update_latent_graphs needs a perturbation that states its tensors (graph_inputs)")
     tensors = [state.last_hidden, state.attention_mask, state.next_position, *cache_tensors(state.cache)]
-    adapters = getattr(lm.peft, "active_adapters", None) if lm.peft is not None else None
     key = (
-        _storage(lm),
+        replay,
         n_latent,
         capture,
         tuple((tuple(t.shape), t.dtype, t.requires_grad) for t in tensors),
-        type(perturbation).__qualname__,
-        tuple((tuple(t.shape), t.dtype) for t in inputs),
-        tuple(adapters) if adapters is not None else None,
         tuple(p.requires_grad for p in lm.model.parameters()),
     )
-    kept = lm.kept_decoders.get("update")
-    if kept is not None and kept[0] == key:
-        lm.kept_decoders.seen.pop("update", None)  # (another shape must now come twice in a row again)
-        return kept[1]
-    if capture and lm.kept_decoders.seen.get("update") != key:
+    current = lm.kept_decoders.get("update")
+    if capture and (current is None or current[0] != key) and lm.kept_decoders.seen.get("update") != key:
         lm.kept_decoders.seen["update"] = key
         return LatentChain(lm, n_latent, capture=False)
-    lm.kept_decoders.seen.pop("update", None)
-    lm.kept_decoders.pop("update", None)  # (its memory may serve the new one)
-    chain = LatentChain(lm, n_latent, capture)
-    lm.kept_decoders["update"] = (key, chain)
-    return chain
+    return kept_for(lm, "update", key, lambda: LatentChain(lm, n_latent, capture))
 
 
 def bucketed_prompt(lm: LatentLM, prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -677,14 +677,18 @@ class LatentLM(nn.Module):
                 pause = self.embed(torch.full((B, n_latent), self.latent_id, device=prompt_ids.device))
                 self._forward(state, "latent", perturbation, embeds=pause)
             elif mode == "coconut":
-                for _ in range(n_latent):
-                    self._forward(state, "latent", perturbation, embeds=state.last_hidden)
+                self.coconut_steps(state, n_latent, perturbation)
             else:
                 raise ValueError(f"mode {mode!r} has no latent thoughts; got n_latent={n_latent}")
         if markers:
             end = torch.full((B, 1), self.end_id, device=prompt_ids.device)
             self._forward(state, "answer", perturbation, ids=end)
         return state
+
+    def coconut_steps(self, state: DecodeState, n_latent: int, perturbation: PhaseHook | None = None) -> None:
+        """``n_latent`` continuous thoughts after ``state``, each the last hidden state fed back as the next input."""
+        for _ in range(n_latent):
+            self._forward(state, "latent", perturbation, embeds=state.last_hidden)
 
     def score_targets(
         self,
