@@ -82,9 +82,10 @@ def test_a_kept_chain_serves_later_batches_of_its_shape(tokenizer, task_records)
     assert len(chains) == 1
 
 
-def test_a_captured_chain_is_kept_once_its_shape_repeats(tokenizer, task_records, monkeypatch):
-    """Capturing costs a few eager runs: a shape seen once runs uncaptured, one seen twice in a row is captured and
-    kept, and shapes taking turns never replace the kept one (the capture itself is CUDA's: here each chain is made
+def test_the_first_shape_is_captured_and_another_replaces_it_once_it_repeats(tokenizer, task_records, monkeypatch):
+    """Capturing costs a few eager runs: the first shape is captured and kept at once (a step's first micro-batch
+    is a full one); after that a shape seen once runs uncaptured, one seen twice in a row is captured and replaces
+    the kept one, and shapes taking turns never do (the capture itself is CUDA's: here each chain is made
     uncaptured and records whether it was asked to capture)."""
     lm = make_lm(tokenizer, "qwen2")
     asked = []
@@ -103,13 +104,12 @@ def test_a_captured_chain_is_kept_once_its_shape_repeats(tokenizer, task_records
     def chain(rows):
         return chain_for(lm, states[rows], 2, None, capture=True, keep=True)
 
-    one_off = chain(2)
     kept = chain(2)
-    assert asked == [False, True] and lm.kept_decoders["update"][1] is kept is not one_off
-    assert chain(2) is kept and len(asked) == 2
+    assert asked == [True] and lm.kept_decoders["update"][1] is kept
+    assert chain(2) is kept and len(asked) == 1
     for _ in range(3):  # 3 rows, then 2, then 3 ...: the 3-row batches run uncaptured, the kept chain stays
         assert chain(3) is not kept and chain(2) is kept
-    assert asked == [False, True, False, False, False]
+    assert asked == [True, False, False, False]
     new = [chain(3), chain(3)]  # 3 rows twice in a row: now captured and kept
     assert asked[-2:] == [False, True] and lm.kept_decoders["update"][1] is new[1] is not kept
     lm.kept_decoders.clear()

@@ -546,9 +546,9 @@ class GRPOConfig:
         "under the fast engine: the update's T latent steps run as one unit whose forward and backward are each "
         "one CUDA graph (the gradients of the prompt's state and of the weights computed inside), replayed per "
         "micro-batch instead of ~20 small launches per layer and step (on CUDA; on CPU the same unit runs "
-        "uncaptured, for tests); a micro-batch shape (rows; prompt within the same 32 columns) is captured once it "
-        "comes twice in a row and kept across steps, other shapes run uncaptured (with keep_graphs; else captured "
-        "per micro-batch); the cost: the forward's activations, the "
+        "uncaptured, for tests); the first micro-batch shape (rows; prompt within the same 32 columns) is captured "
+        "and kept across steps, a later shape replaces it once it comes twice in a row and runs uncaptured before "
+        "(with keep_graphs; else captured per micro-batch); the cost: the forward's activations, the "
         "weights' gradients and the keys and values stay allocated in its own pool between steps; single process, "
         "coconut models, needs recompute_latent_steps=false and model.compile=false; experimental: not yet "
         "measured on a GPU",

@@ -219,10 +219,12 @@ def chain_for(
 ) -> LatentChain:
     """A chain for the latent steps after ``state``. ``keep``: the one ``lm`` kept (``update``) when it fits (the
     weights where they were, the same input shapes, dtypes and grad needs, perturbation tensors and active
-    adapter), else a new one kept in its place. A captured chain is kept only for a key seen twice in a row; a
-    batch of another shape runs uncaptured: a capture costs a few eager runs (warm-ups, recording), which a shape
-    that comes once (a step's last, smaller micro-batch; a row count the group filter left) would not repay, and
-    two shapes taking turns would capture at every micro-batch."""
+    adapter), else a new one kept in its place. With none kept, the first batch's chain is captured and kept (a
+    step's first micro-batch is a full one; so the first step pays for the capture, not the second). Later, a batch
+    of another shape runs uncaptured until its key comes twice in a row, and only then replaces the kept chain: a
+    capture costs a few eager runs (warm-ups, recording), which a shape that comes once (a step's last, smaller
+    micro-batch; a row count the group filter left) would not repay, and two shapes taking turns would capture at
+    every micro-batch."""
     if not keep:
         return LatentChain(lm, n_latent, capture)
     replay = replay_key(lm, perturbation)
@@ -237,7 +239,7 @@ def chain_for(
         tuple(p.requires_grad for p in lm.model.parameters()),
     )
     current = lm.kept_decoders.get("update")
-    if capture and (current is None or current[0] != key) and lm.kept_decoders.seen.get("update") != key:
+    if capture and current is not None and current[0] != key and lm.kept_decoders.seen.get("update") != key:
         lm.kept_decoders.seen["update"] = key
         return LatentChain(lm, n_latent, capture=False)
     return kept_for(lm, "update", key, lambda: LatentChain(lm, n_latent, capture))
