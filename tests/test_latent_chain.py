@@ -116,6 +116,36 @@ def test_the_first_shape_is_captured_and_another_replaces_it_once_it_repeats(tok
     assert not lm.kept_decoders and not lm.kept_decoders.seen
 
 
+@pytest.mark.parametrize("arch, kind", [("qwen2", "locked"), ("llama", "gaussian")])
+def test_what_the_graphs_record_makes_the_host_wait_for_nothing(tokenizer, task_records, arch, kind):
+    """What a CUDA graph captures (the warm-ups run the same): the chain's forward and its backward to the inputs
+    and weights, as ``_capture`` runs them, dispatch no op that would make the host wait for the device (a value
+    read back, a data-dependent size), which capture refuses."""
+    from dgrpo.bench.step_profile import waiting_ops
+    from dgrpo.model.latent_chain import cache_tensors
+
+    lm = make_lm(tokenizer, arch)
+    ids, mask = bucketed_prompt(
+        lm, *lm.encode_questions([r.question[: 20 + 7 * i] for i, r in enumerate(task_records[:4])])
+    )
+    pert = make_perturbation(PerturbationConfig(kind=kind, p=0.3, sigma=0.3, sites=["attn", "mlp"]))
+    chain = LatentChain(lm, 3, capture=False)
+    with pert.bind(lm, torch.arange(4)) as pb:
+        state = lm.prefill(ids, mask, 0, perturbation=pb, markers=False)
+        tensors = [state.last_hidden, state.attention_mask, state.next_position, *cache_tensors(state.cache)]
+        chain.inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+        wrt = chain._differentiable()
+
+        def record() -> None:
+            outs = chain.steps(chain.inputs, pb)
+            grads = torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
+            assert any(g is not None for g in grads[len(chain.differentiable_positions()) :])
+
+        found = waiting_ops(record)
+    assert len(chain.differentiable_positions()) > 1  # the prompt's state and its keys and values
+    assert found["waiting_ops"] == 0, found["waiting_op_sites"]
+
+
 def test_the_prompt_bucket_pads_masked_columns_only(tokenizer, task_records):
     lm = make_lm(tokenizer, "qwen2")
     ids, mask = lm.encode_questions([r.question[:30] for r in task_records[:3]])
