@@ -147,6 +147,7 @@ def summarize(tr: GRPOTrainer, rows: list[dict], device: torch.device) -> dict:
         "recompute_latent_steps": g.recompute_latent_steps,
         "recompute_kept_layers": g.recompute_kept_layers,
         "optimizer": type(tr.opt).__name__,
+        "update_latent_graphs": g.update_latent_graphs,
         "median_step_s": statistics.median(r["wall_s"] for r in timed),
         "median_rollout_s": statistics.median(r["rollout_s"] for r in timed),
         "median_update_s": statistics.median(r["update_s"] for r in timed),
@@ -155,7 +156,19 @@ def summarize(tr: GRPOTrainer, rows: list[dict], device: torch.device) -> dict:
     if device.type == "cuda":
         out["peak_allocated_gib"] = max(r["peak_allocated_gib"] for r in timed)
     out["kept_decoders_gib"] = round(tr.kept_decoder_bytes() / 2**30, 3)  # (grpo.keep_graphs: held through the update)
+    if g.update_latent_graphs:
+        out["latent_chain"] = latent_chain_state(tr)
     return out
+
+
+def latent_chain_state(tr: GRPOTrainer) -> dict:
+    """Whether the update's latent chain is kept, and whether its graphs were captured or the capture failed (a
+    failure only warns, and the chain then runs the steps one by one)."""
+    kept = tr.lm.kept_decoders.get("update")
+    if kept is None:
+        return {"kept": False}
+    chain = kept[1]
+    return {"kept": True, "captured": chain.forward_graph is not None, "failed": chain.failed}
 
 
 def profile_recipe(
