@@ -168,7 +168,21 @@ def latent_chain_state(tr: GRPOTrainer) -> dict:
     if kept is None:
         return {"kept": False}
     chain = kept[1]
-    return {"kept": True, "captured": chain.forward_graph is not None, "failed": chain.failed}
+    out = {"kept": True, "captured": chain.forward_graph is not None, "failed": chain.failed}
+    if chain.forward_graph is not None:  # (its static tensors are in kept_decoders_gib)
+        out["pool_gib"] = pool_gib(chain.pool)
+    return out
+
+
+def pool_gib(pool: object) -> float | None:
+    """The device memory a CUDA graph pool holds reserved (the allocator's segments that pool owns): for the chain,
+    the forward's saved activations and the backward's scratch. None where the snapshot does not say."""
+    try:
+        segments = torch.cuda.memory_snapshot()
+        held = sum(s["total_size"] for s in segments if tuple(s["segment_pool_id"]) == tuple(pool))
+    except (KeyError, TypeError, RuntimeError):
+        return None
+    return round(held / 2**30, 3)
 
 
 def profile_recipe(
