@@ -122,7 +122,7 @@ def test_what_the_graphs_record_makes_the_host_wait_for_nothing(tokenizer, task_
     and weights, as ``_capture`` runs them, dispatch no op that would make the host wait for the device (a value
     read back, a data-dependent size), which capture refuses."""
     from dgrpo.bench.step_profile import waiting_ops
-    from dgrpo.model.latent_chain import cache_tensors
+    from dgrpo.model.latent_chain import chain_inputs
 
     lm = make_lm(tokenizer, arch)
     ids, mask = bucketed_prompt(
@@ -132,8 +132,7 @@ def test_what_the_graphs_record_makes_the_host_wait_for_nothing(tokenizer, task_
     chain = LatentChain(lm, 3, capture=False)
     with pert.bind(lm, torch.arange(4)) as pb:
         state = lm.prefill(ids, mask, 0, perturbation=pb, markers=False)
-        tensors = [state.last_hidden, state.attention_mask, state.next_position, *cache_tensors(state.cache)]
-        chain.inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+        chain.inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in chain_inputs(state)]
         wrt = chain._differentiable()
 
         def record() -> None:

@@ -68,6 +68,12 @@ def cache_tensors(cache: DynamicCache) -> list[Tensor]:
     return keys + values
 
 
+def chain_inputs(state: DecodeState) -> list[Tensor]:
+    """What the chain takes in after ``state`` (a prompt's): its last hidden state, padding mask and next positions,
+    then every layer's keys, then every layer's values (the order :meth:`LatentChain.steps` unpacks)."""
+    return [state.last_hidden, state.attention_mask, state.next_position, *cache_tensors(state.cache)]
+
+
 class LatentChain:
     """The ``n_latent`` coconut steps after a prompt, for batches of one shape: the static inputs, outputs and
     gradients, and (``capture``) the CUDA graphs of the forward and of the backward."""
@@ -77,7 +83,7 @@ class LatentChain:
             raise ValueError(f"capturing the latent steps needs a CUDA device; got {lm.device.type}")
         self.lm, self.n_latent, self.capture = lm, n_latent, capture
         self.params = [p for p in lm.model.parameters() if p.requires_grad]
-        self.inputs: list[Tensor] = []  # last hidden, mask, next positions, keys..., values...
+        self.inputs: list[Tensor] = []  # (static copies of) chain_inputs: last hidden, mask, positions, keys, values
         self.outputs: list[Tensor] = []  # last hidden, keys..., values... (n_latent more columns)
         self.grad_outputs: list[Tensor] = []  # (captured) what the backward graph reads
         self.grads: list[Tensor | None] = []  # (captured) what it writes: the differentiable inputs', the params'
@@ -91,7 +97,7 @@ class LatentChain:
     def run(self, state: DecodeState, perturbation: PhaseHook | None) -> DecodeState:
         """The latent steps after ``state`` (a prompt's, over a ``DynamicCache``): the state after them, differentiable
         with respect to the prompt's state and the trainable weights."""
-        tensors = [state.last_hidden, state.attention_mask, state.next_position, *cache_tensors(state.cache)]
+        tensors = chain_inputs(state)
         if self.capture and self.forward_graph is None and not self.failed:
             try:
                 self._capture(tensors, perturbation)
@@ -230,7 +236,7 @@ def chain_for(
     replay = replay_key(lm, perturbation)
     if replay is None:
         raise ValueError("grpo.update_latent_graphs needs a perturbation that states its tensors (graph_inputs)")
-    tensors = [state.last_hidden, state.attention_mask, state.next_position, *cache_tensors(state.cache)]
+    tensors = chain_inputs(state)
     key = (
         replay,
         n_latent,
