@@ -33,8 +33,13 @@
 #   chain_vs_recipe    : the recipe with grpo.update_latent_graphs=true against the recipe, alternated
 #   chain_profile      : the recipe with grpo.update_latent_graphs=true alone in its process (its peak memory),
 #                        three timed steps, then its profile
+#   varied_chain       : chain_vs_recipe over steps as a real run's vary (VARIED: prompts 76-136 tokens wide, the
+#                        longest of 16 GSM-Hard / SVAMP questions at ~4 characters a token; 6-16 groups kept by the
+#                        filter), eight timed steps: what the chain gives when its shapes change (each row: captures)
 #   kept_vs_capture    : the recipe (grpo.keep_graphs: each decoder's graphs captured once, replayed every later step)
 #                        against grpo.keep_graphs=false (captured again for every batch), alternated
+#   varied_kept        : kept_vs_capture over the VARIED steps: what keeping one decoder per purpose saves when the
+#                        prompt's columns and the update's rows change from step to step
 #   extra_profile      : only with EXTRA_PROFILE=path/to/script.py: that script, run from the checkout's root with
 #                        src/ on PYTHONPATH (e.g. a profile tool kept with an issue, carried to the node), with the
 #                        arguments in EXTRA_PROFILE_ARGS (e.g. "28 grpo.optimizer=adamw8bit")
@@ -115,6 +120,7 @@ run_item() {  # name, command...
 
 EARLIER=(grpo.engine=eager model.kernels=none grpo.micro_batch_size=64 grpo.recompute=false)
 CALL256=(grpo.recompute_granularity=call grpo.micro_batch_size=256 grpo.recompute_latent_steps=true)
+VARIED=(--steps 8 --prompt-widths 80,100,136,92,120,76,104,128 --kept-groups 16,9,12,6,14,10,8,13)
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts="")  # (addopts: xdist, which the node may not have)
 # every later item runs the fast engine's captured rollouts: if they fail here (seconds), stop and keep the budget
 # (not the latent chain's tests: chain_smoke runs those, and their failing does not stop the rest)
@@ -128,8 +134,10 @@ CHAIN=grpo.update_latent_graphs
 if run_item chain_smoke "${PYTEST[@]}" tests/test_cuda.py -k latent_chain; then
     run_item chain_vs_recipe "$PY" "${STEP[@]}" --set "$CHAIN=true" --versus "$CHAIN=false"
     run_item chain_profile "$PY" "${STEP[@]}" --steps 3 --set "$CHAIN=true" --profile
+    run_item varied_chain "$PY" "${STEP[@]}" "${VARIED[@]}" --set "$CHAIN=true" --versus "$CHAIN=false"
 fi
 run_item kept_vs_capture "$PY" "${STEP[@]}" --versus grpo.keep_graphs=false
+run_item varied_kept "$PY" "${STEP[@]}" "${VARIED[@]}" --versus grpo.keep_graphs=false
 if [[ -n "${EXTRA_PROFILE:-}" ]]; then  # a profile script of one's own (e.g. one kept with an issue), run from here
     read -r -a EXTRA_ARGS <<<"${EXTRA_PROFILE_ARGS:-}"
     run_item extra_profile "$PY" "$EXTRA_PROFILE" "${EXTRA_ARGS[@]}"

@@ -4,6 +4,8 @@
     python bench/paper_step.py --steps 3 --versus grpo.engine=eager --versus model.kernels=none \\
         --versus grpo.micro_batch_size=64 --versus grpo.recompute=false        # against the eager path, alternated
     python bench/paper_step.py --steps 2 --profile                             # kernels, busy share, FLOP/s, syncs
+    python bench/paper_step.py --steps 8 --prompt-widths 80,100,136 --kept-groups 16,9,12 \
+        --versus grpo.keep_graphs=false                                       # steps that vary as a real run's
     python bench/paper_step.py --steps 2 --profile --trace step.json.gz        # ... and the step's Chrome trace
     python bench/paper_step.py --tiny --device cpu --steps 1 --profile         # (CPU: the ops that would wait)
     python bench/paper_step.py --shape full --device cpu --set model.kernels=none --versus model.compile=true
@@ -17,6 +19,12 @@ every step runs the full update on 16 x 32 rollouts of exactly ``max_new_tokens`
 real step can reach). Prints one JSON line per step and a summary: step time (rollout / update split), peak
 memory, the optimizer actually used. ``--set threads=N`` sets torch's CPU threads (the host proxy at one thread: with
 two, every tiny op also pays for handing work to an OpenMP thread, which a GPU's host does not).
+
+``--prompt-widths`` and ``--kept-groups`` make the steps differ as a real run's do, the same for every arm: step i's
+prompts are that many tokens wide (a filler prefix on the built-in problems; a real run's longest question changes
+the prompt's columns, so the fast engine's kept decoders meet new shapes) and its group filter keeps that many groups
+(a reward that gives those groups half their rollouts right and the others none: the update's rows change); each
+step's row counts the CUDA graphs captured in it.
 
 ``--versus KEY=VALUE`` (repeatable) adds a second arm: a trainer on a copy of the same initial weights with those
 overrides on top, stepping alternately with the recipe on the same prompts; the summary gives each arm's medians and
@@ -34,6 +42,7 @@ on a GPU), and for a third the host time per path of labelled calls (``--shape h
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import gc
@@ -41,6 +50,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,10 +116,118 @@ def parse_args() -> argparse.Namespace:
         "the tiny one 28 layers deep (host: a CPU proxy for the host's share of a GPU step)",
     )
     ap.add_argument("--tiny", action="store_true", help="= --shape quick (a smoke test of this script)")
+    ap.add_argument(
+        "--prompt-widths",
+        type=int_list,
+        default=[],
+        metavar="W,W,...",
+        help="step i's prompts are W tokens wide (the longest of them; a filler prefix on the built-in problems), the "
+        "list cycled over the steps, the warm-up first: prompt widths that change from step to step as a real run's do",
+    )
+    ap.add_argument(
+        "--kept-groups",
+        type=int_list,
+        default=[],
+        metavar="N,N,...",
+        help="step i's group filter keeps N of its groups (cycled like --prompt-widths; turns grpo.filter on): a "
+        "reward gives N groups half their rollouts right and the others none, so the update's rows change from step "
+        "to step as a real run's do",
+    )
     args = ap.parse_args()
     if args.trace and not args.profile:
         ap.error("--trace writes the profiled step's trace: add --profile")
+    if any(w < 1 for w in args.prompt_widths) or any(n < 0 for n in args.kept_groups):
+        ap.error("--prompt-widths are positive and --kept-groups non-negative")
     return args
+
+
+def int_list(text: str) -> list[int]:
+    """``"3,5,8"`` -> [3, 5, 8]."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+#: what lengthens a prompt for --prompt-widths: one token of the built-in tokenizer per copy
+FILLER = "0"
+
+
+def widened(lm: LatentLM, records: list[Record], width: int) -> list[Record]:
+    """``records`` with the same filler prefix each, as many copies as keep the longest prompt within ``width``
+    tokens (so it takes ``width`` where the filler is one token)."""
+    questions = [r.question for r in records]
+
+    def longest(n: int) -> int:
+        return lm.encode_questions([FILLER * n + q for q in questions])[0].shape[1]
+
+    if longest(0) > width:
+        raise ValueError(f"--prompt-widths {width}: the problems alone take {longest(0)} tokens")
+    lo, hi = 0, width  # the most copies that fit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if longest(mid) <= width else (lo, mid - 1)
+    return [dataclasses.replace(r, question=FILLER * lo + r.question) for r in records]
+
+
+class GroupsKept:
+    """A reward for --kept-groups: of the step's problems (:meth:`start`), the first ``kept`` get every other rollout
+    right (accuracy 1/2, inside the filter's window), the rest none (outside it): the filter keeps ``kept`` groups."""
+
+    def __init__(self) -> None:
+        self.kept = 0
+        self.order: dict[str, int] = {}  # the step's problems, by question
+        self.seen: dict[str, int] = {}  # rollouts scored so far, by question
+
+    def start(self, prompts: list[Record], kept: int) -> None:
+        self.kept, self.order = kept, {r.question: i for i, r in enumerate(prompts)}
+
+    def __call__(self, completions: list[str], records: list[Record]) -> list[float]:
+        out = []
+        for r in records:
+            j = self.seen[r.question] = self.seen.get(r.question, -1) + 1
+            out.append(float(self.order.get(r.question, self.kept) < self.kept and j % 2 == 0))
+        return out
+
+
+class Schedule:
+    """What changes from one step to the next (--prompt-widths, --kept-groups), each list cycled over the steps."""
+
+    def __init__(self, lm: LatentLM, prompts: list[Record], widths: list[int], kept: list[int]):
+        self.lm, self.prompts, self.widths, self.kept = lm, prompts, widths, kept
+        self.reward = GroupsKept()  # (the trainers' reward, for kept)
+        self._by_width: dict[int, list[Record]] = {}
+
+    def begin(self, i: int) -> tuple[list[Record], dict]:
+        """Step ``i``'s prompts (the reward told which groups to keep), and what its row says of them."""
+        prompts, row = self.prompts, {}
+        if self.widths:
+            width = row["prompt_width"] = self.widths[i % len(self.widths)]
+            if width not in self._by_width:
+                self._by_width[width] = widened(self.lm, self.prompts, width)
+            prompts = self._by_width[width]
+        if self.kept:
+            row["kept_groups"] = self.kept[i % len(self.kept)]
+            self.reward.start(prompts, row["kept_groups"])
+        return prompts, row
+
+
+@contextlib.contextmanager
+def graph_captures() -> Iterator[list[int]]:
+    """``[n]``: the CUDA graphs captured inside the block so far (each capture begins with
+    ``CUDAGraph.capture_begin``; none on a CPU)."""
+    count = [0]
+    begin = torch.cuda.CUDAGraph.capture_begin
+
+    def counted(self: torch.cuda.CUDAGraph, *args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return begin(self, *args, **kwargs)
+
+    torch.cuda.CUDAGraph.capture_begin = counted  # type: ignore[method-assign]
+    try:
+        yield count
+    finally:
+        torch.cuda.CUDAGraph.capture_begin = begin  # type: ignore[method-assign]
 
 
 def timed_step(tr: GRPOTrainer, prompts: list[Record], device: torch.device, i: int) -> dict:
@@ -118,7 +236,8 @@ def timed_step(tr: GRPOTrainer, prompts: list[Record], device: torch.device, i: 
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
-    m = tr.step(prompts=prompts)
+    with graph_captures() as captures:
+        m = tr.step(prompts=prompts)
     if device.type == "cuda":
         torch.cuda.synchronize()
     row = {
@@ -128,6 +247,7 @@ def timed_step(tr: GRPOTrainer, prompts: list[Record], device: torch.device, i: 
         "rollout_s": m["time_rollout_s"],
         "update_s": m["time_update_s"],
         "n_rollouts_kept": m["n_rollouts_kept"],
+        "captures": captures[0],
     }
     if device.type == "cuda":  # (reserved: what the allocator holds, dead graph pools included, after the step)
         row["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
@@ -152,6 +272,7 @@ def summarize(tr: GRPOTrainer, rows: list[dict], device: torch.device) -> dict:
         "median_rollout_s": statistics.median(r["rollout_s"] for r in timed),
         "median_update_s": statistics.median(r["update_s"] for r in timed),
         "hours_for_3000_steps": round(3000 * statistics.median(r["wall_s"] for r in timed) / 3600, 2),
+        "captures_in_timed_steps": sum(r["captures"] for r in timed),
     }
     if device.type == "cuda":
         out["peak_allocated_gib"] = max(r["peak_allocated_gib"] for r in timed)
@@ -286,17 +407,23 @@ def phase_ops(tr: GRPOTrainer, prompts: list[Record]) -> dict:
 
 
 def alternate(
-    trainers: dict[str, GRPOTrainer], prompts: list[Record], device: torch.device, steps: int
+    trainers: dict[str, GRPOTrainer],
+    prompts: list[Record],
+    device: torch.device,
+    steps: int,
+    schedule: Schedule | None = None,
 ) -> tuple[dict[str, list[dict]], dict[str, str]]:
-    """A warm-up step and ``steps`` timed steps of each arm in turn, each row printed as it ends: (rows by arm, why an
-    arm stopped). An arm that runs out of device memory is dropped (its trainer and memory freed) and the others
-    go on, so that one configuration too large for the card does not lose the measurements of the rest."""
+    """A warm-up step and ``steps`` timed steps of each arm in turn (``schedule``: each step's prompts and kept groups,
+    the same for every arm), each row printed as it ends: (rows by arm, why an arm stopped). An arm that runs out of
+    device memory is dropped (its trainer and memory freed) and the others go on, so that one configuration too large
+    for the card does not lose the measurements of the rest."""
     rows: dict[str, list[dict]] = {name: [] for name in trainers}
     failed: dict[str, str] = {}
     for i in range(steps + 1):
+        step_prompts, said = schedule.begin(i) if schedule else (prompts, {})
         for name in list(trainers):
             try:
-                rows[name].append({"arm": name, **timed_step(trainers[name], prompts, device, i)})
+                rows[name].append({"arm": name, **said, **timed_step(trainers[name], step_prompts, device, i)})
             except torch.OutOfMemoryError as e:
                 failed[name] = f"out of memory in step {i}: {str(e).splitlines()[0][:300]}"
             if name in failed:  # outside the handler: its traceback no longer holds the step's tensors
@@ -313,7 +440,10 @@ def alternate(
 def main() -> int:
     args = parse_args()
     device = torch.device(args.device)
-    cfg = load_config(Config, "paper/grpo_dropout.yaml", [*MEASURED, *args.set])
+    measured = [*MEASURED, "grpo.filter=true"] if args.kept_groups else MEASURED  # (--kept-groups: the filter acts)
+    cfg = load_config(Config, "paper/grpo_dropout.yaml", [*measured, *args.set])
+    if any(n > cfg.grpo.prompts_per_step for n in args.kept_groups):
+        raise SystemExit(f"--kept-groups: a step has {cfg.grpo.prompts_per_step} groups; got {args.kept_groups}")
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     if cfg.threads:  # (--set threads=1: the host proxy without OpenMP's wake-ups in every tiny op)
         torch.set_num_threads(cfg.threads)
@@ -321,22 +451,26 @@ def main() -> int:
     shape = SHAPES[QUICK.name if args.tiny else args.shape]
     lm = build_lm(shape, device, dtype, keep=False)  # no spare copy on the device
     prompts = task_records(cfg.grpo.prompts_per_step)
+    varied = args.prompt_widths or args.kept_groups
+    schedule = Schedule(lm, prompts, args.prompt_widths, args.kept_groups) if varied else None
+    reward = schedule.reward if schedule and args.kept_groups else None
     arms = {"recipe": (lm, cfg)}
     if args.versus:  # a copy of the weights before the recipe's trainer swaps in its kernels
-        versus = load_config(Config, "paper/grpo_dropout.yaml", [*MEASURED, *args.set, *args.versus])
+        versus = load_config(Config, "paper/grpo_dropout.yaml", [*measured, *args.set, *args.versus])
         arms["versus"] = (copy.deepcopy(lm), versus)
-    trainers = {name: GRPOTrainer(a_lm, a_cfg, prompts) for name, (a_lm, a_cfg) in arms.items()}
+    trainers = {name: GRPOTrainer(a_lm, a_cfg, prompts, reward_fn=reward) for name, (a_lm, a_cfg) in arms.items()}
     head = {"built_s": round(time.perf_counter() - t0, 1), "params": sum(p.numel() for p in lm.model.parameters())}
     print(json.dumps({**head, "device": str(device), "dtype": str(dtype), "versus": args.versus}), flush=True)
     if device.type == "cuda":
         retries0 = step_profile.allocator_retries()
-    rows, failed = alternate(trainers, prompts, device, args.steps)
+    rows, failed = alternate(trainers, prompts, device, args.steps, schedule)
     summary: dict = {
         "shape": shape.name,
         "prompts": cfg.grpo.prompts_per_step,
         "K": cfg.grpo.group_size,
         "T": T,
         "max_new_tokens": cfg.grpo.max_new_tokens,
+        **({"schedule": {"prompt_widths": args.prompt_widths, "kept_groups": args.kept_groups}} if varied else {}),
         **({"failed": failed} if failed else {}),
         **(summarize(trainers["recipe"], rows["recipe"], device) if "recipe" in trainers else {}),
     }
@@ -352,6 +486,8 @@ def main() -> int:
         summary["step_ratio_per_round"] = [round(r, 4) for r in pairs]
     if args.profile and "recipe" in trainers:
         recipe = trainers["recipe"]
+        if schedule:  # (profiled: steps like the warm-up)
+            prompts = schedule.begin(0)[0]
         if device.type == "cuda":
             prof = summary["profile"] = profile_recipe(recipe, prompts, device, dtype, args.trace)
             # the issue's rule: the profiled step's kernel time (and FLOPs) over a timed step's wall, which the

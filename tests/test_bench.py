@@ -173,6 +173,48 @@ def test_paper_step_drops_an_arm_that_runs_out_of_memory_and_keeps_the_other(cap
     ]
 
 
+def _paper_step_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench/paper_step.py"
+    spec = importlib.util.spec_from_file_location("paper_step", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_paper_step_schedule_varies_the_prompts_width_and_the_groups_the_filter_keeps(capsys):
+    """bench/paper_step --prompt-widths / --kept-groups: step i's prompts are exactly W tokens wide (their problems
+    unchanged after the filler), and the filter keeps exactly N groups of the real trainer's step, every arm alike."""
+    from dgrpo.bench.workload import QUICK, build_lm, task_records
+    from dgrpo.config import Config, load_config
+    from dgrpo.training.grpo import GRPOTrainer
+
+    paper_step = _paper_step_module()
+    lm = build_lm(QUICK, torch.device("cpu"), torch.float32)
+    prompts = task_records(3)
+    schedule = paper_step.Schedule(lm, prompts, widths=[40, 57], kept=[3, 1, 0])
+    sets = ["grpo.prompts_per_step=3", "grpo.group_size=4", "grpo.max_new_tokens=4", "grpo.filter=true"]
+    cfg = load_config(Config, "tiny.yaml", [*sets, "grpo.n_latent=2", "perturbation.kind=locked"])
+    trainers = {
+        arm: GRPOTrainer(build_lm(QUICK, torch.device("cpu"), torch.float32), cfg, prompts, reward_fn=schedule.reward)
+        for arm in ("recipe", "versus")
+    }
+    rows, failed = paper_step.alternate(trainers, prompts, torch.device("cpu"), steps=2, schedule=schedule)
+    assert not failed
+    for arm in trainers:
+        assert [(r["prompt_width"], r["kept_groups"]) for r in rows[arm]] == [(40, 3), (57, 1), (40, 0)]
+        assert [r["n_rollouts_kept"] for r in rows[arm]] == [12, 4, 0]
+        assert all(r["captures"] == 0 for r in rows[arm])  # (no graphs on a CPU)
+    for width in (40, 57):
+        widened = schedule.begin(0 if width == 40 else 1)[0]
+        assert lm.encode_questions([r.question for r in widened])[0].shape[1] == width
+        assert [r.question.lstrip(paper_step.FILLER) for r in widened] == [r.question for r in prompts]
+    with pytest.raises(ValueError, match="take"):
+        paper_step.widened(lm, prompts, 5)
+
+
 def test_phase_activity_counts_overlapping_kernels_once_inside_the_windows():
     from dgrpo.bench.step_profile import phase_activity
 
