@@ -262,11 +262,44 @@ def test_the_captured_latent_chain_gives_the_recurrence_log_probs_and_gradients(
     assert all(g == graphs[0] for g in graphs) and graphs[0][0] is not None and not chain.failed
 
 
+def test_smaller_and_narrower_batches_replay_the_chain_captured_for_a_larger_one(tokenizer, task_records):
+    """A captured chain serves a batch of fewer rows and a narrower prompt padded to its shape (the same graphs); a
+    wider prompt captures a chain of its width once, which then serves the narrower batches too; each batch's
+    log-probs and weight gradients equal the step-by-step recurrence's (fp32)."""
+    from test_fixed_shape import ragged_targets
+    from test_latent_chain import assert_close, eager_logprobs, logp_and_grads
+
+    from dgrpo.config import PerturbationConfig
+    from dgrpo.model.latent_chain import chained_target_logprobs
+    from dgrpo.perturbation import make_perturbation
+
+    lm = make_lm(tokenizer, hidden_size=64)
+    lm.model.to(CUDA)
+    lm.recompute, lm.recompute_latent_steps = "layer", False
+    pert = make_perturbation(PerturbationConfig(kind="locked", p=0.3, sites=["attn", "mlp"]))
+    short = [r.question[:12] for r in task_records]
+    wide = [r.question + " " + r.question for r in task_records]
+    graphs = []
+    for b, questions in enumerate([short[:8], short[8:13], wide[:6], short[:3]]):
+        ids, mask = (x.to(CUDA) for x in lm.encode_questions(questions))
+        tg, tm = (x.to(CUDA) for x in ragged_targets(lm, len(questions)))
+        with pert.bind(lm, seeds_for(0, b, 0, len(questions)).to(CUDA)) as pb:
+            eager = logp_and_grads(lm, partial(eager_logprobs, lm, ids, mask, 3, tg, tm, perturbation=pb))
+            run = partial(chained_target_logprobs, lm, ids, mask, 3, tg, tm, perturbation=pb, capture=True, keep=True)
+            chained = logp_and_grads(lm, run)
+        assert_close(eager, chained, atol=1e-4)
+        chain = lm.kept_decoders["update"][1]
+        graphs.append(chain.forward_graph)
+        assert chain.shape[0] == 8 and not chain.failed
+    assert graphs[0] is graphs[1] is not graphs[2] and graphs[2] is graphs[3] and graphs[0] is not None
+
+
 def test_grpo_steps_with_the_captured_latent_chain_equal_those_without(tokenizer, task_records):
-    """Three fp32 trainer steps on the fast engine, two micro-batches each: with the update's latent steps as the
-    kept, captured chain (reading the weights each update left) the rewards, losses and gradient norms are those of
-    the step-by-step recurrence."""
-    sets = ["grpo.micro_batch_size=8", "grpo.n_latent=3"]
+    """Three fp32 trainer steps on the fast engine, micro-batches of 6 rows and fewer (the filter keeps groups of 4
+    rows; a smaller one runs padded to the captured chain's 6): with the update's latent steps as the kept, captured
+    chain (reading the weights each update left) the rewards, losses and gradient norms are those of the
+    step-by-step recurrence."""
+    sets = ["grpo.micro_batch_size=6", "grpo.n_latent=3"]
     rows = [
         _fast_engine_steps(tokenizer, task_records, [*sets, f"grpo.update_latent_graphs={chain}"])
         for chain in ("true", "false")

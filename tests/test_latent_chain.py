@@ -116,6 +116,65 @@ def test_the_first_shape_is_captured_and_another_replaces_it_once_it_repeats(tok
     assert not lm.kept_decoders and not lm.kept_decoders.seen
 
 
+@pytest.mark.parametrize(
+    "kind, target", [("locked", ""), ("gaussian", "activations"), ("gaussian", "weights"), ("none", "")]
+)
+def test_batches_padded_to_the_kept_chain_give_their_own_log_probs_and_gradients(tokenizer, task_records, kind, target):
+    """``pad`` (the default with capture): every batch runs inside one shape, at least ``min_rows`` rows and the kept
+    chain's rows and prompt columns. A batch of fewer rows and a narrower prompt replays the kept chain; one with a
+    wider prompt replaces it at once by one of its width (and the kept rows). Each gets the unpadded recurrence's
+    log-probs and every weight's gradient (fp32, 1e-5: the padding rows and columns are cut off and add nothing), and
+    its perturbation acts on its own rows again after the chain."""
+    lm = make_lm(tokenizer, "qwen2")
+    config = PerturbationConfig(
+        kind=kind, p=0.3, sigma=0.3, sites=["attn", "mlp"], gaussian_target=target or "activations"
+    )
+    pert = make_perturbation(config)
+    short = [r.question[:12] for r in task_records]  # prompts within one 32-column bucket, then of two buckets
+    wide = [r.question + " " + r.question for r in task_records]
+    batches = [(short[:5], 7), (short[5:8], 7), (wide[:4], 0), (short[:2], 0)]
+    shapes, chains = [], []
+    for b, (questions, min_rows) in enumerate(batches):
+        ids, mask = lm.encode_questions(questions)
+        tg, tm = ragged_targets(lm, len(questions))
+        with pert.bind(lm, torch.arange(len(questions)) + 10 * b) as pb:
+            before = [t.shape for t in pb.graph_inputs()]
+            eager = logp_and_grads(lm, partial(eager_logprobs, lm, ids, mask, 3, tg, tm, perturbation=pb))
+            run = partial(
+                chained_target_logprobs,
+                lm,
+                ids,
+                mask,
+                3,
+                tg,
+                tm,
+                perturbation=pb,
+                keep=True,
+                min_rows=min_rows,
+                pad=True,
+            )
+            padded = logp_and_grads(lm, run)
+            assert [t.shape for t in pb.graph_inputs()] == before
+        assert_close(eager, padded)
+        chain = lm.kept_decoders["update"][1]
+        shapes.append(chain.shape)
+        chains.append(chain)
+    narrow, wider = shapes[0][1], shapes[2][1]
+    assert narrow % 32 == 0 and wider > narrow
+    assert shapes == [(7, narrow), (7, narrow), (7, wider), (7, wider)]
+    assert chains[0] is chains[1] and chains[1] is not chains[2] and chains[2] is chains[3]
+
+
+def test_with_rows_appends_copies_of_the_first_row():
+    t = torch.arange(6.0).view(2, 3)
+    assert torch.equal(latent_chain.with_rows(t, 4), torch.tensor([[0.0, 1, 2], [3, 4, 5], [0, 1, 2], [0, 1, 2]]))
+    assert latent_chain.with_rows(t, 2) is t
+    assert torch.equal(latent_chain.with_rows(t, 3, dim=1), torch.tensor([[0.0, 1, 2], [3, 4, 5]]))
+    assert torch.equal(latent_chain.with_rows(t.T, 3, dim=1), torch.tensor([[0.0, 3, 0], [1, 4, 1], [2, 5, 2]]))
+    with pytest.raises(ValueError, match="cannot pad"):
+        latent_chain.with_rows(t, 1)
+
+
 @pytest.mark.parametrize("arch, kind", [("qwen2", "locked"), ("llama", "gaussian")])
 def test_what_the_graphs_record_makes_the_host_wait_for_nothing(tokenizer, task_records, arch, kind):
     """What a CUDA graph captures (the warm-ups run the same): the chain's forward and its backward to the inputs
@@ -232,6 +291,28 @@ def test_grpo_steps_with_the_chain_equal_those_without(tokenizer, task_records, 
         trainer = GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records, reward_fn=code_parity)
         rows.append([trainer.step() for _ in range(2)])
         assert ("update" in trainer.lm.kept_decoders) == bool(over)
+    assert all(m["skipped"] == 0 for m in rows[0])
+    for a, b in zip(*rows):
+        assert a["reward_mean"] == b["reward_mean"]
+        assert a["policy_loss"] == pytest.approx(b["policy_loss"], abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+
+
+def test_grpo_steps_with_a_padded_chain_equal_those_without(tokenizer, task_records, monkeypatch):
+    """Two trainer steps whose micro-batches have 3, 3 and 2 rows (the last padded to 3, as on CUDA where the chain
+    pads every micro-batch to the largest): the same rewards, losses and gradient norms as without the chain."""
+    from dgrpo.training import rollouts
+    from dgrpo.training.grpo import GRPOTrainer
+
+    monkeypatch.setattr(rollouts, "chained_target_logprobs", partial(chained_target_logprobs, pad=True))
+    base = ["grpo.prompts_per_step=2", "grpo.group_size=4", "grpo.temperature=1", "grpo.engine=fast"]
+    base += ["grpo.micro_batch_size=3", "grpo.n_latent=2"]
+    rows = []
+    for over in ([], ["grpo.update_latent_graphs=true"]):
+        cfg = load_config(Config, "tiny.yaml", [*base, *over])
+        trainer = GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records, reward_fn=code_parity)
+        rows.append([trainer.step() for _ in range(2)])
+    assert trainer.lm.kept_decoders["update"][1].shape[0] == 3
     assert all(m["skipped"] == 0 for m in rows[0])
     for a, b in zip(*rows):
         assert a["reward_mean"] == b["reward_mean"]

@@ -20,13 +20,15 @@ step updates them in place) and the perturbation's tensors it was captured with 
 engine's kept decoders do). Its memory comes from a pool of its own: the forward's saved activations must outlive
 every graph replayed before the backward's (the reference's, another chain's). The gradients leave the backward as
 copies, since the graph's next replay overwrites its outputs. A chain is kept for later batches of the same shape
-(:func:`chain_for`); the prompt's columns are rounded up to :data:`COLUMN_BUCKET` for that (padding columns, masked).
+(:func:`chain_for`); the prompt's columns are rounded up to :data:`COLUMN_BUCKET` for that (padding columns, masked),
+and a captured chain runs every later batch that fits it padded to its rows and columns (:func:`run_latent_chain`).
 Should a capture fail (an op that cannot be captured), a warning says so and that chain runs the steps one by one.
 """
 
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -91,6 +93,7 @@ class LatentChain:
         self.forward_graph: torch.cuda.CUDAGraph | None = None
         self.backward_graph: torch.cuda.CUDAGraph | None = None
         self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.shape: tuple[int, int] | None = None  # (rows, prompt columns) of the batches it runs: the first's
         self.calls = 0  # forwards run: a backward must belong to the last one (one set of static tensors)
         self.failed = False  # its capture failed: the steps run one by one (a warning said so)
 
@@ -98,6 +101,8 @@ class LatentChain:
         """The latent steps after ``state`` (a prompt's, over a ``DynamicCache``): the state after them, differentiable
         with respect to the prompt's state and the trainable weights."""
         tensors = chain_inputs(state)
+        if self.shape is None:
+            self.shape = (state.attention_mask.shape[0], state.attention_mask.shape[1])
         if self.capture and self.forward_graph is None and not self.failed:
             try:
                 self._capture(tensors, perturbation)
@@ -221,16 +226,23 @@ class _ChainFunction(torch.autograd.Function):
 
 
 def chain_for(
-    lm: LatentLM, state: DecodeState, n_latent: int, perturbation: PhaseHook | None, capture: bool, keep: bool
+    lm: LatentLM,
+    state: DecodeState,
+    n_latent: int,
+    perturbation: PhaseHook | None,
+    capture: bool,
+    keep: bool,
+    wait_for_repeat: bool = True,
 ) -> LatentChain:
     """A chain for the latent steps after ``state``. ``keep``: the one ``lm`` kept (``update``) when it fits (the
     weights where they were, the same input shapes, dtypes and grad needs, perturbation tensors and active
     adapter), else a new one kept in its place. With none kept, the first batch's chain is captured and kept (a
     step's first micro-batch is a full one; so the first step pays for the capture, not the second). Later, a batch
-    of another shape runs uncaptured until its key comes twice in a row, and only then replaces the kept chain: a
-    capture costs a few eager runs (warm-ups, recording), which a shape that comes once (a step's last, smaller
-    micro-batch; a row count the group filter left) would not repay, and two shapes taking turns would capture at
-    every micro-batch."""
+    of another shape runs uncaptured until its key comes twice in a row (``wait_for_repeat``; else at once), and
+    only then replaces the kept chain: a capture costs a few eager runs (warm-ups, recording), which a shape that
+    comes once (a step's last, smaller micro-batch; a row count the group filter left) would not repay, and two
+    shapes taking turns would capture at every micro-batch. (A batch padded to the kept chain's shape,
+    :func:`run_latent_chain`, meets a new shape only when it outgrows it: no wait then.)"""
     if not keep:
         return LatentChain(lm, n_latent, capture)
     replay = replay_key(lm, perturbation)
@@ -245,10 +257,91 @@ def chain_for(
         tuple(p.requires_grad for p in lm.model.parameters()),
     )
     current = lm.kept_decoders.get("update")
-    if capture and current is not None and current[0] != key and lm.kept_decoders.seen.get("update") != key:
+    waits = wait_for_repeat and lm.kept_decoders.seen.get("update") != key
+    if capture and current is not None and current[0] != key and waits:
         lm.kept_decoders.seen["update"] = key
         return LatentChain(lm, n_latent, capture=False)
     return kept_for(lm, "update", key, lambda: LatentChain(lm, n_latent, capture))
+
+
+def run_latent_chain(
+    lm: LatentLM,
+    state: DecodeState,
+    n_latent: int,
+    perturbation: PhaseHook | None,
+    capture: bool,
+    keep: bool,
+    min_rows: int = 0,
+    pad: bool | None = None,
+) -> DecodeState:
+    """The state after the latent steps that follow ``state`` (a prompt's), run by :func:`chain_for`'s chain.
+
+    ``pad`` (default: ``keep and capture``): the batch runs inside one shape, so that a chain captured once serves
+    every batch, whatever rows the group filter left and however wide the prompt: at least ``min_rows`` rows and the
+    kept chain's rows and columns, or more where this batch has more (then a new chain of the larger shape replaces
+    it at once). The padding rows copy the first row (its state and perturbation), the padding columns are masked
+    prompt columns on the left; both are cut off the result, so their outputs get no gradient and add exactly zero
+    to every other gradient. On a GPU the one-position steps cost about the same at a few more rows (their launches,
+    not their arithmetic, set their time); on a CPU they would not, hence the default. Not for a perturbation that
+    cannot pad its rows (:meth:`BoundPerturbation.row_padding`)."""
+    if not (keep and (capture if pad is None else pad)):
+        return chain_for(lm, state, n_latent, perturbation, capture, keep).run(state, perturbation)
+    B, P = state.attention_mask.shape
+    rows, columns = max(B, min_rows), P
+    kept = lm.kept_decoders.get("update")
+    if kept is not None and kept[1].shape is not None:
+        rows, columns = max(rows, kept[1].shape[0]), max(columns, kept[1].shape[1])
+    within = nullcontext() if perturbation is None else getattr(perturbation, "row_padding", lambda _: None)(rows)
+    if within is None:  # (a perturbation that cannot pad its rows)
+        return chain_for(lm, state, n_latent, perturbation, capture, keep).run(state, perturbation)
+    padded = padded_state(lm, state, rows, columns)
+    with within:  # (the perturbation over the padded rows)
+        chain = chain_for(lm, padded, n_latent, perturbation, capture, keep, wait_for_repeat=False)
+        out = chain.run(padded, perturbation)
+    return cropped_state(lm, out, B, columns - P)
+
+
+def padded_state(lm: LatentLM, state: DecodeState, rows: int, columns: int) -> DecodeState:
+    """``state`` over ``rows`` rows (copies of its first after its own) and ``columns`` prompt columns (masked columns
+    of zero keys and values on the left; positions count real tokens only, so nothing else changes)."""
+    B, P = state.attention_mask.shape
+    if (rows, columns) == (B, P):
+        return state
+
+    def grown(t: Tensor, column_dim: int | None) -> Tensor:
+        if column_dim is not None and columns > P:
+            shape = list(t.shape)
+            shape[column_dim] = columns - P
+            t = torch.cat([t.new_zeros(shape), t], column_dim)
+        return with_rows(t, rows)
+
+    kv = [grown(t, 2) for t in cache_tensors(state.cache)]  # [B, kv heads, P, head dim]
+    n = len(kv) // 2
+    cache = filled_cache(lm.model.config, kv[:n], kv[n:])
+    return DecodeState(
+        cache, grown(state.attention_mask, 1), grown(state.next_position, None), grown(state.last_hidden, None)
+    )
+
+
+def cropped_state(lm: LatentLM, state: DecodeState, rows: int, cut: int) -> DecodeState:
+    """``state``'s first ``rows`` rows without its first ``cut`` columns (what :func:`padded_state` added)."""
+    if rows == state.attention_mask.shape[0] and cut == 0:
+        return state
+    kv = [t[:rows, :, cut:] for t in cache_tensors(state.cache)]
+    n = len(kv) // 2
+    cache = filled_cache(lm.model.config, kv[:n], kv[n:])
+    return DecodeState(cache, state.attention_mask[:rows, cut:], state.next_position[:rows], state.last_hidden[:rows])
+
+
+def with_rows(t: Tensor, rows: int, dim: int = 0) -> Tensor:
+    """``t`` with copies of its first row (along ``dim``) appended up to ``rows`` rows (differentiable)."""
+    extra = rows - t.shape[dim]
+    if extra < 0:
+        raise ValueError(f"cannot pad {t.shape[dim]} rows to {rows}")
+    if extra == 0:
+        return t
+    first = t.narrow(dim, 0, 1)
+    return torch.cat([t, first.expand(*(extra if d == dim else -1 for d in range(t.dim())))], dim)
 
 
 def bucketed_prompt(lm: LatentLM, prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -275,17 +368,20 @@ def chained_target_logprobs(
     temperature: float = 1.0,
     capture: bool = False,
     keep: bool = False,
+    min_rows: int = 0,
+    pad: bool | None = None,
 ) -> Tensor:
     """:meth:`LatentLM.target_logprobs` of a coconut model with ``end_with_targets`` (the same log-probs [B, L], 0
     at padding, differentiable end to end), its latent steps run by a :class:`LatentChain` (``capture``: as CUDA
-    graphs; ``keep``: the chain kept for later batches of its shape): the GRPO update's replay."""
+    graphs; ``keep``: the chain kept for later batches of its shape; ``min_rows``, ``pad``: see
+    :func:`run_latent_chain`): the GRPO update's replay."""
     if n_latent > 0 and lm.settings.mode != "coconut":
         raise ValueError(f"the latent chain runs coconut thoughts; this model's mode is {lm.settings.mode!r}")
     ids, mask = bucketed_prompt(lm, prompt_ids, prompt_mask)
     with lm._scoring_block():
         state = lm.prefill(ids, mask, 0, perturbation=perturbation, markers=False)
         if n_latent > 0:
-            state = chain_for(lm, state, n_latent, perturbation, capture, keep).run(state, perturbation)
+            state = run_latent_chain(lm, state, n_latent, perturbation, capture, keep, min_rows, pad)
         lead = torch.full((ids.shape[0], 1), lm.end_id, dtype=target_ids.dtype, device=target_ids.device)
         logp, _ = lm.score_targets(
             state, target_ids, target_mask, perturbation=perturbation, temperature=temperature, lead_ids=lead

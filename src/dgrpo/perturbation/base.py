@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
@@ -65,6 +65,12 @@ class BoundPerturbation:
         (dgrpo.model.fixed_shape): a replay reads the tensors it was captured with, so a later batch's perturbation
         copies its own into them; their number and shapes depend only on the batch's shape. None (the default, for
         a kind that does not say): unknown, and the graphs are captured again for every batch."""
+        return None
+
+    def row_padding(self, rows: int) -> AbstractContextManager[object] | None:
+        """A block within which the perturbation acts on ``rows`` rows: the batch's, then copies of its first row
+        (for a graph kept for larger batches, run over this one padded to its rows: dgrpo.model.latent_chain). None
+        (the default) for a kind that does not say how."""
         return None
 
 
@@ -157,6 +163,20 @@ class Unperturbed(BoundPerturbation):
 
     def graph_inputs(self) -> list[Tensor]:
         return []
+
+    def row_padding(self, rows: int) -> AbstractContextManager[object]:
+        return nullcontext()
+
+
+@contextmanager
+def swapped(owner: object, name: str, value: object) -> Iterator[None]:
+    """``owner.name`` is ``value`` within the block (its own value back on leaving)."""
+    before = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, before)
 
 
 def seeds_for(run_seed: int, step: int, rank: int, n: int, stream: str = "rollout") -> Tensor:

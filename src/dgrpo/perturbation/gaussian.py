@@ -10,6 +10,7 @@ computed as an extra batched matmul: memory B x out x in per site, so keep it to
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,7 +18,8 @@ from torch import Tensor, nn
 
 from ..model.anatomy import find_sites, output_projection
 from ..model.compiled_layers import output_factor_hook
-from .base import BoundPerturbation, HookedPerturbation, Perturbation, register, row_normals
+from ..model.latent_chain import with_rows
+from .base import BoundPerturbation, HookedPerturbation, Perturbation, register, row_normals, swapped
 
 if TYPE_CHECKING:
     from ..config import PerturbationConfig
@@ -33,6 +35,12 @@ class _BoundGaussian(HookedPerturbation):
 
     def graph_inputs(self) -> list[Tensor]:
         return [self.noises] if isinstance(self.noises, Tensor) else list(self.noises)
+
+    def row_padding(self, rows: int) -> AbstractContextManager[object]:
+        # activations: [sites, B, width]; weights: per site [B, out, in]
+        if isinstance(self.noises, Tensor):
+            return swapped(self, "noises", with_rows(self.noises, rows, dim=1))
+        return swapped(self, "noises", [with_rows(n, rows) for n in self.noises])
 
     def _hook(self, k: int) -> Callable:
         act_hook = output_factor_hook(lambda: 1.0 + self.sigma * self.noises[k][:, None, :] if self.active else None)

@@ -14,6 +14,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,12 +22,14 @@ from torch import Tensor
 
 from ..model.anatomy import Site, find_sites
 from ..model.compiled_layers import output_factor_hook
+from ..model.latent_chain import with_rows
 from .base import (
     BoundPerturbation,
     HookedPerturbation,
     Perturbation,
     register,
     row_uniforms,
+    swapped,
     to_device,
 )
 
@@ -142,6 +145,9 @@ class _BoundLocked(HookedPerturbation):
 
     def graph_inputs(self) -> list[Tensor]:
         return self.site_masks
+
+    def row_padding(self, rows: int) -> AbstractContextManager[object]:
+        return swapped(self, "site_masks", [with_rows(m, rows) for m in self.site_masks])
 
     def _hook(self, k: int) -> Callable:
         # the mask is already in the weights' dtype: one multiply per site and forward, no cast

@@ -431,6 +431,7 @@ class GRPOTrainer:
             engine=self.engine,
             keep_graphs=self.keep_graphs,
             chain_latents=self.chain_latents,
+            chain_rows=min(g.micro_batch_size, g.prompts_per_step * g.group_size),  # (the largest micro-batch)
         )
 
     def _update_seeds(self, ro: Rollouts, rows: Tensor, step: int, epoch: int) -> Tensor:

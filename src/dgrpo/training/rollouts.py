@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -174,13 +175,15 @@ def replay_logprobs(
     engine: str = "eager",
     keep_graphs: bool = False,
     chain_latents: bool = False,
+    chain_rows: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """Teacher-forced log pi(y | x, xi) of ``rows`` under the perturbation regenerated from ``seeds``,
     through the whole latent recurrence (differentiable when grad is enabled). Returns (logp, mask).
     ``engine``: ``fast`` runs ``<|end-latent|>`` in the answer's forward call (one call fewer) and, without grad (the
     reference model), the latent steps over fixed buffers as the rollout does (graph-captured on CUDA; ``keep_graphs``
     as in :func:`collect_rollouts`); with grad and ``chain_latents`` (``grpo.update_latent_graphs``), as one
-    :class:`dgrpo.model.latent_chain.LatentChain` (graph-captured on CUDA, kept under ``keep_graphs``)."""
+    :class:`dgrpo.model.latent_chain.LatentChain` (graph-captured on CUDA, kept under ``keep_graphs``, and then run
+    over at least ``chain_rows`` rows: the largest micro-batch, so that one capture serves all)."""
     # the padding columns from the host's copy of the masks, the rows gathered on the device: no synchronisation
     prompt_host, answer_host = ro.host()
     rows_host = rows.cpu()
@@ -192,18 +195,13 @@ def replay_logprobs(
     t = temperature if temperature > 0 else 1.0
     fast = engine == "fast"
     with perturbation.bind(lm, seeds) as pb:
+        graphs: dict[str, Any] = dict(
+            perturbation=pb, temperature=t, capture=lm.device.type == "cuda", keep=keep_graphs
+        )
         if fast and perturbation.batched and not torch.is_grad_enabled() and tg.shape[1] > 0:
-            capture = lm.device.type == "cuda"
-            logp = fixed_shape_target_logprobs(
-                lm, ids, mask, n_latent, tg, tm, perturbation=pb, temperature=t, capture=capture, keep=keep_graphs
-            )
-            return logp, tm
+            return fixed_shape_target_logprobs(lm, ids, mask, n_latent, tg, tm, **graphs), tm
         if fast and chain_latents and perturbation.batched and torch.is_grad_enabled():
-            capture = lm.device.type == "cuda"
-            logp = chained_target_logprobs(
-                lm, ids, mask, n_latent, tg, tm, perturbation=pb, temperature=t, capture=capture, keep=keep_graphs
-            )
-            return logp, tm
+            return chained_target_logprobs(lm, ids, mask, n_latent, tg, tm, **graphs, min_rows=chain_rows), tm
         logp, _ = lm.target_logprobs(
             ids,
             mask,
