@@ -38,11 +38,11 @@
 #                        filter), eight timed steps: what the chain gives when its shapes change (each row: captures)
 #   kept_vs_capture    : the recipe (grpo.keep_graphs: each decoder's graphs captured once, replayed every later step)
 #                        against grpo.keep_graphs=false (captured again for every batch), alternated
-#   varied_kept        : kept_vs_capture over the VARIED steps: what keeping one decoder per purpose saves when the
-#                        prompt's columns and the update's rows change from step to step
 #   extra_profile      : only with EXTRA_PROFILE=path/to/script.py: that script, run from the checkout's root with
 #                        src/ on PYTHONPATH (e.g. a profile tool kept with an issue, carried to the node), with the
 #                        arguments in EXTRA_PROFILE_ARGS (e.g. "28 grpo.optimizer=adamw8bit")
+#   varied_kept        : kept_vs_capture over the VARIED steps: what keeping one decoder per purpose saves when the
+#                        prompt's columns and the update's rows change from step to step
 #   kept_layers        : the recipe with its last KEPT_LAYERS (default 6) layers kept out of recomputation against the
 #                        recipe (what a kept layer saves in time; bench/kept_layer_bytes.py counts what it costs in
 #                        memory); KEPT_LAYERS=1 for a try-out on a 2-layer shape
@@ -137,11 +137,11 @@ if run_item chain_smoke "${PYTEST[@]}" tests/test_cuda.py -k latent_chain; then
     run_item varied_chain "$PY" "${STEP[@]}" "${VARIED[@]}" --set "$CHAIN=true" --versus "$CHAIN=false"
 fi
 run_item kept_vs_capture "$PY" "${STEP[@]}" --versus grpo.keep_graphs=false
-run_item varied_kept "$PY" "${STEP[@]}" "${VARIED[@]}" --versus grpo.keep_graphs=false
 if [[ -n "${EXTRA_PROFILE:-}" ]]; then  # a profile script of one's own (e.g. one kept with an issue), run from here
     read -r -a EXTRA_ARGS <<<"${EXTRA_PROFILE_ARGS:-}"
     run_item extra_profile "$PY" "$EXTRA_PROFILE" "${EXTRA_ARGS[@]}"
 fi
+run_item varied_kept "$PY" "${STEP[@]}" "${VARIED[@]}" --versus grpo.keep_graphs=false
 run_item kept_layers "$PY" "${STEP[@]}" --set "grpo.recompute_kept_layers=${KEPT_LAYERS:-6}" --versus grpo.recompute_kept_layers=0
 run_item reference_share "$PY" "${STEP[@]}" --versus grpo.beta0=0
 run_item cuda_tests "${PYTEST[@]}" tests/test_cuda.py

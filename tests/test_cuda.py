@@ -262,7 +262,7 @@ def test_the_captured_latent_chain_gives_the_recurrence_log_probs_and_gradients(
     assert all(g == graphs[0] for g in graphs) and graphs[0][0] is not None and not chain.failed
 
 
-def test_smaller_and_narrower_batches_replay_the_chain_captured_for_a_larger_one(tokenizer, task_records):
+def test_smaller_and_narrower_batches_replay_the_latent_chain_captured_for_a_larger_one(tokenizer, task_records):
     """A captured chain serves a batch of fewer rows and a narrower prompt padded to its shape (the same graphs); a
     wider prompt captures a chain of its width once, which then serves the narrower batches too; each batch's
     log-probs and weight gradients equal the step-by-step recurrence's (fp32)."""
