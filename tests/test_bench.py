@@ -215,6 +215,24 @@ def test_paper_step_schedule_varies_the_prompts_width_and_the_groups_the_filter_
         paper_step.widened(lm, prompts, 5)
 
 
+def test_waiting_ops_counts_values_read_back_and_copies_to_the_host_and_restores_the_methods():
+    """What would make a GPU's host wait: a value read back (an op), and copies to the host that reach no op on a
+    CPU (counted at the methods, which are themselves again afterwards)."""
+    from dgrpo.bench.step_profile import waiting_ops
+
+    before = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy", "cpu")}
+    t = torch.arange(4.0)
+
+    def work():
+        t.tolist(), t.cpu(), t.numpy(), t.sum().item(), (t * 2 + 1).exp()
+
+    found = waiting_ops(work)
+    names = sorted(site.split(" at ")[0] for site in found["waiting_op_sites"])
+    assert names == ["_local_scalar_dense.default", "cpu", "numpy", "tolist"] and found["waiting_ops"] == 4
+    assert {name: getattr(torch.Tensor, name) for name in before} == before
+    assert waiting_ops(lambda: (t * 2).exp())["waiting_ops"] == 0
+
+
 def test_phase_activity_counts_overlapping_kernels_once_inside_the_windows():
     from dgrpo.bench.step_profile import phase_activity
 

@@ -11,11 +11,12 @@ twice) in the update, and the reference's forward. The matmul peak it is set aga
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -252,13 +253,44 @@ class _WaitingOps(TorchDispatchMode):
 
 def waiting_ops(fn: Callable[[], Any], top: int = 8) -> dict:
     """``fn()`` with every op recorded that would make the host wait for the device were its tensors on a GPU, by
-    call site; runs on any device, CPU included (a dispatch mode sees each op). It cannot tell a host tensor from a
-    device one on the CPU (there, ops on tensors that stay on the host on a GPU count too) and does not see copies to
-    the host (``.cpu()``, ``.tolist()``): scope it to work on device tensors."""
+    call site; runs on any device, CPU included (a dispatch mode sees each op; the copies to the host that reach no
+    op there, ``.tolist()``, ``.numpy()``, ``.cpu()``, are counted at the methods). It cannot tell a host tensor from
+    a device one on the CPU (there, ops on and copies of tensors that stay on the host on a GPU count too): scope it
+    to work on device tensors."""
     mode = _WaitingOps()
-    with mode:
+    with mode, _host_copies_counted(mode.sites):
         fn()
     return {"waiting_ops": sum(mode.sites.values()), "waiting_op_sites": dict(mode.sites.most_common(top))}
+
+
+#: tensor methods that copy to the host (on a GPU, after waiting for the device) without an op a dispatch mode sees
+_HOST_COPIES = ("tolist", "numpy", "cpu")
+
+
+@contextlib.contextmanager
+def _host_copies_counted(sites: collections.Counter[str]) -> Iterator[None]:
+    """Within the block, every call of a :data:`_HOST_COPIES` method is counted in ``sites`` by its call site."""
+    own = {name: torch.Tensor.__dict__.get(name) for name in _HOST_COPIES}  # (None: inherited from TensorBase)
+
+    def counted(name: str) -> Callable[..., Any]:
+        method = getattr(torch.Tensor, name)
+
+        def call(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            sites[f"{name} at {_call_site()}"] += 1
+            return method(self, *args, **kwargs)
+
+        return call
+
+    for name in _HOST_COPIES:
+        setattr(torch.Tensor, name, counted(name))
+    try:
+        yield
+    finally:
+        for name, method in own.items():
+            if method is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, method)
 
 
 class _KernelOps(TorchDispatchMode):
