@@ -131,6 +131,26 @@ def test_the_step_is_one_graph_without_host_synchronisation(tokenizer, task_reco
         assert torch.allclose(a.float(), b.float(), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_the_prompt_and_the_scored_answer_over_the_static_cache_read_nothing_back(tokenizer, task_records, arch):
+    """The calls of several positions over the static cache (the prompt; the reference's teacher-forced answer) get
+    a prebuilt 4-d mask, so Hugging Face's mask builder reads no value back from the padding (on a GPU, a host sync
+    in every rollout and reference batch); the results are those of the growing cache (the tests above)."""
+    from dgrpo.bench.step_profile import waiting_ops
+
+    lm = make_lm(tokenizer, arch).eval()
+    ids, mask = ragged_batch(lm, task_records, n=3)
+    tg, tm = ragged_targets(lm, 3)
+    pert = make_perturbation(PerturbationConfig(kind="locked", p=0.3, sites=["attn", "mlp"]))
+    with torch.no_grad(), pert.bind(lm, torch.arange(3)) as pb:
+        dec = FixedShapeDecoder(lm, 3, ids.shape[1] + 2 + tg.shape[1], capture=False)
+        prompt = waiting_ops(lambda: dec.start(ids, mask, pb))
+        dec.latent(2, "coconut", dec.hidden)
+        answer = waiting_ops(lambda: dec.score(tg, tm, 1.0))
+    assert prompt["waiting_ops"] == 0, prompt["waiting_op_sites"]
+    assert answer["waiting_ops"] == 0, answer["waiting_op_sites"]
+
+
 def test_capture_is_refused_off_cuda(tokenizer, task_records):
     lm = make_lm(tokenizer, "qwen2").eval()
     ids, mask = ragged_batch(lm, task_records, n=2)

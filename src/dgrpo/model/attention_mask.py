@@ -4,8 +4,9 @@ Given a 2-d padding mask, Hugging Face's mask builder (``transformers.masking_ut
 zero (``padding_mask.sum() == numel``, once or twice per forward call), to hand SDPA ``is_causal`` instead of a mask
 when there is no padding. On a GPU that read makes the host wait until every kernel queued before it has run. Given a
 4-d mask, the model uses it as it is. :func:`causal_padding_mask` builds the boolean mask Hugging Face builds for a
-padded batch; :func:`prebuilt_mask_applies` says for which models that mask is the whole story (SDPA attention, every
-layer full causal attention, an architecture whose mask the tests compare with Hugging Face's).
+padded batch (:func:`static_causal_padding_mask`: over a static cache's columns); :func:`prebuilt_mask_applies` says
+for which models that mask is the whole story (SDPA attention, every layer full causal attention, an architecture
+whose mask the tests compare with Hugging Face's).
 """
 
 from __future__ import annotations
@@ -40,3 +41,14 @@ def causal_padding_mask(attention_mask: Tensor, q_len: int) -> Tensor:
     q_pos = torch.arange(S - q_len, S, device=dev)[:, None]
     causal = torch.arange(S, device=dev)[None, :] <= q_pos  # [q_len, S]
     return causal[None, None] & attention_mask.bool()[:, None, None, :]
+
+
+def static_causal_padding_mask(attention_mask: Tensor, q_len: int, cache_len: int) -> Tensor:
+    """:func:`causal_padding_mask` over a static cache of ``cache_len`` columns, of which the [B, S] mask gives the
+    first S (its last ``q_len`` this call's queries): [B, 1, q_len, cache_len], the columns after S (not written yet)
+    masked."""
+    mask = causal_padding_mask(attention_mask, q_len)
+    extra = cache_len - attention_mask.shape[1]
+    if extra < 0:
+        raise ValueError(f"a mask of {attention_mask.shape[1]} columns for a static cache of {cache_len}")
+    return mask if extra == 0 else torch.cat([mask, mask.new_zeros(*mask.shape[:3], extra)], dim=3)

@@ -272,7 +272,9 @@ class FixedShapeDecoder:
         ids = torch.cat([lead, target_ids[:, :-1]], 1)
         self.mask[:, start : start + L] = torch.cat([torch.ones_like(target_mask[:, :1]), target_mask[:, :-1]], 1)
         positions = self.next_position[:, None] + torch.arange(L, device=ids.device)[None]
-        hidden = self.lm._call_base(self.cache, "answer", self.perturbation, ids, self.mask, positions, True)
+        # the mask up to the targets' columns, the last L its queries (the columns after them: not written)
+        mask = self.mask[:, : start + L]
+        hidden = self.lm._call_base(self.cache, "answer", self.perturbation, ids, mask, positions, True)
         return self.lm._scored(hidden, target_ids, target_mask, temperature, False)[0]
 
     def feed(self, ids: Tensor, new_column: Tensor) -> None:

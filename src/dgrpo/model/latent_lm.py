@@ -40,7 +40,7 @@ from transformers import (
 
 from ..config import ConfigError
 from .anatomy import decoder_layers
-from .attention_mask import causal_padding_mask, prebuilt_mask_applies
+from .attention_mask import causal_padding_mask, prebuilt_mask_applies, static_causal_padding_mask
 from .compiled_layers import CompiledLayers
 from .recompute import checkpointed_layers, last_layers, recomputed_call
 from .verified import (
@@ -223,6 +223,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 _CACHE_KEYWORDS: dict[type, str] = {}
+
+
+def static_length(cache: StaticCache) -> int:
+    """The positions a static cache holds (its first layer's; every full-attention layer holds as many)."""
+    return int(cache.layers[0].get_max_length())
 
 
 def cache_keyword(decoder_type: type[nn.Module]) -> str:
@@ -600,6 +605,11 @@ class LatentLM(nn.Module):
 
         if isinstance(cache, DynamicCache) and prebuilt_mask_applies(self.model.config):
             attention_mask = causal_padding_mask(attention_mask, x.shape[1])  # no host read of the padding
+        elif isinstance(cache, StaticCache) and x.shape[1] > 1 and prebuilt_mask_applies(self.model.config):
+            # several positions over a static cache (a prompt; the fast engine's teacher-forced answer): the mask's
+            # last columns are the queries, as over a growing cache (a one-position step's full-width mask is left
+            # to the model, which reads nothing back inside a CUDA graph)
+            attention_mask = static_causal_padding_mask(attention_mask, x.shape[1], static_length(cache))
         kept = phase == "latent" and not self.recompute_latent_steps  # a latent step that keeps its activations
         if not (self.recompute and torch.is_grad_enabled()) or kept:
             return run(cache, x, attention_mask, positions)
