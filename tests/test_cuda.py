@@ -309,7 +309,8 @@ def test_grpo_steps_with_the_captured_latent_chain_equal_those_without(tokenizer
 
 def test_the_prompts_forward_over_a_static_cache_waits_for_no_write_offset(tokenizer, task_records):
     """The fast engine's prefill: transformers' static cache would copy each layer's write offset to the device at
-    its first update (a host wait per layer); ``LatentLM.new_cache`` makes them on the device beforehand."""
+    its first update (a host wait per layer); ``LatentLM.new_cache`` makes them on the device beforehand. And its
+    mask builder would read the padding back; the call gets a prebuilt 4-d mask."""
     lm = make_lm(tokenizer, hidden_size=64).eval()
     lm.model.to(CUDA)
     ids, mask = (x.to(CUDA) for x in lm.encode_questions([r.question for r in task_records[:8]]))
@@ -318,7 +319,7 @@ def test_the_prompts_forward_over_a_static_cache_waits_for_no_write_offset(token
     torch.cuda.synchronize()
     with torch.no_grad():
         waits = host_syncs(lambda: lm.prefill(ids, mask, 0, markers=False, cache_len=ids.shape[1] + 8))
-    assert not any("cache_utils" in site for site in waits["host_sync_sites"]), waits
+    assert not any("cache_utils" in site or "masking_utils" in site for site in waits["host_sync_sites"]), waits
 
 
 def test_captured_greedy_rollouts_agree_with_eager_in_bf16(sft_checkpoint):
