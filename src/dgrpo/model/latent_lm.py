@@ -227,7 +227,9 @@ _CACHE_KEYWORDS: dict[type, str] = {}
 
 def static_length(cache: StaticCache) -> int:
     """The positions a static cache holds (its first layer's; every full-attention layer holds as many)."""
-    return int(cache.layers[0].get_max_length())
+    layer = cache.layers[0]
+    held = getattr(layer, "max_cache_len", None)  # (a static layer's, since the cache layers came in)
+    return int(held if held is not None else layer.get_max_length())
 
 
 def cache_keyword(decoder_type: type[nn.Module]) -> str:
