@@ -281,9 +281,9 @@ def run_latent_chain(
     kept chain's rows and columns, or more where this batch has more (then a new chain of the larger shape replaces
     it at once). The padding rows copy the first row (its state and perturbation), the padding columns are masked
     prompt columns on the left; both are cut off the result, so their outputs get no gradient and add exactly zero
-    to every other gradient. On a GPU the one-position steps cost about the same at a few more rows (their launches,
-    not their arithmetic, set their time); on a CPU they would not, hence the default. Not for a perturbation that
-    cannot pad its rows (:meth:`BoundPerturbation.row_padding`)."""
+    to every other gradient. On a GPU the one-position steps should cost about the same at a few more rows (at a
+    few hundred rows their matmuls are bound by reading the weights, not by the rows); on a CPU they would not, hence
+    the default. Not for a perturbation that cannot pad its rows (:meth:`BoundPerturbation.row_padding`)."""
     if not (keep and (capture if pad is None else pad)):
         return chain_for(lm, state, n_latent, perturbation, capture, keep).run(state, perturbation)
     B, P = state.attention_mask.shape
