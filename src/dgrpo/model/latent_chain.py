@@ -76,6 +76,20 @@ def chain_inputs(state: DecodeState) -> list[Tensor]:
     return [state.last_hidden, state.attention_mask, state.next_position, *cache_tensors(state.cache)]
 
 
+def chain_state(lm: LatentLM, tensors: list[Tensor]) -> DecodeState:
+    """The state whose :func:`chain_inputs` are ``tensors`` (over a cache that holds its keys and values as they
+    are)."""
+    x, mask, next_position, *kv = tensors
+    n = len(kv) // 2
+    return DecodeState(filled_cache(lm.model.config, kv[:n], kv[n:]), mask, next_position, x)
+
+
+def column_dims(tensors: list[Tensor]) -> list[int | None]:
+    """Per :func:`chain_inputs` tensor, the dim of its prompt columns (None: it has none): the mask's 1, the keys'
+    and values' 2 ([rows, kv heads, columns, head dim])."""
+    return [None, 1, None, *[2] * (len(tensors) - 3)]
+
+
 class LatentChain:
     """The ``n_latent`` coconut steps after a prompt, for batches of one shape: the static inputs, outputs and
     gradients, and (``capture``) the CUDA graphs of the forward and of the backward."""
@@ -136,9 +150,7 @@ class LatentChain:
     # ------------------------------------------------------------------ what the Function calls
     def steps(self, inputs: list[Tensor], perturbation: PhaseHook | None) -> list[Tensor]:
         """The function itself, with grad: the latent steps from ``inputs`` (see :meth:`run`)."""
-        x, mask, next_position, *kv = inputs
-        n = len(kv) // 2
-        state = DecodeState(filled_cache(self.lm.model.config, kv[:n], kv[n:]), mask, next_position, x)
+        state = chain_state(self.lm, inputs)
         self.lm.coconut_steps(state, self.n_latent, perturbation)
         return [state.last_hidden, *cache_tensors(state.cache)]
 
@@ -284,18 +296,18 @@ def run_latent_chain(
     to every other gradient. On a GPU the one-position steps should cost about the same at a few more rows (at a
     few hundred rows their matmuls are bound by reading the weights, not by the rows); on a CPU they would not, hence
     the default. Not for a perturbation that cannot pad its rows (:meth:`BoundPerturbation.row_padding`)."""
-    if not (keep and (capture if pad is None else pad)):
-        return chain_for(lm, state, n_latent, perturbation, capture, keep).run(state, perturbation)
     B, P = state.attention_mask.shape
     rows, columns = max(B, min_rows), P
     kept = lm.kept_decoders.get("update")
     if kept is not None and kept[1].shape is not None:
         rows, columns = max(rows, kept[1].shape[0]), max(columns, kept[1].shape[1])
-    within = nullcontext() if perturbation is None else getattr(perturbation, "row_padding", lambda _: None)(rows)
-    if within is None:  # (a perturbation that cannot pad its rows)
+    within = None  # the perturbation over the padded rows (None: not padded)
+    if keep and (capture if pad is None else pad):
+        within = nullcontext() if perturbation is None else getattr(perturbation, "row_padding", lambda _: None)(rows)
+    if within is None:
         return chain_for(lm, state, n_latent, perturbation, capture, keep).run(state, perturbation)
     padded = padded_state(lm, state, rows, columns)
-    with within:  # (the perturbation over the padded rows)
+    with within:
         chain = chain_for(lm, padded, n_latent, perturbation, capture, keep, wait_for_repeat=False)
         out = chain.run(padded, perturbation)
     return cropped_state(lm, out, B, columns - P)
@@ -315,22 +327,20 @@ def padded_state(lm: LatentLM, state: DecodeState, rows: int, columns: int) -> D
             t = torch.cat([t.new_zeros(shape), t], column_dim)
         return with_rows(t, rows)
 
-    kv = [grown(t, 2) for t in cache_tensors(state.cache)]  # [B, kv heads, P, head dim]
-    n = len(kv) // 2
-    cache = filled_cache(lm.model.config, kv[:n], kv[n:])
-    return DecodeState(
-        cache, grown(state.attention_mask, 1), grown(state.next_position, None), grown(state.last_hidden, None)
-    )
+    tensors = chain_inputs(state)
+    return chain_state(lm, [grown(t, d) for t, d in zip(tensors, column_dims(tensors), strict=True)])
 
 
 def cropped_state(lm: LatentLM, state: DecodeState, rows: int, cut: int) -> DecodeState:
     """``state``'s first ``rows`` rows without its first ``cut`` columns (what :func:`padded_state` added)."""
     if rows == state.attention_mask.shape[0] and cut == 0:
         return state
-    kv = [t[:rows, :, cut:] for t in cache_tensors(state.cache)]
-    n = len(kv) // 2
-    cache = filled_cache(lm.model.config, kv[:n], kv[n:])
-    return DecodeState(cache, state.attention_mask[:rows, cut:], state.next_position[:rows], state.last_hidden[:rows])
+    tensors = chain_inputs(state)
+    cropped = [
+        t[:rows] if d is None else t[:rows].narrow(d, cut, t.shape[d] - cut)
+        for t, d in zip(tensors, column_dims(tensors), strict=True)
+    ]
+    return chain_state(lm, cropped)
 
 
 def with_rows(t: Tensor, rows: int, dim: int = 0) -> Tensor:
