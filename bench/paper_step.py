@@ -217,17 +217,16 @@ def graph_captures() -> Iterator[list[int]]:
     """``[n]``: the CUDA graphs captured inside the block so far (each capture begins with
     ``CUDAGraph.capture_begin``; none on a CPU)."""
     count = [0]
-    begin = torch.cuda.CUDAGraph.capture_begin
 
-    def counted(self: torch.cuda.CUDAGraph, *args: Any, **kwargs: Any) -> Any:
-        count[0] += 1
-        return begin(self, *args, **kwargs)
+    def counted(begin: Any) -> Any:
+        def call(self: torch.cuda.CUDAGraph, *args: Any, **kwargs: Any) -> Any:
+            count[0] += 1
+            return begin(self, *args, **kwargs)
 
-    torch.cuda.CUDAGraph.capture_begin = counted  # type: ignore[method-assign]
-    try:
+        return call
+
+    with timeline.wrapped_calls([(torch.cuda.CUDAGraph, "capture_begin", counted)]):
         yield count
-    finally:
-        torch.cuda.CUDAGraph.capture_begin = begin  # type: ignore[method-assign]
 
 
 def timed_step(tr: GRPOTrainer, prompts: list[Record], device: torch.device, i: int) -> dict:

@@ -16,7 +16,7 @@ import functools
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
@@ -267,30 +267,20 @@ def waiting_ops(fn: Callable[[], Any], top: int = 8) -> dict:
 _HOST_COPIES = ("tolist", "numpy", "cpu")
 
 
-@contextlib.contextmanager
-def _host_copies_counted(sites: collections.Counter[str]) -> Iterator[None]:
+def _host_copies_counted(sites: collections.Counter[str]) -> contextlib.AbstractContextManager[None]:
     """Within the block, every call of a :data:`_HOST_COPIES` method is counted in ``sites`` by its call site."""
-    own = {name: torch.Tensor.__dict__.get(name) for name in _HOST_COPIES}  # (None: inherited from TensorBase)
 
-    def counted(name: str) -> Callable[..., Any]:
-        method = getattr(torch.Tensor, name)
+    def counting(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
+            def call(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+                sites[f"{name} at {_call_site()}"] += 1
+                return method(self, *args, **kwargs)
 
-        def call(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            sites[f"{name} at {_call_site()}"] += 1
-            return method(self, *args, **kwargs)
+            return call
 
-        return call
+        return wrap
 
-    for name in _HOST_COPIES:
-        setattr(torch.Tensor, name, counted(name))
-    try:
-        yield
-    finally:
-        for name, method in own.items():
-            if method is None:
-                delattr(torch.Tensor, name)
-            else:
-                setattr(torch.Tensor, name, method)
+    return timeline.wrapped_calls([(torch.Tensor, name, counting(name)) for name in _HOST_COPIES])
 
 
 class _KernelOps(TorchDispatchMode):
