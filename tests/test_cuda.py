@@ -322,6 +322,34 @@ def test_the_prompts_forward_over_a_static_cache_waits_for_no_write_offset(token
     assert not any("cache_utils" in site or "masking_utils" in site for site in waits["host_sync_sites"]), waits
 
 
+@pytest.mark.parametrize("q_len, columns", [(1, 96), (1, 70), (5, 96)])
+def test_the_additive_mask_gives_sdpa_the_boolean_masks_results_on_cuda(q_len, columns):
+    """In bf16 on the device, at Qwen2.5-1.5B's heads (12 query heads over 2 key/value heads, 128 wide), SDPA given
+    the additive mask (built once per forward call) gives what it gives for the boolean one (which it converts in
+    every layer), forward and backward, bit for bit: the one-position step (its query heads packed per key/value
+    head, as Hugging Face packs them) and a several-position call, over aligned and unaligned columns."""
+    import torch.nn.functional as F
+
+    from dgrpo.model.attention_mask import additive_mask
+
+    torch.manual_seed(0)
+    B, kv, groups, D = 8, 2, 6, 128
+    mask = torch.rand(B, 1, q_len, columns, device=CUDA) > 0.3
+    mask[..., 0] = True
+    if q_len == 1:  # Hugging Face's pack_gqa: [B, 12, 1, D] -> [B, 2, 6, D]; the mask broadcasts over the 6
+        q = torch.randn(B, kv, groups, D, device=CUDA, dtype=torch.bfloat16)
+        k, v = (torch.randn(B, kv, columns, D, device=CUDA, dtype=torch.bfloat16) for _ in range(2))
+    else:  # repeat_kv
+        q = torch.randn(B, kv * groups, q_len, D, device=CUDA, dtype=torch.bfloat16)
+        k, v = (torch.randn(B, kv * groups, columns, D, device=CUDA, dtype=torch.bfloat16) for _ in range(2))
+    out = []
+    for m in (mask, additive_mask(mask, torch.bfloat16)):
+        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+        o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=m)
+        out.append((o.detach(), *torch.autograd.grad(o.float().square().sum(), (qq, kk, vv))))
+    assert all(torch.equal(a, b) for a, b in zip(*out))
+
+
 def test_captured_greedy_rollouts_agree_with_eager_in_bf16(sft_checkpoint):
     """bf16 reorders no sum the same way twice across kernels: answers may differ where two tokens nearly tie.
     The issue's bar: >= 99% of rows agree."""

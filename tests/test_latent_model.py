@@ -286,6 +286,71 @@ def test_the_prebuilt_mask_gives_hugging_faces_logprobs_and_gradients(
         assert max(float((a - b).abs().max()) for a, b in zip(g_a, g_b)) <= 1e-5
 
 
+def test_the_additive_mask_gives_sdpa_the_boolean_masks_results_bit_for_bit():
+    """SDPA turns a boolean mask into 0 / -inf in the queries' dtype; the additive mask built once is that, so the
+    attention is the same bit for bit, a row with nothing to attend included (SDPA gives it zeros either way)."""
+    import torch.nn.functional as F
+
+    from dgrpo.model.attention_mask import additive_mask
+
+    torch.manual_seed(0)
+    mask = torch.rand(3, 1, 4, 5) > 0.4
+    mask[0, 0, 1] = False
+    for dtype in (torch.float32, torch.bfloat16):
+        add = additive_mask(mask, dtype)
+        assert add.dtype == dtype and torch.equal(add == 0, mask) and bool((add[~mask] == float("-inf")).all())
+        q, k, v = (torch.randn(3, 2, n, 8, dtype=dtype, requires_grad=True) for n in (4, 5, 5))
+        out = []
+        for m in (mask, add):
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+            out.append((o.detach(), *torch.autograd.grad(o.square().sum(), (q, k, v))))
+        assert all(torch.equal(a, b) for a, b in zip(*out)), dtype
+        assert not out[0][0][0, 0, 1].any()
+
+
+@pytest.mark.parametrize("engine", ["eager", "fixed-shape", "eager-autocast"])
+def test_sdpa_gets_a_mask_it_need_not_convert_in_every_layer(tokenizer, task_records, engine):
+    """A cached forward call hands every layer's SDPA one additive mask, built once in the queries' dtype: no layer
+    converts a boolean mask (a select and two fills per layer, each a kernel on a GPU) or casts the mask (what autocast
+    does to a mask of the weights' dtype in a bf16 block), in the update's replay over a growing cache, in the fast
+    engine's one-position step over a static cache and under autocast alike."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from dgrpo.model.fixed_shape import FixedShapeDecoder
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+            self.mask_dtypes: list[torch.dtype] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name == "_to_copy" and args[0].dim() == 4 and args[0].shape[1] == 1:
+                name = "a cast of a mask"
+            if "scaled_dot_product" in name:
+                self.mask_dtypes.append((kwargs or {}).get("attn_mask", args[3] if len(args) > 3 else None).dtype)
+            self.names.append(name)
+            return func(*args, **(kwargs or {}))
+
+    lm = make_lm(tokenizer, "qwen2")
+    ids, mask, tg, tm = batch(lm, task_records)
+    dtype = torch.bfloat16 if engine == "eager-autocast" else torch.float32
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=engine == "eager-autocast")
+    with torch.no_grad(), autocast:
+        if engine == "fixed-shape":
+            dec = FixedShapeDecoder(lm, ids.shape[0], ids.shape[1] + 8, capture=False)
+            dec.start(ids, mask, None)
+            run = lambda: dec._forward("latent")  # noqa: E731
+        else:
+            run = lambda: lm.target_logprobs(ids, mask, 2, tg, tm)  # noqa: E731
+        with Ops() as ops:
+            run()
+    assert len(ops.mask_dtypes) >= lm.model.config.num_hidden_layers and set(ops.mask_dtypes) == {dtype}
+    unwanted = {"where", "scalar_tensor", "a cast of a mask"} & set(ops.names)
+    assert not unwanted, unwanted
+
+
 @pytest.mark.parametrize("recompute", [False, "call", "layer"])
 def test_the_replay_forward_and_backward_make_the_host_wait_for_nothing(tokenizer, task_records, recompute):
     """Scoring answers through the latent chain under locked dropout, forward and backward, on a padded batch, runs

@@ -40,7 +40,7 @@ from transformers import (
 
 from ..config import ConfigError
 from .anatomy import decoder_layers
-from .attention_mask import causal_padding_mask, prebuilt_mask_applies, static_causal_padding_mask
+from .attention_mask import additive_mask, causal_padding_mask, prebuilt_mask_applies, static_causal_padding_mask
 from .compiled_layers import CompiledLayers
 from .recompute import checkpointed_layers, last_layers, recomputed_call
 from .verified import (
@@ -605,13 +605,8 @@ class LatentLM(nn.Module):
                 )
             return out.last_hidden_state
 
-        if isinstance(cache, DynamicCache) and prebuilt_mask_applies(self.model.config):
-            attention_mask = causal_padding_mask(attention_mask, x.shape[1])  # no host read of the padding
-        elif isinstance(cache, StaticCache) and x.shape[1] > 1 and prebuilt_mask_applies(self.model.config):
-            # several positions over a static cache (a prompt; the fast engine's teacher-forced answer): the mask's
-            # last columns are the queries, as over a growing cache (a one-position step's full-width mask is left
-            # to the model, which reads nothing back inside a CUDA graph)
-            attention_mask = static_causal_padding_mask(attention_mask, x.shape[1], static_length(cache))
+        if prebuilt_mask_applies(self.model.config):
+            attention_mask = self._prebuilt_mask(cache, attention_mask, x.shape[1])
         kept = phase == "latent" and not self.recompute_latent_steps  # a latent step that keeps its activations
         if not (self.recompute and torch.is_grad_enabled()) or kept:
             return run(cache, x, attention_mask, positions)
@@ -625,6 +620,20 @@ class LatentLM(nn.Module):
         assert isinstance(cache, DynamicCache), "recomputation runs over the growing cache (the update's replay)"
         new_cache = lambda: DynamicCache(config=self.model.config)  # noqa: E731
         return recomputed_call(run, cache, new_cache, (x, attention_mask, positions), perturbation)
+
+    def _prebuilt_mask(self, cache: DynamicCache | StaticCache, mask: Tensor, q_len: int) -> Tensor:
+        """The 4-d mask of a cached call whose last ``q_len`` columns of the 2-d ``mask`` are its queries, built on the
+        device (no host read of the padding, which Hugging Face's builder makes) and additive in the queries' dtype
+        (the weights', or autocast's inside an autocast block), so that SDPA does not convert it again in every
+        layer. Over a static cache (the fast engine) its columns are the cache's, those not written yet masked."""
+        if isinstance(cache, StaticCache):
+            full = static_causal_padding_mask(mask, q_len, static_length(cache))
+        else:
+            full = causal_padding_mask(mask, q_len)
+        device = full.device.type
+        if torch.is_autocast_enabled(device):
+            return additive_mask(full, torch.get_autocast_dtype(device))
+        return additive_mask(full, next(self.model.get_input_embeddings().parameters()).dtype)
 
     def _compiled(self, compiled: CompiledLayers | None) -> AbstractContextManager[Any]:
         """``compiled``'s layer step installed on the model (nothing: None, or installed already)."""
