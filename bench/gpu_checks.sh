@@ -36,6 +36,11 @@
 #   varied_chain       : chain_vs_recipe over steps as a real run's vary (VARIED: prompts 76-136 tokens wide, the
 #                        longest of 16 GSM-Hard / SVAMP questions at ~4 characters a token; 6-16 groups kept by the
 #                        filter), eight timed steps: what the chain gives when its shapes change (each row: captures)
+#   chain_no_recompute : the recipe with grpo.update_latent_graphs=true, no recomputation and 128-row micro-batches
+#                        (four per step), alone in its process, three timed steps: against chain_profile's steps, what
+#                        the recomputation's second forward (~0.9 of a pass of the update's ~4.9) costs once the latent
+#                        steps are captured, and the peak memory without it (bench/kept_layer_bytes.py counts 9.52 MiB
+#                        a layer and row with Hugging Face's layers: <= ~33 GiB of activations at 128 rows)
 #   kept_vs_capture    : the recipe (grpo.keep_graphs: each decoder's graphs captured once, replayed every later step)
 #                        against grpo.keep_graphs=false (captured again for every batch), alternated
 #   extra_profile      : only with EXTRA_PROFILE=path/to/script.py: that script, run from the checkout's root with
@@ -135,6 +140,8 @@ if run_item chain_smoke "${PYTEST[@]}" tests/test_cuda.py -k latent_chain; then
     run_item chain_vs_recipe "$PY" "${STEP[@]}" --set "$CHAIN=true" --versus "$CHAIN=false"
     run_item chain_profile "$PY" "${STEP[@]}" --steps 3 --set "$CHAIN=true" --profile
     run_item varied_chain "$PY" "${STEP[@]}" "${VARIED[@]}" --set "$CHAIN=true" --versus "$CHAIN=false"
+    run_item chain_no_recompute "$PY" "${STEP[@]}" --steps 3 --set "$CHAIN=true" --set grpo.recompute=false \
+        --set grpo.micro_batch_size=128
 fi
 run_item kept_vs_capture "$PY" "${STEP[@]}" --versus grpo.keep_graphs=false
 if [[ -n "${EXTRA_PROFILE:-}" ]]; then  # a profile script of one's own (e.g. one kept with an issue), run from here
