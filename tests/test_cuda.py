@@ -326,7 +326,8 @@ def test_the_prompts_forward_over_a_static_cache_waits_for_no_write_offset(token
 def test_the_additive_mask_gives_sdpa_the_boolean_masks_results_on_cuda(q_len, columns):
     """In bf16 on the device, at Qwen2.5-1.5B's heads (12 query heads over 2 key/value heads, 128 wide), SDPA given
     the additive mask (built once per forward call) gives what it gives for the boolean one (which it converts in
-    every layer), forward and backward, bit for bit: the one-position step (its query heads packed per key/value
+    every layer): the forward bit for bit, the gradients up to the order of accumulation (the memory-efficient
+    kernel's backward is not deterministic run to run); the one-position step (its query heads packed per key/value
     head, as Hugging Face packs them) and a several-position call, over aligned and unaligned columns."""
     import torch.nn.functional as F
 
@@ -347,7 +348,9 @@ def test_the_additive_mask_gives_sdpa_the_boolean_masks_results_on_cuda(q_len, c
         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
         o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=m)
         out.append((o.detach(), *torch.autograd.grad(o.float().square().sum(), (qq, kk, vv))))
-    assert all(torch.equal(a, b) for a, b in zip(*out))
+    (o_bool, *g_bool), (o_add, *g_add) = out
+    assert torch.equal(o_bool, o_add)
+    assert all(torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-2) for a, b in zip(g_bool, g_add))
 
 
 def test_captured_greedy_rollouts_agree_with_eager_in_bf16(sft_checkpoint):
