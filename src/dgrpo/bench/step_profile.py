@@ -302,9 +302,8 @@ def _aliases(func: Any) -> bool:
 
 def counted_ops(fn: Callable[[], Any]) -> tuple[Any, int]:
     """(``fn()``, how many ops it dispatched that run a kernel: every op but those returning a view). On any device,
-    the autograd engine's backward ops included. An eager op is about one kernel launch on a GPU (a few run
-    differently there: the CPU's attention adds a mask op or two per call, a value read back launches nothing;
-    fused layers and compiled graphs launch fewer: count those on the GPU)."""
+    the autograd engine's backward ops included. An eager op is about one kernel launch on a GPU (a value read back
+    launches nothing; fused layers and compiled graphs launch fewer: count those on the GPU)."""
     mode = _KernelOps()
     with mode:
         out = fn()
