@@ -134,6 +134,53 @@ def test_mini_epochs_replay_matches_theta_old(sft_checkpoint, monkeypatch):
         assert torch.equal(logp1, logp0)  # at the same weights, the second gradient pass replays bit-for-bit
 
 
+@pytest.mark.parametrize("replay", ["seed", "fresh_mask"])
+def test_the_reference_scores_a_step_once_when_its_masks_repeat(sft_checkpoint, monkeypatch, replay):
+    """pi_ref is frozen within a step: under mask replay the later mini-epochs reuse the first one's reference
+    log-probs (a no-grad pass over every kept row saved per extra mini-epoch), which equal a fresh scoring of those
+    rows bit for bit; fresh masks per mini-epoch are scored anew."""
+    tr = trainer(
+        sft_checkpoint,
+        **{
+            "perturbation.p": "0.3",
+            "grpo.replay": replay,
+            "grpo.mini_epochs": "3",
+            "grpo.beta0": "0.05",
+            "grpo.anneal_beta": "false",
+            "grpo.filter": "false",
+            "grpo.prompts_per_step": "4",
+            "grpo.micro_batch_size": "8",
+        },
+    )
+    scored, passed = [], []  # (epoch, log-probs) of each reference scoring; each objective call's ref_logp
+    score, objective = tr._reference_logprobs, grpo_module.grpo_objective
+
+    def scoring(ro, rows, step, epoch):
+        out = score(ro, rows, step, epoch)
+        scored.append((epoch, rows.clone(), out.clone()))
+        return out
+
+    def recording(*args, ref_logp=None, **kwargs):
+        passed.append(ref_logp.clone())
+        return objective(*args, ref_logp=ref_logp, **kwargs)
+
+    monkeypatch.setattr(tr, "_reference_logprobs", scoring)
+    monkeypatch.setattr(grpo_module, "grpo_objective", recording)
+    monkeypatch.setattr(tr.opt, "step", lambda *a, **k: None)  # theta_old throughout: the epochs compare
+    assert tr.step()["skipped"] == 0
+    assert [epoch for epoch, _, _ in scored] == ([0] if replay == "seed" else [0, 1, 2])
+    per_epoch = len(passed) // 3
+    assert per_epoch > 1 and len(passed) == 3 * per_epoch  # several micro-batches in each of the 3 mini-epochs
+    if replay == "seed":
+        _, rows, first = scored[0]
+        again = score(tr.last_rollouts, rows, tr.step_idx - 1, 2)  # what the third mini-epoch would have scored
+        assert torch.equal(again, first)
+        for later in (passed[per_epoch : 2 * per_epoch], passed[2 * per_epoch :]):
+            assert all(torch.equal(a, b) for a, b in zip(later, passed[:per_epoch]))
+    else:  # new masks, new reference log-probs
+        assert not torch.equal(scored[0][2], scored[1][2])
+
+
 @pytest.mark.parametrize(
     "over",
     [

@@ -306,8 +306,12 @@ class GRPOTrainer:
         old: dict[int, Tensor] = {}
         # the stats and the replay check stay on the device until the step's end (no host sync per micro-batch)
         stats, replay_diff, gn = ObjectiveStats(), torch.zeros((), device=lm.device), 0.0
+        ref: Tensor | None = None
         for epoch in range(g.mini_epochs):
-            ref = self._reference_logprobs(ro, rows, step, epoch) if self.ref is not None and beta > 0 else None
+            # pi_ref is frozen for the step: under mask replay every mini-epoch scores the same rows under the same
+            # masks, so its log-probs are computed once; fresh masks (the ablation) change them every mini-epoch
+            if self.ref is not None and beta > 0 and (ref is None or g.replay != "seed"):
+                ref = self._reference_logprobs(ro, rows, step, epoch)
             for ci, rws in enumerate(chunks):
                 seeds = self._update_seeds(ro, rws, step, epoch)
                 logp, tm = replay_logprobs(lm, ro, rws, seeds=seeds, **self._replay_kw())
