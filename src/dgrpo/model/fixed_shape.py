@@ -4,7 +4,8 @@ The eager rollout (:meth:`LatentLM.generate`) grows its attention mask by concat
 answer token whether a row is still alive: every step has a new shape and a host synchronisation, so it cannot be
 captured as a CUDA graph and the GPU idles between its launches. Here one batch's rollout owns fixed buffers:
 
-* a ``StaticCache`` of prompt + latents + marker + answer columns (transformers keeps its write offset on the device);
+* a ``StaticCache`` of prompt + latents + marker + answer columns, its write offset on the device, one for all layers
+  (:mod:`dgrpo.model.static_cache`);
 * a full-width attention mask [B, columns], written one column per step at a device-side column counter;
 * the next position ids [B], the step's input (an embedding [B, 1, H] or a token [B, 1]) and its new mask column;
 * the last-layer hidden state [B, 1, H] the step leaves behind.

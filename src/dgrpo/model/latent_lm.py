@@ -43,6 +43,7 @@ from .anatomy import decoder_layers
 from .attention_mask import additive_mask, causal_padding_mask, prebuilt_mask_applies, static_causal_padding_mask
 from .compiled_layers import CompiledLayers
 from .recompute import checkpointed_layers, last_layers, recomputed_call
+from .static_cache import static_cache
 from .verified import (
     MANIFEST,
     SAFETENSORS,
@@ -651,18 +652,11 @@ class LatentLM(nn.Module):
             self._scoring = before
 
     def new_cache(self, cache_len: int | None = None) -> DynamicCache | StaticCache:
-        """An empty KV cache: growing (``DynamicCache``), or preallocated for ``cache_len`` positions."""
+        """An empty KV cache: growing (``DynamicCache``), or preallocated for ``cache_len`` positions (its layers
+        sharing one write offset: :mod:`dgrpo.model.static_cache`)."""
         if cache_len is None:
             return DynamicCache(config=self.model.config)
-        cache = StaticCache(config=self.model.config, max_cache_len=cache_len)
-        # transformers keeps each layer's write offset in a host tensor that the layer's first update copies to the
-        # device: a host wait per layer in the middle of the prompt's forward. Made on the device here (a fill, no
-        # copy), the first update finds it there.
-        for layer in getattr(cache, "layers", ()):
-            offset = getattr(layer, "cumulative_length", None)
-            if isinstance(offset, Tensor) and offset.device != self.device:
-                layer.cumulative_length = torch.full((), int(offset), dtype=offset.dtype, device=self.device)
-        return cache
+        return static_cache(self.model.config, cache_len, self.device)
 
     def prefill(
         self,
