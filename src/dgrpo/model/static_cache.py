@@ -42,7 +42,7 @@ class SharedOffsetLayer(StaticLayer):
         shared = self.shared
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-            self.cumulative_length = shared.offset  # (lazy_initialization moves it to the keys' device: it is there)
+            self.cumulative_length = shared.offset  # (lazy_initialization rebinds it to a .to(device) of itself)
         if self.first:  # the decoder's layers run in order: the first one's columns serve the whole call
             shared.columns = torch.arange(key_states.shape[-2], device=shared.offset.device) + shared.offset
             shared.offset.add_(key_states.shape[-2])
