@@ -52,9 +52,6 @@ class SharedOffsetLayer(StaticLayer):
         values.index_copy_(2, shared.columns, value_states)
         return keys, values
 
-    def get_seq_length(self) -> Any:
-        return self.shared.offset if self.is_initialized else 0
-
 
 def static_cache(config: PretrainedConfig, max_cache_len: int, device: torch.device) -> StaticCache:
     """An empty ``StaticCache`` of ``max_cache_len`` positions for a model of ``config`` on ``device``: its layers
