@@ -26,7 +26,7 @@ def logp_and_grads(lm, run):
     """The masked log-probs ``run()`` gives and the gradients of their weighted sum, per trainable parameter."""
     lm.model.zero_grad(set_to_none=True)
     logp = run()
-    weights = torch.linspace(0.5, 1.5, logp.numel()).view_as(logp)
+    weights = torch.linspace(0.5, 1.5, logp.numel(), device=logp.device).view_as(logp)
     (logp * weights).sum().backward()
     grads = {n: p.grad.clone() for n, p in lm.model.named_parameters() if p.grad is not None}
     return logp.detach(), grads
@@ -189,19 +189,25 @@ def test_what_the_graphs_record_makes_the_host_wait_for_nothing(tokenizer, task_
     )
     pert = make_perturbation(PerturbationConfig(kind=kind, p=0.3, sigma=0.3, sites=["attn", "mlp"]))
     chain = LatentChain(lm, 3, capture=False)
+    reached = []  # weights whose own gradient the backward computed (their AccumulateGrad nodes' input)
+    for name, p in lm.model.named_parameters():
+        p.register_hook(lambda g, name=name: reached.append(name))
     with pert.bind(lm, torch.arange(4)) as pb:
         state = lm.prefill(ids, mask, 0, perturbation=pb, markers=False)
         chain.inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in chain_inputs(state)]
-        wrt = chain._differentiable()
 
         def record() -> None:
-            outs = chain.steps(chain.inputs, pb)
+            outs, views = chain.steps(chain.inputs, pb)
+            wrt = chain._differentiable(views)
             grads = torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
             assert any(g is not None for g in grads[len(chain.differentiable_positions()) :])
 
         found = waiting_ops(record)
     assert len(chain.differentiable_positions()) > 1  # the prompt's state and its keys and values
     assert found["waiting_ops"] == 0, found["waiting_op_sites"]
+    # nor does its backward reach a weight itself (whose AccumulateGrad node, made on the stream of the prompt's
+    # forward, would make that stream wait for the capturing one: latent_chain.weight_views)
+    assert reached == []
 
 
 def test_the_prompt_bucket_pads_masked_columns_only(tokenizer, task_records):
@@ -244,7 +250,7 @@ def test_a_backward_after_a_later_forward_is_refused(tokenizer, task_records):
 
 def test_a_failed_capture_warns_and_runs_the_steps_one_by_one(tokenizer, task_records, monkeypatch):
     """An op that cannot be captured: the chain says so once and runs the recurrence step by step (the same
-    log-probs and gradients), without trying to capture again."""
+    log-probs and gradients), without trying to capture again, nor does any later chain of the model."""
     lm = make_lm(tokenizer, "qwen2")
     ids, mask = lm.encode_questions([r.question for r in task_records[:3]])
     tg, tm = ragged_targets(lm, 3)
@@ -257,6 +263,7 @@ def test_a_failed_capture_warns_and_runs_the_steps_one_by_one(tokenizer, task_re
 
     chain = LatentChain(lm, 2, capture=False)
     chain.capture = True  # (as on CUDA; the capture fails before any device work)
+    chain_for = latent_chain.chain_for
     monkeypatch.setattr(LatentChain, "_capture", failing_capture)
     monkeypatch.setattr(latent_chain, "chain_for", lambda *args: chain)
     with pytest.warns(RuntimeWarning, match="capturing the latent steps failed"):
@@ -264,6 +271,9 @@ def test_a_failed_capture_warns_and_runs_the_steps_one_by_one(tokenizer, task_re
     assert len(tries) == 1 and chain.failed and chain.forward_graph is None
     for result in chained:
         assert_close(eager, result)
+    # nor does a later chain of this model (another shape): a failed capture may keep its pool's memory
+    assert lm.kept_decoders.failed_captures == {"update"}
+    assert chain_for(lm, None, 2, None, capture=True, keep=False).capture is False  # (True would raise off CUDA)
 
 
 def test_capture_is_refused_off_cuda(tokenizer):

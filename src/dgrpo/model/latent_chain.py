@@ -22,13 +22,15 @@ every graph replayed before the backward's (the reference's, another chain's). T
 copies, since the graph's next replay overwrites its outputs. A chain is kept for later batches of the same shape
 (:func:`chain_for`); the prompt's columns are rounded up to :data:`COLUMN_BUCKET` for that (padding columns, masked),
 and a captured chain runs every later batch that fits it padded to its rows and columns (:func:`run_latent_chain`).
-Should a capture fail (an op that cannot be captured), a warning says so and that chain runs the steps one by one.
+Should a capture fail (an op that cannot be captured), a warning says so and the model's update runs the steps one by
+one from then on (no later chain of it tries to capture).
 """
 
 from __future__ import annotations
 
 import warnings
-from contextlib import nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -70,6 +72,31 @@ def cache_tensors(cache: DynamicCache) -> list[Tensor]:
     return keys + values
 
 
+@contextmanager
+def weight_views(model: torch.nn.Module, params: Sequence[Tensor]) -> Iterator[list[Tensor]]:
+    """While the block runs, each of ``params`` (trainable weights of ``model``) is, in every module that holds it, a
+    view of itself (yielded, in ``params``' order), so that gradients can be taken with respect to the views.
+
+    Why: a weight's gradient ends in its ``AccumulateGrad`` node, which keeps the stream it was made on, and the node
+    lives while any graph holds it, here the prompt's forward on the default stream. A captured backward that took
+    gradients with respect to the weights themselves would make that stream wait for the capturing one, which ends
+    the capture. A view made inside the captured forward is on the capturing stream; its gradient is the weight's."""
+    views = {id(p): p.view_as(p) for p in params}
+    held = [
+        (module, name, p)
+        for module in model.modules()
+        for name, p in module._parameters.items()
+        if p is not None and id(p) in views
+    ]
+    try:
+        for module, name, p in held:
+            module._parameters[name] = views[id(p)]  # type: ignore[assignment]  # (setattr takes only Parameters)
+        yield [views[id(p)] for p in params]
+    finally:
+        for module, name, p in held:
+            module._parameters[name] = p
+
+
 def chain_inputs(state: DecodeState) -> list[Tensor]:
     """What the chain takes in after ``state`` (a prompt's): its last hidden state, padding mask and next positions,
     then every layer's keys, then every layer's values (the order :meth:`LatentChain.steps` unpacks)."""
@@ -103,6 +130,7 @@ class LatentChain:
         self.outputs: list[Tensor] = []  # last hidden, keys..., values... (n_latent more columns)
         self.grad_outputs: list[Tensor] = []  # (captured) what the backward graph reads
         self.grads: list[Tensor | None] = []  # (captured) what it writes: the differentiable inputs', the params'
+        self.views: list[Tensor] = []  # the views of the params the last forward ran with (:func:`weight_views`)
         self.graph_inputs: list[Tensor] = []  # the perturbation tensors the graphs were captured with
         self.forward_graph: torch.cuda.CUDAGraph | None = None
         self.backward_graph: torch.cuda.CUDAGraph | None = None
@@ -122,12 +150,13 @@ class LatentChain:
                 self._capture(tensors, perturbation)
             except RuntimeError as e:  # (what CUDA graph capture raises: an op that cannot be captured, ...)
                 self.failed = True
+                self.lm.kept_decoders.failed_captures.add("update")  # (no chain of this model tries again)
                 self.forward_graph = self.backward_graph = None
                 self.inputs, self.outputs, self.grad_outputs, self.grads = [], [], [], []
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 warnings.warn(
                     f"grpo.update_latent_graphs: capturing the latent steps failed ({first[:300]}); this model's "
-                    "update runs them step by step instead",
+                    "update runs them step by step from now on",
                     RuntimeWarning,
                     stacklevel=2,
                 )
@@ -148,11 +177,13 @@ class LatentChain:
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     # ------------------------------------------------------------------ what the Function calls
-    def steps(self, inputs: list[Tensor], perturbation: PhaseHook | None) -> list[Tensor]:
-        """The function itself, with grad: the latent steps from ``inputs`` (see :meth:`run`)."""
-        state = chain_state(self.lm, inputs)
-        self.lm.coconut_steps(state, self.n_latent, perturbation)
-        return [state.last_hidden, *cache_tensors(state.cache)]
+    def steps(self, inputs: list[Tensor], perturbation: PhaseHook | None) -> tuple[list[Tensor], list[Tensor]]:
+        """The function itself, with grad: the latent steps from ``inputs`` (see :meth:`run`), and the views of the
+        trainable weights they ran with (gradients are taken with respect to those: :func:`weight_views`)."""
+        with weight_views(self.lm.model, self.params) as views:
+            state = chain_state(self.lm, inputs)
+            self.lm.coconut_steps(state, self.n_latent, perturbation)
+        return [state.last_hidden, *cache_tensors(state.cache)], views
 
     def forward(self, inputs: list[Tensor], perturbation: PhaseHook | None) -> list[Tensor]:
         """The outputs for ``inputs`` (detached; their gradients come from :meth:`backward`)."""
@@ -160,7 +191,7 @@ class LatentChain:
         if not self.capture:
             self.inputs = [t.detach().requires_grad_(t.requires_grad) for t in inputs]
             with torch.enable_grad():
-                self.outputs = self.steps(self.inputs, perturbation)
+                self.outputs, self.views = self.steps(self.inputs, perturbation)
             return [o.detach() for o in self.outputs]
         adopt_tensors(self.graph_inputs, perturbation)  # (captured by :meth:`run` before the first call)
         for static, t in zip(self.inputs, inputs, strict=True):
@@ -173,9 +204,9 @@ class LatentChain:
         """Gradients of the differentiable inputs, then of the params, for the outputs' ``grad_outputs``."""
         if not self.capture:
             grads = torch.autograd.grad(
-                self.outputs, self._differentiable(), grad_outputs, allow_unused=True, materialize_grads=False
+                self.outputs, self._differentiable(self.views), grad_outputs, allow_unused=True, materialize_grads=False
             )
-            self.outputs = []  # (the graph is spent)
+            self.outputs, self.views = [], []  # (the graph is spent)
             return list(grads)
         for static, g in zip(self.grad_outputs, grad_outputs, strict=True):
             static.copy_(g)
@@ -187,24 +218,26 @@ class LatentChain:
         """Which of the inputs get gradients (those that require them)."""
         return [i for i, t in enumerate(self.inputs) if t.requires_grad]
 
-    def _differentiable(self) -> list[Tensor]:
-        return [self.inputs[i] for i in self.differentiable_positions()] + self.params
+    def _differentiable(self, views: list[Tensor]) -> list[Tensor]:
+        """What gradients are taken with respect to: the inputs that require them, then ``views`` (the params')."""
+        return [self.inputs[i] for i in self.differentiable_positions()] + views
 
     def _capture(self, inputs: list[Tensor], perturbation: PhaseHook | None) -> None:
         """Warm up, then record the forward and the backward (their scratch memory from this chain's own pool)."""
         self.inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
-        wrt = self._differentiable()
         with torch.enable_grad():
             with on_side_stream():
                 for _ in range(WARMUP_ITERS):
-                    outs = self.steps(self.inputs, perturbation)
+                    outs, views = self.steps(self.inputs, perturbation)
+                    wrt = self._differentiable(views)
                     torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
-                del outs
+                del outs, views, wrt
             self.forward_graph = torch.cuda.CUDAGraph()
             with captured(self.forward_graph, self.pool):
-                self.outputs = self.steps(self.inputs, perturbation)
+                self.outputs, self.views = self.steps(self.inputs, perturbation)
             self.grad_outputs = [torch.empty_like(o) for o in self.outputs]  # (outside the pool: an input)
             self.backward_graph = torch.cuda.CUDAGraph()
+            wrt = self._differentiable(self.views)
             with captured(self.backward_graph, self.pool):
                 grads = torch.autograd.grad(self.outputs, wrt, self.grad_outputs, allow_unused=True)
         self.grads = list(grads)
@@ -255,6 +288,7 @@ def chain_for(
     comes once (a step's last, smaller micro-batch; a row count the group filter left) would not repay, and two
     shapes taking turns would capture at every micro-batch. (A batch padded to the kept chain's shape,
     :func:`run_latent_chain`, meets a new shape only when it outgrows it: no wait then.)"""
+    capture = capture and "update" not in lm.kept_decoders.failed_captures
     if not keep:
         return LatentChain(lm, n_latent, capture)
     replay = replay_key(lm, perturbation)
@@ -296,6 +330,7 @@ def run_latent_chain(
     to every other gradient. On a GPU the one-position steps should cost about the same at a few more rows (at a
     few hundred rows their matmuls are bound by reading the weights, not by the rows); on a CPU they would not, hence
     the default. Not for a perturbation that cannot pad its rows (:meth:`BoundPerturbation.row_padding`)."""
+    capture = capture and "update" not in lm.kept_decoders.failed_captures
     B, P = state.attention_mask.shape
     rows, columns = max(B, min_rows), P
     kept = lm.kept_decoders.get("update")

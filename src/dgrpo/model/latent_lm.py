@@ -291,12 +291,15 @@ def load_hf_model(
 
 class KeptDecoders(dict[str, tuple[tuple, Any]]):
     """The fast engine's kept decoders of a model, by purpose: (key, decoder); ``seen``: by purpose, the key of the
-    last batch that found none to fit (some are kept only once a key repeats). A copy of the model starts without
-    them (their buffers and CUDA graphs belong to the original's weights, and graphs cannot be copied)."""
+    last batch that found none to fit (some are kept only once a key repeats); ``failed_captures``: the purposes
+    whose CUDA graph capture failed in this process, run uncaptured from then on (a failed capture may keep the
+    memory of its graph's pool: one, not one per shape). A copy of the model starts without them (their buffers and
+    CUDA graphs belong to the original's weights, and graphs cannot be copied)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seen: dict[str, tuple] = {}
+        self.failed_captures: set[str] = set()
 
     def __deepcopy__(self, memo: dict) -> KeptDecoders:
         return KeptDecoders()
