@@ -185,6 +185,39 @@ def test_prefetched_masks_are_the_ones_a_bind_would_draw_and_are_not_drawn_again
     assert [n for t, n in draws if t.startswith("dgrpo-mask-prefetch")] == [8]
 
 
+def test_a_prefetch_pins_its_masks_only_while_no_graph_is_captured(tokenizer, monkeypatch):
+    """On CUDA the prefetch thread pins its masks (``cudaHostAlloc``), which would end a CUDA graph capture under way
+    on the main thread (the first step's captures run while the next step's masks are drawn): it waits for
+    ``CAPTURE_LOCK``, which every capture holds."""
+    import threading
+    from types import SimpleNamespace
+
+    from dgrpo.model.fixed_shape import CAPTURE_LOCK
+    from dgrpo.perturbation import locked
+
+    lm = make_lm(tokenizer, "qwen2")
+    on_cuda = SimpleNamespace(model=lm.model, device=torch.device("cuda"))  # (only its device type is read)
+    drawn, pinned = threading.Event(), []
+    real = locked.keep_rows
+
+    def keep_rows(*a, **kw):
+        out = real(*a, **kw)
+        drawn.set()
+        return out
+
+    monkeypatch.setattr(locked, "keep_rows", keep_rows)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t: pinned.append(t) or t)
+    pert, seeds = LockedDropout(p=0.3, sites=["attn", "mlp"]), torch.arange(100, 108)
+    with CAPTURE_LOCK:  # (as a capture on this thread holds it)
+        pert.prefetch(on_cuda, seeds)
+        assert drawn.wait(30)
+        time.sleep(0.2)
+        assert pinned == []  # drawn, not pinned: waiting for the capture to end
+    keep = pert._await_prefetch(tuple(seeds.tolist()))
+    assert len(pinned) == 1 and pinned[0] is keep
+    assert torch.equal(keep, real(seeds, 2 * lm.model.config.num_hidden_layers, lm.model.config.hidden_size, 0.3))
+
+
 def test_binding_the_same_seeds_again_reuses_the_bound_masks(tokenizer):
     """A step binds its seeds three times (rollout, update, reference model): the second bind of the same seeds, on
     the same kind of model, takes the device masks the first made (the same tensors, nothing drawn or copied); other

@@ -38,6 +38,7 @@ Token choice and EOS bookkeeping stay on the device; the host asks whether any r
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
@@ -50,6 +51,12 @@ from .latent_lm import AnswerBook, Generation, LatentLM, PhaseHook, cache_keywor
 
 _side_streams: dict[int, torch.cuda.Stream] = {}
 _Kept = TypeVar("_Kept")
+
+#: held while a CUDA graph is captured (:func:`captured`). A capture in CUDA's default (global) mode is ended by a
+#: call such as ``cudaHostAlloc`` from any thread while it runs ("operation failed due to a previous error during
+#: capture", raised by whichever op comes next): a host thread of this library that calls the CUDA runtime (pinning
+#: prefetched dropout masks, :meth:`dgrpo.perturbation.locked.LockedDropout.prefetch`) takes this lock for the call.
+CAPTURE_LOCK = threading.Lock()
 
 
 def side_stream() -> torch.cuda.Stream:
@@ -79,8 +86,9 @@ def captured(graph: torch.cuda.CUDAGraph, pool: torch.cuda.graphs._POOL_HANDLE |
     """Record the block's CUDA work into ``graph`` (memory from ``pool``) on the side stream, which first waits for
     the current one. ``torch.cuda.graph`` does the same after a device-wide synchronisation, emptying the allocator's
     cache and the pinned host cache: two captures per rollout batch would drain the GPU twice a step and hand every
-    block the update had cached back to the driver, to be allocated from it again in the next update."""
-    with on_side_stream():
+    block the update had cached back to the driver, to be allocated from it again in the next update. Holds
+    :data:`CAPTURE_LOCK` meanwhile."""
+    with CAPTURE_LOCK, on_side_stream():
         graph.capture_begin(pool=pool)
         try:
             yield

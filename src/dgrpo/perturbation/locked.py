@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..model.anatomy import Site, find_sites
 from ..model.compiled_layers import output_factor_hook
+from ..model.fixed_shape import CAPTURE_LOCK
 from ..model.latent_chain import with_rows
 from .base import (
     BoundPerturbation,
@@ -209,7 +210,10 @@ class LockedDropout(Perturbation):
 
         def draw() -> Tensor:
             keep = keep_rows(seeds, len(sites), sites[0].width, self.p, self.memo)
-            return keep.pin_memory() if pin else keep
+            if not pin:
+                return keep
+            with CAPTURE_LOCK:  # (pinning calls the CUDA runtime, which would end a capture under way)
+                return keep.pin_memory()
 
         self._prefetch = (tuple(seeds.tolist()), _prefetcher().submit(draw))
 
