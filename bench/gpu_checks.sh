@@ -22,15 +22,20 @@
 #   WHEELS=.whl bash bench/gpu_checks.sh               # there
 #
 # Items (name: what it shows), most wanted first:
-#   capture_smoke      : the CUDA tests of the fast engine's graph capture (seconds); the script stops if they fail
+#   capture_smoke      : the CUDA tests of the fast engine's graph capture and of the mask prefetch's pinning
+#                        beside captures (seconds); the script stops if they fail
 #   recipe_profile     : the recipe as shipped (per-layer recomputation, all 512 rows in one micro-batch, the latent
 #                        steps not recomputed), alone in its process (its peak memory), three timed steps, then its
 #                        profile: busy share overall and per phase, kernels, FLOP/s, host syncs by call site, the
 #                        costliest host calls and kernels, by_range (host, idle and kernel time per path of labelled
 #                        calls), and the step's Chrome trace in recipe_trace.json.gz
 #   chain_smoke        : the CUDA tests of grpo.update_latent_graphs (the update's latent steps as one captured
-#                        forward and backward); the two chain items after it run only if they pass
+#                        forward and backward); the chain's step items after it run only if they pass
 #   chain_vs_recipe    : the recipe with grpo.update_latent_graphs=true against the recipe, alternated
+#   extra_profile      : only with EXTRA_PROFILE=path/to/script.py: that script, run from the checkout's root with
+#                        src/ on PYTHONPATH (e.g. a profile tool kept with an issue, carried to the node), with the
+#                        arguments in EXTRA_PROFILE_ARGS (e.g. "28 grpo.optimizer=adamw8bit"); whether the chain passed
+#                        or not
 #   chain_profile      : the recipe with grpo.update_latent_graphs=true alone in its process (its peak memory),
 #                        three timed steps, then its profile
 #   varied_chain       : chain_vs_recipe over steps as a real run's vary (VARIED: prompts 76-136 tokens wide, the
@@ -43,9 +48,6 @@
 #                        a layer and row with Hugging Face's layers: <= ~33 GiB of activations at 128 rows)
 #   kept_vs_capture    : the recipe (grpo.keep_graphs: each decoder's graphs captured once, replayed every later step)
 #                        against grpo.keep_graphs=false (captured again for every batch), alternated
-#   extra_profile      : only with EXTRA_PROFILE=path/to/script.py: that script, run from the checkout's root with
-#                        src/ on PYTHONPATH (e.g. a profile tool kept with an issue, carried to the node), with the
-#                        arguments in EXTRA_PROFILE_ARGS (e.g. "28 grpo.optimizer=adamw8bit")
 #   varied_kept        : kept_vs_capture over the VARIED steps: what keeping one decoder per purpose saves when the
 #                        prompt's columns and the update's rows change from step to step
 #   kept_layers        : the recipe with its last KEPT_LAYERS (default 6) layers kept out of recomputation against the
@@ -129,25 +131,27 @@ VARIED=(--steps 8 --prompt-widths 80,100,136,92,120,76,104,128 --kept-groups 16,
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts="")  # (addopts: xdist, which the node may not have)
 # every later item runs the fast engine's captured rollouts: if they fail here (seconds), stop and keep the budget
 # (not the latent chain's tests: chain_smoke runs those, and their failing does not stop the rest)
-SMOKE="(captured or write_offset or kept) and not latent_chain"
+SMOKE="(captured or write_offset or kept or prefetched) and not latent_chain"
 if ! run_item capture_smoke "${PYTEST[@]}" tests/test_cuda.py -k "$SMOKE"; then
     echo "stopped: the captured rollouts fail (capture_smoke.log)" | tee -a "$OUT_DIR/summary.txt"
     exit 1
 fi
 run_item recipe_profile "$PY" "${STEP[@]}" --steps 3 --profile --trace "$OUT_DIR/recipe_trace.json.gz"
 CHAIN=grpo.update_latent_graphs
-if run_item chain_smoke "${PYTEST[@]}" tests/test_cuda.py -k latent_chain; then
-    run_item chain_vs_recipe "$PY" "${STEP[@]}" --set "$CHAIN=true" --versus "$CHAIN=false"
+run_item chain_smoke "${PYTEST[@]}" tests/test_cuda.py -k latent_chain
+chain_ok=$?  # (the chain's step items run only if its tests pass)
+((chain_ok == 0)) && run_item chain_vs_recipe "$PY" "${STEP[@]}" --set "$CHAIN=true" --versus "$CHAIN=false"
+if [[ -n "${EXTRA_PROFILE:-}" ]]; then  # a profile script of one's own (e.g. one kept with an issue), run from here
+    read -r -a EXTRA_ARGS <<<"${EXTRA_PROFILE_ARGS:-}"
+    run_item extra_profile "$PY" "$EXTRA_PROFILE" "${EXTRA_ARGS[@]}"
+fi
+if ((chain_ok == 0)); then
     run_item chain_profile "$PY" "${STEP[@]}" --steps 3 --set "$CHAIN=true" --profile
     run_item varied_chain "$PY" "${STEP[@]}" "${VARIED[@]}" --set "$CHAIN=true" --versus "$CHAIN=false"
     run_item chain_no_recompute "$PY" "${STEP[@]}" --steps 3 --set "$CHAIN=true" --set grpo.recompute=false \
         --set grpo.micro_batch_size=128
 fi
 run_item kept_vs_capture "$PY" "${STEP[@]}" --versus grpo.keep_graphs=false
-if [[ -n "${EXTRA_PROFILE:-}" ]]; then  # a profile script of one's own (e.g. one kept with an issue), run from here
-    read -r -a EXTRA_ARGS <<<"${EXTRA_PROFILE_ARGS:-}"
-    run_item extra_profile "$PY" "$EXTRA_PROFILE" "${EXTRA_ARGS[@]}"
-fi
 run_item varied_kept "$PY" "${STEP[@]}" "${VARIED[@]}" --versus grpo.keep_graphs=false
 run_item kept_layers "$PY" "${STEP[@]}" --set "grpo.recompute_kept_layers=${KEPT_LAYERS:-6}" --versus grpo.recompute_kept_layers=0
 run_item reference_share "$PY" "${STEP[@]}" --versus grpo.beta0=0

@@ -5,6 +5,7 @@ CI has no GPU; these run wherever CUDA is present (``pytest tests/test_cuda.py``
 
 import contextlib
 import copy
+import time
 from functools import partial
 
 import pytest
@@ -294,6 +295,7 @@ def test_smaller_and_narrower_batches_replay_the_latent_chain_captured_for_a_lar
     assert graphs[0] is graphs[1] is not graphs[2] and graphs[2] is graphs[3] and graphs[0] is not None
 
 
+@pytest.mark.filterwarnings("error:grpo.update_latent_graphs. capturing:RuntimeWarning")  # (its capture must not fail)
 def test_grpo_steps_with_the_captured_latent_chain_equal_those_without(tokenizer, task_records):
     """Three fp32 trainer steps on the fast engine, micro-batches of 6 rows and fewer (the filter keeps groups of 4
     rows; a smaller one runs padded to the captured chain's 6): with the update's latent steps as the kept, captured
@@ -305,6 +307,34 @@ def test_grpo_steps_with_the_captured_latent_chain_equal_those_without(tokenizer
         for chain in ("true", "false")
     ]
     _assert_same_steps(*rows)
+
+
+def test_pinning_prefetched_masks_leaves_a_graph_capture_under_way_intact(tokenizer):
+    """The prefetch thread pins the next step's masks (``cudaHostAlloc`` for a new size) while the main thread may be
+    capturing a graph: ``CAPTURE_LOCK`` keeps the two apart, so every capture ends whole and replays."""
+    from dgrpo.model.fixed_shape import captured, on_side_stream
+
+    lm = make_lm(tokenizer, hidden_size=64)
+    lm.model.to(CUDA)
+    pert, x = LockedDropout(p=0.3, sites=["attn", "mlp"]), torch.randn(256, 256, device=CUDA)
+    with on_side_stream():
+        x @ x  # (the side stream's first matmul, outside any capture)
+    pool, captures = torch.cuda.graph_pool_handle(), 0
+    for i in range(8):
+        pert.prefetch(lm, torch.arange(10_000 * i, 10_000 * i + 64 * 2**i))  # rows doubling: new pinned sizes
+        assert pert._prefetch is not None
+        while not pert._prefetch[1].done() and captures < 2000:  # capturing all the while the thread draws and pins
+            graph = torch.cuda.CUDAGraph()
+            with captured(graph, pool):
+                y = x
+                for _ in range(100):
+                    y = (y @ x).tanh()
+            graph.replay()
+            captures += 1
+            time.sleep(0.001)  # (a moment between captures for the pinning thread to take the lock)
+        pert._await_prefetch()
+    torch.cuda.synchronize()
+    assert torch.isfinite(y).all() and captures > 0
 
 
 def test_the_prompts_forward_over_a_static_cache_waits_for_no_write_offset(tokenizer, task_records):
