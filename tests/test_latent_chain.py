@@ -281,11 +281,17 @@ def test_capture_is_refused_off_cuda(tokenizer):
         LatentChain(make_lm(tokenizer, "qwen2"), 2, capture=True)
 
 
-@pytest.mark.parametrize("epochs", [1, 2])
-def test_grpo_steps_with_the_chain_equal_those_without(tokenizer, task_records, epochs):
-    """Two trainer steps (fast engine on CPU, fp32, two micro-batches, locked dropout; one or two mini-epochs): the
-    same rewards, losses and gradient norms with the update's latent steps as one chain as without."""
+@pytest.mark.parametrize("epochs, lora", [(1, False), (2, False), (1, True)])
+def test_grpo_steps_with_the_chain_equal_those_without(tokenizer, task_records, epochs, lora):
+    """Two trainer steps (fast engine on CPU, fp32, two micro-batches, locked dropout; one or two mini-epochs; full
+    fine-tuning or LoRA adapters, whose weights the chain's views stand in for): the same rewards, losses and
+    gradient norms with the update's latent steps as one chain as without."""
     from dgrpo.training.grpo import GRPOTrainer
+
+    if lora:
+        pytest.importorskip("peft")
+    from dgrpo.config import LoraConfig
+    from dgrpo.model.lora import apply_lora
 
     rows = []
     base = [
@@ -298,7 +304,12 @@ def test_grpo_steps_with_the_chain_equal_those_without(tokenizer, task_records, 
     ]
     for over in ([], ["grpo.update_latent_graphs=true"]):
         cfg = load_config(Config, "tiny.yaml", [*base, *over])
-        trainer = GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records, reward_fn=code_parity)
+        lm = make_lm(tokenizer, "qwen2")
+        if lora:  # (a run gets them from the config, over a saved model: apply_lora records its base's name)
+            lm.name_or_path = "in-memory"
+            torch.manual_seed(0)  # (the adapters' initial weights: the same in both arms)
+            apply_lora(lm, LoraConfig(r=4, alpha=8.0))
+        trainer = GRPOTrainer(lm, cfg, task_records, reward_fn=code_parity)
         rows.append([trainer.step() for _ in range(2)])
         assert ("update" in trainer.lm.kept_decoders) == bool(over)
     assert all(m["skipped"] == 0 for m in rows[0])
