@@ -319,22 +319,22 @@ def test_pinning_prefetched_masks_leaves_a_graph_capture_under_way_intact(tokeni
     pert, x = LockedDropout(p=0.3, sites=["attn", "mlp"]), torch.randn(256, 256, device=CUDA)
     with on_side_stream():
         x @ x  # (the side stream's first matmul, outside any capture)
-    pool, captures = torch.cuda.graph_pool_handle(), 0
+    pool, graphs = torch.cuda.graph_pool_handle(), []  # (kept: a shared pool must outlive each capture into it)
     for i in range(8):
         pert.prefetch(lm, torch.arange(10_000 * i, 10_000 * i + 64 * 2**i))  # rows doubling: new pinned sizes
         assert pert._prefetch is not None
-        while not pert._prefetch[1].done() and captures < 2000:  # capturing all the while the thread draws and pins
+        while not pert._prefetch[1].done() and len(graphs) < 2000:  # capturing all the while the thread draws and pins
             graph = torch.cuda.CUDAGraph()
             with captured(graph, pool):
                 y = x
                 for _ in range(100):
                     y = (y @ x).tanh()
             graph.replay()
-            captures += 1
+            graphs.append(graph)
             time.sleep(0.001)  # (a moment between captures for the pinning thread to take the lock)
         pert._await_prefetch()
     torch.cuda.synchronize()
-    assert torch.isfinite(y).all() and captures > 0
+    assert torch.isfinite(y).all() and graphs
 
 
 def test_the_prompts_forward_over_a_static_cache_waits_for_no_write_offset(tokenizer, task_records):
