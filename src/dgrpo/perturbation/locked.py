@@ -209,11 +209,10 @@ class LockedDropout(Perturbation):
         pin = lm.device.type == "cuda"
 
         def draw() -> Tensor:
-            keep = keep_rows(seeds, len(sites), sites[0].width, self.p, self.memo)
             if not pin:
-                return keep
-            with CAPTURE_LOCK:  # (pinning calls the CUDA runtime, which would end a capture under way)
-                return keep.pin_memory()
+                return keep_rows(seeds, len(sites), sites[0].width, self.p, self.memo)
+            with CAPTURE_LOCK:  # the draw and its pinning, apart from any capture: pinning calls the CUDA runtime
+                return keep_rows(seeds, len(sites), sites[0].width, self.p, self.memo).pin_memory()
 
         self._prefetch = (tuple(seeds.tolist()), _prefetcher().submit(draw))
 
