@@ -25,24 +25,23 @@
 #   capture_smoke      : the CUDA tests of the fast engine's graph capture and of the mask prefetch's pinning
 #                        beside captures (seconds); the script stops if they fail
 #   recipe_profile     : the recipe as shipped (per-layer recomputation, all 512 rows in one micro-batch, the latent
-#                        steps not recomputed), alone in its process (its peak memory), three timed steps, then its
+#                        steps not recomputed, the update's latent steps captured: grpo.update_latent_graphs=auto),
+#                        alone in its process (its peak memory), three timed steps, then its
 #                        profile: busy share overall and per phase, kernels, FLOP/s, host syncs by call site, the
 #                        costliest host calls and kernels, by_range (host, idle and kernel time per path of labelled
 #                        calls), and the step's Chrome trace in recipe_trace.json.gz
 #   chain_smoke        : the CUDA tests of grpo.update_latent_graphs (the update's latent steps as one captured
 #                        forward and backward); the chain's step items after it run only if they pass
-#   chain_vs_recipe    : the recipe with grpo.update_latent_graphs=true against the recipe, alternated
+#   recipe_vs_no_chain : the recipe against grpo.update_latent_graphs=false, alternated
 #   extra_profile      : only with EXTRA_PROFILE=path/to/script.py: that script, run from the checkout's root with
 #                        src/ on PYTHONPATH (e.g. a profile tool kept with an issue, carried to the node), with the
 #                        arguments in EXTRA_PROFILE_ARGS (e.g. "28 grpo.optimizer=adamw8bit"); whether the chain passed
 #                        or not
-#   chain_profile      : the recipe with grpo.update_latent_graphs=true alone in its process (its peak memory),
-#                        three timed steps, then its profile
-#   varied_chain       : chain_vs_recipe over steps as a real run's vary (VARIED: prompts 76-136 tokens wide, the
+#   varied_chain       : recipe_vs_no_chain over steps as a real run's vary (VARIED: prompts 76-136 tokens wide, the
 #                        longest of 16 GSM-Hard / SVAMP questions at ~4 characters a token; 6-16 groups kept by the
 #                        filter), eight timed steps: what the chain gives when its shapes change (each row: captures)
-#   chain_no_recompute : the recipe with grpo.update_latent_graphs=true, no recomputation and 128-row micro-batches
-#                        (four per step), alone in its process, three timed steps: against chain_profile's steps, what
+#   chain_no_recompute : the recipe (the chain on) with no recomputation and 128-row micro-batches (four per step),
+#                        alone in its process, three timed steps: against recipe_profile's steps, what
 #                        the recomputation's second forward (~0.9 of a pass of the update's ~4.9) costs once the latent
 #                        steps are captured, and the peak memory without it (bench/kept_layer_bytes.py counts 9.52 MiB
 #                        a layer and row with Hugging Face's layers: <= ~33 GiB of activations at 128 rows)
@@ -140,14 +139,13 @@ run_item recipe_profile "$PY" "${STEP[@]}" --steps 3 --profile --trace "$OUT_DIR
 CHAIN=grpo.update_latent_graphs
 run_item chain_smoke "${PYTEST[@]}" tests/test_cuda.py -k latent_chain
 chain_ok=$?  # (the chain's step items run only if its tests pass)
-((chain_ok == 0)) && run_item chain_vs_recipe "$PY" "${STEP[@]}" --set "$CHAIN=true" --versus "$CHAIN=false"
+((chain_ok == 0)) && run_item recipe_vs_no_chain "$PY" "${STEP[@]}" --versus "$CHAIN=false"
 if [[ -n "${EXTRA_PROFILE:-}" ]]; then  # a profile script of one's own (e.g. one kept with an issue), run from here
     read -r -a EXTRA_ARGS <<<"${EXTRA_PROFILE_ARGS:-}"
     run_item extra_profile "$PY" "$EXTRA_PROFILE" "${EXTRA_ARGS[@]}"
 fi
 if ((chain_ok == 0)); then
-    run_item chain_profile "$PY" "${STEP[@]}" --steps 3 --set "$CHAIN=true" --profile
-    run_item varied_chain "$PY" "${STEP[@]}" "${VARIED[@]}" --set "$CHAIN=true" --versus "$CHAIN=false"
+    run_item varied_chain "$PY" "${STEP[@]}" "${VARIED[@]}" --versus "$CHAIN=false"
     run_item chain_no_recompute "$PY" "${STEP[@]}" --steps 3 --set "$CHAIN=true" --set grpo.recompute=false \
         --set grpo.micro_batch_size=128
 fi

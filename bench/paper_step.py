@@ -266,7 +266,7 @@ def summarize(tr: GRPOTrainer, rows: list[dict], device: torch.device) -> dict:
         "recompute_latent_steps": g.recompute_latent_steps,
         "recompute_kept_layers": g.recompute_kept_layers,
         "optimizer": type(tr.opt).__name__,
-        "update_latent_graphs": g.update_latent_graphs,
+        "update_latent_graphs": tr.chain_latents,  # (as resolved: auto is on where the chain can run)
         "median_step_s": statistics.median(r["wall_s"] for r in timed),
         "median_rollout_s": statistics.median(r["rollout_s"] for r in timed),
         "median_update_s": statistics.median(r["update_s"] for r in timed),
@@ -276,7 +276,7 @@ def summarize(tr: GRPOTrainer, rows: list[dict], device: torch.device) -> dict:
     if device.type == "cuda":
         out["peak_allocated_gib"] = max(r["peak_allocated_gib"] for r in timed)
     out["kept_decoders_gib"] = round(tr.kept_decoder_bytes() / 2**30, 3)  # (grpo.keep_graphs: held through the update)
-    if g.update_latent_graphs:
+    if tr.chain_latents:
         out["latent_chain"] = latent_chain_state(tr)
     return out
 

@@ -281,11 +281,20 @@ def test_capture_is_refused_off_cuda(tokenizer):
         LatentChain(make_lm(tokenizer, "qwen2"), 2, capture=True)
 
 
-@pytest.mark.parametrize("epochs, lora", [(1, False), (2, False), (1, True)])
-def test_grpo_steps_with_the_chain_equal_those_without(tokenizer, task_records, epochs, lora):
+@pytest.mark.parametrize(
+    "epochs, lora, over",
+    [
+        (1, False, []),
+        (2, False, []),
+        (1, True, []),
+        (1, False, ["grpo.replay=fresh_mask"]),  # (the paper's ablations: the update's masks drawn anew,
+        (1, False, ["perturbation.kind=none"]),  # or no perturbation, sampled answers)
+    ],
+)
+def test_grpo_steps_with_the_chain_equal_those_without(tokenizer, task_records, epochs, lora, over):
     """Two trainer steps (fast engine on CPU, fp32, two micro-batches, locked dropout; one or two mini-epochs; full
-    fine-tuning or LoRA adapters, whose weights the chain's views stand in for): the same rewards, losses and
-    gradient norms with the update's latent steps as one chain as without."""
+    fine-tuning or LoRA adapters, whose weights the chain's views stand in for; the update's masks drawn anew, or
+    none): the same rewards, losses and gradient norms with the update's latent steps as one chain as without."""
     from dgrpo.training.grpo import GRPOTrainer
 
     if lora:
@@ -301,9 +310,10 @@ def test_grpo_steps_with_the_chain_equal_those_without(tokenizer, task_records, 
         "grpo.engine=fast",
         "grpo.micro_batch_size=4",
         "grpo.n_latent=2",
+        *over,
     ]
-    for over in ([], ["grpo.update_latent_graphs=true"]):
-        cfg = load_config(Config, "tiny.yaml", [*base, *over])
+    for chain in ("false", "true"):
+        cfg = load_config(Config, "tiny.yaml", [*base, f"grpo.update_latent_graphs={chain}"])
         lm = make_lm(tokenizer, "qwen2")
         if lora:  # (a run gets them from the config, over a saved model: apply_lora records its base's name)
             lm.name_or_path = "in-memory"
@@ -311,7 +321,7 @@ def test_grpo_steps_with_the_chain_equal_those_without(tokenizer, task_records, 
             apply_lora(lm, LoraConfig(r=4, alpha=8.0))
         trainer = GRPOTrainer(lm, cfg, task_records, reward_fn=code_parity)
         rows.append([trainer.step() for _ in range(2)])
-        assert ("update" in trainer.lm.kept_decoders) == bool(over)
+        assert ("update" in trainer.lm.kept_decoders) == (chain == "true")
     assert all(m["skipped"] == 0 for m in rows[0])
     for a, b in zip(*rows):
         assert a["reward_mean"] == b["reward_mean"]
@@ -355,3 +365,42 @@ def test_the_chain_refuses_what_it_cannot_run(tokenizer, task_records, over, mat
     with pytest.raises(ConfigError, match=match):
         cfg = load_config(Config, "tiny.yaml", ["grpo.update_latent_graphs=true", *over])
         GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records, reward_fn=code_parity)
+
+
+def test_auto_turns_the_chain_on_only_where_it_runs_captured(tokenizer, task_records):
+    """``grpo.update_latent_graphs=auto`` (the paper recipe's): on for one CUDA process on the fast engine, with the
+    latent steps' activations kept and the layers uncompiled; off elsewhere without an error (on this CPU, under
+    torchrun, the eager engine, recomputed latent steps), where ``true`` names the obstacle."""
+    from types import SimpleNamespace
+
+    from dgrpo.training.grpo import GRPOTrainer
+    from dgrpo.training.rollouts import resolve_latent_chain
+
+    lm = make_lm(tokenizer, "qwen2")
+    lm.model.config._attn_implementation = "sdpa"
+    on_cuda = SimpleNamespace(device=torch.device("cuda"), settings=lm.settings, model=lm.model)
+
+    def resolved(setting, over=(), engine="fast", distributed=False, target=on_cuda):
+        cfg = load_config(Config, "tiny.yaml", [f"grpo.update_latent_graphs={setting}", *over])
+        return resolve_latent_chain(target, cfg, engine, distributed)
+
+    assert resolved("auto") is True and resolved("true") is True
+    assert resolved("false") is False
+    recomputed = ["grpo.recompute=true", "grpo.recompute_latent_steps=true"]
+    for kw in ({"target": lm}, {"distributed": True}, {"engine": "eager"}, {"over": recomputed}):
+        assert resolved("auto", **kw) is False
+    with pytest.raises(ConfigError, match="one process.*or set it to false or auto"):
+        resolved("true", distributed=True)
+    assert resolved("true", target=lm) is True  # (asked for: the chain runs uncaptured on a CPU, for tests)
+
+    cfg = load_config(Config, "tiny.yaml", ["grpo.update_latent_graphs=auto", "grpo.engine=fast"])
+    trainer = GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records, reward_fn=code_parity)
+    trainer.step()
+    assert trainer.chain_latents is False and "update" not in trainer.lm.kept_decoders
+
+
+def test_the_paper_recipe_asks_for_the_chain_where_it_can_run():
+    cfg = load_config(Config, "paper/grpo_dropout.yaml", [])
+    assert cfg.grpo.update_latent_graphs == "auto"
+    with pytest.raises(ConfigError, match="grpo.update_latent_graphs"):
+        load_config(Config, "paper/grpo_dropout.yaml", ["grpo.update_latent_graphs=always"])

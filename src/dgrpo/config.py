@@ -48,6 +48,7 @@ Aggregation = Literal["seq_mean", "token_mean", "constant"]
 KLForm = Literal["unbiased", "paper"]
 RolloutCache = Literal["dynamic", "static"]
 Engine = Literal["auto", "eager", "fast"]
+LatentGraphs = Literal["auto", "true", "false"]
 Kernels = Literal["none", "liger"]
 CompileBackend = Literal["inductor", "aot_eager", "eager"]
 CompileMode = Literal["default", "max-autotune-no-cudagraphs"]
@@ -541,20 +542,22 @@ class GRPOConfig:
         "under FSDP (its weights are gathered anew for every forward) and for a perturbation that does not state "
         "its tensors",
     )
-    update_latent_graphs: bool = opt(
-        False,
+    update_latent_graphs: LatentGraphs = opt(
+        "false",
         "under the fast engine: the update's T latent steps run as one unit whose forward and backward are each "
         "one CUDA graph (the gradients of the prompt's state and of the weights computed inside), replayed per "
-        "micro-batch instead of ~20 small launches per layer and step (on CUDA; on CPU the same unit runs "
-        "uncaptured, for tests); with keep_graphs the chain is captured once and kept across steps, every "
-        "micro-batch run inside its shape (padded to micro_batch_size rows, or all the step's rollouts if fewer, "
-        "and to the widest prompt seen: the padding cut off, adding nothing to the gradients), so that the rows "
-        "the group filter leaves and the prompts' widths do not capture it again (a wider prompt does, once); "
-        "without keep_graphs it is captured per micro-batch; the cost: the forward's activations, the "
-        "weights' gradients and the keys and values stay allocated in its own pool between steps (11.5 GiB at "
-        "the paper recipe's sizes); single process, coconut models, needs recompute_latent_steps=false and "
-        "model.compile=false; experimental: on an H200 the paper step took 2.26 s with it (2.49 s without, "
-        "another run; bench/RESULTS.md), not yet compared in one run",
+        "micro-batch instead of ~20 small launches per layer and step; auto: on where it can run on CUDA (one "
+        "process, the fast engine, a coconut model over SDPA attention, recompute_latent_steps=false, "
+        "model.compile=false), off elsewhere; true: on, and an error where it cannot run (on CPU the same unit "
+        "runs uncaptured, for tests); false: off. With keep_graphs the chain is captured once and kept across "
+        "steps, every micro-batch run inside its shape (padded to micro_batch_size rows, or all the step's "
+        "rollouts if fewer, and to the widest prompt seen: the padding cut off, adding nothing to the gradients), "
+        "so that the rows the group filter leaves and the prompts' widths do not capture it again (a wider prompt "
+        "does, once); without keep_graphs it is captured per micro-batch; a failed capture warns and the chain "
+        "runs step by step. The cost: the forward's activations, the weights' gradients and the keys and values "
+        "stay allocated in its own pool between steps (11.5 GiB at the paper recipe's sizes; 25 GiB with prompts "
+        "up to 136 tokens wide). On an H200 the paper step took 0.94x the time without it, alternated in one run "
+        "(bench/RESULTS.md)",
     )
     advantage: Advantage = opt(
         "drgrpo",
@@ -795,7 +798,7 @@ class Config:
     def _validate_latent_graphs(self) -> None:
         """What ``grpo.update_latent_graphs`` runs with (the engine, once resolved, and the processes: the trainer)."""
         g = self.grpo
-        if not g.update_latent_graphs:
+        if g.update_latent_graphs != "true":  # (auto turns itself off where it cannot run)
             return
         for ok, why in (
             (g.engine != "eager", "grpo.engine=eager (the chain is the fast engine's: set grpo.engine=fast or auto)"),

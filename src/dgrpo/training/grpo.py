@@ -55,7 +55,7 @@ from .losses import (
 )
 from .memory import oom_advice
 from .ref_policy import make_reference
-from .rollouts import Rollouts, check_latent_chain, collect_rollouts, replay_logprobs, resolve_engine
+from .rollouts import Rollouts, collect_rollouts, replay_logprobs, resolve_engine, resolve_latent_chain
 from .run import NonFiniteError, NonFiniteGuard, RunDir, StalledError, sharded_accuracy, weights_finite
 from .schedules import beta_at, lr_at
 
@@ -141,9 +141,7 @@ class GRPOTrainer:
         self.engine = resolve_engine(g.engine, lm.device, self.perturbation.batched)
         # the fast engine's decoders kept from step to step (not under FSDP: it gathers the weights for each forward)
         self.keep_graphs = g.keep_graphs and self.engine == "fast" and not self.dist.fsdp
-        self.chain_latents = g.update_latent_graphs
-        if self.chain_latents:
-            check_latent_chain(lm, self.engine, self.dist.active)
+        self.chain_latents = resolve_latent_chain(lm, cfg, self.engine, self.dist.active)
         apply_kernels(lm.model, cfg.model.kernels)  # before the reference copy, which then has them too
         compile_layers(lm, cfg.model)  # (the reference copy shares the compiled step)
         self.objective = ObjectiveSettings.from_config(g)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..config import ConfigError
+from ..config import Config, ConfigError
 from ..data.records import Record
 from ..eval.scoring import ScoreFn, call_checked, numeric
 from ..model.attention_mask import prebuilt_mask_applies
@@ -67,14 +67,20 @@ def resolve_engine(engine: str, device: torch.device, batched: bool) -> str:
     return "fast" if device.type == "cuda" and batched else "eager"
 
 
-def check_latent_chain(lm: LatentLM, engine: str, distributed: bool) -> None:
-    """Raise ConfigError (one line) when ``grpo.update_latent_graphs`` cannot run: it is the fast engine's, for one
-    process and a coconut model, and its capture (CUDA) needs the prebuilt attention mask (no host read of the
-    padding inside the graph)."""
+def latent_chain_obstacle(lm: LatentLM, cfg: Config, engine: str, distributed: bool) -> str | None:
+    """Why ``grpo.update_latent_graphs`` cannot run in this trainer (None: it can): it is the fast engine's, for one
+    process and a coconut model, keeps the latent steps' activations, runs the layers uncompiled, and its capture
+    (CUDA) needs the prebuilt attention mask (no host read of the padding inside the graph)."""
+    g = cfg.grpo
     for ok, why in (
         (engine == "fast", f"the engine resolved to {engine} (on {lm.device.type}): set grpo.engine=fast"),
         (not distributed, "it runs in one process (not under torchrun yet)"),
         (lm.settings.mode == "coconut", f"it runs coconut thoughts; this model's mode is {lm.settings.mode!r}"),
+        (
+            not (g.recompute and g.recompute_latent_steps),
+            "it keeps the latent steps' activations: set grpo.recompute_latent_steps=false",
+        ),
+        (not cfg.model.compile, "compiled layers do not run inside its graphs: set model.compile=false"),
         (
             lm.device.type != "cuda" or prebuilt_mask_applies(lm.model.config),
             "its CUDA graphs need SDPA attention over full-attention layers "
@@ -82,7 +88,23 @@ def check_latent_chain(lm: LatentLM, engine: str, distributed: bool) -> None:
         ),
     ):
         if not ok:
-            raise ConfigError(f"invalid config value grpo.update_latent_graphs: {why}; or set it to false")
+            return why
+    return None
+
+
+def resolve_latent_chain(lm: LatentLM, cfg: Config, engine: str, distributed: bool) -> bool:
+    """``grpo.update_latent_graphs`` as a trainer runs it: false: off; true: on, or a one-line ConfigError where it
+    cannot run; auto: on a CUDA device where it can run, else off (on a CPU the chain runs uncaptured, which saves
+    nothing: it is there for tests)."""
+    setting = cfg.grpo.update_latent_graphs
+    if setting == "false":
+        return False
+    why = latent_chain_obstacle(lm, cfg, engine, distributed)
+    if setting == "auto":
+        return why is None and lm.device.type == "cuda"
+    if why is not None:
+        raise ConfigError(f"invalid config value grpo.update_latent_graphs: {why}; or set it to false or auto")
+    return True
 
 
 @torch.no_grad()
