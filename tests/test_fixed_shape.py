@@ -313,3 +313,53 @@ def test_fused_kernels_leave_a_cpu_model_as_it_is(tokenizer):
     assert {n: type(m) for n, m in lm.model.named_modules()} == before
     with pytest.raises(ValueError, match="none or liger"):
         apply_kernels(lm.model, "fused")
+
+
+def test_a_failed_capture_warns_and_the_purpose_runs_eagerly_from_then_on(tokenizer, task_records, monkeypatch):
+    """An op that cannot be captured (or a capture ended from outside): the decoder says so once and runs that step
+    and every later one eagerly, with the same answers, and no later decoder of the model for that purpose tries to
+    capture again (a failed capture may keep its pool's memory); another purpose still captures."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from dgrpo.model import fixed_shape
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = ragged_batch(lm, task_records, n=3)
+    pert = make_perturbation(PerturbationConfig(kind="locked", p=0.3, sites=["attn", "mlp"]))
+    tries = []
+
+    @contextmanager
+    def failing_capture(graph, pool):
+        tries.append(1)
+        raise RuntimeError("operation failed due to a previous error during capture\nmore")
+        yield
+
+    class Warmed:  # (every step counts as warmed up: a capturing decoder's next step is its capture)
+        def __contains__(self, key):
+            return True
+
+    def generate(decoder=None):
+        real = fixed_shape.decoder_for
+        if decoder is not None:
+            monkeypatch.setattr(fixed_shape, "decoder_for", lambda *a: decoder)
+        with torch.no_grad(), pert.bind(lm, torch.arange(3)) as pb:
+            out = fixed_shape_generate(lm, ids, mask, 2, max_new_tokens=6, perturbation=pb, capture=decoder is not None)
+        monkeypatch.setattr(fixed_shape, "decoder_for", real)
+        return out
+
+    eager = generate()
+    dec = FixedShapeDecoder(lm, 3, ids.shape[1] + 2 + 7, capture=False)
+    dec.capture, dec.pool = True, SimpleNamespace(handle=None, newest=[])  # (as on CUDA)
+    monkeypatch.setattr(fixed_shape, "captured", failing_capture)
+    monkeypatch.setattr(fixed_shape, "_warmed", Warmed())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: None)
+    with pytest.warns(RuntimeWarning, match="generate decoder: capturing its latent step failed .*during capture\\)"):
+        failed = generate(dec)
+    assert len(tries) == 1 and dec.capture is False and dec.graphs == {}
+    assert torch.equal(failed.tokens, eager.tokens) and torch.equal(failed.logprobs, eager.logprobs)
+    assert lm.kept_decoders.failed_captures == {"generate"}
+    later = fixed_shape.decoder_for(lm, "generate", 3, 16, None, capture=True, keep=True)  # (True would raise here)
+    assert later.capture is False
+    with pytest.raises(ValueError, match="CUDA"):
+        fixed_shape.decoder_for(lm, "score", 3, 16, None, capture=True, keep=True)

@@ -529,7 +529,8 @@ class GRPOConfig:
         "with keep_graphs); the same answers and log-probs; needs a batched perturbation (not native); "
         "rollout_cache does not apply; its update and reference also run <|end-latent|> in the answer's forward "
         "call, one call fewer, and the reference model (no grad) runs its latent steps over fixed buffers too, "
-        "captured on CUDA; the same log-probs up to rounding)",
+        "captured on CUDA; the same log-probs up to rounding); should a capture fail, a warning says so and that "
+        "decoder's purpose (rollouts or the reference) runs its steps eagerly from then on",
     )
     keep_graphs: bool = opt(
         True,

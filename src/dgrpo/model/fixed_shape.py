@@ -39,6 +39,7 @@ Token choice and EOS bookkeeping stay on the device; the host asks whether any r
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
@@ -54,8 +55,8 @@ _Kept = TypeVar("_Kept")
 
 #: held while a CUDA graph is captured (:func:`captured`). A capture in CUDA's default (global) mode is ended by a
 #: call such as ``cudaHostAlloc`` from any thread while it runs ("operation failed due to a previous error during
-#: capture", raised by whichever op comes next): a host thread of this library that calls the CUDA runtime (pinning
-#: prefetched dropout masks, :meth:`dgrpo.perturbation.locked.LockedDropout.prefetch`) takes this lock for the call.
+#: capture", raised by whichever op comes next): a host thread of this library that calls the CUDA runtime (drawing and
+#: pinning prefetched dropout masks, :meth:`dgrpo.perturbation.locked.LockedDropout.prefetch`) does its work under it.
 CAPTURE_LOCK = threading.Lock()
 
 
@@ -127,14 +128,14 @@ class FixedShapeDecoder:
     CUDA graphs of its steps; :meth:`start` begins a batch over them, :func:`fixed_shape_generate` drives it. A
     decoder kept for later batches of the same shape (:func:`decoder_for`) replays the graphs it captured."""
 
-    def __init__(self, lm: LatentLM, batch_size: int, n_columns: int, capture: bool):
+    def __init__(self, lm: LatentLM, batch_size: int, n_columns: int, capture: bool, purpose: str = "generate"):
         dev = lm.device
         if capture and (dev.type != "cuda" or cache_keyword(type(lm.base)) != "cache"):
             raise ValueError(
                 "graph capture needs a CUDA device and transformers >= 5.24 (a static cache whose write offset "
                 f"lives on the device); got device {dev.type}"
             )
-        self.lm, self.capture, self.n_columns = lm, capture, n_columns
+        self.lm, self.capture, self.n_columns, self.purpose = lm, capture, n_columns, purpose
         self.perturbation: PhaseHook | None = None
         self.mask = torch.zeros(batch_size, n_columns, dtype=torch.long, device=dev)
         self.column = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)  # where the next step writes
@@ -245,6 +246,8 @@ class FixedShapeDecoder:
         """One position of ``phase`` (``latent``: input ``embeds``; ``answer``: input ``ids``), as
         :meth:`next_step` says."""
         how = self.next_step(phase)
+        if how == "capture" and not self._captured(phase):
+            how = "eager"  # (the capture failed: a warning said so)
         if how == "eager":
             self._forward(phase)
         elif how == "warm-up":
@@ -252,16 +255,34 @@ class FixedShapeDecoder:
                 self._forward(phase)
             _warmed.add(self.warm_key(phase))
         else:
-            if how == "capture":
-                assert self.pool is not None
-                graph = torch.cuda.CUDAGraph()
-                with captured(graph, self.pool.handle):
-                    self._forward(phase)
-                self.graphs[phase] = graph  # (only once captured whole)
-                self.graph_inputs[phase] = list(graph_inputs_of(self.perturbation) or [])
-                self.pool.newest = list(self.graphs.values())  # (the previous batch's graphs may go now)
             self.graphs[phase].replay()
         self.written += 1
+
+    def _captured(self, phase: str) -> bool:
+        """Record a step of ``phase`` as its graph (run by nothing yet: the caller replays it). Should the capture
+        fail (an op that cannot be captured), say so once and return False: this decoder, and every later one of its
+        model for its purpose, then runs its steps eagerly (the same results; a failed capture may keep memory of its
+        pool, so none tries again). The failed step ran no work on the device: its work was being recorded."""
+        assert self.pool is not None
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with captured(graph, self.pool.handle):
+                self._forward(phase)
+        except RuntimeError as e:  # (what CUDA graph capture raises: an op that cannot be captured, ...)
+            self.capture, self.graphs, self.graph_inputs = False, {}, {}
+            self.lm.kept_decoders.failed_captures.add(self.purpose)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            warnings.warn(
+                f"the fast engine's {self.purpose} decoder: capturing its {phase} step failed ({first[:300]}); this "
+                "model's decoders for it run their steps eagerly from now on (the same results, more host time)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return False
+        self.graphs[phase] = graph  # (only once captured whole)
+        self.graph_inputs[phase] = list(graph_inputs_of(self.perturbation) or [])
+        self.pool.newest = list(self.graphs.values())  # (the previous batch's graphs may go now)
+        return True
 
     def latent(self, n_latent: int, mode: str, latent_embedding: Tensor) -> None:
         """The ``n_latent`` thoughts: the last hidden state fed back (coconut), or the ``<|latent|>`` embedding
@@ -397,12 +418,13 @@ def decoder_for(
     batch: the weights are read where they are (an optimizer step updates them in place), the perturbation's
     tensors are copied in by :meth:`FixedShapeDecoder.start`. Not kept: a perturbation whose tensors are unknown
     (``graph_inputs`` None)."""
+    capture = capture and purpose not in lm.kept_decoders.failed_captures
     replay = replay_key(lm, perturbation)
     if not keep or replay is None:
-        return FixedShapeDecoder(lm, batch_size, n_columns, capture)
+        return FixedShapeDecoder(lm, batch_size, n_columns, capture, purpose)
     n_columns = -(-n_columns // COLUMN_BUCKET) * COLUMN_BUCKET
     key = (replay, batch_size, n_columns, capture)
-    return kept_for(lm, purpose, key, lambda: FixedShapeDecoder(lm, batch_size, n_columns, capture))
+    return kept_for(lm, purpose, key, lambda: FixedShapeDecoder(lm, batch_size, n_columns, capture, purpose))
 
 
 def replay_key(lm: LatentLM, perturbation: PhaseHook | None) -> tuple | None:
