@@ -287,8 +287,9 @@ def test_capture_is_refused_off_cuda(tokenizer):
         (1, False, []),
         (2, False, []),
         (1, True, []),
-        (1, False, ["grpo.replay=fresh_mask"]),  # (the paper's ablations: the update's masks drawn anew,
-        (1, False, ["perturbation.kind=none"]),  # or no perturbation, sampled answers)
+        # the paper's ablations: the update's masks drawn anew, or no perturbation (sampled answers)
+        pytest.param(1, False, ["grpo.replay=fresh_mask"], marks=pytest.mark.slow),
+        pytest.param(1, False, ["perturbation.kind=none"], marks=pytest.mark.slow),
     ],
 )
 def test_grpo_steps_with_the_chain_equal_those_without(tokenizer, task_records, epochs, lora, over):
