@@ -82,6 +82,15 @@ def on_side_stream() -> Iterator[torch.cuda.Stream]:
     current.wait_stream(stream)
 
 
+def give_up_capture(lm: LatentLM, purpose: str, error: Exception, message: str, stacklevel: int) -> None:
+    """After a failed capture for ``purpose`` (``generate``, ``score``, ``update``): no later one of ``lm`` for it
+    tries again (a failed capture may keep the memory of its pool), and a warning says so: ``message`` with the
+    error's first line as ``{error}``; ``stacklevel`` as the caller's own ``warnings.warn`` would take it."""
+    lm.kept_decoders.failed_captures.add(purpose)
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    warnings.warn(message.format(error=first[:300]), RuntimeWarning, stacklevel=stacklevel + 1)
+
+
 @contextmanager
 def captured(graph: torch.cuda.CUDAGraph, pool: torch.cuda.graphs._POOL_HANDLE | None) -> Iterator[None]:
     """Record the block's CUDA work into ``graph`` (memory from ``pool``) on the side stream, which first waits for
@@ -270,14 +279,9 @@ class FixedShapeDecoder:
                 self._forward(phase)
         except RuntimeError as e:  # (what CUDA graph capture raises: an op that cannot be captured, ...)
             self.capture, self.graphs, self.graph_inputs = False, {}, {}
-            self.lm.kept_decoders.failed_captures.add(self.purpose)
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            warnings.warn(
-                f"the fast engine's {self.purpose} decoder: capturing its {phase} step failed ({first[:300]}); this "
-                "model's decoders for it run their steps eagerly from now on (the same results, more host time)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            message = f"the fast engine's {self.purpose} decoder: capturing its {phase} step failed ({{error}}); "
+            message += "this model's decoders for it run their steps eagerly from now on (the same results, more "
+            give_up_capture(self.lm, self.purpose, e, message + "host time)", stacklevel=3)
             return False
         self.graphs[phase] = graph  # (only once captured whole)
         self.graph_inputs[phase] = list(graph_inputs_of(self.perturbation) or [])

@@ -28,7 +28,6 @@ one from then on (no later chain of it tries to capture).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -38,7 +37,16 @@ from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .fixed_shape import COLUMN_BUCKET, adopt_tensors, captured, graph_inputs_of, kept_for, on_side_stream, replay_key
+from .fixed_shape import (
+    COLUMN_BUCKET,
+    adopt_tensors,
+    captured,
+    give_up_capture,
+    graph_inputs_of,
+    kept_for,
+    on_side_stream,
+    replay_key,
+)
 from .latent_lm import DecodeState, LatentLM, PhaseHook
 from .recompute import dynamic_layer
 
@@ -150,16 +158,10 @@ class LatentChain:
                 self._capture(tensors, perturbation)
             except RuntimeError as e:  # (what CUDA graph capture raises: an op that cannot be captured, ...)
                 self.failed = True
-                self.lm.kept_decoders.failed_captures.add("update")  # (no chain of this model tries again)
                 self.forward_graph = self.backward_graph = None
                 self.inputs, self.outputs, self.grad_outputs, self.grads = [], [], [], []
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                warnings.warn(
-                    f"grpo.update_latent_graphs: capturing the latent steps failed ({first[:300]}); this model's "
-                    "update runs them step by step from now on",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+                message = "grpo.update_latent_graphs: capturing the latent steps failed ({error}); this model's "
+                give_up_capture(self.lm, "update", e, message + "update runs them step by step from now on", 2)
         if self.failed:
             self.lm.coconut_steps(state, self.n_latent, perturbation)
             return state
