@@ -292,3 +292,17 @@ def test_kept_layer_bytes_script_counts_one_layers_activations():
     per_position = out["kept_per_layer_per_row_mib"] * 2**20 / out["positions_per_row"]
     assert 2 * (1536 + 8960) < per_position / 2 < 20 * (1536 + 8960), out  # (bf16: 2 bytes an element)
     assert out["kept_per_layer_at_2_rows_gib"] == pytest.approx(2 * out["kept_per_layer_per_row_mib"] / 1024, abs=0.01)
+
+
+def test_capture_beside_threads_says_it_needs_cuda_here(monkeypatch, capsys):
+    """bench/capture_beside_threads.py (a CUDA diagnostic): on a machine without CUDA it says so and exits 2."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench/capture_beside_threads.py"
+    spec = importlib.util.spec_from_file_location("capture_beside_threads", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["capture_beside_threads.py", "pin_locked"])
+    assert script.main() == 2 and "needs a CUDA device" in capsys.readouterr().err
