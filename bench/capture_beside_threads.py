@@ -34,7 +34,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from dgrpo.model.fixed_shape import CAPTURE_LOCK, captured, on_side_stream  # noqa: E402
+from dgrpo.bench.capture_probe import capture_repeatedly  # noqa: E402
+from dgrpo.model.fixed_shape import CAPTURE_LOCK  # noqa: E402
 from dgrpo.perturbation.locked import keep_rows  # noqa: E402
 
 CASES = ["none", "cpu", "pin_locked", "pin_unlocked", "lock_all", "empty_pinned", "copy_into_pinned"]
@@ -81,10 +82,6 @@ def thread_work(case: str, held: list[torch.Tensor]) -> Callable[[int], None]:
 
 def run_case(case: str, max_captures: int, seconds: float) -> bool:
     """Capture while the thread works; print the case's line; True when every capture ended whole."""
-    x = torch.randn(256, 256, device="cuda")
-    with on_side_stream():
-        x @ x  # (the side stream's first matmul, outside any capture)
-    torch.cuda.synchronize()
     held: list[torch.Tensor] = []
     if case == "copy_into_pinned":
         held.extend(torch.empty(1024 * 4 * 576, dtype=torch.bool, pin_memory=True) for _ in range(4))
@@ -99,18 +96,10 @@ def run_case(case: str, max_captures: int, seconds: float) -> bool:
     if thread is not None:
         thread.start()
     graphs: list[torch.cuda.CUDAGraph] = []
-    pool, start = torch.cuda.graph_pool_handle(), time.monotonic()
+    deadline = time.monotonic() + seconds
     try:
-        while len(graphs) < max_captures and time.monotonic() - start < seconds:
-            graph = torch.cuda.CUDAGraph()
-            with captured(graph, pool):
-                y = x
-                for _ in range(100):
-                    y = (y @ x).tanh()
-            graph.replay()
-            graphs.append(graph)  # (kept: the shared pool must outlive each capture into it)
-            time.sleep(0.001)
-        torch.cuda.synchronize()
+        x = torch.randn(256, 256, device="cuda")
+        capture_repeatedly(x, lambda: len(graphs) < max_captures and time.monotonic() < deadline, graphs)
         print(f"{case}: OK {len(graphs)} captures, thread iterations {done[0]}", flush=True)
         return True
     except RuntimeError as e:

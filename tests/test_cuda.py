@@ -5,7 +5,6 @@ CI has no GPU; these run wherever CUDA is present (``pytest tests/test_cuda.py``
 
 import contextlib
 import copy
-import time
 from functools import partial
 
 import pytest
@@ -316,29 +315,22 @@ def test_grpo_steps_with_the_captured_latent_chain_equal_those_without(tokenizer
 def test_pinning_prefetched_masks_leaves_a_graph_capture_under_way_intact(tokenizer):
     """The prefetch thread pins the next step's masks (``cudaHostAlloc`` for a new size) while the main thread may be
     capturing a graph: ``CAPTURE_LOCK`` keeps the two apart, so every capture ends whole and replays."""
-    from dgrpo.model.fixed_shape import captured, on_side_stream
+    from dgrpo.bench.capture_probe import capture_repeatedly
 
     lm = make_lm(tokenizer, hidden_size=64)
     lm.model.to(CUDA)
-    pert, x = LockedDropout(p=0.3, sites=["attn", "mlp"]), torch.randn(256, 256, device=CUDA)
-    with on_side_stream():
-        x @ x  # (the side stream's first matmul, outside any capture)
-    pool, graphs = torch.cuda.graph_pool_handle(), []  # (kept: a shared pool must outlive each capture into it)
+    pert, x, graphs = LockedDropout(p=0.3, sites=["attn", "mlp"]), torch.randn(256, 256, device=CUDA), []
     for i in range(8):
         pert.prefetch(lm, torch.arange(10_000 * i, 10_000 * i + 64 * 2**i))  # rows doubling: new pinned sizes
         assert pert._prefetch is not None
-        while not pert._prefetch[1].done() and len(graphs) < 2000:  # capturing all the while the thread draws and pins
-            graph = torch.cuda.CUDAGraph()
-            with captured(graph, pool):
-                y = x
-                for _ in range(100):
-                    y = (y @ x).tanh()
-            graph.replay()
-            graphs.append(graph)
-            time.sleep(0.001)  # (a moment between captures for the pinning thread to take the lock)
+        drawing = pert._prefetch[1]
+        busy = lambda drawing=drawing: not drawing.done() and len(graphs) < 2000  # noqa: E731
+        capture_repeatedly(x, busy, graphs)  # all the while the thread draws and pins
         pert._await_prefetch()
+    for graph in graphs:
+        graph.replay()
     torch.cuda.synchronize()
-    assert torch.isfinite(y).all() and graphs
+    assert graphs
 
 
 def test_the_prompts_forward_over_a_static_cache_waits_for_no_write_offset(tokenizer, task_records):
