@@ -796,11 +796,10 @@ class Config:
         ):
             _check(ok, "model.compile", f"the compiled layers do not run with {why}; set model.compile=false")
 
-    def _validate_latent_graphs(self) -> None:
-        """What ``grpo.update_latent_graphs`` runs with (the engine, once resolved, and the processes: the trainer)."""
+    def latent_chain_obstacle(self) -> str | None:
+        """What in this config keeps ``grpo.update_latent_graphs`` from running (None: nothing here; the trainer
+        checks the rest: the engine once resolved, the processes, the model)."""
         g = self.grpo
-        if g.update_latent_graphs != "true":  # (auto turns itself off where it cannot run)
-            return
         for ok, why in (
             (g.engine != "eager", "grpo.engine=eager (the chain is the fast engine's: set grpo.engine=fast or auto)"),
             (
@@ -810,7 +809,14 @@ class Config:
             (not self.model.compile, "model.compile=true (compiled layers inside a captured graph)"),
             (self.fsdp == "none", "FSDP (fsdp != none)"),
         ):
-            _check(ok, "grpo.update_latent_graphs", f"the latent chain does not run with {why}")
+            if not ok:
+                return f"the latent chain does not run with {why}"
+        return None
+
+    def _validate_latent_graphs(self) -> None:
+        """``grpo.update_latent_graphs=true`` where this config keeps the chain from running (auto turns itself off)."""
+        why = self.latent_chain_obstacle() if self.grpo.update_latent_graphs == "true" else None
+        _check(why is None, "grpo.update_latent_graphs", why or "")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -279,9 +279,14 @@ class FixedShapeDecoder:
                 self._forward(phase)
         except RuntimeError as e:  # (what CUDA graph capture raises: an op that cannot be captured, ...)
             self.capture, self.graphs, self.graph_inputs = False, {}, {}
-            message = f"the fast engine's {self.purpose} decoder: capturing its {phase} step failed ({{error}}); "
-            message += "this model's decoders for it run their steps eagerly from now on (the same results, more "
-            give_up_capture(self.lm, self.purpose, e, message + "host time)", stacklevel=3)
+            give_up_capture(
+                self.lm,
+                self.purpose,
+                e,
+                f"the fast engine's {self.purpose} decoder: capturing its {phase} step failed ({{error}}); this "
+                "model's decoders for it run their steps eagerly from now on (the same results, more host time)",
+                stacklevel=3,
+            )
             return False
         self.graphs[phase] = graph  # (only once captured whole)
         self.graph_inputs[phase] = list(graph_inputs_of(self.perturbation) or [])

@@ -160,8 +160,14 @@ class LatentChain:
                 self.failed = True
                 self.forward_graph = self.backward_graph = None
                 self.inputs, self.outputs, self.grad_outputs, self.grads = [], [], [], []
-                message = "grpo.update_latent_graphs: capturing the latent steps failed ({error}); this model's "
-                give_up_capture(self.lm, "update", e, message + "update runs them step by step from now on", 2)
+                give_up_capture(
+                    self.lm,
+                    "update",
+                    e,
+                    "grpo.update_latent_graphs: capturing the latent steps failed ({error}); this model's update "
+                    "runs them step by step from now on",
+                    stacklevel=2,
+                )
         if self.failed:
             self.lm.coconut_steps(state, self.n_latent, perturbation)
             return state

@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 import torch
@@ -209,10 +209,9 @@ class LockedDropout(Perturbation):
         pin = lm.device.type == "cuda"
 
         def draw() -> Tensor:
-            if not pin:
-                return keep_rows(seeds, len(sites), sites[0].width, self.p, self.memo)
-            with CAPTURE_LOCK:  # the draw and its pinning, apart from any capture: pinning calls the CUDA runtime
-                return keep_rows(seeds, len(sites), sites[0].width, self.p, self.memo).pin_memory()
+            with CAPTURE_LOCK if pin else nullcontext():  # (on CUDA apart from any capture: pinning calls the runtime)
+                keep = keep_rows(seeds, len(sites), sites[0].width, self.p, self.memo)
+                return keep.pin_memory() if pin else keep
 
         self._prefetch = (tuple(seeds.tolist()), _prefetcher().submit(draw))
 

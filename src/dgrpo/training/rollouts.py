@@ -68,19 +68,16 @@ def resolve_engine(engine: str, device: torch.device, batched: bool) -> str:
 
 
 def latent_chain_obstacle(lm: LatentLM, cfg: Config, engine: str, distributed: bool) -> str | None:
-    """Why ``grpo.update_latent_graphs`` cannot run in this trainer (None: it can): it is the fast engine's, for one
-    process and a coconut model, keeps the latent steps' activations, runs the layers uncompiled, and its capture
-    (CUDA) needs the prebuilt attention mask (no host read of the padding inside the graph)."""
-    g = cfg.grpo
+    """Why ``grpo.update_latent_graphs`` cannot run in this trainer (None: it can): what the config says
+    (:meth:`Config.latent_chain_obstacle`), then: it is the fast engine's, for one process and a coconut model, and
+    its capture (CUDA) needs the prebuilt attention mask (no host read of the padding inside the graph)."""
+    why = cfg.latent_chain_obstacle()
+    if why is not None:
+        return why
     for ok, why in (
         (engine == "fast", f"the engine resolved to {engine} (on {lm.device.type}): set grpo.engine=fast"),
         (not distributed, "it runs in one process (not under torchrun yet)"),
         (lm.settings.mode == "coconut", f"it runs coconut thoughts; this model's mode is {lm.settings.mode!r}"),
-        (
-            not (g.recompute and g.recompute_latent_steps),
-            "it keeps the latent steps' activations: set grpo.recompute_latent_steps=false",
-        ),
-        (not cfg.model.compile, "compiled layers do not run inside its graphs: set model.compile=false"),
         (
             lm.device.type != "cuda" or prebuilt_mask_applies(lm.model.config),
             "its CUDA graphs need SDPA attention over full-attention layers "
