@@ -294,6 +294,22 @@ def test_kept_layer_bytes_script_counts_one_layers_activations():
     assert out["kept_per_layer_at_2_rows_gib"] == pytest.approx(2 * out["kept_per_layer_per_row_mib"] / 1024, abs=0.01)
 
 
+@pytest.mark.slow
+def test_latent_kv_bytes_script_counts_the_prompts_columns_kept_once_instead_of_per_step():
+    """bench/latent_kv_bytes.py: at Qwen2.5-1.5B's width (2 key/value heads of 128, bf16: 1 KiB a column of keys and
+    values per layer and row), saving them once keeps sum_{t<T} (P + t) columns fewer per layer and row."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench/latent_kv_bytes.py"
+    argv = [sys.executable, str(script), "--widths", "32", "--rows", "1", "--answer", "4", "--scale-rows", "2"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    columns = sum(32 + t for t in range(1, 6))  # T = 6
+    assert out["fewer_per_layer_per_row_mib"] == pytest.approx(columns * 1024 / 2**20, abs=1e-3), out
+    assert out["fewer_at_28_layers_2_rows_gib"] == pytest.approx(columns * 1024 * 28 * 2 / 2**30, abs=0.01), out
+
+
 def test_capture_beside_threads_says_it_needs_cuda_here(monkeypatch, capsys):
     """bench/capture_beside_threads.py (a CUDA diagnostic): on a machine without CUDA it says so and exits 2."""
     import importlib.util

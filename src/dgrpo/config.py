@@ -283,8 +283,9 @@ class DataConfig:
 #: sft.recompute_latent_steps and grpo.recompute_latent_steps: the same switch over the same recurrence
 RECOMPUTE_LATENT_STEPS_HELP = (
     "with recompute: the latent steps' forward calls are recomputed too (true), or keep their activations (false): "
-    "each holds one position per row, little next to the prompt's and the answer's, and each one not recomputed saves "
-    "a forward of the whole decoder stack (its kernel launches) in backward; the same gradients"
+    "each holds one position per row, and the steps share one copy of each layer's keys and values (the prompt's "
+    "columns are not kept again per step), little next to the prompt's and the answer's; each one not recomputed "
+    "saves a forward of the whole decoder stack (its kernel launches) in backward; the same gradients"
 )
 
 

@@ -23,6 +23,7 @@ import torch
 import torch.utils.checkpoint
 
 from ..config import RecomputeGranularity
+from ..model.kv_prefixes import OBSERVER
 from ..training.grpo import GRPOTrainer
 from ..training.rollouts import replay_logprobs
 from .memprobe import run_probe
@@ -80,8 +81,10 @@ def build_trainer(
 
 def kept_for_backward(run: Callable[[], Any], params: Iterable[torch.Tensor]) -> int:
     """Bytes kept for backward while ``run()`` builds its graph: the distinct storages of the tensors autograd saves
-    and of the inputs of checkpointed regions (which a region holds itself), the parameters' own storages left out
-    (saving a weight costs nothing); what a region's recomputation saves inside backward is transient, not counted."""
+    (a reentrant checkpointed region's inputs among them) and of the inputs of non-reentrant regions (which such a
+    region holds itself), the parameters' own storages left out (saving a weight costs nothing); what a region's
+    recomputation saves inside backward is transient, not counted. The latent steps' keys and values saved once
+    (dgrpo.model.kv_prefixes) count once: this hook only looks (``OBSERVER``)."""
     skip = {p.untyped_storage().data_ptr() for p in params}
     seen: dict[int, int] = {}
 
@@ -93,12 +96,14 @@ def kept_for_backward(run: Callable[[], Any], params: Iterable[torch.Tensor]) ->
             seen[st.data_ptr()] = st.nbytes()
         return t
 
+    setattr(keep, OBSERVER, True)  # (it only looks: the latent steps still save their keys and values once)
     real = torch.utils.checkpoint.checkpoint
 
     def checkpoint(fn: Callable, *args: Any, **kwargs: Any) -> Any:
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                keep(a)
+        if kwargs.get("use_reentrant") is False:  # (a reentrant region saves its inputs: the hook sees them)
+            for a in args:
+                if isinstance(a, torch.Tensor):
+                    keep(a)
         return real(fn, *args, **kwargs)
 
     with (

@@ -42,6 +42,7 @@ from ..config import ConfigError
 from .anatomy import decoder_layers
 from .attention_mask import additive_mask, causal_padding_mask, prebuilt_mask_applies, static_causal_padding_mask
 from .compiled_layers import CompiledLayers
+from .kv_prefixes import saved_as_prefixes
 from .recompute import checkpointed_layers, last_layers, recomputed_call
 from .static_cache import static_cache
 from .verified import (
@@ -347,6 +348,10 @@ class LatentLM(nn.Module):
         #: with ``recompute == "layer"``: how many of the last decoder layers keep their activations instead (no
         #: second forward for them); grpo.recompute_kept_layers / sft.recompute_kept_layers
         self.recompute_kept_layers = 0
+        #: under grad, the latent steps keep each layer's keys and values once for backward, as prefixes of the last
+        #: step's (dgrpo.model.kv_prefixes), instead of once per step; False: as attention (or a recomputed region)
+        #: saves them (the bench's other arm: the same gradients, bit for bit)
+        self.save_kv_once = True
         #: the decoder layers' compiled step (``model.compile``; dgrpo.model.compiled_layers), or None: eager layers.
         #: It runs teacher-forced scoring over a growing ``DynamicCache`` (SFT, the update, theta_old, the reference)
         self.compiled_layers: CompiledLayers | None = None
@@ -704,9 +709,14 @@ class LatentLM(nn.Module):
         return state
 
     def coconut_steps(self, state: DecodeState, n_latent: int, perturbation: PhaseHook | None = None) -> None:
-        """``n_latent`` continuous thoughts after ``state``, each the last hidden state fed back as the next input."""
-        for _ in range(n_latent):
-            self._forward(state, "latent", perturbation, embeds=state.last_hidden)
+        """``n_latent`` continuous thoughts after ``state``, each the last hidden state fed back as the next input.
+        With grad, the steps keep each layer's keys and values once for backward (what attention saves, or what a
+        recomputed region keeps as its input), not once per step (:func:`dgrpo.model.kv_prefixes.saved_as_prefixes`;
+        ``save_kv_once``)."""
+        once = self.save_kv_once and not (self.compiled_layers is not None and self._scoring)
+        with saved_as_prefixes(state.cache) if once else nullcontext():
+            for _ in range(n_latent):
+                self._forward(state, "latent", perturbation, embeds=state.last_hidden)
 
     def score_targets(
         self,
