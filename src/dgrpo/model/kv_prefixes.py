@@ -49,16 +49,15 @@ class _SavedOnce:
         self.last: list[tuple[Tensor, Tensor]] | None = None  # (set when the block ends)
 
     def pack(self, t: Tensor) -> Tensor | _Prefix:
-        if t.dim() == 4 and self.last is None:
+        if self.last is None and t.dim() == 4:
             # the layer running now: the one whose tensors were saved last, the next one, or the first (a new step)
-            for i in dict.fromkeys((self.current, (self.current + 1) % len(self.layers), 0)):
-                layer = self.layers[i]
-                for kind, held in enumerate((layer.keys, layer.values)):
-                    if held is t or (
-                        held is not None and held.data_ptr() == t.data_ptr() and held.stride() == t.stride()
-                    ):
-                        self.current = i
-                        return _Prefix(self, i, kind, t.shape[-2])
+            layers, i = self.layers, self.current
+            for j in (i, i + 1, 0) if i + 1 < len(layers) else (i, 0):
+                layer = layers[j]
+                kind = 0 if layer.keys is t else 1 if layer.values is t else -1
+                if kind >= 0:
+                    self.current = j
+                    return _Prefix(self, j, kind, t.shape[-2])
         if self.observe is not None:
             self.observe(t)
         # detached, as PyTorch itself saves a node's own output: the tensor would hold the node that holds it
