@@ -426,6 +426,39 @@ def test_layer_recomputation_on_cuda_matches_full_backprop_with_a_lower_peak(tok
     assert peaks["layer"] < peaks["call"] < peaks[False], peaks
 
 
+def test_the_latent_steps_keep_their_keys_and_values_once_on_cuda(tokenizer, task_records):
+    """dgrpo.model.kv_prefixes on the device: the update's replay (bf16, per-layer recomputation with the latent steps
+    keeping their activations, as the recipe runs it uncaptured) gives the same log-probs and gradients bit for bit,
+    and what it holds between its forward and its backward is smaller by the prompt's columns kept per step."""
+    lm = make_lm(tokenizer, hidden_size=256, num_layers=4, intermediate_size=512).eval()
+    lm.model.to(CUDA, torch.bfloat16)
+    lm.recompute, lm.recompute_latent_steps = "layer", False
+    recs = task_records[:32]
+    ids, mask = (x.to(CUDA) for x in lm.encode_questions([r.question for r in recs]))
+    tg, tm = (x.to(CUDA) for x in lm.encode_targets(["\n".join(r.steps) + "\n#### " + r.answer for r in recs]))
+    pert, seeds, T = LockedDropout(p=0.2, sites=["attn", "mlp"]), seeds_for(0, 0, 0, len(recs)), 6
+    out = {}
+    for once in (False, True):
+        lm.save_kv_once = once
+        lm.model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        with pert.bind(lm, seeds) as pb:
+            lp, _ = lm.target_logprobs(ids, mask, T, tg, tm, perturbation=pb, end_with_targets=True)
+        torch.cuda.synchronize()
+        held = torch.cuda.memory_allocated() - base
+        (-(lp.float() * tm).sum()).backward()
+        out[once] = (lp.detach(), [p.grad.clone() for p in lm.model.parameters()], held)
+    lm.save_kv_once = True
+    assert torch.equal(out[False][0], out[True][0])
+    assert all(torch.equal(a, b) for a, b in zip(out[False][1], out[True][1]))
+    cfg = lm.model.config
+    B, P = ids.shape
+    column = 2 * B * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 2  # keys + values, bf16
+    fewer = sum(P + t for t in range(1, T)) * cfg.num_hidden_layers * column
+    assert out[False][2] - out[True][2] >= 0.9 * fewer, (out[False][2], out[True][2], fewer)
+
+
 def test_compiled_layers_on_cuda_match_eager_and_train_in_bf16(tokenizer, task_records, sft_checkpoint):
     """``model.compile``: inductor's layer step gives the eager layers' log-probs and gradients under locked dropout
     with layer recomputation (fp32), and two bf16 GRPO steps (fast-engine rollouts, compiled update) train."""
