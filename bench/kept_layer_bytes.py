@@ -30,18 +30,30 @@ from paper_step import QWEN25_15B, T  # noqa: E402
 
 from dgrpo.bench.recompute_item import kept_for_backward  # noqa: E402
 from dgrpo.bench.workload import build_lm, task_records  # noqa: E402
+from dgrpo.model.latent_lm import LatentLM  # noqa: E402
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def byte_count_args(doc: str | None) -> argparse.ArgumentParser:
+    """The options of a script that counts bytes on a few rows of a Qwen2.5-1.5B-shaped model (this one's and
+    bench/latent_kv_bytes.py's)."""
+    ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     ap.add_argument("--rows", type=int, default=4, help="rows measured (the bytes scale with rows)")
     ap.add_argument("--answer", type=int, default=64, help="answer tokens per row")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     ap.add_argument("--scale-rows", type=int, default=512, help="report the bytes for this many rows too")
-    args = ap.parse_args()
+    return ap
+
+
+def layer_shaped_lm(args: argparse.Namespace, layers: int = 2) -> LatentLM:
+    """A ``layers``-layer model of Qwen2.5-1.5B's layer shape, random weights, on the CPU in ``args.dtype``."""
     torch.manual_seed(0)
-    shape = dataclasses.replace(QWEN25_15B, layers=2)
-    lm = build_lm(shape, torch.device("cpu"), getattr(torch, args.dtype), keep=False)
+    shape = dataclasses.replace(QWEN25_15B, layers=layers)
+    return build_lm(shape, torch.device("cpu"), getattr(torch, args.dtype), keep=False)
+
+
+def main() -> int:
+    args = byte_count_args(__doc__).parse_args()
+    lm = layer_shaped_lm(args)
     ids, mask = lm.encode_questions([r.question for r in task_records(args.rows)])
     targets = torch.randint(10, 1000, (args.rows, args.answer))
     target_mask = torch.ones_like(targets)

@@ -15,8 +15,6 @@ model's 28 layers and ``--scale-rows`` rows (the recipe's 512-row micro-batch).
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import functools
 import json
 import sys
@@ -28,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from kept_layer_bytes import byte_count_args, layer_shaped_lm  # noqa: E402
 from paper_step import QWEN25_15B, T  # noqa: E402
 
 from dgrpo.bench.recompute_item import kept_for_backward  # noqa: E402
-from dgrpo.bench.workload import build_lm  # noqa: E402
 from dgrpo.model.latent_lm import LatentLM  # noqa: E402
 
 MEASURED_LAYERS = 2
@@ -44,16 +42,10 @@ def replay(lm: LatentLM, ids: torch.Tensor, targets: torch.Tensor) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap = byte_count_args(__doc__)
     ap.add_argument("--widths", type=int, nargs="+", default=[32, 64, 96, 136, 160], help="prompt columns")
-    ap.add_argument("--rows", type=int, default=4, help="rows measured (the bytes scale with rows)")
-    ap.add_argument("--answer", type=int, default=64, help="answer tokens per row")
-    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    ap.add_argument("--scale-rows", type=int, default=512, help="report the bytes for this many rows too")
     args = ap.parse_args()
-    torch.manual_seed(0)
-    shape = dataclasses.replace(QWEN25_15B, layers=MEASURED_LAYERS)
-    lm = build_lm(shape, torch.device("cpu"), getattr(torch, args.dtype), keep=False)
+    lm = layer_shaped_lm(args, MEASURED_LAYERS)
     lm.recompute, lm.recompute_latent_steps = "layer", False
     scale = QWEN25_15B.layers / MEASURED_LAYERS * args.scale_rows / args.rows
     for width in args.widths:

@@ -86,14 +86,14 @@ def kept_for_backward(run: Callable[[], Any], params: Iterable[torch.Tensor]) ->
     recomputation saves inside backward is transient, not counted. The latent steps' keys and values saved once
     (dgrpo.model.kv_prefixes) count once: this hook only looks (``OBSERVER``)."""
     skip = {p.untyped_storage().data_ptr() for p in params}
-    seen: dict[int, int] = {}
+    seen: dict[int, torch.UntypedStorage] = {}  # (held until the count: a freed storage's address could be reused)
 
     def keep(t: torch.Tensor) -> torch.Tensor:
         if torch._C._current_graph_task_id() != -1:  # saved by a recomputation inside backward: not kept across it
             return t
         st = t.untyped_storage()
         if st.data_ptr() not in skip:
-            seen[st.data_ptr()] = st.nbytes()
+            seen[st.data_ptr()] = st
         return t
 
     setattr(keep, OBSERVER, True)  # (it only looks: the latent steps still save their keys and values once)
@@ -111,7 +111,7 @@ def kept_for_backward(run: Callable[[], Any], params: Iterable[torch.Tensor]) ->
         unittest.mock.patch.object(torch.utils.checkpoint, "checkpoint", checkpoint),
     ):
         run()
-    return sum(seen.values())
+    return sum(st.nbytes() for st in seen.values())
 
 
 def saved_bytes(trainer: GRPOTrainer) -> int:
