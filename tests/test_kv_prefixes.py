@@ -63,7 +63,9 @@ MODES = {  # (LatentLM.recompute, recompute_latent_steps)
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
+@pytest.mark.parametrize(
+    "arch", ["qwen2", pytest.param("llama", marks=pytest.mark.slow), pytest.param("gpt2", marks=pytest.mark.slow)]
+)
 def test_the_latent_steps_keep_each_layers_keys_and_values_once(tokenizer, task_records, arch, mode):
     recompute, latent_steps = MODES[mode]
     lm = make_lm(tokenizer, arch).eval()
