@@ -31,7 +31,8 @@
 #                        costliest host calls and kernels, by_range (host, idle and kernel time per path of labelled
 #                        calls), and the step's Chrome trace in recipe_trace.json.gz
 #   chain_smoke        : the CUDA tests of grpo.update_latent_graphs (the update's latent steps as one captured
-#                        forward and backward); the chain's step items after it run only if they pass
+#                        forward and backward) and of the latent steps' keys and values kept once; the chain's step
+#                        items after it run only if they pass
 #   recipe_vs_no_chain : the recipe against grpo.update_latent_graphs=false, alternated
 #   extra_profile      : only with EXTRA_PROFILE=path/to/script.py: that script, run from the checkout's root with
 #                        src/ on PYTHONPATH (e.g. a profile tool kept with an issue, carried to the node), with the
@@ -137,7 +138,7 @@ if ! run_item capture_smoke "${PYTEST[@]}" tests/test_cuda.py -k "$SMOKE"; then
 fi
 run_item recipe_profile "$PY" "${STEP[@]}" --steps 3 --profile --trace "$OUT_DIR/recipe_trace.json.gz"
 CHAIN=grpo.update_latent_graphs
-run_item chain_smoke "${PYTEST[@]}" tests/test_cuda.py -k latent_chain
+run_item chain_smoke "${PYTEST[@]}" tests/test_cuda.py -k "latent_chain or keys_and_values"
 chain_ok=$?  # (the chain's step items run only if its tests pass)
 ((chain_ok == 0)) && run_item recipe_vs_no_chain "$PY" "${STEP[@]}" --versus "$CHAIN=false"
 if [[ -n "${EXTRA_PROFILE:-}" ]]; then  # a profile script of one's own (e.g. one kept with an issue), run from here
