@@ -2,6 +2,7 @@
 
     python bench/latent_kv_bytes.py                    # Qwen2.5-1.5B's layers, bf16, T = 6, prompts 32-160 wide
     python bench/latent_kv_bytes.py --widths 136 --rows 2
+    python bench/latent_kv_bytes.py --time             # what it costs: one process, each arm alternated
 
 Each latent step appends a column to every layer's keys and values; attention saves the concatenation, so per step
 autograd would keep the prompt's columns again (``LatentLM.save_kv_once = False``); by default each layer's are kept
@@ -11,10 +12,18 @@ their activations, as the paper recipe runs it) both ways, on a two-layer model 
 random weights on the CPU, and counts the bytes kept for backward the way bench item 10 does
 (``dgrpo.bench.recompute_item.kept_for_backward``). The difference is per layer and per row, so it is scaled to the
 model's 28 layers and ``--scale-rows`` rows (the recipe's 512-row micro-batch).
+
+``--time`` times instead, each pair alternated in one process (``dgrpo.bench.timing.alternate``, medians): the
+replay's forward and backward with and without, at bench item 10's shape (a 4 x 512 Qwen2 in fp32, 64 rows of 40
+prompt and 16 answer tokens) under each recomputation mode; and the latent steps' forward alone on a host-bound proxy
+(28 layers of width 32, one thread: what the hooks cost the host, which a GPU's uncaptured update pays), against no
+hooks and against hooks that do nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import json
 import sys
@@ -29,7 +38,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from kept_layer_bytes import byte_count_args, layer_shaped_lm  # noqa: E402
 from paper_step import QWEN25_15B, T  # noqa: E402
 
-from dgrpo.bench.recompute_item import kept_for_backward  # noqa: E402
+from dgrpo.bench.recompute_item import RECOMPUTE_CPU, kept_for_backward  # noqa: E402
+from dgrpo.bench.timing import alternate  # noqa: E402
+from dgrpo.bench.workload import QUICK, build_lm  # noqa: E402
 from dgrpo.model.latent_lm import LatentLM  # noqa: E402
 
 MEASURED_LAYERS = 2
@@ -41,10 +52,73 @@ def replay(lm: LatentLM, ids: torch.Tensor, targets: torch.Tensor) -> None:
     (-lp.sum()).backward()
 
 
+#: the recomputation modes --time compares the replay in: (LatentLM.recompute, recompute_latent_steps)
+MODES = {
+    "full backprop": (False, False),
+    "per layer, latent steps kept": ("layer", False),
+    "per layer": ("layer", True),
+}
+MODES["per call"] = ("call", True)
+
+
+def time_replay(reps: int) -> None:
+    """The replay's forward and backward, keys and values kept once against once per step, per recomputation mode."""
+    lm = build_lm(RECOMPUTE_CPU, torch.device("cpu"), torch.float32, keep=False)
+    ids, targets = torch.randint(10, 100, (64, 40)), torch.randint(10, 100, (64, 16))
+
+    def arm(once: bool) -> None:
+        lm.save_kv_once = once
+        replay(lm, ids, targets)
+        lm.model.zero_grad(set_to_none=True)
+
+    for mode, (recompute, latent_steps) in MODES.items():
+        lm.recompute, lm.recompute_latent_steps = recompute, latent_steps
+        timed = alternate({"once": functools.partial(arm, True), "each step": functools.partial(arm, False)}, reps=reps)
+        row = {
+            "replay": mode,
+            "once_s": round(timed.median("once"), 3),
+            "each_step_s": round(timed.median("each step"), 3),
+        }
+        print(json.dumps({**row, "ratio": round(timed.ratio("once", "each step"), 3)}))
+
+
+def time_host(reps: int) -> None:
+    """The latent steps' forward with grad on a host-bound proxy: no hooks, hooks that do nothing, these."""
+    torch.set_num_threads(1)
+    lm = build_lm(
+        dataclasses.replace(QUICK, layers=QWEN25_15B.layers, hidden=32, heads=4, kv_heads=2, ffn=64),
+        torch.device("cpu"),
+        torch.float32,
+        keep=False,
+    )
+    ids = torch.randint(10, 100, (4, 40))
+
+    def arm(once: bool, hooks: bool = False) -> None:
+        lm.save_kv_once = once
+        with torch.no_grad():
+            state = lm.prefill(ids, torch.ones_like(ids), 0, markers=False)
+        state.last_hidden.requires_grad_(True)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t) if hooks else contextlib.nullcontext():
+            lm.coconut_steps(state, T)
+
+    arms = {"none": functools.partial(arm, False), "do-nothing hooks": functools.partial(arm, False, True)}
+    timed = alternate({**arms, "once": functools.partial(arm, True)}, reps=reps, warmup=3)
+    layer_steps = QWEN25_15B.layers * T
+    out = {k: round(timed.median(k) * 1e3, 2) for k in timed.times}
+    extra_us = (timed.median("once") - timed.median("none")) / layer_steps * 1e6
+    print(json.dumps({"host_proxy_latent_forward_ms": out, "once_extra_us_per_layer_step": round(extra_us, 1)}))
+
+
 def main() -> int:
     ap = byte_count_args(__doc__)
     ap.add_argument("--widths", type=int, nargs="+", default=[32, 64, 96, 136, 160], help="prompt columns")
+    ap.add_argument("--time", action="store_true", help="time the change instead of counting bytes")
+    ap.add_argument("--reps", type=int, default=12, help="--time: alternated rounds per pair")
     args = ap.parse_args()
+    if args.time:
+        time_replay(args.reps)
+        time_host(3 * args.reps)
+        return 0
     lm = layer_shaped_lm(args, MEASURED_LAYERS)
     lm.recompute, lm.recompute_latent_steps = "layer", False
     scale = QWEN25_15B.layers / MEASURED_LAYERS * args.scale_rows / args.rows
