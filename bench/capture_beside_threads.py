@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from dgrpo.bench.capture_probe import capture_repeatedly  # noqa: E402
 from dgrpo.model.fixed_shape import CAPTURE_LOCK  # noqa: E402
+from dgrpo.model.verified import one_line  # noqa: E402
 from dgrpo.perturbation.locked import keep_rows  # noqa: E402
 
 CASES = ["none", "cpu", "pin_locked", "pin_unlocked", "lock_all", "empty_pinned", "copy_into_pinned"]
@@ -103,8 +104,7 @@ def run_case(case: str, max_captures: int, seconds: float) -> bool:
         print(f"{case}: OK {len(graphs)} captures, thread iterations {done[0]}", flush=True)
         return True
     except RuntimeError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"{case}: FAIL after {len(graphs)} captures, thread iterations {done[0]}: {first}", flush=True)
+        print(f"{case}: FAIL after {len(graphs)} captures, thread iterations {done[0]}: {one_line(e)}", flush=True)
         return False
     finally:
         stop.set()

@@ -57,8 +57,8 @@ MODES = {
     "full backprop": (False, False),
     "per layer, latent steps kept": ("layer", False),
     "per layer": ("layer", True),
+    "per call": ("call", True),
 }
-MODES["per call"] = ("call", True)
 
 
 def time_replay(reps: int) -> None:
@@ -101,8 +101,12 @@ def time_host(reps: int) -> None:
         with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t) if hooks else contextlib.nullcontext():
             lm.coconut_steps(state, T)
 
-    arms = {"none": functools.partial(arm, False), "do-nothing hooks": functools.partial(arm, False, True)}
-    timed = alternate({**arms, "once": functools.partial(arm, True)}, reps=reps, warmup=3)
+    arms = {
+        "none": functools.partial(arm, False),
+        "do-nothing hooks": functools.partial(arm, False, True),
+        "once": functools.partial(arm, True),
+    }
+    timed = alternate(arms, reps=reps, warmup=3)
     layer_steps = QWEN25_15B.layers * T
     out = {k: round(timed.median(k) * 1e3, 2) for k in timed.times}
     extra_us = (timed.median("once") - timed.median("none")) / layer_steps * 1e6

@@ -49,6 +49,7 @@ from torch import Tensor
 from transformers import StaticCache
 
 from .latent_lm import AnswerBook, Generation, LatentLM, PhaseHook, cache_keyword
+from .verified import one_line
 
 _side_streams: dict[int, torch.cuda.Stream] = {}
 _Kept = TypeVar("_Kept")
@@ -85,10 +86,10 @@ def on_side_stream() -> Iterator[torch.cuda.Stream]:
 def give_up_capture(lm: LatentLM, purpose: str, error: Exception, message: str, stacklevel: int) -> None:
     """After a failed capture for ``purpose`` (``generate``, ``score``, ``update``): no later one of ``lm`` for it
     tries again (a failed capture may keep the memory of its pool), and a warning says so: ``message`` with the
-    error's first line as ``{error}``; ``stacklevel`` as the caller's own ``warnings.warn`` would take it."""
+    error as one line (:func:`~dgrpo.model.verified.one_line`) as ``{error}``; ``stacklevel`` as the caller's own
+    ``warnings.warn`` would take it."""
     lm.kept_decoders.failed_captures.add(purpose)
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    warnings.warn(message.format(error=first[:300]), RuntimeWarning, stacklevel=stacklevel + 1)
+    warnings.warn(message.format(error=one_line(error)), RuntimeWarning, stacklevel=stacklevel + 1)
 
 
 @contextmanager
