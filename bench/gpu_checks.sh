@@ -34,6 +34,8 @@
 #                        forward and backward) and of the latent steps' keys and values kept once; the chain's step
 #                        items after it run only if they pass
 #   recipe_vs_no_chain : the recipe against grpo.update_latent_graphs=false, alternated
+#   recipe_vs_earlier  : the recipe alternated with the earlier GPU path (eager engine, HF layers, 64-row
+#                        micro-batches, no recomputation): the issue's fast / eager ratio
 #   extra_profile      : only with EXTRA_PROFILE=path/to/script.py: that script, run from the checkout's root with
 #                        src/ on PYTHONPATH (e.g. a profile tool kept with an issue, carried to the node), with the
 #                        arguments in EXTRA_PROFILE_ARGS (e.g. "28 grpo.optimizer=adamw8bit"); whether the chain passed
@@ -55,8 +57,6 @@
 #                        memory); KEPT_LAYERS=1 for a try-out on a 2-layer shape
 #   reference_share    : the recipe against grpo.beta0=0 (no reference model: what its forward pass costs a step)
 #   cuda_tests         : pytest tests/test_cuda.py
-#   recipe_vs_earlier  : the recipe alternated with the earlier GPU path (eager engine, HF layers, 64-row
-#                        micro-batches, no recomputation): the issue's ratio
 #   fast_vs_eager      : the recipe against grpo.engine=eager on the same weights and prompts (the engine key alone)
 #   call256_vs_recipe  : per-call recomputation of every call at 256-row micro-batches (the recipe until 2026-11-25)
 #   hf_vs_liger        : the recipe against model.kernels=none (what Liger's layers save)
@@ -141,6 +141,7 @@ CHAIN=grpo.update_latent_graphs
 run_item chain_smoke "${PYTEST[@]}" tests/test_cuda.py -k "latent_chain or keys_and_values"
 chain_ok=$?  # (the chain's step items run only if its tests pass)
 ((chain_ok == 0)) && run_item recipe_vs_no_chain "$PY" "${STEP[@]}" --versus "$CHAIN=false"
+run_item recipe_vs_earlier "$PY" "${STEP[@]}" "${EARLIER[@]/#/--versus=}"
 if [[ -n "${EXTRA_PROFILE:-}" ]]; then  # a profile script of one's own (e.g. one kept with an issue), run from here
     read -r -a EXTRA_ARGS <<<"${EXTRA_PROFILE_ARGS:-}"
     run_item extra_profile "$PY" "$EXTRA_PROFILE" "${EXTRA_ARGS[@]}"
@@ -155,7 +156,6 @@ run_item varied_kept "$PY" "${STEP[@]}" "${VARIED[@]}" --versus grpo.keep_graphs
 run_item kept_layers "$PY" "${STEP[@]}" --set "grpo.recompute_kept_layers=${KEPT_LAYERS:-6}" --versus grpo.recompute_kept_layers=0
 run_item reference_share "$PY" "${STEP[@]}" --versus grpo.beta0=0
 run_item cuda_tests "${PYTEST[@]}" tests/test_cuda.py
-run_item recipe_vs_earlier "$PY" "${STEP[@]}" "${EARLIER[@]/#/--versus=}"
 run_item fast_vs_eager "$PY" "${STEP[@]}" --versus grpo.engine=eager
 run_item call256_vs_recipe "$PY" "${STEP[@]}" "${CALL256[@]/#/--versus=}"
 run_item hf_vs_liger "$PY" "${STEP[@]}" --versus model.kernels=none
