@@ -143,6 +143,18 @@ def test_device_activity_on_a_cpu_gives_each_labelled_path_its_host_time():
     assert out["kernels"] == 0 and "launch_matched_share" not in out
 
 
+def test_device_activity_on_a_cpu_gives_each_phase_its_wall_time_and_no_kernels():
+    def step():
+        with torch.profiler.record_function("phase"):
+            torch.randn(256, 256) @ torch.randn(256, 256)
+
+    out = step_profile.device_activity(step, torch.device("cpu"), phases=("phase", "absent"))
+    phase, absent = out["phases"]["phase"], out["phases"]["absent"]
+    assert 0 < phase["wall_s"] <= out["profiled_wall_s"] and phase["busy_share"] == 0
+    assert phase["kernels"] == 0 and phase["device_top"] == []  # (a CPU runs no kernels)
+    assert absent["wall_s"] == 0 and absent["kernels"] == 0
+
+
 def test_the_paper_step_labels_name_methods_that_exist():
     """bench/paper_step.step_labels: every (owner, attribute) it wraps is there (a rename would fail the profile)."""
     import importlib.util

@@ -77,8 +77,8 @@ def device_activity(
 ) -> dict:
     """One ``step()`` under the profiler: its wall time, the device kernels it ran and their summed time (the
     kernel-busy share of the wall), and the host's launch calls (kernels and graph replays); per phase (a
-    ``torch.profiler.record_function`` range the step opens, named in ``phases``) its wall time, kernel-busy share and
-    costliest kernels (those launched inside it);
+    ``torch.profiler.record_function`` range the step opens, named in ``phases``) its wall time, kernel-busy share, how
+    many kernels it launched (a replayed graph's included) and the costliest of them;
     per path of the labelled ranges the step opens (names in ``labels``, read after the step: e.g. the set
     :func:`~dgrpo.bench.timeline.labelled_calls` fills) its own host time, the device idle time it caused and its
     kernels' time (:func:`~dgrpo.bench.timeline.time_by_range`); the ``top`` host calls by their own time (CUDA
@@ -115,7 +115,8 @@ def device_activity(
         for name in phases:
             windows = [(e.time_range.start, e.time_range.end) for e in host if e.name == name]
             ours = launched_within(kernels, launched, windows)
-            out["phases"][name] = {**phase_activity(windows, spans), "device_top": top_kernels(ours, top // 2)}
+            top_ours = top_kernels(ours, top // 2)
+            out["phases"][name] = {**phase_activity(windows, spans), "kernels": len(ours), "device_top": top_ours}
     if labels:
         out.update(_by_range(host, spans, launches, set(labels) | set(phases)))
     own = [(e.name, e.self_cpu_time_total) for e in host if e.name not in phases and e.name not in labels]
