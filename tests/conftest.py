@@ -1,7 +1,9 @@
 """Shared fixtures: the locally trained tokenizer, tiny models, the one tiny config (the packaged ``tiny.yaml``, also
 ``dgrpo demo --quick``), a short SFT checkpoint, and running the command line in-process or as a subprocess."""
 
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -134,16 +136,26 @@ def run_cli(capsys):
 
 @pytest.fixture(scope="session")
 def sft_checkpoint(tmp_path_factory):
-    """A tiny built-in-task model after a short Coconut SFT (stage 0 -> 1), saved in HF format."""
+    """A tiny built-in-task model after a short Coconut SFT (stage 0 -> 1), saved in HF format; read only (a test
+    that changes it works on a copy). Trained once per run: the xdist workers share it through their common
+    temporary folder, the first to need it training it while the others wait."""
     from dgrpo.data.synthetic import generate_split
     from dgrpo.model.factory import load_model
     from dgrpo.training.sft import train_sft
 
-    # half tiny.yaml's training set at twice its lr: 64 steps, ~6 s (a model good enough that groups have mixed
-    # rewards and the filter keeps some; its accuracy means nothing)
-    cfg = tiny_config(**{"task.n_train": 1024, "sft.lr": 6e-3})
-    torch.manual_seed(0)
-    lm = load_model(cfg.model, cfg.task, seed=0)
-    out = tmp_path_factory.mktemp("sft")
-    train_sft(lm, generate_split(cfg.task, "train"), cfg, out, log=lambda *a: None)
+    base = tmp_path_factory.getbasetemp()
+    # an xdist worker's folder sits in the run's (without xdist, as on a GPU node: the run's folder itself)
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out, done = root / "sft-checkpoint", root / "sft-checkpoint.done"
+    with open(root / "sft-checkpoint.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (released when the file closes)
+        if not done.exists():
+            # half tiny.yaml's training set at twice its lr: 64 steps, ~6 s (a model good enough that groups have
+            # mixed rewards and the filter keeps some; its accuracy means nothing)
+            cfg = tiny_config(**{"task.n_train": 1024, "sft.lr": 6e-3})
+            torch.manual_seed(0)
+            lm = load_model(cfg.model, cfg.task, seed=0)
+            shutil.rmtree(out, ignore_errors=True)  # (what a run stopped while training left)
+            train_sft(lm, generate_split(cfg.task, "train"), cfg, out, log=lambda *a: None)
+            done.touch()
     return out / "final"

@@ -293,7 +293,13 @@ def live_tensor_bytes() -> int:
     return sum(storages.values())
 
 
-@pytest.mark.parametrize("recompute", RECOMPUTE_SETTINGS)
+@pytest.mark.parametrize(
+    "recompute",
+    [
+        s if s in ("false", "layer", "layer-latent-kept") else pytest.param(s, marks=pytest.mark.slow)
+        for s in RECOMPUTE_SETTINGS
+    ],
+)
 def test_grpo_steps_leave_nothing_behind(tokenizer, task_records, recompute):
     """What stays alive after a trainer step does not grow from one step to the next, under every recomputation
     setting: a step's graph, cache and activations must all go (under layer recomputation they once stayed, a few GiB
