@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from kept_layer_bytes import byte_count_args, layer_shaped_lm  # noqa: E402
 from paper_step import QWEN25_15B, T  # noqa: E402
 
-from dgrpo.bench.recompute_item import RECOMPUTE_CPU, kept_for_backward  # noqa: E402
+from dgrpo.bench.recompute_item import ARMS, RECOMPUTE_CPU, kept_for_backward  # noqa: E402
 from dgrpo.bench.timing import alternate  # noqa: E402
 from dgrpo.bench.workload import QUICK, build_lm  # noqa: E402
 from dgrpo.model.latent_lm import LatentLM  # noqa: E402
@@ -52,15 +52,6 @@ def replay(lm: LatentLM, ids: torch.Tensor, targets: torch.Tensor) -> None:
     (-lp.sum()).backward()
 
 
-#: the recomputation modes --time compares the replay in: (LatentLM.recompute, recompute_latent_steps)
-MODES = {
-    "full backprop": (False, False),
-    "per layer, latent steps kept": ("layer", False),
-    "per layer": ("layer", True),
-    "per call": ("call", True),
-}
-
-
 def time_replay(reps: int) -> None:
     """The replay's forward and backward, keys and values kept once against once per step, per recomputation mode."""
     lm = build_lm(RECOMPUTE_CPU, torch.device("cpu"), torch.float32, keep=False)
@@ -71,8 +62,8 @@ def time_replay(reps: int) -> None:
         replay(lm, ids, targets)
         lm.model.zero_grad(set_to_none=True)
 
-    for mode, (recompute, latent_steps) in MODES.items():
-        lm.recompute, lm.recompute_latent_steps = recompute, latent_steps
+    for mode, (granularity, latent_steps) in ARMS.items():  # (bench item 10's recomputation modes)
+        lm.recompute, lm.recompute_latent_steps = granularity or False, latent_steps
         timed = alternate({"once": functools.partial(arm, True), "each step": functools.partial(arm, False)}, reps=reps)
         row = {
             "replay": mode,

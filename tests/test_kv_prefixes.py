@@ -9,13 +9,13 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from dgrpo.bench.recompute_item import kept_for_backward
+from dgrpo.bench.recompute_item import ARMS, kept_for_backward
 from dgrpo.config import PerturbationConfig
 from dgrpo.model.kv_prefixes import OBSERVER, _enclosing_pack_hook, saved_as_prefixes
 from dgrpo.model.latent_chain import LatentChain
 from dgrpo.perturbation import make_perturbation
 
-from conftest import make_lm
+from conftest import kv_column_bytes, make_lm
 
 T = 4
 
@@ -46,28 +46,13 @@ def replay(lm, inputs, *, once, recompute=False, latent_steps=False):
     return out["lp"].detach(), grads, kept
 
 
-def kv_column_bytes(lm, rows):
-    """Bytes of one column of one layer's keys and values together, over ``rows`` rows."""
-    cfg = lm.model.config
-    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    head_dim = cfg.hidden_size // cfg.num_attention_heads
-    return 2 * rows * heads * head_dim * next(lm.model.parameters()).element_size()
-
-
-MODES = {  # (LatentLM.recompute, recompute_latent_steps)
-    "full backprop": (False, False),
-    "per layer, latent steps kept": ("layer", False),
-    "per layer": ("layer", True),
-    "per call": ("call", True),
-}
-
-
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ARMS)  # bench item 10's recomputation modes: (granularity or None, latent recomputed)
 @pytest.mark.parametrize(
     "arch", ["qwen2", pytest.param("llama", marks=pytest.mark.slow), pytest.param("gpt2", marks=pytest.mark.slow)]
 )
 def test_the_latent_steps_keep_each_layers_keys_and_values_once(tokenizer, task_records, arch, mode):
-    recompute, latent_steps = MODES[mode]
+    granularity, latent_steps = ARMS[mode]
+    recompute = granularity or False
     lm = make_lm(tokenizer, arch).eval()
     inputs = batch(lm, task_records)
     lp_each, g_each, kept_each = replay(lm, inputs, once=False, recompute=recompute, latent_steps=latent_steps)
