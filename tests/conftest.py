@@ -65,6 +65,14 @@ def make_lm(tokenizer, arch="qwen2", seed=0, **kw):
     return LatentLM(build_tiny_model(arch, len(tok), seed=seed, **kw), tok)
 
 
+def kv_column_bytes(lm, rows):
+    """Bytes of one column of one layer's keys and values together, over ``rows`` rows, in the weights' dtype."""
+    cfg = lm.model.config
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    return 2 * rows * heads * head_dim * next(lm.model.parameters()).element_size()
+
+
 def sets(d: dict) -> list[str]:
     """``--set k=v`` arguments for a dict of overrides."""
     return [x for k, v in d.items() for x in ("--set", f"{k}={v}")]

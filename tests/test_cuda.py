@@ -16,7 +16,7 @@ from dgrpo.perturbation import LockedDropout, seeds_for
 from dgrpo.training.grpo import GRPOTrainer
 from dgrpo.training.rollouts import collect_rollouts, replay_logprobs
 
-from conftest import make_lm, tiny_config
+from conftest import kv_column_bytes, make_lm, tiny_config
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
@@ -452,10 +452,8 @@ def test_the_latent_steps_keep_their_keys_and_values_once_on_cuda(tokenizer, tas
     lm.save_kv_once = True
     assert torch.equal(out[False][0], out[True][0])
     assert all(torch.equal(a, b) for a, b in zip(out[False][1], out[True][1]))
-    cfg = lm.model.config
     B, P = ids.shape
-    column = 2 * B * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 2  # keys + values, bf16
-    fewer = sum(P + t for t in range(1, T)) * cfg.num_hidden_layers * column
+    fewer = sum(P + t for t in range(1, T)) * lm.model.config.num_hidden_layers * kv_column_bytes(lm, B)
     assert out[False][2] - out[True][2] >= 0.9 * fewer, (out[False][2], out[True][2], fewer)
 
 
