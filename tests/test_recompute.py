@@ -2,6 +2,7 @@
 gradients as full backprop under every perturbation, with less kept for backward."""
 
 import gc
+import warnings
 import weakref
 from unittest import mock
 
@@ -283,8 +284,11 @@ def live_tensor_bytes() -> int:
     """Bytes of the storages that Python-visible tensors hold, after a collection."""
     gc.collect()
     storages = {}
-    for obj in gc.get_objects():
-        if torch.is_tensor(obj) and obj.device.type == "cpu":
+    with warnings.catch_warnings():  # (torch.distributed's deprecated reduce_op warns when asked its type)
+        warnings.simplefilter("ignore", FutureWarning)
+        tensors = [obj for obj in gc.get_objects() if torch.is_tensor(obj)]
+    for obj in tensors:
+        if obj.device.type == "cpu":
             try:
                 st = obj.untyped_storage()
                 storages[st.data_ptr()] = st.nbytes()
