@@ -213,7 +213,7 @@ def _detect_row_parser(row: Any) -> RowParser:
     for keys, parser, _ in _ROW_FORMATS:
         if keys <= row.keys():
             return parser
-    shown = ", ".join(sorted(map(str, row))[:8])
+    shown = ", ".join(sorted(repr(str(key))[1:-1] for key in row)[:8])  # (escaped: a message is one line)
     raise _RowError(f"unrecognised record keys ({shown}); expected one of: {_KNOWN_ROW_FORMATS}")
 
 
