@@ -182,6 +182,10 @@ def test_relations_between_options():
     assert load_config(Config, None, ["grpo.group_size=1", "grpo.advantage=ema"]).grpo.group_size == 1
     assert "sft.grad_accum" in error("sft.batch_size=10", "sft.grad_accum=4")
     assert "model.hidden_size" in error("model.hidden_size=130")
+    weights = ["perturbation.kind=gaussian", "perturbation.gaussian_target=weights"]
+    assert error(*weights, "perturbation.sites=[mlp,residual]").startswith("invalid config value perturbation.sites: ")
+    assert load_config(Config, None, [*weights, "perturbation.sites=[attn,mlp]"]).perturbation.sites == ["attn", "mlp"]
+    assert load_config(Config, None, ["perturbation.kind=gaussian", "perturbation.sites=[residual]"])  # activations
     assert "unknown config key 'sft.nope'" in error("sft.nope=1")
 
 

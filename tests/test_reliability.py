@@ -108,6 +108,11 @@ def bad_inputs(tmp: Path, ckpt: Path, damaged: dict) -> dict[str, tuple[list, st
         "layers-99": ([*grpo, "--set", "perturbation.layers=99", *out], "perturbation.layers"),
         "layers-abc": ([*grpo, "--set", "perturbation.layers=abc", *out], "perturbation.layers"),
         "layers-1:2:3": ([*grpo, "--set", "perturbation.layers=1:2:3", *out], "perturbation.layers"),
+        "gaussian-weights-residual": (
+            [*grpo, "--set", "perturbation.kind=gaussian", "--set", "perturbation.gaussian_target=weights"]
+            + ["--set", "perturbation.sites=[residual]", *out],
+            "perturbation.sites",
+        ),
         "seed-1e30": ([*sft, "--set", "seed=1e30", *out], "seed"),
         "device-tpu": ([*sft, "--set", "device=tpu", *out], "device"),
         "grpo-out-is-a-file": ([*grpo, "--out", tmp / "a-file"], "not a directory"),

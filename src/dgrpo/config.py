@@ -458,7 +458,7 @@ class PerturbationConfig:
         "activations",
         "gaussian: activations (multiplicative noise on the sites' "
         "outputs, per rollout) or weights (additive noise on the "
-        "output projections)",
+        "output projections of attn and mlp sites; not residual ones)",
     )
 
     def validate(self, p: str = "perturbation") -> None:
@@ -471,6 +471,12 @@ class PerturbationConfig:
         )
         parse_layer_spec(self.layers)
         _at_least(self, p, 0, "sigma")
+        _check(
+            not (self.kind == "gaussian" and self.gaussian_target == "weights" and "residual" in self.sites),
+            f"{p}.sites",
+            "gaussian_target=weights puts the noise on a site's output projection, and a residual site (the block's "
+            f"output) has none: use attn or mlp sites (got {self.sites})",
+        )
 
 
 @dataclass
