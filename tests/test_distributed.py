@@ -32,10 +32,11 @@ GRPO_SETS = {"perturbation.p": 0.3, "data.eval_limit": 32, "threads": 1}
 # rollout a non-zero advantage through the same update code (global counts, chunks, reduction)
 NONZERO = {"grpo.advantage": "ema", "grpo.filter": "false"}
 # the 1-vs-2-process comparison: plain SGD at lr 1 (the update is the clipped gradient itself), KL on,
-# micro-batches of 3 so that chunk boundaries differ between the runs
+# micro-batches of 3 so that chunk boundaries differ between the runs, answer tokens sampled (each row from its seed)
 PARITY = {
     **NONZERO,
     "perturbation.p": "0.3",
+    "grpo.temperature": "1",
     "grpo.beta0": "0.01",
     "grpo.micro_batch_size": "3",
     "grpo.prompts_per_step": "8",
@@ -145,8 +146,8 @@ def test_asymmetric_filter_does_not_hang(sft_checkpoint, tmp_path, fsdp):
 
 @pytest.mark.parametrize("fsdp", ["0", "sharded"], ids=["allreduce", "fsdp2"])
 def test_two_ranks_match_one_process(sft_checkpoint, tmp_path, fsdp):
-    """The same global batch of prompts and rollout seeds: one step on 2 ranks = one step in 1 process (under FSDP2
-    with layer recomputation)."""
+    """The same global batch of prompts and rollout seeds (masks and sampled tokens): one step on 2 ranks = one step
+    in 1 process (under FSDP2 with layer recomputation)."""
     from dgrpo.data.synthetic import generate_split
     from dgrpo.model.latent_lm import LatentLM
     from dgrpo.training.grpo import GRPOTrainer

@@ -153,6 +153,56 @@ def test_sampling_is_seeded_and_top_p_restricts(tokenizer, task_records):
     assert torch.equal(g.tokens, n.tokens)  # nucleus of mass ~0 keeps only the argmax
 
 
+def test_inverse_cdf_sampling_by_hand():
+    """Cumulative masses 0.2 | 0.7 | 1.0: u picks the token whose share holds it; a token without mass is never
+    picked, at u = 0 or where rounding puts u x total at the total; nucleus sampling with given draws."""
+    from dgrpo.model.latent_lm import inverse_cdf, sample_next
+
+    w = torch.tensor([[0.2, 0.5, 0.3]]).expand(6, 3)
+    u = torch.tensor([0.0, 0.1999, 0.2, 0.69, 0.7, 0.99999994])
+    assert inverse_cdf(w, u).tolist() == [0, 0, 1, 1, 2, 2]
+    holes = torch.tensor([[0.0, 0.4, 0.0, 0.6, 0.0]]).expand(4, 5)
+    assert inverse_cdf(holes, torch.tensor([0.0, 0.39, 0.4, 1.0])).tolist() == [1, 1, 3, 3]
+    # top_p 0.6 keeps the two most likely tokens (0.5 and 0.3; mass before each < 0.6): shares 0.625 | 0.375
+    logits = torch.tensor([[0.2, 0.5, 0.3]]).log().expand(3, 3)
+    picked = sample_next(logits, 1.0, 0.6, None, torch.tensor([0.0, 0.62, 0.63]))
+    assert picked.tolist() == [1, 1, 2]
+
+
+def test_a_row_samples_the_same_answer_in_any_batch(tokenizer, task_records):
+    """With each row's own draws (``uniforms``), a row's sampled answer does not depend on the rows beside it."""
+    from dgrpo.model.latent_lm import row_sampling_uniforms
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:6]])
+    u = row_sampling_uniforms(torch.arange(6) + 100, 10)
+    assert torch.equal(u[2:4], row_sampling_uniforms(torch.tensor([102, 103]), 10))
+    both = lm.generate(ids, mask, 2, max_new_tokens=10, temperature=1.0, uniforms=u)
+    for part in ([0, 1, 2], [3, 4, 5], [4]):
+        alone = lm.generate(ids[part], mask[part], 2, max_new_tokens=10, temperature=1.0, uniforms=u[part])
+        n = alone.tokens.shape[1]
+        assert torch.equal(alone.tokens, both.tokens[part, :n]) and not both.mask[part, n:].any()
+    other = lm.generate(
+        ids, mask, 2, max_new_tokens=10, temperature=1.0, uniforms=row_sampling_uniforms(torch.arange(6), 10)
+    )
+    assert lm.decode(other.tokens, other.mask) != lm.decode(both.tokens, both.mask)  # other seeds, other answers
+
+
+def test_sampled_evaluation_does_not_depend_on_the_batch_size(tokenizer, task_records):
+    """``eval.temperature`` > 0: each question draws from its own seed (from the eval seed and its text), so the
+    answers are the same in batches of 64 or of 3 (sorted by length, so the batches group other questions) and
+    in another order."""
+    from dgrpo.eval.evaluate import generate_answers
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    qs = [r.question for r in task_records[:10]]
+    kw = dict(n_latent=2, max_new_tokens=10, temperature=1.0, progress=False)
+    wide = generate_answers(lm, qs, batch_size=64, **kw)
+    assert generate_answers(lm, qs, batch_size=3, **kw) == wide
+    assert generate_answers(lm, qs[::-1], batch_size=4, **kw) == wide[::-1]
+    assert generate_answers(lm, qs, batch_size=64, seed=1, **kw) != wide
+
+
 def test_special_tokens_added_and_initialised_to_mean(tokenizer):
     from conftest import make_lm as mk
 

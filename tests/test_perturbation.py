@@ -76,6 +76,22 @@ def test_replay_identity_batched(tokenizer, task_records, pert):
     assert not torch.allclose(other, a)  # a different seed gives different log-probs
 
 
+@pytest.mark.parametrize("engine", ["eager", "fast"])
+def test_sampled_rollouts_do_not_depend_on_the_batch_size(tokenizer, task_records, engine):
+    """Token sampling draws from each row's own seed: the same rollouts (answers, log-probs) in batches of 512 or
+    of 5 rows (``grpo.rollout_batch_size``), and from both engines; other seeds give other answers."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    kw = dict(temperature=1.0, engine=engine)
+    for pert in (LockedDropout(p=0.1), NoPerturbation()):
+        wide = rollouts(lm, task_records, pert, n=4, **kw)
+        narrow = rollouts(lm, task_records, pert, n=4, batch_size=5, **kw)
+        assert wide.texts == narrow.texts
+        n = narrow.tokens.shape[1]
+        assert torch.allclose(wide.rollout_logp[:, :n], narrow.rollout_logp, atol=1e-5)
+        assert wide.texts == rollouts(lm, task_records, pert, n=4, temperature=1.0).texts  # = the eager engine's
+        assert wide.texts != rollouts(lm, task_records, pert, n=4, seed=1, **kw).texts
+
+
 def test_locked_masks_identical_when_regrouped(tokenizer):
     lm = make_lm(tokenizer, "qwen2")
     pert = LockedDropout(p=0.2, sites=["mlp"])

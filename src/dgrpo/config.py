@@ -405,7 +405,9 @@ class EvalConfig:
     batch_size: int = opt(256, "prompts per generation batch")
     max_new_tokens: int = opt(64, "answer tokens generated after the latents")
     n_latent: int = opt(-1, "latent thoughts at eval; -1 = the checkpoint's final-stage count")
-    temperature: float = opt(0.0, "0 = greedy pass@1")
+    temperature: float = opt(
+        0.0, "0 = greedy pass@1; > 0 samples, each question from its own seed (the run's seed and the question's text)"
+    )
     top_p: float = opt(1.0, "nucleus sampling mass (with temperature > 0)")
     limit: int = opt(0, "evaluate at most this many records (0 = all)")
     shots: int = opt(0, "plain causal LM only: number of worked examples in the chain-of-thought prompt")
@@ -490,7 +492,8 @@ class GRPOConfig:
     temperature: float = opt(
         0.0,
         "answer decoding: 0 = greedy, our reading of the paper (it states no temperature; its Sec. 3.1 assumes "
-        "low-temperature decoding, and all diversity comes from the masks); > 0 samples tokens",
+        "low-temperature decoding, and all diversity comes from the masks); > 0 samples tokens, each rollout's from "
+        "its own seed (the same whatever the batch or the number of ranks)",
     )
     top_p: float = opt(1.0, "nucleus mass when temperature > 0")
     max_new_tokens: int = opt(48, "answer tokens per rollout")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data.records import Record
-from ..model.latent_lm import LatentLM
+from ..model.latent_lm import LatentLM, row_sampling_uniforms
 from ..perturbation import seeds_for
 from ..reward import extract_answer, is_parseable, score
 from .scoring import ScoreFn, final_answer_text, numeric
@@ -72,14 +73,16 @@ def generate_answers(
 ) -> list[str]:
     """Completions for ``questions`` in batches sorted by length (less padding), returned in input order.
 
-    ``perturbation_factory(batch_size, batch_index)`` may return a bound perturbation for the batch
-    (Monte-Carlo dropout evaluation); ``None`` evaluates the deterministic network.
+    Sampling (``temperature`` > 0) draws each question's tokens from its own seed (from ``seed`` and the question's
+    text), so a question gets the same answer whatever the batch size, the order or the process that evaluates it.
+    ``perturbation_factory(batch_size, batch_index)`` may return a bound perturbation for the batch (Monte-Carlo
+    dropout evaluation); ``None`` evaluates the deterministic network.
     """
     order = sorted(range(len(questions)), key=lambda i: len(questions[i]))
     if questions:  # the longest question (by characters) with every latent and answer token must fit the context
         longest, _ = lm.encode_questions([questions[order[-1]]], markers=markers, max_tokens=max_question_tokens)
         lm.check_fits(longest.shape[1], n_latent, max_new_tokens, key="eval.n_latent")
-    gen = torch.Generator().manual_seed(seed)
+    sampling = question_seeds(seed, questions) if temperature > 0 else None
     out: list[str] = [""] * len(questions)
     was_training = lm.training
     lm.eval()
@@ -96,7 +99,7 @@ def generate_answers(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_p=top_p,
-            generator=gen,
+            uniforms=None if sampling is None else row_sampling_uniforms(sampling[idx], max_new_tokens).to(lm.device),
             mode=mode,
             markers=markers,
             perturbation=pert,
@@ -105,6 +108,12 @@ def generate_answers(
             out[i] = text
     lm.train(was_training)
     return out
+
+
+def question_seeds(seed: int, questions: list[str]) -> torch.Tensor:
+    """One int63 seed per question, a pure function of (``seed``, the question's text)."""
+    digests = [hashlib.blake2b(f"{seed}/{q}".encode(), digest_size=8).digest() for q in questions]
+    return torch.tensor([int.from_bytes(d, "little") & (2**63 - 1) for d in digests], dtype=torch.int64)
 
 
 def evaluate(

@@ -335,6 +335,7 @@ def fixed_shape_generate(
     temperature: float = 0.0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    uniforms: Tensor | None = None,
     mode: str | None = None,
     perturbation: PhaseHook | None = None,
     markers: bool = True,
@@ -353,7 +354,8 @@ def fixed_shape_generate(
     dec = _after_latents(lm, "generate", prompt_ids, prompt_mask, n_latent, n_after, mode, perturbation, capture, keep)
     if markers:
         dec.feed(torch.full((B, 1), lm.end_id, device=dev), torch.ones(B, 1, dtype=dec.mask.dtype, device=dev))
-    return _decode(dec, lm, max_new_tokens, temperature, top_p, generator, stop_ids, with_entropy, sync_every)
+    sampling = (generator, uniforms)
+    return _decode(dec, lm, max_new_tokens, temperature, top_p, sampling, stop_ids, with_entropy, sync_every)
 
 
 @torch.no_grad()
@@ -497,16 +499,17 @@ def _decode(
     max_new_tokens: int,
     temperature: float,
     top_p: float,
-    generator: torch.Generator | None,
+    sampling: tuple[torch.Generator | None, Tensor | None],
     stop_ids: list[int] | None,
     with_entropy: bool,
     sync_every: int,
 ) -> Generation:
-    """The answer tokens, chosen and booked on the device as :meth:`LatentLM.generate` does, without its host check
-    per token: a finished row keeps feeding masked-out pad tokens until the host's next check."""
+    """The answer tokens, chosen and booked on the device as :meth:`LatentLM.generate` does (``sampling``: its
+    generator and uniforms), without its host check per token: a finished row keeps feeding masked-out pad tokens
+    until the host's next check."""
     book = AnswerBook(lm, dec.hidden.shape[0], max_new_tokens, stop_ids, with_entropy)
     for i in range(max_new_tokens):
-        book.choose(i, lm.logits(dec.hidden[:, -1]), temperature, top_p, generator)
+        book.choose(i, lm.logits(dec.hidden[:, -1]), temperature, top_p, *sampling)
         if i == max_new_tokens - 1 or (sync_every and (i + 1) % sync_every == 0 and not book.alive.any()):
             break
         dec.feed(book.tokens[:, i : i + 1], book.alive[:, None].to(dec.mask.dtype))

@@ -130,14 +130,21 @@ class AnswerBook:
         self.alive = torch.ones(B, dtype=torch.bool, device=dev)
 
     def choose(
-        self, i: int, logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+        self,
+        i: int,
+        logits: Tensor,
+        temperature: float,
+        top_p: float,
+        generator: torch.Generator | None,
+        uniforms: Tensor | None = None,
     ) -> None:
         """Step ``i``: pick each row's token from ``logits`` [B, V] and book it. ``logprobs`` are log pi(token) under
         softmax(logits / t), t = temperature when sampling and 1 when greedy: the policy the GRPO ratio is taken
-        against."""
+        against. ``uniforms`` [B, max_new_tokens]: each row's own sampling draws (:func:`row_sampling_uniforms`),
+        column ``i`` for this step."""
         if temperature > 0:
             logits = logits.float()
-            nxt = sample_next(logits, temperature, top_p, generator)
+            nxt = sample_next(logits, temperature, top_p, generator, None if uniforms is None else uniforms[:, i])
             logp_all = (logits / temperature).log_softmax(-1)
         else:  # greedy: argmax of the logits as they are, the fp32 log-softmax read straight from them (no fp32 copy)
             nxt = logits.argmax(-1)
@@ -828,6 +835,7 @@ class LatentLM(nn.Module):
         temperature: float = 0.0,
         top_p: float = 1.0,
         generator: torch.Generator | None = None,
+        uniforms: Tensor | None = None,
         mode: str | None = None,
         perturbation: PhaseHook | None = None,
         markers: bool = True,
@@ -838,7 +846,9 @@ class LatentLM(nn.Module):
         """Batched answer decoding after the latents over the KV cache; each row stops at its EOS.
 
         Greedy when ``temperature == 0``. ``logprobs`` are log pi(token) under softmax(logits / t), with
-        t = temperature when sampling and 1 when greedy: the policy the GRPO ratio is taken against.
+        t = temperature when sampling and 1 when greedy: the policy the GRPO ratio is taken against. Sampling draws
+        from ``uniforms`` [B, max_new_tokens] when given (each row's own, :func:`row_sampling_uniforms`: a row then
+        samples the same answer whatever batch it is decoded in), else from ``generator``.
         ``static_cache``: one preallocated cache for the whole sequence (the same answers, tests/test_static_cache.py).
         """
         n_cols = prompt_ids.shape[1] + n_latent + int(markers) + max_new_tokens
@@ -853,7 +863,7 @@ class LatentLM(nn.Module):
         )
         book = AnswerBook(self, prompt_ids.shape[0], max_new_tokens, stop_ids, with_entropy)
         for i in range(max_new_tokens):
-            book.choose(i, self.logits(state.last_hidden[:, -1]), temperature, top_p, generator)
+            book.choose(i, self.logits(state.last_hidden[:, -1]), temperature, top_p, generator, uniforms)
             if not book.alive.any() or i == max_new_tokens - 1:
                 break
             self._forward(
@@ -912,8 +922,11 @@ def head_logprobs(
     return logp, (torch.cat([p[1] for p in parts], 1) if with_entropy else None)
 
 
-def sample_next(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> Tensor:
-    """Greedy (temperature 0) or temperature / nucleus sampling of one token per row, [B]."""
+def sample_next(
+    logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None, u: Tensor | None = None
+) -> Tensor:
+    """Greedy (temperature 0) or temperature / nucleus sampling of one token per row, [B]. ``u`` [B]: the rows' own
+    U(0, 1) draws (inverse-CDF sampling); without it, ``generator`` draws."""
     if temperature <= 0:
         return logits.argmax(-1)
     probs = (logits / temperature).softmax(-1)
@@ -922,11 +935,32 @@ def sample_next(logits: Tensor, temperature: float, top_p: float, generator: tor
         keep = sorted_p.cumsum(-1) - sorted_p < top_p
         sorted_p = sorted_p * keep
         probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
-    if generator is not None and generator.device != probs.device:
-        u = torch.rand(probs.shape[0], 1, generator=generator).to(probs.device)
-        cdf = (probs / probs.sum(-1, keepdim=True)).cumsum(-1)
-        return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=probs.shape[-1] - 1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if u is None and generator is not None and generator.device != probs.device:
+        u = torch.rand(probs.shape[0], generator=generator).to(probs.device)
+    if u is None:
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return inverse_cdf(probs, u)
+
+
+def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
+    """Per row of ``weights`` [B, V] (>= 0, unnormalised), the token whose share of the cumulative mass holds
+    ``u`` [B] in [0, 1): the first token whose cumulative mass exceeds u x total, so a token without mass is never
+    chosen (nor at u = 0); where rounding puts u x total at the total itself, the last token with mass."""
+    cdf = weights.cumsum(-1)
+    idx = torch.searchsorted(cdf, (u.to(cdf.dtype) * cdf[:, -1])[:, None], right=True).squeeze(-1)
+    last = weights.shape[-1] - 1 - (weights.flip(-1) > 0).int().argmax(-1)
+    return torch.minimum(idx, last)
+
+
+#: mixed into a row's seed for its sampling draws, so that they are not the draws a perturbation makes from that seed
+_SAMPLING_SALT = 0x5DEECE66D
+
+
+def row_sampling_uniforms(seeds: Tensor, n_tokens: int) -> Tensor:
+    """[rows, n_tokens] U(0, 1) draws for sampling answer tokens, row i's from its own generator seeded by
+    ``seeds[i]`` (host tensor): a row samples the same tokens whatever batch, device or rank decodes it."""
+    gens = [torch.Generator().manual_seed(int(s) ^ _SAMPLING_SALT) for s in seeds.tolist()]
+    return torch.stack([torch.rand(n_tokens, generator=g) for g in gens]) if gens else torch.zeros(0, n_tokens)
 
 
 def left_pad(rows: list[list[int]], pad_id: int, device: Any = None) -> tuple[Tensor, Tensor]:

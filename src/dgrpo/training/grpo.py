@@ -157,7 +157,6 @@ class GRPOTrainer:
         # rank-independent: every rank draws the same global prompt list and keeps its shard
         self.data_rng = random.Random(cfg.seed * 1000003)
         self.order: list[int] = []
-        self.sample_gen = torch.Generator().manual_seed(cfg.seed * 7 + 11 + self.dist.rank)
         self.guard = NonFiniteGuard(g.max_nonfinite, "GRPO", "grpo.lr")
 
     # -------------------------------------------------------------------- resumable state
@@ -172,16 +171,13 @@ class GRPOTrainer:
             "nonfinite_skips": self.guard.skips,
             "nonfinite_streak": self.guard.streak,
         }
-        return js, {f"sample_gen_rank{self.dist.rank}": self.sample_gen.get_state()}
+        return js, {}
 
     def load_state(self, js: dict, tensors: dict[str, Tensor]) -> None:
         self.step_idx, self.ema_baseline, self.order = js["step_idx"], js["ema_baseline"], list(js["order"])
         v, st, gauss = js["data_rng"]
         self.data_rng.setstate((v, tuple(st), gauss))
         self.guard.skips, self.guard.streak = js["nonfinite_skips"], js["nonfinite_streak"]
-        key = f"sample_gen_rank{self.dist.rank}"
-        if key in tensors:
-            self.sample_gen.set_state(tensors[key])
 
     # -------------------------------------------------------------------- data
     def next_prompts(self) -> list[Record]:
@@ -262,7 +258,6 @@ class GRPOTrainer:
             max_new_tokens=g.max_new_tokens,
             batch_size=g.rollout_batch_size,
             max_question_tokens=self.cfg.data.max_question_tokens,
-            generator=self.sample_gen,
             reward_fn=self.rewards,
             static_cache=g.rollout_cache == "static",
             engine=self.engine,

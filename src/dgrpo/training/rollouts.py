@@ -16,7 +16,7 @@ from ..eval.scoring import ScoreFn, call_checked, numeric
 from ..model.attention_mask import prebuilt_mask_applies
 from ..model.fixed_shape import fixed_shape_generate, fixed_shape_target_logprobs
 from ..model.latent_chain import chained_target_logprobs
-from ..model.latent_lm import LatentLM
+from ..model.latent_lm import LatentLM, row_sampling_uniforms
 from ..perturbation import Perturbation
 from ..perturbation.base import to_device
 
@@ -118,13 +118,14 @@ def collect_rollouts(
     max_new_tokens: int = 48,
     batch_size: int = 512,
     max_question_tokens: int | None = None,
-    generator: torch.Generator | None = None,
     reward_fn: ScoreFn | None = None,
     static_cache: bool = False,
     engine: str = "eager",
     keep_graphs: bool = False,
 ) -> Rollouts:
-    """Generate ``group_size`` rollouts for every record; row i is perturbed by ``seeds[i]``. ``reward_fn`` (batched,
+    """Generate ``group_size`` rollouts for every record; row i is perturbed by ``seeds[i]`` and, when sampling
+    (``temperature`` > 0), draws its tokens from that seed too (:func:`row_sampling_uniforms`): a row's rollout is the
+    same whatever batch or rank makes it. ``reward_fn`` (batched,
     see :mod:`dgrpo.eval.scoring`; default: the numeric verifier) gives each completion its reward;
     ``static_cache``: decode over a preallocated KV cache (``grpo.rollout_cache: static``); ``engine``: ``fast`` runs
     each batch over fixed shapes (:mod:`dgrpo.model.fixed_shape`, graph-captured on CUDA), ``keep_graphs``: with one
@@ -137,6 +138,7 @@ def collect_rollouts(
         generate = partial(fixed_shape_generate, lm, capture=lm.device.type == "cuda", keep=keep_graphs)
     else:
         generate = partial(lm.generate, static_cache=static_cache)
+    uniforms = row_sampling_uniforms(seeds, max_new_tokens) if temperature > 0 else None
     gens = []
     was_training = lm.training
     lm.eval()
@@ -151,7 +153,7 @@ def collect_rollouts(
                 max_new_tokens=max_new_tokens,
                 temperature=temperature,
                 top_p=top_p,
-                generator=generator,
+                uniforms=None if uniforms is None else to_device(uniforms[sl], lm.device),
                 perturbation=pb,
                 with_entropy=True,
             )
