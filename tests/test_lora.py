@@ -256,14 +256,13 @@ def test_grpo_under_lora_resumes_bit_exactly(sft_checkpoint, task_records, tmp_p
     a = lora_trainer(sft_checkpoint, task_records, **{"grpo.ref_renewal_every": 3})
     for _ in range(2):
         a.step()
-    js, tensors = a.state()
     extra = {"ref": a.ref.checkpoint_state}
-    save_checkpoint(tmp_path, 2, lm=a.lm, optimizer=a.opt, state={"trainer": js}, tensors=tensors, extra_models=extra)
+    save_checkpoint(tmp_path, 2, lm=a.lm, optimizer=a.opt, state={"trainer": a.state()}, extra_models=extra)
     b = lora_trainer(sft_checkpoint, task_records, **{"grpo.ref_renewal_every": 3})
     extra_b = {"ref": b.ref.checkpoint_state}
     saved = read_checkpoint(list_checkpoints(tmp_path)[-1], lm=b.lm, optimizer=b.opt, extra_models=extra_b)
     state = saved.apply(b.lm, b.opt, extra_b)
-    b.load_state(state["trainer"], state["tensors"])
+    b.load_state(state["trainer"])
     rng = torch.random.get_rng_state()
     for _ in range(2):
         torch.random.set_rng_state(rng)

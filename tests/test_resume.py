@@ -25,6 +25,7 @@ SETS = {
     "grpo.keep_last": 3,
     "grpo.filter": "false",
     "perturbation.p": 0.3,
+    "grpo.temperature": 1.0,  # sampled answer tokens too: a resumed run draws them as the uninterrupted one
     "data.test": "[]",
     "grpo.max_new_tokens": 24,
     "threads": 1,

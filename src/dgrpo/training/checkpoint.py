@@ -71,13 +71,10 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     state: dict[str, Any],
     extra_models: dict[str, Any] | None = None,
-    tensors: dict[str, torch.Tensor] | None = None,
     keep_last: int = 2,
 ) -> Path:
     """Write ``checkpoints/step-<step>`` atomically (:func:`~dgrpo.model.verified.atomic_dir`: temporary directory,
-    manifest, rename) and prune to the ``keep_last`` newest.
-
-    ``tensors``: extra tensor state (e.g. a sampling generator's state), stored beside the RNG states."""
+    manifest, rename) and prune to the ``keep_last`` newest."""
     root = Path(out_dir) / CKPT_DIR
     final = root / f"step-{step:08d}"
     with atomic_dir(final) as tmp:
@@ -89,7 +86,7 @@ def save_checkpoint(
                 save_file(model.state_dict(), str(tmp / f"{name}.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         rng_js, rng_t = capture_rng()
-        torch.save({**rng_t, **{f"extra/{k}": v for k, v in (tensors or {}).items()}}, tmp / "rng.pt")
+        torch.save(rng_t, tmp / "rng.pt")
         if os.environ.get("DGRPO_TEST_CRASH_IN_CHECKPOINT") == str(step):  # test hook: die mid-write
             os.kill(os.getpid(), 9)
         (tmp / "state.json").write_text(json.dumps({**state, "step": step, "rng": rng_js}))
@@ -125,13 +122,13 @@ class LoadedCheckpoint:
 
     def apply(self, lm, optimizer: torch.optim.Optimizer, extra_models: dict[str, Any] | None = None) -> dict:
         """Load everything into the model, the extra models and the optimizer; restore the RNGs; return the state
-        (state.json's content plus ``tensors``, the extra tensor state)."""
+        (state.json's content)."""
         lm.load_weights(self.weights)  # complete: checked by read_checkpoint
         for name, model in (extra_models or {}).items():
             model.load_state_dict(self.extra_weights[name], strict=False)
         optimizer.load_state_dict(self.optimizer_state)
-        restore_rng(self.state["rng"], {k: v for k, v in self.rng.items() if not k.startswith("extra/")})
-        return {**self.state, "tensors": {k[len("extra/") :]: v for k, v in self.rng.items() if k.startswith("extra/")}}
+        restore_rng(self.state["rng"], self.rng)
+        return self.state
 
 
 def read_checkpoint(

@@ -160,8 +160,9 @@ class GRPOTrainer:
         self.guard = NonFiniteGuard(g.max_nonfinite, "GRPO", "grpo.lr")
 
     # -------------------------------------------------------------------- resumable state
-    def state(self) -> tuple[dict, dict[str, Tensor]]:
-        """Everything besides weights and optimizer that determines the next steps: (JSON part, tensors)."""
+    def state(self) -> dict:
+        """Everything besides weights and optimizer that determines the next steps (JSON-able). The rollouts'
+        perturbations and sampled tokens come from seeds of (run seed, step, row): no generator state."""
         v, st, gauss = self.data_rng.getstate()
         js = {
             "step_idx": self.step_idx,
@@ -171,9 +172,9 @@ class GRPOTrainer:
             "nonfinite_skips": self.guard.skips,
             "nonfinite_streak": self.guard.streak,
         }
-        return js, {}
+        return js
 
-    def load_state(self, js: dict, tensors: dict[str, Tensor]) -> None:
+    def load_state(self, js: dict) -> None:
         self.step_idx, self.ema_baseline, self.order = js["step_idx"], js["ema_baseline"], list(js["order"])
         v, st, gauss = js["data_rng"]
         self.data_rng.setstate((v, tuple(st), gauss))
@@ -572,7 +573,7 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
     saved = loaded.apply(trainer.lm, trainer.opt, extra) if loaded is not None else None
     loop = LoopState()
     if saved is not None:
-        trainer.load_state(saved["trainer"], saved["tensors"])
+        trainer.load_state(saved["trainer"])
         loop = LoopState(**saved["loop"])
     loop.started = time.time()
     run.start(saved)
@@ -648,14 +649,12 @@ def _save_resumable(run: RunDir, trainer: GRPOTrainer, loop: LoopState) -> None:
     """A resumable checkpoint (replicated weights: rank 0 writes; none under FSDP)."""
     if trainer.dist.fsdp or not trainer.dist.is_main:
         return
-    js, tensors = trainer.state()
     save_checkpoint(
         run.out_dir,
         trainer.step_idx,
         lm=trainer.lm,
         optimizer=trainer.opt,
         keep_last=trainer.cfg.grpo.keep_last,
-        tensors=tensors,
         extra_models=_extra_models(trainer),
-        state={"trainer": js, "loop": asdict(loop), "metrics_lines": run.metrics.n_rows()},
+        state={"trainer": trainer.state(), "loop": asdict(loop), "metrics_lines": run.metrics.n_rows()},
     )
