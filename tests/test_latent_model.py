@@ -171,7 +171,7 @@ def test_inverse_cdf_sampling_by_hand():
 
 def test_a_row_samples_the_same_answer_in_any_batch(tokenizer, task_records):
     """With each row's own draws (``uniforms``), a row's sampled answer does not depend on the rows beside it."""
-    from dgrpo.model.latent_lm import row_sampling_uniforms
+    from dgrpo.perturbation.base import row_sampling_uniforms
 
     lm = make_lm(tokenizer, "qwen2").eval()
     ids, mask = lm.encode_questions([r.question for r in task_records[:6]])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -12,8 +11,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data.records import Record
-from ..model.latent_lm import LatentLM, row_sampling_uniforms
+from ..model.latent_lm import LatentLM
 from ..perturbation import seeds_for
+from ..perturbation.base import row_sampling_uniforms, text_seed, to_device
 from ..reward import extract_answer, is_parseable, score
 from .scoring import ScoreFn, final_answer_text, numeric
 
@@ -92,6 +92,7 @@ def generate_answers(
         idx = order[b0 : b0 + batch_size]
         ids, mask = lm.encode_questions([questions[i] for i in idx], markers=markers, max_tokens=max_question_tokens)
         pert = perturbation_factory(len(idx), bi) if perturbation_factory is not None else None
+        draws = None if sampling is None else to_device(row_sampling_uniforms(sampling[idx], max_new_tokens), lm.device)
         g = lm.generate(
             ids,
             mask,
@@ -99,7 +100,7 @@ def generate_answers(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_p=top_p,
-            uniforms=None if sampling is None else row_sampling_uniforms(sampling[idx], max_new_tokens).to(lm.device),
+            uniforms=draws,
             mode=mode,
             markers=markers,
             perturbation=pert,
@@ -112,8 +113,7 @@ def generate_answers(
 
 def question_seeds(seed: int, questions: list[str]) -> torch.Tensor:
     """One int63 seed per question, a pure function of (``seed``, the question's text)."""
-    digests = [hashlib.blake2b(f"{seed}/{q}".encode(), digest_size=8).digest() for q in questions]
-    return torch.tensor([int.from_bytes(d, "little") & (2**63 - 1) for d in digests], dtype=torch.int64)
+    return torch.tensor([text_seed(f"{seed}/{q}") for q in questions], dtype=torch.int64)
 
 
 def evaluate(

@@ -140,8 +140,8 @@ class AnswerBook:
     ) -> None:
         """Step ``i``: pick each row's token from ``logits`` [B, V] and book it. ``logprobs`` are log pi(token) under
         softmax(logits / t), t = temperature when sampling and 1 when greedy: the policy the GRPO ratio is taken
-        against. ``uniforms`` [B, max_new_tokens]: each row's own sampling draws (:func:`row_sampling_uniforms`),
-        column ``i`` for this step."""
+        against. ``uniforms`` [B, max_new_tokens]: each row's own sampling draws
+        (:func:`dgrpo.perturbation.base.row_sampling_uniforms`), column ``i`` for this step."""
         if temperature > 0:
             logits = logits.float()
             nxt = sample_next(logits, temperature, top_p, generator, None if uniforms is None else uniforms[:, i])
@@ -847,8 +847,8 @@ class LatentLM(nn.Module):
 
         Greedy when ``temperature == 0``. ``logprobs`` are log pi(token) under softmax(logits / t), with
         t = temperature when sampling and 1 when greedy: the policy the GRPO ratio is taken against. Sampling draws
-        from ``uniforms`` [B, max_new_tokens] when given (each row's own, :func:`row_sampling_uniforms`: a row then
-        samples the same answer whatever batch it is decoded in), else from ``generator``.
+        from ``uniforms`` [B, max_new_tokens] when given (each row's own, ``perturbation.base.row_sampling_uniforms``:
+        a row then samples the same answer whatever batch it is decoded in), else from ``generator``.
         ``static_cache``: one preallocated cache for the whole sequence (the same answers, tests/test_static_cache.py).
         """
         n_cols = prompt_ids.shape[1] + n_latent + int(markers) + max_new_tokens
@@ -950,17 +950,6 @@ def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
     idx = torch.searchsorted(cdf, (u.to(cdf.dtype) * cdf[:, -1])[:, None], right=True).squeeze(-1)
     last = weights.shape[-1] - 1 - (weights.flip(-1) > 0).int().argmax(-1)
     return torch.minimum(idx, last)
-
-
-#: mixed into a row's seed for its sampling draws, so that they are not the draws a perturbation makes from that seed
-_SAMPLING_SALT = 0x5DEECE66D
-
-
-def row_sampling_uniforms(seeds: Tensor, n_tokens: int) -> Tensor:
-    """[rows, n_tokens] U(0, 1) draws for sampling answer tokens, row i's from its own generator seeded by
-    ``seeds[i]`` (host tensor): a row samples the same tokens whatever batch, device or rank decodes it."""
-    gens = [torch.Generator().manual_seed(int(s) ^ _SAMPLING_SALT) for s in seeds.tolist()]
-    return torch.stack([torch.rand(n_tokens, generator=g) for g in gens]) if gens else torch.zeros(0, n_tokens)
 
 
 def left_pad(rows: list[list[int]], pad_id: int, device: Any = None) -> tuple[Tensor, Tensor]:

@@ -179,11 +179,15 @@ def swapped(owner: object, name: str, value: object) -> Iterator[None]:
         setattr(owner, name, before)
 
 
+def text_seed(key: str) -> int:
+    """An int63 seed, a pure function of ``key`` (its blake2b digest)."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") & (2**63 - 1)
+
+
 def seeds_for(run_seed: int, step: int, rank: int, n: int, stream: str = "rollout") -> Tensor:
     """``n`` distinct int63 seeds, a pure function of (run seed, step, rank, stream): reproducible,
     and different across ranks and steps."""
-    h = hashlib.blake2b(f"{run_seed}/{step}/{rank}/{stream}".encode(), digest_size=8).digest()
-    g = torch.Generator().manual_seed(int.from_bytes(h, "little") & (2**63 - 1))
+    g = torch.Generator().manual_seed(text_seed(f"{run_seed}/{step}/{rank}/{stream}"))
     return torch.randint(0, 2**62, (n,), generator=g, dtype=torch.int64)
 
 
@@ -191,6 +195,18 @@ def row_uniforms(seed: int, n_sites: int, width: int) -> Tensor:
     """U(0,1) noise of one row, [n_sites, width], from its own generator: independent of the batch."""
     g = torch.Generator().manual_seed(int(seed))
     return torch.rand(n_sites, width, generator=g)
+
+
+#: mixed into a row's seed for its sampling draws, so that they are not the draws a perturbation makes from that seed
+SAMPLING_SALT = 0x5DEECE66D
+
+
+def row_sampling_uniforms(seeds: Tensor, n_tokens: int) -> Tensor:
+    """[rows, n_tokens] U(0, 1) draws for sampling answer tokens (``LatentLM.generate``'s ``uniforms``), row i's
+    from its own generator seeded by ``seeds[i]`` (host tensor): a row samples the same tokens whatever batch, device
+    or rank decodes it."""
+    rows = [row_uniforms(int(s) ^ SAMPLING_SALT, 1, n_tokens)[0] for s in seeds.tolist()]
+    return torch.stack(rows) if rows else torch.zeros(0, n_tokens)
 
 
 def row_normals(seed: int, n_sites: int, width: int) -> Tensor:

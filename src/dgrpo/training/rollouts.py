@@ -16,9 +16,9 @@ from ..eval.scoring import ScoreFn, call_checked, numeric
 from ..model.attention_mask import prebuilt_mask_applies
 from ..model.fixed_shape import fixed_shape_generate, fixed_shape_target_logprobs
 from ..model.latent_chain import chained_target_logprobs
-from ..model.latent_lm import LatentLM, row_sampling_uniforms
+from ..model.latent_lm import LatentLM
 from ..perturbation import Perturbation
-from ..perturbation.base import to_device
+from ..perturbation.base import row_sampling_uniforms, to_device
 
 
 @dataclass
