@@ -121,6 +121,30 @@ def test_missing_checkpoint_and_unknown_dataset_exit_2(tmp_path, run_cli):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_model_paths_resolve_to_their_checkpoint(tmp_path):
+    """A run directory names its final/, a resumable checkpoint (checkpoints/step-N) the model it holds, a checkpoint
+    directory itself; a run without final/ is told which of its checkpoints it can name."""
+    from dgrpo.model.factory import resolve_checkpoint
+    from dgrpo.model.verified import CheckpointError
+
+    run = tmp_path / "run"
+    step = run / "checkpoints" / "step-00000002"
+    for d in (step / "model", run / "best"):
+        d.mkdir(parents=True)
+        (d / "config.json").write_text("{}")
+        (d / "model.safetensors").write_bytes(b"")
+    (step / "state.json").write_text("{}")
+    (run / "metrics.jsonl").write_text("")
+    assert resolve_checkpoint(step) == step / "model"
+    assert resolve_checkpoint(run / "best") == run / "best"
+    with pytest.raises(CheckpointError, match=r"without final/.*checkpoints/step-N\)"):
+        resolve_checkpoint(run)
+    (run / "final").mkdir()
+    (run / "final" / "config.json").write_text("{}")
+    (run / "final" / "model.safetensors").write_bytes(b"")
+    assert resolve_checkpoint(run) == run / "final"
+
+
 def test_yaml_booleans_in_string_options():
     """YAML reads true/false/on/off as booleans: a string option documented as 'true' must accept them."""
     from dgrpo.config import Config, ConfigError, load_config
@@ -208,3 +232,13 @@ def test_version_and_config_show_filter(run_cli):
     r = run_cli("config", "show", "grpo.lr", "--set", "grpo.lr=2e-5")
     assert r.returncode == 0 and json.loads(r.stdout) == {"grpo.lr": 2e-5}
     assert run_cli("config", "show", "seed").stdout.startswith("seed = ")
+
+
+def test_one_set_takes_several_overrides(run_cli):
+    """``--set a=1 b=2`` (as Hydra and OmegaConf users write it) is two overrides, like ``--set a=1 --set b=2``; a
+    positional argument after them is named in the one-line error."""
+    r = run_cli("config", "show", "--set", "grpo.lr=2e-5", "grpo.log_every=3", "--set", "grpo.lr=3e-5")
+    assert r.returncode == 0 and json.loads(r.stdout)["grpo"]["lr"] == 3e-5
+    assert json.loads(r.stdout)["grpo"]["log_every"] == 3
+    r = run_cli("config", "show", "--set", "grpo.lr=2e-5", "grpo")
+    assert r.returncode == 2 and "got 'grpo' (a command's positional argument goes before --set)" in r.stderr

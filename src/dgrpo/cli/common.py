@@ -26,10 +26,12 @@ def add_config_options(p: argparse.ArgumentParser, example: str) -> None:
     p.add_argument(
         "--set",
         dest="overrides",
-        action="append",
+        action="extend",
+        nargs="+",
         default=[],
         metavar="KEY=VALUE",
-        help=f"override one option, e.g. --set {example} (repeatable; `dgrpo config show` lists them)",
+        help=f"override options, e.g. --set {example} (one or more per --set, and --set repeatable; `dgrpo config "
+        "show` lists them)",
     )
 
 

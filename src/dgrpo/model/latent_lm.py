@@ -213,18 +213,21 @@ def _is_model_dir(p: Path) -> bool:
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A run directory resolves to its ``final/`` checkpoint; a checkpoint directory to itself."""
+    """A run directory resolves to its ``final/`` checkpoint, a resumable checkpoint (``checkpoints/step-N``) to the
+    model it holds (``model/``), a checkpoint directory to itself."""
     p = Path(path).expanduser()
     if _is_model_dir(p / "final"):
         return p / "final"
     if _is_model_dir(p):
         return p
+    if (p / "state.json").is_file() and _is_model_dir(p / "model"):
+        return p / "model"
     if p.is_file():
         raise CheckpointError(f"{p} is a file, not a checkpoint directory")
     if (p / "metrics.jsonl").is_file():
         raise CheckpointError(
             f"{p} holds no model checkpoint: a run directory without final/ (the run did not finish: rerun its command "
-            "to resume it, or name one of its checkpoints: best/, stage-K/, checkpoints/step-N/model)"
+            "to resume it, or name one of its checkpoints: best/, stage-K/, checkpoints/step-N)"
         )
     if p.exists():
         raise CheckpointError(f"{p} holds no model checkpoint (no config.json with weights, no final/)")
