@@ -241,4 +241,4 @@ def test_one_set_takes_several_overrides(run_cli):
     assert r.returncode == 0 and json.loads(r.stdout)["grpo"]["lr"] == 3e-5
     assert json.loads(r.stdout)["grpo"]["log_every"] == 3
     r = run_cli("config", "show", "--set", "grpo.lr=2e-5", "grpo")
-    assert r.returncode == 2 and "got 'grpo' (a command's positional argument goes before --set)" in r.stderr
+    assert r.returncode == 2 and "got 'grpo' (a positional argument goes before --set)" in r.stderr

@@ -1067,7 +1067,7 @@ def load_config(
         merge_file(cfg, file)
     for ov in overrides or []:
         if "=" not in ov:
-            raise ConfigError(f"--set expects key=value, got {ov!r} (a command's positional argument goes before --set)")
+            raise ConfigError(f"--set expects key=value, got {ov!r} (a positional argument goes before --set)")
         k, v = ov.split("=", 1)
         set_value(cfg, k.strip(), v.strip())
     cfg.validate()
