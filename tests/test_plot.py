@@ -222,3 +222,18 @@ def test_cli_plot_bad_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert err.count("\n") == 1 and "nowhere: no such directory" in err
     assert main(["plot", str(tmp_path), "--out", str(tmp_path / "x.png"), "--reference", "oops"]) == 2
     assert "NAME=VALUE" in capsys.readouterr().err
+
+
+def test_runs_of_one_label_but_other_settings_are_not_averaged(tmp_path: Path) -> None:
+    """A sweep plotted by directory (no seed in the names): the config's label groups runs only when they differ in
+    the seed alone; otherwise each run is its own line, named by its directory (and its parent's, where needed)."""
+    base = grpo_config("locked")
+    write_run(tmp_path / "a" / "lr_low", {**base, "seed": 0}, grpo_rows(0))
+    write_run(tmp_path / "a" / "lr_high", {**base, "seed": 0, "grpo": {**base["grpo"], "lr": 1e-4}}, grpo_rows(1))
+    write_run(tmp_path / "b" / "lr_high", {**base, "seed": 0, "grpo": {**base["grpo"], "lr": 1e-3}}, grpo_rows(2))
+    assert {n: len(rs) for n, rs in all_groups(tmp_path).items()} == {"lr_low": 1, "a/lr_high": 1, "b/lr_high": 1}
+    # the same setting under two seeds (and another thread count) stays one arm, labelled by the config
+    other = tmp_path / "seeds"
+    write_run(other / "first", {**base, "seed": 0, "threads": 1}, grpo_rows(0))
+    write_run(other / "second", {**base, "seed": 1, "threads": 2}, grpo_rows(1))
+    assert {n: len(rs) for n, rs in all_groups(other).items()} == {"Dropout-GRPO": 2}

@@ -162,8 +162,19 @@ def config_label(run: Run) -> str:
     return run.name
 
 
+def named_arm(run: Run) -> str | None:
+    """The group a run's directory names (steps 1-3 of :func:`arm_of`), or None when its name says nothing."""
+    path = run.path.resolve()
+    parent = path.parent.name
+    if _SEED_NAME.fullmatch(run.name) and parent:
+        return strip_seed(parent) or parent
+    if _SEED_NAME.fullmatch(parent):
+        return strip_seed(run.name) or run.name
+    return strip_seed(run.name)
+
+
 def arm_of(run: Run) -> str:
-    """The group a run belongs to.
+    """The group a run belongs to, alone (:func:`group_runs` refines step 4 by the other runs).
 
     1. A run directory named like a seed (``seed0``, ``s1``, ``seed-2``; case-insensitive) is grouped by its parent's
        name (``runs/demo/arms/dropout_grpo/seed0`` -> ``dropout_grpo``).
@@ -176,18 +187,25 @@ def arm_of(run: Run) -> str:
 
     In steps 1-3 a remaining seed suffix is stripped too. Explicit groups (:func:`group_runs`) override all this.
     """
-    path = run.path.resolve()
-    parent = path.parent.name
-    if _SEED_NAME.fullmatch(run.name) and parent:
-        return strip_seed(parent) or parent
-    if _SEED_NAME.fullmatch(parent):
-        return strip_seed(run.name) or run.name
-    return strip_seed(run.name) or config_label(run)
+    return named_arm(run) or config_label(run)
+
+
+#: config keys that do not make two runs different arms (the seed, and where and how a run was executed)
+_NOT_ARM_KEYS = ("seed", "threads", "device", "logging")
+
+
+def _setting(run: Run) -> str:
+    """The run's config without the keys that may differ between seeds of one arm."""
+    return json.dumps({k: v for k, v in run.config.items() if k not in _NOT_ARM_KEYS}, sort_keys=True, default=str)
 
 
 def group_runs(runs: Sequence[Run], groups: Mapping[str, Sequence[str | Path]] | None = None) -> dict[str, list[Run]]:
     """Runs by arm (:func:`arm_of`); ``groups`` (name -> run directories, or directories holding runs) overrides it.
 
+    Runs grouped by their config (step 4 of :func:`arm_of`) stay one group only when their configs agree but for
+    the seed (and threads, device, logging): runs of one label that differ in anything else (a learning-rate sweep
+    of Dropout-GRPO, say) are shown one by one, each under its directory's name (with its parent's where two share
+    a name), not averaged into one line.
     The named groups come first, in the given order, then the other runs' arms in order of first appearance."""
     by_path = {r.path.resolve(): r for r in runs}
     out: dict[str, list[Run]] = {}
@@ -198,9 +216,19 @@ def group_runs(runs: Sequence[Run], groups: Mapping[str, Sequence[str | Path]] |
             run = by_path.get(key) or load_run(p)
             out.setdefault(name, []).append(run)
             taken.add(key)
-    for run in runs:
-        if run.path.resolve() not in taken:
-            out.setdefault(arm_of(run), []).append(run)
+    rest = [run for run in runs if run.path.resolve() not in taken]
+    settings: dict[str, set[str]] = {}
+    for run in rest:
+        if named_arm(run) is None:
+            settings.setdefault(config_label(run), set()).add(_setting(run))
+    names = [run.name for run in rest]
+    for run in rest:
+        arm = named_arm(run)
+        if arm is None:
+            label = config_label(run)
+            own = run.name if names.count(run.name) == 1 else f"{run.path.resolve().parent.name}/{run.name}"
+            arm = label if len(settings[label]) == 1 else own
+        out.setdefault(arm, []).append(run)
     return out
 
 
