@@ -4,6 +4,7 @@ silently changed config."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -309,3 +310,23 @@ def test_resume_from_an_explicit_checkpoint_path(sft_checkpoint, tmp_path, run_c
     wa = (tmp_path / "a" / "final" / "model.safetensors").read_bytes()
     wb = (tmp_path / "b" / "final" / "model.safetensors").read_bytes()
     assert wa == wb  # step 1 from a's checkpoint, then step 2: the same run
+
+
+def test_reward_values_may_be_numpy_torch_or_bool_but_not_anything():
+    """As TRL takes them: a list of floats, ints or bools (0 / 1), a 1-d NumPy array or tensor; a string, a nested
+    list, a 2-d tensor's rows or a non-finite value is one line naming the function and the row."""
+    import numpy as np
+    import torch
+
+    from dgrpo.data.records import Record
+    from dgrpo.eval.scoring import call_checked
+
+    recs = [Record("q", [], "1")] * 3
+    for values in ([1, 0.5, True], np.array([1.0, 0.5, 1.0]), torch.tensor([1.0, 0.5, 1.0]), [np.bool_(True)] * 3):
+        got = call_checked(lambda c, r, v=values: v, "mine", ["a", "b", "c"], recs)
+        assert got[0] == 1.0 and all(type(x) is float for x in got)
+    for bad, shown in (["1", 0, 0], "'1'"), ([[1.0]] * 3, "[1.0]"), (torch.zeros(3, 1), "tensor([0.])"):
+        with pytest.raises(RewardError, match=rf"reward mine returned {re.escape(shown)} for row 0"):
+            call_checked(lambda c, r, v=bad: v, "mine", ["a", "b", "c"], recs)
+    with pytest.raises(RewardError, match=r"returned np\.float64\(nan\) for row 1"):
+        call_checked(lambda c, r: np.array([0.0, np.nan, 1.0]), "mine", ["a", "b", "c"], recs)

@@ -10,7 +10,8 @@ normalisation: case, spacing, a trailing period), ``choice`` (a multiple-choice 
 ``package.module:function`` or ``path/to/file.py:function``.
 
 Every call is checked: a function that raises, returns the wrong number of values, or a value that is not a
-finite number is a :class:`RewardError` (one line naming the function and the row).
+finite number is a :class:`RewardError` (one line naming the function and the row). A number may be a Python, NumPy
+or 0-d torch one, a bool counting 0 or 1 (:func:`reward_value`), so a 1-d array or tensor is a fine return value.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
+import numbers
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -115,10 +117,23 @@ def call_checked(fn: ScoreFn, name: str, completions: list[str], records: list[R
         raise RewardError(f"reward {name} returned {len(values)} values for {len(completions)} completions")
     out = []
     for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+        x = reward_value(v)
+        if x is None:
             raise RewardError(f"reward {name} returned {v!r} for row {i} (question {records[i].question[:60]!r})")
-        out.append(float(v))
+        out.append(x)
     return out
+
+
+def reward_value(v: object) -> float | None:
+    """``v`` as a float when it is one finite real number: a Python int / float / bool (0 or 1), a NumPy scalar or a
+    0-d tensor or array (so a function may return a list, a 1-d NumPy array or a 1-d tensor, as TRL's reward
+    functions may); None for anything else (a string, a list, a non-finite number)."""
+    if not isinstance(v, numbers.Real) and getattr(v, "ndim", None) == 0 and hasattr(v, "item"):
+        v = v.item()
+    if not isinstance(v, numbers.Real):
+        return None
+    x = float(v)
+    return x if math.isfinite(x) else None
 
 
 @dataclass
