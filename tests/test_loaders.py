@@ -287,10 +287,10 @@ def test_error_unknown_split() -> None:
 def test_error_missing_file(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="file not found"):
         load_dataset(str(tmp_path / "nope.jsonl"))
-    with pytest.MonkeyPatch.context() as mp:  # data folder without the dataset's file
+    with pytest.MonkeyPatch.context() as mp:  # data folder without the dataset's file (one without a hub copy)
         mp.setenv("DGRPO_DATA_DIR", str(tmp_path))
-        with pytest.raises(DataError, match=r"dataset 'svamp' split 'test': .*SVAMP\.json not found"):
-            load_dataset("svamp")
+        with pytest.raises(DataError, match=r"^dataset 'prosqa': split 'valid': .*prosqa_valid\.json not found"):
+            load_dataset("prosqa")
 
 
 def test_error_unknown_name_offline(tmp_path: Path) -> None:

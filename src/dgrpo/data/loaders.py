@@ -157,6 +157,13 @@ def _row_multiarith(row: dict[str, Any]) -> Record:
     return Record(question, [], answer, meta)
 
 
+def _row_multiarith_hub(row: dict[str, Any]) -> Record:
+    """MultiArith as on the hub (``ChilleD/MultiArith``): ``question``, ``final_ans`` (a number or number text)."""
+    question = _text_field(row, "question")
+    answer = _format_number(_field(row, "final_ans"), "field 'final_ans'")
+    return Record(question, [], answer, {})
+
+
 def _row_pal(row: dict[str, Any]) -> Record:
     """PAL's ``{"input", "target"}`` rows: GSM-Hard (float target, with ``code``) and MultiArith's jsonl twin."""
     question = _text_field(row, "input")
@@ -200,6 +207,7 @@ _ROW_FORMATS: list[tuple[frozenset[str], RowParser, str]] = [
     (frozenset({"question", "steps", "answer"}), _row_coconut_any, "Coconut {question, steps, answer}"),
     (frozenset({"Body", "Question", "Answer"}), _row_svamp, "SVAMP {Body, Question, Answer}"),
     (frozenset({"sQuestion", "lSolutions"}), _row_multiarith, "MultiArith {sQuestion, lSolutions}"),
+    (frozenset({"question", "final_ans"}), _row_multiarith_hub, "MultiArith (hub) {question, final_ans}"),
     (frozenset({"problem", "expected_answer"}), _row_openmath, "OpenMathInstruct-2 {problem, expected_answer}"),
     (frozenset({"input", "target"}), _row_pal, "PAL {input, target}"),
     (frozenset({"question", "answer"}), _row_question_answer, "{question, answer}"),
@@ -319,12 +327,24 @@ def _json_list(parser: RowParser | None) -> FileParser:
 
 
 @dataclass(frozen=True)
+class HubCopy:
+    """Where the hub holds a built-in dataset: the repository, its config (None: the default) and, per split of
+    ours, the hub splits that make it up (concatenated in order)."""
+
+    repo: str
+    splits: dict[str, tuple[str, ...]]
+    config: str | None = None
+
+
+@dataclass(frozen=True)
 class DatasetSpec:
-    """A built-in dataset: its files (relative to the data folder) per split, and the parser of those files."""
+    """A built-in dataset: its files (relative to the data folder) per split, the parser of those files, and the
+    hub copy read when there is no local one."""
 
     splits: dict[str, str]
     parser: FileParser
     description: str = ""
+    hub: HubCopy | None = None
 
     @property
     def default_split(self) -> str:
@@ -336,9 +356,13 @@ DATASETS: dict[str, DatasetSpec] = {
         {"train": "gsm8k/train.jsonl", "test": "gsm8k/test.jsonl"},
         _jsonl(_row_gsm8k),
         "GSM8K (openai/grade-school-math)",
+        HubCopy("openai/gsm8k", {"train": ("train",), "test": ("test",)}, config="main"),
     ),
     "gsm8k_aug": DatasetSpec(
-        {"valid": "gsm8k_aug/valid.txt", "test": "gsm8k_aug/test.txt"}, _parse_aug_text, "GSM8K-Aug, iCoT text format"
+        {"valid": "gsm8k_aug/valid.txt", "test": "gsm8k_aug/test.txt"},
+        _parse_aug_text,
+        "GSM8K-Aug, iCoT text format",
+        HubCopy("whynlp/gsm8k-aug", {"valid": ("validation",), "test": ("test",)}),
     ),
     "coconut_gsm8k_aug": DatasetSpec(
         {"valid": "coconut/gsm8k_aug/gsm_valid.json", "test": "coconut/gsm8k_aug/gsm_test.json"},
@@ -348,11 +372,24 @@ DATASETS: dict[str, DatasetSpec] = {
     "prosqa": DatasetSpec(
         {"valid": "coconut/prosqa/prosqa_valid.json"}, _json_list(_row_coconut_any), "ProsQA (Coconut)"
     ),
-    "svamp": DatasetSpec({"test": "svamp/SVAMP.json"}, _json_list(_row_svamp), "SVAMP, all 1000 problems"),
-    "multiarith": DatasetSpec(
-        {"test": "multiarith/MultiArith.json"}, _json_list(_row_multiarith), "MultiArith, 600 problems"
+    "svamp": DatasetSpec(
+        {"test": "svamp/SVAMP.json"},
+        _json_list(_row_svamp),
+        "SVAMP, all 1000 problems",
+        HubCopy("ChilleD/SVAMP", {"test": ("train", "test")}),  # its 700 + 300 split, joined: all 1000
     ),
-    "gsm_hard": DatasetSpec({"test": "gsm_hard/gsmhardv2.jsonl"}, _jsonl(_row_pal), "GSM-Hard (PAL gsmhardv2)"),
+    "multiarith": DatasetSpec(
+        {"test": "multiarith/MultiArith.json"},
+        _json_list(_row_multiarith),
+        "MultiArith, 600 problems",
+        HubCopy("ChilleD/MultiArith", {"test": ("train", "test")}),  # 420 + 180, joined: all 600
+    ),
+    "gsm_hard": DatasetSpec(
+        {"test": "gsm_hard/gsmhardv2.jsonl"},
+        _jsonl(_row_pal),
+        "GSM-Hard (PAL gsmhardv2)",
+        HubCopy("reasoning-machines/gsm-hard", {"test": ("train",)}),  # its one split holds the 1319 problems
+    ),
 }
 
 #: Names read from the Hugging Face hub (through the optional ``datasets`` package): name -> hub id.
@@ -440,25 +477,39 @@ def _load_builtin_name(name: str, split: str | None) -> list[Record]:
     if chosen not in spec.splits:
         raise DataError(f"dataset {name!r} has splits {', '.join(spec.splits)}; got {chosen!r}")
     data_dir = find_data_dir()
+    path = data_dir / spec.splits[chosen] if data_dir is not None else None
+    if path is not None and path.is_file():
+        return _nonempty(path, spec.parser(path, _read_text(path)))
     if data_dir is None:
-        raise DataError(
-            f"dataset {name!r}: data folder not found (set DGRPO_DATA_DIR to the folder holding "
-            f"{spec.splits[chosen].split('/')[0]}/, or put it in ./data)"
+        local = (
+            f"no local copy (set DGRPO_DATA_DIR to the folder holding {spec.splits[chosen].split('/')[0]}/, or put "
+            "it in ./data)"
         )
-    path = data_dir / spec.splits[chosen]
-    if not path.is_file():
-        raise DataError(f"dataset {name!r} split {chosen!r}: {path} not found (data folder {data_dir})")
-    return _nonempty(path, spec.parser(path, _read_text(path)))
+    else:
+        local = f"split {chosen!r}: {path} not found (data folder {data_dir})"
+    if spec.hub is None:
+        raise DataError(f"dataset {name!r}: {local}")
+    records: list[Record] = []
+    for hub_split in spec.hub.splits[chosen]:
+        records += _load_from_hub(name, hub_split, hub_id=spec.hub.repo, config=spec.hub.config, why=local)
+    return records
 
 
 def _load_from_hub(
-    name: str, split: str | None, *, hub_id: str | None = None, columns: RowParser | None = None
+    name: str,
+    split: str | None,
+    *,
+    hub_id: str | None = None,
+    config: str | None = None,
+    columns: RowParser | None = None,
+    why: str = "",
 ) -> list[Record]:
-    """Rows from the Hugging Face hub, through the optional ``datasets`` package, as Records."""
+    """Rows from the Hugging Face hub (``config``: the dataset's config, None for its default), through the
+    optional ``datasets`` package, as Records; ``why`` says, in an error, why the hub was asked."""
     builtin = ", ".join([*DATASETS, *HUB_DATASETS])
     prefix = f"unknown dataset {name!r}: not a local file, not a built-in name ({builtin}), and"
     if hub_id is not None:
-        prefix = f"dataset {name!r} (hub {hub_id!r}):"
+        prefix = f"dataset {name!r}: {why}; its hub copy {hub_id!r}:" if why else f"dataset {name!r} (hub {hub_id!r}):"
     try:
         import datasets
     except ImportError:
@@ -473,7 +524,7 @@ def _load_from_hub(
             "HF_DATASETS_OFFLINE=1 to use the local datasets cache)"
         )
     try:
-        loaded = datasets.load_dataset(repo, split=split)
+        loaded = datasets.load_dataset(repo, config, split=split)
         if split is None:  # a DatasetDict: take test if present, else the first split
             names = list(loaded.keys())
             split = "test" if "test" in names else names[0]
@@ -549,7 +600,8 @@ def load_dataset(name_or_path: str, split: str | None = None, *, columns: RowPar
 
     * a built-in name (files under :func:`find_data_dir`): ``gsm8k`` (train/test), ``gsm8k_aug``
       (valid/test), ``coconut_gsm8k_aug`` (valid/test), ``prosqa`` (valid), ``svamp`` (test: all
-      1000), ``multiarith`` (test: all 600), ``gsm_hard`` (test);
+      1000), ``multiarith`` (test: all 600), ``gsm_hard`` (test); without a local copy, the ones with a
+      :class:`HubCopy` (all but ``prosqa`` and ``coconut_gsm8k_aug``) are read from the hub;
     * ``openmathinstruct2`` (``nvidia/OpenMathInstruct-2`` on the Hugging Face hub);
     * a name starting with ``builtin``: the project's synthetic task (``dgrpo.data.synthetic``);
     * a path to a data file; its format is detected from the extension and content (jsonl/JSON-list

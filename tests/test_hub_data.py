@@ -1,0 +1,66 @@
+"""Built-in dataset names without a local copy read their hub copy: which repository, config and splits, and the
+rows as the hub holds them (made up here: no network in tests)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from dgrpo.data import loaders
+from dgrpo.data.records import DataError
+
+HUB_ROWS = {
+    ("openai/gsm8k", "main", "test"): [{"question": "Tom has 3 and 4. Total?", "answer": "3+4=<<3+4=7>>7\n#### 7"}],
+    ("whynlp/gsm8k-aug", None, "validation"): [{"question": "q", "cot": "<<3+4=7>> <<7*2=14>>", "answer": "14"}],
+    ("ChilleD/SVAMP", None, "train"): [{"ID": "a", "Body": "5 birds.", "Question": "Legs?", "Answer": 10.0}],
+    ("ChilleD/SVAMP", None, "test"): [{"ID": "b", "Body": "2 cats.", "Question": "Legs?", "Answer": 8.0}],
+    ("ChilleD/MultiArith", None, "train"): [{"question": "2 plus 2?", "final_ans": "4"}],
+    ("ChilleD/MultiArith", None, "test"): [{"question": "3 times 3?", "final_ans": 9}],
+    ("reasoning-machines/gsm-hard", None, "train"): [{"input": "1.5 * 2?", "code": "...", "target": 3.0}],
+}
+
+
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    """No local data folder; a reachable hub whose ``load_dataset`` serves HUB_ROWS and records each call."""
+    calls: list[tuple] = []
+
+    def load_dataset(repo, config=None, split=None):
+        calls.append((repo, config, split))
+        return HUB_ROWS[(repo, config, split)]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.setattr(loaders, "hub_reachable", lambda: True)
+    monkeypatch.delenv("DGRPO_DATA_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)  # no ./data
+    return calls
+
+
+def test_builtin_names_read_their_hub_copy_without_a_local_one(hub):
+    gsm = loaders.load_dataset("gsm8k", "test")
+    assert hub == [("openai/gsm8k", "main", "test")] and [r.answer for r in gsm] == ["7"]
+    assert gsm[0].meta["source"] == "hf:openai/gsm8k"
+    aug = loaders.load_dataset("gsm8k_aug", "valid")  # our split name, the hub's 'validation'
+    assert aug[0].steps == ["<<3+4=7>>", "<<7*2=14>>"] and aug[0].answer == "14"
+    svamp = loaders.load_dataset("svamp")  # all 1000 problems: the hub's train and test, joined
+    assert [(r.question, r.answer) for r in svamp] == [("5 birds. Legs?", "10"), ("2 cats. Legs?", "8")]
+    assert [r.answer for r in loaders.load_dataset("multiarith")] == ["4", "9"]
+    assert loaders.load_dataset("gsm_hard")[0].answer == "3"
+    with pytest.raises(DataError, match=r"^dataset 'prosqa': no local copy \(set DGRPO_DATA_DIR"):
+        loaders.load_dataset("prosqa")  # no hub copy: the local folder is the only way
+
+
+def test_a_local_copy_wins_and_an_unreachable_hub_is_one_line(hub, monkeypatch, tmp_path):
+    data = tmp_path / "data"
+    (data / "gsm8k").mkdir(parents=True)
+    (data / "gsm8k" / "test.jsonl").write_text('{"question": "local?", "answer": "#### 5"}\n')
+    assert [r.answer for r in loaders.load_dataset("gsm8k", "test")] == ["5"] and hub == []
+    # a data folder without this dataset's file: the hub copy, and the error says both
+    monkeypatch.setattr(loaders, "hub_reachable", lambda: False)
+    with pytest.raises(DataError) as info:
+        loaders.load_dataset("svamp")
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith("dataset 'svamp': split 'test': ") and "svamp/SVAMP.json not found" in msg
+    assert "its hub copy 'ChilleD/SVAMP': the Hugging Face hub could not be reached" in msg
