@@ -228,6 +228,16 @@ def test_colons_stay_strings_in_set_values_and_files(tmp_path):
     assert load_config(Config, f).perturbation.layers == "-2:"
 
 
+def test_comma_text_is_the_list_it_spells():
+    """``--set key=a,b`` is the list ``[a, b]`` (spaces around items dropped), whole numbers as numbers."""
+    for text in ("1,1,2", "1, 1, 2", "[1, 1, 2]"):
+        assert load_config(Config, None, [f"sft.stage_epochs={text}"]).sft.stage_epochs == [1, 1, 2]
+    for text in ("attn,mlp", "attn, mlp", "[attn, mlp]"):
+        assert load_config(Config, None, [f"perturbation.sites={text}"]).perturbation.sites == ["attn", "mlp"]
+    test = load_config(Config, None, ["data.test=builtin:test, gsm8k:test"]).data.test
+    assert test == ["builtin:test", "gsm8k:test"]
+
+
 def test_loader_keeps_ordinary_numbers():
     data = yaml.load("a: 1:30\nb: 190\nc: 1.0e-5\nd: 1e-5\ne: -3\nf: 0:4.5\ng: .inf", Loader=ConfigLoader)
     assert data == {"a": "1:30", "b": 190, "c": 1.0e-5, "d": "1e-5", "e": -3, "f": "0:4.5", "g": float("inf")}

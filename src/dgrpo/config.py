@@ -907,9 +907,10 @@ def _to_float(value: Any, key: str) -> float:
 
 
 def _to_list(value: Any, key: str) -> list:
-    """A list: a YAML list, or comma-separated text."""
+    """A list: a YAML list, or comma-separated text (whose whole numbers are numbers: ``1,1,2`` as ``[1, 1, 2]``,
+    the same list as ``[1, 1, 2]``)."""
     if isinstance(value, str):
-        value = [v for v in value.split(",") if v]
+        value = [int(v) if re.fullmatch(r"[+-]?\d+", v.strip()) else v.strip() for v in value.split(",") if v.strip()]
     if not isinstance(value, list):
         raise _invalid(key, f"expected a list, got {value!r}")
     return list(value)
