@@ -239,6 +239,19 @@ def test_malformed_checkpoints_are_one_line_errors(official, tmp_path, run_cli, 
     assert not out.exists()
 
 
+def test_damaged_files_are_said_to_be_unreadable_in_one_line(official, tmp_path, run_cli):
+    """Random bytes, or a checkpoint cut short: 'not a readable torch checkpoint' with torch's reason, one line (not
+    the refusal of pickled code, which is for files that name a global)."""
+    base, ckpt = official[:2]
+    whole = Path(ckpt).read_bytes()
+    for name, data in (("noise.pt", bytes(range(256)) * 4), ("cut.pt", whole[: len(whole) // 2])):
+        bad = tmp_path / name
+        bad.write_bytes(data)
+        r = run_cli("import-coconut", bad, "--base", base, "--c-thought", 2, "--out", tmp_path / "o")
+        assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+        assert "not a readable torch checkpoint, damaged or of another format (" in r.stderr, r.stderr
+
+
 def test_argument_errors(official, tmp_path, run_cli):
     base, ckpt = official[:2]
     cases = [

@@ -62,14 +62,17 @@ def read_state_dict(ckpt: Path) -> dict[str, Tensor]:
     try:
         obj = torch.load(ckpt, map_location="cpu", weights_only=True)
     except Exception as e:  # every failure to read is one line for the user
-        if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
-            found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
-            what = f" (it references {found.group(1)})" if found else ""
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e) and found:
+            what = f" (it references {found.group(1)})"
             raise _error(
                 f"{ckpt}: refused: it holds pickled objects other than tensors{what}; only plain tensor state "
                 "dicts are imported (torch.load weights_only=True), no code from the file is run"
             ) from None
-        raise _error(f"{ckpt}: not a readable torch checkpoint ({type(e).__name__}: {e})") from None
+        # torch's own words, without its advice on weights_only (one line)
+        text = str(e).split("WeightsUnpickler error:", 1)[-1].split("Check the documentation", 1)[0]
+        reason = " ".join(text.split())[:160]
+        raise _error(f"{ckpt}: not a readable torch checkpoint, damaged or of another format ({reason})") from None
     if not isinstance(obj, dict) or not obj:
         raise _error(f"{ckpt}: expected a state dict (name -> tensor), found {type(obj).__name__}")
     bad = [f"{k!r}: {type(v).__name__}" for k, v in obj.items() if not isinstance(k, str) or not isinstance(v, Tensor)]
