@@ -29,6 +29,10 @@ def hub(monkeypatch: pytest.MonkeyPatch, tmp_path):
 
     def load_dataset(repo, config=None, split=None):
         calls.append((repo, config, split))
+        if repo == "openai/gsm8k" and config is None:  # as the hub answers for a dataset with several configs
+            raise ValueError(
+                "Config name is missing.\nPlease pick one among the available configs: ['main', 'socratic']"
+            )
         return HUB_ROWS[(repo, config, split)]
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
@@ -64,3 +68,17 @@ def test_a_local_copy_wins_and_an_unreachable_hub_is_one_line(hub, monkeypatch, 
     msg = str(info.value)
     assert "\n" not in msg and msg.startswith("dataset 'svamp': split 'test': ") and "svamp/SVAMP.json not found" in msg
     assert "its hub copy 'ChilleD/SVAMP': the Hugging Face hub could not be reached" in msg
+
+
+def test_a_hub_dataset_with_several_configs_is_named_with_config(hub):
+    """``repo:split?config=NAME`` passes the config; without it, the hub's refusal is one line saying how."""
+    from dgrpo.data import load_spec
+
+    assert [r.answer for r in load_spec("openai/gsm8k:test?config=main")] == ["7"]
+    assert hub[-1] == ("openai/gsm8k", "main", "test")
+    with pytest.raises(DataError, match=r"has several configs: name one as openai/gsm8k:SPLIT\?config=NAME .*'main'"):
+        load_spec("openai/gsm8k:test")
+    with pytest.raises(DataError, match=r"one option, \?config=NAME"):
+        load_spec("openai/gsm8k:test?revision=x")
+    with pytest.raises(DataError, match=r"names one of a hub dataset's configs; this is not one"):
+        load_spec("gsm8k:test?config=main")  # a built-in name has no hub config to pick

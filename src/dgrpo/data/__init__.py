@@ -10,7 +10,8 @@ from .synthetic import load_builtin
 
 
 def load_spec(spec: str, task=None, split: str | None = None, data=None) -> list[Record]:
-    """Load ``name``, ``name:split``, a file path, or several joined by ``+`` (``gsm_hard+svamp``).
+    """Load ``name``, ``name:split``, a file path, or several joined by ``+`` (``gsm_hard+svamp``); a hub dataset
+    with several configs names one: ``openai/gsm8k:test?config=main``.
 
     ``task`` (a TaskConfig) parameterises ``builtin`` names (options in the name apply over it); ``split``, when
     given, wins over a split in the name; ``data`` (a DataConfig) gives the column mapping for files whose keys
@@ -22,8 +23,19 @@ def load_spec(spec: str, task=None, split: str | None = None, data=None) -> list
         return load_builtin(spec, split, task)
     if Path(spec).exists():
         return load_dataset(spec, split, columns=columns)
+    spec, _, query = spec.partition("?")
     name, _, in_name = spec.partition(":")
-    return load_dataset(name, split or in_name or None, columns=columns)
+    return load_dataset(name, split or in_name or None, columns=columns, config=_hub_config(query, spec))
+
+
+def _hub_config(query: str, spec: str) -> str | None:
+    """The ``config`` of ``name[:split]?config=NAME`` (a hub dataset's config), None when the query is empty."""
+    if not query:
+        return None
+    key, _, value = query.partition("=")
+    if key != "config" or not value or "&" in value:
+        raise DataError(f"{spec}?{query}: a hub dataset takes one option, ?config=NAME (one of its configs)")
+    return value
 
 
 __all__ = ["DataError", "Record", "load_spec"]

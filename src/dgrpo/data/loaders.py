@@ -532,6 +532,10 @@ def _load_from_hub(
         rows = list(loaded)
     except Exception as exc:  # noqa: BLE001 - any hub/network/format failure becomes one DataError line
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        if "Config name is missing" in str(exc):
+            raise DataError(
+                f"dataset {repo!r} has several configs: name one as {repo}:SPLIT?config=NAME ({reason})"
+            ) from None
         raise DataError(f"{prefix} the Hugging Face hub could not be reached: {reason}") from None
     return rows_to_records(rows, f"hub dataset {repo!r} split {split!r}", f"hf:{repo}", columns)
 
@@ -593,7 +597,9 @@ def column_parser(question_key: str, answer_key: str, steps_key: str = "") -> Ro
     return parse
 
 
-def load_dataset(name_or_path: str, split: str | None = None, *, columns: RowParser | None = None) -> list[Record]:
+def load_dataset(
+    name_or_path: str, split: str | None = None, *, columns: RowParser | None = None, config: str | None = None
+) -> list[Record]:
     """Load a dataset as a list of :class:`Record`.
 
     ``name_or_path`` is one of:
@@ -608,7 +614,8 @@ def load_dataset(name_or_path: str, split: str | None = None, *, columns: RowPar
       records keyed like any format above, PAL ``{input, target}`` jsonl, OpenMathInstruct-2
       ``{problem, expected_answer}`` jsonl, or GSM8K-Aug ``question||steps #### answer`` lines);
       ``split`` is ignored for a path;
-    * any other name: a Hugging Face hub dataset, read through the optional ``datasets`` package.
+    * any other name: a Hugging Face hub dataset, read through the optional ``datasets`` package (``config``:
+      which of its configs, for a dataset that has several, e.g. ``main`` of ``openai/gsm8k``).
 
     ``split=None`` picks ``test`` when the dataset has one, else its first (for ProsQA the only,
     ``valid``) split. Numeric answers are normalised number strings (``"40,000"`` -> ``"40000"``).
@@ -621,6 +628,8 @@ def load_dataset(name_or_path: str, split: str | None = None, *, columns: RowPar
     raw = os.fspath(name_or_path)
     if not isinstance(raw, str) or not raw.strip():
         raise DataError("dataset name or path is empty")
+    if config is not None and (raw.startswith("builtin") or _is_local_or_builtin(raw)):
+        raise DataError(f"{raw}: a config (?config={config}) names one of a hub dataset's configs; this is not one")
     if isinstance(name_or_path, str) and raw.startswith("builtin"):
         return load_builtin(raw, split)
     path = Path(raw).expanduser()
@@ -644,4 +653,15 @@ def load_dataset(name_or_path: str, split: str | None = None, *, columns: RowPar
         if path.is_dir():
             raise DataError(f"{path}: is a directory; give a data file or a dataset name")
         raise DataError(f"{path}: file not found")
-    return _load_from_hub(raw, split, columns=columns)
+    return _load_from_hub(raw, split, columns=columns, config=config)
+
+
+def _is_local_or_builtin(raw: str) -> bool:
+    """A file, a dataset folder or a built-in name (what a hub config cannot apply to)."""
+    path = Path(raw).expanduser()
+    key = raw.strip().lower()
+    try:
+        local = path.exists()
+    except OSError:
+        local = False
+    return local or _ALIASES.get(key, key) in (*DATASETS, *HUB_DATASETS, "openmathinstruct2_gsm")
