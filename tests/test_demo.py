@@ -229,6 +229,22 @@ def test_join_parts_keeps_task_order_whatever_finishes_first():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--workers", "0"], "--workers must be >= 1, got 0"),
+        (["--sft-seeds", "0"], "--sft-seeds and --seeds must be >= 1"),
+        (["--out", "{file}"], "exists and is not a directory"),
+    ],
+)
+def test_demo_bad_arguments_exit_2_in_one_line_before_any_work(tmp_path, run_cli, args, needle):
+    (tmp_path / "file").write_text("")
+    argv = [a.format(file=tmp_path / "file") for a in args]
+    r = run_cli("demo", "--quick", *(["--out", tmp_path / "o"] if "--out" not in argv else []), *argv)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists() and r.stdout == ""
+
+
 def test_demo_workers_give_the_in_process_results(tmp_path, pool_demo):
     """A pool of two worker processes (SFT and RL runs as tasks) and one in-process pipeline, both single-threaded:
     the same models with the same answers on every item, in the same order."""

@@ -26,6 +26,7 @@ from ..model.factory import load_model
 from ..model.latent_lm import LatentLM
 from ..training.distributed import available_cpus, exit_with_parent
 from ..training.grpo import train_grpo
+from ..training.run import check_output_path
 from ..training.sft import train_sft
 
 #: arm -> (label in the tables, packaged config merged over the demo's base config; None = the SFT checkpoint)
@@ -249,6 +250,9 @@ def demo_config(args: Any) -> tuple[Config, int, int]:
     n_rl = args.seeds if args.seeds is not None else n_rl
     if n_sft < 1 or n_rl < 1:
         raise ConfigError(f"--sft-seeds and --seeds must be >= 1, got {n_sft} and {n_rl}")
+    if getattr(args, "workers", None) is not None and args.workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {args.workers}")
+    check_output_path(Path(args.out))  # an existing file, or a place that cannot be written: one line, now
     return base, n_sft, n_rl
 
 
