@@ -224,6 +224,16 @@ def test_cli_plot_bad_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "NAME=VALUE" in capsys.readouterr().err
 
 
+def test_cli_plot_unwritable_figure_is_one_line(runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file where the figure's folder should be, or a folder named like the figure: one line, exit 2."""
+    (tmp_path / "a_file").write_text("")
+    (tmp_path / "a_folder.png").mkdir()
+    for out, why in ((tmp_path / "a_file" / "x.png", "File exists"), (tmp_path / "a_folder.png", "Is a directory")):
+        assert main(["plot", str(runs), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{out}: cannot write the figure there ({why})" in err, err
+
+
 def test_runs_of_one_label_but_other_settings_are_not_averaged(tmp_path: Path) -> None:
     """A sweep plotted by directory (no seed in the names): the config's label groups runs only when they differ in
     the seed alone; otherwise each run is its own line, named by its directory (and its parent's, where needed)."""

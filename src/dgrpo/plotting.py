@@ -441,8 +441,11 @@ def plot_runs(
     fmt = check_format(out)
     fig, desc = draw(groups, panels=panels, eval_key=eval_key, reference=reference, title=title)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format=fmt, dpi=120, bbox_inches="tight")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, format=fmt, dpi=120, bbox_inches="tight")
+    except OSError as e:  # a file where a folder should be, a folder named like the figure, no permission
+        raise DataError(f"{out}: cannot write the figure there ({e.strerror or e})") from None
     desc["out"] = str(out)
     return desc
 
