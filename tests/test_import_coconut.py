@@ -270,4 +270,8 @@ def test_argument_errors(official, tmp_path, run_cli):
         "import-coconut", ckpt, "--base", base, "--c-thought", 2, "--max-latent-stage", 3, "--out", tmp_path / "full"
     )
     assert r.returncode == 2 and "not empty" in r.stderr
+    r = run_cli(
+        "import-coconut", ckpt, "--base", base, "--c-thought", 2, "--max-latent-stage", 3, "--out", tmp_path / "full/x"
+    )
+    assert r.returncode == 2 and "exists and is a file" in r.stderr
     assert not (tmp_path / "o").exists()

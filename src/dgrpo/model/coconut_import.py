@@ -231,7 +231,9 @@ def import_coconut(
     ``max_latent_stage``. Every problem is a one-line :class:`CheckpointError`; nothing is written then.
     """
     ckpt, out = Path(ckpt), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and not out.is_dir():
+        raise _error(f"output directory {out} exists and is a file")
+    if out.exists() and any(out.iterdir()):
         raise _error(f"output directory {out} exists and is not empty")
     sd, wrapped, wrapper_emb = unwrap(read_state_dict(ckpt), ckpt)
     model, tokenizer, added = build_base(base, trust_remote_code)
