@@ -228,7 +228,6 @@ def test_join_parts_keeps_task_order_whatever_finishes_first():
     assert [r["arm"] for r in joined.runs] == order and finished[-1].models == [{"arm": "sft"}]  # inputs untouched
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "args,needle",
     [
@@ -245,6 +244,7 @@ def test_demo_bad_arguments_exit_2_in_one_line_before_any_work(tmp_path, run_cli
     assert not (tmp_path / "o").exists() and r.stdout == ""
 
 
+@pytest.mark.slow
 def test_demo_workers_give_the_in_process_results(tmp_path, pool_demo):
     """A pool of two worker processes (SFT and RL runs as tasks) and one in-process pipeline, both single-threaded:
     the same models with the same answers on every item, in the same order."""
