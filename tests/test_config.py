@@ -228,6 +228,16 @@ def test_colons_stay_strings_in_set_values_and_files(tmp_path):
     assert load_config(Config, f).perturbation.layers == "-2:"
 
 
+def test_rewards_need_distinct_names():
+    """Two grpo.rewards items of one name (given, or their fn) would log into one reward/<name> metric and leave
+    grpo.filter_reward ambiguous: refused in one line naming both items."""
+    for rewards in ("[{fn: numeric, name: a}, {fn: exact, name: a}]", "[{fn: numeric}, {fn: numeric, weight: 2}]"):
+        with pytest.raises(ConfigError, match=r"grpo.rewards: item 1 is named '(a|numeric)' like item 0"):
+            load_config(Config, None, [f"grpo.rewards={rewards}"])
+    ok = load_config(Config, None, ["grpo.rewards=[{fn: numeric}, {fn: numeric, name: twice, weight: 2}]"])
+    assert len(ok.grpo.rewards) == 2
+
+
 def test_comma_text_is_the_list_it_spells():
     """``--set key=a,b`` is the list ``[a, b]`` (spaces around items dropped), whole numbers as numbers."""
     for text in ("1,1,2", "1, 1, 2", "[1, 1, 2]"):

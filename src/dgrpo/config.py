@@ -604,7 +604,8 @@ class GRPOConfig:
     rewards: list = opt(
         [],
         "several rewards, weighted (replaces grpo.reward): a list of {fn: <plug-in or scorer>, weight: 1.0, name: "
-        "<optional>}; the reward is the weighted sum; metrics log each one's mean as reward/<name>",
+        "<optional, default fn>}; the reward is the weighted sum; metrics log each one's mean as reward/<name> (names "
+        "distinct)",
     )
     filter_reward: str = opt(
         "",
@@ -693,6 +694,7 @@ class GRPOConfig:
             f"{p}.alpha_min",
             f"alpha_min ({self.alpha_min}) > alpha_max ({self.alpha_max})",
         )
+        named: dict[str, int] = {}
         for j, item in enumerate(self.rewards):
             ok = isinstance(item, dict) and isinstance(item.get("fn"), str) and set(item) <= {"fn", "weight", "name"}
             _check(ok, f"{p}.rewards", f"item {j} must be a mapping {{fn: ..., weight: ..., name: ...}}, got {item!r}")
@@ -702,12 +704,25 @@ class GRPOConfig:
                 f"{p}.rewards",
                 f"item {j}: weight must be a finite number, got {w!r}",
             )
+            name = reward_name(item)
+            _check(
+                name not in named,
+                f"{p}.rewards",
+                f"item {j} is named {name!r} like item {named.get(name)} (metrics log reward/<name>, and "
+                "grpo.filter_reward picks one by it): give each its own name",
+            )
+            named[name] = j
         _check(
             not self.shuffle_rewards or (self.advantage != "ema" and self.group_size >= 2),
             f"{p}.shuffle_rewards",
             "the null control permutes rewards within groups: it needs group_size >= 2 and a group advantage",
         )
         _check_kept_layers(self, p)
+
+
+def reward_name(item: dict) -> str:
+    """The name of one ``grpo.rewards`` item: its ``name``, else its ``fn``."""
+    return str(item.get("name") or item["fn"])
 
 
 LoggingBackend = Literal["jsonl", "tensorboard", "wandb"]

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config import reward_name
 from ..data.records import Record
 from ..reward import normalize_text, score
 
@@ -182,9 +183,7 @@ def build_rewards(reward: str, rewards: list[dict], scorer: str, filter_reward: 
         parts = []
         for item in rewards:
             fn_spec = str(item["fn"])
-            parts.append(
-                RewardPart(str(item.get("name") or fn_spec), load_function(fn_spec), float(item.get("weight", 1.0)))
-            )
+            parts.append(RewardPart(reward_name(item), load_function(fn_spec), float(item.get("weight", 1.0))))
     else:
         spec = reward or scorer
         parts = [RewardPart(spec, load_function(spec, "reward" if reward else "eval.scorer"))]
