@@ -394,6 +394,8 @@ DATASETS: dict[str, DatasetSpec] = {
 
 #: Names read from the Hugging Face hub (through the optional ``datasets`` package): name -> hub id.
 HUB_DATASETS: dict[str, str] = {"openmathinstruct2": "nvidia/OpenMathInstruct-2"}
+#: the name of the paper-sized GSM-style subset of OpenMathInstruct-2 (its rule: dgrpo.data.subsets)
+OPENMATH_GSM = "openmathinstruct2_gsm"
 
 _ALIASES = {
     "gsm-hard": "gsm_hard",
@@ -402,7 +404,7 @@ _ALIASES = {
     "coconut-gsm8k-aug": "coconut_gsm8k_aug",
     "openmathinstruct-2": "openmathinstruct2",
     "openmathinstruct_2": "openmathinstruct2",
-    "openmathinstruct-2-gsm": "openmathinstruct2_gsm",
+    "openmathinstruct-2-gsm": OPENMATH_GSM,
 }
 
 
@@ -628,40 +630,29 @@ def load_dataset(
     raw = os.fspath(name_or_path)
     if not isinstance(raw, str) or not raw.strip():
         raise DataError("dataset name or path is empty")
-    if config is not None and (raw.startswith("builtin") or _is_local_or_builtin(raw)):
+    path = Path(raw).expanduser()
+    try:
+        exists, is_file = path.exists(), path.is_file()
+    except OSError:
+        exists = is_file = False
+    key = raw.strip().lower()
+    key = _ALIASES.get(key, key)
+    if config is not None and (raw.startswith("builtin") or exists or key in (*DATASETS, *HUB_DATASETS, OPENMATH_GSM)):
         raise DataError(f"{raw}: a config (?config={config}) names one of a hub dataset's configs; this is not one")
     if isinstance(name_or_path, str) and raw.startswith("builtin"):
         return load_builtin(raw, split)
-    path = Path(raw).expanduser()
-    try:
-        is_file = path.is_file()
-    except OSError:
-        is_file = False
     if is_file:
         return _load_file(path, columns)
     if is_hf_folder(path):
         return rows_to_records(read_hf_folder(path, split), str(path), str(path), columns)
-    key = raw.strip().lower()
-    key = _ALIASES.get(key, key)
     if key in DATASETS:
         return _load_builtin_name(key, split)
     if key in HUB_DATASETS:
         return _load_from_hub(raw, split if split is not None else "train", hub_id=HUB_DATASETS[key])
-    if key == "openmathinstruct2_gsm":
+    if key == OPENMATH_GSM:
         return _load_openmath_subset(raw)
     if path.suffix.lower() in (".json", ".jsonl", ".txt") or raw.startswith((".", "/", "~")) or path.is_dir():
         if path.is_dir():
             raise DataError(f"{path}: is a directory; give a data file or a dataset name")
         raise DataError(f"{path}: file not found")
     return _load_from_hub(raw, split, columns=columns, config=config)
-
-
-def _is_local_or_builtin(raw: str) -> bool:
-    """A file, a dataset folder or a built-in name (what a hub config cannot apply to)."""
-    path = Path(raw).expanduser()
-    key = raw.strip().lower()
-    try:
-        local = path.exists()
-    except OSError:
-        local = False
-    return local or _ALIASES.get(key, key) in (*DATASETS, *HUB_DATASETS, "openmathinstruct2_gsm")
