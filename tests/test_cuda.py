@@ -394,6 +394,37 @@ def test_captured_greedy_rollouts_agree_with_eager_in_bf16(sft_checkpoint):
     assert sum(agree) >= 0.99 * len(agree), f"{sum(agree)}/{len(agree)} rows agree"
 
 
+def test_the_compiled_head_on_cuda_gives_eagers_logprobs_gradients_and_greedy_tokens(tokenizer, task_records):
+    """model.compile_head's fused reductions (Triton) on a bf16 model: teacher-forced log-probs and weight gradients
+    as eager's fp32 log-softmax of the same bf16 logits gives them (to float rounding), in one chunk and in the
+    head's checkpointed chunks, and the captured rollouts' greedy tokens identical (the argmax is eager's)."""
+    from dgrpo.model.head_stats import HeadStats
+
+    lm = make_lm(tokenizer, hidden_size=64).to(CUDA, torch.bfloat16).eval()
+    recs = task_records[:8]
+    ids, mask = (x.to(CUDA) for x in lm.encode_questions([r.question for r in recs]))
+    tg, tm = (x.to(CUDA) for x in lm.encode_targets(["\n".join(r.steps[2:]) + "\n#### " + r.answer for r in recs]))
+    seeds = seeds_for(0, 0, 0, len(recs))
+    out = {}
+    for form, stats in (("eager", HeadStats()), ("compiled", HeadStats(compiled=True))):
+        lm.head_stats = stats
+        for chunk in (1 << 26, 3 * 8 * len(lm.tokenizer)):
+            lm.logit_chunk_elems = chunk
+            lm.model.zero_grad(set_to_none=True)
+            lp, _ = lm.target_logprobs(ids, mask, 3, tg, tm)
+            (-(lp * tm).sum()).backward()
+            out[form, chunk] = (lp.detach().float(), lm.model.get_input_embeddings().weight.grad.float())
+        out[form, "gen"] = _rollouts(lm, ids, mask, seeds, True, max_new_tokens=16, with_entropy=True)
+        assert stats.compiled == (form == "compiled")  # (no fall-back to eager on the way)
+    for chunk in (1 << 26, 3 * 8 * len(lm.tokenizer)):
+        (lp0, g0), (lp1, g1) = out["eager", chunk], out["compiled", chunk]
+        assert torch.allclose(lp0, lp1, atol=1e-4), (lp0 - lp1).abs().max()
+        assert torch.allclose(g0, g1, atol=2e-2 * g0.abs().max().item()), (g0 - g1).abs().max()
+    e, c = out["eager", "gen"], out["compiled", "gen"]
+    assert torch.equal(e.tokens, c.tokens) and torch.allclose(e.logprobs, c.logprobs, atol=1e-4)
+    assert torch.allclose(e.entropy, c.entropy, atol=1e-4)
+
+
 def test_layer_recomputation_on_cuda_matches_full_backprop_with_a_lower_peak(tokenizer, task_records):
     """``grpo.recompute_granularity``: per layer and per call, the gradients of full backprop under locked dropout
     (fp32); the peak allocated during the step is lowest per layer (it rebuilds one layer at a time in backward)."""

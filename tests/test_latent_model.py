@@ -476,17 +476,18 @@ def test_head_logprobs_of_bf16_hidden_states_equal_those_from_fp32_logits():
 
 
 def test_greedy_token_choice_from_bf16_logits_books_what_their_fp32_copy_would():
-    """``AnswerBook.choose`` at temperature 0 takes the argmax and the fp32 log-softmax straight from the logits as
-    they come (bf16 on a GPU), with no fp32 copy of [rows, vocabulary]: the same tokens (ties included), log-probs
-    and entropies, bit for bit."""
+    """``AnswerBook.choose`` at temperature 0 takes the argmax and the fp32 log-softmax of the logits as they come
+    (bf16 on a GPU), not of a temperature-scaled fp32 copy: the same tokens (ties included), log-probs and
+    entropies, bit for bit."""
     from types import SimpleNamespace
 
+    from dgrpo.model.head_stats import HeadStats
     from dgrpo.model.latent_lm import AnswerBook
 
     torch.manual_seed(0)
     logits = (torch.randn(6, 300) * 4).to(torch.bfloat16)
     logits[2, 7] = logits[2, 9] = logits[2].max() + 1  # a tie: the first index wins either way
-    lm = SimpleNamespace(device=torch.device("cpu"), pad_id=0, eos_id=5)
+    lm = SimpleNamespace(device=torch.device("cpu"), pad_id=0, eos_id=5, head_stats=HeadStats())
     books = [AnswerBook(lm, 6, 2, None, with_entropy=True) for _ in range(2)]
     for book, x in zip(books, (logits, logits.float())):
         book.choose(0, x, 0.0, 1.0, None)

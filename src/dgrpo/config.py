@@ -52,6 +52,7 @@ LatentGraphs = Literal["auto", "true", "false"]
 Kernels = Literal["none", "liger"]
 CompileBackend = Literal["inductor", "aot_eager", "eager"]
 CompileMode = Literal["default", "max-autotune-no-cudagraphs"]
+CompileHead = Literal["auto", "true", "false"]
 RecomputeGranularity = Literal["call", "layer"]
 ReplayMode = Literal["seed", "fresh_mask"]
 FSDPMode = Literal["none", "full", "sharded"]
@@ -210,6 +211,16 @@ class ModelConfig:
     compile_mode: CompileMode = opt(
         "default",
         "inductor's mode for model.compile: default, or max-autotune-no-cudagraphs (longer compile, tuned matmuls)",
+    )
+    compile_head: CompileHead = opt(
+        "auto",
+        "the LM head's statistics over the vocabulary (a target's log-prob when scoring: the GRPO update, theta_old, "
+        "the reference; the greedy token's log-prob and entropy in rollouts) as torch.compile'd fused reductions "
+        "that read the bf16 logits as they are, instead of eager PyTorch's fp32 copy of the [rows, vocabulary] "
+        "logits and its passes over it (dgrpo.model.head_stats): auto: on a CUDA device, off elsewhere; true: on any "
+        "device (inductor: Triton on a GPU, C++ on a CPU); false: eager. Applied by the GRPO trainer; the first "
+        "calls compile (seconds); the same greedy tokens, log-probs to float rounding; should the compiler fail, a "
+        "warning says so and the eager form runs",
     )
     lora: LoraConfig = field(default_factory=LoraConfig)
 

@@ -12,6 +12,7 @@ from ..data.synthetic import tokenizer_corpus
 from ..data.tokenizer import train_task_tokenizer
 from . import lora
 from .compiled_layers import CompiledLayers
+from .head_stats import HeadStats
 from .latent_lm import LatentLM, LatentSettings, resolve_checkpoint
 from .sources import resolve_device, resolve_model_source
 from .tiny import build_tiny_model
@@ -23,6 +24,7 @@ __all__ = [
     "BUILTIN",
     "CheckpointError",
     "build_builtin",
+    "compile_head",
     "compile_layers",
     "load_model",
     "resolve_checkpoint",
@@ -99,3 +101,11 @@ def compile_layers(lm: LatentLM, cfg: ModelConfig) -> None:
     a ConfigError when its architecture cannot. Nothing when the option is off."""
     if cfg.compile and lm.compiled_layers is None:
         lm.compiled_layers = CompiledLayers(lm.model, backend=cfg.compile_backend, mode=cfg.compile_mode)
+
+
+def compile_head(lm: LatentLM, cfg: ModelConfig) -> None:
+    """``model.compile_head``: the head statistics of ``lm`` compiled (auto: on a CUDA device) or eager
+    (:mod:`~dgrpo.model.head_stats`)."""
+    on = cfg.compile_head == "true" or (cfg.compile_head == "auto" and lm.device.type == "cuda")
+    if on != lm.head_stats.compiled:
+        lm.head_stats = HeadStats(compiled=on)

@@ -42,6 +42,7 @@ from ..config import ConfigError
 from .anatomy import decoder_layers
 from .attention_mask import additive_mask, causal_padding_mask, prebuilt_mask_applies, static_causal_padding_mask
 from .compiled_layers import CompiledLayers
+from .head_stats import HeadStats
 from .kv_prefixes import saved_as_prefixes
 from .recompute import checkpointed_layers, last_layers, recomputed_call
 from .static_cache import static_cache
@@ -121,7 +122,7 @@ class AnswerBook:
     (and entropy), which rows are still going. Everything stays on the device; finished rows record pad, mask 0."""
 
     def __init__(self, lm: LatentLM, B: int, max_new_tokens: int, stop_ids: list[int] | None, with_entropy: bool):
-        dev, self.pad_id = lm.device, lm.pad_id
+        dev, self.pad_id, self.stats = lm.device, lm.pad_id, lm.head_stats
         self.stops = torch.tensor([lm.eos_id] + list(stop_ids or []), device=dev)
         self.tokens = torch.full((B, max_new_tokens), lm.pad_id, dtype=torch.long, device=dev)
         self.mask = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
@@ -146,14 +147,15 @@ class AnswerBook:
             logits = logits.float()
             nxt = sample_next(logits, temperature, top_p, generator, None if uniforms is None else uniforms[:, i])
             logp_all = (logits / temperature).log_softmax(-1)
-        else:  # greedy: argmax of the logits as they are, the fp32 log-softmax read straight from them (no fp32 copy)
-            nxt = logits.argmax(-1)
-            logp_all = logits.log_softmax(-1, dtype=torch.float32)
-        if self.entropy is not None:
-            self.entropy[:, i] = torch.where(self.alive, -(logp_all.exp() * logp_all).sum(-1), 0.0)
+            logp = logp_all.gather(-1, nxt[:, None]).squeeze(-1)
+            entropy = -(logp_all.exp() * logp_all).sum(-1) if self.entropy is not None else None
+        else:  # greedy: argmax of the logits as they are, log-prob and entropy in fp32 (dgrpo.model.head_stats)
+            nxt, logp, entropy = self.stats.greedy(logits, self.entropy is not None)
+        if self.entropy is not None and entropy is not None:
+            self.entropy[:, i] = torch.where(self.alive, entropy, 0.0)
         self.tokens[:, i] = torch.where(self.alive, nxt, self.pad_id)
         self.mask[:, i] = self.alive.long()
-        self.logprobs[:, i] = torch.where(self.alive, logp_all.gather(-1, nxt[:, None]).squeeze(-1), 0.0)
+        self.logprobs[:, i] = torch.where(self.alive, logp, 0.0)
         self.alive = self.alive & ~torch.isin(nxt, self.stops)
 
     def result(self) -> Generation:
@@ -365,6 +367,9 @@ class LatentLM(nn.Module):
         #: the decoder layers' compiled step (``model.compile``; dgrpo.model.compiled_layers), or None: eager layers.
         #: It runs teacher-forced scoring over a growing ``DynamicCache`` (SFT, the update, theta_old, the reference)
         self.compiled_layers: CompiledLayers | None = None
+        #: the head's log-probs and entropies over the vocabulary, eager or compiled (``model.compile_head``;
+        #: dgrpo.model.head_stats)
+        self.head_stats = HeadStats()
         self._scoring = False  # within target_logprobs: the compiled layers run (on CPU they slow generation)
 
     # ------------------------------------------------------------------ loading / saving
@@ -784,7 +789,13 @@ class LatentLM(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (and entropies) of ``target_ids`` from the hidden states that predict them, 0 at padding."""
         logp, entropy = head_logprobs(
-            self.model.get_output_embeddings(), hidden, target_ids, temperature, with_entropy, self.logit_chunk_elems
+            self.model.get_output_embeddings(),
+            hidden,
+            target_ids,
+            temperature,
+            with_entropy,
+            self.logit_chunk_elems,
+            self.head_stats,
         )
         return logp * target_mask, (entropy * target_mask if entropy is not None else None)
 
@@ -875,14 +886,17 @@ class LatentLM(nn.Module):
         return book.result()
 
 
-def _chunk_logprobs(head, h: Tensor, tgt: Tensor, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor]:
+def _chunk_logprobs(
+    head, h: Tensor, tgt: Tensor, temperature: float, with_entropy: bool, stats: HeadStats
+) -> tuple[Tensor, Tensor]:
     # one [rows x positions, H] matrix product: a position slice of [B, L, H] is not contiguous, and a 3-d
     # non-contiguous input would go to a batched product with a broadcast weight (~50x slower on an H100)
     logits = head(h.reshape(-1, h.shape[-1])).view(*h.shape[:-1], -1)
+    if temperature == 1.0 and not with_entropy:  # (scoring) in fp32 from the logits as they are: head_stats
+        logp = stats.target_logprobs(logits, tgt)
+        return logp, torch.zeros_like(logp)
     if temperature != 1.0:
         logits = logits.float() / temperature
-    # in fp32 from bf16 logits in one kernel on CUDA (no fp32 copy of the logits written, read, and its gradient
-    # cast back); the same fp32 arithmetic as a cast first
     logp_all = logits.log_softmax(-1, dtype=torch.float32)
     logp = logp_all.gather(-1, tgt[..., None]).squeeze(-1)
     ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else torch.zeros_like(logp)
@@ -896,19 +910,22 @@ def head_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_elems: int = 1 << 26,
+    stats: HeadStats | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """log softmax(head(hidden) / t)[targets] per position, [B, L] (and the entropy), in position chunks.
 
     One chunk when the logits are small (the tiny models); otherwise chunks of ``chunk_elems`` logits,
     each checkpointed under grad so that only ``hidden`` is kept for backward. ``head``: the LM head module (its
-    ``weight`` gives the vocabulary; a head without one is run in one chunk).
+    ``weight`` gives the vocabulary; a head without one is run in one chunk); ``stats``: eager or compiled
+    (:mod:`dgrpo.model.head_stats`; default eager).
     """
+    stats = stats or HeadStats()
     B, L = targets.shape
     vocab = head.weight.shape[0] if hasattr(head, "weight") else None
     per_pos = B * (vocab or 1)
     step = max(1, chunk_elems // per_pos) if vocab else L
     if step >= L:
-        logp, ent = _chunk_logprobs(head, hidden, targets, temperature, with_entropy)
+        logp, ent = _chunk_logprobs(head, hidden, targets, temperature, with_entropy, stats)
         return logp, (ent if with_entropy else None)
     parts = []
     for i in range(0, L, step):
@@ -916,11 +933,11 @@ def head_logprobs(
         if torch.is_grad_enabled() and h.requires_grad:
             parts.append(
                 torch.utils.checkpoint.checkpoint(
-                    _chunk_logprobs, head, h, t, temperature, with_entropy, use_reentrant=False
+                    _chunk_logprobs, head, h, t, temperature, with_entropy, stats, use_reentrant=False
                 )
             )
         else:
-            parts.append(_chunk_logprobs(head, h, t, temperature, with_entropy))
+            parts.append(_chunk_logprobs(head, h, t, temperature, with_entropy, stats))
     logp = torch.cat([p[0] for p in parts], 1)
     return logp, (torch.cat([p[1] for p in parts], 1) if with_entropy else None)
 

@@ -28,6 +28,7 @@ class CopiedReference:
         self.policy, self.dist = lm, dist
         self.lm = LatentLM(copy.deepcopy(lm.model).eval().requires_grad_(False), lm.tokenizer, lm.settings)
         self.lm.compiled_layers = lm.compiled_layers  # model.compile: one step serves both (weights are arguments)
+        self.lm.head_stats = lm.head_stats  # model.compile_head: so do the compiled head statistics
 
     def run(self, fn: Callable[[LatentLM], T]) -> T:
         """``fn(reference model)`` without gradient."""
