@@ -23,7 +23,8 @@
 #
 # Items (name: what it shows), most wanted first:
 #   capture_smoke      : the CUDA tests of the fast engine's graph capture, of the mask prefetch's pinning
-#                        beside captures and of the compiled head (seconds); the script stops if they fail
+#                        beside captures, of the compiled head and of packed grouped-query attention (seconds); the
+#                        script stops if they fail
 #   recipe_profile     : the recipe as shipped (per-layer recomputation, all 512 rows in one micro-batch, the latent
 #                        steps not recomputed, the update's latent steps captured: grpo.update_latent_graphs=auto),
 #                        alone in its process (its peak memory), three timed steps, then its
@@ -131,7 +132,7 @@ VARIED=(--steps 8 --prompt-widths 80,100,136,92,120,76,104,128 --kept-groups 16,
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts="")  # (addopts: xdist, which the node may not have)
 # every later item runs the fast engine's captured rollouts: if they fail here (seconds), stop and keep the budget
 # (not the latent chain's tests: chain_smoke runs those, and their failing does not stop the rest)
-SMOKE="(captured or write_offset or kept or prefetched or compiled_head) and not latent_chain"
+SMOKE="(captured or write_offset or kept or prefetched or compiled_head or packed_gqa) and not latent_chain"
 if ! run_item capture_smoke "${PYTEST[@]}" tests/test_cuda.py -k "$SMOKE"; then
     echo "stopped: the captured rollouts fail (capture_smoke.log)" | tee -a "$OUT_DIR/summary.txt"
     exit 1

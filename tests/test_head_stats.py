@@ -30,7 +30,7 @@ def weighted_grad(logp, x):
     return grad
 
 
-@pytest.mark.slow  # (compiles; the greedy test below keeps the compiler in the quick tier)
+@pytest.mark.slow  # (each compiled test compiles, seconds: the quick tier keeps the eager form's and the fall-back's)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_target_logprobs_and_gradients_are_eagers(compiled, dtype):
     """Row counts and chunk widths vary (one dynamic graph serves them): the same log-probs and logits' gradients as
@@ -49,6 +49,7 @@ def test_compiled_target_logprobs_and_gradients_are_eagers(compiled, dtype):
     assert compiled.compiled
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_greedy_choice_books_eagers_tokens_logprobs_and_entropies(compiled, dtype):
     torch.manual_seed(1)

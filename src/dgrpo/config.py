@@ -52,7 +52,7 @@ LatentGraphs = Literal["auto", "true", "false"]
 Kernels = Literal["none", "liger"]
 CompileBackend = Literal["inductor", "aot_eager", "eager"]
 CompileMode = Literal["default", "max-autotune-no-cudagraphs"]
-CompileHead = Literal["auto", "true", "false"]
+AutoSwitch = Literal["auto", "true", "false"]
 RecomputeGranularity = Literal["call", "layer"]
 ReplayMode = Literal["seed", "fresh_mask"]
 FSDPMode = Literal["none", "full", "sharded"]
@@ -212,7 +212,7 @@ class ModelConfig:
         "default",
         "inductor's mode for model.compile: default, or max-autotune-no-cudagraphs (longer compile, tuned matmuls)",
     )
-    compile_head: CompileHead = opt(
+    compile_head: AutoSwitch = opt(
         "auto",
         "the LM head's statistics over the vocabulary (a target's log-prob when scoring: the GRPO update, theta_old, "
         "the reference; the greedy token's log-prob and entropy in rollouts) as torch.compile'd fused reductions "
@@ -221,6 +221,14 @@ class ModelConfig:
         "device (inductor: Triton on a GPU, C++ on a CPU); false: eager. Applied by the GRPO trainer; the first "
         "calls compile (seconds); the same greedy tokens, log-probs to float rounding; should the compiler fail, a "
         "warning says so and the eager form runs",
+    )
+    pack_gqa: AutoSwitch = opt(
+        "auto",
+        "grouped-query attention (fewer key/value heads than query heads, as Qwen2.5's) over SDPA without repeating "
+        "the keys and values per query head in calls of several positions: each group's query heads become query rows "
+        "of its key/value head, the mask's rows repeated once per call (dgrpo.model.gqa_attention): auto: on a CUDA "
+        "device, off elsewhere; true: on any device; false: Hugging Face's SDPA attention. Applied by the GRPO "
+        "trainer to a model on SDPA attention; the same attention to float rounding",
     )
     lora: LoraConfig = field(default_factory=LoraConfig)
 

@@ -6,7 +6,8 @@ when there is no padding. On a GPU that read makes the host wait until every ker
 4-d mask, the model uses it as it is. :func:`causal_padding_mask` builds the boolean mask Hugging Face builds for a
 padded batch (:func:`static_causal_padding_mask`: over a static cache's columns); :func:`prebuilt_mask_applies` says
 for which models that mask is the whole story (SDPA attention, every layer full causal attention, an architecture
-whose mask the tests compare with Hugging Face's).
+whose mask the tests compare with Hugging Face's; SDPA attention with packed grouped queries, too:
+:mod:`dgrpo.model.gqa_attention`).
 
 SDPA turns a boolean mask into an additive one (0 where attended, -inf elsewhere, in the queries' dtype) inside
 every layer's call: two fills and a select, each a kernel on a GPU, 28 layers a call for Qwen2.5-1.5B.
@@ -21,6 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .gqa_attention import PACKED_GQA
+
 #: model types whose decoders read a 4-d boolean mask as Hugging Face's own (tests/test_latent_model.py compares them)
 CHECKED_MODEL_TYPES = ("qwen2", "llama", "gpt2")
 
@@ -28,7 +31,7 @@ CHECKED_MODEL_TYPES = ("qwen2", "llama", "gpt2")
 def prebuilt_mask_applies(config: Any) -> bool:
     """Whether ``causal_padding_mask`` is the mask this model would build: SDPA attention (eager attention wants an
     additive float mask, FlashAttention a 2-d one), no sliding-window or chunked layers, a checked architecture."""
-    if getattr(config, "_attn_implementation", None) != "sdpa":
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", PACKED_GQA):
         return False
     if getattr(config, "model_type", None) not in CHECKED_MODEL_TYPES:
         return False

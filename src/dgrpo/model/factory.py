@@ -12,6 +12,7 @@ from ..data.synthetic import tokenizer_corpus
 from ..data.tokenizer import train_task_tokenizer
 from . import lora
 from .compiled_layers import CompiledLayers
+from .gqa_attention import use_packed_gqa
 from .head_stats import HeadStats
 from .latent_lm import LatentLM, LatentSettings, resolve_checkpoint
 from .sources import resolve_device, resolve_model_source
@@ -26,6 +27,7 @@ __all__ = [
     "build_builtin",
     "compile_head",
     "compile_layers",
+    "pack_gqa",
     "load_model",
     "resolve_checkpoint",
     "resolve_device",
@@ -103,9 +105,20 @@ def compile_layers(lm: LatentLM, cfg: ModelConfig) -> None:
         lm.compiled_layers = CompiledLayers(lm.model, backend=cfg.compile_backend, mode=cfg.compile_mode)
 
 
+def _switch(setting: str, lm: LatentLM) -> bool:
+    """An ``auto | true | false`` option: auto is on for a model on a CUDA device."""
+    return setting == "true" or (setting == "auto" and lm.device.type == "cuda")
+
+
 def compile_head(lm: LatentLM, cfg: ModelConfig) -> None:
     """``model.compile_head``: the head statistics of ``lm`` compiled (auto: on a CUDA device) or eager
     (:mod:`~dgrpo.model.head_stats`)."""
-    on = cfg.compile_head == "true" or (cfg.compile_head == "auto" and lm.device.type == "cuda")
+    on = _switch(cfg.compile_head, lm)
     if on != lm.head_stats.compiled:
         lm.head_stats = HeadStats(compiled=on)
+
+
+def pack_gqa(lm: LatentLM, cfg: ModelConfig) -> None:
+    """``model.pack_gqa``: the grouped-query attention of ``lm`` without repeated keys and values (auto: on a CUDA
+    device; :mod:`~dgrpo.model.gqa_attention`), or Hugging Face's SDPA attention."""
+    use_packed_gqa(lm.model, _switch(cfg.pack_gqa, lm))

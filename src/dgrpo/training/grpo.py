@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from ..config import Config, ConfigError, to_dict
 from ..data.records import Record
 from ..eval.scoring import RewardPart, Rewards, ScoreFn, build_rewards, final_answer_text
-from ..model.factory import compile_head, compile_layers
+from ..model.factory import compile_head, compile_layers, pack_gqa
 from ..model.kernels import apply_kernels
 from ..model.latent_lm import LatentLM
 from ..perturbation import make_perturbation, seeds_for
@@ -145,6 +145,7 @@ class GRPOTrainer:
         apply_kernels(lm.model, cfg.model.kernels)  # before the reference copy, which then has them too
         compile_layers(lm, cfg.model)  # (the reference copy shares the compiled step)
         compile_head(lm, cfg.model)  # (and the compiled head statistics)
+        pack_gqa(lm, cfg.model)  # (and the packed attention: the copy's config is the model's)
         self.objective = ObjectiveSettings.from_config(g)
         self.rewards = _rewards(reward_fn, cfg)
         self.rewards.smoke_test(train[:2], check_filter=g.filter and g.advantage != "ema")
