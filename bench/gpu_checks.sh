@@ -37,6 +37,8 @@
 #   recipe_vs_no_chain : the recipe against grpo.update_latent_graphs=false, alternated
 #   recipe_vs_earlier  : the recipe alternated with the earlier GPU path (eager engine, HF layers, 64-row
 #                        micro-batches, no recomputation): the issue's fast / eager ratio
+#   head_pack_vs_none  : the recipe against model.compile_head=false and model.pack_gqa=false, alternated: what
+#                        the compiled head statistics and the packed grouped-query attention save together
 #   extra_profile      : only with EXTRA_PROFILE=path/to/script.py: that script, run from the checkout's root with
 #                        src/ on PYTHONPATH (e.g. a profile tool kept with an issue, carried to the node), with the
 #                        arguments in EXTRA_PROFILE_ARGS (e.g. "28 grpo.optimizer=adamw8bit"); whether the chain passed
@@ -57,6 +59,8 @@
 #                        recipe (what a kept layer saves in time; bench/kept_layer_bytes.py counts what it costs in
 #                        memory); KEPT_LAYERS=1 for a try-out on a 2-layer shape
 #   reference_share    : the recipe against grpo.beta0=0 (no reference model: what its forward pass costs a step)
+#   head_vs_eager_head : the recipe against model.compile_head=false (the compiled head statistics alone)
+#   packed_vs_sdpa     : the recipe against model.pack_gqa=false (the packed grouped-query attention alone)
 #   cuda_tests         : pytest tests/test_cuda.py
 #   fast_vs_eager      : the recipe against grpo.engine=eager on the same weights and prompts (the engine key alone)
 #   call256_vs_recipe  : per-call recomputation of every call at 256-row micro-batches (the recipe until 2026-11-25)
@@ -143,6 +147,7 @@ run_item chain_smoke "${PYTEST[@]}" tests/test_cuda.py -k "latent_chain or keys_
 chain_ok=$?  # (the chain's step items run only if its tests pass)
 ((chain_ok == 0)) && run_item recipe_vs_no_chain "$PY" "${STEP[@]}" --versus "$CHAIN=false"
 run_item recipe_vs_earlier "$PY" "${STEP[@]}" "${EARLIER[@]/#/--versus=}"
+run_item head_pack_vs_none "$PY" "${STEP[@]}" --versus model.compile_head=false --versus model.pack_gqa=false
 if [[ -n "${EXTRA_PROFILE:-}" ]]; then  # a profile script of one's own (e.g. one kept with an issue), run from here
     read -r -a EXTRA_ARGS <<<"${EXTRA_PROFILE_ARGS:-}"
     run_item extra_profile "$PY" "$EXTRA_PROFILE" "${EXTRA_ARGS[@]}"
@@ -156,6 +161,8 @@ run_item kept_vs_capture "$PY" "${STEP[@]}" --versus grpo.keep_graphs=false
 run_item varied_kept "$PY" "${STEP[@]}" "${VARIED[@]}" --versus grpo.keep_graphs=false
 run_item kept_layers "$PY" "${STEP[@]}" --set "grpo.recompute_kept_layers=${KEPT_LAYERS:-6}" --versus grpo.recompute_kept_layers=0
 run_item reference_share "$PY" "${STEP[@]}" --versus grpo.beta0=0
+run_item head_vs_eager_head "$PY" "${STEP[@]}" --versus model.compile_head=false
+run_item packed_vs_sdpa "$PY" "${STEP[@]}" --versus model.pack_gqa=false
 run_item cuda_tests "${PYTEST[@]}" tests/test_cuda.py
 run_item fast_vs_eager "$PY" "${STEP[@]}" --versus grpo.engine=eager
 run_item call256_vs_recipe "$PY" "${STEP[@]}" "${CALL256[@]/#/--versus=}"
