@@ -91,6 +91,9 @@ def test_a_mask_changed_in_place_is_packed_again():
     mask[0, 0, 0, 1] = True
     again = packed_mask(mask, 3)
     assert again is not first and bool(again[0, 0, :3, 1].all())
+    with torch.inference_mode():  # (no version counter: packed every time)
+        frozen = torch.ones(1, 1, 2, 2, dtype=torch.bool)
+        assert torch.equal(packed_mask(frozen, 2), torch.ones(1, 1, 4, 2, dtype=torch.bool))
 
 
 def test_calls_it_does_not_serve_go_to_sdpa_as_they_are(tokenizer, task_records, packed_calls):

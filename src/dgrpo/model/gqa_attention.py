@@ -38,8 +38,8 @@ def packed_mask(mask: Tensor, n_rep: int) -> Tensor:
     """The rows of a [B, 1, L, S] mask repeated for the packed queries, [B, 1, L * n_rep, S]; the last mask's reused
     while it is the same object, unchanged (every layer of a forward call gets the same one)."""
     global _last_mask
-    if torch.compiler.is_compiling():  # (inside a compiled graph: no state kept between calls)
-        return mask.repeat_interleave(n_rep, dim=2)
+    if torch.compiler.is_compiling() or mask.is_inference():  # (no state kept inside a compiled graph; an inference
+        return mask.repeat_interleave(n_rep, dim=2)  # tensor has no version counter to tell a change by)
     last = _last_mask
     if last is not None and last[0]() is mask and last[1] == mask._version and last[2] == n_rep:
         return last[3]
