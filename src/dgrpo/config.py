@@ -218,17 +218,17 @@ class ModelConfig:
         "the reference; the greedy token's log-prob and entropy in rollouts) as torch.compile'd fused reductions "
         "that read the bf16 logits as they are, instead of eager PyTorch's fp32 copy of the [rows, vocabulary] "
         "logits and its passes over it (dgrpo.model.head_stats): auto: on a CUDA device, off elsewhere; true: on any "
-        "device (inductor: Triton on a GPU, C++ on a CPU); false: eager. Applied by the GRPO trainer; the first "
-        "calls compile (seconds); the same greedy tokens, log-probs to float rounding; should the compiler fail, a "
-        "warning says so and the eager form runs",
+        "device (inductor: Triton on a GPU, C++ on a CPU); false: eager. Applied by the trainers (SFT, GRPO); the "
+        "first calls compile (seconds); the same greedy tokens, log-probs to float rounding; should the compiler "
+        "fail, a warning says so and the eager form runs",
     )
     pack_gqa: AutoSwitch = opt(
         "auto",
         "grouped-query attention (fewer key/value heads than query heads, as Qwen2.5's) over SDPA without repeating "
         "the keys and values per query head in calls of several positions: each group's query heads become query rows "
         "of its key/value head, the mask's rows repeated once per call (dgrpo.model.gqa_attention): auto: on a CUDA "
-        "device, off elsewhere; true: on any device; false: Hugging Face's SDPA attention. Applied by the GRPO "
-        "trainer to a model on SDPA attention; the same attention to float rounding",
+        "device, off elsewhere; true: on any device; false: Hugging Face's SDPA attention. Applied by the trainers "
+        "(SFT, GRPO) to a model on SDPA attention; the same attention to float rounding",
     )
     lora: LoraConfig = field(default_factory=LoraConfig)
 

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, to_dict
 from ..data.records import Record
-from ..model.factory import compile_layers
+from ..model.factory import compile_head, compile_layers, pack_gqa
 from ..model.latent_lm import LatentLM, LatentSettings
 from .checkpoint import read_checkpoint, save_checkpoint
 from .distributed import Dist
@@ -211,6 +211,8 @@ class SFTRun:
         self.lm, self.cfg, self.dist, self.run = lm, cfg, dist, run
         lm.use_recompute(cfg.sft, "sft")
         compile_layers(lm, cfg.model)
+        compile_head(lm, cfg.model)
+        pack_gqa(lm, cfg.model)
         self.params = dist.prepare_model(lm.model)  # rank 0's weights everywhere; FSDP2 shards here
         self.plan = Curriculum(cfg, max(1, n_train // cfg.sft.batch_size))
         self.prog, saved = Progress(), None
