@@ -72,6 +72,14 @@ def make_lm(tokenizer, arch="qwen2", seed=0, **kw):
     return LatentLM(build_tiny_model(arch, len(tok), seed=seed, **kw), tok)
 
 
+def scored_with_grad(lm, ids, mask, n_latent, tg, tm):
+    """Teacher-forced log-probs (detached, fp32) and the input embedding's gradient of their masked sum."""
+    lm.model.zero_grad(set_to_none=True)
+    lp, _ = lm.target_logprobs(ids, mask, n_latent, tg, tm)
+    (-(lp * tm).sum()).backward()
+    return lp.detach().float(), lm.model.get_input_embeddings().weight.grad.float()
+
+
 def kv_column_bytes(lm, rows):
     """Bytes of one column of one layer's keys and values together, over ``rows`` rows, in the weights' dtype."""
     cfg = lm.model.config

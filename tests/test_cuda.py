@@ -16,7 +16,7 @@ from dgrpo.perturbation import LockedDropout, seeds_for
 from dgrpo.training.grpo import GRPOTrainer
 from dgrpo.training.rollouts import collect_rollouts, replay_logprobs
 
-from conftest import kv_column_bytes, make_lm, tiny_config
+from conftest import kv_column_bytes, make_lm, scored_with_grad, tiny_config
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
@@ -410,10 +410,7 @@ def test_the_compiled_head_on_cuda_gives_eagers_logprobs_gradients_and_greedy_to
         lm.head_stats = stats
         for chunk in (1 << 26, 3 * 8 * len(lm.tokenizer)):
             lm.logit_chunk_elems = chunk
-            lm.model.zero_grad(set_to_none=True)
-            lp, _ = lm.target_logprobs(ids, mask, 3, tg, tm)
-            (-(lp * tm).sum()).backward()
-            out[form, chunk] = (lp.detach().float(), lm.model.get_input_embeddings().weight.grad.float())
+            out[form, chunk] = scored_with_grad(lm, ids, mask, 3, tg, tm)
         out[form, "gen"] = _rollouts(lm, ids, mask, seeds, True, max_new_tokens=16, with_entropy=True)
         assert stats.compiled == (form == "compiled")  # (no fall-back to eager on the way)
     for chunk in (1 << 26, 3 * 8 * len(lm.tokenizer)):
@@ -441,11 +438,8 @@ def test_packed_gqa_attention_on_cuda_gives_sdpas_logprobs_gradients_and_capture
         out = {}
         for on in (False, True):
             assert use_packed_gqa(lm.model, on) is on
-            lm.model.zero_grad(set_to_none=True)
-            lp, _ = lm.target_logprobs(ids, mask, 3, tg, tm)
-            (-(lp * tm).sum()).backward()
-            grad = lm.model.get_input_embeddings().weight.grad.float()
-            out[on] = (lp.detach().float(), grad, _rollouts(lm, ids, mask, seeds, True, max_new_tokens=16))
+            lp, grad = scored_with_grad(lm, ids, mask, 3, tg, tm)
+            out[on] = (lp, grad, _rollouts(lm, ids, mask, seeds, True, max_new_tokens=16))
         (lp0, g0, r0), (lp1, g1, r1) = out[False], out[True]
         assert torch.allclose(lp0, lp1, atol=tol), (dtype, (lp0 - lp1).abs().max())
         assert torch.allclose(g0, g1, atol=tol * max(1.0, g0.abs().max().item())), (dtype, (g0 - g1).abs().max())

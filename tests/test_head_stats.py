@@ -15,7 +15,7 @@ from dgrpo.model import head_stats
 from dgrpo.model.factory import compile_head
 from dgrpo.model.head_stats import HeadStats, eager_greedy, eager_target_logprobs
 
-from conftest import make_lm
+from conftest import make_lm, scored_with_grad
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +76,7 @@ def test_scoring_and_rollouts_with_the_compiled_head_are_eagers(tokenizer, task_
         lm.head_stats = stats
         for chunk in (1 << 26, 3 * 4 * len(lm.tokenizer)):
             lm.logit_chunk_elems = chunk
-            lm.model.zero_grad(set_to_none=True)
-            lp, _ = lm.target_logprobs(ids, mask, 2, tg, tm)
-            (-(lp * tm).sum()).backward()
-            results[form, chunk] = (lp.detach(), lm.model.get_input_embeddings().weight.grad.clone())
+            results[form, chunk] = scored_with_grad(lm, ids, mask, 2, tg, tm)
         gen = lm.generate(ids, mask, 2, max_new_tokens=8, with_entropy=True)
         results[form, "gen"] = (gen.tokens, gen.logprobs, gen.entropy)
     for key in (1 << 26, 3 * 4 * len(lm.tokenizer)):
