@@ -31,6 +31,8 @@
 #                        profile: busy share overall and per phase, kernels, FLOP/s, host syncs by call site, the
 #                        costliest host calls and kernels, by_range (host, idle and kernel time per path of labelled
 #                        calls), and the step's Chrome trace in recipe_trace.json.gz
+#   kernel_levers      : bench/kernel_levers.py: the compiled head, the packed attention and a matmul decode
+#                        attention, each alone against what it replaces at the paper step's shapes (seconds)
 #   chain_smoke        : the CUDA tests of grpo.update_latent_graphs (the update's latent steps as one captured
 #                        forward and backward) and of the latent steps' keys and values kept once; the chain's step
 #                        items after it run only if they pass
@@ -142,6 +144,7 @@ if ! run_item capture_smoke "${PYTEST[@]}" tests/test_cuda.py -k "$SMOKE"; then
     exit 1
 fi
 run_item recipe_profile "$PY" "${STEP[@]}" --steps 3 --profile --trace "$OUT_DIR/recipe_trace.json.gz"
+run_item kernel_levers "$PY" bench/kernel_levers.py
 CHAIN=grpo.update_latent_graphs
 run_item chain_smoke "${PYTEST[@]}" tests/test_cuda.py -k "latent_chain or keys_and_values"
 chain_ok=$?  # (the chain's step items run only if its tests pass)

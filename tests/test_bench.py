@@ -310,6 +310,24 @@ def test_latent_kv_bytes_script_counts_the_prompts_columns_kept_once_instead_of_
     assert out["fewer_at_28_layers_2_rows_gib"] == pytest.approx(columns * 1024 * 28 * 2 / 2**30, abs=0.01), out
 
 
+@pytest.mark.slow  # (compiles the head statistics)
+def test_kernel_levers_script_times_each_pair_and_they_agree():
+    """bench/kernel_levers.py at toy sizes on the CPU (the GPU's timings are what it is for): the four pairs run,
+    alternated, and each candidate gives its baseline's values (fp32)."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench/kernel_levers.py"
+    args = ["--device", "cpu", "--dtype", "float32", "--rows", "4", "--vocab", "500", "--reps", "2", "--columns", "40"]
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    *rows, summary = [json.loads(line) for line in proc.stdout.strip().splitlines()]
+    pairs = ["head_greedy", "head_scoring", "attention_call", "attention_decode"]
+    assert [r["pair"] for r in rows] == pairs and list(summary["ratios"]) == pairs
+    for r in rows:
+        assert r["candidate_ms"] > 0 and r["baseline_ms"] > 0 and r["max_abs_diff"] < 1e-5, r
+    assert rows[2]["mask_packing_ms_per_call"] > 0
+
+
 def test_capture_beside_threads_says_it_needs_cuda_here(monkeypatch, capsys):
     """bench/capture_beside_threads.py (a CUDA diagnostic): on a machine without CUDA it says so and exits 2."""
     import importlib.util
