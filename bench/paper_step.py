@@ -67,6 +67,7 @@ from dgrpo.data.records import Record  # noqa: E402
 from dgrpo.eval.scoring import Rewards  # noqa: E402
 from dgrpo.model import latent_lm  # noqa: E402
 from dgrpo.model.fixed_shape import FixedShapeDecoder  # noqa: E402
+from dgrpo.model.gqa_attention import PACKED_GQA  # noqa: E402
 from dgrpo.model.latent_chain import LatentChain  # noqa: E402
 from dgrpo.model.latent_lm import AnswerBook, LatentLM  # noqa: E402
 from dgrpo.training import grpo  # noqa: E402
@@ -262,6 +263,9 @@ def summarize(tr: GRPOTrainer, rows: list[dict], device: torch.device) -> dict:
         "engine": tr.engine,
         "kernels": tr.cfg.model.kernels,
         "compile": tr.cfg.model.compile,
+        # (as resolved: auto is on on CUDA; the head is false again should its compiler have failed)
+        "compile_head": tr.lm.head_stats.compiled,
+        "pack_gqa": tr.lm.model.config._attn_implementation == PACKED_GQA,
         "recompute": g.recompute_granularity if g.recompute else False,
         "recompute_latent_steps": g.recompute_latent_steps,
         "recompute_kept_layers": g.recompute_kept_layers,
