@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from test_latent_model import batch
 
 from dgrpo.config import PerturbationConfig
 from dgrpo.model import gqa_attention
@@ -17,12 +18,6 @@ from dgrpo.model.gqa_attention import PACKED_GQA, packed_mask, use_packed_gqa
 from dgrpo.perturbation import make_perturbation, seeds_for
 
 from conftest import make_lm, tiny_config
-
-
-def batch(lm, records, n=4):
-    qs = [r.question if i % 2 else r.question[: 25 + i] for i, r in enumerate(records[:n])]
-    targets = ["\n".join(r.steps[2:]) + "\n#### " + r.answer for r in records[:n]]
-    return lm.encode_questions(qs) + lm.encode_targets(targets)
 
 
 @pytest.fixture

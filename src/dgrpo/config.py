@@ -39,7 +39,8 @@ import yaml
 Arch = Literal["qwen2", "llama", "gpt2"]
 DType = Literal["float32", "bfloat16"]
 SFTMode = Literal["coconut", "cot", "no_cot", "pause", "no_curriculum"]
-BF16Mode = Literal["auto", "true", "false"]
+#: an on/off option whose auto says where it is on (each option says where: e.g. on a CUDA device)
+AutoSwitch = Literal["auto", "true", "false"]
 PerturbationKind = Literal["locked", "native", "gaussian", "none"]
 GaussianTarget = Literal["activations", "weights"]
 Optimizer = Literal["adamw", "adamw8bit"]
@@ -48,11 +49,9 @@ Aggregation = Literal["seq_mean", "token_mean", "constant"]
 KLForm = Literal["unbiased", "paper"]
 RolloutCache = Literal["dynamic", "static"]
 Engine = Literal["auto", "eager", "fast"]
-LatentGraphs = Literal["auto", "true", "false"]
 Kernels = Literal["none", "liger"]
 CompileBackend = Literal["inductor", "aot_eager", "eager"]
 CompileMode = Literal["default", "max-autotune-no-cudagraphs"]
-AutoSwitch = Literal["auto", "true", "false"]
 RecomputeGranularity = Literal["call", "layer"]
 ReplayMode = Literal["seed", "fresh_mask"]
 FSDPMode = Literal["none", "full", "sharded"]
@@ -379,7 +378,7 @@ class SFTConfig:
     recompute_latent_steps: bool = opt(True, RECOMPUTE_LATENT_STEPS_HELP)
     recompute_kept_layers: int = opt(0, RECOMPUTE_KEPT_LAYERS_HELP)
     max_grad_norm: float = opt(1.0, "gradient clipping (0 = off)")
-    bf16: BF16Mode = opt("auto", "bf16 autocast: auto (on CUDA only), true (always on) or false (off)")
+    bf16: AutoSwitch = opt("auto", "bf16 autocast: auto (on CUDA only), true (always on) or false (off)")
     eval_each_stage: bool = opt(True, "greedy accuracy on data.valid at the end of each stage")
     save_every: int = opt(
         500, "write a resumable checkpoint (weights, optimizer, RNG, counters) every N steps (0 = stage ends only)"
@@ -572,7 +571,7 @@ class GRPOConfig:
         "under FSDP (its weights are gathered anew for every forward) and for a perturbation that does not state "
         "its tensors",
     )
-    update_latent_graphs: LatentGraphs = opt(
+    update_latent_graphs: AutoSwitch = opt(
         "false",
         "under the fast engine: the update's T latent steps run as one unit whose forward and backward are each "
         "one CUDA graph (the gradients of the prompt's state and of the weights computed inside), replayed per "

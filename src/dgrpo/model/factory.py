@@ -15,7 +15,7 @@ from .compiled_layers import CompiledLayers
 from .gqa_attention import use_packed_gqa
 from .head_stats import HeadStats
 from .latent_lm import LatentLM, LatentSettings, resolve_checkpoint
-from .sources import resolve_device, resolve_model_source
+from .sources import on_for_device, resolve_device, resolve_model_source
 from .tiny import build_tiny_model
 from .verified import CheckpointError
 
@@ -105,15 +105,10 @@ def compile_layers(lm: LatentLM, cfg: ModelConfig) -> None:
         lm.compiled_layers = CompiledLayers(lm.model, backend=cfg.compile_backend, mode=cfg.compile_mode)
 
 
-def _switch(setting: str, lm: LatentLM) -> bool:
-    """An ``auto | true | false`` option: auto is on for a model on a CUDA device."""
-    return setting == "true" or (setting == "auto" and lm.device.type == "cuda")
-
-
 def compile_head(lm: LatentLM, cfg: ModelConfig) -> None:
     """``model.compile_head``: the head statistics of ``lm`` compiled (auto: on a CUDA device) or eager
     (:mod:`~dgrpo.model.head_stats`)."""
-    on = _switch(cfg.compile_head, lm)
+    on = on_for_device(cfg.compile_head, lm.device)
     if on != lm.head_stats.compiled:
         lm.head_stats = HeadStats(compiled=on)
 
@@ -121,4 +116,4 @@ def compile_head(lm: LatentLM, cfg: ModelConfig) -> None:
 def pack_gqa(lm: LatentLM, cfg: ModelConfig) -> None:
     """``model.pack_gqa``: the grouped-query attention of ``lm`` without repeated keys and values (auto: on a CUDA
     device; :mod:`~dgrpo.model.gqa_attention`), or Hugging Face's SDPA attention."""
-    use_packed_gqa(lm.model, _switch(cfg.pack_gqa, lm))
+    use_packed_gqa(lm.model, on_for_device(cfg.pack_gqa, lm.device))

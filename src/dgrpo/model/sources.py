@@ -27,6 +27,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def on_for_device(setting: str, device: torch.device) -> bool:
+    """An ``auto | true | false`` option whose auto means on a CUDA device (bf16 autocast, the compiled head, the
+    packed attention)."""
+    return setting == "true" or (setting == "auto" and device.type == "cuda")
+
+
 def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or name.endswith("/") or not HUB_ID.match(name)
 

@@ -26,6 +26,7 @@ from ..config import Config, ConfigError, to_dict
 from ..data.records import Record
 from ..model.factory import compile_head, compile_layers, pack_gqa
 from ..model.latent_lm import LatentLM, LatentSettings
+from ..model.sources import on_for_device
 from .checkpoint import read_checkpoint, save_checkpoint
 from .distributed import Dist
 from .memory import oom_advice
@@ -125,7 +126,7 @@ def count_target_tokens(lm: LatentLM, examples: list[SFTExample], cfg: Config) -
 
 
 def autocast_ctx(cfg: Config, device: torch.device):
-    on = cfg.sft.bf16 == "true" or (cfg.sft.bf16 == "auto" and device.type == "cuda")
+    on = on_for_device(cfg.sft.bf16, device)
     return torch.autocast(device.type, dtype=torch.bfloat16) if on else nullcontext()
 
 
