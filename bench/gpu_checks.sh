@@ -38,7 +38,8 @@
 #                        items after it run only if they pass
 #   recipe_vs_no_chain : the recipe against grpo.update_latent_graphs=false, alternated
 #   recipe_vs_earlier  : the recipe alternated with the earlier GPU path (eager engine, HF layers, 64-row
-#                        micro-batches, no recomputation): the fast / eager ratio
+#                        micro-batches, no recomputation, eager head statistics, SDPA's own grouped-query attention):
+#                        the fast / eager ratio
 #   head_pack_vs_none  : the recipe against model.compile_head=false and model.pack_gqa=false, alternated: what
 #                        the compiled head statistics and the packed grouped-query attention save together
 #   extra_profile      : only with EXTRA_PROFILE=path/to/script.py: that script, run from the checkout's root with
@@ -132,7 +133,10 @@ run_item() {  # name, command...
     return $rc
 }
 
-EARLIER=(grpo.engine=eager model.kernels=none grpo.micro_batch_size=64 grpo.recompute=false)
+# the earlier GPU path: every lever of the GPU path whose key defaults on for CUDA switched off (the latent chain
+# follows the engine; the keys and values kept once have no key: the same bits, less memory)
+EARLIER=(grpo.engine=eager model.kernels=none grpo.micro_batch_size=64 grpo.recompute=false model.compile_head=false
+    model.pack_gqa=false)
 CALL256=(grpo.recompute_granularity=call grpo.micro_batch_size=256 grpo.recompute_latent_steps=true)
 VARIED=(--steps 8 --prompt-widths 80,100,136,92,120,76,104,128 --kept-groups 16,9,12,6,14,10,8,13)
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts="")  # (addopts: xdist, which the node may not have)

@@ -2,7 +2,8 @@
 
     python bench/paper_step.py --steps 3 [--device cuda] [--out runs/paper-step.json]
     python bench/paper_step.py --steps 3 --versus grpo.engine=eager --versus model.kernels=none \\
-        --versus grpo.micro_batch_size=64 --versus grpo.recompute=false        # against the eager path, alternated
+        --versus grpo.micro_batch_size=64 --versus grpo.recompute=false \\
+        --versus model.compile_head=false --versus model.pack_gqa=false       # against the eager path, alternated
     python bench/paper_step.py --steps 2 --profile                             # kernels, busy share, FLOP/s, syncs
     python bench/paper_step.py --steps 8 --prompt-widths 80,100,136 --kept-groups 16,9,12 \
         --versus grpo.keep_graphs=false                                       # steps that vary as a real run's
