@@ -139,16 +139,68 @@ def test_paper_step_script_alternates_two_arms(tmp_path):
     assert labels and labels <= {e.get("name") for e in trace["traceEvents"]}
 
 
-def test_paper_step_drops_an_arm_that_runs_out_of_memory_and_keeps_the_other(capsys):
-    """bench/paper_step.alternate: the arms take turns going first; an arm too large for the card ends with an error
-    row, and the other arm's steps go on."""
+def _paper_step_module():
     import importlib.util
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "bench/paper_step.py"
     spec = importlib.util.spec_from_file_location("paper_step", path)
-    paper_step = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(paper_step)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_arm_the_gpu_checks_run_is_a_config_the_recipe_accepts(tmp_path):
+    """bench/gpu_checks.sh runs only on a GPU node, where a mistyped key would cost the call: run the script here
+    with a stand-in Python that records each command, and validate every paper_step arm it would start (the recipe
+    with its --set, and with its --versus on top) against the packaged recipe."""
+    from pathlib import Path
+
+    from dgrpo.config import Config, load_config
+
+    root = Path(__file__).resolve().parents[1]
+    log = tmp_path / "argv.jsonl"
+    python = tmp_path / "python"
+    python.write_text(
+        f"#!{sys.executable}\nimport json, sys\nif sys.argv[1:] == ['-']: sys.stdin.read()\n"
+        f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+    )
+    python.chmod(0o755)
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("ONLY", "WHEELS", "EXTRA_PROFILE")}
+    proc = subprocess.run(
+        ["bash", str(root / "bench/gpu_checks.sh"), str(tmp_path / "out"), "600"],
+        env={**env, "PYTHON": str(python)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    steps = [c for c in calls if c and c[0] == "bench/paper_step.py"]
+    assert len(steps) >= 15 and any(c[:3] == ["-m", "pytest", "-q"] for c in calls)
+
+    def values(argv, flag):
+        out = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+        return out + [a.split("=", 1)[1] for a in argv if a.startswith(flag + "=")]
+
+    measured = _paper_step_module().MEASURED
+    arms = 0
+    for argv in steps:
+        sets, versus = values(argv, "--set"), values(argv, "--versus")
+        assert all("=" in kv and "$" not in kv for kv in sets + versus), argv
+        load_config(Config, "paper/grpo_dropout.yaml", [*measured, *sets])
+        if versus:
+            load_config(Config, "paper/grpo_dropout.yaml", [*measured, *sets, *versus])
+        arms += 1 + bool(versus)
+    earlier = next(values(c, "--versus") for c in steps if "grpo.engine=eager" in values(c, "--versus"))
+    # the earlier GPU path switches off every lever whose key defaults on for CUDA
+    assert {"model.compile_head=false", "model.pack_gqa=false", "model.kernels=none"} <= set(earlier)
+
+
+def test_paper_step_drops_an_arm_that_runs_out_of_memory_and_keeps_the_other(capsys):
+    """bench/paper_step.alternate: the arms take turns going first; an arm too large for the card ends with an error
+    row, and the other arm's steps go on."""
+    paper_step = _paper_step_module()
 
     class Arm:
         def __init__(self, fail_at=None):
@@ -172,17 +224,6 @@ def test_paper_step_drops_an_arm_that_runs_out_of_memory_and_keeps_the_other(cap
         ("recipe", 1, False),
         ("recipe", 2, False),
     ]
-
-
-def _paper_step_module():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "bench/paper_step.py"
-    spec = importlib.util.spec_from_file_location("paper_step", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_paper_step_schedule_varies_the_prompts_width_and_the_groups_the_filter_keeps(capsys):
