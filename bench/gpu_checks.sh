@@ -39,7 +39,7 @@
 #   recipe_vs_no_chain : the recipe against grpo.update_latent_graphs=false, alternated
 #   recipe_vs_earlier  : the recipe alternated with the earlier GPU path (eager engine, HF layers, 64-row
 #                        micro-batches, no recomputation, eager head statistics, SDPA's own grouped-query attention):
-#                        the issue's fast / eager ratio
+#                        the issue's fast / eager ratio; three timed steps each
 #   head_pack_vs_none  : the recipe against model.compile_head=false and model.pack_gqa=false, alternated: what
 #                        the compiled head statistics and the packed grouped-query attention save together
 #   extra_profile      : only with EXTRA_PROFILE=path/to/script.py: that script, run from the checkout's root with
@@ -153,7 +153,8 @@ CHAIN=grpo.update_latent_graphs
 run_item chain_smoke "${PYTEST[@]}" tests/test_cuda.py -k "latent_chain or keys_and_values"
 chain_ok=$?  # (the chain's step items run only if its tests pass)
 ((chain_ok == 0)) && run_item recipe_vs_no_chain "$PY" "${STEP[@]}" --versus "$CHAIN=false"
-run_item recipe_vs_earlier "$PY" "${STEP[@]}" "${EARLIER[@]/#/--versus=}"
+# (three rounds: the judged ratio and the recipe step, from a median less moved by one slow step)
+run_item recipe_vs_earlier "$PY" "${STEP[@]}" --steps 3 "${EARLIER[@]/#/--versus=}"
 run_item head_pack_vs_none "$PY" "${STEP[@]}" --versus model.compile_head=false --versus model.pack_gqa=false
 if [[ -n "${EXTRA_PROFILE:-}" ]]; then  # a profile script of one's own (e.g. one kept with an issue), run from here
     read -r -a EXTRA_ARGS <<<"${EXTRA_PROFILE_ARGS:-}"
