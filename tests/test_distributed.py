@@ -22,6 +22,21 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.slow  # every test launches torchrun
+
+
+def _fsdp2_api() -> bool:
+    from dgrpo.config import ConfigError
+    from dgrpo.training.distributed import check_fsdp2_api
+
+    try:
+        check_fsdp2_api()
+    except ConfigError:
+        return False
+    return True
+
+
+#: FSDP2 training needs torch >= 2.13 (an older one gets a config error: tests/test_reliability.py)
+NEEDS_FSDP2 = pytest.mark.skipif(not _fsdp2_api(), reason="this torch's FSDP2 lacks what the sharded update sets")
 HERE = Path(__file__).resolve()
 TIMEOUT_S = 180  # per launch; a healthy one takes about 10 s on 2 cores
 
@@ -111,7 +126,7 @@ def test_grpo_two_ranks_stay_bit_identical(sft_checkpoint, tmp_path):
     assert res["n"] == 64 and len((out / "eval" / "builtin_test" / "predictions.jsonl").read_text().splitlines()) == 64
 
 
-@pytest.mark.parametrize("fsdp", ["none", "full"], ids=["allreduce", "fsdp2"])
+@pytest.mark.parametrize("fsdp", ["none", pytest.param("full", marks=NEEDS_FSDP2)], ids=["allreduce", "fsdp2"])
 def test_asymmetric_filter_does_not_hang(sft_checkpoint, tmp_path, fsdp):
     """Step 0: rank 0 keeps all its groups, rank 1 none; step 1: the reverse; step 2: nobody keeps any.
     (The worker also sets the rewards to 0, 1, 0, 1 in every group, so that kept groups move the weights.)
@@ -144,7 +159,7 @@ def test_asymmetric_filter_does_not_hang(sft_checkpoint, tmp_path, fsdp):
     assert [json.loads((out / f"gloo{r}.json").read_text()) for r in range(2)] == [[], []]
 
 
-@pytest.mark.parametrize("fsdp", ["0", "sharded"], ids=["allreduce", "fsdp2"])
+@pytest.mark.parametrize("fsdp", ["0", pytest.param("sharded", marks=NEEDS_FSDP2)], ids=["allreduce", "fsdp2"])
 def test_two_ranks_match_one_process(sft_checkpoint, tmp_path, fsdp):
     """The same global batch of prompts and rollout seeds (masks and sampled tokens): one step on 2 ranks = one step
     in 1 process (under FSDP2 with layer recomputation)."""
@@ -184,7 +199,8 @@ def test_two_ranks_match_one_process(sft_checkpoint, tmp_path, fsdp):
     # Dist.close() destroyed the process group here, not at interpreter exit: gloo's threads are gone (FSDP2's
     # mesh held the group past destroy_process_group, and its teardown at exit could abort the finished run)
     threads_open, threads_closed = json.loads((out / "threads.json").read_text())
-    assert threads_open and not threads_closed, (threads_open, threads_closed)
+    assert not threads_closed, threads_closed
+    assert threads_open or torch.__version__ < "2.11", "gloo's threads are not seen: the check above checks nothing"
 
 
 def test_sft_two_ranks_cli(tmp_path):

@@ -315,3 +315,20 @@ def test_hub_id_offline_names_the_id_fast(tmp_path, run_cli, monkeypatch):
     r = run_cli("eval", "--model", "Qwen/Qwen2.5-1.5B", "--data", "builtin:test", "--out", tmp_path / "o")
     assert r.returncode == 2 and "'Qwen/Qwen2.5-1.5B'" in r.stderr and "HF_HUB_OFFLINE" in r.stderr
     assert time.time() - t0 < 30
+
+
+def test_fsdp_on_a_torch_without_the_fsdp2_settings_is_a_config_error_before_any_process_group(monkeypatch):
+    """The sharded update sets FSDP2 options that torch < 2.13 lacks: such a torch is told so by name (a config
+    error: exit 2, one line) before the ranks start their process group, where it would fail in every rank."""
+    import torch.distributed as tdist
+    from torch.distributed.fsdp import FSDPModule
+
+    from dgrpo.config import ConfigError
+    from dgrpo.training.distributed import Dist
+
+    monkeypatch.delattr(FSDPModule, "set_reduce_scatter_unused_params", raising=False)  # (torch < 2.13: not there)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("DGRPO_FSDP", raising=False)
+    monkeypatch.setattr(tdist, "init_process_group", lambda *a, **k: pytest.fail("a process group was started"))
+    with pytest.raises(ConfigError, match=r"no FSDPModule.set_reduce_scatter_unused_params.*torch >= 2.13.*fsdp=none"):
+        Dist.from_env(torch.device("cpu"), fsdp="full")

@@ -43,6 +43,23 @@ FSDP_ENV = (
 )
 
 
+#: the FSDP2 settings the sharded update needs (torch >= 2.13): without a parameter's reduce-scatter on a rank where
+#: it got no gradient (``set_reduce_scatter_unused_params``) the ranks' collectives would not match
+FSDP2_API = ("set_reduce_scatter_unused_params", "set_force_sum_reduction_for_comms", "set_gradient_divide_factor")
+
+
+def check_fsdp2_api() -> None:
+    """A config error, before any process group, where this torch's FSDP2 lacks what :meth:`Dist._fully_shard` sets."""
+    from torch.distributed.fsdp import FSDPModule
+
+    missing = [name for name in FSDP2_API if not hasattr(FSDPModule, name)]
+    if missing:
+        raise ConfigError(
+            f"fsdp: this torch ({torch.__version__}) has no FSDPModule.{missing[0]}, which the sharded update needs "
+            "(torch >= 2.13); upgrade torch, or set fsdp=none (DGRPO_FSDP=0): plain data parallelism"
+        )
+
+
 @dataclass
 class Dist:
     rank: int = 0
@@ -81,6 +98,8 @@ class Dist:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         if cuda:
             torch.cuda.set_device(local)
+        if sharding:
+            check_fsdp2_api()
         if not tdist.is_initialized():
             tdist.init_process_group(backend="nccl" if cuda else "gloo")
         return cls(
