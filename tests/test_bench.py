@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 
@@ -166,7 +167,7 @@ def test_every_arm_the_gpu_checks_run_is_a_config_the_recipe_accepts(tmp_path):
         f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
     )
     python.chmod(0o755)
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("ONLY", "WHEELS", "EXTRA_PROFILE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("ONLY", "WHEELS", "EXTRA_PROFILE")}
     proc = subprocess.run(
         ["bash", str(root / "bench/gpu_checks.sh"), str(tmp_path / "out"), "600"],
         env={**env, "PYTHON": str(python)},
@@ -184,14 +185,12 @@ def test_every_arm_the_gpu_checks_run_is_a_config_the_recipe_accepts(tmp_path):
         return out + [a.split("=", 1)[1] for a in argv if a.startswith(flag + "=")]
 
     measured = _paper_step_module().MEASURED
-    arms = 0
     for argv in steps:
         sets, versus = values(argv, "--set"), values(argv, "--versus")
         assert all("=" in kv and "$" not in kv for kv in sets + versus), argv
         load_config(Config, "paper/grpo_dropout.yaml", [*measured, *sets])
         if versus:
             load_config(Config, "paper/grpo_dropout.yaml", [*measured, *sets, *versus])
-        arms += 1 + bool(versus)
     earlier = next(values(c, "--versus") for c in steps if "grpo.engine=eager" in values(c, "--versus"))
     # the earlier GPU path switches off every lever whose key defaults on for CUDA
     assert {"model.compile_head=false", "model.pack_gqa=false", "model.kernels=none"} <= set(earlier)

@@ -21,22 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from dgrpo.training.distributed import fsdp2_missing
+
 pytestmark = pytest.mark.slow  # every test launches torchrun
-
-
-def _fsdp2_api() -> bool:
-    from dgrpo.config import ConfigError
-    from dgrpo.training.distributed import check_fsdp2_api
-
-    try:
-        check_fsdp2_api()
-    except ConfigError:
-        return False
-    return True
-
-
 #: FSDP2 training needs torch >= 2.13 (an older one gets a config error: tests/test_reliability.py)
-NEEDS_FSDP2 = pytest.mark.skipif(not _fsdp2_api(), reason="this torch's FSDP2 lacks what the sharded update sets")
+NEEDS_FSDP2 = pytest.mark.skipif(bool(fsdp2_missing()), reason="this torch's FSDP2 lacks what the sharded update sets")
 HERE = Path(__file__).resolve()
 TIMEOUT_S = 180  # per launch; a healthy one takes about 10 s on 2 cores
 

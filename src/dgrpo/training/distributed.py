@@ -48,11 +48,16 @@ FSDP_ENV = (
 FSDP2_API = ("set_reduce_scatter_unused_params", "set_force_sum_reduction_for_comms", "set_gradient_divide_factor")
 
 
-def check_fsdp2_api() -> None:
-    """A config error, before any process group, where this torch's FSDP2 lacks what :meth:`Dist._fully_shard` sets."""
+def fsdp2_missing() -> list[str]:
+    """What of :data:`FSDP2_API` this torch's ``FSDPModule`` lacks (empty: FSDP2 training runs here)."""
     from torch.distributed.fsdp import FSDPModule
 
-    missing = [name for name in FSDP2_API if not hasattr(FSDPModule, name)]
+    return [name for name in FSDP2_API if not hasattr(FSDPModule, name)]
+
+
+def check_fsdp2_api() -> None:
+    """A config error, before any process group, where this torch's FSDP2 lacks what :meth:`Dist._fully_shard` sets."""
+    missing = fsdp2_missing()
     if missing:
         raise ConfigError(
             f"fsdp: this torch ({torch.__version__}) has no FSDPModule.{missing[0]}, which the sharded update needs "
