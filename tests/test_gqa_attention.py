@@ -86,6 +86,9 @@ def test_a_mask_changed_in_place_is_packed_again():
     mask[0, 0, 0, 1] = True
     again = packed_mask(mask, 3)
     assert again is not first and bool(again[0, 0, :3, 1].all())
+    wide = torch.ones(1, 1, 2, 5, dtype=torch.bool)  # wider than the keys: cut to them, and still packed once
+    narrow = packed_mask(wide, 2, 3)
+    assert narrow.shape == (1, 1, 4, 3) and packed_mask(wide, 2, 3) is narrow and packed_mask(wide, 2, 4) is not narrow
     with torch.inference_mode():  # (no version counter: packed every time)
         frozen = torch.ones(1, 1, 2, 2, dtype=torch.bool)
         assert torch.equal(packed_mask(frozen, 2), torch.ones(1, 1, 4, 2, dtype=torch.bool))

@@ -31,20 +31,23 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 #: the attention implementation's name (registered with transformers beside "sdpa")
 PACKED_GQA = "dgrpo_packed_gqa_sdpa"
 
-_last_mask: tuple[Any, int, int, Tensor] | None = None  # (weakref to the 4-d mask, its version, n_rep, packed rows)
+#: (weakref to the 4-d mask, its version, n_rep, columns, packed rows)
+_last_mask: tuple[Any, int, int, int, Tensor] | None = None
 
 
-def packed_mask(mask: Tensor, n_rep: int) -> Tensor:
-    """The rows of a [B, 1, L, S] mask repeated for the packed queries, [B, 1, L * n_rep, S]; the last mask's reused
-    while it is the same object, unchanged (every layer of a forward call gets the same one)."""
+def packed_mask(mask: Tensor, n_rep: int, columns: int | None = None) -> Tensor:
+    """The rows of a [B, 1, L, S] mask (its first ``columns`` columns: the keys') repeated for the packed queries,
+    [B, 1, L * n_rep, columns]; the last mask's reused while it is the same object, unchanged (every layer of a
+    forward call gets the same one)."""
     global _last_mask
+    columns = mask.shape[3] if columns is None else columns
     if torch.compiler.is_compiling() or mask.is_inference():  # (no state kept inside a compiled graph; an inference
-        return mask.repeat_interleave(n_rep, dim=2)  # tensor has no version counter to tell a change by)
+        return mask[:, :, :, :columns].repeat_interleave(n_rep, dim=2)  # tensor has no version counter to tell by)
     last = _last_mask
-    if last is not None and last[0]() is mask and last[1] == mask._version and last[2] == n_rep:
-        return last[3]
-    rows = mask.repeat_interleave(n_rep, dim=2)
-    _last_mask = (weakref.ref(mask), mask._version, n_rep, rows)
+    if last is not None and last[0]() is mask and last[1:4] == (mask._version, n_rep, columns):
+        return last[4]
+    rows = mask[:, :, :, :columns].repeat_interleave(n_rep, dim=2)
+    _last_mask = (weakref.ref(mask), mask._version, n_rep, columns, rows)
     return rows
 
 
@@ -87,7 +90,7 @@ def packed_gqa_sdpa_forward(
     G, S = key.shape[1], key.shape[2]
     n_rep = H // G
     q = query.transpose(1, 2).reshape(B, L, G, n_rep, D).transpose(1, 2).reshape(B, G, L * n_rep, D)
-    mask = packed_mask(attention_mask if attention_mask.shape[3] == S else attention_mask[:, :, :, :S], n_rep)
+    mask = packed_mask(attention_mask, n_rep, S)  # (a mask wider than the keys: its first S columns, as HF's SDPA)
     out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
     return out.view(B, G, L, n_rep, D).transpose(1, 2).reshape(B, L, H, D), None
 
