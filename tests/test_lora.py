@@ -150,6 +150,11 @@ def test_adapter_checkpoint_save_load_and_merge(base_dirs, tmp_path, run_cli):
     assert torch.equal(*greedy)
     r = run_cli("export", tmp_path / "adapter", "--out", tmp_path / "nomerge")
     assert r.returncode == 2 and "pass --merge" in r.stderr
+    for taken in (tmp_path / "adapter", tmp_path / "merged"):  # the source itself, or any directory with files
+        before = sorted(p.name for p in taken.iterdir())
+        r = run_cli("export", tmp_path / "adapter", "--merge", "--out", taken)
+        assert r.returncode == 2 and "exists and is not empty" in r.stderr
+        assert sorted(p.name for p in taken.iterdir()) == before  # nothing replaced
 
 
 def test_init_takes_an_adapter_checkpoint(base_dirs, tmp_path):

@@ -92,7 +92,10 @@ def run_export(args: argparse.Namespace) -> int:
     from ..training.run import check_output_path
 
     hf_logging.disable_progress_bar()
-    check_output_path(Path(args.out))
+    out = Path(args.out)
+    check_output_path(out)
+    if out.is_dir() and any(out.iterdir()):  # save_pretrained replaces the directory: never a run or other files
+        raise CheckpointError(f"--out {out} exists and is not empty: name a new directory")
     src = resolve_checkpoint(args.src)
     if not lora.is_adapter_dir(src):
         raise CheckpointError(f"{src} is already a full checkpoint (no adapter_config.json): nothing to merge")
