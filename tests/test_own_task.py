@@ -5,8 +5,10 @@ silently changed config."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -281,6 +283,10 @@ def test_resume_refuses_a_changed_config_unless_allowed(sft_checkpoint, tmp_path
     out = tmp_path / "run"
     args = ["grpo", "--init", sft_checkpoint, *tiny_args(**{"grpo.steps": 2, "grpo.save_every": 1}), "--out", out]
     assert run_cli(*args).returncode == 0
+    assert json.loads((out / "config.json").read_text())["model"]["name_or_path"] == str(Path(sft_checkpoint).resolve())
+    shutil.copytree(sft_checkpoint, tmp_path / "other")  # other weights: the run started from --init, not these
+    r = run_cli(*[tmp_path / "other" if a == sft_checkpoint else a for a in args])
+    assert r.returncode == 2 and "model.name_or_path" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = run_cli(*args, "--set", "grpo.lr=5e-2", "--set", "grpo.steps=3")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "grpo.lr" in r.stderr and "grpo.steps" in r.stderr and "--allow-config-change" in r.stderr

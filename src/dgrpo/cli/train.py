@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .common import (
     add_config_options,
@@ -18,6 +18,9 @@ from .common import (
     setup,
     subcommand,
 )
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 SFT_EXAMPLES = """  dgrpo sft --out runs/sft                                          # the built-in task, the defaults
   dgrpo sft --set sft.mode=cot --out runs/cot                      # a baseline: cot | no_cot | pause | no_curriculum
@@ -62,6 +65,14 @@ def add_resume_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def record_init(cfg: Config, init: str | None) -> Config:
+    """``--init`` kept as the run's ``model.name_or_path`` (a local path made absolute): the run's config then names
+    the weights it started from, and resuming it from other weights is refused as any changed config is."""
+    if init:
+        cfg.model.name_or_path = str(Path(init).resolve()) if Path(init).exists() else init
+    return cfg
+
+
 def run_sft(args: argparse.Namespace) -> int:
     from ..data import load_spec
     from ..eval.evaluate import evaluate
@@ -69,7 +80,7 @@ def run_sft(args: argparse.Namespace) -> int:
     from ..model.factory import load_model
     from ..training.sft import train_sft
 
-    cfg = load(args)
+    cfg = record_init(load(args), args.init)
     device = setup(cfg)
     train = load_spec(cfg.data.train, cfg.task, data=cfg.data)
     valid = load_spec(cfg.data.valid, cfg.task, data=cfg.data) if cfg.data.valid else None
@@ -120,7 +131,7 @@ def run_grpo(args: argparse.Namespace) -> int:
     from ..model.factory import load_model
     from ..training.grpo import train_grpo
 
-    cfg = load(args)
+    cfg = record_init(load(args), args.init)
     device = setup(cfg)
     train = load_spec(cfg.data.train, cfg.task, data=cfg.data)
     valid = {cfg.data.valid: load_spec(cfg.data.valid, cfg.task, data=cfg.data)} if cfg.data.valid else {}
