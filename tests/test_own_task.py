@@ -318,6 +318,46 @@ def test_resume_from_an_explicit_checkpoint_path(sft_checkpoint, tmp_path, run_c
     assert wa == wb  # step 1 from a's checkpoint, then step 2: the same run
 
 
+def test_a_forked_checkpoint_is_held_to_its_own_config_and_a_damaged_one_is_not_skipped(
+    sft_checkpoint, tmp_path, run_cli
+):
+    """``--resume PATH`` into a new directory: the config is compared with the one that checkpoint was trained
+    with (a change needs --allow-config-change, and config.0.json is then that checkpoint's); a named checkpoint
+    that does not load is an error naming it, with no fallback to another."""
+    args = ["grpo", "--init", sft_checkpoint, *tiny_args(**{"grpo.steps": 2, "grpo.save_every": 1})]
+    assert run_cli(*args, "--out", tmp_path / "a").returncode == 0
+    ckpt = tmp_path / "a" / "checkpoints" / "step-00000001"
+    r = run_cli(*args, "--set", "grpo.lr=5e-2", "--out", tmp_path / "b", "--resume", ckpt)
+    assert r.returncode == 2 and f"--resume {ckpt} is from a run started with a different config (grpo.lr)" in r.stderr
+    r = run_cli(*args, "--set", "grpo.lr=5e-2", "--out", tmp_path / "b", "--resume", ckpt, "--allow-config-change")
+    assert r.returncode == 0, r.stderr[-2000:]
+    first = json.loads((tmp_path / "b" / "config.0.json").read_text())
+    assert first["started_at_step"] == 0 and first["config"]["grpo"]["lr"] == 1e-4
+    (ckpt / "rng.pt").write_bytes(b"damaged")
+    r = run_cli(*args, "--out", tmp_path / "c", "--resume", ckpt)
+    assert r.returncode == 2 and r.stderr.startswith(f"dgrpo: error: --resume {ckpt}: ")
+    assert "falling back" not in r.stdout + r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_another_commands_run_directory_is_refused_and_left_as_it_was(sft_checkpoint, tmp_path, run_cli):
+    """An SFT run's directory given to ``dgrpo grpo`` (or a GRPO run's to ``dgrpo sft``) is a wrong --out, not a
+    damaged checkpoint: one line saying whose run it is, and its files untouched (no advice to start over there)."""
+    sft_run = tmp_path / "sft"
+    shutil.copytree(Path(sft_checkpoint).parent, sft_run)
+    assert any((sft_run / "checkpoints").iterdir())
+    before = sorted(str(p.relative_to(sft_run)) for p in sft_run.rglob("*"))
+    r = run_cli("grpo", "--init", sft_checkpoint, *tiny_args(), "--out", sft_run)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    assert "holds a `dgrpo sft` run's checkpoint" in r.stderr and f"--init {sft_run}" in r.stderr
+    assert "--resume never" not in r.stderr
+    assert sorted(str(p.relative_to(sft_run)) for p in sft_run.rglob("*")) == before
+    grpo_run = tmp_path / "grpo"
+    args = ["grpo", "--init", sft_checkpoint, *tiny_args(**{"grpo.steps": 1, "grpo.save_every": 1})]
+    assert run_cli(*args, "--out", grpo_run).returncode == 0
+    r = run_cli("sft", *tiny_args(), "--out", grpo_run)
+    assert r.returncode == 2 and "holds a `dgrpo grpo` run's checkpoint" in r.stderr, r.stderr[-2000:]
+
+
 def test_reward_values_may_be_numpy_torch_or_bool_but_not_anything():
     """As TRL takes them: a list of floats, ints or bools (0 / 1), a 1-d NumPy array or tensor; a string, a nested
     list, a 2-d tensor's rows or a non-finite value is one line naming the function and the row."""

@@ -184,6 +184,18 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: Any) -> None:
                 raise CheckpointError(f"optimizer.pt: the {name} of a parameter has shape {got}, not {want}")
 
 
+def checkpoint_command(ckpt: Path) -> str | None:
+    """Which command wrote a resumable checkpoint, ``sft`` or ``grpo``, read from the state each one saves (its
+    ``state.json``); None when that cannot be read (the checkpoint's own verification then says why)."""
+    try:
+        state = json.loads((Path(ckpt) / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict):
+        return None
+    return "grpo" if "trainer" in state else "sft" if "progress" in state else None
+
+
 def resume_candidates(out_dir: Path) -> list[Path]:
     """Checkpoints to try when resuming, newest first."""
     return list(reversed(list_checkpoints(out_dir)))

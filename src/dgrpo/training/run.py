@@ -18,8 +18,16 @@ from typing import IO, Any
 
 from ..config import Config, ConfigError, to_dict
 from ..data.records import Record
+from ..model.latent_lm import RUN_CONFIG_FILE
 from ..model.verified import CheckpointError
-from .checkpoint import CKPT_DIR, LoadedCheckpoint, count_lines, reset_metrics, resume_candidates
+from .checkpoint import (
+    CKPT_DIR,
+    LoadedCheckpoint,
+    checkpoint_command,
+    count_lines,
+    reset_metrics,
+    resume_candidates,
+)
 from .distributed import Dist
 from .tracking import Tracker, describe_backends, open_trackers
 
@@ -159,7 +167,8 @@ class RunDir:
     ``resume``: ``auto`` (the newest intact checkpoint in ``OUT/checkpoints``, falling back to older ones on any
     problem; a fresh start when there is none), ``never`` (start over: earlier checkpoints are deleted) or the path
     of one checkpoint directory to resume from. Resuming with a config that differs from the one the run was
-    started with is refused (one line listing the keys) unless ``allow_config_change``."""
+    started with (``config.json``, or the named checkpoint's for a new directory) is refused (one line listing the
+    keys) unless ``allow_config_change``; so is resuming another command's checkpoints (``command``: sft, grpo)."""
 
     def __init__(
         self,
@@ -167,21 +176,25 @@ class RunDir:
         cfg: Config,
         dist: Dist,
         *,
+        command: str,
         resume: bool | str = "auto",
         allow_config_change: bool = False,
         log: Callable[[str], None] = print,
     ):
         self.out_dir, self.dist, self.cfg, self.logging = Path(out_dir), dist, to_dict(cfg), cfg.logging
+        self.command = command
         self.resume_mode = {True: "auto", False: "never"}[resume] if isinstance(resume, bool) else resume
         self.allow_config_change = allow_config_change
         self.log = log if dist.is_main else (lambda m: None)
         self.lock = self._lock()
         self.metrics = MetricsLog(self.out_dir / METRICS_FILE, dist.is_main)
         self.changed: list[str] = []
+        self.first_config: dict = self.cfg  # the config the run was started with (differs: allow_config_change)
         self.checkpoint: Path | None = None
         try:
             self.candidates = self._candidates()
             if self.candidates:
+                self._on_rank0(self._check_command)
                 self._on_rank0(self._check_config)
         except BaseException:
             self.close(1)  # a refused run releases the directory at once
@@ -222,20 +235,50 @@ class RunDir:
             raise ConfigError(f"--resume {path}: no such checkpoint directory")
         return [path]
 
+    @property
+    def explicit(self) -> bool:
+        """Resuming from one named checkpoint (``--resume PATH``), not the newest of this directory's."""
+        return self.resume_mode not in ("auto", "never")
+
+    def _check_command(self) -> None:
+        """Refuse another command's checkpoints (an SFT run's directory given to ``dgrpo grpo``, or the reverse):
+        they are not damaged, and starting over there would delete them."""
+        found = next((c for c in map(checkpoint_command, self.candidates) if c is not None), None)
+        if found is None or found == self.command:
+            return
+        where = f"--resume {self.candidates[0]} is" if self.explicit else f"{self.out_dir} holds"
+        start = f"; to start from its model: --init {self.out_dir}" if (found, self.command) == ("sft", "grpo") else ""
+        raise ConfigError(
+            f"{where} a `dgrpo {found}` run's checkpoint, which `dgrpo {self.command}` cannot resume: name a new "
+            f"--out{start}"
+        )
+
+    def _started_with(self) -> dict | None:
+        """The config the resumed run was started with: this directory's, else (a new directory resuming a named
+        checkpoint) the one that checkpoint's model was trained with."""
+        for path in (self.out_dir / CONFIG_FILE, *(c / "model" / RUN_CONFIG_FILE for c in self.candidates)):
+            if path.is_file() and (path.parent == self.out_dir or self.explicit):
+                try:
+                    return json.loads(path.read_text())
+                except (OSError, ValueError):
+                    raise ConfigError(f"{path}: unreadable (not the JSON of a config)") from None
+        return None
+
     def _check_config(self) -> None:
         """Refuse to resume under a changed config (unless allowed: then keep every config with its start step)."""
-        current = self.out_dir / CONFIG_FILE
-        if not current.is_file():
+        old = self._started_with()
+        if old is None:
             return
-        old = json.loads(current.read_text())
         changed = config_diff(old, self.cfg)
         if changed and not self.allow_config_change:
+            what = f"--resume {self.candidates[0]} is from" if self.explicit else f"{self.out_dir} holds"
             raise ConfigError(
-                f"{self.out_dir} holds a run started with a different config ({', '.join(changed[:8])}"
+                f"{what} a run started with a different config ({', '.join(changed[:8])}"
                 f"{', ...' if len(changed) > 8 else ''}); resume it unchanged, start over with --resume never, "
                 "or pass --allow-config-change to continue with the new values (every config used is kept)"
             )
         self.changed = changed
+        self.first_config = old
 
     def resume(self, load: Callable[[Path], LoadedCheckpoint]) -> LoadedCheckpoint | None:
         """Read the newest checkpoint that loads (``load`` reads and checks one, mutating nothing); each one that
@@ -245,6 +288,8 @@ class RunDir:
             try:
                 loaded = load(ckpt)
             except CheckpointError as e:
+                if self.explicit:  # the one checkpoint named: nothing to fall back to
+                    raise CheckpointError(f"--resume {ckpt}: {e}") from None
                 problems.append(f"{ckpt.name}: {e}")
                 self.log(f"dgrpo: skipping checkpoint {ckpt}: {e}; falling back to the previous one")
                 continue
@@ -301,7 +346,7 @@ class RunDir:
         """``config.N.json``: every config the run used, with the step it started at (0 = the run's first)."""
         history = sorted(self.out_dir.glob("config.*.json"), key=lambda p: int(p.name.split(".")[1]))
         if not history:
-            first = json.loads((self.out_dir / CONFIG_FILE).read_text())
+            first = self.first_config
             (self.out_dir / "config.0.json").write_text(json.dumps({"started_at_step": 0, "config": first}, indent=2))
             history = [self.out_dir / "config.0.json"]
         n = int(history[-1].name.split(".")[1]) + 1

@@ -327,7 +327,9 @@ def train_sft(
         raise ConfigError(f"sft.batch_size: {s.batch_size} examples cannot be shared by {dist.world_size} processes")
     lm.run_config = to_dict(cfg)  # stage-K/ and final/ carry the config (and the task) that produced them
     lm.settings.chat_template = cfg.data.chat_template  # how questions are prompted, from the first step on
-    with RunDir(out_dir, cfg, dist, resume=resume, allow_config_change=allow_config_change, log=log) as run:
+    with RunDir(
+        out_dir, cfg, dist, command="sft", resume=resume, allow_config_change=allow_config_change, log=log
+    ) as run:
         sft = SFTRun(lm, cfg, dist, run, len(train))
         plan, prog, t0 = sft.plan, sft.prog, time.time()
         start_epoch, start_batch = prog.epoch, prog.batch
