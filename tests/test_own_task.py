@@ -181,6 +181,21 @@ def test_csv_parquet_dataset_folders_and_column_mapping(tmp_path):
 
     with pytest.raises(DataError, match="d.csv row 0: missing field 'answer'"):
         load_spec(str(csv), data=DataConfig(question_key="prompt", answer_key="answer"))
+    # a GSM8K-style solution under other keys is read as GSM8K's; a standard file beside it keeps its own format
+    gsm = tmp_path / "renamed.jsonl"
+    gsm.write_text(json.dumps({"q": "Tom has 7 and 7 more?", "sol": "He has 7+7=<<7+7=14>>14.\n#### 14"}) + "\n")
+    mapped = DataConfig(question_key="q", answer_key="sol")
+    [rec] = load_spec(str(gsm), data=mapped)
+    assert (rec.question, rec.steps, rec.answer) == ("Tom has 7 and 7 more?", ["<<7+7=14>>"], "14")
+    assert rec.meta["solution"].endswith("#### 14") and numeric(["#### 14"], [rec]) == exact(["#### 14"], [rec]) == [
+        1.0
+    ]
+    std = tmp_path / "std.jsonl"
+    std.write_text(json.dumps({"question": "What is 2 plus 2?", "answer": "2+2=<<2+2=4>>4\n#### 4"}) + "\n")
+    assert [(r.question, r.answer) for r in load_spec(f"{gsm}+{std}", data=mapped)] == [
+        ("Tom has 7 and 7 more?", "14"),
+        ("What is 2 plus 2?", "4"),
+    ]
 
 
 def test_chat_template_wraps_the_question_and_is_saved_with_the_checkpoint(tokenizer, tmp_path):

@@ -274,11 +274,19 @@ class DataConfig:
     max_target_tokens: int = opt(256, "steps + answer longer than this are truncated")
     eval_limit: int = opt(500, "evaluate at most this many records of data.valid during training (0 = all)")
     question_key: str = opt(
-        "", "column holding the question, for files whose keys are not a known format ('' = detect the format)"
+        "",
+        "column holding the question, for files whose keys are not a known format ('' = detect the format); rows "
+        "without it whose keys are a known format are read as that format (standard files beside mapped ones)",
     )
-    answer_key: str = opt("", "column holding the gold answer (with question_key)")
+    answer_key: str = opt(
+        "",
+        "column holding the gold answer (with question_key); a GSM8K-style solution there is read as GSM8K's (the "
+        "answer after '####', its <<...>> calculations as steps)",
+    )
     steps_key: str = opt(
-        "", "column holding the reasoning steps: a list of strings, or one string split on newlines ('' = none)"
+        "",
+        "column holding the reasoning steps: a list of strings, or one string split on newlines ('' = none, or a "
+        "GSM8K-style answer's calculations)",
     )
     chat_template: bool = opt(
         False,

@@ -577,23 +577,33 @@ def rows_to_records(rows: list[Any], where: str, source: str, parser: RowParser 
 
 def column_parser(question_key: str, answer_key: str, steps_key: str = "") -> RowParser:
     """A row parser for files whose keys are not a known format: the question, answer (a number is normalised,
-    text kept) and steps (a list of strings, or one string split on newlines) from the named columns."""
+    text kept; a GSM8K-style solution is read as GSM8K's: the answer after its ``####``, its ``<<...>>``
+    calculations as steps) and steps (a list of strings, or one string split on newlines) from the named columns.
+    A row without the question column whose keys are a known format is read as that format, so mapped files
+    can sit beside standard ones (a mapped training file, GSM8K-style validation and test files)."""
 
     def parse(row: dict[str, Any]) -> Record:
+        if question_key not in row and any(keys <= row.keys() for keys, _, _ in _ROW_FORMATS):
+            return _detect_row_parser(row)(row)
         question = str(_field(row, question_key)).strip()
         if not question:
             raise _RowError(f"column {question_key!r} is empty")
         raw = _field(row, answer_key)
         answer = _format_number(raw, f"column {answer_key!r}") if isinstance(raw, (int, float)) else str(raw).strip()
+        solution = answer if "####" in answer else None
+        if solution is not None:
+            answer = solution.rpartition("####")[2].strip()
         answer = normalize_number(answer) or answer
         if not answer:
-            raise _RowError(f"column {answer_key!r} is empty")
-        steps: Any = row.get(steps_key, []) if steps_key else []
+            raise _RowError(f"column {answer_key!r} is empty" + (" after its '####'" if solution else ""))
+        steps: Any = row.get(steps_key, []) if steps_key else _step_annotations(solution) if solution else []
         if isinstance(steps, str):
             steps = [s for s in steps.splitlines() if s.strip()]
         if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
             raise _RowError(f"column {steps_key!r} must be a list of strings or one string")
         meta = {k: v for k, v in row.items() if k not in (question_key, answer_key, steps_key)}
+        if solution is not None:
+            meta["solution"] = solution
         return Record(question, list(steps), answer, meta)
 
     return parse
