@@ -108,6 +108,21 @@ def test_several_weighted_rewards_and_the_filter_rule(reward_file):
         build_rewards("", [{"fn": "numeric"}], "numeric", "nope")
 
 
+def test_a_reward_that_gives_every_gold_answer_zero_is_warned_about(tmp_path):
+    """The run's first call, on gold answers: a reward or scorer that counts none of them correct (answers read
+    wrongly, a scorer of another format) is warned about before training on zeros; a working one is not."""
+    import warnings
+
+    from dgrpo.data.records import Record
+
+    recs = [Record("q", [], "12"), Record("q", [], "7")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_rewards("", [], "numeric").smoke_test(recs, check_filter=True)
+    with pytest.warns(UserWarning, match="gives 0 to the gold answer of every record it was tried on \\(2"):
+        build_rewards("", [], "choice").smoke_test(recs, check_filter=True)
+
+
 def test_builtin_scorers():
     from dgrpo.data.records import Record
 

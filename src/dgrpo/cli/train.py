@@ -76,7 +76,7 @@ def record_init(cfg: Config, init: str | None) -> Config:
 def run_sft(args: argparse.Namespace) -> int:
     from ..data import load_spec
     from ..eval.evaluate import evaluate
-    from ..eval.scoring import build_scorer
+    from ..eval.scoring import build_scorer, gold_completions, warn_if_gold_scores_zero
     from ..model.factory import load_model
     from ..training.sft import train_sft
 
@@ -94,6 +94,7 @@ def run_sft(args: argparse.Namespace) -> int:
         valid = valid[: cfg.data.eval_limit]
 
     scorer = build_scorer(cfg.eval.scorer)
+    warn_if_gold_scores_zero(scorer(gold_completions(train[:2]), train[:2]), f"eval.scorer {cfg.eval.scorer!r}")
 
     def count_correct(lm_, recs, settings):
         return evaluate(

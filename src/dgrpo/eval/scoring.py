@@ -21,6 +21,7 @@ import importlib.util
 import math
 import numbers
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,6 +138,22 @@ def reward_value(v: object) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def gold_completions(records: list[Record]) -> list[str]:
+    """Each record's gold answer written as a completion that states it (``#### <answer>``)."""
+    return [f"#### {r.answer}" for r in records]
+
+
+def warn_if_gold_scores_zero(values: list[float], what: str) -> None:
+    """Warn when ``what`` gives 0 to every gold answer it was tried on: a task whose answers never count as correct
+    (a column holding whole solutions, a scorer of another answer format) trains and evaluates on zeros."""
+    if values and all(v == 0 for v in values):
+        warnings.warn(
+            f"{what} gives 0 to the gold answer of every record it was tried on ({len(values)}, each as "
+            "'#### <answer>'): check the data's answers (data.answer_key) and eval.scorer / grpo.reward",
+            stacklevel=2,
+        )
+
+
 @dataclass
 class RewardPart:
     name: str
@@ -160,7 +177,8 @@ class Rewards:
     def smoke_test(self, records: list[Record], check_filter: bool) -> None:
         """Call every reward once on gold answers (``#### <answer>``) of ``records``, before a run writes anything:
         a function that cannot be imported, raises or returns the wrong thing fails here, in one line."""
-        total = self([f"#### {r.answer}" for r in records], records)
+        total = self(gold_completions(records), records)
+        warn_if_gold_scores_zero(total, "the reward")
         if check_filter:
             self.filter_values(total)
 
