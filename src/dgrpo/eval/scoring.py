@@ -143,7 +143,7 @@ def gold_completions(records: list[Record]) -> list[str]:
     return [f"#### {r.answer}" for r in records]
 
 
-def warn_if_gold_scores_zero(values: list[float], what: str) -> None:
+def warn_if_gold_scores_zero(values: Sequence[float], what: str) -> None:
     """Warn when ``what`` gives 0 to every gold answer it was tried on: a task whose answers never count as correct
     (a column holding whole solutions, a scorer of another answer format) trains and evaluates on zeros."""
     if values and all(v == 0 for v in values):
