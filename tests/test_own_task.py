@@ -123,6 +123,19 @@ def test_a_reward_that_gives_every_gold_answer_zero_is_warned_about(tmp_path):
         build_rewards("", [], "choice").smoke_test(recs, check_filter=True)
 
 
+def test_grpo_says_when_its_scorer_is_not_the_one_its_init_checkpoint_was_trained_with():
+    import warnings
+
+    from dgrpo.cli.train import warn_if_scorer_differs
+
+    with pytest.warns(UserWarning, match="eval.scorer is 'numeric' here but 'exact' in the --init checkpoint's run"):
+        warn_if_scorer_differs({"eval": {"scorer": "exact"}}, "numeric")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_scorer_differs({"eval": {"scorer": "exact"}}, "exact")
+        warn_if_scorer_differs(None, "numeric")  # a hub model: no run of ours behind it
+
+
 def test_builtin_scorers():
     from dgrpo.data.records import Record
 
@@ -164,7 +177,7 @@ def test_a_text_answer_task_trains_and_evaluates_end_to_end(tmp_path, run_cli):
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads((tmp_path / "ev" / "results.json").read_text())
     preds = [json.loads(x) for x in (tmp_path / "ev" / "predictions.jsonl").read_text().splitlines()]
-    assert res["n"] == 50 and res["correct"] == sum(p["correct"] for p in preds)
+    assert res["n"] == 50 and res["correct"] == sum(p["correct"] for p in preds) and res["scorer"] == "exact"
     assert all(
         p["correct"] == (exact([p["completion"]], [type("R", (), {"answer": p["gold"]})])[0] == 1.0) for p in preds
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +74,19 @@ def record_init(cfg: Config, init: str | None) -> Config:
     return cfg
 
 
+def warn_if_scorer_differs(init_config: dict | None, scorer: str) -> None:
+    """GRPO takes its options from its own config, not from the --init checkpoint's: say so when the definition of
+    a correct answer (``eval.scorer``, also the default reward) differs from the one the checkpoint was trained
+    with."""
+    saved = (init_config or {}).get("eval", {}).get("scorer")
+    if saved is not None and saved != scorer:
+        warnings.warn(
+            f"eval.scorer is {scorer!r} here but {saved!r} in the --init checkpoint's run: validation, best/, the test "
+            f"sets and the default reward use {scorer!r} (--set eval.scorer={saved} keeps the checkpoint's)",
+            stacklevel=2,
+        )
+
+
 def run_sft(args: argparse.Namespace) -> int:
     from ..data import load_spec
     from ..eval.evaluate import evaluate
@@ -139,6 +153,7 @@ def run_grpo(args: argparse.Namespace) -> int:
     tests = {spec: load_spec(spec, cfg.task, data=cfg.data) for spec in cfg.data.test}
     dist, device = join_processes(cfg, device)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
+    warn_if_scorer_differs(lm.run_config, cfg.eval.scorer)
     report_lora(lm, dist)
     prompt_settings(lm, cfg)
     if dist.active:  # distinct, reproducible RNG streams per rank (rollout seeds come from the global row anyway)

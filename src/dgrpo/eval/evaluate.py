@@ -29,6 +29,7 @@ class EvalResult:
     n_latent: int
     mode: str
     wall_s: float
+    scorer: str = "numeric"  # what counted as correct (eval.scorer: a built-in name or a plug-in's module:function)
     predictions: list[dict] = field(default_factory=list, repr=False)
 
     def summary(self) -> dict:
@@ -172,6 +173,7 @@ def evaluate(
         n_latent=n_lat,
         mode="plain" if plain else lm.settings.mode,
         wall_s=round(time.time() - t0, 3),
+        scorer=getattr(scorer, "__name__", "numeric") if scorer is not None else "numeric",
         predictions=preds,
     )
 
@@ -220,6 +222,7 @@ def merge_results(parts: list[EvalResult]) -> EvalResult:
         n_latent=first.n_latent,
         mode=first.mode,
         wall_s=max(p.wall_s for p in parts),
+        scorer=first.scorer,
         predictions=[x for p in parts for x in p.predictions],
     )
 

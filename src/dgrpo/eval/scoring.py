@@ -217,4 +217,9 @@ def build_scorer(spec: str) -> ScoreFn:
     if spec in SCORERS:
         return SCORERS[spec]
     fn = load_function(spec, "eval.scorer")
-    return lambda completions, records: call_checked(fn, spec, completions, records)
+
+    def checked(completions: list[str], records: list[Record]) -> list[float]:
+        return call_checked(fn, spec, completions, records)
+
+    checked.__name__ = spec  # (results.json names the scorer by it)
+    return checked
