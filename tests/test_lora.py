@@ -1,6 +1,9 @@
 """LoRA through PEFT: the latent recurrence under adapters, trainable latent rows, exact replay, the reference as a
 frozen adapter, adapter checkpoints (save / load / merge / resume) and the command line."""
 
+import re
+import warnings
+
 import pytest
 import torch
 
@@ -163,8 +166,13 @@ def test_init_takes_an_adapter_checkpoint(base_dirs, tmp_path):
     lm = with_lora(base_dirs / "qwen2")
     lm.save_pretrained(tmp_path / "adapter")
     cfg = tiny_config(**{"model.lora.r": 4, "model.lora.alpha": 8.0})
-    cont = load_model(cfg.model, cfg.task, init=str(tmp_path / "adapter"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the checkpoint's own settings: nothing to say
+        cont = load_model(cfg.model, cfg.task, init=str(tmp_path / "adapter"))
     assert cont.peft is not None and torch.equal(logprobs(cont), logprobs(lm))  # the same adapter trains on
+    other = tiny_config(**{"model.lora.r": 4, "model.lora.alpha": 8.0, "model.lora.target_modules": "[q_proj]"})
+    with pytest.warns(UserWarning, match=r"target_modules=\['q_proj'\]\) differs from the checkpoint's adapter"):
+        load_model(other.model, cfg.task, init=str(tmp_path / "adapter"))
     with pytest.warns(UserWarning, match="merging it into the base"):
         full = load_model(tiny_config().model, cfg.task, init=str(tmp_path / "adapter"))
     assert full.peft is None and all(p.requires_grad for p in full.model.parameters())
@@ -343,3 +351,20 @@ def test_the_latent_chain_under_adapters_gives_the_recurrences_gradients(base_di
     for k in grads[0]:
         scale = max(1.0, float(grads[0][k].abs().max()))
         assert float((grads[0][k] - grads[1][k]).abs().max()) <= 1e-5 * scale, k
+
+
+def test_target_modules_that_match_nothing_or_cannot_be_adapted_are_one_config_line(base_dirs):
+    """A misspelt target among good ones is refused (PEFT would adapt the others and drop it silently), with the
+    model's linear layer names; one PEFT cannot adapt (the latent rows' head) is one line too, not a traceback."""
+    from dgrpo.config import ConfigError
+
+    for arch, targets, shown in (
+        ("qwen2", ["q_proj", "foo_proj"], "'foo_proj' matches no module of this model (its linear layers: "),
+        ("gpt2", ["q_proj"], "c_attn"),
+        ("llama", ["lm_head"], "PEFT cannot adapt ['lm_head']"),
+    ):
+        lm = LatentLM.from_pretrained(base_dirs / arch)
+        with pytest.raises(ConfigError, match=re.escape(shown)) as e:
+            lora.apply_lora(lm, LoraConfig(r=4, target_modules=targets))
+        assert str(e.value).startswith("invalid config value model.lora.target_modules: ") and "\n" not in str(e.value)
+        assert lm.peft is None

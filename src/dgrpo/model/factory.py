@@ -83,10 +83,15 @@ def configure_lora(lm: LatentLM, cfg: LoraConfig) -> None:
         lora.apply_lora(lm, cfg)
     elif cfg.r > 0:
         saved = lm.peft.peft_config[lora.POLICY]
-        if (saved.r, float(saved.lora_alpha)) != (cfg.r, float(cfg.alpha)):
+        targets = sorted(cfg.target_modules)
+        saved_targets = sorted(saved.target_modules) if isinstance(saved.target_modules, (set, list)) else targets
+        if (saved.r, float(saved.lora_alpha)) != (cfg.r, float(cfg.alpha)) or (
+            targets != ["all-linear"] and targets != saved_targets
+        ):
             warnings.warn(
-                f"model.lora (r={cfg.r}, alpha={cfg.alpha}) differs from the checkpoint's adapter (r={saved.r}, "
-                f"alpha={saved.lora_alpha}): training continues the checkpoint's adapter",
+                f"model.lora (r={cfg.r}, alpha={cfg.alpha}, target_modules={targets}) differs from the checkpoint's "
+                f"adapter (r={saved.r}, alpha={saved.lora_alpha}, target_modules={saved_targets}): training continues "
+                "the checkpoint's adapter",
                 stacklevel=2,
             )
     elif lm.peft is not None:

@@ -83,6 +83,26 @@ def peft_config(lm: LatentLM, cfg: LoraConfig) -> Any:
     )
 
 
+def check_targets(lm: LatentLM, targets: list[str]) -> None:
+    """Every name in ``model.lora.target_modules`` matches a module as PEFT matches a list (the full name, or its
+    last dotted parts): a misspelt one would otherwise be left out silently while the others train."""
+    if targets == ["all-linear"]:
+        return
+    names = [n for n, _ in lm.model.named_modules() if n]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        leaves = sorted({n.rsplit(".", 1)[-1] for n, m in lm.model.named_modules() if _is_linear(m)})
+        raise ConfigError(
+            f"invalid config value model.lora.target_modules: {', '.join(map(repr, missing))} matches no module of "
+            f"this model (its linear layers: {', '.join(leaves[:12])}; or all-linear)"
+        )
+
+
+def _is_linear(module: torch.nn.Module) -> bool:
+    """A layer PEFT's LoRA adapts as a linear map (torch's Linear, GPT-2's Conv1D)."""
+    return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
+
+
 def apply_lora(lm: LatentLM, cfg: LoraConfig | Any) -> None:
     """Inject adapters into ``lm.model`` (in place); afterwards only the adapters (and the latent rows) are trainable.
     ``cfg``: a :class:`~dgrpo.config.LoraConfig`, or a ``peft.LoraConfig`` (a checkpoint's own)."""
@@ -95,12 +115,23 @@ def apply_lora(lm: LatentLM, cfg: LoraConfig | Any) -> None:
             "(dgrpo sft), then start from that run with --init RUN --set model.lora.r=..."
         )
     peft = _peft()
-    config = cfg if isinstance(cfg, peft.LoraConfig) else peft_config(lm, cfg)
+    ours = not isinstance(cfg, peft.LoraConfig)
+    if ours:
+        check_targets(lm, list(cfg.target_modules))
+    config = peft_config(lm, cfg) if ours else cfg
     config.base_model_name_or_path = None  # PEFT takes the model's own name; we set ours after
     with warnings.catch_warnings():  # GPT-2's Conv1D: PEFT sets fan_in_fan_out itself and says so
         warnings.filterwarnings("ignore", message=".*fan_in_fan_out.*")
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # PEFT reads a renamed property
-        wrapper = peft.get_peft_model(lm.model, config)
+        try:
+            wrapper = peft.get_peft_model(lm.model, config)
+        except (ValueError, TypeError) as e:  # a module PEFT cannot adapt (e.g. a tied head): one line
+            if not ours:
+                raise
+            raise ConfigError(
+                f"invalid config value model.lora.target_modules: PEFT cannot adapt {list(cfg.target_modules)} "
+                f"({one_line(e)[:300]})"
+            ) from None
     wrapper.peft_config[POLICY].base_model_name_or_path = lm.name_or_path  # a hub id, or an absolute directory
     object.__setattr__(lm, "peft", wrapper)  # not a registered sub-module: lm.model holds the same parameters
 
