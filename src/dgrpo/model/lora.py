@@ -118,7 +118,7 @@ def apply_lora(lm: LatentLM, cfg: LoraConfig | Any) -> None:
     ours = not isinstance(cfg, peft.LoraConfig)
     if ours:
         check_targets(lm, list(cfg.target_modules))
-    config = peft_config(lm, cfg) if ours else cfg
+    config: Any = peft_config(lm, cfg) if ours else cfg
     config.base_model_name_or_path = None  # PEFT takes the model's own name; we set ours after
     with warnings.catch_warnings():  # GPT-2's Conv1D: PEFT sets fan_in_fan_out itself and says so
         warnings.filterwarnings("ignore", message=".*fan_in_fan_out.*")
