@@ -78,6 +78,26 @@ def test_tensorboard_resume_supersedes_later_steps(tmp_path):
     assert _tb_scalars(tmp_path / "tb")["loss"] == [(0, 0.0), (1, 1.0), (2, 12.0), (3, 13.0)]
 
 
+def test_tensorboard_resume_keeps_the_checkpoints_rows_at_its_first_step(tmp_path):
+    """The evaluation logged just before a checkpoint has the step of the next training row, where the resumed
+    process's purge marker goes: the kept row is written again after it, so no point is lost."""
+    pytest.importorskip("tensorboard")
+    rows = [{"step": 0, EVAL: 0.25}, {"step": 0, "loss": 0.0}, {"step": 1, "loss": 1.0}, {"step": 2, EVAL: 0.5}]
+    first = TensorBoardTracker(tmp_path / "tb", "x")
+    for r in [*rows, {"step": 2, "loss": 2.0}]:  # then killed: the checkpoint at step 2 kept rows[:4]
+        first.log(r, r["step"])
+    first.close()
+    _next_second()
+    resumed = TensorBoardTracker(tmp_path / "tb", "x")
+    resumed.resumed(rows)
+    for s in (2, 3):
+        resumed.log({"step": s, "loss": 10.0 + s}, s)
+    resumed.close()
+    got = _tb_scalars(tmp_path / "tb")
+    assert got[EVAL] == [(0, 0.25), (2, 0.5)]
+    assert got["loss"] == [(0, 0.0), (1, 1.0), (2, 12.0), (3, 13.0)]
+
+
 # -- W&B (offline) -------------------------------------------------------------------------------------------------
 
 

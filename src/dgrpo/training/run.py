@@ -29,7 +29,7 @@ from .checkpoint import (
     resume_candidates,
 )
 from .distributed import Dist
-from .tracking import Tracker, describe_backends, open_trackers
+from .tracking import TensorBoardTracker, Tracker, describe_backends, open_trackers
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
@@ -123,6 +123,11 @@ class MetricsLog:
         if not self.enabled:
             return
         reset_metrics(self.path, keep_lines)
+        if keep_lines:
+            kept = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+            for t in trackers:
+                if isinstance(t, TensorBoardTracker):
+                    t.resumed(kept)
         self._file = open(self.path, "a")
         self.trackers = trackers
 

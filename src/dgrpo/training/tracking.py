@@ -104,19 +104,30 @@ class TensorBoardTracker:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._writer: Any = writer_mod.EventFileWriter(str(self.log_dir))
         self._started = False
+        self._kept: list[dict[str, Any]] = []
         self.where = str(self.log_dir)
+
+    def resumed(self, kept_rows: list[dict[str, Any]]) -> None:
+        """A resumed run keeps these rows (its checkpoint's): those at the step where this process starts logging
+        are written again after the purge marker, which drops every older point at that step (an evaluation
+        logged just before the checkpoint shares its step with the next training row)."""
+        self._kept = list(kept_rows)
 
     def log(self, row: dict[str, Any], step: int) -> None:
         """Write the row's finite numbers as scalars at ``step``; the first row also purges older points."""
         if self._writer is None:
             raise RuntimeError("TensorBoardTracker.log after close()")
-        ev, sm = self._event_pb2, self._summary_pb2
-        now = time.time()
         if not self._started:
             # a resumed run: points a previous process wrote at this step or later are superseded
-            start = ev.Event(wall_time=now, step=step, session_log=ev.SessionLog(status=ev.SessionLog.START))
-            self._writer.add_event(start)
+            ev = self._event_pb2
+            status = ev.SessionLog(status=ev.SessionLog.START)
+            self._writer.add_event(ev.Event(wall_time=time.time(), step=step, session_log=status))
             self._started = True
+            for kept in self._kept:
+                if kept.get("step", -1) >= step:
+                    self.log(kept, kept["step"])
+        ev, sm = self._event_pb2, self._summary_pb2
+        now = time.time()
         values = []
         for k, v in row.items():
             x = _number(v)
