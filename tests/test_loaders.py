@@ -268,9 +268,16 @@ def test_error_invalid_utf8(tmp_path: Path) -> None:
         load_dataset(str(path))
 
 
+def test_question_answer_rows_take_a_json_number_as_the_answer(tmp_path: Path) -> None:
+    path = _write(tmp_path / "n.jsonl", '{"question": "2 + 2?", "answer": 4}\n{"question": "1 / 2?", "answer": 0.5}\n')
+    assert [r.answer for r in load_dataset(str(path))] == ["4", "0.5"]
+    with pytest.raises(DataError, match="must be a string, got bool"):
+        load_dataset(str(_write(tmp_path / "b.jsonl", '{"question": "2 + 2?", "answer": true}\n')))
+
+
 def test_error_unrecognised_keys(tmp_path: Path) -> None:
     path = _write(tmp_path / "odd.jsonl", '{"foo": 1}\n')
-    with pytest.raises(DataError, match=r"odd\.jsonl line 1: unrecognised record keys \(foo\)"):
+    with pytest.raises(DataError, match=r"odd\.jsonl line 1: unrecognised record keys \(foo\).*data\.question_key"):
         load_dataset(str(path))
     # a key with a line break (the fuzz test below found one) is shown escaped: the message stays one line
     path = _write(tmp_path / "odd.jsonl", '{"in\\nput": 1, "tar\\tget": 2}\n')

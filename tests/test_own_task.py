@@ -287,6 +287,18 @@ def test_eval_rebuilds_the_checkpoints_own_task_and_overrides_win(sft_checkpoint
     assert json.loads((tmp_path / "b" / "results.json").read_text())["n"] == 8  # --split now honours task.*
 
 
+def test_eval_reads_data_with_the_column_mapping_its_checkpoint_was_trained_with(tmp_path):
+    from dgrpo.cli.evaluate import checkpoint_settings
+
+    (tmp_path / "config.json").write_text("{}")  # (only its files are looked at)
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / "run_config.json").write_text(
+        json.dumps({"task": {}, "data": {"question_key": "q", "answer_key": "sol", "steps_key": ""}, "eval": {}})
+    )
+    got = checkpoint_settings(str(tmp_path))["data"]
+    assert (got["question_key"], got["answer_key"], got["steps_key"]) == ("q", "sol", "")
+
+
 @pytest.mark.slow
 def test_hub_ids_load_from_the_cache_wherever_a_model_goes(sft_checkpoint, tmp_path):
     """A hub id (here served from a local Hugging Face cache, offline) works for --model, --init and

@@ -128,6 +128,11 @@ def bad_inputs(tmp: Path, ckpt: Path, damaged: dict) -> dict[str, tuple[list, st
         "eval-n-latent-huge": ([*ev, "--set", "eval.n_latent=100000", *out], "eval.n_latent"),
         "grpo-n-latent-huge": ([*grpo, "--set", "grpo.n_latent=100000", *out], "grpo.n_latent"),
         "eval-no-records": ([*ev, "--plain", "--shots", "16", *out], "nothing to evaluate"),
+        "shots-without-plain": ([*ev, "--shots", "2", *out], "--shots"),
+        "split-of-a-file": (
+            ["eval", "--model", ckpt, "--data", tmp / "latin1.yaml", "--split", "train", *out],
+            "--split",
+        ),
         "hub-id-unreachable": (
             ["eval", "--model", "some-org/no-such-model", "--data", "builtin:test", *out],
             "some-org/no-such-model",

@@ -19,7 +19,11 @@ EXAMPLES = """  dgrpo eval --model runs/grpo --data builtin:test --out runs/eval
   dgrpo eval --model Qwen/Qwen2.5-1.5B --data gsm8k --plain --shots 1 --out runs/base   # a plain LM, 1-shot CoT prompt
 """
 #: what eval takes from the checkpoint's run_config.json (the definition of the task and of a prompt)
-CHECKPOINT_SECTIONS = {"task": None, "data": ("max_question_tokens", "max_target_tokens"), "eval": ("scorer",)}
+CHECKPOINT_SECTIONS = {
+    "task": None,
+    "data": ("max_question_tokens", "max_target_tokens", "question_key", "answer_key", "steps_key"),
+    "eval": ("scorer",),
+}
 
 
 def register(sub: Any) -> None:
@@ -69,7 +73,7 @@ def explain(start: dict, cfg: Any) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import Config, load_config
+    from ..config import Config, ConfigError, load_config
     from ..data import load_spec
     from ..data.records import DataError
     from ..eval.evaluate import evaluate, write_results
@@ -88,15 +92,20 @@ def run(args: argparse.Namespace) -> int:
     start = checkpoint_settings(args.model)
     cfg = load_config(Config, list(args.config), [*args.overrides, *extra], start=start)
     check_output_path(Path(args.out))
-    device = setup(cfg)
-    recs = load_spec(args.data, cfg.task, split=args.split, data=cfg.data)
-    e = cfg.eval
-    n = len(recs) - (e.shots if e.plain else 0)
-    if n <= 0 or (e.limit and min(n, e.limit) <= 0):
-        raise DataError(f"{args.data}: nothing to evaluate ({len(recs)} records, {e.shots} of them used as shots)")
     note = explain(start, cfg)
     if note:
         print(note)
+    e = cfg.eval
+    if args.shots is not None and not e.plain:
+        raise ConfigError("--shots: a k-shot prompt is for a plain LM (--plain); a latent model is prompted as trained")
+    if args.split and Path(args.data).is_file():
+        raise ConfigError(f"--split {args.split}: {args.data} is a file, which has no splits (give the split's file)")
+    device = setup(cfg)
+    scorer = build_scorer(e.scorer)
+    recs = load_spec(args.data, cfg.task, split=args.split, data=cfg.data)
+    n = len(recs) - (e.shots if e.plain else 0)
+    if n <= 0 or (e.limit and min(n, e.limit) <= 0):
+        raise DataError(f"{args.data}: nothing to evaluate ({len(recs)} records, {e.shots} of them used as shots)")
     lm = load_model(cfg.model, cfg.task, init=args.model, device=device, training=False)
     prompt_settings(lm, cfg)
     name = args.data if not args.split else f"{args.data}:{args.split}"
@@ -114,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         shots=e.shots,
         limit=e.limit,
         max_question_tokens=cfg.data.max_question_tokens,
-        scorer=build_scorer(e.scorer),
+        scorer=scorer,
     )
     write_results(r, Path(args.out))
     print(json.dumps(r.summary()))

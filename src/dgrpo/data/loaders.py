@@ -186,6 +186,9 @@ def _row_question_answer(row: dict[str, Any]) -> Record:
     if isinstance(row.get("answer"), str) and "####" in row["answer"]:
         return _row_gsm8k(row)
     question = _text_field(row, "question")
+    raw = row.get("answer")
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):  # a JSON number: as a CSV column's would be
+        return Record(question, [], _format_number(raw, "field 'answer'"), {})
     answer = _text_field(row, "answer")
     canon = normalize_number(answer)
     return Record(question, [], canon if canon is not None else answer, {})
@@ -222,7 +225,10 @@ def _detect_row_parser(row: Any) -> RowParser:
         if keys <= row.keys():
             return parser
     shown = ", ".join(sorted(repr(str(key))[1:-1] for key in row)[:8])  # (escaped: a message is one line)
-    raise _RowError(f"unrecognised record keys ({shown}); expected one of: {_KNOWN_ROW_FORMATS}")
+    raise _RowError(
+        f"unrecognised record keys ({shown}); expected one of: {_KNOWN_ROW_FORMATS}; or name your columns with "
+        "data.question_key and data.answer_key"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
