@@ -234,6 +234,10 @@ def test_rewards_need_distinct_names():
     for rewards in ("[{fn: numeric, name: a}, {fn: exact, name: a}]", "[{fn: numeric}, {fn: numeric, weight: 2}]"):
         with pytest.raises(ConfigError, match=r"grpo.rewards: item 1 is named '(a|numeric)' like item 0"):
             load_config(Config, None, [f"grpo.rewards={rewards}"])
+    with pytest.raises(
+        ConfigError, match=r"grpo.rewards: item 0: unknown key\(s\) wieght \(expected fn, weight, name\)"
+    ):
+        load_config(Config, None, ["grpo.rewards=[{fn: numeric, wieght: 2}]"])
     ok = load_config(Config, None, ["grpo.rewards=[{fn: numeric}, {fn: numeric, name: twice, weight: 2}]"])
     assert len(ok.grpo.rewards) == 2
 

@@ -431,3 +431,6 @@ def test_reward_values_may_be_numpy_torch_or_bool_but_not_anything():
             call_checked(lambda c, r, v=bad: v, "mine", ["a", "b", "c"], recs)
     with pytest.raises(RewardError, match=r"returned (np\.float64\(nan\)|nan) for row 1"):
         call_checked(lambda c, r: np.array([0.0, np.nan, 1.0]), "mine", ["a", "b", "c"], recs)
+    for bad, shown in ((None, "None"), (1.0, "1.0")):  # not a value per completion (it did not raise)
+        with pytest.raises(RewardError, match=rf"reward mine returned {shown}, not one value per completion"):
+            call_checked(lambda c, r, v=bad: v, "mine", ["a", "b", "c"], recs)

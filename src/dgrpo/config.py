@@ -722,8 +722,15 @@ class GRPOConfig:
         )
         named: dict[str, int] = {}
         for j, item in enumerate(self.rewards):
-            ok = isinstance(item, dict) and isinstance(item.get("fn"), str) and set(item) <= {"fn", "weight", "name"}
-            _check(ok, f"{p}.rewards", f"item {j} must be a mapping {{fn: ..., weight: ..., name: ...}}, got {item!r}")
+            shape = "a mapping {fn: ..., weight: ..., name: ...}"
+            _check(isinstance(item, dict), f"{p}.rewards", f"item {j} must be {shape}, got {item!r}")
+            unknown = sorted(map(str, set(item) - {"fn", "weight", "name"}))
+            _check(
+                not unknown,
+                f"{p}.rewards",
+                f"item {j}: unknown key(s) {', '.join(unknown)} (expected fn, weight, name)",
+            )
+            _check(isinstance(item.get("fn"), str), f"{p}.rewards", f"item {j} needs fn: module:function, got {item!r}")
             w = item.get("weight", 1.0)
             _check(
                 isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w),

@@ -110,11 +110,16 @@ def load_function(spec: str, what: str = "reward") -> ScoreFn:
 def call_checked(fn: ScoreFn, name: str, completions: list[str], records: list[Record]) -> list[float]:
     """``fn(completions, records)``, checked: it must return one finite number per completion."""
     try:
-        values = list(fn(completions, records))
+        returned = fn(completions, records)
     except Exception as e:  # noqa: BLE001 - the user's function failed: one line naming it
         raise RewardError(
             f"reward {name} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         ) from None
+    try:
+        values = list(returned)
+    except TypeError:  # None, one float, ...: not one value per completion
+        shown = repr(returned)[:60]
+        raise RewardError(f"reward {name} returned {shown}, not one value per completion (a list of numbers)") from None
     if len(values) != len(completions):
         raise RewardError(f"reward {name} returned {len(values)} values for {len(completions)} completions")
     out = []
