@@ -379,15 +379,18 @@ def test_a_forked_checkpoint_is_held_to_its_own_config_and_a_damaged_one_is_not_
     """``--resume PATH`` into a new directory: the config is compared with the one that checkpoint was trained
     with (a change needs --allow-config-change, and config.0.json is then that checkpoint's); a named checkpoint
     that does not load is an error naming it, with no fallback to another."""
-    args = ["grpo", "--init", sft_checkpoint, *tiny_args(**{"grpo.steps": 2, "grpo.save_every": 1})]
+    args = ["grpo", "--init", sft_checkpoint, *tiny_args(**{"grpo.steps": 4, "grpo.save_every": 1})]
     assert run_cli(*args, "--out", tmp_path / "a").returncode == 0
-    ckpt = tmp_path / "a" / "checkpoints" / "step-00000001"
+    ckpt = tmp_path / "a" / "checkpoints" / "step-00000003"  # after the evaluation at step 2 (its best)
     r = run_cli(*args, "--set", "grpo.lr=5e-2", "--out", tmp_path / "b", "--resume", ckpt)
     assert r.returncode == 2 and f"--resume {ckpt} is from a run started with a different config (grpo.lr)" in r.stderr
     r = run_cli(*args, "--set", "grpo.lr=5e-2", "--out", tmp_path / "b", "--resume", ckpt, "--allow-config-change")
     assert r.returncode == 0, r.stderr[-2000:]
     first = json.loads((tmp_path / "b" / "config.0.json").read_text())
     assert first["started_at_step"] == 0 and first["config"]["grpo"]["lr"] == 1e-4
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["best_step"] is not None
+    best = json.loads((tmp_path / "b" / "summary.json").read_text())["best_step"]  # (its own, or none)
+    assert "checkpoint's best (step 2) is not in" in r.stdout and (best is None or (tmp_path / "b" / "best").is_dir())
     (ckpt / "rng.pt").write_bytes(b"damaged")
     r = run_cli(*args, "--out", tmp_path / "c", "--resume", ckpt)
     assert r.returncode == 2 and r.stderr.startswith(f"dgrpo: error: --resume {ckpt}: ")

@@ -579,6 +579,9 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
     if saved is not None:
         trainer.load_state(saved["trainer"])
         loop = LoopState(**saved["loop"])
+        if loop.best_step is not None and not (run.out_dir / "best").is_dir():  # a fork: its best/ is elsewhere
+            run.log(f"dgrpo: the checkpoint's best (step {loop.best_step}) is not in {run.out_dir}: best/ starts anew")
+            loop.best_step, loop.best_accuracy = None, -1.0
     loop.started = time.time()
     run.start(saved)
     return loop
