@@ -64,6 +64,23 @@ def test_a_reward_written_in_a_test_file_drives_grpo_from_the_command_line(
         assert row["reward_mean"] == pytest.approx(sum(values) / len(values))
 
 
+def test_a_runs_reward_and_scorer_files_are_recorded_by_absolute_path(reward_file, tmp_path, monkeypatch):
+    """``path/file.py:function`` given relative to where training runs is kept absolute in the run's config (so
+    ``dgrpo eval`` finds the checkpoint's scorer from anywhere); the parts keep their names."""
+    from dgrpo.cli.train import record_init
+    from dgrpo.config import Config, load_config
+
+    monkeypatch.chdir(tmp_path)
+    sets = ["eval.scorer=my_reward.py:reward", "grpo.rewards=[{fn: my_reward.py:reward}, {fn: numeric}]"]
+    cfg = record_init(load_config(Config, None, [*sets, "grpo.filter_reward=numeric"]), None)
+    assert cfg.eval.scorer == f"{reward_file.resolve()}:reward"
+    assert cfg.grpo.rewards == [
+        {"fn": f"{reward_file.resolve()}:reward", "name": "my_reward.py:reward"},
+        {"fn": "numeric", "name": "numeric"},
+    ]
+    assert record_init(load_config(Config, None, ["eval.scorer=nope.py:f"]), None).eval.scorer == "nope.py:f"
+
+
 @pytest.mark.parametrize(
     "name,needle",
     [

@@ -68,10 +68,26 @@ def add_resume_options(p: argparse.ArgumentParser) -> None:
 
 def record_init(cfg: Config, init: str | None) -> Config:
     """``--init`` kept as the run's ``model.name_or_path`` (a local path made absolute): the run's config then names
-    the weights it started from, and resuming it from other weights is refused as any changed config is."""
+    the weights it started from, and resuming it from other weights is refused as any changed config is. Reward
+    and scorer files (``path/file.py:function``) are made absolute too, so the checkpoint's scorer is found by
+    ``dgrpo eval`` wherever it runs."""
+    from ..config import reward_name
+
     if init:
         cfg.model.name_or_path = str(Path(init).resolve()) if Path(init).exists() else init
+    cfg.eval.scorer, cfg.grpo.reward = absolute_file(cfg.eval.scorer), absolute_file(cfg.grpo.reward)
+    cfg.grpo.rewards = [  # (named as before: metrics and grpo.filter_reward know a part by its name)
+        {**item, "name": reward_name(item), "fn": absolute_file(item["fn"])} for item in cfg.grpo.rewards
+    ]
     return cfg
+
+
+def absolute_file(spec: str) -> str:
+    """``path/file.py:function`` with an existing file's path made absolute; anything else as it is."""
+    target, sep, name = spec.rpartition(":")
+    if sep and (target.endswith(".py") or "/" in target) and Path(target).expanduser().is_file():
+        return f"{Path(target).expanduser().resolve()}:{name}"
+    return spec
 
 
 def warn_if_scorer_differs(init_config: dict | None, scorer: str) -> None:
