@@ -408,6 +408,10 @@ def test_a_forked_checkpoint_is_held_to_its_own_config_and_a_damaged_one_is_not_
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["best_step"] is not None
     best = json.loads((tmp_path / "b" / "summary.json").read_text())["best_step"]  # (its own, or none)
     assert "checkpoint's best (step 2) is not in" in r.stdout and (best is None or (tmp_path / "b" / "best").is_dir())
+    r = run_cli(*args, "--out", tmp_path / "c", "--resume", tmp_path / "a")
+    assert (
+        r.returncode == 2 and f"--resume {tmp_path / 'a'} is a run directory: name one of its checkpoints" in r.stderr
+    )
     (ckpt / "rng.pt").write_bytes(b"damaged")
     r = run_cli(*args, "--out", tmp_path / "c", "--resume", ckpt)
     assert r.returncode == 2 and r.stderr.startswith(f"dgrpo: error: --resume {ckpt}: ")

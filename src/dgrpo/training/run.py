@@ -238,6 +238,12 @@ class RunDir:
         path = Path(self.resume_mode)
         if not path.is_dir():
             raise ConfigError(f"--resume {path}: no such checkpoint directory")
+        if not (path / "state.json").exists() and (path / CKPT_DIR).is_dir():
+            newest = resume_candidates(path)
+            raise ConfigError(
+                f"--resume {path} is a run directory: name one of its checkpoints"
+                + (f" (the newest: {newest[0]})" if newest else f" (it has none in {path / CKPT_DIR})")
+            )
         return [path]
 
     @property
