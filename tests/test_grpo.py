@@ -281,3 +281,29 @@ def test_an_unpaged_8bit_optimizer_steps_without_its_per_parameter_syncs(monkeyp
     with without_per_parameter_syncs(adamw):
         module.sync_gpu("q")
     assert calls[-1] == "q"
+
+
+def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_checkpoint, tmp_path):
+    """A Config changed on the object (skipping load_config's checks), ``valid`` of the other trainer's form, an
+    empty training list, swapped arguments: each is an error at once, and ``out`` is not created."""
+    from dgrpo.config import ConfigError
+    from dgrpo.training.grpo import train_grpo
+    from dgrpo.training.sft import train_sft
+
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    cfg = tiny_config()
+    train = generate_split(cfg.task, "train")[:8]
+    bad = copy.deepcopy(cfg)
+    bad.grpo.eps_low = -5.0
+    out = tmp_path / "never"
+    with pytest.raises(ConfigError, match="grpo.eps_low"):
+        train_grpo(lm, bad, train, out)
+    with pytest.raises(TypeError, match="train_grpo: valid must be a dict of records, got list"):
+        train_grpo(lm, cfg, train, out, valid=train)
+    with pytest.raises(TypeError, match="train_sft: valid must be a list of records, got dict"):
+        train_sft(lm, train, cfg, out, valid={"v": train})
+    with pytest.raises(ValueError, match="train must be a non-empty list of dgrpo Records, got a list of 0"):
+        train_grpo(lm, cfg, [], out)
+    with pytest.raises(TypeError, match="cfg must be a dgrpo.config.Config, got list"):
+        train_grpo(lm, train, cfg, out)  # type: ignore[arg-type]
+    assert not out.exists()

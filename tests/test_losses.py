@@ -6,11 +6,14 @@ import pytest
 import torch
 
 from dgrpo.training.losses import (
+    GlobalCounts,
+    ObjectiveSettings,
     aggregate,
     clipped_surrogate,
     ema_update,
     group_advantages,
     group_filter,
+    grpo_objective,
     huber_k3,
     k3,
     kl_log_ratio,
@@ -165,3 +168,23 @@ def test_the_objective_and_its_stats_need_no_host_synchronisation():
     assert one["ratio_max"] == pytest.approx(float(ratio.max()))
     assert one["ratio_min"] == pytest.approx(float(ratio.min()))
     assert both["ratio_min"] == pytest.approx(min(1.0, float(ratio.min())))  # the running extremes start at 1
+
+
+def test_the_objective_refuses_shapes_that_would_broadcast_into_a_wrong_loss():
+    """Advantages per token or as a column, log-probs of one row, a mask of one column: each would broadcast and
+    give another loss than the rollouts' (hand value here: -0.5 for advantages [2, -1] at ratio 1)."""
+    z, ones, counts = torch.zeros(2, 3), torch.ones(2, 3), GlobalCounts(2.0, 6.0, 3)
+    loss, _ = grpo_objective(z, z, torch.tensor([2.0, -1.0]), ones, counts, ObjectiveSettings())
+    assert loss.item() == pytest.approx(-0.5)
+    bad = {
+        "adv": dict(adv=torch.tensor([[2.0] * 3, [-1.0] * 3])),
+        "adv ": dict(adv=torch.tensor([[2.0], [-1.0]])),
+        "adv  ": dict(adv=torch.tensor([2.0])),
+        "old_logp": dict(old_logp=torch.zeros(1, 3)),
+        "mask": dict(mask=torch.ones(2, 1)),
+        "ref_logp": dict(ref_logp=torch.zeros(1, 3)),
+    }
+    for name, over in bad.items():
+        args = {"logp": z, "old_logp": z, "adv": torch.tensor([2.0, -1.0]), "mask": ones, "ref_logp": z, **over}
+        with pytest.raises(ValueError, match=f"grpo_objective: {name.strip()}"):
+            grpo_objective(**args, counts=counts, settings=ObjectiveSettings(), beta=0.1)

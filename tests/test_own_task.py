@@ -458,3 +458,25 @@ def test_reward_values_may_be_numpy_torch_or_bool_but_not_anything():
     for bad, shown in ((None, "None"), (1.0, "1.0")):  # not a value per completion (it did not raise)
         with pytest.raises(RewardError, match=rf"reward mine returned {shown}, not one value per completion"):
             call_checked(lambda c, r, v=bad: v, "mine", ["a", "b", "c"], recs)
+
+
+def test_evaluate_checks_a_scorer_as_training_checks_a_reward(sft_checkpoint):
+    """A scorer returning too few values or a NaN is one line naming it (evaluate counted the rest silently); the
+    MC-vote evaluation gives the model back in the mode it had."""
+    from dgrpo.eval.evaluate import evaluate, evaluate_mc_vote
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.perturbation import LockedDropout
+
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    recs = load_spec("builtin:test?n_test=4")
+
+    def short(completions, records):
+        return [1.0] * (len(completions) - 2)
+
+    with pytest.raises(RewardError, match="reward short returned 2 values for 4 completions"):
+        evaluate(lm, recs, scorer=short, max_new_tokens=4, progress=False)
+    with pytest.raises(RewardError, match="returned nan for row 0"):
+        evaluate(lm, recs, scorer=lambda c, r: [float("nan")] * len(c), max_new_tokens=4, progress=False)
+    lm.train()
+    evaluate_mc_vote(lm, recs, LockedDropout(p=0.1), n_masks=2, max_new_tokens=4, progress=False)
+    assert lm.training

@@ -144,6 +144,21 @@ def test_none_is_deterministic_and_locked_is_not(tokenizer, task_records):
     assert not torch.allclose(lps, lps[:1].expand_as(lps), atol=1e-3)
 
 
+@pytest.mark.parametrize("pert", [LockedDropout(p=0.3), GaussianNoise(sigma=0.1)], ids=["locked", "gaussian"])
+def test_a_perturbation_bound_for_other_rows_than_the_batch_is_refused(tokenizer, task_records, pert):
+    """One seed for four rows would give every row that seed's masks (broadcast), two or six a shape error deep in
+    a layer: the batch is checked against the rows the perturbation was bound for."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:4]])
+    for n in (1, 2, 6):
+        with pert.bind(lm, seeds_for(0, 0, 0, n)) as pb, pytest.raises(ValueError, match=f"bound for {n} rows"):
+            lm.generate(ids, mask, T, max_new_tokens=2, perturbation=pb)
+    with pert.bind(lm, seeds_for(0, 0, 0, 4)) as pb:
+        assert lm.generate(ids, mask, T, max_new_tokens=2, perturbation=pb).tokens.shape[0] == 4
+    with pytest.raises(TypeError, match="takes a list of questions; got one string"):
+        lm.encode_questions(task_records[0].question)
+
+
 def test_perturb_prompt_false_leaves_prompt_pass_untouched(tokenizer, task_records):
     lm = make_lm(tokenizer, "qwen2").eval()
     ids, mask = lm.encode_questions([r.question for r in task_records[:2]])

@@ -15,7 +15,7 @@ from ..model.latent_lm import LatentLM
 from ..perturbation import seeds_for
 from ..perturbation.base import row_sampling_uniforms, text_seed, to_device
 from ..reward import extract_answer, is_parseable, score
-from .scoring import ScoreFn, final_answer_text, numeric
+from .scoring import ScoreFn, call_checked, final_answer_text, numeric
 
 
 @dataclass
@@ -195,8 +195,9 @@ def _prompts(
 def _graded(records: list[Record], texts: list[str], scorer: ScoreFn | None) -> tuple[list[dict], int, int]:
     """(one prediction row per record, how many are correct, how many have no parseable number): ``scorer``'s
     value > 0.5 is correct (default: the numeric verifier, the only one whose unparseable outputs are counted)."""
-    scores = (scorer or numeric)(texts, records)
     is_numeric = scorer is None or scorer is numeric
+    fn = scorer or numeric  # checked: one finite number per completion, or one line naming the scorer
+    scores = call_checked(fn, getattr(fn, "__name__", "scorer"), texts, records)
     preds, correct, unparseable = [], 0, 0
     for r, text, value in zip(records, texts, scores):
         ok = value > 0.5
@@ -268,6 +269,7 @@ def evaluate_mc_vote(
     seeds = seeds_for(seed, 0, 0, len(questions), stream="mc-vote")
     order = list(range(len(questions)))
     texts: list[str] = [""] * len(questions)
+    was_training = lm.training
     lm.eval()
     for b0 in tqdm(
         range(0, len(order), batch_size), desc="mc-vote", disable=not progress, leave=False, dynamic_ncols=True
@@ -278,6 +280,7 @@ def evaluate_mc_vote(
             g = lm.generate(ids, mask, lm.settings.n_latent, max_new_tokens=max_new_tokens, perturbation=pb)
         for i, t in zip(idx, lm.decode(g.tokens, g.mask)):
             texts[i] = t
+    lm.train(was_training)
     preds, correct = [], 0
     for j, r in enumerate(records):
         answers = [extract_answer(t) for t in texts[j * n_masks : (j + 1) * n_masks]]

@@ -541,6 +541,8 @@ class LatentLM(nn.Module):
         """Left-padded ``question \\n [<|start-latent|>]`` ids and mask, [B, P] (the question in the chat template
         when ``settings.chat_template``). Each distinct question is tokenized once (a GRPO step's K copies of a prompt:
         512 rows, 16 questions)."""
+        if isinstance(questions, str):
+            raise TypeError("encode_questions takes a list of questions; got one string (wrap it: [question])")
         encoded: dict[str, list[int]] = {}
         for q in dict.fromkeys(questions):
             ids = self.tokenizer(self.format_question(q), add_special_tokens=False)["input_ids"]
@@ -613,6 +615,9 @@ class LatentLM(nn.Module):
         With ``recompute`` and grad on, checkpointed regions (dgrpo.model.recompute): the call, or each layer but
         the last ``recompute_kept_layers`` (a latent step's call only with ``recompute_latent_steps``).
         Under teacher-forced scoring over a growing cache, the compiled layer step when there is one."""
+        rows = getattr(perturbation, "rows", None)
+        if rows is not None and rows != x.shape[0]:  # (one seed's masks would otherwise broadcast over every row)
+            raise ValueError(f"the perturbation is bound for {rows} rows (one seed each); this batch has {x.shape[0]}")
         compiled = self.compiled_layers if self._scoring and isinstance(cache, DynamicCache) else None
 
         def run(c: DynamicCache | StaticCache, x: Tensor, mask: Tensor, pos: Tensor) -> Tensor:

@@ -39,6 +39,11 @@ class BoundPerturbation:
     def active(self) -> bool:
         return self.perturb_prompt or self.phase != "prompt"
 
+    @property
+    def rows(self) -> int | None:
+        """The batch rows this perturbation holds tensors for (one per seed; None: it fits any batch)."""
+        return None
+
     def _install(self) -> None:
         return None
 

@@ -33,6 +33,12 @@ class _BoundGaussian(HookedPerturbation):
         super().__init__(targets, perturb_prompt)
         self.noises, self.weights, self.sigma = noises, weights, sigma
 
+    @property
+    def rows(self) -> int | None:
+        if isinstance(self.noises, Tensor):  # activations: [sites, B, width]
+            return self.noises.shape[1]
+        return self.noises[0].shape[0] if self.noises else None  # weights: per site [B, out, in]
+
     def graph_inputs(self) -> list[Tensor]:
         return [self.noises] if isinstance(self.noises, Tensor) else list(self.noises)
 

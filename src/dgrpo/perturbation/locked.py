@@ -140,6 +140,10 @@ class _BoundLocked(HookedPerturbation):
         self.site_masks = site_masks
 
     @property
+    def rows(self) -> int | None:
+        return self.site_masks[0].shape[0] if self.site_masks else None
+
+    @property
     def masks(self) -> Tensor:
         """[n_sites, B, H]: every site's masks."""
         return torch.stack([m[:, 0] for m in self.site_masks])

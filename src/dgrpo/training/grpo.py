@@ -56,7 +56,15 @@ from .losses import (
 from .memory import oom_advice
 from .ref_policy import make_reference
 from .rollouts import Rollouts, collect_rollouts, replay_logprobs, resolve_engine, resolve_latent_chain
-from .run import NonFiniteError, NonFiniteGuard, RunDir, StalledError, sharded_accuracy, weights_finite
+from .run import (
+    NonFiniteError,
+    NonFiniteGuard,
+    RunDir,
+    StalledError,
+    check_run_inputs,
+    sharded_accuracy,
+    weights_finite,
+)
 from .schedules import beta_at, lr_at
 
 
@@ -530,6 +538,7 @@ def train_grpo(
     is given: apply any limit beforehand). Under torchrun every rank calls this; eval is sharded and only
     rank 0 writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see
     :class:`~dgrpo.training.run.RunDir`). ``reward_fn``: see :class:`GRPOTrainer`."""
+    check_run_inputs(cfg, train, "train_grpo", valid, dict)
     dist = dist or Dist.single()
     g = cfg.grpo
     trainer = GRPOTrainer(lm, cfg, train, dist=dist, reward_fn=reward_fn)

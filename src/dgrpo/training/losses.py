@@ -226,6 +226,18 @@ def _extreme(larger: bool, a: float | Tensor, b: float | Tensor) -> float | Tens
     return max(a, b) if larger else min(a, b)
 
 
+def check_shapes(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, ref_logp: Tensor | None) -> None:
+    """``logp`` [N, L], ``old_logp``, ``mask`` and ``ref_logp`` of its shape, ``adv`` [N]: one advantage per rollout."""
+    if logp.dim() != 2:
+        raise ValueError(f"grpo_objective: logp must be [N, L] (rollouts x answer tokens), got {tuple(logp.shape)}")
+    named = {"old_logp": old_logp, "mask": mask, **({"ref_logp": ref_logp} if ref_logp is not None else {})}
+    for name, t in named.items():
+        if t.shape != logp.shape:
+            raise ValueError(f"grpo_objective: {name} has shape {tuple(t.shape)}, logp {tuple(logp.shape)}")
+    if adv.shape != logp.shape[:1]:
+        raise ValueError(f"grpo_objective: adv must be [N] = {tuple(logp.shape[:1])}, got {tuple(adv.shape)}")
+
+
 def grpo_objective(
     logp: Tensor,
     old_logp: Tensor,
@@ -242,7 +254,8 @@ def grpo_objective(
 
     ``logp`` [N, L] carries the gradient; ``old_logp`` the log-probs at theta_old (the ratio's denominator);
     ``adv`` [N] per rollout; ``ref_logp`` the reference model's log-probs under the same perturbation
-    (no KL term when None or ``beta == 0``)."""
+    (no KL term when None or ``beta == 0``). Shapes are checked (broadcasting would give a wrong loss)."""
+    check_shapes(logp, old_logp, adv, mask, ref_logp)
     s = settings
     m = mask.to(logp.dtype)
     agg = AGGREGATIONS[s.aggregation]

@@ -109,6 +109,20 @@ class RunLock:
             self._fd = None
 
 
+def check_run_inputs(cfg: Config, train: list[Record], what: str, valid: object, valid_type: type) -> None:
+    """What a Python caller hands a trainer, checked before a run directory is touched: a :class:`Config` valid as
+    a whole (a value set on the object skips ``load_config``'s checks), a non-empty list of Records, and ``valid``
+    None or of ``valid_type`` (SFT: a list of records; GRPO: a dict of them by name)."""
+    if valid is not None and not isinstance(valid, valid_type):
+        raise TypeError(f"{what}: valid must be a {valid_type.__name__} of records, got {type(valid).__name__}")
+    if not isinstance(cfg, Config):
+        raise TypeError(f"{what}: cfg must be a dgrpo.config.Config, got {type(cfg).__name__}")
+    cfg.validate()
+    if not isinstance(train, list) or not train or not all(isinstance(r, Record) for r in train):
+        got = f"a list of {len(train)}" if isinstance(train, list) else type(train).__name__
+        raise ValueError(f"{what}: train must be a non-empty list of dgrpo Records, got {got}")
+
+
 class MetricsLog:
     """``metrics.jsonl`` (one JSON row per write, flushed) and the run's other trackers (TensorBoard, W&B), written
     by rank 0 only: every method is a no-op on other ranks."""

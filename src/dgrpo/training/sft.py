@@ -30,7 +30,7 @@ from ..model.sources import on_for_device
 from .checkpoint import read_checkpoint, save_checkpoint
 from .distributed import Dist
 from .memory import oom_advice
-from .run import NonFiniteError, NonFiniteGuard, RunDir, sharded_accuracy, weights_finite
+from .run import NonFiniteError, NonFiniteGuard, RunDir, check_run_inputs, sharded_accuracy, weights_finite
 from .schedules import lr_at
 
 
@@ -321,6 +321,7 @@ def train_sft(
     ``valid`` at the end of each stage. ``dist`` shards batches and the eval across processes; every rank
     calls this, only rank 0 writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path
     (see :class:`~dgrpo.training.run.RunDir`); ``progress``: show the progress bar."""
+    check_run_inputs(cfg, train, "train_sft", valid, list)
     dist = dist or Dist.single()
     s = cfg.sft
     if s.batch_size < dist.world_size:
