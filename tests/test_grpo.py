@@ -134,6 +134,19 @@ def test_mini_epochs_replay_matches_theta_old(sft_checkpoint, monkeypatch):
         assert torch.equal(logp1, logp0)  # at the same weights, the second gradient pass replays bit-for-bit
 
 
+def test_with_several_mini_epochs_the_logged_clipping_is_the_later_ones(sft_checkpoint):
+    """Mini-epoch 1 runs at theta_old (ratios 1, nothing clipped); the step's clip fractions and ratio extremes
+    come from the later ones, where the weights have moved (they were always 1 and 0 before)."""
+    over = {"perturbation.p": "0.3", "grpo.filter": "false", "grpo.prompts_per_step": "4", "grpo.lr": "0.05"}
+    m = trainer(
+        sft_checkpoint, **over, **{"grpo.mini_epochs": "3", "grpo.eps_low": "0.01", "grpo.eps_high": "0.01"}
+    ).step()
+    assert m["skipped"] == 0 and m["ratio_max"] > 1.0 > m["ratio_min"]
+    assert m["clip_frac_low"] + m["clip_frac_high"] > 0
+    one = trainer(sft_checkpoint, **over).step()
+    assert one["ratio_max"] == one["ratio_min"] == 1.0  # one mini-epoch: the replay is exact
+
+
 @pytest.mark.parametrize("replay", ["seed", "fresh_mask"])
 def test_the_reference_scores_a_step_once_when_its_masks_repeat(sft_checkpoint, monkeypatch, replay):
     """pi_ref is frozen within a step: under mask replay the later mini-epochs reuse the first one's reference

@@ -308,8 +308,9 @@ class GRPOTrainer:
         # under the same seeds; its log-probs, kept per micro-batch, are the later mini-epochs' old log-probs (no
         # separate replay, and ratios exactly 1 in the first mini-epoch whatever the engine or compiled graph)
         old: dict[int, Tensor] = {}
-        # the stats and the replay check stay on the device until the step's end (no host sync per micro-batch)
-        stats, replay_diff, gn = ObjectiveStats(), torch.zeros((), device=lm.device), 0.0
+        # the stats and the replay check stay on the device until the step's end (no host sync per micro-batch);
+        # the later mini-epochs' stats apart: their clipping and ratios are the step's (see clipping_from)
+        stats, later, replay_diff, gn = ObjectiveStats(), ObjectiveStats(), torch.zeros((), device=lm.device), 0.0
         ref: Tensor | None = None
         for epoch in range(g.mini_epochs):
             # pi_ref is frozen for the step: under mask replay every mini-epoch scores the same rows under the same
@@ -333,12 +334,13 @@ class GRPOTrainer:
                     beta=beta,
                 )
                 loss.backward()
+                (stats if epoch == 0 else later).add(st)
                 if epoch == 0:
-                    stats.add(st)
                     recorded = ro.rollout_logp.index_select(0, to_device(rws, logp.device))[:, : tm.shape[1]]
                     diff = ((logp.detach() - recorded) * tm).abs()
                     replay_diff = torch.maximum(replay_diff, diff.max() if diff.numel() else replay_diff)
             gn = self._optimizer_step()
+        stats.clipping_from(later, g.mini_epochs - 1)
         values = stats.as_dict()  # one device-to-host copy for the step's stats
         return {
             "policy_loss": dist.sum_float(values["policy_loss"]),

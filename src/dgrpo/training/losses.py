@@ -204,6 +204,15 @@ class ObjectiveStats:
         self.ratio_max = _extreme(True, self.ratio_max, other.ratio_max)
         self.ratio_min = _extreme(False, self.ratio_min, other.ratio_min)
 
+    def clipping_from(self, later: ObjectiveStats, n_later: int) -> None:
+        """With several mini-epochs: the clipped fractions (their mean) and ratio extremes of the ``n_later`` ones
+        after the first, whose ratios are 1 by construction (theta = theta_old); the loss and KL stay the first's
+        (the objective at theta_old). With one mini-epoch (``n_later`` = 0) nothing changes: its ratios show that
+        replay is exact."""
+        if n_later > 0:
+            self.clip_frac_low, self.clip_frac_high = later.clip_frac_low / n_later, later.clip_frac_high / n_later
+            self.ratio_max, self.ratio_min = later.ratio_max, later.ratio_min
+
     def as_dict(self) -> dict[str, float]:
         """The values as floats (one device-to-host copy for all of them)."""
         values: list[float | Tensor] = [getattr(self, f.name) for f in fields(self)]
