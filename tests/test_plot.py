@@ -108,6 +108,9 @@ def test_arm_by_seed_suffix(tmp_path: Path, name: str, arm: str) -> None:
 def test_arm_by_seed_directories(tmp_path: Path) -> None:
     assert arm_of(load_run(write_run(tmp_path / "arm_a" / "seed3", grpo_config(), grpo_rows(0)))) == "arm_a"
     assert arm_of(load_run(write_run(tmp_path / "s1" / "arm_b", grpo_config(), grpo_rows(0)))) == "arm_b"
+    # the demo's runs: RUNS/demo/arms/<arm>/sft<K>_rl<J>, one arm over its SFT and RL seeds
+    demo = [write_run(tmp_path / "arms" / "grpo_null" / f"sft{k}_rl0", grpo_config(), grpo_rows(k)) for k in (0, 1)]
+    assert {arm_of(load_run(d)) for d in demo} == {"grpo_null"}
 
 
 @pytest.mark.parametrize(
@@ -119,6 +122,7 @@ def test_arm_by_seed_directories(tmp_path: Path) -> None:
         (grpo_config("locked"), "Dropout-GRPO"),
         (grpo_config("native"), "Dropout-GRPO"),
         (grpo_config("gaussian"), "Dropout-GRPO"),
+        ({**grpo_config("locked"), "grpo": {"shuffle_rewards": True, "group_size": 4}}, "null control"),
     ],
 )
 def test_arm_by_config(tmp_path: Path, config: dict, label: str) -> None:
@@ -214,6 +218,16 @@ def test_cli_plot(runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     line = capsys.readouterr().out.strip()
     assert out.stat().st_size > 1000 and str(out) in line and "\n" not in line
     assert "eval: 4 group(s), 5 line(s)" in line
+
+
+def test_cli_plot_labels_may_hold_an_equals_sign(runs: Path, tmp_path: Path, capsys) -> None:
+    """``--label "p = 0.2=RUN"`` (the help's example): the name ends at the ``=`` after which the runs exist."""
+    from dgrpo.cli.plot import parse_pairs
+
+    out, both = tmp_path / "sweep.png", f"{runs / 'sampling_s0'},{runs / 'sampling_s1'}"
+    assert parse_pairs([f"p = 0.2={both}"], "--label") == [("p = 0.2", both)]
+    assert main(["plot", "--label", f"p = 0.2={both}", "--out", str(out)]) == 0 and out.stat().st_size > 1000
+    assert main(["plot", "--label", f"p = 0.2={tmp_path / 'nowhere'}", "--out", str(out)]) == 2  # (no such run)
 
 
 def test_cli_plot_bad_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -46,7 +46,7 @@ ARM_COLORS = {
 OTHER_COLORS = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
 REFERENCE_STYLES = (("#000000", "--"), ("#555555", (0, (6, 3))), ("#555555", (0, (2, 2))), ("#555555", "-."))
 
-_SEED_NAME = re.compile(r"(?:seed|s)[-_=]?\d+", re.IGNORECASE)
+_SEED_NAME = re.compile(r"(?:seed|s)[-_=]?\d+|sft\d+[-_]rl\d+", re.IGNORECASE)  # (the demo's: sftK_rlJ)
 _SEED_SUFFIX = re.compile(r"(?:[-_. ]+(?:seed|s)|seed)[-_=]?\d+$", re.IGNORECASE)
 
 
@@ -148,10 +148,13 @@ def strip_seed(name: str) -> str | None:
 
 
 def config_label(run: Run) -> str:
-    """The arm a run's config describes: SFT, REINFORCE + EMA, Dropout-GRPO, token sampling or deterministic."""
+    """The arm a run's config describes: SFT, null control, REINFORCE + EMA, Dropout-GRPO, token sampling or
+    deterministic."""
     if not run.is_grpo:
         return "SFT"
     kind = _config_get(run.config, "perturbation.kind")
+    if _config_get(run.config, "grpo.shuffle_rewards"):
+        return "null control"
     if _config_get(run.config, "grpo.advantage") == "ema":
         return "REINFORCE + EMA"
     if kind in ("locked", "native", "gaussian"):
@@ -176,14 +179,15 @@ def named_arm(run: Run) -> str | None:
 def arm_of(run: Run) -> str:
     """The group a run belongs to, alone (:func:`group_runs` refines step 4 by the other runs).
 
-    1. A run directory named like a seed (``seed0``, ``s1``, ``seed-2``; case-insensitive) is grouped by its parent's
-       name (``runs/demo/arms/dropout_grpo/seed0`` -> ``dropout_grpo``).
+    1. A run directory named like a seed (``seed0``, ``s1``, ``seed-2``, the demo's ``sft0_rl1``; case-insensitive)
+       is grouped by its parent's name (``runs/demo/arms/dropout_grpo/sft0_rl0`` -> ``dropout_grpo``).
     2. A run whose parent is named like a seed (``runs/seed0/dropout``) is grouped by its own name.
     3. A name ending in a seed suffix (``seed0``, ``s0`` after a separator, ``-seed-2``, ...) is grouped by the name
        without it, so ``dropout_seed0`` and ``dropout_seed1`` form the group ``dropout``.
     4. Otherwise the config decides (:func:`config_label`): ``deterministic`` (perturbation.kind none, temperature
-       0), ``token sampling`` (kind none, temperature > 0), ``REINFORCE + EMA`` (grpo.advantage ema),
-       ``Dropout-GRPO`` (kind locked / native / gaussian), ``SFT`` (no GRPO rows).
+       0), ``token sampling`` (kind none, temperature > 0), ``null control`` (grpo.shuffle_rewards),
+       ``REINFORCE + EMA`` (grpo.advantage ema), ``Dropout-GRPO`` (kind locked / native / gaussian), ``SFT`` (no GRPO
+       rows).
 
     In steps 1-3 a remaining seed suffix is stripped too. Explicit groups (:func:`group_runs`) override all this.
     """

@@ -48,13 +48,26 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run_plot)
 
 
+def _split_pair(v: str) -> tuple[str, str, str]:
+    """``NAME=RUN[,RUN...]`` split at the first ``=`` after which every run exists (a name may hold ``=``: ``p =
+    0.2=runs/p02``; so may a path), else at the first ``=``."""
+    from pathlib import Path
+
+    cuts = [i for i, c in enumerate(v) if c == "="]
+    for i in cuts:
+        runs = [p.strip() for p in v[i + 1 :].split(",") if p.strip()]
+        if runs and all(Path(p).exists() for p in runs):
+            return v[:i], "=", v[i + 1 :]
+    return v.partition("=")
+
+
 def parse_pairs(values: list[str], option: str) -> list[tuple[str, str]]:
     """``NAME=VALUE`` strings as pairs; a :class:`DataError` naming the option for a malformed one."""
     from ..data.records import DataError
 
     pairs = []
     for v in values:
-        name, sep, value = v.partition("=")
+        name, sep, value = _split_pair(v) if option == "--label" else v.partition("=")
         if not sep or not name.strip() or not value.strip():
             raise DataError(f"{option} wants {'NAME=RUN[,RUN...]' if option == '--label' else 'NAME=VALUE'}, got {v!r}")
         pairs.append((name.strip(), value.strip()))
