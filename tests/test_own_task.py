@@ -301,7 +301,8 @@ def test_eval_rebuilds_the_checkpoints_own_task_and_overrides_win(sft_checkpoint
         tmp_path / "b",
     )
     assert r.returncode == 0 and "overridden: task.n_valid" in r.stdout
-    assert json.loads((tmp_path / "b" / "results.json").read_text())["n"] == 8  # --split now honours task.*
+    res = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert res["n"] == 8 and res["dataset"] == "builtin:valid"  # --split honours task.*, and wins over test
 
 
 def test_eval_reads_data_with_the_column_mapping_its_checkpoint_was_trained_with(tmp_path):
@@ -408,6 +409,9 @@ def test_a_forked_checkpoint_is_held_to_its_own_config_and_a_damaged_one_is_not_
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["best_step"] is not None
     best = json.loads((tmp_path / "b" / "summary.json").read_text())["best_step"]  # (its own, or none)
     assert "checkpoint's best (step 2) is not in" in r.stdout and (best is None or (tmp_path / "b" / "best").is_dir())
+    from dgrpo.model.latent_lm import resolve_checkpoint
+
+    assert resolve_checkpoint(tmp_path / "a" / "checkpoints" / "step-3") == ckpt / "model"  # as the README writes it
     r = run_cli(*args, "--out", tmp_path / "c", "--resume", tmp_path / "a")
     assert (
         r.returncode == 2 and f"--resume {tmp_path / 'a'} is a run directory: name one of its checkpoints" in r.stderr

@@ -619,7 +619,11 @@ class GRPOConfig:
     )
     huber_delta: float = opt(5.0, "Huberized k3 threshold delta (Eq. 6)")
     ref_renewal_every: int = opt(500, "hard-copy the policy into the reference every N steps (0 = never)")
-    filter: bool = opt(True, "drop groups whose accuracy is outside [alpha_min, alpha_max] (inclusive)")
+    filter: bool = opt(
+        True,
+        "drop groups whose accuracy is outside [alpha_min, alpha_max] (inclusive); not applied with advantage ema "
+        "(REINFORCE has no group accuracy: its K = 1 groups would all be dropped)",
+    )
     alpha_min: float = opt(0.20, "group-accuracy filter lower bound")
     alpha_max: float = opt(0.95, "group-accuracy filter upper bound")
     reward: str = opt(

@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(selected(args)) - set(ITEM_KEYS)
     if unknown:
         print(
-            f"dgrpo bench: unknown --only item(s) {', '.join(sorted(unknown))}; known: {', '.join(ITEM_KEYS)}",
+            f"dgrpo: error: bench: unknown --only item(s) {', '.join(sorted(unknown))}; known: {', '.join(ITEM_KEYS)}",
             file=sys.stderr,
         )
         return 2

@@ -72,6 +72,16 @@ def explain(start: dict, cfg: Any) -> str | None:
     return line + (f"; overridden: {', '.join(changed)})" if changed else ")")
 
 
+def dataset_label(data: str, split: str | None) -> str:
+    """How results name what was evaluated: ``--data``, with ``--split`` in place of a split it names (the option
+    wins: ``builtin:test --split valid`` is ``builtin:valid``)."""
+    if not split:
+        return data
+    head, q, query = data.partition("?")
+    name = head.rsplit(":", 1)[0] if ":" in head and not Path(data).exists() else head
+    return f"{name}:{split}{q}{query}"
+
+
 def run(args: argparse.Namespace) -> int:
     from ..config import Config, ConfigError, load_config
     from ..data import load_spec
@@ -108,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         raise DataError(f"{args.data}: nothing to evaluate ({len(recs)} records, {e.shots} of them used as shots)")
     lm = load_model(cfg.model, cfg.task, init=args.model, device=device, training=False)
     prompt_settings(lm, cfg)
-    name = args.data if not args.split else f"{args.data}:{args.split}"
+    name = dataset_label(args.data, args.split)
     r = evaluate(
         lm,
         recs,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields
@@ -218,6 +219,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
     """A run directory resolves to its ``final/`` checkpoint, a resumable checkpoint (``checkpoints/step-N``) to the
     model it holds (``model/``), a checkpoint directory to itself."""
     p = Path(path).expanduser()
+    step = re.fullmatch(r"step-(\d+)", p.name)
+    if step and not p.exists() and p.with_name(f"step-{int(step[1]):08d}").is_dir():  # checkpoints/step-N, unpadded
+        p = p.with_name(f"step-{int(step[1]):08d}")
     if _is_model_dir(p / "final"):
         return p / "final"
     if _is_model_dir(p):
