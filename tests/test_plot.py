@@ -171,9 +171,16 @@ def test_plot_runs_describes_what_it_drew(runs: Path, tmp_path: Path) -> None:
 
 
 def test_eval_key_selects_one_eval_column(runs: Path, tmp_path: Path) -> None:
-    fig, desc = draw(all_groups(runs), panels=("eval",), eval_key="valid")
+    """A full column name selects that column; a dataset name matches it with or without a source prefix (SFT logs
+    eval/valid/accuracy, the GRPO command eval/builtin:valid/accuracy: the same validation set)."""
+    fig, desc = draw(all_groups(runs), panels=("eval",), eval_key="eval/valid/accuracy")
     assert desc["panels"]["eval"] == {"SFT": 2} and desc["eval_keys"] == ["eval/valid/accuracy"]
     assert any("no eval/valid/accuracy rows" in n for n in desc["notes"]["eval"])
+    for key in ("valid", "builtin:valid"):
+        fig, desc = draw(all_groups(runs), panels=("eval",), eval_key=key)
+        assert set(desc["panels"]["eval"]) == set(all_groups(runs)) and desc["notes"]["eval"] == []
+    fig, desc = draw(all_groups(runs), panels=("eval",), eval_key="gsm8k:test")
+    assert desc["panels"]["eval"] == {} and len(desc["notes"]["eval"]) == len(all_groups(runs))
 
 
 @pytest.mark.parametrize("suffix", [".png", ".pdf", ".svg"])

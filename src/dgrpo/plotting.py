@@ -244,10 +244,18 @@ def _number(v: Any) -> float | None:
 
 
 def _eval_key(run: Run, eval_key: str | None) -> str | None:
-    """The eval column plotted for a run: the requested one, else the first the run logged."""
-    if eval_key:
-        return eval_key if eval_key.startswith("eval/") else f"eval/{eval_key}/accuracy"
-    return next((k for r in run.evals for k in r if _is_eval_key(k)), None)
+    """The eval column plotted for a run: the requested one, else the first the run logged. A requested dataset
+    name matches the run's column of that name with or without a source prefix (``valid`` and ``builtin:valid``:
+    ``dgrpo sft`` and the demo log ``eval/valid/accuracy``, ``dgrpo grpo`` ``eval/<data.valid>/accuracy``)."""
+    logged = list(dict.fromkeys(k for r in run.evals for k in r if _is_eval_key(k)))
+    if not eval_key:
+        return logged[0] if logged else None
+    wanted = eval_key if eval_key.startswith("eval/") else f"eval/{eval_key}/accuracy"
+    if wanted in logged or eval_key.startswith("eval/"):
+        return wanted
+    short = eval_key.rsplit(":", 1)[-1]
+    alike = [k for k in logged if k[len("eval/") : -len("/accuracy")].rsplit(":", 1)[-1] == short]
+    return alike[0] if len(alike) == 1 else wanted
 
 
 def _eval_keys(groups: Mapping[str, Sequence[Run]], eval_key: str | None) -> list[str]:

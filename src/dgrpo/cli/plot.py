@@ -36,7 +36,10 @@ def register(sub: Any) -> None:
         metavar="NAME=RUN[,RUN...]",
         help="put these runs in the group NAME (overrides the grouping by seed suffix / config; repeatable)",
     )
-    p.add_argument("--eval-key", help="which eval/<name>/accuracy to plot, e.g. valid (default: each run's first)")
+    p.add_argument(
+        "--eval-key",
+        help="which eval/<name>/accuracy to plot, e.g. valid (also a run's builtin:valid; default: each run's first)",
+    )
     p.add_argument(
         "--reference",
         action="append",
