@@ -545,9 +545,7 @@ def train_grpo(
     g = cfg.grpo
     trainer = GRPOTrainer(lm, cfg, train, dist=dist, reward_fn=reward_fn)
     lm.run_config = to_dict(cfg)  # final/ and best/ carry the config (and the task) that produced them
-    with RunDir(
-        out_dir, cfg, dist, command="grpo", resume=resume, allow_config_change=allow_config_change, log=log
-    ) as run:
+    with RunDir(out_dir, cfg, dist, "grpo", resume=resume, allow_config_change=allow_config_change, log=log) as run:
         loop = _resume(run, trainer)
         evaluate = _periodic_eval(run, trainer, loop, valid or {}, evaluate_fn)
         if trainer.step_idx == 0:

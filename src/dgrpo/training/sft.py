@@ -322,15 +322,12 @@ def train_sft(
     calls this, only rank 0 writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path
     (see :class:`~dgrpo.training.run.RunDir`); ``progress``: show the progress bar."""
     check_run_inputs(cfg, train, "train_sft", valid, list)
-    dist = dist or Dist.single()
-    s = cfg.sft
+    dist, s = dist or Dist.single(), cfg.sft
     if s.batch_size < dist.world_size:
         raise ConfigError(f"sft.batch_size: {s.batch_size} examples cannot be shared by {dist.world_size} processes")
     lm.run_config = to_dict(cfg)  # stage-K/ and final/ carry the config (and the task) that produced them
     lm.settings.chat_template = cfg.data.chat_template  # how questions are prompted, from the first step on
-    with RunDir(
-        out_dir, cfg, dist, command="sft", resume=resume, allow_config_change=allow_config_change, log=log
-    ) as run:
+    with RunDir(out_dir, cfg, dist, "sft", resume=resume, allow_config_change=allow_config_change, log=log) as run:
         sft = SFTRun(lm, cfg, dist, run, len(train))
         plan, prog, t0 = sft.plan, sft.prog, time.time()
         start_epoch, start_batch = prog.epoch, prog.batch
