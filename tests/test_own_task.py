@@ -391,6 +391,7 @@ def test_resume_from_an_explicit_checkpoint_path(sft_checkpoint, tmp_path, run_c
     assert wa == wb  # step 1 from a's checkpoint, then step 2: the same run
 
 
+@pytest.mark.slow
 def test_a_forked_checkpoint_is_held_to_its_own_config_and_a_damaged_one_is_not_skipped(
     sft_checkpoint, tmp_path, run_cli
 ):
