@@ -123,6 +123,8 @@ def test_several_weighted_rewards_and_the_filter_rule(reward_file):
         rw_total.filter_values(rw_total(["#### 12"], recs[:1]))  # a total of 2.0 cannot be an accuracy
     with pytest.raises(RewardError, match="not one of the rewards"):
         build_rewards("", [{"fn": "numeric"}], "numeric", "nope")
+    with pytest.warns(UserWarning, match="grpo.reward 'exact' is not used: grpo.rewards is set and replaces it"):
+        build_rewards("exact", [{"fn": "numeric"}], "numeric")
 
 
 def test_a_reward_that_gives_every_gold_answer_zero_is_warned_about(tmp_path):

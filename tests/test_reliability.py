@@ -275,6 +275,13 @@ def test_damaged_checkpoints_are_never_loaded(damaged):
         assert "\n" not in str(e.value), name
 
 
+def test_a_missing_local_path_is_not_sent_to_the_hub(tmp_path):
+    from dgrpo.model.verified import CheckpointError
+
+    with pytest.raises(CheckpointError, match=f"checkpoint directory not found: {tmp_path / 'nope'}"):
+        LatentLM.from_pretrained(tmp_path / "nope")  # (the hub's own error was "Repo id must be in the form ...")
+
+
 def test_model_directories_are_written_atomically_with_a_manifest(sft_checkpoint, tmp_path, monkeypatch):
     """A kill while final/ is written leaves no final/ (only a hidden temporary directory); a complete one has a
     manifest, and a flipped byte in it is detected."""

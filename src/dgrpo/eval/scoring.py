@@ -203,6 +203,11 @@ class Rewards:
 def build_rewards(reward: str, rewards: list[dict], scorer: str, filter_reward: str = "") -> Rewards:
     """The reward a config names: ``grpo.rewards`` (several, weighted) or ``grpo.reward`` (one), else the scorer."""
     if rewards:
+        if reward:
+            warnings.warn(
+                f"grpo.reward {reward!r} is not used: grpo.rewards is set and replaces it (add it there as an item)",
+                stacklevel=2,
+            )
         parts = []
         for item in rewards:
             fn_spec = str(item["fn"])

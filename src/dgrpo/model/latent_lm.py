@@ -392,7 +392,8 @@ class LatentLM(nn.Module):
         base model (``adapter_config.json`` names it) with the adapter on top. Any problem is one
         :class:`CheckpointError` line."""
         local = Path(path).expanduser()
-        if local.exists():  # a run directory means its final/
+        # a run directory means its final/; a missing path is one line (not the hub's "Repo id must be" error)
+        if local.exists() or str(path).startswith(("/", ".", "~")):
             local = resolve_checkpoint(local)
             path = str(local.resolve())
         adapter = (local / ADAPTER_CONFIG_FILE).is_file()
