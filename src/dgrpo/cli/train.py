@@ -84,10 +84,10 @@ def record_init(cfg: Config, init: str | None) -> Config:
 
 def absolute_file(spec: str) -> str:
     """``path/file.py:function`` with an existing file's path made absolute; anything else as it is."""
-    target, sep, name = spec.rpartition(":")
-    if sep and (target.endswith(".py") or "/" in target) and Path(target).expanduser().is_file():
-        return f"{Path(target).expanduser().resolve()}:{name}"
-    return spec
+    from ..eval.scoring import plugin_file
+
+    path = plugin_file(spec)
+    return f"{path.resolve()}:{spec.rpartition(':')[2]}" if path is not None and path.is_file() else spec
 
 
 def warn_if_scorer_differs(init_config: dict | None, scorer: str) -> None:

@@ -218,12 +218,17 @@ _ROW_FORMATS: list[tuple[frozenset[str], RowParser, str]] = [
 _KNOWN_ROW_FORMATS = "; ".join(desc for _, _, desc in _ROW_FORMATS)
 
 
+def _known_row_parser(row: dict[str, Any]) -> RowParser | None:
+    """The parser of the first known format whose keys the row has, or None."""
+    return next((parser for keys, parser, _ in _ROW_FORMATS if keys <= row.keys()), None)
+
+
 def _detect_row_parser(row: Any) -> RowParser:
     if not isinstance(row, dict):
         raise _RowError(f"expected a JSON object, got {type(row).__name__}")
-    for keys, parser, _ in _ROW_FORMATS:
-        if keys <= row.keys():
-            return parser
+    parser = _known_row_parser(row)
+    if parser is not None:
+        return parser
     shown = ", ".join(sorted(repr(str(key))[1:-1] for key in row)[:8])  # (escaped: a message is one line)
     raise _RowError(
         f"unrecognised record keys ({shown}); expected one of: {_KNOWN_ROW_FORMATS}; or name your columns with "
@@ -589,8 +594,9 @@ def column_parser(question_key: str, answer_key: str, steps_key: str = "") -> Ro
     can sit beside standard ones (a mapped training file, GSM8K-style validation and test files)."""
 
     def parse(row: dict[str, Any]) -> Record:
-        if question_key not in row and any(keys <= row.keys() for keys, _, _ in _ROW_FORMATS):
-            return _detect_row_parser(row)(row)
+        known = _known_row_parser(row) if question_key not in row else None
+        if known is not None:
+            return known(row)
         question = str(_field(row, question_key)).strip()
         if not question:
             raise _RowError(f"column {question_key!r} is empty")

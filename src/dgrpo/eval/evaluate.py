@@ -161,6 +161,7 @@ def evaluate(
         progress=progress,
     )
     texts = [_cut_plain(t) for t in texts] if plain else texts
+    scorer = scorer or numeric
     preds, correct, unparseable = _graded(records, texts, scorer)
     n = len(records)
     return EvalResult(
@@ -173,7 +174,7 @@ def evaluate(
         n_latent=n_lat,
         mode="plain" if plain else lm.settings.mode,
         wall_s=round(time.time() - t0, 3),
-        scorer=getattr(scorer, "__name__", "numeric") if scorer is not None else "numeric",
+        scorer=scorer_name(scorer),
         predictions=preds,
     )
 
@@ -192,12 +193,17 @@ def _prompts(
     return [r.question for r in records], n_lat, mode, True
 
 
-def _graded(records: list[Record], texts: list[str], scorer: ScoreFn | None) -> tuple[list[dict], int, int]:
+def scorer_name(scorer: ScoreFn) -> str:
+    """How results name a scorer: a built-in's name, a plug-in's ``module:function`` (``build_scorer`` names it)."""
+    return getattr(scorer, "__name__", "scorer")
+
+
+def _graded(records: list[Record], texts: list[str], scorer: ScoreFn) -> tuple[list[dict], int, int]:
     """(one prediction row per record, how many are correct, how many have no parseable number): ``scorer``'s
-    value > 0.5 is correct (default: the numeric verifier, the only one whose unparseable outputs are counted)."""
-    is_numeric = scorer is None or scorer is numeric
-    fn = scorer or numeric  # checked: one finite number per completion, or one line naming the scorer
-    scores = call_checked(fn, getattr(fn, "__name__", "scorer"), texts, records)
+    value > 0.5 is correct, checked as a reward is (the numeric verifier is the only scorer whose unparseable
+    outputs are counted)."""
+    is_numeric = scorer is numeric
+    scores = call_checked(scorer, scorer_name(scorer), texts, records)
     preds, correct, unparseable = [], 0, 0
     for r, text, value in zip(records, texts, scores):
         ok = value > 0.5

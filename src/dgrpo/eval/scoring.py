@@ -76,6 +76,12 @@ def choice(completions: list[str], records: list[Record]) -> list[float]:
 SCORERS: dict[str, ScoreFn] = {"numeric": numeric, "exact": exact, "choice": choice}
 
 
+def plugin_file(spec: str) -> Path | None:
+    """The file a ``path/to/file.py:function`` spec names (None for a built-in name or ``package.module:function``)."""
+    target, sep, _ = spec.rpartition(":")
+    return Path(target).expanduser() if sep and (target.endswith(".py") or "/" in target) else None
+
+
 def load_function(spec: str, what: str = "reward") -> ScoreFn:
     """A built-in scorer's name, ``package.module:function`` or ``path/to/file.py:function``."""
     if spec in SCORERS:
@@ -87,8 +93,8 @@ def load_function(spec: str, what: str = "reward") -> ScoreFn:
             "'path/to/file.py:function'"
         )
     try:
-        if target.endswith(".py") or "/" in target:
-            path = Path(target).expanduser()
+        path = plugin_file(spec)
+        if path is not None:
             if not path.is_file():
                 raise RewardError(f"{what} {spec!r}: file {path} not found")
             module_spec = importlib.util.spec_from_file_location(f"dgrpo_plugin_{path.stem}", path)

@@ -220,8 +220,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
     model it holds (``model/``), a checkpoint directory to itself."""
     p = Path(path).expanduser()
     step = re.fullmatch(r"step-(\d+)", p.name)
-    if step and not p.exists() and p.with_name(f"step-{int(step[1]):08d}").is_dir():  # checkpoints/step-N, unpadded
-        p = p.with_name(f"step-{int(step[1]):08d}")
+    padded = p.with_name(f"step-{int(step[1]):08d}") if step else p  # checkpoints/step-N, written unpadded
+    if not p.exists() and padded.is_dir():
+        p = padded
     if _is_model_dir(p / "final"):
         return p / "final"
     if _is_model_dir(p):

@@ -281,13 +281,14 @@ class RunDir:
     def _started_with(self) -> dict | None:
         """The config the resumed run was started with: this directory's, else (a new directory resuming a named
         checkpoint) the one that checkpoint's model was trained with."""
-        for path in (self.out_dir / CONFIG_FILE, *(c / "model" / RUN_CONFIG_FILE for c in self.candidates)):
-            if path.is_file() and (path.parent == self.out_dir or self.explicit):
-                try:
-                    return json.loads(path.read_text())
-                except (OSError, ValueError):
-                    raise ConfigError(f"{path}: unreadable (not the JSON of a config)") from None
-        return None
+        named = [self.candidates[0] / "model" / RUN_CONFIG_FILE] if self.explicit else []
+        path = next((p for p in [self.out_dir / CONFIG_FILE, *named] if p.is_file()), None)
+        if path is None:
+            return None
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            raise ConfigError(f"{path}: unreadable (not the JSON of a config)") from None
 
     def _check_config(self) -> None:
         """Refuse to resume under a changed config (unless allowed: then keep every config with its start step)."""
