@@ -298,7 +298,8 @@ def test_an_unpaged_8bit_optimizer_steps_without_its_per_parameter_syncs(monkeyp
 
 def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_checkpoint, tmp_path):
     """A Config changed on the object (skipping load_config's checks), ``valid`` of the other trainer's form, an
-    empty training list, swapped arguments: each is an error at once, and ``out`` is not created."""
+    empty training list, swapped arguments, a chat template the tokenizer lacks: each is an error at once, and
+    ``out`` is not created."""
     from dgrpo.config import ConfigError
     from dgrpo.training.grpo import train_grpo
     from dgrpo.training.sft import train_sft
@@ -319,4 +320,14 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
         train_grpo(lm, cfg, [], out)
     with pytest.raises(TypeError, match="cfg must be a dgrpo.config.Config, got list"):
         train_grpo(lm, train, cfg, out)  # type: ignore[arg-type]
+    typo = copy.deepcopy(cfg)
+    typo.grpo.group_size = "8x"  # a wrong type on the object: the one-line error a file's value gets
+    with pytest.raises(ConfigError, match="grpo.group_size: expected an integer, got '8x'"):
+        train_grpo(lm, typo, train, out)
+    chat = tiny_config(**{"data.chat_template": True})  # this tokenizer has no chat template
+    with pytest.raises(ConfigError, match="data.chat_template: this tokenizer has no chat template"):
+        train_sft(lm, train, chat, out)
+    lm.settings.chat_template = True
+    with pytest.raises(ConfigError, match="data.chat_template: this tokenizer has no chat template"):
+        train_grpo(lm, chat, train, out)
     assert not out.exists()

@@ -814,7 +814,10 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def validate(self) -> Config:
-        """Check every section and the top-level options; returns ``self``."""
+        """Check every section and the top-level options; returns ``self``. A value set on the object in Python is
+        first read as a file's or ``--set``'s would be (``"1e-5"`` as 1e-5, a Path as its text), or refused in
+        the same one-line error."""
+        _coerce_fields(self, "")
         for f in fields(self):
             section = getattr(self, f.name)
             if hasattr(section, "validate"):
@@ -1054,6 +1057,17 @@ def _file_chain(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[Path, dic
 def _field_type(cls: type, name: str) -> Any:
     """The resolved type annotation of option ``name`` of dataclass ``cls``."""
     return typing.get_type_hints(cls)[name]
+
+
+def _coerce_fields(obj: Any, prefix: str) -> None:
+    """Coerce every option of dataclass ``obj`` (and its sections) to its type in place (:func:`_coerce`)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in fields(obj):
+        value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        if is_dataclass(value):
+            _coerce_fields(value, key + ".")
+        else:
+            setattr(obj, f.name, _coerce(value, hints[f.name], key))
 
 
 def _merge(obj: Any, data: dict, prefix: str) -> None:

@@ -544,6 +544,7 @@ def train_grpo(
     dist = dist or Dist.single()
     g = cfg.grpo
     trainer = GRPOTrainer(lm, cfg, train, dist=dist, reward_fn=reward_fn)
+    lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
     lm.run_config = to_dict(cfg)  # final/ and best/ carry the config (and the task) that produced them
     with RunDir(out_dir, cfg, dist, "grpo", resume=resume, allow_config_change=allow_config_change, log=log) as run:
         loop = _resume(run, trainer)

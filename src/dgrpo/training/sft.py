@@ -327,6 +327,7 @@ def train_sft(
         raise ConfigError(f"sft.batch_size: {s.batch_size} examples cannot be shared by {dist.world_size} processes")
     lm.run_config = to_dict(cfg)  # stage-K/ and final/ carry the config (and the task) that produced them
     lm.settings.chat_template = cfg.data.chat_template  # how questions are prompted, from the first step on
+    lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
     with RunDir(out_dir, cfg, dist, "sft", resume=resume, allow_config_change=allow_config_change, log=log) as run:
         sft = SFTRun(lm, cfg, dist, run, len(train))
         plan, prog, t0 = sft.plan, sft.prog, time.time()
