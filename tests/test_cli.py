@@ -2,6 +2,8 @@
 a bad data file or a missing checkpoint exits with code 2 and one line, writing nothing."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -87,10 +89,17 @@ def test_data_inspect_last_line_is_json(run_cli):
     assert json.loads(r.stdout.strip().splitlines()[-1])["n"] == 7473
 
 
-def test_builtin_inspect(run_cli):
+def test_builtin_inspect(run_cli, tmp_path):
     r = run_cli("data", "inspect", "builtin:ood_steps?n_test=10")
     last = json.loads(r.stdout.strip().splitlines()[-1])
     assert last["n"] == 10 and len(last["example"]["steps"]) == 6
+    r = run_cli("data", "inspect", "builtin:test", "--set", "task.n_test=7")  # the task's options, as training's
+    assert json.loads(r.stdout.strip().splitlines()[-1])["n"] == 7
+    own = tmp_path / "own.csv"  # a file of the user's columns, previewed with the mapping training will use
+    own.write_text("prompt,target\nWhat is 2 plus 2?,4\n")
+    r = run_cli("data", "inspect", own, "--set", "data.question_key=prompt", "data.answer_key=target")
+    example = json.loads(r.stdout.strip().splitlines()[-1])["example"]
+    assert (example["question"], example["answer"]) == ("What is 2 plus 2?", "4"), r.stderr
 
 
 @pytest.mark.parametrize(
@@ -112,6 +121,19 @@ def test_invalid_config_exits_2_with_one_line(tmp_path, args, needle, run_cli):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], r.stderr
     assert not (tmp_path / "x").exists()  # nothing partial written
+
+
+@pytest.mark.slow  # a fresh interpreter: a few seconds
+def test_output_into_a_closed_pipe_ends_quietly():
+    """``dgrpo config show | head -1``: the reader stops early; the command ends with 141 (128 + SIGPIPE) and no
+    traceback, as Unix tools do."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "dgrpo", "config", "show"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()  # closed before the child has imported anything, let alone written
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 141 and err == ""
 
 
 def test_missing_checkpoint_and_unknown_dataset_exit_2(tmp_path, run_cli):

@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dgrpo: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into a reader that stopped (`| head`): quiet, as Unix tools are
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would raise again
+        return 141  # 128 + SIGPIPE, what a shell reports for such a tool
 
 
 def exit_with_launcher() -> None:

@@ -19,6 +19,7 @@ DEMO_EXAMPLES = """  dgrpo demo                               # 1 SFT seed x eve
 DATA_EXAMPLES = """  dgrpo data inspect gsm8k --split train
   dgrpo data inspect builtin:ood_steps?n_test=10
   dgrpo data inspect my_data.jsonl
+  dgrpo data inspect my_data.csv --set data.question_key=prompt data.answer_key=target
 """
 CONFIG_EXAMPLES = """  dgrpo config show                        # every option: default and meaning
   dgrpo config show grpo                   # only the grpo.* options
@@ -72,6 +73,7 @@ def register(sub: Any) -> None:
     q = dsub.add_parser("inspect", help="count records and show the first one (last line: JSON)")
     q.add_argument("name_or_path")
     q.add_argument("--split")
+    add_config_options(q, "data.question_key=prompt data.answer_key=target")
     q.set_defaults(func=run_data_inspect)
 
     p = subcommand(sub, "config", "configuration utilities", CONFIG_EXAMPLES)
@@ -98,9 +100,11 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def run_data_inspect(args: argparse.Namespace) -> int:
+    from ..config import Config, load_config
     from ..data import load_spec
 
-    recs = load_spec(args.name_or_path, split=args.split)
+    cfg = load_config(Config, list(args.config), args.overrides)  # the column mapping (data.*), the task (builtin)
+    recs = load_spec(args.name_or_path, cfg.task, split=args.split, data=cfg.data)
     print(f"{len(recs)} records")
     print(json.dumps({"n": len(recs), "example": recs[0].to_dict() if recs else None}))
     return 0
