@@ -3,6 +3,7 @@
 import copy
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -324,6 +325,12 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
     typo.grpo.group_size = "8x"  # a wrong type on the object: the one-line error a file's value gets
     with pytest.raises(ConfigError, match="grpo.group_size: expected an integer, got '8x'"):
         train_grpo(lm, typo, train, out)
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import sharded_accuracy
+
+    assert sharded_accuracy(Dist.single(), lambda local: np.int64(3), train) == 3 / 8  # a count, numpy's too
+    with pytest.raises(TypeError, match=r"evaluate_fn returns how many .*got 0.5: an accuracy\? return the count"):
+        sharded_accuracy(Dist.single(), lambda local: 0.5, train)  # the trainers' evaluate_fn, on each rank's shard
     chat = tiny_config(**{"data.chat_template": True})  # this tokenizer has no chat template
     with pytest.raises(ConfigError, match="data.chat_template: this tokenizer has no chat template"):
         train_sft(lm, train, chat, out)

@@ -116,6 +116,8 @@ def test_schedules_eq8():
     assert lr_at(10, peak, total, warm) == pytest.approx(peak)
     assert lr_at(60, peak, total, warm) == pytest.approx(peak / 2)
     assert lr_at(110, peak, total, warm) == pytest.approx(0.0, abs=1e-15)
+    with pytest.raises(ValueError, match="step counts optimizer steps from 0, got -5"):
+        lr_at(-5, peak, total, warm)
     for s in (0, 5, 10, 60, 100):
         assert beta_at(s, 5e-3, peak, total, warm) == pytest.approx(5e-3 * lr_at(s, peak, total, warm) / peak)
 

@@ -159,6 +159,29 @@ def test_a_perturbation_bound_for_other_rows_than_the_batch_is_refused(tokenizer
         lm.encode_questions(task_records[0].question)
 
 
+def test_arguments_that_would_perturb_or_decode_nonsense_are_refused(tokenizer, task_records):
+    """A site list given as one string (read letter by letter) or empty (silently the default), a negative latent
+    count or temperature, a mask of another shape than its tokens: each is an error where it is passed."""
+    for kind in (LockedDropout, GaussianNoise):
+        for sites in ("mlp", []):
+            with pytest.raises(ValueError, match="sites must be a non-empty list of site names"):
+                kind(sites=sites)
+        assert kind().sites == ["mlp"] and kind(sites=("attn",)).sites == ["attn"]
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
+    for bad, match in [
+        ({"n_latent": -1}, "n_latent >= 0"),
+        ({"max_new_tokens": 0}, "max_new_tokens >= 1"),
+        ({"temperature": -1.0}, "temperature >= 0"),
+        ({"top_p": 0.0}, "0 < top_p <= 1"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            lm.generate(ids, mask, **{"n_latent": T, "max_new_tokens": 2, **bad})
+    out = lm.generate(ids, mask, T, max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"decode: tokens \(2, 2\) and mask \(2, 1\) differ in shape"):
+        lm.decode(out.tokens, out.mask[:, :1])
+
+
 def test_perturb_prompt_false_leaves_prompt_pass_untouched(tokenizer, task_records):
     lm = make_lm(tokenizer, "qwen2").eval()
     ids, mask = lm.encode_questions([r.question for r in task_records[:2]])

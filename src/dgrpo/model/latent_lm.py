@@ -580,6 +580,8 @@ class LatentLM(nn.Module):
 
     def decode(self, tokens: Tensor, mask: Tensor) -> list[str]:
         """The texts of right-padded answer rows (special tokens dropped), from one host copy of the batch."""
+        if tokens.shape != mask.shape:
+            raise ValueError(f"decode: tokens {tuple(tokens.shape)} and mask {tuple(mask.shape)} differ in shape")
         kept = [[t for t, m in zip(ts, ms) if m] for ts, ms in zip(tokens.tolist(), mask.tolist())]
         return [str(self.tokenizer.decode(ids, skip_special_tokens=True)) for ids in kept]
 
@@ -876,6 +878,7 @@ class LatentLM(nn.Module):
         a row then samples the same answer whatever batch it is decoded in), else from ``generator``.
         ``static_cache``: one preallocated cache for the whole sequence (the same answers, tests/test_static_cache.py).
         """
+        _check_decoding(n_latent, max_new_tokens, temperature, top_p)
         n_cols = prompt_ids.shape[1] + n_latent + int(markers) + max_new_tokens
         state = self.prefill(
             prompt_ids,
@@ -895,6 +898,15 @@ class LatentLM(nn.Module):
                 state, "answer", perturbation, ids=book.tokens[:, i : i + 1], new_mask=book.alive[:, None].long()
             )
         return book.result()
+
+
+def _check_decoding(n_latent: int, max_new_tokens: int, temperature: float, top_p: float) -> None:
+    """``generate``'s arguments, checked at once (a negative count or temperature would otherwise decode nonsense
+    or fail deep inside a forward)."""
+    if n_latent < 0 or max_new_tokens < 1:
+        raise ValueError(f"generate: n_latent >= 0 and max_new_tokens >= 1, got {n_latent} and {max_new_tokens}")
+    if not (temperature >= 0 and 0 < top_p <= 1):
+        raise ValueError(f"generate: temperature >= 0 and 0 < top_p <= 1, got {temperature} and {top_p}")
 
 
 def _chunk_logprobs(

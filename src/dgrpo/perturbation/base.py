@@ -136,6 +136,16 @@ class Perturbation:
         self.bind(lm, torch.zeros(1, dtype=torch.long))
 
 
+def site_names(sites: list[str] | None) -> list[str]:
+    """The ``sites`` a perturbation is built with: None is the paper's ``["mlp"]``, else a non-empty list of names (a
+    string is refused: ``"mlp"`` would be read letter by letter; an empty list would perturb nothing)."""
+    if sites is None:
+        return ["mlp"]
+    if isinstance(sites, str) or not isinstance(sites, (list, tuple)) or not sites:
+        raise ValueError(f"sites must be a non-empty list of site names (['mlp'], ['attn', 'mlp']), got {sites!r}")
+    return list(sites)
+
+
 #: ``perturbation.kind`` -> class; filled by :func:`register` (the kinds' modules register themselves)
 PERTURBATIONS: dict[str, type[Perturbation]] = {}
 P = TypeVar("P", bound=type[Perturbation])

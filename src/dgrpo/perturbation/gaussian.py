@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from ..model.anatomy import find_sites, output_projection
 from ..model.compiled_layers import output_factor_hook
 from ..model.latent_chain import with_rows
-from .base import BoundPerturbation, HookedPerturbation, Perturbation, register, row_normals, swapped
+from .base import BoundPerturbation, HookedPerturbation, Perturbation, register, row_normals, site_names, swapped
 
 if TYPE_CHECKING:
     from ..config import PerturbationConfig
@@ -77,7 +77,7 @@ class GaussianNoise(Perturbation):
             raise ValueError(f"sigma must be >= 0, got {sigma}")
         self.sigma, self.sites, self.layers, self.target, self.perturb_prompt = (
             sigma,
-            sites or ["mlp"],
+            site_names(sites),
             layers,
             target,
             perturb_prompt,

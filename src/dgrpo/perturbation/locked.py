@@ -30,6 +30,7 @@ from .base import (
     Perturbation,
     register,
     row_uniforms,
+    site_names,
     swapped,
     to_device,
 )
@@ -175,7 +176,7 @@ class LockedDropout(Perturbation):
     ):
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout p must be in [0, 1), got {p}")
-        self.p, self.sites, self.layers, self.perturb_prompt = p, sites or ["mlp"], layers, perturb_prompt
+        self.p, self.sites, self.layers, self.perturb_prompt = p, site_names(sites), layers, perturb_prompt
         self.memo = RowMemo()
         self._prefetch: tuple[tuple[int, ...], Future] | None = None  # (seeds, their draw) under way
         # the device masks of the last bind: a step binds the same seeds for its rollout, its update and its

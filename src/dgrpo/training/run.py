@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import operator
 import os
 import shutil
 from collections.abc import Callable
@@ -432,4 +433,14 @@ def sharded_accuracy(dist: Dist, count_correct: Callable[[list[Record]], int], r
     of the shard's records are correct; the counts are summed over ranks (every rank calls this)."""
     local = dist.shard(records)
     correct = count_correct(local) if local else 0
-    return dist.sum_int(correct) / max(1, len(records))
+    try:
+        count = operator.index(correct)  # an int (numpy's, or a 0-d integer tensor, too)
+    except TypeError:
+        count = -1
+    if not 0 <= count <= len(local):
+        raise TypeError(
+            f"evaluate_fn returns how many of the {len(local)} records it is given are correct (an int from 0 to "
+            f"{len(local)}), got {correct!r}"
+            + (": an accuracy? return the count" if isinstance(correct, float) else "")
+        )
+    return dist.sum_int(count) / max(1, len(records))

@@ -10,6 +10,8 @@ def lr_at(step: int, peak: float, total_steps: int, warmup_steps: int, min_ratio
 
     ``step`` counts optimizer steps from 0; the value is the lr used *for* that step.
     """
+    if step < 0:
+        raise ValueError(f"lr_at: step counts optimizer steps from 0, got {step}")
     if warmup_steps > 0 and step < warmup_steps:
         return peak * (step + 1) / warmup_steps
     span = max(1, total_steps - warmup_steps)
