@@ -275,11 +275,17 @@ def test_damaged_checkpoints_are_never_loaded(damaged):
         assert "\n" not in str(e.value), name
 
 
-def test_a_missing_local_path_is_not_sent_to_the_hub(tmp_path):
+def test_a_missing_local_path_is_not_sent_to_the_hub(tmp_path, monkeypatch):
     from dgrpo.model.verified import CheckpointError
 
     with pytest.raises(CheckpointError, match=f"checkpoint directory not found: {tmp_path / 'nope'}"):
         LatentLM.from_pretrained(tmp_path / "nope")  # (the hub's own error was "Repo id must be in the form ...")
+    # a relative path shaped like a hub id: with no hub, one line at once (was ~40 s of the hub library's retries)
+    monkeypatch.setattr("dgrpo.model.sources.hub_reachable", lambda: False)
+    with pytest.raises(
+        CheckpointError, match="model 'runs/nope': not a local directory, not in the Hugging Face cache"
+    ):
+        LatentLM.from_pretrained("runs/nope")
 
 
 def test_model_directories_are_written_atomically_with_a_manifest(sft_checkpoint, tmp_path, monkeypatch):

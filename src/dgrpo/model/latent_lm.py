@@ -397,6 +397,10 @@ class LatentLM(nn.Module):
         if local.exists() or str(path).startswith(("/", ".", "~")):
             local = resolve_checkpoint(local)
             path = str(local.resolve())
+        elif not local_files_only:  # a hub id (or a relative path shaped like one): as the command line resolves it
+            from .sources import resolve_model_source
+
+            path, local_files_only = resolve_model_source(str(path))
         adapter = (local / ADAPTER_CONFIG_FILE).is_file()
         if (local / MANIFEST).is_file():
             problem = verify(local, ADAPTER_FILES if adapter else MODEL_FILES)
