@@ -317,10 +317,9 @@ def train_sft(
 ) -> LatentLM:
     """Run the curriculum; write ``metrics.jsonl``, ``stage-K/`` checkpoints and ``final/`` under ``out_dir``.
 
-    ``evaluate_fn(lm, records, settings)`` returns how many of ``records`` are correct; it is called on
-    ``valid`` at the end of each stage. ``dist`` shards batches and the eval across processes; every rank
-    calls this, only rank 0 writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path
-    (see :class:`~dgrpo.training.run.RunDir`); ``progress``: show the progress bar."""
+    ``evaluate_fn(lm, records, settings)`` returns how many of ``records`` are correct; it is called on ``valid`` at
+    the end of each stage. ``dist`` shards batches and the eval across processes; every rank calls this, only rank 0
+    writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see :class:`RunDir`)."""
     check_run_inputs(cfg, train, "train_sft", valid, list)
     dist, s = dist or Dist.single(), cfg.sft
     if s.batch_size < dist.world_size:
