@@ -288,6 +288,30 @@ def test_a_missing_local_path_is_not_sent_to_the_hub(tmp_path, monkeypatch):
         LatentLM.from_pretrained("runs/nope")
 
 
+def test_save_pretrained_replaces_only_a_directory_it_wrote(sft_checkpoint, tmp_path):
+    """A folder of the user's files, or a run directory, given to save_pretrained is refused and left as it was (it
+    used to be replaced whole); an empty directory, or a model directory written before, is written over."""
+    from dgrpo.model.verified import CheckpointError
+
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    mine, run = tmp_path / "mine", tmp_path / "run"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("important")
+    shutil.copytree(sft_checkpoint, run / "final")
+    (run / "metrics.jsonl").write_text("{}\n")
+    for folder in (mine, run, mine / "notes.txt"):
+        with pytest.raises(CheckpointError, match="exists and is not a model directory dgrpo wrote"):
+            lm.save_pretrained(folder)
+    assert (mine / "notes.txt").read_text() == "important" and sorted(p.name for p in run.iterdir()) == [
+        "final",
+        "metrics.jsonl",
+    ]
+    (tmp_path / "empty").mkdir()
+    lm.save_pretrained(tmp_path / "empty")
+    lm.save_pretrained(run / "final")  # a model directory dgrpo wrote: replaced, as training replaces best/
+    assert LatentLM.from_pretrained(tmp_path / "empty").settings == LatentLM.from_pretrained(run / "final").settings
+
+
 def test_model_directories_are_written_atomically_with_a_manifest(sft_checkpoint, tmp_path, monkeypatch):
     """A kill while final/ is written leaves no final/ (only a hidden temporary directory); a complete one has a
     manifest, and a flipped byte in it is detected."""

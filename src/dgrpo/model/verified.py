@@ -86,8 +86,15 @@ def verify(directory: Path, required: tuple[str, ...] = ()) -> str | None:
 @contextmanager
 def atomic_dir(final: Path) -> Iterator[Path]:
     """Write a directory atomically: yields a fresh temporary sibling to fill; on success writes its manifest and
-    renames it to ``final`` (replacing an existing one); on an exception removes it and re-raises."""
-    final = Path(final)
+    renames it to ``final`` (replacing an existing one); on an exception removes it and re-raises. An existing
+    ``final`` is replaced only when it is empty or a directory written here (it holds a manifest): anything else
+    (a run directory, a folder of the user's files) is refused before anything is written."""
+    final = Path(final).resolve()  # ('.' has no name to build the temporary sibling from)
+    if final.exists() and not (final / MANIFEST).is_file() and (not final.is_dir() or any(final.iterdir())):
+        raise CheckpointError(
+            f"{final} exists and is not a model directory dgrpo wrote (it has no {MANIFEST}): not replacing it; "
+            "name a new or empty directory"
+        )
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
     if tmp.exists():
