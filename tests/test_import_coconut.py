@@ -4,6 +4,7 @@ unsafe or malformed files are refused with one line and exit code 2."""
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -273,5 +274,40 @@ def test_argument_errors(official, tmp_path, run_cli):
     r = run_cli(
         "import-coconut", ckpt, "--base", base, "--c-thought", 2, "--max-latent-stage", 3, "--out", tmp_path / "full/x"
     )
-    assert r.returncode == 2 and "exists and is a file" in r.stderr
+    assert r.returncode == 2 and "exists and is not a directory" in r.stderr
+    r = run_cli(  # under a file: one line (was a FileExistsError traceback)
+        "import-coconut",
+        ckpt,
+        "--base",
+        base,
+        "--c-thought",
+        2,
+        "--max-latent-stage",
+        3,
+        "--out",
+        tmp_path / "full/x/o",
+    )
+    assert r.returncode == 2 and "full/x is not a directory" in r.stderr
+    notok = tmp_path / "notok"  # a base directory without its tokenizer (model.save_pretrained alone)
+    notok.mkdir()
+    shutil.copy(Path(base) / "config.json", notok)
+    wrong_base = [
+        (base, ckpt, "is a directory: give the checkpoint file"),
+        (ckpt, tmp_path / "nodir", "checkpoint directory not found"),  # (was the hub's retries, then its error)
+        (ckpt, notok, "no tokenizer in"),  # (was an empty tokenizer: latent ids on ordinary rows)
+    ]
+    for given, base_dir, expect in wrong_base:
+        r = run_cli(
+            "import-coconut",
+            given,
+            "--base",
+            base_dir,
+            "--c-thought",
+            2,
+            "--max-latent-stage",
+            3,
+            "--out",
+            tmp_path / "o",
+        )
+        assert r.returncode == 2 and expect in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
     assert not (tmp_path / "o").exists()

@@ -275,8 +275,15 @@ def test_damaged_checkpoints_are_never_loaded(damaged):
         assert "\n" not in str(e.value), name
 
 
-def test_a_missing_local_path_is_not_sent_to_the_hub(tmp_path, monkeypatch):
+def test_a_missing_local_path_is_not_sent_to_the_hub(sft_checkpoint, tmp_path, monkeypatch):
     from dgrpo.model.verified import CheckpointError
+
+    notok = tmp_path / "notok"  # weights without their tokenizer: transformers would build an empty one
+    notok.mkdir()
+    for name in ("config.json", "model.safetensors", "latent_config.json"):
+        shutil.copy(sft_checkpoint / name, notok)
+    with pytest.raises(CheckpointError, match=f"no tokenizer in {notok} \\(none of tokenizer.json"):
+        LatentLM.from_pretrained(notok)
 
     with pytest.raises(CheckpointError, match=f"checkpoint directory not found: {tmp_path / 'nope'}"):
         LatentLM.from_pretrained(tmp_path / "nope")  # (the hub's own error was "Repo id must be in the form ...")

@@ -120,7 +120,9 @@ def run_consolidate(args: argparse.Namespace) -> int:
 def run_import(args: argparse.Namespace) -> int:
     from ..model.coconut_import import import_coconut
     from ..model.latent_lm import LATENT_CONFIG_FILE
+    from ..training.run import check_output_path
 
+    check_output_path(Path(args.out))
     out = import_coconut(
         Path(args.ckpt),
         args.base,

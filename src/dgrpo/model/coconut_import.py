@@ -33,6 +33,7 @@ from .latent_lm import (
     input_embedding_weight,
     load_tokenizer,
 )
+from .sources import resolve_model_source
 
 #: the order in which Coconut's run.py adds its latent tokens to the tokenizer (it fixes their ids)
 OFFICIAL_TOKEN_ORDER = (START_LATENT, END_LATENT, LATENT)
@@ -57,6 +58,8 @@ def _few(keys: list[str], n: int = 4) -> str:
 
 def read_state_dict(ckpt: Path) -> dict[str, Tensor]:
     """``torch.load(weights_only=True)`` of a flat ``{name: tensor}`` dict; anything else is a CheckpointError."""
+    if ckpt.is_dir():
+        raise _error(f"{ckpt} is a directory: give the checkpoint file Coconut's run.py saved (save_dir/checkpoint_N)")
     if not ckpt.is_file():
         raise _error(f"Coconut checkpoint not found: {ckpt}")
     try:
@@ -145,9 +148,14 @@ def choose_settings(
 def build_base(base: str, trust_remote_code: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, list[str]]:
     """An untrained model of ``base``'s architecture (config only), its tokenizer with the Coconut tokens added,
     and the tokens that were added (all three for a plain base model)."""
+    local_only = Path(base).expanduser().exists()  # a base directory needs no weights: only its config and tokenizer
+    if not local_only:  # a mistyped local path is one line, an unreachable hub too (not ~30 s of the hub's retries)
+        base, local_only = resolve_model_source(base)
     try:
-        config = AutoConfig.from_pretrained(base, trust_remote_code=trust_remote_code)
-        tokenizer = load_tokenizer(base, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(base, trust_remote_code=trust_remote_code, local_files_only=local_only)
+        tokenizer = load_tokenizer(base, trust_remote_code=trust_remote_code, local_files_only=local_only)
+    except CheckpointError:
+        raise
     except (OSError, ValueError) as e:
         raise _error(f"cannot load the base model's config and tokenizer from {base!r}: {e}") from None
     model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)

@@ -260,12 +260,24 @@ def cache_keyword(decoder_type: type[nn.Module]) -> str:
     return _CACHE_KEYWORDS[decoder_type]
 
 
+#: the files one of which a tokenizer directory holds (its vocabulary, in one of transformers' formats)
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "*.model", "*.tiktoken")
+
+
 def load_tokenizer(
     path: str, trust_remote_code: bool = False, local_files_only: bool = False
 ) -> PreTrainedTokenizerBase:
     """AutoTokenizer, except that a plain ``tokenizers`` file (our built-in tokenizer) is loaded as is
-    (AutoTokenizer would otherwise pick the model type's tokenizer class and its decoder)."""
-    cfg = Path(path) / "tokenizer_config.json"
+    (AutoTokenizer would otherwise pick the model type's tokenizer class and its decoder). A local directory without
+    a vocabulary file is a CheckpointError: transformers would build an empty tokenizer from the model type (every
+    question encoded as nothing, and the latent tokens given ids of ordinary vocabulary rows)."""
+    folder = Path(path)
+    if folder.is_dir() and not any(any(folder.glob(pattern)) for pattern in TOKENIZER_FILES):
+        raise CheckpointError(
+            f"no tokenizer in {folder} (none of {', '.join(TOKENIZER_FILES)}): save the tokenizer beside the model "
+            "(tokenizer.save_pretrained(DIR)) or copy its files from the base model"
+        )
+    cfg = folder / "tokenizer_config.json"
     if cfg.is_file() and json.loads(cfg.read_text()).get("tokenizer_class") in (
         "TokenizersBackend",
         "PreTrainedTokenizerFast",
@@ -411,6 +423,8 @@ class LatentLM(nn.Module):
         try:
             tok = load_tokenizer(str(path), trust_remote_code=trust_remote_code, local_files_only=local_files_only)
             settings, run_config = _read_latent_files(local)
+        except CheckpointError:
+            raise
         except Exception as e:  # noqa: BLE001 - a damaged directory fails in many ways; each is one line for the user
             raise CheckpointError(f"cannot load the model {path}: {one_line(e)}") from None
         model = load_hf_model(str(path), dtype, trust_remote_code, local_files_only)
