@@ -212,6 +212,22 @@ def test_special_tokens_added_and_initialised_to_mean(tokenizer):
     for t in (lm.start_id, lm.latent_id, lm.end_id):
         assert t >= n_old
         assert torch.allclose(w[t], w[:n_old].mean(0), atol=1e-6)
+    # a padded vocabulary (Qwen2.5: more rows than tokens): the markers take unused rows, set to the tokens' mean
+    import copy
+
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.model.tiny import build_tiny_model
+
+    tok = copy.deepcopy(tokenizer)
+    n_tok = len(tok)
+    model = build_tiny_model("qwen2", n_tok + 40, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[n_tok:] = 0.0  # the unused rows, as a padded checkpoint may hold them
+    lm = LatentLM(model, tok)
+    w = lm.model.get_input_embeddings().weight
+    assert w.shape[0] == n_tok + 40 and sorted((lm.start_id, lm.latent_id, lm.end_id)) == [n_tok, n_tok + 1, n_tok + 2]
+    assert torch.allclose(w[[lm.start_id, lm.latent_id, lm.end_id]], w[:n_tok].mean(0).expand(3, -1), atol=1e-6)
+    assert float(w[:n_tok].mean(0).norm()) > 0 and bool((w[n_tok + 3 :] == 0).all())  # (they were all zero)
 
 
 def test_save_and_reload_roundtrip(tokenizer, task_records, tmp_path):

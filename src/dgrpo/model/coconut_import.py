@@ -205,7 +205,7 @@ def init_latent_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     n_old = input_embedding_weight(model).shape[0]
     if len(tokenizer) > n_old:
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-        init_new_embeddings(model, n_old)
+        init_new_embeddings(model, list(range(n_old, len(tokenizer))), n_old)
     vocab = tokenizer.get_vocab()
     src = vocab.get(INIT_TOKEN)
     with torch.no_grad():

@@ -166,20 +166,21 @@ class AnswerBook:
         return Generation(self.tokens[:, :n], self.mask[:, :n], self.logprobs[:, :n], ent)
 
 
-def init_new_embeddings(model: PreTrainedModel, n_old: int) -> None:
-    """Rule for new special tokens: each new row is the mean of the pre-existing rows.
+def init_new_embeddings(model: PreTrainedModel, ids: list[int], n_real: int) -> None:
+    """Rule for new special tokens: each row of ``ids`` is the mean of the rows of the ``n_real`` tokens the tokenizer
+    had before (not of a padded vocabulary's unused rows: Qwen2.5 has 151,936 rows for 151,665 tokens).
 
     Applied to the input embedding and, when untied, the output embedding (the output rows then make
     the new tokens' logits the average logit, so they are neither favoured nor suppressed).
     """
     with torch.no_grad():
         emb = input_embedding_weight(model)
-        emb[n_old:] = emb[:n_old].mean(0, keepdim=True)
+        emb[ids] = emb[:n_real].mean(0, keepdim=True)
         out: Any = model.get_output_embeddings()
         if out is not None and out.weight.data_ptr() != emb.data_ptr():
-            out.weight[n_old:] = out.weight[:n_old].mean(0, keepdim=True)
+            out.weight[ids] = out.weight[:n_real].mean(0, keepdim=True)
             if getattr(out, "bias", None) is not None:
-                out.bias[n_old:] = out.bias[:n_old].mean()
+                out.bias[ids] = out.bias[:n_real].mean()
 
 
 def input_embedding_weight(model: PreTrainedModel) -> Tensor:
@@ -198,14 +199,15 @@ def _token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:
 def add_latent_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
     """Add the three latent markers (and a pad token if missing) and initialise their embeddings."""
     missing = [t for t in (START_LATENT, LATENT, END_LATENT) if t not in tokenizer.get_vocab()]
+    n_tokens, n_rows = len(tokenizer), input_embedding_weight(model).shape[0]
     if missing:
         tokenizer.add_tokens(missing, special_tokens=True)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    n_old = input_embedding_weight(model).shape[0]
-    if len(tokenizer) > n_old:
+    if len(tokenizer) > n_rows:
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-        init_new_embeddings(model, n_old)
+    if missing:  # new rows, or a padded vocabulary's unused rows (the markers' ids fall among them)
+        init_new_embeddings(model, [_token_id(tokenizer, t) for t in missing], min(n_tokens, n_rows))
 
 
 def _is_model_dir(p: Path) -> bool:
