@@ -49,6 +49,24 @@ from dgrpo.reward import extract_answer, is_parseable, normalize_number, parse_n
         ("abc123", None),  # digits glued to a word are not a number
         ("1,2,3", "3"),  # not thousands groups
         ("12,5", "5"),
+        # an exponent right after the digits (GSM-Hard); not the e of a word, nor one without digits
+        ("#### 2.0107e-06", "0.0000020107"),
+        ("#### 1e3", "1000"),
+        ("#### 1E3", "1000"),
+        ("#### -1.5e+2", "-150"),
+        ("#### 2.5e\u22122", "0.025"),
+        ("#### 4.0e0", "4"),
+        ("#### 1,000e3", "1000000"),
+        ("#### 2.0107e-06.", "0.0000020107"),
+        ("The answer is 1e3.", "1000"),
+        ("#### 3 eggs", "3"),
+        ("#### 3eggs", "3"),
+        ("#### 5e", "5"),
+        ("#### 5e-", "5"),
+        ("#### 5 e3", "5"),
+        ("e.g. 12 apples", "12"),
+        ("#### 2e1234", None),  # an exponent longer than a float's is no number (not 2)
+        ("3.14.15", "3.14"),
     ],
 )
 def test_extract_answer(text: str, expected: str | None) -> None:
@@ -69,7 +87,12 @@ def test_extract_answer(text: str, expected: str | None) -> None:
         ("Tom is a lempus.", None),
         ("", None),
         ("12 apples", None),
-        ("1e3", None),
+        ("1e3", 1000.0),
+        ("2.0107e-06", 2.0107e-06),
+        ("-1.5E+2", -150.0),
+        ("1e", None),
+        ("e3", None),
+        ("1e400", None),  # overflows a float
         ("3/4", None),
     ],
 )
@@ -108,6 +131,22 @@ def test_parse_number_overflow_is_none() -> None:
         ("#### Tom is a scrompus.", "Tom is a lempus.", 0.0),
         ("Tom is a terpus. Tom is a lempus.", "Tom is a lempus.", 0.0),
         ("#### 3", "Tom is a lempus.", 0.0),
+        # scientific notation in the completion and in the gold (GSM-Hard golds are written "2.0107e-06")
+        ("#### 2.0107e-06", "0.0000020107", 1.0),
+        ("#### 2.0107e-06", "2.0107", 0.0),
+        ("#### 2.0107", "2.0107e-06", 0.0),
+        ("#### 0.0000020107", "2.0107e-06", 1.0),
+        ("#### 2.0107e-06", "2.0107e-06", 1.0),
+        ("#### 1e3", "1000", 1.0),
+        ("#### 1000", "1e3", 1.0),
+        ("#### 1e3", "100", 0.0),
+        ("#### 3 eggs", "3", 1.0),
+        # a prediction is written to the decimals of its plain form: "2.01e-06" to 8 (2.0107e-06 rounds to 2.01e-06),
+        # "2.011e-06" to 9 (|diff| 3e-10 <= 5e-10); "2.02e-06" and "2.012e-06" are off by more than half a unit
+        ("#### 2.01e-06", "2.0107e-06", 1.0),
+        ("#### 2.02e-06", "2.0107e-06", 0.0),
+        ("#### 2.011e-06", "2.0107e-06", 1.0),
+        ("#### 2.012e-06", "2.0107e-06", 0.0),
         # non-finite golds never match
         ("#### 1", float("nan"), 0.0),
         ("#### 1", float("inf"), 0.0),
@@ -149,7 +188,7 @@ def test_score(completion: str, gold: str | float | int, expected: float) -> Non
 )
 def test_score_gsm_hard_tolerance(completion: str, gold: float, expected: float) -> None:
     assert score(completion, gold) == expected
-    assert score(completion, repr(gold)) == expected or "e" in repr(gold)
+    assert score(completion, repr(gold)) == expected  # "2.0107e-06" as a string reads as the float does
 
 
 # ------------------------------------------------------------------ properties

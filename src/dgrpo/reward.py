@@ -24,8 +24,13 @@ _MINUS = "-\u2212"  # ASCII hyphen-minus and the Unicode minus sign
 _SIGN = r"[-+\u2212]"
 # The digits of one number: ``40,000`` (groups of exactly three after a comma), ``1234``, ``3.50``, ``.5``.
 _DIGITS = r"(?:[0-9]{1,3}(?:,[0-9]{3}(?![0-9]))+|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+"
+# A power of ten written right after the digits (GSM-Hard's ``2.0107e-06``, ``1E3``): e/E, a sign, 1-3 digits (a
+# float's range). ``3 eggs``, ``e.g.`` or ``5e`` hold no exponent; a number with a longer one (``2e1234``) is no
+# number at all (not 2): nothing may follow a number's end that would continue it.
+_EXPONENT = rf"[eE]{_SIGN}?[0-9]{{1,3}}"
+_END = rf"(?![0-9]|\.?[0-9]*[eE]{_SIGN}?[0-9])"
 # An optional sign and ``$`` either side of each other: ``-3``, ``+3``, ``$5``, ``-$5``, ``$-5``, ``$ 5``.
-_NUMBER = rf"(?P<s1>{_SIGN})?(?:\$\s?)?(?P<s2>{_SIGN})?(?P<num>{_DIGITS})"
+_NUMBER = rf"(?P<s1>{_SIGN})?(?:\$\s?)?(?P<s2>{_SIGN})?(?P<num>(?:{_DIGITS})(?:{_EXPONENT})?){_END}"
 # In running text a number must not be glued to a preceding word, digit, '.' or closing bracket, so
 # ``16-3-4=9`` reads as 16, 3, 4, 9 (not -3, -4) and ``abc123`` holds no number.
 _NUMBER_IN_TEXT = re.compile(rf"(?<![0-9A-Za-z_.)\]]){_NUMBER}")
@@ -35,10 +40,12 @@ _ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)
 
 
 def _canonical(match: re.Match[str]) -> str:
-    """The normalised string of a matched number: no commas/``$``/``+``, no padding zeros ("-3.5", "40000")."""
+    """The normalised string of a matched number: no commas/``$``/``+``/exponent, no padding zeros ("-3.5", "40000",
+    "0.0000020107" for ``2.0107e-06``)."""
     signs = (match.group("s1") or "") + (match.group("s2") or "")
     negative = sum(ch in _MINUS for ch in signs) % 2 == 1
-    digits = match.group("num").replace(",", "")
+    mantissa, exponent = _split_exponent(match.group("num"))
+    digits = format(Decimal(f"{mantissa}e{exponent}"), "f") if exponent else mantissa
     whole, _, frac = digits.partition(".")
     whole = whole.lstrip("0") or "0"
     frac = frac.rstrip("0")
@@ -46,6 +53,20 @@ def _canonical(match: re.Match[str]) -> str:
     if out == "0":
         negative = False
     return ("-" if negative else "") + out
+
+
+def _split_exponent(num: str) -> tuple[str, int]:
+    """(digits without commas, power of ten) of a matched number: ``"2.0107e-06"`` -> ``("2.0107", -6)``,
+    ``"40,000"`` -> ``("40000", 0)``."""
+    mantissa, _, exponent = num.replace(",", "").replace("E", "e").partition("e")
+    return mantissa, int(exponent.replace("\u2212", "-")) if exponent else 0
+
+
+def _written_decimals(num: str) -> int:
+    """The decimals a matched number is written to, in plain notation: ``"2.30"`` 2, ``"2.0107e-06"`` 10, ``"1.5e3"``
+    0 (the precision :func:`numbers_match` credits)."""
+    mantissa, exponent = _split_exponent(num)
+    return max(len(mantissa.partition(".")[2]) - exponent, 0)
 
 
 def _find_answer(text: str) -> re.Match[str] | None:
@@ -73,9 +94,10 @@ def extract_answer(text: str) -> str | None:
     The span searched is, in order: the text after the last ``#`` (GSM8K's ``#### 42``), else the text
     after the last "The answer is" / "answer:" (case-insensitive); the first number of that span is the
     answer. When neither marker is present, or its span holds no number, the last number of the whole
-    text is used. Thousands commas, ``$``, signs, decimals (``3.50``, ``.5``) and a trailing period are
-    handled: ``"#### $40,000."`` -> ``"40000"``, ``"The answer is -3.50"`` -> ``"-3.5"``. Never raises
-    for a ``str``; never evaluates the text.
+    text is used. Thousands commas, ``$``, signs, decimals (``3.50``, ``.5``), an exponent written right after the
+    digits (``2.0107e-06``, ``1E3``; not the ``e`` of ``3 eggs``) and a trailing period are handled:
+    ``"#### $40,000."`` -> ``"40000"``, ``"The answer is -3.50"`` -> ``"-3.5"``, ``"#### 1e3"`` -> ``"1000"``.
+    Never raises for a ``str``; never evaluates the text.
     """
     found = _find_answer(text)
     return _canonical(found) if found is not None else None
@@ -95,7 +117,7 @@ def normalize_number(text: str) -> str | None:
 
 
 def parse_number(text: str) -> float | None:
-    """A gold answer string as a float (``"40,000"`` -> 40000.0, ``"-3.5"``, ``"1.0"``, ``"$5."``), or None.
+    """A gold answer string as a float (``"40,000"`` -> 40000.0, ``"-3.5"``, ``"1.0"``, ``"$5."``, ``"1e3"``), or None.
 
     The whole string must be one number (sentences such as ProsQA's ``"Tom is a lempus."`` give None);
     None too when the value overflows a float.
@@ -169,6 +191,9 @@ def score(completion_text: str, gold_answer: str | float | int) -> float:
       (``|pred - gold| <= 0.5 * 10**-d``): ``"2.33"``, ``"2.3333"`` and (for ``2.30001``) ``"2.30"``
       score 1.0; ``"2.3"``, ``"2"``, ``"2.34"`` score 0.0. There is no absolute tolerance, so neither
       ``"0"`` nor ``"0.00"`` matches ``5.158e-07``.
+    * an exponent is read on either side (GSM-Hard writes golds such as ``"2.0107e-06"``): ``"0.0000020107"``
+      and ``"2.0107e-06"`` are the same number, and a prediction in scientific notation is written to the decimals
+      of its plain form (``"2.01e-06"``: 8).
 
     Non-numeric gold (ProsQA's ``"Tom is a lempus."``): the completion's final segment (after the last
     ``#`` if any, else the whole text) must equal the gold after :func:`normalize_text`.
@@ -185,5 +210,4 @@ def score(completion_text: str, gold_answer: str | float | int) -> float:
     found = _find_answer(completion_text)
     if found is None:
         return 0.0
-    written_decimals = len(found.group("num").partition(".")[2])
-    return 1.0 if numbers_match(_canonical(found), gold, written_decimals) else 0.0
+    return 1.0 if numbers_match(_canonical(found), gold, _written_decimals(found.group("num"))) else 0.0
