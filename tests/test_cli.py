@@ -28,7 +28,14 @@ def test_sft_then_eval_end_to_end(tmp_path):
     for sub in ("stage-0", "stage-1", "final"):
         assert (run / sub / "model.safetensors").exists() and (run / sub / "tokenizer.json").exists()
     latent = json.loads((run / "final" / "latent_config.json").read_text())
-    assert latent == {"mode": "coconut", "c_thought": 1, "stage": 1, "n_latent": 1, "chat_template": False}
+    assert latent == {
+        "mode": "coconut",
+        "c_thought": 1,
+        "stage": 1,
+        "n_latent": 1,
+        "chat_template": False,
+        "markers": True,
+    }
     stage_rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if "eval/valid/accuracy" in x]
     assert [row["stage"] for row in stage_rows] == [0, 1]
     ev = tmp_path / "ev"
@@ -264,3 +271,121 @@ def test_one_set_takes_several_overrides(run_cli):
     assert json.loads(r.stdout)["grpo"]["log_every"] == 3
     r = run_cli("config", "show", "--set", "grpo.lr=2e-5", "grpo")
     assert r.returncode == 2 and "got 'grpo' (a positional argument goes before --set)" in r.stderr
+
+
+def test_check_fits_counts_what_generate_builds_and_names_what_to_lower(tokenizer):
+    """The prompt as encoded already holds <|start-latent|>: one more marker (<|end-latent|>) follows the latents, none
+    without markers (a plain LM's k-shot prompt). The message states each part and the options that shorten it."""
+    from dgrpo.config import ConfigError
+
+    from conftest import make_lm
+
+    lm = make_lm(tokenizer)  # 512 positions
+    lm.check_fits(510, 0, 1, key="eval.n_latent")  # 510 + 0 + 1 + 1 = 512 fits
+    lm.check_fits(500, 0, 12, key="eval.n_latent", markers=False)  # 500 + 12 = 512 fits
+    with pytest.raises(ConfigError) as e:
+        lm.check_fits(212, 1, 600, key="eval.n_latent")
+    assert str(e.value) == (
+        "eval: the sequence does not fit the model's context of 512 positions: question (211 tokens) + 1 latent "
+        "thought + 2 markers + answer (eval.max_new_tokens = 600) = 814; lower eval.n_latent, eval.max_new_tokens or "
+        "data.max_question_tokens"
+    )
+    with pytest.raises(ConfigError) as e:
+        lm.check_fits(500, 0, 13, key="eval.n_latent", markers=False)
+    assert str(e.value) == (
+        "eval: the sequence does not fit the model's context of 512 positions: prompt (500 tokens) + answer "
+        "(eval.max_new_tokens = 13) = 513; lower eval.max_new_tokens or eval.shots"
+    )
+    with pytest.raises(ConfigError, match=r"grpo: .* = 513; lower grpo.max_new_tokens or data.max_question_tokens$"):
+        lm.check_fits(511, 0, 1, key="grpo.n_latent")
+
+
+def _canned(texts):
+    """A stand-in for the perturbed generation of evaluate_mc_vote: ``texts``, whatever the model."""
+    return lambda lm, questions, perturbation, **kw: list(texts)
+
+
+def test_mc_vote_votes_on_the_answers_the_scorer_reads(tokenizer, monkeypatch):
+    """Text golds vote on the final text (they all voted None, accuracy 0), numeric golds on the number; the majority's
+    first completion is scored by the scorer, whose name the result carries; n_masks < 1 and a sequence longer than
+    the context are refused as evaluate refuses them."""
+    import dgrpo.eval.evaluate as ev
+    from dgrpo.config import ConfigError
+    from dgrpo.data.records import Record
+    from dgrpo.eval.scoring import exact
+    from dgrpo.perturbation import LockedDropout
+
+    from conftest import make_lm
+
+    lm, drop = make_lm(tokenizer), LockedDropout(p=0.1)
+    recs = [Record("Is Tom a lempus?", [], "Tom is a lempus."), Record("q", [], "2.5"), Record("q3", [], "7")]
+    with pytest.raises(ConfigError, match=r"answer \(eval.max_new_tokens = 600\)"):
+        ev.evaluate_mc_vote(lm, recs, drop, max_new_tokens=600, progress=False)
+    for n_masks in (0, -1):
+        with pytest.raises(ValueError, match=f"n_masks must be >= 1 .*got {n_masks}"):
+            ev.evaluate_mc_vote(lm, recs, drop, n_masks=n_masks, progress=False)
+    real = ev.evaluate_mc_vote(lm, recs[1:], drop, n_masks=2, max_new_tokens=3, progress=False)
+    assert real.n == 2 and real.mode == "coconut+mc2" and all(len(p["votes"]) == 2 for p in real.predictions)
+    texts = ["#### Tom is a lempus.", "#### Tom is a terpus.", "tom is a LEMPUS"]
+    texts += ["#### 2.50", "The answer is 3", "#### 2.5", "no idea", "", "hmm"]
+    monkeypatch.setattr(ev, "_perturbed_texts", _canned(texts))
+    r = ev.evaluate_mc_vote(lm, recs, drop, n_masks=3, progress=False)
+    assert [p["votes"] for p in r.predictions] == [
+        ["tom is a lempus", "tom is a terpus", "tom is a lempus"],
+        ["2.5", "3", "2.5"],
+        [None, None, None],
+    ]
+    assert [p["correct"] for p in r.predictions] == [True, True, False] and r.predictions[1][
+        "completion"
+    ] == "#### 2.50"
+    assert (r.correct, r.accuracy, r.unparseable, r.scorer) == (2, 2 / 3, 1, "numeric")
+    # exact: "2.50", "the answer is 3", "2.5" tie, the first ("2.50") is not "2.5" as text; "no idea" wins q3
+    r = ev.evaluate_mc_vote(lm, recs, drop, n_masks=3, progress=False, scorer=exact)
+    assert [p["pred"] for p in r.predictions] == ["tom is a lempus", "2.50", "no idea"]
+    assert (r.correct, r.unparseable, r.scorer) == (1, 0, "exact")
+
+    def mine(completions, records):  # a plug-in: votes on its final text, the chosen completion scored by it
+        return [float(c.endswith("2.50")) for c in completions]
+
+    monkeypatch.setattr(ev, "_perturbed_texts", _canned(texts[3:6]))
+    r = ev.evaluate_mc_vote(lm, recs[1:2], drop, n_masks=3, progress=False, scorer=mine)
+    assert (r.correct, r.scorer, r.predictions[0]["completion"]) == (1, "mine", "#### 2.50")
+
+
+def test_merged_results_keep_what_was_evaluated():
+    from dgrpo.eval.evaluate import EvalResult, merge_results
+
+    parts = [
+        EvalResult("d", 1.0, 1, 1, 0, 3, 1, "coconut", 2.0, model="/m", temperature=0.7, top_p=0.9, limit=2),
+        EvalResult("d", 0.0, 1, 0, 1, 3, 1, "coconut", 1.0, model="/m", temperature=0.7, top_p=0.9, limit=2),
+    ]
+    got = merge_results(parts).summary()
+    assert got["accuracy"] == 0.5 and got["unparseable"] == 1 and got["wall_s"] == 2.0
+    assert (got["model"], got["temperature"], got["top_p"], got["limit"]) == ("/m", 0.7, 0.9, 2)
+
+
+def test_eval_results_name_the_checkpoint_and_the_decoding(tmp_path, sft_checkpoint, run_cli):
+    """results.json says what was evaluated and how (a sampled eval is not mistaken for greedy); an answer longer
+    than the context is one line naming the parts and what to lower, in plain mode without markers or n_latent."""
+    import re
+
+    run_dir = sft_checkpoint.parent  # a run directory names its final/
+    args = ["eval", "--model", run_dir, "--data", "builtin:test", "--limit", 4, "--set", "task.n_test=8"]
+    sampled = ["eval.max_new_tokens=4", "eval.temperature=0.7", "eval.top_p=0.9"]
+    r = run_cli(*args, "--out", tmp_path / "ev", "--set", *sampled)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((tmp_path / "ev" / "results.json").read_text())
+    assert res["model"] == str(sft_checkpoint.resolve()) and res["n_latent"] == 1 and res["n"] == 4
+    assert (res["temperature"], res["top_p"], res["max_new_tokens"], res["limit"], res["shots"]) == (0.7, 0.9, 4, 4, 0)
+    assert {"accuracy", "correct", "unparseable", "dataset", "seed", "mode", "scorer", "wall_s"} <= set(res)
+    r = run_cli(*args, "--out", tmp_path / "long", "--set", "eval.max_new_tokens=600")
+    line = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(line) == 1 and "1 latent thought + 2 markers + answer" in line[0], r.stderr
+    assert "lower eval.n_latent, eval.max_new_tokens or data.max_question_tokens" in line[0]
+    r = run_cli(*args, "--plain", "--shots", 2, "--out", tmp_path / "plain", "--set", "eval.max_new_tokens=600")
+    line = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(line) == 1 and "markers" not in line[0] and "latent" not in line[0], r.stderr
+    tail = (
+        r"prompt \(\d+ tokens\) \+ answer \(eval.max_new_tokens = 600\) = \d+; lower eval.max_new_tokens or eval.shots"
+    )
+    assert re.search(tail + "$", line[0]), line[0]

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from transformers import GPT2LMHeadModel
 
+from dgrpo.data.records import Record
 from dgrpo.model.coconut_import import import_coconut
 from dgrpo.model.latent_lm import LATENT_CONFIG_FILE, LatentLM, LatentSettings
 from dgrpo.model.reference import uncached_target_logprobs
@@ -112,6 +113,7 @@ def test_official_checkpoint_converts_and_computes_what_coconut_computes(officia
         "stage": 4,
         "n_latent": 6,
         "chat_template": False,
+        "markers": True,
     }
     lm = LatentLM.from_pretrained(out).eval()
     assert len(lm.tokenizer) == n_base + 3 and lm.model.get_input_embeddings().weight.shape[0] == n_base + 3
@@ -169,18 +171,33 @@ def test_plain_state_dict_imports(official, tmp_path, variant):
     assert lm.settings == LatentSettings(mode="coconut", c_thought=1, stage=4, n_latent=3)
 
 
-def test_cot_stage_checkpoint_gets_the_latent_rows_run_py_would_make(official, tmp_path, tokenizer):
+def test_cot_stage_checkpoint_gets_the_latent_rows_run_py_would_make(official, tmp_path, tokenizer, task_records):
     base, _, _, tok, n_base = official
     cot = build_tiny_model("gpt2", n_base, seed=5, **TINY)  # run.py's CoT stage: the plain model, never resized
     sd = {k: v.clone() for k, v in cot.state_dict().items()}
     out = import_coconut(saved(tmp_path, "cot", sd), str(base), tmp_path / "out", c_thought=2)
     lm = LatentLM.from_pretrained(out)
-    assert lm.settings == LatentSettings(mode="cot", c_thought=2, stage=0, n_latent=0)
+    # prompted as run.py trained and evaluated its CoT stage: the question alone, no latent markers
+    assert lm.settings == LatentSettings(mode="cot", c_thought=2, stage=0, n_latent=0, markers=False)
     emb = lm.model.get_input_embeddings().weight
     assert emb.shape[0] == n_base + 3 and torch.equal(emb[:n_base], sd["transformer.wte.weight"])
     src = tokenizer.get_vocab()["<<"]
     for t in OFFICIAL_ORDER:
         assert torch.equal(emb[tok.convert_tokens_to_ids(t)], emb[src])
+    from dgrpo.eval.evaluate import evaluate, plain_prompt
+
+    recs = task_records[:3]
+    got = [p["completion"] for p in evaluate(lm.eval(), recs, max_new_tokens=4, progress=False).predictions]
+    ids, mask = lm.encode_questions([r.question for r in recs], markers=False)
+    assert int(ids[0, -1]) != lm.start_id
+    plain = lm.generate(ids, mask, 0, max_new_tokens=4, markers=False)
+    assert got == lm.decode(plain.tokens, plain.mask)  # the question alone, as run.py evaluated it
+    # a plain LM's k-shot prompt writes out a GSM8K example's own solution (its calculator annotations dropped)
+    gsm = Record("Tom has 16 eggs.", ["<<16-3-4=9>>"], "9", {"solution": "He has 16 - 3 - 4 = <<16-3-4=9>>9.\n#### 9"})
+    assert plain_prompt("Q?", [gsm, Record("Ann has 2.", [], "2", {})]) == (
+        "Question: Tom has 16 eggs.\nAnswer: He has 16 - 3 - 4 = 9. The answer is 9.\n\n"
+        "Question: Ann has 2.\nAnswer: The answer is 2.\n\nQuestion: Q?\nAnswer:"
+    )
 
 
 def test_pickled_code_is_refused_and_never_run(official, tmp_path, run_cli):

@@ -436,7 +436,11 @@ class EvalConfig:
     )
     top_p: float = opt(1.0, "nucleus sampling mass (with temperature > 0)")
     limit: int = opt(0, "evaluate at most this many records (0 = all)")
-    shots: int = opt(0, "plain causal LM only: number of worked examples in the chain-of-thought prompt")
+    shots: int = opt(
+        0,
+        "plain causal LM only: worked examples in the prompt, from the start of the data (a GSM8K example written with "
+        "its solution, an example of a dataset without one with its answer alone)",
+    )
     plain: bool = opt(False, "evaluate as a plain causal LM (no latents, CoT prompt): the base-model rows of Table 1")
     scorer: str = opt(
         "numeric",

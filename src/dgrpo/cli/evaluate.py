@@ -16,7 +16,7 @@ from .common import add_config_options, load, prompt_settings, setup, subcommand
 
 EXAMPLES = """  dgrpo eval --model runs/grpo --data builtin:test --out runs/eval    # a run directory means its final/
   dgrpo eval --model runs/grpo/best --data gsm8k --limit 200 --out runs/eval-gsm8k
-  dgrpo eval --model Qwen/Qwen2.5-1.5B --data gsm8k --plain --shots 1 --out runs/base   # a plain LM, 1-shot CoT prompt
+  dgrpo eval --model Qwen/Qwen2.5-1.5B --data gsm8k --plain --shots 1 --out runs/base   # a plain LM, 1-shot prompt
 """
 #: what eval takes from the checkpoint's run_config.json (the definition of the task and of a prompt)
 CHECKPOINT_SECTIONS = {
@@ -70,6 +70,18 @@ def explain(start: dict, cfg: Any) -> str | None:
             (taken if getattr(getattr(cfg, section), k) == v else changed).append(f"{section}.{k}")
     line = f"dgrpo eval: task and data settings from the checkpoint's run_config.json ({len(taken)} kept"
     return line + (f"; overridden: {', '.join(changed)})" if changed else ")")
+
+
+def model_label(model: str) -> str:
+    """How results name the model evaluated: a local checkpoint's absolute directory (a run directory's final/, a
+    resumable checkpoint's model/), else ``--model`` as given (a hub id)."""
+    from ..model.factory import resolve_checkpoint
+    from ..model.verified import CheckpointError
+
+    try:
+        return str(resolve_checkpoint(model).resolve())
+    except CheckpointError:  # not a local checkpoint
+        return model
 
 
 def dataset_label(data: str, split: str | None) -> str:
@@ -135,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         max_question_tokens=cfg.data.max_question_tokens,
         scorer=scorer,
     )
+    r.model = model_label(args.model)
     write_results(r, Path(args.out))
     print(json.dumps(r.summary()))
     return 0

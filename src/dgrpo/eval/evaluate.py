@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -14,8 +15,8 @@ from ..data.records import Record
 from ..model.latent_lm import LatentLM
 from ..perturbation import seeds_for
 from ..perturbation.base import row_sampling_uniforms, text_seed, to_device
-from ..reward import extract_answer, is_parseable, score
-from .scoring import ScoreFn, call_checked, final_answer_text, numeric
+from ..reward import extract_answer, is_parseable, normalize_number, normalize_text
+from .scoring import ScoreFn, call_checked, choice, choice_letter, final_answer_text, numeric
 
 
 @dataclass
@@ -30,6 +31,15 @@ class EvalResult:
     mode: str
     wall_s: float
     scorer: str = "numeric"  # what counted as correct (eval.scorer: a built-in name or a plug-in's module:function)
+    # what was evaluated, and how: the checkpoint (``dgrpo eval`` names it: an absolute path, or the hub id; None
+    # when not recorded) and the decoding (temperature 0: greedy), limit (0: all records), k-shot examples (plain)
+    model: str | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    max_question_tokens: int | None = None
+    limit: int = 0
+    shots: int = 0
     predictions: list[dict] = field(default_factory=list, repr=False)
 
     def summary(self) -> dict:
@@ -39,12 +49,24 @@ class EvalResult:
 
 
 def plain_prompt(question: str, shots: list[Record]) -> str:
-    """k-shot chain-of-thought prompt for a plain causal LM (the paper's base-model rows)."""
+    """k-shot prompt for a plain causal LM (the paper's base-model rows): each worked example is written out as its
+    dataset gives it, the natural-language solution where there is one (GSM8K's, without its ``<<...>>``
+    calculator annotations and ``####`` line), else its steps, else the answer alone (SVAMP, MultiArith)."""
     parts = []
     for r in shots:
-        steps = " ".join(r.steps)
-        parts.append(f"Question: {r.question}\nAnswer: {steps + ' ' if steps else ''}The answer is {r.answer}.\n\n")
+        work = worked_solution(r) or " ".join(r.steps)
+        parts.append(f"Question: {r.question}\nAnswer: {work + ' ' if work else ''}The answer is {r.answer}.\n\n")
     return "".join(parts) + f"Question: {question}\nAnswer:"
+
+
+def worked_solution(record: Record) -> str:
+    """A record's natural-language solution on one line ('' when its dataset has none): GSM8K's ``answer`` text
+    before ``####``, its calculator annotations removed (``16 - 3 - 4 = <<16-3-4=9>>9`` -> ``16 - 3 - 4 = 9``)."""
+    solution = record.meta.get("solution")
+    if not isinstance(solution, str):
+        return ""
+    text = re.sub(r"<<[^<>]*>>", "", solution.partition("####")[0])
+    return " ".join(text.split())
 
 
 def _cut_plain(text: str) -> str:
@@ -80,9 +102,7 @@ def generate_answers(
     dropout evaluation); ``None`` evaluates the deterministic network.
     """
     order = sorted(range(len(questions)), key=lambda i: len(questions[i]))
-    if questions:  # the longest question (by characters) with every latent and answer token must fit the context
-        longest, _ = lm.encode_questions([questions[order[-1]]], markers=markers, max_tokens=max_question_tokens)
-        lm.check_fits(longest.shape[1], n_latent, max_new_tokens, key="eval.n_latent")
+    check_context(lm, questions, n_latent, max_new_tokens, markers=markers, max_question_tokens=max_question_tokens)
     sampling = question_seeds(seed, questions) if temperature > 0 else None
     out: list[str] = [""] * len(questions)
     was_training = lm.training
@@ -110,6 +130,22 @@ def generate_answers(
             out[i] = text
     lm.train(was_training)
     return out
+
+
+def check_context(
+    lm: LatentLM,
+    questions: list[str],
+    n_latent: int,
+    max_new_tokens: int,
+    *,
+    markers: bool = True,
+    max_question_tokens: int | None = None,
+) -> None:
+    """ConfigError (:meth:`LatentLM.check_fits`) when the longest question (by characters), its latent thoughts and
+    ``max_new_tokens`` answer tokens do not fit the model's context."""
+    if questions:
+        longest, _ = lm.encode_questions([max(questions, key=len)], markers=markers, max_tokens=max_question_tokens)
+        lm.check_fits(longest.shape[1], n_latent, max_new_tokens, key="eval.n_latent", markers=markers)
 
 
 def question_seeds(seed: int, questions: list[str]) -> torch.Tensor:
@@ -175,6 +211,12 @@ def evaluate(
         mode="plain" if plain else lm.settings.mode,
         wall_s=round(time.time() - t0, 3),
         scorer=scorer_name(scorer),
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        max_question_tokens=None if plain else max_question_tokens,
+        limit=limit,
+        shots=shots if plain else 0,
         predictions=preds,
     )
 
@@ -190,7 +232,7 @@ def _prompts(
     mode = lm.settings.mode
     if mode in ("cot", "no_cot", "plain"):
         n_lat, mode = 0, "coconut"
-    return [r.question for r in records], n_lat, mode, True
+    return [r.question for r in records], n_lat, mode, lm.settings.markers
 
 
 def scorer_name(scorer: ScoreFn) -> str:
@@ -215,21 +257,18 @@ def _graded(records: list[Record], texts: list[str], scorer: ScoreFn) -> tuple[l
 
 
 def merge_results(parts: list[EvalResult]) -> EvalResult:
-    """One result from the results of contiguous shards of a dataset (e.g. one per process), in order."""
+    """One result from the results of contiguous shards of a dataset (e.g. one per process), in order; the settings
+    (seed, mode, decoding, ...) are the first non-empty shard's."""
     first = next((p for p in parts if p.n), parts[0])
     n = sum(p.n for p in parts)
     correct = sum(p.correct for p in parts)
-    return EvalResult(
-        dataset=first.dataset,
+    return replace(
+        first,
         accuracy=correct / n if n else 0.0,
         n=n,
         correct=correct,
         unparseable=sum(p.unparseable for p in parts),
-        seed=first.seed,
-        n_latent=first.n_latent,
-        mode=first.mode,
         wall_s=max(p.wall_s for p in parts),
-        scorer=first.scorer,
         predictions=[x for p in parts for x in p.predictions],
     )
 
@@ -254,7 +293,77 @@ def majority_vote(answers: list[str | None]) -> str | None:
     return next(a for a in answers if a is not None and counts[a] == best)
 
 
+def vote_key(scorer: ScoreFn, text: str, gold: str) -> str | None:
+    """The answer a completion votes for, as ``scorer`` reads it; None when it holds none.
+
+    ``numeric``: the normalised final number (:func:`extract_answer`) for a numeric gold, and for a text gold (ProsQA)
+    the normalised text after the last ``#``, which is what :func:`dgrpo.reward.score` compares; ``choice``: the
+    letter A-E; ``exact`` and any plug-in: the normalised final answer text (after the last ``####``)."""
+    if scorer is choice:
+        return choice_letter(text)
+    if scorer is numeric and normalize_number(str(gold)) is not None:
+        return extract_answer(text)
+    final = text.rpartition("#")[2] if scorer is numeric else final_answer_text(text)
+    return normalize_text(final) or None
+
+
 @torch.no_grad()
+def _perturbed_texts(
+    lm: LatentLM,
+    questions: list[str],
+    perturbation,
+    *,
+    batch_size: int,
+    max_new_tokens: int,
+    seed: int,
+    max_question_tokens: int | None,
+    progress: bool,
+) -> list[str]:
+    """Greedy completions of ``questions``, row i under the perturbation drawn from its own seed (stream mc-vote)."""
+    markers = lm.settings.markers
+    check_context(
+        lm, questions, lm.settings.n_latent, max_new_tokens, markers=markers, max_question_tokens=max_question_tokens
+    )
+    seeds = seeds_for(seed, 0, 0, len(questions), stream="mc-vote")
+    texts: list[str] = []
+    was_training = lm.training
+    lm.eval()
+    for b0 in tqdm(
+        range(0, len(questions), batch_size), desc="mc-vote", disable=not progress, leave=False, dynamic_ncols=True
+    ):
+        ids, mask = lm.encode_questions(
+            questions[b0 : b0 + batch_size], markers=markers, max_tokens=max_question_tokens
+        )
+        with perturbation.bind(lm, seeds[b0 : b0 + batch_size]) as pb:
+            g = lm.generate(
+                ids, mask, lm.settings.n_latent, max_new_tokens=max_new_tokens, perturbation=pb, markers=markers
+            )
+        texts += lm.decode(g.tokens, g.mask)
+    lm.train(was_training)
+    return texts
+
+
+def _voted(records: list[Record], texts: list[str], n_masks: int, scorer: ScoreFn) -> tuple[list[dict], int]:
+    """(one prediction row per record, how many are correct): each record's ``n_masks`` completions vote with
+    :func:`vote_key`; the first completion giving the majority answer is scored by ``scorer`` (value > 0.5)."""
+    preds: list[dict] = []
+    chosen: dict[int, str] = {}  # record -> the completion scored for it (records with a vote)
+    for j, r in enumerate(records):
+        mine = texts[j * n_masks : (j + 1) * n_masks]
+        votes = [vote_key(scorer, t, r.answer) for t in mine]
+        vote = majority_vote(votes)
+        if vote is not None:
+            chosen[j] = next(t for t, v in zip(mine, votes) if v == vote)
+        preds.append({"question": r.question, "gold": r.answer, "votes": votes, "pred": vote})
+    scores = (
+        call_checked(scorer, scorer_name(scorer), list(chosen.values()), [records[j] for j in chosen]) if chosen else []
+    )
+    ok = {j: value > 0.5 for j, value in zip(chosen, scores)}
+    for j, p in enumerate(preds):
+        p.update(completion=chosen.get(j, ""), correct=ok.get(j, False))
+    return preds, sum(ok.values())
+
+
 def evaluate_mc_vote(
     lm: LatentLM,
     records: list[Record],
@@ -267,44 +376,46 @@ def evaluate_mc_vote(
     seed: int = 0,
     max_question_tokens: int | None = None,
     progress: bool = True,
+    scorer: ScoreFn | None = None,
 ) -> EvalResult:
     """Monte-Carlo perturbation ensemble: greedy answers under ``n_masks`` seeded perturbations per question,
-    majority vote. This is the model-average policy Dropout-GRPO optimises (paper Sec. 3.1, Sec. 6)."""
-    t0 = time.time()
+    majority vote. This is the model-average policy Dropout-GRPO optimises (paper Sec. 3.1, Sec. 6).
+
+    Each completion votes for its answer as ``scorer`` (default: the numeric verifier) reads it (:func:`vote_key`: the
+    final number for a numeric gold, the normalised final text for a text gold such as ProsQA's, the letter for
+    ``choice``); ties go to the answer seen first. The question is correct when ``scorer`` scores the first
+    completion that gave the majority answer correct, so a vote counts exactly as that completion would in
+    :func:`evaluate`. ``unparseable`` counts (numeric scorer only, as in :func:`evaluate`) the questions none of whose
+    completions holds an answer. ConfigError when question, latents and answer do not fit the model's context;
+    ValueError when ``n_masks`` < 1."""
+    if n_masks < 1:
+        raise ValueError(f"evaluate_mc_vote: n_masks must be >= 1 (completions voting per question), got {n_masks}")
+    t0, scorer = time.time(), scorer or numeric
     questions = [r.question for r in records for _ in range(n_masks)]
-    seeds = seeds_for(seed, 0, 0, len(questions), stream="mc-vote")
-    order = list(range(len(questions)))
-    texts: list[str] = [""] * len(questions)
-    was_training = lm.training
-    lm.eval()
-    for b0 in tqdm(
-        range(0, len(order), batch_size), desc="mc-vote", disable=not progress, leave=False, dynamic_ncols=True
-    ):
-        idx = order[b0 : b0 + batch_size]
-        ids, mask = lm.encode_questions([questions[i] for i in idx], max_tokens=max_question_tokens)
-        with perturbation.bind(lm, seeds[idx]) as pb:
-            g = lm.generate(ids, mask, lm.settings.n_latent, max_new_tokens=max_new_tokens, perturbation=pb)
-        for i, t in zip(idx, lm.decode(g.tokens, g.mask)):
-            texts[i] = t
-    lm.train(was_training)
-    preds, correct = [], 0
-    for j, r in enumerate(records):
-        answers = [extract_answer(t) for t in texts[j * n_masks : (j + 1) * n_masks]]
-        vote = majority_vote(answers)
-        ok = vote is not None and score(f"#### {vote}", r.answer) == 1.0
-        correct += int(ok)
-        preds.append({"question": r.question, "gold": r.answer, "votes": answers, "pred": vote, "correct": ok})
+    texts = _perturbed_texts(
+        lm,
+        questions,
+        perturbation,
+        batch_size=batch_size,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        max_question_tokens=max_question_tokens,
+        progress=progress,
+    )
+    preds, correct = _voted(records, texts, n_masks, scorer)
     n = len(records)
-    unparseable = sum(p["pred"] is None for p in preds)
     return EvalResult(
         dataset=dataset,
         accuracy=correct / n if n else 0.0,
         n=n,
         correct=correct,
-        unparseable=unparseable,
+        unparseable=sum(p["pred"] is None for p in preds) if scorer is numeric else 0,
         seed=seed,
         n_latent=lm.settings.n_latent,
         mode=f"{lm.settings.mode}+mc{n_masks}",
         wall_s=round(time.time() - t0, 3),
+        scorer=scorer_name(scorer),
+        max_new_tokens=max_new_tokens,
+        max_question_tokens=max_question_tokens,
         predictions=preds,
     )

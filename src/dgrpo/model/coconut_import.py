@@ -142,7 +142,8 @@ def choose_settings(
             f"{ckpt} has no latent-token rows: a CoT-stage checkpoint (Coconut's stage 0), imported as mode "
             "cot; leave out n_latent / stage / max_latent_stage"
         )
-    return LatentSettings(mode="cot", c_thought=c_thought, stage=0, n_latent=0)
+    # run.py trains and evaluates its CoT stage without the markers (no_special_marker: configs.cot or no_cot)
+    return LatentSettings(mode="cot", c_thought=c_thought, stage=0, n_latent=0, markers=False)
 
 
 def build_base(base: str, trust_remote_code: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, list[str]]:

@@ -76,7 +76,9 @@ class LatentSettings:
     ``mode``: ``coconut`` (continuous thought), ``pause`` (``<|latent|>`` pause tokens, no recurrence),
     ``cot`` / ``no_cot`` (no latents; written steps or answer only), ``plain`` (a plain causal LM
     prompted without latent markers). ``chat_template``: questions are wrapped in the tokenizer's chat
-    template (instruction-tuned backbones) before the latent markers.
+    template (instruction-tuned backbones) before the latent markers. ``markers``: False for a checkpoint trained
+    without ``<|start-latent|>`` / ``<|end-latent|>`` (Coconut's own CoT and no-CoT runs, ``no_special_marker``):
+    it is evaluated on the question alone; dgrpo's trainers prompt with them and set it.
     """
 
     mode: str = "coconut"
@@ -84,6 +86,7 @@ class LatentSettings:
     stage: int = 0
     n_latent: int = 0
     chat_template: bool = False
+    markers: bool = True
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -523,16 +526,33 @@ class LatentLM(nn.Module):
                 return value
         return None
 
-    def check_fits(self, prompt_tokens: int, n_latent: int, answer_tokens: int, key: str = "n_latent") -> None:
-        """ConfigError (one line) when question + latents + markers + answer exceed the model's context: a
-        sequence that long would run for minutes and then read positions the model was never trained on."""
-        total, limit = prompt_tokens + n_latent + 2 + answer_tokens, self.context_length
-        if limit is not None and total > limit:
-            raise ConfigError(
-                f"invalid config value {key}: {n_latent} latent thoughts do not fit the model's context: question "
-                f"({prompt_tokens} tokens) + {n_latent} latents + 2 markers + answer ({answer_tokens}) = {total} > "
-                f"{limit} positions"
-            )
+    def check_fits(
+        self, prompt_tokens: int, n_latent: int, answer_tokens: int, key: str = "n_latent", *, markers: bool = True
+    ) -> None:
+        """ConfigError (one line) when the sequence :meth:`generate` builds exceeds the model's context: a sequence
+        that long would run for minutes and then read positions the model was never trained on.
+
+        ``prompt_tokens`` is the prompt's width as :meth:`encode_questions` gives it (``<|start-latent|>`` included
+        when ``markers``); then come ``n_latent`` thoughts, ``<|end-latent|>`` when ``markers``, and
+        ``answer_tokens``. ``key`` is the option that set ``n_latent`` (``eval.n_latent``): its section names the
+        answer's ``max_new_tokens`` and, without markers (a plain LM's k-shot prompt), ``shots``. The message states
+        every part and the options that shorten the sequence."""
+        total, limit = prompt_tokens + n_latent + int(markers) + answer_tokens, self.context_length
+        if limit is None or total <= limit:
+            return
+        section = key.rpartition(".")[0]
+        opt = f"{section}." if section else ""
+        parts = [f"question ({prompt_tokens - 1} tokens)" if markers else f"prompt ({prompt_tokens} tokens)"]
+        if n_latent or markers:
+            parts.append(f"{n_latent} latent thought{'' if n_latent == 1 else 's'}")
+        parts += ["2 markers"] if markers else []
+        parts.append(f"answer ({opt}max_new_tokens = {answer_tokens})")
+        lower = ([key] if n_latent else []) + [f"{opt}max_new_tokens"]
+        lower.append("data.max_question_tokens" if markers else f"{opt}shots")
+        raise ConfigError(
+            f"{section + ': ' if section else ''}the sequence does not fit the model's context of {limit} positions: "
+            f"{' + '.join(parts)} = {total}; lower {', '.join(lower[:-1])} or {lower[-1]}"
+        )
 
     def use_recompute(self, section: Any, key: str) -> None:
         """Set the recomputation of the update's (or SFT's) replay from a config section (``grpo``/``sft``: its
