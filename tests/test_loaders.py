@@ -207,6 +207,13 @@ def test_error_bad_json_list(tmp_path: Path) -> None:
         load_dataset(str(path))
 
 
+def test_a_jsonl_file_holding_one_json_list_is_read_as_the_list(tmp_path: Path) -> None:
+    """A JSON list saved under .jsonl (SVAMP.json copied as svamp.jsonl): its records (was 'line 1: invalid JSON')."""
+    rows = [{"question": "q1", "steps": [], "answer": "1"}, {"question": "q2", "steps": [], "answer": "2"}]
+    path = _write(tmp_path / "list.jsonl", json.dumps(rows, indent=1))
+    assert [r.answer for r in load_dataset(str(path))] == ["1", "2"]
+
+
 def test_error_missing_field_jsonl(tmp_path: Path) -> None:
     path = _write(tmp_path / "test.jsonl", "\n".join([GSM_LINE, GSM_LINE, json.dumps({"question": "q", "steps": []})]))
     with pytest.raises(DataError, match=r"line 3: missing field 'answer'") as info:

@@ -273,6 +273,8 @@ def test_damaged_checkpoints_are_never_loaded(damaged):
         with pytest.raises(CheckpointError) as e:
             LatentLM.from_pretrained(d)
         assert "\n" not in str(e.value), name
+        if name == "flipped-byte":  # a file changed after dgrpo wrote it (HF tools re-saving it, say): how to accept it
+            assert "changed since dgrpo wrote it; if the change is yours, delete manifest.json" in str(e.value)
 
 
 def test_a_missing_local_path_is_not_sent_to_the_hub(sft_checkpoint, tmp_path, monkeypatch):

@@ -468,7 +468,7 @@ def _load_file(path: Path, columns: RowParser | None = None) -> list[Record]:
         return rows_to_records(read_parquet(path), str(path), str(path), columns)
     text = _read_text(path)
     head = text.lstrip()[:1]
-    if suffix == ".jsonl" or (suffix != ".json" and head == "{"):
+    if (suffix == ".jsonl" and head != "[") or (suffix != ".json" and head == "{"):  # (a .jsonl of one list: a list)
         records = _parse_jsonl(path, text, columns)
     elif suffix == ".json" or head == "[":
         records = _parse_json_list(path, text, columns)

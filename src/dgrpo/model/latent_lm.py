@@ -422,7 +422,9 @@ class LatentLM(nn.Module):
         if (local / MANIFEST).is_file():
             problem = verify(local, ADAPTER_FILES if adapter else MODEL_FILES)
             if problem is not None:
-                raise CheckpointError(f"checkpoint {local} is damaged: {problem}")
+                edited = problem.startswith(("checksum mismatch", "missing file"))
+                hint = f" (changed since dgrpo wrote it; if the change is yours, delete {MANIFEST} to load it)"
+                raise CheckpointError(f"checkpoint {local} is damaged: {problem}{hint if edited else ''}")
         if adapter:
             return cls._from_adapter_dir(local, dtype, device, trust_remote_code)
         try:
@@ -447,7 +449,14 @@ class LatentLM(nn.Module):
         from . import lora
         from .sources import resolve_model_source
 
-        base, local_only = resolve_model_source(lora.adapter_base(folder))
+        named = lora.adapter_base(folder)
+        try:
+            base, local_only = resolve_model_source(named)
+        except CheckpointError as e:  # the base moved or is not at hand: say it is the adapter's base
+            raise CheckpointError(
+                f"LoRA adapter {folder}: its base model cannot be loaded ({e}); the base is named by "
+                f"base_model_name_or_path in {folder / ADAPTER_CONFIG_FILE}"
+            ) from None
         if lora.is_adapter_dir(Path(base)):
             raise CheckpointError(f"{folder}: its base model {base} is itself an adapter directory")
         try:
