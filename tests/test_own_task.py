@@ -376,8 +376,13 @@ def test_resume_refuses_a_changed_config_unless_allowed(sft_checkpoint, tmp_path
     assert steps == [0, 1, 2]
     r = run_cli(*args, "--set", "threads=1")  # options that cannot change results are not a change
     assert r.returncode == 2 and "threads" not in r.stderr  # (the steps still differ: 2 vs 3)
-    r = run_cli(*args, "--resume", "never")
-    assert r.returncode == 0 and "removed the earlier checkpoints" in r.stdout
+    earlier = ("best", "final", "eval", "summary.json", "config.0.json", "config.1.json")
+    assert all((out / name).exists() for name in earlier)
+    r = run_cli(*args, "--resume", "never", "--set", "grpo.save_best=false", "data.test=[]")
+    assert r.returncode == 0 and "removed the earlier run's checkpoints, best, final, eval" in r.stdout
+    # nothing of the earlier run is left to read as this one's (its best/ and test results stayed before)
+    assert not any((out / name).exists() for name in ("best", "eval", "config.0.json", "config.1.json"))
+    assert json.loads((out / "summary.json").read_text())["best_step"] is None
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines() if '"reward_mean"' in x]
     assert steps == [0, 1]
 

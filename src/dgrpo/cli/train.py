@@ -57,7 +57,8 @@ def add_resume_options(p: argparse.ArgumentParser) -> None:
         default="auto",
         metavar="auto|never|PATH",
         help="auto (default): continue from the newest intact checkpoint in OUT/checkpoints, if any; never: start "
-        "over (earlier checkpoints are deleted); PATH: continue from that checkpoint directory",
+        "over (what an earlier run wrote in OUT is deleted: checkpoints, best/, final/, stage-K/, eval/, config "
+        "history); PATH: continue from that checkpoint directory",
     )
     p.add_argument(
         "--allow-config-change",

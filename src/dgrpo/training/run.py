@@ -30,7 +30,7 @@ from .checkpoint import (
     resume_candidates,
 )
 from .distributed import Dist
-from .tracking import TensorBoardTracker, Tracker, describe_backends, open_trackers
+from .tracking import WANDB_ID_FILE, TensorBoardTracker, Tracker, describe_backends, open_trackers
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
@@ -185,7 +185,7 @@ class RunDir:
     allowed to change it), the metrics log, and the checkpoint to resume from.
 
     ``resume``: ``auto`` (the newest intact checkpoint in ``OUT/checkpoints``, falling back to older ones on any
-    problem; a fresh start when there is none), ``never`` (start over: earlier checkpoints are deleted) or the path
+    problem; a fresh start when there is none), ``never`` (start over: what an earlier run wrote is deleted) or the path
     of one checkpoint directory to resume from. Resuming with a config that differs from the one the run was
     started with (``config.json``, or the named checkpoint's for a new directory) is refused (one line listing the
     keys) unless ``allow_config_change``; so is resuming another command's checkpoints (``command``: sft, grpo)."""
@@ -219,9 +219,20 @@ class RunDir:
         except BaseException:
             self.close(1)  # a refused run releases the directory at once
             raise
-        if self.resume_mode == "never" and dist.is_main and (self.out_dir / CKPT_DIR).is_dir():
-            shutil.rmtree(self.out_dir / CKPT_DIR)
-            self.log(f"dgrpo: --resume never: removed the earlier checkpoints in {self.out_dir / CKPT_DIR}")
+        if self.resume_mode == "never" and dist.is_main:
+            self._start_over()
+
+    def _start_over(self) -> None:
+        """``--resume never``: remove what an earlier run wrote here (its checkpoints, best/, final/, stage-K/, test
+        results, config history, summary, logs), so that nothing left of it reads as this run's output."""
+        written = [CKPT_DIR, "best", "final", "eval", "tb", "summary.json", ROLLOUTS_FILE, WANDB_ID_FILE]
+        found = [self.out_dir / name for name in written if (self.out_dir / name).exists()]
+        found += sorted(self.out_dir.glob("stage-[0-9]*")) + sorted(self.out_dir.glob("config.[0-9]*.json"))
+        for path in found:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if found:
+            names = ", ".join(p.name for p in found)
+            self.log(f"dgrpo: --resume never: removed the earlier run's {names} in {self.out_dir}")
 
     def _lock(self) -> RunLock | None:
         """Rank 0 checks the directory and takes the lock (every rank learns whether it could)."""
