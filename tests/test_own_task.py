@@ -353,6 +353,20 @@ def test_hub_ids_load_from_the_cache_wherever_a_model_goes(sft_checkpoint, tmp_p
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+def test_grpo_validates_tests_and_saves_the_latent_count_it_trains_with_and_the_eval_options(
+    sft_checkpoint, tmp_path, run_cli
+):
+    """grpo.n_latent = 3 over a T = 1 checkpoint: the test set and final/ use 3 (they used the checkpoint's 1), and
+    the eval.* options apply to the test sets after training (eval.limit was ignored there)."""
+    out = tmp_path / "run"
+    over = {"grpo.steps": 1, "grpo.n_latent": 3, "eval.limit": 5, "grpo.eval_every": 0}
+    r = run_cli("grpo", "--init", sft_checkpoint, *tiny_args(**over), "--out", out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((out / "final" / "latent_config.json").read_text())["n_latent"] == 3
+    res = json.loads((out / "eval" / "builtin_test" / "results.json").read_text())
+    assert (res["n_latent"], res["n"], res["limit"]) == (3, 5, 5) and res["model"] == str((out / "final").resolve())
+
+
 # ----------------------------------------------------------------------------------- resume and config changes
 def test_resume_refuses_a_changed_config_unless_allowed(sft_checkpoint, tmp_path, run_cli):
     out = tmp_path / "run"

@@ -426,11 +426,12 @@ class SFTConfig:
 
 @dataclass
 class EvalConfig:
-    """Evaluation: generation settings of ``dgrpo eval`` and of the evaluations during training."""
+    """Evaluation: generation settings of ``dgrpo eval``, of the validation during training (an SFT stage's with
+    that stage's latent count; data.eval_limit records) and of the test sets after it."""
 
     batch_size: int = opt(256, "prompts per generation batch")
     max_new_tokens: int = opt(64, "answer tokens generated after the latents")
-    n_latent: int = opt(-1, "latent thoughts at eval; -1 = the checkpoint's final-stage count")
+    n_latent: int = opt(-1, "latent thoughts at eval; -1 = the model's own (its final stage's, or grpo.n_latent's)")
     temperature: float = opt(
         0.0, "0 = greedy pass@1; > 0 samples, each question from its own seed (the run's seed and the question's text)"
     )

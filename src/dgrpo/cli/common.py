@@ -115,25 +115,35 @@ def prompt_settings(lm: Any, cfg: Config) -> None:
         lm.settings.chat_template = True
 
 
-def evaluate_test_sets(lm: Any, tests: dict, cfg: Config, out: Path, dist: Dist) -> None:
-    """Greedy eval of a trained model on every ``data.test`` set, sharded over ranks; rank 0 writes ``out/eval/*``."""
-    from ..eval.evaluate import evaluate, merge_results, write_results
+def eval_options(cfg: Config) -> dict[str, Any]:
+    """The keyword arguments of :func:`~dgrpo.eval.evaluate.evaluate` that ``eval.*`` and
+    ``data.max_question_tokens`` set: one source for ``dgrpo eval``, the validation during training and the test
+    sets after it (``eval.limit``, ``plain`` and ``shots`` are the callers' to apply)."""
     from ..eval.scoring import build_scorer
 
-    e, scorer = cfg.eval, build_scorer(cfg.eval.scorer)
+    e = cfg.eval
+    return {
+        "n_latent": e.n_latent,
+        "batch_size": e.batch_size,
+        "max_new_tokens": e.max_new_tokens,
+        "temperature": e.temperature,
+        "top_p": e.top_p,
+        "seed": cfg.seed,
+        "max_question_tokens": cfg.data.max_question_tokens,
+        "scorer": build_scorer(e.scorer),
+    }
+
+
+def evaluate_test_sets(lm: Any, tests: dict, cfg: Config, out: Path, dist: Dist) -> None:
+    """Eval of a trained model on every ``data.test`` set (``eval.*``; ``eval.limit`` records of each), sharded over
+    ranks; rank 0 writes ``out/eval/*``."""
+    from ..eval.evaluate import evaluate, merge_results, write_results
+
     for spec, recs in tests.items():
-        r = evaluate(
-            lm,
-            dist.shard(recs),
-            dataset=spec,
-            batch_size=e.batch_size,
-            max_new_tokens=e.max_new_tokens,
-            seed=cfg.seed,
-            max_question_tokens=cfg.data.max_question_tokens,
-            progress=dist.is_main,
-            scorer=scorer,
-        )
+        recs = recs[: cfg.eval.limit] if cfg.eval.limit else recs  # (before sharding: the same records on any world)
+        r = evaluate(lm, dist.shard(recs), dataset=spec, progress=dist.is_main, **eval_options(cfg))
         r = merge_results(dist.all_gather_objects(r)) if dist.active else r
         if dist.is_main:
+            r.model, r.limit = str((out / "final").resolve()), cfg.eval.limit
             write_results(r, out / "eval" / spec.replace(":", "_").replace("/", "_"))
             print(json.dumps(r.summary()))

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .common import add_config_options, load, prompt_settings, setup, subcommand
+from .common import add_config_options, eval_options, load, prompt_settings, setup, subcommand
 
 EXAMPLES = """  dgrpo eval --model runs/grpo --data builtin:test --out runs/eval    # a run directory means its final/
   dgrpo eval --model runs/grpo/best --data gsm8k --limit 200 --out runs/eval-gsm8k
@@ -99,7 +99,6 @@ def run(args: argparse.Namespace) -> int:
     from ..data import load_spec
     from ..data.records import DataError
     from ..eval.evaluate import evaluate, write_results
-    from ..eval.scoring import build_scorer
     from ..model.factory import load_model
     from ..training.run import check_output_path
 
@@ -123,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if args.split and Path(args.data).is_file():
         raise ConfigError(f"--split {args.split}: {args.data} is a file, which has no splits (give the split's file)")
     device = setup(cfg)
-    scorer = build_scorer(e.scorer)
+    options = eval_options(cfg)  # (a scorer that cannot be built fails here, before the data and the model load)
     recs = load_spec(args.data, cfg.task, split=args.split, data=cfg.data)
     n = len(recs) - (e.shots if e.plain else 0)
     if n <= 0 or (e.limit and min(n, e.limit) <= 0):
@@ -131,22 +130,7 @@ def run(args: argparse.Namespace) -> int:
     lm = load_model(cfg.model, cfg.task, init=args.model, device=device, training=False)
     prompt_settings(lm, cfg)
     name = dataset_label(args.data, args.split)
-    r = evaluate(
-        lm,
-        recs,
-        dataset=name,
-        n_latent=e.n_latent,
-        batch_size=e.batch_size,
-        max_new_tokens=e.max_new_tokens,
-        temperature=e.temperature,
-        top_p=e.top_p,
-        seed=cfg.seed,
-        plain=e.plain,
-        shots=e.shots,
-        limit=e.limit,
-        max_question_tokens=cfg.data.max_question_tokens,
-        scorer=scorer,
-    )
+    r = evaluate(lm, recs, dataset=name, plain=e.plain, shots=e.shots, limit=e.limit, **options)
     r.model = model_label(args.model)
     write_results(r, Path(args.out))
     print(json.dumps(r.summary()))

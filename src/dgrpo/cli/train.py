@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .common import (
     add_config_options,
+    eval_options,
     evaluate_test_sets,
     join_processes,
     load,
@@ -107,7 +108,7 @@ def warn_if_scorer_differs(init_config: dict | None, scorer: str) -> None:
 def run_sft(args: argparse.Namespace) -> int:
     from ..data import load_spec
     from ..eval.evaluate import evaluate
-    from ..eval.scoring import build_scorer, gold_completions, warn_if_gold_scores_zero
+    from ..eval.scoring import gold_completions, warn_if_gold_scores_zero
     from ..model.factory import load_model
     from ..training.sft import train_sft
 
@@ -124,20 +125,12 @@ def run_sft(args: argparse.Namespace) -> int:
     if valid and cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded
         valid = valid[: cfg.data.eval_limit]
 
-    scorer = build_scorer(cfg.eval.scorer)
+    options = eval_options(cfg)
+    scorer = options["scorer"]
     warn_if_gold_scores_zero(scorer(gold_completions(train[:2]), train[:2]), f"eval.scorer {cfg.eval.scorer!r}")
 
-    def count_correct(lm_, recs, settings):
-        return evaluate(
-            lm_,
-            recs,
-            scorer=scorer,
-            n_latent=settings.n_latent,
-            batch_size=cfg.eval.batch_size,
-            max_new_tokens=cfg.eval.max_new_tokens,
-            seed=cfg.seed,
-            progress=False,
-        ).correct
+    def count_correct(lm_, recs, settings):  # a stage's validation: with that stage's latent count
+        return evaluate(lm_, recs, progress=False, **{**options, "n_latent": settings.n_latent}).correct
 
     out = Path(args.out)
     train_sft(
@@ -159,7 +152,6 @@ def run_sft(args: argparse.Namespace) -> int:
 def run_grpo(args: argparse.Namespace) -> int:
     from ..data import load_spec
     from ..eval.evaluate import evaluate
-    from ..eval.scoring import build_scorer
     from ..model.factory import load_model
     from ..training.grpo import train_grpo
 
@@ -175,23 +167,13 @@ def run_grpo(args: argparse.Namespace) -> int:
     prompt_settings(lm, cfg)
     if dist.active:  # distinct, reproducible RNG streams per rank (rollout seeds come from the global row anyway)
         seed_everything(cfg.seed * 1000003 + dist.rank)
-    e = cfg.eval
     if cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded
         valid = {name: recs[: cfg.data.eval_limit] for name, recs in valid.items()}
 
-    scorer = build_scorer(cfg.eval.scorer)
+    options = eval_options(cfg)
 
     def count_correct(lm_, recs):
-        return evaluate(
-            lm_,
-            recs,
-            scorer=scorer,
-            batch_size=e.batch_size,
-            max_new_tokens=e.max_new_tokens,
-            seed=cfg.seed,
-            max_question_tokens=cfg.data.max_question_tokens,
-            progress=False,
-        ).correct
+        return evaluate(lm_, recs, progress=False, **options).correct
 
     out = Path(args.out)
     summary = train_grpo(

@@ -143,7 +143,8 @@ class GRPOTrainer:
                 "processes (every rank needs at least one group)"
             )
         self.n_latent = lm.settings.n_latent if g.n_latent < 0 else g.n_latent
-        lm.settings.markers = True  # rollouts prompt with the latent markers: so is the model it writes evaluated
+        # the policy as it is trained (T thoughts, after the markers) is how it is validated, tested and saved
+        lm.settings.n_latent, lm.settings.markers = self.n_latent, True
         lm.check_fits(1, self.n_latent, g.max_new_tokens, key="grpo.n_latent")  # (rollouts check their prompts too)
         self.perturbation = make_perturbation(cfg.perturbation)
         self.perturbation.check(lm)  # sites and layers exist (one line now, not a traceback at the first rollout)
