@@ -217,6 +217,22 @@ def test_layer_grammar_rejects(spec):
     assert error(f"perturbation.layers={spec}").startswith("invalid config value perturbation.layers: ")
 
 
+def test_a_site_or_layer_named_twice_is_refused():
+    """Each would carry two masks (dropout 1 - (1 - p)^2 there): refused, in the config and against the model."""
+    from dgrpo.model.anatomy import select_layers
+
+    assert (
+        error("perturbation.sites=[mlp, mlp]")
+        == "invalid config value perturbation.sites: a site is named twice in ['mlp', 'mlp']"
+    )
+    assert (
+        error("perturbation.layers=0,0") == "invalid config value perturbation.layers: a layer is named twice in '0,0'"
+    )
+    with pytest.raises(ConfigError, match="perturbation.layers: '-1,1' names a layer twice"):
+        select_layers("-1,1", 2)
+    assert select_layers("-1,0", 2) == [1, 0]
+
+
 def test_colons_stay_strings_in_set_values_and_files(tmp_path):
     assert load_config(Config, None, ["perturbation.layers=1:3"]).perturbation.layers == "1:3"  # not 63
     f = tmp_path / "c.yaml"

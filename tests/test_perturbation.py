@@ -163,8 +163,8 @@ def test_arguments_that_would_perturb_or_decode_nonsense_are_refused(tokenizer, 
     """A site list given as one string (read letter by letter) or empty (silently the default), a negative latent
     count or temperature, a mask of another shape than its tokens: each is an error where it is passed."""
     for kind in (LockedDropout, GaussianNoise):
-        for sites in ("mlp", []):
-            with pytest.raises(ValueError, match="sites must be a non-empty list of site names"):
+        for sites in ("mlp", [], ["mlp", "mlp"]):
+            with pytest.raises(ValueError, match="sites must be a non-empty list of distinct site names"):
                 kind(sites=sites)
         assert kind().sites == ["mlp"] and kind(sites=("attn",)).sites == ["attn"]
     lm = make_lm(tokenizer, "qwen2").eval()

@@ -135,6 +135,8 @@ def parse_layer_spec(spec: str) -> tuple[str, Any]:
         return "slice", (start, stop)
     items = [x.strip() for x in s.split(",")]
     if all(re.fullmatch(r"-?[0-9]+", x) for x in items):
+        if len(set(items)) < len(items):  # a layer named twice would carry two masks: dropout 1 - (1 - p)^2
+            raise _invalid("perturbation.layers", f"a layer is named twice in {spec!r}")
         return "list", [int(x) for x in items]
     raise _invalid("perturbation.layers", f"expected {LAYER_GRAMMAR}; got {spec!r}")
 
@@ -501,6 +503,9 @@ class PerturbationConfig:
             all(x in ("attn", "mlp", "residual") for x in self.sites) and len(self.sites) > 0,
             f"{p}.sites",
             f"expected a non-empty list of attn, mlp, residual; got {self.sites}",
+        )
+        _check(  # a site named twice would carry two masks: dropout 1 - (1 - p)^2
+            len(set(self.sites)) == len(self.sites), f"{p}.sites", f"a site is named twice in {self.sites}"
         )
         parse_layer_spec(self.layers)
         _at_least(self, p, 0, "sigma")

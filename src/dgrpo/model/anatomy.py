@@ -105,7 +105,10 @@ def select_layers(spec: str, n_layers: int) -> list[int]:
             raise ConfigError(
                 f"invalid config value perturbation.layers: layer {i} out of range for a {n_layers}-layer model"
             )
-    return [i % n_layers for i in indices]
+    chosen = [i % n_layers for i in indices]
+    if len(set(chosen)) < len(chosen):  # -1 and the last index: one layer, two masks
+        raise ConfigError(f"invalid config value perturbation.layers: {spec!r} names a layer twice")
+    return chosen
 
 
 @dataclass

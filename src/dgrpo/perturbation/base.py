@@ -137,12 +137,15 @@ class Perturbation:
 
 
 def site_names(sites: list[str] | None) -> list[str]:
-    """The ``sites`` a perturbation is built with: None is the paper's ``["mlp"]``, else a non-empty list of names (a
-    string is refused: ``"mlp"`` would be read letter by letter; an empty list would perturb nothing)."""
+    """The ``sites`` a perturbation is built with: None is the paper's ``["mlp"]``, else a non-empty list of distinct
+    names (a string is refused: ``"mlp"`` would be read letter by letter; an empty list would perturb nothing; a name
+    twice would put two masks on one site)."""
     if sites is None:
         return ["mlp"]
-    if isinstance(sites, str) or not isinstance(sites, (list, tuple)) or not sites:
-        raise ValueError(f"sites must be a non-empty list of site names (['mlp'], ['attn', 'mlp']), got {sites!r}")
+    if isinstance(sites, str) or not isinstance(sites, (list, tuple)) or not sites or len(set(sites)) < len(sites):
+        raise ValueError(
+            f"sites must be a non-empty list of distinct site names (['mlp'], ['attn', 'mlp']), got {sites!r}"
+        )
     return list(sites)
 
 
