@@ -107,6 +107,8 @@ def test_builtin_inspect(run_cli, tmp_path):
     r = run_cli("data", "inspect", own, "--set", "data.question_key=prompt", "data.answer_key=target")
     example = json.loads(r.stdout.strip().splitlines()[-1])["example"]
     assert (example["question"], example["answer"]) == ("What is 2 plus 2?", "4"), r.stderr
+    r = run_cli("data", "inspect", own, "--split", "nonsense")  # a file has no splits (was ignored, exit 0)
+    assert r.returncode == 2 and "--split nonsense: " in r.stderr and "is a file, which has no splits" in r.stderr
 
 
 @pytest.mark.parametrize(

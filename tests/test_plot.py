@@ -179,8 +179,8 @@ def test_eval_key_selects_one_eval_column(runs: Path, tmp_path: Path) -> None:
     for key in ("valid", "builtin:valid"):
         fig, desc = draw(all_groups(runs), panels=("eval",), eval_key=key)
         assert set(desc["panels"]["eval"]) == set(all_groups(runs)) and desc["notes"]["eval"] == []
-    fig, desc = draw(all_groups(runs), panels=("eval",), eval_key="gsm8k:test")
-    assert desc["panels"]["eval"] == {} and len(desc["notes"]["eval"]) == len(all_groups(runs))
+    with pytest.raises(DataError, match=r"--eval-key gsm8k:test: no run logged it \(eval columns logged: .*valid"):
+        draw(all_groups(runs), panels=("eval",), eval_key="gsm8k:test")  # (a typo drew an empty panel, exit 0)
 
 
 @pytest.mark.parametrize("suffix", [".png", ".pdf", ".svg"])
@@ -243,6 +243,10 @@ def test_cli_plot_bad_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert err.count("\n") == 1 and "nowhere: no such directory" in err
     assert main(["plot", str(tmp_path), "--out", str(tmp_path / "x.png"), "--reference", "oops"]) == 2
     assert "NAME=VALUE" in capsys.readouterr().err
+    for refs, expect in ((["a=24.7"], "a fraction in [0, 1]"), (["a=0.2", "a=0.3"], "a: given twice (0.2 and 0.3)")):
+        argv = ["plot", str(tmp_path), "--out", str(tmp_path / "x.png")]
+        assert main([*argv, *(x for r in refs for x in ("--reference", r))]) == 2
+        assert expect in capsys.readouterr().err
 
 
 def test_cli_plot_unwritable_figure_is_one_line(runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -258,6 +258,15 @@ def _eval_key(run: Run, eval_key: str | None) -> str | None:
     return alike[0] if len(alike) == 1 else wanted
 
 
+def _check_eval_key(runs: Sequence[Run], eval_key: str) -> None:
+    """DataError when no run logged the requested eval column (a typo would draw an empty panel), naming those
+    that were logged."""
+    logged = {k for r in runs for row in r.evals for k in row if _is_eval_key(k)}
+    if not any(_eval_key(r, eval_key) in logged for r in runs):
+        names = ", ".join(sorted(k[len("eval/") : -len("/accuracy")] for k in logged)) or "none"
+        raise DataError(f"--eval-key {eval_key}: no run logged it (eval columns logged: {names})")
+
+
 def _eval_keys(groups: Mapping[str, Sequence[Run]], eval_key: str | None) -> list[str]:
     """The eval columns a figure shows, sorted."""
     return sorted({key for runs in groups.values() for r in runs if (key := _eval_key(r, eval_key))})
@@ -417,6 +426,8 @@ def draw(
         raise DataError(f"unknown panel(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(PANELS)}")
     if not any(groups.values()):
         raise DataError("no runs to plot")
+    if eval_key and "eval" in panels:
+        _check_eval_key([r for runs in groups.values() for r in runs], eval_key)
     rows = len(groups) + len(reference or {}) + 1
     fig = Figure(figsize=(6 * len(panels), 4 + 0.6 + 0.22 * rows))
     FigureCanvasAgg(fig)

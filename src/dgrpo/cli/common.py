@@ -115,6 +115,14 @@ def prompt_settings(lm: Any, cfg: Config) -> None:
         lm.settings.chat_template = True
 
 
+def check_split(data: str, split: str | None) -> None:
+    """``--split`` names a split of a dataset; a file has none (it would be ignored without a word)."""
+    from ..config import ConfigError
+
+    if split and Path(data).is_file():
+        raise ConfigError(f"--split {split}: {data} is a file, which has no splits (give the split's file)")
+
+
 def eval_options(cfg: Config) -> dict[str, Any]:
     """The keyword arguments of :func:`~dgrpo.eval.evaluate.evaluate` that ``eval.*`` and
     ``data.max_question_tokens`` set: one source for ``dgrpo eval``, the validation during training and the test

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .common import add_config_options, eval_options, load, prompt_settings, setup, subcommand
+from .common import add_config_options, check_split, eval_options, load, prompt_settings, setup, subcommand
 
 EXAMPLES = """  dgrpo eval --model runs/grpo --data builtin:test --out runs/eval    # a run directory means its final/
   dgrpo eval --model runs/grpo/best --data gsm8k --limit 200 --out runs/eval-gsm8k
@@ -119,8 +119,7 @@ def run(args: argparse.Namespace) -> int:
     e = cfg.eval
     if args.shots is not None and not e.plain:
         raise ConfigError("--shots: a k-shot prompt is for a plain LM (--plain); a latent model is prompted as trained")
-    if args.split and Path(args.data).is_file():
-        raise ConfigError(f"--split {args.split}: {args.data} is a file, which has no splits (give the split's file)")
+    check_split(args.data, args.split)
     device = setup(cfg)
     options = eval_options(cfg)  # (a scorer that cannot be built fails here, before the data and the model load)
     recs = load_spec(args.data, cfg.task, split=args.split, data=cfg.data)

@@ -84,9 +84,14 @@ def run_plot(args: argparse.Namespace) -> int:
     reference = {}
     for name, value in parse_pairs(args.reference, "--reference"):
         try:
-            reference[name] = float(value)
+            number = float(value)
         except ValueError:
             raise DataError(f"--reference {name}: {value!r} is not a number (NAME=VALUE)") from None
+        if not 0.0 <= number <= 1.0:  # (a percentage would squash the runs' accuracies to the bottom of the panel)
+            raise DataError(f"--reference {name}={value}: an accuracy as the runs log it, a fraction in [0, 1]")
+        if name in reference:
+            raise DataError(f"--reference {name}: given twice ({reference[name]:g} and {value})")
+        reference[name] = number
     groups: dict[str, list[str]] = {}
     for name, paths in parse_pairs(args.label, "--label"):
         groups.setdefault(name, []).extend(p.strip() for p in paths.split(",") if p.strip())

@@ -8,7 +8,7 @@ import functools
 import json
 from typing import Any
 
-from .common import add_config_options, subcommand
+from .common import add_config_options, check_split, subcommand
 
 DEMO_EXAMPLES = """  dgrpo demo                               # 1 SFT seed x every arm; results in runs/demo
   dgrpo demo --full --out runs/demo-full   # 4 SFT seeds x 1 RL seed per arm: 4 pairs per comparison, 95% intervals
@@ -103,6 +103,7 @@ def run_data_inspect(args: argparse.Namespace) -> int:
     from ..config import Config, load_config
     from ..data import load_spec
 
+    check_split(args.name_or_path, args.split)
     cfg = load_config(Config, list(args.config), args.overrides)  # the column mapping (data.*), the task (builtin)
     recs = load_spec(args.name_or_path, cfg.task, split=args.split, data=cfg.data)
     print(f"{len(recs)} records")
