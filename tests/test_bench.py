@@ -380,3 +380,17 @@ def test_capture_beside_threads_says_it_needs_cuda_here(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(sys, "argv", ["capture_beside_threads.py", "pin_locked"])
     assert script.main() == 2 and "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_a_selection_that_runs_nothing_is_an_error(tmp_path, capsys):
+    """An unknown item, or items of the other section (optimizer is CUDA-only), are one error line, exit 2 (the
+    latter wrote an empty report and exited 0); nothing is written."""
+    from dgrpo.bench.suite import main as bench_main
+
+    assert bench_main(["--out", str(tmp_path / "b"), "--only", "nosuch"]) == 2
+    assert "unknown --only item(s) nosuch" in capsys.readouterr().err
+    assert bench_main(["--out", str(tmp_path / "b"), "--only", "optimizer", "--section", "cpu"]) == 2
+    assert "runs nothing in --section cpu: soak and parallel run on the CPU only, optimizer on CUDA only" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "b").exists()

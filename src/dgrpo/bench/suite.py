@@ -292,6 +292,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    only = selected(args)
+    runnable = {"all": ITEM_KEYS, "cpu": ORDER, "gpu": GPU_ORDER}[args.section]
+    if not any(k in runnable for k in only):  # (an empty report, exit 0, said only "not run")
+        print(
+            f"dgrpo: error: bench: --only {','.join(only)} runs nothing in --section {args.section}: soak and parallel "
+            "run on the CPU only, optimizer on CUDA only",
+            file=sys.stderr,
+        )
+        return 2
     if os.environ.get("OMP_WAIT_POLICY") is None and not os.environ.get(CHILD_ENV):
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", **{CHILD_ENV: "1"})
         return subprocess.call([sys.executable, "-m", "dgrpo.bench", *argv], env=env)
