@@ -15,7 +15,7 @@ import pytest
 from dgrpo.data import load_spec
 from dgrpo.eval.scoring import RewardError, build_rewards, choice, exact, load_function, numeric
 
-from conftest import TEST_SETS, tiny_args
+from conftest import TEST_SETS, tiny_args, tiny_config
 
 REWARD_FILE = '''
 def reward(completions, records):
@@ -142,17 +142,23 @@ def test_a_reward_that_gives_every_gold_answer_zero_is_warned_about(tmp_path):
         build_rewards("", [], "choice").smoke_test(recs, check_filter=True)
 
 
-def test_grpo_says_when_its_scorer_is_not_the_one_its_init_checkpoint_was_trained_with():
+def test_grpo_says_when_its_scorer_or_task_is_not_the_one_its_init_checkpoint_was_trained_with():
     import warnings
 
-    from dgrpo.cli.train import warn_if_scorer_differs
+    from dgrpo.cli.train import warn_if_init_differs
+    from dgrpo.config import to_dict
 
+    cfg, exact = tiny_config(), tiny_config(**{"eval.scorer": "exact"})
     with pytest.warns(UserWarning, match="eval.scorer is 'numeric' here but 'exact' in the --init checkpoint's run"):
-        warn_if_scorer_differs({"eval": {"scorer": "exact"}}, "numeric")
+        warn_if_init_differs(to_dict(exact), cfg)
+    other_task = to_dict(cfg) | {"task": to_dict(cfg)["task"] | {"n_steps": 2}}
+    with pytest.warns(UserWarning, match="the built-in task differs .*task.n_steps is 4 here, 2 there"):
+        warn_if_init_differs(other_task, cfg)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        warn_if_scorer_differs({"eval": {"scorer": "exact"}}, "exact")
-        warn_if_scorer_differs(None, "numeric")  # a hub model: no run of ours behind it
+        warn_if_init_differs(to_dict(exact), exact)
+        warn_if_init_differs(None, cfg)  # a hub model: no run of ours behind it
+        warn_if_init_differs(other_task, tiny_config(**{"data.train": "my.jsonl"}))  # not the built-in data
 
 
 def test_builtin_scorers():
@@ -484,6 +490,12 @@ def test_reward_values_may_be_numpy_torch_or_bool_but_not_anything():
     for bad, shown in ((None, "None"), (1.0, "1.0")):  # not a value per completion (it did not raise)
         with pytest.raises(RewardError, match=rf"reward mine returned {shown}, not one value per completion"):
             call_checked(lambda c, r, v=bad: v, "mine", ["a", "b", "c"], recs)
+
+
+def test_a_reward_file_that_is_not_python_is_one_line(tmp_path):
+    (tmp_path / "a.yaml").write_text("x: 1\n")
+    with pytest.raises(RewardError, match=r"a.yaml is not a Python file \(path/to/file.py:function\)"):
+        load_function(f"{tmp_path / 'a.yaml'}:fn")  # (was 'cannot import ... (AssertionError: )')
 
 
 def test_evaluate_checks_a_scorer_as_training_checks_a_reward(sft_checkpoint):

@@ -81,7 +81,7 @@ def run_plot(args: argparse.Namespace) -> int:
     from ..data.records import DataError
     from ..plotting import describe, plot
 
-    reference = {}
+    reference: dict[str, float] = {}
     for name, value in parse_pairs(args.reference, "--reference"):
         try:
             number = float(value)

@@ -92,15 +92,27 @@ def absolute_file(spec: str) -> str:
     return f"{path.resolve()}:{spec.rpartition(':')[2]}" if path is not None and path.is_file() else spec
 
 
-def warn_if_scorer_differs(init_config: dict | None, scorer: str) -> None:
+def warn_if_init_differs(init_config: dict | None, cfg: Config) -> None:
     """GRPO takes its options from its own config, not from the --init checkpoint's: say so when the definition of
-    a correct answer (``eval.scorer``, also the default reward) differs from the one the checkpoint was trained
-    with."""
-    saved = (init_config or {}).get("eval", {}).get("scorer")
+    a correct answer (``eval.scorer``, also the default reward) or, training on the built-in data, the task
+    (``task.*``) differs from the one the checkpoint was trained with."""
+    from ..config import to_dict
+
+    theirs = init_config or {}
+    saved, scorer = theirs.get("eval", {}).get("scorer"), cfg.eval.scorer
     if saved is not None and saved != scorer:
         warnings.warn(
             f"eval.scorer is {scorer!r} here but {saved!r} in the --init checkpoint's run: validation, best/, the test "
             f"sets and the default reward use {scorer!r} (--set eval.scorer={saved} keeps the checkpoint's)",
+            stacklevel=2,
+        )
+    task, saved_task = to_dict(cfg)["task"], theirs.get("task", {})
+    changed = [k for k in task if k in saved_task and saved_task[k] != task[k]]
+    if changed and cfg.data.train.startswith("builtin"):
+        shown = ", ".join(f"task.{k} is {task[k]!r} here, {saved_task[k]!r} there" for k in changed)
+        warnings.warn(
+            f"the built-in task differs from the --init checkpoint's run ({shown}): GRPO trains and evaluates on this "
+            "config's task (--set the checkpoint's values to keep its task)",
             stacklevel=2,
         )
 
@@ -157,20 +169,19 @@ def run_grpo(args: argparse.Namespace) -> int:
 
     cfg = record_init(load(args), args.init)
     device = setup(cfg)
+    options = eval_options(cfg)  # (a scorer that cannot be built fails here, before any warning or loading)
     train = load_spec(cfg.data.train, cfg.task, data=cfg.data)
     valid = {cfg.data.valid: load_spec(cfg.data.valid, cfg.task, data=cfg.data)} if cfg.data.valid else {}
     tests = {spec: load_spec(spec, cfg.task, data=cfg.data) for spec in cfg.data.test}
     dist, device = join_processes(cfg, device)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
-    warn_if_scorer_differs(lm.run_config, cfg.eval.scorer)
+    warn_if_init_differs(lm.run_config, cfg)
     report_lora(lm, dist)
     prompt_settings(lm, cfg)
     if dist.active:  # distinct, reproducible RNG streams per rank (rollout seeds come from the global row anyway)
         seed_everything(cfg.seed * 1000003 + dist.rank)
     if cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded
         valid = {name: recs[: cfg.data.eval_limit] for name, recs in valid.items()}
-
-    options = eval_options(cfg)
 
     def count_correct(lm_, recs):
         return evaluate(lm_, recs, progress=False, **options).correct

@@ -98,7 +98,8 @@ def load_function(spec: str, what: str = "reward") -> ScoreFn:
             if not path.is_file():
                 raise RewardError(f"{what} {spec!r}: file {path} not found")
             module_spec = importlib.util.spec_from_file_location(f"dgrpo_plugin_{path.stem}", path)
-            assert module_spec is not None and module_spec.loader is not None
+            if module_spec is None or module_spec.loader is None:  # not a .py file (a .yaml, a data file)
+                raise RewardError(f"{what} {spec!r}: {path} is not a Python file (path/to/file.py:function)")
             module = importlib.util.module_from_spec(module_spec)
             module_spec.loader.exec_module(module)
         else:
