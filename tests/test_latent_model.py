@@ -227,7 +227,7 @@ def test_special_tokens_added_and_initialised_to_mean(tokenizer):
     w = lm.model.get_input_embeddings().weight
     assert w.shape[0] == n_tok + 40 and sorted((lm.start_id, lm.latent_id, lm.end_id)) == [n_tok, n_tok + 1, n_tok + 2]
     assert torch.allclose(w[[lm.start_id, lm.latent_id, lm.end_id]], w[:n_tok].mean(0).expand(3, -1), atol=1e-6)
-    assert float(w[:n_tok].mean(0).norm()) > 0 and bool((w[n_tok + 3 :] == 0).all())  # (they were all zero)
+    assert float(w[:n_tok].detach().mean(0).norm()) > 0 and bool((w[n_tok + 3 :] == 0).all())  # (they were all zero)
 
 
 def test_save_and_reload_roundtrip(tokenizer, task_records, tmp_path):

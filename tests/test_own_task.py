@@ -159,6 +159,7 @@ def test_grpo_says_when_its_scorer_or_task_is_not_the_one_its_init_checkpoint_wa
         warn_if_init_differs(to_dict(exact), exact)
         warn_if_init_differs(None, cfg)  # a hub model: no run of ours behind it
         warn_if_init_differs(other_task, tiny_config(**{"data.train": "my.jsonl"}))  # not the built-in data
+        warn_if_init_differs(to_dict(tiny_config(**{"task.n_train": 7})), cfg)  # fewer problems of the same task
 
 
 def test_builtin_scorers():

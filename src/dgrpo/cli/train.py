@@ -95,7 +95,7 @@ def absolute_file(spec: str) -> str:
 def warn_if_init_differs(init_config: dict | None, cfg: Config) -> None:
     """GRPO takes its options from its own config, not from the --init checkpoint's: say so when the definition of
     a correct answer (``eval.scorer``, also the default reward) or, training on the built-in data, the task
-    (``task.*``) differs from the one the checkpoint was trained with."""
+    (``task.*`` but its split sizes) differs from the one the checkpoint was trained with."""
     from ..config import to_dict
 
     theirs = init_config or {}
@@ -107,7 +107,8 @@ def warn_if_init_differs(init_config: dict | None, cfg: Config) -> None:
             stacklevel=2,
         )
     task, saved_task = to_dict(cfg)["task"], theirs.get("task", {})
-    changed = [k for k in task if k in saved_task and saved_task[k] != task[k]]
+    sizes = ("n_train", "n_valid", "n_test")  # how many problems, not which kind: a change is no other task
+    changed = [k for k in task if k in saved_task and saved_task[k] != task[k] and k not in sizes]
     if changed and cfg.data.train.startswith("builtin"):
         shown = ", ".join(f"task.{k} is {task[k]!r} here, {saved_task[k]!r} there" for k in changed)
         warnings.warn(
