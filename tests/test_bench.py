@@ -225,6 +225,7 @@ def test_paper_step_drops_an_arm_that_runs_out_of_memory_and_keeps_the_other(cap
     ]
 
 
+@pytest.mark.filterwarnings("ignore:the reward gives 0 to the gold answer")  # a scheduled reward grades no answer
 def test_paper_step_schedule_varies_the_prompts_width_and_the_groups_the_filter_keeps(capsys):
     """bench/paper_step --prompt-widths / --kept-groups: step i's prompts are exactly W tokens wide (their problems
     unchanged after the filler), and the filter keeps exactly N groups of the real trainer's step, every arm alike."""
