@@ -70,8 +70,14 @@ def diff(a: Config, b: Config) -> dict:
 def test_the_option_lists_are_found():
     keys = {"perturbation.kind", "sft.mode", "grpo.advantage", "grpo.engine", "fsdp", "model.arch", "model.kernels"}
     keys |= {"grpo.recompute_granularity", "sft.recompute_granularity", "model.compile_backend", "model.compile_mode"}
-    assert keys | {"sft.bf16", "grpo.update_latent_graphs", "model.compile_head"} <= {k for k, _ in LITERALS}
-    assert len(LITERALS) == 22
+    assert keys | {
+        "sft.bf16",
+        "grpo.update_latent_graphs",
+        "model.compile_head",
+        "sft.reset_every",
+        "sft.lr_schedule",
+    } <= {k for k, _ in LITERALS}
+    assert len(LITERALS) == 24
     assert {"grpo.lr", "sft.lr", "perturbation.p", "eval.top_p"} <= set(FLOATS)
     assert {"seed", "task.seed", "grpo.steps"} <= set(INTS)
 

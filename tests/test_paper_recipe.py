@@ -59,6 +59,37 @@ def test_stage_epochs_give_each_stage_its_own_length():
     assert {stage_of_epoch(e, no_curriculum) for e in range(4)} == {2}
 
 
+def test_coconut_run_py_optimizer_regime(tmp_path, monkeypatch):
+    """sft.reset_every: epoch, lr_schedule: constant, adam_betas: [0.9, 0.999] is Coconut's run.py: a new AdamW at
+    every epoch (within a stage too), torch's default betas, the lr constant from the first step."""
+    import torch
+
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training import sft
+    from dgrpo.training.schedules import constant_lr_at
+
+    from conftest import tiny_config
+
+    assert [constant_lr_at(s, 1e-4, 0) for s in (0, 7)] == [1e-4, 1e-4]
+    assert [constant_lr_at(s, 1.0, 4) for s in (0, 3, 9)] == [0.25, 1.0, 1.0]
+    runpy = {"sft.reset_every": "epoch", "sft.lr_schedule": "constant", "sft.adam_betas": "[0.9, 0.999]"}
+    cfg = tiny_config(**runpy, **{"task.n_train": 64, "sft.batch_size": 32, "sft.warmup_steps": 0})
+    assert [Curriculum(cfg, 2).schedule_length(k) for k in range(2)] == [2, 2]  # an epoch's steps
+    made: list[torch.optim.Optimizer] = []
+    monkeypatch.setattr(
+        sft,
+        "new_optimizer",
+        lambda params, c: made.append(torch.optim.AdamW(params, betas=tuple(c.sft.adam_betas))) or made[-1],
+    )
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    sft.train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path / "run", log=lambda *a: None, progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"lr"' in x]
+    assert cfg.sft.num_epochs == 4 and len(made) == 1 + 4  # the state a resume loads into, then one per epoch
+    assert all(o.param_groups[0]["betas"] == (0.9, 0.999) for o in made)
+    assert {r["lr"] for r in rows} == {cfg.sft.lr} and {r["epoch"] for r in rows} == {0, 1, 2, 3}
+
+
 def test_grpo_recipe_uses_the_papers_kl_form():
     """Eq. 6 as the paper writes it (x = log pi - log pi_ref); the library default is the ablation file."""
     assert load_config(Config, "paper/grpo_dropout.yaml").grpo.kl_form == "paper"

@@ -39,6 +39,8 @@ import yaml
 Arch = Literal["qwen2", "llama", "gpt2"]
 DType = Literal["float32", "bfloat16"]
 SFTMode = Literal["coconut", "cot", "no_cot", "pause", "no_curriculum"]
+ResetEvery = Literal["stage", "epoch"]
+LRSchedule = Literal["cosine", "constant"]
 #: an on/off option whose auto says where it is on (each option says where: e.g. on a CUDA device)
 AutoSwitch = Literal["auto", "true", "false"]
 PerturbationKind = Literal["locked", "native", "gaussian", "none"]
@@ -367,10 +369,21 @@ class SFTConfig:
         False, "at stages past max_latent_stage use max_latent_stage*c latents even for short chains"
     )
     uniform_prob: float = opt(0.0, "probability of training an example at a uniformly random earlier stage (Coconut)")
-    reset_optimizer: bool = opt(True, "new AdamW state (and new warmup) at each stage boundary, as Coconut does")
+    reset_optimizer: bool = opt(True, "new AdamW state (and a new lr schedule) at each sft.reset_every boundary")
+    reset_every: ResetEvery = opt(
+        "stage",
+        "with reset_optimizer: at each curriculum stage (the moments of a step's tokens are stale once it is latent), "
+        "or at every epoch, as Coconut's run.py does (reset_optimizer: True there)",
+    )
     lr: float = opt(1e-3, "peak learning rate (AdamW)")
+    lr_schedule: LRSchedule = opt(
+        "cosine",
+        "cosine: warmup, then cosine decay to 0 over the schedule (a reset's span, else the run); constant: warmup, "
+        "then sft.lr (Coconut's run.py: constant, warmup_steps 0)",
+    )
+    adam_betas: list = opt([0.9, 0.95], "AdamW (beta1, beta2); Coconut's run.py uses torch's default [0.9, 0.999]")
     weight_decay: float = opt(0.01, "AdamW weight decay")
-    warmup_steps: int = opt(30, "linear warmup steps (per stage when reset_optimizer)")
+    warmup_steps: int = opt(30, "linear warmup steps (after each reset when reset_optimizer)")
     batch_size: int = opt(64, "examples per optimizer step, global over ranks (split into grad_accum micro-batches)")
     grad_accum: int = opt(1, "micro-batches per optimizer step; batch_size must divide by it")
     recompute: bool = opt(
@@ -413,6 +426,12 @@ class SFTConfig:
         _at_least(self, p, 0, "max_latent_stage", "weight_decay", "warmup_steps", "max_grad_norm", "save_every")
         _within(self, p, "[0, 1]", "uniform_prob")
         _positive(self, p, "lr")
+        _check(
+            len(self.adam_betas) == 2
+            and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in self.adam_betas),
+            f"{p}.adam_betas",
+            f"expected two numbers in [0, 1) (beta1, beta2), got {self.adam_betas}",
+        )
         _check(
             all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in self.stage_epochs),
             f"{p}.stage_epochs",
@@ -972,13 +991,20 @@ def _to_float(value: Any, key: str) -> float:
 
 
 def _to_list(value: Any, key: str) -> list:
-    """A list: a YAML list, or comma-separated text (whose whole numbers are numbers: ``1,1,2`` as ``[1, 1, 2]``,
-    the same list as ``[1, 1, 2]``)."""
+    """A list: a YAML list, or comma-separated text (whose numbers are numbers: ``1,1,2`` as ``[1, 1, 2]``,
+    ``0.9,0.999`` as ``[0.9, 0.999]``, the same lists as in brackets)."""
     if isinstance(value, str):
-        value = [int(v) if re.fullmatch(r"[+-]?\d+", v.strip()) else v.strip() for v in value.split(",") if v.strip()]
+        value = [_list_item(v.strip()) for v in value.split(",") if v.strip()]
     if not isinstance(value, list):
         raise _invalid(key, f"expected a list, got {value!r}")
     return list(value)
+
+
+def _list_item(text: str) -> int | float | str:
+    """One item of a comma-separated list: a whole number, a decimal number, else the text."""
+    if re.fullmatch(r"[+-]?\d+", text):
+        return int(text)
+    return float(text) if re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+)([eE][+-]?\d+)?", text) else text
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:

@@ -19,6 +19,13 @@ def lr_at(step: int, peak: float, total_steps: int, warmup_steps: int, min_ratio
     return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def constant_lr_at(step: int, peak: float, warmup_steps: int) -> float:
+    """Linear warmup to ``peak`` over ``warmup_steps`` (none when 0), then ``peak`` (Coconut's run.py: constant)."""
+    if step < 0:
+        raise ValueError(f"constant_lr_at: step counts optimizer steps from 0, got {step}")
+    return peak * (step + 1) / warmup_steps if step < warmup_steps else peak
+
+
 def beta_at(
     step: int, beta0: float, peak_lr: float, total_steps: int, warmup_steps: int, min_ratio: float = 0.0
 ) -> float:

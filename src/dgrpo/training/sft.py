@@ -3,9 +3,10 @@
 Stage k (epochs [k*E, (k+1)*E)) replaces the first k reasoning steps by k*c continuous thoughts;
 past ``max_latent_stage`` all steps are dropped (Coconut, Hao et al. 2024, Sec. 3). The loss covers
 only what is still written: the remaining steps, the answer and EOS (never the question, the
-markers or the latents). At each stage boundary the AdamW state and the warmup+cosine schedule
-start afresh when ``reset_optimizer`` (Coconut resets the optimizer per stage: the moments learned
-for predicting step k's tokens are stale once step k became latent).
+markers or the latents). With ``reset_optimizer`` the AdamW state and the lr schedule start afresh at
+each stage boundary (``reset_every: stage``: the moments learned for predicting step k's tokens are
+stale once step k became latent) or at every epoch (``epoch``: what Coconut's run.py does, with a
+constant lr and torch's default betas: ``lr_schedule: constant``, ``adam_betas: [0.9, 0.999]``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .checkpoint import read_checkpoint, save_checkpoint
 from .distributed import Dist
 from .memory import oom_advice
 from .run import NonFiniteError, NonFiniteGuard, RunDir, check_run_inputs, sharded_accuracy, weights_finite
-from .schedules import lr_at
+from .schedules import constant_lr_at, lr_at
 
 
 @dataclass
@@ -141,10 +142,13 @@ class Curriculum:
         return stage_of_epoch(epoch, self.cfg)
 
     def schedule_length(self, stage: int) -> int:
-        """Optimizer steps of one warmup + cosine schedule: the stage's (``reset_optimizer``) or the whole run's."""
+        """Optimizer steps of one lr schedule: a stage's or an epoch's (``reset_optimizer``), or the whole run's."""
         s = self.cfg.sft
-        n_epochs = sum(self.stage(e) == stage for e in range(s.num_epochs)) if s.reset_optimizer else s.num_epochs
-        return n_epochs * self.steps_per_epoch
+        if not s.reset_optimizer:
+            return s.num_epochs * self.steps_per_epoch
+        if s.reset_every == "epoch":
+            return self.steps_per_epoch
+        return sum(self.stage(e) == stage for e in range(s.num_epochs)) * self.steps_per_epoch
 
     def last_of_stage(self, epoch: int) -> bool:
         return epoch == self.cfg.sft.num_epochs - 1 or self.stage(epoch + 1) != self.stage(epoch)
@@ -169,7 +173,8 @@ class Progress:
 
 
 def new_optimizer(params: list, cfg: Config) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay, betas=(0.9, 0.95))
+    beta1, beta2 = cfg.sft.adam_betas
+    return torch.optim.AdamW(params, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay, betas=(beta1, beta2))
 
 
 def sft_step(
@@ -229,8 +234,11 @@ class SFTRun:
         run.start(saved)
 
     def enter_stage(self, stage: int) -> None:
-        """A new AdamW and warmup + cosine schedule at a stage boundary (``reset_optimizer``), or at the start."""
-        if self.opt is None or (stage != self.prog.stage_prev and self.cfg.sft.reset_optimizer):
+        """At the start of an epoch: a new AdamW and lr schedule at a reset boundary (``reset_optimizer``: a new
+        stage, or, ``reset_every: epoch``, the end of the last epoch's schedule), or at the start of the run."""
+        s, prog = self.cfg.sft, self.prog
+        boundary = stage != prog.stage_prev if s.reset_every == "stage" else prog.step_in_sched >= prog.sched_total
+        if self.opt is None or (boundary and s.reset_optimizer):
             self.opt = new_optimizer(self.params, self.cfg)
             self.prog.sched_total, self.prog.step_in_sched = self.plan.schedule_length(stage), 0
         self.prog.stage_prev = stage
@@ -239,7 +247,10 @@ class SFTRun:
         """One optimizer step; returns (its metrics row, whether it was applied)."""
         s, prog = self.cfg.sft, self.prog
         assert self.opt is not None
-        lr = lr_at(prog.step_in_sched, s.lr, prog.sched_total, s.warmup_steps)
+        if s.lr_schedule == "constant":
+            lr = constant_lr_at(prog.step_in_sched, s.lr, s.warmup_steps)
+        else:
+            lr = lr_at(prog.step_in_sched, s.lr, prog.sched_total, s.warmup_steps)
         with self._oom_advice():
             loss_local, gn, finite = sft_step(self.lm, self.opt, self.params, local, self.cfg, self.dist, lr)
         self.guard.record(finite)
