@@ -374,6 +374,24 @@ def test_grpo_validates_tests_and_saves_the_latent_count_it_trains_with_and_the_
     assert (res["n_latent"], res["n"], res["limit"]) == (3, 5, 5) and res["model"] == str((out / "final").resolve())
 
 
+def test_the_test_sets_are_also_run_for_best_when_it_is_not_the_final_model(sft_checkpoint, tmp_path, capsys):
+    """The paper reports the best post-warmup validation checkpoint: grpo tests best/ too, into eval_best/ (it
+    tested only the final model); nothing when best/ is the final step's."""
+    from dgrpo.cli.train import evaluate_best
+    from dgrpo.data import load_spec
+    from dgrpo.training.distributed import Dist
+
+    cfg = tiny_config(**{"eval.limit": 4})
+    tests = {"builtin:test": load_spec("builtin:test", cfg.task)}
+    shutil.copytree(sft_checkpoint, tmp_path / "best")
+    evaluate_best(cfg.grpo.steps, tests, cfg, tmp_path, Dist.single(), "cpu")  # best/ is the final model
+    assert not (tmp_path / "eval_best").exists()
+    evaluate_best(1, tests, cfg, tmp_path, Dist.single(), "cpu")
+    res = json.loads((tmp_path / "eval_best" / "builtin_test" / "results.json").read_text())
+    assert res["model"] == str((tmp_path / "best").resolve()) and res["n"] == 4
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["checkpoint"] == "best"
+
+
 # ----------------------------------------------------------------------------------- resume and config changes
 def test_resume_refuses_a_changed_config_unless_allowed(sft_checkpoint, tmp_path, run_cli):
     out = tmp_path / "run"

@@ -142,16 +142,17 @@ def eval_options(cfg: Config) -> dict[str, Any]:
     }
 
 
-def evaluate_test_sets(lm: Any, tests: dict, cfg: Config, out: Path, dist: Dist) -> None:
-    """Eval of a trained model on every ``data.test`` set (``eval.*``; ``eval.limit`` records of each), sharded over
-    ranks; rank 0 writes ``out/eval/*``."""
+def evaluate_test_sets(lm: Any, tests: dict, cfg: Config, out: Path, dist: Dist, checkpoint: str = "final") -> None:
+    """Eval of a trained model (``checkpoint``: final, or best) on every ``data.test`` set (``eval.*``; ``eval.limit``
+    records of each), sharded over ranks; rank 0 writes ``out/eval/*`` (final) or ``out/eval_best/*`` (best)."""
     from ..eval.evaluate import evaluate, merge_results, write_results
 
+    folder = out / ("eval" if checkpoint == "final" else f"eval_{checkpoint}")
     for spec, recs in tests.items():
         recs = recs[: cfg.eval.limit] if cfg.eval.limit else recs  # (before sharding: the same records on any world)
         r = evaluate(lm, dist.shard(recs), dataset=spec, progress=dist.is_main, **eval_options(cfg))
         r = merge_results(dist.all_gather_objects(r)) if dist.active else r
         if dist.is_main:
-            r.model, r.limit = str((out / "final").resolve()), cfg.eval.limit
-            write_results(r, out / "eval" / spec.replace(":", "_").replace("/", "_"))
-            print(json.dumps(r.summary()))
+            r.model, r.limit = str((out / checkpoint).resolve()), cfg.eval.limit
+            write_results(r, folder / spec.replace(":", "_").replace("/", "_"))
+            print(json.dumps({"checkpoint": checkpoint, **r.summary()}))

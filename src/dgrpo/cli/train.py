@@ -202,5 +202,23 @@ def run_grpo(args: argparse.Namespace) -> int:
     if dist.is_main:
         print(json.dumps(summary))
     evaluate_test_sets(lm, tests, cfg, out, dist)
+    if tests:
+        evaluate_best(summary.get("best_step"), tests, cfg, out, dist, device)
     dist.close()
     return 0
+
+
+def evaluate_best(best_step: int | None, tests: dict, cfg: Config, out: Path, dist: Any, device: Any) -> None:
+    """The test sets for ``best/`` too (the checkpoint the paper reports: the best validation accuracy after warmup),
+    into ``OUT/eval_best/``; nothing when best/ is the final model or was not kept, or under FSDP (a second full copy
+    of the model on every rank: ``dgrpo eval --model OUT/best`` then)."""
+    from ..model.factory import load_model
+
+    if best_step is None or best_step == cfg.grpo.steps or not (out / "best").is_dir():
+        return
+    if dist.fsdp:
+        if dist.is_main:
+            print(f"dgrpo: best/ (step {best_step}) is not tested under FSDP: dgrpo eval --model {out / 'best'}")
+        return
+    best = load_model(cfg.model, cfg.task, init=str(out / "best"), device=device, training=False)
+    evaluate_test_sets(best, tests, cfg, out, dist, checkpoint="best")

@@ -137,7 +137,7 @@ class Perturbation:
 
 
 def site_names(sites: list[str] | None) -> list[str]:
-    """The ``sites`` a perturbation is built with: None is the paper's ``["mlp"]``, else a non-empty list of distinct
+    """The ``sites`` a perturbation is built with: None is the default ``["mlp"]``, else a non-empty list of distinct
     names (a string is refused: ``"mlp"`` would be read letter by letter; an empty list would perturb nothing; a name
     twice would put two masks on one site)."""
     if sites is None:

@@ -225,7 +225,7 @@ class RunDir:
     def _start_over(self) -> None:
         """``--resume never``: remove what an earlier run wrote here (its checkpoints, best/, final/, stage-K/, test
         results, config history, summary, logs), so that nothing left of it reads as this run's output."""
-        written = [CKPT_DIR, "best", "final", "eval", "tb", "summary.json", ROLLOUTS_FILE, WANDB_ID_FILE]
+        written = [CKPT_DIR, "best", "final", "eval", "eval_best", "tb", "summary.json", ROLLOUTS_FILE, WANDB_ID_FILE]
         found = [self.out_dir / name for name in written if (self.out_dir / name).exists()]
         found += sorted(self.out_dir.glob("stage-[0-9]*")) + sorted(self.out_dir.glob("config.[0-9]*.json"))
         for path in found:
