@@ -145,6 +145,13 @@ def test_output_into_a_closed_pipe_ends_quietly():
     assert p.wait(timeout=60) == 141 and err == ""
 
 
+def test_eval_under_torchrun_is_refused(tmp_path, run_cli, monkeypatch):
+    """Every rank would evaluate everything and write the same files (it raced on them)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    r = run_cli("eval", "--model", tmp_path / "nope", "--data", "builtin:test", "--out", tmp_path / "o")
+    assert r.returncode == 2 and "dgrpo eval runs in one process: launch it without torchrun" in r.stderr
+
+
 def test_missing_checkpoint_and_unknown_dataset_exit_2(tmp_path, run_cli):
     r = run_cli("eval", "--model", tmp_path / "nope", "--data", "builtin:test", "--out", tmp_path / "o")
     assert r.returncode == 2 and "checkpoint directory not found" in r.stderr

@@ -374,7 +374,9 @@ def test_grpo_validates_tests_and_saves_the_latent_count_it_trains_with_and_the_
     assert (res["n_latent"], res["n"], res["limit"]) == (3, 5, 5) and res["model"] == str((out / "final").resolve())
 
 
-def test_the_test_sets_are_also_run_for_best_when_it_is_not_the_final_model(sft_checkpoint, tmp_path, capsys):
+def test_the_test_sets_are_also_run_for_best_when_it_is_not_the_final_model(
+    sft_checkpoint, tmp_path, capsys, monkeypatch
+):
     """The paper reports the best post-warmup validation checkpoint: grpo tests best/ too, into eval_best/ (it
     tested only the final model); nothing when best/ is the final step's."""
     from dgrpo.cli.train import evaluate_best
@@ -390,6 +392,16 @@ def test_the_test_sets_are_also_run_for_best_when_it_is_not_the_final_model(sft_
     res = json.loads((tmp_path / "eval_best" / "builtin_test" / "results.json").read_text())
     assert res["model"] == str((tmp_path / "best").resolve()) and res["n"] == 4
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["checkpoint"] == "best"
+    # under torchrun only rank 0 has the summary: every rank goes by rank 0's best step (rank 1 returned, rank 0
+    # waited for it in the evaluation's gather: a hang)
+    import dgrpo.cli.train as train_cli
+
+    tested: list[str] = []
+    rank1 = Dist.single()
+    rank1.all_gather_objects = lambda obj: [1, obj]  # type: ignore[method-assign]
+    monkeypatch.setattr(train_cli, "evaluate_test_sets", lambda *a, checkpoint="final": tested.append(checkpoint))
+    evaluate_best(None, tests, cfg, tmp_path, rank1, "cpu")
+    assert tested == ["best"]
 
 
 # ----------------------------------------------------------------------------------- resume and config changes
@@ -480,12 +492,17 @@ def test_another_commands_run_directory_is_refused_and_left_as_it_was(sft_checkp
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
     assert "holds a `dgrpo sft` run's checkpoint" in r.stderr and f"--init {sft_run}" in r.stderr
     assert "--resume never" not in r.stderr
+    r = run_cli("grpo", "--init", sft_run, *tiny_args(), "--out", sft_run, "--resume", "never")  # (it deleted it all)
+    assert r.returncode == 2 and "holds a `dgrpo sft` run's checkpoint" in r.stderr, r.stderr[-2000:]
     assert sorted(str(p.relative_to(sft_run)) for p in sft_run.rglob("*")) == before
     grpo_run = tmp_path / "grpo"
     args = ["grpo", "--init", sft_checkpoint, *tiny_args(**{"grpo.steps": 1, "grpo.save_every": 1})]
     assert run_cli(*args, "--out", grpo_run).returncode == 0
     r = run_cli("sft", *tiny_args(), "--out", grpo_run)
     assert r.returncode == 2 and "holds a `dgrpo grpo` run's checkpoint" in r.stderr, r.stderr[-2000:]
+    r = run_cli("grpo", "--init", grpo_run, *tiny_args(), "--out", grpo_run, "--resume", "never")
+    assert r.returncode == 2 and "the model this run starts from (--init)" in r.stderr, r.stderr[-2000:]
+    assert (grpo_run / "final" / "model.safetensors").is_file()
 
 
 def test_reward_values_may_be_numpy_torch_or_bool_but_not_anything():

@@ -286,6 +286,10 @@ def test_a_missing_local_path_is_not_sent_to_the_hub(sft_checkpoint, tmp_path, m
         shutil.copy(sft_checkpoint / name, notok)
     with pytest.raises(CheckpointError, match=f"no tokenizer in {notok} \\(none of tokenizer.json"):
         LatentLM.from_pretrained(notok)
+    (notok / "model.safetensors").unlink()
+    (notok / "dcp").mkdir()  # what fsdp: sharded writes: its shards, to consolidate (it was called damaged)
+    with pytest.raises(CheckpointError, match=f"{notok} holds FSDP shards .*: dgrpo consolidate {notok} first"):
+        LatentLM.from_pretrained(notok)
 
     with pytest.raises(CheckpointError, match=f"checkpoint directory not found: {tmp_path / 'nope'}"):
         LatentLM.from_pretrained(tmp_path / "nope")  # (the hub's own error was "Repo id must be in the form ...")

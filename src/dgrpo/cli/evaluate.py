@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,11 @@ def run(args: argparse.Namespace) -> int:
     from ..model.factory import load_model
     from ..training.run import check_output_path
 
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each rank would evaluate everything and write the same files
+        raise ConfigError(
+            "dgrpo eval runs in one process: launch it without torchrun (sft and grpo shard their test sets over "
+            "the ranks)"
+        )
     extra = []
     if args.limit is not None:
         extra.append(f"eval.limit={args.limit}")

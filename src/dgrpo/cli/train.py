@@ -211,14 +211,23 @@ def run_grpo(args: argparse.Namespace) -> int:
 def evaluate_best(best_step: int | None, tests: dict, cfg: Config, out: Path, dist: Any, device: Any) -> None:
     """The test sets for ``best/`` too (the checkpoint the paper reports: the best validation accuracy after warmup),
     into ``OUT/eval_best/``; nothing when best/ is the final model or was not kept, or under FSDP (a second full copy
-    of the model on every rank: ``dgrpo eval --model OUT/best`` then)."""
+    of the model on every rank): then it prints the commands that do it. Every rank calls this (rank 0's
+    ``best_step``: the others' summary is empty)."""
     from ..model.factory import load_model
+    from ..training.distributed import SHARDED_DIR
 
+    best_step = dist.all_gather_objects(best_step)[0]
     if best_step is None or best_step == cfg.grpo.steps or not (out / "best").is_dir():
         return
     if dist.fsdp:
         if dist.is_main:
-            print(f"dgrpo: best/ (step {best_step}) is not tested under FSDP: dgrpo eval --model {out / 'best'}")
+            print(f"dgrpo: best/ (step {best_step}) is not tested under FSDP; in one process, for each test set:")
+            if (out / "best" / SHARDED_DIR).is_dir():  # fsdp: sharded wrote shards
+                print(f"  dgrpo consolidate {out / 'best'}")
+            for spec in tests:  # the run's config.json: its eval.* options, as the final model's tests had them
+                folder = out / "eval_best" / spec.replace(":", "_").replace("/", "_")
+                run = f"--config {out / 'config.json'} --model {out / 'best'}"
+                print(f"  dgrpo eval {run} --data {spec} --out {folder}")
         return
     best = load_model(cfg.model, cfg.task, init=str(out / "best"), device=device, training=False)
     evaluate_test_sets(best, tests, cfg, out, dist, checkpoint="best")

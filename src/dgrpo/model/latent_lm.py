@@ -51,6 +51,7 @@ from .verified import (
     MANIFEST,
     SAFETENSORS,
     SAFETENSORS_INDEX,
+    SHARDED_DIR,
     CheckpointError,
     atomic_dir,
     check_state_dict,
@@ -419,6 +420,10 @@ class LatentLM(nn.Module):
 
             path, local_files_only = resolve_model_source(str(path))
         adapter = (local / ADAPTER_CONFIG_FILE).is_file()
+        if (local / SHARDED_DIR).is_dir() and not (
+            (local / SAFETENSORS).is_file() or (local / SAFETENSORS_INDEX).is_file()
+        ):
+            raise CheckpointError(f"{local} holds FSDP shards (fsdp: sharded): dgrpo consolidate {local} first")
         if (local / MANIFEST).is_file():
             problem = verify(local, ADAPTER_FILES if adapter else MODEL_FILES)
             if problem is not None:

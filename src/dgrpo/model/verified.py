@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 MANIFEST = "manifest.json"
+SHARDED_DIR = "dcp"  # where a sharded (FSDP) checkpoint keeps its torch.distributed.checkpoint files
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 

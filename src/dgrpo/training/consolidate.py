@@ -21,8 +21,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from ..model.latent_lm import LatentLM
-from ..model.verified import CheckpointError, one_line, write_manifest
-from .distributed import SHARDED_DIR
+from ..model.verified import SHARDED_DIR, CheckpointError, one_line, write_manifest
 
 #: (module, name) pairs the metadata may reference; everything else is refused before it is imported
 _ALLOWED = {

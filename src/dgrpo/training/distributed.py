@@ -36,8 +36,8 @@ from torch import nn
 
 from ..config import ConfigError
 from ..model.anatomy import decoder_layers
+from ..model.verified import SHARDED_DIR
 
-SHARDED_DIR = "dcp"  # where a sharded checkpoint keeps its torch.distributed.checkpoint files
 FSDP_ENV = (
     "DGRPO_FSDP"  # 0 (default) | 1 / full: FSDP2, gathered checkpoints | sharded: FSDP2, one checkpoint shard per rank
 )

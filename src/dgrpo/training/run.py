@@ -213,6 +213,8 @@ class RunDir:
         self.checkpoint: Path | None = None
         try:
             self.candidates = self._candidates()
+            if self.resume_mode == "never":
+                self._on_rank0(self._check_start_over)
             if self.candidates:
                 self._on_rank0(self._check_command)
                 self._on_rank0(self._check_config)
@@ -277,10 +279,21 @@ class RunDir:
         """Resuming from one named checkpoint (``--resume PATH``), not the newest of this directory's."""
         return self.resume_mode not in ("auto", "never")
 
-    def _check_command(self) -> None:
+    def _check_start_over(self) -> None:
+        """``--resume never`` deletes what an earlier run wrote here: never another command's run (its checkpoints
+        say whose it is), nor the model this run starts from (``--init`` inside OUT)."""
+        self._check_command(resume_candidates(self.out_dir))
+        init = Path(str(self.cfg.get("model", {}).get("name_or_path", "")))
+        if init.is_absolute() and init.resolve().is_relative_to(self.out_dir.resolve()):
+            raise ConfigError(
+                f"--resume never would delete {init}, the model this run starts from (--init): name another --out"
+            )
+
+    def _check_command(self, candidates: list[Path] | None = None) -> None:
         """Refuse another command's checkpoints (an SFT run's directory given to ``dgrpo grpo``, or the reverse):
         they are not damaged, and starting over there would delete them."""
-        found = next((c for c in map(checkpoint_command, self.candidates) if c is not None), None)
+        candidates = self.candidates if candidates is None else candidates
+        found = next((c for c in map(checkpoint_command, candidates) if c is not None), None)
         if found is None or found == self.command:
             return
         where = f"--resume {self.candidates[0]} is" if self.explicit else f"{self.out_dir} holds"
