@@ -188,6 +188,13 @@ def test_sft_killed_across_a_stage_boundary_resumes_bit_identical(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
     strip = lambda p: [{k: v for k, v in json.loads(x).items() if k != "time_s"} for x in p.read_text().splitlines()]  # noqa: E731
     assert strip(ref / "metrics.jsonl") == strip(out / "metrics.jsonl")
+    # killed after stage 0's evaluation (writing the step-9 checkpoint): the resumed run's summary still names it
+    late = tmp_path / "late"
+    env = {**os.environ, "DGRPO_TEST_CRASH_IN_CHECKPOINT": "9"}
+    assert subprocess.run(sft_cmd(late), capture_output=True, text=True, timeout=600, env=env).returncode < 0
+    r = subprocess.run(sft_cmd(late), capture_output=True, text=True, timeout=600)
+    summary = next(x for x in r.stdout.splitlines() if "validation accuracy by stage" in x)
+    assert "validation accuracy by stage: 0: " in summary and ", 1: " in summary, summary
 
 
 def _damage_newest(out, how):

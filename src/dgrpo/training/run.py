@@ -154,6 +154,14 @@ class MetricsLog:
         for t in self.trackers:
             t.log(row, row["step"])
 
+    def rows(self) -> list[dict]:
+        """The rows written so far, a resumed run's earlier ones included ([] on other ranks than 0)."""
+        if not (self.enabled and self.path.is_file()):
+            return []
+        if self._file is not None:
+            self._file.flush()
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
     def n_rows(self) -> int:
         """Rows written so far (stored in checkpoints, so a resumed run drops the rows after them)."""
         return count_lines(self.path) if self.enabled else 0

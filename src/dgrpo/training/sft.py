@@ -230,7 +230,6 @@ class SFTRun:
             self.prog, self.opt = Progress(**saved["progress"]), opt
         skips = saved["nonfinite_skips"] if saved else 0
         self.guard = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr", skips=skips)
-        self.stage_accuracy: dict[int, float | None] = {}
         run.start(saved)
 
     def enter_stage(self, stage: int) -> None:
@@ -285,7 +284,8 @@ class SFTRun:
         self.lm.settings = final_settings(self.cfg)
         self.lm.eval()
         self.dist.save_model(self.lm, self.run.out_dir / "final")
-        accs = ", ".join(f"{k}: {100 * v:.1f}%" for k, v in self.stage_accuracy.items() if v is not None)
+        by_stage = {r["stage"]: r["eval/valid/accuracy"] for r in self.run.metrics.rows() if "eval/valid/accuracy" in r}
+        accs = ", ".join(f"{k}: {100 * v:.1f}%" for k, v in by_stage.items())  # (a resumed run's earlier stages too)
         s = self.lm.settings
         self.run.log(
             f"dgrpo sft: done in {time.time() - t0:.0f} s; validation accuracy by stage: {accs or 'not evaluated'}; "
@@ -365,9 +365,7 @@ def train_sft(
                 if s.save_every and prog.global_step % s.save_every == 0 and b + 1 < plan.steps_per_epoch:
                     sft.save(epoch, b + 1)
             if plan.last_of_stage(epoch):
-                sft.stage_accuracy[stage] = _finish_stage(
-                    lm, stage, cfg, run, dist, valid, evaluate_fn, prog.global_step, t0
-                )
+                _finish_stage(lm, stage, cfg, run, dist, valid, evaluate_fn, prog.global_step, t0)
             sft.save(epoch + 1, 0)
         bar.close()
         sft.finish(t0)
