@@ -142,17 +142,24 @@ def eval_options(cfg: Config) -> dict[str, Any]:
     }
 
 
+def results_dir(out: Path, spec: str, checkpoint: str = "final") -> Path:
+    """Where a run's results on test set ``spec`` go: ``out/eval/<spec>`` for final/, ``out/eval_best/<spec>`` for
+    best/ (``:`` and ``/`` of the name as ``_``)."""
+    folder = "eval" if checkpoint == "final" else f"eval_{checkpoint}"
+    return out / folder / spec.replace(":", "_").replace("/", "_")
+
+
 def evaluate_test_sets(lm: Any, tests: dict, cfg: Config, out: Path, dist: Dist, checkpoint: str = "final") -> None:
     """Eval of a trained model (``checkpoint``: final, or best) on every ``data.test`` set (``eval.*``; ``eval.limit``
-    records of each), sharded over ranks; rank 0 writes ``out/eval/*`` (final) or ``out/eval_best/*`` (best)."""
+    records of each), sharded over ranks; rank 0 writes :func:`results_dir`."""
     from ..eval.evaluate import evaluate, merge_results, write_results
 
-    folder = out / ("eval" if checkpoint == "final" else f"eval_{checkpoint}")
+    options = eval_options(cfg)  # (the scorer built once: a plug-in file is imported once)
     for spec, recs in tests.items():
         recs = recs[: cfg.eval.limit] if cfg.eval.limit else recs  # (before sharding: the same records on any world)
-        r = evaluate(lm, dist.shard(recs), dataset=spec, progress=dist.is_main, **eval_options(cfg))
+        r = evaluate(lm, dist.shard(recs), dataset=spec, progress=dist.is_main, **options)
         r = merge_results(dist.all_gather_objects(r)) if dist.active else r
         if dist.is_main:
             r.model, r.limit = str((out / checkpoint).resolve()), cfg.eval.limit
-            write_results(r, folder / spec.replace(":", "_").replace("/", "_"))
+            write_results(r, results_dir(out, spec, checkpoint))
             print(json.dumps({"checkpoint": checkpoint, **r.summary()}))

@@ -16,6 +16,7 @@ from .common import (
     load,
     prompt_settings,
     report_lora,
+    results_dir,
     seed_everything,
     setup,
     subcommand,
@@ -225,9 +226,8 @@ def evaluate_best(best_step: int | None, tests: dict, cfg: Config, out: Path, di
             if (out / "best" / SHARDED_DIR).is_dir():  # fsdp: sharded wrote shards
                 print(f"  dgrpo consolidate {out / 'best'}")
             for spec in tests:  # the run's config.json: its eval.* options, as the final model's tests had them
-                folder = out / "eval_best" / spec.replace(":", "_").replace("/", "_")
                 run = f"--config {out / 'config.json'} --model {out / 'best'}"
-                print(f"  dgrpo eval {run} --data {spec} --out {folder}")
+                print(f"  dgrpo eval {run} --data {spec} --out {results_dir(out, spec, 'best')}")
         return
     best = load_model(cfg.model, cfg.task, init=str(out / "best"), device=device, training=False)
     evaluate_test_sets(best, tests, cfg, out, dist, checkpoint="best")

@@ -139,7 +139,7 @@ class MetricsLog:
             return
         reset_metrics(self.path, keep_lines)
         if keep_lines and self.path.is_file():  # (a fork of another run's checkpoint starts without its rows)
-            kept = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+            kept = self.rows()
             for t in trackers:
                 if isinstance(t, TensorBoardTracker):
                     t.resumed(kept)

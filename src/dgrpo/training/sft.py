@@ -382,8 +382,9 @@ def _finish_stage(
     evaluate_fn: Callable[[LatentLM, list[Record], LatentSettings], int] | None,
     step: int,
     t0: float,
-) -> float | None:
-    """The end of a curriculum stage: the stage's latent settings, its validation accuracy (returned), ``stage-K/``."""
+) -> None:
+    """The end of a curriculum stage: the stage's latent settings, its validation accuracy (a metrics row),
+    ``stage-K/``."""
     settings = stage_settings(stage, cfg)
     lm.settings = settings
     row = {"step": step, "stage": stage, "n_latent": settings.n_latent, "time_s": round(time.time() - t0, 2)}
@@ -394,4 +395,3 @@ def _finish_stage(
     dist.save_model(lm, run.out_dir / f"stage-{stage}")  # every rank calls it (FSDP gathers); rank 0 writes
     run.metrics.write(row)
     run.log(f"stage {stage} done: " + ", ".join(f"{k}={v}" for k, v in row.items()))
-    return row.get("eval/valid/accuracy")
