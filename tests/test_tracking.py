@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from dgrpo.config import ConfigError
+from dgrpo.run_layout import WANDB_ID_FILE
 from dgrpo.training.tracking import (
-    WANDB_ID_FILE,
     TensorBoardTracker,
     WandbTracker,
     describe_backends,

@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .data.records import DataError
+from .run_layout import CONFIG_FILE, METRICS_FILE
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-METRICS_FILE = "metrics.jsonl"
-CONFIG_FILE = "config.json"
 FORMATS = (".png", ".pdf", ".svg")
 
 #: panel name -> (metrics key, y-axis label, panel title); the eval key is resolved per run

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..run_layout import METRICS_FILE
 from ..training.grpo import GRPOTrainer
 from .memprobe import status_kb
 from .report import Goal, Row, fmt_bytes, fmt_s
@@ -161,7 +162,7 @@ def bench_soak(ctx: Ctx, steps: int = SOAK_STEPS) -> tuple[list[Row], dict]:
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
         )
         samples: list[tuple[int, int]] = []
-        metrics = out / "metrics.jsonl"
+        metrics = out / METRICS_FILE
         next_step = 0
         while proc.poll() is None:
             time.sleep(0.05)

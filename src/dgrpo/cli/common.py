@@ -8,6 +8,8 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..run_layout import FINAL_DIR, results_dir
+
 if TYPE_CHECKING:
     import torch
 
@@ -142,14 +144,7 @@ def eval_options(cfg: Config) -> dict[str, Any]:
     }
 
 
-def results_dir(out: Path, spec: str, checkpoint: str = "final") -> Path:
-    """Where a run's results on test set ``spec`` go: ``out/eval/<spec>`` for final/, ``out/eval_best/<spec>`` for
-    best/ (``:`` and ``/`` of the name as ``_``)."""
-    folder = "eval" if checkpoint == "final" else f"eval_{checkpoint}"
-    return out / folder / spec.replace(":", "_").replace("/", "_")
-
-
-def evaluate_test_sets(lm: Any, tests: dict, cfg: Config, out: Path, dist: Dist, checkpoint: str = "final") -> None:
+def evaluate_test_sets(lm: Any, tests: dict, cfg: Config, out: Path, dist: Dist, checkpoint: str = FINAL_DIR) -> None:
     """Eval of a trained model (``checkpoint``: final, or best) on every ``data.test`` set (``eval.*``; ``eval.limit``
     records of each), sharded over ranks; rank 0 writes :func:`results_dir`."""
     from ..eval.evaluate import evaluate, merge_results, write_results

@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..run_layout import BEST_DIR, CONFIG_FILE, results_dir
 from .common import (
     add_config_options,
     eval_options,
@@ -16,7 +17,6 @@ from .common import (
     load,
     prompt_settings,
     report_lora,
-    results_dir,
     seed_everything,
     setup,
     subcommand,
@@ -218,16 +218,16 @@ def evaluate_best(best_step: int | None, tests: dict, cfg: Config, out: Path, di
     from ..training.distributed import SHARDED_DIR
 
     best_step = dist.all_gather_objects(best_step)[0]
-    if best_step is None or best_step == cfg.grpo.steps or not (out / "best").is_dir():
+    if best_step is None or best_step == cfg.grpo.steps or not (out / BEST_DIR).is_dir():
         return
     if dist.fsdp:
         if dist.is_main:
             print(f"dgrpo: best/ (step {best_step}) is not tested under FSDP; in one process, for each test set:")
-            if (out / "best" / SHARDED_DIR).is_dir():  # fsdp: sharded wrote shards
-                print(f"  dgrpo consolidate {out / 'best'}")
+            if (out / BEST_DIR / SHARDED_DIR).is_dir():  # fsdp: sharded wrote shards
+                print(f"  dgrpo consolidate {out / BEST_DIR}")
             for spec in tests:  # the run's config.json: its eval.* options, as the final model's tests had them
-                run = f"--config {out / 'config.json'} --model {out / 'best'}"
-                print(f"  dgrpo eval {run} --data {spec} --out {results_dir(out, spec, 'best')}")
+                run = f"--config {out / CONFIG_FILE} --model {out / BEST_DIR}"
+                print(f"  dgrpo eval {run} --data {spec} --out {results_dir(out, spec, BEST_DIR)}")
         return
-    best = load_model(cfg.model, cfg.task, init=str(out / "best"), device=device, training=False)
-    evaluate_test_sets(best, tests, cfg, out, dist, checkpoint="best")
+    best = load_model(cfg.model, cfg.task, init=str(out / BEST_DIR), device=device, training=False)
+    evaluate_test_sets(best, tests, cfg, out, dist, checkpoint=BEST_DIR)

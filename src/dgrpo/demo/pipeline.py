@@ -24,6 +24,7 @@ from ..data.synthetic import generate_split
 from ..eval.evaluate import evaluate
 from ..model.factory import load_model
 from ..model.latent_lm import LatentLM
+from ..run_layout import BEST_DIR, FINAL_DIR
 from ..training.distributed import available_cpus, exit_with_parent
 from ..training.grpo import train_grpo
 from ..training.run import check_output_path
@@ -157,13 +158,13 @@ def run_sft(demo: Demo, seed: int) -> Path:
         resume="never",
         progress=demo.progress,
     )
-    lm = LatentLM.from_pretrained(out / "final")
+    lm = LatentLM.from_pretrained(out / FINAL_DIR)
     valid = _last_eval(out) if demo.base.sft.eval_each_stage else None
     valid = demo.count_correct(lm, demo.valid) / len(demo.valid) if valid is None else valid
     row = demo.test_model(lm, arm="sft", sft_seed=seed, rl_seed=None, checkpoint="sft", valid_accuracy=valid)
     demo.wall[f"sft/seed{seed}"] = round(time.time() - t0, 1)
     say(f"SFT seed {seed}: valid {valid:.3f}, " + _accs(row) + f" ({demo.wall[f'sft/seed{seed}']:.0f} s)")
-    return out / "final"
+    return out / FINAL_DIR
 
 
 def _last_eval(run_dir: Path) -> float | None:
@@ -196,8 +197,8 @@ def run_arm(demo: Demo, arm: str, sft_seed: int, r: int, sft_ckpt: Path) -> None
     final = demo.test_model(policy, **ident, checkpoint="final", step=cfg.grpo.steps)
     best_step = summary.get("best_step")
     best_lm = None
-    if best_step is not None and best_step != cfg.grpo.steps and (run_dir / "best").is_dir():
-        best_lm = LatentLM.from_pretrained(run_dir / "best")
+    if best_step is not None and best_step != cfg.grpo.steps and (run_dir / BEST_DIR).is_dir():
+        best_lm = LatentLM.from_pretrained(run_dir / BEST_DIR)
     if best_lm is not None and not same_weights(best_lm, policy):
         best = demo.test_model(best_lm, **ident, checkpoint="best", step=best_step)
     else:  # the best checkpoint is the final model, or equal to it (no update since), or none was kept: same answers
@@ -274,7 +275,7 @@ def arm_tasks(s: int, n_rl: int, arms: Sequence[str] | None = None) -> list[Task
 
 def sft_checkpoint(demo: Demo, s: int) -> Path:
     """Where SFT seed ``s``'s final checkpoint is written (run_sft) and read (its RL runs)."""
-    return demo.out / "sft" / f"seed{s}" / "final"
+    return demo.out / "sft" / f"seed{s}" / FINAL_DIR
 
 
 def run_task(demo: Demo, task: Task) -> None:

@@ -40,6 +40,7 @@ from transformers import (
 )
 
 from ..config import ConfigError
+from ..run_layout import FINAL_DIR, METRICS_FILE
 from .anatomy import decoder_layers
 from .attention_mask import additive_mask, causal_padding_mask, prebuilt_mask_applies, static_causal_padding_mask
 from .compiled_layers import CompiledLayers
@@ -229,15 +230,15 @@ def resolve_checkpoint(path: str | Path) -> Path:
     padded = p.with_name(f"step-{int(step[1]):08d}") if step else p  # checkpoints/step-N, written unpadded
     if not p.exists() and padded.is_dir():
         p = padded
-    if _is_model_dir(p / "final"):
-        return p / "final"
+    if _is_model_dir(p / FINAL_DIR):
+        return p / FINAL_DIR
     if _is_model_dir(p):
         return p
     if (p / "state.json").is_file() and _is_model_dir(p / "model"):
         return p / "model"
     if p.is_file():
         raise CheckpointError(f"{p} is a file, not a checkpoint directory")
-    if (p / "metrics.jsonl").is_file():
+    if (p / METRICS_FILE).is_file():
         raise CheckpointError(
             f"{p} holds no model checkpoint: a run directory without final/ (the run did not finish: rerun its command "
             "to resume it, or name one of its checkpoints: best/, stage-K/, checkpoints/step-N)"

@@ -30,8 +30,8 @@ import torch
 from safetensors.torch import save_file, save_model
 
 from ..model.verified import CheckpointError, atomic_dir, check_state_dict, one_line, verify
+from ..run_layout import CHECKPOINTS_DIR
 
-CKPT_DIR = "checkpoints"
 #: torch optimizers' per-parameter state tensors, shaped like their parameter (8-bit optimizers keep others)
 PER_PARAMETER_STATE = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")
 
@@ -75,7 +75,7 @@ def save_checkpoint(
 ) -> Path:
     """Write ``checkpoints/step-<step>`` atomically (:func:`~dgrpo.model.verified.atomic_dir`: temporary directory,
     manifest, rename) and prune to the ``keep_last`` newest."""
-    root = Path(out_dir) / CKPT_DIR
+    root = Path(out_dir) / CHECKPOINTS_DIR
     final = root / f"step-{step:08d}"
     with atomic_dir(final) as tmp:
         lm.save_pretrained(tmp / "model")
@@ -97,7 +97,7 @@ def save_checkpoint(
 
 def list_checkpoints(out_dir: Path) -> list[Path]:
     """The run's checkpoint directories, oldest first (temporary and half-written ones excluded by name)."""
-    root = Path(out_dir) / CKPT_DIR
+    root = Path(out_dir) / CHECKPOINTS_DIR
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))

@@ -40,6 +40,7 @@ from ..model.latent_lm import LatentLM
 from ..perturbation import make_perturbation, seeds_for
 from ..perturbation.base import to_device
 from ..reward import extract_answer, normalize_text
+from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, SUMMARY_FILE
 from .checkpoint import read_checkpoint, save_checkpoint
 from .distributed import Dist
 from .losses import (
@@ -572,13 +573,13 @@ def train_grpo(
             if (g.save_every and done % g.save_every == 0) or done == g.steps or trainer.guard.tripped or stalled:
                 _save_resumable(run, trainer, loop)
             if trainer.guard.tripped:
-                raise trainer.guard.error(done, run.out_dir / "checkpoints")
+                raise trainer.guard.error(done, run.out_dir / CHECKPOINTS_DIR)
             if stalled:
                 raise StalledError(stalled)
             shown = {"reward": f"{m['reward_mean']:.3f}", "kept": f"{m['frac_groups_kept']:.2f}"}
             bar.set_postfix({**shown, **({"eval": f"{loop.last_eval:.3f}"} if loop.last_eval is not None else {})})
         trainer.release_kept_decoders()
-        dist.save_model(lm, run.out_dir / "final")
+        dist.save_model(lm, run.out_dir / FINAL_DIR)
         return _summary(run, loop, g.steps) if dist.is_main else {}
 
 
@@ -591,7 +592,7 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
     if saved is not None:
         trainer.load_state(saved["trainer"])
         loop = LoopState(**saved["loop"])
-        if loop.best_step is not None and not (run.out_dir / "best").is_dir():  # a fork: its best/ is elsewhere
+        if loop.best_step is not None and not (run.out_dir / BEST_DIR).is_dir():  # a fork: its best/ is elsewhere
             run.log(f"dgrpo: the checkpoint's best (step {loop.best_step}) is not in {run.out_dir}: best/ starts anew")
             loop.best_step, loop.best_accuracy = None, -1.0
     loop.started = time.time()
@@ -626,7 +627,7 @@ def _summary(run: RunDir, loop: LoopState, steps: int) -> dict:
         "steps": steps,
         "skipped_steps": loop.skipped,
     }
-    (run.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (run.out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
     best = f"best {100 * loop.best_accuracy:.2f}% at step {loop.best_step}" if loop.best_step is not None else "no best"
     final = f"final {100 * loop.last_eval:.2f}%" if loop.last_eval is not None else "no eval"
     wall = time.time() - loop.started
@@ -658,7 +659,7 @@ def _periodic_eval(
         first = row[f"eval/{next(iter(valid))}/accuracy"]
         if step >= g.warmup_steps and first > loop.best_accuracy and g.save_best:
             loop.best_step, loop.best_accuracy = step, first
-            trainer.dist.save_model(lm, run.out_dir / "best")  # every rank calls it (FSDP gathers); rank 0 writes
+            trainer.dist.save_model(lm, run.out_dir / BEST_DIR)  # every rank calls it (FSDP gathers); rank 0 writes
         return first
 
     return evaluate

@@ -21,8 +21,20 @@ from ..config import Config, ConfigError, to_dict
 from ..data.records import Record
 from ..model.latent_lm import RUN_CONFIG_FILE
 from ..model.verified import CheckpointError
+from ..run_layout import (
+    BEST_DIR,
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
+    EVAL_DIR,
+    FINAL_DIR,
+    LOCK_FILE,
+    METRICS_FILE,
+    ROLLOUTS_FILE,
+    SUMMARY_FILE,
+    TB_DIR,
+    WANDB_ID_FILE,
+)
 from .checkpoint import (
-    CKPT_DIR,
     LoadedCheckpoint,
     checkpoint_command,
     count_lines,
@@ -30,12 +42,8 @@ from .checkpoint import (
     resume_candidates,
 )
 from .distributed import Dist
-from .tracking import WANDB_ID_FILE, TensorBoardTracker, Tracker, describe_backends, open_trackers
+from .tracking import TensorBoardTracker, Tracker, describe_backends, open_trackers
 
-METRICS_FILE = "metrics.jsonl"
-CONFIG_FILE = "config.json"
-ROLLOUTS_FILE = "rollouts.jsonl"
-LOCK_FILE = ".lock"
 #: options that change neither the computation nor its results: a resumed run may change them freely
 #: (recomputation gives the same gradients, bit for bit on CPU: tests/test_recompute.py)
 NEUTRAL_KEYS = ("threads", "device", "logging.", "grpo.recompute", "sft.recompute")
@@ -235,7 +243,8 @@ class RunDir:
     def _start_over(self) -> None:
         """``--resume never``: remove what an earlier run wrote here (its checkpoints, best/, final/, stage-K/, test
         results, config history, summary, logs), so that nothing left of it reads as this run's output."""
-        written = [CKPT_DIR, "best", "final", "eval", "eval_best", "tb", "summary.json", ROLLOUTS_FILE, WANDB_ID_FILE]
+        written = [CHECKPOINTS_DIR, BEST_DIR, FINAL_DIR, EVAL_DIR, f"{EVAL_DIR}_{BEST_DIR}", TB_DIR, SUMMARY_FILE]
+        written += [ROLLOUTS_FILE, WANDB_ID_FILE]
         found = [self.out_dir / name for name in written if (self.out_dir / name).exists()]
         found += sorted(self.out_dir.glob("stage-[0-9]*")) + sorted(self.out_dir.glob("config.[0-9]*.json"))
         for path in found:
@@ -274,11 +283,11 @@ class RunDir:
         path = Path(self.resume_mode)
         if not path.is_dir():
             raise ConfigError(f"--resume {path}: no such checkpoint directory")
-        if not (path / "state.json").exists() and (path / CKPT_DIR).is_dir():
+        if not (path / "state.json").exists() and (path / CHECKPOINTS_DIR).is_dir():
             newest = resume_candidates(path)
             raise ConfigError(
                 f"--resume {path} is a run directory: name one of its checkpoints"
-                + (f" (the newest: {newest[0]})" if newest else f" (it has none in {path / CKPT_DIR})")
+                + (f" (the newest: {newest[0]})" if newest else f" (it has none in {path / CHECKPOINTS_DIR})")
             )
         return [path]
 

@@ -28,6 +28,7 @@ from ..data.records import Record
 from ..model.factory import compile_head, compile_layers, pack_gqa
 from ..model.latent_lm import LatentLM, LatentSettings
 from ..model.sources import on_for_device
+from ..run_layout import CHECKPOINTS_DIR, FINAL_DIR, stage_dir
 from .checkpoint import read_checkpoint, save_checkpoint
 from .distributed import Dist
 from .memory import oom_advice
@@ -283,7 +284,7 @@ class SFTRun:
         """``final/`` with the final stage's settings, and one summary line."""
         self.lm.settings = final_settings(self.cfg)
         self.lm.eval()
-        self.dist.save_model(self.lm, self.run.out_dir / "final")
+        self.dist.save_model(self.lm, self.run.out_dir / FINAL_DIR)
         by_stage = {r["stage"]: r["eval/valid/accuracy"] for r in self.run.metrics.rows() if "eval/valid/accuracy" in r}
         accs = ", ".join(f"{k}: {100 * v:.1f}%" for k, v in by_stage.items())  # (a resumed run's earlier stages too)
         s = self.lm.settings
@@ -361,7 +362,7 @@ def train_sft(
                     run.metrics.write(row)
                 if sft.guard.tripped:
                     sft.save(epoch, b + 1)
-                    raise sft.guard.error(prog.global_step, run.out_dir / "checkpoints")
+                    raise sft.guard.error(prog.global_step, run.out_dir / CHECKPOINTS_DIR)
                 if s.save_every and prog.global_step % s.save_every == 0 and b + 1 < plan.steps_per_epoch:
                     sft.save(epoch, b + 1)
             if plan.last_of_stage(epoch):
@@ -392,6 +393,6 @@ def _finish_stage(
         lm.eval()
         row["eval/valid/accuracy"] = sharded_accuracy(dist, lambda local: evaluate_fn(lm, local, settings), valid)
         lm.train()
-    dist.save_model(lm, run.out_dir / f"stage-{stage}")  # every rank calls it (FSDP gathers); rank 0 writes
+    dist.save_model(lm, stage_dir(run.out_dir, stage))  # every rank calls it (FSDP gathers); rank 0 writes
     run.metrics.write(row)
     run.log(f"stage {stage} done: " + ", ".join(f"{k}={v}" for k, v in row.items()))

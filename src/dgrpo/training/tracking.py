@@ -34,11 +34,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..config import ConfigError
+from ..run_layout import TB_DIR, WANDB_ID_FILE
 
 #: the backends this module opens (``jsonl`` is the caller's metrics.jsonl)
 TRACKER_BACKENDS = ("tensorboard", "wandb")
-#: the file, in the run directory, that keeps the W&B run id across resumes
-WANDB_ID_FILE = "wandb_run_id"
 _INSTALL = "pip install 'dgrpo[tracking]'"
 
 
@@ -274,7 +273,7 @@ def open_trackers(
     try:
         for b in wanted:
             if b == "tensorboard":
-                trackers.append(TensorBoardTracker(run_dir / "tb", name))
+                trackers.append(TensorBoardTracker(run_dir / TB_DIR, name))
             else:
                 trackers.append(
                     WandbTracker(run_dir, project=project, entity=entity, run_name=name, config=config, resume=resume)

@@ -1,0 +1,32 @@
+"""What a training run writes in its output directory (``OUT``): the one place that names its files and folders.
+
+The trainers write them, ``--resume never`` removes them, and the CLI, the demo, the plots and the model loader
+read them; each imports the names from here (this module imports nothing of dgrpo's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CHECKPOINTS_DIR = "checkpoints"  # resumable training states: checkpoints/step-N
+FINAL_DIR = "final"  # the model at the end of training
+BEST_DIR = "best"  # GRPO: the model at the best post-warmup validation accuracy
+EVAL_DIR = "eval"  # the test sets' results for final/ (eval_best/ for best/)
+TB_DIR = "tb"  # TensorBoard event files
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.json"  # the config the run was started with (config.N.json: each changed one)
+ROLLOUTS_FILE = "rollouts.jsonl"  # GRPO: sampled rollouts, when logged
+SUMMARY_FILE = "summary.json"  # GRPO: the run's summary (best step, accuracies, time)
+LOCK_FILE = ".lock"
+WANDB_ID_FILE = "wandb_run_id"
+
+
+def stage_dir(out: Path, stage: int) -> Path:
+    """SFT: the model at the end of curriculum stage ``stage``."""
+    return Path(out) / f"stage-{stage}"
+
+
+def results_dir(out: Path, spec: str, checkpoint: str = FINAL_DIR) -> Path:
+    """Where a run's results on test set ``spec`` go: ``out/eval/<spec>`` for final/, ``out/eval_best/<spec>`` for
+    best/ (``:`` and ``/`` of the name as ``_``)."""
+    folder = EVAL_DIR if checkpoint == FINAL_DIR else f"{EVAL_DIR}_{checkpoint}"
+    return Path(out) / folder / spec.replace(":", "_").replace("/", "_")
