@@ -203,6 +203,37 @@ def test_sampled_evaluation_does_not_depend_on_the_batch_size(tokenizer, task_re
     assert generate_answers(lm, qs, batch_size=64, seed=1, **kw) != wide
 
 
+@pytest.mark.parametrize("kind", ["locked", "native"])
+def test_perturbed_evaluation_applies_each_questions_own_mask(tokenizer, task_records, kind):
+    """``generate_answers(perturbation=, perturbation_seeds=)``: the perturbation is applied (the answers differ
+    from the deterministic network's), each question under its own seed's mask whatever the batch (one at a time,
+    in batches of 3, reversed); a wrong contract is refused in one line."""
+    from dgrpo.eval.evaluate import generate_answers
+    from dgrpo.perturbation import LockedDropout, NativeDropout, seeds_for
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    qs = [r.question for r in task_records[:12]]
+    pert = LockedDropout(p=0.5) if kind == "locked" else NativeDropout(p=0.5)
+    seeds = seeds_for(0, 0, 0, len(qs))
+    kw = dict(n_latent=2, max_new_tokens=8, progress=False)
+    plain = generate_answers(lm, qs, **kw)
+    wide = generate_answers(lm, qs, perturbation=pert, perturbation_seeds=seeds, **kw)
+    assert sum(a != b for a, b in zip(plain, wide)) >= 3
+    assert generate_answers(lm, qs, batch_size=3, perturbation=pert, perturbation_seeds=seeds, **kw) == wide
+    assert generate_answers(lm, qs[::-1], perturbation=pert, perturbation_seeds=seeds.flip(0), **kw) == wide[::-1]
+    one = [
+        generate_answers(lm, [q], perturbation=pert, perturbation_seeds=seeds[i : i + 1], **kw)[0]
+        for i, q in enumerate(qs[:4])
+    ]
+    assert one == wide[:4]
+    with pytest.raises(ValueError, match="needs perturbation_seeds"):
+        generate_answers(lm, qs, perturbation=pert, **kw)
+    with pytest.raises(ValueError, match="11 perturbation_seeds for 12 questions"):
+        generate_answers(lm, qs, perturbation=pert, perturbation_seeds=seeds[:11], **kw)
+    with pytest.raises(TypeError, match="unbound"):
+        generate_answers(lm, qs, perturbation=pert.bind(lm, seeds[:1]), perturbation_seeds=seeds, **kw)
+
+
 def test_special_tokens_added_and_initialised_to_mean(tokenizer):
     from conftest import make_lm as mk
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from tqdm.auto import tqdm
 
 from ..data.records import Record
 from ..model.latent_lm import LatentLM
-from ..perturbation import seeds_for
+from ..perturbation import Perturbation, seeds_for
 from ..perturbation.base import row_sampling_uniforms, text_seed, to_device
 from ..reward import extract_answer, is_parseable, normalize_number, normalize_text
 from .scoring import ScoreFn, call_checked, choice, choice_letter, final_answer_text, numeric
@@ -91,45 +92,70 @@ def generate_answers(
     mode: str | None = None,
     markers: bool = True,
     max_question_tokens: int | None = None,
-    perturbation_factory=None,
+    perturbation: Perturbation | None = None,
+    perturbation_seeds: torch.Tensor | None = None,
     progress: bool = True,
+    desc: str = "eval",
 ) -> list[str]:
     """Completions for ``questions`` in batches sorted by length (less padding), returned in input order.
 
     Sampling (``temperature`` > 0) draws each question's tokens from its own seed (from ``seed`` and the question's
     text), so a question gets the same answer whatever the batch size, the order or the process that evaluates it.
-    ``perturbation_factory(batch_size, batch_index)`` may return a bound perturbation for the batch (Monte-Carlo
-    dropout evaluation); ``None`` evaluates the deterministic network.
+    ``perturbation`` with ``perturbation_seeds`` (one int seed per question) answers each question under the
+    perturbation its own seed draws (Monte-Carlo dropout evaluation), likewise whatever its batch; ``None``
+    evaluates the deterministic network.
     """
+    seeds = _question_perturbation_seeds(questions, perturbation, perturbation_seeds)
+    if perturbation is not None and not perturbation.batched:
+        batch_size = 1  # native dropout replays the global RNG stream: one row at a time
     order = sorted(range(len(questions)), key=lambda i: len(questions[i]))
     check_context(lm, questions, n_latent, max_new_tokens, markers=markers, max_question_tokens=max_question_tokens)
     sampling = question_seeds(seed, questions) if temperature > 0 else None
     out: list[str] = [""] * len(questions)
     was_training = lm.training
     lm.eval()
-    for bi, b0 in enumerate(
-        tqdm(range(0, len(order), batch_size), desc="eval", disable=not progress, leave=False, dynamic_ncols=True)
-    ):
+    for b0 in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, leave=False, dynamic_ncols=True):
         idx = order[b0 : b0 + batch_size]
         ids, mask = lm.encode_questions([questions[i] for i in idx], markers=markers, max_tokens=max_question_tokens)
-        pert = perturbation_factory(len(idx), bi) if perturbation_factory is not None else None
         draws = None if sampling is None else to_device(row_sampling_uniforms(sampling[idx], max_new_tokens), lm.device)
-        g = lm.generate(
-            ids,
-            mask,
-            n_latent,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            uniforms=draws,
-            mode=mode,
-            markers=markers,
-            perturbation=pert,
-        )
+        bound = nullcontext() if perturbation is None else perturbation.bind(lm, seeds[idx])
+        with bound as pert:
+            g = lm.generate(
+                ids,
+                mask,
+                n_latent,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                uniforms=draws,
+                mode=mode,
+                markers=markers,
+                perturbation=pert,
+            )
         for i, text in zip(idx, lm.decode(g.tokens, g.mask)):
             out[i] = text
     lm.train(was_training)
     return out
+
+
+def _question_perturbation_seeds(
+    questions: list[str], perturbation: Perturbation | None, seeds: torch.Tensor | None
+) -> torch.Tensor:
+    """``seeds`` as an int64 tensor of one seed per question, checked against ``perturbation``."""
+    if perturbation is None:
+        if seeds is not None:
+            raise ValueError("generate_answers: perturbation_seeds without a perturbation")
+        return torch.zeros(0, dtype=torch.int64)
+    if not isinstance(perturbation, Perturbation):
+        raise TypeError(
+            f"generate_answers: perturbation must be a dgrpo Perturbation (unbound), got {type(perturbation).__name__}"
+        )
+    if seeds is None:
+        raise ValueError("generate_answers: a perturbation needs perturbation_seeds (one int seed per question)")
+    seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
+    if len(seeds) != len(questions):
+        raise ValueError(f"generate_answers: {len(seeds)} perturbation_seeds for {len(questions)} questions")
+    return seeds
 
 
 def check_context(
@@ -169,11 +195,12 @@ def evaluate(
     limit: int = 0,
     max_question_tokens: int | None = None,
     progress: bool = True,
-    perturbation_factory=None,
+    perturbation: Perturbation | None = None,
     scorer: ScoreFn | None = None,
 ) -> EvalResult:
-    """Greedy (by default) pass@1 with no perturbation. ``scorer`` decides what is correct (a value > 0.5; default:
-    the numeric verifier, which also counts unparseable outputs)."""
+    """Greedy (by default) pass@1, with no perturbation unless ``perturbation`` (then question i is answered under the
+    mask its own seed draws: ``seeds_for(seed, 0, 0, n, stream="eval")[i]``). ``scorer`` decides what is correct (a
+    value > 0.5; default: the numeric verifier, which also counts unparseable outputs)."""
     t0 = time.time()
     shot_recs: list[Record] = []
     if plain and shots:
@@ -193,7 +220,8 @@ def evaluate(
         mode=mode,
         markers=markers,
         max_question_tokens=None if plain else max_question_tokens,
-        perturbation_factory=perturbation_factory,
+        perturbation=perturbation,
+        perturbation_seeds=None if perturbation is None else seeds_for(seed, 0, 0, len(questions), stream="eval"),
         progress=progress,
     )
     texts = [_cut_plain(t) for t in texts] if plain else texts
@@ -311,7 +339,7 @@ def vote_key(scorer: ScoreFn, text: str, gold: str) -> str | None:
 def _perturbed_texts(
     lm: LatentLM,
     questions: list[str],
-    perturbation,
+    perturbation: Perturbation,
     *,
     batch_size: int,
     max_new_tokens: int,
@@ -320,27 +348,19 @@ def _perturbed_texts(
     progress: bool,
 ) -> list[str]:
     """Greedy completions of ``questions``, row i under the perturbation drawn from its own seed (stream mc-vote)."""
-    markers = lm.settings.markers
-    check_context(
-        lm, questions, lm.settings.n_latent, max_new_tokens, markers=markers, max_question_tokens=max_question_tokens
+    return generate_answers(
+        lm,
+        questions,
+        n_latent=lm.settings.n_latent,
+        batch_size=batch_size,
+        max_new_tokens=max_new_tokens,
+        markers=lm.settings.markers,
+        max_question_tokens=max_question_tokens,
+        perturbation=perturbation,
+        perturbation_seeds=seeds_for(seed, 0, 0, len(questions), stream="mc-vote"),
+        progress=progress,
+        desc="mc-vote",
     )
-    seeds = seeds_for(seed, 0, 0, len(questions), stream="mc-vote")
-    texts: list[str] = []
-    was_training = lm.training
-    lm.eval()
-    for b0 in tqdm(
-        range(0, len(questions), batch_size), desc="mc-vote", disable=not progress, leave=False, dynamic_ncols=True
-    ):
-        ids, mask = lm.encode_questions(
-            questions[b0 : b0 + batch_size], markers=markers, max_tokens=max_question_tokens
-        )
-        with perturbation.bind(lm, seeds[b0 : b0 + batch_size]) as pb:
-            g = lm.generate(
-                ids, mask, lm.settings.n_latent, max_new_tokens=max_new_tokens, perturbation=pb, markers=markers
-            )
-        texts += lm.decode(g.tokens, g.mask)
-    lm.train(was_training)
-    return texts
 
 
 def _voted(records: list[Record], texts: list[str], n_masks: int, scorer: ScoreFn) -> tuple[list[dict], int]:
