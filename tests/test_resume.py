@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -84,6 +85,7 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(sft_checkpoint, reference_
     r = run(sft_checkpoint, out)  # the output directory holds checkpoints: resumes automatically
     assert r.returncode == 0, r.stderr[-2000:]
     assert "resumed from" in r.stdout + r.stderr
+    assert re.search(r"done in \d+ s \(this process, resumed at step \d+\)", r.stdout), r.stdout[-500:]
     assert_same_run(reference_run, out)
 
 
@@ -195,6 +197,8 @@ def test_sft_killed_across_a_stage_boundary_resumes_bit_identical(tmp_path):
     r = subprocess.run(sft_cmd(late), capture_output=True, text=True, timeout=600)
     summary = next(x for x in r.stdout.splitlines() if "validation accuracy by stage" in x)
     assert "validation accuracy by stage: 0: " in summary and ", 1: " in summary, summary
+    times = [row["time_s"] for row in map(json.loads, (late / "metrics.jsonl").read_text().splitlines())]
+    assert times == sorted(times), times  # time_s goes on from the resumed rows (it restarted at 0)
 
 
 def _damage_newest(out, how):

@@ -630,8 +630,10 @@ def _summary(run: RunDir, loop: LoopState, steps: int) -> dict:
     (run.out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
     best = f"best {100 * loop.best_accuracy:.2f}% at step {loop.best_step}" if loop.best_step is not None else "no best"
     final = f"final {100 * loop.last_eval:.2f}%" if loop.last_eval is not None else "no eval"
-    wall = time.time() - loop.started
-    run.log(f"dgrpo grpo: done in {wall:.0f} s; {best}; {final}; {loop.skipped} of {steps} steps skipped")
+    wall = f"{time.time() - loop.started:.0f} s" + (
+        f" (this process, resumed at step {run.resumed_step})" if run.resumed_step is not None else ""
+    )
+    run.log(f"dgrpo grpo: done in {wall}; {best}; {final}; {loop.skipped} of {steps} steps skipped")
     return summary
 
 

@@ -227,6 +227,7 @@ class RunDir:
         self.changed: list[str] = []
         self.first_config: dict = self.cfg  # the config the run was started with (differs: allow_config_change)
         self.checkpoint: Path | None = None
+        self.resumed_step: int | None = None  # the step this process resumed at (None: started fresh)
         try:
             self.candidates = self._candidates()
             if self.resume_mode == "never":
@@ -398,6 +399,7 @@ class RunDir:
             if rows or kept:
                 self.rollouts_path.write_text("".join(r + "\n" for r in kept))
         if self.checkpoint is not None and resumed_state is not None:
+            self.resumed_step = resumed_state["step"]
             self.log(f"dgrpo: resumed from {self.checkpoint} (step {resumed_state['step']})")
 
     @property

@@ -341,7 +341,8 @@ def train_sft(
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
     with RunDir(out_dir, cfg, dist, "sft", resume=resume, allow_config_change=allow_config_change, log=log) as run:
         sft = SFTRun(lm, cfg, dist, run, len(train))
-        plan, prog, t0 = sft.plan, sft.prog, time.time()
+        plan, prog = sft.plan, sft.prog
+        t0 = time.time() - _time_trained(run)  # time_s goes on from a resumed run's last row
         start_epoch, start_batch = prog.epoch, prog.batch
         n_steps, shown = s.num_epochs * plan.steps_per_epoch, dist.is_main and progress
         bar = tqdm(total=n_steps, initial=prog.global_step, desc="sft", disable=not shown)
@@ -371,6 +372,11 @@ def train_sft(
         bar.close()
         sft.finish(t0)
     return lm
+
+
+def _time_trained(run: RunDir) -> float:
+    """The training time the run's metrics rows record so far (the last row's ``time_s``; 0 for a fresh run)."""
+    return next((float(r["time_s"]) for r in reversed(run.metrics.rows()) if "time_s" in r), 0.0)
 
 
 def _finish_stage(
