@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from dgrpo.perturbation import GaussianNoise, LockedDropout, NativeDropout, NoPerturbation, seeds_for
+from dgrpo.perturbation import GaussianNoise, LockedDropout, NativeDropout, NoPerturbation, as_seeds, seeds_for
 from dgrpo.perturbation.locked import locked_masks
 from dgrpo.training.rollouts import collect_rollouts, replay_logprobs
 
@@ -394,3 +394,25 @@ def test_parallel_mask_draw_after_fork(monkeypatch):
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     pytest.fail("the forked child's mask draw hung")
+
+
+def test_seeds_are_integers_one_per_row(tokenizer):
+    """A float seed tensor lost the int63 seeds' low bits and gave other masks (log-probs off by 0.6 in a probe);
+    a list or a NumPy array of ints is taken; a 2-d tensor or floats are one line, for every kind."""
+    import numpy as np
+
+    seeds = seeds_for(0, 0, 0, 3)
+    assert torch.equal(as_seeds(seeds.tolist()), seeds) and torch.equal(as_seeds(seeds.numpy()), seeds)
+    assert as_seeds(torch.tensor([1, 2], dtype=torch.int32)).dtype == torch.int64
+    lm = make_lm(tokenizer)
+    kinds = [LockedDropout(p=0.1), GaussianNoise(sigma=0.1), NoPerturbation()]
+    for pert in kinds:
+        for bad in (seeds.double(), seeds.float(), np.array([0.5, 1.5])):
+            with pytest.raises(TypeError, match="perturbation seeds must be integers"):
+                pert.bind(lm, bad)
+        with pytest.raises(ValueError, match=r"must be 1-d \(one seed per row\), got shape \(3, 1\)"):
+            pert.bind(lm, seeds[:, None])
+    with pytest.raises(TypeError, match="must be integers"):
+        NativeDropout(p=0.1).bind(lm, seeds[:1].double())
+    with LockedDropout(p=0.1).bind(lm, seeds.tolist()) as pb:  # a list binds as its tensor does
+        assert pb is not None

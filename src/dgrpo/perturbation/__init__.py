@@ -7,7 +7,7 @@ the :class:`~dgrpo.model.latent_lm.LatentLM` (prompt, each latent step, each ans
 update time the same ``bind`` with the same seeds regenerates the noise exactly (mask replay).
 
 Kinds (``perturbation.kind``; a new one is a :class:`Perturbation` subclass decorated with
-``@register("name")``):
+``@register("name")``, whose ``bind`` reads its seeds through :func:`as_seeds`):
   ``locked``   one Bernoulli mask per rollout per site over the hidden dimension, inverted scaling
                1/(1-p), shared across positions and latent steps (variational dropout, Gal &
                Ghahramani 2016). Batched: all rollouts of all groups run in one forward.
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .base import PERTURBATIONS, BoundPerturbation, NoPerturbation, Perturbation, register, seeds_for
+from .base import PERTURBATIONS, BoundPerturbation, NoPerturbation, Perturbation, as_seeds, register, seeds_for
 from .gaussian import GaussianNoise
 from .locked import LockedDropout
 from .native import NativeDropout
@@ -44,6 +44,7 @@ __all__ = [
     "NativeDropout",
     "NoPerturbation",
     "Perturbation",
+    "as_seeds",
     "make_perturbation",
     "register",
     "seeds_for",

@@ -173,6 +173,7 @@ class NoPerturbation(Perturbation):
         return cls()
 
     def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
+        as_seeds(seeds)
         return Unperturbed()
 
 
@@ -200,6 +201,17 @@ def swapped(owner: object, name: str, value: object) -> Iterator[None]:
 def text_seed(key: str) -> int:
     """An int63 seed, a pure function of ``key`` (its blake2b digest)."""
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") & (2**63 - 1)
+
+
+def as_seeds(seeds: object) -> Tensor:
+    """``seeds`` as what :meth:`Perturbation.bind` takes: a 1-d int64 tensor, one seed per row. A tensor, NumPy array
+    or list of integers is accepted; floats are refused (an int63 seed does not survive a float: other masks)."""
+    t = seeds if isinstance(seeds, Tensor) else torch.as_tensor(seeds)
+    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+        raise TypeError(f"perturbation seeds must be integers (int64), got {t.dtype}: a float loses the seed's bits")
+    if t.dim() != 1:
+        raise ValueError(f"perturbation seeds must be 1-d (one seed per row), got shape {tuple(t.shape)}")
+    return t.to(torch.int64)
 
 
 def seeds_for(run_seed: int, step: int, rank: int, n: int, stream: str = "rollout") -> Tensor:

@@ -19,7 +19,16 @@ from torch import Tensor, nn
 from ..model.anatomy import find_sites, output_projection
 from ..model.compiled_layers import output_factor_hook
 from ..model.latent_chain import with_rows
-from .base import BoundPerturbation, HookedPerturbation, Perturbation, register, row_normals, site_names, swapped
+from .base import (
+    BoundPerturbation,
+    HookedPerturbation,
+    Perturbation,
+    as_seeds,
+    register,
+    row_normals,
+    site_names,
+    swapped,
+)
 
 if TYPE_CHECKING:
     from ..config import PerturbationConfig
@@ -94,6 +103,7 @@ class GaussianNoise(Perturbation):
         )
 
     def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
+        seeds = as_seeds(seeds)
         sites = find_sites(lm.model, self.sites, self.layers)
         if self.target == "activations":
             z = torch.stack([row_normals(int(s), len(sites), sites[0].width) for s in seeds.tolist()], dim=1)

@@ -28,6 +28,7 @@ from .base import (
     BoundPerturbation,
     HookedPerturbation,
     Perturbation,
+    as_seeds,
     register,
     row_uniforms,
     site_names,
@@ -188,6 +189,7 @@ class LockedDropout(Perturbation):
         return cls(p=cfg.p, sites=list(cfg.sites), layers=cfg.layers, perturb_prompt=cfg.perturb_prompt)
 
     def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
+        seeds = as_seeds(seeds)
         sites = find_sites(lm.model, self.sites, self.layers)
         dtype = next(lm.model.parameters()).dtype
         seed_list = tuple(seeds.tolist())
@@ -208,6 +210,7 @@ class LockedDropout(Perturbation):
         of exactly ``seeds`` takes the stacked batch the thread made (in pinned memory when ``lm`` is on CUDA, ready
         for a copy that does not wait). The same masks as drawing them at bind time: each row comes from its own
         generator."""
+        seeds = as_seeds(seeds)
         sites = find_sites(lm.model, self.sites, self.layers)
         seeds = seeds.cpu()
         self._await_prefetch()  # one draw under way at a time

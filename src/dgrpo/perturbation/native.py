@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ..model.anatomy import attention_modules
-from .base import BoundPerturbation, Perturbation, register
+from .base import BoundPerturbation, Perturbation, as_seeds, register
 
 if TYPE_CHECKING:
     from ..config import PerturbationConfig
@@ -86,6 +86,7 @@ class NativeDropout(Perturbation):
         return cls(p=cfg.p, perturb_prompt=cfg.perturb_prompt)
 
     def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
+        seeds = as_seeds(seeds)
         if seeds.numel() != 1:
             raise ValueError("native dropout replays the global RNG stream: bind one rollout at a time")
         return _BoundNative(attention_modules(lm.model), int(seeds.item()), self.p, self.perturb_prompt)
