@@ -337,4 +337,15 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
     lm.settings.chat_template = True
     with pytest.raises(ConfigError, match="data.chat_template: this tokenizer has no chat template"):
         train_grpo(lm, chat, train, out)
+    lm.settings.chat_template = False
+    # an evaluate_fn of the other trainer's form failed only at the first validation, after a stage had trained
+    with pytest.raises(TypeError, match=r"train_sft: evaluate_fn is called as evaluate_fn\(lm, records, settings\)"):
+        train_sft(lm, train, cfg, out, valid=train, evaluate_fn=lambda lm_, recs: 0)
+    with pytest.raises(TypeError, match=r"train_grpo: evaluate_fn is called as evaluate_fn\(lm, records\)"):
+        train_grpo(lm, cfg, train, out, valid={"v": train}, evaluate_fn=lambda lm_, recs, settings: 0)
+    with pytest.raises(TypeError, match="train_sft: out_dir must be the run directory's path, got None"):
+        train_sft(lm, train, cfg, None)  # type: ignore[arg-type]
+    with pytest.warns(UserWarning, match="train_grpo: valid is given without evaluate_fn, so it is not evaluated"):
+        with pytest.raises(TypeError, match="out_dir"):
+            train_grpo(lm, cfg, train, 3, valid={"v": train})  # type: ignore[arg-type]
     assert not out.exists()

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from dgrpo.config import Config, load_config
 from dgrpo.data import load_spec
+from dgrpo.data.records import Record
 from dgrpo.eval.scoring import RewardError, build_rewards, choice, exact, load_function, numeric
 
 from conftest import TEST_SETS, tiny_args, tiny_config
@@ -523,9 +525,71 @@ def test_reward_values_may_be_numpy_torch_or_bool_but_not_anything():
             call_checked(lambda c, r, v=bad: v, "mine", ["a", "b", "c"], recs)
     with pytest.raises(RewardError, match=r"returned (np\.float64\(nan\)|nan) for row 1"):
         call_checked(lambda c, r: np.array([0.0, np.nan, 1.0]), "mine", ["a", "b", "c"], recs)
-    for bad, shown in ((None, "None"), (1.0, "1.0")):  # not a value per completion (it did not raise)
-        with pytest.raises(RewardError, match=rf"reward mine returned {shown}, not one value per completion"):
+    for bad, shown in ((None, "None"), (1.0, "1.0"), ({"a": 1, "b": 1, "c": 1}, "{'a': 1")):  # (a dict: its keys)
+        with pytest.raises(RewardError, match=rf"reward mine returned {re.escape(shown)}.*, not one value per"):
             call_checked(lambda c, r, v=bad: v, "mine", ["a", "b", "c"], recs)
+
+
+def test_the_filter_reward_must_name_a_reward_and_a_python_reward_fn_replaces_the_configs(recwarn):
+    """Rewards(parts, filter_on) with an unknown name is one line (was a bare KeyError at the first step); a reward
+    passed to the trainer in Python replaces the config's rewards, so a grpo.filter_reward naming one of those is
+    warned about and the filter applies to the Python reward's values."""
+    from dgrpo.eval.scoring import RewardPart, Rewards, numeric
+    from dgrpo.training.grpo import _rewards
+
+    with pytest.raises(RewardError, match=r"grpo.filter_reward 'corect' is not one of the rewards \(correct\)"):
+        Rewards([RewardPart("correct", numeric)], "corect")
+    with pytest.raises(RewardError, match="no reward parts"):
+        Rewards([])
+
+    def mine(completions, records):
+        return [1.0] * len(completions)
+
+    cfg = load_config(Config, None, ["grpo.rewards=[{fn: numeric, name: correct}]", "grpo.filter_reward=correct"])
+    with pytest.warns(UserWarning, match=r"grpo.filter_reward 'correct' is not used: reward_fn \(mine\) replaces"):
+        rewards = _rewards(mine, cfg)
+    assert rewards.filter_on == "" and rewards(["#### 1"], [Record("q", [], "1")]) == [1.0]
+    assert _rewards(mine, load_config(Config, None, ["grpo.filter_reward=mine"])).filter_on == "mine"
+
+
+def test_evaluate_refuses_counts_that_would_drop_records_and_takes_a_scorer_by_name(sft_checkpoint):
+    """limit=-1 evaluated records[:-1] (one record silently dropped); batch_size 0 was a range() error; a scorer
+    may be named as eval.scorer names it."""
+    from dgrpo.eval.evaluate import evaluate, generate_answers
+    from dgrpo.model.latent_lm import LatentLM
+
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    recs = load_spec("builtin:test?n_test=4")
+    for kw, msg in (
+        ({"limit": -1}, "limit must be an int >= 0"),
+        ({"batch_size": 0}, "batch_size must be an int >= 1"),
+        ({"shots": -2, "plain": True}, "shots must be an int >= 0"),
+    ):
+        with pytest.raises(ValueError, match=f"evaluate: {msg}"):
+            evaluate(lm, recs, progress=False, **kw)
+    with pytest.raises(ValueError, match="generate_answers: batch_size"):
+        generate_answers(lm, ["q"], n_latent=1, batch_size=0, progress=False)
+    by_name = evaluate(lm, recs, scorer="exact", max_new_tokens=4, progress=False)
+    assert by_name.scorer == "exact" and by_name.n == 4
+
+
+def test_a_questions_perturbed_answers_do_not_depend_on_the_others_in_the_list(sft_checkpoint):
+    """MC-vote and perturbed evaluation draw a question's masks from its text (they were drawn by its position:
+    reversing the list changed the votes of 32 of 32 questions in a probe): the same predictions for the list, its
+    reverse and a subset."""
+    from dgrpo.eval.evaluate import evaluate, evaluate_mc_vote
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.perturbation import LockedDropout
+
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    recs, drop = load_spec("builtin:test?n_test=12"), LockedDropout(p=0.3)
+    kw = dict(max_new_tokens=12, progress=False)
+    votes = lambda rs: [p["votes"] for p in evaluate_mc_vote(lm, rs, drop, n_masks=3, **kw).predictions]  # noqa: E731
+    every = votes(recs)
+    assert votes(recs[::-1]) == every[::-1] and votes(recs[5:9]) == every[5:9]
+    assert len({tuple(v) for v in every}) > 1 or any(len(set(v)) > 1 for v in every)  # masks differ
+    preds = lambda rs: [p["completion"] for p in evaluate(lm, rs, perturbation=drop, **kw).predictions]  # noqa: E731
+    assert preds(recs[::-1]) == preds(recs)[::-1]
 
 
 def test_a_reward_file_that_is_not_python_is_one_line(tmp_path):

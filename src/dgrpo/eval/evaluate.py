@@ -14,10 +14,10 @@ from tqdm.auto import tqdm
 
 from ..data.records import Record
 from ..model.latent_lm import LatentLM
-from ..perturbation import Perturbation, seeds_for
+from ..perturbation import Perturbation
 from ..perturbation.base import row_sampling_uniforms, text_seed, to_device
 from ..reward import extract_answer, is_parseable, normalize_number, normalize_text
-from .scoring import ScoreFn, call_checked, choice, choice_letter, final_answer_text, numeric
+from .scoring import ScoreFn, build_scorer, call_checked, choice, choice_letter, final_answer_text, numeric
 
 
 @dataclass
@@ -105,6 +105,7 @@ def generate_answers(
     perturbation its own seed draws (Monte-Carlo dropout evaluation), likewise whatever its batch; ``None``
     evaluates the deterministic network.
     """
+    _check_counts("generate_answers", batch_size=batch_size)
     seeds = _question_perturbation_seeds(questions, perturbation, perturbation_seeds)
     if perturbation is not None and not perturbation.batched:
         batch_size = 1  # native dropout replays the global RNG stream: one row at a time
@@ -158,6 +159,23 @@ def _question_perturbation_seeds(
     return seeds
 
 
+def _check_counts(what: str, *, batch_size: int, limit: int = 0, shots: int = 0) -> None:
+    """ValueError (one line) for a batch size below 1 or a negative limit / shot count (``records[:-1]`` would
+    silently drop the last record)."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"{what}: batch_size must be an int >= 1, got {batch_size!r}")
+    for name, value in (("limit", limit), ("shots", shots)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{what}: {name} must be an int >= 0 (0: all), got {value!r}")
+
+
+def _scorer(scorer: ScoreFn | str | None) -> ScoreFn:
+    """The scorer to use: a function as given, a name as ``eval.scorer`` reads it, None the numeric verifier."""
+    if scorer is None:
+        return numeric
+    return build_scorer(scorer) if isinstance(scorer, str) else scorer
+
+
 def check_context(
     lm: LatentLM,
     questions: list[str],
@@ -179,6 +197,13 @@ def question_seeds(seed: int, questions: list[str]) -> torch.Tensor:
     return torch.tensor([text_seed(f"{seed}/{q}") for q in questions], dtype=torch.int64)
 
 
+def mask_seeds(seed: int, questions: list[str], stream: str, copies: int = 1) -> torch.Tensor:
+    """``copies`` perturbation seeds per question (question-major), each a pure function of (``seed``, ``stream``,
+    the copy, the question's text): a question gets the same masks wherever it sits in the list or the subset."""
+    keys = [f"{seed}/{stream}/{k}/{q}" for q in questions for k in range(copies)]
+    return torch.tensor([text_seed(key) for key in keys], dtype=torch.int64)
+
+
 def evaluate(
     lm: LatentLM,
     records: list[Record],
@@ -196,12 +221,14 @@ def evaluate(
     max_question_tokens: int | None = None,
     progress: bool = True,
     perturbation: Perturbation | None = None,
-    scorer: ScoreFn | None = None,
+    scorer: ScoreFn | str | None = None,
 ) -> EvalResult:
     """Greedy (by default) pass@1, with no perturbation unless ``perturbation`` (then question i is answered under the
-    mask its own seed draws: ``seeds_for(seed, 0, 0, n, stream="eval")[i]``). ``scorer`` decides what is correct (a
-    value > 0.5; default: the numeric verifier, which also counts unparseable outputs)."""
-    t0 = time.time()
+    mask its own seed draws: :func:`mask_seeds` of ``seed`` and its text). ``scorer`` decides what is correct (a
+    value > 0.5; a function or an ``eval.scorer`` name; default: the numeric verifier, which also counts unparseable
+    outputs). ``limit`` > 0 evaluates the first ``limit`` records (after the ``shots`` of a plain prompt)."""
+    _check_counts("evaluate", batch_size=batch_size, limit=limit, shots=shots)
+    t0, scorer = time.time(), _scorer(scorer)
     shot_recs: list[Record] = []
     if plain and shots:
         shot_recs, records = records[:shots], records[shots:]
@@ -221,11 +248,10 @@ def evaluate(
         markers=markers,
         max_question_tokens=None if plain else max_question_tokens,
         perturbation=perturbation,
-        perturbation_seeds=None if perturbation is None else seeds_for(seed, 0, 0, len(questions), stream="eval"),
+        perturbation_seeds=None if perturbation is None else mask_seeds(seed, questions, "eval"),
         progress=progress,
     )
     texts = [_cut_plain(t) for t in texts] if plain else texts
-    scorer = scorer or numeric
     preds, correct, unparseable = _graded(records, texts, scorer)
     n = len(records)
     return EvalResult(
@@ -341,23 +367,25 @@ def _perturbed_texts(
     questions: list[str],
     perturbation: Perturbation,
     *,
+    n_masks: int,
     batch_size: int,
     max_new_tokens: int,
     seed: int,
     max_question_tokens: int | None,
     progress: bool,
 ) -> list[str]:
-    """Greedy completions of ``questions``, row i under the perturbation drawn from its own seed (stream mc-vote)."""
+    """``n_masks`` greedy completions of each question (question-major), the k-th under the mask of
+    :func:`mask_seeds` (stream mc-vote): a question's votes do not depend on the others in the list."""
     return generate_answers(
         lm,
-        questions,
+        [q for q in questions for _ in range(n_masks)],
         n_latent=lm.settings.n_latent,
         batch_size=batch_size,
         max_new_tokens=max_new_tokens,
         markers=lm.settings.markers,
         max_question_tokens=max_question_tokens,
         perturbation=perturbation,
-        perturbation_seeds=seeds_for(seed, 0, 0, len(questions), stream="mc-vote"),
+        perturbation_seeds=mask_seeds(seed, questions, "mc-vote", copies=n_masks),
         progress=progress,
         desc="mc-vote",
     )
@@ -396,10 +424,11 @@ def evaluate_mc_vote(
     seed: int = 0,
     max_question_tokens: int | None = None,
     progress: bool = True,
-    scorer: ScoreFn | None = None,
+    scorer: ScoreFn | str | None = None,
 ) -> EvalResult:
     """Monte-Carlo perturbation ensemble: greedy answers under ``n_masks`` seeded perturbations per question,
-    majority vote. This is the model-average policy Dropout-GRPO optimises (paper Sec. 3.1, Sec. 6).
+    majority vote. This is the model-average policy Dropout-GRPO optimises (paper Sec. 3.1, Sec. 6). A question's
+    masks are a function of ``seed`` and its text (:func:`mask_seeds`): its vote is the same in any list or subset.
 
     Each completion votes for its answer as ``scorer`` (default: the numeric verifier) reads it (:func:`vote_key`: the
     final number for a numeric gold, the normalised final text for a text gold such as ProsQA's, the letter for
@@ -410,12 +439,13 @@ def evaluate_mc_vote(
     ValueError when ``n_masks`` < 1."""
     if n_masks < 1:
         raise ValueError(f"evaluate_mc_vote: n_masks must be >= 1 (completions voting per question), got {n_masks}")
-    t0, scorer = time.time(), scorer or numeric
-    questions = [r.question for r in records for _ in range(n_masks)]
+    _check_counts("evaluate_mc_vote", batch_size=batch_size)
+    t0, scorer = time.time(), _scorer(scorer)
     texts = _perturbed_texts(
         lm,
-        questions,
+        [r.question for r in records],
         perturbation,
+        n_masks=n_masks,
         batch_size=batch_size,
         max_new_tokens=max_new_tokens,
         seed=seed,

@@ -22,7 +22,7 @@ import math
 import numbers
 import re
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,8 +123,10 @@ def call_checked(fn: ScoreFn, name: str, completions: list[str], records: list[R
             f"reward {name} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         ) from None
     try:
+        if isinstance(returned, (str, Mapping)):  # iterable, but its letters / keys are not the values
+            raise TypeError
         values = list(returned)
-    except TypeError:  # None, one float, ...: not one value per completion
+    except TypeError:  # None, one float, a dict, ...: not one value per completion
         shown = repr(returned)[:60]
         raise RewardError(f"reward {name} returned {shown}, not one value per completion (a list of numbers)") from None
     if len(values) != len(completions):
@@ -182,6 +184,16 @@ class Rewards:
     filter_on: str = ""
     last: dict[str, list[float]] = field(default_factory=dict)  # each part's values of the last call
 
+    def __post_init__(self) -> None:
+        names = [p.name for p in self.parts]
+        if not names:
+            raise RewardError("Rewards: no reward parts (give at least one RewardPart)")
+        if self.filter_on and self.filter_on not in names:
+            raise RewardError(
+                f"grpo.filter_reward {self.filter_on!r} is not one of the rewards ({', '.join(names)}): name one of "
+                "them, or '' for the total"
+            )
+
     def __call__(self, completions: list[str], records: list[Record]) -> list[float]:
         self.last = {p.name: call_checked(p.fn, p.name, completions, records) for p in self.parts}
         return [sum(p.weight * self.last[p.name][i] for p in self.parts) for i in range(len(completions))]
@@ -222,10 +234,6 @@ def build_rewards(reward: str, rewards: list[dict], scorer: str, filter_reward: 
     else:
         spec = reward or scorer
         parts = [RewardPart(spec, load_function(spec, "reward" if reward else "eval.scorer"))]
-    if filter_reward and filter_reward not in {p.name for p in parts}:
-        raise RewardError(
-            f"grpo.filter_reward {filter_reward!r} is not one of the rewards ({', '.join(p.name for p in parts)})"
-        )
     return Rewards(parts, filter_reward)
 
 

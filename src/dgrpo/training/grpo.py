@@ -504,7 +504,15 @@ def _rewards(reward_fn: ScoreFn | Rewards | None, cfg: Config) -> Rewards:
     if isinstance(reward_fn, Rewards):
         return reward_fn
     if reward_fn is not None:
-        return Rewards([RewardPart(getattr(reward_fn, "__name__", "reward_fn"), reward_fn)], cfg.grpo.filter_reward)
+        name, chosen = getattr(reward_fn, "__name__", "reward_fn"), cfg.grpo.filter_reward
+        if chosen and chosen != name:  # it named a part of the config's rewards, which reward_fn replaces
+            warnings.warn(
+                f"grpo.filter_reward {chosen!r} is not used: reward_fn ({name}) replaces the config's rewards, and the "
+                "filter applies to its values (pass a Rewards to filter on one part)",
+                stacklevel=3,
+            )
+            chosen = ""
+        return Rewards([RewardPart(name, reward_fn)], chosen)
     g = cfg.grpo
     return build_rewards(g.reward, g.rewards, cfg.eval.scorer, g.filter_reward)
 
@@ -543,7 +551,9 @@ def train_grpo(
     is given: apply any limit beforehand). Under torchrun every rank calls this; eval is sharded and only
     rank 0 writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see
     :class:`~dgrpo.training.run.RunDir`). ``reward_fn``: see :class:`GRPOTrainer`."""
-    check_run_inputs(cfg, train, "train_grpo", valid, dict)
+    check_run_inputs(
+        cfg, train, "train_grpo", valid, dict, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=("lm", "records")
+    )
     dist = dist or Dist.single()
     g = cfg.grpo
     trainer = GRPOTrainer(lm, cfg, train, dist=dist, reward_fn=reward_fn)

@@ -9,10 +9,12 @@ off rank 0, so a trainer's loop calls them unconditionally.
 from __future__ import annotations
 
 import fcntl
+import inspect
 import json
 import operator
 import os
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -118,10 +120,21 @@ class RunLock:
             self._fd = None
 
 
-def check_run_inputs(cfg: Config, train: list[Record], what: str, valid: object, valid_type: type) -> None:
+def check_run_inputs(
+    cfg: Config,
+    train: list[Record],
+    what: str,
+    valid: object,
+    valid_type: type,
+    *,
+    out_dir: object,
+    evaluate_fn: Callable | None,
+    eval_args: tuple[str, ...],
+) -> None:
     """What a Python caller hands a trainer, checked before a run directory is touched: a :class:`Config` valid as
-    a whole (a value set on the object skips ``load_config``'s checks), a non-empty list of Records, and ``valid``
-    None or of ``valid_type`` (SFT: a list of records; GRPO: a dict of them by name)."""
+    a whole (a value set on the object skips ``load_config``'s checks), a non-empty list of Records, ``valid``
+    None or of ``valid_type`` (SFT: a list of records; GRPO: a dict of them by name), ``out_dir`` a path, and an
+    ``evaluate_fn`` that takes ``eval_args`` (a validation set without one is warned about: nothing validates it)."""
     if valid is not None and not isinstance(valid, valid_type):
         raise TypeError(f"{what}: valid must be a {valid_type.__name__} of records, got {type(valid).__name__}")
     if not isinstance(cfg, Config):
@@ -130,6 +143,35 @@ def check_run_inputs(cfg: Config, train: list[Record], what: str, valid: object,
     if not isinstance(train, list) or not train or not all(isinstance(r, Record) for r in train):
         got = f"a list of {len(train)}" if isinstance(train, list) else type(train).__name__
         raise ValueError(f"{what}: train must be a non-empty list of dgrpo Records, got {got}")
+    _check_evaluate_fn(what, valid, evaluate_fn, eval_args)
+    if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir):
+        raise TypeError(f"{what}: out_dir must be the run directory's path, got {out_dir!r}")
+
+
+def _check_evaluate_fn(what: str, valid: object, evaluate_fn: Callable | None, eval_args: tuple[str, ...]) -> None:
+    """``evaluate_fn`` callable with ``eval_args`` (checked on its signature, not called: a wrong one would fail only
+    at the first validation, after training); a warning when ``valid`` has records but no ``evaluate_fn``."""
+    if evaluate_fn is None:
+        if valid:
+            warnings.warn(
+                f"{what}: valid is given without evaluate_fn, so it is not evaluated (no validation accuracy"
+                f"{', no best/' if what == 'train_grpo' else ''}): pass evaluate_fn({', '.join(eval_args)})",
+                stacklevel=3,
+            )
+        return
+    if not callable(evaluate_fn):
+        raise TypeError(f"{what}: evaluate_fn must be a function, got {type(evaluate_fn).__name__}")
+    try:
+        signature = inspect.signature(evaluate_fn)
+    except (TypeError, ValueError):  # a builtin or C function: nothing to read
+        return
+    try:
+        signature.bind(*eval_args)
+    except TypeError:
+        raise TypeError(
+            f"{what}: evaluate_fn is called as evaluate_fn({', '.join(eval_args)}) and returns how many records are "
+            f"correct; its signature is {evaluate_fn.__name__ if hasattr(evaluate_fn, '__name__') else ''}{signature}"
+        ) from None
 
 
 class MetricsLog:

@@ -332,7 +332,16 @@ def train_sft(
     ``evaluate_fn(lm, records, settings)`` returns how many of ``records`` are correct; it is called on ``valid`` at
     the end of each stage. ``dist`` shards batches and the eval across processes; every rank calls this, only rank 0
     writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see :class:`RunDir`)."""
-    check_run_inputs(cfg, train, "train_sft", valid, list)
+    check_run_inputs(
+        cfg,
+        train,
+        "train_sft",
+        valid,
+        list,
+        out_dir=out_dir,
+        evaluate_fn=evaluate_fn,
+        eval_args=("lm", "records", "settings"),
+    )
     dist, s = dist or Dist.single(), cfg.sft
     if s.batch_size < dist.world_size:
         raise ConfigError(f"sft.batch_size: {s.batch_size} examples cannot be shared by {dist.world_size} processes")
