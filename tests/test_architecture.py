@@ -129,3 +129,12 @@ def test_training_functions_are_short(path):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             n = node.end_lineno - node.lineno + 1
             assert n <= 60, f"{path.name}:{node.lineno} {node.name} has {n} lines"
+
+
+def test_package_attributes() -> None:
+    """The top-level package's lazy export is listed, and a missing name is the standard error naming the module."""
+    import dgrpo
+
+    with pytest.raises(AttributeError, match=r"^module 'dgrpo' has no attribute 'foo'$"):
+        dgrpo.foo  # noqa: B018
+    assert {"LatentLM", "load_dataset", "score", "Record"} <= set(dir(dgrpo))

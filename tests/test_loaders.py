@@ -425,3 +425,44 @@ def test_unreachable_hub_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(DataError, match=r"unknown dataset 'no_such_dataset_xyz'.*hub could not be reached") as info:
         load_dataset("no_such_dataset_xyz")
     assert time.monotonic() - t0 < 5 and "\n" not in str(info.value)
+
+
+def test_record_refuses_steps_given_as_one_string_or_non_strings() -> None:
+    with pytest.raises(
+        DataError, match=r"^steps must be a list of strings, one per reasoning step; got one str: split"
+    ):
+        Record("q", "<<1+1=2>>\n<<2+3=5>>", "5")  # type: ignore[arg-type]
+    with pytest.raises(DataError, match=r"^steps must be a list of strings; steps\[1\] is int"):
+        Record("q", ["<<1+1=2>>", 5], "5")  # type: ignore[list-item]
+    assert Record("q", ("<<1+1=2>>", "<<2+3=5>>"), "5").steps == ["<<1+1=2>>", "<<2+3=5>>"]  # type: ignore[arg-type]
+
+
+def _mapped(tmp_path: Path) -> Path:
+    rows = [{"prompt": "1 + 1?", "target": 2, "work": "<<1+1=2>>\n<<2*1=2>>"}, {"prompt": "2 + 3?", "target": 5}]
+    return _write(tmp_path / "mapped.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_misspelt_steps_key_is_an_error_naming_the_fields(tmp_path: Path) -> None:
+    from dgrpo.config import DataConfig
+    from dgrpo.data import load_spec
+
+    path = _mapped(tmp_path)
+    with pytest.raises(DataError, match=r"mapped\.jsonl: missing field 'nope' .*: prompt, target, work$"):
+        load_spec(str(path), data=DataConfig(question_key="prompt", answer_key="target", steps_key="nope"))
+    good = load_spec(str(path), data=DataConfig(question_key="prompt", answer_key="target", steps_key="work"))
+    assert [r.steps for r in good] == [["<<1+1=2>>", "<<2*1=2>>"], []]  # one record without steps is fine
+    plain = load_spec(str(path), data=DataConfig(question_key="prompt", answer_key="target"))  # default: no steps
+    assert [r.steps for r in plain] == [[], []] and plain[0].meta["work"]
+
+
+def test_top_level_load_dataset_refuses_a_split_of_a_file_and_takes_a_column_mapping(tmp_path: Path) -> None:
+    import dgrpo
+    from dgrpo.config import DataConfig
+
+    path = _mapped(tmp_path)
+    with pytest.raises(DataError, match=r"^split='test': .*mapped\.jsonl is a file, which has no splits"):
+        dgrpo.load_dataset(str(path), split="test")
+    with pytest.raises(DataError, match=r"from Python: dgrpo\.load_dataset\(path, data=dgrpo\.config\.DataConfig\("):
+        dgrpo.load_dataset(str(path))
+    cols = DataConfig(question_key="prompt", answer_key="target", steps_key="work")
+    assert [r.answer for r in dgrpo.load_dataset(str(path), data=cols)] == ["2", "5"]

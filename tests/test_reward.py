@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dgrpo.data.records import DataError, Record
 from dgrpo.reward import extract_answer, is_parseable, normalize_number, parse_number, score
 
 
@@ -275,3 +276,39 @@ def test_float_golds_match_their_two_decimal_rounding(gold: float) -> None:
     # one unit off in the last written decimal is wrong, unless that is still within 1e-6 relative
     off = f"{gold + 0.02:.2f}"
     assert score("#### " + off, gold) == (1.0 if math.isclose(float(off), gold, rel_tol=1e-6) else 0.0)
+
+
+def _numeric_golds() -> list[object]:
+    """12 as NumPy scalars, a 0-d array, a Decimal and a 0-d tensor (a pandas column, a tensor of labels)."""
+    import numpy as np
+    import torch
+
+    return [np.int64(12), np.int32(12), np.float32(12), np.float64(12.0), np.array(12), Decimal("12"), torch.tensor(12)]
+
+
+@pytest.mark.parametrize("gold", _numeric_golds(), ids=repr)
+def test_numeric_golds_of_any_number_type_are_read_as_their_value(gold: object) -> None:
+    assert score("#### 12", gold) == 1.0
+    assert score("#### 12.5", gold) == 0.0  # a whole-number gold, as int 12 and float 12.0 are
+    assert Record("q", [], gold).answer == "12"  # stored as the loaders store a numeric column
+
+
+def test_non_integer_number_golds_keep_the_float_rule() -> None:
+    import numpy as np
+    import torch
+
+    for gold in (np.float64(2.3333333333333335), Decimal("2.3333333333333335"), torch.tensor(2.5, dtype=torch.float64)):
+        assert score(f"#### {float(gold):.2f}", gold) == 1.0
+        assert score("#### 2", gold) == 0.0
+    assert Record("q", [], np.float64(2.5)).answer == Record("q", [], 2.5).answer == "2.5"
+
+
+def test_booleans_and_arrays_are_no_numeric_gold() -> None:
+    import numpy as np
+    import torch
+
+    for gold in (True, np.bool_(True), torch.tensor(True), np.array([12]), torch.tensor([12]), Decimal("NaN")):
+        assert score("#### 1", gold) == 0.0 and score("#### 12", gold) == 0.0
+    for answer in (True, np.bool_(False), float("nan"), None):
+        with pytest.raises(DataError, match=r"^answer must be text or a finite number, got"):
+            Record("q", [], answer)

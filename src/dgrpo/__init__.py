@@ -4,15 +4,27 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from typing import TYPE_CHECKING
+
 from .config import ConfigError
 from .data.records import DataError, Record
 
+if TYPE_CHECKING:
+    from .config import DataConfig
 
-def load_dataset(name_or_path: str, split: str | None = None) -> list[Record]:
-    """Records of a dataset given by name (``gsm8k``, ``svamp``, ``builtin``, ...) or file path."""
+
+def load_dataset(name_or_path: str, split: str | None = None, *, data: DataConfig | None = None) -> list[Record]:
+    """Records of a dataset given by name (``gsm8k``, ``svamp``, ``builtin``, ...) or file path.
+
+    ``split`` picks a split of a named dataset; a file has none (giving one with a file path is a DataError).
+    ``data`` (a :class:`dgrpo.config.DataConfig`) maps the columns of a file whose keys are not a known format:
+    ``load_dataset("my.csv", data=DataConfig(question_key="prompt", answer_key="target"))``.
+    """
+    from .data.loaders import column_parser
     from .data.loaders import load_dataset as _load
 
-    return _load(name_or_path, split)
+    columns = column_parser(data.question_key, data.answer_key, data.steps_key) if data and data.question_key else None
+    return _load(name_or_path, split, columns=columns)
 
 
 def score(completion_text: str, gold_answer) -> float:
@@ -27,7 +39,11 @@ def __getattr__(name: str):
         from .model.latent_lm import LatentLM
 
         return LatentLM
-    raise AttributeError(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), "LatentLM"})
 
 
 __all__ = ["ConfigError", "DataError", "LatentLM", "Record", "load_dataset", "score"]

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from decimal import Decimal, InvalidOperation
+from typing import Any
 
 __all__ = [
     "REL_TOL",
     "extract_answer",
+    "format_number",
     "is_parseable",
     "normalize_number",
     "normalize_text",
@@ -129,22 +132,52 @@ def parse_number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _gold_canonical(gold: str | float | int) -> str | None:
+def _plain_number(value: Any) -> int | float | Decimal | None:
+    """A number as a Python ``int``, ``float`` or ``Decimal``: NumPy scalars (``np.int64``, ``np.float32``) and 0-d
+    arrays or tensors (through ``.item()``) too; None for anything else, booleans included."""
+    if isinstance(value, (str, bool)):
+        return None
+    if not isinstance(value, numbers.Number) and callable(getattr(value, "item", None)):
+        if tuple(getattr(value, "shape", (None,))) != ():  # an array or tensor of more than one value
+            return None
+        try:
+            value = value.item()
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Number):
+        return None
+    if isinstance(value, Decimal):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return None  # a complex number
+
+
+def format_number(value: Any) -> str | None:
+    """A number's normalised number string (``12``, ``np.int64(12)``, ``12.0`` and ``Decimal("12.00")`` -> ``"12"``;
+    ``2.0107e-06`` -> ``"0.0000020107"``), or None for a non-finite number, a boolean or no number at all."""
+    number = _plain_number(value)
+    if isinstance(number, int):
+        try:
+            return str(number)
+        except ValueError:  # more digits than int->str conversion allows
+            return None
+    if isinstance(number, float):
+        if not math.isfinite(number):
+            return None
+        return normalize_number(format(Decimal(repr(number)), "f"))
+    if isinstance(number, Decimal) and number.is_finite() and abs(number.adjusted()) < 4300:  # (as int->str allows)
+        return normalize_number(format(number, "f"))
+    return None
+
+
+def _gold_canonical(gold: Any) -> str | None:
     """A numeric gold's normalised number string; None for a non-numeric or non-finite gold."""
     if isinstance(gold, str):
         return normalize_number(gold)
-    if isinstance(gold, bool):
-        return None
-    if isinstance(gold, int):
-        try:
-            return str(gold)
-        except ValueError:  # more digits than int->str conversion allows
-            return None
-    if isinstance(gold, float):
-        if not math.isfinite(gold):
-            return None
-        return normalize_number(format(Decimal(repr(gold)), "f"))
-    return None
+    return format_number(gold)
 
 
 def numbers_match(pred: str, gold: str, decimals: int | None = None) -> bool:
@@ -177,10 +210,11 @@ def normalize_text(text: str) -> str:
     return " ".join(text.split()).lower().rstrip(".").strip()
 
 
-def score(completion_text: str, gold_answer: str | float | int) -> float:
+def score(completion_text: str, gold_answer: Any) -> float:
     """1.0 when the completion's final answer equals the gold answer, else 0.0 (unparseable output scores 0.0).
 
-    Numeric gold (a number, or a string that is one number such as ``"40,000"``): the number from
+    Numeric gold (a number: ``int``, ``float``, ``Decimal``, a NumPy scalar, a 0-d array or tensor; or a string that
+    is one number such as ``"40,000"``; a boolean is neither and scores 0.0): the number from
     :func:`extract_answer` is compared exactly as decimals, and
 
     * a whole-number gold (all of GSM8K, SVAMP, MultiArith; most of GSM-Hard) needs exactly that

@@ -229,11 +229,17 @@ def _detect_row_parser(row: Any) -> RowParser:
     parser = _known_row_parser(row)
     if parser is not None:
         return parser
-    shown = ", ".join(sorted(repr(str(key))[1:-1] for key in row)[:8])  # (escaped: a message is one line)
     raise _RowError(
-        f"unrecognised record keys ({shown}); expected one of: {_KNOWN_ROW_FORMATS}; or name your columns with "
-        "data.question_key and data.answer_key"
+        f"unrecognised record keys ({_shown_keys(row)}); expected one of: {_KNOWN_ROW_FORMATS}; or name your columns "
+        "with data.question_key and data.answer_key (from Python: dgrpo.load_dataset(path, "
+        "data=dgrpo.config.DataConfig(question_key=..., answer_key=...)))"
     )
+
+
+def _shown_keys(keys: Any) -> str:
+    """The first 8 of a record's keys, sorted and escaped (a message is one line)."""
+    shown = sorted(repr(str(key))[1:-1] for key in keys)
+    return ", ".join(shown[:8]) + (", ..." if len(shown) > 8 else "")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -586,39 +592,75 @@ def rows_to_records(rows: list[Any], where: str, source: str, parser: RowParser 
     return records
 
 
-def column_parser(question_key: str, answer_key: str, steps_key: str = "") -> RowParser:
-    """A row parser for files whose keys are not a known format: the question, answer (a number is normalised,
-    text kept; a GSM8K-style solution is read as GSM8K's: the answer after its ``####``, its ``<<...>>``
-    calculations as steps) and steps (a list of strings, or one string split on newlines) from the named columns.
-    A row without the question column whose keys are a known format is read as that format, so mapped files
-    can sit beside standard ones (a mapped training file, GSM8K-style validation and test files)."""
+class _ColumnParser:
+    """The row parser :func:`column_parser` returns; it also notes the rows it maps and whether one had the steps
+    column, for :meth:`check_steps`."""
 
-    def parse(row: dict[str, Any]) -> Record:
-        known = _known_row_parser(row) if question_key not in row else None
+    def __init__(self, question_key: str, answer_key: str, steps_key: str = "") -> None:
+        self.question_key, self.answer_key, self.steps_key = question_key, answer_key, steps_key
+        self.start()
+
+    def start(self) -> None:
+        """Forget the rows seen so far (a new file or dataset begins)."""
+        self.fields: set[str] = set()
+        self.steps_seen = False
+
+    def check_steps(self, where: str) -> None:
+        """DataError when ``steps_key`` is set and none of the mapped rows since :meth:`start` has that field."""
+        if self.steps_key and self.fields and not self.steps_seen:
+            raise DataError(
+                f"{where}: missing field {self.steps_key!r} (data.steps_key) in every record; their fields: "
+                f"{_shown_keys(self.fields)}"
+            )
+
+    def __call__(self, row: dict[str, Any]) -> Record:
+        known = _known_row_parser(row) if self.question_key not in row else None
         if known is not None:
             return known(row)
-        question = str(_field(row, question_key)).strip()
+        self.fields.update(str(key) for key in row)
+        self.steps_seen = self.steps_seen or self.steps_key in row
+        question = str(_field(row, self.question_key)).strip()
         if not question:
-            raise _RowError(f"column {question_key!r} is empty")
-        raw = _field(row, answer_key)
-        answer = _format_number(raw, f"column {answer_key!r}") if isinstance(raw, (int, float)) else str(raw).strip()
+            raise _RowError(f"column {self.question_key!r} is empty")
+        answer, solution = self._answer(row)
+        steps = self._steps(row, solution)
+        meta = {k: v for k, v in row.items() if k not in (self.question_key, self.answer_key, self.steps_key)}
+        if solution is not None:
+            meta["solution"] = solution
+        return Record(question, steps, answer, meta)
+
+    def _answer(self, row: dict[str, Any]) -> tuple[str, str | None]:
+        """(the answer, the GSM8K-style solution it was read from or None)."""
+        key = self.answer_key
+        raw = _field(row, key)
+        answer = _format_number(raw, f"column {key!r}") if isinstance(raw, (int, float)) else str(raw).strip()
         solution = answer if "####" in answer else None
         if solution is not None:
             answer = solution.rpartition("####")[2].strip()
         answer = normalize_number(answer) or answer
         if not answer:
-            raise _RowError(f"column {answer_key!r} is empty" + (" after its '####'" if solution else ""))
-        steps: Any = row.get(steps_key, []) if steps_key else _step_annotations(solution) if solution else []
+            raise _RowError(f"column {key!r} is empty" + (" after its '####'" if solution else ""))
+        return answer, solution
+
+    def _steps(self, row: dict[str, Any], solution: str | None) -> list[str]:
+        key = self.steps_key
+        steps: Any = row.get(key, []) if key else _step_annotations(solution) if solution else []
         if isinstance(steps, str):
             steps = [s for s in steps.splitlines() if s.strip()]
         if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
-            raise _RowError(f"column {steps_key!r} must be a list of strings or one string")
-        meta = {k: v for k, v in row.items() if k not in (question_key, answer_key, steps_key)}
-        if solution is not None:
-            meta["solution"] = solution
-        return Record(question, list(steps), answer, meta)
+            raise _RowError(f"column {key!r} must be a list of strings or one string")
+        return list(steps)
 
-    return parse
+
+def column_parser(question_key: str, answer_key: str, steps_key: str = "") -> RowParser:
+    """A row parser for files whose keys are not a known format: the question, answer (a number is normalised,
+    text kept; a GSM8K-style solution is read as GSM8K's: the answer after its ``####``, its ``<<...>>``
+    calculations as steps) and steps (a list of strings, or one string split on newlines) from the named columns.
+    A row without the question column whose keys are a known format is read as that format, so mapped files
+    can sit beside standard ones (a mapped training file, GSM8K-style validation and test files).
+    Given to :func:`load_dataset`, a ``steps_key`` that no mapped record of the file has is a DataError (a
+    misspelt key would silently give records without steps)."""
+    return _ColumnParser(question_key, answer_key, steps_key)
 
 
 def load_dataset(
@@ -637,16 +679,29 @@ def load_dataset(
     * a path to a data file; its format is detected from the extension and content (jsonl/JSON-list
       records keyed like any format above, PAL ``{input, target}`` jsonl, OpenMathInstruct-2
       ``{problem, expected_answer}`` jsonl, or GSM8K-Aug ``question||steps #### answer`` lines);
-      ``split`` is ignored for a path;
+      a file has no splits: ``split`` with a file path is a DataError;
     * any other name: a Hugging Face hub dataset, read through the optional ``datasets`` package (``config``:
       which of its configs, for a dataset that has several, e.g. ``main`` of ``openai/gsm8k``).
 
     ``split=None`` picks ``test`` when the dataset has one, else its first (for ProsQA the only,
     ``valid``) split. Numeric answers are normalised number strings (``"40,000"`` -> ``"40000"``).
 
+    ``columns`` (:func:`column_parser`) maps the keys of files that are not a known format.
+
     Raises :class:`DataError` (one line naming the file and line or record) for a missing or
-    malformed file, an unknown split, an empty dataset, or a name that cannot be resolved.
+    malformed file, an unknown split (or any split, for a file), an empty dataset, a name that cannot be resolved,
+    or a ``columns`` steps key that no mapped record has.
     """
+    if isinstance(columns, _ColumnParser):
+        columns.start()
+    records = _load_any(name_or_path, split, columns, config)
+    if isinstance(columns, _ColumnParser):
+        columns.check_steps(os.fspath(name_or_path))
+    return records
+
+
+def _load_any(name_or_path: str, split: str | None, columns: RowParser | None, config: str | None) -> list[Record]:
+    """:func:`load_dataset` without the steps-column check."""
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise DataError(f"dataset name or path must be a string, got {type(name_or_path).__name__}")
     raw = os.fspath(name_or_path)
@@ -664,6 +719,8 @@ def load_dataset(
     if isinstance(name_or_path, str) and raw.startswith("builtin"):
         return load_builtin(raw, split)
     if is_file:
+        if split:
+            raise DataError(f"split={split!r}: {raw} is a file, which has no splits (give the split's file)")
         return _load_file(path, columns)
     if is_hf_folder(path):
         return rows_to_records(read_hf_folder(path, split), str(path), str(path), columns)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..reward import format_number
+
 
 class DataError(ValueError):
     """A data file or dataset name that cannot be read; the message names the file and record."""
@@ -16,8 +18,13 @@ class Record:
 
     ``steps`` are the intermediate reasoning steps (GSM8K-Aug style ``<<3*4=12>>`` strings, or
     sentences for ProsQA); empty when the source has none (SVAMP, MultiArith, GSM-Hard, ...).
-    ``answer`` is the gold final answer as text (``"18"``, ``"-3.5"``, ``"Tom is a lempus."``).
+    ``answer`` is the gold final answer as text (``"18"``, ``"-3.5"``, ``"Tom is a lempus."``); a number given
+    here (``18``, ``18.0``, ``np.int64(18)``, ``Decimal("18")``, a 0-d tensor) is stored as its normalised text
+    (``"18"``), as the loaders store a numeric column.
     ``meta`` keeps source-specific extra fields (ProsQA's graph, the source file, ...).
+
+    Raises :class:`DataError` for ``steps`` that are not a list (or tuple) of strings (one ``str`` holding all
+    steps included) and for an ``answer`` that is neither text nor a finite number (a boolean included).
     """
 
     question: str
@@ -25,8 +32,39 @@ class Record:
     answer: str
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.steps = _checked_steps(self.steps)
+        self.answer = _answer_text(self.answer)
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"question": self.question, "steps": list(self.steps), "answer": self.answer}
         if self.meta:
             d["meta"] = self.meta
         return d
+
+
+def _checked_steps(steps: Any) -> list[str]:
+    """``steps`` as a list of strings (a tuple becomes a list); DataError for anything else."""
+    if isinstance(steps, str):
+        raise DataError(
+            "steps must be a list of strings, one per reasoning step; got one str: split it, e.g. text.splitlines()"
+        )
+    if not isinstance(steps, (list, tuple)):
+        raise DataError(f"steps must be a list of strings, one per reasoning step; got {type(steps).__name__}")
+    for i, step in enumerate(steps):
+        if not isinstance(step, str):
+            raise DataError(f"steps must be a list of strings; steps[{i}] is {type(step).__name__}: convert it to text")
+    return steps if isinstance(steps, list) else list(steps)
+
+
+def _answer_text(answer: Any) -> str:
+    """``answer`` as text: a string as is, a number as its normalised number string; DataError for anything else."""
+    if isinstance(answer, str):
+        return answer
+    text = format_number(answer)
+    if text is not None:
+        return text
+    what = "a boolean" if type(answer).__name__ in ("bool", "bool_") else " ".join(repr(answer).split())[:60]
+    raise DataError(
+        f"answer must be text or a finite number, got {what}: give the gold answer as text (e.g. '18', 'True')"
+    )

@@ -530,6 +530,9 @@ class LoopState:
     started: float = 0.0  # wall clock at the start of this process's part of the run
 
 
+EVAL_ARGS = ("lm", "records")  # how train_grpo calls its evaluate_fn
+
+
 def train_grpo(
     lm: LatentLM,
     cfg: Config,
@@ -552,10 +555,9 @@ def train_grpo(
     rank 0 writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see
     :class:`~dgrpo.training.run.RunDir`). ``reward_fn``: see :class:`GRPOTrainer`."""
     check_run_inputs(
-        cfg, train, "train_grpo", valid, dict, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=("lm", "records")
+        cfg, train, "train_grpo", valid, dict, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
     )
-    dist = dist or Dist.single()
-    g = cfg.grpo
+    dist, g = dist or Dist.single(), cfg.grpo
     trainer = GRPOTrainer(lm, cfg, train, dist=dist, reward_fn=reward_fn)
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
     lm.run_config = to_dict(cfg)  # final/ and best/ carry the config (and the task) that produced them

@@ -313,6 +313,9 @@ class SFTRun:
         )
 
 
+EVAL_ARGS = ("lm", "records", "settings")  # how train_sft calls its evaluate_fn
+
+
 def train_sft(
     lm: LatentLM,
     train: list[Record],
@@ -332,22 +335,7 @@ def train_sft(
     ``evaluate_fn(lm, records, settings)`` returns how many of ``records`` are correct; it is called on ``valid`` at
     the end of each stage. ``dist`` shards batches and the eval across processes; every rank calls this, only rank 0
     writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see :class:`RunDir`)."""
-    check_run_inputs(
-        cfg,
-        train,
-        "train_sft",
-        valid,
-        list,
-        out_dir=out_dir,
-        evaluate_fn=evaluate_fn,
-        eval_args=("lm", "records", "settings"),
-    )
-    dist, s = dist or Dist.single(), cfg.sft
-    if s.batch_size < dist.world_size:
-        raise ConfigError(f"sft.batch_size: {s.batch_size} examples cannot be shared by {dist.world_size} processes")
-    lm.run_config = to_dict(cfg)  # stage-K/ and final/ carry the config (and the task) that produced them
-    lm.settings.chat_template = cfg.data.chat_template  # how questions are prompted, from the first step on
-    lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
+    dist, s = _prepare(lm, train, cfg, out_dir, valid, evaluate_fn, dist), cfg.sft
     with RunDir(out_dir, cfg, dist, "sft", resume=resume, allow_config_change=allow_config_change, log=log) as run:
         sft = SFTRun(lm, cfg, dist, run, len(train))
         plan, prog = sft.plan, sft.prog
@@ -381,6 +369,30 @@ def train_sft(
         bar.close()
         sft.finish(t0)
     return lm
+
+
+def _prepare(
+    lm: LatentLM,
+    train: list[Record],
+    cfg: Config,
+    out_dir: Path,
+    valid: list[Record] | None,
+    evaluate_fn: Callable | None,
+    dist: Dist | None,
+) -> Dist:
+    """Check what train_sft was given (before the run directory is touched) and set the model up for it."""
+    check_run_inputs(
+        cfg, train, "train_sft", valid, list, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
+    )
+    dist = dist or Dist.single()
+    if cfg.sft.batch_size < dist.world_size:
+        raise ConfigError(
+            f"sft.batch_size: {cfg.sft.batch_size} examples cannot be shared by {dist.world_size} processes"
+        )
+    lm.run_config = to_dict(cfg)  # stage-K/ and final/ carry the config (and the task) that produced them
+    lm.settings.chat_template = cfg.data.chat_template  # how questions are prompted, from the first step on
+    lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
+    return dist
 
 
 def _time_trained(run: RunDir) -> float:
