@@ -179,12 +179,14 @@ def test_init_takes_an_adapter_checkpoint(base_dirs, tmp_path):
     torch.testing.assert_close(logprobs(full), logprobs(lm), atol=1e-5, rtol=0)
 
 
-def test_lora_needs_a_saved_base_and_no_fsdp():
+def test_lora_needs_a_saved_base_and_no_fsdp(tokenizer):
     from dgrpo.model.factory import load_model
 
     cfg = tiny_config(**{"model.lora.r": 4})
     with pytest.raises(ConfigError, match="train it fully first"):
         load_model(cfg.model, cfg.task)
+    with pytest.raises(ConfigError, match=r"this one was built in memory: save it first \(lm.save_pretrained"):
+        lora.apply_lora(make_lm(tokenizer, "gpt2"), LoraConfig(r=4))  # a user's model: not "the built-in tiny"
     with pytest.raises(ConfigError, match="LoRA with FSDP"):
         tiny_config(**{"model.lora.r": 4, "fsdp": "full"})
 
@@ -200,6 +202,58 @@ def test_adapter_checkpoint_with_a_missing_base_is_one_line(base_dirs, tmp_path)
     with pytest.raises(CheckpointError, match="its base model cannot be loaded .*not found.* base_model_name_or_path"):
         LatentLM.from_pretrained(tmp_path / "adapter")
     assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["r"] == 4
+
+
+def test_an_adapter_is_never_saved_over_its_base(base_dirs, tmp_path, monkeypatch):
+    """Saving a LoRA model into the directory of its base (by any spelling) is refused before anything is written:
+    it used to replace the base's weights with the adapter, which then named its own directory as its base."""
+    import shutil
+
+    shutil.copytree(base_dirs / "qwen2", tmp_path / "base")
+    before = sorted(p.name for p in (tmp_path / "base").iterdir())
+    lm = with_lora(tmp_path / "base")
+    monkeypatch.chdir(tmp_path)
+    for name in (tmp_path / "base", "base", "./base/", "base/../base", tmp_path):
+        with pytest.raises(CheckpointError, match="holds the base model of this LoRA adapter .*name another directory"):
+            lm.save_pretrained(name)
+    assert sorted(p.name for p in (tmp_path / "base").iterdir()) == before
+    lm.save_pretrained(tmp_path / "adapter")
+    assert torch.equal(logprobs(LatentLM.from_pretrained(tmp_path / "adapter")), logprobs(lm))
+
+
+def test_an_adapter_refuses_a_base_replaced_since_it_was_saved(base_dirs, tokenizer, tmp_path):
+    """The adapter records its local base's fingerprint; another model of the same shape put at the base's path is
+    refused in one line (it used to load, every prediction changed), with or without the base's manifest. The base
+    it was trained on loads, and an adapter saved before fingerprints (none in its metadata) loads as before."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from dgrpo.model.verified import write_manifest
+
+    shutil.copytree(base_dirs / "qwen2", tmp_path / "original")
+    shutil.copytree(tmp_path / "original", tmp_path / "base")
+    lm = with_lora(tmp_path / "base")
+    lm.save_pretrained(tmp_path / "adapter")
+    make_lm(tokenizer, "qwen2", seed=1).save_pretrained(tmp_path / "base")  # another model at the base's path
+    changed = f"the base model at {tmp_path / 'base'} changed since the adapter was trained"
+    with pytest.raises(CheckpointError, match=changed):
+        LatentLM.from_pretrained(tmp_path / "adapter")
+    (tmp_path / "base" / "manifest.json").unlink()  # a base without a manifest: its weight files are compared
+    with pytest.raises(CheckpointError, match=changed):
+        LatentLM.from_pretrained(tmp_path / "adapter")
+    shutil.rmtree(tmp_path / "base")
+    shutil.copytree(tmp_path / "original", tmp_path / "base")
+    assert torch.equal(logprobs(LatentLM.from_pretrained(tmp_path / "adapter")), logprobs(lm))
+    (tmp_path / "base" / "manifest.json").unlink()
+    assert torch.equal(logprobs(LatentLM.from_pretrained(tmp_path / "adapter")), logprobs(lm))
+    weights = tmp_path / "adapter" / "adapter_model.safetensors"
+    save_file(load_file(str(weights)), str(weights), metadata={"format": "pt"})  # as saved before fingerprints
+    write_manifest(tmp_path / "adapter")
+    make_lm(tokenizer, "qwen2", seed=1).save_pretrained(tmp_path / "other")
+    shutil.rmtree(tmp_path / "base")
+    shutil.copytree(tmp_path / "other", tmp_path / "base")
+    LatentLM.from_pretrained(tmp_path / "adapter")  # no fingerprint: nothing to compare
 
 
 # -- GRPO under LoRA -------------------------------------------------------------------------------------------

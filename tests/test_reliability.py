@@ -325,6 +325,82 @@ def test_save_pretrained_replaces_only_a_directory_it_wrote(sft_checkpoint, tmp_
     assert LatentLM.from_pretrained(tmp_path / "empty").settings == LatentLM.from_pretrained(run / "final").settings
 
 
+def saved_step(lm, run: Path, step: int = 128) -> Path:
+    """A resumable training checkpoint ``run/checkpoints/step-<step, padded>`` written as the trainers write one."""
+    from dgrpo.training.checkpoint import save_checkpoint
+
+    optimizer = torch.optim.SGD(lm.parameters(), lr=0.1)
+    return save_checkpoint(run, step, lm=lm, optimizer=optimizer, state={"progress": 0})
+
+
+def test_save_pretrained_never_deletes_a_checkpoints_state_or_the_users_files(sft_checkpoint, tmp_path, monkeypatch):
+    """A resumable checkpoint (its optimizer and RNG state) and a model directory holding a file its manifest does
+    not list are refused, naming why, and left as they were (both used to be replaced whole); the trainers still
+    write over their own checkpoints; ``~`` is the home directory (it used to be a folder named ``~``)."""
+    from dgrpo.model.verified import CheckpointError
+
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    step = saved_step(lm, tmp_path / "run")
+    before = sorted(p.name for p in step.iterdir())
+    for target in (step, step / "model"):
+        with pytest.raises(CheckpointError, match=f"{step} is a resumable training checkpoint .*state.json.*new dir"):
+            lm.save_pretrained(target)
+    assert sorted(p.name for p in step.iterdir()) == before and (step / "optimizer.pt").is_file()
+    assert saved_step(lm, tmp_path / "run") == step  # save_checkpoint replaces its own step directory
+    lm.save_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "README.md").write_text("my notes")
+    (tmp_path / "m" / "eval").mkdir()
+    (tmp_path / "m" / "eval" / "scores.txt").write_text("0.5")
+    with pytest.raises(CheckpointError, match=r"holds files dgrpo did not write \(README.md, eval/scores.txt; not in"):
+        lm.save_pretrained(tmp_path / "m")
+    assert (tmp_path / "m" / "README.md").read_text() == "my notes"
+    LatentLM.from_pretrained(tmp_path / "m")  # the user's files do not stop it from loading
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    lm.save_pretrained("~/saved")
+    assert (tmp_path / "home" / "saved" / "manifest.json").is_file() and not (tmp_path / "~").exists()
+
+
+def test_an_unpadded_step_name_loads_in_every_form(sft_checkpoint, tmp_path, monkeypatch):
+    """``checkpoints/step-128`` names the directory written as ``step-00000128``: relative (also shaped like a hub
+    id), ``./``-relative and absolute, through from_pretrained and the command line's model sources alike."""
+    from dgrpo.model.sources import resolve_model_source
+
+    step = saved_step(LatentLM.from_pretrained(sft_checkpoint), tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    want = str((step / "model").resolve())
+    names = ["run/checkpoints/step-128", "./run/checkpoints/step-128", str(tmp_path / "run/checkpoints/step-128")]
+    for name in names:
+        assert LatentLM.from_pretrained(name).name_or_path == want, name
+        assert str(Path(resolve_model_source(name)[0]).resolve()) == want, name
+    monkeypatch.chdir(tmp_path / "run")
+    assert LatentLM.from_pretrained("checkpoints/step-128").name_or_path == want  # (a hub id's shape)
+    assert str(Path(resolve_model_source("checkpoints/step-128")[0]).resolve()) == want
+
+
+def test_in_memory_misuse_is_one_line(tokenizer, sft_checkpoint):
+    """A tokenizer without EOS, no questions, a mask of another shape than its ids: one line each, at the call
+    (they used to fail deep inside: "Could not infer dtype of NoneType", "max() arg is an empty sequence", a
+    transformers traceback)."""
+    import copy
+
+    from dgrpo.model.tiny import build_tiny_model
+
+    for pad in (None, "<pad>"):
+        tok = copy.deepcopy(tokenizer)
+        tok.eos_token, tok.pad_token = None, pad
+        model = build_tiny_model("qwen2", len(tok), hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
+        with pytest.raises(ValueError, match="the tokenizer has no EOS token.*set one before building the LatentLM"):
+            LatentLM(model, tok)
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    with pytest.raises(ValueError, match="encode_questions: no questions"):
+        lm.encode_questions([])
+    ids, mask = lm.encode_questions(["1 + 2 = ?", "3 * 4 = ?"])
+    for bad in (mask[:, 1:], mask[:1]):
+        with pytest.raises(ValueError, match=r"prompt ids \(2, \d+\) and mask .* differ in shape"):
+            lm.generate(ids, bad, 1, max_new_tokens=2)
+
+
 def test_model_directories_are_written_atomically_with_a_manifest(sft_checkpoint, tmp_path, monkeypatch):
     """A kill while final/ is written leaves no final/ (only a hidden temporary directory); a complete one has a
     manifest, and a flipped byte in it is detected."""

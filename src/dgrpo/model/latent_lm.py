@@ -50,6 +50,7 @@ from .recompute import checkpointed_layers, last_layers, recomputed_call
 from .static_cache import static_cache
 from .verified import (
     MANIFEST,
+    RESUMABLE_STATE,
     SAFETENSORS,
     SAFETENSORS_INDEX,
     SHARDED_DIR,
@@ -215,6 +216,17 @@ def add_latent_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
         init_new_embeddings(model, [_token_id(tokenizer, t) for t in missing], min(n_tokens, n_rows))
 
 
+def check_special_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
+    """ValueError (one line) for a tokenizer without an EOS token: every answer ends with it (decoding stops there),
+    and it pads when the tokenizer has no pad token."""
+    if tokenizer.eos_token_id is None:
+        pad = "" if tokenizer.pad_token_id is None else " (it has a pad token, but answers end with EOS)"
+        raise ValueError(
+            f"the tokenizer has no EOS token{pad}: set one before building the LatentLM "
+            "(tokenizer.eos_token = '<eos>', a token of its vocabulary or a new one)"
+        )
+
+
 def _is_model_dir(p: Path) -> bool:
     if (p / ADAPTER_CONFIG_FILE).is_file():
         return True
@@ -222,19 +234,25 @@ def _is_model_dir(p: Path) -> bool:
     return (p / "config.json").is_file() and (weights or (p / LATENT_CONFIG_FILE).is_file())
 
 
+def on_disk(path: str | Path) -> Path:
+    """``path`` as it is on disk: ``~`` expanded, and a resumable checkpoint named unpadded (``checkpoints/step-128``)
+    as the directory the trainers write (``step-00000128``) when only that exists. The one place that maps the
+    name; every loader (``from_pretrained``, the command line's model sources) goes through it."""
+    p = Path(path).expanduser()
+    step = re.fullmatch(r"step-(\d+)", p.name)
+    padded = p.with_name(f"step-{int(step[1]):08d}") if step else p
+    return padded if not p.exists() and padded.is_dir() else p
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """A run directory resolves to its ``final/`` checkpoint, a resumable checkpoint (``checkpoints/step-N``) to the
     model it holds (``model/``), a checkpoint directory to itself."""
-    p = Path(path).expanduser()
-    step = re.fullmatch(r"step-(\d+)", p.name)
-    padded = p.with_name(f"step-{int(step[1]):08d}") if step else p  # checkpoints/step-N, written unpadded
-    if not p.exists() and padded.is_dir():
-        p = padded
+    p = on_disk(path)
     if _is_model_dir(p / FINAL_DIR):
         return p / FINAL_DIR
     if _is_model_dir(p):
         return p
-    if (p / "state.json").is_file() and _is_model_dir(p / "model"):
+    if (p / RESUMABLE_STATE).is_file() and _is_model_dir(p / "model"):
         return p / "model"
     if p.is_file():
         raise CheckpointError(f"{p} is a file, not a checkpoint directory")
@@ -358,6 +376,7 @@ class LatentLM(nn.Module):
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, settings: LatentSettings | None = None
     ):
         super().__init__()
+        check_special_tokens(tokenizer)
         add_latent_tokens(model, tokenizer)
         self.model = model
         self.tokenizer = tokenizer
@@ -411,7 +430,7 @@ class LatentLM(nn.Module):
         shape (a directory dgrpo wrote is first verified against its manifest). A LoRA adapter directory loads its
         base model (``adapter_config.json`` names it) with the adapter on top. Any problem is one
         :class:`CheckpointError` line."""
-        local = Path(path).expanduser()
+        local = on_disk(path)
         # a run directory means its final/; a missing path is one line (not the hub's "Repo id must be" error)
         if local.exists() or str(path).startswith(("/", ".", "~")):
             local = resolve_checkpoint(local)
@@ -441,7 +460,7 @@ class LatentLM(nn.Module):
         except Exception as e:  # noqa: BLE001 - a damaged directory fails in many ways; each is one line for the user
             raise CheckpointError(f"cannot load the model {path}: {one_line(e)}") from None
         model = load_hf_model(str(path), dtype, trust_remote_code, local_files_only)
-        lm = cls(model, tok, settings)
+        lm = cls._built(model, tok, settings, str(path))
         lm.run_config, lm.name_or_path = run_config, str(path)
         if device is not None:
             lm.to(device)
@@ -465,17 +484,51 @@ class LatentLM(nn.Module):
             ) from None
         if lora.is_adapter_dir(Path(base)):
             raise CheckpointError(f"{folder}: its base model {base} is itself an adapter directory")
+        lora.check_base(folder, base)
         try:
             tok = load_tokenizer(str(folder))
             settings, run_config = _read_latent_files(folder)
         except Exception as e:  # noqa: BLE001
             raise CheckpointError(f"cannot load the adapter checkpoint {folder}: {one_line(e)}") from None
-        lm = cls(load_hf_model(base, dtype, trust_remote_code, local_only), tok, settings)
+        lm = cls._built(load_hf_model(base, dtype, trust_remote_code, local_only), tok, settings, str(folder))
         lm.run_config, lm.name_or_path = run_config, base
         lora.attach_saved_adapter(lm, folder)
         if device is not None:
             lm.to(device)
         return lm
+
+    @classmethod
+    def _built(
+        cls, model: PreTrainedModel, tok: PreTrainedTokenizerBase, settings: LatentSettings, where: str
+    ) -> LatentLM:
+        """``cls(model, tok, settings)`` for a loaded checkpoint: what it refuses is a one-line CheckpointError."""
+        try:
+            return cls(model, tok, settings)
+        except ValueError as e:
+            raise CheckpointError(f"cannot load the model {where}: {one_line(e)}") from None
+
+    def _save_target(self, path: str | Path) -> Path:
+        """The directory :meth:`save_pretrained` writes (``~`` expanded, absolute), refused in one line before
+        anything is written when replacing it would destroy what must be kept: a resumable training checkpoint
+        (``checkpoints/step-N`` or its ``model/``: its optimizer and RNG state, verified as a whole), or the local
+        base model this model's LoRA adapter needs (the adapter would name, as its base, the directory it had just
+        replaced)."""
+        final = Path(path).expanduser().resolve()
+        for ckpt in (final, final.parent):  # the checkpoint, or the model/ it holds
+            if (ckpt / RESUMABLE_STATE).is_file():
+                raise CheckpointError(
+                    f"{ckpt} is a resumable training checkpoint (it holds {RESUMABLE_STATE}): save_pretrained does "
+                    "not write into it; name a new directory"
+                )
+        from .lora import base_directory
+
+        base = base_directory(self)
+        if base is not None and (final == base.resolve() or final in base.resolve().parents):
+            raise CheckpointError(
+                f"{final} holds the base model of this LoRA adapter ({base}): saving the adapter there would delete "
+                "the weights it adapts; name another directory"
+            )
+        return final
 
     def save_pretrained(
         self,
@@ -490,8 +543,10 @@ class LatentLM(nn.Module):
         the model config, the tokenizer, ``latent_config.json`` and, when set, ``run_config.json`` (the training
         config that produced it: ``dgrpo eval`` rebuilds the run's task from it). Under LoRA the policy adapter in
         PEFT's format instead of the weights. ``extra(tmp_dir)`` may add files before the directory is published.
-        The one place a model directory is written."""
-        with atomic_dir(Path(path)) as tmp:
+        The one place a model directory is written. Never over a resumable training checkpoint, the base of this
+        model's adapter, or a directory with files its manifest does not list (:meth:`_save_target`,
+        ``verified.check_replaceable``)."""
+        with atomic_dir(self._save_target(path)) as tmp:
             if self.peft is not None:  # LoRA: the policy adapter only, in PEFT's format (it names the base model)
                 from .lora import save_adapter
 
@@ -604,6 +659,8 @@ class LatentLM(nn.Module):
         512 rows, 16 questions)."""
         if isinstance(questions, str):
             raise TypeError("encode_questions takes a list of questions; got one string (wrap it: [question])")
+        if len(questions) == 0:
+            raise ValueError("encode_questions: no questions (an empty list); give at least one")
         encoded: dict[str, list[int]] = {}
         for q in dict.fromkeys(questions):
             ids = self.tokenizer(self.format_question(q), add_special_tokens=False)["input_ids"]
@@ -769,6 +826,11 @@ class LatentLM(nn.Module):
         changes, what graph capture needs) instead of a growing ``DynamicCache``; ``cache``: that static cache
         itself, emptied here and filled again (its buffers keep their addresses).
         """
+        if prompt_mask.shape != prompt_ids.shape:
+            raise ValueError(
+                f"prompt ids {tuple(prompt_ids.shape)} and mask {tuple(prompt_mask.shape)} differ in shape: pass the "
+                "mask encode_questions gave with them"
+            )
         mode = mode or self.settings.mode
         B = prompt_ids.shape[0]
         positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)

@@ -14,12 +14,14 @@ wrapper for what only it does (switching adapters, adapter state dicts, merging)
   the start (so the reference is the initial policy, with no second copy of the backbone). Renewal (paper Sec. 4,
   ``grpo.ref_renewal_every``) copies the policy adapter into it: reference = base + the adapter of that moment.
 - Checkpoints hold the policy adapter only (``adapter_model.safetensors``, ``adapter_config.json`` naming the base
-  model), with the tokenizer and ``latent_config.json``; :func:`merged` gives base + adapters as one plain model
-  (``dgrpo export --merge``).
+  model), with the tokenizer and ``latent_config.json``; :func:`merge_into_base` gives base + adapters as one plain
+  model (``dgrpo export --merge``). A local base dgrpo wrote is fingerprinted in the adapter's metadata: loading the
+  adapter onto other weights at that path is refused (:func:`check_base`); an adapter is never saved over its base.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
 from collections.abc import Iterator
@@ -28,11 +30,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from ..config import ConfigError
-from .verified import CheckpointError, one_line
+from .verified import MANIFEST, SAFETENSORS_INDEX, CheckpointError, one_line, sha256
 
 if TYPE_CHECKING:
     from ..config import LoraConfig
@@ -42,6 +45,8 @@ POLICY, REFERENCE = "default", "reference"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 INSTALL = "LoRA needs the peft package: pip install 'dgrpo[lora]'"
+#: ``adapter_model.safetensors`` metadata: a digest of the local base model's weights when the adapter was saved
+BASE_FINGERPRINT = "dgrpo_base_fingerprint"
 
 
 def _peft() -> Any:
@@ -110,9 +115,10 @@ def apply_lora(lm: LatentLM, cfg: LoraConfig | Any) -> None:
         raise ValueError("this model already has LoRA adapters")
     if lm.name_or_path is None:
         raise ConfigError(
-            "invalid config value model.lora.r: LoRA adapts a pretrained model saved on disk or on the hub (the "
-            "adapter checkpoint names its base); the built-in tiny model is built in memory: train it fully first "
-            "(dgrpo sft), then start from that run with --init RUN --set model.lora.r=..."
+            "invalid config value model.lora.r: LoRA adapts a model saved on disk or on the hub (the adapter "
+            "checkpoint names its base), and this one was built in memory: save it first (lm.save_pretrained(DIR), "
+            "then LatentLM.from_pretrained(DIR)); for the built-in tiny model, train it fully first (dgrpo sft), "
+            "then start from that run with --init RUN --set model.lora.r=..."
         )
     peft = _peft()
     ours = not isinstance(cfg, peft.LoraConfig)
@@ -165,10 +171,65 @@ def load_adapter_state(lm: LatentLM, state: dict[str, Tensor], adapter: str = PO
 
 
 def save_adapter(lm: LatentLM, folder: Path) -> None:
-    """``adapter_config.json`` (naming the base model) and ``adapter_model.safetensors`` of the policy adapter."""
+    """``adapter_config.json`` (naming the base model) and ``adapter_model.safetensors`` of the policy adapter (its
+    metadata holds the base's fingerprint when the base is a local directory dgrpo wrote: :func:`check_base`)."""
     assert lm.peft is not None
     lm.peft.peft_config[POLICY].save_pretrained(str(folder))
-    save_file(adapter_state(lm), str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    metadata = {"format": "pt"}
+    fingerprint = base_fingerprint(lm.peft.peft_config[POLICY].base_model_name_or_path)
+    if fingerprint is not None:
+        metadata[BASE_FINGERPRINT] = fingerprint
+    save_file(adapter_state(lm), str(folder / ADAPTER_WEIGHTS), metadata=metadata)
+
+
+def base_directory(lm: LatentLM) -> Path | None:
+    """The local directory of the base model ``lm``'s adapter names (None: no adapter, or a hub id)."""
+    base = lm.peft.peft_config[POLICY].base_model_name_or_path if lm.peft is not None else None
+    return Path(base) if base and Path(base).is_absolute() else None
+
+
+def _is_weights_file(name: str) -> bool:
+    """A model directory's own weight file (safetensors, or the index of its shards), by its relative name."""
+    return "/" not in name and (name.endswith(".safetensors") or name == SAFETENSORS_INDEX)
+
+
+def _weight_digests(folder: Path, from_files: bool) -> dict[str, str]:
+    """sha256 of a model directory's weight files: as its manifest lists them, or with ``from_files`` computed from
+    the files (a base without a manifest)."""
+    if from_files:
+        return {p.name: sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and _is_weights_file(p.name)}
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in manifest.items() if _is_weights_file(k)} if isinstance(manifest, dict) else {}
+
+
+def base_fingerprint(base: str | None, from_files: bool = False) -> str | None:
+    """A digest of a local base model's weights (None: a hub id, or a directory without weights dgrpo listed)."""
+    if not base or not Path(base).is_absolute() or not Path(base).is_dir():
+        return None
+    digests = _weight_digests(Path(base), from_files)
+    return hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest() if digests else None
+
+
+def check_base(folder: Path, base: str) -> None:
+    """CheckpointError when the local base an adapter directory names is not the one it was saved with (their
+    fingerprints differ). Adapters saved without one (older, or on a hub base) are not checked."""
+    try:
+        with safe_open(str(folder / ADAPTER_WEIGHTS), "pt") as f:
+            saved = (f.metadata() or {}).get(BASE_FINGERPRINT)
+    except Exception:  # noqa: BLE001 - unreadable weights: read_adapter says so
+        return
+    if saved is None:
+        return
+    now = base_fingerprint(base, from_files=not (Path(base) / MANIFEST).is_file())
+    if now != saved:
+        raise CheckpointError(
+            f"LoRA adapter {folder}: the base model at {base} changed since the adapter was trained (other weights): "
+            f"put that base back there, or point base_model_name_or_path in {folder / ADAPTER_CONFIG} to where it is "
+            "now (an adapter does not carry over to other weights: train one on this base)"
+        )
 
 
 def read_adapter(lm: LatentLM, folder: Path) -> dict[str, Tensor]:

@@ -8,12 +8,11 @@ unreachable hub fails at once with one line (no 50 s of retries).
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import torch
 
 from ..hub import hub_reachable, offline_requested
-from .latent_lm import resolve_checkpoint
+from .latent_lm import on_disk, resolve_checkpoint
 from .verified import CheckpointError
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "gpt2", "Qwen/Qwen2.5-1.5B"
@@ -64,7 +63,7 @@ def resolve_hub_model(name: str) -> tuple[str, bool]:
 
 def resolve_model_source(name: str) -> tuple[str, bool]:
     """(what to pass to ``from_pretrained``, local_files_only) for a model name: a checkpoint path or a hub id."""
-    p = Path(name).expanduser()
+    p = on_disk(name)
     if p.exists():
         return str(resolve_checkpoint(p)), True
     if _looks_like_path(name):

@@ -26,6 +26,7 @@ MANIFEST = "manifest.json"
 SHARDED_DIR = "dcp"  # where a sharded (FSDP) checkpoint keeps its torch.distributed.checkpoint files
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
+RESUMABLE_STATE = "state.json"  # what marks a resumable training checkpoint (dgrpo.training.checkpoint writes it)
 
 
 class CheckpointError(FileNotFoundError):
@@ -84,18 +85,46 @@ def verify(directory: Path, required: tuple[str, ...] = ()) -> str | None:
     return None
 
 
-@contextmanager
-def atomic_dir(final: Path) -> Iterator[Path]:
-    """Write a directory atomically: yields a fresh temporary sibling to fill; on success writes its manifest and
-    renames it to ``final`` (replacing an existing one); on an exception removes it and re-raises. An existing
-    ``final`` is replaced only when it is empty or a directory written here (it holds a manifest): anything else
-    (a run directory, a folder of the user's files) is refused before anything is written."""
-    final = Path(final).resolve()  # ('.' has no name to build the temporary sibling from)
-    if final.exists() and not (final / MANIFEST).is_file() and (not final.is_dir() or any(final.iterdir())):
+def unlisted_files(directory: Path) -> list[str]:
+    """The files below ``directory`` that its manifest does not list (none when the manifest cannot be read)."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return []
+    if not isinstance(manifest, dict):
+        return []
+    files = (str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p != directory / MANIFEST)
+    return sorted(f for f in files if f not in manifest)
+
+
+def check_replaceable(final: Path) -> None:
+    """CheckpointError (one line, nothing written) unless ``final`` may be replaced by a directory dgrpo writes: it
+    does not exist, is empty, or is a directory written here (it holds a manifest) with no file the manifest does
+    not list. A run directory, a folder of the user's files, or one of ours with the user's files added is refused."""
+    if not final.exists() or (final.is_dir() and not any(final.iterdir())):
+        return
+    if not (final / MANIFEST).is_file():
         raise CheckpointError(
             f"{final} exists and is not a model directory dgrpo wrote (it has no {MANIFEST}): not replacing it; "
             "name a new or empty directory"
         )
+    extra = unlisted_files(final)
+    if extra:
+        more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
+        raise CheckpointError(
+            f"{final} holds files dgrpo did not write ({', '.join(extra[:3])}{more}; not in its {MANIFEST}): not "
+            "replacing it, which would delete them; move them out or name a new directory"
+        )
+
+
+@contextmanager
+def atomic_dir(final: Path) -> Iterator[Path]:
+    """Write a directory atomically: yields a fresh temporary sibling to fill; on success writes its manifest and
+    renames it to ``final`` (``~`` expanded; replacing an existing one); on an exception removes it and re-raises.
+    An existing ``final`` is replaced only when it is empty or a directory written here that holds nothing its
+    manifest does not list (:func:`check_replaceable`): anything else is refused before anything is written."""
+    final = Path(final).expanduser().resolve()  # ('.' has no name to build the temporary sibling from)
+    check_replaceable(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
     if tmp.exists():
