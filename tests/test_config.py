@@ -264,6 +264,21 @@ def test_rewards_need_distinct_names():
     assert len(ok.grpo.rewards) == 2
 
 
+def test_a_reward_weight_written_in_exponent_form_is_the_number():
+    """YAML reads 1e-3 (no dot) as text; the scalar options read it as the number, and so does a reward's weight
+    (it was refused as 'must be a finite number, got '1e-3'')."""
+    for text in ("1e-3", "'0.001'"):
+        cfg = load_config(Config, None, [f"grpo.rewards=[{{fn: numeric, weight: {text}}}]"])
+        assert cfg.grpo.rewards[0]["weight"] == 0.001
+    with pytest.raises(ConfigError, match=r"grpo.rewards item 0 weight: expected a number, got 'abc'"):
+        load_config(Config, None, ["grpo.rewards=[{fn: numeric, weight: abc}]"])
+
+
+def test_the_ood_steps_split_has_more_steps():
+    with pytest.raises(ConfigError, match="task.ood_extra_steps"):  # (-10 gave problems of 0 steps, silently)
+        load_config(Config, None, ["task.ood_extra_steps=-10"])
+
+
 def test_comma_text_is_the_list_it_spells():
     """``--set key=a,b`` is the list ``[a, b]`` (spaces around items dropped), whole numbers as numbers."""
     for text in ("1,1,2", "1, 1, 2", "[1, 1, 2]"):

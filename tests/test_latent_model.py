@@ -212,13 +212,13 @@ def test_perturbed_evaluation_applies_each_questions_own_mask(tokenizer, task_re
     from dgrpo.perturbation import LockedDropout, NativeDropout, seeds_for
 
     lm = make_lm(tokenizer, "qwen2").eval()
-    qs = [r.question for r in task_records[:12]]
+    qs = [r.question for r in task_records[: 12 if kind == "locked" else 6]]  # (native: one row at a time)
     pert = LockedDropout(p=0.5) if kind == "locked" else NativeDropout(p=0.5)
     seeds = seeds_for(0, 0, 0, len(qs))
     kw = dict(n_latent=2, max_new_tokens=8, progress=False)
     plain = generate_answers(lm, qs, **kw)
     wide = generate_answers(lm, qs, perturbation=pert, perturbation_seeds=seeds, **kw)
-    assert sum(a != b for a, b in zip(plain, wide)) >= 3
+    assert sum(a != b for a, b in zip(plain, wide)) >= 2
     assert generate_answers(lm, qs, batch_size=3, perturbation=pert, perturbation_seeds=seeds, **kw) == wide
     assert generate_answers(lm, qs[::-1], perturbation=pert, perturbation_seeds=seeds.flip(0), **kw) == wide[::-1]
     one = [
@@ -228,8 +228,8 @@ def test_perturbed_evaluation_applies_each_questions_own_mask(tokenizer, task_re
     assert one == wide[:4]
     with pytest.raises(ValueError, match="needs perturbation_seeds"):
         generate_answers(lm, qs, perturbation=pert, **kw)
-    with pytest.raises(ValueError, match="11 perturbation_seeds for 12 questions"):
-        generate_answers(lm, qs, perturbation=pert, perturbation_seeds=seeds[:11], **kw)
+    with pytest.raises(ValueError, match=f"{len(qs) - 1} perturbation_seeds for {len(qs)} questions"):
+        generate_answers(lm, qs, perturbation=pert, perturbation_seeds=seeds[:-1], **kw)
     with pytest.raises(TypeError, match="unbound"):
         generate_answers(lm, qs, perturbation=pert.bind(lm, seeds[:1]), perturbation_seeds=seeds, **kw)
 

@@ -318,3 +318,58 @@ def test_killing_the_torchrun_launcher_stops_the_workers(sft_checkpoint, tmp_pat
     while any(process_alive(w) for w in workers):
         assert time.time() < deadline, "workers still running after their launcher died"
         time.sleep(0.2)
+
+
+def test_only_options_that_change_no_result_may_change_on_resume():
+    """Recomputation's switches are neutral (bit for bit on CPU), but keeping the latent steps' activations
+    (recompute_latent_steps: false) moves gradients by 1e-7: a change to refuse, or to record in config history."""
+    from dgrpo.config import Config, load_config, to_dict
+    from dgrpo.training.run import config_diff
+
+    old = to_dict(load_config(Config, None, []))
+    neutral = ["threads=1", "logging.backends=[jsonl, tensorboard]", "grpo.recompute=false", "sft.recompute=true"]
+    neutral += ["grpo.recompute_granularity=call", "device=cpu"]
+    assert config_diff(old, to_dict(load_config(Config, None, neutral))) == []
+    changed = ["grpo.recompute_latent_steps=false", "sft.recompute_latent_steps=false", "grpo.lr=1e-3"]
+    assert config_diff(old, to_dict(load_config(Config, None, changed))) == [
+        "grpo.lr",
+        "grpo.recompute_latent_steps",
+        "sft.recompute_latent_steps",
+    ]
+
+
+def test_a_lengthened_sft_run_trains_its_added_epochs(tmp_path, run_cli):
+    """Resumed with more epochs (--allow-config-change, one schedule over the run): the schedule is the new config's
+    (the saved length held every added step at lr 0, and final/ was the shorter run's, labelled a stage it never
+    trained)."""
+    sets = {**SFT_SETS, "sft.reset_optimizer": "false", "sft.warmup_steps": 0, "task.n_train": 64, "sft.save_every": 0}
+    out = tmp_path / "run"
+    assert run_cli("sft", "--out", out, *tiny_args(**sets)).returncode == 0
+    more = tiny_args(**{**sets, "sft.num_epochs": 3})
+    r = run_cli("sft", "--out", out, *more, "--allow-config-change")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"lr"' in x]
+    added = [row["lr"] for row in rows if row["step"] > 4]  # 2 steps per epoch: epoch 2 is steps 5-6
+    assert added and all(lr > 0 for lr in added), rows
+
+
+def test_a_run_cannot_be_shortened_below_its_checkpoint_and_a_refused_out_is_not_left(
+    sft_checkpoint, tmp_path, run_cli
+):
+    """grpo.steps below the step the run resumes at was accepted: final/ held more steps than summary.json said.
+    A refused --resume PATH into a new --out left that directory behind, holding only its lock file."""
+    out = tmp_path / "run"
+    args = ["grpo", "--init", sft_checkpoint, *tiny_args(**{"grpo.steps": 2, "grpo.save_every": 1}), "--out", out]
+    assert run_cli(*args).returncode == 0
+    r = run_cli(*args, "--set", "grpo.steps=1", "--allow-config-change")
+    assert r.returncode == 2 and "grpo.steps = 1 is below the step the run resumes at (2)" in r.stderr, r.stderr
+    assert json.loads((out / "summary.json").read_text())["steps"] == 2
+    new = tmp_path / "new"
+    r = run_cli(*args[:-1], new, "--resume", tmp_path / "missing")
+    assert r.returncode == 2 and "no such checkpoint directory" in r.stderr and not new.exists()
+
+
+def test_sft_latents_beyond_the_context_fail_before_training_naming_sft_c_thought(tmp_path, run_cli):
+    r = run_cli("sft", "--out", tmp_path / "x", *tiny_args(**{**SFT_SETS, "sft.c_thought": 600}))
+    assert r.returncode == 2 and "sft.c_thought" in r.stderr and "eval.n_latent" not in r.stderr, r.stderr
+    assert not (tmp_path / "x" / "metrics.jsonl").exists()

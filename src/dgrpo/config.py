@@ -253,7 +253,7 @@ class TaskConfig:
     n_steps: int = opt(4, "operations per problem (= reasoning steps)")
     modulus: int = opt(10, "all arithmetic is modulo this number")
     max_operand: int = opt(9, "largest operand of + and - (in-distribution)")
-    ood_extra_steps: int = opt(2, "the 'ood_steps' test split has n_steps + this many steps")
+    ood_extra_steps: int = opt(2, "the 'ood_steps' test split has n_steps + this many steps (>= 1: longer chains)")
     ood_max_operand: int = opt(99, "the 'ood_numbers' test split draws +/- operands from 10..this")
     n_train: int = opt(16000, "training problems")
     n_valid: int = opt(1000, "validation problems")
@@ -262,7 +262,7 @@ class TaskConfig:
 
     def validate(self, p: str = "task") -> None:
         """Range checks of the task section."""
-        _at_least(self, p, 1, "n_steps", "max_operand", "n_train", "n_valid", "n_test")
+        _at_least(self, p, 1, "n_steps", "max_operand", "n_train", "n_valid", "n_test", "ood_extra_steps")
         _at_least(self, p, 2, "modulus")
         _at_least(self, p, 10, "ood_max_operand")
 
@@ -765,6 +765,8 @@ class GRPOConfig:
             )
             _check(isinstance(item.get("fn"), str), f"{p}.rewards", f"item {j} needs fn: module:function, got {item!r}")
             w = item.get("weight", 1.0)
+            if isinstance(w, str):  # YAML reads 1e-3 (no dot) as text: read it as the scalar options read numbers
+                w = item["weight"] = _to_float(w, f"{p}.rewards item {j} weight")
             _check(
                 isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w),
                 f"{p}.rewards",

@@ -597,7 +597,14 @@ class LatentLM(nn.Module):
         return None
 
     def check_fits(
-        self, prompt_tokens: int, n_latent: int, answer_tokens: int, key: str = "n_latent", *, markers: bool = True
+        self,
+        prompt_tokens: int,
+        n_latent: int,
+        answer_tokens: int,
+        key: str = "n_latent",
+        *,
+        markers: bool = True,
+        target_key: str = "",
     ) -> None:
         """ConfigError (one line) when the sequence :meth:`generate` builds exceeds the model's context: a sequence
         that long would run for minutes and then read positions the model was never trained on.
@@ -605,8 +612,9 @@ class LatentLM(nn.Module):
         ``prompt_tokens`` is the prompt's width as :meth:`encode_questions` gives it (``<|start-latent|>`` included
         when ``markers``); then come ``n_latent`` thoughts, ``<|end-latent|>`` when ``markers``, and
         ``answer_tokens``. ``key`` is the option that set ``n_latent`` (``eval.n_latent``): its section names the
-        answer's ``max_new_tokens`` and, without markers (a plain LM's k-shot prompt), ``shots``. The message states
-        every part and the options that shorten the sequence."""
+        answer's ``max_new_tokens`` and, without markers (a plain LM's k-shot prompt), ``shots``; ``target_key``
+        (SFT: ``data.max_target_tokens``) says that the answer is a written target of ``answer_tokens`` tokens that
+        this option bounds. The message states every part and the options that shorten the sequence."""
         total, limit = prompt_tokens + n_latent + int(markers) + answer_tokens, self.context_length
         if limit is None or total <= limit:
             return
@@ -616,8 +624,10 @@ class LatentLM(nn.Module):
         if n_latent or markers:
             parts.append(f"{n_latent} latent thought{'' if n_latent == 1 else 's'}")
         parts += ["2 markers"] if markers else []
-        parts.append(f"answer ({opt}max_new_tokens = {answer_tokens})")
-        lower = ([key] if n_latent else []) + [f"{opt}max_new_tokens"]
+        parts.append(
+            f"target ({answer_tokens} tokens)" if target_key else f"answer ({opt}max_new_tokens = {answer_tokens})"
+        )
+        lower = ([key] if n_latent else []) + [target_key or f"{opt}max_new_tokens"]
         lower.append("data.max_question_tokens" if markers else f"{opt}shots")
         raise ConfigError(
             f"{section + ': ' if section else ''}the sequence does not fit the model's context of {limit} positions: "

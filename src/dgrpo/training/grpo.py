@@ -603,6 +603,12 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
     loop = LoopState()
     if saved is not None:
         trainer.load_state(saved["trainer"])
+        if trainer.step_idx > trainer.cfg.grpo.steps:  # (final/ would hold more steps than the summary says)
+            raise ConfigError(
+                f"grpo.steps = {trainer.cfg.grpo.steps} is below the step the run resumes at ({trainer.step_idx}): a "
+                f"run cannot be shortened; resume with grpo.steps >= {trainer.step_idx}, or continue an earlier "
+                "checkpoint in a new directory (--resume OUT/checkpoints/step-N --out NEW)"
+            )
         loop = LoopState(**saved["loop"])
         if loop.best_step is not None and not (run.out_dir / BEST_DIR).is_dir():  # a fork: its best/ is elsewhere
             run.log(f"dgrpo: the checkpoint's best (step {loop.best_step}) is not in {run.out_dir}: best/ starts anew")
@@ -624,8 +630,9 @@ def _check_stall(run: RunDir, loop: LoopState, m: dict, limit: int) -> str | Non
     if limit and loop.skip_streak >= limit:
         return (
             f"every group was filtered out for {loop.skip_streak} steps in a row (step {m['step']}): training had "
-            f"stopped updating (reward_mean {m['reward_mean']:.3f}); state saved in {run.out_dir / 'checkpoints'}; "
-            "check the rewards and grpo.alpha_min / alpha_max, or set grpo.max_skip_streak=0 to keep going"
+            f"stopped updating (reward_mean {m['reward_mean']:.3f}); state saved in {run.out_dir / CHECKPOINTS_DIR}; "
+            "check the rewards and grpo.alpha_min / alpha_max, or resume with --set grpo.max_skip_streak=0 "
+            "--allow-config-change to keep going"
         )
     return None
 

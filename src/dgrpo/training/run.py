@@ -46,9 +46,14 @@ from .checkpoint import (
 from .distributed import Dist
 from .tracking import TensorBoardTracker, Tracker, describe_backends, open_trackers
 
-#: options that change neither the computation nor its results: a resumed run may change them freely
-#: (recomputation gives the same gradients, bit for bit on CPU: tests/test_recompute.py)
-NEUTRAL_KEYS = ("threads", "device", "logging.", "grpo.recompute", "sft.recompute")
+#: options that change neither the computation nor its results: a resumed run may change them freely. Recomputing
+#: the decoder layers or calls gives the same gradients, bit for bit on CPU (tests/test_recompute.py); keeping the
+#: latent steps' activations (recompute_latent_steps: false) does not (1e-7 apart), so that key is not neutral
+NEUTRAL_KEYS = frozenset(
+    ["threads", "device"]
+    + [f"{t}.{k}" for t in ("sft", "grpo") for k in ("recompute", "recompute_granularity", "recompute_kept_layers")]
+)
+NEUTRAL_SECTIONS = ("logging.",)  # every key below these
 
 
 class TrainingStopped(RuntimeError):
@@ -233,7 +238,7 @@ def config_diff(old: dict, new: dict, prefix: str = "") -> list[str]:
         a, b = old.get(k), new.get(k)
         if isinstance(a, dict) and isinstance(b, dict):
             keys += config_diff(a, b, key + ".")
-        elif a != b and not key.startswith(NEUTRAL_KEYS) and key not in NEUTRAL_KEYS:
+        elif a != b and not key.startswith(NEUTRAL_SECTIONS) and key not in NEUTRAL_KEYS:
             keys.append(key)
     return keys
 
@@ -264,6 +269,7 @@ class RunDir:
         self.resume_mode = {True: "auto", False: "never"}[resume] if isinstance(resume, bool) else resume
         self.allow_config_change = allow_config_change
         self.log = log if dist.is_main else (lambda m: None)
+        created = dist.is_main and not self.out_dir.exists()
         self.lock = self._lock()
         self.metrics = MetricsLog(self.out_dir / METRICS_FILE, dist.is_main)
         self.changed: list[str] = []
@@ -279,6 +285,8 @@ class RunDir:
                 self._on_rank0(self._check_config)
         except BaseException:
             self.close(1)  # a refused run releases the directory at once
+            if created and [p.name for p in self.out_dir.iterdir()] == [LOCK_FILE]:
+                shutil.rmtree(self.out_dir)  # and leaves no directory it made for nothing
             raise
         if self.resume_mode == "never" and dist.is_main:
             self._start_over()
@@ -499,7 +507,8 @@ class NonFiniteGuard:
     def error(self, step: int, saved_in: Path) -> NonFiniteError:
         return NonFiniteError(
             f"{self.streak} {self.what} steps in a row had a non-finite loss or gradient (step {step}); "
-            f"state saved in {saved_in}; lower {self.lr_key} or check the data"
+            f"state saved in {saved_in}; check the data, or resume with a lower {self.lr_key} (--set "
+            f"{self.lr_key}=... --allow-config-change)"
         )
 
 

@@ -114,6 +114,7 @@ def sft_loss(lm: LatentLM, examples: list[SFTExample], cfg: Config, normalizer: 
     for n_lat, exs in sorted(groups.items()):
         ids, mask = lm.encode_questions([e.question for e in exs], max_tokens=cfg.data.max_question_tokens)
         tg, tm = lm.encode_targets([e.target for e in exs], max_tokens=cfg.data.max_target_tokens)
+        lm.check_fits(ids.shape[1], n_lat, tg.shape[1], key="sft.c_thought", target_key="data.max_target_tokens")
         logp, _ = lm.target_logprobs(ids, mask, n_lat, tg, tm, mode=mode)
         part = -(logp * tm).sum() / normalizer
         total = part if total is None else total + part
@@ -229,6 +230,9 @@ class SFTRun:
         if loaded is not None:
             saved = loaded.apply(lm, opt)
             self.prog, self.opt = Progress(**saved["progress"]), opt
+            if self.prog.stage_prev is not None:  # the schedule of the config resumed with (allow_config_change may
+                # have lengthened the run: the saved length would hold the added steps at lr 0); unchanged, the same
+                self.prog.sched_total = self.plan.schedule_length(self.prog.stage_prev)
         skips = saved["nonfinite_skips"] if saved else 0
         self.guard = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr", skips=skips)
         run.start(saved)
@@ -392,6 +396,8 @@ def _prepare(
     lm.run_config = to_dict(cfg)  # stage-K/ and final/ carry the config (and the task) that produced them
     lm.settings.chat_template = cfg.data.chat_template  # how questions are prompted, from the first step on
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
+    # the last stage's latent thoughts alone must fit (each batch checks its own questions and targets too)
+    lm.check_fits(1, final_settings(cfg).n_latent, 1, key="sft.c_thought", target_key="data.max_target_tokens")
     return dist
 
 
