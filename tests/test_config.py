@@ -192,7 +192,13 @@ def test_relations_between_options():
     assert error(*weights, "perturbation.sites=[mlp,residual]").startswith("invalid config value perturbation.sites: ")
     assert load_config(Config, None, [*weights, "perturbation.sites=[attn,mlp]"]).perturbation.sites == ["attn", "mlp"]
     assert load_config(Config, None, ["perturbation.kind=gaussian", "perturbation.sites=[residual]"])  # activations
-    assert "unknown config key 'sft.nope'" in error("sft.nope=1")
+    assert "unknown config key 'sft.nope' (known: " in error("sft.nope=1")
+
+
+def test_an_unknown_key_suggests_the_one_meant():
+    assert "unknown config key 'grpo.lr_'; did you mean grpo.lr? (known: " in error("grpo.lr_=1")
+    assert "unknown config key 'lr'; did you mean sft.lr or grpo.lr? (known: " in error("lr=1")
+    assert "; did you mean perturbation? " in error("perturbaton.p=0.1")
 
 
 # ---- perturbation.layers

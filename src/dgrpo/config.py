@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import difflib
 import functools
 import inspect
 import itertools
@@ -1108,6 +1109,21 @@ def _coerce_fields(obj: Any, prefix: str) -> None:
             setattr(obj, f.name, _coerce(value, hints[f.name], key))
 
 
+def _did_you_mean(obj: Any, name: str, prefix: str) -> str:
+    """'; did you mean ...?' for an unknown key: a close spelling in its section, or (at the top level) the sections
+    that hold an option of that name (``lr`` -> ``grpo.lr``, ``sft.lr``); '' when nothing is close."""
+    if not prefix:
+        holders = [
+            f"{f.name}.{name}"
+            for f in fields(obj)
+            if is_dataclass(getattr(obj, f.name)) and name in {g.name for g in fields(getattr(obj, f.name))}
+        ]
+        if holders:
+            return f"; did you mean {' or '.join(holders)}?"
+    close = difflib.get_close_matches(name, [f.name for f in fields(obj)], n=1, cutoff=0.75)
+    return f"; did you mean {prefix}{close[0]}?" if close else ""
+
+
 def _merge(obj: Any, data: dict, prefix: str) -> None:
     """Apply a nested mapping of options onto the dataclass ``obj``, coercing each value to its option's type."""
     if not isinstance(data, dict):
@@ -1116,7 +1132,9 @@ def _merge(obj: Any, data: dict, prefix: str) -> None:
     for k, v in data.items():
         key = f"{prefix}{k}"
         if k not in names:
-            raise ConfigError(f"unknown config key {key!r} (known: {', '.join(sorted(names))})")
+            raise ConfigError(
+                f"unknown config key {key!r}{_did_you_mean(obj, str(k), prefix)} (known: {', '.join(sorted(names))})"
+            )
         cur = getattr(obj, k)
         if is_dataclass(cur):
             _merge(cur, v, key + ".")
