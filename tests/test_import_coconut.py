@@ -13,7 +13,8 @@ from torch import nn
 from transformers import GPT2LMHeadModel
 
 from dgrpo.data.records import Record
-from dgrpo.model.coconut_import import import_coconut
+from dgrpo.model.coconut_import import coconut_settings, import_coconut
+from dgrpo.model.factory import CheckpointError
 from dgrpo.model.latent_lm import LATENT_CONFIG_FILE, LatentLM, LatentSettings
 from dgrpo.model.reference import uncached_target_logprobs
 from dgrpo.model.tiny import build_tiny_model, tiny_config
@@ -274,7 +275,7 @@ def test_argument_errors(official, tmp_path, run_cli):
     base, ckpt = official[:2]
     cases = [
         (["--c-thought", 2], "give max_latent_stage"),
-        (["--c-thought", 2, "--n-latent", 5], "give stage"),
+        (["--c-thought", 2, "--n-latent", 5], "n_latent 5 is not a multiple of c_thought 2"),
         (["--c-thought", 0, "--max-latent-stage", 3], "c_thought must be >= 1"),
     ]
     for extra, expect in cases:
@@ -328,3 +329,39 @@ def test_argument_errors(official, tmp_path, run_cli):
         )
         assert r.returncode == 2 and expect in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "given, stage, n_latent",
+    [
+        ({"max_latent_stage": 3}, 4, 6),  # the official run: every step latent
+        ({"n_latent": 4}, 3, 4),
+        ({"n_latent": 4, "max_latent_stage": 3}, 2, 4),  # a mid-curriculum checkpoint (was stage 4, with 4 thoughts)
+        ({"n_latent": 6, "max_latent_stage": 3}, 4, 6),
+        ({"stage": 2, "max_latent_stage": 3}, 2, 4),  # (was n_latent 6 at stage 2)
+        ({"stage": 5, "max_latent_stage": 3}, 5, 6),
+        ({"stage": 2, "n_latent": 4}, 2, 4),
+        ({"stage": 5, "n_latent": 4}, 5, 4),  # past max_latent_stage 2
+        ({"stage": 2, "n_latent": 4, "max_latent_stage": 3}, 2, 4),
+    ],
+)
+def test_consistent_coconut_settings_are_inferred(given, stage, n_latent):
+    assert coconut_settings(2, **{"n_latent": None, "stage": None, "max_latent_stage": None, **given}) == (
+        LatentSettings(mode="coconut", c_thought=2, stage=stage, n_latent=n_latent)
+    )
+
+
+def test_inconsistent_coconut_settings_are_refused(official, tmp_path):
+    """n_latent=2, stage=1, c_thought=1 was saved as given, though Coconut's stage 1 has 1 thought."""
+    base, ckpt = official[:2]
+    with pytest.raises(CheckpointError, match=r"^n_latent 2 does not fit c_thought 1, stage 1: Coconut's stage k has"):
+        import_coconut(ckpt, str(base), tmp_path / "o", c_thought=1, n_latent=2, stage=1)
+    assert not (tmp_path / "o").exists()
+    for kw, msg in (
+        ({"n_latent": 6, "stage": 2, "max_latent_stage": 3}, "n_latent 6 does not fit c_thought 2, stage 2, max_"),
+        ({"n_latent": 8, "max_latent_stage": 3}, r"n_latent 8 is more than c_thought \* max_latent_stage = 6"),
+        ({"n_latent": 3, "stage": 4}, "n_latent 3 is not a multiple of c_thought 2"),
+        ({"stage": -1, "max_latent_stage": 3}, "stage must be >= 0"),
+    ):
+        with pytest.raises(CheckpointError, match=msg):
+            coconut_settings(2, **{"n_latent": None, "stage": None, "max_latent_stage": None, **kw})

@@ -272,3 +272,35 @@ def test_runs_of_one_label_but_other_settings_are_not_averaged(tmp_path: Path) -
     write_run(other / "first", {**base, "seed": 0, "threads": 1}, grpo_rows(0))
     write_run(other / "second", {**base, "seed": 1, "threads": 2}, grpo_rows(1))
     assert {n: len(rs) for n, rs in all_groups(other).items()} == {"Dropout-GRPO": 2}
+
+
+def test_a_run_that_logged_nothing_is_skipped_with_a_warning(runs: Path, tmp_path: Path) -> None:
+    """A run that crashed at start (empty metrics.jsonl) below the plotted directory made the whole plot fail."""
+    write_run(runs / "crashed", grpo_config(), [])
+    out = tmp_path / "fig.png"
+    with pytest.warns(UserWarning, match=r"skipped .*crashed/metrics.jsonl: no readable rows"):
+        desc = plot([runs], out, panels=("eval",))
+    assert out.stat().st_size > 1000 and set(desc["panels"]["eval"]) == set(all_groups(runs / "arms")) | {
+        "REINFORCE + EMA",
+        "sampling",
+        "SFT",
+    }
+    with pytest.warns(UserWarning, match="crashed"):  # in a labelled group beside a run that logged
+        desc = plot([], out, groups={"mine": [runs / "crashed", runs / "sft"]}, panels=("eval",))
+    assert desc["panels"]["eval"] == {"mine": 2}
+    with pytest.raises(DataError, match=r"crashed/metrics.jsonl: no readable rows"):  # nothing else to draw
+        plot([runs / "crashed"], out)
+
+
+def test_panels_may_be_one_name_or_a_logged_reward_part(runs: Path, tmp_path: Path) -> None:
+    """panels="reward_mean" was read letter by letter ("unknown panel(s) r, e, w, ..."); reward/<part> draws one
+    part of grpo.rewards as the run logged it."""
+    desc = plot([runs / "arms"], tmp_path / "one.png", panels="reward_mean")
+    assert list(desc["panels"]) == ["reward_mean"] and len(desc["panels"]["reward_mean"]) == 2
+    rows = [{**r, "reward/correct": 0.1 * r["step"]} if "reward_mean" in r else r for r in grpo_rows(0)]
+    write_run(tmp_path / "parts", grpo_config(), rows)
+    desc = plot([tmp_path / "parts"], tmp_path / "parts.png", panels=["reward/correct", "reward/short"])
+    assert desc["panels"]["reward/correct"] == {"Dropout-GRPO": 6}
+    assert desc["notes"]["reward/short"] == ["Dropout-GRPO: no reward/short values"]
+    with pytest.raises(DataError, match=r"unknown panel\(s\) rewards; choose from .* or reward/<part>"):
+        plot([runs], tmp_path / "x.png", panels="rewards")

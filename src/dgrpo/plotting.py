@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,9 @@ PANELS: dict[str, tuple[str, str, str]] = {
     "kept": ("frac_groups_kept", "fraction of groups kept", "groups with a learning signal"),
     "distinct": ("distinct_answers", "distinct answers per group", "answer diversity within groups"),
 }
+
+#: a panel of one reward part a run logs (``reward/<name>``: each part of ``grpo.rewards``, unweighted)
+REWARD_PART = "reward/"
 
 #: the fixed colours of the well-known arms (keys: the label lower-cased, letters and digits only)
 ARM_COLORS = {
@@ -65,6 +69,10 @@ class Run:
         return any("reward_mean" in r for r in self.steps)
 
 
+class _NoRows(DataError):
+    """A run directory whose ``metrics.jsonl`` holds no row yet (a run that crashed at start)."""
+
+
 # ------------------------------------------------------------------------ reading runs
 def _is_eval_key(key: str) -> bool:
     return key.startswith("eval/") and key.endswith("/accuracy")
@@ -96,7 +104,7 @@ def load_run(path: str | Path) -> Run:
         raise DataError(f"{p}: no {METRICS_FILE} (not a run directory)")
     rows = _read_rows(metrics)
     if not rows:
-        raise DataError(f"{metrics}: no readable rows")
+        raise _NoRows(f"{metrics}: no readable rows")
     config: dict[str, Any] = {}
     if (p / CONFIG_FILE).is_file():
         try:
@@ -125,6 +133,23 @@ def find_runs(paths: Sequence[str | Path]) -> list[Path]:
             raise DataError(f"{p}: no {METRICS_FILE} in it or in any directory below it")
         found += [b for b in below if b not in found]
     return found
+
+
+def _load_found(dirs: Sequence[Path], others: int = 0) -> list[Run]:
+    """The runs of ``dirs`` (:func:`find_runs`'s); one with no row yet (a run that crashed at start) is skipped with
+    a warning naming it, unless no run is left (none in ``dirs``, and no ``others`` already loaded): its error."""
+    runs: list[Run] = []
+    empty: list[DataError] = []
+    for d in dirs:
+        try:
+            runs.append(load_run(d))
+        except _NoRows as e:
+            empty.append(e)
+    if empty and not runs and not others:
+        raise empty[0]
+    for error in empty:
+        warnings.warn(f"skipped {error} (a run that stopped before logging a step?)", stacklevel=3)
+    return runs
 
 
 # ------------------------------------------------------------------------ grouping
@@ -214,11 +239,15 @@ def group_runs(runs: Sequence[Run], groups: Mapping[str, Sequence[str | Path]] |
     out: dict[str, list[Run]] = {}
     taken: set[Path] = set()
     for name, paths in (groups or {}).items():
-        for p in find_runs(paths):
+        found = find_runs(paths)
+        fresh = [p for p in found if p.resolve() not in by_path]
+        loaded = {r.path.resolve(): r for r in _load_found(fresh, others=len(found) - len(fresh))}
+        for p in found:
             key = p.resolve()
-            run = by_path.get(key) or load_run(p)
-            out.setdefault(name, []).append(run)
-            taken.add(key)
+            run = by_path.get(key) or loaded.get(key)
+            if run is not None:
+                out.setdefault(name, []).append(run)
+                taken.add(key)
     rest = [run for run in runs if run.path.resolve() not in taken]
     settings: dict[str, set[str]] = {}
     for run in rest:
@@ -271,9 +300,24 @@ def _eval_keys(groups: Mapping[str, Sequence[Run]], eval_key: str | None) -> lis
     return sorted({key for runs in groups.values() for r in runs if (key := _eval_key(r, eval_key))})
 
 
+def panel_spec(panel: str) -> tuple[str, str, str] | None:
+    """(metrics key, y-axis label, title) of a panel: one of :data:`PANELS`, or ``reward/<name>`` (a reward part's
+    mean a run logs); None for an unknown name."""
+    if panel.startswith(REWARD_PART) and len(panel) > len(REWARD_PART):
+        part = panel[len(REWARD_PART) :]
+        return panel, f"mean of reward part {part}", f"reward part {part}"
+    return PANELS.get(panel)
+
+
+def _panel(panel: str) -> tuple[str, str, str]:
+    spec = panel_spec(panel)
+    assert spec is not None, panel  # (draw checks the names first)
+    return spec
+
+
 def run_series(run: Run, panel: str, eval_key: str | None = None) -> dict[int, float]:
     """step -> value of one panel's metric in one run (missing, null and non-finite values left out)."""
-    key = _eval_key(run, eval_key) if panel == "eval" else PANELS[panel][0]
+    key = _eval_key(run, eval_key) if panel == "eval" else _panel(panel)[0]
     rows = run.evals if panel == "eval" else run.steps
     series: dict[int, float] = {}
     for r in rows:
@@ -291,7 +335,7 @@ def _missing_note(group: str, runs: Sequence[Run], panel: str, eval_key: str | N
         return f"{group}: no within-group std (K = 1)"
     if panel == "eval":
         return f"{group}: no {_eval_key(runs[0], eval_key) or 'eval'} rows"
-    return f"{group}: no {PANELS[panel][0]} values"
+    return f"{group}: no {_panel(panel)[0]} values"
 
 
 def aggregate(series: Sequence[dict[int, float]]) -> tuple[list[int], list[float], list[float], list[float]]:
@@ -372,7 +416,7 @@ def _finish_axes(
     from matplotlib.legend_handler import HandlerTuple
     from matplotlib.transforms import ScaledTranslation
 
-    _, ylabel, title = PANELS[panel]
+    _, ylabel, title = _panel(panel)
     if panel == "eval":
         names = [k.removeprefix("eval/").removesuffix("/accuracy") for k in _eval_keys(groups, eval_key)]
         if names and not all("valid" in n for n in names):
@@ -416,13 +460,18 @@ def draw(
     reference: Mapping[str, float] | None = None,
     title: str | None = None,
 ) -> tuple[Figure, dict[str, Any]]:
-    """The figure (panels side by side) and the description :func:`plot_runs` returns; nothing is written."""
+    """The figure (panels side by side) and the description :func:`plot_runs` returns; nothing is written.
+    ``panels`` may be one panel's name."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    unknown = [p for p in panels if p not in PANELS]
+    panels = (panels,) if isinstance(panels, str) else tuple(panels)
+    unknown = [p for p in panels if panel_spec(p) is None]
     if unknown or not panels:
-        raise DataError(f"unknown panel(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(PANELS)}")
+        raise DataError(
+            f"unknown panel(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(PANELS)} or "
+            f"{REWARD_PART}<part> (a reward part the runs log)"
+        )
     if not any(groups.values()):
         raise DataError("no runs to plot")
     if eval_key and "eval" in panels:
@@ -454,8 +503,9 @@ def plot_runs(
 ) -> dict[str, Any]:
     """Draw the groups' runs into ``out`` (.png, .pdf or .svg, by the suffix): one panel per metric.
 
-    Panels: ``eval`` (``eval/<name>/accuracy``, ``eval_key`` or each run's first), ``reward_std``, ``reward_mean``,
-    ``kept`` (frac_groups_kept), ``distinct`` (distinct_answers). Per group the mean over its runs on the steps they
+    Panels (a list, or one name): ``eval`` (``eval/<name>/accuracy``, ``eval_key`` or each run's first),
+    ``reward_std``, ``reward_mean``, ``kept`` (frac_groups_kept), ``distinct`` (distinct_answers), ``reward/<part>``
+    (one part of ``grpo.rewards``, as logged). Per group the mean over its runs on the steps they
     share, with a min-max band when it has >= 2 runs; ``reference`` values are dashed lines in the eval panel.
     Returns ``{"panels": {panel: {group: n_points}}, "lines": {panel: n_Line2D}, "bands": {panel: [group]},
     "notes": {panel: [note]}, "eval_keys": [...], "out": path}``.
@@ -479,9 +529,10 @@ def plot(
     groups: Mapping[str, Sequence[str | Path]] | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """Find, load and group the runs under ``paths`` (``groups`` overrides the grouping), then :func:`plot_runs`."""
+    """Find, load and group the runs under ``paths`` (``groups`` overrides the grouping), then :func:`plot_runs`.
+    A run that logged no step yet (one that crashed at start) is skipped with a warning, unless it is the only one."""
     check_format(out)
-    runs = [load_run(p) for p in find_runs(paths)]
+    runs = _load_found(find_runs(paths))
     return plot_runs(group_runs(runs, groups), out, **kwargs)
 
 
@@ -503,6 +554,7 @@ __all__ = [
     "find_runs",
     "group_runs",
     "load_run",
+    "panel_spec",
     "plot",
     "plot_runs",
     "run_series",

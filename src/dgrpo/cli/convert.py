@@ -44,7 +44,11 @@ def register(sub: Any) -> None:
         help="the run's max_latent_stage: n_latent = c_thought * max_latent_stage, stage = max_latent_stage + 1",
     )
     p.add_argument(
-        "--n-latent", type=int, metavar="T", help="latent thoughts at inference, directly (wins over the product)"
+        "--n-latent",
+        type=int,
+        metavar="T",
+        help="latent thoughts at inference; with the others it must follow Coconut's rule "
+        "n_latent = c_thought * min(stage, max_latent_stage) (what is left out is inferred)",
     )
     p.add_argument(
         "--stage", type=int, metavar="K", help="curriculum stage recorded in latent_config.json (default: inferred)"

@@ -106,27 +106,63 @@ def unwrap(sd: dict[str, Tensor], ckpt: Path) -> tuple[dict[str, Tensor], bool, 
 def coconut_settings(
     c_thought: int, n_latent: int | None, stage: int | None, max_latent_stage: int | None
 ) -> LatentSettings:
-    """Settings of a final-stage Coconut checkpoint: ``n_latent = c_thought * max_latent_stage`` unless given,
-    ``stage = max_latent_stage + 1`` (the first stage with every step latent) unless given."""
+    """Settings of a Coconut-stage checkpoint by Coconut's rule, ``n_latent = c_thought * min(stage,
+    max_latent_stage)``: what is not given is inferred from the rest (``stage`` defaults to ``max_latent_stage + 1``,
+    the first stage with every step latent, or to the stage ``n_latent`` names when below ``max_latent_stage``); a
+    combination the rule cannot give (``n_latent=2, stage=1, c_thought=1``) is a one-line CheckpointError."""
+    _check_ranges(c_thought, n_latent, stage, max_latent_stage)
+    if n_latent is None and max_latent_stage is None:
+        raise _error("give max_latent_stage (n_latent = c_thought * max_latent_stage) or n_latent")
+    if n_latent is not None and n_latent % c_thought:
+        raise _error(
+            f"n_latent {n_latent} is not a multiple of c_thought {c_thought} (Coconut's stage k has c_thought * k "
+            "latent thoughts): check both"
+        )
+    if n_latent is None:
+        assert max_latent_stage is not None
+        stage = max_latent_stage + 1 if stage is None else stage
+        n_latent = c_thought * min(stage, max_latent_stage)
+    elif stage is None:
+        stage = _inferred_stage(c_thought, n_latent, max_latent_stage)
+    _check_coconut_rule(c_thought, n_latent, stage, max_latent_stage)
+    return LatentSettings(mode="coconut", c_thought=c_thought, stage=stage, n_latent=n_latent)
+
+
+def _check_ranges(c_thought: int, n_latent: int | None, stage: int | None, max_latent_stage: int | None) -> None:
     if c_thought < 1:
         raise _error(f"c_thought must be >= 1, got {c_thought}")
-    if max_latent_stage is not None and max_latent_stage < 0:
-        raise _error(f"max_latent_stage must be >= 0, got {max_latent_stage}")
-    if n_latent is None:
-        if max_latent_stage is None:
-            raise _error("give max_latent_stage (n_latent = c_thought * max_latent_stage) or n_latent")
-        n_latent = c_thought * max_latent_stage
-    if n_latent < 0:
-        raise _error(f"n_latent must be >= 0, got {n_latent}")
-    if stage is None:
-        if max_latent_stage is None:
-            if n_latent % c_thought:
-                raise _error(f"give stage: n_latent {n_latent} is not a multiple of c_thought {c_thought}")
-            max_latent_stage = n_latent // c_thought
-        stage = max_latent_stage + 1
-    if stage < 0:
-        raise _error(f"stage must be >= 0, got {stage}")
-    return LatentSettings(mode="coconut", c_thought=c_thought, stage=stage, n_latent=n_latent)
+    for name, value in (("n_latent", n_latent), ("stage", stage), ("max_latent_stage", max_latent_stage)):
+        if value is not None and value < 0:
+            raise _error(f"{name} must be >= 0, got {value}")
+
+
+def _inferred_stage(c_thought: int, n_latent: int, max_latent_stage: int | None) -> int:
+    """The stage of ``n_latent`` thoughts: ``n_latent / c_thought`` below ``max_latent_stage``, else the first stage
+    past it (``max_latent_stage`` unknown: taken to be ``n_latent / c_thought``)."""
+    steps = n_latent // c_thought
+    if max_latent_stage is None or steps == max_latent_stage:
+        return steps + 1
+    if steps > max_latent_stage:
+        raise _error(
+            f"n_latent {n_latent} is more than c_thought * max_latent_stage = {c_thought * max_latent_stage} "
+            "(Coconut's most latent thoughts): check them"
+        )
+    return steps
+
+
+def _check_coconut_rule(c_thought: int, n_latent: int, stage: int, max_latent_stage: int | None) -> None:
+    """CheckpointError unless ``n_latent == c_thought * min(stage, max_latent_stage)`` for the given (or, when None,
+    some) ``max_latent_stage``."""
+    steps = n_latent // c_thought
+    ok = steps <= stage if max_latent_stage is None else steps == min(stage, max_latent_stage)
+    if not ok:
+        given = f"c_thought {c_thought}, stage {stage}" + (
+            "" if max_latent_stage is None else f", max_latent_stage {max_latent_stage}"
+        )
+        raise _error(
+            f"n_latent {n_latent} does not fit {given}: Coconut's stage k has c_thought * min(k, max_latent_stage) "
+            "latent thoughts; give fewer of them (the rest is inferred)"
+        )
 
 
 def choose_settings(
