@@ -334,10 +334,12 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
     chat = tiny_config(**{"data.chat_template": True})  # this tokenizer has no chat template
     with pytest.raises(ConfigError, match="data.chat_template: this tokenizer has no chat template"):
         train_sft(lm, train, chat, out)
-    lm.settings.chat_template = True
+    lm.settings.chat_template = False  # (train_sft set it) train_grpo turns it on from the config, as the CLI does
     with pytest.raises(ConfigError, match="data.chat_template: this tokenizer has no chat template"):
         train_grpo(lm, chat, train, out)
     lm.settings.chat_template = False
+    with pytest.raises(TypeError, match="train_grpo: lm must be a dgrpo LatentLM .*got Qwen2ForCausalLM"):
+        train_grpo(lm.model, cfg, train, out)  # type: ignore[arg-type]  (a TRL habit: the HF model itself)
     # an evaluate_fn of the other trainer's form failed only at the first validation, after a stage had trained
     with pytest.raises(TypeError, match=r"train_sft: evaluate_fn is called as evaluate_fn\(lm, records, settings\)"):
         train_sft(lm, train, cfg, out, valid=train, evaluate_fn=lambda lm_, recs: 0)

@@ -173,6 +173,8 @@ def test_init_takes_an_adapter_checkpoint(base_dirs, tmp_path):
     other = tiny_config(**{"model.lora.r": 4, "model.lora.alpha": 8.0, "model.lora.target_modules": "[q_proj]"})
     with pytest.warns(UserWarning, match=r"target_modules=\['q_proj'\]\) differs from the checkpoint's adapter"):
         load_model(other.model, cfg.task, init=str(tmp_path / "adapter"))
+    saved = lm.peft.peft_config["default"]  # the run's config records what it trains (it kept the given values)
+    assert (other.model.lora.r, other.model.lora.target_modules) == (saved.r, sorted(saved.target_modules))
     with pytest.warns(UserWarning, match="merging it into the base"):
         full = load_model(tiny_config().model, cfg.task, init=str(tmp_path / "adapter"))
     assert full.peft is None and all(p.requires_grad for p in full.model.parameters())
@@ -321,12 +323,13 @@ def test_grpo_under_lora_resumes_bit_exactly(sft_checkpoint, task_records, tmp_p
     from dgrpo.training.checkpoint import list_checkpoints, read_checkpoint, save_checkpoint
 
     timing = {"time_rollout_s", "time_update_s"}
-    a = lora_trainer(sft_checkpoint, task_records, **{"grpo.ref_renewal_every": 3})
+    sets = {"grpo.ref_renewal_every": 3, "grpo.steps": 4}  # 2 steps, saved, then 2 more
+    a = lora_trainer(sft_checkpoint, task_records, **sets)
     for _ in range(2):
         a.step()
     extra = {"ref": a.ref.checkpoint_state}
     save_checkpoint(tmp_path, 2, lm=a.lm, optimizer=a.opt, state={"trainer": a.state()}, extra_models=extra)
-    b = lora_trainer(sft_checkpoint, task_records, **{"grpo.ref_renewal_every": 3})
+    b = lora_trainer(sft_checkpoint, task_records, **sets)
     extra_b = {"ref": b.ref.checkpoint_state}
     saved = read_checkpoint(list_checkpoints(tmp_path)[-1], lm=b.lm, optimizer=b.opt, extra_models=extra_b)
     state = saved.apply(b.lm, b.opt, extra_b)

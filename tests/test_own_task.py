@@ -235,8 +235,12 @@ def test_csv_parquet_dataset_folders_and_column_mapping(tmp_path):
     assert len(load_spec(str(tmp_path / "dict"), data=cols, split="train")) == 6
     from dgrpo.data.records import DataError
 
-    with pytest.raises(DataError, match="d.csv row 0: missing field 'answer'"):
+    with pytest.raises(DataError, match="d.csv line 2: missing field 'answer'"):  # (the first data row: was 'row 0')
         load_spec(str(csv), data=DataConfig(question_key="prompt", answer_key="answer"))
+    nulls = tmp_path / "nulls.jsonl"  # a null answer was read as the answer 'None'
+    nulls.write_text('{"prompt": "2+2?", "target": 4}\n{"prompt": "Name?", "target": null}\n')
+    with pytest.raises(DataError, match="nulls.jsonl line 2: column 'target' is empty \\(null\\)"):
+        load_spec(str(nulls), data=cols)
     # a GSM8K-style solution under other keys is read as GSM8K's; a standard file beside it keeps its own format
     gsm = tmp_path / "renamed.jsonl"
     gsm.write_text(json.dumps({"q": "Tom has 7 and 7 more?", "sol": "He has 7+7=<<7+7=14>>14.\n#### 14"}) + "\n")
@@ -314,6 +318,18 @@ def test_eval_rebuilds_the_checkpoints_own_task_and_overrides_win(sft_checkpoint
     assert r.returncode == 0 and "overridden: task.n_valid" in r.stdout
     res = json.loads((tmp_path / "b" / "results.json").read_text())
     assert res["n"] == 8 and res["dataset"] == "builtin:valid"  # --split honours task.*, and wins over test
+
+
+def test_eval_takes_the_task_from_a_checkpoint_named_as_checkpoints_step_n(sft_checkpoint, tmp_path):
+    """``checkpoints/step-3`` (written step-00000003) loaded, but eval took none of its run's settings: the default
+    task's questions were graded, without a word."""
+    from dgrpo.cli.evaluate import checkpoint_settings
+
+    ckpt = tmp_path / "run" / "checkpoints" / "step-00000003"
+    shutil.copytree(sft_checkpoint, ckpt / "model")
+    (ckpt / "state.json").write_text("{}")
+    short = checkpoint_settings(str(tmp_path / "run" / "checkpoints" / "step-3"))
+    assert short == checkpoint_settings(str(ckpt)) and short["task"]["n_steps"] == 4
 
 
 def test_eval_reads_data_with_the_column_mapping_its_checkpoint_was_trained_with(tmp_path):
@@ -541,6 +557,8 @@ def test_the_filter_reward_must_name_a_reward_and_a_python_reward_fn_replaces_th
         Rewards([RewardPart("correct", numeric)], "corect")
     with pytest.raises(RewardError, match="no reward parts"):
         Rewards([])
+    with pytest.raises(RewardError, match="reward part name\\(s\\) r given twice"):  # (its values replaced the first's)
+        Rewards([RewardPart("r", numeric), RewardPart("r", exact, 0.5)])
 
     def mine(completions, records):
         return [1.0] * len(completions)
@@ -618,3 +636,54 @@ def test_evaluate_checks_a_scorer_as_training_checks_a_reward(sft_checkpoint):
     lm.train()
     evaluate_mc_vote(lm, recs, LockedDropout(p=0.1), n_masks=2, max_new_tokens=4, progress=False)
     assert lm.training
+
+
+def test_python_api_inputs_that_were_silently_misread(sft_checkpoint, tmp_path):
+    """An answer_key without its question_key was ignored (the golds came from the default 'answer' column); a
+    negative max_tokens cut the question's first tokens; a question that is not text reached SFT; saving into
+    checkpoints/step-N made a directory that read as a checkpoint and broke its run's pruning."""
+    from dgrpo import load_dataset
+    from dgrpo.config import ConfigError, DataConfig
+    from dgrpo.data.records import DataError
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.model.verified import CheckpointError
+
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"question": "1+1?", "answer": "0", "final": "2"}\n')
+    with pytest.raises(ConfigError, match="data.question_key: question_key and answer_key go together"):
+        load_dataset(str(path), data=DataConfig(answer_key="final"))
+    with pytest.raises(ConfigError, match="data.steps_key: maps a column with question_key and answer_key"):
+        load_dataset(str(path), data=DataConfig(steps_key="final"))
+    with pytest.raises(DataError, match="question must be text, got NoneType"):
+        Record(None, [], "1")  # type: ignore[arg-type]
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    with pytest.raises(ValueError, match="max_tokens must be >= 0"):
+        lm.encode_questions(["1+1?"], max_tokens=-1)
+    with pytest.raises(CheckpointError, match="would read as\\) a resumable training checkpoint"):
+        lm.save_pretrained(tmp_path / "run" / "checkpoints" / "step-3")
+    lm.save_pretrained(tmp_path / "checkpoints" / "my-model")  # a folder of the user's named so: fine
+
+
+def test_a_registered_perturbation_kind_is_a_config_value_and_the_trainer_steps_are_bounded(sft_checkpoint):
+    """@register("name") made a kind the config refused ('expected locked, native, gaussian or none'); a trainer
+    driven by hand ran steps past grpo.steps at lr 0, doing nothing."""
+    from dgrpo.config import ConfigError
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.perturbation import LockedDropout, make_perturbation, register
+    from dgrpo.training.grpo import GRPOTrainer
+
+    @register("test_half_locked")
+    class HalfLocked(LockedDropout):
+        pass
+
+    cfg = load_config(Config, None, ["perturbation.kind=test_half_locked", "grpo.steps=1"])
+    assert isinstance(make_perturbation(cfg.perturbation), HalfLocked)
+    with pytest.raises(ConfigError, match=r"perturbation.kind: expected locked, .*got 'lockd'"):
+        load_config(Config, None, ["perturbation.kind=lockd"])
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    trainer = GRPOTrainer(lm, cfg, load_spec("builtin:train?n_train=8"))
+    with pytest.raises(ValueError, match="prompts is empty"):
+        trainer.step(prompts=[])
+    trainer.step_idx = 1
+    with pytest.raises(ValueError, match=r"step 1 is past grpo.steps = 1 \(its learning rate is 0 there\)"):
+        trainer.step()

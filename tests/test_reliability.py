@@ -343,7 +343,9 @@ def test_save_pretrained_never_deletes_a_checkpoints_state_or_the_users_files(sf
     step = saved_step(lm, tmp_path / "run")
     before = sorted(p.name for p in step.iterdir())
     for target in (step, step / "model"):
-        with pytest.raises(CheckpointError, match=f"{step} is a resumable training checkpoint .*state.json.*new dir"):
+        with pytest.raises(
+            CheckpointError, match=f"{step} is \\(or would read as\\) a resumable training checkpoint .*new dir"
+        ):
             lm.save_pretrained(target)
     assert sorted(p.name for p in step.iterdir()) == before and (step / "optimizer.pt").is_file()
     assert saved_step(lm, tmp_path / "run") == step  # save_checkpoint replaces its own step directory

@@ -20,11 +20,10 @@ def load_dataset(name_or_path: str, split: str | None = None, *, data: DataConfi
     ``data`` (a :class:`dgrpo.config.DataConfig`) maps the columns of a file whose keys are not a known format:
     ``load_dataset("my.csv", data=DataConfig(question_key="prompt", answer_key="target"))``.
     """
-    from .data.loaders import column_parser
+    from .data import columns_of
     from .data.loaders import load_dataset as _load
 
-    columns = column_parser(data.question_key, data.answer_key, data.steps_key) if data and data.question_key else None
-    return _load(name_or_path, split, columns=columns)
+    return _load(name_or_path, split, columns=columns_of(data))
 
 
 def score(completion_text: str, gold_answer) -> float:

@@ -45,6 +45,8 @@ LRSchedule = Literal["cosine", "constant"]
 #: an on/off option whose auto says where it is on (each option says where: e.g. on a CUDA device)
 AutoSwitch = Literal["auto", "true", "false"]
 PerturbationKind = Literal["locked", "native", "gaussian", "none"]
+#: choices added to a Literal option in Python: perturbation.kind takes the kinds dgrpo.perturbation.register adds
+REGISTERED_CHOICES: dict[str, list[str]] = {"perturbation.kind": []}
 GaussianTarget = Literal["activations", "weights"]
 Optimizer = Literal["adamw", "adamw8bit"]
 Advantage = Literal["drgrpo", "grpo", "rloo", "ema"]
@@ -307,6 +309,11 @@ class DataConfig:
             f"{p}.answer_key" if self.question_key else f"{p}.question_key",
             "question_key and answer_key go together",
         )
+        _check(
+            not self.steps_key or bool(self.question_key),
+            f"{p}.steps_key",
+            "maps a column with question_key and answer_key (set them too)",
+        )
         _positive(self, p, "max_question_tokens", "max_target_tokens")
         _at_least(self, p, 0, "eval_limit")
 
@@ -490,8 +497,8 @@ class PerturbationConfig:
         "the noise: locked (batched shared-mask dropout on the sites and "
         "layers), native (the model's own attention dropout with the RNG state "
         "restored, one rollout at a time; sites and layers unused), gaussian "
-        "(Gaussian noise of scale sigma, see gaussian_target) or none "
-        "(deterministic rollouts)",
+        "(Gaussian noise of scale sigma, see gaussian_target), none "
+        "(deterministic rollouts), or a kind registered in Python (dgrpo.perturbation.register)",
     )
     p: float = opt(0.1, "dropout probability (locked, native)")
     sites: list = opt(
@@ -1013,7 +1020,7 @@ def _list_item(text: str) -> int | float | str:
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """``value`` (from YAML or ``--set``) as an option of type ``tp``, or a one-line ConfigError naming ``key``."""
     if typing.get_origin(tp) is Literal:
-        return _to_choice(value, typing.get_args(tp), key)
+        return _to_choice(value, (*typing.get_args(tp), *REGISTERED_CHOICES.get(key, ())), key)
     if tp is list or typing.get_origin(tp) is list:
         return _to_list(value, key)
     converters = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}

@@ -45,9 +45,9 @@ def register(sub: Any) -> None:
 def checkpoint_settings(model: str) -> dict:
     """The task and data settings a local checkpoint was trained with ({} for a hub model or an older checkpoint)."""
     from ..model.factory import resolve_checkpoint
-    from ..model.latent_lm import RUN_CONFIG_FILE
+    from ..model.latent_lm import RUN_CONFIG_FILE, on_disk
 
-    if not Path(model).expanduser().exists():
+    if not on_disk(model).exists():  # (checkpoints/step-N names step-0000000N: the model loads from it too)
         return {}
     trained = resolve_checkpoint(model) / RUN_CONFIG_FILE
     if not trained.is_file():
@@ -123,8 +123,10 @@ def run(args: argparse.Namespace) -> int:
     if note:
         print(note)
     e = cfg.eval
-    if args.shots is not None and not e.plain:
-        raise ConfigError("--shots: a k-shot prompt is for a plain LM (--plain); a latent model is prompted as trained")
+    if e.shots and not e.plain:  # (--shots, or eval.shots in a config)
+        raise ConfigError(
+            "--shots / eval.shots: a k-shot prompt is for a plain LM (--plain); a latent model is prompted as trained"
+        )
     check_split(args.data, args.split)
     device = setup(cfg)
     options = eval_options(cfg)  # (a scorer that cannot be built fails here, before the data and the model load)

@@ -15,7 +15,6 @@ from .common import (
     evaluate_test_sets,
     join_processes,
     load,
-    prompt_settings,
     report_lora,
     seed_everything,
     setup,
@@ -179,7 +178,6 @@ def run_grpo(args: argparse.Namespace) -> int:
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
     warn_if_init_differs(lm.run_config, cfg)
     report_lora(lm, dist)
-    prompt_settings(lm, cfg)
     if dist.active:  # distinct, reproducible RNG streams per rank (rollout seeds come from the global row anyway)
         seed_everything(cfg.seed * 1000003 + dist.rank)
     if cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded

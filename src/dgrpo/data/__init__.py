@@ -9,6 +9,15 @@ from .records import DataError, Record
 from .synthetic import load_builtin
 
 
+def columns_of(data=None):
+    """The row parser of a DataConfig's column mapping (None: no mapping), the mapping checked first (an
+    ``answer_key`` or ``steps_key`` without ``question_key`` would be ignored)."""
+    if data is None:
+        return None
+    data.validate()
+    return column_parser(data.question_key, data.answer_key, data.steps_key) if data.question_key else None
+
+
 def load_spec(spec: str, task=None, split: str | None = None, data=None) -> list[Record]:
     """Load ``name``, ``name:split``, a file path, or several joined by ``+`` (``gsm_hard+svamp``); a hub dataset
     with several configs names one: ``openai/gsm8k:test?config=main``.
@@ -16,7 +25,7 @@ def load_spec(spec: str, task=None, split: str | None = None, data=None) -> list
     ``task`` (a TaskConfig) parameterises ``builtin`` names (options in the name apply over it); ``split``, when
     given, wins over a split in the name; ``data`` (a DataConfig) gives the column mapping for files whose keys
     are not a known format (``question_key``, ``answer_key``, ``steps_key``)."""
-    columns = column_parser(data.question_key, data.answer_key, data.steps_key) if data and data.question_key else None
+    columns = columns_of(data)
     if "+" in spec and not Path(spec).exists():
         return [r for part in spec.split("+") if part.strip() for r in load_spec(part.strip(), task, split, data)]
     if spec.startswith("builtin"):

@@ -16,7 +16,7 @@ from ..reward import normalize_number
 from .records import DataError, Record
 from .subsets import OPENMATH_HUB_ID, sample_subset, stream_openmath
 from .synthetic import load_builtin
-from .tables import is_hf_folder, read_csv, read_hf_folder, read_parquet
+from .tables import is_hf_folder, read_csv_lines, read_hf_folder, read_parquet
 
 __all__ = ["DATASETS", "HUB_DATASETS", "DatasetSpec", "find_data_dir", "load_dataset"]
 
@@ -469,7 +469,8 @@ def _load_file(path: Path, columns: RowParser | None = None) -> list[Record]:
     """Read a data file, its format detected from the extension and content (``columns``: a column mapping)."""
     suffix = path.suffix.lower()
     if suffix == ".csv":
-        return rows_to_records(read_csv(path), str(path), str(path), columns)
+        rows, lines = read_csv_lines(path)
+        return rows_to_records(rows, str(path), str(path), columns, lines=lines)
     if suffix in (".parquet", ".pq"):
         return rows_to_records(read_parquet(path), str(path), str(path), columns)
     text = _read_text(path)
@@ -573,9 +574,12 @@ def _load_openmath_subset(name: str) -> list[Record]:
     return rows_to_records(rows, f"dataset {name!r}", f"hf:{OPENMATH_HUB_ID}", None)
 
 
-def rows_to_records(rows: list[Any], where: str, source: str, parser: RowParser | None) -> list[Record]:
+def rows_to_records(
+    rows: list[Any], where: str, source: str, parser: RowParser | None, *, lines: list[int] | None = None
+) -> list[Record]:
     """Records from row dicts (a table, a hub dataset): ``parser`` (a column mapping) or the format the first row's
-    keys identify; one DataError line naming the row on any problem."""
+    keys identify; one DataError line naming the row on any problem: its file line when ``lines`` gives them (a
+    CSV file), else its number (the first row is row 1)."""
     records: list[Record] = []
     for index, row in enumerate(rows):
         try:
@@ -584,7 +588,8 @@ def rows_to_records(rows: list[Any], where: str, source: str, parser: RowParser 
             parser = parser or _detect_row_parser(row)
             record = parser(row)
         except _RowError as exc:
-            raise DataError(f"{where} row {index}: {exc}") from None
+            at = f"line {lines[index]}" if lines is not None else f"row {index + 1}"
+            raise DataError(f"{where} {at}: {exc}") from None
         record.meta.setdefault("source", source)
         records.append(record)
     if not records:
@@ -619,7 +624,8 @@ class _ColumnParser:
             return known(row)
         self.fields.update(str(key) for key in row)
         self.steps_seen = self.steps_seen or self.steps_key in row
-        question = str(_field(row, self.question_key)).strip()
+        raw_question = _field(row, self.question_key)
+        question = "" if raw_question is None else str(raw_question).strip()  # (null: empty, not 'None')
         if not question:
             raise _RowError(f"column {self.question_key!r} is empty")
         answer, solution = self._answer(row)
@@ -633,6 +639,8 @@ class _ColumnParser:
         """(the answer, the GSM8K-style solution it was read from or None)."""
         key = self.answer_key
         raw = _field(row, key)
+        if raw is None:  # (JSON null, an empty parquet cell: str() would make it the answer 'None')
+            raise _RowError(f"column {key!r} is empty (null)")
         answer = _format_number(raw, f"column {key!r}") if isinstance(raw, (int, float)) else str(raw).strip()
         solution = answer if "####" in answer else None
         if solution is not None:

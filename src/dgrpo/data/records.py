@@ -23,8 +23,9 @@ class Record:
     (``"18"``), as the loaders store a numeric column.
     ``meta`` keeps source-specific extra fields (ProsQA's graph, the source file, ...).
 
-    Raises :class:`DataError` for ``steps`` that are not a list (or tuple) of strings (one ``str`` holding all
-    steps included) and for an ``answer`` that is neither text nor a finite number (a boolean included).
+    Raises :class:`DataError` for a ``question`` that is not text, ``steps`` that are not a list (or tuple) of
+    strings (one ``str`` holding all steps included) and an ``answer`` that is neither text nor a finite number (a
+    boolean included).
     """
 
     question: str
@@ -33,6 +34,8 @@ class Record:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.question, str):
+            raise DataError(f"question must be text, got {type(self.question).__name__}: {self.question!r:.60}")
         self.steps = _checked_steps(self.steps)
         self.answer = _answer_text(self.answer)
 

@@ -19,14 +19,20 @@ def is_hf_folder(path: Path) -> bool:
     return path.is_dir() and any((path / m).is_file() for m in HF_FOLDER_MARKERS)
 
 
-def read_csv(path: Path) -> list[dict[str, Any]]:
-    """The rows of a CSV file with a header line (values are strings)."""
+def read_csv_lines(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """The rows of a CSV file with a header line (values are strings), and the file line each row starts on (the
+    header is line 1; a quoted value may span lines)."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             if not reader.fieldnames:
                 raise DataError(f"{path}: no header line (CSV files need one, naming the columns)")
-            return [dict(row) for row in reader]
+            rows, lines, end = [], [], reader.line_num
+            for row in reader:
+                rows.append(dict(row))
+                lines.append(end + 1)
+                end = reader.line_num
+            return rows, lines
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except csv.Error as e:

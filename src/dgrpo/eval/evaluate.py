@@ -6,7 +6,7 @@ import json
 import re
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -105,7 +105,7 @@ def generate_answers(
     perturbation its own seed draws (Monte-Carlo dropout evaluation), likewise whatever its batch; ``None``
     evaluates the deterministic network.
     """
-    _check_counts("generate_answers", batch_size=batch_size)
+    _check_counts("generate_answers", batch_size=batch_size, max_question_tokens=max_question_tokens)
     seeds = _question_perturbation_seeds(questions, perturbation, perturbation_seeds)
     if perturbation is not None and not perturbation.batched:
         batch_size = 1  # native dropout replays the global RNG stream: one row at a time
@@ -159,14 +159,22 @@ def _question_perturbation_seeds(
     return seeds
 
 
-def _check_counts(what: str, *, batch_size: int, limit: int = 0, shots: int = 0) -> None:
+def _check_counts(
+    what: str, *, batch_size: int, limit: int = 0, shots: int = 0, max_question_tokens: int | None = None
+) -> None:
     """ValueError (one line) for a batch size below 1 or a negative limit / shot count (``records[:-1]`` would
-    silently drop the last record)."""
+    silently drop the last record) / question length (``ids[-max_tokens:]`` of -1 drops a question's first
+    token)."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"{what}: batch_size must be an int >= 1, got {batch_size!r}")
     for name, value in (("limit", limit), ("shots", shots)):
         if not isinstance(value, int) or value < 0:
             raise ValueError(f"{what}: {name} must be an int >= 0 (0: all), got {value!r}")
+    if max_question_tokens is not None and (not isinstance(max_question_tokens, int) or max_question_tokens < 0):
+        raise ValueError(
+            f"{what}: max_question_tokens must be an int >= 0 or None (0 or None: no truncation), "
+            f"got {max_question_tokens!r}"
+        )
 
 
 def _scorer(scorer: ScoreFn | str | None) -> ScoreFn:
@@ -226,12 +234,11 @@ def evaluate(
     """Greedy (by default) pass@1, with no perturbation unless ``perturbation`` (then question i is answered under the
     mask its own seed draws: :func:`mask_seeds` of ``seed`` and its text). ``scorer`` decides what is correct (a
     value > 0.5; a function or an ``eval.scorer`` name; default: the numeric verifier, which also counts unparseable
-    outputs). ``limit`` > 0 evaluates the first ``limit`` records (after the ``shots`` of a plain prompt)."""
-    _check_counts("evaluate", batch_size=batch_size, limit=limit, shots=shots)
+    outputs). ``limit`` > 0 evaluates the first ``limit`` records (after the ``shots`` of a plain prompt). ValueError
+    for negative counts, ``shots`` without ``plain`` and ``shots`` that leave no record to evaluate."""
+    _check_counts("evaluate", batch_size=batch_size, limit=limit, shots=shots, max_question_tokens=max_question_tokens)
     t0, scorer = time.time(), _scorer(scorer)
-    shot_recs: list[Record] = []
-    if plain and shots:
-        shot_recs, records = records[:shots], records[shots:]
+    shot_recs, records = _split_shots(records, plain, shots)
     if limit:
         records = records[:limit]
     questions, n_lat, mode, markers = _prompts(lm, records, plain, shot_recs, n_latent)
@@ -275,6 +282,21 @@ def evaluate(
     )
 
 
+def _split_shots(records: list[Record], plain: bool, shots: int) -> tuple[list[Record], list[Record]]:
+    """(the k-shot examples, the records to evaluate): the first ``shots`` records of a plain prompt; ValueError when
+    ``shots`` come without ``plain`` (a latent model is prompted as trained) or leave no record to evaluate."""
+    if not shots:
+        return [], records
+    if not plain:
+        raise ValueError(f"evaluate: shots={shots} apply to plain=True prompts only; pass plain=True or shots=0")
+    if shots >= len(records):
+        raise ValueError(
+            f"evaluate: shots={shots} leave no record to evaluate ({len(records)} records); "
+            "give more records or fewer shots"
+        )
+    return records[:shots], records[shots:]
+
+
 def _prompts(
     lm: LatentLM, records: list[Record], plain: bool, shots: list[Record], n_latent: int | None
 ) -> tuple[list[str], int, str, bool]:
@@ -296,24 +318,44 @@ def scorer_name(scorer: ScoreFn) -> str:
 
 def _graded(records: list[Record], texts: list[str], scorer: ScoreFn) -> tuple[list[dict], int, int]:
     """(one prediction row per record, how many are correct, how many have no parseable number): ``scorer``'s
-    value > 0.5 is correct, checked as a reward is (the numeric verifier is the only scorer whose unparseable
-    outputs are counted)."""
+    value > 0.5 is correct, checked as a reward is. ``pred`` is the answer as the scorer reads it; only the numeric
+    verifier's outputs for numeric golds count as unparseable (for a text gold it compares the text after the
+    last ``#``)."""
     is_numeric = scorer is numeric
     scores = call_checked(scorer, scorer_name(scorer), texts, records)
     preds, correct, unparseable = [], 0, 0
     for r, text, value in zip(records, texts, scores):
         ok = value > 0.5
         correct += int(ok)
-        unparseable += int(is_numeric and not is_parseable(text))
-        pred = extract_answer(text) if is_numeric else final_answer_text(text).strip()
+        if is_numeric and normalize_number(str(r.answer)) is not None:
+            pred = extract_answer(text)
+            unparseable += int(not is_parseable(text))
+        elif is_numeric:  # a text gold (ProsQA): what score() compares
+            pred = text.rpartition("#")[2].strip() or None
+        else:
+            pred = final_answer_text(text).strip()
         preds.append({"question": r.question, "gold": r.answer, "completion": text, "pred": pred, "correct": ok})
     return preds, correct, unparseable
 
 
+#: the EvalResult fields that count what a shard evaluated (summed or joined by merge_results); the others say
+#: what was evaluated and how, and must agree between shards
+_COUNTED = frozenset({"accuracy", "n", "correct", "unparseable", "wall_s", "predictions"})
+
+
 def merge_results(parts: list[EvalResult]) -> EvalResult:
-    """One result from the results of contiguous shards of a dataset (e.g. one per process), in order; the settings
-    (seed, mode, decoding, ...) are the first non-empty shard's."""
-    first = next((p for p in parts if p.n), parts[0])
+    """One result from the results of contiguous shards of a dataset (e.g. one per process), in order. ValueError
+    for no shard, or shards that differ in what was evaluated or how (dataset, seed, mode, decoding, scorer, ...)."""
+    if not parts:
+        raise ValueError("merge_results: no results to merge (an empty list); give one result per shard")
+    first = parts[0]
+    differ = [
+        f"{f.name} ({', '.join(dict.fromkeys(repr(getattr(p, f.name)) for p in parts))})"
+        for f in fields(EvalResult)
+        if f.name not in _COUNTED and any(getattr(p, f.name) != getattr(first, f.name) for p in parts)
+    ]
+    if differ:
+        raise ValueError(f"merge_results: the shards differ in {'; '.join(differ)}; merge shards of one evaluation")
     n = sum(p.n for p in parts)
     correct = sum(p.correct for p in parts)
     return replace(
@@ -439,7 +481,7 @@ def evaluate_mc_vote(
     ValueError when ``n_masks`` < 1."""
     if n_masks < 1:
         raise ValueError(f"evaluate_mc_vote: n_masks must be >= 1 (completions voting per question), got {n_masks}")
-    _check_counts("evaluate_mc_vote", batch_size=batch_size)
+    _check_counts("evaluate_mc_vote", batch_size=batch_size, max_question_tokens=max_question_tokens)
     t0, scorer = time.time(), _scorer(scorer)
     texts = _perturbed_texts(
         lm,

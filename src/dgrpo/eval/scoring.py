@@ -188,6 +188,11 @@ class Rewards:
         names = [p.name for p in self.parts]
         if not names:
             raise RewardError("Rewards: no reward parts (give at least one RewardPart)")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:  # each part's values are kept by name: a second one would be summed in place of the first
+            raise RewardError(
+                f"Rewards: reward part name(s) {', '.join(twice)} given twice: give each part its own name"
+            )
         if self.filter_on and self.filter_on not in names:
             raise RewardError(
                 f"grpo.filter_reward {self.filter_on!r} is not one of the rewards ({', '.join(names)}): name one of "

@@ -77,7 +77,8 @@ def load_model(
 
 def configure_lora(lm: LatentLM, cfg: LoraConfig) -> None:
     """``model.lora.r`` > 0: new adapters on a full model, or an adapter checkpoint's own adapter trained further
-    (its rank and targets win; a different ``model.lora`` is reported). ``r`` = 0 on an adapter checkpoint: the
+    (its rank, alpha and targets win: a different ``model.lora`` is reported and set to them, so that the run's
+    config records what it trains). ``r`` = 0 on an adapter checkpoint: the
     adapter is merged into the base and every weight is trained."""
     if cfg.r > 0 and lm.peft is None:
         lora.apply_lora(lm, cfg)
@@ -91,9 +92,10 @@ def configure_lora(lm: LatentLM, cfg: LoraConfig) -> None:
             warnings.warn(
                 f"model.lora (r={cfg.r}, alpha={cfg.alpha}, target_modules={targets}) differs from the checkpoint's "
                 f"adapter (r={saved.r}, alpha={saved.lora_alpha}, target_modules={saved_targets}): training continues "
-                "the checkpoint's adapter",
+                "the checkpoint's adapter (the run's config records its values)",
                 stacklevel=2,
             )
+            cfg.r, cfg.alpha, cfg.target_modules = saved.r, float(saved.lora_alpha), saved_targets
     elif lm.peft is not None:
         warnings.warn(
             "the checkpoint is a LoRA adapter and model.lora.r=0: merging it into the base, every weight is trained "

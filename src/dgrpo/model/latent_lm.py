@@ -40,7 +40,7 @@ from transformers import (
 )
 
 from ..config import ConfigError
-from ..run_layout import FINAL_DIR, METRICS_FILE
+from ..run_layout import CHECKPOINTS_DIR, FINAL_DIR, METRICS_FILE
 from .anatomy import decoder_layers
 from .attention_mask import additive_mask, causal_padding_mask, prebuilt_mask_applies, static_causal_padding_mask
 from .compiled_layers import CompiledLayers
@@ -515,9 +515,10 @@ class LatentLM(nn.Module):
         replaced)."""
         final = Path(path).expanduser().resolve()
         for ckpt in (final, final.parent):  # the checkpoint, or the model/ it holds
-            if (ckpt / RESUMABLE_STATE).is_file():
+            named_so = ckpt.parent.name == CHECKPOINTS_DIR and re.fullmatch(r"step-\d+", ckpt.name)
+            if (ckpt / RESUMABLE_STATE).is_file() or named_so:
                 raise CheckpointError(
-                    f"{ckpt} is a resumable training checkpoint (it holds {RESUMABLE_STATE}): save_pretrained does "
+                    f"{ckpt} is (or would read as) a resumable training checkpoint of its run: save_pretrained does "
                     "not write into it; name a new directory"
                 )
         from .lora import base_directory
@@ -666,11 +667,13 @@ class LatentLM(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Left-padded ``question \\n [<|start-latent|>]`` ids and mask, [B, P] (the question in the chat template
         when ``settings.chat_template``). Each distinct question is tokenized once (a GRPO step's K copies of a prompt:
-        512 rows, 16 questions)."""
+        512 rows, 16 questions). ``max_tokens``: keep each question's last ``max_tokens`` tokens (None or 0: all)."""
         if isinstance(questions, str):
             raise TypeError("encode_questions takes a list of questions; got one string (wrap it: [question])")
         if len(questions) == 0:
             raise ValueError("encode_questions: no questions (an empty list); give at least one")
+        if max_tokens is not None and max_tokens < 0:
+            raise ValueError(f"encode_questions: max_tokens must be >= 0 (0: no truncation), got {max_tokens}")
         encoded: dict[str, list[int]] = {}
         for q in dict.fromkeys(questions):
             ids = self.tokenizer(self.format_question(q), add_special_tokens=False)["input_ids"]

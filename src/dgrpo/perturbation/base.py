@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import typing
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from torch import Tensor, nn
+
+from ..config import REGISTERED_CHOICES, PerturbationKind
 
 if TYPE_CHECKING:
     from ..config import PerturbationConfig
@@ -154,11 +157,18 @@ PERTURBATIONS: dict[str, type[Perturbation]] = {}
 P = TypeVar("P", bound=type[Perturbation])
 
 
+PERTURBATIONS_BUILTIN = typing.get_args(PerturbationKind)
+
+
 def register(kind: str) -> Callable[[P], P]:
-    """Class decorator: make a :class:`Perturbation` available as ``perturbation.kind: <kind>``."""
+    """Class decorator: make a :class:`Perturbation` available as ``perturbation.kind: <kind>`` (in configs loaded or
+    validated after it runs: the decorated module is imported first)."""
 
     def add(cls: P) -> P:
         PERTURBATIONS[kind] = cls
+        extra = REGISTERED_CHOICES["perturbation.kind"]
+        if kind not in (*PERTURBATIONS_BUILTIN, *extra):
+            extra.append(kind)
         return cls
 
     return add

@@ -175,7 +175,10 @@ class GRPOTrainer:
     # -------------------------------------------------------------------- resumable state
     def state(self) -> dict:
         """Everything besides weights and optimizer that determines the next steps (JSON-able). The rollouts'
-        perturbations and sampled tokens come from seeds of (run seed, step, row): no generator state."""
+        perturbations and sampled tokens come from seeds of (run seed, step, row): no generator state. Not the KL
+        reference (a copy of the weights when the trainer was built, or at its last renewal): build the trainer on
+        the run's initial weights, then load the policy's weights, the optimizer and this state (as train_grpo's
+        checkpoints do, with ``ref.checkpoint_state``)."""
         v, st, gauss = self.data_rng.getstate()
         js = {
             "step_idx": self.step_idx,
@@ -207,9 +210,17 @@ class GRPOTrainer:
 
     # -------------------------------------------------------------------- one step
     def step(self, prompts: list[Record] | None = None) -> dict:
-        """One iteration of Algorithm 1; returns the step's metrics row."""
+        """One iteration of Algorithm 1; returns the step's metrics row. ``prompts``: this rank's prompts (default:
+        the next of the training data). ValueError past ``grpo.steps`` (the schedule's lr is 0 there)."""
         cfg, g, dist = self.cfg, self.cfg.grpo, self.dist
         step = self.step_idx
+        if step >= g.steps:
+            raise ValueError(
+                f"GRPOTrainer.step: step {step} is past grpo.steps = {g.steps} (its learning rate is 0 there): "
+                "set grpo.steps to the length of the run before building the trainer"
+            )
+        if prompts is not None and len(prompts) == 0:
+            raise ValueError("GRPOTrainer.step: prompts is empty (give this rank's prompts, or None for the next)")
         lr = lr_at(step, g.lr, g.steps, g.warmup_steps, g.min_lr_ratio)
         beta = (
             (beta_at(step, g.beta0, g.lr, g.steps, g.warmup_steps, g.min_lr_ratio) if g.anneal_beta else g.beta0)
@@ -555,9 +566,10 @@ def train_grpo(
     rank 0 writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see
     :class:`~dgrpo.training.run.RunDir`). ``reward_fn``: see :class:`GRPOTrainer`."""
     check_run_inputs(
-        cfg, train, "train_grpo", valid, dict, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
+        lm, cfg, train, "train_grpo", valid, dict, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
     )
     dist, g = dist or Dist.single(), cfg.grpo
+    lm.settings.chat_template |= cfg.data.chat_template  # on for a model trained without it (a trained one keeps it)
     trainer = GRPOTrainer(lm, cfg, train, dist=dist, reward_fn=reward_fn)
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
     lm.run_config = to_dict(cfg)  # final/ and best/ carry the config (and the task) that produced them
@@ -566,10 +578,8 @@ def train_grpo(
         evaluate = _periodic_eval(run, trainer, loop, valid or {}, evaluate_fn)
         if trainer.step_idx == 0:
             loop.last_eval = evaluate(0)
-        show = progress and dist.is_main
-        bar = tqdm(
-            range(trainer.step_idx, g.steps), desc="grpo", disable=not show, initial=trainer.step_idx, total=g.steps
-        )
+        steps, off = range(trainer.step_idx, g.steps), not (dist.is_main and progress)
+        bar = tqdm(steps, desc="grpo", disable=off, initial=trainer.step_idx, total=g.steps)
         for _ in bar:
             comm0 = dist.comm_s
             m = trainer.step()

@@ -21,7 +21,7 @@ from typing import IO, Any
 
 from ..config import Config, ConfigError, to_dict
 from ..data.records import Record
-from ..model.latent_lm import RUN_CONFIG_FILE
+from ..model.latent_lm import RUN_CONFIG_FILE, LatentLM, on_disk
 from ..model.verified import CheckpointError
 from ..run_layout import (
     BEST_DIR,
@@ -126,6 +126,7 @@ class RunLock:
 
 
 def check_run_inputs(
+    lm: object,
     cfg: Config,
     train: list[Record],
     what: str,
@@ -136,10 +137,16 @@ def check_run_inputs(
     evaluate_fn: Callable | None,
     eval_args: tuple[str, ...],
 ) -> None:
-    """What a Python caller hands a trainer, checked before a run directory is touched: a :class:`Config` valid as
+    """What a Python caller hands a trainer, checked before a run directory is touched: a :class:`LatentLM`, a
+    :class:`Config` valid as
     a whole (a value set on the object skips ``load_config``'s checks), a non-empty list of Records, ``valid``
     None or of ``valid_type`` (SFT: a list of records; GRPO: a dict of them by name), ``out_dir`` a path, and an
     ``evaluate_fn`` that takes ``eval_args`` (a validation set without one is warned about: nothing validates it)."""
+    if not isinstance(lm, LatentLM):
+        raise TypeError(
+            f"{what}: lm must be a dgrpo LatentLM (LatentLM.from_pretrained(path_or_hub_id), or LatentLM(model, "
+            f"tokenizer) around a Hugging Face model), got {type(lm).__name__}"
+        )
     if valid is not None and not isinstance(valid, valid_type):
         raise TypeError(f"{what}: valid must be a {valid_type.__name__} of records, got {type(valid).__name__}")
     if not isinstance(cfg, Config):
@@ -331,7 +338,7 @@ class RunDir:
             return []
         if self.resume_mode == "auto":
             return resume_candidates(self.out_dir)
-        path = Path(self.resume_mode)
+        path = on_disk(self.resume_mode)  # (checkpoints/step-N as written: step-0000000N)
         if not path.is_dir():
             raise ConfigError(f"--resume {path}: no such checkpoint directory")
         if not (path / "state.json").exists() and (path / CHECKPOINTS_DIR).is_dir():

@@ -386,7 +386,7 @@ def _prepare(
 ) -> Dist:
     """Check what train_sft was given (before the run directory is touched) and set the model up for it."""
     check_run_inputs(
-        cfg, train, "train_sft", valid, list, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
+        lm, cfg, train, "train_sft", valid, list, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
     )
     dist = dist or Dist.single()
     if cfg.sft.batch_size < dist.world_size:

@@ -1,0 +1,80 @@
+"""Argument checks of :mod:`dgrpo.eval.evaluate` called from Python (no training: an untrained tiny model)."""
+
+import pytest
+
+from dgrpo.eval.evaluate import EvalResult, evaluate, evaluate_mc_vote, generate_answers, merge_results
+from dgrpo.perturbation import LockedDropout
+
+from conftest import make_lm
+
+FAST = {"max_new_tokens": 2, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def lm(tokenizer):
+    return make_lm(tokenizer)
+
+
+def test_a_negative_max_question_tokens_is_refused(lm, task_records):
+    """-1 dropped each question's first token (ids[-max_tokens:] is ids[1:]) without a word; 0 and None still
+    mean no truncation."""
+    recs = task_records[:2]
+    calls = {
+        "evaluate": lambda: evaluate(lm, recs, max_question_tokens=-1, **FAST),
+        "evaluate_mc_vote": lambda: evaluate_mc_vote(
+            lm, recs, LockedDropout(p=0.1), n_masks=1, max_question_tokens=-1, **FAST
+        ),
+        "generate_answers": lambda: generate_answers(lm, ["q"], n_latent=0, max_question_tokens=-1, **FAST),
+    }
+    for what, call in calls.items():
+        with pytest.raises(ValueError, match=rf"^{what}: max_question_tokens must be an int >= 0 or None .*got -1$"):
+            call()
+    whole = evaluate(lm, recs, **FAST).predictions
+    assert evaluate(lm, recs, max_question_tokens=0, **FAST).predictions == whole
+
+
+def test_plain_shots_must_leave_a_record_and_need_plain(lm, task_records):
+    """shots=10 of 6 records evaluated nothing (n=0, accuracy 0.0); shots without plain=True were dropped (the
+    result said shots=0)."""
+    recs = task_records[:6]
+    with pytest.raises(ValueError, match=r"^evaluate: shots=10 leave no record to evaluate \(6 records\); give more"):
+        evaluate(lm, recs, plain=True, shots=10, **FAST)
+    with pytest.raises(ValueError, match=r"shots=6 leave no record to evaluate \(6 records\)"):
+        evaluate(lm, recs, plain=True, shots=6, **FAST)
+    with pytest.raises(ValueError, match=r"^evaluate: shots=2 apply to plain=True prompts only; pass plain=True or"):
+        evaluate(lm, recs, shots=2, **FAST)
+    r = evaluate(lm, recs, plain=True, shots=5, **FAST)
+    assert (r.n, r.shots, r.mode) == (1, 5, "plain")
+
+
+def result(n: int, correct: int, **settings) -> EvalResult:
+    base = {"dataset": "d", "seed": 0, "n_latent": 2, "mode": "coconut", "wall_s": 1.0}
+    preds = [{"correct": i < correct} for i in range(n)]
+    return EvalResult(
+        accuracy=correct / n, n=n, correct=correct, unparseable=0, predictions=preds, **{**base, **settings}
+    )
+
+
+def test_merge_results_refuses_no_shard_and_shards_of_different_evaluations():
+    """[] was an IndexError; shards of another n_latent or decoding were merged under the first shard's settings."""
+    merged = merge_results([result(3, 1), result(1, 1)])
+    assert (merged.n, merged.correct, merged.accuracy, len(merged.predictions)) == (4, 2, 0.5, 4)
+    with pytest.raises(ValueError, match=r"^merge_results: no results to merge \(an empty list\)"):
+        merge_results([])
+    with pytest.raises(ValueError, match=r"^merge_results: the shards differ in n_latent \(2, 1\); merge shards of"):
+        merge_results([result(3, 1), result(1, 1, n_latent=1)])
+    with pytest.raises(ValueError, match=r"differ in scorer \('numeric', 'exact'\); temperature \(1.0, 0.0\); merge"):
+        merge_results([result(3, 1, temperature=1.0), result(1, 1), result(1, 0, scorer="exact")])
+
+
+def test_a_text_gold_under_the_numeric_scorer_is_predicted_as_it_is_scored(lm, monkeypatch):
+    """The numeric verifier compares a text gold's final text: its row said pred null and counted as unparseable
+    while correct (results.json and predictions.jsonl disagreed)."""
+    import dgrpo.eval.evaluate as ev
+    from dgrpo.data.records import Record
+
+    recs = [Record("Who?", [], "Tom"), Record("2+1?", [], "3"), Record("2+2?", [], "4")]
+    monkeypatch.setattr(ev, "generate_answers", lambda *a, **kw: ["#### Tom", "#### 3", "no idea"])
+    r = evaluate(lm, recs, **FAST)
+    assert [(p["pred"], p["correct"]) for p in r.predictions] == [("Tom", True), ("3", True), (None, False)]
+    assert (r.correct, r.unparseable) == (2, 1)
