@@ -621,7 +621,8 @@ class LatentLM(nn.Module):
             return
         section = key.rpartition(".")[0]
         opt = f"{section}." if section else ""
-        parts = [f"question ({prompt_tokens - 1} tokens)" if markers else f"prompt ({prompt_tokens} tokens)"]
+        n_question = prompt_tokens - int(markers)
+        parts = [f"{'question' if markers else 'prompt'} ({n_question} token{'' if n_question == 1 else 's'})"]
         if n_latent or markers:
             parts.append(f"{n_latent} latent thought{'' if n_latent == 1 else 's'}")
         parts += ["2 markers"] if markers else []

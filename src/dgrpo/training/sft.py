@@ -397,7 +397,7 @@ def _prepare(
     lm.settings.chat_template = cfg.data.chat_template  # how questions are prompted, from the first step on
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
     # the last stage's latent thoughts alone must fit (each batch checks its own questions and targets too)
-    lm.check_fits(1, final_settings(cfg).n_latent, 1, key="sft.c_thought", target_key="data.max_target_tokens")
+    lm.check_fits(2, final_settings(cfg).n_latent, 1, key="sft.c_thought", target_key="data.max_target_tokens")
     return dist
 
 
