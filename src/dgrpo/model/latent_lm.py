@@ -627,7 +627,9 @@ class LatentLM(nn.Module):
             parts.append(f"{n_latent} latent thought{'' if n_latent == 1 else 's'}")
         parts += ["2 markers"] if markers else []
         parts.append(
-            f"target ({answer_tokens} tokens)" if target_key else f"answer ({opt}max_new_tokens = {answer_tokens})"
+            f"target ({answer_tokens} token{'' if answer_tokens == 1 else 's'})"
+            if target_key
+            else f"answer ({opt}max_new_tokens = {answer_tokens})"
         )
         lower = ([key] if n_latent else []) + [target_key or f"{opt}max_new_tokens"]
         lower.append("data.max_question_tokens" if markers else f"{opt}shots")
