@@ -2,8 +2,10 @@
 a bad data file or a missing checkpoint exits with code 2 and one line, writing nothing."""
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -398,3 +400,32 @@ def test_eval_results_name_the_checkpoint_and_the_decoding(tmp_path, sft_checkpo
         r"prompt \(\d+ tokens\) \+ answer \(eval.max_new_tokens = 600\) = \d+; lower eval.max_new_tokens or eval.shots"
     )
     assert re.search(tail + "$", line[0]), line[0]
+
+
+def test_user_mistakes_that_were_tracebacks_or_wrote_into_a_checkpoint(sft_checkpoint, tmp_path, run_cli, monkeypatch):
+    """Each is one line and exit 2, before anything is written: --out inside a checkpoint (a run wrote its
+    config.json over the --init model's own), bench --out a file, a stray WORLD_SIZE, non-text data.test items or
+    LoRA targets, an empty part of a data spec, a name longer than the file system allows (all were tracebacks,
+    or exit 0 and a damaged checkpoint)."""
+    from dgrpo.bench.suite import main as bench_main
+
+    before = sorted(p.name for p in Path(sft_checkpoint).iterdir())
+    cases = [
+        (["sft", "--out", Path(sft_checkpoint) / "sub"], "lies inside .* a checkpoint dgrpo wrote"),
+        (["grpo", "--init", sft_checkpoint, "--out", sft_checkpoint], "is a checkpoint dgrpo wrote"),
+        (["config", "show", "--set", "data.test=[builtin:test, 5]"], "data.test: expected a list of dataset names"),
+        (["config", "show", "--set", "model.lora.target_modules=[1]"], "target_modules: expected module names"),
+        (["data", "inspect", "builtin:test+"], "an empty part between '\\+' signs"),
+        (["eval", "--model", tmp_path / ("a" * 300), "--data", "builtin:test", "--out", tmp_path / "e"], "a name "),
+    ]
+    for argv, message in cases:
+        r = run_cli(*argv)
+        assert r.returncode == 2 and re.search(message, r.stderr) and "Traceback" not in r.stderr, (argv, r.stderr)
+    assert sorted(p.name for p in Path(sft_checkpoint).iterdir()) == before
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    r = run_cli("sft", "--out", tmp_path / "w")
+    assert r.returncode == 2 and "WORLD_SIZE=2 is set but RANK" in r.stderr
+    monkeypatch.delenv("WORLD_SIZE")
+    (tmp_path / "afile").write_text("")
+    assert bench_main(["--quick", "--only", "flops", "--out", str(tmp_path / "afile")]) == 2
+    assert bench_main(["--quick", "--only", ",", "--out", str(tmp_path / "b")]) == 2 and not (tmp_path / "b").exists()

@@ -173,6 +173,11 @@ class LoraConfig:
         _positive(self, p, "alpha")
         _within(self, p, "[0, 1)", "dropout")
         _check(bool(self.target_modules), f"{p}.target_modules", "must name at least one module (or all-linear)")
+        _check(
+            all(isinstance(m, str) and m for m in self.target_modules),
+            f"{p}.target_modules",
+            f"expected module names (text), got {self.target_modules}",
+        )
 
 
 @dataclass
@@ -304,6 +309,11 @@ class DataConfig:
     def validate(self, p: str = "data") -> None:
         """Range checks of the data section."""
         _check(bool(self.train), f"{p}.train", "must name a dataset")
+        _check(
+            all(isinstance(t, str) and t.strip() for t in self.test),
+            f"{p}.test",
+            f"expected a list of dataset names or file paths (text), got {self.test}",
+        )
         _check(
             bool(self.question_key) == bool(self.answer_key),
             f"{p}.answer_key" if self.question_key else f"{p}.question_key",

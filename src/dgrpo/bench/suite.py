@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from ..config import ConfigError
+from ..training.run import check_output_path
 from .items import ITEMS, P_DROP
 from .report import Row, markdown_table
 from .workload import FLOP_FORMULA, FULL, GPU, QUICK, Ctx, Shapes
@@ -64,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--only",
-        default="",
+        default=None,
         help=f"comma-separated subset of: {', '.join(ITEM_KEYS)} (default: all; soak runs on CPU only, "
         "optimizer on CUDA only)",
     )
@@ -278,7 +280,7 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def selected(args: argparse.Namespace) -> list[str]:
-    return [x.strip() for x in args.only.split(",") if x.strip()] or ITEM_KEYS
+    return [x.strip() for x in (args.only or "").split(",") if x.strip()] or ITEM_KEYS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,6 +295,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     only = selected(args)
+    if args.only is not None and not args.only.strip(" ,"):  # ('' or ',' ran the whole suite)
+        print("dgrpo: error: bench: --only names no item; leave it out to run them all", file=sys.stderr)
+        return 2
+    try:
+        check_output_path(Path(args.out))
+    except ConfigError as e:
+        print(f"dgrpo: error: bench: {e}", file=sys.stderr)
+        return 2
     runnable = {"all": ITEM_KEYS, "cpu": ORDER, "gpu": GPU_ORDER}[args.section]
     if not any(k in runnable for k in only):  # (an empty report, exit 0, said only "not run")
         print(

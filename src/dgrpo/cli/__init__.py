@@ -10,6 +10,7 @@ transformers) happen inside the commands, so ``dgrpo --help`` answers at once.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from importlib.metadata import version
@@ -67,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into a reader that stopped (`| head`): quiet, as Unix tools are
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would raise again
         return 141  # 128 + SIGPIPE, what a shell reports for such a tool
+    except OSError as e:  # (after BrokenPipeError, one of them)
+        if e.errno != errno.ENAMETOOLONG:
+            raise
+        print(f"dgrpo: error: {e.filename or 'a path'}: a name longer than the file system allows", file=sys.stderr)
+        return 2
 
 
 def exit_with_launcher() -> None:

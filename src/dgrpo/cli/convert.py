@@ -97,7 +97,7 @@ def run_export(args: argparse.Namespace) -> int:
 
     hf_logging.disable_progress_bar()
     out = Path(args.out)
-    check_output_path(out)
+    check_output_path(out, model_dir=True)
     if out.is_dir() and any(out.iterdir()):  # save_pretrained replaces the directory: never a run or other files
         raise CheckpointError(f"--out {out} exists and is not empty: name a new directory")
     src = resolve_checkpoint(args.src)
@@ -126,7 +126,7 @@ def run_import(args: argparse.Namespace) -> int:
     from ..model.latent_lm import LATENT_CONFIG_FILE
     from ..training.run import check_output_path
 
-    check_output_path(Path(args.out))
+    check_output_path(Path(args.out), model_dir=True)
     out = import_coconut(
         Path(args.ckpt),
         args.base,

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from ..model.factory import load_model
     from ..training.run import check_output_path
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each rank would evaluate everything and write the same files
+    if os.environ.get("WORLD_SIZE", "1").strip() not in ("", "0", "1"):  # each rank would evaluate everything
         raise ConfigError(
             "dgrpo eval runs in one process: launch it without torchrun (sft and grpo shard their test sets over "
             "the ranks)"

@@ -27,7 +27,10 @@ def load_spec(spec: str, task=None, split: str | None = None, data=None) -> list
     are not a known format (``question_key``, ``answer_key``, ``steps_key``)."""
     columns = columns_of(data)
     if "+" in spec and not Path(spec).exists():
-        return [r for part in spec.split("+") if part.strip() for r in load_spec(part.strip(), task, split, data)]
+        parts = [part.strip() for part in spec.split("+")]
+        if not all(parts):  # ('a+' dropped the empty part, '+' gave no records at all)
+            raise DataError(f"{spec!r}: an empty part between '+' signs; join dataset names as in gsm_hard+svamp")
+        return [r for part in parts for r in load_spec(part, task, split, data)]
     if spec.startswith("builtin"):
         return load_builtin(spec, split, task)
     if Path(spec).exists():

@@ -55,6 +55,17 @@ def fsdp2_missing() -> list[str]:
     return [name for name in FSDP2_API if not hasattr(FSDPModule, name)]
 
 
+def _env_int(name: str, default: int) -> int:
+    """An integer environment variable (torchrun's WORLD_SIZE, LOCAL_RANK), or ConfigError naming it."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={text!r}: expected an integer (torchrun sets it)") from None
+
+
 def check_fsdp2_api() -> None:
     """A config error, before any process group, where this torch's FSDP2 lacks what :meth:`Dist._fully_shard` sets."""
     missing = fsdp2_missing()
@@ -91,7 +102,14 @@ class Dist:
         if mode not in ("", "0", "false", "off", "none", "1", "true", "on", "full", "sharded"):
             raise ConfigError(f"{FSDP_ENV}={mode!r}: expected 0, 1 (= full) or sharded")
         sharding = mode in ("1", "true", "on", "full", "sharded")
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        world = _env_int("WORLD_SIZE", 1)
+        if world > 1 and not tdist.is_initialized():
+            missing = [v for v in ("RANK", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+            if missing:  # a WORLD_SIZE left in the environment, not a torchrun launch
+                raise ConfigError(
+                    f"WORLD_SIZE={world} is set but {', '.join(missing)} not: launch with torchrun (--nproc_per_node "
+                    f"{world}), or unset WORLD_SIZE to run in one process"
+                )
         if world <= 1:
             if sharding:
                 warnings.warn(
@@ -100,7 +118,7 @@ class Dist:
                 )
             return cls()
         cuda = device.type == "cuda" if device is not None else torch.cuda.is_available()
-        local = int(os.environ.get("LOCAL_RANK", "0"))
+        local = _env_int("LOCAL_RANK", 0)
         if cuda:
             torch.cuda.set_device(local)
         if sharding:

@@ -22,7 +22,7 @@ from typing import IO, Any
 from ..config import Config, ConfigError, to_dict
 from ..data.records import Record
 from ..model.latent_lm import RUN_CONFIG_FILE, LatentLM, on_disk
-from ..model.verified import CheckpointError
+from ..model.verified import MANIFEST, RESUMABLE_STATE, CheckpointError
 from ..run_layout import (
     BEST_DIR,
     CHECKPOINTS_DIR,
@@ -68,13 +68,16 @@ class StalledError(TrainingStopped):
     """Every group was filtered out for too many steps in a row: no update happened for that long."""
 
 
-def check_output_path(path: Path, what: str = "--out") -> None:
-    """Fail early, in one line, when ``path`` cannot hold a command's output: an existing file, or a place that
-    cannot be written (a probe file is written and removed in ``path`` or its nearest existing parent; nothing is
-    created)."""
+def check_output_path(path: Path, what: str = "--out", *, model_dir: bool = False) -> None:
+    """Fail early, in one line, when ``path`` cannot hold a command's output: an existing file, a place that cannot
+    be written (a probe file is written and removed in ``path`` or its nearest existing parent; nothing is created),
+    or, unless ``model_dir`` (the output is itself a model directory, which dgrpo may replace), a checkpoint dgrpo
+    wrote or a folder inside one (a run or results written there would change the files its manifest vouches for)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{what} {path} exists and is not a directory")
+    if not model_dir:
+        _refuse_inside_checkpoint(path, what)
     parent = path
     while not parent.exists():
         parent = parent.parent
@@ -86,6 +89,17 @@ def check_output_path(path: Path, what: str = "--out") -> None:
         probe.unlink()
     except OSError as e:
         raise ConfigError(f"{what} {path}: cannot write there ({e.strerror or e})") from None
+
+
+def _refuse_inside_checkpoint(path: Path, what: str) -> None:
+    """ConfigError when ``path`` is, or lies inside, a model checkpoint or resumable checkpoint dgrpo wrote."""
+    for folder in [path, *list(path.absolute().parents)[:3]]:
+        if (folder / MANIFEST).is_file() or (folder / RESUMABLE_STATE).is_file():
+            where = "is" if folder == path else f"lies inside {folder},"
+            raise ConfigError(
+                f"{what} {path} {where} a checkpoint dgrpo wrote: writing there would change the files it holds "
+                "(the --init model's among them); name a new directory"
+            )
 
 
 def check_output_dir(path: Path, what: str = "--out") -> Path:
