@@ -416,6 +416,8 @@ def test_user_mistakes_that_were_tracebacks_or_wrote_into_a_checkpoint(sft_check
         (["config", "show", "--set", "data.test=[builtin:test, 5]"], "data.test: expected a list of dataset names"),
         (["config", "show", "--set", "model.lora.target_modules=[1]"], "target_modules: expected module names"),
         (["data", "inspect", "builtin:test+"], "an empty part between '\\+' signs"),
+        (["config", "show", "--set", "grpo.rewards=[{fn: numeric, name: 5}]"], "item 0: name must be text"),
+        (["eval", "--model", sft_checkpoint, "--data", "builtin:test", "--out", ""], "--out is empty"),
         (["eval", "--model", tmp_path / ("a" * 300), "--data", "builtin:test", "--out", tmp_path / "e"], "a name "),
     ]
     for argv, message in cases:

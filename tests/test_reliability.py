@@ -460,7 +460,8 @@ def test_fsdp_on_a_torch_without_the_fsdp2_settings_is_a_config_error_before_any
     from dgrpo.training.distributed import Dist
 
     monkeypatch.delattr(FSDPModule, "set_reduce_scatter_unused_params", raising=False)  # (torch < 2.13: not there)
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    for name, value in {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)  # (as torchrun sets them)
     monkeypatch.delenv("DGRPO_FSDP", raising=False)
     monkeypatch.setattr(tdist, "init_process_group", lambda *a, **k: pytest.fail("a process group was started"))
     with pytest.raises(ConfigError, match=r"no FSDPModule.set_reduce_scatter_unused_params.*torch >= 2.13.*fsdp=none"):

@@ -782,6 +782,11 @@ class GRPOConfig:
                 f"item {j}: unknown key(s) {', '.join(unknown)} (expected fn, weight, name)",
             )
             _check(isinstance(item.get("fn"), str), f"{p}.rewards", f"item {j} needs fn: module:function, got {item!r}")
+            _check(
+                isinstance(item.get("name", ""), str),
+                f"{p}.rewards",
+                f"item {j}: name must be text (it names the reward/<name> metric), got {item.get('name')!r}",
+            )
             w = item.get("weight", 1.0)
             if isinstance(w, str):  # YAML reads 1e-3 (no dot) as text: read it as the scalar options read numbers
                 w = item["weight"] = _to_float(w, f"{p}.rewards item {j} weight")

@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         print("dgrpo: error: bench: --only names no item; leave it out to run them all", file=sys.stderr)
         return 2
     try:
-        check_output_path(Path(args.out))
+        check_output_path(args.out)
     except ConfigError as e:
         print(f"dgrpo: error: bench: {e}", file=sys.stderr)
         return 2

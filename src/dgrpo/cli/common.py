@@ -56,7 +56,7 @@ def load(args: argparse.Namespace, extra: list[str] | None = None) -> Config:
 
     cfg = load_config(Config, list(args.config), [*args.overrides, *(extra or [])])
     if getattr(args, "out", None):
-        check_output_path(Path(args.out))
+        check_output_path(args.out)
     return cfg
 
 

@@ -126,7 +126,7 @@ def run_import(args: argparse.Namespace) -> int:
     from ..model.latent_lm import LATENT_CONFIG_FILE
     from ..training.run import check_output_path
 
-    check_output_path(Path(args.out), model_dir=True)
+    check_output_path(args.out, model_dir=True)
     out = import_coconut(
         Path(args.ckpt),
         args.base,

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     load(args, extra)  # validates the options (and --out) before anything is read from the checkpoint
     start = checkpoint_settings(args.model)
     cfg = load_config(Config, list(args.config), [*args.overrides, *extra], start=start)
-    check_output_path(Path(args.out))
+    check_output_path(args.out)
     note = explain(start, cfg)
     if note:
         print(note)

@@ -253,7 +253,7 @@ def demo_config(args: Any) -> tuple[Config, int, int]:
         raise ConfigError(f"--sft-seeds and --seeds must be >= 1, got {n_sft} and {n_rl}")
     if getattr(args, "workers", None) is not None and args.workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
-    check_output_path(Path(args.out))  # an existing file, or a place that cannot be written: one line, now
+    check_output_path(args.out)  # an existing file, or a place that cannot be written: one line, now
     return base, n_sft, n_rl
 
 

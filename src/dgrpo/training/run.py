@@ -68,11 +68,13 @@ class StalledError(TrainingStopped):
     """Every group was filtered out for too many steps in a row: no update happened for that long."""
 
 
-def check_output_path(path: Path, what: str = "--out", *, model_dir: bool = False) -> None:
+def check_output_path(path: Path | str, what: str = "--out", *, model_dir: bool = False) -> None:
     """Fail early, in one line, when ``path`` cannot hold a command's output: an existing file, a place that cannot
     be written (a probe file is written and removed in ``path`` or its nearest existing parent; nothing is created),
     or, unless ``model_dir`` (the output is itself a model directory, which dgrpo may replace), a checkpoint dgrpo
     wrote or a folder inside one (a run or results written there would change the files its manifest vouches for)."""
+    if not str(path).strip():
+        raise ConfigError(f"{what} is empty: name a directory")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{what} {path} exists and is not a directory")
@@ -386,7 +388,8 @@ class RunDir:
         if found is None or found == self.command:
             return
         where = f"--resume {self.candidates[0]} is" if self.explicit else f"{self.out_dir} holds"
-        start = f"; to start from its model: --init {self.out_dir}" if (found, self.command) == ("sft", "grpo") else ""
+        source = self.candidates[0] if self.explicit else self.out_dir  # (a named checkpoint, or this run's)
+        start = f"; to start from its model: --init {source}" if (found, self.command) == ("sft", "grpo") else ""
         raise ConfigError(
             f"{where} a `dgrpo {found}` run's checkpoint, which `dgrpo {self.command}` cannot resume: name a new "
             f"--out{start}"
