@@ -338,6 +338,7 @@ def test_only_options_that_change_no_result_may_change_on_resume():
     ]
 
 
+@pytest.mark.slow
 def test_a_lengthened_sft_run_trains_its_added_epochs(tmp_path, run_cli):
     """Resumed with more epochs (--allow-config-change, one schedule over the run): the schedule is the new config's
     (the saved length held every added step at lr 0, and final/ was the shorter run's, labelled a stage it never
@@ -353,6 +354,7 @@ def test_a_lengthened_sft_run_trains_its_added_epochs(tmp_path, run_cli):
     assert added and all(lr > 0 for lr in added), rows
 
 
+@pytest.mark.slow
 def test_a_run_cannot_be_shortened_below_its_checkpoint_and_a_refused_out_is_not_left(
     sft_checkpoint, tmp_path, run_cli
 ):
