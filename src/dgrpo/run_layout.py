@@ -5,9 +5,11 @@ read them; each imports the names from here (this module imports nothing of dgrp
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 CHECKPOINTS_DIR = "checkpoints"  # resumable training states: checkpoints/step-N
+STEP_DIR = re.compile(r"step-(\d+)")  # a resumable checkpoint's name (written zero-padded: step_dir_name)
 FINAL_DIR = "final"  # the model at the end of training
 BEST_DIR = "best"  # GRPO: the model at the best post-warmup validation accuracy
 EVAL_DIR = "eval"  # the test sets' results for final/ (eval_best/ for best/)
@@ -20,6 +22,11 @@ LOCK_FILE = ".lock"
 WANDB_ID_FILE = "wandb_run_id"
 
 
+def step_dir_name(step: int) -> str:
+    """The name of step ``step``'s resumable checkpoint in ``checkpoints/`` (``step-00000123``: names sort as steps)."""
+    return f"step-{step:08d}"
+
+
 def stage_dir(out: Path, stage: int) -> Path:
     """SFT: the model at the end of curriculum stage ``stage``."""
     return Path(out) / f"stage-{stage}"
@@ -28,5 +35,9 @@ def stage_dir(out: Path, stage: int) -> Path:
 def results_dir(out: Path, spec: str, checkpoint: str = FINAL_DIR) -> Path:
     """Where a run's results on test set ``spec`` go: ``out/eval/<spec>`` for final/, ``out/eval_best/<spec>`` for
     best/ (``:`` and ``/`` of the name as ``_``)."""
-    folder = EVAL_DIR if checkpoint == FINAL_DIR else f"{EVAL_DIR}_{checkpoint}"
-    return Path(out) / folder / spec.replace(":", "_").replace("/", "_")
+    return Path(out) / results_folder(checkpoint) / spec.replace(":", "_").replace("/", "_")
+
+
+def results_folder(checkpoint: str = FINAL_DIR) -> str:
+    """The folder of a checkpoint's test-set results: ``eval`` for final/, ``eval_<name>`` for another (best/)."""
+    return EVAL_DIR if checkpoint == FINAL_DIR else f"{EVAL_DIR}_{checkpoint}"

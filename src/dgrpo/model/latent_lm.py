@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields
@@ -40,7 +39,7 @@ from transformers import (
 )
 
 from ..config import ConfigError
-from ..run_layout import CHECKPOINTS_DIR, FINAL_DIR, METRICS_FILE
+from ..run_layout import CHECKPOINTS_DIR, FINAL_DIR, METRICS_FILE, STEP_DIR, step_dir_name
 from .anatomy import decoder_layers
 from .attention_mask import additive_mask, causal_padding_mask, prebuilt_mask_applies, static_causal_padding_mask
 from .compiled_layers import CompiledLayers
@@ -239,8 +238,8 @@ def on_disk(path: str | Path) -> Path:
     as the directory the trainers write (``step-00000128``) when only that exists. The one place that maps the
     name; every loader (``from_pretrained``, the command line's model sources) goes through it."""
     p = Path(path).expanduser()
-    step = re.fullmatch(r"step-(\d+)", p.name)
-    padded = p.with_name(f"step-{int(step[1]):08d}") if step else p
+    step = STEP_DIR.fullmatch(p.name)
+    padded = p.with_name(step_dir_name(int(step[1]))) if step else p
     return padded if not p.exists() and padded.is_dir() else p
 
 
@@ -515,7 +514,7 @@ class LatentLM(nn.Module):
         replaced)."""
         final = Path(path).expanduser().resolve()
         for ckpt in (final, final.parent):  # the checkpoint, or the model/ it holds
-            named_so = ckpt.parent.name == CHECKPOINTS_DIR and re.fullmatch(r"step-\d+", ckpt.name)
+            named_so = ckpt.parent.name == CHECKPOINTS_DIR and STEP_DIR.fullmatch(ckpt.name)
             if (ckpt / RESUMABLE_STATE).is_file() or named_so:
                 raise CheckpointError(
                     f"{ckpt} is (or would read as) a resumable training checkpoint of its run: save_pretrained does "

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_file, save_model
 
-from ..model.verified import CheckpointError, atomic_dir, check_state_dict, one_line, verify
-from ..run_layout import CHECKPOINTS_DIR
+from ..model.verified import RESUMABLE_STATE, CheckpointError, atomic_dir, check_state_dict, one_line, verify
+from ..run_layout import CHECKPOINTS_DIR, step_dir_name
 
 #: torch optimizers' per-parameter state tensors, shaped like their parameter (8-bit optimizers keep others)
 PER_PARAMETER_STATE = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")
@@ -76,7 +76,7 @@ def save_checkpoint(
     """Write ``checkpoints/step-<step>`` atomically (:func:`~dgrpo.model.verified.atomic_dir`: temporary directory,
     manifest, rename) and prune to the ``keep_last`` newest."""
     root = Path(out_dir) / CHECKPOINTS_DIR
-    final = root / f"step-{step:08d}"
+    final = root / step_dir_name(step)
     with atomic_dir(final) as tmp:
         lm.save_pretrained(tmp / "model")
         for name, model in (extra_models or {}).items():
@@ -89,7 +89,7 @@ def save_checkpoint(
         torch.save(rng_t, tmp / "rng.pt")
         if os.environ.get("DGRPO_TEST_CRASH_IN_CHECKPOINT") == str(step):  # test hook: die mid-write
             os.kill(os.getpid(), 9)
-        (tmp / "state.json").write_text(json.dumps({**state, "step": step, "rng": rng_js}))
+        (tmp / RESUMABLE_STATE).write_text(json.dumps({**state, "step": step, "rng": rng_js}))
     for old in list_checkpoints(out_dir)[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -106,7 +106,7 @@ def list_checkpoints(out_dir: Path) -> list[Path]:
 def required_files(lm, extra_models: dict[str, Any] | None) -> tuple[str, ...]:
     """What a resumable checkpoint must hold (its manifest must list each of these)."""
     model = tuple(f"model/{f}" for f in lm.checkpoint_files)
-    return (*model, "optimizer.pt", "rng.pt", "state.json", *(f"{n}.safetensors" for n in extra_models or {}))
+    return (*model, "optimizer.pt", "rng.pt", RESUMABLE_STATE, *(f"{n}.safetensors" for n in extra_models or {}))
 
 
 @dataclass
@@ -149,7 +149,7 @@ def read_checkpoint(
         opt_state = torch.load(ckpt / "optimizer.pt", weights_only=True, map_location=lm.device)
         check_optimizer_state(optimizer, opt_state)
         rng = torch.load(ckpt / "rng.pt", weights_only=True)
-        state = json.loads((ckpt / "state.json").read_text())
+        state = json.loads((ckpt / RESUMABLE_STATE).read_text())
     except CheckpointError:
         raise
     except pickle.UnpicklingError:
@@ -188,7 +188,7 @@ def checkpoint_command(ckpt: Path) -> str | None:
     """Which command wrote a resumable checkpoint, ``sft`` or ``grpo``, read from the state each one saves (its
     ``state.json``); None when that cannot be read (the checkpoint's own verification then says why)."""
     try:
-        state = json.loads((Path(ckpt) / "state.json").read_text())
+        state = json.loads((Path(ckpt) / RESUMABLE_STATE).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(state, dict):

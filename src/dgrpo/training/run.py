@@ -27,7 +27,6 @@ from ..run_layout import (
     BEST_DIR,
     CHECKPOINTS_DIR,
     CONFIG_FILE,
-    EVAL_DIR,
     FINAL_DIR,
     LOCK_FILE,
     METRICS_FILE,
@@ -35,6 +34,7 @@ from ..run_layout import (
     SUMMARY_FILE,
     TB_DIR,
     WANDB_ID_FILE,
+    results_folder,
 )
 from .checkpoint import (
     LoadedCheckpoint,
@@ -317,8 +317,8 @@ class RunDir:
     def _start_over(self) -> None:
         """``--resume never``: remove what an earlier run wrote here (its checkpoints, best/, final/, stage-K/, test
         results, config history, summary, logs), so that nothing left of it reads as this run's output."""
-        written = [CHECKPOINTS_DIR, BEST_DIR, FINAL_DIR, EVAL_DIR, f"{EVAL_DIR}_{BEST_DIR}", TB_DIR, SUMMARY_FILE]
-        written += [ROLLOUTS_FILE, WANDB_ID_FILE]
+        tests = [results_folder(FINAL_DIR), results_folder(BEST_DIR)]
+        written = [CHECKPOINTS_DIR, BEST_DIR, FINAL_DIR, *tests, TB_DIR, SUMMARY_FILE, ROLLOUTS_FILE, WANDB_ID_FILE]
         found = [self.out_dir / name for name in written if (self.out_dir / name).exists()]
         found += sorted(self.out_dir.glob("stage-[0-9]*")) + sorted(self.out_dir.glob("config.[0-9]*.json"))
         for path in found:
@@ -357,7 +357,7 @@ class RunDir:
         path = on_disk(self.resume_mode)  # (checkpoints/step-N as written: step-0000000N)
         if not path.is_dir():
             raise ConfigError(f"--resume {path}: no such checkpoint directory")
-        if not (path / "state.json").exists() and (path / CHECKPOINTS_DIR).is_dir():
+        if not (path / RESUMABLE_STATE).exists() and (path / CHECKPOINTS_DIR).is_dir():
             newest = resume_candidates(path)
             raise ConfigError(
                 f"--resume {path} is a run directory: name one of its checkpoints"
