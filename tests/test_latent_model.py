@@ -230,6 +230,8 @@ def test_perturbed_evaluation_applies_each_questions_own_mask(tokenizer, task_re
         generate_answers(lm, qs, perturbation=pert, **kw)
     with pytest.raises(ValueError, match=f"{len(qs) - 1} perturbation_seeds for {len(qs)} questions"):
         generate_answers(lm, qs, perturbation=pert, perturbation_seeds=seeds[:-1], **kw)
+    with pytest.raises(TypeError, match="perturbation seeds must be integers"):  # (cast silently, other masks)
+        generate_answers(lm, qs, perturbation=pert, perturbation_seeds=seeds.double(), **kw)
     with pytest.raises(TypeError, match="unbound"):
         generate_answers(lm, qs, perturbation=pert.bind(lm, seeds[:1]), perturbation_seeds=seeds, **kw)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -101,9 +100,10 @@ def run(args: argparse.Namespace) -> int:
     from ..data.records import DataError
     from ..eval.evaluate import evaluate, write_results
     from ..model.factory import load_model
+    from ..training.distributed import env_int
     from ..training.run import check_output_path
 
-    if os.environ.get("WORLD_SIZE", "1").strip() not in ("", "0", "1"):  # each rank would evaluate everything
+    if env_int("WORLD_SIZE", 1) > 1:  # each rank would evaluate everything
         raise ConfigError(
             "dgrpo eval runs in one process: launch it without torchrun (sft and grpo shard their test sets over "
             "the ranks)"

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 from ..data.records import Record
 from ..model.latent_lm import LatentLM
 from ..perturbation import Perturbation
-from ..perturbation.base import row_sampling_uniforms, text_seed, to_device
+from ..perturbation.base import as_seeds, row_sampling_uniforms, text_seed, to_device
 from ..reward import extract_answer, is_parseable, normalize_number, normalize_text
 from .scoring import ScoreFn, build_scorer, call_checked, choice, choice_letter, final_answer_text, numeric
 
@@ -142,7 +142,8 @@ def generate_answers(
 def _question_perturbation_seeds(
     questions: list[str], perturbation: Perturbation | None, seeds: torch.Tensor | None
 ) -> torch.Tensor:
-    """``seeds`` as an int64 tensor of one seed per question, checked against ``perturbation``."""
+    """``seeds`` as :func:`~dgrpo.perturbation.base.as_seeds` reads them, one per question, checked against
+    ``perturbation``."""
     if perturbation is None:
         if seeds is not None:
             raise ValueError("generate_answers: perturbation_seeds without a perturbation")
@@ -153,7 +154,7 @@ def _question_perturbation_seeds(
         )
     if seeds is None:
         raise ValueError("generate_answers: a perturbation needs perturbation_seeds (one int seed per question)")
-    seeds = torch.as_tensor(seeds, dtype=torch.int64).reshape(-1)
+    seeds = as_seeds(seeds)
     if len(seeds) != len(questions):
         raise ValueError(f"generate_answers: {len(seeds)} perturbation_seeds for {len(questions)} questions")
     return seeds
@@ -316,6 +317,12 @@ def scorer_name(scorer: ScoreFn) -> str:
     return getattr(scorer, "__name__", "scorer")
 
 
+def _numeric_gold(gold: str) -> bool:
+    """Whether the numeric verifier compares ``gold`` as a number (else, a text gold, as the text after the last
+    ``#``)."""
+    return normalize_number(str(gold)) is not None
+
+
 def _graded(records: list[Record], texts: list[str], scorer: ScoreFn) -> tuple[list[dict], int, int]:
     """(one prediction row per record, how many are correct, how many have no parseable number): ``scorer``'s
     value > 0.5 is correct, checked as a reward is. ``pred`` is the answer as the scorer reads it; only the numeric
@@ -327,7 +334,7 @@ def _graded(records: list[Record], texts: list[str], scorer: ScoreFn) -> tuple[l
     for r, text, value in zip(records, texts, scores):
         ok = value > 0.5
         correct += int(ok)
-        if is_numeric and normalize_number(str(r.answer)) is not None:
+        if is_numeric and _numeric_gold(r.answer):
             pred = extract_answer(text)
             unparseable += int(not is_parseable(text))
         elif is_numeric:  # a text gold (ProsQA): what score() compares
@@ -397,7 +404,7 @@ def vote_key(scorer: ScoreFn, text: str, gold: str) -> str | None:
     letter A-E; ``exact`` and any plug-in: the normalised final answer text (after the last ``####``)."""
     if scorer is choice:
         return choice_letter(text)
-    if scorer is numeric and normalize_number(str(gold)) is not None:
+    if scorer is numeric and _numeric_gold(gold):
         return extract_answer(text)
     final = text.rpartition("#")[2] if scorer is numeric else final_answer_text(text)
     return normalize_text(final) or None

@@ -55,7 +55,7 @@ def fsdp2_missing() -> list[str]:
     return [name for name in FSDP2_API if not hasattr(FSDPModule, name)]
 
 
-def _env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int) -> int:
     """An integer environment variable (torchrun's WORLD_SIZE, LOCAL_RANK), or ConfigError naming it."""
     text = os.environ.get(name, "").strip()
     if not text:
@@ -102,7 +102,7 @@ class Dist:
         if mode not in ("", "0", "false", "off", "none", "1", "true", "on", "full", "sharded"):
             raise ConfigError(f"{FSDP_ENV}={mode!r}: expected 0, 1 (= full) or sharded")
         sharding = mode in ("1", "true", "on", "full", "sharded")
-        world = _env_int("WORLD_SIZE", 1)
+        world = env_int("WORLD_SIZE", 1)
         if world > 1 and not tdist.is_initialized():
             missing = [v for v in ("RANK", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
             if missing:  # a WORLD_SIZE left in the environment, not a torchrun launch
@@ -118,7 +118,7 @@ class Dist:
                 )
             return cls()
         cuda = device.type == "cuda" if device is not None else torch.cuda.is_available()
-        local = _env_int("LOCAL_RANK", 0)
+        local = env_int("LOCAL_RANK", 0)
         if cuda:
             torch.cuda.set_device(local)
         if sharding:

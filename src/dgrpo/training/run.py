@@ -154,10 +154,10 @@ def check_run_inputs(
     eval_args: tuple[str, ...],
 ) -> None:
     """What a Python caller hands a trainer, checked before a run directory is touched: a :class:`LatentLM`, a
-    :class:`Config` valid as
-    a whole (a value set on the object skips ``load_config``'s checks), a non-empty list of Records, ``valid``
-    None or of ``valid_type`` (SFT: a list of records; GRPO: a dict of them by name), ``out_dir`` a path, and an
-    ``evaluate_fn`` that takes ``eval_args`` (a validation set without one is warned about: nothing validates it)."""
+    :class:`Config` valid as a whole (a value set on the object skips ``load_config``'s checks), a non-empty list of
+    Records, ``valid`` None or of ``valid_type`` (SFT: a list of records; GRPO: a dict of them by name), ``out_dir``
+    a path, and an ``evaluate_fn`` that takes ``eval_args`` (a validation set without one is warned about: nothing
+    validates it)."""
     if not isinstance(lm, LatentLM):
         raise TypeError(
             f"{what}: lm must be a dgrpo LatentLM (LatentLM.from_pretrained(path_or_hub_id), or LatentLM(model, "
@@ -198,7 +198,7 @@ def _check_evaluate_fn(what: str, valid: object, evaluate_fn: Callable | None, e
     except TypeError:
         raise TypeError(
             f"{what}: evaluate_fn is called as evaluate_fn({', '.join(eval_args)}) and returns how many records are "
-            f"correct; its signature is {evaluate_fn.__name__ if hasattr(evaluate_fn, '__name__') else ''}{signature}"
+            f"correct; its signature is {getattr(evaluate_fn, '__name__', '')}{signature}"
         ) from None
 
 
