@@ -299,8 +299,11 @@ def test_panels_may_be_one_name_or_a_logged_reward_part(runs: Path, tmp_path: Pa
     assert list(desc["panels"]) == ["reward_mean"] and len(desc["panels"]["reward_mean"]) == 2
     rows = [{**r, "reward/correct": 0.1 * r["step"]} if "reward_mean" in r else r for r in grpo_rows(0)]
     write_run(tmp_path / "parts", grpo_config(), rows)
-    desc = plot([tmp_path / "parts"], tmp_path / "parts.png", panels=["reward/correct", "reward/short"])
+    desc = plot([tmp_path / "parts", runs / "arms"], tmp_path / "parts.png", panels=["reward/correct"])
     assert desc["panels"]["reward/correct"] == {"Dropout-GRPO": 6}
-    assert desc["notes"]["reward/short"] == ["Dropout-GRPO: no reward/short values"]
+    assert any("no reward/correct values" in n for n in desc["notes"]["reward/correct"])  # the runs without it
+    # a part no run logged (a misspelling) is an error naming the logged parts, not an empty panel
+    with pytest.raises(DataError, match=r"no run logged reward/corect \(reward parts logged: reward/correct\)"):
+        plot([tmp_path / "parts"], tmp_path / "x.png", panels=["reward/correct", "reward/corect"])
     with pytest.raises(DataError, match=r"unknown panel\(s\) rewards; choose from .* or reward/<part>"):
         plot([runs], tmp_path / "x.png", panels="rewards")

@@ -277,6 +277,28 @@ def test_damaged_checkpoints_are_never_loaded(damaged):
             assert "changed since dgrpo wrote it; if the change is yours, delete manifest.json" in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("n_latent", "3", "n_latent must be a non-negative integer, not '3'"),
+        ("markers", "false", "markers must be true or false, not 'false'"),  # the text "false" read as true
+        ("c_thought", 1.5, "c_thought must be a positive integer, not 1.5"),
+        ("mode", "coconutt", "mode 'coconutt' is not one of coconut, pause, cot, no_cot, plain"),
+        (None, [1], "it holds a JSON list, not an object"),
+    ],
+)
+def test_a_hand_edited_latent_config_is_checked_when_read(sft_checkpoint, tmp_path, key, value, message):
+    from dgrpo.model.verified import CheckpointError
+
+    d = tmp_path / "edited"
+    shutil.copytree(sft_checkpoint, d)
+    (d / "manifest.json").unlink()  # what the checksum message tells a user who edited a file to do
+    settings = json.loads((d / "latent_config.json").read_text())
+    (d / "latent_config.json").write_text(json.dumps(value if key is None else {**settings, key: value}))
+    with pytest.raises(CheckpointError, match=f"{d / 'latent_config.json'} is not valid: .*{message}"):
+        LatentLM.from_pretrained(d)
+
+
 def test_a_missing_local_path_is_not_sent_to_the_hub(sft_checkpoint, tmp_path, monkeypatch):
     from dgrpo.model.verified import CheckpointError
 

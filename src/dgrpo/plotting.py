@@ -295,6 +295,16 @@ def _check_eval_key(runs: Sequence[Run], eval_key: str) -> None:
         raise DataError(f"--eval-key {eval_key}: no run logged it (eval columns logged: {names})")
 
 
+def _check_reward_parts(runs: Sequence[Run], panels: Sequence[str]) -> None:
+    """DataError when no run logged a requested ``reward/<name>`` panel (a misspelt part would draw an empty panel),
+    naming the parts that were logged."""
+    logged = {k for r in runs for row in r.steps for k in row if k.startswith(REWARD_PART)}
+    missing = [p for p in panels if p.startswith(REWARD_PART) and p not in logged]
+    if missing:
+        names = ", ".join(sorted(logged)) or "none (a run logs reward/<name> for each part of grpo.rewards)"
+        raise DataError(f"no run logged {', '.join(missing)} (reward parts logged: {names})")
+
+
 def _eval_keys(groups: Mapping[str, Sequence[Run]], eval_key: str | None) -> list[str]:
     """The eval columns a figure shows, sorted."""
     return sorted({key for runs in groups.values() for r in runs if (key := _eval_key(r, eval_key))})
@@ -474,8 +484,10 @@ def draw(
         )
     if not any(groups.values()):
         raise DataError("no runs to plot")
+    everyone = [r for runs in groups.values() for r in runs]
     if eval_key and "eval" in panels:
-        _check_eval_key([r for runs in groups.values() for r in runs], eval_key)
+        _check_eval_key(everyone, eval_key)
+    _check_reward_parts(everyone, panels)
     rows = len(groups) + len(reference or {}) + 1
     fig = Figure(figsize=(6 * len(panels), 4 + 0.6 + 0.22 * rows))
     FigureCanvasAgg(fig)

@@ -67,6 +67,8 @@ RUN_CONFIG_FILE = "run_config.json"
 #: the files a model checkpoint directory must hold (``a|b``: either)
 MODEL_FILES = ("config.json", f"{SAFETENSORS}|{SAFETENSORS_INDEX}", LATENT_CONFIG_FILE, "tokenizer_config.json")
 ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+#: the ways a checkpoint prompts (LatentSettings.mode)
+LATENT_MODES = ("coconut", "pause", "cot", "no_cot", "plain")
 #: the files a LoRA adapter checkpoint directory must hold (the base model lives where adapter_config.json says)
 ADAPTER_FILES = (ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, LATENT_CONFIG_FILE, "tokenizer_config.json")
 
@@ -89,6 +91,19 @@ class LatentSettings:
     n_latent: int = 0
     chat_template: bool = False
     markers: bool = True
+
+    def __post_init__(self) -> None:
+        # A hand-edited latent_config.json is read here: "false" would be a true marker flag, 1.5 a latent count
+        if self.mode not in LATENT_MODES:
+            raise ValueError(f"latent settings: mode {self.mode!r} is not one of {', '.join(LATENT_MODES)}")
+        for name in ("c_thought", "stage", "n_latent"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "c_thought" else 0):
+                least = "a positive" if name == "c_thought" else "a non-negative"
+                raise ValueError(f"latent settings: {name} must be {least} integer, not {value!r}")
+        for name in ("chat_template", "markers"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"latent settings: {name} must be true or false, not {getattr(self, name)!r}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -314,7 +329,13 @@ def _read_latent_files(folder: Path) -> tuple[LatentSettings, dict | None]:
     """``latent_config.json`` (default settings when absent: a plain hub model) and ``run_config.json`` (or None)."""
     settings = LatentSettings()
     if (folder / LATENT_CONFIG_FILE).is_file():
-        settings = LatentSettings.from_dict(json.loads((folder / LATENT_CONFIG_FILE).read_text()))
+        try:
+            raw = json.loads((folder / LATENT_CONFIG_FILE).read_text())
+            if not isinstance(raw, dict):
+                raise ValueError(f"it holds a JSON {type(raw).__name__}, not an object")
+            settings = LatentSettings.from_dict(raw)
+        except ValueError as e:  # JSONDecodeError is a ValueError
+            raise CheckpointError(f"{folder / LATENT_CONFIG_FILE} is not valid: {e}") from None
     run = folder / RUN_CONFIG_FILE
     return settings, (json.loads(run.read_text()) if run.is_file() else None)
 
