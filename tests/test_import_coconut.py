@@ -233,6 +233,11 @@ def _extra(sd):
     return sd, "unexpected transformer.h.2.ln_1.weight"
 
 
+def _integer_weight(sd):  # load_state_dict would cast it into the float weight
+    sd["base_causallm.transformer.h.0.attn.c_proj.weight"] = torch.zeros(32, 32, dtype=torch.int64)
+    return sd, "tensors of another kind (not float) transformer.h.0.attn.c_proj.weight torch.int64"
+
+
 def _training_state(sd):
     return {"model": sd, "epoch": 3}, "found non-tensor entries 'model': OrderedDict"
 
@@ -246,7 +251,9 @@ def _not_a_dict(sd):
     return [sd["embedding.weight"]], "found list"
 
 
-@pytest.mark.parametrize("broken", [_missing, _wrong_shape, _extra, _training_state, _mixed, _not_a_dict])
+@pytest.mark.parametrize(
+    "broken", [_missing, _wrong_shape, _integer_weight, _extra, _training_state, _mixed, _not_a_dict]
+)
 def test_malformed_checkpoints_are_one_line_errors(official, tmp_path, run_cli, broken):
     base, ckpt = official[:2]
     sd, expect = broken(torch.load(ckpt, weights_only=True))

@@ -233,6 +233,10 @@ def fit_state_dict(model: PreTrainedModel, sd: dict[str, Tensor], wrapper_emb: T
     wrong = [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items() if sd[k].shape != v.shape]
     if wrong:
         raise _error(f"the checkpoint does not fit the base model: wrong shapes (checkpoint vs base) {_few(wrong)}")
+    # load_state_dict would cast an integer tensor into a float weight without a word
+    kinds = [f"{k} {sd[k].dtype}" for k, v in expected.items() if v.is_floating_point() != sd[k].is_floating_point()]
+    if kinds:
+        raise _error(f"the checkpoint does not fit the base model: tensors of another kind (not float) {_few(kinds)}")
     return sd
 
 
