@@ -103,6 +103,9 @@ def test_grpo_two_ranks_stay_bit_identical(sft_checkpoint, tmp_path):
         assert r0["identical"] and r1["identical"], (r0, r1)  # all ranks hold the same bits after every step
         assert r0["skipped"] == r1["skipped"] == 0 and r0["n_rollouts_kept"] == r1["n_rollouts_kept"] == 32
         assert r0["reward_mean"] == r1["reward_mean"]  # reduced metrics agree
+        # one EMA baseline over the global batch (each rank kept its own, from its own rewards)
+        assert r0["ema_baseline"] == r1["ema_baseline"] is not None
+    assert len({r["ema_baseline"] for r in recs[0]}) == 3  # it moved at every step
     # rank 0 alone wrote: one row per step, one final checkpoint, the gathered test eval over all 64 records
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if "reward_mean" in row] == [0, 1, 2]
@@ -178,6 +181,7 @@ def test_two_ranks_match_one_process(sft_checkpoint, tmp_path, fsdp):
     m2 = json.loads((out / "metrics.json").read_text())
     assert m["skipped"] == m2["skipped"] == 0 and m["n_rollouts_kept"] == m2["n_rollouts_kept"] == 32
     assert m["reward_mean"] == m2["reward_mean"]  # the same rollouts
+    assert m["ema_baseline"] == m2["ema_baseline"]  # the baseline of the global batch, to the bit
     step_norm = float((one - start).norm())
     assert step_norm > 1e-3  # the step moved the weights (SGD at lr 1: the update is the gradient)
     assert torch.allclose(one, two, rtol=0, atol=1e-6), float((one - two).abs().max())
@@ -262,6 +266,7 @@ def _worker_grpo(out: Path, args: dict) -> None:
         records.append(
             {
                 **{k: m[k] for k in ("step", "skipped", "n_rollouts_kept", "frac_groups_kept", "reward_mean")},
+                "ema_baseline": m.get("ema_baseline"),
                 "identical": all(torch.equal(everyone[0], x) for x in everyone),
                 "filter_calls": calls["filter"],
                 "checksum": float(flat.double().sum()),

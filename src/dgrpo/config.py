@@ -648,7 +648,11 @@ class GRPOConfig:
         "drgrpo: r - group mean (paper); grpo: (r - mean) / std; rloo: r - mean "
         "of the other K-1 rewards; ema: REINFORCE with a running baseline",
     )
-    ema_alpha: float = opt(0.95, "EMA baseline decay (advantage=ema)")
+    ema_alpha: float = opt(
+        0.95,
+        "EMA baseline decay (advantage=ema): b <- alpha b + (1 - alpha) mean reward of the step (all ranks' rows); "
+        "b starts at 0.5 (the paper gives no start)",
+    )
     eps_low: float = opt(0.10, "PPO clip below 1 (paper 0.10)")
     eps_high: float = opt(0.12, "PPO clip above 1 (paper 0.12)")
     aggregation: Aggregation = opt(

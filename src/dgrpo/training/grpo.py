@@ -260,7 +260,9 @@ class GRPOTrainer:
             metrics.update(skipped=0, n_rollouts_kept=n_kept)
             self._warn_if_replay_differs(metrics["logp_replay_maxdiff"])
         if g.advantage == "ema":
-            self.ema_baseline = ema_update(self.ema_baseline, ro.rewards, g.ema_alpha)
+            # every rank's rewards in rank order (the global batch): one baseline, the single-process one
+            every_rank = torch.cat(self.dist.all_gather_objects(ro.rewards.cpu()))
+            self.ema_baseline = ema_update(self.ema_baseline, every_rank, g.ema_alpha)
             metrics["ema_baseline"] = self.ema_baseline
         metrics["time_update_s"] = round(time.time() - t1, 4)
         metrics["nonfinite_skips"] = self.guard.skips
