@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from decimal import Decimal
 
 import pytest
@@ -164,7 +163,14 @@ def test_score(completion: str, gold: str | float | int, expected: float) -> Non
         ("#### 3244047.1", 3244047.0999999996, 1.0),
         ("#### 3244047.0999999996", 3244047.0999999996, 1.0),
         ("#### 14053029.67", 14053029.666666666, 1.0),
-        ("#### 14053030", 14053029.666666666, 1.0),  # within 1e-6 relative
+        ("#### 14053030", 14053029.666666666, 0.0),  # rounded to a whole number: as "2" for 2.33
+        ("#### 153957440", 153957439.99999997, 1.0),  # float noise on a whole answer
+        # an off-by-one is never float noise (a relative 1e-6 accepted these)
+        ("#### 3244048.1", 3244047.0999999996, 0.0),
+        ("#### 3244047", 3244047.0999999996, 0.0),
+        ("#### 14053030.67", 14053029.666666666, 0.0),
+        ("#### 9284017268535.4", 9284017268534.4, 0.0),
+        ("#### 9284017268534.4", 9284017268534.4, 1.0),
         ("#### 3", 3.0000000000000004, 1.0),
         # rounded to the written decimals (>= 2) counts; coarser or wrong roundings do not
         ("#### 2.33", 2.3333333333333335, 1.0),
@@ -178,7 +184,8 @@ def test_score(completion: str, gold: str | float | int, expected: float) -> Non
         ("#### 8.83", -8.8333333333, 0.0),
         ("#### 0.0017", 0.0016791648, 1.0),
         ("#### 2.30", 2.30001, 1.0),  # decimals as written, not after trailing-zero stripping
-        ("#### 36", 36.0000102016, 1.0),
+        ("#### 36.00", 36.0000102016, 1.0),
+        ("#### 36", 36.0000102016, 0.0),  # a whole number for a non-integer gold, as "2" for 2.33
         ("#### 0.0000020107", 2.0107e-06, 1.0),
         # no absolute tolerance: zero is not an answer to a tiny nonzero gold
         ("#### 0", 5.158e-07, 0.0),
@@ -273,9 +280,9 @@ def test_float_golds_match_their_two_decimal_rounding(gold: float) -> None:
     assert score(f"#### {gold:.2f}", gold) == 1.0
     assert score(f"#### {gold:.4f}", gold) == 1.0
     assert score(f"#### {gold!r}", gold) == 1.0
-    # one unit off in the last written decimal is wrong, unless that is still within 1e-6 relative
-    off = f"{gold + 0.02:.2f}"
-    assert score("#### " + off, gold) == (1.0 if math.isclose(float(off), gold, rel_tol=1e-6) else 0.0)
+    # one unit off in the last written decimal is wrong, and so is one unit off in the integer part
+    assert score(f"#### {gold + 0.02:.2f}", gold) == 0.0
+    assert score(f"#### {gold + 1:.2f}", gold) == 0.0
 
 
 def _numeric_golds() -> list[object]:

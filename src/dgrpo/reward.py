@@ -20,8 +20,10 @@ __all__ = [
     "score",
 ]
 
-#: Relative tolerance for non-integer golds (GSM-Hard float noise such as ``3244047.0999999996``).
-REL_TOL = 1e-6
+#: Float noise accepted on a non-integer gold (GSM-Hard's ``3244047.0999999996`` for 3244047.1): relative, and never
+#: as much as ABS_NOISE_LIMIT (a relative 1e-6 accepted 3244048.1: an off-by-one on 170 of GSM-Hard's 303 such golds).
+REL_TOL = 1e-9
+ABS_NOISE_LIMIT = 1e-3
 
 _MINUS = "-\u2212"  # ASCII hyphen-minus and the Unicode minus sign
 _SIGN = r"[-+\u2212]"
@@ -198,7 +200,7 @@ def numbers_match(pred: str, gold: str, decimals: int | None = None) -> bool:
     if not (math.isfinite(pf) and math.isfinite(gf)):
         return False
     diff = abs(pf - gf)
-    if diff <= REL_TOL * max(abs(pf), abs(gf)):
+    if diff <= REL_TOL * max(abs(pf), abs(gf)) and diff < ABS_NOISE_LIMIT:
         return True
     if decimals is None:
         decimals = len(pred.partition(".")[2])
@@ -220,11 +222,11 @@ def score(completion_text: str, gold_answer: Any) -> float:
     * a whole-number gold (all of GSM8K, SVAMP, MultiArith; most of GSM-Hard) needs exactly that
       integer: a tolerance never turns an off-by-one on ``109200000`` or a ``5.5`` for ``5`` into a hit;
     * a non-integer gold (GSM-Hard, e.g. ``2.3333333333333335``, ``3244047.0999999996``) also accepts
-      a prediction within a relative ``1e-6`` (float noise, rounding of huge values), or a nonzero
+      a prediction within float noise (a relative ``1e-9``, and under ``0.001``), or a nonzero
       prediction written with ``d >= 2`` decimals that equals the gold rounded to ``d`` decimals
       (``|pred - gold| <= 0.5 * 10**-d``): ``"2.33"``, ``"2.3333"`` and (for ``2.30001``) ``"2.30"``
-      score 1.0; ``"2.3"``, ``"2"``, ``"2.34"`` score 0.0. There is no absolute tolerance, so neither
-      ``"0"`` nor ``"0.00"`` matches ``5.158e-07``.
+      score 1.0; ``"2.3"``, ``"2"``, ``"2.34"`` score 0.0, and so do ``"3244048.1"`` and ``"3244047"`` for
+      ``3244047.1``. There is no absolute tolerance, so neither ``"0"`` nor ``"0.00"`` matches ``5.158e-07``.
     * an exponent is read on either side (GSM-Hard writes golds such as ``"2.0107e-06"``): ``"0.0000020107"``
       and ``"2.0107e-06"`` are the same number, and a prediction in scientific notation is written to the decimals
       of its plain form (``"2.01e-06"``: 8).
