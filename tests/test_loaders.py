@@ -154,6 +154,27 @@ def test_gsm_hard_float_targets() -> None:
     assert "code" in records[1].meta
 
 
+def test_held_out_questions_in_the_training_data_are_counted_and_warned_about() -> None:
+    """GSM-Hard (the paper's GRPO training set) is GSM8K's test set with numbers changed: 329 of its questions are
+    GSM8K test questions word for word (328 with the same answer); the GSM8K-Aug validation set is GSM8K train's."""
+    from types import SimpleNamespace
+
+    from dgrpo.cli.train import warn_if_held_out_is_trained_on
+    from dgrpo.data import load_spec, shared_questions
+
+    assert shared_questions(load_spec("gsm_hard"), load_spec("gsm8k:test")) == (329, 328)
+    assert shared_questions(load_spec("gsm8k:train"), load_spec("gsm8k_aug:valid")) == (500, 500)
+    assert shared_questions(load_spec("gsm8k:train"), load_spec("gsm8k:test")) == (0, 0)
+    cfg = SimpleNamespace(data=SimpleNamespace(train="gsm_hard"))
+    held_out = {"gsm8k:test": load_spec("gsm8k:test"), "svamp": load_spec("svamp")}
+    with pytest.warns(UserWarning) as seen:
+        warn_if_held_out_is_trained_on(cfg, load_spec("gsm_hard"), held_out)  # type: ignore[arg-type]
+    assert [str(w.message) for w in seen] == [
+        "329 of the 1319 questions of gsm8k:test are in the training data gsm_hard word for word (328 with the same "
+        "answer): that many of its items are trained on"
+    ]
+
+
 def test_default_split() -> None:
     assert len(load_dataset("gsm8k")) == 1319  # test
     assert len(load_dataset("gsm8k_aug")) == 1319

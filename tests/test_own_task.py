@@ -709,3 +709,12 @@ def test_a_perturbation_that_cannot_be_replayed_is_warned_about(sft_checkpoint):
     with pytest.warns(UserWarning, match=r"is the perturbation \(test_unseeded\) a function of its seeds alone"):
         m = trainer.step()
     assert m["logp_replay_maxdiff"] > 1e-3
+
+
+def test_shared_questions_count_spacing_blind_and_by_answer() -> None:
+    from dgrpo.data import Record, shared_questions
+
+    train = [Record("What is 2 + 3?", [], "5"), Record("What is 4 + 4?", [], "8")]
+    held_out = [Record("What  is 2 + 3? ", [], "5"), Record("What is 4 + 4?", [], "9"), Record("New?", [], "1")]
+    assert shared_questions(train, held_out) == (2, 1)
+    assert shared_questions(train, []) == (0, 0)

@@ -481,7 +481,7 @@ class EvalConfig:
         "plain causal LM only: worked examples in the prompt, from the start of the data (a GSM8K example written with "
         "its solution, an example of a dataset without one with its answer alone)",
     )
-    plain: bool = opt(False, "evaluate as a plain causal LM (no latents, CoT prompt): the base-model rows of Table 1")
+    plain: bool = opt(False, "evaluate as a plain causal LM (no latents, CoT prompt): the base-model rows of Table 3")
     scorer: str = opt(
         "numeric",
         "what counts as correct, for eval and (unless grpo.reward is set) the GRPO reward: numeric (the final "
@@ -556,7 +556,7 @@ class PerturbationConfig:
 
 @dataclass
 class GRPOConfig:
-    """GRPO post-training (the paper's Table 3 names in parentheses)."""
+    """GRPO post-training (the paper's Table 2 names in parentheses)."""
 
     steps: int = opt(50, "optimizer steps (paper: 3000)")
     prompts_per_step: int = opt(16, "prompts (groups) per step, global over all ranks (paper: 16)")
@@ -707,7 +707,7 @@ class GRPOConfig:
         "seed",
         "the perturbation at update time: seed (the rollout's own, by mask replay: the method) or fresh_mask (new "
         "seeds per mini-epoch: the rollout's answer is scored under a network that did not produce it; an ablation "
-        "of mask replay, not Proposition 2's fresh-rollout estimator, which would resample the answers too)",
+        "of mask replay, not Proposition 6's fresh-rollout estimator, which would resample the answers too)",
     )
     eval_every: int = opt(
         10, "greedy eval without perturbation on data.valid every N steps (0 = only at start and end)"

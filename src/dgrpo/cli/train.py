@@ -118,6 +118,21 @@ def warn_if_init_differs(init_config: dict | None, cfg: Config) -> None:
         )
 
 
+def warn_if_held_out_is_trained_on(cfg: Config, train: list, held_out: dict[str, list]) -> None:
+    """A warning for each validation or test set that shares questions with the training data (GSM-Hard is GSM8K's
+    test set with numbers changed: 329 of its questions are GSM8K test questions word for word)."""
+    from ..data import shared_questions
+
+    for name, records in held_out.items():
+        shared, answered = shared_questions(train, records)
+        if shared:
+            warnings.warn(
+                f"{shared} of the {len(records)} questions of {name} are in the training data {cfg.data.train} word "
+                f"for word ({answered} with the same answer): that many of its items are trained on",
+                stacklevel=2,
+            )
+
+
 def run_sft(args: argparse.Namespace) -> int:
     from ..data import load_spec
     from ..eval.evaluate import evaluate
@@ -130,6 +145,7 @@ def run_sft(args: argparse.Namespace) -> int:
     train = load_spec(cfg.data.train, cfg.task, data=cfg.data)
     valid = load_spec(cfg.data.valid, cfg.task, data=cfg.data) if cfg.data.valid else None
     tests = {spec: load_spec(spec, cfg.task, data=cfg.data) for spec in cfg.data.test}
+    warn_if_held_out_is_trained_on(cfg, train, {**({cfg.data.valid: valid} if valid else {}), **tests})
     dist, device = join_processes(cfg, device)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
     report_lora(lm, dist)
@@ -174,6 +190,7 @@ def run_grpo(args: argparse.Namespace) -> int:
     train = load_spec(cfg.data.train, cfg.task, data=cfg.data)
     valid = {cfg.data.valid: load_spec(cfg.data.valid, cfg.task, data=cfg.data)} if cfg.data.valid else {}
     tests = {spec: load_spec(spec, cfg.task, data=cfg.data) for spec in cfg.data.test}
+    warn_if_held_out_is_trained_on(cfg, train, {**valid, **tests})
     dist, device = join_processes(cfg, device)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
     warn_if_init_differs(lm.run_config, cfg)

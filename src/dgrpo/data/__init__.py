@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .loaders import column_parser, load_dataset
-from .records import DataError, Record
+from .records import DataError, Record, shared_questions
 from .synthetic import load_builtin
 
 
@@ -50,4 +50,4 @@ def _hub_config(query: str, spec: str) -> str | None:
     return value
 
 
-__all__ = ["DataError", "Record", "load_spec"]
+__all__ = ["DataError", "Record", "load_spec", "shared_questions"]

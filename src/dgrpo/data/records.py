@@ -71,3 +71,13 @@ def _answer_text(answer: Any) -> str:
     raise DataError(
         f"answer must be text or a finite number, got {what}: give the gold answer as text (e.g. '18', 'True')"
     )
+
+
+def shared_questions(train: list[Record], held_out: list[Record]) -> tuple[int, int]:
+    """How many of ``held_out``'s records ask a question of ``train`` word for word (spacing aside), and how many of
+    those also have its answer: held-out items a run trains on."""
+    answers: dict[str, set[str]] = {}
+    for r in train:
+        answers.setdefault(" ".join(r.question.split()), set()).add(r.answer)
+    shared = [r for r in held_out if " ".join(r.question.split()) in answers]
+    return len(shared), sum(r.answer in answers[" ".join(r.question.split())] for r in shared)

@@ -1,6 +1,6 @@
 """The GRPO training subset of OpenMathInstruct-2 used by the paper's recipe (``openmathinstruct2_gsm``).
 
-The paper's Table 2 trains GRPO on 69,981 items of OpenMathInstruct-2 (plus GSM-Hard and SVAMP) and says they
+The paper's Table 1 trains GRPO on 69,981 items of OpenMathInstruct-2 (plus GSM-Hard and SVAMP) and says they
 were chosen to match GSM8K-Aug in style and difficulty, but not how. This is our rule, stated so it can be
 reproduced: one streaming pass over ``nvidia/OpenMathInstruct-2`` (split ``train``) keeps the rows whose
 ``problem_source`` is ``augmented_gsm8k`` or ``gsm8k`` (grade-school problems; not the MATH-derived ones) and whose

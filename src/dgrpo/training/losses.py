@@ -19,8 +19,8 @@ from torch import Tensor
 def group_advantages(rewards: Tensor, kind: str = "drgrpo", eps: float = 1e-4) -> Tensor:
     """Per-rollout advantage from a group's rewards ``[G, K]``.
 
-    ``drgrpo`` (default, Liu et al. 2025; paper Sec. 3.1 and Remark 3): A = r - mean(r), which keeps
-      the surrogate gradient unbiased up to the (1 - 1/K) factor of Theorem 1 (Eq. 5).
+    ``drgrpo`` (default, Liu et al. 2025; paper Sec. 3.1 and Remark 5): A = r - mean(r), which keeps
+      the surrogate gradient unbiased up to the (1 - 1/K) factor of Theorem 3 (Eq. 5).
     ``grpo``: (r - mean(r)) / (std(r) + eps), the original GRPO normalisation (population std).
     ``rloo``: r - mean of the *other* K-1 rewards = K/(K-1) * (r - mean(r)).
     """

@@ -1,4 +1,5 @@
-"""Theorem 1 on a toy policy with an enumerable perturbation and output space:
+"""The paper's Theorem 3 (lemmas, theorems and remarks share one count) on a toy policy with an enumerable
+perturbation and output space:
 E[grad of the Dropout-GRPO surrogate at theta_old] = (1 - 1/K) grad J, J the mask-marginal expected reward."""
 
 import itertools
