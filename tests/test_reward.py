@@ -147,6 +147,12 @@ def test_parse_number_overflow_is_none() -> None:
         ("#### 2.02e-06", "2.0107e-06", 0.0),
         ("#### 2.011e-06", "2.0107e-06", 1.0),
         ("#### 2.012e-06", "2.0107e-06", 0.0),
+        # a fraction is not its numerator (nor its denominator); the numbers around it still count
+        ("#### 1/2", "1", 0.0),
+        ("#### 1/2", "2", 0.0),
+        ("#### 1/2", "0.5", 0.0),
+        ("<<48/2=24>> #### 24", "24", 1.0),
+        ("$5/hour for 8 hours is 40", "40", 1.0),
         # non-finite golds never match
         ("#### 1", float("nan"), 0.0),
         ("#### 1", float("inf"), 0.0),

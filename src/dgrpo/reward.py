@@ -33,12 +33,13 @@ _DIGITS = r"(?:[0-9]{1,3}(?:,[0-9]{3}(?![0-9]))+|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+"
 # float's range). ``3 eggs``, ``e.g.`` or ``5e`` hold no exponent; a number with a longer one (``2e1234``) is no
 # number at all (not 2): nothing may follow a number's end that would continue it.
 _EXPONENT = rf"[eE]{_SIGN}?[0-9]{{1,3}}"
-_END = rf"(?![0-9]|\.?[0-9]*[eE]{_SIGN}?[0-9])"
+_END = rf"(?![0-9]|\.?[0-9]*[eE]{_SIGN}?[0-9]|/[0-9])"
 # An optional sign and ``$`` either side of each other: ``-3``, ``+3``, ``$5``, ``-$5``, ``$-5``, ``$ 5``.
 _NUMBER = rf"(?P<s1>{_SIGN})?(?:\$\s?)?(?P<s2>{_SIGN})?(?P<num>(?:{_DIGITS})(?:{_EXPONENT})?){_END}"
-# In running text a number must not be glued to a preceding word, digit, '.' or closing bracket, so
-# ``16-3-4=9`` reads as 16, 3, 4, 9 (not -3, -4) and ``abc123`` holds no number.
-_NUMBER_IN_TEXT = re.compile(rf"(?<![0-9A-Za-z_.)\]]){_NUMBER}")
+# In running text a number must not be glued to a preceding word, digit, '.', closing bracket or '/', so
+# ``16-3-4=9`` reads as 16, 3, 4, 9 (not -3, -4) and ``abc123`` holds no number; nor is either side of a fraction
+# (``1/2``, ``48/2``) a number: ``#### 1/2`` was read as 1.
+_NUMBER_IN_TEXT = re.compile(rf"(?<![0-9A-Za-z_.)\]/]){_NUMBER}")
 # A gold answer string is exactly one number, with optional whitespace and trailing period.
 _NUMBER_ALONE = re.compile(rf"\s*{_NUMBER}\.?\s*")
 _ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)
@@ -100,7 +101,8 @@ def extract_answer(text: str) -> str | None:
     after the last "The answer is" / "answer:" (case-insensitive); the first number of that span is the
     answer. When neither marker is present, or its span holds no number, the last number of the whole
     text is used. Thousands commas, ``$``, signs, decimals (``3.50``, ``.5``), an exponent written right after the
-    digits (``2.0107e-06``, ``1E3``; not the ``e`` of ``3 eggs``) and a trailing period are handled:
+    digits (``2.0107e-06``, ``1E3``; not the ``e`` of ``3 eggs``) and a trailing period are handled; a fraction
+    (``1/2``) is not read as a number (nor as its numerator):
     ``"#### $40,000."`` -> ``"40000"``, ``"The answer is -3.50"`` -> ``"-3.5"``, ``"#### 1e3"`` -> ``"1000"``.
     Never raises for a ``str``; never evaluates the text.
     """
