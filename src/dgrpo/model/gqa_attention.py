@@ -101,12 +101,17 @@ AttentionMaskInterface.register(PACKED_GQA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
 
 def use_packed_gqa(model: nn.Module, on: bool) -> bool:
     """Switch a Hugging Face model (or a PEFT model around one) between SDPA attention and :data:`PACKED_GQA`; only a
-    model on SDPA attention with grouped heads is switched on. Returns whether it now runs packed."""
+    model on SDPA attention through the attention-function registry, with grouped heads, is switched on. Returns
+    whether it now runs packed."""
     base = getattr(model, "get_base_model", lambda: model)()
     config: Any = base.config
     current = getattr(config, "_attn_implementation", None)
     heads, kv_heads = getattr(config, "num_attention_heads", 0), getattr(config, "num_key_value_heads", None)
-    if on and current == "sdpa" and kv_heads is not None and kv_heads < heads:
+    # only a model whose attention calls the registered attention functions (``_supports_attention_backend``): one
+    # that tests ``_attn_implementation == "sdpa"`` itself (Falcon) would fall to its eager branch under another
+    # name and lose its causal mask
+    routed = bool(getattr(base, "_supports_attention_backend", False))
+    if on and routed and current == "sdpa" and kv_heads is not None and kv_heads < heads:
         config._attn_implementation = PACKED_GQA
     elif not on and current == PACKED_GQA:
         config._attn_implementation = "sdpa"

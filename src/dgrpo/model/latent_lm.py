@@ -45,7 +45,8 @@ from .attention_mask import additive_mask, causal_padding_mask, prebuilt_mask_ap
 from .compiled_layers import CompiledLayers
 from .head_stats import HeadStats
 from .kv_prefixes import saved_as_prefixes
-from .recompute import checkpointed_layers, last_layers, recomputed_call
+from .output_head import logit_transform, output_head
+from .recompute import checkpointed_layers, last_layers, recomputed_call, unrecomputable_cache_layers
 from .static_cache import static_cache
 from .verified import (
     MANIFEST,
@@ -401,6 +402,8 @@ class LatentLM(nn.Module):
         self.model = model
         self.tokenizer = tokenizer
         self.settings = settings or LatentSettings()
+        #: what the model's forward does to its head's logits (softcapping, scaling), applied by every dgrpo use
+        self.logit_transform = logit_transform(model.config)
         tokenizer.padding_side = "left"
         self.start_id = _token_id(tokenizer, START_LATENT)
         self.latent_id = _token_id(tokenizer, LATENT)
@@ -662,6 +665,11 @@ class LatentLM(nn.Module):
         """Set the recomputation of the update's (or SFT's) replay from a config section (``grpo``/``sft``: its
         recompute, recompute_granularity, recompute_latent_steps and recompute_kept_layers), checked against this
         model's depth."""
+        if section.recompute and (kinds := unrecomputable_cache_layers(self.model.config)):
+            raise ConfigError(
+                f"{key}.recompute: this model's KV cache has {', '.join(kinds)} layers (sliding-window attention), "
+                f"which recomputation cannot restore; set {key}.recompute=false"
+            )
         self.recompute = section.recompute_granularity if section.recompute else False
         self.recompute_latent_steps = section.recompute_latent_steps
         try:  # (the check each recomputed call makes, once and as a config error)
@@ -682,7 +690,8 @@ class LatentLM(nn.Module):
         return self.model.get_input_embeddings()(ids)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return self.model.get_output_embeddings()(hidden)
+        """The next-token logits of last-layer hidden states, as the model's own forward computes them."""
+        return output_head(self.model, self.logit_transform)(hidden)
 
     # ------------------------------------------------------------------ tokenization
     def encode_questions(
@@ -955,7 +964,7 @@ class LatentLM(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (and entropies) of ``target_ids`` from the hidden states that predict them, 0 at padding."""
         logp, entropy = head_logprobs(
-            self.model.get_output_embeddings(),
+            output_head(self.model, self.logit_transform),
             hidden,
             target_ids,
             temperature,

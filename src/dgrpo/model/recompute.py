@@ -38,13 +38,22 @@ from transformers.cache_utils import DynamicLayer
 from .anatomy import decoder_layers
 
 
+def unrecomputable_cache_layers(config: Any) -> list[str]:
+    """The kinds of cache layer a model's DynamicCache holds other than full attention (sliding-window layers keep
+    only the last window of keys and a position counter, which a recomputed call cannot restore: its log-probs and
+    gradients came out wrong, not an error); empty when every layer can be recomputed."""
+    return sorted(
+        {type(layer).__name__ for layer in DynamicCache(config=config).layers if type(layer) is not DynamicLayer}
+    )
+
+
 def cache_tensors(cache: DynamicCache) -> list[Tensor]:
     """The cache's keys and values, layer by layer: [k_0, v_0, k_1, v_1, ...] (empty before the first call)."""
     out: list[Tensor] = []
     layers: list[Any] = list(cache.layers)
     for layer in layers:
-        if not hasattr(layer, "keys"):
-            raise NotImplementedError(f"recompute: cache layers of type {type(layer).__name__} hold no keys/values")
+        if type(layer) is not DynamicLayer:  # (LatentLM.use_recompute refuses such a model first)
+            raise NotImplementedError(f"recompute: cache layers of type {type(layer).__name__} cannot be restored")
         if not getattr(layer, "is_initialized", False):
             return []
         out += [layer.keys, layer.values]

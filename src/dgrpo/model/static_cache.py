@@ -19,6 +19,8 @@ from torch import Tensor
 from transformers import PretrainedConfig, StaticCache
 from transformers.cache_utils import StaticLayer
 
+from ..config import ConfigError
+
 
 class SharedColumns:
     """The write offset the layers of one cache share, and the columns the current forward call writes (set by the
@@ -53,9 +55,20 @@ class SharedOffsetLayer(StaticLayer):
         return keys, values
 
 
+def static_cache_obstacle(config: PretrainedConfig) -> str | None:
+    """Why a model of ``config`` cannot decode over a preallocated cache (None: it can). An ALiBi model (Bloom; Falcon
+    with ``alibi``) builds its position bias from the 2-d attention mask, which is shorter than the cache: a tensor
+    shape error inside transformers."""
+    if getattr(config, "model_type", None) == "bloom" or getattr(config, "alibi", False):
+        return f"{config.model_type} builds its ALiBi position bias from the attention mask, not over a static cache"
+    return None
+
+
 def static_cache(config: PretrainedConfig, max_cache_len: int, device: torch.device) -> StaticCache:
     """An empty ``StaticCache`` of ``max_cache_len`` positions for a model of ``config`` on ``device``: its layers
     sharing one write offset when they are all full-attention ``StaticLayer``\\ s, transformers' own layers else."""
+    if (why := static_cache_obstacle(config)) is not None:
+        raise ConfigError(f"a static KV cache (grpo.rollout_cache=static, grpo.engine=fast) cannot be used: {why}")
     cache = StaticCache(config=config, max_cache_len=max_cache_len)
     layers = getattr(cache, "layers", [])
     if layers and all(type(layer) is StaticLayer for layer in layers):

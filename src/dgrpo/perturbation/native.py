@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from ..config import ConfigError
 from ..model.anatomy import attention_modules
 from .base import BoundPerturbation, Perturbation, as_seeds, register
 
@@ -89,4 +90,15 @@ class NativeDropout(Perturbation):
         seeds = as_seeds(seeds)
         if seeds.numel() != 1:
             raise ValueError("native dropout replays the global RNG stream: bind one rollout at a time")
-        return _BoundNative(attention_modules(lm.model), int(seeds.item()), self.p, self.perturb_prompt)
+        attn = attention_modules(lm.model)
+        if not any(_has_rate(m) for m in attn):  # (it would run the deterministic network: every group identical)
+            raise ConfigError(
+                f"perturbation.kind=native: {type(attn[0]).__name__} has no attention dropout rate dgrpo can set "
+                "(an attention_dropout value or an attn_dropout module); use perturbation.kind=locked"
+            )
+        return _BoundNative(attn, int(seeds.item()), self.p, self.perturb_prompt)
+
+
+def _has_rate(module: nn.Module) -> bool:
+    """Whether the attention module keeps its dropout rate where :class:`_BoundNative` sets it."""
+    return hasattr(module, "attention_dropout") or isinstance(getattr(module, "attn_dropout", None), nn.Dropout)

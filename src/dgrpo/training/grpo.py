@@ -37,6 +37,7 @@ from ..eval.scoring import RewardPart, Rewards, ScoreFn, build_rewards, final_an
 from ..model.factory import compile_head, compile_layers, pack_gqa
 from ..model.kernels import apply_kernels
 from ..model.latent_lm import LatentLM
+from ..model.static_cache import static_cache_obstacle
 from ..perturbation import make_perturbation, seeds_for
 from ..perturbation.base import to_device
 from ..reward import extract_answer, normalize_text
@@ -149,7 +150,10 @@ class GRPOTrainer:
         lm.check_fits(1, self.n_latent, g.max_new_tokens, key="grpo.n_latent")  # (rollouts check their prompts too)
         self.perturbation = make_perturbation(cfg.perturbation)
         self.perturbation.check(lm)  # sites and layers exist (one line now, not a traceback at the first rollout)
-        self.engine = resolve_engine(g.engine, lm.device, self.perturbation.batched)
+        static_obstacle = static_cache_obstacle(lm.model.config)
+        self.engine = resolve_engine(g.engine, lm.device, self.perturbation.batched, static_obstacle)
+        if static_obstacle and (self.engine == "fast" or g.rollout_cache == "static"):
+            raise ConfigError(f"grpo.engine=fast / grpo.rollout_cache=static need a static KV cache: {static_obstacle}")
         # the fast engine's decoders kept from step to step (not under FSDP: it gathers the weights for each forward)
         self.keep_graphs = g.keep_graphs and self.engine == "fast" and not self.dist.fsdp
         self.chain_latents = resolve_latent_chain(lm, cfg, self.engine, self.dist.active)

@@ -59,12 +59,13 @@ def _span(mask: Tensor) -> tuple[int, int]:
     return int(cols.min()), int(cols.max()) + 1
 
 
-def resolve_engine(engine: str, device: torch.device, batched: bool) -> str:
+def resolve_engine(engine: str, device: torch.device, batched: bool, static_obstacle: str | None = None) -> str:
     """``grpo.engine``: ``auto`` is the fast engine on CUDA with a batched perturbation (graph capture pays off
-    there), else the eager one; ``eager`` and ``fast`` are taken as given."""
+    there) for a model that can decode over a static cache (``static_obstacle`` None), else the eager one; ``eager``
+    and ``fast`` are taken as given."""
     if engine != "auto":
         return engine
-    return "fast" if device.type == "cuda" and batched else "eager"
+    return "fast" if device.type == "cuda" and batched and static_obstacle is None else "eager"
 
 
 def latent_chain_obstacle(lm: LatentLM, cfg: Config, engine: str, distributed: bool) -> str | None:

@@ -1,0 +1,121 @@
+"""Causal-LM families beyond Qwen2 / Llama / GPT-2, where they differ in a way dgrpo must follow or refuse: a transform
+of the head's logits (Gemma 2's softcapping, Cohere's and Granite's scaling), sliding-window caches, attention that
+tests its own implementation name (Falcon), attention dropout kept elsewhere (OPT), ALiBi (Bloom)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from dgrpo.config import ConfigError, PerturbationConfig
+from dgrpo.model.latent_lm import LatentLM
+
+SIZES = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=512,
+)
+FAMILIES = {
+    # a softcap of 0.1 bites at the tiny model's logits (~0.2; a trained Gemma 2's are large: its cap is 30)
+    "gemma2": dict(head_dim=8, sliding_window=8, final_logit_softcapping=0.1, attn_logit_softcapping=50.0),
+    "cohere": dict(logit_scale=0.0625),
+    "granite": dict(logits_scaling=8.0, embedding_multiplier=12.0, residual_multiplier=0.22),
+    "mistral": dict(sliding_window=8),
+    "falcon": dict(new_decoder_architecture=True, num_kv_heads=2, ffn_hidden_size=64),
+    "opt": dict(ffn_dim=64, word_embed_proj_dim=32, enable_bias=True),
+    "bloom": dict(n_layer=2, n_head=4),
+    "qwen2": {},
+}
+
+
+def family_lm(tokenizer, family: str) -> LatentLM:
+    tok = copy.deepcopy(tokenizer)
+    ids = dict(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)
+    config = AutoConfig.for_model(family, vocab_size=len(tok), **SIZES, **ids, **FAMILIES[family])
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return LatentLM(AutoModelForCausalLM.from_config(config), tok).eval()
+
+
+@pytest.mark.parametrize("family", ["gemma2", "cohere", "granite", "qwen2"])
+def test_log_probs_are_the_models_own_with_its_logit_transform(tokenizer, family):
+    """dgrpo runs the head on its own hidden states; the model's forward transforms the head's logits after it. The
+    transform was skipped: per-token log-probs 0.2-2 apart from the model's on these families."""
+    lm = family_lm(tokenizer, family)
+    q, qm = lm.encode_questions(["Start with 3. Add 4. Answer mod 10."], markers=False)
+    t, tm = lm.encode_targets(["<<3+4=7>> #### 7"])
+    with torch.no_grad():
+        ours, _ = lm.target_logprobs(q, qm, 0, t, tm, markers=False)
+        logits = lm.model(input_ids=torch.cat([q, t], 1)).logits.float()
+        theirs = logits[:, q.shape[1] - 1 : -1].log_softmax(-1).gather(-1, t[..., None]).squeeze(-1)
+        hidden = lm.model.base_model(input_ids=torch.cat([q, t], 1)).last_hidden_state
+        raw = lm.model.get_output_embeddings()(hidden)[:, q.shape[1] - 1 : -1].float().log_softmax(-1)
+        untransformed = raw.gather(-1, t[..., None]).squeeze(-1)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+    transformed = not lm.logit_transform.identity
+    assert transformed == (family != "qwen2")
+    if transformed:  # (the test would pass without the transform if it changed nothing here)
+        assert float((untransformed - theirs).abs().max()) > 1e-2
+
+
+def test_recomputation_is_refused_over_sliding_window_caches(tokenizer):
+    """A recomputed call refilled a sliding-window cache layer with a wrong position counter: log-probs 0.3 and
+    gradients 40 apart from the plain run's, without an error."""
+    section = SimpleNamespace(recompute=True, recompute_latent_steps=True, recompute_kept_layers=0)
+    for granularity in ("call", "layer"):
+        with pytest.raises(ConfigError, match="grpo.recompute: this model's KV cache has DynamicSlidingWindowLayer"):
+            family_lm(tokenizer, "mistral").use_recompute(
+                SimpleNamespace(**vars(section), recompute_granularity=granularity), "grpo"
+            )
+    lm = family_lm(tokenizer, "qwen2")  # full attention: recomputed as asked
+    lm.use_recompute(SimpleNamespace(**vars(section), recompute_granularity="call"), "grpo")
+    assert lm.recompute == "call"
+
+
+def test_packed_gqa_leaves_a_model_whose_attention_tests_its_own_name(tokenizer):
+    """Falcon compares _attn_implementation with "sdpa" itself: renamed, it fell to its eager branch and added the
+    boolean mask as numbers (later tokens moved earlier log-probs)."""
+    from dgrpo.model.gqa_attention import use_packed_gqa
+
+    falcon = family_lm(tokenizer, "falcon")
+    falcon.model.config._attn_implementation = "sdpa"
+    assert not use_packed_gqa(falcon.model, True) and falcon.model.config._attn_implementation == "sdpa"
+    qwen = family_lm(tokenizer, "qwen2")
+    qwen.model.config._attn_implementation = "sdpa"
+    assert use_packed_gqa(qwen.model, True)
+
+
+def test_native_dropout_without_a_rate_to_set_is_refused(tokenizer):
+    """OPT keeps its attention dropout rate in `dropout`: native dropout set nothing and every rollout was the
+    deterministic network's (every group identical, every step skipped)."""
+    from dgrpo.perturbation import make_perturbation
+
+    native = make_perturbation(PerturbationConfig(kind="native", p=0.5))
+    with pytest.raises(ConfigError, match="perturbation.kind=native: OPTAttention has no attention dropout rate"):
+        native.check(family_lm(tokenizer, "opt"))
+    native.check(family_lm(tokenizer, "qwen2"))
+
+
+def test_alibi_models_decode_without_a_static_cache(tokenizer):
+    """Bloom's position bias comes from the 2-d mask, shorter than a static cache: a raw shape error inside
+    transformers. A static cache is refused in one line and the fast engine's auto choice passes it by."""
+    from dgrpo.model.static_cache import static_cache_obstacle
+    from dgrpo.training.rollouts import resolve_engine
+
+    lm = family_lm(tokenizer, "bloom")
+    ids, mask = lm.encode_questions(["Start with 3. Add 4. Answer mod 10."])
+    with pytest.raises(ConfigError, match="a static KV cache .* cannot be used: bloom builds its ALiBi position bias"):
+        lm.generate(ids, mask, 2, max_new_tokens=4, static_cache=True)
+    assert lm.generate(ids, mask, 2, max_new_tokens=4).tokens.shape == (1, 4)  # the dynamic cache serves it
+    why = static_cache_obstacle(lm.model.config)
+    assert why and resolve_engine("auto", torch.device("cuda"), True, why) == "eager"
+    assert static_cache_obstacle(family_lm(tokenizer, "qwen2").model.config) is None
