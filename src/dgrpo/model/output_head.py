@@ -56,7 +56,7 @@ class TransformedHead:
         return self.transform(self.head(hidden))
 
 
-def output_head(model: nn.Module, transform: LogitTransform) -> Any:
+def output_head(model: Any, transform: LogitTransform) -> Any:
     """The model's head as its forward applies it (the module itself when the transform is the identity)."""
     head: Any = model.get_output_embeddings()  # (looked up per call: FSDP and PEFT wrap the module in place)
     return head if transform.identity else TransformedHead(head, transform)

@@ -56,7 +56,8 @@ def cache_tensors(cache: DynamicCache) -> list[Tensor]:
             raise NotImplementedError(f"recompute: cache layers of type {type(layer).__name__} cannot be restored")
         if not getattr(layer, "is_initialized", False):
             return []
-        out += [layer.keys, layer.values]
+        kv: Any = layer
+        out += [kv.keys, kv.values]
     return out
 
 
