@@ -32,6 +32,8 @@ FAMILIES = {
     "falcon": dict(new_decoder_architecture=True, num_kv_heads=2, ffn_hidden_size=64),
     "opt": dict(ffn_dim=64, word_embed_proj_dim=32, enable_bias=True),
     "bloom": dict(n_layer=2, n_head=4),
+    "gpt_neox": dict(rotary_pct=0.25),
+    "phi": {},
     "qwen2": {},
 }
 
@@ -119,3 +121,21 @@ def test_alibi_models_decode_without_a_static_cache(tokenizer):
     why = static_cache_obstacle(lm.model.config)
     assert why and resolve_engine("auto", torch.device("cuda"), True, why) == "eager"
     assert static_cache_obstacle(family_lm(tokenizer, "qwen2").model.config) is None
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "phi"])
+def test_weight_noise_finds_the_mlp_output_projection_by_its_family_name(tokenizer, family):
+    """GPT-NeoX's dense_4h_to_h and Phi's fc2 are their MLPs' output projections (weight noise was refused)."""
+    from dgrpo.perturbation import make_perturbation
+
+    lm = family_lm(tokenizer, family)
+    noise = make_perturbation(PerturbationConfig(kind="gaussian", gaussian_target="weights", sigma=0.5))
+    q, qm = lm.encode_questions(["Start with 3. Add 4. Answer mod 10."])
+    t, tm = lm.encode_targets(["#### 7"])
+    with torch.no_grad():
+        plain, _ = lm.target_logprobs(q, qm, 2, t, tm)
+        with noise.bind(lm, torch.tensor([5])) as bound:
+            first, _ = lm.target_logprobs(q, qm, 2, t, tm, perturbation=bound)
+        with noise.bind(lm, torch.tensor([5])) as bound:
+            again, _ = lm.target_logprobs(q, qm, 2, t, tm, perturbation=bound)
+    assert float((first - plain).abs().max()) > 1e-4 and torch.equal(first, again)

@@ -21,7 +21,7 @@ PART_NAMES: dict[str, tuple[str, ...]] = {
     "attn": ("self_attn", "attn", "attention"),  # Qwen2 / Llama: self_attn; GPT-2: attn
     "mlp": ("mlp", "feed_forward"),  # Qwen2 / Llama / GPT-2: mlp
     "attn_out": ("o_proj", "c_proj", "out_proj", "dense"),  # the attention's output projection
-    "mlp_out": ("down_proj", "c_proj", "fc_out", "dense"),  # the MLP's output projection
+    "mlp_out": ("down_proj", "c_proj", "fc_out", "dense", "dense_4h_to_h", "fc2"),  # the MLP's output projection
 }
 #: where a causal LM keeps its list of blocks, tried in order (below ``model.base_model``)
 LAYER_LISTS = ("layers", "h", "blocks", "decoder.layers")
