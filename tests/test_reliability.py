@@ -212,7 +212,8 @@ def test_every_group_filtered_warns_then_stops_with_exit_1(sft_checkpoint, tmp_p
     over = {"perturbation.kind": "none", "grpo.steps": 30, "grpo.max_skip_streak": 12, "grpo.eval_every": 0}
     r = dgrpo("grpo", "--init", sft_checkpoint, *tiny_args(**over), "--out", tmp_path / "o")
     assert r.returncode == 1, r.stderr[-2000:]
-    assert "filtered out for 10 steps in a row" in r.stdout + r.stderr  # the warning
+    assert "filtered out for 10 steps in a row" in r.stdout + r.stderr  # the warning, naming the window
+    assert "filter window [0.2, 0.95])" in r.stdout + r.stderr  # (it said 'None', a metric nothing set)
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("dgrpo: error:") and "12 steps in a row" in last and "max_skip_streak" in last
     rows = [json.loads(x) for x in (tmp_path / "o" / "metrics.jsonl").read_text().splitlines() if '"reward_mean"' in x]

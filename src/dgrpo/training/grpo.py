@@ -264,10 +264,7 @@ class GRPOTrainer:
             metrics.update(skipped=0, n_rollouts_kept=n_kept)
             self._warn_if_replay_differs(metrics["logp_replay_maxdiff"])
         if g.advantage == "ema":
-            # every rank's rewards in rank order (the global batch): one baseline, the single-process one
-            every_rank = torch.cat(self.dist.all_gather_objects(ro.rewards.cpu()))
-            self.ema_baseline = ema_update(self.ema_baseline, every_rank, g.ema_alpha)
-            metrics["ema_baseline"] = self.ema_baseline
+            metrics["ema_baseline"] = self._update_ema_baseline(ro.rewards)
         metrics["time_update_s"] = round(time.time() - t1, 4)
         metrics["nonfinite_skips"] = self.guard.skips
         self.step_idx += 1
@@ -275,6 +272,13 @@ class GRPOTrainer:
             self.ref.renew()
             metrics["ref_renewed"] = 1
         return metrics
+
+    def _update_ema_baseline(self, rewards: Tensor) -> float:
+        """The REINFORCE baseline after this step: from every rank's rewards in rank order (the global batch), so
+        that every rank keeps the one baseline a single process would."""
+        every_rank = torch.cat(self.dist.all_gather_objects(rewards.cpu()))
+        self.ema_baseline = ema_update(self.ema_baseline, every_rank, self.cfg.grpo.ema_alpha)
+        return self.ema_baseline
 
     def _collect(self, prompts: list[Record], seeds: Tensor) -> Rollouts:
         """K rollouts of each prompt under the perturbations of ``seeds``, with their rewards."""
@@ -609,7 +613,9 @@ def train_grpo(
             m = trainer.step()
             m["time_comm_s"] = round(dist.comm_s - comm0, 4)  # collectives, waiting for the slowest rank included
             loop.skipped += m["skipped"]
-            stalled = _check_stall(run, loop, m, g.max_skip_streak)
+            stalled = _check_stall(
+                run, loop, m, g.max_skip_streak, f"[{g.alpha_min}, {g.alpha_max}]" if g.filter else "off"
+            )
             if m["step"] % g.log_every == 0 or m["step"] == g.steps - 1:
                 run.metrics.write(m)
             run.write_rollouts(trainer.rollout_rows(g.log_rollouts))
@@ -652,14 +658,15 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
     return loop
 
 
-def _check_stall(run: RunDir, loop: LoopState, m: dict, limit: int) -> str | None:
-    """Count steps in a row with every group filtered out; warn from 10 on; past ``limit`` return why to stop."""
+def _check_stall(run: RunDir, loop: LoopState, m: dict, limit: int, window: str) -> str | None:
+    """Count steps in a row with every group filtered out; warn from 10 on (naming the filter's accuracy ``window``);
+    past ``limit`` return why to stop."""
     loop.skip_streak = loop.skip_streak + 1 if m["skipped"] else 0
     m["skip_streak"] = loop.skip_streak
     if loop.skip_streak and loop.skip_streak % 10 == 0:
         run.log(
             f"dgrpo: warning: every group was filtered out for {loop.skip_streak} steps in a row (step {m['step']}): "
-            f"no update is happening (reward_mean {m['reward_mean']:.3f}, filter window {m.get('filter_window')})"
+            f"no update is happening (reward_mean {m['reward_mean']:.3f}, filter window {window})"
         )
     if limit and loop.skip_streak >= limit:
         return (
