@@ -26,8 +26,10 @@ settings.register_profile("repeatable", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile("repeatable")
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-if SHARED_DATA.is_dir():  # the real data files, beside the checkout in development and CI (users set their own)
+#: the real data files: $DGRPO_DATA_DIR when set, else ../shared/data beside the checkout (development and CI); the
+#: tests that read them skip when the folder is absent
+SHARED_DATA = Path(os.environ.get("DGRPO_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
+if SHARED_DATA.is_dir():
     os.environ.setdefault("DGRPO_DATA_DIR", str(SHARED_DATA))
 TINY = "tiny.yaml"  # the packaged tiny-model config every end-to-end test starts from
 #: what the tests change on top of tiny.yaml (4-step problems, K = 4, longer answers, 2 threads)

@@ -88,7 +88,7 @@ def test_plain_causal_lm_eval(tmp_path, sft_checkpoint, run_cli):
     assert res["mode"] == "plain" and res["n"] == 8
 
 
-@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/data not present")
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="data folder not present (set DGRPO_DATA_DIR)")
 def test_data_inspect_last_line_is_json(run_cli):
     r = run_cli("data", "inspect", SHARED_DATA / "svamp" / "SVAMP.json")
     assert r.returncode == 0, r.stderr

@@ -1,4 +1,5 @@
-"""Dataset loaders: every real file in ../shared/data by name and by path, the error messages, corruption fuzzing."""
+"""Dataset loaders: every real file in the data folder ($DGRPO_DATA_DIR, else ../shared/data) by name and by path,
+the error messages, corruption fuzzing."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ from dgrpo.data.loaders import DATASETS, find_data_dir, load_dataset
 from dgrpo.data.records import DataError, Record
 from dgrpo.reward import score
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from conftest import SHARED_DATA
+
+DATA = SHARED_DATA  # $DGRPO_DATA_DIR, else ../shared/data
 if not DATA.is_dir():
-    pytest.skip(f"shared data folder {DATA} not present", allow_module_level=True)
+    pytest.skip(f"data folder {DATA} not present (set DGRPO_DATA_DIR)", allow_module_level=True)
 
 
 @pytest.fixture(autouse=True)

@@ -139,3 +139,17 @@ def test_weight_noise_finds_the_mlp_output_projection_by_its_family_name(tokeniz
         with noise.bind(lm, torch.tensor([5])) as bound:
             again, _ = lm.target_logprobs(q, qm, 2, t, tm, perturbation=bound)
     assert float((first - plain).abs().max()) > 1e-4 and torch.equal(first, again)
+
+
+def test_an_explicit_pack_gqa_that_cannot_apply_is_warned_about(tokenizer):
+    """model.pack_gqa=true on a model packing does not serve ran Hugging Face's attention without a word."""
+    from dgrpo.config import ModelConfig
+    from dgrpo.model.factory import pack_gqa
+
+    falcon = family_lm(tokenizer, "falcon")
+    falcon.model.config._attn_implementation = "sdpa"
+    with pytest.warns(UserWarning, match="model.pack_gqa=true: FalconForCausalLM runs Hugging Face's attention"):
+        pack_gqa(falcon, ModelConfig(pack_gqa="true"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pack_gqa(falcon, ModelConfig(pack_gqa="auto"))  # (auto: off on a CPU, and quiet where it cannot apply)

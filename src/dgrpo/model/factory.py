@@ -123,4 +123,10 @@ def compile_head(lm: LatentLM, cfg: ModelConfig) -> None:
 def pack_gqa(lm: LatentLM, cfg: ModelConfig) -> None:
     """``model.pack_gqa``: the grouped-query attention of ``lm`` without repeated keys and values (auto: on a CUDA
     device; :mod:`~dgrpo.model.gqa_attention`), or Hugging Face's SDPA attention."""
-    use_packed_gqa(lm.model, on_for_device(cfg.pack_gqa, lm.device))
+    on = on_for_device(cfg.pack_gqa, lm.device)
+    if not use_packed_gqa(lm.model, on) and on and cfg.pack_gqa == "true":  # (auto passes such a model by quietly)
+        warnings.warn(
+            f"model.pack_gqa=true: {type(lm.model).__name__} runs Hugging Face's attention as it is (packing needs "
+            "SDPA attention through transformers' attention functions and fewer key/value heads than query heads)",
+            stacklevel=2,
+        )

@@ -165,7 +165,8 @@ def _cache_layer(cache: Any, i: int) -> DynamicLayer:
         found = type(cache.layers[i]).__name__ if isinstance(cache, DynamicCache) else type(cache).__name__
         raise NotImplementedError(
             f"layer recomputation runs over a DynamicCache of full-attention layers; got {found} (set "
-            "grpo.recompute_granularity=call / sft.recompute_granularity=call)"
+            "grpo.recompute_granularity=call / sft.recompute_granularity=call, or, for sliding-window layers, "
+            "recompute=false)"
         )
     return layer
 
