@@ -718,3 +718,15 @@ def test_shared_questions_count_spacing_blind_and_by_answer() -> None:
     held_out = [Record("What  is 2 + 3? ", [], "5"), Record("What is 4 + 4?", [], "9"), Record("New?", [], "1")]
     assert shared_questions(train, held_out) == (2, 1)
     assert shared_questions(train, []) == (0, 0)
+
+
+def test_a_run_directory_and_its_final_checkpoint_are_one_init(sft_checkpoint, tmp_path):
+    """--init runs/sft and --init runs/sft/final name one model (a resume naming the other was refused as other
+    weights); a checkpoints/step-N names the model it holds."""
+    from dgrpo.cli.train import init_name
+
+    run = tmp_path / "runs" / "sft"
+    shutil.copytree(sft_checkpoint, run / "final")
+    (run / "metrics.jsonl").write_text("")
+    assert init_name(str(run)) == init_name(str(run / "final")) == str((run / "final").resolve())
+    assert init_name("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"  # a hub id, as given

@@ -69,19 +69,33 @@ def add_resume_options(p: argparse.ArgumentParser) -> None:
 
 
 def record_init(cfg: Config, init: str | None) -> Config:
-    """``--init`` kept as the run's ``model.name_or_path`` (a local path made absolute): the run's config then names
+    """``--init`` kept as the run's ``model.name_or_path`` (:func:`init_name`): the run's config then names
     the weights it started from, and resuming it from other weights is refused as any changed config is. Reward
     and scorer files (``path/file.py:function``) are made absolute too, so the checkpoint's scorer is found by
     ``dgrpo eval`` wherever it runs."""
     from ..config import reward_name
 
     if init:
-        cfg.model.name_or_path = str(Path(init).resolve()) if Path(init).exists() else init
+        cfg.model.name_or_path = init_name(init)
     cfg.eval.scorer, cfg.grpo.reward = absolute_file(cfg.eval.scorer), absolute_file(cfg.grpo.reward)
     cfg.grpo.rewards = [  # (named as before: metrics and grpo.filter_reward know a part by its name)
         {**item, "name": reward_name(item), "fn": absolute_file(item["fn"])} for item in cfg.grpo.rewards
     ]
     return cfg
+
+
+def init_name(init: str) -> str:
+    """How a run's config names its ``--init``: the checkpoint a local path resolves to, absolute (``runs/sft`` and
+    ``runs/sft/final`` are one model: a resume naming the other was refused as other weights); a hub id as given."""
+    from ..model.latent_lm import resolve_checkpoint
+    from ..model.verified import CheckpointError
+
+    if not Path(init).exists():
+        return init
+    try:
+        return str(resolve_checkpoint(init).resolve())
+    except CheckpointError:  # (not a checkpoint: loading it says why)
+        return str(Path(init).resolve())
 
 
 def absolute_file(spec: str) -> str:

@@ -225,7 +225,7 @@ def as_seeds(seeds: object) -> Tensor:
 
 
 def seeds_for(run_seed: int, step: int, rank: int, n: int, stream: str = "rollout") -> Tensor:
-    """``n`` distinct int63 seeds, a pure function of (run seed, step, rank, stream): reproducible,
+    """``n`` distinct seeds in [0, 2^62), a pure function of (run seed, step, rank, stream): reproducible,
     and different across ranks and steps."""
     g = torch.Generator().manual_seed(text_seed(f"{run_seed}/{step}/{rank}/{stream}"))
     return torch.randint(0, 2**62, (n,), generator=g, dtype=torch.int64)
