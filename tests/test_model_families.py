@@ -153,3 +153,24 @@ def test_an_explicit_pack_gqa_that_cannot_apply_is_warned_about(tokenizer):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pack_gqa(falcon, ModelConfig(pack_gqa="auto"))  # (auto: off on a CPU, and quiet where it cannot apply)
+
+
+def test_a_tokenizer_that_starts_texts_with_bos_gets_it_before_every_question(tokenizer):
+    """Llama, Mistral and Gemma tokenizers put BOS before a text (Coconut's dataset.py encodes its questions so, and a
+    pretrained Llama expects it); dgrpo encoded questions without it. A tokenizer that adds nothing gets nothing."""
+    from tokenizers.processors import TemplateProcessing
+
+    from conftest import make_lm
+
+    tok = copy.deepcopy(tokenizer)
+    tok.add_special_tokens({"bos_token": "<s>"})
+    tok._tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.bos_token_id)])
+    assert tok("1", add_special_tokens=True)["input_ids"][0] == tok.bos_token_id  # (a Llama-style tokenizer)
+    lm = make_lm(tok)
+    ids, mask = lm.encode_questions(["Start with 3.", "Start with 3. Add 4."], max_tokens=4)
+    plain = make_lm(tokenizer).encode_questions(["Start with 3.", "Start with 3. Add 4."], max_tokens=4)[0]
+    assert lm.question_prefix == [tok.bos_token_id] and make_lm(tokenizer).question_prefix == []
+    for row, m, without in zip(ids, mask, plain):  # BOS, the question's last 4 tokens as before, <|start-latent|>
+        kept = row[m.bool()].tolist()
+        assert kept[0] == tok.bos_token_id and kept[-1] == lm.start_id and len(kept) == 6
+        assert kept[1:-1] == without[without != tokenizer.pad_token_id].tolist()[:-1]

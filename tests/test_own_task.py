@@ -169,6 +169,8 @@ def test_builtin_scorers():
 
     r = [Record("q", [], "Tom is a wumpus."), Record("q", [], "B"), Record("q", [], "40")]
     assert exact(["#### tom is a WUMPUS", "#### C", "x"], r) == [1.0, 0.0, 0.0]
+    # Coconut's checkpoints write "### answer" (Coconut reads the text after the last '#'): it was scored 0
+    assert exact(["Tom is a lempus. ### Tom is a wumpus.", "### Tom is a lempus."], [r[0], r[0]]) == [1.0, 0.0]
     assert choice(["The answer is (B).", "#### b", "#### B"], [r[1], r[1], r[1]]) == [1.0, 0.0, 1.0]
     assert numeric(["#### 40.0", "#### 41"], [r[2], r[2]]) == [1.0, 0.0]
 

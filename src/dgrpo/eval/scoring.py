@@ -43,8 +43,9 @@ def numeric(completions: list[str], records: list[Record]) -> list[float]:
 
 
 def final_answer_text(completion: str) -> str:
-    """The answer part of a completion: after the last ``####`` when there is one, else the whole text."""
-    return completion.rpartition("####")[2] if "####" in completion else completion
+    """The answer part of a completion: after its last ``#`` when there is one (dgrpo's ``#### x``, Coconut's
+    ``### x``, as Coconut's ``split("#")[-1]`` reads it), else the whole text."""
+    return completion.rpartition("#")[2] if "#" in completion else completion
 
 
 def exact(completions: list[str], records: list[Record]) -> list[float]:

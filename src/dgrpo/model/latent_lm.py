@@ -410,6 +410,9 @@ class LatentLM(nn.Module):
         self.end_id = _token_id(tokenizer, END_LATENT)
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id
+        #: what the tokenizer puts before a text of its own (Llama, Mistral, Gemma: BOS; Qwen, GPT-2: nothing), put
+        #: before every question as Coconut's dataset.py and Hugging Face's generate do
+        self.question_prefix = bos_prefix(tokenizer)
         self.run_config: dict | None = None  # the training config that produced this model (run_config.json)
         self.name_or_path: str | None = None  # where the weights came from (a directory or hub id; None: built here)
         self.peft: Any = None  # PEFT's wrapper when LoRA adapters are on (dgrpo.model.lora), not a sub-module
@@ -697,9 +700,10 @@ class LatentLM(nn.Module):
     def encode_questions(
         self, questions: list[str], *, markers: bool = True, max_tokens: int | None = None
     ) -> tuple[Tensor, Tensor]:
-        """Left-padded ``question \\n [<|start-latent|>]`` ids and mask, [B, P] (the question in the chat template
-        when ``settings.chat_template``). Each distinct question is tokenized once (a GRPO step's K copies of a prompt:
-        512 rows, 16 questions). ``max_tokens``: keep each question's last ``max_tokens`` tokens (None or 0: all)."""
+        """Left-padded ``[BOS] question \\n [<|start-latent|>]`` ids and mask, [B, P] (BOS where the tokenizer starts
+        its texts with it: :func:`bos_prefix`; the question in the chat template when ``settings.chat_template``).
+        Each distinct question is tokenized once (a GRPO step's K copies of a prompt: 512 rows, 16 questions).
+        ``max_tokens``: keep each question's last ``max_tokens`` tokens (None or 0: all; BOS is kept before them)."""
         if isinstance(questions, str):
             raise TypeError("encode_questions takes a list of questions; got one string (wrap it: [question])")
         if len(questions) == 0:
@@ -711,7 +715,8 @@ class LatentLM(nn.Module):
             ids = self.tokenizer(self.format_question(q), add_special_tokens=False)["input_ids"]
             if max_tokens is not None and len(ids) > max_tokens:
                 ids = ids[-max_tokens:]
-            encoded[q] = ids + ([self.start_id] if markers else [])
+            prefix = [] if self.settings.chat_template else self.question_prefix  # (a chat template writes its BOS)
+            encoded[q] = prefix + ids + ([self.start_id] if markers else [])
         return left_pad([encoded[q] for q in questions], self.pad_id, self.device)
 
     def format_question(self, question: str) -> str:
@@ -1155,6 +1160,17 @@ def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
     idx = torch.searchsorted(cdf, (u.to(cdf.dtype) * cdf[:, -1])[:, None], right=True).squeeze(-1)
     last = weights.shape[-1] - 1 - (weights.flip(-1) > 0).int().argmax(-1)
     return torch.minimum(idx, last)
+
+
+def bos_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """``[bos]`` when the tokenizer's own encoding of a text starts with its BOS token (``add_special_tokens``: Llama,
+    Mistral, Gemma), else ``[]`` (Qwen, GPT-2; a tokenizer without BOS)."""
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return []
+    own = tokenizer("1", add_special_tokens=True)["input_ids"]
+    plain = tokenizer("1", add_special_tokens=False)["input_ids"]
+    return [bos] if own[:1] == [bos] and plain[:1] != [bos] else []
 
 
 def left_pad(rows: list[list[int]], pad_id: int, device: Any = None) -> tuple[Tensor, Tensor]:
