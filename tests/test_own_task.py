@@ -173,6 +173,14 @@ def test_builtin_scorers():
     assert exact(["Tom is a lempus. ### Tom is a wumpus.", "### Tom is a lempus."], [r[0], r[0]]) == [1.0, 0.0]
     assert choice(["The answer is (B).", "#### b", "#### B"], [r[1], r[1], r[1]]) == [1.0, 0.0, 1.0]
     assert numeric(["#### 40.0", "#### 41"], [r[2], r[2]]) == [1.0, 0.0]
+    # Coconut's run.py check: strings after the last '#', commas dropped; what numeric also credits does not count
+    from dgrpo.eval.scoring import SCORERS
+
+    got = SCORERS["coconut"](
+        ["### 40", "#### 4,0", "#### 40.0", "#### $40", "The answer is 40", "<<8*5=40>>"], [r[2]] * 6
+    )
+    assert got == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert numeric(["#### 40.0", "#### $40", "The answer is 40", "<<8*5=40>>"], [r[2]] * 4) == [1.0] * 4
 
 
 # ----------------------------------------------------------------------------------- a text-answer task

@@ -386,7 +386,9 @@ class SFTConfig:
     pad_latent_to_max: bool = opt(
         False, "at stages past max_latent_stage use max_latent_stage*c latents even for short chains"
     )
-    uniform_prob: float = opt(0.0, "probability of training an example at a uniformly random earlier stage (Coconut)")
+    uniform_prob: float = opt(
+        0.0, "probability of training an example at a uniformly random stage, 0 to its chain's step count (Coconut)"
+    )
     reset_optimizer: bool = opt(True, "new AdamW state (and a new lr schedule) at each sft.reset_every boundary")
     reset_every: ResetEvery = opt(
         "stage",
@@ -486,7 +488,8 @@ class EvalConfig:
         "numeric",
         "what counts as correct, for eval and (unless grpo.reward is set) the GRPO reward: numeric (the final "
         "number equals the gold number), exact (the final answer text equals the gold, normalised), choice (a "
-        "letter A-E), or a plug-in 'package.module:function' / 'path/to/file.py:function' (batched: "
+        "letter A-E), coconut (Coconut's run.py check: the text after the last '#', commas removed, equals the gold "
+        "string; stricter than numeric), or a plug-in 'package.module:function' / 'path/to/file.py:function' (batched: "
         "(completions, records) -> 1.0 / 0.0 per completion)",
     )
 

@@ -5,8 +5,9 @@ A scorer or reward function is batched: ``fn(completions: list[str], records: li
 value per completion (``records[i]`` is the problem completion ``i`` answers: its ``question``, ``answer``,
 ``steps`` and ``meta``). A scorer returns 1.0 for a correct completion and 0.0 otherwise; a reward may return any
 finite number. Built-in scorers, by name: ``numeric`` (the final number equals the gold number; text golds are
-compared as normalised text), ``exact`` (the final answer, after the last ``####`` if any, equals the gold after
-normalisation: case, spacing, a trailing period), ``choice`` (a multiple-choice letter A-E). A plug-in is named
+compared as normalised text), ``exact`` (the final answer, after the last ``#`` if any, equals the gold after
+normalisation: case, spacing, a trailing period), ``choice`` (a multiple-choice letter A-E), ``coconut`` (Coconut's
+run.py check, as strings). A plug-in is named
 ``package.module:function`` or ``path/to/file.py:function``.
 
 Every call is checked: a function that raises, returns the wrong number of values, or a value that is not a
@@ -73,8 +74,18 @@ def choice(completions: list[str], records: list[Record]) -> list[float]:
     ]
 
 
+def coconut(completions: list[str], records: list[Record]) -> list[float]:
+    """Coconut's own check (its run.py): the text after the last ``#``, commas removed and stripped, equals the gold
+    so written, as strings. Stricter than ``numeric``: ``5000.0``, ``$5000``, ``5000 dollars``, an answer without a
+    ``#`` and the last number of a chain cut short all score 0."""
+    return [
+        float("#" in c and c.rpartition("#")[2].replace(",", "").strip() == str(r.answer).replace(",", "").strip())
+        for c, r in zip(completions, records)
+    ]
+
+
 #: scorers by name (``eval.scorer``)
-SCORERS: dict[str, ScoreFn] = {"numeric": numeric, "exact": exact, "choice": choice}
+SCORERS: dict[str, ScoreFn] = {"numeric": numeric, "exact": exact, "choice": choice, "coconut": coconut}
 
 
 def plugin_file(spec: str) -> Path | None:
