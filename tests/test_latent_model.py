@@ -544,3 +544,15 @@ def test_greedy_token_choice_from_bf16_logits_books_what_their_fp32_copy_would()
     assert int(ties) == 7
     for name in ("tokens", "mask", "logprobs", "entropy", "alive"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+def test_a_target_cut_at_max_tokens_keeps_no_eos(tokenizer):
+    """A chain longer than data.max_target_tokens was cut and given an EOS: SFT taught the model to stop before its
+    answer. Cut targets now end where they are cut; a target that fits ends in EOS."""
+    lm = make_lm(tokenizer)
+    full = lm.tokenizer("<<3+4=7>> <<7*2=4>> #### 4", add_special_tokens=False)["input_ids"]
+    ids, mask = lm.encode_targets(["<<3+4=7>> <<7*2=4>> #### 4", "#### 4"], max_tokens=5)
+    assert ids[0].tolist() == full[:5] and lm.eos_id not in ids[0].tolist()
+    short = ids[1][mask[1].bool()].tolist()
+    assert short[-1] == lm.eos_id and len(short) <= 5
+    assert lm.encode_targets(["#### 4"], max_tokens=len(short))[0][0].tolist()[-1] == lm.eos_id  # (just fits)

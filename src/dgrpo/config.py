@@ -283,7 +283,9 @@ class DataConfig:
     valid: str = opt("builtin:valid", "held-out data for per-stage / periodic eval ('' to disable)")
     test: list = opt(["builtin:test", "builtin:ood_steps", "builtin:ood_numbers"], "datasets evaluated at the end")
     max_question_tokens: int = opt(256, "questions longer than this are truncated from the left")
-    max_target_tokens: int = opt(256, "steps + answer longer than this are truncated")
+    max_target_tokens: int = opt(
+        256, "steps + answer longer than this are cut to it, without their EOS (the model is not taught to stop there)"
+    )
     eval_limit: int = opt(500, "evaluate at most this many records of data.valid during training (0 = all)")
     question_key: str = opt(
         "",

@@ -731,12 +731,15 @@ class LatentLM(nn.Module):
     def encode_targets(
         self, texts: list[str], *, max_tokens: int | None = None, eos: bool = True
     ) -> tuple[Tensor, Tensor]:
-        """Right-padded target ids (each ending in EOS) and mask, [B, L]."""
+        """Right-padded target ids (each ending in EOS) and mask, [B, L]. A target longer than ``max_tokens`` is cut
+        to its first ``max_tokens`` tokens without the EOS (with it, a cut chain would teach the model to stop there,
+        before its answer)."""
         rows = []
         for t in texts:
             ids = self.tokenizer(t, add_special_tokens=False)["input_ids"]
-            if max_tokens is not None:
-                ids = ids[: max_tokens - int(eos)]
+            if max_tokens is not None and len(ids) + int(eos) > max_tokens:
+                rows.append(ids[:max_tokens])
+                continue
             rows.append(ids + ([self.eos_id] if eos else []))
         return right_pad(rows, self.pad_id, self.device)
 
