@@ -111,6 +111,9 @@ def test_builtin_inspect(run_cli, tmp_path):
     assert (example["question"], example["answer"]) == ("What is 2 plus 2?", "4"), r.stderr
     r = run_cli("data", "inspect", own, "--split", "nonsense")  # a file has no splits (was ignored, exit 0)
     assert r.returncode == 2 and "--split nonsense: " in r.stderr and "is a file, which has no splits" in r.stderr
+    # joined datasets name each part's split (--split replaced every part's: the valid split twice)
+    r = run_cli("data", "inspect", "builtin:test+builtin:ood_steps", "--split", "valid")
+    assert r.returncode == 2 and "joins datasets; name each part's split in --data" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize(
@@ -361,6 +364,11 @@ def test_mc_vote_votes_on_the_answers_the_scorer_reads(tokenizer, monkeypatch):
     monkeypatch.setattr(ev, "_perturbed_texts", _canned(texts[3:6]))
     r = ev.evaluate_mc_vote(lm, recs[1:2], drop, n_masks=3, progress=False, scorer=mine)
     assert (r.correct, r.scorer, r.predictions[0]["completion"]) == (1, "mine", "#### 2.50")
+    # a text gold whose completions give no answer is not an unparseable number (evaluate counts it so), and its row
+    # shows what the model wrote (it showed "")
+    monkeypatch.setattr(ev, "_perturbed_texts", _canned(["<<1+7=8>>\n####"] * 3))
+    r = ev.evaluate_mc_vote(lm, recs[:1], drop, n_masks=3, progress=False)
+    assert (r.correct, r.unparseable, r.predictions[0]["completion"]) == (0, 0, "<<1+7=8>>\n####")
 
 
 def test_merged_results_keep_what_was_evaluated():

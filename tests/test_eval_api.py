@@ -78,3 +78,21 @@ def test_a_text_gold_under_the_numeric_scorer_is_predicted_as_it_is_scored(lm, m
     r = evaluate(lm, recs, **FAST)
     assert [(p["pred"], p["correct"]) for p in r.predictions] == [("Tom", True), ("3", True), (None, False)]
     assert (r.correct, r.unparseable) == (2, 1)
+
+
+def test_the_context_check_takes_the_longest_question_in_tokens(lm):
+    """The check measured the question with the most characters: a question past the context was answered without a
+    word when a longer-worded, shorter-tokenized one sat beside it."""
+    from dgrpo.config import ConfigError
+    from dgrpo.data.records import Record
+
+    long_in_tokens, long_in_characters = "%" * 520, "Start with 3. " * 42
+    sizes = [len(lm.tokenizer(q, add_special_tokens=False)["input_ids"]) for q in (long_in_tokens, long_in_characters)]
+    assert len(long_in_tokens) < len(long_in_characters) and sizes[0] > lm.context_length > sizes[1]  # (the setting)
+    records = [Record(long_in_tokens, [], "1"), Record(long_in_characters, [], "1")]
+    for call in (
+        lambda: evaluate(lm, records, max_question_tokens=1000, **FAST),
+        lambda: generate_answers(lm, [r.question for r in records], n_latent=0, max_question_tokens=1000, **FAST),
+    ):
+        with pytest.raises(ConfigError, match="the sequence does not fit the model's context"):
+            call()

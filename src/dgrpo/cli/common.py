@@ -118,11 +118,15 @@ def prompt_settings(lm: Any, cfg: Config) -> None:
 
 
 def check_split(data: str, split: str | None) -> None:
-    """``--split`` names a split of a dataset; a file has none (it would be ignored without a word)."""
+    """``--split`` names a split of a dataset; a file has none (it would be ignored without a word), and joined
+    datasets name each part's own (it replaced every part's: ``builtin:test+builtin:ood_steps --split valid`` was
+    the valid split twice, labelled ``builtin:test+builtin:valid``)."""
     from ..config import ConfigError
 
     if split and Path(data).is_file():
         raise ConfigError(f"--split {split}: {data} is a file, which has no splits (give the split's file)")
+    if split and "+" in data and not Path(data).exists():
+        raise ConfigError(f"--split {split}: {data} joins datasets; name each part's split in --data (a:{split}+b:...)")
 
 
 def eval_options(cfg: Config) -> dict[str, Any]:

@@ -194,11 +194,12 @@ def check_context(
     markers: bool = True,
     max_question_tokens: int | None = None,
 ) -> None:
-    """ConfigError (:meth:`LatentLM.check_fits`) when the longest question (by characters), its latent thoughts and
-    ``max_new_tokens`` answer tokens do not fit the model's context."""
+    """ConfigError (:meth:`LatentLM.check_fits`) when the longest question (in tokens: the longest in characters
+    need not be; a question past the context was answered when a longer-worded one sat beside it), its latent
+    thoughts and ``max_new_tokens`` answer tokens do not fit the model's context."""
     if questions:
-        longest, _ = lm.encode_questions([max(questions, key=len)], markers=markers, max_tokens=max_question_tokens)
-        lm.check_fits(longest.shape[1], n_latent, max_new_tokens, key="eval.n_latent", markers=markers)
+        ids, _ = lm.encode_questions(list(dict.fromkeys(questions)), markers=markers, max_tokens=max_question_tokens)
+        lm.check_fits(ids.shape[1], n_latent, max_new_tokens, key="eval.n_latent", markers=markers)
 
 
 def question_seeds(seed: int, questions: list[str]) -> torch.Tensor:
@@ -456,8 +457,8 @@ def _voted(records: list[Record], texts: list[str], n_masks: int, scorer: ScoreF
         call_checked(scorer, scorer_name(scorer), list(chosen.values()), [records[j] for j in chosen]) if chosen else []
     )
     ok = {j: value > 0.5 for j, value in zip(chosen, scores)}
-    for j, p in enumerate(preds):
-        p.update(completion=chosen.get(j, ""), correct=ok.get(j, False))
+    for j, p in enumerate(preds):  # (a question without a vote shows its first completion)
+        p.update(completion=chosen.get(j, texts[j * n_masks]), correct=ok.get(j, False))
     return preds, sum(ok.values())
 
 
@@ -508,7 +509,10 @@ def evaluate_mc_vote(
         accuracy=correct / n if n else 0.0,
         n=n,
         correct=correct,
-        unparseable=sum(p["pred"] is None for p in preds) if scorer is numeric else 0,
+        # (as evaluate counts: the numeric verifier's numeric golds; a text gold's empty answer is no number missing)
+        unparseable=sum(p["pred"] is None and _numeric_gold(r.answer) for p, r in zip(preds, records))
+        if scorer is numeric
+        else 0,
         seed=seed,
         n_latent=lm.settings.n_latent,
         mode=f"{lm.settings.mode}+mc{n_masks}",
