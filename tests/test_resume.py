@@ -377,3 +377,40 @@ def test_sft_latents_beyond_the_context_fail_before_training_naming_sft_c_though
     r = run_cli("sft", "--out", tmp_path / "x", *tiny_args(**{**SFT_SETS, "sft.c_thought": 600}))
     assert r.returncode == 2 and "sft.c_thought" in r.stderr and "eval.n_latent" not in r.stderr, r.stderr
     assert not (tmp_path / "x" / "metrics.jsonl").exists()
+
+
+def test_sft_eval_every_epoch_keeps_the_last_stages_best_epoch(tmp_path):
+    """sft.eval_every_epoch: every epoch is validated and the last stage's best epoch is kept as best/ (Coconut picks
+    its checkpoint so); a tie keeps the earlier epoch, earlier stages' epochs never count, and a resumed run reads
+    the best so far back from its metrics rows."""
+    from types import SimpleNamespace
+
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.sft import _resumed_best, train_sft
+
+    over = {"task.n_train": 64, "sft.num_epochs": 4, "sft.stage_epochs": [1], "sft.epochs_per_stage": 3}
+    cfg = tiny_config(**over, **{"sft.eval_every_epoch": True, "sft.max_latent_stage": 1})
+    counts = iter([4, 1, 2, 2])  # correct of 4 at epochs 0 (stage 0's end), 1, 2, 3 (the last stage: epochs 1-3)
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    out = tmp_path / "sft"
+    train = generate_split(cfg.task, "train")
+    train_sft(lm, train, cfg, out, valid=train[:4], evaluate_fn=lambda *a: next(counts), log=lambda *a: None)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["eval/valid/accuracy"] for r in rows if "eval/valid/accuracy" in r] == [
+        1.0,
+        0.25,
+        0.5,
+        0.5,
+    ]
+    assert [(r["best_epoch"], r["best/valid/accuracy"]) for r in rows if "best_epoch" in r] == [(1, 0.25), (2, 0.5)]
+    best, final = (
+        load_file(str(out / "best" / "model.safetensors")),
+        load_file(str(out / "final" / "model.safetensors")),
+    )
+    assert not all(torch.equal(best[k], final[k]) for k in best)  # epoch 2's weights, not epoch 3's
+    assert json.loads((out / "best" / "latent_config.json").read_text())["stage"] == 1
+    run = SimpleNamespace(out_dir=out, metrics=SimpleNamespace(rows=lambda: rows))
+    assert _resumed_best(run, Dist.single()) == 0.5  # what a resumed run compares its next epochs with
+    assert _resumed_best(SimpleNamespace(out_dir=tmp_path, metrics=run.metrics), Dist.single()) == -1.0  # no best/

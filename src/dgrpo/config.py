@@ -425,6 +425,12 @@ class SFTConfig:
     max_grad_norm: float = opt(1.0, "gradient clipping (0 = off)")
     bf16: AutoSwitch = opt("auto", "bf16 autocast: auto (on CUDA only), true (always on) or false (off)")
     eval_each_stage: bool = opt(True, "greedy accuracy on data.valid at the end of each stage")
+    eval_every_epoch: bool = opt(
+        False,
+        "greedy accuracy on data.valid at the end of every epoch too, and the last stage's best epoch kept as best/ "
+        "(Coconut's choice of checkpoint: it validates every epoch and one picks the best; GRPO then --init "
+        "runs/sft/best)",
+    )
     save_every: int = opt(
         500, "write a resumable checkpoint (weights, optimizer, RNG, counters) every N steps (0 = epoch ends only)"
     )

@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..run_layout import BEST_DIR, CONFIG_FILE, results_dir
+from ..run_layout import BEST_DIR, CONFIG_FILE, METRICS_FILE, results_dir
 from .common import (
     add_config_options,
     eval_options,
@@ -188,6 +188,11 @@ def run_sft(args: argparse.Namespace) -> int:
         allow_config_change=args.allow_config_change,
     )
     evaluate_test_sets(lm, tests, cfg, out, dist)
+    if tests and cfg.sft.eval_every_epoch:  # best/: the last stage's best validated epoch
+        metrics = out / METRICS_FILE
+        lines = metrics.read_text().splitlines() if dist.is_main and metrics.is_file() else []
+        best_epochs = [json.loads(x)["best_epoch"] for x in lines if '"best_epoch"' in x] or [None]
+        evaluate_best(best_epochs[-1], tests, cfg, out, dist, device, final_step=cfg.sft.num_epochs - 1)
     dist.close()
     return 0
 
@@ -238,20 +243,24 @@ def run_grpo(args: argparse.Namespace) -> int:
     return 0
 
 
-def evaluate_best(best_step: int | None, tests: dict, cfg: Config, out: Path, dist: Any, device: Any) -> None:
-    """The test sets for ``best/`` too (the checkpoint the paper reports: the best validation accuracy after warmup),
-    into ``OUT/eval_best/``; nothing when best/ is the final model or was not kept, or under FSDP (a second full copy
-    of the model on every rank): then it prints the commands that do it. Every rank calls this (rank 0's
+def evaluate_best(
+    best_step: int | None, tests: dict, cfg: Config, out: Path, dist: Any, device: Any, final_step: int | None = None
+) -> None:
+    """The test sets for ``best/`` too (the checkpoint the paper reports: the best validation accuracy after warmup;
+    SFT's under ``sft.eval_every_epoch``), into ``OUT/eval_best/``; nothing when best/ is the final model
+    (``best_step`` == ``final_step``: GRPO's steps, SFT's last epoch) or was not kept, or under FSDP (a second full
+    copy of the model on every rank): then it prints the commands that do it. Every rank calls this (rank 0's
     ``best_step``: the others' summary is empty)."""
     from ..model.factory import load_model
     from ..training.distributed import SHARDED_DIR
 
     best_step = dist.all_gather_objects(best_step)[0]
-    if best_step is None or best_step == cfg.grpo.steps or not (out / BEST_DIR).is_dir():
+    final_step = cfg.grpo.steps if final_step is None else final_step
+    if best_step is None or best_step == final_step or not (out / BEST_DIR).is_dir():
         return
     if dist.fsdp:
         if dist.is_main:
-            print(f"dgrpo: best/ (step {best_step}) is not tested under FSDP; in one process, for each test set:")
+            print(f"dgrpo: best/ ({best_step}) is not tested under FSDP; in one process, for each test set:")
             if (out / BEST_DIR / SHARDED_DIR).is_dir():  # fsdp: sharded wrote shards
                 print(f"  dgrpo consolidate {out / BEST_DIR}")
             for spec in tests:  # the run's config.json: its eval.* options, as the final model's tests had them

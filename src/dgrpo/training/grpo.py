@@ -613,9 +613,7 @@ def train_grpo(
             m = trainer.step()
             m["time_comm_s"] = round(dist.comm_s - comm0, 4)  # collectives, waiting for the slowest rank included
             loop.skipped += m["skipped"]
-            stalled = _check_stall(
-                run, loop, m, g.max_skip_streak, f"[{g.alpha_min}, {g.alpha_max}]" if g.filter else "off"
-            )
+            stalled = _check_stall(run, loop, m, g)
             if m["step"] % g.log_every == 0 or m["step"] == g.steps - 1:
                 run.metrics.write(m)
             run.write_rollouts(trainer.rollout_rows(g.log_rollouts))
@@ -658,9 +656,10 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
     return loop
 
 
-def _check_stall(run: RunDir, loop: LoopState, m: dict, limit: int, window: str) -> str | None:
-    """Count steps in a row with every group filtered out; warn from 10 on (naming the filter's accuracy ``window``);
-    past ``limit`` return why to stop."""
+def _check_stall(run: RunDir, loop: LoopState, m: dict, g: Any) -> str | None:
+    """Count steps in a row with every group filtered out; warn from 10 on (naming the filter's accuracy window);
+    past ``grpo.max_skip_streak`` (``g``: the grpo section) return why to stop."""
+    limit, window = g.max_skip_streak, f"[{g.alpha_min}, {g.alpha_max}]" if g.filter else "off"
     loop.skip_streak = loop.skip_streak + 1 if m["skipped"] else 0
     m["skip_streak"] = loop.skip_streak
     if loop.skip_streak and loop.skip_streak % 10 == 0:

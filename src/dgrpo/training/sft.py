@@ -28,7 +28,7 @@ from ..data.records import Record
 from ..model.factory import compile_head, compile_layers, pack_gqa
 from ..model.latent_lm import LatentLM, LatentSettings
 from ..model.sources import on_for_device
-from ..run_layout import CHECKPOINTS_DIR, FINAL_DIR, stage_dir
+from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dir
 from .checkpoint import read_checkpoint, save_checkpoint
 from .distributed import Dist
 from .memory import oom_advice
@@ -289,12 +289,18 @@ class SFTRun:
         self.lm.settings = final_settings(self.cfg)
         self.lm.eval()
         self.dist.save_model(self.lm, self.run.out_dir / FINAL_DIR)
-        by_stage = {r["stage"]: r["eval/valid/accuracy"] for r in self.run.metrics.rows() if "eval/valid/accuracy" in r}
+        by_stage = {  # (the stage-end rows: sft.eval_every_epoch's rows name their epoch)
+            r["stage"]: r["eval/valid/accuracy"]
+            for r in self.run.metrics.rows()
+            if "eval/valid/accuracy" in r and "epoch" not in r
+        }
         accs = ", ".join(f"{k}: {100 * v:.1f}%" for k, v in by_stage.items())  # (a resumed run's earlier stages too)
         s = self.lm.settings
+        best = [r for r in self.run.metrics.rows() if "best_epoch" in r]
+        kept = f"; best/: epoch {best[-1]['best_epoch']} ({100 * best[-1]['best/valid/accuracy']:.1f}%)" if best else ""
         self.run.log(
             f"dgrpo sft: done in {time.time() - t0:.0f} s; validation accuracy by stage: {accs or 'not evaluated'}; "
-            f"final stage {s.stage} ({s.n_latent} latent thoughts); {self.guard.skips} non-finite steps skipped"
+            f"final stage {s.stage} ({s.n_latent} latent thoughts){kept}; {self.guard.skips} non-finite steps skipped"
         )
 
     def save(self, epoch: int, batch: int) -> None:
@@ -345,6 +351,7 @@ def train_sft(
         plan, prog = sft.plan, sft.prog
         t0 = time.time() - _time_trained(run)  # time_s goes on from a resumed run's last row
         start_epoch, start_batch = prog.epoch, prog.batch
+        best = _resumed_best(run, dist) if s.eval_every_epoch else -1.0
         n_steps, shown = s.num_epochs * plan.steps_per_epoch, dist.is_main and progress
         bar = tqdm(total=n_steps, initial=prog.global_step, desc="sft", disable=not shown)
         for epoch in range(start_epoch, s.num_epochs):
@@ -367,8 +374,13 @@ def train_sft(
                     raise sft.guard.error(prog.global_step, run.out_dir / CHECKPOINTS_DIR)
                 if s.save_every and prog.global_step % s.save_every == 0 and b + 1 < plan.steps_per_epoch:
                     sft.save(epoch, b + 1)
+            accuracy = None
             if plan.last_of_stage(epoch):
-                _finish_stage(lm, stage, cfg, run, dist, valid, evaluate_fn, prog.global_step, t0)
+                accuracy = _finish_stage(lm, stage, cfg, run, dist, valid, evaluate_fn, prog.global_step, t0)
+            elif s.eval_every_epoch:
+                accuracy = _validate_epoch(lm, stage, epoch, cfg, run, dist, valid, evaluate_fn, prog.global_step, t0)
+            if s.eval_every_epoch and stage == plan.stage(s.num_epochs - 1):
+                best = _keep_if_best(lm, stage, epoch, accuracy, best, cfg, run, dist, prog.global_step)
             sft.save(epoch + 1, 0)
         bar.close()
         sft.finish(t0)
@@ -416,16 +428,80 @@ def _finish_stage(
     evaluate_fn: Callable[[LatentLM, list[Record], LatentSettings], int] | None,
     step: int,
     t0: float,
-) -> None:
-    """The end of a curriculum stage: the stage's latent settings, its validation accuracy (a metrics row),
-    ``stage-K/``."""
+) -> float | None:
+    """The end of a curriculum stage: the stage's latent settings, its validation accuracy (a metrics row; returned,
+    None when not measured), ``stage-K/``."""
     settings = stage_settings(stage, cfg)
     lm.settings = settings
     row = {"step": step, "stage": stage, "n_latent": settings.n_latent, "time_s": round(time.time() - t0, 2)}
-    if cfg.sft.eval_each_stage and valid and evaluate_fn is not None:
-        lm.eval()
-        row["eval/valid/accuracy"] = sharded_accuracy(dist, lambda local: evaluate_fn(lm, local, settings), valid)
-        lm.train()
+    accuracy = None
+    if (cfg.sft.eval_each_stage or cfg.sft.eval_every_epoch) and valid and evaluate_fn is not None:
+        accuracy = _valid_accuracy(lm, settings, dist, valid, evaluate_fn)
+        row["eval/valid/accuracy"] = accuracy
     dist.save_model(lm, stage_dir(run.out_dir, stage))  # every rank calls it (FSDP gathers); rank 0 writes
     run.metrics.write(row)
     run.log(f"stage {stage} done: " + ", ".join(f"{k}={v}" for k, v in row.items()))
+    return accuracy
+
+
+def _valid_accuracy(
+    lm: LatentLM, settings: LatentSettings, dist: Dist, valid: list[Record], evaluate_fn: Callable
+) -> float:
+    """Greedy accuracy on ``valid`` with a stage's latent ``settings`` (sharded over the ranks)."""
+    lm.eval()
+    accuracy = sharded_accuracy(dist, lambda local: evaluate_fn(lm, local, settings), valid)
+    lm.train()
+    return accuracy
+
+
+def _validate_epoch(
+    lm: LatentLM,
+    stage: int,
+    epoch: int,
+    cfg: Config,
+    run: RunDir,
+    dist: Dist,
+    valid: list[Record] | None,
+    evaluate_fn: Callable | None,
+    step: int,
+    t0: float,
+) -> float | None:
+    """``sft.eval_every_epoch`` within a stage: the epoch's validation accuracy at its stage's latent settings (a
+    metrics row; returned, None without a validation set)."""
+    if not valid or evaluate_fn is None:
+        return None
+    settings = stage_settings(stage, cfg)
+    accuracy = _valid_accuracy(lm, settings, dist, valid, evaluate_fn)
+    row = {"step": step, "stage": stage, "epoch": epoch, "n_latent": settings.n_latent}
+    run.metrics.write({**row, "time_s": round(time.time() - t0, 2), "eval/valid/accuracy": accuracy})
+    return accuracy
+
+
+def _resumed_best(run: RunDir, dist: Dist) -> float:
+    """The validation accuracy of the run's ``best/`` so far (its ``best_epoch`` metrics rows; -1 for none or when
+    ``best/`` is not in this run directory), the same on every rank (rank 0 reads the rows)."""
+    kept = [r for r in run.metrics.rows() if "best_epoch" in r] if (run.out_dir / BEST_DIR).is_dir() else []
+    return dist.max_float(float(kept[-1]["best/valid/accuracy"]) if kept else -1.0)
+
+
+def _keep_if_best(
+    lm: LatentLM,
+    stage: int,
+    epoch: int,
+    accuracy: float | None,
+    best: float,
+    cfg: Config,
+    run: RunDir,
+    dist: Dist,
+    step: int,
+) -> float:
+    """``best/``: the last stage's epoch of the highest validation accuracy so far (the earlier one on a tie), as
+    Coconut's checkpoint is chosen; returns the best accuracy so far. Every rank decides alike (the accuracy is
+    reduced over the ranks) and calls the save (FSDP gathers); rank 0 writes."""
+    if accuracy is None or accuracy <= best:
+        return best
+    lm.settings = stage_settings(stage, cfg)
+    dist.save_model(lm, run.out_dir / BEST_DIR)
+    run.metrics.write({"step": step, "best_epoch": epoch, "best/valid/accuracy": accuracy})
+    run.log(f"sft: best/ is epoch {epoch} (validation accuracy {accuracy:.4f})")
+    return accuracy
