@@ -379,6 +379,7 @@ def test_sft_latents_beyond_the_context_fail_before_training_naming_sft_c_though
     assert not (tmp_path / "x" / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_sft_eval_every_epoch_keeps_the_last_stages_best_epoch(tmp_path):
     """sft.eval_every_epoch: every epoch is validated and the last stage's best epoch is kept as best/ (Coconut picks
     its checkpoint so); a tie keeps the earlier epoch, earlier stages' epochs never count, and a resumed run reads
