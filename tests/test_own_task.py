@@ -414,9 +414,11 @@ def test_the_test_sets_are_also_run_for_best_when_it_is_not_the_final_model(
     cfg = tiny_config(**{"eval.limit": 4})
     tests = {"builtin:test": load_spec("builtin:test", cfg.task)}
     shutil.copytree(sft_checkpoint, tmp_path / "best")
-    evaluate_best(cfg.grpo.steps, tests, cfg, tmp_path, Dist.single(), "cpu")  # best/ is the final model
+    evaluate_best(
+        cfg.grpo.steps, cfg.grpo.steps, tests, cfg, tmp_path, Dist.single(), "cpu"
+    )  # best/ is the final model
     assert not (tmp_path / "eval_best").exists()
-    evaluate_best(1, tests, cfg, tmp_path, Dist.single(), "cpu")
+    evaluate_best(1, cfg.grpo.steps, tests, cfg, tmp_path, Dist.single(), "cpu")
     res = json.loads((tmp_path / "eval_best" / "builtin_test" / "results.json").read_text())
     assert res["model"] == str((tmp_path / "best").resolve()) and res["n"] == 4
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["checkpoint"] == "best"
@@ -428,7 +430,7 @@ def test_the_test_sets_are_also_run_for_best_when_it_is_not_the_final_model(
     rank1 = Dist.single()
     rank1.all_gather_objects = lambda obj: [1, obj]  # type: ignore[method-assign]
     monkeypatch.setattr(train_cli, "evaluate_test_sets", lambda *a, checkpoint="final": tested.append(checkpoint))
-    evaluate_best(None, tests, cfg, tmp_path, rank1, "cpu")
+    evaluate_best(None, cfg.grpo.steps, tests, cfg, tmp_path, rank1, "cpu")
     assert tested == ["best"]
 
 

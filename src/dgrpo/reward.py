@@ -11,6 +11,7 @@ from typing import Any
 __all__ = [
     "REL_TOL",
     "extract_answer",
+    "final_answer_text",
     "format_number",
     "is_parseable",
     "normalize_number",
@@ -209,6 +210,12 @@ def numbers_match(pred: str, gold: str, decimals: int | None = None) -> bool:
     return decimals >= 2 and pf != 0 and diff <= 0.5 * 10.0**-decimals * (1 + 1e-9)
 
 
+def final_answer_text(completion: str) -> str:
+    """The answer part of a completion: after its last ``#`` (dgrpo's ``#### x``, Coconut's ``### x``, as Coconut's
+    ``split("#")[-1]`` reads it), the whole text when it has none."""
+    return completion.rpartition("#")[2]
+
+
 def normalize_text(text: str) -> str:
     """Text answers compared case- and spacing-blind: stripped, lower-cased, spaces collapsed, no trailing period."""
     return " ".join(text.split()).lower().rstrip(".").strip()
@@ -243,8 +250,7 @@ def score(completion_text: str, gold_answer: Any) -> float:
         if not isinstance(gold_answer, str):
             return 0.0
         wanted = normalize_text(gold_answer)
-        final = completion_text.rpartition("#")[2]
-        return 1.0 if wanted and normalize_text(final) == wanted else 0.0
+        return 1.0 if wanted and normalize_text(final_answer_text(completion_text)) == wanted else 0.0
     found = _find_answer(completion_text)
     if found is None:
         return 0.0

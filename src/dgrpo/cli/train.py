@@ -190,9 +190,9 @@ def run_sft(args: argparse.Namespace) -> int:
     evaluate_test_sets(lm, tests, cfg, out, dist)
     if tests and cfg.sft.eval_every_epoch:  # best/: the last stage's best validated epoch
         metrics = out / METRICS_FILE
-        lines = metrics.read_text().splitlines() if dist.is_main and metrics.is_file() else []
-        best_epochs = [json.loads(x)["best_epoch"] for x in lines if '"best_epoch"' in x] or [None]
-        evaluate_best(best_epochs[-1], tests, cfg, out, dist, device, final_step=cfg.sft.num_epochs - 1)
+        rows = map(json.loads, metrics.read_text().splitlines()) if dist.is_main and metrics.is_file() else []
+        best_epochs = [row["best_epoch"] for row in rows if "best_epoch" in row] or [None]
+        evaluate_best(best_epochs[-1], cfg.sft.num_epochs - 1, tests, cfg, out, dist, device)
     dist.close()
     return 0
 
@@ -238,13 +238,13 @@ def run_grpo(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     evaluate_test_sets(lm, tests, cfg, out, dist)
     if tests:
-        evaluate_best(summary.get("best_step"), tests, cfg, out, dist, device)
+        evaluate_best(summary.get("best_step"), cfg.grpo.steps, tests, cfg, out, dist, device)
     dist.close()
     return 0
 
 
 def evaluate_best(
-    best_step: int | None, tests: dict, cfg: Config, out: Path, dist: Any, device: Any, final_step: int | None = None
+    best_step: int | None, final_step: int, tests: dict, cfg: Config, out: Path, dist: Any, device: Any
 ) -> None:
     """The test sets for ``best/`` too (the checkpoint the paper reports: the best validation accuracy after warmup;
     SFT's under ``sft.eval_every_epoch``), into ``OUT/eval_best/``; nothing when best/ is the final model
@@ -255,7 +255,6 @@ def evaluate_best(
     from ..training.distributed import SHARDED_DIR
 
     best_step = dist.all_gather_objects(best_step)[0]
-    final_step = cfg.grpo.steps if final_step is None else final_step
     if best_step is None or best_step == final_step or not (out / BEST_DIR).is_dir():
         return
     if dist.fsdp:

@@ -79,5 +79,6 @@ def shared_questions(train: list[Record], held_out: list[Record]) -> tuple[int, 
     answers: dict[str, set[str]] = {}
     for r in train:
         answers.setdefault(" ".join(r.question.split()), set()).add(r.answer)
-    shared = [r for r in held_out if " ".join(r.question.split()) in answers]
-    return len(shared), sum(r.answer in answers[" ".join(r.question.split())] for r in shared)
+    trained = [answers.get(" ".join(r.question.split())) for r in held_out]  # (None: not in the training data)
+    shared = [(r, kept) for r, kept in zip(held_out, trained) if kept is not None]
+    return len(shared), sum(r.answer in kept for r, kept in shared)

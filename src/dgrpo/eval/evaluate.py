@@ -339,7 +339,7 @@ def _graded(records: list[Record], texts: list[str], scorer: ScoreFn) -> tuple[l
             pred = extract_answer(text)
             unparseable += int(not is_parseable(text))
         elif is_numeric:  # a text gold (ProsQA): what score() compares
-            pred = text.rpartition("#")[2].strip() or None
+            pred = final_answer_text(text).strip() or None
         else:
             pred = final_answer_text(text).strip()
         preds.append({"question": r.question, "gold": r.answer, "completion": text, "pred": pred, "correct": ok})

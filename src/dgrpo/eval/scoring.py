@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..config import reward_name
 from ..data.records import Record
-from ..reward import normalize_text, score
+from ..reward import final_answer_text, normalize_text, score
 
 ScoreFn = Callable[[list[str], list[Record]], Sequence[float]]
 
@@ -41,12 +41,6 @@ class RewardError(ValueError):
 def numeric(completions: list[str], records: list[Record]) -> list[float]:
     """The verifier: the completion's final number equals the gold answer (see :func:`dgrpo.reward.score`)."""
     return [score(c, r.answer) for c, r in zip(completions, records)]
-
-
-def final_answer_text(completion: str) -> str:
-    """The answer part of a completion: after its last ``#`` when there is one (dgrpo's ``#### x``, Coconut's
-    ``### x``, as Coconut's ``split("#")[-1]`` reads it), else the whole text."""
-    return completion.rpartition("#")[2] if "#" in completion else completion
 
 
 def exact(completions: list[str], records: list[Record]) -> list[float]:
@@ -79,7 +73,7 @@ def coconut(completions: list[str], records: list[Record]) -> list[float]:
     so written, as strings. Stricter than ``numeric``: ``5000.0``, ``$5000``, ``5000 dollars``, an answer without a
     ``#`` and the last number of a chain cut short all score 0."""
     return [
-        float("#" in c and c.rpartition("#")[2].replace(",", "").strip() == str(r.answer).replace(",", "").strip())
+        float("#" in c and final_answer_text(c).replace(",", "").strip() == str(r.answer).replace(",", "").strip())
         for c, r in zip(completions, records)
     ]
 

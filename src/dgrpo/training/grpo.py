@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..config import Config, ConfigError, to_dict
+from ..config import Config, ConfigError, GRPOConfig, to_dict
 from ..data.records import Record
 from ..eval.scoring import RewardPart, Rewards, ScoreFn, build_rewards, final_answer_text
 from ..model.factory import compile_head, compile_layers, pack_gqa
@@ -656,9 +656,9 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
     return loop
 
 
-def _check_stall(run: RunDir, loop: LoopState, m: dict, g: Any) -> str | None:
+def _check_stall(run: RunDir, loop: LoopState, m: dict, g: GRPOConfig) -> str | None:
     """Count steps in a row with every group filtered out; warn from 10 on (naming the filter's accuracy window);
-    past ``grpo.max_skip_streak`` (``g``: the grpo section) return why to stop."""
+    past ``grpo.max_skip_streak`` return why to stop."""
     limit, window = g.max_skip_streak, f"[{g.alpha_min}, {g.alpha_max}]" if g.filter else "off"
     loop.skip_streak = loop.skip_streak + 1 if m["skipped"] else 0
     m["skip_streak"] = loop.skip_streak
