@@ -331,7 +331,10 @@ def test_end_marker_in_the_answer_call_gives_the_same_logprobs_and_gradients(tok
     (lp_a, g_a, n_a), (lp_b, g_b, n_b) = out
     assert n_b == n_a - 1 == 1 + 3 + 1  # the prompt, 3 latent steps, then one call for the marker and the answer
     assert torch.allclose(lp_a, lp_b, atol=1e-5, rtol=0), (lp_a - lp_b).abs().max()
-    assert max(float((g_a[k] - g_b[k]).abs().max()) for k in g_a) <= 1e-5
+    # (gradients within 1e-5 of their size too: one call fewer sums them in another order, and on one thread the
+    # largest, ~56 in Llama's case, moved by 1.5e-5, four of its last bits)
+    bad = [k for k in g_a if not torch.allclose(g_a[k], g_b[k], atol=1e-5, rtol=1e-5)]
+    assert not bad, {k: float((g_a[k] - g_b[k]).abs().max()) for k in bad}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -481,7 +484,7 @@ def test_the_replay_forward_and_backward_make_the_host_wait_for_nothing(tokenize
 
 
 def test_questions_encode_left_padded_and_each_distinct_one_is_tokenized_once(tokenizer, task_records):
-    """A GRPO step encodes K copies of each prompt: one tokenizer call per distinct question, the same rows as
+    """A GRPO step encodes K copies of each prompt: one tokenizer call over the distinct questions, the same rows as
     encoding them one by one (left padding, the marker last, questions cut from the left at ``max_tokens``)."""
     lm = make_lm(tokenizer, "qwen2")
     qs = [task_records[0].question, task_records[1].question[:20]]
@@ -493,7 +496,7 @@ def test_questions_encode_left_padded_and_each_distinct_one_is_tokenized_once(to
         ids, mask = lm.encode_questions([qs[0], qs[1], qs[0], qs[1], qs[0]], max_tokens=12)
     finally:
         type(lm.tokenizer).__call__ = real
-    assert len(calls) == 2
+    assert len(calls) == 1 and len(calls[0]) == 2  # (each distinct question once)
     for row, q in enumerate([0, 1, 0, 1, 0]):
         a_ids, a_mask = alone[q]
         n = int(a_mask.sum())

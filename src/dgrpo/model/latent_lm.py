@@ -710,14 +710,21 @@ class LatentLM(nn.Module):
             raise ValueError("encode_questions: no questions (an empty list); give at least one")
         if max_tokens is not None and max_tokens < 0:
             raise ValueError(f"encode_questions: max_tokens must be >= 0 (0: no truncation), got {max_tokens}")
+        distinct = list(dict.fromkeys(questions))
+        prefix = [] if self.settings.chat_template else self.question_prefix  # (a chat template writes its BOS)
         encoded: dict[str, list[int]] = {}
-        for q in dict.fromkeys(questions):
-            ids = self.tokenizer(self.format_question(q), add_special_tokens=False)["input_ids"]
+        for q, ids in zip(distinct, self.token_ids([self.format_question(q) for q in distinct])):
             if max_tokens is not None and len(ids) > max_tokens:
                 ids = ids[-max_tokens:]
-            prefix = [] if self.settings.chat_template else self.question_prefix  # (a chat template writes its BOS)
             encoded[q] = prefix + ids + ([self.start_id] if markers else [])
         return left_pad([encoded[q] for q in questions], self.pad_id, self.device)
+
+    def token_ids(self, texts: list[str]) -> list[list[int]]:
+        """Each text's token ids without special tokens, in one call of the tokenizer (a fast tokenizer encodes the
+        batch in Rust: ~10x less time than one call per text, which was a sixth of a tiny SFT step)."""
+        if not texts:
+            return []
+        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     def format_question(self, question: str) -> str:
         """The text before ``<|start-latent|>``: the question and a newline, or its chat-template rendering."""
@@ -735,8 +742,7 @@ class LatentLM(nn.Module):
         to its first ``max_tokens`` tokens without the EOS (with it, a cut chain would teach the model to stop there,
         before its answer)."""
         rows = []
-        for t in texts:
-            ids = self.tokenizer(t, add_special_tokens=False)["input_ids"]
+        for ids in self.token_ids(texts):
             if max_tokens is not None and len(ids) + int(eos) > max_tokens:
                 rows.append(ids[:max_tokens])
                 continue
