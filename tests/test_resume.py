@@ -260,6 +260,25 @@ def test_a_damaged_newest_checkpoint_is_reported_and_the_previous_one_resumed(
 
 
 @pytest.mark.slow
+def test_a_newest_checkpoint_without_its_manifest_is_moved_aside_and_the_run_completes(
+    sft_checkpoint, reference_run, tmp_path
+):
+    """A checkpoint whose manifest is gone is skipped, then moved aside to ``damaged-step-N`` so that the resumed
+    run can write that step again (it refused to replace a directory without a manifest, at every try), and the run
+    ends bit-identical to the uninterrupted one."""
+    out = tmp_path / "no-manifest"
+    _kill_after_checkpoint(sft_checkpoint, out, 4)
+    newest = sorted((out / "checkpoints").glob("step-*"))[-1]
+    (newest / "manifest.json").unlink()
+    r = run(sft_checkpoint, out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = r.stdout + r.stderr
+    assert f"skipping checkpoint {newest}" in said and "no manifest" in said and "aside to" in said
+    assert (newest.parent / f"damaged-{newest.name}").is_dir()
+    assert_same_run(reference_run, out)
+
+
+@pytest.mark.slow
 def test_final_is_written_atomically_under_sigkill(sft_checkpoint, reference_run, tmp_path, run_cli):
     """Killed while final/ is published: no final/ (only a hidden temporary directory), eval says so in one line,
     and rerunning the command completes the run, bit-identical."""

@@ -426,7 +426,7 @@ class RunDir:
     def resume(self, load: Callable[[Path], LoadedCheckpoint]) -> LoadedCheckpoint | None:
         """Read the newest checkpoint that loads (``load`` reads and checks one, mutating nothing); each one that
         does not is reported in one line. None for a fresh start; an error when checkpoints exist but none loads."""
-        problems = []
+        problems, skipped = [], []
         for ckpt in self.candidates:
             try:
                 loaded = load(ckpt)
@@ -434,9 +434,11 @@ class RunDir:
                 if self.explicit:  # the one checkpoint named: nothing to fall back to
                     raise CheckpointError(f"--resume {ckpt}: {e}") from None
                 problems.append(f"{ckpt.name}: {e}")
+                skipped.append(ckpt)
                 self.log(f"dgrpo: skipping checkpoint {ckpt}: {e}; falling back to the previous one")
                 continue
             self.checkpoint = ckpt
+            self._move_aside(skipped)
             return loaded
         if problems:
             raise CheckpointError(
@@ -444,6 +446,24 @@ class RunDir:
                 "start over with --resume never"
             )
         return None
+
+    def _move_aside(self, skipped: list[Path]) -> None:
+        """Rename the newer checkpoints a resume skipped to ``damaged-step-N`` (kept to look at, no longer a
+        checkpoint of the run): the run writes those steps again, and one without its manifest may not be replaced
+        (:func:`~dgrpo.model.verified.check_replaceable`), which stopped every later try at that step."""
+        if not self.dist.is_main:
+            return
+        for ckpt in skipped:
+            aside, n = ckpt.with_name(f"damaged-{ckpt.name}"), 1
+            while aside.exists():
+                n += 1
+                aside = ckpt.with_name(f"damaged-{ckpt.name}-{n}")
+            try:
+                ckpt.rename(aside)
+            except OSError as e:  # (gone, or not ours to move: the save of that step says so in one line)
+                self.log(f"dgrpo: could not move the skipped checkpoint {ckpt} aside: {e}")
+                continue
+            self.log(f"dgrpo: moved the skipped checkpoint {ckpt.name} aside to {aside}")
 
     def start(self, resumed_state: dict | None) -> None:
         """Write ``config.json`` (and its history), open the metrics log (keeping the resumed checkpoint's rows, or
