@@ -164,6 +164,27 @@ def test_grpo_says_when_its_scorer_or_task_is_not_the_one_its_init_checkpoint_wa
         warn_if_init_differs(to_dict(tiny_config(**{"task.n_train": 7})), cfg)  # fewer problems of the same task
 
 
+@pytest.mark.parametrize(
+    "text, letter",
+    [
+        ("#### (C) A tree", "C"),  # after '#', the answer comes first: it was read as the article A
+        ("#### D, not B", "D"),  # (was B)
+        ("#### A is correct", "A"),
+        ("#### c", "C"),  # a lone letter in lower case (was None)
+        ("C. A tree", "C"),  # a gold written with its option's text (was A)
+        ("Options (B) and (D); the answer is (D)", "D"),  # without '#': the last marked letter
+        ("A careful reading gives C", "C"),
+        ("The answer is C", "C"),
+        ("a tree", None),
+        ("#### 42", None),
+    ],
+)
+def test_choice_reads_the_letter_where_the_answer_is_written(text, letter):
+    from dgrpo.eval.scoring import choice_letter
+
+    assert choice_letter(text) == letter
+
+
 def test_builtin_scorers():
     from dgrpo.data.records import Record
 
@@ -171,7 +192,7 @@ def test_builtin_scorers():
     assert exact(["#### tom is a WUMPUS", "#### C", "x"], r) == [1.0, 0.0, 0.0]
     # Coconut's checkpoints write "### answer" (Coconut reads the text after the last '#'): it was scored 0
     assert exact(["Tom is a lempus. ### Tom is a wumpus.", "### Tom is a lempus."], [r[0], r[0]]) == [1.0, 0.0]
-    assert choice(["The answer is (B).", "#### b", "#### B"], [r[1], r[1], r[1]]) == [1.0, 0.0, 1.0]
+    assert choice(["The answer is (B).", "#### b", "#### B", "#### D, not B"], [r[1]] * 4) == [1.0, 1.0, 1.0, 0.0]
     assert numeric(["#### 40.0", "#### 41"], [r[2], r[2]]) == [1.0, 0.0]
     # Coconut's run.py check: strings after the last '#', commas dropped; what numeric also credits does not count
     from dgrpo.eval.scoring import SCORERS

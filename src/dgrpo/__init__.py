@@ -27,7 +27,7 @@ def load_dataset(name_or_path: str, split: str | None = None, *, data: DataConfi
 
 
 def score(completion_text: str, gold_answer) -> float:
-    """1.0 if the completion's final number equals the gold answer, else 0.0."""
+    """1.0 if the completion's answer number equals the gold answer, else 0.0 (:func:`dgrpo.reward.score`)."""
     from .reward import score as _score
 
     return _score(completion_text, gold_answer)

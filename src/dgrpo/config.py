@@ -494,9 +494,10 @@ class EvalConfig:
     plain: bool = opt(False, "evaluate as a plain causal LM (no latents, CoT prompt): the base-model rows of Table 3")
     scorer: str = opt(
         "numeric",
-        "what counts as correct, for eval and (unless grpo.reward is set) the GRPO reward: numeric (the final "
-        "number equals the gold number), exact (the final answer text equals the gold, normalised), choice (a "
-        "letter A-E), coconut (Coconut's run.py check: the text after the last '#', commas removed, equals the gold "
+        "what counts as correct, for eval and (unless grpo.reward is set) the GRPO reward: numeric (the answer's "
+        "number, the first after the last '#' or 'The answer is', else the text's last, equals the gold number), "
+        "exact (the final answer text equals the gold, normalised), choice (the answer's letter A-E equals the "
+        "gold's), coconut (Coconut's run.py check: the text after the last '#', commas removed, equals the gold "
         "string; stricter than numeric), or a plug-in 'package.module:function' / 'path/to/file.py:function' (batched: "
         "(completions, records) -> 1.0 / 0.0 per completion)",
     )

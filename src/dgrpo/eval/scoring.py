@@ -4,7 +4,7 @@ weighted combination.
 A scorer or reward function is batched: ``fn(completions: list[str], records: list[Record]) -> list[float]``, one
 value per completion (``records[i]`` is the problem completion ``i`` answers: its ``question``, ``answer``,
 ``steps`` and ``meta``). A scorer returns 1.0 for a correct completion and 0.0 otherwise; a reward may return any
-finite number. Built-in scorers, by name: ``numeric`` (the final number equals the gold number; text golds are
+finite number. Built-in scorers, by name: ``numeric`` (the answer's number equals the gold number; text golds are
 compared as normalised text), ``exact`` (the final answer, after the last ``#`` if any, equals the gold after
 normalisation: case, spacing, a trailing period), ``choice`` (a multiple-choice letter A-E), ``coconut`` (Coconut's
 run.py check, as strings). A plug-in is named
@@ -39,7 +39,7 @@ class RewardError(ValueError):
 
 
 def numeric(completions: list[str], records: list[Record]) -> list[float]:
-    """The verifier: the completion's final number equals the gold answer (see :func:`dgrpo.reward.score`)."""
+    """The verifier: the completion's answer number equals the gold answer (:func:`dgrpo.reward.score`)."""
     return [score(c, r.answer) for c, r in zip(completions, records)]
 
 
@@ -51,17 +51,31 @@ def exact(completions: list[str], records: list[Record]) -> list[float]:
     ]
 
 
-_LETTER = re.compile(r"(?<![A-Za-z])\(?([A-E])\)?(?![A-Za-z])")
+_LETTER = re.compile(r"(?<![A-Za-z])(\()?([A-E])(?![A-Za-z])(\)|[.:])?")
+_LONE_LETTER = re.compile(r"\s*\(?([A-Ea-e])\)?[.:]?\s*")
 
 
 def choice_letter(text: str) -> str | None:
-    """The multiple-choice letter a text answers with: the last standalone A-E of its final answer part."""
-    found = _LETTER.findall(final_answer_text(text))
-    return found[-1] if found else None
+    """The multiple-choice letter a text answers with (None: none). After the last ``#`` the answer comes first: the
+    first standalone A-E there (``#### (C) A tree`` and ``#### D, not B`` answer C and D). A text without ``#`` (a
+    gold such as ``C. A tree``, or "... so the answer is (D).") ends with it: its last marked letter, one in brackets
+    or followed by ``.``, ``)`` or ``:``, else its last standalone A-E. A lone letter may be lower case
+    (``#### c``); elsewhere a lower-case ``a`` is read as the article, so only capitals count."""
+    part = final_answer_text(text)
+    lone = _LONE_LETTER.fullmatch(part)
+    if lone:
+        return lone.group(1).upper()
+    found = [(m.group(2), bool(m.group(1) or m.group(3))) for m in _LETTER.finditer(part)]
+    if not found:
+        return None
+    if "#" in text:
+        return found[0][0]
+    marked = [letter for letter, is_marked in found if is_marked]
+    return (marked or [letter for letter, _ in found])[-1]
 
 
 def choice(completions: list[str], records: list[Record]) -> list[float]:
-    """A multiple-choice answer: the letter A-E of the completion equals the gold's letter."""
+    """A multiple-choice answer: the completion's letter A-E equals the gold's (:func:`choice_letter`)."""
     return [
         float(choice_letter(c) is not None and choice_letter(c) == choice_letter(str(r.answer)))
         for c, r in zip(completions, records)
