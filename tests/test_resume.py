@@ -434,3 +434,33 @@ def test_sft_eval_every_epoch_keeps_the_last_stages_best_epoch(tmp_path):
     run = SimpleNamespace(out_dir=out, metrics=SimpleNamespace(rows=lambda: rows))
     assert _resumed_best(run, Dist.single()) == 0.5  # what a resumed run compares its next epochs with
     assert _resumed_best(SimpleNamespace(out_dir=tmp_path, metrics=run.metrics), Dist.single()) == -1.0  # no best/
+
+
+@pytest.mark.parametrize("command", ["grpo", "sft"])
+def test_resuming_on_other_training_data_is_refused_unless_allowed(tmp_path, command):
+    """A run resumed from Python with other training records than its checkpoint's is refused in one line naming
+    the counts (a shorter list crashed GRPO's resume with an IndexError into the saved order; SFT went on silently),
+    unless allow_config_change: then it trains on the new records."""
+    from dgrpo.config import ConfigError
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.grpo import train_grpo
+    from dgrpo.training.sft import train_sft
+
+    over = {"grpo.steps": 2, "grpo.save_every": 1, "grpo.filter": "false"} if command == "grpo" else SFT_SETS
+    cfg = tiny_config(**{**over, "sft.num_epochs": 1, "sft.max_latent_stage": 0})
+    train, out = generate_split(cfg.task, "train"), tmp_path / command
+
+    def run(records, config=cfg, **kw):
+        lm = load_model(config.model, config.task, seed=0)
+        args = (lm, config, records, out) if command == "grpo" else (lm, records, config, out)
+        return (train_grpo if command == "grpo" else train_sft)(*args, log=lambda *a: None, progress=False, **kw)
+
+    run(train)
+    with pytest.raises(ConfigError, match=rf"other training data \({len(train)} records\) than given now \(8 records"):
+        run(train[:8])
+    longer = cfg if command == "sft" else tiny_config(**{**over, "grpo.steps": 3, "sft.num_epochs": 1})
+    run(train[:8], longer, allow_config_change=True)  # (GRPO: one more step, drawn from the 8)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    if command == "grpo":
+        assert [r["step"] for r in rows if "reward_mean" in r] == [0, 1, 2]

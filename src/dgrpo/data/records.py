@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,3 +83,15 @@ def shared_questions(train: list[Record], held_out: list[Record]) -> tuple[int, 
     trained = [answers.get(" ".join(r.question.split())) for r in held_out]  # (None: not in the training data)
     shared = [(r, kept) for r, kept in zip(held_out, trained) if kept is not None]
     return len(shared), sum(r.answer in kept for r, kept in shared)
+
+
+def fingerprint(records: list[Record]) -> str:
+    """``"<count>:<digest>"`` of the records' questions, steps and answers, in order: what a resumed run checks to
+    train on the data its checkpoint was trained on (``meta`` aside)."""
+    h = hashlib.sha256()
+    for r in records:
+        for part in (r.question, *r.steps, r.answer):
+            h.update(part.encode("utf-8", "surrogatepass"))
+            h.update(b"\x00")
+        h.update(b"\x01")
+    return f"{len(records)}:{h.hexdigest()[:16]}"

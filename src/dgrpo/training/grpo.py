@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, GRPOConfig, to_dict
-from ..data.records import Record
+from ..data.records import Record, fingerprint
 from ..eval.scoring import RewardPart, Rewards, ScoreFn, build_rewards, final_answer_text
 from ..model.factory import compile_head, compile_layers, pack_gqa
 from ..model.kernels import apply_kernels
@@ -192,11 +192,19 @@ class GRPOTrainer:
             "data_rng": [v, list(st), gauss],
             "nonfinite_skips": self.guard.skips,
             "nonfinite_streak": self.guard.streak,
+            "train_data": self.data_fingerprint,
         }
         return js
 
+    @cached_property
+    def data_fingerprint(self) -> str:
+        """The training records' :func:`~dgrpo.data.records.fingerprint` (a resume checks it)."""
+        return fingerprint(self.train_data)
+
     def load_state(self, js: dict) -> None:
-        self.step_idx, self.ema_baseline, self.order = js["step_idx"], js["ema_baseline"], list(js["order"])
+        self.step_idx, self.ema_baseline = js["step_idx"], js["ema_baseline"]
+        # (the rest of the epoch's order; on other data, allowed by allow_config_change, the indices it still has)
+        self.order = [i for i in js["order"] if i < len(self.train_data)]
         v, st, gauss = js["data_rng"]
         self.data_rng.setstate((v, tuple(st), gauss))
         self.guard.skips, self.guard.streak = js["nonfinite_skips"], js["nonfinite_streak"]
@@ -640,6 +648,7 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
     saved = loaded.apply(trainer.lm, trainer.opt, extra) if loaded is not None else None
     loop = LoopState()
     if saved is not None:
+        run.check_same_data(saved["trainer"].get("train_data"), trainer.data_fingerprint)
         trainer.load_state(saved["trainer"])
         if trainer.step_idx > trainer.cfg.grpo.steps:  # (final/ would hold more steps than the summary says)
             raise ConfigError(

@@ -447,6 +447,22 @@ class RunDir:
             )
         return None
 
+    def check_same_data(self, saved: str | None, given: str) -> None:
+        """Refuse to resume on other training data than the checkpoint was trained on (``saved`` and ``given``:
+        :func:`~dgrpo.data.records.fingerprint`), unless ``allow_config_change``: then it goes on, and says so. A
+        checkpoint written before dgrpo recorded its data (``saved`` None) is not checked."""
+        if saved is None or saved == given:
+            return
+        (n_saved, _, _), (n_given, _, _) = saved.partition(":"), given.partition(":")
+        what = f"{n_saved} records" if n_saved != n_given else f"other records ({n_saved} of them, as now)"
+        if not self.allow_config_change:
+            raise ConfigError(
+                f"{self.checkpoint} was trained on other training data ({what}) than given now ({n_given} records); "
+                "resume with the same data, start over with --resume never, or pass --allow-config-change to "
+                "continue on the new data"
+            )
+        self.log(f"dgrpo: resuming on other training data ({n_given} records) than {self.checkpoint}'s ({what})")
+
     def _move_aside(self, skipped: list[Path]) -> None:
         """Rename the newer checkpoints a resume skipped to ``damaged-step-N`` (kept to look at, no longer a
         checkpoint of the run): the run writes those steps again, and one without its manifest may not be replaced

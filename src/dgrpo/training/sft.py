@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, to_dict
-from ..data.records import Record
+from ..data.records import Record, fingerprint
 from ..model.factory import compile_head, compile_layers, pack_gqa
 from ..model.latent_lm import LatentLM, LatentSettings
 from ..model.sources import on_for_device
@@ -215,8 +215,9 @@ class SFTRun:
     """One SFT run between steps: the curriculum, where it stands, the optimizer and the non-finite guard,
     started fresh or resumed from the run directory's newest intact checkpoint."""
 
-    def __init__(self, lm: LatentLM, cfg: Config, dist: Dist, run: RunDir, n_train: int):
+    def __init__(self, lm: LatentLM, cfg: Config, dist: Dist, run: RunDir, train: list[Record]):
         self.lm, self.cfg, self.dist, self.run = lm, cfg, dist, run
+        self.data_fingerprint, n_train = fingerprint(train), len(train)
         lm.use_recompute(cfg.sft, "sft")
         compile_layers(lm, cfg.model)
         compile_head(lm, cfg.model)
@@ -229,6 +230,7 @@ class SFTRun:
         self.opt: torch.optim.Optimizer | None = None  # a fresh run makes it at its first stage
         if loaded is not None:
             saved = loaded.apply(lm, opt)
+            run.check_same_data(saved.get("train_data"), self.data_fingerprint)
             self.prog, self.opt = Progress(**saved["progress"]), opt
             if self.prog.stage_prev is not None:  # the schedule of the config resumed with (allow_config_change may
                 # have lengthened the run: the saved length would hold the added steps at lr 0); unchanged, the same
@@ -312,6 +314,7 @@ class SFTRun:
             "progress": {**asdict(self.prog), "epoch": epoch, "batch": batch},
             "nonfinite_skips": self.guard.skips,
             "metrics_lines": self.run.metrics.n_rows(),
+            "train_data": self.data_fingerprint,
         }
         save_checkpoint(
             self.run.out_dir,
@@ -347,7 +350,7 @@ def train_sft(
     writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see :class:`RunDir`)."""
     dist, s = _prepare(lm, train, cfg, out_dir, valid, evaluate_fn, dist), cfg.sft
     with RunDir(out_dir, cfg, dist, "sft", resume=resume, allow_config_change=allow_config_change, log=log) as run:
-        sft = SFTRun(lm, cfg, dist, run, len(train))
+        sft = SFTRun(lm, cfg, dist, run, train)
         plan, prog = sft.plan, sft.prog
         t0 = time.time() - _time_trained(run)  # time_s goes on from a resumed run's last row
         start_epoch, start_batch = prog.epoch, prog.batch
