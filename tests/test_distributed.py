@@ -182,6 +182,10 @@ def test_two_ranks_match_one_process(sft_checkpoint, tmp_path, fsdp):
     assert m["skipped"] == m2["skipped"] == 0 and m["n_rollouts_kept"] == m2["n_rollouts_kept"] == 32
     assert m["reward_mean"] == m2["reward_mean"]  # the same rollouts
     assert m["ema_baseline"] == m2["ema_baseline"]  # the baseline of the global batch, to the bit
+    # rollouts.jsonl's first rows come from the global batch (they were rank 0's 16 alone, its groups numbered locally)
+    rows = tr.rollout_rows(20)
+    assert len(rows) == 20 and [r["group"] for r in rows] == [i // 4 for i in range(20)]
+    assert json.loads((out / "rollouts.json").read_text()) == rows
     step_norm = float((one - start).norm())
     assert step_norm > 1e-3  # the step moved the weights (SGD at lr 1: the update is the gradient)
     assert torch.allclose(one, two, rtol=0, atol=1e-6), float((one - two).abs().max())
@@ -295,6 +299,7 @@ def _worker_parity(out: Path, args: dict) -> None:
     tr = GRPOTrainer(LatentLM.from_pretrained(args["init"]), cfg, generate_split(cfg.task, "train"), dist=dist)
     tr.opt = torch.optim.SGD(tr.opt.param_groups[0]["params"], lr=1.0)  # the sharded parameters under FSDP2
     m = tr.step()
+    rollouts = tr.rollout_rows(20)  # (a collective: more than rank 0's 16 rows)
     state = dist.full_state_dict(tr.lm.model)
     names = [n for n, _ in tr.lm.model.named_parameters()]  # the model's parameter order (tied weights once)
     flat = torch.cat([state[n].detach().reshape(-1).float() for n in names])
@@ -303,6 +308,7 @@ def _worker_parity(out: Path, args: dict) -> None:
         out.mkdir(parents=True, exist_ok=True)
         torch.save(flat, out / "params.pt")
         (out / "metrics.json").write_text(json.dumps(m))
+        (out / "rollouts.json").write_text(json.dumps(rollouts))
         if dist.fsdp and dist.checkpoint == "sharded":
             model = LatentLM.from_pretrained(consolidate_checkpoint(out / "ckpt")).model
             torch.save(torch.cat([p.detach().reshape(-1).float() for p in model.parameters()]), out / "consolidated.pt")

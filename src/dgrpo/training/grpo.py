@@ -504,13 +504,17 @@ class GRPOTrainer:
         return fresh[self.row0 :][rows]
 
     def rollout_rows(self, n: int) -> list[dict]:
-        """The first ``n`` rollouts of the last step, for ``rollouts.jsonl``: prompt, completion, reward(s)."""
+        """The first ``n`` rollouts of the last step's global batch, for ``rollouts.jsonl``: prompt, completion,
+        reward(s), the group's global index. Under torchrun every rank calls it (its rows are gathered in rank
+        order, which is the global order; they were rank 0's alone, capped at its share)."""
+        if n <= 0:
+            return []
         ro, K = self.last_rollouts, self.cfg.grpo.group_size
         parts = self.rewards.last if len(self.rewards.parts) > 1 else {}
-        return [
+        rows = [
             {
                 "step": self.step_idx - 1,
-                "group": i // K,
+                "group": (self.row0 + i) // K,
                 "seed": int(ro.seeds[i]),
                 "question": self.last_prompts[i // K].question,
                 "completion": ro.texts[i],
@@ -519,6 +523,7 @@ class GRPOTrainer:
             }
             for i in range(min(n, len(ro.texts)))
         ]
+        return [row for rank_rows in self.dist.all_gather_objects(rows) for row in rank_rows][:n]
 
     def _rollout_metrics(self, ro: Rollouts, keep: Tensor) -> dict:
         """Reward and diversity diagnostics of the step's rollouts, reduced over ranks."""
