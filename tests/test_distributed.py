@@ -147,6 +147,10 @@ def test_asymmetric_filter_does_not_hang(sft_checkpoint, tmp_path, fsdp):
     from dgrpo.model.latent_lm import LatentLM
 
     LatentLM.from_pretrained(out / "final")  # a gathered checkpoint under FSDP2 too
+    from safetensors import safe_open
+
+    with safe_open(str(out / "final" / "model.safetensors"), "pt") as f:  # the tied head saved once (was twice)
+        assert "lm_head.weight" not in f.keys() and "model.embed_tokens.weight" in f.keys()
     # the CLI's Dist.close() destroyed the group and joined gloo's threads on both ranks, under FSDP2 too
     assert [json.loads((out / f"gloo{r}.json").read_text()) for r in range(2)] == [[], []]
 

@@ -559,3 +559,21 @@ def test_a_target_cut_at_max_tokens_keeps_no_eos(tokenizer):
     short = ids[1][mask[1].bool()].tolist()
     assert short[-1] == lm.eos_id and len(short) <= 5
     assert lm.encode_targets(["#### 4"], max_tokens=len(short))[0][0].tolist()[-1] == lm.eos_id  # (just fits)
+
+
+def test_a_gathered_state_dict_saves_a_tied_weight_once(tokenizer, tmp_path):
+    """save_pretrained(state_dict=...) with a copy under each name of a tied weight (what FSDP's gathered state is):
+    the head is written once, as from the model itself, and the loaded model ties it again (the same logits)."""
+    from safetensors import safe_open
+
+    from dgrpo.model.latent_lm import LatentLM
+
+    lm = make_lm(tokenizer, "qwen2")
+    assert lm.model.config.tie_word_embeddings
+    lm.save_pretrained(tmp_path / "copies", state_dict={k: v.clone() for k, v in lm.model.state_dict().items()})
+    with safe_open(str(tmp_path / "copies" / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in f.keys() and "model.embed_tokens.weight" in f.keys()
+    back = LatentLM.from_pretrained(tmp_path / "copies")
+    assert back.model.lm_head.weight is back.model.model.embed_tokens.weight
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.equal(back.model(ids).logits, lm.model(ids).logits)

@@ -579,7 +579,7 @@ class LatentLM(nn.Module):
 
                 save_adapter(self, tmp)
             elif weights:
-                self.model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+                self.model.save_pretrained(tmp, state_dict=self._untied(state_dict), safe_serialization=True)
             else:
                 self.model.config.save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
@@ -588,6 +588,16 @@ class LatentLM(nn.Module):
                 (tmp / RUN_CONFIG_FILE).write_text(json.dumps(self.run_config, indent=2))
             if extra is not None:
                 extra(tmp)
+
+    def _untied(self, state_dict: dict[str, Tensor] | None) -> dict[str, Tensor] | None:
+        """``state_dict`` without the second name of a tied weight (Qwen2.5-1.5B's ``lm_head.weight``, the input
+        embedding): a gathered (FSDP) state holds a copy under each name, which Hugging Face then saved twice, as
+        the model's own state dict (one storage) is not; loading ties them again."""
+        if state_dict is None:
+            return None
+        first: dict[int, str] = {}
+        tied = {n for n, p in self.model.named_parameters(remove_duplicate=False) if first.setdefault(id(p), n) != n}
+        return {k: v for k, v in state_dict.items() if k not in tied}
 
     @property
     def checkpoint_files(self) -> tuple[str, ...]:
