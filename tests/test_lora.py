@@ -283,6 +283,29 @@ def lora_trainer(sft_checkpoint, records, **over):
     return GRPOTrainer(lm, cfg, records)
 
 
+@pytest.mark.parametrize("given", ["config", "model"])
+def test_train_grpo_from_python_trains_the_adapters_its_config_or_model_has(
+    sft_checkpoint, task_records, tmp_path, given
+):
+    """train_grpo handed a full model: model.lora.r > 0 in the config puts adapters on it (the config was ignored,
+    and every weight trained while config.json said r = 4); a model handed with its own adapters and r = 0 keeps
+    them, and config.json records their rank."""
+    import json
+
+    from dgrpo.training.grpo import train_grpo
+
+    rank = {"model.lora.r": 4 if given == "config" else 0}
+    cfg = tiny_config(**{**GRPO, **rank, "grpo.steps": 1, "grpo.filter": "false"})
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    if given == "model":
+        lm.name_or_path = str(sft_checkpoint)  # (the saved base the adapter names)
+        lora.apply_lora(lm, LoraConfig(r=4, alpha=8.0))
+    train_grpo(lm, cfg, task_records, tmp_path / "run", log=lambda *a: None, progress=False)
+    assert lm.peft is not None and (tmp_path / "run" / "final" / "adapter_model.safetensors").is_file()
+    assert not (tmp_path / "run" / "final" / "model.safetensors").exists()
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["model"]["lora"]["r"] == 4
+
+
 def frozen_weights(lm):
     return {n: p.detach().clone() for n, p in lm.model.named_parameters() if not p.requires_grad and "lora" not in n}
 

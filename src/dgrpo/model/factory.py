@@ -105,6 +105,21 @@ def configure_lora(lm: LatentLM, cfg: LoraConfig) -> None:
         lora.merge_into_base(lm)
 
 
+def lora_for_training(lm: LatentLM, cfg: LoraConfig) -> None:
+    """What ``train_sft``/``train_grpo`` do with a model handed to them (the command line's comes through
+    :func:`load_model`, which did it already: then nothing changes). ``model.lora.r`` > 0 puts adapters on a model
+    that has none, or continues the model's own (:func:`configure_lora`); it was ignored, and every weight trained.
+    A model given with its own adapters and ``r`` = 0 keeps them, and the config records theirs, so that the run's
+    config says what it trains."""
+    if cfg.r > 0 or lm.peft is None:
+        configure_lora(lm, cfg)
+        return
+    saved = lm.peft.peft_config[lora.POLICY]
+    cfg.r, cfg.alpha = saved.r, float(saved.lora_alpha)
+    if isinstance(saved.target_modules, (set, list)):
+        cfg.target_modules = sorted(saved.target_modules)
+
+
 def compile_layers(lm: LatentLM, cfg: ModelConfig) -> None:
     """``model.compile``: the decoder layers of ``lm`` run one compiled step (:mod:`~dgrpo.model.compiled_layers`);
     a ConfigError when its architecture cannot. Nothing when the option is off."""

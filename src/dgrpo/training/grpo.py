@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from ..config import Config, ConfigError, GRPOConfig, to_dict
 from ..data.records import Record, fingerprint
 from ..eval.scoring import RewardPart, Rewards, ScoreFn, build_rewards, final_answer_text
-from ..model.factory import compile_head, compile_layers, pack_gqa
+from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
 from ..model.kernels import apply_kernels
 from ..model.latent_lm import LatentLM
 from ..model.static_cache import static_cache_obstacle
@@ -609,6 +609,7 @@ def train_grpo(
     check_run_inputs(
         lm, cfg, train, "train_grpo", valid, dict, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
     )
+    lora_for_training(lm, cfg.model.lora)
     dist, g = dist or Dist.single(), cfg.grpo
     lm.settings.chat_template |= cfg.data.chat_template  # on for a model trained without it (a trained one keeps it)
     trainer = GRPOTrainer(lm, cfg, train, dist=dist, reward_fn=reward_fn)

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, to_dict
 from ..data.records import Record, fingerprint
-from ..model.factory import compile_head, compile_layers, pack_gqa
+from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
 from ..model.latent_lm import LatentLM, LatentSettings
 from ..model.sources import on_for_device
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dir
@@ -403,6 +403,7 @@ def _prepare(
     check_run_inputs(
         lm, cfg, train, "train_sft", valid, list, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
     )
+    lora_for_training(lm, cfg.model.lora)
     dist = dist or Dist.single()
     if cfg.sft.batch_size < dist.world_size:
         raise ConfigError(
