@@ -304,6 +304,11 @@ def test_question_answer_rows_take_a_json_number_as_the_answer(tmp_path: Path) -
     assert [r.answer for r in load_dataset(str(path))] == ["4", "0.5"]
     with pytest.raises(DataError, match="must be a string, got bool"):
         load_dataset(str(_write(tmp_path / "b.jsonl", '{"question": "2 + 2?", "answer": true}\n')))
+    # Coconut's {question, steps, answer} rows too (they refused a number: "must be a string, got float")
+    rows = '{"question": "q1", "steps": ["<<1+1=2>>"], "answer": 0.1}\n{"question": "q2", "steps": [], "answer": 3}\n'
+    assert [r.answer for r in load_dataset(str(_write(tmp_path / "s.jsonl", rows)))] == ["0.1", "3"]
+    with pytest.raises(DataError, match="must be a string, got bool"):
+        load_dataset(str(_write(tmp_path / "sb.jsonl", '{"question": "q", "steps": [], "answer": false}\n')))
 
 
 def test_error_unrecognised_keys(tmp_path: Path) -> None:
@@ -490,3 +495,7 @@ def test_top_level_load_dataset_refuses_a_split_of_a_file_and_takes_a_column_map
         dgrpo.load_dataset(str(path))
     cols = DataConfig(question_key="prompt", answer_key="target", steps_key="work")
     assert [r.answer for r in dgrpo.load_dataset(str(path), data=cols)] == ["2", "5"]
+    # the names --data takes: files and splits joined by '+' (the top level tried the hub with the whole name)
+    assert [r.answer for r in dgrpo.load_dataset(f"{path}+{path}", data=cols)] == ["2", "5", "2", "5"]
+    joined = dgrpo.load_dataset("builtin:test+builtin:valid")
+    assert len(joined) == len(dgrpo.load_dataset("builtin:test")) + len(dgrpo.load_dataset("builtin", "valid"))

@@ -14,16 +14,16 @@ if TYPE_CHECKING:
 
 
 def load_dataset(name_or_path: str, split: str | None = None, *, data: DataConfig | None = None) -> list[Record]:
-    """Records of a dataset given by name (``gsm8k``, ``svamp``, ``builtin``, ...) or file path.
+    """Records of a dataset given by name (``gsm8k``, ``svamp``, ``builtin``, ...) or file path, or of several
+    joined by ``+`` (``gsm_hard+svamp``, ``a.jsonl+b.csv``): the names ``--data`` and ``data.*`` take.
 
-    ``split`` picks a split of a named dataset; a file has none (giving one with a file path is a DataError).
-    ``data`` (a :class:`dgrpo.config.DataConfig`) maps the columns of a file whose keys are not a known format:
-    ``load_dataset("my.csv", data=DataConfig(question_key="prompt", answer_key="target"))``.
+    ``split`` picks a split of a named dataset (or ``name:split``); a file has none (giving one with a file path is
+    a DataError). ``data`` (a :class:`dgrpo.config.DataConfig`) maps the columns of a file whose keys are not a
+    known format: ``load_dataset("my.csv", data=DataConfig(question_key="prompt", answer_key="target"))``.
     """
-    from .data import columns_of
-    from .data.loaders import load_dataset as _load
+    from .data import load_spec
 
-    return _load(name_or_path, split, columns=columns_of(data))
+    return load_spec(name_or_path, split=split, data=data)
 
 
 def score(completion_text: str, gold_answer) -> float:

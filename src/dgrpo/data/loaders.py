@@ -121,6 +121,10 @@ def _row_coconut(row: dict[str, Any], *, numeric: bool) -> Record:
     question = _text_field(row, "question")
     # Coconut writes an empty CoT as [""] (its gsm_icot.py splits "" on spaces): blank steps are dropped.
     steps = [s for s in _steps_field(row) if s.strip()]
+    raw = row.get("answer")
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):  # a JSON number, as {question, answer} takes
+        raw = _format_number(raw, "field 'answer'")
+        row = {**row, "answer": raw}
     answer = _text_field(row, "answer")
     canon = normalize_number(answer)
     if canon is not None:
