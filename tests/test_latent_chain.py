@@ -285,8 +285,9 @@ def test_capture_is_refused_off_cuda(tokenizer):
     "epochs, lora, over",
     [
         (1, False, []),
-        (2, False, []),
-        (1, True, []),
+        # (two mini-epochs, and LoRA: the slow tier, with the ablations)
+        pytest.param(2, False, [], marks=pytest.mark.slow),
+        pytest.param(1, True, [], marks=pytest.mark.slow),
         # the paper's ablations: the update's masks drawn anew, or no perturbation (sampled answers)
         pytest.param(1, False, ["grpo.replay=fresh_mask"], marks=pytest.mark.slow),
         pytest.param(1, False, ["perturbation.kind=none"], marks=pytest.mark.slow),

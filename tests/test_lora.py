@@ -341,6 +341,7 @@ def test_grpo_under_lora_replays_exactly_and_trains_only_adapters(sft_checkpoint
     assert all(torch.equal(now[k], v) for k, v in lora.adapter_state(lm, lora.REFERENCE).items())
 
 
+@pytest.mark.slow
 def test_grpo_under_lora_resumes_bit_exactly(sft_checkpoint, task_records, tmp_path):
     """Save after 2 steps, load into a fresh trainer: both then take the same steps to the same adapters."""
     from dgrpo.training.checkpoint import list_checkpoints, read_checkpoint, save_checkpoint

@@ -456,6 +456,7 @@ def test_the_test_sets_are_also_run_for_best_when_it_is_not_the_final_model(
 
 
 # ----------------------------------------------------------------------------------- resume and config changes
+@pytest.mark.slow
 def test_resume_refuses_a_changed_config_unless_allowed(sft_checkpoint, tmp_path, run_cli):
     out = tmp_path / "run"
     args = ["grpo", "--init", sft_checkpoint, *tiny_args(**{"grpo.steps": 2, "grpo.save_every": 1}), "--out", out]

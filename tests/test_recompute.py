@@ -300,7 +300,7 @@ def live_tensor_bytes() -> int:
 @pytest.mark.parametrize(
     "recompute",
     [
-        s if s in ("false", "layer", "layer-latent-kept") else pytest.param(s, marks=pytest.mark.slow)
+        s if s == "layer" else pytest.param(s, marks=pytest.mark.slow)  # (layer: where a step's graph once stayed)
         for s in RECOMPUTE_SETTINGS
     ],
 )
