@@ -663,7 +663,7 @@ def test_evaluate_checks_a_scorer_as_training_checks_a_reward(sft_checkpoint):
     def short(completions, records):
         return [1.0] * (len(completions) - 2)
 
-    with pytest.raises(RewardError, match="reward short returned 2 values for 4 completions"):
+    with pytest.raises(RewardError, match="scorer short returned 2 values for 4 completions"):  # (was "reward")
         evaluate(lm, recs, scorer=short, max_new_tokens=4, progress=False)
     with pytest.raises(RewardError, match="returned nan for row 0"):
         evaluate(lm, recs, scorer=lambda c, r: [float("nan")] * len(c), max_new_tokens=4, progress=False)

@@ -330,7 +330,7 @@ def _graded(records: list[Record], texts: list[str], scorer: ScoreFn) -> tuple[l
     verifier's outputs for numeric golds count as unparseable (for a text gold it compares the text after the
     last ``#``)."""
     is_numeric = scorer is numeric
-    scores = call_checked(scorer, scorer_name(scorer), texts, records)
+    scores = call_checked(scorer, scorer_name(scorer), texts, records, "scorer")
     preds, correct, unparseable = [], 0, 0
     for r, text, value in zip(records, texts, scores):
         ok = value > 0.5
@@ -454,7 +454,9 @@ def _voted(records: list[Record], texts: list[str], n_masks: int, scorer: ScoreF
             chosen[j] = next(t for t, v in zip(mine, votes) if v == vote)
         preds.append({"question": r.question, "gold": r.answer, "votes": votes, "pred": vote})
     scores = (
-        call_checked(scorer, scorer_name(scorer), list(chosen.values()), [records[j] for j in chosen]) if chosen else []
+        call_checked(scorer, scorer_name(scorer), list(chosen.values()), [records[j] for j in chosen], "scorer")
+        if chosen
+        else []
     )
     ok = {j: value > 0.5 for j, value in zip(chosen, scores)}
     for j, p in enumerate(preds):  # (a question without a vote shows its first completion)

@@ -134,13 +134,16 @@ def load_function(spec: str, what: str = "reward") -> ScoreFn:
     return fn
 
 
-def call_checked(fn: ScoreFn, name: str, completions: list[str], records: list[Record]) -> list[float]:
-    """``fn(completions, records)``, checked: it must return one finite number per completion."""
+def call_checked(
+    fn: ScoreFn, name: str, completions: list[str], records: list[Record], what: str = "reward"
+) -> list[float]:
+    """``fn(completions, records)``, checked: it must return one finite number per completion (an error names it as
+    ``what``: a reward, or a scorer in evaluation)."""
     try:
         returned = fn(completions, records)
     except Exception as e:  # noqa: BLE001 - the user's function failed: one line naming it
         raise RewardError(
-            f"reward {name} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            f"{what} {name} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         ) from None
     try:
         if isinstance(returned, (str, Mapping)):  # iterable, but its letters / keys are not the values
@@ -148,14 +151,14 @@ def call_checked(fn: ScoreFn, name: str, completions: list[str], records: list[R
         values = list(returned)
     except TypeError:  # None, one float, a dict, ...: not one value per completion
         shown = repr(returned)[:60]
-        raise RewardError(f"reward {name} returned {shown}, not one value per completion (a list of numbers)") from None
+        raise RewardError(f"{what} {name} returned {shown}, not one value per completion (a list of numbers)") from None
     if len(values) != len(completions):
-        raise RewardError(f"reward {name} returned {len(values)} values for {len(completions)} completions")
+        raise RewardError(f"{what} {name} returned {len(values)} values for {len(completions)} completions")
     out = []
     for i, v in enumerate(values):
         x = reward_value(v)
         if x is None:
-            raise RewardError(f"reward {name} returned {v!r} for row {i} (question {records[i].question[:60]!r})")
+            raise RewardError(f"{what} {name} returned {v!r} for row {i} (question {records[i].question[:60]!r})")
         out.append(x)
     return out
 
@@ -269,7 +272,7 @@ def build_scorer(spec: str) -> ScoreFn:
     fn = load_function(spec, "eval.scorer")
 
     def checked(completions: list[str], records: list[Record]) -> list[float]:
-        return call_checked(fn, spec, completions, records)
+        return call_checked(fn, spec, completions, records, "scorer")
 
     checked.__name__ = spec  # (results.json names the scorer by it)
     return checked
