@@ -457,7 +457,7 @@ def test_resuming_on_other_training_data_is_refused_unless_allowed(tmp_path, com
         return (train_grpo if command == "grpo" else train_sft)(*args, log=lambda *a: None, progress=False, **kw)
 
     run(train)
-    with pytest.raises(ConfigError, match=rf"other training data \({len(train)} records\) than given now \(8 records"):
+    with pytest.raises(ConfigError, match=rf"other training data than given now \({len(train)} records, now 8\)"):
         run(train[:8])
     longer = cfg if command == "sft" else tiny_config(**{**over, "grpo.steps": 3, "sft.num_epochs": 1})
     run(train[:8], longer, allow_config_change=True)  # (GRPO: one more step, drawn from the 8)

@@ -454,14 +454,13 @@ class RunDir:
         if saved is None or saved == given:
             return
         (n_saved, _, _), (n_given, _, _) = saved.partition(":"), given.partition(":")
-        what = f"{n_saved} records" if n_saved != n_given else f"other records ({n_saved} of them, as now)"
+        what = f"{n_saved} records, now {n_given}" if n_saved != n_given else f"{n_given} records as now, other ones"
         if not self.allow_config_change:
             raise ConfigError(
-                f"{self.checkpoint} was trained on other training data ({what}) than given now ({n_given} records); "
-                "resume with the same data, start over with --resume never, or pass --allow-config-change to "
-                "continue on the new data"
+                f"{self.checkpoint} was trained on other training data than given now ({what}); resume with the "
+                "same data, start over with --resume never, or pass --allow-config-change to continue on the new data"
             )
-        self.log(f"dgrpo: resuming on other training data ({n_given} records) than {self.checkpoint}'s ({what})")
+        self.log(f"dgrpo: resuming {self.checkpoint} on other training data than it was trained on ({what})")
 
     def _move_aside(self, skipped: list[Path]) -> None:
         """Rename the newer checkpoints a resume skipped to ``damaged-step-N`` (kept to look at, no longer a
