@@ -359,6 +359,8 @@ def test_grpo_steps_with_a_padded_chain_equal_those_without(tokenizer, task_reco
         (["grpo.engine=eager"], "grpo.engine=fast"),
         (["grpo.engine=auto"], "resolved to eager"),  # (auto is the eager engine on this CPU)
         (["grpo.engine=fast", "grpo.recompute=true", "grpo.recompute_latent_steps=true"], "recompute_latent_steps"),
+        # (it said "set grpo.engine=fast", which native dropout refuses in turn)
+        (["perturbation.kind=native"], r"^invalid config value grpo.update_latent_graphs: .*perturbation.kind=native"),
     ],
 )
 def test_the_chain_refuses_what_it_cannot_run(tokenizer, task_records, over, match):

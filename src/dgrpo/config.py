@@ -66,7 +66,8 @@ CONFIG_DIR = Path(__file__).resolve().with_name("configs")
 #: the grammar of ``perturbation.layers`` (:func:`parse_layer_spec`), as error messages and docs state it
 LAYER_GRAMMAR = (
     "all; one layer index (3, or -1 for the last); a slice start:stop, either end optional, negatives "
-    "counting from the end (0:4, -2:, :3; no step); or a comma list of indices (1,3,5)"
+    "counting from the end (0:4, -2:, :3; no step; clipped to the model's layers as a Python slice is, -5: is "
+    "every layer of a 2-layer model, and one that selects none is an error); or a comma list of indices (1,3,5)"
 )
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -936,6 +937,10 @@ class Config:
         checks the rest: the engine once resolved, the processes, the model)."""
         g = self.grpo
         for ok, why in (
+            (  # (before the engine: the advice to set grpo.engine=fast would meet the next refusal)
+                self.perturbation.kind != "native",
+                "perturbation.kind=native (the chain is the fast engine's, which needs a perturbation held in tensors)",
+            ),
             (g.engine != "eager", "grpo.engine=eager (the chain is the fast engine's: set grpo.engine=fast or auto)"),
             (
                 not (g.recompute and g.recompute_latent_steps),
