@@ -152,7 +152,7 @@ def run_sft(args: argparse.Namespace) -> int:
     from ..eval.evaluate import evaluate
     from ..eval.scoring import gold_completions, warn_if_gold_scores_zero
     from ..model.factory import load_model
-    from ..training.sft import train_sft
+    from ..training.sft import last_best_row, train_sft
 
     cfg = record_init(load(args), args.init)
     device = setup(cfg)
@@ -191,8 +191,8 @@ def run_sft(args: argparse.Namespace) -> int:
     if tests and cfg.sft.eval_every_epoch:  # best/: the last stage's best validated epoch
         metrics = out / METRICS_FILE
         rows = map(json.loads, metrics.read_text().splitlines()) if dist.is_main and metrics.is_file() else []
-        best_epochs = [row["best_epoch"] for row in rows if "best_epoch" in row] or [None]
-        evaluate_best(best_epochs[-1], cfg.sft.num_epochs - 1, tests, cfg, out, dist, device)
+        best = last_best_row(rows)
+        evaluate_best(best["best_epoch"] if best else None, cfg.sft.num_epochs - 1, tests, cfg, out, dist, device)
     dist.close()
     return 0
 

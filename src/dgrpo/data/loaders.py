@@ -117,15 +117,20 @@ def _row_gsm8k(row: dict[str, Any]) -> Record:
     return Record(question, _step_annotations(solution), answer, {"solution": solution})
 
 
+def _json_number_answer(row: dict[str, Any]) -> str | None:
+    """A JSON number given as the answer, as answer text (as a CSV column's number would be); None for anything else
+    (text, which the row's own parser reads, or a boolean, which it refuses)."""
+    raw = row.get("answer")
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        return _format_number(raw, "field 'answer'")
+    return None
+
+
 def _row_coconut(row: dict[str, Any], *, numeric: bool) -> Record:
     question = _text_field(row, "question")
     # Coconut writes an empty CoT as [""] (its gsm_icot.py splits "" on spaces): blank steps are dropped.
     steps = [s for s in _steps_field(row) if s.strip()]
-    raw = row.get("answer")
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):  # a JSON number, as {question, answer} takes
-        raw = _format_number(raw, "field 'answer'")
-        row = {**row, "answer": raw}
-    answer = _text_field(row, "answer")
+    answer = _json_number_answer(row) or _text_field(row, "answer")
     canon = normalize_number(answer)
     if canon is not None:
         answer = canon
@@ -190,9 +195,9 @@ def _row_question_answer(row: dict[str, Any]) -> Record:
     if isinstance(row.get("answer"), str) and "####" in row["answer"]:
         return _row_gsm8k(row)
     question = _text_field(row, "question")
-    raw = row.get("answer")
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):  # a JSON number: as a CSV column's would be
-        return Record(question, [], _format_number(raw, "field 'answer'"), {})
+    number = _json_number_answer(row)
+    if number is not None:
+        return Record(question, [], number, {})
     answer = _text_field(row, "answer")
     canon = normalize_number(answer)
     return Record(question, [], canon if canon is not None else answer, {})

@@ -76,10 +76,8 @@ def choice_letter(text: str) -> str | None:
 
 def choice(completions: list[str], records: list[Record]) -> list[float]:
     """A multiple-choice answer: the completion's letter A-E equals the gold's (:func:`choice_letter`)."""
-    return [
-        float(choice_letter(c) is not None and choice_letter(c) == choice_letter(str(r.answer)))
-        for c, r in zip(completions, records)
-    ]
+    letters = [choice_letter(c) for c in completions]
+    return [float(x is not None and x == choice_letter(str(r.answer))) for x, r in zip(letters, records)]
 
 
 def coconut(completions: list[str], records: list[Record]) -> list[float]:

@@ -731,7 +731,7 @@ class LatentLM(nn.Module):
 
     def token_ids(self, texts: list[str]) -> list[list[int]]:
         """Each text's token ids without special tokens, in one call of the tokenizer (a fast tokenizer encodes the
-        batch in Rust: ~10x less time than one call per text, which was a sixth of a tiny SFT step)."""
+        batch in Rust: 64 SFT targets of the built-in task in 1.6 ms, against 3.7 ms one call per text)."""
         if not texts:
             return []
         return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]

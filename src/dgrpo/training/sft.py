@@ -15,7 +15,7 @@ import math
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -291,15 +291,14 @@ class SFTRun:
         self.lm.settings = final_settings(self.cfg)
         self.lm.eval()
         self.dist.save_model(self.lm, self.run.out_dir / FINAL_DIR)
+        rows = self.run.metrics.rows()
         by_stage = {  # (the stage-end rows: sft.eval_every_epoch's rows name their epoch)
-            r["stage"]: r["eval/valid/accuracy"]
-            for r in self.run.metrics.rows()
-            if "eval/valid/accuracy" in r and "epoch" not in r
+            r["stage"]: r["eval/valid/accuracy"] for r in rows if "eval/valid/accuracy" in r and "epoch" not in r
         }
         accs = ", ".join(f"{k}: {100 * v:.1f}%" for k, v in by_stage.items())  # (a resumed run's earlier stages too)
         s = self.lm.settings
-        best = [r for r in self.run.metrics.rows() if "best_epoch" in r]
-        kept = f"; best/: epoch {best[-1]['best_epoch']} ({100 * best[-1]['best/valid/accuracy']:.1f}%)" if best else ""
+        best = last_best_row(rows)
+        kept = f"; best/: epoch {best['best_epoch']} ({100 * best['best/valid/accuracy']:.1f}%)" if best else ""
         self.run.log(
             f"dgrpo sft: done in {time.time() - t0:.0f} s; validation accuracy by stage: {accs or 'not evaluated'}; "
             f"final stage {s.stage} ({s.n_latent} latent thoughts){kept}; {self.guard.skips} non-finite steps skipped"
@@ -481,11 +480,18 @@ def _validate_epoch(
     return accuracy
 
 
+def last_best_row(rows: Iterable[dict]) -> dict | None:
+    """The last ``best_epoch`` metrics row of an SFT run under ``sft.eval_every_epoch`` (the epoch ``best/`` holds
+    and its validation accuracy); None when the run kept none."""
+    kept = [r for r in rows if "best_epoch" in r]
+    return kept[-1] if kept else None
+
+
 def _resumed_best(run: RunDir, dist: Dist) -> float:
     """The validation accuracy of the run's ``best/`` so far (its ``best_epoch`` metrics rows; -1 for none or when
     ``best/`` is not in this run directory), the same on every rank (rank 0 reads the rows)."""
-    kept = [r for r in run.metrics.rows() if "best_epoch" in r] if (run.out_dir / BEST_DIR).is_dir() else []
-    return dist.max_float(float(kept[-1]["best/valid/accuracy"]) if kept else -1.0)
+    kept = last_best_row(run.metrics.rows()) if (run.out_dir / BEST_DIR).is_dir() else None
+    return dist.max_float(float(kept["best/valid/accuracy"]) if kept else -1.0)
 
 
 def _keep_if_best(
