@@ -2,6 +2,7 @@
 ``base:`` chains, packaged configs and the generated option docs (no subprocess, fast)."""
 
 import dataclasses
+import re
 import typing
 from pathlib import Path
 
@@ -503,3 +504,30 @@ def test_describe_filters_a_section():
     )
     with pytest.raises(ConfigError, match="no config option is named by"):
         describe(Config, section="nope")
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["perturbation.p=0"], ["perturbation.p=0 makes perturbation.kind=locked perturb nothing.*one answer"]),
+        (["perturbation.kind=native", "perturbation.p=0", "grpo.engine=eager"], ["kind=native perturb nothing"]),
+        (
+            ["perturbation.kind=gaussian", "perturbation.sigma=0", "grpo.temperature=1"],
+            ["perturbation.sigma=0.*differ only by their sampled tokens"],
+        ),
+        (["perturbation.kind=none", "grpo.replay=fresh_mask"], ["grpo.replay=fresh_mask changes nothing"]),
+        (["perturbation.p=0", "grpo.replay=fresh_mask"], ["perturbation.p=0", "grpo.replay=fresh_mask"]),
+        (["perturbation.kind=gaussian", "perturbation.p=0"], []),  # p is not gaussian's scale
+        (["perturbation.kind=none"], []),  # the deterministic ablation is what it says
+    ],
+)
+def test_inert_settings_are_named_one_line_each(overrides, says):
+    lines = load_config(Config, None, overrides).inert_settings()
+    assert len(lines) == len(says)
+    for pattern, line in zip(says, lines, strict=True):
+        assert re.search(pattern, line), (pattern, line)
+
+
+def test_no_packaged_config_has_inert_settings():
+    for name in packaged_configs():
+        assert load_config(Config, name).inert_settings() == [], name

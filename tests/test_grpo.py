@@ -351,3 +351,8 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
         with pytest.raises(TypeError, match="out_dir"):
             train_grpo(lm, cfg, train, 3, valid={"v": train})  # type: ignore[arg-type]
     assert not out.exists()
+
+
+def test_a_null_perturbation_is_warned_when_the_trainer_starts(sft_checkpoint):
+    with pytest.warns(UserWarning, match="perturbation.p=0 makes perturbation.kind=locked perturb nothing"):
+        trainer(sft_checkpoint, **{"perturbation.p": "0"})

@@ -953,6 +953,28 @@ class Config:
                 return f"the latent chain does not run with {why}"
         return None
 
+    def inert_settings(self) -> list[str]:
+        """The GRPO settings that this config makes do nothing (each a line for a warning; none is an error: a null
+        perturbation is the deterministic ablation, ``perturbation.kind=none``, by another name)."""
+        pert, lines = self.perturbation, []
+        scale = {"locked": "p", "native": "p", "gaussian": "sigma"}.get(pert.kind)
+        silent = scale is not None and getattr(pert, scale) == 0
+        if silent:
+            how = (
+                "and, decoded greedily, give one answer: no learning signal"
+                if self.grpo.temperature == 0
+                else "and differ only by their sampled tokens"
+            )
+            lines.append(
+                f"perturbation.{scale}=0 makes perturbation.kind={pert.kind} perturb nothing: the K rollouts of a "
+                f"group share one network {how} (as with perturbation.kind=none)"
+            )
+        if self.grpo.replay == "fresh_mask" and (pert.kind == "none" or silent):
+            lines.append(
+                "grpo.replay=fresh_mask changes nothing without a perturbation: there is no mask to draw afresh"
+            )
+        return lines
+
     def _validate_latent_graphs(self) -> None:
         """``grpo.update_latent_graphs=true`` where this config keeps the chain from running (auto turns itself off)."""
         why = self.latent_chain_obstacle() if self.grpo.update_latent_graphs == "true" else None

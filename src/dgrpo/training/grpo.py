@@ -162,6 +162,8 @@ class GRPOTrainer:
         compile_head(lm, cfg.model)  # (and the compiled head statistics)
         pack_gqa(lm, cfg.model)  # (and the packed attention: the copy's config is the model's)
         self.objective = ObjectiveSettings.from_config(g)
+        for line in cfg.inert_settings():
+            warnings.warn(line, stacklevel=2)
         self.rewards = _rewards(reward_fn, cfg)
         self.rewards.smoke_test(train[:2], check_filter=g.filter and g.advantage != "ema")
         # the KL reference: a frozen copy of the model, or under LoRA a frozen adapter (before the optimizer)
