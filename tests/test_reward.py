@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dgrpo.data.records import DataError, Record
+from dgrpo.eval.scoring import exact
 from dgrpo.reward import extract_answer, is_parseable, normalize_number, parse_number, score
 
 
@@ -325,3 +326,23 @@ def test_booleans_and_arrays_are_no_numeric_gold() -> None:
     for answer in (True, np.bool_(False), float("nan"), None):
         with pytest.raises(DataError, match=r"^answer must be text or a finite number, got"):
             Record("q", [], answer)
+
+
+@pytest.mark.parametrize(
+    "completion, gold, want",
+    [
+        ("#### C#", "C#", 1.0),
+        ("... so ### C# .", "C#", 1.0),  # Coconut's marker, a trailing period
+        ("#### #1", "#1", 1.0),
+        ("#### C##", "C##", 1.0),
+        ("#### C", "C#", 0.0),
+        ("#### F# minor", "C#", 0.0),
+        ("C#", "C#", 1.0),  # no marker: the whole text, as for any text gold
+        ("#### C", "C", 1.0),  # a gold without '#' reads after the last '#' as before
+        ("#### C # B", "B", 1.0),
+    ],
+)
+def test_a_text_gold_holding_a_hash_is_read_after_the_standalone_marker(completion, gold, want):
+    rec = [Record(question="q", steps=[], answer=gold)]
+    assert exact([completion], rec) == [want]
+    assert score(completion, gold) == want  # numeric's text branch reads the same

@@ -210,9 +210,17 @@ def numbers_match(pred: str, gold: str, decimals: int | None = None) -> bool:
     return decimals >= 2 and pf != 0 and diff <= 0.5 * 10.0**-decimals * (1 + 1e-9)
 
 
-def final_answer_text(completion: str) -> str:
+_MARKER = re.compile(r"(?:^|(?<=\s))#+(?=\s|$)")  # a run of '#' standing alone: the answer marker
+
+
+def final_answer_text(completion: str, gold: Any = None) -> str:
     """The answer part of a completion: after its last ``#`` (dgrpo's ``#### x``, Coconut's ``### x``, as Coconut's
-    ``split("#")[-1]`` reads it), the whole text when it has none."""
+    ``split("#")[-1]`` reads it), the whole text when it has none. For a text ``gold`` that itself holds a ``#``
+    (``C#``, ``#1``) the answer is what follows the last marker, a run of ``#`` standing alone between spaces
+    (``#### C#`` answers ``C#``), else the whole text."""
+    if isinstance(gold, str) and "#" in gold:
+        ends = [m.end() for m in _MARKER.finditer(completion)]
+        return completion[ends[-1] :] if ends else completion
     return completion.rpartition("#")[2]
 
 
@@ -241,7 +249,8 @@ def score(completion_text: str, gold_answer: Any) -> float:
       of its plain form (``"2.01e-06"``: 8).
 
     Non-numeric gold (ProsQA's ``"Tom is a lempus."``): the completion's final segment (after the last
-    ``#`` if any, else the whole text) must equal the gold after :func:`normalize_text`.
+    ``#`` if any, else the whole text; after the last standalone ``####`` when the gold holds a ``#`` itself, as
+    :func:`final_answer_text` reads it) must equal the gold after :func:`normalize_text`.
     """
     if not isinstance(completion_text, str):
         return 0.0
@@ -250,7 +259,7 @@ def score(completion_text: str, gold_answer: Any) -> float:
         if not isinstance(gold_answer, str):
             return 0.0
         wanted = normalize_text(gold_answer)
-        return 1.0 if wanted and normalize_text(final_answer_text(completion_text)) == wanted else 0.0
+        return 1.0 if wanted and normalize_text(final_answer_text(completion_text, gold_answer)) == wanted else 0.0
     found = _find_answer(completion_text)
     if found is None:
         return 0.0

@@ -339,9 +339,9 @@ def _graded(records: list[Record], texts: list[str], scorer: ScoreFn) -> tuple[l
             pred = extract_answer(text)
             unparseable += int(not is_parseable(text))
         elif is_numeric:  # a text gold (ProsQA): what score() compares
-            pred = final_answer_text(text).strip() or None
+            pred = final_answer_text(text, r.answer).strip() or None
         else:
-            pred = final_answer_text(text).strip()
+            pred = final_answer_text(text, r.answer).strip()
         preds.append({"question": r.question, "gold": r.answer, "completion": text, "pred": pred, "correct": ok})
     return preds, correct, unparseable
 
@@ -407,8 +407,7 @@ def vote_key(scorer: ScoreFn, text: str, gold: str) -> str | None:
         return choice_letter(text)
     if scorer is numeric and _numeric_gold(gold):
         return extract_answer(text)
-    final = text.rpartition("#")[2] if scorer is numeric else final_answer_text(text)
-    return normalize_text(final) or None
+    return normalize_text(final_answer_text(text, gold)) or None
 
 
 @torch.no_grad()

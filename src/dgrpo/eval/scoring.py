@@ -6,8 +6,9 @@ value per completion (``records[i]`` is the problem completion ``i`` answers: it
 ``steps`` and ``meta``). A scorer returns 1.0 for a correct completion and 0.0 otherwise; a reward may return any
 finite number. Built-in scorers, by name: ``numeric`` (the answer's number equals the gold number; text golds are
 compared as normalised text), ``exact`` (the final answer, after the last ``#`` if any, equals the gold after
-normalisation: case, spacing, a trailing period), ``choice`` (a multiple-choice letter A-E), ``coconut`` (Coconut's
-run.py check, as strings). A plug-in is named
+normalisation: case, spacing, a trailing period; against a gold that holds a ``#`` itself, ``C#``, the answer is
+read after the last standalone marker, ``#### C#``), ``choice`` (a multiple-choice letter A-E), ``coconut``
+(Coconut's run.py check, as strings). A plug-in is named
 ``package.module:function`` or ``path/to/file.py:function``.
 
 Every call is checked: a function that raises, returns the wrong number of values, or a value that is not a
@@ -46,7 +47,7 @@ def numeric(completions: list[str], records: list[Record]) -> list[float]:
 def exact(completions: list[str], records: list[Record]) -> list[float]:
     """The final answer text equals the gold after normalisation (case, spacing, a trailing period)."""
     return [
-        float(normalize_text(final_answer_text(c)) == normalize_text(str(r.answer)))
+        float(normalize_text(final_answer_text(c, str(r.answer))) == normalize_text(str(r.answer)))
         for c, r in zip(completions, records)
     ]
 
