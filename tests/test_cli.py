@@ -439,3 +439,57 @@ def test_user_mistakes_that_were_tracebacks_or_wrote_into_a_checkpoint(sft_check
     (tmp_path / "afile").write_text("")
     assert bench_main(["--quick", "--only", "flops", "--out", str(tmp_path / "afile")]) == 2
     assert bench_main(["--quick", "--only", ",", "--out", str(tmp_path / "b")]) == 2 and not (tmp_path / "b").exists()
+
+
+def test_eval_uses_the_dtype_the_checkpoint_was_trained_in(tmp_path, sft_checkpoint, run_cli, monkeypatch):
+    """A bf16 run's checkpoint is evaluated in bf16, as the run's own test was (it ran in fp32, the default, and
+    its accuracy differed from the run's); --set model.dtype still wins."""
+    import shutil
+
+    import dgrpo.model.factory as factory
+    from dgrpo.model.verified import write_manifest
+
+    ckpt = tmp_path / "bf16"
+    shutil.copytree(sft_checkpoint, ckpt)
+    run_config = json.loads((ckpt / "run_config.json").read_text())
+    run_config["model"]["dtype"] = "bfloat16"
+    (ckpt / "run_config.json").write_text(json.dumps(run_config))
+    write_manifest(ckpt)
+    dtypes = []
+    load_model = factory.load_model
+
+    def recorded(*a, **k):
+        lm = load_model(*a, **k)
+        dtypes.append(next(lm.model.parameters()).dtype)
+        return lm
+
+    monkeypatch.setattr(factory, "load_model", recorded)
+    args = ["eval", "--model", ckpt, "--data", "builtin:test", "--limit", 2, "--set", "task.n_test=8"]
+    r = run_cli(*args, "--out", tmp_path / "a")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "task, data and dtype settings from the checkpoint" in r.stdout
+    r = run_cli(*args, "--out", tmp_path / "b", "--set", "model.dtype=float32")
+    assert r.returncode == 0 and "overridden: model.dtype" in r.stdout, r.stderr[-2000:]
+    assert [str(d) for d in dtypes] == ["torch.bfloat16", "torch.float32"]
+
+
+def test_eval_of_a_plain_lm_without_plain_says_so(tmp_path, tokenizer, run_cli):
+    """A plain causal LM (no latent markers in its tokenizer) evaluated as a latent model runs on new, untrained
+    marker embeddings: a warning names --plain (it ran silently)."""
+    import copy
+    import warnings
+
+    from dgrpo.model.tiny import build_tiny_model
+
+    tok = copy.deepcopy(tokenizer)
+    tok.eos_token = tok.eos_token or "<eos>"
+    build_tiny_model(
+        "qwen2", len(tok), hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64
+    ).save_pretrained(tmp_path / "plain")
+    tok.save_pretrained(tmp_path / "plain")
+    args = ["eval", "--model", tmp_path / "plain", "--data", "builtin:test", "--limit", 2, "--set", "task.n_test=8"]
+    with pytest.warns(UserWarning, match="is a plain LM .*pass --plain"):
+        assert run_cli(*args, "--out", tmp_path / "a").returncode == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        assert run_cli(*args, "--plain", "--out", tmp_path / "b").returncode == 0

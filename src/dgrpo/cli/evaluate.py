@@ -1,14 +1,16 @@
 """``dgrpo eval``: pass@1 of a checkpoint (or of a plain causal LM with a chain-of-thought prompt) on a dataset.
 
 A checkpoint written by ``dgrpo sft`` / ``dgrpo grpo`` carries the config it was trained with (``run_config.json``);
-eval starts from its task and data settings, so ``--data builtin:test`` is the run's own test set. ``--config`` and
-``--set`` still win, and the command says which settings it took from the checkpoint and which were overridden.
+eval starts from its task and data settings and its ``model.dtype``, so ``--data builtin:test`` is the run's own test
+set, evaluated as the run evaluated it. ``--config`` and ``--set`` still win, and the command says which settings
+it took from the checkpoint and which were overridden.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +20,10 @@ EXAMPLES = """  dgrpo eval --model runs/grpo --data builtin:test --out runs/eval
   dgrpo eval --model runs/grpo/best --data gsm8k --limit 200 --out runs/eval-gsm8k
   dgrpo eval --model Qwen/Qwen2.5-1.5B --data gsm8k --plain --shots 1 --out runs/base   # a plain LM, 1-shot prompt
 """
-#: what eval takes from the checkpoint's run_config.json (the definition of the task and of a prompt)
+#: what eval takes from the checkpoint's run_config.json (the definition of the task and of a prompt, and the
+#: weights' dtype, so that a bf16 run's checkpoint is evaluated as its run evaluated it)
 CHECKPOINT_SECTIONS = {
+    "model": ("dtype",),
     "task": None,
     "data": ("max_question_tokens", "max_target_tokens", "question_key", "answer_key", "steps_key"),
     "eval": ("scorer",),
@@ -42,7 +46,8 @@ def register(sub: Any) -> None:
 
 
 def checkpoint_settings(model: str) -> dict:
-    """The task and data settings a local checkpoint was trained with ({} for a hub model or an older checkpoint)."""
+    """The task, data and dtype settings a local checkpoint was trained with ({} for a hub model or an older
+    checkpoint)."""
     from ..model.factory import resolve_checkpoint
     from ..model.latent_lm import RUN_CONFIG_FILE, on_disk
 
@@ -68,7 +73,7 @@ def explain(start: dict, cfg: Any) -> str | None:
     for section, values in start.items():
         for k, v in values.items():
             (taken if getattr(getattr(cfg, section), k) == v else changed).append(f"{section}.{k}")
-    line = f"dgrpo eval: task and data settings from the checkpoint's run_config.json ({len(taken)} kept"
+    line = f"dgrpo eval: task, data and dtype settings from the checkpoint's run_config.json ({len(taken)} kept"
     return line + (f"; overridden: {', '.join(changed)})" if changed else ")")
 
 
@@ -135,6 +140,13 @@ def run(args: argparse.Namespace) -> int:
     if n <= 0 or (e.limit and min(n, e.limit) <= 0):
         raise DataError(f"{args.data}: nothing to evaluate ({len(recs)} records, {e.shots} of them used as shots)")
     lm = load_model(cfg.model, cfg.task, init=args.model, device=device, training=False)
+    if lm.new_latent_tokens and not e.plain:
+        warnings.warn(
+            f"{args.model} is a plain LM (its tokenizer had no {', '.join(lm.new_latent_tokens)}): it is evaluated "
+            "as a latent model whose markers' embeddings are new and untrained; pass --plain for a plain LM's "
+            "chain-of-thought prompt",
+            stacklevel=1,
+        )
     prompt_settings(lm, cfg)
     name = dataset_label(args.data, args.split)
     r = evaluate(lm, recs, dataset=name, plain=e.plain, shots=e.shots, limit=e.limit, **options)

@@ -217,8 +217,9 @@ def _token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:
     return found
 
 
-def add_latent_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
-    """Add the three latent markers (and a pad token if missing) and initialise their embeddings."""
+def add_latent_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """Add the three latent markers (and a pad token if missing) and initialise their embeddings; returns the
+    markers added (their embeddings untrained)."""
     missing = [t for t in (START_LATENT, LATENT, END_LATENT) if t not in tokenizer.get_vocab()]
     n_tokens, n_rows = len(tokenizer), input_embedding_weight(model).shape[0]
     if missing:
@@ -229,6 +230,7 @@ def add_latent_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     if missing:  # new rows, or a padded vocabulary's unused rows (the markers' ids fall among them)
         init_new_embeddings(model, [_token_id(tokenizer, t) for t in missing], min(n_tokens, n_rows))
+    return missing
 
 
 def check_special_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
@@ -398,7 +400,8 @@ class LatentLM(nn.Module):
     ):
         super().__init__()
         check_special_tokens(tokenizer)
-        add_latent_tokens(model, tokenizer)
+        #: the latent markers this model did not have (a plain LM): their embeddings are new, untrained
+        self.new_latent_tokens = add_latent_tokens(model, tokenizer)
         self.model = model
         self.tokenizer = tokenizer
         self.settings = settings or LatentSettings()
