@@ -16,7 +16,7 @@ import torch
 
 from dgrpo.model.latent_lm import LatentLM
 
-from conftest import dgrpo, tiny_args, tiny_config
+from conftest import dgrpo, make_lm, tiny_args, tiny_config
 
 READ_ONLY = Path("/sys/dgrpo-read-only-out")  # unwritable even for root
 
@@ -489,3 +489,68 @@ def test_fsdp_on_a_torch_without_the_fsdp2_settings_is_a_config_error_before_any
     monkeypatch.setattr(tdist, "init_process_group", lambda *a, **k: pytest.fail("a process group was started"))
     with pytest.raises(ConfigError, match=r"no FSDPModule.set_reduce_scatter_unused_params.*torch >= 2.13.*fsdp=none"):
         Dist.from_env(torch.device("cpu"), fsdp="full")
+
+
+def _sharded_run(tmp_path, tokenizer) -> tuple[Path, torch.nn.Module]:
+    """A run directory whose final/ holds what fsdp=sharded writes (dcp/ shards, no weights), saved in one process."""
+    import torch.distributed.checkpoint as dcp
+
+    lm = make_lm(tokenizer)
+    staging = tmp_path / "staging"
+    dcp.save(lm.model.state_dict(), checkpoint_id=str(staging / "dcp"))
+    lm.save_pretrained(tmp_path / "run" / "final", weights=False, extra=lambda d: shutil.move(staging / "dcp", d))
+    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    return tmp_path / "run", lm.model
+
+
+def test_consolidate_takes_a_run_directory_and_refuses_a_changed_or_unreadable_shard(tmp_path, tokenizer, run_cli):
+    run, model = _sharded_run(tmp_path, tokenizer)
+    r = run_cli("consolidate", run)  # a run directory means its final/, as for every other command
+    assert r.returncode == 0 and f"wrote {run / 'final'}/model.safetensors" in r.stdout
+    back = LatentLM.from_pretrained(run).model.state_dict()
+    assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+
+    run, _ = _sharded_run(tmp_path / "b", tokenizer)
+    shard = next((run / "final" / "dcp").glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    r = run_cli("consolidate", run / "final")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert f"checkpoint {run / 'final'} is damaged: checksum mismatch" in r.stderr
+    assert not (run / "final" / "model.safetensors").exists()
+
+    (run / "final" / "manifest.json").unlink()  # nothing vouches for the shards now; a missing one is still one line
+    shard.unlink()
+    r = run_cli("consolidate", run)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "cannot read the shards in" in r.stderr and "No such file" in r.stderr
+
+
+def test_a_cached_hub_id_loads_at_once_without_network(sft_checkpoint, tmp_path):
+    """A hub id in the local cache, on a machine where the hub cannot be reached and HF_HUB_OFFLINE is not set: it
+    loads from the cache without waiting for retries (transformers' PEFT-adapter lookup took ~25 s of them)."""
+    snapshot = tmp_path / "hf" / "hub" / "models--someorg--tiny" / "snapshots" / ("a" * 40)
+    shutil.copytree(sft_checkpoint, snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("a" * 40)
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": ""}
+    t0 = time.time()
+    r = dgrpo(
+        "eval", "--model", "someorg/tiny", "--data", "builtin:test", "--limit", 1, "--out", tmp_path / "e", env=env
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert time.time() - t0 < 20, r.stderr[-2000:]
+    assert "Retrying" not in r.stderr
+
+
+def test_the_hub_counts_as_reachable_through_a_proxy(monkeypatch):
+    """With HTTPS_PROXY set the hub libraries go through the proxy; the direct TCP probe would call the hub down."""
+    from dgrpo.hub import hub_reachable
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert hub_reachable(timeout=0.5) is False
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    assert hub_reachable(timeout=0.5) is True

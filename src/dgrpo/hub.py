@@ -22,8 +22,15 @@ def offline_requested(*names: str) -> bool:
     )
 
 
+#: with one of these set, the hub is reached through a proxy, which the hub libraries use and a TCP probe would not
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
 def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
-    """Can a TCP connection to the hub endpoint (``HF_ENDPOINT``) be opened within ``timeout`` seconds?"""
+    """Can a TCP connection to the hub endpoint (``HF_ENDPOINT``) be opened within ``timeout`` seconds? True without
+    a probe when a proxy is set (:data:`PROXY_VARIABLES`): the hub libraries then go through it."""
+    if any(os.environ.get(v) for v in PROXY_VARIABLES):
+        return True
     url = urlparse(os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT))
     try:
         socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout).close()

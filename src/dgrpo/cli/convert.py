@@ -62,7 +62,11 @@ def register(sub: Any) -> None:
         "turn a sharded FSDP checkpoint (DIR/dcp, written with fsdp=sharded) into DIR/model.safetensors",
         "  dgrpo consolidate runs/paper/dropout_grpo/final      # then dgrpo eval --model runs/paper/dropout_grpo\n",
     )
-    p.add_argument("dir", metavar="DIR", help="a checkpoint directory holding dcp/ (reads no pickled code: see docs)")
+    p.add_argument(
+        "dir",
+        metavar="DIR",
+        help="a checkpoint directory holding dcp/, or a run directory (its final/); reads no pickled code",
+    )
     p.set_defaults(func=run_consolidate)
 
     p = subcommand(

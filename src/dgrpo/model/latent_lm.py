@@ -354,6 +354,9 @@ def load_hf_model(
             use_safetensors=True,
             trust_remote_code=trust_remote_code,
             local_files_only=local_files_only,
+            # (transformers looks for a PEFT adapter first and does not pass local_files_only on: a cached hub id
+            # would wait ~25 s for that lookup's retries on a machine without network)
+            adapter_kwargs={"local_files_only": True} if local_files_only else None,
             output_loading_info=True,
         )
     except Exception as e:  # noqa: BLE001

@@ -16,12 +16,14 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from ..model.latent_lm import LatentLM
-from ..model.verified import SHARDED_DIR, CheckpointError, one_line, write_manifest
+from ..model.verified import MANIFEST, SHARDED_DIR, CheckpointError, one_line, verify, write_manifest
+from ..run_layout import FINAL_DIR
 
 #: (module, name) pairs the metadata may reference; everything else is refused before it is imported
 _ALLOWED = {
@@ -81,25 +83,45 @@ class SafeFileSystemReader(FileSystemReader):
 
 
 def read_sharded(directory: Path) -> dict[str, torch.Tensor]:
-    """The full state dict of a sharded checkpoint directory (``directory/dcp``), read safely in one process."""
+    """The full state dict of a sharded checkpoint directory (``directory/dcp``), read safely in one process; a
+    missing or truncated shard is one :class:`CheckpointError` line."""
     state: dict[str, Any] = {}
     reader = SafeFileSystemReader(directory / SHARDED_DIR)
     reader.read_metadata()  # checked here, where its error is one line (torch wraps the reader's errors)
-    _load_state_dict(
-        state,
-        storage_reader=reader,
-        planner=_EmptyStateDictLoadPlanner(),
-        no_dist=True,
-    )
+    try:
+        _load_state_dict(
+            state,
+            storage_reader=reader,
+            planner=_EmptyStateDictLoadPlanner(),
+            no_dist=True,
+        )
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - a missing or bad file, which torch wraps
+        cause: BaseException = e
+        if isinstance(e, CheckpointException) and e.failures:  # (a BaseException: the cause is the first failure's)
+            cause = next(iter(e.failures.values()))[0]
+        raise CheckpointError(f"cannot read the shards in {directory / SHARDED_DIR}: {one_line(cause)}") from None
     return state
 
 
-def consolidate_checkpoint(path: str | Path) -> Path:
-    """Turn a sharded FSDP checkpoint (``path/dcp``) into ``path/model.safetensors`` (and a new manifest), so that
-    ``LatentLM.from_pretrained(path)`` and plain transformers load it. Returns ``path``."""
-    path = Path(path)
+def _sharded_checkpoint(path: Path) -> Path:
+    """``path`` when it holds shards (``dcp/.metadata``), a run directory's ``final/`` when that does, checked
+    against its manifest (a changed shard would otherwise be written into a new, verified checkpoint)."""
+    if not (path / SHARDED_DIR / ".metadata").is_file() and (path / FINAL_DIR / SHARDED_DIR / ".metadata").is_file():
+        path = path / FINAL_DIR
     if not (path / SHARDED_DIR / ".metadata").is_file():
         raise CheckpointError(f"{path}: no sharded checkpoint ({SHARDED_DIR}/.metadata) to consolidate")
+    if (path / MANIFEST).is_file():
+        problem = verify(path, (f"{SHARDED_DIR}/.metadata",))
+        if problem is not None:
+            raise CheckpointError(f"checkpoint {path} is damaged: {problem}")
+    return path
+
+
+def consolidate_checkpoint(path: str | Path) -> Path:
+    """Turn a sharded FSDP checkpoint (``path/dcp``; a run directory means its ``final/``) into
+    ``path/model.safetensors`` (and a new manifest), so that ``LatentLM.from_pretrained(path)`` and plain
+    transformers load it. Returns the checkpoint directory."""
+    path = _sharded_checkpoint(Path(path))
     state = read_sharded(path)
     from transformers import AutoConfig, AutoModelForCausalLM
 
