@@ -554,3 +554,17 @@ def test_the_hub_counts_as_reachable_through_a_proxy(monkeypatch):
     assert hub_reachable(timeout=0.5) is False
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
     assert hub_reachable(timeout=0.5) is True
+
+
+def test_a_model_with_bin_weights_only_is_told_to_convert(sft_checkpoint, tmp_path):
+    from safetensors.torch import load_file
+
+    from dgrpo.model.verified import CheckpointError
+
+    d = tmp_path / "bin"
+    shutil.copytree(sft_checkpoint, d)
+    torch.save(load_file(d / "model.safetensors"), d / "pytorch_model.bin")
+    (d / "model.safetensors").unlink()
+    (d / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match="PyTorch .bin weights, and dgrpo loads safetensors only"):
+        LatentLM.from_pretrained(d)

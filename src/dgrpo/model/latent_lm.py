@@ -360,6 +360,12 @@ def load_hf_model(
             output_loading_info=True,
         )
     except Exception as e:  # noqa: BLE001
+        folder = Path(path)
+        if folder.is_dir() and not any(folder.glob("*.safetensors")) and any(folder.glob("*.bin")):
+            raise CheckpointError(
+                f"cannot load the model {path}: it holds PyTorch .bin weights, and dgrpo loads safetensors only (a "
+                "pickle can run code); convert it once: AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR)"
+            ) from None
         raise CheckpointError(f"cannot load the model {path}: {one_line(e)}") from None
     model, info = loaded
     for what, key in (("missing", "missing_keys"), ("wrong-shape", "mismatched_keys")):
@@ -518,7 +524,7 @@ class LatentLM(nn.Module):
             raise CheckpointError(f"{folder}: its base model {base} is itself an adapter directory")
         lora.check_base(folder, base)
         try:
-            tok = load_tokenizer(str(folder))
+            tok = load_tokenizer(str(folder), trust_remote_code=trust_remote_code)
             settings, run_config = _read_latent_files(folder)
         except Exception as e:  # noqa: BLE001
             raise CheckpointError(f"cannot load the adapter checkpoint {folder}: {one_line(e)}") from None
