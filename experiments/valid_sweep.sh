@@ -1,3 +1,5 @@
+#!/usr/bin/env bash
+# The validation sweep of docs/demo/valid_sweep.md: 8 GRPO settings x 2 seeds from one SFT checkpoint.
 set -u
 mkdir -p runs/sweep
 S=${1:?usage: experiments/valid_sweep.sh SFT_CHECKPOINT}

@@ -103,3 +103,27 @@ def test_every_config_key_the_docs_name_exists():
                 if key not in keys and not any(k.startswith(key + ".") for k in keys):
                     missing.append(f"{path.relative_to(ROOT)}: {key}")
     assert not missing, sorted(set(missing))
+
+
+def library_tour() -> str:
+    """The README's library tour: the Python block under its heading."""
+    text = (ROOT / "README.md").read_text()
+    return text.split("## Library tour", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_library_tour_runs_on_the_demo_layout(sft_checkpoint, tmp_path, monkeypatch, capsys):
+    """The tour runs as written, in a directory where ``dgrpo demo`` wrote its SFT model (it named a path the demo
+    does not write, and paired the demo's model with GSM8K, whose questions do not fit its context)."""
+    from dgrpo.config import Config
+    from dgrpo.demo.pipeline import Demo
+    from dgrpo.demo.pipeline import sft_checkpoint as demo_sft
+
+    where = demo_sft(Demo(Config(), Path("runs/demo"), [], [], {}), 0)  # (runs/demo: `dgrpo demo`'s default --out)
+    code = library_tour()
+    assert f'LatentLM.from_pretrained("{where}")' in code
+    (tmp_path / where).parent.mkdir(parents=True)
+    (tmp_path / where).symlink_to(sft_checkpoint)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md (library tour)", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 4 and all(0.0 <= float(x) <= 1.0 for x in printed[1:])
