@@ -531,3 +531,50 @@ def test_inert_settings_are_named_one_line_each(overrides, says):
 def test_no_packaged_config_has_inert_settings():
     for name in packaged_configs():
         assert load_config(Config, name).inert_settings() == [], name
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("grpo:\n  lr: 3.0e-5\n\ngrpo:\n  steps: 3\n", "key 'grpo' is given twice in one mapping (line 4, column 1)"),
+        ("grpo:\n  lr: 3.0e-5\n  lr: 1\n", "the key 'lr' is given twice in one mapping (line 3, column 3)"),
+        ("grpo: {lr: 1e-5\n", "(line 2, column 1)"),
+        ("grpo:\n\tlr: 1\n", "found character '\\t' that cannot start any token (line 2, column 1)"),
+    ],
+)
+def test_a_yaml_mistake_is_one_line_with_its_place(tmp_path, text, says):
+    """A key written twice lost the first one's settings silently (PyYAML keeps the last); a syntax error said
+    neither line nor column."""
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(Config, str(f))
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_yaml_merge_key_may_be_overridden(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("grpo:\n  <<: {lr: 1.0e-3, steps: 3}\n  lr: 2.0e-3\n")
+    cfg = load_config(Config, str(f))
+    assert (cfg.grpo.lr, cfg.grpo.steps) == (2e-3, 3)
+
+
+@pytest.mark.parametrize(
+    "override, want",
+    [
+        ("logging.project=007", "007"),
+        ("logging.run_name=0x10", "0x10"),
+        ("logging.run_name=1_000", "1_000"),
+        ("data.valid=off", "off"),
+        ("logging.project=on", "on"),
+        ("logging.project='007'", "007"),  # quoted: YAML unquotes it
+        ("data.valid=null", ""),  # YAML's null is the empty text, as in a file
+        ("data.valid=", ""),
+    ],
+)
+def test_set_keeps_a_text_option_as_typed(override, want):
+    """--set read every value as YAML, so a text option became what YAML made of it: 007 -> '7', off -> 'false'
+    (a dataset named false), on -> 'true'."""
+    cfg = load_config(Config, None, [override])
+    section, name = override.split("=", 1)[0].split(".")
+    assert getattr(getattr(cfg, section), name) == want

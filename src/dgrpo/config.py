@@ -1090,7 +1090,22 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 class ConfigLoader(yaml.SafeLoader):
-    """PyYAML's safe loader without YAML 1.1's base-60 numbers: ``1:3`` stays the string '1:3' (not 63)."""
+    """PyYAML's safe loader without YAML 1.1's base-60 numbers (``1:3`` stays the string '1:3', not 63), and with a
+    key given twice in one mapping refused (PyYAML keeps the last: a section or option written twice lost the
+    first's settings silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # (<<: merged keys may be overridden, as YAML says)
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
     def resolve(self, kind: type, value: Any, implicit: Any) -> str:
         """The implicit tag of a node; a number with a ':' in it is a string."""
@@ -1123,12 +1138,19 @@ def resolve_config_path(name: str | Path, relative_to: Path | None = None) -> Pa
     )
 
 
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """What PyYAML found wrong, and where (``line 4, column 1``), in one line."""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    mark = getattr(e, "problem_mark", None)
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
+
+
 def _read_yaml(path: Path) -> dict:
     """The mapping a YAML config file holds ({} for a file of comments only)."""
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=ConfigLoader)
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(e)}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start})") from None
     except OSError as e:
@@ -1238,9 +1260,23 @@ def _parse_override(raw: str) -> Any:
     return raw if isinstance(value, dict) and not raw.startswith("{") else value
 
 
+def _option_type(cfg: Any, dotted: str) -> Any:
+    """The type of the option ``dotted`` names in ``cfg`` (None: no such option, or a whole section)."""
+    obj: Any = cfg
+    *sections, name = dotted.split(".")
+    for part in sections:
+        obj = getattr(obj, part, None) if is_dataclass(obj) and part in {f.name for f in fields(obj)} else None
+    if not is_dataclass(obj) or name not in {f.name for f in fields(obj)} or is_dataclass(getattr(obj, name)):
+        return None
+    return _field_type(type(obj), name)
+
+
 def set_value(cfg: Any, dotted: str, raw: str) -> None:
-    """Apply one ``a.b=value`` override; ``raw`` is parsed as YAML (so ``1e-5``, ``true``, ``[a, b]`` work)."""
-    nested: Any = _parse_override(raw)
+    """Apply one ``a.b=value`` override; ``raw`` is parsed as YAML (so ``1e-5``, ``true``, ``[a, b]`` work), except
+    for a text option, which takes the text as typed (a run named ``007`` or a dataset ``off`` stays so; YAML would
+    read 7 and false); a quoted text is unquoted, and ``null`` / ``~`` are the empty text as in a YAML file."""
+    as_yaml = (len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"") or raw in ("null", "Null", "NULL", "~")
+    nested: Any = raw if _option_type(cfg, dotted) is str and not as_yaml else _parse_override(raw)
     for p in reversed(dotted.split(".")):
         nested = {p: nested}
     _merge(cfg, nested, "")
