@@ -481,10 +481,12 @@ def test_resume_refuses_a_changed_config_unless_allowed(sft_checkpoint, tmp_path
     assert r.returncode == 2 and "threads" not in r.stderr  # (the steps still differ: 2 vs 3)
     earlier = ("best", "final", "eval", "summary.json", "config.0.json", "config.1.json")
     assert all((out / name).exists() for name in earlier)
+    (out / "wandb" / "offline-run-20260101_000000-abc").mkdir(parents=True)  # what W&B wrote of the earlier run
+    (out / "wandb_run_id").write_text("abc")
     r = run_cli(*args, "--resume", "never", "--set", "grpo.save_best=false", "data.test=[]")
     assert r.returncode == 0 and "removed the earlier run's checkpoints, best, final, eval" in r.stdout
     # nothing of the earlier run is left to read as this one's (its best/ and test results stayed before)
-    assert not any((out / name).exists() for name in ("best", "eval", "config.0.json", "config.1.json"))
+    assert not any((out / name).exists() for name in ("best", "eval", "config.0.json", "config.1.json", "wandb"))
     assert json.loads((out / "summary.json").read_text())["best_step"] is None
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines() if '"reward_mean"' in x]
     assert steps == [0, 1]

@@ -319,3 +319,25 @@ def test_command_line_sft_and_grpo_log_to_wandb_offline(sft_checkpoint, tmp_path
         keys = {k for row in logged for k in row if k != "step" and isinstance(row[k], (int, float))}
         assert keys and keys <= {k for row in history.values() for k in row}, keys
         assert len(history) >= 2
+
+
+def test_wandb_disabled_says_so(tmp_path, wandb_env, monkeypatch):
+    """WANDB_MODE=disabled: the start-of-run line said 'W&B project ..., run ...' for a run that records nothing."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    t = WandbTracker(tmp_path / "x", project="dgrpo", config={"seed": 3})
+    try:
+        t.log({"step": 0, "reward_mean": 0.5}, 0)
+    finally:
+        t.close()
+    assert t.where == "W&B disabled (WANDB_MODE=disabled): nothing is recorded there"
+
+
+def test_a_missing_tracking_package_is_found_before_the_run_starts(tmp_path, monkeypatch, run_cli):
+    """The one-line error came after the model and data had loaded, with config.json written into OUT."""
+    from conftest import tiny_args
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
+    out = tmp_path / "run"
+    r = run_cli("sft", *tiny_args(), "--out", out, "--set", "logging.backends=[jsonl,wandb]")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "pip install wandb" in r.stderr
+    assert not out.exists()

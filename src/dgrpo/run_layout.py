@@ -20,6 +20,7 @@ ROLLOUTS_FILE = "rollouts.jsonl"  # GRPO: sampled rollouts, when logged
 SUMMARY_FILE = "summary.json"  # GRPO: the run's summary (best step, accuracies, time)
 LOCK_FILE = ".lock"
 WANDB_ID_FILE = "wandb_run_id"
+WANDB_DIR = "wandb"  # W&B's local files of the run (wandb.init(dir=OUT))
 
 
 def step_dir_name(step: int) -> str:

@@ -153,8 +153,10 @@ def run_sft(args: argparse.Namespace) -> int:
     from ..eval.scoring import gold_completions, warn_if_gold_scores_zero
     from ..model.factory import load_model
     from ..training.sft import last_best_row, train_sft
+    from ..training.tracking import check_installed
 
     cfg = record_init(load(args), args.init)
+    check_installed(cfg.logging.backends)
     device = setup(cfg)
     train = load_spec(cfg.data.train, cfg.task, data=cfg.data)
     valid = load_spec(cfg.data.valid, cfg.task, data=cfg.data) if cfg.data.valid else None
@@ -202,8 +204,10 @@ def run_grpo(args: argparse.Namespace) -> int:
     from ..eval.evaluate import evaluate
     from ..model.factory import load_model
     from ..training.grpo import train_grpo
+    from ..training.tracking import check_installed
 
     cfg = record_init(load(args), args.init)
+    check_installed(cfg.logging.backends)
     device = setup(cfg)
     options = eval_options(cfg)  # (a scorer that cannot be built fails here, before any warning or loading)
     train = load_spec(cfg.data.train, cfg.task, data=cfg.data)

@@ -33,6 +33,7 @@ from ..run_layout import (
     ROLLOUTS_FILE,
     SUMMARY_FILE,
     TB_DIR,
+    WANDB_DIR,
     WANDB_ID_FILE,
     results_folder,
 )
@@ -318,7 +319,10 @@ class RunDir:
         """``--resume never``: remove what an earlier run wrote here (its checkpoints, best/, final/, stage-K/, test
         results, config history, summary, logs), so that nothing left of it reads as this run's output."""
         tests = [results_folder(FINAL_DIR), results_folder(BEST_DIR)]
-        written = [CHECKPOINTS_DIR, BEST_DIR, FINAL_DIR, *tests, TB_DIR, SUMMARY_FILE, ROLLOUTS_FILE, WANDB_ID_FILE]
+        written = [
+            *(CHECKPOINTS_DIR, BEST_DIR, FINAL_DIR, *tests, TB_DIR, SUMMARY_FILE, ROLLOUTS_FILE),
+            *(WANDB_ID_FILE, WANDB_DIR),
+        ]
         found = [self.out_dir / name for name in written if (self.out_dir / name).exists()]
         found += sorted(self.out_dir.glob("stage-[0-9]*")) + sorted(self.out_dir.glob("config.[0-9]*.json"))
         for path in found:

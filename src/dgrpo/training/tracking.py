@@ -25,6 +25,7 @@ Resuming a run in the same output directory, which re-logs the steps after its c
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 import secrets
 import string
@@ -67,6 +68,25 @@ def _require(backend: str, module: str, package: str) -> Any:
             f"logging.backends: {backend} needs the {package} package, which could not be imported ({e}); "
             f"install it: {_INSTALL} (or pip install {package})"
         ) from e
+
+
+#: the module each backend imports first (found, not imported, by :func:`check_installed`)
+_BACKEND_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb"}
+
+
+def check_installed(backends: list[str]) -> None:
+    """The one-line error of a missing tracking package at a command's start, before any model or data is loaded
+    (opening the trackers finds it too, but after that work, with config.json written)."""
+    for backend in backends:
+        module = _BACKEND_MODULES.get(backend)
+        if module is None:
+            continue
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError, AttributeError):  # (a module entry set to None: found as missing)
+            found = False
+        if not found:
+            _require(backend, module, module)
 
 
 def _number(v: Any) -> float | int | None:
@@ -193,7 +213,7 @@ class WandbTracker:
                 dir=str(self.run_dir),
                 project=project,
                 entity=entity or None,
-                name=run_name or self.run_dir.name,
+                name=run_name or self.run_dir.resolve().name,
                 config=config,
                 id=self.run_id,
                 resume="allow",
@@ -213,7 +233,9 @@ class WandbTracker:
         #: rows skipped because their step was below the last one logged
         self.skipped = 0
         self.offline = bool(getattr(self._run, "offline", False))
-        if self.offline:
+        if getattr(self._run, "disabled", False):  # WANDB_MODE=disabled: a run that records nothing
+            self.where = "W&B disabled (WANDB_MODE=disabled): nothing is recorded there"
+        elif self.offline:
             self.where = f"W&B offline run in {_shown(Path(self._run.dir).parent, self.run_dir)}"
         else:
             where = (
