@@ -578,3 +578,25 @@ def test_set_keeps_a_text_option_as_typed(override, want):
     cfg = load_config(Config, None, [override])
     section, name = override.split("=", 1)[0].split(".")
     assert getattr(getattr(cfg, section), name) == want
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["task.n_test=3000000"], "task.n_test: at most 2,000,000 problems per split"),
+        (
+            ["task.n_steps=1", "task.n_train=200"],
+            "n_train + n_valid + n_test = 3,200 distinct problems, more than the 210",
+        ),
+        (
+            ["task.ood_max_operand=10", "task.n_steps=1", "task.n_train=10", "task.n_valid=10", "task.n_test=60"],
+            "n_test = 60 distinct ood_numbers problems, more than the 50 there are",
+        ),
+    ],
+)
+def test_a_builtin_task_that_cannot_be_drawn_is_refused_at_once(overrides, says):
+    """Such a task drew problems for up to 50 times the count before giving up (or, for a huge count, without
+    bound: 'builtin:test?n_test=10**23')."""
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_config(Config, None, overrides)
+    load_config(Config, "tiny.yaml")  # (n_steps 2: 2,176 of 4,410 problems)

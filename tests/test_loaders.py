@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -499,3 +500,19 @@ def test_top_level_load_dataset_refuses_a_split_of_a_file_and_takes_a_column_map
     assert [r.answer for r in dgrpo.load_dataset(f"{path}+{path}", data=cols)] == ["2", "5", "2", "5"]
     joined = dgrpo.load_dataset("builtin:test+builtin:valid")
     assert len(joined) == len(dgrpo.load_dataset("builtin:test")) + len(dgrpo.load_dataset("builtin", "valid"))
+
+
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ("builtin:test?n_test=3&n_test=4", "the option n_test is given twice"),
+        ("builtin:test?n_test=1_000", "expects an integer, got '1_000'"),
+        ("builtin:test?n_test=+5", "expects an integer, got '' (datasets are joined by '+')"),
+        ("builtin:test?n_test=10000000000000000000000", "at most 2,000,000 problems per split"),
+    ],
+)
+def test_builtin_options_in_a_name_are_read_strictly(spec, says):
+    from dgrpo.data import load_spec
+
+    with pytest.raises(DataError, match=re.escape(says)):
+        load_spec(spec)

@@ -269,11 +269,38 @@ class TaskConfig:
     n_test: int = opt(2000, "test problems (each test split)")
     seed: int = opt(1234, "generation seed of the task (fixed, independent of the training seed)")
 
+    #: the most problems one split may ask for (about 2.5 KB of memory each: 5 GB, minutes to draw)
+    MAX_PROBLEMS = 2_000_000
+
     def validate(self, p: str = "task") -> None:
-        """Range checks of the task section."""
+        """Range checks of the task section, and that the problems asked for can be drawn: at most
+        :attr:`MAX_PROBLEMS` per split, and no more distinct problems than there are (the generator would otherwise
+        draw for 50 times the count before giving up)."""
         _at_least(self, p, 1, "n_steps", "max_operand", "n_train", "n_valid", "n_test", "ood_extra_steps")
         _at_least(self, p, 2, "modulus")
         _at_least(self, p, 10, "ood_max_operand")
+        for name in ("n_train", "n_valid", "n_test"):
+            _check(
+                getattr(self, name) <= self.MAX_PROBLEMS,
+                f"{p}.{name}",
+                f"at most {self.MAX_PROBLEMS:,} problems per split (got {getattr(self, name):,})",
+            )
+        ops = 2 * self.max_operand + 3  # + and - with operands 1..max_operand, * with 3, 7 or 9
+        space = self.modulus * ops**self.n_steps
+        asked = self.n_train + self.n_valid + self.n_test
+        _check(
+            asked <= space,
+            f"{p}.n_train",
+            f"n_train + n_valid + n_test = {asked:,} distinct problems, more than the {space:,} there are "
+            f"(modulus x (2 max_operand + 3)^n_steps); raise n_steps or max_operand, or ask for fewer",
+        )
+        ood_space = self.modulus * (2 * (self.ood_max_operand - 9) + 3) ** self.n_steps
+        _check(
+            self.n_test <= ood_space,
+            f"{p}.n_test",
+            f"n_test = {self.n_test:,} distinct ood_numbers problems, more than the {ood_space:,} there are "
+            "(operands 10..ood_max_operand); raise ood_max_operand or n_steps, or ask for fewer",
+        )
 
 
 @dataclass

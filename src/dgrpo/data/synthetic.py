@@ -21,6 +21,7 @@ where RL has room to help.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import replace
 
 from ..config import ConfigError, TaskConfig
@@ -96,14 +97,17 @@ def parse_builtin_name(name: str, split: str | None, task: TaskConfig | None = N
         split = split or rest[1:]
     elif rest:
         raise DataError(f"cannot parse built-in dataset name {name!r}; expected builtin[:split][?key=value&...]")
+    given: set[str] = set()
     for item in filter(None, query.split("&")):
         k, _, v = item.partition("=")
         if not hasattr(cfg, k):
             raise DataError(f"built-in task has no option {k!r}")
-        try:
-            cfg = replace(cfg, **{k: int(v)})
-        except ValueError:
-            raise DataError(f"built-in task option {k} expects an integer, got {v!r}") from None
+        if k in given:
+            raise DataError(f"built-in dataset {name!r}: the option {k} is given twice")
+        given.add(k)
+        if not re.fullmatch(r"-?\d{1,30}", v):  # (a '+' joins datasets: builtin:test?n=+5 is split there first)
+            raise DataError(f"built-in task option {k} expects an integer, got {v!r} (datasets are joined by '+')")
+        cfg = replace(cfg, **{k: int(v)})
     try:
         cfg.validate("task")
     except ConfigError as e:
