@@ -128,7 +128,7 @@ def test_arm_by_seed_directories(tmp_path: Path) -> None:
 def test_arm_by_config(tmp_path: Path, config: dict, label: str) -> None:
     run = load_run(write_run(tmp_path / "run", config, grpo_rows(0)))
     assert arm_of(run) == config_label(run) == label
-    sft = load_run(write_run(tmp_path / "other", config, [{"step": 1, "loss": 1.0}]))
+    sft = load_run(write_run(tmp_path / "other", config, [{"step": 1, "epoch": 0, "stage": 0, "loss": 1.0}]))
     assert arm_of(sft) == "SFT"
 
 
@@ -307,3 +307,18 @@ def test_panels_may_be_one_name_or_a_logged_reward_part(runs: Path, tmp_path: Pa
         plot([tmp_path / "parts"], tmp_path / "x.png", panels=["reward/correct", "reward/corect"])
     with pytest.raises(DataError, match=r"unknown panel\(s\) rewards; choose from .* or reward/<part>"):
         plot([runs], tmp_path / "x.png", panels="rewards")
+
+
+def test_a_grpo_run_in_its_first_step_is_not_called_sft(tmp_path: Path) -> None:
+    """Its only row is the step-0 evaluation: it was labelled SFT, with the note 'no GRPO steps'."""
+    early = load_run(write_run(tmp_path / "early", grpo_config("locked"), [{"step": 0, EVAL: 0.3}]))
+    assert early.is_grpo and config_label(early) == "Dropout-GRPO"
+
+
+def test_a_seed_that_stopped_early_is_named_where_the_mean_stops(tmp_path: Path) -> None:
+    """The mean is over the steps every seed reached; a seed cut short cut the curve without a word."""
+    write_run(tmp_path / "arm" / "seed0", grpo_config("locked"), grpo_rows(0, steps=6))
+    write_run(tmp_path / "arm" / "seed1", grpo_config("locked"), grpo_rows(1, steps=4))
+    desc = plot([tmp_path / "arm"], tmp_path / "fig.png", panels=("kept",))
+    assert desc["panels"]["kept"]["arm"] == 4
+    assert desc["notes"]["kept"] == ["arm: mean to step 4, where its shortest run stops (the longest: 6)"]

@@ -65,8 +65,10 @@ class Run:
 
     @property
     def is_grpo(self) -> bool:
-        """Whether the run logged GRPO steps (rows with a rollout reward)."""
-        return any("reward_mean" in r for r in self.steps)
+        """Whether this is a GRPO run: it logged GRPO steps (rows with a rollout reward), or none of its rows has
+        SFT's curriculum ``stage`` (a GRPO run still in its first step has only its step-0 evaluation)."""
+        rows = [*self.steps, *self.evals]
+        return any("reward_mean" in r for r in self.steps) or not any("stage" in r for r in rows)
 
 
 class _NoRows(DataError):
@@ -399,6 +401,9 @@ def _draw_panel(
         if not steps:
             notes.append(_missing_note(name, runs, panel, eval_key) if not series else f"{name}: runs share no step")
             continue
+        last = [max(s) for s in series]
+        if min(last) < max(last):  # the mean is over the steps every seed reached: say where it stops, and why
+            notes.append(f"{name}: mean to step {min(last)}, where its shortest run stops (the longest: {max(last)})")
         marker = "o" if len(steps) <= 30 else None
         (line,) = ax.plot(steps, mean, color=colors[name], lw=2, marker=marker, ms=3.5)
         drawn[name] = len(steps)
@@ -424,6 +429,7 @@ def _finish_axes(
 ) -> None:
     """Labels, title, grid, and the legend below the axes (outside them; notes last, in grey italics)."""
     from matplotlib.legend_handler import HandlerTuple
+    from matplotlib.ticker import MaxNLocator
     from matplotlib.transforms import ScaledTranslation
 
     _, ylabel, title = _panel(panel)
@@ -433,6 +439,7 @@ def _finish_axes(
             ylabel = "accuracy (greedy, no dropout)"
         title = f"accuracy on {', '.join(names)}" if names else title
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # (steps are whole: no 0.2 ticks on a short run)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=11)
     ax.grid(alpha=0.3)
