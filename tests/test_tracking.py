@@ -98,6 +98,24 @@ def test_tensorboard_resume_keeps_the_checkpoints_rows_at_its_first_step(tmp_pat
     assert got["loss"] == [(0, 0.0), (1, 1.0), (2, 12.0), (3, 13.0)]
 
 
+def test_tensorboard_added_on_resume_gets_the_rows_before_it(tmp_path):
+    """A run resumed with TensorBoard newly in logging.backends: the kept rows (steps before the resume) are written
+    too; only the steps after the resume were."""
+    pytest.importorskip("tensorboard")
+    from dgrpo.training.run import MetricsLog
+
+    rows = [{"step": 0, EVAL: 0.25}, {"step": 0, "loss": 0.0}, {"step": 1, "loss": 1.0}, {"step": 2, EVAL: 0.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    log = MetricsLog(tmp_path / "metrics.jsonl", enabled=True)
+    log.open(len(rows), [TensorBoardTracker(tmp_path / "tb", "x")])
+    for s in (2, 3):
+        log.write({"step": s, "loss": 10.0 + s})
+    log.close()
+    got = _tb_scalars(tmp_path / "tb")
+    assert got[EVAL] == [(0, 0.25), (2, 0.5)]
+    assert got["loss"] == [(0, 0.0), (1, 1.0), (2, 12.0), (3, 13.0)]
+
+
 # -- W&B (offline) -------------------------------------------------------------------------------------------------
 
 
@@ -204,6 +222,22 @@ def test_wandb_offline_logs_rows_and_config(tmp_path, wandb_env):
     assert history[0] == {EVAL: 0.25, "reward_mean": 0.5, "skipped": 1}
     assert history[1]["reward_mean"] == 0.75 and math.isnan(history[1]["grad_norm"]) and history[1]["note"] == "hi"
     assert history[2] == {"reward_mean": 1.0, EVAL: 0.5}
+
+
+def test_wandb_added_on_resume_gets_the_rows_before_it(tmp_path, wandb_env):
+    """A run resumed with W&B newly in logging.backends starts a W&B run that holds the kept rows too."""
+    from dgrpo.training.run import MetricsLog
+
+    rows = [{"step": 0, EVAL: 0.25}, {"step": 0, "loss": 0.0}, {"step": 1, "loss": 1.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    log = MetricsLog(tmp_path / "metrics.jsonl", enabled=True)
+    wb = WandbTracker(tmp_path, project="dgrpo", config={"seed": 0})  # (resume=True, but no run id stored yet)
+    assert wb.fresh
+    log.open(len(rows), [wb])
+    log.write({"step": 2, "loss": 2.0})
+    log.close()
+    history = _offline_run(tmp_path, wb.run_id)[1]
+    assert history == {0: {EVAL: 0.25, "loss": 0.0}, 1: {"loss": 1.0}, 2: {"loss": 2.0}}
 
 
 def test_wandb_resume_reuses_run_id(tmp_path, wandb_env):

@@ -20,6 +20,8 @@ Resuming a run in the same output directory, which re-logs the steps after its c
   skipped, and counted in ``WandbTracker.skipped``; rows at the same step are merged into one W&B history row
   (an eval row and a training row often share a step). So, unlike metrics.jsonl and TensorBoard, W&B keeps the
   values the interrupted process logged after its checkpoint (W&B history cannot be rewritten).
+* A backend added when the run resumes (``logging.backends`` may change then) starts with every row the
+  checkpoint kept, so its curves begin at step 0, not at the resume.
 """
 
 from __future__ import annotations
@@ -120,6 +122,8 @@ class TensorBoardTracker:
         self._event_pb2 = _require("tensorboard", "tensorboard.compat.proto.event_pb2", "tensorboard")
         self._summary_pb2 = _require("tensorboard", "tensorboard.compat.proto.summary_pb2", "tensorboard")
         self.log_dir, self.run_name = Path(log_dir), run_name
+        #: no event file of this run yet (a run that adds TensorBoard when it resumes): it gets every kept row
+        self.fresh = not self.log_dir.is_dir()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._writer: Any = writer_mod.EventFileWriter(str(self.log_dir))
         self._started = False
@@ -129,7 +133,8 @@ class TensorBoardTracker:
     def resumed(self, kept_rows: list[dict[str, Any]]) -> None:
         """A resumed run keeps these rows (its checkpoint's): those at the step where this process starts logging
         are written again after the purge marker, which drops every older point at that step (an evaluation
-        logged just before the checkpoint shares its step with the next training row)."""
+        logged just before the checkpoint shares its step with the next training row); all of them when this
+        tracker is :attr:`fresh` (TensorBoard added on resume)."""
         self._kept = list(kept_rows)
 
     def log(self, row: dict[str, Any], step: int) -> None:
@@ -143,7 +148,7 @@ class TensorBoardTracker:
             self._writer.add_event(ev.Event(wall_time=time.time(), step=step, session_log=status))
             self._started = True
             for kept in self._kept:
-                if kept.get("step", -1) >= step:
+                if self.fresh or kept.get("step", -1) >= step:
                     self.log(kept, kept["step"])
         ev, sm = self._event_pb2, self._summary_pb2
         now = time.time()
@@ -207,6 +212,8 @@ class WandbTracker:
         wandb = _require("wandb", "wandb", "wandb")
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        #: a new W&B run for a run that has rows already (W&B added on resume): it gets every kept row first
+        self.fresh = not (resume and (self.run_dir / WANDB_ID_FILE).is_file())
         self.run_id = wandb_run_id(self.run_dir, resume)
         try:
             self._run: Any = wandb.init(
