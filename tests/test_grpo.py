@@ -231,7 +231,7 @@ def test_grpo_cli_end_to_end(sft_checkpoint, tmp_path):
     assert [row["step"] for row in steps] == [0, 1, 2]
     for row in steps:
         assert METRIC_KEYS <= set(row), METRIC_KEYS - set(row)
-    evals = [row for row in rows if "eval/builtin:valid/accuracy" in row]
+    evals = [row for row in rows if "eval/valid/accuracy" in row]
     assert [row["step"] for row in evals] == [0, 2, 3]
     assert (out / "final" / "model.safetensors").exists() and (out / "best" / "latent_config.json").exists()
     res = json.loads((out / "eval" / "builtin_test" / "results.json").read_text())

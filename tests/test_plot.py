@@ -171,8 +171,8 @@ def test_plot_runs_describes_what_it_drew(runs: Path, tmp_path: Path) -> None:
 
 
 def test_eval_key_selects_one_eval_column(runs: Path, tmp_path: Path) -> None:
-    """A full column name selects that column; a dataset name matches it with or without a source prefix (SFT logs
-    eval/valid/accuracy, the GRPO command eval/builtin:valid/accuracy: the same validation set)."""
+    """A full column name selects that column; a dataset name matches it with or without a source prefix (the
+    commands log eval/valid/accuracy; a Python-API run may name its set builtin:valid: the same validation set)."""
     fig, desc = draw(all_groups(runs), panels=("eval",), eval_key="eval/valid/accuracy")
     assert desc["panels"]["eval"] == {"SFT": 2} and desc["eval_keys"] == ["eval/valid/accuracy"]
     assert any("no eval/valid/accuracy rows" in n for n in desc["notes"]["eval"])

@@ -11,7 +11,7 @@ PLOT_EXAMPLES = """  dgrpo plot runs/demo/arms --out runs/demo/arms.png    # eve
   dgrpo plot runs/grpo runs/sampling --out fig.pdf --reference "Coconut SFT=0.247"
   dgrpo plot runs/a_seed0 runs/a_seed1 runs/b --panels eval,reward_std,reward_mean,kept,distinct --out fig.svg
   dgrpo plot --label "Dropout-GRPO=runs/p01_s0,runs/p01_s1" --label "p = 0.2=runs/p02" --out sweep.png
-  dgrpo plot runs/grpo --eval-key builtin:valid --title "Dropout-GRPO, p = 0.1" --out fig.png
+  dgrpo plot runs/grpo --eval-key valid --title "Dropout-GRPO, p = 0.1" --out fig.png
 """
 
 
