@@ -322,3 +322,18 @@ def test_a_seed_that_stopped_early_is_named_where_the_mean_stops(tmp_path: Path)
     desc = plot([tmp_path / "arm"], tmp_path / "fig.png", panels=("kept",))
     assert desc["panels"]["kept"]["arm"] == 4
     assert desc["notes"]["kept"] == ["arm: mean to step 4, where its shortest run stops (the longest: 6)"]
+
+
+def test_the_command_line_says_a_warning_in_one_line(runs: Path, tmp_path: Path) -> None:
+    """dgrpo's warnings on the command line are 'dgrpo: warning: ...' lines (they were Python's 'file:line:
+    UserWarning:' followed by a line of dgrpo's source)."""
+    from conftest import dgrpo
+
+    (runs / "crashed").mkdir()
+    (runs / "crashed" / "metrics.jsonl").write_text("")
+    r = dgrpo("plot", runs / "crashed", runs / "sft", "--out", tmp_path / "fig.png")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == [
+        f"dgrpo: warning: skipped {runs / 'crashed' / 'metrics.jsonl'}: no readable rows (a run that stopped before "
+        "logging a step?)"
+    ]

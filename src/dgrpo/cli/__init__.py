@@ -13,7 +13,10 @@ import argparse
 import errno
 import os
 import sys
+import warnings
 from importlib.metadata import version
+from pathlib import Path
+from typing import TextIO
 
 from . import convert, evaluate, plot, tools, train
 
@@ -55,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     from ..training.run import TrainingStopped
 
     try:
-        return int(args.func(args))
+        with warnings.catch_warnings():
+            if warnings.showwarning is getattr(warnings, "_showwarning_orig", None):  # (not while recorded: tests)
+                warnings.showwarning = _show_warning
+            return int(args.func(args))
     except (ConfigError, DataError, CheckpointError, RewardError) as e:
         print(f"dgrpo: error: {e}", file=sys.stderr)
         return 2
@@ -73,6 +79,28 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"dgrpo: error: {e.filename or 'a path'}: a name longer than the file system allows", file=sys.stderr)
         return 2
+
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """dgrpo's own warnings as ``dgrpo: warning: ...`` lines on stderr (not Python's ``file:line: UserWarning:``
+    and a line of our source); the libraries' warnings keep Python's form, which names where they come from."""
+    if not Path(filename).resolve().is_relative_to(PACKAGE_DIR):
+        warnings._showwarning_orig(message, category, filename, lineno, file, line)  # type: ignore[attr-defined]
+        return
+    try:
+        print(f"dgrpo: warning: {message}", file=file or sys.stderr)
+    except OSError:  # (stderr closed: as Python's own showwarning, nothing to say it on)
+        pass
 
 
 def exit_with_launcher() -> None:

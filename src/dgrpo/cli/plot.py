@@ -97,7 +97,7 @@ def run_plot(args: argparse.Namespace) -> int:
         groups.setdefault(name, []).extend(p.strip() for p in paths.split(",") if p.strip())
     if not args.runs and not groups:
         raise DataError("no runs given: name run directories, or groups with --label NAME=RUN[,RUN...]")
-    panels = tuple(p.strip() for p in args.panels.split(",") if p.strip())
+    panels = tuple(dict.fromkeys(p.strip() for p in args.panels.split(",") if p.strip()))  # (a panel named twice: once)
     desc = plot(
         args.runs,
         args.out,

@@ -71,8 +71,12 @@ def register(sub: Any) -> None:
     p = subcommand(sub, "data", "dataset utilities", DATA_EXAMPLES)
     dsub = p.add_subparsers(dest="data_cmd", required=True)
     q = dsub.add_parser("inspect", help="count records and show the first one (last line: JSON)")
-    q.add_argument("name_or_path")
-    q.add_argument("--split")
+    q.add_argument(
+        "name_or_path",
+        metavar="DATA",
+        help="a dataset name (gsm8k, svamp, builtin:test?n_test=500, ...), a file or folder, or several joined by '+'",
+    )
+    q.add_argument("--split", help="the split to read (default: the one the name gives, else test)")
     add_config_options(q, "data.question_key=prompt data.answer_key=target")
     q.set_defaults(func=run_data_inspect)
 
@@ -106,7 +110,7 @@ def run_data_inspect(args: argparse.Namespace) -> int:
     check_split(args.name_or_path, args.split)
     cfg = load_config(Config, list(args.config), args.overrides)  # the column mapping (data.*), the task (builtin)
     recs = load_spec(args.name_or_path, cfg.task, split=args.split, data=cfg.data)
-    print(f"{len(recs)} records")
+    print(f"{len(recs)} record{'' if len(recs) == 1 else 's'}")
     print(json.dumps({"n": len(recs), "example": recs[0].to_dict() if recs else None}))
     return 0
 
