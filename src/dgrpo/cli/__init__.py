@@ -14,9 +14,10 @@ import errno
 import os
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
-from typing import TextIO
 
 from . import convert, evaluate, plot, tools, train
 
@@ -58,9 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..training.run import TrainingStopped
 
     try:
-        with warnings.catch_warnings():
-            if warnings.showwarning is getattr(warnings, "_showwarning_orig", None):  # (not while recorded: tests)
-                warnings.showwarning = _show_warning
+        with _warnings_as_lines():
             return int(args.func(args))
     except (ConfigError, DataError, CheckpointError, RewardError) as e:
         print(f"dgrpo: error: {e}", file=sys.stderr)
@@ -84,23 +83,25 @@ def main(argv: list[str] | None = None) -> int:
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
-def _show_warning(
-    message: Warning | str,
-    category: type[Warning],
-    filename: str,
-    lineno: int,
-    file: TextIO | None = None,
-    line: str | None = None,
-) -> None:
+@contextmanager
+def _warnings_as_lines() -> Iterator[None]:
     """dgrpo's own warnings as ``dgrpo: warning: ...`` lines on stderr (not Python's ``file:line: UserWarning:``
-    and a line of our source); the libraries' warnings keep Python's form, which names where they come from."""
-    if not Path(filename).resolve().is_relative_to(PACKAGE_DIR):
-        warnings._showwarning_orig(message, category, filename, lineno, file, line)  # type: ignore[attr-defined]
-        return
+    and a line of dgrpo's source); the libraries' warnings keep Python's form, which names where they come from.
+    (The format is replaced, not the display: recorded warnings, as pytest records them, stay recorded.)"""
+    python_format = warnings.formatwarning
+
+    def formatted(
+        message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+    ) -> str:
+        if Path(filename).resolve().is_relative_to(PACKAGE_DIR):
+            return f"dgrpo: warning: {message}\n"
+        return python_format(message, category, filename, lineno, line)
+
+    warnings.formatwarning = formatted
     try:
-        print(f"dgrpo: warning: {message}", file=file or sys.stderr)
-    except OSError:  # (stderr closed: as Python's own showwarning, nothing to say it on)
-        pass
+        yield
+    finally:
+        warnings.formatwarning = python_format
 
 
 def exit_with_launcher() -> None:
