@@ -127,3 +127,28 @@ def test_the_readme_library_tour_runs_on_the_demo_layout(sft_checkpoint, tmp_pat
     exec(compile(code, "README.md (library tour)", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 4 and all(0.0 <= float(x) <= 1.0 for x in printed[1:])
+
+
+def documented_metrics() -> set[str]:
+    """The backticked names in docs/metrics.md's tables (first column)."""
+    text = (ROOT / "docs" / "metrics.md").read_text()
+    return set(re.findall(r"^\| `([^`]+)` \|", text, flags=re.MULTILINE))
+
+
+def test_every_metric_a_run_logs_is_documented(sft_checkpoint):
+    """docs/metrics.md names every key of the SFT run's rows and of a GRPO step's metrics (a new metric without
+    its line fails here)."""
+    import json
+
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.training.grpo import GRPOTrainer
+
+    from conftest import tiny_config
+
+    documented = documented_metrics()
+    sft_rows = [json.loads(x) for x in (sft_checkpoint.parent / "metrics.jsonl").read_text().splitlines()]
+    cfg = tiny_config(**{"grpo.filter": "false", "grpo.mini_epochs": "2"})
+    trainer = GRPOTrainer(LatentLM.from_pretrained(sft_checkpoint), cfg, generate_split(cfg.task, "train"))
+    logged = {k for row in sft_rows for k in row} | set(trainer.step())
+    assert logged - documented == set()

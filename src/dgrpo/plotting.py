@@ -276,7 +276,8 @@ def _number(v: Any) -> float | None:
 def _eval_key(run: Run, eval_key: str | None) -> str | None:
     """The eval column plotted for a run: the requested one, else the first the run logged. A requested dataset
     name matches the run's column of that name with or without a source prefix (``valid`` and ``builtin:valid``:
-    ``dgrpo sft`` and the demo log ``eval/valid/accuracy``, ``dgrpo grpo`` ``eval/<data.valid>/accuracy``)."""
+    the commands and the demo log ``eval/valid/accuracy``; a Python-API run, or one of an earlier dgrpo, may log
+    ``eval/builtin:valid/accuracy``)."""
     logged = list(dict.fromkeys(k for r in run.evals for k in r if _is_eval_key(k)))
     if not eval_key:
         return logged[0] if logged else None
