@@ -758,7 +758,11 @@ class GRPOConfig:
         50, "write a resumable checkpoint (weights, optimizer, RNG, counters) every N steps (0 = only at the end)"
     )
     keep_last: int = opt(2, "resumable checkpoints kept in OUT/checkpoints")
-    max_nonfinite: int = opt(5, "stop (after saving) when this many steps in a row had a non-finite loss or gradient")
+    max_nonfinite: int = opt(
+        5,
+        "stop (after saving) when this many optimizer steps in a row had a non-finite loss or gradient "
+        "(grpo.mini_epochs optimizer steps per GRPO step)",
+    )
     max_skip_streak: int = opt(
         100,
         "stop (after saving) when this many steps in a row skipped the update because every group was filtered out "

@@ -572,7 +572,7 @@ class NonFiniteGuard:
 
     def error(self, step: int, saved_in: Path) -> NonFiniteError:
         return NonFiniteError(
-            f"{self.streak} {self.what} steps in a row had a non-finite loss or gradient (step {step}); "
+            f"{self.streak} {self.what} optimizer steps in a row had a non-finite loss or gradient (step {step}); "
             f"state saved in {saved_in}; check the data, or resume with a lower {self.lr_key} (--set "
             f"{self.lr_key}=... --allow-config-change)"
         )
