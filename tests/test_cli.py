@@ -493,3 +493,21 @@ def test_eval_of_a_plain_lm_without_plain_says_so(tmp_path, tokenizer, run_cli):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         assert run_cli(*args, "--plain", "--out", tmp_path / "b").returncode == 0
+
+
+def test_warnings_are_dgrpo_lines_and_the_libraries_keep_theirs():
+    """Within a command, a warning from dgrpo's code is formatted as one 'dgrpo: warning:' line; another library's
+    keeps Python's form, which names where it comes from; after the command Python's format is back (the slow tier
+    runs a real command: test_plot)."""
+    import warnings
+
+    import dgrpo.cli as cli
+
+    python_format = warnings.formatwarning
+    with cli._warnings_as_lines():
+        assert warnings.formatwarning("ours", UserWarning, str(cli.PACKAGE_DIR / "plotting.py"), 1) == (
+            "dgrpo: warning: ours\n"
+        )
+        theirs = warnings.formatwarning("theirs", FutureWarning, "/elsewhere/lib.py", 7, "")
+        assert theirs.startswith("/elsewhere/lib.py:7: FutureWarning: theirs")
+    assert warnings.formatwarning is python_format

@@ -324,6 +324,7 @@ def test_a_seed_that_stopped_early_is_named_where_the_mean_stops(tmp_path: Path)
     assert desc["notes"]["kept"] == ["arm: mean to step 4, where its shortest run stops (the longest: 6)"]
 
 
+@pytest.mark.slow
 def test_the_command_line_says_a_warning_in_one_line(runs: Path, tmp_path: Path) -> None:
     """dgrpo's warnings on the command line are 'dgrpo: warning: ...' lines (they were Python's 'file:line:
     UserWarning:' followed by a line of dgrpo's source)."""

@@ -527,6 +527,7 @@ def test_consolidate_takes_a_run_directory_and_refuses_a_changed_or_unreadable_s
     assert "cannot read the shards in" in r.stderr and "No such file" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_cached_hub_id_loads_at_once_without_network(sft_checkpoint, tmp_path):
     """A hub id in the local cache, on a machine where the hub cannot be reached and HF_HUB_OFFLINE is not set: it
     loads from the cache without waiting for retries (transformers' PEFT-adapter lookup took ~25 s of them)."""
