@@ -81,18 +81,20 @@ def test_compare_pairs_runs_with_their_own_sft_checkpoint():
         (2, 0): [T, T, T, T],  # no SFT seed 2: left out
     }
     c = compare(arm, sft)
-    assert c["n_pairs"] == 3 and c["n_items"] == 4
+    assert c["n_pairs"] == 3 and c["n_sft_seeds"] == 2 and c["n_items"] == 4
     assert [p["diff"] for p in c["pairs"]] == [25.0, 50.0, -25.0]
     assert [(p["gained"], p["lost"]) for p in c["pairs"]] == [(1, 0), (2, 0), (0, 1)]
     assert c["gained"] == 1.0 and c["lost"] == pytest.approx(1 / 3)
-    # mean 50/3, sd sqrt(((25-50/3)^2 + (50-50/3)^2 + (-25-50/3)^2) / 2) = 38.188131
-    assert c["mean"] == pytest.approx(50 / 3) and c["sd"] == pytest.approx(38.188131, abs=1e-5)
-    half = 4.3026527 * 38.188131 / math.sqrt(3)
-    assert c["lo"] == pytest.approx(50 / 3 - half, abs=1e-4) and c["hi"] == pytest.approx(50 / 3 + half, abs=1e-4)
-    # two arms: pairs by (SFT seed, RL seed)
+    # the two pairs of SFT seed 0 share its checkpoint: averaged first (37.5), then the interval over SFT seeds:
+    # mean (37.5 - 25) / 2 = 6.25, sd |37.5 + 25| / sqrt(2) = 44.194174, t(0.975, 1) = 12.706205
+    assert c["mean"] == pytest.approx(6.25) and c["sd"] == pytest.approx(44.194174, abs=1e-5)
+    half = 12.706205 * 44.194174 / math.sqrt(2)
+    assert c["lo"] == pytest.approx(6.25 - half, abs=1e-3) and c["hi"] == pytest.approx(6.25 + half, abs=1e-3)
+    # two arms: pairs by (SFT seed, RL seed); one SFT checkpoint's pairs give no interval, however many
     other = {(0, 0): [T, T, F, F], (0, 1): [T, F, F, F]}
     c = compare(arm, other)
     assert [p["diff"] for p in c["pairs"]] == [0.0, 50.0] and c["n_pairs"] == 2
+    assert c["n_sft_seeds"] == 1 and c["mean"] == 25.0 and c["lo"] is None and c["hi"] is None
     assert compare({}, sft) == {"pairs": [], "n_pairs": 0}
 
 
@@ -234,6 +236,9 @@ def test_join_parts_keeps_task_order_whatever_finishes_first():
         (["--workers", "0"], "--workers must be >= 1, got 0"),
         (["--sft-seeds", "0"], "--sft-seeds and --seeds must be >= 1"),
         (["--out", "{file}"], "exists and is not a directory"),
+        (["--seeds", "101"], "--seeds must be <= 100"),  # (rl_seed(0, 100) would be rl_seed(1, 0))
+        # an override that breaks one arm, found before any SFT (it was found after SFT, naming no arm)
+        (["--set", "grpo.shuffle_rewards=true"], "arm reinforce_ema (builtin/reinforce_ema.yaml over the demo's"),
     ],
 )
 def test_demo_bad_arguments_exit_2_in_one_line_before_any_work(tmp_path, run_cli, args, needle):
@@ -318,3 +323,17 @@ def test_demo_quick(pool_demo):
     assert "1. deterministic GRPO = SFT exactly: best-valid checkpoint: **resolved**" in table
     summary = (out / "summary.txt").read_text()
     assert "(3) Dropout-GRPO > SFT" in summary and summary.strip() in r.stdout
+
+
+def test_a_second_demo_on_the_same_out_is_refused(tmp_path, run_cli):
+    """One demo per --out: a second one started its SFT over under the first (--resume never deleted the
+    checkpoint the first's RL runs were reading)."""
+    from dgrpo.training.run import RunLock
+
+    lock = RunLock(tmp_path)  # (the first demo, still running)
+    try:
+        r = run_cli("demo", "--quick", "--out", tmp_path)
+    finally:
+        lock.release()
+    assert r.returncode == 2 and "is in use by another dgrpo process" in r.stderr and r.stdout == ""
+    assert [p.name for p in tmp_path.iterdir()] == [".lock"]

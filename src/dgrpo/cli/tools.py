@@ -36,7 +36,11 @@ def register(sub: Any) -> None:
         DEMO_EXAMPLES,
     )
     add_config_options(p, "grpo.steps=200")
-    p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    p.add_argument(
+        "--out",
+        default="runs/demo",
+        help="output directory (default runs/demo); a demo run again there starts over, deleting its earlier runs",
+    )
     p.add_argument(
         "--sft-seeds", type=int, default=None, help="SFT checkpoints, one per seed (default 1; --full 4; --quick 2)"
     )

@@ -10,8 +10,9 @@
    paper reports).
 4. **Paired statistics.** A comparison "A vs B" pairs each (SFT seed, RL seed) run of A with the run of B from the
    same SFT checkpoint and RL seed (or with that SFT checkpoint itself), takes the accuracy difference on the same
-   items, and reports the mean over pairs with a 95% t-interval over the pair differences, with the items gained
-   and lost. Each of the paper's claims (``CLAIMS``) is then resolved, not resolved or contradicted at 95%.
+   items, and reports the mean with a 95% t-interval over the SFT checkpoints (each one's pairs averaged first:
+   pairs that share a checkpoint are not independent), with the items gained and lost. Each of the paper's claims
+   (``CLAIMS``) is then resolved, not resolved or contradicted at 95%.
 5. results.json, results.md, summary.txt, and two figures drawn by :mod:`dgrpo.plotting`.
 
 The work is independent tasks (one SFT run per seed; one RL run per arm, SFT seed and RL seed, once its SFT
@@ -31,7 +32,9 @@ from typing import Any
 
 import torch
 
+from ..config import Config
 from ..data.synthetic import generate_split
+from ..training.run import RunLock
 from .pipeline import (
     ARMS,
     SHORT,
@@ -52,6 +55,16 @@ def run_demo(args: Any) -> int:
     """``dgrpo demo``: SFT per seed, every arm from each, test once per model, statistics, files, figures."""
     t_start = time.time()
     base, n_sft, n_rl = demo_config(args)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    lock = RunLock(Path(args.out))  # one demo per --out: a second one would start its runs over under this one's
+    try:
+        return _run(args, base, n_sft, n_rl, t_start)
+    finally:
+        lock.release()
+
+
+def _run(args: Any, base: Config, n_sft: int, n_rl: int, t_start: float) -> int:
+    """The demo's work, under its --out's lock."""
     if base.threads:
         torch.set_num_threads(base.threads)
     quiet_transformers()

@@ -121,6 +121,10 @@ class Demo:
         return row
 
 
+#: RL seeds per SFT seed at most: rl_seed keeps them distinct up to this
+MAX_RL_SEEDS = 100
+
+
 def rl_seed(sft_seed: int, r: int) -> int:
     """The RL run's seed: distinct over (SFT seed, RL seed index) pairs, the same for every arm of a pair."""
     return 100 * sft_seed + r
@@ -251,9 +255,17 @@ def demo_config(args: Any) -> tuple[Config, int, int]:
     n_rl = args.seeds if args.seeds is not None else n_rl
     if n_sft < 1 or n_rl < 1:
         raise ConfigError(f"--sft-seeds and --seeds must be >= 1, got {n_sft} and {n_rl}")
+    if n_rl > MAX_RL_SEEDS:  # (rl_seed(s, 100) would be rl_seed(s + 1, 0))
+        raise ConfigError(f"--seeds must be <= {MAX_RL_SEEDS} (RL seeds are 100 x SFT seed + r), got {n_rl}")
     if getattr(args, "workers", None) is not None and args.workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
     check_output_path(args.out)  # an existing file, or a place that cannot be written: one line, now
+    for arm, (_, file) in ARMS.items():  # every arm's config, now: a --set that breaks one fails before any SFT
+        if file is not None:
+            try:
+                arm_config(base, arm, 0)
+            except ConfigError as e:
+                raise ConfigError(f"arm {arm} ({file} over the demo's config): {e}") from None
     return base, n_sft, n_rl
 
 

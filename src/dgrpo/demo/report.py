@@ -188,7 +188,7 @@ def results_markdown(res: Mapping[str, Any]) -> str:
         f"Command: `{res['command']}`. Wall time {res['wall_s']['total']:.0f} s. Test splits: {n_test}; greedy pass@1,"
         " no dropout. `best-valid` = each run's best post-warmup validation checkpoint (the paper's protocol),"
         " `final` = its last checkpoint. A vs B pairs runs that share the SFT checkpoint and the RL seed; the interval"
-        " is a 95% t-interval over the pair differences (points).",
+        " is a 95% t-interval over the SFT checkpoints, each one's pair differences averaged first (points).",
         "",
         f"## Claims ({res['headline']} split)",
         "",

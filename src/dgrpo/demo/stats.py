@@ -124,8 +124,10 @@ PairKey = tuple[int, int]  # (SFT seed, RL seed)
 
 def compare(a: Mapping[PairKey, Sequence[bool]], b: Mapping[PairKey | int, Sequence[bool]]) -> dict[str, Any]:
     """A vs B, paired: per (SFT seed, RL seed) key of ``a``, B's model with the same key, or B keyed by the SFT seed
-    alone (the SFT checkpoint); the accuracy difference in points on the same items, items gained and lost; then
-    the mean difference with its 95% t-interval over the pairs. Keys without a partner are left out."""
+    alone (the SFT checkpoint); the accuracy difference in points on the same items, items gained and lost. The
+    pairs of one SFT checkpoint are not independent (the checkpoint moves accuracy most): each SFT seed's pairs are
+    averaged first, and the mean difference and its 95% t-interval are over the SFT seeds (with one RL seed per
+    SFT seed, over the pairs). Keys without a partner are left out."""
     pairs = []
     for key in sorted(a):
         other = b.get(key, b.get(key[0]))
@@ -137,10 +139,14 @@ def compare(a: Mapping[PairKey, Sequence[bool]], b: Mapping[PairKey | int, Seque
         pairs[-1]["lost"] = lost
     if not pairs:
         return {"pairs": [], "n_pairs": 0}
-    ci = mean_ci([p["diff"] for p in pairs])
+    by_sft: dict[int, list[float]] = {}
+    for p in pairs:
+        by_sft.setdefault(int(p["sft_seed"]), []).append(p["diff"])
+    ci = mean_ci([statistics.fmean(d) for d in by_sft.values()])
     return {
         "pairs": pairs,
         "n_pairs": len(pairs),
+        "n_sft_seeds": len(by_sft),
         "n_items": len(next(iter(a.values()))),
         "mean": ci.mean,
         "lo": ci.lo,
