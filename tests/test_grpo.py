@@ -356,3 +356,15 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
 def test_a_null_perturbation_is_warned_when_the_trainer_starts(sft_checkpoint):
     with pytest.warns(UserWarning, match="perturbation.p=0 makes perturbation.kind=locked perturb nothing"):
         trainer(sft_checkpoint, **{"perturbation.p": "0"})
+
+
+@pytest.mark.parametrize("mode", ["cot", "no_cot"])
+def test_latent_thoughts_asked_of_a_checkpoint_without_them_is_one_line_at_start(sft_checkpoint, mode):
+    """grpo.n_latent > 0 on a cot / no_cot checkpoint: a traceback at the first rollout, after the step-0 eval."""
+    from dgrpo.config import ConfigError
+
+    cfg = tiny_config(**{"grpo.n_latent": "3"})
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    lm.settings.mode, lm.settings.n_latent = mode, 0
+    with pytest.raises(ConfigError, match=f"grpo.n_latent=3: the checkpoint was trained with sft.mode={mode}"):
+        GRPOTrainer(lm, cfg, generate_split(cfg.task, "train"))

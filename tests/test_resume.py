@@ -436,6 +436,26 @@ def test_sft_eval_every_epoch_keeps_the_last_stages_best_epoch(tmp_path):
     assert _resumed_best(SimpleNamespace(out_dir=tmp_path, metrics=run.metrics), Dist.single()) == -1.0  # no best/
 
 
+@pytest.mark.slow
+def test_sft_best_epoch_counts_every_stage_of_the_final_layout(tmp_path):
+    """Stages past max_latent_stage train one layout (all steps latent): best/ is chosen among all their epochs.
+    It was chosen among the last stage number's only (under the paper recipe, one epoch of 16 all-latent ones)."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.sft import train_sft
+
+    over = {"task.n_train": 64, "sft.num_epochs": 4, "sft.stage_epochs": [1], "sft.epochs_per_stage": 1}
+    cfg = tiny_config(**over, **{"sft.eval_every_epoch": True, "sft.max_latent_stage": 1})
+    counts = iter([1, 1, 3, 2])  # epochs 0-3 are stages 0-3; stages 2 and 3 are the final layout
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    out = tmp_path / "sft"
+    train = generate_split(cfg.task, "train")
+    train_sft(lm, train, cfg, out, valid=train[:4], evaluate_fn=lambda *a: next(counts), log=lambda *a: None)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["best_epoch"], r["best/valid/accuracy"]) for r in rows if "best_epoch" in r] == [(2, 0.75)]
+    assert json.loads((out / "best" / "latent_config.json").read_text())["stage"] == 2
+
+
 @pytest.mark.parametrize("command", ["grpo", "sft"])
 def test_resuming_on_other_training_data_is_refused_unless_allowed(tmp_path, command):
     """A run resumed from Python with other training records than its checkpoint's is refused in one line naming

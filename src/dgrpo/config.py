@@ -452,10 +452,13 @@ class SFTConfig:
     recompute_kept_layers: int = opt(0, RECOMPUTE_KEPT_LAYERS_HELP)
     max_grad_norm: float = opt(1.0, "gradient clipping (0 = off)")
     bf16: AutoSwitch = opt("auto", "bf16 autocast: auto (on CUDA only), true (always on) or false (off)")
-    eval_each_stage: bool = opt(True, "greedy accuracy on data.valid at the end of each stage")
+    eval_each_stage: bool = opt(
+        True, "accuracy on data.valid at the end of each stage (eval.* decoding: greedy unless eval.temperature > 0)"
+    )
     eval_every_epoch: bool = opt(
         False,
-        "greedy accuracy on data.valid at the end of every epoch too, and the last stage's best epoch kept as best/ "
+        "accuracy on data.valid (eval.* decoding) at the end of every epoch too, and the best epoch of the final "
+        "latent layout (the last stage, with the stages past max_latent_stage: all steps latent) kept as best/ "
         "(Coconut's choice of checkpoint: it validates every epoch and one picks the best; GRPO then --init "
         "runs/sft/best)",
     )
@@ -750,7 +753,9 @@ class GRPOConfig:
         "of mask replay, not Proposition 6's fresh-rollout estimator, which would resample the answers too)",
     )
     eval_every: int = opt(
-        10, "greedy eval without perturbation on data.valid every N steps (0 = only at start and end)"
+        10,
+        "eval without perturbation on data.valid every N steps (0 = only at start and end); eval.* decoding: greedy "
+        "unless eval.temperature > 0",
     )
     save_best: bool = opt(True, "keep best/ = the best post-warmup checkpoint by validation accuracy")
     log_every: int = opt(1, "write a metrics row every N steps")

@@ -144,6 +144,11 @@ class GRPOTrainer:
                 f"grpo.prompts_per_step: {g.prompts_per_step} prompts cannot be shared by {self.dist.world_size} "
                 "processes (every rank needs at least one group)"
             )
+        if g.n_latent > 0 and lm.settings.mode in ("cot", "no_cot"):
+            raise ConfigError(
+                f"grpo.n_latent={g.n_latent}: the checkpoint was trained with sft.mode={lm.settings.mode}, which has "
+                "no latent thoughts (use grpo.n_latent=-1 or 0, or a coconut / pause checkpoint)"
+            )
         self.n_latent = lm.settings.n_latent if g.n_latent < 0 else g.n_latent
         # the policy as it is trained (T thoughts, after the markers) is how it is validated, tested and saved
         lm.settings.n_latent, lm.settings.markers = self.n_latent, True

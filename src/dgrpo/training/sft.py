@@ -67,6 +67,12 @@ def stage_of_epoch(epoch: int, cfg: Config) -> int:
     return curriculum_stage(epoch, s.stage_epochs, s.epochs_per_stage)
 
 
+def layout_stage(stage: int, cfg: Config) -> int:
+    """The stage whose latent layout ``stage`` trains: past ``max_latent_stage`` every stage drops all steps, so
+    they are one layout (``max_latent_stage + 1``)."""
+    return min(stage, cfg.sft.max_latent_stage + 1)
+
+
 def latent_layout(stage: int, n_steps: int, cfg: Config) -> tuple[int, int]:
     """(steps replaced, latent thoughts) at ``stage`` for a chain of ``n_steps`` (Coconut's rule)."""
     s = cfg.sft
@@ -381,7 +387,7 @@ def train_sft(
                 accuracy = _finish_stage(lm, stage, cfg, run, dist, valid, evaluate_fn, prog.global_step, t0)
             elif s.eval_every_epoch:
                 accuracy = _validate_epoch(lm, stage, epoch, cfg, run, dist, valid, evaluate_fn, prog.global_step, t0)
-            if s.eval_every_epoch and stage == plan.stage(s.num_epochs - 1):
+            if s.eval_every_epoch and layout_stage(stage, cfg) == layout_stage(plan.stage(s.num_epochs - 1), cfg):
                 best = _keep_if_best(lm, stage, epoch, accuracy, best, cfg, run, dist, prog.global_step)
             sft.save(epoch + 1, 0)
         bar.close()
@@ -505,7 +511,8 @@ def _keep_if_best(
     dist: Dist,
     step: int,
 ) -> float:
-    """``best/``: the last stage's epoch of the highest validation accuracy so far (the earlier one on a tie), as
+    """``best/``: of the epochs that train the final latent layout (the last stage, and every stage past
+    ``max_latent_stage`` with it), the one of the highest validation accuracy so far (the earlier one on a tie), as
     Coconut's checkpoint is chosen; returns the best accuracy so far. Every rank decides alike (the accuracy is
     reduced over the ranks) and calls the save (FSDP gathers); rank 0 writes."""
     if accuracy is None or accuracy <= best:
