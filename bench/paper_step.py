@@ -64,7 +64,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from dgrpo.bench import step_profile, timeline  # noqa: E402
 from dgrpo.bench.workload import FULL, QUICK, Shapes, build_lm, task_records  # noqa: E402
-from dgrpo.config import Config, load_config  # noqa: E402
+from dgrpo.config import Config, ConfigError, load_config  # noqa: E402
 from dgrpo.data.records import Record  # noqa: E402
 from dgrpo.eval.scoring import Rewards  # noqa: E402
 from dgrpo.model import latent_lm  # noqa: E402
@@ -446,9 +446,21 @@ def alternate(
 
 def main() -> int:
     args = parse_args()
-    device = torch.device(args.device)
+    if args.steps < 1:
+        raise SystemExit(f"paper_step.py: --steps must be >= 1 (timed steps per arm), got {args.steps}")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as e:
+        raise SystemExit(f"paper_step.py: --device {args.device!r}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("paper_step.py: --device cuda, but this machine has no CUDA device (use --device cpu)")
     measured = [*MEASURED, "grpo.filter=true"] if args.kept_groups else MEASURED  # (--kept-groups: the filter acts)
-    cfg = load_config(Config, "paper/grpo_dropout.yaml", [*measured, *args.set])
+    try:
+        cfg = load_config(Config, "paper/grpo_dropout.yaml", [*measured, *args.set])
+        if args.versus:
+            load_config(Config, "paper/grpo_dropout.yaml", [*measured, *args.set, *args.versus])
+    except ConfigError as e:
+        raise SystemExit(f"paper_step.py: {e}") from None
     if any(n > cfg.grpo.prompts_per_step for n in args.kept_groups):
         raise SystemExit(f"--kept-groups: a step has {cfg.grpo.prompts_per_step} groups; got {args.kept_groups}")
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32

@@ -395,3 +395,29 @@ def test_a_selection_that_runs_nothing_is_an_error(tmp_path, capsys):
         capsys.readouterr().err
     )
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--device", "gpu"], "--device 'gpu'"),
+        (["--set", "nonsense=1"], "unknown config key 'nonsense'"),
+        (["--versus", "grpo.lr=-1"], "grpo.lr"),
+    ],
+)
+def test_paper_step_refuses_bad_options_in_one_line(monkeypatch, argv, says):
+    """They were tracebacks (a median of no steps after a 12 s warm-up step, a ConfigError, a device parse)."""
+    module = _paper_step_module()
+    monkeypatch.setattr(sys, "argv", ["paper_step.py", "--tiny", *argv])
+    with pytest.raises(SystemExit) as e:
+        module.main()
+    assert says in str(e.value.code) and str(e.value.code).startswith("paper_step.py: ")
+
+
+def test_bench_rows_are_in_item_number_order():
+    from dgrpo.bench.report import Row
+    from dgrpo.bench.suite import item_order
+
+    rows = [Row("cpu", i, "k", "", "", "", None) for i in ("10. b", "4. a", "x")]
+    assert [r.item for r in sorted(rows, key=item_order)] == ["4. a", "10. b", "x"]

@@ -111,6 +111,12 @@ def machine_info() -> dict:
     return info
 
 
+def item_order(row: Row) -> tuple[int, str]:
+    """A row's place: by its item's number ("10. ..." after "4. ..."), then its text."""
+    number = row.item.split(".", 1)[0]
+    return (int(number) if number.isdigit() else 10**6, row.item)
+
+
 def run_section(ctx: Ctx, keys: list[str], after_item=None) -> tuple[list[Row], dict]:
     """Run ``keys`` in order; ``after_item(rows, raw)`` is called after each (partial outputs survive a kill)."""
     rows: list[Row] = []
@@ -136,8 +142,8 @@ def run_section(ctx: Ctx, keys: list[str], after_item=None) -> tuple[list[Row], 
         rows += r
         log(f"{key} done in {d['wall_s']:.1f} s")
         if after_item:
-            after_item(sorted(rows, key=lambda r: r.item), raw)
-    rows.sort(key=lambda r: r.item)  # numbered items, in their order
+            after_item(sorted(rows, key=item_order), raw)
+    rows.sort(key=item_order)  # numbered items, in their order
     return rows, raw
 
 
