@@ -517,6 +517,9 @@ def test_describe_filters_a_section():
         ),
         (["perturbation.kind=none", "grpo.replay=fresh_mask"], ["grpo.replay=fresh_mask changes nothing"]),
         (["perturbation.p=0", "grpo.replay=fresh_mask"], ["perturbation.p=0", "grpo.replay=fresh_mask"]),
+        (["grpo.top_p=0.9"], ["grpo.top_p=0.9 changes nothing with grpo.temperature=0: greedy"]),
+        (["grpo.temperature=1e-6"], ["grpo.temperature=1e-06: .* carry almost no gradient"]),
+        (["grpo.temperature=0.7", "grpo.top_p=0.9"], []),
         (["perturbation.kind=gaussian", "perturbation.p=0"], []),  # p is not gaussian's scale
         (["perturbation.kind=none"], []),  # the deterministic ablation is what it says
     ],

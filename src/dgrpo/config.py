@@ -611,7 +611,11 @@ class GRPOConfig:
         "low-temperature decoding, and all diversity comes from the masks); > 0 samples tokens, each rollout's from "
         "its own seed (the same whatever the batch or the number of ranks)",
     )
-    top_p: float = opt(1.0, "nucleus mass when temperature > 0")
+    top_p: float = opt(
+        1.0,
+        "nucleus mass when temperature > 0 (sampling only: the update scores tokens under the whole softmax(logits / "
+        "T), as TRL's GRPO does)",
+    )
     max_new_tokens: int = opt(48, "answer tokens per rollout")
     lr: float = opt(1e-5, "peak learning rate (paper: 1e-5)")
     warmup_steps: int = opt(10, "linear warmup, then cosine decay to min_lr_ratio * lr (paper: 200)")
@@ -1008,6 +1012,15 @@ class Config:
         if self.grpo.replay == "fresh_mask" and (pert.kind == "none" or silent):
             lines.append(
                 "grpo.replay=fresh_mask changes nothing without a perturbation: there is no mask to draw afresh"
+            )
+        g = self.grpo
+        if g.top_p < 1 and g.temperature == 0:
+            lines.append(f"grpo.top_p={g.top_p} changes nothing with grpo.temperature=0: greedy decoding samples none")
+        if 0 < g.temperature < 0.05:
+            lines.append(
+                f"grpo.temperature={g.temperature}: the update scores each token under softmax(logits / T), nearly "
+                "one-hot this cold, so the sampled tokens' log-probs are about 0 and carry almost no gradient (0 is "
+                "greedy decoding, scored at T = 1)"
             )
         return lines
 
