@@ -503,6 +503,7 @@ def _sharded_run(tmp_path, tokenizer) -> tuple[Path, torch.nn.Module]:
     return tmp_path / "run", lm.model
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # (the shards are saved in one process here)
 def test_consolidate_takes_a_run_directory_and_refuses_a_changed_or_unreadable_shard(tmp_path, tokenizer, run_cli):
     run, model = _sharded_run(tmp_path, tokenizer)
     r = run_cli("consolidate", run)  # a run directory means its final/, as for every other command
