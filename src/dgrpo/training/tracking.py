@@ -230,7 +230,9 @@ class WandbTracker:
                 f"logging.backends: wandb could not start a run ({' '.join(str(e).split())}); "
                 "log in (wandb login, or set WANDB_API_KEY) or set WANDB_MODE=offline"
             ) from e
-        if self._run is None or self._run.id != self.run_id:
+        #: WANDB_MODE=disabled: a run that records nothing (older wandb gives it an id of its own)
+        self.disabled = bool(getattr(self._run, "disabled", False))
+        if self._run is None or (self._run.id != self.run_id and not self.disabled):
             raise RuntimeError(
                 f"wandb.init returned another active W&B run ({getattr(self._run, 'id', None)}), not {self.run_id}: "
                 "finish it (run.finish()) before training"
@@ -240,7 +242,7 @@ class WandbTracker:
         #: rows skipped because their step was below the last one logged
         self.skipped = 0
         self.offline = bool(getattr(self._run, "offline", False))
-        if getattr(self._run, "disabled", False):  # WANDB_MODE=disabled: a run that records nothing
+        if self.disabled:
             self.where = "W&B disabled (WANDB_MODE=disabled): nothing is recorded there"
         elif self.offline:
             self.where = f"W&B offline run in {_shown(Path(self._run.dir).parent, self.run_dir)}"
