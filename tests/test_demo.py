@@ -337,3 +337,21 @@ def test_a_second_demo_on_the_same_out_is_refused(tmp_path, run_cli):
         lock.release()
     assert r.returncode == 2 and "is in use by another dgrpo process" in r.stderr and r.stdout == ""
     assert [p.name for p in tmp_path.iterdir()] == [".lock"]
+
+
+def test_a_set_that_an_arm_overrides_is_named(tmp_path):
+    """--set grpo.temperature=0.5 changed every arm but token sampling, whose file sets 1.0: silently."""
+    import warnings
+    from types import SimpleNamespace
+
+    from dgrpo.demo.pipeline import demo_config
+
+    sets = ["grpo.temperature=0.5", "grpo.lr=2e-4", "seed=3"]
+    args = SimpleNamespace(quick=True, config=[], overrides=sets, seeds=None, out=str(tmp_path / "o"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        demo_config(args)
+    assert [str(w.message) for w in caught] == [
+        "--set grpo.temperature=0.5 does not reach the grpo_sampling arm, which sets grpo.temperature to 1.0 itself "
+        "(builtin/grpo_sampling.yaml)"
+    ]

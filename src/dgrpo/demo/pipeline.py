@@ -4,11 +4,13 @@ in this process or, with several workers, as tasks (one SFT run, one RL run) of 
 from __future__ import annotations
 
 import copy
+import functools
 import multiprocessing
 import os
 import re
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, replace
@@ -263,10 +265,24 @@ def demo_config(args: Any) -> tuple[Config, int, int]:
     for arm, (_, file) in ARMS.items():  # every arm's config, now: a --set that breaks one fails before any SFT
         if file is not None:
             try:
-                arm_config(base, arm, 0)
+                cfg = arm_config(base, arm, 0)
             except ConfigError as e:
                 raise ConfigError(f"arm {arm} ({file} over the demo's config): {e}") from None
+            _warn_if_arm_overrides(arm, file, base, cfg, args.overrides)
     return base, n_sft, n_rl
+
+
+def _warn_if_arm_overrides(arm: str, file: str, base: Config, cfg: Config, overrides: Sequence[str]) -> None:
+    """A ``--set`` whose key the arm sets itself does not reach that arm: say so (it was overridden silently)."""
+    for key in dict.fromkeys(ov.split("=", 1)[0].strip() for ov in overrides):
+        if key == "seed":  # (every run's seed is the demo's to set: rl_seed)
+            continue
+        theirs, ours = (functools.reduce(getattr, key.split("."), c) for c in (cfg, base))
+        if theirs != ours:
+            warnings.warn(
+                f"--set {key}={ours} does not reach the {arm} arm, which sets {key} to {theirs} itself ({file})",
+                stacklevel=3,
+            )
 
 
 @dataclass(frozen=True)
