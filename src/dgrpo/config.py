@@ -1309,23 +1309,13 @@ def _parse_override(raw: str) -> Any:
     return raw if isinstance(value, dict) and not raw.startswith("{") else value
 
 
-def _option_type(cfg: Any, dotted: str) -> Any:
-    """The type of the option ``dotted`` names in ``cfg`` (None: no such option, or a whole section)."""
-    obj: Any = cfg
-    *sections, name = dotted.split(".")
-    for part in sections:
-        obj = getattr(obj, part, None) if is_dataclass(obj) and part in {f.name for f in fields(obj)} else None
-    if not is_dataclass(obj) or name not in {f.name for f in fields(obj)} or is_dataclass(getattr(obj, name)):
-        return None
-    return _field_type(type(obj), name)
-
-
 def set_value(cfg: Any, dotted: str, raw: str) -> None:
     """Apply one ``a.b=value`` override; ``raw`` is parsed as YAML (so ``1e-5``, ``true``, ``[a, b]`` work), except
     for a text option, which takes the text as typed (a run named ``007`` or a dataset ``off`` stays so; YAML would
     read 7 and false); a quoted text is unquoted, and ``null`` / ``~`` are the empty text as in a YAML file."""
     as_yaml = (len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"") or raw in ("null", "Null", "NULL", "~")
-    nested: Any = raw if _option_type(cfg, dotted) is str and not as_yaml else _parse_override(raw)
+    cls: type = type(cfg)
+    nested: Any = raw if _option_types(cls).get(dotted) is str and not as_yaml else _parse_override(raw)
     for p in reversed(dotted.split(".")):
         nested = {p: nested}
     _merge(cfg, nested, "")
@@ -1382,6 +1372,12 @@ def _options(cls: type, prefix: str = "") -> Iterator[Option]:
             yield from _options(type(v), f"{prefix}{f.name}.")
         else:
             yield Option(f"{prefix}{f.name}", hints[f.name], v, f.metadata.get("doc", ""))
+
+
+@functools.cache
+def _option_types(cls: type) -> dict[str, Any]:
+    """Every option's type by its dotted key (``grpo.lr``: float), computed once per class; read only."""
+    return {o.key: o.type for o in _options(cls)}
 
 
 def _choices(tp: Any) -> tuple[str, ...]:
