@@ -49,17 +49,16 @@ from .output_head import logit_transform, output_head
 from .recompute import checkpointed_layers, last_layers, recomputed_call, unrecomputable_cache_layers
 from .static_cache import static_cache
 from .verified import (
-    MANIFEST,
     RESUMABLE_STATE,
     SAFETENSORS,
     SAFETENSORS_INDEX,
     SHARDED_DIR,
     CheckpointError,
     atomic_dir,
+    check_intact,
     check_state_dict,
     one_line,
     read_weights,
-    verify,
 )
 
 START_LATENT, LATENT, END_LATENT = "<|start-latent|>", "<|latent|>", "<|end-latent|>"
@@ -482,12 +481,7 @@ class LatentLM(nn.Module):
             (local / SAFETENSORS).is_file() or (local / SAFETENSORS_INDEX).is_file()
         ):
             raise CheckpointError(f"{local} holds FSDP shards (fsdp: sharded): dgrpo consolidate {local} first")
-        if (local / MANIFEST).is_file():
-            problem = verify(local, ADAPTER_FILES if adapter else MODEL_FILES)
-            if problem is not None:
-                edited = problem.startswith(("checksum mismatch", "missing file"))
-                hint = f" (changed since dgrpo wrote it; if the change is yours, delete {MANIFEST} to load it)"
-                raise CheckpointError(f"checkpoint {local} is damaged: {problem}{hint if edited else ''}")
+        check_intact(local, ADAPTER_FILES if adapter else MODEL_FILES)
         if adapter:
             return cls._from_adapter_dir(local, dtype, device, trust_remote_code)
         try:

@@ -85,6 +85,19 @@ def verify(directory: Path, required: tuple[str, ...] = ()) -> str | None:
     return None
 
 
+def check_intact(directory: Path, required: tuple[str, ...] = ()) -> None:
+    """A directory dgrpo wrote with a manifest, checked against it before it is read (none: nothing to check): a
+    :class:`CheckpointError` line saying what is wrong (:func:`verify`) and, for a changed or missing file, how to
+    use the directory anyway."""
+    if not (directory / MANIFEST).is_file():
+        return
+    problem = verify(directory, required)
+    if problem is not None:
+        edited = problem.startswith(("checksum mismatch", "missing file"))
+        hint = f" (changed since dgrpo wrote it; if the change is yours, delete {MANIFEST} to load it)"
+        raise CheckpointError(f"checkpoint {directory} is damaged: {problem}{hint if edited else ''}")
+
+
 def unlisted_files(directory: Path) -> list[str]:
     """The files below ``directory`` that its manifest does not list (none when the manifest cannot be read)."""
     try:

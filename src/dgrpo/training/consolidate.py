@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from ..model.latent_lm import LatentLM
-from ..model.verified import MANIFEST, SHARDED_DIR, CheckpointError, one_line, verify, write_manifest
+from ..model.verified import SHARDED_DIR, CheckpointError, check_intact, one_line, write_manifest
 from ..run_layout import FINAL_DIR
 
 #: (module, name) pairs the metadata may reference; everything else is refused before it is imported
@@ -110,10 +110,7 @@ def _sharded_checkpoint(path: Path) -> Path:
         path = path / FINAL_DIR
     if not (path / SHARDED_DIR / ".metadata").is_file():
         raise CheckpointError(f"{path}: no sharded checkpoint ({SHARDED_DIR}/.metadata) to consolidate")
-    if (path / MANIFEST).is_file():
-        problem = verify(path, (f"{SHARDED_DIR}/.metadata",))
-        if problem is not None:
-            raise CheckpointError(f"checkpoint {path} is damaged: {problem}")
+    check_intact(path, (f"{SHARDED_DIR}/.metadata",))
     return path
 
 
