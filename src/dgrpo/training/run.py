@@ -45,7 +45,7 @@ from .checkpoint import (
     resume_candidates,
 )
 from .distributed import Dist
-from .tracking import TensorBoardTracker, Tracker, WandbTracker, describe_backends, open_trackers
+from .tracking import Tracker, describe_backends, open_trackers
 
 #: options that change neither the computation nor its results: a resumed run may change them freely. Recomputing
 #: the decoder layers or calls gives the same gradients, bit for bit on CPU (tests/test_recompute.py); keeping the
@@ -220,11 +220,7 @@ class MetricsLog:
         if keep_lines and self.path.is_file():  # (a fork of another run's checkpoint starts without its rows)
             kept = self.rows()
             for t in trackers:
-                if isinstance(t, TensorBoardTracker):
-                    t.resumed(kept)
-                elif isinstance(t, WandbTracker) and t.fresh:  # a backend added on resume: the rows before it too
-                    for row in kept:
-                        t.log(row, row["step"])
+                t.resumed(kept)
         self._file = open(self.path, "a")
         self.trackers = trackers
 

@@ -52,6 +52,10 @@ class Tracker(Protocol):
     #: where the metrics go, in a few words (for the run's first log line)
     where: str
 
+    def resumed(self, kept_rows: list[dict[str, Any]]) -> None:
+        """A resumed run keeps these rows of metrics.jsonl (its checkpoint's), before any :meth:`log`."""
+        ...
+
     def log(self, row: dict[str, Any], step: int) -> None:
         """Log one metrics row (the ``"step"`` key, if present, is not logged as a metric)."""
         ...
@@ -252,6 +256,13 @@ class WandbTracker:
             )
             url = getattr(self._run, "url", None)
             self.where = where + (f" ({url})" if url else "")
+
+    def resumed(self, kept_rows: list[dict[str, Any]]) -> None:
+        """A resumed run keeps these rows: a :attr:`fresh` W&B run (W&B added on resume) gets them now; a continued
+        one has them already (W&B history is not rewritten)."""
+        if self.fresh:
+            for row in kept_rows:
+                self.log(row, row["step"])
 
     def log(self, row: dict[str, Any], step: int) -> None:
         """Log the row at ``step`` (skipped, and counted, when ``step`` is below the last logged step)."""
