@@ -211,10 +211,11 @@ def run_grpo(args: argparse.Namespace) -> int:
     device = setup(cfg)
     options = eval_options(cfg)  # (a scorer that cannot be built fails here, before any warning or loading)
     train = load_spec(cfg.data.train, cfg.task, data=cfg.data)
+    held_out = {spec: load_spec(spec, cfg.task, data=cfg.data) for spec in [cfg.data.valid, *cfg.data.test] if spec}
+    warn_if_held_out_is_trained_on(cfg, train, held_out)
+    tests = {spec: held_out[spec] for spec in cfg.data.test}
     # logged as eval/valid/accuracy, as SFT logs it (one chart for both in TensorBoard / W&B); config.json says which
-    valid = {"valid": load_spec(cfg.data.valid, cfg.task, data=cfg.data)} if cfg.data.valid else {}
-    tests = {spec: load_spec(spec, cfg.task, data=cfg.data) for spec in cfg.data.test}
-    warn_if_held_out_is_trained_on(cfg, train, ({cfg.data.valid: valid["valid"]} if valid else {}) | tests)
+    valid = {"valid": held_out[cfg.data.valid]} if cfg.data.valid else {}
     dist, device = join_processes(cfg, device)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
     warn_if_init_differs(lm.run_config, cfg)
