@@ -353,6 +353,36 @@ def test_command_line_sft_and_grpo_log_to_wandb_offline(sft_checkpoint, tmp_path
         keys = {k for row in logged for k in row if k != "step" and isinstance(row[k], (int, float))}
         assert keys and keys <= {k for row in history.values() for k in row}, keys
         assert len(history) >= 2
+        # the test set's accuracy is the run's last row, while W&B is open (it was evaluated after the run closed)
+        tested = json.loads((out / "eval" / "builtin_test" / "results.json").read_text())["accuracy"]
+        assert logged[-1] == {"step": logged[-2]["step"], "test/builtin_test/accuracy": tested}
+        assert history[logged[-1]["step"]]["test/builtin_test/accuracy"] == tested
+
+
+def test_the_final_evaluation_is_the_last_row_of_every_sink(sft_checkpoint, tmp_path):
+    """``final_eval``'s metrics (the CLI's test-set accuracies) are logged at the last step while the trackers are
+    open: metrics.jsonl's last row and a TensorBoard scalar; every rank calls it, rank 0's are logged."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.training.grpo import train_grpo
+
+    from conftest import tiny_config
+
+    cfg = tiny_config(**{"grpo.steps": 1, "grpo.prompts_per_step": 2, "logging.backends": "[jsonl,tensorboard]"})
+    lm, seen = LatentLM.from_pretrained(sft_checkpoint), []
+
+    def final_eval(lm_):
+        seen.append(lm_)
+        return {"test/x/accuracy": 0.25}
+
+    out = tmp_path / "run"
+    train_grpo(
+        lm, cfg, generate_split(cfg.task, "train"), out, progress=False, log=lambda *a: None, final_eval=final_eval
+    )
+    assert seen == [lm]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1] == {"step": 1, "test/x/accuracy": 0.25}
+    assert _tb_scalars(out / "tb")["test/x/accuracy"] == [(1, 0.25)]
 
 
 def test_wandb_disabled_says_so(tmp_path, wandb_env, monkeypatch):

@@ -80,6 +80,10 @@ def _is_eval_key(key: str) -> bool:
     return key.startswith("eval/") and key.endswith("/accuracy")
 
 
+def _is_test_key(key: str) -> bool:  # the test sets' accuracies of the run's last row (not plotted)
+    return key.startswith(("test/", "test_best/")) and key.endswith("/accuracy")
+
+
 def _read_rows(metrics: Path) -> list[dict[str, Any]]:
     """The rows of ``metrics.jsonl``; an unreadable last line (a killed run) is skipped, one elsewhere is an error."""
     lines = [(i, ln) for i, ln in enumerate(metrics.read_text(errors="replace").splitlines(), 1) if ln.strip()]
@@ -114,7 +118,7 @@ def load_run(path: str | Path) -> Run:
         except json.JSONDecodeError as e:
             raise DataError(f"{p / CONFIG_FILE}: not valid JSON ({e.msg}, line {e.lineno})") from None
     evals = [r for r in rows if any(_is_eval_key(k) for k in r)]
-    steps = [r for r in rows if not any(_is_eval_key(k) for k in r)]
+    steps = [r for r in rows if not any(_is_eval_key(k) or _is_test_key(k) for k in r)]
     return Run(
         path=p, name=p.resolve().name, config=config if isinstance(config, dict) else {}, steps=steps, evals=evals
     )

@@ -36,7 +36,12 @@ def stage_dir(out: Path, stage: int) -> Path:
 def results_dir(out: Path, spec: str, checkpoint: str = FINAL_DIR) -> Path:
     """Where a run's results on test set ``spec`` go: ``out/eval/<spec>`` for final/, ``out/eval_best/<spec>`` for
     best/ (``:`` and ``/`` of the name as ``_``)."""
-    return Path(out) / results_folder(checkpoint) / spec.replace(":", "_").replace("/", "_")
+    return Path(out) / results_folder(checkpoint) / results_name(spec)
+
+
+def results_name(spec: str) -> str:
+    """A test set's name in paths and metric keys: its spec with ``:`` and ``/`` as ``_`` (``builtin_test``)."""
+    return spec.replace(":", "_").replace("/", "_")
 
 
 def results_folder(checkpoint: str = FINAL_DIR) -> str:

@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..run_layout import FINAL_DIR, results_dir
+from ..run_layout import FINAL_DIR, results_dir, results_name
 
 if TYPE_CHECKING:
     import torch
@@ -148,12 +148,16 @@ def eval_options(cfg: Config) -> dict[str, Any]:
     }
 
 
-def evaluate_test_sets(lm: Any, tests: dict, cfg: Config, out: Path, dist: Dist, checkpoint: str = FINAL_DIR) -> None:
+def evaluate_test_sets(
+    lm: Any, tests: dict, cfg: Config, out: Path, dist: Dist, checkpoint: str = FINAL_DIR
+) -> dict[str, float]:
     """Eval of a trained model (``checkpoint``: final, or best) on every ``data.test`` set (``eval.*``; ``eval.limit``
-    records of each), sharded over ranks; rank 0 writes :func:`results_dir`."""
+    records of each), sharded over ranks; rank 0 writes :func:`results_dir`. Returns the accuracies as metrics
+    (:func:`test_metric_key`; rank 0's, {} on the others)."""
     from ..eval.evaluate import evaluate, merge_results, write_results
 
     options = eval_options(cfg)  # (the scorer built once: a plug-in file is imported once)
+    metrics: dict[str, float] = {}
     for spec, recs in tests.items():
         recs = recs[: cfg.eval.limit] if cfg.eval.limit else recs  # (before sharding: the same records on any world)
         r = evaluate(lm, dist.shard(recs), dataset=spec, progress=dist.is_main, **options)
@@ -162,3 +166,12 @@ def evaluate_test_sets(lm: Any, tests: dict, cfg: Config, out: Path, dist: Dist,
             r.model, r.limit = str((out / checkpoint).resolve()), cfg.eval.limit
             write_results(r, results_dir(out, spec, checkpoint))
             print(json.dumps({"checkpoint": checkpoint, **r.summary()}))
+            metrics[test_metric_key(spec, checkpoint)] = r.accuracy
+    return metrics
+
+
+def test_metric_key(spec: str, checkpoint: str = FINAL_DIR) -> str:
+    """The metrics key of a test set's accuracy: ``test/<name>/accuracy`` for final/, ``test_best/<name>/accuracy``
+    for best/ (``<name>``: the folder name of its results, :func:`~dgrpo.run_layout.results_name`)."""
+    prefix = "test" if checkpoint == FINAL_DIR else f"test_{checkpoint}"
+    return f"{prefix}/{results_name(spec)}/accuracy"

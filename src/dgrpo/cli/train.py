@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..run_layout import BEST_DIR, CONFIG_FILE, METRICS_FILE, results_dir
+from ..run_layout import BEST_DIR, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, results_dir
 from .common import (
     add_config_options,
     eval_options,
@@ -178,6 +178,21 @@ def run_sft(args: argparse.Namespace) -> int:
         return evaluate(lm_, recs, progress=False, **{**options, "n_latent": settings.n_latent}).correct
 
     out = Path(args.out)
+
+    def test(lm_: Any) -> dict[str, float]:  # final/, then best/ (its epoch: rank 0's rows; evaluate_best shares it)
+        metrics = evaluate_test_sets(lm_, tests, cfg, out, dist)
+        if tests and cfg.sft.eval_every_epoch:
+            metrics_file = out / METRICS_FILE
+            rows = (
+                map(json.loads, metrics_file.read_text().splitlines())
+                if dist.is_main and metrics_file.is_file()
+                else []
+            )
+            best = last_best_row(rows)
+            best_epoch = best["best_epoch"] if best else None
+            metrics |= evaluate_best(best_epoch, cfg.sft.num_epochs - 1, tests, cfg, out, dist, device)
+        return metrics
+
     train_sft(
         lm,
         train,
@@ -188,13 +203,8 @@ def run_sft(args: argparse.Namespace) -> int:
         dist=dist,
         resume=args.resume,
         allow_config_change=args.allow_config_change,
+        final_eval=test,
     )
-    evaluate_test_sets(lm, tests, cfg, out, dist)
-    if tests and cfg.sft.eval_every_epoch:  # best/: the last stage's best validated epoch
-        metrics = out / METRICS_FILE
-        rows = map(json.loads, metrics.read_text().splitlines()) if dist.is_main and metrics.is_file() else []
-        best = last_best_row(rows)
-        evaluate_best(best["best_epoch"] if best else None, cfg.sft.num_epochs - 1, tests, cfg, out, dist, device)
     dist.close()
     return 0
 
@@ -229,6 +239,14 @@ def run_grpo(args: argparse.Namespace) -> int:
         return evaluate(lm_, recs, progress=False, **options).correct
 
     out = Path(args.out)
+
+    def test(lm_: Any) -> dict[str, float]:  # final/, then best/ (its step: rank 0's summary.json)
+        metrics = evaluate_test_sets(lm_, tests, cfg, out, dist)
+        if tests:
+            best_step = json.loads((out / SUMMARY_FILE).read_text())["best_step"] if dist.is_main else None
+            metrics |= evaluate_best(best_step, cfg.grpo.steps, tests, cfg, out, dist, device)
+        return metrics
+
     summary = train_grpo(
         lm,
         cfg,
@@ -239,30 +257,28 @@ def run_grpo(args: argparse.Namespace) -> int:
         dist=dist,
         resume=args.resume,
         allow_config_change=args.allow_config_change,
+        final_eval=test,
     )
     if dist.is_main:
         print(json.dumps(summary))
-    evaluate_test_sets(lm, tests, cfg, out, dist)
-    if tests:
-        evaluate_best(summary.get("best_step"), cfg.grpo.steps, tests, cfg, out, dist, device)
     dist.close()
     return 0
 
 
 def evaluate_best(
     best_step: int | None, final_step: int, tests: dict, cfg: Config, out: Path, dist: Any, device: Any
-) -> None:
+) -> dict[str, float]:
     """The test sets for ``best/`` too (the checkpoint the paper reports: the best validation accuracy after warmup;
     SFT's under ``sft.eval_every_epoch``), into ``OUT/eval_best/``; nothing when best/ is the final model
     (``best_step`` == ``final_step``: GRPO's steps, SFT's last epoch) or was not kept, or under FSDP (a second full
     copy of the model on every rank): then it prints the commands that do it. Every rank calls this (rank 0's
-    ``best_step``: the others' summary is empty)."""
+    ``best_step``: the others' summary is empty). Returns the accuracies as metrics (``test_best/...``; rank 0's)."""
     from ..model.factory import load_model
     from ..training.distributed import SHARDED_DIR
 
     best_step = dist.all_gather_objects(best_step)[0]
     if best_step is None or best_step == final_step or not (out / BEST_DIR).is_dir():
-        return
+        return {}
     if dist.fsdp:
         if dist.is_main:
             print(f"dgrpo: best/ ({best_step}) is not tested under FSDP; in one process, for each test set:")
@@ -271,6 +287,6 @@ def evaluate_best(
             for spec in tests:  # the run's config.json: its eval.* options, as the final model's tests had them
                 run = f"--config {out / CONFIG_FILE} --model {out / BEST_DIR}"
                 print(f"  dgrpo eval {run} --data {spec} --out {results_dir(out, spec, BEST_DIR)}")
-        return
+        return {}
     best = load_model(cfg.model, cfg.task, init=str(out / BEST_DIR), device=device, training=False)
-    evaluate_test_sets(best, tests, cfg, out, dist, checkpoint=BEST_DIR)
+    return evaluate_test_sets(best, tests, cfg, out, dist, checkpoint=BEST_DIR)

@@ -59,6 +59,7 @@ from .memory import oom_advice
 from .ref_policy import make_reference
 from .rollouts import Rollouts, collect_rollouts, replay_logprobs, resolve_engine, resolve_latent_chain
 from .run import (
+    FinalEval,
     NonFiniteError,
     NonFiniteGuard,
     RunDir,
@@ -606,13 +607,14 @@ def train_grpo(
     resume: bool | str = "auto",
     allow_config_change: bool = False,
     reward_fn: ScoreFn | Rewards | None = None,
+    final_eval: FinalEval | None = None,
 ) -> dict:
-    """The full loop: periodic eval, metrics.jsonl (+ TensorBoard when installed), best/ and final/ checkpoints.
+    """The full loop: periodic eval, metrics.jsonl (and the trackers), best/ and final/ checkpoints.
 
-    ``evaluate_fn(lm, records)`` returns how many of ``records`` the model gets right (score every record it
-    is given: apply any limit beforehand). Under torchrun every rank calls this; eval is sharded and only
-    rank 0 writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see
-    :class:`~dgrpo.training.run.RunDir`). ``reward_fn``: see :class:`GRPOTrainer`."""
+    ``evaluate_fn(lm, records)`` returns how many of ``records`` the model gets right (score every record it is
+    given: apply any limit beforehand). Under torchrun every rank calls this; eval is sharded and only rank 0 writes
+    files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see :class:`RunDir`). ``reward_fn``:
+    see :class:`GRPOTrainer`. ``final_eval``: see :meth:`RunDir.final_eval` (``dgrpo grpo``: the test sets)."""
     check_run_inputs(
         lm, cfg, train, "train_grpo", valid, dict, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
     )
@@ -650,8 +652,7 @@ def train_grpo(
             shown = {"reward": f"{m['reward_mean']:.3f}", "kept": f"{m['frac_groups_kept']:.2f}"}
             bar.set_postfix({**shown, **({"eval": f"{loop.last_eval:.3f}"} if loop.last_eval is not None else {})})
         trainer.release_kept_decoders()
-        dist.save_model(lm, run.out_dir / FINAL_DIR)
-        return _summary(run, loop, g.steps) if dist.is_main else {}
+        return _finish(run, trainer, loop, final_eval)
 
 
 def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
@@ -697,6 +698,15 @@ def _check_stall(run: RunDir, loop: LoopState, m: dict, g: GRPOConfig) -> str | 
             "--allow-config-change to keep going"
         )
     return None
+
+
+def _finish(run: RunDir, trainer: GRPOTrainer, loop: LoopState, final_eval: FinalEval | None) -> dict:
+    """``final/``, ``summary.json`` (returned; {} on ranks other than 0), then ``final_eval``'s row."""
+    steps = trainer.cfg.grpo.steps
+    trainer.dist.save_model(trainer.lm, run.out_dir / FINAL_DIR)
+    summary = _summary(run, loop, steps) if trainer.dist.is_main else {}
+    run.final_eval(final_eval, trainer.lm, steps)
+    return summary
 
 
 def _summary(run: RunDir, loop: LoopState, steps: int) -> dict:

@@ -47,6 +47,10 @@ from .checkpoint import (
 from .distributed import Dist
 from .tracking import Tracker, describe_backends, open_trackers
 
+#: ``final_eval(lm)`` of :func:`~dgrpo.training.grpo.train_grpo` / :func:`~dgrpo.training.sft.train_sft`: run on the
+#: trained model (every rank) after ``final/`` is written; returns metrics for the run's last row (rank 0's count)
+FinalEval = Callable[[LatentLM], dict[str, float]]
+
 #: options that change neither the computation nor its results: a resumed run may change them freely. Recomputing
 #: the decoder layers or calls gives the same gradients, bit for bit on CPU (tests/test_recompute.py); keeping the
 #: latent steps' activations (recompute_latent_steps: false) does not (1e-7 apart), so that key is not neutral
@@ -517,6 +521,14 @@ class RunDir:
     @property
     def rollouts_path(self) -> Path:
         return self.out_dir / ROLLOUTS_FILE
+
+    def final_eval(self, final_eval: FinalEval | None, lm: LatentLM, step: int) -> None:
+        """The run's last metrics row, at ``step``: the metrics ``final_eval(lm)`` returns, called on every rank after
+        ``final/`` (and GRPO's ``summary.json``) is written; rank 0's are logged, to metrics.jsonl and the trackers
+        (still open: a test set's accuracy reaches TensorBoard and W&B too)."""
+        row = final_eval(lm) if final_eval is not None else {}
+        if row and self.dist.is_main:
+            self.metrics.write({"step": step, **row})
 
     def write_rollouts(self, rows: list[dict]) -> None:
         """Append rows to ``rollouts.jsonl`` (rank 0)."""

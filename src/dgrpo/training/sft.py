@@ -32,7 +32,7 @@ from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dir
 from .checkpoint import read_checkpoint, save_checkpoint
 from .distributed import Dist
 from .memory import oom_advice
-from .run import NonFiniteError, NonFiniteGuard, RunDir, check_run_inputs, sharded_accuracy, weights_finite
+from .run import FinalEval, NonFiniteError, NonFiniteGuard, RunDir, check_run_inputs, sharded_accuracy, weights_finite
 from .schedules import constant_lr_at, lr_at
 
 
@@ -292,8 +292,8 @@ class SFTRun:
             why += f"; fewer sft.recompute_kept_layers (now {s.recompute_kept_layers}) keep less for backward"
         return oom_advice("SFT step", "sft.grad_accum", s.grad_accum, why, to_try=more)
 
-    def finish(self, t0: float) -> None:
-        """``final/`` with the final stage's settings, and one summary line."""
+    def finish(self, t0: float, final_eval: FinalEval | None = None) -> None:
+        """``final/`` with the final stage's settings, one summary line, then ``final_eval``'s row."""
         self.lm.settings = final_settings(self.cfg)
         self.lm.eval()
         self.dist.save_model(self.lm, self.run.out_dir / FINAL_DIR)
@@ -309,6 +309,7 @@ class SFTRun:
             f"dgrpo sft: done in {time.time() - t0:.0f} s; validation accuracy by stage: {accs or 'not evaluated'}; "
             f"final stage {s.stage} ({s.n_latent} latent thoughts){kept}; {self.guard.skips} non-finite steps skipped"
         )
+        self.run.final_eval(final_eval, self.lm, self.prog.global_step)
 
     def save(self, epoch: int, batch: int) -> None:
         """Resumable state: run epoch ``epoch`` from batch ``batch`` next (replicated weights: rank 0 writes)."""
@@ -347,12 +348,14 @@ def train_sft(
     resume: bool | str = "auto",
     allow_config_change: bool = False,
     progress: bool = True,
+    final_eval: FinalEval | None = None,
 ) -> LatentLM:
     """Run the curriculum; write ``metrics.jsonl``, ``stage-K/`` checkpoints and ``final/`` under ``out_dir``.
 
-    ``evaluate_fn(lm, records, settings)`` returns how many of ``records`` are correct; it is called on ``valid`` at
-    the end of each stage. ``dist`` shards batches and the eval across processes; every rank calls this, only rank 0
-    writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see :class:`RunDir`)."""
+    ``evaluate_fn(lm, records, settings)`` returns how many of ``records`` are correct; it is called on ``valid`` at the
+    end of each stage. ``dist`` shards batches and the eval across processes; every rank calls this, only rank 0 writes
+    files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see :class:`RunDir`). ``final_eval``:
+    see :meth:`RunDir.final_eval` (``dgrpo sft``: the test sets)."""
     dist, s = _prepare(lm, train, cfg, out_dir, valid, evaluate_fn, dist), cfg.sft
     with RunDir(out_dir, cfg, dist, "sft", resume=resume, allow_config_change=allow_config_change, log=log) as run:
         sft = SFTRun(lm, cfg, dist, run, train)
@@ -369,9 +372,8 @@ def train_sft(
             lm.train()
             for b in range(start_batch if epoch == start_epoch else 0, plan.steps_per_epoch):
                 ex_rng = random.Random(f"{cfg.seed}/examples/{prog.global_step}")
-                batch = [
-                    make_example(train[i], stage, cfg, ex_rng) for i in order[b * s.batch_size : (b + 1) * s.batch_size]
-                ]
+                picked = order[b * s.batch_size : (b + 1) * s.batch_size]
+                batch = [make_example(train[i], stage, cfg, ex_rng) for i in picked]
                 row, applied = sft.step(dist.shard(batch), epoch, stage, t0)
                 bar.update(1)
                 bar.set_postfix(stage=stage, loss=f"{row['loss']:.3f}")
@@ -391,7 +393,7 @@ def train_sft(
                 best = _keep_if_best(lm, stage, epoch, accuracy, best, cfg, run, dist, prog.global_step)
             sft.save(epoch + 1, 0)
         bar.close()
-        sft.finish(t0)
+        sft.finish(t0, final_eval)
     return lm
 
 
