@@ -353,6 +353,47 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
     assert not out.exists()
 
 
+def test_the_trainer_class_checks_what_it_is_given_as_train_grpo_does(sft_checkpoint):
+    """GRPOTrainer is public (its ``step()`` is the loop's unit): a group of one rollout set on the config object
+    trained on nothing (grad_norm 0, not skipped), and an empty list, dict rows or the HF model itself crashed deep
+    inside; each is train_grpo's one-line error, naming GRPOTrainer."""
+    from dgrpo.config import ConfigError
+    from dgrpo.training.grpo import GRPOTrainer
+
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    cfg = tiny_config()
+    one = copy.deepcopy(cfg)
+    one.grpo.group_size = 1
+    train = generate_split(cfg.task, "train")[:8]
+    with pytest.raises(ConfigError, match="group_size"):
+        GRPOTrainer(lm, one, train)
+    with pytest.raises(
+        ValueError, match="GRPOTrainer: train must be a non-empty list of dgrpo Records, got a list of 0"
+    ):
+        GRPOTrainer(lm, cfg, [])
+    with pytest.raises(ValueError, match="GRPOTrainer: train must be a non-empty list of dgrpo Records"):
+        GRPOTrainer(lm, cfg, [{"question": "1+1", "answer": "2"}])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="GRPOTrainer: lm must be a dgrpo LatentLM .*got Qwen2ForCausalLM"):
+        GRPOTrainer(lm.model, cfg, train)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="GRPOTrainer: cfg must be a dgrpo.config.Config, got dict"):
+        GRPOTrainer(lm, {"grpo": {}}, train)  # type: ignore[arg-type]
+
+
+def test_the_checkpoint_records_the_dtype_the_model_trained_in(sft_checkpoint, tmp_path):
+    """model.dtype is applied by load_model; a model built in Python keeps its own dtype, and final/'s
+    run_config.json said model.dtype's (dgrpo eval then ran an fp32-trained model in bf16): it records the
+    weights' dtype, with a warning."""
+    from dgrpo.training.grpo import train_grpo
+
+    lm = LatentLM.from_pretrained(sft_checkpoint)  # float32
+    cfg = tiny_config(**{"model.dtype": "bfloat16", "grpo.steps": 1, "grpo.prompts_per_step": 2})
+    out = tmp_path / "run"
+    with pytest.warns(UserWarning, match="train_grpo: model.dtype is bfloat16, but the model's weights are float32"):
+        train_grpo(lm, cfg, generate_split(cfg.task, "train")[:8], out, progress=False, log=lambda *a: None)
+    assert json.loads((out / "final" / "run_config.json").read_text())["model"]["dtype"] == "float32"
+    assert json.loads((out / "config.json").read_text())["model"]["dtype"] == "bfloat16"  # (what it was given)
+
+
 def test_a_null_perturbation_is_warned_when_the_trainer_starts(sft_checkpoint):
     with pytest.warns(UserWarning, match="perturbation.p=0 makes perturbation.kind=locked perturb nothing"):
         trainer(sft_checkpoint, **{"perturbation.p": "0"})

@@ -158,27 +158,50 @@ def check_run_inputs(
     evaluate_fn: Callable | None,
     eval_args: tuple[str, ...],
 ) -> None:
-    """What a Python caller hands a trainer, checked before a run directory is touched: a :class:`LatentLM`, a
-    :class:`Config` valid as a whole (a value set on the object skips ``load_config``'s checks), a non-empty list of
-    Records, ``valid`` None or of ``valid_type`` (SFT: a list of records; GRPO: a dict of them by name), ``out_dir``
-    a path, and an ``evaluate_fn`` that takes ``eval_args`` (a validation set without one is warned about: nothing
-    validates it)."""
+    """What a Python caller hands a trainer, checked before a run directory is touched: :func:`check_trainer_inputs`,
+    ``valid`` None or of ``valid_type`` (SFT: a list of records; GRPO: a dict of them by name), ``out_dir`` a path,
+    and an ``evaluate_fn`` that takes ``eval_args`` (a validation set without one is warned about: nothing validates
+    it)."""
+    check_trainer_inputs(lm, cfg, train, what)
+    if valid is not None and not isinstance(valid, valid_type):
+        raise TypeError(f"{what}: valid must be a {valid_type.__name__} of records, got {type(valid).__name__}")
+    _check_evaluate_fn(what, valid, evaluate_fn, eval_args)
+    if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir):
+        raise TypeError(f"{what}: out_dir must be the run directory's path, got {out_dir!r}")
+
+
+def check_trainer_inputs(lm: object, cfg: Config, train: list[Record], what: str) -> None:
+    """A :class:`LatentLM`, a :class:`Config` valid as a whole (a value set on the object skips ``load_config``'s
+    checks) and a non-empty list of Records, each a one-line error naming ``what`` (the trainer's own misuse would
+    fail deep inside, or train on nothing: a group of one rollout has no advantage)."""
     if not isinstance(lm, LatentLM):
         raise TypeError(
             f"{what}: lm must be a dgrpo LatentLM (LatentLM.from_pretrained(path_or_hub_id), or LatentLM(model, "
             f"tokenizer) around a Hugging Face model), got {type(lm).__name__}"
         )
-    if valid is not None and not isinstance(valid, valid_type):
-        raise TypeError(f"{what}: valid must be a {valid_type.__name__} of records, got {type(valid).__name__}")
     if not isinstance(cfg, Config):
         raise TypeError(f"{what}: cfg must be a dgrpo.config.Config, got {type(cfg).__name__}")
     cfg.validate()
     if not isinstance(train, list) or not train or not all(isinstance(r, Record) for r in train):
         got = f"a list of {len(train)}" if isinstance(train, list) else type(train).__name__
         raise ValueError(f"{what}: train must be a non-empty list of dgrpo Records, got {got}")
-    _check_evaluate_fn(what, valid, evaluate_fn, eval_args)
-    if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir):
-        raise TypeError(f"{what}: out_dir must be the run directory's path, got {out_dir!r}")
+
+
+def recorded_config(lm: LatentLM, cfg: Config, what: str) -> dict:
+    """The config a run's checkpoints carry (``run_config.json``, which ``dgrpo eval`` takes ``model.dtype`` and the
+    task from): ``cfg``, with ``model.dtype`` the dtype the weights train in. ``load_model`` casts to
+    ``model.dtype``; a model built in Python keeps its own, which is said in a warning when the two differ."""
+    config = to_dict(cfg)
+    weights = str(lm.model.get_input_embeddings().weight.dtype).removeprefix("torch.")
+    if weights != cfg.model.dtype:
+        warnings.warn(
+            f"{what}: model.dtype is {cfg.model.dtype}, but the model's weights are {weights}: it trains in {weights} "
+            f"(load_model(cfg.model, ...) casts to model.dtype; or lm.model.to(torch.{cfg.model.dtype}))",
+            stacklevel=3,
+        )
+        if weights in ("float32", "bfloat16"):  # (model.dtype's values; a float16 model keeps the config's)
+            config["model"]["dtype"] = weights
+    return config
 
 
 def _check_evaluate_fn(what: str, valid: object, evaluate_fn: Callable | None, eval_args: tuple[str, ...]) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..config import Config, ConfigError, to_dict
+from ..config import Config, ConfigError
 from ..data.records import Record, fingerprint
 from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
 from ..model.latent_lm import LatentLM, LatentSettings
@@ -32,7 +32,16 @@ from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dir
 from .checkpoint import read_checkpoint, save_checkpoint
 from .distributed import Dist
 from .memory import oom_advice
-from .run import FinalEval, NonFiniteError, NonFiniteGuard, RunDir, check_run_inputs, sharded_accuracy, weights_finite
+from .run import (
+    FinalEval,
+    NonFiniteError,
+    NonFiniteGuard,
+    RunDir,
+    check_run_inputs,
+    recorded_config,
+    sharded_accuracy,
+    weights_finite,
+)
 from .schedules import constant_lr_at, lr_at
 
 
@@ -416,7 +425,9 @@ def _prepare(
         raise ConfigError(
             f"sft.batch_size: {cfg.sft.batch_size} examples cannot be shared by {dist.world_size} processes"
         )
-    lm.run_config = to_dict(cfg)  # stage-K/ and final/ carry the config (and the task) that produced them
+    lm.run_config = recorded_config(
+        lm, cfg, "train_sft"
+    )  # stage-K/ and final/ carry the config (and the task) that produced them
     lm.settings.chat_template = cfg.data.chat_template  # how questions are prompted, from the first step on
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
     # the last stage's latent thoughts alone must fit (each batch checks its own questions and targets too)
