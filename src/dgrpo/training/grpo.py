@@ -626,9 +626,7 @@ def train_grpo(
     lm.settings.chat_template |= cfg.data.chat_template  # on for a model trained without it (a trained one keeps it)
     trainer = GRPOTrainer(lm, cfg, train, dist=dist, reward_fn=reward_fn)
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
-    lm.run_config = recorded_config(
-        lm, cfg, "train_grpo"
-    )  # final/ and best/ carry the config (and the task) that produced them
+    lm.run_config = recorded_config(lm, cfg, "train_grpo")  # final/ and best/ carry the config that produced them
     with RunDir(out_dir, cfg, dist, "grpo", resume=resume, allow_config_change=allow_config_change, log=log) as run:
         loop = _resume(run, trainer)
         evaluate = _periodic_eval(run, trainer, loop, valid or {}, evaluate_fn)

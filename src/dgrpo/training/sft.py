@@ -425,9 +425,7 @@ def _prepare(
         raise ConfigError(
             f"sft.batch_size: {cfg.sft.batch_size} examples cannot be shared by {dist.world_size} processes"
         )
-    lm.run_config = recorded_config(
-        lm, cfg, "train_sft"
-    )  # stage-K/ and final/ carry the config (and the task) that produced them
+    lm.run_config = recorded_config(lm, cfg, "train_sft")  # stage-K/ and final/ carry the config that produced them
     lm.settings.chat_template = cfg.data.chat_template  # how questions are prompted, from the first step on
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
     # the last stage's latent thoughts alone must fit (each batch checks its own questions and targets too)
