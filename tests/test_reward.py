@@ -68,6 +68,16 @@ from dgrpo.reward import extract_answer, is_parseable, normalize_number, parse_n
         ("e.g. 12 apples", "12"),
         ("#### 2e1234", None),  # an exponent longer than a float's is no number (not 2)
         ("3.14.15", "3.14"),
+        # the last marker decides: a '#' that is no marker (horse #12, #1) or a heading before "The answer is" was
+        # read as the answer; and a marker without a number after it gave the reasoning's last number
+        ("That leaves 40-24 = 16 people that think horse #12 will win\nThe answer is 16.", "16"),  # GSM8K test 760
+        ("### Step 1: 16-3-4=9 eggs.\n### Step 2: 9*2=18.\nThe answer is 18.", "18"),
+        ("The answer is 18. #1 fan", "18"),
+        ("<<9*2=18>> #### 17/1", None),
+        ("<<16-3-4=9>> <<9*2=18>> #### eighteen dollars", None),
+        ("<<16-3-4=9>> <<9*2=18>> ####", None),  # cut off at max_new_tokens
+        ("<<9*2=18>> ### 18", "18"),  # Coconut's marker
+        ("The answer is 17.\n#### 18", "18"),
     ],
 )
 def test_extract_answer(text: str, expected: str | None) -> None:

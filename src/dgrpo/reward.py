@@ -76,21 +76,17 @@ def _written_decimals(num: str) -> int:
     return max(len(mantissa.partition(".")[2]) - exponent, 0)
 
 
+#: a run of '#' standing alone (``#### 42``, Coconut's ``### 42``; not ``horse #12``, ``C#``): the answer marker
+_MARKER = re.compile(r"(?:^|(?<=\s))#+(?=\s|$)")
+
+
 def _find_answer(text: str) -> re.Match[str] | None:
     """The match of the final-answer number (see :func:`extract_answer`), or None."""
     if not isinstance(text, str):
         return None
-    hash_at = text.rfind("#")
-    if hash_at >= 0:
-        found = _NUMBER_IN_TEXT.search(text, hash_at + 1)
-        if found is not None:
-            return found
-    markers = list(_ANSWER_IS.finditer(text))
-    last_marker = markers[-1] if markers else None
-    if last_marker is not None:
-        found = _NUMBER_IN_TEXT.search(text, last_marker.end())
-        if found is not None:
-            return found
+    ends = [m.end() for m in _MARKER.finditer(text)] + [m.end() for m in _ANSWER_IS.finditer(text)]
+    if ends:  # the last marker decides: a number after it, or none (not an earlier number of the reasoning)
+        return _NUMBER_IN_TEXT.search(text, max(ends))
     numbers = list(_NUMBER_IN_TEXT.finditer(text))
     return numbers[-1] if numbers else None
 
@@ -98,14 +94,15 @@ def _find_answer(text: str) -> re.Match[str] | None:
 def extract_answer(text: str) -> str | None:
     """The predicted final answer of a completion, as a normalised number string, or None.
 
-    The span searched is, in order: the text after the last ``#`` (GSM8K's ``#### 42``), else the text
-    after the last "The answer is" / "answer:" (case-insensitive); the first number of that span is the
-    answer. When neither marker is present, or its span holds no number, the last number of the whole
-    text is used. Thousands commas, ``$``, signs, decimals (``3.50``, ``.5``), an exponent written right after the
-    digits (``2.0107e-06``, ``1E3``; not the ``e`` of ``3 eggs``) and a trailing period are handled; a fraction
-    (``1/2``) is not read as a number (nor as its numerator):
-    ``"#### $40,000."`` -> ``"40000"``, ``"The answer is -3.50"`` -> ``"-3.5"``, ``"#### 1e3"`` -> ``"1000"``.
-    Never raises for a ``str``; never evaluates the text.
+    The answer is the first number after the completion's last answer marker: a run of ``#`` standing alone
+    (GSM8K's ``#### 42``, Coconut's ``### 42``; not the ``#`` of ``horse #12``) or "The answer is" / "answer:"
+    (case-insensitive), whichever comes last; None when no number follows it (``#### 1/2``, ``#### eighteen``, an
+    answer cut off after ``####``: a number of the reasoning before it is not the answer). Without any marker, the
+    last number of the text. Thousands commas, ``$``, signs, decimals (``3.50``, ``.5``), an exponent written right
+    after the digits (``2.0107e-06``, ``1E3``; not the ``e`` of ``3 eggs``) and a trailing period are handled; a
+    fraction (``1/2``) is not read as a number (nor as its numerator):
+    ``"#### $40,000."`` -> ``"40000"``, ``"The answer is -3.50"`` -> ``"-3.5"``, ``"#### 1e3"`` -> ``"1000"``,
+    ``"### Step 1: 9*2=18.\nThe answer is 18."`` -> ``"18"``. Never raises for a ``str``; never evaluates the text.
     """
     found = _find_answer(text)
     return _canonical(found) if found is not None else None
@@ -208,9 +205,6 @@ def numbers_match(pred: str, gold: str, decimals: int | None = None) -> bool:
     if decimals is None:
         decimals = len(pred.partition(".")[2])
     return decimals >= 2 and pf != 0 and diff <= 0.5 * 10.0**-decimals * (1 + 1e-9)
-
-
-_MARKER = re.compile(r"(?:^|(?<=\s))#+(?=\s|$)")  # a run of '#' standing alone: the answer marker
 
 
 def final_answer_text(completion: str, gold: Any = None) -> str:
