@@ -166,7 +166,7 @@ def test_ints_accept_integral_numbers_and_text():
         "grpo.save_every=-1",
         "grpo.keep_last=0",
         "grpo.max_nonfinite=0",
-        "data.max_question_tokens=0",
+        "data.max_question_tokens=-1",
         "data.max_target_tokens=0",
         "data.eval_limit=-1",
         "model.num_heads=0",

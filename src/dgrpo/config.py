@@ -310,7 +310,11 @@ class DataConfig:
     train: str = opt("builtin:train", "training data: dataset name or file path, optionally 'name:split'")
     valid: str = opt("builtin:valid", "held-out data for per-stage / periodic eval ('' to disable)")
     test: list = opt(["builtin:test", "builtin:ood_steps", "builtin:ood_numbers"], "datasets evaluated at the end")
-    max_question_tokens: int = opt(256, "questions longer than this are truncated from the left")
+    max_question_tokens: int = opt(
+        256,
+        "questions longer than this many tokens are cut from the left: the model sees their last tokens (a warning "
+        "counts them); 0: no limit",
+    )
     max_target_tokens: int = opt(
         256, "steps + answer longer than this are cut to it, without their EOS (the model is not taught to stop there)"
     )
@@ -354,7 +358,8 @@ class DataConfig:
             f"{p}.steps_key",
             "maps a column with question_key and answer_key (set them too)",
         )
-        _positive(self, p, "max_question_tokens", "max_target_tokens")
+        _positive(self, p, "max_target_tokens")
+        _at_least(self, p, 0, "max_question_tokens")
         _at_least(self, p, 0, "eval_limit")
 
 

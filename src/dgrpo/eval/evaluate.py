@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -194,12 +195,37 @@ def check_context(
     markers: bool = True,
     max_question_tokens: int | None = None,
 ) -> None:
-    """ConfigError (:meth:`LatentLM.check_fits`) when the longest question (in tokens: the longest in characters
+    """A warning when questions are longer than ``max_question_tokens`` (:func:`warn_if_questions_cut`), and
+    ConfigError (:meth:`LatentLM.check_fits`) when the longest question (in tokens: the longest in characters
     need not be; a question past the context was answered when a longer-worded one sat beside it), its latent
     thoughts and ``max_new_tokens`` answer tokens do not fit the model's context."""
     if questions:
-        ids, _ = lm.encode_questions(list(dict.fromkeys(questions)), markers=markers, max_tokens=max_question_tokens)
+        distinct = list(dict.fromkeys(questions))
+        warn_if_questions_cut(lm, distinct, max_question_tokens, "evaluated")
+        ids, _ = lm.encode_questions(distinct, markers=markers, max_tokens=max_question_tokens)
         lm.check_fits(ids.shape[1], n_latent, max_new_tokens, key="eval.n_latent", markers=markers)
+
+
+def warn_if_questions_cut(
+    lm: LatentLM, questions: list[str], max_tokens: int | None, what: str, check_at_most: int = 0
+) -> int:
+    """Warn when questions are longer than ``max_tokens`` (``data.max_question_tokens``), which cuts each to its last
+    ``max_tokens`` tokens: the model never sees its beginning, where a word problem states its facts. Checks every
+    question, or ``check_at_most`` > 0 of them evenly spaced (a training set of 385,000 questions takes a minute to
+    tokenize). Returns the count found."""
+    checked = questions
+    if check_at_most and len(questions) > check_at_most:
+        checked = questions[:: -(-len(questions) // check_at_most)]
+    cut = lm.count_cut_questions(checked, max_tokens)
+    if cut:
+        sample = f" (checked: {len(checked)}, evenly spaced over {len(questions)})" if checked is not questions else ""
+        warnings.warn(
+            f"{cut} of {len(checked)} {what} questions{sample} are longer than data.max_question_tokens = {max_tokens} "
+            f"tokens and lose their beginning (the model sees the last {max_tokens} tokens of each): raise "
+            "data.max_question_tokens, or set it to 0 for no limit",
+            stacklevel=2,
+        )
+    return cut
 
 
 def question_seeds(seed: int, questions: list[str]) -> torch.Tensor:

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, GRPOConfig
 from ..data.records import Record, fingerprint
+from ..eval.evaluate import warn_if_questions_cut
 from ..eval.scoring import RewardPart, Rewards, ScoreFn, build_rewards, final_answer_text
 from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
 from ..model.kernels import apply_kernels
@@ -71,6 +72,15 @@ from .run import (
     weights_finite,
 )
 from .schedules import beta_at, lr_at
+
+
+def _warn_at_start(lm: LatentLM, cfg: Config, train: list[Record]) -> None:
+    """A GRPO run's warnings before any work: settings that do nothing (:meth:`Config.inert_settings`), and training
+    questions cut to ``data.max_question_tokens``."""
+    for line in cfg.inert_settings():
+        warnings.warn(line, stacklevel=3)
+    questions = list(dict.fromkeys(r.question for r in train))
+    warn_if_questions_cut(lm, questions, cfg.data.max_question_tokens, "training", check_at_most=1000)
 
 
 def agree_on_kept(n_kept_local: int, n_tokens_local: int, dist: Dist) -> tuple[int, int]:
@@ -171,8 +181,7 @@ class GRPOTrainer:
         compile_head(lm, cfg.model)  # (and the compiled head statistics)
         pack_gqa(lm, cfg.model)  # (and the packed attention: the copy's config is the model's)
         self.objective = ObjectiveSettings.from_config(g)
-        for line in cfg.inert_settings():
-            warnings.warn(line, stacklevel=2)
+        _warn_at_start(lm, cfg, train)
         self.rewards = _rewards(reward_fn, cfg)
         self.rewards.smoke_test(train[:2], check_filter=g.filter and g.advantage != "ema")
         # the KL reference: a frozen copy of the model, or under LoRA a frozen adapter (before the optimizer)
