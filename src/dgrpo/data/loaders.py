@@ -437,11 +437,14 @@ _ALIASES = {
 def find_data_dir() -> Path | None:
     """The folder holding local copies of the built-in datasets, or None.
 
-    ``$DGRPO_DATA_DIR`` (used as given when it is a folder), else ``./data`` when it holds at least one known
-    dataset folder (``gsm8k/``, ``svamp/``, ...). Names not found there are looked up on the Hugging Face hub.
+    ``$DGRPO_DATA_DIR`` (used as given; a DataError when it is set but no folder: a mistyped path silently fell back
+    to ``./data`` or to the hub's copy), else ``./data`` when it holds at least one known dataset folder
+    (``gsm8k/``, ``svamp/``, ...). Names not found there are looked up on the Hugging Face hub.
     """
     env = os.environ.get("DGRPO_DATA_DIR")
-    if env and Path(env).expanduser().is_dir():
+    if env:
+        if not Path(env).expanduser().is_dir():
+            raise DataError(f"DGRPO_DATA_DIR={env}: no such folder (unset it to use ./data or the hub)")
         return Path(env).expanduser().resolve()
     guess = Path.cwd() / "data"
     try:
