@@ -159,6 +159,28 @@ def test_a_perturbation_bound_for_other_rows_than_the_batch_is_refused(tokenizer
         lm.encode_questions(task_records[0].question)
 
 
+@pytest.mark.parametrize("pert", [LockedDropout(p=0.9), NativeDropout(p=0.9)], ids=["locked", "native"])
+def test_a_perturbation_must_be_bound_and_entered(tokenizer, task_records, pert):
+    """``perturbation=pert.bind(lm, seeds)`` written inline (never entered), or a bound one used after its ``with``
+    block, ran the unperturbed network at p=0.9 without a word; an unbound one failed deep inside (AttributeError:
+    no before_forward). Each is refused at the forward's start, for generate and the update's target_logprobs."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([task_records[0].question])
+    seeds = seeds_for(0, 0, 0, 1)
+    targets = lm.encode_targets(["1"])
+    with pytest.raises(TypeError, match=rf"perturbation: {type(pert).__name__} is not bound to a batch \(with pert"):
+        lm.generate(ids, mask, T, max_new_tokens=2, perturbation=pert)  # type: ignore[arg-type]
+    idle = pert.bind(lm, seeds)
+    with pytest.raises(RuntimeError, match="the bound perturbation is not active, so it would change nothing"):
+        lm.generate(ids, mask, T, max_new_tokens=2, perturbation=idle)
+    with pytest.raises(RuntimeError, match="not active"):
+        lm.target_logprobs(ids, mask, T, *targets, perturbation=idle)
+    with idle as pb:
+        lm.generate(ids, mask, T, max_new_tokens=2, perturbation=pb)
+    with pytest.raises(RuntimeError, match="not active"):  # after its block
+        lm.generate(ids, mask, T, max_new_tokens=2, perturbation=pb)
+
+
 def test_arguments_that_would_perturb_or_decode_nonsense_are_refused(tokenizer, task_records):
     """A site list given as one string (read letter by letter) or empty (silently the default), a negative latent
     count or temperature, a mask of another shape than its tokens: each is an error where it is passed."""

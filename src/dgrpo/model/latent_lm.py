@@ -120,6 +120,19 @@ class PhaseHook(Protocol):
     def before_forward(self, phase: str) -> None: ...
 
 
+def check_phase_hook(perturbation: object) -> None:
+    """A perturbation handed to a forward must be bound and active: ``with pert.bind(lm, seeds) as p:`` and ``p``
+    passed inside the block. An unbound :class:`~dgrpo.perturbation.Perturbation` failed deep inside; a bound one
+    not entered, or used after its block, ran the unperturbed network without a word."""
+    if perturbation is None:
+        return
+    how = "with pert.bind(lm, seeds) as p: lm.generate(..., perturbation=p)"
+    if not callable(getattr(perturbation, "before_forward", None)):
+        raise TypeError(f"perturbation: {type(perturbation).__name__} is not bound to a batch ({how})")
+    if getattr(perturbation, "depth", None) == 0:
+        raise RuntimeError(f"perturbation: the bound perturbation is not active, so it would change nothing ({how})")
+
+
 @dataclass
 class DecodeState:
     """A batch mid-sequence: its KV cache, attention mask so far, next position ids, last hidden state."""
@@ -913,6 +926,7 @@ class LatentLM(nn.Module):
                 f"prompt ids {tuple(prompt_ids.shape)} and mask {tuple(prompt_mask.shape)} differ in shape: pass the "
                 "mask encode_questions gave with them"
             )
+        check_phase_hook(perturbation)
         mode = mode or self.settings.mode
         B = prompt_ids.shape[0]
         positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
