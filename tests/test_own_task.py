@@ -289,6 +289,26 @@ def test_csv_parquet_dataset_folders_and_column_mapping(tmp_path):
     ]
 
 
+def test_the_other_fields_of_a_standard_row_reach_the_reward_as_meta(tmp_path):
+    """A {question, answer} row (and GSM8K's, GSM8K-Aug's) dropped its other fields, while Coconut's rows and a
+    column mapping kept them in ``meta``: a reward reading ``record.meta["difficulty"]`` got a KeyError."""
+    from dgrpo.data import load_spec
+
+    rows = [
+        {"question": "1+1?", "answer": "2", "difficulty": 2},
+        {"question": "1+2?", "answer": 3, "difficulty": 1},  # (a JSON number answer)
+        {"question": "2+2?", "answer": "2+2=<<2+2=4>>4\n#### 4", "difficulty": 3},  # GSM8K
+        {"question": "2+3?", "cot": "<<2+3=5>>", "answer": "5", "difficulty": 4},  # GSM8K-Aug
+        {"question": "3+3?", "steps": ["<<3+3=6>>"], "answer": "6", "difficulty": 5},  # Coconut
+    ]
+    for i, row in enumerate(rows):
+        path = tmp_path / f"{i}.jsonl"
+        path.write_text(json.dumps(row) + "\n")
+        [rec] = load_spec(str(path))
+        assert rec.meta["difficulty"] == row["difficulty"] and rec.meta["source"] == str(path)
+        assert not {"question", "answer", "cot", "steps"} & rec.meta.keys()
+
+
 def test_chat_template_wraps_the_question_and_is_saved_with_the_checkpoint(tokenizer, tmp_path):
     from dgrpo.model.latent_lm import LatentLM
 

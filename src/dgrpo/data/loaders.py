@@ -108,13 +108,20 @@ def _step_annotations(solution: str) -> list[str]:
 RowParser = Callable[[dict[str, Any]], Record]
 
 
+def _other_fields(row: dict[str, Any], *read: str) -> dict[str, Any]:
+    """A row's fields besides those its format reads: the record's ``meta``, which rewards get (a difficulty, an
+    id, a unit)."""
+    return {k: v for k, v in row.items() if k not in read}
+
+
 def _row_gsm8k(row: dict[str, Any]) -> Record:
     question = _text_field(row, "question")
     solution = _text_field(row, "answer", strip=False)
     if "####" not in solution:
         raise _RowError("field 'answer' has no '#### <final answer>' line")
     answer = _numeric_answer(solution.rpartition("####")[2], "final answer after '####'")
-    return Record(question, _step_annotations(solution), answer, {"solution": solution})
+    meta = {**_other_fields(row, "question", "answer"), "solution": solution}
+    return Record(question, _step_annotations(solution), answer, meta)
 
 
 def _json_number_answer(row: dict[str, Any]) -> str | None:
@@ -136,8 +143,7 @@ def _row_coconut(row: dict[str, Any], *, numeric: bool) -> Record:
         answer = canon
     elif numeric:
         raise _RowError(f"field 'answer' must be a number, got {answer[:60]!r}")
-    meta = {k: v for k, v in row.items() if k not in ("question", "steps", "answer")}
-    return Record(question, steps, answer, meta)
+    return Record(question, steps, answer, _other_fields(row, "question", "steps", "answer"))
 
 
 def _row_coconut_any(row: dict[str, Any]) -> Record:
@@ -191,16 +197,18 @@ def _row_openmath(row: dict[str, Any]) -> Record:
 
 
 def _row_question_answer(row: dict[str, Any]) -> Record:
-    """Plain ``{question, answer}`` rows: GSM8K style when the answer has ``####``, else the answer as is."""
+    """Plain ``{question, answer}`` rows: GSM8K style when the answer has ``####``, else the answer as is; any other
+    field goes to ``meta``, as in every row format that is no particular dataset's."""
     if isinstance(row.get("answer"), str) and "####" in row["answer"]:
         return _row_gsm8k(row)
     question = _text_field(row, "question")
+    meta = _other_fields(row, "question", "answer")
     number = _json_number_answer(row)
     if number is not None:
-        return Record(question, [], number, {})
+        return Record(question, [], number, meta)
     answer = _text_field(row, "answer")
     canon = normalize_number(answer)
-    return Record(question, [], canon if canon is not None else answer, {})
+    return Record(question, [], canon if canon is not None else answer, meta)
 
 
 def _row_question_cot_answer(row: dict[str, Any]) -> Record:
@@ -210,7 +218,7 @@ def _row_question_cot_answer(row: dict[str, Any]) -> Record:
     if not isinstance(cot, str):
         raise _RowError(f"field 'cot' must be a string, got {type(cot).__name__}")
     answer = _numeric_answer(_text_field(row, "answer"), "field 'answer'")
-    return Record(question, cot.split(), answer, {})
+    return Record(question, cot.split(), answer, _other_fields(row, "question", "cot", "answer"))
 
 
 # Key sets that identify a row format, most specific first.
