@@ -289,6 +289,19 @@ def test_csv_parquet_dataset_folders_and_column_mapping(tmp_path):
     ]
 
 
+def test_load_dataset_names_what_it_takes(tmp_path):
+    """A list of dicts (data already in memory) failed deep inside ('list' object has no attribute 'startswith');
+    a Path is a path."""
+    import dgrpo
+    from dgrpo.data.records import DataError
+
+    with pytest.raises(DataError, match="load_dataset takes a dataset name or a file / folder path, got list"):
+        dgrpo.load_dataset([{"question": "q", "answer": "1"}])  # type: ignore[arg-type]
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"question": "q", "answer": "1"}) + "\n")
+    assert [r.answer for r in dgrpo.load_dataset(path)] == ["1"]
+
+
 def test_the_other_fields_of_a_standard_row_reach_the_reward_as_meta(tmp_path):
     """A {question, answer} row (and GSM8K's, GSM8K-Aug's) dropped its other fields, while Coconut's rows and a
     column mapping kept them in ``meta``: a reward reading ``record.meta["difficulty"]`` got a KeyError."""
@@ -597,6 +610,8 @@ def test_reward_values_may_be_numpy_torch_or_bool_but_not_anything():
             call_checked(lambda c, r, v=bad: v, "mine", ["a", "b", "c"], recs)
     with pytest.raises(RewardError, match=r"returned (np\.float64\(nan\)|nan) for row 1"):
         call_checked(lambda c, r: np.array([0.0, np.nan, 1.0]), "mine", ["a", "b", "c"], recs)
+    with pytest.raises(RewardError, match=r"returned 1000000000.* for row 2"):  # (was a bare OverflowError)
+        call_checked(lambda c, r: [0, 1, 10**400], "mine", ["a", "b", "c"], recs)
     for bad, shown in ((None, "None"), (1.0, "1.0"), ({"a": 1, "b": 1, "c": 1}, "{'a': 1")):  # (a dict: its keys)
         with pytest.raises(RewardError, match=rf"reward mine returned {re.escape(shown)}.*, not one value per"):
             call_checked(lambda c, r, v=bad: v, "mine", ["a", "b", "c"], recs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import os
 from typing import TYPE_CHECKING
 
 from .config import ConfigError
@@ -13,7 +14,9 @@ if TYPE_CHECKING:
     from .config import DataConfig
 
 
-def load_dataset(name_or_path: str, split: str | None = None, *, data: DataConfig | None = None) -> list[Record]:
+def load_dataset(
+    name_or_path: str | os.PathLike, split: str | None = None, *, data: DataConfig | None = None
+) -> list[Record]:
     """Records of a dataset given by name (``gsm8k``, ``svamp``, ``builtin``, ...) or file path, or of several
     joined by ``+`` (``gsm_hard+svamp``, ``a.jsonl+b.csv``): the names ``--data`` and ``data.*`` take.
 
@@ -23,7 +26,12 @@ def load_dataset(name_or_path: str, split: str | None = None, *, data: DataConfi
     """
     from .data import load_spec
 
-    return load_spec(name_or_path, split=split, data=data)
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise DataError(
+            f"load_dataset takes a dataset name or a file / folder path, got {type(name_or_path).__name__}; records "
+            "already in memory need no loading: a list of dgrpo.Record(question, steps, answer, meta)"
+        )
+    return load_spec(str(name_or_path), split=split, data=data)
 
 
 def score(completion_text: str, gold_answer) -> float:

@@ -170,7 +170,10 @@ def reward_value(v: object) -> float | None:
         v = v.item()
     if not isinstance(v, numbers.Real):
         return None
-    x = float(v)
+    try:
+        x = float(v)
+    except OverflowError:  # an int past a float's range (10**400)
+        return None
     return x if math.isfinite(x) else None
 
 
