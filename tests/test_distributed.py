@@ -116,6 +116,10 @@ def test_grpo_two_ranks_stay_bit_identical(sft_checkpoint, tmp_path):
     ] == 0
     res = json.loads((out / "eval" / "builtin_test" / "results.json").read_text())
     assert res["n"] == 64 and len((out / "eval" / "builtin_test" / "predictions.jsonl").read_text().splitlines()) == 64
+    # the test row, once: the gathered accuracies of final/ and (not the final model here) best/
+    best = json.loads((out / "eval_best" / "builtin_test" / "results.json").read_text())
+    tested = {"test/builtin_test/accuracy": res["accuracy"], "test_best/builtin_test/accuracy": best["accuracy"]}
+    assert rows[-1] == {"step": 3, **tested} and sum("test/builtin_test/accuracy" in row for row in rows) == 1
 
 
 @pytest.mark.parametrize("fsdp", ["none", pytest.param("full", marks=NEEDS_FSDP2)], ids=["allreduce", "fsdp2"])
