@@ -639,6 +639,9 @@ def test_the_filter_reward_must_name_a_reward_and_a_python_reward_fn_replaces_th
         rewards = _rewards(mine, cfg)
     assert rewards.filter_on == "" and rewards(["#### 1"], [Record("q", [], "1")]) == [1.0]
     assert _rewards(mine, load_config(Config, None, ["grpo.filter_reward=mine"])).filter_on == "mine"
+    # a name is the config's (it failed at the smoke test: 'str' object is not callable, named as 'reward_fn')
+    with pytest.raises(TypeError, match=r"reward_fn must be a function .* got str 'numeric': a reward by name goes in"):
+        _rewards("numeric", cfg)  # type: ignore[arg-type]
 
 
 def test_evaluate_refuses_counts_that_would_drop_records_and_takes_a_scorer_by_name(sft_checkpoint):

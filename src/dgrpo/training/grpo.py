@@ -575,6 +575,12 @@ def _rewards(reward_fn: ScoreFn | Rewards | None, cfg: Config) -> Rewards:
     """The trainer's reward: the one given in Python, else the config's (``grpo.reward(s)``, else ``eval.scorer``)."""
     if isinstance(reward_fn, Rewards):
         return reward_fn
+    if reward_fn is not None and not callable(reward_fn):
+        raise TypeError(
+            f"reward_fn must be a function (completions, records) -> one score each, or a Rewards; got "
+            f"{type(reward_fn).__name__} {reward_fn!r:.60}: a reward by name goes in the config (grpo.reward: numeric, "
+            "or 'file.py:function')"
+        )
     if reward_fn is not None:
         name, chosen = getattr(reward_fn, "__name__", "reward_fn"), cfg.grpo.filter_reward
         if chosen and chosen != name:  # it named a part of the config's rewards, which reward_fn replaces
