@@ -157,6 +157,13 @@ def test_a_perturbation_bound_for_other_rows_than_the_batch_is_refused(tokenizer
         assert lm.generate(ids, mask, T, max_new_tokens=2, perturbation=pb).tokens.shape[0] == 4
     with pytest.raises(TypeError, match="takes a list of questions; got one string"):
         lm.encode_questions(task_records[0].question)
+    # a None among the questions, no targets, one row's 1-d ids: each failed later, unclearly
+    with pytest.raises(TypeError, match="encode_questions: questions must be strings, got NoneType"):
+        lm.encode_questions([None, "1+1"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="encode_targets: no targets"):
+        lm.encode_targets([])
+    with pytest.raises(ValueError, match=r"prompt ids must be \[batch, length\] .*got shape \(\d+,\)"):
+        lm.generate(ids[0], mask[0], T, max_new_tokens=2)
 
 
 @pytest.mark.parametrize("pert", [LockedDropout(p=0.9), NativeDropout(p=0.9)], ids=["locked", "native"])

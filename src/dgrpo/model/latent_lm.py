@@ -120,6 +120,30 @@ class PhaseHook(Protocol):
     def before_forward(self, phase: str) -> None: ...
 
 
+def _check_texts(what: str, name: str, texts: Any) -> None:
+    """A non-empty list of strings (one string, an empty list or a None among them failed later, unclearly)."""
+    if isinstance(texts, str):
+        raise TypeError(f"{what} takes a list of {name}; got one string (wrap it: [text])")
+    if len(texts) == 0:
+        raise ValueError(f"{what}: no {name} (an empty list); give at least one")
+    bad = [t for t in texts if not isinstance(t, str)]
+    if bad:
+        raise TypeError(f"{what}: {name} must be strings, got {type(bad[0]).__name__}")
+
+
+def check_prompt(prompt_ids: Tensor, prompt_mask: Tensor) -> None:
+    """Prompt ids and mask as :meth:`LatentLM.encode_questions` gives them: [batch, length] both."""
+    if prompt_ids.dim() != 2:
+        raise ValueError(
+            f"prompt ids must be [batch, length] (encode_questions' output), got shape {tuple(prompt_ids.shape)}"
+        )
+    if prompt_mask.shape != prompt_ids.shape:
+        raise ValueError(
+            f"prompt ids {tuple(prompt_ids.shape)} and mask {tuple(prompt_mask.shape)} differ in shape: pass the "
+            "mask encode_questions gave with them"
+        )
+
+
 def check_phase_hook(perturbation: object) -> None:
     """A perturbation handed to a forward must be bound and active: ``with pert.bind(lm, seeds) as p:`` and ``p``
     passed inside the block. An unbound :class:`~dgrpo.perturbation.Perturbation` failed deep inside; a bound one
@@ -733,10 +757,7 @@ class LatentLM(nn.Module):
         its texts with it: :func:`bos_prefix`; the question in the chat template when ``settings.chat_template``).
         Each distinct question is tokenized once (a GRPO step's K copies of a prompt: 512 rows, 16 questions).
         ``max_tokens``: keep each question's last ``max_tokens`` tokens (None or 0: all; BOS is kept before them)."""
-        if isinstance(questions, str):
-            raise TypeError("encode_questions takes a list of questions; got one string (wrap it: [question])")
-        if len(questions) == 0:
-            raise ValueError("encode_questions: no questions (an empty list); give at least one")
+        _check_texts("encode_questions", "questions", questions)
         if max_tokens is not None and max_tokens < 0:
             raise ValueError(f"encode_questions: max_tokens must be >= 0 (0: no truncation), got {max_tokens}")
         distinct = list(dict.fromkeys(questions))
@@ -777,6 +798,7 @@ class LatentLM(nn.Module):
         """Right-padded target ids (each ending in EOS) and mask, [B, L]. A target longer than ``max_tokens`` is cut
         to its first ``max_tokens`` tokens without the EOS (with it, a cut chain would teach the model to stop there,
         before its answer)."""
+        _check_texts("encode_targets", "targets", texts)
         rows = []
         for ids in self.token_ids(texts):
             if max_tokens is not None and len(ids) + int(eos) > max_tokens:
@@ -921,11 +943,7 @@ class LatentLM(nn.Module):
         changes, what graph capture needs) instead of a growing ``DynamicCache``; ``cache``: that static cache
         itself, emptied here and filled again (its buffers keep their addresses).
         """
-        if prompt_mask.shape != prompt_ids.shape:
-            raise ValueError(
-                f"prompt ids {tuple(prompt_ids.shape)} and mask {tuple(prompt_mask.shape)} differ in shape: pass the "
-                "mask encode_questions gave with them"
-            )
+        check_prompt(prompt_ids, prompt_mask)
         check_phase_hook(perturbation)
         mode = mode or self.settings.mode
         B = prompt_ids.shape[0]
@@ -1092,6 +1110,7 @@ class LatentLM(nn.Module):
         ``static_cache``: one preallocated cache for the whole sequence (the same answers, tests/test_static_cache.py).
         """
         _check_decoding(n_latent, max_new_tokens, temperature, top_p)
+        check_prompt(prompt_ids, prompt_mask)
         n_cols = prompt_ids.shape[1] + n_latent + int(markers) + max_new_tokens
         state = self.prefill(
             prompt_ids,
