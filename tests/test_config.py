@@ -77,8 +77,9 @@ def test_the_option_lists_are_found():
         "model.compile_head",
         "sft.reset_every",
         "sft.lr_schedule",
+        "model.latent_token_init",
     } <= {k for k, _ in LITERALS}
-    assert len(LITERALS) == 24
+    assert len(LITERALS) == 25
     assert {"grpo.lr", "sft.lr", "perturbation.p", "eval.top_p"} <= set(FLOATS)
     assert {"seed", "task.seed", "grpo.steps"} <= set(INTS)
 

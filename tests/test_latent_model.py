@@ -263,6 +263,39 @@ def test_special_tokens_added_and_initialised_to_mean(tokenizer):
     assert float(w[:n_tok].detach().mean(0).norm()) > 0 and bool((w[n_tok + 3 :] == 0).all())  # (they were all zero)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])  # an untied head, a tied one
+def test_model_latent_token_init_coconut_copies_the_rows_of_double_angle(tokenizer, arch, monkeypatch):
+    """Coconut's run.py starts each new latent marker at the row of ``<<``, in the embedding and the head
+    (``model.latent_token_init: coconut``); the default is the mean of the existing rows."""
+    import copy
+
+    import dgrpo.model.latent_lm as latent_lm
+    from dgrpo.config import Config, load_config
+    from dgrpo.model.factory import load_model
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.model.tiny import build_tiny_model
+
+    tok = copy.deepcopy(tokenizer)
+    src = tok.get_vocab()["<<"]
+    model = build_tiny_model(arch, len(tok), hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
+    lm = LatentLM(model, tok, latent_token_init="coconut")
+    markers = [lm.start_id, lm.latent_id, lm.end_id]
+    for w in (lm.model.get_input_embeddings().weight, lm.model.get_output_embeddings().weight):
+        assert torch.equal(w[markers], w[src].expand(3, -1)) and not torch.equal(w[src], w[: src + 1].mean(0))
+    cfg = load_config(Config, "tiny.yaml", ["model.latent_token_init=coconut"])
+    built = load_model(cfg.model, cfg.task, seed=0)  # the built-in model, through the config
+    w = built.model.get_input_embeddings().weight
+    assert torch.equal(w[built.latent_id], w[built.tokenizer.get_vocab()["<<"]])
+    monkeypatch.setattr(latent_lm, "COCONUT_INIT_TOKEN", "@@ no such token @@")
+    model = build_tiny_model(arch, len(tok), hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
+    with pytest.warns(UserWarning, match="latent_token_init=coconut: the tokenizer has no '@@ no such token @@'"):
+        lm = LatentLM(model, copy.deepcopy(tokenizer), latent_token_init="coconut")
+    w = lm.model.get_input_embeddings().weight
+    assert torch.allclose(w[lm.latent_id], w[: lm.start_id].mean(0), atol=1e-6)
+    with pytest.raises(ValueError, match="latent_token_init must be mean or coconut, got 'copy'"):
+        LatentLM(model, copy.deepcopy(tokenizer), latent_token_init="copy")  # type: ignore[arg-type]
+
+
 def test_save_and_reload_roundtrip(tokenizer, task_records, tmp_path):
     from transformers import AutoModelForCausalLM
 

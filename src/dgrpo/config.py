@@ -39,6 +39,7 @@ import yaml
 
 Arch = Literal["qwen2", "llama", "gpt2"]
 DType = Literal["float32", "bfloat16"]
+LatentTokenInit = Literal["mean", "coconut"]
 SFTMode = Literal["coconut", "cot", "no_cot", "pause", "no_curriculum"]
 ResetEvery = Literal["stage", "epoch"]
 LRSchedule = Literal["cosine", "constant"]
@@ -198,6 +199,12 @@ class ModelConfig:
     num_heads: int = opt(4, "built-in tiny model: attention heads")
     intermediate_size: int = opt(512, "built-in tiny model: MLP width")
     dtype: DType = opt("float32", "weight dtype: float32, or bfloat16 (bf16 weights, as the paper trains)")
+    latent_token_init: LatentTokenInit = opt(
+        "mean",
+        "how a model without the latent markers (a base LM) starts their embedding rows, input and untied head: mean "
+        "(of the existing tokens' rows), or coconut (copies of the '<<' token's rows, as Coconut's run.py; the mean "
+        "when the tokenizer has no '<<')",
+    )
     trust_remote_code: bool = opt(False, "allow custom modelling code from the hub (only if you trust the repository)")
     kernels: Kernels = opt(
         "none",

@@ -29,6 +29,7 @@ from .latent_lm import (
     START_LATENT,
     LatentLM,
     LatentSettings,
+    coconut_init_row,
     init_new_embeddings,
     input_embedding_weight,
     load_tokenizer,
@@ -41,8 +42,6 @@ OFFICIAL_TOKEN_ORDER = (START_LATENT, END_LATENT, LATENT)
 WRAPPER_PREFIX = "base_causallm."
 #: the wrapper's own key: ``Coconut.embedding`` is the base model's input embedding, saved twice
 WRAPPER_EMBEDDING = "embedding.weight"
-#: Coconut's run.py initialises the latent rows with this token's row
-INIT_TOKEN = "<<"
 #: buffers that older transformers versions saved in state dicts and that are constants, not weights
 LEGACY_BUFFERS = re.compile(r"(\.attn|\.crossattention)\.(masked_)?bias$|rotary_emb\.inv_freq$")
 
@@ -248,16 +247,7 @@ def init_latent_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
         init_new_embeddings(model, list(range(n_old, len(tokenizer))), n_old)
     vocab = tokenizer.get_vocab()
-    src = vocab.get(INIT_TOKEN)
-    with torch.no_grad():
-        weights = {input_embedding_weight(model).data_ptr(): input_embedding_weight(model)}
-        out = model.get_output_embeddings()
-        if out is not None:
-            weights.setdefault(out.weight.data_ptr(), out.weight)
-        for w in weights.values():
-            fill = w[src] if src is not None and src < n_old else w[:n_old].mean(0)
-            for token in tokens:
-                w[vocab[token]] = fill
+    init_new_embeddings(model, [vocab[t] for t in tokens], n_old, coconut_init_row(tokenizer, n_old))
 
 
 def import_coconut(

@@ -45,7 +45,7 @@ def build_builtin(model_cfg: ModelConfig, task_cfg: TaskConfig, seed: int = 0) -
         num_heads=model_cfg.num_heads,
         intermediate_size=model_cfg.intermediate_size,
     )
-    return LatentLM(model, tok, LatentSettings())
+    return LatentLM(model, tok, LatentSettings(), latent_token_init=model_cfg.latent_token_init)
 
 
 def load_model(
@@ -68,7 +68,11 @@ def load_model(
     else:
         source, local_only = resolve_model_source(str(name))
         lm = LatentLM.from_pretrained(
-            source, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code, local_files_only=local_only
+            source,
+            dtype=dtype,
+            trust_remote_code=model_cfg.trust_remote_code,
+            local_files_only=local_only,
+            latent_token_init=model_cfg.latent_token_init,
         )
     if training:
         configure_lora(lm, model_cfg.lora)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import typing
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields
@@ -38,7 +40,7 @@ from transformers import (
     StaticCache,
 )
 
-from ..config import ConfigError
+from ..config import ConfigError, LatentTokenInit
 from ..run_layout import CHECKPOINTS_DIR, FINAL_DIR, METRICS_FILE, STEP_DIR, step_dir_name
 from .anatomy import decoder_layers
 from .attention_mask import additive_mask, causal_padding_mask, prebuilt_mask_applies, static_causal_padding_mask
@@ -223,21 +225,36 @@ class AnswerBook:
         return Generation(self.tokens[:, :n], self.mask[:, :n], self.logprobs[:, :n], ent)
 
 
-def init_new_embeddings(model: PreTrainedModel, ids: list[int], n_real: int) -> None:
-    """Rule for new special tokens: each row of ``ids`` is the mean of the rows of the ``n_real`` tokens the tokenizer
-    had before (not of a padded vocabulary's unused rows: Qwen2.5 has 151,936 rows for 151,665 tokens).
+#: the token whose rows Coconut's run.py copies into the latent markers' (``model.latent_token_init: coconut``)
+COCONUT_INIT_TOKEN = "<<"
 
-    Applied to the input embedding and, when untied, the output embedding (the output rows then make
+
+def init_new_embeddings(model: PreTrainedModel, ids: list[int], n_real: int, copy_of: int | None = None) -> None:
+    """Rule for new special tokens: each row of ``ids`` is the mean of the rows of the ``n_real`` tokens the tokenizer
+    had before (not of a padded vocabulary's unused rows: Qwen2.5 has 151,936 rows for 151,665 tokens), or, with
+    ``copy_of`` (a token id below ``n_real``), a copy of that token's row (Coconut's: ``<<``).
+
+    Applied to the input embedding and, when untied, the output embedding (with the mean, the output rows make
     the new tokens' logits the average logit, so they are neither favoured nor suppressed).
     """
+
+    def new_rows(w: Tensor) -> Tensor:  # (a copy: the rows written and the row read share the tensor's memory)
+        return w[copy_of].clone() if copy_of is not None else w[:n_real].mean(0, keepdim=True)
+
     with torch.no_grad():
         emb = input_embedding_weight(model)
-        emb[ids] = emb[:n_real].mean(0, keepdim=True)
+        emb[ids] = new_rows(emb)
         out: Any = model.get_output_embeddings()
         if out is not None and out.weight.data_ptr() != emb.data_ptr():
-            out.weight[ids] = out.weight[:n_real].mean(0, keepdim=True)
+            out.weight[ids] = new_rows(out.weight)
             if getattr(out, "bias", None) is not None:
-                out.bias[ids] = out.bias[:n_real].mean()
+                out.bias[ids] = new_rows(out.bias)
+
+
+def coconut_init_row(tokenizer: PreTrainedTokenizerBase, n_real: int) -> int | None:
+    """The id of ``<<`` (Coconut's rows for new latent tokens), or None when the tokenizer has no such token."""
+    found = tokenizer.get_vocab().get(COCONUT_INIT_TOKEN)
+    return found if found is not None and found < n_real else None
 
 
 def input_embedding_weight(model: PreTrainedModel) -> Tensor:
@@ -253,9 +270,11 @@ def _token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:
     return found
 
 
-def add_latent_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[str]:
-    """Add the three latent markers (and a pad token if missing) and initialise their embeddings; returns the
-    markers added (their embeddings untrained)."""
+def add_latent_tokens(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, init: LatentTokenInit = "mean"
+) -> list[str]:
+    """Add the three latent markers (and a pad token if missing) and initialise their embeddings (``init``: mean, or
+    coconut: copies of ``<<``'s rows, :func:`init_new_embeddings`); returns the markers added (untrained)."""
     missing = [t for t in (START_LATENT, LATENT, END_LATENT) if t not in tokenizer.get_vocab()]
     n_tokens, n_rows = len(tokenizer), input_embedding_weight(model).shape[0]
     if missing:
@@ -265,7 +284,15 @@ def add_latent_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     if len(tokenizer) > n_rows:
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     if missing:  # new rows, or a padded vocabulary's unused rows (the markers' ids fall among them)
-        init_new_embeddings(model, [_token_id(tokenizer, t) for t in missing], min(n_tokens, n_rows))
+        n_real = min(n_tokens, n_rows)
+        copy_of = coconut_init_row(tokenizer, n_real) if init == "coconut" else None
+        if init == "coconut" and copy_of is None:
+            warnings.warn(
+                f"model.latent_token_init=coconut: the tokenizer has no {COCONUT_INIT_TOKEN!r} token; the latent "
+                "markers start at the mean of the existing rows",
+                stacklevel=3,
+            )
+        init_new_embeddings(model, [_token_id(tokenizer, t) for t in missing], n_real, copy_of)
     return missing
 
 
@@ -441,12 +468,21 @@ class LatentLM(nn.Module):
     logit_chunk_elems: int = 1 << 28
 
     def __init__(
-        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, settings: LatentSettings | None = None
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        settings: LatentSettings | None = None,
+        *,
+        latent_token_init: LatentTokenInit = "mean",
     ):
+        """``latent_token_init``: how the markers' rows start when ``model`` lacks them (``model.latent_token_init``:
+        mean, or coconut)."""
         super().__init__()
         check_special_tokens(tokenizer)
+        if latent_token_init not in typing.get_args(LatentTokenInit):
+            raise ValueError(f"latent_token_init must be mean or coconut, got {latent_token_init!r}")
         #: the latent markers this model did not have (a plain LM): their embeddings are new, untrained
-        self.new_latent_tokens = add_latent_tokens(model, tokenizer)
+        self.new_latent_tokens = add_latent_tokens(model, tokenizer, latent_token_init)
         self.model = model
         self.tokenizer = tokenizer
         self.settings = settings or LatentSettings()
@@ -499,11 +535,13 @@ class LatentLM(nn.Module):
         device: str | torch.device | None = None,
         trust_remote_code: bool = False,
         local_files_only: bool = False,
+        latent_token_init: LatentTokenInit = "mean",
     ) -> LatentLM:
         """Load a checkpoint directory (or a hub id): weights from safetensors only, every tensor present with its
         shape (a directory dgrpo wrote is first verified against its manifest). A LoRA adapter directory loads its
         base model (``adapter_config.json`` names it) with the adapter on top. Any problem is one
-        :class:`CheckpointError` line."""
+        :class:`CheckpointError` line. ``latent_token_init``: how a base model's new latent markers start (mean, or
+        coconut: copies of ``<<``'s rows)."""
         local = on_disk(path)
         # a run directory means its final/; a missing path is one line (not the hub's "Repo id must be" error)
         if local.exists() or str(path).startswith(("/", ".", "~")):
@@ -529,7 +567,7 @@ class LatentLM(nn.Module):
         except Exception as e:  # noqa: BLE001 - a damaged directory fails in many ways; each is one line for the user
             raise CheckpointError(f"cannot load the model {path}: {one_line(e)}") from None
         model = load_hf_model(str(path), dtype, trust_remote_code, local_files_only)
-        lm = cls._built(model, tok, settings, str(path))
+        lm = cls._built(model, tok, settings, str(path), latent_token_init)
         lm.run_config, lm.name_or_path = run_config, str(path)
         if device is not None:
             lm.to(device)
@@ -568,11 +606,16 @@ class LatentLM(nn.Module):
 
     @classmethod
     def _built(
-        cls, model: PreTrainedModel, tok: PreTrainedTokenizerBase, settings: LatentSettings, where: str
+        cls,
+        model: PreTrainedModel,
+        tok: PreTrainedTokenizerBase,
+        settings: LatentSettings,
+        where: str,
+        latent_token_init: LatentTokenInit = "mean",
     ) -> LatentLM:
         """``cls(model, tok, settings)`` for a loaded checkpoint: what it refuses is a one-line CheckpointError."""
         try:
-            return cls(model, tok, settings)
+            return cls(model, tok, settings, latent_token_init=latent_token_init)
         except ValueError as e:
             raise CheckpointError(f"cannot load the model {where}: {one_line(e)}") from None
 
