@@ -78,6 +78,14 @@ from dgrpo.reward import extract_answer, is_parseable, normalize_number, parse_n
         ("<<16-3-4=9>> <<9*2=18>> ####", None),  # cut off at max_new_tokens
         ("<<9*2=18>> ### 18", "18"),  # Coconut's marker
         ("The answer is 17.\n#### 18", "18"),
+        # a later marker with no number after it leaves the answer to the one before it
+        ("The answer is 18. I hope this answer is helpful.", "18"),
+        ("The answer is 18.\n\n### Explanation\nWe subtract the eggs", "18"),
+        ("#### 18\n#### 18\n####", "18"),  # a repeated answer line cut off
+        ("The answer is: $\\boxed{18}$\n\n#", "18"),
+        # a run of two or more '#' glued to what follows is a marker too (a sampled answer without its space)
+        ("####5+37", "5"),
+        ("<<2=0-8####<<3*9*4>>", "3"),
     ],
 )
 def test_extract_answer(text: str, expected: str | None) -> None:

@@ -76,17 +76,23 @@ def _written_decimals(num: str) -> int:
     return max(len(mantissa.partition(".")[2]) - exponent, 0)
 
 
-#: a run of '#' standing alone (``#### 42``, Coconut's ``### 42``; not ``horse #12``, ``C#``): the answer marker
+#: a run of '#' standing alone (``#### 42``, Coconut's ``### 42``; not the ``#`` of ``horse #12`` or ``C#``)
 _MARKER = re.compile(r"(?:^|(?<=\s))#+(?=\s|$)")
+#: the answer markers: a standalone run of '#', any run of two or more (``####42``, ``8####<<``), "The answer is"
+_ANSWER_MARKER = re.compile(rf"{_MARKER.pattern}|#{{2,}}|{_ANSWER_IS.pattern}", re.IGNORECASE)
 
 
 def _find_answer(text: str) -> re.Match[str] | None:
     """The match of the final-answer number (see :func:`extract_answer`), or None."""
     if not isinstance(text, str):
         return None
-    ends = [m.end() for m in _MARKER.finditer(text)] + [m.end() for m in _ANSWER_IS.finditer(text)]
-    if ends:  # the last marker decides: a number after it, or none (not an earlier number of the reasoning)
-        return _NUMBER_IN_TEXT.search(text, max(ends))
+    ends = [m.end() for m in _ANSWER_MARKER.finditer(text)]
+    for end in reversed(ends):  # the last marker with a number after it ("... this answer is right" has none)
+        found = _NUMBER_IN_TEXT.search(text, end)
+        if found is not None:
+            return found
+    if ends:  # markers, none followed by a number: no answer (not a number of the reasoning before them)
+        return None
     numbers = list(_NUMBER_IN_TEXT.finditer(text))
     return numbers[-1] if numbers else None
 
@@ -94,13 +100,14 @@ def _find_answer(text: str) -> re.Match[str] | None:
 def extract_answer(text: str) -> str | None:
     """The predicted final answer of a completion, as a normalised number string, or None.
 
-    The answer is the first number after the completion's last answer marker: a run of ``#`` standing alone
-    (GSM8K's ``#### 42``, Coconut's ``### 42``; not the ``#`` of ``horse #12``) or "The answer is" / "answer:"
-    (case-insensitive), whichever comes last; None when no number follows it (``#### 1/2``, ``#### eighteen``, an
-    answer cut off after ``####``: a number of the reasoning before it is not the answer). Without any marker, the
-    last number of the text. Thousands commas, ``$``, signs, decimals (``3.50``, ``.5``), an exponent written right
-    after the digits (``2.0107e-06``, ``1E3``; not the ``e`` of ``3 eggs``) and a trailing period are handled; a
-    fraction (``1/2``) is not read as a number (nor as its numerator):
+    The answer is the first number after the completion's last answer marker that has a number after it: a run of
+    ``#`` standing alone or of two or more (GSM8K's ``#### 42``, Coconut's ``### 42``, ``####42``; not the ``#`` of
+    ``horse #12``) or "The answer is" / "answer:" (case-insensitive); None when no marker has a number after it
+    (``#### 1/2``, ``#### eighteen``, an answer cut off after ``####``: a number of the reasoning before the marker
+    is not the answer). Without any marker, the last number of the text. Thousands commas, ``$``, signs, decimals
+    (``3.50``, ``.5``), an exponent written right after the digits (``2.0107e-06``, ``1E3``; not the ``e`` of
+    ``3 eggs``) and a trailing period are handled; a fraction (``1/2``) is not read as a number (nor as its
+    numerator):
     ``"#### $40,000."`` -> ``"40000"``, ``"The answer is -3.50"`` -> ``"-3.5"``, ``"#### 1e3"`` -> ``"1000"``,
     ``"### Step 1: 9*2=18.\nThe answer is 18."`` -> ``"18"``. Never raises for a ``str``; never evaluates the text.
     """
