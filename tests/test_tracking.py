@@ -1,5 +1,6 @@
 """Metric sinks of :mod:`dgrpo.training.tracking`: TensorBoard event files and offline W&B runs, read back."""
 
+import gc
 import json
 import math
 import struct
@@ -364,7 +365,7 @@ def test_the_final_evaluation_is_the_last_row_of_every_sink(sft_checkpoint, tmp_
     open: metrics.jsonl's last row and a TensorBoard scalar; every rank calls it, rank 0's are logged."""
     from dgrpo.data.synthetic import generate_split
     from dgrpo.model.latent_lm import LatentLM
-    from dgrpo.training.grpo import train_grpo
+    from dgrpo.training.grpo import GRPOTrainer, train_grpo
 
     from conftest import tiny_config
 
@@ -373,6 +374,10 @@ def test_the_final_evaluation_is_the_last_row_of_every_sink(sft_checkpoint, tmp_
 
     def final_eval(lm_):
         seen.append(lm_)
+        # the trainer's optimizer moments and reference model are freed first (they held their memory through the
+        # test sets and best/'s load)
+        [trainer] = [o for o in gc.get_objects() if type(o) is GRPOTrainer]
+        assert not trainer.opt.state and trainer.ref is None
         return {"test/x/accuracy": 0.25}
 
     out = tmp_path / "run"

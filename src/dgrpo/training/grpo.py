@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..config import Config, ConfigError, GRPOConfig
+from ..config import Config, ConfigError, GRPOConfig, to_dict
 from ..data.records import Record, fingerprint
 from ..eval.evaluate import warn_if_questions_cut
 from ..eval.scoring import RewardPart, Rewards, ScoreFn, build_rewards, final_answer_text
@@ -67,7 +67,6 @@ from .run import (
     StalledError,
     check_run_inputs,
     check_trainer_inputs,
-    recorded_config,
     sharded_accuracy,
     weights_finite,
 )
@@ -496,6 +495,13 @@ class GRPOTrainer:
         for lm in self._models():
             lm.kept_decoders.clear()
 
+    def release_training_state(self) -> None:
+        """After the last step (its checkpoint written): free the kept decoders, the optimizer's moments and the
+        reference model, so that what follows (the test sets, ``best/`` loaded beside the model) has their memory."""
+        self.release_kept_decoders()
+        self.opt.state.clear()
+        self.ref = None
+
     def _rows_at_a_time(self, batch_size: int) -> int:
         """Rows per batched call: ``batch_size``, or one under a perturbation replayed one rollout at a time."""
         return batch_size if self.perturbation.batched else 1
@@ -641,7 +647,7 @@ def train_grpo(
     lm.settings.chat_template |= cfg.data.chat_template  # on for a model trained without it (a trained one keeps it)
     trainer = GRPOTrainer(lm, cfg, train, dist=dist, reward_fn=reward_fn)
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
-    lm.run_config = recorded_config(lm, cfg, "train_grpo")  # final/ and best/ carry the config that produced them
+    lm.run_config = to_dict(cfg)  # final/ and best/ carry the config that produced them
     with RunDir(out_dir, cfg, dist, "grpo", resume=resume, allow_config_change=allow_config_change, log=log) as run:
         loop = _resume(run, trainer)
         evaluate = _periodic_eval(run, trainer, loop, valid or {}, evaluate_fn)
@@ -669,7 +675,7 @@ def train_grpo(
                 raise StalledError(stalled)
             shown = {"reward": f"{m['reward_mean']:.3f}", "kept": f"{m['frac_groups_kept']:.2f}"}
             bar.set_postfix({**shown, **({"eval": f"{loop.last_eval:.3f}"} if loop.last_eval is not None else {})})
-        trainer.release_kept_decoders()
+        trainer.release_training_state()
         return _finish(run, trainer, loop, final_eval)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, to_dict
 from ..data.records import Record, fingerprint
 from ..eval.evaluate import warn_if_questions_cut
 from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
@@ -39,7 +39,6 @@ from .run import (
     NonFiniteGuard,
     RunDir,
     check_run_inputs,
-    recorded_config,
     sharded_accuracy,
     weights_finite,
 )
@@ -303,7 +302,9 @@ class SFTRun:
         return oom_advice("SFT step", "sft.grad_accum", s.grad_accum, why, to_try=more)
 
     def finish(self, t0: float, final_eval: FinalEval | None = None) -> None:
-        """``final/`` with the final stage's settings, one summary line, then ``final_eval``'s row."""
+        """``final/`` with the final stage's settings, one summary line, then ``final_eval``'s row (the optimizer's
+        moments freed first: the test sets and ``best/`` loaded beside the model have their memory)."""
+        self.opt = None
         self.lm.settings = final_settings(self.cfg)
         self.lm.eval()
         self.dist.save_model(self.lm, self.run.out_dir / FINAL_DIR)
@@ -426,7 +427,7 @@ def _prepare(
         raise ConfigError(
             f"sft.batch_size: {cfg.sft.batch_size} examples cannot be shared by {dist.world_size} processes"
         )
-    lm.run_config = recorded_config(lm, cfg, "train_sft")  # stage-K/ and final/ carry the config that produced them
+    lm.run_config = to_dict(cfg)  # stage-K/ and final/ carry the config that produced them
     lm.settings.chat_template = cfg.data.chat_template  # how questions are prompted, from the first step on
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
     questions = list(dict.fromkeys(r.question for r in train))
