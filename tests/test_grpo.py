@@ -379,19 +379,26 @@ def test_the_trainer_class_checks_what_it_is_given_as_train_grpo_does(sft_checkp
         GRPOTrainer(lm, {"grpo": {}}, train)  # type: ignore[arg-type]
 
 
-def test_the_checkpoint_records_the_dtype_the_model_trained_in(sft_checkpoint, tmp_path):
-    """model.dtype is applied by load_model; a model built in Python keeps its own dtype, and final/'s
-    run_config.json said model.dtype's (dgrpo eval then ran an fp32-trained model in bf16): it records the
-    weights' dtype, with a warning."""
+def test_a_model_not_in_model_dtype_is_refused_before_the_run_starts(sft_checkpoint, tmp_path):
+    """model.dtype is applied by load_model; a model built in Python keeps its own dtype, and the run recorded
+    model.dtype (config.json, final/'s run_config.json, which dgrpo eval takes it from): an fp32-trained run was
+    evaluated in bf16. The two must agree."""
+    from dgrpo.config import ConfigError
     from dgrpo.training.grpo import train_grpo
+    from dgrpo.training.sft import train_sft
 
     lm = LatentLM.from_pretrained(sft_checkpoint)  # float32
     cfg = tiny_config(**{"model.dtype": "bfloat16", "grpo.steps": 1, "grpo.prompts_per_step": 2})
-    out = tmp_path / "run"
-    with pytest.warns(UserWarning, match="train_grpo: model.dtype is bfloat16, but the model's weights are float32"):
-        train_grpo(lm, cfg, generate_split(cfg.task, "train")[:8], out, progress=False, log=lambda *a: None)
-    assert json.loads((out / "final" / "run_config.json").read_text())["model"]["dtype"] == "float32"
-    assert json.loads((out / "config.json").read_text())["model"]["dtype"] == "bfloat16"  # (what it was given)
+    train, out = generate_split(cfg.task, "train")[:8], tmp_path / "run"
+    match = r"train_grpo: model.dtype is bfloat16, but the model's weights are float32: set model.dtype to the dtype"
+    with pytest.raises(ConfigError, match=match):
+        train_grpo(lm, cfg, train, out)
+    with pytest.raises(ConfigError, match="train_sft: model.dtype is bfloat16, but the model's weights are float32"):
+        train_sft(lm, train, cfg, out)
+    assert not out.exists()
+    lm.to(torch.bfloat16)  # cast: it trains, and records what it trained in
+    train_grpo(lm, cfg, train, out, progress=False, log=lambda *a: None)
+    assert json.loads((out / "final" / "run_config.json").read_text())["model"]["dtype"] == "bfloat16"
 
 
 def test_a_null_perturbation_is_warned_when_the_trainer_starts(sft_checkpoint):

@@ -159,10 +159,12 @@ def check_run_inputs(
     eval_args: tuple[str, ...],
 ) -> None:
     """What a Python caller hands a trainer, checked before a run directory is touched: :func:`check_trainer_inputs`,
-    ``valid`` None or of ``valid_type`` (SFT: a list of records; GRPO: a dict of them by name), ``out_dir`` a path,
-    and an ``evaluate_fn`` that takes ``eval_args`` (a validation set without one is warned about: nothing validates
-    it)."""
+    :func:`check_dtype`, ``valid`` None or of ``valid_type`` (SFT: a list of records; GRPO: a dict of them by name),
+    ``out_dir`` a path, and an ``evaluate_fn`` that takes ``eval_args`` (a validation set without one is warned about:
+    nothing validates it)."""
     check_trainer_inputs(lm, cfg, train, what)
+    assert isinstance(lm, LatentLM)  # (checked above, in one line)
+    check_dtype(lm, cfg, what)
     if valid is not None and not isinstance(valid, valid_type):
         raise TypeError(f"{what}: valid must be a {valid_type.__name__} of records, got {type(valid).__name__}")
     _check_evaluate_fn(what, valid, evaluate_fn, eval_args)
@@ -187,21 +189,16 @@ def check_trainer_inputs(lm: object, cfg: Config, train: list[Record], what: str
         raise ValueError(f"{what}: train must be a non-empty list of dgrpo Records, got {got}")
 
 
-def recorded_config(lm: LatentLM, cfg: Config, what: str) -> dict:
-    """The config a run's checkpoints carry (``run_config.json``, which ``dgrpo eval`` takes ``model.dtype`` and the
-    task from): ``cfg``, with ``model.dtype`` the dtype the weights train in. ``load_model`` casts to
-    ``model.dtype``; a model built in Python keeps its own, which is said in a warning when the two differ."""
-    config = to_dict(cfg)
+def check_dtype(lm: LatentLM, cfg: Config, what: str) -> None:
+    """The model's weights in ``model.dtype``, which the run records (config.json, and each checkpoint's
+    run_config.json, from which ``dgrpo eval`` takes it): ``load_model`` casts to it, a model built in Python keeps
+    its own (an fp32-trained run recorded bf16, and was evaluated in bf16)."""
     weights = str(lm.model.get_input_embeddings().weight.dtype).removeprefix("torch.")
     if weights != cfg.model.dtype:
-        warnings.warn(
-            f"{what}: model.dtype is {cfg.model.dtype}, but the model's weights are {weights}: it trains in {weights} "
-            f"(load_model(cfg.model, ...) casts to model.dtype; or lm.model.to(torch.{cfg.model.dtype}))",
-            stacklevel=3,
+        raise ConfigError(
+            f"{what}: model.dtype is {cfg.model.dtype}, but the model's weights are {weights}: set model.dtype to "
+            f"the dtype to train in and cast the model to it (lm.to(torch.{cfg.model.dtype}); load_model casts)"
         )
-        if weights in ("float32", "bfloat16"):  # (model.dtype's values; a float16 model keeps the config's)
-            config["model"]["dtype"] = weights
-    return config
 
 
 def _check_evaluate_fn(what: str, valid: object, evaluate_fn: Callable | None, eval_args: tuple[str, ...]) -> None:
