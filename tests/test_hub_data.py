@@ -82,3 +82,16 @@ def test_a_hub_dataset_with_several_configs_is_named_with_config(hub):
         load_spec("openai/gsm8k:test?revision=x")
     with pytest.raises(DataError, match=r"names one of a hub dataset's configs; this is not one"):
         load_spec("gsm8k:test?config=main")  # a built-in name has no hub config to pick
+
+
+def test_a_data_dir_that_is_no_folder_is_an_error(monkeypatch, tmp_path):
+    """A mistyped DGRPO_DATA_DIR fell back to ./data (or to the hub's copy) without a word."""
+    from dgrpo.data.loaders import find_data_dir, load_dataset
+
+    monkeypatch.setenv("DGRPO_DATA_DIR", str(tmp_path / "dta"))
+    with pytest.raises(DataError, match=rf"^DGRPO_DATA_DIR={tmp_path / 'dta'}: no such folder \(unset it"):
+        find_data_dir()
+    with pytest.raises(DataError, match="DGRPO_DATA_DIR"):
+        load_dataset("svamp")
+    monkeypatch.setenv("DGRPO_DATA_DIR", str(tmp_path))
+    assert find_data_dir() == tmp_path.resolve()

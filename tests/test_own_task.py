@@ -302,6 +302,18 @@ def test_load_dataset_names_what_it_takes(tmp_path):
     assert [r.answer for r in dgrpo.load_dataset(path)] == ["1"]
 
 
+def test_data_inspect_prints_a_record_whose_meta_is_no_json(tmp_path, run_cli):
+    """A parquet file's timestamp column, kept in meta, made ``dgrpo data inspect`` die on json.dumps."""
+    import datetime
+
+    datasets = pytest.importorskip("datasets")
+    row = {"question": "1+1?", "answer": "2", "when": datetime.datetime(2026, 1, 2)}
+    datasets.Dataset.from_list([row]).to_parquet(str(tmp_path / "d.parquet"))
+    r = run_cli("data", "inspect", tmp_path / "d.parquet")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[-1])["example"]["meta"]["when"] == "2026-01-02 00:00:00"
+
+
 def test_the_other_fields_of_a_standard_row_reach_the_reward_as_meta(tmp_path):
     """A {question, answer} row (and GSM8K's, GSM8K-Aug's) dropped its other fields, while Coconut's rows and a
     column mapping kept them in ``meta``: a reward reading ``record.meta["difficulty"]`` got a KeyError."""

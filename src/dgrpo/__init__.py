@@ -31,7 +31,7 @@ def load_dataset(
             f"load_dataset takes a dataset name or a file / folder path, got {type(name_or_path).__name__}; records "
             "already in memory need no loading: a list of dgrpo.Record(question, steps, answer, meta)"
         )
-    return load_spec(str(name_or_path), split=split, data=data)
+    return load_spec(os.fspath(name_or_path), split=split, data=data)
 
 
 def score(completion_text: str, gold_answer) -> float:

@@ -115,7 +115,8 @@ def run_data_inspect(args: argparse.Namespace) -> int:
     cfg = load_config(Config, list(args.config), args.overrides)  # the column mapping (data.*), the task (builtin)
     recs = load_spec(args.name_or_path, cfg.task, split=args.split, data=cfg.data)
     print(f"{len(recs)} record{'' if len(recs) == 1 else 's'}")
-    print(json.dumps({"n": len(recs), "example": recs[0].to_dict() if recs else None}))
+    example = recs[0].to_dict() if recs else None  # (meta may hold a file's dates or bytes: written as text)
+    print(json.dumps({"n": len(recs), "example": example}, default=str))
     return 0
 
 
