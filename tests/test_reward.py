@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from decimal import Decimal
 
 import pytest
@@ -86,11 +87,25 @@ from dgrpo.reward import extract_answer, is_parseable, normalize_number, parse_n
         # a run of two or more '#' glued to what follows is a marker too (a sampled answer without its space)
         ("####5+37", "5"),
         ("<<2=0-8####<<3*9*4>>", "3"),
+        # a markdown heading is no marker: its number is a step's (an answer cut off after the steps has none)
+        ("### Step 1: 9*2=18\n### Step 2: 18+2=20\nThe answer is", None),
+        ("## Step 1\n...\n## Step 2\n18+2=20\n\n#### ", None),
+        ("#### 18\n\n### Explanation\nWe add 9 and 9.", "18"),
+        ("### Step 1: 9*2=18\n### Step 2: 18+2=20\n**Final Answer**\n20", "20"),
     ],
 )
 def test_extract_answer(text: str, expected: str | None) -> None:
     assert extract_answer(text) == expected
     assert is_parseable(text) is (expected is not None)
+
+
+def test_extract_answer_takes_linear_time() -> None:
+    """A completion of many markers (a collapsed policy repeating '#') was searched after each marker in turn:
+    20,000 characters took 13 s."""
+    for text in ("# " * 10_000, "the answer is unknown. " * 1_000, "#### 1 " * 5_000):
+        t0 = time.perf_counter()
+        extract_answer(text)
+        assert time.perf_counter() - t0 < 0.5
 
 
 @pytest.mark.parametrize(
