@@ -355,6 +355,13 @@ def test_only_options_that_change_no_result_may_change_on_resume():
         "grpo.recompute_latent_steps",
         "sft.recompute_latent_steps",
     ]
+    # a run started before an option existed resumes when the option is at its default (it was refused as changed)
+    older = to_dict(load_config(Config, None, []))
+    del older["model"]["latent_token_init"]
+    assert config_diff(older, old) == []
+    assert config_diff(older, to_dict(load_config(Config, None, ["model.latent_token_init=coconut"]))) == [
+        "model.latent_token_init"
+    ]
 
 
 @pytest.mark.slow

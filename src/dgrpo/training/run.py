@@ -277,14 +277,17 @@ class MetricsLog:
         self.trackers = []
 
 
-def config_diff(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two config dicts (options that cannot change results excluded)."""
+def config_diff(old: dict, new: dict, prefix: str = "", defaults: dict | None = None) -> list[str]:
+    """Dotted keys whose values differ between two config dicts (options that cannot change results excluded). A key
+    the old config lacks counts as its default: an option a later dgrpo added does not stop a run from resuming."""
+    defaults = to_dict(Config()) if defaults is None else defaults
     keys = []
     for k in sorted(set(old) | set(new)):
         key = f"{prefix}{k}"
-        a, b = old.get(k), new.get(k)
+        a, b = old[k] if k in old else defaults.get(k), new.get(k)
         if isinstance(a, dict) and isinstance(b, dict):
-            keys += config_diff(a, b, key + ".")
+            sub = defaults.get(k)
+            keys += config_diff(a, b, key + ".", sub if isinstance(sub, dict) else {})
         elif a != b and not key.startswith(NEUTRAL_SECTIONS) and key not in NEUTRAL_KEYS:
             keys.append(key)
     return keys
