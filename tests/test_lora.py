@@ -160,6 +160,33 @@ def test_adapter_checkpoint_save_load_and_merge(base_dirs, tmp_path, run_cli):
         assert sorted(p.name for p in taken.iterdir()) == before  # nothing replaced
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])  # an untied head, a tied one
+def test_an_adapter_on_a_plain_base_reloads_the_latent_rows_it_trained_with(tokenizer, tmp_path, arch):
+    """A plain LM (no latent markers in its tokenizer) gets the markers' rows from dgrpo; with
+    model.lora.train_latent_tokens false the adapter did not hold them, and a reload gave them the resize's random
+    values: other log-probs than the model that was trained. They are kept beside the adapter."""
+    import copy
+
+    from dgrpo.model.tiny import build_tiny_model
+
+    plain = tmp_path / "plain"
+    build_tiny_model(
+        arch, len(tokenizer), hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64
+    ).save_pretrained(plain)
+    copy.deepcopy(tokenizer).save_pretrained(plain)
+    lm = with_lora(plain, train_latent_tokens=False)
+    assert lm.new_latent_tokens  # (a plain base: dgrpo gave the markers their rows)
+    lm.save_pretrained(tmp_path / "adapter")
+    assert (tmp_path / "adapter" / lora.LATENT_ROWS).is_file()
+    again = LatentLM.from_pretrained(tmp_path / "adapter")
+    ids = [lm.start_id, lm.latent_id, lm.end_id]
+    for get in ("get_input_embeddings", "get_output_embeddings"):
+        assert torch.equal(getattr(again.model, get)().weight[ids], getattr(lm.model, get)().weight[ids])
+    assert torch.equal(logprobs(again), logprobs(lm))
+    with_lora(plain).save_pretrained(tmp_path / "trained-rows")  # the adapter holds them itself
+    assert not (tmp_path / "trained-rows" / lora.LATENT_ROWS).exists()
+
+
 def test_init_takes_an_adapter_checkpoint(base_dirs, tmp_path):
     from dgrpo.model.factory import load_model
 

@@ -14,7 +14,8 @@ wrapper for what only it does (switching adapters, adapter state dicts, merging)
   the start (so the reference is the initial policy, with no second copy of the backbone). Renewal (paper Sec. 4,
   ``grpo.ref_renewal_every``) copies the policy adapter into it: reference = base + the adapter of that moment.
 - Checkpoints hold the policy adapter only (``adapter_model.safetensors``, ``adapter_config.json`` naming the base
-  model), with the tokenizer and ``latent_config.json``; :func:`merge_into_base` gives base + adapters as one plain
+  model), with the tokenizer and ``latent_config.json`` (and ``latent_rows.safetensors``, the latent markers' rows,
+  when the adapter does not train them: a plain base's files lack the rows dgrpo gave them); :func:`merge_into_base` gives base + adapters as one plain
   model (``dgrpo export --merge``). A local base dgrpo wrote is fingerprinted in the adapter's metadata: loading the
   adapter onto other weights at that path is refused (:func:`check_base`); an adapter is never saved over its base.
 """
@@ -47,6 +48,9 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 INSTALL = "LoRA needs the peft package: pip install 'dgrpo[lora]'"
 #: ``adapter_model.safetensors`` metadata: a digest of the local base model's weights when the adapter was saved
 BASE_FINGERPRINT = "dgrpo_base_fingerprint"
+#: the latent markers' embedding rows (input; head when untied) of an adapter that does not train them
+#: (``model.lora.train_latent_tokens: false``): a plain base gave them their first values, which its own files lack
+LATENT_ROWS = "latent_rows.safetensors"
 
 
 def _peft() -> Any:
@@ -180,6 +184,35 @@ def save_adapter(lm: LatentLM, folder: Path) -> None:
     if fingerprint is not None:
         metadata[BASE_FINGERPRINT] = fingerprint
     save_file(adapter_state(lm), str(folder / ADAPTER_WEIGHTS), metadata=metadata)
+    if not lm.peft.peft_config[POLICY].trainable_token_indices:
+        save_file(_marker_rows(lm), str(folder / LATENT_ROWS))
+
+
+def _marker_rows(lm: LatentLM) -> dict[str, Tensor]:
+    """The latent markers' rows of the input embedding and, when untied, of the head (weight and bias)."""
+    ids = [lm.start_id, lm.latent_id, lm.end_id]
+    emb: Any = lm.model.get_input_embeddings()
+    rows = {"input": emb.weight[ids]}
+    head: Any = lm.model.get_output_embeddings()
+    if head is not None and head.weight.data_ptr() != emb.weight.data_ptr():
+        rows["output"] = head.weight[ids]
+        if getattr(head, "bias", None) is not None:
+            rows["output_bias"] = head.bias[ids]
+    return {k: v.detach().clone().contiguous() for k, v in rows.items()}
+
+
+def _set_marker_rows(lm: LatentLM, rows: dict[str, Tensor]) -> None:
+    """Write :func:`_marker_rows`' rows back (an adapter loaded onto its plain base, whose files lack them)."""
+    ids = [lm.start_id, lm.latent_id, lm.end_id]
+    emb: Any = lm.model.get_input_embeddings()
+    head: Any = lm.model.get_output_embeddings()
+    targets = {"input": emb.weight, "output": getattr(head, "weight", None), "output_bias": getattr(head, "bias", None)}
+    with torch.no_grad():
+        for name, value in rows.items():
+            target = targets.get(name)
+            if target is None or target[ids].shape != value.shape:
+                raise CheckpointError(f"{LATENT_ROWS}: {name} rows of shape {tuple(value.shape)} do not fit this model")
+            target[ids] = value.to(target.dtype)
 
 
 def base_directory(lm: LatentLM) -> Path | None:
@@ -267,6 +300,8 @@ def attach_saved_adapter(lm: LatentLM, folder: Path) -> None:
         config.lora_dropout = 0.0  # an adapter trained elsewhere: dropout off, as in every dgrpo forward
     apply_lora(lm, config)
     load_adapter_state(lm, read_adapter(lm, folder), where=str(folder))
+    if (folder / LATENT_ROWS).is_file():
+        _set_marker_rows(lm, load_file(str(folder / LATENT_ROWS)))
 
 
 # ---------------------------------------------------------------------- the reference adapter
