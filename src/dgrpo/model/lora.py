@@ -15,9 +15,10 @@ wrapper for what only it does (switching adapters, adapter state dicts, merging)
   ``grpo.ref_renewal_every``) copies the policy adapter into it: reference = base + the adapter of that moment.
 - Checkpoints hold the policy adapter only (``adapter_model.safetensors``, ``adapter_config.json`` naming the base
   model), with the tokenizer and ``latent_config.json`` (and ``latent_rows.safetensors``, the latent markers' rows,
-  when the adapter does not train them: a plain base's files lack the rows dgrpo gave them); :func:`merge_into_base` gives base + adapters as one plain
-  model (``dgrpo export --merge``). A local base dgrpo wrote is fingerprinted in the adapter's metadata: loading the
-  adapter onto other weights at that path is refused (:func:`check_base`); an adapter is never saved over its base.
+  when the adapter does not train them: a plain base's files lack the rows dgrpo gave them);
+  :func:`merge_into_base` gives base + adapters as one plain model (``dgrpo export --merge``). A local base dgrpo
+  wrote is fingerprinted in the adapter's metadata: loading the adapter onto other weights at that path is refused
+  (:func:`check_base`); an adapter is never saved over its base.
 """
 
 from __future__ import annotations
