@@ -232,6 +232,13 @@ def test_score(completion: str, gold: str | float | int, expected: float) -> Non
         ("#### 0.00", 5.158e-07, 0.0),
         ("#### 0.000002", 2.0107e-06, 1.0),  # 2.0107e-06 rounded to 6 decimals
         ("#### 0.000003", 2.0107e-06, 0.0),
+        # a whole-number gold takes a decimal off it by float noise alone (a program's print), exactly at any size
+        ("#### 3431579.9999999995", 3431580, 1.0),
+        ("#### 3431580.0000000005", 3431580, 1.0),
+        ("#### 5.5", 5, 0.0),
+        ("#### 4.999", 5, 0.0),
+        ("#### 109200001", 109200000, 0.0),
+        ("#### 12345678901234567890.5", 12345678901234567890, 0.0),  # (equal as floats)
     ],
 )
 def test_score_gsm_hard_tolerance(completion: str, gold: float, expected: float) -> None:

@@ -209,8 +209,10 @@ def numbers_match(pred: str, gold: str, decimals: int | None = None) -> bool:
         return False
     if p == g:
         return True
-    if "." not in gold:  # whole-number gold: only the exact integer counts
-        return False
+    if "." not in gold:  # whole-number gold: the integer, or a decimal off it by float noise alone (exactly: no
+        # float rounding at any size), as a program prints it (3431579.9999999995 for 3431580)
+        off = abs(p - g)
+        return "." in pred and off <= Decimal(REL_TOL) * max(abs(p), abs(g)) and off < Decimal(ABS_NOISE_LIMIT)
     pf, gf = float(p), float(g)
     if not (math.isfinite(pf) and math.isfinite(gf)):
         return False
@@ -245,8 +247,9 @@ def score(completion_text: str, gold_answer: Any) -> float:
     is one number such as ``"40,000"``; a boolean is neither and scores 0.0): the number from
     :func:`extract_answer` is compared exactly as decimals, and
 
-    * a whole-number gold (all of GSM8K, SVAMP, MultiArith; most of GSM-Hard) needs exactly that
-      integer: a tolerance never turns an off-by-one on ``109200000`` or a ``5.5`` for ``5`` into a hit;
+    * a whole-number gold (all of GSM8K, SVAMP, MultiArith; most of GSM-Hard) needs that integer, or a decimal off
+      it by float noise alone (a relative ``1e-9``, under ``0.001``: a program's ``3431579.9999999995`` for
+      ``3431580``): a tolerance never turns an off-by-one on ``109200000`` or a ``5.5`` for ``5`` into a hit;
     * a non-integer gold (GSM-Hard, e.g. ``2.3333333333333335``, ``3244047.0999999996``) also accepts
       a prediction within float noise (a relative ``1e-9``, and under ``0.001``), or a nonzero
       prediction written with ``d >= 2`` decimals that equals the gold rounded to ``d`` decimals
