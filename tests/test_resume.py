@@ -69,9 +69,13 @@ def assert_same_run(a, b):
 
 
 @pytest.mark.slow
-def test_sigkill_mid_run_then_resume_is_bit_identical(sft_checkpoint, reference_run, tmp_path):
-    out = tmp_path / "killed"
-    p = subprocess.Popen(cmd(sft_checkpoint, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "kill"])
+def test_a_kill_mid_run_then_resume_is_bit_identical(sft_checkpoint, reference_run, tmp_path, sig):
+    """SIGKILL, or SIGTERM (a job scheduler's stop, which ended the run without a word: it now closes the run and
+    says how to resume, exit 143), then the same command: bit-identical to the run that was never stopped."""
+    out, err = tmp_path / "killed", tmp_path / "stderr.txt"
+    with open(err, "w") as stderr:
+        p = subprocess.Popen(cmd(sft_checkpoint, out), stdout=subprocess.DEVNULL, stderr=stderr)
     kill_after = int(torch.randint(1, 4, (1,)))  # a random step
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -79,8 +83,14 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(sft_checkpoint, reference_
         if m.exists() and sum('"reward_mean"' in x for x in m.read_text().splitlines()) > kill_after:
             break
         time.sleep(0.05)
-    p.send_signal(signal.SIGKILL)
-    p.wait()
+    p.send_signal(sig)
+    assert p.wait() == (-signal.SIGKILL if sig == signal.SIGKILL else 128 + signal.SIGTERM)
+    if sig == signal.SIGTERM:
+        last = err.read_text().strip().splitlines()[-1]
+        assert (
+            last
+            == f"dgrpo: terminated (SIGTERM); the same command resumes from the newest checkpoint in {out}/checkpoints"
+        )
     assert not (out / "final").exists()
     r = run(sft_checkpoint, out)  # the output directory holds checkpoints: resumes automatically
     assert r.returncode == 0, r.stderr[-2000:]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import signal
 import sys
 import warnings
 from collections.abc import Iterator
@@ -50,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ:
+    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
+    if under_torchrun:
         exit_with_launcher()
     from ..config import ConfigError
     from ..data.records import DataError
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..training.run import TrainingStopped
 
     try:
-        with _warnings_as_lines():
+        with _warnings_as_lines(), _sigterm_stops(args.cmd in TRAINING_COMMANDS and not under_torchrun):
             return int(args.func(args))
     except (ConfigError, DataError, CheckpointError, RewardError) as e:
         print(f"dgrpo: error: {e}", file=sys.stderr)
@@ -67,8 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingStopped as e:
         print(f"dgrpo: error: {e}", file=sys.stderr)
         return 1
+    except Terminated:
+        print(f"dgrpo: terminated (SIGTERM){_resume_hint(args)}", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
-        print("dgrpo: interrupted", file=sys.stderr)
+        print(f"dgrpo: interrupted{_resume_hint(args)}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into a reader that stopped (`| head`): quiet, as Unix tools are
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would raise again
@@ -81,6 +86,41 @@ def main(argv: list[str] | None = None) -> int:
 
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
+#: the commands whose runs resume from their checkpoints (and stop cleanly on SIGTERM)
+TRAINING_COMMANDS = ("sft", "grpo")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a job scheduler's stop or preemption) during a training command: raised in the main thread,
+    so that the run closes its metrics, trackers and lock, and says how to go on, as Ctrl-C does."""
+
+
+def _resume_hint(args: argparse.Namespace) -> str:
+    if args.cmd not in TRAINING_COMMANDS:
+        return ""
+    return f"; the same command resumes from the newest checkpoint in {args.out}/checkpoints"
+
+
+@contextmanager
+def _sigterm_stops(on: bool) -> Iterator[None]:
+    """While a training command runs in one process: SIGTERM raises :class:`Terminated` (it ended the process
+    without a word). Not under torchrun, whose workers must die at once when their launcher does: one blocked in a
+    collective would never reach Python's handler."""
+    previous = signal.getsignal(signal.SIGTERM) if on else None
+
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated
+
+    try:
+        if on:
+            signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread (an embedding application): keep the default
+        on = False
+    try:
+        yield
+    finally:
+        if on:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 @contextmanager
