@@ -74,7 +74,9 @@ def explain(start: dict, cfg: Any) -> str | None:
         for k, v in values.items():
             (taken if getattr(getattr(cfg, section), k) == v else changed).append(f"{section}.{k}")
     line = f"dgrpo eval: task, data and dtype settings from the checkpoint's run_config.json ({len(taken)} kept"
-    return line + (f"; overridden: {', '.join(changed)})" if changed else ")")
+    line += f"; overridden: {', '.join(changed)})" if changed else ")"
+    # decoding is the command's own: the run's test sets used the run's eval.* (its config.json has them)
+    return line + "; decoding (eval.*) from this command: --config RUN/config.json for the run's own"
 
 
 def model_label(model: str) -> str:
