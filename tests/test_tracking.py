@@ -372,8 +372,8 @@ def test_the_final_evaluation_is_the_last_row_of_every_sink(sft_checkpoint, tmp_
     cfg = tiny_config(**{"grpo.steps": 1, "grpo.prompts_per_step": 2, "logging.backends": "[jsonl,tensorboard]"})
     lm, seen = LatentLM.from_pretrained(sft_checkpoint), []
 
-    def final_eval(lm_):
-        seen.append(lm_)
+    def final_eval(lm_, best):
+        seen.append((lm_, best))
         # the trainer's optimizer moments and reference model are freed first (they held their memory through the
         # test sets and best/'s load)
         [trainer] = [o for o in gc.get_objects() if type(o) is GRPOTrainer]
@@ -384,7 +384,7 @@ def test_the_final_evaluation_is_the_last_row_of_every_sink(sft_checkpoint, tmp_
     train_grpo(
         lm, cfg, generate_split(cfg.task, "train"), out, progress=False, log=lambda *a: None, final_eval=final_eval
     )
-    assert seen == [lm]
+    assert seen == [(lm, None)]  # (one step, no validation set: no best/)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1] == {"step": 1, "test/x/accuracy": 0.25}
     assert _tb_scalars(out / "tb")["test/x/accuracy"] == [(1, 0.25)]

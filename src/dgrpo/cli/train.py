@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..run_layout import BEST_DIR, CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, results_dir
+from ..run_layout import BEST_DIR, CONFIG_FILE, results_dir
 from .common import (
     add_config_options,
     eval_options,
@@ -152,7 +152,7 @@ def run_sft(args: argparse.Namespace) -> int:
     from ..eval.evaluate import evaluate
     from ..eval.scoring import gold_completions, warn_if_gold_scores_zero
     from ..model.factory import load_model
-    from ..training.sft import last_best_row, train_sft
+    from ..training.sft import train_sft
     from ..training.tracking import check_installed
 
     cfg = record_init(load(args), args.init)
@@ -179,17 +179,9 @@ def run_sft(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
 
-    def test(lm_: Any) -> dict[str, float]:  # final/, then best/ (its epoch: rank 0's rows; evaluate_best shares it)
+    def test(lm_: Any, best_epoch: int | None) -> dict[str, float]:  # final/, then best/ (rank 0's epoch)
         metrics = evaluate_test_sets(lm_, tests, cfg, out, dist)
         if tests and cfg.sft.eval_every_epoch:
-            metrics_file = out / METRICS_FILE
-            rows = (
-                map(json.loads, metrics_file.read_text().splitlines())
-                if dist.is_main and metrics_file.is_file()
-                else []
-            )
-            best = last_best_row(rows)
-            best_epoch = best["best_epoch"] if best else None
             metrics |= evaluate_best(best_epoch, cfg.sft.num_epochs - 1, tests, cfg, out, dist, device)
         return metrics
 
@@ -240,10 +232,9 @@ def run_grpo(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
 
-    def test(lm_: Any) -> dict[str, float]:  # final/, then best/ (its step: rank 0's summary.json)
+    def test(lm_: Any, best_step: int | None) -> dict[str, float]:  # final/, then best/ (rank 0's step)
         metrics = evaluate_test_sets(lm_, tests, cfg, out, dist)
         if tests:
-            best_step = json.loads((out / SUMMARY_FILE).read_text())["best_step"] if dist.is_main else None
             metrics |= evaluate_best(best_step, cfg.grpo.steps, tests, cfg, out, dist, device)
         return metrics
 

@@ -729,7 +729,7 @@ def _finish(run: RunDir, trainer: GRPOTrainer, loop: LoopState, final_eval: Fina
     steps = trainer.cfg.grpo.steps
     trainer.dist.save_model(trainer.lm, run.out_dir / FINAL_DIR)
     summary = _summary(run, loop, steps) if trainer.dist.is_main else {}
-    run.final_eval(final_eval, trainer.lm, steps)
+    run.final_eval(final_eval, trainer.lm, steps, loop.best_step)
     return summary
 
 

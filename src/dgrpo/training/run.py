@@ -47,9 +47,10 @@ from .checkpoint import (
 from .distributed import Dist
 from .tracking import Tracker, describe_backends, open_trackers
 
-#: ``final_eval(lm)`` of :func:`~dgrpo.training.grpo.train_grpo` / :func:`~dgrpo.training.sft.train_sft`: run on the
-#: trained model (every rank) after ``final/`` is written; returns metrics for the run's last row (rank 0's count)
-FinalEval = Callable[[LatentLM], dict[str, float]]
+#: ``final_eval(lm, best)`` of :func:`~dgrpo.training.grpo.train_grpo` / :func:`~dgrpo.training.sft.train_sft`: run
+#: on the trained model (every rank) after ``final/`` is written, with the step (GRPO) or epoch (SFT) that ``best/``
+#: holds (None: none kept; rank 0's counts); returns metrics for the run's last row (rank 0's count)
+FinalEval = Callable[[LatentLM, "int | None"], dict[str, float]]
 
 #: options that change neither the computation nor its results: a resumed run may change them freely. Recomputing
 #: the decoder layers or calls gives the same gradients, bit for bit on CPU (tests/test_recompute.py); keeping the
@@ -545,11 +546,11 @@ class RunDir:
     def rollouts_path(self) -> Path:
         return self.out_dir / ROLLOUTS_FILE
 
-    def final_eval(self, final_eval: FinalEval | None, lm: LatentLM, step: int) -> None:
-        """The run's last metrics row, at ``step``: the metrics ``final_eval(lm)`` returns, called on every rank after
-        ``final/`` (and GRPO's ``summary.json``) is written; rank 0's are logged, to metrics.jsonl and the trackers
-        (still open: a test set's accuracy reaches TensorBoard and W&B too)."""
-        row = final_eval(lm) if final_eval is not None else {}
+    def final_eval(self, final_eval: FinalEval | None, lm: LatentLM, step: int, best: int | None) -> None:
+        """The run's last metrics row, at ``step``: the metrics ``final_eval(lm, best)`` returns, called on every rank
+        after ``final/`` (and GRPO's ``summary.json``) is written; rank 0's are logged, to metrics.jsonl and the
+        trackers (still open: a test set's accuracy reaches TensorBoard and W&B too)."""
+        row = final_eval(lm, best) if final_eval is not None else {}
         if row and self.dist.is_main:
             self.metrics.write({"step": step, **row})
 

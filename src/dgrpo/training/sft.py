@@ -320,7 +320,7 @@ class SFTRun:
             f"dgrpo sft: done in {time.time() - t0:.0f} s; validation accuracy by stage: {accs or 'not evaluated'}; "
             f"final stage {s.stage} ({s.n_latent} latent thoughts){kept}; {self.guard.skips} non-finite steps skipped"
         )
-        self.run.final_eval(final_eval, self.lm, self.prog.global_step)
+        self.run.final_eval(final_eval, self.lm, self.prog.global_step, best["best_epoch"] if best else None)
 
     def save(self, epoch: int, batch: int) -> None:
         """Resumable state: run epoch ``epoch`` from batch ``batch`` next (replicated weights: rank 0 writes)."""
