@@ -238,17 +238,22 @@ def init_new_embeddings(model: PreTrainedModel, ids: list[int], n_real: int, cop
     the new tokens' logits the average logit, so they are neither favoured nor suppressed).
     """
 
-    def new_rows(w: Tensor) -> Tensor:  # (a copy: the rows written and the row read share the tensor's memory)
-        return w[copy_of].clone() if copy_of is not None else w[:n_real].mean(0, keepdim=True)
-
     with torch.no_grad():
-        emb = input_embedding_weight(model)
-        emb[ids] = new_rows(emb)
-        out: Any = model.get_output_embeddings()
-        if out is not None and out.weight.data_ptr() != emb.data_ptr():
-            out.weight[ids] = new_rows(out.weight)
-            if getattr(out, "bias", None) is not None:
-                out.bias[ids] = new_rows(out.bias)
+        for w in token_tables(model).values():  # (a copy of the row read: the rows written share its memory)
+            w[ids] = w[copy_of].clone() if copy_of is not None else w[:n_real].mean(0, keepdim=True)
+
+
+def token_tables(model: PreTrainedModel) -> dict[str, Tensor]:
+    """Where a token's rows live: the input embedding (``input``) and, when untied, the head's weight (``output``)
+    and bias (``output_bias``)."""
+    emb = input_embedding_weight(model)
+    tables = {"input": emb}
+    out: Any = model.get_output_embeddings()
+    if out is not None and out.weight.data_ptr() != emb.data_ptr():
+        tables["output"] = out.weight
+        if getattr(out, "bias", None) is not None:
+            tables["output_bias"] = out.bias
+    return tables
 
 
 def coconut_init_row(tokenizer: PreTrainedTokenizerBase, n_real: int) -> int | None:

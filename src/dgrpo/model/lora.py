@@ -190,24 +190,19 @@ def save_adapter(lm: LatentLM, folder: Path) -> None:
 
 
 def _marker_rows(lm: LatentLM) -> dict[str, Tensor]:
-    """The latent markers' rows of the input embedding and, when untied, of the head (weight and bias)."""
+    """The latent markers' rows of each table a token's rows live in (:func:`~dgrpo.model.latent_lm.token_tables`)."""
+    from .latent_lm import token_tables
+
     ids = [lm.start_id, lm.latent_id, lm.end_id]
-    emb: Any = lm.model.get_input_embeddings()
-    rows = {"input": emb.weight[ids]}
-    head: Any = lm.model.get_output_embeddings()
-    if head is not None and head.weight.data_ptr() != emb.weight.data_ptr():
-        rows["output"] = head.weight[ids]
-        if getattr(head, "bias", None) is not None:
-            rows["output_bias"] = head.bias[ids]
-    return {k: v.detach().clone().contiguous() for k, v in rows.items()}
+    return {name: t[ids].detach().clone().contiguous() for name, t in token_tables(lm.model).items()}
 
 
 def _set_marker_rows(lm: LatentLM, rows: dict[str, Tensor]) -> None:
     """Write :func:`_marker_rows`' rows back (an adapter loaded onto its plain base, whose files lack them)."""
+    from .latent_lm import token_tables
+
     ids = [lm.start_id, lm.latent_id, lm.end_id]
-    emb: Any = lm.model.get_input_embeddings()
-    head: Any = lm.model.get_output_embeddings()
-    targets = {"input": emb.weight, "output": getattr(head, "weight", None), "output_bias": getattr(head, "bias", None)}
+    targets = token_tables(lm.model)
     with torch.no_grad():
         for name, value in rows.items():
             target = targets.get(name)
