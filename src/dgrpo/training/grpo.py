@@ -33,7 +33,6 @@ from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, GRPOConfig, to_dict
 from ..data.records import Record, fingerprint
-from ..eval.evaluate import warn_if_questions_cut
 from ..eval.scoring import RewardPart, Rewards, ScoreFn, build_rewards, final_answer_text
 from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
 from ..model.kernels import apply_kernels
@@ -68,6 +67,7 @@ from .run import (
     check_run_inputs,
     check_trainer_inputs,
     sharded_accuracy,
+    warn_if_training_questions_cut,
     weights_finite,
 )
 from .schedules import beta_at, lr_at
@@ -78,8 +78,7 @@ def _warn_at_start(lm: LatentLM, cfg: Config, train: list[Record]) -> None:
     questions cut to ``data.max_question_tokens``."""
     for line in cfg.inert_settings():
         warnings.warn(line, stacklevel=3)
-    questions = list(dict.fromkeys(r.question for r in train))
-    warn_if_questions_cut(lm, questions, cfg.data.max_question_tokens, "training", check_at_most=1000)
+    warn_if_training_questions_cut(lm, cfg, train)
 
 
 def agree_on_kept(n_kept_local: int, n_tokens_local: int, dist: Dist) -> tuple[int, int]:
@@ -647,7 +646,7 @@ def train_grpo(
     lm.settings.chat_template |= cfg.data.chat_template  # on for a model trained without it (a trained one keeps it)
     trainer = GRPOTrainer(lm, cfg, train, dist=dist, reward_fn=reward_fn)
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
-    lm.run_config = to_dict(cfg)  # final/ and best/ carry the config that produced them
+    lm.run_config = to_dict(cfg)  # final/ and best/ carry the config (and the task) that produced them
     with RunDir(out_dir, cfg, dist, "grpo", resume=resume, allow_config_change=allow_config_change, log=log) as run:
         loop = _resume(run, trainer)
         evaluate = _periodic_eval(run, trainer, loop, valid or {}, evaluate_fn)

@@ -21,6 +21,7 @@ from typing import IO, Any
 
 from ..config import Config, ConfigError, to_dict
 from ..data.records import Record
+from ..eval.evaluate import warn_if_questions_cut
 from ..model.latent_lm import RUN_CONFIG_FILE, LatentLM, on_disk
 from ..model.verified import MANIFEST, RESUMABLE_STATE, CheckpointError
 from ..run_layout import (
@@ -188,6 +189,13 @@ def check_trainer_inputs(lm: object, cfg: Config, train: list[Record], what: str
     if not isinstance(train, list) or not train or not all(isinstance(r, Record) for r in train):
         got = f"a list of {len(train)}" if isinstance(train, list) else type(train).__name__
         raise ValueError(f"{what}: train must be a non-empty list of dgrpo Records, got {got}")
+
+
+def warn_if_training_questions_cut(lm: LatentLM, cfg: Config, train: list[Record]) -> None:
+    """:func:`~dgrpo.eval.evaluate.warn_if_questions_cut` for a training set: 1000 of its distinct questions, evenly
+    spaced (SFT's and GRPO's start)."""
+    questions = list(dict.fromkeys(r.question for r in train))
+    warn_if_questions_cut(lm, questions, cfg.data.max_question_tokens, "training", check_at_most=1000)
 
 
 def check_dtype(lm: LatentLM, cfg: Config, what: str) -> None:

@@ -25,7 +25,6 @@ from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, to_dict
 from ..data.records import Record, fingerprint
-from ..eval.evaluate import warn_if_questions_cut
 from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
 from ..model.latent_lm import LatentLM, LatentSettings
 from ..model.sources import on_for_device
@@ -40,6 +39,7 @@ from .run import (
     RunDir,
     check_run_inputs,
     sharded_accuracy,
+    warn_if_training_questions_cut,
     weights_finite,
 )
 from .schedules import constant_lr_at, lr_at
@@ -427,11 +427,10 @@ def _prepare(
         raise ConfigError(
             f"sft.batch_size: {cfg.sft.batch_size} examples cannot be shared by {dist.world_size} processes"
         )
-    lm.run_config = to_dict(cfg)  # stage-K/ and final/ carry the config that produced them
+    lm.run_config = to_dict(cfg)  # stage-K/ and final/ carry the config (and the task) that produced them
     lm.settings.chat_template = cfg.data.chat_template  # how questions are prompted, from the first step on
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
-    questions = list(dict.fromkeys(r.question for r in train))
-    warn_if_questions_cut(lm, questions, cfg.data.max_question_tokens, "training", check_at_most=1000)
+    warn_if_training_questions_cut(lm, cfg, train)
     # the last stage's latent thoughts alone must fit (each batch checks its own questions and targets too)
     lm.check_fits(2, final_settings(cfg).n_latent, 1, key="sft.c_thought", target_key="data.max_target_tokens")
     return dist
