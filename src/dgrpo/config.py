@@ -190,6 +190,13 @@ class ModelConfig:
         "builtin-tiny",
         "HF model id or local directory; 'builtin-tiny' builds the tiny from-scratch model of the built-in task",
     )
+    revision: str = opt(
+        "",
+        "the hub revision of a hub id (a branch, tag or commit hash, as from_pretrained's revision=): pin a commit "
+        "to make a run reproducible; empty: the repository's default branch. For the model loaded from the hub "
+        "(model.name_or_path, or --init / dgrpo eval --model when that is a hub id); local directories ignore it. "
+        "A LoRA adapter records it (adapter_config.json's revision, PEFT's field) and loads its base at it",
+    )
     arch: Arch = opt(
         "qwen2",
         "architecture of the built-in tiny model: the Hugging Face Qwen2, Llama or GPT-2 blocks (qwen2, llama, gpt2)",

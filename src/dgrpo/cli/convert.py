@@ -53,6 +53,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--stage", type=int, metavar="K", help="curriculum stage recorded in latent_config.json (default: inferred)"
     )
+    p.add_argument(
+        "--revision", default=None, help="the hub revision (branch, tag or commit) of a hub id --base (default: main)"
+    )
     p.add_argument("--trust-remote-code", action="store_true", help="allow the base model's own code (hub models)")
     p.set_defaults(func=run_import)
 
@@ -112,7 +115,7 @@ def run_export(args: argparse.Namespace) -> int:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(args.dtype)
     lm = LatentLM.from_pretrained(src, dtype=torch.float32, trust_remote_code=args.trust_remote_code)
     lora.merge_into_base(lm)
-    lm.to(dtype or base_dtype(lora.adapter_base(src), args.trust_remote_code))
+    lm.to(dtype or base_dtype(lora.adapter_base(src), args.trust_remote_code, lora.adapter_base_revision(src)))
     lm.save_pretrained(args.out)
     print(f"wrote {args.out} (base {lora.adapter_base(src)} + adapter {src}, merged; {next(lm.parameters()).dtype})")
     return 0
@@ -140,6 +143,7 @@ def run_import(args: argparse.Namespace) -> int:
         stage=args.stage,
         max_latent_stage=args.max_latent_stage,
         trust_remote_code=args.trust_remote_code,
+        revision=args.revision,
     )
     settings = json.loads((out / LATENT_CONFIG_FILE).read_text())
     print(f"wrote {out}")
@@ -147,15 +151,16 @@ def run_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def base_dtype(name: str, trust_remote_code: bool) -> torch.dtype:
-    """The dtype a base model's config.json states (float32 when it states none)."""
+def base_dtype(name: str, trust_remote_code: bool, revision: str | None = None) -> torch.dtype:
+    """The dtype a base model's config.json states (float32 when it states none); a hub id's at ``revision``."""
     import torch
     from transformers import AutoConfig
 
     from ..model.sources import resolve_model_source
 
-    source, local_only = resolve_model_source(name)
-    config = AutoConfig.from_pretrained(source, local_files_only=local_only, trust_remote_code=trust_remote_code)
+    source, local_only = resolve_model_source(name, revision)
+    at = {"revision": revision} if revision else {}  # (a local directory ignores it)
+    config = AutoConfig.from_pretrained(source, local_files_only=local_only, trust_remote_code=trust_remote_code, **at)
     stated = getattr(config, "dtype", None)
     if isinstance(stated, str):
         stated = getattr(torch, stated, None)

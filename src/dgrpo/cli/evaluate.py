@@ -79,16 +79,17 @@ def explain(start: dict, cfg: Any) -> str | None:
     return line + "; decoding (eval.*) from this command: --config RUN/config.json for the run's own"
 
 
-def model_label(model: str) -> str:
+def model_label(model: str, revision: str | None = None) -> str:
     """How results name the model evaluated: a local checkpoint's absolute directory (a run directory's final/, a
-    resumable checkpoint's model/), else ``--model`` as given (a hub id)."""
+    resumable checkpoint's model/), else ``--model`` as given (a hub id), with ``@commit`` when it was read from the
+    hub at that ``revision``."""
     from ..model.factory import resolve_checkpoint
     from ..model.verified import CheckpointError
 
     try:
         return str(resolve_checkpoint(model).resolve())
     except CheckpointError:  # not a local checkpoint
-        return model
+        return f"{model}@{revision}" if revision else model
 
 
 def dataset_label(data: str, split: str | None) -> str:
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     prompt_settings(lm, cfg)
     name = dataset_label(args.data, args.split)
     r = evaluate(lm, recs, dataset=name, plain=e.plain, shots=e.shots, limit=e.limit, **options)
-    r.model = model_label(args.model)
+    r.model = model_label(args.model, lm.revision)
     write_results(r, Path(args.out))
     print(json.dumps(r.summary()))
     return 0

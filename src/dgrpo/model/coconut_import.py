@@ -181,15 +181,23 @@ def choose_settings(
     return LatentSettings(mode="cot", c_thought=c_thought, stage=0, n_latent=0, markers=False)
 
 
-def build_base(base: str, trust_remote_code: bool) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, list[str]]:
+def build_base(
+    base: str, trust_remote_code: bool, revision: str | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, list[str]]:
     """An untrained model of ``base``'s architecture (config only), its tokenizer with the Coconut tokens added,
-    and the tokens that were added (all three for a plain base model)."""
+    and the tokens that were added (all three for a plain base model). ``revision``: a hub id's branch, tag or
+    commit."""
     local_only = Path(base).expanduser().exists()  # a base directory needs no weights: only its config and tokenizer
-    if not local_only:  # a mistyped local path is one line, an unreachable hub too (not ~30 s of the hub's retries)
-        base, local_only = resolve_model_source(base)
+    if local_only:
+        revision = None
+    else:  # a mistyped local path is one line, an unreachable hub too (not ~30 s of the hub's retries)
+        base, local_only = resolve_model_source(base, revision)
+    at = {"revision": revision} if revision else {}
     try:
-        config = AutoConfig.from_pretrained(base, trust_remote_code=trust_remote_code, local_files_only=local_only)
-        tokenizer = load_tokenizer(base, trust_remote_code=trust_remote_code, local_files_only=local_only)
+        config = AutoConfig.from_pretrained(
+            base, trust_remote_code=trust_remote_code, local_files_only=local_only, **at
+        )
+        tokenizer = load_tokenizer(base, trust_remote_code, local_only, revision)
     except CheckpointError:
         raise
     except (OSError, ValueError) as e:
@@ -260,14 +268,16 @@ def import_coconut(
     stage: int | None = None,
     max_latent_stage: int | None = None,
     trust_remote_code: bool = False,
+    revision: str | None = None,
 ) -> Path:
     """Write ``out``, a dgrpo checkpoint directory, from the official Coconut checkpoint ``ckpt`` over ``base``.
 
-    ``base`` is the hub id or local directory the Coconut run started from (its ``model_id``); only its config
-    and tokenizer are read. A Coconut-stage checkpoint gets ``LatentSettings(mode="coconut", c_thought, stage,
-    n_latent)`` (see :func:`coconut_settings`); a CoT-stage checkpoint (no latent-token rows) is imported as
-    ``mode="cot"``, its latent rows initialised as run.py does, and takes no ``n_latent`` / ``stage`` /
-    ``max_latent_stage``. Every problem is a one-line :class:`CheckpointError`; nothing is written then.
+    ``base`` is the hub id or local directory the Coconut run started from (its ``model_id``; a hub id at
+    ``revision``, None: its default branch); only its config and tokenizer are read. A Coconut-stage checkpoint
+    gets ``LatentSettings(mode="coconut", c_thought, stage, n_latent)`` (see :func:`coconut_settings`); a CoT-stage
+    checkpoint (no latent-token rows) is imported as ``mode="cot"``, its latent rows initialised as run.py does, and
+    takes no ``n_latent`` / ``stage`` / ``max_latent_stage``. Every problem is a one-line
+    :class:`CheckpointError`; nothing is written then.
     """
     ckpt, out = Path(ckpt), Path(out)
     if out.exists() and not out.is_dir():
@@ -275,7 +285,7 @@ def import_coconut(
     if out.exists() and any(out.iterdir()):
         raise _error(f"output directory {out} exists and is not empty")
     sd, wrapped, wrapper_emb = unwrap(read_state_dict(ckpt), ckpt)
-    model, tokenizer, added = build_base(base, trust_remote_code)
+    model, tokenizer, added = build_base(base, trust_remote_code, revision)
     emb_key = param_key(model, model.get_input_embeddings())
     if emb_key not in sd:
         raise _error(f"{ckpt}: no input embedding {emb_key!r} for the base model of {base!r} (keys: {_few(list(sd))})")

@@ -66,13 +66,15 @@ def load_model(
         lm = build_builtin(model_cfg, task_cfg, seed)
         lm.to(dtype)
     else:
-        source, local_only = resolve_model_source(str(name))
+        revision = model_cfg.revision or None
+        source, local_only = resolve_model_source(str(name), revision)
         lm = LatentLM.from_pretrained(
             source,
             dtype=dtype,
             trust_remote_code=model_cfg.trust_remote_code,
             local_files_only=local_only,
             latent_token_init=model_cfg.latent_token_init,
+            revision=revision,
         )
     if training:
         configure_lora(lm, model_cfg.lora)

@@ -375,7 +375,7 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "*.model", "*.ti
 
 
 def load_tokenizer(
-    path: str, trust_remote_code: bool = False, local_files_only: bool = False
+    path: str, trust_remote_code: bool = False, local_files_only: bool = False, revision: str | None = None
 ) -> PreTrainedTokenizerBase:
     """AutoTokenizer, except that a plain ``tokenizers`` file (our built-in tokenizer) is loaded as is
     (AutoTokenizer would otherwise pick the model type's tokenizer class and its decoder). A local directory without
@@ -393,7 +393,10 @@ def load_tokenizer(
         "PreTrainedTokenizerFast",
     ):
         return PreTrainedTokenizerFast.from_pretrained(path)
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=local_files_only)
+    at = {"revision": revision} if revision else {}  # a hub id's revision (a directory has none)
+    return AutoTokenizer.from_pretrained(
+        path, trust_remote_code=trust_remote_code, local_files_only=local_files_only, **at
+    )
 
 
 def _read_latent_files(folder: Path) -> tuple[LatentSettings, dict | None]:
@@ -412,9 +415,15 @@ def _read_latent_files(folder: Path) -> tuple[LatentSettings, dict | None]:
 
 
 def load_hf_model(
-    path: str, dtype: torch.dtype | None, trust_remote_code: bool = False, local_files_only: bool = False
+    path: str,
+    dtype: torch.dtype | None,
+    trust_remote_code: bool = False,
+    local_files_only: bool = False,
+    revision: str | None = None,
 ) -> PreTrainedModel:
-    """``AutoModelForCausalLM`` from safetensors, strictly: a missing or wrong-shape tensor is a CheckpointError."""
+    """``AutoModelForCausalLM`` from safetensors, strictly: a missing or wrong-shape tensor is a CheckpointError.
+    ``revision``: a hub id's branch, tag or commit (None: its default branch)."""
+    at = {"revision": revision} if revision else {}
     try:
         loaded: Any = AutoModelForCausalLM.from_pretrained(
             path,
@@ -426,6 +435,7 @@ def load_hf_model(
             # would wait ~25 s for that lookup's retries on a machine without network)
             adapter_kwargs={"local_files_only": True} if local_files_only else None,
             output_loading_info=True,
+            **at,
         )
     except Exception as e:  # noqa: BLE001
         folder = Path(path)
@@ -504,6 +514,7 @@ class LatentLM(nn.Module):
         self.question_prefix = bos_prefix(tokenizer)
         self.run_config: dict | None = None  # the training config that produced this model (run_config.json)
         self.name_or_path: str | None = None  # where the weights came from (a directory or hub id; None: built here)
+        self.revision: str | None = None  # the hub revision name_or_path was loaded at (None: a directory, or main)
         self.peft: Any = None  # PEFT's wrapper when LoRA adapters are on (dgrpo.model.lora), not a sub-module
         #: the fast engine's decoders kept from one batch to the next, by purpose (dgrpo.model.fixed_shape)
         self.kept_decoders = KeptDecoders()
@@ -541,39 +552,48 @@ class LatentLM(nn.Module):
         trust_remote_code: bool = False,
         local_files_only: bool = False,
         latent_token_init: LatentTokenInit = "mean",
+        revision: str | None = None,
     ) -> LatentLM:
-        """Load a checkpoint directory (or a hub id): weights from safetensors only, every tensor present with its
-        shape (a directory dgrpo wrote is first verified against its manifest). A LoRA adapter directory loads its
-        base model (``adapter_config.json`` names it) with the adapter on top. Any problem is one
-        :class:`CheckpointError` line. ``latent_token_init``: how a base model's new latent markers start (mean, or
-        coconut: copies of ``<<``'s rows)."""
-        local = on_disk(path)
+        """Load a checkpoint directory (or a hub id, at ``revision``: a branch, tag or commit; a directory ignores
+        it): weights from safetensors only, every tensor present with its shape (a directory dgrpo wrote is first
+        verified against its manifest). A LoRA adapter directory loads its base model (``adapter_config.json`` names
+        it, and the revision) with the adapter on top. Any problem is one :class:`CheckpointError` line.
+        ``latent_token_init``: how a base model's new latent markers start (mean, or coconut: copies of ``<<``'s
+        rows)."""
+        local, hub = on_disk(path), False
         # a run directory means its final/; a missing path is one line (not the hub's "Repo id must be" error)
         if local.exists() or str(path).startswith(("/", ".", "~")):
             local = resolve_checkpoint(local)
-            path = str(local.resolve())
-        elif not local_files_only:  # a hub id (or a relative path shaped like one): as the command line resolves it
-            from .sources import resolve_model_source
+            path, revision = str(local.resolve()), None
+        else:  # a hub id (or a relative path shaped like one): as the command line resolves it
+            from .sources import hub_snapshot, resolve_model_source
 
-            path, local_files_only = resolve_model_source(str(path))
+            if not local_files_only:
+                path, local_files_only = resolve_model_source(str(path), revision)
+            # its small files (latent settings, run config, tokenizer, adapter): read as a directory's would be
+            local, hub = hub_snapshot(str(path), revision, local_files_only), True
+            revision = local.name  # the commit they are from: the weights come from the same one
         adapter = (local / ADAPTER_CONFIG_FILE).is_file()
         if (local / SHARDED_DIR).is_dir() and not (
             (local / SAFETENSORS).is_file() or (local / SAFETENSORS_INDEX).is_file()
         ):
             raise CheckpointError(f"{local} holds FSDP shards (fsdp: sharded): dgrpo consolidate {local} first")
-        check_intact(local, ADAPTER_FILES if adapter else MODEL_FILES)
+        if not hub:  # (a hub snapshot lacks the weights until from_pretrained fetches them: the hub checks its files)
+            check_intact(local, ADAPTER_FILES if adapter else MODEL_FILES)
         if adapter:
             return cls._from_adapter_dir(local, dtype, device, trust_remote_code)
         try:
-            tok = load_tokenizer(str(path), trust_remote_code=trust_remote_code, local_files_only=local_files_only)
+            # custom tokenizer code is not among the snapshot's files: transformers fetches it with the hub id
+            tok_from, tok_at = (str(path), revision) if hub and trust_remote_code else (str(local), None)
+            tok = load_tokenizer(tok_from, trust_remote_code, local_files_only, tok_at)
             settings, run_config = _read_latent_files(local)
         except CheckpointError:
             raise
         except Exception as e:  # noqa: BLE001 - a damaged directory fails in many ways; each is one line for the user
             raise CheckpointError(f"cannot load the model {path}: {one_line(e)}") from None
-        model = load_hf_model(str(path), dtype, trust_remote_code, local_files_only)
+        model = load_hf_model(str(path), dtype, trust_remote_code, local_files_only, revision)
         lm = cls._built(model, tok, settings, str(path), latent_token_init)
-        lm.run_config, lm.name_or_path = run_config, str(path)
+        lm.run_config, lm.name_or_path, lm.revision = run_config, str(path), revision
         if device is not None:
             lm.to(device)
         return lm
@@ -586,9 +606,9 @@ class LatentLM(nn.Module):
         from . import lora
         from .sources import resolve_model_source
 
-        named = lora.adapter_base(folder)
+        named, revision = lora.adapter_base(folder), lora.adapter_base_revision(folder)
         try:
-            base, local_only = resolve_model_source(named)
+            base, local_only = resolve_model_source(named, revision)
         except CheckpointError as e:  # the base moved or is not at hand: say it is the adapter's base
             raise CheckpointError(
                 f"LoRA adapter {folder}: its base model cannot be loaded ({e}); the base is named by "
@@ -602,8 +622,9 @@ class LatentLM(nn.Module):
             settings, run_config = _read_latent_files(folder)
         except Exception as e:  # noqa: BLE001
             raise CheckpointError(f"cannot load the adapter checkpoint {folder}: {one_line(e)}") from None
-        lm = cls._built(load_hf_model(base, dtype, trust_remote_code, local_only), tok, settings, str(folder))
-        lm.run_config, lm.name_or_path = run_config, base
+        model = load_hf_model(base, dtype, trust_remote_code, local_only, revision)
+        lm = cls._built(model, tok, settings, str(folder))
+        lm.run_config, lm.name_or_path, lm.revision = run_config, base, revision
         lora.attach_saved_adapter(lm, folder)
         if device is not None:
             lm.to(device)

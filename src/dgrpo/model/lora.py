@@ -144,6 +144,7 @@ def apply_lora(lm: LatentLM, cfg: LoraConfig | Any) -> None:
                 f"({one_line(e)[:300]})"
             ) from None
     wrapper.peft_config[POLICY].base_model_name_or_path = lm.name_or_path  # a hub id, or an absolute directory
+    wrapper.peft_config[POLICY].revision = lm.revision  # the hub commit the base was loaded at (None: a directory)
     object.__setattr__(lm, "peft", wrapper)  # not a registered sub-module: lm.model holds the same parameters
 
 
@@ -284,6 +285,15 @@ def adapter_base(folder: Path) -> str:
     if not base:
         raise CheckpointError(f"{folder}: {ADAPTER_CONFIG} names no base model (base_model_name_or_path)")
     return str(base)
+
+
+def adapter_base_revision(folder: Path) -> str | None:
+    """The hub revision of the base an adapter directory names (PEFT's ``revision``; None: none recorded)."""
+    try:
+        revision = json.loads((folder / ADAPTER_CONFIG).read_text()).get("revision")
+    except (OSError, ValueError):
+        return None
+    return str(revision) if revision else None
 
 
 def attach_saved_adapter(lm: LatentLM, folder: Path) -> None:

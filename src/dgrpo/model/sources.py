@@ -8,12 +8,13 @@ unreachable hub fails at once with one line (no 50 s of retries).
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import torch
 
 from ..hub import hub_reachable, offline_requested
 from .latent_lm import on_disk, resolve_checkpoint
-from .verified import CheckpointError
+from .verified import CheckpointError, one_line
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "gpt2", "Qwen/Qwen2.5-1.5B"
 
@@ -36,18 +37,23 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or name.endswith("/") or not HUB_ID.match(name)
 
 
-def resolve_hub_model(name: str) -> tuple[str, bool]:
-    """(name, local_files_only) for a hub id: the cached copy when the hub cannot be reached or offline mode is
-    asked for (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``, read now, as the dataset loaders read theirs), else
-    the hub. One CheckpointError line when neither works."""
+def resolve_hub_model(name: str, revision: str | None = None) -> tuple[str, bool]:
+    """(name, local_files_only) for a hub id (at ``revision``: a branch, tag or commit; None: the default branch):
+    the cached copy when the hub cannot be reached or offline mode is asked for (``HF_HUB_OFFLINE`` /
+    ``TRANSFORMERS_OFFLINE``, read now, as the dataset loaders read theirs), else the hub. One CheckpointError line
+    when neither works."""
     from huggingface_hub import constants, try_to_load_from_cache
 
-    cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
+    cached = any(  # a model, or a LoRA adapter
+        isinstance(try_to_load_from_cache(name, file, revision=revision), str)
+        for file in ("config.json", "adapter_config.json")
+    )
+    what = f"model {name!r}" + (f" at revision {revision!r}" if revision else "")
     if offline_requested("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         if cached:
             return name, True
         raise CheckpointError(
-            f"model {name!r}: not a local directory, and HF_HUB_OFFLINE is set but the model is not in the "
+            f"{what}: not a local directory, and HF_HUB_OFFLINE is set but the model is not in the "
             f"Hugging Face cache ({constants.HF_HUB_CACHE})"
         )
     if hub_reachable():
@@ -55,17 +61,50 @@ def resolve_hub_model(name: str) -> tuple[str, bool]:
     if cached:
         return name, True
     raise CheckpointError(
-        f"model {name!r}: not a local directory, not in the Hugging Face cache, and the hub ({constants.ENDPOINT}) "
+        f"{what}: not a local directory, not in the Hugging Face cache, and the hub ({constants.ENDPOINT}) "
         f"cannot be reached (no network?); download it where there is network, or point to a local copy "
         f"(HF_HUB_ETAG_TIMEOUT / HF_HUB_DOWNLOAD_TIMEOUT set the hub's timeouts in seconds)"
     )
 
 
-def resolve_model_source(name: str) -> tuple[str, bool]:
-    """(what to pass to ``from_pretrained``, local_files_only) for a model name: a checkpoint path or a hub id."""
+#: what :func:`hub_snapshot` fetches of a hub repository before the weights: configs (dgrpo's latent_config.json,
+#: run_config.json and manifest.json among them), tokenizer files, and a LoRA adapter's own weights
+SMALL_FILES = (
+    "*.json",
+    "*.txt",
+    "*.model",
+    "*.tiktoken",
+    "tokenizer*",
+    "adapter_model.safetensors",
+    "latent_rows.safetensors",
+)
+
+
+def hub_snapshot(name: str, revision: str | None, local_files_only: bool) -> Path:
+    """The local folder (in the Hugging Face cache) of a hub id's files at ``revision``, holding
+    :data:`SMALL_FILES` (not the model's weights, which ``from_pretrained`` fetches into the same folder). Its name
+    is the commit the revision points to. A dgrpo checkpoint uploaded to the hub is read as its directory would be:
+    its latent settings, run config and LoRA adapter files come from here. One CheckpointError line when the
+    repository or revision is not there."""
+    from huggingface_hub import snapshot_download
+
+    what = f"model {name!r}" + (f" at revision {revision!r}" if revision else "")
+    try:
+        folder = snapshot_download(
+            name, revision=revision, allow_patterns=list(SMALL_FILES), local_files_only=local_files_only
+        )
+    except Exception as e:  # noqa: BLE001 - the hub's errors (not found, gated, revision, cache) are one line each
+        where = "in the Hugging Face cache" if local_files_only else "on the hub"
+        raise CheckpointError(f"{what}: cannot be read {where}: {one_line(e)}") from None
+    return Path(folder)
+
+
+def resolve_model_source(name: str, revision: str | None = None) -> tuple[str, bool]:
+    """(what to pass to ``from_pretrained``, local_files_only) for a model name: a checkpoint path, or a hub id (at
+    ``revision``; a path has none, and ignores it)."""
     p = on_disk(name)
     if p.exists():
         return str(resolve_checkpoint(p)), True
     if _looks_like_path(name):
         raise CheckpointError(f"checkpoint directory not found: {p}")
-    return resolve_hub_model(name)
+    return resolve_hub_model(name, revision)

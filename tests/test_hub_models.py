@@ -1,0 +1,124 @@
+"""Models named by a hub id, served here from a Hugging Face cache built in a temporary folder (offline): a dgrpo
+checkpoint uploaded to the hub loads as its directory does, ``model.revision`` picks the revision, and a LoRA
+adapter on a hub base records the commit it trained on and reloads its base there."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from dgrpo.config import Config, LoraConfig
+from dgrpo.model.factory import load_model
+from dgrpo.model.latent_lm import LatentLM, LatentSettings
+from dgrpo.model.verified import CheckpointError
+
+from conftest import make_lm
+
+REPO = "tiny-org/latent-model"
+#: two commits of REPO: "main" points to the newer, the tag "v1" to the older (other weights, other settings)
+OLD, NEW = "1" * 40, "2" * 40
+
+
+def snapshot(cache, commit):
+    return cache / f"models--{REPO.replace('/', '--')}" / "snapshots" / commit
+
+
+@pytest.fixture
+def hub_cache(tokenizer, tmp_path, monkeypatch):
+    """The cache: OLD (seed 0, T = 2, its run config) and NEW (seed 1, T = 3), HF_HUB_OFFLINE set."""
+    import huggingface_hub
+
+    cache = tmp_path / "hub"
+    for commit, seed, n_latent in ((OLD, 0, 2), (NEW, 1, 3)):
+        lm = make_lm(tokenizer, seed=seed)
+        lm.settings = LatentSettings(n_latent=n_latent)
+        lm.run_config = {"seed": seed}
+        lm.save_pretrained(snapshot(cache, commit))
+    refs = snapshot(cache, OLD).parent.parent / "refs"
+    refs.mkdir()
+    (refs / "main").write_text(NEW)
+    (refs / "v1").write_text(OLD)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+def first_weight(lm):
+    return next(lm.model.parameters()).detach().clone()
+
+
+def test_a_dgrpo_checkpoint_on_the_hub_loads_its_latent_settings_and_run_config(hub_cache):
+    """latent_config.json and run_config.json are read from the hub as from a directory (they were not: T = 0, no
+    run config)."""
+    lm = LatentLM.from_pretrained(REPO)
+    local = LatentLM.from_pretrained(snapshot(hub_cache, NEW))
+    assert lm.settings == local.settings and lm.settings.n_latent == 3
+    assert lm.run_config == {"seed": 1}
+    assert lm.name_or_path == REPO and lm.revision == NEW  # the commit "main" pointed to
+    assert torch.equal(first_weight(lm), first_weight(local))
+
+
+def test_model_revision_picks_the_branch_tag_or_commit(hub_cache):
+    cfg = Config()
+    cfg.model.name_or_path = REPO
+    at = {}
+    for revision in ("", "main", "v1", OLD):
+        cfg.model.revision = revision
+        at[revision] = load_model(cfg.model, cfg.task, training=False)
+    assert at[""].revision == at["main"].revision == NEW and at["v1"].revision == at[OLD].revision == OLD
+    assert at["v1"].settings.n_latent == 2 and at["main"].settings.n_latent == 3
+    assert torch.equal(first_weight(at["v1"]), first_weight(LatentLM.from_pretrained(snapshot(hub_cache, OLD))))
+    assert not torch.equal(first_weight(at["v1"]), first_weight(at["main"]))
+    cfg.model.revision = "v2"
+    with pytest.raises(CheckpointError, match=r"model 'tiny-org/latent-model' at revision 'v2': .*not in the Hugging"):
+        load_model(cfg.model, cfg.task, training=False)
+
+
+def test_a_local_directory_ignores_the_revision(hub_cache):
+    cfg = Config()
+    cfg.model.revision = "v1"
+    lm = load_model(cfg.model, cfg.task, init=str(snapshot(hub_cache, NEW)), training=False)
+    assert lm.settings.n_latent == 3 and lm.revision is None
+
+
+def test_an_adapter_on_a_hub_base_records_its_commit_and_reloads_the_base_there(hub_cache, tmp_path):
+    """PEFT's ``revision`` field holds the commit the base was loaded at; the reload takes the base from that commit
+    even after "main" moved on."""
+    pytest.importorskip("peft")
+    from dgrpo.model import lora
+
+    lm = LatentLM.from_pretrained(REPO, revision="v1")
+    lora.apply_lora(lm, LoraConfig(r=4, alpha=8.0))
+    lm.save_pretrained(tmp_path / "adapter")
+    saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert saved["base_model_name_or_path"] == REPO and saved["revision"] == OLD
+    again = LatentLM.from_pretrained(tmp_path / "adapter")
+    assert again.revision == OLD and torch.equal(first_weight(again), first_weight(lm))
+    shutil.rmtree(snapshot(hub_cache, OLD))  # the commit is gone from the cache: one line naming it
+    with pytest.raises(CheckpointError, match=f"base model cannot be loaded .*at revision '{OLD}'"):
+        LatentLM.from_pretrained(tmp_path / "adapter")
+
+
+def test_a_lora_adapter_uploaded_to_the_hub_loads_with_its_base(hub_cache, tmp_path):
+    """An adapter repository (adapter_config.json, adapter_model.safetensors) is an adapter when named by hub id."""
+    pytest.importorskip("peft")
+    from dgrpo.model import lora
+
+    lm = LatentLM.from_pretrained(REPO)
+    lora.apply_lora(lm, LoraConfig(r=4, alpha=8.0))
+    with torch.no_grad():
+        for name, p in lm.model.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.1)
+    adapter_repo = hub_cache / "models--tiny-org--adapter"
+    lm.save_pretrained(adapter_repo / "snapshots" / ("3" * 40))
+    (adapter_repo / "refs").mkdir()
+    (adapter_repo / "refs" / "main").write_text("3" * 40)
+    again = LatentLM.from_pretrained("tiny-org/adapter")
+    assert again.peft is not None and again.name_or_path == REPO and again.revision == NEW
+    q, qm = again.encode_questions(["1 + 2 = ?"])
+    t, tm = again.encode_targets(["3 #### 3"])
+    with torch.no_grad():
+        ours, theirs = (m.target_logprobs(q, qm, 3, t, tm)[0] for m in (again, lm))
+    assert torch.equal(ours, theirs)
