@@ -72,7 +72,8 @@ def assert_same_run(a, b):
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "kill"])
 def test_a_kill_mid_run_then_resume_is_bit_identical(sft_checkpoint, reference_run, tmp_path, sig):
     """SIGKILL, or SIGTERM (a job scheduler's stop, which ended the run without a word: it now closes the run and
-    says how to resume, exit 143), then the same command: bit-identical to the run that was never stopped."""
+    says how to resume, exit 143; within a step, after that step's checkpoint: tests/test_preemption.py), then the
+    same command: bit-identical to the run that was never stopped."""
     out, err = tmp_path / "killed", tmp_path / "stderr.txt"
     with open(err, "w") as stderr:
         p = subprocess.Popen(cmd(sft_checkpoint, out), stdout=subprocess.DEVNULL, stderr=stderr)

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
 
+from ..training.preemption import Terminated, sigterm_stops
 from . import convert, evaluate, plot, tools, train
 
 EPILOG = """examples:
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..training.run import TrainingStopped
 
     try:
-        with _warnings_as_lines(), _sigterm_stops(args.cmd in TRAINING_COMMANDS and not under_torchrun):
+        with _warnings_as_lines(), sigterm_stops(args.cmd in TRAINING_COMMANDS and not under_torchrun):
             return int(args.func(args))
     except (ConfigError, DataError, CheckpointError, RewardError) as e:
         print(f"dgrpo: error: {e}", file=sys.stderr)
@@ -86,41 +87,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
-#: the commands whose runs resume from their checkpoints (and stop cleanly on SIGTERM)
+#: the commands whose runs resume from their checkpoints (and stop on SIGTERM after the step under way, with a
+#: checkpoint: dgrpo.training.preemption)
 TRAINING_COMMANDS = ("sft", "grpo")
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill``, a job scheduler's stop or preemption) during a training command: raised in the main thread,
-    so that the run closes its metrics, trackers and lock, and says how to go on, as Ctrl-C does."""
 
 
 def _resume_hint(args: argparse.Namespace) -> str:
     if args.cmd not in TRAINING_COMMANDS:
         return ""
     return f"; the same command resumes from the newest checkpoint in {args.out}/checkpoints"
-
-
-@contextmanager
-def _sigterm_stops(on: bool) -> Iterator[None]:
-    """While a training command runs in one process: SIGTERM raises :class:`Terminated` (it ended the process
-    without a word). Not under torchrun, whose workers must die at once when their launcher does: one blocked in a
-    collective would never reach Python's handler."""
-    previous = signal.getsignal(signal.SIGTERM) if on else None
-
-    def stop(signum: int, frame: object) -> None:
-        raise Terminated
-
-    try:
-        if on:
-            signal.signal(signal.SIGTERM, stop)
-    except ValueError:  # not the main thread (an embedding application): keep the default
-        on = False
-    try:
-        yield
-    finally:
-        if on:
-            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 @contextmanager

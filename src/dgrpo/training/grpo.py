@@ -56,6 +56,7 @@ from .losses import (
     shuffle_within_groups,
 )
 from .memory import oom_advice
+from .preemption import Terminated, stop_requested, within_step
 from .ref_policy import make_reference
 from .rollouts import Rollouts, collect_rollouts, replay_logprobs, resolve_engine, resolve_latent_chain
 from .run import (
@@ -655,27 +656,39 @@ def train_grpo(
         steps, off = range(trainer.step_idx, g.steps), not (dist.is_main and progress)
         bar = tqdm(steps, desc="grpo", disable=off, initial=trainer.step_idx, total=g.steps)
         for _ in bar:
-            comm0 = dist.comm_s
-            m = trainer.step()
-            m["time_comm_s"] = round(dist.comm_s - comm0, 4)  # collectives, waiting for the slowest rank included
-            loop.skipped += m["skipped"]
-            stalled = _check_stall(run, loop, m, g)
-            if m["step"] % g.log_every == 0 or m["step"] == g.steps - 1:
-                run.metrics.write(m)
-            run.write_rollouts(trainer.rollout_rows(g.log_rollouts))
-            done = trainer.step_idx
+            m, stalled = _logged_step(run, trainer, loop)
+            done, preempted = trainer.step_idx, stop_requested()
             if (g.eval_every and done % g.eval_every == 0) or done == g.steps:
                 loop.last_eval = evaluate(done)
-            if (g.save_every and done % g.save_every == 0) or done == g.steps or trainer.guard.tripped or stalled:
+            due = (g.save_every and done % g.save_every == 0) or done == g.steps
+            if due or trainer.guard.tripped or stalled or preempted:  # (preempted: the same command goes on from here)
                 _save_resumable(run, trainer, loop)
             if trainer.guard.tripped:
                 raise trainer.guard.error(done, run.out_dir / CHECKPOINTS_DIR)
             if stalled:
                 raise StalledError(stalled)
+            if preempted:
+                raise Terminated
             shown = {"reward": f"{m['reward_mean']:.3f}", "kept": f"{m['frac_groups_kept']:.2f}"}
             bar.set_postfix({**shown, **({"eval": f"{loop.last_eval:.3f}"} if loop.last_eval is not None else {})})
         trainer.release_training_state()
         return _finish(run, trainer, loop, final_eval)
+
+
+def _logged_step(run: RunDir, trainer: GRPOTrainer, loop: LoopState) -> tuple[dict, str | None]:
+    """One step, its metrics row and rollouts written; (the row, why to stop for a stall or None). A SIGTERM within
+    it waits for its end (:mod:`dgrpo.training.preemption`): the loop then writes this step's checkpoint and stops."""
+    g, dist = trainer.cfg.grpo, trainer.dist
+    with within_step():
+        comm0 = dist.comm_s
+        m = trainer.step()
+        m["time_comm_s"] = round(dist.comm_s - comm0, 4)  # collectives, waiting for the slowest rank included
+        loop.skipped += m["skipped"]
+        stalled = _check_stall(run, loop, m, g)
+        if m["step"] % g.log_every == 0 or m["step"] == g.steps - 1:
+            run.metrics.write(m)
+        run.write_rollouts(trainer.rollout_rows(g.log_rollouts))
+    return m, stalled
 
 
 def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:

@@ -32,6 +32,7 @@ from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dir
 from .checkpoint import read_checkpoint, save_checkpoint
 from .distributed import Dist
 from .memory import oom_advice
+from .preemption import Terminated, stop_requested, within_step
 from .run import (
     FinalEval,
     NonFiniteError,
@@ -289,6 +290,32 @@ class SFTRun:
         }
         return row, finite
 
+    def train_epoch(self, train: list[Record], epoch: int, stage: int, first_batch: int, bar: tqdm, t0: float) -> None:
+        """Epoch ``epoch``'s steps from batch ``first_batch``: metrics rows (every 10th step, the epoch's last, a
+        skipped one) and the checkpoints within the epoch: every ``sft.save_every`` steps, at a non-finite stop, and
+        at a SIGTERM (after the step under way; :mod:`dgrpo.training.preemption`). The epoch's end saves after its
+        evaluation."""
+        s, prog, steps = self.cfg.sft, self.prog, self.plan.steps_per_epoch
+        order = self.plan.epoch_order(epoch, len(train))
+        for b in range(first_batch, steps):
+            with within_step():
+                ex_rng = random.Random(f"{self.cfg.seed}/examples/{prog.global_step}")
+                picked = order[b * s.batch_size : (b + 1) * s.batch_size]
+                batch = [make_example(train[i], stage, self.cfg, ex_rng) for i in picked]
+                row, applied = self.step(self.dist.shard(batch), epoch, stage, t0)
+                bar.update(1)
+                bar.set_postfix(stage=stage, loss=f"{row['loss']:.3f}")
+                if prog.global_step % 10 == 0 or b == steps - 1 or not applied:
+                    self.run.metrics.write(row)
+            if self.guard.tripped:
+                self.save(epoch, b + 1)
+                raise self.guard.error(prog.global_step, self.run.out_dir / CHECKPOINTS_DIR)
+            mid_epoch, preempted = b + 1 < steps, stop_requested()
+            if mid_epoch and ((s.save_every and prog.global_step % s.save_every == 0) or preempted):
+                self.save(epoch, b + 1)
+            if mid_epoch and preempted:
+                raise Terminated
+
     def _oom_advice(self) -> AbstractContextManager[None]:
         """What to try when an SFT step runs out of device memory: the next ``sft.grad_accum`` that divides
         ``sft.batch_size`` (smaller micro-batches), or recomputation."""
@@ -379,22 +406,8 @@ def train_sft(
         for epoch in range(start_epoch, s.num_epochs):
             stage = plan.stage(epoch)
             sft.enter_stage(stage)
-            order = plan.epoch_order(epoch, len(train))
             lm.train()
-            for b in range(start_batch if epoch == start_epoch else 0, plan.steps_per_epoch):
-                ex_rng = random.Random(f"{cfg.seed}/examples/{prog.global_step}")
-                picked = order[b * s.batch_size : (b + 1) * s.batch_size]
-                batch = [make_example(train[i], stage, cfg, ex_rng) for i in picked]
-                row, applied = sft.step(dist.shard(batch), epoch, stage, t0)
-                bar.update(1)
-                bar.set_postfix(stage=stage, loss=f"{row['loss']:.3f}")
-                if prog.global_step % 10 == 0 or b == plan.steps_per_epoch - 1 or not applied:
-                    run.metrics.write(row)
-                if sft.guard.tripped:
-                    sft.save(epoch, b + 1)
-                    raise sft.guard.error(prog.global_step, run.out_dir / CHECKPOINTS_DIR)
-                if s.save_every and prog.global_step % s.save_every == 0 and b + 1 < plan.steps_per_epoch:
-                    sft.save(epoch, b + 1)
+            sft.train_epoch(train, epoch, stage, start_batch if epoch == start_epoch else 0, bar, t0)
             accuracy = None
             if plan.last_of_stage(epoch):
                 accuracy = _finish_stage(lm, stage, cfg, run, dist, valid, evaluate_fn, prog.global_step, t0)
@@ -403,6 +416,8 @@ def train_sft(
             if s.eval_every_epoch and layout_stage(stage, cfg) == layout_stage(plan.stage(s.num_epochs - 1), cfg):
                 best = _keep_if_best(lm, stage, epoch, accuracy, best, cfg, run, dist, prog.global_step)
             sft.save(epoch + 1, 0)
+            if stop_requested():
+                raise Terminated
         bar.close()
         sft.finish(t0, final_eval)
     return lm

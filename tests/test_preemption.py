@@ -1,0 +1,118 @@
+"""SIGTERM during a training command (a job scheduler's stop): within a step, the step finishes, a resumable
+checkpoint of it is written and the run stops; the same command then ends bit-identical to a run never stopped.
+Elsewhere, or a second time, it stops at once. In process, with the command line's handler installed."""
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dgrpo.data.synthetic import generate_split
+from dgrpo.model.factory import load_model
+from dgrpo.training import grpo, sft
+from dgrpo.training.preemption import Terminated, sigterm_stops
+
+from conftest import tiny_config
+
+TIMING = {"time_s", "time_rollout_s", "time_update_s", "time_comm_s"}
+GRPO_SETS = {"grpo.steps": 4, "grpo.save_every": 0, "grpo.eval_every": 0, "grpo.filter": False, "perturbation.p": 0.3}
+SFT_SETS = {"task.n_train": 96, "sft.batch_size": 16, "sft.num_epochs": 2, "sft.save_every": 0, "data.valid": ""}
+
+
+def quiet(*a):
+    pass
+
+
+def rows(out):
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(x).items() if k not in TIMING} for x in lines]
+
+
+def same_run(a, b):
+    wa, wb = load_file(str(a / "final" / "model.safetensors")), load_file(str(b / "final" / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert rows(a) == rows(b)
+
+
+def checkpoints(out):
+    return sorted(p.name for p in (out / "checkpoints").iterdir())
+
+
+def sigterm_after(monkeypatch, cls, name, when, times=1):
+    """``cls.name`` sends this process SIGTERM ``times`` times after the call for which ``when(self)`` holds."""
+    original = getattr(cls, name)
+
+    def patched(self, *a, **kw):
+        out = original(self, *a, **kw)
+        if when(self):
+            for _ in range(times):
+                os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(cls, name, patched)
+
+
+def run_grpo(sft_checkpoint, out):
+    cfg = tiny_config(**GRPO_SETS)
+    lm = load_model(cfg.model, cfg.task, init=str(sft_checkpoint), seed=cfg.seed)
+    grpo.train_grpo(lm, cfg, generate_split(cfg.task, "train")[:64], out, progress=False, log=quiet)
+
+
+@pytest.fixture(scope="module")
+def grpo_reference(sft_checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("grpo-ref")
+    run_grpo(sft_checkpoint, out)
+    return out
+
+
+def test_sigterm_within_a_grpo_step_checkpoints_it_and_the_run_resumes_bit_identical(
+    sft_checkpoint, grpo_reference, tmp_path, monkeypatch, capsys
+):
+    out = tmp_path / "run"
+    sigterm_after(monkeypatch, grpo.GRPOTrainer, "step", lambda t: t.step_idx == 2)
+    with sigterm_stops(True), pytest.raises(Terminated):
+        run_grpo(sft_checkpoint, out)
+    assert "dgrpo: SIGTERM: stopping at the end of this step" in capsys.readouterr().err
+    assert checkpoints(out) == ["step-00000002"] and not (out / "final").exists()  # (grpo.save_every = 0)
+    monkeypatch.undo()
+    run_grpo(sft_checkpoint, out)  # the same call resumes from it
+    same_run(grpo_reference, out)
+
+
+def test_a_second_sigterm_or_one_outside_a_step_stops_at_once(sft_checkpoint, tmp_path, monkeypatch):
+    sigterm_after(monkeypatch, grpo.GRPOTrainer, "step", lambda t: t.step_idx == 1, times=2)
+    with sigterm_stops(True), pytest.raises(Terminated):
+        run_grpo(sft_checkpoint, tmp_path / "twice")
+    assert not (tmp_path / "twice" / "checkpoints").exists()
+    monkeypatch.undo()
+    sigterm_after(monkeypatch, grpo.RunDir, "start", lambda run: True)  # before the first step
+    with sigterm_stops(True), pytest.raises(Terminated):
+        run_grpo(sft_checkpoint, tmp_path / "early")
+    assert not (tmp_path / "early" / "checkpoints").exists()
+    assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)  # no handler left behind
+
+
+def run_sft(out):
+    cfg = tiny_config(**SFT_SETS)
+    torch.manual_seed(0)
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    sft.train_sft(lm, generate_split(cfg.task, "train"), cfg, out, progress=False, log=quiet)
+
+
+@pytest.mark.parametrize("at", [2, 6], ids=["mid-epoch", "epoch-end"])
+def test_sigterm_within_an_sft_step_checkpoints_and_the_run_resumes_bit_identical(tmp_path, monkeypatch, at):
+    """6 steps per epoch: a SIGTERM in step 2 writes step 2's checkpoint; in the epoch's last step, the epoch ends
+    (its evaluation and checkpoint) first."""
+    reference = tmp_path / "ref"
+    run_sft(reference)
+    out = tmp_path / "run"
+    sigterm_after(monkeypatch, sft.SFTRun, "step", lambda r: r.prog.global_step == at)
+    with sigterm_stops(True), pytest.raises(Terminated):
+        run_sft(out)
+    assert checkpoints(out) == [f"step-{at:08d}"]
+    monkeypatch.undo()
+    run_sft(out)
+    same_run(reference, out)
