@@ -338,3 +338,18 @@ def test_the_command_line_says_a_warning_in_one_line(runs: Path, tmp_path: Path)
         f"dgrpo: warning: skipped {runs / 'crashed' / 'metrics.jsonl'}: no readable rows (a run that stopped before "
         "logging a step?)"
     ]
+
+
+def test_runs_scored_by_other_rules_are_warned_about_in_the_eval_panel(tmp_path: Path) -> None:
+    """An exact-match run beside numeric ones was overlaid without a word."""
+    write_run(tmp_path / "a", grpo_config(), grpo_rows(0))  # (no eval.scorer: the default, numeric)
+    write_run(tmp_path / "b", {**grpo_config(), "eval": {"scorer": "numeric"}}, grpo_rows(1))
+    write_run(tmp_path / "c", {**grpo_config(), "eval": {"scorer": "exact"}}, grpo_rows(2))
+    with pytest.warns(UserWarning, match=r"different eval.scorer rules: numeric \(a, b\); exact \(c\)"):
+        plot([tmp_path / "a", tmp_path / "b", tmp_path / "c"], tmp_path / "fig.png")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plot([tmp_path / "a", tmp_path / "b"], tmp_path / "fig.png")  # one rule: no warning
+        plot([tmp_path / "a", tmp_path / "c"], tmp_path / "fig.png", panels=("reward_std",))  # no eval panel

@@ -312,6 +312,27 @@ def _check_reward_parts(runs: Sequence[Run], panels: Sequence[str]) -> None:
         raise DataError(f"no run logged {', '.join(missing)} (reward parts logged: {names})")
 
 
+def _warn_if_scorers_differ(runs: Sequence[Run]) -> None:
+    """A warning when the runs' accuracies were scored by different rules (``eval.scorer``): one panel would set
+    numbers side by side that do not measure the same thing. Runs without a config are not counted."""
+    from .config import EvalConfig
+
+    by_scorer: dict[str, list[str]] = {}
+    for r in runs:
+        if r.config:
+            by_scorer.setdefault(str(_config_get(r.config, "eval.scorer", EvalConfig().scorer)), []).append(r.name)
+    if len(by_scorer) > 1:
+        shown = "; ".join(
+            f"{scorer} ({', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''})"
+            for scorer, names in by_scorer.items()
+        )
+        warnings.warn(
+            f"the eval panel sets side by side accuracies scored by different eval.scorer rules: {shown}; they are "
+            "not comparable",
+            stacklevel=3,
+        )
+
+
 def _eval_keys(groups: Mapping[str, Sequence[Run]], eval_key: str | None) -> list[str]:
     """The eval columns a figure shows, sorted."""
     return sorted({key for runs in groups.values() for r in runs if (key := _eval_key(r, eval_key))})
@@ -500,6 +521,8 @@ def draw(
     if eval_key and "eval" in panels:
         _check_eval_key(everyone, eval_key)
     _check_reward_parts(everyone, panels)
+    if "eval" in panels:
+        _warn_if_scorers_differ(everyone)
     rows = len(groups) + len(reference or {}) + 1
     fig = Figure(figsize=(6 * len(panels), 4 + 0.6 + 0.22 * rows))
     FigureCanvasAgg(fig)
