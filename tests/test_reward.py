@@ -92,6 +92,13 @@ from dgrpo.reward import extract_answer, is_parseable, normalize_number, parse_n
         ("## Step 1\n...\n## Step 2\n18+2=20\n\n#### ", None),
         ("#### 18\n\n### Explanation\nWe add 9 and 9.", "18"),
         ("### Step 1: 9*2=18\n### Step 2: 18+2=20\n**Final Answer**\n20", "20"),
+        # LaTeX's box is a marker (math-tuned models): the number opening it, not a check written after it
+        ("9*2 = 18, so \\boxed{18}. Check: 18 - 3 = 15.", "18"),
+        ("\\boxed { -1,234.50 }", "-1234.5"),
+        ("\\boxed{\\$40}", "40"),
+        ("#### 5\nwait, \\boxed{7}", "7"),
+        ("\\boxed{\\frac{1}{2}} is 0.5", None),  # not the numerator (nor a number after the box)
+        ("The answer is 3. Or \\boxed{x = 4}", "3"),  # a box without a number leaves it to the marker before
     ],
 )
 def test_extract_answer(text: str, expected: str | None) -> None:

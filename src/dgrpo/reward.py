@@ -79,8 +79,11 @@ def _written_decimals(num: str) -> int:
 
 #: a run of '#' standing alone (``#### 42``, Coconut's ``### 42``; not the ``#`` of ``horse #12`` or ``C#``)
 _MARKER = re.compile(r"(?:^|(?<=\s))#+(?=\s|$)")
-#: the answer markers: a standalone run of '#', any run of two or more (``####42``, ``8####<<``), "The answer is"
-_ANSWER_MARKER = re.compile(rf"{_MARKER.pattern}|#{{2,}}|{_ANSWER_IS.pattern}", re.IGNORECASE)
+#: LaTeX's box around a final answer (``\boxed{18}``, as math-tuned models such as Qwen2.5-Math write it)
+_BOXED = re.compile(r"\\boxed\s*\{")
+#: the answer markers: a standalone run of '#', any run of two or more (``####42``, ``8####<<``), "The answer is",
+#: ``\boxed{``
+_ANSWER_MARKER = re.compile(rf"{_MARKER.pattern}|#{{2,}}|{_ANSWER_IS.pattern}|{_BOXED.pattern}", re.IGNORECASE)
 #: a markdown heading (``### Step 2: ...``, ``## Explanation``): one to three '#' opening a line, then a word; no
 #: answer marker (the number after it is a step's, not the answer)
 _HEADING = re.compile(r"(?:^|(?<=\n))[ \t]*(#{1,3})[ \t]+[^\W\d_]")
@@ -93,14 +96,16 @@ def _find_answer(text: str) -> re.Match[str] | None:
         return None
     numbers = list(_NUMBER_IN_TEXT.finditer(text))
     headings = {m.start(1) for m in _HEADING.finditer(text)}
-    ends = [m.end() for m in _ANSWER_MARKER.finditer(text) if m.start() not in headings]
-    if not ends:
+    markers = [m for m in _ANSWER_MARKER.finditer(text) if m.start() not in headings]
+    if not markers:
         return numbers[-1] if numbers else None
     starts = [m.start() for m in numbers]
-    for end in reversed(ends):  # the last marker with a number after it ("... this answer is right" has none)
-        i = bisect.bisect_left(starts, end)
+    for marker in reversed(markers):  # the last marker with a number after it ("... this answer is right" has none)
+        i = bisect.bisect_left(starts, marker.end())
         if i < len(numbers):
-            return numbers[i]
+            boxed = marker.group().startswith("\\")  # its number opens the box (not \frac{1}{2}'s 1, nor x}'s next)
+            if not boxed or not text[marker.end() : starts[i]].strip(" \t\n$\\"):  # (spaces, $ or \$ first)
+                return numbers[i]
     return None  # markers, none followed by a number: no answer (not a number of the reasoning before them)
 
 
@@ -109,8 +114,9 @@ def extract_answer(text: str) -> str | None:
 
     The answer is the first number after the completion's last answer marker that has a number after it: a run of
     ``#`` standing alone or of two or more (GSM8K's ``#### 42``, Coconut's ``### 42``, ``####42``; not the ``#`` of
-    ``horse #12``, nor a markdown heading such as ``### Step 2: ...``) or "The answer is" / "answer:"
-    (case-insensitive); None when no marker has a number after it
+    ``horse #12``, nor a markdown heading such as ``### Step 2: ...``), "The answer is" / "answer:"
+    (case-insensitive) or ``\\boxed{`` (the number that opens the box; ``\\boxed{\\frac{1}{2}}`` has none); None
+    when no marker has a number after it
     (``#### 1/2``, ``#### eighteen``, an answer cut off after ``####``: a number of the reasoning before the marker
     is not the answer). Without any marker, the last number of the text. Thousands commas, ``$``, signs, decimals
     (``3.50``, ``.5``), an exponent written right after the digits (``2.0107e-06``, ``1E3``; not the ``e`` of
