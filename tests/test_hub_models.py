@@ -122,3 +122,24 @@ def test_a_lora_adapter_uploaded_to_the_hub_loads_with_its_base(hub_cache, tmp_p
     with torch.no_grad():
         ours, theirs = (m.target_logprobs(q, qm, 3, t, tm)[0] for m in (again, lm))
     assert torch.equal(ours, theirs)
+
+
+def test_a_lora_run_does_not_resume_onto_another_commit_of_its_hub_base(hub_cache, tmp_path):
+    """The hub's "main" moved between the run's start and its resume: the adapter would have continued on other
+    base weights without a word. A config error (not a damaged checkpoint: nothing is skipped or moved aside)."""
+    pytest.importorskip("peft")
+    from dgrpo.config import ConfigError
+    from dgrpo.model import lora
+    from dgrpo.training.checkpoint import read_checkpoint, save_checkpoint
+
+    def adapted(revision):
+        lm = LatentLM.from_pretrained(REPO, revision=revision)
+        lora.apply_lora(lm, LoraConfig(r=4, alpha=8.0))
+        return lm, torch.optim.AdamW([p for p in lm.parameters() if p.requires_grad])
+
+    lm, opt = adapted("v1")
+    ckpt = save_checkpoint(tmp_path, 1, lm=lm, optimizer=opt, state={"step": 1})
+    read_checkpoint(ckpt, lm=lm, optimizer=opt)  # the same commit: loads
+    moved, opt = adapted("main")
+    with pytest.raises(ConfigError, match=f"at commit {OLD}, .* now at commit {NEW} .*--set model.revision={OLD}"):
+        read_checkpoint(ckpt, lm=moved, optimizer=opt)

@@ -140,6 +140,7 @@ def read_checkpoint(
     problem = verify(ckpt, required_files(lm, extra_models))
     if problem is not None:
         raise CheckpointError(problem)
+    check_same_hub_base(ckpt, lm)
     try:
         weights = lm.read_weights_dir(ckpt / "model")
         extra = {}
@@ -157,6 +158,24 @@ def read_checkpoint(
     except Exception as e:  # noqa: BLE001 - truncated files, bad JSON, ...: each one line
         raise CheckpointError(one_line(e)) from None
     return LoadedCheckpoint(ckpt, state, weights, extra, opt_state, rng)
+
+
+def check_same_hub_base(ckpt: Path, lm) -> None:
+    """A ConfigError (the run's setting, not a damaged checkpoint: no fallback to an older one) when a LoRA
+    checkpoint's adapter was trained on another hub commit of its base than the one loaded now: the hub's branch
+    moved since the run started, and the adapter would continue on other weights."""
+    if lm.peft is None or not lm.revision:
+        return
+    from ..config import ConfigError
+    from ..model.lora import adapter_base_revision
+
+    saved = adapter_base_revision(ckpt / "model")
+    if saved and saved != lm.revision:
+        raise ConfigError(
+            f"{ckpt}: its LoRA adapter was trained on {lm.name_or_path} at commit {saved}, and that base was read "
+            f"now at commit {lm.revision} (the hub's branch moved on): resume on the same weights with --set "
+            f"model.revision={saved} --allow-config-change"
+        )
 
 
 def read_weights_file(path: Path) -> dict[str, torch.Tensor]:
