@@ -468,8 +468,10 @@ def test_eval_uses_the_dtype_the_checkpoint_was_trained_in(tmp_path, sft_checkpo
     r = run_cli(*args, "--out", tmp_path / "a")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "task, data and dtype settings from the checkpoint" in r.stdout
-    r = run_cli(*args, "--out", tmp_path / "b", "--set", "model.dtype=float32")
+    assert "decoding (eval.*) from this command: --config RUN/config.json for the run's own" in r.stdout
+    r = run_cli(*args, "--out", tmp_path / "b", "--set", "model.dtype=float32", "--config", "tiny.yaml")
     assert r.returncode == 0 and "overridden: model.dtype" in r.stdout, r.stderr[-2000:]
+    assert "decoding (eval.*) from this command and its --config tiny.yaml" in r.stdout  # (it named the option given)
     assert [str(d) for d in dtypes] == ["torch.bfloat16", "torch.float32"]
 
 

@@ -33,7 +33,7 @@ def hub_cache(tokenizer, tmp_path, monkeypatch):
     for commit, seed, n_latent in ((OLD, 0, 2), (NEW, 1, 3)):
         lm = make_lm(tokenizer, seed=seed)
         lm.settings = LatentSettings(n_latent=n_latent)
-        lm.run_config = {"seed": seed}
+        lm.run_config = {"seed": seed, "task": {"n_steps": 3 + seed}}
         lm.save_pretrained(snapshot(cache, commit))
     refs = snapshot(cache, OLD).parent.parent / "refs"
     refs.mkdir()
@@ -54,7 +54,7 @@ def test_a_dgrpo_checkpoint_on_the_hub_loads_its_latent_settings_and_run_config(
     lm = LatentLM.from_pretrained(REPO)
     local = LatentLM.from_pretrained(snapshot(hub_cache, NEW))
     assert lm.settings == local.settings and lm.settings.n_latent == 3
-    assert lm.run_config == {"seed": 1}
+    assert lm.run_config == {"seed": 1, "task": {"n_steps": 4}}
     assert lm.name_or_path == REPO and lm.revision == NEW  # the commit "main" pointed to
     assert torch.equal(first_weight(lm), first_weight(local))
 
@@ -143,3 +143,13 @@ def test_a_lora_run_does_not_resume_onto_another_commit_of_its_hub_base(hub_cach
     moved, opt = adapted("main")
     with pytest.raises(ConfigError, match=f"at commit {OLD}, .* now at commit {NEW} .*--set model.revision={OLD}"):
         read_checkpoint(ckpt, lm=moved, optimizer=opt)
+
+
+def test_dgrpo_eval_takes_a_hub_checkpoints_settings_at_its_revision(hub_cache):
+    """The task and data settings eval takes from a checkpoint's run_config.json were read from local directories
+    only."""
+    from dgrpo.cli.evaluate import checkpoint_settings
+
+    assert checkpoint_settings(REPO)["task"] == {"n_steps": 4}
+    assert checkpoint_settings(REPO, "v1")["task"] == {"n_steps": 3}
+    assert checkpoint_settings("tiny-org/not-there") == {}  # (loading it says why)

@@ -45,15 +45,22 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def checkpoint_settings(model: str) -> dict:
-    """The task, data and dtype settings a local checkpoint was trained with ({} for a hub model or an older
-    checkpoint)."""
+def checkpoint_settings(model: str, revision: str = "") -> dict:
+    """The task, data and dtype settings a checkpoint was trained with, a local one or one uploaded to the hub (at
+    ``revision``) ({} for a plain model, an older checkpoint, or one that cannot be read: loading it says why)."""
     from ..model.factory import resolve_checkpoint
     from ..model.latent_lm import RUN_CONFIG_FILE, on_disk
+    from ..model.sources import hub_snapshot, resolve_model_source
+    from ..model.verified import CheckpointError
 
-    if not on_disk(model).exists():  # (checkpoints/step-N names step-0000000N: the model loads from it too)
-        return {}
-    trained = resolve_checkpoint(model) / RUN_CONFIG_FILE
+    if on_disk(model).exists():  # (checkpoints/step-N names step-0000000N: the model loads from it too)
+        trained = resolve_checkpoint(model) / RUN_CONFIG_FILE
+    else:
+        try:
+            source, local_only = resolve_model_source(model, revision or None)
+            trained = hub_snapshot(source, revision or None, local_only) / RUN_CONFIG_FILE
+        except CheckpointError:
+            return {}
     if not trained.is_file():
         return {}
     run = json.loads(trained.read_text())
@@ -64,7 +71,7 @@ def checkpoint_settings(model: str) -> dict:
     return out
 
 
-def explain(start: dict, cfg: Any) -> str | None:
+def explain(start: dict, cfg: Any, configs: list[str] | None = None) -> str | None:
     """One line: which settings came from the checkpoint and which the command line changed."""
     if not start:
         return None
@@ -76,6 +83,8 @@ def explain(start: dict, cfg: Any) -> str | None:
     line = f"dgrpo eval: task, data and dtype settings from the checkpoint's run_config.json ({len(taken)} kept"
     line += f"; overridden: {', '.join(changed)})" if changed else ")"
     # decoding is the command's own: the run's test sets used the run's eval.* (its config.json has them)
+    if configs:
+        return line + f"; decoding (eval.*) from this command and its --config {' '.join(configs)}"
     return line + "; decoding (eval.*) from this command: --config RUN/config.json for the run's own"
 
 
@@ -123,11 +132,11 @@ def run(args: argparse.Namespace) -> int:
         extra.append("eval.plain=true")
     if args.shots is not None:
         extra.append(f"eval.shots={args.shots}")
-    load(args, extra)  # validates the options (and --out) before anything is read from the checkpoint
-    start = checkpoint_settings(args.model)
+    given = load(args, extra)  # validates the options (and --out) before anything is read from the checkpoint
+    start = checkpoint_settings(args.model, given.model.revision)
     cfg = load_config(Config, list(args.config), [*args.overrides, *extra], start=start)
     check_output_path(args.out)
-    note = explain(start, cfg)
+    note = explain(start, cfg, list(args.config))
     if note:
         print(note)
     e = cfg.eval
