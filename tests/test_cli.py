@@ -513,3 +513,32 @@ def test_warnings_are_dgrpo_lines_and_the_libraries_keep_theirs():
         theirs = warnings.formatwarning("theirs", FutureWarning, "/elsewhere/lib.py", 7, "")
         assert theirs.startswith("/elsewhere/lib.py:7: FutureWarning: theirs")
     assert warnings.formatwarning is python_format
+
+
+def test_eval_of_several_datasets_loads_the_model_once_and_writes_a_folder_each(
+    sft_checkpoint, tmp_path, run_cli, monkeypatch
+):
+    """--data takes several datasets (the paper's four: one command), each in OUT/<name>/ as the training commands
+    name their test sets' folders; the same results as one call each."""
+    import dgrpo.model.factory as factory
+
+    loads = []
+    load_model = factory.load_model
+    monkeypatch.setattr(factory, "load_model", lambda *a, **k: loads.append(1) or load_model(*a, **k))
+    common = ["eval", "--model", sft_checkpoint, "--limit", 4, "--set", "task.n_test=8"]
+    r = run_cli(*common, "--data", "builtin:test", "builtin:ood_steps", "--out", tmp_path / "both")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(loads) == 1 and sorted(p.name for p in (tmp_path / "both").iterdir()) == [
+        "builtin_ood_steps",
+        "builtin_test",
+    ]
+    assert re.search(r"dgrpo eval: builtin:test [\d.]+% \(\d/4\); builtin:ood_steps [\d.]+% \(\d/4\)", r.stdout)
+    for name, spec in (("builtin_test", "builtin:test"), ("builtin_ood_steps", "builtin:ood_steps")):
+        assert run_cli(*common, "--data", spec, "--out", tmp_path / name).returncode == 0
+        one = json.loads((tmp_path / name / "results.json").read_text())
+        both = json.loads((tmp_path / "both" / name / "results.json").read_text())
+        assert {k: v for k, v in one.items() if k != "wall_s"} == {k: v for k, v in both.items() if k != "wall_s"}
+    r = run_cli(*common, "--data", "builtin:test", "builtin_test", "--out", tmp_path / "twice")
+    assert r.returncode == 2 and "both would write" in r.stderr, r.stderr
+    r = run_cli(*common, "--data", "builtin:test", "no-such-set", "--out", tmp_path / "bad")
+    assert r.returncode == 2 and not (tmp_path / "bad").exists() and len(loads) == 3  # (before the model loads)

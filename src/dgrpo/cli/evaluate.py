@@ -1,4 +1,5 @@
-"""``dgrpo eval``: pass@1 of a checkpoint (or of a plain causal LM with a chain-of-thought prompt) on a dataset.
+"""``dgrpo eval``: pass@1 of a checkpoint (or of a plain causal LM with a chain-of-thought prompt) on one or more
+datasets (the model loaded once; with several, each dataset's results in a folder of its own under ``--out``).
 
 A checkpoint written by ``dgrpo sft`` / ``dgrpo grpo`` carries the config it was trained with (``run_config.json``);
 eval starts from its task and data settings and its ``model.dtype``, so ``--data builtin:test`` is the run's own test
@@ -18,6 +19,7 @@ from .common import add_config_options, check_split, eval_options, load, prompt_
 
 EXAMPLES = """  dgrpo eval --model runs/grpo --data builtin:test --out runs/eval    # a run directory means its final/
   dgrpo eval --model runs/grpo/best --data gsm8k --limit 200 --out runs/eval-gsm8k
+  dgrpo eval --model runs/grpo --data gsm8k svamp multiarith gsm-hard --out runs/eval   # runs/eval/gsm8k/, ...
   dgrpo eval --model Qwen/Qwen2.5-1.5B --data gsm8k --plain --shots 1 --out runs/base   # a plain LM, 1-shot prompt
 """
 #: what eval takes from the checkpoint's run_config.json (the definition of the task and of a prompt, and the
@@ -31,13 +33,22 @@ CHECKPOINT_SECTIONS = {
 
 
 def register(sub: Any) -> None:
-    p = subcommand(sub, "eval", "pass@1 of a checkpoint on a dataset", EXAMPLES)
+    p = subcommand(sub, "eval", "pass@1 of a checkpoint on one or more datasets", EXAMPLES)
     add_config_options(p, "eval.max_new_tokens=128")
     p.add_argument("--model", required=True, help="checkpoint directory, run directory or hub id")
-    p.add_argument("--data", required=True, help="dataset name (gsm8k, svamp, builtin:test, ...) or file path")
+    p.add_argument(
+        "--data",
+        required=True,
+        nargs="+",
+        metavar="DATA",
+        help="dataset name (gsm8k, svamp, builtin:test, ...) or file path; several: each evaluated in turn, its "
+        "results in OUT/<name>/",
+    )
     p.add_argument("--split", help="dataset split (default: test)")
     p.add_argument("--limit", type=int, help="evaluate the first N records")
-    p.add_argument("--out", required=True, help="writes results.json and predictions.jsonl here")
+    p.add_argument(
+        "--out", required=True, help="writes results.json and predictions.jsonl here (one folder per --data of several)"
+    )
     p.add_argument("--plain", action="store_true", help="plain causal LM with a chain-of-thought prompt (no latents)")
     p.add_argument(
         "--shots", type=int, help="with --plain: worked examples in the prompt (taken from the start of the data)"
@@ -144,13 +155,15 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             "--shots / eval.shots: a k-shot prompt is for a plain LM (--plain); a latent model is prompted as trained"
         )
-    check_split(args.data, args.split)
+    outs = output_dirs(list(args.data), args.split, Path(args.out))
     device = setup(cfg)
     options = eval_options(cfg)  # (a scorer that cannot be built fails here, before the data and the model load)
-    recs = load_spec(args.data, cfg.task, split=args.split, data=cfg.data)
-    n = len(recs) - (e.shots if e.plain else 0)
-    if n <= 0 or (e.limit and min(n, e.limit) <= 0):
-        raise DataError(f"{args.data}: nothing to evaluate ({len(recs)} records, {e.shots} of them used as shots)")
+    sets = {}
+    for data in outs:  # every dataset read before the model loads: a wrong name fails at once
+        recs = sets[data] = load_spec(data, cfg.task, split=args.split, data=cfg.data)
+        n = len(recs) - (e.shots if e.plain else 0)
+        if n <= 0 or (e.limit and min(n, e.limit) <= 0):
+            raise DataError(f"{data}: nothing to evaluate ({len(recs)} records, {e.shots} of them used as shots)")
     lm = load_model(cfg.model, cfg.task, init=args.model, device=device, training=False)
     if lm.new_latent_tokens and not e.plain:
         warnings.warn(
@@ -160,9 +173,35 @@ def run(args: argparse.Namespace) -> int:
             stacklevel=1,
         )
     prompt_settings(lm, cfg)
-    name = dataset_label(args.data, args.split)
-    r = evaluate(lm, recs, dataset=name, plain=e.plain, shots=e.shots, limit=e.limit, **options)
-    r.model = model_label(args.model, lm.revision)
-    write_results(r, Path(args.out))
-    print(json.dumps(r.summary()))
+    accuracies = []
+    for data, recs in sets.items():
+        name = dataset_label(data, args.split)
+        r = evaluate(lm, recs, dataset=name, plain=e.plain, shots=e.shots, limit=e.limit, **options)
+        r.model = model_label(args.model, lm.revision)
+        write_results(r, outs[data])
+        print(json.dumps(r.summary()))
+        accuracies.append(f"{name} {100 * r.accuracy:.2f}% ({r.correct}/{r.n})")
+    if len(sets) > 1:
+        print(f"dgrpo eval: {'; '.join(accuracies)}")
     return 0
+
+
+def output_dirs(datas: list[str], split: str | None, out: Path) -> dict[str, Path]:
+    """Where each ``--data``'s results go: ``--out`` for one, ``--out/<name>`` for several (the name as the training
+    commands name their test sets' folders). A dataset named twice, or two whose folders would coincide, is one
+    line; so is a ``--split`` a dataset cannot take."""
+    from ..config import ConfigError
+    from ..run_layout import results_name
+
+    for data in datas:
+        check_split(data, split)
+    if len(datas) == 1:
+        return {datas[0]: out}
+    dirs: dict[str, Path] = {}
+    for data in datas:
+        folder = out / results_name(dataset_label(data, split))
+        twin = next((d for d, f in dirs.items() if f == folder), None)
+        if twin is not None:
+            raise ConfigError(f"--data {twin} and {data}: both would write {folder} (name each dataset once)")
+        dirs[data] = folder
+    return dirs
