@@ -477,3 +477,19 @@ def test_target_modules_that_match_nothing_or_cannot_be_adapted_are_one_config_l
             lora.apply_lora(lm, LoraConfig(r=4, target_modules=targets))
         assert str(e.value).startswith("invalid config value model.lora.target_modules: ") and "\n" not in str(e.value)
         assert lm.peft is None
+
+
+def test_load_model_draws_new_adapters_from_its_seed(base_dirs):
+    """load_model(seed=...) with model.lora.r set drew the adapters from torch's global RNG: two calls with the same
+    seed gave different adapters (the command line seeds first; a script or notebook did not)."""
+    from dgrpo.model.factory import load_model
+
+    cfg = tiny_config(**{"model.lora.r": 4})
+
+    def adapters(seed):
+        torch.rand(7)  # whatever drew from torch before
+        lm = load_model(cfg.model, cfg.task, init=str(base_dirs / "qwen2"), seed=seed)
+        return lora.adapter_state(lm)
+
+    a, b, c = adapters(0), adapters(0), adapters(1)
+    assert all(torch.equal(a[k], b[k]) for k in a) and not all(torch.equal(a[k], c[k]) for k in a)

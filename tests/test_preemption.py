@@ -116,3 +116,30 @@ def test_sigterm_within_an_sft_step_checkpoints_and_the_run_resumes_bit_identica
     monkeypatch.undo()
     run_sft(out)
     same_run(reference, out)
+
+
+@pytest.mark.parametrize("lora_r", [0, 4], ids=["full", "lora"])
+def test_a_run_interrupted_in_process_goes_on_with_the_same_model_object(sft_checkpoint, tmp_path, monkeypatch, lora_r):
+    """Ctrl-C in a notebook, then the same cell again: train_grpo with the model object it had been training goes on
+    from the newest checkpoint and ends as a run never stopped (under LoRA the second call failed: "Adapter with
+    name 'reference' already exists")."""
+    if lora_r:
+        pytest.importorskip("peft")
+    cfg = tiny_config(**{**GRPO_SETS, "grpo.save_every": 1, "model.lora.r": lora_r})
+    train = generate_split(cfg.task, "train")[:64]
+
+    def model():
+        return load_model(cfg.model, cfg.task, init=str(sft_checkpoint), seed=cfg.seed)
+
+    grpo.train_grpo(model(), cfg, train, tmp_path / "ref", progress=False, log=quiet)
+    lm = model()
+    sigterm_after(monkeypatch, grpo.GRPOTrainer, "step", lambda t: t.step_idx == 2)
+    monkeypatch.setattr(os, "kill", lambda pid, sig: (_ for _ in ()).throw(KeyboardInterrupt))  # Ctrl-C there
+    with pytest.raises(KeyboardInterrupt):
+        grpo.train_grpo(lm, cfg, train, tmp_path / "run", progress=False, log=quiet)
+    monkeypatch.undo()
+    grpo.train_grpo(lm, cfg, train, tmp_path / "run", progress=False, log=quiet)
+    weights = "adapter_model.safetensors" if lora_r else "model.safetensors"
+    a, b = (load_file(str(tmp_path / r / "final" / weights)) for r in ("ref", "run"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert rows(tmp_path / "ref") == rows(tmp_path / "run")

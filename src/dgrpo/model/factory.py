@@ -58,8 +58,9 @@ def load_model(
     training: bool = True,
 ) -> LatentLM:
     """``init`` (a checkpoint directory, a LoRA adapter directory or a hub id) wins over ``model.name_or_path``; the
-    built-in name builds a fresh tiny model. For ``training``, ``model.lora`` applies (:func:`configure_lora`); for
-    evaluation a checkpoint is used as saved. Every way this can fail is one :class:`CheckpointError` line."""
+    built-in name builds a fresh tiny model (from ``seed``). For ``training``, ``model.lora`` applies
+    (:func:`configure_lora`; new adapters drawn from ``seed``); for evaluation a checkpoint is used as saved. Every
+    way this can fail is one :class:`CheckpointError` line."""
     dtype = torch.bfloat16 if model_cfg.dtype == "bfloat16" else torch.float32
     name = init or model_cfg.name_or_path
     if not init and name == BUILTIN:
@@ -77,7 +78,9 @@ def load_model(
             revision=revision,
         )
     if training:
-        configure_lora(lm, model_cfg.lora)
+        with torch.random.fork_rng(devices=[]):  # new adapters start from ``seed``, whatever drew from torch before
+            torch.manual_seed(seed)
+            configure_lora(lm, model_cfg.lora)
     return lm.to(device)
 
 

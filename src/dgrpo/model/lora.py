@@ -312,9 +312,11 @@ def attach_saved_adapter(lm: LatentLM, folder: Path) -> None:
 
 # ---------------------------------------------------------------------- the reference adapter
 def add_reference(lm: LatentLM) -> None:
-    """A frozen ``reference`` adapter, a copy of the policy adapter now (the KL reference, no backbone copy)."""
+    """A frozen ``reference`` adapter, a copy of the policy adapter now (the KL reference, no backbone copy). A model
+    that has one (an earlier run in this process, stopped by Ctrl-C, then started again) has it overwritten."""
     assert lm.peft is not None
-    lm.peft.add_adapter(REFERENCE, lm.peft.peft_config[POLICY])
+    if REFERENCE not in lm.peft.peft_config:
+        lm.peft.add_adapter(REFERENCE, lm.peft.peft_config[POLICY])
     renew_reference(lm)
     lm.peft.set_adapter(POLICY)  # add_adapter leaves the new adapter trainable; only the policy is
 
