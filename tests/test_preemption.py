@@ -5,6 +5,9 @@ Elsewhere, or a second time, it stops at once. In process, with the command line
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -143,3 +146,43 @@ def test_a_run_interrupted_in_process_goes_on_with_the_same_model_object(sft_che
     a, b = (load_file(str(tmp_path / r / "final" / weights)) for r in ("ref", "run"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert rows(tmp_path / "ref") == rows(tmp_path / "run")
+
+
+def torchrun_grpo(sft_checkpoint, out, **popen):
+    from conftest import tiny_args
+
+    sets = {**GRPO_SETS, "grpo.steps": 6, "grpo.prompts_per_step": 4, "threads": 1, "data.test": "[]"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dgrpo", "grpo"]
+    cmd += ["--init", str(sft_checkpoint), "--out", str(out), *tiny_args(**sets)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **popen)
+
+
+@pytest.mark.slow
+def test_sigterm_to_every_process_of_a_torchrun_job_checkpoints_one_step_and_resumes_bit_identical(
+    sft_checkpoint, tmp_path
+):
+    """As a scheduler stops a job (SIGTERM to the launcher and each worker; torchrun forwards a second one to each):
+    the ranks agree on one step, rank 0 writes its checkpoint, the same torchrun command goes on from it and ends as
+    a run never stopped. (The workers died at once: the steps since the last checkpoint were lost.)"""
+    reference = torchrun_grpo(sft_checkpoint, tmp_path / "ref")
+    assert reference.wait(timeout=300) == 0, reference.stderr.read()[-3000:]
+    out = tmp_path / "run"
+    job = torchrun_grpo(sft_checkpoint, out, start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        m = out / "metrics.jsonl"
+        if m.exists() and sum('"reward_mean"' in x for x in m.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.05)
+    os.killpg(job.pid, signal.SIGTERM)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode != 0
+    assert err.count("dgrpo: terminated (SIGTERM); the same command resumes") == 1, err[-3000:]
+    assert err.count("every rank stops at the end of this step") == 1, err[-3000:]
+    names = checkpoints(out)  # (grpo.save_every = 0: only the stop's)
+    assert len(names) == 1 and int(names[0][len("step-") :]) >= 2 and not (out / "final").exists(), names
+    again = torchrun_grpo(sft_checkpoint, out)
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err[-3000:]
+    same_run(tmp_path / "ref", out)

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..training.run import TrainingStopped
 
     try:
-        with _warnings_as_lines(), sigterm_stops(args.cmd in TRAINING_COMMANDS and not under_torchrun):
+        with _warnings_as_lines(), sigterm_stops(args.cmd in TRAINING_COMMANDS, distributed=under_torchrun):
             return int(args.func(args))
     except (ConfigError, DataError, CheckpointError, RewardError) as e:
         print(f"dgrpo: error: {e}", file=sys.stderr)
@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dgrpo: error: {e}", file=sys.stderr)
         return 1
     except Terminated:
-        print(f"dgrpo: terminated (SIGTERM){_resume_hint(args)}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # (under torchrun: once)
+            print(f"dgrpo: terminated (SIGTERM){_resume_hint(args)}", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print(f"dgrpo: interrupted{_resume_hint(args)}", file=sys.stderr)

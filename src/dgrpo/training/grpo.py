@@ -56,7 +56,7 @@ from .losses import (
     shuffle_within_groups,
 )
 from .memory import oom_advice
-from .preemption import Terminated, stop_requested, within_step
+from .preemption import stop, stop_requested, within_step
 from .ref_policy import make_reference
 from .rollouts import Rollouts, collect_rollouts, replay_logprobs, resolve_engine, resolve_latent_chain
 from .run import (
@@ -657,7 +657,7 @@ def train_grpo(
         bar = tqdm(steps, desc="grpo", disable=off, initial=trainer.step_idx, total=g.steps)
         for _ in bar:
             m, stalled = _logged_step(run, trainer, loop)
-            done, preempted = trainer.step_idx, stop_requested()
+            done, preempted = trainer.step_idx, stop_requested(dist)
             if (g.eval_every and done % g.eval_every == 0) or done == g.steps:
                 loop.last_eval = evaluate(done)
             due = (g.save_every and done % g.save_every == 0) or done == g.steps
@@ -668,7 +668,7 @@ def train_grpo(
             if stalled:
                 raise StalledError(stalled)
             if preempted:
-                raise Terminated
+                stop(dist)
             shown = {"reward": f"{m['reward_mean']:.3f}", "kept": f"{m['frac_groups_kept']:.2f}"}
             bar.set_postfix({**shown, **({"eval": f"{loop.last_eval:.3f}"} if loop.last_eval is not None else {})})
         trainer.release_training_state()

@@ -32,7 +32,7 @@ from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dir
 from .checkpoint import read_checkpoint, save_checkpoint
 from .distributed import Dist
 from .memory import oom_advice
-from .preemption import Terminated, stop_requested, within_step
+from .preemption import stop, stop_requested, within_step
 from .run import (
     FinalEval,
     NonFiniteError,
@@ -310,11 +310,11 @@ class SFTRun:
             if self.guard.tripped:
                 self.save(epoch, b + 1)
                 raise self.guard.error(prog.global_step, self.run.out_dir / CHECKPOINTS_DIR)
-            mid_epoch, preempted = b + 1 < steps, stop_requested()
+            mid_epoch, preempted = b + 1 < steps, stop_requested(self.dist)
             if mid_epoch and ((s.save_every and prog.global_step % s.save_every == 0) or preempted):
                 self.save(epoch, b + 1)
             if mid_epoch and preempted:
-                raise Terminated
+                stop(self.dist)
 
     def _oom_advice(self) -> AbstractContextManager[None]:
         """What to try when an SFT step runs out of device memory: the next ``sft.grad_accum`` that divides
@@ -416,8 +416,8 @@ def train_sft(
             if s.eval_every_epoch and layout_stage(stage, cfg) == layout_stage(plan.stage(s.num_epochs - 1), cfg):
                 best = _keep_if_best(lm, stage, epoch, accuracy, best, cfg, run, dist, prog.global_step)
             sft.save(epoch + 1, 0)
-            if stop_requested():
-                raise Terminated
+            if stop_requested(dist):
+                stop(dist)
         bar.close()
         sft.finish(t0, final_eval)
     return lm
