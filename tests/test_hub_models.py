@@ -71,7 +71,7 @@ def test_model_revision_picks_the_branch_tag_or_commit(hub_cache):
     assert torch.equal(first_weight(at["v1"]), first_weight(LatentLM.from_pretrained(snapshot(hub_cache, OLD))))
     assert not torch.equal(first_weight(at["v1"]), first_weight(at["main"]))
     cfg.model.revision = "v2"
-    with pytest.raises(CheckpointError, match=r"model 'tiny-org/latent-model' at revision 'v2': .*not in the Hugging"):
+    with pytest.raises(CheckpointError, match=r"at revision 'v2': .* is not at revision 'v2' \(other revisions are\)"):
         load_model(cfg.model, cfg.task, training=False)
 
 
@@ -117,6 +117,7 @@ def test_a_lora_adapter_uploaded_to_the_hub_loads_with_its_base(hub_cache, tmp_p
     (adapter_repo / "refs" / "main").write_text("3" * 40)
     again = LatentLM.from_pretrained("tiny-org/adapter")
     assert again.peft is not None and again.name_or_path == REPO and again.revision == NEW
+    assert again.hub_commit == "3" * 40  # the adapter repository's own commit (results name it), not its base's
     q, qm = again.encode_questions(["1 + 2 = ?"])
     t, tm = again.encode_targets(["3 #### 3"])
     with torch.no_grad():
@@ -153,3 +154,11 @@ def test_dgrpo_eval_takes_a_hub_checkpoints_settings_at_its_revision(hub_cache):
     assert checkpoint_settings(REPO)["task"] == {"n_steps": 4}
     assert checkpoint_settings(REPO, "v1")["task"] == {"n_steps": 3}
     assert checkpoint_settings("tiny-org/not-there") == {}  # (loading it says why)
+
+
+def test_a_snapshot_without_its_weights_says_so(hub_cache):
+    """An interrupted download (the configs cached, not the weights) said "Please do not set use_safetensors=True",
+    an option the user never set."""
+    (snapshot(hub_cache, NEW) / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"no safetensors weights in its files in the Hugging Face cache \(an"):
+        LatentLM.from_pretrained(REPO)

@@ -445,7 +445,7 @@ def test_hub_ids_load_from_the_cache_wherever_a_model_goes(sft_checkpoint, tmp_p
     assert "task, data and dtype settings from the checkpoint's run_config.json" in r.stdout  # (from the hub too)
     r = run("grpo", "--init", "tiny-org/tiny-model", *tiny_args(**{"grpo.steps": 1}), "--out", tmp_path / "g")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "dgrpo: tiny-org/tiny-model read from the hub at commit 0123456789abcdef (to use these weights" in r.stdout
+    assert "tiny-org/tiny-model: hub commit 0123456789abcdef (--set model.revision=0123456789abcdef pins" in r.stdout
     r = run(
         "sft",
         *tiny_args(

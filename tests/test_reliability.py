@@ -546,16 +546,28 @@ def test_a_cached_hub_id_loads_at_once_without_network(sft_checkpoint, tmp_path)
     assert "Retrying" not in r.stderr
 
 
-def test_the_hub_counts_as_reachable_through_a_proxy(monkeypatch):
-    """With HTTPS_PROXY set the hub libraries go through the proxy; the direct TCP probe would call the hub down."""
+def test_the_hub_is_reached_through_a_proxy_which_is_what_is_probed(monkeypatch):
+    """With HTTPS_PROXY set the hub libraries go through the proxy: the direct TCP probe would call the hub down, and
+    a proxy that cannot be reached counted as a reachable hub (the libraries then retried for ~50 s before a cached
+    model was used)."""
+    import socket
+
     from dgrpo.hub import hub_reachable
 
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
-    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
         monkeypatch.delenv(name, raising=False)
     assert hub_reachable(timeout=0.5) is False
-    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
-    assert hub_reachable(timeout=0.5) is True
+    with socket.socket() as proxy:  # a proxy that listens
+        proxy.bind(("127.0.0.1", 0))
+        proxy.listen()
+        monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{proxy.getsockname()[1]}")
+        assert hub_reachable(timeout=0.5) is True
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")  # the hub's host is not proxied: the direct probe again
+        assert hub_reachable(timeout=0.5) is False
+    monkeypatch.delenv("NO_PROXY")
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # a proxy that is down
+    assert hub_reachable(timeout=0.5) is False
 
 
 def test_a_model_with_bin_weights_only_is_told_to_convert(sft_checkpoint, tmp_path):

@@ -22,18 +22,34 @@ def offline_requested(*names: str) -> bool:
     )
 
 
-#: with one of these set, the hub is reached through a proxy, which the hub libraries use and a TCP probe would not
+#: with one of these set, the hub is reached through a proxy (unless NO_PROXY names it), as the hub libraries do
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
 
 
-def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
-    """Can a TCP connection to the hub endpoint (``HF_ENDPOINT``) be opened within ``timeout`` seconds? True without
-    a probe when a proxy is set (:data:`PROXY_VARIABLES`): the hub libraries then go through it."""
-    if any(os.environ.get(v) for v in PROXY_VARIABLES):
-        return True
-    url = urlparse(os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT))
+def _proxy_for(host: str) -> str | None:
+    """The proxy URL the hub libraries would use for an https request to ``host`` (None: a direct connection)."""
+    from urllib.request import proxy_bypass
+
+    proxy = next((os.environ[v] for v in PROXY_VARIABLES if os.environ.get(v)), None)
+    return None if proxy is None or proxy_bypass(host) else proxy
+
+
+def _connects(host: str, port: int, timeout: float) -> bool:
     try:
-        socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout).close()
+        socket.create_connection((host, port), timeout=timeout).close()
         return True
     except OSError:
         return False
+
+
+def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
+    """Can a TCP connection to the hub endpoint (``HF_ENDPOINT``) be opened within ``timeout`` seconds? With a
+    proxy set (:data:`PROXY_VARIABLES`), the hub libraries go through it: then the proxy is what is probed (a proxy
+    that cannot be reached had them retry for ~50 s before a cached model was used)."""
+    url = urlparse(os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT))
+    host = url.hostname or "huggingface.co"
+    proxy = _proxy_for(host)
+    if proxy is not None:
+        p = urlparse(proxy if "://" in proxy else f"http://{proxy}")
+        return _connects(p.hostname or "", p.port or (443 if p.scheme == "https" else 80), timeout)
+    return _connects(host, url.port or (80 if url.scheme == "http" else 443), timeout)

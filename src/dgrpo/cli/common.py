@@ -96,16 +96,14 @@ def join_processes(cfg: Config, device: torch.device) -> tuple[Dist, torch.devic
     return dist, device
 
 
-def report_model(lm: Any, cfg: Config, dist: Dist | None = None) -> None:
-    """At the start (rank 0): the hub commit a hub model was read at, unless ``model.revision`` pinned it (so the
-    log says which weights a run used), and for LoRA its rank, base and how many parameters train."""
+def report_model(lm: Any, name: str, cfg: Config, dist: Dist | None = None) -> None:
+    """At the start (rank 0): the commit of the hub repository ``name`` (``--init`` or ``model.name_or_path``) that
+    was loaded, unless ``model.revision`` pinned it (so the log says which files a run used), and for LoRA its
+    rank, base and how many parameters train."""
     if dist is not None and not dist.is_main:
         return
-    if lm.revision and lm.revision != cfg.model.revision:
-        print(
-            f"dgrpo: {lm.name_or_path} read from the hub at commit {lm.revision} (to use these weights again: "
-            f"--set model.revision={lm.revision})"
-        )
+    if lm.hub_commit and lm.hub_commit != cfg.model.revision:
+        print(f"dgrpo: {name}: hub commit {lm.hub_commit} (--set model.revision={lm.hub_commit} pins it)")
     if lm.peft is None:
         return
     from ..model.lora import POLICY, trainable_parameters

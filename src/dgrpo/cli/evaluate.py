@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     for data, recs in sets.items():
         name = dataset_label(data, args.split)
         r = evaluate(lm, recs, dataset=name, plain=e.plain, shots=e.shots, limit=e.limit, **options)
-        r.model = model_label(args.model, lm.revision)
+        r.model = model_label(args.model, lm.hub_commit)
         write_results(r, outs[data])
         print(json.dumps(r.summary()))
         accuracies.append(f"{name} {100 * r.accuracy:.2f}% ({r.correct}/{r.n})")

@@ -164,7 +164,7 @@ def run_sft(args: argparse.Namespace) -> int:
     warn_if_held_out_is_trained_on(cfg, train, {**({cfg.data.valid: valid} if valid else {}), **tests})
     dist, device = join_processes(cfg, device)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
-    report_model(lm, cfg, dist)
+    report_model(lm, args.init or cfg.model.name_or_path, cfg, dist)
     if dist.active:  # distinct, reproducible RNG streams per rank (the weights are broadcast from rank 0)
         seed_everything(cfg.seed * 1000003 + dist.rank)
     if valid and cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded
@@ -221,7 +221,7 @@ def run_grpo(args: argparse.Namespace) -> int:
     dist, device = join_processes(cfg, device)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
     warn_if_init_differs(lm.run_config, cfg)
-    report_model(lm, cfg, dist)
+    report_model(lm, args.init or cfg.model.name_or_path, cfg, dist)
     if dist.active:  # distinct, reproducible RNG streams per rank (rollout seeds come from the global row anyway)
         seed_everything(cfg.seed * 1000003 + dist.rank)
     if cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded

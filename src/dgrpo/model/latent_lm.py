@@ -444,6 +444,11 @@ def load_hf_model(
                 f"cannot load the model {path}: it holds PyTorch .bin weights, and dgrpo loads safetensors only (a "
                 "pickle can run code); convert it once: AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR)"
             ) from None
+        if "does not appear to have a file named" in str(e):  # (transformers adds "do not set use_safetensors")
+            cached = " in its files in the Hugging Face cache (an interrupted download?)" if local_files_only else ""
+            raise CheckpointError(
+                f"cannot load the model {path}: no safetensors weights{cached} (dgrpo loads safetensors only)"
+            ) from None
         raise CheckpointError(f"cannot load the model {path}: {one_line(e)}") from None
     model, info = loaded
     for what, key in (("missing", "missing_keys"), ("wrong-shape", "mismatched_keys")):
@@ -514,7 +519,10 @@ class LatentLM(nn.Module):
         self.question_prefix = bos_prefix(tokenizer)
         self.run_config: dict | None = None  # the training config that produced this model (run_config.json)
         self.name_or_path: str | None = None  # where the weights came from (a directory or hub id; None: built here)
-        self.revision: str | None = None  # the hub revision name_or_path was loaded at (None: a directory, or main)
+        self.revision: str | None = None  # the hub commit name_or_path was loaded at (None: a directory)
+        #: the hub commit of the repository this model was loaded from (an adapter's own, not its base's; None: a
+        #: directory, or built here)
+        self.hub_commit: str | None = None
         self.peft: Any = None  # PEFT's wrapper when LoRA adapters are on (dgrpo.model.lora), not a sub-module
         #: the fast engine's decoders kept from one batch to the next, by purpose (dgrpo.model.fixed_shape)
         self.kept_decoders = KeptDecoders()
@@ -581,7 +589,9 @@ class LatentLM(nn.Module):
         if not hub:  # (a hub snapshot lacks the weights until from_pretrained fetches them: the hub checks its files)
             check_intact(local, ADAPTER_FILES if adapter else MODEL_FILES)
         if adapter:
-            return cls._from_adapter_dir(local, dtype, device, trust_remote_code)
+            lm = cls._from_adapter_dir(local, dtype, device, trust_remote_code)
+            lm.hub_commit = local.name if hub else None
+            return lm
         try:
             # custom tokenizer code is not among the snapshot's files: transformers fetches it with the hub id
             tok_from, tok_at = (str(path), revision) if hub and trust_remote_code else (str(local), None)
@@ -594,6 +604,7 @@ class LatentLM(nn.Module):
         model = load_hf_model(str(path), dtype, trust_remote_code, local_files_only, revision)
         lm = cls._built(model, tok, settings, str(path), latent_token_init)
         lm.run_config, lm.name_or_path, lm.revision = run_config, str(path), revision
+        lm.hub_commit = revision if hub else None
         if device is not None:
             lm.to(device)
         return lm

@@ -49,11 +49,13 @@ def resolve_hub_model(name: str, revision: str | None = None) -> tuple[str, bool
         for file in ("config.json", "adapter_config.json")
     )
     what = f"model {name!r}" + (f" at revision {revision!r}" if revision else "")
+    repo_cached = (Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}").is_dir()
+    missing = f"not at revision {revision!r} (other revisions are)" if revision and repo_cached else "not"
     if offline_requested("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         if cached:
             return name, True
         raise CheckpointError(
-            f"{what}: not a local directory, and HF_HUB_OFFLINE is set but the model is not in the "
+            f"{what}: not a local directory, and HF_HUB_OFFLINE is set but the model is {missing} in the "
             f"Hugging Face cache ({constants.HF_HUB_CACHE})"
         )
     if hub_reachable():
@@ -61,7 +63,7 @@ def resolve_hub_model(name: str, revision: str | None = None) -> tuple[str, bool
     if cached:
         return name, True
     raise CheckpointError(
-        f"{what}: not a local directory, not in the Hugging Face cache, and the hub ({constants.ENDPOINT}) "
+        f"{what}: not a local directory, {missing} in the Hugging Face cache, and the hub ({constants.ENDPOINT}) "
         f"cannot be reached (no network?); download it where there is network, or point to a local copy "
         f"(HF_HUB_ETAG_TIMEOUT / HF_HUB_DOWNLOAD_TIMEOUT set the hub's timeouts in seconds)"
     )
