@@ -443,6 +443,7 @@ def test_hub_ids_load_from_the_cache_wherever_a_model_goes(sft_checkpoint, tmp_p
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "e" / "results.json").read_text())["model"] == "tiny-org/tiny-model@0123456789abcdef"
     assert "task, data and dtype settings from the checkpoint's run_config.json" in r.stdout  # (from the hub too)
+    assert "decoding (eval.*) from this command\n" in r.stdout  # (no run directory to point to)
     r = run("grpo", "--init", "tiny-org/tiny-model", *tiny_args(**{"grpo.steps": 1}), "--out", tmp_path / "g")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "tiny-org/tiny-model: hub commit 0123456789abcdef (--set model.revision=0123456789abcdef pins" in r.stdout

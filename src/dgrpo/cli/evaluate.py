@@ -82,7 +82,7 @@ def checkpoint_settings(model: str, revision: str = "") -> dict:
     return out
 
 
-def explain(start: dict, cfg: Any, configs: list[str] | None = None) -> str | None:
+def explain(start: dict, cfg: Any, configs: list[str] | None = None, local: bool = True) -> str | None:
     """One line: which settings came from the checkpoint and which the command line changed."""
     if not start:
         return None
@@ -96,6 +96,8 @@ def explain(start: dict, cfg: Any, configs: list[str] | None = None) -> str | No
     # decoding is the command's own: the run's test sets used the run's eval.* (its config.json has them)
     if configs:
         return line + f"; decoding (eval.*) from this command and its --config {' '.join(configs)}"
+    if not local:  # (a checkpoint from the hub: its run directory is not at hand)
+        return line + "; decoding (eval.*) from this command"
     return line + "; decoding (eval.*) from this command: --config RUN/config.json for the run's own"
 
 
@@ -128,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     from ..data.records import DataError
     from ..eval.evaluate import evaluate, write_results
     from ..model.factory import load_model
+    from ..model.latent_lm import on_disk
     from ..training.distributed import env_int
     from ..training.run import check_output_path
 
@@ -147,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     start = checkpoint_settings(args.model, given.model.revision)
     cfg = load_config(Config, list(args.config), [*args.overrides, *extra], start=start)
     check_output_path(args.out)
-    note = explain(start, cfg, list(args.config))
+    note = explain(start, cfg, list(args.config), local=on_disk(args.model).exists())
     if note:
         print(note)
     e = cfg.eval
