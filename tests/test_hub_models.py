@@ -162,3 +162,21 @@ def test_a_snapshot_without_its_weights_says_so(hub_cache):
     (snapshot(hub_cache, NEW) / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match=r"no safetensors weights in its files in the Hugging Face cache \(an"):
         LatentLM.from_pretrained(REPO)
+
+
+def test_the_snapshot_fetches_every_file_a_checkpoint_needs_but_its_weights(tokenizer, tmp_path):
+    """What hub_snapshot fetches before the weights (its patterns, as huggingface_hub matches them) covers every file
+    a dgrpo checkpoint and its tokenizer write: a chat template saved as chat_template.jinja was left out, and a
+    checkpoint trained with data.chat_template lost it."""
+    from fnmatch import fnmatch
+
+    from dgrpo.model.sources import SMALL_FILES
+
+    lm = make_lm(tokenizer)
+    lm.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    lm.save_pretrained(tmp_path / "ckpt")
+    files = [str(p.relative_to(tmp_path / "ckpt")) for p in (tmp_path / "ckpt").rglob("*") if p.is_file()]
+    assert "chat_template.jinja" in files
+    weights = {"model.safetensors"}  # (from_pretrained fetches them, as transformers picks them)
+    missed = [f for f in files if f not in weights and not any(fnmatch(f, pattern) for pattern in SMALL_FILES)]
+    assert not missed, missed

@@ -76,6 +76,7 @@ SMALL_FILES = (
     "*.txt",
     "*.model",
     "*.tiktoken",
+    "*.jinja",  # a chat template (chat_template.jinja, additional_chat_templates/*.jinja)
     "tokenizer*",
     "adapter_model.safetensors",
     "latent_rows.safetensors",
