@@ -186,3 +186,68 @@ def test_sigterm_to_every_process_of_a_torchrun_job_checkpoints_one_step_and_res
     _, err = again.communicate(timeout=300)
     assert again.returncode == 0, err[-3000:]
     same_run(tmp_path / "ref", out)
+
+
+BLOCKED_RANK = """
+import os, sys, time, torch, torch.distributed as dist
+from dgrpo.training.preemption import sigterm_stops
+dist.init_process_group("gloo")
+with sigterm_stops(True, distributed=True):
+    print("ready", flush=True)
+    if dist.get_rank() == 1:
+        time.sleep(60)  # a peer that does not come (hung, or dead without its process group noticing)
+    dist.all_reduce(torch.zeros(1))  # rank 0 waits here, in C++: Python's SIGTERM handler cannot run
+print("returned", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_blocked_in_a_collective_still_ends_after_the_grace_period(tmp_path):
+    """Under torchrun a SIGTERM only asks; a rank waiting in a collective for a peer never runs Python's handler, so
+    the watchdog thread (woken through the wakeup file descriptor) ends it DGRPO_SIGTERM_GRACE_S after the signal.
+    (An alarm armed by the handler was never armed there.)"""
+    import socket
+
+    (tmp_path / "blocked.py").write_text(BLOCKED_RANK)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    env["DGRPO_SIGTERM_GRACE_S"] = "1.5"
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(tmp_path / "blocked.py")],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        assert ranks[0].stdout.readline().strip() == "ready"
+        time.sleep(1.0)  # (in the all-reduce by now)
+        t0 = time.time()
+        ranks[0].send_signal(signal.SIGTERM)
+        assert ranks[0].wait(timeout=30) == 128 + signal.SIGTERM
+        assert time.time() - t0 < 10
+        err = ranks[0].stderr.read()
+        assert "no stop within DGRPO_SIGTERM_GRACE_S = 1.5 s of SIGTERM" in err, err
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait()
+
+
+def test_a_bad_grace_period_is_one_config_line(monkeypatch):
+    from dgrpo.config import ConfigError
+
+    for bad in ("", "90s", "0", "-1", "nan", "inf"):
+        monkeypatch.setenv("DGRPO_SIGTERM_GRACE_S", bad)
+        if bad == "":
+            with sigterm_stops(True, distributed=True):  # unset or empty: the default
+                pass
+            continue
+        with pytest.raises(ConfigError, match="DGRPO_SIGTERM_GRACE_S"), sigterm_stops(True, distributed=True):
+            pass
+    assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)

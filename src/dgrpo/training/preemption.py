@@ -5,10 +5,11 @@ checkpoint at the end of the step under way and stops (:class:`Terminated`), so 
   evaluation, writing files), or at a second SIGTERM, the run stops at once, closing its files, trackers and lock.
 - Under torchrun every rank gets the signal (from the scheduler, and again from torchrun, which forwards it): each
   SIGTERM only asks, and after every step the ranks agree (one all-reduce) whether any was asked, so all of them
-  stop at the same step; rank 0 writes the checkpoint while the others wait. A rank blocked in a collective never
-  runs Python's handler, so the first SIGTERM also arms an alarm: :data:`GRACE_ENV` seconds later (default
-  :data:`GRACE_S`) the kernel ends the process however it is blocked (torchrun itself kills its workers 30 s after
-  it forwarded the signal).
+  stop at the same step; rank 0 writes the checkpoint while the others wait. A rank blocked in a collective (a peer
+  died) never runs Python's handler, so a watchdog thread, woken by the signal's byte on Python's wakeup file
+  descriptor (written by the C-level handler whatever the main thread is doing), ends the process
+  :data:`GRACE_ENV` seconds (default :data:`GRACE_S`) after the first SIGTERM unless the run stopped by then
+  (torchrun itself kills its workers 30 s after it forwarded the signal).
 
 The command line installs the handler (:func:`sigterm_stops`); the loops mark their steps (:func:`within_step`),
 ask :func:`stop_requested` after each and, when it is True, write the checkpoint and call :func:`stop`. From Python,
@@ -20,6 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, NoReturn
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 #: the environment variable that sets the seconds a torchrun worker has, after its first SIGTERM, to reach the end
 #: of its step and write the checkpoint
 GRACE_ENV = "DGRPO_SIGTERM_GRACE_S"
-GRACE_S = 120
+GRACE_S = 60.0
 
 
 class Terminated(KeyboardInterrupt):
@@ -49,11 +51,65 @@ def _is_rank0() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def grace_s() -> float:
+    """:data:`GRACE_ENV`'s seconds (:data:`GRACE_S` when unset); a ConfigError line for a value that is not a
+    positive number (read at the start, not in the signal handler)."""
+    from ..config import ConfigError
+
+    raw = os.environ.get(GRACE_ENV, "").strip()
+    try:
+        value = float(raw) if raw else GRACE_S
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"{GRACE_ENV}={raw!r}: must be a positive number of seconds")
+    return value
+
+
+def _watchdog(read_fd: int, grace: float, done: threading.Event) -> None:
+    """(A daemon thread under torchrun.) Reads the signal numbers Python's C-level handler writes to the wakeup file
+    descriptor; ``grace`` seconds after the first SIGTERM, unless the run ended (``done``), ends the process."""
+    try:
+        while True:
+            data = os.read(read_fd, 64)
+            if not data:  # the write end closed: the run is over
+                return
+            if signal.SIGTERM in data:
+                if not done.wait(grace):
+                    print(
+                        f"dgrpo: no stop within {GRACE_ENV} = {grace:g} s of SIGTERM (a rank blocked, or a long step "
+                        "or evaluation): exiting without a checkpoint",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    os._exit(128 + signal.SIGTERM)
+                return
+    except OSError:
+        return
+    finally:
+        os.close(read_fd)
+
+
+@contextmanager
+def _watched(grace: float) -> Iterator[None]:
+    """Python's wakeup file descriptor and its :func:`_watchdog` while the block runs (main thread only)."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    previous = signal.set_wakeup_fd(write_fd)
+    done = threading.Event()
+    threading.Thread(target=_watchdog, args=(read_fd, grace, done), daemon=True, name="dgrpo-sigterm").start()
+    try:
+        yield
+    finally:
+        done.set()
+        signal.set_wakeup_fd(previous)
+        os.close(write_fd)  # (the watchdog reads the end of the pipe, returns and closes its end)
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
     if _State.distributed:
         if not _State.requested:
             _State.requested = True
-            signal.alarm(max(1, int(os.environ.get(GRACE_ENV, GRACE_S))))  # SIGALRM's default ends the process
             if _is_rank0():
                 print(
                     "dgrpo: SIGTERM: every rank stops at the end of this step, after writing a resumable checkpoint",
@@ -77,6 +133,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
 def sigterm_stops(on: bool, distributed: bool = False) -> Iterator[None]:
     """While a training command runs (``on``; ``distributed``: a torchrun worker): SIGTERM as the module says (it
     ended the process without a word)."""
+    grace = grace_s() if on and distributed else 0.0
     previous = signal.getsignal(signal.SIGTERM) if on else None
     try:
         if on:
@@ -85,11 +142,14 @@ def sigterm_stops(on: bool, distributed: bool = False) -> Iterator[None]:
         on = False
     _State.installed, _State.distributed, _State.requested = on, on and distributed, False
     try:
-        yield
+        if _State.distributed:
+            with _watched(grace):
+                yield
+        else:
+            yield
     finally:
         if on:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-            signal.alarm(0)
         _State.installed = _State.distributed = _State.in_step = _State.requested = False
 
 
