@@ -99,6 +99,10 @@ from dgrpo.reward import extract_answer, is_parseable, normalize_number, parse_n
         ("#### 5\nwait, \\boxed{7}", "7"),
         ("\\boxed{\\frac{1}{2}} is 0.5", None),  # not the numerator (nor a number after the box)
         ("The answer is 3. Or \\boxed{x = 4}", "3"),  # a box without a number leaves it to the marker before
+        ("The final answer is $\\boxed{\\frac{3}{4}}$.", None),  # ... but not to a number inside that box
+        ("#### \\boxed{\\frac{1}{2}}", None),
+        ("the final answer is \\boxed{x+1}", None),
+        ("\\boxed{1{,}000}", "1000"),  # LaTeX's thousands separator
     ],
 )
 def test_extract_answer(text: str, expected: str | None) -> None:

@@ -94,18 +94,22 @@ def _find_answer(text: str) -> re.Match[str] | None:
     completion of 20,000 ``#`` took 13 s searching after each marker in turn)."""
     if not isinstance(text, str):
         return None
+    text = text.replace("{,}", ",")  # LaTeX's thousands separator: 1{,}000
     numbers = list(_NUMBER_IN_TEXT.finditer(text))
     headings = {m.start(1) for m in _HEADING.finditer(text)}
     markers = [m for m in _ANSWER_MARKER.finditer(text) if m.start() not in headings]
     if not markers:
         return numbers[-1] if numbers else None
     starts = [m.start() for m in numbers]
+    before = len(text)  # an answer starts before this: a box with no number opening it (\frac{3}{4}, x + 1) holds none
     for marker in reversed(markers):  # the last marker with a number after it ("... this answer is right" has none)
         i = bisect.bisect_left(starts, marker.end())
-        if i < len(numbers):
-            boxed = marker.group().startswith("\\")  # its number opens the box (not \frac{1}{2}'s 1, nor x}'s next)
+        boxed = marker.group().startswith("\\")
+        if i < len(numbers) and starts[i] < before:
             if not boxed or not text[marker.end() : starts[i]].strip(" \t\n$\\"):  # (spaces, $ or \$ first)
                 return numbers[i]
+        if boxed:
+            before = marker.start()
     return None  # markers, none followed by a number: no answer (not a number of the reasoning before them)
 
 
