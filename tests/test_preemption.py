@@ -251,3 +251,25 @@ def test_a_bad_grace_period_is_one_config_line(monkeypatch):
         with pytest.raises(ConfigError, match="DGRPO_SIGTERM_GRACE_S"), sigterm_stops(True, distributed=True):
             pass
     assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)
+
+
+def test_a_model_stopped_mid_run_without_a_checkpoint_is_not_started_afresh(sft_checkpoint, tmp_path, monkeypatch):
+    """Ctrl-C before the first checkpoint, then the same call again: it started at step 0 from weights already
+    trained two steps (and, under LoRA, took its KL reference from them), silently. Now one line says to load the
+    model again; a model that finished a run goes on to the next one (SFT then GRPO on one object)."""
+    from dgrpo.config import ConfigError
+
+    cfg = tiny_config(**GRPO_SETS)  # (grpo.save_every = 0)
+    train = generate_split(cfg.task, "train")[:64]
+    lm = load_model(cfg.model, cfg.task, init=str(sft_checkpoint), seed=cfg.seed)
+    sigterm_after(monkeypatch, grpo.GRPOTrainer, "step", lambda t: t.step_idx == 2)
+    monkeypatch.setattr(os, "kill", lambda pid, sig: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        grpo.train_grpo(lm, cfg, train, tmp_path / "run", progress=False, log=quiet)
+    monkeypatch.undo()
+    for out in (tmp_path / "run", tmp_path / "elsewhere"):
+        with pytest.raises(ConfigError, match=r"holds the weights of a run that stopped mid-way \(.*run\)"):
+            grpo.train_grpo(lm, cfg, train, out, progress=False, log=quiet)
+    fresh = load_model(cfg.model, cfg.task, init=str(sft_checkpoint), seed=cfg.seed)
+    grpo.train_grpo(fresh, cfg, train, tmp_path / "again", progress=False, log=quiet)
+    grpo.train_grpo(fresh, cfg, train, tmp_path / "next", progress=False, log=quiet)  # a finished run's model: fine

@@ -523,6 +523,9 @@ class LatentLM(nn.Module):
         #: the hub commit of the repository this model was loaded from (an adapter's own, not its base's; None: a
         #: directory, or built here)
         self.hub_commit: str | None = None
+        #: the run directory of a training run that stopped mid-way (an exception, Ctrl-C) with these weights: the
+        #: next run must resume a checkpoint, which replaces them (dgrpo.training.run.check_restart)
+        self.stopped_run: str | None = None
         self.peft: Any = None  # PEFT's wrapper when LoRA adapters are on (dgrpo.model.lora), not a sub-module
         #: the fast engine's decoders kept from one batch to the next, by purpose (dgrpo.model.fixed_shape)
         self.kept_decoders = KeptDecoders()

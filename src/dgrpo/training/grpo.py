@@ -65,6 +65,7 @@ from .run import (
     NonFiniteGuard,
     RunDir,
     StalledError,
+    check_restart,
     check_run_inputs,
     check_trainer_inputs,
     sharded_accuracy,
@@ -679,6 +680,7 @@ def _logged_step(run: RunDir, trainer: GRPOTrainer, loop: LoopState) -> tuple[di
     """One step, its metrics row and rollouts written; (the row, why to stop for a stall or None). A SIGTERM within
     it waits for its end (:mod:`dgrpo.training.preemption`): the loop then writes this step's checkpoint and stops."""
     g, dist = trainer.cfg.grpo, trainer.dist
+    trainer.lm.stopped_run = str(run.out_dir)  # (mid-run weights until the run ends: check_restart)
     with within_step():
         comm0 = dist.comm_s
         m = trainer.step()
@@ -697,6 +699,7 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
     loaded = run.resume(lambda ckpt: read_checkpoint(ckpt, lm=trainer.lm, optimizer=trainer.opt, extra_models=extra))
     saved = loaded.apply(trainer.lm, trainer.opt, extra) if loaded is not None else None
     loop = LoopState()
+    check_restart(trainer.lm, saved is not None, "train_grpo")
     if saved is not None:
         run.check_same_data(saved["trainer"].get("train_data"), trainer.data_fingerprint)
         trainer.load_state(saved["trainer"])
@@ -740,6 +743,7 @@ def _finish(run: RunDir, trainer: GRPOTrainer, loop: LoopState, final_eval: Fina
     """``final/``, ``summary.json`` (returned; {} on ranks other than 0), then ``final_eval``'s row."""
     steps = trainer.cfg.grpo.steps
     trainer.dist.save_model(trainer.lm, run.out_dir / FINAL_DIR)
+    trainer.lm.stopped_run = None
     summary = _summary(run, loop, steps) if trainer.dist.is_main else {}
     run.final_eval(final_eval, trainer.lm, steps, loop.best_step)
     return summary

@@ -198,6 +198,20 @@ def warn_if_training_questions_cut(lm: LatentLM, cfg: Config, train: list[Record
     warn_if_questions_cut(lm, questions, cfg.data.max_question_tokens, "training", check_at_most=1000)
 
 
+def check_restart(lm: LatentLM, resumed: bool, what: str) -> None:
+    """A ConfigError when a run would start afresh from the weights of a run that stopped mid-way in this process
+    (Ctrl-C in a notebook, an error; ``lm.stopped_run``, set by every training step and cleared when a run ends):
+    nothing restores its start (no checkpoint to resume). A resumed checkpoint replaces the weights and clears it."""
+    if resumed:
+        lm.stopped_run = None
+    elif lm.stopped_run is not None:
+        raise ConfigError(
+            f"{what}: this model object holds the weights of a run that stopped mid-way ({lm.stopped_run}), and no "
+            "checkpoint of this run restores a start: load the model again (load_model / LatentLM.from_pretrained) "
+            "and pass that, or go on with the stopped run by giving its directory"
+        )
+
+
 def check_dtype(lm: LatentLM, cfg: Config, what: str) -> None:
     """The model's weights in ``model.dtype``, which the run records (config.json, and each checkpoint's
     run_config.json, from which ``dgrpo eval`` takes it): ``load_model`` casts to it, a model built in Python keeps

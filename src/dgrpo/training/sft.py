@@ -38,6 +38,7 @@ from .run import (
     NonFiniteError,
     NonFiniteGuard,
     RunDir,
+    check_restart,
     check_run_inputs,
     sharded_accuracy,
     warn_if_training_questions_cut,
@@ -244,6 +245,7 @@ class SFTRun:
         opt = new_optimizer(self.params, cfg)  # the state a checkpoint loads into
         loaded = run.resume(lambda ckpt: read_checkpoint(ckpt, lm=lm, optimizer=opt))
         self.opt: torch.optim.Optimizer | None = None  # a fresh run makes it at its first stage
+        check_restart(lm, loaded is not None, "train_sft")
         if loaded is not None:
             saved = loaded.apply(lm, opt)
             run.check_same_data(saved.get("train_data"), self.data_fingerprint)
@@ -297,6 +299,7 @@ class SFTRun:
         evaluation."""
         s, prog, steps = self.cfg.sft, self.prog, self.plan.steps_per_epoch
         order = self.plan.epoch_order(epoch, len(train))
+        self.lm.stopped_run = str(self.run.out_dir)  # (mid-run weights until the run ends: check_restart)
         for b in range(first_batch, steps):
             with within_step():
                 ex_rng = random.Random(f"{self.cfg.seed}/examples/{prog.global_step}")
@@ -335,6 +338,7 @@ class SFTRun:
         self.lm.settings = final_settings(self.cfg)
         self.lm.eval()
         self.dist.save_model(self.lm, self.run.out_dir / FINAL_DIR)
+        self.lm.stopped_run = None
         rows = self.run.metrics.rows()
         by_stage = {  # (the stage-end rows: sft.eval_every_epoch's rows name their epoch)
             r["stage"]: r["eval/valid/accuracy"] for r in rows if "eval/valid/accuracy" in r and "epoch" not in r
