@@ -86,7 +86,15 @@ def test_sigterm_within_a_grpo_step_checkpoints_it_and_the_run_resumes_bit_ident
 
 
 def test_a_second_sigterm_or_one_outside_a_step_stops_at_once(sft_checkpoint, tmp_path, monkeypatch):
+    """One stop delivered twice at once (srun, a wrapper script) is one SIGTERM: the step's checkpoint is written. A
+    second one REPEAT_S later (here 0), or one outside a step, stops at once, with none."""
+    from dgrpo.training import preemption
+
     sigterm_after(monkeypatch, grpo.GRPOTrainer, "step", lambda t: t.step_idx == 1, times=2)
+    with sigterm_stops(True), pytest.raises(Terminated):
+        run_grpo(sft_checkpoint, tmp_path / "forwarded")
+    assert checkpoints(tmp_path / "forwarded") == ["step-00000001"]
+    monkeypatch.setattr(preemption, "REPEAT_S", 0.0)
     with sigterm_stops(True), pytest.raises(Terminated):
         run_grpo(sft_checkpoint, tmp_path / "twice")
     assert not (tmp_path / "twice" / "checkpoints").exists()

@@ -2,7 +2,8 @@
 checkpoint at the end of the step under way and stops (:class:`Terminated`), so the same command goes on from there.
 
 - One process: a SIGTERM within a step lets it finish; then the checkpoint, then the stop. Anywhere else (loading,
-  evaluation, writing files), or at a second SIGTERM, the run stops at once, closing its files, trackers and lock.
+  evaluation, writing files), or at a second SIGTERM (:data:`REPEAT_S` or more after the first: srun and wrapper
+  scripts deliver one stop twice), the run stops at once, closing its files, trackers and lock.
 - Under torchrun every rank gets the signal (from the scheduler, and again from torchrun, which forwards it): each
   SIGTERM only asks, and after every step the ranks agree (one all-reduce) whether any was asked, so all of them
   stop at the same step; rank 0 writes the checkpoint while the others wait. A rank blocked in a collective (a peer
@@ -22,6 +23,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, NoReturn
@@ -33,6 +35,9 @@ if TYPE_CHECKING:
 #: of its step and write the checkpoint
 GRACE_ENV = "DGRPO_SIGTERM_GRACE_S"
 GRACE_S = 60.0
+#: (one process) a SIGTERM this soon after the one that asked for the stop is the same stop delivered again, not a
+#: second one
+REPEAT_S = 2.0
 
 
 class Terminated(KeyboardInterrupt):
@@ -45,6 +50,7 @@ class _State:
     distributed = False  # under torchrun: a SIGTERM only asks; the ranks agree after each step
     in_step = False  # a training step is under way: a SIGTERM waits for its end
     requested = False  # a SIGTERM asked for a checkpoint and a stop at a step's end
+    requested_at = 0.0  # (time.monotonic() of that SIGTERM)
 
 
 def _is_rank0() -> bool:
@@ -117,11 +123,13 @@ def _on_sigterm(signum: int, frame: object) -> None:
                     flush=True,
                 )
         return
+    if _State.requested and time.monotonic() - _State.requested_at < REPEAT_S:
+        return  # the same stop delivered twice (srun or a wrapper script forwards what the scheduler sent it)
     if _State.in_step and not _State.requested:
-        _State.requested = True
+        _State.requested, _State.requested_at = True, time.monotonic()
         print(
-            "dgrpo: SIGTERM: stopping at the end of this step, after writing a resumable checkpoint (a second SIGTERM "
-            "stops at once)",
+            "dgrpo: SIGTERM: stopping at the end of this step, after writing a resumable checkpoint (another SIGTERM "
+            f"{REPEAT_S:g} s or more later stops at once)",
             file=sys.stderr,
             flush=True,
         )
