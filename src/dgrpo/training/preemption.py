@@ -50,7 +50,7 @@ class _State:
     distributed = False  # under torchrun: a SIGTERM only asks; the ranks agree after each step
     in_step = False  # a training step is under way: a SIGTERM waits for its end
     requested = False  # a SIGTERM asked for a checkpoint and a stop at a step's end
-    requested_at = 0.0  # (time.monotonic() of that SIGTERM)
+    last_at = -float("inf")  # time.monotonic() of the last SIGTERM that counted (one process)
 
 
 def _is_rank0() -> bool:
@@ -123,10 +123,12 @@ def _on_sigterm(signum: int, frame: object) -> None:
                     flush=True,
                 )
         return
-    if _State.requested and time.monotonic() - _State.requested_at < REPEAT_S:
+    now = time.monotonic()
+    if now - _State.last_at < REPEAT_S:
         return  # the same stop delivered twice (srun or a wrapper script forwards what the scheduler sent it)
+    _State.last_at = now
     if _State.in_step and not _State.requested:
-        _State.requested, _State.requested_at = True, time.monotonic()
+        _State.requested = True
         print(
             "dgrpo: SIGTERM: stopping at the end of this step, after writing a resumable checkpoint (another SIGTERM "
             f"{REPEAT_S:g} s or more later stops at once)",
@@ -149,6 +151,7 @@ def sigterm_stops(on: bool, distributed: bool = False) -> Iterator[None]:
     except ValueError:  # not the main thread (an embedding application): keep the default
         on = False
     _State.installed, _State.distributed, _State.requested = on, on and distributed, False
+    _State.last_at = -float("inf")
     try:
         if _State.distributed:
             with _watched(grace):
