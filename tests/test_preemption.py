@@ -113,6 +113,7 @@ def run_sft(out):
     sft.train_sft(lm, generate_split(cfg.task, "train"), cfg, out, progress=False, log=quiet)
 
 
+@pytest.mark.slow  # (three SFT runs each)
 @pytest.mark.parametrize("at", [2, 6], ids=["mid-epoch", "epoch-end"])
 def test_sigterm_within_an_sft_step_checkpoints_and_the_run_resumes_bit_identical(tmp_path, monkeypatch, at):
     """6 steps per epoch: a SIGTERM in step 2 writes step 2's checkpoint; in the epoch's last step, the epoch ends
@@ -129,6 +130,7 @@ def test_sigterm_within_an_sft_step_checkpoints_and_the_run_resumes_bit_identica
     same_run(reference, out)
 
 
+@pytest.mark.slow  # (three GRPO runs each)
 @pytest.mark.parametrize("lora_r", [0, 4], ids=["full", "lora"])
 def test_a_run_interrupted_in_process_goes_on_with_the_same_model_object(sft_checkpoint, tmp_path, monkeypatch, lora_r):
     """Ctrl-C in a notebook, then the same cell again: train_grpo with the model object it had been training goes on
