@@ -61,15 +61,14 @@ def checkpoint_settings(model: str, revision: str = "") -> dict:
     ``revision``) ({} for a plain model, an older checkpoint, or one that cannot be read: loading it says why)."""
     from ..model.factory import resolve_checkpoint
     from ..model.latent_lm import RUN_CONFIG_FILE, on_disk
-    from ..model.sources import hub_snapshot, resolve_model_source
+    from ..model.sources import hub_files
     from ..model.verified import CheckpointError
 
     if on_disk(model).exists():  # (checkpoints/step-N names step-0000000N: the model loads from it too)
         trained = resolve_checkpoint(model) / RUN_CONFIG_FILE
     else:
         try:
-            source, local_only = resolve_model_source(model, revision or None)
-            trained = hub_snapshot(source, revision or None, local_only) / RUN_CONFIG_FILE
+            trained = hub_files(model, revision or None)[0] / RUN_CONFIG_FILE
         except CheckpointError:
             return {}
     if not trained.is_file():

@@ -15,7 +15,7 @@ from .compiled_layers import CompiledLayers
 from .gqa_attention import use_packed_gqa
 from .head_stats import HeadStats
 from .latent_lm import LatentLM, LatentSettings, resolve_checkpoint
-from .sources import on_for_device, resolve_device, resolve_model_source
+from .sources import on_for_device, resolve_device
 from .tiny import build_tiny_model
 from .verified import CheckpointError
 
@@ -67,15 +67,12 @@ def load_model(
         lm = build_builtin(model_cfg, task_cfg, seed)
         lm.to(dtype)
     else:
-        revision = model_cfg.revision or None
-        source, local_only = resolve_model_source(str(name), revision)
-        lm = LatentLM.from_pretrained(
-            source,
+        lm = LatentLM.from_pretrained(  # (it resolves the name: a directory, or a hub id from the hub or its cache)
+            str(name),
             dtype=dtype,
             trust_remote_code=model_cfg.trust_remote_code,
-            local_files_only=local_only,
             latent_token_init=model_cfg.latent_token_init,
-            revision=revision,
+            revision=model_cfg.revision or None,
         )
     if training:
         with torch.random.fork_rng(devices=[]):  # new adapters start from ``seed``, whatever drew from torch before

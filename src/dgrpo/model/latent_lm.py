@@ -577,12 +577,10 @@ class LatentLM(nn.Module):
             local = resolve_checkpoint(local)
             path, revision = str(local.resolve()), None
         else:  # a hub id (or a relative path shaped like one): as the command line resolves it
-            from .sources import hub_snapshot, resolve_model_source
+            from .sources import hub_files
 
-            if not local_files_only:
-                path, local_files_only = resolve_model_source(str(path), revision)
             # its small files (latent settings, run config, tokenizer, adapter): read as a directory's would be
-            local, hub = hub_snapshot(str(path), revision, local_files_only), True
+            (local, local_files_only), hub = hub_files(str(path), revision, local_files_only), True
             revision = local.name  # the commit they are from: the weights come from the same one
         adapter = (local / ADAPTER_CONFIG_FILE).is_file()
         if (local / SHARDED_DIR).is_dir() and not (
@@ -606,8 +604,8 @@ class LatentLM(nn.Module):
             raise CheckpointError(f"cannot load the model {path}: {one_line(e)}") from None
         model = load_hf_model(str(path), dtype, trust_remote_code, local_files_only, revision)
         lm = cls._built(model, tok, settings, str(path), latent_token_init)
-        lm.run_config, lm.name_or_path, lm.revision = run_config, str(path), revision
-        lm.hub_commit = revision if hub else None
+        lm.run_config, lm.name_or_path = run_config, str(path)
+        lm.revision = lm.hub_commit = revision  # (None for a directory)
         if device is not None:
             lm.to(device)
         return lm

@@ -276,12 +276,17 @@ def is_adapter_dir(path: Path) -> bool:
     return (path / ADAPTER_CONFIG).is_file()
 
 
-def adapter_base(folder: Path) -> str:
-    """The base model an adapter directory names (``base_model_name_or_path``)."""
+def _adapter_config(folder: Path) -> dict:
+    """An adapter directory's ``adapter_config.json``; unreadable: a CheckpointError line."""
     try:
-        base = json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+        return json.loads((folder / ADAPTER_CONFIG).read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{folder}: unreadable {ADAPTER_CONFIG} ({one_line(e)})") from None
+
+
+def adapter_base(folder: Path) -> str:
+    """The base model an adapter directory names (``base_model_name_or_path``)."""
+    base = _adapter_config(folder).get("base_model_name_or_path")
     if not base:
         raise CheckpointError(f"{folder}: {ADAPTER_CONFIG} names no base model (base_model_name_or_path)")
     return str(base)
@@ -290,8 +295,8 @@ def adapter_base(folder: Path) -> str:
 def adapter_base_revision(folder: Path) -> str | None:
     """The hub revision of the base an adapter directory names (PEFT's ``revision``; None: none recorded)."""
     try:
-        revision = json.loads((folder / ADAPTER_CONFIG).read_text()).get("revision")
-    except (OSError, ValueError):
+        revision = _adapter_config(folder).get("revision")
+    except CheckpointError:
         return None
     return str(revision) if revision else None
 

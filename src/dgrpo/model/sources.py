@@ -102,6 +102,14 @@ def hub_snapshot(name: str, revision: str | None, local_files_only: bool) -> Pat
     return Path(folder)
 
 
+def hub_files(name: str, revision: str | None, local_files_only: bool = False) -> tuple[Path, bool]:
+    """(:func:`hub_snapshot`'s folder, local_files_only) for a hub id: where it is read from first
+    (:func:`resolve_model_source`: the hub, or the cached copy), unless ``local_files_only`` already says the cache."""
+    if not local_files_only:
+        name, local_files_only = resolve_model_source(name, revision)
+    return hub_snapshot(name, revision, local_files_only), local_files_only
+
+
 def resolve_model_source(name: str, revision: str | None = None) -> tuple[str, bool]:
     """(what to pass to ``from_pretrained``, local_files_only) for a model name: a checkpoint path, or a hub id (at
     ``revision``; a path has none, and ignores it)."""
