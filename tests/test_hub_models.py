@@ -151,9 +151,27 @@ def test_dgrpo_eval_takes_a_hub_checkpoints_settings_at_its_revision(hub_cache):
     only."""
     from dgrpo.cli.evaluate import checkpoint_settings
 
-    assert checkpoint_settings(REPO)["task"] == {"n_steps": 4}
-    assert checkpoint_settings(REPO, "v1")["task"] == {"n_steps": 3}
-    assert checkpoint_settings("tiny-org/not-there") == {}  # (loading it says why)
+    assert checkpoint_settings(REPO) == ({"model": {}, "task": {"n_steps": 4}, "data": {}, "eval": {}}, NEW)
+    assert checkpoint_settings(REPO, "v1")[0]["task"] == {"n_steps": 3}
+    assert checkpoint_settings("tiny-org/not-there") == ({}, "")  # (loading it says why)
+
+
+def test_dgrpo_eval_reads_settings_and_weights_at_one_commit(hub_cache, tmp_path, run_cli, monkeypatch):
+    """eval resolved the branch once for the settings and again for the weights: ``main`` moving in between (here
+    right after the first read) graded NEW's task with OLD's weights, and results.json named OLD."""
+    import dgrpo.model.sources as sources
+
+    read = sources.hub_snapshot
+
+    def then_main_moves(*args, **kwargs):
+        folder = read(*args, **kwargs)
+        (snapshot(hub_cache, OLD).parent.parent / "refs" / "main").write_text(OLD)
+        return folder
+
+    monkeypatch.setattr(sources, "hub_snapshot", then_main_moves)
+    r = run_cli("eval", "--model", REPO, "--data", "builtin:test", "--limit", 2, "--out", tmp_path / "ev")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "ev" / "results.json").read_text())["model"] == f"{REPO}@{NEW}"
 
 
 def test_a_snapshot_without_its_weights_says_so(hub_cache):

@@ -404,8 +404,8 @@ def test_eval_takes_the_task_from_a_checkpoint_named_as_checkpoints_step_n(sft_c
     ckpt = tmp_path / "run" / "checkpoints" / "step-00000003"
     shutil.copytree(sft_checkpoint, ckpt / "model")
     (ckpt / "state.json").write_text("{}")
-    short = checkpoint_settings(str(tmp_path / "run" / "checkpoints" / "step-3"))
-    assert short == checkpoint_settings(str(ckpt)) and short["task"]["n_steps"] == 4
+    short = checkpoint_settings(str(tmp_path / "run" / "checkpoints" / "step-3"))[0]
+    assert short == checkpoint_settings(str(ckpt))[0] and short["task"]["n_steps"] == 4
 
 
 def test_eval_reads_data_with_the_column_mapping_its_checkpoint_was_trained_with(tmp_path):
@@ -416,7 +416,7 @@ def test_eval_reads_data_with_the_column_mapping_its_checkpoint_was_trained_with
     (tmp_path / "run_config.json").write_text(
         json.dumps({"task": {}, "data": {"question_key": "q", "answer_key": "sol", "steps_key": ""}, "eval": {}})
     )
-    got = checkpoint_settings(str(tmp_path))["data"]
+    got = checkpoint_settings(str(tmp_path))[0]["data"]
     assert (got["question_key"], got["answer_key"], got["steps_key"]) == ("q", "sol", "")
 
 

@@ -56,29 +56,33 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def checkpoint_settings(model: str, revision: str = "") -> dict:
-    """The task, data and dtype settings a checkpoint was trained with, a local one or one uploaded to the hub (at
-    ``revision``) ({} for a plain model, an older checkpoint, or one that cannot be read: loading it says why)."""
+def checkpoint_settings(model: str, revision: str = "") -> tuple[dict, str]:
+    """(settings, commit): the task, data and dtype settings a checkpoint was trained with, a local one or one
+    uploaded to the hub (at ``revision``) ({} for a plain model, an older checkpoint, or one that cannot be read:
+    loading it says why), and for a hub id the commit they were read at ("" for a directory), at which the weights
+    are then read too: a branch that moves in between does not mix two commits."""
     from ..model.factory import resolve_checkpoint
     from ..model.latent_lm import RUN_CONFIG_FILE, on_disk
     from ..model.sources import hub_files
     from ..model.verified import CheckpointError
 
+    commit = ""
     if on_disk(model).exists():  # (checkpoints/step-N names step-0000000N: the model loads from it too)
         trained = resolve_checkpoint(model) / RUN_CONFIG_FILE
     else:
         try:
-            trained = hub_files(model, revision or None)[0] / RUN_CONFIG_FILE
+            folder = hub_files(model, revision or None)[0]
         except CheckpointError:
-            return {}
+            return {}, ""
+        trained, commit = folder / RUN_CONFIG_FILE, folder.name  # (a snapshot's folder is named by its commit)
     if not trained.is_file():
-        return {}
+        return {}, commit
     run = json.loads(trained.read_text())
     out: dict = {}
     for section, keys in CHECKPOINT_SECTIONS.items():
         values = run.get(section) or {}
         out[section] = dict(values) if keys is None else {k: values[k] for k in keys if k in values}
-    return out
+    return out, commit
 
 
 def explain(start: dict, cfg: Any, configs: list[str] | None = None, local: bool = True) -> str | None:
@@ -146,8 +150,10 @@ def run(args: argparse.Namespace) -> int:
     if args.shots is not None:
         extra.append(f"eval.shots={args.shots}")
     given = load(args, extra)  # validates the options (and --out) before anything is read from the checkpoint
-    start = checkpoint_settings(args.model, given.model.revision)
+    start, commit = checkpoint_settings(args.model, given.model.revision)
     cfg = load_config(Config, list(args.config), [*args.overrides, *extra], start=start)
+    if commit:  # the weights from the commit the settings came from
+        cfg.model.revision = commit
     check_output_path(args.out)
     note = explain(start, cfg, list(args.config), local=on_disk(args.model).exists())
     if note:
