@@ -67,18 +67,30 @@ def load_model(
         lm = build_builtin(model_cfg, task_cfg, seed)
         lm.to(dtype)
     else:
-        lm = LatentLM.from_pretrained(  # (it resolves the name: a directory, or a hub id from the hub or its cache)
-            str(name),
-            dtype=dtype,
-            trust_remote_code=model_cfg.trust_remote_code,
-            latent_token_init=model_cfg.latent_token_init,
-            revision=model_cfg.revision or None,
-        )
+        try:  # (from_pretrained resolves the name: a directory, or a hub id from the hub or its cache)
+            lm = LatentLM.from_pretrained(
+                str(name),
+                dtype=dtype,
+                trust_remote_code=model_cfg.trust_remote_code,
+                latent_token_init=model_cfg.latent_token_init,
+                revision=model_cfg.revision or None,
+            )
+        except CheckpointError as e:
+            raise CheckpointError(f"{e}{revision_hint(model_cfg, init)}") from None
     if training:
         with torch.random.fork_rng(devices=[]):  # new adapters start from ``seed``, whatever drew from torch before
             torch.manual_seed(seed)
             configure_lora(lm, model_cfg.lora)
     return lm.to(device)
+
+
+def revision_hint(model_cfg: ModelConfig, init: str | None) -> str:
+    """What to add to a failed load when ``model.revision`` was probably meant for ``model.name_or_path`` but applied
+    to ``init``, the repository loaded."""
+    base = model_cfg.name_or_path
+    if not (init and model_cfg.revision and base not in (BUILTIN, init)):
+        return ""
+    return f" (model.revision is the revision of the model loaded, {init}, not of model.name_or_path {base})"
 
 
 def configure_lora(lm: LatentLM, cfg: LoraConfig) -> None:
