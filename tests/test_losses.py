@@ -10,6 +10,7 @@ from dgrpo.training.losses import (
     ObjectiveSettings,
     aggregate,
     clipped_surrogate,
+    ema_advantages,
     ema_update,
     group_advantages,
     group_filter,
@@ -36,6 +37,8 @@ def test_advantages_hand_computed():
 
 def test_ema_baseline_update():
     assert ema_update(0.5, torch.tensor([[1.0], [0.0], [1.0], [1.0]]), 0.95) == pytest.approx(0.95 * 0.5 + 0.05 * 0.75)
+    adv = ema_advantages(torch.tensor([[1.0], [0.0], [1.0]]), 0.25)  # A = r - b, the baseline before this step's update
+    assert torch.equal(adv, torch.tensor([[0.75], [-0.25], [0.75]]))
 
 
 def test_clipped_surrogate_asymmetric_clip():
@@ -87,6 +90,9 @@ def test_huber_k3_properties():
     assert far.grad[0].item() == pytest.approx(math.exp(5) - 1, rel=1e-5)
     assert far.grad[1].item() == pytest.approx(math.exp(-5) - 1, rel=1e-5)
     assert huber_k3(torch.tensor(d), d).item() == pytest.approx(math.exp(d) - d - 1, rel=1e-6)
+    # outside the bounds, by hand: (e^5 - 1) * 2 + (e^5 - 5 - 1) at x = 7; (e^-5 - 1) * -2 + (e^-5 + 5 - 1) at x = -7
+    out = huber_k3(torch.tensor([7.0, -7.0], dtype=torch.float64), d)
+    assert out.tolist() == pytest.approx([437.2394766, 5.9932621], rel=1e-8)
 
 
 def test_kl_forms():
@@ -109,7 +115,7 @@ def test_group_filter_inclusive_and_whole_groups():
     assert rows.numel() == 3 * K and set((rows // K).tolist()) == {2, 3, 4}
 
 
-def test_schedules_eq8():
+def test_schedules_eq7():
     peak, total, warm = 1e-5, 110, 10
     assert lr_at(0, peak, total, warm) == pytest.approx(1e-6)
     assert lr_at(9, peak, total, warm) == pytest.approx(peak)
@@ -120,6 +126,32 @@ def test_schedules_eq8():
         lr_at(-5, peak, total, warm)
     for s in (0, 5, 10, 60, 100):
         assert beta_at(s, 5e-3, peak, total, warm) == pytest.approx(5e-3 * lr_at(s, peak, total, warm) / peak)
+    # a floor: the cosine decays to min_ratio * peak (half-way: 0.1 + 0.9 / 2 of peak)
+    assert lr_at(60, peak, total, warm, min_ratio=0.1) == pytest.approx(0.55 * peak)
+    assert lr_at(110, peak, total, warm, min_ratio=0.1) == pytest.approx(0.1 * peak)
+    assert beta_at(110, 5e-3, peak, total, warm, min_ratio=0.1) == pytest.approx(5e-4)
+    with pytest.raises(ValueError, match="peak_lr must be > 0"):
+        beta_at(0, 5e-3, 0.0, total, warm)
+
+
+def test_the_objective_with_its_kl_term_by_hand():
+    """Algorithm 1, line 5 with a reference: -seq_mean(surrogate) + beta * seq_mean(Huberized k3), at theta_old
+    (ratios 1). x = log pi_ref - log pi_theta = [-0.5, 1.0]; k3 = [e^-0.5 - 0.5, e - 2] = [0.1065307, 0.7182818]."""
+    logp, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])
+    mask, counts = torch.ones(1, 2), GlobalCounts(1, 2, 2)
+    loss, stats = grpo_objective(
+        logp, logp, torch.tensor([0.5]), mask, counts, ObjectiveSettings(), ref_logp=ref, beta=0.1
+    )
+    assert float(stats.policy_loss) == pytest.approx(-0.5) and float(stats.kl) == pytest.approx(0.4124063, rel=1e-6)
+    assert loss.item() == pytest.approx(-0.5 + 0.1 * 0.4124063, rel=1e-6)
+    # delta = 0.5: x = 1.0 lies outside, on the line (e^0.5 - 1)(x - 0.5) + (e^0.5 - 1.5) = 0.4730819
+    narrow = ObjectiveSettings(huber_delta=0.5)
+    loss, stats = grpo_objective(logp, logp, torch.tensor([0.5]), mask, counts, narrow, ref_logp=ref, beta=0.1)
+    assert float(stats.kl) == pytest.approx((0.1065307 + 0.4730819) / 2, rel=1e-6)
+    with pytest.raises(ValueError, match="unknown aggregation 'mean'; expected one of seq_mean"):
+        ObjectiveSettings(aggregation="mean")
+    with pytest.raises(ValueError, match="unknown KL form 'k3'"):
+        ObjectiveSettings(kl_form="k3")
 
 
 def test_shuffle_within_groups_keeps_each_groups_rewards_and_is_seeded():

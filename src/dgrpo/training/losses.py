@@ -129,7 +129,7 @@ def aggregate(per_token: Tensor, mask: Tensor, kind: str, n_sequences: float, n_
 
 # ---------------------------------------------------------------------------------- KL
 def k3(x: Tensor) -> Tensor:
-    """Schulman's k3 estimator exp(x) - x - 1."""
+    """Schulman's k3 estimator exp(x) - x - 1 (paper Sec. 4.2, the term Eq. 6 Huberizes)."""
     return torch.exp(x) - x - 1
 
 
@@ -176,6 +176,12 @@ class ObjectiveSettings:
     aggregation: str = "seq_mean"
     kl_form: str = "unbiased"
     huber_delta: float = 5.0
+
+    def __post_init__(self) -> None:  # (the config checks these too; a hand-built one gets a named error, not KeyError)
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {self.aggregation!r}; expected one of {', '.join(AGGREGATIONS)}")
+        if self.kl_form not in KL_ESTIMATORS:
+            raise ValueError(f"unknown KL form {self.kl_form!r}; expected one of {', '.join(KL_ESTIMATORS)}")
 
     @classmethod
     def from_config(cls, g) -> ObjectiveSettings:  # g: dgrpo.config.GRPOConfig

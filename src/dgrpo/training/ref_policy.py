@@ -1,5 +1,5 @@
-"""The KL reference policy pi_ref (paper Eq. 5-6): the initial policy, frozen, renewed every
-``grpo.ref_renewal_every`` steps (paper Sec. 4).
+"""The KL reference policy pi_ref (the KL anchor of paper Eq. 1, estimated by Eq. 6's Huberized k3): the initial
+policy, frozen, renewed every ``grpo.ref_renewal_every`` steps (paper Table 2: 500).
 
 Full fine-tuning keeps a frozen copy of the model (:class:`CopiedReference`). Under LoRA the backbone is already
 frozen, so the reference is a second, frozen adapter on the same backbone (:class:`AdapterReference`): no second

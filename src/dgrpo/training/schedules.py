@@ -6,7 +6,8 @@ import math
 
 
 def lr_at(step: int, peak: float, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> float:
-    """Linear warmup to ``peak`` over ``warmup_steps``, then cosine decay to ``min_ratio * peak`` at ``total_steps``.
+    """Linear warmup to ``peak`` over ``warmup_steps``, then cosine decay to ``min_ratio * peak`` at ``total_steps``
+    (paper Sec. 5.3: 200 warmup steps, then cosine decay; the eta_t of Eq. 7).
 
     ``step`` counts optimizer steps from 0; the value is the lr used *for* that step.
     """
@@ -30,4 +31,6 @@ def beta_at(
     step: int, beta0: float, peak_lr: float, total_steps: int, warmup_steps: int, min_ratio: float = 0.0
 ) -> float:
     """Eq. 7 of the paper: beta(t) = beta0 * lr(t) / lr_max, the KL pull annealed with the learning rate."""
+    if peak_lr <= 0:
+        raise ValueError(f"beta_at: peak_lr must be > 0 (beta is annealed in proportion to lr / peak_lr), got {peak_lr}")
     return beta0 * lr_at(step, peak_lr, total_steps, warmup_steps, min_ratio) / peak_lr
