@@ -29,15 +29,11 @@ from ..training.grpo import GRPOTrainer
 from .memprobe import status_kb
 from .report import Goal, Row, fmt_bytes, fmt_s
 from .timing import alternate
-from .workload import Ctx, build_lm, grpo_config, task_records
+from .workload import Ctx, build_lm, grpo_config, optimizer_state_bytes, task_records
 
 SOAK_STEPS = 300
 SOAK_EVERY = 10
 SOAK_SKIP = 20  # samples before this step are warm-up (allocator pools, first checkpoint) and not fitted
-
-
-def _state_bytes(opt: torch.optim.Optimizer) -> int:
-    return sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
 
 
 def bench_optimizer(ctx: Ctx) -> tuple[list[Row], dict]:
@@ -61,7 +57,7 @@ def bench_optimizer(ctx: Ctx) -> tuple[list[Row], dict]:
     fns: dict[str, Callable[[], Any]] = {n: functools.partial(tr.step, prompts=prompts) for n, tr in trainers.items()}
     ctx.log(f"[7] optimizer: {', '.join(f'{n} ({k})' for n, k in kinds.items())} at K={K}, T={T}")
     t = alternate(fns, reps=s.reps, warmup=s.warmup, device=ctx.device, log=ctx.log)
-    state = {n: _state_bytes(tr.opt) for n, tr in trainers.items()}
+    state = {n: optimizer_state_bytes(tr.opt) for n, tr in trainers.items()}
     peaks = {}
     for n, f in fns.items():  # one more step each, peak allocated during it
         torch.cuda.synchronize()

@@ -15,14 +15,22 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from ..config import LoraConfig
 from ..model import lora
 from ..model.latent_lm import LatentLM
 from ..training.grpo import GRPOTrainer
 from .memprobe import run_probe
 from .report import Row, fmt_bytes, fmt_s
 from .timing import alternate
-from .workload import Ctx, Shapes, build_lm, cpu_item_shapes, grpo_config, task_records
+from .workload import (
+    Ctx,
+    Shapes,
+    add_lora,
+    build_lm,
+    cpu_item_shapes,
+    grpo_config,
+    optimizer_state_bytes,
+    task_records,
+)
 
 LORA_R = 16
 #: CPU: a ~42M-parameter Qwen2 (6 layers x 768), few short rollouts, so that a step takes seconds
@@ -47,23 +55,11 @@ def item_shapes(ctx: Ctx) -> Shapes:
     return cpu_item_shapes(ctx, LORA_CPU)
 
 
-def add_lora(lm: LatentLM, r: int = LORA_R) -> LatentLM:
-    """LoRA (rank ``r``, alpha 2r, every linear layer, the latent rows trainable) on a bench model."""
-    lm.name_or_path = "bench: random-weight Qwen2 built in memory"  # adapters name their base; never saved here
-    lora.apply_lora(lm, LoraConfig(r=r, alpha=2.0 * r))
-    return lm
-
-
 def build_trainer(s: Shapes, ctx_device, dtype, r: int) -> GRPOTrainer:
     lm = build_lm(s, ctx_device, dtype)
     if r:
         add_lora(lm, r)
     return GRPOTrainer(lm, grpo_config(s, s.grpo_K_at, s.grpo_T_at, "locked"), task_records(s.prompts))
-
-
-def state_bytes(trainer: GRPOTrainer) -> int:
-    st = trainer.opt.state.values()
-    return sum(v.numel() * v.element_size() for d in st for v in d.values() if hasattr(v, "numel") and v.dim() > 0)
 
 
 def _probe(ctx: Ctx, s: Shapes, r: int) -> dict:
@@ -83,7 +79,7 @@ def bench_lora(ctx: Ctx) -> tuple[list[Row], dict]:
     fns: dict[str, Callable[[], Any]] = {n: functools.partial(t.step, prompts=prompts) for n, t in trainers.items()}
     t = alternate(fns, reps=s.reps, warmup=s.warmup, device=ctx.device, log=ctx.log)
     params = {n: lora.trainable_parameters(tr.lm) if tr.lm.peft else _counts(tr.lm) for n, tr in trainers.items()}
-    state = {n: state_bytes(tr) for n, tr in trainers.items()}
+    state = {n: optimizer_state_bytes(tr.opt) for n, tr in trainers.items()}
     raw = {
         "shapes": dataclasses.asdict(s),
         "r": LORA_R,

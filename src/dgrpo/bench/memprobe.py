@@ -50,15 +50,13 @@ def probe(spec: dict) -> dict:
     import torch
 
     from ..training.grpo import GRPOTrainer
-    from .workload import Shapes, build_lm, grpo_config, task_records
+    from .workload import Shapes, add_lora, build_lm, grpo_config, task_records
 
     torch.set_num_threads(int(spec.get("threads", 2)))
     shapes = Shapes.from_json(spec["shapes"])
     device, dtype = torch.device(spec["device"]), getattr(torch, spec["dtype"])
     lm = build_lm(shapes, device, dtype)
     if spec.get("lora_r"):
-        from .lora_item import add_lora
-
         add_lora(lm, int(spec["lora_r"]))
     records = task_records(shapes.prompts)
     cfg = grpo_config(shapes, spec["K"], spec["T"], spec["kind"])

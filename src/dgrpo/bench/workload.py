@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import AutoModelForCausalLM
 
-from ..config import Config, TaskConfig, set_value
+from ..config import Config, LoraConfig, TaskConfig, set_value
 from ..data.records import Record
 from ..data.synthetic import generate_split, tokenizer_corpus
 from ..data.tokenizer import train_task_tokenizer
@@ -166,6 +166,20 @@ def suppress_eos(lm: LatentLM) -> None:
 
 
 _BUILT: dict[tuple, LatentLM] = {}
+
+
+def add_lora(lm: LatentLM, r: int = 16) -> LatentLM:
+    """LoRA (rank ``r``, alpha 2r, every linear layer, the latent rows trainable) on a bench model."""
+    from ..model import lora
+
+    lm.name_or_path = "bench: random-weight Qwen2 built in memory"  # adapters name their base; never saved here
+    lora.apply_lora(lm, LoraConfig(r=r, alpha=2.0 * r))
+    return lm
+
+
+def optimizer_state_bytes(opt: torch.optim.Optimizer) -> int:
+    """The bytes of an optimizer's state tensors (moments, 8-bit blocks and their scales, step counters)."""
+    return sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
 
 
 def build_lm(

@@ -68,7 +68,7 @@ def filled_cache(config: Any, keys: list[Tensor], values: list[Tensor]) -> Dynam
     return cache
 
 
-def cache_tensors(cache: DynamicCache) -> list[Tensor]:
+def keys_then_values(cache: DynamicCache) -> list[Tensor]:
     """Every layer's keys, then every layer's values, of a cache of full-attention layers."""
     layers = [dynamic_layer(cache, i) for i in range(len(cache.layers))]
     keys, values = [], []
@@ -108,7 +108,7 @@ def weight_views(model: torch.nn.Module, params: Sequence[Tensor]) -> Iterator[l
 def chain_inputs(state: DecodeState) -> list[Tensor]:
     """What the chain takes in after ``state`` (a prompt's): its last hidden state, padding mask and next positions,
     then every layer's keys, then every layer's values (the order :meth:`LatentChain.steps` unpacks)."""
-    return [state.last_hidden, state.attention_mask, state.next_position, *cache_tensors(state.cache)]
+    return [state.last_hidden, state.attention_mask, state.next_position, *keys_then_values(state.cache)]
 
 
 def chain_state(lm: LatentLM, tensors: list[Tensor]) -> DecodeState:
@@ -191,7 +191,7 @@ class LatentChain:
         with weight_views(self.lm.model, self.params) as views:
             state = chain_state(self.lm, inputs)
             self.lm.coconut_steps(state, self.n_latent, perturbation)
-        return [state.last_hidden, *cache_tensors(state.cache)], views
+        return [state.last_hidden, *keys_then_values(state.cache)], views
 
     def forward(self, inputs: list[Tensor], perturbation: PhaseHook | None) -> list[Tensor]:
         """The outputs for ``inputs`` (detached; their gradients come from :meth:`backward`)."""

@@ -487,6 +487,38 @@ class LatentLM(nn.Module):
     #: otherwise hold GBs of logits per micro-batch; 2^28 fp32 logits: 1 GiB per chunk)
     logit_chunk_elems: int = 1 << 28
 
+    # where the model came from and what it is for (set by from_pretrained and the trainers; per instance when set)
+    run_config: dict | None = None  # the training config that produced this model (run_config.json)
+    name_or_path: str | None = None  # where the weights came from (a directory or hub id; None: built here)
+    revision: str | None = None  # the hub commit name_or_path was loaded at (None: a directory)
+    #: the hub commit of the repository this model was loaded from (an adapter's own, not its base's; None: a
+    #: directory, or built here)
+    hub_commit: str | None = None
+    #: the run directory of a training run that stopped mid-way (an exception, Ctrl-C) with these weights: the
+    #: next run must resume a checkpoint, which replaces them (dgrpo.training.run.check_restart)
+    stopped_run: str | None = None
+
+    # how the update runs (set by the trainers from their configs)
+    #: activation recomputation (dgrpo.model.recompute) under grad: False (off), "call" (each forward call of the
+    #: recurrence keeps only its inputs and runs again in backward; True means the same) or "layer" (each decoder
+    #: layer of each call does); grpo.recompute / sft.recompute and their *_granularity
+    recompute: bool | str = False
+    #: with ``recompute``: whether the latent steps' calls are recomputed too, or keep their activations (one
+    #: position per row: little memory, and a whole decoder stack's forward less per latent step in backward);
+    #: grpo.recompute_latent_steps / sft.recompute_latent_steps
+    recompute_latent_steps: bool = True
+    #: with ``recompute == "layer"``: how many of the last decoder layers keep their activations instead (no
+    #: second forward for them); grpo.recompute_kept_layers / sft.recompute_kept_layers
+    recompute_kept_layers: int = 0
+    #: under grad, the latent steps keep each layer's keys and values once for backward, as prefixes of the last
+    #: step's (dgrpo.model.kv_prefixes), instead of once per step; False: as attention (or a recomputed region)
+    #: saves them (the bench's other arm: the same gradients, bit for bit)
+    save_kv_once: bool = True
+    #: the decoder layers' compiled step (``model.compile``; dgrpo.model.compiled_layers), or None: eager layers.
+    #: It runs teacher-forced scoring over a growing ``DynamicCache`` (SFT, the update, theta_old, the reference)
+    compiled_layers: CompiledLayers | None = None
+    _scoring = False  # within target_logprobs: the compiled layers run (on CPU they slow generation)
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -517,40 +549,12 @@ class LatentLM(nn.Module):
         #: what the tokenizer puts before a text of its own (Llama, Mistral, Gemma: BOS; Qwen, GPT-2: nothing), put
         #: before every question as Coconut's dataset.py and Hugging Face's generate do
         self.question_prefix = bos_prefix(tokenizer)
-        self.run_config: dict | None = None  # the training config that produced this model (run_config.json)
-        self.name_or_path: str | None = None  # where the weights came from (a directory or hub id; None: built here)
-        self.revision: str | None = None  # the hub commit name_or_path was loaded at (None: a directory)
-        #: the hub commit of the repository this model was loaded from (an adapter's own, not its base's; None: a
-        #: directory, or built here)
-        self.hub_commit: str | None = None
-        #: the run directory of a training run that stopped mid-way (an exception, Ctrl-C) with these weights: the
-        #: next run must resume a checkpoint, which replaces them (dgrpo.training.run.check_restart)
-        self.stopped_run: str | None = None
         self.peft: Any = None  # PEFT's wrapper when LoRA adapters are on (dgrpo.model.lora), not a sub-module
         #: the fast engine's decoders kept from one batch to the next, by purpose (dgrpo.model.fixed_shape)
         self.kept_decoders = KeptDecoders()
-        #: activation recomputation (dgrpo.model.recompute) under grad: False (off), "call" (each forward call of the
-        #: recurrence keeps only its inputs and runs again in backward; True means the same) or "layer" (each decoder
-        #: layer of each call does); grpo.recompute / sft.recompute and their *_granularity
-        self.recompute: bool | str = False
-        #: with ``recompute``: whether the latent steps' calls are recomputed too, or keep their activations (one
-        #: position per row: little memory, and a whole decoder stack's forward less per latent step in backward);
-        #: grpo.recompute_latent_steps / sft.recompute_latent_steps
-        self.recompute_latent_steps = True
-        #: with ``recompute == "layer"``: how many of the last decoder layers keep their activations instead (no
-        #: second forward for them); grpo.recompute_kept_layers / sft.recompute_kept_layers
-        self.recompute_kept_layers = 0
-        #: under grad, the latent steps keep each layer's keys and values once for backward, as prefixes of the last
-        #: step's (dgrpo.model.kv_prefixes), instead of once per step; False: as attention (or a recomputed region)
-        #: saves them (the bench's other arm: the same gradients, bit for bit)
-        self.save_kv_once = True
-        #: the decoder layers' compiled step (``model.compile``; dgrpo.model.compiled_layers), or None: eager layers.
-        #: It runs teacher-forced scoring over a growing ``DynamicCache`` (SFT, the update, theta_old, the reference)
-        self.compiled_layers: CompiledLayers | None = None
         #: the head's log-probs and entropies over the vocabulary, eager or compiled (``model.compile_head``;
         #: dgrpo.model.head_stats)
         self.head_stats = HeadStats()
-        self._scoring = False  # within target_logprobs: the compiled layers run (on CPU they slow generation)
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod

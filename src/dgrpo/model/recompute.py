@@ -47,7 +47,7 @@ def unrecomputable_cache_layers(config: Any) -> list[str]:
     )
 
 
-def cache_tensors(cache: DynamicCache) -> list[Tensor]:
+def interleaved_kv(cache: DynamicCache) -> list[Tensor]:
     """The cache's keys and values, layer by layer: [k_0, v_0, k_1, v_1, ...] (empty before the first call)."""
     out: list[Tensor] = []
     layers: list[Any] = list(cache.layers)
@@ -62,7 +62,7 @@ def cache_tensors(cache: DynamicCache) -> list[Tensor]:
 
 
 def load_cache(cache: DynamicCache, tensors: Sequence[Tensor]) -> None:
-    """Make ``cache`` hold ``tensors`` (as :func:`cache_tensors` lists them): stored as they are in initialized
+    """Make ``cache`` hold ``tensors`` (as :func:`interleaved_kv` lists them): stored as they are in initialized
     layers, through ``update`` (the public way to fill an empty layer) otherwise."""
     if len(tensors) != 2 * len(cache.layers):
         raise ValueError(f"{len(tensors)} cache tensors for {len(cache.layers)} layers")
@@ -117,7 +117,7 @@ def recomputed_call(
     the call's keys and values, as an uncheckpointed call would leave it; ``new_cache()`` builds the empty cache the
     region fills from the past tensors; ``perturbation`` (a context manager, or None) is re-entered for the
     recomputation in backward."""
-    past = cache_tensors(cache)
+    past = interleaved_kv(cache)
     n_inputs = len(inputs)
     calls = 0
 
@@ -129,7 +129,7 @@ def recomputed_call(
             load_cache(inner, tensors[n_inputs:])
         with _reentered(perturbation) if again else nullcontext():
             hidden = run(inner, *tensors[:n_inputs])
-        return (hidden, *cache_tensors(inner))
+        return (hidden, *interleaved_kv(inner))
 
     hidden, *kv = checkpoint(region, *inputs, *past)
     load_cache(cache, kv)
