@@ -427,6 +427,8 @@ def test_user_mistakes_that_were_tracebacks_or_wrote_into_a_checkpoint(sft_check
         (["config", "show", "--set", "grpo.rewards=[{fn: numeric, name: 5}]"], "item 0: name must be text"),
         (["eval", "--model", sft_checkpoint, "--data", "builtin:test", "--out", ""], "--out is empty"),
         (["eval", "--model", tmp_path / ("a" * 300), "--data", "builtin:test", "--out", tmp_path / "e"], "a name "),
+        # a scorer that cannot be built fails before the data and the model are read (sft read them first)
+        (["sft", "--set", "eval.scorer=no.py:f", "data.train=no.jsonl", "--out", tmp_path / "s"], "scorer 'no.py:f'"),
     ]
     for argv, message in cases:
         r = run_cli(*argv)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -147,50 +148,74 @@ def warn_if_held_out_is_trained_on(cfg: Config, train: list, held_out: dict[str,
             )
 
 
-def run_sft(args: argparse.Namespace) -> int:
+@dataclass
+class Setting:
+    """What both training commands set up before they train: the config, the data, the processes, the model."""
+
+    cfg: Config
+    options: dict  # the evaluation options (eval_options), the scorer among them
+    train: list
+    valid: list | None  # data.valid's records (the first data.eval_limit of them), or None
+    tests: dict[str, list]  # data.test's records, by spec
+    dist: Any
+    device: Any
+    lm: Any
+    out: Path
+
+
+def set_up_run(args: argparse.Namespace) -> Setting:
+    """Validate the config, read every dataset, join the processes, load the model: each failure one line before
+    anything is trained (a scorer that cannot be built fails before anything is read)."""
     from ..data import load_spec
-    from ..eval.evaluate import evaluate
-    from ..eval.scoring import gold_completions, warn_if_gold_scores_zero
     from ..model.factory import load_model
-    from ..training.sft import train_sft
     from ..training.tracking import check_installed
 
     cfg = record_init(load(args), args.init)
     check_installed(cfg.logging.backends)
     device = setup(cfg)
+    options = eval_options(cfg)
     train = load_spec(cfg.data.train, cfg.task, data=cfg.data)
-    valid = load_spec(cfg.data.valid, cfg.task, data=cfg.data) if cfg.data.valid else None
-    tests = {spec: load_spec(spec, cfg.task, data=cfg.data) for spec in cfg.data.test}
-    warn_if_held_out_is_trained_on(cfg, train, {**({cfg.data.valid: valid} if valid else {}), **tests})
+    held_out = {spec: load_spec(spec, cfg.task, data=cfg.data) for spec in [cfg.data.valid, *cfg.data.test] if spec}
+    warn_if_held_out_is_trained_on(cfg, train, held_out)
     dist, device = join_processes(cfg, device)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
+    if args.cmd == "grpo":
+        warn_if_init_differs(lm.run_config, cfg)
     report_model(lm, args.init or cfg.model.name_or_path, cfg, dist)
-    if dist.active:  # distinct, reproducible RNG streams per rank (the weights are broadcast from rank 0)
-        seed_everything(cfg.seed * 1000003 + dist.rank)
-    if valid and cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded
+    if dist.active:  # distinct, reproducible RNG streams per rank (weights are broadcast from rank 0; rollout seeds
+        seed_everything(cfg.seed * 1000003 + dist.rank)  # come from the global row anyway)
+    valid = held_out[cfg.data.valid] if cfg.data.valid else None
+    if valid is not None and cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded
         valid = valid[: cfg.data.eval_limit]
+    tests = {spec: held_out[spec] for spec in cfg.data.test}
+    return Setting(cfg, options, train, valid, tests, dist, device, lm, Path(args.out))
 
-    options = eval_options(cfg)
+
+def run_sft(args: argparse.Namespace) -> int:
+    from ..eval.evaluate import evaluate
+    from ..eval.scoring import gold_completions, warn_if_gold_scores_zero
+    from ..training.sft import train_sft
+
+    s = set_up_run(args)
+    cfg, options, train, tests, dist = s.cfg, s.options, s.train, s.tests, s.dist
     scorer = options["scorer"]
     warn_if_gold_scores_zero(scorer(gold_completions(train[:2]), train[:2]), f"eval.scorer {cfg.eval.scorer!r}")
 
     def count_correct(lm_, recs, settings):  # a stage's validation: with that stage's latent count
         return evaluate(lm_, recs, progress=False, **{**options, "n_latent": settings.n_latent}).correct
 
-    out = Path(args.out)
-
     def test(lm_: Any, best_epoch: int | None) -> dict[str, float]:  # final/, then best/ (rank 0's epoch)
-        metrics = evaluate_test_sets(lm_, tests, cfg, out, dist)
+        metrics = evaluate_test_sets(lm_, tests, cfg, s.out, dist)
         if tests and cfg.sft.eval_every_epoch:
-            metrics |= evaluate_best(best_epoch, cfg.sft.num_epochs - 1, tests, cfg, out, dist, device)
+            metrics |= evaluate_best(best_epoch, cfg.sft.num_epochs - 1, tests, cfg, s.out, dist, s.device)
         return metrics
 
     train_sft(
-        lm,
+        s.lm,
         train,
         cfg,
-        out,
-        valid=valid,
+        s.out,
+        valid=s.valid,
         evaluate_fn=count_correct,
         dist=dist,
         resume=args.resume,
@@ -202,47 +227,28 @@ def run_sft(args: argparse.Namespace) -> int:
 
 
 def run_grpo(args: argparse.Namespace) -> int:
-    from ..data import load_spec
     from ..eval.evaluate import evaluate
-    from ..model.factory import load_model
     from ..training.grpo import train_grpo
-    from ..training.tracking import check_installed
 
-    cfg = record_init(load(args), args.init)
-    check_installed(cfg.logging.backends)
-    device = setup(cfg)
-    options = eval_options(cfg)  # (a scorer that cannot be built fails here, before any warning or loading)
-    train = load_spec(cfg.data.train, cfg.task, data=cfg.data)
-    held_out = {spec: load_spec(spec, cfg.task, data=cfg.data) for spec in [cfg.data.valid, *cfg.data.test] if spec}
-    warn_if_held_out_is_trained_on(cfg, train, held_out)
-    tests = {spec: held_out[spec] for spec in cfg.data.test}
+    s = set_up_run(args)
+    cfg, options, tests, dist = s.cfg, s.options, s.tests, s.dist
     # logged as eval/valid/accuracy, as SFT logs it (one chart for both in TensorBoard / W&B); config.json says which
-    valid = {"valid": held_out[cfg.data.valid]} if cfg.data.valid else {}
-    dist, device = join_processes(cfg, device)
-    lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
-    warn_if_init_differs(lm.run_config, cfg)
-    report_model(lm, args.init or cfg.model.name_or_path, cfg, dist)
-    if dist.active:  # distinct, reproducible RNG streams per rank (rollout seeds come from the global row anyway)
-        seed_everything(cfg.seed * 1000003 + dist.rank)
-    if cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded
-        valid = {name: recs[: cfg.data.eval_limit] for name, recs in valid.items()}
+    valid = {"valid": s.valid} if s.valid is not None else {}
 
     def count_correct(lm_, recs):
         return evaluate(lm_, recs, progress=False, **options).correct
 
-    out = Path(args.out)
-
     def test(lm_: Any, best_step: int | None) -> dict[str, float]:  # final/, then best/ (rank 0's step)
-        metrics = evaluate_test_sets(lm_, tests, cfg, out, dist)
+        metrics = evaluate_test_sets(lm_, tests, cfg, s.out, dist)
         if tests:
-            metrics |= evaluate_best(best_step, cfg.grpo.steps, tests, cfg, out, dist, device)
+            metrics |= evaluate_best(best_step, cfg.grpo.steps, tests, cfg, s.out, dist, s.device)
         return metrics
 
     summary = train_grpo(
-        lm,
+        s.lm,
         cfg,
-        train,
-        out,
+        s.train,
+        s.out,
         valid=valid,
         evaluate_fn=count_correct,
         dist=dist,
