@@ -43,25 +43,6 @@ class Row:
         d["met"] = self.met
         return d
 
-    @classmethod
-    def from_json(cls, d: dict) -> Row:
-        goal = None
-        if d.get("goal"):
-            op, target = d["goal"].split()
-            goal = Goal(op, float(target.rstrip("x")))
-        spread = tuple(d["spread"]) if d.get("spread") else None
-        return cls(
-            d["section"],
-            d["item"],
-            d["key"],
-            d["configuration"],
-            d["values"],
-            d["ratio_name"],
-            d["ratio"],
-            goal,
-            spread,
-        )
-
 
 def fmt_ratio(r: float | None) -> str:
     if r is None:
@@ -73,19 +54,15 @@ def met_str(m: bool | None) -> str:
     return {True: "met", False: "**not met**", None: "-"}[m]
 
 
-def markdown_table(rows: list[Row], *, with_command: str | None = None) -> str:
-    """One markdown table; ``with_command`` (a format string with ``{key}``) adds a reproduction column."""
+def markdown_table(rows: list[Row]) -> str:
+    """One markdown table of measured rows."""
     head = ["item", "configuration", "measured values", "ratio", "goal", "met"]
-    if with_command:
-        head.append("reproduce")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         ratio = f"{r.ratio_name}: **{fmt_ratio(r.ratio)}**"
         if r.spread:
             ratio += f" (paired {fmt_ratio(r.spread[0])} to {fmt_ratio(r.spread[1])})"
         cells = [r.item, r.configuration, r.values, ratio, str(r.goal) if r.goal else "-", met_str(r.met)]
-        if with_command:
-            cells.append(f"`{with_command.format(key=r.key)}`")
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
 
@@ -106,11 +83,3 @@ def fmt_flops(f: float) -> str:
         if f >= s:
             return f"{f / s:.1f} {unit}"
     return f"{f:.0f} FLOP/s"
-
-
-def table_from_json(
-    bench_json: dict, section: str = "cpu", command: str = "python bench/run.py --only {key} --out runs/bench-repro"
-) -> str:
-    """The table of one section of a bench.json, with a column giving the command that reproduces each row."""
-    rows = [Row.from_json(r) for r in bench_json["table"] if r["section"] == section]
-    return markdown_table(rows, with_command=command)

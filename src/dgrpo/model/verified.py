@@ -208,14 +208,6 @@ def _tied_twin_present(model: nn.Module, key: str, state: dict[str, torch.Tensor
     return any(k in state for k, t in own.items() if k != key and t.data_ptr() == ptr)
 
 
-def load_weights_strict(model: nn.Module, folder: Path) -> None:
-    """Load a safetensors model directory into ``model``: every tensor present, no extra one, the right shapes,
-    checked before anything is copied (a failed load leaves the model untouched)."""
-    state = read_weights(folder)
-    check_state_dict(model, state, str(folder))
-    model.load_state_dict(state, strict=False)
-
-
 def one_line(e: BaseException) -> str:
     """An exception as one short line (its first line; torch adds paragraphs of advice below it)."""
     text = str(e).strip().splitlines()

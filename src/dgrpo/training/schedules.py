@@ -32,5 +32,5 @@ def beta_at(
 ) -> float:
     """Eq. 7 of the paper: beta(t) = beta0 * lr(t) / lr_max, the KL pull annealed with the learning rate."""
     if peak_lr <= 0:
-        raise ValueError(f"beta_at: peak_lr must be > 0 (beta is annealed in proportion to lr / peak_lr), got {peak_lr}")
+        raise ValueError(f"beta_at: peak_lr must be > 0 (beta follows lr / peak_lr), got {peak_lr}")
     return beta0 * lr_at(step, peak_lr, total_steps, warmup_steps, min_ratio) / peak_lr
