@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -289,11 +289,10 @@ def _json_value(path: Path, where: str, text: str) -> Any:
         raise DataError(f"{path} {where or 'line 1'}: invalid JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
 
 
-def _parse_jsonl(path: Path, text: str, parser: RowParser | None) -> list[Record]:
+def _rows_to_records(path: Path, rows: Iterable[tuple[str, Any]], parser: RowParser | None) -> list[Record]:
+    """Each (where, row) as a Record, by ``parser`` or the one the first row's fields call for."""
     records: list[Record] = []
-    for lineno, line in _lines(text):
-        where = f"line {lineno}"
-        row = _json_value(path, where, line)
+    for where, row in rows:
         if parser is None:
             try:
                 parser = _detect_row_parser(row)
@@ -301,6 +300,11 @@ def _parse_jsonl(path: Path, text: str, parser: RowParser | None) -> list[Record
                 raise DataError(f"{path} {where}: {exc}") from None
         records.append(_apply(path, where, parser, row))
     return records
+
+
+def _parse_jsonl(path: Path, text: str, parser: RowParser | None) -> list[Record]:
+    rows = ((f"line {n}", _json_value(path, f"line {n}", line)) for n, line in _lines(text))
+    return _rows_to_records(path, rows, parser)
 
 
 def _parse_json_list(path: Path, text: str, parser: RowParser | None) -> list[Record]:
@@ -312,16 +316,7 @@ def _parse_json_list(path: Path, text: str, parser: RowParser | None) -> list[Re
         data = inner
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
-    records: list[Record] = []
-    for index, row in enumerate(data):
-        where = f"record {index}"
-        if parser is None:
-            try:
-                parser = _detect_row_parser(row)
-            except _RowError as exc:
-                raise DataError(f"{path} {where}: {exc}") from None
-        records.append(_apply(path, where, parser, row))
-    return records
+    return _rows_to_records(path, ((f"record {i}", row) for i, row in enumerate(data)), parser)
 
 
 def _parse_aug_text(path: Path, text: str) -> list[Record]:

@@ -37,7 +37,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from ..config import ConfigError
-from .verified import MANIFEST, SAFETENSORS_INDEX, CheckpointError, one_line, sha256
+from .verified import MANIFEST, SAFETENSORS_INDEX, CheckpointError, check_tensors, one_line, sha256
 
 if TYPE_CHECKING:
     from ..config import LoraConfig
@@ -157,17 +157,7 @@ def adapter_state(lm: LatentLM, adapter: str = POLICY) -> dict[str, Tensor]:
 def check_adapter_state(lm: LatentLM, state: dict[str, Tensor], where: str, adapter: str = POLICY) -> None:
     """CheckpointError unless ``state`` holds exactly the adapter's tensors with their shapes."""
     own = _peft().get_peft_model_state_dict(lm.peft, adapter_name=adapter, save_embedding_layers=False)
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    shapes = [
-        f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
-        for k in own
-        if k in state and state[k].shape != own[k].shape
-    ]
-    for what, names in (("missing tensors", missing), ("unexpected tensors", unexpected), ("wrong shapes", shapes)):
-        if names:
-            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-            raise CheckpointError(f"{where}: {what}: {', '.join(names[:3])}{more}")
+    check_tensors(own, state, where)
 
 
 def load_adapter_state(lm: LatentLM, state: dict[str, Tensor], adapter: str = POLICY, where: str = "adapter") -> None:

@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -188,13 +188,23 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
 def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
     """Raise CheckpointError unless ``state`` holds exactly ``model``'s tensors with their shapes. A parameter tied
     to another (shared storage, e.g. a tied LM head) may be absent when one of its twins is present."""
-    own = model.state_dict()
-    missing = [k for k in own if k not in state and not _tied_twin_present(model, k, state)]
+    check_tensors(model.state_dict(), state, where, may_miss=lambda k: _tied_twin_present(model, k, state))
+
+
+def check_tensors(
+    own: dict[str, torch.Tensor],
+    state: dict[str, torch.Tensor],
+    where: str,
+    may_miss: Callable[[str], bool] = lambda key: False,
+) -> None:
+    """Raise CheckpointError (one line, the first three names) unless ``state`` has exactly ``own``'s names (those
+    ``may_miss`` allows may be absent) with ``own``'s shapes."""
+    missing = [k for k in own if k not in state and not may_miss(k)]
     unexpected = [k for k in state if k not in own]
     shapes = [
-        f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
-        for k in state
-        if k in own and state[k].shape != own[k].shape
+        f"{k} {tuple(t.shape)} vs {tuple(own[k].shape)}"
+        for k, t in state.items()
+        if k in own and t.shape != own[k].shape
     ]
     for what, names in (("missing tensors", missing), ("unexpected tensors", unexpected), ("wrong shapes", shapes)):
         if names:
