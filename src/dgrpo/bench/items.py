@@ -1,4 +1,5 @@
-"""The benchmark items: one function each, ``fn(ctx) -> (rows, raw)``.
+"""The benchmark items: one function each, ``fn(ctx) -> (rows, raw)``; the short ones live here, the others in their
+own modules (engine_item, long_items, lora_item, parallel_item, recompute_item), and :data:`ITEMS` lists them all.
 
 Every claim is the ratio of two ways of doing the same work, timed alternately in one run
 (:func:`dgrpo.bench.timing.alternate`), median of ``shapes.reps`` repetitions after a warm-up.

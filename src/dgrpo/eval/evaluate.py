@@ -1,4 +1,5 @@
-"""Batched pass@1 evaluation of a LatentLM (or of a plain causal LM with a chain-of-thought prompt)."""
+"""Batched pass@1 evaluation of a LatentLM (or of a plain causal LM with a chain-of-thought prompt), majority voting
+over dropout masks (evaluate_mc_vote), and the results' files (write_results, merge_results)."""
 
 from __future__ import annotations
 

@@ -13,6 +13,10 @@ Gradients flow through every latent step: the cache holds the graph of every key
 Every forward goes through :meth:`LatentLM._call_base`, which tells an optional perturbation which
 phase (``prompt`` / ``latent`` / ``answer``) is running; that is the single hook the dropout-GRPO
 perturbations use (see :mod:`dgrpo.perturbation`).
+
+The class also carries the Hugging Face conventions: ``from_pretrained`` (a directory, a hub id through
+:mod:`dgrpo.model.sources`, a LoRA adapter directory through :mod:`dgrpo.model.lora`) and ``save_pretrained``
+(verified, atomic checkpoints: :mod:`dgrpo.model.verified`), and the tokenizer's latent markers.
 """
 
 from __future__ import annotations
