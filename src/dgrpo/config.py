@@ -848,44 +848,49 @@ class GRPOConfig:
             f"{p}.alpha_min",
             f"alpha_min ({self.alpha_min}) > alpha_max ({self.alpha_max})",
         )
-        named: dict[str, int] = {}
-        for j, item in enumerate(self.rewards):
-            shape = "a mapping {fn: ..., weight: ..., name: ...}"
-            _check(isinstance(item, dict), f"{p}.rewards", f"item {j} must be {shape}, got {item!r}")
-            unknown = sorted(map(str, set(item) - {"fn", "weight", "name"}))
-            _check(
-                not unknown,
-                f"{p}.rewards",
-                f"item {j}: unknown key(s) {', '.join(unknown)} (expected fn, weight, name)",
-            )
-            _check(isinstance(item.get("fn"), str), f"{p}.rewards", f"item {j} needs fn: module:function, got {item!r}")
-            _check(
-                isinstance(item.get("name", ""), str),
-                f"{p}.rewards",
-                f"item {j}: name must be text (it names the reward/<name> metric), got {item.get('name')!r}",
-            )
-            w = item.get("weight", 1.0)
-            if isinstance(w, str):  # YAML reads 1e-3 (no dot) as text: read it as the scalar options read numbers
-                w = item["weight"] = _to_float(w, f"{p}.rewards item {j} weight")
-            _check(
-                isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w),
-                f"{p}.rewards",
-                f"item {j}: weight must be a finite number, got {w!r}",
-            )
-            name = reward_name(item)
-            _check(
-                name not in named,
-                f"{p}.rewards",
-                f"item {j} is named {name!r} like item {named.get(name)} (metrics log reward/<name>, and "
-                "grpo.filter_reward picks one by it): give each its own name",
-            )
-            named[name] = j
+        _check_rewards(self.rewards, f"{p}.rewards")
         _check(
             not self.shuffle_rewards or (self.advantage != "ema" and self.group_size >= 2),
             f"{p}.shuffle_rewards",
             "the null control permutes rewards within groups: it needs group_size >= 2 and a group advantage",
         )
         _check_kept_layers(self, p)
+
+
+def _check_rewards(rewards: list, key: str) -> None:
+    """``grpo.rewards``: each item a mapping {fn, weight, name} with a finite weight, every name its own."""
+    named: dict[str, int] = {}
+    for j, item in enumerate(rewards):
+        shape = "a mapping {fn: ..., weight: ..., name: ...}"
+        _check(isinstance(item, dict), key, f"item {j} must be {shape}, got {item!r}")
+        unknown = sorted(map(str, set(item) - {"fn", "weight", "name"}))
+        _check(
+            not unknown,
+            key,
+            f"item {j}: unknown key(s) {', '.join(unknown)} (expected fn, weight, name)",
+        )
+        _check(isinstance(item.get("fn"), str), key, f"item {j} needs fn: module:function, got {item!r}")
+        _check(
+            isinstance(item.get("name", ""), str),
+            key,
+            f"item {j}: name must be text (it names the reward/<name> metric), got {item.get('name')!r}",
+        )
+        w = item.get("weight", 1.0)
+        if isinstance(w, str):  # YAML reads 1e-3 (no dot) as text: read it as the scalar options read numbers
+            w = item["weight"] = _to_float(w, f"{key} item {j} weight")
+        _check(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w),
+            key,
+            f"item {j}: weight must be a finite number, got {w!r}",
+        )
+        name = reward_name(item)
+        _check(
+            name not in named,
+            key,
+            f"item {j} is named {name!r} like item {named.get(name)} (metrics log reward/<name>, and "
+            "grpo.filter_reward picks one by it): give each its own name",
+        )
+        named[name] = j
 
 
 def reward_name(item: dict) -> str:
