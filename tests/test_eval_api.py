@@ -125,3 +125,36 @@ def test_the_context_check_takes_the_longest_question_in_tokens(lm):
     ):
         with pytest.raises(ConfigError, match="the sequence does not fit the model's context"):
             call()
+
+
+def test_evaluation_leaves_every_module_in_the_mode_it_had(tokenizer, task_records, tmp_path):
+    """evaluate put the wrapper's mode back on every module: a model loaded in eval mode (LatentLM.__init__ left the
+    wrapper in train mode) came out with every module in train mode, and a GPT-2's own dropout then made greedy
+    generation and scoring random."""
+    import torch
+
+    from dgrpo.model.latent_lm import LatentLM
+
+    make_lm(tokenizer, arch="gpt2").save_pretrained(tmp_path / "m")
+    lm = LatentLM.from_pretrained(tmp_path / "m")
+    assert not any(m.training for m in lm.modules())  # as transformers loads a model
+    for m in lm.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.5  # (hub GPT-2 configs have 0.1; the tiny one 0)
+    ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
+    first = lm.generate(ids, mask, n_latent=1, max_new_tokens=4).logprobs
+    evaluate(lm, task_records[:2], n_latent=1, **FAST)
+    assert not any(m.training for m in lm.modules())
+    assert torch.equal(lm.generate(ids, mask, n_latent=1, max_new_tokens=4).logprobs, first)
+    lm.train()
+    lm.model.transformer.drop.eval()  # mixed modes come back as they were, after an error too
+    evaluate(lm, task_records[:2], n_latent=1, **FAST)
+    assert not lm.model.transformer.drop.training and lm.model.transformer.h[0].training and lm.training
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    lm.generate = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(lm, task_records[:2], n_latent=1, **FAST)
+    assert not lm.model.transformer.drop.training and lm.model.transformer.h[0].training and lm.training

@@ -115,29 +115,29 @@ def generate_answers(
     check_context(lm, questions, n_latent, max_new_tokens, markers=markers, max_question_tokens=max_question_tokens)
     sampling = question_seeds(seed, questions) if temperature > 0 else None
     out: list[str] = [""] * len(questions)
-    was_training = lm.training
-    lm.eval()
-    for b0 in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, leave=False, dynamic_ncols=True):
-        idx = order[b0 : b0 + batch_size]
-        ids, mask = lm.encode_questions([questions[i] for i in idx], markers=markers, max_tokens=max_question_tokens)
-        draws = None if sampling is None else to_device(row_sampling_uniforms(sampling[idx], max_new_tokens), lm.device)
-        bound = nullcontext() if perturbation is None else perturbation.bind(lm, seeds[idx])
-        with bound as pert:
-            g = lm.generate(
-                ids,
-                mask,
-                n_latent,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                uniforms=draws,
-                mode=mode,
-                markers=markers,
-                perturbation=pert,
+    batches = [order[b0 : b0 + batch_size] for b0 in range(0, len(order), batch_size)]
+    with lm.eval_mode():
+        for idx in tqdm(batches, desc=desc, disable=not progress, leave=False, dynamic_ncols=True):
+            ids, mask = lm.encode_questions(
+                [questions[i] for i in idx], markers=markers, max_tokens=max_question_tokens
             )
-        for i, text in zip(idx, lm.decode(g.tokens, g.mask)):
-            out[i] = text
-    lm.train(was_training)
+            draws = None if sampling is None else row_sampling_uniforms(sampling[idx], max_new_tokens)
+            bound = nullcontext() if perturbation is None else perturbation.bind(lm, seeds[idx])
+            with bound as pert:
+                g = lm.generate(
+                    ids,
+                    mask,
+                    n_latent,
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                    top_p=top_p,
+                    uniforms=None if draws is None else to_device(draws, lm.device),
+                    mode=mode,
+                    markers=markers,
+                    perturbation=pert,
+                )
+            for i, text in zip(idx, lm.decode(g.tokens, g.mask)):
+                out[i] = text
     return out
 
 

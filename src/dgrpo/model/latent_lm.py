@@ -541,6 +541,7 @@ class LatentLM(nn.Module):
         self.new_latent_tokens = add_latent_tokens(model, tokenizer, latent_token_init)
         self.model = model
         self.tokenizer = tokenizer
+        self.training = model.training  # the wrapper's mode is the model's (transformers loads in eval mode)
         self.settings = settings or LatentSettings()
         #: what the model's forward does to its head's logits (softcapping, scaling), applied by every dgrpo use
         self.logit_transform = logit_transform(model.config)
@@ -616,7 +617,7 @@ class LatentLM(nn.Module):
         lm.revision = lm.hub_commit = revision  # (None for a directory)
         if device is not None:
             lm.to(device)
-        return lm
+        return lm.eval()  # as transformers' from_pretrained: training code turns train mode on
 
     @classmethod
     def _from_adapter_dir(
@@ -648,7 +649,7 @@ class LatentLM(nn.Module):
         lora.attach_saved_adapter(lm, folder)
         if device is not None:
             lm.to(device)
-        return lm
+        return lm.eval()
 
     @classmethod
     def _built(
@@ -995,6 +996,19 @@ class LatentLM(nn.Module):
         if compiled is None or compiled.is_installed(self.model):
             return nullcontext()
         return compiled.installed(self.model)
+
+    @contextmanager
+    def eval_mode(self) -> Iterator[LatentLM]:
+        """Every module in eval mode within the block (no dropout of the model's own), and afterwards each back in
+        the mode it had, an exception too (``train(was_training)`` after it put every module in the wrapper's mode:
+        a model loaded in eval mode came out with its own dropout on)."""
+        modes = [(m, m.training) for m in self.modules()]
+        self.eval()
+        try:
+            yield self
+        finally:
+            for m, mode in modes:
+                m.training = mode
 
     @contextmanager
     def _scoring_block(self) -> Iterator[None]:

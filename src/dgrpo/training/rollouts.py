@@ -141,25 +141,23 @@ def collect_rollouts(
         generate = partial(lm.generate, static_cache=static_cache)
     uniforms = row_sampling_uniforms(seeds, max_new_tokens) if temperature > 0 else None
     gens = []
-    was_training = lm.training
-    lm.eval()
-    for b0 in range(0, len(expanded), bs):
-        sl = slice(b0, b0 + bs)
-        ids, mask = _trim(prompt_ids[sl], prompt_mask[sl], left=True)
-        with perturbation.bind(lm, seeds[sl]) as pb:
-            gen = generate(
-                ids,
-                mask,
-                n_latent,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                uniforms=None if uniforms is None else to_device(uniforms[sl], lm.device),
-                perturbation=pb,
-                with_entropy=True,
-            )
-            gens.append(gen)
-    lm.train(was_training)
+    with lm.eval_mode():
+        for b0 in range(0, len(expanded), bs):
+            sl = slice(b0, b0 + bs)
+            ids, mask = _trim(prompt_ids[sl], prompt_mask[sl], left=True)
+            with perturbation.bind(lm, seeds[sl]) as pb:
+                gen = generate(
+                    ids,
+                    mask,
+                    n_latent,
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                    top_p=top_p,
+                    uniforms=None if uniforms is None else to_device(uniforms[sl], lm.device),
+                    perturbation=pb,
+                    with_entropy=True,
+                )
+                gens.append(gen)
     tokens, mask, rollout_logp, ent = _concat(gens, lm)
     texts = lm.decode(tokens, mask)
     values = reward_fn(texts, expanded) if reward_fn is not None else call_checked(numeric, "numeric", texts, expanded)
