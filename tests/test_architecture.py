@@ -121,7 +121,9 @@ def test_distributed_stays_below_eval_and_perturbation():
     assert not any(t.startswith(("dgrpo.eval", "dgrpo.perturbation")) for t in targets), targets
 
 
-TRAINING_LOOP = sorted((SRC / "training").glob("*.py")) + [SRC / "model" / f for f in ("latent_lm.py", "latent_chain.py")]
+TRAINING_LOOP = sorted((SRC / "training").glob("*.py")) + [
+    SRC / "model" / f for f in ("latent_lm.py", "latent_chain.py")
+]
 
 
 @pytest.mark.parametrize("path", TRAINING_LOOP, ids=lambda p: p.name)

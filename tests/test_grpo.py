@@ -416,3 +416,25 @@ def test_latent_thoughts_asked_of_a_checkpoint_without_them_is_one_line_at_start
     lm.settings.mode, lm.settings.n_latent = mode, 0
     with pytest.raises(ConfigError, match=f"grpo.n_latent=3: the checkpoint was trained with sft.mode={mode}"):
         GRPOTrainer(lm, cfg, generate_split(cfg.task, "train"))
+
+
+def test_a_resume_with_another_reward_is_refused(sft_checkpoint, tmp_path):
+    """A reward_fn given in Python is not in the config: a run stopped with one and resumed without it (or with
+    another) went on with the config's reward, without a word. Checkpoints record the reward; both given is warned."""
+    from dgrpo.config import ConfigError
+    from dgrpo.training.grpo import train_grpo
+
+    def parity(completions, records):
+        return [float(len(c) % 2) for c in completions]
+
+    cfg = tiny_config(**{"grpo.steps": 1, "grpo.prompts_per_step": 2, "grpo.group_size": 2, "grpo.filter": False})
+    train, out, quiet = generate_split(cfg.task, "train")[:8], tmp_path / "run", {"progress": False, "log": print}
+    train_grpo(LatentLM.from_pretrained(sft_checkpoint), cfg, train, out, reward_fn=parity, **quiet)
+    with pytest.raises(ConfigError, match=r"trained with the reward parity = .*test_grpo.*parity \* 1, now numeric ="):
+        train_grpo(LatentLM.from_pretrained(sft_checkpoint), cfg, train, out, **quiet)
+    train_grpo(
+        LatentLM.from_pretrained(sft_checkpoint), cfg, train, out, reward_fn=parity, **quiet
+    )  # the same: goes on
+    cfg.grpo.reward = "numeric"
+    with pytest.warns(UserWarning, match="reward_fn replaces the config's grpo.reward / grpo.rewards"):
+        GRPOTrainer(LatentLM.from_pretrained(sft_checkpoint), cfg, train, reward_fn=parity)

@@ -74,7 +74,9 @@ def test_model_revision_picks_the_branch_tag_or_commit(hub_cache):
     with pytest.raises(CheckpointError, match=r"at revision 'v2': .* is not at revision 'v2' \(other revisions are\)"):
         load_model(cfg.model, cfg.task, training=False)
     cfg.model.name_or_path = "tiny-org/base"  # a revision meant for the base, applied to --init: the line says why
-    with pytest.raises(CheckpointError, match=rf"'v2'.* \(model.revision is the revision of the model loaded, {REPO}, "):
+    with pytest.raises(
+        CheckpointError, match=rf"'v2'.* \(model.revision is the revision of the model loaded, {REPO}, "
+    ):
         load_model(cfg.model, cfg.task, init=REPO, training=False)
 
 

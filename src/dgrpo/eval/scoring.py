@@ -18,6 +18,7 @@ or 0-d torch one, a bool counting 0 or 1 (:func:`reward_value`), so a 1-d array 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import math
@@ -27,6 +28,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..config import reward_name
 from ..data.records import Record
@@ -199,6 +201,18 @@ class RewardPart:
     fn: ScoreFn
     weight: float = 1.0
 
+    def identity(self) -> str:
+        """``name = module.function * weight``: what a checkpoint records of the reward it was trained with."""
+        return f"{self.name} = {function_name(self.fn)} * {self.weight:g}"
+
+
+def function_name(fn: Any) -> str:
+    """``module.qualname`` of a function (a partial: of the function it wraps; another callable: of its class)."""
+    if isinstance(fn, functools.partial):
+        return f"partial({function_name(fn.func)})"
+    named = fn if hasattr(fn, "__qualname__") else type(fn)
+    return f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
+
 
 @dataclass
 class Rewards:
@@ -223,6 +237,10 @@ class Rewards:
                 f"grpo.filter_reward {self.filter_on!r} is not one of the rewards ({', '.join(names)}): name one of "
                 "them, or '' for the total"
             )
+
+    def identity(self) -> list[str]:
+        """Each part's :meth:`RewardPart.identity` (a resume compares them)."""
+        return [p.identity() for p in self.parts]
 
     def __call__(self, completions: list[str], records: list[Record]) -> list[float]:
         self.last = {p.name: call_checked(p.fn, p.name, completions, records) for p in self.parts}

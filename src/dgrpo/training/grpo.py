@@ -213,6 +213,7 @@ class GRPOTrainer:
             "nonfinite_skips": self.guard.skips,
             "nonfinite_streak": self.guard.streak,
             "train_data": self.data_fingerprint,
+            "reward": self.rewards.identity(),
         }
         return js
 
@@ -588,6 +589,12 @@ def _rewards(reward_fn: ScoreFn | Rewards | None, cfg: Config) -> Rewards:
             f"{type(reward_fn).__name__} {reward_fn!r:.60}: a reward by name goes in the config (grpo.reward: numeric, "
             "or 'file.py:function')"
         )
+    if reward_fn is not None and (cfg.grpo.reward or cfg.grpo.rewards):
+        warnings.warn(
+            "reward_fn replaces the config's grpo.reward / grpo.rewards, which the run's config.json and its "
+            "checkpoints' run_config.json still name (its resumable checkpoints record the reward used)",
+            stacklevel=3,
+        )
     if reward_fn is not None:
         name, chosen = getattr(reward_fn, "__name__", "reward_fn"), cfg.grpo.filter_reward
         if chosen and chosen != name:  # it named a part of the config's rewards, which reward_fn replaces
@@ -702,6 +709,7 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
     check_restart(trainer.lm, saved is not None, "train_grpo")
     if saved is not None:
         run.check_same_data(saved["trainer"].get("train_data"), trainer.data_fingerprint)
+        _check_same_reward(run, saved["trainer"].get("reward"), trainer.rewards.identity())
         trainer.load_state(saved["trainer"])
         if trainer.step_idx > trainer.cfg.grpo.steps:  # (final/ would hold more steps than the summary says)
             raise ConfigError(
@@ -716,6 +724,21 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
     loop.started = time.time()
     run.start(saved)
     return loop
+
+
+def _check_same_reward(run: RunDir, saved: list[str] | None, given: list[str]) -> None:
+    """Refuse to resume with another reward than the checkpoint was trained with (a ``reward_fn`` from Python is not
+    in the config: left out, or another one, it changed without a word), unless ``allow_config_change``: then say so.
+    A checkpoint written before dgrpo recorded its reward (``saved`` None) is not checked."""
+    if saved is None or saved == given:
+        return
+    what = f"trained with the reward {'; '.join(saved)}, now {'; '.join(given)}"
+    if not run.allow_config_change:
+        raise ConfigError(
+            f"{run.checkpoint} was {what}: resume with the same reward (grpo.reward / grpo.rewards, or from Python the "
+            "same reward_fn), start over with --resume never, or pass --allow-config-change (allow_config_change=True)"
+        )
+    run.log(f"dgrpo: resuming {run.checkpoint}, {what}")
 
 
 def _check_stall(run: RunDir, loop: LoopState, m: dict, g: GRPOConfig) -> str | None:
