@@ -425,7 +425,7 @@ def test_a_resume_with_another_reward_is_refused(sft_checkpoint, tmp_path):
     from dgrpo.training.grpo import train_grpo
 
     def parity(completions, records):
-        return [float(len(c) % 2) for c in completions]
+        return [1.0 + len(c) % 2 for c in completions]
 
     cfg = tiny_config(**{"grpo.steps": 1, "grpo.prompts_per_step": 2, "grpo.group_size": 2, "grpo.filter": False})
     train, out, quiet = generate_split(cfg.task, "train")[:8], tmp_path / "run", {"progress": False, "log": print}

@@ -610,3 +610,23 @@ def test_a_gathered_state_dict_saves_a_tied_weight_once(tokenizer, tmp_path):
     assert back.model.lm_head.weight is back.model.model.embed_tokens.weight
     ids = torch.tensor([[1, 2, 3]])
     assert torch.equal(back.model(ids).logits, lm.model(ids).logits)
+
+
+def test_generate_refuses_prompts_not_encoded_as_encode_questions_writes_them(tokenizer, task_records):
+    """A tokenizer's own output (no <|start-latent|>, or right-padded) decoded other answers without a word: the
+    latents started from a pad position's hidden state, or without their opening marker."""
+    lm = make_lm(tokenizer).eval()
+    qs = [task_records[0].question[:20], task_records[1].question]
+    ids, mask = lm.encode_questions(qs)
+    lm.generate(ids, mask, 1, max_new_tokens=2)  # as encoded: fine
+    lm.generate(*lm.encode_questions(qs, markers=False), 1, max_new_tokens=2, markers=False)
+    tok = lm.tokenizer([q + "\n" for q in qs], return_tensors="pt", padding=True)
+    with pytest.raises(ValueError, match="prompt row 0 does not end in <|start-latent|>.*lm.encode_questions"):
+        lm.generate(tok["input_ids"], tok["attention_mask"], 1, max_new_tokens=2)
+    right = torch.stack([torch.roll(r, int((m == 0).sum())) for r, m in zip(ids, mask)]), mask.flip(-1)
+    with pytest.raises(ValueError, match=r"prompt row 0 has padding at its end \(right padding\)"):
+        lm.generate(*right, 1, max_new_tokens=2)
+    empty = mask.clone()
+    empty[1] = 0
+    with pytest.raises(ValueError, match=r"prompt row 1 has no token \(its mask is all zeros\)"):
+        lm.generate(ids, empty, 1, max_new_tokens=2)

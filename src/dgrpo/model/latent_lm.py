@@ -997,6 +997,30 @@ class LatentLM(nn.Module):
             return nullcontext()
         return compiled.installed(self.model)
 
+    def _check_prompt_ends(self, prompt_ids: Tensor, prompt_mask: Tensor, markers: bool) -> None:
+        """Every row left-padded (its last position a real token: the latents start from the last one's hidden
+        state) and, with ``markers``, ending in ``<|start-latent|>``, as :meth:`encode_questions` writes them: a
+        tokenizer's own output (right padding, no marker) decoded other answers without a word. One host sync."""
+        last, start = prompt_mask[:, -1] == 0, prompt_ids[:, -1] != self.start_id
+        bad = last | start if markers else last
+        if not bool(bad.any()):
+            return
+        row = int(bad.nonzero()[0, 0])
+        if bool(last[row]):
+            why = (
+                "no token (its mask is all zeros)"
+                if not bool(prompt_mask[row].any())
+                else "padding at its end (right padding)"
+            )
+            raise ValueError(
+                f"prompt row {row} has {why}: prompts are left-padded, each ending in its last token; encode them "
+                "with lm.encode_questions(questions)"
+            )
+        raise ValueError(
+            f"prompt row {row} does not end in {START_LATENT}: the latent thoughts follow it; encode prompts with "
+            "lm.encode_questions(questions) (markers=False for a prompt without the latent markers)"
+        )
+
     @contextmanager
     def eval_mode(self) -> Iterator[LatentLM]:
         """Every module in eval mode within the block (no dropout of the model's own), and afterwards each back in
@@ -1214,6 +1238,7 @@ class LatentLM(nn.Module):
         """
         _check_decoding(n_latent, max_new_tokens, temperature, top_p)
         check_prompt(prompt_ids, prompt_mask)
+        self._check_prompt_ends(prompt_ids, prompt_mask, markers)
         n_cols = prompt_ids.shape[1] + n_latent + int(markers) + max_new_tokens
         state = self.prefill(
             prompt_ids,
