@@ -516,3 +516,14 @@ def test_builtin_options_in_a_name_are_read_strictly(spec, says):
 
     with pytest.raises(DataError, match=re.escape(says)):
         load_spec(spec)
+
+
+def test_training_data_named_without_a_split_takes_the_train_split():
+    """``data.train=gsm8k`` trained on GSM8K's 1,319 test problems (a name alone means the test split)."""
+    from dgrpo.data import training_split
+
+    assert training_split("gsm8k") == "gsm8k:train"
+    assert training_split("gsm8k:test") == "gsm8k:test"  # a split given is kept
+    assert training_split("svamp") == "svamp"  # (no train split: its one split)
+    assert training_split("gsm8k+svamp+builtin:train") == "gsm8k:train+svamp+builtin:train"
+    assert training_split("my_data.jsonl") == "my_data.jsonl"

@@ -321,7 +321,11 @@ class TaskConfig:
 class DataConfig:
     """Datasets: a dataset name (built-in, local or hub) or a file path, optionally 'name:split'."""
 
-    train: str = opt("builtin:train", "training data: dataset name or file path, optionally 'name:split'")
+    train: str = opt(
+        "builtin:train",
+        "training data: dataset name or file path, optionally 'name:split' (a dataset with a train split named "
+        "without one takes it: gsm8k is gsm8k:train here)",
+    )
     valid: str = opt("builtin:valid", "held-out data for per-stage / periodic eval ('' to disable)")
     test: list = opt(["builtin:test", "builtin:ood_steps", "builtin:ood_numbers"], "datasets evaluated at the end")
     max_question_tokens: int = opt(

@@ -166,7 +166,7 @@ class Setting:
 def set_up_run(args: argparse.Namespace) -> Setting:
     """Validate the config, read every dataset, join the processes, load the model: each failure one line before
     anything is trained (a scorer that cannot be built fails before anything is read)."""
-    from ..data import load_spec
+    from ..data import load_spec, training_split
     from ..model.factory import load_model
     from ..training.tracking import check_installed
 
@@ -174,7 +174,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     check_installed(cfg.logging.backends)
     device = setup(cfg)
     options = eval_options(cfg)
-    train = load_spec(cfg.data.train, cfg.task, data=cfg.data)
+    train = load_spec(training_split(cfg.data.train), cfg.task, data=cfg.data)
     held_out = {spec: load_spec(spec, cfg.task, data=cfg.data) for spec in [cfg.data.valid, *cfg.data.test] if spec}
     warn_if_held_out_is_trained_on(cfg, train, held_out)
     dist, device = join_processes(cfg, device)

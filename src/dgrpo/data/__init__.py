@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .loaders import column_parser, load_dataset
+from .loaders import DATASETS, column_parser, load_dataset
 from .records import DataError, Record, shared_questions
 from .synthetic import load_builtin
 
@@ -51,3 +51,12 @@ def _hub_config(query: str, spec: str) -> str | None:
 
 
 __all__ = ["DataError", "Record", "load_spec", "shared_questions"]
+
+
+def training_split(spec: str) -> str:
+    """``data.train`` as read: a built-in dataset named without a split takes its ``train`` split when it has one
+    (``gsm8k`` -> ``gsm8k:train``; a name alone means the test split elsewhere), each part of ``a+b`` alike."""
+    if "+" in spec and not Path(spec).exists():
+        return "+".join(training_split(part.strip()) for part in spec.split("+"))
+    known = DATASETS.get(spec)
+    return f"{spec}:train" if known is not None and "train" in known.splits and not Path(spec).exists() else spec
