@@ -205,11 +205,14 @@ def test_sft_killed_across_a_stage_boundary_resumes_bit_identical(tmp_path):
     late = tmp_path / "late"
     env = {**os.environ, "DGRPO_TEST_CRASH_IN_CHECKPOINT": "9"}
     assert subprocess.run(sft_cmd(late), capture_output=True, text=True, timeout=600, env=env).returncode < 0
+    newest = json.loads(sorted((late / "checkpoints").glob("step-*"))[-1].joinpath("state.json").read_text())
     r = subprocess.run(sft_cmd(late), capture_output=True, text=True, timeout=600)
     summary = next(x for x in r.stdout.splitlines() if "validation accuracy by stage" in x)
     assert "validation accuracy by stage: 0: " in summary and ", 1: " in summary, summary
     times = [row["time_s"] for row in map(json.loads, (late / "metrics.jsonl").read_text().splitlines())]
     assert times == sorted(times), times  # time_s goes on from the resumed rows (it restarted at 0)
+    # from the checkpoint's own time (a checkpoint between two logged rows restarted near the earlier row's)
+    assert newest["time_s"] > 0 and times[newest["metrics_lines"]] >= newest["time_s"], (newest, times)
 
 
 def _damage_newest(out, how):

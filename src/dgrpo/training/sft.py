@@ -256,6 +256,8 @@ class SFTRun:
         skips = saved["nonfinite_skips"] if saved else 0
         self.guard = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr", skips=skips)
         run.start(saved)
+        # the metrics' time_s goes on from the checkpoint's (one between two logged rows: its own time, not the row's)
+        self.t0 = time.time() - (saved.get("time_s", _time_trained(run)) if saved else 0.0)
 
     def enter_stage(self, stage: int) -> None:
         """At the start of an epoch: a new AdamW and lr schedule at a reset boundary (``reset_optimizer``: a new
@@ -363,6 +365,7 @@ class SFTRun:
             "nonfinite_skips": self.guard.skips,
             "metrics_lines": self.run.metrics.n_rows(),
             "train_data": self.data_fingerprint,
+            "time_s": round(time.time() - self.t0, 2),
         }
         save_checkpoint(
             self.run.out_dir,
@@ -402,7 +405,7 @@ def train_sft(
     with RunDir(out_dir, cfg, dist, "sft", resume=resume, allow_config_change=allow_config_change, log=log) as run:
         sft = SFTRun(lm, cfg, dist, run, train)
         plan, prog = sft.plan, sft.prog
-        t0 = time.time() - _time_trained(run)  # time_s goes on from a resumed run's last row
+        t0 = sft.t0  # (time_s goes on from a resumed run's)
         start_epoch, start_batch = prog.epoch, prog.batch
         best = _resumed_best(run, dist) if s.eval_every_epoch else -1.0
         n_steps, shown = s.num_epochs * plan.steps_per_epoch, dist.is_main and progress
