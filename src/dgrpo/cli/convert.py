@@ -98,7 +98,8 @@ def run_export(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     from ..model import lora
-    from ..model.latent_lm import LatentLM, resolve_checkpoint
+    from ..model.latent_lm import LatentLM
+    from ..model.sources import resolve_checkpoint
     from ..model.verified import CheckpointError
     from ..training.run import check_output_path
 
@@ -130,7 +131,7 @@ def run_consolidate(args: argparse.Namespace) -> int:
 
 def run_import(args: argparse.Namespace) -> int:
     from ..model.coconut_import import import_coconut
-    from ..model.latent_lm import LATENT_CONFIG_FILE
+    from ..model.verified import LATENT_CONFIG_FILE
     from ..training.run import check_output_path
 
     check_output_path(args.out, model_dir=True)

@@ -61,10 +61,8 @@ def checkpoint_settings(model: str, revision: str = "") -> tuple[dict, str]:
     uploaded to the hub (at ``revision``) ({} for a plain model, an older checkpoint, or one that cannot be read:
     loading it says why), and for a hub id the commit they were read at ("" for a directory), at which the weights
     are then read too: a branch that moves in between does not mix two commits."""
-    from ..model.factory import resolve_checkpoint
-    from ..model.latent_lm import RUN_CONFIG_FILE, on_disk
-    from ..model.sources import hub_files
-    from ..model.verified import CheckpointError
+    from ..model.sources import hub_files, on_disk, resolve_checkpoint
+    from ..model.verified import RUN_CONFIG_FILE, CheckpointError
 
     commit = ""
     if on_disk(model).exists():  # (checkpoints/step-N names step-0000000N: the model loads from it too)
@@ -108,7 +106,7 @@ def model_label(model: str, revision: str | None = None) -> str:
     """How results name the model evaluated: a local checkpoint's absolute directory (a run directory's final/, a
     resumable checkpoint's model/), else ``--model`` as given (a hub id), with ``@commit`` when it was read from the
     hub at that ``revision``."""
-    from ..model.factory import resolve_checkpoint
+    from ..model.sources import resolve_checkpoint
     from ..model.verified import CheckpointError
 
     try:
@@ -133,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     from ..data.records import DataError
     from ..eval.evaluate import evaluate, write_results
     from ..model.factory import load_model
-    from ..model.latent_lm import on_disk
+    from ..model.sources import on_disk
     from ..training.distributed import env_int
     from ..training.run import check_output_path
 

@@ -88,7 +88,7 @@ def record_init(cfg: Config, init: str | None) -> Config:
 def init_name(init: str) -> str:
     """How a run's config names its ``--init``: the checkpoint a local path resolves to, absolute (``runs/sft`` and
     ``runs/sft/final`` are one model: a resume naming the other was refused as other weights); a hub id as given."""
-    from ..model.latent_lm import resolve_checkpoint
+    from ..model.sources import resolve_checkpoint
     from ..model.verified import CheckpointError
 
     if not Path(init).exists():

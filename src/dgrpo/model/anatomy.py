@@ -1,5 +1,5 @@
-"""Where things live inside a Hugging Face causal LM: the decoder blocks, each block's attention and MLP,
-their output projections, and the perturbation sites built from them.
+"""Where things live inside a Hugging Face causal LM: a token's rows (input embedding, untied head), the decoder
+blocks, each block's attention and MLP, their output projections, and the perturbation sites built from them.
 
 One table (:data:`PART_NAMES`) lists the attribute names tried, in order, for every part; it covers
 Qwen2 / Llama (``self_attn.o_proj``, ``mlp.down_proj``) and GPT-2 (``attn.c_proj``, ``mlp.c_proj``), and
@@ -10,11 +10,35 @@ the usual alternatives of other families. A layer selection (``perturbation.laye
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from ..config import ConfigError, parse_layer_spec
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+
+def input_embedding_weight(model: PreTrainedModel) -> Tensor:
+    """The input embedding matrix [vocab, hidden] of a causal LM."""
+    weight = model.get_input_embeddings().weight
+    assert isinstance(weight, Tensor)
+    return weight
+
+
+def token_tables(model: PreTrainedModel) -> dict[str, Tensor]:
+    """Where a token's rows live: the input embedding (``input``) and, when untied, the head's weight (``output``)
+    and bias (``output_bias``)."""
+    emb = input_embedding_weight(model)
+    tables = {"input": emb}
+    out: Any = model.get_output_embeddings()
+    if out is not None and out.weight.data_ptr() != emb.data_ptr():
+        tables["output"] = out.weight
+        if getattr(out, "bias", None) is not None:
+            tables["output_bias"] = out.bias
+    return tables
+
 
 #: attribute names of a block's parts, tried in order (first match wins)
 PART_NAMES: dict[str, tuple[str, ...]] = {

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from .anatomy import input_embedding_weight
 from .factory import CheckpointError
 from .latent_lm import (
     END_LATENT,
@@ -31,7 +32,6 @@ from .latent_lm import (
     LatentSettings,
     coconut_init_row,
     init_new_embeddings,
-    input_embedding_weight,
     load_tokenizer,
 )
 from .sources import resolve_model_source

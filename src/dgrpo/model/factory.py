@@ -14,8 +14,8 @@ from . import lora
 from .compiled_layers import CompiledLayers
 from .gqa_attention import use_packed_gqa
 from .head_stats import HeadStats
-from .latent_lm import LatentLM, LatentSettings, resolve_checkpoint
-from .sources import on_for_device, resolve_device
+from .latent_lm import LatentLM, LatentSettings
+from .sources import on_for_device, resolve_checkpoint, resolve_device
 from .tiny import build_tiny_model
 from .verified import CheckpointError
 

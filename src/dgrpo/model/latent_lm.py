@@ -45,17 +45,22 @@ from transformers import (
 )
 
 from ..config import ConfigError, LatentTokenInit
-from ..run_layout import CHECKPOINTS_DIR, FINAL_DIR, METRICS_FILE, STEP_DIR, step_dir_name
-from .anatomy import decoder_layers
+from ..run_layout import CHECKPOINTS_DIR, STEP_DIR
+from .anatomy import decoder_layers, input_embedding_weight, token_tables
 from .attention_mask import additive_mask, causal_padding_mask, prebuilt_mask_applies, static_causal_padding_mask
 from .compiled_layers import CompiledLayers
 from .head_stats import HeadStats
 from .kv_prefixes import saved_as_prefixes
 from .output_head import logit_transform, output_head
 from .recompute import checkpointed_layers, last_layers, recomputed_call, unrecomputable_cache_layers
+from .sources import hub_files, on_disk, resolve_checkpoint, resolve_model_source
 from .static_cache import static_cache
 from .verified import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_WEIGHTS_FILE,
+    LATENT_CONFIG_FILE,
     RESUMABLE_STATE,
+    RUN_CONFIG_FILE,
     SAFETENSORS,
     SAFETENSORS_INDEX,
     SHARDED_DIR,
@@ -68,11 +73,8 @@ from .verified import (
 )
 
 START_LATENT, LATENT, END_LATENT = "<|start-latent|>", "<|latent|>", "<|end-latent|>"
-LATENT_CONFIG_FILE = "latent_config.json"
-RUN_CONFIG_FILE = "run_config.json"
 #: the files a model checkpoint directory must hold (``a|b``: either)
 MODEL_FILES = ("config.json", f"{SAFETENSORS}|{SAFETENSORS_INDEX}", LATENT_CONFIG_FILE, "tokenizer_config.json")
-ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 #: the ways a checkpoint prompts (LatentSettings.mode)
 LATENT_MODES = ("coconut", "pause", "cot", "no_cot", "plain")
 #: the files a LoRA adapter checkpoint directory must hold (the base model lives where adapter_config.json says)
@@ -247,30 +249,10 @@ def init_new_embeddings(model: PreTrainedModel, ids: list[int], n_real: int, cop
             w[ids] = w[copy_of].clone() if copy_of is not None else w[:n_real].mean(0, keepdim=True)
 
 
-def token_tables(model: PreTrainedModel) -> dict[str, Tensor]:
-    """Where a token's rows live: the input embedding (``input``) and, when untied, the head's weight (``output``)
-    and bias (``output_bias``)."""
-    emb = input_embedding_weight(model)
-    tables = {"input": emb}
-    out: Any = model.get_output_embeddings()
-    if out is not None and out.weight.data_ptr() != emb.data_ptr():
-        tables["output"] = out.weight
-        if getattr(out, "bias", None) is not None:
-            tables["output_bias"] = out.bias
-    return tables
-
-
 def coconut_init_row(tokenizer: PreTrainedTokenizerBase, n_real: int) -> int | None:
     """The id of ``<<`` (Coconut's rows for new latent tokens), or None when the tokenizer has no such token."""
     found = tokenizer.get_vocab().get(COCONUT_INIT_TOKEN)
     return found if found is not None and found < n_real else None
-
-
-def input_embedding_weight(model: PreTrainedModel) -> Tensor:
-    """The input embedding matrix [vocab, hidden] of a causal LM."""
-    weight = model.get_input_embeddings().weight
-    assert isinstance(weight, Tensor)
-    return weight
 
 
 def _token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:
@@ -314,45 +296,6 @@ def check_special_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
             f"the tokenizer has no EOS token{pad}: set one before building the LatentLM "
             "(tokenizer.eos_token = '<eos>', a token of its vocabulary or a new one)"
         )
-
-
-def _is_model_dir(p: Path) -> bool:
-    if (p / ADAPTER_CONFIG_FILE).is_file():
-        return True
-    weights = (p / SAFETENSORS).is_file() or (p / SAFETENSORS_INDEX).is_file() or (p / "pytorch_model.bin").is_file()
-    return (p / "config.json").is_file() and (weights or (p / LATENT_CONFIG_FILE).is_file())
-
-
-def on_disk(path: str | Path) -> Path:
-    """``path`` as it is on disk: ``~`` expanded, and a resumable checkpoint named unpadded (``checkpoints/step-128``)
-    as the directory the trainers write (``step-00000128``) when only that exists. The one place that maps the
-    name; every loader (``from_pretrained``, the command line's model sources) goes through it."""
-    p = Path(path).expanduser()
-    step = STEP_DIR.fullmatch(p.name)
-    padded = p.with_name(step_dir_name(int(step[1]))) if step else p
-    return padded if not p.exists() and padded.is_dir() else p
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A run directory resolves to its ``final/`` checkpoint, a resumable checkpoint (``checkpoints/step-N``) to the
-    model it holds (``model/``), a checkpoint directory to itself."""
-    p = on_disk(path)
-    if _is_model_dir(p / FINAL_DIR):
-        return p / FINAL_DIR
-    if _is_model_dir(p):
-        return p
-    if (p / RESUMABLE_STATE).is_file() and _is_model_dir(p / "model"):
-        return p / "model"
-    if p.is_file():
-        raise CheckpointError(f"{p} is a file, not a checkpoint directory")
-    if (p / METRICS_FILE).is_file():
-        raise CheckpointError(
-            f"{p} holds no model checkpoint: a run directory without final/ (the run did not finish: rerun its command "
-            "to resume it, or name one of its checkpoints: best/, stage-K/, checkpoints/step-N)"
-        )
-    if p.exists():
-        raise CheckpointError(f"{p} holds no model checkpoint (no config.json with weights, no final/)")
-    raise CheckpointError(f"checkpoint directory not found: {p}")
 
 
 _CACHE_KEYWORDS: dict[type, str] = {}
@@ -586,8 +529,6 @@ class LatentLM(nn.Module):
             local = resolve_checkpoint(local)
             path, revision = str(local.resolve()), None
         else:  # a hub id (or a relative path shaped like one): as the command line resolves it
-            from .sources import hub_files
-
             # its small files (latent settings, run config, tokenizer, adapter): read as a directory's would be
             (local, local_files_only), hub = hub_files(str(path), revision, local_files_only), True
             revision = local.name  # the commit they are from: the weights come from the same one
@@ -625,7 +566,6 @@ class LatentLM(nn.Module):
     ) -> LatentLM:
         """The base model an adapter directory names, with the directory's tokenizer, settings and adapter."""
         from . import lora
-        from .sources import resolve_model_source
 
         named, revision = lora.adapter_base(folder), lora.adapter_base_revision(folder)
         try:

@@ -37,6 +37,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from ..config import ConfigError
+from .anatomy import token_tables
 from .verified import MANIFEST, SAFETENSORS_INDEX, CheckpointError, check_tensors, one_line, sha256
 
 if TYPE_CHECKING:
@@ -182,16 +183,12 @@ def save_adapter(lm: LatentLM, folder: Path) -> None:
 
 def _marker_rows(lm: LatentLM) -> dict[str, Tensor]:
     """The latent markers' rows of each table a token's rows live in (:func:`~dgrpo.model.latent_lm.token_tables`)."""
-    from .latent_lm import token_tables
-
     ids = [lm.start_id, lm.latent_id, lm.end_id]
     return {name: t[ids].detach().clone().contiguous() for name, t in token_tables(lm.model).items()}
 
 
 def _set_marker_rows(lm: LatentLM, rows: dict[str, Tensor]) -> None:
     """Write :func:`_marker_rows`' rows back (an adapter loaded onto its plain base, whose files lack them)."""
-    from .latent_lm import token_tables
-
     ids = [lm.start_id, lm.latent_id, lm.end_id]
     targets = token_tables(lm.model)
     with torch.no_grad():

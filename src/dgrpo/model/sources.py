@@ -13,10 +13,57 @@ from pathlib import Path
 import torch
 
 from ..hub import hub_reachable, offline_requested
-from .latent_lm import on_disk, resolve_checkpoint
-from .verified import CheckpointError, one_line
+from ..run_layout import FINAL_DIR, METRICS_FILE, STEP_DIR, step_dir_name
+from .verified import (
+    ADAPTER_CONFIG_FILE,
+    LATENT_CONFIG_FILE,
+    RESUMABLE_STATE,
+    SAFETENSORS,
+    SAFETENSORS_INDEX,
+    CheckpointError,
+    one_line,
+)
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "gpt2", "Qwen/Qwen2.5-1.5B"
+
+
+def _is_model_dir(p: Path) -> bool:
+    if (p / ADAPTER_CONFIG_FILE).is_file():
+        return True
+    weights = (p / SAFETENSORS).is_file() or (p / SAFETENSORS_INDEX).is_file() or (p / "pytorch_model.bin").is_file()
+    return (p / "config.json").is_file() and (weights or (p / LATENT_CONFIG_FILE).is_file())
+
+
+def on_disk(path: str | Path) -> Path:
+    """``path`` as it is on disk: ``~`` expanded, and a resumable checkpoint named unpadded (``checkpoints/step-128``)
+    as the directory the trainers write (``step-00000128``) when only that exists. The one place that maps the
+    name; every loader (``from_pretrained``, the command line's model sources) goes through it."""
+    p = Path(path).expanduser()
+    step = STEP_DIR.fullmatch(p.name)
+    padded = p.with_name(step_dir_name(int(step[1]))) if step else p
+    return padded if not p.exists() and padded.is_dir() else p
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A run directory resolves to its ``final/`` checkpoint, a resumable checkpoint (``checkpoints/step-N``) to the
+    model it holds (``model/``), a checkpoint directory to itself."""
+    p = on_disk(path)
+    if _is_model_dir(p / FINAL_DIR):
+        return p / FINAL_DIR
+    if _is_model_dir(p):
+        return p
+    if (p / RESUMABLE_STATE).is_file() and _is_model_dir(p / "model"):
+        return p / "model"
+    if p.is_file():
+        raise CheckpointError(f"{p} is a file, not a checkpoint directory")
+    if (p / METRICS_FILE).is_file():
+        raise CheckpointError(
+            f"{p} holds no model checkpoint: a run directory without final/ (the run did not finish: rerun its command "
+            "to resume it, or name one of its checkpoints: best/, stage-K/, checkpoints/step-N)"
+        )
+    if p.exists():
+        raise CheckpointError(f"{p} holds no model checkpoint (no config.json with weights, no final/)")
+    raise CheckpointError(f"checkpoint directory not found: {p}")
 
 
 def resolve_device(name: str) -> torch.device:

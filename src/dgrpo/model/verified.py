@@ -26,6 +26,9 @@ MANIFEST = "manifest.json"
 SHARDED_DIR = "dcp"  # where a sharded (FSDP) checkpoint keeps its torch.distributed.checkpoint files
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
+LATENT_CONFIG_FILE = "latent_config.json"  # a latent model's LatentSettings
+RUN_CONFIG_FILE = "run_config.json"  # the training config that produced a checkpoint
+ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"  # a LoRA adapter's
 RESUMABLE_STATE = "state.json"  # what marks a resumable training checkpoint (dgrpo.training.checkpoint writes it)
 
 

@@ -22,8 +22,9 @@ from typing import IO, Any
 from ..config import Config, ConfigError, to_dict
 from ..data.records import Record
 from ..eval.evaluate import warn_if_questions_cut
-from ..model.latent_lm import RUN_CONFIG_FILE, LatentLM, on_disk
-from ..model.verified import MANIFEST, RESUMABLE_STATE, CheckpointError
+from ..model.latent_lm import LatentLM
+from ..model.sources import on_disk
+from ..model.verified import MANIFEST, RESUMABLE_STATE, RUN_CONFIG_FILE, CheckpointError
 from ..run_layout import (
     BEST_DIR,
     CHECKPOINTS_DIR,
