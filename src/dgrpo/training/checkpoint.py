@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file, save_model
 
+from ..config import ConfigError
 from ..model.verified import RESUMABLE_STATE, CheckpointError, atomic_dir, check_state_dict, one_line, verify
 from ..run_layout import CHECKPOINTS_DIR, step_dir_name
 
@@ -72,19 +73,23 @@ def save_checkpoint(
     state: dict[str, Any],
     extra_models: dict[str, Any] | None = None,
     keep_last: int = 2,
+    model_state: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``checkpoints/step-<step>`` atomically (:func:`~dgrpo.model.verified.atomic_dir`: temporary directory,
-    manifest, rename) and prune to the ``keep_last`` newest."""
+    manifest, rename) and prune to the ``keep_last`` newest. ``model_state`` / ``optimizer_state``: the whole state
+    dicts of a sharded (FSDP2) model and its optimizer (:meth:`~dgrpo.training.distributed.Dist.training_state`), in
+    place of the model's and the optimizer's own."""
     root = Path(out_dir) / CHECKPOINTS_DIR
     final = root / step_dir_name(step)
     with atomic_dir(final) as tmp:
-        lm.save_pretrained(tmp / "model")
+        lm.save_pretrained(tmp / "model", state_dict=model_state)
         for name, model in (extra_models or {}).items():
             if isinstance(model, torch.nn.Module):
                 save_model(model, str(tmp / f"{name}.safetensors"))  # handles tied (shared) tensors
             else:  # a state holder (the LoRA reference adapter)
                 save_file(model.state_dict(), str(tmp / f"{name}.safetensors"))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp / "optimizer.pt")
         rng_js, rng_t = capture_rng()
         torch.save(rng_t, tmp / "rng.pt")
         if os.environ.get("DGRPO_TEST_CRASH_IN_CHECKPOINT") == str(step):  # test hook: die mid-write
@@ -120,23 +125,34 @@ class LoadedCheckpoint:
     optimizer_state: dict[str, Any]
     rng: dict[str, torch.Tensor]
 
-    def apply(self, lm, optimizer: torch.optim.Optimizer, extra_models: dict[str, Any] | None = None) -> dict:
+    def apply(
+        self, lm, optimizer: torch.optim.Optimizer, extra_models: dict[str, Any] | None = None, dist: Any = None
+    ) -> dict:
         """Load everything into the model, the extra models and the optimizer; restore the RNGs; return the state
-        (state.json's content)."""
-        lm.load_weights(self.weights)  # complete: checked by read_checkpoint
+        (state.json's content). Under FSDP2 (``dist.fsdp``) every rank calls it, and keeps its shards."""
+        if dist is not None and dist.fsdp:
+            dist.load_training_state(lm.model, optimizer, self.weights, self.optimizer_state)
+        else:
+            lm.load_weights(self.weights)  # complete: checked by read_checkpoint
+            optimizer.load_state_dict(self.optimizer_state)
         for name, model in (extra_models or {}).items():
             model.load_state_dict(self.extra_weights[name], strict=False)
-        optimizer.load_state_dict(self.optimizer_state)
         restore_rng(self.state["rng"], self.rng)
         return self.state
 
 
 def read_checkpoint(
-    ckpt: Path, *, lm, optimizer: torch.optim.Optimizer, extra_models: dict[str, Any] | None = None
+    ckpt: Path,
+    *,
+    lm,
+    optimizer: torch.optim.Optimizer,
+    extra_models: dict[str, Any] | None = None,
+    sharded: bool = False,
 ) -> LoadedCheckpoint:
     """Verify a checkpoint (manifest, every required file) and read all of it into memory, checking that it fits:
     the weights are exactly the model's tensors with their shapes, the optimizer state matches the optimizer's
-    parameters. Raises CheckpointError (one line) on any problem; mutates nothing."""
+    parameters (``sharded``: an FSDP2 model's, whose checkpoints name them). Raises CheckpointError (one line) on any
+    problem; mutates nothing."""
     problem = verify(ckpt, required_files(lm, extra_models))
     if problem is not None:
         raise CheckpointError(problem)
@@ -148,10 +164,11 @@ def read_checkpoint(
             extra[name] = read_weights_file(ckpt / f"{name}.safetensors")
             check_state_dict(model, extra[name], name)
         opt_state = torch.load(ckpt / "optimizer.pt", weights_only=True, map_location=lm.device)
-        check_optimizer_state(optimizer, opt_state)
+        check_same_sharding(ckpt, opt_state, sharded)
+        check_optimizer_state(optimizer, opt_state, dict(lm.model.named_parameters()) if sharded else None)
         rng = torch.load(ckpt / "rng.pt", weights_only=True)
         state = json.loads((ckpt / RESUMABLE_STATE).read_text())
-    except CheckpointError:
+    except (CheckpointError, ConfigError):
         raise
     except pickle.UnpicklingError:
         raise CheckpointError("a state file holds objects that cannot be loaded safely (weights_only=True)") from None
@@ -160,13 +177,26 @@ def read_checkpoint(
     return LoadedCheckpoint(ckpt, state, weights, extra, opt_state, rng)
 
 
+def check_same_sharding(ckpt: Path, opt_state: Any, sharded: bool) -> None:
+    """A ConfigError (the run's setting, not a damaged checkpoint) when a checkpoint written under FSDP2 (its optimizer
+    state names the parameters) is resumed without it, or the other way round."""
+    groups = opt_state.get("param_groups", []) if isinstance(opt_state, dict) else []
+    ids = [i for g in groups if isinstance(g, dict) for i in g.get("params", [])]
+    by_name = bool(ids) and all(isinstance(i, str) for i in ids)
+    if ids and by_name != sharded:
+        written, now = ("with", "without") if by_name else ("without", "with")
+        raise ConfigError(
+            f"{ckpt}: written {written} FSDP2 and resumed {now} it: resume with the fsdp setting the run started with "
+            f"({'full or sharded' if by_name else 'none'})"
+        )
+
+
 def check_same_hub_base(ckpt: Path, lm) -> None:
     """A ConfigError (the run's setting, not a damaged checkpoint: no fallback to an older one) when a LoRA
     checkpoint's adapter was trained on another hub commit of its base than the one loaded now: the hub's branch
     moved since the run started, and the adapter would continue on other weights."""
     if lm.peft is None or not lm.revision:
         return
-    from ..config import ConfigError
     from ..model.lora import adapter_base_revision
 
     saved = adapter_base_revision(ckpt / "model")
@@ -184,15 +214,23 @@ def read_weights_file(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path))
 
 
-def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: Any) -> None:
-    """The saved optimizer state has this optimizer's parameter groups and, per parameter, tensors of its shape."""
+def check_optimizer_state(
+    optimizer: torch.optim.Optimizer, saved: Any, named: dict[str, torch.Tensor] | None = None
+) -> None:
+    """The saved optimizer state has this optimizer's parameter groups and, per parameter, tensors of its shape.
+    Its parameters are numbered as the optimizer's, or named as ``named``'s (the whole state of a sharded model,
+    :meth:`~dgrpo.training.distributed.Dist.training_state`)."""
     if not isinstance(saved, dict) or "param_groups" not in saved or "state" not in saved:
         raise CheckpointError("optimizer.pt does not hold an optimizer state")
     groups = [g["params"] for g in optimizer.param_groups]
     saved_groups = [g.get("params", []) for g in saved["param_groups"]]
     if [len(g) for g in groups] != [len(g) for g in saved_groups]:
         raise CheckpointError("optimizer.pt: its parameter groups do not match this model's parameters")
-    params = {i: p for i, p in zip((i for g in saved_groups for i in g), (p for g in groups for p in g))}
+    ids = [i for g in saved_groups for i in g]
+    if named is not None:
+        params = {i: named.get(i) for i in ids}
+    else:
+        params = {i: p for i, p in zip(ids, (p for g in groups for p in g))}
     for i, per_param in saved["state"].items():
         p = params.get(i)
         if p is None:

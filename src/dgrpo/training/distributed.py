@@ -321,6 +321,37 @@ class Dist:
         self.gather_params(model)  # reading the state dict put the shards back in place
         return state
 
+    def training_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict | None, dict | None]:
+        """Under FSDP2, the whole model's and optimizer's state dicts gathered to rank 0's CPU (a collective: every
+        rank calls it; the others get empty dicts), named by parameter, for a resumable checkpoint rank 0 writes;
+        (None, None) otherwise: the model and the optimizer are saved as they are."""
+        if not self.fsdp:
+            return None, None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        t0 = time.perf_counter()
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
+        self.gather_params(model)  # reading the state dicts put the shards back in place
+        self.comm_s += time.perf_counter() - t0
+        return model_state, optimizer_state
+
+    def load_training_state(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict, optimizer_state: dict
+    ) -> None:
+        """Under FSDP2, put a resumable checkpoint's whole state dicts (:meth:`training_state`'s, read on every
+        rank) into the sharded model and optimizer: each rank keeps its shards (a collective)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=model_state,
+            optim_state_dict=optimizer_state,
+            options=StateDictOptions(full_state_dict=True),
+        )
+        self.gather_params(model)
+
     def save_model(self, lm, path: str | Path) -> None:
         """Save a LatentLM checkpoint directory through :meth:`LatentLM.save_pretrained`. Every rank calls this
         (a collective under FSDP2); only rank 0 writes, except the shards of an FSDP ``sharded`` checkpoint

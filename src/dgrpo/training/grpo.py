@@ -703,8 +703,9 @@ def _logged_step(run: RunDir, trainer: GRPOTrainer, loop: LoopState) -> tuple[di
 def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
     """Load the newest checkpoint that loads into the trainer (if any) and open the metrics log."""
     extra = _extra_models(trainer)
-    loaded = run.resume(lambda ckpt: read_checkpoint(ckpt, lm=trainer.lm, optimizer=trainer.opt, extra_models=extra))
-    saved = loaded.apply(trainer.lm, trainer.opt, extra) if loaded is not None else None
+    sharded, lm, opt = trainer.dist.fsdp, trainer.lm, trainer.opt
+    loaded = run.resume(lambda ckpt: read_checkpoint(ckpt, lm=lm, optimizer=opt, extra_models=extra, sharded=sharded))
+    saved = loaded.apply(lm, opt, extra, trainer.dist) if loaded is not None else None
     loop = LoopState()
     check_restart(trainer.lm, saved is not None, "train_grpo")
     if saved is not None:
@@ -822,8 +823,10 @@ def _periodic_eval(
 
 
 def _save_resumable(run: RunDir, trainer: GRPOTrainer, loop: LoopState) -> None:
-    """A resumable checkpoint (replicated weights: rank 0 writes; none under FSDP)."""
-    if trainer.dist.fsdp or not trainer.dist.is_main:
+    """A resumable checkpoint: rank 0 writes it (under FSDP2 every rank first gathers the model's and the
+    optimizer's state to it)."""
+    model_state, optimizer_state = trainer.dist.training_state(trainer.lm.model, trainer.opt)
+    if not trainer.dist.is_main:
         return
     save_checkpoint(
         run.out_dir,
@@ -833,4 +836,6 @@ def _save_resumable(run: RunDir, trainer: GRPOTrainer, loop: LoopState) -> None:
         keep_last=trainer.cfg.grpo.keep_last,
         extra_models=_extra_models(trainer),
         state={"trainer": trainer.state(), "loop": asdict(loop), "metrics_lines": run.metrics.n_rows()},
+        model_state=model_state,
+        optimizer_state=optimizer_state,
     )

@@ -243,11 +243,11 @@ class SFTRun:
         self.plan = Curriculum(cfg, max(1, n_train // cfg.sft.batch_size))
         self.prog, saved = Progress(), None
         opt = new_optimizer(self.params, cfg)  # the state a checkpoint loads into
-        loaded = run.resume(lambda ckpt: read_checkpoint(ckpt, lm=lm, optimizer=opt))
+        loaded = run.resume(lambda ckpt: read_checkpoint(ckpt, lm=lm, optimizer=opt, sharded=dist.fsdp))
         self.opt: torch.optim.Optimizer | None = None  # a fresh run makes it at its first stage
         check_restart(lm, loaded is not None, "train_sft")
         if loaded is not None:
-            saved = loaded.apply(lm, opt)
+            saved = loaded.apply(lm, opt, dist=dist)
             run.check_same_data(saved.get("train_data"), self.data_fingerprint)
             self.prog, self.opt = Progress(**saved["progress"]), opt
             if self.prog.stage_prev is not None:  # the schedule of the config resumed with (allow_config_change may
@@ -356,10 +356,12 @@ class SFTRun:
         self.run.final_eval(final_eval, self.lm, self.prog.global_step, best["best_epoch"] if best else None)
 
     def save(self, epoch: int, batch: int) -> None:
-        """Resumable state: run epoch ``epoch`` from batch ``batch`` next (replicated weights: rank 0 writes)."""
-        if self.dist.fsdp or not self.dist.is_main:
-            return
+        """Resumable state: run epoch ``epoch`` from batch ``batch`` next (rank 0 writes it; under FSDP2 every rank
+        first gathers the model's and the optimizer's state to it)."""
         assert self.opt is not None
+        model_state, optimizer_state = self.dist.training_state(self.lm.model, self.opt)
+        if not self.dist.is_main:
+            return
         state = {
             "progress": {**asdict(self.prog), "epoch": epoch, "batch": batch},
             "nonfinite_skips": self.guard.skips,
@@ -374,6 +376,8 @@ class SFTRun:
             optimizer=self.opt,
             keep_last=self.cfg.sft.keep_last,
             state=state,
+            model_state=model_state,
+            optimizer_state=optimizer_state,
         )
 
 
