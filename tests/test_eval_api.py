@@ -9,6 +9,7 @@ from dgrpo.eval.evaluate import (
     generate_answers,
     merge_results,
     warn_if_questions_cut,
+    write_results,
 )
 from dgrpo.perturbation import LockedDropout
 
@@ -158,3 +159,21 @@ def test_evaluation_leaves_every_module_in_the_mode_it_had(tokenizer, task_recor
     with pytest.raises(KeyboardInterrupt):
         evaluate(lm, task_records[:2], n_latent=1, **FAST)
     assert not lm.model.transformer.drop.training and lm.model.transformer.h[0].training and lm.training
+
+
+def test_records_that_are_not_records_are_one_line_naming_what_they_are(lm, tmp_path):
+    """evaluate(lm, ["text"]) was an AttributeError deep inside; train_grpo's message did not say what the list held;
+    write_results took a Path only."""
+    from dgrpo.data.records import Record
+
+    with pytest.raises(
+        ValueError,
+        match=r"evaluate: records must be a list of dgrpo Records, got a list of 1 holding "
+        r"str items \('what is 2\+2\?'\); make them with dgrpo.data.Record",
+    ):
+        evaluate(lm, ["what is 2+2?"], **FAST)
+    with pytest.raises(ValueError, match="got a list of 1 holding dict items"):
+        evaluate(lm, [{"question": "1+1", "answer": "2"}], **FAST)
+    r = evaluate(lm, [Record(question="1+1", steps=[], answer="2")], n_latent=0, **FAST)
+    write_results(r, str(tmp_path / "out"))  # a str path too
+    assert (tmp_path / "out" / "results.json").is_file()

@@ -630,3 +630,17 @@ def test_generate_refuses_prompts_not_encoded_as_encode_questions_writes_them(to
     empty[1] = 0
     with pytest.raises(ValueError, match=r"prompt row 1 has no token \(its mask is all zeros\)"):
         lm.generate(ids, empty, 1, max_new_tokens=2)
+
+
+def test_misuses_of_the_constructor_and_generate_are_one_typed_line(tokenizer):
+    """A path or no tokenizer given to LatentLM, lists given to generate: AttributeErrors from inside before."""
+    from dgrpo.model.latent_lm import LatentLM
+
+    lm = make_lm(tokenizer)
+    with pytest.raises(TypeError, match=r"got str; load a checkpoint with LatentLM.from_pretrained\(path\)"):
+        LatentLM("runs/sft/final", lm.tokenizer)
+    with pytest.raises(TypeError, match="tokenizer must be the model's Hugging Face tokenizer, got NoneType"):
+        LatentLM(lm.model, None)
+    ids, mask = lm.encode_questions(["1 + 1 = ?"])
+    with pytest.raises(TypeError, match=r"prompt ids must be a torch tensor, got list \(encode the questions with"):
+        lm.generate(ids.tolist(), mask.tolist(), 1, max_new_tokens=2)

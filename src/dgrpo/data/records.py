@@ -95,3 +95,22 @@ def fingerprint(records: list[Record]) -> str:
             h.update(b"\x00")
         h.update(b"\x01")
     return f"{len(records)}:{h.hexdigest()[:16]}"
+
+
+def check_records(records: object, where: str, empty: bool = False) -> None:
+    """ValueError (one line) unless ``records`` is a non-empty (``empty``: or empty) list of :class:`Record`, naming
+    what it holds instead (a list of dicts is the usual slip: ``Record(question=..., steps=[], answer=...)`` or a
+    loader makes them)."""
+    if isinstance(records, list) and (records or empty) and all(isinstance(r, Record) for r in records):
+        return
+    if not isinstance(records, list):
+        got = type(records).__name__
+    elif not records:
+        got = "a list of 0"
+    else:
+        bad = next(r for r in records if not isinstance(r, Record))
+        got = f"a list of {len(records)} holding {type(bad).__name__} items ({bad!r:.60})"
+    raise ValueError(
+        f"{where} must be a {'' if empty else 'non-empty '}list of dgrpo Records, got {got}; make them with "
+        "dgrpo.data.Record(question=..., steps=[], answer=...) or a loader (dgrpo.load_dataset)"
+    )

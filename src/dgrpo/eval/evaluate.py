@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..data.records import Record
+from ..data.records import Record, check_records
 from ..model.latent_lm import LatentLM
 from ..perturbation import Perturbation
 from ..perturbation.base import as_seeds, row_sampling_uniforms, text_seed, to_device
@@ -266,6 +266,7 @@ def evaluate(
     outputs). ``limit`` > 0 evaluates the first ``limit`` records (after the ``shots`` of a plain prompt). ValueError
     for negative counts, ``shots`` without ``plain`` and ``shots`` that leave no record to evaluate."""
     _check_counts("evaluate", batch_size=batch_size, limit=limit, shots=shots, max_question_tokens=max_question_tokens)
+    check_records(records, "evaluate: records", empty=True)  # (a rank's shard of fewer records than ranks: none)
     t0, scorer = time.time(), _scorer(scorer)
     shot_recs, records = _split_shots(records, plain, shots)
     if limit:
@@ -404,7 +405,9 @@ def merge_results(parts: list[EvalResult]) -> EvalResult:
     )
 
 
-def write_results(result: EvalResult, out_dir: Path) -> None:
+def write_results(result: EvalResult, out_dir: str | Path) -> None:
+    """``results.json`` (the summary) and ``predictions.jsonl`` (one row per question) in ``out_dir``."""
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(result.summary(), indent=2))
     with open(out_dir / "predictions.jsonl", "w") as f:

@@ -140,7 +140,13 @@ def _check_texts(what: str, name: str, texts: Any) -> None:
 
 
 def check_prompt(prompt_ids: Tensor, prompt_mask: Tensor) -> None:
-    """Prompt ids and mask as :meth:`LatentLM.encode_questions` gives them: [batch, length] both."""
+    """Prompt ids and mask as :meth:`LatentLM.encode_questions` gives them: [batch, length] tensors both."""
+    for name, t in (("prompt ids", prompt_ids), ("prompt mask", prompt_mask)):
+        if not isinstance(t, Tensor):
+            raise TypeError(
+                f"{name} must be a torch tensor, got {type(t).__name__} (encode the questions with "
+                "ids, mask = lm.encode_questions(questions))"
+            )
     if prompt_ids.dim() != 2:
         raise ValueError(
             f"prompt ids must be [batch, length] (encode_questions' output), got shape {tuple(prompt_ids.shape)}"
@@ -477,6 +483,13 @@ class LatentLM(nn.Module):
         """``latent_token_init``: how the markers' rows start when ``model`` lacks them (``model.latent_token_init``:
         mean, or coconut)."""
         super().__init__()
+        if not isinstance(model, nn.Module) or not hasattr(model, "get_input_embeddings"):
+            how = "; load a checkpoint with LatentLM.from_pretrained(path)" if isinstance(model, (str, Path)) else ""
+            raise TypeError(f"LatentLM: model must be a Hugging Face causal LM, got {type(model).__name__}{how}")
+        if not (hasattr(tokenizer, "eos_token_id") and callable(tokenizer)):
+            raise TypeError(
+                f"LatentLM: tokenizer must be the model's Hugging Face tokenizer, got {type(tokenizer).__name__}"
+            )
         check_special_tokens(tokenizer)
         if latent_token_init not in typing.get_args(LatentTokenInit):
             raise ValueError(f"latent_token_init must be mean or coconut, got {latent_token_init!r}")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..config import Config, ConfigError, to_dict
-from ..data.records import Record
+from ..data.records import Record, check_records
 from ..eval.evaluate import warn_if_questions_cut
 from ..model.latent_lm import LatentLM
 from ..model.sources import on_disk
@@ -187,9 +187,7 @@ def check_trainer_inputs(lm: object, cfg: Config, train: list[Record], what: str
     if not isinstance(cfg, Config):
         raise TypeError(f"{what}: cfg must be a dgrpo.config.Config, got {type(cfg).__name__}")
     cfg.validate()
-    if not isinstance(train, list) or not train or not all(isinstance(r, Record) for r in train):
-        got = f"a list of {len(train)}" if isinstance(train, list) else type(train).__name__
-        raise ValueError(f"{what}: train must be a non-empty list of dgrpo Records, got {got}")
+    check_records(train, f"{what}: train")
 
 
 def warn_if_training_questions_cut(lm: LatentLM, cfg: Config, train: list[Record]) -> None:
