@@ -128,6 +128,14 @@ def test_a_lora_adapter_uploaded_to_the_hub_loads_with_its_base(hub_cache, tmp_p
     with torch.no_grad():
         ours, theirs = (m.target_logprobs(q, qm, 3, t, tm)[0] for m in (again, lm))
     assert torch.equal(ours, theirs)
+    # dgrpo export merges it by hub id too (it took a directory only)
+    from dgrpo.cli import main
+
+    assert main(["export", "tiny-org/adapter", "--merge", "--out", str(tmp_path / "merged")]) == 0
+    merged = LatentLM.from_pretrained(tmp_path / "merged")
+    assert merged.peft is None
+    with torch.no_grad():
+        assert torch.allclose(merged.target_logprobs(q, qm, 3, t, tm)[0], ours, atol=1e-5)
 
 
 def test_a_lora_run_does_not_resume_onto_another_commit_of_its_hub_base(hub_cache, tmp_path):

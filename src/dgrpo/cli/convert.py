@@ -80,7 +80,10 @@ def register(sub: Any) -> None:
         "  dgrpo export runs/grpo-lora/best --merge --dtype bfloat16 --out runs/best-bf16\n"
         "  dgrpo eval --model runs/grpo-merged --data gsm8k --out runs/grpo-merged/eval\n",
     )
-    p.add_argument("src", metavar="SRC", help="an adapter checkpoint directory (or a run directory: its final/)")
+    p.add_argument(
+        "src", metavar="SRC", help="an adapter checkpoint directory (or a run directory: its final/), or its hub id"
+    )
+    p.add_argument("--revision", default="", help="with a hub id: its branch, tag or commit (default: main)")
     p.add_argument("--merge", action="store_true", help="fold the adapter into the base weights (required for now)")
     p.add_argument("--out", required=True, help="the checkpoint directory to write (must not exist or be empty)")
     p.add_argument(
@@ -99,7 +102,7 @@ def run_export(args: argparse.Namespace) -> int:
 
     from ..model import lora
     from ..model.latent_lm import LatentLM
-    from ..model.sources import resolve_checkpoint
+    from ..model.sources import hub_files, on_disk, resolve_checkpoint
     from ..model.verified import CheckpointError
     from ..training.run import check_output_path
 
@@ -108,7 +111,8 @@ def run_export(args: argparse.Namespace) -> int:
     check_output_path(out, model_dir=True)
     if out.is_dir() and any(out.iterdir()):  # save_pretrained replaces the directory: never a run or other files
         raise CheckpointError(f"--out {out} exists and is not empty: name a new directory")
-    src = resolve_checkpoint(args.src)
+    # a directory, or an adapter uploaded to the hub: its files (configs, tokenizer, adapter weights) from the cache
+    src = resolve_checkpoint(args.src) if on_disk(args.src).exists() else hub_files(args.src, args.revision or None)[0]
     if not lora.is_adapter_dir(src):
         raise CheckpointError(f"{src} is already a full checkpoint (no adapter_config.json): nothing to merge")
     if not args.merge:
@@ -118,7 +122,10 @@ def run_export(args: argparse.Namespace) -> int:
     lora.merge_into_base(lm)
     lm.to(dtype or base_dtype(lora.adapter_base(src), args.trust_remote_code, lora.adapter_base_revision(src)))
     lm.save_pretrained(args.out)
-    print(f"wrote {args.out} (base {lora.adapter_base(src)} + adapter {src}, merged; {next(lm.parameters()).dtype})")
+    adapter = src if on_disk(args.src).exists() else f"{args.src}@{src.name}"  # (a hub id at its commit)
+    print(
+        f"wrote {args.out} (base {lora.adapter_base(src)} + adapter {adapter}, merged; {next(lm.parameters()).dtype})"
+    )
     return 0
 
 
