@@ -112,11 +112,11 @@ def test_extract_answer(text: str, expected: str | None) -> None:
 
 def test_extract_answer_takes_linear_time() -> None:
     """A completion of many markers (a collapsed policy repeating '#') was searched after each marker in turn:
-    20,000 characters took 13 s."""
+    20,000 characters took 13 s. (About 0.01 s each now; the bound leaves room for a loaded machine.)"""
     for text in ("# " * 10_000, "the answer is unknown. " * 1_000, "#### 1 " * 5_000):
         t0 = time.perf_counter()
         extract_answer(text)
-        assert time.perf_counter() - t0 < 0.5
+        assert time.perf_counter() - t0 < 2.0
 
 
 @pytest.mark.parametrize(
