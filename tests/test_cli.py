@@ -544,3 +544,53 @@ def test_eval_of_several_datasets_loads_the_model_once_and_writes_a_folder_each(
     assert r.returncode == 2 and "both would write" in r.stderr, r.stderr
     r = run_cli(*common, "--data", "builtin:test", "no-such-set", "--out", tmp_path / "bad")
     assert r.returncode == 2 and not (tmp_path / "bad").exists() and len(loads) == 3  # (before the model loads)
+
+
+def test_a_run_refuses_an_out_holding_what_no_dgrpo_run_wrote(sft_checkpoint, tmp_path, run_cli):
+    """--resume never deleted a user's final/, best/ and checkpoints/ (rc 0), a run wrote its config.json over a
+    Hugging Face model's (its --init itself), a foreign final/ was found only after training, and a finished run
+    whose checkpoints were deleted trained again from step 0 over its results. Each is one line, nothing touched."""
+    import shutil
+
+    mine = tmp_path / "mine"
+    for name in ("final/weights.bin", "best/y", "checkpoints/z"):
+        (mine / name).parent.mkdir(parents=True, exist_ok=True)
+        (mine / name).write_text("mine")
+    (mine / "config.json").write_text('{"mine": 1}')
+    grpo = ["grpo", "--init", sft_checkpoint, *tiny_args()]
+    r = run_cli(*grpo, "--out", mine, "--resume", "never")
+    assert r.returncode == 2 and "config.json is not a dgrpo run's config: name a new --out" in r.stderr, r.stderr
+    (mine / "config.json").unlink()
+    for resume in ("never", "auto"):
+        r = run_cli(*grpo, "--out", mine, "--resume", resume)
+        assert r.returncode == 2 and "final is not a checkpoint dgrpo wrote (no manifest.json)" in r.stderr, r.stderr
+    assert sorted(p.name for p in mine.iterdir()) == ["best", "checkpoints", "final"]
+    hf = tmp_path / "hf"
+    shutil.copytree(sft_checkpoint, hf)
+    (hf / "manifest.json").unlink()  # (a model from elsewhere: transformers' files only)
+    r = run_cli("grpo", "--init", hf, *tiny_args(), "--out", hf)
+    assert r.returncode == 2 and "is a model directory (config.json beside its weights)" in r.stderr, r.stderr
+    finished = tmp_path / "finished"
+    shutil.copytree(sft_checkpoint.parent, finished, ignore=shutil.ignore_patterns(".lock"))
+    shutil.rmtree(finished / "checkpoints", ignore_errors=True)
+    r = run_cli("sft", *tiny_args(), "--out", finished)
+    assert r.returncode == 2 and "holds a finished run (final/) and no checkpoint to resume" in r.stderr, r.stderr
+
+
+def test_an_empty_out_or_init_is_one_line_and_a_checkpoint_is_named_as_written(sft_checkpoint, tmp_path, run_cli):
+    """--out "" wrote a whole run into the current directory; --init "" trained a random built-in model; --init
+    run/checkpoints/step-3 was recorded as given (the guards compare absolute paths of the model directory)."""
+    import shutil
+
+    from dgrpo.cli.train import init_name
+
+    r = run_cli("sft", *tiny_args(), "--out", "")
+    assert r.returncode == 2 and "--out is empty" in r.stderr, r.stderr
+    r = run_cli("grpo", "--init", "", *tiny_args(), "--out", tmp_path / "g")
+    assert r.returncode == 2 and "--init is empty" in r.stderr and not (tmp_path / "g").exists(), r.stderr
+    r = run_cli("eval", "--model", "", "--data", "builtin:test", "--out", tmp_path / "e")
+    assert r.returncode == 2 and "--model is empty" in r.stderr, r.stderr
+    ckpt = tmp_path / "run" / "checkpoints" / "step-00000003"
+    shutil.copytree(sft_checkpoint, ckpt / "model")
+    (ckpt / "state.json").write_text("{}")
+    assert init_name(str(tmp_path / "run" / "checkpoints" / "step-3")) == str((ckpt / "model").resolve())

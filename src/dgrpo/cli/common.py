@@ -55,7 +55,7 @@ def load(args: argparse.Namespace, extra: list[str] | None = None) -> Config:
     from ..training.run import check_output_path
 
     cfg = load_config(Config, list(args.config), [*args.overrides, *(extra or [])])
-    if getattr(args, "out", None):
+    if getattr(args, "out", None) is not None:  # (an empty --out is one line: it would write into .)
         check_output_path(args.out)
     return cfg
 

@@ -148,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
     if args.shots is not None:
         extra.append(f"eval.shots={args.shots}")
     given = load(args, extra)  # validates the options (and --out) before anything is read from the checkpoint
+    if not args.model.strip():
+        raise ConfigError("--model is empty: name a checkpoint directory, a run directory or a hub id")
     start, commit = checkpoint_settings(args.model, given.model.revision)
     cfg = load_config(Config, list(args.config), [*args.overrides, *extra], start=start)
     if commit:  # the weights from the commit the settings came from

@@ -74,8 +74,10 @@ def record_init(cfg: Config, init: str | None) -> Config:
     the weights it started from, and resuming it from other weights is refused as any changed config is. Reward
     and scorer files (``path/file.py:function``) are made absolute too, so the checkpoint's scorer is found by
     ``dgrpo eval`` wherever it runs."""
-    from ..config import reward_name
+    from ..config import ConfigError, reward_name
 
+    if init is not None and not init.strip():
+        raise ConfigError("--init is empty: name a checkpoint directory, a run directory or a hub id")
     if init:
         cfg.model.name_or_path = init_name(init)
     cfg.eval.scorer, cfg.grpo.reward = absolute_file(cfg.eval.scorer), absolute_file(cfg.grpo.reward)
@@ -88,10 +90,10 @@ def record_init(cfg: Config, init: str | None) -> Config:
 def init_name(init: str) -> str:
     """How a run's config names its ``--init``: the checkpoint a local path resolves to, absolute (``runs/sft`` and
     ``runs/sft/final`` are one model: a resume naming the other was refused as other weights); a hub id as given."""
-    from ..model.sources import resolve_checkpoint
+    from ..model.sources import on_disk, resolve_checkpoint
     from ..model.verified import CheckpointError
 
-    if not Path(init).exists():
+    if not on_disk(init).exists():  # (checkpoints/step-N names step-0000000N: the model loads from it too)
         return init
     try:
         return str(resolve_checkpoint(init).resolve())

@@ -27,7 +27,8 @@ from .verified import (
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "gpt2", "Qwen/Qwen2.5-1.5B"
 
 
-def _is_model_dir(p: Path) -> bool:
+def is_model_dir(p: Path) -> bool:
+    """A model checkpoint directory: a LoRA adapter's, or a config.json beside weights (or dgrpo's latent settings)."""
     if (p / ADAPTER_CONFIG_FILE).is_file():
         return True
     weights = (p / SAFETENSORS).is_file() or (p / SAFETENSORS_INDEX).is_file() or (p / "pytorch_model.bin").is_file()
@@ -48,11 +49,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
     """A run directory resolves to its ``final/`` checkpoint, a resumable checkpoint (``checkpoints/step-N``) to the
     model it holds (``model/``), a checkpoint directory to itself."""
     p = on_disk(path)
-    if _is_model_dir(p / FINAL_DIR):
+    if is_model_dir(p / FINAL_DIR):
         return p / FINAL_DIR
-    if _is_model_dir(p):
+    if is_model_dir(p):
         return p
-    if (p / RESUMABLE_STATE).is_file() and _is_model_dir(p / "model"):
+    if (p / RESUMABLE_STATE).is_file() and is_model_dir(p / "model"):
         return p / "model"
     if p.is_file():
         raise CheckpointError(f"{p} is a file, not a checkpoint directory")

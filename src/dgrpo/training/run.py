@@ -23,7 +23,7 @@ from ..config import Config, ConfigError, to_dict
 from ..data.records import Record, check_records
 from ..eval.evaluate import warn_if_questions_cut
 from ..model.latent_lm import LatentLM
-from ..model.sources import on_disk
+from ..model.sources import is_model_dir, on_disk
 from ..model.verified import MANIFEST, RESUMABLE_STATE, RUN_CONFIG_FILE, CheckpointError
 from ..run_layout import (
     BEST_DIR,
@@ -110,6 +110,15 @@ def _refuse_inside_checkpoint(path: Path, what: str) -> None:
                 f"{what} {path} {where} a checkpoint dgrpo wrote: writing there would change the files it holds "
                 "(the --init model's among them); name a new directory"
             )
+
+
+def is_run_config(path: Path) -> bool:
+    """Whether ``path`` holds a dgrpo run's config (a JSON object with the config's sections)."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and {"model", "task", "data"} <= set(found)
 
 
 def check_output_dir(path: Path, what: str = "--out") -> Path:
@@ -355,6 +364,8 @@ class RunDir:
             if self.candidates:
                 self._on_rank0(self._check_command)
                 self._on_rank0(self._check_config)
+            elif self.resume_mode == "auto":
+                self._on_rank0(self._check_not_finished)
         except BaseException:
             self.close(1)  # a refused run releases the directory at once
             if created and [p.name for p in self.out_dir.iterdir()] == [LOCK_FILE]:
@@ -385,6 +396,7 @@ class RunDir:
 
         def take() -> None:
             check_output_dir(self.out_dir)
+            self._check_owned()  # (before the lock file: nothing is written into a directory that is refused)
             found.append(RunLock(self.out_dir))
 
         self._on_rank0(take)
@@ -430,6 +442,38 @@ class RunDir:
         if init.is_absolute() and init.resolve().is_relative_to(self.out_dir.resolve()):
             raise ConfigError(
                 f"--resume never would delete {init}, the model this run starts from (--init): name another --out"
+            )
+
+    def _check_owned(self) -> None:
+        """Refuse an ``--out`` holding what no dgrpo run wrote, before anything is written there: a model directory
+        (config.json beside its weights: a run would write its config.json over the model's, and a later
+        ``--model`` would mean its final/), a config.json that is not a dgrpo run's, final/, best/ or stage-K/
+        folders that are not dgrpo checkpoints, or other things in checkpoints/ (a run replaces those folders, and
+        ``--resume never`` deletes them)."""
+        out = self.out_dir
+        if not out.is_dir():
+            return
+        new = "name a new --out"
+        if is_model_dir(out):
+            raise ConfigError(f"--out {out} is a model directory (config.json beside its weights): {new}")
+        config = out / CONFIG_FILE
+        if config.is_file() and not is_run_config(config):
+            raise ConfigError(f"--out {out}: its {CONFIG_FILE} is not a dgrpo run's config: {new}")
+        for folder in [out / FINAL_DIR, out / BEST_DIR, *sorted(out.glob("stage-[0-9]*"))]:
+            if folder.exists() and not (folder / MANIFEST).is_file():
+                raise ConfigError(f"--out {out}: {folder} is not a checkpoint dgrpo wrote (no {MANIFEST}): {new}")
+        root = out / CHECKPOINTS_DIR
+        stray = [p.name for p in root.iterdir() if not (p.is_dir() and "step-" in p.name)] if root.is_dir() else []
+        if stray:
+            raise ConfigError(f"--out {out}: {root} holds {', '.join(sorted(stray)[:3])}, not dgrpo checkpoints: {new}")
+
+    def _check_not_finished(self) -> None:
+        """A finished run (final/) whose checkpoints are gone (deleted to save space) is not trained again from step 0
+        over its results, under the same config or a changed one, without being asked."""
+        if (self.out_dir / FINAL_DIR).is_dir():
+            raise ConfigError(
+                f"{self.out_dir} holds a finished run ({FINAL_DIR}/) and no checkpoint to resume: its model is "
+                f"{self.out_dir / FINAL_DIR}; to train it again, --resume never (removes its results) or a new --out"
             )
 
     def _check_command(self, candidates: list[Path] | None = None) -> None:
