@@ -594,3 +594,25 @@ def test_an_empty_out_or_init_is_one_line_and_a_checkpoint_is_named_as_written(s
     shutil.copytree(sft_checkpoint, ckpt / "model")
     (ckpt / "state.json").write_text("{}")
     assert init_name(str(tmp_path / "run" / "checkpoints" / "step-3")) == str((ckpt / "model").resolve())
+
+
+def test_eval_warns_when_its_scorer_gives_every_gold_answer_zero(sft_checkpoint, tmp_path, run_cli):
+    """A scorer that never says correct (another answer format, a wrong plug-in) reported 0% without a word; sft and
+    grpo warned already."""
+    (tmp_path / "strict.py").write_text("def never(completions, records):\n    return [0.0] * len(completions)\n")
+    scorer = f"eval.scorer={tmp_path / 'strict.py'}:never"
+    with pytest.warns(UserWarning, match="on builtin:test gives 0 to the gold answer of every record it was tried on"):
+        r = run_cli(
+            "eval",
+            "--model",
+            sft_checkpoint,
+            "--data",
+            "builtin:test",
+            "--limit",
+            2,
+            "--set",
+            scorer,
+            "--out",
+            tmp_path / "e",
+        )
+    assert r.returncode == 0, r.stderr
