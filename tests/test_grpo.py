@@ -432,9 +432,13 @@ def test_a_resume_with_another_reward_is_refused(sft_checkpoint, tmp_path):
     train_grpo(LatentLM.from_pretrained(sft_checkpoint), cfg, train, out, reward_fn=parity, **quiet)
     with pytest.raises(ConfigError, match=r"trained with the reward parity = .*test_grpo.*parity \* 1, now numeric ="):
         train_grpo(LatentLM.from_pretrained(sft_checkpoint), cfg, train, out, **quiet)
-    train_grpo(
-        LatentLM.from_pretrained(sft_checkpoint), cfg, train, out, reward_fn=parity, **quiet
-    )  # the same: goes on
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    train_grpo(lm, cfg, train, out, reward_fn=parity, **quiet)  # the same reward: it resumes
+    cfg.sft.lr, cfg.eval.plain = 1.0, True  # what a GRPO run never reads does not stop its resume (it was refused)
+    train_grpo(LatentLM.from_pretrained(sft_checkpoint), cfg, train, out, reward_fn=parity, **quiet)
+    cfg.grpo.lr *= 2
+    with pytest.raises(ConfigError, match=r"a run started with a different config \(grpo.lr\)"):
+        train_grpo(LatentLM.from_pretrained(sft_checkpoint), cfg, train, out, reward_fn=parity, **quiet)
     cfg.grpo.reward = "numeric"
     with pytest.warns(UserWarning, match="reward_fn replaces the config's grpo.reward / grpo.rewards"):
         GRPOTrainer(LatentLM.from_pretrained(sft_checkpoint), cfg, train, reward_fn=parity)

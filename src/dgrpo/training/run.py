@@ -62,6 +62,8 @@ NEUTRAL_KEYS = frozenset(
     + [f"{t}.{k}" for t in ("sft", "grpo") for k in ("recompute", "recompute_granularity", "recompute_kept_layers")]
 )
 NEUTRAL_SECTIONS = ("logging.",)  # every key below these
+#: what a command's run never reads (the other command's section; dgrpo eval's prompt options): a resume ignores them
+UNREAD_BY = {"sft": ("grpo.", "eval.plain", "eval.shots"), "grpo": ("sft.", "eval.plain", "eval.shots")}
 
 
 class TrainingStopped(RuntimeError):
@@ -508,7 +510,7 @@ class RunDir:
         old = self._started_with()
         if old is None:
             return
-        changed = config_diff(old, self.cfg)
+        changed = [k for k in config_diff(old, self.cfg) if not k.startswith(UNREAD_BY.get(self.command, ()))]
         if changed and not self.allow_config_change:
             what = f"--resume {self.candidates[0]} is from" if self.explicit else f"{self.out_dir} holds"
             raise ConfigError(
