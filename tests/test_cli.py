@@ -616,3 +616,13 @@ def test_eval_warns_when_its_scorer_gives_every_gold_answer_zero(sft_checkpoint,
             tmp_path / "e",
         )
     assert r.returncode == 0, r.stderr
+
+
+def test_eval_and_the_demo_do_not_write_into_a_training_runs_directory(sft_checkpoint, run_cli):
+    """Their results.json, predictions and arms landed beside the run's checkpoints (rc 0)."""
+    run_dir = sft_checkpoint.parent
+    r = run_cli("eval", "--model", sft_checkpoint, "--data", "builtin:test", "--out", run_dir)
+    assert r.returncode == 2 and "is a training run's directory: name a folder of its own" in r.stderr, r.stderr
+    r = run_cli("demo", "--quick", "--out", run_dir)
+    assert r.returncode == 2 and "is a training run's directory" in r.stderr, r.stderr
+    assert not (run_dir / "results.json").exists() and not (run_dir / "arms").exists()

@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     from ..model.factory import load_model
     from ..model.sources import on_disk
     from ..training.distributed import env_int
-    from ..training.run import check_output_path
+    from ..training.run import check_not_a_training_run, check_output_path
 
     if env_int("WORLD_SIZE", 1) > 1:  # each rank would evaluate everything
         raise ConfigError(
@@ -156,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
     if commit:  # the weights from the commit the settings came from
         cfg.model.revision = commit
     check_output_path(args.out)
+    check_not_a_training_run(args.out)
     note = explain(start, cfg, list(args.config), local=on_disk(args.model).exists())
     if note:
         print(note)

@@ -29,7 +29,7 @@ from ..model.latent_lm import LatentLM
 from ..run_layout import BEST_DIR, FINAL_DIR
 from ..training.distributed import available_cpus, exit_with_parent
 from ..training.grpo import train_grpo
-from ..training.run import check_output_path
+from ..training.run import check_not_a_training_run, check_output_path
 from ..training.sft import train_sft
 
 #: arm -> (label in the tables, packaged config merged over the demo's base config; None = the SFT checkpoint)
@@ -262,6 +262,7 @@ def demo_config(args: Any) -> tuple[Config, int, int]:
     if getattr(args, "workers", None) is not None and args.workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
     check_output_path(args.out)  # an existing file, or a place that cannot be written: one line, now
+    check_not_a_training_run(args.out)  # (the demo's own runs live in its sft/ and arms/)
     for arm, (_, file) in ARMS.items():  # every arm's config, now: a --set that breaks one fails before any SFT
         if file is not None:
             try:

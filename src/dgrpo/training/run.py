@@ -123,6 +123,21 @@ def is_run_config(path: Path) -> bool:
     return isinstance(found, dict) and {"model", "task", "data"} <= set(found)
 
 
+def check_not_a_training_run(path: Path | str, what: str = "--out") -> None:
+    """ConfigError when ``path`` is a training run's directory (its config.json, metrics or checkpoints): dgrpo eval's
+    and the demo's files would mix with the run's (results.json beside its checkpoints)."""
+    path = Path(path)
+    config = path / CONFIG_FILE
+    if (
+        (config.is_file() and is_run_config(config))
+        or (path / METRICS_FILE).is_file()
+        or (path / CHECKPOINTS_DIR).is_dir()
+    ):
+        raise ConfigError(
+            f"{what} {path} is a training run's directory: name a folder of its own (e.g. {path / 'mine'})"
+        )
+
+
 def check_output_dir(path: Path, what: str = "--out") -> Path:
     """``path`` can hold a run: checked (:func:`check_output_path`), then created."""
     check_output_path(path, what)
