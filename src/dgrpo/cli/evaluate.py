@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,8 @@ def checkpoint_settings(model: str, revision: str = "") -> tuple[dict, str]:
             folder = hub_files(model, revision or None)[0]
         except CheckpointError:
             return {}, ""
-        trained, commit = folder / RUN_CONFIG_FILE, folder.name  # (a snapshot's folder is named by its commit)
+        trained = folder / RUN_CONFIG_FILE
+        commit = folder.name if re.fullmatch(r"[0-9a-f]{40}", folder.name) else ""  # (a snapshot's folder: its commit)
     if not trained.is_file():
         return {}, commit
     run = json.loads(trained.read_text())
