@@ -601,20 +601,9 @@ def test_eval_warns_when_its_scorer_gives_every_gold_answer_zero(sft_checkpoint,
     grpo warned already."""
     (tmp_path / "strict.py").write_text("def never(completions, records):\n    return [0.0] * len(completions)\n")
     scorer = f"eval.scorer={tmp_path / 'strict.py'}:never"
+    args = ["eval", "--model", sft_checkpoint, "--data", "builtin:test", "--limit", 2, "--set", scorer]
     with pytest.warns(UserWarning, match="on builtin:test gives 0 to the gold answer of every record it was tried on"):
-        r = run_cli(
-            "eval",
-            "--model",
-            sft_checkpoint,
-            "--data",
-            "builtin:test",
-            "--limit",
-            2,
-            "--set",
-            scorer,
-            "--out",
-            tmp_path / "e",
-        )
+        r = run_cli(*args, "--out", tmp_path / "e")
     assert r.returncode == 0, r.stderr
 
 
