@@ -615,3 +615,16 @@ def test_eval_and_the_demo_do_not_write_into_a_training_runs_directory(sft_check
     r = run_cli("demo", "--quick", "--out", run_dir)
     assert r.returncode == 2 and "is a training run's directory" in r.stderr, r.stderr
     assert not (run_dir / "results.json").exists() and not (run_dir / "arms").exists()
+
+
+def test_the_stop_line_says_whether_a_checkpoint_exists(tmp_path):
+    """Ctrl-C before the first checkpoint said the same command resumes from one."""
+    import argparse
+
+    from dgrpo.cli import _resume_hint
+
+    args = argparse.Namespace(cmd="grpo", out=str(tmp_path / "run"))
+    assert _resume_hint(args) == "; no checkpoint was written yet: the same command starts the run again"
+    (tmp_path / "run" / "checkpoints" / "step-00000005").mkdir(parents=True)
+    assert _resume_hint(args) == f"; the same command resumes from the newest checkpoint in {tmp_path}/run/checkpoints"
+    assert _resume_hint(argparse.Namespace(cmd="eval", out="x")) == ""

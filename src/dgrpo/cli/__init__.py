@@ -94,9 +94,15 @@ TRAINING_COMMANDS = ("sft", "grpo")
 
 
 def _resume_hint(args: argparse.Namespace) -> str:
+    """What the same command does next: resume the newest checkpoint, or (none written yet) start again."""
     if args.cmd not in TRAINING_COMMANDS:
         return ""
-    return f"; the same command resumes from the newest checkpoint in {args.out}/checkpoints"
+    from ..run_layout import CHECKPOINTS_DIR
+
+    root = Path(args.out) / CHECKPOINTS_DIR
+    if not (root.is_dir() and any(p.name.startswith("step-") for p in root.iterdir())):
+        return "; no checkpoint was written yet: the same command starts the run again"
+    return f"; the same command resumes from the newest checkpoint in {root}"
 
 
 @contextmanager
