@@ -584,6 +584,16 @@ def test_set_keeps_a_text_option_as_typed(override, want):
     assert getattr(getattr(cfg, section), name) == want
 
 
+def test_a_list_given_to_a_text_option_names_the_key():
+    """--set data.train=[builtin:train] was kept as the text '[builtin:train]': the run failed later naming a dataset
+    '[builtin', never the key. Quoted, it is the text."""
+    with pytest.raises(ConfigError, match=r"data.train: expected one text value, got a list '\[builtin:train\]'"):
+        load_config(Config, None, ["data.train=[builtin:train]"])
+    with pytest.raises(ConfigError, match=r"model.name_or_path: expected one text value, got a mapping"):
+        load_config(Config, None, ["model.name_or_path={a: b}"])
+    assert load_config(Config, None, ["logging.run_name='[exp 1]'"]).logging.run_name == "[exp 1]"
+
+
 @pytest.mark.parametrize(
     "overrides, says",
     [

@@ -1341,10 +1341,18 @@ def _parse_override(raw: str) -> Any:
 def set_value(cfg: Any, dotted: str, raw: str) -> None:
     """Apply one ``a.b=value`` override; ``raw`` is parsed as YAML (so ``1e-5``, ``true``, ``[a, b]`` work), except
     for a text option, which takes the text as typed (a run named ``007`` or a dataset ``off`` stays so; YAML would
-    read 7 and false); a quoted text is unquoted, and ``null`` / ``~`` are the empty text as in a YAML file."""
+    read 7 and false); a quoted text is unquoted, and ``null`` / ``~`` are the empty text as in a YAML file. A text
+    option given ``[...]`` or ``{...}`` unquoted is a ConfigError (a list meant for a text option)."""
     as_yaml = (len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"") or raw in ("null", "Null", "NULL", "~")
     cls: type = type(cfg)
-    nested: Any = raw if _option_types(cls).get(dotted) is str and not as_yaml else _parse_override(raw)
+    text = _option_types(cls).get(dotted) is str
+    if text and not as_yaml and len(raw) >= 2 and raw[0] + raw[-1] in ("[]", "{}"):
+        kind = "a list" if raw[0] == "[" else "a mapping"
+        raise ConfigError(
+            f"invalid config value {dotted}: expected one text value, got {kind} {raw!r} (quote it, "
+            f"{dotted}=\"'{raw}'\", to mean the text)"
+        )
+    nested: Any = raw if text and not as_yaml else _parse_override(raw)
     for p in reversed(dotted.split(".")):
         nested = {p: nested}
     _merge(cfg, nested, "")
