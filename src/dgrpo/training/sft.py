@@ -257,7 +257,8 @@ class SFTRun:
         self.guard = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr", skips=skips)
         run.start(saved)
         # the metrics' time_s goes on from the checkpoint's (one between two logged rows: its own time, not the row's)
-        self.t0 = time.time() - (saved.get("time_s", _time_trained(run)) if saved else 0.0)
+        trained = (saved["time_s"] if "time_s" in saved else _time_trained(run)) if saved else 0.0  # (older: the rows)
+        self.t0 = time.time() - trained
 
     def enter_stage(self, stage: int) -> None:
         """At the start of an epoch: a new AdamW and lr schedule at a reset boundary (``reset_optimizer``: a new
