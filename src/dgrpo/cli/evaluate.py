@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     from ..data import load_spec
     from ..data.records import DataError
     from ..eval.evaluate import evaluate, write_results
-    from ..eval.scoring import gold_completions, warn_if_gold_scores_zero
+    from ..eval.scoring import warn_if_scorer_misses_gold
     from ..model.factory import load_model
     from ..model.sources import on_disk
     from ..training.distributed import env_int
@@ -176,8 +176,7 @@ def run(args: argparse.Namespace) -> int:
         n = len(recs) - (e.shots if e.plain else 0)
         if n <= 0 or (e.limit and min(n, e.limit) <= 0):
             raise DataError(f"{data}: nothing to evaluate ({len(recs)} records, {e.shots} of them used as shots)")
-        gold = options["scorer"](gold_completions(recs[:2]), recs[:2])  # (a scorer that never says correct: 0%)
-        warn_if_gold_scores_zero(gold, f"eval.scorer {e.scorer!r} on {data}")
+        warn_if_scorer_misses_gold(options["scorer"], recs, f"eval.scorer {e.scorer!r} on {data}")  # (0% by design)
     lm = load_model(cfg.model, cfg.task, init=args.model, device=device, training=False)
     if lm.new_latent_tokens and not e.plain:
         warnings.warn(

@@ -195,13 +195,12 @@ def set_up_run(args: argparse.Namespace) -> Setting:
 
 def run_sft(args: argparse.Namespace) -> int:
     from ..eval.evaluate import evaluate
-    from ..eval.scoring import gold_completions, warn_if_gold_scores_zero
+    from ..eval.scoring import warn_if_scorer_misses_gold
     from ..training.sft import train_sft
 
     s = set_up_run(args)
     cfg, options, train, tests, dist = s.cfg, s.options, s.train, s.tests, s.dist
-    scorer = options["scorer"]
-    warn_if_gold_scores_zero(scorer(gold_completions(train[:2]), train[:2]), f"eval.scorer {cfg.eval.scorer!r}")
+    warn_if_scorer_misses_gold(options["scorer"], train, f"eval.scorer {cfg.eval.scorer!r}")
 
     def count_correct(lm_, recs, settings):  # a stage's validation: with that stage's latent count
         return evaluate(lm_, recs, progress=False, **{**options, "n_latent": settings.n_latent}).correct

@@ -195,6 +195,11 @@ def warn_if_gold_scores_zero(values: Sequence[float], what: str) -> None:
         )
 
 
+def warn_if_scorer_misses_gold(scorer: ScoreFn, records: list[Record], what: str) -> None:
+    """:func:`warn_if_gold_scores_zero` for ``scorer`` on the gold answers of the first two of ``records``."""
+    warn_if_gold_scores_zero(scorer(gold_completions(records[:2]), records[:2]), what)
+
+
 @dataclass
 class RewardPart:
     name: str

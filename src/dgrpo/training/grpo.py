@@ -729,17 +729,14 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
 
 def _check_same_reward(run: RunDir, saved: list[str] | None, given: list[str]) -> None:
     """Refuse to resume with another reward than the checkpoint was trained with (a ``reward_fn`` from Python is not
-    in the config: left out, or another one, it changed without a word), unless ``allow_config_change``: then say so.
-    A checkpoint written before dgrpo recorded its reward (``saved`` None) is not checked."""
+    in the config: left out, or another one, it changed without a word), unless ``allow_config_change``
+    (:meth:`RunDir.refuse_unrecorded_change`). A checkpoint written before dgrpo recorded its reward (``saved``
+    None) is not checked."""
     if saved is None or saved == given:
         return
     what = f"trained with the reward {'; '.join(saved)}, now {'; '.join(given)}"
-    if not run.allow_config_change:
-        raise ConfigError(
-            f"{run.checkpoint} was {what}: resume with the same reward (grpo.reward / grpo.rewards, or from Python the "
-            "same reward_fn), start over with --resume never, or pass --allow-config-change (allow_config_change=True)"
-        )
-    run.log(f"dgrpo: resuming {run.checkpoint}, {what}")
+    keep = "the same reward (grpo.reward / grpo.rewards, or from Python the same reward_fn)"
+    run.refuse_unrecorded_change(what, keep)
 
 
 def _check_stall(run: RunDir, loop: LoopState, m: dict, g: GRPOConfig) -> str | None:

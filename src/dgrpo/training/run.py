@@ -562,18 +562,24 @@ class RunDir:
 
     def check_same_data(self, saved: str | None, given: str) -> None:
         """Refuse to resume on other training data than the checkpoint was trained on (``saved`` and ``given``:
-        :func:`~dgrpo.data.records.fingerprint`), unless ``allow_config_change``: then it goes on, and says so. A
-        checkpoint written before dgrpo recorded its data (``saved`` None) is not checked."""
+        :func:`~dgrpo.data.records.fingerprint`), unless ``allow_config_change`` (:meth:`refuse_unrecorded_change`).
+        A checkpoint written before dgrpo recorded its data (``saved`` None) is not checked."""
         if saved is None or saved == given:
             return
         (n_saved, _, _), (n_given, _, _) = saved.partition(":"), given.partition(":")
         what = f"{n_saved} records, now {n_given}" if n_saved != n_given else f"{n_given} records as now, other ones"
+        self.refuse_unrecorded_change(f"trained on other training data than given now ({what})", "the same data")
+
+    def refuse_unrecorded_change(self, what: str, keep: str) -> None:
+        """A resume on what the config does not hold but the checkpoint recorded (the training data, a reward given
+        from Python), changed since (``what``: how): refused in one line naming ``keep``, unless
+        ``allow_config_change``: then it goes on, and says so."""
         if not self.allow_config_change:
             raise ConfigError(
-                f"{self.checkpoint} was trained on other training data than given now ({what}); resume with the "
-                "same data, start over with --resume never, or pass --allow-config-change to continue on the new data"
+                f"{self.checkpoint} was {what}: resume with {keep}, start over with --resume never, or pass "
+                "--allow-config-change (allow_config_change=True) to go on"
             )
-        self.log(f"dgrpo: resuming {self.checkpoint} on other training data than it was trained on ({what})")
+        self.log(f"dgrpo: resuming {self.checkpoint}, {what}")
 
     def _move_aside(self, skipped: list[Path]) -> None:
         """Rename the newer checkpoints a resume skipped to ``damaged-step-N`` (kept to look at, no longer a
