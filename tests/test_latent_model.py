@@ -644,3 +644,14 @@ def test_misuses_of_the_constructor_and_generate_are_one_typed_line(tokenizer):
     ids, mask = lm.encode_questions(["1 + 1 = ?"])
     with pytest.raises(TypeError, match=r"prompt ids must be a torch tensor, got list \(encode the questions with"):
         lm.generate(ids.tolist(), mask.tolist(), 1, max_new_tokens=2)
+
+
+def test_generate_thinks_the_checkpoints_own_number_of_latents_unless_told(tokenizer, task_records):
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:3]])
+    lm.settings.n_latent = 3
+    with torch.no_grad():
+        own = lm.generate(ids, mask, max_new_tokens=6)
+        told = [lm.generate(ids, mask, n, max_new_tokens=6) for n in (3, 0)]
+    assert torch.equal(own.tokens, told[0].tokens) and torch.equal(own.logprobs, told[0].logprobs)
+    assert not torch.equal(own.logprobs, told[1].logprobs)  # 0 thoughts: another forward, other log-probs

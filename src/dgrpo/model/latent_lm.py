@@ -1167,7 +1167,7 @@ class LatentLM(nn.Module):
         self,
         prompt_ids: Tensor,
         prompt_mask: Tensor,
-        n_latent: int,
+        n_latent: int | None = None,
         *,
         max_new_tokens: int = 64,
         temperature: float = 0.0,
@@ -1187,8 +1187,10 @@ class LatentLM(nn.Module):
         t = temperature when sampling and 1 when greedy: the policy the GRPO ratio is taken against. Sampling draws
         from ``uniforms`` [B, max_new_tokens] when given (each row's own, ``perturbation.base.row_sampling_uniforms``:
         a row then samples the same answer whatever batch it is decoded in), else from ``generator``.
+        ``n_latent``: the number of continuous thoughts; None: the checkpoint's own (``settings.n_latent``).
         ``static_cache``: one preallocated cache for the whole sequence (the same answers, tests/test_static_cache.py).
         """
+        n_latent = self.settings.n_latent if n_latent is None else n_latent
         _check_decoding(n_latent, max_new_tokens, temperature, top_p)
         check_prompt(prompt_ids, prompt_mask)
         self._check_prompt_ends(prompt_ids, prompt_mask, markers)
