@@ -542,6 +542,8 @@ def test_eval_of_several_datasets_loads_the_model_once_and_writes_a_folder_each(
         assert {k: v for k, v in one.items() if k != "wall_s"} == {k: v for k, v in both.items() if k != "wall_s"}
     r = run_cli(*common, "--data", "builtin:test", "builtin_test", "--out", tmp_path / "twice")
     assert r.returncode == 2 and "both would write" in r.stderr, r.stderr
+    r = run_cli(*common, "--data", "builtin", "builtin:test", "--out", tmp_path / "same")  # one set, two names
+    assert r.returncode == 2 and "both name builtin:test" in r.stderr and not (tmp_path / "same").exists(), r.stderr
     r = run_cli(*common, "--data", "builtin:test", "no-such-set", "--out", tmp_path / "bad")
     assert r.returncode == 2 and not (tmp_path / "bad").exists() and len(loads) == 3  # (before the model loads)
 

@@ -527,3 +527,20 @@ def test_training_data_named_without_a_split_takes_the_train_split():
     assert training_split("svamp") == "svamp"  # (no train split: its one split)
     assert training_split("gsm8k+svamp+builtin:train") == "gsm8k:train+svamp+builtin:train"
     assert training_split("my_data.jsonl") == "my_data.jsonl"
+
+
+def test_two_names_of_one_dataset_have_one_key(tmp_path: Path):
+    """``dgrpo eval --data gsm_hard gsm-hard`` evaluated one set twice: an alias, the case, the default split, a
+    relative path are the same data."""
+    from dgrpo.data import dataset_key
+
+    same = ["gsm_hard", "gsm-hard", "GSM_Hard:test", "gsmhard"]
+    assert {dataset_key(s) for s in same} == {"gsm_hard:test"}
+    assert dataset_key("gsm8k:train") != dataset_key("gsm8k") == dataset_key("gsm8k", split="test")
+    assert dataset_key("gsm8k:test", split="train") == "gsm8k:train"  # (--split wins, as load_spec takes it)
+    assert dataset_key("builtin") == dataset_key("builtin:test") != dataset_key("builtin:test?n_steps=4")
+    assert dataset_key("gsm-hard+svamp") == "gsm_hard:test+svamp:test"
+    assert dataset_key("openai/gsm8k:test?config=main") == "openai/gsm8k:test?config=main"
+    f = tmp_path / "mine.jsonl"
+    f.write_text("{}\n")
+    assert dataset_key(str(f)) == dataset_key(str(tmp_path / "." / "mine.jsonl")) == str(f.resolve())

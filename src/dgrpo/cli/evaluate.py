@@ -204,6 +204,7 @@ def output_dirs(datas: list[str], split: str | None, out: Path) -> dict[str, Pat
     commands name their test sets' folders). A dataset named twice, or two whose folders would coincide, is one
     line; so is a ``--split`` a dataset cannot take."""
     from ..config import ConfigError
+    from ..data import dataset_key
     from ..run_layout import results_name
 
     for data in datas:
@@ -211,10 +212,13 @@ def output_dirs(datas: list[str], split: str | None, out: Path) -> dict[str, Pat
     if len(datas) == 1:
         return {datas[0]: out}
     dirs: dict[str, Path] = {}
+    keys: dict[str, str] = {}
     for data in datas:
-        folder = out / results_name(dataset_label(data, split))
+        folder, key = out / results_name(dataset_label(data, split)), dataset_key(data, split)
         twin = next((d for d, f in dirs.items() if f == folder), None)
         if twin is not None:
             raise ConfigError(f"--data {twin} and {data}: both would write {folder} (name each dataset once)")
-        dirs[data] = folder
+        if key in keys:
+            raise ConfigError(f"--data {keys[key]} and {data}: both name {key} (name each dataset once)")
+        dirs[data], keys[key] = folder, data
     return dirs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .loaders import DATASETS, column_parser, load_dataset
+from .loaders import DATASETS, canonical_name, column_parser, load_dataset
 from .records import DataError, Record, shared_questions
 from .synthetic import load_builtin
 
@@ -50,7 +50,26 @@ def _hub_config(query: str, spec: str) -> str | None:
     return value
 
 
-__all__ = ["DataError", "Record", "load_spec", "shared_questions"]
+def dataset_key(spec: str, split: str | None = None) -> str:
+    """What ``load_spec(spec, split=split)`` reads, as one comparable text: a built-in name with its aliases and
+    case resolved and its split made explicit (``gsm-hard`` and ``GSM_Hard:test`` are both ``gsm_hard:test``), a
+    path made absolute; ``split`` in place of a split the name gives, as load_spec takes it."""
+    if "+" in spec and not Path(spec).exists():
+        return "+".join(dataset_key(part.strip(), split) for part in spec.split("+"))
+    if Path(spec).exists():
+        return str(Path(spec).resolve())
+    if spec.startswith("builtin"):
+        head, q, query = spec.partition("?")
+        return f"{head.partition(':')[0]}:{split or head.partition(':')[2] or 'test'}{q}{query}"
+    head, q, query = spec.partition("?")
+    name, _, in_name = head.partition(":")
+    key = canonical_name(name)
+    known = DATASETS.get(key)
+    chosen = split or in_name or (known.default_split if known is not None else "")
+    return f"{key}:{chosen}{q}{query}" if chosen else f"{key}{q}{query}"
+
+
+__all__ = ["DataError", "Record", "dataset_key", "load_spec", "shared_questions"]
 
 
 def training_split(spec: str) -> str:

@@ -437,6 +437,12 @@ _ALIASES = {
 }
 
 
+def canonical_name(name: str) -> str:
+    """A dataset name as the loaders look it up: lower-cased, its alias resolved (``GSM-Hard`` -> ``gsm_hard``)."""
+    key = name.strip().lower()
+    return _ALIASES.get(key, key)
+
+
 def find_data_dir() -> Path | None:
     """The folder holding local copies of the built-in datasets, or None.
 
@@ -735,8 +741,7 @@ def _load_any(name_or_path: str, split: str | None, columns: RowParser | None, c
         exists, is_file = path.exists(), path.is_file()
     except OSError:
         exists = is_file = False
-    key = raw.strip().lower()
-    key = _ALIASES.get(key, key)
+    key = canonical_name(raw)
     if config is not None and (raw.startswith("builtin") or exists or key in (*DATASETS, *HUB_DATASETS, OPENMATH_GSM)):
         raise DataError(f"{raw}: a config (?config={config}) names one of a hub dataset's configs; this is not one")
     if isinstance(name_or_path, str) and raw.startswith("builtin"):
