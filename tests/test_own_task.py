@@ -578,6 +578,8 @@ def test_a_forked_checkpoint_is_held_to_its_own_config_and_a_damaged_one_is_not_
     assert (
         r.returncode == 2 and f"--resume {tmp_path / 'a'} is a run directory: name one of its checkpoints" in r.stderr
     )
+    r = run_cli(*args, "--out", tmp_path / "c", "--resume", tmp_path / "a" / "final")  # (said: no manifest entry)
+    assert r.returncode == 2 and "final is a model (weights without the optimizer and data state): --init" in r.stderr
     (ckpt / "rng.pt").write_bytes(b"damaged")
     r = run_cli(*args, "--out", tmp_path / "c", "--resume", ckpt)
     assert r.returncode == 2 and r.stderr.startswith(f"dgrpo: error: --resume {ckpt}: ")

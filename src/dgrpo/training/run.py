@@ -444,6 +444,11 @@ class RunDir:
                 f"--resume {path} is a run directory: name one of its checkpoints"
                 + (f" (the newest: {newest[0]})" if newest else f" (it has none in {path / CHECKPOINTS_DIR})")
             )
+        if not (path / RESUMABLE_STATE).exists() and is_model_dir(path):
+            raise ConfigError(
+                f"--resume {path} is a model (weights without the optimizer and data state): --init {path} starts "
+                "a new run from it; --resume takes a run's checkpoints/step-N"
+            )
         return [path]
 
     @property
