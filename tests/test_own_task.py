@@ -822,3 +822,18 @@ def test_a_run_directory_and_its_final_checkpoint_are_one_init(sft_checkpoint, t
     (run / "metrics.jsonl").write_text("")
     assert init_name(str(run)) == init_name(str(run / "final")) == str((run / "final").resolve())
     assert init_name("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"  # a hub id, as given
+
+
+def test_an_sft_batch_larger_than_the_training_data_is_warned_about(tmp_path):
+    """sft.batch_size 64 on 8 examples ran one optimizer step per epoch, of all 8, without a word."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.sft import train_sft
+
+    cfg = tiny_config(**{"sft.num_epochs": 1, "sft.epochs_per_stage": 1, "sft.max_latent_stage": 0})
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    train = generate_split(cfg.task, "train")[:8]
+    with pytest.warns(UserWarning, match="sft.batch_size 64 is more than the training data's 8 examples: each epoch"):
+        train_sft(lm, train, cfg, tmp_path / "sft", valid=None, evaluate_fn=None, log=lambda *a: None)
+    rows = [json.loads(x) for x in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1]

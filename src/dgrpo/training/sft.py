@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import random
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
@@ -453,6 +454,12 @@ def _prepare(
     if cfg.sft.batch_size < dist.world_size:
         raise ConfigError(
             f"sft.batch_size: {cfg.sft.batch_size} examples cannot be shared by {dist.world_size} processes"
+        )
+    if len(train) < cfg.sft.batch_size:
+        warnings.warn(
+            f"sft.batch_size {cfg.sft.batch_size} is more than the training data's {len(train)} examples: each epoch "
+            f"is one optimizer step on all {len(train)}",
+            stacklevel=3,
         )
     lm.run_config = to_dict(cfg)  # stage-K/ and final/ carry the config (and the task) that produced them
     lm.settings.chat_template = cfg.data.chat_template  # how questions are prompted, from the first step on
