@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -249,13 +250,13 @@ def test_error_missing_field_jsonl(tmp_path: Path) -> None:
 def test_error_missing_field_json_record(tmp_path: Path) -> None:
     rows = [{"question": "q", "steps": ["a"], "answer": "1"}, {"question": "q", "answer": "2"}]
     path = _write(tmp_path / "c.json", json.dumps(rows))
-    with pytest.raises(DataError, match=r"c\.json record 1: missing field 'steps'"):
+    with pytest.raises(DataError, match=r"c\.json record 2: missing field 'steps'"):
         load_dataset(str(path))
 
 
 def test_error_wrong_type(tmp_path: Path) -> None:
     path = _write(tmp_path / "c.json", json.dumps([{"question": 3, "steps": [], "answer": "1"}]))
-    with pytest.raises(DataError, match=r"record 0: field 'question' must be a string"):
+    with pytest.raises(DataError, match=r"record 1: field 'question' must be a string"):
         load_dataset(str(path))
 
 
@@ -544,3 +545,21 @@ def test_two_names_of_one_dataset_have_one_key(tmp_path: Path):
     f = tmp_path / "mine.jsonl"
     f.write_text("{}\n")
     assert dataset_key(str(f)) == dataset_key(str(tmp_path / "." / "mine.jsonl")) == str(f.resolve())
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "json"])
+def test_an_object_naming_a_key_twice_is_warned_about_once_per_file(tmp_path: Path, suffix: str) -> None:
+    """JSON keeps the last of two values of one key: {"answer": "3", ..., "answer": "4"} trained on 4 silently."""
+    rows = [f'{{"question": "q{i}", "answer": "3", "steps": [], "answer": "{i}"}}' for i in range(3)]
+    text = "\n".join(rows) if suffix == "jsonl" else "[" + ",".join(rows) + "]"
+    path = _write(tmp_path / f"d.{suffix}", text)
+    with pytest.warns(UserWarning) as caught:
+        recs = load_dataset(str(path))
+    assert [r.answer for r in recs] == ["0", "1", "2"] and len(caught) == 1
+    where = "line 1: " if suffix == "jsonl" else ""
+    assert str(caught[0].message) == (
+        f"{path}: an object names a key twice ({where}'answer'); the last value is read (2 more objects like it)"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_dataset(str(_write(tmp_path / f"ok.{suffix}", text.replace('"answer": "3", ', ""))))

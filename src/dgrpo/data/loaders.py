@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -279,9 +280,18 @@ def _apply(path: Path, where: str, parser: RowParser, row: Any) -> Record:
     return record
 
 
-def _json_value(path: Path, where: str, text: str) -> Any:
+def _json_value(path: Path, where: str, text: str, repeated: list[str] | None = None) -> Any:
+    """``text`` parsed; an object that names a key twice (JSON keeps the last value) is noted in ``repeated``."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(items)
+        if len(obj) < len(items) and repeated is not None:
+            keys = [k for k, _ in items]
+            repeated.append(f"{where + ': ' if where else ''}{next(k for k in keys if keys.count(k) > 1)!r}")
+        return obj
+
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=pairs)
     except json.JSONDecodeError as exc:
         line = f"line {exc.lineno}" if where == "" else where
         raise DataError(f"{path} {line}: invalid JSON ({exc.msg}, column {exc.colno})") from None
@@ -302,13 +312,29 @@ def _rows_to_records(path: Path, rows: Iterable[tuple[str, Any]], parser: RowPar
     return records
 
 
+def _warn_repeated_keys(path: Path, repeated: list[str]) -> None:
+    """One warning per file for its objects that name a key twice (the first of them, and how many)."""
+    if repeated:
+        more = (
+            f" ({len(repeated) - 1} more object{'s' if len(repeated) > 2 else ''} like it)" if len(repeated) > 1 else ""
+        )
+        warnings.warn(
+            f"{path}: an object names a key twice ({repeated[0]}); the last value is read{more}", stacklevel=4
+        )
+
+
 def _parse_jsonl(path: Path, text: str, parser: RowParser | None) -> list[Record]:
-    rows = ((f"line {n}", _json_value(path, f"line {n}", line)) for n, line in _lines(text))
-    return _rows_to_records(path, rows, parser)
+    repeated: list[str] = []
+    rows = ((f"line {n}", _json_value(path, f"line {n}", line, repeated)) for n, line in _lines(text))
+    records = _rows_to_records(path, rows, parser)
+    _warn_repeated_keys(path, repeated)
+    return records
 
 
 def _parse_json_list(path: Path, text: str, parser: RowParser | None) -> list[Record]:
-    data = _json_value(path, "", text)
+    repeated: list[str] = []
+    data = _json_value(path, "", text, repeated)
+    _warn_repeated_keys(path, repeated)
     if isinstance(data, dict):  # tolerate {"data": [...]} wrappers
         inner = data.get("data")
         if not isinstance(inner, list):
@@ -316,7 +342,7 @@ def _parse_json_list(path: Path, text: str, parser: RowParser | None) -> list[Re
         data = inner
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
-    return _rows_to_records(path, ((f"record {i}", row) for i, row in enumerate(data)), parser)
+    return _rows_to_records(path, ((f"record {i}", row) for i, row in enumerate(data, 1)), parser)  # (as lines)
 
 
 def _parse_aug_text(path: Path, text: str) -> list[Record]:
