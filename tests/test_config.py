@@ -614,3 +614,18 @@ def test_a_builtin_task_that_cannot_be_drawn_is_refused_at_once(overrides, says)
     with pytest.raises(ConfigError, match=re.escape(says)):
         load_config(Config, None, overrides)
     load_config(Config, "tiny.yaml")  # (n_steps 2: 2,176 of 4,410 problems)
+
+
+def test_two_test_sets_writing_one_results_folder_are_refused():
+    """``data.test=[builtin:test, builtin_test]`` wrote both results into eval/builtin_test, the second over the
+    first; a test set's folder and metric key hold no ``?``, ``=`` or ``&``."""
+    from dgrpo.run_layout import results_name
+
+    assert error("data.test=[builtin:test, builtin_test]") == (
+        "invalid config value data.test: builtin:test and builtin_test would write one results folder "
+        "(eval/builtin_test): name each test set once"
+    )
+    assert "name each test set once" in error("data.test=[gsm8k, gsm8k]")
+    assert results_name("builtin:test?n_steps=6&modulus=10") == "builtin_test_n_steps_6_modulus_10"
+    assert results_name("gsm_hard+svamp") == "gsm_hard+svamp" and results_name("données/é.jsonl") == "données_é.jsonl"
+    assert load_config(Config, None, ["data.test=[]"]).data.test == []

@@ -37,6 +37,8 @@ from typing import Any, Literal, NamedTuple
 
 import yaml
 
+from .run_layout import results_name
+
 Arch = Literal["qwen2", "llama", "gpt2"]
 DType = Literal["float32", "bfloat16"]
 LatentTokenInit = Literal["mean", "coconut"]
@@ -366,6 +368,15 @@ class DataConfig:
             f"{p}.test",
             f"expected a list of dataset names or file paths (text), got {self.test}",
         )
+        names = [results_name(t) for t in self.test]
+        for i, name in enumerate(names):
+            first = names.index(name)
+            _check(
+                first == i,
+                f"{p}.test",
+                f"{self.test[first]} and {self.test[i]} would write one results folder (eval/{name}): name each "
+                "test set once",
+            )
         _check(
             bool(self.question_key) == bool(self.answer_key),
             f"{p}.answer_key" if self.question_key else f"{p}.question_key",

@@ -35,13 +35,15 @@ def stage_dir(out: Path, stage: int) -> Path:
 
 def results_dir(out: Path, spec: str, checkpoint: str = FINAL_DIR) -> Path:
     """Where a run's results on test set ``spec`` go: ``out/eval/<spec>`` for final/, ``out/eval_best/<spec>`` for
-    best/ (``:`` and ``/`` of the name as ``_``)."""
+    best/ (the name as :func:`results_name` writes it)."""
     return Path(out) / results_folder(checkpoint) / results_name(spec)
 
 
 def results_name(spec: str) -> str:
-    """A test set's name in paths and metric keys: its spec with ``:`` and ``/`` as ``_`` (``builtin_test``)."""
-    return spec.replace(":", "_").replace("/", "_")
+    """A test set's name in paths and metric keys: its spec with each character other than letters, digits, and
+    ``. _ + -`` as ``_`` (``builtin:test`` -> ``builtin_test``, ``builtin:test?n_steps=6`` ->
+    ``builtin_test_n_steps_6``: no ``?``, ``=`` or ``&`` for a shell or another file system to trip on)."""
+    return re.sub(r"[^\w.+-]", "_", spec)
 
 
 def results_folder(checkpoint: str = FINAL_DIR) -> str:
