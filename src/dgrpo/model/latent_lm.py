@@ -480,8 +480,9 @@ class LatentLM(nn.Module):
         *,
         latent_token_init: LatentTokenInit = "mean",
     ):
-        """``latent_token_init``: how the markers' rows start when ``model`` lacks them (``model.latent_token_init``:
-        mean, or coconut)."""
+        """Wrap ``model`` and ``tokenizer`` as they are, not copies: the latent markers are added to both when they
+        lack them (the embedding grows), and the tokenizer pads on the left from here on. ``latent_token_init``: how
+        the markers' rows start when ``model`` lacks them (``model.latent_token_init``: mean, or coconut)."""
         super().__init__()
         if not isinstance(model, nn.Module) or not hasattr(model, "get_input_embeddings"):
             how = "; load a checkpoint with LatentLM.from_pretrained(path)" if isinstance(model, (str, Path)) else ""
