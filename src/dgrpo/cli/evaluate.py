@@ -14,9 +14,16 @@ import json
 import re
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .common import add_config_options, check_split, eval_options, load, prompt_settings, setup, subcommand
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..config import Config
+    from ..data.records import Record
+    from ..model.latent_lm import LatentLM
 
 EXAMPLES = """  dgrpo eval --model runs/grpo --data builtin:test --out runs/eval    # a run directory means its final/
   dgrpo eval --model runs/grpo/best --data gsm8k --limit 200 --out runs/eval-gsm8k
@@ -128,64 +135,22 @@ def dataset_label(data: str, split: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import Config, ConfigError, load_config
-    from ..data import load_spec
-    from ..data.records import DataError
+    from ..config import ConfigError
     from ..eval.evaluate import evaluate, write_results
-    from ..eval.scoring import warn_if_scorer_misses_gold
-    from ..model.factory import load_model
-    from ..model.sources import on_disk
     from ..training.distributed import env_int
-    from ..training.run import check_not_a_training_run, check_output_path
 
     if env_int("WORLD_SIZE", 1) > 1:  # each rank would evaluate everything
         raise ConfigError(
             "dgrpo eval runs in one process: launch it without torchrun (sft and grpo shard their test sets over "
             "the ranks)"
         )
-    extra = []
-    if args.limit is not None:
-        extra.append(f"eval.limit={args.limit}")
-    if args.plain:
-        extra.append("eval.plain=true")
-    if args.shots is not None:
-        extra.append(f"eval.shots={args.shots}")
-    given = load(args, extra)  # validates the options (and --out) before anything is read from the checkpoint
-    if not args.model.strip():
-        raise ConfigError("--model is empty: name a checkpoint directory, a run directory or a hub id")
-    start, commit = checkpoint_settings(args.model, given.model.revision)
-    cfg = load_config(Config, list(args.config), [*args.overrides, *extra], start=start)
-    if commit:  # the weights from the commit the settings came from
-        cfg.model.revision = commit
-    check_output_path(args.out)
-    check_not_a_training_run(args.out)
-    note = explain(start, cfg, list(args.config), local=on_disk(args.model).exists())
-    if note:
-        print(note)
+    cfg = _eval_config(args)
     e = cfg.eval
-    if e.shots and not e.plain:  # (--shots, or eval.shots in a config)
-        raise ConfigError(
-            "--shots / eval.shots: a k-shot prompt is for a plain LM (--plain); a latent model is prompted as trained"
-        )
     outs = output_dirs(list(args.data), args.split, Path(args.out))
     device = setup(cfg)
     options = eval_options(cfg)  # (a scorer that cannot be built fails here, before the data and the model load)
-    sets = {}
-    for data in outs:  # every dataset read before the model loads: a wrong name fails at once
-        recs = sets[data] = load_spec(data, cfg.task, split=args.split, data=cfg.data)
-        n = len(recs) - (e.shots if e.plain else 0)
-        if n <= 0 or (e.limit and min(n, e.limit) <= 0):
-            raise DataError(f"{data}: nothing to evaluate ({len(recs)} records, {e.shots} of them used as shots)")
-        warn_if_scorer_misses_gold(options["scorer"], recs, f"eval.scorer {e.scorer!r} on {data}")  # (0% by design)
-    lm = load_model(cfg.model, cfg.task, init=args.model, device=device, training=False)
-    if lm.new_latent_tokens and not e.plain:
-        warnings.warn(
-            f"{args.model} is a plain LM (its tokenizer had no {', '.join(lm.new_latent_tokens)}): it is evaluated "
-            "as a latent model whose markers' embeddings are new and untrained; pass --plain for a plain LM's "
-            "chain-of-thought prompt",
-            stacklevel=1,
-        )
-    prompt_settings(lm, cfg)
+    sets = _read_sets(outs, args.split, cfg, options["scorer"])
+    lm = _load_eval_model(args.model, cfg, device)
     accuracies = []
     for data, recs in sets.items():
         name = dataset_label(data, args.split)
@@ -197,6 +162,71 @@ def run(args: argparse.Namespace) -> int:
     if len(sets) > 1:
         print(f"dgrpo eval: {'; '.join(accuracies)}")
     return 0
+
+
+def _eval_config(args: argparse.Namespace) -> Config:
+    """The evaluation's config: the options given, over the checkpoint's own settings (a hub id's read at one
+    commit, whose weights then load); ``--out`` checked first, before anything is read from the checkpoint."""
+    from ..config import Config, ConfigError, load_config
+    from ..model.sources import on_disk
+    from ..training.run import check_not_a_training_run
+
+    extra = []
+    if args.limit is not None:
+        extra.append(f"eval.limit={args.limit}")
+    if args.plain:
+        extra.append("eval.plain=true")
+    if args.shots is not None:
+        extra.append(f"eval.shots={args.shots}")
+    given = load(args, extra)  # validates the options and --out
+    check_not_a_training_run(args.out)
+    if not args.model.strip():
+        raise ConfigError("--model is empty: name a checkpoint directory, a run directory or a hub id")
+    start, commit = checkpoint_settings(args.model, given.model.revision)
+    cfg = load_config(Config, list(args.config), [*args.overrides, *extra], start=start)
+    if commit:  # the weights from the commit the settings came from
+        cfg.model.revision = commit
+    note = explain(start, cfg, list(args.config), local=on_disk(args.model).exists())
+    if note:
+        print(note)
+    if cfg.eval.shots and not cfg.eval.plain:  # (--shots, or eval.shots in a config)
+        raise ConfigError(
+            "--shots / eval.shots: a k-shot prompt is for a plain LM (--plain); a latent model is prompted as trained"
+        )
+    return cfg
+
+
+def _read_sets(outs: dict[str, Path], split: str | None, cfg: Config, scorer: Any) -> dict[str, list[Record]]:
+    """Every ``--data``'s records, read before the model loads (a wrong name fails at once); a set with nothing to
+    evaluate is one line, a scorer that gives its gold answers 0 is warned about."""
+    from ..data import load_spec
+    from ..data.records import DataError
+    from ..eval.scoring import warn_if_scorer_misses_gold
+
+    e, sets = cfg.eval, {}
+    for data in outs:
+        recs = sets[data] = load_spec(data, cfg.task, split=split, data=cfg.data)
+        n = len(recs) - (e.shots if e.plain else 0)
+        if n <= 0 or (e.limit and min(n, e.limit) <= 0):
+            raise DataError(f"{data}: nothing to evaluate ({len(recs)} records, {e.shots} of them used as shots)")
+        warn_if_scorer_misses_gold(scorer, recs, f"eval.scorer {e.scorer!r} on {data}")  # (0% by design)
+    return sets
+
+
+def _load_eval_model(model: str, cfg: Config, device: torch.device) -> LatentLM:
+    """The model evaluated, prompted as ``cfg`` says; a plain LM evaluated as a latent model is warned about."""
+    from ..model.factory import load_model
+
+    lm = load_model(cfg.model, cfg.task, init=model, device=device, training=False)
+    if lm.new_latent_tokens and not cfg.eval.plain:
+        warnings.warn(
+            f"{model} is a plain LM (its tokenizer had no {', '.join(lm.new_latent_tokens)}): it is evaluated "
+            "as a latent model whose markers' embeddings are new and untrained; pass --plain for a plain LM's "
+            "chain-of-thought prompt",
+            stacklevel=1,
+        )
+    prompt_settings(lm, cfg)
+    return lm
 
 
 def output_dirs(datas: list[str], split: str | None, out: Path) -> dict[str, Path]:
