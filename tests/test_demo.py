@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -247,6 +248,19 @@ def test_demo_bad_arguments_exit_2_in_one_line_before_any_work(tmp_path, run_cli
     r = run_cli("demo", "--quick", *(["--out", tmp_path / "o"] if "--out" not in argv else []), *argv)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr
     assert not (tmp_path / "o").exists() and r.stdout == ""
+
+
+def test_more_workers_than_cpus_are_warned_about(tmp_path, monkeypatch):
+    """``--workers 64`` on 2 CPUs started 64 processes, each with its own torch, without a word."""
+    import dgrpo.demo.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "available_cpus", lambda: 2)
+    demo = Demo(None, tmp_path / "demo", [], [], {})
+    with pytest.warns(UserWarning, match=r"--workers 3 is more than the 2 CPU\(s\) this process may use"):
+        pipeline.run_pipeline(demo, 0, 0, workers=3)  # (no seed: no task)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pipeline.run_pipeline(demo, 0, 0, workers=2)
 
 
 @pytest.mark.slow

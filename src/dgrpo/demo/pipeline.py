@@ -379,6 +379,12 @@ def run_pipeline(
     seed's tasks are done (the demo writes its results so far)."""
     demo.out.mkdir(parents=True, exist_ok=True)
     workers = max(1, workers)
+    if workers > available_cpus():
+        warnings.warn(
+            f"--workers {workers} is more than the {available_cpus()} CPU(s) this process may use: the runs share "
+            "them, one thread each, and every worker holds its own torch and models in memory",
+            stacklevel=2,
+        )
     say(
         f"built-in task: {len(demo.train)} train, {len(demo.valid)} valid (per eval), "
         + ", ".join(f"{len(r)} {s}" for s, r in demo.tests.items())
