@@ -23,6 +23,14 @@ IMPORT_EXAMPLES = """  # the official GSM8K run (its args/gsm_coconut.yaml: c_th
 
 
 def register(sub: Any) -> None:
+    """The checkpoint tools' subcommands: ``import-coconut``, ``consolidate`` and ``export``."""
+    _add_import_parser(sub)
+    _add_consolidate_parser(sub)
+    _add_export_parser(sub)
+
+
+def _add_import_parser(sub: Any) -> None:
+    """The ``import-coconut`` subcommand: an official Coconut checkpoint to a dgrpo checkpoint directory."""
     p = subcommand(
         sub,
         "import-coconut",
@@ -59,6 +67,9 @@ def register(sub: Any) -> None:
     p.add_argument("--trust-remote-code", action="store_true", help="allow the base model's own code (hub models)")
     p.set_defaults(func=run_import)
 
+
+def _add_consolidate_parser(sub: Any) -> None:
+    """The ``consolidate`` subcommand: a sharded FSDP checkpoint to one model.safetensors."""
     p = subcommand(
         sub,
         "consolidate",
@@ -72,6 +83,9 @@ def register(sub: Any) -> None:
     )
     p.set_defaults(func=run_consolidate)
 
+
+def _add_export_parser(sub: Any) -> None:
+    """The ``export`` subcommand: a LoRA adapter checkpoint merged into its base model, as one checkpoint."""
     p = subcommand(
         sub,
         "export",

@@ -29,6 +29,15 @@ CONFIG_EXAMPLES = """  dgrpo config show                        # every option: 
 
 
 def register(sub: Any) -> None:
+    """The subcommands ``demo``, ``bench``, ``data`` and ``config``."""
+    _add_demo_parser(sub)
+    _add_bench_parser(sub)
+    _add_data_parser(sub)
+    _add_config_parser(sub)
+
+
+def _add_demo_parser(sub: Any) -> None:
+    """The ``demo`` subcommand: config options, output directory, seeds, workers, and --full or --quick."""
     p = subcommand(
         sub,
         "demo",
@@ -67,11 +76,17 @@ def register(sub: Any) -> None:
     )
     p.set_defaults(func=run_demo)
 
+
+def _add_bench_parser(sub: Any) -> None:
+    """The ``bench`` subcommand: its arguments passed on unparsed (the suite's own parser reads them)."""
     p = sub.add_parser(
         "bench", help="the benchmark suite (ratios measured side by side; see bench/RESULTS.md)", add_help=False
     )
     p.add_argument("bench_args", nargs=argparse.REMAINDER, help="--out DIR [--quick] [--only KEYS]")
 
+
+def _add_data_parser(sub: Any) -> None:
+    """The ``data`` subcommand and its ``inspect``."""
     p = subcommand(sub, "data", "dataset utilities", DATA_EXAMPLES)
     dsub = p.add_subparsers(dest="data_cmd", required=True)
     q = dsub.add_parser("inspect", help="count records and show the first one (last line: JSON)")
@@ -84,6 +99,9 @@ def register(sub: Any) -> None:
     add_config_options(q, "data.question_key=prompt data.answer_key=target")
     q.set_defaults(func=run_data_inspect)
 
+
+def _add_config_parser(sub: Any) -> None:
+    """The ``config`` subcommand and its ``show``."""
     p = subcommand(sub, "config", "configuration utilities", CONFIG_EXAMPLES)
     csub = p.add_subparsers(dest="config_cmd", required=True)
     q = csub.add_parser(
