@@ -37,6 +37,7 @@ from .workload import (
     FLOP_FORMULA,
     GPU,
     Ctx,
+    Dims,
     Shapes,
     build_lm,
     dims_of,
@@ -385,15 +386,7 @@ def bench_memory(ctx: Ctx) -> tuple[list[Row], dict]:
     K, T = s.grpo_K_at, s.grpo_T_at
     K2 = max(s.grpo_K)
     runs = {"locked": (K, T, "locked"), "none": (K, T, "none"), f"locked,K={K2}": (K2, T, "locked")}
-    probes: dict[str, list[dict]] = {k: [] for k in runs}
-    ctx.log(f"[5] memory: {', '.join(runs)} ({s.mem_reps} fresh process(es) each, alternating)")
-    for r in range(s.mem_reps):
-        for name, (k, t_, kind) in runs.items():
-            probes[name].append(_run_probe(ctx, k, t_, kind))
-        ctx.log(
-            f"  rep {r + 1}/{s.mem_reps}: "
-            + ", ".join(f"{n} +{fmt_bytes(p[-1]['delta_bytes'])}" for n, p in probes.items())
-        )
+    probes = _probe_alternately(ctx, runs)
     delta = {k: statistics.median(p["delta_bytes"] for p in v) for k, v in probes.items()}
     peak = {k: statistics.median(p["peak_bytes"] for p in v) for k, v in probes.items()}
     what = "peak allocated (CUDA)" if ctx.device.type == "cuda" else "peak RSS"
@@ -404,21 +397,39 @@ def bench_memory(ctx: Ctx) -> tuple[list[Row], dict]:
         "peak_bytes": peak,
         "probes": probes,
     }
-    rows = [
-        Row(
-            ctx.section,
-            "5. memory",
-            "memory",
-            f"one GRPO step after a warm-up step, K={K}, T={T}, {s.prompts} prompts, fresh process each; "
-            f"{what} during the step minus the level just before it",
-            "; ".join(f"{k}: +{fmt_bytes(delta[k])} (peak {fmt_bytes(peak[k])})" for k in runs),
-            "locked / none (step increment)",
-            delta["locked"] / delta["none"],
-            None,
-        )
-    ]
+    step_row = Row(
+        ctx.section,
+        "5. memory",
+        "memory",
+        f"one GRPO step after a warm-up step, K={K}, T={T}, {s.prompts} prompts, fresh process each; "
+        f"{what} during the step minus the level just before it",
+        "; ".join(f"{k}: +{fmt_bytes(delta[k])} (peak {fmt_bytes(peak[k])})" for k in runs),
+        "locked / none (step increment)",
+        delta["locked"] / delta["none"],
+        None,
+    )
+    replay_row, raw["replay_bytes_per_rollout"] = _replay_bytes_row(ctx, K, T)
+    return [step_row, replay_row], raw
 
-    # bytes kept per rollout for replay: the seed vs the masks themselves
+
+def _probe_alternately(ctx: Ctx, runs: dict[str, tuple[int, int, str]]) -> dict[str, list[dict]]:
+    """Item 5's probes: ``mem_reps`` rounds of one fresh-process probe per run (name: (K, T, kind)), alternating."""
+    s = ctx.shapes
+    probes: dict[str, list[dict]] = {k: [] for k in runs}
+    ctx.log(f"[5] memory: {', '.join(runs)} ({s.mem_reps} fresh process(es) each, alternating)")
+    for r in range(s.mem_reps):
+        for name, (k, t_, kind) in runs.items():
+            probes[name].append(_run_probe(ctx, k, t_, kind))
+        ctx.log(
+            f"  rep {r + 1}/{s.mem_reps}: "
+            + ", ".join(f"{n} +{fmt_bytes(p[-1]['delta_bytes'])}" for n, p in probes.items())
+        )
+    return probes
+
+
+def _replay_bytes_row(ctx: Ctx, K: int, T: int) -> tuple[Row, dict]:
+    """Item 5's replay row: the bytes kept per rollout to replay its perturbation, the seed vs the masks themselves."""
+    s = ctx.shapes
     cfg = grpo_config(s, K, T, "locked")
     n_sites = len(cfg.perturbation.sites) * len(select_layers(cfg.perturbation.layers, s.layers))
     seed_bytes = seeds_for(0, 0, 0, 1).element_size()
@@ -426,35 +437,29 @@ def bench_memory(ctx: Ctx) -> tuple[list[Row], dict]:
     P = max(w for _, w in prompt_widths(tokenizing_lm(), [r.question for r in task_records(s.prompts)], s.prompts))
     S = P + T + s.max_new_tokens
     native_bytes = s.layers * s.heads * S * (S + 1) // 2  # attention-dropout masks of every forward, 1 byte per entry
-    raw["replay_bytes_per_rollout"] = {
+    big = GPU.layers * GPU.hidden * 4  # one site per layer at Qwen2-0.5B width (the paper's attention sites)
+    raw = {
         "seed": seed_bytes,
         "locked_masks_fp32": mask_bytes,
         "sites": n_sites,
         "width": s.hidden,
         "native_attention_masks_bool": native_bytes,
         "sequence_positions": S,
+        "locked_masks_fp32_qwen2_0.5b_one_site_per_layer": big,
     }
-    rows.append(
-        Row(
-            ctx.section,
-            "5. memory",
-            "memory",
-            f"replay state per rollout: {n_sites} sites ({','.join(cfg.perturbation.sites)}) x hidden {s.hidden}",
-            f"seed (int64): {seed_bytes} B; locked masks (fp32): {fmt_bytes(mask_bytes)}; native attention masks "
-            f"(bool, {s.layers} layers x {s.heads} heads, {S} positions): {fmt_bytes(native_bytes)}",
-            "locked masks / seed",
-            mask_bytes / seed_bytes,
-            None,
-        )
+    row = Row(
+        ctx.section,
+        "5. memory",
+        "memory",
+        f"replay state per rollout: {n_sites} sites ({','.join(cfg.perturbation.sites)}) x hidden {s.hidden}",
+        f"seed (int64): {seed_bytes} B; locked masks (fp32): {fmt_bytes(mask_bytes)}; native attention masks "
+        f"(bool, {s.layers} layers x {s.heads} heads, {S} positions): {fmt_bytes(native_bytes)}"
+        f"; at Qwen2-0.5B width ({GPU.layers} layers x {GPU.hidden}, one site per layer): {fmt_bytes(big)} vs 8 B",
+        "locked masks / seed",
+        mask_bytes / seed_bytes,
+        None,
     )
-    big = GPU.layers * GPU.hidden * 4  # one site per layer at Qwen2-0.5B width (the paper's attention sites)
-    raw["replay_bytes_per_rollout"]["locked_masks_fp32_qwen2_0.5b_one_site_per_layer"] = big
-    rows[
-        -1
-    ].values += (
-        f"; at Qwen2-0.5B width ({GPU.layers} layers x {GPU.hidden}, one site per layer): {fmt_bytes(big)} vs 8 B"
-    )
-    return rows, raw
+    return row, raw
 
 
 # --------------------------------------------------------------------------- 6. distance to the machine's limit
@@ -525,22 +530,12 @@ def bench_flops(ctx: Ctx) -> tuple[list[Row], dict]:
     tr = _trainer(ctx, K, T, "locked", beta0=0.0)  # no reference model: the update is policy forward + backward only
     prompts = task_records(s.prompts)
     d = dims_of(tr.lm)
-    chunks = prompt_widths(tr.lm, [r.question for r in prompts for _ in range(K)], tr.cfg.grpo.micro_batch_size)
-    flops = positions = 0.0
-    for rows_c, P in chunks:
-        f_, p_ = recurrence_flops(d, rows_c, P, T, L, backward=True)
-        flops, positions = flops + f_, positions + p_
+    chunks, flops, positions = _update_flops(tr, d, prompts, K, T, L)
     mb_rows, mb_P = chunks[0]
-    sizes = list(s.mm_sizes) + [
-        (mb_rows * mb_P, s.hidden, s.ffn)
-    ]  # the update's own largest matmul shape (prompt pass, MLP)
-    fns: dict[str, Callable] = {"grpo_step": _step_fn(tr, prompts)}
-    flop_of: dict[str, float] = {}
-    for m, k, n in sizes:
-        f, _ = _mm_fn(m, k, n, ctx.device, ctx.dtype)
-        name = f"mm {m}x{k}@{k}x{n}"
-        fns[name] = f
-        flop_of[name] = 2.0 * m * k * n
+    # the update's own largest matmul shape (prompt pass, MLP)
+    sizes = list(s.mm_sizes) + [(mb_rows * mb_P, s.hidden, s.ffn)]
+    mm_fns, flop_of = _matmul_candidates(ctx, sizes)
+    fns: dict[str, Callable] = {"grpo_step": _step_fn(tr, prompts), **mm_fns}
     ctx.log(f"[6] FLOP/s: GRPO update ({flops / 1e9:.1f} GFLOP) vs {', '.join(n for n in fns if n != 'grpo_step')}")
     t = alternate(fns, reps=s.reps, warmup=s.warmup, device=ctx.device, log=ctx.log)
     upd = statistics.median(m["time_update_s"] for m in t.results["grpo_step"])
@@ -565,34 +560,65 @@ def bench_flops(ctx: Ctx) -> tuple[list[Row], dict]:
         "timing": t.to_json(),
         "profile_one_step": prof,
     }
+    return [_flops_row(ctx, raw, d, K, T)], raw
+
+
+def _update_flops(
+    tr: GRPOTrainer, d: Dims, prompts: list, K: int, T: int, L: int
+) -> tuple[list[tuple[int, int]], float, float]:
+    """Item 6's count for one GRPO update: its micro-batches' (rows, prompt width), its FLOPs and its positions."""
+    chunks = prompt_widths(tr.lm, [r.question for r in prompts for _ in range(K)], tr.cfg.grpo.micro_batch_size)
+    flops = positions = 0.0
+    for rows_c, P in chunks:
+        f_, p_ = recurrence_flops(d, rows_c, P, T, L, backward=True)
+        flops, positions = flops + f_, positions + p_
+    return chunks, flops, positions
+
+
+def _matmul_candidates(
+    ctx: Ctx, sizes: list[tuple[int, int, int]]
+) -> tuple[dict[str, Callable[[], int]], dict[str, float]]:
+    """Item 6's dense matmuls, one (m, k, n) each: their callables and the FLOPs of one product, by name."""
+    fns: dict[str, Callable[[], int]] = {}
+    flop_of: dict[str, float] = {}
+    for m, k, n in sizes:
+        f, _ = _mm_fn(m, k, n, ctx.device, ctx.dtype)
+        name = f"mm {m}x{k}@{k}x{n}"
+        fns[name] = f
+        flop_of[name] = 2.0 * m * k * n
+    return fns, flop_of
+
+
+def _flops_row(ctx: Ctx, raw: dict, d: Dims, K: int, T: int) -> Row:
+    """Item 6's row from its figures ``raw``: the update's FLOP/s over the best matmul's, and one step's op shares."""
+    s = ctx.shapes
+    flops, upd, positions = raw["update_flops"], raw["update_time_s"], raw["update_positions"]
+    achieved, prof = raw["achieved_flops_per_s"], raw["profile_one_step"]
     conf = (
         f"GRPO update (policy forward+backward through the recurrence, optimizer step; beta0=0), K={K}, T={T}, "
         f"{s.prompts} prompts, "
-        f"{L} answer tokens; N={d.params_nonembedding:,} non-embedding params; {flops / 1e9:.1f} GFLOP by the formula "
-        "in the notes"
+        f"{s.max_new_tokens} answer tokens; N={d.params_nonembedding:,} non-embedding params; {flops / 1e9:.1f} GFLOP "
+        "by the formula in the notes"
     )
     vals = (
         f"update {fmt_s(upd)} -> {fmt_flops(achieved)} ({positions / upd:,.0f} positions/s); "
-        + "; ".join(f"{n}: {fmt_flops(r)}" for n, r in rates.items())
+        + "; ".join(f"{n}: {fmt_flops(r)}" for n, r in raw["mm_flops_per_s"].items())
         + f"; profile of one step (rollout + update), share of op time: matmul {100 * prof['share']['matmul']:.0f}%, "
         "attention "
         f"{100 * prof['share']['attention']:.0f}%, other ops (norms, activations, rotary, masks, copies, optimizer) "
         f"{100 * prof['share']['other']:.0f}%; ops cover {100 * prof['op_time_over_wall']:.0f}% of that step's wall "
         "time"
     )
-    rows = [
-        Row(
-            ctx.section,
-            "6. distance to the machine's limit",
-            "flops",
-            conf,
-            vals,
-            f"achieved / best matmul ({peak_name})",
-            achieved / peak,
-            None,
-        )
-    ]
-    return rows, raw
+    return Row(
+        ctx.section,
+        "6. distance to the machine's limit",
+        "flops",
+        conf,
+        vals,
+        f"achieved / best matmul ({raw['peak_name']})",
+        raw["fraction_of_peak"],
+        None,
+    )
 
 
 ITEMS: dict[str, Callable[[Ctx], tuple[list[Row], dict]]] = {
