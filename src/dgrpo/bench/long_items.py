@@ -48,24 +48,13 @@ def bench_optimizer(ctx: Ctx) -> tuple[list[Row], dict]:
     s = ctx.shapes
     K, T = s.grpo_K_at, s.grpo_T_at
     prompts = task_records(s.prompts)
-    trainers = {}
-    for name in ("adamw", "adamw8bit"):
-        cfg = grpo_config(s, K, T, "locked")
-        cfg.grpo.optimizer = name
-        trainers[name] = GRPOTrainer(build_lm(s, ctx.device, ctx.dtype), cfg, prompts)
+    trainers = _optimizer_trainers(ctx, K, T, prompts)
     kinds = {n: f"{type(tr.opt).__module__}.{type(tr.opt).__name__}" for n, tr in trainers.items()}
     fns: dict[str, Callable[[], Any]] = {n: functools.partial(tr.step, prompts=prompts) for n, tr in trainers.items()}
     ctx.log(f"[7] optimizer: {', '.join(f'{n} ({k})' for n, k in kinds.items())} at K={K}, T={T}")
     t = alternate(fns, reps=s.reps, warmup=s.warmup, device=ctx.device, log=ctx.log)
     state = {n: optimizer_state_bytes(tr.opt) for n, tr in trainers.items()}
-    peaks = {}
-    for n, f in fns.items():  # one more step each, peak allocated during it
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        f()
-        torch.cuda.synchronize()
-        peaks[n] = {"before": before, "peak": torch.cuda.max_memory_allocated()}
+    peaks = _step_peaks(fns)
     n_params = sum(p.numel() for p in trainers["adamw"].lm.model.parameters() if p.requires_grad)
     raw = {"classes": kinds, "timing": t.to_json(), "state_bytes": state, "peaks": peaks, "params": n_params}
     vals = "; ".join(
@@ -101,6 +90,29 @@ def bench_optimizer(ctx: Ctx) -> tuple[list[Row], dict]:
     ], raw
 
 
+def _optimizer_trainers(ctx: Ctx, K: int, T: int, prompts: list) -> dict[str, GRPOTrainer]:
+    """Item 7's two arms: a GRPO trainer per optimizer (adamw, adamw8bit), each on its own copy of the same model."""
+    trainers = {}
+    for name in ("adamw", "adamw8bit"):
+        cfg = grpo_config(ctx.shapes, K, T, "locked")
+        cfg.grpo.optimizer = name
+        trainers[name] = GRPOTrainer(build_lm(ctx.shapes, ctx.device, ctx.dtype), cfg, prompts)
+    return trainers
+
+
+def _step_peaks(fns: dict[str, Callable[[], Any]]) -> dict[str, dict[str, int]]:
+    """One more step of each arm: CUDA memory allocated just before it and the peak allocated during it."""
+    peaks = {}
+    for n, f in fns.items():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        f()
+        torch.cuda.synchronize()
+        peaks[n] = {"before": before, "peak": torch.cuda.max_memory_allocated()}
+    return peaks
+
+
 def _rss_bytes(pid: int) -> int | None:
     """The resident set size of a running process; None once it has exited."""
     try:
@@ -128,27 +140,7 @@ def bench_soak(ctx: Ctx, steps: int = SOAK_STEPS) -> tuple[list[Row], dict]:
         init = Path(tmp) / "init"
         build_lm(s, torch.device("cpu"), torch.float32, fixed_length=False).save_pretrained(init)
         out = Path(tmp) / "run"
-        over = {
-            "grpo.steps": steps,
-            "grpo.prompts_per_step": 16,
-            "grpo.group_size": 8,
-            "grpo.n_latent": 2,
-            "grpo.max_new_tokens": 16,
-            "grpo.filter": "false",
-            "grpo.eval_every": 50,
-            "grpo.save_every": 50,
-            "grpo.log_every": 1,
-            "grpo.warmup_steps": 10,
-            "grpo.lr": 1e-5,
-            "task.n_train": 2048,
-            "task.n_valid": 64,
-            "data.eval_limit": 64,
-            "data.test": "[]",
-            "threads": ctx.threads,
-        }
-        cmd = [sys.executable, "-m", "dgrpo", "grpo", "--init", str(init), "--out", str(out)]
-        for k, v in over.items():
-            cmd += ["--set", f"{k}={v}"]
+        cmd = _soak_command(init, out, steps, ctx.threads)
         ctx.log(
             f"[8] soak: dgrpo grpo for {steps} steps (16 prompts x K=8, T=2, eval and checkpoint every 50), VmRSS "
             f"every {SOAK_EVERY} steps"
@@ -157,21 +149,7 @@ def bench_soak(ctx: Ctx, steps: int = SOAK_STEPS) -> tuple[list[Row], dict]:
         proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
         )
-        samples: list[tuple[int, int]] = []
-        metrics = out / METRICS_FILE
-        next_step = 0
-        while proc.poll() is None:
-            time.sleep(0.05)
-            if not metrics.exists():
-                continue
-            done = metrics.read_text().count('"reward_mean"')  # one row per finished step (log_every = 1)
-            if done >= next_step:
-                rss = _rss_bytes(proc.pid)
-                if rss is not None:
-                    samples.append((done, rss))
-                    if next_step % 50 == 0:
-                        ctx.log(f"  step {done}: RSS {fmt_bytes(rss)}")
-                next_step = (done // SOAK_EVERY + 1) * SOAK_EVERY
+        samples = _sample_rss(proc, out / METRICS_FILE, ctx.log)
         err = proc.stderr.read() if proc.stderr else ""
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
@@ -194,6 +172,51 @@ def bench_soak(ctx: Ctx, steps: int = SOAK_STEPS) -> tuple[list[Row], dict]:
             Goal("<=", 1.02),
         )
     ], raw
+
+
+def _soak_command(init: Path, out: Path, steps: int, threads: int) -> list[str]:
+    """Item 8's child: ``dgrpo grpo`` from ``init`` into ``out`` for ``steps`` steps, at the soak's fixed settings."""
+    over = {
+        "grpo.steps": steps,
+        "grpo.prompts_per_step": 16,
+        "grpo.group_size": 8,
+        "grpo.n_latent": 2,
+        "grpo.max_new_tokens": 16,
+        "grpo.filter": "false",
+        "grpo.eval_every": 50,
+        "grpo.save_every": 50,
+        "grpo.log_every": 1,
+        "grpo.warmup_steps": 10,
+        "grpo.lr": 1e-5,
+        "task.n_train": 2048,
+        "task.n_valid": 64,
+        "data.eval_limit": 64,
+        "data.test": "[]",
+        "threads": threads,
+    }
+    cmd = [sys.executable, "-m", "dgrpo", "grpo", "--init", str(init), "--out", str(out)]
+    for k, v in over.items():
+        cmd += ["--set", f"{k}={v}"]
+    return cmd
+
+
+def _sample_rss(proc: subprocess.Popen, metrics: Path, log: Callable[[str], None]) -> list[tuple[int, int]]:
+    """(steps done, RSS) of the running child each time its metrics file passes a multiple of SOAK_EVERY steps."""
+    samples: list[tuple[int, int]] = []
+    next_step = 0
+    while proc.poll() is None:
+        time.sleep(0.05)
+        if not metrics.exists():
+            continue
+        done = metrics.read_text().count('"reward_mean"')  # one row per finished step (log_every = 1)
+        if done >= next_step:
+            rss = _rss_bytes(proc.pid)
+            if rss is not None:
+                samples.append((done, rss))
+                if next_step % 50 == 0:
+                    log(f"  step {done}: RSS {fmt_bytes(rss)}")
+            next_step = (done // SOAK_EVERY + 1) * SOAK_EVERY
+    return samples
 
 
 def summarize_soak(samples: list[tuple[int, int]], steps: int, wall: float) -> tuple[dict, str, float]:

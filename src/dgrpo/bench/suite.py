@@ -154,9 +154,18 @@ def write_outputs(out: Path, result: dict, rows: list[Row]) -> None:
 
 
 def render_md(result: dict, rows: list[Row]) -> str:
-    m = result["meta"]
+    """bench.md: the run's header, each section's table (or why it has none), then the notes."""
+    lines = _md_header(result["meta"])
+    for section, title in (("cpu", "CPU"), ("gpu", "GPU (~0.5B Qwen2, bf16)")):
+        lines += _md_section(result, rows, section, title)
+    lines += _md_notes()
+    return "\n".join(lines)
+
+
+def _md_header(m: dict) -> list[str]:
+    """bench.md's title and the run's facts from ``result["meta"]``: date, command, machine, load, repetitions."""
     mach = m["machine"]
-    lines = [
+    return [
         "# dgrpo bench "
         f"({'quick smoke run: tiny shapes, the numbers are not the claims' if m['quick'] else 'full run'})",
         "",
@@ -171,24 +180,30 @@ def render_md(result: dict, rows: list[Row]) -> str:
         f"{m['warmup']} warm-up round; wall time of the whole run: {m.get('wall_s', 0):.0f} s",
         "",
     ]
-    for section, title in (("cpu", "CPU"), ("gpu", "GPU (~0.5B Qwen2, bf16)")):
-        lines += [f"## {title}", ""]
-        sec_rows = [r for r in rows if r.section == section]
-        if section not in result:
-            lines += ["not run (see --only and --section)", ""]
-            continue
-        sec = result[section]
-        if "skipped" in sec:
-            lines += [f"skipped: {sec['skipped']}", ""]
-            continue
-        if sec_rows:
-            lines += [markdown_table(sec_rows), ""]
-        errors = {k: v["error"] for k, v in sec.items() if isinstance(v, dict) and "error" in v}
-        for k, e in errors.items():
-            lines.append(f"- **{k} failed**: {e}")
-        if errors:
-            lines.append("")
-    lines += [
+
+
+def _md_section(result: dict, rows: list[Row], section: str, title: str) -> list[str]:
+    """One section of bench.md: its rows' table and its failed items, or why it was not run."""
+    lines = [f"## {title}", ""]
+    if section not in result:
+        return lines + ["not run (see --only and --section)", ""]
+    sec = result[section]
+    if "skipped" in sec:
+        return lines + [f"skipped: {sec['skipped']}", ""]
+    sec_rows = [r for r in rows if r.section == section]
+    if sec_rows:
+        lines += [markdown_table(sec_rows), ""]
+    errors = {k: v["error"] for k, v in sec.items() if isinstance(v, dict) and "error" in v}
+    for k, e in errors.items():
+        lines.append(f"- **{k} failed**: {e}")
+    if errors:
+        lines.append("")
+    return lines
+
+
+def _md_notes() -> list[str]:
+    """bench.md's closing notes: how each item measures what it reports."""
+    return [
         "## Notes",
         "",
         "- Rollouts: all answers are forced to the same length (EOS logit set to -1e4 by a hook on the LM head), "
@@ -227,7 +242,6 @@ def render_md(result: dict, rows: list[Row]) -> str:
         "2-core machine, small ops are slowed by up to ~100x and the ratios would be skewed.",
         "",
     ]
-    return "\n".join(lines)
 
 
 def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
