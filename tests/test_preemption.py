@@ -16,12 +16,15 @@ from safetensors.torch import load_file
 from dgrpo.data.synthetic import generate_split
 from dgrpo.model.factory import load_model
 from dgrpo.training import grpo, sft
+from dgrpo.training.distributed import fsdp2_missing
 from dgrpo.training.preemption import Terminated, sigterm_stops
 
 from conftest import tiny_config
 
 TIMING = {"time_s", "time_rollout_s", "time_update_s", "time_comm_s"}
 GRPO_SETS = {"grpo.steps": 4, "grpo.save_every": 0, "grpo.eval_every": 0, "grpo.filter": False, "perturbation.p": 0.3}
+#: FSDP2 training needs torch >= 2.13 (tests/test_distributed.py)
+NEEDS_FSDP2 = pytest.mark.skipif(bool(fsdp2_missing()), reason="this torch's FSDP2 lacks what the sharded update sets")
 SFT_SETS = {"task.n_train": 96, "sft.batch_size": 16, "sft.num_epochs": 2, "sft.save_every": 0, "data.valid": ""}
 
 
@@ -158,10 +161,10 @@ def test_a_run_interrupted_in_process_goes_on_with_the_same_model_object(sft_che
     assert rows(tmp_path / "ref") == rows(tmp_path / "run")
 
 
-def torchrun_grpo(sft_checkpoint, out, **popen):
+def torchrun_grpo(sft_checkpoint, out, fsdp="none", **popen):
     from conftest import tiny_args
 
-    sets = {**GRPO_SETS, "grpo.steps": 5, "grpo.prompts_per_step": 4, "threads": 1, "data.test": "[]"}
+    sets = {**GRPO_SETS, "grpo.steps": 5, "grpo.prompts_per_step": 4, "threads": 1, "data.test": "[]", "fsdp": fsdp}
     sets["data.valid"] = "''"  # (no evaluation: three launches of torchrun are this test's time)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dgrpo", "grpo"]
     cmd += ["--init", str(sft_checkpoint), "--out", str(out), *tiny_args(**sets)]
@@ -170,16 +173,18 @@ def torchrun_grpo(sft_checkpoint, out, **popen):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("fsdp", ["none", pytest.param("full", marks=NEEDS_FSDP2)], ids=["allreduce", "fsdp2"])
 def test_sigterm_to_every_process_of_a_torchrun_job_checkpoints_one_step_and_resumes_bit_identical(
-    sft_checkpoint, tmp_path
+    sft_checkpoint, tmp_path, fsdp
 ):
     """As a scheduler stops a job (SIGTERM to the launcher and each worker; torchrun forwards a second one to each):
-    the ranks agree on one step, rank 0 writes its checkpoint, the same torchrun command goes on from it and ends as
-    a run never stopped. (The workers died at once: the steps since the last checkpoint were lost.)"""
-    reference = torchrun_grpo(sft_checkpoint, tmp_path / "ref")
+    the ranks agree on one step, rank 0 writes its checkpoint (under FSDP2 every rank first gathers the state to it),
+    the same torchrun command goes on from it and ends as a run never stopped. (The workers died at once: the steps
+    since the last checkpoint were lost.)"""
+    reference = torchrun_grpo(sft_checkpoint, tmp_path / "ref", fsdp)
     assert reference.wait(timeout=300) == 0, reference.stderr.read()[-3000:]
     out = tmp_path / "run"
-    job = torchrun_grpo(sft_checkpoint, out, start_new_session=True)
+    job = torchrun_grpo(sft_checkpoint, out, fsdp, start_new_session=True)
     deadline = time.time() + 240
     while time.time() < deadline:
         m = out / "metrics.jsonl"
@@ -193,7 +198,7 @@ def test_sigterm_to_every_process_of_a_torchrun_job_checkpoints_one_step_and_res
     assert err.count("every rank stops at the end of this step") == 1, err[-3000:]
     names = checkpoints(out)  # (grpo.save_every = 0: only the stop's)
     assert len(names) == 1 and int(names[0][len("step-") :]) >= 2 and not (out / "final").exists(), names
-    again = torchrun_grpo(sft_checkpoint, out)
+    again = torchrun_grpo(sft_checkpoint, out, fsdp)
     _, err = again.communicate(timeout=300)
     assert again.returncode == 0, err[-3000:]
     same_run(tmp_path / "ref", out)
