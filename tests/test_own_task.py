@@ -66,6 +66,88 @@ def test_a_reward_written_in_a_test_file_drives_grpo_from_the_command_line(
         assert row["reward_mean"] == pytest.approx(sum(values) / len(values))
 
 
+TRL_REWARD_FILE = '''
+def accuracy_reward(completions, solution, **kwargs):
+    """As written for TRL's GRPOTrainer: the data's own column (solution: '... #### 18') by name."""
+    return [float(s.split("####")[-1].strip() in c) for c, s in zip(completions, solution)]
+
+
+def seen(prompts, completions, answer, **kwargs):
+    CALLS.append({"prompts": prompts, "completions": completions, "answer": answer, **kwargs})
+    return [1.0] * len(completions)
+
+
+CALLS = []
+'''
+
+
+@pytest.mark.slow  # (a GRPO run and an evaluation)
+def test_a_reward_written_for_trl_drives_grpo_and_eval_as_it_is(sft_checkpoint, tmp_path, run_cli):
+    """A TRL reward function (keyword arguments: prompts, completions and the data's columns) is taken as it is, as
+    the reward, one of several weighted ones and the scorer of dgrpo eval; a GSM8K-style file's ``solution`` column
+    reaches it by name."""
+    path = tmp_path / "trl_rewards.py"
+    path.write_text(TRL_REWARD_FILE)
+    rows = [
+        {"question": f"What is {i} plus {i}?", "answer": str(2 * i), "solution": f"{i}+{i}\n#### {2 * i}"}
+        for i in range(40)
+    ]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rewards = f"[{{fn: '{path}:accuracy_reward', weight: 1.0}}, {{fn: numeric, weight: 0.5}}]"
+    sets = {"data.train": data, "grpo.rewards": rewards, "grpo.steps": 2, "grpo.filter": "false", "data.valid": "''"}
+    sets |= {"data.test": "[]", "grpo.log_rollouts": 1000}
+    r = run_cli("grpo", "--init", sft_checkpoint, *tiny_args(**sets), "--out", tmp_path / "g")
+    assert r.returncode == 0, r.stderr[-2000:]
+    from dgrpo.config import reward_name
+
+    mine = reward_name({"fn": f"{path}:accuracy_reward"})
+    logged = [json.loads(x) for x in (tmp_path / "g" / "rollouts.jsonl").read_text().splitlines()]
+    assert len(logged) == 2 * 8 * TEST_SETS["grpo.group_size"], len(logged)
+    for x in logged:
+        gold = str(int(x["question"].split()[2]) * 2)
+        assert x[mine] == float(gold in x["completion"]) and x["reward"] == x[mine] + 0.5 * x["numeric"]
+    r = run_cli(
+        "eval",
+        "--model",
+        tmp_path / "g",
+        "--data",
+        data,
+        "--limit",
+        8,
+        "--out",
+        tmp_path / "e",
+        "--set",
+        f"eval.scorer={path}:accuracy_reward",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    preds = [json.loads(x) for x in (tmp_path / "e" / "predictions.jsonl").read_text().splitlines()]
+    assert len(preds) == 8 and all(p["correct"] == (p["gold"] in p["completion"]) for p in preds)
+
+
+def test_a_trl_reward_gets_one_entry_per_completion_of_every_column():
+    from dgrpo.data.records import Record
+    from dgrpo.eval.scoring import call_checked, load_function, trl_style
+
+    recs = [Record("q1", ["a=1"], "1", {"solution": "s1", "source": "f"}), Record("q2", [], "2", {"level": 3})]
+    ns: dict = {}
+    exec(TRL_REWARD_FILE, ns)
+    assert call_checked(ns["seen"], "seen", ["c1", "c2"], recs) == [1.0, 1.0]
+    assert ns["CALLS"] == [
+        {
+            "prompts": ["q1", "q2"],
+            "completions": ["c1", "c2"],
+            "answer": ["1", "2"],
+            "steps": [["a=1"], []],
+            "solution": ["s1", None],
+            "source": ["f", None],
+            "level": [None, 3],
+        }
+    ]
+    assert not trl_style(load_function("numeric")) and not trl_style(lambda completions, records, **kw: [])
+    assert trl_style(ns["accuracy_reward"]) and not trl_style(print)
+
+
 def test_a_runs_reward_and_scorer_files_are_recorded_by_absolute_path(reward_file, tmp_path, monkeypatch):
     """``path/file.py:function`` given relative to where training runs is kept absolute in the run's config (so
     ``dgrpo eval`` finds the checkpoint's scorer from anywhere); the parts keep their names."""

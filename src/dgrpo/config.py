@@ -762,7 +762,8 @@ class GRPOConfig:
     reward: str = opt(
         "",
         "the reward: '' = eval.scorer (1 when correct, else 0), or a plug-in 'package.module:function' / "
-        "'path/to/file.py:function': batched (completions, records) -> one finite float per completion",
+        "'path/to/file.py:function': batched (completions, records) -> one finite float per completion, or a TRL "
+        "reward function (**kwargs: prompts, completions, answer and the data's columns by name)",
     )
     rewards: list = opt(
         [],

@@ -11,6 +11,11 @@ read after the last standalone marker, ``#### C#``), ``choice`` (a multiple-choi
 (Coconut's run.py check, as strings). A plug-in is named
 ``package.module:function`` or ``path/to/file.py:function``.
 
+A function written for TRL's ``GRPOTrainer`` works as it is: one that takes ``**kwargs`` (and no ``records``) is
+called with keywords, ``fn(prompts=..., completions=..., answer=..., steps=..., <column>=...)``, each a list with
+one entry per completion: the question, the completion's text, the gold answer, the steps, and every other column
+of the data (a record's ``meta``; None where a record lacks it) (:func:`call_function`).
+
 Every call is checked: a function that raises, returns the wrong number of values, or a value that is not a
 finite number is a :class:`RewardError` (one line naming the function and the row). A number may be a Python, NumPy
 or 0-d torch one, a bool counting 0 or 1 (:func:`reward_value`), so a 1-d array or tensor is a fine return value.
@@ -21,6 +26,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import inspect
 import math
 import numbers
 import re
@@ -135,13 +141,42 @@ def load_function(spec: str, what: str = "reward") -> ScoreFn:
     return fn
 
 
+def trl_style(fn: Callable) -> bool:
+    """Whether ``fn`` is a reward function in TRL's form (it takes ``**kwargs`` and has no ``records`` parameter)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # (a builtin without a signature: called as dgrpo's)
+        return False
+    return "records" not in params and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def trl_columns(completions: list[str], records: list[Record]) -> dict[str, list]:
+    """The keyword arguments TRL's GRPOTrainer gives a reward function, one entry per completion: ``prompts``,
+    ``completions``, ``answer``, ``steps`` and each other column of the data (``meta``; None where a record lacks
+    it)."""
+    columns: dict[str, list] = {
+        "prompts": [r.question for r in records],
+        "completions": list(completions),
+        "answer": [r.answer for r in records],
+        "steps": [r.steps for r in records],
+    }
+    for key in dict.fromkeys(k for r in records for k in r.meta):
+        columns.setdefault(key, [r.meta.get(key) for r in records])
+    return columns
+
+
+def call_function(fn: Callable, completions: list[str], records: list[Record]) -> Any:
+    """``fn(completions, records)``, or for a function in TRL's form ``fn(**trl_columns(...))``: what it returns."""
+    return fn(**trl_columns(completions, records)) if trl_style(fn) else fn(completions, records)
+
+
 def call_checked(
     fn: ScoreFn, name: str, completions: list[str], records: list[Record], what: str = "reward"
 ) -> list[float]:
-    """``fn(completions, records)``, checked: it must return one finite number per completion (an error names it as
-    ``what``: a reward, or a scorer in evaluation)."""
+    """``fn(completions, records)`` (:func:`call_function`), checked: it must return one finite number per completion
+    (an error names it as ``what``: a reward, or a scorer in evaluation)."""
     try:
-        returned = fn(completions, records)
+        returned = call_function(fn, completions, records)
     except Exception as e:  # noqa: BLE001 - the user's function failed: one line naming it
         raise RewardError(
             f"{what} {name} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
@@ -159,7 +194,12 @@ def call_checked(
     for i, v in enumerate(values):
         x = reward_value(v)
         if x is None:
-            raise RewardError(f"{what} {name} returned {v!r} for row {i} (question {records[i].question[:60]!r})")
+            why = (
+                ": every completion needs a number (TRL's None, 'does not apply', has no meaning here)"
+                if v is None
+                else ""
+            )
+            raise RewardError(f"{what} {name} returned {v!r} for row {i} (question {records[i].question[:60]!r}){why}")
         out.append(x)
     return out
 
@@ -197,7 +237,7 @@ def warn_if_gold_scores_zero(values: Sequence[float], what: str) -> None:
 
 def warn_if_scorer_misses_gold(scorer: ScoreFn, records: list[Record], what: str) -> None:
     """:func:`warn_if_gold_scores_zero` for ``scorer`` on the gold answers of the first two of ``records``."""
-    warn_if_gold_scores_zero(scorer(gold_completions(records[:2]), records[:2]), what)
+    warn_if_gold_scores_zero(call_function(scorer, gold_completions(records[:2]), records[:2]), what)
 
 
 @dataclass
