@@ -222,3 +222,18 @@ def test_the_objective_refuses_shapes_that_would_broadcast_into_a_wrong_loss():
         args = {"logp": z, "old_logp": z, "adv": torch.tensor([2.0, -1.0]), "mask": ones, "ref_logp": z, **over}
         with pytest.raises(ValueError, match=f"grpo_objective: {name.strip()}"):
             grpo_objective(**args, counts=counts, settings=ObjectiveSettings(), beta=0.1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_largest_huber_delta_the_config_takes_gives_finite_gradients(dtype):
+    """grpo.huber_delta 100 (meant: no Huberization) gave NaN gradients on every token: the continuation's slope
+    e^delta - 1 is inf in float32 and 0 * inf is NaN in the backward of the branch not taken. The config now takes
+    at most 50, where k3 is unchanged."""
+    from dgrpo.config import MAX_HUBER_DELTA, Config, ConfigError, load_config
+
+    x = torch.tensor([-3.0, -0.3, 0.0, 0.2, 4.0], dtype=dtype, requires_grad=True)
+    huber_k3(x, MAX_HUBER_DELTA).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    assert torch.allclose(huber_k3(x.detach().float(), MAX_HUBER_DELTA), k3(x.detach().float()))
+    with pytest.raises(ConfigError, match="grpo.huber_delta: at most 50"):
+        load_config(Config, None, ["grpo.huber_delta=89"])

@@ -39,6 +39,9 @@ import yaml
 
 from .run_layout import results_name
 
+#: the largest grpo.huber_delta: e^delta stays finite in float32 and bfloat16 (from 89 on the slope overflows)
+MAX_HUBER_DELTA = 50.0
+
 Arch = Literal["qwen2", "llama", "gpt2"]
 DType = Literal["float32", "bfloat16"]
 LatentTokenInit = Literal["mean", "coconut"]
@@ -750,7 +753,7 @@ class GRPOConfig:
         "the k3 argument: unbiased (x = log pi_ref - log pi, Schulman's k3) or paper "
         "(x = log pi - log pi_ref, as the paper writes it)",
     )
-    huber_delta: float = opt(5.0, "Huberized k3 threshold delta (Eq. 6)")
+    huber_delta: float = opt(5.0, f"Huberized k3 threshold delta (Eq. 6); at most {MAX_HUBER_DELTA:g} (the plain k3)")
     ref_renewal_every: int = opt(500, "hard-copy the policy into the reference every N steps (0 = never)")
     filter: bool = opt(
         True,
@@ -859,6 +862,12 @@ class GRPOConfig:
         _within(self, p, "[0, 1]", "min_lr_ratio", "alpha_min", "alpha_max")
         _within(self, p, "[0, 1)", "ema_alpha", "eps_low")
         _positive(self, p, "lr", "huber_delta")
+        _check(  # (the continuation's slope e^delta - 1 overflows float32 from delta 89 on: NaN gradients)
+            self.huber_delta <= MAX_HUBER_DELTA,
+            f"{p}.huber_delta",
+            f"at most {MAX_HUBER_DELTA:g} (k3 there is e^{MAX_HUBER_DELTA:g} ~ 5e21: no log-ratio reaches it, so "
+            f"{MAX_HUBER_DELTA:g} is the plain k3), got {self.huber_delta}",
+        )
         _check(
             self.alpha_min <= self.alpha_max,
             f"{p}.alpha_min",
