@@ -235,21 +235,34 @@ def test_sft_two_ranks_cli(tmp_path):
 
 
 @NEEDS_FSDP2
-def test_fsdp2_runs_write_resumable_checkpoints_and_resume_bit_identical(sft_checkpoint, tmp_path, run_cli):
+@pytest.mark.parametrize("fsdp", ["full", "sharded"])
+def test_fsdp2_runs_write_resumable_checkpoints_and_resume_bit_identical(sft_checkpoint, tmp_path, run_cli, fsdp):
     """Under FSDP2 no resumable checkpoint was written: a stopped run (preempted, killed, SIGTERM) lost every step.
-    Every rank now gathers the model's and the optimizer's state to rank 0, which writes it; a resume shards it
-    again. Resumed from step 1 of 3, the run ends bit-identical to the one never stopped."""
+    ``fsdp: full``: every rank gathers the model's and the optimizer's state to rank 0, which writes it; a resume
+    shards it again. ``fsdp: sharded``: every rank writes its own shards of both (nothing is gathered) and a resume
+    reads each rank's back. Resumed from step 1 of 3, the run ends bit-identical to the one never stopped."""
     from safetensors.torch import load_file
 
-    sets = {**NONZERO, "fsdp": "full", "data.valid": "''", "data.test": "[]", "grpo.save_every": 1}
+    from dgrpo.training.consolidate import read_sharded
+
+    sets = {**NONZERO, "fsdp": fsdp, "data.valid": "''", "data.test": "[]", "grpo.save_every": 1}
     sets |= {"grpo.keep_last": 3, "perturbation.p": 0.3, "threads": 1}
     ref, resumed = tmp_path / "ref", tmp_path / "resumed"
     torchrun("cli", ref, {"argv": ["grpo", "--init", str(sft_checkpoint), "--out", str(ref)], "sets": sets})
     step1 = ref / "checkpoints" / "step-00000001"
+    shards = sorted(p.name for p in (step1 / "dcp").iterdir()) if fsdp == "sharded" else []
+    assert shards == ([".metadata", "__0_0.distcp", "__1_0.distcp"] if fsdp == "sharded" else []), shards
+    assert (step1 / "model" / "model.safetensors").is_file() == (fsdp == "full")
     argv = ["grpo", "--init", str(sft_checkpoint), "--out", str(resumed), "--resume", str(step1)]
-    torchrun("cli", resumed, {"argv": argv, "sets": sets})
-    a, b = (load_file(str(d / "final" / "model.safetensors")) for d in (ref, resumed))
+    log = torchrun("cli", resumed, {"argv": argv, "sets": sets})
+    assert "resumed at step 1" in log, log[-3000:]
+
+    def final_weights(run: Path) -> dict:
+        return load_file(str(run / "final" / "model.safetensors")) if fsdp == "full" else read_sharded(run / "final")
+
+    a, b = final_weights(ref), final_weights(resumed)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not list((ref / "checkpoints").glob(".tmp-*"))  # (the shards' staging folders are gone)
     # resumed without FSDP2: one line naming the setting (its optimizer state is named by parameter)
     r = run_cli(
         *argv[:3],

@@ -962,8 +962,9 @@ class Config:
     fsdp: FSDPMode = opt(
         "none",
         "under torchrun: none (replicated weights, gradients all-reduced), full (FSDP2; "
-        "rank 0 writes gathered safetensors) or sharded (FSDP2; one checkpoint shard per "
-        "rank). The DGRPO_FSDP environment variable overrides it",
+        "rank 0 writes gathered safetensors and resumable checkpoints) or sharded (FSDP2; every rank writes its "
+        "shard of each checkpoint, the optimizer state of resumable ones included). The DGRPO_FSDP environment "
+        "variable overrides it",
     )
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)

@@ -5,6 +5,9 @@ A checkpoint is a directory ``OUT/checkpoints/step-00000123/`` holding:
                         adapter in PEFT's format)
   ``<name>.safetensors`` extra models' weights (the GRPO reference model, or under LoRA the reference adapter)
   ``optimizer.pt``      optimizer state (tensors and numbers only: loaded with ``weights_only=True``)
+  ``dcp/``              under ``fsdp: sharded`` only: every rank's shards of the weights and of the optimizer's
+                        tensors (torch.distributed.checkpoint; ``model/`` then has no weights, ``optimizer.pt`` only
+                        the parameter groups)
   ``rng.pt``            torch CPU/CUDA generator states (tensors, ``weights_only=True``)
   ``state.json``        counters, Python/NumPy RNG states, EMA baseline, best record, data position ...
   ``manifest.json``     sha256 of every file above, written last
@@ -30,8 +33,18 @@ import torch
 from safetensors.torch import save_file, save_model
 
 from ..config import ConfigError
-from ..model.verified import RESUMABLE_STATE, CheckpointError, atomic_dir, check_state_dict, one_line, verify
+from ..model.verified import (
+    RESUMABLE_STATE,
+    SAFETENSORS,
+    SHARDED_DIR,
+    CheckpointError,
+    atomic_dir,
+    check_state_dict,
+    one_line,
+    verify,
+)
 from ..run_layout import CHECKPOINTS_DIR, step_dir_name
+from .distributed import TrainingState
 
 #: torch optimizers' per-parameter state tensors, shaped like their parameter (8-bit optimizers keep others)
 PER_PARAMETER_STATE = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")
@@ -73,23 +86,27 @@ def save_checkpoint(
     state: dict[str, Any],
     extra_models: dict[str, Any] | None = None,
     keep_last: int = 2,
-    model_state: dict[str, torch.Tensor] | None = None,
-    optimizer_state: dict[str, Any] | None = None,
+    fsdp_state: TrainingState | None = None,
 ) -> Path:
     """Write ``checkpoints/step-<step>`` atomically (:func:`~dgrpo.model.verified.atomic_dir`: temporary directory,
-    manifest, rename) and prune to the ``keep_last`` newest. ``model_state`` / ``optimizer_state``: the whole state
-    dicts of a sharded (FSDP2) model and its optimizer (:meth:`~dgrpo.training.distributed.Dist.training_state`), in
-    place of the model's and the optimizer's own."""
+    manifest, rename) and prune to the ``keep_last`` newest. ``fsdp_state``: what the ranks of a sharded (FSDP2)
+    model prepared (:meth:`~dgrpo.training.distributed.Dist.training_state`), in place of the model's and the
+    optimizer's own state: the whole state dicts, or the shards (moved in as ``dcp/``; ``model/`` then holds the
+    config and the tokenizer, ``optimizer.pt`` the parameter groups)."""
     root = Path(out_dir) / CHECKPOINTS_DIR
     final = root / step_dir_name(step)
+    held = fsdp_state or TrainingState()
     with atomic_dir(final) as tmp:
-        lm.save_pretrained(tmp / "model", state_dict=model_state)
+        lm.save_pretrained(tmp / "model", state_dict=held.model, weights=held.shards is None)
+        if held.shards is not None:
+            os.replace(held.shards, tmp / SHARDED_DIR)
+            shutil.rmtree(held.shards.parent, ignore_errors=True)
         for name, model in (extra_models or {}).items():
             if isinstance(model, torch.nn.Module):
                 save_model(model, str(tmp / f"{name}.safetensors"))  # handles tied (shared) tensors
             else:  # a state holder (the LoRA reference adapter)
                 save_file(model.state_dict(), str(tmp / f"{name}.safetensors"))
-        torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp / "optimizer.pt")
+        torch.save(optimizer.state_dict() if held.optimizer is None else held.optimizer, tmp / "optimizer.pt")
         rng_js, rng_t = capture_rng()
         torch.save(rng_t, tmp / "rng.pt")
         if os.environ.get("DGRPO_TEST_CRASH_IN_CHECKPOINT") == str(step):  # test hook: die mid-write
@@ -100,6 +117,12 @@ def save_checkpoint(
     return final
 
 
+def shard_staging(out_dir: Path, step: int) -> Path:
+    """Where the ranks of an ``fsdp: sharded`` run write a resumable checkpoint's shards before rank 0 moves them into
+    it (the same path on every rank; a hidden sibling of the checkpoint, not one by its name)."""
+    return Path(out_dir) / CHECKPOINTS_DIR / f".tmp-{step_dir_name(step)}-shards"
+
+
 def list_checkpoints(out_dir: Path) -> list[Path]:
     """The run's checkpoint directories, oldest first (temporary and half-written ones excluded by name)."""
     root = Path(out_dir) / CHECKPOINTS_DIR
@@ -108,10 +131,13 @@ def list_checkpoints(out_dir: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
 
 
-def required_files(lm, extra_models: dict[str, Any] | None) -> tuple[str, ...]:
-    """What a resumable checkpoint must hold (its manifest must list each of these)."""
-    model = tuple(f"model/{f}" for f in lm.checkpoint_files)
-    return (*model, "optimizer.pt", "rng.pt", RESUMABLE_STATE, *(f"{n}.safetensors" for n in extra_models or {}))
+def required_files(lm, extra_models: dict[str, Any] | None, shards: bool = False) -> tuple[str, ...]:
+    """What a resumable checkpoint must hold (its manifest must list each of these); ``shards``: one written under
+    ``fsdp: sharded`` (the weights and the optimizer's tensors in ``dcp/``)."""
+    model = tuple(f"model/{f}" for f in lm.checkpoint_files if not (shards and SAFETENSORS in f))
+    state = (f"{SHARDED_DIR}/.metadata",) if shards else ()
+    extra = tuple(f"{n}.safetensors" for n in extra_models or {})
+    return (*model, *state, "optimizer.pt", "rng.pt", RESUMABLE_STATE, *extra)
 
 
 @dataclass
@@ -124,13 +150,19 @@ class LoadedCheckpoint:
     extra_weights: dict[str, dict[str, torch.Tensor]]
     optimizer_state: dict[str, Any]
     rng: dict[str, torch.Tensor]
+    shards: Path | None = None  # written under fsdp: sharded: the weights and the optimizer's tensors (dcp/)
 
     def apply(
         self, lm, optimizer: torch.optim.Optimizer, extra_models: dict[str, Any] | None = None, dist: Any = None
     ) -> dict:
         """Load everything into the model, the extra models and the optimizer; restore the RNGs; return the state
         (state.json's content). Under FSDP2 (``dist.fsdp``) every rank calls it, and keeps its shards."""
-        if dist is not None and dist.fsdp:
+        if self.shards is not None:
+            try:
+                dist.load_training_shards(lm.model, optimizer, self.shards, self.optimizer_state["param_groups"])
+            except Exception as e:  # noqa: BLE001 - shards of another model, ...: one line naming the checkpoint
+                raise CheckpointError(f"{self.path}: its shards do not load into this model ({one_line(e)})") from None
+        elif dist is not None and dist.fsdp:
             dist.load_training_state(lm.model, optimizer, self.weights, self.optimizer_state)
         else:
             lm.load_weights(self.weights)  # complete: checked by read_checkpoint
@@ -153,12 +185,13 @@ def read_checkpoint(
     the weights are exactly the model's tensors with their shapes, the optimizer state matches the optimizer's
     parameters (``sharded``: an FSDP2 model's, whose checkpoints name them). Raises CheckpointError (one line) on any
     problem; mutates nothing."""
-    problem = verify(ckpt, required_files(lm, extra_models))
+    shards = ckpt / SHARDED_DIR if (ckpt / SHARDED_DIR).is_dir() else None  # (fsdp: sharded wrote it)
+    problem = verify(ckpt, required_files(lm, extra_models, shards is not None))
     if problem is not None:
         raise CheckpointError(problem)
     check_same_hub_base(ckpt, lm)
     try:
-        weights = lm.read_weights_dir(ckpt / "model")
+        weights = lm.read_weights_dir(ckpt / "model") if shards is None else {}  # (shards: read as they load)
         extra = {}
         for name, model in (extra_models or {}).items():
             extra[name] = read_weights_file(ckpt / f"{name}.safetensors")
@@ -174,7 +207,7 @@ def read_checkpoint(
         raise CheckpointError("a state file holds objects that cannot be loaded safely (weights_only=True)") from None
     except Exception as e:  # noqa: BLE001 - truncated files, bad JSON, ...: each one line
         raise CheckpointError(one_line(e)) from None
-    return LoadedCheckpoint(ckpt, state, weights, extra, opt_state, rng)
+    return LoadedCheckpoint(ckpt, state, weights, extra, opt_state, rng, shards)
 
 
 def check_same_sharding(ckpt: Path, opt_state: Any, sharded: bool) -> None:

@@ -29,6 +29,7 @@ import warnings
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as tdist
@@ -74,6 +75,18 @@ def check_fsdp2_api() -> None:
             f"fsdp: this torch ({torch.__version__}) has no FSDPModule.{missing[0]}, which the sharded update needs "
             "(torch >= 2.13); upgrade torch, or set fsdp=none (DGRPO_FSDP=0): plain data parallelism"
         )
+
+
+@dataclass
+class TrainingState:
+    """What every rank of a sharded (FSDP2) run prepares for the resumable checkpoint rank 0 writes
+    (:meth:`Dist.training_state`; all None without FSDP2). ``fsdp: full``: ``model`` and ``optimizer``, the whole
+    state dicts on rank 0's CPU. ``fsdp: sharded``: ``shards``, the torch.distributed.checkpoint folder every rank
+    wrote its part of the weights and the optimizer's tensors to, and ``optimizer``, the parameter groups alone."""
+
+    model: dict | None = None
+    optimizer: dict | None = None
+    shards: Path | None = None
 
 
 @dataclass
@@ -260,6 +273,11 @@ class Dist:
             if isinstance(m, FSDPModule):
                 m.reshard()
 
+    def barrier(self) -> None:
+        """Wait for every rank (nothing in one process)."""
+        if self.active:
+            tdist.barrier()
+
     def gather_params(self, model: nn.Module) -> None:
         """FSDP2: all-gather the weights after an optimizer step; they stay gathered until the next backward."""
         if not self.fsdp:
@@ -321,20 +339,54 @@ class Dist:
         self.gather_params(model)  # reading the state dict put the shards back in place
         return state
 
-    def training_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict | None, dict | None]:
-        """Under FSDP2, the whole model's and optimizer's state dicts gathered to rank 0's CPU (a collective: every
-        rank calls it; the others get empty dicts), named by parameter, for a resumable checkpoint rank 0 writes;
-        (None, None) otherwise: the model and the optimizer are saved as they are."""
+    def training_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, staging: Path) -> TrainingState:
+        """What a resumable checkpoint holds of a sharded (FSDP2) model and its optimizer, prepared by every rank (a
+        collective) for rank 0 to write; nothing otherwise (the model and the optimizer are saved as they are).
+        ``fsdp: full``: the whole state dicts, gathered to rank 0's CPU (the others get empty dicts), named by
+        parameter. ``fsdp: sharded``: each rank writes its shards of the weights and of the optimizer's tensors to
+        ``staging/dcp`` (torch.distributed.checkpoint; nothing is gathered), and rank 0 gets the optimizer's
+        parameter groups (their settings, named by parameter)."""
         if not self.fsdp:
-            return None, None
+            return TrainingState()
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         t0 = time.perf_counter()
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
+        if self.checkpoint == "sharded":
+            import torch.distributed.checkpoint as dcp
+
+            model_state, optimizer_state = get_state_dict(model, optimizer)
+            if self.is_main:
+                shutil.rmtree(staging, ignore_errors=True)  # (a killed write's shards)
+            self.barrier()
+            shards = {"model": model_state, "optimizer_state": optimizer_state["state"]}
+            dcp.save(shards, checkpoint_id=str(staging / SHARDED_DIR))  # returns when every rank wrote
+            groups = {"state": {}, "param_groups": optimizer_state["param_groups"]}
+            state = TrainingState(optimizer=groups, shards=staging / SHARDED_DIR)
+        else:
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            state = TrainingState(*get_state_dict(model, optimizer, options=options))
         self.gather_params(model)  # reading the state dicts put the shards back in place
         self.comm_s += time.perf_counter() - t0
-        return model_state, optimizer_state
+        return state
+
+    def load_training_shards(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, shards: Path, param_groups: list
+    ) -> None:
+        """Put a resumable checkpoint's shards (:meth:`training_state` under ``fsdp: sharded``) into the sharded
+        model and optimizer (a collective; any number of ranks: torch.distributed.checkpoint reshards), with the
+        optimizer's saved ``param_groups``. The shards' metadata is read without unpickling code
+        (:class:`~dgrpo.training.consolidate.SafeFileSystemReader`)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        from .consolidate import SafeFileSystemReader
+
+        model_state, optimizer_state = get_state_dict(model, optimizer)  # (the layout to load into)
+        state: dict[str, Any] = {"model": model_state, "optimizer_state": optimizer_state["state"]}
+        dcp.load(state, storage_reader=SafeFileSystemReader(shards))
+        saved = {"state": state["optimizer_state"], "param_groups": param_groups}
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=saved)
+        self.gather_params(model)
 
     def load_training_state(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, model_state: dict, optimizer_state: dict

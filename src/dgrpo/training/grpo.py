@@ -42,7 +42,7 @@ from ..perturbation import make_perturbation, seeds_for
 from ..perturbation.base import to_device
 from ..reward import extract_answer, normalize_text
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, SUMMARY_FILE
-from .checkpoint import read_checkpoint, save_checkpoint
+from .checkpoint import read_checkpoint, save_checkpoint, shard_staging
 from .distributed import Dist
 from .losses import (
     GlobalCounts,
@@ -822,7 +822,8 @@ def _periodic_eval(
 def _save_resumable(run: RunDir, trainer: GRPOTrainer, loop: LoopState) -> None:
     """A resumable checkpoint: rank 0 writes it (under FSDP2 every rank first gathers the model's and the
     optimizer's state to it)."""
-    model_state, optimizer_state = trainer.dist.training_state(trainer.lm.model, trainer.opt)
+    staging = shard_staging(run.out_dir, trainer.step_idx)
+    fsdp_state = trainer.dist.training_state(trainer.lm.model, trainer.opt, staging)
     if not trainer.dist.is_main:
         return
     save_checkpoint(
@@ -833,6 +834,5 @@ def _save_resumable(run: RunDir, trainer: GRPOTrainer, loop: LoopState) -> None:
         keep_last=trainer.cfg.grpo.keep_last,
         extra_models=_extra_models(trainer),
         state={"trainer": trainer.state(), "loop": asdict(loop), "metrics_lines": run.metrics.n_rows()},
-        model_state=model_state,
-        optimizer_state=optimizer_state,
+        fsdp_state=fsdp_state,
     )

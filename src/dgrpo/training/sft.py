@@ -30,7 +30,7 @@ from ..model.factory import compile_head, compile_layers, lora_for_training, pac
 from ..model.latent_lm import LatentLM, LatentSettings
 from ..model.sources import on_for_device
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dir
-from .checkpoint import read_checkpoint, save_checkpoint
+from .checkpoint import read_checkpoint, save_checkpoint, shard_staging
 from .distributed import Dist
 from .memory import oom_advice
 from .preemption import stop, stop_requested, within_step
@@ -361,7 +361,8 @@ class SFTRun:
         """Resumable state: run epoch ``epoch`` from batch ``batch`` next (rank 0 writes it; under FSDP2 every rank
         first gathers the model's and the optimizer's state to it)."""
         assert self.opt is not None
-        model_state, optimizer_state = self.dist.training_state(self.lm.model, self.opt)
+        staging = shard_staging(self.run.out_dir, self.prog.global_step)
+        fsdp_state = self.dist.training_state(self.lm.model, self.opt, staging)
         if not self.dist.is_main:
             return
         state = {
@@ -378,8 +379,7 @@ class SFTRun:
             optimizer=self.opt,
             keep_last=self.cfg.sft.keep_last,
             state=state,
-            model_state=model_state,
-            optimizer_state=optimizer_state,
+            fsdp_state=fsdp_state,
         )
 
 
