@@ -849,14 +849,7 @@ class GRPOConfig:
             "max_skip_streak",
             "log_rollouts",
         )
-        if self.advantage == "ema":
-            _at_least(self, p, 1, "group_size")
-        else:
-            _check(
-                self.group_size >= 2,
-                f"{p}.group_size",
-                f"GRPO needs K >= 2 rollouts per prompt (got {self.group_size}); use advantage=ema for K = 1",
-            )
+        _check_groups(self, p)
         _check(self.n_latent >= -1, f"{p}.n_latent", "must be >= 0 (or -1 for the checkpoint's value)")
         _within(self, p, "(0, 1]", "top_p")
         _within(self, p, "[0, 1]", "min_lr_ratio", "alpha_min", "alpha_max")
@@ -868,18 +861,27 @@ class GRPOConfig:
             f"at most {MAX_HUBER_DELTA:g} (k3 there is e^{MAX_HUBER_DELTA:g} ~ 5e21: no log-ratio reaches it, so "
             f"{MAX_HUBER_DELTA:g} is the plain k3), got {self.huber_delta}",
         )
-        _check(
-            self.alpha_min <= self.alpha_max,
-            f"{p}.alpha_min",
-            f"alpha_min ({self.alpha_min}) > alpha_max ({self.alpha_max})",
-        )
         _check_rewards(self.rewards, f"{p}.rewards")
-        _check(
-            not self.shuffle_rewards or (self.advantage != "ema" and self.group_size >= 2),
-            f"{p}.shuffle_rewards",
-            "the null control permutes rewards within groups: it needs group_size >= 2 and a group advantage",
-        )
         _check_kept_layers(self, p)
+
+
+def _check_groups(g: GRPOConfig, p: str) -> None:
+    """The group settings: K rollouts per prompt (>= 2 for a group advantage), the filter's window, the null
+    control's permutation within groups."""
+    if g.advantage == "ema":
+        _at_least(g, p, 1, "group_size")
+    else:
+        _check(
+            g.group_size >= 2,
+            f"{p}.group_size",
+            f"GRPO needs K >= 2 rollouts per prompt (got {g.group_size}); use advantage=ema for K = 1",
+        )
+    _check(g.alpha_min <= g.alpha_max, f"{p}.alpha_min", f"alpha_min ({g.alpha_min}) > alpha_max ({g.alpha_max})")
+    _check(
+        not g.shuffle_rewards or (g.advantage != "ema" and g.group_size >= 2),
+        f"{p}.shuffle_rewards",
+        "the null control permutes rewards within groups: it needs group_size >= 2 and a group advantage",
+    )
 
 
 def _check_rewards(rewards: list, key: str) -> None:
