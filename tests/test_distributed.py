@@ -263,6 +263,17 @@ def test_fsdp2_runs_write_resumable_checkpoints_and_resume_bit_identical(sft_che
     a, b = final_weights(ref), final_weights(resumed)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not list((ref / "checkpoints").glob(".tmp-*"))  # (the shards' staging folders are gone)
+    if fsdp == "sharded":  # the model of a resumable checkpoint: consolidated into its model/, which then loads
+        from dgrpo.model.latent_lm import LatentLM
+        from dgrpo.model.verified import CheckpointError, verify
+        from dgrpo.training.consolidate import consolidate_checkpoint
+
+        with pytest.raises(CheckpointError, match=f"{step1} holds FSDP shards .*: dgrpo consolidate {step1} first"):
+            LatentLM.from_pretrained(step1)
+        assert consolidate_checkpoint(ref / "checkpoints" / "step-1") == step1 / "model"
+        shards = read_sharded(step1, "model")
+        loaded = LatentLM.from_pretrained(step1).model.state_dict()
+        assert all(torch.equal(loaded[k], v) for k, v in shards.items()) and verify(step1) is None
     # resumed without FSDP2: one line naming the setting (its optimizer state is named by parameter)
     r = run_cli(
         *argv[:3],

@@ -79,7 +79,8 @@ def _add_consolidate_parser(sub: Any) -> None:
     p.add_argument(
         "dir",
         metavar="DIR",
-        help="a checkpoint directory holding dcp/, or a run directory (its final/); reads no pickled code",
+        help="a checkpoint directory holding dcp/, a resumable checkpoint (RUN/checkpoints/step-N: its model/ gets "
+        "the weights, and it still resumes), or a run directory (its final/); reads no pickled code",
     )
     p.set_defaults(func=run_consolidate)
 

@@ -547,10 +547,10 @@ class LatentLM(nn.Module):
             (local, local_files_only), hub = hub_files(str(path), revision, local_files_only), True
             revision = local.name  # the commit they are from: the weights come from the same one
         adapter = (local / ADAPTER_CONFIG_FILE).is_file()
-        if (local / SHARDED_DIR).is_dir() and not (
-            (local / SAFETENSORS).is_file() or (local / SAFETENSORS_INDEX).is_file()
-        ):
-            raise CheckpointError(f"{local} holds FSDP shards (fsdp: sharded): dgrpo consolidate {local} first")
+        weightless = not ((local / SAFETENSORS).is_file() or (local / SAFETENSORS_INDEX).is_file())
+        for shards in (local, local.parent) if weightless else ():  # (a resumable checkpoint's are beside model/)
+            if (shards / SHARDED_DIR).is_dir():
+                raise CheckpointError(f"{shards} holds FSDP shards (fsdp: sharded): dgrpo consolidate {shards} first")
         if not hub:  # (a hub snapshot lacks the weights until from_pretrained fetches them: the hub checks its files)
             check_intact(local, ADAPTER_FILES if adapter else MODEL_FILES)
         if adapter:

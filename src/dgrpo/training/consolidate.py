@@ -22,7 +22,8 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from ..model.latent_lm import LatentLM
-from ..model.verified import SHARDED_DIR, CheckpointError, check_intact, one_line, write_manifest
+from ..model.sources import on_disk
+from ..model.verified import RESUMABLE_STATE, SHARDED_DIR, CheckpointError, check_intact, one_line, write_manifest
 from ..run_layout import FINAL_DIR
 
 #: (module, name) pairs the metadata may reference; everything else is refused before it is imported
@@ -82,9 +83,10 @@ class SafeFileSystemReader(FileSystemReader):
         return metadata
 
 
-def read_sharded(directory: Path) -> dict[str, torch.Tensor]:
+def read_sharded(directory: Path, part: str | None = None) -> dict[str, torch.Tensor]:
     """The full state dict of a sharded checkpoint directory (``directory/dcp``), read safely in one process; a
-    missing or truncated shard is one :class:`CheckpointError` line."""
+    missing or truncated shard is one :class:`CheckpointError` line. ``part``: one entry of shards that hold
+    several (a resumable checkpoint's ``model``, beside its optimizer's state), read alone."""
     state: dict[str, Any] = {}
     reader = SafeFileSystemReader(directory / SHARDED_DIR)
     reader.read_metadata()  # checked here, where its error is one line (torch wraps the reader's errors)
@@ -92,7 +94,7 @@ def read_sharded(directory: Path) -> dict[str, torch.Tensor]:
         _load_state_dict(
             state,
             storage_reader=reader,
-            planner=_EmptyStateDictLoadPlanner(),
+            planner=_EmptyStateDictLoadPlanner(keys=None if part is None else {part}),
             no_dist=True,
         )
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - a missing or bad file, which torch wraps
@@ -100,6 +102,10 @@ def read_sharded(directory: Path) -> dict[str, torch.Tensor]:
         if isinstance(e, CheckpointException) and e.failures:  # (a BaseException: the cause is the first failure's)
             cause = next(iter(e.failures.values()))[0]
         raise CheckpointError(f"cannot read the shards in {directory / SHARDED_DIR}: {one_line(cause)}") from None
+    if part is not None:
+        if not isinstance(state.get(part), dict):
+            raise CheckpointError(f"{directory / SHARDED_DIR}: the shards hold no {part!r} entry")
+        return state[part]
     return state
 
 
@@ -117,21 +123,26 @@ def _sharded_checkpoint(path: Path) -> Path:
 def consolidate_checkpoint(path: str | Path) -> Path:
     """Turn a sharded FSDP checkpoint (``path/dcp``; a run directory means its ``final/``) into
     ``path/model.safetensors`` (and a new manifest), so that ``LatentLM.from_pretrained(path)`` and plain
-    transformers load it. Returns the checkpoint directory."""
-    path = _sharded_checkpoint(Path(path))
-    state = read_sharded(path)
+    transformers load it. A resumable checkpoint (``checkpoints/step-N``) gets its model's weights in
+    ``path/model/`` (its shards stay: it still resumes). Returns the model directory."""
+    path = _sharded_checkpoint(on_disk(path))
+    resumable = (path / RESUMABLE_STATE).is_file()
+    state = read_sharded(path, "model" if resumable else None)
+    target = path / "model" if resumable else path
     from transformers import AutoConfig, AutoModelForCausalLM
 
     dtype = next(iter(state.values())).dtype
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(target), dtype=dtype)
     lm_keys = set(model.state_dict())
     if set(state) - lm_keys or lm_keys - set(state) - _tied(model):
         raise CheckpointError(f"{path}: the sharded weights do not match the model config")
     model.load_state_dict(state, strict=False)
-    model.save_pretrained(path, safe_serialization=True)
-    write_manifest(path)
-    LatentLM.from_pretrained(path)  # verifies the result loads
-    return path
+    model.save_pretrained(target, safe_serialization=True)
+    write_manifest(target)
+    if resumable:  # (the checkpoint's manifest vouches for model/'s files too)
+        write_manifest(path)
+    LatentLM.from_pretrained(target)  # verifies the result loads
+    return target
 
 
 def _tied(model: torch.nn.Module) -> set[str]:
