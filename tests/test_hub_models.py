@@ -211,18 +211,3 @@ def test_the_snapshot_fetches_every_file_a_checkpoint_needs_but_its_weights(toke
     weights = {"model.safetensors"}  # (from_pretrained fetches them, as transformers picks them)
     missed = [f for f in files if f not in weights and not any(fnmatch(f, pattern) for pattern in SMALL_FILES)]
     assert not missed, missed
-
-
-def test_a_runs_checkpoints_name_the_hub_commit_its_base_was_read_at(hub_cache):
-    """A full fine-tune of REPO at "main" carried model.revision '' in its final/run_config.json: which commit it
-    started from was only in the log. Its checkpoints now name the commit; the run's config keeps what was given."""
-    from dgrpo.config import load_config
-    from dgrpo.training.run import checkpoint_config
-
-    lm = LatentLM.from_pretrained(REPO)
-    cfg = load_config(Config, None, [f"model.name_or_path={REPO}"])
-    assert checkpoint_config(cfg, lm)["model"]["revision"] == NEW and cfg.model.revision == ""
-    cfg.model.revision = "v1"  # (a tag: the commit it points to is recorded)
-    assert checkpoint_config(cfg, LatentLM.from_pretrained(REPO, revision="v1"))["model"]["revision"] == OLD
-    local = LatentLM.from_pretrained(snapshot(hub_cache, NEW))  # a directory: nothing to pin
-    assert checkpoint_config(cfg, local)["model"]["revision"] == "v1"

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..config import Config, ConfigError, GRPOConfig
+from ..config import Config, ConfigError, GRPOConfig, to_dict
 from ..data.records import Record, fingerprint
 from ..eval.scoring import RewardPart, Rewards, ScoreFn, build_rewards, final_answer_text
 from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
@@ -68,7 +68,6 @@ from .run import (
     check_restart,
     check_run_inputs,
     check_trainer_inputs,
-    checkpoint_config,
     sharded_accuracy,
     warn_if_training_questions_cut,
     weights_finite,
@@ -656,7 +655,7 @@ def train_grpo(
     lm.settings.chat_template |= cfg.data.chat_template  # on for a model trained without it (a trained one keeps it)
     trainer = GRPOTrainer(lm, cfg, train, dist=dist, reward_fn=reward_fn)
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
-    lm.run_config = checkpoint_config(cfg, lm)  # final/ and best/ carry the config (and the task) that produced them
+    lm.run_config = to_dict(cfg)  # final/ and best/ carry the config (and the task) that produced them
     with RunDir(out_dir, cfg, dist, "grpo", resume=resume, allow_config_change=allow_config_change, log=log) as run:
         loop = _resume(run, trainer)
         evaluate = _periodic_eval(run, trainer, loop, valid or {}, evaluate_fn)

@@ -223,18 +223,6 @@ def warn_if_training_questions_cut(lm: LatentLM, cfg: Config, train: list[Record
     warn_if_questions_cut(lm, questions, cfg.data.max_question_tokens, "training", check_at_most=1000)
 
 
-def checkpoint_config(cfg: Config, lm: LatentLM) -> dict:
-    """The config the run's checkpoints carry (``run_config.json``: ``dgrpo eval`` reads its task from it): the
-    run's, with ``model.revision`` set to the hub commit the weights were read at when the config named a branch
-    (``main``, or none). A fully fine-tuned ``final/`` then says which commit of its base it started from; the
-    run's ``config.json`` keeps the revision as given, so the same command resumes."""
-    config = to_dict(cfg)
-    model = config["model"]
-    if lm.hub_commit and lm.name_or_path == model["name_or_path"] and model["revision"] != lm.hub_commit:
-        model["revision"] = lm.hub_commit
-    return config
-
-
 def check_restart(lm: LatentLM, resumed: bool, what: str) -> None:
     """A ConfigError when a run would start afresh from the weights of a run that stopped mid-way in this process
     (Ctrl-C in a notebook, an error; ``lm.stopped_run``, set by every training step and cleared when a run ends):

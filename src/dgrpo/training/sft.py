@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, to_dict
 from ..data.records import Record, fingerprint
 from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
 from ..model.latent_lm import LatentLM, LatentSettings
@@ -41,7 +41,6 @@ from .run import (
     RunDir,
     check_restart,
     check_run_inputs,
-    checkpoint_config,
     sharded_accuracy,
     warn_if_training_questions_cut,
     weights_finite,
@@ -462,7 +461,7 @@ def _prepare(
             f"is one optimizer step on all {len(train)}",
             stacklevel=3,
         )
-    lm.run_config = checkpoint_config(cfg, lm)  # stage-K/ and final/ carry the config (and the task) that produced them
+    lm.run_config = to_dict(cfg)  # stage-K/ and final/ carry the config (and the task) that produced them
     lm.settings.chat_template = cfg.data.chat_template  # how questions are prompted, from the first step on
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
     warn_if_training_questions_cut(lm, cfg, train)
