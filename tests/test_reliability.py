@@ -582,3 +582,29 @@ def test_a_model_with_bin_weights_only_is_told_to_convert(sft_checkpoint, tmp_pa
     (d / "manifest.json").unlink()
     with pytest.raises(CheckpointError, match="PyTorch .bin weights, and dgrpo loads safetensors only"):
         LatentLM.from_pretrained(d)
+
+
+def test_a_sharded_checkpoint_of_another_model_is_one_line_before_anything_loads(tokenizer, tmp_path):
+    """Shards (``fsdp: sharded``) of a model with other shapes reached torch's loader, whose CheckpointException (a
+    BaseException) escaped as a 178-line traceback after the checkpoint was taken; their names and shapes are now
+    read from the metadata and checked with the rest of the checkpoint, as a gathered checkpoint's are."""
+    import torch.distributed.checkpoint as dcp
+
+    from dgrpo.model.verified import CheckpointError
+    from dgrpo.training.checkpoint import read_checkpoint, save_checkpoint, shard_staging
+    from dgrpo.training.distributed import TrainingState
+
+    lm = make_lm(tokenizer)
+    optimizer = torch.optim.SGD(lm.parameters(), lr=0.1)
+    shards = shard_staging(tmp_path, 1) / "dcp"
+    dcp.save({"model": lm.model.state_dict(), "optimizer_state": {}}, checkpoint_id=str(shards), no_dist=True)
+    groups = {"state": {}, "param_groups": [{"lr": 0.1, "params": [n for n, _ in lm.model.named_parameters()]}]}
+    ckpt = save_checkpoint(
+        tmp_path, 1, lm=lm, optimizer=optimizer, state={}, fsdp_state=TrainingState(None, groups, shards)
+    )
+    assert (ckpt / "dcp" / ".metadata").is_file() and not (ckpt / "model" / "model.safetensors").exists()
+    loaded = read_checkpoint(ckpt, lm=lm, optimizer=optimizer, sharded=True)  # its own model: reads
+    assert loaded.shards == ckpt / "dcp" and loaded.weights == {}
+    other = make_lm(tokenizer, intermediate_size=96)
+    with pytest.raises(CheckpointError, match=r"^model: wrong shapes: model.layers.0.mlp.\w+_proj.weight \("):
+        read_checkpoint(ckpt, lm=other, optimizer=torch.optim.SGD(other.parameters(), lr=0.1), sharded=True)

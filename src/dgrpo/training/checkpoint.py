@@ -158,10 +158,15 @@ class LoadedCheckpoint:
         """Load everything into the model, the extra models and the optimizer; restore the RNGs; return the state
         (state.json's content). Under FSDP2 (``dist.fsdp``) every rank calls it, and keeps its shards."""
         if self.shards is not None:
+            from torch.distributed.checkpoint.api import CheckpointException  # (a BaseException)
+
             try:
                 dist.load_training_shards(lm.model, optimizer, self.shards, self.optimizer_state["param_groups"])
-            except Exception as e:  # noqa: BLE001 - shards of another model, ...: one line naming the checkpoint
-                raise CheckpointError(f"{self.path}: its shards do not load into this model ({one_line(e)})") from None
+            except (Exception, CheckpointException) as e:  # noqa: BLE001 - one line naming the checkpoint
+                cause: BaseException = e
+                if isinstance(e, CheckpointException) and e.failures:  # (the first rank's failure)
+                    cause = next(iter(e.failures.values()))[0]
+                raise CheckpointError(f"{self.path}: its shards do not load ({one_line(cause)})") from None
         elif dist is not None and dist.fsdp:
             dist.load_training_state(lm.model, optimizer, self.weights, self.optimizer_state)
         else:
@@ -192,6 +197,8 @@ def read_checkpoint(
     check_same_hub_base(ckpt, lm)
     try:
         weights = lm.read_weights_dir(ckpt / "model") if shards is None else {}  # (shards: read as they load)
+        if shards is not None:  # their names and shapes, from the metadata: a wrong model is refused here, whole
+            check_state_dict(lm.model, shard_shapes(shards, "model"), "model")
         extra = {}
         for name, model in (extra_models or {}).items():
             extra[name] = read_weights_file(ckpt / f"{name}.safetensors")
@@ -208,6 +215,20 @@ def read_checkpoint(
     except Exception as e:  # noqa: BLE001 - truncated files, bad JSON, ...: each one line
         raise CheckpointError(one_line(e)) from None
     return LoadedCheckpoint(ckpt, state, weights, extra, opt_state, rng, shards)
+
+
+def shard_shapes(shards: Path, part: str) -> dict[str, torch.Tensor]:
+    """The tensors of entry ``part`` of a checkpoint's shards (``model``) as meta tensors of their shapes, read from
+    the shards' metadata alone (without unpickling code)."""
+    from .consolidate import SafeFileSystemReader
+
+    entries = SafeFileSystemReader(shards).read_metadata().state_dict_metadata
+    prefix = f"{part}."
+    return {
+        k[len(prefix) :]: torch.empty(tuple(v.size), device="meta")
+        for k, v in entries.items()
+        if k.startswith(prefix) and hasattr(v, "size")
+    }
 
 
 def check_same_sharding(ckpt: Path, opt_state: Any, sharded: bool) -> None:
