@@ -111,6 +111,7 @@ def test_crash_while_writing_a_checkpoint_falls_back(sft_checkpoint, reference_r
     r = run(sft_checkpoint, out)
     assert r.returncode == 0, r.stderr[-2000:]
     assert_same_run(reference_run, out)
+    assert not list((out / "checkpoints").glob(".tmp-*"))  # (the half-written one is removed when the run resumes)
 
 
 @pytest.mark.slow

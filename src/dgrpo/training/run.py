@@ -390,6 +390,9 @@ class RunDir:
             raise
         if self.resume_mode == "never" and dist.is_main:
             self._start_over()
+        if dist.is_main:  # half-written checkpoints of a killed run (it held the lock: nobody else writes them)
+            for tmp in (self.out_dir / CHECKPOINTS_DIR).glob(".tmp-*"):
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def _start_over(self) -> None:
         """``--resume never``: remove what an earlier run wrote here (its checkpoints, best/, final/, stage-K/, test
