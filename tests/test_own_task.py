@@ -147,6 +147,25 @@ def test_a_trl_reward_gets_one_entry_per_completion_of_every_column():
     assert not trl_style(load_function("numeric")) and not trl_style(lambda completions, records, **kw: [])
     assert trl_style(ns["accuracy_reward"]) and not trl_style(print)
 
+    # dgrpo's form, under other names or behind a decorator, is still called as dgrpo's (review: both broke)
+    def mine(completions, records):
+        return [float(r.answer in c) for c, r in zip(completions, records)]
+
+    def logged(fn):
+        def wrapper(*args, **kwargs):  # (no functools.wraps)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    def renamed(completions, batch, **kw):
+        return [float(r.answer in c) for c, r in zip(completions, batch)]
+
+    for fn in (logged(mine), renamed):
+        assert call_checked(fn, "f", ["1", "x"], recs) == [1.0, 0.0]
+    assert not trl_style(ns["accuracy_reward"], ["prompts", "completions"])  # (no solution column: dgrpo's form)
+    with pytest.raises(RewardError, match=r"raised TypeError: .*'level'.* dgrpo's form is fn\(completions, records\)"):
+        call_checked(lambda completions, level, steps, **kw: [0.0] * len(completions), "f", ["1", "x"], recs[:1] * 2)
+
 
 def test_a_runs_reward_and_scorer_files_are_recorded_by_absolute_path(reward_file, tmp_path, monkeypatch):
     """``path/file.py:function`` given relative to where training runs is kept absolute in the run's config (so
@@ -919,3 +938,9 @@ def test_an_sft_batch_larger_than_the_training_data_is_warned_about(tmp_path):
         train_sft(lm, train, cfg, tmp_path / "sft", valid=None, evaluate_fn=None, log=lambda *a: None)
     rows = [json.loads(x) for x in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1]
+    from dgrpo.config import ConfigError
+    from dgrpo.training.distributed import Dist
+
+    with pytest.raises(ConfigError, match="the training data's 1 example cannot be shared by 2 processes"):
+        train_sft(lm, train[:1], cfg, tmp_path / "two", valid=None, dist=Dist(world_size=2), log=lambda *a: None)
+    assert not (tmp_path / "two").exists()  # (a rank without an example crashed in a collective)

@@ -11,10 +11,11 @@ read after the last standalone marker, ``#### C#``), ``choice`` (a multiple-choi
 (Coconut's run.py check, as strings). A plug-in is named
 ``package.module:function`` or ``path/to/file.py:function``.
 
-A function written for TRL's ``GRPOTrainer`` works as it is: one that takes ``**kwargs`` (and no ``records``) is
-called with keywords, ``fn(prompts=..., completions=..., answer=..., steps=..., <column>=...)``, each a list with
-one entry per completion: the question, the completion's text, the gold answer, the steps, and every other column
-of the data (a record's ``meta``; None where a record lacks it) (:func:`call_function`).
+A function written for TRL's ``GRPOTrainer`` works as it is: one that takes ``**kwargs`` (no ``*args``, no
+``records``; its named parameters columns of the data: :func:`trl_style`) is called with keywords,
+``fn(prompts=..., completions=..., answer=..., steps=..., <column>=...)``, each a list with one entry per
+completion: the question, the completion's text, the gold answer, the steps, and every other column of the data
+(a record's ``meta``; None where a record lacks it).
 
 Every call is checked: a function that raises, returns the wrong number of values, or a value that is not a
 finite number is a :class:`RewardError` (one line naming the function and the row). A number may be a Python, NumPy
@@ -31,10 +32,10 @@ import math
 import numbers
 import re
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..config import reward_name
 from ..data.records import Record
@@ -141,13 +142,25 @@ def load_function(spec: str, what: str = "reward") -> ScoreFn:
     return fn
 
 
-def trl_style(fn: Callable) -> bool:
-    """Whether ``fn`` is a reward function in TRL's form (it takes ``**kwargs`` and has no ``records`` parameter)."""
+def trl_style(fn: Callable, columns: Iterable[str] | None = None) -> bool:
+    """Whether ``fn`` is a reward function in TRL's form: it takes ``**kwargs``, no ``*args`` (a decorator's
+    ``wrapper(*args, **kwargs)`` passes dgrpo's two arguments on) and no ``records``, and, given the ``columns`` it
+    would be called with, its required parameters are among them unless it has some other number than two (a
+    ``(completions, batch, **kw)`` is dgrpo's form under other names)."""
     try:
-        params = inspect.signature(fn).parameters
+        params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):  # (a builtin without a signature: called as dgrpo's)
         return False
-    return "records" not in params and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kinds = {p.kind for p in params}
+    if inspect.Parameter.VAR_KEYWORD not in kinds or kinds & {
+        inspect.Parameter.VAR_POSITIONAL,
+        inspect.Parameter.POSITIONAL_ONLY,
+    }:
+        return False
+    if any(p.name == "records" for p in params):
+        return False
+    required = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty]
+    return columns is None or len(required) != 2 or all(name in columns for name in required)
 
 
 def trl_columns(completions: list[str], records: list[Record]) -> dict[str, list]:
@@ -167,7 +180,8 @@ def trl_columns(completions: list[str], records: list[Record]) -> dict[str, list
 
 def call_function(fn: Callable, completions: list[str], records: list[Record]) -> Any:
     """``fn(completions, records)``, or for a function in TRL's form ``fn(**trl_columns(...))``: what it returns."""
-    return fn(**trl_columns(completions, records)) if trl_style(fn) else fn(completions, records)
+    columns = trl_columns(completions, records)
+    return fn(**columns) if trl_style(fn, columns) else fn(completions, records)
 
 
 def call_checked(
@@ -175,11 +189,19 @@ def call_checked(
 ) -> list[float]:
     """``fn(completions, records)`` (:func:`call_function`), checked: it must return one finite number per completion
     (an error names it as ``what``: a reward, or a scorer in evaluation)."""
+    columns, by_keyword = trl_columns(completions, records), cast(Callable[..., Any], fn)
+    trl = trl_style(fn, columns)
     try:
-        returned = call_function(fn, completions, records)
+        returned = by_keyword(**columns) if trl else fn(completions, records)
     except Exception as e:  # noqa: BLE001 - the user's function failed: one line naming it
+        how = ""
+        if trl and isinstance(e, TypeError):  # (a signature mistaken for TRL's says how it was called)
+            how = (
+                " (called as TRL's reward functions are, by keyword: prompts, completions, answer, steps and the "
+                "data's columns; dgrpo's form is fn(completions, records))"
+            )
         raise RewardError(
-            f"{what} {name} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            f"{what} {name} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{how}"
         ) from None
     try:
         if isinstance(returned, (str, Mapping)):  # iterable, but its letters / keys are not the values

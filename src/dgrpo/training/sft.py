@@ -455,6 +455,11 @@ def _prepare(
         raise ConfigError(
             f"sft.batch_size: {cfg.sft.batch_size} examples cannot be shared by {dist.world_size} processes"
         )
+    if len(train) < dist.world_size:  # (a rank without an example would have no targets to train on)
+        n = len(train)
+        raise ConfigError(
+            f"the training data's {n} example{'s' * (n != 1)} cannot be shared by {dist.world_size} processes"
+        )
     if len(train) < cfg.sft.batch_size:
         warnings.warn(
             f"sft.batch_size {cfg.sft.batch_size} is more than the training data's {len(train)} examples: each epoch "
