@@ -198,7 +198,7 @@ def call_checked(
         if trl and isinstance(e, TypeError):  # (a signature mistaken for TRL's says how it was called)
             how = (
                 " (called as TRL's reward functions are, by keyword: prompts, completions, answer, steps and the "
-                "data's columns; dgrpo's form is fn(completions, records))"
+                "data's columns, completions as text, not chat messages; dgrpo's form is fn(completions, records))"
             )
         raise RewardError(
             f"{what} {name} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{how}"
