@@ -178,17 +178,12 @@ def trl_columns(completions: list[str], records: list[Record]) -> dict[str, list
     return columns
 
 
-def call_function(fn: Callable, completions: list[str], records: list[Record]) -> Any:
-    """``fn(completions, records)``, or for a function in TRL's form ``fn(**trl_columns(...))``: what it returns."""
-    columns = trl_columns(completions, records)
-    return fn(**columns) if trl_style(fn, columns) else fn(completions, records)
-
-
 def call_checked(
     fn: ScoreFn, name: str, completions: list[str], records: list[Record], what: str = "reward"
 ) -> list[float]:
-    """``fn(completions, records)`` (:func:`call_function`), checked: it must return one finite number per completion
-    (an error names it as ``what``: a reward, or a scorer in evaluation)."""
+    """``fn(completions, records)`` (a function in TRL's form, :func:`trl_style`: ``fn(**trl_columns(...))``),
+    checked: it must return one finite number per completion (an error names it as ``what``: a reward, or a scorer in
+    evaluation)."""
     columns, by_keyword = trl_columns(completions, records), cast(Callable[..., Any], fn)
     trl = trl_style(fn, columns)
     try:
@@ -259,7 +254,7 @@ def warn_if_gold_scores_zero(values: Sequence[float], what: str) -> None:
 
 def warn_if_scorer_misses_gold(scorer: ScoreFn, records: list[Record], what: str) -> None:
     """:func:`warn_if_gold_scores_zero` for ``scorer`` on the gold answers of the first two of ``records``."""
-    warn_if_gold_scores_zero(call_function(scorer, gold_completions(records[:2]), records[:2]), what)
+    warn_if_gold_scores_zero(scorer(gold_completions(records[:2]), records[:2]), what)
 
 
 @dataclass
