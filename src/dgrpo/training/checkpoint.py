@@ -119,7 +119,8 @@ def save_checkpoint(
 
 def shard_staging(out_dir: Path, step: int) -> Path:
     """Where the ranks of an ``fsdp: sharded`` run write a resumable checkpoint's shards before rank 0 moves them into
-    it (the same path on every rank; a hidden sibling of the checkpoint, not one by its name)."""
+    it (the same path on every rank; a hidden sibling of the checkpoint, not one by its name; a killed write's is
+    removed when the run starts again, with the other ``.tmp-*`` folders: :class:`~dgrpo.training.run.RunDir`)."""
     return Path(out_dir) / CHECKPOINTS_DIR / f".tmp-{step_dir_name(step)}-shards"
 
 

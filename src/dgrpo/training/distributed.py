@@ -273,11 +273,6 @@ class Dist:
             if isinstance(m, FSDPModule):
                 m.reshard()
 
-    def barrier(self) -> None:
-        """Wait for every rank (nothing in one process)."""
-        if self.active:
-            tdist.barrier()
-
     def gather_params(self, model: nn.Module) -> None:
         """FSDP2: all-gather the weights after an optimizer step; they stay gathered until the next backward."""
         if not self.fsdp:
@@ -355,9 +350,6 @@ class Dist:
             import torch.distributed.checkpoint as dcp
 
             model_state, optimizer_state = get_state_dict(model, optimizer)
-            if self.is_main:
-                shutil.rmtree(staging, ignore_errors=True)  # (a killed write's shards)
-            self.barrier()
             shards = {"model": model_state, "optimizer_state": optimizer_state["state"]}
             dcp.save(shards, checkpoint_id=str(staging / SHARDED_DIR))  # returns when every rank wrote
             groups = {"state": {}, "param_groups": optimizer_state["param_groups"]}
