@@ -344,6 +344,23 @@ def test_a_text_answer_task_trains_and_evaluates_end_to_end(tmp_path, run_cli):
 
 
 # ----------------------------------------------------------------------------------- data you bring
+def test_a_float32_answer_column_is_read_as_the_number_written(tmp_path):
+    """Arrow hands a float32 column's 2.3 over as 2.299999952316284: the gold was that, and '#### 2.3' scored 0."""
+    datasets = pytest.importorskip("datasets")
+    import numpy as np
+
+    from dgrpo.reward import score
+
+    answers = np.array([2.3, 0.1, 7.0, 1e-7], dtype=np.float32)
+    ds = datasets.Dataset.from_dict({"question": ["a?", "b?", "c?", "d?"], "answer": answers})
+    ds.to_parquet(str(tmp_path / "f32.parquet"))
+    ds.save_to_disk(str(tmp_path / "folder"))
+    for path in (tmp_path / "f32.parquet", tmp_path / "folder"):
+        recs = load_spec(str(path))
+        assert [r.answer for r in recs] == ["2.3", "0.1", "7", "0.0000001"]
+        assert score("#### 2.3", recs[0].answer) == 1.0
+
+
 def test_csv_parquet_dataset_folders_and_column_mapping(tmp_path):
     from dgrpo.config import DataConfig
 

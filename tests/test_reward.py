@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from dgrpo.data.records import DataError, Record
 from dgrpo.eval.scoring import exact
-from dgrpo.reward import extract_answer, is_parseable, normalize_number, parse_number, score
+from dgrpo.reward import extract_answer, format_number, is_parseable, normalize_number, parse_number, score
 
 
 @pytest.mark.parametrize(
@@ -356,6 +356,20 @@ def test_numeric_golds_of_any_number_type_are_read_as_their_value(gold: object) 
     assert score("#### 12", gold) == 1.0
     assert score("#### 12.5", gold) == 0.0  # a whole-number gold, as int 12 and float 12.0 are
     assert Record("q", [], gold).answer == "12"  # stored as the loaders store a numeric column
+
+
+def test_narrow_float_golds_are_the_shortest_decimal_of_their_type() -> None:
+    """A float32 2.3 is 2.299999952316284 as a float64: the gold was that, and '#### 2.3' scored 0."""
+    import numpy as np
+    import torch
+
+    for gold in (np.float32(2.3), np.array(2.3, dtype=np.float32), torch.tensor(2.3), np.float16(2.3)):
+        assert Record("q", [], gold).answer == "2.3"
+        assert score("#### 2.3", gold) == 1.0
+    assert Record("q", [], torch.tensor(2.3, dtype=torch.bfloat16)).answer == "2.3"  # (stored: 2.296875)
+    assert Record("q", [], np.float32(1e-7)).answer == "0.0000001"
+    assert format_number(np.float32(float("nan"))) is None  # no number, as a float64 NaN
+    assert Record("q", [], torch.tensor(2.3, dtype=torch.float64)).answer == "2.3"  # float64: its own repr
 
 
 def test_non_integer_number_golds_keep_the_float_rule() -> None:

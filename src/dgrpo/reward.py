@@ -6,6 +6,7 @@ import bisect
 import math
 import numbers
 import re
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -161,9 +162,12 @@ def parse_number(text: str) -> float | None:
 
 def _plain_number(value: Any) -> int | float | Decimal | None:
     """A number as a Python ``int``, ``float`` or ``Decimal``: NumPy scalars (``np.int64``, ``np.float32``) and 0-d
-    arrays or tensors (through ``.item()``) too; None for anything else, booleans included."""
+    arrays or tensors (through ``.item()``) too; None for anything else, booleans included. A float narrower than
+    float64 (a float32 column of a Parquet file) is the shortest decimal that reads back as the same value in its own
+    type (``np.float32(2.3)`` -> 2.3, not float64's 2.299999952316284)."""
     if isinstance(value, (str, bool)):
         return None
+    narrow = _narrow_float_type(value)
     if not isinstance(value, numbers.Number) and callable(getattr(value, "item", None)):
         if tuple(getattr(value, "shape", (None,))) != ():  # an array or tensor of more than one value
             return None
@@ -171,6 +175,8 @@ def _plain_number(value: Any) -> int | float | Decimal | None:
             value = value.item()
         except (TypeError, ValueError, RuntimeError):
             return None
+    if narrow is not None and isinstance(value, numbers.Real) and math.isfinite(float(value)):
+        return _shortest_decimal(float(value), narrow)
     if isinstance(value, bool) or not isinstance(value, numbers.Number):
         return None
     if isinstance(value, Decimal):
@@ -180,6 +186,28 @@ def _plain_number(value: Any) -> int | float | Decimal | None:
     if isinstance(value, numbers.Real):
         return float(value)
     return None  # a complex number
+
+
+def _narrow_float_type(value: Any) -> Callable[[float], float] | None:
+    """For a NumPy or torch float of fewer than 64 bits (float32, float16, bfloat16), a function that rounds a Python
+    float to that type and back; None for anything else."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or getattr(dtype, "itemsize", 8) >= 8:
+        return None
+    if callable(getattr(value, "new_tensor", None)) and getattr(dtype, "is_floating_point", False):  # torch
+        return lambda x: float(value.new_tensor(x).item())
+    if getattr(dtype, "kind", "") == "f" and callable(getattr(dtype, "type", None)):  # NumPy
+        return lambda x: float(dtype.type(x))
+    return None
+
+
+def _shortest_decimal(value: float, narrow: Callable[[float], float]) -> Decimal:
+    """The decimal of fewest significant digits that ``narrow`` rounds to ``value`` (a value of that type)."""
+    for digits in range(1, 18):
+        text = f"{value:.{digits}g}"
+        if narrow(float(text)) == value:
+            return Decimal(text)
+    return Decimal(repr(value))
 
 
 def format_number(value: Any) -> str | None:

@@ -17,7 +17,7 @@ from ..reward import normalize_number
 from .records import DataError, Record
 from .subsets import OPENMATH_HUB_ID, sample_subset, stream_openmath
 from .synthetic import load_builtin
-from .tables import is_hf_folder, read_csv_lines, read_hf_folder, read_parquet
+from .tables import dataset_rows, is_hf_folder, read_csv_lines, read_hf_folder, read_parquet
 
 __all__ = ["DATASETS", "HUB_DATASETS", "DatasetSpec", "find_data_dir", "load_dataset"]
 
@@ -596,7 +596,7 @@ def _load_from_hub(
             names = list(loaded.keys())
             split = "test" if "test" in names else names[0]
             loaded = loaded[split]
-        rows = list(loaded)
+        rows = dataset_rows(loaded)
     except Exception as exc:  # noqa: BLE001 - any hub/network/format failure becomes one DataError line
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
         if "Config name is missing" in str(exc):

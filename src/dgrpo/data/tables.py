@@ -9,6 +9,8 @@ import csv
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .records import DataError
 
 #: files that mark a folder written by ``datasets.Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``
@@ -51,7 +53,7 @@ def read_parquet(path: Path) -> list[dict[str, Any]]:
     """The rows of a parquet file."""
     datasets = _datasets(f"{path}: reading parquet")
     try:
-        return list(datasets.Dataset.from_parquet(str(path)))
+        return dataset_rows(datasets.Dataset.from_parquet(str(path)))
     except Exception as e:  # noqa: BLE001 - a damaged or foreign file: one line
         raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {str(e)[:200]})") from None
 
@@ -70,4 +72,21 @@ def read_hf_folder(path: Path, split: str | None) -> list[dict[str, Any]]:
         if chosen not in names:
             raise DataError(f"{path}: has splits {', '.join(names)}; got {chosen!r}")
         loaded = loaded[chosen]
-    return list(loaded)
+    return dataset_rows(loaded)
+
+
+def dataset_rows(dataset: Any) -> list[dict[str, Any]]:
+    """The rows of a ``datasets.Dataset`` as dicts. A float32 or float16 column's values, which Arrow hands over as
+    the float64 of the stored bits (2.299999952316284 for a stored 2.3), are the shortest decimal of their own type
+    (2.3): a gold answer of a float32 column is then the number that was written, as a CSV file's is."""
+    rows = list(dataset)
+    narrow = [
+        (name, np.dtype(feature.dtype).type)
+        for name, feature in (getattr(dataset, "features", None) or {}).items()
+        if getattr(feature, "dtype", None) in ("float16", "float32")
+    ]
+    for row in rows if narrow else ():
+        for name, to_type in narrow:
+            if isinstance(row.get(name), float):
+                row[name] = float(str(to_type(row[name])))
+    return rows
