@@ -432,7 +432,8 @@ def vote_key(scorer: ScoreFn, text: str, gold: str) -> str | None:
 
     ``numeric``: the normalised final number (:func:`extract_answer`) for a numeric gold, and for a text gold (ProsQA)
     the normalised text after the last ``#``, which is what :func:`dgrpo.reward.score` compares; ``choice``: the
-    letter A-E; ``exact`` and any plug-in: the normalised final answer text (after the last ``####``)."""
+    letter A-E; ``exact`` and any plug-in: the normalised final answer text (after the last ``#``:
+    :func:`dgrpo.reward.final_answer_text`)."""
     if scorer is choice:
         return choice_letter(text)
     if scorer is numeric and _numeric_gold(gold):
