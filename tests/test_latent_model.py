@@ -269,8 +269,8 @@ def test_model_latent_token_init_coconut_copies_the_rows_of_double_angle(tokeniz
     (``model.latent_token_init: coconut``); the default is the mean of the existing rows."""
     import copy
 
-    import dgrpo.model.latent_lm as latent_lm
     from dgrpo.config import Config, load_config
+    from dgrpo.model import tokens
     from dgrpo.model.factory import load_model
     from dgrpo.model.latent_lm import LatentLM
     from dgrpo.model.tiny import build_tiny_model
@@ -286,7 +286,7 @@ def test_model_latent_token_init_coconut_copies_the_rows_of_double_angle(tokeniz
     built = load_model(cfg.model, cfg.task, seed=0)  # the built-in model, through the config
     w = built.model.get_input_embeddings().weight
     assert torch.equal(w[built.latent_id], w[built.tokenizer.get_vocab()["<<"]])
-    monkeypatch.setattr(latent_lm, "COCONUT_INIT_TOKEN", "@@ no such token @@")
+    monkeypatch.setattr(tokens, "COCONUT_INIT_TOKEN", "@@ no such token @@")
     model = build_tiny_model(arch, len(tok), hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
     with pytest.warns(UserWarning, match="latent_token_init=coconut: the tokenizer has no '@@ no such token @@'"):
         lm = LatentLM(model, copy.deepcopy(tokenizer), latent_token_init="coconut")

@@ -1,2 +1,2 @@
-"""The latent model: Coconut recurrence on a Hugging Face causal LM (latent_lm), its loading, LoRA, kernels and the
-fast engine's fixed-shape decoding."""
+"""The latent model: Coconut recurrence on a Hugging Face causal LM (latent_lm), its tokenizer and latent markers
+(tokens), its loading, LoRA, kernels and the fast engine's fixed-shape decoding."""

@@ -24,17 +24,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreT
 
 from .anatomy import input_embedding_weight
 from .factory import CheckpointError
-from .latent_lm import (
-    END_LATENT,
-    LATENT,
-    START_LATENT,
-    LatentLM,
-    LatentSettings,
-    coconut_init_row,
-    init_new_embeddings,
-    load_tokenizer,
-)
+from .latent_lm import LatentLM, LatentSettings
 from .sources import resolve_model_source
+from .tokens import END_LATENT, LATENT, START_LATENT, coconut_init_row, init_new_embeddings, load_tokenizer
 
 #: the order in which Coconut's run.py adds its latent tokens to the tokenizer (it fixes their ids)
 OFFICIAL_TOKEN_ORDER = (START_LATENT, END_LATENT, LATENT)

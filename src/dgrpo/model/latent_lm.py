@@ -16,7 +16,8 @@ perturbations use (see :mod:`dgrpo.perturbation`).
 
 The class also carries the Hugging Face conventions: ``from_pretrained`` (a directory, a hub id through
 :mod:`dgrpo.model.sources`, a LoRA adapter directory through :mod:`dgrpo.model.lora`) and ``save_pretrained``
-(verified, atomic checkpoints: :mod:`dgrpo.model.verified`), and the tokenizer's latent markers.
+(verified, atomic checkpoints: :mod:`dgrpo.model.verified`). The tokenizer's latent markers (their embedding rows,
+the tokenizer's loading, padded batches of token ids) are in :mod:`dgrpo.model.tokens`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import inspect
 import json
 import typing
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields
@@ -36,17 +36,15 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 from transformers import (
     AutoModelForCausalLM,
-    AutoTokenizer,
     DynamicCache,
     PreTrainedModel,
     PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
     StaticCache,
 )
 
 from ..config import ConfigError, LatentTokenInit
 from ..run_layout import CHECKPOINTS_DIR, STEP_DIR
-from .anatomy import decoder_layers, input_embedding_weight, token_tables
+from .anatomy import decoder_layers, input_embedding_weight
 from .attention_mask import additive_mask, causal_padding_mask, prebuilt_mask_applies, static_causal_padding_mask
 from .compiled_layers import CompiledLayers
 from .head_stats import HeadStats
@@ -55,6 +53,18 @@ from .output_head import logit_transform, output_head
 from .recompute import checkpointed_layers, last_layers, recomputed_call, unrecomputable_cache_layers
 from .sources import hub_files, on_disk, resolve_checkpoint, resolve_model_source
 from .static_cache import static_cache
+from .tokens import (
+    END_LATENT,
+    LATENT,
+    START_LATENT,
+    add_latent_tokens,
+    bos_prefix,
+    check_special_tokens,
+    left_pad,
+    load_tokenizer,
+    right_pad,
+    token_id,
+)
 from .verified import (
     ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
@@ -72,7 +82,6 @@ from .verified import (
     read_weights,
 )
 
-START_LATENT, LATENT, END_LATENT = "<|start-latent|>", "<|latent|>", "<|end-latent|>"
 #: the files a model checkpoint directory must hold (``a|b``: either)
 MODEL_FILES = ("config.json", f"{SAFETENSORS}|{SAFETENSORS_INDEX}", LATENT_CONFIG_FILE, "tokenizer_config.json")
 #: the ways a checkpoint prompts (LatentSettings.mode)
@@ -237,73 +246,6 @@ class AnswerBook:
         return Generation(self.tokens[:, :n], self.mask[:, :n], self.logprobs[:, :n], ent)
 
 
-#: the token whose rows Coconut's run.py copies into the latent markers' (``model.latent_token_init: coconut``)
-COCONUT_INIT_TOKEN = "<<"
-
-
-def init_new_embeddings(model: PreTrainedModel, ids: list[int], n_real: int, copy_of: int | None = None) -> None:
-    """Rule for new special tokens: each row of ``ids`` is the mean of the rows of the ``n_real`` tokens the tokenizer
-    had before (not of a padded vocabulary's unused rows: Qwen2.5 has 151,936 rows for 151,665 tokens), or, with
-    ``copy_of`` (a token id below ``n_real``), a copy of that token's row (Coconut's: ``<<``).
-
-    Applied to the input embedding and, when untied, the output embedding (with the mean, the output rows make
-    the new tokens' logits the average logit, so they are neither favoured nor suppressed).
-    """
-
-    with torch.no_grad():
-        for w in token_tables(model).values():  # (a copy of the row read: the rows written share its memory)
-            w[ids] = w[copy_of].clone() if copy_of is not None else w[:n_real].mean(0, keepdim=True)
-
-
-def coconut_init_row(tokenizer: PreTrainedTokenizerBase, n_real: int) -> int | None:
-    """The id of ``<<`` (Coconut's rows for new latent tokens), or None when the tokenizer has no such token."""
-    found = tokenizer.get_vocab().get(COCONUT_INIT_TOKEN)
-    return found if found is not None and found < n_real else None
-
-
-def _token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:
-    found = tokenizer.convert_tokens_to_ids(token)
-    assert isinstance(found, int)
-    return found
-
-
-def add_latent_tokens(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, init: LatentTokenInit = "mean"
-) -> list[str]:
-    """Add the three latent markers (and a pad token if missing) and initialise their embeddings (``init``: mean, or
-    coconut: copies of ``<<``'s rows, :func:`init_new_embeddings`); returns the markers added (untrained)."""
-    missing = [t for t in (START_LATENT, LATENT, END_LATENT) if t not in tokenizer.get_vocab()]
-    n_tokens, n_rows = len(tokenizer), input_embedding_weight(model).shape[0]
-    if missing:
-        tokenizer.add_tokens(missing, special_tokens=True)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    if len(tokenizer) > n_rows:
-        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-    if missing:  # new rows, or a padded vocabulary's unused rows (the markers' ids fall among them)
-        n_real = min(n_tokens, n_rows)
-        copy_of = coconut_init_row(tokenizer, n_real) if init == "coconut" else None
-        if init == "coconut" and copy_of is None:
-            warnings.warn(
-                f"model.latent_token_init=coconut: the tokenizer has no {COCONUT_INIT_TOKEN!r} token; the latent "
-                "markers start at the mean of the existing rows",
-                stacklevel=3,
-            )
-        init_new_embeddings(model, [_token_id(tokenizer, t) for t in missing], n_real, copy_of)
-    return missing
-
-
-def check_special_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
-    """ValueError (one line) for a tokenizer without an EOS token: every answer ends with it (decoding stops there),
-    and it pads when the tokenizer has no pad token."""
-    if tokenizer.eos_token_id is None:
-        pad = "" if tokenizer.pad_token_id is None else " (it has a pad token, but answers end with EOS)"
-        raise ValueError(
-            f"the tokenizer has no EOS token{pad}: set one before building the LatentLM "
-            "(tokenizer.eos_token = '<eos>', a token of its vocabulary or a new one)"
-        )
-
-
 _CACHE_KEYWORDS: dict[type, str] = {}
 
 
@@ -321,35 +263,6 @@ def cache_keyword(decoder_type: type[nn.Module]) -> str:
         params = inspect.signature(decoder_type.forward).parameters
         _CACHE_KEYWORDS[decoder_type] = "cache" if "cache" in params else "past_key_values"
     return _CACHE_KEYWORDS[decoder_type]
-
-
-#: the files one of which a tokenizer directory holds (its vocabulary, in one of transformers' formats)
-TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "*.model", "*.tiktoken")
-
-
-def load_tokenizer(
-    path: str, trust_remote_code: bool = False, local_files_only: bool = False, revision: str | None = None
-) -> PreTrainedTokenizerBase:
-    """AutoTokenizer, except that a plain ``tokenizers`` file (our built-in tokenizer) is loaded as is
-    (AutoTokenizer would otherwise pick the model type's tokenizer class and its decoder). A local directory without
-    a vocabulary file is a CheckpointError: transformers would build an empty tokenizer from the model type (every
-    question encoded as nothing, and the latent tokens given ids of ordinary vocabulary rows)."""
-    folder = Path(path)
-    if folder.is_dir() and not any(any(folder.glob(pattern)) for pattern in TOKENIZER_FILES):
-        raise CheckpointError(
-            f"no tokenizer in {folder} (none of {', '.join(TOKENIZER_FILES)}): save the tokenizer beside the model "
-            "(tokenizer.save_pretrained(DIR)) or copy its files from the base model"
-        )
-    cfg = folder / "tokenizer_config.json"
-    if cfg.is_file() and json.loads(cfg.read_text()).get("tokenizer_class") in (
-        "TokenizersBackend",
-        "PreTrainedTokenizerFast",
-    ):
-        return PreTrainedTokenizerFast.from_pretrained(path)
-    at = {"revision": revision} if revision else {}  # a hub id's revision (a directory has none)
-    return AutoTokenizer.from_pretrained(
-        path, trust_remote_code=trust_remote_code, local_files_only=local_files_only, **at
-    )
 
 
 def _read_latent_files(folder: Path) -> tuple[LatentSettings, dict | None]:
@@ -503,9 +416,9 @@ class LatentLM(nn.Module):
         #: what the model's forward does to its head's logits (softcapping, scaling), applied by every dgrpo use
         self.logit_transform = logit_transform(model.config)
         tokenizer.padding_side = "left"
-        self.start_id = _token_id(tokenizer, START_LATENT)
-        self.latent_id = _token_id(tokenizer, LATENT)
-        self.end_id = _token_id(tokenizer, END_LATENT)
+        self.start_id = token_id(tokenizer, START_LATENT)
+        self.latent_id = token_id(tokenizer, LATENT)
+        self.end_id = token_id(tokenizer, END_LATENT)
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id
         #: what the tokenizer puts before a text of its own (Llama, Mistral, Gemma: BOS; Qwen, GPT-2: nothing), put
@@ -1309,30 +1222,3 @@ def inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
     idx = torch.searchsorted(cdf, (u.to(cdf.dtype) * cdf[:, -1])[:, None], right=True).squeeze(-1)
     last = weights.shape[-1] - 1 - (weights.flip(-1) > 0).int().argmax(-1)
     return torch.minimum(idx, last)
-
-
-def bos_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """``[bos]`` when the tokenizer's own encoding of a text starts with its BOS token (``add_special_tokens``: Llama,
-    Mistral, Gemma), else ``[]`` (Qwen, GPT-2; a tokenizer without BOS)."""
-    bos = tokenizer.bos_token_id
-    if bos is None:
-        return []
-    own = tokenizer("1", add_special_tokens=True)["input_ids"]
-    plain = tokenizer("1", add_special_tokens=False)["input_ids"]
-    return [bos] if own[:1] == [bos] and plain[:1] != [bos] else []
-
-
-def left_pad(rows: list[list[int]], pad_id: int, device: Any = None) -> tuple[Tensor, Tensor]:
-    """Ids and mask [B, longest row], each row padded on the left (one tensor built from lists, no loop of copies)."""
-    n = max(len(r) for r in rows)
-    ids = torch.tensor([[pad_id] * (n - len(r)) + r for r in rows], dtype=torch.long)
-    mask = torch.tensor([[0] * (n - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
-    return ids.to(device), mask.to(device)
-
-
-def right_pad(rows: list[list[int]], pad_id: int, device: Any = None) -> tuple[Tensor, Tensor]:
-    """Ids and mask [B, longest row (at least 1)], each row padded on the right."""
-    n = max(max(len(r) for r in rows), 1)
-    ids = torch.tensor([r + [pad_id] * (n - len(r)) for r in rows], dtype=torch.long)
-    mask = torch.tensor([[1] * len(r) + [0] * (n - len(r)) for r in rows], dtype=torch.long)
-    return ids.to(device), mask.to(device)

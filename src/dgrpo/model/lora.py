@@ -182,7 +182,7 @@ def save_adapter(lm: LatentLM, folder: Path) -> None:
 
 
 def _marker_rows(lm: LatentLM) -> dict[str, Tensor]:
-    """The latent markers' rows of each table a token's rows live in (:func:`~dgrpo.model.latent_lm.token_tables`)."""
+    """The latent markers' rows of each table a token's rows live in (:func:`~dgrpo.model.anatomy.token_tables`)."""
     ids = [lm.start_id, lm.latent_id, lm.end_id]
     return {name: t[ids].detach().clone().contiguous() for name, t in token_tables(lm.model).items()}
 
