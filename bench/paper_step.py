@@ -68,10 +68,11 @@ from dgrpo.config import Config, ConfigError, load_config  # noqa: E402
 from dgrpo.data.records import Record  # noqa: E402
 from dgrpo.eval.scoring import Rewards  # noqa: E402
 from dgrpo.model import latent_lm  # noqa: E402
+from dgrpo.model.decoding import AnswerBook  # noqa: E402
 from dgrpo.model.fixed_shape import FixedShapeDecoder  # noqa: E402
 from dgrpo.model.gqa_attention import PACKED_GQA  # noqa: E402
 from dgrpo.model.latent_chain import LatentChain  # noqa: E402
-from dgrpo.model.latent_lm import AnswerBook, LatentLM  # noqa: E402
+from dgrpo.model.latent_lm import LatentLM  # noqa: E402
 from dgrpo.training import grpo  # noqa: E402
 from dgrpo.training.grpo import GRPOTrainer  # noqa: E402
 
@@ -378,7 +379,7 @@ def step_labels(tr: GRPOTrainer) -> list[tuple[Any, str, timeline.Label]]:
         (LatentChain, "backward", chain("backward")),
         (AnswerBook, "choose", "token choice"),
         (LatentLM, "logits", "LM head logits"),
-        (latent_lm, "head_logprobs", "head log-probs"),
+        (latent_lm, "head_logprobs", "head log-probs"),  # (the name LatentLM._scored calls, imported from decoding)
         (LatentLM, "encode_questions", "tokenize"),
         (LatentLM, "decode", "detokenize"),
         (Rewards, "__call__", "reward"),

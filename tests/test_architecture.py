@@ -123,7 +123,7 @@ def test_distributed_stays_below_eval_and_perturbation():
 
 
 TRAINING_LOOP = sorted((SRC / "training").glob("*.py")) + [
-    SRC / "model" / f for f in ("latent_lm.py", "latent_chain.py", "tokens.py")
+    SRC / "model" / f for f in ("latent_lm.py", "latent_chain.py", "tokens.py", "decoding.py")
 ]
 
 

@@ -244,7 +244,7 @@ def test_generation_batches_are_stacked_right_padded_to_the_longest():
     mean over answer tokens of every batch."""
     from types import SimpleNamespace
 
-    from dgrpo.model.latent_lm import Generation
+    from dgrpo.model.decoding import Generation
     from dgrpo.training.rollouts import _concat
 
     def gen(tokens, mask, ent):

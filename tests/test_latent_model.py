@@ -156,7 +156,7 @@ def test_sampling_is_seeded_and_top_p_restricts(tokenizer, task_records):
 def test_inverse_cdf_sampling_by_hand():
     """Cumulative masses 0.2 | 0.7 | 1.0: u picks the token whose share holds it; a token without mass is never
     picked, at u = 0 or where rounding puts u x total at the total; nucleus sampling with given draws."""
-    from dgrpo.model.latent_lm import inverse_cdf, sample_next
+    from dgrpo.model.decoding import inverse_cdf, sample_next
 
     w = torch.tensor([[0.2, 0.5, 0.3]]).expand(6, 3)
     u = torch.tensor([0.0, 0.1999, 0.2, 0.69, 0.7, 0.99999994])
@@ -315,14 +315,14 @@ def test_save_and_reload_roundtrip(tokenizer, task_records, tmp_path):
 
 def test_chunked_logprob_scoring_matches_one_shot(tokenizer, task_records, monkeypatch):
     """Scoring in checkpointed position chunks (for large vocabularies) gives the same values and gradients."""
-    import dgrpo.model.latent_lm as latent_lm
+    import dgrpo.model.decoding as decoding
 
     lm = make_lm(tokenizer, "qwen2")
     ids, mask, tg, tm = batch(lm, task_records)
     calls = []
-    inner = latent_lm._chunk_logprobs
+    inner = decoding._chunk_logprobs
     counted = lambda head, h, *a: calls.append(h.shape[1]) or inner(head, h, *a)  # noqa: E731
-    monkeypatch.setattr(latent_lm, "_chunk_logprobs", counted)
+    monkeypatch.setattr(decoding, "_chunk_logprobs", counted)
     res, n_calls = [], []
     for chunk in (1 << 26, 4 * len(lm.tokenizer)):  # one shot; then ~1 position per chunk
         lm.zero_grad()
@@ -542,7 +542,7 @@ def test_head_logprobs_of_bf16_hidden_states_equal_those_from_fp32_logits():
     """The head's log-probs take log-softmax in fp32 straight from bf16 logits (one kernel on CUDA): the same
     values and gradients as casting the logits to fp32 first, with and without a temperature (in one chunk: chunks
     sum the head's weight gradient in another order)."""
-    from dgrpo.model.latent_lm import head_logprobs
+    from dgrpo.model.decoding import head_logprobs
 
     torch.manual_seed(0)
     head = torch.nn.Linear(16, 50, bias=False).to(torch.bfloat16)
@@ -566,8 +566,8 @@ def test_greedy_token_choice_from_bf16_logits_books_what_their_fp32_copy_would()
     entropies, bit for bit."""
     from types import SimpleNamespace
 
+    from dgrpo.model.decoding import AnswerBook
     from dgrpo.model.head_stats import HeadStats
-    from dgrpo.model.latent_lm import AnswerBook
 
     torch.manual_seed(0)
     logits = (torch.randn(6, 300) * 4).to(torch.bfloat16)

@@ -48,7 +48,8 @@ import torch
 from torch import Tensor
 from transformers import StaticCache
 
-from .latent_lm import AnswerBook, Generation, LatentLM, PhaseHook, cache_keyword
+from .decoding import AnswerBook, Generation
+from .latent_lm import LatentLM, PhaseHook, cache_keyword
 from .verified import one_line
 
 _side_streams: dict[int, torch.cuda.Stream] = {}

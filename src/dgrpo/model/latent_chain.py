@@ -37,6 +37,7 @@ from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .decoding import DecodeState
 from .fixed_shape import (
     COLUMN_BUCKET,
     adopt_tensors,
@@ -47,7 +48,7 @@ from .fixed_shape import (
     on_side_stream,
     replay_key,
 )
-from .latent_lm import DecodeState, LatentLM, PhaseHook
+from .latent_lm import LatentLM, PhaseHook
 from .recompute import dynamic_layer
 
 #: eager forward-and-backward runs before a capture (first-use work such as autotuning a kernel for a new shape
