@@ -179,11 +179,12 @@ def base_dtype(name: str, trust_remote_code: bool, revision: str | None = None) 
     import torch
     from transformers import AutoConfig
 
-    from ..model.sources import resolve_model_source
+    from ..model.sources import resolve_model_source, revision_kwargs
 
     source, local_only = resolve_model_source(name, revision)
-    at = {"revision": revision} if revision else {}  # (a local directory ignores it)
-    config = AutoConfig.from_pretrained(source, local_files_only=local_only, trust_remote_code=trust_remote_code, **at)
+    config = AutoConfig.from_pretrained(
+        source, local_files_only=local_only, trust_remote_code=trust_remote_code, **revision_kwargs(revision)
+    )
     stated = getattr(config, "dtype", None)
     if isinstance(stated, str):
         stated = getattr(torch, stated, None)

@@ -25,7 +25,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreT
 from .anatomy import input_embedding_weight
 from .factory import CheckpointError
 from .latent_lm import LatentLM, LatentSettings
-from .sources import resolve_model_source
+from .sources import resolve_model_source, revision_kwargs
 from .tokens import END_LATENT, LATENT, START_LATENT, coconut_init_row, init_new_embeddings, load_tokenizer
 
 #: the order in which Coconut's run.py adds its latent tokens to the tokenizer (it fixes their ids)
@@ -184,10 +184,9 @@ def build_base(
         revision = None
     else:  # a mistyped local path is one line, an unreachable hub too (not ~30 s of the hub's retries)
         base, local_only = resolve_model_source(base, revision)
-    at = {"revision": revision} if revision else {}
     try:
         config = AutoConfig.from_pretrained(
-            base, trust_remote_code=trust_remote_code, local_files_only=local_only, **at
+            base, trust_remote_code=trust_remote_code, local_files_only=local_only, **revision_kwargs(revision)
         )
         tokenizer = load_tokenizer(base, trust_remote_code, local_only, revision)
     except CheckpointError:

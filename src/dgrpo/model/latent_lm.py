@@ -52,7 +52,7 @@ from .head_stats import HeadStats
 from .kv_prefixes import saved_as_prefixes
 from .output_head import logit_transform, output_head
 from .recompute import checkpointed_layers, last_layers, recomputed_call, unrecomputable_cache_layers
-from .sources import hub_files, on_disk, resolve_checkpoint, resolve_model_source
+from .sources import hub_files, on_disk, resolve_checkpoint, resolve_model_source, revision_kwargs
 from .static_cache import static_cache
 from .tokens import (
     END_LATENT,
@@ -224,7 +224,6 @@ def load_hf_model(
 ) -> PreTrainedModel:
     """``AutoModelForCausalLM`` from safetensors, strictly: a missing or wrong-shape tensor is a CheckpointError.
     ``revision``: a hub id's branch, tag or commit (None: its default branch)."""
-    at = {"revision": revision} if revision else {}
     try:
         loaded: Any = AutoModelForCausalLM.from_pretrained(
             path,
@@ -236,7 +235,7 @@ def load_hf_model(
             # would wait ~25 s for that lookup's retries on a machine without network)
             adapter_kwargs={"local_files_only": True} if local_files_only else None,
             output_loading_info=True,
-            **at,
+            **revision_kwargs(revision),
         )
     except Exception as e:  # noqa: BLE001
         folder = Path(path)

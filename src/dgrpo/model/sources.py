@@ -67,6 +67,12 @@ def resolve_checkpoint(path: str | Path) -> Path:
     raise CheckpointError(f"checkpoint directory not found: {p}")
 
 
+def revision_kwargs(revision: str | None) -> dict[str, str]:
+    """``from_pretrained``'s ``revision`` keyword for a hub id's branch, tag or commit; none for None (the default
+    branch, or a local directory, which has no revision)."""
+    return {"revision": revision} if revision else {}
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

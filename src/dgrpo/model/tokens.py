@@ -19,6 +19,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..config import LatentTokenInit
 from .anatomy import input_embedding_weight, token_tables
+from .sources import revision_kwargs
 from .verified import CheckpointError
 
 #: the latent markers: before the thoughts, each pause thought (``mode: pause``), after the thoughts
@@ -113,9 +114,8 @@ def load_tokenizer(
         "PreTrainedTokenizerFast",
     ):
         return PreTrainedTokenizerFast.from_pretrained(path)
-    at = {"revision": revision} if revision else {}  # a hub id's revision (a directory has none)
     return AutoTokenizer.from_pretrained(
-        path, trust_remote_code=trust_remote_code, local_files_only=local_files_only, **at
+        path, trust_remote_code=trust_remote_code, local_files_only=local_files_only, **revision_kwargs(revision)
     )
 
 
