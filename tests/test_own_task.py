@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -160,11 +161,52 @@ def test_a_trl_reward_gets_one_entry_per_completion_of_every_column():
     def renamed(completions, batch, **kw):
         return [float(r.answer in c) for c, r in zip(completions, batch)]
 
-    for fn in (logged(mine), renamed):
-        assert call_checked(fn, "f", ["1", "x"], recs) == [1.0, 0.0]
+    assert call_checked(logged(mine), "f", ["1", "x"], recs) == [1.0, 0.0]
+    with pytest.warns(UserWarning, match="'batch' is no column of the data .* Written for dgrpo. Name the parameter"):
+        assert call_checked(renamed, "renamed", ["1", "x"], recs) == [1.0, 0.0]
     assert not trl_style(ns["accuracy_reward"], ["prompts", "completions"])  # (no solution column: dgrpo's form)
     with pytest.raises(RewardError, match=r"raised TypeError: .*'level'.* dgrpo's form is fn\(completions, records\)"):
         call_checked(lambda completions, level, steps, **kw: [0.0] * len(completions), "f", ["1", "x"], recs[:1] * 2)
+
+
+def test_a_trl_reward_reads_mapped_columns_by_their_own_names(tmp_path):
+    """A TRL reward naming the column data.answer_key maps (``target``) was called as dgrpo's fn(completions, records)
+    (that column was not passed), and scored every rollout 0; a column named ``solution`` was overwritten by the
+    mapped answer's text."""
+    from dgrpo.config import DataConfig
+    from dgrpo.eval.scoring import call_checked
+
+    data = tmp_path / "mine.jsonl"
+    rows = [
+        {"prompt": "2+2?", "target": "4", "work": "2+2=4", "level": 1},
+        {"prompt": "3+3?", "target": "x #### 6", "work": "3+3=6", "solution": "my own"},
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recs = load_spec(str(data), data=DataConfig(question_key="prompt", answer_key="target", steps_key="work"))
+    assert [r.meta.get("target") for r in recs] == ["4", "x #### 6"] and recs[1].answer == "6"
+    assert [r.meta.get("work") for r in recs] == ["2+2=4", "3+3=6"] and "prompt" not in recs[0].meta
+    assert [r.meta.get("solution") for r in recs] == [None, "my own"]  # (the user's column, not the answer's text)
+
+    def exact_target(completions, target, **kwargs):
+        return [float(c == t) for c, t in zip(completions, target)]
+
+    assert call_checked(exact_target, "exact_target", ["4", "6"], recs) == [1.0, 0.0]
+
+
+def test_a_kwargs_reward_called_as_dgrpos_form_says_so_once():
+    """A TRL reward naming a parameter that is no column (TRL's trainer_state) gets the records without a word."""
+    from dgrpo.data.records import Record
+    from dgrpo.eval.scoring import call_checked
+
+    def wants_state(completions, trainer_state, **kwargs):
+        return [0.0] * len(completions)
+
+    recs = [Record("q", [], "1", {"level": 1})]
+    with pytest.warns(UserWarning, match="'trainer_state' is no column of the data \\(columns: prompts, completions"):
+        call_checked(wants_state, "mine.py:wants_state", ["c"], recs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        call_checked(wants_state, "mine.py:wants_state", ["c"], recs)  # (once per function)
 
 
 def test_a_runs_reward_and_scorer_files_are_recorded_by_absolute_path(reward_file, tmp_path, monkeypatch):
@@ -778,6 +820,26 @@ def test_the_filter_reward_must_name_a_reward_and_a_python_reward_fn_replaces_th
     # a name is the config's (it failed at the smoke test: 'str' object is not callable, named as 'reward_fn')
     with pytest.raises(TypeError, match=r"reward_fn must be a function .* got str 'numeric': a reward by name goes in"):
         _rewards("numeric", cfg)  # type: ignore[arg-type]
+    # a part named as a rollouts.jsonl field replaced that field in every logged row (a probe's name: step)
+    with pytest.raises(RewardError, match=r"reward part name\(s\) step are fields of rollouts.jsonl's rows"):
+        Rewards([RewardPart("correct", numeric), RewardPart("step", mine, 0.1)])
+
+
+def test_a_list_of_reward_functions_is_summed_with_each_logged_by_name():
+    """As TRL's reward_funcs: reward_fn=[f, g] was a TypeError (only a Rewards, undocumented, took several)."""
+    from dgrpo.training.grpo import _rewards
+
+    def correct(completions, answer, **kwargs):  # (TRL's form beside dgrpo's)
+        return [float(a in c) for c, a in zip(completions, answer)]
+
+    def short(completions, records):
+        return [-0.01 * len(c) for c in completions]
+
+    rewards = _rewards([correct, short], load_config(Config, None, ["grpo.filter_reward=correct"]))
+    assert [p.name for p in rewards.parts] == ["correct", "short"] and rewards.filter_on == "correct"
+    recs = [Record("q", [], "1"), Record("q", [], "2")]
+    assert rewards(["#### 1", "#### 12345"], recs) == pytest.approx([1 - 0.06, 1 - 0.1])
+    assert rewards.last == {"correct": [1.0, 1.0], "short": pytest.approx([-0.06, -0.1])}
 
 
 def test_evaluate_refuses_counts_that_would_drop_records_and_takes_a_scorer_by_name(sft_checkpoint):

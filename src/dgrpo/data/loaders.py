@@ -644,6 +644,10 @@ def rows_to_records(
     return records
 
 
+#: the columns a mapped row's record does not keep in ``meta``: the record's own fields, and TRL's prompt column
+_RECORD_COLUMNS = ("question", "answer", "steps", "prompt")
+
+
 class _ColumnParser:
     """The row parser :func:`column_parser` returns; it also notes the rows it maps and whether one had the steps
     column, for :meth:`check_steps`."""
@@ -677,9 +681,11 @@ class _ColumnParser:
             raise _RowError(f"column {self.question_key!r} is empty")
         answer, solution = self._answer(row)
         steps = self._steps(row, solution)
-        meta = {k: v for k, v in row.items() if k not in (self.question_key, self.answer_key, self.steps_key)}
+        # every column stays under its own name, the mapped ones too (TRL passes a reward function each column but
+        # the prompt), except those the record holds as question, answer and steps
+        meta = {k: v for k, v in row.items() if k not in _RECORD_COLUMNS}
         if solution is not None:
-            meta["solution"] = solution
+            meta.setdefault("solution", solution)  # (a GSM8K-style answer column; a column of that name wins)
         return Record(question, steps, answer, meta)
 
     def _answer(self, row: dict[str, Any]) -> tuple[str, str | None]:

@@ -186,6 +186,8 @@ def call_checked(
     evaluation)."""
     columns, by_keyword = trl_columns(completions, records), cast(Callable[..., Any], fn)
     trl = trl_style(fn, columns)
+    if not trl and trl_style(fn):
+        _warn_called_as_dgrpo(fn, name, columns)
     try:
         returned = by_keyword(**columns) if trl else fn(completions, records)
     except Exception as e:  # noqa: BLE001 - the user's function failed: one line naming it
@@ -219,6 +221,26 @@ def call_checked(
             raise RewardError(f"{what} {name} returned {v!r} for row {i} (question {records[i].question[:60]!r}){why}")
         out.append(x)
     return out
+
+
+_WARNED_DGRPO_FORM: set[str] = set()
+
+
+def _warn_called_as_dgrpo(fn: Callable, name: str, columns: dict) -> None:
+    """Once per function: one that takes ``**kwargs`` but names a parameter that is no column of the data is called
+    as dgrpo's ``fn(completions, records)``; if it was written for TRL, that parameter gets the records."""
+    if name in _WARNED_DGRPO_FORM:
+        return
+    _WARNED_DGRPO_FORM.add(name)
+    params = [p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
+    missing = [p for p in params if p not in columns]
+    warnings.warn(
+        f"{name} takes **kwargs, but {', '.join(map(repr, missing))} is no column of the data (columns: "
+        f"{', '.join(columns)}), so it is called as dgrpo's fn(completions, records) and {missing[-1]!r} gets the "
+        "records. Written for TRL? Name a column (a mapped data.answer_key keeps its own name too). Written for "
+        "dgrpo? Name the parameter records",
+        stacklevel=3,
+    )
 
 
 def reward_value(v: object) -> float | None:
@@ -276,6 +298,10 @@ def function_name(fn: Any) -> str:
     return f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
 
 
+#: the fields of a ``rollouts.jsonl`` row, beside which each reward part's value is logged under the part's name
+ROLLOUT_FIELDS = ("step", "group", "seed", "question", "completion", "reward")
+
+
 @dataclass
 class Rewards:
     """The reward of a rollout: the weighted sum of one or more parts; ``filter_on`` names the part the accuracy
@@ -289,6 +315,12 @@ class Rewards:
         names = [p.name for p in self.parts]
         if not names:
             raise RewardError("Rewards: no reward parts (give at least one RewardPart)")
+        taken = sorted(set(names) & set(ROLLOUT_FIELDS))
+        if taken:  # (a part's values sit beside these in a rollouts.jsonl row, and would overwrite them)
+            raise RewardError(
+                f"Rewards: reward part name(s) {', '.join(taken)} are fields of rollouts.jsonl's rows "
+                f"({', '.join(ROLLOUT_FIELDS)}): give the part another name"
+            )
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:  # each part's values are kept by name: a second one would be summed in place of the first
             raise RewardError(

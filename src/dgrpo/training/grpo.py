@@ -20,7 +20,7 @@ import random
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from functools import cached_property, partial
@@ -144,10 +144,11 @@ class GRPOTrainer:
         train: list[Record],
         *,
         dist: Dist | None = None,
-        reward_fn: ScoreFn | Rewards | None = None,
+        reward_fn: ScoreFn | Sequence[ScoreFn] | Rewards | None = None,
     ):
-        """``reward_fn``: the reward (batched ``(completions, records) -> list[float]``, or a :class:`Rewards`);
-        default: what ``grpo.reward`` / ``grpo.rewards`` name, else ``eval.scorer``."""
+        """``reward_fn``: the reward (batched ``(completions, records) -> list[float]``, or one written for TRL), a
+        list of them (summed, each logged under its ``__name__``, as TRL's ``reward_funcs``), or a :class:`Rewards`
+        (parts with weights); default: what ``grpo.reward`` / ``grpo.rewards`` name, else ``eval.scorer``."""
         check_trainer_inputs(lm, cfg, train, "GRPOTrainer")
         self.lm, self.cfg, self.train_data = lm, cfg, train
         self.dist = dist or Dist.single()
@@ -579,13 +580,16 @@ class GRPOTrainer:
         }
 
 
-def _rewards(reward_fn: ScoreFn | Rewards | None, cfg: Config) -> Rewards:
+def _rewards(reward_fn: ScoreFn | Sequence[ScoreFn] | Rewards | None, cfg: Config) -> Rewards:
     """The trainer's reward: the one given in Python, else the config's (``grpo.reward(s)``, else ``eval.scorer``)."""
+    if isinstance(reward_fn, (list, tuple)) and reward_fn and all(callable(f) for f in reward_fn):
+        names = [getattr(f, "__name__", f"reward_{i}") for i, f in enumerate(reward_fn)]
+        return _rewards(Rewards([RewardPart(n, f) for n, f in zip(names, reward_fn)], cfg.grpo.filter_reward), cfg)
     if isinstance(reward_fn, Rewards):
         return reward_fn
     if reward_fn is not None and not callable(reward_fn):
         raise TypeError(
-            f"reward_fn must be a function (completions, records) -> one score each, or a Rewards; got "
+            f"reward_fn must be a function (completions, records) -> one score each, a list of them or a Rewards; got "
             f"{type(reward_fn).__name__} {reward_fn!r:.60}: a reward by name goes in the config (grpo.reward: numeric, "
             "or 'file.py:function')"
         )
@@ -638,7 +642,7 @@ def train_grpo(
     log: Callable[[str], None] = print,
     resume: bool | str = "auto",
     allow_config_change: bool = False,
-    reward_fn: ScoreFn | Rewards | None = None,
+    reward_fn: ScoreFn | Sequence[ScoreFn] | Rewards | None = None,
     final_eval: FinalEval | None = None,
 ) -> dict:
     """The full loop: periodic eval, metrics.jsonl (and the trackers), best/ and final/ checkpoints.
