@@ -296,6 +296,22 @@ def test_model_latent_token_init_coconut_copies_the_rows_of_double_angle(tokeniz
         LatentLM(model, copy.deepcopy(tokenizer), latent_token_init="copy")  # type: ignore[arg-type]
 
 
+def test_a_save_prints_no_per_file_progress_bar_and_leaves_the_setting_as_it_was(tokenizer, tmp_path, capfd):
+    """A Python training run printed Hugging Face's "Writing model shards" bar at every checkpoint."""
+    from transformers.utils import logging as hf_logging
+
+    lm, was_on = make_lm(tokenizer), hf_logging.is_progress_bar_enabled()  # (a CLI test in this process: off)
+    try:
+        hf_logging.enable_progress_bar()
+        lm.save_pretrained(tmp_path / "m")
+        assert "Writing model shards" not in capfd.readouterr().err and hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        lm.save_pretrained(tmp_path / "m2")
+        assert not hf_logging.is_progress_bar_enabled()  # (off before: still off)
+    finally:
+        (hf_logging.enable_progress_bar if was_on else hf_logging.disable_progress_bar)()
+
+
 def test_save_and_reload_roundtrip(tokenizer, task_records, tmp_path):
     from transformers import AutoModelForCausalLM
 

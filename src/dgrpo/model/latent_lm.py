@@ -259,6 +259,21 @@ def load_hf_model(
     return model
 
 
+@contextmanager
+def _hf_progress_bars_off() -> Iterator[None]:
+    """Hugging Face's per-file progress bars off for a while (a training run's every checkpoint printed "Writing
+    model shards"), then as they were."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 class KeptDecoders(dict[str, tuple[tuple, Any]]):
     """The fast engine's kept decoders of a model, by purpose: (key, decoder); ``seen``: by purpose, the key of the
     last batch that found none to fit (some are kept only once a key repeats); ``failed_captures``: the purposes
@@ -507,7 +522,7 @@ class LatentLM(nn.Module):
         The one place a model directory is written. Never over a resumable training checkpoint, the base of this
         model's adapter, or a directory with files its manifest does not list (:meth:`_save_target`,
         ``verified.check_replaceable``)."""
-        with atomic_dir(self._save_target(path)) as tmp:
+        with atomic_dir(self._save_target(path)) as tmp, _hf_progress_bars_off():
             if self.peft is not None:  # LoRA: the policy adapter only, in PEFT's format (it names the base model)
                 from .lora import save_adapter
 
