@@ -379,6 +379,24 @@ def test_the_trainer_class_checks_what_it_is_given_as_train_grpo_does(sft_checkp
         GRPOTrainer(lm, {"grpo": {}}, train)  # type: ignore[arg-type]
 
 
+def test_a_model_off_the_configs_device_is_warned_about(sft_checkpoint, monkeypatch):
+    """load_model puts a model on the CPU unless told; the dgrpo commands move it to cfg.device, a Python caller
+    must: on a GPU machine a run of the docs' example trained on the CPU without a word."""
+    import warnings
+
+    from dgrpo.training.run import warn_if_off_device
+
+    lm, cfg = LatentLM.from_pretrained(sft_checkpoint), tiny_config()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # (cfg.device auto: this machine has CUDA)
+    with pytest.warns(UserWarning, match=r"train_grpo: the model is on cpu, but device is 'auto' \(cuda\), so it "):
+        warn_if_off_device(lm, cfg, "train_grpo")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_off_device(lm, tiny_config(device="cpu"), "train_grpo")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        warn_if_off_device(lm, cfg, "train_grpo")
+
+
 def test_a_model_not_in_model_dtype_is_refused_before_the_run_starts(sft_checkpoint, tmp_path):
     """model.dtype is applied by load_model; a model built in Python keeps its own dtype, and the run recorded
     model.dtype (config.json, final/'s run_config.json, which dgrpo eval takes it from): an fp32-trained run was

@@ -135,32 +135,13 @@ def check_split(data: str, split: str | None) -> None:
         raise ConfigError(f"--split {split}: {data} joins datasets; name each part's split in --data (a:{split}+b:...)")
 
 
-def eval_options(cfg: Config) -> dict[str, Any]:
-    """The keyword arguments of :func:`~dgrpo.eval.evaluate.evaluate` that ``eval.*`` and
-    ``data.max_question_tokens`` set: one source for ``dgrpo eval``, the validation during training and the test
-    sets after it (``eval.limit``, ``plain`` and ``shots`` are the callers' to apply)."""
-    from ..eval.scoring import build_scorer
-
-    e = cfg.eval
-    return {
-        "n_latent": e.n_latent,
-        "batch_size": e.batch_size,
-        "max_new_tokens": e.max_new_tokens,
-        "temperature": e.temperature,
-        "top_p": e.top_p,
-        "seed": cfg.seed,
-        "max_question_tokens": cfg.data.max_question_tokens,
-        "scorer": build_scorer(e.scorer),
-    }
-
-
 def evaluate_test_sets(
     lm: Any, tests: dict, cfg: Config, out: Path, dist: Dist, checkpoint: str = FINAL_DIR
 ) -> dict[str, float]:
     """Eval of a trained model (``checkpoint``: final, or best) on every ``data.test`` set (``eval.*``; ``eval.limit``
     records of each), sharded over ranks; rank 0 writes :func:`results_dir`. Returns the accuracies as metrics
     (:func:`test_metric_key`; rank 0's, {} on the others)."""
-    from ..eval.evaluate import evaluate, merge_results, write_results
+    from ..eval.evaluate import eval_options, evaluate, merge_results, write_results
 
     options = eval_options(cfg)  # (the scorer built once: a plug-in file is imported once)
     metrics: dict[str, float] = {}

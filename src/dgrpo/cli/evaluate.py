@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .common import add_config_options, check_split, eval_options, load, prompt_settings, setup, subcommand
+from .common import add_config_options, check_split, load, prompt_settings, setup, subcommand
 
 if TYPE_CHECKING:
     import torch
@@ -136,7 +136,7 @@ def dataset_label(data: str, split: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..config import ConfigError
-    from ..eval.evaluate import evaluate, write_results
+    from ..eval.evaluate import eval_options, evaluate, write_results
     from ..training.distributed import env_int
 
     if env_int("WORLD_SIZE", 1) > 1:  # each rank would evaluate everything

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from ..run_layout import BEST_DIR, CONFIG_FILE, results_dir
 from .common import (
     add_config_options,
-    eval_options,
     evaluate_test_sets,
     join_processes,
     load,
@@ -169,6 +168,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     """Validate the config, read every dataset, join the processes, load the model: each failure one line before
     anything is trained (a scorer that cannot be built fails before anything is read)."""
     from ..data import load_spec, training_split
+    from ..eval.evaluate import eval_options
     from ..model.factory import load_model
     from ..training.tracking import check_installed
 

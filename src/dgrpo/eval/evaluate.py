@@ -10,6 +10,7 @@ import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
@@ -20,6 +21,9 @@ from ..perturbation import Perturbation
 from ..perturbation.base import as_seeds, row_sampling_uniforms, text_seed, to_device
 from ..reward import extract_answer, is_parseable, normalize_number, normalize_text
 from .scoring import ScoreFn, build_scorer, call_checked, choice, choice_letter, final_answer_text, numeric
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 
 @dataclass
@@ -239,6 +243,24 @@ def mask_seeds(seed: int, questions: list[str], stream: str, copies: int = 1) ->
     the copy, the question's text): a question gets the same masks wherever it sits in the list or the subset."""
     keys = [f"{seed}/{stream}/{k}/{q}" for q in questions for k in range(copies)]
     return torch.tensor([text_seed(key) for key in keys], dtype=torch.int64)
+
+
+def eval_options(cfg: Config) -> dict[str, Any]:
+    """The keyword arguments of :func:`evaluate` that ``eval.*``, ``seed`` and ``data.max_question_tokens`` set: one
+    source for ``dgrpo eval``, the validation during training and the test sets after it, and a Python caller's
+    ``evaluate(lm, records, **eval_options(cfg))`` (``eval.limit``, ``plain`` and ``shots`` are the callers' to
+    apply)."""
+    e = cfg.eval
+    return {
+        "n_latent": e.n_latent,
+        "batch_size": e.batch_size,
+        "max_new_tokens": e.max_new_tokens,
+        "temperature": e.temperature,
+        "top_p": e.top_p,
+        "seed": cfg.seed,
+        "max_question_tokens": cfg.data.max_question_tokens,
+        "scorer": build_scorer(e.scorer),
+    }
 
 
 def evaluate(

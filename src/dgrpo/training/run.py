@@ -194,6 +194,7 @@ def check_run_inputs(
     check_trainer_inputs(lm, cfg, train, what)
     assert isinstance(lm, LatentLM)  # (checked above, in one line)
     check_dtype(lm, cfg, what)
+    warn_if_off_device(lm, cfg, what)
     if valid is not None and not isinstance(valid, valid_type):
         raise TypeError(f"{what}: valid must be a {valid_type.__name__} of records, got {type(valid).__name__}")
     _check_evaluate_fn(what, valid, evaluate_fn, eval_args)
@@ -246,6 +247,23 @@ def check_dtype(lm: LatentLM, cfg: Config, what: str) -> None:
         raise ConfigError(
             f"{what}: model.dtype is {cfg.model.dtype}, but the model's weights are {weights}: set model.dtype to "
             f"the dtype to train in and cast the model to it (lm.to(torch.{cfg.model.dtype}); load_model casts)"
+        )
+
+
+def warn_if_off_device(lm: LatentLM, cfg: Config, what: str) -> None:
+    """A warning when the model is not on the kind of device ``cfg.device`` names (``auto``: CUDA when there is one):
+    the trainers train the model where it is, and ``load_model`` puts it on the CPU unless told (the ``dgrpo``
+    commands move it; a Python run on a GPU machine trained on the CPU without a word)."""
+    import torch
+
+    name = cfg.device
+    want = ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else torch.device(name).type
+    if lm.device.type != want:
+        warnings.warn(
+            f"{what}: the model is on {lm.device.type}, but device is {name!r} ({want}), so it trains on "
+            f"{lm.device.type}: move it first (lm.to({want!r}), or load_model(..., device={want!r})), or set "
+            f"device: {lm.device.type}",
+            stacklevel=3,
         )
 
 
