@@ -19,8 +19,8 @@ Pairs (``candidate`` against ``baseline``):
   No option runs the candidate: it says whether one would pay.
 
 Each pair prints one JSON line: both medians (ms), their ratio (candidate / baseline, below 1: the candidate is
-faster) and the largest difference between their outputs. On a CPU the timings are not the GPU's; the smoke run
-checks that the pairs run and agree.
+faster) and the largest difference between their outputs (and gradients, where a pair takes them). On a CPU the
+timings are not the GPU's; the smoke run checks that the pairs run and agree.
 """
 
 from __future__ import annotations
@@ -79,8 +79,7 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
 
 def pair(name: str, candidate: Callable[[], Tensor], baseline: Callable[[], Tensor], args, device) -> dict:
     """Both run twice untimed (compilation, caches), then ``reps`` rounds alternating who goes first."""
-    with torch.no_grad():
-        diff = (candidate().float() - baseline().float()).abs().max().item()
+    diff = (candidate().detach().float() - baseline().detach().float()).abs().max().item()  # (gradients too)
     for _ in range(2):
         candidate(), baseline()
     times: dict[str, list[float]] = {"candidate": [], "baseline": []}
