@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from torch._dynamo.exc import TorchDynamoException
+from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException
 
 from dgrpo.config import ModelConfig
 from dgrpo.model import head_stats
@@ -87,10 +87,20 @@ def test_scoring_and_rollouts_with_the_compiled_head_are_eagers(tokenizer, task_
     assert torch.equal(t0, t1) and torch.allclose(l0, l1, atol=1e-5) and torch.allclose(e0, e1, atol=1e-5)
 
 
-def test_a_compiler_that_fails_leaves_the_eager_form_with_one_warning(monkeypatch):
+@pytest.mark.parametrize(
+    "error",
+    [
+        TorchDynamoException("no compiler here\nmore detail"),
+        # the recompile limit hit under fullgraph (a plain Exception; one shape, dtype or grad mode too many): it
+        # escaped the fall-back and stopped the step (found by a review)
+        FailOnRecompileLimitHit("Hard failure due to fullgraph=True"),
+    ],
+    ids=type,
+)
+def test_a_compiler_that_fails_leaves_the_eager_form_with_one_warning(monkeypatch, error):
     def broken(fn, **kw):
         def run(*a):
-            raise TorchDynamoException("no compiler here\nmore detail")
+            raise error
 
         return run
 

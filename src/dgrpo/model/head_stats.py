@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
+import torch._dynamo.exc as dynamo_exc
 from torch import Tensor
 from torch._dynamo.exc import TorchDynamoException
 
@@ -54,9 +55,11 @@ def fused_greedy_stats(logits: Tensor) -> tuple[Tensor, Tensor]:
 
 
 #: what a compiler that cannot run here raises (no C++ compiler, no Triton, an unsupported op: inductor's errors
-#: included); not what the compiled code's own run raises through it (out of memory; checkpoint's recomputation
-#: stopping early)
-COMPILE_ERRORS = (TorchDynamoException,)
+#: included; with fullgraph, the recompile limit hit, a plain Exception: one shape, dtype or grad mode too many);
+#: not what the compiled code's own run raises through it (out of memory; checkpoint's recomputation stopping early)
+COMPILE_ERRORS: tuple[type[Exception], ...] = tuple(
+    e for e in (TorchDynamoException, getattr(dynamo_exc, "FailOnRecompileLimitHit", None)) if e is not None
+)
 
 
 class HeadStats:
