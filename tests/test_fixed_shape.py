@@ -363,3 +363,14 @@ def test_a_failed_capture_warns_and_the_purpose_runs_eagerly_from_then_on(tokeni
     assert later.capture is False
     with pytest.raises(ValueError, match="CUDA"):
         fixed_shape.decoder_for(lm, "score", 3, 16, None, capture=True, keep=True)
+
+
+def test_the_warm_up_key_tells_a_patched_forward_from_its_class(tokenizer):
+    """Liger patches each layer's forward and keeps its class: a Liger decoder skipped its warm-up (first-use kernel
+    work, which cannot be captured) because a Hugging Face decoder of the same shapes had run that step."""
+    lm = make_lm(tokenizer, "qwen2")
+    before = FixedShapeDecoder(lm, 3, 16, capture=False).warm_key("latent")
+    norm = lm.model.model.norm
+    norm.forward = lambda hidden_states: hidden_states  # (as Liger's RMSNorm patch: an instance's own forward)
+    after = FixedShapeDecoder(lm, 3, 16, capture=False).warm_key("latent")
+    assert before != after and before[:-2] == after[:-2]

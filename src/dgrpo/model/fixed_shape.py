@@ -222,8 +222,8 @@ class FixedShapeDecoder:
 
     def warm_key(self, phase: str) -> tuple:
         """What a step of ``phase`` runs, for the warm-up rule: the shapes of the buffers, the weights' dtype and
-        device, the model's configuration and module classes (e.g. Liger's layers) and the perturbation's kind (made
-        once per phase: the buffers and the model stay the same for the decoder's life)."""
+        device, the model's configuration, its module classes and their forwards (Liger's layers) and the
+        perturbation's kind (made once per phase: the buffers and the model stay the same for the decoder's life)."""
         key = self._warm_keys.get(phase)
         if key is None:
             key = self._warm_keys[phase] = self._describe_step(phase)
@@ -238,7 +238,8 @@ class FixedShapeDecoder:
             next(model.parameters()).dtype,
             self.mask.device,
             model.config.to_json_string(use_diff=False),
-            frozenset(type(m).__qualname__ for m in model.modules()),
+            # (Liger patches an instance's forward and leaves its class: the forward's name tells its layers apart)
+            frozenset((type(m).__qualname__, getattr(m.forward, "__qualname__", "")) for m in model.modules()),
             type(self.perturbation).__qualname__,
         )
 
