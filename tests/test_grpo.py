@@ -377,6 +377,12 @@ def test_the_trainer_class_checks_what_it_is_given_as_train_grpo_does(sft_checkp
         GRPOTrainer(lm.model, cfg, train)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="GRPOTrainer: cfg must be a dgrpo.config.Config, got dict"):
         GRPOTrainer(lm, {"grpo": {}}, train)  # type: ignore[arg-type]
+    from dgrpo.training.grpo import train_grpo
+
+    with pytest.raises(TypeError, match=r"got list \(the arguments' order: train_grpo\(lm, cfg, train, out_dir\)\)"):
+        train_grpo(lm, train, cfg, "out")  # type: ignore[arg-type]  # (train_sft's order: a probe's slip)
+    with pytest.warns(UserWarning, match="grpo.prompts_per_step is 4, more than the 2 training records: every step"):
+        GRPOTrainer(lm, tiny_config(**{"grpo.prompts_per_step": 4}), train[:2])
 
 
 def test_a_model_off_the_configs_device_is_warned_about(sft_checkpoint, monkeypatch):

@@ -76,11 +76,17 @@ from .schedules import beta_at, lr_at
 
 
 def _warn_at_start(lm: LatentLM, cfg: Config, train: list[Record]) -> None:
-    """A GRPO run's warnings before any work: settings that do nothing (:meth:`Config.inert_settings`), and training
-    questions cut to ``data.max_question_tokens``."""
+    """A GRPO run's warnings before any work: settings that do nothing (:meth:`Config.inert_settings`), training
+    questions cut to ``data.max_question_tokens``, and fewer training records than prompts in a step."""
     for line in cfg.inert_settings():
         warnings.warn(line, stacklevel=3)
     warn_if_training_questions_cut(lm, cfg, train)
+    if len(train) < cfg.grpo.prompts_per_step:
+        warnings.warn(
+            f"grpo.prompts_per_step is {cfg.grpo.prompts_per_step}, more than the {len(train)} training records: "
+            "every step holds some prompts twice or more, each time as a group of its own",
+            stacklevel=3,
+        )
 
 
 def agree_on_kept(n_kept_local: int, n_tokens_local: int, dist: Dist) -> tuple[int, int]:

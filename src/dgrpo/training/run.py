@@ -202,6 +202,14 @@ def check_run_inputs(
         raise TypeError(f"{what}: out_dir must be the run directory's path, got {out_dir!r}")
 
 
+#: how each trainer takes its first arguments (SFT's records come before the config, GRPO's after it)
+CALL_ORDER = {
+    "train_sft": "lm, train, cfg, out_dir",
+    "train_grpo": "lm, cfg, train, out_dir",
+    "GRPOTrainer": "lm, cfg, train",
+}
+
+
 def check_trainer_inputs(lm: object, cfg: Config, train: list[Record], what: str) -> None:
     """A :class:`LatentLM`, a :class:`Config` valid as a whole (a value set on the object skips ``load_config``'s
     checks) and a non-empty list of Records, each a one-line error naming ``what`` (the trainer's own misuse would
@@ -212,7 +220,11 @@ def check_trainer_inputs(lm: object, cfg: Config, train: list[Record], what: str
             f"tokenizer) around a Hugging Face model), got {type(lm).__name__}"
         )
     if not isinstance(cfg, Config):
-        raise TypeError(f"{what}: cfg must be a dgrpo.config.Config, got {type(cfg).__name__}")
+        order = CALL_ORDER.get(what)
+        raise TypeError(
+            f"{what}: cfg must be a dgrpo.config.Config, got {type(cfg).__name__}"
+            + (f" (the arguments' order: {what}({order}))" if order else "")
+        )
     cfg.validate()
     check_records(train, f"{what}: train")
 
