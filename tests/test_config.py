@@ -201,6 +201,37 @@ def test_an_unknown_key_suggests_the_one_meant():
     assert "unknown config key 'grpo.lr_'; did you mean grpo.lr? (known: " in error("grpo.lr_=1")
     assert "unknown config key 'lr'; did you mean sft.lr or grpo.lr? (known: " in error("lr=1")
     assert "; did you mean perturbation? " in error("perturbaton.p=0.1")
+    assert "TRL" not in error("sft.max_steps=3")  # (SFT has no steps option: grpo.steps is not SFT's)
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("grpo.num_generations=4", "'grpo.num_generations' (TRL's num_generations is grpo.group_size here; see docs/"),
+        ("grpo.learning_rate=1e-6", "(TRL's learning_rate is grpo.lr here; see docs/from_trl.md) (known: "),
+        ("grpo.beta=0.04", "(TRL's beta is grpo.beta0 here"),  # (not also 'did you mean grpo.beta0?')
+        ("grpo.max_completion_length=64", "(TRL's max_completion_length is grpo.max_new_tokens here"),
+        ("grpo.epsilon=0.2", "(TRL's epsilon is grpo.eps_low here"),
+        ("grpo.num_iterations=2", "(TRL's num_iterations is grpo.mini_epochs here"),
+        ("max_prompt_length=128", "(TRL's max_prompt_length is data.max_question_tokens here"),
+        ("grpo.output_dir=runs/x", "(TRL's output_dir is --out here"),
+        ("sft.learning_rate=1e-4", "(TRL's learning_rate is sft.lr here"),  # a section's own option of that name
+    ],
+)
+def test_an_unknown_key_that_is_a_trl_name_names_the_option_it_is_here(override, says):
+    """A TRL user's grpo.num_generations=4 was a plain unknown key (docs/from_trl.md maps the names)."""
+    msg = error(override)
+    assert says in msg and "did you mean" not in msg, msg
+
+
+def test_the_trl_names_are_docs_from_trl_table():
+    """Every name :data:`TRL_NAMES` maps is a row of docs/from_trl.md's table that names its dgrpo key."""
+    from dgrpo.config import TRL_NAMES
+
+    rows = [line for line in (ROOT / "docs" / "from_trl.md").read_text().splitlines() if line.startswith("| `")]
+    for name, key in TRL_NAMES.items():
+        row = next((r for r in rows if re.search(rf"`{name}\b", r.split(" | ")[0])), None)
+        assert row is not None and f"`{key}" in row, (name, key, row)
 
 
 # ---- perturbation.layers

@@ -1306,6 +1306,55 @@ def _coerce_fields(obj: Any, prefix: str) -> None:
             setattr(obj, f.name, _coerce(value, hints[f.name], key))
 
 
+#: TRL ``GRPOConfig`` names and the dgrpo key (or command-line option) each is here: docs/from_trl.md's table, the
+#: names that differ (an unknown key of one of these names says which option it is)
+TRL_NAMES = {
+    "num_generations": "grpo.group_size",
+    "max_completion_length": "grpo.max_new_tokens",
+    "max_prompt_length": "data.max_question_tokens",
+    "max_steps": "grpo.steps",
+    "learning_rate": "grpo.lr",
+    "optim": "grpo.optimizer",
+    "beta": "grpo.beta0",
+    "epsilon": "grpo.eps_low",
+    "epsilon_high": "grpo.eps_high",
+    "num_iterations": "grpo.mini_epochs",
+    "scale_rewards": "grpo.advantage",
+    "loss_type": "grpo.aggregation",
+    "reward_funcs": "grpo.reward",
+    "reward_weights": "grpo.rewards",
+    "sync_ref_model": "grpo.ref_renewal_every",
+    "ref_model_sync_steps": "grpo.ref_renewal_every",
+    "gradient_checkpointing": "grpo.recompute",
+    "bf16": "model.dtype",
+    "log_completions": "grpo.log_rollouts",
+    "logging_steps": "grpo.log_every",
+    "eval_steps": "grpo.eval_every",
+    "save_steps": "grpo.save_every",
+    "save_total_limit": "grpo.keep_last",
+    "output_dir": "--out",
+    "resume_from_checkpoint": "--resume",
+    "report_to": "logging.backends",
+    "run_name": "logging.run_name",
+}
+
+
+def _trl_name(obj: Any, name: str, prefix: str) -> str:
+    """' (TRL's num_generations is grpo.group_size here; see docs/from_trl.md)' for an unknown key that is a TRL
+    name (:data:`TRL_NAMES`); in a section other than the option's and grpo, that section's option of the same name
+    (``sft.learning_rate``: sft.lr), or '' when it has none."""
+    target = TRL_NAMES.get(name)
+    if target is None:
+        return ""
+    section, _, leaf = target.rpartition(".")
+    here = prefix.rstrip(".")
+    if here not in ("", "grpo", section) and not target.startswith("--"):
+        if leaf not in {f.name for f in fields(obj)}:
+            return ""
+        target = f"{prefix}{leaf}"
+    return f" (TRL's {name} is {target} here; see docs/from_trl.md)"
+
+
 def _did_you_mean(obj: Any, name: str, prefix: str) -> str:
     """'; did you mean ...?' for an unknown key: a close spelling in its section, or (at the top level) the sections
     that hold an option of that name (``lr`` -> ``grpo.lr``, ``sft.lr``); '' when nothing is close."""
@@ -1329,9 +1378,8 @@ def _merge(obj: Any, data: dict, prefix: str) -> None:
     for k, v in data.items():
         key = f"{prefix}{k}"
         if k not in names:
-            raise ConfigError(
-                f"unknown config key {key!r}{_did_you_mean(obj, str(k), prefix)} (known: {', '.join(sorted(names))})"
-            )
+            hint = _trl_name(obj, str(k), prefix) or _did_you_mean(obj, str(k), prefix)
+            raise ConfigError(f"unknown config key {key!r}{hint} (known: {', '.join(sorted(names))})")
         cur = getattr(obj, k)
         if is_dataclass(cur):
             _merge(cur, v, key + ".")
@@ -1485,7 +1533,8 @@ Every command that trains or evaluates builds its configuration in this order, e
    file, or a packaged name): the base is loaded first (its own base before it), then the file's keys override
    it, so an ablation is its differing lines;
 3. `--set key=value`, any number of times, the value read as YAML: `--set grpo.lr=1e-5 --set data.test=[builtin:test]`;
-4. validation: an unknown key or a bad value stops the command with one line naming the key (exit code 2).
+4. validation: an unknown key or a bad value stops the command with one line naming the key (exit code 2); a TRL
+   `GRPOConfig` name (`grpo.num_generations`) is answered with the option it is here ([from_trl.md](from_trl.md)).
 
 A choice option (its type lists the choices) accepts exactly those words; a float must be finite; an int must fit
 in 64 bits. `dgrpo config show` prints the same list; `dgrpo config show --config FILE --set key=value` prints the
