@@ -569,7 +569,8 @@ class RunDir:
             raise ConfigError(
                 f"{what} a run started with a different config ({', '.join(changed[:8])}"
                 f"{', ...' if len(changed) > 8 else ''}); resume it unchanged, start over with --resume never, "
-                "or pass --allow-config-change to continue with the new values (every config used is kept)"
+                "or pass --allow-config-change (allow_config_change=True) to continue with the new values (every "
+                "config used is kept)"
             )
         self.changed = changed
         self.first_config = old
