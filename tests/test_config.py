@@ -554,6 +554,13 @@ def test_describe_filters_a_section():
         (["grpo.temperature=0.7", "grpo.top_p=0.9"], []),
         (["perturbation.kind=gaussian", "perturbation.p=0"], []),  # p is not gaussian's scale
         (["perturbation.kind=none"], []),  # the deterministic ablation is what it says
+        (  # a warmup longer than the run: the lr never reached grpo.lr and best/ was never kept, without a word
+            ["grpo.steps=3"],
+            [r"^grpo.warmup_steps=10 is more than grpo.steps=3: .* peaks at 3e-06, not grpo.lr=1e-05, and best/ is"],
+        ),
+        (["grpo.steps=10"], [r"as many as grpo.steps=10: .*at its last step only .*best/ can only be the final model"]),
+        (["grpo.steps=3", "grpo.save_best=false"], [r"not grpo.lr=1e-05; set grpo.warmup_steps below grpo.steps$"]),
+        (["grpo.steps=11"], []),
     ],
 )
 def test_inert_settings_are_named_one_line_each(overrides, says):

@@ -884,6 +884,24 @@ def _check_groups(g: GRPOConfig, p: str) -> None:
     )
 
 
+def _warmup_lines(g: GRPOConfig) -> list[str]:
+    """A warmup as long as the run (``grpo.warmup_steps`` >= ``grpo.steps``): the learning rate never passes its
+    ramp, and best/ (kept from step ``warmup_steps`` on) is the final model at most."""
+    w, n = g.warmup_steps, g.steps
+    if w < n:
+        return []
+    if w > n:
+        lr = f"rises for the whole run and peaks at {g.lr * n / w:.3g}, not grpo.lr={g.lr:g}"
+        best = ", and best/ is never kept (it is kept from step grpo.warmup_steps on)"
+    else:
+        lr = f"rises for the whole run and reaches grpo.lr={g.lr:g} at its last step only (no decay)"
+        best = ", and best/ can only be the final model (it is kept from step grpo.warmup_steps on)"
+    return [
+        f"grpo.warmup_steps={w} is {'more than' if w > n else 'as many as'} grpo.steps={n}: the learning rate {lr}"
+        f"{best if g.save_best else ''}; set grpo.warmup_steps below grpo.steps"
+    ]
+
+
 def _check_rewards(rewards: list, key: str) -> None:
     """``grpo.rewards``: each item a mapping {fn, weight, name} with a finite weight, every name its own."""
     named: dict[str, int] = {}
@@ -1047,9 +1065,10 @@ class Config:
         return None
 
     def inert_settings(self) -> list[str]:
-        """The GRPO settings that this config makes do nothing (each a line for a warning; none is an error: a null
-        perturbation is the deterministic ablation, ``perturbation.kind=none``, by another name)."""
-        pert, lines = self.perturbation, []
+        """The GRPO settings that this config makes do nothing, or less than they say (each a line for a warning, at
+        the start of GRPO training; none is an error: a null perturbation is the deterministic ablation,
+        ``perturbation.kind=none``, by another name)."""
+        pert, lines = self.perturbation, _warmup_lines(self.grpo)
         scale = {"locked": "p", "native": "p", "gaussian": "sigma"}.get(pert.kind)
         silent = scale is not None and getattr(pert, scale) == 0
         if silent:
