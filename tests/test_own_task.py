@@ -1004,6 +1004,24 @@ def test_a_run_directory_and_its_final_checkpoint_are_one_init(sft_checkpoint, t
     assert init_name("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"  # a hub id, as given
 
 
+@pytest.mark.parametrize(
+    "sets, n_train, says",
+    [
+        ({}, 2048, None),  # tiny.yaml: 32 steps per epoch, 64 per stage, 5 of warmup
+        ({}, 128, "is not below the 4 optimizer steps of the shortest stage's lr schedule \\(128 examples: 2 batches"),
+        ({"sft.reset_every": "epoch"}, 300, "the 4 optimizer steps of an epoch's lr schedule .*peaks at 0.0024\\)"),
+        ({"sft.reset_optimizer": False}, 64, "the 4 optimizer steps of the run's lr schedule"),
+        ({"sft.warmup_steps": 4, "sft.reset_optimizer": False}, 64, "reaches sft.lr=0.003 at its last step only;"),
+        ({"sft.warmup_steps": 3, "sft.reset_optimizer": False}, 64, None),
+    ],
+)
+def test_an_sft_warmup_not_shorter_than_its_lr_schedule(sets, n_train, says):
+    from dgrpo.training.sft import _warmup_line
+
+    line = _warmup_line(n_train, tiny_config(**sets))
+    assert (line == "") if says is None else re.search(says, line), line
+
+
 def test_an_sft_batch_larger_than_the_training_data_is_warned_about(tmp_path):
     """sft.batch_size 64 on 8 examples ran one optimizer step per epoch, of all 8, without a word."""
     from dgrpo.data.synthetic import generate_split

@@ -151,6 +151,11 @@ def autocast_ctx(cfg: Config, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16) if on else nullcontext()
 
 
+def epoch_steps(n_train: int, cfg: Config) -> int:
+    """Optimizer steps of an epoch over ``n_train`` examples: whole batches of ``sft.batch_size`` (at least one)."""
+    return max(1, n_train // cfg.sft.batch_size)
+
+
 @dataclass
 class Curriculum:
     """The run's epochs, stages and optimizer schedules."""
@@ -241,7 +246,7 @@ class SFTRun:
         compile_head(lm, cfg.model)
         pack_gqa(lm, cfg.model)
         self.params = dist.prepare_model(lm.model)  # rank 0's weights everywhere; FSDP2 shards here
-        self.plan = Curriculum(cfg, max(1, n_train // cfg.sft.batch_size))
+        self.plan = Curriculum(cfg, epoch_steps(n_train, cfg))
         self.prog, saved = Progress(), None
         opt = new_optimizer(self.params, cfg)  # the state a checkpoint loads into
         loaded = run.resume(lambda ckpt: read_checkpoint(ckpt, lm=lm, optimizer=opt, sharded=dist.fsdp))
@@ -466,6 +471,7 @@ def _prepare(
             f"is one optimizer step on all {len(train)}",
             stacklevel=3,
         )
+    _warn_at_start(train, cfg)
     lm.run_config = to_dict(cfg)  # stage-K/ and final/ carry the config (and the task) that produced them
     lm.settings.chat_template = cfg.data.chat_template  # how questions are prompted, from the first step on
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
@@ -473,6 +479,39 @@ def _prepare(
     # the last stage's latent thoughts alone must fit (each batch checks its own questions and targets too)
     lm.check_fits(2, final_settings(cfg).n_latent, 1, key="sft.c_thought", target_key="data.max_target_tokens")
     return dist
+
+
+def _warn_at_start(train: list[Record], cfg: Config) -> None:
+    """An SFT run's warnings about its data and schedule, before any work (train_sft -> _prepare -> here)."""
+    line = _warmup_line(len(train), cfg)
+    if line:
+        warnings.warn(line, stacklevel=4)
+
+
+def _warmup_line(n_train: int, cfg: Config) -> str:
+    """``sft.warmup_steps`` not below the optimizer steps of an lr schedule (the run's, or with ``reset_optimizer``
+    the shortest stage's or an epoch's): its learning rate never passes the warmup; '' otherwise."""
+    s = cfg.sft
+    plan = Curriculum(cfg, epoch_steps(n_train, cfg))
+    stages = {plan.stage(e) for e in range(s.num_epochs)}
+    shortest = min(plan.schedule_length(stage) for stage in stages)
+    if s.warmup_steps < shortest:
+        return ""
+    which = "the run's lr schedule"
+    if s.reset_optimizer and s.reset_every == "epoch":  # (a schedule restarts at each reset)
+        which = "an epoch's lr schedule"
+    elif s.reset_optimizer and len(stages) > 1:
+        which = "the shortest stage's lr schedule"
+    how = (
+        f"never reaches sft.lr={s.lr:g} there (it peaks at {s.lr * shortest / s.warmup_steps:.3g})"
+        if s.warmup_steps > shortest
+        else f"reaches sft.lr={s.lr:g} at its last step only"
+    )
+    return (
+        f"sft.warmup_steps={s.warmup_steps} is not below the {shortest} optimizer step{'s' * (shortest != 1)} of "
+        f"{which} ({n_train} examples: {plan.steps_per_epoch} batch{'es' * (plan.steps_per_epoch != 1)} of "
+        f"sft.batch_size={s.batch_size} per epoch): the learning rate {how}; lower sft.warmup_steps"
+    )
 
 
 def _time_trained(run: RunDir) -> float:
