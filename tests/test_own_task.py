@@ -1004,6 +1004,59 @@ def test_a_run_directory_and_its_final_checkpoint_are_one_init(sft_checkpoint, t
     assert init_name("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"  # a hub id, as given
 
 
+def test_sft_on_records_without_steps_or_with_a_warmup_past_its_schedule_is_warned_about(tmp_path):
+    """Coconut SFT on records without steps (a column mapping without data.steps_key) trained a curriculum with
+    nothing to replace, its checkpoint still recording latent thoughts; a warmup of more steps than a schedule has
+    never reached sft.lr. Both without a word."""
+    import dataclasses
+
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.sft import train_sft
+
+    cfg = tiny_config(**{"sft.num_epochs": 1, "sft.epochs_per_stage": 1, "sft.max_latent_stage": 0})
+    train = [dataclasses.replace(r, steps=[]) for r in generate_split(cfg.task, "train")[:64]]
+    with pytest.warns(UserWarning) as seen:
+        train_sft(load_model(cfg.model, cfg.task, seed=0), train, cfg, tmp_path / "sft", log=lambda *a: None)
+    said = [str(w.message) for w in seen]
+    assert any(
+        line.startswith("none of the 64 training records has reasoning steps: sft.mode=coconut has no steps to replace")
+        and "map the column that holds them with data.steps_key" in line
+        for line in said
+    ), said
+    warmup = "sft.warmup_steps=5 is not below the 1 optimizer step of the run's lr schedule (64 examples: 1 batch of "
+    assert any(
+        line.startswith(warmup) and "never reaches sft.lr=0.003 there (it peaks at 0.0006)" in line for line in said
+    )
+    assert all(w.filename == __file__ for w in seen), [w.filename for w in seen]  # (the caller's line)
+
+
+@pytest.mark.parametrize(
+    "mode, says",
+    [
+        ("coconut", "sft.mode=coconut has no steps to replace by latent thoughts, .*records n_latent=1\\); map"),
+        ("no_curriculum", "no_curriculum has no steps to replace by latent thoughts"),
+        ("pause", "sft.mode=pause has no steps to replace by pause tokens"),
+        ("cot", "sft.mode=cot has no written steps to train, so it trains the answer alone, as sft.mode=no_cot does"),
+        ("no_cot", None),  # (the answer alone is what it trains)
+    ],
+)
+def test_which_sft_modes_need_steps(mode, says):
+    import dataclasses
+
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.training.sft import _no_steps_line
+
+    cfg = tiny_config(**{"sft.mode": mode})
+    train = generate_split(cfg.task, "train")[:4]
+    bare = [dataclasses.replace(r, steps=[]) for r in train]
+    assert _no_steps_line(train, cfg) == _no_steps_line([*bare, train[0]], cfg) == ""  # (one record with steps)
+    line = _no_steps_line(bare, cfg)
+    assert (line == "") if says is None else re.search(says, line), line
+    mapped = tiny_config(**{"sft.mode": mode, "data.question_key": "q", "data.answer_key": "a", "data.steps_key": "s"})
+    assert says is None or "; data.steps_key=s gives none (a list of strings" in _no_steps_line(bare, mapped)
+
+
 @pytest.mark.parametrize(
     "sets, n_train, says",
     [

@@ -483,9 +483,31 @@ def _prepare(
 
 def _warn_at_start(train: list[Record], cfg: Config) -> None:
     """An SFT run's warnings about its data and schedule, before any work (train_sft -> _prepare -> here)."""
-    line = _warmup_line(len(train), cfg)
-    if line:
-        warnings.warn(line, stacklevel=4)
+    for line in (_no_steps_line(train, cfg), _warmup_line(len(train), cfg)):
+        if line:
+            warnings.warn(line, stacklevel=4)
+
+
+def _no_steps_line(train: list[Record], cfg: Config) -> str:
+    """Training data without reasoning steps (a column mapping without ``data.steps_key``) under a mode that trains
+    them, written (cot) or replaced (coconut, no_curriculum, pause): what that mode then does; '' otherwise."""
+    mode, key = cfg.sft.mode, cfg.data.steps_key
+    if mode == "no_cot" or any(rec.steps for rec in train):
+        return ""
+    if mode == "cot":
+        does = "has no written steps to train, so it trains the answer alone, as sft.mode=no_cot does"
+    else:
+        n_latent = final_settings(cfg).n_latent
+        does = (
+            f"has no steps to replace by {'pause tokens' if mode == 'pause' else 'latent thoughts'}, so its curriculum "
+            f"teaches no reasoning (the checkpoint still records n_latent={n_latent})"
+        )
+    fix = f"data.steps_key={key} gives none" if key else "map the column that holds them with data.steps_key"
+    alone = "" if mode == "cot" else ", or train the answer alone with sft.mode=no_cot"
+    return (
+        f"none of the {len(train)} training records has reasoning steps: sft.mode={mode} {does}; {fix} (a list of "
+        f"strings, or one string split on newlines){alone}"
+    )
 
 
 def _warmup_line(n_train: int, cfg: Config) -> str:
