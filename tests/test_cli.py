@@ -630,3 +630,42 @@ def test_the_stop_line_says_whether_a_checkpoint_exists(tmp_path):
     (tmp_path / "run" / "checkpoints" / "step-00000005").mkdir(parents=True)
     assert _resume_hint(args) == f"; the same command resumes from the newest checkpoint in {tmp_path}/run/checkpoints"
     assert _resume_hint(argparse.Namespace(cmd="eval", out="x")) == ""
+
+
+@pytest.mark.parametrize("cmd", ["sft", "grpo"])
+def test_training_on_own_data_warns_of_the_builtin_validation_and_test_sets(cmd, tmp_path, run_cli):
+    """--set data.train=my.jsonl validated on builtin:valid and tested on the three built-in sets (all 0%), without a
+    word: data.valid and data.test are still the built-in task's by default. dgrpo eval does not say it."""
+    init = ["--init", tmp_path / "sft"] if cmd == "grpo" else []
+    args = [cmd, *init, *tiny_args(**{"data.train": tmp_path / "my.jsonl"}), "--out", tmp_path / "o"]
+    says = (
+        rf"^data.train is {tmp_path}/my.jsonl, but data.valid \(builtin:valid\) and data.test \(builtin:test\) are the "
+        r"built-in task's: validation \(and best/\) and the test results would measure that task, not your data; set "
+        r"data.valid=MY_VALID.jsonl \(or '' for none\) and data.test=\[MY_TEST.jsonl\] \(or \[\] for none\)$"
+    )
+    with pytest.warns(UserWarning, match=says):
+        r = run_cli(*args)
+    assert r.returncode == 2 and "my.jsonl" in r.stderr, r.stderr  # (the file is not there: nothing trains)
+
+
+def test_which_builtin_held_out_sets_are_named():
+    import warnings
+
+    from dgrpo.cli.train import warn_if_held_out_is_builtin
+    from dgrpo.config import Config, load_config
+
+    def said(*overrides: str) -> str:
+        with pytest.warns(UserWarning) as seen:
+            warn_if_held_out_is_builtin(load_config(Config, None, ["data.train=my.jsonl", *overrides]))
+        return str(seen[0].message)
+
+    assert "data.valid (builtin:valid) is the built-in task's: validation (and best/) would" in said("data.test=[]")
+    assert said("data.valid=", "data.test=[builtin:test, t.jsonl]").startswith(
+        "data.train is my.jsonl, but data.test (builtin:test) is the built-in task's: the test results would measure"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_held_out_is_builtin(load_config(Config, None, []))  # the built-in task, its own sets
+        warn_if_held_out_is_builtin(load_config(Config, None, ["data.train=my.jsonl", "data.valid=", "data.test=[]"]))
+        own = ["data.train=my.jsonl", "data.valid=v.jsonl", "data.test=[t.jsonl]"]
+        warn_if_held_out_is_builtin(load_config(Config, None, own))

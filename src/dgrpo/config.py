@@ -332,7 +332,9 @@ class DataConfig:
         "without one takes it: gsm8k is gsm8k:train here)",
     )
     valid: str = opt("builtin:valid", "held-out data for per-stage / periodic eval ('' to disable)")
-    test: list = opt(["builtin:test", "builtin:ood_steps", "builtin:ood_numbers"], "datasets evaluated at the end")
+    test: list = opt(
+        ["builtin:test", "builtin:ood_steps", "builtin:ood_numbers"], "datasets evaluated at the end ([] for none)"
+    )
     max_question_tokens: int = opt(
         256,
         "questions longer than this many tokens are cut from the left: the model sees their last tokens (a warning "

@@ -134,6 +134,32 @@ def warn_if_init_differs(init_config: dict | None, cfg: Config) -> None:
         )
 
 
+def warn_if_held_out_is_builtin(cfg: Config) -> None:
+    """A warning when the training data is not the built-in task but data.valid or data.test still name the built-in
+    task's sets (their defaults): validation, best/ and the test results would measure a task never trained on."""
+    d = cfg.data
+    if d.train.startswith("builtin"):
+        return
+    tests = [t for t in d.test if t.startswith("builtin")]
+    found = []  # (the option and its built-in sets, what they measure, how to set them)
+    if d.valid.startswith("builtin"):
+        found.append(
+            (f"data.valid ({d.valid})", "validation (and best/)", "data.valid=MY_VALID.jsonl (or '' for none)")
+        )
+    if tests:
+        found.append(
+            (f"data.test ({', '.join(tests)})", "the test results", "data.test=[MY_TEST.jsonl] (or [] for none)")
+        )
+    if not found:
+        return
+    names, measured, fixes = (" and ".join(item[i] for item in found) for i in range(3))
+    warnings.warn(
+        f"data.train is {d.train}, but {names} {'are' if len(found) + len(tests) > 2 else 'is'} the built-in task's: "
+        f"{measured} would measure that task, not your data; set {fixes}",
+        stacklevel=2,
+    )
+
+
 def warn_if_held_out_is_trained_on(cfg: Config, train: list, held_out: dict[str, list]) -> None:
     """A warning for each validation or test set that shares questions with the training data (GSM-Hard is GSM8K's
     test set with numbers changed: 329 of its questions are GSM8K test questions word for word)."""
@@ -173,6 +199,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     from ..training.tracking import check_installed
 
     cfg = record_init(load(args), args.init)
+    warn_if_held_out_is_builtin(cfg)
     check_installed(cfg.logging.backends)
     device = setup(cfg)
     options = eval_options(cfg)
