@@ -408,3 +408,28 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     scenario, out_dir, arg_json = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
     {"grpo": _worker_grpo, "parity": _worker_parity, "cli": _worker_cli}[scenario](out_dir, arg_json)
+
+
+def test_a_reward_failing_on_one_rank_stops_every_rank_with_one_line(sft_checkpoint, tmp_path):
+    """A reward raises on rank 1 only (its batch of the first step): rank 1 printed its one line and rank 0 a 35-line
+    gloo traceback ('Connection closed by peer'), from the next collective (NCCL: a wait for torchrun's timeout).
+    Now the ranks agree on the failure in the filter's all-reduce, and each stops with one line."""
+    from conftest import tiny_args
+
+    reward = tmp_path / "flaky.py"
+    reward.write_text(
+        "import os\nCALLS = []\n\n\ndef flaky(completions, records):\n    CALLS.append(1)\n"
+        "    if os.environ.get('RANK') == '1' and len(CALLS) > 1:  # (call 1: the start's check on gold answers)\n"
+        "        raise ValueError('cannot score this row')\n    return [0.0] * len(completions)\n"
+    )
+    sets = {**GRPO_SETS, "grpo.steps": 2, "grpo.prompts_per_step": 4, "data.test": "[]", "data.valid": "''"}
+    sets["grpo.reward"] = f"{reward}:flaky"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dgrpo", "grpo"]
+    cmd += ["--init", str(sft_checkpoint), "--out", str(tmp_path / "run"), *tiny_args(**sets)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert log.count("raised ValueError: cannot score this row") == 1, log[-4000:]
+    assert log.count("dgrpo: error: a reward failed in another process") == 1, log[-4000:]
+    assert "gloo" not in log and "[rank0]: Traceback" not in log, log[-4000:]

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, GRPOConfig, to_dict
 from ..data.records import Record, fingerprint
-from ..eval.scoring import RewardPart, Rewards, ScoreFn, build_rewards, final_answer_text
+from ..eval.scoring import RewardError, RewardPart, Rewards, ScoreFn, build_rewards, final_answer_text
 from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
 from ..model.kernels import apply_kernels
 from ..model.latent_lm import LatentLM
@@ -89,12 +89,13 @@ def _warn_at_start(lm: LatentLM, cfg: Config, train: list[Record]) -> None:
         )
 
 
-def agree_on_kept(n_kept_local: int, n_tokens_local: int, dist: Dist) -> tuple[int, int]:
+def agree_on_kept(n_kept_local: int, n_tokens_local: int, dist: Dist, failed: bool = False) -> tuple[int, int, bool]:
     """The DDP-coordinated skip (paper Sec. 4.4): every rank learns the global number of kept rollouts
     and tokens through one all-reduce *before any backward*, so all ranks skip together (global 0) or
-    all take part in the same collectives (a rank with nothing kept contributes a zero loss)."""
-    n_kept, n_tokens = dist.sum_ints([n_kept_local, n_tokens_local])
-    return n_kept, n_tokens
+    all take part in the same collectives (a rank with nothing kept contributes a zero loss). The same all-reduce
+    says whether a rank's reward failed (``failed``), so that every rank stops there, not in a later collective."""
+    n_kept, n_tokens, n_failed = dist.sum_ints([n_kept_local, n_tokens_local, int(failed)])
+    return n_kept, n_tokens, n_failed > 0
 
 
 def build_optimizer(params: list, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
@@ -253,7 +254,7 @@ class GRPOTrainer:
     def step(self, prompts: list[Record] | None = None) -> dict:
         """One iteration of Algorithm 1; returns the step's metrics row. ``prompts``: this rank's prompts (default:
         the next of the training data). ValueError past ``grpo.steps`` (the schedule's lr is 0 there)."""
-        cfg, g, dist = self.cfg, self.cfg.grpo, self.dist
+        g, dist = self.cfg.grpo, self.dist
         step = self.step_idx
         if step >= g.steps:
             raise ValueError(
@@ -271,22 +272,17 @@ class GRPOTrainer:
         for pg in self.opt.param_groups:
             pg["lr"] = lr
         prompts = prompts if prompts is not None else self.next_prompts()
-        K = g.group_size
         t0 = time.time()
-        # 1. rollouts: one seed per global rollout row, from (run seed, step, row): distinct across ranks,
-        # independent of their number
-        self.row0 = dist.offset(len(prompts) * K)
-        seeds = seeds_for(cfg.seed, step, 0, self.row0 + len(prompts) * K)[self.row0 :]
-        rows_at_a_time = self._rows_at_a_time(g.rollout_batch_size)
-        with oom_advice("rollouts", "grpo.rollout_batch_size", rows_at_a_time, "rows generated at a time"):
-            ro = self._collect(prompts, seeds)
-        if self.lm.device.type == "cuda":  # the next step's masks, drawn on a host thread while this update runs
-            self.perturbation.prefetch(self.lm, seeds_for(cfg.seed, step + 1, 0, self.row0 + len(seeds))[self.row0 :])
+        try:  # 1-3. rollouts and rewards, filter and advantages
+            ro, keep, adv, rows = self._rollouts_kept(prompts, step)
+        except RewardError:  # (this rank's reward failed: the others learn it at the agreement, and stop there too)
+            agree_on_kept(0, 0, dist, failed=True)
+            raise
         t_roll = time.time() - t0
-        # 2-3. filter (agreed over ranks before any backward) and advantages
-        keep, adv = self._filter_and_advantages(ro.rewards, step)
-        rows = keep.repeat_interleave(K).nonzero().flatten()
-        n_kept, n_tok = agree_on_kept(int(rows.numel()), int(ro.mask[rows].sum()) if rows.numel() else 0, dist)
+        # the kept counts agreed over ranks before any backward
+        n_kept, n_tok, failed = agree_on_kept(int(rows.numel()), int(ro.mask[rows].sum()) if rows.numel() else 0, dist)
+        if failed:
+            raise RewardError("a reward failed in another process (its own error line says which, and why)")
         metrics = self._rollout_metrics(ro, keep)
         metrics.update(step=step, lr=lr, beta=beta, time_rollout_s=round(t_roll, 4))
         # 4. update
@@ -308,6 +304,22 @@ class GRPOTrainer:
             self.ref.renew()
             metrics["ref_renewed"] = 1
         return metrics
+
+    def _rollouts_kept(self, prompts: list[Record], step: int) -> tuple[Rollouts, Tensor, Tensor, Tensor]:
+        """Steps 1-3 of Algorithm 1 on this rank: K rollouts of each prompt with their rewards, the groups the filter
+        keeps and the advantages, and the kept rollouts' rows."""
+        cfg, K = self.cfg, self.cfg.grpo.group_size
+        # one seed per global rollout row, from (run seed, step, row): distinct across ranks, independent of their
+        # number
+        self.row0 = self.dist.offset(len(prompts) * K)
+        seeds = seeds_for(cfg.seed, step, 0, self.row0 + len(prompts) * K)[self.row0 :]
+        rows_at_a_time = self._rows_at_a_time(cfg.grpo.rollout_batch_size)
+        with oom_advice("rollouts", "grpo.rollout_batch_size", rows_at_a_time, "rows generated at a time"):
+            ro = self._collect(prompts, seeds)
+        if self.lm.device.type == "cuda":  # the next step's masks, drawn on a host thread while this update runs
+            self.perturbation.prefetch(self.lm, seeds_for(cfg.seed, step + 1, 0, self.row0 + len(seeds))[self.row0 :])
+        keep, adv = self._filter_and_advantages(ro.rewards, step)
+        return ro, keep, adv, keep.repeat_interleave(K).nonzero().flatten()
 
     def _update_ema_baseline(self, rewards: Tensor) -> float:
         """The REINFORCE baseline after this step: from every rank's rewards in rank order (the global batch), so
