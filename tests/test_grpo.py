@@ -382,7 +382,8 @@ def test_the_trainer_class_checks_what_it_is_given_as_train_grpo_does(sft_checkp
     with pytest.raises(TypeError, match=r"got list \(the arguments' order: train_grpo\(lm, cfg, train, out_dir\)\)"):
         train_grpo(lm, train, cfg, "out")  # type: ignore[arg-type]  # (train_sft's order: a probe's slip)
     with pytest.warns(UserWarning, match="grpo.prompts_per_step is 4, more than the 2 training records: every step"):
-        GRPOTrainer(lm, tiny_config(**{"grpo.prompts_per_step": 4}), train[:2])
+        trainer = GRPOTrainer(lm, tiny_config(**{"grpo.prompts_per_step": 4}), train[:2])
+    assert trainer.rewards.columns == ("source", "split")  # (the training data's: every batch gets each)
 
 
 def test_a_model_off_the_configs_device_is_warned_about(sft_checkpoint, monkeypatch):

@@ -193,6 +193,22 @@ def test_a_trl_reward_reads_mapped_columns_by_their_own_names(tmp_path):
     assert call_checked(exact_target, "exact_target", ["4", "6"], recs) == [1.0, 0.0]
 
 
+def test_a_trl_reward_gets_a_column_of_some_records_in_every_batch():
+    """A column only some records have: a batch without it called the function in dgrpo's form (its parameter got
+    the records, all truthy: every rollout scored 1 on such steps, and 2 ranks disagreed with 1 process)."""
+    from dgrpo.data.records import Record
+    from dgrpo.eval.scoring import RewardPart, Rewards, data_columns
+
+    def hinted(completions, hint, **kwargs):
+        return [0.0 if h is None else 1.0 for h in hint]
+
+    data = [Record("q1", [], "1", {"hint": "h"}), Record("q2", [], "2"), Record("q3", [], "3")]
+    rewards = Rewards([RewardPart("hinted", hinted)])
+    rewards.columns = data_columns(data)
+    assert rewards.columns == ("hint",)
+    assert rewards(["a", "b"], data[:2]) == [1.0, 0.0] and rewards(["b", "c"], data[1:]) == [0.0, 0.0]
+
+
 def test_a_kwargs_reward_called_as_dgrpos_form_says_so_once():
     """A TRL reward naming a parameter that is no column (TRL's trainer_state) gets the records without a word."""
     from dgrpo.data.records import Record

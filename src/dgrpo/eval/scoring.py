@@ -163,28 +163,41 @@ def trl_style(fn: Callable, columns: Iterable[str] | None = None) -> bool:
     return columns is None or len(required) != 2 or all(name in columns for name in required)
 
 
-def trl_columns(completions: list[str], records: list[Record]) -> dict[str, list]:
+def data_columns(records: Iterable[Record]) -> tuple[str, ...]:
+    """The columns of the data beyond question, answer and steps: every key of the records' ``meta``, in order of
+    first appearance (a column that only some records have among them)."""
+    return tuple(dict.fromkeys(k for r in records for k in r.meta))
+
+
+def trl_columns(completions: list[str], records: list[Record], columns: Iterable[str] = ()) -> dict[str, list]:
     """The keyword arguments TRL's GRPOTrainer gives a reward function, one entry per completion: ``prompts``,
     ``completions``, ``answer``, ``steps`` and each other column of the data (``meta``; None where a record lacks
-    it)."""
-    columns: dict[str, list] = {
+    it): those of ``records``, and the ``columns`` of the whole data (:func:`data_columns`) that no record of this
+    batch has, all None (the same arguments for every batch)."""
+    out: dict[str, list] = {
         "prompts": [r.question for r in records],
         "completions": list(completions),
         "answer": [r.answer for r in records],
         "steps": [r.steps for r in records],
     }
-    for key in dict.fromkeys(k for r in records for k in r.meta):
-        columns.setdefault(key, [r.meta.get(key) for r in records])
-    return columns
+    for key in dict.fromkeys([*columns, *data_columns(records)]):
+        out.setdefault(key, [r.meta.get(key) for r in records])
+    return out
 
 
 def call_checked(
-    fn: ScoreFn, name: str, completions: list[str], records: list[Record], what: str = "reward"
+    fn: ScoreFn,
+    name: str,
+    completions: list[str],
+    records: list[Record],
+    what: str = "reward",
+    columns: Iterable[str] = (),
 ) -> list[float]:
     """``fn(completions, records)`` (a function in TRL's form, :func:`trl_style`: ``fn(**trl_columns(...))``),
     checked: it must return one finite number per completion (an error names it as ``what``: a reward, or a scorer in
-    evaluation)."""
-    columns, by_keyword = trl_columns(completions, records), cast(Callable[..., Any], fn)
+    evaluation). ``columns``: those of the whole data (:func:`data_columns`), so that the form a function is called
+    in, and the keywords it gets, do not depend on which records a batch holds."""
+    columns, by_keyword = trl_columns(completions, records, columns), cast(Callable[..., Any], fn)
     trl = trl_style(fn, columns)
     if not trl and trl_style(fn):
         _warn_called_as_dgrpo(fn, name, columns)
@@ -310,6 +323,9 @@ class Rewards:
     parts: list[RewardPart]
     filter_on: str = ""
     last: dict[str, list[float]] = field(default_factory=dict)  # each part's values of the last call
+    #: the training data's columns (:func:`data_columns`; the trainer sets them): a TRL-style part gets each of them
+    #: in every batch, None where a record lacks it
+    columns: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.parts]
@@ -337,7 +353,7 @@ class Rewards:
         return [p.identity() for p in self.parts]
 
     def __call__(self, completions: list[str], records: list[Record]) -> list[float]:
-        self.last = {p.name: call_checked(p.fn, p.name, completions, records) for p in self.parts}
+        self.last = {p.name: call_checked(p.fn, p.name, completions, records, columns=self.columns) for p in self.parts}
         return [sum(p.weight * self.last[p.name][i] for p in self.parts) for i in range(len(completions))]
 
     def smoke_test(self, records: list[Record], check_filter: bool) -> None:

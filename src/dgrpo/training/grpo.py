@@ -33,7 +33,15 @@ from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, GRPOConfig, to_dict
 from ..data.records import Record, fingerprint
-from ..eval.scoring import RewardError, RewardPart, Rewards, ScoreFn, build_rewards, final_answer_text
+from ..eval.scoring import (
+    RewardError,
+    RewardPart,
+    Rewards,
+    ScoreFn,
+    build_rewards,
+    data_columns,
+    final_answer_text,
+)
 from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
 from ..model.kernels import apply_kernels
 from ..model.latent_lm import LatentLM
@@ -191,6 +199,7 @@ class GRPOTrainer:
         self.objective = ObjectiveSettings.from_config(g)
         _warn_at_start(lm, cfg, train)
         self.rewards = _rewards(reward_fn, cfg)
+        self.rewards.columns = data_columns(train)  # (a column of some records only: every batch gets it)
         self.rewards.smoke_test(train[:2], check_filter=g.filter and g.advantage != "ema")
         # the KL reference: a frozen copy of the model, or under LoRA a frozen adapter (before the optimizer)
         self.ref = make_reference(lm, self.dist) if g.beta0 > 0 else None
