@@ -284,7 +284,9 @@ def test_fsdp2_runs_write_resumable_checkpoints_and_resume_bit_identical(sft_che
         "--allow-config-change",
         *_args({**sets, "fsdp": "none"}),
     )
-    assert r.returncode == 2 and "written with FSDP2 and resumed without it" in r.stderr, r.stderr[-2000:]
+    expected = "written with FSDP2 and resumed without it: resume it under torchrun with fsdp full or sharded (FSDP2"
+    assert r.returncode == 2 and expected in r.stderr, r.stderr[-2000:]  # (it said: with the setting it started with,
+    # which a single process, with fsdp set, had been given)
 
 
 # ----------------------------------------------------------------------------------------------- worker

@@ -240,10 +240,12 @@ def check_same_sharding(ckpt: Path, opt_state: Any, sharded: bool) -> None:
     by_name = bool(ids) and all(isinstance(i, str) for i in ids)
     if ids and by_name != sharded:
         written, now = ("with", "without") if by_name else ("without", "with")
-        raise ConfigError(
-            f"{ckpt}: written {written} FSDP2 and resumed {now} it: resume with the fsdp setting the run started with "
-            f"({'full or sharded' if by_name else 'none'})"
+        how = (
+            "under torchrun with fsdp full or sharded (FSDP2 needs 2 processes or more: one process runs without it)"
+            if by_name
+            else "with fsdp none"
         )
+        raise ConfigError(f"{ckpt}: written {written} FSDP2 and resumed {now} it: resume it {how}")
 
 
 def check_same_hub_base(ckpt: Path, lm) -> None:
