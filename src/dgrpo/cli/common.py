@@ -60,6 +60,15 @@ def load(args: argparse.Namespace, extra: list[str] | None = None) -> Config:
     return cfg
 
 
+def refuse_torchrun(command: str, why: str) -> None:
+    """A ConfigError when a one-process command is launched under torchrun (``why``: what every rank would do)."""
+    from ..config import ConfigError
+    from ..training.distributed import env_int
+
+    if env_int("WORLD_SIZE", 1) > 1:
+        raise ConfigError(f"dgrpo {command} runs in one process: launch it without torchrun ({why})")
+
+
 def seed_everything(seed: int) -> None:
     import numpy as np
     import torch

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-from .common import subcommand
+from .common import refuse_torchrun, subcommand
 
 IMPORT_EXAMPLES = """  # the official GSM8K run (its args/gsm_coconut.yaml: c_thought 2, max_latent_stage 3: 6 thoughts)
   dgrpo import-coconut YOUR_SAVE_PATH/gsm-coconut/checkpoint_N --base openai-community/gpt2 \\
@@ -147,6 +147,7 @@ def run_export(args: argparse.Namespace) -> int:
 def run_consolidate(args: argparse.Namespace) -> int:
     from ..training.consolidate import consolidate_checkpoint
 
+    refuse_torchrun("consolidate", "each rank would write the same files at once")
     print(f"wrote {consolidate_checkpoint(args.dir)}/model.safetensors")
     return 0
 

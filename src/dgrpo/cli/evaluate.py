@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .common import add_config_options, check_split, load, prompt_settings, setup, subcommand
+from .common import add_config_options, check_split, load, prompt_settings, refuse_torchrun, setup, subcommand
 
 if TYPE_CHECKING:
     import torch
@@ -135,15 +135,9 @@ def dataset_label(data: str, split: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import ConfigError
     from ..eval.evaluate import eval_options, evaluate, write_results
-    from ..training.distributed import env_int
 
-    if env_int("WORLD_SIZE", 1) > 1:  # each rank would evaluate everything
-        raise ConfigError(
-            "dgrpo eval runs in one process: launch it without torchrun (sft and grpo shard their test sets over "
-            "the ranks)"
-        )
+    refuse_torchrun("eval", "each rank would evaluate everything; sft and grpo shard their test sets over the ranks")
     cfg = _eval_config(args)
     e = cfg.eval
     outs = output_dirs(list(args.data), args.split, Path(args.out))

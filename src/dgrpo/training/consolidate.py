@@ -112,6 +112,8 @@ def read_sharded(directory: Path, part: str | None = None) -> dict[str, torch.Te
 def _sharded_checkpoint(path: Path) -> Path:
     """``path`` when it holds shards (``dcp/.metadata``), a run directory's ``final/`` when that does, checked
     against its manifest (a changed shard would otherwise be written into a new, verified checkpoint)."""
+    if not path.exists():
+        raise CheckpointError(f"{path}: not found")
     if not (path / SHARDED_DIR / ".metadata").is_file() and (path / FINAL_DIR / SHARDED_DIR / ".metadata").is_file():
         path = path / FINAL_DIR
     if not (path / SHARDED_DIR / ".metadata").is_file():
