@@ -523,6 +523,20 @@ def test_warnings_are_dgrpo_lines_and_the_libraries_keep_theirs():
     assert warnings.formatwarning is python_format
 
 
+def test_under_torchrun_only_rank_0_prints_dgrpos_warnings(monkeypatch):
+    """Every rank printed each warning about the config and data (8 copies on 8 GPUs; info lines were rank 0's)."""
+    import warnings
+
+    import dgrpo.cli as cli
+
+    ours = str(cli.PACKAGE_DIR / "plotting.py")
+    for rank, shown in (("0", "dgrpo: warning: ours\n"), ("1", "")):
+        monkeypatch.setenv("RANK", rank)
+        with cli._warnings_as_lines():
+            assert warnings.formatwarning("ours", UserWarning, ours, 1) == shown
+            assert warnings.formatwarning("theirs", FutureWarning, "/elsewhere/lib.py", 7, "").startswith("/elsewhere")
+
+
 def test_eval_of_several_datasets_loads_the_model_once_and_writes_a_folder_each(
     sft_checkpoint, tmp_path, run_cli, monkeypatch
 ):
