@@ -369,6 +369,10 @@ def test_narrow_float_golds_are_the_shortest_decimal_of_their_type() -> None:
     assert Record("q", [], torch.tensor(2.3, dtype=torch.bfloat16)).answer == "2.3"  # (stored: 2.296875)
     assert Record("q", [], np.float32(1e-7)).answer == "0.0000001"
     assert format_number(np.float32(float("nan"))) is None  # no number, as a float64 NaN
+    # a whole number is that integer, not the shortest decimal of its type (review: 2147483520 became 2147483500)
+    for gold, text in ((np.float32(2147483520.0), "2147483520"), (np.float16(65504), "65504")):
+        assert Record("q", [], gold).answer == text and score(f"#### {text}", gold) == 1.0
+    assert Record("q", [], torch.tensor(10008, dtype=torch.float16)).answer == "10008"
     assert Record("q", [], torch.tensor(2.3, dtype=torch.float64)).answer == "2.3"  # float64: its own repr
 
 

@@ -164,7 +164,7 @@ def _plain_number(value: Any) -> int | float | Decimal | None:
     """A number as a Python ``int``, ``float`` or ``Decimal``: NumPy scalars (``np.int64``, ``np.float32``) and 0-d
     arrays or tensors (through ``.item()``) too; None for anything else, booleans included. A float narrower than
     float64 (a float32 column of a Parquet file) is the shortest decimal that reads back as the same value in its own
-    type (``np.float32(2.3)`` -> 2.3, not float64's 2.299999952316284)."""
+    type (``np.float32(2.3)`` -> 2.3, not float64's 2.299999952316284); a whole one is that integer."""
     if isinstance(value, (str, bool)):
         return None
     narrow = _narrow_float_type(value)
@@ -176,7 +176,8 @@ def _plain_number(value: Any) -> int | float | Decimal | None:
         except (TypeError, ValueError, RuntimeError):
             return None
     if narrow is not None and isinstance(value, numbers.Real) and math.isfinite(float(value)):
-        return _shortest_decimal(float(value), narrow)
+        as_float = float(value)  # (a whole one exact as it is: 65504 in float16, not its shortest 65500)
+        return int(as_float) if as_float.is_integer() else _shortest_decimal(as_float, narrow)
     if isinstance(value, bool) or not isinstance(value, numbers.Number):
         return None
     if isinstance(value, Decimal):
@@ -197,7 +198,13 @@ def _narrow_float_type(value: Any) -> Callable[[float], float] | None:
     if callable(getattr(value, "new_tensor", None)) and getattr(dtype, "is_floating_point", False):  # torch
         return lambda x: float(value.new_tensor(x).item())
     if getattr(dtype, "kind", "") == "f" and callable(getattr(dtype, "type", None)):  # NumPy
-        return lambda x: float(dtype.type(x))
+        import numpy as np
+
+        def rounded(x: float) -> float:
+            with np.errstate(over="ignore"):  # (a decimal past the type's range: inf, not that one)
+                return float(dtype.type(x))
+
+        return rounded
     return None
 
 

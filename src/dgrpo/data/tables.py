@@ -6,10 +6,9 @@ them into records (by their keys, or by the column mapping ``data.question_key``
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from .records import DataError
 
@@ -78,7 +77,10 @@ def read_hf_folder(path: Path, split: str | None) -> list[dict[str, Any]]:
 def dataset_rows(dataset: Any) -> list[dict[str, Any]]:
     """The rows of a ``datasets.Dataset`` as dicts. A float32 or float16 column's values, which Arrow hands over as
     the float64 of the stored bits (2.299999952316284 for a stored 2.3), are the shortest decimal of their own type
-    (2.3): a gold answer of a float32 column is then the number that was written, as a CSV file's is."""
+    (2.3): a gold answer of a float32 column is then the number that was written, as a CSV file's is (a whole number
+    stays as it is: 65504, not float16's shortest 65500)."""
+    import numpy as np
+
     rows = list(dataset)
     narrow = [
         (name, np.dtype(feature.dtype).type)
@@ -87,6 +89,7 @@ def dataset_rows(dataset: Any) -> list[dict[str, Any]]:
     ]
     for row in rows if narrow else ():
         for name, to_type in narrow:
-            if isinstance(row.get(name), float):
-                row[name] = float(str(to_type(row[name])))
+            value = row.get(name)
+            if isinstance(value, float) and math.isfinite(value) and not value.is_integer():  # (a whole one: exact)
+                row[name] = float(str(to_type(value)))
     return rows
