@@ -19,8 +19,9 @@ Pairs (``candidate`` against ``baseline``):
   No option runs the candidate: it says whether one would pay.
 
 Each pair prints one JSON line: both medians (ms), their ratio (candidate / baseline, below 1: the candidate is
-faster) and the largest difference between their outputs (and gradients, where a pair takes them). On a CPU the
-timings are not the GPU's; the smoke run checks that the pairs run and agree.
+faster), the largest difference between their outputs and, over outputs and gradients together (where a pair takes
+them), the largest difference relative to the baseline's largest value. On a CPU the timings are not the GPU's; the
+smoke run checks that the pairs run and agree.
 """
 
 from __future__ import annotations
@@ -79,7 +80,10 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
 
 def pair(name: str, candidate: Callable[[], Tensor], baseline: Callable[[], Tensor], args, device) -> dict:
     """Both run twice untimed (compilation, caches), then ``reps`` rounds alternating who goes first."""
-    diff = (candidate().detach().float() - baseline().detach().float()).abs().max().item()  # (gradients too)
+    with torch.no_grad():
+        diff = (candidate().float() - baseline().float()).abs().max().item()
+    cand, base = candidate().detach().float(), baseline().detach().float()  # (gradients too, where a pair takes them)
+    rel = ((cand - base).abs().max() / base.abs().max().clamp_min(1e-30)).item()
     for _ in range(2):
         candidate(), baseline()
     times: dict[str, list[float]] = {"candidate": [], "baseline": []}
@@ -87,9 +91,9 @@ def pair(name: str, candidate: Callable[[], Tensor], baseline: Callable[[], Tens
         order = [("candidate", candidate), ("baseline", baseline)]
         for key, fn in order if r % 2 == 0 else order[::-1]:
             times[key].append(timed(fn, device))
-    cand, base = statistics.median(times["candidate"]), statistics.median(times["baseline"])
-    return {"pair": name, "candidate_ms": round(cand, 4), "baseline_ms": round(base, 4),
-            "ratio": round(cand / base, 3), "max_abs_diff": diff}  # fmt: skip
+    cand_ms, base_ms = statistics.median(times["candidate"]), statistics.median(times["baseline"])
+    return {"pair": name, "candidate_ms": round(cand_ms, 4), "baseline_ms": round(base_ms, 4),
+            "ratio": round(cand_ms / base_ms, 3), "max_abs_diff": diff, "max_rel_diff_with_grads": rel}  # fmt: skip
 
 
 def head_pairs(args, device, dtype) -> list[dict]:

@@ -366,6 +366,7 @@ def test_kernel_levers_script_times_each_pair_and_they_agree():
     assert [r["pair"] for r in rows] == pairs and list(summary["ratios"]) == pairs
     for r in rows:
         assert r["candidate_ms"] > 0 and r["baseline_ms"] > 0 and r["max_abs_diff"] < 1e-5, r
+        assert r["max_rel_diff_with_grads"] < 1e-5, r  # (the gradients too, where a pair takes them)
     assert rows[2]["mask_packing_ms_per_call"] > 0
 
 
