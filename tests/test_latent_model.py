@@ -298,9 +298,11 @@ def test_model_latent_token_init_coconut_copies_the_rows_of_double_angle(tokeniz
 
 def test_a_save_prints_no_per_file_progress_bar_and_leaves_the_setting_as_it_was(tokenizer, tmp_path, capfd):
     """A Python training run printed Hugging Face's "Writing model shards" bar at every checkpoint."""
+    from huggingface_hub import utils as hub_utils
     from transformers.utils import logging as hf_logging
 
     lm, was_on = make_lm(tokenizer), hf_logging.is_progress_bar_enabled()  # (a CLI test in this process: off)
+    hub_was_off = hub_utils.are_progress_bars_disabled()
     try:
         hf_logging.enable_progress_bar()
         lm.save_pretrained(tmp_path / "m")
@@ -308,8 +310,13 @@ def test_a_save_prints_no_per_file_progress_bar_and_leaves_the_setting_as_it_was
         hf_logging.disable_progress_bar()
         lm.save_pretrained(tmp_path / "m2")
         assert not hf_logging.is_progress_bar_enabled()  # (off before: still off)
+        hf_logging.enable_progress_bar()
+        hub_utils.disable_progress_bars()  # only huggingface_hub's off: still off after (review: it was switched on)
+        lm.save_pretrained(tmp_path / "m3")
+        assert hub_utils.are_progress_bars_disabled() and hf_logging.is_progress_bar_enabled()
     finally:
         (hf_logging.enable_progress_bar if was_on else hf_logging.disable_progress_bar)()
+        (hub_utils.disable_progress_bars if hub_was_off else hub_utils.enable_progress_bars)()
 
 
 def test_save_and_reload_roundtrip(tokenizer, task_records, tmp_path):

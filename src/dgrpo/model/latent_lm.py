@@ -262,16 +262,18 @@ def load_hf_model(
 @contextmanager
 def _hf_progress_bars_off() -> Iterator[None]:
     """Hugging Face's per-file progress bars off for a while (a training run's every checkpoint printed "Writing
-    model shards"), then as they were."""
+    model shards"), then as they were: transformers' and huggingface_hub's (which transformers' switch sets too)."""
+    from huggingface_hub import utils as hub_utils
     from transformers.utils import logging as hf_logging
 
-    was_on = hf_logging.is_progress_bar_enabled()
+    was_on, hub_was_off = hf_logging.is_progress_bar_enabled(), hub_utils.are_progress_bars_disabled()
     hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         if was_on:
             hf_logging.enable_progress_bar()
+        (hub_utils.disable_progress_bars if hub_was_off else hub_utils.enable_progress_bars)()
 
 
 class KeptDecoders(dict[str, tuple[tuple, Any]]):
