@@ -240,18 +240,19 @@ _WARNED_DGRPO_FORM: set[str] = set()
 
 
 def _warn_called_as_dgrpo(fn: Callable, name: str, columns: dict) -> None:
-    """Once per function: one that takes ``**kwargs`` but names a parameter that is no column of the data is called
-    as dgrpo's ``fn(completions, records)``; if it was written for TRL, that parameter gets the records."""
+    """Once per function: one that takes ``**kwargs`` and two required parameters, not both columns of the data, is
+    called as dgrpo's ``fn(completions, records)``; if it was written for TRL, its second parameter gets the records."""
     if name in _WARNED_DGRPO_FORM:
         return
     _WARNED_DGRPO_FORM.add(name)
-    params = [p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
-    missing = [p for p in params if p not in columns]
+    params = inspect.signature(fn).parameters.values()
+    first, second = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty][:2]
+    missing = [p for p in (first, second) if p not in columns]
     warnings.warn(
-        f"{name} takes **kwargs, but {', '.join(map(repr, missing))} is no column of the data (columns: "
-        f"{', '.join(columns)}), so it is called as dgrpo's fn(completions, records) and {missing[-1]!r} gets the "
-        "records. Written for TRL? Name a column (a mapped data.answer_key keeps its own name too). Written for "
-        "dgrpo? Name the parameter records",
+        f"{name} takes **kwargs, but {' and '.join(map(repr, missing))} {'is' if len(missing) == 1 else 'are'} no "
+        f"column of the data (columns: {', '.join(columns)}), so it is called as dgrpo's fn(completions, records): "
+        f"{first!r} gets the completions and {second!r} the records. Written for TRL? Name a column (a mapped "
+        "data.answer_key keeps its own name too). Written for dgrpo? Name the parameter records",
         stacklevel=3,
     )
 
@@ -331,8 +332,8 @@ class Rewards:
         names = [p.name for p in self.parts]
         if not names:
             raise RewardError("Rewards: no reward parts (give at least one RewardPart)")
-        taken = sorted(set(names) & set(ROLLOUT_FIELDS))
-        if taken:  # (a part's values sit beside these in a rollouts.jsonl row, and would overwrite them)
+        taken = sorted(set(names) & set(ROLLOUT_FIELDS)) if len(names) > 1 else []
+        if taken:  # (two parts or more: their values sit beside these in a rollouts.jsonl row, and overwrote them)
             raise RewardError(
                 f"Rewards: reward part name(s) {', '.join(taken)} are fields of rollouts.jsonl's rows "
                 f"({', '.join(ROLLOUT_FIELDS)}): give the part another name"

@@ -25,7 +25,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from functools import cached_property, partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -608,36 +608,50 @@ class GRPOTrainer:
 
 
 def _rewards(reward_fn: ScoreFn | Sequence[ScoreFn] | Rewards | None, cfg: Config) -> Rewards:
-    """The trainer's reward: the one given in Python, else the config's (``grpo.reward(s)``, else ``eval.scorer``)."""
-    if isinstance(reward_fn, (list, tuple)) and reward_fn and all(callable(f) for f in reward_fn):
-        names = [getattr(f, "__name__", f"reward_{i}") for i, f in enumerate(reward_fn)]
-        return _rewards(Rewards([RewardPart(n, f) for n, f in zip(names, reward_fn)], cfg.grpo.filter_reward), cfg)
+    """The trainer's reward: the one given in Python (a function, a list of them as TRL's ``reward_funcs``, each part
+    named by its ``__name__``, or a Rewards), else the config's (``grpo.reward(s)``, else ``eval.scorer``)."""
     if isinstance(reward_fn, Rewards):
         return reward_fn
-    if reward_fn is not None and not callable(reward_fn):
+    if reward_fn is None:
+        g = cfg.grpo
+        return build_rewards(g.reward, g.rewards, cfg.eval.scorer, g.filter_reward)
+    fns = cast(list[ScoreFn], list(reward_fn) if isinstance(reward_fn, (list, tuple)) else [reward_fn])
+    if not fns or not all(callable(f) for f in fns):
         raise TypeError(
             f"reward_fn must be a function (completions, records) -> one score each, a list of them or a Rewards; got "
             f"{type(reward_fn).__name__} {reward_fn!r:.60}: a reward by name goes in the config (grpo.reward: numeric, "
             "or 'file.py:function')"
         )
-    if reward_fn is not None and (cfg.grpo.reward or cfg.grpo.rewards):
+    if cfg.grpo.reward or cfg.grpo.rewards:
         warnings.warn(
             "reward_fn replaces the config's grpo.reward / grpo.rewards, which the run's config.json and its "
             "checkpoints' run_config.json still name (its resumable checkpoints record the reward used)",
             stacklevel=3,
         )
-    if reward_fn is not None:
-        name, chosen = getattr(reward_fn, "__name__", "reward_fn"), cfg.grpo.filter_reward
-        if chosen and chosen != name:  # it named a part of the config's rewards, which reward_fn replaces
-            warnings.warn(
-                f"grpo.filter_reward {chosen!r} is not used: reward_fn ({name}) replaces the config's rewards, and the "
-                "filter applies to its values (pass a Rewards to filter on one part)",
-                stacklevel=3,
-            )
-            chosen = ""
-        return Rewards([RewardPart(name, reward_fn)], chosen)
-    g = cfg.grpo
-    return build_rewards(g.reward, g.rewards, cfg.eval.scorer, g.filter_reward)
+    names = _part_names(fns)
+    chosen = cfg.grpo.filter_reward
+    if chosen and chosen not in names:  # it named a part of the config's rewards, which reward_fn replaces
+        warnings.warn(
+            f"grpo.filter_reward {chosen!r} is not used: reward_fn ({', '.join(names)}) replaces the config's rewards, "
+            "and the filter applies to the total (pass a Rewards to filter on one part)",
+            stacklevel=3,
+        )
+        chosen = ""
+    return Rewards([RewardPart(n, f) for n, f in zip(names, fns)], chosen)
+
+
+def _part_names(fns: list[ScoreFn]) -> list[str]:
+    """Each function's ``__name__`` (``reward_fn`` without one), a repeated one numbered (two lambdas:
+    ``<lambda>``, ``<lambda>_2``), as TRL takes them."""
+    names: list[str] = []
+    for fn in fns:
+        base = getattr(fn, "__name__", "reward_fn")
+        name, k = base, 1
+        while name in names:
+            k += 1
+            name = f"{base}_{k}"
+        names.append(name)
+    return names
 
 
 # ------------------------------------------------------------------------ the run

@@ -275,7 +275,7 @@ def warn_if_off_device(lm: LatentLM, cfg: Config, what: str) -> None:
             f"{what}: the model is on {lm.device.type}, but device is {name!r} ({want}), so it trains on "
             f"{lm.device.type}: move it first (lm.to({want!r}), or load_model(..., device={want!r})), or set "
             f"device: {lm.device.type}",
-            stacklevel=3,
+            stacklevel=4,  # (train_grpo's caller)
         )
 
 
