@@ -198,8 +198,7 @@ class GRPOTrainer:
         pack_gqa(lm, cfg.model)  # (and the packed attention: the copy's config is the model's)
         self.objective = ObjectiveSettings.from_config(g)
         _warn_at_start(lm, cfg, train)
-        self.rewards = _rewards(reward_fn, cfg)
-        self.rewards.columns = data_columns(train)  # (a column of some records only: every batch gets it)
+        self.rewards = _rewards(reward_fn, cfg, data_columns(train))
         self.rewards.smoke_test(train[:2], check_filter=g.filter and g.advantage != "ema")
         # the KL reference: a frozen copy of the model, or under LoRA a frozen adapter (before the optimizer)
         self.ref = make_reference(lm, self.dist) if g.beta0 > 0 else None
@@ -607,7 +606,17 @@ class GRPOTrainer:
         }
 
 
-def _rewards(reward_fn: ScoreFn | Sequence[ScoreFn] | Rewards | None, cfg: Config) -> Rewards:
+def _rewards(
+    reward_fn: ScoreFn | Sequence[ScoreFn] | Rewards | None, cfg: Config, columns: tuple[str, ...] = ()
+) -> Rewards:
+    """:func:`_chosen_rewards`, told the training data's ``columns`` (:func:`data_columns`: a column of some records
+    only reaches a TRL-style reward in every batch)."""
+    rewards = _chosen_rewards(reward_fn, cfg)
+    rewards.columns = columns
+    return rewards
+
+
+def _chosen_rewards(reward_fn: ScoreFn | Sequence[ScoreFn] | Rewards | None, cfg: Config) -> Rewards:
     """The trainer's reward: the one given in Python (a function, a list of them as TRL's ``reward_funcs``, each part
     named by its ``__name__``, or a Rewards), else the config's (``grpo.reward(s)``, else ``eval.scorer``)."""
     if isinstance(reward_fn, Rewards):
