@@ -369,10 +369,17 @@ def test_narrow_float_golds_are_the_shortest_decimal_of_their_type() -> None:
     assert Record("q", [], torch.tensor(2.3, dtype=torch.bfloat16)).answer == "2.3"  # (stored: 2.296875)
     assert Record("q", [], np.float32(1e-7)).answer == "0.0000001"
     assert format_number(np.float32(float("nan"))) is None  # no number, as a float64 NaN
-    # a whole number is that integer, not the shortest decimal of its type (review: 2147483520 became 2147483500)
-    for gold, text in ((np.float32(2147483520.0), "2147483520"), (np.float16(65504), "65504")):
-        assert Record("q", [], gold).answer == text and score(f"#### {text}", gold) == 1.0
-    assert Record("q", [], torch.tensor(10008, dtype=torch.float16)).answer == "10008"
+    # a whole number is that integer where the type holds every integer; past that, the round number it was
+    # written as, as NumPy prints it (reviews: 7e10 became 70000001024, float16's 50000 49984; 123456 must stay)
+    for gold, text in (
+        (np.float32(123456), "123456"),
+        (np.float32(16777215), "16777215"),
+        (np.float32(7e10), "70000000000"),
+        (np.float16(50000), "50000"),
+        (np.float16(2000), "2000"),
+        (torch.tensor(1e6, dtype=torch.bfloat16), "1000000"),
+    ):
+        assert Record("q", [], gold).answer == text and score(f"#### {text}", gold) == 1.0, gold
     assert Record("q", [], torch.tensor(2.3, dtype=torch.float64)).answer == "2.3"  # float64: its own repr
 
 

@@ -164,7 +164,7 @@ def _plain_number(value: Any) -> int | float | Decimal | None:
     """A number as a Python ``int``, ``float`` or ``Decimal``: NumPy scalars (``np.int64``, ``np.float32``) and 0-d
     arrays or tensors (through ``.item()``) too; None for anything else, booleans included. A float narrower than
     float64 (a float32 column of a Parquet file) is the shortest decimal that reads back as the same value in its own
-    type (``np.float32(2.3)`` -> 2.3, not float64's 2.299999952316284); a whole one is that integer."""
+    type (:func:`narrow_number`: ``np.float32(2.3)`` -> 2.3, not float64's 2.299999952316284)."""
     if isinstance(value, (str, bool)):
         return None
     narrow = _narrow_float_type(value)
@@ -176,8 +176,7 @@ def _plain_number(value: Any) -> int | float | Decimal | None:
         except (TypeError, ValueError, RuntimeError):
             return None
     if narrow is not None and isinstance(value, numbers.Real) and math.isfinite(float(value)):
-        as_float = float(value)  # (a whole one exact as it is: 65504 in float16, not its shortest 65500)
-        return int(as_float) if as_float.is_integer() else _shortest_decimal(as_float, narrow)
+        return narrow_number(float(value), narrow)
     if isinstance(value, bool) or not isinstance(value, numbers.Number):
         return None
     if isinstance(value, Decimal):
@@ -206,6 +205,16 @@ def _narrow_float_type(value: Any) -> Callable[[float], float] | None:
 
         return rounded
     return None
+
+
+def narrow_number(value: float, narrow: Callable[[float], float]) -> int | Decimal:
+    """A value of a float type narrower than float64 (``narrow`` rounds a Python float to that type and back) as the
+    number it was most likely written as: an integer where the type holds every integer (float32 up to 2^24), else
+    the shortest decimal that reads back as the same value in that type, as NumPy prints it (float32's 2.3, not
+    2.299999952316284; float32's 7e10, not the 70000001024 it holds; float16's 50000, not 49984)."""
+    if value.is_integer() and narrow(value + 1) != value and narrow(value - 1) != value:
+        return int(value)
+    return _shortest_decimal(value, narrow)
 
 
 def _shortest_decimal(value: float, narrow: Callable[[float], float]) -> Decimal:

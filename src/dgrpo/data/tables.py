@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..reward import narrow_number
 from .records import DataError
 
 #: files that mark a folder written by ``datasets.Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``
@@ -77,19 +78,30 @@ def read_hf_folder(path: Path, split: str | None) -> list[dict[str, Any]]:
 def dataset_rows(dataset: Any) -> list[dict[str, Any]]:
     """The rows of a ``datasets.Dataset`` as dicts. A float32 or float16 column's values, which Arrow hands over as
     the float64 of the stored bits (2.299999952316284 for a stored 2.3), are the shortest decimal of their own type
-    (2.3): a gold answer of a float32 column is then the number that was written, as a CSV file's is (a whole number
-    stays as it is: 65504, not float16's shortest 65500)."""
+    (2.3; :func:`dgrpo.reward.narrow_number`): a gold answer of a float32 column is then the number that was written,
+    as a CSV file's is."""
     import numpy as np
 
     rows = list(dataset)
     narrow = [
-        (name, np.dtype(feature.dtype).type)
+        (name, _rounder(np.dtype(feature.dtype).type))
         for name, feature in (getattr(dataset, "features", None) or {}).items()
         if getattr(feature, "dtype", None) in ("float16", "float32")
     ]
     for row in rows if narrow else ():
         for name, to_type in narrow:
             value = row.get(name)
-            if isinstance(value, float) and math.isfinite(value) and not value.is_integer():  # (a whole one: exact)
-                row[name] = float(str(to_type(value)))
+            if isinstance(value, float) and math.isfinite(value):
+                row[name] = float(narrow_number(value, to_type))
     return rows
+
+
+def _rounder(to_type: Any) -> Any:
+    """A function that rounds a Python float to the NumPy type ``to_type`` and back (quietly past its range)."""
+    import numpy as np
+
+    def rounded(x: float) -> float:
+        with np.errstate(over="ignore"):
+            return float(to_type(x))
+
+    return rounded
