@@ -314,6 +314,11 @@ def test_a_save_prints_no_per_file_progress_bar_and_leaves_the_setting_as_it_was
         hub_utils.disable_progress_bars()  # only huggingface_hub's off: still off after (review: it was switched on)
         lm.save_pretrained(tmp_path / "m3")
         assert hub_utils.are_progress_bars_disabled() and hf_logging.is_progress_bar_enabled()
+        hub_utils.enable_progress_bars()
+        hub_utils.disable_progress_bars("huggingface_hub.http_get")  # one group off: still off after (review 2)
+        lm.save_pretrained(tmp_path / "m4")
+        assert hub_utils.are_progress_bars_disabled("huggingface_hub.http_get")
+        assert not hub_utils.are_progress_bars_disabled()
     finally:
         (hf_logging.enable_progress_bar if was_on else hf_logging.disable_progress_bar)()
         (hub_utils.disable_progress_bars if hub_was_off else hub_utils.enable_progress_bars)()

@@ -23,6 +23,7 @@ sampling of each answer token and its booking in :mod:`dgrpo.model.decoding`.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import typing
@@ -263,17 +264,20 @@ def load_hf_model(
 def _hf_progress_bars_off() -> Iterator[None]:
     """Hugging Face's per-file progress bars off for a while (a training run's every checkpoint printed "Writing
     model shards"), then as they were: transformers' and huggingface_hub's (which transformers' switch sets too)."""
-    from huggingface_hub import utils as hub_utils
     from transformers.utils import logging as hf_logging
 
-    was_on, hub_was_off = hf_logging.is_progress_bar_enabled(), hub_utils.are_progress_bars_disabled()
+    hub_tqdm = importlib.import_module("huggingface_hub.utils.tqdm")  # (the module: the package's name is its class)
+    was_on = hf_logging.is_progress_bar_enabled()
+    hub_states = dict(getattr(hub_tqdm, "progress_bar_states", {}))  # (global and per group)
     hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         if was_on:
             hf_logging.enable_progress_bar()
-        (hub_utils.disable_progress_bars if hub_was_off else hub_utils.enable_progress_bars)()
+        if hasattr(hub_tqdm, "progress_bar_states"):
+            hub_tqdm.progress_bar_states.clear()
+            hub_tqdm.progress_bar_states.update(hub_states)
 
 
 class KeptDecoders(dict[str, tuple[tuple, Any]]):
