@@ -161,6 +161,13 @@ def test_eval_and_consolidate_under_torchrun_are_refused(tmp_path, run_cli, monk
     assert r.returncode == 2 and "dgrpo eval runs in one process: launch it without torchrun" in r.stderr
     r = run_cli("consolidate", tmp_path / "nope")
     assert r.returncode == 2 and "dgrpo consolidate runs in one process: launch it without torchrun" in r.stderr
+    for argv in (
+        ["export", tmp_path / "nope", "--out", tmp_path / "e"],
+        ["import-coconut", tmp_path / "nope", "--base", tmp_path / "b", "--out", tmp_path / "i", "--c-thought", 1],
+        ["plot", tmp_path / "nope", "--out", tmp_path / "p.png"],
+    ):  # (the review: every rank wrote the same files too)
+        r = run_cli(*argv)
+        assert r.returncode == 2 and f"dgrpo {argv[0]} runs in one process: launch it without torchrun" in r.stderr
 
 
 def test_missing_checkpoint_and_unknown_dataset_exit_2(tmp_path, run_cli):
@@ -537,6 +544,11 @@ def test_under_torchrun_only_rank_0_prints_dgrpos_warnings(monkeypatch):
         with cli._warnings_as_lines():
             assert warnings.formatwarning("ours", UserWarning, ours, 1) == shown
             assert warnings.formatwarning("theirs", FutureWarning, "/elsewhere/lib.py", 7, "").startswith("/elsewhere")
+            # what befell one rank (a capture given up, a compiler fallen back) is that rank's to say (review)
+            fell_back = warnings.formatwarning("eager now", RuntimeWarning, ours, 1)
+            assert fell_back == (
+                "dgrpo: warning: eager now\n" if rank == "0" else "dgrpo: warning: rank 1: eager now\n"
+            )
 
 
 def test_eval_of_several_datasets_loads_the_model_once_and_writes_a_folder_each(

@@ -107,7 +107,9 @@ def test_a_compiler_that_fails_leaves_the_eager_form_with_one_warning(monkeypatc
     monkeypatch.setattr(head_stats.torch, "compile", broken)
     stats = HeadStats(compiled=True)
     x, t = torch.randn(3, 50), torch.tensor([1, 2, 3])
-    with pytest.warns(UserWarning, match=r"model.compile_head: the compiled head statistics failed.*eager form runs"):
+    with pytest.warns(
+        RuntimeWarning, match=r"model.compile_head: the compiled head statistics failed.*eager form runs"
+    ):
         got = stats.target_logprobs(x, t)
     assert torch.equal(got, eager_target_logprobs(x, t)) and not stats.compiled
     with warnings.catch_warnings():

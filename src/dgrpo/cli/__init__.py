@@ -108,17 +108,21 @@ def _resume_hint(args: argparse.Namespace) -> str:
 @contextmanager
 def _warnings_as_lines() -> Iterator[None]:
     """dgrpo's own warnings as ``dgrpo: warning: ...`` lines on stderr (not Python's ``file:line: UserWarning:``
-    and a line of dgrpo's source), printed by rank 0 alone under torchrun (every rank warned of the same config
-    and data: 8 copies of each on 8 GPUs); the libraries' warnings keep Python's form, which names where they come
-    from, on every rank. (The format is replaced, not the display: recorded warnings, as pytest records them, stay
-    recorded.)"""
-    python_format, quiet = warnings.formatwarning, os.environ.get("RANK", "").strip() not in ("", "0")
+    and a line of dgrpo's source). Under torchrun the warnings about the config and the data (UserWarning) are
+    printed by rank 0 alone (every rank printed the same: 8 copies of each on 8 GPUs), and what befell one rank
+    (RuntimeWarning: a capture or a compiler that fell back to eager) by that rank, named. The libraries' warnings
+    keep Python's form, which names where they come from, on every rank. (The format is replaced, not the display:
+    recorded warnings, as pytest records them, stay recorded.)"""
+    python_format, rank = warnings.formatwarning, os.environ.get("RANK", "").strip()
+    other_rank = rank not in ("", "0")
 
     def formatted(
         message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
     ) -> str:
         if Path(filename).resolve().is_relative_to(PACKAGE_DIR):
-            return "" if quiet else f"dgrpo: warning: {message}\n"
+            if not other_rank:
+                return f"dgrpo: warning: {message}\n"
+            return f"dgrpo: warning: rank {rank}: {message}\n" if issubclass(category, RuntimeWarning) else ""
         return python_format(message, category, filename, lineno, line)
 
     warnings.formatwarning = formatted

@@ -112,6 +112,7 @@ def _add_export_parser(sub: Any) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    refuse_torchrun("export", "each rank would write the same files at once")
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -157,6 +158,7 @@ def run_import(args: argparse.Namespace) -> int:
     from ..model.verified import LATENT_CONFIG_FILE
     from ..training.run import check_output_path
 
+    refuse_torchrun("import-coconut", "each rank would write the same files at once")
     check_output_path(args.out, model_dir=True)
     out = import_coconut(
         Path(args.ckpt),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import subcommand
+from .common import refuse_torchrun, subcommand
 
 PLOT_EXAMPLES = """  dgrpo plot runs/demo/arms --out runs/demo/arms.png    # every run below it, by arm, mean over seeds
   dgrpo plot runs/grpo runs/sampling --out fig.pdf --reference "Coconut SFT=0.247"
@@ -81,6 +81,7 @@ def run_plot(args: argparse.Namespace) -> int:
     from ..data.records import DataError
     from ..plotting import describe, plot
 
+    refuse_torchrun("plot", "each rank would write the same files at once")
     reference: dict[str, float] = {}
     for name, value in parse_pairs(args.reference, "--reference"):
         try:

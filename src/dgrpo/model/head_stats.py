@@ -103,5 +103,6 @@ class HeadStats:
         warnings.warn(
             f"model.compile_head: the compiled head statistics failed ({type(err).__name__}: {first}); the eager "
             "form runs from now on (the same values; set model.compile_head=false to skip the attempt)",
+            RuntimeWarning,
             stacklevel=3,
         )
