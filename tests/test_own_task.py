@@ -216,6 +216,24 @@ def test_a_trl_reward_gets_a_column_of_some_records_in_every_batch():
     assert rewards(["a", "b"], data[:2]) == [1.0, 0.0] and rewards(["b", "c"], data[1:]) == [0.0, 0.0]
 
 
+def test_loaded_records_have_every_column_so_each_shard_gets_the_same_keywords(tmp_path):
+    """A column some rows lack is None in those rows, as a Hugging Face dataset holds it: an eval scorer in TRL's form
+    was called in dgrpo's form on a rank whose shard had no row with the column (a review: validation accuracy
+    depended on the number of ranks)."""
+    from dgrpo.eval.scoring import call_checked
+
+    data = tmp_path / "hints.jsonl"
+    rows = [{"question": "1+1?", "answer": "2", "hint": "add"}, {"question": "2+2?", "answer": "4"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recs = load_spec(str(data))
+    assert [r.meta.get("hint", "absent") for r in recs] == ["add", None]
+
+    def hinted(completions, hint, **kwargs):
+        return [0.0 if h is None else 1.0 for h in hint]
+
+    assert call_checked(hinted, "hinted", ["a"], recs[1:]) == [0.0]  # (the shard without the hint: TRL's form still)
+
+
 def test_a_kwargs_reward_called_as_dgrpos_form_says_so_once():
     """A TRL reward naming a parameter that is no column (TRL's trainer_state) gets the records without a word."""
     from dgrpo.data.records import Record
@@ -416,13 +434,13 @@ def test_a_float32_answer_column_is_read_as_the_number_written(tmp_path):
 
     from dgrpo.reward import score
 
-    answers = np.array([2.3, 0.1, 7.0, 1e-7, 2147483520.0], dtype=np.float32)
+    answers = np.array([2.3, 0.1, 7.0, 1e-7, 7e10], dtype=np.float32)
     ds = datasets.Dataset.from_dict({"question": ["a?", "b?", "c?", "d?", "e?"], "answer": answers})
     ds.to_parquet(str(tmp_path / "f32.parquet"))
     ds.save_to_disk(str(tmp_path / "folder"))
     for path in (tmp_path / "f32.parquet", tmp_path / "folder"):
         recs = load_spec(str(path))
-        assert [r.answer for r in recs] == ["2.3", "0.1", "7", "0.0000001", "2147483520"]
+        assert [r.answer for r in recs] == ["2.3", "0.1", "7", "0.0000001", "70000000000"]
         assert score("#### 2.3", recs[0].answer) == 1.0
 
 

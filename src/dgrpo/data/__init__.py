@@ -24,13 +24,30 @@ def load_spec(spec: str, task=None, split: str | None = None, data=None) -> list
 
     ``task`` (a TaskConfig) parameterises ``builtin`` names (options in the name apply over it); ``split``, when
     given, wins over a split in the name; ``data`` (a DataConfig) gives the column mapping for files whose keys
-    are not a known format (``question_key``, ``answer_key``, ``steps_key``)."""
+    are not a known format (``question_key``, ``answer_key``, ``steps_key``).
+
+    Every record has every column (``meta`` key) of the records loaded, None where its row lacked it, as a Hugging
+    Face dataset holds a column some rows lack: a reward or scorer in TRL's form gets the same keywords whichever
+    records a batch, a rank's shard or a vote holds."""
+    return with_every_column(_load_spec(spec, task, split, data))
+
+
+def with_every_column(records: list[Record]) -> list[Record]:
+    """``records``, each ``meta`` given every key of the others' (None where it has none)."""
+    keys = list(dict.fromkeys(k for r in records for k in r.meta))
+    for r in records:
+        if len(r.meta) < len(keys):
+            r.meta = {**r.meta, **{k: None for k in keys if k not in r.meta}}
+    return records
+
+
+def _load_spec(spec: str, task, split: str | None, data) -> list[Record]:
     columns = columns_of(data)
     if "+" in spec and not Path(spec).exists():
         parts = [part.strip() for part in spec.split("+")]
         if not all(parts):  # ('a+' dropped the empty part, '+' gave no records at all)
             raise DataError(f"{spec!r}: an empty part between '+' signs; join dataset names as in gsm_hard+svamp")
-        return [r for part in parts for r in load_spec(part, task, split, data)]
+        return [r for part in parts for r in _load_spec(part, task, split, data)]
     if spec.startswith("builtin"):
         return load_builtin(spec, split, task)
     if Path(spec).exists():

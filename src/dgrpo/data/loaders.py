@@ -681,10 +681,9 @@ class _ColumnParser:
             raise _RowError(f"column {self.question_key!r} is empty")
         answer, solution = self._answer(row)
         steps = self._steps(row, solution)
-        # every column stays under its own name, the mapped answer and steps ones too (TRL passes a reward function
-        # each column but the prompt), except the question's (it is the record's question, and TRL's prompts) and
-        # those the record holds as question, answer and steps
-        meta = {k: v for k, v in row.items() if k not in _RECORD_COLUMNS and k != self.question_key}
+        # every column stays under its own name, the mapped ones too (TRL passes a reward function each column but
+        # the prompt), except those the record holds as question, answer and steps
+        meta = {k: v for k, v in row.items() if k not in _RECORD_COLUMNS}
         if solution is not None:
             meta.setdefault("solution", solution)  # (a GSM8K-style answer column; a column of that name wins)
         return Record(question, steps, answer, meta)
