@@ -22,6 +22,7 @@ from typing import IO, Any
 from ..config import Config, ConfigError, to_dict
 from ..data.records import Record, check_records
 from ..eval.evaluate import warn_if_questions_cut
+from ..eval.scoring import RewardError
 from ..model.latent_lm import LatentLM
 from ..model.sources import is_model_dir, on_disk
 from ..model.verified import MANIFEST, RESUMABLE_STATE, RUN_CONFIG_FILE, CheckpointError
@@ -749,17 +750,29 @@ def weights_finite(params: list, dist: Dist) -> bool:
 
 def sharded_accuracy(dist: Dist, count_correct: Callable[[list[Record]], int], records: list[Record]) -> float:
     """Accuracy on ``records`` with each rank scoring its shard: ``count_correct(shard)`` returns how many
-    of the shard's records are correct; the counts are summed over ranks (every rank calls this)."""
+    of the shard's records are correct; the counts are summed over ranks (every rank calls this). A scorer that fails
+    on one rank's shard (a RewardError) stops every rank at that sum, each with one line."""
     local = dist.shard(records)
-    correct = count_correct(local) if local else 0
+    try:
+        correct = count_correct(local) if local else 0
+    except RewardError:
+        dist.sum_ints([0, 1])  # (the others learn of it at the sum below, and stop there too)
+        raise
+    count, failed = dist.sum_ints([_checked_count(correct, len(local)), 0])
+    if failed:
+        raise RewardError("a scorer failed in another process (its own error line says which, and why)")
+    return count / max(1, len(records))
+
+
+def _checked_count(correct: Any, n: int) -> int:
+    """``correct`` as the count of correct records of a shard of ``n`` (TypeError otherwise)."""
     try:
         count = operator.index(correct)  # an int (numpy's, or a 0-d integer tensor, too)
     except TypeError:
         count = -1
-    if not 0 <= count <= len(local):
+    if not 0 <= count <= n:
         raise TypeError(
-            f"evaluate_fn returns how many of the {len(local)} records it is given are correct (an int from 0 to "
-            f"{len(local)}), got {correct!r}"
-            + (": an accuracy? return the count" if isinstance(correct, float) else "")
+            f"evaluate_fn returns how many of the {n} records it is given are correct (an int from 0 to "
+            f"{n}), got {correct!r}" + (": an accuracy? return the count" if isinstance(correct, float) else "")
         )
-    return dist.sum_int(count) / max(1, len(records))
+    return count
