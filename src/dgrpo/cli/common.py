@@ -151,13 +151,22 @@ def evaluate_test_sets(
     records of each), sharded over ranks; rank 0 writes :func:`results_dir`. Returns the accuracies as metrics
     (:func:`test_metric_key`; rank 0's, {} on the others)."""
     from ..eval.evaluate import eval_options, evaluate, merge_results, write_results
+    from ..eval.scoring import RewardError
 
     options = eval_options(cfg)  # (the scorer built once: a plug-in file is imported once)
     metrics: dict[str, float] = {}
     for spec, recs in tests.items():
         recs = recs[: cfg.eval.limit] if cfg.eval.limit else recs  # (before sharding: the same records on any world)
-        r = evaluate(lm, dist.shard(recs), dataset=spec, progress=dist.is_main, **options)
-        r = merge_results(dist.all_gather_objects(r)) if dist.active else r
+        try:
+            r = evaluate(lm, dist.shard(recs), dataset=spec, progress=dist.is_main, **options)
+        except RewardError:  # (a scorer failed on this rank's shard: the others learn of it at the gather, and stop)
+            if dist.active:
+                dist.all_gather_objects(None)
+            raise
+        parts = dist.all_gather_objects(r) if dist.active else [r]
+        if any(part is None for part in parts):
+            raise RewardError("a scorer failed in another process (its own error line says which, and why)")
+        r = merge_results(parts) if dist.active else r
         if dist.is_main:
             r.model, r.limit = str((out / checkpoint).resolve()), cfg.eval.limit
             write_results(r, results_dir(out, spec, checkpoint))
