@@ -419,19 +419,26 @@ def test_a_reward_failing_on_one_rank_stops_every_rank_with_one_line(sft_checkpo
     from conftest import tiny_args
 
     reward = tmp_path / "flaky.py"
-    reward.write_text(
-        "import os\nCALLS = []\n\n\ndef flaky(completions, records):\n    CALLS.append(1)\n"
-        "    if os.environ.get('RANK') == '1' and len(CALLS) > 1:  # (call 1: the start's check on gold answers)\n"
+    reward.write_text(  # (not on the start's check, on gold answers)
+        "import os\n\n\ndef flaky(completions, records):\n"
+        "    if os.environ.get('RANK') == '1' and not all(c.startswith('#### ') for c in completions):\n"
         "        raise ValueError('cannot score this row')\n    return [0.0] * len(completions)\n"
     )
     sets = {**GRPO_SETS, "grpo.steps": 2, "grpo.prompts_per_step": 4, "data.test": "[]", "data.valid": "''"}
-    sets["grpo.reward"] = f"{reward}:flaky"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dgrpo", "grpo"]
-    cmd += ["--init", str(sft_checkpoint), "--out", str(tmp_path / "run"), *tiny_args(**sets)]
+    cmd += ["--init", str(sft_checkpoint), "--out", str(tmp_path / "run")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode != 0
-    assert log.count("raised ValueError: cannot score this row") == 1, log[-4000:]
-    assert log.count("dgrpo: error: a reward failed in another process") == 1, log[-4000:]
-    assert "gloo" not in log and "[rank0]: Traceback" not in log, log[-4000:]
+    # the reward (on the first step's batch), and as the scorer of the test set at the end (its shard)
+    for what, extra in (
+        ("reward", {"grpo.reward": f"{reward}:flaky"}),
+        ("scorer", {"eval.scorer": f"{reward}:flaky", "grpo.reward": "numeric", "grpo.steps": 1}),
+    ):
+        if what == "scorer":
+            extra["data.test"] = "[builtin:test]"
+        argv = [*cmd[:-1], str(tmp_path / what), *tiny_args(**{**sets, **extra})]
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
+        log = proc.stdout + proc.stderr
+        assert proc.returncode != 0
+        assert log.count("raised ValueError: cannot score this row") == 1, log[-4000:]
+        assert log.count(f"dgrpo: error: a {what} failed in another process") == 1, log[-4000:]
+        assert "gloo" not in log and "[rank0]: Traceback" not in log, log[-4000:]
