@@ -234,6 +234,19 @@ def test_loaded_records_have_every_column_so_each_shard_gets_the_same_keywords(t
     assert call_checked(hinted, "hinted", ["a"], recs[1:]) == [0.0]  # (the shard without the hint: TRL's form still)
 
 
+def test_a_failing_scorer_plugin_is_named_once(tmp_path):
+    """A plug-in scorer's error was wrapped twice: 'scorer f raised RewardError: scorer f raised ValueError: ...'."""
+    from dgrpo.data.records import Record
+    from dgrpo.eval.evaluate import _graded
+    from dgrpo.eval.scoring import build_scorer
+
+    path = tmp_path / "bad.py"
+    path.write_text("def bad(completions, records):\n    raise ValueError('no')\n")
+    with pytest.raises(RewardError) as raised:
+        _graded([Record("q", [], "1")], ["#### 1"], build_scorer(f"{path}:bad"))
+    assert str(raised.value) == f"scorer {path}:bad raised ValueError: no"
+
+
 def test_a_kwargs_reward_called_as_dgrpos_form_says_so_once():
     """A TRL reward naming a parameter that is no column (TRL's trainer_state) gets the records without a word."""
     from dgrpo.data.records import Record

@@ -203,6 +203,8 @@ def call_checked(
         _warn_called_as_dgrpo(fn, name, columns)
     try:
         returned = by_keyword(**columns) if trl else fn(completions, records)
+    except RewardError:  # (a plug-in scorer's own checked call already named it: not wrapped twice)
+        raise
     except Exception as e:  # noqa: BLE001 - the user's function failed: one line naming it
         how = ""
         if trl and isinstance(e, TypeError):  # (a signature mistaken for TRL's says how it was called)
