@@ -345,9 +345,11 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
 
     with pytest.raises(RewardError, match="mine.py:f raised"):
         sharded_accuracy(other_failed, raises, train)  # type: ignore[arg-type]
-    with pytest.raises(RewardError, match="a scorer failed in another process"):
+    with pytest.raises(RewardError, match="the evaluation failed in another process"):
         sharded_accuracy(other_failed, lambda local: 3, train)  # type: ignore[arg-type]
-    assert sums == [[0, 1], [3, 0]]
+    with pytest.raises(TypeError, match="evaluate_fn returns how many"):  # (any failure joins the sum: review 3)
+        sharded_accuracy(other_failed, lambda local: 0.5, train)  # type: ignore[arg-type]
+    assert sums == [[0, 1], [3, 0], [0, 1]]
     chat = tiny_config(**{"data.chat_template": True})  # this tokenizer has no chat template
     with pytest.raises(ConfigError, match="data.chat_template: this tokenizer has no chat template"):
         train_sft(lm, train, chat, out)

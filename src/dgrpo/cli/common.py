@@ -159,13 +159,13 @@ def evaluate_test_sets(
         recs = recs[: cfg.eval.limit] if cfg.eval.limit else recs  # (before sharding: the same records on any world)
         try:
             r = evaluate(lm, dist.shard(recs), dataset=spec, progress=dist.is_main, **options)
-        except RewardError:  # (a scorer failed on this rank's shard: the others learn of it at the gather, and stop)
+        except Exception:  # (it failed on this rank's shard: the others learn of it at the gather, and stop)
             if dist.active:
                 dist.all_gather_objects(None)
             raise
         parts = dist.all_gather_objects(r) if dist.active else [r]
         if any(part is None for part in parts):
-            raise RewardError("a scorer failed in another process (its own error line says which, and why)")
+            raise RewardError("the evaluation failed in another process (its own error line says why)")
         r = merge_results(parts) if dist.active else r
         if dist.is_main:
             r.model, r.limit = str((out / checkpoint).resolve()), cfg.eval.limit

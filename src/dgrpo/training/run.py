@@ -750,17 +750,18 @@ def weights_finite(params: list, dist: Dist) -> bool:
 
 def sharded_accuracy(dist: Dist, count_correct: Callable[[list[Record]], int], records: list[Record]) -> float:
     """Accuracy on ``records`` with each rank scoring its shard: ``count_correct(shard)`` returns how many
-    of the shard's records are correct; the counts are summed over ranks (every rank calls this). A scorer that fails
-    on one rank's shard (a RewardError) stops every rank at that sum, each with one line."""
+    of the shard's records are correct; the counts are summed over ranks (every rank calls this). An evaluation that
+    fails on one rank's shard (a scorer's error, a count that is none) stops every rank at that sum, each with one
+    line."""
     local = dist.shard(records)
     try:
-        correct = count_correct(local) if local else 0
-    except RewardError:
+        count = _checked_count(count_correct(local) if local else 0, len(local))
+    except Exception:
         dist.sum_ints([0, 1])  # (the others learn of it at the sum below, and stop there too)
         raise
-    count, failed = dist.sum_ints([_checked_count(correct, len(local)), 0])
+    count, failed = dist.sum_ints([count, 0])
     if failed:
-        raise RewardError("a scorer failed in another process (its own error line says which, and why)")
+        raise RewardError("the evaluation failed in another process (its own error line says why)")
     return count / max(1, len(records))
 
 
