@@ -114,15 +114,15 @@ def _warnings_as_lines() -> Iterator[None]:
     keep Python's form, which names where they come from, on every rank. (The format is replaced, not the display:
     recorded warnings, as pytest records them, stay recorded.)"""
     python_format, rank = warnings.formatwarning, os.environ.get("RANK", "").strip()
-    other_rank = rank not in ("", "0")
+    several = os.environ.get("WORLD_SIZE", "").strip() not in ("", "0", "1")
 
     def formatted(
         message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
     ) -> str:
         if Path(filename).resolve().is_relative_to(PACKAGE_DIR):
-            if not other_rank:
-                return f"dgrpo: warning: {message}\n"
-            return f"dgrpo: warning: rank {rank}: {message}\n" if issubclass(category, RuntimeWarning) else ""
+            if several and issubclass(category, RuntimeWarning):
+                return f"dgrpo: warning: rank {rank}: {message}\n"
+            return "" if several and rank not in ("", "0") else f"dgrpo: warning: {message}\n"
         return python_format(message, category, filename, lineno, line)
 
     warnings.formatwarning = formatted

@@ -154,11 +154,11 @@ def run_consolidate(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
+    refuse_torchrun("import-coconut", "each rank would write the same files at once")
     from ..model.coconut_import import import_coconut
     from ..model.verified import LATENT_CONFIG_FILE
     from ..training.run import check_output_path
 
-    refuse_torchrun("import-coconut", "each rank would write the same files at once")
     check_output_path(args.out, model_dir=True)
     out = import_coconut(
         Path(args.ckpt),
