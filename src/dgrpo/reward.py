@@ -197,14 +197,19 @@ def _narrow_float_type(value: Any) -> Callable[[float], float] | None:
     if callable(getattr(value, "new_tensor", None)) and getattr(dtype, "is_floating_point", False):  # torch
         return lambda x: float(value.new_tensor(x).item())
     if getattr(dtype, "kind", "") == "f" and callable(getattr(dtype, "type", None)):  # NumPy
-        import numpy as np
-
-        def rounded(x: float) -> float:
-            with np.errstate(over="ignore"):  # (a decimal past the type's range: inf, not that one)
-                return float(dtype.type(x))
-
-        return rounded
+        return numpy_rounder(dtype.type)
     return None
+
+
+def numpy_rounder(to_type: Callable[[float], Any]) -> Callable[[float], float]:
+    """A function that rounds a Python float to the NumPy float type ``to_type`` (``np.float32``) and back."""
+    import numpy as np
+
+    def rounded(x: float) -> float:
+        with np.errstate(over="ignore"):  # (a decimal past the type's range: inf, not that one)
+            return float(to_type(x))
+
+    return rounded
 
 
 def narrow_number(value: float, narrow: Callable[[float], float]) -> int | Decimal:

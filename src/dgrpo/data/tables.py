@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..reward import narrow_number
+from ..reward import narrow_number, numpy_rounder
 from .records import DataError
 
 #: files that mark a folder written by ``datasets.Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``
@@ -84,7 +84,7 @@ def dataset_rows(dataset: Any) -> list[dict[str, Any]]:
 
     rows = list(dataset)
     narrow = [
-        (name, _rounder(np.dtype(feature.dtype).type))
+        (name, numpy_rounder(np.dtype(feature.dtype).type))
         for name, feature in (getattr(dataset, "features", None) or {}).items()
         if getattr(feature, "dtype", None) in ("float16", "float32")
     ]
@@ -94,14 +94,3 @@ def dataset_rows(dataset: Any) -> list[dict[str, Any]]:
             if isinstance(value, float) and math.isfinite(value):
                 row[name] = float(narrow_number(value, to_type))
     return rows
-
-
-def _rounder(to_type: Any) -> Any:
-    """A function that rounds a Python float to the NumPy type ``to_type`` and back (quietly past its range)."""
-    import numpy as np
-
-    def rounded(x: float) -> float:
-        with np.errstate(over="ignore"):
-            return float(to_type(x))
-
-    return rounded
