@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .loaders import DATASETS, canonical_name, column_parser, load_dataset
-from .records import DataError, Record, shared_questions
+from .records import DataError, Record, data_columns, shared_questions
 from .synthetic import load_builtin
 
 
@@ -34,7 +34,7 @@ def load_spec(spec: str, task=None, split: str | None = None, data=None) -> list
 
 def with_every_column(records: list[Record]) -> list[Record]:
     """``records``, each ``meta`` given every key of the others' (None where it has none)."""
-    keys = list(dict.fromkeys(k for r in records for k in r.meta))
+    keys = data_columns(records)
     for r in records:
         if len(r.meta) < len(keys):
             r.meta = {**r.meta, **{k: None for k in keys if k not in r.meta}}

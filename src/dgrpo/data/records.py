@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,12 @@ def shared_questions(train: list[Record], held_out: list[Record]) -> tuple[int, 
     trained = [answers.get(" ".join(r.question.split())) for r in held_out]  # (None: not in the training data)
     shared = [(r, kept) for r, kept in zip(held_out, trained) if kept is not None]
     return len(shared), sum(r.answer in kept for r, kept in shared)
+
+
+def data_columns(records: Iterable[Record]) -> tuple[str, ...]:
+    """The columns of the data beyond question, answer and steps: every key of the records' ``meta``, in order of
+    first appearance (a column that only some records have among them)."""
+    return tuple(dict.fromkeys(k for r in records for k in r.meta))
 
 
 def fingerprint(records: list[Record]) -> str:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..config import reward_name
-from ..data.records import Record
+from ..data.records import Record, data_columns
 from ..reward import final_answer_text, normalize_text, score
 
 ScoreFn = Callable[[list[str], list[Record]], Sequence[float]]
@@ -161,12 +161,6 @@ def trl_style(fn: Callable, columns: Iterable[str] | None = None) -> bool:
         return False
     required = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty]
     return columns is None or len(required) != 2 or all(name in columns for name in required)
-
-
-def data_columns(records: Iterable[Record]) -> tuple[str, ...]:
-    """The columns of the data beyond question, answer and steps: every key of the records' ``meta``, in order of
-    first appearance (a column that only some records have among them)."""
-    return tuple(dict.fromkeys(k for r in records for k in r.meta))
 
 
 def trl_columns(completions: list[str], records: list[Record], columns: Iterable[str] = ()) -> dict[str, list]:

@@ -32,16 +32,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, GRPOConfig, to_dict
-from ..data.records import Record, fingerprint
-from ..eval.scoring import (
-    RewardError,
-    RewardPart,
-    Rewards,
-    ScoreFn,
-    build_rewards,
-    data_columns,
-    final_answer_text,
-)
+from ..data.records import Record, data_columns, fingerprint
+from ..eval.scoring import RewardError, RewardPart, Rewards, ScoreFn, build_rewards, final_answer_text
 from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
 from ..model.kernels import apply_kernels
 from ..model.latent_lm import LatentLM
