@@ -24,7 +24,7 @@ from ..data.records import Record, check_records
 from ..eval.evaluate import warn_if_questions_cut
 from ..eval.scoring import RewardError
 from ..model.latent_lm import LatentLM
-from ..model.sources import is_model_dir, on_disk
+from ..model.sources import is_model_dir, on_disk, resolve_device
 from ..model.verified import MANIFEST, RESUMABLE_STATE, RUN_CONFIG_FILE, CheckpointError
 from ..run_layout import (
     BEST_DIR,
@@ -270,7 +270,7 @@ def warn_if_off_device(lm: LatentLM, cfg: Config, what: str) -> None:
     import torch
 
     name = cfg.device
-    want = ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else torch.device(name).type
+    want = resolve_device(name).type if name == "auto" else torch.device(name).type  # (no CUDA here: still warned)
     if lm.device.type != want:
         warnings.warn(
             f"{what}: the model is on {lm.device.type}, but device is {name!r} ({want}), so it trains on "
