@@ -220,6 +220,19 @@ def test_lora_needs_a_saved_base_and_no_fsdp(tokenizer):
         tiny_config(**{"model.lora.r": 4, "fsdp": "full"})
 
 
+def test_lora_under_dgrpo_fsdp_is_refused_before_the_model_loads(monkeypatch):
+    """DGRPO_FSDP overrides ``fsdp: none``, which validation passed: the refusal came only after the model loaded."""
+    import torch
+
+    from dgrpo.cli.common import join_processes
+    from dgrpo.training.distributed import Dist
+
+    monkeypatch.setattr(Dist, "from_env", classmethod(lambda cls, device, fsdp: cls(world_size=2, fsdp=True)))
+    with pytest.raises(ConfigError, match="LoRA with FSDP is not supported.*DGRPO_FSDP"):
+        join_processes(tiny_config(**{"model.lora.r": 4}), torch.device("cpu"))
+    assert join_processes(tiny_config(), torch.device("cpu"))[0].fsdp
+
+
 def test_adapter_checkpoint_with_a_missing_base_is_one_line(base_dirs, tmp_path):
     import json
     import shutil

@@ -94,12 +94,20 @@ def setup(cfg: Config) -> torch.device:
 
 
 def join_processes(cfg: Config, device: torch.device) -> tuple[Dist, torch.device]:
-    """The process group under torchrun (a single process otherwise), and this rank's device."""
+    """The process group under torchrun (a single process otherwise), and this rank's device. LoRA under FSDP2 is
+    refused here, before the model loads."""
     import torch
 
     from ..training.distributed import Dist
 
     dist = Dist.from_env(device, fsdp=cfg.fsdp)
+    if dist.fsdp and cfg.model.lora.r > 0:  # DGRPO_FSDP set over fsdp: none (the config key is checked in validate)
+        from ..config import ConfigError
+
+        raise ConfigError(
+            "LoRA with FSDP is not supported: the frozen backbone is replicated and only the adapters train "
+            "(unset DGRPO_FSDP or set it to 0: plain data parallelism)"
+        )
     if dist.active and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
     return dist, device
