@@ -24,8 +24,11 @@ sft = Path(sys.argv[1])
 name = sys.argv[2]
 seed = int(sys.argv[3])
 overrides = sys.argv[4:]
+# the demo's GRPO settings of the sweep's time (100 steps; the library's default is 50 now), then the row's change
 base = load_config(
-    Config, None, overrides + [f"seed={seed}", "grpo.eval_every=0", "grpo.save_every=0", "grpo.save_best=false"]
+    Config,
+    None,
+    ["grpo.steps=100", *overrides, f"seed={seed}", "grpo.eval_every=0", "grpo.save_every=0", "grpo.save_best=false"],
 )
 valid = generate_split(base.task, "valid")
 train = generate_split(base.task, "train")
