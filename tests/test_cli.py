@@ -484,7 +484,7 @@ def test_eval_uses_the_dtype_the_checkpoint_was_trained_in(tmp_path, sft_checkpo
     args = ["eval", "--model", ckpt, "--data", "builtin:test", "--limit", 2, "--set", "task.n_test=8"]
     r = run_cli(*args, "--out", tmp_path / "a")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "task, data and dtype settings from the checkpoint" in r.stdout
+    assert "task, data, dtype and scorer settings from the checkpoint" in r.stdout
     assert "decoding (eval.*) from this command: --config RUN/config.json for the run's own" in r.stdout
     r = run_cli(*args, "--out", tmp_path / "b", "--set", "model.dtype=float32", "--config", "tiny.yaml")
     assert r.returncode == 0 and "overridden: model.dtype" in r.stdout, r.stderr[-2000:]

@@ -656,7 +656,7 @@ def test_hub_ids_load_from_the_cache_wherever_a_model_goes(sft_checkpoint, tmp_p
     r = run("eval", "--model", "tiny-org/tiny-model", "--data", "builtin:test", "--limit", 8, "--out", tmp_path / "e")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "e" / "results.json").read_text())["model"] == "tiny-org/tiny-model@0123456789abcdef"
-    assert "task, data and dtype settings from the checkpoint's run_config.json" in r.stdout  # (from the hub too)
+    assert "task, data, dtype and scorer settings from the checkpoint's run_config.json" in r.stdout  # (hub too)
     assert "decoding (eval.*) from this command\n" in r.stdout  # (no run directory to point to)
     r = run("grpo", "--init", "tiny-org/tiny-model", *tiny_args(**{"grpo.steps": 1}), "--out", tmp_path / "g")
     assert r.returncode == 0, r.stderr[-2000:]

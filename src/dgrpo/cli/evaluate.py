@@ -65,7 +65,7 @@ def register(sub: Any) -> None:
 
 
 def checkpoint_settings(model: str, revision: str = "") -> tuple[dict, str]:
-    """(settings, commit): the task, data and dtype settings a checkpoint was trained with, a local one or one
+    """(settings, commit): the task, data, dtype and scorer settings a checkpoint was trained with, a local one or one
     uploaded to the hub (at ``revision``) ({} for a plain model, an older checkpoint, or one that cannot be read:
     loading it says why), and for a hub id the commit they were read at ("" for a directory), at which the weights
     are then read too: a branch that moves in between does not mix two commits."""
@@ -101,7 +101,7 @@ def explain(start: dict, cfg: Any, configs: list[str] | None = None, local: bool
     for section, values in start.items():
         for k, v in values.items():
             (taken if getattr(getattr(cfg, section), k) == v else changed).append(f"{section}.{k}")
-    line = f"dgrpo eval: task, data and dtype settings from the checkpoint's run_config.json ({len(taken)} kept"
+    line = f"dgrpo eval: task, data, dtype and scorer settings from the checkpoint's run_config.json ({len(taken)} kept"
     line += f"; overridden: {', '.join(changed)})" if changed else ")"
     # decoding is the command's own: the run's test sets used the run's eval.* (its config.json has them)
     if configs:
