@@ -220,17 +220,30 @@ def test_lora_needs_a_saved_base_and_no_fsdp(tokenizer):
         tiny_config(**{"model.lora.r": 4, "fsdp": "full"})
 
 
-def test_lora_under_dgrpo_fsdp_is_refused_before_the_model_loads(monkeypatch):
-    """DGRPO_FSDP overrides ``fsdp: none``, which validation passed: the refusal came only after the model loaded."""
-    import torch
+def test_dgrpo_fsdp_is_the_runs_fsdp_key_so_validation_sees_it(monkeypatch):
+    """DGRPO_FSDP overrides the ``fsdp`` key of dgrpo sft/grpo when the config loads: LoRA, the compiled layers and
+    the latent chain are refused under it before the model loads, and the run's config.json records the mode that
+    ran (it passed validation as fsdp: none and was recorded so)."""
+    import argparse
 
-    from dgrpo.cli.common import join_processes
-    from dgrpo.training.distributed import Dist
+    from dgrpo.cli.common import load
 
-    monkeypatch.setattr(Dist, "from_env", classmethod(lambda cls, device, fsdp: cls(world_size=2, fsdp=True)))
-    with pytest.raises(ConfigError, match="LoRA with FSDP is not supported.*DGRPO_FSDP"):
-        join_processes(tiny_config(**{"model.lora.r": 4}), torch.device("cpu"))
-    assert join_processes(tiny_config(), torch.device("cpu"))[0].fsdp
+    from conftest import TINY
+
+    def args(cmd, **over):
+        sets = [f"{k}={v}" for k, v in over.items()]
+        return argparse.Namespace(cmd=cmd, config=[TINY], overrides=sets, out=None)
+
+    monkeypatch.setenv("DGRPO_FSDP", "1")
+    assert load(args("grpo")).fsdp == "full" and load(args("sft")).fsdp == "full"
+    assert load(args("eval")).fsdp == "none"  # (a one-process command: the variable is no option of it)
+    with pytest.raises(ConfigError, match=r"LoRA with FSDP is not supported.*\(fsdp=full comes from DGRPO_FSDP\)"):
+        load(args("grpo", **{"model.lora.r": 4}))
+    monkeypatch.setenv("DGRPO_FSDP", "sharded")
+    assert load(args("grpo", fsdp="none")).fsdp == "sharded"
+    monkeypatch.setenv("DGRPO_FSDP", "yes")
+    with pytest.raises(ConfigError, match="DGRPO_FSDP='yes': expected 0, 1"):
+        load(args("grpo"))
 
 
 def test_adapter_checkpoint_with_a_missing_base_is_one_line(base_dirs, tmp_path):

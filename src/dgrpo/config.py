@@ -82,6 +82,24 @@ class ConfigError(ValueError):
     """An invalid configuration: unknown key, wrong type or value out of range."""
 
 
+#: the environment variable that overrides the ``fsdp`` key of dgrpo sft and grpo (and of ``Dist.from_env``)
+FSDP_ENV = "DGRPO_FSDP"
+_FSDP_SPELLINGS = {"none": ("0", "false", "off", "none"), "full": ("1", "true", "on", "full"), "sharded": ("sharded",)}
+
+
+def fsdp_from_env() -> str | None:
+    """``DGRPO_FSDP`` as an ``fsdp`` value (none, full or sharded); None when it is unset or empty."""
+    import os
+
+    raw = os.environ.get(FSDP_ENV, "").strip().lower()
+    if not raw:
+        return None
+    mode = next((m for m, spellings in _FSDP_SPELLINGS.items() if raw in spellings), None)
+    if mode is None:
+        raise ConfigError(f"{FSDP_ENV}={raw!r}: expected 0, 1 (= full) or sharded")
+    return mode
+
+
 def opt(default: Any, doc: str, **kw: Any) -> Any:
     """A documented config field."""
     if isinstance(default, (list, dict)):
@@ -986,7 +1004,7 @@ class Config:
         "under torchrun: none (replicated weights, gradients all-reduced), full (FSDP2; "
         "rank 0 writes gathered safetensors and resumable checkpoints) or sharded (FSDP2; every rank writes its "
         "shard of each checkpoint, the optimizer state of resumable ones included). The DGRPO_FSDP environment "
-        "variable overrides it",
+        "variable (0, 1 = full, or sharded) overrides it, and the run's config.json records the value that ran",
     )
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)

@@ -50,11 +50,19 @@ def subcommand(sub: Any, name: str, help: str, examples: str) -> argparse.Argume
 
 
 def load(args: argparse.Namespace, extra: list[str] | None = None) -> Config:
-    """The command's config; then, when it writes to ``--out``, a one-line error early if it cannot."""
-    from ..config import Config, load_config
+    """The command's config; then, when it writes to ``--out``, a one-line error early if it cannot. For dgrpo sft
+    and grpo, ``DGRPO_FSDP`` overrides the ``fsdp`` key here, so that validation sees it and the run records it."""
+    from ..config import FSDP_ENV, Config, ConfigError, fsdp_from_env, load_config
     from ..training.run import check_output_path
 
-    cfg = load_config(Config, list(args.config), [*args.overrides, *(extra or [])])
+    fsdp = fsdp_from_env() if getattr(args, "cmd", None) in ("sft", "grpo") else None
+    overrides = [*args.overrides, *(extra or []), *([f"fsdp={fsdp}"] if fsdp else [])]
+    try:
+        cfg = load_config(Config, list(args.config), overrides)
+    except ConfigError as e:
+        if fsdp and "fsdp" in str(e).lower():
+            raise ConfigError(f"{e} (fsdp={fsdp} comes from {FSDP_ENV})") from None
+        raise
     if getattr(args, "out", None) is not None:  # (an empty --out is one line: it would write into .)
         check_output_path(args.out)
     return cfg
@@ -94,20 +102,12 @@ def setup(cfg: Config) -> torch.device:
 
 
 def join_processes(cfg: Config, device: torch.device) -> tuple[Dist, torch.device]:
-    """The process group under torchrun (a single process otherwise), and this rank's device. LoRA under FSDP2 is
-    refused here, before the model loads."""
+    """The process group under torchrun (a single process otherwise), and this rank's device."""
     import torch
 
     from ..training.distributed import Dist
 
     dist = Dist.from_env(device, fsdp=cfg.fsdp)
-    if dist.fsdp and cfg.model.lora.r > 0:  # DGRPO_FSDP set over fsdp: none (the config key is checked in validate)
-        from ..config import ConfigError
-
-        raise ConfigError(
-            "LoRA with FSDP is not supported: the frozen backbone is replicated and only the adapters train "
-            "(unset DGRPO_FSDP or set it to 0: plain data parallelism)"
-        )
     if dist.active and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
     return dist, device

@@ -35,14 +35,9 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from ..config import ConfigError
+from ..config import FSDP_ENV, ConfigError, fsdp_from_env
 from ..model.anatomy import decoder_layers
 from ..model.verified import SHARDED_DIR
-
-FSDP_ENV = (
-    "DGRPO_FSDP"  # 0 (default) | 1 / full: FSDP2, gathered checkpoints | sharded: FSDP2, one checkpoint shard per rank
-)
-
 
 #: the FSDP2 settings the sharded update needs (torch >= 2.13): without a parameter's reduce-scatter on a rank where
 #: it got no gradient (``set_reduce_scatter_unused_params``) the ranks' collectives would not match
@@ -111,10 +106,8 @@ class Dist:
         The backend follows the training device: nccl for CUDA, gloo for CPU (``device`` None: CUDA
         when available). ``fsdp`` (the config key: none | full | sharded) turns FSDP2 on; the
         ``DGRPO_FSDP`` environment variable, when set, overrides it."""
-        mode = os.environ.get(FSDP_ENV, "").strip().lower() or fsdp
-        if mode not in ("", "0", "false", "off", "none", "1", "true", "on", "full", "sharded"):
-            raise ConfigError(f"{FSDP_ENV}={mode!r}: expected 0, 1 (= full) or sharded")
-        sharding = mode in ("1", "true", "on", "full", "sharded")
+        mode = fsdp_from_env() or fsdp
+        sharding = mode in ("full", "sharded")
         world = env_int("WORLD_SIZE", 1)
         if world > 1 and not tdist.is_initialized():
             missing = [v for v in ("RANK", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
