@@ -1349,6 +1349,7 @@ def _coerce_fields(obj: Any, prefix: str) -> None:
 #: names that differ (an unknown key of one of these names says which option it is)
 TRL_NAMES = {
     "num_generations": "grpo.group_size",
+    "per_device_train_batch_size": "grpo.micro_batch_size",
     "max_completion_length": "grpo.max_new_tokens",
     "max_prompt_length": "data.max_question_tokens",
     "max_steps": "grpo.steps",
