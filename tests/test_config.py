@@ -177,6 +177,9 @@ def test_ints_accept_integral_numbers_and_text():
         "threads=-1",
         "sft.stage_epochs=[1,-1]",
         "sft.stage_epochs=[1.5]",
+        "sft.lr=2",
+        "grpo.lr=1e38",  # (Adam's float32 step size overflowed at the first step: a traceback)
+        "model.hidden_size=12",  # (qwen2, 4 heads of 3 dimensions: the rotary embedding failed in the first forward)
     ],
 )
 def test_each_range_message_names_its_key(override):
@@ -331,6 +334,22 @@ def test_comma_text_is_the_list_it_spells():
 def test_loader_keeps_ordinary_numbers():
     data = yaml.load("a: 1:30\nb: 190\nc: 1.0e-5\nd: 1e-5\ne: -3\nf: 0:4.5\ng: .inf", Loader=ConfigLoader)
     assert data == {"a": "1:30", "b": 190, "c": 1.0e-5, "d": "1e-5", "e": -3, "f": "0:4.5", "g": float("inf")}
+
+
+def test_a_leading_zero_is_base_ten_and_exponents_in_lists_are_numbers():
+    """YAML 1.1 read ``010`` as octal 8 and a list's ``1e-3`` as text (refused by adam_betas)."""
+    cfg = load_config(Config, None, ["grpo.steps=010", "sft.adam_betas=[0.9, 1e-3]", "data.test=[007.jsonl]"])
+    assert (cfg.grpo.steps, cfg.sft.adam_betas, cfg.data.test) == (10, [0.9, 1e-3], ["007.jsonl"])
+    assert load_config(Config, None, ["sft.adam_betas=0.9,1e-3"]).sft.adam_betas == [0.9, 1e-3]
+
+
+def test_booleans_take_1_and_0_and_an_emptied_section_is_empty(tmp_path):
+    """``filter: 1`` was refused while ``filter: '1'`` passed; a section whose keys are all commented out is None to
+    YAML, which was refused as no mapping."""
+    assert load_config(Config, None, ["grpo.filter=0"]).grpo.filter is False
+    (tmp_path / "c.yaml").write_text("grpo:\n  filter: 1\nsft:\n  # lr: 1e-4\n")
+    cfg = load_config(Config, tmp_path / "c.yaml")
+    assert cfg.grpo.filter is True and cfg.sft == Config().sft
 
 
 # ---- files: base chains, merge_file, packaged configs

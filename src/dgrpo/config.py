@@ -137,6 +137,12 @@ def _positive(obj: Any, p: str, *names: str) -> None:
         _check(v > 0, _key(p, n), f"must be > 0, got {v}")
 
 
+def _learning_rate(obj: Any, p: str) -> None:
+    """``lr`` of section ``obj``: in (0, 1]. The optimizers are Adam's, whose step moves each weight by about lr:
+    above 1 it is no learning rate (and from about 1e38 on, Adam's float32 step size overflowed in a traceback)."""
+    _within(obj, p, "(0, 1]", "lr")
+
+
 def _within(obj: Any, p: str, interval: str, *names: str) -> None:
     """Each named option of section ``obj`` must lie in ``interval``, written as in maths: ``[0, 1)``, ``(0, 1]``."""
     lo, hi = (float(x) for x in interval[1:-1].split(","))
@@ -289,6 +295,11 @@ class ModelConfig:
             self.hidden_size % self.num_heads == 0,
             f"{p}.hidden_size",
             f"must be divisible by num_heads ({self.hidden_size} % {self.num_heads} != 0)",
+        )
+        _check(  # (rotary embeddings rotate pairs of a head's dimensions: an odd head size failed in the first forward)
+            self.arch == "gpt2" or (self.hidden_size // self.num_heads) % 2 == 0,
+            f"{p}.hidden_size",
+            f"{self.arch} heads need an even size: hidden_size / num_heads is {self.hidden_size // self.num_heads}",
         )
 
 
@@ -541,7 +552,7 @@ class SFTConfig:
         )
         _at_least(self, p, 0, "max_latent_stage", "weight_decay", "warmup_steps", "max_grad_norm", "save_every")
         _within(self, p, "[0, 1]", "uniform_prob")
-        _positive(self, p, "lr")
+        _learning_rate(self, p)
         _check(
             len(self.adam_betas) == 2
             and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in self.adam_betas),
@@ -874,7 +885,8 @@ class GRPOConfig:
         _within(self, p, "(0, 1]", "top_p")
         _within(self, p, "[0, 1]", "min_lr_ratio", "alpha_min", "alpha_max")
         _within(self, p, "[0, 1)", "ema_alpha", "eps_low")
-        _positive(self, p, "lr", "huber_delta")
+        _learning_rate(self, p)
+        _positive(self, p, "huber_delta")
         _check(  # (the continuation's slope e^delta - 1 overflows float32 from delta 89 on: NaN gradients)
             self.huber_delta <= MAX_HUBER_DELTA,
             f"{p}.huber_delta",
@@ -1152,9 +1164,11 @@ def _to_choice(value: Any, choices: tuple[str, ...], key: str) -> str:
 
 
 def _to_bool(value: Any, key: str) -> bool:
-    """A boolean: a YAML boolean, or true / false / yes / no / 1 / 0 as text."""
+    """A boolean: a YAML boolean, the number 1 or 0, or true / false / yes / no / 1 / 0 as text."""
     if isinstance(value, bool):
         return value
+    if type(value) is int and value in (0, 1):
+        return bool(value)
     if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
         return value.lower() in ("true", "yes", "1")
     raise _invalid(key, f"expected true or false, got {value!r}")
@@ -1201,19 +1215,25 @@ def _to_float(value: Any, key: str) -> float:
 
 def _to_list(value: Any, key: str) -> list:
     """A list: a YAML list, or comma-separated text (whose numbers are numbers: ``1,1,2`` as ``[1, 1, 2]``,
-    ``0.9,0.999`` as ``[0.9, 0.999]``, the same lists as in brackets)."""
+    ``0.9,0.999`` as ``[0.9, 0.999]``, the same lists as in brackets). A YAML list's ``1e-3`` is a number too
+    (YAML 1.1 reads a float without a '.' as text)."""
     if isinstance(value, str):
         value = [_list_item(v.strip()) for v in value.split(",") if v.strip()]
     if not isinstance(value, list):
         raise _invalid(key, f"expected a list, got {value!r}")
-    return list(value)
+    return [float(v) if isinstance(v, str) and _EXPONENT_FLOAT.fullmatch(v) else v for v in value]
+
+
+#: a number written with an exponent and no '.' (``1e-3``), which YAML 1.1 reads as text
+_EXPONENT_FLOAT = re.compile(r"[+-]?\d+[eE][+-]?\d+")
 
 
 def _list_item(text: str) -> int | float | str:
-    """One item of a comma-separated list: a whole number, a decimal number, else the text."""
+    """One item of a comma-separated list: a whole number, a decimal number (``0.9``, ``1e-3``), else the text."""
     if re.fullmatch(r"[+-]?\d+", text):
         return int(text)
-    return float(text) if re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+)([eE][+-]?\d+)?", text) else text
+    decimal = re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+)([eE][+-]?\d+)?", text) or _EXPONENT_FLOAT.fullmatch(text)
+    return float(text) if decimal else text
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -1231,8 +1251,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 class ConfigLoader(yaml.SafeLoader):
-    """PyYAML's safe loader without YAML 1.1's base-60 numbers (``1:3`` stays the string '1:3', not 63), and with a
-    key given twice in one mapping refused (PyYAML keeps the last: a section or option written twice lost the
+    """PyYAML's safe loader without YAML 1.1's base-60 numbers (``1:3`` stays the string '1:3', not 63) and octal
+    ones (``010`` is ten, as in YAML 1.2 and Python's ``int('010')``, not 8), and with a key given twice in one mapping
+    refused (PyYAML keeps the last: a section or option written twice lost the
     first's settings silently)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -1249,9 +1270,12 @@ class ConfigLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
     def resolve(self, kind: type, value: Any, implicit: Any) -> str:
-        """The implicit tag of a node; a number with a ':' in it is a string."""
+        """The implicit tag of a node; a number with a ':' in it, or an int with a leading 0, is a string (which an
+        option of type int or float reads in base 10)."""
         tag = super().resolve(kind, value, implicit)
         if kind is yaml.ScalarNode and ":" in value and tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float"):
+            return "tag:yaml.org,2002:str"
+        if kind is yaml.ScalarNode and tag == "tag:yaml.org,2002:int" and re.fullmatch(r"[-+]?0[0-7_]+", value):
             return "tag:yaml.org,2002:str"
         return tag
 
@@ -1422,7 +1446,7 @@ def _merge(obj: Any, data: dict, prefix: str) -> None:
             raise ConfigError(f"unknown config key {key!r}{hint} (known: {', '.join(sorted(names))})")
         cur = getattr(obj, k)
         if is_dataclass(cur):
-            _merge(cur, v, key + ".")
+            _merge(cur, {} if v is None else v, key + ".")  # (None: a section whose keys are all commented out)
         else:
             setattr(obj, k, _coerce(v, _field_type(type(obj), k), key))
 
