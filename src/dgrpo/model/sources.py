@@ -74,11 +74,23 @@ def revision_kwargs(revision: str | None) -> dict[str, str]:
 
 
 def resolve_device(name: str) -> torch.device:
+    """The ``device`` option as a torch device (``auto``: CUDA when there is one, else the CPU); one line when the
+    machine has no such device (a CUDA index past its GPUs, MPS off a Mac: torch failed later, after the model
+    loaded, with a traceback)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise CheckpointError(f"device {name!r} requested but CUDA is not available on this machine")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CheckpointError(f"device {name!r} requested but CUDA is not available on this machine")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise CheckpointError(
+                f"device {name!r} requested but this machine has {torch.cuda.device_count()} CUDA device(s) "
+                "(cuda:0 is the first)"
+            )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise CheckpointError(f"device {name!r} requested but MPS (Apple's GPU) is not available on this machine")
+    return device
 
 
 def on_for_device(setting: str, device: torch.device) -> bool:
