@@ -702,3 +702,20 @@ def test_which_builtin_held_out_sets_are_named():
         warn_if_held_out_is_builtin(load_config(Config, None, ["data.train=my.jsonl", "data.valid=", "data.test=[]"]))
         own = ["data.train=my.jsonl", "data.valid=v.jsonl", "data.test=[t.jsonl]"]
         warn_if_held_out_is_builtin(load_config(Config, None, own))
+
+
+def test_a_device_this_machine_lacks_is_one_line(monkeypatch):
+    """A CUDA index past the GPUs and MPS off a Mac failed in torch after the model loaded, in a traceback."""
+    import torch
+
+    from dgrpo.model.sources import resolve_device
+    from dgrpo.model.verified import CheckpointError
+
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(CheckpointError, match="MPS .* is not available"):
+        resolve_device("mps")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(CheckpointError, match="'cuda:2' requested but this machine has 2 CUDA device"):
+        resolve_device("cuda:2")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
