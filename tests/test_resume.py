@@ -506,3 +506,47 @@ def test_resuming_on_other_training_data_is_refused_unless_allowed(tmp_path, com
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     if command == "grpo":
         assert [r["step"] for r in rows if "reward_mean" in r] == [0, 1, 2]
+
+
+# ----------------------------------------------------------------------------------- a run directory's state
+def _fake_checkpoint(path, command="grpo"):
+    """A folder that reads as a resumable checkpoint of ``command`` (its state.json), without weights."""
+    path.mkdir(parents=True)
+    (path / "state.json").write_text(json.dumps({"trainer": {}} if command == "grpo" else {"progress": {}}))
+    return path
+
+
+def _run_dir(out, command="grpo", **kw):
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import RunDir
+
+    return RunDir(out, tiny_config(), Dist(), command, log=lambda m: None, **kw)
+
+
+def test_a_stopped_fork_is_told_to_drop_resume_and_refused_when_given_it_again(tmp_path):
+    """A fork (--resume PATH of another run) stopped after writing checkpoints of its own: the stop line said the same
+    command resumes from OUT's newest, but given again it went back to PATH (steps run again, metrics rows
+    duplicated, best/ out of step with summary.json). The line now says to drop --resume, and the same command is
+    refused in one line before anything is written; a rewind to one of OUT's own checkpoints stays allowed."""
+    import argparse
+
+    from dgrpo.cli import _resume_hint
+    from dgrpo.config import ConfigError
+
+    parent = _fake_checkpoint(tmp_path / "parent" / "checkpoints" / "step-00000004")
+    out = tmp_path / "fork"
+    own = _fake_checkpoint(out / "checkpoints" / "step-00000006")
+    _fake_checkpoint(out / "checkpoints" / "step-00000008")
+    hint = _resume_hint(argparse.Namespace(cmd="grpo", out=str(out), resume=str(parent)))
+    assert hint == (
+        f"; rerun it without --resume {parent} (--resume auto, the default) to resume from the newest checkpoint "
+        f"in {out}/checkpoints"
+    )
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    with pytest.raises(ConfigError, match="is another run's checkpoint") as e:
+        _run_dir(out, resume=str(parent))
+    assert "drop --resume to continue from" in str(e.value) and "step-00000008" in str(e.value)
+    assert "\n" not in str(e.value)
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock") == before
+    with _run_dir(out, resume=str(own)) as run:  # a rewind inside OUT
+        assert run.candidates == [own]

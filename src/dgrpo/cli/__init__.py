@@ -94,7 +94,8 @@ TRAINING_COMMANDS = ("sft", "grpo")
 
 
 def _resume_hint(args: argparse.Namespace) -> str:
-    """What the same command does next: resume the newest checkpoint, or (none written yet) start again."""
+    """What the same command does next: resume the newest checkpoint, or (none written yet) start again. A run given
+    ``--resume PATH`` is told to drop it: given again, PATH would be resumed again, not the newest checkpoint."""
     if args.cmd not in TRAINING_COMMANDS:
         return ""
     from ..run_layout import CHECKPOINTS_DIR
@@ -102,7 +103,13 @@ def _resume_hint(args: argparse.Namespace) -> str:
     root = Path(args.out) / CHECKPOINTS_DIR
     if not (root.is_dir() and any(p.name.startswith("step-") for p in root.iterdir())):
         return "; no checkpoint was written yet: the same command starts the run again"
-    return f"; the same command resumes from the newest checkpoint in {root}"
+    resume = getattr(args, "resume", "auto")
+    if resume in ("auto", "never"):
+        return f"; the same command resumes from the newest checkpoint in {root}"
+    return (
+        f"; rerun it without --resume {resume} (--resume auto, the default) to resume from the newest checkpoint in "
+        f"{root}"
+    )
 
 
 @contextmanager
