@@ -550,3 +550,20 @@ def test_a_stopped_fork_is_told_to_drop_resume_and_refused_when_given_it_again(t
     assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock") == before
     with _run_dir(out, resume=str(own)) as run:  # a rewind inside OUT
         assert run.candidates == [own]
+
+
+def test_a_run_stopped_under_resume_never_is_told_to_drop_it(tmp_path):
+    """The stop line of a --resume never run said the same command resumes; given again, it deleted the checkpoint
+    just written and started over."""
+    import argparse
+
+    from dgrpo.cli import _resume_hint
+
+    out = tmp_path / "run"
+    args = argparse.Namespace(cmd="sft", out=str(out), resume="never")
+    assert _resume_hint(args) == "; no checkpoint was written yet: the same command starts the run again"
+    _fake_checkpoint(out / "checkpoints" / "step-00000005", "sft")
+    assert _resume_hint(args) == (
+        "; rerun it without --resume never (--resume auto, the default) to resume from the newest checkpoint in "
+        f"{out}/checkpoints"
+    )

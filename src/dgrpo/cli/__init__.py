@@ -95,7 +95,8 @@ TRAINING_COMMANDS = ("sft", "grpo")
 
 def _resume_hint(args: argparse.Namespace) -> str:
     """What the same command does next: resume the newest checkpoint, or (none written yet) start again. A run given
-    ``--resume PATH`` is told to drop it: given again, PATH would be resumed again, not the newest checkpoint."""
+    ``--resume PATH`` or ``--resume never`` is told to drop it: given again, PATH would be resumed again (never: the
+    checkpoint just written deleted and the run started over), not the newest checkpoint."""
     if args.cmd not in TRAINING_COMMANDS:
         return ""
     from ..run_layout import CHECKPOINTS_DIR
@@ -104,7 +105,7 @@ def _resume_hint(args: argparse.Namespace) -> str:
     if not (root.is_dir() and any(p.name.startswith("step-") for p in root.iterdir())):
         return "; no checkpoint was written yet: the same command starts the run again"
     resume = getattr(args, "resume", "auto")
-    if resume in ("auto", "never"):
+    if resume == "auto":
         return f"; the same command resumes from the newest checkpoint in {root}"
     return (
         f"; rerun it without --resume {resume} (--resume auto, the default) to resume from the newest checkpoint in "
