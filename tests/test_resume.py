@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 import torch
@@ -567,3 +568,39 @@ def test_a_run_stopped_under_resume_never_is_told_to_drop_it(tmp_path):
         "; rerun it without --resume never (--resume auto, the default) to resume from the newest checkpoint in "
         f"{out}/checkpoints"
     )
+
+
+def test_a_run_without_its_config_json_is_held_to_its_checkpoints_config(tmp_path):
+    """config.json deleted: the run resumed its newest checkpoint under a changed config (a new grpo.lr) without a
+    word. The checkpoint's model/run_config.json (the config it was trained with) is the reference then."""
+    from dgrpo.config import ConfigError, to_dict
+
+    out = tmp_path / "run"
+    ckpt = _fake_checkpoint(out / "checkpoints" / "step-00000004")
+    (ckpt / "model").mkdir()
+    (ckpt / "model" / "run_config.json").write_text(json.dumps(to_dict(tiny_config(**{"grpo.lr": 5e-3}))))
+    with pytest.raises(ConfigError, match=r"started with a different config \(grpo\.lr\)"):
+        _run_dir(out)
+    with _run_dir(out, allow_config_change=True) as run:
+        assert run.changed == ["grpo.lr"]
+
+
+def test_metrics_rows_lost_before_the_resumed_checkpoint_are_warned_of_once(tmp_path):
+    """metrics.jsonl deleted, or cut below the rows the checkpoint recorded: the run resumed without a word, its
+    metrics short of every row before the checkpoint. One warning now; the run goes on."""
+    out = tmp_path / "run"
+    ckpt = _fake_checkpoint(out / "checkpoints" / "step-00000004")
+    for rows_left in (None, 1):
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+        if rows_left:
+            (out / "metrics.jsonl").write_text('{"step": 1}\n')
+        with _run_dir(out, allow_config_change=True) as run, pytest.warns(UserWarning) as said:
+            run.checkpoint = ckpt
+            run.start({"step": 4, "metrics_lines": 3})
+        lost = [str(w.message) for w in said if "rows before that checkpoint are lost" in str(w.message)]
+        assert len(lost) == 1, [str(w.message) for w in said]
+        assert ("is missing" if rows_left is None else "holds 1 rows") in lost[0]
+    with _run_dir(out) as run, warnings.catch_warnings():  # as many rows as recorded: nothing to say
+        warnings.simplefilter("error")
+        run.checkpoint = ckpt
+        run.start({"step": 4, "metrics_lines": 1})

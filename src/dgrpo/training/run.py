@@ -566,11 +566,15 @@ class RunDir:
 
     def _started_with(self) -> dict | None:
         """The config the resumed run was started with: this directory's, else (a new directory resuming a named
-        checkpoint) the one that checkpoint's model was trained with."""
-        named = [self.candidates[0] / "model" / RUN_CONFIG_FILE] if self.explicit else []
-        path = next((p for p in [self.out_dir / CONFIG_FILE, *named] if p.is_file()), None)
-        if path is None:
-            return None
+        checkpoint, or a run whose config.json was deleted) the one the checkpoint to resume (the newest) was trained
+        with."""
+        path = self.out_dir / CONFIG_FILE
+        if not path.is_file():
+            path = self.candidates[0] / "model" / RUN_CONFIG_FILE
+            if not path.is_file():
+                return None
+            if not self.explicit:
+                self.log(f"dgrpo: {self.out_dir / CONFIG_FILE} is missing: checking the config against {path}")
         try:
             return json.loads(path.read_text())
         except (OSError, ValueError):
@@ -676,6 +680,8 @@ class RunDir:
                 resume=resumed_state is not None,
             )
             self.log(describe_backends(lg.backends, trackers, self.out_dir / METRICS_FILE))
+            if resumed_state is not None:
+                self._warn_if_rows_lost(resumed_state["metrics_lines"])
         self.metrics.open(resumed_state["metrics_lines"] if resumed_state is not None else None, trackers)
         if self.dist.is_main:  # rollouts.jsonl: keep the rows of the steps before the resumed one
             keep_before = resumed_state["step"] if resumed_state is not None else 0
@@ -686,6 +692,20 @@ class RunDir:
         if self.checkpoint is not None and resumed_state is not None:
             self.resumed_step = resumed_state["step"]
             self.log(f"dgrpo: resumed from {self.checkpoint} (step {resumed_state['step']})")
+
+    def _warn_if_rows_lost(self, keep: int) -> None:
+        """A warning when this run's own checkpoint is resumed and ``metrics.jsonl`` holds fewer rows than the
+        ``keep`` written before it (deleted, or cut): those rows are lost, the run goes on. (A fork of another run's
+        checkpoint starts its own file: the parent's rows are not expected there.)"""
+        own = self.checkpoint is not None and self.checkpoint.resolve().is_relative_to(self.out_dir.resolve())
+        have = count_lines(self.metrics.path)
+        if own and have < keep:
+            state = "is missing" if not self.metrics.path.is_file() else f"holds {have} rows"
+            warnings.warn(
+                f"{self.metrics.path} {state}, and {keep} were written before {self.checkpoint}: the rows before "
+                "that checkpoint are lost (the run goes on, writing the rows from there)",
+                stacklevel=2,
+            )
 
     @property
     def rollouts_path(self) -> Path:
