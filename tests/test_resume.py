@@ -517,11 +517,11 @@ def _fake_checkpoint(path, command="grpo"):
     return path
 
 
-def _run_dir(out, command="grpo", **kw):
+def _run_dir(out, command="grpo", cfg=None, **kw):
     from dgrpo.training.distributed import Dist
     from dgrpo.training.run import RunDir
 
-    return RunDir(out, tiny_config(), Dist(), command, log=lambda m: None, **kw)
+    return RunDir(out, cfg or tiny_config(), Dist(), command, log=lambda m: None, **kw)
 
 
 def test_a_stopped_fork_is_told_to_drop_resume_and_refused_when_given_it_again(tmp_path):
@@ -604,3 +604,23 @@ def test_metrics_rows_lost_before_the_resumed_checkpoint_are_warned_of_once(tmp_
         warnings.simplefilter("error")
         run.checkpoint = ckpt
         run.start({"step": 4, "metrics_lines": 1})
+
+
+def test_an_unfinished_run_without_checkpoints_starts_over_only_under_its_own_config(tmp_path):
+    """checkpoints/ deleted (or a run killed before its first): a rerun with a changed config started over without a
+    word, writing over config.json and metrics.jsonl. The same config still starts over; a changed one is refused,
+    naming the keys, config.json and the metrics left as they were."""
+    from dgrpo.config import ConfigError, to_dict
+
+    out = tmp_path / "run"
+    out.mkdir()
+    config = json.dumps(to_dict(tiny_config(**{"grpo.lr": 5e-3})))
+    (out / "config.json").write_text(config)
+    (out / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5}\n')
+    with pytest.raises(ConfigError, match=r"different config \(grpo\.lr\) and no checkpoint.*--resume never"):
+        _run_dir(out)
+    assert (out / "config.json").read_text() == config and (out / "metrics.jsonl").stat().st_size > 0
+    with _run_dir(out, cfg=tiny_config(**{"grpo.lr": 5e-3, "threads": 2})) as run:  # the same config: starts over
+        assert run.candidates == []
+        run.start(None)
+    assert not (out / "metrics.jsonl").read_text()

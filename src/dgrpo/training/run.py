@@ -416,6 +416,7 @@ class RunDir:
                 self._on_rank0(self._check_config)
             elif self.resume_mode == "auto":
                 self._on_rank0(self._check_not_finished)
+                self._on_rank0(self._check_restart_config)
         except BaseException:
             self.close(1)  # a refused run releases the directory at once
             if created and [p.name for p in self.out_dir.iterdir()] == [LOCK_FILE]:
@@ -549,6 +550,22 @@ class RunDir:
                 f"{self.out_dir / FINAL_DIR}; to train it again, --resume never (removes its results) or a new --out"
             )
 
+    def _check_restart_config(self) -> None:
+        """An unfinished run with no checkpoint (killed before its first, or its checkpoints/ deleted) starts over
+        under the same command and config; under a changed one it is refused, naming the keys, rather than its
+        config.json and metrics.jsonl overwritten without a word."""
+        path = self.out_dir / CONFIG_FILE
+        if not path.is_file():
+            return
+        old = self._read_config(path)
+        changed = [k for k in config_diff(old, self.cfg) if not k.startswith(UNREAD_BY.get(self.command, ()))]
+        if changed:
+            raise ConfigError(
+                f"{self.out_dir} holds a run started with a different config ({', '.join(changed[:8])}"
+                f"{', ...' if len(changed) > 8 else ''}) and no checkpoint to resume: start over there with "
+                "--resume never (removes what it wrote), or name a new --out"
+            )
+
     def _check_command(self, candidates: list[Path] | None = None) -> None:
         """Refuse another command's checkpoints (an SFT run's directory given to ``dgrpo grpo``, or the reverse):
         they are not damaged, and starting over there would delete them."""
@@ -575,10 +592,18 @@ class RunDir:
                 return None
             if not self.explicit:
                 self.log(f"dgrpo: {self.out_dir / CONFIG_FILE} is missing: checking the config against {path}")
+        return self._read_config(path)
+
+    @staticmethod
+    def _read_config(path: Path) -> dict:
+        """A config file's JSON (ConfigError when it cannot be read)."""
         try:
-            return json.loads(path.read_text())
+            found = json.loads(path.read_text())
         except (OSError, ValueError):
             raise ConfigError(f"{path}: unreadable (not the JSON of a config)") from None
+        if not isinstance(found, dict):
+            raise ConfigError(f"{path}: unreadable (not the JSON of a config)")
+        return found
 
     def _check_config(self) -> None:
         """Refuse to resume under a changed config (unless allowed: then keep every config with its start step)."""
