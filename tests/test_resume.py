@@ -624,3 +624,34 @@ def test_an_unfinished_run_without_checkpoints_starts_over_only_under_its_own_co
         assert run.candidates == []
         run.start(None)
     assert not (out / "metrics.jsonl").read_text()
+
+
+@pytest.mark.parametrize("command", ["sft", "grpo"])
+def test_resume_never_refuses_another_commands_run_without_checkpoints(tmp_path, command):
+    """An SFT run's copy with its checkpoints/ deleted, given to ``dgrpo grpo --resume never``: its final/, stage-K/
+    and metrics were deleted (rc 0), though --resume never refuses another command's run. Whose run it is is read
+    from what only one command writes, or from its metrics rows."""
+    from dgrpo.config import ConfigError
+
+    other = "grpo" if command == "sft" else "sft"
+    for marker in ("layout", "metrics"):
+        out = tmp_path / marker / other
+        out.mkdir(parents=True)
+        row = {"step": 5, "stage": 0, "loss": 1.0} if other == "sft" else {"step": 5, "reward_mean": 0.5}
+        (out / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+        if marker == "layout":
+            (out / "metrics.jsonl").write_text("")
+            if other == "sft":
+                (out / "stage-0").mkdir()
+                (out / "stage-0" / "manifest.json").write_text("{}")
+            else:
+                (out / "summary.json").write_text("{}")
+        before = sorted(p.relative_to(out) for p in out.rglob("*"))
+        with pytest.raises(ConfigError, match=rf"holds a `dgrpo {other}` run, .*--resume never would delete it"):
+            _run_dir(out, command=command, resume="never")
+        assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock") == before
+    mine = tmp_path / "mine"  # its own command's run: started over
+    mine.mkdir()
+    row = {"step": 5, "stage": 0} if command == "sft" else {"step": 5, "reward_mean": 0.5}
+    (mine / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    _run_dir(mine, command=command, resume="never").close()

@@ -511,7 +511,7 @@ class RunDir:
     def _check_start_over(self) -> None:
         """``--resume never`` deletes what an earlier run wrote here: never another command's run (its checkpoints
         say whose it is), nor the model this run starts from (``--init`` inside OUT)."""
-        self._check_command(resume_candidates(self.out_dir))
+        self._refuse_command(self._written_by())
         init = Path(str(self.cfg.get("model", {}).get("name_or_path", "")))
         if init.is_absolute() and init.resolve().is_relative_to(self.out_dir.resolve()):
             raise ConfigError(
@@ -566,18 +566,45 @@ class RunDir:
                 "--resume never (removes what it wrote), or name a new --out"
             )
 
-    def _check_command(self, candidates: list[Path] | None = None) -> None:
+    def _check_command(self) -> None:
         """Refuse another command's checkpoints (an SFT run's directory given to ``dgrpo grpo``, or the reverse):
         they are not damaged, and starting over there would delete them."""
-        candidates = self.candidates if candidates is None else candidates
-        found = next((c for c in map(checkpoint_command, candidates) if c is not None), None)
+        self._refuse_command(next((c for c in map(checkpoint_command, self.candidates) if c is not None), None))
+
+    def _written_by(self) -> str | None:
+        """Which command (``sft``, ``grpo``) wrote the run in OUT: its checkpoints say, else (none left) what only
+        one command writes (SFT's stage-K/, GRPO's summary and rollouts), else its metrics rows (SFT's name their
+        curriculum stage, GRPO's their reward); None when nothing says."""
+        out = self.out_dir
+        found = next((c for c in map(checkpoint_command, resume_candidates(out)) if c is not None), None)
+        if found is None and any(p.is_dir() for p in out.glob("stage-[0-9]*")):
+            found = "sft"
+        if found is None and ((out / SUMMARY_FILE).is_file() or (out / ROLLOUTS_FILE).is_file()):
+            found = "grpo"
+        try:
+            lines = (out / METRICS_FILE).read_text().splitlines() if found is None else []
+        except OSError:
+            lines = []
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and ("reward_mean" in row or "stage" in row):
+                return "grpo" if "reward_mean" in row else "sft"
+        return found
+
+    def _refuse_command(self, found: str | None) -> None:
+        """ConfigError when ``found`` (the command that wrote the checkpoints or run here) is not this one."""
         if found is None or found == self.command:
             return
         where = f"--resume {self.candidates[0]} is" if self.explicit else f"{self.out_dir} holds"
         source = self.candidates[0] if self.explicit else self.out_dir  # (a named checkpoint, or this run's)
         start = f"; to start from its model: --init {source}" if (found, self.command) == ("sft", "grpo") else ""
+        what = "run's checkpoint" if self.explicit or resume_candidates(self.out_dir) else "run"
+        deletes = " (--resume never would delete it)" if self.resume_mode == "never" else ""
         raise ConfigError(
-            f"{where} a `dgrpo {found}` run's checkpoint, which `dgrpo {self.command}` cannot resume: name a new "
+            f"{where} a `dgrpo {found}` {what}, which `dgrpo {self.command}` cannot resume{deletes}: name a new "
             f"--out{start}"
         )
 
