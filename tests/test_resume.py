@@ -307,6 +307,7 @@ def test_final_is_written_atomically_under_sigkill(sft_checkpoint, reference_run
     r = run(sft_checkpoint, out)
     assert r.returncode == 0, r.stderr[-2000:]
     assert_same_run(reference_run, out)
+    assert not list(out.glob(".tmp-*"))  # (the killed write's copy of the model was left there for good)
     from dgrpo.model.verified import verify
 
     assert verify(out / "final") is None
@@ -655,3 +656,20 @@ def test_resume_never_refuses_another_commands_run_without_checkpoints(tmp_path,
     row = {"step": 5, "stage": 0} if command == "sft" else {"step": 5, "reward_mean": 0.5}
     (mine / "metrics.jsonl").write_text(json.dumps(row) + "\n")
     _run_dir(mine, command=command, resume="never").close()
+
+
+def test_leftovers_of_a_killed_final_best_or_stage_write_are_cleaned_at_start(tmp_path):
+    """A kill during a final/, best/ or stage-K/ write left OUT/.tmp-final-PID (a whole model) forever: only
+    checkpoints/.tmp-* was cleaned. dgrpo's own leftover names are now removed when the run starts (an earlier copy
+    moved aside by a replace that never finished goes back to its place); nothing else is touched."""
+    out = tmp_path / "run"
+    ours = [".tmp-final-123", ".tmp-best-9", ".tmp-stage-2-77", ".old-best-5"]
+    theirs = [".tmp-mine", ".tmp-final-x", ".old-final", "tmp-final-1", ".tmp-eval-3"]
+    for name in ours + theirs + ["best", ".old-final-8"]:
+        (out / name).mkdir(parents=True)
+        (out / name / "manifest.json").write_text("{}")
+    (out / ".tmp-stage-3-4").write_text("a file of the user's")
+    _run_dir(out).close()
+    left = sorted(p.name for p in out.iterdir())
+    assert left == sorted([*theirs, ".lock", ".tmp-stage-3-4", "best", "final"])
+    assert (out / "final" / "manifest.json").is_file()  # (.old-final-8: the kill came before the new final/)

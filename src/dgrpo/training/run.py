@@ -13,6 +13,7 @@ import inspect
 import json
 import operator
 import os
+import re
 import shutil
 import warnings
 from collections.abc import Callable
@@ -64,6 +65,9 @@ NEUTRAL_KEYS = frozenset(
 )
 NEUTRAL_SECTIONS = ("logging.",)  # every key below these
 #: what a command's run never reads (the other command's section; dgrpo eval's prompt options): a resume ignores them
+#: what :func:`~dgrpo.model.verified.atomic_dir` leaves in OUT when a run is killed during a final/, best/ or stage-K/
+#: write: its temporary ``.tmp-NAME-PID`` and the ``.old-NAME-PID`` a replace moves aside
+LEFTOVER = re.compile(rf"\.(tmp|old)-({FINAL_DIR}|{BEST_DIR}|stage-\d+)-\d+")
 UNREAD_BY = {"sft": ("grpo.", "eval.plain", "eval.shots"), "grpo": ("sft.", "eval.plain", "eval.shots")}
 
 
@@ -427,6 +431,24 @@ class RunDir:
         if dist.is_main:  # half-written checkpoints of a killed run (it held the lock: nobody else writes them)
             for tmp in (self.out_dir / CHECKPOINTS_DIR).glob(".tmp-*"):
                 shutil.rmtree(tmp, ignore_errors=True)
+            self._clean_leftovers()
+
+    def _clean_leftovers(self) -> None:
+        """What a killed run's atomic writes (:func:`~dgrpo.model.verified.atomic_dir`) of final/, best/ or stage-K/
+        left in OUT (the lock is held: nobody else writes them): ``.tmp-NAME-PID`` (half written, or complete but
+        never published) is removed; ``.old-NAME-PID`` (the copy a replace moved aside) is removed, or moved back to
+        NAME when the kill came before the new one took its place. Only those names; nothing else is touched."""
+        for path in sorted(self.out_dir.iterdir()):
+            found = LEFTOVER.fullmatch(path.name)
+            if found is None or not path.is_dir() or path.is_symlink():
+                continue
+            kind, name = found.groups()
+            target = self.out_dir / name
+            if kind == "old" and not target.exists() and (path / MANIFEST).is_file():
+                path.rename(target)
+                self.log(f"dgrpo: {target} was being replaced when a run was killed: its earlier copy is restored")
+            else:
+                shutil.rmtree(path, ignore_errors=True)
 
     def _start_over(self) -> None:
         """``--resume never``: remove what an earlier run wrote here (its checkpoints, best/, final/, stage-K/, test
