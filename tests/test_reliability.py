@@ -3,6 +3,7 @@
 incomplete checkpoints are detected (strict loading, manifests, atomic writes) and never loaded; nothing from a
 checkpoint is ever unpickled."""
 
+import errno
 import json
 import os
 import shutil
@@ -608,3 +609,71 @@ def test_a_sharded_checkpoint_of_another_model_is_one_line_before_anything_loads
     other = make_lm(tokenizer, intermediate_size=96)
     with pytest.raises(CheckpointError, match=r"^model: wrong shapes: model.layers.0.mlp.\w+_proj.weight \("):
         read_checkpoint(ckpt, lm=other, optimizer=torch.optim.SGD(other.parameters(), lr=0.1), sharded=True)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0"),
+    ],
+    ids=["enospc", "torch-save"],
+)
+def test_a_full_disk_while_checkpointing_is_one_line_naming_the_write(tokenizer, tmp_path, monkeypatch, failure):
+    """A full disk gave a raw traceback (torch.save's RuntimeError, or an OSError ENOSPC): now one CheckpointError
+    line naming the checkpoint, the space left and the checkpoint the run resumes from; no temporary folder left."""
+    from dgrpo.model.verified import CheckpointError
+    from dgrpo.training import checkpoint
+
+    lm = make_lm(tokenizer)
+    opt = torch.optim.AdamW(lm.model.parameters())
+    kw = {"lm": lm, "optimizer": opt, "state": {"metrics_lines": 0}}
+    first = checkpoint.save_checkpoint(tmp_path, 2, **kw)
+
+    def full(*a, **k):
+        raise failure
+
+    monkeypatch.setattr(checkpoint.torch, "save", full)
+    with pytest.raises(CheckpointError) as e:
+        checkpoint.save_checkpoint(tmp_path, 4, **kw)
+    line = str(e.value)
+    assert "\n" not in line and f"could not write checkpoint {tmp_path}/checkpoints/step-00000004" in line
+    assert "MiB free on" in line and f"the run resumes from {first}" in line
+    assert ("no space left on the device" in line) == isinstance(failure, OSError)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [first.name]
+
+
+def test_a_full_disk_while_cutting_the_metrics_is_one_line_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """checkpoint.truncate_metrics on a full disk: a raw chained OSError and a 0-byte metrics.tmp left behind."""
+    from dgrpo.model.verified import CheckpointError
+    from dgrpo.training import checkpoint
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1}\n{"step": 2}\n')
+    write = Path.write_text
+
+    def full(self, *a, **k):
+        if self.suffix == ".tmp":
+            open(self, "w").close()  # (created, then nothing fits)
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return write(self, *a, **k)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(CheckpointError, match=r"could not write metrics.jsonl \(no space left on the device; .* free"):
+        checkpoint.truncate_metrics(metrics, 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+    assert metrics.read_text() == '{"step": 1}\n{"step": 2}\n'
+
+
+def test_a_full_disk_elsewhere_in_a_run_is_one_line(tmp_path, monkeypatch, run_cli):
+    """A final/, best/ or stage-K/ write on a full disk (an OSError ENOSPC outside the checkpoint's own write): one
+    line naming the file, and what the same command does next."""
+    from dgrpo.cli import train
+
+    def full(args):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "final" / "model.safetensors"))
+
+    monkeypatch.setattr(train, "run_grpo", full)
+    r = run_cli("grpo", "--init", "x", "--out", tmp_path / "run")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "final/model.safetensors: no space left on the device; no checkpoint was written yet" in r.stderr

@@ -81,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would raise again
         return 141  # 128 + SIGPIPE, what a shell reports for such a tool
     except OSError as e:  # (after BrokenPipeError, one of them)
+        if e.errno == errno.ENOSPC:  # (a checkpoint's write says more: training.checkpoint.write_failed)
+            print(
+                f"dgrpo: error: {e.filename or 'a file'}: no space left on the device{_resume_hint(args)}",
+                file=sys.stderr,
+            )
+            return 2
         if e.errno != errno.ENAMETOOLONG:
             raise
         print(f"dgrpo: error: {e.filename or 'a path'}: a name longer than the file system allows", file=sys.stderr)

@@ -19,6 +19,7 @@ any problem is reported in one line and the previous checkpoint is tried. Nothin
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -95,7 +96,30 @@ def save_checkpoint(
     config and the tokenizer, ``optimizer.pt`` the parameter groups)."""
     root = Path(out_dir) / CHECKPOINTS_DIR
     final = root / step_dir_name(step)
-    held = fsdp_state or TrainingState()
+    try:
+        _write_checkpoint(final, step, lm, optimizer, state, extra_models, fsdp_state or TrainingState())
+    except (CheckpointError, ConfigError):
+        raise
+    except (OSError, RuntimeError) as e:  # (torch.save on a full disk: RuntimeError "unexpected pos")
+        earlier = list_checkpoints(out_dir)
+        after = f"the run resumes from {earlier[-1]}" if earlier else "no earlier checkpoint: the run starts again"
+        raise write_failed(f"checkpoint {final}", root, e, f"its temporary folder is removed; {after}") from None
+    for old in list_checkpoints(out_dir)[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write_checkpoint(
+    final: Path,
+    step: int,
+    lm,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    extra_models: dict[str, Any] | None,
+    held: TrainingState,
+) -> None:
+    """The files of :func:`save_checkpoint`, written into a temporary folder published as ``final`` (removed when a
+    write fails)."""
     with atomic_dir(final) as tmp:
         lm.save_pretrained(tmp / "model", state_dict=held.model, weights=held.shards is None)
         if held.shards is not None:
@@ -112,9 +136,21 @@ def save_checkpoint(
         if os.environ.get("DGRPO_TEST_CRASH_IN_CHECKPOINT") == str(step):  # test hook: die mid-write
             os.kill(os.getpid(), 9)
         (tmp / RESUMABLE_STATE).write_text(json.dumps({**state, "step": step, "rng": rng_js}))
-    for old in list_checkpoints(out_dir)[:-keep_last] if keep_last > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+
+
+def write_failed(what: str, where: Path, e: BaseException, after: str) -> CheckpointError:
+    """One line for a write that failed (most often a full disk: ``errno`` ENOSPC, or torch.save's RuntimeError),
+    naming ``what`` was being written, the space left on ``where``'s file system, and ``after`` (what happens now)."""
+    place = where
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    try:
+        free = f"{shutil.disk_usage(place).free / 2**20:.1f} MiB free on {place}"
+    except OSError:
+        free = f"the space left on {place} unknown"
+    full = isinstance(e, OSError) and e.errno == errno.ENOSPC
+    reason = "no space left on the device" if full else one_line(e)
+    return CheckpointError(f"could not write {what} ({reason}; {free}): {after}")
 
 
 def shard_staging(out_dir: Path, step: int) -> Path:
@@ -335,5 +371,10 @@ def truncate_metrics(path: Path, n_lines: int) -> None:
         return
     lines = path.read_text().splitlines()[:n_lines]
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(x + "\n" for x in lines))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text("".join(x + "\n" for x in lines))
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        after = f"{path} is left as it was; once there is space, the same command resumes again"
+        raise write_failed(path.name, path.parent, e, after) from None
