@@ -65,10 +65,10 @@ NEUTRAL_KEYS = frozenset(
 )
 NEUTRAL_SECTIONS = ("logging.",)  # every key below these
 #: what a command's run never reads (the other command's section; dgrpo eval's prompt options): a resume ignores them
+UNREAD_BY = {"sft": ("grpo.", "eval.plain", "eval.shots"), "grpo": ("sft.", "eval.plain", "eval.shots")}
 #: what :func:`~dgrpo.model.verified.atomic_dir` leaves in OUT when a run is killed during a final/, best/ or stage-K/
 #: write: its temporary ``.tmp-NAME-PID`` and the ``.old-NAME-PID`` a replace moves aside
 LEFTOVER = re.compile(rf"\.(tmp|old)-({FINAL_DIR}|{BEST_DIR}|stage-\d+)-\d+")
-UNREAD_BY = {"sft": ("grpo.", "eval.plain", "eval.shots"), "grpo": ("sft.", "eval.plain", "eval.shots")}
 
 
 class TrainingStopped(RuntimeError):
