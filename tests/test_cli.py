@@ -704,6 +704,20 @@ def test_which_builtin_held_out_sets_are_named():
         warn_if_held_out_is_builtin(load_config(Config, None, own))
 
 
+def test_dgrpo_evals_prompt_options_given_to_a_training_command_are_warned_of():
+    """sft and grpo evaluate as they train: eval.plain and eval.shots were ignored, their config.json saying them."""
+    import warnings
+
+    from dgrpo.cli.train import warn_if_prompt_options_are_set
+    from dgrpo.config import Config, load_config
+
+    with pytest.warns(UserWarning, match=r"eval.plain=True and eval.shots=2 only apply to dgrpo eval: validation"):
+        warn_if_prompt_options_are_set(load_config(Config, None, ["eval.plain=true", "eval.shots=2"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_prompt_options_are_set(load_config(Config, None, []))
+
+
 def test_a_device_this_machine_lacks_is_one_line(monkeypatch):
     """A CUDA index past the GPUs and MPS off a Mac failed in torch after the model loaded, in a traceback."""
     import torch

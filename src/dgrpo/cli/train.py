@@ -134,6 +134,19 @@ def warn_if_init_differs(init_config: dict | None, cfg: Config) -> None:
         )
 
 
+def warn_if_prompt_options_are_set(cfg: Config) -> None:
+    """A warning when eval.plain or eval.shots is set: they are dgrpo eval's prompt options; the training commands
+    validate and test the model as they train it (their results said coconut, 0 shots, under a config that said
+    otherwise)."""
+    given = [f"eval.{k}={v}" for k, v in (("plain", cfg.eval.plain), ("shots", cfg.eval.shots)) if v]
+    if given:
+        warnings.warn(
+            f"{' and '.join(given)} only apply to dgrpo eval: validation and the test sets here prompt the model as "
+            "it trains (its latent steps, no shots)",
+            stacklevel=2,
+        )
+
+
 def warn_if_held_out_is_builtin(cfg: Config) -> None:
     """A warning when the training data is not the built-in task but data.valid or data.test still name the built-in
     task's sets (their defaults): validation, best/ and the test results would measure a task never trained on."""
@@ -200,6 +213,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
 
     cfg = record_init(load(args), args.init)
     warn_if_held_out_is_builtin(cfg)
+    warn_if_prompt_options_are_set(cfg)
     check_installed(cfg.logging.backends)
     device = setup(cfg)
     options = eval_options(cfg)
