@@ -733,3 +733,27 @@ def test_a_device_this_machine_lacks_is_one_line(monkeypatch):
     with pytest.raises(CheckpointError, match="'cuda:2' requested but this machine has 2 CUDA device"):
         resolve_device("cuda:2")
     assert resolve_device("cuda:1") == torch.device("cuda", 1)
+
+
+def test_a_loaded_models_shape_is_recorded_and_a_builtin_size_given_for_it_warned_of(tokenizer):
+    """model.arch and the sizes build the built-in tiny model: with --init they were ignored without a word, and the
+    run's config.json recorded them."""
+    import warnings
+
+    from dgrpo.cli.train import record_the_models_shape
+
+    from conftest import make_lm, tiny_config
+
+    lm = make_lm(tokenizer, "gpt2")
+    cfg = tiny_config(**{"model.name_or_path": "/some/checkpoint", "model.num_layers": 8})
+    said = r"model.hidden_size=64 \(the model's: 32\), model.num_layers=8 \(the model's: 2\)"
+    with pytest.warns(UserWarning, match=said):
+        record_the_models_shape(cfg, lm)
+    hf = lm.model.config
+    assert (cfg.model.arch, cfg.model.hidden_size, cfg.model.num_layers) == ("gpt2", hf.n_embd, hf.n_layer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        record_the_models_shape(cfg, lm)  # (now the model's own: nothing to say)
+        built = tiny_config()
+        record_the_models_shape(built, lm)  # (builtin-tiny: the options built it)
+    assert built.model.arch == "qwen2"

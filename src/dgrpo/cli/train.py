@@ -134,6 +134,38 @@ def warn_if_init_differs(init_config: dict | None, cfg: Config) -> None:
         )
 
 
+def record_the_models_shape(cfg: Config, lm: Any) -> None:
+    """``model.arch`` and the sizes build the built-in tiny model; a run that loads a model (``--init``, a hub id or a
+    directory) records the loaded model's instead (its config.json said the options given, which built nothing),
+    warning of an option set to another value than its default: it was ignored. Left as they are for an
+    architecture that is none of model.arch's choices."""
+    from ..config import ModelConfig
+    from ..model.factory import BUILTIN
+
+    hf = getattr(lm.model, "config", None)
+    if cfg.model.name_or_path == BUILTIN or getattr(hf, "model_type", None) not in ("qwen2", "llama", "gpt2"):
+        return
+    shape = {
+        "arch": hf.model_type,
+        "hidden_size": hf.hidden_size,
+        "num_layers": hf.num_hidden_layers,
+        "num_heads": hf.num_attention_heads,
+        "intermediate_size": getattr(hf, "intermediate_size", None) or getattr(hf, "n_inner", None),
+    }
+    shape["intermediate_size"] = shape["intermediate_size"] or 4 * hf.hidden_size  # (GPT-2's n_inner None: 4 x)
+    default, given = ModelConfig(), cfg.model
+    ignored = [k for k, v in shape.items() if getattr(given, k) not in (v, getattr(default, k))]
+    if ignored:
+        shown = ", ".join(f"model.{k}={getattr(given, k)} (the model's: {shape[k]})" for k in ignored)
+        warnings.warn(
+            f"{shown}: model.arch and the sizes build the built-in tiny model, and this run loads "
+            f"{cfg.model.name_or_path}: they are ignored, and the run records the loaded model's",
+            stacklevel=2,
+        )
+    for k, v in shape.items():
+        setattr(given, k, v)
+
+
 def warn_if_prompt_options_are_set(cfg: Config) -> None:
     """A warning when eval.plain or eval.shots is set: they are dgrpo eval's prompt options; the training commands
     validate and test the model as they train it (their results said coconut, 0 shots, under a config that said
@@ -222,6 +254,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     warn_if_held_out_is_trained_on(cfg, train, held_out)
     dist, device = join_processes(cfg, device)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
+    record_the_models_shape(cfg, lm)
     if args.cmd == "grpo":
         warn_if_init_differs(lm.run_config, cfg)
     report_model(lm, args.init or cfg.model.name_or_path, cfg, dist)
