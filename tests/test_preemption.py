@@ -109,6 +109,59 @@ def test_a_second_sigterm_or_one_outside_a_step_stops_at_once(sft_checkpoint, tm
     assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)  # no handler left behind
 
 
+def run_grpo_evaluated(sft_checkpoint, out, evaluated=None):
+    """GRPO_SETS with a validation every 2 steps (0, 2, 4), whose result draws on the torch RNG (as a sampled one
+    would): a resumed run must evaluate from the RNG state of a run never stopped. ``evaluated``: a list each
+    evaluation appends to."""
+    from dgrpo.eval.evaluate import evaluate
+
+    cfg = tiny_config(**{**GRPO_SETS, "grpo.eval_every": 2})
+    lm = load_model(cfg.model, cfg.task, init=str(sft_checkpoint), seed=cfg.seed)
+
+    def count_correct(lm_, recs):
+        (evaluated if evaluated is not None else []).append(len(recs))
+        correct = evaluate(lm_, recs, progress=False, max_new_tokens=cfg.eval.max_new_tokens).correct
+        return min(len(recs), correct + int(torch.randint(0, 3, (1,))))
+
+    valid = {"valid": generate_split(cfg.task, "valid")[:8]}
+    train = generate_split(cfg.task, "train")[:64]
+    torch.manual_seed(0)  # (step 0's draw: the same in every run)
+    grpo.train_grpo(lm, cfg, train, out, valid=valid, evaluate_fn=count_correct, progress=False, log=quiet)
+
+
+@pytest.fixture(scope="module")
+def grpo_evaluated_reference(sft_checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("grpo-eval-ref")
+    run_grpo_evaluated(sft_checkpoint, out)
+    return out
+
+
+@pytest.mark.parametrize("at", [2, 4], ids=["eval-step", "last-step"])
+def test_sigterm_in_a_step_due_an_evaluation_checkpoints_first_and_the_resumed_run_evaluates_it(
+    sft_checkpoint, grpo_evaluated_reference, tmp_path, monkeypatch, at
+):
+    """A SIGTERM in a step whose evaluation is due (grpo.eval_every; the last step's) writes the step's checkpoint
+    before that evaluation and stops without it (an evaluation of minutes spent the grace period: the watchdog, or
+    Slurm's SIGKILL, then lost the step); the resumed run evaluates first, and the run ends bit-identical to one never
+    stopped: metrics rows, best/, summary.json, final/."""
+    out, evaluated = tmp_path / "run", []
+    sigterm_after(monkeypatch, grpo.GRPOTrainer, "step", lambda t: t.step_idx == at)
+    with sigterm_stops(True), pytest.raises(Terminated):
+        run_grpo_evaluated(sft_checkpoint, out, evaluated)
+    assert len(evaluated) == at // 2  # the evaluations before the step's (0, and at step 4, 2)
+    assert checkpoints(out) == [f"step-{at:08d}"] and not (out / "final").exists()
+    assert [r["step"] for r in rows(out) if "eval/valid/accuracy" in r] == list(range(0, at, 2))
+    monkeypatch.undo()
+    evaluated.clear()
+    run_grpo_evaluated(sft_checkpoint, out, evaluated)
+    assert len(evaluated) == 1 + (4 - at) // 2  # the pending evaluation first, then those after it
+    same_run(grpo_evaluated_reference, out)
+    assert [r["step"] for r in rows(out) if "eval/valid/accuracy" in r] == [0, 2, 4]
+    a, b = (load_file(str(run / "best" / "model.safetensors")) for run in (grpo_evaluated_reference, out))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (out / "summary.json").read_text() == (grpo_evaluated_reference / "summary.json").read_text()
+
+
 def run_sft(out):
     cfg = tiny_config(**SFT_SETS)
     torch.manual_seed(0)

@@ -666,6 +666,8 @@ class LoopState:
     skip_streak: int = 0  # steps in a row with every group filtered out (no update)
     last_eval: float | None = None
     started: float = 0.0  # wall clock at the start of this process's part of the run
+    # a stop's checkpoint, written before the evaluation due at its step: the resumed run evaluates first
+    eval_pending: bool = False
 
 
 EVAL_ARGS = ("lm", "records")  # how train_grpo calls its evaluate_fn
@@ -705,24 +707,13 @@ def train_grpo(
     with RunDir(out_dir, cfg, dist, "grpo", resume=resume, allow_config_change=allow_config_change, log=log) as run:
         loop = _resume(run, trainer)
         evaluate = _periodic_eval(run, trainer, loop, valid or {}, evaluate_fn)
-        if trainer.step_idx == 0:
-            loop.last_eval = evaluate(0)
+        if trainer.step_idx == 0 or loop.eval_pending:  # (pending: the run stopped before this step's evaluation)
+            loop.last_eval, loop.eval_pending = evaluate(trainer.step_idx), False
         steps, off = range(trainer.step_idx, g.steps), not (dist.is_main and progress)
         bar = tqdm(steps, desc="grpo", disable=off, initial=trainer.step_idx, total=g.steps)
         for _ in bar:
             m, stalled = _logged_step(run, trainer, loop)
-            done, preempted = trainer.step_idx, stop_requested(dist)
-            if (g.eval_every and done % g.eval_every == 0) or done == g.steps:
-                loop.last_eval = evaluate(done)
-            due = (g.save_every and done % g.save_every == 0) or done == g.steps
-            if due or trainer.guard.tripped or stalled or preempted:  # (preempted: the same command goes on from here)
-                _save_resumable(run, trainer, loop)
-            if trainer.guard.tripped:
-                raise trainer.guard.error(done, run.out_dir / CHECKPOINTS_DIR)
-            if stalled:
-                raise StalledError(stalled)
-            if preempted:
-                stop(dist)
+            _end_step(run, trainer, loop, evaluate, stalled)
             shown = {"reward": f"{m['reward_mean']:.3f}", "kept": f"{m['frac_groups_kept']:.2f}"}
             bar.set_postfix({**shown, **({"eval": f"{loop.last_eval:.3f}"} if loop.last_eval is not None else {})})
         trainer.release_training_state()
@@ -744,6 +735,30 @@ def _logged_step(run: RunDir, trainer: GRPOTrainer, loop: LoopState) -> tuple[di
             run.metrics.write(m)
         run.write_rollouts(trainer.rollout_rows(g.log_rollouts))
     return m, stalled
+
+
+def _end_step(
+    run: RunDir, trainer: GRPOTrainer, loop: LoopState, evaluate: Callable[[int], float | None], stalled: str | None
+) -> None:
+    """After a step: its evaluation and its checkpoint when due, then the stop of a tripped guard, a stall or a
+    SIGTERM (the ranks agree on it: :func:`stop_requested`). At a SIGTERM the checkpoint comes first, with the step's
+    due evaluation recorded as pending (``LoopState.eval_pending``), and the run stops without it: the grace period
+    is the step's and the checkpoint's, not the evaluation's. The resumed run evaluates first, from the same RNG
+    state as a run never stopped (whose checkpoint holds the state after its evaluation)."""
+    g, done, preempted = trainer.cfg.grpo, trainer.step_idx, stop_requested(trainer.dist)
+    eval_due = bool(g.eval_every and done % g.eval_every == 0) or done == g.steps
+    loop.eval_pending = eval_due and preempted
+    if eval_due and not preempted:
+        loop.last_eval = evaluate(done)
+    due = (g.save_every and done % g.save_every == 0) or done == g.steps
+    if due or trainer.guard.tripped or stalled or preempted:  # (preempted: the same command goes on from here)
+        _save_resumable(run, trainer, loop)
+    if trainer.guard.tripped:
+        raise trainer.guard.error(done, run.out_dir / CHECKPOINTS_DIR)
+    if stalled:
+        raise StalledError(stalled)
+    if preempted:
+        stop(trainer.dist)
 
 
 def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
