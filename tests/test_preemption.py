@@ -172,8 +172,8 @@ def run_sft(out):
 @pytest.mark.slow  # (three SFT runs each)
 @pytest.mark.parametrize("at", [2, 6], ids=["mid-epoch", "epoch-end"])
 def test_sigterm_within_an_sft_step_checkpoints_and_the_run_resumes_bit_identical(tmp_path, monkeypatch, at):
-    """6 steps per epoch: a SIGTERM in step 2 writes step 2's checkpoint; in the epoch's last step, the epoch ends
-    (its evaluation and checkpoint) first."""
+    """6 steps per epoch: a SIGTERM in step 2 writes step 2's checkpoint; in the epoch's last step, step 6's too,
+    before the epoch's end (its evaluation, stage-K/, best/), which the resumed run does first."""
     reference = tmp_path / "ref"
     run_sft(reference)
     out = tmp_path / "run"
@@ -184,6 +184,45 @@ def test_sigterm_within_an_sft_step_checkpoints_and_the_run_resumes_bit_identica
     monkeypatch.undo()
     run_sft(out)
     same_run(reference, out)
+
+
+def run_sft_evaluated(out, evaluated=None):
+    """SFT_SETS in two stages of one epoch (6 steps each), each epoch validated (its stage's end: stage-K/; the last
+    one's best/), the result drawing on the torch RNG; ``evaluated``: a list each evaluation appends to."""
+    from dgrpo.eval.evaluate import evaluate
+
+    cfg = tiny_config(**{**SFT_SETS, "sft.epochs_per_stage": 1, "sft.eval_every_epoch": True})
+
+    def count_correct(lm_, recs, settings):
+        (evaluated if evaluated is not None else []).append(len(recs))
+        correct = evaluate(lm_, recs, progress=False, max_new_tokens=8, n_latent=settings.n_latent).correct
+        return min(len(recs), correct + int(torch.randint(0, 3, (1,))))
+
+    torch.manual_seed(0)
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    train, valid = generate_split(cfg.task, "train"), generate_split(cfg.task, "valid")[:8]
+    sft.train_sft(lm, train, cfg, out, valid=valid, evaluate_fn=count_correct, progress=False, log=quiet)
+
+
+@pytest.mark.slow  # (three SFT runs each)
+@pytest.mark.parametrize("at", [6, 12], ids=["stage-end", "last-step"])
+def test_sigterm_in_an_sft_epochs_last_step_checkpoints_before_its_evaluation(tmp_path, monkeypatch, at):
+    """A SIGTERM in an epoch's last step writes the checkpoint before the epoch's evaluation, stage-K/ and best/;
+    the resumed run does them first and ends bit-identical to a run never stopped."""
+    reference, out, evaluated = tmp_path / "ref", tmp_path / "run", []
+    run_sft_evaluated(reference)
+    sigterm_after(monkeypatch, sft.SFTRun, "step", lambda r: r.prog.global_step == at)
+    with sigterm_stops(True), pytest.raises(Terminated):
+        run_sft_evaluated(out, evaluated)
+    assert len(evaluated) == at // 6 - 1 and checkpoints(out)[-1] == f"step-{at:08d}"
+    assert not any(r["step"] == at and "eval/valid/accuracy" in r for r in rows(out))
+    monkeypatch.undo()
+    run_sft_evaluated(out)
+    same_run(reference, out)
+    assert checkpoints(out) == checkpoints(reference)
+    for kept in ("best", "stage-0", "stage-1"):
+        a, b = (load_file(str(run / kept / "model.safetensors")) for run in (reference, out))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), kept
 
 
 @pytest.mark.slow  # (three GRPO runs each)

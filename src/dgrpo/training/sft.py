@@ -305,7 +305,8 @@ class SFTRun:
         """Epoch ``epoch``'s steps from batch ``first_batch``: metrics rows (every 10th step, the epoch's last, a
         skipped one) and the checkpoints within the epoch: every ``sft.save_every`` steps, at a non-finite stop, and
         at a SIGTERM (after the step under way; :mod:`dgrpo.training.preemption`). The epoch's end saves after its
-        evaluation."""
+        evaluation, ``stage-K/`` and ``best/``; a SIGTERM in its last step saves before them (``batch`` = the epoch's
+        steps: the resumed run does the epoch's end first), so that the grace period need not hold them."""
         s, prog, steps = self.cfg.sft, self.prog, self.plan.steps_per_epoch
         order = self.plan.epoch_order(epoch, len(train))
         self.lm.stopped_run = str(self.run.out_dir)  # (mid-run weights until the run ends: check_restart)
@@ -323,9 +324,9 @@ class SFTRun:
                 self.save(epoch, b + 1)
                 raise self.guard.error(prog.global_step, self.run.out_dir / CHECKPOINTS_DIR)
             mid_epoch, preempted = b + 1 < steps, stop_requested(self.dist)
-            if mid_epoch and ((s.save_every and prog.global_step % s.save_every == 0) or preempted):
+            if preempted or (mid_epoch and s.save_every and prog.global_step % s.save_every == 0):
                 self.save(epoch, b + 1)
-            if mid_epoch and preempted:
+            if preempted:
                 stop(self.dist)
 
     def _oom_advice(self) -> AbstractContextManager[None]:
@@ -422,10 +423,11 @@ def train_sft(
         n_steps, shown = s.num_epochs * plan.steps_per_epoch, dist.is_main and progress
         bar = tqdm(total=n_steps, initial=prog.global_step, desc="sft", disable=not shown)
         for epoch in range(start_epoch, s.num_epochs):
-            stage = plan.stage(epoch)
-            sft.enter_stage(stage)
+            stage, first_batch = plan.stage(epoch), start_batch if epoch == start_epoch else 0
+            if first_batch < plan.steps_per_epoch:  # (else resumed at the epoch's end, which is still to do)
+                sft.enter_stage(stage)
             lm.train()
-            sft.train_epoch(train, epoch, stage, start_batch if epoch == start_epoch else 0, bar, t0)
+            sft.train_epoch(train, epoch, stage, first_batch, bar, t0)
             accuracy = None
             if plan.last_of_stage(epoch):
                 accuracy = _finish_stage(lm, stage, cfg, run, dist, valid, evaluate_fn, prog.global_step, t0)
