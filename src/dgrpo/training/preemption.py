@@ -13,8 +13,11 @@ checkpoint at the end of the step under way and stops (:class:`Terminated`), so 
   (torchrun itself kills its workers 30 s after it forwarded the signal).
 
 The command line installs the handler (:func:`sigterm_stops`); the loops mark their steps (:func:`within_step`),
-ask :func:`stop_requested` after each and, when it is True, write the checkpoint and call :func:`stop`. From Python,
-without the handler, none of this does anything: SIGTERM keeps its default.
+ask :func:`stop_requested` after each and, when it is True, write the checkpoint and call :func:`stop`. The
+checkpoint comes before the work due at that step's end (GRPO's evaluation; SFT's epoch end: its evaluation,
+``stage-K/``, ``best/``), which it records as still to do: the resumed run does it first, from the same RNG state, so
+the grace period holds only the step and the checkpoint's write. From Python, without the handler, none of this does
+anything: SIGTERM keeps its default.
 """
 
 from __future__ import annotations
