@@ -142,7 +142,7 @@ def record_the_models_shape(cfg: Config, lm: Any) -> None:
     from ..config import ModelConfig
     from ..model.factory import BUILTIN
 
-    hf = getattr(lm.model, "config", None)
+    hf: Any = getattr(lm.model, "config", None)
     if cfg.model.name_or_path == BUILTIN or getattr(hf, "model_type", None) not in ("qwen2", "llama", "gpt2"):
         return
     shape = {
