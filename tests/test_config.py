@@ -302,7 +302,9 @@ def test_rewards_need_distinct_names():
         ConfigError, match=r"grpo.rewards: item 0: unknown key\(s\) wieght \(expected fn, weight, name\)"
     ):
         load_config(Config, None, ["grpo.rewards=[{fn: numeric, wieght: 2}]"])
-    ok = load_config(Config, None, ["grpo.rewards=[{fn: numeric}, {fn: numeric, name: twice, weight: 2}]"])
+    ok = load_config(
+        Config, None, ["grpo.rewards=[{fn: numeric}, {fn: numeric, name: twice, weight: 2}]", "grpo.filter=0"]
+    )
     assert len(ok.grpo.rewards) == 2
 
 
@@ -686,3 +688,18 @@ def test_two_test_sets_writing_one_results_folder_are_refused():
     assert results_name("builtin:test?n_steps=6&modulus=10") == "builtin_test_n_steps_6_modulus_10"
     assert results_name("gsm_hard+svamp") == "gsm_hard+svamp" and results_name("données/é.jsonl") == "données_é.jsonl"
     assert load_config(Config, None, ["data.test=[]"]).data.test == []
+
+
+def test_the_filter_on_a_total_of_builtin_scorers_past_1_is_refused_when_the_config_loads():
+    """Found after the model loaded and the first rollouts before; the built-in scorers give 0 or 1 each."""
+    from dgrpo.config import BUILTIN_SCORERS
+    from dgrpo.eval.scoring import SCORERS
+
+    assert BUILTIN_SCORERS == tuple(SCORERS)
+    two = "grpo.rewards=[{fn: numeric}, {fn: exact}]"
+    assert error(two).startswith("invalid config value grpo.filter: the accuracy window applies to the total reward")
+    assert "reaches -0.5" in error("grpo.rewards=[{fn: numeric}, {fn: exact, weight: -0.5}]")
+    for fine in (["grpo.rewards=[{fn: numeric, weight: 0.5}, {fn: exact, weight: 0.5}]"], [two, "grpo.filter=false"]):
+        load_config(Config, None, fine)
+    load_config(Config, None, [two, "grpo.filter_reward=numeric"])
+    load_config(Config, None, ["grpo.rewards=[{fn: numeric}, {fn: my.py:f}]"])  # (a plug-in: checked on gold answers)

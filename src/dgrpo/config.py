@@ -894,6 +894,7 @@ class GRPOConfig:
             f"{MAX_HUBER_DELTA:g} is the plain k3), got {self.huber_delta}",
         )
         _check_rewards(self.rewards, f"{p}.rewards")
+        _check_filtered_total(self, p)
         _check_kept_layers(self, p)
 
 
@@ -968,6 +969,29 @@ def _check_rewards(rewards: list, key: str) -> None:
             "grpo.filter_reward picks one by it): give each its own name",
         )
         named[name] = j
+
+
+#: the built-in scorers (dgrpo.eval.scoring.SCORERS): each gives a completion 0 or 1
+BUILTIN_SCORERS = ("numeric", "exact", "choice", "coconut")
+
+
+def _check_filtered_total(g: GRPOConfig, p: str) -> None:
+    """The group filter on the total of ``grpo.rewards`` whose parts are all built-in scorers (0 or 1 each): the
+    total's range is known from the weights, and must lie in [0, 1] (it was found after the model loaded and the
+    first rollouts: at the paper's scale, minutes)."""
+    if not g.filter or g.advantage == "ema" or g.filter_reward or not g.rewards:
+        return
+    if not all(item["fn"] in BUILTIN_SCORERS for item in g.rewards):
+        return  # (a plug-in's range is known once it is called: the trainer checks it on gold answers)
+    weights = [float(item.get("weight", 1.0)) for item in g.rewards]
+    low, high = sum(min(w, 0.0) for w in weights), sum(max(w, 0.0) for w in weights)
+    _check(
+        low >= 0.0 and high <= 1.0,
+        f"{p}.filter",
+        f"the accuracy window applies to the total reward, which reaches {high if high > 1 else low:g} with these "
+        "weights (each built-in scorer gives 0 or 1): set grpo.filter_reward to one of grpo.rewards, or "
+        "grpo.filter=false",
+    )
 
 
 def reward_name(item: dict) -> str:
