@@ -382,3 +382,20 @@ def test_a_model_stopped_mid_run_without_a_checkpoint_is_not_started_afresh(sft_
     fresh = load_model(cfg.model, cfg.task, init=str(sft_checkpoint), seed=cfg.seed)
     grpo.train_grpo(fresh, cfg, train, tmp_path / "again", progress=False, log=quiet)
     grpo.train_grpo(fresh, cfg, train, tmp_path / "next", progress=False, log=quiet)  # a finished run's model: fine
+
+
+def test_a_stop_agreed_from_another_ranks_sigterm_is_announced_by_rank_0(capsys):
+    """A SIGTERM that reached rank 1 alone stopped every rank with no word from rank 0 until the exit line."""
+    from types import SimpleNamespace
+
+    from dgrpo.training.preemption import stop_requested
+
+    def ranks(asked_elsewhere: bool, is_main: bool) -> SimpleNamespace:  # (max_float: the agreement's all-reduce)
+        return SimpleNamespace(active=True, is_main=is_main, max_float=lambda v: max(v, float(asked_elsewhere)))
+
+    with sigterm_stops(True, distributed=True):
+        assert not stop_requested(ranks(False, True)) and capsys.readouterr().err == ""
+        assert stop_requested(ranks(True, True)) and stop_requested(ranks(True, True))
+        assert capsys.readouterr().err.count("dgrpo: SIGTERM (to another rank): every rank stops now") == 1
+    with sigterm_stops(True, distributed=True):
+        assert stop_requested(ranks(True, False)) and capsys.readouterr().err == ""  # (rank 1: rank 0 says it)

@@ -85,9 +85,10 @@ def _watchdog(read_fd: int, grace: float, done: threading.Event) -> None:
                 return
             if signal.SIGTERM in data:
                 if not done.wait(grace):
+                    rank = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
                     print(
-                        f"dgrpo: no stop within {GRACE_ENV} = {grace:g} s of SIGTERM (a rank blocked, or a long step "
-                        "or evaluation): exiting without a checkpoint",
+                        f"dgrpo: {rank}no stop within {GRACE_ENV} = {grace:g} s of SIGTERM (a rank blocked, or a long "
+                        "step or evaluation): exiting without a checkpoint",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -181,7 +182,17 @@ def stop_requested(dist: Dist | None = None) -> bool:
     """Whether a SIGTERM asked to stop: then write a resumable checkpoint and :func:`stop`. Under torchrun (with the
     handler on) a collective: every rank calls it after every step, and all get the same answer."""
     if _State.distributed and dist is not None and dist.active:
-        return dist.max_float(1.0 if _State.requested else 0.0) > 0
+        agreed = dist.max_float(1.0 if _State.requested else 0.0) > 0
+        if agreed and not _State.requested:  # (the SIGTERM reached other ranks only: rank 0 had said nothing)
+            _State.requested = True
+            if dist.is_main:
+                print(
+                    "dgrpo: SIGTERM (to another rank): every rank stops now, after writing a resumable checkpoint of "
+                    "this step",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        return agreed
     return _State.requested
 
 
