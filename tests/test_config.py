@@ -340,9 +340,10 @@ def test_loader_keeps_ordinary_numbers():
 
 def test_a_leading_zero_is_base_ten_and_exponents_in_lists_are_numbers():
     """YAML 1.1 read ``010`` as octal 8 and a list's ``1e-3`` as text (refused by adam_betas)."""
-    cfg = load_config(Config, None, ["grpo.steps=010", "sft.adam_betas=[0.9, 1e-3]", "data.test=[007.jsonl]"])
-    assert (cfg.grpo.steps, cfg.sft.adam_betas, cfg.data.test) == (10, [0.9, 1e-3], ["007.jsonl"])
+    cfg = load_config(Config, None, ["grpo.steps=010", "sft.adam_betas=[0.9, 1e-3]", "data.test=[007.jsonl, '1e3']"])
+    assert (cfg.grpo.steps, cfg.sft.adam_betas, cfg.data.test) == (10, [0.9, 1e-3], ["007.jsonl", "1e3"])
     assert load_config(Config, None, ["sft.adam_betas=0.9,1e-3"]).sft.adam_betas == [0.9, 1e-3]
+    assert load_config(Config, None, ["sft.stage_epochs=[03, 2]"]).sft.stage_epochs == [3, 2]  # (a list of counts)
 
 
 def test_booleans_take_1_and_0_and_an_emptied_section_is_empty(tmp_path):

@@ -30,7 +30,7 @@ import math
 import re
 import sys
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -553,6 +553,8 @@ class SFTConfig:
         _at_least(self, p, 0, "max_latent_stage", "weight_decay", "warmup_steps", "max_grad_norm", "save_every")
         _within(self, p, "[0, 1]", "uniform_prob")
         _learning_rate(self, p)
+        self.adam_betas = _numbers(self.adam_betas, _to_float, f"{p}.adam_betas")
+        self.stage_epochs = _numbers(self.stage_epochs, _to_int, f"{p}.stage_epochs")
         _check(
             len(self.adam_betas) == 2
             and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in self.adam_betas),
@@ -1244,25 +1246,32 @@ def _to_float(value: Any, key: str) -> float:
 
 def _to_list(value: Any, key: str) -> list:
     """A list: a YAML list, or comma-separated text (whose numbers are numbers: ``1,1,2`` as ``[1, 1, 2]``,
-    ``0.9,0.999`` as ``[0.9, 0.999]``, the same lists as in brackets). A YAML list's ``1e-3`` is a number too
-    (YAML 1.1 reads a float without a '.' as text)."""
+    ``0.9,0.999`` as ``[0.9, 0.999]``, the same lists as in brackets). Items stay as YAML reads them: a list of
+    numbers reads its text items itself (:func:`_numbers`)."""
     if isinstance(value, str):
         value = [_list_item(v.strip()) for v in value.split(",") if v.strip()]
     if not isinstance(value, list):
         raise _invalid(key, f"expected a list, got {value!r}")
-    return [float(v) if isinstance(v, str) and _EXPONENT_FLOAT.fullmatch(v) else v for v in value]
+    return list(value)
 
 
-#: a number written with an exponent and no '.' (``1e-3``), which YAML 1.1 reads as text
-_EXPONENT_FLOAT = re.compile(r"[+-]?\d+[eE][+-]?\d+")
+def _numbers(items: list, read: Callable[[Any, str], Any], key: str) -> list:
+    """The text items of a list of numbers read as numbers (YAML 1.1 reads ``1e-3``, without a '.', and ``03``, a
+    leading 0, as text); other items as they are, for the caller's check."""
+    out = []
+    for item in items:
+        try:
+            out.append(read(item, key) if isinstance(item, str) else item)
+        except ConfigError:
+            out.append(item)
+    return out
 
 
 def _list_item(text: str) -> int | float | str:
-    """One item of a comma-separated list: a whole number, a decimal number (``0.9``, ``1e-3``), else the text."""
+    """One item of a comma-separated list: a whole number, a decimal number, else the text."""
     if re.fullmatch(r"[+-]?\d+", text):
         return int(text)
-    decimal = re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+)([eE][+-]?\d+)?", text) or _EXPONENT_FLOAT.fullmatch(text)
-    return float(text) if decimal else text
+    return float(text) if re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+)([eE][+-]?\d+)?", text) else text
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
