@@ -574,8 +574,6 @@ def test_describe_filters_a_section():
         (["grpo.top_p=0.9"], ["grpo.top_p=0.9 changes nothing with grpo.temperature=0: greedy"]),
         (["grpo.temperature=1e-6"], ["grpo.temperature=1e-06: .* carry almost no gradient"]),
         (["grpo.temperature=0.7", "grpo.top_p=0.9"], []),
-        (["data.valid="], ["grpo.save_best keeps best/ by the validation accuracy, and data.valid is empty"]),
-        (["data.valid=", "grpo.save_best=false"], []),
         (["perturbation.kind=gaussian", "perturbation.p=0"], []),  # p is not gaussian's scale
         (["perturbation.kind=none"], []),  # the deterministic ablation is what it says
         (  # a warmup longer than the run: the lr never reached grpo.lr and best/ was never kept, without a word

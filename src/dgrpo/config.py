@@ -1152,11 +1152,6 @@ class Config:
                 "one-hot this cold, so the sampled tokens' log-probs are about 0 and carry almost no gradient (0 is "
                 "greedy decoding, scored at T = 1)"
             )
-        if g.save_best and not self.data.valid:
-            lines.append(
-                "grpo.save_best keeps best/ by the validation accuracy, and data.valid is empty: no best/ is kept "
-                "(set data.valid, or grpo.save_best=false)"
-            )
         return lines
 
     def _validate_latent_graphs(self) -> None:
