@@ -607,23 +607,27 @@ def test_metrics_rows_lost_before_the_resumed_checkpoint_are_warned_of_once(tmp_
         run.start({"step": 4, "metrics_lines": 1})
 
 
-def test_an_unfinished_run_without_checkpoints_starts_over_only_under_its_own_config(tmp_path):
+def test_an_unfinished_run_without_checkpoints_restarted_under_another_config_is_warned_of(tmp_path):
     """checkpoints/ deleted (or a run killed before its first): a rerun with a changed config started over without a
-    word, writing over config.json and metrics.jsonl. The same config still starts over; a changed one is refused,
-    naming the keys, config.json and the metrics left as they were."""
-    from dgrpo.config import ConfigError, to_dict
+    word, writing over config.json and metrics.jsonl. It still starts over (nothing is lost, and an out-of-memory
+    error at the first step advises another batch setting), now with a warning naming the keys; the same config
+    (up to neutral keys) starts over silently."""
+    import warnings
+
+    from dgrpo.config import to_dict
 
     out = tmp_path / "run"
     out.mkdir()
     config = json.dumps(to_dict(tiny_config(**{"grpo.lr": 5e-3})))
     (out / "config.json").write_text(config)
     (out / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5}\n')
-    with pytest.raises(ConfigError, match=r"different config \(grpo\.lr\) and no checkpoint.*--resume never"):
-        _run_dir(out)
-    assert (out / "config.json").read_text() == config and (out / "metrics.jsonl").stat().st_size > 0
-    with _run_dir(out, cfg=tiny_config(**{"grpo.lr": 5e-3, "threads": 2})) as run:  # the same config: starts over
-        assert run.candidates == []
-        run.start(None)
+    with pytest.warns(UserWarning, match=r"different config \(grpo\.lr\) and no checkpoint to resume: it starts"):
+        _run_dir(out).close(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with _run_dir(out, cfg=tiny_config(**{"grpo.lr": 5e-3, "threads": 2, "fsdp": "full"})) as run:
+            assert run.candidates == []
+            run.start(None)
     assert not (out / "metrics.jsonl").read_text()
 
 
@@ -673,3 +677,30 @@ def test_leftovers_of_a_killed_final_best_or_stage_write_are_cleaned_at_start(tm
     left = sorted(p.name for p in out.iterdir())
     assert left == sorted([*theirs, ".lock", ".tmp-stage-3-4", "best", "final"])
     assert (out / "final" / "manifest.json").is_file()  # (.old-final-8: the kill came before the new final/)
+
+
+def test_under_resume_never_an_earlier_copy_moved_aside_is_removed_not_restored(tmp_path):
+    """--resume never removed stage-1/, then the leftovers' clean-up moved the earlier run's .old-stage-1-PID back to
+    stage-1/: the old run's model inside the new run's directory."""
+    out = tmp_path / "run"
+    (out / ".old-stage-1-4242").mkdir(parents=True)
+    (out / ".old-stage-1-4242" / "manifest.json").write_text("{}")
+    (out / "metrics.jsonl").write_text('{"step": 1, "stage": 1, "loss": 1.0}\n')
+    _run_dir(out, command="sft", resume=False).close()
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "metrics.jsonl"]  # (no stage-1/, no .old-stage-1-*)
+
+
+def test_a_resume_compares_neither_fsdp_nor_a_loaded_models_builtin_sizes(tmp_path):
+    """Runs begun before DGRPO_FSDP was recorded as the fsdp key (config.json: none) and before a run that loads a
+    model recorded its shape (config.json: the built-in sizes) were refused as changed configs when resumed."""
+    from dgrpo.config import ConfigError, to_dict
+
+    out = tmp_path / "run"
+    _fake_checkpoint(out / "checkpoints" / "step-00000004")
+    started = tiny_config(**{"model.name_or_path": "/models/base", "fsdp": "none"})
+    (out / "config.json").write_text(json.dumps(to_dict(started)))
+    now = {"model.name_or_path": "/models/base", "fsdp": "full", "model.hidden_size": 1536, "model.num_layers": 28}
+    with _run_dir(out, cfg=tiny_config(**now)) as run:
+        assert run.changed == []
+    with pytest.raises(ConfigError, match=r"config \(model.hidden_size, model.name_or_path\)"):  # (built-in: compared)
+        _run_dir(out, cfg=tiny_config(**{**now, "model.name_or_path": "builtin-tiny", "model.num_layers": 2}))

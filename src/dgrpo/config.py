@@ -1042,7 +1042,8 @@ class Config:
         "under torchrun: none (replicated weights, gradients all-reduced), full (FSDP2; "
         "rank 0 writes gathered safetensors and resumable checkpoints) or sharded (FSDP2; every rank writes its "
         "shard of each checkpoint, the optimizer state of resumable ones included). The DGRPO_FSDP environment "
-        "variable (0, 1 = full, or sharded) overrides it, and the run's config.json records the value that ran",
+        "variable (0, 1 = full, or sharded) overrides it, and the run's config.json records it; a resumed run may "
+        "change it, as it may change the number of processes (results change at float level)",
     )
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)

@@ -24,6 +24,7 @@ from ..config import Config, ConfigError, to_dict
 from ..data.records import Record, check_records
 from ..eval.evaluate import warn_if_questions_cut
 from ..eval.scoring import RewardError
+from ..model.factory import BUILTIN
 from ..model.latent_lm import LatentLM
 from ..model.sources import is_model_dir, on_disk, resolve_device
 from ..model.verified import MANIFEST, RESUMABLE_STATE, RUN_CONFIG_FILE, CheckpointError
@@ -61,11 +62,20 @@ FinalEval = Callable[[LatentLM, "int | None"], dict[str, float]]
 #: latent steps' activations (recompute_latent_steps: false) does not (1e-7 apart), so that key is not neutral
 NEUTRAL_KEYS = frozenset(
     ["threads", "device"]
+    # how the ranks hold the model: like another number of processes, which a resume may change too, it changes
+    # results at float level; the checkpoint's loader says what a sharded checkpoint needs (torchrun, FSDP2)
+    + ["fsdp"]
     + [f"{t}.{k}" for t in ("sft", "grpo") for k in ("recompute", "recompute_granularity", "recompute_kept_layers")]
 )
 NEUTRAL_SECTIONS = ("logging.",)  # every key below these
 #: what a command's run never reads (the other command's section; dgrpo eval's prompt options): a resume ignores them
 UNREAD_BY = {"sft": ("grpo.", "eval.plain", "eval.shots"), "grpo": ("sft.", "eval.plain", "eval.shots")}
+#: model.arch and the built-in tiny model's sizes: they build that model (model.name_or_path builtin-tiny); a run
+#: that loads one records the loaded model's there (dgrpo before 2026-12-02 recorded the options given), which a
+#: resume does not compare
+BUILTIN_SHAPE_KEYS = frozenset(
+    f"model.{k}" for k in ("arch", "hidden_size", "num_layers", "num_heads", "intermediate_size")
+)
 #: what :func:`~dgrpo.model.verified.atomic_dir` leaves in OUT when a run is killed during a final/, best/ or stage-K/
 #: write: its temporary ``.tmp-NAME-PID`` and the ``.old-NAME-PID`` a replace moves aside
 LEFTOVER = re.compile(rf"\.(tmp|old)-({FINAL_DIR}|{BEST_DIR}|stage-\d+)-\d+")
@@ -420,31 +430,32 @@ class RunDir:
                 self._on_rank0(self._check_config)
             elif self.resume_mode == "auto":
                 self._on_rank0(self._check_not_finished)
-                self._on_rank0(self._check_restart_config)
+                self._on_rank0(self._warn_if_restarted_under_another_config)
         except BaseException:
             self.close(1)  # a refused run releases the directory at once
             if created and [p.name for p in self.out_dir.iterdir()] == [LOCK_FILE]:
                 shutil.rmtree(self.out_dir)  # and leaves no directory it made for nothing
             raise
-        if self.resume_mode == "never" and dist.is_main:
-            self._start_over()
         if dist.is_main:  # half-written checkpoints of a killed run (it held the lock: nobody else writes them)
             for tmp in (self.out_dir / CHECKPOINTS_DIR).glob(".tmp-*"):
                 shutil.rmtree(tmp, ignore_errors=True)
-            self._clean_leftovers()
+            self._clean_leftovers(restore=self.resume_mode != "never")
+        if self.resume_mode == "never" and dist.is_main:
+            self._start_over()
 
-    def _clean_leftovers(self) -> None:
+    def _clean_leftovers(self, restore: bool) -> None:
         """What a killed run's atomic writes (:func:`~dgrpo.model.verified.atomic_dir`) of final/, best/ or stage-K/
         left in OUT (the lock is held: nobody else writes them): ``.tmp-NAME-PID`` (half written, or complete but
-        never published) is removed; ``.old-NAME-PID`` (the copy a replace moved aside) is removed, or moved back to
-        NAME when the kill came before the new one took its place. Only those names; nothing else is touched."""
+        never published) is removed; ``.old-NAME-PID`` (the copy a replace moved aside) is removed, or, with
+        ``restore`` (not under ``--resume never``, which removes the earlier run's folders next), moved back to NAME
+        when the kill came before the new one took its place. Only those names; nothing else is touched."""
         for path in sorted(self.out_dir.iterdir()):
             found = LEFTOVER.fullmatch(path.name)
             if found is None or not path.is_dir() or path.is_symlink():
                 continue
             kind, name = found.groups()
             target = self.out_dir / name
-            if kind == "old" and not target.exists() and (path / MANIFEST).is_file():
+            if restore and kind == "old" and not target.exists() and (path / MANIFEST).is_file():
                 path.rename(target)
                 self.log(f"dgrpo: {target} was being replaced when a run was killed: its earlier copy is restored")
             else:
@@ -572,21 +583,33 @@ class RunDir:
                 f"{self.out_dir / FINAL_DIR}; to train it again, --resume never (removes its results) or a new --out"
             )
 
-    def _check_restart_config(self) -> None:
-        """An unfinished run with no checkpoint (killed before its first, or its checkpoints/ deleted) starts over
-        under the same command and config; under a changed one it is refused, naming the keys, rather than its
-        config.json and metrics.jsonl overwritten without a word."""
+    def _warn_if_restarted_under_another_config(self) -> None:
+        """An unfinished run with no checkpoint (killed before its first, or its checkpoints/ deleted) starts over;
+        under a changed config with a warning that names the keys (its config.json and metrics.jsonl were replaced
+        without a word). Nothing is refused: nothing is lost (a rerun after an out-of-memory error at the first step
+        changes a batch setting, as that error's line advises)."""
         path = self.out_dir / CONFIG_FILE
         if not path.is_file():
             return
-        old = self._read_config(path)
-        changed = [k for k in config_diff(old, self.cfg) if not k.startswith(UNREAD_BY.get(self.command, ()))]
+        changed = self._changed_keys(self._read_config(path))
         if changed:
-            raise ConfigError(
+            warnings.warn(
                 f"{self.out_dir} holds a run started with a different config ({', '.join(changed[:8])}"
-                f"{', ...' if len(changed) > 8 else ''}) and no checkpoint to resume: start over there with "
-                "--resume never (removes what it wrote), or name a new --out"
+                f"{', ...' if len(changed) > 8 else ''}) and no checkpoint to resume: it starts over under this one, "
+                f"replacing its {CONFIG_FILE} and {METRICS_FILE}",
+                stacklevel=2,
             )
+
+    def _changed_keys(self, old: dict) -> list[str]:
+        """The keys a resume compares that differ between ``old`` and this run's config: not those this command never
+        reads, nor the built-in model's shape when the run loads a model."""
+        unread = UNREAD_BY.get(self.command, ())
+        loads = self.cfg.get("model", {}).get("name_or_path") != BUILTIN
+        return [
+            k
+            for k in config_diff(old, self.cfg)
+            if not k.startswith(unread) and not (loads and k in BUILTIN_SHAPE_KEYS)
+        ]
 
     def _check_command(self) -> None:
         """Refuse another command's checkpoints (an SFT run's directory given to ``dgrpo grpo``, or the reverse):
@@ -659,7 +682,7 @@ class RunDir:
         old = self._started_with()
         if old is None:
             return
-        changed = [k for k in config_diff(old, self.cfg) if not k.startswith(UNREAD_BY.get(self.command, ()))]
+        changed = self._changed_keys(old)
         if changed and not self.allow_config_change:
             what = f"--resume {self.candidates[0]} is from" if self.explicit else f"{self.out_dir} holds"
             raise ConfigError(
