@@ -641,6 +641,9 @@ def test_a_full_disk_while_checkpointing_is_one_line_naming_the_write(tokenizer,
     assert "MiB free on" in line and f"the run resumes from {first}" in line
     assert ("no space left on the device" in line) == isinstance(failure, OSError)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [first.name]
+    monkeypatch.setattr(checkpoint.torch, "save", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("CUDA error")))
+    with pytest.raises(RuntimeError, match="^CUDA error$"):  # (not the disk's: its own traceback, not a disk line)
+        checkpoint.save_checkpoint(tmp_path, 4, **kw)
 
 
 def test_a_full_disk_while_cutting_the_metrics_is_one_line_and_leaves_no_temporary_file(tmp_path, monkeypatch):

@@ -100,7 +100,9 @@ def save_checkpoint(
         _write_checkpoint(final, step, lm, optimizer, state, extra_models, fsdp_state or TrainingState())
     except (CheckpointError, ConfigError):
         raise
-    except (OSError, RuntimeError) as e:  # (torch.save on a full disk: RuntimeError "unexpected pos")
+    except (OSError, RuntimeError) as e:
+        if not isinstance(e, OSError) and not _a_failed_write(e):
+            raise  # (an error of the model or the device, not of the disk: its traceback)
         earlier = list_checkpoints(out_dir)
         after = f"the run resumes from {earlier[-1]}" if earlier else "no earlier checkpoint: the run starts again"
         raise write_failed(f"checkpoint {final}", root, e, f"its temporary folder is removed; {after}") from None
@@ -136,6 +138,13 @@ def _write_checkpoint(
         if os.environ.get("DGRPO_TEST_CRASH_IN_CHECKPOINT") == str(step):  # test hook: die mid-write
             os.kill(os.getpid(), 9)
         (tmp / RESUMABLE_STATE).write_text(json.dumps({**state, "step": step, "rng": rng_js}))
+
+
+def _a_failed_write(e: RuntimeError) -> bool:
+    """torch.save's zip writer failing to write (a full disk: "[enforce fail at inline_container.cc:...] unexpected
+    pos ..."; "PytorchStreamWriter failed writing file ...")."""
+    text = str(e)
+    return "inline_container" in text or "PytorchStreamWriter" in text or "unexpected pos" in text
 
 
 def write_failed(what: str, where: Path, e: BaseException, after: str) -> CheckpointError:

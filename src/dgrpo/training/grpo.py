@@ -670,6 +670,15 @@ class LoopState:
     eval_pending: bool = False
 
 
+def _loop_record(loop: LoopState) -> dict:
+    """The loop's state as a checkpoint keeps it: ``eval_pending`` only when set, so that a checkpoint of an
+    unstopped run stays readable by dgrpo before it (whose LoopState has no such field)."""
+    record = asdict(loop)
+    if not record["eval_pending"]:
+        del record["eval_pending"]
+    return record
+
+
 EVAL_ARGS = ("lm", "records")  # how train_grpo calls its evaluate_fn
 
 
@@ -894,6 +903,6 @@ def _save_resumable(run: RunDir, trainer: GRPOTrainer, loop: LoopState) -> None:
         optimizer=trainer.opt,
         keep_last=trainer.cfg.grpo.keep_last,
         extra_models=_extra_models(trainer),
-        state={"trainer": trainer.state(), "loop": asdict(loop), "metrics_lines": run.metrics.n_rows()},
+        state={"trainer": trainer.state(), "loop": _loop_record(loop), "metrics_lines": run.metrics.n_rows()},
         fsdp_state=fsdp_state,
     )
