@@ -244,6 +244,11 @@ def test_dgrpo_fsdp_is_the_runs_fsdp_key_so_validation_sees_it(monkeypatch):
     monkeypatch.setenv("DGRPO_FSDP", "yes")
     with pytest.raises(ConfigError, match="DGRPO_FSDP='yes': expected 0, 1"):
         load(args("grpo"))
+    from dgrpo.training.distributed import Dist
+
+    monkeypatch.delenv("DGRPO_FSDP")
+    with pytest.raises(ConfigError, match="fsdp='yes': expected 0, 1"):  # (Python's fsdp= takes the same spellings)
+        Dist.from_env(fsdp="yes")
 
 
 def test_adapter_checkpoint_with_a_missing_base_is_one_line(base_dirs, tmp_path):

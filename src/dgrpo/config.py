@@ -87,17 +87,21 @@ FSDP_ENV = "DGRPO_FSDP"
 _FSDP_SPELLINGS = {"none": ("0", "false", "off", "none"), "full": ("1", "true", "on", "full"), "sharded": ("sharded",)}
 
 
+def fsdp_mode(text: str, source: str = "fsdp") -> str:
+    """An ``fsdp`` value (none, full or sharded) from its spellings (0 / false / off, 1 / true / on)."""
+    raw = text.strip().lower()
+    mode = next((m for m, spellings in _FSDP_SPELLINGS.items() if raw in spellings), None)
+    if mode is None:
+        raise ConfigError(f"{source}={raw!r}: expected 0, 1 (= full) or sharded")
+    return mode
+
+
 def fsdp_from_env() -> str | None:
     """``DGRPO_FSDP`` as an ``fsdp`` value (none, full or sharded); None when it is unset or empty."""
     import os
 
-    raw = os.environ.get(FSDP_ENV, "").strip().lower()
-    if not raw:
-        return None
-    mode = next((m for m, spellings in _FSDP_SPELLINGS.items() if raw in spellings), None)
-    if mode is None:
-        raise ConfigError(f"{FSDP_ENV}={raw!r}: expected 0, 1 (= full) or sharded")
-    return mode
+    raw = os.environ.get(FSDP_ENV, "").strip()
+    return fsdp_mode(raw, FSDP_ENV) if raw else None
 
 
 def opt(default: Any, doc: str, **kw: Any) -> Any:

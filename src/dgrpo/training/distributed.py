@@ -35,7 +35,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from ..config import FSDP_ENV, ConfigError, fsdp_from_env
+from ..config import FSDP_ENV, ConfigError, fsdp_from_env, fsdp_mode
 from ..model.anatomy import decoder_layers
 from ..model.verified import SHARDED_DIR
 
@@ -106,7 +106,7 @@ class Dist:
         The backend follows the training device: nccl for CUDA, gloo for CPU (``device`` None: CUDA
         when available). ``fsdp`` (the config key: none | full | sharded) turns FSDP2 on; the
         ``DGRPO_FSDP`` environment variable, when set, overrides it."""
-        mode = fsdp_from_env() or fsdp
+        mode = fsdp_from_env() or fsdp_mode(fsdp)
         sharding = mode in ("full", "sharded")
         world = env_int("WORLD_SIZE", 1)
         if world > 1 and not tdist.is_initialized():
