@@ -478,6 +478,9 @@ def test_csv_parquet_dataset_folders_and_column_mapping(tmp_path):
     assert len(load_spec(str(tmp_path / "folder"), data=cols)) == 6
     assert len(load_spec(str(tmp_path / "dict"), data=cols)) == 2  # a DatasetDict: the test split
     assert len(load_spec(str(tmp_path / "dict"), data=cols, split="train")) == 6
+    gaps = [{**rows[0], "work": None}, rows[1]]  # a missing chain: parquet holds None (it was refused as no list)
+    datasets.Dataset.from_list(gaps).to_parquet(str(tmp_path / "gaps.parquet"))
+    assert [r.steps for r in load_spec(str(tmp_path / "gaps.parquet"), data=cols)] == [[], ["1+1=2"]]
     from dgrpo.data.records import DataError
 
     with pytest.raises(DataError, match="d.csv line 2: missing field 'answer'"):  # (the first data row: was 'row 0')

@@ -706,6 +706,8 @@ class _ColumnParser:
     def _steps(self, row: dict[str, Any], solution: str | None) -> list[str]:
         key = self.steps_key
         steps: Any = row.get(key, []) if key else _step_annotations(solution) if solution else []
+        if steps is None:  # (a missing value: parquet and Hugging Face datasets hold None where JSONL omits the key)
+            steps = []
         if isinstance(steps, str):
             steps = [s for s in steps.splitlines() if s.strip()]
         if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
