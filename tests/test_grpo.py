@@ -405,6 +405,17 @@ def test_the_trainer_class_checks_what_it_is_given_as_train_grpo_does(sft_checkp
     assert trainer.rewards.columns == ("source", "split")  # (the training data's: every batch gets each)
 
 
+def test_the_trainer_gives_the_model_its_config_to_record(sft_checkpoint, tmp_path):
+    """A loop of step() calls (docs/from_trl.md) then save_pretrained wrote the --init checkpoint's run_config.json:
+    dgrpo eval would read that run's scorer and data keys. Only train_grpo set it."""
+    from dgrpo.config import to_dict
+
+    tr = trainer(sft_checkpoint, **{"eval.scorer": "exact"})
+    assert tr.lm.run_config == to_dict(tr.cfg)
+    tr.lm.save_pretrained(tmp_path / "m")
+    assert json.loads((tmp_path / "m" / "run_config.json").read_text())["eval"]["scorer"] == "exact"
+
+
 def test_a_model_off_the_configs_device_is_warned_about(sft_checkpoint, monkeypatch):
     """load_model puts a model on the CPU unless told; the dgrpo commands move it to cfg.device, a Python caller
     must: on a GPU machine a run of the docs' example trained on the CPU without a word."""

@@ -204,6 +204,9 @@ class GRPOTrainer:
         self.order: list[int] = []
         self.guard = NonFiniteGuard(g.max_nonfinite, "GRPO", "grpo.lr")
         self._replay_warned = False  # (warned once: the replay did not give the rollouts' log-probs back)
+        # what the model's checkpoints record (run_config.json: dgrpo eval reads its scorer, data keys and dtype), here
+        # so that a loop of step() calls saves this config too, not the --init checkpoint's
+        lm.run_config = to_dict(cfg)
 
     # -------------------------------------------------------------------- resumable state
     def state(self) -> dict:
@@ -712,7 +715,6 @@ def train_grpo(
     lm.settings.chat_template |= cfg.data.chat_template  # on for a model trained without it (a trained one keeps it)
     trainer = GRPOTrainer(lm, cfg, train, dist=dist, reward_fn=reward_fn)
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
-    lm.run_config = to_dict(cfg)  # final/ and best/ carry the config (and the task) that produced them
     with RunDir(out_dir, cfg, dist, "grpo", resume=resume, allow_config_change=allow_config_change, log=log) as run:
         loop = _resume(run, trainer)
         evaluate = _periodic_eval(run, trainer, loop, valid or {}, evaluate_fn)
