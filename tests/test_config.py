@@ -95,7 +95,8 @@ def test_choice_options_reject_other_words_naming_key_and_choices(key, tp):
 
 def test_choice_message_format():
     assert error("perturbation.kind=x") == (
-        "invalid config value perturbation.kind: expected locked, native, gaussian or none; got 'x'"
+        "invalid config value perturbation.kind: expected locked, native, gaussian or none, or a kind of your own as "
+        "its class, path/to/file.py:Class or package.module:Class; got 'x'"
     )
     assert "expected none, full or sharded" in error("fsdp=off")
 

@@ -445,3 +445,49 @@ def test_seeds_are_integers_one_per_row(tokenizer):
         NativeDropout(p=0.1).bind(lm, seeds[:1].double())
     with LockedDropout(p=0.1).bind(lm, seeds.tolist()) as pb:  # a list binds as its tensor does
         assert pb is not None
+
+
+def test_a_kind_of_ones_own_registered_in_python_or_named_by_its_class(tmp_path, monkeypatch):
+    """register checked nothing (a built-in kind replaced for the process, a class of no Perturbation); a kind's
+    missing method was a bare NotImplementedError; and the command line had no way to use a kind of one's own,
+    which it now names by its class, path/to/file.py:Class."""
+    from dgrpo.config import REGISTERED_CHOICES, Config, ConfigError, load_config
+    from dgrpo.perturbation import PERTURBATIONS, Perturbation, kind_class, make_perturbation, register
+
+    with pytest.raises(ValueError, match="locked is a built-in kind"):
+        register("locked")
+    with pytest.raises(ValueError, match="a kind is a name"):
+        register("x y!")
+    with pytest.raises(TypeError, match="is not a subclass of dgrpo.perturbation.Perturbation"):
+        register("not-one")(int)
+    monkeypatch.setitem(PERTURBATIONS, "half", PERTURBATIONS["locked"])  # (the registry as it was, after the test)
+    monkeypatch.setitem(REGISTERED_CHOICES, "perturbation.kind", list(REGISTERED_CHOICES["perturbation.kind"]))
+
+    @register("half")
+    class Half(Perturbation):
+        pass
+
+    cfg = load_config(Config, None, ["perturbation.kind=half"]).perturbation
+    with pytest.raises(NotImplementedError, match="Half must define from_config"):
+        make_perturbation(cfg)
+    with pytest.raises(NotImplementedError, match="Half must define bind"):
+        Half().bind(None, torch.zeros(1, dtype=torch.long))
+    (tmp_path / "mine.py").write_text(
+        "from dgrpo.perturbation.locked import LockedDropout\n\n\nclass Halved(LockedDropout):\n"
+        "    @classmethod\n    def from_config(cls, cfg):\n        return cls(p=cfg.p / 2)\n"
+    )
+    spec = f"{tmp_path / 'mine.py'}:Halved"
+    built = make_perturbation(
+        load_config(Config, None, [f"perturbation.kind={spec}", "perturbation.p=0.4"]).perturbation
+    )
+    assert type(built).__name__ == "Halved" and built.p == 0.2
+    for bad, says in [
+        (f"{tmp_path / 'mine.py'}:Nope", "has no class 'Nope'"),
+        (f"{tmp_path / 'gone.py'}:Halved", "gone.py not found"),
+        ("dgrpo.config:Config", "is not a subclass of dgrpo.perturbation.Perturbation"),
+        ("uniform", "is not registered .*import the module that registers it first, or name its class"),
+    ]:
+        with pytest.raises(ConfigError, match=says):
+            kind_class(bad)
+    with pytest.raises(ConfigError, match="or a kind of your own as its class, path/to/file.py:Class"):
+        load_config(Config, None, ["perturbation.kind=uniform"])

@@ -626,7 +626,9 @@ class PerturbationConfig:
         "layers), native (the model's own attention dropout with the RNG state "
         "restored, one rollout at a time; sites and layers unused), gaussian "
         "(Gaussian noise of scale sigma, see gaussian_target), none "
-        "(deterministic rollouts), or a kind registered in Python (dgrpo.perturbation.register)",
+        "(deterministic rollouts), a kind registered in Python (dgrpo.perturbation.register), or a kind of your own "
+        "named by its class, path/to/file.py:Class or package.module:Class (a Perturbation subclass; the command "
+        "line's way, where no module of yours is imported)",
     )
     p: float = opt(0.1, "dropout probability (locked, native)")
     sites: list = opt(
@@ -1183,14 +1185,20 @@ def _to_str(value: Any, key: str) -> str:
     return "" if value is None else str(value)
 
 
+#: the choice options that also take a plug-in, ``path/to/file.py:Class`` or ``package.module:Class`` (imported when
+#: the run builds it: dgrpo.perturbation.kind_class)
+PLUGIN_CHOICES = {"perturbation.kind": "a kind of your own as its class, path/to/file.py:Class or package.module:Class"}
+
+
 def _to_choice(value: Any, choices: tuple[str, ...], key: str) -> str:
-    """A ``Literal`` option: one of ``choices``."""
+    """A ``Literal`` option: one of ``choices`` (or, for :data:`PLUGIN_CHOICES`, a plug-in spec)."""
     text = _to_str(value, key)
-    if text not in choices:
+    if text not in choices and not (key in PLUGIN_CHOICES and re.fullmatch(r"[^:\s][^:]*:[A-Za-z_]\w*", text)):
         got = repr(value)
         if isinstance(value, bool):
             got = f"{text!r} (YAML reads true, false, yes, no, on, off as booleans)"
-        raise _invalid(key, f"expected {_one_of(choices)}; got {got}")
+        plugin = f", or {PLUGIN_CHOICES[key]}" if key in PLUGIN_CHOICES else ""
+        raise _invalid(key, f"expected {_one_of(choices)}{plugin}; got {got}")
     return text
 
 

@@ -7,7 +7,7 @@ import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..run_layout import BEST_DIR, CONFIG_FILE, results_dir
 from .common import (
@@ -70,9 +70,9 @@ def add_resume_options(p: argparse.ArgumentParser) -> None:
 
 def record_init(cfg: Config, init: str | None) -> Config:
     """``--init`` kept as the run's ``model.name_or_path`` (:func:`init_name`): the run's config then names
-    the weights it started from, and resuming it from other weights is refused as any changed config is. Reward
-    and scorer files (``path/file.py:function``) are made absolute too, so the checkpoint's scorer is found by
-    ``dgrpo eval`` wherever it runs."""
+    the weights it started from, and resuming it from other weights is refused as any changed config is. Reward,
+    scorer and perturbation kind files (``path/file.py:function``) are made absolute too, so the checkpoint's scorer
+    is found by ``dgrpo eval`` wherever it runs."""
     from ..config import ConfigError, reward_name
 
     if init is not None and not init.strip():
@@ -80,6 +80,8 @@ def record_init(cfg: Config, init: str | None) -> Config:
     if init:
         cfg.model.name_or_path = init_name(init)
     cfg.eval.scorer, cfg.grpo.reward = absolute_file(cfg.eval.scorer), absolute_file(cfg.grpo.reward)
+    # (a plug-in kind's file, path/to/file.py:Class; the option's type lists the built-in kinds, which it also takes)
+    cfg.perturbation.kind = cast(Any, absolute_file(cfg.perturbation.kind))
     cfg.grpo.rewards = [  # (named as before: metrics and grpo.filter_reward know a part by its name)
         {**item, "name": reward_name(item), "fn": absolute_file(item["fn"])} for item in cfg.grpo.rewards
     ]
@@ -102,7 +104,7 @@ def init_name(init: str) -> str:
 
 def absolute_file(spec: str) -> str:
     """``path/file.py:function`` with an existing file's path made absolute; anything else as it is."""
-    from ..eval.scoring import plugin_file
+    from ..plugins import plugin_file
 
     path = plugin_file(spec)
     return f"{path.resolve()}:{spec.rpartition(':')[2]}" if path is not None and path.is_file() else spec
@@ -247,6 +249,10 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     warn_if_held_out_is_builtin(cfg)
     warn_if_prompt_options_are_set(cfg)
     check_installed(cfg.logging.backends)
+    if args.cmd == "grpo":  # (a plug-in kind that cannot be imported fails here, before the data and the model load)
+        from ..perturbation import kind_class
+
+        kind_class(cfg.perturbation.kind)
     device = setup(cfg)
     options = eval_options(cfg)
     train = load_spec(training_split(cfg.data.train), cfg.task, data=cfg.data)

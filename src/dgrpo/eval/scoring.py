@@ -25,8 +25,6 @@ or 0-d torch one, a bool counting 0 or 1 (:func:`reward_value`), so a 1-d array 
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 import inspect
 import math
 import numbers
@@ -34,11 +32,11 @@ import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 from ..config import reward_name
 from ..data.records import Record, data_columns
+from ..plugins import PluginError, import_object
 from ..reward import final_answer_text, normalize_text, score
 
 ScoreFn = Callable[[list[str], list[Record]], Sequence[float]]
@@ -104,41 +102,21 @@ def coconut(completions: list[str], records: list[Record]) -> list[float]:
 SCORERS: dict[str, ScoreFn] = {"numeric": numeric, "exact": exact, "choice": choice, "coconut": coconut}
 
 
-def plugin_file(spec: str) -> Path | None:
-    """The file a ``path/to/file.py:function`` spec names (None for a built-in name or ``package.module:function``)."""
-    target, sep, _ = spec.rpartition(":")
-    return Path(target).expanduser() if sep and (target.endswith(".py") or "/" in target) else None
-
-
 def load_function(spec: str, what: str = "reward") -> ScoreFn:
     """A built-in scorer's name, ``package.module:function`` or ``path/to/file.py:function``."""
     if spec in SCORERS:
         return SCORERS[spec]
-    target, sep, name = spec.rpartition(":")
-    if not sep or not target or not name:
+    if not spec.rpartition(":")[0] or not spec.rpartition(":")[2]:
         raise RewardError(
             f"{what} {spec!r}: expected a built-in scorer ({', '.join(SCORERS)}), 'package.module:function' or "
             "'path/to/file.py:function'"
         )
     try:
-        path = plugin_file(spec)
-        if path is not None:
-            if not path.is_file():
-                raise RewardError(f"{what} {spec!r}: file {path} not found")
-            module_spec = importlib.util.spec_from_file_location(f"dgrpo_plugin_{path.stem}", path)
-            if module_spec is None or module_spec.loader is None:  # not a .py file (a .yaml, a data file)
-                raise RewardError(f"{what} {spec!r}: {path} is not a Python file (path/to/file.py:function)")
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except RewardError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the user's module failed to import: one line
-        raise RewardError(f"{what} {spec!r}: cannot import {target} ({type(e).__name__}: {e})") from None
-    fn = getattr(module, name, None)
+        fn = import_object(spec, what)
+    except PluginError as e:
+        raise RewardError(str(e)) from None
     if not callable(fn):
-        raise RewardError(f"{what} {spec!r}: {target} has no function {name!r}")
+        raise RewardError(f"{what} {spec!r}: {spec.rpartition(':')[0]} has no function {spec.rpartition(':')[2]!r}")
     return fn
 
 

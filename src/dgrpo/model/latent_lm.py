@@ -179,7 +179,11 @@ def check_phase_hook(perturbation: object) -> None:
     if not callable(getattr(perturbation, "before_forward", None)):
         raise TypeError(f"perturbation: {type(perturbation).__name__} is not bound to a batch ({how})")
     if getattr(perturbation, "depth", None) == 0:
-        raise RuntimeError(f"perturbation: the bound perturbation is not active, so it would change nothing ({how})")
+        raise RuntimeError(
+            f"perturbation: the bound perturbation is not active, so it would change nothing ({how}; a "
+            "BoundPerturbation of your own that overrides __enter__/__exit__ must call super()'s, or put its set-up "
+            "in _install/_uninstall)"
+        )
 
 
 _CACHE_KEYWORDS: dict[type, str] = {}

@@ -7,7 +7,8 @@ the :class:`~dgrpo.model.latent_lm.LatentLM` (prompt, each latent step, each ans
 update time the same ``bind`` with the same seeds regenerates the noise exactly (mask replay).
 
 Kinds (``perturbation.kind``; a new one is a :class:`Perturbation` subclass decorated with
-``@register("name")``, whose ``bind`` reads its seeds through :func:`as_seeds`):
+``@register("name")``, whose ``bind`` reads its seeds through :func:`as_seeds`; from the command line, where no
+module of one's own is imported, ``perturbation.kind: path/to/file.py:Class`` names it):
   ``locked``   one Bernoulli mask per rollout per site over the hidden dimension, inverted scaling
                1/(1-p), shared across positions and latent steps (variational dropout, Gal &
                Ghahramani 2016). Batched: all rollouts of all groups run in one forward.
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..config import ConfigError
+from ..plugins import PluginError, import_object
 from .base import PERTURBATIONS, BoundPerturbation, NoPerturbation, Perturbation, as_seeds, register, seeds_for
 from .gaussian import GaussianNoise
 from .locked import LockedDropout
@@ -31,9 +34,32 @@ if TYPE_CHECKING:
     from ..config import PerturbationConfig
 
 
+def kind_class(kind: str) -> type[Perturbation]:
+    """The class ``perturbation.kind`` names: a registered kind, or a plug-in class ``path/to/file.py:Class`` /
+    ``package.module:Class`` (how a kind of one's own is named from the command line); one ConfigError line when
+    it names none."""
+    if kind in PERTURBATIONS:
+        return PERTURBATIONS[kind]
+    if ":" not in kind:
+        raise ConfigError(
+            f"perturbation.kind {kind!r} is not registered (registered: {', '.join(PERTURBATIONS)}): import the module "
+            "that registers it first, or name its class, perturbation.kind=path/to/file.py:Class"
+        )
+    try:
+        cls = import_object(kind, "perturbation.kind", "Class")
+    except PluginError as e:
+        raise ConfigError(str(e)) from None
+    if cls is None:
+        target, _, name = kind.rpartition(":")
+        raise ConfigError(f"perturbation.kind {kind!r}: {target} has no class {name!r}")
+    if not (isinstance(cls, type) and issubclass(cls, Perturbation)):
+        raise ConfigError(f"perturbation.kind {kind!r} is not a subclass of dgrpo.perturbation.Perturbation")
+    return cls
+
+
 def make_perturbation(cfg: PerturbationConfig) -> Perturbation:
-    """The perturbation a config names (``perturbation.kind`` looked up in the registry)."""
-    return PERTURBATIONS[cfg.kind].from_config(cfg)
+    """The perturbation a config names (:func:`kind_class` of ``perturbation.kind``)."""
+    return kind_class(cfg.kind).from_config(cfg)
 
 
 __all__ = [
@@ -45,6 +71,7 @@ __all__ = [
     "NoPerturbation",
     "Perturbation",
     "as_seeds",
+    "kind_class",
     "make_perturbation",
     "register",
     "seeds_for",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import typing
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -125,10 +126,18 @@ class Perturbation:
 
     @classmethod
     def from_config(cls, cfg: PerturbationConfig) -> Perturbation:
-        raise NotImplementedError
+        """The perturbation the ``perturbation.*`` options describe (a new kind defines it)."""
+        raise NotImplementedError(
+            f"{cls.__name__} must define from_config(cls, cfg) -> {cls.__name__}, a classmethod that builds it from "
+            "the perturbation.* options"
+        )
 
     def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
-        raise NotImplementedError
+        """The perturbation of one batch, row i drawn from ``seeds[i]`` alone (a new kind defines it)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must define bind(self, lm, seeds) -> BoundPerturbation: the context of one batch, "
+            "row i perturbed by the noise of seeds[i] alone"
+        )
 
     def prefetch(self, lm: LatentLM, seeds: Tensor) -> None:
         """Prepare, on the host and in the background, what a later :meth:`bind` of ``seeds`` will need (nothing by
@@ -162,9 +171,17 @@ PERTURBATIONS_BUILTIN = typing.get_args(PerturbationKind)
 
 def register(kind: str) -> Callable[[P], P]:
     """Class decorator: make a :class:`Perturbation` available as ``perturbation.kind: <kind>`` (in configs loaded or
-    validated after it runs: the decorated module is imported first)."""
+    validated after it runs: the decorated module is imported first; from the command line, name the class instead:
+    ``perturbation.kind=path/to/file.py:Class``). A built-in kind's name is refused (it replaced that kind for the
+    whole process); registering a kind again (a module run again in a notebook) replaces it."""
+    if not isinstance(kind, str) or not re.fullmatch(r"[A-Za-z][\w.-]*", kind):
+        raise ValueError(f"register: a kind is a name (a letter, then letters, digits, _ . -), got {kind!r}")
+    if kind in PERTURBATIONS_BUILTIN and kind in PERTURBATIONS:  # (dgrpo's own modules register them first)
+        raise ValueError(f"register({kind!r}): {kind} is a built-in kind; register yours under a name of its own")
 
     def add(cls: P) -> P:
+        if not (isinstance(cls, type) and issubclass(cls, Perturbation)):
+            raise TypeError(f"register({kind!r}): {cls!r} is not a subclass of dgrpo.perturbation.Perturbation")
         PERTURBATIONS[kind] = cls
         extra = REGISTERED_CHOICES["perturbation.kind"]
         if kind not in (*PERTURBATIONS_BUILTIN, *extra):
