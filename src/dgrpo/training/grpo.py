@@ -75,6 +75,20 @@ from .run import (
 from .schedules import beta_at, lr_at
 
 
+def _check_shares_and_thoughts(lm: LatentLM, g: GRPOConfig, dist: Dist) -> None:
+    """ConfigError when the ranks cannot each hold a group, or latent thoughts are asked of a model without them."""
+    if g.prompts_per_step < dist.world_size:
+        raise ConfigError(
+            f"grpo.prompts_per_step: {g.prompts_per_step} prompts cannot be shared by {dist.world_size} "
+            "processes (every rank needs at least one group)"
+        )
+    if g.n_latent > 0 and lm.settings.mode in ("cot", "no_cot"):
+        raise ConfigError(
+            f"grpo.n_latent={g.n_latent}: the checkpoint was trained with sft.mode={lm.settings.mode}, which has "
+            "no latent thoughts (use grpo.n_latent=-1 or 0, or a coconut / pause checkpoint)"
+        )
+
+
 def _warn_at_start(lm: LatentLM, cfg: Config, train: list[Record]) -> None:
     """A GRPO run's warnings before any work: settings that do nothing (:meth:`Config.inert_settings`), training
     questions cut to ``data.max_question_tokens``, and fewer training records than prompts in a step."""
@@ -161,16 +175,7 @@ class GRPOTrainer:
         self.dist = dist or Dist.single()
         g = cfg.grpo
         lm.use_recompute(g, "grpo")
-        if g.prompts_per_step < self.dist.world_size:
-            raise ConfigError(
-                f"grpo.prompts_per_step: {g.prompts_per_step} prompts cannot be shared by {self.dist.world_size} "
-                "processes (every rank needs at least one group)"
-            )
-        if g.n_latent > 0 and lm.settings.mode in ("cot", "no_cot"):
-            raise ConfigError(
-                f"grpo.n_latent={g.n_latent}: the checkpoint was trained with sft.mode={lm.settings.mode}, which has "
-                "no latent thoughts (use grpo.n_latent=-1 or 0, or a coconut / pause checkpoint)"
-            )
+        _check_shares_and_thoughts(lm, g, self.dist)
         self.n_latent = lm.settings.n_latent if g.n_latent < 0 else g.n_latent
         # the policy as it is trained (T thoughts, after the markers) is how it is validated, tested and saved
         lm.settings.n_latent, lm.settings.markers = self.n_latent, True
