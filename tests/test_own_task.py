@@ -1165,3 +1165,27 @@ def test_an_sft_batch_larger_than_the_training_data_is_warned_about(tmp_path):
     with pytest.raises(ConfigError, match="the training data's 1 example cannot be shared by 2 processes"):
         train_sft(lm, train[:1], cfg, tmp_path / "two", valid=None, dist=Dist(world_size=2), log=lambda *a: None)
     assert not (tmp_path / "two").exists()  # (a rank without an example crashed in a collective)
+
+
+def test_a_hugging_face_dataset_in_memory_loads_as_its_rows_would():
+    """dgrpo.load_dataset refused a datasets.Dataset ("takes a dataset name or a file / folder path"): a user's
+    dataset had to be saved to disk first."""
+    datasets = pytest.importorskip("datasets")
+    import dgrpo
+    from dgrpo.config import DataConfig
+    from dgrpo.data.records import DataError
+
+    rows = [{"prompt": "2+2?", "target": 4.0, "work": None, "lvl": 1}, {"prompt": "3+3?", "target": 6, "work": "3+3=6"}]
+    ds = datasets.Dataset.from_list(rows)
+    cols = DataConfig(question_key="prompt", answer_key="target", steps_key="work")
+    recs = dgrpo.load_dataset(ds, data=cols)
+    assert [(r.question, r.answer, r.steps, r.meta["lvl"]) for r in recs] == [
+        ("2+2?", "4", [], 1),
+        ("3+3?", "6", ["3+3=6"], None),
+    ]
+    both = datasets.DatasetDict({"train": ds, "test": ds.select([0])})
+    assert (len(dgrpo.load_dataset(both, data=cols)), len(dgrpo.load_dataset(both, "train", data=cols))) == (1, 2)
+    with pytest.raises(DataError, match="the Dataset given is one split"):
+        dgrpo.load_dataset(ds, "train", data=cols)
+    gsm = datasets.Dataset.from_list([{"question": "Tom has 7 and 7 more?", "answer": "7+7=<<7+7=14>>14\n#### 14"}])
+    assert [(r.answer, r.steps) for r in dgrpo.load_dataset(gsm)] == [("14", ["<<7+7=14>>"])]  # (a known format)

@@ -20,12 +20,17 @@ def load_dataset(
     """Records of a dataset given by name (``gsm8k``, ``svamp``, ``builtin``, ...) or file path, or of several
     joined by ``+`` (``gsm_hard+svamp``, ``a.jsonl+b.csv``): the names ``--data`` and ``data.*`` take.
 
-    ``split`` picks a split of a named dataset (or ``name:split``); a file has none (giving one with a file path is
-    a DataError). ``data`` (a :class:`dgrpo.config.DataConfig`) maps the columns of a file whose keys are not a
-    known format: ``load_dataset("my.csv", data=DataConfig(question_key="prompt", answer_key="target"))``.
-    """
-    from .data import load_spec
+    A Hugging Face ``datasets.Dataset`` (or ``DatasetDict``) already in memory is read as a file of its rows is.
 
+    ``split`` picks a split of a named dataset (or ``name:split``) or of a DatasetDict; a file has none (giving one
+    with a file path is a DataError). ``data`` (a :class:`dgrpo.config.DataConfig`) maps the columns of a file
+    whose keys are not a known format:
+    ``load_dataset("my.csv", data=DataConfig(question_key="prompt", answer_key="target"))``.
+    """
+    from .data import load_hf_dataset, load_spec
+
+    if type(name_or_path).__module__.startswith("datasets."):  # (a Dataset / DatasetDict: datasets not imported here)
+        return load_hf_dataset(name_or_path, split, data=data)
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise DataError(
             f"load_dataset takes a dataset name or a file / folder path, got {type(name_or_path).__name__}; records "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from .loaders import DATASETS, canonical_name, column_parser, load_dataset
 from .records import DataError, Record, data_columns, shared_questions
@@ -30,6 +31,22 @@ def load_spec(spec: str, task=None, split: str | None = None, data=None) -> list
     Face dataset holds a column some rows lack: a reward or scorer in TRL's form gets the same keywords whichever
     records a batch, a rank's shard or a vote holds."""
     return with_every_column(_load_spec(spec, task, split, data))
+
+
+def load_hf_dataset(dataset: Any, split: str | None = None, data=None) -> list[Record]:
+    """The records of a Hugging Face ``datasets.Dataset`` in memory (or of one split of a ``DatasetDict``), read as a
+    file of its rows is: a known format by its keys, else ``data``'s column mapping (every record every column)."""
+    from .loaders import rows_to_records
+    from .tables import split_rows
+
+    where = f"the {type(dataset).__name__} given"
+    columns = columns_of(data)
+    if hasattr(columns, "start"):
+        columns.start()
+    records = rows_to_records(split_rows(dataset, split, where), where, "dataset", columns)
+    if hasattr(columns, "check_steps"):
+        columns.check_steps(where)
+    return with_every_column(records)
 
 
 def with_every_column(records: list[Record]) -> list[Record]:
@@ -86,7 +103,7 @@ def dataset_key(spec: str, split: str | None = None) -> str:
     return f"{key}:{chosen}{q}{query}" if chosen else f"{key}{q}{query}"
 
 
-__all__ = ["DataError", "Record", "dataset_key", "load_spec", "shared_questions"]
+__all__ = ["DataError", "Record", "dataset_key", "load_hf_dataset", "load_spec", "shared_questions"]
 
 
 def training_split(spec: str) -> str:

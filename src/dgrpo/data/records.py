@@ -119,5 +119,6 @@ def check_records(records: object, where: str, empty: bool = False) -> None:
         got = f"a list of {len(records)} holding {type(bad).__name__} items ({bad!r:.60})"
     raise ValueError(
         f"{where} must be a {'' if empty else 'non-empty '}list of dgrpo Records, got {got}; make them with "
-        "dgrpo.data.Record(question=..., steps=[], answer=...) or a loader (dgrpo.load_dataset)"
+        "dgrpo.data.Record(question=..., steps=[], answer=...) or a loader (dgrpo.load_dataset, which also reads a "
+        "Hugging Face Dataset in memory)"
     )

@@ -66,13 +66,21 @@ def read_hf_folder(path: Path, split: str | None) -> list[dict[str, Any]]:
         loaded = datasets.load_from_disk(str(path))
     except Exception as e:  # noqa: BLE001
         raise DataError(f"{path}: not a readable dataset folder ({type(e).__name__}: {str(e)[:200]})") from None
-    if isinstance(loaded, datasets.DatasetDict):
-        names = list(loaded.keys())
-        chosen = split or ("test" if "test" in names else names[0])
-        if chosen not in names:
-            raise DataError(f"{path}: has splits {', '.join(names)}; got {chosen!r}")
-        loaded = loaded[chosen]
-    return dataset_rows(loaded)
+    return split_rows(loaded, split, str(path))
+
+
+def split_rows(loaded: Any, split: str | None, where: str) -> list[dict[str, Any]]:
+    """The rows of a ``datasets.Dataset``, or of one split of a ``DatasetDict`` (``test`` if present, else the first,
+    unless ``split`` names one; ``split`` given with a Dataset, which has none, is a DataError)."""
+    if hasattr(loaded, "features"):  # a Dataset
+        if split is not None:
+            raise DataError(f"{where} is one split (a Dataset, not a DatasetDict): give no split")
+        return dataset_rows(loaded)
+    names = list(loaded.keys())
+    chosen = split or ("test" if "test" in names else names[0])
+    if chosen not in names:
+        raise DataError(f"{where}: has splits {', '.join(names)}; got {chosen!r}")
+    return dataset_rows(loaded[chosen])
 
 
 def dataset_rows(dataset: Any) -> list[dict[str, Any]]:
