@@ -366,9 +366,8 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
         train_grpo(lm, cfg, train, out, valid={"v": train}, evaluate_fn=lambda lm_, recs, settings: 0)
     with pytest.raises(TypeError, match="train_sft: out_dir must be the run directory's path, got None"):
         train_sft(lm, train, cfg, None)  # type: ignore[arg-type]
-    with pytest.warns(UserWarning, match="train_grpo: valid is given without evaluate_fn, so it is not evaluated"):
-        with pytest.raises(TypeError, match="out_dir"):
-            train_grpo(lm, cfg, train, 3, valid={"v": train})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="out_dir"):
+        train_grpo(lm, cfg, train, 3, valid={"v": train})  # type: ignore[arg-type]
     assert not out.exists()
 
 
@@ -498,3 +497,47 @@ def test_a_resume_with_another_reward_is_refused(sft_checkpoint, tmp_path):
     cfg.grpo.reward = "numeric"
     with pytest.warns(UserWarning, match="reward_fn replaces the config's grpo.reward / grpo.rewards"):
         GRPOTrainer(LatentLM.from_pretrained(sft_checkpoint), cfg, train, reward_fn=parity)
+
+
+def test_valid_without_an_evaluate_fn_is_answered_under_eval_options(sft_checkpoint, tmp_path, monkeypatch):
+    """train_grpo and train_sft given valid but no evaluate_fn skipped validation (a warning said so, no best/):
+    they now count the records answered right as the commands do, greedy under eval.* (the scorer among them)."""
+    from dgrpo.eval import evaluate as evaluate_module
+    from dgrpo.training.grpo import train_grpo
+    from dgrpo.training.sft import train_sft
+
+    seen = []
+    real = evaluate_module.evaluate
+
+    def spy(lm, records, **kw):
+        seen.append((len(records), kw["scorer"], kw.get("n_latent")))
+        return real(lm, records, **kw)
+
+    monkeypatch.setattr("dgrpo.training.run.evaluate", spy)
+    cfg = tiny_config(**{"grpo.steps": 1, "grpo.prompts_per_step": 2, "grpo.group_size": 2, "eval.scorer": "exact"})
+    recs = generate_split(cfg.task, "valid")[:8]
+    train_grpo(
+        LatentLM.from_pretrained(sft_checkpoint),
+        cfg,
+        generate_split(cfg.task, "train"),
+        tmp_path / "g",
+        valid={"valid": recs},
+        progress=False,
+        log=lambda *a: None,
+    )
+    rows = [json.loads(line) for line in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["eval/valid/accuracy"] for r in rows if "eval/valid/accuracy" in r] and seen[0][0] == 8
+    assert getattr(seen[0][1], "__name__", None) == "exact"  # (eval.scorer)
+    assert (tmp_path / "g" / "best").is_dir()
+    seen.clear()
+    sft = tiny_config(**{"sft.num_epochs": 1, "sft.stage_epochs": "[1]", "sft.eval_each_stage": "true"})
+    train_sft(
+        LatentLM.from_pretrained(sft_checkpoint),
+        generate_split(sft.task, "train")[:16],
+        sft,
+        tmp_path / "s",
+        valid=recs,
+        progress=False,
+        log=lambda *a: None,
+    )
+    assert seen and seen[0][0] == 8 and seen[0][2] is not None  # (with the stage's latent steps)

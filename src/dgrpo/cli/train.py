@@ -274,16 +274,12 @@ def set_up_run(args: argparse.Namespace) -> Setting:
 
 
 def run_sft(args: argparse.Namespace) -> int:
-    from ..eval.evaluate import evaluate
     from ..eval.scoring import warn_if_scorer_misses_gold
     from ..training.sft import train_sft
 
     s = set_up_run(args)
     cfg, options, train, tests, dist = s.cfg, s.options, s.train, s.tests, s.dist
     warn_if_scorer_misses_gold(options["scorer"], train, f"eval.scorer {cfg.eval.scorer!r}")
-
-    def count_correct(lm_, recs, settings):  # a stage's validation: with that stage's latent count
-        return evaluate(lm_, recs, progress=False, **{**options, "n_latent": settings.n_latent}).correct
 
     def test(lm_: Any, best_epoch: int | None) -> dict[str, float]:  # final/, then best/ (rank 0's epoch)
         metrics = evaluate_test_sets(lm_, tests, cfg, s.out, dist)
@@ -296,8 +292,7 @@ def run_sft(args: argparse.Namespace) -> int:
         train,
         cfg,
         s.out,
-        valid=s.valid,
-        evaluate_fn=count_correct,
+        valid=s.valid,  # (validated as dgrpo eval answers, under eval.*: the trainer's default evaluate_fn)
         dist=dist,
         resume=args.resume,
         allow_config_change=args.allow_config_change,
@@ -308,16 +303,12 @@ def run_sft(args: argparse.Namespace) -> int:
 
 
 def run_grpo(args: argparse.Namespace) -> int:
-    from ..eval.evaluate import evaluate
     from ..training.grpo import train_grpo
 
     s = set_up_run(args)
-    cfg, options, tests, dist = s.cfg, s.options, s.tests, s.dist
+    cfg, tests, dist = s.cfg, s.tests, s.dist
     # logged as eval/valid/accuracy, as SFT logs it (one chart for both in TensorBoard / W&B); config.json says which
     valid = {"valid": s.valid} if s.valid is not None else {}
-
-    def count_correct(lm_, recs):
-        return evaluate(lm_, recs, progress=False, **options).correct
 
     def test(lm_: Any, best_step: int | None) -> dict[str, float]:  # final/, then best/ (rank 0's step)
         metrics = evaluate_test_sets(lm_, tests, cfg, s.out, dist)
@@ -330,8 +321,7 @@ def run_grpo(args: argparse.Namespace) -> int:
         cfg,
         s.train,
         s.out,
-        valid=valid,
-        evaluate_fn=count_correct,
+        valid=valid,  # (validated under eval.*: the trainer's default evaluate_fn)
         dist=dist,
         resume=args.resume,
         allow_config_change=args.allow_config_change,

@@ -68,6 +68,7 @@ from .run import (
     check_restart,
     check_run_inputs,
     check_trainer_inputs,
+    default_evaluate_fn,
     sharded_accuracy,
     warn_if_training_questions_cut,
     weights_finite,
@@ -709,14 +710,16 @@ def train_grpo(
     """The full loop: periodic eval, metrics.jsonl (and the trackers), best/ and final/ checkpoints.
 
     ``evaluate_fn(lm, records)`` returns how many of ``records`` the model gets right (score every record it is
-    given: apply any limit beforehand). Under torchrun every rank calls this; eval is sharded and only rank 0 writes
-    files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see :class:`RunDir`). ``reward_fn``:
-    see :class:`GRPOTrainer`. ``final_eval``: see :meth:`RunDir.final_eval` (``dgrpo grpo``: the test sets)."""
+    given: apply any limit beforehand); by default, greedy answers under ``eval.*`` (:func:`default_evaluate_fn`).
+    Under torchrun every rank calls this; eval is sharded and only rank 0 writes files. ``resume``: ``auto``
+    (True), ``never`` (False) or a checkpoint path (see :class:`RunDir`). ``reward_fn``: see :class:`GRPOTrainer`.
+    ``final_eval``: see :meth:`RunDir.final_eval` (``dgrpo grpo``: the test sets)."""
     check_run_inputs(
         lm, cfg, train, "train_grpo", valid, dict, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
     )
     lora_for_training(lm, cfg.model.lora)
     dist, g = dist or Dist.single(), cfg.grpo
+    evaluate_fn = evaluate_fn or default_evaluate_fn(cfg)
     lm.settings.chat_template |= cfg.data.chat_template  # on for a model trained without it (a trained one keeps it)
     trainer = GRPOTrainer(lm, cfg, train, dist=dist, reward_fn=reward_fn)
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written

@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from ..config import Config, ConfigError, to_dict
 from ..data.records import Record, check_records
-from ..eval.evaluate import warn_if_questions_cut
+from ..eval.evaluate import eval_options, evaluate, warn_if_questions_cut
 from ..eval.scoring import RewardError
 from ..model.factory import BUILTIN
 from ..model.latent_lm import LatentLM
@@ -294,16 +294,25 @@ def warn_if_off_device(lm: LatentLM, cfg: Config, what: str) -> None:
         )
 
 
+def default_evaluate_fn(cfg: Config, per_stage: bool = False) -> Callable[..., int]:
+    """What a trainer validates with when it is given no ``evaluate_fn``, as the ``dgrpo`` commands do: how many
+    records the model answers right, greedy (unless ``eval.temperature``) under ``eval.*`` (the scorer, the answer's
+    tokens, ...). ``per_stage`` (SFT): ``(lm, records, settings)``, with the stage's latent steps."""
+    options = eval_options(cfg)  # (a scorer that cannot be built fails here, before anything trains)
+
+    def count_correct(lm: LatentLM, records: list[Record]) -> int:
+        return evaluate(lm, records, progress=False, **options).correct
+
+    def count_correct_at(lm: LatentLM, records: list[Record], settings: Any) -> int:
+        return evaluate(lm, records, progress=False, **{**options, "n_latent": settings.n_latent}).correct
+
+    return count_correct_at if per_stage else count_correct
+
+
 def _check_evaluate_fn(what: str, valid: object, evaluate_fn: Callable | None, eval_args: tuple[str, ...]) -> None:
     """``evaluate_fn`` callable with ``eval_args`` (checked on its signature, not called: a wrong one would fail only
-    at the first validation, after training); a warning when ``valid`` has records but no ``evaluate_fn``."""
+    at the first validation, after training); None: the trainer's default (:func:`default_evaluate_fn`)."""
     if evaluate_fn is None:
-        if valid:
-            warnings.warn(
-                f"{what}: valid is given without evaluate_fn, so it is not evaluated (no validation accuracy"
-                f"{', no best/' if what == 'train_grpo' else ''}): pass evaluate_fn({', '.join(eval_args)})",
-                stacklevel=3,
-            )
         return
     if not callable(evaluate_fn):
         raise TypeError(f"{what}: evaluate_fn must be a function, got {type(evaluate_fn).__name__}")

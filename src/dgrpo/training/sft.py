@@ -41,6 +41,7 @@ from .run import (
     RunDir,
     check_restart,
     check_run_inputs,
+    default_evaluate_fn,
     sharded_accuracy,
     warn_if_training_questions_cut,
     weights_finite,
@@ -410,10 +411,12 @@ def train_sft(
     """Run the curriculum; write ``metrics.jsonl``, ``stage-K/`` checkpoints and ``final/`` under ``out_dir``.
 
     ``evaluate_fn(lm, records, settings)`` returns how many of ``records`` are correct; it is called on ``valid`` at the
-    end of each stage. ``dist`` shards batches and the eval across processes; every rank calls this, only rank 0 writes
-    files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see :class:`RunDir`). ``final_eval``:
-    see :meth:`RunDir.final_eval` (``dgrpo sft``: the test sets)."""
+    end of each stage (by default greedy answers under ``eval.*``, with the stage's latent steps:
+    :func:`default_evaluate_fn`). ``dist`` shards batches and the eval across processes; every rank calls this,
+    only rank 0 writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see
+    :class:`RunDir`). ``final_eval``: see :meth:`RunDir.final_eval` (``dgrpo sft``: the test sets)."""
     dist, s = _prepare(lm, train, cfg, out_dir, valid, evaluate_fn, dist), cfg.sft
+    evaluate_fn = evaluate_fn or default_evaluate_fn(cfg, per_stage=True)
     with RunDir(out_dir, cfg, dist, "sft", resume=resume, allow_config_change=allow_config_change, log=log) as run:
         sft = SFTRun(lm, cfg, dist, run, train)
         plan, prog = sft.plan, sft.prog
