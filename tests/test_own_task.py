@@ -172,6 +172,10 @@ def test_a_trl_reward_gets_one_entry_per_completion_of_every_column():
     with pytest.warns(UserWarning, match="'texts' is no column .*'texts' gets the completions and 'answer' the rec"):
         call_checked(texts_first, "texts_first", ["1", "x"], recs)
     assert not trl_style(ns["accuracy_reward"], ["prompts", "completions"])  # (no solution column: dgrpo's form)
+    import numpy as np
+
+    with pytest.raises(RewardError, match=r"returned an array of shape \(2, 1\); one number per completion is 1-D"):
+        call_checked(lambda completions, records: np.zeros((2, 1)), "column", ["1", "x"], recs[:1] * 2)
     with pytest.raises(RewardError, match=r"raised TypeError: .*'level'.* dgrpo's form is fn\(completions, records\)"):
         call_checked(lambda completions, level, steps, **kw: [0.0] * len(completions), "f", ["1", "x"], recs[:1] * 2)
 

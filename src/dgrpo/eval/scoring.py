@@ -200,11 +200,11 @@ def call_checked(
     for i, v in enumerate(values):
         x = reward_value(v)
         if x is None:
-            why = (
-                ": every completion needs a number (TRL's None, 'does not apply', has no meaning here)"
-                if v is None
-                else ""
-            )
+            why = ""
+            if v is None:
+                why = ": every completion needs a number (TRL's None, 'does not apply', has no meaning here)"
+            elif getattr(returned, "ndim", 1) > 1:  # (an array of shape [n, 1]: its rows are arrays)
+                why = f": it returned an array of shape {tuple(returned.shape)}; one number per completion is 1-D"
             raise RewardError(f"{what} {name} returned {v!r} for row {i} (question {records[i].question[:60]!r}){why}")
         out.append(x)
     return out
