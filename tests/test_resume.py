@@ -704,3 +704,20 @@ def test_a_resume_compares_neither_fsdp_nor_a_loaded_models_builtin_sizes(tmp_pa
         assert run.changed == []
     with pytest.raises(ConfigError, match=r"config \(model.hidden_size, model.name_or_path\)"):  # (built-in: compared)
         _run_dir(out, cfg=tiny_config(**{**now, "model.name_or_path": "builtin-tiny", "model.num_layers": 2}))
+
+
+def test_a_checkpoint_resumed_by_another_number_of_processes_says_so(tmp_path):
+    """Allowed (the data order and the seeds do not depend on it) but not bit-identical: it went on without a word."""
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import RunDir
+
+    out = tmp_path / "run"
+    ckpt = _fake_checkpoint(out / "checkpoints" / "step-00000004")
+    for written_by, says in ((2, True), (1, False), (None, False)):
+        said: list[str] = []
+        with RunDir(out, tiny_config(), Dist(), "grpo", log=said.append) as run:
+            run.checkpoint = ckpt
+            state = {"step": 4, "metrics_lines": 0, **({"world_size": written_by} if written_by else {})}
+            run.start(state)
+        notice = [m for m in said if "written by 2 process(es) and is resumed by 1" in m]
+        assert bool(notice) == says, said

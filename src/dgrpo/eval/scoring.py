@@ -204,7 +204,8 @@ def call_checked(
             if v is None:
                 why = ": every completion needs a number (TRL's None, 'does not apply', has no meaning here)"
             elif getattr(returned, "ndim", 1) > 1:  # (an array of shape [n, 1]: its rows are arrays)
-                why = f": it returned an array of shape {tuple(returned.shape)}; one number per completion is 1-D"
+                shape = tuple(getattr(returned, "shape", ()))
+                why = f": it returned an array of shape {shape}; one number per completion is 1-D"
             raise RewardError(f"{what} {name} returned {v!r} for row {i} (question {records[i].question[:60]!r}){why}")
         out.append(x)
     return out

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as tdist
 from safetensors.torch import save_file, save_model
 
 from ..config import ConfigError
@@ -137,7 +138,8 @@ def _write_checkpoint(
         torch.save(rng_t, tmp / "rng.pt")
         if os.environ.get("DGRPO_TEST_CRASH_IN_CHECKPOINT") == str(step):  # test hook: die mid-write
             os.kill(os.getpid(), 9)
-        (tmp / RESUMABLE_STATE).write_text(json.dumps({**state, "step": step, "rng": rng_js}))
+        world = tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
+        (tmp / RESUMABLE_STATE).write_text(json.dumps({**state, "step": step, "rng": rng_js, "world_size": world}))
 
 
 def _a_failed_write(e: RuntimeError) -> bool:

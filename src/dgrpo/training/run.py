@@ -798,6 +798,13 @@ class RunDir:
         if self.checkpoint is not None and resumed_state is not None:
             self.resumed_step = resumed_state["step"]
             self.log(f"dgrpo: resumed from {self.checkpoint} (step {resumed_state['step']})")
+            written_by = resumed_state.get("world_size")  # (None: a checkpoint from before dgrpo recorded it)
+            if written_by is not None and written_by != self.dist.world_size:
+                self.log(
+                    f"dgrpo: the checkpoint was written by {written_by} process(es) and is resumed by "
+                    f"{self.dist.world_size}: the run goes on a float rounding away from one that kept {written_by} "
+                    "(the same data order and seeds; summation order differs)"
+                )
 
     def _warn_if_rows_lost(self, keep: int) -> None:
         """A warning when this run's own checkpoint is resumed and ``metrics.jsonl`` holds fewer rows than the
