@@ -541,3 +541,21 @@ def test_valid_without_an_evaluate_fn_is_answered_under_eval_options(sft_checkpo
         log=lambda *a: None,
     )
     assert seen and seen[0][0] == 8 and seen[0][2] is not None  # (with the stage's latent steps)
+
+
+def test_a_kind_of_one_rollout_at_a_time_is_refused_by_the_fast_engine_and_the_compiled_layers(
+    sft_checkpoint, tmp_path
+):
+    """kind=native is refused with engine=fast by name; a NativeDropout of one's own was taken, and its replay
+    missed the rollouts' log-probs by 0.65 with one warning."""
+    from dgrpo.config import ConfigError
+
+    (tmp_path / "mine.py").write_text(
+        "from dgrpo.perturbation import NativeDropout\n\n\nclass Mine(NativeDropout):\n    pass\n"
+    )
+    kind = {"perturbation.kind": f"{tmp_path / 'mine.py'}:Mine"}
+    with pytest.raises(ConfigError, match="grpo.engine=fast needs a perturbation held in tensors .* grpo.engine=eager"):
+        trainer(sft_checkpoint, **kind, **{"grpo.engine": "fast"})
+    with pytest.raises(ConfigError, match="model.compile: the compiled layers need a perturbation held in tensors"):
+        trainer(sft_checkpoint, **kind, **{"grpo.engine": "eager", "model.compile": "true"})
+    assert trainer(sft_checkpoint, **kind, **{"grpo.engine": "auto"}).engine == "eager"

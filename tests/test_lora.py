@@ -249,6 +249,7 @@ def test_dgrpo_fsdp_is_the_runs_fsdp_key_so_validation_sees_it(monkeypatch):
     monkeypatch.delenv("DGRPO_FSDP")
     with pytest.raises(ConfigError, match="fsdp='yes': expected 0, 1"):  # (Python's fsdp= takes the same spellings)
         Dist.from_env(fsdp="yes")
+    assert not Dist.from_env(fsdp=None).fsdp  # type: ignore[arg-type]  (None and bools, as before, in one process)
 
 
 def test_adapter_checkpoint_with_a_missing_base_is_one_line(base_dirs, tmp_path):

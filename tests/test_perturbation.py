@@ -491,3 +491,22 @@ def test_a_kind_of_ones_own_registered_in_python_or_named_by_its_class(tmp_path,
             kind_class(bad)
     with pytest.raises(ConfigError, match="or a kind of your own as its class, path/to/file.py:Class"):
         load_config(Config, None, ["perturbation.kind=uniform"])
+
+
+def test_a_plugin_file_runs_once_and_may_hold_dataclasses(tmp_path):
+    """A file of postponed annotations with a dataclass could not be imported (dataclasses reads the module in
+    sys.modules, where it was not); and each option naming the file ran its top level again."""
+    from dgrpo.eval.scoring import load_function
+    from dgrpo.perturbation import kind_class
+
+    (tmp_path / "both.py").write_text(
+        "from __future__ import annotations\n\nimport dataclasses\n\n"
+        "from dgrpo.perturbation.locked import LockedDropout\n"
+        "RUNS = []\nRUNS.append(1)\n\n\n@dataclasses.dataclass\nclass Knobs:\n    scale: float = 0.5\n\n\n"
+        "class Scaled(LockedDropout):\n    @classmethod\n    def from_config(cls, cfg):\n"
+        "        return cls(p=cfg.p * Knobs().scale)\n\n\ndef reward(completions, records):\n"
+        "    return [float(len(RUNS))] * len(completions)\n"
+    )
+    cls = kind_class(f"{tmp_path / 'both.py'}:Scaled")
+    fn = load_function(f"{tmp_path / 'both.py'}:reward")
+    assert cls.__name__ == "Scaled" and fn(["a"], [None]) == [1.0]  # (the file's top level ran once)

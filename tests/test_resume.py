@@ -614,15 +614,24 @@ def test_an_unfinished_run_without_checkpoints_restarted_under_another_config_is
     (up to neutral keys) starts over silently."""
     import warnings
 
-    from dgrpo.config import to_dict
+    from dgrpo.config import ConfigError, to_dict
 
     out = tmp_path / "run"
     out.mkdir()
     config = json.dumps(to_dict(tiny_config(**{"grpo.lr": 5e-3})))
     (out / "config.json").write_text(config)
     (out / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5}\n')
+    (out / "best").mkdir()  # (the earlier run's, under its config: removed, not left beside the new run's files)
+    (out / "best" / "manifest.json").write_text("{}")
     with pytest.warns(UserWarning, match=r"different config \(grpo\.lr\) and no checkpoint to resume: it starts"):
         _run_dir(out).close(0)
+    assert not (out / "best").exists()
+    (out / "config.json").write_text(config)
+    sft_row = '{"step": 1, "stage": 0, "loss": 1.0}\n'
+    (out / "metrics.jsonl").write_text(sft_row)
+    with pytest.raises(ConfigError, match="holds a `dgrpo sft` run, which `dgrpo grpo` cannot resume"):
+        _run_dir(out)  # (another command's run: refused, not removed)
+    (out / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5}\n')
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with _run_dir(out, cfg=tiny_config(**{"grpo.lr": 5e-3, "threads": 2, "fsdp": "full"})) as run:

@@ -29,7 +29,9 @@ def load_dataset(
     """
     from .data import load_hf_dataset, load_spec
 
-    if type(name_or_path).__module__.startswith("datasets."):  # (a Dataset / DatasetDict: datasets not imported here)
+    if type(name_or_path).__name__ in ("Dataset", "DatasetDict") and type(name_or_path).__module__.startswith(
+        "datasets."
+    ):  # (by name: datasets is not imported here)
         return load_hf_dataset(name_or_path, split, data=data)
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise DataError(

@@ -3,9 +3,12 @@ functions (:func:`dgrpo.eval.scoring.load_function`) and perturbation kinds (:fu
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 
@@ -20,8 +23,9 @@ def plugin_file(spec: str) -> Path | None:
 
 
 def import_object(spec: str, what: str, kind: str = "function") -> Any:
-    """What ``spec`` names (None when its module has no such attribute), the module imported (a file executed as a
-    module of its own, each call). ``what`` (the option) and ``kind`` (``function``, ``class``) word the errors."""
+    """What ``spec`` names (None when its module has no such attribute), its module imported: a package module as
+    Python imports it; a file as a module of its own (:func:`_file_module`). ``what`` (the option) and ``kind``
+    (``function``, ``Class``) word the errors."""
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name:
         raise PluginError(f"{what} {spec!r}: expected 'package.module:{kind}' or 'path/to/file.py:{kind}'")
@@ -30,11 +34,7 @@ def import_object(spec: str, what: str, kind: str = "function") -> Any:
         if path is not None:
             if not path.is_file():
                 raise PluginError(f"{what} {spec!r}: file {path} not found")
-            module_spec = importlib.util.spec_from_file_location(f"dgrpo_plugin_{path.stem}", path)
-            if module_spec is None or module_spec.loader is None:  # not a .py file (a .yaml, a data file)
-                raise PluginError(f"{what} {spec!r}: {path} is not a Python file (path/to/file.py:{kind})")
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
+            module = _file_module(path, f"{what} {spec!r}", kind)
         else:
             module = importlib.import_module(target)
     except PluginError:
@@ -42,3 +42,28 @@ def import_object(spec: str, what: str, kind: str = "function") -> Any:
     except Exception as e:  # noqa: BLE001 - the user's module failed to import: one line
         raise PluginError(f"{what} {spec!r}: cannot import {target} ({type(e).__name__}: {e})") from None
     return getattr(module, name, None)
+
+
+def _file_module(path: Path, where: str, kind: str) -> ModuleType:
+    """The module of a plug-in file, executed once per process and version of the file (a reward, a scorer and a
+    kind in one file, or one named by several options, run its top level once), registered in ``sys.modules`` under
+    a name of its path, as an imported module is (a dataclass with postponed annotations reads its module there;
+    instances of its classes pickle)."""
+    resolved = path.resolve()
+    name = f"dgrpo_plugin_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:12]}"
+    version = resolved.stat().st_mtime_ns
+    loaded = sys.modules.get(name)
+    if loaded is not None and getattr(loaded, "__dgrpo_version__", None) == version:
+        return loaded
+    module_spec = importlib.util.spec_from_file_location(name, resolved)
+    if module_spec is None or module_spec.loader is None:  # not a .py file (a .yaml, a data file)
+        raise PluginError(f"{where}: {path} is not a Python file (path/to/file.py:{kind})")
+    module = importlib.util.module_from_spec(module_spec)
+    module.__dict__["__dgrpo_version__"] = version
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module

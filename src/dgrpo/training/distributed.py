@@ -106,7 +106,8 @@ class Dist:
         The backend follows the training device: nccl for CUDA, gloo for CPU (``device`` None: CUDA
         when available). ``fsdp`` (the config key: none | full | sharded) turns FSDP2 on; the
         ``DGRPO_FSDP`` environment variable, when set, overrides it."""
-        mode = fsdp_from_env() or fsdp_mode(fsdp)
+        given = fsdp if isinstance(fsdp, str) else ("full" if fsdp is True else "none")  # (None / a bool: Python's)
+        mode = fsdp_from_env() or fsdp_mode(given)
         sharding = mode in ("full", "sharded")
         world = env_int("WORLD_SIZE", 1)
         if world > 1 and not tdist.is_initialized():

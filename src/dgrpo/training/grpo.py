@@ -38,7 +38,7 @@ from ..model.factory import compile_head, compile_layers, lora_for_training, pac
 from ..model.kernels import apply_kernels
 from ..model.latent_lm import LatentLM
 from ..model.static_cache import static_cache_obstacle
-from ..perturbation import make_perturbation, seeds_for
+from ..perturbation import Perturbation, make_perturbation, seeds_for
 from ..perturbation.base import to_device
 from ..reward import extract_answer, normalize_text
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, SUMMARY_FILE
@@ -88,6 +88,20 @@ def _check_shares_and_thoughts(lm: LatentLM, g: GRPOConfig, dist: Dist) -> None:
             f"grpo.n_latent={g.n_latent}: the checkpoint was trained with sft.mode={lm.settings.mode}, which has "
             "no latent thoughts (use grpo.n_latent=-1 or 0, or a coconut / pause checkpoint)"
         )
+
+
+def _perturbation(lm: LatentLM, cfg: Config) -> Perturbation:
+    """The config's perturbation, checked against the model (its sites and layers exist: one line now, not a
+    traceback at the first rollout) and the compiled layers (which need one held in tensors: native dropout is
+    refused by name in the config, a kind of one's own of one rollout at a time here)."""
+    perturbation = make_perturbation(cfg.perturbation)
+    perturbation.check(lm)
+    if cfg.model.compile and not perturbation.batched:
+        raise ConfigError(
+            f"model.compile: the compiled layers need a perturbation held in tensors for the batch; "
+            f"perturbation.kind={cfg.perturbation.kind} runs one rollout at a time: set model.compile=false"
+        )
+    return perturbation
 
 
 def _warn_at_start(lm: LatentLM, cfg: Config, train: list[Record]) -> None:
@@ -181,8 +195,7 @@ class GRPOTrainer:
         # the policy as it is trained (T thoughts, after the markers) is how it is validated, tested and saved
         lm.settings.n_latent, lm.settings.markers = self.n_latent, True
         lm.check_fits(1, self.n_latent, g.max_new_tokens, key="grpo.n_latent")  # (rollouts check their prompts too)
-        self.perturbation = make_perturbation(cfg.perturbation)
-        self.perturbation.check(lm)  # sites and layers exist (one line now, not a traceback at the first rollout)
+        self.perturbation = _perturbation(lm, cfg)
         static_obstacle = static_cache_obstacle(lm.model.config)
         self.engine = resolve_engine(g.engine, lm.device, self.perturbation.batched, static_obstacle)
         if static_obstacle and (self.engine == "fast" or g.rollout_cache == "static"):
@@ -717,9 +730,9 @@ def train_grpo(
     check_run_inputs(
         lm, cfg, train, "train_grpo", valid, dict, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
     )
+    evaluate_fn = evaluate_fn or (default_evaluate_fn(cfg) if valid else None)  # (eval.scorer built now)
     lora_for_training(lm, cfg.model.lora)
     dist, g = dist or Dist.single(), cfg.grpo
-    evaluate_fn = evaluate_fn or default_evaluate_fn(cfg)
     lm.settings.chat_template |= cfg.data.chat_template  # on for a model trained without it (a trained one keeps it)
     trainer = GRPOTrainer(lm, cfg, train, dist=dist, reward_fn=reward_fn)
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written

@@ -63,6 +63,11 @@ def resolve_engine(engine: str, device: torch.device, batched: bool, static_obst
     """``grpo.engine``: ``auto`` is the fast engine on CUDA with a batched perturbation (graph capture pays off
     there) for a model that can decode over a static cache (``static_obstacle`` None), else the eager one; ``eager``
     and ``fast`` are taken as given."""
+    if engine == "fast" and not batched:  # (native dropout is refused by name in the config; a kind of one's own here)
+        raise ConfigError(
+            "grpo.engine=fast needs a perturbation held in tensors for the batch; this perturbation.kind runs one "
+            "rollout at a time (its class's batched is False): set grpo.engine=eager"
+        )
     if engine != "auto":
         return engine
     return "fast" if device.type == "cuda" and batched and static_obstacle is None else "eager"

@@ -204,15 +204,15 @@ def check_run_inputs(
 ) -> None:
     """What a Python caller hands a trainer, checked before a run directory is touched: :func:`check_trainer_inputs`,
     :func:`check_dtype`, ``valid`` None or of ``valid_type`` (SFT: a list of records; GRPO: a dict of them by name),
-    ``out_dir`` a path, and an ``evaluate_fn`` that takes ``eval_args`` (a validation set without one is warned about:
-    nothing validates it)."""
+    ``out_dir`` a path, and an ``evaluate_fn`` that takes ``eval_args`` (None: the trainer's default,
+    :func:`default_evaluate_fn`)."""
     check_trainer_inputs(lm, cfg, train, what)
     assert isinstance(lm, LatentLM)  # (checked above, in one line)
     check_dtype(lm, cfg, what)
     warn_if_off_device(lm, cfg, what)
     if valid is not None and not isinstance(valid, valid_type):
         raise TypeError(f"{what}: valid must be a {valid_type.__name__} of records, got {type(valid).__name__}")
-    _check_evaluate_fn(what, valid, evaluate_fn, eval_args)
+    _check_evaluate_fn(what, evaluate_fn, eval_args)
     if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir):
         raise TypeError(f"{what}: out_dir must be the run directory's path, got {out_dir!r}")
 
@@ -309,7 +309,7 @@ def default_evaluate_fn(cfg: Config, per_stage: bool = False) -> Callable[..., i
     return count_correct_at if per_stage else count_correct
 
 
-def _check_evaluate_fn(what: str, valid: object, evaluate_fn: Callable | None, eval_args: tuple[str, ...]) -> None:
+def _check_evaluate_fn(what: str, evaluate_fn: Callable | None, eval_args: tuple[str, ...]) -> None:
     """``evaluate_fn`` callable with ``eval_args`` (checked on its signature, not called: a wrong one would fail only
     at the first validation, after training); None: the trainer's default (:func:`default_evaluate_fn`)."""
     if evaluate_fn is None:
@@ -428,6 +428,7 @@ class RunDir:
         self.first_config: dict = self.cfg  # the config the run was started with (differs: allow_config_change)
         self.checkpoint: Path | None = None
         self.resumed_step: int | None = None  # the step this process resumed at (None: started fresh)
+        self.restarted = False  # an unfinished run without checkpoints, started over under another config
         try:
             self.candidates = self._candidates()
             if self.explicit:
@@ -449,7 +450,7 @@ class RunDir:
             for tmp in (self.out_dir / CHECKPOINTS_DIR).glob(".tmp-*"):
                 shutil.rmtree(tmp, ignore_errors=True)
             self._clean_leftovers(restore=self.resume_mode != "never")
-        if self.resume_mode == "never" and dist.is_main:
+        if (self.resume_mode == "never" or self.restarted) and dist.is_main:
             self._start_over()
 
     def _clean_leftovers(self, restore: bool) -> None:
@@ -471,8 +472,9 @@ class RunDir:
                 shutil.rmtree(path, ignore_errors=True)
 
     def _start_over(self) -> None:
-        """``--resume never``: remove what an earlier run wrote here (its checkpoints, best/, final/, stage-K/, test
-        results, config history, summary, logs), so that nothing left of it reads as this run's output."""
+        """``--resume never`` (or a run restarted under another config): remove what an earlier run wrote here (its
+        checkpoints, best/, final/, stage-K/, test results, config history, summary, logs), so that nothing left of
+        it reads as this run's output."""
         tests = [results_folder(FINAL_DIR), results_folder(BEST_DIR)]
         written = [
             *(CHECKPOINTS_DIR, BEST_DIR, FINAL_DIR, *tests, TB_DIR, SUMMARY_FILE, ROLLOUTS_FILE),
@@ -484,7 +486,8 @@ class RunDir:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         if found:
             names = ", ".join(p.name for p in found)
-            self.log(f"dgrpo: --resume never: removed the earlier run's {names} in {self.out_dir}")
+            why = "--resume never" if self.resume_mode == "never" else "started over under another config"
+            self.log(f"dgrpo: {why}: removed the earlier run's {names} in {self.out_dir}")
 
     def _lock(self) -> RunLock | None:
         """Rank 0 checks the directory and takes the lock (every rank learns whether it could)."""
@@ -594,20 +597,24 @@ class RunDir:
 
     def _warn_if_restarted_under_another_config(self) -> None:
         """An unfinished run with no checkpoint (killed before its first, or its checkpoints/ deleted) starts over;
-        under a changed config with a warning that names the keys (its config.json and metrics.jsonl were replaced
-        without a word). Nothing is refused: nothing is lost (a rerun after an out-of-memory error at the first step
-        changes a batch setting, as that error's line advises)."""
+        under a changed config with a warning that names the keys, and what the earlier run wrote (its best/,
+        stage-K/, ...) is removed as ``--resume never`` removes it (its config.json and metrics.jsonl were replaced
+        without a word, and its best/ kept beside them). Not refused, as nothing that can be resumed is lost (a rerun
+        after an out-of-memory error at the first step changes a batch setting, as that error's line advises);
+        another command's run is."""
         path = self.out_dir / CONFIG_FILE
         if not path.is_file():
             return
         changed = self._changed_keys(self._read_config(path))
         if changed:
+            self._refuse_command(self._written_by())
             warnings.warn(
                 f"{self.out_dir} holds a run started with a different config ({', '.join(changed[:8])}"
                 f"{', ...' if len(changed) > 8 else ''}) and no checkpoint to resume: it starts over under this one, "
-                f"replacing its {CONFIG_FILE} and {METRICS_FILE}",
+                "removing what that run wrote",
                 stacklevel=2,
             )
+            self.restarted = True
 
     def _changed_keys(self, old: dict) -> list[str]:
         """The keys a resume compares that differ between ``old`` and this run's config: not those this command never

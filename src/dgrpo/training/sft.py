@@ -415,8 +415,8 @@ def train_sft(
     :func:`default_evaluate_fn`). ``dist`` shards batches and the eval across processes; every rank calls this,
     only rank 0 writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see
     :class:`RunDir`). ``final_eval``: see :meth:`RunDir.final_eval` (``dgrpo sft``: the test sets)."""
+    evaluate_fn = evaluate_fn or (default_evaluate_fn(cfg, per_stage=True) if valid else None)  # (eval.scorer now)
     dist, s = _prepare(lm, train, cfg, out_dir, valid, evaluate_fn, dist), cfg.sft
-    evaluate_fn = evaluate_fn or default_evaluate_fn(cfg, per_stage=True)
     with RunDir(out_dir, cfg, dist, "sft", resume=resume, allow_config_change=allow_config_change, log=log) as run:
         sft = SFTRun(lm, cfg, dist, run, train)
         plan, prog = sft.plan, sft.prog
