@@ -730,3 +730,19 @@ def test_a_checkpoint_resumed_by_another_number_of_processes_says_so(tmp_path):
             run.start(state)
         notice = [m for m in said if "written by 2 process(es) and is resumed by 1" in m]
         assert bool(notice) == says, said
+
+
+def test_a_resume_that_switches_between_lora_and_full_training_is_one_line(tmp_path):
+    """model.lora.r=0 on a LoRA run's resume (with --allow-config-change): each checkpoint was skipped as damaged
+    ("the manifest does not list model/config.json") and the line advised --resume never, which deletes the run."""
+    from dgrpo.config import ConfigError, to_dict
+
+    out = tmp_path / "run"
+    _fake_checkpoint(out / "checkpoints" / "step-00000004")
+    (out / "config.json").write_text(json.dumps(to_dict(tiny_config(**{"model.lora.r": 4}))))
+    for r, says in ((0, "trains a LoRA adapter \\(model.lora.r=4\\).* resume it with model.lora.r=4"), (8, None)):
+        if says:
+            with pytest.raises(ConfigError, match=says):
+                _run_dir(out, cfg=tiny_config(**{"model.lora.r": r}), allow_config_change=True)
+        else:  # (another rank: the same kind of training, a changed config as any)
+            _run_dir(out, cfg=tiny_config(**{"model.lora.r": r}), allow_config_change=True).close()

@@ -699,8 +699,9 @@ class RunDir:
         if old is None:
             return
         changed = self._changed_keys(old)
+        what = f"--resume {self.candidates[0]} is from" if self.explicit else f"{self.out_dir} holds"
+        self._check_same_kind_of_training(old, what)
         if changed and not self.allow_config_change:
-            what = f"--resume {self.candidates[0]} is from" if self.explicit else f"{self.out_dir} holds"
             raise ConfigError(
                 f"{what} a run started with a different config ({', '.join(changed[:8])}"
                 f"{', ...' if len(changed) > 8 else ''}); resume it unchanged, start over with --resume never, "
@@ -709,6 +710,22 @@ class RunDir:
             )
         self.changed = changed
         self.first_config = old
+
+    def _check_same_kind_of_training(self, old: dict, what: str) -> None:
+        """A LoRA run's checkpoints hold its adapter, a full run's the whole model: a resume that switches
+        ``model.lora.r`` between 0 and more is refused in one line, even with allow_config_change (its checkpoints
+        were skipped one by one as damaged, and the line advised --resume never)."""
+        then = int(old.get("model", {}).get("lora", {}).get("r", 0) or 0)
+        now = int(self.cfg.get("model", {}).get("lora", {}).get("r", 0) or 0)
+        if (then > 0) == (now > 0):
+            return
+        trained = f"a LoRA adapter (model.lora.r={then})" if then else "every weight (model.lora.r=0)"
+        held = "the adapter" if then else "the whole model"
+        raise ConfigError(
+            f"{what} a run that trains {trained}, and its checkpoints hold {held}: resume it with model.lora.r={then} "
+            f"(to train {'every weight' if then else 'an adapter'} from it, start a new run with --init on its final/ "
+            "or a checkpoint)"
+        )
 
     def resume(self, load: Callable[[Path], LoadedCheckpoint]) -> LoadedCheckpoint | None:
         """Read the newest checkpoint that loads (``load`` reads and checks one, mutating nothing); each one that
