@@ -410,3 +410,21 @@ def test_a_missing_tracking_package_is_found_before_the_run_starts(tmp_path, mon
     r = run_cli("sft", *tiny_args(), "--out", out, "--set", "logging.backends=[jsonl,wandb]")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "pip install wandb" in r.stderr
     assert not out.exists()
+
+
+def test_wandb_takes_its_own_project_and_name_variables_where_the_options_are_defaults(
+    tmp_path, wandb_env, monkeypatch
+):
+    """WANDB_PROJECT and WANDB_NAME were overridden by logging.project's default and the folder's name."""
+    monkeypatch.setenv("WANDB_PROJECT", "envproj")
+    monkeypatch.setenv("WANDB_NAME", "envname")
+    t = WandbTracker(tmp_path / "a", project="dgrpo")
+    try:
+        assert (t._run.project, t._run.name) == ("envproj", "envname")
+    finally:
+        t.close()
+    t = WandbTracker(tmp_path / "b", project="mine", run_name="given")  # (set options win)
+    try:
+        assert (t._run.project, t._run.name) == ("mine", "given")
+    finally:
+        t.close()

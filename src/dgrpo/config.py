@@ -1019,10 +1019,12 @@ class LoggingConfig:
         "metric sinks, any of: jsonl (OUT/metrics.jsonl, always on), tensorboard (OUT/tb; needs the tensorboard "
         "package), wandb (Weights & Biases; needs the wandb package; WANDB_MODE=offline logs without network)",
     )
-    project: str = opt("dgrpo", "W&B project")
-    entity: str = opt("", "W&B entity (team or user; '' = your default)")
+    project: str = opt("dgrpo", "W&B project (left at dgrpo, WANDB_PROJECT wins when it is set)")
+    entity: str = opt("", "W&B entity (team or user; '' = WANDB_ENTITY, else your default)")
     run_name: str = opt(
-        "", "the run's name in W&B ('' = the name of the output directory; TensorBoard names runs by folder)"
+        "",
+        "the run's name in W&B ('' = WANDB_NAME when it is set, else the name of the output directory; TensorBoard "
+        "names runs by folder). W&B writes under OUT/wandb, whatever WANDB_DIR says",
     )
 
     def validate(self, p: str = "logging") -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
+import os
 import secrets
 import string
 import time
@@ -192,7 +193,9 @@ def wandb_run_id(run_dir: Path, resume: bool = True) -> str:
 
 
 class WandbTracker:
-    """A Weights & Biases run, under ``run_dir/wandb``; ``WANDB_MODE`` (e.g. ``offline``) is honoured.
+    """A Weights & Biases run, under ``run_dir/wandb``; ``WANDB_MODE`` (e.g. ``offline``) is honoured, and so are
+    ``WANDB_PROJECT``, ``WANDB_ENTITY`` and ``WANDB_NAME`` where ``logging.*`` is left at its default (not
+    ``WANDB_DIR``: the run's W&B files stay in its output directory).
 
     The run id is kept in ``run_dir/wandb_run_id`` (:func:`wandb_run_id`) and the run started with
     ``resume="allow"``: a resumed ``dgrpo`` run continues the same W&B run (``resume=False``: a new id, a new run).
@@ -219,12 +222,13 @@ class WandbTracker:
         #: a new W&B run for a run that has rows already (W&B added on resume): it gets every kept row first
         self.fresh = not (resume and (self.run_dir / WANDB_ID_FILE).is_file())
         self.run_id = wandb_run_id(self.run_dir, resume)
+        env = os.environ.get  # (W&B's own variables, where the options are left at their defaults)
         try:
             self._run: Any = wandb.init(
-                dir=str(self.run_dir),
-                project=project,
+                dir=str(self.run_dir),  # (OUT/wandb, whatever WANDB_DIR says: the run folder holds its run)
+                project=None if project == "dgrpo" and env("WANDB_PROJECT") else project,
                 entity=entity or None,
-                name=run_name or self.run_dir.resolve().name,
+                name=run_name or (None if env("WANDB_NAME") else self.run_dir.resolve().name),
                 config=config,
                 id=self.run_id,
                 resume="allow",
@@ -317,8 +321,10 @@ def open_trackers(
             if b == "tensorboard":
                 trackers.append(TensorBoardTracker(run_dir / TB_DIR, name))
             else:
-                trackers.append(
-                    WandbTracker(run_dir, project=project, entity=entity, run_name=name, config=config, resume=resume)
+                trackers.append(  # (its run_name as given: '' lets WANDB_NAME name it)
+                    WandbTracker(
+                        run_dir, project=project, entity=entity, run_name=run_name, config=config, resume=resume
+                    )
                 )
     except BaseException:
         for t in trackers:
