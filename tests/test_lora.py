@@ -259,10 +259,17 @@ def test_adapter_checkpoint_with_a_missing_base_is_one_line(base_dirs, tmp_path)
     shutil.copytree(base_dirs / "qwen2", tmp_path / "base")
     lm = with_lora(tmp_path / "base")
     lm.save_pretrained(tmp_path / "adapter")
-    shutil.rmtree(tmp_path / "base")
+    (tmp_path / "base").rename(tmp_path / "moved")
     with pytest.raises(CheckpointError, match="its base model cannot be loaded .*not found.* base_model_name_or_path"):
         LatentLM.from_pretrained(tmp_path / "adapter")
-    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["r"] == 4
+    config = tmp_path / "adapter" / "adapter_config.json"
+    assert json.loads(config.read_text())["r"] == 4
+    # what the line says to do (the path alone was refused as a damaged checkpoint: the manifest holds its checksum)
+    config.write_text(
+        json.dumps({**json.loads(config.read_text()), "base_model_name_or_path": str(tmp_path / "moved")})
+    )
+    (tmp_path / "adapter" / "manifest.json").unlink()
+    assert torch.equal(logprobs(LatentLM.from_pretrained(tmp_path / "adapter")), logprobs(lm))
 
 
 def test_an_adapter_is_never_saved_over_its_base(base_dirs, tmp_path, monkeypatch):

@@ -458,8 +458,8 @@ class LatentLM(nn.Module):
             base, local_only = resolve_model_source(named, revision)
         except CheckpointError as e:  # the base moved or is not at hand: say it is the adapter's base
             raise CheckpointError(
-                f"LoRA adapter {folder}: its base model cannot be loaded ({e}); the base is named by "
-                f"base_model_name_or_path in {folder / ADAPTER_CONFIG_FILE}"
+                f"LoRA adapter {folder}: its base model cannot be loaded ({e}); if the base moved, "
+                f"{lora.repoint_hint(folder)}"
             ) from None
         if lora.is_adapter_dir(Path(base)):
             raise CheckpointError(f"{folder}: its base model {base} is itself an adapter directory")

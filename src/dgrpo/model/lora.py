@@ -244,9 +244,18 @@ def check_base(folder: Path, base: str) -> None:
     if now != saved:
         raise CheckpointError(
             f"LoRA adapter {folder}: the base model at {base} changed since the adapter was trained (other weights): "
-            f"put that base back there, or point base_model_name_or_path in {folder / ADAPTER_CONFIG} to where it is "
-            "now (an adapter does not carry over to other weights: train one on this base)"
+            f"put that base back there, or {repoint_hint(folder)} (an adapter does not carry over to other weights: "
+            "train one on this base)"
         )
+
+
+def repoint_hint(folder: Path) -> str:
+    """How to give an adapter checkpoint its base's new place: the path, and the manifest that holds the file's
+    checksum (the base's weights are still checked, by the fingerprint the adapter's weights record)."""
+    return (
+        f"point base_model_name_or_path in {folder / ADAPTER_CONFIG} to where the base is now and delete "
+        f"{folder / MANIFEST} (it holds that file's checksum)"
+    )
 
 
 def read_adapter(lm: LatentLM, folder: Path) -> dict[str, Tensor]:
