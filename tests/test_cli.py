@@ -757,3 +757,16 @@ def test_a_loaded_models_shape_is_recorded_and_a_builtin_size_given_for_it_warne
         built = tiny_config()
         record_the_models_shape(built, lm)  # (builtin-tiny: the options built it)
     assert built.model.arch == "qwen2"
+
+
+def test_export_of_an_unconsolidated_sharded_checkpoint_says_consolidate(tmp_path, capsys):
+    """It said "already a full checkpoint (no adapter_config.json): nothing to merge" of FSDP shards."""
+    from dgrpo.cli import main
+    from dgrpo.model.verified import SHARDED_DIR
+
+    ckpt = tmp_path / "run" / "final"
+    (ckpt / SHARDED_DIR).mkdir(parents=True)
+    (ckpt / "config.json").write_text("{}")
+    (ckpt / "latent_config.json").write_text("{}")  # (a sharded final/ holds its configs, its weights in dcp/)
+    assert main(["export", str(ckpt), "--merge", "--out", str(tmp_path / "x")]) == 2
+    assert f"{ckpt} holds FSDP shards (fsdp: sharded): dgrpo consolidate {ckpt} first" in capsys.readouterr().err

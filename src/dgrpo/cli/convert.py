@@ -119,7 +119,7 @@ def run_export(args: argparse.Namespace) -> int:
     from ..model import lora
     from ..model.latent_lm import LatentLM
     from ..model.sources import hub_files, on_disk, resolve_checkpoint
-    from ..model.verified import CheckpointError
+    from ..model.verified import SHARDED_DIR, CheckpointError
     from ..training.run import check_output_path
 
     hf_logging.disable_progress_bar()
@@ -130,6 +130,9 @@ def run_export(args: argparse.Namespace) -> int:
     # a directory, or an adapter uploaded to the hub: its files (configs, tokenizer, adapter weights) from the cache
     src = resolve_checkpoint(args.src) if on_disk(args.src).exists() else hub_files(args.src, args.revision or None)[0]
     if not lora.is_adapter_dir(src):
+        for shards in (src, src.parent):  # (a resumable checkpoint's shards are beside its model/)
+            if (shards / SHARDED_DIR).is_dir():
+                raise CheckpointError(f"{shards} holds FSDP shards (fsdp: sharded): dgrpo consolidate {shards} first")
         raise CheckpointError(f"{src} is already a full checkpoint (no adapter_config.json): nothing to merge")
     if not args.merge:
         raise CheckpointError(f"{src} is a LoRA adapter checkpoint: pass --merge to write base + adapter as one model")
