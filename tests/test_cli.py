@@ -770,12 +770,3 @@ def test_export_of_an_unconsolidated_sharded_checkpoint_says_consolidate(tmp_pat
     (ckpt / "latent_config.json").write_text("{}")  # (a sharded final/ holds its configs, its weights in dcp/)
     assert main(["export", str(ckpt), "--merge", "--out", str(tmp_path / "x")]) == 2
     assert f"{ckpt} holds FSDP shards (fsdp: sharded): dgrpo consolidate {ckpt} first" in capsys.readouterr().err
-
-
-def test_eval_given_trackers_says_it_logs_none(tmp_path, sft_checkpoint):
-    """dgrpo eval --set logging.backends=[wandb] was accepted and logged nothing, without a word."""
-    from dgrpo.cli import main
-
-    args = ["eval", "--model", str(sft_checkpoint), "--data", "builtin:test", "--limit", "1", "--set", "task.n_test=4"]
-    with pytest.warns(UserWarning, match=r"logging.backends=\['tensorboard'\]: dgrpo eval writes results.json"):
-        assert main([*args, "--set", "logging.backends=[tensorboard]", "--out", str(tmp_path / "e")]) == 0

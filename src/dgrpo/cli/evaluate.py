@@ -183,12 +183,6 @@ def _eval_config(args: argparse.Namespace) -> Config:
     note = explain(start, cfg, list(args.config), local=on_disk(args.model).exists())
     if note:
         print(note)
-    if [b for b in cfg.logging.backends if b != "jsonl"]:
-        warnings.warn(
-            f"logging.backends={cfg.logging.backends}: dgrpo eval writes results.json and predictions.jsonl; the "
-            "trackers log training runs (sft, grpo), not an evaluation",
-            stacklevel=2,
-        )
     if cfg.eval.shots and not cfg.eval.plain:  # (--shots, or eval.shots in a config)
         raise ConfigError(
             "--shots / eval.shots: a k-shot prompt is for a plain LM (--plain); a latent model is prompted as trained"
