@@ -321,6 +321,8 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
         train_grpo(lm, cfg, [], out)
     with pytest.raises(TypeError, match="cfg must be a dgrpo.config.Config, got list"):
         train_grpo(lm, train, cfg, out)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="cfg must be a dgrpo.config.Config, got dict"):  # (valid given: checked first)
+        train_sft(lm, train, {"a": 1}, out, valid=train)  # type: ignore[arg-type]
     typo = copy.deepcopy(cfg)
     typo.grpo.group_size = "8x"  # a wrong type on the object: the one-line error a file's value gets
     with pytest.raises(ConfigError, match="grpo.group_size: expected an integer, got '8x'"):

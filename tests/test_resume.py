@@ -632,6 +632,15 @@ def test_an_unfinished_run_without_checkpoints_restarted_under_another_config_is
     with pytest.raises(ConfigError, match="holds a `dgrpo sft` run, which `dgrpo grpo` cannot resume"):
         _run_dir(out)  # (another command's run: refused, not removed)
     (out / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5}\n')
+    (out / "best").mkdir()
+    (out / "best" / "manifest.json").write_text("{}")
+    from_best = tiny_config(**{"grpo.lr": 1e-3, "model.name_or_path": str(out / "best")})
+    with pytest.raises(ConfigError, match="would delete .*best, the model this run starts from"):
+        _run_dir(out, cfg=from_best)  # (--init OUT/best: the removal would have deleted the model it starts from)
+    assert (out / "best").is_dir()
+    (out / "best" / "manifest.json").unlink()
+    (out / "best").rmdir()
+    (out / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5}\n')
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with _run_dir(out, cfg=tiny_config(**{"grpo.lr": 5e-3, "threads": 2, "fsdp": "full"})) as run:

@@ -51,7 +51,8 @@ def _file_module(path: Path, where: str, kind: str) -> ModuleType:
     instances of its classes pickle)."""
     resolved = path.resolve()
     name = f"dgrpo_plugin_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:12]}"
-    version = resolved.stat().st_mtime_ns
+    stat = resolved.stat()
+    version = (stat.st_mtime_ns, stat.st_size)
     loaded = sys.modules.get(name)
     if loaded is not None and getattr(loaded, "__dgrpo_version__", None) == version:
         return loaded

@@ -130,7 +130,7 @@ def run_export(args: argparse.Namespace) -> int:
     # a directory, or an adapter uploaded to the hub: its files (configs, tokenizer, adapter weights) from the cache
     src = resolve_checkpoint(args.src) if on_disk(args.src).exists() else hub_files(args.src, args.revision or None)[0]
     if not lora.is_adapter_dir(src):
-        for shards in (src, src.parent):  # (a resumable checkpoint's shards are beside its model/)
+        for shards in (src, src.parent) if src.name == "model" else (src,):  # (a resumable checkpoint's: beside)
             if (shards / SHARDED_DIR).is_dir():
                 raise CheckpointError(f"{shards} holds FSDP shards (fsdp: sharded): dgrpo consolidate {shards} first")
         raise CheckpointError(f"{src} is already a full checkpoint (no adapter_config.json): nothing to merge")

@@ -254,7 +254,8 @@ def repoint_hint(folder: Path) -> str:
     checksum (the base's weights are still checked, by the fingerprint the adapter's weights record)."""
     return (
         f"point base_model_name_or_path in {folder / ADAPTER_CONFIG} to where the base is now and delete "
-        f"{folder / MANIFEST} (it holds that file's checksum)"
+        f"{folder / MANIFEST} (it holds that file's checksum; do it in a copy of a run's final/, best/ or stage-K/, "
+        "which the run no longer takes as its own without it)"
     )
 
 

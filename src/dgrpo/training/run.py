@@ -557,10 +557,14 @@ class RunDir:
         """``--resume never`` deletes what an earlier run wrote here: never another command's run (its checkpoints
         say whose it is), nor the model this run starts from (``--init`` inside OUT)."""
         self._refuse_command(self._written_by())
+        self._refuse_deleting_init("--resume never")
+
+    def _refuse_deleting_init(self, what: str) -> None:
+        """ConfigError when the model this run starts from (``--init``) is inside OUT, which ``what`` would empty."""
         init = Path(str(self.cfg.get("model", {}).get("name_or_path", "")))
         if init.is_absolute() and init.resolve().is_relative_to(self.out_dir.resolve()):
             raise ConfigError(
-                f"--resume never would delete {init}, the model this run starts from (--init): name another --out"
+                f"{what} would delete {init}, the model this run starts from (--init): name another --out"
             )
 
     def _check_owned(self) -> None:
@@ -608,6 +612,7 @@ class RunDir:
         changed = self._changed_keys(self._read_config(path))
         if changed:
             self._refuse_command(self._written_by())
+            self._refuse_deleting_init(f"starting {self.out_dir}'s unfinished run over under another config")
             warnings.warn(
                 f"{self.out_dir} holds a run started with a different config ({', '.join(changed[:8])}"
                 f"{', ...' if len(changed) > 8 else ''}) and no checkpoint to resume: it starts over under this one, "

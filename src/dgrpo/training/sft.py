@@ -415,8 +415,7 @@ def train_sft(
     :func:`default_evaluate_fn`). ``dist`` shards batches and the eval across processes; every rank calls this,
     only rank 0 writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see
     :class:`RunDir`). ``final_eval``: see :meth:`RunDir.final_eval` (``dgrpo sft``: the test sets)."""
-    evaluate_fn = evaluate_fn or (default_evaluate_fn(cfg, per_stage=True) if valid else None)  # (eval.scorer now)
-    dist, s = _prepare(lm, train, cfg, out_dir, valid, evaluate_fn, dist), cfg.sft
+    (dist, evaluate_fn), s = _prepare(lm, train, cfg, out_dir, valid, evaluate_fn, dist), cfg.sft
     with RunDir(out_dir, cfg, dist, "sft", resume=resume, allow_config_change=allow_config_change, log=log) as run:
         sft = SFTRun(lm, cfg, dist, run, train)
         plan, prog = sft.plan, sft.prog
@@ -454,11 +453,13 @@ def _prepare(
     valid: list[Record] | None,
     evaluate_fn: Callable | None,
     dist: Dist | None,
-) -> Dist:
-    """Check what train_sft was given (before the run directory is touched) and set the model up for it."""
+) -> tuple[Dist, Callable | None]:
+    """Check what train_sft was given (before the run directory is touched) and set the model up for it; the
+    processes and the validation's evaluate_fn (the default with valid records and none given)."""
     check_run_inputs(
         lm, cfg, train, "train_sft", valid, list, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
     )
+    evaluate_fn = evaluate_fn or (default_evaluate_fn(cfg, per_stage=True) if valid else None)  # (eval.scorer now)
     lora_for_training(lm, cfg.model.lora)
     dist = dist or Dist.single()
     if cfg.sft.batch_size < dist.world_size:
@@ -483,7 +484,7 @@ def _prepare(
     warn_if_training_questions_cut(lm, cfg, train)
     # the last stage's latent thoughts alone must fit (each batch checks its own questions and targets too)
     lm.check_fits(2, final_settings(cfg).n_latent, 1, key="sft.c_thought", target_key="data.max_target_tokens")
-    return dist
+    return dist, evaluate_fn
 
 
 def _warn_at_start(train: list[Record], cfg: Config) -> None:
