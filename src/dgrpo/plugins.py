@@ -23,9 +23,9 @@ def plugin_file(spec: str) -> Path | None:
 
 
 def import_object(spec: str, what: str, kind: str = "function") -> Any:
-    """What ``spec`` names (None when its module has no such attribute), its module imported: a package module as
-    Python imports it; a file as a module of its own (:func:`_file_module`). ``what`` (the option) and ``kind``
-    (``function``, ``Class``) word the errors."""
+    """What ``spec`` names, its module imported: a package module as Python imports it; a file as a module of its
+    own (:func:`_file_module`). ``what`` (the option) and ``kind`` (``function``, ``Class``) word the errors, one of
+    them that the module has no such name."""
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name:
         raise PluginError(f"{what} {spec!r}: expected 'package.module:{kind}' or 'path/to/file.py:{kind}'")
@@ -41,7 +41,9 @@ def import_object(spec: str, what: str, kind: str = "function") -> Any:
         raise
     except Exception as e:  # noqa: BLE001 - the user's module failed to import: one line
         raise PluginError(f"{what} {spec!r}: cannot import {target} ({type(e).__name__}: {e})") from None
-    return getattr(module, name, None)
+    if not hasattr(module, name):
+        raise PluginError(f"{what} {spec!r}: {target} has no {kind.lower()} {name!r}")
+    return getattr(module, name)
 
 
 def _file_module(path: Path, where: str, kind: str) -> ModuleType:

@@ -106,7 +106,8 @@ def load_function(spec: str, what: str = "reward") -> ScoreFn:
     """A built-in scorer's name, ``package.module:function`` or ``path/to/file.py:function``."""
     if spec in SCORERS:
         return SCORERS[spec]
-    if not spec.rpartition(":")[0] or not spec.rpartition(":")[2]:
+    target, _, name = spec.rpartition(":")
+    if not target or not name:
         raise RewardError(
             f"{what} {spec!r}: expected a built-in scorer ({', '.join(SCORERS)}), 'package.module:function' or "
             "'path/to/file.py:function'"
@@ -116,7 +117,7 @@ def load_function(spec: str, what: str = "reward") -> ScoreFn:
     except PluginError as e:
         raise RewardError(str(e)) from None
     if not callable(fn):
-        raise RewardError(f"{what} {spec!r}: {spec.rpartition(':')[0]} has no function {spec.rpartition(':')[2]!r}")
+        raise RewardError(f"{what} {spec!r}: {target} has no function {name!r}")
     return fn
 
 

@@ -49,9 +49,6 @@ def kind_class(kind: str) -> type[Perturbation]:
         cls = import_object(kind, "perturbation.kind", "Class")
     except PluginError as e:
         raise ConfigError(str(e)) from None
-    if cls is None:
-        target, _, name = kind.rpartition(":")
-        raise ConfigError(f"perturbation.kind {kind!r}: {target} has no class {name!r}")
     if not (isinstance(cls, type) and issubclass(cls, Perturbation)):
         raise ConfigError(f"perturbation.kind {kind!r} is not a subclass of dgrpo.perturbation.Perturbation")
     return cls
