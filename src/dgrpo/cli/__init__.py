@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..training.preemption import Terminated, sigterm_stops
 from . import convert, evaluate, plot, tools, train
+from .common import TRAINING_COMMANDS
 
 EPILOG = """examples:
   dgrpo demo                                                   # the CPU-scale reproduction, built-in task
@@ -94,9 +95,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
-#: the commands whose runs resume from their checkpoints (and stop on SIGTERM after the step under way, with a
-#: checkpoint: dgrpo.training.preemption)
-TRAINING_COMMANDS = ("sft", "grpo")
 
 
 def _resume_hint(args: argparse.Namespace) -> str:

@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..training.distributed import Dist
 
+#: the commands whose runs resume from their checkpoints: a SIGTERM stops them after the step under way, with a
+#: checkpoint (dgrpo.training.preemption), their stop line says how to go on, and DGRPO_FSDP is their fsdp key
+TRAINING_COMMANDS = ("sft", "grpo")
+
 
 def add_config_options(p: argparse.ArgumentParser, example: str) -> None:
     p.add_argument(
@@ -55,7 +59,7 @@ def load(args: argparse.Namespace, extra: list[str] | None = None) -> Config:
     from ..config import FSDP_ENV, Config, ConfigError, fsdp_from_env, load_config
     from ..training.run import check_output_path
 
-    fsdp = fsdp_from_env() if getattr(args, "cmd", None) in ("sft", "grpo") else None
+    fsdp = fsdp_from_env() if getattr(args, "cmd", None) in TRAINING_COMMANDS else None
     overrides = [*args.overrides, *(extra or []), *([f"fsdp={fsdp}"] if fsdp else [])]
     try:
         cfg = load_config(Config, list(args.config), overrides)
