@@ -36,17 +36,15 @@ def load_spec(spec: str, task=None, split: str | None = None, data=None) -> list
 def load_hf_dataset(dataset: Any, split: str | None = None, data=None) -> list[Record]:
     """The records of a Hugging Face ``datasets.Dataset`` in memory (or of one split of a ``DatasetDict``), read as a
     file of its rows is: a known format by its keys, else ``data``'s column mapping (every record every column)."""
-    from .loaders import rows_to_records
+    from .loaders import mapped_read, rows_to_records
     from .tables import split_rows
 
-    where = f"the {type(dataset).__name__} given"
-    columns = columns_of(data)
-    if hasattr(columns, "start"):
-        columns.start()
-    records = rows_to_records(split_rows(dataset, split, where), where, "dataset", columns)
-    if hasattr(columns, "check_steps"):
-        columns.check_steps(where)
-    return with_every_column(records)
+    where, columns = f"the {type(dataset).__name__} given", columns_of(data)
+
+    def read() -> list[Record]:
+        return rows_to_records(split_rows(dataset, split, where), where, "dataset", columns)
+
+    return with_every_column(mapped_read(columns, where, read))
 
 
 def with_every_column(records: list[Record]) -> list[Record]:

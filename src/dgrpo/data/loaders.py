@@ -755,11 +755,17 @@ def load_dataset(
     malformed file, an unknown split (or any split, for a file), an empty dataset, a name that cannot be resolved,
     or a ``columns`` steps key that no mapped record has.
     """
+    return mapped_read(columns, name_or_path, lambda: _load_any(name_or_path, split, columns, config))
+
+
+def mapped_read(columns: RowParser | None, where: str | os.PathLike, read: Callable[[], list[Record]]) -> list[Record]:
+    """``read()``'s records, with a column mapping's (:func:`column_parser`) steps key checked over the rows it read:
+    a key that no mapped record of ``where`` has is a DataError."""
     if isinstance(columns, _ColumnParser):
         columns.start()
-    records = _load_any(name_or_path, split, columns, config)
+    records = read()
     if isinstance(columns, _ColumnParser):
-        columns.check_steps(os.fspath(name_or_path))
+        columns.check_steps(os.fspath(where))
     return records
 
 
