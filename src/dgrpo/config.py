@@ -215,6 +215,11 @@ class LoraConfig:
         )
 
 
+#: the model options that build the built-in tiny model (model.name_or_path builtin-tiny) and nothing else: a run that
+#: loads a model records the loaded model's values in them
+BUILTIN_SHAPE = ("arch", "hidden_size", "num_layers", "num_heads", "intermediate_size")
+
+
 @dataclass
 class ModelConfig:
     """The model: a hub id, a local checkpoint, or the built-in tiny model (whose shape is set here)."""

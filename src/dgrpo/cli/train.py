@@ -141,20 +141,15 @@ def record_the_models_shape(cfg: Config, lm: Any) -> None:
     directory) records the loaded model's instead (its config.json said the options given, which built nothing),
     warning of an option set to another value than its default: it was ignored. Left as they are for an
     architecture that is none of model.arch's choices."""
-    from ..config import ModelConfig
+    from ..config import BUILTIN_SHAPE, ModelConfig
     from ..model.factory import BUILTIN
 
     hf: Any = getattr(lm.model, "config", None)
     if cfg.model.name_or_path == BUILTIN or getattr(hf, "model_type", None) not in ("qwen2", "llama", "gpt2"):
         return
-    shape = {
-        "arch": hf.model_type,
-        "hidden_size": hf.hidden_size,
-        "num_layers": hf.num_hidden_layers,
-        "num_heads": hf.num_attention_heads,
-        "intermediate_size": getattr(hf, "intermediate_size", None) or getattr(hf, "n_inner", None),
-    }
-    shape["intermediate_size"] = shape["intermediate_size"] or 4 * hf.hidden_size  # (GPT-2's n_inner None: 4 x)
+    intermediate = getattr(hf, "intermediate_size", None) or getattr(hf, "n_inner", None) or 4 * hf.hidden_size
+    values = (hf.model_type, hf.hidden_size, hf.num_hidden_layers, hf.num_attention_heads, intermediate)
+    shape = dict(zip(BUILTIN_SHAPE, values, strict=True))  # (GPT-2's n_inner None: 4 x hidden_size)
     default, given = ModelConfig(), cfg.model
     ignored = [k for k, v in shape.items() if getattr(given, k) not in (v, getattr(default, k))]
     if ignored:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from ..config import Config, ConfigError, to_dict
+from ..config import BUILTIN_SHAPE, Config, ConfigError, to_dict
 from ..data.records import Record, check_records
 from ..eval.evaluate import eval_options, evaluate, warn_if_questions_cut
 from ..eval.scoring import RewardError
@@ -73,9 +73,7 @@ UNREAD_BY = {"sft": ("grpo.", "eval.plain", "eval.shots"), "grpo": ("sft.", "eva
 #: model.arch and the built-in tiny model's sizes: they build that model (model.name_or_path builtin-tiny); a run
 #: that loads one records the loaded model's there (dgrpo before 2026-12-02 recorded the options given), which a
 #: resume does not compare
-BUILTIN_SHAPE_KEYS = frozenset(
-    f"model.{k}" for k in ("arch", "hidden_size", "num_layers", "num_heads", "intermediate_size")
-)
+BUILTIN_SHAPE_KEYS = frozenset(f"model.{k}" for k in BUILTIN_SHAPE)
 #: what :func:`~dgrpo.model.verified.atomic_dir` leaves in OUT when a run is killed during a final/, best/ or stage-K/
 #: write: its temporary ``.tmp-NAME-PID`` and the ``.old-NAME-PID`` a replace moves aside
 LEFTOVER = re.compile(rf"\.(tmp|old)-({FINAL_DIR}|{BEST_DIR}|stage-\d+)-\d+")
