@@ -164,6 +164,7 @@ def evaluate_test_sets(
     (:func:`test_metric_key`; rank 0's, {} on the others)."""
     from ..eval.evaluate import eval_options, evaluate, merge_results, write_results
     from ..eval.scoring import RewardError
+    from ..training.run import EVALUATION_FAILED_ELSEWHERE
 
     options = eval_options(cfg)  # (the scorer built once: a plug-in file is imported once)
     metrics: dict[str, float] = {}
@@ -177,7 +178,7 @@ def evaluate_test_sets(
             raise
         parts = dist.all_gather_objects(r) if dist.active else [r]
         if any(part is None for part in parts):
-            raise RewardError("the evaluation failed in another process (its own error line says why)")
+            raise RewardError(EVALUATION_FAILED_ELSEWHERE)
         r = merge_results(parts) if dist.active else r
         if dist.is_main:
             r.model, r.limit = str((out / checkpoint).resolve()), cfg.eval.limit

@@ -925,6 +925,10 @@ def weights_finite(params: list, dist: Dist) -> bool:
     return dist.sum_int(int(not local)) == 0
 
 
+#: what the other ranks say when an evaluation failed on one rank's shard (that rank's own line says why)
+EVALUATION_FAILED_ELSEWHERE = "the evaluation failed in another process (its own error line says why)"
+
+
 def sharded_accuracy(dist: Dist, count_correct: Callable[[list[Record]], int], records: list[Record]) -> float:
     """Accuracy on ``records`` with each rank scoring its shard: ``count_correct(shard)`` returns how many
     of the shard's records are correct; the counts are summed over ranks (every rank calls this). An evaluation that
@@ -938,7 +942,7 @@ def sharded_accuracy(dist: Dist, count_correct: Callable[[list[Record]], int], r
         raise
     count, failed = dist.sum_ints([count, 0])
     if failed:
-        raise RewardError("the evaluation failed in another process (its own error line says why)")
+        raise RewardError(EVALUATION_FAILED_ELSEWHERE)
     return count / max(1, len(records))
 
 
