@@ -101,6 +101,13 @@ def test_choice_message_format():
     assert "expected none, full or sharded" in error("fsdp=off")
 
 
+def test_plugin_kind_accepts_a_path_with_a_drive_colon():
+    """A Windows path has a colon of its own: the spec's name is after the last one, as the importer reads it."""
+    spec = r"C:\plugins\kind.py:MyKind"
+    assert load_config(Config, None, [f"perturbation.kind={spec}"]).perturbation.kind == spec
+    assert "got 'C:\\\\plugins\\\\kind.py:'" in error(r"perturbation.kind=C:\plugins\kind.py:")
+
+
 def test_yaml_booleans_still_accepted_by_bf16():
     assert load_config(Config, None, ["sft.bf16=true"]).sft.bf16 == "true"
     assert load_config(Config, None, ["sft.bf16=off"]).sft.bf16 == "false"

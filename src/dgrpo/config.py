@@ -1200,7 +1200,7 @@ PLUGIN_CHOICES = {"perturbation.kind": "a kind of your own as its class, path/to
 def _to_choice(value: Any, choices: tuple[str, ...], key: str) -> str:
     """A ``Literal`` option: one of ``choices`` (or, for :data:`PLUGIN_CHOICES`, a plug-in spec)."""
     text = _to_str(value, key)
-    if text not in choices and not (key in PLUGIN_CHOICES and re.fullmatch(r"[^:\s][^:]*:[A-Za-z_]\w*", text)):
+    if text not in choices and not (key in PLUGIN_CHOICES and re.fullmatch(r"[^:\s].*:[A-Za-z_]\w*", text)):
         got = repr(value)
         if isinstance(value, bool):
             got = f"{text!r} (YAML reads true, false, yes, no, on, off as booleans)"
