@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 from dgrpo.data.loaders import DATASETS, find_data_dir, load_dataset
 from dgrpo.data.records import DataError, Record
-from dgrpo.reward import score
+from dgrpo.reward import normalize_number, score
 
 from conftest import SHARED_DATA
 
@@ -65,6 +66,33 @@ def test_real_file_by_name_and_path(name: str, split: str, rel: str, count: int)
         assert rec.answer and "," not in rec.answer
         assert score("#### " + rec.answer, rec.answer) == 1.0, rec
         assert score(rec.answer, rec.answer) == 1.0, rec
+
+
+def _near_misses(gold: str) -> list[str]:
+    """Answers a numeric gold must not accept: off by one, by a half, ten times it, its negation written both ways
+    (``-5`` and ``- 5``: a minus sign standing apart was dropped, so ``#### - 5`` scored 1 for 5)."""
+    g = Decimal(gold)
+    wrong = [g + 1, g - 1, g + Decimal("0.5"), g * 10, -g]
+    written = [format(x, "f") for x in wrong if x != g]
+    return written + ([f"- {gold}"] if g > 0 else [])
+
+
+@pytest.mark.parametrize(("name", "split", "rel", "count"), REAL, ids=[f"{n}-{s}" for n, s, _, _ in REAL])
+def test_every_gold_scores_as_trained_and_its_near_misses_do_not(name: str, split: str, rel: str, count: int) -> None:
+    """Each record's gold parses to a number (ProsQA's are sentences); the text the model is trained to write (its
+    steps, then ``#### <answer>``) scores 1 under the numeric, exact and Coconut scorers; answers off the gold score
+    0 under the numeric one."""
+    from dgrpo.eval.scoring import coconut, exact, numeric
+    from dgrpo.training.sft import format_target
+
+    records = load_dataset(name, split)
+    targets = [format_target(r.steps, r.answer) for r in records]
+    for scorer in (numeric, exact, coconut):
+        assert list(scorer(targets, records)) == [1.0] * count, scorer.__name__
+    golds = [normalize_number(r.answer) for r in records]
+    assert sum(g is None for g in golds) == (count if name == "prosqa" else 0)
+    misses = [(r.answer, m) for r, g in zip(records, golds) if g is not None for m in _near_misses(g)]
+    assert [(gold, m) for gold, m in misses if score(f"#### {m}", gold)] == []
 
 
 def test_gsm8k_solutions_score_and_steps() -> None:
@@ -277,6 +305,16 @@ def test_error_non_numeric_gold(tmp_path: Path) -> None:
         mp.setenv("DGRPO_DATA_DIR", str(tmp_path))
         with pytest.raises(DataError, match=r"gsm8k/test\.jsonl line 2"):
             load_dataset("gsm8k", "test")
+
+
+def test_a_gold_whose_minus_sign_stands_apart_is_negative(tmp_path: Path) -> None:
+    """``#### - 5`` is -5 in every format that reads a gold from text (GSM8K's refused it, a plain answer column kept
+    it as the text "- 5", which "#### -5" did not match)."""
+    gsm = json.dumps({"question": "q", "answer": "<<2-7=-5>>\n#### - 5"})
+    assert load_dataset(str(_write(tmp_path / "g.jsonl", gsm + "\n")))[0].answer == "-5"
+    assert load_dataset(str(_write(tmp_path / "a.txt", "q||<<2-7=-5>> #### - 5\n")))[0].answer == "-5"
+    plain = json.dumps({"question": "q", "answer": "- 5"})
+    assert load_dataset(str(_write(tmp_path / "p.jsonl", plain + "\n")))[0].answer == "-5"
 
 
 def test_error_non_finite_target(tmp_path: Path) -> None:

@@ -27,6 +27,16 @@ from dgrpo.reward import extract_answer, format_number, is_parseable, normalize_
         ("#### -$5", "-5"),
         ("#### $-5", "-5"),
         ("#### \u22124", "-4"),
+        # a minus sign standing apart after the marker is the answer's (it was read as 5); not a list's dash on the
+        # next line, nor a subtraction's between numbers
+        ("#### - 5", "-5"),
+        ("####- 5", "-5"),
+        ("#### \u2212 5", "-5"),
+        ("#### - $5", "-5"),
+        ("The answer is - 12.5", "-12.5"),
+        ("\\boxed{- 5}", "-5"),
+        ("The answer is:\n- 5 apples", "5"),
+        ("#### 20 - 5", "20"),
         ("#### 3.50", "3.5"),
         ("#### .5", "0.5"),
         ("#### 0.50 dollars", "0.5"),
@@ -139,6 +149,9 @@ def test_extract_answer_takes_linear_time() -> None:
         ("e3", None),
         ("1e400", None),  # overflows a float
         ("3/4", None),
+        ("- 5", -5.0),  # a gold's sign standing apart is its sign (it was no number: kept as text)
+        ("\u2212 2.5", -2.5),
+        ("-\n5", None),
     ],
 )
 def test_parse_number(text: str, expected: float | None) -> None:
@@ -161,6 +174,9 @@ def test_parse_number_overflow_is_none() -> None:
         ("The answer is $40,000.", "40000", 1.0),
         ("#### -3", "-3", 1.0),
         ("#### 3", "-3", 0.0),
+        ("#### - 3", "3", 0.0),  # a minus sign standing apart: -3 (it scored 1 for 3)
+        ("#### - 3", "-3", 1.0),
+        ("#### -3", "- 3", 1.0),
         ("#### 17", "18", 0.0),
         ("#### 18.5", "18", 0.0),
         ("I don't know", "18", 0.0),

@@ -8,7 +8,7 @@ import numbers
 import re
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "REL_TOL",
@@ -43,16 +43,20 @@ _NUMBER = rf"(?P<s1>{_SIGN})?(?:\$\s?)?(?P<s2>{_SIGN})?(?P<num>(?:{_DIGITS})(?:{
 # ``16-3-4=9`` reads as 16, 3, 4, 9 (not -3, -4) and ``abc123`` holds no number; nor is either side of a fraction
 # (``1/2``, ``48/2``) a number: ``#### 1/2`` was read as 1.
 _NUMBER_IN_TEXT = re.compile(rf"(?<![0-9A-Za-z_.)\]/]){_NUMBER}")
-# A gold answer string is exactly one number, with optional whitespace and trailing period.
-_NUMBER_ALONE = re.compile(rf"\s*{_NUMBER}\.?\s*")
+# A gold answer string is exactly one number, with optional whitespace and trailing period; a sign may stand apart
+# from it (``- 5``: -5, as after an answer marker).
+_NUMBER_ALONE = re.compile(rf"\s*(?:(?P<s0>{_SIGN})[ \t]+)?{_NUMBER}\.?\s*")
+# A minus sign standing apart between an answer marker and its number (``#### - 5``, ``The answer is - 5``,
+# ``\boxed{- 5}``): the answer is negative. On the marker's line only: a list's dash on the next line is no sign.
+_LONE_MINUS = re.compile(rf"[ \t]*[{_MINUS}][ \t]+")
 _ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)
 
 
-def _canonical(match: re.Match[str]) -> str:
+def _canonical(match: re.Match[str], negated: bool = False) -> str:
     """The normalised string of a matched number: no commas/``$``/``+``/exponent, no padding zeros ("-3.5", "40000",
-    "0.0000020107" for ``2.0107e-06``)."""
-    signs = (match.group("s1") or "") + (match.group("s2") or "")
-    negative = sum(ch in _MINUS for ch in signs) % 2 == 1
+    "0.0000020107" for ``2.0107e-06``); ``negated``: a minus sign stood apart before it (:class:`_Answer`)."""
+    signs = "".join(match.groupdict().get(g) or "" for g in ("s0", "s1", "s2"))
+    negative = (sum(ch in _MINUS for ch in signs) + negated) % 2 == 1
     mantissa, exponent = _split_exponent(match.group("num"))
     digits = format(Decimal(f"{mantissa}e{exponent}"), "f") if exponent else mantissa
     whole, _, frac = digits.partition(".")
@@ -90,9 +94,21 @@ _ANSWER_MARKER = re.compile(rf"{_MARKER.pattern}|#{{2,}}|{_ANSWER_IS.pattern}|{_
 _HEADING = re.compile(r"(?:^|(?<=\n))[ \t]*(#{1,3})[ \t]+[^\W\d_]")
 
 
-def _find_answer(text: str) -> re.Match[str] | None:
-    """The match of the final-answer number (see :func:`extract_answer`), or None. One pass over the text (a
-    completion of 20,000 ``#`` took 13 s searching after each marker in turn)."""
+class _Answer(NamedTuple):
+    """The final-answer number of a completion: its match, and whether a minus sign stood apart between the answer
+    marker and it (``#### - 5``: -5; it was read as 5)."""
+
+    match: re.Match[str]
+    negated: bool = False
+
+    def canonical(self) -> str:
+        """The answer's normalised number string."""
+        return _canonical(self.match, self.negated)
+
+
+def _find_answer(text: str) -> _Answer | None:
+    """The final-answer number (see :func:`extract_answer`), or None. One pass over the text (a completion of 20,000
+    ``#`` took 13 s searching after each marker in turn)."""
     if not isinstance(text, str):
         return None
     text = text.replace("{,}", ",")  # LaTeX's thousands separator: 1{,}000
@@ -100,15 +116,17 @@ def _find_answer(text: str) -> re.Match[str] | None:
     headings = {m.start(1) for m in _HEADING.finditer(text)}
     markers = [m for m in _ANSWER_MARKER.finditer(text) if m.start() not in headings]
     if not markers:
-        return numbers[-1] if numbers else None
+        return _Answer(numbers[-1]) if numbers else None
     starts = [m.start() for m in numbers]
     before = len(text)  # an answer starts before this: a box with no number opening it (\frac{3}{4}, x + 1) holds none
     for marker in reversed(markers):  # the last marker with a number after it ("... this answer is right" has none)
         i = bisect.bisect_left(starts, marker.end())
         boxed = marker.group().startswith("\\")
         if i < len(numbers) and starts[i] < before:
-            if not boxed or not text[marker.end() : starts[i]].strip(" \t\n$\\"):  # (spaces, $ or \$ first)
-                return numbers[i]
+            gap = text[marker.end() : starts[i]]
+            negated = _LONE_MINUS.fullmatch(gap) is not None
+            if negated or not boxed or not gap.strip(" \t\n$\\"):  # (a box: spaces, $ or \$ first)
+                return _Answer(numbers[i], negated)
         if boxed:
             before = marker.start()
     return None  # markers, none followed by a number: no answer (not a number of the reasoning before them)
@@ -123,7 +141,9 @@ def extract_answer(text: str) -> str | None:
     (case-insensitive) or ``\\boxed{`` (the number that opens the box; ``\\boxed{\\frac{1}{2}}`` has none); None
     when no marker has a number after it
     (``#### 1/2``, ``#### eighteen``, an answer cut off after ``####``: a number of the reasoning before the marker
-    is not the answer). Without any marker, the last number of the text. Thousands commas, ``$``, signs, decimals
+    is not the answer). A minus sign standing apart between the marker and the number, on its line, is the answer's
+    (``#### - 5`` -> ``"-5"``; between numbers, ``20 - 5``, it is a subtraction's). Without any marker, the last
+    number of the text. Thousands commas, ``$``, signs, decimals
     (``3.50``, ``.5``), an exponent written right after the digits (``2.0107e-06``, ``1E3``; not the ``e`` of
     ``3 eggs``) and a trailing period are handled; a fraction (``1/2``) is not read as a number (nor as its
     numerator):
@@ -131,7 +151,7 @@ def extract_answer(text: str) -> str | None:
     ``"### Step 1: 9*2=18.\nThe answer is 18."`` -> ``"18"``. Never raises for a ``str``; never evaluates the text.
     """
     found = _find_answer(text)
-    return _canonical(found) if found is not None else None
+    return found.canonical() if found is not None else None
 
 
 def is_parseable(completion_text: str) -> bool:
@@ -140,7 +160,8 @@ def is_parseable(completion_text: str) -> bool:
 
 
 def normalize_number(text: str) -> str | None:
-    """The normalised number string of a text that is exactly one number (``" $40,000. "`` -> ``"40000"``), or None."""
+    """The normalised number string of a text that is exactly one number (``" $40,000. "`` -> ``"40000"``, ``"- 5"``
+    -> ``"-5"``), or None."""
     if not isinstance(text, str):
         return None
     m = _NUMBER_ALONE.fullmatch(text)
@@ -334,4 +355,4 @@ def score(completion_text: str, gold_answer: Any) -> float:
     found = _find_answer(completion_text)
     if found is None:
         return 0.0
-    return 1.0 if numbers_match(_canonical(found), gold, _written_decimals(found.group("num"))) else 0.0
+    return 1.0 if numbers_match(found.canonical(), gold, _written_decimals(found.match.group("num"))) else 0.0
