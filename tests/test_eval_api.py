@@ -177,3 +177,34 @@ def test_records_that_are_not_records_are_one_line_naming_what_they_are(lm, tmp_
     r = evaluate(lm, [Record(question="1+1", steps=[], answer="2")], n_latent=0, **FAST)
     write_results(r, str(tmp_path / "out"))  # a str path too
     assert (tmp_path / "out" / "results.json").is_file()
+
+
+def _mc_voted(lm, monkeypatch, records, texts, **kw):
+    """evaluate_mc_vote of ``records`` whose perturbed completions are ``texts`` (question-major)."""
+    import dgrpo.eval.evaluate as ev
+
+    monkeypatch.setattr(ev, "_perturbed_texts", lambda *a, **k: list(texts))
+    return evaluate_mc_vote(lm, records, LockedDropout(p=0.1), progress=False, **kw)
+
+
+def test_mc_votes_group_numbers_as_the_verifier_compares_them(lm, monkeypatch):
+    """``2.33``, ``2.333`` and ``2.3333`` are one answer to the verifier (each scores 1 for 7/3), so they vote together
+    (they were three answers, and two 5s outvoted them); numbers it tells apart stay apart (2.3 and 2.33, 18 and
+    18.5); a program's float noise joins its integer."""
+    from dgrpo.data.records import Record
+    from dgrpo.eval.evaluate import majority_vote
+    from dgrpo.reward import numbers_agree
+
+    recs = [Record("7/3?", [], "2.3333333333333335"), Record("q", [], "18"), Record("r", [], "3431580")]
+    texts = ["#### 2.33", "#### 5", "#### 2.333", "#### 5", "#### 2.3333"]
+    texts += ["#### 18.5", "#### 18", "#### 18.5", "#### 18", "#### 18"]
+    texts += ["#### 3431579.9999999995", "#### 7", "#### 3431580", "#### 7", "#### 9"]
+    r = _mc_voted(lm, monkeypatch, recs, texts, n_masks=5)
+    assert [(p["pred"], p["correct"]) for p in r.predictions] == [
+        ("2.33", True),
+        ("18", True),
+        ("3431579.9999999995", True),
+    ]
+    assert r.predictions[0]["votes"] == ["2.33", "5", "2.333", "5", "2.3333"]  # (each as it was written)
+    assert majority_vote(["2.3", "2.33", "2.3", "2.33", "2.33"], numbers_agree) == "2.33"
+    assert majority_vote(["2.33", "2.333"]) == "2.33"  # (without a grouping: equal strings; a tie, the first)

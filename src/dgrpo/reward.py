@@ -18,6 +18,7 @@ __all__ = [
     "is_parseable",
     "normalize_number",
     "normalize_text",
+    "numbers_agree",
     "numbers_match",
     "parse_number",
     "score",
@@ -302,6 +303,13 @@ def numbers_match(pred: str, gold: str, decimals: int | None = None) -> bool:
     if decimals is None:
         decimals = len(pred.partition(".")[2])
     return decimals >= 2 and pf != 0 and diff <= 0.5 * 10.0**-decimals * (1 + 1e-9)
+
+
+def numbers_agree(a: str, b: str) -> bool:
+    """Whether two answers, normalised number strings, are one answer as the verifier compares them: either matches
+    the other taken as the gold (:func:`numbers_match`: ``"2.33"`` and ``"2.333"`` agree, ``"2.3"`` and ``"2.33"``
+    do not, nor ``"18"`` and ``"18.5"``). A majority vote groups answers by it (``evaluate_mc_vote``)."""
+    return a == b or numbers_match(a, b) or numbers_match(b, a)
 
 
 def final_answer_text(completion: str, gold: Any = None) -> str:

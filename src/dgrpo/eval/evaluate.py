@@ -7,6 +7,7 @@ import json
 import re
 import time
 import warnings
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -19,7 +20,7 @@ from ..data.records import Record, check_records
 from ..model.latent_lm import LatentLM
 from ..perturbation import Perturbation
 from ..perturbation.base import as_seeds, row_sampling_uniforms, text_seed, to_device
-from ..reward import extract_answer, is_parseable, normalize_number, normalize_text
+from ..reward import extract_answer, is_parseable, normalize_number, normalize_text, numbers_agree
 from .scoring import ScoreFn, build_scorer, call_checked, choice, choice_letter, final_answer_text, numeric
 
 if TYPE_CHECKING:
@@ -437,16 +438,23 @@ def write_results(result: EvalResult, out_dir: str | Path) -> None:
             f.write(json.dumps(p) + "\n")
 
 
-def majority_vote(answers: list[str | None]) -> str | None:
-    """Most common parsed answer (ties: the one seen first); None when nothing parsed."""
-    counts: dict[str, int] = {}
+def majority_vote(answers: list[str | None], same: Callable[[str, str], bool] | None = None) -> str | None:
+    """Most common parsed answer (ties: the one seen first); None when nothing parsed. ``same`` (default: equal
+    strings) says which answers are one: each answer counts for the first group whose first answer it is ``same``
+    as (:func:`dgrpo.reward.numbers_agree`: ``2.33`` and ``2.333`` vote together, as the verifier scores them
+    alike), and a group wins as its first answer."""
+    groups: list[list[str]] = []  # each group's answers, in order of first appearance
     for a in answers:
-        if a is not None:
-            counts[a] = counts.get(a, 0) + 1
-    if not counts:
+        if a is None:
+            continue
+        group = next((g for g in groups if a == g[0] or (same is not None and same(g[0], a))), None)
+        if group is None:
+            groups.append([a])
+        else:
+            group.append(a)
+    if not groups:
         return None
-    best = max(counts.values())
-    return next(a for a in answers if a is not None and counts[a] == best)
+    return max(groups, key=len)[0]  # (max keeps the first of equal counts)
 
 
 def vote_key(scorer: ScoreFn, text: str, gold: str) -> str | None:
@@ -495,13 +503,14 @@ def _perturbed_texts(
 
 def _voted(records: list[Record], texts: list[str], n_masks: int, scorer: ScoreFn) -> tuple[list[dict], int]:
     """(one prediction row per record, how many are correct): each record's ``n_masks`` completions vote with
-    :func:`vote_key`; the first completion giving the majority answer is scored by ``scorer`` (value > 0.5)."""
+    :func:`vote_key` (numbers grouped as the numeric verifier compares them); the first completion giving the
+    majority answer is scored by ``scorer`` (value > 0.5)."""
     preds: list[dict] = []
     chosen: dict[int, str] = {}  # record -> the completion scored for it (records with a vote)
     for j, r in enumerate(records):
         mine = texts[j * n_masks : (j + 1) * n_masks]
         votes = [vote_key(scorer, t, r.answer) for t in mine]
-        vote = majority_vote(votes)
+        vote = majority_vote(votes, numbers_agree if scorer is numeric and _numeric_gold(r.answer) else None)
         if vote is not None:
             chosen[j] = next(t for t, v in zip(mine, votes) if v == vote)
         preds.append({"question": r.question, "gold": r.answer, "votes": votes, "pred": vote})
@@ -536,11 +545,12 @@ def evaluate_mc_vote(
 
     Each completion votes for its answer as ``scorer`` (default: the numeric verifier) reads it (:func:`vote_key`: the
     final number for a numeric gold, the normalised final text for a text gold such as ProsQA's, the letter for
-    ``choice``); ties go to the answer seen first. The question is correct when ``scorer`` scores the first
-    completion that gave the majority answer correct, so a vote counts exactly as that completion would in
-    :func:`evaluate`. ``unparseable`` counts (numeric scorer only, as in :func:`evaluate`) the questions none of whose
-    completions holds an answer. ConfigError when question, latents and answer do not fit the model's context;
-    ValueError when ``n_masks`` < 1."""
+    ``choice``; numbers the verifier compares as one, ``2.33`` and ``2.333``, vote together:
+    :func:`dgrpo.reward.numbers_agree`); ties go to the answer seen first. The question is correct when ``scorer``
+    scores the first completion that gave the majority answer correct, so a vote counts exactly as that completion
+    would in :func:`evaluate`. ``unparseable`` counts (numeric scorer only, as in :func:`evaluate`) the questions none
+    of whose completions holds an answer. ConfigError when question, latents and answer do not fit the model's
+    context; ValueError when ``n_masks`` < 1."""
     if n_masks < 1:
         raise ValueError(f"evaluate_mc_vote: n_masks must be >= 1 (completions voting per question), got {n_masks}")
     _check_counts("evaluate_mc_vote", batch_size=batch_size, max_question_tokens=max_question_tokens)
