@@ -208,3 +208,24 @@ def test_mc_votes_group_numbers_as_the_verifier_compares_them(lm, monkeypatch):
     assert r.predictions[0]["votes"] == ["2.33", "5", "2.333", "5", "2.3333"]  # (each as it was written)
     assert majority_vote(["2.3", "2.33", "2.3", "2.33", "2.33"], numbers_agree) == "2.33"
     assert majority_vote(["2.33", "2.333"]) == "2.33"  # (without a grouping: equal strings; a tie, the first)
+
+
+def test_a_scorer_in_trls_form_gets_every_column_in_a_vote_and_on_a_shard(lm, monkeypatch):
+    """Records made in Python need not share their ``meta`` keys. A vote scored only the records with a vote, so a
+    scorer taking a column that only a record without a vote had was called in dgrpo's form (its ``unit`` got the
+    records); a shard is told the whole data's columns. The caller's records are not changed."""
+    import dgrpo.eval.evaluate as ev
+    from dgrpo.data.records import Record
+
+    seen = []
+
+    def per_unit(completions, unit, **kw):
+        seen.append(list(unit))
+        return [1.0] * len(completions)
+
+    recs = [Record("q1", [], "5", {"unit": "kg"}), Record("q2", [], "7")]
+    r = _mc_voted(lm, monkeypatch, recs, ["", "", "#### 7", "#### 7"], n_masks=2, scorer=per_unit)
+    assert (seen, r.correct) == ([[None]], 1)
+    monkeypatch.setattr(ev, "generate_answers", lambda *a, **kw: ["#### 7"])
+    assert evaluate(lm, recs[1:], scorer=per_unit, columns=("unit",), **FAST).correct == 1
+    assert seen[-1] == [None] and recs[1].meta == {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..reward import format_number
@@ -90,6 +90,19 @@ def data_columns(records: Iterable[Record]) -> tuple[str, ...]:
     """The columns of the data beyond question, answer and steps: every key of the records' ``meta``, in order of
     first appearance (a column that only some records have among them)."""
     return tuple(dict.fromkeys(k for r in records for k in r.meta))
+
+
+def with_columns(records: list[Record], columns: Iterable[str] = ()) -> list[Record]:
+    """``records`` as a scorer is given them: each with every column of ``columns`` and of ``records``
+    (:func:`data_columns`) in its ``meta``, None where it has none (a copy of a record that lacks one; the records
+    given are not changed). A scorer in TRL's form then gets the same keywords whichever of them a call holds (a
+    vote's chosen completions, a rank's shard: pass the whole data's columns)."""
+    keys = tuple(dict.fromkeys([*columns, *data_columns(records)]))
+    out = []
+    for r in records:
+        missing = [k for k in keys if k not in r.meta]
+        out.append(replace(r, meta={**r.meta, **dict.fromkeys(missing)}) if missing else r)
+    return out
 
 
 def fingerprint(records: list[Record]) -> str:

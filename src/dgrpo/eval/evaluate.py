@@ -7,7 +7,7 @@ import json
 import re
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tqdm.auto import tqdm
 
-from ..data.records import Record, check_records
+from ..data.records import Record, check_records, with_columns
 from ..model.latent_lm import LatentLM
 from ..perturbation import Perturbation
 from ..perturbation.base import as_seeds, row_sampling_uniforms, text_seed, to_device
@@ -282,12 +282,17 @@ def evaluate(
     progress: bool = True,
     perturbation: Perturbation | None = None,
     scorer: ScoreFn | str | None = None,
+    columns: Iterable[str] = (),
 ) -> EvalResult:
     """Greedy (by default) pass@1, with no perturbation unless ``perturbation`` (then question i is answered under the
     mask its own seed draws: :func:`mask_seeds` of ``seed`` and its text). ``scorer`` decides what is correct (a
     value > 0.5; a function or an ``eval.scorer`` name; default: the numeric verifier, which also counts unparseable
     outputs). ``limit`` > 0 evaluates the first ``limit`` records (after the ``shots`` of a plain prompt). ValueError
-    for negative counts, ``shots`` without ``plain`` and ``shots`` that leave no record to evaluate."""
+    for negative counts, ``shots`` without ``plain`` and ``shots`` that leave no record to evaluate.
+
+    The scorer gets each record with every column (``meta`` key) of ``records`` and of ``columns``, None where it has
+    none (:func:`~dgrpo.data.records.with_columns`): a caller evaluating a shard of the data passes the whole data's
+    :func:`~dgrpo.data.records.data_columns`, so that a scorer in TRL's form is called alike on every shard."""
     _check_counts("evaluate", batch_size=batch_size, limit=limit, shots=shots, max_question_tokens=max_question_tokens)
     check_records(records, "evaluate: records", empty=True)  # (a rank's shard of fewer records than ranks: none)
     t0, scorer = time.time(), _scorer(scorer)
@@ -312,7 +317,7 @@ def evaluate(
         progress=progress,
     )
     texts = [_cut_plain(t) for t in texts] if plain else texts
-    preds, correct, unparseable = _graded(records, texts, scorer)
+    preds, correct, unparseable = _graded(with_columns(records, columns), texts, scorer)
     n = len(records)
     return EvalResult(
         dataset=dataset,
@@ -538,6 +543,7 @@ def evaluate_mc_vote(
     max_question_tokens: int | None = None,
     progress: bool = True,
     scorer: ScoreFn | str | None = None,
+    columns: Iterable[str] = (),
 ) -> EvalResult:
     """Monte-Carlo perturbation ensemble: greedy answers under ``n_masks`` seeded perturbations per question,
     majority vote. This is the model-average policy Dropout-GRPO optimises (paper Sec. 3.1, Sec. 6). A question's
@@ -550,7 +556,8 @@ def evaluate_mc_vote(
     scores the first completion that gave the majority answer correct, so a vote counts exactly as that completion
     would in :func:`evaluate`. ``unparseable`` counts (numeric scorer only, as in :func:`evaluate`) the questions none
     of whose completions holds an answer. ConfigError when question, latents and answer do not fit the model's
-    context; ValueError when ``n_masks`` < 1."""
+    context; ValueError when ``n_masks`` < 1. The scorer gets records as :func:`evaluate` gives them (every column of
+    ``records`` and ``columns``), whichever of them have a vote."""
     if n_masks < 1:
         raise ValueError(f"evaluate_mc_vote: n_masks must be >= 1 (completions voting per question), got {n_masks}")
     _check_counts("evaluate_mc_vote", batch_size=batch_size, max_question_tokens=max_question_tokens)
@@ -566,7 +573,7 @@ def evaluate_mc_vote(
         max_question_tokens=max_question_tokens,
         progress=progress,
     )
-    preds, correct = _voted(records, texts, n_masks, scorer)
+    preds, correct = _voted(with_columns(records, columns), texts, n_masks, scorer)
     n = len(records)
     return EvalResult(
         dataset=dataset,
