@@ -2,6 +2,7 @@
 a bad data file or a missing checkpoint exits with code 2 and one line, writing nothing."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -770,3 +771,24 @@ def test_export_of_an_unconsolidated_sharded_checkpoint_says_consolidate(tmp_pat
     (ckpt / "latent_config.json").write_text("{}")  # (a sharded final/ holds its configs, its weights in dcp/)
     assert main(["export", str(ckpt), "--merge", "--out", str(tmp_path / "x")]) == 2
     assert f"{ckpt} holds FSDP shards (fsdp: sharded): dgrpo consolidate {ckpt} first" in capsys.readouterr().err
+
+
+def test_sigterm_in_a_runs_test_sets_says_so_and_leaves_it_unfinished(sft_checkpoint, tmp_path, run_cli, monkeypatch):
+    """final/ and summary.json were written before the test sets, so a run stopped in them looked finished, and its
+    stop line said nothing of them. They come after them now; the line says where the run stopped."""
+    import signal
+
+    import dgrpo.cli.train as train
+
+    def stopped(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(train, "evaluate_test_sets", stopped)
+    out, sets = tmp_path / "run", {"grpo.steps": 1, "grpo.warmup_steps": 0, "data.valid": "''"}
+    r = run_cli("grpo", "--init", sft_checkpoint, "--out", out, *tiny_args(**sets))
+    assert r.returncode == 143, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == (
+        "dgrpo: terminated (SIGTERM) in the test sets' evaluation (the training is done and checkpointed; final/ and "
+        f"summary.json come after them); the same command resumes from the newest checkpoint in {out}/checkpoints"
+    )
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "checkpoints", "config.json", "metrics.jsonl"]

@@ -61,10 +61,10 @@ def sigterm_after(monkeypatch, cls, name, when, times=1):
     monkeypatch.setattr(cls, name, patched)
 
 
-def run_grpo(sft_checkpoint, out):
+def run_grpo(sft_checkpoint, out, **kw):
     cfg = tiny_config(**GRPO_SETS)
     lm = load_model(cfg.model, cfg.task, init=str(sft_checkpoint), seed=cfg.seed)
-    grpo.train_grpo(lm, cfg, generate_split(cfg.task, "train")[:64], out, progress=False, log=quiet)
+    grpo.train_grpo(lm, cfg, generate_split(cfg.task, "train")[:64], out, progress=False, log=quiet, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +107,46 @@ def test_a_second_sigterm_or_one_outside_a_step_stops_at_once(sft_checkpoint, tm
         run_grpo(sft_checkpoint, tmp_path / "early")
     assert not (tmp_path / "early" / "checkpoints").exists()
     assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)  # no handler left behind
+
+
+def stopped_test_sets(calls):
+    """A ``final_eval`` (the command line's test sets) that records its calls in ``calls`` and, at the first, gets a
+    SIGTERM."""
+
+    def final_eval(lm_, best):
+        calls.append(best)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return {"test/x/accuracy": 0.5}
+
+    return final_eval
+
+
+def trained_steps(monkeypatch, cls, name):
+    """The calls of ``cls.name`` (a training step) from now on, counted in the returned list."""
+    calls, original = [], getattr(cls, name)
+    monkeypatch.setattr(cls, name, lambda self, *a, **kw: calls.append(1) or original(self, *a, **kw))
+    return calls
+
+
+def test_sigterm_in_the_test_sets_leaves_a_grpo_run_unfinished_and_the_same_call_tests_it_without_training(
+    sft_checkpoint, grpo_reference, tmp_path, monkeypatch
+):
+    """final/ and summary.json were written before the test sets (final_eval), so a run stopped there looked
+    finished. They come last now: the stopped run has neither (its last step's checkpoint is there), and the same call
+    trains no step, evaluates the test sets, and ends as the run never stopped."""
+    out, calls = tmp_path / "run", []
+    with sigterm_stops(True), pytest.raises(Terminated, match="in the test sets' evaluation .* final/ and summary"):
+        run_grpo(sft_checkpoint, out, final_eval=stopped_test_sets(calls))
+    assert not (out / "final").exists() and not (out / "summary.json").exists()
+    assert checkpoints(out) == ["step-00000004"] and rows(out) == rows(grpo_reference)  # (no test row)
+    steps = trained_steps(monkeypatch, grpo.GRPOTrainer, "step")
+    run_grpo(sft_checkpoint, out, final_eval=stopped_test_sets(calls))
+    assert steps == [] and calls == [None, None]
+    assert rows(out) == [*rows(grpo_reference), {"step": 4, "test/x/accuracy": 0.5}]
+    wa, wb = (load_file(str(run / "final" / "model.safetensors")) for run in (grpo_reference, out))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert (out / "summary.json").read_text() == (grpo_reference / "summary.json").read_text()
 
 
 def run_grpo_evaluated(sft_checkpoint, out, evaluated=None):
@@ -162,11 +202,29 @@ def test_sigterm_in_a_step_due_an_evaluation_checkpoints_first_and_the_resumed_r
     assert (out / "summary.json").read_text() == (grpo_evaluated_reference / "summary.json").read_text()
 
 
-def run_sft(out):
+def run_sft(out, **kw):
     cfg = tiny_config(**SFT_SETS)
     torch.manual_seed(0)
     lm = load_model(cfg.model, cfg.task, seed=0)
-    sft.train_sft(lm, generate_split(cfg.task, "train"), cfg, out, progress=False, log=quiet)
+    sft.train_sft(lm, generate_split(cfg.task, "train"), cfg, out, progress=False, log=quiet, **kw)
+
+
+def test_sigterm_in_the_test_sets_leaves_an_sft_run_unfinished_and_the_same_call_tests_it_without_training(
+    tmp_path, monkeypatch
+):
+    """As for GRPO: final/ comes after the test sets; a run stopped in them has none, and the same call trains no
+    step, evaluates them, and writes the final/ of a run never stopped."""
+    reference, out, calls = tmp_path / "ref", tmp_path / "run", []
+    run_sft(reference)
+    with sigterm_stops(True), pytest.raises(Terminated, match=r"in the test sets' evaluation .* final/ comes"):
+        run_sft(out, final_eval=stopped_test_sets(calls))
+    assert not (out / "final").exists() and checkpoints(out) == ["step-00000006", "step-00000012"]
+    steps = trained_steps(monkeypatch, sft.SFTRun, "step")
+    run_sft(out, final_eval=stopped_test_sets(calls))
+    assert steps == [] and calls == [None, None]
+    assert rows(out) == [*rows(reference), {"step": 12, "test/x/accuracy": 0.5}]
+    wa, wb = (load_file(str(run / "final" / "model.safetensors")) for run in (reference, out))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 @pytest.mark.slow  # (three SFT runs each)

@@ -71,12 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingStopped as e:
         print(f"dgrpo: error: {e}", file=sys.stderr)
         return 1
-    except Terminated:
+    except Terminated as e:
         if os.environ.get("RANK", "0") == "0":  # (under torchrun: once)
-            print(f"dgrpo: terminated (SIGTERM){_resume_hint(args)}", file=sys.stderr)
+            print(f"dgrpo: terminated (SIGTERM){_stopped_in(e)}{_resume_hint(args)}", file=sys.stderr)
         return 128 + signal.SIGTERM
-    except KeyboardInterrupt:
-        print(f"dgrpo: interrupted{_resume_hint(args)}", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(f"dgrpo: interrupted{_stopped_in(e)}{_resume_hint(args)}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into a reader that stopped (`| head`): quiet, as Unix tools are
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would raise again
@@ -95,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def _stopped_in(stop: KeyboardInterrupt) -> str:
+    """What a stop interrupted and what that left on disk, after a space, when the command said it (the stop's
+    message: :func:`~dgrpo.training.preemption.stopping`); "" otherwise."""
+    return f" {stop}" if stop.args and str(stop) else ""
 
 
 def _resume_hint(args: argparse.Namespace) -> str:

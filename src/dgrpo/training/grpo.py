@@ -854,13 +854,14 @@ def _check_stall(run: RunDir, loop: LoopState, m: dict, g: GRPOConfig) -> str | 
 
 
 def _finish(run: RunDir, trainer: GRPOTrainer, loop: LoopState, final_eval: FinalEval | None) -> dict:
-    """``final/``, ``summary.json`` (returned; {} on ranks other than 0), then ``final_eval``'s row."""
+    """``final_eval``'s row (the test sets), then ``final/`` and, last, ``summary.json`` (returned; {} on ranks other
+    than 0): a run with a summary.json, or a final/, is finished, its test sets' results written. One stopped before
+    (in the test sets) is resumed by the same command from its last step's checkpoint, with no step left to train."""
     steps = trainer.cfg.grpo.steps
+    run.final_eval(final_eval, trainer.lm, steps, loop.best_step)
     trainer.dist.save_model(trainer.lm, run.out_dir / FINAL_DIR)
     trainer.lm.stopped_run = None
-    summary = _summary(run, loop, steps) if trainer.dist.is_main else {}
-    run.final_eval(final_eval, trainer.lm, steps, loop.best_step)
-    return summary
+    return _summary(run, loop, steps) if trainer.dist.is_main else {}
 
 
 def _summary(run: RunDir, loop: LoopState, steps: int) -> dict:

@@ -27,7 +27,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, NoReturn
 
@@ -202,3 +202,16 @@ def stop(dist: Dist | None = None) -> NoReturn:
     if dist is not None and dist.active:
         dist.sum_int(0)
     raise Terminated
+
+
+@contextmanager
+def stopping(what: str | Callable[[], str]) -> Iterator[None]:
+    """A stop within the block (SIGTERM's :class:`Terminated`, Ctrl-C's KeyboardInterrupt) is raised again with
+    ``what`` (or what it returns at the stop) as its message: what the stop interrupted, and what that leaves on disk
+    (the command's stop line says it). The innermost block says it: a stop that carries a message goes on as it is."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        if e.args:
+            raise
+        raise type(e)(what if isinstance(what, str) else what()) from e

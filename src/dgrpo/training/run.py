@@ -50,11 +50,13 @@ from .checkpoint import (
     resume_candidates,
 )
 from .distributed import Dist
+from .preemption import stopping
 from .tracking import Tracker, describe_backends, open_trackers
 
 #: ``final_eval(lm, best)`` of :func:`~dgrpo.training.grpo.train_grpo` / :func:`~dgrpo.training.sft.train_sft`: run
-#: on the trained model (every rank) after ``final/`` is written, with the step (GRPO) or epoch (SFT) that ``best/``
-#: holds (None: none kept; rank 0's counts); returns metrics for the run's last row (rank 0's count)
+#: on the trained model (every rank) before ``final/`` is written (:meth:`RunDir.final_eval`), with the step (GRPO)
+#: or epoch (SFT) that ``best/`` holds (None: none kept; rank 0's counts); returns metrics for the run's last row
+#: (rank 0's count)
 FinalEval = Callable[[LatentLM, "int | None"], dict[str, float]]
 
 #: options that change neither the computation nor its results: a resumed run may change them freely. Recomputing
@@ -853,9 +855,15 @@ class RunDir:
 
     def final_eval(self, final_eval: FinalEval | None, lm: LatentLM, step: int, best: int | None) -> None:
         """The run's last metrics row, at ``step``: the metrics ``final_eval(lm, best)`` returns, called on every rank
-        after ``final/`` (and GRPO's ``summary.json``) is written; rank 0's are logged, to metrics.jsonl and the
-        trackers (still open: a test set's accuracy reaches TensorBoard and W&B too)."""
-        row = final_eval(lm, best) if final_eval is not None else {}
+        after the last step's resumable checkpoint and before ``final/`` (and GRPO's ``summary.json``), which the
+        trainers write last: a run stopped in it (SIGTERM, Ctrl-C, SIGKILL) is not finished, and the same command
+        resumes that checkpoint, trains no more, and calls it again. Rank 0's metrics are logged, to metrics.jsonl and
+        the trackers (still open: a test set's accuracy reaches TensorBoard and W&B too)."""
+        if final_eval is None:
+            return
+        last = f"{FINAL_DIR}/ and {SUMMARY_FILE} come" if self.command == "grpo" else f"{FINAL_DIR}/ comes"
+        with stopping(f"in the test sets' evaluation (the training is done and checkpointed; {last} after them)"):
+            row = final_eval(lm, best)
         if row and self.dist.is_main:
             self.metrics.write({"step": step, **row})
 

@@ -343,11 +343,15 @@ class SFTRun:
         return oom_advice("SFT step", "sft.grad_accum", s.grad_accum, why, to_try=more)
 
     def finish(self, t0: float, final_eval: FinalEval | None = None) -> None:
-        """``final/`` with the final stage's settings, one summary line, then ``final_eval``'s row (the optimizer's
-        moments freed first: the test sets and ``best/`` loaded beside the model have their memory)."""
+        """With the final stage's settings: ``final_eval``'s row (the test sets), then ``final/``, written last (a run
+        with a final/ is finished, its test sets' results written; one stopped before is resumed by the same command
+        from its last epoch's checkpoint, with nothing left to train), and one summary line. The optimizer's moments
+        are freed first: the test sets and ``best/`` loaded beside the model have their memory."""
         self.opt = None
         self.lm.settings = final_settings(self.cfg)
         self.lm.eval()
+        best = last_best_row(self.run.metrics.rows())
+        self.run.final_eval(final_eval, self.lm, self.prog.global_step, best["best_epoch"] if best else None)
         self.dist.save_model(self.lm, self.run.out_dir / FINAL_DIR)
         self.lm.stopped_run = None
         rows = self.run.metrics.rows()
@@ -356,13 +360,11 @@ class SFTRun:
         }
         accs = ", ".join(f"{k}: {100 * v:.1f}%" for k, v in by_stage.items())  # (a resumed run's earlier stages too)
         s = self.lm.settings
-        best = last_best_row(rows)
         kept = f"; best/: epoch {best['best_epoch']} ({100 * best['best/valid/accuracy']:.1f}%)" if best else ""
         self.run.log(
             f"dgrpo sft: done in {time.time() - t0:.0f} s; validation accuracy by stage: {accs or 'not evaluated'}; "
             f"final stage {s.stage} ({s.n_latent} latent thoughts){kept}; {self.guard.skips} non-finite steps skipped"
         )
-        self.run.final_eval(final_eval, self.lm, self.prog.global_step, best["best_epoch"] if best else None)
 
     def save(self, epoch: int, batch: int) -> None:
         """Resumable state: run epoch ``epoch`` from batch ``batch`` next (rank 0 writes it; under FSDP2 every rank
