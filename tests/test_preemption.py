@@ -457,3 +457,36 @@ def test_a_stop_agreed_from_another_ranks_sigterm_is_announced_by_rank_0(capsys)
         assert capsys.readouterr().err.count("dgrpo: SIGTERM (to another rank): every rank stops now") == 1
     with sigterm_stops(True, distributed=True):
         assert stop_requested(ranks(True, False)) and capsys.readouterr().err == ""  # (rank 1: rank 0 says it)
+
+
+class OneRankOfTwo:
+    """What evaluate_test_sets asks of a Dist, as rank 0 of two whose peer agrees with it in every collective."""
+
+    active, is_main, fsdp = True, True, False
+
+    def shard(self, records):
+        return records
+
+    def all_gather_objects(self, obj):
+        return [obj]
+
+    def max_float(self, value):
+        return value
+
+    def sum_int(self, value):
+        return value
+
+
+def test_under_torchrun_a_sigterm_in_the_test_sets_stops_every_rank_after_the_set_under_way(tmp_path, capsys):
+    """Under torchrun a SIGTERM only asks, and the ranks agreed on it after training steps alone: in the test sets
+    nothing asked, and the watchdog ended each rank DGRPO_SIGTERM_GRACE_S later. They agree after each set now."""
+    from dgrpo.cli.common import evaluate_test_sets
+
+    cfg = tiny_config(**{"eval.max_new_tokens": 4})
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    tests = {spec: generate_split(cfg.task, spec.split(":")[1])[:2] for spec in ("builtin:test", "builtin:ood_steps")}
+    with sigterm_stops(True, distributed=True):
+        os.kill(os.getpid(), signal.SIGTERM)  # (asks; the C-level handler's flag is read at the next instruction)
+        with pytest.raises(Terminated):
+            evaluate_test_sets(lm, tests, cfg, tmp_path, OneRankOfTwo())
+    assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == ["builtin_test"]

@@ -161,9 +161,11 @@ def evaluate_test_sets(
 ) -> dict[str, float]:
     """Eval of a trained model (``checkpoint``: final, or best) on every ``data.test`` set (``eval.*``; ``eval.limit``
     records of each), sharded over ranks; rank 0 writes :func:`results_dir`. Returns the accuracies as metrics
-    (:func:`test_metric_key`; rank 0's, {} on the others)."""
+    (:func:`test_metric_key`; rank 0's, {} on the others). Under torchrun, where a SIGTERM only asks, the ranks
+    agree after each set whether to stop (:func:`~dgrpo.training.preemption.stop_requested`), and stop together."""
     from ..eval.evaluate import eval_options, evaluate, merge_results, write_results
     from ..eval.scoring import RewardError
+    from ..training.preemption import stop, stop_requested
     from ..training.run import EVALUATION_FAILED_ELSEWHERE
 
     options = eval_options(cfg)  # (the scorer built once: a plug-in file is imported once)
@@ -185,6 +187,8 @@ def evaluate_test_sets(
             write_results(r, results_dir(out, spec, checkpoint))
             print(json.dumps({"checkpoint": checkpoint, **r.summary()}))
             metrics[test_metric_key(spec, checkpoint)] = r.accuracy
+        if stop_requested(dist):  # (one process: a SIGTERM has stopped it at once)
+            stop(dist)
     return metrics
 
 
