@@ -229,3 +229,33 @@ def test_a_scorer_in_trls_form_gets_every_column_in_a_vote_and_on_a_shard(lm, mo
     monkeypatch.setattr(ev, "generate_answers", lambda *a, **kw: ["#### 7"])
     assert evaluate(lm, recs[1:], scorer=per_unit, columns=("unit",), **FAST).correct == 1
     assert seen[-1] == [None] and recs[1].meta == {}
+
+
+def test_results_are_written_whole_or_not_at_all(lm, task_records, tmp_path, monkeypatch):
+    """results.json was written first, then predictions.jsonl row by row: a stop in between (SIGTERM, Ctrl-C) left a
+    results.json beside no predictions, or beside an earlier evaluation's. Both are written under temporary names, and
+    results.json takes its place last: a stop leaves the earlier pair whole (or no results.json), no temporary file."""
+    import json
+
+    import dgrpo.eval.evaluate as ev
+
+    out = tmp_path / "out"
+    first, second = (evaluate(lm, task_records[i : i + 2], n_latent=0, **FAST) for i in (0, 2))
+    write_results(first, out)
+    dumps = json.dumps
+
+    def stopped_at_the_last_prediction(obj, **kw):
+        if obj is second.predictions[-1]:
+            raise KeyboardInterrupt
+        return dumps(obj, **kw)
+
+    monkeypatch.setattr(ev.json, "dumps", stopped_at_the_last_prediction)
+    with pytest.raises(KeyboardInterrupt):
+        write_results(second, out)
+    monkeypatch.undo()
+    assert sorted(p.name for p in out.iterdir()) == ["predictions.jsonl", "results.json"]
+    assert [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()] == first.predictions
+    assert json.loads((out / "results.json").read_text()) == first.summary()
+    write_results(second, out)
+    assert json.loads((out / "results.json").read_text()) == second.summary()
+    assert len((out / "predictions.jsonl").read_text().splitlines()) == len(second.predictions)

@@ -4,6 +4,7 @@ over dropout masks (evaluate_mc_vote), and the results' files (write_results, me
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 import warnings
@@ -434,13 +435,25 @@ def merge_results(parts: list[EvalResult]) -> EvalResult:
 
 
 def write_results(result: EvalResult, out_dir: str | Path) -> None:
-    """``results.json`` (the summary) and ``predictions.jsonl`` (one row per question) in ``out_dir``."""
+    """``results.json`` (the summary) and ``predictions.jsonl`` (one row per question) in ``out_dir``, whole or not at
+    all: each is written under a temporary name first; then an earlier ``results.json`` is removed, and
+    ``predictions.jsonl`` and ``results.json``, last, take their places. A results.json describes the predictions
+    beside it, whenever the process is stopped (SIGTERM, Ctrl-C, SIGKILL)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(result.summary(), indent=2))
-    with open(out_dir / "predictions.jsonl", "w") as f:
-        for p in result.predictions:
-            f.write(json.dumps(p) + "\n")
+    results, predictions = out_dir / "results.json", out_dir / "predictions.jsonl"
+    temporary = [out_dir / f".tmp-{path.name}-{os.getpid()}" for path in (predictions, results)]
+    try:
+        with open(temporary[0], "w") as f:
+            for p in result.predictions:
+                f.write(json.dumps(p) + "\n")
+        temporary[1].write_text(json.dumps(result.summary(), indent=2))
+        results.unlink(missing_ok=True)
+        os.replace(temporary[0], predictions)
+        os.replace(temporary[1], results)
+    finally:
+        for path in temporary:
+            path.unlink(missing_ok=True)
 
 
 def majority_vote(answers: list[str | None], same: Callable[[str, str], bool] | None = None) -> str | None:
