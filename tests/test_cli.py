@@ -773,6 +773,58 @@ def test_export_of_an_unconsolidated_sharded_checkpoint_says_consolidate(tmp_pat
     assert f"{ckpt} holds FSDP shards (fsdp: sharded): dgrpo consolidate {ckpt} first" in capsys.readouterr().err
 
 
+def sigterm_not_handled(signum, frame):
+    """Stands for SIGTERM's default in this process (which would end pytest): a command that left it on fails."""
+    raise AssertionError("SIGTERM was left to its default: the process would have ended without a word (exit 143)")
+
+
+def test_sigterm_or_ctrl_c_stops_dgrpo_eval_with_a_line_saying_what_was_written(sft_checkpoint, tmp_path, run_cli):
+    """dgrpo eval ended at a SIGTERM without a word (exit 143 from the signal's default). It now says which dataset
+    was under way and that its results were not written, and which were (exit 143); Ctrl-C alike (exit 130)."""
+    import signal
+
+    import dgrpo.eval.evaluate as ev
+
+    evaluate, calls = ev.evaluate, []
+
+    def stopped_at(n, stop):
+        def evaluate_or_stop(*a, **k):
+            calls.append(1)
+            if len(calls) == n:
+                stop()
+            return evaluate(*a, **k)
+
+        return evaluate_or_stop
+
+    common = ["eval", "--model", sft_checkpoint, "--limit", 2, "--set", "task.n_test=8", "--data", "builtin:test"]
+    previous = signal.signal(signal.SIGTERM, sigterm_not_handled)
+    try:
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(ev, "evaluate", stopped_at(2, lambda: os.kill(os.getpid(), signal.SIGTERM)))
+            r = run_cli(*common, "builtin:ood_steps", "--out", tmp_path / "e")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert r.returncode == 143, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == (
+        "dgrpo: terminated (SIGTERM) while evaluating builtin:ood_steps (2 of 2): its results were not written; "
+        f"written: {tmp_path / 'e' / 'builtin_test'}"
+    )
+    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["builtin_test"]
+    calls.clear()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(ev, "evaluate", stopped_at(1, lambda: (_ for _ in ()).throw(KeyboardInterrupt)))
+        r = run_cli(*common, "--out", tmp_path / "c")
+    assert r.returncode == 130 and not (tmp_path / "c").exists()
+    assert r.stderr.strip().splitlines()[-1] == "dgrpo: interrupted while evaluating builtin:test: nothing was written"
+    from dgrpo.cli.evaluate import Done  # (before and between the datasets too)
+
+    done = Done()
+    assert done.line() == "before the evaluation: nothing was written"
+    done.start("a", 2)
+    done.wrote(Path("o/a"))
+    assert done.line() == "after 1 of 2 datasets: written: o/a"
+
+
 def test_sigterm_in_a_runs_test_sets_says_so_and_leaves_it_unfinished(sft_checkpoint, tmp_path, run_cli, monkeypatch):
     """final/ and summary.json were written before the test sets, so a run stopped in them looked finished, and its
     stop line said nothing of them. They come after them now; the line says where the run stopped."""

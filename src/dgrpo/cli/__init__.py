@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..training.preemption import Terminated, sigterm_stops
 from . import convert, evaluate, plot, tools, train
-from .common import TRAINING_COMMANDS
+from .common import STOPPABLE_COMMANDS, TRAINING_COMMANDS
 
 EPILOG = """examples:
   dgrpo demo                                                   # the CPU-scale reproduction, built-in task
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..training.run import TrainingStopped
 
     try:
-        with _warnings_as_lines(), sigterm_stops(args.cmd in TRAINING_COMMANDS, distributed=under_torchrun):
+        with _warnings_as_lines(), sigterm_stops(args.cmd in STOPPABLE_COMMANDS, distributed=under_torchrun):
             return int(args.func(args))
     except (ConfigError, DataError, CheckpointError, RewardError) as e:
         print(f"dgrpo: error: {e}", file=sys.stderr)

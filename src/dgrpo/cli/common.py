@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 #: the commands whose runs resume from their checkpoints: a SIGTERM stops them after the step under way, with a
 #: checkpoint (dgrpo.training.preemption), their stop line says how to go on, and DGRPO_FSDP is their fsdp key
 TRAINING_COMMANDS = ("sft", "grpo")
+#: the commands a SIGTERM stops with one line (what it interrupted, what is on disk) and exit code 143, as Ctrl-C
+#: does with 130; dgrpo eval has no step to finish: it stops at once, without the results of the set under way
+STOPPABLE_COMMANDS = (*TRAINING_COMMANDS, "eval")
 
 
 def add_config_options(p: argparse.ArgumentParser, example: str) -> None:

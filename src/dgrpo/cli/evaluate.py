@@ -13,6 +13,7 @@ import argparse
 import json
 import re
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -136,26 +137,64 @@ def dataset_label(data: str, split: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..eval.evaluate import eval_options, evaluate, write_results
+    from ..training.preemption import stopping
 
     refuse_torchrun("eval", "each rank would evaluate everything; sft and grpo shard their test sets over the ranks")
-    cfg = _eval_config(args)
-    e = cfg.eval
-    outs = output_dirs(list(args.data), args.split, Path(args.out))
-    device = setup(cfg)
-    options = eval_options(cfg)  # (a scorer that cannot be built fails here, before the data and the model load)
-    sets = _read_sets(outs, args.split, cfg, options["scorer"])
-    lm = _load_eval_model(args.model, cfg, device)
-    accuracies = []
-    for data, recs in sets.items():
-        name = dataset_label(data, args.split)
-        r = evaluate(lm, recs, dataset=name, plain=e.plain, shots=e.shots, limit=e.limit, **options)
-        r.model = model_label(args.model, lm.hub_commit)
-        write_results(r, outs[data])
-        print(json.dumps(r.summary()))
-        accuracies.append(f"{name} {100 * r.accuracy:.2f}% ({r.correct}/{r.n})")
+    done = Done()
+    with stopping(done.line):  # (SIGTERM, Ctrl-C: the stop line says what was written)
+        cfg = _eval_config(args)
+        e = cfg.eval
+        outs = output_dirs(list(args.data), args.split, Path(args.out))
+        device = setup(cfg)
+        options = eval_options(cfg)  # (a scorer that cannot be built fails here, before the data and the model load)
+        sets = _read_sets(outs, args.split, cfg, options["scorer"])
+        lm = _load_eval_model(args.model, cfg, device)
+        accuracies = []
+        for data, recs in sets.items():
+            name = done.start(dataset_label(data, args.split), len(sets))
+            r = evaluate(lm, recs, dataset=name, plain=e.plain, shots=e.shots, limit=e.limit, **options)
+            r.model = model_label(args.model, lm.hub_commit)
+            write_results(r, outs[data])  # (whole or not at all)
+            done.wrote(outs[data])
+            print(json.dumps(r.summary()))
+            accuracies.append(f"{name} {100 * r.accuracy:.2f}% ({r.correct}/{r.n})")
     if len(sets) > 1:
         print(f"dgrpo eval: {'; '.join(accuracies)}")
     return 0
+
+
+#: what a stop (SIGTERM, Ctrl-C) before the first dataset leaves
+NOTHING_YET = "before the evaluation: nothing was written"
+
+
+@dataclass
+class Done:
+    """How far dgrpo eval got, for the line a stop (SIGTERM, Ctrl-C) ends it with: the dataset under way, and the
+    results folders written (each whole: :func:`~dgrpo.eval.evaluate.write_results`)."""
+
+    n: int = 0  # datasets to evaluate
+    under_way: str = ""  # the dataset being evaluated ("" between two)
+    written: list[str] = field(default_factory=list)
+
+    def start(self, name: str, n: int) -> str:
+        """Dataset ``name`` (one of ``n``) is under way; returns ``name``."""
+        self.n, self.under_way = n, name
+        return name
+
+    def wrote(self, folder: Path) -> None:
+        self.written.append(str(folder))
+        self.under_way = ""
+
+    def line(self) -> str:
+        """What was interrupted, and what is on disk."""
+        written = f"written: {', '.join(self.written)}"
+        if self.under_way:
+            which = f"{self.under_way} ({len(self.written) + 1} of {self.n})" if self.n > 1 else self.under_way
+            lost = f"its results were not written; {written}" if self.written else "nothing was written"
+            return f"while evaluating {which}: {lost}"
+        if self.written:
+            return f"after {len(self.written)} of {self.n} datasets: {written}"
+        return NOTHING_YET
 
 
 def _eval_config(args: argparse.Namespace) -> Config:
