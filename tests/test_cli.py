@@ -844,3 +844,24 @@ def test_sigterm_in_a_runs_test_sets_says_so_and_leaves_it_unfinished(sft_checkp
         f"summary.json come after them); the same command resumes from the newest checkpoint in {out}/checkpoints"
     )
     assert sorted(p.name for p in out.iterdir()) == [".lock", "checkpoints", "config.json", "metrics.jsonl"]
+
+
+def test_a_sigterm_while_torch_loads_is_one_line_too(tmp_path):
+    """The handler went on after the imports of torch and transformers (seconds): a SIGTERM then ended the process
+    without a word. Here the SIGTERM comes as torch starts to load."""
+    code = f"""
+import os, signal, sys
+from dgrpo.cli import main
+
+class SigtermAtImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return None
+
+sys.meta_path.insert(0, SigtermAtImport())
+sys.exit(main(["eval", "--model", "m", "--data", "builtin:test", "--out", {str(tmp_path / "e")!r}]))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 143, (r.returncode, r.stderr[-2000:])
+    assert r.stderr.strip().splitlines()[-1] == "dgrpo: terminated (SIGTERM) before the evaluation: nothing was written"

@@ -57,26 +57,20 @@ def main(argv: list[str] | None = None) -> int:
     if under_torchrun:
         exit_with_launcher()
     from ..config import ConfigError
-    from ..data.records import DataError
-    from ..eval.scoring import RewardError
-    from ..model.factory import CheckpointError
-    from ..training.run import TrainingStopped
 
     try:
+        # the handler before torch and transformers load (seconds): a SIGTERM then ended the process without a word
         with _warnings_as_lines(), sigterm_stops(args.cmd in STOPPABLE_COMMANDS, distributed=under_torchrun):
-            return int(args.func(args))
-    except (ConfigError, DataError, CheckpointError, RewardError) as e:
+            return _run(args)
+    except ConfigError as e:  # (DGRPO_SIGTERM_GRACE_S, read as the handler goes on; the command's: _run)
         print(f"dgrpo: error: {e}", file=sys.stderr)
         return 2
-    except TrainingStopped as e:
-        print(f"dgrpo: error: {e}", file=sys.stderr)
-        return 1
     except Terminated as e:
         if os.environ.get("RANK", "0") == "0":  # (under torchrun: once)
-            print(f"dgrpo: terminated (SIGTERM){_stopped_in(e)}{_resume_hint(args)}", file=sys.stderr)
+            print(f"dgrpo: terminated (SIGTERM){_stopped_in(e, args.cmd)}{_resume_hint(args)}", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt as e:
-        print(f"dgrpo: interrupted{_stopped_in(e)}{_resume_hint(args)}", file=sys.stderr)
+        print(f"dgrpo: interrupted{_stopped_in(e, args.cmd)}{_resume_hint(args)}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into a reader that stopped (`| head`): quiet, as Unix tools are
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would raise again
@@ -94,13 +88,34 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _run(args: argparse.Namespace) -> int:
+    """The command, dgrpo's errors each one line: exit 2 for what it was given (a config, data, a checkpoint, a
+    scorer), 1 for a run stopped because it stopped learning."""
+    from ..config import ConfigError
+    from ..data.records import DataError
+    from ..eval.scoring import RewardError
+    from ..model.factory import CheckpointError
+    from ..training.run import TrainingStopped
+
+    try:
+        return int(args.func(args))
+    except (ConfigError, DataError, CheckpointError, RewardError) as e:
+        print(f"dgrpo: error: {e}", file=sys.stderr)
+        return 2
+    except TrainingStopped as e:
+        print(f"dgrpo: error: {e}", file=sys.stderr)
+        return 1
+
+
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
-def _stopped_in(stop: KeyboardInterrupt) -> str:
-    """What a stop interrupted and what that left on disk, after a space, when the command said it (the stop's
-    message: :func:`~dgrpo.training.preemption.stopping`); "" otherwise."""
-    return f" {stop}" if stop.args and str(stop) else ""
+def _stopped_in(stop: KeyboardInterrupt, cmd: str) -> str:
+    """What a stop interrupted and what that left on disk, after a space: what the command said (the stop's message:
+    :func:`~dgrpo.training.preemption.stopping`), else, for dgrpo eval, that it had not begun (the stop came while
+    dgrpo's modules loaded: its command says where it stands from its start); "" otherwise."""
+    said = str(stop) if stop.args else evaluate.NOTHING_YET if cmd == "eval" else ""
+    return f" {said}" if said else ""
 
 
 def _resume_hint(args: argparse.Namespace) -> str:

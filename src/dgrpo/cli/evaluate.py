@@ -163,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-#: what a stop (SIGTERM, Ctrl-C) before the first dataset leaves
+#: what a stop (SIGTERM, Ctrl-C) before the first dataset leaves; the command line's stop line for a stop while
+#: dgrpo's modules load, before this command runs
 NOTHING_YET = "before the evaluation: nothing was written"
 
 
