@@ -865,3 +865,28 @@ sys.exit(main(["eval", "--model", "m", "--data", "builtin:test", "--out", {str(t
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 143, (r.returncode, r.stderr[-2000:])
     assert r.stderr.strip().splitlines()[-1] == "dgrpo: terminated (SIGTERM) before the evaluation: nothing was written"
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_under_torchrun_a_stop_every_rank_makes_is_one_line_from_rank_0(tmp_path, monkeypatch, capsys, rank):
+    """Ctrl-C under torchrun printed "dgrpo: interrupted" once per rank (the terminal sends SIGINT to every worker),
+    and a run stopped by its guards (TrainingStopped, decided alike on every rank) its error once per rank. Rank 0
+    says it; a rank's own failure (a reward that fails on its batch) is still that rank's line."""
+    from dgrpo import cli
+    from dgrpo.cli import train
+    from dgrpo.eval.scoring import RewardError
+    from dgrpo.training.run import NonFiniteError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    argv = ["grpo", "--init", str(tmp_path / "sft"), "--out", str(tmp_path / "run")]
+    for stopped, code, line in (
+        (KeyboardInterrupt(), 130, "dgrpo: interrupted; no checkpoint was written yet"),
+        (NonFiniteError("3 GRPO optimizer steps in a row"), 1, "dgrpo: error: 3 GRPO optimizer steps in a row"),
+        (RewardError("reward r raised ValueError"), 2, "dgrpo: error: reward r raised ValueError"),
+    ):
+        monkeypatch.setattr(train, "run_grpo", lambda args, e=stopped: (_ for _ in ()).throw(e))
+        assert cli.main(argv) == code
+        err = capsys.readouterr().err
+        own = isinstance(stopped, RewardError)
+        assert err.count(line) == (1 if rank == "0" or own else 0) and len(err.splitlines()) <= 1, err

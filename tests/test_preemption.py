@@ -322,6 +322,16 @@ def torchrun_grpo(sft_checkpoint, out, fsdp="none", **popen):
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **popen)
 
 
+def wait_for_two_steps(out, timeout=240):
+    """Until the run in ``out`` has logged two steps."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        m = out / "metrics.jsonl"
+        if m.exists() and sum('"reward_mean"' in x for x in m.read_text().splitlines()) >= 2:
+            return
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fsdp", ["none", pytest.param("full", marks=NEEDS_FSDP2)], ids=["allreduce", "fsdp2"])
 def test_sigterm_to_every_process_of_a_torchrun_job_checkpoints_one_step_and_resumes_bit_identical(
@@ -335,12 +345,7 @@ def test_sigterm_to_every_process_of_a_torchrun_job_checkpoints_one_step_and_res
     assert reference.wait(timeout=300) == 0, reference.stderr.read()[-3000:]
     out = tmp_path / "run"
     job = torchrun_grpo(sft_checkpoint, out, fsdp, start_new_session=True)
-    deadline = time.time() + 240
-    while time.time() < deadline:
-        m = out / "metrics.jsonl"
-        if m.exists() and sum('"reward_mean"' in x for x in m.read_text().splitlines()) >= 2:
-            break
-        time.sleep(0.05)
+    wait_for_two_steps(out)
     os.killpg(job.pid, signal.SIGTERM)
     _, err = job.communicate(timeout=120)
     assert job.returncode != 0
@@ -352,6 +357,17 @@ def test_sigterm_to_every_process_of_a_torchrun_job_checkpoints_one_step_and_res
     _, err = again.communicate(timeout=300)
     assert again.returncode == 0, err[-3000:]
     same_run(tmp_path / "ref", out)
+
+
+@pytest.mark.slow
+def test_ctrl_c_under_torchrun_is_one_line(sft_checkpoint, tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group: torchrun and every worker, then torchrun forwards it to each)
+    printed "dgrpo: interrupted" once per rank."""
+    job = torchrun_grpo(sft_checkpoint, tmp_path / "run", start_new_session=True)
+    wait_for_two_steps(tmp_path / "run")
+    os.killpg(job.pid, signal.SIGINT)
+    _, err = job.communicate(timeout=120)
+    assert err.count("dgrpo: interrupted") == 1, err[-3000:]
 
 
 BLOCKED_RANK = """

@@ -82,7 +82,8 @@ LEFTOVER = re.compile(rf"\.(tmp|old)-({FINAL_DIR}|{BEST_DIR}|stage-\d+)-\d+")
 
 
 class TrainingStopped(RuntimeError):
-    """A run stopped on purpose because it stopped learning (its state was saved first); exit code 1."""
+    """A run stopped on purpose because it stopped learning (its state was saved first); exit code 1. Under torchrun
+    every rank raises it at the same step (its guards decide on values the ranks share): rank 0 prints it."""
 
 
 class NonFiniteError(TrainingStopped):
