@@ -311,12 +311,13 @@ def test_a_run_interrupted_in_process_goes_on_with_the_same_model_object(sft_che
     assert rows(tmp_path / "ref") == rows(tmp_path / "run")
 
 
-def torchrun_grpo(sft_checkpoint, out, fsdp="none", **popen):
+def torchrun_grpo(sft_checkpoint, out, fsdp="none", entry=("-m", "dgrpo"), **popen):
+    """``torchrun ... -m dgrpo grpo`` of 5 steps on 2 ranks (``entry``: what the workers run, ``-m dgrpo``)."""
     from conftest import tiny_args
 
     sets = {**GRPO_SETS, "grpo.steps": 5, "grpo.prompts_per_step": 4, "threads": 1, "data.test": "[]", "fsdp": fsdp}
     sets["data.valid"] = "''"  # (no evaluation: three launches of torchrun are this test's time)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dgrpo", "grpo"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *entry, "grpo"]
     cmd += ["--init", str(sft_checkpoint), "--out", str(out), *tiny_args(**sets)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **popen)
@@ -368,6 +369,48 @@ def test_ctrl_c_under_torchrun_is_one_line(sft_checkpoint, tmp_path):
     os.killpg(job.pid, signal.SIGINT)
     _, err = job.communicate(timeout=120)
     assert err.count("dgrpo: interrupted") == 1, err[-3000:]
+
+
+SLOW_RANK_1 = """
+import os, sys, time
+
+from dgrpo.cli import main
+
+code = main(sys.argv[1:])
+if os.environ["RANK"] == "1":
+    time.sleep(3)  # rank 1 ends after rank 0 (a tracker's upload, a large model's memory given back)
+sys.exit(code)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("to", ["workers", "launcher"])
+def test_a_preempted_torchrun_job_checkpoints_every_rank_exits_on_its_own_and_it_resumes(sft_checkpoint, tmp_path, to):
+    """SIGTERM to the workers alone (rank 0 exits first, then torchrun sends SIGTERM to the others: rank 1, still
+    ending, died of it, reported as "Signal 15 (SIGTERM) received") or to torchrun alone (a container's first
+    process: torchrun forwards it): the checkpoint is written, the ranks exit with 143 on their own, and the same
+    command resumes it to the end. torchrun exits 1 either way: a worker's 143 is a failure to it, and a SIGTERM to
+    torchrun itself is re-raised as its SignalException (docs/distributed.md says how to tell a clean stop)."""
+    from conftest import child_pids
+
+    (tmp_path / "worker.py").write_text(SLOW_RANK_1)
+    out = tmp_path / "run"
+    job = torchrun_grpo(sft_checkpoint, out, entry=[str(tmp_path / "worker.py")], start_new_session=True)
+    wait_for_two_steps(out)
+    for pid in child_pids(job.pid) if to == "workers" else [job.pid]:
+        os.kill(pid, signal.SIGTERM)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 1, err[-3000:]
+    assert err.count("dgrpo: terminated (SIGTERM); the same command resumes from the newest checkpoint") == 1, err
+    if to == "workers":  # (torchrun's report of its failed workers)
+        assert err.count("exitcode  : 143") == 2 and "Signal 15" not in err, err[-3000:]
+    else:
+        assert "SignalException: Process" in err and "forcefully exiting" not in err, err[-3000:]
+    assert len(checkpoints(out)) == 1 and not (out / "final").exists()
+    again = torchrun_grpo(sft_checkpoint, out)
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err[-3000:]
+    assert [r["step"] for r in rows(out) if "reward_mean" in r] == list(range(5)) and (out / "final").is_dir()
 
 
 BLOCKED_RANK = """
@@ -492,6 +535,9 @@ class OneRankOfTwo:
     def sum_int(self, value):
         return value
 
+    def close(self):
+        pass
+
 
 def test_under_torchrun_a_sigterm_in_the_test_sets_stops_every_rank_after_the_set_under_way(tmp_path, capsys):
     """Under torchrun a SIGTERM only asks, and the ranks agreed on it after training steps alone: in the test sets
@@ -501,8 +547,36 @@ def test_under_torchrun_a_sigterm_in_the_test_sets_stops_every_rank_after_the_se
     cfg = tiny_config(**{"eval.max_new_tokens": 4})
     lm = load_model(cfg.model, cfg.task, seed=0)
     tests = {spec: generate_split(cfg.task, spec.split(":")[1])[:2] for spec in ("builtin:test", "builtin:ood_steps")}
-    with sigterm_stops(True, distributed=True):
-        os.kill(os.getpid(), signal.SIGTERM)  # (asks; the C-level handler's flag is read at the next instruction)
-        with pytest.raises(Terminated):
-            evaluate_test_sets(lm, tests, cfg, tmp_path, OneRankOfTwo())
+    try:
+        with sigterm_stops(True, distributed=True):
+            os.kill(os.getpid(), signal.SIGTERM)  # (asks; the C-level handler's flag is read at the next instruction)
+            with pytest.raises(Terminated):
+                evaluate_test_sets(lm, tests, cfg, tmp_path, OneRankOfTwo())
+    finally:  # (a torchrun worker's stop leaves SIGTERM ignored for the rest of the process: not pytest's)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == ["builtin_test"]
+
+
+def test_after_a_stop_under_torchrun_the_group_is_left_and_sigterm_ignored():
+    """torchrun, seeing the first rank exit after a stop, sends SIGTERM to the others: one still ending died of it
+    ("Signal 15 (SIGTERM) received", the checkpoint written), and the ranks left their process group to the
+    interpreter's exit. Now the stop leaves the group, and SIGTERM stays ignored until the process ends."""
+    from types import SimpleNamespace
+
+    from dgrpo.training.preemption import stop
+
+    calls = []
+    dist = SimpleNamespace(active=True, sum_int=lambda x: calls.append("barrier"), close=lambda: calls.append("close"))
+    try:
+        with sigterm_stops(True, distributed=True), pytest.raises(Terminated):
+            stop(dist)
+        assert calls == ["close"]
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        with sigterm_stops(True, distributed=True):  # (a run that did not stop restores what was there)
+            pass
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with sigterm_stops(True), pytest.raises(Terminated):  # one process: stop() has no group, SIGTERM is restored
+        stop(None)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL

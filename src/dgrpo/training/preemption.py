@@ -6,11 +6,13 @@ checkpoint at the end of the step under way and stops (:class:`Terminated`), so 
   scripts deliver one stop twice), the run stops at once, closing its files, trackers and lock.
 - Under torchrun every rank gets the signal (from the scheduler, and again from torchrun, which forwards it): each
   SIGTERM only asks, and after every step the ranks agree (one all-reduce) whether any was asked, so all of them
-  stop at the same step; rank 0 writes the checkpoint while the others wait. A rank blocked in a collective (a peer
-  died) never runs Python's handler, so a watchdog thread, woken by the signal's byte on Python's wakeup file
-  descriptor (written by the C-level handler whatever the main thread is doing), ends the process
-  :data:`GRACE_ENV` seconds (default :data:`GRACE_S`) after the first SIGTERM unless the run stopped by then
-  (torchrun itself kills its workers 30 s after it forwarded the signal).
+  stop at the same step; rank 0 writes the checkpoint while the others wait, then every rank leaves the process
+  group and exits, SIGTERM ignored from then on (torchrun's own exit code is 1 all the same: docs/distributed.md).
+  A rank blocked in a collective (a peer died) never runs Python's handler, so a watchdog thread, woken by the
+  signal's byte on Python's wakeup file descriptor (written by the C-level handler whatever the main thread is
+  doing), ends the process :data:`GRACE_ENV` seconds (default :data:`GRACE_S`) after the first SIGTERM unless the
+  run stopped by then (torchrun itself kills its workers 30 s after it forwarded the signal: its
+  ``--shutdown-timeout``).
 
 The command line installs the handler (:func:`sigterm_stops`); the loops mark their steps (:func:`within_step`),
 ask :func:`stop_requested` after each and, when it is True, write the checkpoint and call :func:`stop`. The
@@ -53,6 +55,7 @@ class _State:
     distributed = False  # under torchrun: a SIGTERM only asks; the ranks agree after each step
     in_step = False  # a training step is under way: a SIGTERM waits for its end
     requested = False  # a SIGTERM asked for a checkpoint and a stop at a step's end
+    stopping = False  # (under torchrun) the checkpoint is written and the process group left: the process is ending
     last_at = -float("inf")  # time.monotonic() of the last SIGTERM that counted (one process)
 
 
@@ -146,7 +149,9 @@ def _on_sigterm(signum: int, frame: object) -> None:
 @contextmanager
 def sigterm_stops(on: bool, distributed: bool = False) -> Iterator[None]:
     """While a training command runs (``on``; ``distributed``: a torchrun worker): SIGTERM as the module says (it
-    ended the process without a word)."""
+    ended the process without a word). After a torchrun worker's stop (:func:`stop`) SIGTERM stays ignored, not
+    restored: the process is ending, and torchrun, seeing a rank exit, sends SIGTERM to the others, one of which,
+    still ending, died of it (reported as "Signal 15 (SIGTERM) received", the checkpoint written)."""
     grace = grace_s() if on and distributed else 0.0
     previous = signal.getsignal(signal.SIGTERM) if on else None
     try:
@@ -164,8 +169,9 @@ def sigterm_stops(on: bool, distributed: bool = False) -> Iterator[None]:
             yield
     finally:
         if on:
-            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-        _State.installed = _State.distributed = _State.in_step = _State.requested = False
+            after = signal.SIG_IGN if _State.stopping else previous if previous is not None else signal.SIG_DFL
+            signal.signal(signal.SIGTERM, after)
+        _State.installed = _State.distributed = _State.in_step = _State.requested = _State.stopping = False
 
 
 @contextmanager
@@ -198,9 +204,12 @@ def stop_requested(dist: Dist | None = None) -> bool:
 
 def stop(dist: Dist | None = None) -> NoReturn:
     """Raise :class:`Terminated` once the checkpoint is written: under torchrun every rank first waits for rank 0's
-    write (a rank that left early would have torchrun end the others, rank 0 mid-write)."""
+    write (a rank that left early would have torchrun end the others, rank 0 mid-write), then leaves the process
+    group as a finished run does (:meth:`~dgrpo.training.distributed.Dist.close`: its threads joined here, not in the
+    interpreter's teardown, where NCCL warns of a group "NOT destroyed")."""
     if dist is not None and dist.active:
-        dist.sum_int(0)
+        _State.stopping = _State.distributed
+        dist.close()  # (a barrier, then the group destroyed)
     raise Terminated
 
 
