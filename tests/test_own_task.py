@@ -238,6 +238,25 @@ def test_loaded_records_have_every_column_so_each_shard_gets_the_same_keywords(t
     assert call_checked(hinted, "hinted", ["a"], recs[1:]) == [0.0]  # (the shard without the hint: TRL's form still)
 
 
+def test_the_default_validation_gives_a_shard_of_records_made_in_python_every_column(tmp_path, monkeypatch):
+    """Records made in Python need not share their ``meta`` keys (loaded ones do, above). The trainers' default
+    validation scored a rank's shard as it was: on a shard with no record holding ``hint``, a scorer in TRL's form
+    was called in dgrpo's form (its ``hint`` got the records). It is told the whole validation data's columns."""
+    import dgrpo.eval.evaluate as ev
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.run import default_evaluate_fn
+
+    (tmp_path / "hinted.py").write_text(
+        "def hinted(completions, hint, **kwargs):\n    return [0.0 if h is None else 1.0 for h in hint]\n"
+    )
+    cfg = tiny_config(**{"eval.scorer": f"{tmp_path / 'hinted.py'}:hinted"})
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    valid = [Record("1+1?", [], "2", {"hint": "add"}), Record("2+2?", [], "4")]
+    monkeypatch.setattr(ev, "generate_answers", lambda *a, **kw: ["#### 4"])
+    assert default_evaluate_fn(cfg, valid)(lm, valid[1:]) == 0  # (a shard of one record: its hint is None)
+    assert valid[1].meta == {}  # (the caller's records are not changed)
+
+
 def test_a_failing_scorer_plugin_is_named_once(tmp_path):
     """A plug-in scorer's error was wrapped twice: 'scorer f raised RewardError: scorer f raised ValueError: ...'."""
     from dgrpo.data.records import Record

@@ -730,7 +730,8 @@ def train_grpo(
     check_run_inputs(
         lm, cfg, train, "train_grpo", valid, dict, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
     )
-    evaluate_fn = evaluate_fn or (default_evaluate_fn(cfg) if valid else None)  # (eval.scorer built now)
+    every = [r for records in (valid or {}).values() for r in records]
+    evaluate_fn = evaluate_fn or (default_evaluate_fn(cfg, every) if valid else None)  # (eval.scorer built now)
     lora_for_training(lm, cfg.model.lora)
     dist, g = dist or Dist.single(), cfg.grpo
     lm.settings.chat_template |= cfg.data.chat_template  # on for a model trained without it (a trained one keeps it)

@@ -16,12 +16,12 @@ import os
 import re
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
 from ..config import BUILTIN_SHAPE, Config, ConfigError, to_dict
-from ..data.records import Record, check_records
+from ..data.records import Record, check_records, data_columns
 from ..eval.evaluate import eval_options, evaluate, warn_if_questions_cut
 from ..eval.scoring import RewardError
 from ..model.factory import BUILTIN
@@ -295,11 +295,13 @@ def warn_if_off_device(lm: LatentLM, cfg: Config, what: str) -> None:
         )
 
 
-def default_evaluate_fn(cfg: Config, per_stage: bool = False) -> Callable[..., int]:
+def default_evaluate_fn(cfg: Config, valid: Iterable[Record], per_stage: bool = False) -> Callable[..., int]:
     """What a trainer validates with when it is given no ``evaluate_fn``, as the ``dgrpo`` commands do: how many
     records the model answers right, greedy (unless ``eval.temperature``) under ``eval.*`` (the scorer, the answer's
-    tokens, ...). ``per_stage`` (SFT): ``(lm, records, settings)``, with the stage's latent steps."""
-    options = eval_options(cfg)  # (a scorer that cannot be built fails here, before anything trains)
+    tokens, ...). ``per_stage`` (SFT): ``(lm, records, settings)``, with the stage's latent steps. The scorer gets
+    every column of ``valid`` (the whole validation data) on each rank's shard, None where a record has none: a scorer
+    in TRL's form is called alike whichever records a shard holds."""
+    options = {**eval_options(cfg), "columns": data_columns(valid)}  # (a scorer that cannot be built fails here)
 
     def count_correct(lm: LatentLM, records: list[Record]) -> int:
         return evaluate(lm, records, progress=False, **options).correct

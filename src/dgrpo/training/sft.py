@@ -461,7 +461,7 @@ def _prepare(
     check_run_inputs(
         lm, cfg, train, "train_sft", valid, list, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
     )
-    evaluate_fn = evaluate_fn or (default_evaluate_fn(cfg, per_stage=True) if valid else None)  # (eval.scorer now)
+    evaluate_fn = evaluate_fn or (default_evaluate_fn(cfg, valid, per_stage=True) if valid else None)  # (scorer now)
     lora_for_training(lm, cfg.model.lora)
     dist = dist or Dist.single()
     if cfg.sft.batch_size < dist.world_size:
