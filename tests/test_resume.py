@@ -697,6 +697,21 @@ def test_leftovers_of_a_killed_final_best_or_stage_write_are_cleaned_at_start(tm
     assert (out / "final" / "manifest.json").is_file()  # (.old-final-8: the kill came before the new final/)
 
 
+def test_a_checkpoint_moved_aside_by_a_replace_that_never_finished_goes_back(tmp_path):
+    """A kill between the two renames of a checkpoint's replacement (a rewound run writing a step again) left
+    checkpoints/.old-step-N-PID and no step-N: that checkpoint was lost (listed before the clean-up, which then
+    removed it). It goes back to its place before the run lists its checkpoints; one whose step-N is there is
+    removed."""
+    root = tmp_path / "run" / "checkpoints"
+    for name in (".old-step-00000004-77", ".old-step-00000003-5", "step-00000003"):
+        (root / name).mkdir(parents=True)
+        (root / name / "manifest.json").write_text("{}")
+        (root / name / "state.json").write_text(json.dumps({"trainer": {}}))
+    with _run_dir(tmp_path / "run") as run:
+        assert [p.name for p in run.candidates] == ["step-00000004", "step-00000003"]  # (the newest: resumed)
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000003", "step-00000004"]
+
+
 def test_under_resume_never_an_earlier_copy_moved_aside_is_removed_not_restored(tmp_path):
     """--resume never removed stage-1/, then the leftovers' clean-up moved the earlier run's .old-stage-1-PID back to
     stage-1/: the old run's model inside the new run's directory."""

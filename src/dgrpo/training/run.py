@@ -77,8 +77,9 @@ UNREAD_BY = {"sft": ("grpo.", "eval.plain", "eval.shots"), "grpo": ("sft.", "eva
 #: resume does not compare
 BUILTIN_SHAPE_KEYS = frozenset(f"model.{k}" for k in BUILTIN_SHAPE)
 #: what :func:`~dgrpo.model.verified.atomic_dir` leaves in OUT when a run is killed during a final/, best/ or stage-K/
-#: write: its temporary ``.tmp-NAME-PID`` and the ``.old-NAME-PID`` a replace moves aside
-LEFTOVER = re.compile(rf"\.(tmp|old)-({FINAL_DIR}|{BEST_DIR}|stage-\d+)-\d+")
+#: write: its temporary ``.tmp-NAME-PID`` and the ``.old-NAME-PID`` a replace moves aside (in OUT/checkpoints too, for
+#: a step-N replaced: a rewound run writing a step again)
+LEFTOVER = re.compile(rf"\.(tmp|old)-({FINAL_DIR}|{BEST_DIR}|stage-\d+|step-\d+)-\d+")
 
 
 class TrainingStopped(RuntimeError):
@@ -456,22 +457,27 @@ class RunDir:
         if (self.resume_mode == "never" or self.restarted) and dist.is_main:
             self._start_over()
 
-    def _clean_leftovers(self, restore: bool) -> None:
+    def _clean_leftovers(self, restore: bool, checkpoints_only: bool = False) -> None:
         """What a killed run's atomic writes (:func:`~dgrpo.model.verified.atomic_dir`) of final/, best/ or stage-K/
-        left in OUT (the lock is held: nobody else writes them): ``.tmp-NAME-PID`` (half written, or complete but
-        never published) is removed; ``.old-NAME-PID`` (the copy a replace moved aside) is removed, or, with
-        ``restore`` (not under ``--resume never``, which removes the earlier run's folders next), moved back to NAME
-        when the kill came before the new one took its place. Only those names; nothing else is touched."""
-        for path in sorted(self.out_dir.iterdir()):
+        left in OUT, and of a checkpoint replaced in OUT/checkpoints (the lock is held: nobody else writes them):
+        ``.tmp-NAME-PID`` (half written, or complete but never published) is removed; ``.old-NAME-PID`` (the copy a
+        replace moved aside) is removed, or, with ``restore`` (not under ``--resume never``, which removes the
+        earlier run's folders next), moved back to NAME when the kill came before the new one took its place. Only
+        those names; nothing else is touched. ``checkpoints_only``: only the restoring, in OUT/checkpoints (once the
+        lock is taken, before the run lists its checkpoints: a step-N moved aside is one to resume)."""
+        places = (
+            [self.out_dir / CHECKPOINTS_DIR] if checkpoints_only else [self.out_dir, self.out_dir / CHECKPOINTS_DIR]
+        )
+        for path in sorted(p for place in places if place.is_dir() for p in place.iterdir()):
             found = LEFTOVER.fullmatch(path.name)
             if found is None or not path.is_dir() or path.is_symlink():
                 continue
             kind, name = found.groups()
-            target = self.out_dir / name
+            target = path.parent / name
             if restore and kind == "old" and not target.exists() and (path / MANIFEST).is_file():
                 path.rename(target)
                 self.log(f"dgrpo: {target} was being replaced when a run was killed: its earlier copy is restored")
-            else:
+            elif not checkpoints_only:
                 shutil.rmtree(path, ignore_errors=True)
 
     def _start_over(self) -> None:
@@ -500,6 +506,8 @@ class RunDir:
             check_output_dir(self.out_dir)
             self._check_owned()  # (before the lock file: nothing is written into a directory that is refused)
             found.append(RunLock(self.out_dir))
+            if self.resume_mode != "never":
+                self._clean_leftovers(restore=True, checkpoints_only=True)
 
         self._on_rank0(take)
         return found[0] if found else None
