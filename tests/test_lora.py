@@ -532,3 +532,117 @@ def test_load_model_draws_new_adapters_from_its_seed(base_dirs):
 
     a, b, c = adapters(0), adapters(0), adapters(1)
     assert all(torch.equal(a[k], b[k]) for k in a) and not all(torch.equal(a[k], c[k]) for k in a)
+
+
+# -- a LoRA run's base moved, and the run resumed there ----------------------------------------------------------
+
+
+def _adapter_run(base, out):
+    """A run directory's adapter folders, as a LoRA run on ``base`` writes them: best/ and a resumable checkpoint."""
+    from dgrpo.training.checkpoint import save_checkpoint
+
+    lm = with_lora(base)
+    lm.save_pretrained(out / "best")
+    opt = torch.optim.AdamW([p for p in lm.model.parameters() if p.requires_grad])
+    save_checkpoint(out, 1, lm=lm, optimizer=opt, state={"trainer": {}})
+    return lm
+
+
+@pytest.mark.parametrize("fingerprint", [True, False], ids=["fingerprinted", "no-fingerprint"])
+def test_a_moved_base_is_named_again_by_the_runs_adapter_folders(base_dirs, tmp_path, fingerprint):
+    """A LoRA run resumed on its base at a new place: its adapter folders named the old place (best/'s test at the
+    end of the run failed every time). The same weights (by the adapters' fingerprint; without one, when the old
+    place is gone) are named at the new place, every manifest kept consistent; the folders load as before."""
+    import shutil
+
+    from dgrpo.model.verified import verify
+    from dgrpo.training.checkpoint import repoint_run_adapters
+
+    shutil.copytree(base_dirs / "qwen2", tmp_path / "base")
+    if not fingerprint:  # (a base dgrpo did not write: the adapters record no fingerprint of it)
+        (tmp_path / "base" / "manifest.json").unlink()
+    out = tmp_path / "run"
+    lm = _adapter_run(tmp_path / "base", out)
+    assert (lora.saved_fingerprint(out / "best") is not None) == fingerprint
+    (tmp_path / "base").rename(tmp_path / "moved")
+    moved, said = str((tmp_path / "moved").resolve()), []
+    repoint_run_adapters(out, moved, said.append)
+    how = "the same weights" if fingerprint else "not compared"
+    assert said == [
+        f"dgrpo: the base model moved from {tmp_path / 'base'} to {moved} ({how}"
+        + ("" if fingerprint else ": the adapters record no fingerprint of its weights")
+        + "): best/, checkpoints/step-00000001/ now name its new place"
+    ]
+    step = out / "checkpoints" / "step-00000001"
+    for folder, whole in ((out / "best", out / "best"), (step / "model", step)):
+        assert lora.adapter_base(folder) == moved
+        assert verify(whole) is None and verify(folder) is None  # (step-N's manifest and its model/'s)
+        assert torch.equal(logprobs(LatentLM.from_pretrained(whole)), logprobs(lm))
+    assert sorted(p.name for p in out.iterdir()) == ["best", "checkpoints"]  # (no temporary folder left)
+    said.clear()
+    repoint_run_adapters(out, moved, said.append)  # named already: nothing to do
+    assert said == []
+
+
+def test_adapter_folders_trained_on_other_weights_keep_naming_their_base(base_dirs, tokenizer, tmp_path):
+    """Only the same weights are named at the new place: folders whose fingerprint is another base's, or without a
+    fingerprint and naming a base still where they say, are left as they are."""
+    import shutil
+
+    from dgrpo.training.checkpoint import repoint_run_adapters
+
+    make_lm(tokenizer, "qwen2", seed=1).save_pretrained(tmp_path / "other")  # the same shape, other weights
+    shutil.copytree(base_dirs / "qwen2", tmp_path / "base")
+    shutil.copytree(base_dirs / "qwen2", tmp_path / "plain")
+    (tmp_path / "plain" / "manifest.json").unlink()  # (a base dgrpo did not write: no fingerprint)
+    for base in ("base", "plain"):
+        out = tmp_path / f"run-{base}"
+        _adapter_run(tmp_path / base, out)
+        before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        said: list[str] = []
+        repoint_run_adapters(out, str(tmp_path / "other"), said.append)
+        assert said == [] and lora.adapter_base(out / "best") == str(tmp_path / base)
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_a_lora_run_resumed_on_its_moved_base_finishes_and_other_weights_are_refused(sft_checkpoint, tmp_path, run_cli):
+    """The probe's case: ``dgrpo grpo --init BASE`` under LoRA, BASE moved, the run resumed with --init at its new
+    place (--allow-config-change: model.name_or_path changed). best/ and the earlier checkpoints still named the old
+    place, and the test of best/ at the end failed every time (exit 2). The run now finishes, each adapter folder
+    naming the new place. Another model at the --init (the adapter would go on training on other weights) is refused
+    at the start, in one line, before anything is written."""
+    import json
+    import shutil
+
+    from dgrpo.run_layout import BEST_DIR, results_folder
+
+    shutil.copytree(sft_checkpoint, tmp_path / "base")
+    out = tmp_path / "run"
+    sets = {
+        **{"model.lora.r": 4, "grpo.steps": 2, "grpo.save_every": 1, "grpo.keep_last": 5, "grpo.eval_every": 1},
+        **{"grpo.warmup_steps": 0, "grpo.lr": 1e-12, "grpo.prompts_per_step": 4, "task.n_valid": 8, "task.n_test": 8},
+    }  # (an lr of ~0: the validation accuracy stays, and best/ stays the step-0 model, saved before the resume)
+    r = run_cli("grpo", "--init", tmp_path / "base", "--out", out, *tiny_args(**sets))
+    assert r.returncode == 0, r.stderr
+
+    (tmp_path / "base").rename(tmp_path / "moved")
+    longer = [*tiny_args(**{**sets, "grpo.steps": 3}), "--allow-config-change"]
+    r = run_cli("grpo", "--init", tmp_path / "moved", "--out", out, *longer)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "summary.json").read_text())["best_step"] == 0  # (best/: from before the resume)
+    assert (out / results_folder(BEST_DIR)).is_dir()  # its test ran
+    moved = str((tmp_path / "moved").resolve())
+    assert f"dgrpo: the base model moved from {tmp_path / 'base'} to {moved} (the same weights)" in r.stdout
+    folders = [out / "best", out / "final", *(p / "model" for p in sorted((out / "checkpoints").iterdir()))]
+    assert len(folders) == 5 and all(lora.adapter_base(f) == moved for f in folders)
+
+    other = LatentLM.from_pretrained(tmp_path / "moved")
+    with torch.no_grad():
+        next(other.model.parameters()).add_(0.01)
+    other.save_pretrained(tmp_path / "other")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"}
+    r = run_cli("grpo", "--init", tmp_path / "other", "--out", out, *longer)  # (allowed to change the config)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    said = "its LoRA adapter was trained on other weights than those of its base loaded now, "
+    assert said in r.stderr and "resume on the weights it was trained on (--init naming where they are now)" in r.stderr
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"} == before

@@ -698,10 +698,10 @@ def test_leftovers_of_a_killed_final_best_or_stage_write_are_cleaned_at_start(tm
 
 
 def test_a_checkpoint_moved_aside_by_a_replace_that_never_finished_goes_back(tmp_path):
-    """A kill between the two renames of a checkpoint's replacement (a rewound run writing a step again) left
-    checkpoints/.old-step-N-PID and no step-N: that checkpoint was lost (listed before the clean-up, which then
-    removed it). It goes back to its place before the run lists its checkpoints; one whose step-N is there is
-    removed."""
+    """A kill between the two renames of a checkpoint's replacement (a rewound run writing a step again, or a LoRA
+    run's checkpoint pointed to its moved base) left checkpoints/.old-step-N-PID and no step-N: that checkpoint was
+    lost (listed before the clean-up, which then removed it). It goes back to its place before the run lists its
+    checkpoints; one whose step-N is there is removed."""
     root = tmp_path / "run" / "checkpoints"
     for name in (".old-step-00000004-77", ".old-step-00000003-5", "step-00000003"):
         (root / name).mkdir(parents=True)

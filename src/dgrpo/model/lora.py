@@ -18,7 +18,8 @@ wrapper for what only it does (switching adapters, adapter state dicts, merging)
   when the adapter does not train them: a plain base's files lack the rows dgrpo gave them);
   :func:`merge_into_base` gives base + adapters as one plain model (``dgrpo export --merge``). A local base dgrpo
   wrote is fingerprinted in the adapter's metadata: loading the adapter onto other weights at that path is refused
-  (:func:`check_base`); an adapter is never saved over its base.
+  (:func:`check_base`), and a run resumed on the same weights in another place points its adapter folders there
+  (:func:`repoint`; :func:`~dgrpo.training.checkpoint.repoint_run_adapters`); an adapter is never saved over its base.
 """
 
 from __future__ import annotations
@@ -38,7 +39,15 @@ from torch import Tensor
 
 from ..config import ConfigError
 from .anatomy import token_tables
-from .verified import MANIFEST, SAFETENSORS_INDEX, CheckpointError, check_tensors, one_line, sha256
+from .verified import (
+    MANIFEST,
+    SAFETENSORS_INDEX,
+    CheckpointError,
+    check_tensors,
+    one_line,
+    rewrite_files,
+    sha256,
+)
 
 if TYPE_CHECKING:
     from ..config import LoraConfig
@@ -230,23 +239,48 @@ def base_fingerprint(base: str | None, from_files: bool = False) -> str | None:
     return hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest() if digests else None
 
 
+def saved_fingerprint(folder: Path) -> str | None:
+    """The base fingerprint an adapter directory's weights record (None: none, from before fingerprints or on a hub
+    base or a base without dgrpo's manifest; or weights that cannot be read, which :func:`read_adapter` reports)."""
+    try:
+        with safe_open(str(folder / ADAPTER_WEIGHTS), "pt") as f:
+            return (f.metadata() or {}).get(BASE_FINGERPRINT)
+    except Exception:  # noqa: BLE001 - unreadable weights: read_adapter says so
+        return None
+
+
+def current_fingerprint(base: str) -> str | None:
+    """:func:`base_fingerprint` of a local base as it is now: by its manifest, or its weight files without one."""
+    return base_fingerprint(base, from_files=not (Path(base) / MANIFEST).is_file())
+
+
+def trained_on(folder: Path, base: str) -> bool | None:
+    """Whether the adapter of ``folder`` was trained on the weights of the local base ``base`` now holds, by the
+    fingerprint it records (None: it records none, so nothing tells)."""
+    saved = saved_fingerprint(folder)
+    return None if saved is None else current_fingerprint(base) == saved
+
+
 def check_base(folder: Path, base: str) -> None:
     """CheckpointError when the local base an adapter directory names is not the one it was saved with (their
     fingerprints differ). Adapters saved without one (older, or on a hub base) are not checked."""
-    try:
-        with safe_open(str(folder / ADAPTER_WEIGHTS), "pt") as f:
-            saved = (f.metadata() or {}).get(BASE_FINGERPRINT)
-    except Exception:  # noqa: BLE001 - unreadable weights: read_adapter says so
-        return
-    if saved is None:
-        return
-    now = base_fingerprint(base, from_files=not (Path(base) / MANIFEST).is_file())
-    if now != saved:
+    if trained_on(folder, base) is False:
         raise CheckpointError(
             f"LoRA adapter {folder}: the base model at {base} changed since the adapter was trained (other weights): "
             f"put that base back there, or {repoint_hint(folder)} (an adapter does not carry over to other weights: "
             "train one on this base)"
         )
+
+
+def repoint(folder: Path, base: str, whole: Path | None = None) -> None:
+    """Name ``base`` (the same weights' new place) in an adapter directory's ``adapter_config.json``, the manifests
+    that list it updated: ``folder``'s own, and ``whole``'s, a directory holding ``folder`` (a resumable
+    checkpoint's ``model/``), replaced as one (:func:`~dgrpo.model.verified.rewrite_files`). The adapter's
+    fingerprint is of the weights, not of their place: it stays as it is."""
+    whole = folder if whole is None else whole
+    config = {**_adapter_config(folder), "base_model_name_or_path": base}
+    rel = str((folder / ADAPTER_CONFIG).relative_to(whole))
+    rewrite_files(whole, {rel: json.dumps(config, indent=2, sort_keys=True).encode()})  # (as PEFT writes it)
 
 
 def repoint_hint(folder: Path) -> str:

@@ -171,6 +171,60 @@ def replace_dir(src: Path, dst: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def rewrite_files(directory: Path, changes: dict[str, bytes]) -> None:
+    """Give files of a directory dgrpo wrote new content (``changes``: path relative to ``directory`` -> bytes), with
+    every manifest below ``directory`` that lists a changed file (or a changed manifest) given its new checksum.
+    Atomic as :func:`atomic_dir`: a copy of hard links (no data copied; a plain copy where links fail) is changed,
+    then renamed into place by :func:`replace_dir`, so at every moment ``directory`` is complete and intact."""
+    directory = Path(directory)
+    tmp = directory.parent / f".tmp-{directory.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        shutil.copytree(directory, tmp, copy_function=_link_or_copy)
+        for rel, content in changes.items():
+            _new_file(tmp / rel, content)
+        _relist(tmp, {tmp / rel for rel in changes})
+        fsync_dir(tmp)
+        replace_dir(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """A hard link to ``src`` at ``dst`` (a copy where the file system has none)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _new_file(path: Path, content: bytes) -> None:
+    """``content`` at ``path`` as a new file: a hard link there is unlinked first (its original is left as it was)."""
+    path.unlink(missing_ok=True)
+    path.write_bytes(content)
+
+
+def _relist(directory: Path, changed: set[Path]) -> None:
+    """The manifests below ``directory``, deepest first, with the checksums of the ``changed`` files they list (a
+    manifest so rewritten counts as changed for the manifests above it)."""
+    manifests = sorted(directory.rglob(MANIFEST), key=lambda p: len(p.parts), reverse=True)
+    for manifest in manifests:
+        try:
+            listed = json.loads(manifest.read_text())
+        except (ValueError, UnicodeDecodeError):
+            continue  # (not one to keep consistent: it vouches for nothing now)
+        if not isinstance(listed, dict):
+            continue
+        here = manifest.parent
+        stale = [p for p in changed if here in p.parents and str(p.relative_to(here)) in listed]
+        if stale:
+            listed.update({str(p.relative_to(here)): sha256(p) for p in stale})
+            _new_file(manifest, json.dumps(listed, indent=1).encode())
+            changed.add(manifest)
+
+
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """The state dict of a safetensors model directory (one file, or shards listed in the index)."""
     try:

@@ -25,6 +25,7 @@ import os
 import pickle
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ from ..model.verified import (
     one_line,
     verify,
 )
-from ..run_layout import CHECKPOINTS_DIR, step_dir_name
+from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, step_dir_name
 from .distributed import TrainingState
 
 #: torch optimizers' per-parameter state tensors, shaped like their parameter (8-bit optimizers keep others)
@@ -199,6 +200,7 @@ class LoadedCheckpoint:
     optimizer_state: dict[str, Any]
     rng: dict[str, torch.Tensor]
     shards: Path | None = None  # written under fsdp: sharded: the weights and the optimizer's tensors (dcp/)
+    base: str | None = None  # under LoRA, the local base the adapter is on now (its weights the checkpoint's base's)
 
     def apply(
         self, lm, optimizer: torch.optim.Optimizer, extra_models: dict[str, Any] | None = None, dist: Any = None
@@ -243,6 +245,7 @@ def read_checkpoint(
     if problem is not None:
         raise CheckpointError(problem)
     check_same_hub_base(ckpt, lm)
+    check_same_local_base(ckpt, lm)
     try:
         weights = lm.read_weights_dir(ckpt / "model") if shards is None else {}  # (shards: read as they load)
         if shards is not None:  # their names and shapes, from the metadata: a wrong model is refused here, whole
@@ -262,7 +265,7 @@ def read_checkpoint(
         raise CheckpointError("a state file holds objects that cannot be loaded safely (weights_only=True)") from None
     except Exception as e:  # noqa: BLE001 - truncated files, bad JSON, ...: each one line
         raise CheckpointError(one_line(e)) from None
-    return LoadedCheckpoint(ckpt, state, weights, extra, opt_state, rng, shards)
+    return LoadedCheckpoint(ckpt, state, weights, extra, opt_state, rng, shards, _local_base(lm))
 
 
 def shard_shapes(shards: Path, part: str) -> dict[str, torch.Tensor]:
@@ -310,6 +313,76 @@ def check_same_hub_base(ckpt: Path, lm) -> None:
             f"now at commit {lm.revision} (the hub's branch moved on): resume on the same weights with --set "
             f"model.revision={saved} --allow-config-change"
         )
+
+
+def _local_base(lm) -> str | None:
+    """The local directory of the base ``lm``'s LoRA adapter is on (None: no adapter, or a hub base)."""
+    from ..model.lora import base_directory
+
+    base = base_directory(lm)
+    return None if base is None else str(base)
+
+
+def check_same_local_base(ckpt: Path, lm) -> None:
+    """A ConfigError (the run's setting, not a damaged checkpoint: no fallback to an older one) when a LoRA
+    checkpoint's adapter was trained on other weights than those of the local base loaded now (the fingerprint its
+    weights record differs): the adapter would continue on another model. The same weights in another place (a
+    moved base directory) resume, and the run's adapter folders are pointed there (:func:`repoint_run_adapters`)."""
+    from ..model.lora import adapter_base, trained_on
+
+    base = _local_base(lm)
+    if base is None or trained_on(ckpt / "model", base) is not False:
+        return
+    raise ConfigError(
+        f"{ckpt}: its LoRA adapter was trained on other weights than those of its base loaded now, {base} (it was "
+        f"saved on the base at {adapter_base(ckpt / 'model')}): resume on the weights it was trained on (--init "
+        "naming where they are now), or train an adapter on this base in a new run (another --out)"
+    )
+
+
+def run_adapter_folders(out_dir: Path) -> list[tuple[Path, Path]]:
+    """A LoRA run's own adapter folders, each with the directory written as a whole that holds it: ``final/``,
+    ``best/`` and ``stage-K/`` (themselves), and each resumable checkpoint's ``model/`` (its ``step-N``)."""
+    from ..model.lora import is_adapter_dir
+
+    out = Path(out_dir)
+    models = [out / FINAL_DIR, out / BEST_DIR, *sorted(out.glob("stage-[0-9]*"))]
+    found = [(m, m) for m in models if m.is_dir() and is_adapter_dir(m)]
+    return found + [(c / "model", c) for c in list_checkpoints(out) if is_adapter_dir(c / "model")]
+
+
+def repoint_run_adapters(out_dir: Path, base: str, log: Callable[[str], None]) -> None:
+    """A resumed LoRA run that loads its base from another place than its adapter folders name (the base directory
+    moved, and the run was resumed with ``--init`` naming its new place): each of the run's folders
+    (:func:`run_adapter_folders`) trained on the same weights (by the fingerprint it records; one that records none
+    when the place it names is gone) is pointed to ``base``, its manifests kept consistent, so that it still loads
+    (the test of best/ at the end of the run failed every time). A folder trained on other weights, or naming a
+    base still there whose weights nothing compares, names its own and is left as it is. Rank 0 only."""
+    from ..model.lora import adapter_base, current_fingerprint, repoint, saved_fingerprint
+
+    now: list[str | None] = []  # (the base's fingerprint, computed once: without a manifest, its files are read)
+    moved: dict[tuple[str, bool], list[str]] = {}  # (the place named, whether a fingerprint compared the weights)
+    for folder, whole in run_adapter_folders(out_dir):
+        try:
+            named = adapter_base(folder)
+        except CheckpointError:  # (unreadable: whoever loads it says so)
+            continue
+        if named == base or not Path(named).is_absolute():
+            continue
+        saved = saved_fingerprint(folder)
+        if saved is not None and not now:
+            now.append(current_fingerprint(base))
+        if (saved is not None and saved != now[0]) or (saved is None and Path(named).exists()):
+            continue
+        try:
+            repoint(folder, base, whole)
+        except OSError as e:
+            after = f"it still names {named}; resume again once it can be written"
+            raise write_failed(f"the base's new place into {folder}", whole, e, after) from None
+        moved.setdefault((named, saved is not None), []).append(f"{whole.relative_to(out_dir)}/")
+    for (named, compared), names in moved.items():
+        how = "the same weights" if compared else "not compared: the adapters record no fingerprint of its weights"
+        log(f"dgrpo: the base model moved from {named} to {base} ({how}): {', '.join(names)} now name its new place")
 
 
 def read_weights_file(path: Path) -> dict[str, torch.Tensor]:

@@ -46,6 +46,7 @@ from .checkpoint import (
     LoadedCheckpoint,
     checkpoint_command,
     count_lines,
+    repoint_run_adapters,
     reset_metrics,
     resume_candidates,
 )
@@ -78,7 +79,7 @@ UNREAD_BY = {"sft": ("grpo.", "eval.plain", "eval.shots"), "grpo": ("sft.", "eva
 BUILTIN_SHAPE_KEYS = frozenset(f"model.{k}" for k in BUILTIN_SHAPE)
 #: what :func:`~dgrpo.model.verified.atomic_dir` leaves in OUT when a run is killed during a final/, best/ or stage-K/
 #: write: its temporary ``.tmp-NAME-PID`` and the ``.old-NAME-PID`` a replace moves aside (in OUT/checkpoints too, for
-#: a step-N replaced: a rewound run writing a step again)
+#: a step-N replaced: a rewound run's, or one whose LoRA base moved, :func:`~.checkpoint.repoint_run_adapters`)
 LEFTOVER = re.compile(rf"\.(tmp|old)-({FINAL_DIR}|{BEST_DIR}|stage-\d+|step-\d+)-\d+")
 
 
@@ -513,12 +514,13 @@ class RunDir:
         return found[0] if found else None
 
     def _on_rank0(self, fn: Callable[[], object]) -> None:
-        """Run ``fn`` on rank 0; if it raises ConfigError, every rank raises it (all fail together, none hangs)."""
-        problem = None
+        """Run ``fn`` on rank 0; if it raises ConfigError (or CheckpointError), every rank raises it (all fail
+        together, none hangs)."""
+        problem: Exception | None = None
         if self.dist.is_main:
             try:
                 fn()
-            except ConfigError as e:
+            except (ConfigError, CheckpointError) as e:
                 problem = e
         if self.dist.sum_int(int(problem is not None)):
             raise problem or ConfigError(f"{self.out_dir}: the run directory cannot be used (see rank 0's error)")
@@ -759,6 +761,7 @@ class RunDir:
                 continue
             self.checkpoint = ckpt
             self._move_aside(skipped)
+            self._adopt_base(loaded.base)
             return loaded
         if problems:
             raise CheckpointError(
@@ -766,6 +769,15 @@ class RunDir:
                 "start over with --resume never"
             )
         return None
+
+    def _adopt_base(self, base: str | None) -> None:
+        """A resumed LoRA run on its base's weights in another place (``base``: the local base loaded now, checked by
+        :func:`~.checkpoint.check_same_local_base`): the run's adapter folders are pointed there
+        (:func:`~.checkpoint.repoint_run_adapters`), once every rank has read the checkpoint."""
+        if base is None:
+            return
+        self.dist.sum_int(0)  # (rank 0 may replace the checkpoint's folder: every rank has read it)
+        self._on_rank0(lambda: repoint_run_adapters(self.out_dir, base, self.log))
 
     def check_same_data(self, saved: str | None, given: str) -> None:
         """Refuse to resume on other training data than the checkpoint was trained on (``saved`` and ``given``:
