@@ -646,3 +646,23 @@ def test_a_lora_run_resumed_on_its_moved_base_finishes_and_other_weights_are_ref
     said = "its LoRA adapter was trained on other weights than those of its base loaded now, "
     assert said in r.stderr and "resume on the weights it was trained on (--init naming where they are now)" in r.stderr
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"} == before
+
+
+def test_the_run_records_the_adapter_dropout_it_uses(base_dirs, tmp_path):
+    """model.lora.dropout > 0 is replaced by 0 (exact replay), and the run's config recorded the value given: it now
+    records the 0 the adapters use, for new adapters, an adapter checkpoint trained further, and a model handed to a
+    trainer with its own adapters."""
+    from dgrpo.model.factory import load_model, lora_for_training
+
+    cfg = tiny_config(**{"model.lora.r": 4, "model.lora.alpha": 8.0, "model.lora.dropout": 0.1})
+    with pytest.warns(UserWarning, match="model.lora.dropout=0.1 replaced by 0"):
+        lm = load_model(cfg.model, cfg.task, init=str(base_dirs / "qwen2"))
+    assert cfg.model.lora.dropout == 0.0 == lm.peft.peft_config[lora.POLICY].lora_dropout
+    lm.save_pretrained(tmp_path / "adapter")
+    again = tiny_config(**{"model.lora.r": 4, "model.lora.alpha": 8.0, "model.lora.dropout": 0.1})
+    with pytest.warns(UserWarning, match="model.lora.dropout=0.1 replaced by 0"):
+        load_model(again.model, again.task, init=str(tmp_path / "adapter"))
+    assert again.model.lora.dropout == 0.0
+    handed = tiny_config(**{"model.lora.dropout": 0.1})  # (r = 0: the model's own adapters train)
+    lora_for_training(lm, handed.model.lora)
+    assert (handed.model.lora.r, handed.model.lora.dropout) == (4, 0.0)

@@ -770,3 +770,16 @@ def test_a_resume_that_switches_between_lora_and_full_training_is_one_line(tmp_p
                 _run_dir(out, cfg=tiny_config(**{"model.lora.r": r}), allow_config_change=True)
         else:  # (another rank: the same kind of training, a changed config as any)
             _run_dir(out, cfg=tiny_config(**{"model.lora.r": r}), allow_config_change=True).close()
+
+
+def test_the_lora_dropout_a_run_recorded_is_no_config_change(tmp_path):
+    """The adapter dropout is always 0, which a run now records; one that recorded the value given (0.1) resumes
+    without --allow-config-change, and a resume given 0.1 is no change either."""
+    from dgrpo.config import to_dict
+
+    out = tmp_path / "run"
+    _fake_checkpoint(out / "checkpoints" / "step-00000004")
+    lora = {"model.lora.r": 4, "model.lora.alpha": 8.0}
+    for recorded, given in ((0.1, 0.0), (0.0, 0.1)):
+        (out / "config.json").write_text(json.dumps(to_dict(tiny_config(**lora, **{"model.lora.dropout": recorded}))))
+        _run_dir(out, cfg=tiny_config(**lora, **{"model.lora.dropout": given})).close()

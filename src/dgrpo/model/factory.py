@@ -96,8 +96,10 @@ def revision_hint(model_cfg: ModelConfig, init: str | None) -> str:
 def configure_lora(lm: LatentLM, cfg: LoraConfig) -> None:
     """``model.lora.r`` > 0: new adapters on a full model, or an adapter checkpoint's own adapter trained further
     (its rank, alpha and targets win: a different ``model.lora`` is reported and set to them, so that the run's
-    config records what it trains). ``r`` = 0 on an adapter checkpoint: the
-    adapter is merged into the base and every weight is trained."""
+    config records what it trains, as ``dropout`` is set to the 0 every adapter uses: :func:`~.lora.no_dropout`).
+    ``r`` = 0 on an adapter checkpoint: the adapter is merged into the base and every weight is trained."""
+    if cfg.r > 0:
+        lora.no_dropout(cfg)
     if cfg.r > 0 and lm.peft is None:
         lora.apply_lora(lm, cfg)
     elif cfg.r > 0:
@@ -133,7 +135,7 @@ def lora_for_training(lm: LatentLM, cfg: LoraConfig) -> None:
         configure_lora(lm, cfg)
         return
     saved = lm.peft.peft_config[lora.POLICY]
-    cfg.r, cfg.alpha = saved.r, float(saved.lora_alpha)
+    cfg.r, cfg.alpha, cfg.dropout = saved.r, float(saved.lora_alpha), 0.0  # (dgrpo's forwards: no adapter dropout)
     if isinstance(saved.target_modules, (set, list)):
         cfg.target_modules = sorted(saved.target_modules)
 

@@ -84,14 +84,26 @@ def latent_token_rows(lm: LatentLM) -> dict[str, list[int]]:
     return rows
 
 
-def peft_config(lm: LatentLM, cfg: LoraConfig) -> Any:
-    """The ``peft.LoraConfig`` for ``cfg`` (adapter dropout forced to 0, see the module docstring)."""
+def warn_dropout(cfg: LoraConfig, stacklevel: int = 3) -> None:
+    """The warning that ``model.lora.dropout`` > 0 is replaced by 0 (see the module docstring)."""
     if cfg.dropout > 0:
         warnings.warn(
             f"model.lora.dropout={cfg.dropout} replaced by 0: PEFT's adapter dropout draws new noise at every forward, "
             "so the update could not replay the rollout's network; the perturbation is the only noise",
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
+
+
+def no_dropout(cfg: LoraConfig) -> None:
+    """``model.lora.dropout`` set to the 0 the adapters use (a run's config records what it trains), with
+    :func:`warn_dropout`'s warning when it was not."""
+    warn_dropout(cfg, stacklevel=4)
+    cfg.dropout = 0.0
+
+
+def peft_config(lm: LatentLM, cfg: LoraConfig) -> Any:
+    """The ``peft.LoraConfig`` for ``cfg`` (adapter dropout forced to 0, see the module docstring)."""
+    warn_dropout(cfg)
     targets = cfg.target_modules
     return _peft().LoraConfig(
         r=cfg.r,

@@ -65,6 +65,8 @@ FinalEval = Callable[[LatentLM, "int | None"], dict[str, float]]
 #: latent steps' activations (recompute_latent_steps: false) does not (1e-7 apart), so that key is not neutral
 NEUTRAL_KEYS = frozenset(
     ["threads", "device"]
+    # LoRA's adapter dropout is always 0 (dgrpo.model.lora): a run records 0 (dgrpo up to 2026-12-02: the value given)
+    + ["model.lora.dropout"]
     # how the ranks hold the model: like another number of processes, which a resume may change too, it changes
     # results at float level; the checkpoint's loader says what a sharded checkpoint needs (torchrun, FSDP2)
     + ["fsdp"]
