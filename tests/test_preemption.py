@@ -541,20 +541,25 @@ class OneRankOfTwo:
 
 def test_under_torchrun_a_sigterm_in_the_test_sets_stops_every_rank_after_the_set_under_way(tmp_path, capsys):
     """Under torchrun a SIGTERM only asks, and the ranks agreed on it after training steps alone: in the test sets
-    nothing asked, and the watchdog ended each rank DGRPO_SIGTERM_GRACE_S later. They agree after each set now."""
+    nothing asked, and the watchdog ended each rank DGRPO_SIGTERM_GRACE_S later. They agree after each set now, and
+    rank 0's notice says so (it said "at the end of this step, after writing a resumable checkpoint")."""
     from dgrpo.cli.common import evaluate_test_sets
+    from dgrpo.training.preemption import in_test_sets
 
     cfg = tiny_config(**{"eval.max_new_tokens": 4})
     lm = load_model(cfg.model, cfg.task, seed=0)
     tests = {spec: generate_split(cfg.task, spec.split(":")[1])[:2] for spec in ("builtin:test", "builtin:ood_steps")}
     try:
-        with sigterm_stops(True, distributed=True):
+        with sigterm_stops(True, distributed=True), in_test_sets():
             os.kill(os.getpid(), signal.SIGTERM)  # (asks; the C-level handler's flag is read at the next instruction)
             with pytest.raises(Terminated):
                 evaluate_test_sets(lm, tests, cfg, tmp_path, OneRankOfTwo())
     finally:  # (a torchrun worker's stop leaves SIGTERM ignored for the rest of the process: not pytest's)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == ["builtin_test"]
+    assert "every rank stops at the end of the test set under way (the training is checkpointed" in (
+        capsys.readouterr().err
+    )
 
 
 def test_after_a_stop_under_torchrun_the_group_is_left_and_sigterm_ignored():

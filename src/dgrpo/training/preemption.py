@@ -56,6 +56,7 @@ class _State:
     in_step = False  # a training step is under way: a SIGTERM waits for its end
     requested = False  # a SIGTERM asked for a checkpoint and a stop at a step's end
     stopping = False  # (under torchrun) the checkpoint is written and the process group left: the process is ending
+    testing = False  # the run's end: its test sets are evaluated, its last checkpoint written (:func:`in_test_sets`)
     last_at = -float("inf")  # time.monotonic() of the last SIGTERM that counted (one process)
 
 
@@ -124,11 +125,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
         if not _State.requested:
             _State.requested = True
             if _is_rank0():
-                print(
-                    "dgrpo: SIGTERM: every rank stops at the end of this step, after writing a resumable checkpoint",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                print(f"dgrpo: SIGTERM: every rank stops at the end of {_where()}", file=sys.stderr, flush=True)
         return
     now = time.monotonic()
     if now - _State.last_at < REPEAT_S:
@@ -172,6 +169,7 @@ def sigterm_stops(on: bool, distributed: bool = False) -> Iterator[None]:
             after = signal.SIG_IGN if _State.stopping else previous if previous is not None else signal.SIG_DFL
             signal.signal(signal.SIGTERM, after)
         _State.installed = _State.distributed = _State.in_step = _State.requested = _State.stopping = False
+        _State.testing = False
 
 
 @contextmanager
@@ -184,6 +182,24 @@ def within_step() -> Iterator[None]:
         _State.in_step = False
 
 
+def _where() -> str:
+    """Where the ranks stop, as rank 0's notice of a SIGTERM says it."""
+    if _State.testing:
+        return "the test set under way (the training is checkpointed: the same command evaluates the test sets)"
+    return "this step, after writing a resumable checkpoint"
+
+
+@contextmanager
+def in_test_sets() -> Iterator[None]:
+    """The run's end, its test sets evaluated after its last checkpoint: under torchrun a SIGTERM's notice says the
+    ranks stop after the test set under way (they agree after each one), with no checkpoint to write."""
+    _State.testing = True
+    try:
+        yield
+    finally:
+        _State.testing = False
+
+
 def stop_requested(dist: Dist | None = None) -> bool:
     """Whether a SIGTERM asked to stop: then write a resumable checkpoint and :func:`stop`. Under torchrun (with the
     handler on) a collective: every rank calls it after every step, and all get the same answer."""
@@ -192,12 +208,12 @@ def stop_requested(dist: Dist | None = None) -> bool:
         if agreed and not _State.requested:  # (the SIGTERM reached other ranks only: rank 0 had said nothing)
             _State.requested = True
             if dist.is_main:
-                print(
-                    "dgrpo: SIGTERM (to another rank): every rank stops now, after writing a resumable checkpoint of "
-                    "this step",
-                    file=sys.stderr,
-                    flush=True,
+                now = (
+                    "the training is checkpointed"
+                    if _State.testing
+                    else "after writing a resumable checkpoint of this step"
                 )
+                print(f"dgrpo: SIGTERM (to another rank): every rank stops now, {now}", file=sys.stderr, flush=True)
         return agreed
     return _State.requested
 

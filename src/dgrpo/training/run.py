@@ -51,7 +51,7 @@ from .checkpoint import (
     resume_candidates,
 )
 from .distributed import Dist
-from .preemption import stopping
+from .preemption import in_test_sets, stopping
 from .tracking import Tracker, describe_backends, open_trackers
 
 #: ``final_eval(lm, best)`` of :func:`~dgrpo.training.grpo.train_grpo` / :func:`~dgrpo.training.sft.train_sft`: run
@@ -927,7 +927,10 @@ class RunDir:
         if final_eval is None:
             return
         last = f"{FINAL_DIR}/ and {SUMMARY_FILE} come" if self.command == "grpo" else f"{FINAL_DIR}/ comes"
-        with stopping(f"in the test sets' evaluation (the training is done and checkpointed; {last} after them)"):
+        with (
+            in_test_sets(),
+            stopping(f"in the test sets' evaluation (the training is done and checkpointed; {last} after them)"),
+        ):
             row = final_eval(lm, best)
         if row and self.dist.is_main:
             self.metrics.write({"step": step, **row})
