@@ -256,6 +256,8 @@ def test_results_are_written_whole_or_not_at_all(lm, task_records, tmp_path, mon
     assert sorted(p.name for p in out.iterdir()) == ["predictions.jsonl", "results.json"]
     assert [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()] == first.predictions
     assert json.loads((out / "results.json").read_text()) == first.summary()
+    (out / ".tmp-predictions.jsonl-99999").write_text("{")  # (what a SIGKILL mid-write leaves: the next removes it)
     write_results(second, out)
     assert json.loads((out / "results.json").read_text()) == second.summary()
     assert len((out / "predictions.jsonl").read_text().splitlines()) == len(second.predictions)
+    assert sorted(p.name for p in out.iterdir()) == ["predictions.jsonl", "results.json"]

@@ -438,10 +438,13 @@ def write_results(result: EvalResult, out_dir: str | Path) -> None:
     """``results.json`` (the summary) and ``predictions.jsonl`` (one row per question) in ``out_dir``, whole or not at
     all: each is written under a temporary name first; then an earlier ``results.json`` is removed, and
     ``predictions.jsonl`` and ``results.json``, last, take their places. A results.json describes the predictions
-    beside it, whenever the process is stopped (SIGTERM, Ctrl-C, SIGKILL)."""
+    beside it, whenever the process is stopped (SIGTERM, Ctrl-C, SIGKILL); the temporary files a killed write left
+    are removed."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results, predictions = out_dir / "results.json", out_dir / "predictions.jsonl"
+    for leftover in (p for name in (predictions.name, results.name) for p in out_dir.glob(f".tmp-{name}-*")):
+        leftover.unlink(missing_ok=True)
     temporary = [out_dir / f".tmp-{path.name}-{os.getpid()}" for path in (predictions, results)]
     try:
         with open(temporary[0], "w") as f:
