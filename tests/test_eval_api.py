@@ -198,7 +198,7 @@ def test_mc_votes_group_numbers_as_the_verifier_compares_them(lm, monkeypatch):
     recs = [Record("7/3?", [], "2.3333333333333335"), Record("q", [], "18"), Record("r", [], "3431580")]
     texts = ["#### 2.33", "#### 5", "#### 2.333", "#### 5", "#### 2.3333"]
     texts += ["#### 18.5", "#### 18", "#### 18.5", "#### 18", "#### 18"]
-    texts += ["#### 3431579.9999999995", "#### 7", "#### 3431580", "#### 7", "#### 9"]
+    texts += ["#### 7", "#### 3431579.9999999995", "#### 9", "#### 3431580", "#### 5"]
     r = _mc_voted(lm, monkeypatch, recs, texts, n_masks=5)
     assert [(p["pred"], p["correct"]) for p in r.predictions] == [
         ("2.33", True),
@@ -208,6 +208,12 @@ def test_mc_votes_group_numbers_as_the_verifier_compares_them(lm, monkeypatch):
     assert r.predictions[0]["votes"] == ["2.33", "5", "2.333", "5", "2.3333"]  # (each as it was written)
     assert majority_vote(["2.3", "2.33", "2.3", "2.33", "2.33"], numbers_agree) == "2.33"
     assert majority_vote(["2.33", "2.333"]) == "2.33"  # (without a grouping: equal strings; a tie, the first)
+    # agreement is not transitive: no vote order decides (0.13, wrong for 0.12456, agrees with 0.125; 2.335 with both)
+    for votes in (["0.13", "0.125", "0.125"], ["0.125", "0.13", "0.125"], ["0.125", "0.125", "0.13"]):
+        assert majority_vote(votes, numbers_agree) == "0.125"
+    for votes in (["2.34", "2.33", "2.335", "2.335"], ["2.335", "2.34", "2.33", "2.335"], ["2.33", "2.34", "2.335"]):
+        assert majority_vote(votes, numbers_agree) == "2.335"
+    assert majority_vote(["5", "7", "7", "3.0000000001", "3"], numbers_agree) == "7"  # (two clusters of 2: 7 twice)
 
 
 def test_a_scorer_in_trls_form_gets_every_column_in_a_vote_and_on_a_shard(lm, monkeypatch):

@@ -461,21 +461,18 @@ def write_results(result: EvalResult, out_dir: str | Path) -> None:
 
 def majority_vote(answers: list[str | None], same: Callable[[str, str], bool] | None = None) -> str | None:
     """Most common parsed answer (ties: the one seen first); None when nothing parsed. ``same`` (default: equal
-    strings) says which answers are one: each answer counts for the first group whose first answer it is ``same``
-    as (:func:`dgrpo.reward.numbers_agree`: ``2.33`` and ``2.333`` vote together, as the verifier scores them
-    alike), and a group wins as its first answer."""
-    groups: list[list[str]] = []  # each group's answers, in order of first appearance
-    for a in answers:
-        if a is None:
-            continue
-        group = next((g for g in groups if a == g[0] or (same is not None and same(g[0], a))), None)
-        if group is None:
-            groups.append([a])
-        else:
-            group.append(a)
-    if not groups:
+    strings) says which answers are one (:func:`dgrpo.reward.numbers_agree`: ``2.33`` and ``2.333``, as the
+    verifier scores them alike): the answer that the most votes are ``same`` as wins, then the one written most often,
+    then the one seen first. (Agreement is not transitive: ``0.13`` agrees with ``0.125``, ``2.335`` with ``2.33``
+    and ``2.34``; so no vote order decides, and of ``0.13, 0.125, 0.125`` the answer twice written wins.)"""
+    votes = [a for a in answers if a is not None]
+    if not votes:
         return None
-    return max(groups, key=len)[0]  # (max keeps the first of equal counts)
+
+    def support(a: str) -> int:
+        return sum(b == a or (same is not None and same(a, b)) for b in votes)
+
+    return max(dict.fromkeys(votes), key=lambda a: (support(a), votes.count(a)))  # (max: the first of equals)
 
 
 def vote_key(scorer: ScoreFn, text: str, gold: str) -> str | None:
@@ -568,12 +565,12 @@ def evaluate_mc_vote(
     Each completion votes for its answer as ``scorer`` (default: the numeric verifier) reads it (:func:`vote_key`: the
     final number for a numeric gold, the normalised final text for a text gold such as ProsQA's, the letter for
     ``choice``; numbers the verifier compares as one, ``2.33`` and ``2.333``, vote together:
-    :func:`dgrpo.reward.numbers_agree`); ties go to the answer seen first. The question is correct when ``scorer``
-    scores the first completion that gave the majority answer correct, so a vote counts exactly as that completion
-    would in :func:`evaluate`. ``unparseable`` counts (numeric scorer only, as in :func:`evaluate`) the questions none
-    of whose completions holds an answer. ConfigError when question, latents and answer do not fit the model's
-    context; ValueError when ``n_masks`` < 1. The scorer gets records as :func:`evaluate` gives them (every column of
-    ``records`` and ``columns``), whichever of them have a vote."""
+    :func:`dgrpo.reward.numbers_agree`, :func:`majority_vote`); ties go to the answer seen first. The question is
+    correct when ``scorer`` scores the first completion that gave the majority answer correct, so a vote counts
+    exactly as that completion would in :func:`evaluate`. ``unparseable`` counts (numeric scorer only, as in
+    :func:`evaluate`) the questions none of whose completions holds an answer. ConfigError when question, latents
+    and answer do not fit the model's context; ValueError when ``n_masks`` < 1. The scorer gets records as
+    :func:`evaluate` gives them (every column of ``records`` and ``columns``), whichever of them have a vote."""
     if n_masks < 1:
         raise ValueError(f"evaluate_mc_vote: n_masks must be >= 1 (completions voting per question), got {n_masks}")
     _check_counts("evaluate_mc_vote", batch_size=batch_size, max_question_tokens=max_question_tokens)
