@@ -35,6 +35,9 @@ from dgrpo.reward import extract_answer, format_number, is_parseable, normalize_
         ("#### - $5", "-5"),
         ("The answer is - 12.5", "-12.5"),
         ("\\boxed{- 5}", "-5"),
+        ("The answer is: - 5", "-5"),  # (the marker's colon, markdown's stars, a math dollar before the sign)
+        ("**Answer:** - 5", "-5"),
+        ("Final answer: $ - 5$", "-5"),
         ("The answer is:\n- 5 apples", "5"),
         ("#### 20 - 5", "20"),
         ("#### 3.50", "3.5"),

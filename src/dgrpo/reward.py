@@ -48,8 +48,9 @@ _NUMBER_IN_TEXT = re.compile(rf"(?<![0-9A-Za-z_.)\]/]){_NUMBER}")
 # from it (``- 5``: -5, as after an answer marker).
 _NUMBER_ALONE = re.compile(rf"\s*(?:(?P<s0>{_SIGN})[ \t]+)?{_NUMBER}\.?\s*")
 # A minus sign standing apart between an answer marker and its number (``#### - 5``, ``The answer is - 5``,
-# ``\boxed{- 5}``): the answer is negative. On the marker's line only: a list's dash on the next line is no sign.
-_LONE_MINUS = re.compile(rf"[ \t]*[{_MINUS}][ \t]+")
+# ``\boxed{- 5}``, ``The answer is: - 5``, ``**Answer:** - 5``, ``$ - 5$``): the answer is negative. On the
+# marker's line only: a list's dash on the next line is no sign.
+_LONE_MINUS = re.compile(rf"[ \t:*$]*[{_MINUS}][ \t]+")  # (after ``is:``, ``**Answer:**``, a math ``$``)
 _ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)
 
 
