@@ -15,6 +15,7 @@ import operator
 import os
 import re
 import shutil
+import sys
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -923,15 +924,28 @@ class RunDir:
         after the last step's resumable checkpoint and before ``final/`` (and GRPO's ``summary.json``), which the
         trainers write last: a run stopped in it (SIGTERM, Ctrl-C, SIGKILL) is not finished, and the same command
         resumes that checkpoint, trains no more, and calls it again. Rank 0's metrics are logged, to metrics.jsonl and
-        the trackers (still open: a test set's accuracy reaches TensorBoard and W&B too)."""
+        the trackers (still open: a test set's accuracy reaches TensorBoard and W&B too). One that fails (a scorer's
+        error, out of memory) is preceded by a line that says what that leaves and how to go on."""
         if final_eval is None:
             return
         last = f"{FINAL_DIR}/ and {SUMMARY_FILE} come" if self.command == "grpo" else f"{FINAL_DIR}/ comes"
-        with (
-            in_test_sets(),
-            stopping(f"in the test sets' evaluation (the training is done and checkpointed; {last} after them)"),
-        ):
-            row = final_eval(lm, best)
+        try:
+            with (
+                in_test_sets(),
+                stopping(f"in the test sets' evaluation (the training is done and checkpointed; {last} after them)"),
+            ):
+                row = final_eval(lm, best)
+        except Exception:
+            if self.dist.is_main:  # (on stderr, before the error's own line)
+                print(
+                    f"dgrpo: the test sets' evaluation failed (below): the training is done and checkpointed in "
+                    f"{self.out_dir / CHECKPOINTS_DIR}; {last} after the test sets: once they can run, the same "
+                    "command evaluates them (it trains no step), or --set 'data.test=[]' --allow-config-change skips "
+                    "them",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            raise
         if row and self.dist.is_main:
             self.metrics.write({"step": step, **row})
 
