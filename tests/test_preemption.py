@@ -562,6 +562,25 @@ def test_under_torchrun_a_sigterm_in_the_test_sets_stops_every_rank_after_the_se
     )
 
 
+def test_the_watchdogs_line_in_the_test_sets_says_the_training_is_checkpointed(tmp_path):
+    """A torchrun worker whose test set outlasts the grace period is ended by the watchdog, which said "exiting
+    without a checkpoint" where the last step's checkpoint was written before the test sets."""
+    (tmp_path / "testing.py").write_text(
+        "import os, signal, time\n"
+        "from dgrpo.training.preemption import in_test_sets, sigterm_stops\n"
+        "with sigterm_stops(True, distributed=True), in_test_sets():\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(30)\n"
+    )
+    env = {**os.environ, "RANK": "1", "DGRPO_SIGTERM_GRACE_S": "0.2"}
+    r = subprocess.run([sys.executable, str(tmp_path / "testing.py")], env=env, capture_output=True, text=True)
+    assert r.returncode == 128 + signal.SIGTERM
+    assert r.stderr.strip().splitlines()[-1] == (
+        "dgrpo: rank 1: no stop within DGRPO_SIGTERM_GRACE_S = 0.2 s of SIGTERM in a test set: exiting (the training "
+        "is checkpointed: the same command evaluates the test sets)"
+    )
+
+
 def test_after_a_stop_under_torchrun_the_group_is_left_and_sigterm_ignored():
     """torchrun, seeing the first rank exit after a stop, sends SIGTERM to the others: one still ending died of it
     ("Signal 15 (SIGTERM) received", the checkpoint written), and the ranks left their process group to the

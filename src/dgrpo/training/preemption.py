@@ -90,9 +90,14 @@ def _watchdog(read_fd: int, grace: float, done: threading.Event) -> None:
             if signal.SIGTERM in data:
                 if not done.wait(grace):
                     rank = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
+                    left = (
+                        "in a test set: exiting (the training is checkpointed: the same command evaluates the test "
+                        "sets)"
+                        if _State.testing
+                        else "(a rank blocked, or a long step or evaluation): exiting without a checkpoint"
+                    )
                     print(
-                        f"dgrpo: {rank}no stop within {GRACE_ENV} = {grace:g} s of SIGTERM (a rank blocked, or a long "
-                        "step or evaluation): exiting without a checkpoint",
+                        f"dgrpo: {rank}no stop within {GRACE_ENV} = {grace:g} s of SIGTERM {left}",
                         file=sys.stderr,
                         flush=True,
                     )
