@@ -158,8 +158,8 @@ def run(args: argparse.Namespace) -> int:
             done.wrote(outs[data])
             print(json.dumps(r.summary()))
             accuracies.append(f"{name} {100 * r.accuracy:.2f}% ({r.correct}/{r.n})")
-    if len(sets) > 1:
-        print(f"dgrpo eval: {'; '.join(accuracies)}")
+        if len(sets) > 1:
+            print(f"dgrpo eval: {'; '.join(accuracies)}")
     return 0
 
 
