@@ -605,6 +605,72 @@ def test_adapter_folders_trained_on_other_weights_keep_naming_their_base(base_di
         assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
+def test_a_folder_its_manifest_does_not_vouch_for_is_not_pointed_to_the_moved_base(base_dirs, tmp_path):
+    """Pointing a folder to the base's new place rewrites its manifest: one whose adapter_config.json was changed by
+    hand (lora_alpha 8 -> 64, still JSON) passed its checksum again after the move. Such a folder is left as it is."""
+    import json
+    import shutil
+
+    from dgrpo.model.verified import verify
+    from dgrpo.training.checkpoint import repoint_run_adapters
+
+    shutil.copytree(base_dirs / "qwen2", tmp_path / "base")
+    out = tmp_path / "run"
+    _adapter_run(tmp_path / "base", out)
+    config = out / "best" / "adapter_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "lora_alpha": 64}))
+    (tmp_path / "base").rename(tmp_path / "moved")
+    moved, said = str((tmp_path / "moved").resolve()), []
+    repoint_run_adapters(out, moved, said.append)
+    assert said[0] == (
+        f"dgrpo: {out / 'best'} still names the base at {tmp_path / 'base'}: not intact (checksum mismatch in "
+        "adapter_config.json), it is left as it is"
+    )
+    assert "checkpoints/step-00000001/ now name its new place" in said[1]
+    assert lora.adapter_base(out / "best") == str(tmp_path / "base")
+    assert verify(out / "best") == "checksum mismatch in adapter_config.json"
+
+
+@pytest.mark.parametrize(
+    "given, says",
+    [
+        ({"r": 8}, "resume with --set model.lora.r=4 (to train another adapter"),
+        ({"alpha": 16.0}, "resume with --set model.lora.alpha=8 (to"),
+        ({"target_modules": ["q_proj"]}, "model.lora.target_modules as {model}/adapter_config.json lists them"),
+        ({"train_latent_tokens": False}, "resume with --set model.lora.train_latent_tokens=true (to"),
+    ],
+    ids=["r", "alpha", "target_modules", "train_latent_tokens"],
+)
+def test_a_checkpoint_of_another_adapter_is_refused_on_the_adapters_themselves(base_dirs, tmp_path, given, says):
+    """A resume whose model.lora builds another adapter than the checkpoint's: another rank or other targets had
+    each checkpoint skipped as damaged (the line advised --resume never, which deletes the run), another alpha
+    rescaled the saved adapter. Refused in one line, on the adapters (the config a run recorded may not be the
+    adapter's: an --init adapter's own settings win), naming the settings that resume it."""
+    from dgrpo.config import ConfigError
+    from dgrpo.training.checkpoint import list_checkpoints, read_checkpoint
+
+    out = tmp_path / "run"
+    _adapter_run(base_dirs / "qwen2", out)
+    ckpt = list_checkpoints(out)[-1]
+
+    def resumed_with(**settings):
+        lm = LatentLM.from_pretrained(base_dirs / "qwen2")
+        lora.apply_lora(lm, LoraConfig(**{"r": 4, "alpha": 8.0, **settings}))
+        opt = torch.optim.AdamW([p for p in lm.model.parameters() if p.requires_grad])
+        return read_checkpoint(ckpt, lm=lm, optimizer=opt)
+
+    resumed_with()  # (the same adapter)
+    with pytest.raises(ConfigError) as e:
+        resumed_with(**given)
+    message = str(e.value)
+    assert message.startswith(f"{ckpt} holds a LoRA adapter that this run's model.lora would not build: ")
+    assert says.format(model=ckpt / "model") in message and "\n" not in message
+
+
+def test_the_alpha_to_resume_with_is_written_as_it_reads_back():
+    assert lora._as_set(8.0) == "8" and lora._as_set(12.3456789) == "12.3456789" and lora._as_set(False) == "false"
+
+
 def test_a_lora_run_resumed_on_its_moved_base_finishes_and_other_weights_are_refused(sft_checkpoint, tmp_path, run_cli):
     """The probe's case: ``dgrpo grpo --init BASE`` under LoRA, BASE moved, the run resumed with --init at its new
     place (--allow-config-change: model.name_or_path changed). best/ and the earlier checkpoints still named the old

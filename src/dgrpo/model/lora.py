@@ -319,6 +319,43 @@ def is_adapter_dir(path: Path) -> bool:
     return (path / ADAPTER_CONFIG).is_file()
 
 
+def adapter_shape(config: Any) -> dict[str, Any]:
+    """What makes an adapter, comparable: ``r``, ``alpha``, the target modules (sorted) and whether it trains the
+    latent markers' rows, from a ``peft.LoraConfig`` or an ``adapter_config.json`` read as a dict."""
+    get = config.get if isinstance(config, dict) else lambda k: getattr(config, k, None)
+    targets = get("target_modules")
+    return {
+        "r": int(get("r") or 0),
+        "alpha": float(get("lora_alpha") or 0),
+        "target_modules": sorted(targets) if isinstance(targets, (list, set, tuple)) else targets,
+        "train_latent_tokens": bool(get("trainable_token_indices")),
+    }
+
+
+def _as_set(value: bool | float) -> str:
+    """A value as ``--set`` reads it back exactly (``8``, ``12.3456789``, ``false``)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
+
+
+def other_adapter(folder: Path, lm: LatentLM) -> str | None:
+    """How the adapter saved in ``folder`` differs from the policy adapter ``lm`` holds (None: the same): the
+    ``model.lora`` settings that would give the saved one, as ``--set`` takes them (target modules: named by the
+    folder's file, a long list in PEFT's expansion)."""
+    saved, now = adapter_shape(_adapter_config(folder)), adapter_shape(lm.peft.peft_config[POLICY])
+    if saved == now:
+        return None
+    keep = []
+    for key in (k for k in saved if saved[k] != now[k]):
+        if key == "target_modules":
+            keep.append(f"model.lora.target_modules as {folder / ADAPTER_CONFIG} lists them")
+        else:
+            keep.append(f"--set model.lora.{key}={_as_set(saved[key])}")
+    return ", ".join(keep)
+
+
 def _adapter_config(folder: Path) -> dict:
     """An adapter directory's ``adapter_config.json``; unreadable: a CheckpointError line."""
     try:

@@ -245,6 +245,7 @@ def read_checkpoint(
     if problem is not None:
         raise CheckpointError(problem)
     check_same_hub_base(ckpt, lm)
+    check_same_adapter(ckpt, lm)
     check_same_local_base(ckpt, lm)
     try:
         weights = lm.read_weights_dir(ckpt / "model") if shards is None else {}  # (shards: read as they load)
@@ -323,6 +324,25 @@ def _local_base(lm) -> str | None:
     return None if base is None else str(base)
 
 
+def check_same_adapter(ckpt: Path, lm) -> None:
+    """A ConfigError (the run's setting: no fallback to an older checkpoint, each would be skipped as damaged) when a
+    LoRA checkpoint's adapter is not the one the run builds: another rank or other targets fail to load, another alpha
+    rescales the saved adapter (the resumed policy would not be the one saved). Compared on the adapters themselves,
+    whatever the run's config recorded (an ``--init`` adapter's own settings win over ``model.lora``)."""
+    from ..model.lora import is_adapter_dir, other_adapter
+
+    if getattr(lm, "peft", None) is None or not is_adapter_dir(ckpt / "model"):
+        return
+    keep = other_adapter(ckpt / "model", lm)
+    if keep is None:
+        return
+    raise ConfigError(
+        f"{ckpt} holds a LoRA adapter that this run's model.lora would not build: resume with {keep} (to train "
+        f"another adapter from it, merge it into its base, dgrpo export {ckpt} --merge --out MERGED, and start a new "
+        "run with --init MERGED)"
+    )
+
+
 def check_same_local_base(ckpt: Path, lm) -> None:
     """A ConfigError (the run's setting, not a damaged checkpoint: no fallback to an older one) when a LoRA
     checkpoint's adapter was trained on other weights than those of the local base loaded now (the fingerprint its
@@ -346,7 +366,8 @@ def run_adapter_folders(out_dir: Path) -> list[tuple[Path, Path]]:
     from ..model.lora import is_adapter_dir
 
     out = Path(out_dir)
-    models = [out / FINAL_DIR, out / BEST_DIR, *sorted(out.glob("stage-[0-9]*"))]
+    stages = sorted(p for p in out.glob("stage-[0-9]*") if p.name[len("stage-") :].isdigit())  # (not stage-1.bak)
+    models = [out / FINAL_DIR, out / BEST_DIR, *stages]
     found = [(m, m) for m in models if m.is_dir() and is_adapter_dir(m)]
     return found + [(c / "model", c) for c in list_checkpoints(out) if is_adapter_dir(c / "model")]
 
@@ -357,7 +378,8 @@ def repoint_run_adapters(out_dir: Path, base: str, log: Callable[[str], None]) -
     (:func:`run_adapter_folders`) trained on the same weights (by the fingerprint it records; one that records none
     when the place it names is gone) is pointed to ``base``, its manifests kept consistent, so that it still loads
     (the test of best/ at the end of the run failed every time). A folder trained on other weights, or naming a
-    base still there whose weights nothing compares, names its own and is left as it is. Rank 0 only."""
+    base still there whose weights nothing compares, names its own and is left as it is; so is one that its manifest
+    does not vouch for (damaged, or changed by hand: rewriting its manifest would make it pass). Rank 0 only."""
     from ..model.lora import adapter_base, current_fingerprint, repoint, saved_fingerprint
 
     now: list[str | None] = []  # (the base's fingerprint, computed once: without a manifest, its files are read)
@@ -373,6 +395,10 @@ def repoint_run_adapters(out_dir: Path, base: str, log: Callable[[str], None]) -
         if saved is not None and not now:
             now.append(current_fingerprint(base))
         if (saved is not None and saved != now[0]) or (saved is None and Path(named).exists()):
+            continue
+        problem = verify(whole)
+        if problem is not None:
+            log(f"dgrpo: {whole} still names the base at {named}: not intact ({problem}), it is left as it is")
             continue
         try:
             repoint(folder, base, whole)

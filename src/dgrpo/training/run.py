@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from ..config import BUILTIN_SHAPE, Config, ConfigError, LoraConfig, to_dict
+from ..config import BUILTIN_SHAPE, Config, ConfigError, to_dict
 from ..data.records import Record, check_records, data_columns
 from ..eval.evaluate import eval_options, evaluate, warn_if_questions_cut
 from ..eval.scoring import RewardError
@@ -80,8 +80,6 @@ UNREAD_BY = {"sft": ("grpo.", "eval.plain", "eval.shots"), "grpo": ("sft.", "eva
 #: that loads one records the loaded model's there (dgrpo before 2026-12-02 recorded the options given), which a
 #: resume does not compare
 BUILTIN_SHAPE_KEYS = frozenset(f"model.{k}" for k in BUILTIN_SHAPE)
-#: what a LoRA run's adapter is, which its checkpoints hold (:meth:`RunDir._check_same_adapter`)
-ADAPTER_KEYS = ("r", "alpha", "target_modules", "train_latent_tokens")
 #: what :func:`~dgrpo.model.verified.atomic_dir` leaves in OUT when a run is killed during a final/, best/ or stage-K/
 #: write: its temporary ``.tmp-NAME-PID`` and the ``.old-NAME-PID`` a replace moves aside (in OUT/checkpoints too, for
 #: a step-N replaced: a rewound run's, or one whose LoRA base moved, :func:`~.checkpoint.repoint_run_adapters`)
@@ -405,25 +403,6 @@ def config_diff(old: dict, new: dict, prefix: str = "", defaults: dict | None = 
     return keys
 
 
-def adapter_settings(config: dict) -> dict[str, Any]:
-    """A run config's LoRA settings that make its adapter (:data:`ADAPTER_KEYS`), comparable: their defaults where
-    the config lacks them, the target modules sorted."""
-    given, default = config.get("model", {}).get("lora", {}), to_dict(LoraConfig())
-    values = {k: given.get(k, default[k]) for k in ADAPTER_KEYS}
-    values["r"], values["alpha"] = int(values["r"] or 0), float(values["alpha"])
-    values["target_modules"] = sorted(values["target_modules"])
-    return values
-
-
-def shown(value: Any) -> str:
-    """A config value as ``--set`` takes it (a list as [a,b], a boolean as true/false, a number as it reads)."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, list):
-        return f"[{','.join(map(str, value))}]"
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
 class RunDir:
     """A run's output directory: locked for this run, ``config.json`` (with its history when a resumed run was
     allowed to change it), the metrics log, and the checkpoint to resume from.
@@ -456,6 +435,7 @@ class RunDir:
         self.changed: list[str] = []
         self.first_config: dict = self.cfg  # the config the run was started with (differs: allow_config_change)
         self.checkpoint: Path | None = None
+        self.base_now: str | None = None  # a resumed LoRA run's local base, where it is now (:meth:`_adopt_base`)
         self.resumed_step: int | None = None  # the step this process resumed at (None: started fresh)
         self.restarted = False  # an unfinished run without checkpoints, started over under another config
         try:
@@ -743,7 +723,6 @@ class RunDir:
         changed = self._changed_keys(old)
         what = f"--resume {self.candidates[0]} is from" if self.explicit else f"{self.out_dir} holds"
         self._check_same_kind_of_training(old, what)
-        self._check_same_adapter(old, what)
         if changed and not self.allow_config_change:
             raise ConfigError(
                 f"{what} a run started with a different config ({', '.join(changed[:8])}"
@@ -770,24 +749,6 @@ class RunDir:
             "or a checkpoint)"
         )
 
-    def _check_same_adapter(self, old: dict, what: str) -> None:
-        """A LoRA run's checkpoints hold an adapter of its rank, alpha, target modules and trainable latent rows
-        (:data:`ADAPTER_KEYS`): a resume that changes one is refused in one line, even with allow_config_change
-        (another rank or other targets skipped every checkpoint as damaged, and the line advised --resume never;
-        another alpha rescaled the checkpoint's adapter, so the resumed policy was not the one saved, while the
-        config history said the run went on)."""
-        then, now = adapter_settings(old), adapter_settings(self.cfg)
-        if not (then["r"] and now["r"]) or then == now:
-            return
-        changed = [k for k in ADAPTER_KEYS if then[k] != now[k]]
-        given = ", ".join(f"model.lora.{k}={shown(now[k])} (the run's: {shown(then[k])})" for k in changed)
-        keep = " ".join(f"--set model.lora.{k}={shown(then[k])}" for k in changed)
-        raise ConfigError(
-            f"{what} a LoRA run whose checkpoints hold its adapter: {given} would be another adapter; resume it with "
-            f"{keep} (to train another adapter from it, merge this one into its base, dgrpo export "
-            f"{self.candidates[0]} --merge --out MERGED, and start a new run with --init MERGED)"
-        )
-
     def resume(self, load: Callable[[Path], LoadedCheckpoint]) -> LoadedCheckpoint | None:
         """Read the newest checkpoint that loads (``load`` reads and checks one, mutating nothing); each one that
         does not is reported in one line. None for a fresh start; an error when checkpoints exist but none loads."""
@@ -804,7 +765,7 @@ class RunDir:
                 continue
             self.checkpoint = ckpt
             self._move_aside(skipped)
-            self._adopt_base(loaded.base)
+            self.base_now = loaded.base
             return loaded
         if problems:
             raise CheckpointError(
@@ -816,7 +777,8 @@ class RunDir:
     def _adopt_base(self, base: str | None) -> None:
         """A resumed LoRA run on its base's weights in another place (``base``: the local base loaded now, checked by
         :func:`~.checkpoint.check_same_local_base`): the run's adapter folders are pointed there
-        (:func:`~.checkpoint.repoint_run_adapters`), once every rank has read the checkpoint."""
+        (:func:`~.checkpoint.repoint_run_adapters`), once every rank has read the checkpoint and the resume passed its
+        checks (:meth:`start`: a refused resume writes nothing)."""
         if base is None:
             return
         self.dist.sum_int(0)  # (rank 0 may replace the checkpoint's folder: every rank has read it)
@@ -865,6 +827,8 @@ class RunDir:
         """Write ``config.json`` (and its history), open the metrics log (keeping the resumed checkpoint's rows, or
         starting empty) and the trackers, say where metrics go and that we resumed."""
         trackers: list[Tracker] = []
+        if resumed_state is not None:
+            self._adopt_base(self.base_now)
         if self.dist.is_main:
             step = resumed_state["step"] if resumed_state is not None else 0
             if resumed_state is not None and self.changed:
