@@ -198,10 +198,14 @@ def test_init_takes_an_adapter_checkpoint(base_dirs, tmp_path):
         cont = load_model(cfg.model, cfg.task, init=str(tmp_path / "adapter"))
     assert cont.peft is not None and torch.equal(logprobs(cont), logprobs(lm))  # the same adapter trains on
     other = tiny_config(**{"model.lora.r": 4, "model.lora.alpha": 8.0, "model.lora.target_modules": "[q_proj]"})
-    with pytest.warns(UserWarning, match=r"target_modules=\['q_proj'\]\) differs from the checkpoint's adapter"):
+    with pytest.warns(UserWarning, match=r"target_modules=\['q_proj'\], train_latent_tokens=True\) differs from"):
         load_model(other.model, cfg.task, init=str(tmp_path / "adapter"))
     saved = lm.peft.peft_config["default"]  # the run's config records what it trains (it kept the given values)
     assert (other.model.lora.r, other.model.lora.target_modules) == (saved.r, sorted(saved.target_modules))
+    rows = tiny_config(**{"model.lora.r": 4, "model.lora.alpha": 8.0, "model.lora.train_latent_tokens": "false"})
+    with pytest.warns(UserWarning, match="train_latent_tokens=False\\) differs from the checkpoint's adapter"):
+        load_model(rows.model, cfg.task, init=str(tmp_path / "adapter"))
+    assert rows.model.lora.train_latent_tokens is True  # (the adapter trains the latent rows: recorded so)
     with pytest.warns(UserWarning, match="merging it into the base"):
         full = load_model(tiny_config().model, cfg.task, init=str(tmp_path / "adapter"))
     assert full.peft is None and all(p.requires_grad for p in full.model.parameters())

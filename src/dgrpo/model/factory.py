@@ -106,16 +106,19 @@ def configure_lora(lm: LatentLM, cfg: LoraConfig) -> None:
         saved = lm.peft.peft_config[lora.POLICY]
         targets = sorted(cfg.target_modules)
         saved_targets = sorted(saved.target_modules) if isinstance(saved.target_modules, (set, list)) else targets
-        if (saved.r, float(saved.lora_alpha)) != (cfg.r, float(cfg.alpha)) or (
+        latent_rows = bool(saved.trainable_token_indices)
+        if (saved.r, float(saved.lora_alpha), latent_rows) != (cfg.r, float(cfg.alpha), cfg.train_latent_tokens) or (
             targets != ["all-linear"] and targets != saved_targets
         ):
             warnings.warn(
-                f"model.lora (r={cfg.r}, alpha={cfg.alpha}, target_modules={targets}) differs from the checkpoint's "
-                f"adapter (r={saved.r}, alpha={saved.lora_alpha}, target_modules={saved_targets}): training continues "
-                "the checkpoint's adapter (the run's config records its values)",
+                f"model.lora (r={cfg.r}, alpha={cfg.alpha}, target_modules={targets}, train_latent_tokens="
+                f"{cfg.train_latent_tokens}) differs from the checkpoint's adapter (r={saved.r}, alpha="
+                f"{saved.lora_alpha}, target_modules={saved_targets}, train_latent_tokens={latent_rows}): training "
+                "continues the checkpoint's adapter (the run's config records its values)",
                 stacklevel=2,
             )
             cfg.r, cfg.alpha, cfg.target_modules = saved.r, float(saved.lora_alpha), saved_targets
+            cfg.train_latent_tokens = latent_rows
     elif lm.peft is not None:
         warnings.warn(
             "the checkpoint is a LoRA adapter and model.lora.r=0: merging it into the base, every weight is trained "
