@@ -671,6 +671,23 @@ def test_a_checkpoint_of_another_adapter_is_refused_on_the_adapters_themselves(b
     assert says.format(model=ckpt / "model") in message and "\n" not in message
 
 
+def test_an_export_whose_merged_weights_overflow_its_dtype_is_refused(base_dirs, tmp_path):
+    """float16 ends at 65504: a merged weight past it was written as inf without a word."""
+    from dgrpo.cli import main
+
+    lm = with_lora(base_dirs / "qwen2")
+    with torch.no_grad():
+        next(p for n, p in lm.model.named_parameters() if "lora_B" in n).fill_(1e5)
+    lm.save_pretrained(tmp_path / "adapter")
+    assert (
+        main(["export", str(tmp_path / "adapter"), "--merge", "--dtype", "float16", "--out", str(tmp_path / "x")]) == 2
+    )
+    assert not (tmp_path / "x").exists()
+    assert (
+        main(["export", str(tmp_path / "adapter"), "--merge", "--dtype", "float32", "--out", str(tmp_path / "y")]) == 0
+    )
+
+
 def test_the_alpha_to_resume_with_is_written_as_it_reads_back():
     assert lora._as_set(8.0) == "8" and lora._as_set(12.3456789) == "12.3456789" and lora._as_set(False) == "false"
 

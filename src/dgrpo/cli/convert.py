@@ -140,6 +140,12 @@ def run_export(args: argparse.Namespace) -> int:
     lm = LatentLM.from_pretrained(src, dtype=torch.float32, trust_remote_code=args.trust_remote_code)
     lora.merge_into_base(lm)
     lm.to(dtype or base_dtype(lora.adapter_base(src), args.trust_remote_code, lora.adapter_base_revision(src)))
+    overflow = next((n for n, p in lm.model.named_parameters() if not bool(torch.isfinite(p).all())), None)
+    if overflow is not None:  # (float16's range ends at 65504: a merged weight past it is inf)
+        raise CheckpointError(
+            f"{overflow} holds values past {next(lm.parameters()).dtype}'s range once merged (inf): nothing written; "
+            "export with --dtype bfloat16 or float32"
+        )
     lm.save_pretrained(args.out)
     adapter = src if on_disk(args.src).exists() else f"{args.src}@{src.name}"  # (a hub id at its commit)
     print(
