@@ -775,6 +775,24 @@ def test_a_resume_that_switches_between_lora_and_full_training_is_one_line(tmp_p
             _run_dir(out, cfg=tiny_config(**{"model.lora.r": r, "grpo.lr": 1e-3}), allow_config_change=True).close()
 
 
+def test_a_lora_runs_adapter_settings_are_left_to_the_adapters_comparison(tmp_path):
+    """The config's model.lora.r / alpha / target_modules / train_latent_tokens of a LoRA run are compared on the
+    adapters when the checkpoint loads (checkpoint.check_same_adapter): the config's comparison refused first,
+    advising --allow-config-change, which the adapters' then refused (two refusals); and a run from an --init adapter
+    recorded by older dgrpo with the values given was refused as changed, the same command given. Kept in the
+    history; another key is refused as before."""
+    from dgrpo.config import ConfigError, to_dict
+
+    out = tmp_path / "run"
+    _fake_checkpoint(out / "checkpoints" / "step-00000004")
+    (out / "config.json").write_text(json.dumps(to_dict(tiny_config(**{"model.lora.r": 4}))))
+    run = _run_dir(out, cfg=tiny_config(**{"model.lora.r": 8, "model.lora.train_latent_tokens": "false"}))
+    assert run.changed == ["model.lora.r", "model.lora.train_latent_tokens"]
+    run.close()
+    with pytest.raises(ConfigError, match=r"a different config \(grpo.lr\)"):
+        _run_dir(out, cfg=tiny_config(**{"model.lora.r": 8, "grpo.lr": 1e-3}))
+
+
 def test_the_lora_dropout_a_run_recorded_is_no_config_change(tmp_path):
     """The adapter dropout is always 0, which a run now records; one that recorded the value given (0.1) resumes
     without --allow-config-change, and a resume given 0.1 is no change either."""

@@ -80,6 +80,10 @@ UNREAD_BY = {"sft": ("grpo.", "eval.plain", "eval.shots"), "grpo": ("sft.", "eva
 #: that loads one records the loaded model's there (dgrpo before 2026-12-02 recorded the options given), which a
 #: resume does not compare
 BUILTIN_SHAPE_KEYS = frozenset(f"model.{k}" for k in BUILTIN_SHAPE)
+#: what makes a LoRA run's adapter: a LoRA run's resume compares them on the checkpoint's and the model's adapters
+#: (:func:`~.checkpoint.check_same_adapter`), not in the config (a run from an --init adapter records the adapter's,
+#: dgrpo before 2026-12-02 the values given); a change is kept in the config history
+ADAPTER_KEYS = frozenset(f"model.lora.{k}" for k in ("r", "alpha", "target_modules", "train_latent_tokens"))
 #: what :func:`~dgrpo.model.verified.atomic_dir` leaves in OUT when a run is killed during a final/, best/ or stage-K/
 #: write: its temporary ``.tmp-NAME-PID`` and the ``.old-NAME-PID`` a replace moves aside (in OUT/checkpoints too, for
 #: a step-N replaced: a rewound run's, or one whose LoRA base moved, :func:`~.checkpoint.repoint_run_adapters`)
@@ -723,10 +727,11 @@ class RunDir:
         changed = self._changed_keys(old)
         what = f"--resume {self.candidates[0]} is from" if self.explicit else f"{self.out_dir} holds"
         self._check_same_kind_of_training(old, what)
-        if changed and not self.allow_config_change:
+        refused = [k for k in changed if not (self.cfg["model"]["lora"]["r"] and k in ADAPTER_KEYS)]
+        if refused and not self.allow_config_change:
             raise ConfigError(
-                f"{what} a run started with a different config ({', '.join(changed[:8])}"
-                f"{', ...' if len(changed) > 8 else ''}); resume it unchanged, start over with --resume never, "
+                f"{what} a run started with a different config ({', '.join(refused[:8])}"
+                f"{', ...' if len(refused) > 8 else ''}); resume it unchanged, start over with --resume never, "
                 "or pass --allow-config-change (allow_config_change=True) to continue with the new values (every "
                 "config used is kept)"
             )
