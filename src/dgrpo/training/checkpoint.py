@@ -37,6 +37,7 @@ from safetensors.torch import save_file, save_model
 
 from ..config import ConfigError
 from ..model.verified import (
+    MANIFEST,
     RESUMABLE_STATE,
     SAFETENSORS,
     SHARDED_DIR,
@@ -378,8 +379,8 @@ def repoint_run_adapters(out_dir: Path, base: str, log: Callable[[str], None]) -
     (:func:`run_adapter_folders`) trained on the same weights (by the fingerprint it records; one that records none
     when the place it names is gone) is pointed to ``base``, its manifests kept consistent, so that it still loads
     (the test of best/ at the end of the run failed every time). A folder trained on other weights, or naming a
-    base still there whose weights nothing compares, names its own and is left as it is; so is one that its manifest
-    does not vouch for (damaged, or changed by hand: rewriting its manifest would make it pass). Rank 0 only."""
+    base still there whose weights nothing compares, names its own and is left as it is; so is one whose manifest
+    fails (damaged, or changed by hand: rewriting its manifest would make it pass). Rank 0 only."""
     from ..model.lora import adapter_base, current_fingerprint, repoint, saved_fingerprint
 
     now: list[str | None] = []  # (the base's fingerprint, computed once: without a manifest, its files are read)
@@ -396,7 +397,7 @@ def repoint_run_adapters(out_dir: Path, base: str, log: Callable[[str], None]) -
             now.append(current_fingerprint(base))
         if (saved is not None and saved != now[0]) or (saved is None and Path(named).exists()):
             continue
-        problem = verify(whole)
+        problem = verify(whole) if (whole / MANIFEST).is_file() else None  # (none: a folder no manifest vouches for)
         if problem is not None:
             log(f"dgrpo: {whole} still names the base at {named}: not intact ({problem}), it is left as it is")
             continue
