@@ -541,11 +541,11 @@ def test_load_model_draws_new_adapters_from_its_seed(base_dirs):
 # -- a LoRA run's base moved, and the run resumed there ----------------------------------------------------------
 
 
-def _adapter_run(base, out):
+def _adapter_run(base, out, **kw):
     """A run directory's adapter folders, as a LoRA run on ``base`` writes them: best/ and a resumable checkpoint."""
     from dgrpo.training.checkpoint import save_checkpoint
 
-    lm = with_lora(base)
+    lm = with_lora(base, **kw)
     lm.save_pretrained(out / "best")
     opt = torch.optim.AdamW([p for p in lm.model.parameters() if p.requires_grad])
     save_checkpoint(out, 1, lm=lm, optimizer=opt, state={"trainer": {}})
@@ -633,6 +633,9 @@ def test_a_folder_its_manifest_does_not_vouch_for_is_not_pointed_to_the_moved_ba
     assert "checkpoints/step-00000001/ now name its new place" in said[1]
     assert lora.adapter_base(out / "best") == str(tmp_path / "base")
     assert verify(out / "best") == "checksum mismatch in adapter_config.json"
+    (out / "best" / "manifest.json").unlink()  # (no manifest: nothing vouches, as the moved-base hint advises doing)
+    repoint_run_adapters(out, moved, said.append)
+    assert lora.adapter_base(out / "best") == moved and not (out / "best" / "manifest.json").exists()
 
 
 @pytest.mark.parametrize(
@@ -641,9 +644,13 @@ def test_a_folder_its_manifest_does_not_vouch_for_is_not_pointed_to_the_moved_ba
         ({"r": 8}, "resume with --set model.lora.r=4 (to train another adapter"),
         ({"alpha": 16.0}, "resume with --set model.lora.alpha=8 (to"),
         ({"target_modules": ["q_proj"]}, "model.lora.target_modules as {model}/adapter_config.json lists them"),
+        (
+            {"target_modules": ["q_proj"], "saved": ["k_proj", "v_proj"]},
+            "--set 'model.lora.target_modules=[k_proj,v_proj]'",
+        ),
         ({"train_latent_tokens": False}, "resume with --set model.lora.train_latent_tokens=true (to"),
     ],
-    ids=["r", "alpha", "target_modules", "train_latent_tokens"],
+    ids=["r", "alpha", "target_modules", "few_target_modules", "train_latent_tokens"],
 )
 def test_a_checkpoint_of_another_adapter_is_refused_on_the_adapters_themselves(base_dirs, tmp_path, given, says):
     """A resume whose model.lora builds another adapter than the checkpoint's: another rank or other targets had
@@ -653,8 +660,9 @@ def test_a_checkpoint_of_another_adapter_is_refused_on_the_adapters_themselves(b
     from dgrpo.config import ConfigError
     from dgrpo.training.checkpoint import list_checkpoints, read_checkpoint
 
-    out = tmp_path / "run"
-    _adapter_run(base_dirs / "qwen2", out)
+    out, given = tmp_path / "run", dict(given)
+    saved = {"target_modules": given.pop("saved")} if "saved" in given else {}
+    _adapter_run(base_dirs / "qwen2", out, **saved)
     ckpt = list_checkpoints(out)[-1]
 
     def resumed_with(**settings):
@@ -663,7 +671,7 @@ def test_a_checkpoint_of_another_adapter_is_refused_on_the_adapters_themselves(b
         opt = torch.optim.AdamW([p for p in lm.model.parameters() if p.requires_grad])
         return read_checkpoint(ckpt, lm=lm, optimizer=opt)
 
-    resumed_with()  # (the same adapter)
+    resumed_with(**saved)  # (the same adapter)
     with pytest.raises(ConfigError) as e:
         resumed_with(**given)
     message = str(e.value)
@@ -713,6 +721,10 @@ def test_a_lora_run_resumed_on_its_moved_base_finishes_and_other_weights_are_ref
     assert r.returncode == 0, r.stderr
 
     (tmp_path / "base").rename(tmp_path / "moved")
+    shorter = [*tiny_args(**{**sets, "grpo.steps": 1}), "--allow-config-change"]  # (refused after the checkpoint loads)
+    r = run_cli("grpo", "--init", tmp_path / "moved", "--out", out, *shorter)
+    assert r.returncode == 2 and "a run cannot be shortened" in r.stderr, r.stderr
+    assert lora.adapter_base(out / "best") == str(tmp_path / "base")  # (a refused resume writes nothing)
     longer = [*tiny_args(**{**sets, "grpo.steps": 3}), "--allow-config-change"]
     r = run_cli("grpo", "--init", tmp_path / "moved", "--out", out, *longer)
     assert r.returncode == 0, r.stderr

@@ -562,6 +562,19 @@ def test_under_torchrun_a_sigterm_in_the_test_sets_stops_every_rank_after_the_se
     )
 
 
+def test_a_runs_test_sets_are_evaluated_in_the_test_set_phase(tmp_path):
+    """RunDir.final_eval marks the phase its notices and the watchdog's line are worded for."""
+    from types import SimpleNamespace
+
+    from dgrpo.training import preemption
+    from dgrpo.training.run import RunDir
+
+    seen = []
+    run = SimpleNamespace(command="grpo", dist=SimpleNamespace(is_main=False), out_dir=tmp_path)
+    RunDir.final_eval(run, lambda lm, best: seen.append(preemption._State.testing) or {}, None, 1, None)
+    assert seen == [True] and not preemption._State.testing
+
+
 def test_the_watchdogs_line_in_the_test_sets_says_the_training_is_checkpointed(tmp_path):
     """A torchrun worker whose test set outlasts the grace period is ended by the watchdog, which said "exiting
     without a checkpoint" where the last step's checkpoint was written before the test sets."""

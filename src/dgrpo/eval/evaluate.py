@@ -464,7 +464,8 @@ def majority_vote(answers: list[str | None], same: Callable[[str, str], bool] | 
     strings) says which answers are one (:func:`dgrpo.reward.numbers_agree`: ``2.33`` and ``2.333``, as the
     verifier scores them alike): the answer that the most votes are ``same`` as wins, then the one written most often,
     then the one seen first. (Agreement is not transitive: ``0.13`` agrees with ``0.125``, ``2.335`` with ``2.33``
-    and ``2.34``; so no vote order decides, and of ``0.13, 0.125, 0.125`` the answer twice written wins.)"""
+    and ``2.34``; so no vote order decides, and of ``0.13, 0.125, 0.125`` the answer twice written wins. An answer
+    between two others can win by agreeing with both: ``0.665`` of ``0.67, 0.67, 0.665, 0.66, 0.66``.)"""
     votes = [a for a in answers if a is not None]
     if not votes:
         return None

@@ -342,14 +342,17 @@ def _as_set(value: bool | float) -> str:
 
 def other_adapter(folder: Path, lm: LatentLM) -> str | None:
     """How the adapter saved in ``folder`` differs from the policy adapter ``lm`` holds (None: the same): the
-    ``model.lora`` settings that would give the saved one, as ``--set`` takes them (target modules: named by the
-    folder's file, a long list in PEFT's expansion)."""
+    ``model.lora`` settings that would give the saved one, as ``--set`` takes them (more than 8 target modules,
+    PEFT's expansion of ``all-linear``: named by the folder's file)."""
     saved, now = adapter_shape(_adapter_config(folder)), adapter_shape(lm.peft.peft_config[POLICY])
     if saved == now:
         return None
     keep = []
     for key in (k for k in saved if saved[k] != now[k]):
-        if key == "target_modules":
+        targets = saved[key]
+        if key == "target_modules" and isinstance(targets, list) and len(targets) <= 8:
+            keep.append(f"--set 'model.lora.target_modules=[{','.join(targets)}]'")
+        elif key == "target_modules":  # (PEFT's expansion of all-linear: a name per linear layer)
             keep.append(f"model.lora.target_modules as {folder / ADAPTER_CONFIG} lists them")
         else:
             keep.append(f"--set model.lora.{key}={_as_set(saved[key])}")
