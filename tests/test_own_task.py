@@ -480,6 +480,19 @@ def test_a_float32_answer_column_is_read_as_the_number_written(tmp_path):
         assert score("#### 2.3", recs[0].answer) == 1.0
 
 
+def test_a_csv_row_longer_than_its_header_is_one_line(tmp_path):
+    """csv.DictReader keeps a long row's extra cells under the key None, which reached a scorer as a column; a short
+    row's missing cells are None."""
+    from dgrpo.data.records import DataError
+
+    path = tmp_path / "rows.csv"
+    path.write_text("question,answer,n\n1+1?,2\n")
+    assert load_spec(str(path))[0].meta["n"] is None
+    path.write_text("question,answer\n1+1?,2\nWhat is 1,000+1?,1001\n")
+    with pytest.raises(DataError, match="line 3: 3 cells, more than the header's 2 columns"):
+        load_spec(str(path))
+
+
 def test_csv_parquet_dataset_folders_and_column_mapping(tmp_path):
     from dgrpo.config import DataConfig
 

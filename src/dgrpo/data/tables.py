@@ -22,8 +22,9 @@ def is_hf_folder(path: Path) -> bool:
 
 
 def read_csv_lines(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
-    """The rows of a CSV file with a header line (values are strings), and the file line each row starts on (the
-    header is line 1; a quoted value may span lines)."""
+    """The rows of a CSV file with a header line (values are strings; None in a row shorter than the header), and
+    the file line each row starts on (the header is line 1; a quoted value may span lines). A row longer than the
+    header is a DataError (its extra cells had no column name)."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
@@ -31,6 +32,11 @@ def read_csv_lines(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
                 raise DataError(f"{path}: no header line (CSV files need one, naming the columns)")
             rows, lines, end = [], [], reader.line_num
             for row in reader:
+                if None in row:  # (DictReader keeps the extra cells under the key None)
+                    raise DataError(
+                        f"{path}: line {end + 1}: {len(reader.fieldnames) + len(row[None])} cells, more than the "
+                        f"header's {len(reader.fieldnames)} columns (a value with a comma needs quotes)"
+                    )
                 rows.append(dict(row))
                 lines.append(end + 1)
                 end = reader.line_num
