@@ -435,11 +435,11 @@ def merge_results(parts: list[EvalResult]) -> EvalResult:
 
 
 def write_results(result: EvalResult, out_dir: str | Path) -> None:
-    """``results.json`` (the summary) and ``predictions.jsonl`` (one row per question) in ``out_dir``, whole or not at
-    all: each is written under a temporary name first; then an earlier ``results.json`` is removed, and
+    """``results.json`` (the summary) and ``predictions.jsonl`` (one row per question) in ``out_dir``, each whole:
+    each is written under a temporary name first; then an earlier ``results.json`` is removed, and
     ``predictions.jsonl`` and ``results.json``, last, take their places. A results.json describes the predictions
     beside it, whenever the process is stopped (SIGTERM, Ctrl-C, SIGKILL); the temporary files a killed write left
-    are removed."""
+    are removed by the next write into that folder."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results, predictions = out_dir / "results.json", out_dir / "predictions.jsonl"
@@ -460,12 +460,13 @@ def write_results(result: EvalResult, out_dir: str | Path) -> None:
 
 
 def majority_vote(answers: list[str | None], same: Callable[[str, str], bool] | None = None) -> str | None:
-    """Most common parsed answer (ties: the one seen first); None when nothing parsed. ``same`` (default: equal
-    strings) says which answers are one (:func:`dgrpo.reward.numbers_agree`: ``2.33`` and ``2.333``, as the
-    verifier scores them alike): the answer that the most votes are ``same`` as wins, then the one written most often,
-    then the one seen first. (Agreement is not transitive: ``0.13`` agrees with ``0.125``, ``2.335`` with ``2.33``
-    and ``2.34``; so no vote order decides, and of ``0.13, 0.125, 0.125`` the answer twice written wins. An answer
-    between two others can win by agreeing with both: ``0.665`` of ``0.67, 0.67, 0.665, 0.66, 0.66``.)"""
+    """The answer the most votes are ``same`` as (default: equal strings, so the most common), then the one written most
+    often, then the one seen first; None when nothing parsed. ``same`` says which answers are one
+    (:func:`dgrpo.reward.numbers_agree`: ``2.33`` and ``2.333``, as the verifier scores them alike): the answer that the
+    most votes are ``same`` as wins, then the one written most often, then the one seen first. (Agreement is not
+    transitive: ``0.13`` agrees with ``0.125``, ``2.335`` with ``2.33`` and ``2.34``; so no vote order decides, and of
+    ``0.13, 0.125, 0.125`` the answer twice written wins. An answer between two others can win by agreeing with both:
+    ``0.665`` of ``0.67, 0.67, 0.665, 0.66, 0.66``.)"""
     votes = [a for a in answers if a is not None]
     if not votes:
         return None
@@ -565,8 +566,9 @@ def evaluate_mc_vote(
 
     Each completion votes for its answer as ``scorer`` (default: the numeric verifier) reads it (:func:`vote_key`: the
     final number for a numeric gold, the normalised final text for a text gold such as ProsQA's, the letter for
-    ``choice``; numbers the verifier compares as one, ``2.33`` and ``2.333``, vote together:
-    :func:`dgrpo.reward.numbers_agree`, :func:`majority_vote`); ties go to the answer seen first. The question is
+    ``choice``; with the numeric scorer and a numeric gold, numbers the verifier compares as one, ``2.33`` and
+    ``2.333``, vote together: :func:`dgrpo.reward.numbers_agree`, :func:`majority_vote`); ties go to the answer
+    written most often, then to the one seen first. The question is
     correct when ``scorer`` scores the first completion that gave the majority answer correct, so a vote counts
     exactly as that completion would in :func:`evaluate`. ``unparseable`` counts (numeric scorer only, as in
     :func:`evaluate`) the questions none of whose completions holds an answer. ConfigError when question, latents

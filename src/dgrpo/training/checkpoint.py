@@ -327,9 +327,10 @@ def _local_base(lm) -> str | None:
 
 def check_same_adapter(ckpt: Path, lm) -> None:
     """A ConfigError (the run's setting: no fallback to an older checkpoint, each would be skipped as damaged) when a
-    LoRA checkpoint's adapter is not the one the run builds: another rank or other targets fail to load, another alpha
-    rescales the saved adapter (the resumed policy would not be the one saved). Compared on the adapters themselves,
-    whatever the run's config recorded (an ``--init`` adapter's own settings win over ``model.lora``)."""
+    LoRA checkpoint's adapter is not the one the run builds: another rank, other targets or other trainable latent rows
+    fail to load, another alpha rescales the saved adapter (the resumed policy would not be the one saved). Compared on
+    the adapters themselves, whatever the run's config recorded (an ``--init`` adapter's own settings win over
+    ``model.lora``)."""
     from ..model.lora import is_adapter_dir, other_adapter
 
     if getattr(lm, "peft", None) is None or not is_adapter_dir(ckpt / "model"):

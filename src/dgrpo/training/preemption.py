@@ -18,7 +18,9 @@ The command line installs the handler (:func:`sigterm_stops`); the loops mark th
 ask :func:`stop_requested` after each and, when it is True, write the checkpoint and call :func:`stop`. The
 checkpoint comes before the work due at that step's end (GRPO's evaluation; SFT's epoch end: its evaluation,
 ``stage-K/``, ``best/``), which it records as still to do: the resumed run does it first, from the same RNG state, so
-the grace period holds only the step and the checkpoint's write. From Python, without the handler, none of this does
+the grace period holds only the step and the checkpoint's write. At a run's end (:func:`in_test_sets`), after its
+last checkpoint, the ranks agree after each test set and stop with no checkpoint to write. ``dgrpo eval`` installs
+the handler too: a SIGTERM stops it at once (exit 143). From Python, without the handler, none of this does
 anything: SIGTERM keeps its default.
 """
 
@@ -46,8 +48,8 @@ REPEAT_S = 2.0
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM during a training command: raised in the main thread, so that the run closes its metrics, trackers
-    and lock, and says how to go on, as Ctrl-C does."""
+    """SIGTERM during a training command or ``dgrpo eval``: raised in the main thread, so that the run closes its
+    metrics, trackers and lock, and says how to go on, as Ctrl-C does."""
 
 
 class _State:
@@ -150,10 +152,10 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 @contextmanager
 def sigterm_stops(on: bool, distributed: bool = False) -> Iterator[None]:
-    """While a training command runs (``on``; ``distributed``: a torchrun worker): SIGTERM as the module says (it
-    ended the process without a word). After a torchrun worker's stop (:func:`stop`) SIGTERM stays ignored, not
-    restored: the process is ending, and torchrun, seeing a rank exit, sends SIGTERM to the others, one of which,
-    still ending, died of it (reported as "Signal 15 (SIGTERM) received", the checkpoint written)."""
+    """While a training command or ``dgrpo eval`` runs (``on``; ``distributed``: a torchrun worker): SIGTERM as the
+    module says (it ended the process without a word). After a torchrun worker's stop (:func:`stop`) SIGTERM stays
+    ignored, not restored: the process is ending, and torchrun, seeing a rank exit, sends SIGTERM to the others, one of
+    which, still ending, died of it (reported as "Signal 15 (SIGTERM) received", the checkpoint written)."""
     grace = grace_s() if on and distributed else 0.0
     previous = signal.getsignal(signal.SIGTERM) if on else None
     try:
@@ -206,8 +208,9 @@ def in_test_sets() -> Iterator[None]:
 
 
 def stop_requested(dist: Dist | None = None) -> bool:
-    """Whether a SIGTERM asked to stop: then write a resumable checkpoint and :func:`stop`. Under torchrun (with the
-    handler on) a collective: every rank calls it after every step, and all get the same answer."""
+    """Whether a SIGTERM asked to stop: then write a resumable checkpoint (none in the test sets) and :func:`stop`.
+    Under torchrun (with the handler on) a collective: every rank calls it after every step and after each test set,
+    and all get the same answer."""
     if _State.distributed and dist is not None and dist.active:
         agreed = dist.max_float(1.0 if _State.requested else 0.0) > 0
         if agreed and not _State.requested:  # (the SIGTERM reached other ranks only: rank 0 had said nothing)
@@ -224,10 +227,10 @@ def stop_requested(dist: Dist | None = None) -> bool:
 
 
 def stop(dist: Dist | None = None) -> NoReturn:
-    """Raise :class:`Terminated` once the checkpoint is written: under torchrun every rank first waits for rank 0's
-    write (a rank that left early would have torchrun end the others, rank 0 mid-write), then leaves the process
-    group as a finished run does (:meth:`~dgrpo.training.distributed.Dist.close`: its threads joined here, not in the
-    interpreter's teardown, where NCCL warns of a group "NOT destroyed")."""
+    """Raise :class:`Terminated` once the checkpoint (in the test sets: the set's results) is written: under torchrun
+    every rank first waits for rank 0's write (a rank that left early would have torchrun end the others, rank 0
+    mid-write), then leaves the process group as a finished run does (:meth:`~dgrpo.training.distributed.Dist.close`:
+    its threads joined here, not in the interpreter's teardown, where NCCL warns of a group "NOT destroyed")."""
     if dist is not None and dist.active:
         _State.stopping = _State.distributed
         dist.close()  # (a barrier, then the group destroyed)

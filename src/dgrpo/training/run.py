@@ -720,7 +720,9 @@ class RunDir:
         return found
 
     def _check_config(self) -> None:
-        """Refuse to resume under a changed config (unless allowed: then keep every config with its start step)."""
+        """Refuse to resume under a changed config (unless allowed: then keep every config with its start step). A
+        LoRA run's :data:`ADAPTER_KEYS` are left to :func:`~.checkpoint.check_same_adapter`, their change kept in the
+        config history."""
         old = self._started_with()
         if old is None:
             return
@@ -829,7 +831,8 @@ class RunDir:
             self.log(f"dgrpo: moved the skipped checkpoint {ckpt.name} aside to {aside}")
 
     def start(self, resumed_state: dict | None) -> None:
-        """Write ``config.json`` (and its history), open the metrics log (keeping the resumed checkpoint's rows, or
+        """A resumed LoRA run's adapter folders first pointed to its base's new place (:meth:`_adopt_base`); then
+        write ``config.json`` (and its history), open the metrics log (keeping the resumed checkpoint's rows, or
         starting empty) and the trackers, say where metrics go and that we resumed."""
         trackers: list[Tracker] = []
         if resumed_state is not None:
