@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from .loaders import DATASETS, canonical_name, column_parser, load_dataset
-from .records import DataError, Record, data_columns, shared_questions
+from .records import DataError, Record, shared_questions, with_columns
 from .synthetic import load_builtin
 
 
@@ -30,7 +30,7 @@ def load_spec(spec: str, task=None, split: str | None = None, data=None) -> list
     Every record has every column (``meta`` key) of the records loaded, None where its row lacked it, as a Hugging
     Face dataset holds a column some rows lack: a reward or scorer in TRL's form gets the same keywords whichever
     records a batch, a rank's shard or a vote holds."""
-    return with_every_column(_load_spec(spec, task, split, data))
+    return with_columns(_load_spec(spec, task, split, data))
 
 
 def load_hf_dataset(dataset: Any, split: str | None = None, data=None) -> list[Record]:
@@ -44,16 +44,7 @@ def load_hf_dataset(dataset: Any, split: str | None = None, data=None) -> list[R
     def read() -> list[Record]:
         return rows_to_records(split_rows(dataset, split, where), where, "dataset", columns)
 
-    return with_every_column(mapped_read(columns, where, read))
-
-
-def with_every_column(records: list[Record]) -> list[Record]:
-    """``records``, each ``meta`` given every key of the others' (None where it has none)."""
-    keys = data_columns(records)
-    for r in records:
-        if len(r.meta) < len(keys):
-            r.meta = {**r.meta, **{k: None for k in keys if k not in r.meta}}
-    return records
+    return with_columns(mapped_read(columns, where, read))
 
 
 def _load_spec(spec: str, task, split: str | None, data) -> list[Record]:

@@ -93,9 +93,9 @@ def data_columns(records: Iterable[Record]) -> tuple[str, ...]:
 
 
 def with_columns(records: list[Record], columns: Iterable[str] = ()) -> list[Record]:
-    """``records`` as a scorer is given them: each with every column of ``columns`` and of ``records``
-    (:func:`data_columns`) in its ``meta``, None where it has none (a copy of a record that lacks one; the records
-    given are not changed). A scorer in TRL's form then gets the same keywords whichever of them a call holds (a
+    """``records`` as the loaders return them and a scorer is given them: each with every column of ``columns`` and of
+    ``records`` (:func:`data_columns`) in its ``meta``, None where it has none (a copy of a record that lacks one; the
+    records given are not changed). A scorer in TRL's form then gets the same keywords whichever of them a call holds (a
     vote's chosen completions, a rank's shard: pass the whole data's columns)."""
     keys = tuple(dict.fromkeys([*columns, *data_columns(records)]))
     out = []
