@@ -765,3 +765,6 @@ def test_the_run_records_the_adapter_dropout_it_uses(base_dirs, tmp_path):
     handed = tiny_config(**{"model.lora.dropout": 0.1})  # (r = 0: the model's own adapters train)
     lora_for_training(lm, handed.model.lora)
     assert (handed.model.lora.r, handed.model.lora.dropout) == (4, 0.0)
+    rows = tiny_config()  # (an adapter without the latent rows, handed over: recorded so, as an --init one is)
+    lora_for_training(with_lora(base_dirs / "qwen2", train_latent_tokens=False), rows.model.lora)
+    assert rows.model.lora.train_latent_tokens is False

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 
@@ -117,8 +118,7 @@ def configure_lora(lm: LatentLM, cfg: LoraConfig) -> None:
                 "continues the checkpoint's adapter (the run's config records its values)",
                 stacklevel=2,
             )
-            cfg.r, cfg.alpha, cfg.target_modules = saved.r, float(saved.lora_alpha), saved_targets
-            cfg.train_latent_tokens = latent_rows
+            record_adapter(cfg, saved)
     elif lm.peft is not None:
         warnings.warn(
             "the checkpoint is a LoRA adapter and model.lora.r=0: merging it into the base, every weight is trained "
@@ -137,8 +137,14 @@ def lora_for_training(lm: LatentLM, cfg: LoraConfig) -> None:
     if cfg.r > 0 or lm.peft is None:
         configure_lora(lm, cfg)
         return
-    saved = lm.peft.peft_config[lora.POLICY]
+    record_adapter(cfg, lm.peft.peft_config[lora.POLICY])
+
+
+def record_adapter(cfg: LoraConfig, saved: Any) -> None:
+    """``cfg`` (the run's ``model.lora``) set to what the adapter ``saved`` (its ``peft.LoraConfig``) is: its rank,
+    alpha, targets (a set or list of them) and trainable latent rows, and the dropout of 0 every adapter uses."""
     cfg.r, cfg.alpha, cfg.dropout = saved.r, float(saved.lora_alpha), 0.0  # (dgrpo's forwards: no adapter dropout)
+    cfg.train_latent_tokens = bool(saved.trainable_token_indices)
     if isinstance(saved.target_modules, (set, list)):
         cfg.target_modules = sorted(saved.target_modules)
 
