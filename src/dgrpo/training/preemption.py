@@ -52,6 +52,10 @@ class Terminated(KeyboardInterrupt):
     metrics, trackers and lock, and says how to go on, as Ctrl-C does."""
 
 
+#: what a stop in the test sets (:func:`in_test_sets`) leaves, as the ranks' lines say it
+TESTS_LEFT = "the training is checkpointed: the same command evaluates the test sets"
+
+
 class _State:
     installed = False  # the handler is on (a training command)
     distributed = False  # under torchrun: a SIGTERM only asks; the ranks agree after each step
@@ -93,8 +97,7 @@ def _watchdog(read_fd: int, grace: float, done: threading.Event) -> None:
                 if not done.wait(grace):
                     rank = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
                     left = (
-                        "in a test set: exiting (the training is checkpointed: the same command evaluates the test "
-                        "sets)"
+                        f"in a test set: exiting ({TESTS_LEFT})"
                         if _State.testing
                         else "(a rank blocked, or a long step or evaluation): exiting without a checkpoint"
                     )
@@ -192,7 +195,7 @@ def within_step() -> Iterator[None]:
 def _where() -> str:
     """Where the ranks stop, as rank 0's notice of a SIGTERM says it."""
     if _State.testing:
-        return "the test set under way (the training is checkpointed: the same command evaluates the test sets)"
+        return f"the test set under way ({TESTS_LEFT})"
     return "this step, after writing a resumable checkpoint"
 
 
