@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
 
-from ..training.preemption import Terminated, sigterm_stops
+from ..training.preemption import Terminated, is_rank0, sigterm_stops
 from . import convert, evaluate, plot, tools, train
 from .common import STOPPABLE_COMMANDS, TRAINING_COMMANDS
 
@@ -66,11 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dgrpo: error: {e}", file=sys.stderr)
         return 2
     except Terminated as e:
-        if speaks_for_every_rank():
+        if is_rank0():
             print(f"dgrpo: terminated (SIGTERM){_stopped_in(e, args.cmd)}{_resume_hint(args)}", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt as e:
-        if speaks_for_every_rank():  # (Ctrl-C reaches every worker, and torchrun forwards it to each again)
+        if is_rank0():  # (Ctrl-C reaches every worker, and torchrun forwards it to each again)
             print(f"dgrpo: interrupted{_stopped_in(e, args.cmd)}{_resume_hint(args)}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into a reader that stopped (`| head`): quiet, as Unix tools are
@@ -104,21 +104,12 @@ def _run(args: argparse.Namespace) -> int:
         print(f"dgrpo: error: {e}", file=sys.stderr)
         return 2
     except TrainingStopped as e:
-        if speaks_for_every_rank():  # (every rank stops at the same step, for the same reason)
+        if is_rank0():  # (every rank stops at the same step, for the same reason)
             print(f"dgrpo: error: {e}", file=sys.stderr)
         return 1
 
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
-
-
-def speaks_for_every_rank() -> bool:
-    """Whether this process prints the line of a stop that every rank makes together: one process, or torchrun's
-    global rank 0 (the others stop quietly: a user saw one copy per rank). Those stops are Ctrl-C (the terminal sends
-    SIGINT to every worker, and torchrun forwards it), a SIGTERM's agreed stop (:mod:`dgrpo.training.preemption`)
-    and :class:`~dgrpo.training.run.TrainingStopped` (decided on values every rank shares). A rank's own failure
-    (bad input, a reward or a scorer that fails on its batch) is printed by that rank, whichever it is."""
-    return os.environ.get("RANK", "").strip() in ("", "0")
 
 
 def _stopped_in(stop: KeyboardInterrupt, cmd: str) -> str:

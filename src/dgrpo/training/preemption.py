@@ -66,8 +66,11 @@ class _State:
     last_at = -float("inf")  # time.monotonic() of the last SIGTERM that counted (one process)
 
 
-def _is_rank0() -> bool:
-    return os.environ.get("RANK", "0") == "0"
+def is_rank0() -> bool:
+    """Whether this process speaks for every rank: one process, or torchrun's global rank 0. It alone prints the lines
+    of what every rank does together (a SIGTERM's stop, Ctrl-C, which the terminal sends to every worker and torchrun
+    forwards again, a guard's stop decided on values the ranks share); a rank's own failure is that rank's line."""
+    return os.environ.get("RANK", "").strip() in ("", "0")
 
 
 def grace_s() -> float:
@@ -134,7 +137,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
     if _State.distributed:
         if not _State.requested:
             _State.requested = True
-            if _is_rank0():
+            if is_rank0():
                 print(f"dgrpo: SIGTERM: every rank stops at the end of {_where()}", file=sys.stderr, flush=True)
         return
     now = time.monotonic()
