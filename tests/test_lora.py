@@ -32,7 +32,9 @@ def base_dirs(tokenizer, tmp_path_factory):
 
 def with_lora(path, nonzero=True, **kw) -> LatentLM:
     lm = LatentLM.from_pretrained(path)
-    lora.apply_lora(lm, LoraConfig(r=4, alpha=8.0, **kw))
+    with torch.random.fork_rng():  # PEFT draws lora_A from the global RNG: the same adapters whatever ran before
+        torch.manual_seed(0)
+        lora.apply_lora(lm, LoraConfig(r=4, alpha=8.0, **kw))
     if nonzero:  # B = 0 at init makes every adapter a no-op; give them a value so that they matter
         with torch.no_grad():
             gen = torch.Generator().manual_seed(1)
@@ -483,12 +485,17 @@ def test_every_perturbation_replays_under_lora(base_dirs, kind):
     assert torch.equal(a, b) and not torch.equal(a, logprobs(lm)[:1])
 
 
-def test_the_latent_chain_under_adapters_gives_the_recurrences_gradients(base_dirs):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_latent_chain_under_adapters_gives_the_recurrences_gradients(base_dirs, dtype):
     """``grpo.update_latent_graphs`` through the PEFT-wrapped model (uncaptured here): only the adapters and latent
-    rows are its trainable weights, and their gradients are the step-by-step recurrence's (fp32)."""
+    rows are its trainable weights, and their gradients are the step-by-step recurrence's. In float64 they agree to
+    rounding (the two are one computation); in float32 the recurrence amplifies rounding by the draw's conditioning
+    (over 400 adapter draws the worst was 7e-5 of the gradient's size, 98% under 1e-5), so that check takes the
+    fixed draw ``with_lora`` makes."""
     from dgrpo.model.latent_chain import chained_target_logprobs
 
     lm = with_lora(base_dirs / "qwen2")
+    lm.model.to(dtype)
     q, qm, t, tm = batch(lm)
     grads = []
     for chained in (False, True):
@@ -502,7 +509,7 @@ def test_the_latent_chain_under_adapters_gives_the_recurrences_gradients(base_di
     assert grads[0].keys() == grads[1].keys() and any("lora_B" in k for k in grads[0])
     for k in grads[0]:
         scale = max(1.0, float(grads[0][k].abs().max()))
-        assert float((grads[0][k] - grads[1][k]).abs().max()) <= 1e-5 * scale, k
+        assert float((grads[0][k] - grads[1][k]).abs().max()) <= (1e-5 if dtype == torch.float32 else 1e-12) * scale, k
 
 
 def test_target_modules_that_match_nothing_or_cannot_be_adapted_are_one_config_line(base_dirs):
