@@ -29,6 +29,20 @@ settings.register_profile("repeatable", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile("repeatable")
 
+#: every test starts from the same global RNG state (torch, random), so that what a test draws does not depend on
+#: which tests ran before it in its worker (a tolerance met by most draws failed CI on one); ``DGRPO_TEST_SEED=N``
+#: runs the suite from another state, to find a test that holds for one draw only
+TEST_SEED = int(os.environ.get("DGRPO_TEST_SEED", "0"))
+
+
+@pytest.fixture(autouse=True)
+def _same_draws_in_any_order():
+    import random
+
+    random.seed(TEST_SEED)
+    torch.manual_seed(TEST_SEED)
+
+
 #: the real data files: $DGRPO_DATA_DIR when set, else ../shared/data beside the checkout (development and CI); the
 #: tests that read them skip when the folder is absent
 SHARED_DATA = Path(os.environ.get("DGRPO_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
