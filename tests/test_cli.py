@@ -846,11 +846,13 @@ def test_sigterm_in_a_runs_test_sets_says_so_and_leaves_it_unfinished(sft_checkp
     assert sorted(p.name for p in out.iterdir()) == [".lock", "checkpoints", "config.json", "metrics.jsonl"]
 
 
+@pytest.mark.parametrize("resume", ["auto", "never"])
 def test_a_test_set_that_fails_says_what_the_run_left_and_its_advice_finishes_it(
-    sft_checkpoint, tmp_path, run_cli, monkeypatch
+    sft_checkpoint, tmp_path, run_cli, monkeypatch, resume
 ):
     """A run whose test sets fail (here a scorer's error on them alone) has no final/ now: a line before the error's
-    says that the training is checkpointed and how to go on, and its advice works."""
+    says that the training is checkpointed and how to go on, and its advice works. Under ``--resume never`` it said
+    "the same command", which deleted the checkpoint and trained again."""
     import dgrpo.cli.train as train
     from dgrpo.eval.scoring import RewardError
 
@@ -860,19 +862,22 @@ def test_a_test_set_that_fails_says_what_the_run_left_and_its_advice_finishes_it
     with monkeypatch.context() as m:
         m.setattr(train, "evaluate_test_sets", failing)
         out, sets = tmp_path / "run", {"grpo.steps": 1, "grpo.warmup_steps": 0, "data.valid": "''"}
-        r = run_cli("grpo", "--init", sft_checkpoint, "--out", out, *tiny_args(**sets))
+        r = run_cli("grpo", "--init", sft_checkpoint, "--out", out, "--resume", resume, *tiny_args(**sets))
     assert r.returncode == 2, r.stderr[-2000:]
+    again = "the same command" if resume == "auto" else "the same command without --resume never"
     assert r.stderr.strip().splitlines()[-2:] == [
         f"dgrpo: the test sets' evaluation failed (below): the training is done and checkpointed in {out}/checkpoints; "
-        "final/ and summary.json come after the test sets: once they can run, the same command evaluates them (it "
+        f"final/ and summary.json come after the test sets: once they can run, {again} evaluates them (it "
         "trains no step), or --set 'data.test=[]' --allow-config-change skips them",
         "dgrpo: error: scorer s raised ValueError: boom on the test set",
     ]
     assert not (out / "final").exists()
+    trained = {p: p.stat().st_mtime_ns for p in (out / "checkpoints").rglob("*")}
     skipped = [*tiny_args(**sets), "--set", "data.test=[]", "--allow-config-change"]  # (the line's advice)
     r = run_cli("grpo", "--init", sft_checkpoint, "--out", out, *skipped)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (out / "final").is_dir() and (out / "summary.json").is_file()
+    assert {p: p.stat().st_mtime_ns for p in (out / "checkpoints").rglob("*")} == trained  # (no step trained again)
 
 
 def test_a_sigterm_while_torch_loads_is_one_line_too(tmp_path):

@@ -570,7 +570,9 @@ def test_a_runs_test_sets_are_evaluated_in_the_test_set_phase(tmp_path):
     from dgrpo.training.run import RunDir
 
     seen = []
-    run = SimpleNamespace(command="grpo", dist=SimpleNamespace(is_main=False), out_dir=tmp_path)
+    run = SimpleNamespace(
+        command="grpo", dist=SimpleNamespace(is_main=False), out_dir=tmp_path, same_command="the same command"
+    )
     RunDir.final_eval(run, lambda lm, best: seen.append(preemption._State.testing) or {}, None, 1, None)
     assert seen == [True] and not preemption._State.testing
 
@@ -581,7 +583,7 @@ def test_the_watchdogs_line_in_the_test_sets_says_the_training_is_checkpointed(t
     (tmp_path / "testing.py").write_text(
         "import os, signal, time\n"
         "from dgrpo.training.preemption import in_test_sets, sigterm_stops\n"
-        "with sigterm_stops(True, distributed=True), in_test_sets():\n"
+        "with sigterm_stops(True, distributed=True), in_test_sets('the same command without --resume never'):\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    time.sleep(30)\n"
     )
@@ -590,7 +592,7 @@ def test_the_watchdogs_line_in_the_test_sets_says_the_training_is_checkpointed(t
     assert r.returncode == 128 + signal.SIGTERM
     assert r.stderr.strip().splitlines()[-1] == (
         "dgrpo: rank 1: no stop within DGRPO_SIGTERM_GRACE_S = 0.2 s of SIGTERM in a test set: exiting (the training "
-        "is checkpointed: the same command evaluates the test sets)"
+        "is checkpointed: the same command without --resume never evaluates the test sets)"
     )
 
 

@@ -52,8 +52,9 @@ class Terminated(KeyboardInterrupt):
     metrics, trackers and lock, and says how to go on, as Ctrl-C does."""
 
 
-#: what a stop in the test sets (:func:`in_test_sets`) leaves, as the ranks' lines say it
-TESTS_LEFT = "the training is checkpointed: the same command evaluates the test sets"
+#: what a stop in the test sets (:func:`in_test_sets`) leaves, as the ranks' lines say it ({again}: the command that
+#: goes on, :meth:`~dgrpo.training.run.RunDir.same_command`)
+TESTS_LEFT = "the training is checkpointed: {again} evaluates the test sets"
 
 
 class _State:
@@ -63,6 +64,7 @@ class _State:
     requested = False  # a SIGTERM asked for a checkpoint and a stop at a step's end
     stopping = False  # (under torchrun) the checkpoint is written and the process group left: the process is ending
     testing = False  # the run's end: its test sets are evaluated, its last checkpoint written (:func:`in_test_sets`)
+    again = "the same command"  # (testing) the command that evaluates them after a stop
     last_at = -float("inf")  # time.monotonic() of the last SIGTERM that counted (one process)
 
 
@@ -100,7 +102,7 @@ def _watchdog(read_fd: int, grace: float, done: threading.Event) -> None:
                 if not done.wait(grace):
                     rank = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
                     left = (
-                        f"in a test set: exiting ({TESTS_LEFT})"
+                        f"in a test set: exiting ({TESTS_LEFT.format(again=_State.again)})"
                         if _State.testing
                         else "(a rank blocked, or a long step or evaluation): exiting without a checkpoint"
                     )
@@ -198,15 +200,16 @@ def within_step() -> Iterator[None]:
 def _where() -> str:
     """Where the ranks stop, as rank 0's notice of a SIGTERM says it."""
     if _State.testing:
-        return f"the test set under way ({TESTS_LEFT})"
+        return f"the test set under way ({TESTS_LEFT.format(again=_State.again)})"
     return "this step, after writing a resumable checkpoint"
 
 
 @contextmanager
-def in_test_sets() -> Iterator[None]:
+def in_test_sets(again: str = "the same command") -> Iterator[None]:
     """The run's end, its test sets evaluated after its last checkpoint: under torchrun a SIGTERM's notice says the
-    ranks stop after the test set under way (they agree after each one), with no checkpoint to write."""
-    _State.testing = True
+    ranks stop after the test set under way (they agree after each one), with no checkpoint to write, and that
+    ``again`` (the command that goes on from the checkpoint) evaluates them."""
+    _State.testing, _State.again = True, again
     try:
         yield
     finally:

@@ -888,6 +888,15 @@ class RunDir:
             )
 
     @property
+    def same_command(self) -> str:
+        """The command that goes on from the newest checkpoint, as the run's lines name it: under ``--resume never``
+        or ``--resume PATH`` the same command would start over or go back to PATH (the command line's stop lines
+        say so too: ``dgrpo.cli._resume_hint``)."""
+        if self.resume_mode == "auto":
+            return "the same command"
+        return f"the same command without --resume {self.resume_mode}"
+
+    @property
     def rollouts_path(self) -> Path:
         return self.out_dir / ROLLOUTS_FILE
 
@@ -903,7 +912,7 @@ class RunDir:
         last = f"{FINAL_DIR}/ and {SUMMARY_FILE} come" if self.command == "grpo" else f"{FINAL_DIR}/ comes"
         try:
             with (
-                in_test_sets(),
+                in_test_sets(self.same_command),
                 stopping(f"in the test sets' evaluation (the training is done and checkpointed; {last} after them)"),
             ):
                 row = final_eval(lm, best)
@@ -911,9 +920,9 @@ class RunDir:
             if self.dist.is_main:  # (on stderr, before the error's own line)
                 print(
                     f"dgrpo: the test sets' evaluation failed (below): the training is done and checkpointed in "
-                    f"{self.out_dir / CHECKPOINTS_DIR}; {last} after the test sets: once they can run, the same "
-                    "command evaluates them (it trains no step), or --set 'data.test=[]' --allow-config-change skips "
-                    "them",
+                    f"{self.out_dir / CHECKPOINTS_DIR}; {last} after the test sets: once they can run, "
+                    f"{self.same_command} evaluates them (it trains no step), or --set 'data.test=[]' "
+                    "--allow-config-change skips them",
                     file=sys.stderr,
                     flush=True,
                 )
