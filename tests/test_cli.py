@@ -846,6 +846,31 @@ def test_sigterm_in_a_runs_test_sets_says_so_and_leaves_it_unfinished(sft_checkp
     assert sorted(p.name for p in out.iterdir()) == [".lock", "checkpoints", "config.json", "metrics.jsonl"]
 
 
+def test_a_finished_run_extended_and_stopped_in_its_test_sets_keeps_no_earlier_final(
+    sft_checkpoint, tmp_path, run_cli, monkeypatch
+):
+    """A finished run resumed to train more steps, stopped in its test sets, kept the earlier end's final/ and
+    summary.json (of fewer steps): it read as finished, and ``dgrpo eval --model OUT`` took that final/. They are
+    removed as the new end begins; the same command then writes them, of the new length."""
+    import signal
+
+    import dgrpo.cli.train as train
+
+    out, sets = tmp_path / "run", {"grpo.steps": 1, "grpo.warmup_steps": 0, "data.valid": "''"}
+    r = run_cli("grpo", "--init", sft_checkpoint, "--out", out, *tiny_args(**sets))
+    assert r.returncode == 0 and (out / "final").is_dir() and (out / "eval").is_dir(), r.stderr[-2000:]
+    longer = [*tiny_args(**{**sets, "grpo.steps": 2}), "--allow-config-change"]
+    with monkeypatch.context() as m:
+        m.setattr(train, "evaluate_test_sets", lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM))
+        r = run_cli("grpo", "--init", sft_checkpoint, "--out", out, *longer)
+    assert r.returncode == 143, r.stderr[-2000:]
+    assert f"dgrpo: removed the earlier end's summary.json, final, eval in {out}" in r.stdout
+    assert not any((out / name).exists() for name in ("final", "summary.json", "eval"))
+    r = run_cli("grpo", "--init", sft_checkpoint, "--out", out, *longer)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((out / "summary.json").read_text())["steps"] == 2 and (out / "eval").is_dir()
+
+
 @pytest.mark.parametrize("resume", ["auto", "never"])
 def test_a_test_set_that_fails_says_what_the_run_left_and_its_advice_finishes_it(
     sft_checkpoint, tmp_path, run_cli, monkeypatch, resume

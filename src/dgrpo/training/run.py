@@ -887,6 +887,19 @@ class RunDir:
                 stacklevel=2,
             )
 
+    def _drop_earlier_finish(self) -> None:
+        """What an earlier end of this run wrote (a finished run resumed to train more steps, or run again): its
+        summary.json, final/ and test results, removed before this end writes them anew, so that a stop in the test
+        sets does not leave a final/ and a summary of fewer steps that read as this run's (``dgrpo eval --model OUT``
+        took that final/)."""
+        tests = [results_folder(FINAL_DIR), results_folder(BEST_DIR)]
+        found = [self.out_dir / name for name in (SUMMARY_FILE, FINAL_DIR, *tests) if (self.out_dir / name).exists()]
+        for path in found:  # (summary.json first: the mark of a finished run)
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if found:
+            names = ", ".join(p.name for p in found)
+            self.log(f"dgrpo: removed the earlier end's {names} in {self.out_dir}: this run's end writes them anew")
+
     @property
     def same_command(self) -> str:
         """The command that goes on from the newest checkpoint, as the run's lines name it: under ``--resume never``
@@ -907,6 +920,8 @@ class RunDir:
         resumes that checkpoint, trains no more, and calls it again. Rank 0's metrics are logged, to metrics.jsonl and
         the trackers (still open: a test set's accuracy reaches TensorBoard and W&B too). One that fails (a scorer's
         error, out of memory) is preceded by a line that says what that leaves and how to go on."""
+        if self.dist.is_main:
+            self._drop_earlier_finish()
         if final_eval is None:
             return
         last = f"{FINAL_DIR}/ and {SUMMARY_FILE} come" if self.command == "grpo" else f"{FINAL_DIR}/ comes"
