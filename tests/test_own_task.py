@@ -493,6 +493,23 @@ def test_a_csv_row_longer_than_its_header_is_one_line(tmp_path):
         load_spec(str(path))
 
 
+def test_a_csv_rows_line_is_its_first_line_after_blank_lines_and_quoted_line_breaks(tmp_path):
+    """csv.DictReader skips blank lines out of sight: the line named for a bad row was the blank line's, or one
+    further up after each blank line. A quoted value that spans lines moves the next row down by as many lines."""
+    from dgrpo.data.records import DataError
+    from dgrpo.data.tables import read_csv_lines
+
+    path = tmp_path / "rows.csv"
+    for eol in ("\n", "\r\n"):
+        path.write_bytes(eol.join(["question,answer", "", "", '"two', 'lines?",2', "", "q,6,extra", ""]).encode())
+        with pytest.raises(DataError, match="line 7: 3 cells, more than the header's 2 columns"):
+            load_spec(str(path))
+        path.write_bytes(eol.join(["question,answer", "", '"two', 'lines?",2', "", "q3?", ""]).encode())
+        assert read_csv_lines(path)[1] == [3, 6]
+        with pytest.raises(DataError, match="rows.csv line 6: field 'answer'"):  # (a row's own error: its line too)
+            load_spec(str(path))
+
+
 def test_csv_parquet_dataset_folders_and_column_mapping(tmp_path):
     from dgrpo.config import DataConfig
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import math
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -24,27 +25,37 @@ def is_hf_folder(path: Path) -> bool:
 def read_csv_lines(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
     """The rows of a CSV file with a header line (values are strings; None in a row shorter than the header), and
     the file line each row starts on (the header is line 1; a quoted value may span lines). A row longer than the
-    header is a DataError (its extra cells had no column name)."""
+    header is a DataError (its extra cells had no column name). Blank lines are skipped, as csv.DictReader does;
+    csv.reader is read directly because DictReader skips them out of sight, and its line_num then names a line
+    before the row."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.DictReader(f)
-            if not reader.fieldnames:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if not header:
                 raise DataError(f"{path}: no header line (CSV files need one, naming the columns)")
             rows, lines, end = [], [], reader.line_num
-            for row in reader:
-                if None in row:  # (DictReader keeps the extra cells under the key None)
-                    raise DataError(
-                        f"{path}: line {end + 1}: {len(reader.fieldnames) + len(row[None])} cells, more than the "
-                        f"header's {len(reader.fieldnames)} columns (a value with a comma needs quotes)"
-                    )
-                rows.append(dict(row))
-                lines.append(end + 1)
-                end = reader.line_num
+            for cells in reader:  # (each record, a blank line's [] too, starts on the line after the last one read)
+                start, end = end + 1, reader.line_num
+                if cells:
+                    rows.append(_row(path, header, cells, start))
+                    lines.append(start)
             return rows, lines
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except csv.Error as e:
         raise DataError(f"{path}: not a readable CSV file ({e})") from None
+
+
+def _row(path: Path, header: list[str], cells: list[str], line: int) -> dict[str, Any]:
+    """One row as csv.DictReader makes it (a missing cell is None; a later column of a repeated name wins), but a
+    row longer than the header is a DataError: DictReader kept its extra cells under the key None."""
+    if len(cells) > len(header):
+        raise DataError(
+            f"{path}: line {line}: {len(cells)} cells, more than the header's {len(header)} columns "
+            "(a value with a comma needs quotes)"
+        )
+    return dict(zip_longest(header, cells))
 
 
 def _datasets(what: str) -> Any:
