@@ -686,7 +686,7 @@ def test_a_checkpoint_of_another_adapter_is_refused_on_the_adapters_themselves(b
     assert says.format(model=ckpt / "model") in message and "\n" not in message
 
 
-def test_an_export_whose_merged_weights_overflow_its_dtype_is_refused(base_dirs, tmp_path):
+def test_an_export_whose_merged_weights_overflow_its_dtype_is_refused(base_dirs, tmp_path, capsys):
     """float16 ends at 65504: a merged weight past it was written as inf without a word."""
     from dgrpo.cli import main
 
@@ -694,13 +694,72 @@ def test_an_export_whose_merged_weights_overflow_its_dtype_is_refused(base_dirs,
     with torch.no_grad():
         next(p for n, p in lm.model.named_parameters() if "lora_B" in n).fill_(1e5)
     lm.save_pretrained(tmp_path / "adapter")
+    capsys.readouterr()
     assert (
         main(["export", str(tmp_path / "adapter"), "--merge", "--dtype", "float16", "--out", str(tmp_path / "x")]) == 2
+    )
+    assert (
+        "range once merged (inf): nothing written; export with --dtype bfloat16 or float32" in capsys.readouterr().err
     )
     assert not (tmp_path / "x").exists()
     assert (
         main(["export", str(tmp_path / "adapter"), "--merge", "--dtype", "float32", "--out", str(tmp_path / "y")]) == 0
     )
+
+
+def test_an_export_whose_merged_weights_hold_nan_is_refused_without_dtype_advice(base_dirs, tmp_path, capsys):
+    """NaN was reported as a value past float16's range, with the advice to export in a wider dtype: none helps."""
+    from dgrpo.cli import main
+
+    lm = with_lora(base_dirs / "qwen2")
+    with torch.no_grad():
+        next(p for n, p in lm.model.named_parameters() if "lora_B" in n)[0, 0] = float("nan")
+    lm.save_pretrained(tmp_path / "adapter")
+    capsys.readouterr()
+    for dtype in ("float16", "float32"):
+        out = tmp_path / dtype
+        assert main(["export", str(tmp_path / "adapter"), "--merge", "--dtype", dtype, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert (
+            "holds NaN once merged: nothing written; the base model or the adapter is broken (no --dtype helps)" in err
+        )
+        assert "export with" not in err and err.count("\n") == 1 and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype", "says"),
+    [
+        (
+            float("nan"),
+            torch.float16,
+            "holds NaN once merged: nothing written; the base model or the adapter is broken",
+        ),
+        (float("inf"), torch.float32, "holds inf in float32 once merged: nothing written; the base model or the"),
+        (
+            float("inf"),
+            torch.float16,
+            "past torch.float16's range once merged (inf): nothing written; export with --dtype bfloat16 or float32",
+        ),
+        (
+            3.4e38,
+            torch.bfloat16,
+            "past torch.bfloat16's range once merged (inf): nothing written; export with --dtype float32",
+        ),
+    ],
+    ids=["nan", "inf-in-float32", "float16-overflow", "bfloat16-overflow"],
+)
+def test_the_export_refusal_names_what_is_not_finite(value, dtype, says):
+    """Only inf in a dtype narrower than float32 (the merge's) is a question of range that another dtype answers."""
+    from dgrpo.cli.convert import refuse_non_finite
+    from dgrpo.model.verified import CheckpointError
+
+    model = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        model.weight[0, 0] = value
+    with pytest.raises(CheckpointError) as e:
+        refuse_non_finite(model.to(dtype))
+    assert str(e.value).startswith("weight ") and says in str(e.value) and "\n" not in str(e.value)
+    refuse_non_finite(torch.nn.Linear(2, 2).to(dtype))  # (finite: no word)
 
 
 def test_the_alpha_to_resume_with_is_written_as_it_reads_back():

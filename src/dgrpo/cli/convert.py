@@ -139,19 +139,39 @@ def run_export(args: argparse.Namespace) -> int:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(args.dtype)
     lm = LatentLM.from_pretrained(src, dtype=torch.float32, trust_remote_code=args.trust_remote_code)
     lora.merge_into_base(lm)
+    refuse_non_finite(lm.model)  # (in float32: what is not finite here, no export dtype holds)
     lm.to(dtype or base_dtype(lora.adapter_base(src), args.trust_remote_code, lora.adapter_base_revision(src)))
-    overflow = next((n for n, p in lm.model.named_parameters() if not bool(torch.isfinite(p).all())), None)
-    if overflow is not None:  # (float16's range ends at 65504: a merged weight past it is inf)
-        raise CheckpointError(
-            f"{overflow} holds values past {next(lm.parameters()).dtype}'s range once merged (inf): nothing written; "
-            "export with --dtype bfloat16 or float32"
-        )
+    refuse_non_finite(lm.model)  # (float16's range ends at 65504: a merged weight past it is inf)
     lm.save_pretrained(args.out)
     adapter = src if on_disk(args.src).exists() else f"{args.src}@{src.name}"  # (a hub id at its commit)
     print(
         f"wrote {args.out} (base {lora.adapter_base(src)} + adapter {adapter}, merged; {next(lm.parameters()).dtype})"
     )
     return 0
+
+
+def refuse_non_finite(model: torch.nn.Module) -> None:
+    """Refuse merged weights that are not all finite, naming what was found, since the way out differs: NaN, or inf
+    already in float32 (where the merge is done), is the base model's or the adapter's own, and no --dtype helps;
+    inf only in a narrower dtype is a value past its range, and a wider dtype holds it."""
+    import torch
+
+    from ..model.verified import CheckpointError
+
+    for name, p in model.named_parameters():
+        if bool(torch.isfinite(p).all()):
+            continue
+        if p.dtype == torch.float32 or bool(torch.isnan(p).any()):
+            found = "NaN" if bool(torch.isnan(p).any()) else "inf in float32"
+            raise CheckpointError(
+                f"{name} holds {found} once merged: nothing written; the base model or the adapter is broken "
+                "(no --dtype helps)"
+            )
+        wider = "float32" if p.dtype == torch.bfloat16 else "bfloat16 or float32"
+        raise CheckpointError(
+            f"{name} holds values past {p.dtype}'s range once merged (inf): nothing written; "
+            f"export with --dtype {wider}"
+        )
 
 
 def run_consolidate(args: argparse.Namespace) -> int:
