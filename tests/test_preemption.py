@@ -611,9 +611,10 @@ def test_after_a_stop_under_torchrun_the_group_is_left_and_sigterm_ignored():
             stop(dist)
         assert calls == ["close"]
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         with sigterm_stops(True, distributed=True):  # (a run that did not stop restores what was there)
             pass
-        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     with sigterm_stops(True), pytest.raises(Terminated):  # one process: stop() has no group, SIGTERM is restored
