@@ -274,11 +274,15 @@ def test_demo_workers_give_the_in_process_results(tmp_path, pool_demo):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
-def test_sigterm_to_the_demo_ends_its_workers_mid_task(tmp_path):
-    """``kill`` (SIGTERM, what a job scheduler sends) to the demo's process mid-SFT: its pool workers end with it
-    instead of finishing their tasks (here SFT runs of over a minute)."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_of_the_demo_ends_its_workers_mid_task_and_says_so(tmp_path, sig):
+    """``kill`` (SIGTERM, what a job scheduler sends) or ``kill -INT`` to the demo's process alone, mid-SFT: its pool
+    workers end with it instead of finishing their tasks (here SFT runs of over a minute; after SIGINT the demo
+    waited for them, its workers training), and its last line says so (SIGTERM ended it without a word), without
+    the resource tracker's warning of semaphores the killed workers left."""
     cmd = [sys.executable, "-m", "dgrpo", "demo", "--quick", "--out", str(tmp_path / "d"), "--workers", "2"]
-    demo = subprocess.Popen([*cmd, "--set", "threads=1", "--set", "sft.num_epochs=40"], stderr=subprocess.DEVNULL)
+    err = (tmp_path / "stderr").open("w")
+    demo = subprocess.Popen([*cmd, "--set", "threads=1", "--set", "sft.num_epochs=40"], stderr=err)
     workers: set[int] = set()
     try:
         deadline = time.time() + 120
@@ -287,12 +291,16 @@ def test_sigterm_to_the_demo_ends_its_workers_mid_task(tmp_path):
             time.sleep(0.2)
         workers = {p for p in child_pids(demo.pid) if process_alive(p)}  # the two pool workers (and a resource tracker)
         assert len(workers) >= 2
-        os.kill(demo.pid, signal.SIGTERM)
-        demo.wait(timeout=30)
+        os.kill(demo.pid, sig)
+        assert demo.wait(timeout=30) == 128 + sig
         deadline = time.time() + 15
         while any(process_alive(w) for w in workers) and time.time() < deadline:
             time.sleep(0.2)
         assert not [w for w in workers if process_alive(w)], "pool workers outlived the demo"
+        said = "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted"
+        lines = (tmp_path / "stderr").read_text().strip().splitlines()
+        assert lines[-1] == f"dgrpo: {said}; the demo does not resume its runs: the same command starts it over"
+        assert not any("leaked" in line for line in lines)
     finally:  # nothing left running if the test fails
         demo.kill()
         for w in workers | child_pids(demo.pid):

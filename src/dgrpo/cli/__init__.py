@@ -124,6 +124,8 @@ def _resume_hint(args: argparse.Namespace) -> str:
     """What the same command does next: resume the newest checkpoint, or (none written yet) start again. A run given
     ``--resume PATH`` or ``--resume never`` is told to drop it: given again, PATH would be resumed again (never: the
     checkpoint just written deleted and the run started over), not the newest checkpoint."""
+    if args.cmd == "demo":
+        return "; the demo does not resume its runs: the same command starts it over"
     if args.cmd not in TRAINING_COMMANDS:
         return ""
     from ..run_layout import CHECKPOINTS_DIR

@@ -20,8 +20,10 @@ if TYPE_CHECKING:
 #: checkpoint (dgrpo.training.preemption), their stop line says how to go on, and DGRPO_FSDP is their fsdp key
 TRAINING_COMMANDS = ("sft", "grpo")
 #: the commands a SIGTERM stops with one line (what it interrupted, what is on disk) and exit code 143, as Ctrl-C
-#: does with 130; dgrpo eval has no step to finish: it stops at once, without the results of the set under way
-STOPPABLE_COMMANDS = (*TRAINING_COMMANDS, "eval")
+#: does with 130; dgrpo eval has no step to finish: it stops at once, without the results of the set under way; the
+#: demo's process stops at once (its runs, in worker processes, end with it), or after the step under way of a run
+#: in its own process
+STOPPABLE_COMMANDS = (*TRAINING_COMMANDS, "eval", "demo")
 
 
 def add_config_options(p: argparse.ArgumentParser, example: str) -> None:

@@ -8,6 +8,7 @@ import functools
 import multiprocessing
 import os
 import re
+import signal
 import statistics
 import time
 import warnings
@@ -326,7 +327,15 @@ def _start_worker() -> None:
     ``kill``, SIGKILL included; Ctrl-C reaches the workers by itself), and the library's bars stay quiet."""
     if not exit_with_parent():
         os._exit(1)  # the demo's process is already gone
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     quiet_transformers()
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """A worker's SIGTERM (the demo ending it, or its process gone): exit through Python, whose clean-up releases
+    the worker's semaphores (killed at once, the resource tracker reported them leaked, a warning at the demo's
+    end)."""
+    raise SystemExit(128 + signum)
 
 
 def _task_worker(demo: Demo, task: Task, threads: int) -> Demo:
@@ -433,9 +442,20 @@ def _run_pool(
                     if len(parts[s]) == n_tasks:  # SFT and every RL run of this seed
                         merge_seed(demo, join_parts(parts[s]))
                         seed_done(s)
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
+        except BaseException:  # (Ctrl-C, SIGTERM, a task's error): the tasks under way end now too
+            end_workers(pool)
             raise
+
+
+def end_workers(pool: ProcessPoolExecutor) -> None:
+    """Cancel the pool's waiting tasks and end its workers: the pool's own shutdown waits for the tasks under way
+    (minutes of a run), and a stop that reached the demo's process alone (``kill -INT``, ``kill -TERM``) left it
+    waiting on them, its workers training. (The pool keeps its processes private; a pool without them is left.)"""
+    for process in dict(getattr(pool, "_processes", None) or {}).values():
+        if process.is_alive():
+            process.terminate()
+    pool.shutdown(wait=True, cancel_futures=True)  # (quick now: it closes the pool's queues, whose semaphores the
+    # resource tracker otherwise reports as leaked)
 
 
 def join_parts(parts: Mapping[int, Demo]) -> Demo:
