@@ -17,8 +17,21 @@ from pathlib import Path
 
 import torch
 
+from dgrpo.cli.common import add_config_options
 from dgrpo.data.synthetic import generate_split
 from dgrpo.demo import ARMS, Demo, demo_config, run_pipeline, write_results
+
+#: the RL arms --arms may name (the SFT baseline always runs)
+RL_ARMS = [a for a in ARMS if ARMS[a][1] is not None]
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command that reproduces this run (written to results.json / results.md)."""
+    parts = ["python experiments/valid_demo.py"] + (["--full"] if args.full else [])
+    for flag, value in (("--sft-seeds", args.sft_seeds), ("--seeds", args.seeds)):
+        parts += [f"{flag} {value}"] if value is not None else []
+    parts += [f"--arms {args.arms}"] + [f"--config {c}" for c in args.config] + [f"--set {o}" for o in args.overrides]
+    return " ".join(parts + [f"--out {args.out}"])
 
 
 def main() -> None:
@@ -27,10 +40,13 @@ def main() -> None:
     p.add_argument("--full", action="store_true")
     p.add_argument("--sft-seeds", type=int, default=None)
     p.add_argument("--seeds", type=int, default=None)
-    p.add_argument("--arms", default=",".join(a for a in ARMS if ARMS[a][1] is not None))
-    p.add_argument("--config", action="append", default=[])
-    p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--arms", default=",".join(RL_ARMS), help=f"comma-separated, of: {', '.join(RL_ARMS)}")
+    add_config_options(p, "grpo.steps=200")
     args = p.parse_args()
+    arms = args.arms.split(",")
+    unknown = [a for a in arms if a not in RL_ARMS]
+    if unknown:
+        p.error(f"--arms: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(RL_ARMS)} (SFT always runs)")
     args.quick = False
     t0 = time.time()
     base, n_sft, n_rl = demo_config(args)
@@ -44,21 +60,10 @@ def main() -> None:
         "3 operations (task seed 4321)": generate_split(other, "test")[: base.task.n_test // 2],
     }
     demo = Demo(base, Path(args.out), generate_split(base.task, "train"), valid[:limit], readout)
-    run_pipeline(demo, n_sft, n_rl, args.arms.split(","))
+    run_pipeline(demo, n_sft, n_rl, arms)
     demo.wall["total"] = round(time.time() - t0, 1)
-    cmd = " ".join(
-        [
-            "python experiments/valid_demo.py",
-            *(
-                f"--{k.replace('_', '-')} {v}"
-                for k, v in vars(args).items()
-                if v not in (None, False, []) and k != "quick"
-            ),
-        ]
-    )
-    res = write_results(demo, cmd, n_sft, n_rl)
+    write_results(demo, command_line(args), n_sft, n_rl)
     print(Path(args.out, "summary.txt").read_text())
-    del res
 
 
 if __name__ == "__main__":
