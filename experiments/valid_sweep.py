@@ -20,16 +20,29 @@ from dgrpo.eval.evaluate import evaluate
 from dgrpo.model.latent_lm import LatentLM
 from dgrpo.training.grpo import train_grpo
 
+if len(sys.argv) < 4 or sys.argv[1] in ("-h", "--help"):
+    sys.exit(__doc__)
 sft = Path(sys.argv[1])
 name = sys.argv[2]
 seed = int(sys.argv[3])
 overrides = sys.argv[4:]
-# the demo's GRPO settings of the sweep's time (100 steps; the library's default is 50 now), then the row's change
+# the demo's GRPO settings of the sweep's time (100 steps; the library's default is 50 now; no stop after a streak of
+# steps with every group filtered out, which came later: the demo keeps going too), then the row's change
 base = load_config(
     Config,
     None,
-    ["grpo.steps=100", *overrides, f"seed={seed}", "grpo.eval_every=0", "grpo.save_every=0", "grpo.save_best=false"],
+    [
+        "grpo.steps=100",
+        "grpo.max_skip_streak=0",
+        *overrides,
+        f"seed={seed}",
+        "grpo.eval_every=0",
+        "grpo.save_every=0",
+        "grpo.save_best=false",
+    ],
 )
+if base.threads:
+    torch.set_num_threads(base.threads)
 valid = generate_split(base.task, "valid")
 train = generate_split(base.task, "train")
 torch.manual_seed(seed)

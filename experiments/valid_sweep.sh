@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # The validation sweep of docs/demo/valid_sweep.md: 8 GRPO settings x 2 seeds from one SFT checkpoint.
+# PYTHON: the interpreter (default python). A run that fails is named at the end (its traceback: runs/sweep/err.log).
 set -u
 mkdir -p runs/sweep
 S=${1:?usage: experiments/valid_sweep.sh SFT_CHECKPOINT}
+failed=()
 for seed in 0 1; do
-run() { name=$1; shift; python experiments/valid_sweep.py $S $name $seed "$@" 2>>runs/sweep/err.log; }
+run() {
+    name=$1
+    shift
+    "${PYTHON:-python}" experiments/valid_sweep.py "$S" "$name" "$seed" "$@" 2>>runs/sweep/err.log || failed+=("$name/s$seed")
+}
 run base
 run K16 grpo.group_size=16
 run steps200 grpo.steps=200
@@ -14,4 +20,8 @@ run nokl grpo.beta0=0
 run p0.2 perturbation.p=0.2
 run K16_200 grpo.group_size=16 grpo.steps=200
 done
+if ((${#failed[@]})); then
+    echo "FAILED: ${failed[*]} (runs/sweep/err.log)"
+    exit 1
+fi
 echo DONE
