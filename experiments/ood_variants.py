@@ -1,4 +1,4 @@
-"""Which distribution shifts is Coconut SFT above chance on? (docs/demo/valid_sweep.md, "Shifted splits")
+"""Which distribution shifts is Coconut SFT above chance on? (docs/demo/valid_sweep.md, "The shifted test split")
 
     python experiments/ood_variants.py SFT_CHECKPOINT [SFT_CHECKPOINT ...]
 
@@ -29,6 +29,8 @@ VARIANTS = {
     "operands 10..99 (ood_numbers, the old split)": ({}, "ood_numbers"),
 }
 
+if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+    sys.exit(__doc__)
 for ckpt in sys.argv[1:]:
     lm = LatentLM.from_pretrained(ckpt)
     for name, (opts, split) in VARIANTS.items():
