@@ -111,6 +111,12 @@ def main() -> int:
     ap.add_argument("--time", action="store_true", help="time the change instead of counting bytes")
     ap.add_argument("--reps", type=int, default=12, help="--time: alternated rounds per pair")
     args = ap.parse_args()
+    # --time measures at fixed shapes (bench item 10's and the host proxy's), the byte count at the options' own
+    unused = ("rows", "answer", "dtype", "scale_rows", "widths") if args.time else ("reps",)
+    given = [f"--{d.replace('_', '-')}" for d in unused if getattr(args, d) != ap.get_default(d)]
+    if given:
+        why = "--time measures at fixed shapes" if args.time else "only --time reads it"
+        ap.error(f"{why}: {', '.join(given)} would do nothing")
     if args.time:
         time_replay(args.reps)
         time_host(3 * args.reps)
