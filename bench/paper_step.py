@@ -138,6 +138,8 @@ def parse_args() -> argparse.Namespace:
         "to step as a real run's do",
     )
     args = ap.parse_args()
+    if args.tiny and args.shape not in (QWEN25_15B.name, QUICK.name):
+        ap.error(f"--tiny is --shape {QUICK.name}: give --shape {args.shape} or --tiny, not both")
     if args.trace and not args.profile:
         ap.error("--trace writes the profiled step's trace: add --profile")
     if any(w < 1 for w in args.prompt_widths) or any(n < 0 for n in args.kept_groups):
