@@ -1,13 +1,14 @@
 """The demo's pipeline read out on validation data only (docs/demo/valid_sweep.md): how the settings were chosen.
 
     OMP_WAIT_POLICY=PASSIVE python experiments/valid_demo.py --out runs/valid/default [--full] \
-        [--sft-seeds N] [--seeds M] [--arms a,b] [--set key=value ...]
+        [--sft-seeds N] [--seeds M] [--workers W] [--arms a,b] [--set key=value ...]
 
 Exactly ``dgrpo demo`` (the same configs, SFT seeds, arms, RL seeds, periodic validation and best-checkpoint
 selection on the first ``data.eval_limit`` validation problems), except that every model is read out on
 validation-style data instead of the test splits: the validation problems the selection never saw
 (``valid[eval_limit:]``), and the 3-operation chains drawn with another task seed (4321). The test splits are never
-generated. Writes results.json / results.md / summary.txt / figures like the demo.
+generated. Writes results.json / results.md / summary.txt / figures like the demo. ``--workers``: the demo's
+process pool (default one per CPU).
 """
 
 import argparse
@@ -19,7 +20,7 @@ import torch
 
 from dgrpo.cli.common import add_config_options
 from dgrpo.data.synthetic import generate_split
-from dgrpo.demo import ARMS, Demo, demo_config, run_pipeline, write_results
+from dgrpo.demo import ARMS, Demo, default_workers, demo_config, quiet_transformers, run_pipeline, write_results
 
 #: the RL arms --arms may name (the SFT baseline always runs)
 RL_ARMS = [a for a in ARMS if ARMS[a][1] is not None]
@@ -28,7 +29,7 @@ RL_ARMS = [a for a in ARMS if ARMS[a][1] is not None]
 def command_line(args: argparse.Namespace) -> str:
     """The command that reproduces this run (written to results.json / results.md)."""
     parts = ["python experiments/valid_demo.py"] + (["--full"] if args.full else [])
-    for flag, value in (("--sft-seeds", args.sft_seeds), ("--seeds", args.seeds)):
+    for flag, value in (("--sft-seeds", args.sft_seeds), ("--seeds", args.seeds), ("--workers", args.workers)):
         parts += [f"{flag} {value}"] if value is not None else []
     parts += [f"--arms {args.arms}"] + [f"--config {c}" for c in args.config] + [f"--set {o}" for o in args.overrides]
     return " ".join(parts + [f"--out {args.out}"])
@@ -40,6 +41,7 @@ def main() -> None:
     p.add_argument("--full", action="store_true")
     p.add_argument("--sft-seeds", type=int, default=None)
     p.add_argument("--seeds", type=int, default=None)
+    p.add_argument("--workers", type=int, default=None, help="as dgrpo demo's (default one per CPU, 1 on a GPU)")
     p.add_argument("--arms", default=",".join(RL_ARMS), help=f"comma-separated, of: {', '.join(RL_ARMS)}")
     add_config_options(p, "grpo.steps=200")
     args = p.parse_args()
@@ -52,15 +54,17 @@ def main() -> None:
     base, n_sft, n_rl = demo_config(args)
     if base.threads:
         torch.set_num_threads(base.threads)
+    quiet_transformers()
     valid = generate_split(base.task, "valid")
     limit = base.data.eval_limit or len(valid) // 2
-    other = replace(base.task, seed=4321, n_steps=base.task.n_steps - 1)
+    other = replace(base.task, seed=4321, n_steps=max(1, base.task.n_steps - 1))  # (as the demo's shifted split)
     readout = {
         f"valid (held out, {len(valid) - limit})": valid[limit:],
-        "3 operations (task seed 4321)": generate_split(other, "test")[: base.task.n_test // 2],
+        f"{other.n_steps} operations (task seed 4321)": generate_split(other, "test")[: base.task.n_test // 2],
     }
     demo = Demo(base, Path(args.out), generate_split(base.task, "train"), valid[:limit], readout)
-    run_pipeline(demo, n_sft, n_rl, arms)
+    workers = args.workers if args.workers is not None else default_workers(base)
+    run_pipeline(demo, n_sft, n_rl, arms, workers=workers)
     demo.wall["total"] = round(time.time() - t0, 1)
     write_results(demo, command_line(args), n_sft, n_rl)
     print(Path(args.out, "summary.txt").read_text())
