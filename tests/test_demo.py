@@ -274,20 +274,22 @@ def test_demo_workers_give_the_in_process_results(tmp_path, pool_demo):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_stop_of_the_demo_ends_its_workers_mid_task_and_says_so(tmp_path, sig):
-    """``kill`` (SIGTERM, what a job scheduler sends) or ``kill -INT`` to the demo's process alone, mid-SFT: its pool
-    workers end with it instead of finishing their tasks (here SFT runs of over a minute; after SIGINT the demo
-    waited for them, its workers training), and its last line says so (SIGTERM ended it without a word), without
-    the resource tracker's warning of semaphores the killed workers left."""
+@pytest.mark.parametrize("sig,phase", [(signal.SIGINT, "sft"), (signal.SIGTERM, "rl")])
+def test_a_stop_of_the_demo_ends_its_workers_mid_task_and_says_so(tmp_path, sig, phase):
+    """``kill -INT`` or ``kill`` (SIGTERM, what a job scheduler sends) to the demo's process alone, mid-SFT or mid-RL
+    (RL runs queued behind the running ones): its pool workers end with it instead of finishing their tasks (runs of
+    over a minute here; after SIGINT the demo waited for them, its workers training), and its last line says so
+    (SIGTERM ended it without a word)."""
     cmd = [sys.executable, "-m", "dgrpo", "demo", "--quick", "--out", str(tmp_path / "d"), "--workers", "2"]
     err = (tmp_path / "stderr").open("w")
-    demo = subprocess.Popen([*cmd, "--set", "threads=1", "--set", "sft.num_epochs=40"], stderr=err)
+    longer = "sft.num_epochs=40" if phase == "sft" else "grpo.steps=400"
+    demo = subprocess.Popen([*cmd, "--set", "threads=1", "--set", longer], stderr=err)
+    started = "sft/seed1/metrics.jsonl" if phase == "sft" else "arms/*/*/metrics.jsonl"
     workers: set[int] = set()
     try:
         deadline = time.time() + 120
-        while not (tmp_path / "d" / "sft" / "seed1" / "metrics.jsonl").exists():  # both workers are training
-            assert demo.poll() is None and time.time() < deadline, "the demo did not start its SFT runs"
+        while not any((tmp_path / "d").glob(started)):  # both workers are training
+            assert demo.poll() is None and time.time() < deadline, f"the demo did not start its {phase} runs"
             time.sleep(0.2)
         workers = {p for p in child_pids(demo.pid) if process_alive(p)}  # the two pool workers (and a resource tracker)
         assert len(workers) >= 2
@@ -300,7 +302,6 @@ def test_a_stop_of_the_demo_ends_its_workers_mid_task_and_says_so(tmp_path, sig)
         said = "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted"
         lines = (tmp_path / "stderr").read_text().strip().splitlines()
         assert lines[-1] == f"dgrpo: {said}; the demo does not resume its runs: the same command starts it over"
-        assert not any("leaked" in line for line in lines)
     finally:  # nothing left running if the test fails
         demo.kill()
         for w in workers | child_pids(demo.pid):

@@ -8,8 +8,8 @@ import functools
 import multiprocessing
 import os
 import re
-import signal
 import statistics
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -327,15 +327,12 @@ def _start_worker() -> None:
     ``kill``, SIGKILL included; Ctrl-C reaches the workers by itself), and the library's bars stay quiet."""
     if not exit_with_parent():
         os._exit(1)  # the demo's process is already gone
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     quiet_transformers()
+    # tqdm's lock in a thread lock, not its default multiprocessing one: a worker ended by SIGTERM (the demo's stop)
+    # cannot release a semaphore, and the resource tracker warned of it as leaked at the demo's end
+    from tqdm import tqdm
 
-
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    """A worker's SIGTERM (the demo ending it, or its process gone): exit through Python, whose clean-up releases
-    the worker's semaphores (killed at once, the resource tracker reported them leaked, a warning at the demo's
-    end)."""
-    raise SystemExit(128 + signum)
+    tqdm.set_lock(threading.RLock())
 
 
 def _task_worker(demo: Demo, task: Task, threads: int) -> Demo:
@@ -448,14 +445,15 @@ def _run_pool(
 
 
 def end_workers(pool: ProcessPoolExecutor) -> None:
-    """Cancel the pool's waiting tasks and end its workers: the pool's own shutdown waits for the tasks under way
-    (minutes of a run), and a stop that reached the demo's process alone (``kill -INT``, ``kill -TERM``) left it
-    waiting on them, its workers training. (The pool keeps its processes private; a pool without them is left.)"""
+    """Cancel the pool's waiting tasks and end its workers (SIGTERM: a worker dies at once, whatever it runs): the
+    pool's own shutdown waits for the tasks under way (minutes of a run), and a stop that reached the demo's process
+    alone (``kill -INT``, ``kill -TERM``) left it waiting on them, its workers training. (The pool keeps its
+    processes private; a pool without them is left as it is. A worker must not catch SIGTERM: the pool's worker loop
+    takes any exception of a task, SystemExit too, as that task's result and runs the next.)"""
     for process in dict(getattr(pool, "_processes", None) or {}).values():
         if process.is_alive():
             process.terminate()
-    pool.shutdown(wait=True, cancel_futures=True)  # (quick now: it closes the pool's queues, whose semaphores the
-    # resource tracker otherwise reports as leaked)
+    pool.shutdown(wait=True, cancel_futures=True)  # (quick now: it closes the pool's queues)
 
 
 def join_parts(parts: Mapping[int, Demo]) -> Demo:
