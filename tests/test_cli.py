@@ -851,7 +851,8 @@ def test_a_finished_run_extended_and_stopped_in_its_test_sets_keeps_no_earlier_f
 ):
     """A finished run resumed to train more steps, stopped in its test sets, kept the earlier end's final/ and
     summary.json (of fewer steps): it read as finished, and ``dgrpo eval --model OUT`` took that final/. They are
-    removed as the new end begins; the same command then writes them, of the new length."""
+    removed as the new end begins (not the test results: a set not tested again keeps its only record); the same
+    command then writes them, of the new length."""
     import signal
 
     import dgrpo.cli.train as train
@@ -864,8 +865,9 @@ def test_a_finished_run_extended_and_stopped_in_its_test_sets_keeps_no_earlier_f
         m.setattr(train, "evaluate_test_sets", lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM))
         r = run_cli("grpo", "--init", sft_checkpoint, "--out", out, *longer)
     assert r.returncode == 143, r.stderr[-2000:]
-    assert f"dgrpo: removed the earlier end's summary.json, final, eval in {out}" in r.stdout
-    assert not any((out / name).exists() for name in ("final", "summary.json", "eval"))
+    assert f"dgrpo: removed the earlier end's summary.json and final in {out}" in r.stdout
+    assert not any((out / name).exists() for name in ("final", "summary.json"))
+    assert (out / "eval").is_dir() and not list(out.glob(".tmp-*"))  # (each set's results replaced as it is tested)
     r = run_cli("grpo", "--init", sft_checkpoint, "--out", out, *longer)
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((out / "summary.json").read_text())["steps"] == 2 and (out / "eval").is_dir()

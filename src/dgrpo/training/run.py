@@ -890,16 +890,23 @@ class RunDir:
             )
 
     def _drop_earlier_finish(self) -> None:
-        """What an earlier end of this run wrote (a finished run resumed to train more steps, or run again): its
-        summary.json, final/ and test results, removed before this end writes them anew, so that a stop in the test
-        sets does not leave a final/ and a summary of fewer steps that read as this run's (``dgrpo eval --model OUT``
-        took that final/)."""
-        tests = [results_folder(FINAL_DIR), results_folder(BEST_DIR)]
-        found = [self.out_dir / name for name in (SUMMARY_FILE, FINAL_DIR, *tests) if (self.out_dir / name).exists()]
-        for path in found:  # (summary.json first: the mark of a finished run)
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        """The marks of an earlier end of this run (a finished run resumed to train more steps, or run again):
+        summary.json and final/, removed before this end writes them anew, so that a stop in the test sets does not
+        leave a final/ and a summary of fewer steps that read as this run's (``dgrpo eval --model OUT`` took that
+        final/). final/ is first renamed to a leftover name (removed at a run's start, never restored), so that a
+        stop during its removal leaves no final/ without its manifest. The test sets' results stay: each set's are
+        replaced as it is evaluated again, and a set that is not (a failure's advice, a changed ``data.test``) keeps
+        the only record of them."""
+        found = [name for name in (SUMMARY_FILE, FINAL_DIR) if (self.out_dir / name).exists()]
+        if (self.out_dir / SUMMARY_FILE).is_file():  # (first: the mark of a finished run)
+            (self.out_dir / SUMMARY_FILE).unlink()
+        if (self.out_dir / FINAL_DIR).is_dir():
+            doomed = self.out_dir / f".tmp-{FINAL_DIR}-{os.getpid()}"
+            shutil.rmtree(doomed, ignore_errors=True)
+            os.replace(self.out_dir / FINAL_DIR, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
         if found:
-            names = ", ".join(p.name for p in found)
+            names = " and ".join(found)
             self.log(f"dgrpo: removed the earlier end's {names} in {self.out_dir}: this run's end writes them anew")
 
     @property
