@@ -697,19 +697,6 @@ def test_leftovers_of_a_killed_final_best_or_stage_write_are_cleaned_at_start(tm
     assert (out / "final" / "manifest.json").is_file()  # (.old-final-8: the kill came before the new final/)
 
 
-def test_an_adapter_folder_without_manifest_moved_aside_by_a_replace_that_never_finished_goes_back(tmp_path):
-    """A LoRA run's best/ whose manifest was deleted (the moved base's advice) is re-pointed to the base at the
-    start by a replace; a kill between its two renames left .old-best-PID and .tmp-best-PID, both without a
-    manifest, and the next start removed both: best/ was lost."""
-    out = tmp_path / "run"
-    for name in (".old-best-7", ".tmp-best-7"):
-        (out / name).mkdir(parents=True)
-        (out / name / "adapter_config.json").write_text("{}")
-    _run_dir(out).close()
-    assert sorted(p.name for p in out.iterdir()) == [".lock", "best"]
-    assert (out / "best" / "adapter_config.json").is_file()
-
-
 def test_a_checkpoint_moved_aside_by_a_replace_that_never_finished_goes_back(tmp_path):
     """A kill between the two renames of a checkpoint's replacement (a rewound run writing a step again, or a LoRA
     run's checkpoint pointed to its moved base) left checkpoints/.old-step-N-PID and no step-N: that checkpoint was

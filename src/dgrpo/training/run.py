@@ -28,7 +28,7 @@ from ..eval.scoring import RewardError
 from ..model.factory import BUILTIN
 from ..model.latent_lm import LatentLM
 from ..model.sources import is_model_dir, on_disk, resolve_device
-from ..model.verified import ADAPTER_CONFIG_FILE, MANIFEST, RESUMABLE_STATE, RUN_CONFIG_FILE, CheckpointError
+from ..model.verified import MANIFEST, RESUMABLE_STATE, RUN_CONFIG_FILE, CheckpointError
 from ..run_layout import (
     BEST_DIR,
     CHECKPOINTS_DIR,
@@ -471,8 +471,7 @@ class RunDir:
         left in OUT, and of a checkpoint replaced in OUT/checkpoints (the lock is held: nobody else writes them):
         ``.tmp-NAME-PID`` (half written, or complete but never published) is removed; ``.old-NAME-PID`` (the copy a
         replace moved aside) is removed, or, with ``restore`` (not under ``--resume never``, which removes the
-        earlier run's folders next), moved back to NAME when the kill came before the new one took its place (a
-        folder dgrpo wrote: with a manifest, or an adapter's, whose manifest its moved base's advice deletes). Only
+        earlier run's folders next), moved back to NAME when the kill came before the new one took its place. Only
         those names; nothing else is touched. ``checkpoints_only``: only the restoring, in OUT/checkpoints (once the
         lock is taken, before the run lists its checkpoints: a step-N moved aside is one to resume)."""
         places = (
@@ -484,8 +483,7 @@ class RunDir:
                 continue
             kind, name = found.groups()
             target = path.parent / name
-            whole = (path / MANIFEST).is_file() or (path / ADAPTER_CONFIG_FILE).is_file()  # (an adapter may have none)
-            if restore and kind == "old" and not target.exists() and whole:
+            if restore and kind == "old" and not target.exists() and (path / MANIFEST).is_file():
                 path.rename(target)
                 self.log(f"dgrpo: {target} was being replaced when a run was killed: its earlier copy is restored")
             elif not checkpoints_only:
