@@ -104,8 +104,8 @@ def _watchdog(read_fd: int, grace: float, done: threading.Event) -> None:
                     left = (
                         f"in a test set: exiting ({TESTS_LEFT.format(again=_State.again)})"
                         if _State.testing
-                        else "(a rank blocked, or a long step or evaluation): exiting without writing a checkpoint "
-                        "(the newest one written, if any, is what the run resumes)"
+                        else "(a rank blocked, or a long step or evaluation): exiting before it ended (nothing of it "
+                        "written)"
                     )
                     print(
                         f"dgrpo: {rank}no stop within {GRACE_ENV} = {grace:g} s of SIGTERM {left}",
