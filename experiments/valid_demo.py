@@ -12,6 +12,7 @@ process pool (default one per CPU).
 """
 
 import argparse
+import shlex
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -31,8 +32,9 @@ def command_line(args: argparse.Namespace) -> str:
     parts = ["python experiments/valid_demo.py"] + (["--full"] if args.full else [])
     for flag, value in (("--sft-seeds", args.sft_seeds), ("--seeds", args.seeds), ("--workers", args.workers)):
         parts += [f"{flag} {value}"] if value is not None else []
-    parts += [f"--arms {args.arms}"] + [f"--config {c}" for c in args.config] + [f"--set {o}" for o in args.overrides]
-    return " ".join(parts + [f"--out {args.out}"])
+    parts += [f"--arms {args.arms}"] + [f"--config {shlex.quote(str(c))}" for c in args.config]
+    parts += [f"--set {shlex.quote(o)}" for o in args.overrides]  # (quoted as a shell needs: 'data.test=[a, b]')
+    return " ".join(parts + [f"--out {shlex.quote(str(args.out))}"])
 
 
 def main() -> None:

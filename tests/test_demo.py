@@ -378,3 +378,17 @@ def test_a_set_that_an_arm_overrides_is_named(tmp_path):
         "--set grpo.temperature=0.5 does not reach the grpo_sampling arm, which sets grpo.temperature to 1.0 itself "
         "(builtin/grpo_sampling.yaml)"
     ]
+
+
+def test_the_command_it_writes_reads_back_as_given():
+    """results.json's command is run by pasting it: a ``--set`` value with a space was split by the shell."""
+    import shlex
+    from types import SimpleNamespace
+
+    from dgrpo.demo.report import command_line
+
+    args = SimpleNamespace(quick=True, seeds=2, config=["my cfg.yaml"], overrides=["data.test=[a, b]"], out="o")
+    assert shlex.split(command_line(args)) == [
+        *("dgrpo", "demo", "--quick", "--seeds", "2", "--config", "my cfg.yaml", "--set", "data.test=[a, b]"),
+        *("--out", "o"),
+    ]

@@ -4,6 +4,7 @@ summary.txt and the two figures."""
 from __future__ import annotations
 
 import json
+import shlex
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -281,10 +282,11 @@ def write_results(demo: Demo, command: str, n_sft: int, n_rl: int, quiet: bool =
 
 
 def command_line(args: Any) -> str:
-    """The command that reproduces this run."""
+    """The command that reproduces this run (each value quoted as a shell needs it: ``--set 'data.test=[a, b]'``)."""
     parts = ["dgrpo demo"]
     parts += ["--quick"] if args.quick else ["--full"] if getattr(args, "full", False) else []
     for flag, value in (("--sft-seeds", getattr(args, "sft_seeds", None)), ("--seeds", args.seeds)):
         parts += [f"{flag} {value}"] if value is not None else []
-    parts += [f"--config {c}" for c in args.config] + [f"--set {o}" for o in args.overrides]
-    return " ".join(parts + [f"--out {args.out}"])
+    parts += [f"--config {shlex.quote(str(c))}" for c in args.config]
+    parts += [f"--set {shlex.quote(o)}" for o in args.overrides]
+    return " ".join(parts + [f"--out {shlex.quote(str(args.out))}"])
