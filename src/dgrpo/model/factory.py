@@ -105,10 +105,10 @@ def configure_lora(lm: LatentLM, cfg: LoraConfig) -> None:
         lora.apply_lora(lm, cfg)
     elif cfg.r > 0:
         saved = lm.peft.peft_config[lora.POLICY]
-        targets = sorted(cfg.target_modules)
-        saved_targets = sorted(saved.target_modules) if isinstance(saved.target_modules, (set, list)) else targets
-        latent_rows = bool(saved.trainable_token_indices)
-        if (saved.r, float(saved.lora_alpha), latent_rows) != (cfg.r, float(cfg.alpha), cfg.train_latent_tokens) or (
+        shape, targets = lora.adapter_shape(saved), sorted(cfg.target_modules)
+        saved_targets = shape["target_modules"] if isinstance(shape["target_modules"], list) else targets
+        latent_rows = shape["train_latent_tokens"]
+        if (shape["r"], shape["alpha"], latent_rows) != (cfg.r, float(cfg.alpha), cfg.train_latent_tokens) or (
             targets != ["all-linear"] and targets != saved_targets
         ):
             warnings.warn(
@@ -141,12 +141,14 @@ def lora_for_training(lm: LatentLM, cfg: LoraConfig) -> None:
 
 
 def record_adapter(cfg: LoraConfig, saved: Any) -> None:
-    """``cfg`` (the run's ``model.lora``) set to what the adapter ``saved`` (its ``peft.LoraConfig``) is: its rank,
-    alpha, targets (a set or list of them) and trainable latent rows, and the dropout of 0 every adapter uses."""
-    cfg.r, cfg.alpha, cfg.dropout = saved.r, float(saved.lora_alpha), 0.0  # (dgrpo's forwards: no adapter dropout)
-    cfg.train_latent_tokens = bool(saved.trainable_token_indices)
-    if isinstance(saved.target_modules, (set, list)):
-        cfg.target_modules = sorted(saved.target_modules)
+    """``cfg`` (the run's ``model.lora``) set to what the adapter ``saved`` (its ``peft.LoraConfig``) is
+    (:func:`~.lora.adapter_shape`: its rank, alpha, targets when it lists them, and trainable latent rows), and the
+    dropout of 0 every adapter uses."""
+    shape = lora.adapter_shape(saved)
+    cfg.r, cfg.alpha, cfg.dropout = shape["r"], shape["alpha"], 0.0  # (dgrpo's forwards: no adapter dropout)
+    cfg.train_latent_tokens = shape["train_latent_tokens"]
+    if isinstance(shape["target_modules"], list):
+        cfg.target_modules = shape["target_modules"]
 
 
 def compile_layers(lm: LatentLM, cfg: ModelConfig) -> None:
