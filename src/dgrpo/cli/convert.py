@@ -161,8 +161,9 @@ def refuse_non_finite(model: torch.nn.Module) -> None:
     for name, p in model.named_parameters():
         if bool(torch.isfinite(p).all()):
             continue
-        if p.dtype == torch.float32 or bool(torch.isnan(p).any()):
-            found = "NaN" if bool(torch.isnan(p).any()) else "inf in float32"
+        nan = bool(torch.isnan(p).any())
+        if p.dtype == torch.float32 or nan:
+            found = "NaN" if nan else "inf in float32"
             raise CheckpointError(
                 f"{name} holds {found} once merged: nothing written; the base model or the adapter is broken "
                 "(no --dtype helps)"
