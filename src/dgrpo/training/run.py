@@ -895,13 +895,13 @@ class RunDir:
         stop during its removal leaves no final/ without its manifest. The test sets' results stay: each set's are
         replaced as it is evaluated again, and a set that is not (a failure's advice, a changed ``data.test``) keeps
         the only record of them."""
-        found = [name for name in (SUMMARY_FILE, FINAL_DIR) if (self.out_dir / name).exists()]
-        if (self.out_dir / SUMMARY_FILE).is_file():  # (first: the mark of a finished run)
-            (self.out_dir / SUMMARY_FILE).unlink()
-        if (self.out_dir / FINAL_DIR).is_dir():
+        summary, final = self.out_dir / SUMMARY_FILE, self.out_dir / FINAL_DIR
+        found = [p.name for p in (summary, final) if p.exists()]
+        summary.unlink(missing_ok=True)  # (first: the mark of a finished run)
+        if final.is_dir():
             doomed = self.out_dir / f".tmp-{FINAL_DIR}-{os.getpid()}"
             shutil.rmtree(doomed, ignore_errors=True)
-            os.replace(self.out_dir / FINAL_DIR, doomed)
+            os.replace(final, doomed)
             shutil.rmtree(doomed, ignore_errors=True)
         if found:
             names = " and ".join(found)
