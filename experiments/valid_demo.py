@@ -12,7 +12,6 @@ process pool (default one per CPU).
 """
 
 import argparse
-import shlex
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -22,19 +21,17 @@ import torch
 from dgrpo.cli.common import add_config_options
 from dgrpo.data.synthetic import generate_split
 from dgrpo.demo import ARMS, Demo, default_workers, demo_config, quiet_transformers, run_pipeline, write_results
+from dgrpo.demo import command_line as demo_command_line
 
 #: the RL arms --arms may name (the SFT baseline always runs)
 RL_ARMS = [a for a in ARMS if ARMS[a][1] is not None]
 
 
 def command_line(args: argparse.Namespace) -> str:
-    """The command that reproduces this run (written to results.json / results.md)."""
-    parts = ["python experiments/valid_demo.py"] + (["--full"] if args.full else [])
-    for flag, value in (("--sft-seeds", args.sft_seeds), ("--seeds", args.seeds), ("--workers", args.workers)):
-        parts += [f"{flag} {value}"] if value is not None else []
-    parts += [f"--arms {args.arms}"] + [f"--config {shlex.quote(str(c))}" for c in args.config]
-    parts += [f"--set {shlex.quote(o)}" for o in args.overrides]  # (quoted as a shell needs: 'data.test=[a, b]')
-    return " ".join(parts + [f"--out {shlex.quote(str(args.out))}"])
+    """The command that reproduces this run (written to results.json / results.md): the demo's options, and this
+    script's ``--workers`` and ``--arms``."""
+    workers = [f"--workers {args.workers}"] if args.workers is not None else []
+    return demo_command_line(args, "python experiments/valid_demo.py", [*workers, f"--arms {args.arms}"])
 
 
 def main() -> None:

@@ -281,12 +281,13 @@ def write_results(demo: Demo, command: str, n_sft: int, n_rl: int, quiet: bool =
     return res
 
 
-def command_line(args: Any) -> str:
-    """The command that reproduces this run (each value quoted as a shell needs it: ``--set 'data.test=[a, b]'``)."""
-    parts = ["dgrpo demo"]
+def command_line(args: Any, program: str = "dgrpo demo", extra: Sequence[str] = ()) -> str:
+    """The command that reproduces this run (each value quoted as a shell needs it: ``--set 'data.test=[a, b]'``):
+    ``program`` with the demo's options, then ``extra`` (a script's own, as written) before ``--out``."""
+    parts = [program]
     parts += ["--quick"] if args.quick else ["--full"] if getattr(args, "full", False) else []
     for flag, value in (("--sft-seeds", getattr(args, "sft_seeds", None)), ("--seeds", args.seeds)):
         parts += [f"{flag} {value}"] if value is not None else []
     parts += [f"--config {shlex.quote(str(c))}" for c in args.config]
     parts += [f"--set {shlex.quote(o)}" for o in args.overrides]
-    return " ".join(parts + [f"--out {shlex.quote(str(args.out))}"])
+    return " ".join([*parts, *extra, f"--out {shlex.quote(str(args.out))}"])
