@@ -1,5 +1,8 @@
 """Argument checks of :mod:`dgrpo.eval.evaluate` called from Python (no training: an untrained tiny model)."""
 
+import subprocess
+import sys
+
 import pytest
 
 from dgrpo.eval.evaluate import (
@@ -262,8 +265,26 @@ def test_results_are_written_whole_or_not_at_all(lm, task_records, tmp_path, mon
     assert sorted(p.name for p in out.iterdir()) == ["predictions.jsonl", "results.json"]
     assert [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()] == first.predictions
     assert json.loads((out / "results.json").read_text()) == first.summary()
-    (out / ".tmp-predictions.jsonl-99999").write_text("{")  # (what a SIGKILL mid-write leaves: the next removes it)
+    ended = subprocess.Popen([sys.executable, "-c", ""])
+    ended.wait()
+    (out / f".tmp-predictions.jsonl-{ended.pid}").write_text("{")  # (a SIGKILLed write: the next removes it)
     write_results(second, out)
     assert json.loads((out / "results.json").read_text()) == second.summary()
     assert len((out / "predictions.jsonl").read_text().splitlines()) == len(second.predictions)
     assert sorted(p.name for p in out.iterdir()) == ["predictions.jsonl", "results.json"]
+
+
+def test_a_write_leaves_the_temporary_files_of_a_process_still_writing(lm, task_records, tmp_path):
+    """Every earlier ``.tmp-`` file in the folder was removed, also that of another process writing there at that
+    moment (two evaluations into one folder): its rename then failed. Only those of ended processes are removed."""
+    out = tmp_path / "out"
+    result = evaluate(lm, task_records[:2], n_latent=0, **FAST)
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as writer:
+        try:
+            theirs = out / f".tmp-results.json-{writer.pid}"
+            out.mkdir()
+            theirs.write_text("{")
+            write_results(result, out)
+            assert theirs.exists()
+        finally:
+            writer.kill()

@@ -439,12 +439,14 @@ def write_results(result: EvalResult, out_dir: str | Path) -> None:
     each is written under a temporary name first; then an earlier ``results.json`` is removed, and
     ``predictions.jsonl`` and ``results.json``, last, take their places. A results.json describes the predictions
     beside it, whenever the process is stopped (SIGTERM, Ctrl-C, SIGKILL); the temporary files a killed write left
-    are removed by the next write into that folder."""
+    are removed by the next write into that folder (those of a process still running, which may be writing them now,
+    are left alone)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results, predictions = out_dir / "results.json", out_dir / "predictions.jsonl"
     for leftover in (p for name in (predictions.name, results.name) for p in out_dir.glob(f".tmp-{name}-*")):
-        leftover.unlink(missing_ok=True)
+        if not _writer_alive(leftover):
+            leftover.unlink(missing_ok=True)
     temporary = [out_dir / f".tmp-{path.name}-{os.getpid()}" for path in (predictions, results)]
     try:
         with open(temporary[0], "w") as f:
@@ -457,6 +459,20 @@ def write_results(result: EvalResult, out_dir: str | Path) -> None:
     finally:
         for path in temporary:
             path.unlink(missing_ok=True)
+
+
+def _writer_alive(temporary: Path) -> bool:
+    """Whether the process named by a ``.tmp-NAME-PID`` file's PID is another process still running on this machine."""
+    pid = temporary.name.rpartition("-")[2]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (another user's process)
+        return True
+    return True
 
 
 def majority_vote(answers: list[str | None], same: Callable[[str, str], bool] | None = None) -> str | None:
