@@ -33,6 +33,9 @@ def hub(monkeypatch: pytest.MonkeyPatch, tmp_path):
             raise ValueError(
                 "Config name is missing.\nPlease pick one among the available configs: ['main', 'socratic']"
             )
+        if (repo, config, split) not in HUB_ROWS:  # (datasets' words)
+            splits = [s for r, c, s in HUB_ROWS if (r, c) == (repo, config)]
+            raise ValueError(f'Unknown split "{split}". Should be one of {splits}.')
         return HUB_ROWS[(repo, config, split)]
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
@@ -95,3 +98,17 @@ def test_a_data_dir_that_is_no_folder_is_an_error(monkeypatch, tmp_path):
         load_dataset("svamp")
     monkeypatch.setenv("DGRPO_DATA_DIR", str(tmp_path))
     assert find_data_dir() == tmp_path.resolve()
+
+
+def test_training_data_from_the_hub_named_without_a_split_takes_its_train_split(hub):
+    """``data.train=org/name`` trained on the hub dataset's test split (a name alone means the test split), where
+    the option's help says a dataset with a train split named without one takes it."""
+    from dgrpo.data import load_spec, training_split
+
+    assert training_split("ChilleD/SVAMP") == "ChilleD/SVAMP:train"
+    assert training_split("openai/gsm8k?config=main") == "openai/gsm8k:train?config=main"
+    assert training_split("openai/gsm8k:test?config=main") == "openai/gsm8k:test?config=main"  # a split given is kept
+    assert [r.question for r in load_spec(training_split("ChilleD/SVAMP"))] == ["5 birds. Legs?"]
+    assert hub[-1] == ("ChilleD/SVAMP", None, "train")
+    with pytest.raises(DataError, match=r"^hub dataset 'openai/gsm8k' has no split 'train': name one as openai/gs"):
+        load_spec(training_split("openai/gsm8k?config=main"))  # (the made-up hub holds only its test split)

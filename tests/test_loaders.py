@@ -566,6 +566,25 @@ def test_training_data_named_without_a_split_takes_the_train_split():
     assert training_split("svamp") == "svamp"  # (no train split: its one split)
     assert training_split("gsm8k+svamp+builtin:train") == "gsm8k:train+svamp+builtin:train"
     assert training_split("my_data.jsonl") == "my_data.jsonl"
+    assert training_split("builtin") == "builtin:train"  # (the built-in task's name alone: its test split)
+    assert training_split("builtin?n_steps=4") == "builtin:train?n_steps=4"
+    assert training_split("builtin:valid") == "builtin:valid"
+
+
+def test_training_data_from_a_dataset_dict_folder_takes_its_train_split(tmp_path: Path):
+    """``data.train=FOLDER`` (a ``DatasetDict.save_to_disk`` folder) trained on its test split."""
+    datasets = pytest.importorskip("datasets")
+    from dgrpo.data import load_spec, training_split
+
+    rows = [{"question": f"What is {i} plus 1?", "answer": f"#### {i + 1}"} for i in range(5)]
+    train, test = datasets.Dataset.from_list(rows), datasets.Dataset.from_list(rows[:2])
+    datasets.DatasetDict({"train": train, "test": test}).save_to_disk(str(tmp_path / "both"))
+    datasets.DatasetDict({"test": test}).save_to_disk(str(tmp_path / "only_test"))
+    train.save_to_disk(str(tmp_path / "one"))
+    assert len(load_spec(training_split(str(tmp_path / "both")))) == 5
+    assert len(load_spec(str(tmp_path / "both"))) == 2  # (elsewhere: its test split)
+    assert training_split(str(tmp_path / "only_test")) == str(tmp_path / "only_test")
+    assert training_split(str(tmp_path / "one")) == str(tmp_path / "one")  # (a Dataset has no splits)
 
 
 def test_two_names_of_one_dataset_have_one_key(tmp_path: Path):

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .loaders import DATASETS, canonical_name, column_parser, load_dataset
+from .loaders import DATASETS, canonical_name, column_parser, load_dataset, reads_from_the_hub
 from .records import DataError, Record, shared_questions, with_columns
 from .synthetic import load_builtin
+from .tables import hf_folder_splits, is_hf_folder
 
 
 def columns_of(data=None):
@@ -96,9 +97,19 @@ __all__ = ["DataError", "Record", "dataset_key", "load_hf_dataset", "load_spec",
 
 
 def training_split(spec: str) -> str:
-    """``data.train`` as read: a built-in dataset named without a split takes its ``train`` split when it has one
-    (``gsm8k`` -> ``gsm8k:train``; a name alone means the test split elsewhere), each part of ``a+b`` alike."""
+    """``data.train`` as read: a dataset named without a split takes its ``train`` split when it has one (a name alone
+    means the test split elsewhere), each part of ``a+b`` alike: a built-in dataset (``gsm8k`` -> ``gsm8k:train``,
+    ``builtin?n_steps=4`` -> ``builtin:train?n_steps=4``), a ``DatasetDict.save_to_disk`` folder that lists a train
+    split, and a hub dataset (``org/name?config=c`` -> ``org/name:train?config=c``: one without a train split is
+    then refused, naming its splits)."""
     if "+" in spec and not Path(spec).exists():
         return "+".join(training_split(part.strip()) for part in spec.split("+"))
+    path = Path(spec).expanduser()
+    if path.exists():
+        return f"{spec}:train" if is_hf_folder(path) and "train" in hf_folder_splits(path) else spec
     known = DATASETS.get(spec)
-    return f"{spec}:train" if known is not None and "train" in known.splits and not Path(spec).exists() else spec
+    if known is not None:
+        return f"{spec}:train" if "train" in known.splits else spec
+    head, q, query = spec.partition("?")
+    takes_train = head == "builtin" or reads_from_the_hub(head)  # (the built-in task always has a train split)
+    return f"{head}:train{q}{query}" if ":" not in head and takes_train else spec

@@ -603,6 +603,9 @@ def _load_from_hub(
             raise DataError(
                 f"dataset {repo!r} has several configs: name one as {repo}:SPLIT?config=NAME ({reason})"
             ) from None
+        if "Unknown split" in str(exc):  # (datasets' words for a split the dataset does not have)
+            why_not = f"hub dataset {repo!r} has no split {split!r}: name one as {repo}:SPLIT ({reason})"
+            raise DataError(why_not) from None
         raise DataError(f"{prefix} the Hugging Face hub could not be reached: {reason}") from None
     return rows_to_records(rows, f"hub dataset {repo!r} split {split!r}", f"hf:{repo}", columns)
 
@@ -798,8 +801,26 @@ def _load_any(name_or_path: str, split: str | None, columns: RowParser | None, c
         return _load_from_hub(raw, split if split is not None else "train", hub_id=HUB_DATASETS[key])
     if key == OPENMATH_GSM:
         return _load_openmath_subset(raw)
-    if path.suffix.lower() in (".json", ".jsonl", ".txt") or raw.startswith((".", "/", "~")) or path.is_dir():
+    if _names_a_file(raw):
         if path.is_dir():
             raise DataError(f"{path}: is a directory; give a data file or a dataset name")
         raise DataError(f"{path}: file not found")
     return _load_from_hub(raw, split, columns=columns, config=config)
+
+
+def _names_a_file(raw: str) -> bool:
+    """Whether a name that is no built-in dataset is meant as a local path (a data file's extension, a leading
+    ``.``, ``/`` or ``~``, or a directory), not a hub dataset."""
+    path = Path(raw).expanduser()
+    return path.suffix.lower() in (".json", ".jsonl", ".txt") or raw.startswith((".", "/", "~")) or path.is_dir()
+
+
+def reads_from_the_hub(name: str) -> bool:
+    """Whether :func:`load_dataset` reads ``name`` (without a split or a config) as a hub dataset it names: no
+    built-in name, no path that exists or is meant as one."""
+    try:
+        exists = Path(name).expanduser().exists()
+    except OSError:
+        exists = False
+    known = (*DATASETS, *HUB_DATASETS, OPENMATH_GSM)
+    return not (exists or name.startswith("builtin") or canonical_name(name) in known or _names_a_file(name))

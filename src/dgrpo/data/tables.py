@@ -22,6 +22,18 @@ def is_hf_folder(path: Path) -> bool:
     return path.is_dir() and any((path / m).is_file() for m in HF_FOLDER_MARKERS)
 
 
+def hf_folder_splits(path: Path) -> list[str]:
+    """The split names a ``DatasetDict.save_to_disk`` folder lists in its ``dataset_dict.json`` ([] for a Dataset's
+    folder, which has none, or for a listing that cannot be read: the read itself then says what is wrong)."""
+    import json
+
+    try:
+        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [s for s in splits if isinstance(s, str)] if isinstance(splits, list) else []
+
+
 def read_csv_lines(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
     """The rows of a CSV file with a header line (values are strings; None in a row shorter than the header), and
     the file line each row starts on (the header is line 1; a quoted value may span lines). A row longer than the
