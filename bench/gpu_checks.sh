@@ -5,7 +5,7 @@
 # and the items after it are skipped. bench/RESULTS.md says what each figure means.
 #
 #   bash bench/gpu_checks.sh [OUT_DIR] [BUDGET_S]      # default: runs/gpu_checks, 540 s
-#   ONLY="capture_smoke recipe_profile" bash bench/gpu_checks.sh ...   # just the items named
+#   ONLY="capture_smoke recipe_profile" bash bench/gpu_checks.sh ...   # just the items named (unknown names: refused)
 #
 # OUT_DIR gets about a dozen files (a log per item, summary.txt, environment.txt, gpu_clocks.csv, the profiled
 # step's trace). Where only a few files come back from the node, bundle them after the run, the trace apart (it may
@@ -72,6 +72,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 WHEEL_SPECS=(liger-kernel==0.8.5 bitsandbytes==0.50.2 transformers==5.24.0)
+# the items, in the order they run: ONLY's names are checked against these before anything runs (a mistyped name
+# would otherwise skip its item without a word), and run_item refuses a name not here
+ITEMS=(capture_smoke recipe_profile extra_profile recipe_vs_earlier fast_vs_eager lever_smoke kernel_levers
+    head_pack_vs_none chain_smoke recipe_vs_no_chain varied_chain chain_no_recompute kept_vs_capture varied_kept
+    kept_layers reference_share head_vs_eager_head packed_vs_sdpa cuda_tests call256_vs_recipe hf_vs_liger
+    compiled_vs_liger)
+is_item() { [[ " ${ITEMS[*]} " == *" $1 "* ]]; }
 
 if [[ "${1:-}" == "--download-wheels" ]]; then
     dest=${2:?--download-wheels DIR}
@@ -80,6 +87,14 @@ if [[ "${1:-}" == "--download-wheels" ]]; then
         manylinux2014_x86_64 manylinux1_x86_64; do platforms+=(--platform "$p"); done
     exec "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         "${platforms[@]}" -d "$dest" "${WHEEL_SPECS[@]}"
+fi
+
+read -r -a only <<<"${ONLY:-}"
+unknown=()
+for name in "${only[@]}"; do is_item "$name" || unknown+=("$name"); done
+if ((${#unknown[@]})); then
+    echo "ONLY: unknown item(s) ${unknown[*]}; the items: ${ITEMS[*]}" >&2
+    exit 2
 fi
 
 OUT_DIR=${1:-runs/gpu_checks}
@@ -125,7 +140,11 @@ STEP=(bench/paper_step.py --steps 2 "${EXTRA[@]}")
 run_item() {  # name, command...
     local name=$1 left
     shift
-    if [[ -n "${ONLY:-}" && " $ONLY " != *" $name "* ]]; then return 0; fi
+    if ! is_item "$name"; then
+        echo "run_item $name: not in ITEMS (bench/gpu_checks.sh)" | tee -a "$OUT_DIR/summary.txt" >&2
+        exit 2
+    fi
+    if ((${#only[@]})) && [[ " ${only[*]} " != *" $name "* ]]; then return 0; fi
     left=$((deadline - $(date +%s)))
     if ((left < 30)); then
         echo "== $name: skipped, ${left}s left of the budget" | tee -a "$OUT_DIR/summary.txt"

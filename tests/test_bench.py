@@ -151,13 +151,10 @@ def _paper_step_module():
     return module
 
 
-def test_every_arm_the_gpu_checks_run_is_a_config_the_recipe_accepts(tmp_path):
-    """bench/gpu_checks.sh runs only on a GPU node, where a mistyped key would cost the call: run the script here
-    with a stand-in Python that records each command, and validate every paper_step arm it would start (the recipe
-    with its --set, and with its --versus on top) against the packaged recipe."""
+def _gpu_checks(tmp_path, **env):
+    """bench/gpu_checks.sh run here with ``env`` and a stand-in Python that records each command: (the process, the
+    commands' arguments)."""
     from pathlib import Path
-
-    from dgrpo.config import Config, load_config
 
     root = Path(__file__).resolve().parents[1]
     log = tmp_path / "argv.jsonl"
@@ -167,16 +164,25 @@ def test_every_arm_the_gpu_checks_run_is_a_config_the_recipe_accepts(tmp_path):
         f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
     )
     python.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k not in ("ONLY", "WHEELS", "EXTRA_PROFILE")}
+    inherited = {k: v for k, v in os.environ.items() if k not in ("ONLY", "WHEELS", "EXTRA_PROFILE")}
     proc = subprocess.run(
         ["bash", str(root / "bench/gpu_checks.sh"), str(tmp_path / "out"), "600"],
-        env={**env, "PYTHON": str(python)},
+        env={**inherited, "PYTHON": str(python), **env},
         capture_output=True,
         text=True,
         timeout=60,
     )
+    return proc, [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_every_arm_the_gpu_checks_run_is_a_config_the_recipe_accepts(tmp_path):
+    """bench/gpu_checks.sh runs only on a GPU node, where a mistyped key would cost the call: run the script here
+    with a stand-in Python that records each command, and validate every paper_step arm it would start (the recipe
+    with its --set, and with its --versus on top) against the packaged recipe."""
+    from dgrpo.config import Config, load_config
+
+    proc, calls = _gpu_checks(tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    calls = [json.loads(line) for line in log.read_text().splitlines()]
     steps = [c for c in calls if c and c[0] == "bench/paper_step.py"]
     assert len(steps) >= 15 and any(c[:3] == ["-m", "pytest", "-q"] for c in calls)
 
@@ -194,6 +200,26 @@ def test_every_arm_the_gpu_checks_run_is_a_config_the_recipe_accepts(tmp_path):
     earlier = next(values(c, "--versus") for c in steps if "grpo.engine=eager" in values(c, "--versus"))
     # the earlier GPU path switches off every lever whose key defaults on for CUDA
     assert {"model.compile_head=false", "model.pack_gqa=false", "model.kernels=none"} <= set(earlier)
+
+
+def test_gpu_checks_refuse_an_unknown_only_name_before_running_anything(tmp_path):
+    """ONLY's names are the items' (a mistyped one skipped its item without a word, on a rare GPU call): an unknown
+    name is refused before the wheels are installed or anything runs, with the items listed; known ones run alone."""
+    (tmp_path / "wheels").mkdir()
+    proc, calls = _gpu_checks(tmp_path, ONLY="capture_smok recipe_profile", WHEELS=str(tmp_path / "wheels"))
+    assert proc.returncode == 2 and not calls and not (tmp_path / "out").exists()
+    assert "ONLY: unknown item(s) capture_smok; the items: capture_smoke recipe_profile extra_profile" in proc.stderr
+    items = proc.stderr.split("the items: ")[1].split()
+
+    def ran(**env):
+        proc, _ = _gpu_checks(tmp_path, **env)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        summary = (tmp_path / "out/summary.txt").read_text().splitlines()
+        (tmp_path / "out/summary.txt").unlink()
+        return [line.split()[1] for line in summary if line.startswith("== ")]
+
+    assert ran(EXTRA_PROFILE="profile.py") == items  # (the list is the items run, in their order)
+    assert ran(ONLY="cuda_tests  recipe_profile") == ["recipe_profile", "cuda_tests"]
 
 
 def test_paper_step_drops_an_arm_that_runs_out_of_memory_and_keeps_the_other(capsys):
