@@ -115,9 +115,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--shape",
         choices=sorted(SHAPES),
-        default=QWEN25_15B.name,
-        help="the model's shape: Qwen2.5-1.5B's, the CPU bench suite's 128-wide model (full), a tiny one (quick), or "
-        "the tiny one 28 layers deep (host: a CPU proxy for the host's share of a GPU step)",
+        help=f"the model's shape: Qwen2.5-1.5B's ({QWEN25_15B.name}, the default), the CPU bench suite's 128-wide "
+        "model (full), a tiny one (quick), or the tiny one 28 layers deep (host: a CPU proxy for the host's share of a "
+        "GPU step)",
     )
     ap.add_argument("--tiny", action="store_true", help="= --shape quick (a smoke test of this script)")
     ap.add_argument(
@@ -138,8 +138,9 @@ def parse_args() -> argparse.Namespace:
         "to step as a real run's do",
     )
     args = ap.parse_args()
-    if args.tiny and args.shape not in (QWEN25_15B.name, QUICK.name):
+    if args.tiny and args.shape not in (None, QUICK.name):  # (None: --shape not given)
         ap.error(f"--tiny is --shape {QUICK.name}: give --shape {args.shape} or --tiny, not both")
+    args.shape = QUICK.name if args.tiny else args.shape or QWEN25_15B.name
     if args.trace and not args.profile:
         ap.error("--trace writes the profiled step's trace: add --profile")
     if any(w < 1 for w in args.prompt_widths) or any(n < 0 for n in args.kept_groups):
@@ -470,7 +471,7 @@ def main() -> int:
     if cfg.threads:  # (--set threads=1: the host proxy without OpenMP's wake-ups in every tiny op)
         torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
-    shape = SHAPES[QUICK.name if args.tiny else args.shape]
+    shape = SHAPES[args.shape]
     lm = build_lm(shape, device, dtype, keep=False)  # no spare copy on the device
     prompts = task_records(cfg.grpo.prompts_per_step)
     varied = args.prompt_widths or args.kept_groups

@@ -141,11 +141,16 @@ def test_paper_step_script_alternates_two_arms(tmp_path):
 
 
 def _paper_step_module():
+    return _bench_module("paper_step")
+
+
+def _bench_module(name):
+    """bench/``name``.py, imported."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "bench/paper_step.py"
-    spec = importlib.util.spec_from_file_location("paper_step", path)
+    path = Path(__file__).resolve().parents[1] / f"bench/{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -440,6 +445,62 @@ def test_paper_step_refuses_bad_options_in_one_line(monkeypatch, argv, says):
     with pytest.raises(SystemExit) as e:
         module.main()
     assert says in str(e.value.code) and str(e.value.code).startswith("paper_step.py: ")
+
+
+@pytest.mark.parametrize(
+    "argv, shape",
+    [
+        ([], "qwen2.5-1.5b"),
+        (["--tiny"], "quick"),
+        (["--tiny", "--shape", "quick"], "quick"),
+        (["--shape", "host"], "host"),
+    ],
+)
+def test_paper_step_shape_is_the_given_one_or_tinys_or_the_default(monkeypatch, argv, shape):
+    monkeypatch.setattr(sys, "argv", ["paper_step.py", *argv])
+    assert _paper_step_module().parse_args().shape == shape
+
+
+@pytest.mark.parametrize("shape", ["qwen2.5-1.5b", "full"])
+def test_paper_step_refuses_a_shape_beside_tiny_even_the_default(monkeypatch, capsys, shape):
+    """--tiny --shape qwen2.5-1.5b (the default, given) passed without a word, and --tiny won."""
+    monkeypatch.setattr(sys, "argv", ["paper_step.py", "--tiny", "--shape", shape])
+    with pytest.raises(SystemExit) as e:
+        _paper_step_module().parse_args()
+    assert e.value.code == 2 and f"give --shape {shape} or --tiny, not both" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--time", "--rows", "4"], "--time measures at fixed shapes: --rows would do nothing"),  # (4: the default)
+        (["--time", "--dtype", "float32", "--widths", "32"], "--time measures at fixed shapes: --dtype, --widths"),
+        (["--reps", "12"], "only --time reads it: --reps would do nothing"),  # (12: the default)
+    ],
+)
+def test_latent_kv_bytes_refuses_an_option_its_mode_ignores_even_at_its_default(monkeypatch, capsys, argv, says):
+    """An option given at its default value passed without a word (the check compared the values)."""
+    module = _bench_module("latent_kv_bytes")
+
+    def measure(*args):
+        raise AssertionError(f"{argv} measured")
+
+    for name in ("time_replay", "time_host", "layer_shaped_lm"):
+        monkeypatch.setattr(module, name, measure)
+    monkeypatch.setattr(sys, "argv", ["latent_kv_bytes.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        module.main()
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_latent_kv_bytes_time_gets_the_default_reps(monkeypatch):
+    """(The options' defaults are filled in after the check of which were given.)"""
+    module = _bench_module("latent_kv_bytes")
+    timed = []
+    monkeypatch.setattr(module, "time_replay", lambda reps: timed.append(("replay", reps)))
+    monkeypatch.setattr(module, "time_host", lambda reps: timed.append(("host", reps)))
+    monkeypatch.setattr(sys, "argv", ["latent_kv_bytes.py", "--time"])
+    assert module.main() == 0 and timed == [("replay", 12), ("host", 36)]
 
 
 def test_bench_rows_are_in_item_number_order():
