@@ -261,13 +261,40 @@ def timed_step(tr: GRPOTrainer, prompts: list[Record], device: torch.device, i: 
     return row
 
 
-def summarize(tr: GRPOTrainer, rows: list[dict], device: torch.device) -> dict:
+def make_trainers(
+    arms: dict[str, tuple[LatentLM, Config]], prompts: list[Record], reward: GroupsKept | None
+) -> tuple[dict[str, GRPOTrainer], dict[str, str]]:
+    """A trainer per arm, and the fused layers each got: its ``model.kernels`` where the trainer applied them, else
+    ``none`` and where they were not (``apply_kernels`` only warns where they cannot run: Liger's off CUDA)."""
+    applied: list[bool] = []
+
+    def recorded(apply: Any) -> Any:
+        def call(model: torch.nn.Module, kind: str) -> bool:
+            applied.append(apply(model, kind))
+            return applied[-1]
+
+        return call
+
+    trainers, kernels = {}, {}
+    with warnings.catch_warnings(), timeline.wrapped_calls([(grpo, "apply_kernels", recorded)]):
+        # a scheduled reward grades no answer: its 0 for the gold answers is by design
+        warnings.filterwarnings("ignore", message="the reward gives 0 to the gold answer")
+        for name, (lm, cfg) in arms.items():
+            trainers[name] = GRPOTrainer(lm, cfg, prompts, reward_fn=reward)
+            kind = cfg.model.kernels
+            kernels[name] = kind if applied.pop() or kind == "none" else f"none ({kind} not applied on {lm.device})"
+    return trainers, kernels
+
+
+def summarize(tr: GRPOTrainer, rows: list[dict], device: torch.device, kernels: str) -> dict:
+    """The medians of ``tr``'s timed ``rows`` and the settings it ran with, as resolved (``kernels``: as applied,
+    :func:`make_trainers`)."""
     timed = [r for r in rows if not r["warmup"]]
     g = tr.cfg.grpo
     out = {
         "micro_batch_size": g.micro_batch_size,
         "engine": tr.engine,
-        "kernels": tr.cfg.model.kernels,
+        "kernels": kernels,
         "compile": tr.cfg.model.compile,
         # (as resolved: auto is on on CUDA; the head is false again should its compiler have failed)
         "compile_head": tr.lm.head_stats.compiled,
@@ -481,9 +508,7 @@ def main() -> int:
     if args.versus:  # a copy of the weights before the recipe's trainer swaps in its kernels
         versus = load_config(Config, "paper/grpo_dropout.yaml", [*measured, *args.set, *args.versus])
         arms["versus"] = (copy.deepcopy(lm), versus)
-    with warnings.catch_warnings():  # a scheduled reward grades no answer: its 0 for the gold answers is by design
-        warnings.filterwarnings("ignore", message="the reward gives 0 to the gold answer")
-        trainers = {name: GRPOTrainer(a_lm, a_cfg, prompts, reward_fn=reward) for name, (a_lm, a_cfg) in arms.items()}
+    trainers, kernels = make_trainers(arms, prompts, reward)
     head = {"built_s": round(time.perf_counter() - t0, 1), "params": sum(p.numel() for p in lm.model.parameters())}
     print(json.dumps({**head, "device": str(device), "dtype": str(dtype), "versus": args.versus}), flush=True)
     if device.type == "cuda":
@@ -497,14 +522,15 @@ def main() -> int:
         "max_new_tokens": cfg.grpo.max_new_tokens,
         **({"schedule": {"prompt_widths": args.prompt_widths, "kept_groups": args.kept_groups}} if varied else {}),
         **({"failed": failed} if failed else {}),
-        **(summarize(trainers["recipe"], rows["recipe"], device) if "recipe" in trainers else {}),
+        **(summarize(trainers["recipe"], rows["recipe"], device, kernels["recipe"]) if "recipe" in trainers else {}),
     }
     if device.type == "cuda":
         summary.update(gpu=torch.cuda.get_device_name(0), allocator_retries=step_profile.allocator_retries() - retries0)
     if any(tr.cfg.model.compile for tr in trainers.values()):  # graphs dynamo built (model.compile: 3 per grad mode)
         summary["compiled_graphs"] = counters["stats"]["unique_graphs"]
     if "versus" in trainers:
-        summary["versus"] = {"overrides": args.versus, **summarize(trainers["versus"], rows["versus"], device)}
+        theirs = summarize(trainers["versus"], rows["versus"], device, kernels["versus"])
+        summary["versus"] = {"overrides": args.versus, **theirs}
     if "recipe" in trainers and "versus" in trainers:
         pairs = [a["wall_s"] / b["wall_s"] for a, b in zip(rows["recipe"], rows["versus"]) if not a["warmup"]]
         summary["step_ratio"] = round(summary["median_step_s"] / summary["versus"]["median_step_s"], 4)

@@ -116,6 +116,8 @@ def test_paper_step_script_alternates_two_arms(tmp_path):
     s = out["summary"]
     assert [r["arm"] for r in out["steps"]["recipe"]] == ["recipe"] * 3 and len(out["steps"]["versus"]) == 3
     assert s["recompute"] == "layer" and s["versus"]["recompute"] == "call" and s["K"] == 4
+    # the recipe's model.kernels=liger, as applied: not on a CPU (it said liger)
+    assert s["kernels"] == s["versus"]["kernels"] == "none (liger not applied on cpu)"
     assert s["step_ratio"] == pytest.approx(s["median_step_s"] / s["versus"]["median_step_s"], rel=1e-3)
     assert len(s["step_ratio_per_round"]) == 2
     # --profile on the CPU: what would make the host wait on a GPU is the step's bookkeeping, the eager engine's
@@ -225,6 +227,24 @@ def test_gpu_checks_refuse_an_unknown_only_name_before_running_anything(tmp_path
 
     assert ran(EXTRA_PROFILE="profile.py") == items  # (the list is the items run, in their order)
     assert ran(ONLY="cuda_tests  recipe_profile") == ["recipe_profile", "cuda_tests"]
+
+
+@pytest.mark.filterwarnings("ignore:model.kernels=liger")
+def test_paper_step_reports_the_kernels_the_trainers_applied():
+    """model.kernels as applied, not as configured: Liger's layers are not applied on a CPU (the report said liger)."""
+    from dgrpo.bench.workload import QUICK, build_lm, task_records
+    from dgrpo.config import Config, load_config
+
+    paper_step = _paper_step_module()
+    prompts = task_records(2)
+    sets = ["grpo.prompts_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=2", "grpo.n_latent=1"]
+    arms = {
+        kind: (build_lm(QUICK, torch.device("cpu"), torch.float32), load_config(Config, "tiny.yaml", [*sets, kind]))
+        for kind in ("model.kernels=liger", "model.kernels=none")
+    }
+    trainers, kernels = paper_step.make_trainers(arms, prompts, None)
+    assert kernels == {"model.kernels=liger": "none (liger not applied on cpu)", "model.kernels=none": "none"}
+    assert set(trainers) == set(arms)
 
 
 def test_paper_step_drops_an_arm_that_runs_out_of_memory_and_keeps_the_other(capsys):
