@@ -96,6 +96,10 @@ if ((${#unknown[@]})); then
     echo "ONLY: unknown item(s) ${unknown[*]}; the items: ${ITEMS[*]}" >&2
     exit 2
 fi
+if [[ " ${only[*]} " == *" extra_profile "* && -z "${EXTRA_PROFILE:-}" ]]; then
+    echo "ONLY names extra_profile, which runs the script EXTRA_PROFILE names: set EXTRA_PROFILE" >&2
+    exit 2
+fi
 
 OUT_DIR=${1:-runs/gpu_checks}
 BUDGET_S=${2:-540}

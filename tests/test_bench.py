@@ -217,6 +217,8 @@ def test_gpu_checks_refuse_an_unknown_only_name_before_running_anything(tmp_path
     assert proc.returncode == 2 and not calls and not (tmp_path / "out").exists()
     assert "ONLY: unknown item(s) capture_smok; the items: capture_smoke recipe_profile extra_profile" in proc.stderr
     items = proc.stderr.split("the items: ")[1].split()
+    proc, calls = _gpu_checks(tmp_path, ONLY="extra_profile")  # (without EXTRA_PROFILE it ran nothing, silently)
+    assert proc.returncode == 2 and not calls and "set EXTRA_PROFILE" in proc.stderr
 
     def ran(**env):
         proc, _ = _gpu_checks(tmp_path, **env)
