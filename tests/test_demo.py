@@ -309,6 +309,65 @@ def test_a_stop_of_the_demo_ends_its_workers_mid_task_and_says_so(tmp_path, sig,
                 os.kill(w, signal.SIGKILL)
 
 
+def wait_for_rows(out, pattern, key, deadline_s, demo):
+    """Wait until a metrics file under ``out`` matching ``pattern`` has a row with ``key``: its run is in its steps."""
+    deadline = time.time() + deadline_s
+    while not any(key in f.read_text() for f in out.glob(pattern)):
+        assert demo.poll() is None and time.time() < deadline, f"no {pattern} row with {key}"
+        time.sleep(0.2)
+
+
+def pool_workers(pid):
+    """The pool workers among ``pid``'s children (not its resource tracker)."""
+    return {p for p in child_pids(pid) if process_alive(p) and b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_worker_killed_from_outside_ends_the_demo_in_one_line(tmp_path):
+    """SIGKILL (the OOM killer's) to one pool worker alone, mid-SFT: the demo ended with concurrent.futures'
+    BrokenProcessPool traceback ("A process in the process pool was terminated abruptly"; SIGTERM to a worker too).
+    Now one line that names the worker, its signal and the likely causes, its other worker ended, exit 1."""
+    cmd = [sys.executable, "-m", "dgrpo", "demo", "--quick", "--out", str(tmp_path / "d"), "--workers", "2"]
+    err = (tmp_path / "stderr").open("w")
+    demo = subprocess.Popen([*cmd, "--set", "threads=1", "sft.num_epochs=40", "task.n_train=512"], stderr=err)
+    workers: set[int] = set()
+    try:
+        wait_for_rows(tmp_path / "d", "sft/seed*/metrics.jsonl", '"loss"', 120, demo)  # (two seeds: both workers)
+        workers = pool_workers(demo.pid)
+        assert len(workers) == 2
+        victim = min(workers)
+        os.kill(victim, signal.SIGKILL)
+        assert demo.wait(timeout=30) == 1
+        deadline = time.time() + 15
+        while any(process_alive(w) for w in workers) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not [w for w in workers if process_alive(w)], "a pool worker outlived the demo"
+        text = (tmp_path / "stderr").read_text()
+        assert "Traceback" not in text and "BrokenProcessPool" not in text, text
+        assert text.strip().splitlines()[-1] == (
+            f"dgrpo: error: a worker process of the demo ended abruptly (pid {victim}: SIGKILL): killed from outside "
+            "(out of memory: the kernel's OOM killer sends SIGKILL; each worker holds its own models: fewer --workers "
+            "need less; or kill) or crashed; the demo ended its other workers and does not resume its runs: the same "
+            "command starts it over"
+        )
+    finally:  # nothing left running if the test fails
+        demo.kill()
+        for w in workers | child_pids(demo.pid):
+            if process_alive(w):
+                os.kill(w, signal.SIGKILL)
+
+
+def test_the_line_of_a_dead_worker_names_how_it_ended():
+    """The pool ends the workers left with SIGTERM once one has ended: any other exit is the first's own."""
+    from dgrpo.demo.pipeline import worker_died
+
+    assert "ended abruptly (pid 7: SIGKILL)" in worker_died({7: -9, 8: -15})
+    assert "ended abruptly (pid 7: exit code 1; pid 8: SIGSEGV)" in worker_died({7: 1, 8: -11, 9: -15})
+    assert "ended abruptly (SIGTERM)" in worker_died({7: -15, 8: -15})  # which one first: unknown
+    assert "ended abruptly: killed from outside" in worker_died({})  # (a pool that keeps its processes otherwise)
+
+
 @pytest.mark.slow
 def test_demo_quick(pool_demo):
     out, r = pool_demo

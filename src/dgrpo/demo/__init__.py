@@ -26,6 +26,7 @@ The statistics are small pure functions in :mod:`.stats` (:func:`t_quantile`, :f
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from .pipeline import (
     ARMS,
     SHORT,
     Demo,
+    WorkerDied,
     default_workers,
     demo_config,
     demo_splits,
@@ -59,6 +61,9 @@ def run_demo(args: Any) -> int:
     lock = RunLock(Path(args.out))  # one demo per --out: a second one would start its runs over under this one's
     try:
         return _run(args, base, n_sft, n_rl, t_start)
+    except WorkerDied as e:  # (concurrent.futures' BrokenProcessPool, a traceback: one line instead)
+        print(f"dgrpo: error: {e}", file=sys.stderr)
+        return 1
     finally:
         lock.release()
 
@@ -94,6 +99,7 @@ __all__: list[str] = [
     "SHORT",
     "Claim",
     "Demo",
+    "WorkerDied",
     "claim_verdicts",
     "compare",
     "exact_verdict",

@@ -8,12 +8,14 @@ import functools
 import multiprocessing
 import os
 import re
+import signal
 import statistics
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -439,21 +441,52 @@ def _run_pool(
                     if len(parts[s]) == n_tasks:  # SFT and every RL run of this seed
                         merge_seed(demo, join_parts(parts[s]))
                         seed_done(s)
+        except BrokenProcessPool:  # a worker ended abruptly (the OOM killer, kill): the pool ends the others
+            raise WorkerDied(worker_died(end_workers(pool))) from None
         except BaseException:  # (Ctrl-C, SIGTERM, a task's error): the tasks under way end now too
             end_workers(pool)
             raise
 
 
-def end_workers(pool: ProcessPoolExecutor) -> None:
+class WorkerDied(RuntimeError):
+    """A worker process of the demo's pool ended abruptly, killed from outside or crashed (its task raised
+    nothing: concurrent.futures' BrokenProcessPool); the demo's other workers are ended. ``dgrpo demo`` says it in
+    one line, exit code 1."""
+
+
+def worker_died(exits: Mapping[int, int | None]) -> str:
+    """What :class:`WorkerDied` says, from the ended pool's exit codes (pid -> code; -N: signal N). Once a worker has
+    ended the pool ends the others with SIGTERM, and so does :func:`end_workers`: any other exit is a worker's own;
+    when all are SIGTERM, the first was too (which one is not known)."""
+
+    def ended(code: int) -> str:
+        try:
+            return signal.Signals(-code).name if code < 0 else f"exit code {code}"
+        except ValueError:
+            return f"signal {-code}"
+
+    own = {pid: code for pid, code in exits.items() if code is not None and code != -signal.SIGTERM}
+    how = "; ".join(f"pid {pid}: {ended(code)}" for pid, code in own.items()) or ("SIGTERM" if exits else "")
+    return (
+        f"a worker process of the demo ended abruptly{f' ({how})' if how else ''}: killed from outside (out of memory: "
+        "the kernel's OOM killer sends SIGKILL; each worker holds its own models: fewer --workers need less; or kill) "
+        "or crashed; the demo ended its other workers and does not resume its runs: the same command starts it over"
+    )
+
+
+def end_workers(pool: ProcessPoolExecutor) -> dict[int, int | None]:
     """Cancel the pool's waiting tasks and end its workers (SIGTERM: a worker dies at once, whatever it runs): the
     pool's own shutdown waits for the tasks under way (minutes of a run), and a stop that reached the demo's process
     alone (``kill -INT``, ``kill -TERM``) left it waiting on them, its workers training. (The pool keeps its
     processes private; a pool without them is left as it is. A worker must not catch SIGTERM: the pool's worker loop
-    takes any exception of a task, SystemExit too, as that task's result and runs the next.)"""
-    for process in dict(getattr(pool, "_processes", None) or {}).values():
+    takes any exception of a task, SystemExit too, as that task's result and runs the next.) Returns the workers'
+    exit codes (pid -> code: :func:`worker_died` reads them)."""
+    processes = list(dict(getattr(pool, "_processes", None) or {}).values())  # (its shutdown forgets them)
+    for process in processes:
         if process.is_alive():
             process.terminate()
     pool.shutdown(wait=True, cancel_futures=True)  # (quick now: it closes the pool's queues)
+    return {process.pid: process.exitcode for process in processes if process.pid is not None}
 
 
 def join_parts(parts: Mapping[int, Demo]) -> Demo:
