@@ -4,6 +4,7 @@ tables, and the paper's structural claim: deterministic rollouts never update an
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -366,6 +367,36 @@ def test_the_line_of_a_dead_worker_names_how_it_ended():
     assert "ended abruptly (pid 7: exit code 1; pid 8: SIGSEGV)" in worker_died({7: 1, 8: -11, 9: -15})
     assert "ended abruptly (SIGTERM)" in worker_died({7: -15, 8: -15})  # which one first: unknown
     assert "ended abruptly: killed from outside" in worker_died({})  # (a pool that keeps its processes otherwise)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["sft", "rl"])
+def test_a_stop_of_the_demo_in_its_own_process_says_one_thing(tmp_path, phase):
+    """``--workers 1`` (the default on a GPU): the runs in the demo's own process. A SIGTERM mid-step printed the
+    trainer's line ("stopping at the end of this step, after writing a resumable checkpoint") above the demo's ("the
+    demo does not resume its runs"), and the step's checkpoint was written for nothing. Now it stops at once, as it
+    does with workers, and says the demo's line alone."""
+    cmd = [sys.executable, "-m", "dgrpo", "demo", "--quick", "--out", str(tmp_path / "d"), "--workers", "1"]
+    err = (tmp_path / "stderr").open("w")
+    # (a short SFT before RL; RL: steps alone, no evaluation between them, no checkpoint but the last)
+    longer = ["sft.num_epochs=40"] if phase == "sft" else ["sft.num_epochs=1", "grpo.steps=400", "grpo.eval_every=0"]
+    sets = ["threads=1", "task.n_train=512", "grpo.save_every=0", *longer]
+    demo = subprocess.Popen([*cmd, "--set", *sets], stderr=err)
+    try:
+        if phase == "sft":
+            wait_for_rows(tmp_path / "d", "sft/seed0/metrics.jsonl", '"loss"', 120, demo)
+        else:
+            wait_for_rows(tmp_path / "d", "arms/*/*/metrics.jsonl", '"reward_mean"', 120, demo)
+        os.kill(demo.pid, signal.SIGTERM)
+        assert demo.wait(timeout=30) == 128 + signal.SIGTERM
+        said = re.findall(r"dgrpo: [^\r\n]*", (tmp_path / "stderr").read_text())  # (SFT's bar: no newline of its own)
+        assert said == [
+            "dgrpo: terminated (SIGTERM); the demo does not resume its runs: the same command starts it over"
+        ]
+        if phase == "rl":  # (SFT writes one at each epoch's end)
+            assert not list((tmp_path / "d").glob("arms/*/*/checkpoints/step-*")), "a checkpoint for nothing"
+    finally:
+        demo.kill()
 
 
 @pytest.mark.slow
