@@ -174,6 +174,12 @@ def test_eval_and_consolidate_under_torchrun_are_refused(tmp_path, run_cli, monk
 def test_missing_checkpoint_and_unknown_dataset_exit_2(tmp_path, run_cli):
     r = run_cli("eval", "--model", tmp_path / "nope", "--data", "builtin:test", "--out", tmp_path / "o")
     assert r.returncode == 2 and "checkpoint directory not found" in r.stderr
+    own = tmp_path / "own.jsonl"  # (a file read with a checkpoint's column mapping: its error came first, misleading)
+    own.write_text('{"prompt": "2+2?", "target": 4}\n')
+    for model in (tmp_path / "nope", "runs/mistyped"):
+        r = run_cli("eval", "--model", model, "--data", own, "--out", tmp_path / "o")
+        assert r.returncode == 2 and "unrecognised record keys" not in r.stderr, r.stderr
+        assert "checkpoint directory not found" in r.stderr or "'runs/mistyped': not a local directory" in r.stderr
     r = run_cli("data", "inspect", "definitely_not_a_dataset_xyz")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
 

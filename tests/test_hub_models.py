@@ -166,7 +166,8 @@ def test_dgrpo_eval_takes_a_hub_checkpoints_settings_at_its_revision(hub_cache):
 
     assert checkpoint_settings(REPO) == ({"model": {}, "task": {"n_steps": 4}, "data": {}, "eval": {}}, NEW)
     assert checkpoint_settings(REPO, "v1")[0]["task"] == {"n_steps": 3}
-    assert checkpoint_settings("tiny-org/not-there") == ({}, "")  # (loading it says why)
+    with pytest.raises(CheckpointError, match="'tiny-org/not-there'"):  # (before the data are read without them)
+        checkpoint_settings("tiny-org/not-there")
 
 
 def test_dgrpo_eval_reads_settings_and_weights_at_one_commit(hub_cache, tmp_path, run_cli, monkeypatch):

@@ -67,20 +67,18 @@ def register(sub: Any) -> None:
 
 def checkpoint_settings(model: str, revision: str = "") -> tuple[dict, str]:
     """(settings, commit): the task, data, dtype and scorer settings a checkpoint was trained with, a local one or one
-    uploaded to the hub (at ``revision``) ({} for a plain model, an older checkpoint, or one that cannot be read:
-    loading it says why), and for a hub id the commit they were read at ("" for a directory), at which the weights
-    are then read too: a branch that moves in between does not mix two commits."""
+    uploaded to the hub (at ``revision``) ({} for a plain model or an older checkpoint), and for a hub id the commit
+    they were read at ("" for a directory), at which the weights are then read too: a branch that moves in between
+    does not mix two commits. A model that cannot be found (a mistyped path, a hub id neither cached nor reachable)
+    is a CheckpointError here, before the data are read with settings that are not the checkpoint's."""
     from ..model.sources import hub_files, on_disk, resolve_checkpoint
-    from ..model.verified import RUN_CONFIG_FILE, CheckpointError
+    from ..model.verified import RUN_CONFIG_FILE
 
     commit = ""
     if on_disk(model).exists():  # (checkpoints/step-N names step-0000000N: the model loads from it too)
         trained = resolve_checkpoint(model) / RUN_CONFIG_FILE
     else:
-        try:
-            folder = hub_files(model, revision or None)[0]
-        except CheckpointError:
-            return {}, ""
+        folder = hub_files(model, revision or None)[0]
         trained = folder / RUN_CONFIG_FILE
         commit = folder.name if re.fullmatch(r"[0-9a-f]{40}", folder.name) else ""  # (a snapshot's folder: its commit)
     if not trained.is_file():
