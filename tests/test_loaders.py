@@ -524,6 +524,24 @@ def test_misspelt_steps_key_is_an_error_naming_the_fields(tmp_path: Path) -> Non
     assert [r.steps for r in plain] == [[], []] and plain[0].meta["work"]
 
 
+def test_held_out_data_need_not_have_the_steps_column(tmp_path: Path) -> None:
+    """A validation, test or ``dgrpo eval`` file without the training data's steps column (evaluation never reads
+    steps) was refused for ``data.steps_key``, which a checkpoint's run hands to ``dgrpo eval``; a mapped column
+    missing from a row names the option that mapped it."""
+    from dgrpo.config import DataConfig
+    from dgrpo.data import load_spec
+
+    path = _mapped(tmp_path)
+    mapping = DataConfig(question_key="prompt", answer_key="target", steps_key="reasoning")
+    with pytest.raises(DataError, match=r"missing field 'reasoning' \(data\.steps_key\) in every record"):
+        load_spec(str(path), data=mapping)  # (training data: a misspelt key would train no steps)
+    assert [r.answer for r in load_spec(str(path), data=mapping, held_out=True)] == ["2", "5"]
+    with pytest.raises(DataError, match=r"line 1: missing field 'question' \(data\.question_key\)$"):
+        load_spec(str(path), data=DataConfig(question_key="question", answer_key="target"), held_out=True)
+    with pytest.raises(DataError, match=r"line 1: missing field 'answer' \(data\.answer_key\)$"):
+        load_spec(str(path), data=DataConfig(question_key="prompt", answer_key="answer"), held_out=True)
+
+
 def test_top_level_load_dataset_refuses_a_split_of_a_file_and_takes_a_column_mapping(tmp_path: Path) -> None:
     import dgrpo
     from dgrpo.config import DataConfig

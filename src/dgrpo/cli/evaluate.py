@@ -237,7 +237,7 @@ def _read_sets(outs: dict[str, Path], split: str | None, cfg: Config, scorer: An
 
     e, sets = cfg.eval, {}
     for data in outs:
-        recs = sets[data] = load_spec(data, cfg.task, split=split, data=cfg.data)
+        recs = sets[data] = load_spec(data, cfg.task, split=split, data=cfg.data, held_out=True)
         n = len(recs) - (e.shots if e.plain else 0)
         if n <= 0 or (e.limit and min(n, e.limit) <= 0):
             raise DataError(f"{data}: nothing to evaluate ({len(recs)} records, {e.shots} of them used as shots)")

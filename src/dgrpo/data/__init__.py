@@ -11,27 +11,31 @@ from .synthetic import load_builtin
 from .tables import hf_folder_splits, is_hf_folder
 
 
-def columns_of(data=None):
+def columns_of(data=None, held_out: bool = False):
     """The row parser of a DataConfig's column mapping (None: no mapping), the mapping checked first (an
-    ``answer_key`` or ``steps_key`` without ``question_key`` would be ignored)."""
+    ``answer_key`` or ``steps_key`` without ``question_key`` would be ignored); ``held_out``: see :func:`load_spec`."""
     if data is None:
         return None
     data.validate()
-    return column_parser(data.question_key, data.answer_key, data.steps_key) if data.question_key else None
+    if not data.question_key:
+        return None
+    return column_parser(data.question_key, data.answer_key, data.steps_key, steps_required=not held_out)
 
 
-def load_spec(spec: str, task=None, split: str | None = None, data=None) -> list[Record]:
+def load_spec(spec: str, task=None, split: str | None = None, data=None, held_out: bool = False) -> list[Record]:
     """Load ``name``, ``name:split``, a file path, or several joined by ``+`` (``gsm_hard+svamp``); a hub dataset
     with several configs names one: ``openai/gsm8k:test?config=main``.
 
     ``task`` (a TaskConfig) parameterises ``builtin`` names (options in the name apply over it); ``split``, when
     given, wins over a split in the name; ``data`` (a DataConfig) gives the column mapping for files whose keys
-    are not a known format (``question_key``, ``answer_key``, ``steps_key``).
+    are not a known format (``question_key``, ``answer_key``, ``steps_key``). ``held_out``: data evaluated, not
+    trained on (validation, test, ``dgrpo eval``), whose files need not have the steps column: a ``steps_key`` that no
+    row has is an error only for training data (a misspelt key would train no steps).
 
     Every record has every column (``meta`` key) of the records loaded, None where its row lacked it, as a Hugging
     Face dataset holds a column some rows lack: a reward or scorer in TRL's form gets the same keywords whichever
     records a batch, a rank's shard or a vote holds."""
-    return with_columns(_load_spec(spec, task, split, data))
+    return with_columns(_load_spec(spec, task, split, data, held_out))
 
 
 def load_hf_dataset(dataset: Any, split: str | None = None, data=None) -> list[Record]:
@@ -48,13 +52,13 @@ def load_hf_dataset(dataset: Any, split: str | None = None, data=None) -> list[R
     return with_columns(mapped_read(columns, where, read))
 
 
-def _load_spec(spec: str, task, split: str | None, data) -> list[Record]:
-    columns = columns_of(data)
+def _load_spec(spec: str, task, split: str | None, data, held_out: bool) -> list[Record]:
+    columns = columns_of(data, held_out)
     if "+" in spec and not Path(spec).exists():
         parts = [part.strip() for part in spec.split("+")]
         if not all(parts):  # ('a+' dropped the empty part, '+' gave no records at all)
             raise DataError(f"{spec!r}: an empty part between '+' signs; join dataset names as in gsm_hard+svamp")
-        return [r for part in parts for r in _load_spec(part, task, split, data)]
+        return [r for part in parts for r in _load_spec(part, task, split, data, held_out)]
     if spec.startswith("builtin"):
         return load_builtin(spec, split, task)
     if Path(spec).exists():

@@ -38,6 +38,13 @@ def _field(row: dict[str, Any], key: str) -> Any:
     return row[key]
 
 
+def _mapped_field(row: dict[str, Any], key: str, option: str) -> Any:
+    """A column a mapping names: a row without it says which option named it (it may come from a checkpoint's run)."""
+    if key not in row:
+        raise _RowError(f"missing field {key!r} ({option})")
+    return row[key]
+
+
 def _text_field(row: dict[str, Any], key: str, *, strip: bool = True, allow_empty: bool = False) -> str:
     value = _field(row, key)
     if not isinstance(value, str):
@@ -655,8 +662,9 @@ class _ColumnParser:
     """The row parser :func:`column_parser` returns; it also notes the rows it maps and whether one had the steps
     column, for :meth:`check_steps`."""
 
-    def __init__(self, question_key: str, answer_key: str, steps_key: str = "") -> None:
+    def __init__(self, question_key: str, answer_key: str, steps_key: str = "", steps_required: bool = True) -> None:
         self.question_key, self.answer_key, self.steps_key = question_key, answer_key, steps_key
+        self.steps_required = steps_required
         self.start()
 
     def start(self) -> None:
@@ -665,8 +673,9 @@ class _ColumnParser:
         self.steps_seen = False
 
     def check_steps(self, where: str) -> None:
-        """DataError when ``steps_key`` is set and none of the mapped rows since :meth:`start` has that field."""
-        if self.steps_key and self.fields and not self.steps_seen:
+        """DataError when ``steps_key`` is set and required and none of the mapped rows since :meth:`start` has
+        that field."""
+        if self.steps_key and self.steps_required and self.fields and not self.steps_seen:
             raise DataError(
                 f"{where}: missing field {self.steps_key!r} (data.steps_key) in every record; their fields: "
                 f"{_shown_keys(self.fields)}"
@@ -678,7 +687,7 @@ class _ColumnParser:
             return known(row)
         self.fields.update(str(key) for key in row)
         self.steps_seen = self.steps_seen or self.steps_key in row
-        raw_question = _field(row, self.question_key)
+        raw_question = _mapped_field(row, self.question_key, "data.question_key")
         question = "" if raw_question is None else str(raw_question).strip()  # (null: empty, not 'None')
         if not question:
             raise _RowError(f"column {self.question_key!r} is empty")
@@ -694,7 +703,7 @@ class _ColumnParser:
     def _answer(self, row: dict[str, Any]) -> tuple[str, str | None]:
         """(the answer, the GSM8K-style solution it was read from or None)."""
         key = self.answer_key
-        raw = _field(row, key)
+        raw = _mapped_field(row, key, "data.answer_key")
         if raw is None:  # (JSON null, an empty parquet cell: str() would make it the answer 'None')
             raise _RowError(f"column {key!r} is empty (null)")
         answer = _format_number(raw, f"column {key!r}") if isinstance(raw, (int, float)) else str(raw).strip()
@@ -718,15 +727,15 @@ class _ColumnParser:
         return list(steps)
 
 
-def column_parser(question_key: str, answer_key: str, steps_key: str = "") -> RowParser:
+def column_parser(question_key: str, answer_key: str, steps_key: str = "", steps_required: bool = True) -> RowParser:
     """A row parser for files whose keys are not a known format: the question, answer (a number is normalised,
     text kept; a GSM8K-style solution is read as GSM8K's: the answer after its ``####``, its ``<<...>>``
     calculations as steps) and steps (a list of strings, or one string split on newlines) from the named columns.
     A row without the question column whose keys are a known format is read as that format, so mapped files
     can sit beside standard ones (a mapped training file, GSM8K-style validation and test files).
     Given to :func:`load_dataset`, a ``steps_key`` that no mapped record of the file has is a DataError (a
-    misspelt key would silently give records without steps)."""
-    return _ColumnParser(question_key, answer_key, steps_key)
+    misspelt key would silently give records without steps), unless not ``steps_required`` (held-out data)."""
+    return _ColumnParser(question_key, answer_key, steps_key, steps_required)
 
 
 def load_dataset(
