@@ -36,6 +36,9 @@ def nan(completions, records):
 
 def raises(completions, records):
     raise KeyError("no such field")
+
+
+weight = 3
 '''
 
 
@@ -83,10 +86,11 @@ CALLS = []
 
 
 @pytest.mark.slow  # (a GRPO run and an evaluation)
-def test_a_reward_written_for_trl_drives_grpo_and_eval_as_it_is(sft_checkpoint, tmp_path, run_cli):
+def test_a_reward_written_for_trl_drives_grpo_and_eval_as_it_is(sft_checkpoint, tmp_path, run_cli, monkeypatch):
     """A TRL reward function (keyword arguments: prompts, completions and the data's columns) is taken as it is, as
-    the reward, one of several weighted ones and the scorer of dgrpo eval; a GSM8K-style file's ``solution`` column
-    reaches it by name."""
+    the reward, one of several weighted ones and the scorer of dgrpo eval (named relative to the folder it runs in:
+    results.json names it by its absolute path, as a training run does; it named the relative one); a GSM8K-style
+    file's ``solution`` column reaches it by name."""
     path = tmp_path / "trl_rewards.py"
     path.write_text(TRL_REWARD_FILE)
     rows = [
@@ -108,6 +112,7 @@ def test_a_reward_written_for_trl_drives_grpo_and_eval_as_it_is(sft_checkpoint, 
     for x in logged:
         gold = str(int(x["question"].split()[2]) * 2)
         assert x[mine] == float(gold in x["completion"]) and x["reward"] == x[mine] + 0.5 * x["numeric"]
+    monkeypatch.chdir(tmp_path)
     r = run_cli(
         "eval",
         "--model",
@@ -119,11 +124,12 @@ def test_a_reward_written_for_trl_drives_grpo_and_eval_as_it_is(sft_checkpoint, 
         "--out",
         tmp_path / "e",
         "--set",
-        f"eval.scorer={path}:accuracy_reward",
+        "eval.scorer=trl_rewards.py:accuracy_reward",
     )
     assert r.returncode == 0, r.stderr[-2000:]
     preds = [json.loads(x) for x in (tmp_path / "e" / "predictions.jsonl").read_text().splitlines()]
     assert len(preds) == 8 and all(p["correct"] == (p["gold"] in p["completion"]) for p in preds)
+    assert json.loads((tmp_path / "e" / "results.json").read_text())["scorer"] == f"{path}:accuracy_reward"
 
 
 def test_a_trl_reward_gets_one_entry_per_completion_of_every_column():
@@ -310,6 +316,7 @@ def test_a_runs_reward_and_scorer_files_are_recorded_by_absolute_path(reward_fil
         ("nan", "returned nan for row 0"),
         ("raises", "raised KeyError"),
         ("missing", "has no function 'missing'"),
+        ("weight", "'weight' in"),  # (it said: has no function 'weight')
     ],
 )
 def test_a_misbehaving_reward_is_exit_2_naming_it_before_anything_is_written(
@@ -320,6 +327,7 @@ def test_a_misbehaving_reward_is_exit_2_naming_it_before_anything_is_written(
     assert r.returncode == 2, r.stderr[-2000:]
     line = r.stderr.strip().splitlines()
     assert len(line) == 1 and name in line[0] and (needle in line[0] or name == "broken"), r.stderr
+    assert name != "weight" or "is not a function (its type: int)" in line[0]
     assert not (tmp_path / "o").exists()  # the reward is checked on gold answers before the run directory is made
 
 

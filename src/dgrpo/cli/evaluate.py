@@ -202,6 +202,7 @@ def _eval_config(args: argparse.Namespace) -> Config:
     from ..config import Config, ConfigError, load_config
     from ..model.sources import on_disk
     from ..training.run import check_not_a_training_run
+    from .train import absolute_file
 
     extra = []
     if args.limit is not None:
@@ -216,6 +217,7 @@ def _eval_config(args: argparse.Namespace) -> Config:
         raise ConfigError("--model is empty: name a checkpoint directory, a run directory or a hub id")
     start, commit = checkpoint_settings(args.model, given.model.revision)
     cfg = load_config(Config, list(args.config), [*args.overrides, *extra], start=start)
+    cfg.eval.scorer = absolute_file(cfg.eval.scorer)  # (results.json names it: reproducible from any folder)
     if commit:  # the weights from the commit the settings came from
         cfg.model.revision = commit
     note = explain(start, cfg, list(args.config), local=on_disk(args.model).exists())

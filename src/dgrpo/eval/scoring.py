@@ -117,7 +117,7 @@ def load_function(spec: str, what: str = "reward") -> ScoreFn:
     except PluginError as e:
         raise RewardError(str(e)) from None
     if not callable(fn):
-        raise RewardError(f"{what} {spec!r}: {target} has no function {name!r}")
+        raise RewardError(f"{what} {spec!r}: {name!r} in {target} is not a function (its type: {type(fn).__name__})")
     return fn
 
 
