@@ -607,6 +607,16 @@ def test_a_run_refuses_an_out_holding_what_no_dgrpo_run_wrote(sft_checkpoint, tm
         r = run_cli(*grpo, "--out", mine, "--resume", resume)
         assert r.returncode == 2 and "final is not a checkpoint dgrpo wrote (no manifest.json)" in r.stderr, r.stderr
     assert sorted(p.name for p in mine.iterdir()) == ["best", "checkpoints", "final"]
+    theirs = tmp_path / "theirs"  # files of a run's names, no run: --resume never deleted them, a run wrote over them
+    for name in ("eval/x.txt", "tb/y.txt", "rollouts.jsonl", "metrics.jsonl"):
+        (theirs / name).parent.mkdir(parents=True, exist_ok=True)
+        (theirs / name).write_text("theirs")
+    for resume in ("never", "auto"):
+        r = run_cli(*grpo, "--out", theirs, "--resume", resume)
+        assert r.returncode == 2, r.stderr
+        assert "holds eval, tb, rollouts.jsonl, metrics.jsonl but no dgrpo run (no config.json" in r.stderr, r.stderr
+    assert sorted(p.name for p in theirs.rglob("*")) == [*"eval metrics.jsonl rollouts.jsonl tb x.txt y.txt".split()]
+    assert {p.read_text() for p in theirs.rglob("*") if p.is_file()} == {"theirs"}
     hf = tmp_path / "hf"
     shutil.copytree(sft_checkpoint, hf)
     (hf / "manifest.json").unlink()  # (a model from elsewhere: transformers' files only)

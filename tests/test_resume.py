@@ -607,6 +607,28 @@ def test_metrics_rows_lost_before_the_resumed_checkpoint_are_warned_of_once(tmp_
         run.start({"step": 4, "metrics_lines": 1})
 
 
+def test_a_half_written_last_rollout_row_is_dropped_on_resume_and_a_bad_row_before_it_is_one_line(tmp_path):
+    """A kill mid-append of rollouts.jsonl (SIGKILL, out of memory) left a cut last line, and every resume then ended
+    in json's traceback: the line is the step under way's, dropped. A bad line before the last is a ConfigError."""
+    from dgrpo.config import ConfigError
+
+    out = tmp_path / "run"
+    ckpt = _fake_checkpoint(out / "checkpoints" / "step-00000002")
+    rows = ['{"step": 0, "reward": 1}', '{"step": 1, "reward": 0}', '{"step": 2, "reward": 1}', '{"step": 3, "rew']
+    (out / "rollouts.jsonl").write_text("\n".join(rows))
+    with _run_dir(out, allow_config_change=True) as run, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run.checkpoint = ckpt
+        run.start({"step": 2, "metrics_lines": 0})
+    assert (out / "rollouts.jsonl").read_text().splitlines() == rows[:2]
+    (out / "rollouts.jsonl").write_text("\n".join([rows[0], "{not json", rows[1]]) + "\n")
+    with _run_dir(out, allow_config_change=True) as run, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run.checkpoint = ckpt
+        with pytest.raises(ConfigError, match=r"rollouts\.jsonl line 2 is not a rollout row .*mend or delete"):
+            run.start({"step": 2, "metrics_lines": 0})
+
+
 def test_an_unfinished_run_without_checkpoints_restarted_under_another_config_is_warned_of(tmp_path):
     """checkpoints/ deleted (or a run killed before its first): a rerun with a changed config started over without a
     word, writing over config.json and metrics.jsonl. It still starts over (nothing is lost, and an out-of-memory

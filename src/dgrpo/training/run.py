@@ -163,6 +163,49 @@ def check_not_a_training_run(path: Path | str, what: str = "--out") -> None:
         )
 
 
+#: what a run writes in OUT besides config.json and metrics.jsonl, which ``--resume never`` (or a restart under another
+#: config) removes: its checkpoints, models, test results, logs and summary
+RUN_WRITES = (
+    *(CHECKPOINTS_DIR, BEST_DIR, FINAL_DIR, results_folder(FINAL_DIR), results_folder(BEST_DIR), TB_DIR),
+    *(SUMMARY_FILE, ROLLOUTS_FILE, WANDB_ID_FILE, WANDB_DIR),
+)
+
+
+def _metrics_of_a_run(path: Path) -> bool:
+    """Whether ``path`` is a run's ``metrics.jsonl``: empty (as a run opens it), or its first line a row with a step."""
+    try:
+        with open(path) as f:
+            first = f.readline()
+    except OSError:
+        return False
+    try:
+        row = json.loads(first) if first.strip() else {"step": None}
+    except ValueError:
+        return False
+    return isinstance(row, dict) and "step" in row
+
+
+def rollout_rows_before(rows: list[str], step: int, path: Path) -> list[str]:
+    """The lines of ``rollouts.jsonl`` (``path``) of the steps before ``step``, which a resumed run keeps. A last line
+    that is no JSON was being written when the run was killed (its step is the one under way: dropped); another
+    is a ConfigError naming it."""
+    kept = []
+    for n, row in enumerate(rows, 1):
+        if not row.strip():
+            continue
+        try:
+            at = json.loads(row)["step"]
+        except (ValueError, TypeError, KeyError):
+            if n == len(rows):
+                break
+            raise ConfigError(
+                f"{path} line {n} is not a rollout row (JSON with a 'step'): mend or delete the file to resume"
+            ) from None
+        if at < step:
+            kept.append(row)
+    return kept
+
+
 def check_output_dir(path: Path, what: str = "--out") -> Path:
     """``path`` can hold a run: checked (:func:`check_output_path`), then created."""
     check_output_path(path, what)
@@ -493,12 +536,7 @@ class RunDir:
         """``--resume never`` (or a run restarted under another config): remove what an earlier run wrote here (its
         checkpoints, best/, final/, stage-K/, test results, config history, summary, logs), so that nothing left of
         it reads as this run's output."""
-        tests = [results_folder(FINAL_DIR), results_folder(BEST_DIR)]
-        written = [
-            *(CHECKPOINTS_DIR, BEST_DIR, FINAL_DIR, *tests, TB_DIR, SUMMARY_FILE, ROLLOUTS_FILE),
-            *(WANDB_ID_FILE, WANDB_DIR),
-        ]
-        found = [self.out_dir / name for name in written if (self.out_dir / name).exists()]
+        found = [self.out_dir / name for name in RUN_WRITES if (self.out_dir / name).exists()]
         found += sorted(self.out_dir.glob("stage-[0-9]*")) + sorted(self.out_dir.glob("config.[0-9]*.json"))
         for path in found:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
@@ -610,6 +648,15 @@ class RunDir:
         stray = [p.name for p in root.iterdir() if not (p.is_dir() and "step-" in p.name)] if root.is_dir() else []
         if stray:
             raise ConfigError(f"--out {out}: {root} holds {', '.join(sorted(stray)[:3])}, not dgrpo checkpoints: {new}")
+        signs = [config, out / FINAL_DIR, out / BEST_DIR, root, *out.glob("stage-[0-9]*")]
+        if not any(p.exists() for p in signs) and not _metrics_of_a_run(out / METRICS_FILE):
+            names = [name for name in (*RUN_WRITES, METRICS_FILE) if (out / name).exists()]
+            if names:
+                raise ConfigError(
+                    f"--out {out} holds {', '.join(names)} but no dgrpo run (no {CONFIG_FILE}, no checkpoint, no "
+                    f"metrics rows of one): a run writes over files of those names and --resume never deletes them: "
+                    f"{new}"
+                )
 
     def _check_not_finished(self) -> None:
         """A finished run (final/) whose checkpoints are gone (deleted to save space) is not trained again from step 0
@@ -859,7 +906,7 @@ class RunDir:
         if self.dist.is_main:  # rollouts.jsonl: keep the rows of the steps before the resumed one
             keep_before = resumed_state["step"] if resumed_state is not None else 0
             rows = self.rollouts_path.read_text().splitlines() if self.rollouts_path.is_file() else []
-            kept = [r for r in rows if r.strip() and json.loads(r)["step"] < keep_before]
+            kept = rollout_rows_before(rows, keep_before, self.rollouts_path)
             if rows or kept:
                 self.rollouts_path.write_text("".join(r + "\n" for r in kept))
         if self.checkpoint is not None and resumed_state is not None:
