@@ -413,6 +413,75 @@ def test_a_preempted_torchrun_job_checkpoints_every_rank_exits_on_its_own_and_it
     assert [r["step"] for r in rows(out) if "reward_mean" in r] == list(range(5)) and (out / "final").is_dir()
 
 
+LATE_SIGTERM = """
+import os, signal, sys, time
+from pathlib import Path
+
+from dgrpo.cli import main
+from dgrpo.training import grpo
+from dgrpo.training.distributed import Dist
+
+
+def stop_the_workers():  # (rank 0: SIGTERM to every worker, as a scheduler's stop of the job's tasks)
+    if os.environ["RANK"] == "0":
+        for f in Path(f"/proc/{os.getppid()}/task").glob("*/children"):
+            for pid in f.read_text().split():
+                os.kill(int(pid), signal.SIGTERM)
+        time.sleep(0.5)  # (the signals land)
+
+
+if LATE == "checkpoint":  # the last step's, written after the ranks' last agreement in the loop
+    save = grpo._save_resumable
+
+    def _save_resumable(run, trainer, loop):
+        if trainer.step_idx == trainer.cfg.grpo.steps:
+            stop_the_workers()
+        return save(run, trainer, loop)
+
+    grpo._save_resumable = _save_resumable
+else:  # final/, written after the run's last agreement
+    save_model = Dist.save_model
+
+    def _save_model(self, lm, path):
+        if Path(path).name == "final":
+            stop_the_workers()
+        return save_model(self, lm, path)
+
+    Dist.save_model = _save_model
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("late", ["checkpoint", "final"])
+def test_a_sigterm_to_a_torchrun_job_after_its_last_agreement_does_what_rank_0_says(sft_checkpoint, tmp_path, late):
+    """A SIGTERM to every worker as the last step's checkpoint was written (after the ranks' last agreement in the
+    loop), or as final/ was: rank 0 said "every rank stops at the end of this step", and the run finished, exit 0.
+    Now the ranks stop once the checkpoint is written (the same command ends the run, training no step), or, final/
+    under way, rank 0 says that the run finishes, and it does."""
+    (tmp_path / "worker.py").write_text(f"LATE = {late!r}\n{LATE_SIGTERM}")
+    out = tmp_path / "run"
+    job = torchrun_grpo(sft_checkpoint, out, entry=[str(tmp_path / "worker.py")])
+    _, err = job.communicate(timeout=300)
+    if late == "final":
+        assert job.returncode == 0, err[-3000:]
+        assert err.count("dgrpo: SIGTERM: the run is writing its end (final/ and summary.json): it finishes") == 1, err
+        assert "dgrpo: terminated" not in err and (out / "final").is_dir() and (out / "summary.json").is_file()
+        return
+    assert job.returncode == 1, err[-3000:]  # (each worker's 143)
+    assert err.count("dgrpo: SIGTERM: every rank stops at the end of this step, after writing a resumable") == 1, err
+    stopped = (
+        "dgrpo: terminated (SIGTERM) at the run's end, before final/ and summary.json (the training is done and "
+        f"checkpointed); the same command resumes from the newest checkpoint in {out}/checkpoints"
+    )
+    assert err.count(stopped) == 1, err[-3000:]
+    assert checkpoints(out) == ["step-00000005"] and not (out / "final").exists()
+    again = torchrun_grpo(sft_checkpoint, out)
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err[-3000:]
+    assert [r["step"] for r in rows(out) if "reward_mean" in r] == list(range(5)) and (out / "final").is_dir()
+
+
 BLOCKED_RANK = """
 import os, sys, time, torch, torch.distributed as dist
 from dgrpo.training.preemption import sigterm_stops
@@ -563,37 +632,106 @@ def test_under_torchrun_a_sigterm_in_the_test_sets_stops_every_rank_after_the_se
     )
 
 
-def test_a_runs_test_sets_are_evaluated_in_the_test_set_phase(tmp_path):
-    """RunDir.final_eval marks the phase its notices and the watchdog's line are worded for."""
-    from types import SimpleNamespace
-
-    from dgrpo.training import preemption
+def at_the_runs_end(tmp_path):
+    """A grpo run's directory on rank 0 of two (:class:`OneRankOfTwo`), its training done."""
     from dgrpo.training.run import RunDir
 
-    seen = []
-    run = SimpleNamespace(
-        command="grpo", dist=SimpleNamespace(is_main=False), out_dir=tmp_path, same_command="the same command"
-    )
-    RunDir.final_eval(run, lambda lm, best: seen.append(preemption._State.testing) or {}, None, 1, None)
+    return RunDir(tmp_path / "run", tiny_config(), OneRankOfTwo(), "grpo", log=quiet)
+
+
+def test_a_runs_test_sets_are_evaluated_in_the_test_set_phase(tmp_path):
+    """RunDir.final_eval marks the phase its notices and the watchdog's line are worded for."""
+    from dgrpo.training import preemption
+
+    seen, run = [], at_the_runs_end(tmp_path)
+    run.final_eval(lambda lm, best: seen.append(preemption._State.testing) or {}, None, 1, None)
+    run.close()
     assert seen == [True] and not preemption._State.testing
 
 
-def test_the_watchdogs_line_in_the_test_sets_says_the_training_is_checkpointed(tmp_path):
-    """A torchrun worker whose test set outlasts the grace period is ended by the watchdog, which said "exiting
-    without a checkpoint" where the last step's checkpoint was written before the test sets."""
+def test_under_torchrun_a_sigterm_after_the_last_steps_agreement_stops_every_rank_before_the_runs_end(tmp_path, capsys):
+    """GRPO's last step validates and writes its checkpoint after the ranks last agreed (at the step's end): a SIGTERM
+    there got rank 0's notice that every rank stops at the end of this step, and the run then went on to its test
+    sets and final/ and exited 0. The ranks agree again at the run's end, before the test sets, and stop there."""
+    run, tested = at_the_runs_end(tmp_path), []
+    try:
+        with sigterm_stops(True, distributed=True):
+            os.kill(os.getpid(), signal.SIGTERM)  # (in the last step's validation, or its checkpoint's write)
+            with pytest.raises(Terminated) as stopped:
+                run.final_eval(lambda lm, best: tested.append(best) or {}, None, 4, None)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        run.close()
+    said = "at the run's end, before final/ and summary.json (the training is done and checkpointed)"
+    assert str(stopped.value) == said
+    assert tested == []
+    err = capsys.readouterr().err
+    assert err == "dgrpo: SIGTERM: every rank stops at the end of this step, after writing a resumable checkpoint\n"
+
+
+def test_under_torchrun_a_sigterm_as_the_runs_end_is_written_says_that_the_run_finishes(tmp_path, capsys):
+    """After the ranks' last agreement (the run's test sets done), final/ and summary.json are written and the run
+    ends with exit 0: a SIGTERM then got rank 0's notice that every rank stops at the end of this step. It says that
+    the run finishes now; once the run is over, a SIGTERM's notice is the step's again."""
+    run = at_the_runs_end(tmp_path)
+    with sigterm_stops(True, distributed=True):
+        run.final_eval(None, None, 4, None)
+        os.kill(os.getpid(), signal.SIGTERM)  # (as rank 0 writes final/)
+        run.close()
+    err = capsys.readouterr().err
+    assert err == "dgrpo: SIGTERM: the run is writing its end (final/ and summary.json): it finishes\n"
+    with sigterm_stops(True, distributed=True):
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert "every rank stops at the end of this step" in capsys.readouterr().err
+
+
+def test_in_one_process_a_sigterm_as_the_runs_end_is_written_lets_it_finish_too(
+    sft_checkpoint, grpo_reference, tmp_path, monkeypatch, capsys
+):
+    """One process stopped at once, final/ unwritten (exit 143), where torchrun's ranks, past their last agreement,
+    finish: a SIGTERM as a run's end is written lets it finish, as one within a step lets the step finish."""
+    out = tmp_path / "run"
+    sigterm_after(monkeypatch, grpo.RunDir, "final_eval", lambda run: True)  # (final/ and summary.json come next)
+    try:
+        with sigterm_stops(True):
+            run_grpo(sft_checkpoint, out)
+    except Terminated as e:  # (a KeyboardInterrupt: pytest would stop the session)
+        pytest.fail(f"the run stopped as its end was written: {e}")
+    assert capsys.readouterr().err.endswith(
+        "dgrpo: SIGTERM: the run is writing its end (final/ and summary.json): it finishes (another SIGTERM 2 s or "
+        "more later stops at once)\n"
+    )
+    same_run(grpo_reference, out)
+    assert (out / "summary.json").read_text() == (grpo_reference / "summary.json").read_text()
+
+
+WATCHDOG_LINES = {
+    "tests": "in a test set: exiting (the training is checkpointed: the same command without --resume never evaluates "
+    "the test sets)",
+    "end": "as the run wrote its end: exiting (the training is checkpointed: the same command without --resume never "
+    "evaluates the test sets and writes final/ and summary.json)",
+}
+
+
+@pytest.mark.parametrize("phase", ["tests", "end"])
+def test_the_watchdogs_line_at_a_runs_end_says_the_training_is_checkpointed(tmp_path, phase):
+    """A torchrun worker whose test set (or the writing of final/) outlasts the grace period is ended by the watchdog,
+    which said "exiting without a checkpoint" where the last step's checkpoint was written before the test sets."""
+    end = "    preemption.writing_the_end('final/ and summary.json')\n" if phase == "end" else ""
     (tmp_path / "testing.py").write_text(
         "import os, signal, time\n"
+        "from dgrpo.training import preemption\n"
         "from dgrpo.training.preemption import in_test_sets, sigterm_stops\n"
         "with sigterm_stops(True, distributed=True), in_test_sets('the same command without --resume never'):\n"
+        f"{end}"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    time.sleep(30)\n"
     )
     env = {**os.environ, "RANK": "1", "DGRPO_SIGTERM_GRACE_S": "0.2"}
     r = subprocess.run([sys.executable, str(tmp_path / "testing.py")], env=env, capture_output=True, text=True)
-    assert r.returncode == 128 + signal.SIGTERM
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr
     assert r.stderr.strip().splitlines()[-1] == (
-        "dgrpo: rank 1: no stop within DGRPO_SIGTERM_GRACE_S = 0.2 s of SIGTERM in a test set: exiting (the training "
-        "is checkpointed: the same command without --resume never evaluates the test sets)"
+        f"dgrpo: rank 1: no stop within DGRPO_SIGTERM_GRACE_S = 0.2 s of SIGTERM {WATCHDOG_LINES[phase]}"
     )
 
 

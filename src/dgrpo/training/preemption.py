@@ -2,8 +2,9 @@
 checkpoint at the end of the step under way and stops (:class:`Terminated`), so the same command goes on from there.
 
 - One process: a SIGTERM within a step lets it finish; then the checkpoint, then the stop. Anywhere else (loading,
-  evaluation, writing files), or at a second SIGTERM (:data:`REPEAT_S` or more after the first: srun and wrapper
-  scripts deliver one stop twice), the run stops at once, closing its files, trackers and lock.
+  evaluation, writing checkpoints; not the run's end, below), or at a second SIGTERM (:data:`REPEAT_S` or more
+  after the first: srun and wrapper scripts deliver one stop twice), the run stops at once, closing its files,
+  trackers and lock.
 - Under torchrun every rank gets the signal (from the scheduler, and again from torchrun, which forwards it): each
   SIGTERM only asks, and after every step the ranks agree (one all-reduce) whether any was asked, so all of them
   stop at the same step; rank 0 writes the checkpoint while the others wait, then every rank leaves the process
@@ -19,9 +20,11 @@ ask :func:`stop_requested` after each and, when it is True, write the checkpoint
 checkpoint comes before the work due at that step's end (GRPO's evaluation; SFT's epoch end: its evaluation,
 ``stage-K/``, ``best/``), which it records as still to do: the resumed run does it first, from the same RNG state, so
 the grace period holds only the step and the checkpoint's write. At a run's end (:func:`in_test_sets`), after its
-last checkpoint, the ranks agree after each test set and stop with no checkpoint to write. ``dgrpo eval`` installs
-the handler too: a SIGTERM stops it at once (exit 143). From Python, without the handler, none of this does
-anything: SIGTERM keeps its default.
+last checkpoint, the ranks agree before the test sets, after each and after the last, and stop with no checkpoint to
+write. Then the run writes its end (``final/``, GRPO's ``summary.json``: :func:`writing_the_end`), with no agreement
+left to stop the ranks together: a SIGTERM lets it finish (exit 0), in one process too, as a step is let finish.
+``dgrpo eval`` installs the handler too: a SIGTERM stops it at once (exit 143). From Python, without the handler,
+none of this does anything: SIGTERM keeps its default.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class Terminated(KeyboardInterrupt):
 #: what a stop in the test sets (:func:`in_test_sets`) leaves, as the ranks' lines say it ({again}: the command that
 #: goes on, :meth:`~dgrpo.training.run.RunDir.same_command`)
 TESTS_LEFT = "the training is checkpointed: {again} evaluates the test sets"
+#: what a stop while the run writes its end ({what}: :func:`writing_the_end`) leaves, as the watchdog's line says it
+END_LEFT = "the training is checkpointed: {again} evaluates the test sets and writes {what}"
 
 
 class _State:
@@ -64,6 +69,7 @@ class _State:
     requested = False  # a SIGTERM asked for a checkpoint and a stop at a step's end
     stopping = False  # (under torchrun) the checkpoint is written and the process group left: the process is ending
     testing = False  # the run's end: its test sets are evaluated, its last checkpoint written (:func:`in_test_sets`)
+    ending = ""  # what the run writes after its last agreement (:func:`writing_the_end`; "" before): a SIGTERM waits
     again = "the same command"  # (testing) the command that evaluates them after a stop
     last_at = -float("inf")  # time.monotonic() of the last SIGTERM that counted (one process)
 
@@ -101,14 +107,8 @@ def _watchdog(read_fd: int, grace: float, done: threading.Event) -> None:
             if signal.SIGTERM in data:
                 if not done.wait(grace):
                     rank = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
-                    left = (
-                        f"in a test set: exiting ({TESTS_LEFT.format(again=_State.again)})"
-                        if _State.testing
-                        else "(a rank blocked, or a long step or evaluation): exiting before it ended (nothing of it "
-                        "written)"
-                    )
                     print(
-                        f"dgrpo: {rank}no stop within {GRACE_ENV} = {grace:g} s of SIGTERM {left}",
+                        f"dgrpo: {rank}no stop within {GRACE_ENV} = {grace:g} s of SIGTERM {_left()}",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -118,6 +118,15 @@ def _watchdog(read_fd: int, grace: float, done: threading.Event) -> None:
         return
     finally:
         os.close(read_fd)
+
+
+def _left() -> str:
+    """Where the watchdog ends the process, and what that leaves, as its line says it."""
+    if _State.ending:
+        return f"as the run wrote its end: exiting ({END_LEFT.format(what=_State.ending, again=_State.again)})"
+    if _State.testing:
+        return f"in a test set: exiting ({TESTS_LEFT.format(again=_State.again)})"
+    return "(a rank blocked, or a long step or evaluation): exiting before it ended (nothing of it written)"
 
 
 @contextmanager
@@ -141,17 +150,16 @@ def _on_sigterm(signum: int, frame: object) -> None:
         if not _State.requested:
             _State.requested = True
             if is_rank0():
-                print(f"dgrpo: SIGTERM: every rank stops at the end of {_where()}", file=sys.stderr, flush=True)
+                print(f"dgrpo: SIGTERM: {_where()}", file=sys.stderr, flush=True)
         return
     now = time.monotonic()
     if now - _State.last_at < REPEAT_S:
         return  # the same stop delivered twice (srun or a wrapper script forwards what the scheduler sent it)
     _State.last_at = now
-    if _State.in_step and not _State.requested:
+    if (_State.in_step or _State.ending) and not _State.requested:
         _State.requested = True
         print(
-            "dgrpo: SIGTERM: stopping at the end of this step, after writing a resumable checkpoint (another SIGTERM "
-            f"{REPEAT_S:g} s or more later stops at once)",
+            f"dgrpo: SIGTERM: {_where()} (another SIGTERM {REPEAT_S:g} s or more later stops at once)",
             file=sys.stderr,
             flush=True,
         )
@@ -185,7 +193,7 @@ def sigterm_stops(on: bool, distributed: bool = False) -> Iterator[None]:
             after = signal.SIG_IGN if _State.stopping else previous if previous is not None else signal.SIG_DFL
             signal.signal(signal.SIGTERM, after)
         _State.installed = _State.distributed = _State.in_step = _State.requested = _State.stopping = False
-        _State.testing = False
+        _State.testing, _State.ending = False, ""
 
 
 @contextmanager
@@ -199,10 +207,14 @@ def within_step() -> Iterator[None]:
 
 
 def _where() -> str:
-    """Where the ranks stop, as rank 0's notice of a SIGTERM says it."""
+    """What a SIGTERM that waits does, as its notice says it (under torchrun rank 0's)."""
+    if _State.ending:
+        return f"the run is writing its end ({_State.ending}): it finishes"
+    if not _State.distributed:
+        return "stopping at the end of this step, after writing a resumable checkpoint"
     if _State.testing:
-        return f"the test set under way ({TESTS_LEFT.format(again=_State.again)})"
-    return "this step, after writing a resumable checkpoint"
+        return f"every rank stops at the end of the test set under way ({TESTS_LEFT.format(again=_State.again)})"
+    return "every rank stops at the end of this step, after writing a resumable checkpoint"
 
 
 @contextmanager
@@ -215,6 +227,13 @@ def in_test_sets(again: str = "the same command") -> Iterator[None]:
         yield
     finally:
         _State.testing = False
+
+
+def writing_the_end(what: str) -> None:
+    """From the run's last agreement (after its test sets) until it is over: it writes ``what`` (``final/``, and
+    ``summary.json``); a SIGTERM lets it finish, and its notice says so. "" when the run is over (its directory
+    closed: a process that runs several, as the demo does, stops at once between them again)."""
+    _State.ending = what if _State.installed else ""
 
 
 def stop_requested(dist: Dist | None = None) -> bool:
@@ -234,6 +253,14 @@ def stop_requested(dist: Dist | None = None) -> bool:
                 print(f"dgrpo: SIGTERM (to another rank): every rank stops now, {now}", file=sys.stderr, flush=True)
         return agreed
     return _State.requested
+
+
+def stop_if_requested(dist: Dist | None, what: str) -> None:
+    """:func:`stop`, its :class:`Terminated` saying ``what``, when a SIGTERM asked to (:func:`stop_requested`: under
+    torchrun a collective)."""
+    with stopping(what):
+        if stop_requested(dist):
+            stop(dist)
 
 
 def stop(dist: Dist | None = None) -> NoReturn:

@@ -52,7 +52,7 @@ from .checkpoint import (
     resume_candidates,
 )
 from .distributed import Dist
-from .preemption import in_test_sets, stopping
+from .preemption import in_test_sets, stop_if_requested, stopping, writing_the_end
 from .tracking import Tracker, describe_backends, open_trackers
 
 #: ``final_eval(lm, best)`` of :func:`~dgrpo.training.grpo.train_grpo` / :func:`~dgrpo.training.sft.train_sft`: run
@@ -973,18 +973,30 @@ class RunDir:
         trainers write last: a run stopped in it (SIGTERM, Ctrl-C, SIGKILL) is not finished, and the same command
         resumes that checkpoint, trains no more, and calls it again. Rank 0's metrics are logged, to metrics.jsonl and
         the trackers (still open: a test set's accuracy reaches TensorBoard and W&B too). One that fails (a scorer's
-        error, out of memory) is preceded by a line that says what that leaves and how to go on."""
+        error, out of memory) is preceded by a line that says what that leaves and how to go on.
+
+        Under torchrun the ranks agree before it and after it whether a SIGTERM asked to stop (GRPO's last step
+        validated and wrote its checkpoint after their last agreement), and stop there; from then on, writing the
+        run's end, a SIGTERM lets it finish (:func:`~dgrpo.training.preemption.writing_the_end`, until
+        :meth:`close`)."""
         if self.dist.is_main:
             self._drop_earlier_finish()
-        if final_eval is None:
-            return
-        last = f"{FINAL_DIR}/ and {SUMMARY_FILE} come" if self.command == "grpo" else f"{FINAL_DIR}/ comes"
+        end = f"{FINAL_DIR}/ and {SUMMARY_FILE}" if self.command == "grpo" else f"{FINAL_DIR}/"
+        last = f"{end} come" if self.command == "grpo" else f"{end} comes"
+        at_the_end = f"at the run's end, before {end} (the training is done and checkpointed)"
+        with in_test_sets(self.same_command):
+            stop_if_requested(self.dist, at_the_end)
+            row = self._tested(final_eval, lm, best, last) if final_eval is not None else None
+            stop_if_requested(self.dist, at_the_end)
+        writing_the_end(end)
+        if row and self.dist.is_main:
+            self.metrics.write({"step": step, **row})
+
+    def _tested(self, final_eval: FinalEval, lm: LatentLM, best: int | None, last: str) -> dict | None:
+        """``final_eval(lm, best)``, what a stop in it leaves said by its message, and a failure's by a line first."""
         try:
-            with (
-                in_test_sets(self.same_command),
-                stopping(f"in the test sets' evaluation (the training is done and checkpointed; {last} after them)"),
-            ):
-                row = final_eval(lm, best)
+            with stopping(f"in the test sets' evaluation (the training is done and checkpointed; {last} after them)"):
+                return final_eval(lm, best)
         except Exception:
             if self.dist.is_main:  # (on stderr, before the error's own line)
                 print(
@@ -996,8 +1008,6 @@ class RunDir:
                     flush=True,
                 )
             raise
-        if row and self.dist.is_main:
-            self.metrics.write({"step": step, **row})
 
     def write_rollouts(self, rows: list[dict]) -> None:
         """Append rows to ``rollouts.jsonl`` (rank 0)."""
@@ -1019,7 +1029,9 @@ class RunDir:
         self.log(f"dgrpo: config changed at step {step} ({', '.join(self.changed[:8])}); kept as config.{n}.json")
 
     def close(self, exit_code: int = 0) -> None:
-        """Close the metrics log and the trackers (marking a W&B run failed unless ``exit_code`` is 0); unlock."""
+        """Close the metrics log and the trackers (marking a W&B run failed unless ``exit_code`` is 0); unlock. The run
+        is over: a SIGTERM no longer waits for its end."""
+        writing_the_end("")
         self.metrics.close(exit_code)
         if self.lock is not None:
             self.lock.release()
