@@ -415,7 +415,7 @@ if __name__ == "__main__":
 def test_a_reward_failing_on_one_rank_stops_every_rank_with_one_line(sft_checkpoint, tmp_path):
     """A reward raises on rank 1 only (its batch of the first step): rank 1 printed its one line and rank 0 a 35-line
     gloo traceback ('Connection closed by peer'), from the next collective (NCCL: a wait for torchrun's timeout).
-    Now the ranks agree on the failure in the filter's all-reduce, and each stops with one line."""
+    Now the ranks agree on the failure in the filter's all-reduce, and each stops with one line, which names it."""
     from conftest import tiny_args
 
     reward = tmp_path / "flaky.py"
@@ -439,8 +439,9 @@ def test_a_reward_failing_on_one_rank_stops_every_rank_with_one_line(sft_checkpo
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
         log = proc.stdout + proc.stderr
         assert proc.returncode != 0
-        assert log.count(f"{what} {reward}:flaky raised ValueError: cannot score this row") == 1, log[-4000:]
+        own = f"dgrpo: error: rank 1: {what} {reward}:flaky raised ValueError: cannot score this row"
+        assert log.count(own) == 1, log[-4000:]
         others = "a reward failed" if what == "reward" else "the evaluation failed"
-        assert log.count(f"dgrpo: error: {others} in another process") == 1, log[-4000:]
+        assert log.count(f"dgrpo: error: rank 0: {others} in another process") == 1, log[-4000:]
         assert "raised RewardError" not in log, log[-4000:]  # (a scorer's error was wrapped twice: review 3)
         assert "gloo" not in log and "[rank0]: Traceback" not in log, log[-4000:]

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         with _warnings_as_lines(), sigterm_stops(args.cmd in STOPPABLE_COMMANDS, distributed=under_torchrun):
             return _run(args)
     except ConfigError as e:  # (DGRPO_SIGTERM_GRACE_S, read as the handler goes on; the command's: _run)
-        print(f"dgrpo: error: {e}", file=sys.stderr)
+        _error(e, alike=True)
         return 2
     except Terminated as e:
         if is_rank0():
@@ -78,14 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, what a shell reports for such a tool
     except OSError as e:  # (after BrokenPipeError, one of them)
         if e.errno == errno.ENOSPC:  # (a checkpoint's write says more: training.checkpoint.write_failed)
-            print(
-                f"dgrpo: error: {e.filename or 'a file'}: no space left on the device{_resume_hint(args)}",
-                file=sys.stderr,
-            )
+            _error(f"{e.filename or 'a file'}: no space left on the device{_resume_hint(args)}", alike=False)
             return 2
         if e.errno != errno.ENAMETOOLONG:
             raise
-        print(f"dgrpo: error: {e.filename or 'a path'}: a name longer than the file system allows", file=sys.stderr)
+        _error(f"{e.filename or 'a path'}: a name longer than the file system allows", alike=False)
         return 2
 
 
@@ -100,13 +97,41 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         return int(args.func(args))
-    except (ConfigError, DataError, CheckpointError, RewardError) as e:
-        print(f"dgrpo: error: {e}", file=sys.stderr)
+    except (ConfigError, DataError, CheckpointError) as e:  # (what every rank is given, and reads alike)
+        _error(e, alike=True)
+        return 2
+    except RewardError as e:  # (a reward or a scorer: on a rank's own batch once the ranks have split the work)
+        _error(e, alike=not _joined())
         return 2
     except TrainingStopped as e:
         if is_rank0():  # (every rank stops at the same step, for the same reason)
             print(f"dgrpo: error: {e}", file=sys.stderr)
         return 1
+
+
+def _ranks() -> tuple[str, bool]:
+    """This process's global rank under torchrun ("" otherwise), and whether the job has several."""
+    return os.environ.get("RANK", "").strip(), os.environ.get("WORLD_SIZE", "").strip() not in ("", "0", "1")
+
+
+def _error(e: object, alike: bool) -> None:
+    """``dgrpo: error: E`` on stderr. Under torchrun an error that every rank meets ``alike`` (of the config, the data,
+    a checkpoint: each rank reads the same; anything before the ranks join) is printed once per machine, by its first
+    worker (torchrun's LOCAL_RANK 0; it printed once per rank), named but on rank 0: one line on one machine, and a
+    machine whose files differ still says so. Any other (what befell one rank: a reward that failed on its batch,
+    the others' "... in another process") by each rank that meets it, named."""
+    rank, several = _ranks()
+    if several and alike and os.environ.get("LOCAL_RANK", "").strip() not in ("", "0"):
+        return  # (its machine's first worker says it)
+    named = several and not (alike and rank in ("", "0"))
+    print(f"dgrpo: error: {f'rank {rank}: ' if named else ''}{e}", file=sys.stderr)
+
+
+def _joined() -> bool:
+    """Whether this process is in torchrun's process group (joined by the command once its config, data and scorer
+    are read: from then on each rank works on its own shard)."""
+    tdist = sys.modules.get("torch.distributed")
+    return bool(tdist is not None and tdist.is_available() and tdist.is_initialized())
 
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -150,8 +175,7 @@ def _warnings_as_lines() -> Iterator[None]:
     (RuntimeWarning: a capture or a compiler that fell back to eager) by that rank, named. The libraries' warnings
     keep Python's form, which names where they come from, on every rank. (The format is replaced, not the display:
     recorded warnings, as pytest records them, stay recorded.)"""
-    python_format, rank = warnings.formatwarning, os.environ.get("RANK", "").strip()
-    several = os.environ.get("WORLD_SIZE", "").strip() not in ("", "0", "1")
+    python_format, (rank, several) = warnings.formatwarning, _ranks()
 
     def formatted(
         message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
