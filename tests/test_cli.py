@@ -1022,3 +1022,40 @@ def test_under_torchrun_an_error_of_one_ranks_own_is_that_ranks_line_named(tmp_p
     finally:
         tdist.destroy_process_group()
     assert r.returncode == 2 and r.stderr == f"dgrpo: error: rank {rank}: {failed}\n"
+
+
+#: what gloo raises in a collective whose peer's process ended (here: rank 1's, interrupted alone)
+PEER_GONE = (
+    "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:41152. This is "
+    "typically caused by a remote worker crashing. Check the logs of the remote worker before reporting an error."
+)
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_under_torchrun_a_rank_that_ended_is_one_line_from_rank_0(tmp_path, run_cli, monkeypatch, rank):
+    """A worker given SIGINT alone (Ctrl-C reaches torchrun, which sends it to every worker: rank 0 says it for all)
+    ended without a line, and rank 0's next collective failed with a 35-line gloo traceback. Rank 0 says in one line
+    that another rank ended; another error of a collective keeps its traceback."""
+    import torch.distributed as tdist
+
+    from dgrpo.cli import train
+
+    failure = [RuntimeError(PEER_GONE)]
+    monkeypatch.setattr(train, "run_grpo", lambda args: (_ for _ in ()).throw(failure[0]))
+    as_torchrun_worker(monkeypatch, rank, rank)
+    tdist.init_process_group("gloo", store=tdist.HashStore(), rank=0, world_size=1)  # (joined)
+    try:
+        r = run_cli("grpo", "--init", tmp_path / "sft", "--out", tmp_path / "run")
+        failure[0] = RuntimeError("Tensors must have the same size")  # (a bug: its traceback)
+        with pytest.raises(RuntimeError, match="same size"):
+            run_cli("grpo", "--init", tmp_path / "sft", "--out", tmp_path / "run")
+    finally:
+        tdist.destroy_process_group()
+    assert r.returncode == 1
+    assert r.stderr == (
+        "dgrpo: error: another rank ended mid-run (interrupted, killed or failed: torchrun's report names it, with its "
+        "exit code): every rank stops without a checkpoint of the step under way; no checkpoint was written yet: the "
+        "same command starts the run again\n"
+        if rank == "0"
+        else ""
+    )

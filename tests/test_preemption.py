@@ -371,6 +371,30 @@ def test_ctrl_c_under_torchrun_is_one_line(sft_checkpoint, tmp_path):
     assert err.count("dgrpo: interrupted") == 1, err[-3000:]
 
 
+def worker_pids(launcher: int) -> dict[int, int]:
+    """torchrun's workers by their global rank (their RANK, read from /proc)."""
+    from conftest import child_pids
+
+    found = {}
+    for pid in child_pids(launcher):
+        env = dict(v.split("=", 1) for v in open(f"/proc/{pid}/environ").read().split("\0") if "=" in v)
+        found[int(env["RANK"])] = pid
+    return found
+
+
+@pytest.mark.slow
+def test_sigint_to_one_worker_alone_is_one_line_from_rank_0(sft_checkpoint, tmp_path):
+    """SIGINT to rank 1 alone (not Ctrl-C, which torchrun sends to every worker and rank 0 says for all): rank 1 ended
+    without a word and rank 0 printed gloo's 35-line traceback. Rank 0 says in one line that another rank ended."""
+    job = torchrun_grpo(sft_checkpoint, tmp_path / "run", start_new_session=True)
+    wait_for_two_steps(tmp_path / "run")
+    os.kill(worker_pids(job.pid)[1], signal.SIGINT)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 1 and "exitcode  : 130" in err, err[-3000:]
+    assert err.count("dgrpo: error: another rank ended mid-run (interrupted, killed or failed") == 1, err[-3000:]
+    assert "[rank0]: Traceback" not in err and "dgrpo: interrupted" not in err, err[-3000:]
+
+
 SLOW_RANK_1 = """
 import os, sys, time
 

@@ -70,9 +70,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"dgrpo: terminated (SIGTERM){_stopped_in(e, args.cmd)}{_resume_hint(args)}", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt as e:
-        if is_rank0():  # (Ctrl-C reaches every worker, and torchrun forwards it to each again)
+        if is_rank0():  # (Ctrl-C reaches every worker: torchrun sends it to each; to one alone: RANK_ENDED)
             print(f"dgrpo: interrupted{_stopped_in(e, args.cmd)}{_resume_hint(args)}", file=sys.stderr)
         return 130
+    except RuntimeError as e:
+        if not _peer_gone(e):
+            raise
+        if is_rank0():  # (every rank that lost it says the same; one that ended said its own, or could not)
+            print(f"dgrpo: error: {RANK_ENDED}{_resume_hint(args)}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # output piped into a reader that stopped (`| head`): quiet, as Unix tools are
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would raise again
         return 141  # 128 + SIGPIPE, what a shell reports for such a tool
@@ -125,6 +131,21 @@ def _error(e: object, alike: bool) -> None:
         return  # (its machine's first worker says it)
     named = several and not (alike and rank in ("", "0"))
     print(f"dgrpo: error: {f'rank {rank}: ' if named else ''}{e}", file=sys.stderr)
+
+
+#: what gloo says when a collective's peer is gone: its process ended (NCCL waits for its timeout instead)
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+#: rank 0's line then, instead of gloo's traceback (a worker that got SIGINT alone says nothing, as at a Ctrl-C,
+#: which torchrun sends to every worker and rank 0 says for all; one killed cannot)
+RANK_ENDED = (
+    "another rank ended mid-run (interrupted, killed or failed: torchrun's report names it, with its exit code): "
+    "every rank stops without a checkpoint of the step under way"
+)
+
+
+def _peer_gone(e: RuntimeError) -> bool:
+    """Whether ``e`` is a collective of torchrun's process group that failed because another rank's process ended."""
+    return _joined() and any(words in str(e) for words in PEER_GONE)
 
 
 def _joined() -> bool:
