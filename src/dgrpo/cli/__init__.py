@@ -3,8 +3,8 @@
 
 Every training command takes ``--config FILE.yaml`` (repeatable; a path or a packaged name such as
 ``paper/grpo_dropout.yaml``) and any number of ``--set key=value`` overrides. A bad config, a bad data
-file or a missing checkpoint exits with code 2 and one line on stderr. Heavy imports (torch,
-transformers) happen inside the commands, so ``dgrpo --help`` answers at once.
+file or a missing checkpoint exits with code 2 and one line on stderr (under torchrun one per machine: ``_error``).
+Heavy imports (torch, transformers) happen inside the commands, so ``dgrpo --help`` answers at once.
 """
 
 from __future__ import annotations

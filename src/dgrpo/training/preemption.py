@@ -76,8 +76,8 @@ class _State:
 
 def is_rank0() -> bool:
     """Whether this process speaks for every rank: one process, or torchrun's global rank 0. It alone prints the lines
-    of what every rank does together (a SIGTERM's stop, Ctrl-C, which the terminal sends to every worker and torchrun
-    forwards again, a guard's stop decided on values the ranks share); a rank's own failure is that rank's line."""
+    of what every rank does together (a SIGTERM's stop, Ctrl-C, which torchrun sends to every worker, a guard's stop
+    decided on values the ranks share); a rank's own failure is that rank's line (``dgrpo.cli._error``)."""
     return os.environ.get("RANK", "").strip() in ("", "0")
 
 
