@@ -946,7 +946,7 @@ sys.exit(main(["eval", "--model", "m", "--data", "builtin:test", "--out", {str(t
 
 @pytest.mark.parametrize("rank", ["0", "1"])
 def test_under_torchrun_a_stop_every_rank_makes_is_one_line_from_rank_0(tmp_path, monkeypatch, capsys, rank):
-    """Ctrl-C under torchrun printed "dgrpo: interrupted" once per rank (the terminal sends SIGINT to every worker),
+    """Ctrl-C under torchrun printed "dgrpo: interrupted" once per rank (torchrun sends SIGINT to every worker),
     and a run stopped by its guards (TrainingStopped, decided alike on every rank) its error once per rank. Rank 0
     says it (a rank's own failure is that rank's line:
     test_under_torchrun_an_error_of_one_ranks_own_is_that_ranks_line_named)."""

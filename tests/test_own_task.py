@@ -690,6 +690,20 @@ def test_eval_of_a_file_without_the_checkpoints_steps_column(sft_checkpoint, tmp
     assert json.loads((tmp_path / "e" / "results.json").read_text())["n"] == 3
 
 
+def test_a_run_validates_and_tests_on_files_without_the_training_datas_steps_column(tmp_path, run_cli):
+    """data.steps_key maps the training file's steps; the validation and test files need none (they are evaluated,
+    not trained on), and were refused: 'missing field ... (data.steps_key) in every record'."""
+    rows = [{"prompt": f"What is {i} plus 1?", "target": i + 1, "work": f"{i}+1={i + 1}"} for i in range(8)]
+    train, held_out = tmp_path / "train.jsonl", tmp_path / "held_out.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    held_out.write_text("".join(json.dumps({k: r[k] for k in ("prompt", "target")}) + "\n" for r in rows[:2]))
+    over = {"data.train": train, "data.valid": held_out, "data.test": f"[{held_out}]", "sft.num_epochs": 1}
+    over |= {"data.question_key": "prompt", "data.answer_key": "target", "data.steps_key": "work"}
+    r = run_cli("sft", *tiny_args(**over), "--out", tmp_path / "sft")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "sft" / "eval").is_dir()
+
+
 def test_eval_takes_the_task_from_a_checkpoint_named_as_checkpoints_step_n(sft_checkpoint, tmp_path):
     """``checkpoints/step-3`` (written step-00000003) loaded, but eval took none of its run's settings: the default
     task's questions were graded, without a word."""

@@ -251,7 +251,11 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     device = setup(cfg)
     options = eval_options(cfg)
     train = load_spec(training_split(cfg.data.train), cfg.task, data=cfg.data)
-    held_out = {spec: load_spec(spec, cfg.task, data=cfg.data) for spec in [cfg.data.valid, *cfg.data.test] if spec}
+    held_out = {
+        spec: load_spec(spec, cfg.task, data=cfg.data, held_out=True)
+        for spec in [cfg.data.valid, *cfg.data.test]
+        if spec
+    }
     warn_if_held_out_is_trained_on(cfg, train, held_out)
     dist, device = join_processes(cfg, device)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
