@@ -476,6 +476,13 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+#: rank 0's notice of a SIGTERM outside a step (an evaluation, a checkpoint's write)
+NOT_IN_A_STEP = (
+    "every rank stops where the ranks next agree: after the next step, with its resumable checkpoint, or at the run's "
+    "end"
+)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("late", ["checkpoint", "final"])
 def test_a_sigterm_to_a_torchrun_job_after_its_last_agreement_does_what_rank_0_says(sft_checkpoint, tmp_path, late):
@@ -493,7 +500,7 @@ def test_a_sigterm_to_a_torchrun_job_after_its_last_agreement_does_what_rank_0_s
         assert "dgrpo: terminated" not in err and (out / "final").is_dir() and (out / "summary.json").is_file()
         return
     assert job.returncode == 1, err[-3000:]  # (each worker's 143)
-    assert err.count("dgrpo: SIGTERM: every rank stops at the end of this step, after writing a resumable") == 1, err
+    assert err.count(f"dgrpo: SIGTERM: {NOT_IN_A_STEP}") == 1, err  # (the last step's checkpoint under way)
     stopped = (
         "dgrpo: terminated (SIGTERM) at the run's end, before final/ and summary.json (the training is done and "
         f"checkpointed); the same command resumes from the newest checkpoint in {out}/checkpoints"
@@ -690,7 +697,7 @@ def test_under_torchrun_a_sigterm_after_the_last_steps_agreement_stops_every_ran
     assert str(stopped.value) == said
     assert tested == []
     err = capsys.readouterr().err
-    assert err == "dgrpo: SIGTERM: every rank stops at the end of this step, after writing a resumable checkpoint\n"
+    assert err == f"dgrpo: SIGTERM: {NOT_IN_A_STEP}\n"  # (it said: at the end of this step, none under way)
 
 
 def test_under_torchrun_a_sigterm_as_the_runs_end_is_written_says_that_the_run_finishes(tmp_path, capsys):
@@ -706,7 +713,7 @@ def test_under_torchrun_a_sigterm_as_the_runs_end_is_written_says_that_the_run_f
     assert err == "dgrpo: SIGTERM: the run is writing its end (final/ and summary.json): it finishes\n"
     with sigterm_stops(True, distributed=True):
         os.kill(os.getpid(), signal.SIGTERM)
-    assert "every rank stops at the end of this step" in capsys.readouterr().err
+    assert NOT_IN_A_STEP in capsys.readouterr().err
 
 
 def test_in_one_process_a_sigterm_as_the_runs_end_is_written_lets_it_finish_too(

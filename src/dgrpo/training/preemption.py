@@ -214,6 +214,11 @@ def _where() -> str:
         return "stopping at the end of this step, after writing a resumable checkpoint"
     if _State.testing:
         return f"every rank stops at the end of the test set under way ({TESTS_LEFT.format(again=_State.again)})"
+    if not _State.in_step:  # (an evaluation, a checkpoint's write: the ranks agree after the next step, or at the end)
+        return (
+            "every rank stops where the ranks next agree: after the next step, with its resumable checkpoint, or at "
+            "the run's end"
+        )
     return "every rank stops at the end of this step, after writing a resumable checkpoint"
 
 
