@@ -1024,6 +1024,50 @@ def test_under_torchrun_an_error_of_one_ranks_own_is_that_ranks_line_named(tmp_p
     assert r.returncode == 2 and r.stderr == f"dgrpo: error: rank {rank}: {failed}\n"
 
 
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_under_torchrun_a_reward_that_cannot_be_built_is_one_line_per_machine(tmp_path, run_cli, monkeypatch, rank):
+    """The trainer builds its reward and checks it on gold answers after the ranks have joined, alike on every rank
+    (a mistyped grpo.reward file): every rank printed it. Its machine's first worker does now."""
+    import torch.distributed as tdist
+
+    from dgrpo.cli import train
+    from dgrpo.eval.scoring import RewardSetupError
+
+    failed = RewardSetupError("reward 'no.py:f': file no.py not found")
+    monkeypatch.setattr(train, "run_grpo", lambda args: (_ for _ in ()).throw(failed))
+    as_torchrun_worker(monkeypatch, rank, rank)
+    tdist.init_process_group("gloo", store=tdist.HashStore(), rank=0, world_size=1)  # (joined)
+    try:
+        r = run_cli("grpo", "--init", tmp_path / "sft", "--out", tmp_path / "run")
+    finally:
+        tdist.destroy_process_group()
+    assert r.returncode == 2 and r.stderr == ("" if rank == "1" else f"dgrpo: error: {failed}\n")
+
+
+def test_the_trainers_reward_errors_before_training_are_setup_errors(sft_checkpoint, tmp_path):
+    """What GRPOTrainer meets building its reward (a file not found, not a function) or checking it on gold answers
+    is a RewardSetupError: the command line prints it once per machine under torchrun."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.eval.scoring import RewardSetupError
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.training.grpo import GRPOTrainer
+
+    from conftest import tiny_config
+
+    (tmp_path / "r.py").write_text(
+        "x = 3\n\ndef nan(completions, records):\n    return [float('nan')] * len(records)\n"
+    )
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    train = generate_split(tiny_config().task, "train")[:4]
+    for spec, says in (
+        ("no.py:f", "not found"),
+        (f"{tmp_path / 'r.py'}:x", "not a function"),
+        (f"{tmp_path / 'r.py'}:nan", "nan"),
+    ):
+        with pytest.raises(RewardSetupError, match=says):
+            GRPOTrainer(lm, tiny_config(**{"grpo.reward": spec}), train)
+
+
 #: what gloo raises in a collective whose peer's process ended (here: rank 1's, interrupted alone)
 PEER_GONE = (
     "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:41152. This is "

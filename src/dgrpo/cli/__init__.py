@@ -97,7 +97,7 @@ def _run(args: argparse.Namespace) -> int:
     scorer), 1 for a run stopped because it stopped learning."""
     from ..config import ConfigError
     from ..data.records import DataError
-    from ..eval.scoring import RewardError
+    from ..eval.scoring import RewardError, RewardSetupError
     from ..model.factory import CheckpointError
     from ..training.run import TrainingStopped
 
@@ -107,7 +107,7 @@ def _run(args: argparse.Namespace) -> int:
         _error(e, alike=True)
         return 2
     except RewardError as e:  # (a reward or a scorer: on a rank's own batch once the ranks have split the work)
-        _error(e, alike=not _joined())
+        _error(e, alike=isinstance(e, RewardSetupError) or not _joined())
         return 2
     except TrainingStopped as e:
         if is_rank0():  # (every rank stops at the same step, for the same reason)

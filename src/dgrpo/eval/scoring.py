@@ -46,6 +46,11 @@ class RewardError(ValueError):
     """A reward or scorer that cannot be loaded, or that misbehaved on a batch (the message is one line)."""
 
 
+class RewardSetupError(RewardError):
+    """A trainer's reward that cannot be built or fails on the gold answers before training: what every process of a
+    torchrun job meets alike (the same functions, the same records), unlike a failure on one rank's batch."""
+
+
 def numeric(completions: list[str], records: list[Record]) -> list[float]:
     """The verifier: the completion's answer number equals the gold answer (:func:`dgrpo.reward.score`)."""
     return [score(c, r.answer) for c, r in zip(completions, records)]

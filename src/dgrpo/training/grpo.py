@@ -33,7 +33,15 @@ from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, GRPOConfig, to_dict
 from ..data.records import Record, data_columns, fingerprint
-from ..eval.scoring import RewardError, RewardPart, Rewards, ScoreFn, build_rewards, final_answer_text
+from ..eval.scoring import (
+    RewardError,
+    RewardPart,
+    Rewards,
+    RewardSetupError,
+    ScoreFn,
+    build_rewards,
+    final_answer_text,
+)
 from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
 from ..model.kernels import apply_kernels
 from ..model.latent_lm import LatentLM
@@ -209,8 +217,11 @@ class GRPOTrainer:
         pack_gqa(lm, cfg.model)  # (and the packed attention: the copy's config is the model's)
         self.objective = ObjectiveSettings.from_config(g)
         _warn_at_start(lm, cfg, train)
-        self.rewards = _rewards(reward_fn, cfg, data_columns(train))
-        self.rewards.smoke_test(train[:2], check_filter=g.filter and g.advantage != "ema")
+        try:  # (the same functions and gold answers on every rank)
+            self.rewards = _rewards(reward_fn, cfg, data_columns(train))
+            self.rewards.smoke_test(train[:2], check_filter=g.filter and g.advantage != "ema")
+        except RewardError as e:
+            raise RewardSetupError(str(e)) from None
         # the KL reference: a frozen copy of the model, or under LoRA a frozen adapter (before the optimizer)
         self.ref = make_reference(lm, self.dist) if g.beta0 > 0 else None
         self.opt_params = self.dist.prepare_model(lm.model)  # rank 0's weights everywhere; FSDP2 shards here
