@@ -110,5 +110,8 @@ def test_training_data_from_the_hub_named_without_a_split_takes_its_train_split(
     assert training_split("openai/gsm8k:test?config=main") == "openai/gsm8k:test?config=main"  # a split given is kept
     assert [r.question for r in load_spec(training_split("ChilleD/SVAMP"))] == ["5 birds. Legs?"]
     assert hub[-1] == ("ChilleD/SVAMP", None, "train")
-    with pytest.raises(DataError, match=r"^hub dataset 'openai/gsm8k' has no split 'train': name one as openai/gs"):
+    with pytest.raises(
+        DataError,
+        match=r"^hub dataset 'openai/gsm8k' has no split 'train': name one as openai/gsm8k:SPLIT\?config=main ",
+    ):
         load_spec(training_split("openai/gsm8k?config=main"))  # (the made-up hub holds only its test split)

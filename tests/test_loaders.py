@@ -603,6 +603,12 @@ def test_training_data_from_a_dataset_dict_folder_takes_its_train_split(tmp_path
     assert len(load_spec(str(tmp_path / "both"))) == 2  # (elsewhere: its test split)
     assert training_split(str(tmp_path / "only_test")) == str(tmp_path / "only_test")
     assert training_split(str(tmp_path / "one")) == str(tmp_path / "one")  # (a Dataset has no splits)
+    for name in ("run:1", "mix+svamp", "q?x"):  # (PATH:train was cut at the first ':', '+' or '?')
+        (tmp_path / "both").rename(tmp_path / name)
+        assert len(load_spec(training_split(str(tmp_path / name)))) == 5
+        assert len(load_spec(str(tmp_path / name))) == 2
+        (tmp_path / name).rename(tmp_path / "both")
+    assert training_split("GSM8K") == "GSM8K:train" and training_split("GSM-Hard") == "GSM-Hard"  # (names as loaded)
 
 
 def test_two_names_of_one_dataset_have_one_key(tmp_path: Path):

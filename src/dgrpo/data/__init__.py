@@ -54,6 +54,10 @@ def load_hf_dataset(dataset: Any, split: str | None = None, data=None) -> list[R
 
 def _load_spec(spec: str, task, split: str | None, data, held_out: bool) -> list[Record]:
     columns = columns_of(data, held_out)
+    folder, colon, in_folder = spec.rpartition(":")
+    at_a_path = colon and not spec.startswith("builtin") and not Path(spec).exists()
+    if at_a_path and Path(folder).expanduser().exists():  # (PATH:SPLIT, whatever characters PATH holds)
+        return load_dataset(folder, split or in_folder, columns=columns)
     if "+" in spec and not Path(spec).exists():
         parts = [part.strip() for part in spec.split("+")]
         if not all(parts):  # ('a+' dropped the empty part, '+' gave no records at all)
@@ -111,7 +115,7 @@ def training_split(spec: str) -> str:
     path = Path(spec).expanduser()
     if path.exists():
         return f"{spec}:train" if is_hf_folder(path) and "train" in hf_folder_splits(path) else spec
-    known = DATASETS.get(spec)
+    known = DATASETS.get(canonical_name(spec))
     if known is not None:
         return f"{spec}:train" if "train" in known.splits else spec
     head, q, query = spec.partition("?")

@@ -611,7 +611,8 @@ def _load_from_hub(
                 f"dataset {repo!r} has several configs: name one as {repo}:SPLIT?config=NAME ({reason})"
             ) from None
         if "Unknown split" in str(exc):  # (datasets' words for a split the dataset does not have)
-            why_not = f"hub dataset {repo!r} has no split {split!r}: name one as {repo}:SPLIT ({reason})"
+            named = f"{repo}:SPLIT" + (f"?config={config}" if config else "")
+            why_not = f"hub dataset {repo!r} has no split {split!r}: name one as {named} ({reason})"
             raise DataError(why_not) from None
         raise DataError(f"{prefix} the Hugging Face hub could not be reached: {reason}") from None
     return rows_to_records(rows, f"hub dataset {repo!r} split {split!r}", f"hf:{repo}", columns)
