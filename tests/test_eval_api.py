@@ -274,6 +274,27 @@ def test_results_are_written_whole_or_not_at_all(lm, task_records, tmp_path, mon
     assert sorted(p.name for p in out.iterdir()) == ["predictions.jsonl", "results.json"]
 
 
+def test_two_writes_into_one_folder_take_turns_at_the_swap(lm, task_records, tmp_path):
+    """Two processes writing results into one folder: their renames interleaved, and the folder could hold one's
+    results.json beside the other's predictions.jsonl. The swap holds a lock on the folder."""
+    import fcntl
+    import os
+    import threading
+
+    out = tmp_path / "out"
+    out.mkdir()
+    result = evaluate(lm, task_records[:2], n_latent=0, **FAST)
+    other = os.open(out, os.O_RDONLY)  # (another writer, at its swap)
+    fcntl.flock(other, fcntl.LOCK_EX)
+    writer = threading.Thread(target=write_results, args=(result, out))
+    writer.start()
+    writer.join(timeout=1.0)
+    assert writer.is_alive() and not (out / "results.json").exists()  # (waits its turn)
+    os.close(other)
+    writer.join(timeout=30)
+    assert (out / "results.json").exists() and (out / "predictions.jsonl").exists()
+
+
 def test_a_write_leaves_the_temporary_files_of_a_process_still_writing(lm, task_records, tmp_path):
     """Every earlier ``.tmp-`` file in the folder was removed, also that of another process writing there at that
     moment (two evaluations into one folder): its rename then failed. Only those of ended processes are removed."""

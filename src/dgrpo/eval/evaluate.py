@@ -3,6 +3,7 @@ over dropout masks (evaluate_mc_vote), and the results' files (write_results, me
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -440,7 +441,8 @@ def write_results(result: EvalResult, out_dir: str | Path) -> None:
     ``predictions.jsonl`` and ``results.json``, last, take their places. A results.json describes the predictions
     beside it, whenever the process is stopped (SIGTERM, Ctrl-C, SIGKILL); the temporary files a killed write left
     are removed by the next write into that folder (those of a process still running, which may be writing them now,
-    are left alone)."""
+    are left alone). Two processes writing into one folder take their turns at the swap (a lock on the folder): the
+    pair left is one process's."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results, predictions = out_dir / "results.json", out_dir / "predictions.jsonl"
@@ -453,9 +455,14 @@ def write_results(result: EvalResult, out_dir: str | Path) -> None:
             for p in result.predictions:
                 f.write(json.dumps(p) + "\n")
         temporary[1].write_text(json.dumps(result.summary(), indent=2))
-        results.unlink(missing_ok=True)
-        os.replace(temporary[0], predictions)
-        os.replace(temporary[1], results)
+        folder = os.open(out_dir, os.O_RDONLY)
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX)  # (released as the folder is closed)
+            results.unlink(missing_ok=True)
+            os.replace(temporary[0], predictions)
+            os.replace(temporary[1], results)
+        finally:
+            os.close(folder)
     finally:
         for path in temporary:
             path.unlink(missing_ok=True)
