@@ -171,9 +171,10 @@ def test_eval_and_consolidate_under_torchrun_are_refused(tmp_path, run_cli, monk
         assert r.returncode == 2 and f"dgrpo {argv[0]} runs in one process: launch it without torchrun" in r.stderr
 
 
-def test_missing_checkpoint_and_unknown_dataset_exit_2(tmp_path, run_cli):
+def test_missing_checkpoint_and_unknown_dataset_exit_2(tmp_path, run_cli, monkeypatch):
     r = run_cli("eval", "--model", tmp_path / "nope", "--data", "builtin:test", "--out", tmp_path / "o")
     assert r.returncode == 2 and "checkpoint directory not found" in r.stderr
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # (runs/mistyped may be a hub id: not asked of a reachable hub)
     own = tmp_path / "own.jsonl"  # (a file read with a checkpoint's column mapping: its error came first, misleading)
     own.write_text('{"prompt": "2+2?", "target": 4}\n')
     for model in (tmp_path / "nope", "runs/mistyped"):
