@@ -174,11 +174,12 @@ def test_eval_and_consolidate_under_torchrun_are_refused(tmp_path, run_cli, monk
 def test_missing_checkpoint_and_unknown_dataset_exit_2(tmp_path, run_cli, monkeypatch):
     r = run_cli("eval", "--model", tmp_path / "nope", "--data", "builtin:test", "--out", tmp_path / "o")
     assert r.returncode == 2 and "checkpoint directory not found" in r.stderr
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # (runs/mistyped may be a hub id: not asked of a reachable hub)
     own = tmp_path / "own.jsonl"  # (a file read with a checkpoint's column mapping: its error came first, misleading)
     own.write_text('{"prompt": "2+2?", "target": 4}\n')
     for model in (tmp_path / "nope", "runs/mistyped"):
-        r = run_cli("eval", "--model", model, "--data", own, "--out", tmp_path / "o")
+        with monkeypatch.context() as m:
+            m.setattr("dgrpo.model.sources.hub_reachable", lambda: False)  # (runs/mistyped may be a hub id)
+            r = run_cli("eval", "--model", model, "--data", own, "--out", tmp_path / "o")
         assert r.returncode == 2 and "unrecognised record keys" not in r.stderr, r.stderr
         assert "checkpoint directory not found" in r.stderr or "'runs/mistyped': not a local directory" in r.stderr
     r = run_cli("data", "inspect", "definitely_not_a_dataset_xyz")
