@@ -1006,23 +1006,29 @@ def test_under_torchrun_an_error_every_rank_meets_is_one_line_per_machine(
         assert r.returncode == 2 and r.stderr == said, (argv, r.stderr)
 
 
-@pytest.mark.parametrize("rank", ["0", "1"])
-def test_under_torchrun_an_error_of_one_ranks_own_is_that_ranks_line_named(tmp_path, run_cli, monkeypatch, rank):
-    """Once the ranks have joined, an error can be one rank's (a reward that fails on its batch; the others stop with
-    "... in another process"): each rank that meets it prints it, named (it did not say which rank it came from)."""
+def grpo_joined_failing_with(failed, tmp_path, run_cli, monkeypatch, rank):
+    """``dgrpo grpo`` as torchrun's worker ``rank``, joined (a process group of one), failing with ``failed``."""
     import torch.distributed as tdist
 
     from dgrpo.cli import train
-    from dgrpo.eval.scoring import RewardError
 
-    failed = RewardError("reward r raised ValueError: cannot score this row")
     monkeypatch.setattr(train, "run_grpo", lambda args: (_ for _ in ()).throw(failed))
     as_torchrun_worker(monkeypatch, rank, rank)
     tdist.init_process_group("gloo", store=tdist.HashStore(), rank=0, world_size=1)  # (joined)
     try:
-        r = run_cli("grpo", "--init", tmp_path / "sft", "--out", tmp_path / "run")
+        return run_cli("grpo", "--init", tmp_path / "sft", "--out", tmp_path / "run")
     finally:
         tdist.destroy_process_group()
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_under_torchrun_an_error_of_one_ranks_own_is_that_ranks_line_named(tmp_path, run_cli, monkeypatch, rank):
+    """Once the ranks have joined, an error can be one rank's (a reward that fails on its batch; the others stop with
+    "... in another process"): each rank that meets it prints it, named (it did not say which rank it came from)."""
+    from dgrpo.eval.scoring import RewardError
+
+    failed = RewardError("reward r raised ValueError: cannot score this row")
+    r = grpo_joined_failing_with(failed, tmp_path, run_cli, monkeypatch, rank)
     assert r.returncode == 2 and r.stderr == f"dgrpo: error: rank {rank}: {failed}\n"
 
 
@@ -1030,19 +1036,10 @@ def test_under_torchrun_an_error_of_one_ranks_own_is_that_ranks_line_named(tmp_p
 def test_under_torchrun_a_reward_that_cannot_be_built_is_one_line_per_machine(tmp_path, run_cli, monkeypatch, rank):
     """The trainer builds its reward and checks it on gold answers after the ranks have joined, alike on every rank
     (a mistyped grpo.reward file): every rank printed it. Its machine's first worker does now."""
-    import torch.distributed as tdist
-
-    from dgrpo.cli import train
     from dgrpo.eval.scoring import RewardSetupError
 
     failed = RewardSetupError("reward 'no.py:f': file no.py not found")
-    monkeypatch.setattr(train, "run_grpo", lambda args: (_ for _ in ()).throw(failed))
-    as_torchrun_worker(monkeypatch, rank, rank)
-    tdist.init_process_group("gloo", store=tdist.HashStore(), rank=0, world_size=1)  # (joined)
-    try:
-        r = run_cli("grpo", "--init", tmp_path / "sft", "--out", tmp_path / "run")
-    finally:
-        tdist.destroy_process_group()
+    r = grpo_joined_failing_with(failed, tmp_path, run_cli, monkeypatch, rank)
     assert r.returncode == 2 and r.stderr == ("" if rank == "1" else f"dgrpo: error: {failed}\n")
 
 
