@@ -477,9 +477,16 @@ def test_a_quick_demos_runs_do_not_stop_for_skipped_steps(tmp_path):
 
     from dgrpo.demo.pipeline import demo_config
 
-    for quick, sets in ((True, []), (False, []), (True, ["grpo.max_skip_streak=7"])):
-        args = SimpleNamespace(quick=quick, config=[], overrides=sets, seeds=None, out=str(tmp_path / "o"))
-        assert demo_config(args)[0].grpo.max_skip_streak == (7 if sets else 0)
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("grpo: {max_skip_streak: 5}\n")
+    for quick, config, sets, limit in (
+        (True, [], [], 0),
+        (False, [], [], 0),
+        (True, [], ["grpo.max_skip_streak=7"], 7),
+        (True, [str(mine)], [], 5),  # (a --config file of one's own wins too)
+    ):
+        args = SimpleNamespace(quick=quick, config=config, overrides=sets, seeds=None, out=str(tmp_path / "o"))
+        assert demo_config(args)[0].grpo.max_skip_streak == limit
 
 
 def test_the_command_it_writes_reads_back_as_given():

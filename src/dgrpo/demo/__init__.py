@@ -19,7 +19,8 @@ The work is independent tasks (one SFT run per seed; one RL run per arm, SFT see
 checkpoint exists): ``--workers N`` runs them in a pool of N processes (default one per CPU, 1 on a GPU).
 Modules: :mod:`.pipeline` (running), :mod:`.stats` (the statistics), :mod:`.report` (analysis, files, figures).
 
-``--quick`` runs the same pipeline on the tiny config (``tiny.yaml``): a smoke test whose numbers mean nothing.
+``--quick`` runs the same pipeline on the tiny config (``tiny.yaml``, ``builtin/demo_quick.yaml`` over it): a smoke test
+whose numbers mean nothing.
 The statistics are small pure functions in :mod:`.stats` (:func:`t_quantile`, :func:`mean_ci`, :func:`flips`,
 :func:`compare`, :func:`verdict`, :func:`claim_verdicts`) so that they can be checked by hand.
 """

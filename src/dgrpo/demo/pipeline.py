@@ -59,7 +59,7 @@ SHORT = {
 #: default's run to the last digit at the same torch threads (--set threads=1: the default's lone SFT run otherwise
 #: takes every CPU, and the last float bits depend on the count)
 PRESETS: dict[str, tuple[tuple[str, ...], int, int]] = {
-    "quick": (("tiny.yaml",), 2, 1),
+    "quick": (("tiny.yaml", "builtin/demo_quick.yaml"), 2, 1),
     "default": (("builtin/demo.yaml",), 1, 1),
     "full": (("builtin/demo.yaml",), 4, 1),
 }
@@ -256,9 +256,7 @@ def demo_config(args: Any) -> tuple[Config, int, int]:
     """The base config (the preset's files, then --config, then --set) and the numbers of SFT and RL seeds."""
     preset = "quick" if args.quick else "full" if getattr(args, "full", False) else "default"
     files, n_sft, n_rl = PRESETS[preset]
-    # (as builtin/demo.yaml sets it: a run whose groups all leave the filter window, the null arm's on a tiny model
-    # trained longer than --quick's default, is a result, not a stall to stop at; a --set still wins)
-    base = load_config(Config, [*files, *args.config], ["grpo.max_skip_streak=0", *args.overrides])
+    base = load_config(Config, [*files, *args.config], args.overrides)
     n_sft = args.sft_seeds if getattr(args, "sft_seeds", None) is not None else n_sft
     n_rl = args.seeds if args.seeds is not None else n_rl
     if n_sft < 1 or n_rl < 1:
