@@ -295,6 +295,26 @@ def test_two_writes_into_one_folder_take_turns_at_the_swap(lm, task_records, tmp
     assert (out / "results.json").exists() and (out / "predictions.jsonl").exists()
 
 
+def test_results_are_written_where_the_file_system_takes_no_lock(lm, task_records, tmp_path, monkeypatch):
+    """NFS refuses a lock on a directory (EBADF), Lustre without its flock option has none (ENOSYS): the results
+    are written as before the lock, not refused with a traceback."""
+    import errno
+    import json
+    import os
+
+    import dgrpo.eval.evaluate as ev
+
+    result = evaluate(lm, task_records[:2], n_latent=0, **FAST)
+    for code in (errno.EBADF, errno.ENOSYS):
+
+        def refused(fd, op, code=code):
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(ev.fcntl, "flock", refused)
+        write_results(result, tmp_path / str(code))
+        assert json.loads((tmp_path / str(code) / "results.json").read_text()) == result.summary()
+
+
 def test_a_write_leaves_the_temporary_files_of_a_process_still_writing(lm, task_records, tmp_path):
     """Every earlier ``.tmp-`` file in the folder was removed, also that of another process writing there at that
     moment (two evaluations into one folder): its rename then failed. Only those of ended processes are removed."""

@@ -3,14 +3,15 @@ over dropout masks (evaluate_mc_vote), and the results' files (write_results, me
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import re
 import time
 import warnings
-from collections.abc import Callable, Iterable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -455,17 +456,29 @@ def write_results(result: EvalResult, out_dir: str | Path) -> None:
             for p in result.predictions:
                 f.write(json.dumps(p) + "\n")
         temporary[1].write_text(json.dumps(result.summary(), indent=2))
-        folder = os.open(out_dir, os.O_RDONLY)
-        try:
-            fcntl.flock(folder, fcntl.LOCK_EX)  # (released as the folder is closed)
+        with _folder_locked(out_dir):
             results.unlink(missing_ok=True)
             os.replace(temporary[0], predictions)
             os.replace(temporary[1], results)
-        finally:
-            os.close(folder)
     finally:
         for path in temporary:
             path.unlink(missing_ok=True)
+
+
+@contextmanager
+def _folder_locked(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``folder`` while the block runs; without one where its file system has none (NFS
+    takes no lock on a directory, Lustre none without its flock option): the block runs as it did before locks."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # (released as the folder is closed)
+        except OSError as e:
+            if e.errno not in (errno.EBADF, errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        yield
+    finally:
+        os.close(fd)
 
 
 def _writer_alive(temporary: Path) -> bool:
