@@ -608,6 +608,8 @@ def test_training_data_from_a_dataset_dict_folder_takes_its_train_split(tmp_path
         assert len(load_spec(training_split(str(tmp_path / name)))) == 5
         assert len(load_spec(str(tmp_path / name))) == 2
         (tmp_path / name).rename(tmp_path / "both")
+    extra = _write(tmp_path / "extra.jsonl", '{"question": "What is 9 plus 1?", "answer": "#### 10"}\n')
+    assert len(load_spec(training_split(f"{tmp_path / 'both'}+{extra}"))) == 6  # (PATH:train+FILE: 'train+...')
     assert training_split("GSM8K") == "GSM8K:train" and training_split("GSM-Hard") == "GSM-Hard"  # (names as loaded)
 
 

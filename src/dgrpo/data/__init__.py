@@ -55,7 +55,7 @@ def load_hf_dataset(dataset: Any, split: str | None = None, data=None) -> list[R
 def _load_spec(spec: str, task, split: str | None, data, held_out: bool) -> list[Record]:
     columns = columns_of(data, held_out)
     folder, colon, in_folder = spec.rpartition(":")
-    at_a_path = colon and not spec.startswith("builtin") and not Path(spec).exists()
+    at_a_path = colon and "+" not in in_folder and not spec.startswith("builtin") and not Path(spec).exists()
     if at_a_path and Path(folder).expanduser().exists():  # (PATH:SPLIT, whatever characters PATH holds)
         return load_dataset(folder, split or in_folder, columns=columns)
     if "+" in spec and not Path(spec).exists():
