@@ -47,8 +47,8 @@ class RewardError(ValueError):
 
 
 class RewardSetupError(RewardError):
-    """A trainer's reward that cannot be built or fails on the gold answers before training: what every process of a
-    torchrun job meets alike (the same functions, the same records), unlike a failure on one rank's batch."""
+    """A trainer's reward that cannot be built (a file or function not found, not a function): what every process of
+    a torchrun job meets alike, from the same files, unlike a reward's own failure on one rank's records."""
 
 
 def numeric(completions: list[str], records: list[Record]) -> list[float]:

@@ -217,11 +217,11 @@ class GRPOTrainer:
         pack_gqa(lm, cfg.model)  # (and the packed attention: the copy's config is the model's)
         self.objective = ObjectiveSettings.from_config(g)
         _warn_at_start(lm, cfg, train)
-        try:  # (the same functions and gold answers on every rank)
+        try:  # (the same files on every rank: not its calls, below, which may fail on one rank alone)
             self.rewards = _rewards(reward_fn, cfg, data_columns(train))
-            self.rewards.smoke_test(train[:2], check_filter=g.filter and g.advantage != "ema")
         except RewardError as e:
             raise RewardSetupError(str(e)) from None
+        self.rewards.smoke_test(train[:2], check_filter=g.filter and g.advantage != "ema")
         # the KL reference: a frozen copy of the model, or under LoRA a frozen adapter (before the optimizer)
         self.ref = make_reference(lm, self.dist) if g.beta0 > 0 else None
         self.opt_params = self.dist.prepare_model(lm.model)  # rank 0's weights everywhere; FSDP2 shards here
