@@ -154,13 +154,15 @@ def test_adapter_checkpoint_save_load_and_merge(base_dirs, tmp_path, run_cli):
     q, qm = merged.encode_questions(QUESTIONS)
     greedy = [m.generate(q, qm, N_LATENT, max_new_tokens=12).tokens for m in (merged, lm)]
     assert torch.equal(*greedy)
-    lm.run_config = {"model": {"dtype": "float32", "lora": {"r": 4}}}  # (a run's: dgrpo eval loads in its dtype)
+    lm.run_config = {"model": {"dtype": "bfloat16", "lora": {"r": 4}}}  # (a run's: dgrpo eval loads in its dtype)
     lm.save_pretrained(tmp_path / "trained")
-    for dtype in ("bfloat16", "float32"):  # (a bf16 export recorded float32: dgrpo eval upcast it)
+    for dtype, recorded in (("float32", "float32"), ("float16", "float32"), ("bfloat16", "bfloat16")):
         r = run_cli("export", tmp_path / "trained", "--merge", "--dtype", dtype, "--out", tmp_path / dtype)
-        assert r.returncode == 0, r.stderr
-        recorded = json.loads((tmp_path / dtype / "run_config.json").read_text())["model"]
-        assert recorded == {"dtype": dtype, "lora": {"r": 4}}
+        assert r.returncode == 0, r.stderr  # (it recorded the run's bfloat16: dgrpo eval rounded the export to it)
+        assert json.loads((tmp_path / dtype / "run_config.json").read_text())["model"] == {
+            "dtype": recorded,
+            "lora": {"r": 4},
+        }
     r = run_cli("export", tmp_path / "adapter", "--out", tmp_path / "nomerge")
     assert r.returncode == 2 and "pass --merge" in r.stderr
     for taken in (tmp_path / "adapter", tmp_path / "merged"):  # the source itself, or any directory with files

@@ -142,8 +142,10 @@ def run_export(args: argparse.Namespace) -> int:
     refuse_non_finite(lm.model)  # (in float32: what is not finite here, no export dtype holds)
     lm.to(dtype or base_dtype(lora.adapter_base(src), args.trust_remote_code, lora.adapter_base_revision(src)))
     refuse_non_finite(lm.model)  # (float16's range ends at 65504: a merged weight past it is inf)
-    written = str(next(lm.parameters()).dtype).removeprefix("torch.")
-    if lm.run_config is not None and written in ("float32", "bfloat16"):  # (dgrpo eval loads it in model.dtype)
+    # dgrpo eval loads it in model.dtype: the dtype written (float16, which model.dtype does not take, as float32:
+    # its exact upcast)
+    written = "bfloat16" if next(lm.parameters()).dtype == torch.bfloat16 else "float32"
+    if lm.run_config is not None:
         lm.run_config = {**lm.run_config, "model": {**lm.run_config.get("model", {}), "dtype": written}}
     lm.save_pretrained(args.out)
     adapter = src if on_disk(args.src).exists() else f"{args.src}@{src.name}"  # (a hub id at its commit)
