@@ -388,10 +388,12 @@ def test_a_lengthened_sft_run_trains_its_added_epochs(tmp_path, run_cli):
     trained)."""
     sets = {**SFT_SETS, "sft.reset_optimizer": "false", "sft.warmup_steps": 0, "task.n_train": 64, "sft.save_every": 0}
     out = tmp_path / "run"
-    assert run_cli("sft", "--out", out, *tiny_args(**sets)).returncode == 0
+    r = run_cli("sft", "--out", out, *tiny_args(**sets))
+    assert r.returncode == 0 and "dgrpo sft: done in " in r.stdout and "earlier processes" not in r.stdout
     more = tiny_args(**{**sets, "sft.num_epochs": 3})
     r = run_cli("sft", "--out", out, *more, "--allow-config-change")
     assert r.returncode == 0, r.stderr[-2000:]
+    assert " s (the run's: its earlier processes' time too, as time_s); " in r.stdout  # (it read as this process's)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"lr"' in x]
     added = [row["lr"] for row in rows if row["step"] > 4]  # 2 steps per epoch: epoch 2 is steps 5-6
     assert added and all(lr > 0 for lr in added), rows

@@ -361,8 +361,12 @@ class SFTRun:
         accs = ", ".join(f"{k}: {100 * v:.1f}%" for k, v in by_stage.items())  # (a resumed run's earlier stages too)
         s = self.lm.settings
         kept = f"; best/: epoch {best['best_epoch']} ({100 * best['best/valid/accuracy']:.1f}%)" if best else ""
+        resumed = (
+            " (the run's: its earlier processes' time too, as time_s)" if self.run.resumed_step is not None else ""
+        )
         self.run.log(
-            f"dgrpo sft: done in {time.time() - t0:.0f} s; validation accuracy by stage: {accs or 'not evaluated'}; "
+            f"dgrpo sft: done in {time.time() - t0:.0f} s{resumed}; validation accuracy by stage: "
+            f"{accs or 'not evaluated'}; "
             f"final stage {s.stage} ({s.n_latent} latent thoughts){kept}; {self.guard.skips} non-finite steps skipped"
         )
 
