@@ -264,25 +264,15 @@ def timed_step(tr: GRPOTrainer, prompts: list[Record], device: torch.device, i: 
 def make_trainers(
     arms: dict[str, tuple[LatentLM, Config]], prompts: list[Record], reward: GroupsKept | None
 ) -> tuple[dict[str, GRPOTrainer], dict[str, str]]:
-    """A trainer per arm, and the fused layers each got: its ``model.kernels`` where the trainer applied them, else
-    ``none`` and where they were not (``apply_kernels`` only warns where they cannot run: Liger's off CUDA)."""
-    applied: list[bool] = []
-
-    def recorded(apply: Any) -> Any:
-        def call(model: torch.nn.Module, kind: str) -> bool:
-            applied.append(apply(model, kind))
-            return applied[-1]
-
-        return call
-
+    """A trainer per arm, and the fused layers each got: its ``model.kernels`` where the trainer applied them
+    (``GRPOTrainer.kernels``), else ``none`` and where they were not (Liger's only warn off CUDA)."""
     trainers, kernels = {}, {}
-    with warnings.catch_warnings(), timeline.wrapped_calls([(grpo, "apply_kernels", recorded)]):
-        # a scheduled reward grades no answer: its 0 for the gold answers is by design
+    with warnings.catch_warnings():  # a scheduled reward grades no answer: its 0 for the gold answers is by design
         warnings.filterwarnings("ignore", message="the reward gives 0 to the gold answer")
         for name, (lm, cfg) in arms.items():
-            trainers[name] = GRPOTrainer(lm, cfg, prompts, reward_fn=reward)
+            tr = trainers[name] = GRPOTrainer(lm, cfg, prompts, reward_fn=reward)
             kind = cfg.model.kernels
-            kernels[name] = kind if applied.pop() or kind == "none" else f"none ({kind} not applied on {lm.device})"
+            kernels[name] = kind if tr.kernels == kind else f"none ({kind} not applied on {lm.device})"
     return trainers, kernels
 
 

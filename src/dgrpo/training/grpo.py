@@ -211,7 +211,8 @@ class GRPOTrainer:
         # the fast engine's decoders kept from step to step (not under FSDP: it gathers the weights for each forward)
         self.keep_graphs = g.keep_graphs and self.engine == "fast" and not self.dist.fsdp
         self.chain_latents = resolve_latent_chain(lm, cfg, self.engine, self.dist.active)
-        apply_kernels(lm.model, cfg.model.kernels)  # before the reference copy, which then has them too
+        # before the reference copy, which then has them too; what was applied (liger runs on CUDA only), as resolved
+        self.kernels = cfg.model.kernels if apply_kernels(lm.model, cfg.model.kernels) else "none"
         compile_layers(lm, cfg.model)  # (the reference copy shares the compiled step)
         compile_head(lm, cfg.model)  # (and the compiled head statistics)
         pack_gqa(lm, cfg.model)  # (and the packed attention: the copy's config is the model's)
