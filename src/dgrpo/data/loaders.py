@@ -32,16 +32,11 @@ class _RowError(Exception):
     """One record's problem; the caller adds the file and line/record position."""
 
 
-def _field(row: dict[str, Any], key: str) -> Any:
+def _field(row: dict[str, Any], key: str, option: str = "") -> Any:
+    """``row[key]``; a row without it is a _RowError, naming the ``option`` that named the column (a mapping's, which
+    may come from a checkpoint's run)."""
     if key not in row:
-        raise _RowError(f"missing field {key!r}")
-    return row[key]
-
-
-def _mapped_field(row: dict[str, Any], key: str, option: str) -> Any:
-    """A column a mapping names: a row without it says which option named it (it may come from a checkpoint's run)."""
-    if key not in row:
-        raise _RowError(f"missing field {key!r} ({option})")
+        raise _RowError(f"missing field {key!r}" + (f" ({option})" if option else ""))
     return row[key]
 
 
@@ -688,7 +683,7 @@ class _ColumnParser:
             return known(row)
         self.fields.update(str(key) for key in row)
         self.steps_seen = self.steps_seen or self.steps_key in row
-        raw_question = _mapped_field(row, self.question_key, "data.question_key")
+        raw_question = _field(row, self.question_key, "data.question_key")
         question = "" if raw_question is None else str(raw_question).strip()  # (null: empty, not 'None')
         if not question:
             raise _RowError(f"column {self.question_key!r} is empty")
@@ -704,7 +699,7 @@ class _ColumnParser:
     def _answer(self, row: dict[str, Any]) -> tuple[str, str | None]:
         """(the answer, the GSM8K-style solution it was read from or None)."""
         key = self.answer_key
-        raw = _mapped_field(row, key, "data.answer_key")
+        raw = _field(row, key, "data.answer_key")
         if raw is None:  # (JSON null, an empty parquet cell: str() would make it the answer 'None')
             raise _RowError(f"column {key!r} is empty (null)")
         answer = _format_number(raw, f"column {key!r}") if isinstance(raw, (int, float)) else str(raw).strip()
