@@ -790,3 +790,22 @@ def test_after_a_stop_under_torchrun_the_group_is_left_and_sigterm_ignored():
     with sigterm_stops(True), pytest.raises(Terminated):  # one process: stop() has no group, SIGTERM is restored
         stop(None)
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_runs_nobody_resumes_stop_at_once_within_a_step_and_the_rule_is_back_after(capsys):
+    """The demo's in-process runs: a SIGTERM in a step stopped at the step's end and wrote a checkpoint nobody
+    resumes (the demo's line then contradicted the trainer's). Inside stops_at_once it stops at once; after it, a
+    step holds a SIGTERM back again."""
+    from dgrpo.training import preemption
+
+    try:
+        with sigterm_stops(True):
+            with preemption.stops_at_once(), preemption.within_step(), pytest.raises(Terminated):
+                os.kill(os.getpid(), signal.SIGTERM)
+            preemption._State.last_at = -float("inf")  # (not the same stop delivered twice)
+            with preemption.within_step():
+                os.kill(os.getpid(), signal.SIGTERM)
+            assert preemption.stop_requested()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert capsys.readouterr().err.count("stopping at the end of this step") == 1

@@ -32,7 +32,7 @@ from ..model.latent_lm import LatentLM
 from ..run_layout import BEST_DIR, FINAL_DIR
 from ..training.distributed import available_cpus, exit_with_parent
 from ..training.grpo import train_grpo
-from ..training.preemption import sigterm_stops
+from ..training.preemption import stops_at_once
 from ..training.run import check_not_a_training_run, check_output_path
 from ..training.sft import train_sft
 
@@ -409,9 +409,8 @@ def run_pipeline(
     if workers == 1:
         # A SIGTERM stops these runs at once, as with workers. The trainers' rule (end the step under way, write a
         # resumable checkpoint, say so) wrote a checkpoint the demo never resumes, in a line that its stop line then
-        # contradicted. sigterm_stops(False): no step holds a SIGTERM back; the command line's handler, still on,
-        # stops the demo at once (and still ignores one SIGTERM delivered twice).
-        with sigterm_stops(False):
+        # contradicted (the command line's handler still ignores one SIGTERM delivered twice).
+        with stops_at_once():
             for s in range(n_sft):
                 run_seed(demo, s, n_rl, arms)
                 seed_done(s)

@@ -197,6 +197,18 @@ def sigterm_stops(on: bool, distributed: bool = False) -> Iterator[None]:
 
 
 @contextmanager
+def stops_at_once() -> Iterator[None]:
+    """Runs that nobody resumes (the demo's, in its own process): a SIGTERM stops them at once, in a step or while a
+    run writes its end too, as the command line's handler does elsewhere (no step is let finish, no checkpoint
+    written for it). The handler's state is as before after the block."""
+    installed, _State.installed = _State.installed, False
+    try:
+        yield
+    finally:
+        _State.installed = installed
+
+
+@contextmanager
 def within_step() -> Iterator[None]:
     """A training step: a SIGTERM inside it waits for its end (see :func:`stop_requested`)."""
     _State.in_step = _State.installed
