@@ -601,7 +601,9 @@ def test_training_data_from_a_dataset_dict_folder_takes_its_train_split(tmp_path
     train.save_to_disk(str(tmp_path / "one"))
     assert len(load_spec(training_split(str(tmp_path / "both")))) == 5
     assert len(load_spec(str(tmp_path / "both"))) == 2  # (elsewhere: its test split)
-    assert training_split(str(tmp_path / "only_test")) == str(tmp_path / "only_test")
+    with pytest.raises(DataError, match="the splits test and no train split; name the one to train on as .*:SPLIT"):
+        training_split(str(tmp_path / "only_test"))  # (it trained on its test split)
+    assert len(load_spec(training_split(f"{tmp_path / 'only_test'}:test"))) == 2  # (named: taken as named)
     assert training_split(str(tmp_path / "one")) == str(tmp_path / "one")  # (a Dataset has no splits)
     for name in ("run:1", "mix+svamp", "q?x"):  # (PATH:train was cut at the first ':', '+' or '?')
         (tmp_path / "both").rename(tmp_path / name)
@@ -646,3 +648,30 @@ def test_an_object_naming_a_key_twice_is_warned_about_once_per_file(tmp_path: Pa
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_dataset(str(_write(tmp_path / f"ok.{suffix}", text.replace('"answer": "3", ', ""))))
+
+
+def test_a_path_holding_colon_plus_or_query_signs_is_one_path_to_keys_labels_and_checks(tmp_path: Path):
+    """``PATH:SPLIT`` loaded a folder named ``run:1`` or ``mix+svamp``, but its key, its label in results and the
+    ``--split`` check cut the path at the first ``:``, ``+`` or ``?`` (``mix+svamp --split valid`` was refused as
+    joined datasets; ``q?x --split train`` was labelled ``q:train?x``)."""
+    from dgrpo.cli.common import check_split
+    from dgrpo.cli.evaluate import dataset_label
+    from dgrpo.config import ConfigError
+    from dgrpo.data import dataset_key, local_path
+
+    for name in ("run:1", "mix+svamp", "q?x"):
+        folder = tmp_path / name
+        folder.mkdir()
+        assert local_path(str(folder)) == (str(folder), None)
+        assert local_path(f"{folder}:valid") == (str(folder), "valid")
+        assert dataset_key(f"{folder}:test") == dataset_key(str(folder), split="test") == f"{folder.resolve()}:test"
+        assert dataset_key(str(tmp_path / "." / name)) == str(folder.resolve())
+        assert dataset_label(f"{folder}:test", "valid") == dataset_label(str(folder), "valid") == f"{folder}:valid"
+        check_split(str(folder), "valid")  # (a folder: its split)
+        data_file = _write(folder / "d.jsonl", '{"question": "q", "answer": "1"}\n')
+        with pytest.raises(ConfigError, match="is a file, which has no splits"):
+            check_split(str(data_file), "valid")
+    assert local_path("builtin:test") is None and local_path("gsm8k:train") is None
+    assert local_path(f"{tmp_path / 'run:1'}:train+gsm8k") is None  # (joined: '+' follows the split)
+    with pytest.raises(ConfigError, match="joins datasets"):
+        check_split("builtin:test+builtin:ood_steps", "valid")

@@ -154,10 +154,12 @@ def check_split(data: str, split: str | None) -> None:
     datasets name each part's own (it replaced every part's: ``builtin:test+builtin:ood_steps --split valid`` was
     the valid split twice, labelled ``builtin:test+builtin:valid``)."""
     from ..config import ConfigError
+    from ..data import local_path
 
-    if split and Path(data).is_file():
+    at_a_path = local_path(data)
+    if split and at_a_path is not None and Path(at_a_path[0]).expanduser().is_file():
         raise ConfigError(f"--split {split}: {data} is a file, which has no splits (give the split's file)")
-    if split and "+" in data and not Path(data).exists():
+    if split and at_a_path is None and "+" in data:
         raise ConfigError(f"--split {split}: {data} joins datasets; name each part's split in --data (a:{split}+b:...)")
 
 

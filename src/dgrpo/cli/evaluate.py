@@ -126,11 +126,15 @@ def model_label(model: str, revision: str | None = None) -> str:
 def dataset_label(data: str, split: str | None) -> str:
     """How results name what was evaluated: ``--data``, with ``--split`` in place of a split it names (the option
     wins: ``builtin:test --split valid`` is ``builtin:valid``)."""
+    from ..data import local_path
+
     if not split:
         return data
+    at_a_path = local_path(data)
+    if at_a_path is not None:  # (a path may hold ':' and '?')
+        return f"{at_a_path[0]}:{split}"
     head, q, query = data.partition("?")
-    name = head.rsplit(":", 1)[0] if ":" in head and not Path(data).exists() else head
-    return f"{name}:{split}{q}{query}"
+    return f"{head.rsplit(':', 1)[0]}:{split}{q}{query}"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ from typing import Any
 from .loaders import DATASETS, canonical_name, column_parser, load_dataset, reads_from_the_hub
 from .records import DataError, Record, shared_questions, with_columns
 from .synthetic import load_builtin
-from .tables import hf_folder_splits, is_hf_folder
+from .tables import hf_folder_splits
 
 
 def columns_of(data=None, held_out: bool = False):
@@ -52,21 +52,41 @@ def load_hf_dataset(dataset: Any, split: str | None = None, data=None) -> list[R
     return with_columns(mapped_read(columns, where, read))
 
 
+def local_path(spec: str) -> tuple[str, str | None] | None:
+    """``(path, split)`` when ``spec`` names a local file or folder, alone or as ``PATH:SPLIT`` (split None when it
+    names none), whatever characters the path holds (``run:1``, ``mix+svamp``, ``q?x``); None for anything else (a
+    built-in or hub name, ``a+b``). ``PATH:SPLIT`` is read so only when no ``+`` follows the split: ``a:train+b`` joins.
+    The one reading of a path in a spec: loading, keys, labels and checks all take it from here."""
+    if spec.startswith("builtin"):
+        return None
+    if _exists(spec):
+        return spec, None
+    folder, colon, in_folder = spec.rpartition(":")
+    if colon and folder and "+" not in in_folder and _exists(folder):
+        return folder, in_folder
+    return None
+
+
+def _exists(path: str) -> bool:
+    try:
+        return Path(path).expanduser().exists()
+    except OSError:  # (a name too long for a path, say)
+        return False
+
+
 def _load_spec(spec: str, task, split: str | None, data, held_out: bool) -> list[Record]:
     columns = columns_of(data, held_out)
-    folder, colon, in_folder = spec.rpartition(":")
-    at_a_path = colon and "+" not in in_folder and not spec.startswith("builtin") and not Path(spec).exists()
-    if at_a_path and Path(folder).expanduser().exists():  # (PATH:SPLIT, whatever characters PATH holds)
-        return load_dataset(folder, split or in_folder, columns=columns)
-    if "+" in spec and not Path(spec).exists():
+    at_a_path = local_path(spec)
+    if at_a_path is not None:
+        path, in_path = at_a_path
+        return load_dataset(path, split or in_path, columns=columns)
+    if "+" in spec:
         parts = [part.strip() for part in spec.split("+")]
         if not all(parts):  # ('a+' dropped the empty part, '+' gave no records at all)
             raise DataError(f"{spec!r}: an empty part between '+' signs; join dataset names as in gsm_hard+svamp")
         return [r for part in parts for r in _load_spec(part, task, split, data, held_out)]
     if spec.startswith("builtin"):
         return load_builtin(spec, split, task)
-    if Path(spec).exists():
-        return load_dataset(spec, split, columns=columns)
     spec, _, query = spec.partition("?")
     name, _, in_name = spec.partition(":")
     return load_dataset(name, split or in_name or None, columns=columns, config=_hub_config(query, spec))
@@ -86,10 +106,13 @@ def dataset_key(spec: str, split: str | None = None) -> str:
     """What ``load_spec(spec, split=split)`` reads, as one comparable text: a built-in name with its aliases and
     case resolved and its split made explicit (``gsm-hard`` and ``GSM_Hard:test`` are both ``gsm_hard:test``), a
     path made absolute; ``split`` in place of a split the name gives, as load_spec takes it."""
-    if "+" in spec and not Path(spec).exists():
+    at_a_path = local_path(spec)
+    if at_a_path is not None:
+        path, in_path = at_a_path
+        chosen = split or in_path
+        return f"{Path(path).expanduser().resolve()}:{chosen}" if chosen else str(Path(path).expanduser().resolve())
+    if "+" in spec:
         return "+".join(dataset_key(part.strip(), split) for part in spec.split("+"))
-    if Path(spec).exists():
-        return str(Path(spec).resolve())
     if spec.startswith("builtin"):
         head, q, query = spec.partition("?")
         return f"{head.partition(':')[0]}:{split or head.partition(':')[2] or 'test'}{q}{query}"
@@ -101,20 +124,27 @@ def dataset_key(spec: str, split: str | None = None) -> str:
     return f"{key}:{chosen}{q}{query}" if chosen else f"{key}{q}{query}"
 
 
-__all__ = ["DataError", "Record", "dataset_key", "load_hf_dataset", "load_spec", "shared_questions"]
+__all__ = ["DataError", "Record", "dataset_key", "load_hf_dataset", "load_spec", "local_path", "shared_questions"]
 
 
 def training_split(spec: str) -> str:
     """``data.train`` as read: a dataset named without a split takes its ``train`` split when it has one (a name alone
     means the test split elsewhere), each part of ``a+b`` alike: a built-in dataset (``gsm8k`` -> ``gsm8k:train``,
-    ``builtin?n_steps=4`` -> ``builtin:train?n_steps=4``), a ``DatasetDict.save_to_disk`` folder that lists a train
-    split, and a hub dataset (``org/name?config=c`` -> ``org/name:train?config=c``: one without a train split is
-    then refused, naming its splits)."""
-    if "+" in spec and not Path(spec).exists():
+    ``builtin?n_steps=4`` -> ``builtin:train?n_steps=4``), a ``DatasetDict.save_to_disk`` folder and a hub dataset
+    (``org/name?config=c`` -> ``org/name:train?config=c``). A folder or hub dataset without a train split is refused,
+    naming its splits (a folder's test split was trained on)."""
+    at_a_path = local_path(spec)
+    if at_a_path is not None:
+        path, in_path = at_a_path
+        splits = hf_folder_splits(Path(path).expanduser()) if in_path is None else []
+        if splits and "train" not in splits:
+            raise DataError(
+                f"{path}: a DatasetDict folder with the splits {', '.join(splits)} and no train split; name the one "
+                f"to train on as {path}:SPLIT"
+            )
+        return f"{spec}:train" if splits else spec
+    if "+" in spec:
         return "+".join(training_split(part.strip()) for part in spec.split("+"))
-    path = Path(spec).expanduser()
-    if path.exists():
-        return f"{spec}:train" if is_hf_folder(path) and "train" in hf_folder_splits(path) else spec
     known = DATASETS.get(canonical_name(spec))
     if known is not None:
         return f"{spec}:train" if "train" in known.splits else spec
