@@ -5,7 +5,9 @@
 # and the items after it are skipped. bench/RESULTS.md says what each figure means.
 #
 #   bash bench/gpu_checks.sh [OUT_DIR] [BUDGET_S]      # default: runs/gpu_checks, 540 s
-#   ONLY="capture_smoke recipe_profile" bash bench/gpu_checks.sh ...   # just the items named (unknown names: refused)
+#   ONLY="capture_smoke recipe_profile" bash bench/gpu_checks.sh ...   # just the items named (unknown names: refused;
+#                                      # a smoke item left out gates nothing: the chain's items need chain_smoke named
+#                                      # to run only when its tests pass, the rest capture_smoke)
 #
 # OUT_DIR gets about a dozen files (a log per item, summary.txt, environment.txt, gpu_clocks.csv, the profiled
 # step's trace). Where only a few files come back from the node, bundle them after the run, the trace apart (it may
