@@ -106,7 +106,7 @@ def parse_args() -> argparse.Namespace:
     )
     ap.add_argument(
         "--trace",
-        default="",
+        default=None,
         metavar="PATH",
         help="with --profile: write the profiled step's Chrome trace here (.json, or .json.gz compressed) for "
         "Perfetto or chrome://tracing",
@@ -141,8 +141,11 @@ def parse_args() -> argparse.Namespace:
     if args.tiny and args.shape not in (None, QUICK.name):  # (None: --shape not given)
         ap.error(f"--tiny is --shape {QUICK.name}: give --shape {args.shape} or --tiny, not both")
     args.shape = QUICK.name if args.tiny else args.shape or QWEN25_15B.name
-    if args.trace and not args.profile:
+    if args.trace is not None and not args.profile:
         ap.error("--trace writes the profiled step's trace: add --profile")
+    if args.trace is not None and not args.trace.strip():
+        ap.error("--trace: an empty path; give the trace file's (or leave --trace out)")
+    args.trace = args.trace or ""
     if any(w < 1 for w in args.prompt_widths) or any(n < 0 for n in args.kept_groups):
         ap.error("--prompt-widths are positive and --kept-groups non-negative")
     return args

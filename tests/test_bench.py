@@ -470,6 +470,22 @@ def test_paper_step_refuses_bad_options_in_one_line(monkeypatch, argv, says):
 
 
 @pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--trace", ""], "--trace writes the profiled step's trace: add --profile"),
+        (["--trace", "t.json"], "--trace writes the profiled step's trace: add --profile"),
+        (["--profile", "--trace", " "], "--trace: an empty path"),
+    ],
+)
+def test_paper_step_refuses_a_trace_it_would_not_write(monkeypatch, capsys, argv, says):
+    """``--trace ""`` without --profile passed (an empty path read as no trace), and wrote nothing."""
+    monkeypatch.setattr(sys, "argv", ["paper_step.py", "--tiny", *argv])
+    with pytest.raises(SystemExit) as e:
+        _paper_step_module().parse_args()
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
     "argv, shape",
     [
         ([], "qwen2.5-1.5b"),
