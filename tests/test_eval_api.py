@@ -219,6 +219,17 @@ def test_mc_votes_group_numbers_as_the_verifier_compares_them(lm, monkeypatch):
     assert majority_vote(["5", "7", "7", "3.0000000001", "3"], numbers_agree) == "7"  # (two clusters of 2: 7 twice)
 
 
+def test_a_vote_for_a_number_scores_it_as_written_with_the_most_decimals_whatever_the_order(lm, monkeypatch):
+    """``36`` and ``36.00`` are one vote, but the verifier credits ``36.00`` to 2 decimals (right for 36.0000102016,
+    ``36`` wrong): the first completion of the vote was scored, so the order of the masks decided the question."""
+    from dgrpo.data.records import Record
+
+    recs = [Record("q", [], "36.0000102016")]
+    for texts in (["#### 36.00", "#### 36", "#### 7"], ["#### 36", "#### 36.00", "#### 7"]):
+        r = _mc_voted(lm, monkeypatch, recs, texts, n_masks=3)
+        assert (r.predictions[0]["pred"], r.predictions[0]["completion"], r.correct) == ("36", "#### 36.00", 1)
+
+
 def test_a_scorer_in_trls_form_gets_every_column_in_a_vote_and_on_a_shard(lm, monkeypatch):
     """Records made in Python need not share their ``meta`` keys. A vote scored only the records with a vote, so a
     scorer taking a column that only a record without a vote had was called in dgrpo's form (its ``unit`` got the

@@ -11,7 +11,15 @@ from hypothesis import strategies as st
 
 from dgrpo.data.records import DataError, Record
 from dgrpo.eval.scoring import exact
-from dgrpo.reward import extract_answer, format_number, is_parseable, normalize_number, parse_number, score
+from dgrpo.reward import (
+    ROUNDED_GOLD_DECIMALS,
+    extract_answer,
+    format_number,
+    is_parseable,
+    normalize_number,
+    parse_number,
+    score,
+)
 
 
 @pytest.mark.parametrize(
@@ -64,6 +72,21 @@ from dgrpo.reward import extract_answer, format_number, is_parseable, normalize_
         ("abc123", None),  # digits glued to a word are not a number
         ("1,2,3", "3"),  # not thousands groups
         ("12,5", "5"),
+        # after a marker, digits grouped otherwise than in thousands are no answer (they were read as the first group:
+        # "#### 2,5" scored 1 against 2)
+        ("#### 2,5", None),
+        ("#### 12,34", None),
+        ("#### 1,000,00", None),
+        ("The answer is 1,23,456", None),
+        ("#### 1,234, I think", "1234"),
+        # the en dash and the small and full-width hyphen-minus are a minus sign (the sign was dropped); a range's dash
+        # between numbers and the em dash are not
+        ("#### \u20135", "-5"),
+        ("The answer is \u2013 3.5", "-3.5"),
+        ("#### \ufe637", "-7"),
+        ("#### \uff0d7", "-7"),
+        ("3\u20135 apples", "5"),
+        ("#### \u2014 5", "5"),
         # an exponent right after the digits (GSM-Hard); not the e of a word, nor one without digits
         ("#### 2.0107e-06", "0.0000020107"),
         ("#### 1e3", "1000"),
@@ -262,11 +285,19 @@ def test_score(completion: str, gold: str | float | int, expected: float) -> Non
         ("#### 0.00", 5.158e-07, 0.0),
         ("#### 0.000002", 2.0107e-06, 1.0),  # 2.0107e-06 rounded to 6 decimals
         ("#### 0.000003", 2.0107e-06, 0.0),
+        # a gold written with 8 or more decimals is a rounded float (GSM-Hard's file rounds to 10): its exact value, to
+        # any precision, matches it (it scored 0 on 35 golds under 0.05); a value that rounds otherwise does not
+        ("#### 2.010666990518096e-06", 2.0107e-06, 1.0),
+        ("#### 0.00000201067", 2.0107e-06, 1.0),
+        ("#### 0.0016791647834367186", 0.0016791648, 1.0),
+        ("#### 0.0000020108", 2.0107e-06, 0.0),
+        ("#### 0.00000201076", 2.0107e-06, 0.0),  # (0.0000020108 at 10 decimals)
         # a whole-number gold takes a decimal off it by float noise alone (a program's print), exactly at any size
         ("#### 3431579.9999999995", 3431580, 1.0),
         ("#### 3431580.0000000005", 3431580, 1.0),
         ("#### 5.5", 5, 0.0),
         ("#### 4.999", 5, 0.0),
+        ("#### 3431579.999", 3431580, 0.0),  # (off by 0.001: not under it, as Decimal(1e-3) slightly over it had it)
         ("#### 109200001", 109200000, 0.0),
         ("#### 12345678901234567890.5", 12345678901234567890, 0.0),  # (equal as floats)
     ],
@@ -274,6 +305,15 @@ def test_score(completion: str, gold: str | float | int, expected: float) -> Non
 def test_score_gsm_hard_tolerance(completion: str, gold: float, expected: float) -> None:
     assert score(completion, gold) == expected
     assert score(completion, repr(gold)) == expected  # "2.0107e-06" as a string reads as the float does
+
+
+def test_a_short_gold_is_not_taken_as_rounded() -> None:
+    """Only a gold of ROUNDED_GOLD_DECIMALS or more decimals absorbs its own rounding: 2.5 is not 2.54."""
+    assert ROUNDED_GOLD_DECIMALS == 8
+    assert score("#### 2.54", "2.5") == 0.0 and score("#### 0.00000054", "0.0000005") == 0.0
+    # (8 decimals: a prediction that rounds to every digit the gold states matches it, one that does not does not)
+    assert score("#### 0.0000000504", "0.00000005") == score("#### 0.000000054", "0.00000005") == 1.0
+    assert score("#### 0.000000056", "0.00000005") == 0.0
 
 
 # ------------------------------------------------------------------ properties

@@ -12,6 +12,8 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "REL_TOL",
+    "ROUNDED_GOLD_DECIMALS",
+    "answer_decimals",
     "extract_answer",
     "final_answer_text",
     "format_number",
@@ -28,9 +30,15 @@ __all__ = [
 #: as much as ABS_NOISE_LIMIT (a relative 1e-6 accepted 3244048.1: an off-by-one on 170 of GSM-Hard's 303 such golds).
 REL_TOL = 1e-9
 ABS_NOISE_LIMIT = 1e-3
+#: A non-integer gold written with this many decimals or more is a float rounded at its last one (GSM-Hard's file
+#: rounds to 10: ``0.0000020107``): a prediction that rounds to it there is its value (the exact
+#: ``2.010666990518096e-06`` scored 0 on 35 of GSM-Hard's golds, under 0.05, where REL_TOL is finer than the rounding).
+ROUNDED_GOLD_DECIMALS = 8
 
-_MINUS = "-\u2212"  # ASCII hyphen-minus and the Unicode minus sign
-_SIGN = r"[-+\u2212]"
+# ASCII hyphen-minus, the Unicode minus sign, the en dash and the small and full-width hyphen-minus (``–5``: a model's
+# minus; the sign was dropped, so ``#### –5`` scored 1 against 5); not the em dash, a sentence's (``— 5 of them``)
+_MINUS = "-\u2212\u2013\ufe63\uff0d"
+_SIGN = rf"[{_MINUS}+]"  # (the hyphen first: no range)
 # The digits of one number: ``40,000`` (groups of exactly three after a comma), ``1234``, ``3.50``, ``.5``.
 _DIGITS = r"(?:[0-9]{1,3}(?:,[0-9]{3}(?![0-9]))+|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+"
 # A power of ten written right after the digits (GSM-Hard's ``2.0107e-06``, ``1E3``): e/E, a sign, 1-3 digits (a
@@ -51,6 +59,10 @@ _NUMBER_ALONE = re.compile(rf"\s*(?:(?P<s0>{_SIGN})[ \t]+)?{_NUMBER}\.?\s*")
 # ``\boxed{- 5}``, ``The answer is: - 5``, ``**Answer:** - 5``, ``$ - 5$``): the answer is negative. On the
 # marker's line only: a list's dash on the next line is no sign.
 _LONE_MINUS = re.compile(rf"[ \t:*$]*[{_MINUS}][ \t]+")  # (after ``is:``, ``**Answer:**``, a math ``$``)
+_NOISE_LIMIT = Decimal(str(ABS_NOISE_LIMIT))  # (exactly 0.001: Decimal(1e-3) is 0.0010000000000000000208...)
+#: a comma and a digit right after a number: the number's digits go on in groups not of three (``2,5``, ``12,34``,
+#: ``1,000,00``), so the number read is a part of what was written
+_BAD_GROUP = re.compile(r",[0-9]")
 _ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)
 
 
@@ -74,7 +86,11 @@ def _split_exponent(num: str) -> tuple[str, int]:
     """(digits without commas, power of ten) of a matched number: ``"2.0107e-06"`` -> ``("2.0107", -6)``,
     ``"40,000"`` -> ``("40000", 0)``."""
     mantissa, _, exponent = num.replace(",", "").replace("E", "e").partition("e")
-    return mantissa, int(exponent.replace("\u2212", "-")) if exponent else 0
+    return mantissa, int(_ascii_minus(exponent)) if exponent else 0
+
+
+def _ascii_minus(text: str) -> str:
+    return "".join("-" if ch in _MINUS else ch for ch in text)
 
 
 def _written_decimals(num: str) -> int:
@@ -128,6 +144,8 @@ def _find_answer(text: str) -> _Answer | None:
             gap = text[marker.end() : starts[i]]
             negated = _LONE_MINUS.fullmatch(gap) is not None
             if negated or not boxed or not gap.strip(" \t\n$\\"):  # (a box: spaces, $ or \$ first)
+                if _BAD_GROUP.match(text, numbers[i].end()):
+                    return None  # (``#### 2,5``: 2.5 or 25, not 2)
                 return _Answer(numbers[i], negated)
         if boxed:
             before = marker.start()
@@ -141,11 +159,11 @@ def extract_answer(text: str) -> str | None:
     ``#`` standing alone or of two or more (GSM8K's ``#### 42``, Coconut's ``### 42``, ``####42``; not the ``#`` of
     ``horse #12``, nor a markdown heading such as ``### Step 2: ...``), "The answer is" / "answer:"
     (case-insensitive) or ``\\boxed{`` (the number that opens the box; ``\\boxed{\\frac{1}{2}}`` has none); None
-    when no marker has a number after it
-    (``#### 1/2``, ``#### eighteen``, an answer cut off after ``####``: a number of the reasoning before the marker
-    is not the answer). A minus sign standing apart between the marker and the number, on its line, is the answer's
-    (``#### - 5`` -> ``"-5"``; between numbers, ``20 - 5``, it is a subtraction's). Without any marker, the last
-    number of the text. Thousands commas, ``$``, signs, decimals
+    when no marker has a number after it (``#### 1/2``, ``#### eighteen``, an answer cut off after ``####``: a number
+    of the reasoning before the marker is not the answer; ``#### 2,5``, ``#### 12,34``: digits grouped otherwise than
+    in thousands, which were read as 2 and 12). A minus sign standing apart between the marker and the number, on its
+    line, is the answer's (``#### - 5`` -> ``"-5"``; between numbers, ``20 - 5``, it is a subtraction's).
+    Without any marker, the last number of the text. Thousands commas, ``$``, signs, decimals
     (``3.50``, ``.5``), an exponent written right after the digits (``2.0107e-06``, ``1E3``; not the ``e`` of
     ``3 eggs``) and a trailing period are handled; a fraction (``1/2``) is not read as a number (nor as its
     numerator):
@@ -154,6 +172,14 @@ def extract_answer(text: str) -> str | None:
     """
     found = _find_answer(text)
     return found.canonical() if found is not None else None
+
+
+def answer_decimals(text: str) -> int:
+    """The decimals a completion's final answer (:func:`extract_answer`) is written to, in plain notation
+    (``#### 36.00``: 2, which its normalised ``"36"`` drops; ``#### 2.01e-06``: 8; 0 without an answer): the precision
+    :func:`numbers_match` credits it with."""
+    found = _find_answer(text)
+    return _written_decimals(found.match.group("num")) if found is not None else 0
 
 
 def is_parseable(completion_text: str) -> bool:
@@ -294,13 +320,16 @@ def numbers_match(pred: str, gold: str, decimals: int | None = None) -> bool:
     if "." not in gold:  # whole-number gold: the integer, or a decimal off it by float noise alone (exactly: no
         # float rounding at any size), as a program prints it (3431579.9999999995 for 3431580)
         off = abs(p - g)
-        return "." in pred and off <= Decimal(REL_TOL) * max(abs(p), abs(g)) and off < Decimal(ABS_NOISE_LIMIT)
+        return "." in pred and off <= Decimal(REL_TOL) * max(abs(p), abs(g)) and off < _NOISE_LIMIT
     pf, gf = float(p), float(g)
     if not (math.isfinite(pf) and math.isfinite(gf)):
         return False
     diff = abs(pf - gf)
     if diff <= REL_TOL * max(abs(pf), abs(gf)) and diff < ABS_NOISE_LIMIT:
         return True
+    gold_decimals = len(gold.partition(".")[2])
+    if gold_decimals >= ROUNDED_GOLD_DECIMALS and abs(p - g) <= Decimal(f"0.5e-{gold_decimals}"):
+        return True  # (the gold is the prediction rounded, at the gold's last decimal)
     if decimals is None:
         decimals = len(pred.partition(".")[2])
     return decimals >= 2 and pf != 0 and diff <= 0.5 * 10.0**-decimals * (1 + 1e-9)
@@ -345,6 +374,9 @@ def score(completion_text: str, gold_answer: Any) -> float:
       (``|pred - gold| <= 0.5 * 10**-d``): ``"2.33"``, ``"2.3333"`` and (for ``2.30001``) ``"2.30"``
       score 1.0; ``"2.3"``, ``"2"``, ``"2.34"`` score 0.0, and so do ``"3244048.1"`` and ``"3244047"`` for
       ``3244047.1``. There is no absolute tolerance, so neither ``"0"`` nor ``"0.00"`` matches ``5.158e-07``.
+      A gold written with ``d >= 8`` decimals (:data:`ROUNDED_GOLD_DECIMALS`; GSM-Hard's file rounds to 10) is a
+      rounded float, matched by any prediction that rounds to it at its ``d`` decimals: the exact
+      ``2.010666990518096e-06`` for ``0.0000020107``.
     * an exponent is read on either side (GSM-Hard writes golds such as ``"2.0107e-06"``): ``"0.0000020107"``
       and ``"2.0107e-06"`` are the same number, and a prediction in scientific notation is written to the decimals
       of its plain form (``"2.01e-06"``: 8).

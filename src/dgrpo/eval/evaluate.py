@@ -23,7 +23,7 @@ from ..data.records import Record, check_records, with_columns
 from ..model.latent_lm import LatentLM
 from ..perturbation import Perturbation
 from ..perturbation.base import as_seeds, row_sampling_uniforms, text_seed, to_device
-from ..reward import extract_answer, is_parseable, normalize_number, normalize_text, numbers_agree
+from ..reward import answer_decimals, extract_answer, is_parseable, normalize_number, normalize_text, numbers_agree
 from .scoring import ScoreFn, build_scorer, call_checked, choice, choice_letter, final_answer_text, numeric
 
 if TYPE_CHECKING:
@@ -568,7 +568,7 @@ def _voted(records: list[Record], texts: list[str], n_masks: int, scorer: ScoreF
         votes = [vote_key(scorer, t, r.answer) for t in mine]
         vote = majority_vote(votes, numbers_agree if scorer is numeric and _numeric_gold(r.answer) else None)
         if vote is not None:
-            chosen[j] = next(t for t, v in zip(mine, votes) if v == vote)
+            chosen[j] = _voted_completion(mine, votes, vote, scorer is numeric and _numeric_gold(r.answer))
         preds.append({"question": r.question, "gold": r.answer, "votes": votes, "pred": vote})
     scores = (
         call_checked(scorer, scorer_name(scorer), list(chosen.values()), [records[j] for j in chosen], "scorer")
@@ -579,6 +579,14 @@ def _voted(records: list[Record], texts: list[str], n_masks: int, scorer: ScoreF
     for j, p in enumerate(preds):  # (a question without a vote shows its first completion)
         p.update(completion=chosen.get(j, texts[j * n_masks]), correct=ok.get(j, False))
     return preds, sum(ok.values())
+
+
+def _voted_completion(texts: list[str], votes: list[str | None], vote: str, numeric_gold: bool) -> str:
+    """The completion scored for a vote: the first that gave it, or, for a number, the one that wrote it with the most
+    decimals (the first of those): ``36`` and ``36.00`` are one vote, but the verifier credits ``36.00`` to 2 decimals
+    (a gold of 36.0000102016), so which of them came first decided the question."""
+    given = [t for t, v in zip(texts, votes) if v == vote]
+    return max(given, key=answer_decimals) if numeric_gold else given[0]
 
 
 def evaluate_mc_vote(
@@ -609,7 +617,8 @@ def evaluate_mc_vote(
     exactly as that completion would in :func:`evaluate`. ``unparseable`` counts (numeric scorer only, as in
     :func:`evaluate`) the questions none of whose completions holds an answer. ConfigError when question, latents
     and answer do not fit the model's context; ValueError when ``n_masks`` < 1. The scorer gets records as
-    :func:`evaluate` gives them (every column of ``records`` and ``columns``), whichever of them have a vote."""
+    :func:`evaluate` gives them (every column of ``records`` and ``columns``), whichever of them have a vote. Of the
+    completions giving the majority number, the one written with the most decimals is scored (``36.00`` over ``36``)."""
     if n_masks < 1:
         raise ValueError(f"evaluate_mc_vote: n_masks must be >= 1 (completions voting per question), got {n_masks}")
     _check_counts("evaluate_mc_vote", batch_size=batch_size, max_question_tokens=max_question_tokens)
