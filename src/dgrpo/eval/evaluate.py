@@ -288,8 +288,8 @@ def evaluate(
     columns: Iterable[str] = (),
 ) -> EvalResult:
     """Greedy (by default) pass@1, with no perturbation unless ``perturbation`` (then question i is answered under the
-    mask its own seed draws: :func:`mask_seeds` of ``seed`` and its text). ``scorer`` decides what is correct (a
-    value > 0.5; a function or an ``eval.scorer`` name; default: the numeric verifier, which also counts unparseable
+    mask its own seed draws: :func:`mask_seeds` of ``seed`` and its text). ``scorer`` decides what is correct (1,
+    else 0; a function or an ``eval.scorer`` name; default: the numeric verifier, which also counts unparseable
     outputs). ``limit`` > 0 evaluates the first ``limit`` records (after the ``shots`` of a plain prompt). ValueError
     for negative counts, ``shots`` without ``plain`` and ``shots`` that leave no record to evaluate.
 
@@ -385,7 +385,7 @@ def _numeric_gold(gold: str) -> bool:
 
 def _graded(records: list[Record], texts: list[str], scorer: ScoreFn) -> tuple[list[dict], int, int]:
     """(one prediction row per record, how many are correct, how many have no parseable number): ``scorer``'s
-    value > 0.5 is correct, checked as a reward is. ``pred`` is the answer as the scorer reads it; only the numeric
+    verdict (1 or 0) is checked as a reward is. ``pred`` is the answer as the scorer reads it; only the numeric
     verifier's outputs for numeric golds count as unparseable (for a text gold it compares the text after the
     last ``#``)."""
     is_numeric = scorer is numeric

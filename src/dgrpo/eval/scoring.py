@@ -37,7 +37,7 @@ from typing import Any, cast
 from ..config import reward_name
 from ..data.records import Record, data_columns
 from ..plugins import PluginError, import_object
-from ..reward import final_answer_text, normalize_text, score
+from ..reward import final_answer_text, normalize_number, normalize_text, score
 
 ScoreFn = Callable[[list[str], list[Record]], Sequence[float]]
 
@@ -57,11 +57,18 @@ def numeric(completions: list[str], records: list[Record]) -> list[float]:
 
 
 def exact(completions: list[str], records: list[Record]) -> list[float]:
-    """The final answer text equals the gold after normalisation (case, spacing, a trailing period)."""
-    return [
-        float(normalize_text(final_answer_text(c, str(r.answer))) == normalize_text(str(r.answer)))
-        for c, r in zip(completions, records)
-    ]
+    """The final answer text equals the gold after normalisation (case, spacing, a trailing period); a gold that is a
+    number, which the loaders keep normalised (``$3.50`` is ``3.5``, ``007`` is ``7``), is equal to the answer text
+    normalised alike (``#### $3.50`` and ``#### 007`` were wrong for the golds their own text was read as)."""
+    return [_exact(c, str(r.answer)) for c, r in zip(completions, records)]
+
+
+def _exact(completion: str, gold: str) -> float:
+    answer = normalize_text(final_answer_text(completion, gold))
+    number = normalize_number(gold)
+    if number is not None and normalize_number(answer) == number:
+        return 1.0
+    return float(answer == normalize_text(gold))
 
 
 _LETTER = re.compile(r"(?<![A-Za-z])(\()?([A-E])(?![A-Za-z])(\)|[.:])?")
@@ -173,8 +180,9 @@ def call_checked(
 ) -> list[float]:
     """``fn(completions, records)`` (a function in TRL's form, :func:`trl_style`: ``fn(**trl_columns(...))``),
     checked: it must return one finite number per completion (an error names it as ``what``: a reward, or a scorer in
-    evaluation). ``columns``: those of the whole data (:func:`data_columns`), so that the form a function is called
-    in, and the keywords it gets, do not depend on which records a batch holds."""
+    evaluation, whose values must be 1 or 0: a verdict). ``columns``: those of the whole data (:func:`data_columns`),
+    so that the form a function is called in, and the keywords it gets, do not depend on which records a batch
+    holds."""
     columns, by_keyword = trl_columns(completions, records, columns), cast(Callable[..., Any], fn)
     trl = trl_style(fn, columns)
     if not trl and trl_style(fn):
@@ -213,6 +221,11 @@ def call_checked(
                 shape = tuple(getattr(returned, "shape", ()))
                 why = f": it returned an array of shape {shape}; one number per completion is 1-D"
             raise RewardError(f"{what} {name} returned {v!r} for row {i} (question {records[i].question[:60]!r}){why}")
+        if what == "scorer" and x not in (0.0, 1.0):  # (a graded value was counted as correct above 0.5)
+            raise RewardError(
+                f"scorer {name} returned {v!r} for row {i} (question {records[i].question[:60]!r}): a scorer's "
+                "verdict is 1 (correct) or 0 (wrong); a graded value belongs in a reward (grpo.reward)"
+            )
         out.append(x)
     return out
 
