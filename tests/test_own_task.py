@@ -418,6 +418,10 @@ def test_builtin_scorers():
 
     r = [Record("q", [], "Tom is a wumpus."), Record("q", [], "B"), Record("q", [], "40")]
     assert exact(["#### tom is a WUMPUS", "#### C", "x"], r) == [1.0, 0.0, 0.0]
+    # a number gold is kept normalised by the loaders ("$3.50" is 3.5, "007" is 7): the answer is read alike
+    numbers = [Record("q", [], "3.5"), Record("q", [], "7"), Record("q", [], "40000")]
+    assert exact(["#### $3.50", "#### 007", "#### 40,000."], numbers) == [1.0, 1.0, 1.0]
+    assert exact(["#### 3.51", "#### 7 apples", "#### 4000"], numbers) == [0.0, 0.0, 0.0]
     # Coconut's checkpoints write "### answer" (Coconut reads the text after the last '#'): it was scored 0
     assert exact(["Tom is a lempus. ### Tom is a wumpus.", "### Tom is a lempus."], [r[0], r[0]]) == [1.0, 0.0]
     assert choice(["The answer is (B).", "#### b", "#### B", "#### D, not B"], [r[1]] * 4) == [1.0, 1.0, 1.0, 0.0]
@@ -688,6 +692,15 @@ def test_eval_of_a_file_without_the_checkpoints_steps_column(sft_checkpoint, tmp
     r = run_cli("eval", "--model", model, "--data", data, "--out", tmp_path / "e")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "e" / "results.json").read_text())["n"] == 3
+    # one key of the mapping given, over the checkpoint's others: it was refused ("question_key and answer_key go
+    # together"), the options validated before the checkpoint's settings were under them
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"prompt": f"Start at {i}. Answer?", "gold": i}) + "\n" for i in range(2)))
+    r = run_cli("eval", "--model", model, "--data", other, "--set", "data.answer_key=gold", "--out", tmp_path / "f")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "f" / "results.json").read_text())["n"] == 2
+    r = run_cli("eval", "--model", model, "--data", other, "--set", "data.question_key=", "--out", tmp_path / "g")
+    assert r.returncode == 2 and "question_key and answer_key go together" in r.stderr  # (still checked, merged)
 
 
 def test_a_run_validates_and_tests_on_files_without_the_training_datas_steps_column(tmp_path, run_cli):
@@ -1067,6 +1080,12 @@ def test_evaluate_checks_a_scorer_as_training_checks_a_reward(sft_checkpoint):
         evaluate(lm, recs, scorer=short, max_new_tokens=4, progress=False)
     with pytest.raises(RewardError, match="returned nan for row 0"):
         evaluate(lm, recs, scorer=lambda c, r: [float("nan")] * len(c), max_new_tokens=4, progress=False)
+
+    def closeness(completions, records):  # (a graded value: counted as correct above 0.5, 92.5% for a 5% model)
+        return [1.0, True, 0, 0.925][: len(completions)]
+
+    with pytest.raises(RewardError, match=r"scorer closeness returned 0.925 for row 3 .*: a scorer's verdict is 1 "):
+        evaluate(lm, recs, scorer=closeness, max_new_tokens=4, progress=False)
     lm.train()
     evaluate_mc_vote(lm, recs, LockedDropout(p=0.1), n_masks=2, max_new_tokens=4, progress=False)
     assert lm.training

@@ -1553,10 +1553,12 @@ def load_config(
     overrides: list[str] | None = None,
     *,
     start: dict | None = None,
+    validate: bool = True,
 ) -> Any:
     """Defaults of ``cls``, then ``start`` (a nested dict of values, e.g. the settings a checkpoint was trained
     with), then each file (its ``base:`` chain first; several files apply in order), then ``--set key=value``;
-    validated."""
+    validated (``validate=False``: each value is checked as it is set, the rules between keys not yet: a part of
+    the settings, applied later over others)."""
     cfg = cls()
     if start:
         _merge(cfg, start, "")
@@ -1567,7 +1569,8 @@ def load_config(
             raise ConfigError(f"--set expects key=value, got {ov!r} (a positional argument goes before --set)")
         k, v = ov.split("=", 1)
         set_value(cfg, k.strip(), v.strip())
-    cfg.validate()
+    if validate:
+        cfg.validate()
     return cfg
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .common import add_config_options, check_split, load, prompt_settings, refuse_torchrun, setup, subcommand
+from .common import add_config_options, check_split, prompt_settings, refuse_torchrun, setup, subcommand
 
 if TYPE_CHECKING:
     import torch
@@ -205,7 +205,7 @@ def _eval_config(args: argparse.Namespace) -> Config:
     commit, whose weights then load); ``--out`` checked first, before anything is read from the checkpoint."""
     from ..config import Config, ConfigError, load_config
     from ..model.sources import on_disk
-    from ..training.run import check_not_a_training_run
+    from ..training.run import check_not_a_training_run, check_output_path
     from .train import absolute_file
 
     extra = []
@@ -215,7 +215,10 @@ def _eval_config(args: argparse.Namespace) -> Config:
         extra.append("eval.plain=true")
     if args.shots is not None:
         extra.append(f"eval.shots={args.shots}")
-    given = load(args, extra)  # validates the options and --out
+    # the options alone, each value checked, and --out; the rules between keys only over the checkpoint's settings
+    # (data.answer_key alone completes the column mapping the checkpoint records: it was refused for want of the rest)
+    given = load_config(Config, list(args.config), [*args.overrides, *extra], validate=False)
+    check_output_path(args.out)
     check_not_a_training_run(args.out)
     if not args.model.strip():
         raise ConfigError("--model is empty: name a checkpoint directory, a run directory or a hub id")
