@@ -377,10 +377,10 @@ def test_mc_vote_votes_on_the_answers_the_scorer_reads(tokenizer, monkeypatch):
         "completion"
     ] == "#### 2.50"
     assert (r.correct, r.accuracy, r.unparseable, r.scorer) == (2, 2 / 3, 1, "numeric")
-    # exact: "2.50", "the answer is 3", "2.5" tie, the first ("2.50") is not "2.5" as text; "no idea" wins q3
+    # exact: "2.50" and "2.5" are one number to it (the gold a number), against "the answer is 3"; "no idea" wins q3
     r = ev.evaluate_mc_vote(lm, recs, drop, n_masks=3, progress=False, scorer=exact)
-    assert [p["pred"] for p in r.predictions] == ["tom is a lempus", "2.50", "no idea"]
-    assert (r.correct, r.unparseable, r.scorer) == (1, 0, "exact")
+    assert [p["pred"] for p in r.predictions] == ["tom is a lempus", "2.5", "no idea"]
+    assert (r.correct, r.unparseable, r.scorer) == (2, 0, "exact")
 
     def mine(completions, records):  # a plug-in: votes on its final text, the chosen completion scored by it
         return [float(c.endswith("2.50")) for c in completions]

@@ -24,7 +24,7 @@ from ..model.latent_lm import LatentLM
 from ..perturbation import Perturbation
 from ..perturbation.base import as_seeds, row_sampling_uniforms, text_seed, to_device
 from ..reward import answer_decimals, extract_answer, is_parseable, normalize_number, normalize_text, numbers_agree
-from .scoring import ScoreFn, build_scorer, call_checked, choice, choice_letter, final_answer_text, numeric
+from .scoring import ScoreFn, build_scorer, call_checked, choice, choice_letter, exact, final_answer_text, numeric
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -519,12 +519,15 @@ def vote_key(scorer: ScoreFn, text: str, gold: str) -> str | None:
     ``numeric``: the normalised final number (:func:`extract_answer`) for a numeric gold, and for a text gold (ProsQA)
     the normalised text after the last ``#``, which is what :func:`dgrpo.reward.score` compares; ``choice``: the
     letter A-E; ``exact`` and any plug-in: the normalised final answer text (after the last ``#``:
-    :func:`dgrpo.reward.final_answer_text`)."""
+    :func:`dgrpo.reward.final_answer_text`), for ``exact`` and a numeric gold its number if it is one."""
     if scorer is choice:
         return choice_letter(text)
     if scorer is numeric and _numeric_gold(gold):
         return extract_answer(text)
-    return normalize_text(final_answer_text(text, gold)) or None
+    answer = normalize_text(final_answer_text(text, gold))
+    if scorer is exact and _numeric_gold(gold):  # (exact reads a number gold's answer as a number: 2.50 is 2.5)
+        return normalize_number(answer) or answer or None
+    return answer or None
 
 
 @torch.no_grad()
