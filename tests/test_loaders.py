@@ -675,3 +675,25 @@ def test_a_path_holding_colon_plus_or_query_signs_is_one_path_to_keys_labels_and
     assert local_path(f"{tmp_path / 'run:1'}:train+gsm8k") is None  # (joined: '+' follows the split)
     with pytest.raises(ConfigError, match="joins datasets"):
         check_split("builtin:test+builtin:ood_steps", "valid")
+
+
+def test_a_dataset_dict_of_several_splits_and_no_test_split_is_read_only_with_a_split_named(tmp_path: Path):
+    """``data.test=FOLDER`` of a ``{train, validation}`` DatasetDict evaluated its first split, the training data,
+    without a word; its only split, or the one named, is read."""
+    datasets = pytest.importorskip("datasets")
+    from dgrpo.data import load_hf_dataset, load_spec
+
+    rows = [{"question": f"What is {i} plus 1?", "answer": f"#### {i + 1}"} for i in range(5)]
+    both = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows), "validation": datasets.Dataset.from_list(rows[:2])}
+    )
+    both.save_to_disk(str(tmp_path / "dd"))
+    says = f"the splits train, validation and no test split; name the one to read as {tmp_path / 'dd'}:SPLIT"
+    with pytest.raises(DataError, match=re.escape(says)):
+        load_spec(str(tmp_path / "dd"), held_out=True)
+    assert len(load_spec(f"{tmp_path / 'dd'}:validation")) == 2
+    with pytest.raises(DataError, match=r"no test split; name the one to read as load_hf_dataset\(\.\.\., split="):
+        load_hf_dataset(both)
+    assert len(load_hf_dataset(both, split="train")) == 5
+    datasets.DatasetDict({"validation": both["validation"]}).save_to_disk(str(tmp_path / "one"))
+    assert len(load_spec(str(tmp_path / "one"))) == 2  # (its only split)

@@ -47,7 +47,9 @@ def load_hf_dataset(dataset: Any, split: str | None = None, data=None) -> list[R
     where, columns = f"the {type(dataset).__name__} given", columns_of(data)
 
     def read() -> list[Record]:
-        return rows_to_records(split_rows(dataset, split, where), where, "dataset", columns)
+        return rows_to_records(
+            split_rows(dataset, split, where, "load_hf_dataset(..., split=...)"), where, "dataset", columns
+        )
 
     return with_columns(mapped_read(columns, where, read))
 

@@ -17,7 +17,7 @@ from ..reward import normalize_number
 from .records import DataError, Record
 from .subsets import OPENMATH_HUB_ID, sample_subset, stream_openmath
 from .synthetic import load_builtin
-from .tables import dataset_rows, is_hf_folder, read_csv_lines, read_hf_folder, read_parquet
+from .tables import dataset_rows, is_hf_folder, read_csv_lines, read_hf_folder, read_parquet, unnamed_split
 
 __all__ = ["DATASETS", "HUB_DATASETS", "DatasetSpec", "find_data_dir", "load_dataset"]
 
@@ -594,11 +594,13 @@ def _load_from_hub(
         )
     try:
         loaded = datasets.load_dataset(repo, config, split=split)
-        if split is None:  # a DatasetDict: take test if present, else the first split
-            names = list(loaded.keys())
-            split = "test" if "test" in names else names[0]
+        if split is None:  # a DatasetDict: its test split, or its only one
+            named = f"{repo}:SPLIT" + (f"?config={config}" if config else "")
+            split = unnamed_split(list(loaded.keys()), f"hub dataset {repo!r}", named)
             loaded = loaded[split]
         rows = dataset_rows(loaded)
+    except DataError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any hub/network/format failure becomes one DataError line
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
         if "Config name is missing" in str(exc):
@@ -754,8 +756,9 @@ def load_dataset(
     * any other name: a Hugging Face hub dataset, read through the optional ``datasets`` package (``config``:
       which of its configs, for a dataset that has several, e.g. ``main`` of ``openai/gsm8k``).
 
-    ``split=None`` picks ``test`` when the dataset has one, else its first (for ProsQA the only,
-    ``valid``) split. Numeric answers are normalised number strings (``"40,000"`` -> ``"40000"``).
+    ``split=None`` picks ``test`` when the dataset has one, else its only split (ProsQA's ``valid``); a folder or hub
+    dataset of several splits and no test split is a DataError naming them (its first, often ``train``, was read).
+    Numeric answers are normalised number strings (``"40,000"`` -> ``"40000"``).
 
     ``columns`` (:func:`column_parser`) maps the keys of files that are not a known format.
 

@@ -88,8 +88,8 @@ def read_parquet(path: Path) -> list[dict[str, Any]]:
 
 
 def read_hf_folder(path: Path, split: str | None) -> list[dict[str, Any]]:
-    """The rows of a ``save_to_disk`` folder: a Dataset, or one split of a DatasetDict (``test`` if present, else
-    the first, unless ``split`` names one)."""
+    """The rows of a ``save_to_disk`` folder: a Dataset, or one split of a DatasetDict (``split``, else its test split
+    or its only one: :func:`unnamed_split`)."""
     datasets = _datasets(f"{path}: reading a Hugging Face dataset folder")
     try:
         loaded = datasets.load_from_disk(str(path))
@@ -98,18 +98,27 @@ def read_hf_folder(path: Path, split: str | None) -> list[dict[str, Any]]:
     return split_rows(loaded, split, str(path))
 
 
-def split_rows(loaded: Any, split: str | None, where: str) -> list[dict[str, Any]]:
-    """The rows of a ``datasets.Dataset``, or of one split of a ``DatasetDict`` (``test`` if present, else the first,
-    unless ``split`` names one; ``split`` given with a Dataset, which has none, is a DataError)."""
+def split_rows(loaded: Any, split: str | None, where: str, name_one: str = "") -> list[dict[str, Any]]:
+    """The rows of a ``datasets.Dataset``, or of one split of a ``DatasetDict`` (``split``, else :func:`unnamed_split`;
+    ``split`` given with a Dataset, which has none, is a DataError). ``name_one``: how a split is named (``PATH:SPLIT``
+    for a folder, the default)."""
     if hasattr(loaded, "features"):  # a Dataset
         if split is not None:
             raise DataError(f"{where} is one split (a Dataset, not a DatasetDict): give no split")
         return dataset_rows(loaded)
     names = list(loaded.keys())
-    chosen = split or ("test" if "test" in names else names[0])
+    chosen = split or unnamed_split(names, where, name_one or f"{where}:SPLIT")
     if chosen not in names:
         raise DataError(f"{where}: has splits {', '.join(names)}; got {chosen!r}")
     return dataset_rows(loaded[chosen])
+
+
+def unnamed_split(names: list[str], where: str, name_one: str) -> str:
+    """The split a dataset of the splits ``names`` means when none is named: ``test``, or its only split. Several and
+    no test is a DataError naming them (``name_one``: how to name one): the first, often ``train``, was evaluated."""
+    if "test" in names or len(names) == 1:
+        return "test" if "test" in names else names[0]
+    raise DataError(f"{where}: the splits {', '.join(names)} and no test split; name the one to read as {name_one}")
 
 
 def dataset_rows(dataset: Any) -> list[dict[str, Any]]:
