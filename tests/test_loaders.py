@@ -536,10 +536,16 @@ def test_held_out_data_need_not_have_the_steps_column(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"missing field 'reasoning' \(data\.steps_key\) in every record"):
         load_spec(str(path), data=mapping)  # (training data: a misspelt key would train no steps)
     assert [r.answer for r in load_spec(str(path), data=mapping, held_out=True)] == ["2", "5"]
-    with pytest.raises(DataError, match=r"line 1: missing field 'question' \(data\.question_key\)$"):
+    fields = "; the row's fields: 'prompt', 'target', 'work'$"
+    with pytest.raises(DataError, match=r"line 1: missing field 'question' \(data\.question_key\)" + fields):
         load_spec(str(path), data=DataConfig(question_key="question", answer_key="target"), held_out=True)
-    with pytest.raises(DataError, match=r"line 1: missing field 'answer' \(data\.answer_key\)$"):
+    with pytest.raises(DataError, match=r"line 1: missing field 'answer' \(data\.answer_key\)" + fields):
         load_spec(str(path), data=DataConfig(question_key="prompt", answer_key="answer"), held_out=True)
+    # a file of another delimiter: one column, named by the whole header line ('prompt' is in it, but no field)
+    semi = _write(tmp_path / "semi.csv", "prompt;target\nWhat is 2+2?;4\n")
+    says = "line 2: missing field 'prompt' (data.question_key); the row's fields: 'prompt;target' (one column: is the"
+    with pytest.raises(DataError, match=re.escape(says)):
+        load_spec(str(semi), data=DataConfig(question_key="prompt", answer_key="target"), held_out=True)
 
 
 def test_top_level_load_dataset_refuses_a_split_of_a_file_and_takes_a_column_mapping(tmp_path: Path) -> None:

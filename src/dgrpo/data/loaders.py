@@ -36,7 +36,12 @@ def _field(row: dict[str, Any], key: str, option: str = "") -> Any:
     """``row[key]``; a row without it is a _RowError, naming the ``option`` that named the column (a mapping's, which
     may come from a checkpoint's run)."""
     if key not in row:
-        raise _RowError(f"missing field {key!r}" + (f" ({option})" if option else ""))
+        named = f" ({option})" if option else ""
+        columns = [str(k) for k in row]
+        one = columns[0] if len(columns) == 1 else ""
+        apart = " (one column: is the file comma-separated?)" if any(c in one for c in ";\t|") else ""
+        shown = ", ".join(repr(c[:40]) for c in columns[:12]) + (", ..." if len(columns) > 12 else "")
+        raise _RowError(f"missing field {key!r}{named}; the row's fields: {shown or 'none'}{apart}")
     return row[key]
 
 

@@ -87,7 +87,8 @@ def check_special_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
         pad = "" if tokenizer.pad_token_id is None else " (it has a pad token, but answers end with EOS)"
         raise ValueError(
             f"the tokenizer has no EOS token{pad}: set one before building the LatentLM "
-            "(tokenizer.eos_token = '<eos>', a token of its vocabulary or a new one)"
+            "(tokenizer.eos_token = '<eos>', a token of its vocabulary or a new one; for a model folder, "
+            "\"eos_token\" in its tokenizer_config.json)"
         )
 
 
