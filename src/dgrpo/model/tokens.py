@@ -88,7 +88,7 @@ def check_special_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
         raise ValueError(
             f"the tokenizer has no EOS token{pad}: set one before building the LatentLM "
             "(tokenizer.eos_token = '<eos>', a token of its vocabulary or a new one; for a model folder, "
-            "\"eos_token\" in its tokenizer_config.json)"
+            '"eos_token" in its tokenizer_config.json)'
         )
 
 
