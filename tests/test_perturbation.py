@@ -447,6 +447,43 @@ def test_seeds_are_integers_one_per_row(tokenizer):
         assert pb is not None
 
 
+def test_a_kind_of_ones_own_built_on_hooked_perturbation_as_the_readme_says(tokenizer, task_records):
+    """The README's recipe for a kind of one's own (``HookedPerturbation`` holds the forward hooks) could not be
+    followed: it was not in ``dgrpo.perturbation``, and the hook a subclass defines was the private ``_hook``."""
+    from dgrpo.model.anatomy import find_sites
+    from dgrpo.perturbation import HookedPerturbation, Perturbation
+
+    class Scaled(HookedPerturbation):  # each row's MLP outputs times a factor drawn from its seed
+        def __init__(self, modules, seeds):
+            super().__init__(modules, perturb_prompt=True)
+            self.factors = torch.stack([torch.rand(1, generator=torch.Generator().manual_seed(int(s))) for s in seeds])
+
+        def hook(self, k):
+            return lambda module, args, output: output * (1 + self.factors[:, :, None]) if self.active else output
+
+    class ScaleKind(Perturbation):
+        @classmethod
+        def from_config(cls, cfg):
+            return cls()
+
+        def bind(self, lm, seeds):
+            return Scaled([site.module for site in find_sites(lm.model, ["mlp"], "all")], seeds)
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
+    with torch.no_grad():
+        clean = lm.prefill(ids, mask, 2, markers=False).last_hidden
+        runs = []
+        for _ in range(2):
+            with ScaleKind().bind(lm, torch.tensor([1, 2])) as pb:
+                runs.append(lm.prefill(ids, mask, 2, markers=False, perturbation=pb).last_hidden)
+        after = lm.prefill(ids, mask, 2, markers=False).last_hidden
+    assert torch.equal(runs[0], runs[1]) and not torch.allclose(runs[0], clean)  # (replayed from the seeds alone)
+    assert torch.equal(after, clean)  # (the hooks removed on leaving)
+    with pytest.raises(NotImplementedError, match="HookedPerturbation must define hook"):
+        HookedPerturbation([], perturb_prompt=True).hook(0)
+
+
 def test_a_kind_of_ones_own_registered_in_python_or_named_by_its_class(tmp_path, monkeypatch):
     """register checked nothing (a built-in kind replaced for the process, a class of no Perturbation); a kind's
     missing method was a bare NotImplementedError; and the command line had no way to use a kind of one's own,

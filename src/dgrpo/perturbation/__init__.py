@@ -25,7 +25,16 @@ from typing import TYPE_CHECKING
 
 from ..config import ConfigError
 from ..plugins import PluginError, import_object
-from .base import PERTURBATIONS, BoundPerturbation, NoPerturbation, Perturbation, as_seeds, register, seeds_for
+from .base import (
+    PERTURBATIONS,
+    BoundPerturbation,
+    HookedPerturbation,
+    NoPerturbation,
+    Perturbation,
+    as_seeds,
+    register,
+    seeds_for,
+)
 from .gaussian import GaussianNoise
 from .locked import LockedDropout
 from .native import NativeDropout
@@ -62,6 +71,7 @@ def make_perturbation(cfg: PerturbationConfig) -> Perturbation:
 __all__ = [
     "PERTURBATIONS",
     "BoundPerturbation",
+    "HookedPerturbation",
     "GaussianNoise",
     "LockedDropout",
     "NativeDropout",

@@ -84,19 +84,23 @@ class BoundPerturbation:
 
 
 class HookedPerturbation(BoundPerturbation):
-    """A bound perturbation applied by forward hooks on ``modules``: ``_hook(k)`` builds module k's hook;
-    the hooks are installed on entering and removed on leaving."""
+    """A bound perturbation applied by forward hooks on ``modules``: :meth:`hook` ``(k)`` builds module k's forward
+    hook (``hook(module, args, output) -> output``, the output perturbed for each row by its seed's noise, left as it
+    is while not :attr:`active`: the prompt, unless ``perturb_prompt``); the hooks are installed on entering and
+    removed on leaving. A kind of one's own draws its noise from the seeds in its ``bind`` and returns a subclass
+    that defines ``hook``."""
 
     def __init__(self, modules: list[nn.Module], perturb_prompt: bool):
         super().__init__()
         self.modules, self.perturb_prompt = modules, perturb_prompt
         self.handles: list = []
 
-    def _hook(self, k: int) -> Callable:
-        raise NotImplementedError
+    def hook(self, k: int) -> Callable:
+        """Module k's forward hook (a subclass defines it)."""
+        raise NotImplementedError(f"{type(self).__name__} must define hook(self, k): module k's forward hook")
 
     def _install(self) -> None:
-        self.handles = [m.register_forward_hook(self._hook(k)) for k, m in enumerate(self.modules)]
+        self.handles = [m.register_forward_hook(self.hook(k)) for k, m in enumerate(self.modules)]
 
     def _uninstall(self) -> None:
         for h in self.handles:
@@ -111,7 +115,7 @@ class HookedPerturbation(BoundPerturbation):
             yield self
             return
         inside = {id(m) for m in root.modules()}
-        handles = [m.register_forward_hook(self._hook(k)) for k, m in enumerate(self.modules) if id(m) in inside]
+        handles = [m.register_forward_hook(self.hook(k)) for k, m in enumerate(self.modules) if id(m) in inside]
         try:
             yield self
         finally:

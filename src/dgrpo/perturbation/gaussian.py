@@ -57,7 +57,7 @@ class _BoundGaussian(HookedPerturbation):
             return swapped(self, "noises", with_rows(self.noises, rows, dim=1))
         return swapped(self, "noises", [with_rows(n, rows) for n in self.noises])
 
-    def _hook(self, k: int) -> Callable:
+    def hook(self, k: int) -> Callable:
         act_hook = output_factor_hook(lambda: 1.0 + self.sigma * self.noises[k][:, None, :] if self.active else None)
 
         def weight_hook(module, args, output):

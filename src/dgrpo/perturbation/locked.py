@@ -156,7 +156,7 @@ class _BoundLocked(HookedPerturbation):
     def row_padding(self, rows: int) -> AbstractContextManager[object]:
         return swapped(self, "site_masks", [with_rows(m, rows) for m in self.site_masks])
 
-    def _hook(self, k: int) -> Callable:
+    def hook(self, k: int) -> Callable:
         # the mask is already in the weights' dtype: one multiply per site and forward, no cast
         return output_factor_hook(lambda: self.site_masks[k] if self.active else None)
 
