@@ -219,15 +219,18 @@ def test_mc_votes_group_numbers_as_the_verifier_compares_them(lm, monkeypatch):
     assert majority_vote(["5", "7", "7", "3.0000000001", "3"], numbers_agree) == "7"  # (two clusters of 2: 7 twice)
 
 
-def test_a_vote_for_a_number_scores_it_as_written_with_the_most_decimals_whatever_the_order(lm, monkeypatch):
+def test_a_vote_for_a_number_scores_it_as_the_verifier_credits_most_widely_whatever_the_order(lm, monkeypatch):
     """``36`` and ``36.00`` are one vote, but the verifier credits ``36.00`` to 2 decimals (right for 36.0000102016,
-    ``36`` wrong): the first completion of the vote was scored, so the order of the masks decided the question."""
+    ``36`` wrong), and ``2.33`` is right for 7/3 but ``2.330`` wrong: the first completion of the vote was scored, so
+    the order of the masks decided the question."""
     from dgrpo.data.records import Record
 
-    recs = [Record("q", [], "36.0000102016")]
-    for texts in (["#### 36.00", "#### 36", "#### 7"], ["#### 36", "#### 36.00", "#### 7"]):
+    recs = [Record("q", [], "36.0000102016"), Record("7/3", [], "2.3333333333333335")]
+    for order in (slice(None), slice(None, None, -1)):
+        texts = ["#### 36.00", "#### 36", "#### 7"][order] + ["#### 2.33", "#### 2.330", "#### 7"][order]
         r = _mc_voted(lm, monkeypatch, recs, texts, n_masks=3)
-        assert (r.predictions[0]["pred"], r.predictions[0]["completion"], r.correct) == ("36", "#### 36.00", 1)
+        assert [(p["pred"], p["completion"]) for p in r.predictions] == [("36", "#### 36.00"), ("2.33", "#### 2.33")]
+        assert r.correct == 2  # (the decimals the verifier credits most widely: 2 or more, the fewest)
 
 
 def test_a_scorer_in_trls_form_gets_every_column_in_a_vote_and_on_a_shard(lm, monkeypatch):

@@ -1067,6 +1067,7 @@ def test_evaluate_checks_a_scorer_as_training_checks_a_reward(sft_checkpoint):
     """A scorer returning too few values or a NaN is one line naming it (evaluate counted the rest silently); the
     MC-vote evaluation gives the model back in the mode it had."""
     from dgrpo.eval.evaluate import evaluate, evaluate_mc_vote
+    from dgrpo.eval.scoring import check_scorer
     from dgrpo.model.latent_lm import LatentLM
     from dgrpo.perturbation import LockedDropout
 
@@ -1081,11 +1082,18 @@ def test_evaluate_checks_a_scorer_as_training_checks_a_reward(sft_checkpoint):
     with pytest.raises(RewardError, match="returned nan for row 0"):
         evaluate(lm, recs, scorer=lambda c, r: [float("nan")] * len(c), max_new_tokens=4, progress=False)
 
-    def closeness(completions, records):  # (a graded value: counted as correct above 0.5, 92.5% for a 5% model)
+    def closeness(completions, records):  # (partial credit was counted as correct above 0.5: 92.5% for a 5% model)
         return [1.0, True, 0, 0.925][: len(completions)]
 
-    with pytest.raises(RewardError, match=r"scorer closeness returned 0.925 for row 3 .*: a scorer's verdict is 1 "):
-        evaluate(lm, recs, scorer=closeness, max_new_tokens=4, progress=False)
+    assert evaluate(lm, recs, scorer=closeness, max_new_tokens=4, progress=False).correct == 2
+    with pytest.raises(
+        RewardError, match=r"scorer <lambda> returned 2.0 for row 0 .*: a scorer's value is in \[0, 1\]"
+    ):
+        evaluate(lm, recs, scorer=lambda c, r: [2.0] * len(c), max_new_tokens=4, progress=False)
+    # a scorer on another scale is refused before a run trains, on the gold answers and on each other's
+    check_scorer(closeness, recs)
+    with pytest.raises(RewardError, match=r"returned -1 for row 0 .*: a scorer's value is in \[0, 1\]"):
+        check_scorer(lambda c, r: [1 if "#### " + x.answer in t else -1 for t, x in zip(c, r)], recs)
     lm.train()
     evaluate_mc_vote(lm, recs, LockedDropout(p=0.1), n_masks=2, max_new_tokens=4, progress=False)
     assert lm.training

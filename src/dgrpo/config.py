@@ -607,10 +607,11 @@ class EvalConfig:
         "what counts as correct, for eval and (unless grpo.reward is set) the GRPO reward: numeric (the answer's "
         "number, the first after the last marker with one after it, a run of '#', 'The answer is' or '\\boxed{' "
         "(none if no marker has one), else the text's last, equals the gold number), "
-        "exact (the final answer text equals the gold, normalised), choice (the answer's letter A-E equals the "
+        "exact (the final answer text equals the gold, normalised; a number gold: the answer read as a number), "
+        "choice (the answer's letter A-E equals the "
         "gold's), coconut (Coconut's run.py check: the text after the last '#', commas removed, equals the gold "
         "string; stricter than numeric), or a plug-in 'package.module:function' / 'path/to/file.py:function' (batched: "
-        "(completions, records) -> 1.0 / 0.0 per completion)",
+        "(completions, records) -> a value in [0, 1] per completion, 1 for a correct one)",
     )
 
     def validate(self, p: str = "eval") -> None:

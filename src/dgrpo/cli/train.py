@@ -302,10 +302,13 @@ def run_sft(args: argparse.Namespace) -> int:
 
 
 def run_grpo(args: argparse.Namespace) -> int:
+    from ..eval.scoring import check_scorer
     from ..training.grpo import train_grpo
 
     s = set_up_run(args)
     cfg, tests, dist = s.cfg, s.tests, s.dist
+    if s.valid is not None or tests:  # (the reward, eval.scorer or not, is checked by the trainer)
+        check_scorer(s.options["scorer"], s.train)
     # logged as eval/valid/accuracy, as SFT logs it (one chart for both in TensorBoard / W&B); config.json says which
     valid = {"valid": s.valid} if s.valid is not None else {}
 

@@ -288,10 +288,11 @@ def evaluate(
     columns: Iterable[str] = (),
 ) -> EvalResult:
     """Greedy (by default) pass@1, with no perturbation unless ``perturbation`` (then question i is answered under the
-    mask its own seed draws: :func:`mask_seeds` of ``seed`` and its text). ``scorer`` decides what is correct (1,
-    else 0; a function or an ``eval.scorer`` name; default: the numeric verifier, which also counts unparseable
-    outputs). ``limit`` > 0 evaluates the first ``limit`` records (after the ``shots`` of a plain prompt). ValueError
-    for negative counts, ``shots`` without ``plain`` and ``shots`` that leave no record to evaluate.
+    mask its own seed draws: :func:`mask_seeds` of ``seed`` and its text). ``scorer`` decides what is correct (a
+    value of 1; 0 is wrong, and a value between, partial credit, is not correct; a function or an ``eval.scorer``
+    name; default: the numeric verifier, which also counts unparseable outputs). ``limit`` > 0 evaluates the first
+    ``limit`` records (after the ``shots`` of a plain prompt). ValueError for negative counts, ``shots`` without
+    ``plain`` and ``shots`` that leave no record to evaluate.
 
     The scorer gets each record with every column (``meta`` key) of ``records`` and of ``columns``, None where it has
     none (:func:`~dgrpo.data.records.with_columns`): a caller evaluating a shard of the data passes the whole data's
@@ -385,14 +386,14 @@ def _numeric_gold(gold: str) -> bool:
 
 def _graded(records: list[Record], texts: list[str], scorer: ScoreFn) -> tuple[list[dict], int, int]:
     """(one prediction row per record, how many are correct, how many have no parseable number): ``scorer``'s
-    verdict (1 or 0) is checked as a reward is. ``pred`` is the answer as the scorer reads it; only the numeric
-    verifier's outputs for numeric golds count as unparseable (for a text gold it compares the text after the
-    last ``#``)."""
+    value (1: correct; in [0, 1]) is checked as a reward is. ``pred`` is the answer as the scorer reads it; only the
+    numeric verifier's outputs for numeric golds count as unparseable (for a text gold it compares the text after
+    the last ``#``)."""
     is_numeric = scorer is numeric
     scores = call_checked(scorer, scorer_name(scorer), texts, records, "scorer")
     preds, correct, unparseable = [], 0, 0
     for r, text, value in zip(records, texts, scores):
-        ok = value > 0.5
+        ok = value == 1
         correct += int(ok)
         if is_numeric and _numeric_gold(r.answer):
             pred = extract_answer(text)
@@ -562,8 +563,8 @@ def _perturbed_texts(
 
 def _voted(records: list[Record], texts: list[str], n_masks: int, scorer: ScoreFn) -> tuple[list[dict], int]:
     """(one prediction row per record, how many are correct): each record's ``n_masks`` completions vote with
-    :func:`vote_key` (numbers grouped as the numeric verifier compares them); the first completion giving the
-    majority answer is scored by ``scorer`` (value > 0.5)."""
+    :func:`vote_key` (numbers grouped as the numeric verifier compares them); a completion giving the majority answer
+    (:func:`_voted_completion`) is scored by ``scorer`` (correct: 1)."""
     preds: list[dict] = []
     chosen: dict[int, str] = {}  # record -> the completion scored for it (records with a vote)
     for j, r in enumerate(records):
@@ -578,18 +579,21 @@ def _voted(records: list[Record], texts: list[str], n_masks: int, scorer: ScoreF
         if chosen
         else []
     )
-    ok = {j: value > 0.5 for j, value in zip(chosen, scores)}
+    ok = {j: value == 1 for j, value in zip(chosen, scores)}
     for j, p in enumerate(preds):  # (a question without a vote shows its first completion)
         p.update(completion=chosen.get(j, texts[j * n_masks]), correct=ok.get(j, False))
     return preds, sum(ok.values())
 
 
 def _voted_completion(texts: list[str], votes: list[str | None], vote: str, numeric_gold: bool) -> str:
-    """The completion scored for a vote: the first that gave it, or, for a number, the one that wrote it with the most
-    decimals (the first of those): ``36`` and ``36.00`` are one vote, but the verifier credits ``36.00`` to 2 decimals
-    (a gold of 36.0000102016), so which of them came first decided the question."""
+    """The completion scored for a vote: the first that gave it; for a number, the one the verifier credits with the
+    widest rounding (:func:`dgrpo.reward.numbers_match`), the fewest decimals of 2 or more, else the most (the first
+    of equals): ``36`` and ``36.00`` are one vote, as are ``2.33`` and ``2.330``, but the verifier takes ``36.00`` for
+    36.0000102016 and ``2.33``, not ``2.330``, for 2.3333..., so which came first decided the question."""
     given = [t for t, v in zip(texts, votes) if v == vote]
-    return max(given, key=answer_decimals) if numeric_gold else given[0]
+    if not numeric_gold:
+        return given[0]
+    return min(given, key=lambda t: (0, answer_decimals(t)) if answer_decimals(t) >= 2 else (1, -answer_decimals(t)))
 
 
 def evaluate_mc_vote(
@@ -616,12 +620,12 @@ def evaluate_mc_vote(
     ``choice``; with the numeric scorer and a numeric gold, numbers the verifier compares as one, ``2.33`` and
     ``2.333``, vote together: :func:`dgrpo.reward.numbers_agree`, :func:`majority_vote`); ties go to the answer
     written most often, then to the one seen first. The question is
-    correct when ``scorer`` scores the first completion that gave the majority answer correct, so a vote counts
-    exactly as that completion would in :func:`evaluate`. ``unparseable`` counts (numeric scorer only, as in
-    :func:`evaluate`) the questions none of whose completions holds an answer. ConfigError when question, latents
+    correct when ``scorer`` scores a completion that gave the majority answer correct (the first; of a number's, the
+    one written to the decimals the verifier credits most widely: ``36.00`` over ``36``, ``2.33`` over ``2.330``), so
+    a vote counts exactly as that completion would in :func:`evaluate`. ``unparseable`` counts (numeric scorer only,
+    as in :func:`evaluate`) the questions none of whose completions holds an answer. ConfigError when question, latents
     and answer do not fit the model's context; ValueError when ``n_masks`` < 1. The scorer gets records as
-    :func:`evaluate` gives them (every column of ``records`` and ``columns``), whichever of them have a vote. Of the
-    completions giving the majority number, the one written with the most decimals is scored (``36.00`` over ``36``)."""
+    :func:`evaluate` gives them (every column of ``records`` and ``columns``), whichever of them have a vote."""
     if n_masks < 1:
         raise ValueError(f"evaluate_mc_vote: n_masks must be >= 1 (completions voting per question), got {n_masks}")
     _check_counts("evaluate_mc_vote", batch_size=batch_size, max_question_tokens=max_question_tokens)

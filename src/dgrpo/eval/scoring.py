@@ -180,9 +180,9 @@ def call_checked(
 ) -> list[float]:
     """``fn(completions, records)`` (a function in TRL's form, :func:`trl_style`: ``fn(**trl_columns(...))``),
     checked: it must return one finite number per completion (an error names it as ``what``: a reward, or a scorer in
-    evaluation, whose values must be 1 or 0: a verdict). ``columns``: those of the whole data (:func:`data_columns`),
-    so that the form a function is called in, and the keywords it gets, do not depend on which records a batch
-    holds."""
+    evaluation, whose values must lie in [0, 1]: 1 is correct). ``columns``: those of the whole data
+    (:func:`data_columns`), so that the form a function is called in, and the keywords it gets, do not depend on
+    which records a batch holds."""
     columns, by_keyword = trl_columns(completions, records, columns), cast(Callable[..., Any], fn)
     trl = trl_style(fn, columns)
     if not trl and trl_style(fn):
@@ -221,10 +221,10 @@ def call_checked(
                 shape = tuple(getattr(returned, "shape", ()))
                 why = f": it returned an array of shape {shape}; one number per completion is 1-D"
             raise RewardError(f"{what} {name} returned {v!r} for row {i} (question {records[i].question[:60]!r}){why}")
-        if what == "scorer" and x not in (0.0, 1.0):  # (a graded value was counted as correct above 0.5)
+        if what == "scorer" and not 0 <= x <= 1:  # (1 is correct, 0 wrong, a value between partial credit)
             raise RewardError(
                 f"scorer {name} returned {v!r} for row {i} (question {records[i].question[:60]!r}): a scorer's "
-                "verdict is 1 (correct) or 0 (wrong); a graded value belongs in a reward (grpo.reward)"
+                "value is in [0, 1], 1 for a correct answer"
             )
         out.append(x)
     return out
@@ -282,9 +282,23 @@ def warn_if_gold_scores_zero(values: Sequence[float], what: str) -> None:
         )
 
 
+def check_scorer(scorer: ScoreFn, records: list[Record]) -> list[float]:
+    """``scorer``'s values for the gold answers of the first two of ``records``, checked, and for each one's gold given
+    to the other (wrong answers, mostly): a value outside [0, 1] is a RewardError before anything is trained, not
+    at the first validation or the test sets after training."""
+    firsts = records[:2]
+    completions = gold_completions(firsts)
+    name = getattr(scorer, "__name__", "scorer")
+    values = call_checked(scorer, name, completions, firsts, "scorer")
+    if len(firsts) == 2:
+        call_checked(scorer, name, completions[::-1], firsts, "scorer")
+    return values
+
+
 def warn_if_scorer_misses_gold(scorer: ScoreFn, records: list[Record], what: str) -> None:
-    """:func:`warn_if_gold_scores_zero` for ``scorer`` on the gold answers of the first two of ``records``."""
-    warn_if_gold_scores_zero(scorer(gold_completions(records[:2]), records[:2]), what)
+    """:func:`warn_if_gold_scores_zero` for ``scorer`` on the gold answers of the first two of ``records``
+    (:func:`check_scorer`)."""
+    warn_if_gold_scores_zero(check_scorer(scorer, records), what)
 
 
 @dataclass
