@@ -701,6 +701,10 @@ def test_eval_of_a_file_without_the_checkpoints_steps_column(sft_checkpoint, tmp
     assert json.loads((tmp_path / "f" / "results.json").read_text())["n"] == 2
     r = run_cli("eval", "--model", model, "--data", other, "--set", "data.question_key=", "--out", tmp_path / "g")
     assert r.returncode == 2 and "question_key and answer_key go together" in r.stderr  # (still checked, merged)
+    r = run_cli(
+        "eval", "--model", tmp_path / "nowhere", "--data", other, "--set", "eval.top_p=2", "--out", tmp_path / "h"
+    )
+    assert r.returncode == 2 and "eval.top_p" in r.stderr  # (the other options: checked before the checkpoint is read)
 
 
 def test_a_run_validates_and_tests_on_files_without_the_training_datas_steps_column(tmp_path, run_cli):

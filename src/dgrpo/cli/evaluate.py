@@ -13,7 +13,7 @@ import argparse
 import json
 import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -203,7 +203,7 @@ class Done:
 def _eval_config(args: argparse.Namespace) -> Config:
     """The evaluation's config: the options given, over the checkpoint's own settings (a hub id's read at one
     commit, whose weights then load); ``--out`` checked first, before anything is read from the checkpoint."""
-    from ..config import Config, ConfigError, load_config
+    from ..config import Config, ConfigError, DataConfig, load_config
     from ..model.sources import on_disk
     from ..training.run import check_not_a_training_run, check_output_path
     from .train import absolute_file
@@ -215,9 +215,10 @@ def _eval_config(args: argparse.Namespace) -> Config:
         extra.append("eval.plain=true")
     if args.shots is not None:
         extra.append(f"eval.shots={args.shots}")
-    # the options alone, each value checked, and --out; the rules between keys only over the checkpoint's settings
-    # (data.answer_key alone completes the column mapping the checkpoint records: it was refused for want of the rest)
+    # the options alone, and --out, before the checkpoint is read; the column mapping (data.*_key) only over the
+    # checkpoint's settings: data.answer_key alone completes the mapping a checkpoint records (it was refused)
     given = load_config(Config, list(args.config), [*args.overrides, *extra], validate=False)
+    replace(given, data=DataConfig()).validate()
     check_output_path(args.out)
     check_not_a_training_run(args.out)
     if not args.model.strip():
