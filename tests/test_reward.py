@@ -12,11 +12,13 @@ from hypothesis import strategies as st
 from dgrpo.data.records import DataError, Record
 from dgrpo.eval.scoring import exact
 from dgrpo.reward import (
+    GOLD_ROUNDED_AT,
     ROUNDED_GOLD_DECIMALS,
     extract_answer,
     format_number,
     is_parseable,
     normalize_number,
+    numbers_match,
     parse_number,
     score,
 )
@@ -82,7 +84,7 @@ from dgrpo.reward import (
         # the en dash and the small and full-width hyphen-minus are a minus sign (the sign was dropped); a range's dash
         # between numbers and the em dash are not
         ("#### \u20135", "-5"),
-        ("The answer is \u2013 3.5", "-3.5"),
+        ("The answer is \u2013 3.5", "3.5"),  # (a dash standing apart: a sentence's; only - and \u2212 are signs so)
         ("#### \ufe637", "-7"),
         ("#### \uff0d7", "-7"),
         ("3\u20135 apples", "5"),
@@ -308,12 +310,24 @@ def test_score_gsm_hard_tolerance(completion: str, gold: float, expected: float)
 
 
 def test_a_short_gold_is_not_taken_as_rounded() -> None:
-    """Only a gold of ROUNDED_GOLD_DECIMALS or more decimals absorbs its own rounding: 2.5 is not 2.54."""
-    assert ROUNDED_GOLD_DECIMALS == 8
+    """Only a gold of ROUNDED_GOLD_DECIMALS or more decimals absorbs its own rounding, at the GOLD_ROUNDED_AT-th
+    decimal (where GSM-Hard's file rounds; its trailing zeros dropped, 2.392e-06 is 0.0000023920): 2.5 is not 2.54,
+    and 0.0000023924 is not 2.392e-06 (it was, at the gold's 9 written decimals)."""
+    assert (ROUNDED_GOLD_DECIMALS, GOLD_ROUNDED_AT) == (8, 10)
     assert score("#### 2.54", "2.5") == 0.0 and score("#### 0.00000054", "0.0000005") == 0.0
-    # (8 decimals: a prediction that rounds to every digit the gold states matches it, one that does not does not)
-    assert score("#### 0.0000000504", "0.00000005") == score("#### 0.000000054", "0.00000005") == 1.0
-    assert score("#### 0.000000056", "0.00000005") == 0.0
+    assert score("#### 0.0000023924", "2.392e-06") == score("#### 0.0000000545", "5e-08") == 0.0
+    assert score("#### 0.00000239200004", "2.392e-06") == score("#### 0.00000005000004", "5e-08") == 1.0
+    assert score("#### 0.00000000000001236", "0.0000000000000123") == 0.0  # (16 decimals: rounded at its last)
+    assert score("#### 0.00000000000001234", "0.0000000000000123") == 1.0
+
+
+def test_limits_are_compared_exactly_as_decimals() -> None:
+    """An error of exactly 0.001 is not under 0.001 (the float difference of 3244047.101 and 3244047.1 is
+    0.00099999969..., which passed, as a whole-number gold's Decimal(1e-3) did)."""
+    assert not numbers_match("3244047.101", "3244047.1") and not numbers_match("3244047.099", "3244047.1")
+    assert not numbers_match("2000000.501", "2000000.5") and not numbers_match("3431579.999", "3431580")
+    assert numbers_match("3244047.0999999996", "3244047.1") and numbers_match("2.305", "2.30") is False
+    assert numbers_match("2.30", "2.305") and numbers_match("2.31", "2.305")  # (half a unit, either way, inclusive)
 
 
 # ------------------------------------------------------------------ properties

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "REL_TOL",
+    "GOLD_ROUNDED_AT",
     "ROUNDED_GOLD_DECIMALS",
     "answer_decimals",
     "extract_answer",
@@ -30,10 +31,12 @@ __all__ = [
 #: as much as ABS_NOISE_LIMIT (a relative 1e-6 accepted 3244048.1: an off-by-one on 170 of GSM-Hard's 303 such golds).
 REL_TOL = 1e-9
 ABS_NOISE_LIMIT = 1e-3
-#: A non-integer gold written with this many decimals or more is a float rounded at its last one (GSM-Hard's file
-#: rounds to 10: ``0.0000020107``): a prediction that rounds to it there is its value (the exact
-#: ``2.010666990518096e-06`` scored 0 on 35 of GSM-Hard's golds, under 0.05, where REL_TOL is finer than the rounding).
+#: A non-integer gold written with this many decimals or more is a float rounded at the GOLD_ROUNDED_AT-th (GSM-Hard's
+#: file rounds to 10: ``0.0000020107``; its trailing zeros dropped, ``0.00009193``): a prediction that rounds to it
+#: there is its value (the exact ``2.010666990518096e-06`` scored 0 on 35 of GSM-Hard's golds, under 0.05, where
+#: REL_TOL is finer than the rounding). A gold of more decimals is taken as rounded at its last.
 ROUNDED_GOLD_DECIMALS = 8
+GOLD_ROUNDED_AT = 10
 
 # ASCII hyphen-minus, the Unicode minus sign, the en dash and the small and full-width hyphen-minus (``–5``: a model's
 # minus; the sign was dropped, so ``#### –5`` scored 1 against 5); not the em dash, a sentence's (``— 5 of them``)
@@ -58,8 +61,11 @@ _NUMBER_ALONE = re.compile(rf"\s*(?:(?P<s0>{_SIGN})[ \t]+)?{_NUMBER}\.?\s*")
 # A minus sign standing apart between an answer marker and its number (``#### - 5``, ``The answer is - 5``,
 # ``\boxed{- 5}``, ``The answer is: - 5``, ``**Answer:** - 5``, ``$ - 5$``): the answer is negative. On the
 # marker's line only: a list's dash on the next line is no sign.
-_LONE_MINUS = re.compile(rf"[ \t:*$]*[{_MINUS}][ \t]+")  # (after ``is:``, ``**Answer:**``, a math ``$``)
+# (after ``is:``, ``**Answer:**``, a math ``$``; the hyphen-minus or the minus sign: a dash standing apart, ``– 42``,
+# is a sentence's)
+_LONE_MINUS = re.compile(r"[ \t:*$]*[-\u2212][ \t]+")
 _NOISE_LIMIT = Decimal(str(ABS_NOISE_LIMIT))  # (exactly 0.001: Decimal(1e-3) is 0.0010000000000000000208...)
+_REL_TOL = Decimal(str(REL_TOL))
 #: a comma and a digit right after a number: the number's digits go on in groups not of three (``2,5``, ``12,34``,
 #: ``1,000,00``), so the number read is a part of what was written
 _BAD_GROUP = re.compile(r",[0-9]")
@@ -320,19 +326,23 @@ def numbers_match(pred: str, gold: str, decimals: int | None = None) -> bool:
     if "." not in gold:  # whole-number gold: the integer, or a decimal off it by float noise alone (exactly: no
         # float rounding at any size), as a program prints it (3431579.9999999995 for 3431580)
         off = abs(p - g)
-        return "." in pred and off <= Decimal(REL_TOL) * max(abs(p), abs(g)) and off < _NOISE_LIMIT
-    pf, gf = float(p), float(g)
-    if not (math.isfinite(pf) and math.isfinite(gf)):
+        return "." in pred and off <= _REL_TOL * max(abs(p), abs(g)) and off < _NOISE_LIMIT
+    if not (p.is_finite() and g.is_finite()):
         return False
-    diff = abs(pf - gf)
-    if diff <= REL_TOL * max(abs(pf), abs(gf)) and diff < ABS_NOISE_LIMIT:
+    off = abs(p - g)  # (exactly, as decimals: no float rounding decides a limit)
+    if off <= _REL_TOL * max(abs(p), abs(g)) and off < _NOISE_LIMIT:
         return True
     gold_decimals = len(gold.partition(".")[2])
-    if gold_decimals >= ROUNDED_GOLD_DECIMALS and abs(p - g) <= Decimal(f"0.5e-{gold_decimals}"):
-        return True  # (the gold is the prediction rounded, at the gold's last decimal)
+    if gold_decimals >= ROUNDED_GOLD_DECIMALS and off <= _half_unit(max(gold_decimals, GOLD_ROUNDED_AT)):
+        return True  # (the gold is the prediction rounded where the file rounded it)
     if decimals is None:
         decimals = len(pred.partition(".")[2])
-    return decimals >= 2 and pf != 0 and diff <= 0.5 * 10.0**-decimals * (1 + 1e-9)
+    return decimals >= 2 and p != 0 and off <= _half_unit(decimals)
+
+
+def _half_unit(decimals: int) -> Decimal:
+    """Half a unit of the ``decimals``-th decimal: ``0.005`` for 2."""
+    return Decimal(5).scaleb(-decimals - 1)
 
 
 def numbers_agree(a: str, b: str) -> bool:
@@ -374,8 +384,8 @@ def score(completion_text: str, gold_answer: Any) -> float:
       (``|pred - gold| <= 0.5 * 10**-d``): ``"2.33"``, ``"2.3333"`` and (for ``2.30001``) ``"2.30"``
       score 1.0; ``"2.3"``, ``"2"``, ``"2.34"`` score 0.0, and so do ``"3244048.1"`` and ``"3244047"`` for
       ``3244047.1``. There is no absolute tolerance, so neither ``"0"`` nor ``"0.00"`` matches ``5.158e-07``.
-      A gold written with ``d >= 8`` decimals (:data:`ROUNDED_GOLD_DECIMALS`; GSM-Hard's file rounds to 10) is a
-      rounded float, matched by any prediction that rounds to it at its ``d`` decimals: the exact
+      A gold written with ``d >= 8`` decimals (:data:`ROUNDED_GOLD_DECIMALS`) is a float rounded at its 10th
+      (GSM-Hard's file rounds there) or its last, matched by any prediction that rounds to it there: the exact
       ``2.010666990518096e-06`` for ``0.0000020107``.
     * an exponent is read on either side (GSM-Hard writes golds such as ``"2.0107e-06"``): ``"0.0000020107"``
       and ``"2.0107e-06"`` are the same number, and a prediction in scientific notation is written to the decimals
