@@ -698,8 +698,22 @@ def test_a_dataset_dict_of_several_splits_and_no_test_split_is_read_only_with_a_
     with pytest.raises(DataError, match=re.escape(says)):
         load_spec(str(tmp_path / "dd"), held_out=True)
     assert len(load_spec(f"{tmp_path / 'dd'}:validation")) == 2
-    with pytest.raises(DataError, match=r"no test split; name the one to read as load_hf_dataset\(\.\.\., split="):
+    with pytest.raises(DataError, match=r"no test split; name the one to read as split=NAME"):
         load_hf_dataset(both)
+    with pytest.raises(DataError, match=r"has no splits \(an empty DatasetDict\)"):
+        load_hf_dataset(datasets.DatasetDict({}))
     assert len(load_hf_dataset(both, split="train")) == 5
     datasets.DatasetDict({"validation": both["validation"]}).save_to_disk(str(tmp_path / "one"))
     assert len(load_spec(str(tmp_path / "one"))) == 2  # (its only split)
+
+
+def test_a_plain_folder_named_as_a_dataset_is_that_dataset_to_keys_and_the_training_split(tmp_path, monkeypatch):
+    """``load_dataset("gsm8k")`` reads GSM8K where a plain folder ``gsm8k/`` exists (the data folder itself, as
+    the loaders expect it), but data.train=gsm8k was read there as that folder's path: GSM8K's test split trained."""
+    from dgrpo.data import dataset_key, local_path, training_split
+
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "mine").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert local_path("gsm8k") is None and local_path("gsm8k:train") is None and local_path("mine") == ("mine", None)
+    assert training_split("gsm8k") == "gsm8k:train" and dataset_key("GSM8K") == dataset_key("gsm8k") == "gsm8k:test"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .loaders import DATASETS, canonical_name, column_parser, load_dataset, reads_from_the_hub
+from .loaders import DATASETS, canonical_name, column_parser, is_dataset_name, load_dataset, reads_from_the_hub
 from .records import DataError, Record, shared_questions, with_columns
 from .synthetic import load_builtin
-from .tables import hf_folder_splits
+from .tables import hf_folder_splits, is_hf_folder
 
 
 def columns_of(data=None, held_out: bool = False):
@@ -47,9 +47,7 @@ def load_hf_dataset(dataset: Any, split: str | None = None, data=None) -> list[R
     where, columns = f"the {type(dataset).__name__} given", columns_of(data)
 
     def read() -> list[Record]:
-        return rows_to_records(
-            split_rows(dataset, split, where, "load_hf_dataset(..., split=...)"), where, "dataset", columns
-        )
+        return rows_to_records(split_rows(dataset, split, where, "split=NAME"), where, "dataset", columns)
 
     return with_columns(mapped_read(columns, where, read))
 
@@ -61,17 +59,22 @@ def local_path(spec: str) -> tuple[str, str | None] | None:
     The one reading of a path in a spec: loading, keys, labels and checks all take it from here."""
     if spec.startswith("builtin"):
         return None
-    if _exists(spec):
+    if _is_local(spec):
         return spec, None
     folder, colon, in_folder = spec.rpartition(":")
-    if colon and folder and "+" not in in_folder and _exists(folder):
+    if colon and folder and "+" not in in_folder and _is_local(folder):
         return folder, in_folder
     return None
 
 
-def _exists(path: str) -> bool:
+def _is_local(path: str) -> bool:
+    """Whether :func:`load_dataset` reads ``path`` as a local file or folder: one that exists, and, for a folder that
+    is no ``save_to_disk`` one, not named as a built-in dataset (``gsm8k`` in a folder holding ``gsm8k/`` is GSM8K)."""
+    where = Path(path).expanduser()
     try:
-        return Path(path).expanduser().exists()
+        if where.is_file() or is_hf_folder(where):
+            return True
+        return where.exists() and not is_dataset_name(path)
     except OSError:  # (a name too long for a path, say)
         return False
 

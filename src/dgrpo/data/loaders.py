@@ -835,5 +835,10 @@ def reads_from_the_hub(name: str) -> bool:
         exists = Path(name).expanduser().exists()
     except OSError:
         exists = False
-    known = (*DATASETS, *HUB_DATASETS, OPENMATH_GSM)
-    return not (exists or name.startswith("builtin") or canonical_name(name) in known or _names_a_file(name))
+    return not (exists or name.startswith("builtin") or is_dataset_name(name) or _names_a_file(name))
+
+
+def is_dataset_name(name: str) -> bool:
+    """Whether ``name`` names one of the datasets :func:`load_dataset` knows (its aliases and case aside), which it
+    reads as that dataset even where a plain folder of that name exists."""
+    return canonical_name(name) in (*DATASETS, *HUB_DATASETS, OPENMATH_GSM)
