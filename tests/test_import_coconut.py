@@ -283,7 +283,8 @@ def test_argument_errors(official, tmp_path, run_cli):
     cases = [
         (["--c-thought", 2], "give max_latent_stage"),
         (["--c-thought", 2, "--n-latent", 5], "n_latent 5 is not a multiple of c_thought 2"),
-        (["--c-thought", 0, "--max-latent-stage", 3], "c_thought must be >= 1"),
+        (["--c-thought", 0, "--max-latent-stage", 3], "c_thought (--c-thought) must be >= 1"),
+        (["--c-thought", 2, "--epochs-per-stage", 3, "--stage", 1], "--stage and --epochs-per-stage: give one"),
     ]
     for extra, expect in cases:
         r = run_cli("import-coconut", ckpt, "--base", base, "--out", tmp_path / "o", *extra)
@@ -368,7 +369,110 @@ def test_inconsistent_coconut_settings_are_refused(official, tmp_path):
         ({"n_latent": 6, "stage": 2, "max_latent_stage": 3}, "n_latent 6 does not fit c_thought 2, stage 2, max_"),
         ({"n_latent": 8, "max_latent_stage": 3}, r"n_latent 8 is more than c_thought \* max_latent_stage = 6"),
         ({"n_latent": 3, "stage": 4}, "n_latent 3 is not a multiple of c_thought 2"),
-        ({"stage": -1, "max_latent_stage": 3}, "stage must be >= 0"),
+        ({"stage": -1, "max_latent_stage": 3}, r"stage \(--stage\) must be >= 0"),
     ):
         with pytest.raises(CheckpointError, match=msg):
             coconut_settings(2, **{"n_latent": None, "stage": None, "max_latent_stage": None, **kw})
+
+
+def test_what_the_probe_of_a_real_run_found_is_refused_or_read(official, tmp_path, run_cli):
+    """A --base whose tokenizer is not the run's (the checkpoint's rows not len(tokenizer): the trained latent rows
+    went unused, 31% for 100%), NaN weights (imported, then 0% with every answer unparseable), a DDP ``module.``
+    prefix (an error that did not say why), an empty file or state dict (an empty reason), a run directory as
+    --base ('Should have a model_type key'): each one line; the prefix is read through."""
+    base, ckpt, plain = official[:3]
+    sd = torch.load(ckpt, weights_only=True)
+    more = dict(sd)  # (a row more than the tokenizer's: another tokenizer's embedding)
+    for key in ("embedding.weight", "base_causallm.transformer.wte.weight", "base_causallm.lm_head.weight"):
+        more[key] = torch.cat([sd[key], sd[key][:1]])
+    nan = dict(sd)
+    nan["base_causallm.transformer.h.0.mlp.c_fc.weight"] = torch.full_like(
+        sd["base_causallm.transformer.h.0.mlp.c_fc.weight"], float("nan")
+    )
+    (tmp_path / "empty.pt").write_bytes(b"")
+    cases = [
+        (saved(tmp_path, "more.pt", more), "embedding rows, but the tokenizer of"),
+        (
+            saved(tmp_path, "nan.pt", nan),
+            "NaN or infinite weights, a diverged run's: transformer.h.0.mlp.c_fc.weight",
+        ),
+        (tmp_path / "empty.pt", "damaged or of another format (an empty file) ("),
+        (saved(tmp_path, "nothing.pt", {}), "an empty state dict (no tensors)"),
+    ]
+    for bad, expect in cases:
+        r = run_cli(
+            "import-coconut", bad, "--base", base, "--c-thought", 2, "--max-latent-stage", 3, "--out", tmp_path / "o"
+        )
+        assert r.returncode == 2 and expect in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"sft": {}, "grpo": {}}))
+    for given, expect in (
+        (run_dir, "its config.json is no model config (a dgrpo run's config)"),
+        (tmp_path, "no config.json"),
+    ):
+        r = run_cli(
+            "import-coconut", ckpt, "--base", given, "--c-thought", 2, "--max-latent-stage", 3, "--out", tmp_path / "o"
+        )
+        assert r.returncode == 2 and expect in r.stderr, r.stderr
+    ddp = saved(tmp_path, "ddp.pt", {f"module.{k}": v for k, v in sd.items()})
+    assert_same_weights(
+        LatentLM.from_pretrained(import_coconut(ddp, str(base), tmp_path / "ddp", c_thought=2, max_latent_stage=3)),
+        plain,
+    )
+
+
+def test_the_stage_of_checkpoint_n_is_read_from_its_name(official, tmp_path, run_cli):
+    """run.py saves checkpoint_N after epoch N, of stage (N - 1) // epochs_per_stage: its checkpoint_5 of
+    args/gsm_coconut.yaml (epochs_per_stage 3) has 2 thoughts, but every checkpoint was imported with 6."""
+    base, ckpt = official[:2]
+    early = tmp_path / "checkpoint_5"
+    shutil.copy(ckpt, early)
+    for given, stage, n_latent in ((early, 1, 2), (ckpt, 4, 6)):  # (ckpt: checkpoint_15)
+        out = tmp_path / f"o{stage}"
+        r = run_cli(
+            "import-coconut",
+            given,
+            "--base",
+            base,
+            "--c-thought",
+            2,
+            "--max-latent-stage",
+            3,
+            "--epochs-per-stage",
+            3,
+            "--out",
+            out,
+        )
+        assert r.returncode == 0, r.stderr
+        settings = json.loads((out / LATENT_CONFIG_FILE).read_text())
+        assert (settings["stage"], settings["n_latent"]) == (stage, n_latent)
+    odd = tmp_path / "final.pt"
+    shutil.copy(ckpt, odd)
+    r = run_cli(
+        "import-coconut",
+        odd,
+        "--base",
+        base,
+        "--c-thought",
+        2,
+        "--max-latent-stage",
+        3,
+        "--epochs-per-stage",
+        3,
+        "--out",
+        tmp_path / "x",
+    )
+    assert r.returncode == 2 and "'final.pt' is not one (give --stage)" in r.stderr
+
+
+def test_a_cot_stage_checkpoint_takes_the_cot_runs_own_settings(official, tmp_path):
+    """args/gsm_cot.yaml has c_thought 0 and max_latent_stage 0: 'c_thought must be >= 1', then 'leave out ...'."""
+    base, _, _, _, n_base = official
+    cot = build_tiny_model("gpt2", n_base, seed=5, **TINY)
+    out = import_coconut(
+        saved(tmp_path, "cot", cot.state_dict()), str(base), tmp_path / "o", c_thought=0, max_latent_stage=0
+    )
+    assert LatentLM.from_pretrained(out).settings == LatentSettings(
+        mode="cot", c_thought=1, stage=0, n_latent=0, markers=False
+    )

@@ -13,9 +13,10 @@ if TYPE_CHECKING:
 
 from .common import refuse_torchrun, subcommand
 
-IMPORT_EXAMPLES = """  # the official GSM8K run (its args/gsm_coconut.yaml: c_thought 2, max_latent_stage 3: 6 thoughts)
+IMPORT_EXAMPLES = """  # the official GSM8K run (args/gsm_coconut.yaml: c_thought 2, max_latent_stage 3,
+  # epochs_per_stage 3): checkpoint_10 on have all 6 thoughts, earlier ones their stage's (read from N)
   dgrpo import-coconut YOUR_SAVE_PATH/gsm-coconut/checkpoint_N --base openai-community/gpt2 \\
-      --c-thought 2 --max-latent-stage 3 --out runs/coconut-gsm8k
+      --c-thought 2 --max-latent-stage 3 --epochs-per-stage 3 --out runs/coconut-gsm8k
   dgrpo grpo --init runs/coconut-gsm8k --config paper/grpo_dropout.yaml --out runs/coconut-gsm8k-dgrpo
   dgrpo import-coconut ckpt --base ./llama-dir --c-thought 1 --n-latent 6 --out runs/imported   # the count directly
   dgrpo import-coconut gsm-cot/checkpoint_N --base openai-community/gpt2 --c-thought 2 --out runs/cot  # CoT stage
@@ -59,7 +60,18 @@ def _add_import_parser(sub: Any) -> None:
         "n_latent = c_thought * min(stage, max_latent_stage) (what is left out is inferred)",
     )
     p.add_argument(
-        "--stage", type=int, metavar="K", help="curriculum stage recorded in latent_config.json (default: inferred)"
+        "--stage",
+        type=int,
+        metavar="K",
+        help="the checkpoint's curriculum stage (default: the stage --n-latent names, else max_latent_stage + 1, the "
+        "last; --epochs-per-stage reads it from the file's name)",
+    )
+    p.add_argument(
+        "--epochs-per-stage",
+        type=int,
+        metavar="E",
+        help="the run's epochs_per_stage: CKPT named checkpoint_N (run.py's name after epoch N) is of stage "
+        "(N - 1) // E, whose c_thought * min(stage, max_latent_stage) thoughts it was trained and evaluated with",
     )
     p.add_argument(
         "--revision", default=None, help="the hub revision (branch, tag or commit) of a hub id --base (default: main)"
@@ -201,7 +213,7 @@ def run_import(args: argparse.Namespace) -> int:
         Path(args.out),
         c_thought=args.c_thought,
         n_latent=args.n_latent,
-        stage=args.stage,
+        stage=checkpoint_stage(Path(args.ckpt), args.stage, args.epochs_per_stage),
         max_latent_stage=args.max_latent_stage,
         trust_remote_code=args.trust_remote_code,
         revision=args.revision,
@@ -210,6 +222,28 @@ def run_import(args: argparse.Namespace) -> int:
     print(f"wrote {out}")
     print(f"{LATENT_CONFIG_FILE}: {json.dumps(settings)}")
     return 0
+
+
+def checkpoint_stage(ckpt: Path, stage: int | None, epochs_per_stage: int | None) -> int | None:
+    """``--stage``, or, with ``--epochs-per-stage E``, the stage of run.py's ``checkpoint_N`` (saved after epoch N, of
+    stage ``(N - 1) // E``: its ``checkpoint_5`` of args/gsm_coconut.yaml is stage 1, two thoughts, not six)."""
+    import re
+
+    from ..config import ConfigError
+
+    if epochs_per_stage is None:
+        return stage
+    if stage is not None:
+        raise ConfigError("--stage and --epochs-per-stage: give one (the second reads the stage from the file's name)")
+    if epochs_per_stage < 1:
+        raise ConfigError(f"--epochs-per-stage must be >= 1, got {epochs_per_stage}")
+    named = re.fullmatch(r"checkpoint_(\d+)", ckpt.name)
+    if named is None or int(named.group(1)) < 1:
+        raise ConfigError(
+            f"--epochs-per-stage reads the stage from run.py's file name, checkpoint_N; {ckpt.name!r} is not one "
+            "(give --stage)"
+        )
+    return (int(named.group(1)) - 1) // epochs_per_stage
 
 
 def base_dtype(name: str, trust_remote_code: bool, revision: str | None = None) -> torch.dtype:

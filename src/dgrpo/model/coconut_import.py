@@ -34,6 +34,8 @@ OFFICIAL_TOKEN_ORDER = (START_LATENT, END_LATENT, LATENT)
 WRAPPER_PREFIX = "base_causallm."
 #: the wrapper's own key: ``Coconut.embedding`` is the base model's input embedding, saved twice
 WRAPPER_EMBEDDING = "embedding.weight"
+#: the key prefixes of DDP's and torch.compile's wrappers, dropped from every key
+WRAPPED_BY = re.compile(r"^(?:module\.|_orig_mod\.)+")
 #: buffers that older transformers versions saved in state dicts and that are constants, not weights
 LEGACY_BUFFERS = re.compile(r"(\.attn|\.crossattention)\.(masked_)?bias$|rotary_emb\.inv_freq$")
 
@@ -65,10 +67,15 @@ def read_state_dict(ckpt: Path) -> dict[str, Tensor]:
             ) from None
         # torch's own words, without its advice on weights_only (one line)
         text = str(e).split("WeightsUnpickler error:", 1)[-1].split("Check the documentation", 1)[0]
-        reason = " ".join(text.split())[:160]
-        raise _error(f"{ckpt}: not a readable torch checkpoint, damaged or of another format ({reason})") from None
-    if not isinstance(obj, dict) or not obj:
+        reason = f"{type(e).__name__}: {' '.join(text.split())[:160]}" if text.strip() else type(e).__name__
+        empty = " (an empty file)" if ckpt.stat().st_size == 0 else ""
+        raise _error(
+            f"{ckpt}: not a readable torch checkpoint, damaged or of another format{empty} ({reason})"
+        ) from None
+    if not isinstance(obj, dict):
         raise _error(f"{ckpt}: expected a state dict (name -> tensor), found {type(obj).__name__}")
+    if not obj:
+        raise _error(f"{ckpt}: an empty state dict (no tensors)")
     bad = [f"{k!r}: {type(v).__name__}" for k, v in obj.items() if not isinstance(k, str) or not isinstance(v, Tensor)]
     if bad:
         raise _error(f"{ckpt}: expected a state dict (name -> tensor), found non-tensor entries {_few(bad)}")
@@ -78,6 +85,7 @@ def read_state_dict(ckpt: Path) -> dict[str, Tensor]:
 def unwrap(sd: dict[str, Tensor], ckpt: Path) -> tuple[dict[str, Tensor], bool, Tensor | None]:
     """The base model's state dict, whether it came in the official wrapper, and the wrapper's
     ``embedding.weight`` (None for a plain state dict)."""
+    sd = {_without_wrappers(k): v for k, v in sd.items()}
     keys = list(sd)
     wrapped = [k for k in keys if k.startswith(WRAPPER_PREFIX)]
     if not wrapped:
@@ -94,6 +102,12 @@ def unwrap(sd: dict[str, Tensor], ckpt: Path) -> tuple[dict[str, Tensor], bool, 
     return inner, True, sd.get(WRAPPER_EMBEDDING)
 
 
+def _without_wrappers(key: str) -> str:
+    """A key without the prefixes torch's wrappers put on a saved module's keys: DDP's ``module.``, torch.compile's
+    ``_orig_mod.``, FSDP's ``_fsdp_wrapped_module.`` (a state dict saved from the wrapper, not from its module)."""
+    return WRAPPED_BY.sub("", key.replace("_fsdp_wrapped_module.", ""))
+
+
 def coconut_settings(
     c_thought: int, n_latent: int | None, stage: int | None, max_latent_stage: int | None
 ) -> LatentSettings:
@@ -103,7 +117,10 @@ def coconut_settings(
     combination the rule cannot give (``n_latent=2, stage=1, c_thought=1``) is a one-line CheckpointError."""
     _check_ranges(c_thought, n_latent, stage, max_latent_stage)
     if n_latent is None and max_latent_stage is None:
-        raise _error("give max_latent_stage (n_latent = c_thought * max_latent_stage) or n_latent")
+        raise _error(
+            "give max_latent_stage (--max-latent-stage; n_latent = c_thought * max_latent_stage) or n_latent "
+            "(--n-latent)"
+        )
     if n_latent is not None and n_latent % c_thought:
         raise _error(
             f"n_latent {n_latent} is not a multiple of c_thought {c_thought} (Coconut's stage k has c_thought * k "
@@ -121,10 +138,10 @@ def coconut_settings(
 
 def _check_ranges(c_thought: int, n_latent: int | None, stage: int | None, max_latent_stage: int | None) -> None:
     if c_thought < 1:
-        raise _error(f"c_thought must be >= 1, got {c_thought}")
+        raise _error(f"c_thought (--c-thought) must be >= 1 for a Coconut-stage checkpoint, got {c_thought}")
     for name, value in (("n_latent", n_latent), ("stage", stage), ("max_latent_stage", max_latent_stage)):
         if value is not None and value < 0:
-            raise _error(f"{name} must be >= 0, got {value}")
+            raise _error(f"{name} (--{name.replace('_', '-')}) must be >= 0, got {value}")
 
 
 def _inferred_stage(c_thought: int, n_latent: int, max_latent_stage: int | None) -> int:
@@ -162,15 +179,16 @@ def choose_settings(
     """Coconut settings (:func:`coconut_settings`), or mode ``cot`` at stage 0 for a CoT-stage checkpoint."""
     if not cot:
         return coconut_settings(c_thought, n_latent, stage, max_latent_stage)
-    if c_thought < 1:
-        raise _error(f"c_thought must be >= 1, got {c_thought}")
-    if (n_latent, stage, max_latent_stage) != (None, None, None):
+    if c_thought < 0:
+        raise _error(f"c_thought (--c-thought) must be >= 0 for a CoT-stage checkpoint, got {c_thought}")
+    if any(v not in (None, 0) for v in (n_latent, stage, max_latent_stage)):
         raise _error(
             f"{ckpt} has no latent-token rows: a CoT-stage checkpoint (Coconut's stage 0), imported as mode "
-            "cot; leave out n_latent / stage / max_latent_stage"
+            "cot; leave out n_latent / stage / max_latent_stage (--n-latent, --stage, --max-latent-stage), or give 0"
         )
-    # run.py trains and evaluates its CoT stage without the markers (no_special_marker: configs.cot or no_cot)
-    return LatentSettings(mode="cot", c_thought=c_thought, stage=0, n_latent=0, markers=False)
+    # run.py trains and evaluates its CoT stage without the markers (no_special_marker: configs.cot or no_cot); its
+    # args/gsm_cot.yaml has c_thought 0, which the curriculum after it does not use: the later stages' 1 is kept
+    return LatentSettings(mode="cot", c_thought=max(c_thought, 1), stage=0, n_latent=0, markers=False)
 
 
 def build_base(
@@ -182,6 +200,7 @@ def build_base(
     local_only = Path(base).expanduser().exists()  # a base directory needs no weights: only its config and tokenizer
     if local_only:
         revision = None
+        _check_base_dir(Path(base).expanduser())
     else:  # a mistyped local path is one line, an unreachable hub too (not ~30 s of the hub's retries)
         base, local_only = resolve_model_source(base, revision)
     try:
@@ -200,6 +219,26 @@ def build_base(
     if tokenizer.pad_token is None:  # run.py and dgrpo both pad with EOS
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer, added
+
+
+def _check_base_dir(base: Path) -> None:
+    """A CheckpointError naming what a local ``--base`` lacks: a model's ``config.json`` (transformers said 'Should
+    have a model_type key' of a folder without one, and of a dgrpo run directory, whose config.json is the run's)."""
+    import json
+
+    config = base / "config.json"
+    if not config.is_file():
+        raise _error(f"--base {base}: no config.json; give the directory of the base model the Coconut run began from")
+    try:
+        stated = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return  # (transformers' own error says what is wrong with it)
+    if isinstance(stated, dict) and "model_type" not in stated:
+        run = " (a dgrpo run's config)" if {"grpo", "sft"} & set(stated) else ""
+        raise _error(
+            f"--base {base}: its config.json is no model config{run}, it names no model_type; give the directory "
+            "of the base model the Coconut run began from"
+        )
 
 
 def param_key(model: nn.Module, module: nn.Module) -> str:
@@ -235,6 +274,9 @@ def fit_state_dict(model: PreTrainedModel, sd: dict[str, Tensor], wrapper_emb: T
     kinds = [f"{k} {sd[k].dtype}" for k, v in expected.items() if v.is_floating_point() != sd[k].is_floating_point()]
     if kinds:
         raise _error(f"the checkpoint does not fit the base model: tensors of another kind (not float) {_few(kinds)}")
+    broken = [k for k, v in sd.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if broken:  # (it imported, then evaluated at 0% with every answer unparseable)
+        raise _error(f"the checkpoint holds NaN or infinite weights, a diverged run's: {_few(broken)}")
     return sd
 
 
@@ -286,6 +328,11 @@ def import_coconut(
     latent_ids = [tokenizer.get_vocab()[t] for t in OFFICIAL_TOKEN_ORDER]
     if not cot and max(latent_ids) >= rows:
         raise _error(f"{ckpt}: its {rows} embedding rows lack the latent tokens (ids {latent_ids} in the tokenizer)")
+    if not cot and rows != len(tokenizer):  # (run.py resizes to len(tokenizer): the trained latent rows went unused)
+        raise _error(
+            f"{ckpt}: {rows} embedding rows, but the tokenizer of {base!r} with the latent tokens has {len(tokenizer)} "
+            "(Coconut's run.py resizes the embedding to exactly that): is --base the model the run started from?"
+        )
     settings = choose_settings(ckpt, cot, c_thought, n_latent, stage, max_latent_stage)
     if sd[emb_key].is_floating_point():
         nn.Module.to(model, sd[emb_key].dtype)  # the checkpoint dtype (PreTrainedModel.to has narrower stubs)
