@@ -379,8 +379,8 @@ def test_a_recomputed_layer_enters_only_its_own_sites(tokenizer, task_records):
     with pert.bind(lm, torch.arange(2)) as pb:
         lp, _ = lm.target_logprobs(ids, mask, 3, tg, tm, perturbation=pb)
     built = []
-    real = type(pb)._hook
-    with mock.patch.object(type(pb), "_hook", lambda self, k: built.append(k) or real(self, k)):
+    real = type(pb).hook
+    with mock.patch.object(type(pb), "hook", lambda self, k: built.append(k) or real(self, k)):
         (-(lp * tm).sum()).backward()
     n_calls, n_sites = 1 + 3 + 2, 2 * len(decoder_layers(lm.model))
     assert len(built) == n_calls * n_sites and sorted(set(built)) == list(range(n_sites))
