@@ -705,6 +705,14 @@ def test_eval_of_a_file_without_the_checkpoints_steps_column(sft_checkpoint, tmp
         "eval", "--model", tmp_path / "nowhere", "--data", other, "--set", "eval.top_p=2", "--out", tmp_path / "h"
     )
     assert r.returncode == 2 and "eval.top_p" in r.stderr  # (the other options: checked before the checkpoint is read)
+    # task.* over the checkpoint's task, whose sizes are not the defaults': refused for the defaults' 19,000 problems
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "run_config.json").write_text(
+        json.dumps({"task": {"n_steps": 3, "n_train": 3000, "n_valid": 500, "n_test": 500}})
+    )
+    r = run_cli("eval", "--model", fake, "--data", "builtin:test", "--set", "task.n_steps=2", "--out", tmp_path / "i")
+    assert r.returncode == 2 and "holds no model checkpoint" in r.stderr, r.stderr  # (past the config)
 
 
 def test_a_run_validates_and_tests_on_files_without_the_training_datas_steps_column(tmp_path, run_cli):

@@ -203,7 +203,7 @@ class Done:
 def _eval_config(args: argparse.Namespace) -> Config:
     """The evaluation's config: the options given, over the checkpoint's own settings (a hub id's read at one
     commit, whose weights then load); ``--out`` checked first, before anything is read from the checkpoint."""
-    from ..config import Config, ConfigError, DataConfig, load_config
+    from ..config import Config, ConfigError, DataConfig, TaskConfig, load_config
     from ..model.sources import on_disk
     from ..training.run import check_not_a_training_run, check_output_path
     from .train import absolute_file
@@ -215,10 +215,11 @@ def _eval_config(args: argparse.Namespace) -> Config:
         extra.append("eval.plain=true")
     if args.shots is not None:
         extra.append(f"eval.shots={args.shots}")
-    # the options alone, and --out, before the checkpoint is read; the column mapping (data.*_key) only over the
-    # checkpoint's settings: data.answer_key alone completes the mapping a checkpoint records (it was refused)
+    # the options alone, and --out, before the checkpoint is read; task.* and data.* only over the checkpoint's own
+    # (data.answer_key alone completes the column mapping it records; task.n_steps=2 fits its task's sizes, not the
+    # defaults': each was refused)
     given = load_config(Config, list(args.config), [*args.overrides, *extra], validate=False)
-    replace(given, data=DataConfig()).validate()
+    replace(given, data=DataConfig(), task=TaskConfig()).validate()
     check_output_path(args.out)
     check_not_a_training_run(args.out)
     if not args.model.strip():
