@@ -1098,13 +1098,20 @@ def test_evaluate_checks_a_scorer_as_training_checks_a_reward(sft_checkpoint):
         return [1.0, True, 0, 0.925][: len(completions)]
 
     assert evaluate(lm, recs, scorer=closeness, max_new_tokens=4, progress=False).correct == 2
+
+    def summed(completions, records):  # (1 as a float sum rounds it: 0.9999999999999999, float32 1.0000001)
+        import torch
+
+        return [0.7 + 0.2 + 0.1, torch.full((10,), 0.1).sum(), 1e-7, 0.0][: len(completions)]
+
+    assert evaluate(lm, recs, scorer=summed, max_new_tokens=4, progress=False).correct == 2
     with pytest.raises(
         RewardError, match=r"scorer <lambda> returned 2.0 for row 0 .*: a scorer's value is in \[0, 1\]"
     ):
         evaluate(lm, recs, scorer=lambda c, r: [2.0] * len(c), max_new_tokens=4, progress=False)
     # a scorer on another scale is refused before a run trains, on the gold answers and on each other's
     check_scorer(closeness, recs)
-    with pytest.raises(RewardError, match=r"returned -1 for row 0 .*: a scorer's value is in \[0, 1\]"):
+    with pytest.raises(RewardError, match=r"returned -1.0 for row 0 .*: a scorer's value is in \[0, 1\]"):
         check_scorer(lambda c, r: [1 if "#### " + x.answer in t else -1 for t, x in zip(c, r)], recs)
     lm.train()
     evaluate_mc_vote(lm, recs, LockedDropout(p=0.1), n_masks=2, max_new_tokens=4, progress=False)

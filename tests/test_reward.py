@@ -84,7 +84,11 @@ from dgrpo.reward import (
         # the en dash and the small and full-width hyphen-minus are a minus sign (the sign was dropped); a range's dash
         # between numbers and the em dash are not
         ("#### \u20135", "-5"),
-        ("The answer is \u2013 3.5", "3.5"),  # (a dash standing apart: a sentence's; only - and \u2212 are signs so)
+        ("The answer is \u2013 3.5", "3.5"),  # (an en dash standing apart after words: a sentence's)
+        ("#### \u2013 5", "-5"),  # (after #### or in a box: the answer's sign, as a gold "\u2013 5" reads)
+        ("\\boxed{\u2013 5}", "-5"),
+        ("#### \uff0d 7", "-7"),
+        ("The answer is \ufe63 7", "-7"),
         ("#### \ufe637", "-7"),
         ("#### \uff0d7", "-7"),
         ("3\u20135 apples", "5"),
@@ -319,6 +323,11 @@ def test_a_short_gold_is_not_taken_as_rounded() -> None:
     assert score("#### 0.00000239200004", "2.392e-06") == score("#### 0.00000005000004", "5e-08") == 1.0
     assert score("#### 0.00000000000001236", "0.0000000000000123") == 0.0  # (16 decimals: rounded at its last)
     assert score("#### 0.00000000000001234", "0.0000000000000123") == 1.0
+
+
+def test_a_gold_and_its_own_completion_read_a_sign_standing_apart_alike() -> None:
+    for sign in "-\u2212\u2013\ufe63\uff0d":
+        assert score(f"#### {sign} 5", f"{sign} 5") == 1.0 and score(f"#### {sign} 5", "5") == 0.0
 
 
 def test_limits_are_compared_exactly_as_decimals() -> None:

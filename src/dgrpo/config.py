@@ -809,7 +809,8 @@ class GRPOConfig:
     alpha_max: float = opt(0.95, "group-accuracy filter upper bound")
     reward: str = opt(
         "",
-        "the reward: '' = eval.scorer (1 when correct, else 0), or a plug-in 'package.module:function' / "
+        "the reward: '' = eval.scorer (1 when correct; the built-in ones 0 otherwise), or a plug-in "
+        "'package.module:function' / "
         "'path/to/file.py:function': batched (completions, records) -> one finite float per completion, or a TRL "
         "reward function (**kwargs: prompts, completions, answer and the data's columns by name)",
     )

@@ -61,9 +61,10 @@ _NUMBER_ALONE = re.compile(rf"\s*(?:(?P<s0>{_SIGN})[ \t]+)?{_NUMBER}\.?\s*")
 # A minus sign standing apart between an answer marker and its number (``#### - 5``, ``The answer is - 5``,
 # ``\boxed{- 5}``, ``The answer is: - 5``, ``**Answer:** - 5``, ``$ - 5$``): the answer is negative. On the
 # marker's line only: a list's dash on the next line is no sign.
-# (after ``is:``, ``**Answer:**``, a math ``$``; the hyphen-minus or the minus sign: a dash standing apart, ``– 42``,
-# is a sentence's)
-_LONE_MINUS = re.compile(r"[ \t:*$]*[-\u2212][ \t]+")
+# (after ``is:``, ``**Answer:**``, a math ``$``; a minus or hyphen-minus sign; an en dash only after ``####`` or in a
+# box: after "The answer is", ``– 42`` is a sentence's dash)
+_LONE_MINUS = re.compile(r"[ \t:*$]*[-\u2212\ufe63\uff0d][ \t]+")
+_LONE_MINUS_OR_DASH = re.compile(rf"[ \t:*$]*[{_MINUS}][ \t]+")
 _NOISE_LIMIT = Decimal(str(ABS_NOISE_LIMIT))  # (exactly 0.001: Decimal(1e-3) is 0.0010000000000000000208...)
 _REL_TOL = Decimal(str(REL_TOL))
 #: a comma and a digit right after a number: the number's digits go on in groups not of three (``2,5``, ``12,34``,
@@ -148,7 +149,8 @@ def _find_answer(text: str) -> _Answer | None:
         boxed = marker.group().startswith("\\")
         if i < len(numbers) and starts[i] < before:
             gap = text[marker.end() : starts[i]]
-            negated = _LONE_MINUS.fullmatch(gap) is not None
+            lone = _LONE_MINUS if _ANSWER_IS.match(marker.group()) else _LONE_MINUS_OR_DASH
+            negated = lone.fullmatch(gap) is not None
             if negated or not boxed or not gap.strip(" \t\n$\\"):  # (a box: spaces, $ or \$ first)
                 if _BAD_GROUP.match(text, numbers[i].end()):
                     return None  # (``#### 2,5``: 2.5 or 25, not 2)

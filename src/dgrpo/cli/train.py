@@ -307,8 +307,9 @@ def run_grpo(args: argparse.Namespace) -> int:
 
     s = set_up_run(args)
     cfg, tests, dist = s.cfg, s.tests, s.dist
-    if s.valid is not None or tests:  # (the reward, eval.scorer or not, is checked by the trainer)
-        check_scorer(s.options["scorer"], s.train)
+    held_out = s.valid if s.valid is not None else next(iter(tests.values()), None)
+    if held_out:  # (what the scorer scores; the reward, eval.scorer or not, is checked by the trainer)
+        check_scorer(s.options["scorer"], held_out)
     # logged as eval/valid/accuracy, as SFT logs it (one chart for both in TensorBoard / W&B); config.json says which
     valid = {"valid": s.valid} if s.valid is not None else {}
 

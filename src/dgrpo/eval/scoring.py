@@ -3,11 +3,13 @@ weighted combination.
 
 A scorer or reward function is batched: ``fn(completions: list[str], records: list[Record]) -> list[float]``, one
 value per completion (``records[i]`` is the problem completion ``i`` answers: its ``question``, ``answer``,
-``steps`` and ``meta``). A scorer returns 1.0 for a correct completion and 0.0 otherwise; a reward may return any
-finite number. Built-in scorers, by name: ``numeric`` (the answer's number equals the gold number; text golds are
-compared as normalised text), ``exact`` (the final answer, after the last ``#`` if any, equals the gold after
-normalisation: case, spacing, a trailing period; against a gold that holds a ``#`` itself, ``C#``, the answer is
-read after the last standalone marker, ``#### C#``), ``choice`` (a multiple-choice letter A-E), ``coconut``
+``steps`` and ``meta``). A scorer returns a value in [0, 1], 1 for a correct completion (the built-in ones 1 or 0;
+a value between is partial credit, counted as not correct; within :data:`SCORE_TOLERANCE` of the range, a float
+sum's rounding, it is taken as its end); a reward may return any finite number. Built-in scorers, by name:
+``numeric`` (the answer's number equals the gold number; text golds are compared as normalised text), ``exact``
+(the final answer, after the last ``#`` if any, equals the gold after normalisation: case, spacing, a trailing
+period; a number gold against the answer read as a number; against a gold that holds a ``#`` itself, ``C#``, the
+answer is read after the last standalone marker, ``#### C#``), ``choice`` (a multiple-choice letter A-E), ``coconut``
 (Coconut's run.py check, as strings). A plug-in is named
 ``package.module:function`` or ``path/to/file.py:function``.
 
@@ -221,13 +223,25 @@ def call_checked(
                 shape = tuple(getattr(returned, "shape", ()))
                 why = f": it returned an array of shape {shape}; one number per completion is 1-D"
             raise RewardError(f"{what} {name} returned {v!r} for row {i} (question {records[i].question[:60]!r}){why}")
-        if what == "scorer" and not 0 <= x <= 1:  # (1 is correct, 0 wrong, a value between partial credit)
-            raise RewardError(
-                f"scorer {name} returned {v!r} for row {i} (question {records[i].question[:60]!r}): a scorer's "
-                "value is in [0, 1], 1 for a correct answer"
-            )
+        if what == "scorer":
+            x = _score_in_range(x, name, i, records[i])
         out.append(x)
     return out
+
+
+#: how far a scorer's value may lie from 1 and still be 1 (from 0 and still be 0): a float32 or float sum's rounding
+#: (0.7 + 0.2 + 0.1 is 0.9999999999999999, ten float32 0.1s 1.0000001)
+SCORE_TOLERANCE = 1e-6
+
+
+def _score_in_range(x: float, name: str, row: int, record: Record) -> float:
+    """A scorer's value, 1 within SCORE_TOLERANCE of 1 and 0 of 0; outside [0, 1] (so widened) a RewardError."""
+    if not -SCORE_TOLERANCE <= x <= 1 + SCORE_TOLERANCE:
+        raise RewardError(
+            f"scorer {name} returned {float(x)!r} for row {row} (question {record.question[:60]!r}): a scorer's "
+            "value is in [0, 1], 1 for a correct answer"
+        )
+    return 1.0 if x >= 1 - SCORE_TOLERANCE else 0.0 if x <= SCORE_TOLERANCE else x
 
 
 _WARNED_DGRPO_FORM: set[str] = set()

@@ -184,7 +184,8 @@ def choose_settings(
     if any(v not in (None, 0) for v in (n_latent, stage, max_latent_stage)):
         raise _error(
             f"{ckpt} has no latent-token rows: a CoT-stage checkpoint (Coconut's stage 0), imported as mode "
-            "cot; leave out n_latent / stage / max_latent_stage (--n-latent, --stage, --max-latent-stage), or give 0"
+            "cot; leave out n_latent / stage / max_latent_stage (--n-latent, --stage or --epochs-per-stage, "
+            "--max-latent-stage), or give 0"
         )
     # run.py trains and evaluates its CoT stage without the markers (no_special_marker: configs.cot or no_cot); its
     # args/gsm_cot.yaml has c_thought 0, which the curriculum after it does not use: the later stages' 1 is kept
