@@ -426,43 +426,17 @@ def test_the_stage_of_checkpoint_n_is_read_from_its_name(official, tmp_path, run
     """run.py saves checkpoint_N after epoch N, of stage (N - 1) // epochs_per_stage: its checkpoint_5 of
     args/gsm_coconut.yaml (epochs_per_stage 3) has 2 thoughts, but every checkpoint was imported with 6."""
     base, ckpt = official[:2]
-    early = tmp_path / "checkpoint_5"
+    early, odd = tmp_path / "checkpoint_5", tmp_path / "final.pt"
     shutil.copy(ckpt, early)
+    shutil.copy(ckpt, odd)
+    settings = ["--base", base, "--c-thought", 2, "--max-latent-stage", 3, "--epochs-per-stage", 3]
     for given, stage, n_latent in ((early, 1, 2), (ckpt, 4, 6)):  # (ckpt: checkpoint_15)
         out = tmp_path / f"o{stage}"
-        r = run_cli(
-            "import-coconut",
-            given,
-            "--base",
-            base,
-            "--c-thought",
-            2,
-            "--max-latent-stage",
-            3,
-            "--epochs-per-stage",
-            3,
-            "--out",
-            out,
-        )
+        r = run_cli("import-coconut", given, *settings, "--out", out)
         assert r.returncode == 0, r.stderr
-        settings = json.loads((out / LATENT_CONFIG_FILE).read_text())
-        assert (settings["stage"], settings["n_latent"]) == (stage, n_latent)
-    odd = tmp_path / "final.pt"
-    shutil.copy(ckpt, odd)
-    r = run_cli(
-        "import-coconut",
-        odd,
-        "--base",
-        base,
-        "--c-thought",
-        2,
-        "--max-latent-stage",
-        3,
-        "--epochs-per-stage",
-        3,
-        "--out",
-        tmp_path / "x",
-    )
+        written = json.loads((out / LATENT_CONFIG_FILE).read_text())
+        assert (written["stage"], written["n_latent"]) == (stage, n_latent)
+    r = run_cli("import-coconut", odd, *settings, "--out", tmp_path / "x")
     assert r.returncode == 2 and "'final.pt' is not one (give --stage)" in r.stderr
 
 
