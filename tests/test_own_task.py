@@ -351,6 +351,8 @@ def test_several_weighted_rewards_and_the_filter_rule(reward_file):
     rw_total = build_rewards("", [{"fn": "numeric", "weight": 2.0}], "numeric")
     with pytest.raises(RewardError, match="must lie in \\[0, 1\\]"):
         rw_total.filter_values(rw_total(["#### 12"], recs[:1]))  # a total of 2.0 cannot be an accuracy
+    within = rw_total.filter_values([1.0000001, 0.9999999999999999, -1e-9])  # (a float sum just past 0 or 1)
+    assert within == [1.0, 0.9999999999999999, 0.0]
     with pytest.raises(RewardError, match="not one of the rewards"):
         build_rewards("", [{"fn": "numeric"}], "numeric", "nope")
     with pytest.warns(UserWarning, match="grpo.reward 'exact' is not used: grpo.rewards is set and replaces it"):

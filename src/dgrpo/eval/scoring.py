@@ -388,16 +388,17 @@ class Rewards:
             self.filter_values(total)
 
     def filter_values(self, total: list[float]) -> list[float]:
-        """The values the accuracy window is applied to; they must lie in [0, 1]."""
+        """The values the accuracy window is applied to; they must lie in [0, 1] (within SCORE_TOLERANCE, taken to
+        its ends, as a scorer's are: a float32 sum's 1.0000001 is 1)."""
         values = total if not self.filter_on else self.last[self.filter_on]
         for i, v in enumerate(values):
-            if not 0.0 <= v <= 1.0:
+            if not -SCORE_TOLERANCE <= v <= 1 + SCORE_TOLERANCE:
                 what = f"reward {self.filter_on}" if self.filter_on else "the total reward"
                 raise RewardError(
                     f"grpo.filter: the accuracy window applies to {what}, which must lie in [0, 1]; it is {v} for row "
                     f"{i}: set grpo.filter_reward to a 0/1 reward of grpo.rewards, or grpo.filter=false"
                 )
-        return values
+        return [min(max(v, 0.0), 1.0) for v in values]
 
 
 def build_rewards(reward: str, rewards: list[dict], scorer: str, filter_reward: str = "") -> Rewards:
