@@ -40,7 +40,9 @@ GOLD_ROUNDED_AT = 10
 
 # ASCII hyphen-minus, the Unicode minus sign, the en dash and the small and full-width hyphen-minus (``–5``: a model's
 # minus; the sign was dropped, so ``#### –5`` scored 1 against 5); not the em dash, a sentence's (``— 5 of them``)
-_MINUS = "-\u2212\u2013\ufe63\uff0d"
+_MINUS_SIGNS = "-\u2212\ufe63\uff0d"
+_EN_DASH = "\u2013"
+_MINUS = _MINUS_SIGNS + _EN_DASH
 _SIGN = rf"[{_MINUS}+]"  # (the hyphen first: no range)
 # The digits of one number: ``40,000`` (groups of exactly three after a comma), ``1234``, ``3.50``, ``.5``.
 _DIGITS = r"(?:[0-9]{1,3}(?:,[0-9]{3}(?![0-9]))+|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+"
@@ -63,7 +65,7 @@ _NUMBER_ALONE = re.compile(rf"\s*(?:(?P<s0>{_SIGN})[ \t]+)?{_NUMBER}\.?\s*")
 # marker's line only: a list's dash on the next line is no sign.
 # (after ``is:``, ``**Answer:**``, a math ``$``; a minus or hyphen-minus sign; an en dash only after ``####`` or in a
 # box: after "The answer is", ``– 42`` is a sentence's dash)
-_LONE_MINUS = re.compile(r"[ \t:*$]*[-\u2212\ufe63\uff0d][ \t]+")
+_LONE_MINUS = re.compile(rf"[ \t:*$]*[{_MINUS_SIGNS}][ \t]+")
 _LONE_MINUS_OR_DASH = re.compile(rf"[ \t:*$]*[{_MINUS}][ \t]+")
 _NOISE_LIMIT = Decimal(str(ABS_NOISE_LIMIT))  # (exactly 0.001: Decimal(1e-3) is 0.0010000000000000000208...)
 _REL_TOL = Decimal(str(REL_TOL))

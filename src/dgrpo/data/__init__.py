@@ -114,8 +114,8 @@ def dataset_key(spec: str, split: str | None = None) -> str:
     at_a_path = local_path(spec)
     if at_a_path is not None:
         path, in_path = at_a_path
-        chosen = split or in_path
-        return f"{Path(path).expanduser().resolve()}:{chosen}" if chosen else str(Path(path).expanduser().resolve())
+        chosen, absolute = split or in_path, Path(path).expanduser().resolve()
+        return f"{absolute}:{chosen}" if chosen else str(absolute)
     if "+" in spec:
         return "+".join(dataset_key(part.strip(), split) for part in spec.split("+"))
     if spec.startswith("builtin"):

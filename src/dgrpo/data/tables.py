@@ -116,8 +116,10 @@ def split_rows(loaded: Any, split: str | None, where: str, name_one: str = "") -
 def unnamed_split(names: list[str], where: str, name_one: str) -> str:
     """The split a dataset of the splits ``names`` means when none is named: ``test``, or its only split. Several and
     no test is a DataError naming them (``name_one``: how to name one): the first, often ``train``, was evaluated."""
-    if "test" in names or len(names) == 1:
-        return "test" if "test" in names else names[0]
+    if "test" in names:
+        return "test"
+    if len(names) == 1:
+        return names[0]
     if not names:
         raise DataError(f"{where}: has no splits (an empty DatasetDict)")
     raise DataError(f"{where}: the splits {', '.join(names)} and no test split; name the one to read as {name_one}")

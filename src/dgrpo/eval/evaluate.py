@@ -570,9 +570,10 @@ def _voted(records: list[Record], texts: list[str], n_masks: int, scorer: ScoreF
     for j, r in enumerate(records):
         mine = texts[j * n_masks : (j + 1) * n_masks]
         votes = [vote_key(scorer, t, r.answer) for t in mine]
-        vote = majority_vote(votes, numbers_agree if scorer is numeric and _numeric_gold(r.answer) else None)
+        by_number = scorer is numeric and _numeric_gold(r.answer)
+        vote = majority_vote(votes, numbers_agree if by_number else None)
         if vote is not None:
-            chosen[j] = _voted_completion(mine, votes, vote, scorer is numeric and _numeric_gold(r.answer))
+            chosen[j] = _voted_completion(mine, votes, vote, by_number)
         preds.append({"question": r.question, "gold": r.answer, "votes": votes, "pred": vote})
     scores = (
         call_checked(scorer, scorer_name(scorer), list(chosen.values()), [records[j] for j in chosen], "scorer")
@@ -593,7 +594,12 @@ def _voted_completion(texts: list[str], votes: list[str | None], vote: str, nume
     given = [t for t, v in zip(texts, votes) if v == vote]
     if not numeric_gold:
         return given[0]
-    return min(given, key=lambda t: (0, answer_decimals(t)) if answer_decimals(t) >= 2 else (1, -answer_decimals(t)))
+
+    def widest_first(text: str) -> tuple[int, int]:
+        decimals = answer_decimals(text)
+        return (0, decimals) if decimals >= 2 else (1, -decimals)
+
+    return min(given, key=widest_first)
 
 
 def evaluate_mc_vote(
