@@ -235,18 +235,27 @@ def test_sft_two_ranks_cli(tmp_path):
 
 
 @NEEDS_FSDP2
-@pytest.mark.parametrize("fsdp", ["full", "sharded"])
-def test_fsdp2_runs_write_resumable_checkpoints_and_resume_bit_identical(sft_checkpoint, tmp_path, run_cli, fsdp):
+@pytest.mark.parametrize(
+    ("fsdp", "master"),
+    [("full", False), ("sharded", False), ("sharded", True)],
+    ids=["full", "sharded", "sharded-master"],
+)
+def test_fsdp2_runs_write_resumable_checkpoints_and_resume_bit_identical(
+    sft_checkpoint, tmp_path, run_cli, fsdp, master
+):
     """Under FSDP2 no resumable checkpoint was written: a stopped run (preempted, killed, SIGTERM) lost every step.
     ``fsdp: full``: every rank gathers the model's and the optimizer's state to rank 0, which writes it; a resume
     shards it again. ``fsdp: sharded``: every rank writes its own shards of both (nothing is gathered) and a resume
-    reads each rank's back. Resumed from step 1 of 3, the run ends bit-identical to the one never stopped."""
+    reads each rank's back. Resumed from step 1 of 3, the run ends bit-identical to the one never stopped; with bf16
+    weights and ``model.master_weights`` too (each rank's shards of the float32 masters are saved and read back)."""
     from safetensors.torch import load_file
 
     from dgrpo.training.consolidate import read_sharded
 
     sets = {**NONZERO, "fsdp": fsdp, "data.valid": "''", "data.test": "[]", "grpo.save_every": 1}
     sets |= {"grpo.keep_last": 3, "perturbation.p": 0.3, "threads": 1}
+    if master:
+        sets |= {"model.dtype": "bfloat16", "model.master_weights": "true"}
     ref, resumed = tmp_path / "ref", tmp_path / "resumed"
     torchrun("cli", ref, {"argv": ["grpo", "--init", str(sft_checkpoint), "--out", str(ref)], "sets": sets})
     step1 = ref / "checkpoints" / "step-00000001"

@@ -244,6 +244,14 @@ class ModelConfig:
     num_heads: int = opt(4, "built-in tiny model: attention heads")
     intermediate_size: int = opt(512, "built-in tiny model: MLP width")
     dtype: DType = opt("float32", "weight dtype: float32, or bfloat16 (bf16 weights, as the paper trains)")
+    master_weights: bool = opt(
+        False,
+        "with bfloat16 weights: keep each trained weight in float32 in the optimizer state (a master copy, with "
+        "float32 AdamW moments), step it there and round it to the bf16 weight, in sft and grpo; without it (the "
+        "paper's recipe) an update under half a bf16 spacing of a weight is lost (README, 'bf16 weights'). 8 bytes "
+        "a trained parameter more than AdamW on bf16 weights, and a float32 copy of the gradients during the "
+        "step; saved in resumable checkpoints; no effect on float32 weights; not with grpo.optimizer=adamw8bit",
+    )
     latent_token_init: LatentTokenInit = opt(
         "mean",
         "how a model without the latent markers (a base LM) starts their embedding rows, input and untied head: mean "
@@ -1092,6 +1100,12 @@ class Config:
         )
         self._validate_compile()
         self._validate_latent_graphs()
+        _check(
+            not (self.model.master_weights and self.grpo.optimizer == "adamw8bit"),
+            "model.master_weights",
+            "the master copies are stepped by torch's AdamW; bitsandbytes' 8-bit AdamW writes its update into the "
+            "bf16 weight (set grpo.optimizer=adamw, or model.master_weights=false)",
+        )
         _check(
             not (self.model.lora.r > 0 and self.fsdp != "none"),
             "model.lora.r",

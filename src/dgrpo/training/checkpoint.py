@@ -50,8 +50,9 @@ from ..model.verified import (
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, step_dir_name
 from .distributed import TrainingState
 
-#: torch optimizers' per-parameter state tensors, shaped like their parameter (8-bit optimizers keep others)
-PER_PARAMETER_STATE = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")
+#: torch optimizers' per-parameter state tensors, shaped like their parameter (8-bit optimizers keep others), and
+#: MasterWeightAdamW's float32 copy of the weight
+PER_PARAMETER_STATE = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "master")
 
 
 def capture_rng() -> tuple[dict, dict[str, torch.Tensor]]:

@@ -63,6 +63,7 @@ from .losses import (
     grpo_objective,
     shuffle_within_groups,
 )
+from .master_weights import adamw
 from .memory import oom_advice
 from .preemption import stop, stop_requested, within_step
 from .ref_policy import make_reference
@@ -136,7 +137,8 @@ def agree_on_kept(n_kept_local: int, n_tokens_local: int, dist: Dist, failed: bo
 
 
 def build_optimizer(params: list, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW, or bitsandbytes' 8-bit AdamW on CUDA (``grpo.optimizer: adamw8bit``; elsewhere torch AdamW, warned)."""
+    """AdamW (over float32 masters with ``model.master_weights``), or bitsandbytes' 8-bit AdamW on CUDA
+    (``grpo.optimizer: adamw8bit``; elsewhere torch AdamW, warned)."""
     g = cfg.grpo
     if g.optimizer == "adamw8bit":
         if device.type == "cuda":
@@ -151,7 +153,7 @@ def build_optimizer(params: list, cfg: Config, device: torch.device) -> torch.op
                 )
         else:
             warnings.warn("grpo.optimizer=adamw8bit runs on CUDA only; using torch AdamW on this device", stacklevel=2)
-    return torch.optim.AdamW(params, lr=g.lr, weight_decay=g.weight_decay)
+    return adamw(params, cfg.model.master_weights, lr=g.lr, weight_decay=g.weight_decay)
 
 
 @contextmanager

@@ -32,6 +32,7 @@ from ..model.sources import on_for_device
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dir
 from .checkpoint import read_checkpoint, save_checkpoint, shard_staging
 from .distributed import Dist
+from .master_weights import adamw, carry_masters
 from .memory import oom_advice
 from .preemption import stop, stop_requested, within_step
 from .run import (
@@ -198,9 +199,14 @@ class Progress:
     stage_prev: int | None = None
 
 
-def new_optimizer(params: list, cfg: Config) -> torch.optim.Optimizer:
+def new_optimizer(params: list, cfg: Config, previous: torch.optim.Optimizer | None = None) -> torch.optim.Optimizer:
+    """AdamW (with ``model.master_weights``, over float32 masters: a ``previous`` optimizer's are carried over)."""
     beta1, beta2 = cfg.sft.adam_betas
-    return torch.optim.AdamW(params, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay, betas=(beta1, beta2))
+    opt = adamw(
+        params, cfg.model.master_weights, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay, betas=(beta1, beta2)
+    )
+    carry_masters(previous, opt)
+    return opt
 
 
 def sft_step(
@@ -273,7 +279,7 @@ class SFTRun:
         s, prog = self.cfg.sft, self.prog
         boundary = stage != prog.stage_prev if s.reset_every == "stage" else prog.step_in_sched >= prog.sched_total
         if self.opt is None or (boundary and s.reset_optimizer):
-            self.opt = new_optimizer(self.params, self.cfg)
+            self.opt = new_optimizer(self.params, self.cfg, previous=self.opt)
             self.prog.sched_total, self.prog.step_in_sched = self.plan.schedule_length(stage), 0
         self.prog.stage_prev = stage
 

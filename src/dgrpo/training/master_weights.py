@@ -1,0 +1,93 @@
+"""AdamW with a float32 master copy of low-precision weights (``model.master_weights``).
+
+The paper loads and trains bf16 weights without one, so an AdamW step under half a bf16 spacing of a weight is
+rounded away (``experiments/bf16_updates.py``). :class:`MasterWeightAdamW` keeps, in the optimizer state of each
+bf16 (or fp16) parameter, ``master``: the weight in float32, next to float32 moments. A step is torch's AdamW on
+the masters (their gradients the parameters' in float32); each weight is then its master rounded to nearest.
+The state is keyed by the model's parameters like any torch optimizer's, so whole and sharded (FSDP2) checkpoints
+save and restore the masters with the moments, and a resumed run goes on bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+#: the parameter dtypes that get a float32 master copy
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def is_low_precision(p: Tensor) -> bool:
+    return p.dtype in LOW_PRECISION
+
+
+class MasterWeightAdamW(torch.optim.AdamW):
+    """torch's AdamW, stepping a float32 master of each low-precision parameter (float32 ones step as they are)."""
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        swapped = [(group, group["params"]) for group in self.param_groups]
+        stepped: list[tuple[Tensor, Tensor]] = []
+        try:
+            for group, params in swapped:
+                group["params"] = [self._stand_in(p, stepped) for p in params]
+            super().step()
+        finally:
+            for group, params in swapped:
+                group["params"] = params
+            for p, master in stepped:
+                self.state[p].update(self.state.pop(master))  # the moments created or updated on the master
+                master.grad = None
+                p.copy_(master)
+        return loss
+
+    def _stand_in(self, p: Tensor, stepped: list[tuple[Tensor, Tensor]]) -> Tensor:
+        """What AdamW steps for ``p``: its float32 master (made from the weight at its first step), holding the
+        gradient in float32 and AdamW's own state (the parameter's state less ``master``); ``p`` itself otherwise."""
+        if p.grad is None or not is_low_precision(p):
+            return p
+        state = self.state[p]
+        master = state.get("master")
+        if master is None:
+            master = state["master"] = p.detach().to(torch.float32)
+        master.grad = p.grad.to(torch.float32)
+        self.state[master] = {k: v for k, v in state.items() if k != "master"}
+        stepped.append((p, master))
+        return master
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's loading casts a parameter's floating state to its dtype: a bf16 parameter's master and moments
+        are put back in float32 (torch's copies are replaced by the saved tensors, on the parameter's device)."""
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        super().load_state_dict(state_dict)
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in zip(saved_ids, params):
+            if not is_low_precision(p):
+                continue
+            for name, value in state_dict["state"].get(i, {}).items():
+                if name != "step" and isinstance(value, Tensor) and value.is_floating_point():
+                    self.state[p][name] = value.to(device=p.device, dtype=torch.float32)
+
+
+def adamw(params: Iterable[Tensor], master_weights: bool, **kwargs: Any) -> torch.optim.AdamW:
+    """torch's AdamW, or with ``master_weights`` :class:`MasterWeightAdamW`."""
+    return (MasterWeightAdamW if master_weights else torch.optim.AdamW)(params, **kwargs)
+
+
+def carry_masters(old: torch.optim.Optimizer | None, new: torch.optim.Optimizer) -> None:
+    """A new optimizer over the same parameters (SFT's reset) starts from the old one's masters: the weights'
+    float32 values, not optimizer history, which a reset would otherwise round to bf16."""
+    if old is None:
+        return
+    for group in new.param_groups:
+        for p in group["params"]:
+            master = old.state.get(p, {}).get("master")
+            if master is not None:
+                new.state[p]["master"] = master

@@ -1,0 +1,185 @@
+"""model.master_weights: bf16 weights stepped through float32 masters, as float32 weights would be, and resumed."""
+
+import copy
+
+import pytest
+import torch
+
+from dgrpo.config import ConfigError
+from dgrpo.training.master_weights import MasterWeightAdamW, carry_masters
+
+from conftest import tiny_config
+
+
+def _params(dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    # values a bf16 tensor holds exactly, so that every dtype starts from the same weights
+    return [torch.nn.Parameter((torch.randn(*s, generator=g) * 0.02).bfloat16().to(dtype)) for s in ((64, 32), (32,))]
+
+
+def _grads(step, params):
+    g = torch.Generator().manual_seed(100 + step)
+    return [torch.randn(p.shape, generator=g).bfloat16().to(p.dtype) for p in params]
+
+
+def _steps(opt, params, steps, first=0):
+    for t in range(first, first + steps):
+        for p, g in zip(params, _grads(t, params)):
+            p.grad = g
+        opt.step()
+
+
+KW = {"lr": 1e-4, "weight_decay": 0.1, "betas": (0.9, 0.95)}
+
+
+def test_float32_weights_step_exactly_as_torch_adamw():
+    a, b = _params(torch.float32), _params(torch.float32)
+    _steps(torch.optim.AdamW(a, **KW), a, 5)
+    opt = MasterWeightAdamW(b, **KW)
+    _steps(opt, b, 5)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all("master" not in opt.state[p] for p in b)
+
+
+def test_bf16_weights_follow_the_float32_run_through_their_masters():
+    """The masters are the float32 run bit for bit; the weights are the masters rounded to nearest; without
+    masters most of the updates (lr 1e-4, weights near 0.02) are lost."""
+    ref = _params(torch.float32)
+    _steps(torch.optim.AdamW(ref, **KW), ref, 8)
+    bf16 = _params(torch.bfloat16)
+    opt = MasterWeightAdamW(bf16, **KW)
+    _steps(opt, bf16, 8)
+    for r, p in zip(ref, bf16):
+        state = opt.state[p]
+        assert {k: v.dtype for k, v in state.items() if k != "step"} == dict.fromkeys(
+            ("master", "exp_avg", "exp_avg_sq"), torch.float32
+        )
+        assert torch.equal(state["master"], r.detach())
+        assert p.dtype == torch.bfloat16 and torch.equal(p.detach(), r.detach().bfloat16())
+    plain = _params(torch.bfloat16)
+    _steps(torch.optim.AdamW(plain, **KW), plain, 8)
+    start = _params(torch.float32)
+
+    def error(ps):
+        return sum((p.float() - r).norm() for p, r in zip(ps, ref)) / sum((r - s).norm() for r, s in zip(ref, start))
+
+    assert error([p.detach() for p in bf16]) < 0.5 * error([p.detach() for p in plain])
+
+
+def test_a_parameter_without_a_gradient_is_left_as_it_is():
+    ps = _params(torch.bfloat16)
+    opt = MasterWeightAdamW(ps, **KW)
+    before = ps[1].detach().clone()
+    ps[0].grad = torch.ones_like(ps[0])
+    opt.step()
+    assert torch.equal(ps[1], before) and ps[1] not in opt.state
+    assert set(opt.state[ps[0]]) == {"master", "step", "exp_avg", "exp_avg_sq"}
+    assert len(opt.state) == 1  # (no masters left behind as keys of their own)
+
+
+def test_a_saved_state_loads_back_in_float32_and_the_run_goes_on_bit_for_bit():
+    """torch's load_state_dict casts a parameter's state to its dtype: the masters and moments would be rounded to
+    bf16 and a resumed run would differ from the uninterrupted one."""
+    a = _params(torch.bfloat16)
+    opt_a = MasterWeightAdamW(a, **KW)
+    _steps(opt_a, a, 3)
+    saved = copy.deepcopy(opt_a.state_dict())  # (as written to a file: not the tensors opt_a steps on)
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    opt_b = MasterWeightAdamW(b, **KW)
+    opt_b.load_state_dict(saved)
+    assert all(opt_b.state[p]["master"].dtype == torch.float32 for p in b)
+    _steps(opt_a, a, 4, first=3)
+    _steps(opt_b, b, 4, first=3)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(opt_a.state[x]["master"], opt_b.state[y]["master"]) for x, y in zip(a, b))
+
+
+def test_a_new_optimizer_starts_from_the_old_ones_masters():
+    """SFT's reset makes a new AdamW at each stage: the weights' float32 values go on, the moments start afresh."""
+    ps = _params(torch.bfloat16)
+    old = MasterWeightAdamW(ps, **KW)
+    _steps(old, ps, 3)
+    masters = [old.state[p]["master"].clone() for p in ps]
+    new = MasterWeightAdamW(ps, **KW)
+    carry_masters(old, new)
+    assert all(set(new.state[p]) == {"master"} for p in ps)
+    _steps(new, ps, 1, first=3)
+    fresh = [torch.nn.Parameter(m.clone()) for m in masters]
+    _steps(torch.optim.AdamW(fresh, **KW), fresh, 1, first=3)
+    assert all(torch.equal(new.state[p]["master"], f.detach()) for p, f in zip(ps, fresh))
+
+
+def test_master_weights_with_the_8bit_optimizer_are_refused():
+    with pytest.raises(ConfigError, match=r"model.master_weights: .*set grpo.optimizer=adamw"):
+        tiny_config(**{"model.master_weights": "true", "grpo.optimizer": "adamw8bit"})
+
+
+def test_a_bf16_grpo_run_with_master_weights_resumes_from_its_checkpoint_bit_for_bit(sft_checkpoint, tmp_path):
+    """Two steps, a resumable checkpoint, a fresh trainer loaded from it: the same next steps as the run never
+    stopped (the masters are in the checkpoint's optimizer state, in float32)."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.training.checkpoint import list_checkpoints, read_checkpoint, save_checkpoint
+    from dgrpo.training.grpo import GRPOTrainer
+
+    over = {"model.dtype": "bfloat16", "model.master_weights": "true", "grpo.prompts_per_step": 4, "grpo.steps": 4}
+    cfg = tiny_config(**over, **{"grpo.lr": 1e-3, "grpo.filter": "false", "perturbation.p": 0.3})
+    train = generate_split(cfg.task, "train")
+
+    def trainer():
+        return GRPOTrainer(LatentLM.from_pretrained(sft_checkpoint).to(torch.bfloat16), cfg, train)
+
+    a = trainer()
+    a.step()
+    a.step()
+    save_checkpoint(tmp_path, 2, lm=a.lm, optimizer=a.opt, state={"trainer": a.state()})
+    b = trainer()
+    saved = read_checkpoint(list_checkpoints(tmp_path)[-1], lm=b.lm, optimizer=b.opt)
+    b.load_state(saved.apply(b.lm, b.opt)["trainer"])
+    masters = [s["master"] for s in b.opt.state.values() if "master" in s]
+    assert masters and all(m.dtype == torch.float32 for m in masters)
+    rng = torch.random.get_rng_state()
+    for _ in range(2):
+        torch.random.set_rng_state(rng)
+        a.step()
+        torch.random.set_rng_state(rng)
+        b.step()
+    wa, wb = a.lm.model.state_dict(), b.lm.model.state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    moved = [
+        k
+        for k, v in LatentLM.from_pretrained(sft_checkpoint).model.state_dict().items()
+        if not torch.equal(v.bfloat16(), wa[k])
+    ]
+    assert moved
+
+
+def test_bf16_sft_with_master_weights_checkpoints_the_masters_whose_rounding_is_the_weights(tmp_path):
+    """Across the tiny curriculum's stage boundary (a new AdamW): each resumable checkpoint holds a float32 master
+    for every trained weight, and the saved bf16 weight is that master rounded to nearest."""
+    from safetensors.torch import load_file
+
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.checkpoint import list_checkpoints
+    from dgrpo.training.sft import train_sft
+
+    over = {"model.dtype": "bfloat16", "model.master_weights": "true", "task.n_train": 64, "sft.batch_size": 32}
+    cfg = tiny_config(
+        **over, **{"sft.save_every": 1, "sft.eval_each_stage": "false", "data.test": "[]", "sft.warmup_steps": 1}
+    )
+    torch.manual_seed(0)
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path, log=lambda *a: None, progress=False)
+    ckpt = list_checkpoints(tmp_path)[-1]
+    weights = load_file(str(ckpt / "model" / "model.safetensors"))
+    optimizer = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    names = [n for n, p in lm.model.named_parameters() if p.requires_grad]
+    ids = [i for g in optimizer["param_groups"] for i in g["params"]]
+    assert len(ids) == len(names)
+    checked = 0
+    for i, name in zip(ids, names):
+        master = optimizer["state"][i]["master"]
+        assert master.dtype == torch.float32 and torch.equal(master.bfloat16(), weights[name]), name
+        checked += 1
+    assert checked == len(names)
