@@ -1102,3 +1102,18 @@ def test_under_torchrun_a_rank_that_ended_is_one_line_from_rank_0(tmp_path, run_
         if rank == "0"
         else ""
     )
+
+
+def test_any_run_seed_seeds_every_rank():
+    """Under torchrun a rank seeds with ``seed * 1000003 + rank``: a run seed of 1.7e18 (date +%s%N) overflowed
+    torch's 64 bits and every rank failed with a traceback. A seed torch took before seeds as it did."""
+    import torch
+
+    from dgrpo.cli.common import seed_everything
+
+    for seed in (2**63 - 1, -(2**63)):
+        seed_everything(seed * 1000003 + 1)
+    seed_everything(-1)
+    a = torch.rand(3)
+    torch.manual_seed(-1)
+    assert torch.equal(a, torch.rand(3))

@@ -87,12 +87,15 @@ def refuse_torchrun(command: str, why: str) -> None:
 
 
 def seed_everything(seed: int) -> None:
+    """Python's, NumPy's and torch's global RNGs from one integer of any size (a rank's seed under torchrun,
+    ``seed * 1000003 + rank``, passes torch's 64 bits from a run seed of about 1.8e13 on; torch reads a negative
+    seed modulo 2**64 too)."""
     import numpy as np
     import torch
 
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed % 2**64)
 
 
 def setup(cfg: Config) -> torch.device:
