@@ -241,6 +241,12 @@ def test_join_parts_keeps_task_order_whatever_finishes_first():
         (["--seeds", "101"], "--seeds must be <= 100"),  # (rl_seed(0, 100) would be rl_seed(1, 0))
         # an override that breaks one arm, found before any SFT (it was found after SFT, naming no arm)
         (["--set", "grpo.shuffle_rewards=true"], "arm reinforce_ema (builtin/reinforce_ema.yaml over the demo's"),
+        # options the demo does not read (they were accepted and did nothing), and a reward found only after SFT
+        (["--set", "data.train=my.jsonl"], "--set data.train: dgrpo demo does not read it"),
+        (["--set", "eval.scorer=exact"], "--set eval.scorer: dgrpo demo does not read it"),
+        (["--set", "seed=3"], "each run's seed its own: --sft-seeds, --seeds"),
+        (["--set", "grpo.reward=nosuch.py:f"], "reward 'nosuch.py:f': file nosuch.py not found"),
+        (["--set", "perturbation.kind=nosuch.py:K"], "nosuch.py"),
     ],
 )
 def test_demo_bad_arguments_exit_2_in_one_line_before_any_work(tmp_path, run_cli, args, needle):
@@ -459,7 +465,7 @@ def test_a_set_that_an_arm_overrides_is_named(tmp_path):
 
     from dgrpo.demo.pipeline import demo_config
 
-    sets = ["grpo.temperature=0.5", "grpo.lr=2e-4", "seed=3"]
+    sets = ["grpo.temperature=0.5", "grpo.lr=2e-4"]
     args = SimpleNamespace(quick=True, config=[], overrides=sets, seeds=None, out=str(tmp_path / "o"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

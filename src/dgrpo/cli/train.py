@@ -232,26 +232,12 @@ class Setting:
     out: Path
 
 
-def check_reward(cfg: Config) -> None:
-    """Build the reward the config names (``grpo.reward(s)``, ``grpo.filter_reward``, else ``eval.scorer``) once, so
-    that a missing file or function fails in one line before the data and the model load; the trainer builds it
-    again (a plug-in file's module runs once per process), and says what it warns of."""
-    from ..eval.scoring import RewardError, RewardSetupError, build_rewards
-
-    g = cfg.grpo
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            build_rewards(g.reward, g.rewards, cfg.eval.scorer, g.filter_reward)
-    except RewardError as e:
-        raise RewardSetupError(str(e)) from None
-
-
 def set_up_run(args: argparse.Namespace) -> Setting:
     """Validate the config, read every dataset, join the processes, load the model: each failure one line before
     anything is trained (a scorer that cannot be built fails before anything is read)."""
     from ..data import load_spec, training_split
     from ..eval.evaluate import eval_options
+    from ..eval.scoring import check_reward
     from ..model.factory import load_model
     from ..training.tracking import check_installed
 
@@ -263,7 +249,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
         from ..perturbation import kind_class
 
         kind_class(cfg.perturbation.kind)
-        check_reward(cfg)
+        check_reward(cfg.grpo, cfg.eval.scorer)
     device = setup(cfg)
     options = eval_options(cfg)
     train = load_spec(training_split(cfg.data.train), cfg.task, data=cfg.data)

@@ -27,8 +27,10 @@ from ..config import Config, ConfigError, TaskConfig, load_config, merge_file
 from ..data.records import Record
 from ..data.synthetic import generate_split
 from ..eval.evaluate import evaluate
+from ..eval.scoring import check_reward
 from ..model.factory import load_model
 from ..model.latent_lm import LatentLM
+from ..perturbation import kind_class
 from ..run_layout import BEST_DIR, FINAL_DIR
 from ..training.distributed import available_cpus, exit_with_parent
 from ..training.grpo import train_grpo
@@ -265,6 +267,7 @@ def demo_config(args: Any) -> tuple[Config, int, int]:
         raise ConfigError(f"--seeds must be <= {MAX_RL_SEEDS} (RL seeds are 100 x SFT seed + r), got {n_rl}")
     if getattr(args, "workers", None) is not None and args.workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
+    _refuse_what_the_demo_does_not_read(args.overrides)
     check_output_path(args.out)  # an existing file, or a place that cannot be written: one line, now
     check_not_a_training_run(args.out)  # (the demo's own runs live in its sft/ and arms/)
     for arm, (_, file) in ARMS.items():  # every arm's config, now: a --set that breaks one fails before any SFT
@@ -274,14 +277,45 @@ def demo_config(args: Any) -> tuple[Config, int, int]:
             except ConfigError as e:
                 raise ConfigError(f"arm {arm} ({file} over the demo's config): {e}") from None
             _warn_if_arm_overrides(arm, file, base, cfg, args.overrides)
+            kind_class(cfg.perturbation.kind)  # (a plug-in kind or reward that cannot be built: before any SFT)
+            check_reward(cfg.grpo, cfg.eval.scorer)
     return base, n_sft, n_rl
+
+
+#: options the demo does not read: its data is the built-in task's splits, its evaluations greedy with the built-in
+#: scorer, and every run's seed its own (--sft-seeds, --seeds)
+NOT_READ_BY_THE_DEMO = (
+    "seed",
+    "data.train",
+    "data.valid",
+    "data.test",
+    "data.question_key",
+    "data.answer_key",
+    "data.steps_key",
+    "eval.n_latent",
+    "eval.temperature",
+    "eval.top_p",
+    "eval.limit",
+    "eval.shots",
+    "eval.plain",
+    "eval.scorer",
+)
+
+
+def _refuse_what_the_demo_does_not_read(overrides: Sequence[str]) -> None:
+    """A ``--set`` the demo would ignore is refused in one line (it was accepted and did nothing)."""
+    for key in dict.fromkeys(ov.split("=", 1)[0].strip() for ov in overrides):
+        if key in NOT_READ_BY_THE_DEMO or key in ("data", "eval"):
+            raise ConfigError(
+                f"--set {key}: dgrpo demo does not read it (the built-in task's splits, greedy evaluation with the "
+                "built-in scorer, each run's seed its own: --sft-seeds, --seeds); train on your data, or with your "
+                "evaluation settings, with dgrpo sft and dgrpo grpo"
+            )
 
 
 def _warn_if_arm_overrides(arm: str, file: str, base: Config, cfg: Config, overrides: Sequence[str]) -> None:
     """A ``--set`` whose key the arm sets itself does not reach that arm: say so (it was overridden silently)."""
     for key in dict.fromkeys(ov.split("=", 1)[0].strip() for ov in overrides):
-        if key == "seed":  # (every run's seed is the demo's to set: rl_seed)
-            continue
         theirs, ours = (functools.reduce(getattr, key.split("."), c) for c in (cfg, base))
         if theirs != ours:
             warnings.warn(
