@@ -128,6 +128,17 @@ def check_targets(lm: LatentLM, targets: list[str]) -> None:
             f"invalid config value model.lora.target_modules: {', '.join(map(repr, missing))} matches no module of "
             f"this model (its linear layers: {', '.join(leaves[:12])}; or all-linear)"
         )
+    head, embed = lm.model.get_output_embeddings(), lm.model.get_input_embeddings()
+    if head is not None and embed is not None and head.weight is embed.weight:
+        tied = [
+            t for t in targets for n, m in lm.model.named_modules() if m is head and (n == t or n.endswith("." + t))
+        ]
+        if tied:
+            raise ConfigError(
+                f"invalid config value model.lora.target_modules: {tied[0]!r} is this model's output layer, which "
+                "shares its weight with the input embeddings (tie_word_embeddings): an adapter there would be "
+                "folded into both when merged, and the KL reference adapter cannot be added beside it; leave it out"
+            )
 
 
 def _is_linear(module: torch.nn.Module) -> bool:
