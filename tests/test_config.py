@@ -712,3 +712,11 @@ def test_the_filter_on_a_total_of_builtin_scorers_past_1_is_refused_when_the_con
         load_config(Config, None, fine)
     load_config(Config, None, [two, "grpo.filter_reward=numeric"])
     load_config(Config, None, ["grpo.rewards=[{fn: numeric}, {fn: my.py:f}]"])  # (a plug-in: checked on gold answers)
+
+
+def test_all_linear_beside_module_names_is_refused():
+    """PEFT reads all-linear only alone: beside names it was checked as a module name and said to match nothing."""
+    assert error("model.lora.target_modules=[all-linear, q_proj]") == (
+        "invalid config value model.lora.target_modules: all-linear stands alone (it names every linear layer but the "
+        "LM head), got ['all-linear', 'q_proj']"
+    )

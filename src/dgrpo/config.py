@@ -213,6 +213,11 @@ class LoraConfig:
             f"{p}.target_modules",
             f"expected module names (text), got {self.target_modules}",
         )
+        _check(
+            "all-linear" not in self.target_modules or len(self.target_modules) == 1,
+            f"{p}.target_modules",
+            f"all-linear stands alone (it names every linear layer but the LM head), got {self.target_modules}",
+        )
 
 
 #: the model options that build the built-in tiny model (model.name_or_path builtin-tiny) and nothing else: a run that
