@@ -154,15 +154,28 @@ def test_a_bf16_grpo_run_with_master_weights_resumes_from_its_checkpoint_bit_for
     assert moved
 
 
-def test_bf16_sft_with_master_weights_checkpoints_the_masters_whose_rounding_is_the_weights(tmp_path):
-    """Across the tiny curriculum's stage boundary (a new AdamW): each resumable checkpoint holds a float32 master
-    for every trained weight, and the saved bf16 weight is that master rounded to nearest."""
+def test_bf16_sft_with_master_weights_checkpoints_the_masters_whose_rounding_is_the_weights(tmp_path, monkeypatch):
+    """Across the tiny curriculum's stage boundary (a new AdamW, which starts from the old one's masters): each
+    resumable checkpoint holds a float32 master for every trained weight, and the saved bf16 weight is that master
+    rounded to nearest."""
     from safetensors.torch import load_file
 
+    import dgrpo.training.sft as sft
     from dgrpo.data.synthetic import generate_split
     from dgrpo.model.factory import load_model
     from dgrpo.training.checkpoint import list_checkpoints
     from dgrpo.training.sft import train_sft
+
+    carried = []
+
+    def carry(old, new):
+        carry_masters(old, new)
+        if old is not None:
+            olds = [old.state[p]["master"] for g in old.param_groups for p in g["params"]]
+            news = [new.state[p]["master"] for g in new.param_groups for p in g["params"]]
+            carried.append(all(a is b for a, b in zip(olds, news, strict=True)))
+
+    monkeypatch.setattr(sft, "carry_masters", carry)
 
     over = {"model.dtype": "bfloat16", "model.master_weights": "true", "task.n_train": 64, "sft.batch_size": 32}
     cfg = tiny_config(
@@ -183,3 +196,4 @@ def test_bf16_sft_with_master_weights_checkpoints_the_masters_whose_rounding_is_
         assert master.dtype == torch.float32 and torch.equal(master.bfloat16(), weights[name]), name
         checked += 1
     assert checked == len(names)
+    assert carried == [True]  # (one stage boundary)

@@ -799,6 +799,21 @@ def test_a_resume_that_switches_between_lora_and_full_training_is_one_line(tmp_p
             _run_dir(out, cfg=tiny_config(**{"model.lora.r": r, "grpo.lr": 1e-3}), allow_config_change=True).close()
 
 
+def test_a_resume_that_switches_master_weights_of_a_bf16_run_is_refused(tmp_path):
+    """With --allow-config-change, switching model.master_weights on resume either failed to load the shards
+    (fsdp: sharded) or stepped masters made before the checkpoint loaded (fsdp: full): the weights went back."""
+    from dgrpo.config import ConfigError, to_dict
+
+    out = tmp_path / "run"
+    _fake_checkpoint(out / "checkpoints" / "step-00000004")
+    bf16 = {"model.dtype": "bfloat16"}
+    (out / "config.json").write_text(json.dumps(to_dict(tiny_config(**bf16))))
+    with pytest.raises(ConfigError, match="holds no masters: resume it with model.master_weights=false"):
+        _run_dir(out, cfg=tiny_config(**bf16, **{"model.master_weights": "true"}), allow_config_change=True)
+    (out / "config.json").write_text(json.dumps(to_dict(tiny_config())))  # float32 weights: never a master
+    _run_dir(out, cfg=tiny_config(**{"model.master_weights": "true"}), allow_config_change=True).close()
+
+
 def test_a_lora_runs_adapter_settings_are_left_to_the_adapters_comparison(tmp_path):
     """The config's model.lora.r / alpha / target_modules / train_latent_tokens of a LoRA run are compared on the
     adapters when the checkpoint loads (checkpoint.check_same_adapter): the config's comparison refused first,

@@ -255,7 +255,8 @@ class ModelConfig:
         "float32 AdamW moments), step it there and round it to the bf16 weight, in sft and grpo; without it (the "
         "paper's recipe) an update under half a bf16 spacing of a weight is lost (README, 'bf16 weights'). 8 bytes "
         "a trained parameter more than AdamW on bf16 weights, and a float32 copy of the gradients during the "
-        "step; saved in resumable checkpoints; no effect on float32 weights; not with grpo.optimizer=adamw8bit",
+        "step; saved in resumable checkpoints, and fixed for a run (a resume cannot switch it); no effect on float32 "
+        "weights, nor under LoRA (PEFT keeps the adapters in float32); not with grpo.optimizer=adamw8bit",
     )
     latent_token_init: LatentTokenInit = opt(
         "mean",

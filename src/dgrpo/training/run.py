@@ -776,6 +776,7 @@ class RunDir:
         changed = self._changed_keys(old)
         what = f"--resume {self.candidates[0]} is from" if self.explicit else f"{self.out_dir} holds"
         self._check_same_kind_of_training(old, what)
+        self._check_same_master_weights(old, what)
         refused = [k for k in changed if not (self.cfg["model"]["lora"]["r"] and k in ADAPTER_KEYS)]
         if refused and not self.allow_config_change:
             raise ConfigError(
@@ -801,6 +802,20 @@ class RunDir:
             f"{what} a run that trains {trained}, and its checkpoints hold {held}: resume it with model.lora.r={then} "
             f"(to train {'every weight' if then else 'an adapter'} from it, start a new run with --init on its final/ "
             "or a checkpoint)"
+        )
+
+    def _check_same_master_weights(self, old: dict, what: str) -> None:
+        """A bf16 run's checkpoints hold float32 masters in their optimizer state, or none: switching
+        ``model.master_weights`` on resume is refused, even with allow_config_change (masters made before the
+        checkpoint loaded, or left from it, would put the weights back where they stood)."""
+        then, now = (bool(c.get("model", {}).get("master_weights", False)) for c in (old, self.cfg))
+        dtypes = {c.get("model", {}).get("dtype", "float32") for c in (old, self.cfg)}
+        if then == now or dtypes == {"float32"}:
+            return
+        raise ConfigError(
+            f"{what} a run with model.master_weights={str(then).lower()}, and its checkpoints' optimizer state holds "
+            f"{'float32 masters' if then else 'no masters'}: resume it with model.master_weights={str(then).lower()} "
+            "(to train on with the other setting, start a new run with --init on its final/ or a checkpoint)"
         )
 
     def resume(self, load: Callable[[Path], LoadedCheckpoint]) -> LoadedCheckpoint | None:
