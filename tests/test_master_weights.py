@@ -66,6 +66,19 @@ def test_bf16_weights_follow_the_float32_run_through_their_masters():
     assert error([p.detach() for p in bf16]) < 0.5 * error([p.detach() for p in plain])
 
 
+def test_step_hooks_run_once_a_step():
+    """Once any torch AdamW exists torch wraps AdamW.step with the step hooks; called from this class's own wrapped
+    step, a user's hook ran twice a step."""
+    torch.optim.AdamW(_params(torch.float32), **KW)
+    ps = _params(torch.bfloat16)
+    opt = MasterWeightAdamW(ps, **KW)
+    calls = []
+    opt.register_step_pre_hook(lambda *a: calls.append("pre"))
+    opt.register_step_post_hook(lambda *a: calls.append("post"))
+    _steps(opt, ps, 2)
+    assert calls == ["pre", "post"] * 2
+
+
 def test_a_parameter_without_a_gradient_is_left_as_it_is():
     ps = _params(torch.bfloat16)
     opt = MasterWeightAdamW(ps, **KW)

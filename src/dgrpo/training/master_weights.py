@@ -38,7 +38,10 @@ class MasterWeightAdamW(torch.optim.AdamW):
         try:
             for group, params in swapped:
                 group["params"] = [self._stand_in(p, stepped) for p in params]
-            super().step()
+            adamw_step = torch.optim.AdamW.step
+            if getattr(adamw_step, "hooked", False):  # torch's wrapper with the step hooks, which ran around this step
+                adamw_step = adamw_step.__wrapped__  # type: ignore[attr-defined]
+            adamw_step(self)
         finally:
             for group, params in swapped:
                 group["params"] = params
