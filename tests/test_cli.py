@@ -453,6 +453,7 @@ def test_user_mistakes_that_were_tracebacks_or_wrote_into_a_checkpoint(sft_check
         (["eval", "--model", tmp_path / ("a" * 300), "--data", "builtin:test", "--out", tmp_path / "e"], "a name "),
         # a scorer that cannot be built fails before the data and the model are read (sft read them first)
         (["sft", "--set", "eval.scorer=no.py:f", "data.train=no.jsonl", "--out", tmp_path / "s"], "scorer 'no.py:f'"),
+        (["sft", "--resume", "", "--out", tmp_path / "s"], "--resume is empty"),  # (it was read as '.')
         # and a reward (the model was loaded first: minutes for a hub model)
         (["grpo", "--init", tmp_path / "no", "--set", "grpo.reward=no.py:f", "--out", tmp_path / "g"], "'no.py:f'"),
         (["grpo", "--init", tmp_path / "no", "--set", "grpo.filter_reward=x", "--out", tmp_path / "g"], "not one of"),

@@ -235,12 +235,15 @@ class Setting:
 def set_up_run(args: argparse.Namespace) -> Setting:
     """Validate the config, read every dataset, join the processes, load the model: each failure one line before
     anything is trained (a scorer that cannot be built fails before anything is read)."""
+    from ..config import ConfigError
     from ..data import load_spec, training_split
     from ..eval.evaluate import eval_options
     from ..eval.scoring import check_reward
     from ..model.factory import load_model
     from ..training.tracking import check_installed
 
+    if not args.resume.strip():  # (an empty PATH was read as the working directory)
+        raise ConfigError("--resume is empty: auto, never, or a checkpoint directory")
     cfg = record_init(load(args), args.init)
     warn_if_held_out_is_builtin(cfg)
     warn_if_prompt_options_are_set(cfg)
