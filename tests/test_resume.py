@@ -422,6 +422,16 @@ def test_sft_latents_beyond_the_context_fail_before_training_naming_sft_c_though
     r = run_cli("sft", "--out", tmp_path / "x", *tiny_args(**{**SFT_SETS, "sft.c_thought": 600}))
     assert r.returncode == 2 and "sft.c_thought" in r.stderr and "eval.n_latent" not in r.stderr, r.stderr
     assert not (tmp_path / "x" / "metrics.jsonl").exists()
+    # thoughts that fit training, but not the validation's answers of eval.max_new_tokens: a whole stage trained,
+    # then the validation failed, telling to lower eval.n_latent (which SFT's validation does not read)
+    sets = {**SFT_SETS, "sft.c_thought": 100, "eval.max_new_tokens": 400}
+    r = run_cli("sft", "--out", tmp_path / "y", *tiny_args(**sets))
+    assert r.returncode == 2 and "eval.n_latent" not in r.stderr, r.stderr
+    assert re.search(
+        r"question \(\d+ tokens\) \+ 100 latent thoughts \+ 2 markers \+ answer \(eval.max_new_tokens = 400\)", r.stderr
+    )
+    assert "lower sft.c_thought, eval.max_new_tokens or data.max_question_tokens" in r.stderr
+    assert not (tmp_path / "y" / "metrics.jsonl").exists()
 
 
 @pytest.mark.slow

@@ -601,6 +601,7 @@ class LatentLM(nn.Module):
         *,
         markers: bool = True,
         target_key: str = "",
+        answer_key: str = "",
     ) -> None:
         """ConfigError (one line) when the sequence :meth:`generate` builds exceeds the model's context: a sequence
         that long would run for minutes and then read positions the model was never trained on.
@@ -610,12 +611,15 @@ class LatentLM(nn.Module):
         ``answer_tokens``. ``key`` is the option that set ``n_latent`` (``eval.n_latent``): its section names the
         answer's ``max_new_tokens`` and, without markers (a plain LM's k-shot prompt), ``shots``; ``target_key``
         (SFT: ``data.max_target_tokens``) says that the answer is a written target of ``answer_tokens`` tokens that
-        this option bounds. The message states every part and the options that shorten the sequence."""
+        this option bounds; ``answer_key`` names the option of a generated answer's length when it is not in
+        ``key``'s section (SFT's validation: ``eval.max_new_tokens``). The message states every part and the options
+        that shorten the sequence."""
         total, limit = prompt_tokens + n_latent + int(markers) + answer_tokens, self.context_length
         if limit is None or total <= limit:
             return
         section = key.rpartition(".")[0]
         opt = f"{section}." if section else ""
+        answer_key = answer_key or f"{opt}max_new_tokens"
         n_question = prompt_tokens - int(markers)
         parts = [f"{'question' if markers else 'prompt'} ({n_question} token{'' if n_question == 1 else 's'})"]
         if n_latent or markers:
@@ -624,9 +628,9 @@ class LatentLM(nn.Module):
         parts.append(
             f"target ({answer_tokens} token{'' if answer_tokens == 1 else 's'})"
             if target_key
-            else f"answer ({opt}max_new_tokens = {answer_tokens})"
+            else f"answer ({answer_key} = {answer_tokens})"
         )
-        lower = ([key] if n_latent else []) + [target_key or f"{opt}max_new_tokens"]
+        lower = ([key] if n_latent else []) + [target_key or answer_key]
         lower.append("data.max_question_tokens" if markers else f"{opt}shots")
         raise ConfigError(
             f"{section + ': ' if section else ''}the sequence does not fit the model's context of {limit} positions: "

@@ -471,6 +471,7 @@ def _prepare(
     check_run_inputs(
         lm, cfg, train, "train_sft", valid, list, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
     )
+    default_validation = evaluate_fn is None
     evaluate_fn = evaluate_fn or (default_evaluate_fn(cfg, valid, per_stage=True) if valid else None)  # (scorer now)
     lora_for_training(lm, cfg.model.lora)
     dist = dist or Dist.single()
@@ -496,7 +497,19 @@ def _prepare(
     warn_if_training_questions_cut(lm, cfg, train)
     # the last stage's latent thoughts alone must fit (each batch checks its own questions and targets too)
     lm.check_fits(2, final_settings(cfg).n_latent, 1, key="sft.c_thought", target_key="data.max_target_tokens")
+    if valid and default_validation and (cfg.sft.eval_each_stage or cfg.sft.eval_every_epoch):
+        check_validation_fits(lm, valid, cfg)
     return dist, evaluate_fn
+
+
+def check_validation_fits(lm: LatentLM, valid: list[Record], cfg: Config) -> None:
+    """The default validation answers with each stage's latent thoughts (not eval.n_latent) and eval.max_new_tokens
+    tokens: its longest question with the last stage's thoughts must fit the context, checked before training (a
+    whole stage trained, then its validation failed, naming eval.n_latent, which SFT's validation does not read)."""
+    questions = list(dict.fromkeys(r.question for r in valid))
+    ids, _ = lm.encode_questions(questions, max_tokens=cfg.data.max_question_tokens)
+    n_latent, answer = final_settings(cfg).n_latent, cfg.eval.max_new_tokens
+    lm.check_fits(ids.shape[1], n_latent, answer, key="sft.c_thought", answer_key="eval.max_new_tokens")
 
 
 def _warn_at_start(train: list[Record], cfg: Config) -> None:
