@@ -261,6 +261,15 @@ def test_special_tokens_added_and_initialised_to_mean(tokenizer):
     assert w.shape[0] == n_tok + 40 and sorted((lm.start_id, lm.latent_id, lm.end_id)) == [n_tok, n_tok + 1, n_tok + 2]
     assert torch.allclose(w[[lm.start_id, lm.latent_id, lm.end_id]], w[:n_tok].mean(0).expand(3, -1), atol=1e-6)
     assert float(w[:n_tok].detach().mean(0).norm()) > 0 and bool((w[n_tok + 3 :] == 0).all())  # (they were all zero)
+    # a tokenizer saved with the markers, its model without their rows: the rows added are set to the mean too, and
+    # the markers reported untrained (they kept the resize's random rows, as ordinary tokens' in norm)
+    tok = copy.deepcopy(tokenizer)
+    model = build_tiny_model("qwen2", n_tok, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
+    tok.add_tokens(["<|start-latent|>", "<|latent|>", "<|end-latent|>"], special_tokens=True)
+    lm = LatentLM(model, tok)
+    w = lm.model.get_input_embeddings().weight
+    assert w.shape[0] == n_tok + 3 and lm.new_latent_tokens == ["<|start-latent|>", "<|latent|>", "<|end-latent|>"]
+    assert torch.allclose(w[[lm.start_id, lm.latent_id, lm.end_id]], w[:n_tok].mean(0).expand(3, -1), atol=1e-6)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])  # an untied head, a tied one

@@ -58,11 +58,15 @@ def add_latent_tokens(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, init: LatentTokenInit = "mean"
 ) -> list[str]:
     """Add the three latent markers (and a pad token if missing) and initialise their embeddings (``init``: mean, or
-    coconut: copies of ``<<``'s rows, :func:`init_new_embeddings`); returns the markers added (untrained)."""
-    missing = [t for t in (START_LATENT, LATENT, END_LATENT) if t not in tokenizer.get_vocab()]
-    n_tokens, n_rows = len(tokenizer), input_embedding_weight(model).shape[0]
+    coconut: copies of ``<<``'s rows, :func:`init_new_embeddings`); returns the markers added (untrained): those the
+    tokenizer lacked, and those it holds beyond the model's embedding rows (a tokenizer saved with the markers, its
+    model without their rows)."""
+    vocab, n_tokens, n_rows = tokenizer.get_vocab(), len(tokenizer), input_embedding_weight(model).shape[0]
+    markers = (START_LATENT, LATENT, END_LATENT)
+    missing = [t for t in markers if t not in vocab]
     if missing:
         tokenizer.add_tokens(missing, special_tokens=True)
+    missing = [t for t in markers if t in missing or vocab[t] >= n_rows]
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if len(tokenizer) > n_rows:
