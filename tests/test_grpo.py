@@ -10,7 +10,7 @@ import torch
 from dgrpo.data.synthetic import generate_split
 from dgrpo.model.latent_lm import LatentLM
 from dgrpo.training import grpo as grpo_module
-from dgrpo.training.grpo import GRPOTrainer
+from dgrpo.training.grpo import GRPOTrainer, train_grpo
 
 from conftest import dgrpo, tiny_args, tiny_config
 
@@ -404,6 +404,17 @@ def test_the_trainer_class_checks_what_it_is_given_as_train_grpo_does(sft_checkp
     with pytest.warns(UserWarning, match="grpo.prompts_per_step is 4, more than the 2 training records: every step"):
         trainer = GRPOTrainer(lm, tiny_config(**{"grpo.prompts_per_step": 4}), train[:2])
     assert trainer.rewards.columns == ("source", "split")  # (the training data's: every batch gets each)
+
+
+def test_a_run_from_a_model_trained_with_the_chat_template_records_that_it_prompts_with_it(sft_checkpoint, tmp_path):
+    """The model keeps the template it was trained with; the run's config.json said data.chat_template: false."""
+    cfg = tiny_config(**{"grpo.steps": 1, "grpo.prompts_per_step": 2, "data.test": "[]"})
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    lm.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    lm.settings.chat_template = True
+    train_grpo(lm, cfg, generate_split(cfg.task, "train"), tmp_path, progress=False, log=lambda m: None)
+    assert json.loads((tmp_path / "config.json").read_text())["data"]["chat_template"] is True
+    assert cfg.data.chat_template is False and lm.settings.chat_template  # (the caller's config is not changed)
 
 
 def test_the_trainer_gives_the_model_its_config_to_record(sft_checkpoint, tmp_path):

@@ -22,7 +22,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property, partial
 from pathlib import Path
 from typing import Any, cast
@@ -749,6 +749,8 @@ def train_grpo(
     lora_for_training(lm, cfg.model.lora)
     dist, g = dist or Dist.single(), cfg.grpo
     lm.settings.chat_template |= cfg.data.chat_template  # on for a model trained without it (a trained one keeps it)
+    if lm.settings.chat_template and not cfg.data.chat_template:  # the run's config.json says how it prompts
+        cfg = replace(cfg, data=replace(cfg.data, chat_template=True))
     trainer = GRPOTrainer(lm, cfg, train, dist=dist, reward_fn=reward_fn)
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
     with RunDir(out_dir, cfg, dist, "grpo", resume=resume, allow_config_change=allow_config_change, log=log) as run:
