@@ -80,7 +80,9 @@ def test_coconut_run_py_optimizer_regime(tmp_path, monkeypatch):
     monkeypatch.setattr(
         sft,
         "new_optimizer",
-        lambda params, c: made.append(torch.optim.AdamW(params, betas=tuple(c.sft.adam_betas))) or made[-1],
+        lambda params, c, previous=None: (
+            made.append(torch.optim.AdamW(params, betas=tuple(c.sft.adam_betas))) or made[-1]
+        ),
     )
     lm = load_model(cfg.model, cfg.task, seed=0)
     sft.train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path / "run", log=lambda *a: None, progress=False)
