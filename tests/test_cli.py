@@ -166,9 +166,21 @@ def test_eval_and_consolidate_under_torchrun_are_refused(tmp_path, run_cli, monk
         ["export", tmp_path / "nope", "--out", tmp_path / "e"],
         ["import-coconut", tmp_path / "nope", "--base", tmp_path / "b", "--out", tmp_path / "i", "--c-thought", 1],
         ["plot", tmp_path / "nope", "--out", tmp_path / "p.png"],
+        ["demo", "--quick", "--out", tmp_path / "d"],  # (the ranks raced for its folder: one lost, torchrun killed all)
+        ["bench", "--quick", "--only", "flops", "--out", tmp_path / "b"],  # (each rank ran it, writing the same files)
     ):  # (the review: every rank wrote the same files too)
         r = run_cli(*argv)
         assert r.returncode == 2 and f"dgrpo {argv[0]} runs in one process: launch it without torchrun" in r.stderr
+    assert not (tmp_path / "d").exists() and not (tmp_path / "b").exists()
+
+
+def test_under_torchrun_a_usage_error_is_printed_by_each_machines_first_worker(tmp_path, run_cli, monkeypatch):
+    """Every rank parses the same arguments: the usage and the error were printed once per rank."""
+    for local_rank, printed in (("0", True), ("1", False)):
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+        r = run_cli("grpo", "--bogus-flag", "--out", tmp_path / "x")
+        assert r.returncode == 2 and ("dgrpo grpo: error: " in r.stderr) == printed, r.stderr
+        assert (r.stderr == "") != printed
 
 
 def test_missing_checkpoint_and_unknown_dataset_exit_2(tmp_path, run_cli, monkeypatch):

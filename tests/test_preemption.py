@@ -621,6 +621,27 @@ def test_a_stop_agreed_from_another_ranks_sigterm_is_announced_by_rank_0(capsys)
         assert stop_requested(ranks(True, False)) and capsys.readouterr().err == ""  # (rank 1: rank 0 says it)
 
 
+def test_a_torchrun_worker_stops_at_its_first_sigint_and_ignores_the_next():
+    """torchrun sends SIGINT to every worker at a Ctrl-C, and again as they end: a second KeyboardInterrupt, raised
+    while a worker wrote its stop or exited, printed a traceback (3 runs in 7). One process keeps Python's handler."""
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(KeyboardInterrupt), sigterm_stops(True, distributed=True):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        os.kill(os.getpid(), signal.SIGINT)  # (ignored: the process is ending)
+        time.sleep(0.1)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.signal(signal.SIGINT, before)
+        with sigterm_stops(True, distributed=True):  # no Ctrl-C: the handler as it was after the block
+            pass
+        assert signal.getsignal(signal.SIGINT) is before
+        with sigterm_stops(True):
+            assert signal.getsignal(signal.SIGINT) is before
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 class OneRankOfTwo:
     """What evaluate_test_sets asks of a Dist, as rank 0 of two whose peer agrees with it in every collective."""
 

@@ -19,10 +19,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
+from typing import NoReturn
 
 from ..training.preemption import Terminated, is_rank0, sigterm_stops
 from . import convert, evaluate, plot, tools, train
-from .common import STOPPABLE_COMMANDS, TRAINING_COMMANDS
+from .common import STOPPABLE_COMMANDS, TRAINING_COMMANDS, refuse_torchrun
 
 EPILOG = """examples:
   dgrpo demo                                                   # the CPU-scale reproduction, built-in task
@@ -34,10 +35,19 @@ EPILOG = """examples:
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser (its subcommands' too), whose usage error each machine's first worker alone prints under
+    torchrun, as :func:`_error` an error every rank meets alike: every rank parses the same arguments, and the job
+    printed the usage and the error once per rank."""
+
+    def error(self, message: str) -> NoReturn:
+        if os.environ.get("LOCAL_RANK", "").strip() not in ("", "0"):
+            self.exit(2)
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="dgrpo", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = _Parser(prog="dgrpo", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"dgrpo {version('dgrpo')}")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     for module in (train, evaluate, tools, plot, convert):
@@ -49,7 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:  # the suite parses its own options (--out, --quick, --only)
         from ..bench import main as bench_main
+        from ..config import ConfigError
 
+        try:
+            refuse_torchrun(
+                "bench",
+                "each rank would run the whole suite, timing it on shared devices, and write "
+                "the same files at once; its parallel items start their own processes",
+            )
+        except ConfigError as e:
+            _error(e, alike=True)
+            return 2
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -8,7 +8,7 @@ import functools
 import json
 from typing import Any
 
-from .common import add_config_options, check_split, subcommand
+from .common import add_config_options, check_split, refuse_torchrun, subcommand
 
 DEMO_EXAMPLES = """  dgrpo demo                               # 1 SFT seed x every arm; results in runs/demo
   dgrpo demo --full --out runs/demo-full   # 4 SFT seeds x 1 RL seed per arm: 4 pairs per comparison, 95% intervals
@@ -122,6 +122,11 @@ def _add_config_parser(sub: Any) -> None:
 def run_demo(args: argparse.Namespace) -> int:
     from ..demo import run_demo as demo
 
+    refuse_torchrun(
+        "demo",
+        "each rank would run every SFT and RL run and race for the output folder; the demo starts "
+        "its own worker processes: --workers",
+    )
     return demo(args)
 
 

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from .distributed import Dist
@@ -175,9 +175,12 @@ def sigterm_stops(on: bool, distributed: bool = False) -> Iterator[None]:
     which, still ending, died of it (reported as "Signal 15 (SIGTERM) received", the checkpoint written)."""
     grace = grace_s() if on and distributed else 0.0
     previous = signal.getsignal(signal.SIGTERM) if on else None
+    previous_int = signal.getsignal(signal.SIGINT)
     try:
         if on:
             signal.signal(signal.SIGTERM, _on_sigterm)
+            if distributed:
+                signal.signal(signal.SIGINT, _interrupt_once)
     except ValueError:  # not the main thread (an embedding application): keep the default
         on = False
     _State.installed, _State.distributed, _State.requested = on, on and distributed, False
@@ -192,8 +195,18 @@ def sigterm_stops(on: bool, distributed: bool = False) -> Iterator[None]:
         if on:
             after = signal.SIG_IGN if _State.stopping else previous if previous is not None else signal.SIG_DFL
             signal.signal(signal.SIGTERM, after)
+            if signal.getsignal(signal.SIGINT) is _interrupt_once:  # (after a Ctrl-C it stays ignored: the end)
+                signal.signal(signal.SIGINT, previous_int)
         _State.installed = _State.distributed = _State.in_step = _State.requested = _State.stopping = False
         _State.testing, _State.ending = False, ""
+
+
+def _interrupt_once(signum: int, frame: Any) -> None:
+    """Ctrl-C in a torchrun worker: torchrun sends SIGINT to every worker, and again while they end; a second one,
+    landing as the worker wrote its stop or as the interpreter exited, printed a traceback on some ranks. The first
+    raises KeyboardInterrupt, as Python's own handler does; the later ones are ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 @contextmanager
