@@ -258,12 +258,13 @@ def test_dgrpo_fsdp_is_the_runs_fsdp_key_so_validation_sees_it(monkeypatch):
     monkeypatch.setenv("DGRPO_FSDP", "sharded")
     assert load(args("grpo", fsdp="none")).fsdp == "sharded"
     monkeypatch.setenv("DGRPO_FSDP", "yes")
-    with pytest.raises(ConfigError, match="DGRPO_FSDP='yes': expected 0, 1"):
+    with pytest.raises(ConfigError, match=r"DGRPO_FSDP='yes': expected none, full or sharded \(or 0"):
         load(args("grpo"))
     from dgrpo.training.distributed import Dist
 
     monkeypatch.delenv("DGRPO_FSDP")
-    with pytest.raises(ConfigError, match="fsdp='yes': expected 0, 1"):  # (Python's fsdp= takes the same spellings)
+    # (Python's fsdp=: the same spellings)
+    with pytest.raises(ConfigError, match=r"fsdp='yes': expected none, full or sharded \(or 0"):
         Dist.from_env(fsdp="yes")
     assert not Dist.from_env(fsdp=None).fsdp  # type: ignore[arg-type]  (None and bools, as before, in one process)
 

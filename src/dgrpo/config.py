@@ -92,7 +92,7 @@ def fsdp_mode(text: str, source: str = "fsdp") -> str:
     raw = text.strip().lower()
     mode = next((m for m, spellings in _FSDP_SPELLINGS.items() if raw in spellings), None)
     if mode is None:
-        raise ConfigError(f"{source}={raw!r}: expected 0, 1 (= full) or sharded")
+        raise ConfigError(f"{source}={raw!r}: expected none, full or sharded (or 0 / false / off, 1 / true / on)")
     return mode
 
 
