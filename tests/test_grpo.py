@@ -417,6 +417,22 @@ def test_a_run_from_a_model_trained_with_the_chat_template_records_that_it_promp
     assert cfg.data.chat_template is False and lm.settings.chat_template  # (the caller's config is not changed)
 
 
+def test_grpo_on_a_plain_lm_warns_that_its_latent_markers_are_untrained(tokenizer, sft_checkpoint):
+    """dgrpo eval said so of a plain LM; GRPO ran on one without a word (untrained markers, untrained thoughts)."""
+    import warnings
+
+    from conftest import make_lm
+
+    cfg = tiny_config()
+    train = generate_split(cfg.task, "train")
+    with pytest.warns(UserWarning, match=r"latent markers \(<\|start-latent\|>, .* are new and untrained"):
+        GRPOTrainer(make_lm(tokenizer), cfg, train)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        GRPOTrainer(LatentLM.from_pretrained(sft_checkpoint), cfg, train)
+    assert not [w for w in caught if "untrained" in str(w.message)]
+
+
 def test_the_trainer_gives_the_model_its_config_to_record(sft_checkpoint, tmp_path):
     """A loop of step() calls (docs/from_trl.md) then save_pretrained wrote the --init checkpoint's run_config.json:
     dgrpo eval would read that run's scorer and data keys. Only train_grpo set it."""

@@ -196,7 +196,9 @@ def test_bf16_sft_with_master_weights_checkpoints_the_masters_whose_rounding_is_
     )
     torch.manual_seed(0)
     lm = load_model(cfg.model, cfg.task, seed=0)
+    assert lm.new_latent_tokens  # (the built-in model's markers are new; SFT trains them: GRPO need not warn after)
     train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path, log=lambda *a: None, progress=False)
+    assert lm.new_latent_tokens == []
     ckpt = list_checkpoints(tmp_path)[-1]
     weights = load_file(str(ckpt / "model" / "model.safetensors"))
     optimizer = torch.load(ckpt / "optimizer.pt", weights_only=True)

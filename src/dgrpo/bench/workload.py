@@ -229,6 +229,7 @@ def _build_lm(shapes: Shapes, device: torch.device, dtype: torch.dtype, seed: in
         model = AutoModelForCausalLM.from_config(cfg)
     model.to(device=device, dtype=dtype)
     lm = LatentLM(model, tok)
+    lm.new_latent_tokens = []  # (random weights to time: untrained markers are no concern; GRPO would warn of them)
     if fixed_length:
         suppress_eos(lm)
     return lm

@@ -119,6 +119,13 @@ def _warn_at_start(lm: LatentLM, cfg: Config, train: list[Record]) -> None:
     for line in cfg.inert_settings():
         warnings.warn(line, stacklevel=3)
     warn_if_training_questions_cut(lm, cfg, train)
+    if lm.new_latent_tokens:
+        warnings.warn(
+            f"the model's latent markers ({', '.join(lm.new_latent_tokens)}) are new and untrained: its tokenizer had "
+            "none, so it is a plain LM, not a Coconut SFT checkpoint; GRPO prompts with them and thinks with "
+            "untrained latent steps (train them first: dgrpo sft --init MODEL, then dgrpo grpo --init that run)",
+            stacklevel=3,
+        )
     if len(train) < cfg.grpo.prompts_per_step:
         warnings.warn(
             f"grpo.prompts_per_step is {cfg.grpo.prompts_per_step}, more than the {len(train)} training records: "

@@ -454,6 +454,8 @@ def train_sft(
                 stop(dist)
         bar.close()
         sft.finish(t0, final_eval)
+    if cfg.model.lora.r == 0 or cfg.model.lora.train_latent_tokens:  # (the markers' rows trained: GRPO need not warn)
+        lm.new_latent_tokens = []
     return lm
 
 
