@@ -175,8 +175,10 @@ def test_eval_and_consolidate_under_torchrun_are_refused(tmp_path, run_cli, monk
 
 
 def test_under_torchrun_a_usage_error_is_printed_by_each_machines_first_worker(tmp_path, run_cli, monkeypatch):
-    """Every rank parses the same arguments: the usage and the error were printed once per rank."""
-    for local_rank, printed in (("0", True), ("1", False)):
+    """Every rank parses the same arguments: the usage and the error were printed once per rank. A LOCAL_RANK alone
+    (another launcher's, in one process) prints it."""
+    for world, local_rank, printed in (("2", "0", True), ("2", "1", False), ("1", "1", True)):
+        monkeypatch.setenv("WORLD_SIZE", world)
         monkeypatch.setenv("LOCAL_RANK", local_rank)
         r = run_cli("grpo", "--bogus-flag", "--out", tmp_path / "x")
         assert r.returncode == 2 and ("dgrpo grpo: error: " in r.stderr) == printed, r.stderr

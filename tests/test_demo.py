@@ -243,7 +243,8 @@ def test_join_parts_keeps_task_order_whatever_finishes_first():
         (["--set", "grpo.shuffle_rewards=true"], "arm reinforce_ema (builtin/reinforce_ema.yaml over the demo's"),
         # options the demo does not read (they were accepted and did nothing), and a reward found only after SFT
         (["--set", "data.train=my.jsonl"], "--set data.train: dgrpo demo does not read it"),
-        (["--set", "eval.scorer=exact"], "--set eval.scorer: dgrpo demo does not read it"),
+        (["--set", "eval.temperature=0.7"], "--set eval.temperature: dgrpo demo does not read it"),
+        (["--set", "data={{train: my.jsonl}}"], "--set data.train: dgrpo demo does not read it"),  # ({{ }}: .format)
         (["--set", "seed=3"], "each run's seed its own: --sft-seeds, --seeds"),
         (["--set", "grpo.reward=nosuch.py:f"], "reward 'nosuch.py:f': file nosuch.py not found"),
         (["--set", "perturbation.kind=nosuch.py:K"], "nosuch.py"),
@@ -456,6 +457,21 @@ def test_a_second_demo_on_the_same_out_is_refused(tmp_path, run_cli):
         lock.release()
     assert r.returncode == 2 and "is in use by another dgrpo process" in r.stderr and r.stdout == ""
     assert [p.name for p in tmp_path.iterdir()] == [".lock"]
+
+
+def test_the_demo_reads_a_section_mapping_and_the_scorer(tmp_path):
+    """``data={eval_limit: 50}`` sets a key the demo reads (it was refused with the whole data section), and
+    eval.scorer, the arms' default reward, scores the demo's evaluations too (it was refused as unread)."""
+    from types import SimpleNamespace
+
+    from dgrpo.demo.pipeline import Demo, demo_config, keys_set
+
+    assert keys_set("data={eval_limit: 50, train: x}") == ["data.eval_limit", "data.train"]
+    assert keys_set("grpo.lr=1e-5") == ["grpo.lr"] and keys_set("a=[") == ["a"]
+    sets = ["data={eval_limit: 50}", "eval.scorer=exact"]
+    args = SimpleNamespace(quick=True, config=[], overrides=sets, seeds=None, out=str(tmp_path / "o"))
+    base = demo_config(args)[0]
+    assert base.data.eval_limit == 50 and Demo(base, tmp_path, [], [], {}).eval_kw()["scorer"] == "exact"
 
 
 def test_a_set_that_an_arm_overrides_is_named(tmp_path):

@@ -504,3 +504,28 @@ def test_a_text_gold_holding_a_hash_is_read_after_the_standalone_marker(completi
     rec = [Record(question="q", steps=[], answer=gold)]
     assert exact([completion], rec) == [want]
     assert score(completion, gold) == want  # numeric's text branch reads the same
+
+
+def test_the_early_reward_check_leaves_a_plugins_own_warnings_to_the_user(tmp_path):
+    """dgrpo grpo builds the reward before the data and the model (check_reward): a plug-in file runs once per
+    process, so its warnings at import were lost when the check silenced every warning."""
+    import warnings
+    from types import SimpleNamespace
+
+    from dgrpo.eval.scoring import check_reward
+
+    (tmp_path / "noisy.py").write_text(
+        "import warnings\nwarnings.warn('noisy: deprecated reward')\n"
+        "def f(completions, records):\n    return [0.0 for _ in completions]\n"
+    )
+    grpo = SimpleNamespace(reward=f"{tmp_path / 'noisy.py'}:f", rewards=[{"fn": "numeric"}], filter_reward="")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_reward(grpo, "numeric")
+    said = [str(w.message) for w in caught]
+    assert said == [], said  # (grpo.rewards replaces grpo.reward: the file is not read, its warning is the trainer's)
+    grpo.rewards = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_reward(grpo, "numeric")
+    assert [str(w.message) for w in caught] == ["noisy: deprecated reward"]

@@ -41,7 +41,7 @@ class _Parser(argparse.ArgumentParser):
     printed the usage and the error once per rank."""
 
     def error(self, message: str) -> NoReturn:
-        if os.environ.get("LOCAL_RANK", "").strip() not in ("", "0"):
+        if _ranks()[1] and os.environ.get("LOCAL_RANK", "").strip() not in ("", "0"):
             self.exit(2)
         super().error(message)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from .. import plotting
 from ..config import Config, ConfigError, TaskConfig, load_config, merge_file
@@ -117,7 +118,8 @@ class Demo:
         return evaluate(lm, recs, n_latent=n_lat, seed=self.base.seed, progress=False, **self.eval_kw()).correct
 
     def eval_kw(self) -> dict[str, Any]:
-        return {"batch_size": self.base.eval.batch_size, "max_new_tokens": self.base.eval.max_new_tokens}
+        e = self.base.eval  # (the scorer is the arms' default reward too: grpo.reward's default)
+        return {"batch_size": e.batch_size, "max_new_tokens": e.max_new_tokens, "scorer": e.scorer}
 
     def test_model(self, lm: LatentLM, **ident: Any) -> dict[str, Any]:
         """Read every test split once for this model; record accuracy and per-item correctness."""
@@ -282,8 +284,8 @@ def demo_config(args: Any) -> tuple[Config, int, int]:
     return base, n_sft, n_rl
 
 
-#: options the demo does not read: its data is the built-in task's splits, its evaluations greedy with the built-in
-#: scorer, and every run's seed its own (--sft-seeds, --seeds)
+#: options the demo does not read: its data is the built-in task's splits, its evaluations greedy, and every run's
+#: seed its own (--sft-seeds, --seeds)
 NOT_READ_BY_THE_DEMO = (
     "seed",
     "data.train",
@@ -298,18 +300,33 @@ NOT_READ_BY_THE_DEMO = (
     "eval.limit",
     "eval.shots",
     "eval.plain",
-    "eval.scorer",
 )
+
+
+def keys_set(override: str) -> list[str]:
+    """The options a ``--set`` gives a value: its key, or each key below it that a mapping sets
+    (``data={eval_limit: 50}`` sets ``data.eval_limit``, as the config merges it)."""
+    key, _, raw = override.partition("=")
+
+    def leaves(prefix: str, value: Any) -> list[str]:
+        if not isinstance(value, dict):
+            return [prefix]
+        return [k for sub, v in value.items() for k in leaves(f"{prefix}.{sub}", v)]
+
+    try:
+        return leaves(key.strip(), yaml.safe_load(raw))
+    except yaml.YAMLError:
+        return [key.strip()]
 
 
 def _refuse_what_the_demo_does_not_read(overrides: Sequence[str]) -> None:
     """A ``--set`` the demo would ignore is refused in one line (it was accepted and did nothing)."""
-    for key in dict.fromkeys(ov.split("=", 1)[0].strip() for ov in overrides):
-        if key in NOT_READ_BY_THE_DEMO or key in ("data", "eval"):
+    for key in dict.fromkeys(k for ov in overrides for k in keys_set(ov)):
+        if key in NOT_READ_BY_THE_DEMO:
             raise ConfigError(
-                f"--set {key}: dgrpo demo does not read it (the built-in task's splits, greedy evaluation with the "
-                "built-in scorer, each run's seed its own: --sft-seeds, --seeds); train on your data, or with your "
-                "evaluation settings, with dgrpo sft and dgrpo grpo"
+                f"--set {key}: dgrpo demo does not read it (the built-in task's splits, greedy evaluation, each run's "
+                "seed its own: --sft-seeds, --seeds); train on your data, or with your evaluation settings, with "
+                "dgrpo sft and dgrpo grpo"
             )
 
 

@@ -422,10 +422,11 @@ def build_rewards(reward: str, rewards: list[dict], scorer: str, filter_reward: 
 def check_reward(grpo: Any, scorer: str) -> None:
     """Build the reward a config names (``grpo.reward(s)``, ``grpo.filter_reward``, else ``eval.scorer``) once, so
     that a missing file or function fails in one line before data, models and training; the trainer builds it again
-    (a plug-in file's module runs once per process) and warns of what it warns of."""
+    (a plug-in file's module runs once per process: its own warnings come here) and warns of the config's reward
+    then."""
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            warnings.filterwarnings("ignore", message=r"grpo\.reward .* is not used")
             build_rewards(grpo.reward, grpo.rewards, scorer, grpo.filter_reward)
     except RewardError as e:
         raise RewardSetupError(str(e)) from None
