@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from dgrpo.config import ConfigError
 from dgrpo.data.synthetic import generate_split
 from dgrpo.model.latent_lm import LatentLM
 from dgrpo.training import grpo as grpo_module
@@ -415,6 +416,21 @@ def test_a_run_from_a_model_trained_with_the_chat_template_records_that_it_promp
     train_grpo(lm, cfg, generate_split(cfg.task, "train"), tmp_path, progress=False, log=lambda m: None)
     assert json.loads((tmp_path / "config.json").read_text())["data"]["chat_template"] is True
     assert cfg.data.chat_template is False and lm.settings.chat_template  # (the caller's config is not changed)
+
+
+def test_a_trainer_whose_thoughts_and_answer_alone_overflow_the_context_says_so(sft_checkpoint):
+    """The start's check, before any question is read, said "question (0 tokens) + ...", and named
+    data.max_question_tokens, which cannot help."""
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    cfg = tiny_config(**{"grpo.max_new_tokens": 600})
+    with pytest.raises(ConfigError) as e:
+        GRPOTrainer(lm, cfg, generate_split(cfg.task, "train"))
+    t = lm.settings.n_latent
+    assert str(e.value) == (
+        f"grpo: the sequence does not fit the model's context of 512 positions even without a question: "
+        f"{t} latent thought{'s' * (t != 1)} + 2 markers + answer (grpo.max_new_tokens = 600) = {t + 602}; lower "
+        "grpo.n_latent or grpo.max_new_tokens"
+    )
 
 
 def test_grpo_on_a_plain_lm_warns_that_its_latent_markers_are_untrained(tokenizer, sft_checkpoint):

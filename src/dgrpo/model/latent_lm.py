@@ -622,6 +622,9 @@ class LatentLM(nn.Module):
         answer_key = answer_key or f"{opt}max_new_tokens"
         n_question = prompt_tokens - int(markers)
         parts = [f"{'question' if markers else 'prompt'} ({n_question} token{'' if n_question == 1 else 's'})"]
+        unprompted = n_question == 0 and markers  # (a start's check, before any question: the rest alone is too long)
+        if unprompted:
+            parts = []
         if n_latent or markers:
             parts.append(f"{n_latent} latent thought{'' if n_latent == 1 else 's'}")
         parts += ["2 markers"] if markers else []
@@ -631,10 +634,12 @@ class LatentLM(nn.Module):
             else f"answer ({answer_key} = {answer_tokens})"
         )
         lower = ([key] if n_latent else []) + [target_key or answer_key]
-        lower.append("data.max_question_tokens" if markers else f"{opt}shots")
+        if not unprompted:
+            lower.append("data.max_question_tokens" if markers else f"{opt}shots")
         raise ConfigError(
-            f"{section + ': ' if section else ''}the sequence does not fit the model's context of {limit} positions: "
-            f"{' + '.join(parts)} = {total}; lower {', '.join(lower[:-1])} or {lower[-1]}"
+            f"{section + ': ' if section else ''}the sequence does not fit the model's context of {limit} positions"
+            f"{' even without a question' if unprompted else ''}: {' + '.join(parts)} = {total}; lower "
+            f"{', '.join(lower[:-1])} or {lower[-1]}"
         )
 
     def use_recompute(self, section: Any, key: str) -> None:
