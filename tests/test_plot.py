@@ -353,3 +353,16 @@ def test_runs_scored_by_other_rules_are_warned_about_in_the_eval_panel(tmp_path:
         warnings.simplefilter("error")
         plot([tmp_path / "a", tmp_path / "b"], tmp_path / "fig.png")  # one rule: no warning
         plot([tmp_path / "a", tmp_path / "c"], tmp_path / "fig.png", panels=("reward_std",))  # no eval panel
+
+
+def test_seeds_that_validated_on_different_data_are_not_averaged(tmp_path: Path) -> None:
+    """Each run's first eval column was plotted: an arm whose seeds validated on different data was drawn as one mean
+    over them, with a band from one to the other, without a word; --eval-key picks one column for all."""
+    write_run(tmp_path / "a" / "seed0", grpo_config(), [{"step": 0, EVAL: 0.1}, {"step": 2, EVAL: 0.3}])
+    other = [{"step": 0, "eval/other/accuracy": 0.9}, {"step": 2, "eval/other/accuracy": 0.9}]
+    write_run(tmp_path / "a" / "seed1", grpo_config(), other)
+    said = r"a: its runs validated on different data \(builtin:valid \(seed0\); other \(seed1\)\)"
+    with pytest.raises(DataError, match=said):
+        plot([tmp_path / "a"], tmp_path / "fig.png")
+    desc = plot([tmp_path / "a"], tmp_path / "fig.png", eval_key="valid")
+    assert EVAL in desc["eval_keys"]  # (seed1 has no such column: seed0 alone is drawn)

@@ -312,6 +312,22 @@ def _check_reward_parts(runs: Sequence[Run], panels: Sequence[str]) -> None:
         raise DataError(f"no run logged {', '.join(missing)} (reward parts logged: {names})")
 
 
+def _check_one_dataset_per_group(groups: Mapping[str, Sequence[Run]], eval_key: str | None) -> None:
+    """DataError when the runs of one group would be averaged over different eval columns (each run's first: runs
+    that validated on different data); ``--eval-key`` picks one for all (a run without it is left out)."""
+    for name, runs in groups.items():
+        by_key: dict[str, list[str]] = {}
+        for r in runs:
+            if (key := _eval_key(r, eval_key)) is not None and any(key in row for row in r.evals):
+                by_key.setdefault(key.removeprefix("eval/").removesuffix("/accuracy"), []).append(r.name)
+        if len(by_key) > 1:
+            shown = "; ".join(f"{k} ({', '.join(v[:3])}{' ...' if len(v) > 3 else ''})" for k, v in by_key.items())
+            raise DataError(
+                f"{name}: its runs validated on different data ({shown}); their mean would mix them: pass "
+                f"--eval-key with one of {', '.join(by_key)}"
+            )
+
+
 def _warn_if_scorers_differ(runs: Sequence[Run]) -> None:
     """A warning when the runs' accuracies were scored by different rules (``eval.scorer``): one panel would set
     numbers side by side that do not measure the same thing. Runs without a config are not counted."""
@@ -522,6 +538,7 @@ def draw(
         _check_eval_key(everyone, eval_key)
     _check_reward_parts(everyone, panels)
     if "eval" in panels:
+        _check_one_dataset_per_group(groups, eval_key)
         _warn_if_scorers_differ(everyone)
     rows = len(groups) + len(reference or {}) + 1
     fig = Figure(figsize=(6 * len(panels), 4 + 0.6 + 0.22 * rows))
