@@ -343,3 +343,14 @@ def test_a_write_leaves_the_temporary_files_of_a_process_still_writing(lm, task_
             assert theirs.exists()
         finally:
             writer.kill()
+
+
+def test_a_plain_lms_answer_keeps_its_paragraphs_and_stops_at_the_next_question():
+    """The cut at the first blank line lost the answer of reasoning written in paragraphs (10/10 scored 0), and a
+    completion opening with a blank line was cut to nothing."""
+    from dgrpo.eval.evaluate import _cut_plain
+
+    assert _cut_plain(" Let us think.\n\nThe answer is 7.") == " Let us think.\n\nThe answer is 7."
+    assert _cut_plain("\n\nThe answer is 7.") == "\n\nThe answer is 7."
+    assert _cut_plain(" 3 + 4 = 7. The answer is 7.\n\nQuestion: Tom has 2 apples") == " 3 + 4 = 7. The answer is 7."
+    assert _cut_plain(" The answer is 7.\nQuestion: next") == " The answer is 7."

@@ -58,7 +58,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--out", required=True, help="writes results.json and predictions.jsonl here (one folder per --data of several)"
     )
-    p.add_argument("--plain", action="store_true", help="plain causal LM with a chain-of-thought prompt (no latents)")
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="plain causal LM with a chain-of-thought prompt (no latents); its answer is what it writes before a next "
+        "'Question' turn",
+    )
     p.add_argument(
         "--shots", type=int, help="with --plain: worked examples in the prompt (taken from the start of the data)"
     )

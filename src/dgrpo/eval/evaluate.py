@@ -81,8 +81,9 @@ def worked_solution(record: Record) -> str:
 
 
 def _cut_plain(text: str) -> str:
-    """A plain LM keeps writing after its answer; keep the first answer paragraph."""
-    for stop in ("\n\nQuestion", "\nQuestion:", "\n\n"):
+    """A plain LM keeps writing after its answer, as its k-shot prompt goes on: a new ``Question`` turn; the answer
+    is what comes before it (paragraphs of reasoning included: a cut at the first blank line lost their answer)."""
+    for stop in ("\n\nQuestion", "\nQuestion:"):
         if stop in text:
             text = text.split(stop, 1)[0]
     return text
