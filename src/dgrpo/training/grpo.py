@@ -121,8 +121,8 @@ def _warn_at_start(lm: LatentLM, cfg: Config, train: list[Record]) -> None:
     warn_if_training_questions_cut(lm, cfg, train)
     if lm.new_latent_tokens:
         warnings.warn(
-            f"the model's latent markers ({', '.join(lm.new_latent_tokens)}) are new and untrained: its tokenizer had "
-            "none, so it is a plain LM, not a Coconut SFT checkpoint; GRPO prompts with them and thinks with "
+            f"the model's latent markers ({', '.join(lm.new_latent_tokens)}) are new and untrained (the model had no "
+            "rows for them: a plain LM, not a Coconut SFT checkpoint); GRPO prompts with them and thinks with "
             "untrained latent steps (train them first: dgrpo sft --init MODEL, then dgrpo grpo --init that run)",
             stacklevel=3,
         )
