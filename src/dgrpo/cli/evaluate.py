@@ -268,7 +268,7 @@ def _load_eval_model(model: str, cfg: Config, device: torch.device) -> LatentLM:
     lm = load_model(cfg.model, cfg.task, init=model, device=device, training=False)
     if lm.new_latent_tokens and not cfg.eval.plain:
         warnings.warn(
-            f"{model} is a plain LM (its tokenizer had no {', '.join(lm.new_latent_tokens)}): it is evaluated "
+            f"{model} is a plain LM (it had no trained {', '.join(lm.new_latent_tokens)}): it is evaluated "
             "as a latent model whose markers' embeddings are new and untrained; pass --plain for a plain LM's "
             "chain-of-thought prompt",
             stacklevel=1,
