@@ -13,6 +13,7 @@ LAYERS = {
     "config": 0,
     "reward": 0,
     "run_layout": 0,
+    "progress": 0,
     "plugins": 0,
     "data": 1,
     "model": 2,

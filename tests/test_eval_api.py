@@ -354,3 +354,16 @@ def test_a_plain_lms_answer_keeps_its_paragraphs_and_stops_at_the_next_question(
     assert _cut_plain("\n\nThe answer is 7.") == "\n\nThe answer is 7."
     assert _cut_plain(" 3 + 4 = 7. The answer is 7.\n\nQuestion: Tom has 2 apples") == " 3 + 4 = 7. The answer is 7."
     assert _cut_plain(" The answer is 7.\nQuestion: next") == " The answer is 7."
+
+
+def test_tqdm_disable_turns_the_evaluation_bar_off(lm, task_records, capsys, monkeypatch):
+    """TQDM_DISABLE=1 (tqdm's own switch, which users set in batch jobs) was ignored: dgrpo passes ``disable=False``
+    explicitly, and tqdm reads the variable only for bars left at the default."""
+    recs = task_records[:2]
+    for value in ("1", "true", "YES"):
+        monkeypatch.setenv("TQDM_DISABLE", value)
+        evaluate(lm, recs, max_new_tokens=2, progress=True)
+        assert capsys.readouterr().err == ""
+    monkeypatch.setenv("TQDM_DISABLE", "0")
+    evaluate(lm, recs, max_new_tokens=2, progress=True)
+    assert "%|" in capsys.readouterr().err

@@ -23,6 +23,7 @@ from ..data.records import Record, check_records, with_columns
 from ..model.latent_lm import LatentLM
 from ..perturbation import Perturbation
 from ..perturbation.base import as_seeds, row_sampling_uniforms, text_seed, to_device
+from ..progress import bar_disabled
 from ..reward import answer_decimals, extract_answer, is_parseable, normalize_number, normalize_text, numbers_agree
 from .scoring import ScoreFn, build_scorer, call_checked, choice, choice_letter, exact, final_answer_text, numeric
 
@@ -126,7 +127,7 @@ def generate_answers(
     out: list[str] = [""] * len(questions)
     batches = [order[b0 : b0 + batch_size] for b0 in range(0, len(order), batch_size)]
     with lm.eval_mode():
-        for idx in tqdm(batches, desc=desc, disable=not progress, leave=False, dynamic_ncols=True):
+        for idx in tqdm(batches, desc=desc, disable=bar_disabled(progress), leave=False, dynamic_ncols=True):
             ids, mask = lm.encode_questions(
                 [questions[i] for i in idx], markers=markers, max_tokens=max_question_tokens
             )

@@ -48,6 +48,7 @@ from ..model.latent_lm import LatentLM
 from ..model.static_cache import static_cache_obstacle
 from ..perturbation import Perturbation, make_perturbation, seeds_for
 from ..perturbation.base import to_device
+from ..progress import bar_disabled
 from ..reward import extract_answer, normalize_text
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, SUMMARY_FILE
 from .checkpoint import read_checkpoint, save_checkpoint, shard_staging
@@ -765,8 +766,8 @@ def train_grpo(
         evaluate = _periodic_eval(run, trainer, loop, valid or {}, evaluate_fn)
         if trainer.step_idx == 0 or loop.eval_pending:  # (pending: the run stopped before this step's evaluation)
             loop.last_eval, loop.eval_pending = evaluate(trainer.step_idx), False
-        steps, off = range(trainer.step_idx, g.steps), not (dist.is_main and progress)
-        bar = tqdm(steps, desc="grpo", disable=off, initial=trainer.step_idx, total=g.steps)
+        steps, shown = range(trainer.step_idx, g.steps), dist.is_main and progress
+        bar = tqdm(steps, desc="grpo", disable=bar_disabled(shown), initial=trainer.step_idx, total=g.steps)
         for _ in bar:
             m, stalled = _logged_step(run, trainer, loop)
             _end_step(run, trainer, loop, evaluate, stalled)

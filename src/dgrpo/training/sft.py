@@ -29,6 +29,7 @@ from ..data.records import Record, fingerprint
 from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
 from ..model.latent_lm import LatentLM, LatentSettings
 from ..model.sources import on_for_device
+from ..progress import bar_disabled
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dir
 from .checkpoint import read_checkpoint, save_checkpoint, shard_staging
 from .distributed import Dist
@@ -435,7 +436,7 @@ def train_sft(
         start_epoch, start_batch = prog.epoch, prog.batch
         best = _resumed_best(run, dist) if s.eval_every_epoch else -1.0
         n_steps, shown = s.num_epochs * plan.steps_per_epoch, dist.is_main and progress
-        bar = tqdm(total=n_steps, initial=prog.global_step, desc="sft", disable=not shown)
+        bar = tqdm(total=n_steps, initial=prog.global_step, desc="sft", disable=bar_disabled(shown))
         for epoch in range(start_epoch, s.num_epochs):
             stage, first_batch = plan.stage(epoch), start_batch if epoch == start_epoch else 0
             if first_batch < plan.steps_per_epoch:  # (else resumed at the epoch's end, which is still to do)
