@@ -919,6 +919,7 @@ def test_a_forked_checkpoint_is_held_to_its_own_config_and_a_damaged_one_is_not_
     r = run_cli(*args, "--out", tmp_path / "c", "--resume", ckpt)
     assert r.returncode == 2 and r.stderr.startswith(f"dgrpo: error: --resume {ckpt}: ")
     assert "falling back" not in r.stdout + r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "c").exists()  # each refusal above left an empty c/ holding a lock file
 
 
 def test_another_commands_run_directory_is_refused_and_left_as_it_was(sft_checkpoint, tmp_path, run_cli):

@@ -476,7 +476,7 @@ class RunDir:
         self.resume_mode = {True: "auto", False: "never"}[resume] if isinstance(resume, bool) else resume
         self.allow_config_change = allow_config_change
         self.log = log if dist.is_main else (lambda m: None)
-        created = dist.is_main and not self.out_dir.exists()
+        self.created = dist.is_main and not self.out_dir.exists()  # (by this run: removed if refused, still empty)
         self.lock = self._lock()
         self.metrics = MetricsLog(self.out_dir / METRICS_FILE, dist.is_main)
         self.changed: list[str] = []
@@ -499,8 +499,6 @@ class RunDir:
                 self._on_rank0(self._warn_if_restarted_under_another_config)
         except BaseException:
             self.close(1)  # a refused run releases the directory at once
-            if created and [p.name for p in self.out_dir.iterdir()] == [LOCK_FILE]:
-                shutil.rmtree(self.out_dir)  # and leaves no directory it made for nothing
             raise
         if dist.is_main:  # half-written checkpoints of a killed run (it held the lock: nobody else writes them)
             for tmp in (self.out_dir / CHECKPOINTS_DIR).glob(".tmp-*"):
@@ -1051,6 +1049,8 @@ class RunDir:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+        if exit_code and self.created and [p.name for p in self.out_dir.iterdir()] == [LOCK_FILE]:
+            shutil.rmtree(self.out_dir)  # a run refused before it wrote anything leaves no directory it made
 
     def __enter__(self) -> RunDir:
         return self
