@@ -766,8 +766,8 @@ def train_grpo(
         evaluate = _periodic_eval(run, trainer, loop, valid or {}, evaluate_fn)
         if trainer.step_idx == 0 or loop.eval_pending:  # (pending: the run stopped before this step's evaluation)
             loop.last_eval, loop.eval_pending = evaluate(trainer.step_idx), False
-        steps, shown = range(trainer.step_idx, g.steps), dist.is_main and progress
-        bar = tqdm(steps, desc="grpo", disable=bar_disabled(shown), initial=trainer.step_idx, total=g.steps)
+        steps, off = range(trainer.step_idx, g.steps), bar_disabled(dist.is_main and progress)
+        bar = tqdm(steps, desc="grpo", disable=off, initial=trainer.step_idx, total=g.steps)
         for _ in bar:
             m, stalled = _logged_step(run, trainer, loop)
             _end_step(run, trainer, loop, evaluate, stalled)
