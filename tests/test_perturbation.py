@@ -144,6 +144,25 @@ def test_none_is_deterministic_and_locked_is_not(tokenizer, task_records):
     assert not torch.allclose(lps, lps[:1].expand_as(lps), atol=1e-3)
 
 
+def test_gaussian_weight_noise_does_not_move_with_the_weights(tokenizer):
+    """sigma * std(W) was read from the weights of each bind: after an update (a later mini-epoch's replay) and on the
+    reference model (its own weights) the same seed gave other noise (6% apart in a probe). The scale is now the
+    first bound model's (a trainer's starting weights), held: the noise is the seed's alone from then on."""
+    import copy
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    pert, seeds = GaussianNoise(sigma=0.1, sites=["attn", "mlp"], target="weights"), torch.tensor([123, 456])
+    first = [n.clone() for n in pert.bind(lm, seeds).noises]
+    reference = copy.deepcopy(lm)
+    with torch.no_grad():  # the policy moves away from the reference, as in training
+        for w in lm.model.parameters():
+            w.mul_(1.05).add_(0.002 * torch.randn_like(w))
+    for model in (lm, reference):
+        assert all(torch.equal(a, b) for a, b in zip(pert.bind(model, seeds).noises, first))
+    fresh = GaussianNoise(sigma=0.1, sites=["attn", "mlp"], target="weights").bind(lm, seeds).noises  # another scale
+    assert all(not torch.equal(a, b) for a, b in zip(fresh, first))
+
+
 @pytest.mark.parametrize("pert", [LockedDropout(p=0.3), GaussianNoise(sigma=0.1)], ids=["locked", "gaussian"])
 def test_a_perturbation_bound_for_other_rows_than_the_batch_is_refused(tokenizer, task_records, pert):
     """One seed for four rows would give every row that seed's masks (broadcast), two or six a shape error deep in

@@ -670,7 +670,8 @@ class PerturbationConfig:
         "activations",
         "gaussian: activations (multiplicative noise on the sites' "
         "outputs, per rollout) or weights (additive noise on the "
-        "output projections of attn and mlp sites; not residual ones)",
+        "output projections of attn and mlp sites; not residual ones; "
+        "sigma * std(W) * N(0, 1), std(W) of the run's starting weights, held)",
     )
 
     def validate(self, p: str = "perturbation") -> None:

@@ -5,6 +5,9 @@
 ``weights``: additive noise sigma * std(W) * E on the weight of the site's output projection
 (``o_proj``/``c_proj`` for attention, ``down_proj``/``c_proj`` for the MLP), one E per rollout,
 computed as an extra batched matmul: memory B x out x in per site, so keep it to small models.
+std(W) is measured once, on the first model the perturbation binds (a trainer's starting weights, before a
+resumed run loads its checkpoint), and held: the noise is exogenous, not a function of the weights being trained,
+so the reference model and later mini-epochs replay the rollout's noise exactly.
 """
 
 from __future__ import annotations
@@ -91,6 +94,8 @@ class GaussianNoise(Perturbation):
             target,
             perturb_prompt,
         )
+        #: per weight site (its index and shape), sigma * std(W) of the first model bound (see the module docstring)
+        self.weight_scales: dict[tuple[int, int, int], float] = {}
 
     @classmethod
     def from_config(cls, cfg: PerturbationConfig) -> GaussianNoise:
@@ -116,7 +121,7 @@ class GaussianNoise(Perturbation):
             out_f, in_f = (
                 (w.shape[0], w.shape[1]) if isinstance(lin, nn.Linear) else (w.shape[1], w.shape[0])
             )  # GPT-2 Conv1D is [in, out]
-            scale = self.sigma * float(w.detach().float().std())
+            scale = self.weight_scales.setdefault((k, out_f, in_f), self.sigma * float(w.detach().float().std()))
             rows = [torch.Generator().manual_seed((int(s) + 7919 * (k + 1)) % (2**63)) for s in seeds.tolist()]
             noises.append(torch.stack([torch.randn(out_f, in_f, generator=g) for g in rows]).mul_(scale).to(lm.device))
         return _BoundGaussian(linears, noises, self.perturb_prompt, True, self.sigma)
