@@ -524,6 +524,28 @@ def test_misspelt_steps_key_is_an_error_naming_the_fields(tmp_path: Path) -> Non
     assert [r.steps for r in plain] == [[], []] and plain[0].meta["work"]
 
 
+def test_a_mapped_column_holding_a_list_or_a_mapping_is_refused(tmp_path: Path) -> None:
+    """A TRL chat-format prompt or a list of answers under data.question_key / data.answer_key was read as its
+    Python repr (the question "[{'role': 'user', ...}]", the gold "['12']"): trained on, and never scored right."""
+    from dgrpo.config import DataConfig
+    from dgrpo.data import load_spec
+
+    mapping = DataConfig(question_key="prompt", answer_key="target")
+    cases = {
+        '{"prompt": [{"role": "user", "content": "1 + 1?"}], "target": "2"}': r"column 'prompt' must be text or a "
+        r"number, got list \(a chat-format conversation: give the question's text\)",
+        '{"prompt": "1 + 1?", "target": ["2"]}': r"column 'target' must be text or a number, got list",
+        '{"prompt": "1 + 1?", "target": {"value": 2}}': r"column 'target' must be text or a number, got dict",
+    }
+    for line, says in cases.items():
+        path = _write(tmp_path / "rows.jsonl", line + "\n")
+        with pytest.raises(DataError, match=r"rows\.jsonl line 1: " + says):
+            load_spec(str(path), data=mapping)
+    path = _write(tmp_path / "rows.jsonl", '{"prompt": 12345, "target": 2.50}\n')
+    (rec,) = load_spec(str(path), data=mapping)  # numbers are still read as text
+    assert (rec.question, rec.answer) == ("12345", "2.5")
+
+
 def test_held_out_data_need_not_have_the_steps_column(tmp_path: Path) -> None:
     """A validation, test or ``dgrpo eval`` file without the training data's steps column (evaluation never reads
     steps) was refused for ``data.steps_key``, which a checkpoint's run hands to ``dgrpo eval``; a mapped column

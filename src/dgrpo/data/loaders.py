@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import warnings
 from collections.abc import Callable, Iterable
@@ -661,6 +662,15 @@ def rows_to_records(
 _RECORD_COLUMNS = ("question", "answer", "steps", "prompt")
 
 
+def _check_scalar(value: Any, key: str) -> None:
+    """A mapped question or answer column holds text or a number: a list or mapping (a chat-format prompt, several
+    accepted answers) was read as its Python repr, ``"[{'role': 'user', ...}]"``, trained on and never scored right."""
+    if value is None or isinstance(value, (str, numbers.Number)):
+        return
+    chat = " (a chat-format conversation: give the question's text)" if isinstance(value, list) else ""
+    raise _RowError(f"column {key!r} must be text or a number, got {type(value).__name__}{chat}")
+
+
 class _ColumnParser:
     """The row parser :func:`column_parser` returns; it also notes the rows it maps and whether one had the steps
     column, for :meth:`check_steps`."""
@@ -691,6 +701,7 @@ class _ColumnParser:
         self.fields.update(str(key) for key in row)
         self.steps_seen = self.steps_seen or self.steps_key in row
         raw_question = _field(row, self.question_key, "data.question_key")
+        _check_scalar(raw_question, self.question_key)
         question = "" if raw_question is None else str(raw_question).strip()  # (null: empty, not 'None')
         if not question:
             raise _RowError(f"column {self.question_key!r} is empty")
@@ -709,6 +720,7 @@ class _ColumnParser:
         raw = _field(row, key, "data.answer_key")
         if raw is None:  # (JSON null, an empty parquet cell: str() would make it the answer 'None')
             raise _RowError(f"column {key!r} is empty (null)")
+        _check_scalar(raw, key)
         answer = _format_number(raw, f"column {key!r}") if isinstance(raw, (int, float)) else str(raw).strip()
         solution = answer if "####" in answer else None
         if solution is not None:
