@@ -197,6 +197,8 @@ def test_an_adapter_on_a_plain_base_reloads_the_latent_rows_it_trained_with(toke
     assert torch.equal(logprobs(again), logprobs(lm))
     with_lora(plain).save_pretrained(tmp_path / "trained-rows")  # the adapter holds them itself
     assert not (tmp_path / "trained-rows" / lora.LATENT_ROWS).exists()
+    # the reloaded markers are the saved run's, not new: grpo --init and eval warned "a plain LM ... untrained"
+    assert again.new_latent_tokens == [] and LatentLM.from_pretrained(tmp_path / "trained-rows").new_latent_tokens == []
 
 
 def test_init_takes_an_adapter_checkpoint(base_dirs, tmp_path):

@@ -407,6 +407,8 @@ def attach_saved_adapter(lm: LatentLM, folder: Path) -> None:
     load_adapter_state(lm, read_adapter(lm, folder), where=str(folder))
     if (folder / LATENT_ROWS).is_file():
         _set_marker_rows(lm, load_file(str(folder / LATENT_ROWS)))
+    if (folder / LATENT_ROWS).is_file() or config.trainable_token_indices:
+        lm.new_latent_tokens = []  # the markers' rows are the adapter's (those of the run that saved it), not new
 
 
 # ---------------------------------------------------------------------- the reference adapter
