@@ -472,6 +472,39 @@ def test_sft_eval_every_epoch_keeps_the_last_stages_best_epoch(tmp_path):
     assert _resumed_best(SimpleNamespace(out_dir=tmp_path, metrics=run.metrics), Dist.single()) == -1.0  # no best/
 
 
+def test_a_failing_validation_at_an_epochs_end_keeps_the_epochs_training(tmp_path):
+    """A scorer of one's own that fails on the model's answers first runs at stage 0's end: the error came before the
+    epoch's resumable checkpoint, and the resumed run trained the whole epoch again. The epoch is now kept: the same
+    run resumes at its end and gives the uninterrupted run's weights and metrics rows."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.sft import train_sft
+
+    over = {"task.n_train": 32, "sft.batch_size": 8, "sft.num_epochs": 2, "sft.stage_epochs": [1]}
+    cfg = tiny_config(**over, **{"sft.epochs_per_stage": 1})
+    train = generate_split(cfg.task, "train")
+
+    def run(out, evaluate_fn):
+        lm = load_model(cfg.model, cfg.task, seed=0)
+        train_sft(lm, train, cfg, out, valid=train[:4], evaluate_fn=evaluate_fn, log=lambda *a: None)
+
+    def failing(*a):
+        raise ValueError("my scorer failed")
+
+    run(tmp_path / "ref", lambda *a: 2)
+    with pytest.raises(ValueError, match="my scorer failed"):
+        run(tmp_path / "cut", failing)
+    (ckpt,) = (tmp_path / "cut" / "checkpoints").glob("step-*")
+    progress = json.loads((ckpt / "state.json").read_text())["progress"]
+    assert (progress["epoch"], progress["batch"], progress["global_step"]) == (0, 4, 4)  # epoch 0 trained, end to do
+    run(tmp_path / "cut", lambda *a: 2)
+    for name in ("final", "stage-0"):
+        a, b = (load_file(str(tmp_path / d / name / "model.safetensors")) for d in ("ref", "cut"))
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    strip = lambda p: [{k: v for k, v in json.loads(x).items() if k != "time_s"} for x in p.read_text().splitlines()]  # noqa: E731
+    assert strip(tmp_path / "ref" / "metrics.jsonl") == strip(tmp_path / "cut" / "metrics.jsonl")
+
+
 @pytest.mark.slow
 def test_sft_best_epoch_counts_every_stage_of_the_final_layout(tmp_path):
     """Stages past max_latent_stage train one layout (all steps latent): best/ is chosen among all their epochs.

@@ -16,8 +16,8 @@ import random
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -443,11 +443,12 @@ def train_sft(
                 sft.enter_stage(stage)
             lm.train()
             sft.train_epoch(train, epoch, stage, first_batch, bar, t0)
-            accuracy = None
-            if plan.last_of_stage(epoch):
-                accuracy = _finish_stage(lm, stage, cfg, run, dist, valid, evaluate_fn, prog.global_step, t0)
-            elif s.eval_every_epoch:
-                accuracy = _validate_epoch(lm, stage, epoch, cfg, run, dist, valid, evaluate_fn, prog.global_step, t0)
+            with _epoch_kept_on_failure(sft, epoch):
+                step, accuracy = prog.global_step, None
+                if plan.last_of_stage(epoch):
+                    accuracy = _finish_stage(lm, stage, cfg, run, dist, valid, evaluate_fn, step, t0)
+                elif s.eval_every_epoch:
+                    accuracy = _validate_epoch(lm, stage, epoch, cfg, run, dist, valid, evaluate_fn, step, t0)
             if s.eval_every_epoch and layout_stage(stage, cfg) == layout_stage(plan.stage(s.num_epochs - 1), cfg):
                 best = _keep_if_best(lm, stage, epoch, accuracy, best, cfg, run, dist, prog.global_step)
             sft.save(epoch + 1, 0)
@@ -458,6 +459,25 @@ def train_sft(
     if cfg.model.lora.r == 0 or cfg.model.lora.train_latent_tokens:  # (the markers' rows trained: GRPO need not warn)
         lm.new_latent_tokens = []
     return lm
+
+
+@contextmanager
+def _epoch_kept_on_failure(sft: SFTRun, epoch: int) -> Iterator[None]:
+    """An error in an epoch's end before it wrote anything (a scorer of one's own failing on the model's answers in
+    the validation) keeps the epoch's training: a checkpoint that resumes at the epoch's end, written before the
+    error is raised (the epoch's resumable checkpoint came after its end: the epoch was trained again). In one
+    process or under DDP when rank 0 fails; not under FSDP, whose checkpoint needs every rank."""
+    rows = sft.run.metrics.n_rows()
+    try:
+        yield
+    except Exception:
+        if not sft.dist.fsdp and sft.dist.is_main and sft.run.metrics.n_rows() == rows:
+            sft.save(epoch, sft.plan.steps_per_epoch)
+            sft.run.log(
+                f"dgrpo sft: epoch {epoch}'s training is kept in {sft.run.out_dir / CHECKPOINTS_DIR}: the same "
+                "command resumes at the epoch's end (its validation)"
+            )
+        raise
 
 
 def _prepare(
