@@ -273,7 +273,38 @@ def test_a_failing_scorer_plugin_is_named_once(tmp_path):
     path.write_text("def bad(completions, records):\n    raise ValueError('no')\n")
     with pytest.raises(RewardError) as raised:
         _graded([Record("q", [], "1")], ["#### 1"], build_scorer(f"{path}:bad"))
-    assert str(raised.value) == f"scorer {path}:bad raised ValueError: no"
+    assert str(raised.value) == f"scorer {path}:bad raised ValueError: no on row 0 (completion '#### 1', question 'q')"
+
+
+def test_a_failing_reward_or_scorer_names_the_first_row_that_fails_alone():
+    """A batched function's error named the function alone: which of a batch's completions broke it (a scorer of
+    one's own failing on a model's answer at a stage's end) was left to guess."""
+    from dgrpo.data.records import Record
+    from dgrpo.eval.scoring import call_checked
+
+    recs = [Record(f"question {i}", [], str(i)) for i in range(3)]
+
+    def strict(completions, records):
+        return [float(c.split("####")[1].strip() == r.answer) for c, r in zip(completions, records)]
+
+    def strict_trl(completions, answer, **kwargs):
+        return [float(c.split("####")[1].strip() == a) for c, a in zip(completions, answer)]
+
+    for fn in (strict, strict_trl):
+        with pytest.raises(RewardError) as raised:
+            call_checked(fn, "mine", ["#### 0", "no marker", "#### 2"], recs, what="scorer")
+        assert str(raised.value) == (
+            "scorer mine raised IndexError: list index out of range on row 1 (completion 'no marker', question "
+            "'question 1')"
+        )
+
+    def whole_batch(completions, records):
+        if len(completions) > 1:
+            raise ValueError("batch too large")
+        return [0.0]
+
+    with pytest.raises(RewardError, match=r"^reward mine raised ValueError: batch too large$"):
+        call_checked(whole_batch, "mine", ["a", "b"], recs[:2])
 
 
 def test_a_kwargs_reward_called_as_dgrpos_form_says_so_once():

@@ -189,8 +189,14 @@ def call_checked(
     trl = trl_style(fn, columns)
     if not trl and trl_style(fn):
         _warn_called_as_dgrpo(fn, name, columns)
+
+    def call(completions: list[str], records: list[Record]) -> Any:
+        if not trl:
+            return fn(completions, records)
+        return by_keyword(**trl_columns(completions, records, columns))
+
     try:
-        returned = by_keyword(**columns) if trl else fn(completions, records)
+        returned = call(completions, records)
     except RewardError:  # (a plug-in scorer's own checked call already named it: not wrapped twice)
         raise
     except Exception as e:  # noqa: BLE001 - the user's function failed: one line naming it
@@ -202,6 +208,7 @@ def call_checked(
             )
         raise RewardError(
             f"{what} {name} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{how}"
+            f"{_failing_row(call, completions, records)}"
         ) from None
     try:
         if isinstance(returned, (str, Mapping)):  # iterable, but its letters / keys are not the values
@@ -227,6 +234,17 @@ def call_checked(
             x = _score_in_range(x, name, i, records[i])
         out.append(x)
     return out
+
+
+def _failing_row(call: Callable[[list[str], list[Record]], Any], completions: list[str], records: list[Record]) -> str:
+    """Where a batched call failed: the first of its rows (of at most 256) that fails alone, with its completion and
+    question ('' when none does: the batch's failure was not one row's)."""
+    for i, (completion, record) in enumerate(zip(completions[:256], records)):
+        try:
+            call([completion], [record])
+        except Exception:  # noqa: BLE001 - the row that fails, looked for
+            return f" on row {i} (completion {completion[:60]!r}, question {record.question[:60]!r})"
+    return ""
 
 
 #: how far a scorer's value may lie from 1 and still be 1 (from 0 and still be 0): a float32 or float sum's rounding
