@@ -506,6 +506,18 @@ def test_record_refuses_steps_given_as_one_string_or_non_strings() -> None:
     assert Record("q", ("<<1+1=2>>", "<<2+3=5>>"), "5").steps == ["<<1+1=2>>", "<<2+3=5>>"]  # type: ignore[arg-type]
 
 
+def test_record_meta_none_is_no_columns_and_a_non_mapping_is_refused() -> None:
+    """``Record(q, steps, answer, None)`` was accepted, and training then died in data_columns with a bare
+    "TypeError: 'NoneType' object is not iterable"."""
+    from dgrpo.data.records import data_columns
+
+    assert Record("q", [], "5", None).meta == {}  # type: ignore[arg-type]
+    assert data_columns([Record("q", [], "5", None)]) == ()  # type: ignore[arg-type]
+    for bad in (["level"], "level", {1: "x"}):
+        with pytest.raises(DataError, match=r"^meta must be a mapping of column names to values, got "):
+            Record("q", [], "5", bad)  # type: ignore[arg-type]
+
+
 def _mapped(tmp_path: Path) -> Path:
     rows = [{"prompt": "1 + 1?", "target": 2, "work": "<<1+1=2>>\n<<2*1=2>>"}, {"prompt": "2 + 3?", "target": 5}]
     return _write(tmp_path / "mapped.jsonl", "".join(json.dumps(row) + "\n" for row in rows))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,7 +23,8 @@ class Record:
     ``answer`` is the gold final answer as text (``"18"``, ``"-3.5"``, ``"Tom is a lempus."``); a number given
     here (``18``, ``18.0``, ``np.int64(18)``, ``Decimal("18")``, a 0-d tensor) is stored as its normalised text
     (``"18"``), as the loaders store a numeric column.
-    ``meta`` keeps source-specific extra fields (ProsQA's graph, the source file, ...).
+    ``meta`` keeps source-specific extra fields (ProsQA's graph, the source file, ...): a mapping of column names
+    (None: none).
 
     Raises :class:`DataError` for a ``question`` that is not text, ``steps`` that are not a list (or tuple) of
     strings (one ``str`` holding all steps included) and an ``answer`` that is neither text nor a finite number (a
@@ -40,6 +41,10 @@ class Record:
             raise DataError(f"question must be text, got {type(self.question).__name__}: {self.question!r:.60}")
         self.steps = _checked_steps(self.steps)
         self.answer = _answer_text(self.answer)
+        if self.meta is None:  # (no extra fields: a TypeError deep in training followed)
+            self.meta = {}
+        elif not isinstance(self.meta, Mapping) or not all(isinstance(k, str) for k in self.meta):
+            raise DataError(f"meta must be a mapping of column names to values, got {type(self.meta).__name__}")
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"question": self.question, "steps": list(self.steps), "answer": self.answer}
