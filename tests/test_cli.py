@@ -654,7 +654,7 @@ def test_an_empty_out_or_init_is_one_line_and_a_checkpoint_is_named_as_written(s
     run/checkpoints/step-3 was recorded as given (the guards compare absolute paths of the model directory)."""
     import shutil
 
-    from dgrpo.cli.train import init_name
+    from dgrpo.training.model_record import init_name
 
     r = run_cli("sft", *tiny_args(), "--out", "")
     assert r.returncode == 2 and "--out is empty" in r.stderr, r.stderr
@@ -777,7 +777,7 @@ def test_a_loaded_models_shape_is_recorded_and_a_builtin_size_given_for_it_warne
     run's config.json recorded them."""
     import warnings
 
-    from dgrpo.cli.train import record_the_models_shape
+    from dgrpo.training.model_record import record_the_models_shape
 
     from conftest import make_lm, tiny_config
 

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -1237,7 +1238,7 @@ def test_shared_questions_count_spacing_blind_and_by_answer() -> None:
 def test_a_run_directory_and_its_final_checkpoint_are_one_init(sft_checkpoint, tmp_path):
     """--init runs/sft and --init runs/sft/final name one model (a resume naming the other was refused as other
     weights); a checkpoints/step-N names the model it holds."""
-    from dgrpo.cli.train import init_name
+    from dgrpo.training.model_record import init_name
 
     run = tmp_path / "runs" / "sft"
     shutil.copytree(sft_checkpoint, run / "final")
@@ -1360,3 +1361,32 @@ def test_a_hugging_face_dataset_in_memory_loads_as_its_rows_would():
         dgrpo.load_dataset(ds, "train", data=cols)
     gsm = datasets.Dataset.from_list([{"question": "Tom has 7 and 7 more?", "answer": "7+7=<<7+7=14>>14\n#### 14"}])
     assert [(r.answer, r.steps) for r in dgrpo.load_dataset(gsm)] == [("14", ["<<7+7=14>>"])]  # (a known format)
+
+
+def test_a_model_loaded_in_python_is_recorded_as_the_command_line_records_init(sft_checkpoint, tmp_path):
+    """From Python (docs/why_replayed_dropout.md's recipe: load_model(..., init=CHECKPOINT), then train_grpo) the
+    run's config.json named builtin-tiny and the built-in sizes, and a resume from other weights was not refused."""
+    from dgrpo.config import ConfigError
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.grpo import train_grpo
+
+    cfg = tiny_config(**{"grpo.steps": 1, "model.hidden_size": 48})
+    train = generate_split(cfg.task, "train")[:8]
+    lm = load_model(cfg.model, cfg.task, init=str(sft_checkpoint))
+    with pytest.warns(UserWarning, match=r"model.hidden_size=48 \(the model's: \d+\): .* they are ignored"):
+        train_grpo(lm, cfg, train, tmp_path / "run", progress=False, log=lambda *a: None)
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())["model"]
+    hf = lm.model.config
+    assert recorded["name_or_path"] == str(Path(sft_checkpoint).resolve())
+    assert (recorded["arch"], recorded["hidden_size"], recorded["num_layers"]) == (
+        hf.model_type,
+        hf.hidden_size,
+        hf.num_hidden_layers,
+    )
+    assert (cfg.model.name_or_path, cfg.model.hidden_size) == ("builtin-tiny", 48)  # the caller's config as it was
+    other = tmp_path / "other"
+    shutil.copytree(sft_checkpoint, other)
+    lm = load_model(cfg.model, cfg.task, init=str(other))
+    with pytest.raises(ConfigError, match=r"different config \(grpo.steps, model.name_or_path\)"):
+        train_grpo(lm, replace(cfg, grpo=replace(cfg.grpo, steps=2)), train, tmp_path / "run", log=lambda *a: None)

@@ -74,6 +74,7 @@ def record_init(cfg: Config, init: str | None) -> Config:
     scorer and perturbation kind files (``path/file.py:function``) are made absolute too, so the checkpoint's scorer
     is found by ``dgrpo eval`` wherever it runs."""
     from ..config import ConfigError, reward_name
+    from ..training.model_record import init_name
 
     if init is not None and not init.strip():
         raise ConfigError("--init is empty: name a checkpoint directory, a run directory or a hub id")
@@ -86,20 +87,6 @@ def record_init(cfg: Config, init: str | None) -> Config:
         {**item, "name": reward_name(item), "fn": absolute_file(item["fn"])} for item in cfg.grpo.rewards
     ]
     return cfg
-
-
-def init_name(init: str) -> str:
-    """How a run's config names its ``--init``: the checkpoint a local path resolves to, absolute (``runs/sft`` and
-    ``runs/sft/final`` are one model: a resume naming the other was refused as other weights); a hub id as given."""
-    from ..model.sources import on_disk, resolve_checkpoint
-    from ..model.verified import CheckpointError
-
-    if not on_disk(init).exists():  # (checkpoints/step-N names step-0000000N: the model loads from it too)
-        return init
-    try:
-        return str(resolve_checkpoint(init).resolve())
-    except CheckpointError:  # (not a checkpoint: loading it says why)
-        return str(Path(init).resolve())
 
 
 def absolute_file(spec: str) -> str:
@@ -134,33 +121,6 @@ def warn_if_init_differs(init_config: dict | None, cfg: Config) -> None:
             "config's task (--set the checkpoint's values to keep its task)",
             stacklevel=2,
         )
-
-
-def record_the_models_shape(cfg: Config, lm: Any) -> None:
-    """``model.arch`` and the sizes build the built-in tiny model; a run that loads a model (``--init``, a hub id or a
-    directory) records the loaded model's instead (its config.json said the options given, which built nothing),
-    warning of an option set to another value than its default: it was ignored. Left as they are for an
-    architecture that is none of model.arch's choices."""
-    from ..config import BUILTIN_SHAPE, ModelConfig
-    from ..model.factory import BUILTIN
-
-    hf: Any = getattr(lm.model, "config", None)
-    if cfg.model.name_or_path == BUILTIN or getattr(hf, "model_type", None) not in ("qwen2", "llama", "gpt2"):
-        return
-    intermediate = getattr(hf, "intermediate_size", None) or getattr(hf, "n_inner", None) or 4 * hf.hidden_size
-    values = (hf.model_type, hf.hidden_size, hf.num_hidden_layers, hf.num_attention_heads, intermediate)
-    shape = dict(zip(BUILTIN_SHAPE, values, strict=True))  # (GPT-2's n_inner None: 4 x hidden_size)
-    default, given = ModelConfig(), cfg.model
-    ignored = [k for k, v in shape.items() if getattr(given, k) not in (v, getattr(default, k))]
-    if ignored:
-        shown = ", ".join(f"model.{k}={getattr(given, k)} (the model's: {shape[k]})" for k in ignored)
-        warnings.warn(
-            f"{shown}: model.arch and the sizes build the built-in tiny model, and this run loads "
-            f"{cfg.model.name_or_path}: they are ignored, and the run records the loaded model's",
-            stacklevel=2,
-        )
-    for k, v in shape.items():
-        setattr(given, k, v)
 
 
 def warn_if_prompt_options_are_set(cfg: Config) -> None:
@@ -240,6 +200,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     from ..eval.evaluate import eval_options
     from ..eval.scoring import check_reward
     from ..model.factory import load_model
+    from ..training.model_record import record_the_models_shape
     from ..training.tracking import check_installed
 
     if not args.resume.strip():  # (an empty PATH was read as the working directory)

@@ -316,6 +316,9 @@ class LatentLM(nn.Module):
     run_config: dict | None = None  # the training config that produced this model (run_config.json)
     name_or_path: str | None = None  # where the weights came from (a directory or hub id; None: built here)
     revision: str | None = None  # the hub commit name_or_path was loaded at (None: a directory)
+    #: what from_pretrained loaded: the checkpoint directory (absolute; an adapter's own, not its base) or the hub id
+    #: (None: built here); a run's config names it as model.name_or_path (dgrpo.training.model_record)
+    loaded_from: str | None = None
     #: the hub commit of the repository this model was loaded from (an adapter's own, not its base's; None: a
     #: directory, or built here)
     hub_commit: str | None = None
@@ -427,7 +430,7 @@ class LatentLM(nn.Module):
             check_intact(local, ADAPTER_FILES if adapter else MODEL_FILES)
         if adapter:
             lm = cls._from_adapter_dir(local, dtype, device, trust_remote_code)
-            lm.hub_commit = local.name if hub else None
+            lm.hub_commit, lm.loaded_from = (local.name if hub else None), str(path)
             return lm
         try:
             # custom tokenizer code is not among the snapshot's files: transformers fetches it with the hub id
@@ -440,7 +443,7 @@ class LatentLM(nn.Module):
             raise CheckpointError(f"cannot load the model {path}: {one_line(e)}") from None
         model = load_hf_model(str(path), dtype, trust_remote_code, local_files_only, revision)
         lm = cls._built(model, tok, settings, str(path), latent_token_init)
-        lm.run_config, lm.name_or_path = run_config, str(path)
+        lm.run_config, lm.name_or_path, lm.loaded_from = run_config, str(path), str(path)
         lm.revision = lm.hub_commit = revision  # (None for a directory)
         if device is not None:
             lm.to(device)

@@ -35,6 +35,7 @@ from .checkpoint import read_checkpoint, save_checkpoint, shard_staging
 from .distributed import Dist
 from .master_weights import adamw, carry_masters
 from .memory import oom_advice
+from .model_record import recorded_model
 from .preemption import stop, stop_requested, within_step
 from .run import (
     FinalEval,
@@ -428,7 +429,8 @@ def train_sft(
     :func:`default_evaluate_fn`). ``dist`` shards batches and the eval across processes; every rank calls this,
     only rank 0 writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see
     :class:`RunDir`). ``final_eval``: see :meth:`RunDir.final_eval` (``dgrpo sft``: the test sets)."""
-    (dist, evaluate_fn), s = _prepare(lm, train, cfg, out_dir, valid, evaluate_fn, dist), cfg.sft
+    cfg, dist, evaluate_fn = _prepare(lm, train, cfg, out_dir, valid, evaluate_fn, dist)
+    s = cfg.sft
     with RunDir(out_dir, cfg, dist, "sft", resume=resume, allow_config_change=allow_config_change, log=log) as run:
         sft = SFTRun(lm, cfg, dist, run, train)
         plan, prog = sft.plan, sft.prog
@@ -488,12 +490,14 @@ def _prepare(
     valid: list[Record] | None,
     evaluate_fn: Callable | None,
     dist: Dist | None,
-) -> tuple[Dist, Callable | None]:
-    """Check what train_sft was given (before the run directory is touched) and set the model up for it; the
-    processes and the validation's evaluate_fn (the default with valid records and none given)."""
+) -> tuple[Config, Dist, Callable | None]:
+    """Check what train_sft was given (before the run directory is touched) and set the model up for it; the config
+    as the run records it (:func:`recorded_model`), the processes and the validation's evaluate_fn (the default with
+    valid records and none given)."""
     check_run_inputs(
         lm, cfg, train, "train_sft", valid, list, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
     )
+    cfg = recorded_model(cfg, lm)  # (a model loaded in Python is named by the run's config, as --init is)
     default_validation = evaluate_fn is None
     evaluate_fn = evaluate_fn or (default_evaluate_fn(cfg, valid, per_stage=True) if valid else None)  # (scorer now)
     lora_for_training(lm, cfg.model.lora)
@@ -522,7 +526,7 @@ def _prepare(
     lm.check_fits(2, final_settings(cfg).n_latent, 1, key="sft.c_thought", target_key="data.max_target_tokens")
     if valid and default_validation and (cfg.sft.eval_each_stage or cfg.sft.eval_every_epoch):
         check_validation_fits(lm, valid, cfg)
-    return dist, evaluate_fn
+    return cfg, dist, evaluate_fn
 
 
 def check_validation_fits(lm: LatentLM, valid: list[Record], cfg: Config) -> None:

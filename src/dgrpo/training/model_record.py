@@ -1,0 +1,65 @@
+"""How a run's config names the model it trains: the checkpoint or hub id it started from, and that model's shape
+(``model.arch`` and the sizes describe the built-in tiny model only). The command line and the Python trainers
+record them alike, so that a resume from other weights is refused in both."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ..config import BUILTIN_SHAPE, Config, ModelConfig
+from ..model.factory import BUILTIN
+from ..model.sources import on_disk, resolve_checkpoint
+from ..model.verified import CheckpointError
+
+
+def init_name(init: str) -> str:
+    """How a run's config names its ``--init``: the checkpoint a local path resolves to, absolute (``runs/sft`` and
+    ``runs/sft/final`` are one model: a resume naming the other was refused as other weights); a hub id as given."""
+    if not on_disk(init).exists():  # (checkpoints/step-N names step-0000000N: the model loads from it too)
+        return init
+    try:
+        return str(resolve_checkpoint(init).resolve())
+    except CheckpointError:  # (not a checkpoint: loading it says why)
+        return str(Path(init).resolve())
+
+
+def record_the_models_shape(cfg: Config, lm: Any) -> None:
+    """``model.arch`` and the sizes build the built-in tiny model; a run that loads a model (``--init``, a hub id or a
+    directory) records the loaded model's instead (its config.json said the options given, which built nothing),
+    warning of an option set to another value than its default: it was ignored. Left as they are for an
+    architecture that is none of model.arch's choices."""
+    hf: Any = getattr(lm.model, "config", None)
+    if cfg.model.name_or_path == BUILTIN or getattr(hf, "model_type", None) not in ("qwen2", "llama", "gpt2"):
+        return
+    intermediate = getattr(hf, "intermediate_size", None) or getattr(hf, "n_inner", None) or 4 * hf.hidden_size
+    values = (hf.model_type, hf.hidden_size, hf.num_hidden_layers, hf.num_attention_heads, intermediate)
+    shape = dict(zip(BUILTIN_SHAPE, values, strict=True))  # (GPT-2's n_inner None: 4 x hidden_size)
+    default, given = ModelConfig(), cfg.model
+    ignored = [k for k, v in shape.items() if getattr(given, k) not in (v, getattr(default, k))]
+    if ignored:
+        shown = ", ".join(f"model.{k}={getattr(given, k)} (the model's: {shape[k]})" for k in ignored)
+        warnings.warn(
+            f"{shown}: model.arch and the sizes build the built-in tiny model, and this run loads "
+            f"{cfg.model.name_or_path}: they are ignored, and the run records the loaded model's",
+            stacklevel=2,
+        )
+    for k, v in shape.items():
+        setattr(given, k, v)
+
+
+def recorded_model(cfg: Config, lm: Any) -> Config:
+    """``cfg`` as a Python trainer records it for ``lm``: a model that ``from_pretrained`` loaded (``load_model(...,
+    init=...)``) named by ``model.name_or_path`` where the config names another (the built-in one: the run recorded
+    ``builtin-tiny`` and its shape for a loaded GPT-2, and a resume from other weights went unnoticed), with the
+    loaded model's shape; a copy (the caller's config is left as it is). The command line has set both already."""
+    name, loaded = cfg.model.name_or_path, getattr(lm, "loaded_from", None)
+    if name == BUILTIN and loaded is None:  # the built-in model (or one built in Python: nothing names it)
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    if loaded is not None and (name == BUILTIN or init_name(name) != loaded):
+        cfg.model.name_or_path = loaded
+    record_the_models_shape(cfg, lm)
+    return cfg
