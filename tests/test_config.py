@@ -612,6 +612,7 @@ def test_no_packaged_config_has_inert_settings():
         ("grpo:\n  lr: 3.0e-5\n  lr: 1\n", "the key 'lr' is given twice in one mapping (line 3, column 3)"),
         ("grpo: {lr: 1e-5\n", "(line 2, column 1)"),
         ("grpo:\n\tlr: 1\n", "found character '\\t' that cannot start any token (line 2, column 1)"),
+        ("grpo:\n  ? [lr]\n  : 1\n", "a key must be a name, got ['lr'] (line 2, column 5)"),  # (was a TypeError)
     ],
 )
 def test_a_yaml_mistake_is_one_line_with_its_place(tmp_path, text, says):
@@ -720,3 +721,18 @@ def test_all_linear_beside_module_names_is_refused():
         "invalid config value model.lora.target_modules: all-linear stands alone (it names every linear layer but the "
         "LM head), got ['all-linear', 'q_proj']"
     )
+
+
+def test_a_task_of_thousands_of_steps_is_checked_without_a_power_of_thousands_of_digits():
+    """task.n_steps from ~3000 on died in a ValueError traceback (an int of more than 4300 digits in the error text,
+    built even when the check passed); at 10^9 the check hung computing the number of problems."""
+    assert load_config(Config, None, ["task.n_steps=1000000000"]).task.n_steps == 10**9
+    with pytest.raises(ConfigError, match=r"103,000 distinct problems, more than the 50 there are"):
+        load_config(Config, None, ["task.n_train=100000", "task.n_steps=1", "task.max_operand=1"])
+
+
+def test_adam_betas_are_floats_whatever_the_yaml_wrote():
+    """[0, 0.999] passed the check and was recorded as given; torch then refused it after the data and the model
+    loaded ("betas must be either both floats or both Tensors")."""
+    betas = load_config(Config, None, ["sft.adam_betas=[0, 0.999]"]).sft.adam_betas
+    assert betas == [0.0, 0.999] and all(type(b) is float for b in betas)

@@ -357,20 +357,21 @@ class TaskConfig:
                 f"at most {self.MAX_PROBLEMS:,} problems per split (got {getattr(self, name):,})",
             )
         ops = 2 * self.max_operand + 3  # + and - with operands 1..max_operand, * with 3, 7 or 9
-        space = self.modulus * ops**self.n_steps
         asked = self.n_train + self.n_valid + self.n_test
         _check(
-            asked <= space,
+            _fits_in(asked, self.modulus, ops, self.n_steps),
             f"{p}.n_train",
-            f"n_train + n_valid + n_test = {asked:,} distinct problems, more than the {space:,} there are "
-            f"(modulus x (2 max_operand + 3)^n_steps); raise n_steps or max_operand, or ask for fewer",
+            f"n_train + n_valid + n_test = {asked:,} distinct problems, more than the "
+            f"{_count(self.modulus, ops, self.n_steps)} there are (modulus x (2 max_operand + 3)^n_steps); raise "
+            "n_steps or max_operand, or ask for fewer",
         )
-        ood_space = self.modulus * (2 * (self.ood_max_operand - 9) + 3) ** self.n_steps
+        ood_ops = 2 * (self.ood_max_operand - 9) + 3
         _check(
-            self.n_test <= ood_space,
+            _fits_in(self.n_test, self.modulus, ood_ops, self.n_steps),
             f"{p}.n_test",
-            f"n_test = {self.n_test:,} distinct ood_numbers problems, more than the {ood_space:,} there are "
-            "(operands 10..ood_max_operand); raise ood_max_operand or n_steps, or ask for fewer",
+            f"n_test = {self.n_test:,} distinct ood_numbers problems, more than the "
+            f"{_count(self.modulus, ood_ops, self.n_steps)} there are (operands 10..ood_max_operand); raise "
+            "ood_max_operand or n_steps, or ask for fewer",
         )
 
 
@@ -584,6 +585,7 @@ class SFTConfig:
             f"{p}.adam_betas",
             f"expected two numbers in [0, 1) (beta1, beta2), got {self.adam_betas}",
         )
+        self.adam_betas = [float(b) for b in self.adam_betas]  # (torch refuses [0, 0.999]: both must be floats)
         _check(
             all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in self.stage_epochs),
             f"{p}.stage_epochs",
@@ -1293,6 +1295,19 @@ def _to_list(value: Any, key: str) -> list:
     return list(value)
 
 
+def _fits_in(asked: int, modulus: int, ops: int, n_steps: int) -> bool:
+    """``asked <= modulus * ops ** n_steps``, without computing the power once it is past any split's size (a
+    thousands-step task made a number of more digits than Python prints, a billion-step one hung)."""
+    if ops >= 2 and n_steps > 64:  # (2^64 problems: more than any split holds)
+        return True
+    return asked <= modulus * ops**n_steps
+
+
+def _count(modulus: int, ops: int, n_steps: int) -> str:
+    """``modulus * ops ** n_steps`` as an error shows it (built before the check: past 2^64, not computed)."""
+    return "more than 2^64" if ops >= 2 and n_steps > 64 else f"{modulus * ops**n_steps:,}"
+
+
 def _numbers(items: list, read: Callable[[Any, str], Any], key: str) -> list:
     """The text items of a list of numbers read as numbers (YAML 1.1 reads ``1e-3``, without a '.', and ``03``, a
     leading 0, as text); other items as they are, for the caller's check."""
@@ -1338,7 +1353,11 @@ class ConfigLoader(yaml.SafeLoader):
             if key_node.tag == "tag:yaml.org,2002:merge":  # (<<: merged keys may be overridden, as YAML says)
                 continue
             key = self.construct_object(key_node, deep=True)
-            if isinstance(key, typing.Hashable) and key in seen:
+            if not isinstance(key, typing.Hashable):  # (a list or mapping as a key: '? [lr] : 1')
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a key must be a name, got {key!r}", key_node.start_mark
+                )
+            if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"the key {key!r} is given twice in one mapping", key_node.start_mark
                 )
