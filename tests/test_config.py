@@ -736,3 +736,15 @@ def test_adam_betas_are_floats_whatever_the_yaml_wrote():
     loaded ("betas must be either both floats or both Tensors")."""
     betas = load_config(Config, None, ["sft.adam_betas=[0, 0.999]"]).sft.adam_betas
     assert betas == [0.0, 0.999] and all(type(b) is float for b in betas)
+
+
+def test_threads_and_weight_decay_have_upper_bounds():
+    """threads=100000 failed to start threads and crashed the interpreter (exit 139); weight_decay=1e30 made every
+    weight non-finite at the first step, and the error advised a lower learning rate."""
+    with pytest.raises(ConfigError, match=r"^invalid config value threads: at most 1024 "):
+        load_config(Config, None, ["threads=100000"])
+    assert load_config(Config, None, ["threads=1024"]).threads == 1024
+    for section, lr in (("sft", 1e-3), ("grpo", 1e-5)):
+        with pytest.raises(ConfigError, match=rf"^invalid config value {section}.weight_decay: lr x weight_decay "):
+            load_config(Config, None, [f"{section}.lr={lr}", f"{section}.weight_decay={2 / lr}"])
+        assert load_config(Config, None, [f"{section}.lr={lr}", f"{section}.weight_decay=0.1"])

@@ -472,6 +472,19 @@ def test_sft_eval_every_epoch_keeps_the_last_stages_best_epoch(tmp_path):
     assert _resumed_best(SimpleNamespace(out_dir=tmp_path, metrics=run.metrics), Dist.single()) == -1.0  # no best/
 
 
+def test_sft_eval_every_epoch_without_a_validation_set_is_warned_of(tmp_path):
+    """It finished without best/ and without a word, though best/ is what the option is for."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.sft import train_sft
+
+    cfg = tiny_config(**{"task.n_train": 16, "sft.num_epochs": 1, "sft.eval_every_epoch": True})
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    with pytest.warns(UserWarning, match=r"sft.eval_every_epoch is set but there is no validation set"):
+        train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path / "sft", log=lambda *a: None)
+    assert not (tmp_path / "sft" / "best").exists()
+
+
 def test_a_failing_validation_at_an_epochs_end_keeps_the_epochs_training(tmp_path):
     """A scorer of one's own that fails on the model's answers first runs at stage 0's end: the error came before the
     epoch's resumable checkpoint, and the resumed run trained the whole epoch again. The epoch is now kept: the same

@@ -141,10 +141,22 @@ def _positive(obj: Any, p: str, *names: str) -> None:
         _check(v > 0, _key(p, n), f"must be > 0, got {v}")
 
 
+#: the most torch CPU threads a config may ask for (100,000 failed to start threads, then crashed the interpreter)
+MAX_THREADS = 1024
+
+
 def _learning_rate(obj: Any, p: str) -> None:
     """``lr`` of section ``obj``: in (0, 1]. The optimizers are Adam's, whose step moves each weight by about lr:
-    above 1 it is no learning rate (and from about 1e38 on, Adam's float32 step size overflowed in a traceback)."""
+    above 1 it is no learning rate (and from about 1e38 on, Adam's float32 step size overflowed in a traceback).
+    Its ``weight_decay`` such that lr x weight_decay < 1 (1e30 made the weights non-finite at the first step, and the
+    error advised a lower lr)."""
     _within(obj, p, "(0, 1]", "lr")
+    _check(
+        obj.lr * obj.weight_decay < 1,
+        _key(p, "weight_decay"),
+        f"lr x weight_decay must be below 1 (AdamW multiplies every weight by 1 - lr x weight_decay each step: "
+        f"{obj.lr} x {obj.weight_decay} zeroes or flips them), got weight_decay {obj.weight_decay}",
+    )
 
 
 def _within(obj: Any, p: str, interval: str, *names: str) -> None:
@@ -1101,6 +1113,11 @@ class Config:
             f"expected auto, cpu, cuda, cuda:N or mps, got {self.device!r}",
         )
         _at_least(self, "", 0, "threads")
+        _check(
+            self.threads <= MAX_THREADS,
+            "threads",
+            f"at most {MAX_THREADS} (torch's CPU threads; 0: torch's default), got {self.threads}",
+        )
         _check(
             not (self.grpo.engine == "fast" and self.perturbation.kind == "native"),
             "grpo.engine",

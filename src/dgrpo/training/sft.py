@@ -518,6 +518,12 @@ def _prepare(
             stacklevel=3,
         )
     _warn_at_start(train, cfg)
+    if cfg.sft.eval_every_epoch and not valid:
+        warnings.warn(
+            "sft.eval_every_epoch is set but there is no validation set (data.valid): no epoch is validated and no "
+            "best/ is kept (final/ is the run's model)",
+            stacklevel=3,
+        )
     lm.run_config = to_dict(cfg)  # stage-K/ and final/ carry the config (and the task) that produced them
     lm.settings.chat_template = cfg.data.chat_template  # how questions are prompted, from the first step on
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
