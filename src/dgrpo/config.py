@@ -536,7 +536,7 @@ class SFTConfig:
         "then sft.lr (Coconut's run.py: constant, warmup_steps 0)",
     )
     adam_betas: list = opt([0.9, 0.95], "AdamW (beta1, beta2); Coconut's run.py uses torch's default [0.9, 0.999]")
-    weight_decay: float = opt(0.01, "AdamW weight decay")
+    weight_decay: float = opt(0.01, "AdamW weight decay (lr x weight_decay below 1)")
     warmup_steps: int = opt(30, "linear warmup steps (after each reset when reset_optimizer)")
     batch_size: int = opt(64, "examples per optimizer step, global over ranks (split into grad_accum micro-batches)")
     grad_accum: int = opt(1, "micro-batches per optimizer step; batch_size must divide by it")
@@ -735,7 +735,7 @@ class GRPOConfig:
     optimizer: Optimizer = opt(
         "adamw", "adamw (torch AdamW) or adamw8bit (bitsandbytes on CUDA; falls back to adamw with a warning elsewhere)"
     )
-    weight_decay: float = opt(0.0, "AdamW weight decay")
+    weight_decay: float = opt(0.0, "AdamW weight decay (lr x weight_decay below 1)")
     max_grad_norm: float = opt(1.0, "gradient clipping (0 = off)")
     mini_epochs: int = opt(1, "E: passes over each rollout batch (theta_old fixed within them)")
     micro_batch_size: int = opt(64, "rollouts per forward/backward in the update (the loss does not depend on it)")
@@ -1080,7 +1080,7 @@ class Config:
 
     seed: int = opt(0, "run seed: initialisation, data order, dropout seeds")
     device: str = opt("auto", "auto (CUDA when available), cpu, cuda, cuda:N or mps")
-    threads: int = opt(0, "torch CPU threads (0 = torch default)")
+    threads: int = opt(0, "torch CPU threads (0 = torch default; at most 1024)")
     fsdp: FSDPMode = opt(
         "none",
         "under torchrun: none (replicated weights, gradients all-reduced), full (FSDP2; "
