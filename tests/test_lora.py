@@ -851,3 +851,18 @@ def test_the_run_records_the_adapter_dropout_it_uses(base_dirs, tmp_path):
     rows = tiny_config()  # (an adapter without the latent rows, handed over: recorded so, as an --init one is)
     lora_for_training(with_lora(base_dirs / "qwen2", train_latent_tokens=False), rows.model.lora)
     assert rows.model.lora.train_latent_tokens is False
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_a_rank_beyond_the_models_width_is_one_line_before_peft(base_dirs, arch):
+    """model.lora.r=100000000 ran out of memory inside peft.get_peft_model, in a traceback."""
+    lm = LatentLM.from_pretrained(base_dirs / arch)
+    width = lm.model.config.hidden_size
+    with pytest.raises(
+        ConfigError,
+        match=rf"^invalid config value model.lora.r: 100000000 is more than the model's "
+        rf"width \(hidden_size {width}\)",
+    ):
+        lora.apply_lora(lm, LoraConfig(r=100_000_000, alpha=8.0))
+    assert lm.peft is None
+    lora.apply_lora(lm, LoraConfig(r=width, alpha=8.0))  # (at the width: allowed)

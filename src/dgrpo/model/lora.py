@@ -115,6 +115,18 @@ def peft_config(lm: LatentLM, cfg: LoraConfig) -> Any:
     )
 
 
+def check_rank(lm: LatentLM, r: int) -> None:
+    """``model.lora.r`` at most the model's width (``hidden_size``): a rank beyond it adds nothing that a full update
+    would not (every adapted matrix has a side of that width, or a smaller one), and 10^8 ran out of memory inside
+    PEFT in a traceback."""
+    width = getattr(getattr(lm.model, "config", None), "hidden_size", None)
+    if isinstance(width, int) and r > width:
+        raise ConfigError(
+            f"invalid config value model.lora.r: {r} is more than the model's width (hidden_size {width}); a LoRA "
+            "rank is a fraction of it (8-64 is usual), and at the width an adapter is a full update (model.lora.r=0)"
+        )
+
+
 def check_targets(lm: LatentLM, targets: list[str]) -> None:
     """Every name in ``model.lora.target_modules`` matches a module as PEFT matches a list (the full name, or its
     last dotted parts): a misspelt one would otherwise be left out silently while the others train."""
@@ -162,6 +174,7 @@ def apply_lora(lm: LatentLM, cfg: LoraConfig | Any) -> None:
     ours = not isinstance(cfg, peft.LoraConfig)
     if ours:
         check_targets(lm, list(cfg.target_modules))
+        check_rank(lm, cfg.r)
     config: Any = peft_config(lm, cfg) if ours else cfg
     config.base_model_name_or_path = None  # PEFT takes the model's own name; we set ours after
     with warnings.catch_warnings():  # GPT-2's Conv1D: PEFT sets fan_in_fan_out itself and says so
