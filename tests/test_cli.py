@@ -1135,3 +1135,22 @@ def test_any_run_seed_seeds_every_rank():
     a = torch.rand(3)
     torch.manual_seed(-1)
     assert torch.equal(a, torch.rand(3))
+
+
+def test_test_sets_that_do_not_fit_the_context_are_refused_before_training(sft_checkpoint, tmp_path, run_cli):
+    """data.test is answered after the whole run: a set too long for the context (eval.n_latent, long questions
+    under data.max_question_tokens=0) failed there, after all of the training, for SFT and for GRPO alike."""
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"question": "1 + " * 300 + "1 ?", "answer": "301"}) + "\n")
+    cases = {
+        "sft": (["sft", *tiny_args()], "sft.c_thought"),
+        "grpo": (["grpo", "--init", sft_checkpoint, *tiny_args()], "grpo.n_latent"),
+    }
+    for name, (args, key) in cases.items():
+        out = tmp_path / name
+        r = run_cli(*args, "--set", "eval.n_latent=600", "--out", out)
+        assert r.returncode == 2 and "data.test builtin:test, answered after training: eval: the sequence" in r.stderr
+        assert "lower eval.n_latent" in r.stderr and not out.exists(), r.stderr[-2000:]
+        r = run_cli(*args, "--set", f"data.test=[{long}]", "--set", "data.max_question_tokens=0", "--out", out)
+        assert r.returncode == 2 and f"data.test {long}, answered after training: " in r.stderr, r.stderr[-2000:]
+        assert f"lower {key}, eval.max_new_tokens or data.max_question_tokens" in r.stderr and not out.exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -240,11 +240,12 @@ def set_up_run(args: argparse.Namespace) -> Setting:
 
 def run_sft(args: argparse.Namespace) -> int:
     from ..eval.scoring import warn_if_scorer_misses_gold
-    from ..training.sft import train_sft
+    from ..training.sft import final_settings, train_sft
 
     s = set_up_run(args)
     cfg, options, train, tests, dist = s.cfg, s.options, s.train, s.tests, s.dist
     warn_if_scorer_misses_gold(options["scorer"], train, f"eval.scorer {cfg.eval.scorer!r}")
+    check_test_sets_fit(s.lm, tests, cfg, final_settings(cfg), "sft.c_thought")
 
     def test(lm_: Any, best_epoch: int | None) -> dict[str, float]:  # final/, then best/ (rank 0's epoch)
         metrics = evaluate_test_sets(lm_, tests, cfg, s.out, dist)
@@ -273,6 +274,10 @@ def run_grpo(args: argparse.Namespace) -> int:
 
     s = set_up_run(args)
     cfg, tests, dist = s.cfg, s.tests, s.dist
+    trained = s.lm.settings  # (the model GRPO trains and saves: its thoughts, grpo.n_latent's when set)
+    chat = trained.chat_template or cfg.data.chat_template
+    n_latent = cfg.grpo.n_latent if cfg.grpo.n_latent >= 0 else trained.n_latent
+    check_test_sets_fit(s.lm, tests, cfg, replace(trained, n_latent=n_latent, chat_template=chat), "grpo.n_latent")
     held_out = s.valid if s.valid is not None else next(iter(tests.values()), None)
     if held_out:  # (what the scorer scores; the reward, eval.scorer or not, is checked by the trainer)
         check_scorer(s.options["scorer"], held_out)
@@ -300,6 +305,36 @@ def run_grpo(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     dist.close()
     return 0
+
+
+def check_test_sets_fit(lm: Any, tests: dict, cfg: Config, settings: Any, key: str) -> None:
+    """The test sets are answered after the whole run, by the trained model (``settings``: its latent thoughts, set
+    by ``key``, unless ``eval.n_latent`` is set) with ``eval.max_new_tokens`` tokens: the longest question of each
+    must fit the model's context, checked before training (a set that did not fit failed after all of it)."""
+    from ..config import ConfigError
+
+    n_latent, key = (cfg.eval.n_latent, "eval.n_latent") if cfg.eval.n_latent >= 0 else (settings.n_latent, key)
+    if settings.mode in ("cot", "no_cot", "plain"):  # (answered without thoughts, as dgrpo eval answers them)
+        n_latent = 0
+    before, lm.settings = lm.settings, settings
+    try:
+        for spec, recs in tests.items():
+            recs = recs[: cfg.eval.limit] if cfg.eval.limit else recs
+            questions = list(dict.fromkeys(r.question for r in recs))
+            ids, _ = lm.encode_questions(questions, markers=settings.markers, max_tokens=cfg.data.max_question_tokens)
+            try:
+                lm.check_fits(
+                    ids.shape[1],
+                    n_latent,
+                    cfg.eval.max_new_tokens,
+                    key=key,
+                    markers=settings.markers,
+                    answer_key="eval.max_new_tokens",
+                )
+            except ConfigError as e:
+                raise ConfigError(f"data.test {spec}, answered after training: {e}") from None
+    finally:
+        lm.settings = before
 
 
 def evaluate_best(
