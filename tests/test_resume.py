@@ -899,3 +899,26 @@ def test_the_lora_dropout_a_run_recorded_is_no_config_change(tmp_path):
     for recorded, given in ((0.1, 0.0), (0.0, 0.1)):
         (out / "config.json").write_text(json.dumps(to_dict(tiny_config(**lora, **{"model.lora.dropout": recorded}))))
         _run_dir(out, cfg=tiny_config(**lora, **{"model.lora.dropout": given})).close()
+
+
+def test_a_checkpoint_of_another_optimizer_is_refused_as_the_runs_setting(tokenizer, tmp_path):
+    """grpo.optimizer=adamw8bit runs torch AdamW on a CPU (warned) and the config records adamw8bit: the same
+    command resumed on a GPU built bitsandbytes' AdamW8bit and loaded torch AdamW's state into it, unchecked."""
+    from dgrpo.config import ConfigError
+    from dgrpo.training.checkpoint import read_checkpoint, save_checkpoint
+
+    from conftest import make_lm
+
+    lm = make_lm(tokenizer)
+    adamw = torch.optim.AdamW(lm.model.parameters(), lr=1e-3)
+    save_checkpoint(tmp_path, 1, lm=lm, optimizer=adamw, keep_last=1, state={"trainer": {}})
+    (ckpt,) = (tmp_path / "checkpoints").glob("step-*")
+    assert json.loads((ckpt / "state.json").read_text())["optimizer_kind"] == "torch.optim.adamw.AdamW"
+    read_checkpoint(ckpt, lm=lm, optimizer=torch.optim.AdamW(lm.model.parameters(), lr=1e-3))
+    other = torch.optim.Adam(lm.model.parameters(), lr=1e-3)  # (its state has AdamW's shape: it loaded silently)
+    with pytest.raises(
+        ConfigError,
+        match=r"holds the state of the optimizer torch.optim.adamw.AdamW, and this run "
+        r"builds torch.optim.adam.Adam: resume it where it ran",
+    ):
+        read_checkpoint(ckpt, lm=lm, optimizer=other)

@@ -142,7 +142,9 @@ def _write_checkpoint(
         if os.environ.get("DGRPO_TEST_CRASH_IN_CHECKPOINT") == str(step):  # test hook: die mid-write
             os.kill(os.getpid(), 9)
         world = tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
-        (tmp / RESUMABLE_STATE).write_text(json.dumps({**state, "step": step, "rng": rng_js, "world_size": world}))
+        kind = optimizer_kind(optimizer)
+        state = {**state, "step": step, "rng": rng_js, "world_size": world, "optimizer_kind": kind}
+        (tmp / RESUMABLE_STATE).write_text(json.dumps(state))
 
 
 def _a_failed_write(e: RuntimeError) -> bool:
@@ -250,6 +252,8 @@ def read_checkpoint(
     check_same_adapter(ckpt, lm)
     check_same_local_base(ckpt, lm)
     try:
+        state = json.loads((ckpt / RESUMABLE_STATE).read_text())
+        check_same_optimizer(ckpt, state, optimizer)
         weights = lm.read_weights_dir(ckpt / "model") if shards is None else {}  # (shards: read as they load)
         if shards is not None:  # their names and shapes, from the metadata: a wrong model is refused here, whole
             check_state_dict(lm.model, shard_shapes(shards, "model"), "model")
@@ -261,7 +265,6 @@ def read_checkpoint(
         check_same_sharding(ckpt, opt_state, sharded)
         check_optimizer_state(optimizer, opt_state, dict(lm.model.named_parameters()) if sharded else None)
         rng = torch.load(ckpt / "rng.pt", weights_only=True)
-        state = json.loads((ckpt / RESUMABLE_STATE).read_text())
     except (CheckpointError, ConfigError):
         raise
     except pickle.UnpicklingError:
@@ -269,6 +272,30 @@ def read_checkpoint(
     except Exception as e:  # noqa: BLE001 - truncated files, bad JSON, ...: each one line
         raise CheckpointError(one_line(e)) from None
     return LoadedCheckpoint(ckpt, state, weights, extra, opt_state, rng, shards, _local_base(lm))
+
+
+def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
+    """How a checkpoint names the optimizer whose state it holds (its class, with its module)."""
+    return f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
+
+
+def check_same_optimizer(ckpt: Path, state: dict, optimizer: torch.optim.Optimizer) -> None:
+    """A ConfigError (the run's setting, not a damaged checkpoint) when the checkpoint holds another optimizer's
+    state than the one this run built: ``grpo.optimizer=adamw8bit`` runs torch AdamW without CUDA or bitsandbytes
+    (warned), and the same config resumed on a GPU built bitsandbytes' AdamW8bit to load torch AdamW's state into.
+    A checkpoint that does not say (written before dgrpo recorded it) is not checked."""
+    saved, now = state.get("optimizer_kind"), optimizer_kind(optimizer)
+    if saved is None or saved == now:
+        return
+    why = (
+        " (grpo.optimizer=adamw8bit runs torch AdamW without CUDA or bitsandbytes)"
+        if "bitsandbytes" in saved + now
+        else ""
+    )
+    raise ConfigError(
+        f"{ckpt} holds the state of the optimizer {saved}, and this run builds {now}{why}: resume it where it ran, "
+        f"or start a new run with --init {ckpt / 'model'}"
+    )
 
 
 def shard_shapes(shards: Path, part: str) -> dict[str, torch.Tensor]:
