@@ -1154,3 +1154,38 @@ def test_test_sets_that_do_not_fit_the_context_are_refused_before_training(sft_c
         r = run_cli(*args, "--set", f"data.test=[{long}]", "--set", "data.max_question_tokens=0", "--out", out)
         assert r.returncode == 2 and f"data.test {long}, answered after training: " in r.stderr, r.stderr[-2000:]
         assert f"lower {key}, eval.max_new_tokens or data.max_question_tokens" in r.stderr and not out.exists()
+
+
+def test_a_grpo_runs_test_sets_are_counted_with_the_markers_grpo_adds(tmp_path, run_cli):
+    """GRPO turns the latent markers on for a checkpoint trained without them (a converted CoT run): the start-of-run
+    check counted its test sets without them (2 positions short), passed, and the run failed after training."""
+    from dgrpo.config import Config, load_config
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.model.latent_lm import LatentSettings
+
+    cfg = load_config(Config, "tiny.yaml", ["threads=1"])
+    lm = load_model(cfg.model, cfg.task, seed=0, training=False)
+    lm.model.config.max_position_embeddings = 64
+    lm.settings = LatentSettings(mode="cot", markers=False)
+    lm.save_pretrained(tmp_path / "markerless")
+    ids, _ = lm.encode_questions([r.question for r in generate_split(cfg.task, "test")], markers=False)
+    fills = 64 - ids.shape[1]  # (eval.max_new_tokens that fills the context without markers)
+    args = [
+        "grpo",
+        "--config",
+        "tiny.yaml",
+        "--init",
+        tmp_path / "markerless",
+        "--set",
+        "data.valid=",
+        "--set",
+        "data.test=[builtin:test]",
+        "--set",
+        f"eval.max_new_tokens={fills}",
+        "--out",
+        tmp_path / "g",
+    ]
+    r = run_cli(*args)
+    assert r.returncode == 2 and "data.test builtin:test, answered after training: grpo: the sequence" in r.stderr
+    assert "2 markers" in r.stderr and not (tmp_path / "g").exists(), r.stderr[-2000:]

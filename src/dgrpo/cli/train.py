@@ -274,10 +274,11 @@ def run_grpo(args: argparse.Namespace) -> int:
 
     s = set_up_run(args)
     cfg, tests, dist = s.cfg, s.tests, s.dist
-    trained = s.lm.settings  # (the model GRPO trains and saves: its thoughts, grpo.n_latent's when set)
+    trained = s.lm.settings  # (the model GRPO trains and saves: grpo.n_latent's thoughts after the markers)
     chat = trained.chat_template or cfg.data.chat_template
     n_latent = cfg.grpo.n_latent if cfg.grpo.n_latent >= 0 else trained.n_latent
-    check_test_sets_fit(s.lm, tests, cfg, replace(trained, n_latent=n_latent, chat_template=chat), "grpo.n_latent")
+    tested = replace(trained, n_latent=n_latent, chat_template=chat, markers=True)
+    check_test_sets_fit(s.lm, tests, cfg, tested, "grpo.n_latent")
     held_out = s.valid if s.valid is not None else next(iter(tests.values()), None)
     if held_out:  # (what the scorer scores; the reward, eval.scorer or not, is checked by the trainer)
         check_scorer(s.options["scorer"], held_out)
