@@ -299,13 +299,33 @@ def test_a_failing_reward_or_scorer_names_the_first_row_that_fails_alone():
             "'question 1')"
         )
 
-    def whole_batch(completions, records):
+    calls = []
+
+    def whole_batch(completions, records):  # (a judge's per-request limit: no row is to blame; each call may cost)
+        calls.append(len(completions))
         if len(completions) > 1:
             raise ValueError("batch too large")
-        return [0.0]
+        return [0.0] * len(completions)
 
+    many = [Record(f"question {i}", [], str(i)) for i in range(512)]
     with pytest.raises(RewardError, match=r"^reward mine raised ValueError: batch too large$"):
-        call_checked(whole_batch, "mine", ["a", "b"], recs[:2])
+        call_checked(whole_batch, "mine", ["a"] * 512, many)
+    assert len(calls) <= 1 + 2 * 9  # (the batch, then at most two halves per halving: 257 calls before)
+
+    def pairs_only(completions, records):  # (works on pairs; its bug is on row 5's answer)
+        if len(completions) % 2:
+            raise ValueError("pairs only")
+        return [float(c.split("####")[1] == r.answer) for c, r in zip(completions, records)]
+
+    texts = ["#### 0", "#### 1", "#### 2", "#### 3", "#### 4", "five", "#### 6", "#### 7"]
+    with pytest.raises(RewardError) as raised:  # (row 0 alone failed with another error, and was named)
+        call_checked(pairs_only, "mine", texts, [Record(f"q{i}", [], str(i)) for i in range(8)])
+    assert str(raised.value) == "reward mine raised IndexError: list index out of range"  # (rows 4-5, no further)
+    texts[5] = "#### 5"
+    texts[6] = "six"  # (a pair of rows 6-7 fails alone: no single row to name, the pair's first is not named)
+    with pytest.raises(RewardError) as raised:
+        call_checked(pairs_only, "mine", texts, [Record(f"q{i}", [], str(i)) for i in range(8)])
+    assert "on row" not in str(raised.value)
 
 
 def test_a_kwargs_reward_called_as_dgrpos_form_says_so_once():
@@ -1390,3 +1410,14 @@ def test_a_model_loaded_in_python_is_recorded_as_the_command_line_records_init(s
     lm = load_model(cfg.model, cfg.task, init=str(other))
     with pytest.raises(ConfigError, match=r"different config \(grpo.steps, model.name_or_path\)"):
         train_grpo(lm, replace(cfg, grpo=replace(cfg.grpo, steps=2)), train, tmp_path / "run", log=lambda *a: None)
+    old = load_model(cfg.model, cfg.task, init=str(sft_checkpoint))
+    old.loaded_from = None  # (a run begun before dgrpo recorded a loaded model: it recorded builtin-tiny)
+    more = replace(cfg, grpo=replace(cfg.grpo, steps=2, save_every=1))
+    train_grpo(old, more, train, tmp_path / "older", progress=False, log=lambda *a: None)
+    assert json.loads((tmp_path / "older" / "config.json").read_text())["model"]["name_or_path"] == "builtin-tiny"
+    shutil.rmtree(tmp_path / "older" / "final")  # (stopped after its last checkpoint: resumed by the same script)
+    (tmp_path / "older" / "summary.json").unlink()
+    lm = load_model(cfg.model, cfg.task, init=str(sft_checkpoint))
+    said = []
+    train_grpo(lm, more, train, tmp_path / "older", progress=False, log=said.append)  # (was refused: name_or_path)
+    assert any("resumed from" in line for line in said), said

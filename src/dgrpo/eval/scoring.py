@@ -208,7 +208,7 @@ def call_checked(
             )
         raise RewardError(
             f"{what} {name} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{how}"
-            f"{_failing_row(call, completions, records)}"
+            f"{_failing_row(call, completions, records, type(e))}"
         ) from None
     try:
         if isinstance(returned, (str, Mapping)):  # iterable, but its letters / keys are not the values
@@ -236,15 +236,31 @@ def call_checked(
     return out
 
 
-def _failing_row(call: Callable[[list[str], list[Record]], Any], completions: list[str], records: list[Record]) -> str:
-    """Where a batched call failed: the first of its rows (of at most 256) that fails alone, with its completion and
-    question ('' when none does: the batch's failure was not one row's)."""
-    for i, (completion, record) in enumerate(zip(completions[:256], records)):
-        try:
-            call([completion], [record])
-        except Exception:  # noqa: BLE001 - the row that fails, looked for
-            return f" on row {i} (completion {completion[:60]!r}, question {record.question[:60]!r})"
-    return ""
+def _failing_row(
+    call: Callable[[list[str], list[Record]], Any],
+    completions: list[str],
+    records: list[Record],
+    error: type[Exception],
+) -> str:
+    """Where a batched call failed with an ``error``: the row found by calling halves of the batch, each time the
+    first half that fails with the same kind of error (at most 2 calls per halving: 18 for 512 rows), with its
+    completion and question; '' when neither half fails so (the batch's failure was not one row's)."""
+    lo, hi = 0, len(completions)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        for a, b in ((lo, mid), (mid, hi)):
+            try:
+                call(completions[a:b], records[a:b])
+            except error:
+                lo, hi = a, b
+                break
+            except Exception:  # noqa: BLE001 - another failure: not the one looked for
+                continue
+        else:
+            return ""
+    if not completions:
+        return ""
+    return f" on row {lo} (completion {completions[lo][:60]!r}, question {records[lo].question[:60]!r})"
 
 
 #: how far a scorer's value may lie from 1 and still be 1 (from 0 and still be 0): a float32 or float sum's rounding
