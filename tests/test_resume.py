@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import warnings
+from unittest import mock
 
 import pytest
 import torch
@@ -516,6 +517,13 @@ def test_a_failing_validation_at_an_epochs_end_keeps_the_epochs_training(tmp_pat
         assert all(torch.equal(a[k], b[k]) for k in a)
     strip = lambda p: [{k: v for k, v in json.loads(x).items() if k != "time_s"} for x in p.read_text().splitlines()]  # noqa: E731
     assert strip(tmp_path / "ref" / "metrics.jsonl") == strip(tmp_path / "cut" / "metrics.jsonl")
+    said: list[str] = []  # a checkpoint that cannot be written (a full disk) does not hide the validation's error
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    with mock.patch("dgrpo.training.sft.SFTRun.save", side_effect=OSError(28, "No space left on device")):
+        with pytest.raises(ValueError, match="my scorer failed"):
+            train_sft(lm, train, cfg, tmp_path / "full", valid=train[:4], evaluate_fn=failing, log=said.append)
+    kept = "epoch 0's training could not be kept (OSError: [Errno 28] No space left on device)"
+    assert any(kept in line for line in said), said
 
 
 @pytest.mark.slow

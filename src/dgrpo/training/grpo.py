@@ -753,7 +753,7 @@ def train_grpo(
     check_run_inputs(
         lm, cfg, train, "train_grpo", valid, dict, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
     )
-    cfg = recorded_model(cfg, lm)  # (a model loaded in Python is named by the run's config, as --init is)
+    cfg = recorded_model(cfg, lm, out_dir)  # (a model loaded in Python is named by the run's config, as --init is)
     every = [r for records in (valid or {}).values() for r in records]
     evaluate_fn = evaluate_fn or (default_evaluate_fn(cfg, every) if valid else None)  # (eval.scorer built now)
     lora_for_training(lm, cfg.model.lora)

@@ -5,6 +5,7 @@ record them alike, so that a resume from other weights is refused in both."""
 from __future__ import annotations
 
 import copy
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from ..config import BUILTIN_SHAPE, Config, ModelConfig
 from ..model.factory import BUILTIN
 from ..model.sources import on_disk, resolve_checkpoint
 from ..model.verified import CheckpointError
+from ..run_layout import CONFIG_FILE
 
 
 def init_name(init: str) -> str:
@@ -50,16 +52,26 @@ def record_the_models_shape(cfg: Config, lm: Any) -> None:
         setattr(given, k, v)
 
 
-def recorded_model(cfg: Config, lm: Any) -> Config:
+def recorded_model(cfg: Config, lm: Any, out_dir: Path) -> Config:
     """``cfg`` as a Python trainer records it for ``lm``: a model that ``from_pretrained`` loaded (``load_model(...,
     init=...)``) named by ``model.name_or_path`` where the config names another (the built-in one: the run recorded
     ``builtin-tiny`` and its shape for a loaded GPT-2, and a resume from other weights went unnoticed), with the
-    loaded model's shape; a copy (the caller's config is left as it is). The command line has set both already."""
+    loaded model's shape; a copy (the caller's config is left as it is). The command line has set both already. A
+    run in ``out_dir`` that recorded the built-in name (begun before dgrpo recorded a loaded model) is resumed as it
+    recorded it."""
     name, loaded = cfg.model.name_or_path, getattr(lm, "loaded_from", None)
-    if name == BUILTIN and loaded is None:  # the built-in model (or one built in Python: nothing names it)
-        return cfg
+    if name == BUILTIN and (loaded is None or _recorded_name(out_dir) == BUILTIN):
+        return cfg  # the built-in model (or one built in Python: nothing names it), or a run that recorded it so
     cfg = copy.deepcopy(cfg)
     if loaded is not None and (name == BUILTIN or init_name(name) != loaded):
         cfg.model.name_or_path = loaded
     record_the_models_shape(cfg, lm)
     return cfg
+
+
+def _recorded_name(out_dir: Path) -> str | None:
+    """The ``model.name_or_path`` the run in ``out_dir`` recorded (None: no run there, or its config unreadable)."""
+    try:
+        return json.loads((Path(out_dir) / CONFIG_FILE).read_text())["model"]["name_or_path"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -29,6 +29,7 @@ from ..data.records import Record, fingerprint
 from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
 from ..model.latent_lm import LatentLM, LatentSettings
 from ..model.sources import on_for_device
+from ..model.verified import one_line
 from ..progress import bar_disabled
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dir
 from .checkpoint import read_checkpoint, save_checkpoint, shard_staging
@@ -467,18 +468,23 @@ def train_sft(
 def _epoch_kept_on_failure(sft: SFTRun, epoch: int) -> Iterator[None]:
     """An error in an epoch's end before it wrote anything (a scorer of one's own failing on the model's answers in
     the validation) keeps the epoch's training: a checkpoint that resumes at the epoch's end, written before the
-    error is raised (the epoch's resumable checkpoint came after its end: the epoch was trained again). In one
-    process or under DDP when rank 0 fails; not under FSDP, whose checkpoint needs every rank."""
+    error is raised (the epoch's resumable checkpoint came after its end: the epoch was trained again). Rank 0 writes
+    it (in one process, or under DDP, where it needs no other rank); not under FSDP, whose checkpoint needs every
+    rank. A checkpoint that cannot be written is said in a line; the error raised is the epoch end's own."""
     rows = sft.run.metrics.n_rows()
     try:
         yield
     except Exception:
         if not sft.dist.fsdp and sft.dist.is_main and sft.run.metrics.n_rows() == rows:
-            sft.save(epoch, sft.plan.steps_per_epoch)
-            sft.run.log(
-                f"dgrpo sft: epoch {epoch}'s training is kept in {sft.run.out_dir / CHECKPOINTS_DIR}: the same "
-                "command resumes at the epoch's end (its validation)"
-            )
+            try:
+                sft.save(epoch, sft.plan.steps_per_epoch)
+            except Exception as e:  # noqa: BLE001 - the epoch end's error is the one to raise
+                sft.run.log(f"dgrpo sft: epoch {epoch}'s training could not be kept ({one_line(e)})")
+            else:
+                sft.run.log(
+                    f"dgrpo sft: epoch {epoch}'s training is kept in {sft.run.out_dir / CHECKPOINTS_DIR}: the same "
+                    "command resumes at the epoch's end (its validation)"
+                )
         raise
 
 
@@ -497,7 +503,7 @@ def _prepare(
     check_run_inputs(
         lm, cfg, train, "train_sft", valid, list, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
     )
-    cfg = recorded_model(cfg, lm)  # (a model loaded in Python is named by the run's config, as --init is)
+    cfg = recorded_model(cfg, lm, out_dir)  # (a model loaded in Python is named by the run's config, as --init is)
     default_validation = evaluate_fn is None
     evaluate_fn = evaluate_fn or (default_evaluate_fn(cfg, valid, per_stage=True) if valid else None)  # (scorer now)
     lora_for_training(lm, cfg.model.lora)
