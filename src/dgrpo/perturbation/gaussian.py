@@ -75,7 +75,10 @@ class _BoundGaussian(HookedPerturbation):
 
 @register("gaussian")
 class GaussianNoise(Perturbation):
-    """Per-rollout Gaussian noise of scale ``sigma`` on site activations or on their output projections' weights."""
+    """Per-rollout Gaussian noise of scale ``sigma`` on site activations or on their output projections' weights.
+
+    Weight noise is scaled by each weight's std on the first model this object binds, held after (the module
+    docstring): build a new object to perturb another model at its own scale."""
 
     def __init__(
         self,
