@@ -313,23 +313,23 @@ def check_test_sets_fit(lm: Any, tests: dict, cfg: Config, settings: Any, key: s
     by ``key``, unless ``eval.n_latent`` is set) with ``eval.max_new_tokens`` tokens: the longest question of each
     must fit the model's context, checked before training (a set that did not fit failed after all of it)."""
     from ..config import ConfigError
+    from ..eval.evaluate import answer_layout, check_fits_context
 
-    n_latent, key = (cfg.eval.n_latent, "eval.n_latent") if cfg.eval.n_latent >= 0 else (settings.n_latent, key)
-    if settings.mode in ("cot", "no_cot", "plain"):  # (answered without thoughts, as dgrpo eval answers them)
-        n_latent = 0
+    key = "eval.n_latent" if cfg.eval.n_latent >= 0 else key
     before, lm.settings = lm.settings, settings
     try:
+        n_latent, _, markers = answer_layout(lm, cfg.eval.n_latent)  # (as evaluate will answer with the trained model)
         for spec, recs in tests.items():
             recs = recs[: cfg.eval.limit] if cfg.eval.limit else recs
-            questions = list(dict.fromkeys(r.question for r in recs))
-            ids, _ = lm.encode_questions(questions, markers=settings.markers, max_tokens=cfg.data.max_question_tokens)
             try:
-                lm.check_fits(
-                    ids.shape[1],
+                check_fits_context(
+                    lm,
+                    [r.question for r in recs],
                     n_latent,
                     cfg.eval.max_new_tokens,
+                    markers=markers,
+                    max_question_tokens=cfg.data.max_question_tokens,
                     key=key,
-                    markers=settings.markers,
                     answer_key="eval.max_new_tokens",
                 )
             except ConfigError as e:

@@ -213,8 +213,27 @@ def check_context(
     if questions:
         distinct = list(dict.fromkeys(questions))
         warn_if_questions_cut(lm, distinct, max_question_tokens, "evaluated")
-        ids, _ = lm.encode_questions(distinct, markers=markers, max_tokens=max_question_tokens)
-        lm.check_fits(ids.shape[1], n_latent, max_new_tokens, key="eval.n_latent", markers=markers)
+        check_fits_context(
+            lm, distinct, n_latent, max_new_tokens, markers=markers, max_question_tokens=max_question_tokens
+        )
+
+
+def check_fits_context(
+    lm: LatentLM,
+    questions: list[str],
+    n_latent: int,
+    max_new_tokens: int,
+    *,
+    markers: bool = True,
+    max_question_tokens: int | None = None,
+    key: str = "eval.n_latent",
+    answer_key: str = "",
+) -> None:
+    """ConfigError (:meth:`LatentLM.check_fits`, naming ``key`` and ``answer_key``) when the longest of ``questions``
+    in tokens, its ``n_latent`` thoughts and ``max_new_tokens`` answer tokens do not fit the model's context: what
+    an evaluation checks, and what a trainer checks beforehand of the validation and test sets it answers later."""
+    ids, _ = lm.encode_questions(list(dict.fromkeys(questions)), markers=markers, max_tokens=max_question_tokens)
+    lm.check_fits(ids.shape[1], n_latent, max_new_tokens, key=key, markers=markers, answer_key=answer_key)
 
 
 def warn_if_questions_cut(
@@ -368,11 +387,17 @@ def _prompts(
     the question with ``n_latent`` thoughts (None or < 0: the model's own; none for a model trained without them)."""
     if plain:
         return [plain_prompt(r.question, shots) for r in records], 0, "plain", False
+    return [r.question for r in records], *answer_layout(lm, n_latent)
+
+
+def answer_layout(lm: LatentLM, n_latent: int | None) -> tuple[int, str, bool]:
+    """(latent thoughts, generation mode, markers) with which :func:`evaluate` answers with ``lm`` (but a plain
+    LM's k-shot prompt): ``n_latent`` thoughts (None or < 0: the model's own; none for a model trained without them)."""
     n_lat = lm.settings.n_latent if n_latent is None or n_latent < 0 else n_latent
     mode = lm.settings.mode
     if mode in ("cot", "no_cot", "plain"):
         n_lat, mode = 0, "coconut"
-    return [r.question for r in records], n_lat, mode, lm.settings.markers
+    return n_lat, mode, lm.settings.markers
 
 
 def scorer_name(scorer: ScoreFn) -> str:

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, to_dict
 from ..data.records import Record, fingerprint
+from ..eval.evaluate import check_fits_context
 from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
 from ..model.latent_lm import LatentLM, LatentSettings
 from ..model.sources import on_for_device
@@ -523,13 +524,7 @@ def _prepare(
             f"is one optimizer step on all {len(train)}",
             stacklevel=3,
         )
-    _warn_at_start(train, cfg)
-    if cfg.sft.eval_every_epoch and not valid:
-        warnings.warn(
-            "sft.eval_every_epoch is set but there is no validation set (data.valid): no epoch is validated and no "
-            "best/ is kept (final/ is the run's model)",
-            stacklevel=3,
-        )
+    _warn_at_start(train, valid, cfg)
     lm.run_config = to_dict(cfg)  # stage-K/ and final/ carry the config (and the task) that produced them
     lm.settings.chat_template = cfg.data.chat_template  # how questions are prompted, from the first step on
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
@@ -545,15 +540,26 @@ def check_validation_fits(lm: LatentLM, valid: list[Record], cfg: Config) -> Non
     """The default validation answers with each stage's latent thoughts (not eval.n_latent) and eval.max_new_tokens
     tokens: its longest question with the last stage's thoughts must fit the context, checked before training (a
     whole stage trained, then its validation failed, naming eval.n_latent, which SFT's validation does not read)."""
-    questions = list(dict.fromkeys(r.question for r in valid))
-    ids, _ = lm.encode_questions(questions, max_tokens=cfg.data.max_question_tokens)
-    n_latent, answer = final_settings(cfg).n_latent, cfg.eval.max_new_tokens
-    lm.check_fits(ids.shape[1], n_latent, answer, key="sft.c_thought", answer_key="eval.max_new_tokens")
+    check_fits_context(
+        lm,
+        [r.question for r in valid],
+        final_settings(cfg).n_latent,
+        cfg.eval.max_new_tokens,
+        max_question_tokens=cfg.data.max_question_tokens,
+        key="sft.c_thought",
+        answer_key="eval.max_new_tokens",
+    )
 
 
-def _warn_at_start(train: list[Record], cfg: Config) -> None:
+def _warn_at_start(train: list[Record], valid: list[Record] | None, cfg: Config) -> None:
     """An SFT run's warnings about its data and schedule, before any work (train_sft -> _prepare -> here)."""
-    for line in (_no_steps_line(train, cfg), _warmup_line(len(train), cfg)):
+    no_best = (
+        "sft.eval_every_epoch is set but there is no validation set (data.valid): no epoch is validated and no "
+        "best/ is kept (final/ is the run's model)"
+        if cfg.sft.eval_every_epoch and not valid
+        else ""
+    )
+    for line in (_no_steps_line(train, cfg), _warmup_line(len(train), cfg), no_best):
         if line:
             warnings.warn(line, stacklevel=4)
 
