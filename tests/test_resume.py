@@ -930,3 +930,20 @@ def test_a_checkpoint_of_another_optimizer_is_refused_as_the_runs_setting(tokeni
         r"builds torch.optim.adam.Adam: resume it where it ran",
     ):
         read_checkpoint(ckpt, lm=lm, optimizer=other)
+
+
+def test_the_optimizer_refusal_of_a_sharded_checkpoint_says_to_consolidate_its_weights_first(tmp_path):
+    """An FSDP2-sharded checkpoint's model/ holds the config and tokenizer, its weights are in dcp/: --init of it
+    alone has no weights to load, so the advice names `dgrpo consolidate` (and drops it once model/ has them)."""
+    from dgrpo.config import ConfigError
+    from dgrpo.training.checkpoint import check_same_optimizer
+
+    (tmp_path / "dcp").mkdir()
+    (tmp_path / "model").mkdir()
+    state = {"optimizer_kind": "bitsandbytes.optim.adamw.AdamW8bit"}
+    adamw = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
+    with pytest.raises(ConfigError, match=rf"--init {tmp_path / 'model'} once `dgrpo consolidate {tmp_path}`"):
+        check_same_optimizer(tmp_path, state, adamw)
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ConfigError, match=rf"start a new run with --init {tmp_path / 'model'}$"):
+        check_same_optimizer(tmp_path, state, adamw)

@@ -292,9 +292,12 @@ def check_same_optimizer(ckpt: Path, state: dict, optimizer: torch.optim.Optimiz
         if "bitsandbytes" in saved + now
         else ""
     )
+    init = f"--init {ckpt / 'model'}"
+    if (ckpt / SHARDED_DIR).is_dir() and not any((ckpt / "model").glob("*.safetensors")):  # (weights in shards)
+        init = f"--init {ckpt / 'model'} once `dgrpo consolidate {ckpt}` has written its weights there"
     raise ConfigError(
         f"{ckpt} holds the state of the optimizer {saved}, and this run builds {now}{why}: resume it where it ran, "
-        f"or start a new run with --init {ckpt / 'model'}"
+        f"or start a new run with {init}"
     )
 
 
