@@ -12,10 +12,11 @@ import sys
 from collections import Counter
 from dataclasses import replace
 
-from dgrpo.config import TaskConfig
+from dgrpo.config import ConfigError, TaskConfig
 from dgrpo.data.synthetic import generate_split
 from dgrpo.eval.evaluate import evaluate
 from dgrpo.model.latent_lm import LatentLM
+from dgrpo.model.verified import CheckpointError
 
 TASK = TaskConfig(seed=4321, n_test=500, n_valid=500)
 #: name -> (task options, split)
@@ -29,13 +30,22 @@ VARIANTS = {
     "operands 10..99 (ood_numbers, the old split)": ({}, "ood_numbers"),
 }
 
-if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
-    sys.exit(__doc__)
-for ckpt in sys.argv[1:]:
-    lm = LatentLM.from_pretrained(ckpt)
-    for name, (opts, split) in VARIANTS.items():
-        recs = generate_split(replace(TASK, **opts), split)
-        r = evaluate(lm, recs, batch_size=256, max_new_tokens=64, progress=False, seed=0)
-        top = Counter(x.answer for x in recs).most_common(1)[0][1] / len(recs)  # always answering the commonest
-        row = {"checkpoint": ckpt, "variant": name, "n": r.n, "accuracy": r.accuracy, "most_frequent_answer": top}
-        print(json.dumps(row), flush=True)
+
+def main(checkpoints: list[str]) -> None:
+    for ckpt in checkpoints:
+        lm = LatentLM.from_pretrained(ckpt)
+        for name, (opts, split) in VARIANTS.items():
+            recs = generate_split(replace(TASK, **opts), split)
+            r = evaluate(lm, recs, batch_size=256, max_new_tokens=64, progress=False, seed=0)
+            top = Counter(x.answer for x in recs).most_common(1)[0][1] / len(recs)  # always answering the commonest
+            row = {"checkpoint": ckpt, "variant": name, "n": r.n, "accuracy": r.accuracy, "most_frequent_answer": top}
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+        sys.exit(__doc__)
+    try:
+        main(sys.argv[1:])
+    except (CheckpointError, ConfigError) as e:  # a wrong path or a model that cannot be read: one line
+        sys.exit(f"error: {e}")

@@ -18,35 +18,42 @@ from dgrpo.config import Config, load_config
 from dgrpo.data.synthetic import generate_split
 from dgrpo.eval.evaluate import evaluate
 from dgrpo.model.latent_lm import LatentLM
+from dgrpo.model.verified import CheckpointError
 from dgrpo.training.grpo import train_grpo
+
+
+def setup(argv: list[str]) -> tuple[str, int, list[str], Config, LatentLM]:
+    """(name, seed, overrides, config, SFT model) of the command line."""
+    sft, name, seed, overrides = Path(argv[1]), argv[2], int(argv[3]), argv[4:]
+    # the demo's GRPO settings of the sweep's time (100 steps; the library's default is 50 now; no stop after a
+    # streak of steps with every group filtered out, which came later: the demo keeps going too), then the row's change
+    base = load_config(
+        Config,
+        None,
+        [
+            "grpo.steps=100",
+            "grpo.max_skip_streak=0",
+            *overrides,
+            f"seed={seed}",
+            "grpo.eval_every=0",
+            "grpo.save_every=0",
+            "grpo.save_best=false",
+        ],
+    )
+    torch.manual_seed(seed)  # (before the model loads, as the sweep's rows were measured)
+    return name, seed, overrides, base, LatentLM.from_pretrained(sft)
+
 
 if len(sys.argv) < 4 or sys.argv[1] in ("-h", "--help"):
     sys.exit(__doc__)
-sft = Path(sys.argv[1])
-name = sys.argv[2]
-seed = int(sys.argv[3])
-overrides = sys.argv[4:]
-# the demo's GRPO settings of the sweep's time (100 steps; the library's default is 50 now; no stop after a streak of
-# steps with every group filtered out, which came later: the demo keeps going too), then the row's change
-base = load_config(
-    Config,
-    None,
-    [
-        "grpo.steps=100",
-        "grpo.max_skip_streak=0",
-        *overrides,
-        f"seed={seed}",
-        "grpo.eval_every=0",
-        "grpo.save_every=0",
-        "grpo.save_best=false",
-    ],
-)
+try:
+    name, seed, overrides, base, lm = setup(sys.argv)
+except (CheckpointError, ValueError) as e:  # a wrong path, seed or override (ConfigError is a ValueError): one line
+    sys.exit(f"error: {e}")
 if base.threads:
     torch.set_num_threads(base.threads)
 valid = generate_split(base.task, "valid")
 train = generate_split(base.task, "train")
-torch.manual_seed(seed)
-lm = LatentLM.from_pretrained(sft)
 
 
 def ev(m):
