@@ -354,6 +354,16 @@ def test_a_leading_zero_is_base_ten_and_exponents_in_lists_are_numbers():
     assert load_config(Config, None, ["sft.stage_epochs=[03, 2]"]).sft.stage_epochs == [3, 2]  # (a list of counts)
 
 
+def test_a_bracketed_list_takes_names_holding_a_question_mark():
+    """PyYAML's ``[...]`` refuses ``?`` in an unquoted item: ``data.test=[svamp, builtin:test?n_steps=3]`` (a name
+    with its options, as documented) became the two names ``[svamp`` and ``builtin:test?n_steps=3]``."""
+    names = ["svamp", "builtin:test?n_steps=3&n_test=8"]
+    assert load_config(Config, None, ["data.test=[svamp, builtin:test?n_steps=3&n_test=8]"]).data.test == names
+    assert load_config(Config, None, ["data.test=[ builtin:test?n_steps=3 ]"]).data.test == ["builtin:test?n_steps=3"]
+    assert load_config(Config, None, ["data.test=[svamp,'builtin:test?n_steps=3&n_test=8']"]).data.test == names
+    assert load_config(Config, None, ["sft.stage_epochs=[1, 2]"]).sft.stage_epochs == [1, 2]  # (YAML reads these)
+
+
 def test_booleans_take_1_and_0_and_an_emptied_section_is_empty(tmp_path):
     """``filter: 1`` was refused while ``filter: '1'`` passed; a section whose keys are all commented out is None to
     YAML, which was refused as no mapping."""
@@ -613,6 +623,7 @@ def test_no_packaged_config_has_inert_settings():
         ("grpo: {lr: 1e-5\n", "(line 2, column 1)"),
         ("grpo:\n\tlr: 1\n", "found character '\\t' that cannot start any token (line 2, column 1)"),
         ("grpo:\n  ? [lr]\n  : 1\n", "a key must be a name, got ['lr'] (line 2, column 5)"),  # (was a TypeError)
+        ("data:\n  test: [svamp, builtin:test?n_steps=3]\n", "but got '?': quote an item holding '?'"),
     ],
 )
 def test_a_yaml_mistake_is_one_line_with_its_place(tmp_path, text, says):

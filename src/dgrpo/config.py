@@ -1419,6 +1419,8 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
     """What PyYAML found wrong, and where (``line 4, column 1``), in one line."""
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
     mark = getattr(e, "problem_mark", None)
+    if problem.endswith("but got '?'"):  # (PyYAML's [...] refuses '?' in an unquoted item: a dataset's options)
+        problem += ": quote an item holding '?' ('builtin:test?n_steps=3')"
     return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
 
 
@@ -1576,12 +1578,17 @@ def merge_file(cfg: Any, path: str | Path) -> Any:
 
 def _parse_override(raw: str) -> Any:
     """A ``--set`` value read as YAML (``1e-5``, ``true``, ``[a, b]``, ``{lr: 1}``). Text YAML cannot read, or reads
-    as a block mapping (``-2:`` is YAML for ``{-2: null}``), is taken as it is."""
+    as a block mapping (``-2:`` is YAML for ``{-2: null}``), is taken as it is; but ``[a, b]`` that YAML cannot read
+    is a list of its comma-separated items, each read alone (PyYAML's ``[...]`` refuses ``?`` in an unquoted item,
+    as in the dataset name ``builtin:test?n_steps=3``, which a list of test sets names)."""
     if raw == "":
         return ""
     try:
         value = yaml.load(raw, Loader=ConfigLoader)
     except yaml.YAMLError:
+        if len(raw) >= 2 and raw[0] + raw[-1] == "[]" and not any(c in raw[1:-1] for c in "[]{}"):
+            inner = raw[1:-1].strip()
+            return [_parse_override(item.strip()) for item in inner.split(",")] if inner else []
         return raw
     return raw if isinstance(value, dict) and not raw.startswith("{") else value
 
@@ -1711,7 +1718,8 @@ Every command that trains or evaluates builds its configuration in this order, e
    paper/grpo_dropout` works from any directory. A file may start with `base: OTHER.yaml` (a path relative to the
    file, or a packaged name): the base is loaded first (its own base before it), then the file's keys override
    it, so an ablation is its differing lines;
-3. `--set key=value`, any number of times, the value read as YAML: `--set grpo.lr=1e-5 --set data.test=[builtin:test]`;
+3. `--set key=value`, any number of times, the value read as YAML: `--set grpo.lr=1e-5 --set data.test=[builtin:test]`
+   (a `[...]` list YAML cannot read, as `[svamp, builtin:test?n_steps=3]`, is split at its commas);
 4. validation: an unknown key or a bad value stops the command with one line naming the key (exit code 2); a TRL
    `GRPOConfig` name (`grpo.num_generations`) is answered with the option it is here ([from_trl.md](from_trl.md)).
 
