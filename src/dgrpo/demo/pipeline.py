@@ -73,7 +73,8 @@ def shifted_split(task: TaskConfig) -> tuple[str, list[Record]]:
     task), ``task.n_test // 2`` problems. Reported, not judged: of the demo's 4 SFT seeds only one is above chance on
     it (docs/builtin_task.md), as on every other shift tried. With a 1-step task it is the 1-step chain itself."""
     n = max(1, task.n_steps - 1)
-    return f"{n} operations", generate_split(replace(task, n_steps=n), "test")[: max(1, task.n_test // 2)]
+    name = f"{n} operation{'s' * (n != 1)}"
+    return name, generate_split(replace(task, n_steps=n), "test")[: max(1, task.n_test // 2)]
 
 
 def demo_splits(task: TaskConfig) -> dict[str, list[Record]]:
