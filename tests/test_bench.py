@@ -182,6 +182,7 @@ def _gpu_checks(tmp_path, **env):
     return proc, [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
+@pytest.mark.slow
 def test_every_arm_the_gpu_checks_run_is_a_config_the_recipe_accepts(tmp_path):
     """bench/gpu_checks.sh runs only on a GPU node, where a mistyped key would cost the call: run the script here
     with a stand-in Python that records each command, and validate every paper_step arm it would start (the recipe
@@ -209,6 +210,7 @@ def test_every_arm_the_gpu_checks_run_is_a_config_the_recipe_accepts(tmp_path):
     assert {"model.compile_head=false", "model.pack_gqa=false", "model.kernels=none"} <= set(earlier)
 
 
+@pytest.mark.slow
 def test_gpu_checks_refuse_an_unknown_only_name_before_running_anything(tmp_path):
     """ONLY's names are the items' (a mistyped one skipped its item without a word, on a rare GPU call): an unknown
     name is refused before the wheels are installed or anything runs, with the items listed; known ones run alone."""
@@ -279,6 +281,7 @@ def test_paper_step_drops_an_arm_that_runs_out_of_memory_and_keeps_the_other(cap
 
 
 @pytest.mark.filterwarnings("ignore:the reward gives 0 to the gold answer")  # a scheduled reward grades no answer
+@pytest.mark.slow
 def test_paper_step_schedule_varies_the_prompts_width_and_the_groups_the_filter_keeps(capsys):
     """bench/paper_step --prompt-widths / --kept-groups: step i's prompts are exactly W tokens wide (their problems
     unchanged after the filler), and the filter keeps exactly N groups of the real trainer's step, every arm alike."""

@@ -185,6 +185,7 @@ def test_under_torchrun_a_usage_error_is_printed_by_each_machines_first_worker(t
         assert (r.stderr == "") != printed
 
 
+@pytest.mark.slow
 def test_missing_checkpoint_and_unknown_dataset_exit_2(tmp_path, run_cli, monkeypatch):
     r = run_cli("eval", "--model", tmp_path / "nope", "--data", "builtin:test", "--out", tmp_path / "o")
     assert r.returncode == 2 and "checkpoint directory not found" in r.stderr
@@ -448,6 +449,7 @@ def test_eval_results_name_the_checkpoint_and_the_decoding(tmp_path, sft_checkpo
     assert re.search(tail + "$", line[0]), line[0]
 
 
+@pytest.mark.slow
 def test_user_mistakes_that_were_tracebacks_or_wrote_into_a_checkpoint(sft_checkpoint, tmp_path, run_cli, monkeypatch):
     """Each is one line and exit 2, before anything is written: --out inside a checkpoint (a run wrote its
     config.json over the --init model's own), bench --out a file, a stray WORLD_SIZE, non-text data.test items or
@@ -608,6 +610,7 @@ def test_eval_of_several_datasets_loads_the_model_once_and_writes_a_folder_each(
     assert r.returncode == 2 and not (tmp_path / "bad").exists() and len(loads) == 3  # (before the model loads)
 
 
+@pytest.mark.slow
 def test_a_run_refuses_an_out_holding_what_no_dgrpo_run_wrote(sft_checkpoint, tmp_path, run_cli):
     """--resume never deleted a user's final/, best/ and checkpoints/ (rc 0), a run wrote its config.json over a
     Hugging Face model's (its --init itself), a foreign final/ was found only after training, and a finished run
@@ -882,6 +885,7 @@ def test_sigterm_in_a_runs_test_sets_says_so_and_leaves_it_unfinished(sft_checkp
     assert sorted(p.name for p in out.iterdir()) == [".lock", "checkpoints", "config.json", "metrics.jsonl"]
 
 
+@pytest.mark.slow
 def test_a_finished_run_extended_and_stopped_in_its_test_sets_keeps_no_earlier_final(
     sft_checkpoint, tmp_path, run_cli, monkeypatch
 ):
@@ -910,6 +914,7 @@ def test_a_finished_run_extended_and_stopped_in_its_test_sets_keeps_no_earlier_f
 
 
 @pytest.mark.parametrize("resume", ["auto", "never"])
+@pytest.mark.slow
 def test_a_test_set_that_fails_says_what_the_run_left_and_its_advice_finishes_it(
     sft_checkpoint, tmp_path, run_cli, monkeypatch, resume
 ):

@@ -81,6 +81,7 @@ def test_what_the_compiled_layers_cannot_run_with_is_a_config_error(over, why):
     tiny_config(**over)  # fine without it
 
 
+@pytest.mark.slow
 def test_a_hook_the_step_cannot_apply_is_an_error(tokenizer, task_records):
     lm = make_lm(tokenizer).eval()
     lm.compiled_layers = CompiledLayers(lm.model, backend="eager")

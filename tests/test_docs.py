@@ -111,6 +111,7 @@ def library_tour() -> str:
     return text.split("## Library tour", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
 
 
+@pytest.mark.slow
 def test_the_readme_library_tour_runs_on_the_demo_layout(sft_checkpoint, tmp_path, monkeypatch, capsys):
     """The tour runs as written, in a directory where ``dgrpo demo`` wrote its SFT model (it named a path the demo
     does not write, and paired the demo's model with GSM8K, whose questions do not fit its context)."""

@@ -288,6 +288,7 @@ def test_results_are_written_whole_or_not_at_all(lm, task_records, tmp_path, mon
     assert sorted(p.name for p in out.iterdir()) == ["predictions.jsonl", "results.json"]
 
 
+@pytest.mark.slow
 def test_two_writes_into_one_folder_take_turns_at_the_swap(lm, task_records, tmp_path):
     """Two processes writing results into one folder: their renames interleaved, and the folder could hold one's
     results.json beside the other's predictions.jsonl. The swap holds a lock on the folder."""

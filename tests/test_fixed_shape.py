@@ -108,6 +108,7 @@ def test_fixed_shape_scoring_equals_the_growing_cache_one(tokenizer, task_record
     assert torch.allclose(fixed, grown, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_the_step_is_one_graph_without_host_synchronisation(tokenizer, task_records):
     """torch.compile(fullgraph=True) refuses a graph break: a ``.item()``, a data-dependent branch, a shape that
     depends on the step. The latent step (under locked dropout, over the static cache) traces whole, and running the

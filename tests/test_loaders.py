@@ -54,6 +54,7 @@ def _comparable(records: list[Record]) -> list[tuple[str, tuple[str, ...], str]]
 
 
 @pytest.mark.parametrize(("name", "split", "rel", "count"), REAL, ids=[f"{n}-{s}" for n, s, _, _ in REAL])
+@pytest.mark.slow
 def test_real_file_by_name_and_path(name: str, split: str, rel: str, count: int) -> None:
     by_name = load_dataset(name, split)
     by_path = load_dataset(str(DATA / rel))
@@ -78,6 +79,7 @@ def _near_misses(gold: str) -> list[str]:
 
 
 @pytest.mark.parametrize(("name", "split", "rel", "count"), REAL, ids=[f"{n}-{s}" for n, s, _, _ in REAL])
+@pytest.mark.slow
 def test_every_gold_scores_as_trained_and_its_near_misses_do_not(name: str, split: str, rel: str, count: int) -> None:
     """Each record's gold parses to a number (ProsQA's are sentences); the text the model is trained to write (its
     steps, then ``#### <answer>``) scores 1 under the numeric, exact and Coconut scorers; answers off the gold score
@@ -95,6 +97,7 @@ def test_every_gold_scores_as_trained_and_its_near_misses_do_not(name: str, spli
     assert [(gold, m) for gold, m in misses if score(f"#### {m}", gold)] == []
 
 
+@pytest.mark.slow
 def test_gsm8k_solutions_score_and_steps() -> None:
     for split, count in (("test", 1319), ("train", 7473)):
         rows = [json.loads(line) for line in (DATA / "gsm8k" / f"{split}.jsonl").read_text("utf-8").splitlines()]
@@ -187,6 +190,7 @@ def test_gsm_hard_float_targets() -> None:
     assert "code" in records[1].meta
 
 
+@pytest.mark.slow
 def test_held_out_questions_in_the_training_data_are_counted_and_warned_about() -> None:
     """GSM-Hard (the paper's GRPO training set) is GSM8K's test set with numbers changed: 329 of its questions are
     GSM8K test questions word for word (328 with the same answer); the GSM8K-Aug validation set is GSM8K train's."""
@@ -376,6 +380,7 @@ def test_error_missing_file(tmp_path: Path) -> None:
             load_dataset("prosqa")
 
 
+@pytest.mark.slow
 def test_error_unknown_name_offline(tmp_path: Path) -> None:
     """Offline mode set before the libraries start, as a user sets it: an unknown name fails at once, in one line.
     (In a process that imported ``datasets`` before the variables were set, the library still tries the network.)"""
@@ -450,6 +455,7 @@ def corruption(draw: st.DrawFn) -> tuple[int, str]:
 
 @given(corruption())
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
 def test_corrupted_files_raise_only_data_error(case: tuple[int, str]) -> None:
     index, text = case
     rel = list(SMALL)[index]

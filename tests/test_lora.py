@@ -137,6 +137,7 @@ def test_reference_adapter_is_the_initial_policy_and_renews(base_dirs):
         assert torch.equal(logprobs(lm), moved)
 
 
+@pytest.mark.slow
 def test_adapter_checkpoint_save_load_and_merge(base_dirs, tmp_path, run_cli):
     lm = with_lora(base_dirs / "llama")
     lm.save_pretrained(tmp_path / "adapter")
@@ -783,6 +784,7 @@ def test_the_alpha_to_resume_with_is_written_as_it_reads_back():
     assert lora._as_set(8.0) == "8" and lora._as_set(12.3456789) == "12.3456789" and lora._as_set(False) == "false"
 
 
+@pytest.mark.slow
 def test_a_lora_run_resumed_on_its_moved_base_finishes_and_other_weights_are_refused(sft_checkpoint, tmp_path, run_cli):
     """The probe's case: ``dgrpo grpo --init BASE`` under LoRA, BASE moved, the run resumed with --init at its new
     place (--allow-config-change: model.name_or_path changed). best/ and the earlier checkpoints still named the old

@@ -127,6 +127,7 @@ def test_master_weights_with_the_8bit_optimizer_are_refused():
         tiny_config(**{"model.master_weights": "true", "grpo.optimizer": "adamw8bit"})
 
 
+@pytest.mark.slow
 def test_a_bf16_grpo_run_with_master_weights_resumes_from_its_checkpoint_bit_for_bit(sft_checkpoint, tmp_path):
     """Two steps, a resumable checkpoint, a fresh trainer loaded from it: the same next steps as the run never
     stopped (the masters are in the checkpoint's optimizer state, in float32)."""
@@ -167,6 +168,7 @@ def test_a_bf16_grpo_run_with_master_weights_resumes_from_its_checkpoint_bit_for
     assert moved
 
 
+@pytest.mark.slow
 def test_bf16_sft_with_master_weights_checkpoints_the_masters_whose_rounding_is_the_weights(tmp_path, monkeypatch):
     """Across the tiny curriculum's stage boundary (a new AdamW, which starts from the old one's masters): each
     resumable checkpoint holds a float32 master for every trained weight, and the saved bf16 weight is that master

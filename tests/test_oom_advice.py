@@ -63,6 +63,7 @@ UPDATE = "in the update at grpo.micro_batch_size=8: try --set grpo.micro_batch_s
         ("replay_logprobs", 0.0, UPDATE),  # no reference: the policy's replay
     ],
 )
+@pytest.mark.slow
 def test_a_grpo_step_names_the_phase_and_the_setting(tokenizer, task_records, target, beta0, expected):
     trainer = make_trainer(tokenizer, task_records, beta0)
     with mock.patch(f"dgrpo.training.grpo.{target}", raise_oom):

@@ -51,6 +51,7 @@ def reward_file(tmp_path):
 
 
 # ----------------------------------------------------------------------------------- rewards and scorers
+@pytest.mark.slow
 def test_a_reward_written_in_a_test_file_drives_grpo_from_the_command_line(
     sft_checkpoint, reward_file, tmp_path, run_cli
 ):
@@ -491,6 +492,7 @@ def test_builtin_scorers():
 
 
 # ----------------------------------------------------------------------------------- a text-answer task
+@pytest.mark.slow
 def test_a_text_answer_task_trains_and_evaluates_end_to_end(tmp_path, run_cli):
     """50 records with word answers, the exact-match scorer: SFT, GRPO and eval run and use the same definition
     of correct (eval takes the scorer from the checkpoint's run_config.json)."""
@@ -928,6 +930,7 @@ def test_resume_refuses_a_changed_config_unless_allowed(sft_checkpoint, tmp_path
     assert steps == [0, 1]
 
 
+@pytest.mark.slow
 def test_resume_from_an_explicit_checkpoint_path(sft_checkpoint, tmp_path, run_cli):
     args = ["grpo", "--init", sft_checkpoint, *tiny_args(**{"grpo.steps": 2, "grpo.save_every": 1})]
     assert run_cli(*args, "--out", tmp_path / "a").returncode == 0
@@ -974,6 +977,7 @@ def test_a_forked_checkpoint_is_held_to_its_own_config_and_a_damaged_one_is_not_
     assert not (tmp_path / "c").exists()  # each refusal above left an empty c/ holding a lock file
 
 
+@pytest.mark.slow
 def test_another_commands_run_directory_is_refused_and_left_as_it_was(sft_checkpoint, tmp_path, run_cli):
     """An SFT run's directory given to ``dgrpo grpo`` (or a GRPO run's to ``dgrpo sft``) is a wrong --out, not a
     damaged checkpoint: one line saying whose run it is, and its files untouched (no advice to start over there)."""

@@ -144,6 +144,7 @@ def test_grouping_of_a_mixed_directory_and_explicit_labels(runs: Path) -> None:
     assert {n: len(rs) for n, rs in explicit.items()} == {"mine": 2, "arms": 5, "sampling": 1, "SFT": 1}
 
 
+@pytest.mark.slow
 def test_plot_runs_describes_what_it_drew(runs: Path, tmp_path: Path) -> None:
     groups = all_groups(runs)
     desc = plot_runs(
@@ -249,6 +250,7 @@ def test_cli_plot_bad_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         assert expect in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_plot_unwritable_figure_is_one_line(runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A file where the figure's folder should be, or a folder named like the figure: one line, exit 2."""
     (tmp_path / "a_file").write_text("")
@@ -292,6 +294,7 @@ def test_a_run_that_logged_nothing_is_skipped_with_a_warning(runs: Path, tmp_pat
         plot([runs / "crashed"], out)
 
 
+@pytest.mark.slow
 def test_panels_may_be_one_name_or_a_logged_reward_part(runs: Path, tmp_path: Path) -> None:
     """panels="reward_mean" was read letter by letter ("unknown panel(s) r, e, w, ..."); reward/<part> draws one
     part of grpo.rewards as the run logged it."""
@@ -340,6 +343,7 @@ def test_the_command_line_says_a_warning_in_one_line(runs: Path, tmp_path: Path)
     ]
 
 
+@pytest.mark.slow
 def test_runs_scored_by_other_rules_are_warned_about_in_the_eval_panel(tmp_path: Path) -> None:
     """An exact-match run beside numeric ones was overlaid without a word."""
     write_run(tmp_path / "a", grpo_config(), grpo_rows(0))  # (no eval.scorer: the default, numeric)

@@ -74,6 +74,7 @@ def grpo_reference(sft_checkpoint, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_sigterm_within_a_grpo_step_checkpoints_it_and_the_run_resumes_bit_identical(
     sft_checkpoint, grpo_reference, tmp_path, monkeypatch, capsys
 ):
@@ -88,6 +89,7 @@ def test_sigterm_within_a_grpo_step_checkpoints_it_and_the_run_resumes_bit_ident
     same_run(grpo_reference, out)
 
 
+@pytest.mark.slow
 def test_a_second_sigterm_or_one_outside_a_step_stops_at_once(sft_checkpoint, tmp_path, monkeypatch):
     """One stop delivered twice at once (srun, a wrapper script) is one SIGTERM: the step's checkpoint is written. A
     second one REPEAT_S later (here 0), or one outside a step, stops at once, with none."""
@@ -129,6 +131,7 @@ def trained_steps(monkeypatch, cls, name):
     return calls
 
 
+@pytest.mark.slow
 def test_sigterm_in_the_test_sets_leaves_a_grpo_run_unfinished_and_the_same_call_tests_it_without_training(
     sft_checkpoint, grpo_reference, tmp_path, monkeypatch
 ):
@@ -177,6 +180,7 @@ def grpo_evaluated_reference(sft_checkpoint, tmp_path_factory):
 
 
 @pytest.mark.parametrize("at", [2, 4], ids=["eval-step", "last-step"])
+@pytest.mark.slow
 def test_sigterm_in_a_step_due_an_evaluation_checkpoints_first_and_the_resumed_run_evaluates_it(
     sft_checkpoint, grpo_evaluated_reference, tmp_path, monkeypatch, at
 ):
@@ -209,6 +213,7 @@ def run_sft(out, **kw):
     sft.train_sft(lm, generate_split(cfg.task, "train"), cfg, out, progress=False, log=quiet, **kw)
 
 
+@pytest.mark.slow
 def test_sigterm_in_the_test_sets_leaves_an_sft_run_unfinished_and_the_same_call_tests_it_without_training(
     tmp_path, monkeypatch
 ):
@@ -582,6 +587,7 @@ def test_a_bad_grace_period_is_one_config_line(monkeypatch):
     assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)
 
 
+@pytest.mark.slow
 def test_a_model_stopped_mid_run_without_a_checkpoint_is_not_started_afresh(sft_checkpoint, tmp_path, monkeypatch):
     """Ctrl-C before the first checkpoint, then the same call again: it started at step 0 from weights already
     trained two steps (and, under LoRA, took its KL reference from them), silently. Now one line says to load the
@@ -739,6 +745,7 @@ def test_under_torchrun_a_sigterm_as_the_runs_end_is_written_says_that_the_run_f
     assert NOT_IN_A_STEP in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_in_one_process_a_sigterm_as_the_runs_end_is_written_lets_it_finish_too(
     sft_checkpoint, grpo_reference, tmp_path, monkeypatch, capsys
 ):

@@ -157,6 +157,7 @@ def test_recomputation_keeps_less_for_backward(tokenizer, task_records):
     assert call < call_kept < 0.5 * full and layer < layer_kept < 0.5 * full, (call_kept, layer_kept, full)
 
 
+@pytest.mark.slow
 def test_layers_kept_out_of_recomputation_give_the_same_gradients_and_keep_their_activations(tokenizer, task_records):
     """``recompute_kept_layers``: the last layers run as they are (no region, no second forward), the others are
     recomputed; full backprop's log-probs and gradients under locked dropout, and what is kept for backward grows
@@ -214,6 +215,7 @@ def test_the_trainers_check_the_kept_layers_against_the_model(tokenizer):
 
 
 @pytest.mark.parametrize("granularity", GRANULARITIES)
+@pytest.mark.slow
 def test_recomputed_regions_free_their_graph_after_backward(tokenizer, task_records, granularity):
     """Once backward has run and the forward's results are dropped, nothing the regions made stays alive. A region
     that held the model's KV cache made a cycle through its own autograd node (the cache holds the region's
@@ -345,6 +347,7 @@ def test_recomputation_lowers_the_peak_rss_of_a_grpo_step():
     assert growth["layer"] < 0.85 * growth["call"], growth
 
 
+@pytest.mark.slow
 def test_sft_with_recompute_trains_the_same_weights(tmp_path, run_cli):
     """``dgrpo sft`` through a curriculum stage boundary: with recomputation per call and per layer, the same losses
     and the same final weights as full backprop."""

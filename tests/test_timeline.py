@@ -129,6 +129,7 @@ def test_a_phases_kernels_are_those_it_launched_ranked_by_device_time():
     ]
 
 
+@pytest.mark.slow
 def test_device_activity_on_a_cpu_gives_each_labelled_path_its_host_time():
     module = types.ModuleType("m")
     module.work = lambda n: torch.randn(n, n) @ torch.randn(n, n)

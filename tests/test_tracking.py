@@ -79,6 +79,7 @@ def test_tensorboard_resume_supersedes_later_steps(tmp_path):
     assert _tb_scalars(tmp_path / "tb")["loss"] == [(0, 0.0), (1, 1.0), (2, 12.0), (3, 13.0)]
 
 
+@pytest.mark.slow
 def test_tensorboard_resume_keeps_the_checkpoints_rows_at_its_first_step(tmp_path):
     """The evaluation logged just before a checkpoint has the step of the next training row, where the resumed
     process's purge marker goes: the kept row is written again after it, so no point is lost."""
@@ -202,6 +203,7 @@ def _offline_run(run_dir: Path, run_id: str, index: int = -1) -> tuple[dict, dic
     return config, history
 
 
+@pytest.mark.slow
 def test_wandb_offline_logs_rows_and_config(tmp_path, wandb_env):
     run_dir = tmp_path / "runs" / "x"
     t = WandbTracker(run_dir, project="dgrpo", run_name="my-run", config={"seed": 3, "grpo": {"lr": 1e-5}})
@@ -241,6 +243,7 @@ def test_wandb_added_on_resume_gets_the_rows_before_it(tmp_path, wandb_env):
     assert history == {0: {EVAL: 0.25, "loss": 0.0}, 1: {"loss": 1.0}, 2: {"loss": 2.0}}
 
 
+@pytest.mark.slow
 def test_wandb_resume_reuses_run_id(tmp_path, wandb_env):
     run_dir = tmp_path / "x"
     first = WandbTracker(run_dir, project="dgrpo", config={"seed": 0})
