@@ -35,6 +35,16 @@ FAMILIES = {
     "gpt_neox": dict(rotary_pct=0.25),
     "phi": {},
     "qwen2": {},
+    "hyperclovax": dict(head_dim=8, logits_scaling=0.125),  # (multiplies its logits by logits_scaling)
+    "falcon_h1": dict(  # (a hybrid of attention and Mamba 2 layers; multiplies its logits by lm_head_multiplier)
+        head_dim=8,
+        mamba_d_ssm=32,
+        mamba_n_heads=4,
+        mamba_d_head=8,
+        mamba_d_state=4,
+        mamba_n_groups=1,
+        lm_head_multiplier=0.05,
+    ),
 }
 
 
@@ -48,7 +58,7 @@ def family_lm(tokenizer, family: str) -> LatentLM:
         return LatentLM(AutoModelForCausalLM.from_config(config), tok).eval()
 
 
-@pytest.mark.parametrize("family", ["gemma2", "cohere", "granite", "qwen2"])
+@pytest.mark.parametrize("family", ["gemma2", "cohere", "granite", "hyperclovax", "falcon_h1", "qwen2"])
 def test_log_probs_are_the_models_own_with_its_logit_transform(tokenizer, family):
     """dgrpo runs the head on its own hidden states; the model's forward transforms the head's logits after it. The
     transform was skipped: per-token log-probs 0.2-2 apart from the model's on these families."""

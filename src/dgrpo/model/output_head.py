@@ -39,7 +39,12 @@ def logit_transform(config: Any) -> LogitTransform:
     if model_type.startswith("cohere") and getattr(config, "logit_scale", None) is not None:
         scale *= float(config.logit_scale)  # CohereForCausalLM: logits * logit_scale
     if getattr(config, "logits_scaling", None) is not None:
-        scale /= float(config.logits_scaling)  # Granite: logits / logits_scaling
+        if model_type.startswith("hyperclovax"):
+            scale *= float(config.logits_scaling)  # HyperCLOVAXForCausalLM: logits * logits_scaling
+        else:
+            scale /= float(config.logits_scaling)  # Granite (MiniCPM3 divides its hidden states: the same)
+    if model_type == "falcon_h1" and getattr(config, "lm_head_multiplier", None) is not None:
+        scale *= float(config.lm_head_multiplier)  # FalconH1ForCausalLM: logits * lm_head_multiplier
     cap = getattr(config, "final_logit_softcapping", None)  # Gemma 2 / 3, VaultGemma, ...
     return LogitTransform(scale, float(cap) if cap else None)
 
