@@ -35,6 +35,7 @@ FAMILIES = {
     "gpt_neox": dict(rotary_pct=0.25),
     "phi": {},
     "qwen2": {},
+    "gpt_neo": dict(num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], window_size=4),
     "hyperclovax": dict(head_dim=8, logits_scaling=0.125),  # (multiplies its logits by logits_scaling)
     "falcon_h1": dict(  # (a hybrid of attention and Mamba 2 layers; multiplies its logits by lm_head_multiplier)
         head_dim=8,
@@ -131,6 +132,20 @@ def test_alibi_models_decode_without_a_static_cache(tokenizer):
     why = static_cache_obstacle(lm.model.config)
     assert why and resolve_engine("auto", torch.device("cuda"), True, why) == "eager"
     assert static_cache_obstacle(family_lm(tokenizer, "qwen2").model.config) is None
+
+
+def test_gpt_neo_local_attention_decodes_without_a_static_cache(tokenizer):
+    """transformers' StaticCache gives GPT-Neo's local layers full-attention ones: past the window (4 here; 256 in
+    GPT-Neo's checkpoints) the static cache's tokens and log-probs silently left the dynamic cache's."""
+    from dgrpo.model.static_cache import static_cache_obstacle
+
+    lm = family_lm(tokenizer, "gpt_neo")
+    ids, mask = lm.encode_questions(["Start with 3. Add 4. Answer mod 10."])
+    with pytest.raises(ConfigError, match="cannot be used: gpt_neo's local-attention layers need a sliding-window"):
+        lm.generate(ids, mask, 2, max_new_tokens=4, static_cache=True)
+    assert lm.generate(ids, mask, 2, max_new_tokens=4).tokens.shape == (1, 4)
+    lm.model.config.attention_layers = ["global", "global"]  # (all global: the static cache serves it)
+    assert static_cache_obstacle(lm.model.config) is None
 
 
 @pytest.mark.parametrize("family", ["gpt_neox", "phi"])

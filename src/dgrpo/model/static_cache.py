@@ -58,9 +58,13 @@ class SharedOffsetLayer(StaticLayer):
 def static_cache_obstacle(config: PretrainedConfig) -> str | None:
     """Why a model of ``config`` cannot decode over a preallocated cache (None: it can). An ALiBi model (Bloom; Falcon
     with ``alibi``) builds its position bias from the 2-d attention mask, which is shorter than the cache: a tensor
-    shape error inside transformers."""
+    shape error inside transformers. GPT-Neo's local attention is given full-attention layers (wrong tokens past its
+    window)."""
     if getattr(config, "model_type", None) == "bloom" or getattr(config, "alibi", False):
         return f"{config.model_type} builds its ALiBi position bias from the attention mask, not over a static cache"
+    if getattr(config, "model_type", None) == "gpt_neo" and "local" in getattr(config, "attention_layers", []):
+        # (transformers' StaticCache gives its local layers full-attention ones: other tokens once past the window)
+        return "gpt_neo's local-attention layers need a sliding-window cache that a static cache does not give them"
     return None
 
 
