@@ -36,6 +36,15 @@ FAMILIES = {
     "phi": {},
     "qwen2": {},
     "gpt_neo": dict(num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], window_size=4),
+    "llama4_text": dict(  # (its base_model_prefix, language_model, is not where it keeps its stack, .model)
+        head_dim=8,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        intermediate_size_mlp=64,
+        attention_chunk_size=4,
+        no_rope_layers=[1, 0],
+        interleave_moe_layer_step=1,
+    ),
     "hyperclovax": dict(head_dim=8, logits_scaling=0.125),  # (multiplies its logits by logits_scaling)
     "falcon_h1": dict(  # (a hybrid of attention and Mamba 2 layers; multiplies its logits by lm_head_multiplier)
         head_dim=8,
@@ -59,10 +68,11 @@ def family_lm(tokenizer, family: str) -> LatentLM:
         return LatentLM(AutoModelForCausalLM.from_config(config), tok).eval()
 
 
-@pytest.mark.parametrize("family", ["gemma2", "cohere", "granite", "hyperclovax", "falcon_h1", "qwen2"])
+@pytest.mark.parametrize("family", ["gemma2", "cohere", "granite", "hyperclovax", "falcon_h1", "llama4_text", "qwen2"])
 def test_log_probs_are_the_models_own_with_its_logit_transform(tokenizer, family):
     """dgrpo runs the head on its own hidden states; the model's forward transforms the head's logits after it. The
-    transform was skipped: per-token log-probs 0.2-2 apart from the model's on these families."""
+    transform was skipped: per-token log-probs 0.2-2 apart from the model's on these families. Llama 4's text model
+    (no transform) keeps its decoder stack elsewhere than its base_model_prefix says: every forward failed."""
     lm = family_lm(tokenizer, family)
     q, qm = lm.encode_questions(["Start with 3. Add 4. Answer mod 10."], markers=False)
     t, tm = lm.encode_targets(["<<3+4=7>> #### 7"])
@@ -70,12 +80,12 @@ def test_log_probs_are_the_models_own_with_its_logit_transform(tokenizer, family
         ours, _ = lm.target_logprobs(q, qm, 0, t, tm, markers=False)
         logits = lm.model(input_ids=torch.cat([q, t], 1)).logits.float()
         theirs = logits[:, q.shape[1] - 1 : -1].log_softmax(-1).gather(-1, t[..., None]).squeeze(-1)
-        hidden = lm.model.base_model(input_ids=torch.cat([q, t], 1)).last_hidden_state
+        hidden = lm.base(input_ids=torch.cat([q, t], 1)).last_hidden_state
         raw = lm.model.get_output_embeddings()(hidden)[:, q.shape[1] - 1 : -1].float().log_softmax(-1)
         untransformed = raw.gather(-1, t[..., None]).squeeze(-1)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
     transformed = not lm.logit_transform.identity
-    assert transformed == (family != "qwen2")
+    assert transformed == (family not in ("qwen2", "llama4_text"))
     if transformed:  # (the test would pass without the transform if it changed nothing here)
         assert float((untransformed - theirs).abs().max()) > 1e-2
 
@@ -132,6 +142,30 @@ def test_alibi_models_decode_without_a_static_cache(tokenizer):
     why = static_cache_obstacle(lm.model.config)
     assert why and resolve_engine("auto", torch.device("cuda"), True, why) == "eager"
     assert static_cache_obstacle(family_lm(tokenizer, "qwen2").model.config) is None
+
+
+def test_llama4_text_reasons_in_latent_steps(tokenizer):
+    """Llama4ForCausalLM's base_model is itself (its prefix, language_model, is not an attribute): the latent step
+    read last_hidden_state off the causal LM's output and failed with an AttributeError."""
+    lm = family_lm(tokenizer, "llama4_text")
+    assert lm.base is lm.model.model
+    ids, mask = lm.encode_questions(["Start with 3. Add 4. Answer mod 10."])
+    first, again = (lm.generate(ids, mask, 2, max_new_tokens=4) for _ in range(2))
+    assert torch.equal(first.tokens, again.tokens) and first.tokens.shape == (1, 4)
+    # its mixture of experts returns [B*T, H]: the default dropout's [B, 1, H] mask broadcast to [B, B*T, H] (an error)
+    from dgrpo.perturbation import make_perturbation
+
+    dropout = make_perturbation(PerturbationConfig(p=0.3))
+    q, qm = lm.encode_questions(["Start with 3. Add 4. Answer mod 10.", "Start with 5. Add 1. Answer mod 10."])
+    t, tm = lm.encode_targets(["#### 7", "#### 6"])
+    with torch.no_grad():
+        plain, _ = lm.target_logprobs(q, qm, 2, t, tm)
+        with dropout.bind(lm, torch.tensor([5, 6])) as bound:
+            masked, _ = lm.target_logprobs(q, qm, 2, t, tm, perturbation=bound)
+        with dropout.bind(lm, torch.tensor([7, 6])) as bound:
+            other, _ = lm.target_logprobs(q, qm, 2, t, tm, perturbation=bound)
+    assert float((masked - plain).abs().max()) > 1e-4
+    assert not torch.allclose(masked[0], other[0]) and torch.allclose(masked[1], other[1], rtol=0, atol=1e-6)
 
 
 def test_gpt_neo_local_attention_decodes_without_a_static_cache(tokenizer):

@@ -61,9 +61,18 @@ def _attr_path(obj: object, dotted: str) -> object | None:
     return obj
 
 
+def base_model(model: nn.Module) -> nn.Module:
+    """The decoder stack below a causal LM's head: ``model.base_model``, but where that is the causal LM itself
+    (Llama 4's text model names its prefix ``language_model`` and keeps the stack at ``.model``), ``model.model``."""
+    base: nn.Module = getattr(model, "base_model", model)
+    if base is model and isinstance(getattr(model, "model", None), nn.Module):
+        base = model.model
+    return base
+
+
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The list of transformer blocks of any HF causal LM (``model.layers``, ``transformer.h``, ...)."""
-    base: nn.Module = getattr(model, "base_model", model)
+    base = base_model(model)
     for attr in LAYER_LISTS:
         obj = _attr_path(base, attr)
         if isinstance(obj, nn.ModuleList) and len(obj) > 0:

@@ -59,9 +59,17 @@ def output_factor_hook(factor: Callable[[], Tensor | None]) -> Callable:
 
 def _scaled(output: Any, f: Tensor) -> Any:
     if isinstance(output, tuple):
-        h = output[0]
-        return (h * (f if f.dtype == h.dtype else f.to(h.dtype)), *output[1:])
-    return output * (f if f.dtype == output.dtype else f.to(output.dtype))
+        return (_times(output[0], f), *output[1:])
+    return _times(output, f)
+
+
+def _times(h: Tensor, f: Tensor) -> Tensor:
+    """``h * f``, ``f`` cast to ``h``'s dtype; a [B, 1, H] factor on a module output flattened to [B*T, H] (Llama 4's
+    mixture of experts) is applied per row of the batch, as on the [B, T, H] it was flattened from."""
+    f = f if f.dtype == h.dtype else f.to(h.dtype)
+    if h.dim() == 2 and f.dim() == 3 and h.shape[0] % f.shape[0] == 0:
+        return (h.view(f.shape[0], -1, h.shape[-1]) * f).view(h.shape)
+    return h * f
 
 
 def _factor_of(module: nn.Module, where: str) -> Tensor | None:

@@ -45,7 +45,7 @@ from transformers import (
 
 from ..config import ConfigError, LatentTokenInit
 from ..run_layout import CHECKPOINTS_DIR, STEP_DIR
-from .anatomy import decoder_layers, input_embedding_weight
+from .anatomy import base_model, decoder_layers, input_embedding_weight
 from .attention_mask import additive_mask, causal_padding_mask, prebuilt_mask_applies, static_causal_padding_mask
 from .compiled_layers import CompiledLayers
 from .decoding import AnswerBook, DecodeState, Generation, check_decoding, head_logprobs
@@ -668,7 +668,7 @@ class LatentLM(nn.Module):
 
     @property
     def base(self) -> nn.Module:
-        return self.model.base_model
+        return base_model(self.model)
 
     def embed(self, ids: Tensor) -> Tensor:
         return self.model.get_input_embeddings()(ids)
