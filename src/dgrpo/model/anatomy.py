@@ -65,9 +65,8 @@ def base_model(model: nn.Module) -> nn.Module:
     """The decoder stack below a causal LM's head: ``model.base_model``, but where that is the causal LM itself
     (Llama 4's text model names its prefix ``language_model`` and keeps the stack at ``.model``), ``model.model``."""
     base: nn.Module = getattr(model, "base_model", model)
-    if base is model and isinstance(getattr(model, "model", None), nn.Module):
-        base = model.model
-    return base
+    stack = getattr(model, "model", None)
+    return stack if base is model and isinstance(stack, nn.Module) else base
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
