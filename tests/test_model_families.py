@@ -233,3 +233,40 @@ def test_a_tokenizer_that_starts_texts_with_bos_gets_it_before_every_question(to
         kept = row[m.bool()].tolist()
         assert kept[0] == tok.bos_token_id and kept[-1] == lm.start_id and len(kept) == 6
         assert kept[1:-1] == without[without != tokenizer.pad_token_id].tolist()[:-1]
+
+
+def test_families_dgrpo_cannot_run_are_refused_when_the_model_is_wrapped(tokenizer):
+    """Mamba's cached forward multiplies a one-token step by the whole 2-d mask: greedy tokens other than the model's
+    own argmax, scoring a shape error. Gemma 4's per-layer inputs are looked up from token ids: an error 15 frames
+    inside transformers at the first latent step."""
+    from dgrpo.model.support import unsupported
+
+    tok = copy.deepcopy(tokenizer)
+    config = AutoConfig.for_model(
+        "mamba", vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, state_size=4, expand=2, conv_kernel=4
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ConfigError, match="LatentLM: mamba models are not supported: their cached forward applies"):
+        LatentLM(model, tok)
+    assert "per-layer inputs" in unsupported(SimpleNamespace(model_type="gemma4_text", hidden_size_per_layer_input=256))
+    assert unsupported(SimpleNamespace(model_type="gemma4_text", hidden_size_per_layer_input=0)) is None
+    assert unsupported(SimpleNamespace(model_type="mamba2")) is None  # (decodes: trained it cannot be, below)
+
+
+def test_families_with_recurrent_state_are_refused_by_the_trainers(tokenizer, task_records):
+    """The cache of a state-space or linear-attention layer updates its state in place: the first backward failed
+    ("modified by an inplace operation") after the step's rollouts. Evaluation works, and stays allowed."""
+    from dgrpo.model.support import untrainable
+    from dgrpo.training.grpo import GRPOTrainer
+
+    from conftest import tiny_config
+
+    lm = family_lm(tokenizer, "falcon_h1")
+    with pytest.raises(ConfigError, match="GRPOTrainer: falcon_h1 cannot be trained by dgrpo: its state-space layers"):
+        GRPOTrainer(lm, tiny_config(), task_records[:8])
+    hybrid = SimpleNamespace(model_type="qwen3_next", layer_types=["linear_attention", "full_attention"])
+    assert "its linear_attention layers keep a recurrent state" in untrainable(hybrid)
+    assert untrainable(SimpleNamespace(model_type="lfm2", layer_types=["conv", "full_attention"])) is None
+    assert untrainable(family_lm(tokenizer, "qwen2").model.config) is None

@@ -55,6 +55,7 @@ from .output_head import logit_transform, output_head
 from .recompute import checkpointed_layers, last_layers, recomputed_call, unrecomputable_cache_layers
 from .sources import hub_files, on_disk, resolve_checkpoint, resolve_model_source, revision_kwargs
 from .static_cache import static_cache
+from .support import unsupported
 from .tokens import (
     END_LATENT,
     LATENT,
@@ -367,6 +368,8 @@ class LatentLM(nn.Module):
                 f"LatentLM: tokenizer must be the model's Hugging Face tokenizer, got {type(tokenizer).__name__}"
             )
         check_special_tokens(tokenizer)
+        if (why := unsupported(getattr(model, "config", None))) is not None:
+            raise ConfigError(f"LatentLM: {why}")
         if latent_token_init not in typing.get_args(LatentTokenInit):
             raise ValueError(f"latent_token_init must be mean or coconut, got {latent_token_init!r}")
         #: the latent markers this model did not have (a plain LM): their embeddings are new, untrained

@@ -28,6 +28,7 @@ from ..eval.scoring import RewardError
 from ..model.factory import BUILTIN
 from ..model.latent_lm import LatentLM
 from ..model.sources import is_model_dir, on_disk, resolve_device
+from ..model.support import untrainable
 from ..model.verified import MANIFEST, RESUMABLE_STATE, RUN_CONFIG_FILE, CheckpointError
 from ..run_layout import (
     BEST_DIR,
@@ -287,6 +288,8 @@ def check_trainer_inputs(lm: object, cfg: Config, train: list[Record], what: str
             f"{what}: lm must be a dgrpo LatentLM (LatentLM.from_pretrained(path_or_hub_id), or LatentLM(model, "
             f"tokenizer) around a Hugging Face model), got {type(lm).__name__}"
         )
+    if (why := untrainable(getattr(lm.model, "config", None))) is not None:
+        raise ConfigError(f"{what}: {why}")
     if not isinstance(cfg, Config):
         order = CALL_ORDER.get(what)
         raise TypeError(
