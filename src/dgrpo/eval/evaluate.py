@@ -122,7 +122,11 @@ def generate_answers(
     if perturbation is not None and not perturbation.batched:
         batch_size = 1  # native dropout replays the global RNG stream: one row at a time
     order = sorted(range(len(questions)), key=lambda i: len(questions[i]))
-    check_context(lm, questions, n_latent, max_new_tokens, markers=markers, max_question_tokens=max_question_tokens)
+    if questions:  # (a warning for questions cut; a question that does not fit the context is an error)
+        warn_if_questions_cut(lm, list(dict.fromkeys(questions)), max_question_tokens, "evaluated")
+        check_fits_context(
+            lm, questions, n_latent, max_new_tokens, markers=markers, max_question_tokens=max_question_tokens
+        )
     sampling = question_seeds(seed, questions) if temperature > 0 else None
     out: list[str] = [""] * len(questions)
     batches = [order[b0 : b0 + batch_size] for b0 in range(0, len(order), batch_size)]
@@ -197,27 +201,6 @@ def _scorer(scorer: ScoreFn | str | None) -> ScoreFn:
     return build_scorer(scorer) if isinstance(scorer, str) else scorer
 
 
-def check_context(
-    lm: LatentLM,
-    questions: list[str],
-    n_latent: int,
-    max_new_tokens: int,
-    *,
-    markers: bool = True,
-    max_question_tokens: int | None = None,
-) -> None:
-    """A warning when questions are longer than ``max_question_tokens`` (:func:`warn_if_questions_cut`), and
-    ConfigError (:meth:`LatentLM.check_fits`) when the longest question (in tokens: the longest in characters
-    need not be; a question past the context was answered when a longer-worded one sat beside it), its latent
-    thoughts and ``max_new_tokens`` answer tokens do not fit the model's context."""
-    if questions:
-        distinct = list(dict.fromkeys(questions))
-        warn_if_questions_cut(lm, distinct, max_question_tokens, "evaluated")
-        check_fits_context(
-            lm, distinct, n_latent, max_new_tokens, markers=markers, max_question_tokens=max_question_tokens
-        )
-
-
 def check_fits_context(
     lm: LatentLM,
     questions: list[str],
@@ -230,8 +213,10 @@ def check_fits_context(
     answer_key: str = "",
 ) -> None:
     """ConfigError (:meth:`LatentLM.check_fits`, naming ``key`` and ``answer_key``) when the longest of ``questions``
-    in tokens, its ``n_latent`` thoughts and ``max_new_tokens`` answer tokens do not fit the model's context: what
-    an evaluation checks, and what a trainer checks beforehand of the validation and test sets it answers later."""
+    in tokens (the longest in characters need not be; a question past the context was answered when a longer-worded
+    one sat beside it), its ``n_latent`` thoughts and ``max_new_tokens`` answer tokens do not fit the model's
+    context: what an evaluation checks, and what a trainer checks beforehand of the validation and test sets it
+    answers later."""
     ids, _ = lm.encode_questions(list(dict.fromkeys(questions)), markers=markers, max_tokens=max_question_tokens)
     lm.check_fits(ids.shape[1], n_latent, max_new_tokens, key=key, markers=markers, answer_key=answer_key)
 
