@@ -123,9 +123,10 @@ def generate_answers(
         batch_size = 1  # native dropout replays the global RNG stream: one row at a time
     order = sorted(range(len(questions)), key=lambda i: len(questions[i]))
     if questions:  # (a warning for questions cut; a question that does not fit the context is an error)
-        warn_if_questions_cut(lm, list(dict.fromkeys(questions)), max_question_tokens, "evaluated")
+        distinct = list(dict.fromkeys(questions))
+        warn_if_questions_cut(lm, distinct, max_question_tokens, "evaluated")
         check_fits_context(
-            lm, questions, n_latent, max_new_tokens, markers=markers, max_question_tokens=max_question_tokens
+            lm, distinct, n_latent, max_new_tokens, markers=markers, max_question_tokens=max_question_tokens
         )
     sampling = question_seeds(seed, questions) if temperature > 0 else None
     out: list[str] = [""] * len(questions)
