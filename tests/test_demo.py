@@ -1,6 +1,7 @@
 """`dgrpo demo`: the statistics against hand-computed values, and the `--quick` run end to end (its files, its
 tables, and the paper's structural claim: deterministic rollouts never update and equal SFT on every item)."""
 
+import functools
 import json
 import math
 import os
@@ -291,7 +292,10 @@ def test_a_stop_of_the_demo_ends_its_workers_mid_task_and_says_so(tmp_path, sig,
     cmd = [sys.executable, "-m", "dgrpo", "demo", "--quick", "--out", str(tmp_path / "d"), "--workers", "2"]
     err = (tmp_path / "stderr").open("w")
     longer = "sft.num_epochs=40" if phase == "sft" else "grpo.steps=400"
-    demo = subprocess.Popen([*cmd, "--set", "threads=1", "--set", longer], stderr=err)
+    # (SIGINT's default disposition, as under a terminal: a shell's `cmd &` starts its jobs with it ignored, and so
+    # would the demo be, a Python process keeping the ignore it inherits)
+    default_sigint = functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL)
+    demo = subprocess.Popen([*cmd, "--set", "threads=1", "--set", longer], stderr=err, preexec_fn=default_sigint)
     started = "sft/seed1/metrics.jsonl" if phase == "sft" else "arms/*/*/metrics.jsonl"
     workers: set[int] = set()
     try:
