@@ -112,7 +112,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=12, help="--time: alternated rounds per pair")
     # --time measures at fixed shapes (bench item 10's and the host proxy's), the byte count at the options' own: an
     # option the mode does not read is refused when given at all, at its default too (defaults filled in after)
-    byte_count, timing = ("rows", "answer", "dtype", "scale_rows", "widths"), ("reps",)
+    byte_count, timing = ("rows", "answer", "dtype", "scale_rows", "vocab", "widths"), ("reps",)
     defaults = {d: ap.get_default(d) for d in byte_count + timing}
     ap.set_defaults(**dict.fromkeys(defaults))
     args = ap.parse_args()

@@ -382,7 +382,7 @@ def test_kept_layer_bytes_script_counts_one_layers_activations():
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "bench/kept_layer_bytes.py"
-    argv = [sys.executable, str(script), "--rows", "1", "--answer", "8", "--scale-rows", "2"]
+    argv = [sys.executable, str(script), "--rows", "1", "--answer", "8", "--scale-rows", "2", "--vocab", "1024"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -398,7 +398,20 @@ def test_latent_kv_bytes_script_counts_the_prompts_columns_kept_once_instead_of_
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "bench/latent_kv_bytes.py"
-    argv = [sys.executable, str(script), "--widths", "32", "--rows", "1", "--answer", "4", "--scale-rows", "2"]
+    argv = [
+        sys.executable,
+        str(script),
+        "--widths",
+        "32",
+        "--rows",
+        "1",
+        "--answer",
+        "4",
+        "--scale-rows",
+        "2",
+        "--vocab",
+        "1024",
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -517,6 +530,7 @@ def test_paper_step_refuses_a_shape_beside_tiny_even_the_default(monkeypatch, ca
         (["--time", "--rows", "4"], "--time measures at fixed shapes: --rows would do nothing"),  # (4: the default)
         (["--time", "--dtype", "float32", "--widths", "32"], "--time measures at fixed shapes: --dtype, --widths"),
         (["--reps", "12"], "only --time reads it: --reps would do nothing"),  # (12: the default)
+        (["--time", "--vocab", "151936"], "--time measures at fixed shapes: --vocab would do nothing"),  # (default)
     ],
 )
 def test_latent_kv_bytes_refuses_an_option_its_mode_ignores_even_at_its_default(monkeypatch, capsys, argv, says):
