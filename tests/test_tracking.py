@@ -64,6 +64,25 @@ def test_tensorboard_scalars(tmp_path):
     }  # no step, note (str), reward_std (None), grad_norm (NaN), loss (inf)
 
 
+def test_tensorboard_writes_one_point_per_tag_and_step(tmp_path):
+    """An SFT stage's end row repeats its last training row's step with ``stage``, ``n_latent`` and ``time_s``:
+    TensorBoard showed two points at that step. The first row's value stays; the later row adds its new tags."""
+    pytest.importorskip("tensorboard")
+    t = TensorBoardTracker(tmp_path / "tb", "x")
+    rows = [
+        {"step": 64, "loss": 1.5, "stage": 0, "n_latent": 0, "time_s": 4.6},
+        {"step": 64, "stage": 0, "n_latent": 0, "time_s": 4.7, EVAL: 0.25},
+        {"step": 65, "loss": 1.25, "stage": 1, "n_latent": 1, "time_s": 4.8},
+    ]
+    for r in rows:
+        t.log(r, r["step"])
+    t.close()
+    got = _tb_scalars(tmp_path / "tb")
+    assert got["time_s"] == [(64, pytest.approx(4.6)), (65, pytest.approx(4.8))]
+    assert got["stage"] == [(64, 0.0), (65, 1.0)] and got[EVAL] == [(64, 0.25)]
+    assert got["loss"] == [(64, 1.5), (65, 1.25)]
+
+
 def test_tensorboard_resume_supersedes_later_steps(tmp_path):
     pytest.importorskip("tensorboard")
     first = TensorBoardTracker(tmp_path / "tb", "x")

@@ -117,8 +117,10 @@ class TensorBoardTracker:
     """Scalars in a TensorBoard event file under ``log_dir`` (``OUT/tb``).
 
     Every int, float or bool (as 0/1) value except ``"step"`` is written as a scalar at ``step``; ``None``, strings
-    and non-finite floats are skipped. TensorBoard names a run by its directory (``tensorboard --logdir runs``
-    shows ``x/tb``), so ``run_name`` is only kept as an attribute. Events are flushed after every row."""
+    and non-finite floats are skipped, and so is a tag already written at that step by an earlier row (an SFT stage's
+    end row repeats its last step's ``stage``, ``n_latent`` and ``time_s``: two points at one step). TensorBoard
+    names a run by its directory (``tensorboard --logdir runs`` shows ``x/tb``), so ``run_name`` is only kept as an
+    attribute. Events are flushed after every row."""
 
     name = "tensorboard"
 
@@ -133,6 +135,7 @@ class TensorBoardTracker:
         self._writer: Any = writer_mod.EventFileWriter(str(self.log_dir))
         self._started = False
         self._kept: list[dict[str, Any]] = []
+        self._written_at: tuple[int, set[str]] = (-1, set())  # the last step written, and its tags
         self.where = str(self.log_dir)
 
     def resumed(self, kept_rows: list[dict[str, Any]]) -> None:
@@ -157,11 +160,14 @@ class TensorBoardTracker:
                     self.log(kept, kept["step"])
         ev, sm = self._event_pb2, self._summary_pb2
         now = time.time()
-        values = []
+        if self._written_at[0] != step:
+            self._written_at = (step, set())
+        written, values = self._written_at[1], []
         for k, v in row.items():
             x = _number(v)
-            if k != "step" and x is not None and math.isfinite(x):
+            if k != "step" and k not in written and x is not None and math.isfinite(x):
                 values.append(sm.Summary.Value(tag=k, simple_value=float(x)))
+                written.add(k)
         if values:
             self._writer.add_event(ev.Event(wall_time=now, step=step, summary=sm.Summary(value=values)))
         self._writer.flush()
