@@ -757,3 +757,19 @@ def test_a_plain_folder_named_as_a_dataset_is_that_dataset_to_keys_and_the_train
     monkeypatch.chdir(tmp_path)
     assert local_path("gsm8k") is None and local_path("gsm8k:train") is None and local_path("mine") == ("mine", None)
     assert training_split("gsm8k") == "gsm8k:train" and dataset_key("GSM8K") == dataset_key("gsm8k") == "gsm8k:test"
+
+
+def test_a_coconut_row_with_a_gsm8k_style_answer_is_read_as_gsm8k_s(tmp_path: Path) -> None:
+    """{question, steps, answer} rows whose answer is GSM8K's ``... #### 5`` kept the whole text as the gold: no
+    answer, not even the gold's own ``#### 5``, scored right (a {question, answer} row of the same answer read 5)."""
+    rows = [
+        {"question": "What is 2+3?", "steps": ["2+3=5"], "answer": "2+3=5\n#### 5"},
+        {"question": "What is 1+3?", "steps": ["1+3=4"], "answer": "#### 4"},
+    ]
+    path = _write(tmp_path / "c.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    recs = load_dataset(str(path))
+    assert [r.answer for r in recs] == ["5", "4"] and [r.steps for r in recs] == [["2+3=5"], ["1+3=4"]]
+    assert recs[0].meta["solution"] == "2+3=5\n#### 5"
+    assert [score("#### 5", recs[0].answer), score("#### 4", recs[1].answer)] == [1.0, 1.0]
+    with pytest.raises(DataError, match="empty after its '####'"):
+        load_dataset(str(_write(tmp_path / "e.jsonl", '{"question": "q", "steps": [], "answer": "x ####"}\n')))

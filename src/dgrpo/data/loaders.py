@@ -147,12 +147,18 @@ def _row_coconut(row: dict[str, Any], *, numeric: bool) -> Record:
     # Coconut writes an empty CoT as [""] (its gsm_icot.py splits "" on spaces): blank steps are dropped.
     steps = [s for s in _steps_field(row) if s.strip()]
     answer = _json_number_answer(row) or _text_field(row, "answer")
+    meta = _other_fields(row, "question", "steps", "answer")
+    if "####" in answer:  # a GSM8K-style answer, read as GSM8K's (its text was the gold: no answer scored right)
+        meta.setdefault("solution", answer)
+        answer = answer.rpartition("####")[2].strip()
+        if not answer:
+            raise _RowError("field 'answer' is empty after its '####'")
     canon = normalize_number(answer)
     if canon is not None:
         answer = canon
     elif numeric:
         raise _RowError(f"field 'answer' must be a number, got {answer[:60]!r}")
-    return Record(question, steps, answer, _other_fields(row, "question", "steps", "answer"))
+    return Record(question, steps, answer, meta)
 
 
 def _row_coconut_any(row: dict[str, Any]) -> Record:
