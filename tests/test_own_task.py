@@ -330,19 +330,45 @@ def test_a_failing_reward_or_scorer_names_the_first_row_that_fails_alone():
 
 
 def test_a_kwargs_reward_called_as_dgrpos_form_says_so_once():
-    """A TRL reward naming a parameter that is no column (TRL's trainer_state) gets the records without a word."""
+    """A ``**kwargs`` reward with two required parameters, the second no column of the data, is taken for dgrpo's
+    form (it gets the records), with a warning, once."""
     from dgrpo.data.records import Record
     from dgrpo.eval.scoring import call_checked
 
-    def wants_state(completions, trainer_state, **kwargs):
+    def wants_examples(completions, examples, **kwargs):
         return [0.0] * len(completions)
 
     recs = [Record("q", [], "1", {"level": 1})]
-    with pytest.warns(UserWarning, match="'trainer_state' is no column of the data \\(columns: prompts, completions"):
-        call_checked(wants_state, "mine.py:wants_state", ["c"], recs)
+    with pytest.warns(UserWarning, match="'examples' is no column of the data \\(columns: prompts, completions"):
+        call_checked(wants_examples, "mine.py:wants_examples", ["c"], recs)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        call_checked(wants_state, "mine.py:wants_state", ["c"], recs)  # (once per function)
+        call_checked(wants_examples, "mine.py:wants_examples", ["c"], recs)  # (once per function)
+
+
+def _wants_trainer_state(completions, trainer_state, **kwargs):
+    return [0.0] * len(completions)
+
+
+def _wants_completion_ids(completions, completion_ids, **kwargs):
+    return [0.0] * len(completions)
+
+
+@pytest.mark.parametrize("fn", [_wants_trainer_state, _wants_completion_ids])
+def test_a_reward_requiring_what_only_trl_passes_fails_saying_how_it_was_called(fn):
+    """``fn(completions, trainer_state, **kwargs)`` was written for TRL: called as dgrpo's form it got the records
+    as its trainer_state, with a warning, and trained; it fails as docs/from_trl.md says, naming TRL's call."""
+    from dgrpo.data.records import Record
+    from dgrpo.eval.scoring import RewardError, call_checked
+
+    keyword = fn.__name__.removeprefix("_wants_")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no "called as dgrpo's form" warning)
+        with pytest.raises(RewardError) as raised:
+            call_checked(fn, "mine.py:f", ["c"], [Record("q", [], "1")])
+    said = str(raised.value)
+    assert said.startswith(f"reward mine.py:f raised TypeError: {fn.__name__}() missing 1 required positional argument")
+    assert f"'{keyword}'" in said and "called as TRL's reward functions are, by keyword" in said
 
 
 def test_a_runs_reward_and_scorer_files_are_recorded_by_absolute_path(reward_file, tmp_path, monkeypatch):

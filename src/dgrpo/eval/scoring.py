@@ -139,7 +139,8 @@ def trl_style(fn: Callable, columns: Iterable[str] | None = None) -> bool:
     """Whether ``fn`` is a reward function in TRL's form: it takes ``**kwargs``, no ``*args`` (a decorator's
     ``wrapper(*args, **kwargs)`` passes dgrpo's two arguments on) and no ``records``, and, given the ``columns`` it
     would be called with, its required parameters are among them unless it has some other number than two (a
-    ``(completions, batch, **kw)`` is dgrpo's form under other names)."""
+    ``(completions, batch, **kw)`` is dgrpo's form under other names) or one is a keyword only TRL passes
+    (``TRL_ONLY``: such a function was written for TRL, and its call fails saying how it was called)."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):  # (a builtin without a signature: called as dgrpo's)
@@ -153,7 +154,13 @@ def trl_style(fn: Callable, columns: Iterable[str] | None = None) -> bool:
     if any(p.name == "records" for p in params):
         return False
     required = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty]
-    return columns is None or len(required) != 2 or all(name in columns for name in required)
+    if columns is None or len(required) != 2 or any(name in TRL_ONLY for name in required):
+        return True
+    return all(name in columns for name in required)
+
+
+#: the keywords TRL's GRPOTrainer gives a reward function that dgrpo does not (it has no such objects)
+TRL_ONLY = ("trainer_state", "completion_ids")
 
 
 def trl_columns(completions: list[str], records: list[Record], columns: Iterable[str] = ()) -> dict[str, list]:
