@@ -351,6 +351,12 @@ def test_check_fits_counts_what_generate_builds_and_names_what_to_lower(tokenize
     )
     with pytest.raises(ConfigError, match=r"grpo: .* = 513; lower grpo.max_new_tokens or data.max_question_tokens$"):
         lm.check_fits(511, 0, 1, key="grpo.n_latent")
+    # the start's check (no question yet) with no latent thoughts: one option to lower (it read "lower  or ...")
+    with pytest.raises(ConfigError) as e:
+        lm.check_fits(1, 0, 600, key="grpo.n_latent")
+    assert str(e.value).endswith(
+        "0 latent thoughts + 2 markers + answer (grpo.max_new_tokens = 600) = 602; lower grpo.max_new_tokens"
+    )
 
 
 def _canned(texts):

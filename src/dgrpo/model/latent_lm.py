@@ -645,7 +645,7 @@ class LatentLM(nn.Module):
         raise ConfigError(
             f"{section + ': ' if section else ''}the sequence does not fit the model's context of {limit} positions"
             f"{' even without a question' if unprompted else ''}: {' + '.join(parts)} = {total}; lower "
-            f"{', '.join(lower[:-1])} or {lower[-1]}"
+            f"{', '.join(lower[:-1]) + ' or ' if len(lower) > 1 else ''}{lower[-1]}"
         )
 
     def use_recompute(self, section: Any, key: str) -> None:
