@@ -692,3 +692,18 @@ def test_generate_thinks_the_checkpoints_own_number_of_latents_unless_told(token
         told = [lm.generate(ids, mask, n, max_new_tokens=6) for n in (3, 0)]
     assert torch.equal(own.tokens, told[0].tokens) and torch.equal(own.logprobs, told[0].logprobs)
     assert not torch.equal(own.logprobs, told[1].logprobs)  # 0 thoughts: another forward, other log-probs
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("num_heads", [1, 3, 4, 5, 9])
+def test_a_tiny_model_of_any_head_count_runs_a_forward(arch, num_heads):
+    """model.num_heads=5 (hidden_size=10: an even head size, as the config's check asks) took num_heads // 2 = 2
+    key/value heads, which do not divide 5: the first SFT forward failed in attention with a traceback."""
+    from dgrpo.model.tiny import build_tiny_model
+
+    model = build_tiny_model(
+        arch, 50, hidden_size=2 * num_heads, num_layers=1, num_heads=num_heads, intermediate_size=8
+    )
+    assert num_heads % model.config.num_key_value_heads == 0
+    assert model.config.num_key_value_heads == {1: 1, 3: 1, 4: 2, 5: 1, 9: 3}[num_heads]
+    assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 50)

@@ -8,6 +8,12 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedModel, Qwen2Config
 
 
+def _kv_heads(num_heads: int) -> int:
+    """Key/value heads of a tiny Qwen2 / Llama model: the largest divisor of ``num_heads`` up to half of it (half for
+    an even count, as before; 5 heads took 2, which does not divide 5, and the first forward failed in attention)."""
+    return max(d for d in range(1, max(1, num_heads // 2) + 1) if num_heads % d == 0)
+
+
 def tiny_config(
     arch: str,
     vocab_size: int,
@@ -29,7 +35,7 @@ def tiny_config(
             intermediate_size=intermediate_size,
             num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
-            num_key_value_heads=max(1, num_heads // 2),
+            num_key_value_heads=_kv_heads(num_heads),
             max_position_embeddings=max_positions,
             tie_word_embeddings=True,
             **common,
@@ -40,7 +46,7 @@ def tiny_config(
             intermediate_size=intermediate_size,
             num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
-            num_key_value_heads=max(1, num_heads // 2),
+            num_key_value_heads=_kv_heads(num_heads),
             max_position_embeddings=max_positions,
             tie_word_embeddings=False,
             **common,
