@@ -59,6 +59,21 @@ def test_stage_epochs_give_each_stage_its_own_length():
     assert {stage_of_epoch(e, no_curriculum) for e in range(4)} == {2}
 
 
+def test_the_start_reads_each_epochs_stage_once(monkeypatch):
+    """The warmup check before the first step counted each stage's epochs by a pass over every epoch, once per stage:
+    sft.num_epochs=10000 with one-epoch stages took 28 s before anything was printed (quadratic)."""
+    from dgrpo.training import sft
+
+    cfg = load_config(Config, None, ["sft.num_epochs=3000", "sft.epochs_per_stage=1", "sft.max_latent_stage=2"])
+    calls = []
+    real = sft.stage_of_epoch
+    monkeypatch.setattr(sft, "stage_of_epoch", lambda e, c: calls.append(e) or real(e, c))
+    assert "sft.warmup_steps=30" in sft._warmup_line(64 * 10, cfg)  # (10 steps per one-epoch stage)
+    assert len(calls) <= 2 * 3000
+    plan = Curriculum(cfg, steps_per_epoch=10)
+    assert [plan.schedule_length(k) for k in (0, 2999, 3000)] == [10, 10, 0]
+
+
 def test_coconut_run_py_optimizer_regime(tmp_path, monkeypatch):
     """sft.reset_every: epoch, lr_schedule: constant, adam_betas: [0.9, 0.999] is Coconut's run.py: a new AdamW at
     every epoch (within a stage too), torch's default betas, the lr constant from the first step."""
