@@ -201,6 +201,12 @@ def test_relations_between_options():
     assert load_config(Config, None, ["grpo.group_size=1", "grpo.advantage=ema"]).grpo.group_size == 1
     assert "sft.grad_accum" in error("sft.batch_size=10", "sft.grad_accum=4")
     assert "model.hidden_size" in error("model.hidden_size=130")
+    # the built-in model's size: its layers' parameters are capped (1e6 wide: the allocator's traceback; 1e5 layers:
+    # minutes of building without a word); Qwen2.5-1.5B's layer shape at 8 layers is within the cap
+    for too_big in (["model.hidden_size=1000000", "model.num_heads=2"], ["model.num_layers=100000"]):
+        assert "the built-in model would hold about " in error(*too_big)
+    qwen_layers = ["model.hidden_size=1536", "model.num_heads=12", "model.intermediate_size=8960", "model.num_layers=8"]
+    assert load_config(Config, None, qwen_layers).model.num_layers == 8
     weights = ["perturbation.kind=gaussian", "perturbation.gaussian_target=weights"]
     assert error(*weights, "perturbation.sites=[mlp,residual]").startswith("invalid config value perturbation.sites: ")
     assert load_config(Config, None, [*weights, "perturbation.sites=[attn,mlp]"]).perturbation.sites == ["attn", "mlp"]

@@ -143,6 +143,9 @@ def _positive(obj: Any, p: str, *names: str) -> None:
 
 #: the most torch CPU threads a config may ask for (100,000 failed to start threads, then crashed the interpreter)
 MAX_THREADS = 1024
+#: the most parameters the built-in tiny model's layers may hold (Qwen2.5-1.5B's hold 1.3e9): beyond, its random
+#: weights alone take the memory of a trained model one would load instead
+MAX_BUILTIN_PARAMS = 1_000_000_000
 
 
 def _learning_rate(obj: Any, p: str) -> None:
@@ -257,7 +260,12 @@ class ModelConfig:
         "architecture of the built-in tiny model: the Hugging Face Qwen2, Llama or GPT-2 blocks (qwen2, llama, gpt2)",
     )
     hidden_size: int = opt(128, "built-in tiny model: hidden size")
-    num_layers: int = opt(4, "built-in tiny model: number of layers")
+    num_layers: int = opt(
+        4,
+        f"built-in tiny model: number of layers (its layers hold at most {MAX_BUILTIN_PARAMS:,} parameters, about "
+        "num_layers x "
+        "(4 hidden_size^2 + 3 hidden_size x intermediate_size): a larger model is loaded)",
+    )
     num_heads: int = opt(4, "built-in tiny model: attention heads")
     intermediate_size: int = opt(512, "built-in tiny model: MLP width")
     dtype: DType = opt("float32", "weight dtype: float32, or bfloat16 (bf16 weights, as the paper trains)")
@@ -335,6 +343,15 @@ class ModelConfig:
             self.arch == "gpt2" or (self.hidden_size // self.num_heads) % 2 == 0,
             f"{p}.hidden_size",
             f"{self.arch} heads need an even size: hidden_size / num_heads is {self.hidden_size // self.num_heads}",
+        )
+        # (hidden_size 1,000,000 ended in the allocator's traceback; num_layers 100,000 built for minutes, silent)
+        h, layer = self.hidden_size, 4 * self.hidden_size**2 + 3 * self.hidden_size * self.intermediate_size
+        _check(
+            self.num_layers * layer <= MAX_BUILTIN_PARAMS,
+            f"{p}.hidden_size, num_layers, intermediate_size",
+            f"the built-in model would hold about {self.num_layers * layer:.2g} parameters in its layers "
+            f"(num_layers x (4 x {h}^2 + 3 x {h} x {self.intermediate_size})), over the {MAX_BUILTIN_PARAMS:,} "
+            "it builds with random weights: a larger model is loaded (model.name_or_path)",
         )
 
 
