@@ -1167,6 +1167,15 @@ def test_test_sets_that_do_not_fit_the_context_are_refused_before_training(sft_c
         assert f"lower {key}, eval.max_new_tokens or data.max_question_tokens" in r.stderr and not out.exists()
 
 
+def test_a_chat_template_the_tokenizer_lacks_is_its_own_line_not_a_test_sets(sft_checkpoint, tmp_path, run_cli):
+    """data.chat_template=true on a tokenizer without one was refused as 'data.test builtin:test, answered after
+    training: ...', the test sets' context check being the first to format a question."""
+    for args in (["sft", *tiny_args()], ["grpo", "--init", sft_checkpoint, *tiny_args()]):
+        r = run_cli(*args, "--set", "data.chat_template=true", "--out", tmp_path / args[0])
+        said = "dgrpo: error: invalid config value data.chat_template: this tokenizer has no chat template"
+        assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == said, r.stderr[-2000:]
+
+
 def test_a_grpo_runs_test_sets_are_counted_with_the_markers_grpo_adds(tmp_path, run_cli):
     """GRPO turns the latent markers on for a checkpoint trained without them (a converted CoT run): the start-of-run
     check counted its test sets without them (2 positions short), passed, and the run failed after training."""

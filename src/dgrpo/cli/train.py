@@ -318,6 +318,7 @@ def check_test_sets_fit(lm: Any, tests: dict, cfg: Config, settings: Any, key: s
     key = "eval.n_latent" if cfg.eval.n_latent >= 0 else key
     before, lm.settings = lm.settings, settings
     try:
+        lm.format_question("")  # (data.chat_template on a tokenizer without one: its own line, not a test set's)
         n_latent, _, markers = answer_layout(lm, cfg.eval.n_latent)  # (as evaluate will answer with the trained model)
         for spec, recs in tests.items():
             recs = recs[: cfg.eval.limit] if cfg.eval.limit else recs
