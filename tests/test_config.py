@@ -180,6 +180,7 @@ def test_ints_accept_integral_numbers_and_text():
         "data.eval_limit=-1",
         "model.num_heads=0",
         "task.modulus=1",
+        "task.n_steps=100000",  # (drew problems for an hour before they were found too long for the model)
         "perturbation.p=1",
         "perturbation.sigma=-1",
         "threads=-1",
@@ -742,8 +743,12 @@ def test_all_linear_beside_module_names_is_refused():
 
 def test_a_task_of_thousands_of_steps_is_checked_without_a_power_of_thousands_of_digits():
     """task.n_steps from ~3000 on died in a ValueError traceback (an int of more than 4300 digits in the error text,
-    built even when the check passed); at 10^9 the check hung computing the number of problems."""
-    assert load_config(Config, None, ["task.n_steps=1000000000"]).task.n_steps == 10**9
+    built even when the check passed); at 10^9 the check hung computing the number of problems (now refused by the
+    operations per split, at once)."""
+    small = ["task.n_train=100", "task.n_valid=10", "task.n_test=10"]
+    assert load_config(Config, None, [*small, "task.n_steps=5000"]).task.n_steps == 5000
+    with pytest.raises(ConfigError, match=r"task.n_steps: at most 10,000,000 operations per split"):
+        load_config(Config, None, [*small, "task.n_steps=1000000000"])
     with pytest.raises(ConfigError, match=r"103,000 distinct problems, more than the 50 there are"):
         load_config(Config, None, ["task.n_train=100000", "task.n_steps=1", "task.max_operand=1"])
 

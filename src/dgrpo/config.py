@@ -371,6 +371,9 @@ class TaskConfig:
 
     #: the most problems one split may ask for (about 2.5 KB of memory each: 5 GB, minutes to draw)
     MAX_PROBLEMS = 2_000_000
+    #: the most operations one split may draw, problems x n_steps (about 20 s: 2,000,000 problems of 4 operations;
+    #: task.n_steps=100,000 drew for an hour before its problems were found too long for the model)
+    MAX_OPERATIONS = 10_000_000
 
     def validate(self, p: str = "task") -> None:
         """Range checks of the task section, and that the problems asked for can be drawn: at most
@@ -385,6 +388,14 @@ class TaskConfig:
                 f"{p}.{name}",
                 f"at most {self.MAX_PROBLEMS:,} problems per split (got {getattr(self, name):,})",
             )
+        # (the ood_steps test split's problems are the longest, by ood_extra_steps)
+        most = max(max(self.n_train, self.n_valid) * self.n_steps, self.n_test * (self.n_steps + self.ood_extra_steps))
+        _check(
+            most <= self.MAX_OPERATIONS,
+            f"{p}.n_steps",
+            f"at most {self.MAX_OPERATIONS:,} operations per split (problems x operations each: about 20 s to draw); "
+            f"n_steps = {self.n_steps:,} asks for {most:,}: lower n_steps or the problem counts",
+        )
         ops = 2 * self.max_operand + 3  # + and - with operands 1..max_operand, * with 3, 7 or 9
         asked = self.n_train + self.n_valid + self.n_test
         _check(
