@@ -213,6 +213,9 @@ def test_relations_between_options():
     assert load_config(Config, None, [*weights, "perturbation.sites=[attn,mlp]"]).perturbation.sites == ["attn", "mlp"]
     assert load_config(Config, None, ["perturbation.kind=gaussian", "perturbation.sites=[residual]"])  # activations
     assert "unknown config key 'sft.nope' (known: " in error("sft.nope=1")
+    assert "every item has weight 0" in error("grpo.rewards=[{fn: numeric, weight: 0}]")
+    logged = load_config(Config, None, ["grpo.rewards=[{fn: numeric}, {fn: exact, weight: 0}]"]).grpo.rewards
+    assert [item.get("weight", 1.0) for item in logged] == [1.0, 0]  # (a part logged beside the total)
 
 
 def test_an_unknown_key_suggests_the_one_meant():

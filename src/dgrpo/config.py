@@ -875,7 +875,7 @@ class GRPOConfig:
         [],
         "several rewards, weighted (replaces grpo.reward): a list of {fn: <plug-in or scorer>, weight: 1.0, name: "
         "<optional, default fn>}; the reward is the weighted sum; metrics log each one's mean as reward/<name> (names "
-        "distinct)",
+        "distinct; a weight of 0 logs a part without training on it, not every part)",
     )
     filter_reward: str = opt(
         "",
@@ -1041,6 +1041,12 @@ def _check_rewards(rewards: list, key: str) -> None:
             "grpo.filter_reward picks one by it): give each its own name",
         )
         named[name] = j
+    _check(  # (the total reward was 0 for every rollout: no advantage, every group filtered, no update)
+        not rewards or any(item.get("weight", 1.0) != 0 for item in rewards),
+        key,
+        "every item has weight 0: the total reward would be 0 for every rollout, with nothing to learn (a part of "
+        "weight 0 beside others is logged as reward/<name> without entering the total)",
+    )
 
 
 #: the built-in scorers (dgrpo.eval.scoring.SCORERS): each gives a completion 0 or 1
