@@ -214,6 +214,10 @@ def test_relations_between_options():
     assert load_config(Config, None, ["perturbation.kind=gaussian", "perturbation.sites=[residual]"])  # activations
     assert "unknown config key 'sft.nope' (known: " in error("sft.nope=1")
     assert "every item has weight 0" in error("grpo.rewards=[{fn: numeric, weight: 0}]")
+    assert error("grpo.rewards=[{fn:numeric,weight:2}]").endswith(
+        "unknown key(s) fn:numeric, weight:2 (expected fn, weight, name) (YAML reads `fn:numeric` as one key: a space "
+        "after the colon, `fn: numeric`)"
+    )
     logged = load_config(Config, None, ["grpo.rewards=[{fn: numeric}, {fn: exact, weight: 0}]"]).grpo.rewards
     assert [item.get("weight", 1.0) for item in logged] == [1.0, 0]  # (a part logged beside the total)
 

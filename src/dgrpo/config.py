@@ -1014,10 +1014,12 @@ def _check_rewards(rewards: list, key: str) -> None:
         shape = "a mapping {fn: ..., weight: ..., name: ...}"
         _check(isinstance(item, dict), key, f"item {j} must be {shape}, got {item!r}")
         unknown = sorted(map(str, set(item) - {"fn", "weight", "name"}))
+        spaced = " (YAML reads `fn:numeric` as one key: a space after the colon, `fn: numeric`)"
         _check(
             not unknown,
             key,
-            f"item {j}: unknown key(s) {', '.join(unknown)} (expected fn, weight, name)",
+            f"item {j}: unknown key(s) {', '.join(unknown)} (expected fn, weight, name)"
+            f"{spaced if any(':' in k for k in unknown) else ''}",
         )
         _check(isinstance(item.get("fn"), str), key, f"item {j} needs fn: module:function, got {item!r}")
         _check(
