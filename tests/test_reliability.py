@@ -301,6 +301,19 @@ def test_a_hand_edited_latent_config_is_checked_when_read(sft_checkpoint, tmp_pa
         LatentLM.from_pretrained(d)
 
 
+@pytest.mark.parametrize("text, message", [("{", "Expecting property name"), ("[1]", "it holds a JSON list")])
+def test_eval_of_a_hand_edited_run_config_is_one_line(sft_checkpoint, tmp_path, run_cli, text, message):
+    d = tmp_path / "edited"
+    shutil.copytree(sft_checkpoint, d)
+    (d / "manifest.json").unlink()
+    (d / "run_config.json").write_text(text)
+    r = run_cli("eval", "--model", d, "--data", "builtin:test", "--limit", 4, "--set", "threads=1", "--out", tmp_path / "e")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"dgrpo: error: {d / 'run_config.json'} is not valid: ")
+    assert message in r.stderr and "\n" not in r.stderr.strip()
+    assert not (tmp_path / "e").exists()
+
+
 def test_a_missing_local_path_is_not_sent_to_the_hub(sft_checkpoint, tmp_path, monkeypatch):
     from dgrpo.model.verified import CheckpointError
 
