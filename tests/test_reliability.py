@@ -314,6 +314,18 @@ def test_eval_of_a_hand_edited_run_config_is_one_line(sft_checkpoint, tmp_path, 
     assert not (tmp_path / "e").exists()
 
 
+@pytest.mark.parametrize("text", ["{", "[1]"])
+def test_init_from_a_hand_edited_run_config_is_one_line(sft_checkpoint, tmp_path, run_cli, text):
+    d = tmp_path / "edited"
+    shutil.copytree(sft_checkpoint, d)
+    (d / "manifest.json").unlink()
+    (d / "run_config.json").write_text(text)
+    r = run_cli("grpo", "--init", d, *tiny_args(), "--out", tmp_path / "g")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"dgrpo: error: {d / 'run_config.json'} is not valid: ")
+    assert "\n" not in r.stderr.strip() and not (tmp_path / "g").exists()
+
+
 def test_a_missing_local_path_is_not_sent_to_the_hub(sft_checkpoint, tmp_path, monkeypatch):
     from dgrpo.model.verified import CheckpointError
 

@@ -218,7 +218,15 @@ def _read_latent_files(folder: Path) -> tuple[LatentSettings, dict | None]:
         except ValueError as e:  # JSONDecodeError is a ValueError
             raise CheckpointError(f"{folder / LATENT_CONFIG_FILE} is not valid: {e}") from None
     run = folder / RUN_CONFIG_FILE
-    return settings, (json.loads(run.read_text()) if run.is_file() else None)
+    if not run.is_file():
+        return settings, None
+    try:
+        run_config = json.loads(run.read_text())
+        if not isinstance(run_config, dict):
+            raise ValueError(f"it holds a JSON {type(run_config).__name__}, not an object")
+    except ValueError as e:
+        raise CheckpointError(f"{run} is not valid: {e}") from None
+    return settings, run_config
 
 
 def load_hf_model(
