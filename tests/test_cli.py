@@ -493,6 +493,36 @@ def test_user_mistakes_that_were_tracebacks_or_wrote_into_a_checkpoint(sft_check
     assert bench_main(["--quick", "--only", ",", "--out", str(tmp_path / "b")]) == 2 and not (tmp_path / "b").exists()
 
 
+def test_export_and_import_never_write_inside_a_checkpoint(sft_checkpoint, tmp_path, run_cli):
+    """export --out and import-coconut --out inside a checkpoint dgrpo wrote are refused in one line, as every other
+    command's --out is (export wrote its model into the adapter's or the base's folder, beside the files its
+    manifest vouches for)."""
+    before = sorted(p.name for p in Path(sft_checkpoint).iterdir())
+    for argv in (
+        ["export", sft_checkpoint, "--merge", "--out", Path(sft_checkpoint) / "merged"],
+        ["import-coconut", tmp_path / "ckpt", "--base", sft_checkpoint, "--c-thought", 1, "--n-latent", 1,
+         "--out", Path(sft_checkpoint) / "imported"],
+    ):
+        r = run_cli(*argv)
+        assert r.returncode == 2 and re.search("lies inside .* a checkpoint dgrpo wrote", r.stderr), (argv, r.stderr)
+    assert sorted(p.name for p in Path(sft_checkpoint).iterdir()) == before
+
+
+def test_the_help_examples_of_export_are_accepted():
+    """Its eval example's --out is not inside the export (a checkpoint dgrpo wrote, where eval refuses to write)."""
+    from dgrpo.cli.convert import _add_export_parser
+    import argparse
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    _add_export_parser(sub)
+    epilog = sub.choices["export"].epilog
+    for line in epilog.splitlines():
+        words = line.split("#")[0].split()
+        if "eval" in words:
+            model, out = Path(words[words.index("--model") + 1]), Path(words[words.index("--out") + 1])
+            assert model not in out.parents, line
+
+
 def test_eval_uses_the_dtype_the_checkpoint_was_trained_in(tmp_path, sft_checkpoint, run_cli, monkeypatch):
     """A bf16 run's checkpoint is evaluated in bf16, as the run's own test was (it ran in fp32, the default, and
     its accuracy differed from the run's); --set model.dtype still wins."""

@@ -105,7 +105,7 @@ def _add_export_parser(sub: Any) -> None:
         "write base model + LoRA adapter as one full checkpoint (Hugging Face format, plus dgrpo's latent_config.json)",
         "  dgrpo export runs/grpo-lora --merge --out runs/grpo-merged        # the run's final/ adapter\n"
         "  dgrpo export runs/grpo-lora/best --merge --dtype bfloat16 --out runs/best-bf16\n"
-        "  dgrpo eval --model runs/grpo-merged --data gsm8k --out runs/grpo-merged/eval\n",
+        "  dgrpo eval --model runs/grpo-merged --data gsm8k --out runs/grpo-merged-eval\n",
     )
     p.add_argument(
         "src", metavar="SRC", help="an adapter checkpoint directory (or a run directory: its final/), or its hub id"

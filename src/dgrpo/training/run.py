@@ -107,15 +107,15 @@ class StalledError(TrainingStopped):
 def check_output_path(path: Path | str, what: str = "--out", *, model_dir: bool = False) -> None:
     """Fail early, in one line, when ``path`` cannot hold a command's output: an existing file, a place that cannot
     be written (a probe file is written and removed in ``path`` or its nearest existing parent; nothing is created),
-    or, unless ``model_dir`` (the output is itself a model directory, which dgrpo may replace), a checkpoint dgrpo
-    wrote or a folder inside one (a run or results written there would change the files its manifest vouches for)."""
+    or a folder inside a checkpoint dgrpo wrote (a run, results or a model written there would change the files its
+    manifest vouches for), or, unless ``model_dir`` (the output is itself a model directory, which dgrpo may
+    replace), such a checkpoint itself."""
     if not str(path).strip():
         raise ConfigError(f"{what} is empty: name a directory")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{what} {path} exists and is not a directory")
-    if not model_dir:
-        _refuse_inside_checkpoint(path, what)
+    _refuse_inside_checkpoint(path, what, itself=not model_dir)
     parent = path
     while not parent.exists():
         parent = parent.parent
@@ -129,9 +129,10 @@ def check_output_path(path: Path | str, what: str = "--out", *, model_dir: bool 
         raise ConfigError(f"{what} {path}: cannot write there ({e.strerror or e})") from None
 
 
-def _refuse_inside_checkpoint(path: Path, what: str) -> None:
-    """ConfigError when ``path`` is, or lies inside, a model checkpoint or resumable checkpoint dgrpo wrote."""
-    for folder in [path, *list(path.absolute().parents)[:3]]:
+def _refuse_inside_checkpoint(path: Path, what: str, itself: bool = True) -> None:
+    """ConfigError when ``path`` is (``itself``), or lies inside, a model checkpoint or resumable checkpoint dgrpo
+    wrote."""
+    for folder in [path] * itself + list(path.absolute().parents)[:3]:
         if (folder / MANIFEST).is_file() or (folder / RESUMABLE_STATE).is_file():
             where = "is" if folder == path else f"lies inside {folder},"
             raise ConfigError(
