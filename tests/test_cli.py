@@ -500,8 +500,18 @@ def test_export_and_import_never_write_inside_a_checkpoint(sft_checkpoint, tmp_p
     before = sorted(p.name for p in Path(sft_checkpoint).iterdir())
     for argv in (
         ["export", sft_checkpoint, "--merge", "--out", Path(sft_checkpoint) / "merged"],
-        ["import-coconut", tmp_path / "ckpt", "--base", sft_checkpoint, "--c-thought", 1, "--n-latent", 1,
-         "--out", Path(sft_checkpoint) / "imported"],
+        [
+            "import-coconut",
+            tmp_path / "ckpt",
+            "--base",
+            sft_checkpoint,
+            "--c-thought",
+            1,
+            "--n-latent",
+            1,
+            "--out",
+            Path(sft_checkpoint) / "imported",
+        ],
     ):
         r = run_cli(*argv)
         assert r.returncode == 2 and re.search("lies inside .* a checkpoint dgrpo wrote", r.stderr), (argv, r.stderr)
@@ -510,8 +520,9 @@ def test_export_and_import_never_write_inside_a_checkpoint(sft_checkpoint, tmp_p
 
 def test_the_help_examples_of_export_are_accepted():
     """Its eval example's --out is not inside the export (a checkpoint dgrpo wrote, where eval refuses to write)."""
-    from dgrpo.cli.convert import _add_export_parser
     import argparse
+
+    from dgrpo.cli.convert import _add_export_parser
 
     sub = argparse.ArgumentParser().add_subparsers()
     _add_export_parser(sub)

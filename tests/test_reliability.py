@@ -307,7 +307,9 @@ def test_eval_of_a_hand_edited_run_config_is_one_line(sft_checkpoint, tmp_path, 
     shutil.copytree(sft_checkpoint, d)
     (d / "manifest.json").unlink()
     (d / "run_config.json").write_text(text)
-    r = run_cli("eval", "--model", d, "--data", "builtin:test", "--limit", 4, "--set", "threads=1", "--out", tmp_path / "e")
+    r = run_cli(
+        "eval", "--model", d, "--data", "builtin:test", "--limit", 4, "--set", "threads=1", "--out", tmp_path / "e"
+    )
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith(f"dgrpo: error: {d / 'run_config.json'} is not valid: ")
     assert message in r.stderr and "\n" not in r.stderr.strip()
