@@ -415,6 +415,10 @@ def test_a_run_cannot_be_shortened_below_its_checkpoint_and_a_refused_out_is_not
     new = tmp_path / "new"
     r = run_cli(*args[:-1], new, "--resume", tmp_path / "missing")
     assert r.returncode == 2 and "no such checkpoint directory" in r.stderr and not new.exists()
+    (tmp_path / "a-file").write_text("")
+    r = run_cli(*args[:-1], new, "--resume", tmp_path / "a-file")
+    assert r.returncode == 2 and f"--resume {tmp_path / 'a-file'} is a file: name a checkpoint directory" in r.stderr
+    assert not new.exists()
     r = run_cli(*args[:-1], new, "--resume", out / "checkpoints" / "step-1")  # (written step-00000001)
     assert r.returncode == 0 and "resumed from" in r.stdout and "step-00000001 (step 1)" in r.stdout, r.stderr
 

@@ -579,6 +579,8 @@ class RunDir:
         if self.resume_mode == "auto":
             return resume_candidates(self.out_dir)
         path = on_disk(self.resume_mode)  # (checkpoints/step-N as written: step-0000000N)
+        if path.exists() and not path.is_dir():  # (it was told "no such checkpoint directory", as a missing one is)
+            raise ConfigError(f"--resume {path} is a file: name a checkpoint directory (OUT/checkpoints/step-N)")
         if not path.is_dir():
             raise ConfigError(f"--resume {path}: no such checkpoint directory")
         if not (path / RESUMABLE_STATE).exists() and (path / CHECKPOINTS_DIR).is_dir():
