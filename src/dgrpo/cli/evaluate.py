@@ -88,16 +88,11 @@ def checkpoint_settings(model: str, revision: str = "") -> tuple[dict, str]:
         commit = folder.name if re.fullmatch(r"[0-9a-f]{40}", folder.name) else ""  # (a snapshot's folder: its commit)
     if not trained.is_file():
         return {}, commit
-    from ..model.verified import CheckpointError
+    from ..model.verified import CheckpointError, read_json_object
 
-    try:
-        run = json.loads(trained.read_text())
-        if not isinstance(run, dict):
-            raise ValueError(f"it holds a JSON {type(run).__name__}, not an object")
-        if bad := [s for s in CHECKPOINT_SECTIONS if not isinstance(run.get(s) or {}, dict)]:
-            raise ValueError(f"its {bad[0]!r} is not an object")
-    except ValueError as e:  # (JSONDecodeError is a ValueError; UnicodeDecodeError too)
-        raise CheckpointError(f"{trained} is not valid: {e}") from None
+    run = read_json_object(trained)
+    if bad := [s for s in CHECKPOINT_SECTIONS if not isinstance(run.get(s) or {}, dict)]:
+        raise CheckpointError(f"{trained} is not valid: its {bad[0]!r} is not an object")
     out: dict = {}
     for section, keys in CHECKPOINT_SECTIONS.items():
         values = run.get(section) or {}

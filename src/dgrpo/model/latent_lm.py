@@ -82,6 +82,7 @@ from .verified import (
     check_intact,
     check_state_dict,
     one_line,
+    read_json_object,
     read_weights,
 )
 
@@ -210,23 +211,13 @@ def _read_latent_files(folder: Path) -> tuple[LatentSettings, dict | None]:
     """``latent_config.json`` (default settings when absent: a plain hub model) and ``run_config.json`` (or None)."""
     settings = LatentSettings()
     if (folder / LATENT_CONFIG_FILE).is_file():
+        raw = read_json_object(folder / LATENT_CONFIG_FILE)
         try:
-            raw = json.loads((folder / LATENT_CONFIG_FILE).read_text())
-            if not isinstance(raw, dict):
-                raise ValueError(f"it holds a JSON {type(raw).__name__}, not an object")
             settings = LatentSettings.from_dict(raw)
-        except ValueError as e:  # JSONDecodeError is a ValueError
+        except ValueError as e:
             raise CheckpointError(f"{folder / LATENT_CONFIG_FILE} is not valid: {e}") from None
     run = folder / RUN_CONFIG_FILE
-    if not run.is_file():
-        return settings, None
-    try:
-        run_config = json.loads(run.read_text())
-        if not isinstance(run_config, dict):
-            raise ValueError(f"it holds a JSON {type(run_config).__name__}, not an object")
-    except ValueError as e:
-        raise CheckpointError(f"{run} is not valid: {e}") from None
-    return settings, run_config
+    return settings, (read_json_object(run) if run.is_file() else None)
 
 
 def load_hf_model(

@@ -36,6 +36,18 @@ class CheckpointError(FileNotFoundError):
     """A checkpoint that does not exist, does not hold a model, or is damaged (the message is one line)."""
 
 
+def read_json_object(path: Path) -> dict:
+    """The JSON object a checkpoint's config file holds (``latent_config.json``, ``run_config.json``); a
+    CheckpointError naming the file when it is not valid JSON or not an object (hand-edited: a traceback before)."""
+    try:
+        value = json.loads(path.read_text())
+    except ValueError as e:  # (JSONDecodeError is a ValueError; UnicodeDecodeError too)
+        raise CheckpointError(f"{path} is not valid: {e}") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} is not valid: it holds a JSON {type(value).__name__}, not an object")
+    return value
+
+
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
