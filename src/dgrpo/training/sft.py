@@ -11,14 +11,15 @@ constant lr and torch's default betas: ``lr_schedule: constant``, ``adam_betas: 
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import time
 import warnings
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -168,7 +169,6 @@ class Curriculum:
 
     cfg: Config
     steps_per_epoch: int
-    _stage_epochs: dict[int, int] | None = field(default=None, init=False, repr=False, compare=False)
 
     def stage(self, epoch: int) -> int:
         return stage_of_epoch(epoch, self.cfg)
@@ -180,17 +180,13 @@ class Curriculum:
             return s.num_epochs * self.steps_per_epoch
         if s.reset_every == "epoch":
             return self.steps_per_epoch
-        return self.stage_epochs().get(stage, 0) * self.steps_per_epoch
+        return self.epochs_by_stage.get(stage, 0) * self.steps_per_epoch
 
-    def stage_epochs(self) -> dict[int, int]:
+    @functools.cached_property
+    def epochs_by_stage(self) -> Counter[int]:
         """The epochs of each stage the run trains, counted once (a count per call made the start's warmup check
         quadratic in sft.num_epochs: 10,000 one-epoch stages took 28 s before the first step)."""
-        if self._stage_epochs is None:
-            counts: dict[int, int] = defaultdict(int)
-            for e in range(self.cfg.sft.num_epochs):
-                counts[self.stage(e)] += 1
-            self._stage_epochs = dict(counts)
-        return self._stage_epochs
+        return Counter(self.stage(e) for e in range(self.cfg.sft.num_epochs))
 
     def last_of_stage(self, epoch: int) -> bool:
         return epoch == self.cfg.sft.num_epochs - 1 or self.stage(epoch + 1) != self.stage(epoch)
@@ -602,7 +598,7 @@ def _warmup_line(n_train: int, cfg: Config) -> str:
     the shortest stage's or an epoch's): its learning rate never passes the warmup; '' otherwise."""
     s = cfg.sft
     plan = Curriculum(cfg, epoch_steps(n_train, cfg))
-    stages = plan.stage_epochs()
+    stages = plan.epochs_by_stage
     shortest = min(plan.schedule_length(stage) for stage in stages)
     if s.warmup_steps < shortest:
         return ""
