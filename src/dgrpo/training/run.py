@@ -132,7 +132,8 @@ def check_output_path(path: Path | str, what: str = "--out", *, model_dir: bool 
 def _refuse_inside_checkpoint(path: Path, what: str, itself: bool = True) -> None:
     """ConfigError when ``path`` is (``itself``), or lies inside, a model checkpoint or resumable checkpoint dgrpo
     wrote."""
-    for folder in [path] * itself + list(path.absolute().parents)[:3]:
+    around = list(path.absolute().parents)[:3]
+    for folder in [path, *around] if itself else around:
         if (folder / MANIFEST).is_file() or (folder / RESUMABLE_STATE).is_file():
             where = "is" if folder == path else f"lies inside {folder},"
             raise ConfigError(
