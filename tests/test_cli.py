@@ -467,6 +467,11 @@ def test_user_mistakes_that_were_tracebacks_or_wrote_into_a_checkpoint(sft_check
     cases = [
         (["sft", "--out", Path(sft_checkpoint) / "sub"], "lies inside .* a checkpoint dgrpo wrote"),
         (["grpo", "--init", sft_checkpoint, "--out", sft_checkpoint], "is a checkpoint dgrpo wrote"),
+        # (the line named "the --init model's" files for eval, which has no --init)
+        (
+            ["eval", "--model", sft_checkpoint, "--data", "builtin:test", "--out", Path(sft_checkpoint) / "e"],
+            "holds; name a",
+        ),
         (["config", "show", "--set", "data.test=[builtin:test, 5]"], "data.test: expected a list of dataset names"),
         (["config", "show", "--set", "model.lora.target_modules=[1]"], "target_modules: expected module names"),
         (["data", "inspect", "builtin:test+"], "an empty part between '\\+' signs"),

@@ -408,6 +408,9 @@ def test_save_pretrained_never_deletes_a_checkpoints_state_or_the_users_files(sf
         lm.save_pretrained(tmp_path / "m")
     assert (tmp_path / "m" / "README.md").read_text() == "my notes"
     LatentLM.from_pretrained(tmp_path / "m")  # the user's files do not stop it from loading
+    with pytest.raises(CheckpointError, match=r"m/inner lies inside .*/m, a checkpoint dgrpo wrote"):
+        lm.save_pretrained(tmp_path / "m" / "inner")  # outside m's manifest (a run's --resume never deleted it)
+    assert not (tmp_path / "m" / "inner").exists()
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     lm.save_pretrained("~/saved")

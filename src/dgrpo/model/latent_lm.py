@@ -81,6 +81,7 @@ from .verified import (
     atomic_dir,
     check_intact,
     check_state_dict,
+    enclosing_checkpoint,
     one_line,
     read_json_object,
     read_weights,
@@ -502,7 +503,8 @@ class LatentLM(nn.Module):
         anything is written when replacing it would destroy what must be kept: a resumable training checkpoint
         (``checkpoints/step-N`` or its ``model/``: its optimizer and RNG state, verified as a whole), or the local
         base model this model's LoRA adapter needs (the adapter would name, as its base, the directory it had just
-        replaced)."""
+        replaced); nor a folder inside a checkpoint dgrpo wrote (outside its manifest, deleted by a run's ``--resume
+        never``)."""
         final = Path(path).expanduser().resolve()
         for ckpt in (final, final.parent):  # the checkpoint, or the model/ it holds
             named_so = ckpt.parent.name == CHECKPOINTS_DIR and STEP_DIR.fullmatch(ckpt.name)
@@ -511,6 +513,12 @@ class LatentLM(nn.Module):
                     f"{ckpt} is (or would read as) a resumable training checkpoint of its run: save_pretrained does "
                     "not write into it; name a new directory"
                 )
+        around = enclosing_checkpoint(final)
+        if around is not None:
+            raise CheckpointError(
+                f"{final} lies inside {around}, a checkpoint dgrpo wrote: a model saved there would sit outside its "
+                "manifest; name a directory outside it"
+            )
         from .lora import base_directory
 
         base = base_directory(self)

@@ -125,6 +125,16 @@ def unlisted_files(directory: Path) -> list[str]:
     return sorted(f for f in files if f not in manifest)
 
 
+def enclosing_checkpoint(path: Path, levels: int = 3) -> Path | None:
+    """The nearest of ``path``'s parents (up to ``levels`` up) that is a checkpoint dgrpo wrote: a model directory (it
+    holds a manifest) or a resumable training checkpoint; None when there is none. A folder written there would sit
+    outside the checkpoint's manifest (and a run's ``--resume never`` would delete it)."""
+    for folder in list(path.absolute().parents)[:levels]:
+        if (folder / MANIFEST).is_file() or (folder / RESUMABLE_STATE).is_file():
+            return folder
+    return None
+
+
 def check_replaceable(final: Path) -> None:
     """CheckpointError (one line, nothing written) unless ``final`` may be replaced by a directory dgrpo writes: it
     does not exist, is empty, or is a directory written here (it holds a manifest) with no file the manifest does
