@@ -359,6 +359,23 @@ def test_check_fits_counts_what_generate_builds_and_names_what_to_lower(tokenize
     )
 
 
+def test_sft_names_the_builtin_tasks_length_among_what_to_lower(tokenizer):
+    """The built-in task's problems at task.n_steps=100 pass the default caps (256 + 256 tokens + 2 markers = 514 >
+    512 positions): the line names task.n_steps, the cause, beside the two caps (a user's own data: only the caps)."""
+    from dgrpo.config import Config, ConfigError
+    from dgrpo.training.sft import SFTExample, sft_loss
+
+    from conftest import make_lm
+
+    lm, cfg = make_lm(tokenizer), Config()
+    long = [SFTExample(question="Add 1. " * 300, n_latent=0, target="<<1+1=2>>\n" * 300)]
+    with pytest.raises(ConfigError, match=r"= 514; lower data.max_target_tokens, data.max_question_tokens or task.n"):
+        sft_loss(lm, long, cfg, 1.0)
+    cfg.data.train = "mine.jsonl"
+    with pytest.raises(ConfigError, match=r"= 514; lower data.max_target_tokens or data.max_question_tokens$"):
+        sft_loss(lm, long, cfg, 1.0)
+
+
 def _canned(texts):
     """A stand-in for the perturbed generation of evaluate_mc_vote: ``texts``, whatever the model."""
     return lambda lm, questions, perturbation, **kw: list(texts)

@@ -615,6 +615,7 @@ class LatentLM(nn.Module):
         markers: bool = True,
         target_key: str = "",
         answer_key: str = "",
+        data_key: str = "",
     ) -> None:
         """ConfigError (one line) when the sequence :meth:`generate` builds exceeds the model's context: a sequence
         that long would run for minutes and then read positions the model was never trained on.
@@ -625,8 +626,9 @@ class LatentLM(nn.Module):
         answer's ``max_new_tokens`` and, without markers (a plain LM's k-shot prompt), ``shots``; ``target_key``
         (SFT: ``data.max_target_tokens``) says that the answer is a written target of ``answer_tokens`` tokens that
         this option bounds; ``answer_key`` names the option of a generated answer's length when it is not in
-        ``key``'s section (SFT's validation: ``eval.max_new_tokens``). The message states every part and the options
-        that shorten the sequence."""
+        ``key``'s section (SFT's validation: ``eval.max_new_tokens``); ``data_key`` an option that makes the data
+        itself shorter (the built-in task's ``task.n_steps``). The message states every part and the options that
+        shorten the sequence."""
         total, limit = prompt_tokens + n_latent + int(markers) + answer_tokens, self.context_length
         if limit is None or total <= limit:
             return
@@ -649,6 +651,7 @@ class LatentLM(nn.Module):
         lower = ([key] if n_latent else []) + [target_key or answer_key]
         if not unprompted:
             lower.append("data.max_question_tokens" if markers else f"{opt}shots")
+        lower += [data_key] if data_key else []
         raise ConfigError(
             f"{section + ': ' if section else ''}the sequence does not fit the model's context of {limit} positions"
             f"{' even without a question' if unprompted else ''}: {' + '.join(parts)} = {total}; lower "

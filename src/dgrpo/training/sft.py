@@ -132,6 +132,7 @@ def final_settings(cfg: Config) -> LatentSettings:
 def sft_loss(lm: LatentLM, examples: list[SFTExample], cfg: Config, normalizer: float) -> tuple[torch.Tensor, int]:
     """Summed NLL of the written targets / ``normalizer``; rows are grouped by latent count."""
     mode = "pause" if cfg.sft.mode == "pause" else "coconut"
+    data_key = "task.n_steps" if cfg.data.train.startswith("builtin") else ""  # (its problems' length)
     groups: dict[int, list[SFTExample]] = defaultdict(list)
     for ex in examples:
         groups[ex.n_latent].append(ex)
@@ -139,7 +140,14 @@ def sft_loss(lm: LatentLM, examples: list[SFTExample], cfg: Config, normalizer: 
     for n_lat, exs in sorted(groups.items()):
         ids, mask = lm.encode_questions([e.question for e in exs], max_tokens=cfg.data.max_question_tokens)
         tg, tm = lm.encode_targets([e.target for e in exs], max_tokens=cfg.data.max_target_tokens)
-        lm.check_fits(ids.shape[1], n_lat, tg.shape[1], key="sft.c_thought", target_key="data.max_target_tokens")
+        lm.check_fits(
+            ids.shape[1],
+            n_lat,
+            tg.shape[1],
+            key="sft.c_thought",
+            target_key="data.max_target_tokens",
+            data_key=data_key,
+        )
         logp, _ = lm.target_logprobs(ids, mask, n_lat, tg, tm, mode=mode)
         part = -(logp * tm).sum() / normalizer
         total = part if total is None else total + part
