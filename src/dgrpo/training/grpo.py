@@ -770,11 +770,12 @@ def train_grpo(
             loop.last_eval, loop.eval_pending = evaluate(trainer.step_idx), False
         steps, off = range(trainer.step_idx, g.steps), bar_disabled(dist.is_main and progress)
         bar = tqdm(steps, desc="grpo", disable=off, initial=trainer.step_idx, total=g.steps)
-        for _ in bar:
-            m, stalled = _logged_step(run, trainer, loop)
-            _end_step(run, trainer, loop, evaluate, stalled)
-            shown = {"reward": f"{m['reward_mean']:.3f}", "kept": f"{m['frac_groups_kept']:.2f}"}
-            bar.set_postfix({**shown, **({"eval": f"{loop.last_eval:.3f}"} if loop.last_eval is not None else {})})
+        with bar:  # (closed on an error too, before the error's line is printed: that line starts a line of its own)
+            for _ in bar:
+                m, stalled = _logged_step(run, trainer, loop)
+                _end_step(run, trainer, loop, evaluate, stalled)
+                shown = {"reward": f"{m['reward_mean']:.3f}", "kept": f"{m['frac_groups_kept']:.2f}"}
+                bar.set_postfix({**shown, **({"eval": f"{loop.last_eval:.3f}"} if loop.last_eval is not None else {})})
         trainer.release_training_state()
         return _finish(run, trainer, loop, final_eval)
 

@@ -456,24 +456,24 @@ def train_sft(
         best = _resumed_best(run, dist) if s.eval_every_epoch else -1.0
         n_steps, shown = s.num_epochs * plan.steps_per_epoch, dist.is_main and progress
         bar = tqdm(total=n_steps, initial=prog.global_step, desc="sft", disable=bar_disabled(shown))
-        for epoch in range(start_epoch, s.num_epochs):
-            stage, first_batch = plan.stage(epoch), start_batch if epoch == start_epoch else 0
-            if first_batch < plan.steps_per_epoch:  # (else resumed at the epoch's end, which is still to do)
-                sft.enter_stage(stage)
-            lm.train()
-            sft.train_epoch(train, epoch, stage, first_batch, bar, t0)
-            with _epoch_kept_on_failure(sft, epoch):
-                step, accuracy = prog.global_step, None
-                if plan.last_of_stage(epoch):
-                    accuracy = _finish_stage(lm, stage, cfg, run, dist, valid, evaluate_fn, step, t0)
-                elif s.eval_every_epoch:
-                    accuracy = _validate_epoch(lm, stage, epoch, cfg, run, dist, valid, evaluate_fn, step, t0)
-            if s.eval_every_epoch and layout_stage(stage, cfg) == layout_stage(plan.stage(s.num_epochs - 1), cfg):
-                best = _keep_if_best(lm, stage, epoch, accuracy, best, cfg, run, dist, prog.global_step)
-            sft.save(epoch + 1, 0)
-            if stop_requested(dist):
-                stop(dist)
-        bar.close()
+        with bar:  # (closed on an error too, before the error's line is printed: that line starts a line of its own)
+            for epoch in range(start_epoch, s.num_epochs):
+                stage, first_batch = plan.stage(epoch), start_batch if epoch == start_epoch else 0
+                if first_batch < plan.steps_per_epoch:  # (else resumed at the epoch's end, which is still to do)
+                    sft.enter_stage(stage)
+                lm.train()
+                sft.train_epoch(train, epoch, stage, first_batch, bar, t0)
+                with _epoch_kept_on_failure(sft, epoch):
+                    step, accuracy = prog.global_step, None
+                    if plan.last_of_stage(epoch):
+                        accuracy = _finish_stage(lm, stage, cfg, run, dist, valid, evaluate_fn, step, t0)
+                    elif s.eval_every_epoch:
+                        accuracy = _validate_epoch(lm, stage, epoch, cfg, run, dist, valid, evaluate_fn, step, t0)
+                if s.eval_every_epoch and layout_stage(stage, cfg) == layout_stage(plan.stage(s.num_epochs - 1), cfg):
+                    best = _keep_if_best(lm, stage, epoch, accuracy, best, cfg, run, dist, prog.global_step)
+                sft.save(epoch + 1, 0)
+                if stop_requested(dist):
+                    stop(dist)
         sft.finish(t0, final_eval)
     if cfg.model.lora.r == 0 or cfg.model.lora.train_latent_tokens:  # (the markers' rows trained: GRPO need not warn)
         lm.new_latent_tokens = []
