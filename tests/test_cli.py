@@ -376,6 +376,7 @@ def test_sft_names_the_builtin_tasks_length_among_what_to_lower(tokenizer):
         sft_loss(lm, long, cfg, 1.0)
 
 
+@pytest.mark.slow
 def test_an_error_in_training_starts_its_own_line_after_the_progress_bar(run_cli, tmp_path, monkeypatch):
     """The bar is closed before the error is printed (it was closed later, when the error's traceback was freed:
     ``sft:   0%| | 0/1 [...]dgrpo: error: ...`` on one line)."""
