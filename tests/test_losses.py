@@ -237,3 +237,15 @@ def test_the_largest_huber_delta_the_config_takes_gives_finite_gradients(dtype):
     assert torch.allclose(huber_k3(x.detach().float(), MAX_HUBER_DELTA), k3(x.detach().float()))
     with pytest.raises(ConfigError, match="grpo.huber_delta: at most 50"):
         load_config(Config, None, ["grpo.huber_delta=89"])
+
+
+def test_k3_near_zero_is_accurate_and_never_negative():
+    """A policy close to its reference (the first steps, a step after a renewal) has per-token log-ratios ~1e-4:
+    k3 is then ~x^2 / 2 ~ 5e-9, below float32's rounding of exp(x) (~6e-8); computed as exp(x) - x - 1 it was that
+    rounding, negative for some x (a logged `kl` of -1.3e-9, where metrics.md promises >= 0)."""
+    x64 = torch.tensor([1e-4, -1e-4, 3e-4, -7e-4, 2e-3, -5e-3], dtype=torch.float64)
+    exact = x64.exp() - x64 - 1
+    tiny = torch.linspace(-1e-3, 1e-3, 2001)
+    for fn in (k3, huber_k3):
+        assert torch.allclose(fn(x64.float()).double(), exact, rtol=1e-3, atol=0)
+        assert (fn(tiny) >= 0).all()
