@@ -145,6 +145,8 @@ from dgrpo.reward import (
         ("#### \\boxed{\\frac{1}{2}}", None),
         ("the final answer is \\boxed{x+1}", None),
         ("\\boxed{1{,}000}", "1000"),  # LaTeX's thousands separator
+        ("\\boxed{10,\\!000}", "10000"),  # MATH's (read as 10: a false 1 for a gold of 10)
+        ("The answer is $1,\\!234,\\!567$.", "1234567"),
     ],
 )
 def test_extract_answer(text: str, expected: str | None) -> None:

@@ -73,6 +73,9 @@ _REL_TOL = Decimal(str(REL_TOL))
 #: ``1,000,00``), so the number read is a part of what was written
 _BAD_GROUP = re.compile(r",[0-9]")
 _ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)
+#: LaTeX's thousands separators, read as a comma: ``1{,}000`` and MATH's ``10,\!000`` (a math-tuned model's
+#: ``\boxed{10,\!000}`` was read as 10)
+_LATEX_COMMA = re.compile(r"\{,\}|,\\!")
 
 
 def _canonical(match: re.Match[str], negated: bool = False) -> str:
@@ -138,7 +141,7 @@ def _find_answer(text: str) -> _Answer | None:
     ``#`` took 13 s searching after each marker in turn)."""
     if not isinstance(text, str):
         return None
-    text = text.replace("{,}", ",")  # LaTeX's thousands separator: 1{,}000
+    text = _LATEX_COMMA.sub(",", text)
     numbers = list(_NUMBER_IN_TEXT.finditer(text))
     headings = {m.start(1) for m in _HEADING.finditer(text)}
     markers = [m for m in _ANSWER_MARKER.finditer(text) if m.start() not in headings]
