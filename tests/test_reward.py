@@ -146,6 +146,10 @@ from dgrpo.reward import (
         ("the final answer is \\boxed{x+1}", None),
         ("\\boxed{1{,}000}", "1000"),  # LaTeX's thousands separator
         ("\\boxed{10,\\!000}", "10000"),  # MATH's (read as 10: a false 1 for a gold of 10)
+        # LaTeX's escaped dollar after a minus sign: the sign was dropped (-5 read as 5, a box's answer as none)
+        ("The answer is -\\$5.", "-5"),
+        ("\\boxed{-\\$1,234}", "-1234"),
+        ("9 * \\$2 = \\$18. Answer: - \\$18", "-18"),
         ("The answer is $1,\\!234,\\!567$.", "1234567"),
     ],
 )

@@ -51,8 +51,9 @@ _DIGITS = r"(?:[0-9]{1,3}(?:,[0-9]{3}(?![0-9]))+|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+"
 # number at all (not 2): nothing may follow a number's end that would continue it.
 _EXPONENT = rf"[eE]{_SIGN}?[0-9]{{1,3}}"
 _END = rf"(?![0-9]|\.?[0-9]*[eE]{_SIGN}?[0-9]|/[0-9])"
-# An optional sign and ``$`` either side of each other: ``-3``, ``+3``, ``$5``, ``-$5``, ``$-5``, ``$ 5``.
-_NUMBER = rf"(?P<s1>{_SIGN})?(?:\$\s?)?(?P<s2>{_SIGN})?(?P<num>(?:{_DIGITS})(?:{_EXPONENT})?){_END}"
+# An optional sign and ``$`` either side of each other: ``-3``, ``+3``, ``$5``, ``-$5``, ``$-5``, ``$ 5``; the ``$`` may
+# be LaTeX's ``\$`` (``-\$5``, as markdown and LaTeX answers write money: the sign before it was dropped, -5 read as 5).
+_NUMBER = rf"(?P<s1>{_SIGN})?(?:\\?\$\s?)?(?P<s2>{_SIGN})?(?P<num>(?:{_DIGITS})(?:{_EXPONENT})?){_END}"
 # In running text a number must not be glued to a preceding word, digit, '.', closing bracket or '/', so
 # ``16-3-4=9`` reads as 16, 3, 4, 9 (not -3, -4) and ``abc123`` holds no number; nor is either side of a fraction
 # (``1/2``, ``48/2``) a number: ``#### 1/2`` was read as 1.
