@@ -66,6 +66,24 @@ def test_questions_cut_to_max_question_tokens_are_counted_in_a_warning(lm, task_
         assert warn_if_questions_cut(lm, questions, longest - 1, "training", check_at_most=4) >= 1
 
 
+def test_each_dataset_with_questions_cut_gets_its_own_warning(lm, task_records):
+    """The warning about questions cut names the dataset: two datasets with the same count of questions cut (dgrpo
+    eval --data gsm8k gsm8k_aug --limit 5) gave one warning, naming neither, Python showing a repeated one once."""
+    import warnings
+
+    recs = task_records[:6]
+    longest = max(len(ids) for ids in lm.token_ids([lm.format_question(r.question) for r in recs]))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")  # (Python's own: a message repeated from one place is shown once)
+        for name in ("first", "second"):
+            evaluate(lm, recs, dataset=name, max_question_tokens=longest - 1, **FAST)
+        evaluate_mc_vote(
+            lm, recs, LockedDropout(p=0.1), n_masks=1, dataset="third", max_question_tokens=longest - 1, **FAST
+        )
+    cut = [str(w.message) for w in seen if "are longer than data.max_question_tokens" in str(w.message)]
+    assert [m.split(" are longer")[0].rpartition(" of ")[2] for m in cut] == ["first", "second", "third"]
+
+
 def test_plain_shots_must_leave_a_record_and_need_plain(lm, task_records):
     """shots=10 of 6 records evaluated nothing (n=0, accuracy 0.0); shots without plain=True were dropped (the
     result said shots=0)."""

@@ -108,6 +108,7 @@ def generate_answers(
     perturbation_seeds: torch.Tensor | None = None,
     progress: bool = True,
     desc: str = "eval",
+    dataset: str = "",
 ) -> list[str]:
     """Completions for ``questions`` in batches sorted by length (less padding), returned in input order.
 
@@ -115,7 +116,8 @@ def generate_answers(
     text), so a question gets the same answer whatever the batch size, the order or the process that evaluates it.
     ``perturbation`` with ``perturbation_seeds`` (one int seed per question) answers each question under the
     perturbation its own seed draws (Monte-Carlo dropout evaluation), likewise whatever its batch; ``None``
-    evaluates the deterministic network.
+    evaluates the deterministic network. ``dataset`` names the questions in the warning about those cut to
+    ``max_question_tokens`` (each dataset's warning its own: two with the same count were one warning).
     """
     _check_counts("generate_answers", batch_size=batch_size, max_question_tokens=max_question_tokens)
     seeds = _question_perturbation_seeds(questions, perturbation, perturbation_seeds)
@@ -124,7 +126,7 @@ def generate_answers(
     order = sorted(range(len(questions)), key=lambda i: len(questions[i]))
     if questions:  # (a warning for questions cut; a question that does not fit the context is an error)
         distinct = list(dict.fromkeys(questions))
-        warn_if_questions_cut(lm, distinct, max_question_tokens, "evaluated")
+        warn_if_questions_cut(lm, distinct, max_question_tokens, "evaluated", of=dataset)
         check_fits_context(
             lm, distinct, n_latent, max_new_tokens, markers=markers, max_question_tokens=max_question_tokens
         )
@@ -223,22 +225,23 @@ def check_fits_context(
 
 
 def warn_if_questions_cut(
-    lm: LatentLM, questions: list[str], max_tokens: int | None, what: str, check_at_most: int = 0
+    lm: LatentLM, questions: list[str], max_tokens: int | None, what: str, check_at_most: int = 0, of: str = ""
 ) -> int:
     """Warn when questions are longer than ``max_tokens`` (``data.max_question_tokens``), which cuts each to its last
     ``max_tokens`` tokens: the model never sees its beginning, where a word problem states its facts. Checks every
     question, or ``check_at_most`` > 0 of them evenly spaced (a training set of 385,000 questions takes a minute to
-    tokenize). Returns the count found."""
+    tokenize). ``of``: the dataset the questions are of, named in the warning. Returns the count found."""
     checked = questions
     if check_at_most and len(questions) > check_at_most:
         checked = questions[:: -(-len(questions) // check_at_most)]
     cut = lm.count_cut_questions(checked, max_tokens)
     if cut:
         sample = f" (checked: {len(checked)}, evenly spaced over {len(questions)})" if checked is not questions else ""
+        dataset = f" of {of}" if of else ""
         warnings.warn(
-            f"{cut} of {len(checked)} {what} questions{sample} are longer than data.max_question_tokens = {max_tokens} "
-            f"tokens and lose their beginning (the model sees the last {max_tokens} tokens of each): raise "
-            "data.max_question_tokens, or set it to 0 for no limit",
+            f"{cut} of {len(checked)} {what} questions{dataset}{sample} are longer than data.max_question_tokens = "
+            f"{max_tokens} tokens and lose their beginning (the model sees the last {max_tokens} tokens of each): "
+            "raise data.max_question_tokens, or set it to 0 for no limit",
             stacklevel=2,
         )
     return cut
@@ -326,6 +329,7 @@ def evaluate(
         perturbation=perturbation,
         perturbation_seeds=None if perturbation is None else mask_seeds(seed, questions, "eval"),
         progress=progress,
+        dataset=dataset,
     )
     texts = [_cut_plain(t) for t in texts] if plain else texts
     preds, correct, unparseable = _graded(with_columns(records, columns), texts, scorer)
@@ -556,6 +560,7 @@ def _perturbed_texts(
     seed: int,
     max_question_tokens: int | None,
     progress: bool,
+    dataset: str = "",
 ) -> list[str]:
     """``n_masks`` greedy completions of each question (question-major), the k-th under the mask of
     :func:`mask_seeds` (stream mc-vote): a question's votes do not depend on the others in the list."""
@@ -571,6 +576,7 @@ def _perturbed_texts(
         perturbation_seeds=mask_seeds(seed, questions, "mc-vote", copies=n_masks),
         progress=progress,
         desc="mc-vote",
+        dataset=dataset,
     )
 
 
@@ -659,6 +665,7 @@ def evaluate_mc_vote(
         seed=seed,
         max_question_tokens=max_question_tokens,
         progress=progress,
+        dataset=dataset,
     )
     preds, correct = _voted(with_columns(records, columns), texts, n_masks, scorer)
     n = len(records)
