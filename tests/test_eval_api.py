@@ -131,6 +131,18 @@ def test_a_text_gold_under_the_numeric_scorer_is_predicted_as_it_is_scored(lm, m
     assert (r.correct, r.unparseable) == (2, 1)
 
 
+def test_a_choice_answer_is_predicted_as_the_letter_it_is_scored_by(lm, monkeypatch):
+    """Under the choice scorer a row's pred is the letter the scorer compares (predictions.jsonl showed the whole
+    sentence, "The answer is (B).", where evaluate_mc_vote's rows show the letter)."""
+    import dgrpo.eval.evaluate as ev
+    from dgrpo.data.records import Record
+
+    recs = [Record("Which?", [], "B"), Record("Which?", [], "C"), Record("Which?", [], "A")]
+    monkeypatch.setattr(ev, "generate_answers", lambda *a, **kw: ["The answer is (B).", "#### D, not C", "no idea"])
+    r = evaluate(lm, recs, scorer="choice", **FAST)
+    assert [(p["pred"], p["correct"]) for p in r.predictions] == [("B", True), ("D", False), (None, False)]
+
+
 def test_the_context_check_takes_the_longest_question_in_tokens(lm):
     """The check measured the question with the most characters: a question past the context was answered without a
     word when a longer-worded, shorter-tokenized one sat beside it."""

@@ -417,6 +417,8 @@ def _graded(records: list[Record], texts: list[str], scorer: ScoreFn) -> tuple[l
             unparseable += int(not is_parseable(text))
         elif is_numeric:  # a text gold (ProsQA): what score() compares
             pred = final_answer_text(text, r.answer).strip() or None
+        elif scorer is choice:  # the letter it compares (the text after the last '#' was written: a whole sentence)
+            pred = choice_letter(text)
         else:
             pred = final_answer_text(text, r.answer).strip()
         preds.append({"question": r.question, "gold": r.answer, "completion": text, "pred": pred, "correct": ok})
