@@ -146,6 +146,13 @@ from dgrpo.reward import (
         ("the final answer is \\boxed{x+1}", None),
         ("\\boxed{1{,}000}", "1000"),  # LaTeX's thousands separator
         ("\\boxed{10,\\!000}", "10000"),  # MATH's (read as 10: a false 1 for a gold of 10)
+        ("\\boxed{1\\,234}", "1234"),  # a thin space between digit groups (read as 1)
+        ("\\boxed{5\\,\\text{cm}}", "5"),  # (a thin space before a unit: no group)
+        ("\\boxed{\\text{18}}", "18"),  # a text or bold wrapper, extra braces (they held no answer)
+        ("\\boxed{\\textbf{ 18 }}", "18"),
+        ("\\boxed{\\mathbf{-18}}", "-18"),
+        ("\\boxed{{18}}", "18"),
+        ("\\boxed{\\text{x} = 18}", None),  # (a box opening with a word holds no answer: as \\boxed{x = 4})
         # LaTeX's escaped dollar after a minus sign: the sign was dropped (-5 read as 5, a box's answer as none)
         ("The answer is -\\$5.", "-5"),
         ("\\boxed{-\\$1,234}", "-1234"),
@@ -161,7 +168,8 @@ def test_extract_answer(text: str, expected: str | None) -> None:
 def test_extract_answer_takes_linear_time() -> None:
     """A completion of many markers (a collapsed policy repeating '#') was searched after each marker in turn:
     20,000 characters took 13 s. (About 0.01 s each now; the bound leaves room for a loaded machine.)"""
-    for text in ("# " * 10_000, "the answer is unknown. " * 1_000, "#### 1 " * 5_000):
+    boxes = ("\\boxed{" + "\\text " * 5_000 + "x 5", "\\boxed{" + "\\text{ " * 5_000 + "x 5")  # (what may open a box)
+    for text in ("# " * 10_000, "the answer is unknown. " * 1_000, "#### 1 " * 5_000, *boxes):
         t0 = time.perf_counter()
         extract_answer(text)
         assert time.perf_counter() - t0 < 2.0

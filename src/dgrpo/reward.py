@@ -74,9 +74,12 @@ _REL_TOL = Decimal(str(REL_TOL))
 #: ``1,000,00``), so the number read is a part of what was written
 _BAD_GROUP = re.compile(r",[0-9]")
 _ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)
-#: LaTeX's thousands separators, read as a comma: ``1{,}000`` and MATH's ``10,\!000`` (a math-tuned model's
-#: ``\boxed{10,\!000}`` was read as 10)
-_LATEX_COMMA = re.compile(r"\{,\}|,\\!")
+#: LaTeX's thousands separators, read as a comma: ``1{,}000``, MATH's ``10,\!000`` and a thin space between digit
+#: groups, ``1\,234`` (a math-tuned model's ``\boxed{10,\!000}`` was read as 10, ``\boxed{1\,234}`` as 1)
+_LATEX_COMMA = re.compile(r"\{,\}|,\\!|(?<=[0-9])\\,(?=[0-9]{3}(?![0-9]))")
+#: what may open a box before its number: spaces, ``$`` or ``\$``, braces and a text or bold wrapper
+#: (``\boxed{\text{18}}``, ``\boxed{\mathbf{18}}``, ``\boxed{{18}}``: they held no answer)
+_BOX_OPENING = re.compile(r"(?:\s|\\?\$|\{|\\(?:textbf|text|mathbf|mathrm|bf|displaystyle)(?![A-Za-z]))*")
 
 
 def _canonical(match: re.Match[str], negated: bool = False) -> str:
@@ -157,7 +160,7 @@ def _find_answer(text: str) -> _Answer | None:
             gap = text[marker.end() : starts[i]]
             lone = _LONE_MINUS if _ANSWER_IS.match(marker.group()) else _LONE_MINUS_OR_DASH
             negated = lone.fullmatch(gap) is not None
-            if negated or not boxed or not gap.strip(" \t\n$\\"):  # (a box: spaces, $ or \$ first)
+            if negated or not boxed or _BOX_OPENING.fullmatch(gap):  # (a box: its number first)
                 if _BAD_GROUP.match(text, numbers[i].end()):
                     return None  # (``#### 2,5``: 2.5 or 25, not 2)
                 return _Answer(numbers[i], negated)
@@ -172,7 +175,8 @@ def extract_answer(text: str) -> str | None:
     The answer is the first number after the completion's last answer marker that has a number after it: a run of
     ``#`` standing alone or of two or more (GSM8K's ``#### 42``, Coconut's ``### 42``, ``####42``; not the ``#`` of
     ``horse #12``, nor a markdown heading such as ``### Step 2: ...``), "The answer is" / "answer:"
-    (case-insensitive) or ``\\boxed{`` (the number that opens the box; ``\\boxed{\\frac{1}{2}}`` has none); None
+    (case-insensitive) or ``\\boxed{`` (the number that opens the box, inside a ``\\text{``, ``\\mathbf{`` or brace
+    if any; ``\\boxed{\\frac{1}{2}}`` has none); None
     when no marker has a number after it (``#### 1/2``, ``#### eighteen``, an answer cut off after ``####``: a number
     of the reasoning before the marker is not the answer; ``#### 2,5``, ``#### 12,34``: digits grouped otherwise than
     in thousands, which were read as 2 and 12). A minus sign standing apart between the marker and the number, on its
