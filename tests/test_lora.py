@@ -547,6 +547,21 @@ def test_target_modules_that_match_nothing_or_cannot_be_adapted_are_one_config_l
         assert lm.peft is None
 
 
+@pytest.mark.parametrize("targets", [["embed_tokens"], ["q_proj", "model.embed_tokens"]])
+def test_an_adapter_on_tied_input_embeddings_is_one_config_line(base_dirs, targets):
+    """The input embeddings of a model whose head shares their weight (the built-in Qwen2): PEFT adapted them alone
+    (model.lora.train_latent_tokens false), but the merged export folded the adapter into the shared weight, so its
+    head moved too and it answered otherwise than the adapter checkpoint (46 of 64 test answers unparseable)."""
+    lm = LatentLM.from_pretrained(base_dirs / "qwen2")
+    with pytest.raises(ConfigError, match=re.escape("is this model's input embeddings, which shares its weight")) as e:
+        lora.apply_lora(lm, LoraConfig(r=4, target_modules=targets, train_latent_tokens=False))
+    assert str(e.value).startswith("invalid config value model.lora.target_modules: ") and "\n" not in str(e.value)
+    assert "KL reference" not in str(e.value) and lm.peft is None
+    untied = LatentLM.from_pretrained(base_dirs / "llama")  # its own head: the embeddings alone are adapted, merged
+    lora.apply_lora(untied, LoraConfig(r=4, target_modules=targets, train_latent_tokens=False))
+    assert untied.peft is not None
+
+
 def test_load_model_draws_new_adapters_from_its_seed(base_dirs):
     """load_model(seed=...) with model.lora.r set drew the adapters from torch's global RNG: two calls with the same
     seed gave different adapters (the command line seeds first; a script or notebook did not)."""

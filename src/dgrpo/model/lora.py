@@ -142,15 +142,24 @@ def check_targets(lm: LatentLM, targets: list[str]) -> None:
         )
     head, embed = lm.model.get_output_embeddings(), lm.model.get_input_embeddings()
     if head is not None and embed is not None and head.weight is embed.weight:
-        tied = [
-            t for t in targets for n, m in lm.model.named_modules() if m is head and (n == t or n.endswith("." + t))
-        ]
-        if tied:
-            raise ConfigError(
-                f"invalid config value model.lora.target_modules: {tied[0]!r} is this model's output layer, which "
-                "shares its weight with the input embeddings (tie_word_embeddings): an adapter there would be "
-                "folded into both when merged, and the KL reference adapter cannot be added beside it; leave it out"
-            )
+        _refuse_tied_targets(lm, targets, head, embed)
+
+
+def _refuse_tied_targets(lm: LatentLM, targets: list[str], head: torch.nn.Module, embed: torch.nn.Module) -> None:
+    """ConfigError when a target is the output layer or the input embeddings of a model whose two share one weight
+    (tie_word_embeddings): PEFT adapts the one module, but merging folds the adapter into the shared weight, so the
+    merged export would be another model than the adapter checkpoint (an embedding adapter would move the head too)."""
+    roles = {id(head): ("output layer", "input embeddings"), id(embed): ("input embeddings", "output layer")}
+    for t in targets:
+        for n, m in lm.model.named_modules():
+            if id(m) in roles and (n == t or n.endswith("." + t)):
+                own, other = roles[id(m)]
+                reference = ", and the KL reference adapter cannot be added beside it" if m is head else ""
+                raise ConfigError(
+                    f"invalid config value model.lora.target_modules: {t!r} is this model's {own}, which shares its "
+                    f"weight with the {other} (tie_word_embeddings): an adapter there would be folded into both when "
+                    f"merged{reference}; leave it out"
+                )
 
 
 def _is_linear(module: torch.nn.Module) -> bool:
