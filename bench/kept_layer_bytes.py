@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from paper_step import QWEN25_15B, T  # noqa: E402
+from paper_step import QWEN25_15B, T, positive_int  # noqa: E402
 
 from dgrpo.bench.recompute_item import kept_for_backward  # noqa: E402
 from dgrpo.bench.workload import build_lm, task_records  # noqa: E402
@@ -38,10 +38,10 @@ def byte_count_args(doc: str | None) -> argparse.ArgumentParser:
     """The options of a script that counts bytes on a few rows of a Qwen2.5-1.5B-shaped model (this one's and
     bench/latent_kv_bytes.py's)."""
     ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
-    ap.add_argument("--rows", type=int, default=4, help="rows measured (the bytes scale with rows)")
-    ap.add_argument("--answer", type=int, default=64, help="answer tokens per row")
+    ap.add_argument("--rows", type=positive_int, default=4, help="rows measured (the bytes scale with rows)")
+    ap.add_argument("--answer", type=positive_int, default=64, help="answer tokens per row")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    ap.add_argument("--scale-rows", type=int, default=512, help="report the bytes for this many rows too")
+    ap.add_argument("--scale-rows", type=positive_int, default=512, help="report the bytes for this many rows too")
     ap.add_argument(
         "--vocab",
         type=vocab_size,

@@ -40,7 +40,9 @@ from torch import Tensor
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from paper_step import positive_int  # noqa: E402
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 
 from dgrpo.model.gqa_attention import packed_gqa_sdpa_forward  # noqa: E402
@@ -51,16 +53,18 @@ def args_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    ap.add_argument("--rows", type=int, default=512, help="rows (the paper step's 16 x 32 rollouts)")
-    ap.add_argument("--vocab", type=int, default=151936, help="vocabulary (Qwen2.5's)")
-    ap.add_argument("--heads", type=int, default=12, help="query heads (key/value heads: --kv-heads)")
-    ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--queries", type=int, default=65, help="positions of the multi-position attention call")
-    ap.add_argument("--columns", type=int, default=100, help="columns that call attends over")
-    ap.add_argument("--cache", type=int, default=128, help="columns of the answer steps' static cache")
-    ap.add_argument("--chunk", type=int, default=3, help="positions of a scoring chunk")
-    ap.add_argument("--reps", type=int, default=20, help="timed rounds (each runs both, alternating who goes first)")
+    ap.add_argument("--rows", type=positive_int, default=512, help="rows (the paper step's 16 x 32 rollouts)")
+    ap.add_argument("--vocab", type=positive_int, default=151936, help="vocabulary (Qwen2.5's)")
+    ap.add_argument("--heads", type=positive_int, default=12, help="query heads (key/value heads: --kv-heads)")
+    ap.add_argument("--kv-heads", type=positive_int, default=2)
+    ap.add_argument("--head-dim", type=positive_int, default=128)
+    ap.add_argument("--queries", type=positive_int, default=65, help="positions of the multi-position attention call")
+    ap.add_argument("--columns", type=positive_int, default=100, help="columns that call attends over")
+    ap.add_argument("--cache", type=positive_int, default=128, help="columns of the answer steps' static cache")
+    ap.add_argument("--chunk", type=positive_int, default=3, help="positions of a scoring chunk")
+    ap.add_argument(
+        "--reps", type=positive_int, default=20, help="timed rounds (each runs both, alternating who goes first)"
+    )
     return ap
 
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from kept_layer_bytes import byte_count_args, layer_shaped_lm  # noqa: E402
-from paper_step import QWEN25_15B, T  # noqa: E402
+from paper_step import QWEN25_15B, T, positive_int  # noqa: E402
 
 from dgrpo.bench.recompute_item import ARMS, RECOMPUTE_CPU, kept_for_backward  # noqa: E402
 from dgrpo.bench.timing import alternate  # noqa: E402
@@ -107,9 +107,9 @@ def time_host(reps: int) -> None:
 
 def main() -> int:
     ap = byte_count_args(__doc__)
-    ap.add_argument("--widths", type=int, nargs="+", default=[32, 64, 96, 136, 160], help="prompt columns")
+    ap.add_argument("--widths", type=positive_int, nargs="+", default=[32, 64, 96, 136, 160], help="prompt columns")
     ap.add_argument("--time", action="store_true", help="time the change instead of counting bytes")
-    ap.add_argument("--reps", type=int, default=12, help="--time: alternated rounds per pair")
+    ap.add_argument("--reps", type=positive_int, default=12, help="--time: alternated rounds per pair")
     # --time measures at fixed shapes (bench item 10's and the host proxy's), the byte count at the options' own: an
     # option the mode does not read is refused when given at all, at its default too (defaults filled in after)
     byte_count, timing = ("rows", "answer", "dtype", "scale_rows", "vocab", "widths"), ("reps",)

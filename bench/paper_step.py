@@ -151,6 +151,18 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def positive_int(text: str) -> int:
+    """A size or count option of the bench scripts: an integer >= 1 (0 or less ended in a traceback deep in the
+    measurement, or a division by zero)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def int_list(text: str) -> list[int]:
     """``"3,5,8"`` -> [3, 5, 8]."""
     try:

@@ -439,6 +439,28 @@ def test_kernel_levers_script_times_each_pair_and_they_agree():
     assert rows[2]["mask_packing_ms_per_call"] > 0
 
 
+@pytest.mark.parametrize(
+    "script, argv, option",
+    [
+        ("kept_layer_bytes", ["--rows", "0"], "--rows"),
+        ("kept_layer_bytes", ["--answer", "-1"], "--answer"),
+        ("latent_kv_bytes", ["--widths", "32", "0"], "--widths"),
+        ("latent_kv_bytes", ["--time", "--reps", "0"], "--reps"),
+        ("kernel_levers", ["--reps", "0"], "--reps"),
+        ("kernel_levers", ["--chunk", "0"], "--chunk"),
+    ],
+)
+def test_bench_scripts_refuse_sizes_below_one_in_one_line(monkeypatch, capsys, script, argv, option):
+    """A size or count of 0 or less is an argument error (exit 2, one line naming the option), before any work: it
+    ended in a traceback deep in the measurement (an empty batch, a negative dimension, the median of no rounds)."""
+    module = _bench_module(script)
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        module.main()
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and f"argument {option}: expected a positive integer" in err
+
+
 def test_capture_beside_threads_says_it_needs_cuda_here(monkeypatch, capsys):
     """bench/capture_beside_threads.py (a CUDA diagnostic): on a machine without CUDA it says so and exits 2."""
     import importlib.util
