@@ -94,6 +94,8 @@ def test_bad_run_directories_are_one_line_data_errors(tmp_path: Path) -> None:
         find_runs([tmp_path / "empty"])
     with pytest.raises(DataError, match="no such directory"):
         find_runs([tmp_path / "nowhere"])
+    with pytest.raises(DataError, match="metrics.jsonl: a file, not a directory \\(name the run directory that"):
+        find_runs([tmp_path / "middle" / "metrics.jsonl"])
 
 
 @pytest.mark.parametrize(

@@ -129,6 +129,8 @@ def find_runs(paths: Sequence[str | Path]) -> list[Path]:
     found: list[Path] = []
     for path in paths:
         p = Path(path)
+        if p.is_file():  # (metrics.jsonl itself, say: it was told 'no such directory', as a missing path is)
+            raise DataError(f"{p}: a file, not a directory (name the run directory that holds {METRICS_FILE})")
         if not p.is_dir():
             raise DataError(f"{p}: no such directory")
         if (p / METRICS_FILE).is_file():
