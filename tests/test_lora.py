@@ -562,6 +562,18 @@ def test_an_adapter_on_tied_input_embeddings_is_one_config_line(base_dirs, targe
     assert untied.peft is not None
 
 
+@pytest.mark.parametrize("targets", [["q_proj", "lm_head"], ["model.embed_tokens"]])
+def test_an_adapter_where_the_latent_rows_train_names_the_option_that_frees_it(base_dirs, targets):
+    """An untied head or the input embeddings as a target, beside model.lora.train_latent_tokens (the markers' rows
+    trained on those modules): PEFT's TypeError was quoted, naming no option; the line names the one that works."""
+    lm = LatentLM.from_pretrained(base_dirs / "llama")
+    with pytest.raises(ConfigError, match="or set model.lora.train_latent_tokens=false") as e:
+        lora.apply_lora(lm, LoraConfig(r=4, target_modules=targets))
+    assert str(e.value).startswith("invalid config value model.lora.target_modules: ") and lm.peft is None
+    lora.apply_lora(lm, LoraConfig(r=4, target_modules=targets, train_latent_tokens=False))
+    assert lm.peft is not None
+
+
 def test_load_model_draws_new_adapters_from_its_seed(base_dirs):
     """load_model(seed=...) with model.lora.r set drew the adapters from torch's global RNG: two calls with the same
     seed gave different adapters (the command line seeds first; a script or notebook did not)."""

@@ -162,6 +162,20 @@ def _refuse_tied_targets(lm: LatentLM, targets: list[str], head: torch.nn.Module
                 )
 
 
+def _refuse_latent_row_targets(lm: LatentLM, targets: list[str]) -> None:
+    """ConfigError when a target is a module whose latent-marker rows ``model.lora.train_latent_tokens`` trains (the
+    input embeddings, an untied head): PEFT cannot put both an adapter and trainable rows on one module (it failed
+    in a TypeError, and the line did not say which option to change)."""
+    with_rows = {id(lm.model.get_input_embeddings()), id(lm.model.get_output_embeddings())}  # (a tied head: one)
+    for t in targets:
+        if any(id(m) in with_rows and (n == t or n.endswith("." + t)) for n, m in lm.model.named_modules()):
+            raise ConfigError(
+                f"invalid config value model.lora.target_modules: {t!r} holds the latent markers' rows, which "
+                "model.lora.train_latent_tokens=true trains, and PEFT cannot also put an adapter on it: leave it out, "
+                "or set model.lora.train_latent_tokens=false (the markers' rows then stay as SFT left them)"
+            )
+
+
 def _is_linear(module: torch.nn.Module) -> bool:
     """A layer PEFT's LoRA adapts as a linear map (torch's Linear, GPT-2's Conv1D)."""
     return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
@@ -183,6 +197,8 @@ def apply_lora(lm: LatentLM, cfg: LoraConfig | Any) -> None:
     ours = not isinstance(cfg, peft.LoraConfig)
     if ours:
         check_targets(lm, list(cfg.target_modules))
+        if cfg.train_latent_tokens:
+            _refuse_latent_row_targets(lm, list(cfg.target_modules))
         check_rank(lm, cfg.r)
     config: Any = peft_config(lm, cfg) if ours else cfg
     config.base_model_name_or_path = None  # PEFT takes the model's own name; we set ours after
