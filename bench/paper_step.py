@@ -91,7 +91,7 @@ MEASURED = [f"grpo.n_latent={T}", "grpo.filter=false", "grpo.warmup_steps=0"]
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per arm (after one warm-up step each)")
+    ap.add_argument("--steps", type=positive_int, default=3, help="timed steps per arm (after one warm-up step each)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra config overrides")
     ap.add_argument(
@@ -482,8 +482,6 @@ def alternate(
 
 def main() -> int:
     args = parse_args()
-    if args.steps < 1:
-        raise SystemExit(f"paper_step.py: --steps must be >= 1 (timed steps per arm), got {args.steps}")
     try:
         device = torch.device(args.device)
     except RuntimeError as e:

@@ -448,6 +448,7 @@ def test_kernel_levers_script_times_each_pair_and_they_agree():
         ("latent_kv_bytes", ["--time", "--reps", "0"], "--reps"),
         ("kernel_levers", ["--reps", "0"], "--reps"),
         ("kernel_levers", ["--chunk", "0"], "--chunk"),
+        ("paper_step", ["--steps", "0"], "--steps"),  # (exit 1, unlike its other argument errors)
     ],
 )
 def test_bench_scripts_refuse_sizes_below_one_in_one_line(monkeypatch, capsys, script, argv, option):
