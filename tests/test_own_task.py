@@ -484,6 +484,9 @@ def test_grpo_says_when_its_scorer_or_task_is_not_the_one_its_init_checkpoint_wa
         ("Options (B) and (D); the answer is (D)", "D"),  # without '#': the last marked letter
         ("A careful reading gives C", "C"),
         ("The answer is C", "C"),
+        ("The answer is B because A is a trap", "B"),  # after "The answer is", the answer comes first (was A)
+        ("Answer: (A) and not B.", "A"),  # (was B)
+        ("(C) is my answer: yes", "C"),  # a marker with no letter after it: the last marked letter, as before
         ("a tree", None),
         ("#### 42", None),
     ],

@@ -74,24 +74,31 @@ def _exact(completion: str, gold: str) -> float:
 
 
 _LETTER = re.compile(r"(?<![A-Za-z])(\()?([A-E])(?![A-Za-z])(\)|[.:])?")
+_ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)  # (as dgrpo.reward reads a number after it)
 _LONE_LETTER = re.compile(r"\s*\(?([A-Ea-e])\)?[.:]?\s*")
 
 
 def choice_letter(text: str) -> str | None:
     """The multiple-choice letter a text answers with (None: none). After the last ``#`` the answer comes first: the
-    first standalone A-E there (``#### (C) A tree`` and ``#### D, not B`` answer C and D). A text without ``#`` (a
-    gold such as ``C. A tree``, or "... so the answer is (D).") ends with it: its last marked letter, one in brackets
+    first standalone A-E there (``#### (C) A tree`` and ``#### D, not B`` answer C and D), as after the last "The
+    answer is" / "Answer:" with a letter after it ("The answer is B because A is a trap": B). Any other text (a gold
+    such as ``C. A tree``, or "Options (B) and (D); (D) it is.") ends with it: its last marked letter, one in brackets
     or followed by ``.``, ``)`` or ``:``, else its last standalone A-E. A lone letter may be lower case
     (``#### c``); elsewhere a lower-case ``a`` is read as the article, so only capitals count."""
     part = final_answer_text(text)
     lone = _LONE_LETTER.fullmatch(part)
     if lone:
         return lone.group(1).upper()
-    found = [(m.group(2), bool(m.group(1) or m.group(3))) for m in _LETTER.finditer(part)]
+    letters = list(_LETTER.finditer(part))
+    found = [(m.group(2), bool(m.group(1) or m.group(3))) for m in letters]
     if not found:
         return None
     if "#" in text:
         return found[0][0]
+    for marker in reversed(list(_ANSWER_IS.finditer(part))):  # (the last marker with a letter after it)
+        after = [m.group(2) for m in letters if m.start() >= marker.end()]
+        if after:
+            return after[0]
     marked = [letter for letter, is_marked in found if is_marked]
     return (marked or [letter for letter, _ in found])[-1]
 
