@@ -146,6 +146,8 @@ from dgrpo.reward import (
         ("the final answer is \\boxed{x+1}", None),
         ("\\boxed{1{,}000}", "1000"),  # LaTeX's thousands separator
         ("\\boxed{10,\\!000}", "10000"),  # MATH's (read as 10: a false 1 for a gold of 10)
+        ("#### \uff14\uff12", "42"),  # full-width digits (no answer)
+        ("#### \uff13\uff0c\uff15", "3"),  # (a full-width comma is a sentence's: not 3,5)
         ("\\boxed{1\\,234}", "1234"),  # a thin space between digit groups (read as 1)
         ("\\boxed{5\\,\\text{cm}}", "5"),  # (a thin space before a unit: no group)
         ("\\boxed{\\text{18}}", "18"),  # a text or bold wrapper, extra braces (they held no answer)

@@ -79,6 +79,9 @@ _ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)
 _LATEX_COMMA = re.compile(r"\{,\}|,\\!|(?<=[0-9])\\,(?=[0-9]{3}(?![0-9]))")
 #: what may open a box before its number: spaces, ``$`` or ``\$``, braces and a text or bold wrapper
 #: (``\boxed{\text{18}}``, ``\boxed{\mathbf{18}}``, ``\boxed{{18}}``: they held no answer)
+#: full-width digits as ASCII ones (``#### ４`` was no answer, as a model writing Chinese or Japanese may answer);
+#: not the full-width comma or period, a sentence's there
+_FULL_WIDTH_DIGITS = str.maketrans({chr(0xFF10 + d): str(d) for d in range(10)})
 _BOX_OPENING = re.compile(r"(?:\s|\\?\$|\{|\\(?:textbf|text|mathbf|mathrm|bf|displaystyle)(?![A-Za-z]))*")
 
 
@@ -145,7 +148,7 @@ def _find_answer(text: str) -> _Answer | None:
     ``#`` took 13 s searching after each marker in turn)."""
     if not isinstance(text, str):
         return None
-    text = _LATEX_COMMA.sub(",", text)
+    text = _LATEX_COMMA.sub(",", text.translate(_FULL_WIDTH_DIGITS))
     numbers = list(_NUMBER_IN_TEXT.finditer(text))
     headings = {m.start(1) for m in _HEADING.finditer(text)}
     markers = [m for m in _ANSWER_MARKER.finditer(text) if m.start() not in headings]
@@ -210,7 +213,7 @@ def normalize_number(text: str) -> str | None:
     -> ``"-5"``), or None."""
     if not isinstance(text, str):
         return None
-    m = _NUMBER_ALONE.fullmatch(text)
+    m = _NUMBER_ALONE.fullmatch(text.translate(_FULL_WIDTH_DIGITS))
     return _canonical(m) if m else None
 
 
