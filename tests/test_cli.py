@@ -430,6 +430,12 @@ def test_mc_vote_votes_on_the_answers_the_scorer_reads(tokenizer, monkeypatch):
     r = ev.evaluate_mc_vote(lm, recs, drop, n_masks=3, progress=False, scorer=exact)
     assert [p["pred"] for p in r.predictions] == ["tom is a lempus", "2.5", "no idea"]
     assert (r.correct, r.unparseable, r.scorer) == (2, 0, "exact")
+    # coconut: "1,000" and "1000" are one answer to it (they split the vote, and "#### 7" won), one without '#' none
+    from dgrpo.eval.scoring import coconut
+
+    monkeypatch.setattr(ev, "_perturbed_texts", _canned(["#### 1,000", "#### 7", "#### 1000", "1000"]))
+    r = ev.evaluate_mc_vote(lm, [Record("q", [], "1000")], drop, n_masks=4, progress=False, scorer=coconut)
+    assert r.predictions[0]["votes"] == ["1000", "7", "1000", None] and r.correct == 1
 
     def mine(completions, records):  # a plug-in: votes on its final text, the chosen completion scored by it
         return [float(c.endswith("2.50")) for c in completions]

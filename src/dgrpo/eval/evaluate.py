@@ -25,7 +25,17 @@ from ..perturbation import Perturbation
 from ..perturbation.base import as_seeds, row_sampling_uniforms, text_seed, to_device
 from ..progress import bar_disabled
 from ..reward import answer_decimals, extract_answer, is_parseable, normalize_number, normalize_text, numbers_agree
-from .scoring import ScoreFn, build_scorer, call_checked, choice, choice_letter, exact, final_answer_text, numeric
+from .scoring import (
+    ScoreFn,
+    build_scorer,
+    call_checked,
+    choice,
+    choice_letter,
+    coconut,
+    exact,
+    final_answer_text,
+    numeric,
+)
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -538,10 +548,13 @@ def vote_key(scorer: ScoreFn, text: str, gold: str) -> str | None:
 
     ``numeric``: the normalised final number (:func:`extract_answer`) for a numeric gold, and for a text gold (ProsQA)
     the normalised text after the last ``#``, which is what :func:`dgrpo.reward.score` compares; ``choice``: the
-    letter A-E; ``exact`` and any plug-in: the normalised final answer text (after the last ``#``:
-    :func:`dgrpo.reward.final_answer_text`), for ``exact`` and a numeric gold its number if it is one."""
+    letter A-E; ``coconut``: the text after the last ``#`` without commas, as it compares it (``1,000`` and ``1000``
+    split the vote), none without a ``#``; ``exact`` and any plug-in: the normalised final answer text (after the last
+    ``#``: :func:`dgrpo.reward.final_answer_text`), for ``exact`` and a numeric gold its number if it is one."""
     if scorer is choice:
         return choice_letter(text)
+    if scorer is coconut:
+        return (final_answer_text(text).replace(",", "").strip() or None) if "#" in text else None
     if scorer is numeric and _numeric_gold(gold):
         return extract_answer(text)
     answer = normalize_text(final_answer_text(text, gold))
