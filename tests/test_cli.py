@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,15 @@ def test_sft_baselines_run(tmp_path, mode, run_cli):
     latent = json.loads((tmp_path / mode / "final" / "latent_config.json").read_text())
     expect = {"cot": ("cot", 0), "no_cot": ("no_cot", 0), "pause": ("pause", 1), "no_curriculum": ("coconut", 1)}[mode]
     assert (latent["mode"], latent["n_latent"]) == expect
+    # eval.n_latent for a model trained without latent thoughts does not apply, and says so (it was dropped silently)
+    argv = ["--data", "builtin:test", "--limit", 2, "--set", "eval.n_latent=2", "--out", tmp_path / "e"]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        r = run_cli("eval", "--model", tmp_path / mode / "final", *argv)
+    res = json.loads((tmp_path / "e" / "results.json").read_text())
+    assert r.returncode == 0 and res["n_latent"] == (0 if mode in ("cot", "no_cot") else 2), r.stderr[-2000:]
+    said = any("eval.n_latent=2 does not apply" in str(w.message) for w in seen)
+    assert said is (mode in ("cot", "no_cot")), [str(w.message) for w in seen]
 
 
 def test_plain_causal_lm_eval(tmp_path, sft_checkpoint, run_cli):

@@ -266,7 +266,9 @@ def _read_sets(outs: dict[str, Path], split: str | None, cfg: Config, scorer: An
 
 
 def _load_eval_model(model: str, cfg: Config, device: torch.device) -> LatentLM:
-    """The model evaluated, prompted as ``cfg`` says; a plain LM evaluated as a latent model is warned about."""
+    """The model evaluated, prompted as ``cfg`` says; a plain LM evaluated as a latent model, and ``eval.n_latent``
+    set for a model trained without latent thoughts (it answers with none: the option was dropped silently), are
+    warned about."""
     from ..model.factory import load_model
 
     lm = load_model(cfg.model, cfg.task, init=model, device=device, training=False)
@@ -275,6 +277,12 @@ def _load_eval_model(model: str, cfg: Config, device: torch.device) -> LatentLM:
             f"{model} is a plain LM (it had no trained {', '.join(lm.new_latent_tokens)}): it is evaluated "
             "as a latent model whose markers' embeddings are new and untrained; pass --plain for a plain LM's "
             "chain-of-thought prompt",
+            stacklevel=1,
+        )
+    if cfg.eval.n_latent > 0 and not cfg.eval.plain and lm.settings.mode in ("cot", "no_cot"):
+        warnings.warn(
+            f"eval.n_latent={cfg.eval.n_latent} does not apply: {model} was trained without latent thoughts "
+            f"(sft.mode={lm.settings.mode}) and answers with none",
             stacklevel=1,
         )
     prompt_settings(lm, cfg)
