@@ -508,6 +508,7 @@ def test_user_mistakes_that_were_tracebacks_or_wrote_into_a_checkpoint(sft_check
     from dgrpo.bench.suite import main as bench_main
 
     before = sorted(p.name for p in Path(sft_checkpoint).iterdir())
+    run = Path(sft_checkpoint).parent
     cases = [
         (["sft", "--out", Path(sft_checkpoint) / "sub"], "lies inside .* a checkpoint dgrpo wrote"),
         (["grpo", "--init", sft_checkpoint, "--out", sft_checkpoint], "is a checkpoint dgrpo wrote"),
@@ -516,6 +517,9 @@ def test_user_mistakes_that_were_tracebacks_or_wrote_into_a_checkpoint(sft_check
             ["eval", "--model", sft_checkpoint, "--data", "builtin:test", "--out", Path(sft_checkpoint) / "e"],
             "holds; name a",
         ),
+        # a run's own folders (its test-set results were replaced without a word)
+        (["eval", "--model", sft_checkpoint, "--data", "builtin:test", "--out", run / "eval"], "keeps its own files"),
+        (["eval", "--model", sft_checkpoint, "--data", "builtin:test", "--out", run / "eval" / "x"], "keeps its own"),
         (["config", "show", "--set", "data.test=[builtin:test, 5]"], "data.test: expected a list of dataset names"),
         (["config", "show", "--set", "model.lora.target_modules=[1]"], "target_modules: expected module names"),
         (["data", "inspect", "builtin:test+"], "an empty part between '\\+' signs"),

@@ -153,17 +153,30 @@ def is_run_config(path: Path) -> bool:
 
 def check_not_a_training_run(path: Path | str, what: str = "--out") -> None:
     """ConfigError when ``path`` is a training run's directory (its config.json, metrics or checkpoints): dgrpo eval's
-    and the demo's files would mix with the run's (results.json beside its checkpoints)."""
+    and the demo's files would mix with the run's (results.json beside its checkpoints); or a folder the run writes
+    itself, or one inside it (``RUN/eval``: the run's own test-set results, replaced without a word, and removed
+    with the run's files by ``--resume never``)."""
     path = Path(path)
-    config = path / CONFIG_FILE
-    if (
-        (config.is_file() and is_run_config(config))
-        or (path / METRICS_FILE).is_file()
-        or (path / CHECKPOINTS_DIR).is_dir()
-    ):
+    if _is_training_run(path):
         raise ConfigError(
             f"{what} {path} is a training run's directory: name a folder of its own (e.g. {path / 'mine'})"
         )
+    for run, own in ((path.parent, path.name), (path.parent.parent, path.parent.name)):
+        if own in RUN_WRITES and _is_training_run(run):
+            raise ConfigError(
+                f"{what} {path}: {run / own} is where the training run {run} keeps its own files: name a folder of "
+                f"its own (e.g. {run / 'mine'})"
+            )
+
+
+def _is_training_run(path: Path) -> bool:
+    """Whether ``path`` is a training run's directory: its config.json, metrics or checkpoints."""
+    config = path / CONFIG_FILE
+    return (
+        (config.is_file() and is_run_config(config))
+        or (path / METRICS_FILE).is_file()
+        or (path / CHECKPOINTS_DIR).is_dir()
+    )
 
 
 #: what a run writes in OUT besides config.json and metrics.jsonl, which ``--resume never`` (or a restart under another
