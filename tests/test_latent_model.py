@@ -575,6 +575,24 @@ def test_questions_encode_left_padded_and_each_distinct_one_is_tokenized_once(to
         assert (ids[row, : ids.shape[1] - n] == lm.pad_id).all()
 
 
+def test_a_question_cut_under_a_chat_template_keeps_the_template_whole(tokenizer, task_records):
+    """``max_tokens`` cuts the question, not the chat template around it: the cut kept the templated text's last
+    tokens, so a long question lost the template's opening (its BOS, system prompt and user turn's header) and the
+    model saw a malformed chat. A question within the limit is encoded as before."""
+    lm = make_lm(tokenizer, "qwen2")
+    lm.tokenizer.chat_template = "<s>{% for m in messages %}USER: {{ m['content'] }}\n{% endfor %}ASSISTANT:"
+    lm.settings.chat_template = True
+    long_q, short_q = task_records[0].question, task_records[1].question[:8]
+    cut = lm.token_ids([long_q])[0][-6:]
+    ids, mask = lm.encode_questions([long_q, short_q], max_tokens=6)
+    rows = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+    text = lm.tokenizer.decode(rows[0][:-1])
+    assert text.startswith("<s>USER:") and text.endswith("\nASSISTANT:") and rows[0][-1] == lm.start_id
+    assert text == lm.format_question(lm.tokenizer.decode(cut))  # (the question's last 6 tokens, in the template)
+    assert rows[1] == lm.token_ids([lm.format_question(short_q)])[0] + [lm.start_id]  # (within the limit: as before)
+    assert lm.count_cut_questions([long_q, short_q], 6) == 1
+
+
 def test_head_logprobs_of_bf16_hidden_states_equal_those_from_fp32_logits():
     """The head's log-probs take log-softmax in fp32 straight from bf16 logits (one kernel on CUDA): the same
     values and gradients as casting the logits to fp32 first, with and without a temperature (in one chunk: chunks

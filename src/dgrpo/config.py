@@ -431,7 +431,7 @@ class DataConfig:
     max_question_tokens: int = opt(
         256,
         "questions longer than this many tokens are cut from the left: the model sees their last tokens (a warning "
-        "counts them); 0: no limit",
+        "counts them; under data.chat_template the question is cut, the template around it kept whole); 0: no limit",
     )
     max_target_tokens: int = opt(
         256, "steps + answer longer than this are cut to it, without their EOS (the model is not taught to stop there)"

@@ -697,24 +697,41 @@ class LatentLM(nn.Module):
         """Left-padded ``[BOS] question \\n [<|start-latent|>]`` ids and mask, [B, P] (BOS where the tokenizer starts
         its texts with it: :func:`bos_prefix`; the question in the chat template when ``settings.chat_template``).
         Each distinct question is tokenized once (a GRPO step's K copies of a prompt: 512 rows, 16 questions).
-        ``max_tokens``: keep each question's last ``max_tokens`` tokens (None or 0: all; BOS is kept before them)."""
+        ``max_tokens``: keep each question's last ``max_tokens`` tokens (None or 0: all; BOS is kept before them, and
+        a chat template around them: :meth:`_chat_cut`)."""
         _check_texts("encode_questions", "questions", questions)
         if max_tokens is not None and max_tokens < 0:
             raise ValueError(f"encode_questions: max_tokens must be >= 0 (0: no truncation), got {max_tokens}")
         distinct = list(dict.fromkeys(questions))
         prefix = [] if self.settings.chat_template else self.question_prefix  # (a chat template writes its BOS)
+        texts = self._chat_cut(distinct, max_tokens)[0] if self.settings.chat_template else distinct
         encoded: dict[str, list[int]] = {}
-        for q, ids in zip(distinct, self.token_ids([self.format_question(q) for q in distinct])):
-            if max_tokens is not None and len(ids) > max_tokens:
+        for q, ids in zip(distinct, self.token_ids([self.format_question(t) for t in texts])):
+            if max_tokens is not None and len(ids) > max_tokens and not self.settings.chat_template:
                 ids = ids[-max_tokens:]
             encoded[q] = prefix + ids + ([self.start_id] if markers else [])
         return left_pad([encoded[q] for q in questions], self.pad_id, self.device)
+
+    def _chat_cut(self, questions: list[str], max_tokens: int | None) -> tuple[list[str], int]:
+        """Under a chat template, each question as the template wraps it: a question of more than ``max_tokens``
+        tokens as the text of its last ``max_tokens`` (the template itself is not cut: its BOS, system prompt and the
+        user turn's header stay); and how many were cut."""
+        if not max_tokens:
+            return questions, 0
+        own = self.token_ids(questions)
+        texts = [
+            str(self.tokenizer.decode(ids[-max_tokens:])) if len(ids) > max_tokens else q
+            for q, ids in zip(questions, own)
+        ]
+        return texts, sum(len(ids) > max_tokens for ids in own)
 
     def count_cut_questions(self, questions: list[str], max_tokens: int | None) -> int:
         """How many of ``questions`` :meth:`encode_questions` would cut to their last ``max_tokens`` tokens (0 for
         None or 0: no limit)."""
         if not max_tokens:
             return 0
+        if self.settings.chat_template:
+            return self._chat_cut(questions, max_tokens)[1]
         return sum(len(ids) > max_tokens for ids in self.token_ids([self.format_question(q) for q in questions]))
 
     def token_ids(self, texts: list[str]) -> list[list[int]]:
