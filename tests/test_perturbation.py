@@ -132,6 +132,23 @@ def test_native_dropout_actually_perturbs(tokenizer, task_records):
     assert not torch.allclose(ro.rollout_logp, det.rollout_logp)
 
 
+def test_native_dropout_switches_on_the_attention_dropout_alone(tokenizer, task_records):
+    """Native dropout put the whole attention module in train mode, so GPT-2's resid_dropout (its config's
+    resid_pdrop, 0.1 in the hub's configs) dropped the attention output too, at a rate no option set: at p = 0 the
+    rollouts were still perturbed. Only the attention's own dropout follows p; every mode is restored after."""
+    lm = make_lm(tokenizer, "gpt2")
+    for block in lm.model.transformer.h:
+        block.attn.resid_dropout.p = 0.1  # (as GPT-2's hub configs have it)
+    lm.eval()
+    ids, mask = lm.encode_questions([task_records[0].question])
+    plain = lm.generate(ids, mask, T, max_new_tokens=6)
+    with NativeDropout(p=0.0).bind(lm, seeds_for(0, 0, 0, 1)) as pb:
+        assert torch.equal(lm.generate(ids, mask, T, max_new_tokens=6, perturbation=pb).logprobs, plain.logprobs)
+    with NativeDropout(p=0.5).bind(lm, seeds_for(0, 0, 0, 1)) as pb:
+        assert not torch.equal(lm.generate(ids, mask, T, max_new_tokens=6, perturbation=pb).logprobs, plain.logprobs)
+    assert all(not m.training for m in lm.model.modules())
+
+
 def test_none_is_deterministic_and_locked_is_not(tokenizer, task_records):
     lm = make_lm(tokenizer, "qwen2").eval()
     det = rollouts(lm, task_records, NoPerturbation(), K=4)

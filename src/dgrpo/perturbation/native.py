@@ -28,10 +28,12 @@ class _BoundNative(BoundPerturbation):
         super().__init__()
         self.attn, self.seed, self.p, self.perturb_prompt = attn, seed, p, perturb_prompt
         self.saved: list = []
+        self.switches = [s for m in attn for s in _dropout_switches(m)]
+        self.modes: list[bool] = []
 
     def _set(self, on: bool) -> None:
-        for m in self.attn:
-            m.train(on)
+        for m in self.switches:
+            m.training = on
 
     def before_forward(self, phase: str) -> None:
         super().before_forward(phase)
@@ -45,23 +47,23 @@ class _BoundNative(BoundPerturbation):
 
     def _install(self) -> None:
         self.saved = []
+        self.modes = [m.training for m in self.switches]
         self.cpu_state = torch.random.get_rng_state()
         self.cuda_state = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         for m in self.attn:
             mod: Any = m  # the dropout rate is a float (Qwen2 / Llama) or an nn.Dropout module (GPT-2)
-            self.saved.append(
-                (mod.training, getattr(mod, "attention_dropout", None), getattr(mod, "attn_dropout", None))
-            )
+            self.saved.append((getattr(mod, "attention_dropout", None), getattr(mod, "attn_dropout", None)))
             if hasattr(mod, "attention_dropout"):
                 mod.attention_dropout = self.p
             if isinstance(getattr(mod, "attn_dropout", None), nn.Dropout):
-                self.saved[-1] = (*self.saved[-1][:2], mod.attn_dropout.p)
+                self.saved[-1] = (self.saved[-1][0], mod.attn_dropout.p)
                 mod.attn_dropout.p = self.p
 
     def _uninstall(self) -> None:
-        for m, (training, rate, module_rate) in zip(self.attn, self.saved):
+        for m, training in zip(self.switches, self.modes):
+            m.training = training
+        for m, (rate, module_rate) in zip(self.attn, self.saved):
             mod: Any = m
-            mod.train(training)
             if rate is not None:
                 mod.attention_dropout = rate
             if module_rate is not None:
@@ -97,6 +99,15 @@ class NativeDropout(Perturbation):
                 "(an attention_dropout value or an attn_dropout module); use perturbation.kind=locked"
             )
         return _BoundNative(attn, int(seeds.item()), self.p, self.perturb_prompt)
+
+
+def _dropout_switches(module: nn.Module) -> list[nn.Module]:
+    """The modules whose train mode turns an attention module's dropout on: the module itself (its flag gates the rate
+    it hands the attention: Qwen2, Llama, GPT-2) and its dropout module when it has one (GPT-2's ``attn_dropout``).
+    Not its other sub-modules: GPT-2's ``resid_dropout`` would drop the attention output too, at the config's
+    ``resid_pdrop`` (0.1 in the hub's configs), a rate no option sets (p = 0 still perturbed)."""
+    dropout = getattr(module, "attn_dropout", None)
+    return [module] + ([dropout] if isinstance(dropout, nn.Dropout) else [])
 
 
 def _has_rate(module: nn.Module) -> bool:
