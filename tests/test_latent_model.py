@@ -112,6 +112,33 @@ def test_batched_cached_generation_matches_batch1_recompute(tokenizer, task_reco
         assert gen.tokens[i, :n].tolist() == ref[:n]
 
 
+def test_an_answer_ends_at_the_models_end_of_turn_ids_too(tokenizer, task_records):
+    """generation_config.eos_token_id's other ids end an answer, as Hugging Face's generate ends it (an instruction
+    model's end of turn beside the tokenizer's EOS: only the EOS stopped it, and the answer ran on), over either
+    cache and in the unbatched reference; the token is booked, as EOS is."""
+    from dgrpo.model.tokens import end_of_turn_ids
+
+    lm = make_lm(tokenizer, "llama", seed=1).eval()  # (an answer of different tokens: tiny Qwen2s repeat one)
+    q = [task_records[0].question]
+    ids, mask = lm.encode_questions(q)
+    free = lm.generate(ids, mask, 2, max_new_tokens=6)
+    assert int(free.mask[0].sum()) == 6 and lm.stop_ids == []  # (runs on: no EOS in 6 tokens)
+    answer = free.tokens[0].tolist()
+    j = next(j for j in range(1, 6) if answer[j] not in answer[:j])  # (a token the answer has not written before)
+    turn_end = answer[j]
+    lm.model.generation_config.eos_token_id = [lm.eos_id, turn_end, 10**9]  # (an id past the vocabulary: left out)
+    lm.stop_ids = end_of_turn_ids(lm.model, lm.eos_id)
+    assert lm.stop_ids == [turn_end]
+    for static in (False, True):
+        gen = lm.generate(ids, mask, 2, max_new_tokens=6, static_cache=static)
+        assert gen.tokens[0].tolist() == answer[: j + 1] and gen.mask[0].tolist() == [1] * (j + 1)
+    assert recompute_generate(lm, q[0], 2, 6) == answer[: j + 1]
+    lm.model.generation_config.eos_token_id = turn_end  # (an id alone)
+    assert end_of_turn_ids(lm.model, lm.eos_id) == [turn_end]
+    lm.model.generation_config.eos_token_id = None
+    assert end_of_turn_ids(lm.model, lm.eos_id) == []
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_cache_goes_by_the_keyword_the_installed_transformers_takes(tokenizer, task_records, arch):
     """transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns, and goes in 5.40): no

@@ -45,7 +45,7 @@ class AnswerBook:
 
     def __init__(self, lm: LatentLM, B: int, max_new_tokens: int, stop_ids: list[int] | None, with_entropy: bool):
         dev, self.pad_id, self.stats = lm.device, lm.pad_id, lm.head_stats
-        self.stops = torch.tensor([lm.eos_id] + list(stop_ids or []), device=dev)
+        self.stops = torch.tensor([lm.eos_id, *lm.stop_ids, *(stop_ids or [])], device=dev)
         self.tokens = torch.full((B, max_new_tokens), lm.pad_id, dtype=torch.long, device=dev)
         self.mask = torch.zeros(B, max_new_tokens, dtype=torch.long, device=dev)
         self.logprobs = torch.zeros(B, max_new_tokens, dtype=torch.float32, device=dev)

@@ -63,6 +63,7 @@ from .tokens import (
     add_latent_tokens,
     bos_prefix,
     check_special_tokens,
+    end_of_turn_ids,
     left_pad,
     load_tokenizer,
     right_pad,
@@ -385,6 +386,8 @@ class LatentLM(nn.Module):
         self.latent_id = token_id(tokenizer, LATENT)
         self.end_id = token_id(tokenizer, END_LATENT)
         self.eos_id = tokenizer.eos_token_id
+        #: the other tokens that end an answer, as ``generate`` would end it (:func:`~.tokens.end_of_turn_ids`)
+        self.stop_ids = end_of_turn_ids(model, self.eos_id)
         self.pad_id = tokenizer.pad_token_id
         #: what the tokenizer puts before a text of its own (Llama, Mistral, Gemma: BOS; Qwen, GPT-2: nothing), put
         #: before every question as Coconut's dataset.py and Hugging Face's generate do
@@ -1096,7 +1099,8 @@ class LatentLM(nn.Module):
         with_entropy: bool = False,
         static_cache: bool = False,
     ) -> Generation:
-        """Batched answer decoding after the latents over the KV cache; each row stops at its EOS.
+        """Batched answer decoding after the latents over the KV cache; each row stops at its EOS (or another id of
+        ``stop_ids`` / ``self.stop_ids``, the model's end of turn).
 
         Greedy when ``temperature == 0``. ``logprobs`` are log pi(token) under softmax(logits / t), with
         t = temperature when sampling and 1 when greedy: the policy the GRPO ratio is taken against. Sampling draws

@@ -74,6 +74,6 @@ def recompute_generate(lm: LatentLM, question: str, n_latent: int, max_new_token
         out = lm.model(inputs_embeds=torch.stack(embeds)[None], output_hidden_states=True)
         nxt = int(out.logits[0, -1].argmax())
         new.append(nxt)
-        if nxt == lm.eos_id:
+        if nxt == lm.eos_id or nxt in lm.stop_ids:
             break
     return new

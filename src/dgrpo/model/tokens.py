@@ -135,6 +135,17 @@ def bos_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     return [bos] if own[:1] == [bos] and plain[:1] != [bos] else []
 
 
+def end_of_turn_ids(model: PreTrainedModel, eos_id: int | None) -> list[int]:
+    """The ids other than the tokenizer's EOS that end a generated answer, as Hugging Face's ``generate`` ends it:
+    the model's ``generation_config.eos_token_id`` (an id or a list; an instruction-tuned model's end of turn, such
+    as Qwen2.5-Instruct's ``<|endoftext|>`` beside its ``<|im_end|>``, or Llama 3's ``<|eom_id|>``), each within the
+    vocabulary."""
+    found = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = found if isinstance(found, (list, tuple)) else [found]
+    vocab = input_embedding_weight(model).shape[0]
+    return sorted({int(i) for i in ids if isinstance(i, int) and i != eos_id and 0 <= i < vocab})
+
+
 def left_pad(rows: list[list[int]], pad_id: int, device: Any = None) -> tuple[Tensor, Tensor]:
     """Ids and mask [B, longest row], each row padded on the left (one tensor built from lists, no loop of copies)."""
     n = max(len(r) for r in rows)
