@@ -654,7 +654,7 @@ def test_greedy_token_choice_from_bf16_logits_books_what_their_fp32_copy_would()
     torch.manual_seed(0)
     logits = (torch.randn(6, 300) * 4).to(torch.bfloat16)
     logits[2, 7] = logits[2, 9] = logits[2].max() + 1  # a tie: the first index wins either way
-    lm = SimpleNamespace(device=torch.device("cpu"), pad_id=0, eos_id=5, head_stats=HeadStats())
+    lm = SimpleNamespace(device=torch.device("cpu"), pad_id=0, eos_id=5, stop_ids=[], head_stats=HeadStats())
     books = [AnswerBook(lm, 6, 2, None, with_entropy=True) for _ in range(2)]
     for book, x in zip(books, (logits, logits.float())):
         book.choose(0, x, 0.0, 1.0, None)
