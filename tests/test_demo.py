@@ -527,3 +527,16 @@ def test_the_command_it_writes_reads_back_as_given():
         *("dgrpo", "demo", "--quick", "--seeds", "2", "--config", "my cfg.yaml", "--set", "data.test=[a, b]"),
         *("--out", "o"),
     ]
+
+
+def test_one_sft_seeds_rl_seeds_are_said_to_give_no_interval_for_want_of_sft_seeds():
+    """1 SFT seed x 3 RL seeds: results.md said "no interval (1 pair)" in the row that counts 3 pairs (the interval
+    is over the SFT seeds)."""
+    from dgrpo.demo.report import comparison_table
+
+    T, F = True, False
+    arm = {(0, r): [T, T, F, F] for r in range(3)}
+    c = compare(arm, {0: [T, F, F, F]})
+    res = {"analysis": {"comparisons": [{"a": "dropout_grpo", "b": "sft", "checkpoint": "best", "split": "t", **c}]}}
+    row = comparison_table(res, "t")[-1]
+    assert row.startswith("| Dropout-GRPO vs SFT | best-valid | +25.00 no interval (1 SFT seed) | 3 |"), row

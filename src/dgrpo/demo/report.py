@@ -79,9 +79,11 @@ def _pct(x: float | None, digits: int = 2) -> str:
 
 
 def _ci_text(c: Mapping[str, Any]) -> str:
+    """The mean difference and its interval; none with one SFT seed, whatever its number of pairs (RL seeds): the
+    interval is over the SFT seeds (it said "1 pair" beside "3 pairs" for 1 SFT seed x 3 RL seeds)."""
     if not c.get("n_pairs"):
         return "no pairs"
-    interval = "no interval (1 pair)" if c["lo"] is None else f"[{c['lo']:+.2f}, {c['hi']:+.2f}]"
+    interval = "no interval (1 SFT seed)" if c["lo"] is None else f"[{c['lo']:+.2f}, {c['hi']:+.2f}]"
     return f"{c['mean']:+.2f} {interval}"
 
 
