@@ -540,3 +540,17 @@ def test_one_sft_seeds_rl_seeds_are_said_to_give_no_interval_for_want_of_sft_see
     res = {"analysis": {"comparisons": [{"a": "dropout_grpo", "b": "sft", "checkpoint": "best", "split": "t", **c}]}}
     row = comparison_table(res, "t")[-1]
     assert row.startswith("| Dropout-GRPO vs SFT | best-valid | +25.00 no interval (1 SFT seed) | 3 |"), row
+
+
+def test_the_updating_steps_are_not_rounded_up_to_every_step():
+    """Runs that updated at 50, 50, 49 and 50 of 50 steps: the diagnostics table said "50 of 50" (the mean, 49.75,
+    rounded), as if no run had skipped a step."""
+    from dgrpo.demo.report import diagnostics_table
+
+    def run(updates):
+        return {"arm": "dropout_grpo", "updates": updates, "best_step": 10, **dict.fromkeys(KEYS, [0.5, 0.5])}
+
+    KEYS = ("reward_std", "frac_groups_kept", "distinct_answers")
+    rows = diagnostics_table({"steps": 50, "runs": [run(u) for u in (50, 50, 49, 50)]})
+    assert rows[-1].endswith("| 49.75 of 50 | 10, 10, 10, 10 |"), rows[-1]
+    assert diagnostics_table({"steps": 50, "runs": [run(0), run(0)]})[-1].endswith("| 0 of 50 | 10, 10 |")

@@ -155,9 +155,15 @@ def diagnostics_table(res: Mapping[str, Any]) -> list[str]:
             last = [r[key][1] for r in runs if r[key][1] is not None]
             cells.append(f"{statistics.fmean(first):.3f} -> {statistics.fmean(last):.3f}" if first else "-")
         steps = ", ".join(str(r["best_step"]) for r in runs)
-        cells += [f"{statistics.fmean(r['updates'] for r in runs):.0f} of {res['steps']}", steps]
+        cells += [f"{_mean_count(r['updates'] for r in runs)} of {res['steps']}", steps]
         lines.append(f"| {SHORT[arm]} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _mean_count(counts: Iterable[int]) -> str:
+    """A mean of counts, as short as exact to 2 decimals: 49.75 stays 49.75 (rounded to 50, "50 of 50" updating
+    steps read as every step of every run, where one run skipped one)."""
+    return f"{statistics.fmean(counts):.2f}".rstrip("0").rstrip(".")
 
 
 def sft_table(res: Mapping[str, Any]) -> list[str]:
