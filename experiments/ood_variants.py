@@ -3,7 +3,9 @@
     python experiments/ood_variants.py SFT_CHECKPOINT [SFT_CHECKPOINT ...]
 
 Greedy accuracy (no dropout) of each checkpoint on candidate shifted splits of the built-in task, generated with a
-different task seed (4321) than the demo's (1234), so that no demo test item is read: validation-style data only.
+different task seed (4321) than the demo's (1234): validation-style data, a new draw from the same questions, so
+nearly no demo test item is read (1 of the 500 in-distribution problems is in the demo's test split, 18 of the
+500 3-operation ones in its 3-operation split).
 Prints one JSON line per (checkpoint, variant).
 """
 

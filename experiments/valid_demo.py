@@ -7,8 +7,9 @@ Exactly ``dgrpo demo`` (the same configs, SFT seeds, arms, RL seeds, periodic va
 selection on the first ``data.eval_limit`` validation problems), except that every model is read out on
 validation-style data instead of the test splits: the validation problems the selection never saw
 (``valid[eval_limit:]``), and the 3-operation chains drawn with another task seed (4321). The test splits are never
-generated. Writes results.json / results.md / summary.txt / figures like the demo. ``--workers``: the demo's
-process pool (default one per CPU).
+generated (a task seed draws anew from the same questions: 29 of the 1000 3-operation chains are also in the
+demo's 3-operation split). Writes results.json / results.md / summary.txt / figures like the demo. ``--workers``:
+the demo's process pool (default one per CPU).
 """
 
 import argparse
