@@ -13,7 +13,7 @@ runs' rollouts differ once their weights do (bf16 forward passes), so the error 
 the rounding of updates.
 """
 
-import sys
+import argparse
 import tempfile
 from pathlib import Path
 
@@ -69,5 +69,18 @@ def main(steps: int) -> None:
             print(line + (f"; the masters' update error {error(masters):.3f}" if masters else ""))
 
 
+def steps_count(text: str) -> int:
+    """STEPS, a whole number >= 1 (0 steps moved no weight: the errors divided by 0)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 20)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("steps", nargs="?", type=steps_count, default=20, metavar="STEPS", help="GRPO steps (default 20)")
+    main(ap.parse_args().steps)

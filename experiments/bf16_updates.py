@@ -12,6 +12,8 @@ moves a weight by about lr; a bf16 weight near 0.02 is spaced 2**-13 (1.2e-4) fr
 under half of that rounds back to the weight it started from.
 """
 
+import argparse
+
 import torch
 
 from dgrpo.training.master_weights import MasterWeightAdamW
@@ -29,6 +31,7 @@ def run(dtype: torch.dtype, master: bool, lr: float, steps: int = 50, n: int = 1
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     start = run(torch.float32, False, 0.0, steps=0)
     for lr in (1e-5, 5e-6):
         ref = run(torch.float32, False, lr)

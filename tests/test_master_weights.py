@@ -214,3 +214,25 @@ def test_bf16_sft_with_master_weights_checkpoints_the_masters_whose_rounding_is_
         checked += 1
     assert checked == len(names)
     assert carried == [True]  # (one stage boundary)
+
+
+@pytest.mark.parametrize(
+    "script, argv, code, said",
+    [
+        ("bf16_grpo_updates", ["--help"], 0, "usage: bf16_grpo_updates.py [-h] [STEPS]"),
+        ("bf16_grpo_updates", ["x"], 2, "argument STEPS: not a whole number: 'x'"),
+        ("bf16_grpo_updates", ["0"], 2, "argument STEPS: must be >= 1, got 0"),
+        ("bf16_updates", ["--help"], 0, "usage: bf16_updates.py [-h]"),
+    ],
+)
+def test_the_bf16_experiments_answer_help_and_a_bad_step_count_at_once(script, argv, code, said):
+    """experiments/bf16_*.py: ``--help`` ended in int()'s traceback (bf16_grpo_updates) or ran the whole experiment
+    (bf16_updates); STEPS 0 ran SFT and then divided the update errors by 0. Now argparse's help or error."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / f"{script}.py"
+    proc = subprocess.run([sys.executable, str(path), *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code and said in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "update error" not in proc.stdout
