@@ -554,3 +554,26 @@ def test_the_updating_steps_are_not_rounded_up_to_every_step():
     rows = diagnostics_table({"steps": 50, "runs": [run(u) for u in (50, 50, 49, 50)]})
     assert rows[-1].endswith("| 49.75 of 50 | 10, 10, 10, 10 |"), rows[-1]
     assert diagnostics_table({"steps": 50, "runs": [run(0), run(0)]})[-1].endswith("| 0 of 50 | 10, 10 |")
+
+
+def test_the_report_says_the_deterministic_arm_ran_once_per_sft_seed():
+    """--seeds 3: summary.txt said "every RL arm ran 3 seed(s) from each" and results.md "3 RL seed(s) per arm", where
+    the deterministic arm runs once per SFT checkpoint (arm_tasks)."""
+    from dgrpo.demo.report import results_markdown, summary_paragraph
+
+    def res(n_rl):
+        acc = {"sft": {"best": [0.2], "final": [0.2]}}
+        claims = claim_verdicts([], {}, "test")
+        analysis = {"comparisons": [], "claims": claims, "accuracy": {"test": acc}, "reward_std_max": {}}
+        return {"headline": "test", "n_sft": 1, "n_rl": n_rl, "splits": {"test": 10}, "analysis": analysis} | {
+            "wall_s": {"total": 1.0},
+            "command": "dgrpo demo",
+            "models": [],
+            "runs": [],
+            "steps": 5,
+        }
+
+    once = "(the deterministic arm 1: it cannot update, whatever its seed)"
+    assert f"every RL arm ran 3 seed(s) from each {once}." in summary_paragraph(res(3))
+    assert results_markdown(res(3)).startswith(f"# dgrpo demo: 1 SFT seed(s) x 3 RL seed(s) per arm {once}\n")
+    assert "every RL arm ran 1 seed(s) from each. Paired" in summary_paragraph(res(1))

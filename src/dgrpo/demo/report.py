@@ -192,7 +192,7 @@ def results_markdown(res: Mapping[str, Any]) -> str:
     """results.md: the claims, the paired comparisons, the accuracy table, per-SFT-seed numbers, diagnostics."""
     n_test = ", ".join(f"{s} n={n}" for s, n in res["splits"].items())
     out = [
-        f"# dgrpo demo: {res['n_sft']} SFT seed(s) x {res['n_rl']} RL seed(s) per arm",
+        f"# dgrpo demo: {res['n_sft']} SFT seed(s) x {res['n_rl']} RL seed(s) per arm{_deterministic_once(res)}",
         "",
         f"Command: `{res['command']}`. Wall time {res['wall_s']['total']:.0f} s. Test splits: {n_test}; greedy pass@1,"
         " no dropout. `best-valid` = each run's best post-warmup validation checkpoint (the paper's protocol),"
@@ -224,8 +224,8 @@ def summary_paragraph(res: Mapping[str, Any]) -> str:
         f"{res['n_sft']} Coconut SFT checkpoints score {_pct(statistics.fmean(sft))} on average on the built-in "
         f"{headline} split (n={res['splits'][headline]}; per seed "
         + ", ".join(_pct(x, 1) for x in sft)
-        + f"); every RL arm ran {res['n_rl']} seed(s) from each. Paired over (SFT seed, RL seed), 95% t-intervals, "
-        "points: "
+        + f"); every RL arm ran {res['n_rl']} seed(s) from each{_deterministic_once(res)}. Paired over (SFT seed, "
+        "RL seed), 95% t-intervals, points: "
     )
     parts = []
     for claim in CLAIMS:
@@ -240,6 +240,11 @@ def summary_paragraph(res: Mapping[str, Any]) -> str:
                 f"{f['verdict']}"
             )
     return head + "; ".join(parts) + f". Total wall time {res['wall_s']['total']:.0f} s."
+
+
+def _deterministic_once(res: Mapping[str, Any]) -> str:
+    """With several RL seeds, that the deterministic arm ran once per SFT seed (it said that every arm ran each)."""
+    return " (the deterministic arm 1: it cannot update, whatever its seed)" if res["n_rl"] > 1 else ""
 
 
 def _std_note(res: Mapping[str, Any]) -> str:
