@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from dgrpo.cli.common import add_config_options
+from dgrpo.config import ConfigError
 from dgrpo.data.synthetic import generate_split
 from dgrpo.demo import ARMS, Demo, default_workers, demo_config, quiet_transformers, run_pipeline, write_results
 from dgrpo.demo import command_line as demo_command_line
@@ -51,7 +52,10 @@ def main() -> None:
         p.error(f"--arms: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(RL_ARMS)} (SFT always runs)")
     args.quick = False
     t0 = time.time()
-    base, n_sft, n_rl = demo_config(args)
+    try:
+        base, n_sft, n_rl = demo_config(args)
+    except ConfigError as e:  # (--seeds 0, an unknown --set key, an --out that is a file: one error, not a traceback)
+        p.error(str(e))
     if base.threads:
         torch.set_num_threads(base.threads)
     quiet_transformers()

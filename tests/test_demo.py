@@ -577,3 +577,21 @@ def test_the_report_says_the_deterministic_arm_ran_once_per_sft_seed():
     assert f"every RL arm ran 3 seed(s) from each {once}." in summary_paragraph(res(3))
     assert results_markdown(res(3)).startswith(f"# dgrpo demo: 1 SFT seed(s) x 3 RL seed(s) per arm {once}\n")
     assert "every RL arm ran 1 seed(s) from each. Paired" in summary_paragraph(res(1))
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--seeds", "0"], "--sft-seeds and --seeds must be >= 1, got 1 and 0"),
+        (["--set", "grpo.nosuch=1"], "unknown config key 'grpo.nosuch'"),
+        (["--set", "data.test=x"], "--set data.test: dgrpo demo does not read it"),
+    ],
+)
+def test_valid_demo_says_a_bad_setting_in_an_argument_error(tmp_path, argv, said):
+    """experiments/valid_demo.py: a setting the demo refuses (one line from ``dgrpo demo``) ended in a traceback."""
+    script = Path(__file__).resolve().parents[1] / "experiments" / "valid_demo.py"
+    cmd = [sys.executable, str(script), "--out", str(tmp_path / "o"), *argv]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1].startswith("valid_demo.py: error: ") and said in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()
