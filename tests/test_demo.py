@@ -28,6 +28,7 @@ from dgrpo.demo import (
     verdict,
 )
 from dgrpo.demo.pipeline import Task, arm_tasks, join_parts, task_threads
+from dgrpo.demo.stats import CHECKPOINTS
 
 from conftest import child_pids, process_alive
 
@@ -595,3 +596,24 @@ def test_valid_demo_says_a_bad_setting_in_an_argument_error(tmp_path, argv, said
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().splitlines()[-1].startswith("valid_demo.py: error: ") and said in r.stderr, r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_claim_1_does_not_round_a_differing_item_away():
+    """Claim 1 not resolved because 1 item of 1 pair in 4 differs: results.md and summary.txt said "0 items gained,
+    0 lost per pair" (the mean per pair, 0.25, rounded to 0)."""
+    from dgrpo.demo.report import claim_lines, summary_paragraph
+
+    T, F = True, False
+    sft = {s: [T, F, F] for s in range(4)}
+    det = {(s, 0): [T, F, F] for s in range(4)} | {(3, 0): [T, T, F]}
+    c = compare(det, sft)
+    comparisons = [{"a": "grpo_deterministic", "b": "sft", "checkpoint": k, "split": "test", **c} for k in CHECKPOINTS]
+    claims = claim_verdicts(comparisons, {"grpo_deterministic": 0.0}, "test")
+    res = {"analysis": {"claims": claims, "accuracy": {"test": {"sft": {"final": [1 / 3] * 4}}}}}
+    res["analysis"]["reward_std_max"] = {"grpo_deterministic": 0.0}
+    res |= {"headline": "test", "n_sft": 4, "n_rl": 1, "splits": {"test": 3}, "wall_s": {"total": 1.0}}
+    assert claim_lines(res)[0].startswith(
+        "1. deterministic GRPO = SFT exactly: best-valid checkpoint: **not resolved** (0.25 items gained, 0 lost per "
+        "pair; 4 pairs)"
+    )
+    assert "not resolved (0.25 items gained and 0 lost per pair;" in summary_paragraph(res)

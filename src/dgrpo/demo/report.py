@@ -132,7 +132,8 @@ def claim_lines(res: Mapping[str, Any]) -> list[str]:
             r = rows[ckpt]
             num = "" if r["mean"] is None else f" ({_ci_text(r)} points, {r['n_pairs']} pairs)"
             if claim.kind == "exact" and r["n_pairs"]:
-                num = f" ({r['gained']:.0f} items gained, {r['lost']:.0f} lost per pair; {r['n_pairs']} pairs)"
+                gained, lost = _mean_count([r["gained"]]), _mean_count([r["lost"]])
+                num = f" ({gained} items gained, {lost} lost per pair; {r['n_pairs']} pairs)"
             parts.append(f"{name}: **{r['verdict']}**{num}")
         lines.append(f"{claim.id}. {claim.text}: " + "; ".join(parts))
     return lines
@@ -160,9 +161,9 @@ def diagnostics_table(res: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _mean_count(counts: Iterable[int]) -> str:
+def _mean_count(counts: Iterable[float]) -> str:
     """A mean of counts, as short as exact to 2 decimals: 49.75 stays 49.75 (rounded to 50, "50 of 50" updating
-    steps read as every step of every run, where one run skipped one)."""
+    steps read as every step of every run, where one run skipped one; 0.25 items gained per pair read as 0)."""
     return f"{statistics.fmean(counts):.2f}".rstrip("0").rstrip(".")
 
 
@@ -232,7 +233,7 @@ def summary_paragraph(res: Mapping[str, Any]) -> str:
         rows = {r["checkpoint"]: r for r in res["analysis"]["claims"] if r["id"] == claim.id}
         b, f = rows["best"], rows["final"]
         if claim.kind == "exact":
-            items = f"{b['gained'] or 0:.0f} items gained and {b['lost'] or 0:.0f} lost per pair"
+            items = f"{_mean_count([b['gained'] or 0])} items gained and {_mean_count([b['lost'] or 0])} lost per pair"
             parts.append(f"({claim.id}) {claim.text}: {b['verdict']} ({items}; reward std {_std_note(res)})")
         else:
             parts.append(
