@@ -109,6 +109,19 @@ def test_data_inspect_last_line_is_json(run_cli):
     assert json.loads(r.stdout.strip().splitlines()[-1])["n"] == 7473
 
 
+def test_builtin_splits_share_no_question_with_the_test_split():
+    """valid, which picks GRPO's best/ checkpoint, shares no question with test (3 of the demo's first 500 validation
+    problems were test problems: the choice read the test split), nor does train; the other splits hold problems
+    of another length or other numbers."""
+    from dgrpo.config import TaskConfig
+    from dgrpo.data.synthetic import generate_split
+
+    for task in (TaskConfig(), TaskConfig(n_train=2000, n_valid=200, n_test=200, n_steps=3)):
+        test = {r.question for r in generate_split(task, "test")}
+        for split in ("valid", "train"):
+            assert not test & {r.question for r in generate_split(task, split)}, (task, split)
+
+
 def test_builtin_inspect(run_cli, tmp_path):
     r = run_cli("data", "inspect", "builtin:ood_steps?n_test=10")
     last = json.loads(r.stdout.strip().splitlines()[-1])

@@ -49,7 +49,8 @@ def make_problem(rng: random.Random, n_steps: int, modulus: int, lo: int, hi: in
 
 
 def generate_split(cfg: TaskConfig, split: str) -> list[Record]:
-    """Deterministic records of one split (test-type splits are generated first and excluded from train)."""
+    """Deterministic records of one split (the test splits are generated first and excluded from valid and train,
+    valid's questions from train: a best checkpoint chosen on valid never reads a test problem)."""
     if split not in SPLITS:
         raise DataError(f"built-in task has splits {', '.join(SPLITS)}; got {split!r}")
     held_out: set[str] = set()
@@ -73,7 +74,7 @@ def generate_split(cfg: TaskConfig, split: str) -> list[Record]:
             if attempts > 50 * n + 1000:
                 raise DataError(f"built-in task: cannot draw {n} distinct {name} problems; lower n or raise n_steps")
             r = make_problem(rng, n_steps, cfg.modulus, lo, hi)
-            if r.question in seen or (name == "train" and r.question in held_out):
+            if r.question in seen or (name in ("valid", "train") and r.question in held_out):
                 continue
             seen.add(r.question)
             r.meta = {"source": "builtin", "split": name}
