@@ -194,6 +194,28 @@ def test_a_snapshot_without_its_weights_says_so(hub_cache):
     (snapshot(hub_cache, NEW) / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match=r"no safetensors weights in its files in the Hugging Face cache \(an"):
         LatentLM.from_pretrained(REPO)
+    # and how to complete it, at the commit whose files are there
+    with pytest.raises(
+        CheckpointError, match=rf": download it where there is network \(hf download {REPO} --revision {NEW}\)"
+    ):
+        LatentLM.from_pretrained(REPO)
+
+
+def test_a_model_missing_offline_says_how_to_get_it(hub_cache, monkeypatch):
+    """Offline and not in the cache: the line said what was missing, not how to get it (the line without
+    HF_HUB_OFFLINE did); and it named HF_HUB_OFFLINE when TRANSFORMERS_OFFLINE was the one set."""
+    with pytest.raises(
+        CheckpointError,
+        match=r"HF_HUB_OFFLINE is set but .*: download it where there is network \(hf download tiny-org/absent\) "
+        r"into this cache, or unset HF_HUB_OFFLINE$",
+    ):
+        LatentLM.from_pretrained("tiny-org/absent")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    with pytest.raises(
+        CheckpointError, match=rf"TRANSFORMERS_OFFLINE is set .*\(hf download {REPO} --revision v2\) .*TRANSFORMERS_OFF"
+    ):
+        LatentLM.from_pretrained(REPO, revision="v2")
 
 
 def test_the_snapshot_fetches_every_file_a_checkpoint_needs_but_its_weights(tokenizer, tmp_path):

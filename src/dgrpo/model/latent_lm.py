@@ -53,7 +53,7 @@ from .head_stats import HeadStats
 from .kv_prefixes import saved_as_prefixes
 from .output_head import logit_transform, output_head
 from .recompute import checkpointed_layers, last_layers, recomputed_call, unrecomputable_cache_layers
-from .sources import hub_files, on_disk, resolve_checkpoint, resolve_model_source, revision_kwargs
+from .sources import download_hint, hub_files, on_disk, resolve_checkpoint, resolve_model_source, revision_kwargs
 from .static_cache import static_cache
 from .support import unsupported
 from .tokens import (
@@ -252,9 +252,11 @@ def load_hf_model(
                 "pickle can run code); convert it once: AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR)"
             ) from None
         if "does not appear to have a file named" in str(e):  # (transformers adds "do not set use_safetensors")
-            cached = " in its files in the Hugging Face cache (an interrupted download?)" if local_files_only else ""
+            cached = local_files_only and not folder.is_dir()  # (a hub id read from the cache: how to complete it)
+            where = " in its files in the Hugging Face cache (an interrupted download?)" if cached else ""
+            fix = f": {download_hint(path, revision)}" if cached else ""
             raise CheckpointError(
-                f"cannot load the model {path}: no safetensors weights{cached} (dgrpo loads safetensors only)"
+                f"cannot load the model {path}: no safetensors weights{where} (dgrpo loads safetensors only){fix}"
             ) from None
         raise CheckpointError(f"cannot load the model {path}: {one_line(e)}") from None
     model, info = loaded

@@ -24,6 +24,8 @@ from .verified import (
     one_line,
 )
 
+#: the environment variables that ask the hub libraries for their local cache only, in the order they are named
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "gpt2", "Qwen/Qwen2.5-1.5B"
 
 
@@ -117,12 +119,13 @@ def resolve_hub_model(name: str, revision: str | None = None) -> tuple[str, bool
     what = f"model {name!r}" + (f" at revision {revision!r}" if revision else "")
     repo_cached = (Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}").is_dir()
     missing = f"not at revision {revision!r} (other revisions are)" if revision and repo_cached else "not"
-    if offline_requested("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    offline = next((v for v in OFFLINE_VARIABLES if offline_requested(v)), None)
+    if offline is not None:
         if cached:
             return name, True
         raise CheckpointError(
-            f"{what}: not a local directory, and HF_HUB_OFFLINE is set but the model is {missing} in the "
-            f"Hugging Face cache ({constants.HF_HUB_CACHE})"
+            f"{what}: not a local directory, and {offline} is set but the model is {missing} in the "
+            f"Hugging Face cache ({constants.HF_HUB_CACHE}): {download_hint(name, revision)}, or unset {offline}"
         )
     if hub_reachable():
         return name, False
@@ -130,9 +133,16 @@ def resolve_hub_model(name: str, revision: str | None = None) -> tuple[str, bool
         return name, True
     raise CheckpointError(
         f"{what}: not a local directory, {missing} in the Hugging Face cache, and the hub ({constants.ENDPOINT}) "
-        f"cannot be reached (no network?); download it where there is network, or point to a local copy "
+        f"cannot be reached (no network?): {download_hint(name, revision)}, or point to a local copy "
         f"(HF_HUB_ETAG_TIMEOUT / HF_HUB_DOWNLOAD_TIMEOUT set the hub's timeouts in seconds)"
     )
+
+
+def download_hint(name: str, revision: str | None) -> str:
+    """How to put a hub id's files (at ``revision``) into the Hugging Face cache: the command to run where there is
+    network (into this cache, or copied to it)."""
+    at = f" --revision {revision}" if revision else ""
+    return f"download it where there is network (hf download {name}{at}) into this cache"
 
 
 #: what :func:`hub_snapshot` fetches of a hub repository before the weights: configs (dgrpo's latent_config.json,
