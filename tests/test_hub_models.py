@@ -234,3 +234,31 @@ def test_the_snapshot_fetches_every_file_a_checkpoint_needs_but_its_weights(toke
     weights = {"model.safetensors"}  # (from_pretrained fetches them, as transformers picks them)
     missed = [f for f in files if f not in weights and not any(fnmatch(f, pattern) for pattern in SMALL_FILES)]
     assert not missed, missed
+
+
+def test_a_model_with_its_own_code_says_how_to_allow_it(tokenizer, tmp_path):
+    """Without model.trust_remote_code, the line ended at transformers' "must be executed to correctly load the
+    model" (its "pass trust_remote_code=True" is on a later line): it names the option. (Not loaded with it here:
+    transformers would copy the code into the user's modules cache.)"""
+    folder = tmp_path / "custom"
+    make_lm(tokenizer).save_pretrained(folder)
+    (folder / "configuration_custom.py").write_text(
+        "from transformers import Qwen2Config\n\n\nclass CustomConfig(Qwen2Config):\n    model_type = 'custom_qwen'\n"
+    )
+    (folder / "modeling_custom.py").write_text(
+        "from transformers import Qwen2ForCausalLM\n\nfrom .configuration_custom import CustomConfig\n\n\n"
+        "class CustomForCausalLM(Qwen2ForCausalLM):\n    config_class = CustomConfig\n"
+    )
+    config = json.loads((folder / "config.json").read_text())
+    config.update(
+        model_type="custom_qwen",
+        architectures=["CustomForCausalLM"],
+        auto_map={
+            "AutoConfig": "configuration_custom.CustomConfig",
+            "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM",
+        },
+    )
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "manifest.json").unlink()  # (a folder the user made: the manifest of what dgrpo wrote is not its)
+    with pytest.raises(CheckpointError, match=r"custom code .*: allow it with --set model.trust_remote_code=true"):
+        LatentLM.from_pretrained(folder)

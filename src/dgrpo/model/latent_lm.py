@@ -222,6 +222,17 @@ def _read_latent_files(folder: Path) -> tuple[LatentSettings, dict | None]:
     return settings, (read_json_object(run) if run.is_file() else None)
 
 
+def remote_code_hint(e: BaseException) -> str:
+    """What to add to a load that failed because the model or tokenizer runs its repository's own code: the option
+    that allows it (transformers' words for it, ``trust_remote_code=True``, are on a line :func:`one_line` drops)."""
+    if "trust_remote_code" not in str(e):
+        return ""
+    return (
+        " (the repository runs its own code: allow it with --set model.trust_remote_code=true, or import-coconut's "
+        "and export's --trust-remote-code, only if you trust it)"
+    )
+
+
 def load_hf_model(
     path: str,
     dtype: torch.dtype | None,
@@ -258,7 +269,7 @@ def load_hf_model(
             raise CheckpointError(
                 f"cannot load the model {path}: no safetensors weights{where} (dgrpo loads safetensors only){fix}"
             ) from None
-        raise CheckpointError(f"cannot load the model {path}: {one_line(e)}") from None
+        raise CheckpointError(f"cannot load the model {path}: {one_line(e)}{remote_code_hint(e)}") from None
     model, info = loaded
     for what, key in (("missing", "missing_keys"), ("wrong-shape", "mismatched_keys")):
         keys = info.get(key) or []
@@ -448,7 +459,7 @@ class LatentLM(nn.Module):
         except CheckpointError:
             raise
         except Exception as e:  # noqa: BLE001 - a damaged directory fails in many ways; each is one line for the user
-            raise CheckpointError(f"cannot load the model {path}: {one_line(e)}") from None
+            raise CheckpointError(f"cannot load the model {path}: {one_line(e)}{remote_code_hint(e)}") from None
         model = load_hf_model(str(path), dtype, trust_remote_code, local_files_only, revision)
         lm = cls._built(model, tok, settings, str(path), latent_token_init)
         lm.run_config, lm.name_or_path, lm.loaded_from = run_config, str(path), str(path)
@@ -479,7 +490,8 @@ class LatentLM(nn.Module):
             tok = load_tokenizer(str(folder), trust_remote_code=trust_remote_code)
             settings, run_config = _read_latent_files(folder)
         except Exception as e:  # noqa: BLE001
-            raise CheckpointError(f"cannot load the adapter checkpoint {folder}: {one_line(e)}") from None
+            why = f"{one_line(e)}{remote_code_hint(e)}"
+            raise CheckpointError(f"cannot load the adapter checkpoint {folder}: {why}") from None
         model = load_hf_model(base, dtype, trust_remote_code, local_only, revision)
         lm = cls._built(model, tok, settings, str(folder))
         lm.run_config, lm.name_or_path, lm.revision = run_config, base, revision
