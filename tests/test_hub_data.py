@@ -115,3 +115,22 @@ def test_training_data_from_the_hub_named_without_a_split_takes_its_train_split(
         match=r"^hub dataset 'openai/gsm8k' has no split 'train': name one as openai/gsm8k:SPLIT\?config=main ",
     ):
         load_spec(training_split("openai/gsm8k?config=main"))  # (the made-up hub holds only its test split)
+
+
+def test_a_hub_dataset_missing_offline_says_how_to_get_it(hub, monkeypatch):
+    """Offline and not in the datasets cache: the line said the hub could not be reached, not what to do."""
+
+    def offline(repo, config=None, split=None):  # (datasets' words in offline mode)
+        raise ConnectionError(f"Couldn't reach '{repo}' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(DataError) as info:
+        loaders.load_dataset("org/mine", "test")
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith("unknown dataset 'org/mine': not a local file")
+    assert msg.endswith(
+        "(HF_DATASETS_OFFLINE is set and the dataset is not in the datasets cache: load it once where there is "
+        "network with this HF_HOME, or unset HF_DATASETS_OFFLINE)"
+    )

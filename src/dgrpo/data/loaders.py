@@ -623,8 +623,20 @@ def _load_from_hub(
             named = f"{repo}:SPLIT" + (f"?config={config}" if config else "")
             why_not = f"hub dataset {repo!r} has no split {split!r}: name one as {named} ({reason})"
             raise DataError(why_not) from None
-        raise DataError(f"{prefix} the Hugging Face hub could not be reached: {reason}") from None
+        raise DataError(f"{prefix} the Hugging Face hub could not be reached: {reason}{offline_hint(exc)}") from None
     return rows_to_records(rows, f"hub dataset {repo!r} split {split!r}", f"hf:{repo}", columns)
+
+
+def offline_hint(exc: Exception) -> str:
+    """How to get a hub dataset that offline mode (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE``) kept
+    ``datasets.load_dataset`` from reading (``exc``: its failure); "" for any other failure."""
+    offline = next((v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if offline_requested(v)), None)
+    if offline is None or not (isinstance(exc, ConnectionError) or "OfflineModeIsEnabled" in str(exc)):
+        return ""
+    return (
+        f" ({offline} is set and the dataset is not in the datasets cache: load it once where there is network "
+        f"with this HF_HOME, or unset {offline})"
+    )
 
 
 def _load_openmath_subset(name: str) -> list[Record]:
