@@ -379,13 +379,14 @@ def test_a_runs_reward_and_scorer_files_are_recorded_by_absolute_path(reward_fil
 
     monkeypatch.chdir(tmp_path)
     sets = ["eval.scorer=my_reward.py:reward", "grpo.rewards=[{fn: my_reward.py:reward}, {fn: numeric}]"]
-    cfg = record_init(load_config(Config, None, [*sets, "grpo.filter_reward=numeric"]), None)
+    cfg = record_init(load_config(Config, None, [*sets, "grpo.filter_reward=numeric"]), None, tmp_path / "run")
     assert cfg.eval.scorer == f"{reward_file.resolve()}:reward"
     assert cfg.grpo.rewards == [
         {"fn": f"{reward_file.resolve()}:reward", "name": "my_reward.py:reward"},
         {"fn": "numeric", "name": "numeric"},
     ]
-    assert record_init(load_config(Config, None, ["eval.scorer=nope.py:f"]), None).eval.scorer == "nope.py:f"
+    cfg = record_init(load_config(Config, None, ["eval.scorer=nope.py:f"]), None, tmp_path / "run")
+    assert cfg.eval.scorer == "nope.py:f"
 
 
 @pytest.mark.parametrize(
@@ -1298,6 +1299,28 @@ def test_a_run_directory_and_its_final_checkpoint_are_one_init(sft_checkpoint, t
     (run / "metrics.jsonl").write_text("")
     assert init_name(str(run)) == init_name(str(run / "final")) == str((run / "final").resolve())
     assert init_name("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"  # a hub id, as given
+
+
+def test_a_local_model_name_or_path_is_recorded_as_init_is(sft_checkpoint, tmp_path, monkeypatch):
+    """model.name_or_path=runs/sft was recorded as given: a resume naming runs/sft/final or its absolute path was
+    refused as another model (as --init's spellings were), and a relative path named another folder from another
+    directory. A run that recorded another spelling of the same model keeps it; a hub id is kept as given."""
+    from dgrpo.cli.train import record_init
+    from dgrpo.config import Config, load_config
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(sft_checkpoint, tmp_path / "runs" / "sft" / "final")
+    final = str((tmp_path / "runs" / "sft" / "final").resolve())
+
+    def recorded(name, out=tmp_path / "new"):
+        return record_init(load_config(Config, None, [f"model.name_or_path={name}"]), None, out).model.name_or_path
+
+    assert recorded("runs/sft") == recorded("runs/sft/final") == recorded(str(tmp_path / "runs" / "sft")) == final
+    assert recorded("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B" and recorded("builtin-tiny") == "builtin-tiny"
+    (tmp_path / "old").mkdir()  # a run begun when the name was recorded as given: resumed as it recorded it
+    (tmp_path / "old" / "config.json").write_text(json.dumps({"model": {"name_or_path": "runs/sft"}}))
+    assert recorded("runs/sft/final", tmp_path / "old") == "runs/sft"
+    assert recorded("Qwen/Qwen2.5-0.5B", tmp_path / "old") == "Qwen/Qwen2.5-0.5B"  # (another model: as given)
 
 
 def test_sft_on_records_without_steps_or_with_a_warmup_past_its_schedule_is_warned_about(tmp_path):

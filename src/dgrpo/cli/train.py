@@ -68,18 +68,18 @@ def add_resume_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def record_init(cfg: Config, init: str | None) -> Config:
-    """``--init`` kept as the run's ``model.name_or_path`` (:func:`init_name`): the run's config then names
-    the weights it started from, and resuming it from other weights is refused as any changed config is. Reward,
+def record_init(cfg: Config, init: str | None, out: str | Path) -> Config:
+    """``--init`` kept as the run's ``model.name_or_path`` (:func:`init_name`; a local ``model.name_or_path`` is
+    named so too: :func:`model_name`, for the run in ``out``): the run's config then names the weights it started
+    from, and resuming it from other weights is refused as any changed config is. Reward,
     scorer and perturbation kind files (``path/file.py:function``) are made absolute too, so the checkpoint's scorer
     is found by ``dgrpo eval`` wherever it runs."""
     from ..config import ConfigError, reward_name
-    from ..training.model_record import init_name
+    from ..training.model_record import init_name, model_name
 
     if init is not None and not init.strip():
         raise ConfigError("--init is empty: name a checkpoint directory, a run directory or a hub id")
-    if init:
-        cfg.model.name_or_path = init_name(init)
+    cfg.model.name_or_path = init_name(init) if init else model_name(cfg.model.name_or_path, out)
     cfg.eval.scorer, cfg.grpo.reward = absolute_file(cfg.eval.scorer), absolute_file(cfg.grpo.reward)
     # (a plug-in kind's file, path/to/file.py:Class; the option's type lists the built-in kinds, which it also takes)
     cfg.perturbation.kind = cast(Any, absolute_file(cfg.perturbation.kind))
@@ -205,7 +205,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
 
     if not args.resume.strip():  # (an empty PATH was read as the working directory)
         raise ConfigError("--resume is empty: auto, never, or a checkpoint directory")
-    cfg = record_init(load(args), args.init)
+    cfg = record_init(load(args), args.init, args.out)
     warn_if_held_out_is_builtin(cfg)
     warn_if_prompt_options_are_set(cfg)
     check_installed(cfg.logging.backends)

@@ -28,6 +28,19 @@ def init_name(init: str) -> str:
         return str(Path(init).resolve())
 
 
+def model_name(name: str, out_dir: str | Path) -> str:
+    """How a run's config names ``model.name_or_path``: as :func:`init_name` names ``--init`` (a local checkpoint by
+    the absolute path it resolves to: ``runs/sft``, ``runs/sft/final`` and its absolute path were three configs, and
+    a resume naming another of them was refused), unless the run in ``out_dir`` recorded another spelling of the
+    same model (begun before dgrpo recorded it so): that run is resumed as it recorded it."""
+    if name == BUILTIN:
+        return name
+    recorded = _recorded_name(Path(out_dir))
+    if isinstance(recorded, str) and recorded != BUILTIN and init_name(recorded) == init_name(name):
+        return recorded
+    return init_name(name)
+
+
 def record_the_models_shape(cfg: Config, lm: Any) -> None:
     """``model.arch`` and the sizes build the built-in tiny model; a run that loads a model (``--init``, a hub id or a
     directory) records the loaded model's instead (its config.json said the options given, which built nothing),
