@@ -624,6 +624,28 @@ def test_a_stopped_fork_is_told_to_drop_resume_and_refused_when_given_it_again(t
         assert run.candidates == [own]
 
 
+def test_a_rewind_removes_the_later_checkpoints_so_that_a_stop_resumes_the_rewound_run(tmp_path):
+    """--resume OUT/checkpoints/step-N (a rewind, under a changed config too) left the later checkpoints of the run
+    it abandoned: stopped before it rewrote them, the same command without --resume (as the stop's line advises)
+    resumed the abandoned newest one, its weights under the rewound steps' metrics rows (the rows between them lost)
+    and config history. They are removed once the rewind's checkpoint is resumed; an auto resume removes none."""
+    from types import SimpleNamespace
+
+    from dgrpo.training.checkpoint import list_checkpoints
+
+    out = tmp_path / "run"
+    ckpts = [_fake_checkpoint(out / "checkpoints" / f"step-0000000{n}") for n in (2, 4, 6, 8)]
+    with _run_dir(out) as run:  # (auto: the newest resumed, nothing removed)
+        run.resume(lambda c: SimpleNamespace(base=None))
+        run.start({"step": 8, "metrics_lines": 0})
+    assert list_checkpoints(out) == ckpts
+    with _run_dir(out, resume=str(ckpts[1])) as run:
+        run.resume(lambda c: SimpleNamespace(base=None))
+        run.start({"step": 4, "metrics_lines": 0})
+    assert list_checkpoints(out) == ckpts[:2]
+    assert not any(p.name.startswith(".tmp-") for p in (out / "checkpoints").iterdir())
+
+
 def test_a_run_stopped_under_resume_never_is_told_to_drop_it(tmp_path):
     """The stop line of a --resume never run said the same command resumes; given again, it deleted the checkpoint
     just written and started over."""

@@ -48,6 +48,7 @@ from .checkpoint import (
     LoadedCheckpoint,
     checkpoint_command,
     count_lines,
+    list_checkpoints,
     repoint_run_adapters,
     reset_metrics,
     resume_candidates,
@@ -918,6 +919,7 @@ class RunDir:
         if resumed_state is not None:
             self._adopt_base(self.base_now)
         if self.dist.is_main:
+            self._drop_abandoned_checkpoints()
             step = resumed_state["step"] if resumed_state is not None else 0
             if resumed_state is not None and self.changed:
                 self._keep_config_history(step)
@@ -952,6 +954,30 @@ class RunDir:
                     f"{self.dist.world_size}: the run goes on a float rounding away from one that kept {written_by} "
                     "(the same data order and seeds; summation order differs)"
                 )
+
+    def _drop_abandoned_checkpoints(self) -> None:
+        """A rewind (``--resume OUT/checkpoints/step-N``, one of this run's own) removes this run's checkpoints newer
+        than N: the resumed run writes those steps anew, and a stop before it did left them as the newest, which the
+        same command without ``--resume`` (as the stop's line advised) resumed: the abandoned steps' weights, under
+        the metrics rows and config of the rewound ones, the rows between them lost. Each is renamed to a temporary
+        name first (removed at a run's start), so that a stop during its removal leaves no half checkpoint."""
+        if not self.explicit or self.checkpoint is None:
+            return
+        root = self.out_dir / CHECKPOINTS_DIR
+        if not root.is_dir() or not self.checkpoint.resolve().is_relative_to(root.resolve()):
+            return
+        newer = [c for c in list_checkpoints(self.out_dir) if c.name > self.checkpoint.name]
+        for ckpt in newer:
+            doomed = root / f".tmp-{ckpt.name}-{os.getpid()}"
+            shutil.rmtree(doomed, ignore_errors=True)
+            os.replace(ckpt, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+        if newer:
+            names = ", ".join(c.name for c in newer)
+            self.log(
+                f"dgrpo: rewound to {self.checkpoint.name}: removed this run's later checkpoints {names} (the run "
+                "writes those steps anew)"
+            )
 
     def _warn_if_rows_lost(self, keep: int) -> None:
         """A warning when this run's own checkpoint is resumed and ``metrics.jsonl`` holds fewer rows than the
