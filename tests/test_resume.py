@@ -358,14 +358,16 @@ def test_killing_the_torchrun_launcher_stops_the_workers(sft_checkpoint, tmp_pat
 
 
 def test_only_options_that_change_no_result_may_change_on_resume():
-    """Recomputation's switches are neutral (bit for bit on CPU), but keeping the latent steps' activations
-    (recompute_latent_steps: false) moves gradients by 1e-7: a change to refuse, or to record in config history."""
+    """Recomputation's switches, and how often checkpoints are saved and how many kept, are neutral (bit for bit on
+    CPU), but keeping the latent steps' activations (recompute_latent_steps: false) moves gradients by 1e-7: a change
+    to refuse, or to record in config history."""
     from dgrpo.config import Config, load_config, to_dict
     from dgrpo.training.run import config_diff
 
     old = to_dict(load_config(Config, None, []))
     neutral = ["threads=1", "logging.backends=[jsonl, tensorboard]", "grpo.recompute=false", "sft.recompute=true"]
     neutral += ["grpo.recompute_granularity=call", "device=cpu"]
+    neutral += ["sft.save_every=7", "sft.keep_last=5", "grpo.save_every=3", "grpo.keep_last=1"]  # (were refused)
     assert config_diff(old, to_dict(load_config(Config, None, neutral))) == []
     changed = ["grpo.recompute_latent_steps=false", "sft.recompute_latent_steps=false", "grpo.lr=1e-3"]
     assert config_diff(old, to_dict(load_config(Config, None, changed))) == [

@@ -74,6 +74,9 @@ NEUTRAL_KEYS = frozenset(
     # results at float level; the checkpoint's loader says what a sharded checkpoint needs (torchrun, FSDP2)
     + ["fsdp"]
     + [f"{t}.{k}" for t in ("sft", "grpo") for k in ("recompute", "recompute_granularity", "recompute_kept_layers")]
+    # how often a resumable checkpoint is written and how many are kept: a resumed run is the run not stopped (to
+    # the bit), so they change where a stop can resume, not what it computes
+    + [f"{t}.{k}" for t in ("sft", "grpo") for k in ("save_every", "keep_last")]
 )
 NEUTRAL_SECTIONS = ("logging.",)  # every key below these
 #: what a command's run never reads (the other command's section; dgrpo eval's prompt options): a resume ignores them
