@@ -1014,7 +1014,8 @@ class RunDir:
             shutil.rmtree(doomed, ignore_errors=True)
         if found:
             names = " and ".join(found)
-            self.log(f"dgrpo: removed the earlier end's {names} in {self.out_dir}: this run's end writes them anew")
+            them = "them" if len(found) > 1 else "it"
+            self.log(f"dgrpo: removed the earlier end's {names} in {self.out_dir}: this run's end writes {them} anew")
 
     @property
     def same_command(self) -> str:
