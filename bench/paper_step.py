@@ -64,6 +64,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from dgrpo.bench import step_profile, timeline  # noqa: E402
 from dgrpo.bench.workload import FULL, QUICK, Shapes, build_lm, task_records  # noqa: E402
+from dgrpo.cli.common import positive_int  # noqa: E402
 from dgrpo.config import Config, ConfigError, load_config  # noqa: E402
 from dgrpo.data.records import Record  # noqa: E402
 from dgrpo.eval.scoring import Rewards  # noqa: E402
@@ -149,18 +150,6 @@ def parse_args() -> argparse.Namespace:
     if any(w < 1 for w in args.prompt_widths) or any(n < 0 for n in args.kept_groups):
         ap.error("--prompt-widths are positive and --kept-groups non-negative")
     return args
-
-
-def positive_int(text: str) -> int:
-    """A size or count option of the bench scripts: an integer >= 1 (0 or less ended in a traceback deep in the
-    measurement, or a division by zero)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def int_list(text: str) -> list[int]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from dgrpo.cli.common import positive_int
 from dgrpo.config import Config, load_config
 from dgrpo.data.synthetic import generate_split
 from dgrpo.model.factory import load_model
@@ -69,18 +70,7 @@ def main(steps: int) -> None:
             print(line + (f"; the masters' update error {error(masters):.3f}" if masters else ""))
 
 
-def steps_count(text: str) -> int:
-    """STEPS, a whole number >= 1 (0 steps moved no weight: the errors divided by 0)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
-    return n
-
-
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("steps", nargs="?", type=steps_count, default=20, metavar="STEPS", help="GRPO steps (default 20)")
+    ap.add_argument("steps", nargs="?", type=positive_int, default=20, metavar="STEPS", help="GRPO steps (default 20)")
     main(ap.parse_args().steps)

@@ -220,8 +220,8 @@ def test_bf16_sft_with_master_weights_checkpoints_the_masters_whose_rounding_is_
     "script, argv, code, said",
     [
         ("bf16_grpo_updates", ["--help"], 0, "usage: bf16_grpo_updates.py [-h] [STEPS]"),
-        ("bf16_grpo_updates", ["x"], 2, "argument STEPS: not a whole number: 'x'"),
-        ("bf16_grpo_updates", ["0"], 2, "argument STEPS: must be >= 1, got 0"),
+        ("bf16_grpo_updates", ["x"], 2, "argument STEPS: expected a positive integer, got 'x'"),
+        ("bf16_grpo_updates", ["0"], 2, "argument STEPS: expected a positive integer, got 0"),
         ("bf16_updates", ["--help"], 0, "usage: bf16_updates.py [-h]"),
     ],
 )

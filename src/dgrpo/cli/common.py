@@ -26,6 +26,18 @@ TRAINING_COMMANDS = ("sft", "grpo")
 STOPPABLE_COMMANDS = (*TRAINING_COMMANDS, "eval", "demo")
 
 
+def positive_int(text: str) -> int:
+    """An argparse type for a size or count option (the bench and experiment scripts'): an integer >= 1 (0 or less
+    ended in a traceback deep in the measurement, or a division by zero)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def add_config_options(p: argparse.ArgumentParser, example: str) -> None:
     p.add_argument(
         "--config",
