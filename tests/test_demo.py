@@ -580,6 +580,7 @@ def test_the_report_says_the_deterministic_arm_ran_once_per_sft_seed():
     assert "every RL arm ran 1 seed(s) from each. Paired" in summary_paragraph(res(1))
 
 
+@pytest.mark.slow  # (subprocesses that import torch: ~4.5 s each)
 @pytest.mark.parametrize(
     "argv, said",
     [

@@ -216,6 +216,7 @@ def test_bf16_sft_with_master_weights_checkpoints_the_masters_whose_rounding_is_
     assert carried == [True]  # (one stage boundary)
 
 
+@pytest.mark.slow  # (subprocesses that import torch: ~4.5 s each)
 @pytest.mark.parametrize(
     "script, argv, code, said",
     [
