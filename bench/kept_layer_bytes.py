@@ -27,10 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from paper_step import QWEN25_15B, T, positive_int  # noqa: E402
+from paper_step import QWEN25_15B, T  # noqa: E402
 
 from dgrpo.bench.recompute_item import kept_for_backward  # noqa: E402
 from dgrpo.bench.workload import build_lm, task_records  # noqa: E402
+from dgrpo.cli.common import positive_int  # noqa: E402
 from dgrpo.model.latent_lm import LatentLM  # noqa: E402
 
 

@@ -40,11 +40,10 @@ from torch import Tensor
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from paper_step import positive_int  # noqa: E402
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 
+from dgrpo.cli.common import positive_int  # noqa: E402
 from dgrpo.model.gqa_attention import packed_gqa_sdpa_forward  # noqa: E402
 from dgrpo.model.head_stats import HeadStats  # noqa: E402
 

@@ -36,11 +36,12 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from kept_layer_bytes import byte_count_args, layer_shaped_lm  # noqa: E402
-from paper_step import QWEN25_15B, T, positive_int  # noqa: E402
+from paper_step import QWEN25_15B, T  # noqa: E402
 
 from dgrpo.bench.recompute_item import ARMS, RECOMPUTE_CPU, kept_for_backward  # noqa: E402
 from dgrpo.bench.timing import alternate  # noqa: E402
 from dgrpo.bench.workload import QUICK, build_lm  # noqa: E402
+from dgrpo.cli.common import positive_int  # noqa: E402
 from dgrpo.model.latent_lm import LatentLM  # noqa: E402
 
 MEASURED_LAYERS = 2

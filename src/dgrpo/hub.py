@@ -17,8 +17,19 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 
 def offline_requested(*names: str) -> bool:
     """True when one of the environment variables ``names`` (default: HF_HUB_OFFLINE) is set to a true value."""
-    return any(
-        os.environ.get(n, "").strip().upper() in {"1", "ON", "YES", "TRUE"} for n in names or ("HF_HUB_OFFLINE",)
+    return offline_variable(*names) is not None
+
+
+def offline_variable(*names: str) -> str | None:
+    """The first of the environment variables ``names`` (default: HF_HUB_OFFLINE) set to a true value, which an
+    error line names (and says to unset); None when none is."""
+    return next(
+        (
+            n
+            for n in names or ("HF_HUB_OFFLINE",)
+            if os.environ.get(n, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+        ),
+        None,
     )
 
 

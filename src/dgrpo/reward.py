@@ -73,15 +73,16 @@ _REL_TOL = Decimal(str(REL_TOL))
 #: a comma and a digit right after a number: the number's digits go on in groups not of three (``2,5``, ``12,34``,
 #: ``1,000,00``), so the number read is a part of what was written
 _BAD_GROUP = re.compile(r",[0-9]")
-_ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)
+#: "The answer is" / "answer:", an answer marker (the choice scorer reads its letter after it too)
+ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)
 #: LaTeX's thousands separators, read as a comma: ``1{,}000``, MATH's ``10,\!000`` and a thin space between digit
 #: groups, ``1\,234`` (a math-tuned model's ``\boxed{10,\!000}`` was read as 10, ``\boxed{1\,234}`` as 1)
 _LATEX_COMMA = re.compile(r"\{,\}|,\\!|(?<=[0-9])\\,(?=[0-9]{3}(?![0-9]))")
-#: what may open a box before its number: spaces, ``$`` or ``\$``, braces and a text or bold wrapper
-#: (``\boxed{\text{18}}``, ``\boxed{\mathbf{18}}``, ``\boxed{{18}}``: they held no answer)
 #: full-width digits as ASCII ones (``#### ４`` was no answer, as a model writing Chinese or Japanese may answer);
 #: not the full-width comma or period, a sentence's there
 _FULL_WIDTH_DIGITS = str.maketrans({chr(0xFF10 + d): str(d) for d in range(10)})
+#: what may open a box before its number: spaces, ``$`` or ``\$``, braces and a text or bold wrapper
+#: (``\boxed{\text{18}}``, ``\boxed{\mathbf{18}}``, ``\boxed{{18}}``: they held no answer)
 _BOX_OPENING = re.compile(r"(?:\s|\\?\$|\{|\\(?:textbf|text|mathbf|mathrm|bf|displaystyle)(?![A-Za-z]))*")
 
 
@@ -125,7 +126,7 @@ _MARKER = re.compile(r"(?:^|(?<=\s))#+(?=\s|$)")
 _BOXED = re.compile(r"\\boxed\s*\{")
 #: the answer markers: a standalone run of '#', any run of two or more (``####42``, ``8####<<``), "The answer is",
 #: ``\boxed{``
-_ANSWER_MARKER = re.compile(rf"{_MARKER.pattern}|#{{2,}}|{_ANSWER_IS.pattern}|{_BOXED.pattern}", re.IGNORECASE)
+_ANSWER_MARKER = re.compile(rf"{_MARKER.pattern}|#{{2,}}|{ANSWER_IS.pattern}|{_BOXED.pattern}", re.IGNORECASE)
 #: a markdown heading (``### Step 2: ...``, ``## Explanation``): one to three '#' opening a line, then a word; no
 #: answer marker (the number after it is a step's, not the answer)
 _HEADING = re.compile(r"(?:^|(?<=\n))[ \t]*(#{1,3})[ \t]+[^\W\d_]")
@@ -161,7 +162,7 @@ def _find_answer(text: str) -> _Answer | None:
         boxed = marker.group().startswith("\\")
         if i < len(numbers) and starts[i] < before:
             gap = text[marker.end() : starts[i]]
-            lone = _LONE_MINUS if _ANSWER_IS.match(marker.group()) else _LONE_MINUS_OR_DASH
+            lone = _LONE_MINUS if ANSWER_IS.match(marker.group()) else _LONE_MINUS_OR_DASH
             negated = lone.fullmatch(gap) is not None
             if negated or not boxed or _BOX_OPENING.fullmatch(gap):  # (a box: its number first)
                 if _BAD_GROUP.match(text, numbers[i].end()):

@@ -13,7 +13,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from ..hub import hub_reachable, offline_requested
+from ..hub import hub_reachable, offline_requested, offline_variable
 from ..reward import normalize_number
 from .records import DataError, Record
 from .subsets import OPENMATH_HUB_ID, sample_subset, stream_openmath
@@ -630,7 +630,7 @@ def _load_from_hub(
 def offline_hint(exc: Exception) -> str:
     """How to get a hub dataset that offline mode (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE``) kept
     ``datasets.load_dataset`` from reading (``exc``: its failure); "" for any other failure."""
-    offline = next((v for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if offline_requested(v)), None)
+    offline = offline_variable("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
     if offline is None or not (isinstance(exc, ConnectionError) or "OfflineModeIsEnabled" in str(exc)):
         return ""
     return (

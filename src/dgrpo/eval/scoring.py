@@ -39,7 +39,7 @@ from typing import Any, cast
 from ..config import reward_name
 from ..data.records import Record, data_columns
 from ..plugins import PluginError, import_object
-from ..reward import final_answer_text, normalize_number, normalize_text, score
+from ..reward import ANSWER_IS, final_answer_text, normalize_number, normalize_text, score
 
 ScoreFn = Callable[[list[str], list[Record]], Sequence[float]]
 
@@ -74,7 +74,6 @@ def _exact(completion: str, gold: str) -> float:
 
 
 _LETTER = re.compile(r"(?<![A-Za-z])(\()?([A-E])(?![A-Za-z])(\)|[.:])?")
-_ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)  # (as dgrpo.reward reads a number after it)
 _LONE_LETTER = re.compile(r"\s*\(?([A-Ea-e])\)?[.:]?\s*")
 
 
@@ -95,7 +94,7 @@ def choice_letter(text: str) -> str | None:
         return None
     if "#" in text:
         return found[0][0]
-    for marker in reversed(list(_ANSWER_IS.finditer(part))):  # (the last marker with a letter after it)
+    for marker in reversed(list(ANSWER_IS.finditer(part))):  # (the last marker with a letter after it)
         after = [m.group(2) for m in letters if m.start() >= marker.end()]
         if after:
             return after[0]

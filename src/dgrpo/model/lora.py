@@ -133,7 +133,7 @@ def check_targets(lm: LatentLM, targets: list[str]) -> None:
     if targets == ["all-linear"]:
         return
     names = [n for n, _ in lm.model.named_modules() if n]
-    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    missing = [t for t in targets if not any(_names(t, n) for n in names)]
     if missing:
         leaves = sorted({n.rsplit(".", 1)[-1] for n, m in lm.model.named_modules() if _is_linear(m)})
         raise ConfigError(
@@ -152,7 +152,7 @@ def _refuse_tied_targets(lm: LatentLM, targets: list[str], head: torch.nn.Module
     roles = {id(head): ("output layer", "input embeddings"), id(embed): ("input embeddings", "output layer")}
     for t in targets:
         for n, m in lm.model.named_modules():
-            if id(m) in roles and (n == t or n.endswith("." + t)):
+            if id(m) in roles and _names(t, n):
                 own, other = roles[id(m)]
                 reference = ", and the KL reference adapter cannot be added beside it" if m is head else ""
                 raise ConfigError(
@@ -168,12 +168,18 @@ def _refuse_latent_row_targets(lm: LatentLM, targets: list[str]) -> None:
     in a TypeError, and the line did not say which option to change)."""
     with_rows = {id(lm.model.get_input_embeddings()), id(lm.model.get_output_embeddings())}  # (a tied head: one)
     for t in targets:
-        if any(id(m) in with_rows and (n == t or n.endswith("." + t)) for n, m in lm.model.named_modules()):
+        if any(id(m) in with_rows and _names(t, n) for n, m in lm.model.named_modules()):
             raise ConfigError(
                 f"invalid config value model.lora.target_modules: {t!r} holds the latent markers' rows, which "
                 "model.lora.train_latent_tokens=true trains, and PEFT cannot also put an adapter on it: leave it out, "
                 "or set model.lora.train_latent_tokens=false (the markers' rows then stay as SFT left them)"
             )
+
+
+def _names(target: str, module_name: str) -> bool:
+    """Whether a ``model.lora.target_modules`` entry names the module, as PEFT matches a list: the full name, or its
+    last dotted parts."""
+    return module_name == target or module_name.endswith("." + target)
 
 
 def _is_linear(module: torch.nn.Module) -> bool:

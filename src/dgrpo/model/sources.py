@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..hub import hub_reachable, offline_requested
+from ..hub import hub_reachable, offline_variable
 from ..run_layout import FINAL_DIR, METRICS_FILE, STEP_DIR, step_dir_name
 from .verified import (
     ADAPTER_CONFIG_FILE,
@@ -24,8 +24,6 @@ from .verified import (
     one_line,
 )
 
-#: the environment variables that ask the hub libraries for their local cache only, in the order they are named
-OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "gpt2", "Qwen/Qwen2.5-1.5B"
 
 
@@ -119,7 +117,7 @@ def resolve_hub_model(name: str, revision: str | None = None) -> tuple[str, bool
     what = f"model {name!r}" + (f" at revision {revision!r}" if revision else "")
     repo_cached = (Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}").is_dir()
     missing = f"not at revision {revision!r} (other revisions are)" if revision and repo_cached else "not"
-    offline = next((v for v in OFFLINE_VARIABLES if offline_requested(v)), None)
+    offline = offline_variable("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")  # (the hub libraries' local cache only)
     if offline is not None:
         if cached:
             return name, True

@@ -125,14 +125,17 @@ def unlisted_files(directory: Path) -> list[str]:
     return sorted(f for f in files if f not in manifest)
 
 
+def is_written_checkpoint(folder: Path) -> bool:
+    """Whether ``folder`` is a checkpoint dgrpo wrote: a model directory (it holds a manifest) or a resumable
+    training checkpoint."""
+    return (folder / MANIFEST).is_file() or (folder / RESUMABLE_STATE).is_file()
+
+
 def enclosing_checkpoint(path: Path, levels: int = 3) -> Path | None:
-    """The nearest of ``path``'s parents (up to ``levels`` up) that is a checkpoint dgrpo wrote: a model directory (it
-    holds a manifest) or a resumable training checkpoint; None when there is none. A folder written there would sit
-    outside the checkpoint's manifest (and a run's ``--resume never`` would delete it)."""
-    for folder in list(path.absolute().parents)[:levels]:
-        if (folder / MANIFEST).is_file() or (folder / RESUMABLE_STATE).is_file():
-            return folder
-    return None
+    """The nearest of ``path``'s parents (up to ``levels`` up) that is a checkpoint dgrpo wrote
+    (:func:`is_written_checkpoint`); None when there is none. A folder written there would sit outside the
+    checkpoint's manifest (and a run's ``--resume never`` would delete it)."""
+    return next((f for f in list(path.absolute().parents)[:levels] if is_written_checkpoint(f)), None)
 
 
 def check_replaceable(final: Path) -> None:

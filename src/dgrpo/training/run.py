@@ -29,7 +29,14 @@ from ..model.factory import BUILTIN
 from ..model.latent_lm import LatentLM
 from ..model.sources import is_model_dir, on_disk, resolve_device
 from ..model.support import untrainable
-from ..model.verified import MANIFEST, RESUMABLE_STATE, RUN_CONFIG_FILE, CheckpointError, enclosing_checkpoint
+from ..model.verified import (
+    MANIFEST,
+    RESUMABLE_STATE,
+    RUN_CONFIG_FILE,
+    CheckpointError,
+    enclosing_checkpoint,
+    is_written_checkpoint,
+)
 from ..run_layout import (
     BEST_DIR,
     CHECKPOINTS_DIR,
@@ -136,8 +143,7 @@ def check_output_path(path: Path | str, what: str = "--out", *, model_dir: bool 
 def _refuse_inside_checkpoint(path: Path, what: str, itself: bool = True) -> None:
     """ConfigError when ``path`` is (``itself``), or lies inside, a model checkpoint or resumable checkpoint dgrpo
     wrote."""
-    is_one = itself and ((path / MANIFEST).is_file() or (path / RESUMABLE_STATE).is_file())
-    folder = path if is_one else enclosing_checkpoint(path)
+    folder = path if itself and is_written_checkpoint(path) else enclosing_checkpoint(path)
     if folder is not None:
         where = "is" if folder == path else f"lies inside {folder},"
         raise ConfigError(
