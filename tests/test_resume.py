@@ -475,8 +475,8 @@ def test_sft_eval_every_epoch_keeps_the_last_stages_best_epoch(tmp_path):
     assert not all(torch.equal(best[k], final[k]) for k in best)  # epoch 2's weights, not epoch 3's
     assert json.loads((out / "best" / "latent_config.json").read_text())["stage"] == 1
     run = SimpleNamespace(out_dir=out, metrics=SimpleNamespace(rows=lambda: rows))
-    assert _resumed_best(run, Dist.single()) == 0.5  # what a resumed run compares its next epochs with
-    assert _resumed_best(SimpleNamespace(out_dir=tmp_path, metrics=run.metrics), Dist.single()) == -1.0  # no best/
+    assert _resumed_best(run, Dist.single(), 0) == 0.5  # what a resumed run compares its next epochs with
+    assert _resumed_best(SimpleNamespace(out_dir=tmp_path, metrics=run.metrics), Dist.single(), 0) == -1.0  # no best/
 
 
 def test_sft_eval_every_epoch_without_a_validation_set_is_warned_of(tmp_path):
@@ -550,6 +550,71 @@ def test_sft_best_epoch_counts_every_stage_of_the_final_layout(tmp_path):
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["best_epoch"], r["best/valid/accuracy"]) for r in rows if "best_epoch" in r] == [(2, 0.75)]
     assert json.loads((out / "best" / "latent_config.json").read_text())["stage"] == 2
+
+
+def _same_weights(a, b):
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_rewound_sft_run_does_not_keep_the_abandoned_runs_best(tmp_path):
+    """best/ written after the checkpoint a rewind resumes (here under a changed sft.lr) was kept: the run said
+    "best/: epoch 1" (its metrics rows, cut at the checkpoint) while best/ held the abandoned run's epoch 2. It is
+    removed now (said in a line), and best/ is chosen anew from the resumed epoch on."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.checkpoint import list_checkpoints
+    from dgrpo.training.sft import train_sft
+
+    over = {"task.n_train": 32, "sft.batch_size": 8, "sft.num_epochs": 4, "sft.stage_epochs": [1], "sft.keep_last": 9}
+    over |= {"sft.epochs_per_stage": 3, "sft.eval_every_epoch": True, "sft.max_latent_stage": 1}
+    out, train = tmp_path / "sft", generate_split(tiny_config(**over).task, "train")
+
+    def run(counts, **kw):
+        said: list[str] = []
+        cfg, it = tiny_config(**over, **({"sft.lr": 1e-2} if kw else {})), iter(counts)
+        lm = load_model(cfg.model, cfg.task, seed=0)
+        train_sft(lm, train, cfg, out, valid=train[:4], evaluate_fn=lambda *a: next(it), log=said.append, **kw)
+        return said
+
+    run([4, 1, 3, 2])  # best/: epoch 2 (0.75); a checkpoint at each epoch's end
+    epoch_1 = list_checkpoints(out)[1]  # (stage 0's end, then epoch 1's)
+    said = run([1, 1], resume=str(epoch_1), allow_config_change=True)  # under another sft.lr, 0.25 twice
+    assert any("removed" in line and "best" in line and "written after" in line for line in said), said
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    best = [r for r in rows if "best_epoch" in r]
+    assert [(r["best_epoch"], r["best/valid/accuracy"]) for r in best] == [(1, 0.25), (2, 0.25)]  # anew from epoch 2
+    epoch_2 = list_checkpoints(out)[2]
+    assert _same_weights(out / "best", epoch_2 / "model")  # the resumed run's epoch 2, as the last row says
+    assert any("best/: epoch 2 (25.0%)" in line for line in said), said
+
+
+def test_a_rewound_grpo_run_does_not_keep_the_abandoned_runs_best(sft_checkpoint, tmp_path):
+    """The same for GRPO: best/ held the abandoned run's step 4, summary.json said best_step 2."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.training.grpo import train_grpo
+
+    base = {"grpo.steps": 6, "grpo.prompts_per_step": 2, "grpo.eval_every": 2, "grpo.save_every": 2}
+    base |= {"grpo.warmup_steps": 0, "grpo.filter": "false", "grpo.max_new_tokens": 8, "grpo.keep_last": 9}
+    out = tmp_path / "grpo"
+
+    def run(counts, **kw):
+        cfg, said, it = tiny_config(**base, **({"grpo.lr": 1e-3} if kw else {})), [], iter(counts)
+        train = generate_split(cfg.task, "train")[:8]
+        lm = LatentLM.from_pretrained(sft_checkpoint)
+        evaluate_fn = lambda *a: next(it)  # noqa: E731
+        valid = {"v": train[:4]}
+        train_grpo(lm, cfg, train, out, valid=valid, evaluate_fn=evaluate_fn, progress=False, log=said.append, **kw)
+        return said, json.loads((out / "summary.json").read_text())
+
+    _, summary = run([0, 1, 3, 2])  # best/: step 4 (0.75)
+    assert summary["best_step"] == 4
+    rewind = {"resume": str(out / "checkpoints" / "step-00000002"), "allow_config_change": True}
+    said, summary = run([1, 1], **rewind)  # rewound to step 2 (its best: step 2) under another lr, then 0.25 twice
+    assert any("removed" in line and "written after" in line for line in said), said
+    assert (summary["best_step"], summary["best_accuracy"]) == (4, 0.25)  # anew from step 2: step 4's first eval
+    assert _same_weights(out / "best", out / "checkpoints" / "step-00000004" / "model")
 
 
 @pytest.mark.parametrize("command", ["grpo", "sft"])

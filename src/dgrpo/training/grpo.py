@@ -843,6 +843,8 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
         if loop.best_step is not None and not (run.out_dir / BEST_DIR).is_dir():  # a fork: its best/ is elsewhere
             run.log(f"dgrpo: the checkpoint's best (step {loop.best_step}) is not in {run.out_dir}: best/ starts anew")
             loop.best_step, loop.best_accuracy = None, -1.0
+        if run.drop_stale_best(saved):  # (best/ written after the checkpoint, by steps this resume abandons)
+            loop.best_step, loop.best_accuracy = None, -1.0
     loop.started = time.time()
     run.start(saved)
     return loop
@@ -955,6 +957,11 @@ def _save_resumable(run: RunDir, trainer: GRPOTrainer, loop: LoopState) -> None:
         optimizer=trainer.opt,
         keep_last=trainer.cfg.grpo.keep_last,
         extra_models=_extra_models(trainer),
-        state={"trainer": trainer.state(), "loop": _loop_record(loop), "metrics_lines": run.metrics.n_rows()},
+        state={
+            "trainer": trainer.state(),
+            "loop": _loop_record(loop),
+            "metrics_lines": run.metrics.n_rows(),
+            "best": run.best_record(),
+        },
         fsdp_state=fsdp_state,
     )

@@ -9,6 +9,7 @@ off rank 0, so a trainer's loop calls them unconditionally.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import inspect
 import json
 import operator
@@ -987,6 +988,36 @@ class RunDir:
                 f"dgrpo: rewound to {self.checkpoint.name}: removed this run's later checkpoints {names} (the run "
                 "writes those steps anew)"
             )
+
+    def best_record(self) -> str | None:
+        """What identifies the run's ``best/`` now: the sha256 of its manifest (which lists its files' digests), or
+        None without one. Each resumable checkpoint's state records it, so that a resume knows whether ``best/`` is
+        still the one the checkpoint's run had (:meth:`drop_stale_best`)."""
+        manifest = self.out_dir / BEST_DIR / MANIFEST
+        return hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None
+
+    def drop_stale_best(self, state: dict) -> bool:
+        """On a resume from the checkpoint state ``state``: whether ``best/`` was written after that checkpoint, by
+        steps the resumed run abandons (a rewind to an earlier checkpoint; a stop after ``best/`` was written, before
+        the next checkpoint, resumed under another config). Then it is removed (rank 0), with a line: its weights
+        were not the best the checkpoint recorded (that one was replaced on disk), so the resumed run's report and
+        summary named another step or epoch than the model in ``best/``. The trainer then chooses ``best/`` anew
+        among the evaluations from the resumed step on. Every rank gets rank 0's answer. A checkpoint written
+        before dgrpo recorded its ``best/`` is not checked (False)."""
+        stale = False
+        if self.dist.is_main and "best" in state:
+            now = self.best_record()
+            stale = now is not None and now != state["best"]
+            if stale:
+                doomed = self.out_dir / f".tmp-{BEST_DIR}-{os.getpid()}"
+                shutil.rmtree(doomed, ignore_errors=True)
+                os.replace(self.out_dir / BEST_DIR, doomed)
+                shutil.rmtree(doomed, ignore_errors=True)
+                self.log(
+                    f"dgrpo: removed {self.out_dir / BEST_DIR}: it was written after {self.checkpoint} (by the "
+                    "steps this resume abandons); best/ is chosen anew from the resumed step on"
+                )
+        return self.dist.sum_int(int(stale)) > 0
 
     def _warn_if_rows_lost(self, keep: int) -> None:
         """A warning when this run's own checkpoint is resumed and ``metrics.jsonl`` holds fewer rows than the

@@ -285,6 +285,9 @@ class SFTRun:
             if self.prog.stage_prev is not None:  # the schedule of the config resumed with (allow_config_change may
                 # have lengthened the run: the saved length would hold the added steps at lr 0); unchanged, the same
                 self.prog.sched_total = self.plan.schedule_length(self.prog.stage_prev)
+        #: the metrics rows from which a ``best_epoch`` row names ``best/`` (past the resumed checkpoint's rows when
+        #: its best/ was written after it and removed: :meth:`RunDir.drop_stale_best`)
+        self.best_rows_from = saved["metrics_lines"] if saved and run.drop_stale_best(saved) else 0
         skips = saved["nonfinite_skips"] if saved else 0
         self.guard = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr", skips=skips)
         run.start(saved)
@@ -375,7 +378,7 @@ class SFTRun:
         self.opt = None
         self.lm.settings = final_settings(self.cfg)
         self.lm.eval()
-        best = last_best_row(self.run.metrics.rows())
+        best = last_best_row(self.run.metrics.rows()[self.best_rows_from :])
         self.run.final_eval(final_eval, self.lm, self.prog.global_step, best["best_epoch"] if best else None)
         self.dist.save_model(self.lm, self.run.out_dir / FINAL_DIR)
         self.lm.stopped_run = None
@@ -409,6 +412,7 @@ class SFTRun:
             "metrics_lines": self.run.metrics.n_rows(),
             "train_data": self.data_fingerprint,
             "time_s": round(time.time() - self.t0, 2),
+            "best": self.run.best_record(),
         }
         save_checkpoint(
             self.run.out_dir,
@@ -453,7 +457,7 @@ def train_sft(
         plan, prog = sft.plan, sft.prog
         t0 = sft.t0  # (time_s goes on from a resumed run's)
         start_epoch, start_batch = prog.epoch, prog.batch
-        best = _resumed_best(run, dist) if s.eval_every_epoch else -1.0
+        best = _resumed_best(run, dist, sft.best_rows_from) if s.eval_every_epoch else -1.0
         n_steps, shown = s.num_epochs * plan.steps_per_epoch, dist.is_main and progress
         bar = tqdm(total=n_steps, initial=prog.global_step, desc="sft", disable=bar_disabled(shown))
         with bar:  # (closed on an error too, before the error's line is printed: that line starts a line of its own)
@@ -698,10 +702,10 @@ def last_best_row(rows: Iterable[dict]) -> dict | None:
     return kept[-1] if kept else None
 
 
-def _resumed_best(run: RunDir, dist: Dist) -> float:
-    """The validation accuracy of the run's ``best/`` so far (its ``best_epoch`` metrics rows; -1 for none or when
-    ``best/`` is not in this run directory), the same on every rank (rank 0 reads the rows)."""
-    kept = last_best_row(run.metrics.rows()) if (run.out_dir / BEST_DIR).is_dir() else None
+def _resumed_best(run: RunDir, dist: Dist, rows_from: int) -> float:
+    """The validation accuracy of the run's ``best/`` so far (its ``best_epoch`` metrics rows from ``rows_from`` on;
+    -1 for none or when ``best/`` is not in this run directory), the same on every rank (rank 0 reads the rows)."""
+    kept = last_best_row(run.metrics.rows()[rows_from:]) if (run.out_dir / BEST_DIR).is_dir() else None
     return dist.max_float(float(kept["best/valid/accuracy"]) if kept else -1.0)
 
 
