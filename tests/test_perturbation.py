@@ -180,6 +180,20 @@ def test_gaussian_weight_noise_does_not_move_with_the_weights(tokenizer):
     assert all(not torch.equal(a, b) for a, b in zip(fresh, first))
 
 
+def test_gaussian_weight_noise_of_one_site_is_not_another_rows_at_another_site(tokenizer):
+    """Site k's generator was seeded with ``seed + 7919 * (k + 1)``: the row of seed s at site 1 drew exactly the
+    noise of the row of seed s + 7919 at site 0 (two rollouts sharing noise). A site's seed is now a hash of both."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    pert = GaussianNoise(sigma=0.1, sites=["mlp"], layers="0:2", target="weights")  # two sites of one shape
+    noises = pert.bind(lm, torch.tensor([1000, 1000 + 7919])).noises
+    site1_row0 = noises[1][0] / noises[1][0].std()
+    site0_row1 = noises[0][1] / noises[0][1].std()
+    corr = (site1_row0 * site0_row1).mean().item()
+    assert abs(corr) < 0.1, corr  # independent draws (the shared noise had correlation 1)
+    again = pert.bind(lm, torch.tensor([1000 + 7919])).noises  # replay: the same noise in another batch
+    assert all(torch.equal(a[0], n[1]) for a, n in zip(again, noises))
+
+
 @pytest.mark.parametrize("pert", [LockedDropout(p=0.3), GaussianNoise(sigma=0.1)], ids=["locked", "gaussian"])
 def test_a_perturbation_bound_for_other_rows_than_the_batch_is_refused(tokenizer, task_records, pert):
     """One seed for four rows would give every row that seed's masks (broadcast), two or six a shape error deep in

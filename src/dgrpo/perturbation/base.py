@@ -234,6 +234,12 @@ def text_seed(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") & (2**63 - 1)
 
 
+def site_seed(seed: int, site: int, stream: str) -> int:
+    """The seed of row ``seed``'s noise at site ``site`` of ``stream`` (a kind's own draws): a hash of all three, so
+    that no other row's seed at another site gives the same noise (``seed + c * site`` would for seeds c apart)."""
+    return text_seed(f"{stream}/{seed}/{site}")
+
+
 def as_seeds(seeds: object) -> Tensor:
     """``seeds`` as what :meth:`Perturbation.bind` takes: a 1-d int64 tensor, one seed per row. A tensor, NumPy array
     or list of integers is accepted; floats are refused (an int63 seed does not survive a float: other masks)."""

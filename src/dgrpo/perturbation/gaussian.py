@@ -3,8 +3,9 @@
 ``activations``: multiplicative noise (1 + sigma * eps) on the site outputs, eps ~ N(0, 1) of shape
 [hidden], one draw per rollout held over all positions (Gaussian dropout, locked like the masks).
 ``weights``: additive noise sigma * std(W) * E on the weight of the site's output projection
-(``o_proj``/``c_proj`` for attention, ``down_proj``/``c_proj`` for the MLP), one E per rollout,
-computed as an extra batched matmul: memory B x out x in per site, so keep it to small models.
+(``o_proj``/``c_proj`` for attention, ``down_proj``/``c_proj`` for the MLP), one E per rollout and site, from a
+generator seeded by a hash of (the rollout's seed, the site's index): independent across sites and rows; computed
+as an extra batched matmul: memory B x out x in per site, so keep it to small models.
 std(W) is measured once, on the first model the perturbation binds (a trainer's starting weights, before a
 resumed run loads its checkpoint), and held: the noise is exogenous, not a function of the weights being trained,
 so the reference model and later mini-epochs replay the rollout's noise exactly.
@@ -30,6 +31,7 @@ from .base import (
     register,
     row_normals,
     site_names,
+    site_seed,
     swapped,
 )
 
@@ -125,6 +127,6 @@ class GaussianNoise(Perturbation):
                 (w.shape[0], w.shape[1]) if isinstance(lin, nn.Linear) else (w.shape[1], w.shape[0])
             )  # GPT-2 Conv1D is [in, out]
             scale = self.weight_scales.setdefault((k, out_f, in_f), self.sigma * float(w.detach().float().std()))
-            rows = [torch.Generator().manual_seed((int(s) + 7919 * (k + 1)) % (2**63)) for s in seeds.tolist()]
+            rows = [torch.Generator().manual_seed(site_seed(s, k, "gaussian-weights")) for s in seeds.tolist()]
             noises.append(torch.stack([torch.randn(out_f, in_f, generator=g) for g in rows]).mul_(scale).to(lm.device))
         return _BoundGaussian(linears, noises, self.perturb_prompt, True, self.sigma)
