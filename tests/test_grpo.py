@@ -2,6 +2,7 @@
 
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -134,6 +135,19 @@ def test_mini_epochs_replay_matches_theta_old(sft_checkpoint, monkeypatch):
         assert torch.equal(old0, logp0)  # epoch 0: against itself
         assert torch.equal(old1, logp0)  # epoch 1: against epoch 0's log-probs, kept per micro-batch
         assert torch.equal(logp1, logp0)  # at the same weights, the second gradient pass replays bit-for-bit
+
+
+def test_fresh_masks_over_several_mini_epochs_move_the_ratios_at_theta_old_as_the_docs_say(sft_checkpoint, monkeypatch):
+    """Under grpo.replay=fresh_mask each mini-epoch draws new masks while the old log-probs are the first one's: the
+    later ratios are not 1 even with the weights held at theta_old. docs/metrics.md said the ratios describe the
+    weights' move alone; it now says so (and the option's help)."""
+    over = {"perturbation.p": "0.3", "grpo.filter": "false", "grpo.prompts_per_step": "4", "grpo.mini_epochs": "2"}
+    tr = trainer(sft_checkpoint, **over, **{"grpo.replay": "fresh_mask"})
+    monkeypatch.setattr(tr.opt, "step", lambda *a, **k: None)  # theta_old in both mini-epochs
+    m = tr.step()
+    assert m["skipped"] == 0 and m["ratio_max"] > 1.0 > m["ratio_min"]
+    metrics_md = " ".join((Path(__file__).parents[1] / "docs" / "metrics.md").read_text().split())
+    assert "each pass draws new masks" in metrics_md and "are not 1 even at theta_old" in metrics_md
 
 
 def test_with_several_mini_epochs_the_logged_clipping_is_the_later_ones(sft_checkpoint):

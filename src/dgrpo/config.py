@@ -896,7 +896,9 @@ class GRPOConfig:
         "seed",
         "the perturbation at update time: seed (the rollout's own, by mask replay: the method) or fresh_mask (new "
         "seeds per mini-epoch: the rollout's answer is scored under a network that did not produce it; an ablation "
-        "of mask replay, not Proposition 6's fresh-rollout estimator, which would resample the answers too)",
+        "of mask replay, not Proposition 6's fresh-rollout estimator, which would resample the answers too; with "
+        "mini_epochs > 1 the old log-probs are the first mini-epoch's, under its masks, so the later ones' ratios "
+        "are not 1 even at theta_old)",
     )
     eval_every: int = opt(
         10,
