@@ -251,11 +251,26 @@ def as_seeds(seeds: object) -> Tensor:
     return t.to(torch.int64)
 
 
+#: the bits of a seed a generator reads: PyTorch's CPU generator (Mersenne Twister) is seeded by the low 32 alone
+GENERATOR_SEED_BITS = 0xFFFFFFFF
+
+
 def seeds_for(run_seed: int, step: int, rank: int, n: int, stream: str = "rollout") -> Tensor:
-    """``n`` distinct seeds in [0, 2^62), a pure function of (run seed, step, rank, stream): reproducible,
-    and different across ranks and steps."""
-    g = torch.Generator().manual_seed(text_seed(f"{run_seed}/{step}/{rank}/{stream}"))
-    return torch.randint(0, 2**62, (n,), generator=g, dtype=torch.int64)
+    """``n`` seeds in [0, 2^62), a pure function of (run seed, step, rank, stream): reproducible, and different across
+    ranks and steps. Distinct in what a row's generator reads (:data:`GENERATOR_SEED_BITS`): a seed whose low 32 bits
+    an earlier one has (two rows with one mask: a 3000-step run of 512 rows a step would have such a pair with
+    probability 0.09) is drawn again from its index, so seed i depends on the seeds before it alone (a rank's share of
+    the first rows is the same on all)."""
+    key = f"{run_seed}/{step}/{rank}/{stream}"
+    g = torch.Generator().manual_seed(text_seed(key))
+    seeds = torch.randint(0, 2**62, (n,), generator=g, dtype=torch.int64).tolist()
+    seen: set[int] = set()
+    for i, s in enumerate(seeds):
+        while s & GENERATOR_SEED_BITS in seen:
+            s = text_seed(f"{key}/{i}/{s}") >> 1  # (into [0, 2^62))
+        seeds[i] = s
+        seen.add(s & GENERATOR_SEED_BITS)
+    return torch.tensor(seeds, dtype=torch.int64)
 
 
 def row_uniforms(seed: int, n_sites: int, width: int) -> Tensor:
