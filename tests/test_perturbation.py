@@ -251,13 +251,19 @@ def test_a_perturbation_must_be_bound_and_entered(tokenizer, task_records, pert)
 
 
 def test_arguments_that_would_perturb_or_decode_nonsense_are_refused(tokenizer, task_records):
-    """A site list given as one string (read letter by letter) or empty (silently the default), a negative latent
-    count or temperature, a mask of another shape than its tokens: each is an error where it is passed."""
+    """A site list given as one string (read letter by letter) or empty (silently the default), a Gaussian sigma that is
+    not a finite number >= 0 or a target of another name, a negative latent count or temperature, a mask of another
+    shape than its tokens: each is an error where it is passed."""
     for kind in (LockedDropout, GaussianNoise):
         for sites in ("mlp", [], ["mlp", "mlp"]):
             with pytest.raises(ValueError, match="sites must be a non-empty list of distinct site names"):
                 kind(sites=sites)
         assert kind().sites == ["mlp"] and kind(sites=("attn",)).sites == ["attn"]
+    for sigma in (float("nan"), float("inf"), -0.1):  # NaN noise: every log-prob NaN
+        with pytest.raises(ValueError, match="sigma must be a finite number >= 0"):
+            GaussianNoise(sigma=sigma)
+    with pytest.raises(ValueError, match="target must be one of activations, weights"):
+        GaussianNoise(target="weight")  # (was weight noise: any word but "activations" took that branch)
     lm = make_lm(tokenizer, "qwen2").eval()
     ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
     for bad, match in [

@@ -13,6 +13,8 @@ so the reference model and later mini-epochs replay the rollout's noise exactly.
 
 from __future__ import annotations
 
+import math
+import typing
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from ..config import GaussianTarget
 from ..model.anatomy import find_sites, output_projection
 from ..model.compiled_layers import output_factor_hook
 from ..model.latent_chain import with_rows
@@ -38,6 +41,10 @@ from .base import (
 if TYPE_CHECKING:
     from ..config import PerturbationConfig
     from ..model.latent_lm import LatentLM
+
+
+#: what the noise perturbs (``perturbation.gaussian_target``)
+GAUSSIAN_TARGETS = typing.get_args(GaussianTarget)
 
 
 class _BoundGaussian(HookedPerturbation):
@@ -90,8 +97,10 @@ class GaussianNoise(Perturbation):
         target: str = "activations",
         perturb_prompt: bool = True,
     ):
-        if sigma < 0:
-            raise ValueError(f"sigma must be >= 0, got {sigma}")
+        if not (math.isfinite(sigma) and sigma >= 0):  # (NaN noise would make every log-prob NaN)
+            raise ValueError(f"sigma must be a finite number >= 0, got {sigma}")
+        if target not in GAUSSIAN_TARGETS:  # (any other word took the weights' branch)
+            raise ValueError(f"target must be one of {', '.join(GAUSSIAN_TARGETS)}, got {target!r}")
         self.sigma, self.sites, self.layers, self.target, self.perturb_prompt = (
             sigma,
             site_names(sites),
