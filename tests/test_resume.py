@@ -1040,3 +1040,32 @@ def test_the_optimizer_refusal_of_a_sharded_checkpoint_says_to_consolidate_its_w
     (tmp_path / "model" / "model.safetensors").write_bytes(b"")
     with pytest.raises(ConfigError, match=rf"start a new run with --init {tmp_path / 'model'}$"):
         check_same_optimizer(tmp_path, state, adamw)
+
+
+@pytest.mark.parametrize("mode", ["coconut", "pause"])
+def test_an_epochs_validation_answers_with_its_stages_thoughts_before_any_stage_ended(tmp_path, monkeypatch, mode):
+    """sft.eval_every_epoch within the first stage trained (here stage 1: a CoT checkpoint's curriculum, stage 0
+    skipped) answers as that stage is trained: its mode, latent count and markers. The default validation read the
+    model's settings, which only a stage's end set: it answered as the loaded model (a CoT import: no thoughts, no
+    markers; a fresh model: continuous thoughts for a pause curriculum)."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.eval import evaluate as ev
+    from dgrpo.model.factory import load_model
+    from dgrpo.model.latent_lm import LatentSettings
+    from dgrpo.training import run as run_mod
+    from dgrpo.training.sft import train_sft
+
+    over = {"task.n_train": 32, "sft.batch_size": 16, "sft.num_epochs": 2, "sft.stage_epochs": [0]}
+    cfg = tiny_config(**over, **{"sft.mode": mode, "sft.eval_every_epoch": True, "sft.epochs_per_stage": 2})
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    lm.settings = LatentSettings(mode="cot", markers=False)  # as dgrpo import-coconut writes a CoT-stage checkpoint
+    layouts = []
+
+    def recording(model, records, **kw):
+        layouts.append(ev.answer_layout(model, kw.get("n_latent")))
+        return ev.evaluate(model, records, **kw)
+
+    monkeypatch.setattr(run_mod, "evaluate", recording)
+    train = generate_split(cfg.task, "train")
+    train_sft(lm, train, cfg, tmp_path / "sft", valid=train[:2], log=lambda *a: None, progress=False)
+    assert layouts == [(1, mode, True)] * 2  # epoch 0 (within stage 1), epoch 1 (its end)

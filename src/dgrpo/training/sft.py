@@ -665,7 +665,11 @@ def _finish_stage(
 def _valid_accuracy(
     lm: LatentLM, settings: LatentSettings, dist: Dist, valid: list[Record], evaluate_fn: Callable
 ) -> float:
-    """Greedy accuracy on ``valid`` with a stage's latent ``settings`` (sharded over the ranks)."""
+    """Greedy accuracy on ``valid`` with a stage's latent ``settings`` (sharded over the ranks), given to the model
+    first: the default validation answers in ``lm.settings``' mode and markers (before a stage's end set them, an
+    epoch of ``sft.eval_every_epoch`` was answered as the loaded model had been trained: a pause curriculum with
+    continuous thoughts, one from a CoT checkpoint with no latent thoughts)."""
+    lm.settings = settings
     lm.eval()
     accuracy = sharded_accuracy(dist, lambda local: evaluate_fn(lm, local, settings), valid)
     lm.train()
