@@ -9,7 +9,7 @@ import torch
 from dgrpo.model.latent_lm import cache_keyword
 from dgrpo.model.reference import recompute_generate, uncached_target_logprobs
 
-from conftest import make_lm
+from conftest import make_lm, tiny_config
 
 ARCHS = ["qwen2", "llama", "gpt2"]
 
@@ -674,6 +674,36 @@ def test_a_target_cut_at_max_tokens_keeps_no_eos(tokenizer):
     short = ids[1][mask[1].bool()].tolist()
     assert short[-1] == lm.eos_id and len(short) <= 5
     assert lm.encode_targets(["#### 4"], max_tokens=len(short))[0][0].tolist()[-1] == lm.eos_id  # (just fits)
+
+
+def test_sft_warns_of_training_targets_cut_at_max_target_tokens(tokenizer, task_records):
+    """The cut above was silent in SFT (only the questions' was warned of): a chain longer than data.max_target_tokens
+    trained without its answer line. The run's start counts the targets of its first stage (the longest) that are cut
+    (with uniform_prob, stage 0's), evenly spaced ones of a large set, and says nothing when all fit."""
+    from dgrpo.training.sft import _warn_if_targets_cut, format_target
+
+    lm = make_lm(tokenizer)
+    recs = [r for r in task_records if len(r.steps) >= 2][:8]
+
+    def lengths(skip):
+        return [len(ids) + 1 for ids in lm.token_ids([format_target(r.steps[skip:], r.answer) for r in recs])]
+
+    limit = max(lengths(2))  # every target fits once two steps are latent, some do not before
+    cut = sum(n > limit for n in lengths(0))
+    assert cut > 0
+    sets = {"data.max_target_tokens": limit, "sft.max_latent_stage": 9}
+    with pytest.warns(UserWarning, match=rf"^{cut} of 8 training targets \(the steps still written at stage 0,"):
+        _warn_if_targets_cut(lm, recs, tiny_config(**sets))
+    long = next(r for r, n in zip(recs, lengths(0)) if n > limit)
+    spaced = [long, recs[lengths(0).index(min(lengths(0)))]] * 4  # every other one checked: the long ones
+    with pytest.warns(UserWarning, match=r"^4 of 4 training targets \(checked: 4, evenly spaced over 8\)"):
+        _warn_if_targets_cut(lm, spaced, tiny_config(**sets), check_at_most=4)
+    later = tiny_config(**sets, **{"sft.stage_epochs": "[0, 0]"})  # the run starts at stage 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_if_targets_cut(lm, recs, later)
+    with pytest.warns(UserWarning, match=rf"^{cut} of 8 .* stage 0,"):  # uniform_prob trains stage 0's targets too
+        _warn_if_targets_cut(lm, recs, tiny_config(**sets, **{"sft.stage_epochs": "[0, 0]", "sft.uniform_prob": 0.5}))
 
 
 def test_a_gathered_state_dict_saves_a_tied_weight_once(tokenizer, tmp_path):

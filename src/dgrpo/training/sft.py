@@ -548,6 +548,7 @@ def _prepare(
     lm.settings.chat_template = cfg.data.chat_template  # how questions are prompted, from the first step on
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
     warn_if_training_questions_cut(lm, cfg, train)
+    _warn_if_targets_cut(lm, train, cfg)
     # the last stage's latent thoughts alone must fit (each batch checks its own questions and targets too)
     lm.check_fits(2, final_settings(cfg).n_latent, 1, key="sft.c_thought", target_key="data.max_target_tokens")
     if valid and default_validation and (cfg.sft.eval_each_stage or cfg.sft.eval_every_epoch):
@@ -581,6 +582,25 @@ def _warn_at_start(train: list[Record], valid: list[Record] | None, cfg: Config)
     for line in (_no_steps_line(train, cfg), _warmup_line(len(train), cfg), no_best):
         if line:
             warnings.warn(line, stacklevel=4)
+
+
+def _warn_if_targets_cut(lm: LatentLM, train: list[Record], cfg: Config, check_at_most: int = 1000) -> None:
+    """Warn when written targets of the run's first stage (the longest it trains: later stages replace steps) are
+    longer than ``data.max_target_tokens`` with their EOS: each is cut to its first tokens, its answer line and EOS
+    never trained (the questions' cut was warned of, the targets' was silent). ``check_at_most`` of them, evenly
+    spaced (a training set of 385,000 takes a minute to tokenize)."""
+    limit, stage = cfg.data.max_target_tokens, (0 if cfg.sft.uniform_prob > 0 else stage_of_epoch(0, cfg))
+    checked = train[:: -(-len(train) // check_at_most)] if len(train) > check_at_most else train
+    targets = [format_target(r.steps[latent_layout(stage, len(r.steps), cfg)[0] :], r.answer) for r in checked]
+    cut = sum(len(ids) + 1 > limit for ids in lm.token_ids(targets))
+    if cut:
+        sample = f" (checked: {len(checked)}, evenly spaced over {len(train)})" if checked is not train else ""
+        warnings.warn(
+            f"{cut} of {len(checked)} training targets{sample} (the steps still written at stage {stage}, the answer "
+            f"line and EOS) are longer than data.max_target_tokens = {limit} tokens: each is trained on its first "
+            f"{limit} only, without its end (its answer line, or at least its EOS); raise data.max_target_tokens",
+            stacklevel=4,
+        )
 
 
 def _no_steps_line(train: list[Record], cfg: Config) -> str:
