@@ -492,6 +492,19 @@ def test_sft_eval_every_epoch_without_a_validation_set_is_warned_of(tmp_path):
     assert not (tmp_path / "sft" / "best").exists()
 
 
+@pytest.mark.parametrize("mode", ["cot", "no_cot"])
+def test_sft_uniform_prob_without_stages_is_warned_of(tmp_path, mode):
+    """sft.uniform_prob mixes a curriculum's stages; cot and no_cot have none: it was accepted and ignored."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.sft import train_sft
+
+    cfg = tiny_config(**{"task.n_train": 16, "sft.num_epochs": 1, "sft.mode": mode, "sft.uniform_prob": 0.3})
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    with pytest.warns(UserWarning, match=rf"sft.uniform_prob = 0.3 is unused under sft.mode={mode}"):
+        train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path / "sft", log=lambda *a: None)
+
+
 def test_a_failing_validation_at_an_epochs_end_keeps_the_epochs_training(tmp_path):
     """A scorer of one's own that fails on the model's answers first runs at stage 0's end: the error came before the
     epoch's resumable checkpoint, and the resumed run trained the whole epoch again. The epoch is now kept: the same

@@ -549,7 +549,9 @@ class SFTConfig:
         False, "at stages past max_latent_stage use max_latent_stage*c latents even for short chains"
     )
     uniform_prob: float = opt(
-        0.0, "probability of training an example at a uniformly random stage, 0 to its chain's step count (Coconut)"
+        0.0,
+        "probability of training an example at a uniformly random stage, 0 to its chain's step count (Coconut); "
+        "coconut, pause and no_curriculum modes (cot and no_cot have no stages)",
     )
     reset_optimizer: bool = opt(True, "new AdamW state (and a new lr schedule) at each sft.reset_every boundary")
     reset_every: ResetEvery = opt(

@@ -579,7 +579,13 @@ def _warn_at_start(train: list[Record], valid: list[Record] | None, cfg: Config)
         if cfg.sft.eval_every_epoch and not valid
         else ""
     )
-    for line in (_no_steps_line(train, cfg), _warmup_line(len(train), cfg), no_best):
+    unmixed = (
+        f"sft.uniform_prob = {cfg.sft.uniform_prob} is unused under sft.mode={cfg.sft.mode} (it trains examples at a "
+        "random stage of a curriculum: coconut, pause or no_curriculum)"
+        if cfg.sft.uniform_prob > 0 and cfg.sft.mode in ("cot", "no_cot")
+        else ""
+    )
+    for line in (_no_steps_line(train, cfg), _warmup_line(len(train), cfg), no_best, unmixed):
         if line:
             warnings.warn(line, stacklevel=4)
 
