@@ -128,6 +128,33 @@ def test_native_dropout_without_a_rate_to_set_is_refused(tokenizer):
     native.check(family_lm(tokenizer, "qwen2"))
 
 
+def test_gaussian_weight_noise_on_a_mixture_of_experts_is_a_config_error(tokenizer):
+    """A mixture of experts has no single output projection per MLP: weights noise on its mlp sites raised a
+    ValueError (a traceback) when the trainer started. It is a one-line ConfigError naming what to set instead;
+    activation noise on the same sites, and weights noise on attn, apply."""
+    import copy
+
+    from dgrpo.perturbation import make_perturbation
+
+    tok = copy.deepcopy(tokenizer)
+    ids = dict(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)
+    experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+    config = AutoConfig.for_model("qwen2_moe", vocab_size=len(tok), **SIZES, **ids, **experts)
+    torch.manual_seed(0)
+    lm = LatentLM(AutoModelForCausalLM.from_config(config), tok).eval()
+    weights = PerturbationConfig(kind="gaussian", sigma=0.1, gaussian_target="weights", sites=["mlp"])
+    with pytest.raises(
+        ConfigError, match=r"the mlp site \(Qwen2MoeSparseMoeBlock\) has none .*: use perturbation.gaussian_target="
+    ):
+        make_perturbation(weights).check(lm)
+    make_perturbation(
+        PerturbationConfig(kind="gaussian", sigma=0.1, gaussian_target="activations", sites=["mlp"])
+    ).check(lm)
+    make_perturbation(PerturbationConfig(kind="gaussian", sigma=0.1, gaussian_target="weights", sites=["attn"])).check(
+        lm
+    )
+
+
 def test_alibi_models_decode_without_a_static_cache(tokenizer):
     """Bloom's position bias comes from the 2-d mask, shorter than a static cache: a raw shape error inside
     transformers. A static cache is refused in one line and the fast engine's auto choice passes it by."""

@@ -108,8 +108,12 @@ def output_projection(module: nn.Module, part: str) -> nn.Module:
         raise ValueError(f"a {part} site has no single output projection to perturb; use attn or mlp sites")
     sub = block_part(module, f"{part}_out")
     sub = getattr(sub, "base_layer", sub)  # under LoRA (PEFT), the wrapped layer: its weight is the backbone's
-    if sub is None or not hasattr(sub, "weight"):
-        raise ValueError(f"{type(module).__name__} has no output projection to perturb")
+    if sub is None or not hasattr(sub, "weight"):  # (a mixture of experts: one per expert)
+        raise ConfigError(
+            f"invalid config value perturbation.gaussian_target: weights noise perturbs a site's output projection, "
+            f"and the {part} site ({type(module).__name__}) has none (a mixture of experts has one per expert): use "
+            "perturbation.gaussian_target=activations, or other perturbation.sites"
+        )
     return sub
 
 
