@@ -262,3 +262,28 @@ def test_a_model_with_its_own_code_says_how_to_allow_it(tokenizer, tmp_path):
     (folder / "manifest.json").unlink()  # (a folder the user made: the manifest of what dgrpo wrote is not its)
     with pytest.raises(CheckpointError, match=r"custom code .*: allow it with --set model.trust_remote_code=true"):
         LatentLM.from_pretrained(folder)
+
+
+@pytest.mark.slow
+def test_a_run_on_a_hub_model_records_the_commit_it_loaded_and_resumes_unchanged(hub_cache, tmp_path, run_cli):
+    """The commit was printed (and named in dgrpo eval's results.json) but the run's config.json recorded
+    ``model.revision: ''``: the run could not be redone on the same weights from its config. The same command
+    resumes it (the config compared is the recorded one); a run begun before the commit was recorded resumes too."""
+    from conftest import tiny_args
+
+    out = tmp_path / "run"
+    sets = {"grpo.steps": 1, "grpo.warmup_steps": 0, "data.test": "[]"}
+    args = ["grpo", "--init", REPO, "--out", out, *tiny_args(**sets)]
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    recorded = json.loads((out / "config.json").read_text())["model"]
+    assert recorded["name_or_path"] == REPO and recorded["revision"] == NEW
+    r = run_cli(*args)  # unchanged: the run is done, nothing to train, and no config change is reported
+    assert r.returncode == 0 and "different config" not in r.stderr, r.stderr[-2000:]
+    r = run_cli(*args, "--set", "model.revision=v1")  # other weights (as after "main" moved on): refused
+    assert r.returncode == 2 and "a different config (model.revision)" in r.stderr, r.stderr[-2000:]
+    config = json.loads((out / "config.json").read_text())
+    config["model"]["revision"] = ""  # as a run written before dgrpo recorded the commit
+    (out / "config.json").write_text(json.dumps(config))
+    r = run_cli(*args)
+    assert r.returncode == 0 and "different config" not in r.stderr, r.stderr[-2000:]

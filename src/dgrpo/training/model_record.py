@@ -79,12 +79,36 @@ def recorded_model(cfg: Config, lm: Any, out_dir: Path) -> Config:
     if loaded is not None and (name == BUILTIN or init_name(name) != loaded):
         cfg.model.name_or_path = loaded
     record_the_models_shape(cfg, lm)
+    cfg.model.revision = hub_revision(cfg, lm, out_dir)
     return cfg
+
+
+def hub_revision(cfg: Config, lm: Any, out_dir: Path) -> str:
+    """``model.revision`` as a run records it: the commit a hub id was loaded at (``''`` or a branch said which files
+    the run used only on the day it started; the run printed the commit, its config.json did not), unless the run in
+    ``out_dir`` recorded the revision as given for the same model (begun before dgrpo recorded the commit: that run
+    is resumed as it recorded it). A directory, or a model built here, keeps the option as given."""
+    commit, given = getattr(lm, "hub_commit", None), cfg.model.revision
+    if not commit or getattr(lm, "loaded_from", None) != cfg.model.name_or_path:
+        return given
+    recorded = _recorded(Path(out_dir)).get("model", {})
+    if recorded.get("name_or_path") == cfg.model.name_or_path and recorded.get("revision") == given:
+        return given
+    return str(commit)
 
 
 def _recorded_name(out_dir: Path) -> str | None:
     """The ``model.name_or_path`` the run in ``out_dir`` recorded (None: no run there, or its config unreadable)."""
     try:
-        return json.loads((Path(out_dir) / CONFIG_FILE).read_text())["model"]["name_or_path"]
-    except (OSError, ValueError, KeyError, TypeError):
+        return _recorded(out_dir)["model"]["name_or_path"]
+    except (KeyError, TypeError):
         return None
+
+
+def _recorded(out_dir: Path) -> dict:
+    """The config the run in ``out_dir`` recorded (empty: no run there, or its config unreadable)."""
+    try:
+        found = json.loads((Path(out_dir) / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
