@@ -80,6 +80,23 @@ def test_model_revision_picks_the_branch_tag_or_commit(hub_cache):
         load_model(cfg.model, cfg.task, init=REPO, training=False)
 
 
+def test_the_loading_options_set_for_the_built_in_model_are_warned_about(hub_cache):
+    """model.revision and model.trust_remote_code with model.name_or_path=builtin-tiny (the default) were accepted
+    and dropped without a word; with --init they name how to load it, and no warning is given."""
+    import warnings
+
+    cfg = Config()
+    cfg.model.revision = "v1"
+    with pytest.warns(UserWarning, match=r"^model.revision=v1 applies only to a model loaded from the hub or a dir"):
+        load_model(cfg.model, cfg.task, training=False)
+    cfg.model.trust_remote_code = True
+    with pytest.warns(UserWarning, match=r"^model.revision=v1 and model.trust_remote_code=true apply only .*, and "):
+        load_model(cfg.model, cfg.task, training=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_model(cfg.model, cfg.task, init=REPO, training=False).revision == OLD
+
+
 def test_a_local_directory_ignores_the_revision(hub_cache):
     cfg = Config()
     cfg.model.revision = "v1"

@@ -65,6 +65,7 @@ def load_model(
     dtype = torch.bfloat16 if model_cfg.dtype == "bfloat16" else torch.float32
     name = init or model_cfg.name_or_path
     if not init and name == BUILTIN:
+        warn_if_loading_options_are_set(model_cfg)
         lm = build_builtin(model_cfg, task_cfg, seed)
         lm.to(dtype)
     else:
@@ -83,6 +84,21 @@ def load_model(
             torch.manual_seed(seed)
             configure_lora(lm, model_cfg.lora)
     return lm.to(device)
+
+
+def warn_if_loading_options_are_set(model_cfg: ModelConfig) -> None:
+    """A warning when ``model.revision`` or ``model.trust_remote_code`` is set for the built-in model: they say how to
+    load a hub id or a directory, and the built-in model is built here (they were dropped without a word, while the
+    run's config.json recorded them)."""
+    given = [f"model.revision={model_cfg.revision}"] if model_cfg.revision else []
+    given += ["model.trust_remote_code=true"] if model_cfg.trust_remote_code else []
+    if given:
+        one = len(given) == 1
+        warnings.warn(
+            f"{' and '.join(given)} {'applies' if one else 'apply'} only to a model loaded from the hub or a "
+            f"directory: model.name_or_path is {BUILTIN}, built here, and {'it is' if one else 'they are'} ignored",
+            stacklevel=3,
+        )
 
 
 def revision_hint(model_cfg: ModelConfig, init: str | None) -> str:
