@@ -218,6 +218,45 @@ def test_a_snapshot_without_its_weights_says_so(hub_cache):
         LatentLM.from_pretrained(REPO)
 
 
+def test_a_snapshot_missing_some_of_its_shards_names_them(hub_cache):
+    """One shard of several gone from the cache said "no safetensors weights" (there were, in the other shards)."""
+    folder = snapshot(hub_cache, NEW)
+    lm = LatentLM.from_pretrained(folder)
+    (folder / "model.safetensors").unlink()
+    lm.model.save_pretrained(folder, max_shard_size="20KB")
+    shards = sorted(folder.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 3
+    for gone in (shards[1], shards[3]):
+        gone.unlink()
+    with pytest.raises(
+        CheckpointError,
+        match=rf"^cannot load the model {REPO}: 2 of the {len(shards)} safetensors shards its "
+        rf"model.safetensors.index.json names are missing \({shards[1].name}, {shards[3].name}\) from its files in "
+        rf"the Hugging Face cache \(an interrupted download\?\): download it .*\(hf download {REPO} --revision {NEW}\)",
+    ):
+        LatentLM.from_pretrained(REPO)
+
+
+def test_a_snapshot_without_its_tokenizer_says_how_to_get_it(hub_cache):
+    """A cached snapshot without tokenizer files was told to save the tokenizer beside the model (a local
+    directory's advice, of a folder in the hub's cache)."""
+    from dgrpo.model.tokens import check_hub_tokenizer
+
+    for file in snapshot(hub_cache, NEW).glob("tokenizer*"):
+        file.unlink()
+    with pytest.raises(
+        CheckpointError,
+        match=rf"^model '{REPO}' at commit {NEW}: no tokenizer \(none of tokenizer.json, .*\) in its files in the "
+        rf"Hugging Face cache .*: download it where there is network \(hf download {REPO} --revision {NEW}\) into",
+    ):
+        LatentLM.from_pretrained(REPO)
+    # fetched from the hub (not cached): the repository has none at that commit
+    with pytest.raises(
+        CheckpointError, match=r"in the repository: download it \(hf download .* --local-dir DIR\), save"
+    ):
+        check_hub_tokenizer(REPO, snapshot(hub_cache, NEW), cached=False)
+
+
 def test_a_model_missing_offline_says_how_to_get_it(hub_cache, monkeypatch):
     """Offline and not in the cache: the line said what was missing, not how to get it (the line without
     HF_HUB_OFFLINE did); and it named HF_HUB_OFFLINE when TRANSFORMERS_OFFLINE was the one set."""

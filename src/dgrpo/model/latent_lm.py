@@ -53,7 +53,17 @@ from .head_stats import HeadStats
 from .kv_prefixes import saved_as_prefixes
 from .output_head import logit_transform, output_head
 from .recompute import checkpointed_layers, last_layers, recomputed_call, unrecomputable_cache_layers
-from .sources import download_hint, hub_files, on_disk, resolve_checkpoint, resolve_model_source, revision_kwargs
+from .sources import (
+    MISSING_FILES,
+    NO_SAFETENSORS,
+    download_hint,
+    hub_files,
+    missing_weights,
+    on_disk,
+    resolve_checkpoint,
+    resolve_model_source,
+    revision_kwargs,
+)
 from .static_cache import static_cache
 from .support import unsupported
 from .tokens import (
@@ -62,6 +72,7 @@ from .tokens import (
     START_LATENT,
     add_latent_tokens,
     bos_prefix,
+    check_hub_tokenizer,
     check_special_tokens,
     end_of_turn_ids,
     left_pad,
@@ -262,13 +273,14 @@ def load_hf_model(
                 f"cannot load the model {path}: it holds PyTorch .bin weights, and dgrpo loads safetensors only (a "
                 "pickle can run code); convert it once: AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR)"
             ) from None
-        if "does not appear to have a file named" in str(e):  # (transformers adds "do not set use_safetensors")
+        if MISSING_FILES.search(str(e)):  # (transformers adds "do not set use_safetensors")
             cached = local_files_only and not folder.is_dir()  # (a hub id read from the cache: how to complete it)
-            where = " in its files in the Hugging Face cache (an interrupted download?)" if cached else ""
-            fix = f": {download_hint(path, revision)}" if cached else ""
-            raise CheckpointError(
-                f"cannot load the model {path}: no safetensors weights{where} (dgrpo loads safetensors only){fix}"
-            ) from None
+            missing = missing_weights(e, path, revision)  # (no safetensors weights, or some of their shards)
+            none = missing == NO_SAFETENSORS
+            where = f" {'in' if none else 'from'} its files in the Hugging Face cache (an interrupted download?)"
+            where, fix = (where, f": {download_hint(path, revision)}") if cached else ("", "")
+            only = " (dgrpo loads safetensors only)" if none else ""
+            raise CheckpointError(f"cannot load the model {path}: {missing}{where}{only}{fix}") from None
         raise CheckpointError(f"cannot load the model {path}: {one_line(e)}{remote_code_hint(e)}") from None
     model, info = loaded
     for what, key in (("missing", "missing_keys"), ("wrong-shape", "mismatched_keys")):
@@ -447,6 +459,8 @@ class LatentLM(nn.Module):
                 raise CheckpointError(f"{shards} holds FSDP shards (fsdp: sharded): dgrpo consolidate {shards} first")
         if not hub:  # (a hub snapshot lacks the weights until from_pretrained fetches them: the hub checks its files)
             check_intact(local, ADAPTER_FILES if adapter else MODEL_FILES)
+        if hub and (adapter or not trust_remote_code):  # (its tokenizer is read from the snapshot, as a directory's)
+            check_hub_tokenizer(str(path), local, local_files_only)
         if adapter:
             lm = cls._from_adapter_dir(local, dtype, device, trust_remote_code)
             lm.hub_commit, lm.loaded_from = (local.name if hub else None), str(path)

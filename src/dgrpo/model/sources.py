@@ -7,6 +7,7 @@ unreachable hub fails at once with one line (no 50 s of retries).
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -141,6 +142,44 @@ def download_hint(name: str, revision: str | None) -> str:
     network (into this cache, or copied to it)."""
     at = f" --revision {revision}" if revision else ""
     return f"download it where there is network (hf download {name}{at}) into this cache"
+
+
+NO_SAFETENSORS = "no safetensors weights"  # what :func:`missing_weights` says of a model without any
+#: how transformers says that a model lacks one file, or several (the shards of one index missing from the cache)
+MISSING_FILES = re.compile(r"does not appear to have (?:a file|files) named (.*)")
+
+
+def missing_weights(error: BaseException, name: str, revision: str | None) -> str:
+    """What a model's weights lack, from the error ``from_pretrained`` raised for a file it did not find: the shards
+    of its safetensors index that are missing (transformers names the first; the cached snapshot at ``revision``
+    shows every one), or else any safetensors weights (a model with ``.bin`` weights only, or none)."""
+    named = MISSING_FILES.search(str(error))
+    shards = [f for f in re.findall(r"[\w.-]+?\.safetensors", named[1] if named else "") if f != SAFETENSORS]
+    if not shards:  # (model.safetensors, or its index: no weights at all)
+        return NO_SAFETENSORS
+    shard = shards[0]
+    try:
+        index = _cached_file(name, SAFETENSORS_INDEX, revision)
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):  # (no index at hand: the shard named)
+        return f"its safetensors weights are in shards ({SAFETENSORS_INDEX}), and {shard} is missing"
+    gone = [f for f in shards if not (index.parent / f).is_file()] or [shard]
+    shown = ", ".join(gone[:3]) + (", ..." if len(gone) > 3 else "")
+    are = "is" if len(gone) == 1 else "are"
+    return f"{len(gone)} of the {len(shards)} safetensors shards its {SAFETENSORS_INDEX} names {are} missing ({shown})"
+
+
+def _cached_file(name: str, file: str, revision: str | None) -> Path:
+    """A hub id's file at ``revision`` in the Hugging Face cache; FileNotFoundError when it is not there."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(name, file, revision=revision)
+    except ValueError:  # (not a hub id: huggingface_hub's validation error)
+        found = None
+    if not isinstance(found, str):
+        raise FileNotFoundError(file)
+    return Path(found)
 
 
 #: what :func:`hub_snapshot` fetches of a hub repository before the weights: configs (dgrpo's latent_config.json,

@@ -19,7 +19,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..config import LatentTokenInit
 from .anatomy import input_embedding_weight, token_tables
-from .sources import revision_kwargs
+from .sources import download_hint, revision_kwargs
 from .verified import CheckpointError
 
 #: the latent markers: before the thoughts, each pause thought (``mode: pause``), after the thoughts
@@ -100,6 +100,29 @@ def check_special_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "*.model", "*.tiktoken")
 
 
+def has_tokenizer_files(folder: Path) -> bool:
+    """Whether a directory holds one of :data:`TOKENIZER_FILES` (a tokenizer's vocabulary)."""
+    return any(any(folder.glob(pattern)) for pattern in TOKENIZER_FILES)
+
+
+def check_hub_tokenizer(name: str, snapshot: Path, cached: bool) -> None:
+    """A CheckpointError when a hub id's files (``snapshot``, the folder named by their commit) hold no tokenizer:
+    read from the cache (``cached``), how to download the rest; fetched from the hub, the repository has none at
+    that commit. (The line was a local directory's: save the tokenizer beside the model, in the hub's cache.)"""
+    if has_tokenizer_files(snapshot):
+        return
+    what = f"model {name!r} at commit {snapshot.name}: no tokenizer (none of {', '.join(TOKENIZER_FILES)})"
+    if cached:
+        raise CheckpointError(
+            f"{what} in its files in the Hugging Face cache (an interrupted download, or only some files "
+            f"downloaded?): {download_hint(name, snapshot.name)}"
+        )
+    raise CheckpointError(
+        f"{what} in the repository: download it (hf download {name} --revision {snapshot.name} --local-dir DIR), "
+        "save its base model's tokenizer there (tokenizer.save_pretrained(DIR)) and load DIR"
+    )
+
+
 def load_tokenizer(
     path: str, trust_remote_code: bool = False, local_files_only: bool = False, revision: str | None = None
 ) -> PreTrainedTokenizerBase:
@@ -108,7 +131,7 @@ def load_tokenizer(
     a vocabulary file is a CheckpointError: transformers would build an empty tokenizer from the model type (every
     question encoded as nothing, and the latent tokens given ids of ordinary vocabulary rows)."""
     folder = Path(path)
-    if folder.is_dir() and not any(any(folder.glob(pattern)) for pattern in TOKENIZER_FILES):
+    if folder.is_dir() and not has_tokenizer_files(folder):
         raise CheckpointError(
             f"no tokenizer in {folder} (none of {', '.join(TOKENIZER_FILES)}): save the tokenizer beside the model "
             "(tokenizer.save_pretrained(DIR)) or copy its files from the base model"
