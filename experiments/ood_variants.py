@@ -9,8 +9,8 @@ nearly no demo test item is read (1 of the 500 in-distribution problems is in th
 Prints one JSON line per (checkpoint, variant).
 """
 
+import argparse
 import json
-import sys
 from collections import Counter
 from dataclasses import replace
 
@@ -18,6 +18,7 @@ from dgrpo.config import ConfigError, TaskConfig
 from dgrpo.data.synthetic import generate_split
 from dgrpo.eval.evaluate import evaluate
 from dgrpo.model.latent_lm import LatentLM
+from dgrpo.model.sources import resolve_model_source
 from dgrpo.model.verified import CheckpointError
 
 TASK = TaskConfig(seed=4321, n_test=500, n_valid=500)
@@ -45,9 +46,13 @@ def main(checkpoints: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
-        sys.exit(__doc__)
+    # (--help printed this docstring and exited 1, as did a wrong path: argparse's help, exit 0, and errors, exit 2)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoints", nargs="+", metavar="SFT_CHECKPOINT", help="a checkpoint or run directory, or hub id")
+    args = p.parse_args()
     try:
-        main(sys.argv[1:])
+        for ckpt in args.checkpoints:  # (a mistyped second path: said at once, not after the first one's evaluation)
+            resolve_model_source(ckpt)
+        main(args.checkpoints)
     except (CheckpointError, ConfigError) as e:  # a wrong path or a model that cannot be read: one line
-        sys.exit(f"error: {e}")
+        p.error(str(e))

@@ -6,15 +6,15 @@ Trains GRPO with the defaults plus the overrides, greedy-evaluates the whole bui
 before and after, appends one JSON line to runs/sweep/results.jsonl. The test splits are never touched.
 """
 
+import argparse
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from dgrpo.config import Config, load_config
+from dgrpo.config import Config, ConfigError, load_config
 from dgrpo.data.synthetic import generate_split
 from dgrpo.eval.evaluate import evaluate
 from dgrpo.model.latent_lm import LatentLM
@@ -22,9 +22,20 @@ from dgrpo.model.verified import CheckpointError
 from dgrpo.training.grpo import train_grpo
 
 
-def setup(argv: list[str]) -> tuple[str, int, list[str], Config, LatentLM]:
+def parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The parser (for its errors) and the command line: argparse's --help (exit 0) and errors (exit 2), as the
+    other experiment scripts (--help printed this docstring and exited 1, as did a seed that is no integer)."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sft", metavar="SFT_CHECKPOINT", help="the SFT checkpoint (a checkpoint or run directory)")
+    p.add_argument("name", metavar="NAME", help="the row's name (its run goes to runs/sweep/NAME_sSEED)")
+    p.add_argument("seed", metavar="SEED", type=int, help="the run's seed")
+    p.add_argument("overrides", metavar="KEY=VALUE", nargs="*", default=[], help="config overrides (as dgrpo's --set)")
+    return p, p.parse_args()
+
+
+def setup(args: argparse.Namespace) -> tuple[str, int, list[str], Config, LatentLM]:
     """(name, seed, overrides, config, SFT model) of the command line."""
-    sft, name, seed, overrides = Path(argv[1]), argv[2], int(argv[3]), argv[4:]
+    sft, name, seed, overrides = Path(args.sft), args.name, args.seed, args.overrides
     # the demo's GRPO settings of the sweep's time (100 steps; the library's default is 50 now; no stop after a
     # streak of steps with every group filtered out, which came later: the demo keeps going too), then the row's change
     base = load_config(
@@ -44,12 +55,11 @@ def setup(argv: list[str]) -> tuple[str, int, list[str], Config, LatentLM]:
     return name, seed, overrides, base, LatentLM.from_pretrained(sft)
 
 
-if len(sys.argv) < 4 or sys.argv[1] in ("-h", "--help"):
-    sys.exit(__doc__)
+parser, cli = parse_args()
 try:
-    name, seed, overrides, base, lm = setup(sys.argv)
-except (CheckpointError, ValueError) as e:  # a wrong path, seed or override (ConfigError is a ValueError): one line
-    sys.exit(f"error: {e}")
+    name, seed, overrides, base, lm = setup(cli)
+except (CheckpointError, ConfigError) as e:  # a wrong path or override: one line
+    parser.error(str(e))
 if base.threads:
     torch.set_num_threads(base.threads)
 valid = generate_split(base.task, "valid")

@@ -599,6 +599,28 @@ def test_valid_demo_says_a_bad_setting_in_an_argument_error(tmp_path, argv, said
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow  # (subprocesses that import torch: ~4.5 s each)
+@pytest.mark.parametrize(
+    "script, argv, code, said",
+    [
+        ("ood_variants", ["--help"], 0, "usage: ood_variants.py [-h] SFT_CHECKPOINT [SFT_CHECKPOINT ...]"),
+        ("ood_variants", [], 2, "error: the following arguments are required: SFT_CHECKPOINT"),
+        ("ood_variants", ["{tmp}/missing"], 2, "ood_variants.py: error: checkpoint directory not found: "),
+        ("valid_sweep", ["--help"], 0, "usage: valid_sweep.py [-h] SFT_CHECKPOINT NAME SEED [KEY=VALUE ...]"),
+        ("valid_sweep", ["{tmp}", "base", "x"], 2, "argument SEED: invalid int value: 'x'"),
+        ("valid_sweep", ["{tmp}", "base", "0", "grpo.nosuch=1"], 2, "error: unknown config key 'grpo.nosuch'"),
+    ],
+)
+def test_the_validation_experiments_answer_help_and_bad_arguments_as_argparse(tmp_path, script, argv, code, said):
+    """experiments/ood_variants.py and valid_sweep.py printed their docstring for --help and exited 1, as for a bad
+    argument ("error: ...", exit 1); the other scripts answer with argparse's help (exit 0) and errors (exit 2)."""
+    path = Path(__file__).resolve().parents[1] / "experiments" / f"{script}.py"
+    cmd = [sys.executable, str(path), *(a.format(tmp=tmp_path) for a in argv)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == code and said in r.stdout + r.stderr, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and not (tmp_path / "runs").exists()
+
+
 def test_claim_1_does_not_round_a_differing_item_away():
     """Claim 1 not resolved because 1 item of 1 pair in 4 differs: results.md and summary.txt said "0 items gained,
     0 lost per pair" (the mean per pair, 0.25, rounded to 0)."""
