@@ -250,6 +250,9 @@ def test_join_parts_keeps_task_order_whatever_finishes_first():
         (["--set", "seed=3"], "each run's seed its own: --sft-seeds, --seeds"),
         (["--set", "grpo.reward=nosuch.py:f"], "reward 'nosuch.py:f': file nosuch.py not found"),
         (["--set", "perturbation.kind=nosuch.py:K"], "nosuch.py"),
+        # no best/ kept: the report labelled the final model the best-validation checkpoint
+        (["--set", "grpo.save_best=false"], "(best/) beside its final one, and grpo.save_best=false keeps none;"),
+        (["--set", "grpo.warmup_steps=100"], "and grpo.warmup_steps=100 is past grpo.steps=4 (it is kept from"),
     ],
 )
 def test_demo_bad_arguments_exit_2_in_one_line_before_any_work(tmp_path, run_cli, args, needle):

@@ -271,6 +271,7 @@ def demo_config(args: Any) -> tuple[Config, int, int]:
     if getattr(args, "workers", None) is not None and args.workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
     _refuse_what_the_demo_does_not_read(args.overrides)
+    _check_best_is_kept(base)
     check_output_path(args.out)  # an existing file, or a place that cannot be written: one line, now
     check_not_a_training_run(args.out)  # (the demo's own runs live in its sft/ and arms/)
     for arm, (_, file) in ARMS.items():  # every arm's config, now: a --set that breaks one fails before any SFT
@@ -329,6 +330,25 @@ def _refuse_what_the_demo_does_not_read(overrides: Sequence[str]) -> None:
                 "seed its own: --sft-seeds, --seeds); train on your data, or with your evaluation settings, with "
                 "dgrpo sft and dgrpo grpo"
             )
+
+
+def _check_best_is_kept(base: Config) -> None:
+    """The demo reports each RL run's best post-warmup validation checkpoint (``best/``, the paper's protocol) beside
+    its final one: a config that keeps none (``grpo.save_best: false``, or ``grpo.warmup_steps`` past
+    ``grpo.steps``) is refused in one line (the report labelled the final model the best-validation one)."""
+    g = base.grpo
+    why = (
+        "grpo.save_best=false keeps none"
+        if not g.save_best
+        else f"grpo.warmup_steps={g.warmup_steps} is past grpo.steps={g.steps} (it is kept from the warmup's end on)"
+        if g.warmup_steps > g.steps
+        else ""
+    )
+    if why:
+        raise ConfigError(
+            f"dgrpo demo reports each RL run's best post-warmup validation checkpoint (best/) beside its final one, "
+            f"and {why}; to train without it, use dgrpo grpo"
+        )
 
 
 def _warn_if_arm_overrides(arm: str, file: str, base: Config, cfg: Config, overrides: Sequence[str]) -> None:
