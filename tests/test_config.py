@@ -615,6 +615,19 @@ def test_describe_filters_a_section():
         (["grpo.steps=10"], [r"as many as grpo.steps=10: .*at its last step only .*best/ can only be the final model"]),
         (["grpo.steps=3", "grpo.save_best=false"], [r"not grpo.lr=1e-05; set grpo.warmup_steps below grpo.steps$"]),
         (["grpo.steps=11"], []),
+        # options of a part of GRPO the config turns off were accepted and did nothing, without a word
+        (["grpo.ema_alpha=0.9"], [r"^grpo.ema_alpha=0.9 changes nothing with grpo.advantage=drgrpo \(it is the EMA"]),
+        (["grpo.advantage=ema", "grpo.group_size=1", "grpo.filter=false", "grpo.ema_alpha=0.9"], []),
+        (
+            ["grpo.beta0=0", "grpo.kl_form=paper", "grpo.ref_renewal_every=10"],
+            [r"^grpo.kl_form=paper, grpo.ref_renewal_every=10 change nothing with grpo.beta0=0 \(no KL term, no ref"],
+        ),
+        (["grpo.beta0=0"], []),
+        (["grpo.filter=false", "grpo.alpha_min=0.1"], [r"^grpo.alpha_min=0.1 changes nothing with grpo.filter=false$"]),
+        (
+            ["grpo.advantage=ema", "grpo.group_size=1", "grpo.alpha_max=0.9"],
+            [r"^grpo.alpha_max=0.9 changes nothing with grpo.advantage=ema \(no group accuracy to filter on\)$"],
+        ),
     ],
 )
 def test_inert_settings_are_named_one_line_each(overrides, says):

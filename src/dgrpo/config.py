@@ -994,6 +994,37 @@ def _check_groups(g: GRPOConfig, p: str) -> None:
     )
 
 
+def _unused_grpo_settings(g: GRPOConfig) -> list[str]:
+    """A line for each GRPO option set away from its default that the rest of the config leaves unused (it was
+    accepted and did nothing without a word): the EMA baseline's decay without ``advantage=ema``, the KL term's
+    settings with ``beta0=0`` (no KL term, no reference model), the accuracy filter's without the filter."""
+    default = GRPOConfig()
+    unused = (
+        (("ema_alpha",), g.advantage != "ema", f"grpo.advantage={g.advantage} (it is the EMA baseline's decay)"),
+        (
+            ("anneal_beta", "kl_form", "huber_delta", "ref_renewal_every"),
+            g.beta0 == 0,
+            "grpo.beta0=0 (no KL term, no reference model)",
+        ),
+        (
+            ("alpha_min", "alpha_max", "filter_reward"),
+            not g.filter or g.advantage == "ema",
+            "grpo.filter=false" if not g.filter else "grpo.advantage=ema (no group accuracy to filter on)",
+        ),
+    )
+    lines = []
+    for keys, idle, why in unused:
+        changed = [f"grpo.{k}={_shown(getattr(g, k))}" for k in keys if getattr(g, k) != getattr(default, k)]
+        if idle and changed:
+            lines.append(f"{', '.join(changed)} {'changes' if len(changed) == 1 else 'change'} nothing with {why}")
+    return lines
+
+
+def _shown(value: Any) -> str:
+    """An option's value as ``--set`` writes it (booleans as true / false)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _warmup_lines(g: GRPOConfig) -> list[str]:
     """A warmup as long as the run (``grpo.warmup_steps`` >= ``grpo.steps``): the learning rate never passes its
     ramp, and best/ (kept from step ``warmup_steps`` on) is the final model at most."""
@@ -1243,6 +1274,7 @@ class Config:
         g = self.grpo
         if g.top_p < 1 and g.temperature == 0:
             lines.append(f"grpo.top_p={g.top_p} changes nothing with grpo.temperature=0: greedy decoding samples none")
+        lines += _unused_grpo_settings(g)
         if 0 < g.temperature < 0.05:
             lines.append(
                 f"grpo.temperature={g.temperature}: the update scores each token under softmax(logits / T), nearly "
