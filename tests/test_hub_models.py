@@ -257,6 +257,21 @@ def test_a_snapshot_without_its_tokenizer_says_how_to_get_it(hub_cache):
         check_hub_tokenizer(REPO, snapshot(hub_cache, NEW), cached=False)
 
 
+def test_import_coconut_refuses_a_hub_base_without_its_tokenizer(hub_cache):
+    """import-coconut's --base read from a cached snapshot without tokenizer files got an empty tokenizer that
+    transformers built from the model type (4 tokens: the latent markers and EOS; every question encoded as
+    nothing), and the import failed later, asking whether --base was the run's base model."""
+    from dgrpo.model.coconut_import import build_base
+
+    assert len(build_base(REPO, False)[1]) > 100  # (its own tokenizer)
+    for file in snapshot(hub_cache, NEW).glob("tokenizer*"):
+        file.unlink()
+    with pytest.raises(
+        CheckpointError, match=rf"^model '{REPO}' at commit {NEW}: no tokenizer .*\(hf download {REPO} "
+    ):
+        build_base(REPO, False)
+
+
 def test_a_model_missing_offline_says_how_to_get_it(hub_cache, monkeypatch):
     """Offline and not in the cache: the line said what was missing, not how to get it (the line without
     HF_HUB_OFFLINE did); and it named HF_HUB_OFFLINE when TRANSFORMERS_OFFLINE was the one set."""

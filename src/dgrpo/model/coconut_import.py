@@ -25,8 +25,16 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreT
 from .anatomy import input_embedding_weight
 from .factory import CheckpointError
 from .latent_lm import LatentLM, LatentSettings
-from .sources import resolve_model_source, revision_kwargs
-from .tokens import END_LATENT, LATENT, START_LATENT, coconut_init_row, init_new_embeddings, load_tokenizer
+from .sources import hub_snapshot, resolve_model_source, revision_kwargs
+from .tokens import (
+    END_LATENT,
+    LATENT,
+    START_LATENT,
+    check_hub_tokenizer,
+    coconut_init_row,
+    init_new_embeddings,
+    load_tokenizer,
+)
 
 #: the order in which Coconut's run.py adds its latent tokens to the tokenizer (it fixes their ids)
 OFFICIAL_TOKEN_ORDER = (START_LATENT, END_LATENT, LATENT)
@@ -204,6 +212,8 @@ def build_base(
         _check_base_dir(Path(base).expanduser())
     else:  # a mistyped local path is one line, an unreachable hub too (not ~30 s of the hub's retries)
         base, local_only = resolve_model_source(base, revision)
+        if not trust_remote_code:  # (files without a tokenizer: transformers built an empty one from the model type)
+            check_hub_tokenizer(base, hub_snapshot(base, revision, local_only), local_only)
     try:
         config = AutoConfig.from_pretrained(
             base, trust_remote_code=trust_remote_code, local_files_only=local_only, **revision_kwargs(revision)
