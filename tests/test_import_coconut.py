@@ -450,3 +450,28 @@ def test_a_cot_stage_checkpoint_takes_the_cot_runs_own_settings(official, tmp_pa
     assert LatentLM.from_pretrained(out).settings == LatentSettings(
         mode="cot", c_thought=1, stage=0, n_latent=0, markers=False
     )
+
+
+def test_a_revision_given_with_a_local_directory_is_warned_about(official, tmp_path, run_cli):
+    """import-coconut's and export's --revision (a hub id's branch, tag or commit) with a local directory was
+    dropped without a word."""
+    base, ckpt, _, _, _ = official
+    with pytest.warns(UserWarning, match=rf"^--revision v1 applies only to a hub id: --base {base} is a local dir"):
+        r = run_cli(
+            "import-coconut",
+            ckpt,
+            "--base",
+            base,
+            "--c-thought",
+            2,
+            "--n-latent",
+            2,
+            "--revision",
+            "v1",
+            "--out",
+            tmp_path / "o",
+        )
+    assert r.returncode == 0, r.stderr
+    with pytest.warns(UserWarning, match=rf"^--revision v1 applies only to a hub id: SRC {tmp_path / 'o'} is a local"):
+        r = run_cli("export", tmp_path / "o", "--revision", "v1", "--merge", "--out", tmp_path / "m")
+    assert r.returncode == 2 and "already a full checkpoint" in r.stderr, r.stderr

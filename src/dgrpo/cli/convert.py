@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -135,6 +136,7 @@ def run_export(args: argparse.Namespace) -> int:
     from ..training.run import check_output_path
 
     hf_logging.disable_progress_bar()
+    warn_if_revision_is_ignored(args.revision, args.src, "SRC")
     out = Path(args.out)
     check_output_path(out, model_dir=True)
     if out.is_dir() and any(out.iterdir()):  # save_pretrained replaces the directory: never a run or other files
@@ -206,6 +208,7 @@ def run_import(args: argparse.Namespace) -> int:
     from ..model.verified import LATENT_CONFIG_FILE
     from ..training.run import check_output_path
 
+    warn_if_revision_is_ignored(args.revision, args.base, "--base")
     check_output_path(args.out, model_dir=True)
     out = import_coconut(
         Path(args.ckpt),
@@ -222,6 +225,18 @@ def run_import(args: argparse.Namespace) -> int:
     print(f"wrote {out}")
     print(f"{LATENT_CONFIG_FILE}: {json.dumps(settings)}")
     return 0
+
+
+def warn_if_revision_is_ignored(revision: str | None, name: str, option: str) -> None:
+    """A warning when ``--revision`` is given with a local directory: it names a hub id's branch, tag or commit,
+    and a directory has none (it was dropped without a word)."""
+    from ..model.sources import on_disk
+
+    if revision and on_disk(name).exists():
+        warnings.warn(
+            f"--revision {revision} applies only to a hub id: {option} {name} is a local directory, and it is ignored",
+            stacklevel=2,
+        )
 
 
 def checkpoint_stage(ckpt: Path, stage: int | None, epochs_per_stage: int | None) -> int | None:
