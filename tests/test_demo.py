@@ -110,6 +110,8 @@ def test_verdicts():
     assert verdict("not_greater", -1.0, 1.0) == "not resolved"
     assert verdict("not_greater", 0.5, 2.0) == "contradicted"
     assert verdict("greater", None, None) == "not resolved"  # one pair: no interval
+    assert verdict("greater", 1.5625, 1.5625) == "not resolved"  # zero width: two seeds each +1 item of 64
+    assert verdict("not_greater", 0.0, 0.0) == "not resolved"
     with pytest.raises(ValueError):
         verdict("bigger", 0.0, 1.0)
     same = {"pairs": [{"gained": 0, "lost": 0}, {"gained": 0, "lost": 0}]}

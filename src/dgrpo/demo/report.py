@@ -205,8 +205,11 @@ def results_markdown(res: Mapping[str, Any]) -> str:
         *claim_lines(res),
         "",
         "Rule: A > B is resolved when the interval of A - B lies above 0 (contradicted when it lies below); "
-        "A <= B is resolved when it lies at or below 0; claim 1 needs every item equal and a within-group reward "
-        "std of exactly 0 at every step.",
+        "A <= B is resolved when it lies at or below 0; an interval of zero width (every SFT seed's difference "
+        "the same) resolves nothing; claim 1 needs every item equal and a within-group reward std of exactly 0 at "
+        "every step. The intervals count the variation between training runs (SFT seeds), not that of drawing other "
+        "test items; each claim is judged at 95% on its own, with no correction for judging four by interval "
+        "(were every true difference 0, about 1 run in 5 would still resolve or contradict one by chance).",
     ]
     for split in res["splits"]:
         out += ["", f"## Paired comparisons: {split}", "", *comparison_table(res, split)]

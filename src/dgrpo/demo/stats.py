@@ -159,8 +159,10 @@ def compare(a: Mapping[PairKey, Sequence[bool]], b: Mapping[PairKey | int, Seque
 
 def verdict(kind: str, lo: float | None, hi: float | None) -> str:
     """``resolved`` / ``not resolved`` / ``contradicted`` for a ``greater`` (A > B) or ``not_greater`` (A <= B) claim
-    from the interval [lo, hi] of A - B (None: fewer than 2 pairs, nothing is resolved)."""
-    if lo is None or hi is None:
+    from the interval [lo, hi] of A - B (None: fewer than 2 pairs, nothing is resolved). An interval of zero width
+    (every SFT seed's difference the same, easy on a few test items) has no spread to estimate one from: it
+    resolves nothing either (a t-interval of sd 0 claimed certainty from, e.g., two seeds each +1 item)."""
+    if lo is None or hi is None or lo == hi:
         return "not resolved"
     if kind == "greater":
         return "resolved" if lo > 0 else "contradicted" if hi < 0 else "not resolved"
