@@ -353,6 +353,7 @@ def test_a_run_on_a_hub_model_records_the_commit_it_loaded_and_resumes_unchanged
     assert r.returncode == 0 and "different config" not in r.stderr, r.stderr[-2000:]
     r = run_cli(*args, "--set", "model.revision=v1")  # other weights (as after "main" moved on): refused
     assert r.returncode == 2 and "a different config (model.revision)" in r.stderr, r.stderr[-2000:]
+    assert f"(the run loaded its model at commit {NEW}: --set model.revision={NEW})" in r.stderr  # how to pin it
     config = json.loads((out / "config.json").read_text())
     config["model"]["revision"] = ""  # as a run written before dgrpo recorded the commit
     (out / "config.json").write_text(json.dumps(config))

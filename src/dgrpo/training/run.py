@@ -808,9 +808,11 @@ class RunDir:
         self._check_same_master_weights(old, what)
         refused = [k for k in changed if not (self.cfg["model"]["lora"]["r"] and k in ADAPTER_KEYS)]
         if refused and not self.allow_config_change:
+            then = old.get("model", {}).get("revision") if "model.revision" in refused else None
+            pin = f" (the run loaded its model at commit {then}: --set model.revision={then})" if then else ""
             raise ConfigError(
                 f"{what} a run started with a different config ({', '.join(refused[:8])}"
-                f"{', ...' if len(refused) > 8 else ''}); resume it unchanged, start over with --resume never, "
+                f"{', ...' if len(refused) > 8 else ''}); resume it unchanged{pin}, start over with --resume never, "
                 "or pass --allow-config-change (allow_config_change=True) to continue with the new values (every "
                 "config used is kept)"
             )
