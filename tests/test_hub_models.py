@@ -205,6 +205,21 @@ def test_dgrpo_eval_reads_settings_and_weights_at_one_commit(hub_cache, tmp_path
     assert json.loads((tmp_path / "ev" / "results.json").read_text())["model"] == f"{REPO}@{NEW}"
 
 
+def test_dgrpo_eval_of_a_hub_model_under_a_runs_config_ignores_the_runs_base_commit(hub_cache, tmp_path, run_cli):
+    """A run's config.json records the commit of its base model as model.revision: evaluating an upload of the run's
+    model with it (``--config RUN/config.json``) asked the upload for the base's commit, which it does not have.
+    The revision applies to --model when --set gives it or the config names that model."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"model:\n  name_or_path: base-org/base-model\n  revision: '{'3' * 40}'\n")
+    args = ["eval", "--model", REPO, "--config", config, "--data", "builtin:test", "--limit", 2]
+    r = run_cli(*args, "--out", tmp_path / "ev")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "ev" / "results.json").read_text())["model"] == f"{REPO}@{NEW}"
+    r = run_cli(*args, "--set", "model.revision=v1", "--out", tmp_path / "ev1")  # given for it: applied
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "ev1" / "results.json").read_text())["model"] == f"{REPO}@{OLD}"
+
+
 def test_a_snapshot_without_its_weights_says_so(hub_cache):
     """An interrupted download (the configs cached, not the weights) said "Please do not set use_safetensors=True",
     an option the user never set."""

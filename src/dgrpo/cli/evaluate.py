@@ -70,6 +70,15 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def revision_of(model: str, given: Any, overrides: list[str]) -> str:
+    """The revision ``--model`` is read at: ``model.revision`` when ``--set`` gives it, or when the config that holds
+    it names this model; else "" (a run's config.json records the commit of the model the run loaded, its base:
+    ``dgrpo eval --model ME/my-upload --config RUN/config.json`` asked ME/my-upload for the base's commit)."""
+    if any(o.split("=", 1)[0].strip() == "model.revision" for o in overrides):
+        return given.model.revision
+    return given.model.revision if given.model.name_or_path == model else ""
+
+
 def checkpoint_settings(model: str, revision: str = "") -> tuple[dict, str]:
     """(settings, commit): the task, data, dtype and scorer settings a checkpoint was trained with, a local one or one
     uploaded to the hub (at ``revision``) ({} for a plain model or an older checkpoint), and for a hub id the commit
@@ -233,7 +242,7 @@ def _eval_config(args: argparse.Namespace) -> Config:
     check_not_a_training_run(args.out)
     if not args.model.strip():
         raise ConfigError("--model is empty: name a checkpoint directory, a run directory or a hub id")
-    start, commit = checkpoint_settings(args.model, given.model.revision)
+    start, commit = checkpoint_settings(args.model, revision_of(args.model, given, args.overrides))
     cfg = load_config(Config, list(args.config), [*args.overrides, *extra], start=start)
     cfg.eval.scorer = absolute_file(cfg.eval.scorer)  # (results.json names it: reproducible from any folder)
     if commit:  # the weights from the commit the settings came from
