@@ -212,12 +212,21 @@ def test_dgrpo_eval_of_a_hub_model_under_a_runs_config_ignores_the_runs_base_com
     config = tmp_path / "config.yaml"
     config.write_text(f"model:\n  name_or_path: base-org/base-model\n  revision: '{'3' * 40}'\n")
     args = ["eval", "--model", REPO, "--config", config, "--data", "builtin:test", "--limit", 2]
-    r = run_cli(*args, "--out", tmp_path / "ev")
+    with pytest.warns(UserWarning, match=r"model.revision=3{40} is the revision of the config's model.name_or_path"):
+        r = run_cli(*args, "--out", tmp_path / "ev")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "ev" / "results.json").read_text())["model"] == f"{REPO}@{NEW}"
     r = run_cli(*args, "--set", "model.revision=v1", "--out", tmp_path / "ev1")  # given for it: applied
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "ev1" / "results.json").read_text())["model"] == f"{REPO}@{OLD}"
+    from conftest import tiny_args
+
+    sets = tiny_args(**{"grpo.steps": 1, "grpo.warmup_steps": 0, "data.test": "[]"})
+    train = ["grpo", "--init", REPO, *sets, "--config", config]
+    with pytest.warns(UserWarning, match=r"not applied to --init tiny-org/latent-model: --set model.revision=\.\.\."):
+        r = run_cli(*train, "--out", tmp_path / "run")  # (--init: the same)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["model"]["revision"] == NEW
 
 
 def test_a_snapshot_without_its_weights_says_so(hub_cache):

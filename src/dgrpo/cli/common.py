@@ -89,6 +89,27 @@ def load(args: argparse.Namespace, extra: list[str] | None = None) -> Config:
     return cfg
 
 
+def revision_for(model: str, cfg: Config, overrides: list[str], option: str) -> str:
+    """The revision the hub id ``option`` names (``--init``, ``--model``) is read at: ``model.revision`` when ``--set``
+    gives it, or when the config that holds it names this model. Else "", with a warning when one was set: a run's
+    config.json records the commit of the model that run loaded (its base), which another model (an upload of the
+    run's own) does not have."""
+    import warnings
+
+    from ..model.sources import on_disk
+
+    if any(o.split("=", 1)[0].strip() == "model.revision" for o in overrides):
+        return cfg.model.revision
+    if not cfg.model.revision or cfg.model.name_or_path == model or on_disk(model).exists():  # (a directory: unused)
+        return cfg.model.revision
+    warnings.warn(
+        f"model.revision={cfg.model.revision} is the revision of the config's model.name_or_path "
+        f"({cfg.model.name_or_path}), not applied to {option} {model}: --set model.revision=... picks its revision",
+        stacklevel=2,
+    )
+    return ""
+
+
 def refuse_torchrun(command: str, why: str) -> None:
     """A ConfigError when a one-process command is launched under torchrun (``why``: what every rank would do)."""
     from ..config import ConfigError

@@ -17,7 +17,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .common import add_config_options, check_split, prompt_settings, refuse_torchrun, setup, subcommand
+from .common import (
+    add_config_options,
+    check_split,
+    prompt_settings,
+    refuse_torchrun,
+    revision_for,
+    setup,
+    subcommand,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -68,15 +76,6 @@ def register(sub: Any) -> None:
         "--shots", type=int, help="with --plain: worked examples in the prompt (taken from the start of the data)"
     )
     p.set_defaults(func=run)
-
-
-def revision_of(model: str, given: Any, overrides: list[str]) -> str:
-    """The revision ``--model`` is read at: ``model.revision`` when ``--set`` gives it, or when the config that holds
-    it names this model; else "" (a run's config.json records the commit of the model the run loaded, its base:
-    ``dgrpo eval --model ME/my-upload --config RUN/config.json`` asked ME/my-upload for the base's commit)."""
-    if any(o.split("=", 1)[0].strip() == "model.revision" for o in overrides):
-        return given.model.revision
-    return given.model.revision if given.model.name_or_path == model else ""
 
 
 def checkpoint_settings(model: str, revision: str = "") -> tuple[dict, str]:
@@ -242,10 +241,11 @@ def _eval_config(args: argparse.Namespace) -> Config:
     check_not_a_training_run(args.out)
     if not args.model.strip():
         raise ConfigError("--model is empty: name a checkpoint directory, a run directory or a hub id")
-    start, commit = checkpoint_settings(args.model, revision_of(args.model, given, args.overrides))
+    revision = revision_for(args.model, given, args.overrides, "--model")
+    start, commit = checkpoint_settings(args.model, revision)
     cfg = load_config(Config, list(args.config), [*args.overrides, *extra], start=start)
     cfg.eval.scorer = absolute_file(cfg.eval.scorer)  # (results.json names it: reproducible from any folder)
-    if commit:  # the weights from the commit the settings came from
+    if commit or not revision:  # the weights from the commit the settings came from (not another model's revision)
         cfg.model.revision = commit
     note = explain(start, cfg, list(args.config), local=on_disk(args.model).exists())
     if note:

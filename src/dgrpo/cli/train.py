@@ -16,6 +16,7 @@ from .common import (
     join_processes,
     load,
     report_model,
+    revision_for,
     seed_everything,
     setup,
     subcommand,
@@ -205,7 +206,10 @@ def set_up_run(args: argparse.Namespace) -> Setting:
 
     if not args.resume.strip():  # (an empty PATH was read as the working directory)
         raise ConfigError("--resume is empty: auto, never, or a checkpoint directory")
-    cfg = record_init(load(args), args.init, args.out)
+    cfg = load(args)
+    if args.init:  # (a run's config.json names its base's commit: not --init's, unless given for it)
+        cfg.model.revision = revision_for(args.init, cfg, args.overrides, "--init")
+    cfg = record_init(cfg, args.init, args.out)
     warn_if_held_out_is_builtin(cfg)
     warn_if_prompt_options_are_set(cfg)
     check_installed(cfg.logging.backends)
