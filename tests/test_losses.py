@@ -134,6 +134,24 @@ def test_schedules_eq7():
         beta_at(0, 5e-3, 0.0, total, warm)
 
 
+def test_the_grpo_schedule_options_say_what_the_last_step_and_the_mini_epochs_get():
+    """grpo.min_lr_ratio was documented as 'final lr as a fraction of the peak', but the floor is reached at step
+    grpo.steps, one past the last (5 steps, warmup 2, ratio 0.1: the last lr is 0.325 of the peak); grpo.steps was
+    'optimizer steps', but each GRPO step takes grpo.mini_epochs of them, all at that step's lr and beta."""
+    import dataclasses
+
+    from dgrpo.config import GRPOConfig
+
+    doc = {f.name: f.metadata["doc"] for f in dataclasses.fields(GRPOConfig)}
+    peak, steps, warm, r = 1e-4, 5, 2, 0.1
+    last = lr_at(steps - 1, peak, steps, warm, r)
+    assert last == pytest.approx(0.325 * peak)  # not r * peak
+    assert last - r * peak == pytest.approx((1 - r) * peak * (1 - math.cos(math.pi / (steps - warm))) / 2)
+    assert "final lr" not in doc["min_lr_ratio"] and "one past the last" in doc["min_lr_ratio"]
+    assert not doc["steps"].startswith("optimizer steps") and "grpo.mini_epochs optimizer steps" in doc["steps"]
+    assert "one optimizer step each at the step's lr" in doc["mini_epochs"]
+
+
 def test_the_objective_with_its_kl_term_by_hand():
     """Algorithm 1, line 5 with a reference: -seq_mean(surrogate) + beta * seq_mean(Huberized k3), at theta_old
     (ratios 1). x = log pi_ref - log pi_theta = [-0.5, 1.0]; k3 = [e^-0.5 - 0.5, e - 2] = [0.1065307, 0.7182818]."""

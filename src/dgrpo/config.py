@@ -744,7 +744,11 @@ class PerturbationConfig:
 class GRPOConfig:
     """GRPO post-training (the paper's Table 2 names in parentheses)."""
 
-    steps: int = opt(50, "optimizer steps (paper: 3000)")
+    steps: int = opt(
+        50,
+        "GRPO steps, the lr and beta schedules' unit (paper: 3000); each takes grpo.mini_epochs optimizer steps, all "
+        "at the step's lr and beta",
+    )
     prompts_per_step: int = opt(16, "prompts (groups) per step, global over all ranks (paper: 16)")
     group_size: int = opt(8, "K rollouts per prompt (paper: 32); 1 only with advantage=ema")
     n_latent: int = opt(-1, "latent thoughts per rollout (T); -1 = the checkpoint's final-stage count")
@@ -762,13 +766,19 @@ class GRPOConfig:
     max_new_tokens: int = opt(48, "answer tokens per rollout")
     lr: float = opt(1e-5, "peak learning rate (paper: 1e-5)")
     warmup_steps: int = opt(10, "linear warmup, then cosine decay to min_lr_ratio * lr (paper: 200)")
-    min_lr_ratio: float = opt(0.0, "final lr as a fraction of the peak")
+    min_lr_ratio: float = opt(
+        0.0,
+        "the cosine's floor as a fraction of the peak, reached at step grpo.steps (one past the last: the last step's "
+        "lr is above it by (1 - min_lr_ratio) x lr x (1 - cos(pi / (steps - warmup_steps))) / 2)",
+    )
     optimizer: Optimizer = opt(
         "adamw", "adamw (torch AdamW) or adamw8bit (bitsandbytes on CUDA; falls back to adamw with a warning elsewhere)"
     )
     weight_decay: float = opt(0.0, "AdamW weight decay (lr x weight_decay below 1)")
     max_grad_norm: float = opt(1.0, "gradient clipping (0 = off)")
-    mini_epochs: int = opt(1, "E: passes over each rollout batch (theta_old fixed within them)")
+    mini_epochs: int = opt(
+        1, "E: passes over each rollout batch, one optimizer step each at the step's lr (theta_old fixed within them)"
+    )
     micro_batch_size: int = opt(64, "rollouts per forward/backward in the update (the loss does not depend on it)")
     recompute: bool = opt(
         False,

@@ -9,7 +9,10 @@ def lr_at(step: int, peak: float, total_steps: int, warmup_steps: int, min_ratio
     """Linear warmup to ``peak`` over ``warmup_steps``, then cosine decay to ``min_ratio * peak`` at ``total_steps``
     (paper Sec. 5.3: 200 warmup steps, then cosine decay; the eta_t of Eq. 7).
 
-    ``step`` counts optimizer steps from 0; the value is the lr used *for* that step.
+    ``step`` counts the schedule's steps from 0 (SFT's optimizer steps; GRPO's steps, each ``grpo.mini_epochs``
+    optimizer steps at one lr); the value is the lr used *for* that step. The last step, ``total_steps - 1``, is
+    above the floor ``min_ratio * peak`` by ``(1 - min_ratio) * peak * (1 - cos(pi / n)) / 2``, ``n`` the cosine's
+    ``total_steps - warmup_steps`` steps.
     """
     if step < 0:
         raise ValueError(f"lr_at: step counts optimizer steps from 0, got {step}")
