@@ -259,6 +259,15 @@ def test_the_trl_names_are_docs_from_trl_table():
         assert row is not None and f"`{key}" in row, (name, key, row)
 
 
+def test_trls_max_steps_row_says_a_grpo_step_is_mini_epochs_optimizer_steps():
+    """TRL's max_steps counts optimizer steps (num_iterations of them per generation batch); grpo.steps counts GRPO
+    steps of grpo.mini_epochs optimizer steps each, at one lr: the row mapped them one to one, so a TRL user's
+    max_steps=N with num_iterations=2 became twice the optimizer steps and half the schedule's."""
+    rows = [line for line in (ROOT / "docs" / "from_trl.md").read_text().splitlines() if line.startswith("| `")]
+    row = next(r for r in rows if r.startswith("| `max_steps` |"))
+    assert "`max_steps` = `grpo.steps` x `grpo.mini_epochs`" in row, row
+
+
 # ---- perturbation.layers
 
 
