@@ -779,7 +779,11 @@ class GRPOConfig:
     mini_epochs: int = opt(
         1, "E: passes over each rollout batch, one optimizer step each at the step's lr (theta_old fixed within them)"
     )
-    micro_batch_size: int = opt(64, "rollouts per forward/backward in the update (the loss does not depend on it)")
+    micro_batch_size: int = opt(
+        64,
+        "rollouts per forward/backward in the update (the loss does not depend on it; with bf16 weights the "
+        "gradients add up in bf16, so its rounding does)",
+    )
     recompute: bool = opt(
         False,
         "activation recomputation in the update: the replayed recurrence's activations (prompt, each latent step, "
