@@ -45,6 +45,21 @@ def trainer(ckpt, **over):
     return GRPOTrainer(lm, cfg, train)
 
 
+def test_grpo_adam_betas_reach_the_optimizer(sft_checkpoint):
+    """GRPO's AdamW betas were torch's, fixed (SFT's were an option): with bf16 weights and no masters a beta2 of
+    0.999 never decays the second moment, and nothing could be done about it."""
+    from dgrpo.config import ConfigError
+
+    assert trainer(sft_checkpoint).opt.param_groups[0]["betas"] == (0.9, 0.999)  # the default: torch's
+    assert trainer(sft_checkpoint, **{"grpo.adam_betas": "[0.9,0.99]"}).opt.param_groups[0]["betas"] == (0.9, 0.99)
+    masters = {"model.dtype": "bfloat16", "model.master_weights": "true", "grpo.adam_betas": "[0.8,0.95]"}
+    lm = LatentLM.from_pretrained(sft_checkpoint).to(torch.bfloat16)
+    cfg = tiny_config(**masters)
+    assert GRPOTrainer(lm, cfg, generate_split(cfg.task, "train")).opt.param_groups[0]["betas"] == (0.8, 0.95)
+    with pytest.raises(ConfigError, match=r"grpo.adam_betas: expected two numbers in \[0, 1\)"):
+        tiny_config(**{"grpo.adam_betas": "[0.9,1.0]"})
+
+
 def test_deterministic_grpo_has_zero_std_and_exactly_zero_gradient(sft_checkpoint):
     tr = trainer(
         sft_checkpoint,

@@ -162,6 +162,18 @@ def _learning_rate(obj: Any, p: str) -> None:
     )
 
 
+def _adam_betas(obj: Any, p: str) -> None:
+    """``adam_betas`` of section ``obj``: two floats in [0, 1) (torch refuses the int 0 beside a float)."""
+    obj.adam_betas = _numbers(obj.adam_betas, _to_float, f"{p}.adam_betas")
+    _check(
+        len(obj.adam_betas) == 2
+        and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in obj.adam_betas),
+        f"{p}.adam_betas",
+        f"expected two numbers in [0, 1) (beta1, beta2), got {obj.adam_betas}",
+    )
+    obj.adam_betas = [float(b) for b in obj.adam_betas]
+
+
 def _within(obj: Any, p: str, interval: str, *names: str) -> None:
     """Each named option of section ``obj`` must lie in ``interval``, written as in maths: ``[0, 1)``, ``(0, 1]``."""
     lo, hi = (float(x) for x in interval[1:-1].split(","))
@@ -620,15 +632,8 @@ class SFTConfig:
         _at_least(self, p, 0, "max_latent_stage", "weight_decay", "warmup_steps", "max_grad_norm", "save_every")
         _within(self, p, "[0, 1]", "uniform_prob")
         _learning_rate(self, p)
-        self.adam_betas = _numbers(self.adam_betas, _to_float, f"{p}.adam_betas")
+        _adam_betas(self, p)
         self.stage_epochs = _numbers(self.stage_epochs, _to_int, f"{p}.stage_epochs")
-        _check(
-            len(self.adam_betas) == 2
-            and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in self.adam_betas),
-            f"{p}.adam_betas",
-            f"expected two numbers in [0, 1) (beta1, beta2), got {self.adam_betas}",
-        )
-        self.adam_betas = [float(b) for b in self.adam_betas]  # (torch refuses [0, 0.999]: both must be floats)
         _check(
             all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in self.stage_epochs),
             f"{p}.stage_epochs",
@@ -775,6 +780,11 @@ class GRPOConfig:
         "adamw", "adamw (torch AdamW) or adamw8bit (bitsandbytes on CUDA; falls back to adamw with a warning elsewhere)"
     )
     weight_decay: float = opt(0.0, "AdamW weight decay (lr x weight_decay below 1)")
+    adam_betas: list = opt(
+        [0.9, 0.999],
+        "AdamW (beta1, beta2) (the paper states none: torch's defaults); with bf16 weights and no master copy, a "
+        "beta2 of 0.999 is under half a bf16 step: the second moment never decays (README, bf16 weights)",
+    )
     max_grad_norm: float = opt(1.0, "gradient clipping (0 = off)")
     mini_epochs: int = opt(
         1, "E: passes over each rollout batch, one optimizer step each at the step's lr (theta_old fixed within them)"
@@ -972,6 +982,7 @@ class GRPOConfig:
             "log_rollouts",
         )
         _check_groups(self, p)
+        _adam_betas(self, p)
         _check(self.n_latent >= -1, f"{p}.n_latent", "must be >= 0 (or -1 for the checkpoint's value)")
         _within(self, p, "(0, 1]", "top_p")
         _within(self, p, "[0, 1]", "min_lr_ratio", "alpha_min", "alpha_max")

@@ -149,12 +149,13 @@ def build_optimizer(params: list, cfg: Config, device: torch.device) -> torch.op
     """AdamW (over float32 masters with ``model.master_weights``), or bitsandbytes' 8-bit AdamW on CUDA
     (``grpo.optimizer: adamw8bit``; elsewhere torch AdamW, warned)."""
     g = cfg.grpo
+    betas = (g.adam_betas[0], g.adam_betas[1])
     if g.optimizer == "adamw8bit":
         if device.type == "cuda":
             try:
                 import bitsandbytes as bnb
 
-                return bnb.optim.AdamW8bit(params, lr=g.lr, weight_decay=g.weight_decay)
+                return bnb.optim.AdamW8bit(params, lr=g.lr, weight_decay=g.weight_decay, betas=betas)
             except ImportError:
                 warnings.warn(
                     "grpo.optimizer=adamw8bit needs bitsandbytes (pip install bitsandbytes); using torch AdamW",
@@ -162,7 +163,7 @@ def build_optimizer(params: list, cfg: Config, device: torch.device) -> torch.op
                 )
         else:
             warnings.warn("grpo.optimizer=adamw8bit runs on CUDA only; using torch AdamW on this device", stacklevel=2)
-    return adamw(params, cfg.model.master_weights, lr=g.lr, weight_decay=g.weight_decay)
+    return adamw(params, cfg.model.master_weights, lr=g.lr, weight_decay=g.weight_decay, betas=betas)
 
 
 @contextmanager
