@@ -371,6 +371,19 @@ def test_the_chain_refuses_what_it_cannot_run(tokenizer, task_records, over, mat
         GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records, reward_fn=code_parity)
 
 
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_the_chain_refuses_sliding_window_layers_before_the_first_step(tokenizer, task_records, family):
+    """A model whose cache has sliding-window layers (Mistral with a window, Gemma 2) was accepted on a CPU and its
+    first update failed with a NotImplementedError traceback; now a one-line ConfigError when the trainer is built."""
+    from test_model_families import family_lm
+
+    from dgrpo.training.grpo import GRPOTrainer
+
+    cfg = load_config(Config, "tiny.yaml", ["grpo.update_latent_graphs=true", "grpo.engine=fast", "grpo.n_latent=2"])
+    with pytest.raises(ConfigError, match=r"grpo.update_latent_graphs: .*SlidingWindowLayer.*or set it to false"):
+        GRPOTrainer(family_lm(tokenizer, family), cfg, task_records, reward_fn=code_parity)
+
+
 def test_auto_turns_the_chain_on_only_where_it_runs_captured(tokenizer, task_records):
     """``grpo.update_latent_graphs=auto`` (the paper recipe's): on for one CUDA process on the fast engine, with the
     latent steps' activations kept and the layers uncompiled; off elsewhere without an error (on this CPU, under

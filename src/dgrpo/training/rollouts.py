@@ -17,6 +17,7 @@ from ..model.attention_mask import prebuilt_mask_applies
 from ..model.fixed_shape import fixed_shape_generate, fixed_shape_target_logprobs
 from ..model.latent_chain import chained_target_logprobs
 from ..model.latent_lm import LatentLM
+from ..model.recompute import unrecomputable_cache_layers
 from ..perturbation import Perturbation
 from ..perturbation.base import row_sampling_uniforms, to_device
 
@@ -76,14 +77,21 @@ def resolve_engine(engine: str, device: torch.device, batched: bool, static_obst
 def latent_chain_obstacle(lm: LatentLM, cfg: Config, engine: str, distributed: bool) -> str | None:
     """Why ``grpo.update_latent_graphs`` cannot run in this trainer (None: it can): what the config says
     (:meth:`Config.latent_chain_obstacle`), then: it is the fast engine's, for one process and a coconut model, and
-    its capture (CUDA) needs the prebuilt attention mask (no host read of the padding inside the graph)."""
+    its capture (CUDA) needs the prebuilt attention mask (no host read of the padding inside the graph); on any device
+    it carries full-attention keys and values (a sliding-window or chunked layer's cache failed at the first update)."""
     why = cfg.latent_chain_obstacle()
     if why is not None:
         return why
+    windowed = unrecomputable_cache_layers(lm.model.config)
     for ok, why in (
         (engine == "fast", f"the engine resolved to {engine} (on {lm.device.type}): set grpo.engine=fast"),
         (not distributed, "it runs in one process (not under torchrun yet)"),
         (lm.settings.mode == "coconut", f"it runs coconut thoughts; this model's mode is {lm.settings.mode!r}"),
+        (
+            not windowed,
+            "it carries full-attention keys and values; this model's KV cache has "
+            f"{', '.join(windowed)} layers (sliding-window or chunked attention)",
+        ),
         (
             lm.device.type != "cuda" or prebuilt_mask_applies(lm.model.config),
             "its CUDA graphs need SDPA attention over full-attention layers "
