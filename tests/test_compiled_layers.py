@@ -81,6 +81,25 @@ def test_what_the_compiled_layers_cannot_run_with_is_a_config_error(over, why):
     tiny_config(**over)  # fine without it
 
 
+def test_a_model_with_lora_adapters_applied_in_python_is_a_config_error(tokenizer, task_records):
+    """The config refuses model.lora.r > 0 with model.compile; adapters applied in Python (apply_lora, then a
+    trainer) passed, and a GRPO step with a KL term (the reference: a second adapter the step's layer template lacks)
+    failed with an AttributeError. Now a one-line ConfigError when the trainer is built."""
+    pytest.importorskip("peft")
+    from test_fixed_shape import code_parity
+
+    from dgrpo.config import LoraConfig
+    from dgrpo.model.lora import apply_lora
+    from dgrpo.training.grpo import GRPOTrainer
+
+    lm = make_lm(tokenizer)
+    lm.name_or_path = "in-memory"
+    apply_lora(lm, LoraConfig(r=4, alpha=8.0))
+    cfg = tiny_config(**{"model.compile": "true", "model.compile_backend": "eager", "grpo.beta0": "0.1"})
+    with pytest.raises(ConfigError, match="invalid config value model.compile: .*LoRA adapters"):
+        GRPOTrainer(lm, cfg, task_records, reward_fn=code_parity)
+
+
 @pytest.mark.slow
 def test_a_hook_the_step_cannot_apply_is_an_error(tokenizer, task_records):
     lm = make_lm(tokenizer).eval()

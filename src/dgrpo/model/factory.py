@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..config import LoraConfig, ModelConfig, TaskConfig
+from ..config import ConfigError, LoraConfig, ModelConfig, TaskConfig
 from ..data.synthetic import tokenizer_corpus
 from ..data.tokenizer import train_task_tokenizer
 from . import lora
@@ -169,7 +169,14 @@ def record_adapter(cfg: LoraConfig, saved: Any) -> None:
 
 def compile_layers(lm: LatentLM, cfg: ModelConfig) -> None:
     """``model.compile``: the decoder layers of ``lm`` run one compiled step (:mod:`~dgrpo.model.compiled_layers`);
-    a ConfigError when its architecture cannot. Nothing when the option is off."""
+    a ConfigError when its architecture cannot, or when it carries LoRA adapters (applied in Python: the config
+    refuses model.lora.r > 0 with it; the step's layer template would lack the reference's adapter, and a GRPO run with
+    a KL term failed in its first update with an AttributeError). Nothing when the option is off."""
+    if cfg.compile and lm.peft is not None:
+        raise ConfigError(
+            "invalid config value model.compile: the compiled layers do not run with LoRA adapters (this model has "
+            "them); set model.compile=false"
+        )
     if cfg.compile and lm.compiled_layers is None:
         lm.compiled_layers = CompiledLayers(lm.model, backend=cfg.compile_backend, mode=cfg.compile_mode)
 
