@@ -331,6 +331,30 @@ def test_grpo_steps_with_the_chain_equal_those_without(tokenizer, task_records, 
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
 
 
+def test_a_perturbation_that_does_not_state_its_tensors_runs_a_chain_it_does_not_keep(
+    tokenizer, task_records, monkeypatch
+):
+    """A kind of one's own need not say which tensors it reads (``graph_inputs`` None): the fast engine's decoders are
+    then not kept, and the chain under grpo.keep_graphs was a ValueError traceback in the first update; now it runs
+    a chain per micro-batch, not kept, with the same steps as without the chain."""
+    from dgrpo.perturbation.locked import _BoundLocked
+    from dgrpo.training.grpo import GRPOTrainer
+
+    monkeypatch.setattr(_BoundLocked, "graph_inputs", lambda self: None)  # (locked dropout as such a kind)
+    rows = []
+    for chain in ("false", "true"):
+        over = ["grpo.group_size=4", "grpo.temperature=1", "grpo.engine=fast", "grpo.micro_batch_size=12"]
+        cfg = load_config(Config, "tiny.yaml", [*over, "grpo.n_latent=2", f"grpo.update_latent_graphs={chain}"])
+        trainer = GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records, reward_fn=code_parity)
+        assert trainer.keep_graphs and trainer.chain_latents == (chain == "true")
+        rows.append([trainer.step() for _ in range(2)])
+        assert not trainer.lm.kept_decoders
+    for a, b in zip(*rows):
+        assert a["reward_mean"] == b["reward_mean"]
+        assert a["policy_loss"] == pytest.approx(b["policy_loss"], abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+
+
 def test_grpo_steps_with_a_padded_chain_equal_those_without(tokenizer, task_records, monkeypatch):
     """Two trainer steps whose micro-batches have 3, 3 and 2 rows (the last padded to 3, as on CUDA where the chain
     pads every micro-batch to the largest): the same rewards, losses and gradient norms as without the chain."""

@@ -296,13 +296,13 @@ def chain_for(
     only then replaces the kept chain: a capture costs a few eager runs (warm-ups, recording), which a shape that
     comes once (a step's last, smaller micro-batch; a row count the group filter left) would not repay, and two
     shapes taking turns would capture at every micro-batch. (A batch padded to the kept chain's shape,
-    :func:`run_latent_chain`, meets a new shape only when it outgrows it: no wait then.)"""
+    :func:`run_latent_chain`, meets a new shape only when it outgrows it: no wait then.) Not kept, as the fast
+    engine's decoders are not (:func:`~dgrpo.model.fixed_shape.decoder_for`): a perturbation whose tensors are unknown
+    (``graph_inputs`` None: a kind of one's own that does not say; a kept chain's replay could not copy them in)."""
     capture = capture and "update" not in lm.kept_decoders.failed_captures
-    if not keep:
-        return LatentChain(lm, n_latent, capture)
-    replay = replay_key(lm, perturbation)
+    replay = replay_key(lm, perturbation) if keep else None
     if replay is None:
-        raise ValueError("grpo.update_latent_graphs needs a perturbation that states its tensors (graph_inputs)")
+        return LatentChain(lm, n_latent, capture)
     tensors = chain_inputs(state)
     key = (
         replay,
