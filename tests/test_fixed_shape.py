@@ -152,6 +152,31 @@ def test_the_prompt_and_the_scored_answer_over_the_static_cache_read_nothing_bac
     assert answer["waiting_ops"] == 0, answer["waiting_op_sites"]
 
 
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(temperature=-1.0),
+        dict(temperature=float("nan")),
+        dict(temperature=1.0, top_p=1.5),
+        dict(temperature=1.0, top_p=0.0),
+        dict(max_new_tokens=0),
+        dict(n_latent=-1),
+    ],
+    ids=["negative-temperature", "nan-temperature", "top_p-above-1", "top_p-0", "no-token", "negative-n_latent"],
+)
+def test_arguments_generate_refuses_are_refused_too(tokenizer, task_records, kw):
+    """The same arguments as ``generate``: what it refuses in one line, the fast engine refused not (a negative or NaN
+    temperature decoded greedily, a top_p above 1 sampled, n_latent=-1 ran no thought, max_new_tokens=0 returned
+    nothing; top_p=0 failed inside multinomial)."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = ragged_batch(lm, task_records, n=2)
+    args = {"n_latent": 2, "max_new_tokens": 4, **kw}
+    with pytest.raises(ValueError, match="generate: "):
+        lm.generate(ids, mask, **args)
+    with pytest.raises(ValueError, match="generate: "):
+        fixed_shape_generate(lm, ids, mask, **args)
+
+
 def test_capture_is_refused_off_cuda(tokenizer, task_records):
     lm = make_lm(tokenizer, "qwen2").eval()
     ids, mask = ragged_batch(lm, task_records, n=2)

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 from transformers import StaticCache
 
-from .decoding import AnswerBook, Generation
+from .decoding import AnswerBook, Generation, check_decoding
 from .latent_lm import LatentLM, PhaseHook, cache_keyword
 from .verified import one_line
 
@@ -350,7 +350,9 @@ def fixed_shape_generate(
     """:meth:`LatentLM.generate` over fixed shapes (same arguments, same result); ``capture``: CUDA graphs of the
     latent and answer steps; ``sync_every``: how many tokens pass between the host's checks that a row is alive
     (0: never, all ``max_new_tokens`` are decoded); ``keep``: the buffers and graphs serve the next batch of the same
-    shape too (:func:`decoder_for`)."""
+    shape too (:func:`decoder_for`). Its arguments are checked as ``generate`` checks them (host values only: a
+    negative or NaN temperature, a ``top_p`` outside (0, 1] or no answer token decoded without a word)."""
+    check_decoding(n_latent, max_new_tokens, temperature, top_p)
     B, dev = prompt_ids.shape[0], prompt_ids.device
     n_after = int(markers) + max_new_tokens
     dec = _after_latents(lm, "generate", prompt_ids, prompt_mask, n_latent, n_after, mode, perturbation, capture, keep)
