@@ -240,6 +240,17 @@ def test_cli_plot_labels_may_hold_an_equals_sign(runs: Path, tmp_path: Path, cap
     assert main(["plot", "--label", f"p = 0.2={tmp_path / 'nowhere'}", "--out", str(out)]) == 2  # (no such run)
 
 
+def test_cli_plot_references_may_hold_an_equals_sign(runs: Path, tmp_path: Path) -> None:
+    """``--reference "SFT (p = 0.1)=0.247"``: the value is what follows the last ``=`` (it split at the first, and
+    refused '0.1)=0.247' as not a number)."""
+    from dgrpo.cli.plot import parse_pairs
+
+    assert parse_pairs(["SFT (p = 0.1)=0.247"], "--reference") == [("SFT (p = 0.1)", "0.247")]
+    out = tmp_path / "ref.png"
+    assert main(["plot", str(runs / "arms"), "--reference", "SFT (p = 0.1)=0.247", "--out", str(out)]) == 0
+    assert out.stat().st_size > 1000
+
+
 def test_cli_plot_bad_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plot", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err

@@ -65,12 +65,14 @@ def _split_pair(v: str) -> tuple[str, str, str]:
 
 
 def parse_pairs(values: list[str], option: str) -> list[tuple[str, str]]:
-    """``NAME=VALUE`` strings as pairs; a :class:`DataError` naming the option for a malformed one."""
+    """``NAME=VALUE`` strings as pairs; a :class:`DataError` naming the option for a malformed one. A ``--label``
+    splits as :func:`_split_pair` says, a ``--reference`` at its last ``=`` (its value is a number, its name may hold
+    ``=``: ``"SFT (p = 0.1)=0.247"``)."""
     from ..data.records import DataError
 
     pairs = []
     for v in values:
-        name, sep, value = _split_pair(v) if option == "--label" else v.partition("=")
+        name, sep, value = _split_pair(v) if option == "--label" else v.rpartition("=")
         if not sep or not name.strip() or not value.strip():
             raise DataError(f"{option} wants {'NAME=RUN[,RUN...]' if option == '--label' else 'NAME=VALUE'}, got {v!r}")
         pairs.append((name.strip(), value.strip()))
