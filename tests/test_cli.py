@@ -322,6 +322,16 @@ def test_help_is_fast_and_lists_examples():
     assert "95% intervals" in ap.format_help() and all(name in ap.format_help() for name in sub.choices)
 
 
+def test_eval_help_says_what_limit_0_and_no_split_do():
+    """``--limit 0`` evaluates every record (it is eval.limit's 0), and without ``--split`` a name's own split is read
+    (``builtin:valid``): the help said "the first N records" and "default: test"."""
+    from dgrpo.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "cmd")
+    text = " ".join(sub.choices["eval"].format_help().split())
+    assert "(0: all" in text and "the one it gives, else test" in text
+
+
 def test_version_and_config_show_filter(run_cli):
     r = run_cli("--version")
     assert r.returncode == 0 and r.stdout.startswith("dgrpo ")

@@ -61,8 +61,10 @@ def register(sub: Any) -> None:
         help="dataset name (gsm8k, svamp, builtin:test, ...) or file path; several: each evaluated in turn, its "
         "results in OUT/<name>/",
     )
-    p.add_argument("--split", help="dataset split (default: test)")
-    p.add_argument("--limit", type=int, help="evaluate the first N records")
+    p.add_argument(
+        "--split", help="dataset split, in place of one a --data name gives (default: the one it gives, else test)"
+    )
+    p.add_argument("--limit", type=int, help="evaluate the first N records (0: all, as eval.limit)")
     p.add_argument(
         "--out", required=True, help="writes results.json and predictions.jsonl here (one folder per --data of several)"
     )
