@@ -476,6 +476,16 @@ def test_capture_beside_threads_says_it_needs_cuda_here(monkeypatch, capsys):
     assert script.main() == 2 and "needs a CUDA device" in capsys.readouterr().err
 
 
+def test_only_help_names_every_item_of_one_section_alone():
+    """``--only``'s help says where the items run that one section alone has (it named soak, not parallel, which
+    ``--section gpu`` does not run either)."""
+    from dgrpo.bench.suite import GPU_ORDER, ORDER, build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    for item in {*ORDER} ^ {*GPU_ORDER}:
+        assert f"{item} run" in text or f"{item} on CUDA" in text or f"{item} and" in text, item
+
+
 def test_a_selection_that_runs_nothing_is_an_error(tmp_path, capsys):
     """An unknown item, or items of the other section (optimizer is CUDA-only), are one error line, exit 2 (the
     latter wrote an empty report and exited 0); nothing is written."""

@@ -49,8 +49,12 @@ ORDER = [
     "parallel",
     "soak",
 ]  # flops first: its matmul peak annotates later rows
-GPU_ORDER = [k for k in ORDER if k not in ("soak", "parallel")] + ["optimizer"]  # CPU-only items out
+#: the items of the CPU section alone, and of the GPU section alone
+CPU_ONLY, CUDA_ONLY = ("soak", "parallel"), ("optimizer",)
+GPU_ORDER = [k for k in ORDER if k not in CPU_ONLY] + list(CUDA_ONLY)  # CPU-only items out
 ITEM_KEYS = ORDER + ["optimizer"]
+#: where the items of one section alone run, as --only's help and its error say it
+SECTION_NOTE = f"{' and '.join(CPU_ONLY)} run on the CPU only, {' and '.join(CUDA_ONLY)} on CUDA only"
 CHILD_ENV = "DGRPO_BENCH_CHILD"
 
 
@@ -67,8 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--only",
         default=None,
-        help=f"comma-separated subset of: {', '.join(ITEM_KEYS)} (default: all; soak runs on CPU only, "
-        "optimizer on CUDA only)",
+        help=f"comma-separated subset of: {', '.join(ITEM_KEYS)} (default: all; {SECTION_NOTE})",
     )
     ap.add_argument(
         "--section",
@@ -326,8 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     runnable = {"all": ITEM_KEYS, "cpu": ORDER, "gpu": GPU_ORDER}[args.section]
     if not any(k in runnable for k in only):  # (an empty report, exit 0, said only "not run")
         print(
-            f"dgrpo: error: bench: --only {','.join(only)} runs nothing in --section {args.section}: soak and parallel "
-            "run on the CPU only, optimizer on CUDA only",
+            f"dgrpo: error: bench: --only {','.join(only)} runs nothing in --section {args.section}: {SECTION_NOTE}",
             file=sys.stderr,
         )
         return 2
