@@ -476,6 +476,39 @@ def test_capture_beside_threads_says_it_needs_cuda_here(monkeypatch, capsys):
     assert script.main() == 2 and "needs a CUDA device" in capsys.readouterr().err
 
 
+def test_ctrl_c_is_one_line_exit_130(tmp_path, monkeypatch, capsys):
+    """Ctrl-C during the suite (its child process, DGRPO_BENCH_CHILD set) is one line and exit 130, not a
+    traceback; the parent that started the child ignores the Ctrl-C the terminal sends it too and returns the
+    child's code (it raised KeyboardInterrupt out of its wait: a second traceback)."""
+    import signal
+
+    from dgrpo.bench import suite
+
+    def interrupted(args, argv):
+        raise KeyboardInterrupt
+
+    def bench() -> int:  # (a KeyboardInterrupt out of main would stop pytest itself)
+        try:
+            return suite.main(["--out", str(tmp_path / "b"), "--only", "flops"])
+        except KeyboardInterrupt:
+            return -1
+
+    monkeypatch.setattr(suite, "run_suite", interrupted)
+    monkeypatch.setenv(suite.CHILD_ENV, "1")
+    assert bench() == 130
+    err = capsys.readouterr().err
+    assert err == "dgrpo: interrupted (bench: nothing was written)\n"
+
+    child = tmp_path / "child.sh"  # (a stand-in for the suite's child: Ctrl-C reaches its parent, it ends with 130)
+    child.write_text("#!/bin/sh\nkill -INT $PPID\nsleep 0.5\nexit 130\n")
+    child.chmod(0o755)
+    monkeypatch.delenv(suite.CHILD_ENV)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(suite.sys, "executable", str(child))
+    assert bench() == 130
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_only_help_names_every_item_of_one_section_alone():
     """``--only``'s help says where the items run that one section alone has (it named soak, not parallel, which
     ``--section gpu`` does not run either)."""

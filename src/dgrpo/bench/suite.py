@@ -335,5 +335,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if os.environ.get("OMP_WAIT_POLICY") is None and not os.environ.get(CHILD_ENV):
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", **{CHILD_ENV: "1"})
-        return subprocess.call([sys.executable, "-m", "dgrpo.bench", *argv], env=env)
-    return run_suite(args, argv)
+        return run_child([sys.executable, "-m", "dgrpo.bench", *argv], env)
+    try:
+        return run_suite(args, argv)
+    except KeyboardInterrupt:  # (Ctrl-C: one line, as the other commands say it, not a traceback)
+        written = Path(args.out) / "bench.json"
+        kept = f"{written} holds the items finished before it" if written.is_file() else "nothing was written"
+        print(f"dgrpo: interrupted (bench: {kept})", file=sys.stderr)
+        return 130
+
+
+def run_child(cmd: list[str], env: dict[str, str]) -> int:
+    """Run the suite in a child process and return its exit code (128 + N for a child ended by signal N). A Ctrl-C,
+    which the terminal sends to both, is the child's to answer (one line, exit 130): this process ignores it while it
+    waits (it raised KeyboardInterrupt out of the wait, a traceback under the child's line)."""
+    import signal
+
+    with subprocess.Popen(cmd, env=env) as child:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            code = child.wait()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    return 128 - code if code < 0 else code
