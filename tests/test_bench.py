@@ -509,6 +509,30 @@ def test_ctrl_c_is_one_line_exit_130(tmp_path, monkeypatch, capsys):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_sigterm_to_the_parent_reaches_the_suite(tmp_path, monkeypatch):
+    """``timeout N dgrpo bench`` (a SIGTERM to the process started, which re-executes the suite in a child) stops
+    the suite: the parent passes the signal on and exits 143 (it ended alone and left the suite running)."""
+    import signal
+    import time
+
+    from dgrpo.bench import suite
+
+    child = tmp_path / "child.sh"  # (a stand-in for the suite: SIGTERM reaches its parent; left running, it ends 0)
+    child.write_text("#!/bin/sh\nkill -TERM $PPID\nsleep 3\nexit 0\n")
+    child.chmod(0o755)
+    monkeypatch.delenv(suite.CHILD_ENV, raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(suite.sys, "executable", str(child))
+    got: list[int] = []
+    mine = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))  # (this test's, not pytest's end)
+    try:
+        start = time.perf_counter()
+        code = suite.main(["--out", str(tmp_path / "b"), "--only", "flops"])
+    finally:
+        signal.signal(signal.SIGTERM, mine)
+    assert code == 128 + signal.SIGTERM and time.perf_counter() - start < 2.5 and not got
+
+
 def test_only_help_names_every_item_of_one_section_alone():
     """``--only``'s help says where the items run that one section alone has (it named soak, not parallel, which
     ``--section gpu`` does not run either)."""

@@ -348,13 +348,17 @@ def main(argv: list[str] | None = None) -> int:
 def run_child(cmd: list[str], env: dict[str, str]) -> int:
     """Run the suite in a child process and return its exit code (128 + N for a child ended by signal N). A Ctrl-C,
     which the terminal sends to both, is the child's to answer (one line, exit 130): this process ignores it while it
-    waits (it raised KeyboardInterrupt out of the wait, a traceback under the child's line)."""
+    waits (it raised KeyboardInterrupt out of the wait, a traceback under the child's line). A SIGTERM, which
+    ``timeout`` or ``kill`` sends to this process alone, is passed on to the child (this process ended and left the
+    suite running, timing on shared devices and writing OUT)."""
     import signal
 
     with subprocess.Popen(cmd, env=env) as child:
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous_term = signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
         try:
             code = child.wait()
         finally:
             signal.signal(signal.SIGINT, previous)
+            signal.signal(signal.SIGTERM, previous_term)
     return 128 - code if code < 0 else code
