@@ -332,6 +332,15 @@ def test_eval_help_says_what_limit_0_and_no_split_do():
     assert "(0: all" in text and "the one it gives, else test" in text
 
 
+def test_eval_data_given_twice_is_both():
+    """``--data a --data b`` evaluates both, as ``--data a b`` does (the second replaced the first: one dataset
+    evaluated, the other dropped without a word)."""
+    from dgrpo.cli import build_parser
+
+    argv = ["eval", "--model", "m", "--data", "gsm8k", "--data", "svamp", "builtin:test", "--out", "o"]
+    assert build_parser().parse_args(argv).data == ["gsm8k", "svamp", "builtin:test"]
+
+
 def test_version_and_config_show_filter(run_cli):
     r = run_cli("--version")
     assert r.returncode == 0 and r.stdout.startswith("dgrpo ")

@@ -56,10 +56,11 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--data",
         required=True,
+        action="extend",  # (--data a --data b is both, as --set is; the second replaced the first without a word)
         nargs="+",
         metavar="DATA",
-        help="dataset name (gsm8k, svamp, builtin:test, ...) or file path; several: each evaluated in turn, its "
-        "results in OUT/<name>/",
+        help="dataset name (gsm8k, svamp, builtin:test, ...) or file path; several (--data a b, or --data "
+        "repeated): each evaluated in turn, its results in OUT/<name>/",
     )
     p.add_argument(
         "--split", help="dataset split, in place of one a --data name gives (default: the one it gives, else test)"
