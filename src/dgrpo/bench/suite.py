@@ -27,6 +27,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -347,18 +348,30 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_child(cmd: list[str], env: dict[str, str]) -> int:
     """Run the suite in a child process and return its exit code (128 + N for a child ended by signal N). A Ctrl-C,
-    which the terminal sends to both, is the child's to answer (one line, exit 130): this process ignores it while it
-    waits (it raised KeyboardInterrupt out of the wait, a traceback under the child's line). A SIGTERM, which
+    which the terminal sends to both, is the child's to answer (one line, exit 130): this process lets it pass while
+    it waits (it raised KeyboardInterrupt out of the wait, a traceback under the child's line). A SIGTERM, which
     ``timeout`` or ``kill`` sends to this process alone, is passed on to the child (this process ended and left the
-    suite running, timing on shared devices and writing OUT)."""
+    suite running, timing on shared devices and writing OUT). The handlers are set before the child starts (a
+    handler, unlike an ignored signal, is not inherited: the child answers Ctrl-C itself)."""
     import signal
 
-    with subprocess.Popen(cmd, env=env) as child:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        previous_term = signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
-        try:
+    children: list[subprocess.Popen] = []
+    terms: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if signum == signal.SIGTERM:
+            terms.append(signum)
+            for c in children:
+                c.send_signal(signal.SIGTERM)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with subprocess.Popen(cmd, env=env) as child:
+            children.append(child)
+            if terms:  # (a SIGTERM before the child was known)
+                child.send_signal(signal.SIGTERM)
             code = child.wait()
-        finally:
-            signal.signal(signal.SIGINT, previous)
-            signal.signal(signal.SIGTERM, previous_term)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     return 128 - code if code < 0 else code
