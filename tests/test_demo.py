@@ -255,11 +255,14 @@ def test_join_parts_keeps_task_order_whatever_finishes_first():
         # no best/ kept: the report labelled the final model the best-validation checkpoint
         (["--set", "grpo.save_best=false"], "(best/) beside its final one, and grpo.save_best=false keeps none;"),
         (["--set", "grpo.warmup_steps=100"], "and grpo.warmup_steps=100 is past grpo.steps=4 (it is kept from"),
+        # the same options in a --config file (refused by --set, a file's were ignored without a word)
+        (["--config", "{yaml}"], "sets eval.limit to 5: dgrpo demo does not read it"),
     ],
 )
 def test_demo_bad_arguments_exit_2_in_one_line_before_any_work(tmp_path, run_cli, args, needle):
     (tmp_path / "file").write_text("")
-    argv = [a.format(file=tmp_path / "file") for a in args]
+    (tmp_path / "c.yaml").write_text("eval:\n  limit: 5\ngrpo:\n  lr: 1.0e-4\n")
+    argv = [a.format(file=tmp_path / "file", yaml=tmp_path / "c.yaml") for a in args]
     r = run_cli("demo", "--quick", *(["--out", tmp_path / "o"] if "--out" not in argv else []), *argv)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr
     assert not (tmp_path / "o").exists() and r.stdout == ""

@@ -271,6 +271,7 @@ def demo_config(args: Any) -> tuple[Config, int, int]:
     if getattr(args, "workers", None) is not None and args.workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
     _refuse_what_the_demo_does_not_read(args.overrides)
+    _refuse_files_setting_what_the_demo_does_not_read(files, args.config)
     _check_best_is_kept(base)
     check_output_path(args.out)  # an existing file, or a place that cannot be written: one line, now
     check_not_a_training_run(args.out)  # (the demo's own runs live in its sft/ and arms/)
@@ -329,6 +330,22 @@ def _refuse_what_the_demo_does_not_read(overrides: Sequence[str]) -> None:
                 f"--set {key}: dgrpo demo does not read it (the built-in task's splits, greedy evaluation, each run's "
                 "seed its own: --sft-seeds, --seeds); train on your data, or with your evaluation settings, with "
                 "dgrpo sft and dgrpo grpo"
+            )
+
+
+def _refuse_files_setting_what_the_demo_does_not_read(preset: Sequence[str], configs: Sequence[str]) -> None:
+    """The same for ``--config`` files: one that gives a :data:`NOT_READ_BY_THE_DEMO` option another value than the
+    demo's preset is refused in one line (``--set`` was, a file's value was ignored without a word)."""
+    if not configs:
+        return
+    ours, given = load_config(Config, list(preset), []), load_config(Config, [*preset, *configs], [])
+    for key in NOT_READ_BY_THE_DEMO:
+        theirs, mine = (functools.reduce(getattr, key.split("."), c) for c in (given, ours))
+        if theirs != mine:
+            raise ConfigError(
+                f"--config {' '.join(configs)} sets {key} to {theirs!r}: dgrpo demo does not read it (the built-in "
+                "task's splits, greedy evaluation, each run's seed its own: --sft-seeds, --seeds); train on your "
+                "data, or with your evaluation settings, with dgrpo sft and dgrpo grpo"
             )
 
 
