@@ -356,6 +356,12 @@ def test_version_and_config_show_filter(run_cli):
     r = run_cli("config", "show", "grpo.lr", "--set", "grpo.lr=2e-5")
     assert r.returncode == 0 and json.loads(r.stdout) == {"grpo.lr": 2e-5}
     assert run_cli("config", "show", "seed").stdout.startswith("seed = ")
+    # docs/config.md from the command line (python -m dgrpo.config warned that dgrpo.config was imported already)
+    from dgrpo.config import config_markdown
+
+    assert run_cli("config", "show", "--markdown").stdout == config_markdown()
+    r = run_cli("config", "show", "grpo", "--markdown")
+    assert r.returncode == 2 and "--markdown prints every option's default" in r.stderr
 
 
 def test_one_set_takes_several_overrides(run_cli):

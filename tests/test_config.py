@@ -570,7 +570,7 @@ def test_unknown_config_name_lists_the_packaged_ones():
 
 
 def test_docs_config_md_is_current():
-    """Regenerate with: python -m dgrpo.config --markdown > docs/config.md"""
+    """Regenerate with: dgrpo config show --markdown > docs/config.md"""
     assert (ROOT / "docs" / "config.md").read_text() == config_markdown()
 
 

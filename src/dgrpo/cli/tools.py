@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import sys
 from typing import Any
 
 from .common import add_config_options, check_split, refuse_torchrun, subcommand
@@ -25,6 +26,7 @@ CONFIG_EXAMPLES = """  dgrpo config show                        # every option: 
   dgrpo config show grpo                   # only the grpo.* options
   dgrpo config show grpo.recompute         # the options whose key starts with grpo.recompute
   dgrpo config show --config paper/grpo_dropout.yaml --set grpo.lr=2e-5   # the resolved config, as JSON
+  dgrpo config show --markdown > docs/config.md   # every option as the documentation's tables
 """
 
 
@@ -115,6 +117,9 @@ def _add_config_parser(sub: Any) -> None:
         help="only this section (model, task, data, sft, eval, perturbation, grpo or logging), or the options whose "
         "key starts with this (grpo.recompute, grpo.lr)",
     )
+    q.add_argument(
+        "--markdown", action="store_true", help="print every option as docs/config.md (its tables, how configs load)"
+    )
     add_config_options(q, "grpo.lr=2e-5")
     q.set_defaults(func=run_config_show)
 
@@ -144,8 +149,13 @@ def run_data_inspect(args: argparse.Namespace) -> int:
 
 
 def run_config_show(args: argparse.Namespace) -> int:
-    from ..config import Config, ConfigError, describe, load_config, matching_keys, to_dict
+    from ..config import Config, ConfigError, config_markdown, describe, load_config, matching_keys, to_dict
 
+    if args.markdown:
+        if args.section is not None or args.config or args.overrides:
+            raise ConfigError("config show --markdown prints every option's default: no SECTION, --config or --set")
+        sys.stdout.write(config_markdown())
+        return 0
     defaults = Config()
     sections = [f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(getattr(defaults, f.name))]
     keys = matching_keys(Config, args.section) if args.section is not None else []
