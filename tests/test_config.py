@@ -226,6 +226,7 @@ def test_an_unknown_key_suggests_the_one_meant():
     assert "unknown config key 'grpo.lr_'; did you mean grpo.lr? (known: " in error("grpo.lr_=1")
     assert "unknown config key 'lr'; did you mean sft.lr or grpo.lr? (known: " in error("lr=1")
     assert "; did you mean perturbation? " in error("perturbaton.p=0.1")
+    assert "unknown config key 'sft.beta0'; did you mean grpo.beta0? (known: " in error("sft.beta0=1")  # (grpo.)
     assert "TRL" not in error("sft.max_steps=3")  # (SFT has no steps option: grpo.steps is not SFT's)
 
 

@@ -1632,18 +1632,23 @@ def _trl_name(obj: Any, name: str, prefix: str) -> str:
 
 
 def _did_you_mean(obj: Any, name: str, prefix: str) -> str:
-    """'; did you mean ...?' for an unknown key: a close spelling in its section, or (at the top level) the sections
-    that hold an option of that name (``lr`` -> ``grpo.lr``, ``sft.lr``); '' when nothing is close."""
-    if not prefix:
-        holders = [
-            f"{f.name}.{name}"
-            for f in fields(obj)
-            if is_dataclass(getattr(obj, f.name)) and name in {g.name for g in fields(getattr(obj, f.name))}
-        ]
-        if holders:
-            return f"; did you mean {' or '.join(holders)}?"
+    """'; did you mean ...?' for an unknown key: a close spelling in its section, or the other sections that hold an
+    option of that name (``lr`` -> ``grpo.lr``, ``sft.lr``; ``sft.beta0`` -> ``grpo.beta0``); '' when nothing is
+    close."""
+    root = obj if not prefix else Config()
+    holders = [
+        f"{f.name}.{name}"
+        for f in fields(root)
+        if is_dataclass(getattr(root, f.name))
+        and f"{f.name}." != prefix
+        and name in {g.name for g in fields(getattr(root, f.name))}
+    ]
+    if not prefix and holders:
+        return f"; did you mean {' or '.join(holders)}?"
     close = difflib.get_close_matches(name, [f.name for f in fields(obj)], n=1, cutoff=0.75)
-    return f"; did you mean {prefix}{close[0]}?" if close else ""
+    if close:
+        return f"; did you mean {prefix}{close[0]}?"
+    return f"; did you mean {' or '.join(holders)}?" if holders else ""
 
 
 def _merge(obj: Any, data: dict, prefix: str) -> None:
