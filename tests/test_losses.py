@@ -35,6 +35,19 @@ def test_advantages_hand_computed():
     assert torch.equal(group_advantages(torch.ones(2, 4), "drgrpo"), torch.zeros(2, 4))
 
 
+@pytest.mark.parametrize("kind", ["drgrpo", "grpo", "rloo"])
+def test_a_group_of_equal_rewards_has_advantages_of_exactly_zero(kind):
+    """A group whose K rewards are all equal (deterministic rollouts, a partial-credit reward) carries no signal: its
+    advantages are exactly 0, whatever the value and K. In float32 the mean of eight 0.1 is 0.1 + 7e-9: advantages of
+    ~1e-8, a gradient Adam scaled up to a third of a full step."""
+    for k in (3, 7, 8, 32):
+        for v in (0.1, 0.3, 0.7, 1 / 3, 2.2):
+            for groups in (1, 4):
+                rewards = torch.full((groups, k), v)
+                adv = group_advantages(rewards, kind)
+                assert adv.dtype == rewards.dtype and torch.equal(adv, torch.zeros_like(rewards)), (k, v, groups)
+
+
 def test_ema_baseline_update():
     assert ema_update(0.5, torch.tensor([[1.0], [0.0], [1.0], [1.0]]), 0.95) == pytest.approx(0.95 * 0.5 + 0.05 * 0.75)
     adv = ema_advantages(torch.tensor([[1.0], [0.0], [1.0]]), 0.25)  # A = r - b, the baseline before this step's update
