@@ -78,6 +78,30 @@ def test_deterministic_grpo_has_zero_std_and_exactly_zero_gradient(sft_checkpoin
     assert m2["skipped"] == 1 and m2["frac_groups_kept"] == 0.0
 
 
+@pytest.mark.parametrize("prompts", ["1", "4"])
+def test_deterministic_grpo_under_a_partial_credit_reward_has_zero_std_and_no_update(sft_checkpoint, prompts):
+    """Equal rewards that are not 0 or 1 (a partial-credit reward, here 0.1 for every rollout): each group's std is
+    exactly 0 (in float32 one group of eight 0.1 had a std of 7e-9: reward_std > 0 and frac_zero_std 0) and its
+    advantages are exactly 0, so that Adam moves no weight (a ~1e-8 gradient moved them by a third of its step)."""
+    cfg = tiny_config(
+        **{
+            "perturbation.kind": "none",
+            "grpo.filter": "false",
+            "grpo.beta0": "0",
+            "grpo.group_size": "8",
+            "grpo.prompts_per_step": prompts,
+        }
+    )
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    tr = GRPOTrainer(lm, cfg, generate_split(cfg.task, "train"), reward_fn=lambda c, r: [0.1] * len(c))
+    before = copy.deepcopy(tr.lm.model.state_dict())
+    m = tr.step()
+    assert m["reward_std"] == 0.0 and m["frac_zero_std"] == 1.0
+    assert m["grad_norm"] == 0.0 and m["policy_loss"] == 0.0
+    after = tr.lm.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
 def test_locked_dropout_gives_reward_variance(sft_checkpoint):
     tr = trainer(
         sft_checkpoint,
