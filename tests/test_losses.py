@@ -128,6 +128,21 @@ def test_group_filter_inclusive_and_whole_groups():
     assert rows.numel() == 3 * K and set((rows // K).tolist()) == {2, 3, 4}
 
 
+def test_group_filter_keeps_a_group_of_equal_rewards_at_either_bound():
+    """The window is closed for rewards that are not 0 or 1 too (a weighted or partial-credit reward): a group of K
+    rewards all equal to a bound is kept (the float32 mean of eight 0.2 was below 0.2: dropped by [0.2, 0.95]); a
+    binary group at k / K still is, and a bound just past the accuracy still drops it."""
+    for k in (3, 5, 8, 16, 32):
+        for v in (0.1, 0.2, 0.3, 0.7, 0.95):
+            for groups in (1, 3):
+                rewards = torch.full((groups, k), v)
+                assert bool(group_filter(rewards, v, 1.0).all()) and bool(group_filter(rewards, 0.0, v).all()), (k, v)
+        for right in range(k + 1):
+            binary = torch.tensor([[1.0] * right + [0.0] * (k - right)])
+            assert bool(group_filter(binary, right / k, right / k).all())
+            assert not bool(group_filter(binary, right / k + 1e-6, 1.0).any())
+
+
 def test_schedules_eq7():
     peak, total, warm = 1e-5, 110, 10
     assert lr_at(0, peak, total, warm) == pytest.approx(1e-6)

@@ -66,8 +66,10 @@ def shuffle_within_groups(rewards: Tensor, seeds: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------- filter
 def group_filter(rewards: Tensor, alpha_min: float, alpha_max: float) -> Tensor:
     """Keep-mask ``[G]`` of groups whose accuracy mu_r lies in the *closed* window [alpha_min, alpha_max]
-    (paper Sec. 4.4; both bounds inclusive). Groups are kept or dropped whole."""
-    mu = rewards.float().mean(dim=-1)
+    (paper Sec. 4.4; both bounds inclusive). Groups are kept or dropped whole. mu is summed in float64 and compared in
+    float32, as the bounds are: a group of K equal rewards at a bound is kept (in float32 the mean of eight rewards of
+    0.2 is below 0.2, and such a group fell out of a window that starts at 0.2)."""
+    mu = rewards.double().mean(dim=-1).float()
     return (mu >= alpha_min - 1e-9) & (mu <= alpha_max + 1e-9)
 
 
