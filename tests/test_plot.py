@@ -58,6 +58,7 @@ def runs(tmp_path: Path) -> Path:
     sft_rows += [
         {"step": 2, "stage": 0, "eval/valid/accuracy": 0.1},
         {"step": 4, "stage": 1, "eval/valid/accuracy": 0.2},
+        {"step": 4, "best_epoch": 1, "best/valid/accuracy": 0.2},
     ]
     write_run(tmp_path / "sft", {"seed": 0, "sft": {"lr": 1e-4}}, sft_rows)
     sampling = grpo_config("none", temperature=0.7)
@@ -77,6 +78,7 @@ def test_load_run_splits_rows_and_skips_a_torn_last_line(runs: Path) -> None:
     assert run.steps[-1]["step"] == 6 and run.is_grpo
     sft = load_run(runs / "sft")
     assert not sft.is_grpo and len(sft.evals) == 2 and len(sft.steps) == 4
+    assert all("loss" in r for r in sft.steps)  # (its new-best-epoch row is no training row)
 
 
 def test_bad_run_directories_are_one_line_data_errors(tmp_path: Path) -> None:

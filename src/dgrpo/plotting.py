@@ -84,6 +84,10 @@ def _is_test_key(key: str) -> bool:  # the test sets' accuracies of the run's la
     return key.startswith(("test/", "test_best/")) and key.endswith("/accuracy")
 
 
+def _is_best_key(key: str) -> bool:  # SFT's new-best-epoch row (best_epoch, best/valid/accuracy): no training row
+    return key == "best_epoch" or (key.startswith("best/") and key.endswith("/accuracy"))
+
+
 def _read_rows(metrics: Path) -> list[dict[str, Any]]:
     """The rows of ``metrics.jsonl``; an unreadable last line (a killed run) is skipped, one elsewhere is an error."""
     lines = [(i, ln) for i, ln in enumerate(metrics.read_text(errors="replace").splitlines(), 1) if ln.strip()]
@@ -118,7 +122,7 @@ def load_run(path: str | Path) -> Run:
         except json.JSONDecodeError as e:
             raise DataError(f"{p / CONFIG_FILE}: not valid JSON ({e.msg}, line {e.lineno})") from None
     evals = [r for r in rows if any(_is_eval_key(k) for k in r)]
-    steps = [r for r in rows if not any(_is_eval_key(k) or _is_test_key(k) for k in r)]
+    steps = [r for r in rows if not any(_is_eval_key(k) or _is_test_key(k) or _is_best_key(k) for k in r)]
     return Run(
         path=p, name=p.resolve().name, config=config if isinstance(config, dict) else {}, steps=steps, evals=evals
     )
