@@ -59,6 +59,7 @@ def runs(tmp_path: Path) -> Path:
         {"step": 2, "stage": 0, "eval/valid/accuracy": 0.1},
         {"step": 4, "stage": 1, "eval/valid/accuracy": 0.2},
         {"step": 4, "best_epoch": 1, "best/valid/accuracy": 0.2},
+        {"step": 4, "stage": 2, "n_latent": 2, "time_s": 1.0},  # a stage's end not evaluated (no data.valid)
     ]
     write_run(tmp_path / "sft", {"seed": 0, "sft": {"lr": 1e-4}}, sft_rows)
     sampling = grpo_config("none", temperature=0.7)

@@ -88,6 +88,12 @@ def _is_best_key(key: str) -> bool:  # SFT's new-best-epoch row (best_epoch, bes
     return key == "best_epoch" or (key.startswith("best/") and key.endswith("/accuracy"))
 
 
+def _is_training_row(row: dict[str, Any]) -> bool:
+    """A training row: none of the evaluation, test or best keys, and not SFT's stage-end row (``n_latent``), which has
+    no accuracy without a validation set."""
+    return "n_latent" not in row and not any(_is_eval_key(k) or _is_test_key(k) or _is_best_key(k) for k in row)
+
+
 def _read_rows(metrics: Path) -> list[dict[str, Any]]:
     """The rows of ``metrics.jsonl``; an unreadable last line (a killed run) is skipped, one elsewhere is an error."""
     lines = [(i, ln) for i, ln in enumerate(metrics.read_text(errors="replace").splitlines(), 1) if ln.strip()]
@@ -122,7 +128,7 @@ def load_run(path: str | Path) -> Run:
         except json.JSONDecodeError as e:
             raise DataError(f"{p / CONFIG_FILE}: not valid JSON ({e.msg}, line {e.lineno})") from None
     evals = [r for r in rows if any(_is_eval_key(k) for k in r)]
-    steps = [r for r in rows if not any(_is_eval_key(k) or _is_test_key(k) or _is_best_key(k) for k in r)]
+    steps = [r for r in rows if _is_training_row(r)]
     return Run(
         path=p, name=p.resolve().name, config=config if isinstance(config, dict) else {}, steps=steps, evals=evals
     )
