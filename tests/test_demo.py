@@ -255,6 +255,8 @@ def test_join_parts_keeps_task_order_whatever_finishes_first():
         # no best/ kept: the report labelled the final model the best-validation checkpoint
         (["--set", "grpo.save_best=false"], "(best/) beside its final one, and grpo.save_best=false keeps none;"),
         (["--set", "grpo.warmup_steps=100"], "and grpo.warmup_steps=100 is past grpo.steps=4 (it is kept from"),
+        # the report reads every step's row (one in N was read as every step: claim 1, the updating steps)
+        (["--set", "grpo.log_every=3"], "grpo.log_every=3: dgrpo demo reads every RL step's metrics row"),
         # the same options in a --config file (refused by --set, a file's were ignored without a word)
         (["--config", "{yaml}"], "sets eval.limit to 5: dgrpo demo does not read it"),
     ],

@@ -273,6 +273,11 @@ def demo_config(args: Any) -> tuple[Config, int, int]:
     _refuse_what_the_demo_does_not_read(args.overrides)
     _refuse_files_setting_what_the_demo_does_not_read(files, args.config)
     _check_best_is_kept(base)
+    if base.grpo.log_every != 1:  # (the report read one step in N as if it were every step)
+        raise ConfigError(
+            f"grpo.log_every={base.grpo.log_every}: dgrpo demo reads every RL step's metrics row (claim 1's reward "
+            "std of 0 at every step, the steps that updated); leave it at 1"
+        )
     check_output_path(args.out)  # an existing file, or a place that cannot be written: one line, now
     check_not_a_training_run(args.out)  # (the demo's own runs live in its sft/ and arms/)
     for arm, (_, file) in ARMS.items():  # every arm's config, now: a --set that breaks one fails before any SFT
