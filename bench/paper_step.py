@@ -54,7 +54,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch._dynamo.utils import counters
@@ -150,6 +150,12 @@ def parse_args() -> argparse.Namespace:
     if any(w < 1 for w in args.prompt_widths) or any(n < 0 for n in args.kept_groups):
         ap.error("--prompt-widths are positive and --kept-groups non-negative")
     return args
+
+
+def fail(message: str) -> NoReturn:
+    """An argument found wrong after parsing (a device, an override, a size): one line and exit 2, as argparse's."""
+    print(f"paper_step.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def int_list(text: str) -> list[int]:
@@ -474,18 +480,20 @@ def main() -> int:
     try:
         device = torch.device(args.device)
     except RuntimeError as e:
-        raise SystemExit(f"paper_step.py: --device {args.device!r}: {e}") from None
+        fail(f"--device {args.device!r}: {e}")
+    if device.type not in ("cpu", "cuda"):
+        fail(f"--device {args.device!r}: cpu or cuda (this script measures no other)")
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("paper_step.py: --device cuda, but this machine has no CUDA device (use --device cpu)")
+        fail("--device cuda, but this machine has no CUDA device (use --device cpu)")
     measured = [*MEASURED, "grpo.filter=true"] if args.kept_groups else MEASURED  # (--kept-groups: the filter acts)
     try:
         cfg = load_config(Config, "paper/grpo_dropout.yaml", [*measured, *args.set])
         if args.versus:
             load_config(Config, "paper/grpo_dropout.yaml", [*measured, *args.set, *args.versus])
     except ConfigError as e:
-        raise SystemExit(f"paper_step.py: {e}") from None
+        fail(str(e))
     if any(n > cfg.grpo.prompts_per_step for n in args.kept_groups):
-        raise SystemExit(f"--kept-groups: a step has {cfg.grpo.prompts_per_step} groups; got {args.kept_groups}")
+        fail(f"--kept-groups: a step has {cfg.grpo.prompts_per_step} groups; got {args.kept_groups}")
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     if cfg.threads:  # (--set threads=1: the host proxy without OpenMP's wake-ups in every tiny op)
         torch.set_num_threads(cfg.threads)

@@ -448,7 +448,7 @@ def test_kernel_levers_script_times_each_pair_and_they_agree():
         ("latent_kv_bytes", ["--time", "--reps", "0"], "--reps"),
         ("kernel_levers", ["--reps", "0"], "--reps"),
         ("kernel_levers", ["--chunk", "0"], "--chunk"),
-        ("paper_step", ["--steps", "0"], "--steps"),  # (exit 1, unlike its other argument errors)
+        ("paper_step", ["--steps", "0"], "--steps"),
     ],
 )
 def test_bench_scripts_refuse_sizes_below_one_in_one_line(monkeypatch, capsys, script, argv, option):
@@ -563,15 +563,21 @@ def test_a_selection_that_runs_nothing_is_an_error(tmp_path, capsys):
         (["--device", "gpu"], "--device 'gpu'"),  # (--steps 0: an argument error, test_bench_scripts_refuse_sizes...)
         (["--set", "nonsense=1"], "unknown config key 'nonsense'"),
         (["--versus", "grpo.lr=-1"], "grpo.lr"),
+        (["--device", "cuda"], "--device cuda, but this machine has no CUDA device"),
+        (["--device", "meta"], "--device 'meta': cpu or cuda"),
+        (["--device", "cpu", "--kept-groups", "99"], "--kept-groups: a step has 16 groups"),
     ],
 )
-def test_paper_step_refuses_bad_options_in_one_line(monkeypatch, argv, says):
-    """They were tracebacks (a median of no steps after a 12 s warm-up step, a ConfigError, a device parse)."""
+def test_paper_step_refuses_bad_options_in_one_line(monkeypatch, capsys, argv, says):
+    """They were tracebacks (a median of no steps after a 12 s warm-up step, a ConfigError, a device parse); then
+    one line but exit 1, without argparse's prefix; now as argparse's own errors: one line, exit 2."""
     module = _paper_step_module()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(sys, "argv", ["paper_step.py", "--tiny", *argv])
     with pytest.raises(SystemExit) as e:
         module.main()
-    assert says in str(e.value.code) and str(e.value.code).startswith("paper_step.py: ")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith("paper_step.py: error: ") and says in err[0], err
 
 
 @pytest.mark.parametrize(
