@@ -179,9 +179,26 @@ def attention_pairs(args, device, dtype) -> list[dict]:
     return out
 
 
+def checked_device(ap: argparse.ArgumentParser, args: argparse.Namespace) -> torch.device:
+    """``--device``, checked with the other options: cpu, or cuda where torch sees a CUDA device; and query heads
+    that the key/value heads divide (one argparse error each: they were tracebacks in the first pair)."""
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as e:
+        ap.error(f"--device {args.device!r}: {e}")
+    if device.type not in ("cpu", "cuda"):
+        ap.error(f"--device {args.device!r}: cpu or cuda (this script times no other)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda, but this machine has no CUDA device (use --device cpu)")
+    if args.heads % args.kv_heads:
+        ap.error(f"--heads {args.heads} is no multiple of --kv-heads {args.kv_heads} (grouped-query attention)")
+    return device
+
+
 def main() -> int:
-    args = args_parser().parse_args()
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    ap = args_parser()
+    args = ap.parse_args()
+    device, dtype = checked_device(ap, args), getattr(torch, args.dtype)
     rows = head_pairs(args, device, dtype) + attention_pairs(args, device, dtype)
     for row in rows:
         print(json.dumps(row), flush=True)

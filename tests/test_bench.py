@@ -462,6 +462,28 @@ def test_bench_scripts_refuse_sizes_below_one_in_one_line(monkeypatch, capsys, s
     assert e.value.code == 2 and f"argument {option}: expected a positive integer" in err
 
 
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--device", "cuda"], "--device cuda, but this machine has no CUDA device"),
+        (["--device", "gpu"], "--device 'gpu'"),
+        (["--device", "meta"], "--device 'meta': cpu or cuda"),
+        (["--device", "cpu", "--heads", "12", "--kv-heads", "5"], "--heads 12 is no multiple of --kv-heads 5"),
+    ],
+)
+def test_kernel_levers_refuses_a_device_it_cannot_time_on_in_one_line(monkeypatch, capsys, argv, says):
+    """bench/kernel_levers.py: --device cuda on a machine without CUDA, a device torch cannot parse or this script
+    does not time on, and query heads the key/value heads do not divide are argparse errors (exit 2, one line):
+    they were tracebacks (torch's 'not compiled with CUDA', a device parse, a reshape in the attention pair)."""
+    module = _bench_module("kernel_levers")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["kernel_levers.py", "--rows", "2", "--vocab", "100", "--reps", "1", *argv])
+    with pytest.raises(SystemExit) as e:
+        module.main()
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and err.startswith("kernel_levers.py: error: ") and says in err, err
+
+
 def test_capture_beside_threads_says_it_needs_cuda_here(monkeypatch, capsys):
     """bench/capture_beside_threads.py (a CUDA diagnostic): on a machine without CUDA it says so and exits 2."""
     import importlib.util
