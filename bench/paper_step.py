@@ -27,18 +27,17 @@ the prompt's columns, so the fast engine's kept decoders meet new shapes) and it
 (a reward that gives those groups half their rollouts right and the others none: the update's rows change); each
 step's row counts the CUDA graphs captured in it.
 
-``--versus KEY=VALUE`` (repeatable) adds a second arm: a trainer on a copy of the same initial weights with those
-overrides on top, stepping alternately with the recipe on the same prompts; the summary gives each arm's medians and
-the recipe / versus ratio of the step. ``--profile`` (CUDA) adds, after the timed steps, one step of the recipe
-under the profiler (device kernels, host launch calls, kernel-busy share of the wall, FLOP/s by the counting rule
-of bench/RESULTS.md against the bf16 matmul peak measured in the same process; per phase and per path of the calls
-:func:`step_labels` names, host time, the device idle time it caused and its kernels' time; the costliest kernels;
-``--trace``: the step's Chrome trace, for Perfetto) and one under sync-debug mode (the calls
-that made the host wait for the device, by call site). On a CPU ``--profile`` gives, for one more step, the ops that
-would make the host wait were they on a GPU, by call site (the step's host-side bookkeeping counts there too), for
-another the ops that reach a kernel in the rollout and in the update (about the launches the eager layers would make
-on a GPU), and for a third the host time per path of labelled calls (``--shape host``: a GPU step's host work).
-"""
+``--versus KEY=VALUE`` (repeatable) adds a second arm: a trainer on a copy of the same initial weights (cast to its
+``model.dtype``) with those overrides on top, stepping alternately with the recipe on the same prompts; the summary
+gives each arm's medians and the recipe / versus ratio of the step. ``--profile`` (CUDA) adds, after the timed steps,
+one step of the recipe under the profiler (device kernels, host launch calls, kernel-busy share of the wall, FLOP/s by
+the counting rule of bench/RESULTS.md against the bf16 matmul peak measured in the same process; per phase and per path
+of the calls :func:`step_labels` names, host time, the device idle time it caused and its kernels' time; the costliest
+kernels; ``--trace``: the step's Chrome trace, for Perfetto) and one under sync-debug mode (the calls that made the host
+wait for the device, by call site). On a CPU ``--profile`` gives, for one more step, the ops that would make the host
+wait were they on a GPU, by call site (the step's host-side bookkeeping counts there too), for another the ops that
+reach a kernel in the rollout and in the update (about the launches the eager layers would make on a GPU), and for a
+third the host time per path of labelled calls (``--shape host``: a GPU step's host work). """
 
 from __future__ import annotations
 
@@ -303,6 +302,7 @@ def summarize(tr: GRPOTrainer, rows: list[dict], device: torch.device, kernels: 
         "recompute_latent_steps": g.recompute_latent_steps,
         "recompute_kept_layers": g.recompute_kept_layers,
         "optimizer": type(tr.opt).__name__,
+        "dtype": str(next(tr.lm.model.parameters()).dtype),
         "update_latent_graphs": tr.chain_latents,  # (as resolved: auto is on where the chain can run)
         "median_step_s": statistics.median(r["wall_s"] for r in timed),
         "median_rollout_s": statistics.median(r["rollout_s"] for r in timed),
@@ -507,7 +507,7 @@ def main() -> int:
     arms = {"recipe": (lm, cfg)}
     if args.versus:  # a copy of the weights before the recipe's trainer swaps in its kernels
         versus = load_config(Config, "paper/grpo_dropout.yaml", [*measured, *args.set, *args.versus])
-        arms["versus"] = (copy.deepcopy(lm), versus)
+        arms["versus"] = (copy.deepcopy(lm).to(getattr(torch, versus.model.dtype)), versus)  # (its model.dtype)
     trainers, kernels = make_trainers(arms, prompts, reward)
     head = {"built_s": round(time.perf_counter() - t0, 1), "params": sum(p.numel() for p in lm.model.parameters())}
     print(json.dumps({**head, "device": str(device), "dtype": str(dtype), "versus": args.versus}), flush=True)

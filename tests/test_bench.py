@@ -681,3 +681,20 @@ def test_bench_rows_are_in_item_number_order():
 
     rows = [Row("cpu", i, "k", "", "", "", None) for i in ("10. b", "4. a", "x")]
     assert [r.item for r in sorted(rows, key=item_order)] == ["4. a", "10. b", "x"]
+
+
+def test_paper_step_versus_arm_runs_in_its_own_model_dtype(tmp_path):
+    """bench/paper_step.py --versus model.dtype=float32: the versus arm's weights are float32 (a copy of the recipe's
+    bf16 ones, cast); it stepped in the recipe's bf16 without a word, its ratio labelled float32's. Each arm's
+    summary says its dtype."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    small = ["grpo.prompts_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=4", "threads=1"]
+    argv = [sys.executable, str(root / "bench/paper_step.py"), "--tiny", "--device", "cpu", "--steps", "1"]
+    argv += [a for kv in small for a in ("--set", kv)] + ["--versus", "model.dtype=float32"]
+    argv += ["--out", str(tmp_path / "s")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    s = json.loads((tmp_path / "s").read_text())["summary"]
+    assert s["dtype"] == "torch.bfloat16" and s["versus"]["dtype"] == "torch.float32", s
