@@ -487,11 +487,17 @@ def main() -> int:
         fail("--device cuda, but this machine has no CUDA device (use --device cpu)")
     measured = [*MEASURED, "grpo.filter=true"] if args.kept_groups else MEASURED  # (--kept-groups: the filter acts)
     try:
-        cfg = load_config(Config, "paper/grpo_dropout.yaml", [*measured, *args.set])
+        configs = [load_config(Config, "paper/grpo_dropout.yaml", [*measured, *args.set])]
         if args.versus:
-            load_config(Config, "paper/grpo_dropout.yaml", [*measured, *args.set, *args.versus])
+            configs.append(load_config(Config, "paper/grpo_dropout.yaml", [*measured, *args.set, *args.versus]))
     except ConfigError as e:
         fail(str(e))
+    if any(c.model.lora.r for c in configs):  # (train_grpo's adapters need a model saved on disk; this one is not)
+        fail(
+            "model.lora: LoRA needs a model saved on disk and this step's is built in memory, so every weight "
+            "trains here (it was ignored); LoRA's step: dgrpo bench --only lora"
+        )
+    cfg = configs[0]
     if any(n > cfg.grpo.prompts_per_step for n in args.kept_groups):
         fail(f"--kept-groups: a step has {cfg.grpo.prompts_per_step} groups; got {args.kept_groups}")
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
@@ -506,7 +512,7 @@ def main() -> int:
     reward = schedule.reward if schedule and args.kept_groups else None
     arms = {"recipe": (lm, cfg)}
     if args.versus:  # a copy of the weights before the recipe's trainer swaps in its kernels
-        versus = load_config(Config, "paper/grpo_dropout.yaml", [*measured, *args.set, *args.versus])
+        versus = configs[1]
         arms["versus"] = (copy.deepcopy(lm).to(getattr(torch, versus.model.dtype)), versus)  # (its model.dtype)
     trainers, kernels = make_trainers(arms, prompts, reward)
     head = {"built_s": round(time.perf_counter() - t0, 1), "params": sum(p.numel() for p in lm.model.parameters())}

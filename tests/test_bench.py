@@ -588,6 +588,8 @@ def test_a_selection_that_runs_nothing_is_an_error(tmp_path, capsys):
         (["--device", "cuda"], "--device cuda, but this machine has no CUDA device"),
         (["--device", "meta"], "--device 'meta': cpu or cuda"),
         (["--device", "cpu", "--kept-groups", "99"], "--kept-groups: a step has 16 groups"),
+        (["--device", "cpu", "--versus", "model.lora.r=4"], "model.lora: LoRA needs a model saved on disk"),
+        (["--device", "cpu", "--set", "model.lora.r=4"], "model.lora: LoRA needs a model saved on disk"),
     ],
 )
 def test_paper_step_refuses_bad_options_in_one_line(monkeypatch, capsys, argv, says):
