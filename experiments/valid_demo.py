@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from dgrpo.cli.common import add_config_options
-from dgrpo.config import ConfigError
+from dgrpo.config import Config, ConfigError
+from dgrpo.data.records import Record
 from dgrpo.data.synthetic import generate_split
 from dgrpo.demo import ARMS, Demo, default_workers, demo_config, quiet_transformers, run_pipeline, write_results
 from dgrpo.demo import command_line as demo_command_line
@@ -34,6 +35,28 @@ def command_line(args: argparse.Namespace) -> str:
     script's ``--workers`` and ``--arms``."""
     workers = [f"--workers {args.workers}"] if args.workers is not None else []
     return demo_command_line(args, "python experiments/valid_demo.py", [*workers, f"--arms {args.arms}"])
+
+
+def read_out_on(base: Config) -> tuple[list[Record], dict[str, list[Record]]]:
+    """The validation problems the best-checkpoint selection reads (the first ``data.eval_limit``, half of them if
+    it is 0), and the splits every model is read out on instead of the test splits: the validation problems the
+    selection never saw, and 3-operation chains of another task seed. A split that would be empty is a
+    :class:`ConfigError` now (its accuracy was 0 of 0, read out after the whole pipeline ran)."""
+    valid = generate_split(base.task, "valid")
+    limit = base.data.eval_limit or len(valid) // 2
+    other = replace(base.task, seed=4321, n_steps=max(1, base.task.n_steps - 1))  # (as the demo's shifted split)
+    readout = {
+        f"valid (held out, {len(valid) - limit})": valid[limit:],
+        f"{other.n_steps} operations (task seed 4321)": generate_split(other, "test")[: base.task.n_test // 2],
+    }
+    if limit >= len(valid):
+        raise ConfigError(
+            f"data.eval_limit={limit} leaves none of the {len(valid)} validation problems (task.n_valid) held out "
+            "to read the models out on: lower data.eval_limit or raise task.n_valid"
+        )
+    if not readout[f"{other.n_steps} operations (task seed 4321)"]:
+        raise ConfigError(f"task.n_test={base.task.n_test}: the shifted read-out takes half of it; give at least 2")
+    return valid[:limit], readout
 
 
 def main() -> None:
@@ -54,19 +77,13 @@ def main() -> None:
     t0 = time.time()
     try:
         base, n_sft, n_rl = demo_config(args)
+        selection, readout = read_out_on(base)
     except ConfigError as e:  # (--seeds 0, an unknown --set key, an --out that is a file: one error, not a traceback)
         p.error(str(e))
     if base.threads:
         torch.set_num_threads(base.threads)
     quiet_transformers()
-    valid = generate_split(base.task, "valid")
-    limit = base.data.eval_limit or len(valid) // 2
-    other = replace(base.task, seed=4321, n_steps=max(1, base.task.n_steps - 1))  # (as the demo's shifted split)
-    readout = {
-        f"valid (held out, {len(valid) - limit})": valid[limit:],
-        f"{other.n_steps} operations (task seed 4321)": generate_split(other, "test")[: base.task.n_test // 2],
-    }
-    demo = Demo(base, Path(args.out), generate_split(base.task, "train"), valid[:limit], readout)
+    demo = Demo(base, Path(args.out), generate_split(base.task, "train"), selection, readout)
     workers = args.workers if args.workers is not None else default_workers(base)
     run_pipeline(demo, n_sft, n_rl, arms, workers=workers)
     demo.wall["total"] = round(time.time() - t0, 1)

@@ -597,6 +597,9 @@ def test_the_report_says_the_deterministic_arm_ran_once_per_sft_seed():
         (["--seeds", "0"], "--sft-seeds and --seeds must be >= 1, got 1 and 0"),
         (["--set", "grpo.nosuch=1"], "unknown config key 'grpo.nosuch'"),
         (["--set", "data.test=x"], "--set data.test: dgrpo demo does not read it"),
+        # (a read-out split left empty: 0 of 0 after the whole pipeline ran)
+        (["--set", "data.eval_limit=1000"], "data.eval_limit=1000 leaves none of the 1000 validation problems"),
+        (["--set", "task.n_test=1"], "task.n_test=1: the shifted read-out takes half of it"),
     ],
 )
 def test_valid_demo_says_a_bad_setting_in_an_argument_error(tmp_path, argv, said):
