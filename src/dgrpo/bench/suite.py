@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="tiny shapes, 5 repetitions: a smoke test (< 2 minutes), numbers mean little",
+        help="tiny shapes, 5 repetitions: a smoke test (about 2 minutes on 2 cores), numbers mean little",
     )
     ap.add_argument(
         "--only",
