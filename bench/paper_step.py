@@ -146,9 +146,25 @@ def parse_args() -> argparse.Namespace:
     if args.trace is not None and not args.trace.strip():
         ap.error("--trace: an empty path; give the trace file's (or leave --trace out)")
     args.trace = args.trace or ""
+    for flag, path in (("--out", args.out), ("--trace", args.trace)):  # (written after the steps: checked before)
+        problem = unwritable(Path(path)) if path else ""
+        if problem:
+            ap.error(f"{flag} {path}: {problem}")
     if any(w < 1 for w in args.prompt_widths) or any(n < 0 for n in args.kept_groups):
         ap.error("--prompt-widths are positive and --kept-groups non-negative")
     return args
+
+
+def unwritable(path: Path) -> str:
+    """Why the file ``path`` could not be written once the steps have run ('' if it can; its folder is made now, as
+    a fresh clone has no runs/): a missing folder ended the run in a traceback after its measurements."""
+    if path.is_dir():
+        return "is a directory; give a file's path"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"its folder cannot be made ({e.strerror})"
+    return ""
 
 
 def fail(message: str) -> NoReturn:

@@ -700,3 +700,20 @@ def test_paper_step_versus_arm_runs_in_its_own_model_dtype(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     s = json.loads((tmp_path / "s").read_text())["summary"]
     assert s["dtype"] == "torch.bfloat16" and s["versus"]["dtype"] == "torch.float32", s
+
+
+def test_paper_step_makes_the_out_folder_and_refuses_an_unwritable_out_before_the_steps(tmp_path, monkeypatch, capsys):
+    """bench/paper_step.py --out runs/paper-step.json (its docstring's, from a fresh clone without runs/): the folder
+    is made when the options are read; an --out that is a directory, or under a file, is one line and exit 2 then.
+    Each ended the run in a traceback after all its steps, their summary lost."""
+    module = _paper_step_module()
+    monkeypatch.setattr(sys, "argv", ["paper_step.py", "--tiny", "--out", str(tmp_path / "runs" / "s.json")])
+    module.parse_args()
+    assert (tmp_path / "runs").is_dir() and not (tmp_path / "runs" / "s.json").exists()
+    (tmp_path / "file").write_text("")
+    for out, says in ((tmp_path, "is a directory"), (tmp_path / "file" / "s.json", "its folder cannot be made")):
+        monkeypatch.setattr(sys, "argv", ["paper_step.py", "--tiny", "--out", str(out)])
+        with pytest.raises(SystemExit) as e:
+            module.parse_args()
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert e.value.code == 2 and err.startswith("paper_step.py: error: --out ") and says in err, err
