@@ -161,6 +161,36 @@ def test_nonfinite_step_is_skipped_and_counted(sft_checkpoint, monkeypatch):
     assert not all(torch.equal(a, b) for a, b in zip(before, lm.model.parameters()))
 
 
+def test_a_grpo_step_whose_update_was_dropped_has_its_metrics_row_whatever_log_every(
+    sft_checkpoint, tmp_path, monkeypatch
+):
+    """SFT writes a row for every dropped (non-finite) update; GRPO wrote one only at log_every: the step showed
+    only through the nonfinite_skips counter of a later row."""
+    import dgrpo.training.grpo as grpo
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.latent_lm import LatentLM
+
+    sets = {"grpo.filter": "false", "perturbation.p": "0.3", "grpo.prompts_per_step": "2", "grpo.steps": "3"}
+    cfg = tiny_config(**sets, **{"grpo.log_every": "5", "grpo.eval_every": "0", "data.test": "[]"})
+    real, trainer_step, at = grpo.grpo_objective, grpo.GRPOTrainer.step, {"step": -1}
+
+    def nan_at_step_1(*a, **kw):
+        loss, stats = real(*a, **kw)
+        return (loss * float("nan") if at["step"] == 1 else loss), stats
+
+    def step(self):
+        at["step"] = self.step_idx
+        return trainer_step(self)
+
+    monkeypatch.setattr(grpo, "grpo_objective", nan_at_step_1)
+    monkeypatch.setattr(grpo.GRPOTrainer, "step", step)
+    lm, train = LatentLM.from_pretrained(sft_checkpoint), generate_split(cfg.task, "train")[:8]
+    grpo.train_grpo(lm, cfg, train, tmp_path / "run", progress=False, log=lambda *a: None)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    trained = [(r["step"], r["nonfinite_skips"]) for r in rows if "grad_norm" in r]
+    assert trained == [(0, 0), (1, 1), (2, 1)]  # (step 0: log_every; 1: dropped; 2: the last)
+
+
 SFT_SETS = {
     "model.hidden_size": 32,
     "model.intermediate_size": 64,

@@ -933,7 +933,7 @@ class GRPOConfig:
         "unless eval.temperature > 0",
     )
     save_best: bool = opt(True, "keep best/ = the best post-warmup checkpoint by validation accuracy")
-    log_every: int = opt(1, "write a metrics row every N steps")
+    log_every: int = opt(1, "write a metrics row every N steps (and at the last step and every dropped update)")
     save_every: int = opt(
         50, "write a resumable checkpoint (weights, optimizer, RNG, counters) every N steps (0 = only at the end)"
     )

@@ -16,6 +16,7 @@ at update time, the shuffled-reward null control) are the same loop with differe
 from __future__ import annotations
 
 import json
+import math
 import random
 import sys
 import time
@@ -794,7 +795,8 @@ def _logged_step(run: RunDir, trainer: GRPOTrainer, loop: LoopState) -> tuple[di
         m["time_comm_s"] = round(dist.comm_s - comm0, 4)  # collectives, waiting for the slowest rank included
         loop.skipped += m["skipped"]
         stalled = _check_stall(run, loop, m, g)
-        if m["step"] % g.log_every == 0 or m["step"] == g.steps - 1:
+        dropped = not math.isfinite(m["grad_norm"])  # (an update dropped: its row is written whatever log_every)
+        if m["step"] % g.log_every == 0 or m["step"] == g.steps - 1 or dropped:
             run.metrics.write(m)
         run.write_rollouts(trainer.rollout_rows(g.log_rollouts))
     return m, stalled
