@@ -196,6 +196,15 @@ def replace_dir(src: Path, dst: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def remove_dir(path: Path) -> None:
+    """Delete the directory ``path``, renamed first to the leftover name of :func:`atomic_dir` (``.tmp-NAME-PID``,
+    which a run's start removes), so that a stop during the deletion leaves no half directory under its own name."""
+    doomed = path.parent / f".tmp-{path.name}-{os.getpid()}"
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
 def rewrite_files(directory: Path, changes: dict[str, bytes]) -> None:
     """Give files of a directory dgrpo wrote new content (``changes``: path relative to ``directory`` -> bytes), with
     every manifest below ``directory`` that lists a changed file (or a changed manifest) given its new checksum.

@@ -37,6 +37,7 @@ from ..model.verified import (
     CheckpointError,
     enclosing_checkpoint,
     is_written_checkpoint,
+    remove_dir,
 )
 from ..run_layout import (
     BEST_DIR,
@@ -980,10 +981,7 @@ class RunDir:
             return
         newer = [c for c in list_checkpoints(self.out_dir) if c.name > self.checkpoint.name]
         for ckpt in newer:
-            doomed = root / f".tmp-{ckpt.name}-{os.getpid()}"
-            shutil.rmtree(doomed, ignore_errors=True)
-            os.replace(ckpt, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
+            remove_dir(ckpt)
         if newer:
             names = ", ".join(c.name for c in newer)
             self.log(
@@ -1011,10 +1009,7 @@ class RunDir:
             now = self.best_record()
             stale = now is not None and now != state["best"]
             if stale:
-                doomed = self.out_dir / f".tmp-{BEST_DIR}-{os.getpid()}"
-                shutil.rmtree(doomed, ignore_errors=True)
-                os.replace(self.out_dir / BEST_DIR, doomed)
-                shutil.rmtree(doomed, ignore_errors=True)
+                remove_dir(self.out_dir / BEST_DIR)
                 self.log(
                     f"dgrpo: removed {self.out_dir / BEST_DIR}: it was written after {self.checkpoint} (by the "
                     "steps this resume abandons); best/ is chosen anew from the resumed step on"
@@ -1047,10 +1042,7 @@ class RunDir:
         found = [p.name for p in (summary, final) if p.exists()]
         summary.unlink(missing_ok=True)  # (first: the mark of a finished run)
         if final.is_dir():
-            doomed = self.out_dir / f".tmp-{FINAL_DIR}-{os.getpid()}"
-            shutil.rmtree(doomed, ignore_errors=True)
-            os.replace(final, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
+            remove_dir(final)
         if found:
             names = " and ".join(found)
             them = "them" if len(found) > 1 else "it"
