@@ -839,3 +839,37 @@ def test_runs_nobody_resumes_stop_at_once_within_a_step_and_the_rule_is_back_aft
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     assert capsys.readouterr().err.count("stopping at the end of this step") == 1
+
+
+LEFT_IN_GROUP = """
+import atexit, os, sys
+import torch.distributed as tdist
+from dgrpo import cli
+from dgrpo.cli import train
+
+def interrupted(args):
+    tdist.init_process_group("gloo", store=tdist.HashStore(), rank=0, world_size=1)  # (joined)
+    raise {failure}
+
+cli.exit_with_launcher = lambda: None  # (no launcher here)
+train.run_grpo = interrupted
+atexit.register(lambda: print("the interpreter's teardown", flush=True))
+sys.argv = ["dgrpo", "grpo", "--init", "sft", "--out", "run"]
+print("said before", end="", flush=False)  # (flushed at the exit)
+cli.entry()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("failure,code", [("KeyboardInterrupt", 130), ("RuntimeError('Connection closed by peer')", 1)])
+def test_a_worker_ending_in_its_process_group_exits_without_the_interpreters_teardown(tmp_path, failure, code):
+    """A torchrun worker interrupted alone, or whose peer is gone, ends still in the process group; destroying it in
+    the interpreter's teardown could abort the process ("terminate called without an active exception", exit -6
+    instead of 130 / 1: 2 of 10 two-rank jobs with a collective in flight). The script and ``python -m dgrpo`` exit
+    at once with the command's code, their output flushed."""
+    (tmp_path / "worker.py").write_text(LEFT_IN_GROUP.format(failure=failure))
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    r = subprocess.run([sys.executable, "worker.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert r.returncode == code, r.stderr[-2000:]
+    assert r.stdout == "said before", r.stdout
+    assert ("dgrpo: interrupted" if code == 130 else "another rank ended mid-run") in r.stderr, r.stderr

@@ -1,5 +1,5 @@
 """``python -m dgrpo``: the command line (dgrpo.cli)."""
 
-from .cli import main
+from .cli import entry
 
-raise SystemExit(main())
+entry()
