@@ -99,6 +99,16 @@ def coconut_reference(weights, n_vocab, q_ids, n_latent, end_id, target_ids):
     return logits.log_softmax(-1).gather(-1, torch.tensor(target_ids)[:, None]).squeeze(-1)
 
 
+def pause_reference(weights, n_vocab, q_ids, n_latent, latent_id, end_id, target_ids):
+    """log p(target) as run.py computes it for a pause-as-thought run (coconut: False): the plain model over token
+    ids, the question (ending in <|start-latent|>), n_latent <|latent|> tokens, <|end-latent|>, the answer."""
+    model = GPT2LMHeadModel(tiny_config("gpt2", n_vocab, **TINY)).eval()
+    model.load_state_dict(weights, strict=True)
+    ids = q_ids + [latent_id] * n_latent + [end_id] + target_ids[:-1]
+    logits = model(torch.tensor([ids])).logits[0, len(q_ids) + n_latent :]
+    return logits.log_softmax(-1).gather(-1, torch.tensor(target_ids)[:, None]).squeeze(-1)
+
+
 def assert_same_weights(lm: LatentLM, plain: dict) -> None:
     got = lm.model.state_dict()
     for k, v in plain.items():
@@ -159,6 +169,8 @@ def test_cli_imports_the_official_layout(official, tmp_path, run_cli):
 
 @pytest.mark.parametrize("variant", ["plain", "plain_legacy_buffers_untied_key_dropped"])
 def test_plain_state_dict_imports(official, tmp_path, variant):
+    """Read as continuous thought unless told otherwise, with a warning: run.py saves this layout (no wrapper, the
+    latent rows) for its pause-as-thought runs."""
     base, _, plain, _, _ = official
     sd = dict(plain)
     if variant != "plain":  # an older transformers: constant attention buffers saved; lm_head.weight left out (tied)
@@ -166,10 +178,73 @@ def test_plain_state_dict_imports(official, tmp_path, variant):
         for layer in range(TINY["num_layers"]):
             sd[f"transformer.h.{layer}.attn.bias"] = torch.tril(torch.ones(8, 8, dtype=torch.bool))[None, None]
             sd[f"transformer.h.{layer}.attn.masked_bias"] = torch.tensor(-1e4)
-    out = import_coconut(saved(tmp_path, "ckpt", sd), str(base), tmp_path / "out", c_thought=1, n_latent=3)
+    with pytest.warns(UserWarning, match=r"ckpt: a plain state dict with the latent-token rows, imported as contin"):
+        out = import_coconut(saved(tmp_path, "ckpt", sd), str(base), tmp_path / "out", c_thought=1, n_latent=3)
     lm = LatentLM.from_pretrained(out)
     assert_same_weights(lm, plain)
     assert lm.settings == LatentSettings(mode="coconut", c_thought=1, stage=4, n_latent=3)
+
+
+def test_a_pause_as_thought_checkpoint_imported_with_mode_pause_computes_what_run_py_computes(
+    official, tmp_path, task_records, recwarn
+):
+    """run.py's pause-as-thought run (coconut: False) saves the plain model with the latent rows and feeds the
+    <|latent|> token's embedding at each latent position: with mode pause the import's log-probs and greedy answers
+    are those of the plain model over the token ids; read as coconut (the default) they were not."""
+    base, _, plain, tok, _ = official
+    ckpt = saved(tmp_path, "checkpoint_15", plain)
+    out = import_coconut(ckpt, str(base), tmp_path / "pause", c_thought=2, max_latent_stage=3, mode="pause")
+    assert not [w for w in recwarn if "plain state dict" in str(w.message)]  # (asked for: no warning)
+    lm = LatentLM.from_pretrained(out).eval()
+    assert lm.settings == LatentSettings(mode="pause", c_thought=2, stage=4, n_latent=6)
+    assert_same_weights(lm, plain)
+    recs = task_records[:2]
+    ids, mask = lm.encode_questions([r.question for r in recs])
+    tg, tm = lm.encode_targets(["\n".join(r.steps) + "\n#### " + r.answer for r in recs])
+    start, end, latent = tok.convert_tokens_to_ids(OFFICIAL_ORDER)
+    hf = GPT2LMHeadModel(tiny_config("gpt2", len(tok), **TINY)).eval()
+    hf.load_state_dict(plain, strict=True)
+    with torch.no_grad():
+        got, _ = lm.target_logprobs(ids, mask, 6, tg, tm)
+        answers = lm.generate(ids, mask, max_new_tokens=5)
+        for i in range(len(recs)):
+            q_ids, t_ids = ids[i, mask[i].bool()].tolist(), tg[i, tm[i].bool()].tolist()
+            ref = pause_reference(plain, len(tok), q_ids, 6, latent, end, t_ids)
+            assert torch.allclose(got[i, : len(t_ids)], ref, atol=1e-5), (got[i, : len(t_ids)] - ref).abs().max()
+            hidden = coconut_reference(plain, len(tok), q_ids, 6, end, t_ids)  # what the coconut reading computes
+            assert not torch.allclose(ref, hidden, atol=1e-3)
+            # run.py's eval: generate() of the plain model on the question, the markers and the pause tokens
+            prompt = torch.tensor([q_ids + [latent] * 6 + [end]])
+            want = hf.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=tok.eos_token_id)
+            n = int(answers.mask[i].sum())
+            assert answers.tokens[i, :n].tolist() == want[0, prompt.shape[1] :].tolist()[:n]
+
+
+def test_mode_pause_is_refused_where_the_file_is_no_pause_runs(official, tmp_path, run_cli):
+    """The Coconut wrapper's layout is saved only by coconut: True runs, a CoT-stage checkpoint has no latent rows:
+    --mode pause is a one-line error for both; --mode coconut on the plain layout is taken without a warning."""
+    base, ckpt, plain, _, n_base = official
+    cot = build_tiny_model("gpt2", n_base, seed=5, **TINY).state_dict()
+    settings = ["--base", base, "--c-thought", 2, "--max-latent-stage", 3]
+    for given, expect in (
+        (ckpt, "is in the Coconut wrapper's layout (base_causallm.* keys), which run.py saves only for coconut: True"),
+        (saved(tmp_path, "cot", cot), "has no latent-token rows: a CoT-stage checkpoint, not a pause-as-thought"),
+    ):
+        r = run_cli("import-coconut", given, *settings, "--mode", "pause", "--out", tmp_path / "o")
+        assert r.returncode == 2 and expect in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+        assert not (tmp_path / "o").exists()
+    r = run_cli("import-coconut", ckpt, *settings, "--mode", "thought", "--out", tmp_path / "o")
+    assert r.returncode == 2 and "invalid choice: 'thought'" in r.stderr
+    flat = saved(tmp_path, "flat", plain)
+    r = run_cli("import-coconut", flat, *settings, "--mode", "pause", "--out", tmp_path / "p")
+    assert r.returncode == 0 and '"mode": "pause"' in r.stdout and '"n_latent": 6' in r.stdout, r.stderr
+    r = run_cli("import-coconut", flat, *settings, "--mode", "coconut", "--out", tmp_path / "c")
+    assert r.returncode == 0 and '"mode": "coconut"' in r.stdout and "warning" not in r.stderr, r.stderr
+    with pytest.warns(UserWarning, match="give --mode pause if it is one of them, --mode coconut if it is not"):
+        r = run_cli("import-coconut", flat, *settings, "--out", tmp_path / "d")
+    assert r.returncode == 0 and '"mode": "coconut"' in r.stdout
+    with pytest.raises(CheckpointError, match=r"^mode \(--mode\) must be one of coconut, pause, got 'cot'$"):
+        import_coconut(flat, str(base), tmp_path / "e", c_thought=2, max_latent_stage=3, mode="cot")
 
 
 def test_cot_stage_checkpoint_gets_the_latent_rows_run_py_would_make(official, tmp_path, tokenizer, task_records):

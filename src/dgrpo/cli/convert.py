@@ -21,6 +21,9 @@ IMPORT_EXAMPLES = """  # the official GSM8K run (args/gsm_coconut.yaml: c_though
   dgrpo grpo --init runs/coconut-gsm8k --config paper/grpo_dropout.yaml --out runs/coconut-gsm8k-dgrpo
   dgrpo import-coconut ckpt --base ./llama-dir --c-thought 1 --n-latent 6 --out runs/imported   # the count directly
   dgrpo import-coconut gsm-cot/checkpoint_N --base openai-community/gpt2 --c-thought 2 --out runs/cot  # CoT stage
+  # a pause-as-thought run (coconut: False, cot: False, no_thoughts: False, no_cot: False): <|latent|> pause tokens
+  dgrpo import-coconut gsm-pause/checkpoint_N --base openai-community/gpt2 --mode pause \\
+      --c-thought 2 --max-latent-stage 3 --epochs-per-stage 3 --out runs/pause-gsm8k
 """
 
 
@@ -73,6 +76,16 @@ def _add_import_parser(sub: Any) -> None:
         metavar="E",
         help="the run's epochs_per_stage: CKPT named checkpoint_N (run.py's name after epoch N) is of stage "
         "(N - 1) // E, whose c_thought * min(stage, max_latent_stage) thoughts it was trained and evaluated with",
+    )
+    p.add_argument(
+        "--mode",
+        choices=("coconut", "pause"),
+        default=None,
+        help="how the latent positions are read: coconut (continuous thought, each one's input the last hidden "
+        "state; the default) or pause (the <|latent|> token's embedding, as a pause-as-thought run, coconut: False, "
+        "trained and evaluated it). run.py saves such a run as a plain state dict with the latent-token rows, which "
+        "nothing else in the file tells apart: without --mode it is read as coconut, with a warning. The Coconut "
+        "wrapper's layout (coconut: True) and a CoT-stage checkpoint refuse pause",
     )
     p.add_argument(
         "--revision", default=None, help="the hub revision (branch, tag or commit) of a hub id --base (default: main)"
@@ -220,6 +233,7 @@ def run_import(args: argparse.Namespace) -> int:
         max_latent_stage=args.max_latent_stage,
         trust_remote_code=args.trust_remote_code,
         revision=args.revision,
+        mode=args.mode,
     )
     settings = json.loads((out / LATENT_CONFIG_FILE).read_text())
     print(f"wrote {out}")

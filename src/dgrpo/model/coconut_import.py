@@ -9,6 +9,15 @@ the prefix and without rows for the latent tokens. The tokenizer is the base mod
 ``<<`` token's row. dgrpo uses the same three strings, so the converted tokenizer carries them at the same
 ids and :class:`~dgrpo.model.latent_lm.LatentLM` finds them present: their trained rows are kept.
 
+Coconut's pause-as-thought runs (``coconut: False`` with ``cot``, ``no_thoughts`` and ``no_cot`` False) train the
+plain base model with ``<|latent|>`` as an ordinary pause token: the embedding is resized (the latent rows are
+there) but never wrapped, so run.py saves a plain state dict, and its eval feeds the ``<|latent|>`` token's
+embedding at each latent position, never a hidden state. The file says nothing more of its run: a plain state dict
+with the latent rows is imported as continuous thought (mode ``coconut``, with a warning) unless ``mode="pause"``
+(``--mode pause``) is given; dgrpo's mode ``pause`` then computes what run.py computed. The wrapper's layout is
+saved only by ``coconut: True`` runs, and a state dict without the latent rows is no pause run's: both refuse
+``mode="pause"``.
+
 Only ``torch.load(..., weights_only=True)`` is ever used: a file that needs code to unpickle is refused.
 """
 
@@ -16,6 +25,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -42,6 +52,8 @@ OFFICIAL_TOKEN_ORDER = (START_LATENT, END_LATENT, LATENT)
 WRAPPER_PREFIX = "base_causallm."
 #: the wrapper's own key: ``Coconut.embedding`` is the base model's input embedding, saved twice
 WRAPPER_EMBEDDING = "embedding.weight"
+#: how the latent positions of a Coconut-stage checkpoint are read: continuous thought or pause tokens
+THOUGHT_MODES = ("coconut", "pause")
 #: the key prefixes of DDP's and torch.compile's wrappers, dropped from every key
 WRAPPED_BY = re.compile(r"^(?:module\.|_orig_mod\.)+")
 #: buffers that older transformers versions saved in state dicts and that are constants, not weights
@@ -117,12 +129,13 @@ def _without_wrappers(key: str) -> str:
 
 
 def coconut_settings(
-    c_thought: int, n_latent: int | None, stage: int | None, max_latent_stage: int | None
+    c_thought: int, n_latent: int | None, stage: int | None, max_latent_stage: int | None, mode: str = "coconut"
 ) -> LatentSettings:
     """Settings of a Coconut-stage checkpoint by Coconut's rule, ``n_latent = c_thought * min(stage,
     max_latent_stage)``: what is not given is inferred from the rest (``stage`` defaults to ``max_latent_stage + 1``,
     the first stage with every step latent, or to the stage ``n_latent`` names when below ``max_latent_stage``); a
-    combination the rule cannot give (``n_latent=2, stage=1, c_thought=1``) is a one-line CheckpointError."""
+    combination the rule cannot give (``n_latent=2, stage=1, c_thought=1``) is a one-line CheckpointError. ``mode``:
+    coconut or pause (run.py's pause-as-thought runs follow the same curriculum, with pause tokens)."""
     _check_ranges(c_thought, n_latent, stage, max_latent_stage)
     if n_latent is None and max_latent_stage is None:
         raise _error(
@@ -141,7 +154,7 @@ def coconut_settings(
     elif stage is None:
         stage = _inferred_stage(c_thought, n_latent, max_latent_stage)
     _check_coconut_rule(c_thought, n_latent, stage, max_latent_stage)
-    return LatentSettings(mode="coconut", c_thought=c_thought, stage=stage, n_latent=n_latent)
+    return LatentSettings(mode=mode, c_thought=c_thought, stage=stage, n_latent=n_latent)
 
 
 def _check_ranges(c_thought: int, n_latent: int | None, stage: int | None, max_latent_stage: int | None) -> None:
@@ -182,11 +195,18 @@ def _check_coconut_rule(c_thought: int, n_latent: int, stage: int, max_latent_st
 
 
 def choose_settings(
-    ckpt: Path, cot: bool, c_thought: int, n_latent: int | None, stage: int | None, max_latent_stage: int | None
+    ckpt: Path,
+    cot: bool,
+    c_thought: int,
+    n_latent: int | None,
+    stage: int | None,
+    max_latent_stage: int | None,
+    mode: str = "coconut",
 ) -> LatentSettings:
-    """Coconut settings (:func:`coconut_settings`), or mode ``cot`` at stage 0 for a CoT-stage checkpoint."""
+    """Coconut settings in ``mode`` (:func:`coconut_settings`), or mode ``cot`` at stage 0 for a CoT-stage
+    checkpoint."""
     if not cot:
-        return coconut_settings(c_thought, n_latent, stage, max_latent_stage)
+        return coconut_settings(c_thought, n_latent, stage, max_latent_stage, mode)
     if c_thought < 0:
         raise _error(f"c_thought (--c-thought) must be >= 0 for a CoT-stage checkpoint, got {c_thought}")
     if any(v not in (None, 0) for v in (n_latent, stage, max_latent_stage)):
@@ -198,6 +218,32 @@ def choose_settings(
     # run.py trains and evaluates its CoT stage without the markers (no_special_marker: configs.cot or no_cot); its
     # args/gsm_cot.yaml has c_thought 0, which the curriculum after it does not use: the later stages' 1 is kept
     return LatentSettings(mode="cot", c_thought=max(c_thought, 1), stage=0, n_latent=0, markers=False)
+
+
+def thought_mode(ckpt: Path, asked: str | None, wrapped: bool, cot: bool) -> str:
+    """The mode of a Coconut-stage checkpoint's latent positions: ``asked`` (coconut or pause; None: coconut), checked
+    against what run.py's layout says of the run. The ``Coconut`` wrapper's layout is saved only by ``coconut: True``
+    runs and a CoT-stage checkpoint has no latent rows: neither is a pause-as-thought run's. A plain state dict with
+    the latent rows is what run.py saves for pause-as-thought, and what a hand-unwrapped Coconut model looks like:
+    read as coconut when nothing is asked, with a warning naming ``--mode pause``."""
+    if asked == "pause" and wrapped:
+        raise _error(
+            f"{ckpt} is in the Coconut wrapper's layout ({WRAPPER_PREFIX}* keys), which run.py saves only for "
+            "coconut: True runs (continuous thought): leave out --mode pause"
+        )
+    if asked == "pause" and cot:
+        raise _error(
+            f"{ckpt} has no latent-token rows: a CoT-stage checkpoint, not a pause-as-thought run's (run.py resizes "
+            "the embedding for those): leave out --mode pause"
+        )
+    if asked is None and not wrapped and not cot:
+        warnings.warn(
+            f"{ckpt}: a plain state dict with the latent-token rows, imported as continuous thought (mode coconut); "
+            "Coconut's run.py saves this layout for its pause-as-thought runs (coconut: False), whose <|latent|> "
+            "tokens are pause tokens: give --mode pause if it is one of them, --mode coconut if it is not",
+            stacklevel=3,
+        )
+    return asked or "coconut"
 
 
 def build_base(
@@ -313,6 +359,7 @@ def import_coconut(
     max_latent_stage: int | None = None,
     trust_remote_code: bool = False,
     revision: str | None = None,
+    mode: str | None = None,
 ) -> Path:
     """Write ``out``, a dgrpo checkpoint directory, from the official Coconut checkpoint ``ckpt`` over ``base``.
 
@@ -320,10 +367,15 @@ def import_coconut(
     ``revision``, None: its default branch); only its config and tokenizer are read. A Coconut-stage checkpoint
     gets ``LatentSettings(mode="coconut", c_thought, stage, n_latent)`` (see :func:`coconut_settings`); a CoT-stage
     checkpoint (no latent-token rows) is imported as ``mode="cot"``, its latent rows initialised as run.py does, and
-    takes no ``n_latent`` / ``stage`` / ``max_latent_stage``. Every problem is a one-line
-    :class:`CheckpointError`; nothing is written then.
+    takes no ``n_latent`` / ``stage`` / ``max_latent_stage``. ``mode``: how a Coconut-stage checkpoint's latent
+    positions are read, ``coconut`` (continuous thought: each one's input is the last hidden state) or ``pause``
+    (the ``<|latent|>`` token's embedding, as run.py's pause-as-thought runs trained and evaluated); None: coconut
+    (with a warning for a plain state dict with the latent rows, run.py's pause-as-thought layout; see
+    :func:`thought_mode`). Every problem is a one-line :class:`CheckpointError`; nothing is written then.
     """
     ckpt, out = Path(ckpt), Path(out)
+    if mode is not None and mode not in THOUGHT_MODES:
+        raise _error(f"mode (--mode) must be one of {', '.join(THOUGHT_MODES)}, got {mode!r}")
     if out.exists() and not out.is_dir():
         raise _error(f"output directory {out} exists and is a file")
     if out.exists() and any(out.iterdir()):
@@ -344,7 +396,9 @@ def import_coconut(
             f"{ckpt}: {rows} embedding rows, but the tokenizer of {base!r} with the latent tokens has {len(tokenizer)} "
             "(Coconut's run.py resizes the embedding to exactly that): is --base the model the run started from?"
         )
-    settings = choose_settings(ckpt, cot, c_thought, n_latent, stage, max_latent_stage)
+    settings = choose_settings(
+        ckpt, cot, c_thought, n_latent, stage, max_latent_stage, thought_mode(ckpt, mode, wrapped, cot)
+    )
     if sd[emb_key].is_floating_point():
         nn.Module.to(model, sd[emb_key].dtype)  # the checkpoint dtype (PreTrainedModel.to has narrower stubs)
     if base_rows != rows:
@@ -360,4 +414,4 @@ def import_coconut(
     return out
 
 
-__all__ = ["OFFICIAL_TOKEN_ORDER", "coconut_settings", "import_coconut", "read_state_dict"]
+__all__ = ["OFFICIAL_TOKEN_ORDER", "THOUGHT_MODES", "coconut_settings", "import_coconut", "read_state_dict"]
