@@ -479,10 +479,11 @@ def test_the_demo_reads_a_section_mapping_and_the_scorer(tmp_path):
     eval.scorer, the arms' default reward, scores the demo's evaluations too (it was refused as unread)."""
     from types import SimpleNamespace
 
-    from dgrpo.demo.pipeline import Demo, demo_config, keys_set
+    from dgrpo.config import override_keys
+    from dgrpo.demo.pipeline import Demo, demo_config
 
-    assert keys_set("data={eval_limit: 50, train: x}") == ["data.eval_limit", "data.train"]
-    assert keys_set("grpo.lr=1e-5") == ["grpo.lr"] and keys_set("a=[") == ["a"]
+    assert override_keys("data={eval_limit: 50, train: x}") == ["data.eval_limit", "data.train"]
+    assert override_keys("grpo.lr=1e-5") == ["grpo.lr"] and override_keys("a=[") == ["a"]
     sets = ["data={eval_limit: 50}", "eval.scorer=exact"]
     args = SimpleNamespace(quick=True, config=[], overrides=sets, seeds=None, out=str(tmp_path / "o"))
     base = demo_config(args)[0]

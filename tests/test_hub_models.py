@@ -219,6 +219,9 @@ def test_dgrpo_eval_of_a_hub_model_under_a_runs_config_ignores_the_runs_base_com
     r = run_cli(*args, "--set", "model.revision=v1", "--out", tmp_path / "ev1")  # given for it: applied
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "ev1" / "results.json").read_text())["model"] == f"{REPO}@{OLD}"
+    r = run_cli(*args, "--set", "model={revision: v1}", "--out", tmp_path / "ev2")  # (the mapping form: the same)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "ev2" / "results.json").read_text())["model"] == f"{REPO}@{OLD}"
     from conftest import tiny_args
 
     sets = tiny_args(**{"grpo.steps": 1, "grpo.warmup_steps": 0, "data.test": "[]"})

@@ -1716,6 +1716,19 @@ def set_value(cfg: Any, dotted: str, raw: str) -> None:
     _merge(cfg, nested, "")
 
 
+def override_keys(override: str) -> list[str]:
+    """The options a ``--set key=value`` gives a value: its key, or each key below it that a mapping sets, as
+    :func:`set_value` merges it (``data={eval_limit: 50}`` sets ``data.eval_limit``)."""
+    key, _, raw = override.partition("=")
+
+    def leaves(prefix: str, value: Any) -> list[str]:
+        if not isinstance(value, dict):
+            return [prefix]
+        return [k for sub, v in value.items() for k in leaves(f"{prefix}.{sub}", v)]
+
+    return leaves(key.strip(), _parse_override(raw.strip()))
+
+
 def load_config(
     cls: type,
     path: str | Path | list[str | Path] | None = None,

@@ -96,9 +96,10 @@ def revision_for(model: str, cfg: Config, overrides: list[str], option: str) -> 
     run's own) does not have."""
     import warnings
 
+    from ..config import override_keys
     from ..model.sources import on_disk
 
-    if any(o.split("=", 1)[0].strip() == "model.revision" for o in overrides):
+    if any("model.revision" in override_keys(o) for o in overrides):  # (model.revision=X, or model={revision: X})
         return cfg.model.revision
     if not cfg.model.revision or cfg.model.name_or_path == model or on_disk(model).exists():  # (a directory: unused)
         return cfg.model.revision

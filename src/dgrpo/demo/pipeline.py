@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from .. import plotting
-from ..config import Config, ConfigError, TaskConfig, load_config, merge_file
+from ..config import Config, ConfigError, TaskConfig, load_config, merge_file, override_keys
 from ..data.records import Record
 from ..data.synthetic import generate_split
 from ..eval.evaluate import evaluate
@@ -311,25 +310,9 @@ NOT_READ_BY_THE_DEMO = (
 )
 
 
-def keys_set(override: str) -> list[str]:
-    """The options a ``--set`` gives a value: its key, or each key below it that a mapping sets
-    (``data={eval_limit: 50}`` sets ``data.eval_limit``, as the config merges it)."""
-    key, _, raw = override.partition("=")
-
-    def leaves(prefix: str, value: Any) -> list[str]:
-        if not isinstance(value, dict):
-            return [prefix]
-        return [k for sub, v in value.items() for k in leaves(f"{prefix}.{sub}", v)]
-
-    try:
-        return leaves(key.strip(), yaml.safe_load(raw))
-    except yaml.YAMLError:
-        return [key.strip()]
-
-
 def _refuse_what_the_demo_does_not_read(overrides: Sequence[str]) -> None:
     """A ``--set`` the demo would ignore is refused in one line (it was accepted and did nothing)."""
-    for key in dict.fromkeys(k for ov in overrides for k in keys_set(ov)):
+    for key in dict.fromkeys(k for ov in overrides for k in override_keys(ov)):
         if key in NOT_READ_BY_THE_DEMO:
             raise ConfigError(
                 f"--set {key}: dgrpo demo does not read it (the built-in task's splits, greedy evaluation, each run's "
