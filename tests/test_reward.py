@@ -121,6 +121,17 @@ from dgrpo.reward import (
         ("<<16-3-4=9>> <<9*2=18>> ####", None),  # cut off at max_new_tokens
         ("<<9*2=18>> ### 18", "18"),  # Coconut's marker
         ("The answer is 17.\n#### 18", "18"),
+        # GSM8K's #### with its number settles the answer: a later "The answer is" comments on it (it was read as 3);
+        # not a #### without a number of its own (a level-4 heading, one cut off), nor over a later box or ####
+        ("#### 18\nThe answer is reasonable since 3 x 6 = 18.", "18"),
+        ("####18 Answer: 3 x 6", "18"),
+        ("#### - 5\nthe answer is 5 below zero", "-5"),
+        ("#### Step 1: 9*2=18\nThe answer is 18", "18"),
+        ("#### Step 1: 9*2=18\nThe answer is 20", "20"),
+        ("####\n18\nThe answer is 20", "20"),
+        ("#### 18\nThe answer is \\boxed{20}", "20"),
+        ("#### 18\nThe answer is 3.\n#### 20", "20"),
+        ("### 18\nThe answer is 20", "20"),  # (Coconut's ###, as a numbered markdown heading "### 1. Setup")
         # a later marker with no number after it leaves the answer to the one before it
         ("The answer is 18. I hope this answer is helpful.", "18"),
         ("The answer is 18.\n\n### Explanation\nWe subtract the eggs", "18"),
@@ -226,6 +237,7 @@ def test_parse_number_overflow_is_none() -> None:
         ("#### - 3", "-3", 1.0),
         ("#### -3", "- 3", 1.0),
         ("#### 17", "18", 0.0),
+        ("#### 18\nThe answer is reasonable since 3 x 6 = 18.", 18, 1.0),  # (GSM8K's #### settles it: it scored 0)
         ("#### 18.5", "18", 0.0),
         ("I don't know", "18", 0.0),
         ("", "18", 0.0),

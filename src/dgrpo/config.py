@@ -670,7 +670,8 @@ class EvalConfig:
         "numeric",
         "what counts as correct, for eval and (unless grpo.reward is set) the GRPO reward: numeric (the answer's "
         "number, the first after the last marker with one after it, a run of '#', 'The answer is' or '\\boxed{' "
-        "(none if no marker has one), else the text's last, equals the gold number), "
+        "(none if no marker has one; 'The answer is' after '#### 18' is passed over), else the text's last, equals "
+        "the gold number), "
         "exact (the final answer text equals the gold, normalised; a number gold: the answer read as a number), "
         "choice (the answer's letter A-E equals the "
         "gold's), coconut (Coconut's run.py check: the text after the last '#', commas removed, equals the gold "

@@ -130,6 +130,11 @@ _ANSWER_MARKER = re.compile(rf"{_MARKER.pattern}|#{{2,}}|{ANSWER_IS.pattern}|{_B
 #: a markdown heading (``### Step 2: ...``, ``## Explanation``): one to three '#' opening a line, then a word; no
 #: answer marker (the number after it is a step's, not the answer)
 _HEADING = re.compile(r"(?:^|(?<=\n))[ \t]*(#{1,3})[ \t]+[^\W\d_]")
+#: GSM8K's answer marker, a run of four or more '#' (``#### 18``, ``####18``): with its number right after it, on its
+#: line, it is the answer whatever "The answer is" / "answer:" comes later (a comment on it: ``#### 18\nThe answer is
+#: reasonable since 3 x 6 = 18.`` was read as 3)
+_GSM8K_MARKER = re.compile(r"#{4,}")
+_LINE_SPACE = re.compile(r"[ \t]*")
 
 
 class _Answer(NamedTuple):
@@ -156,8 +161,11 @@ def _find_answer(text: str) -> _Answer | None:
     if not markers:
         return _Answer(numbers[-1]) if numbers else None
     starts = [m.start() for m in numbers]
+    settled = _first_settled_answer(text, markers, numbers, starts)
     before = len(text)  # an answer starts before this: a box with no number opening it (\frac{3}{4}, x + 1) holds none
     for marker in reversed(markers):  # the last marker with a number after it ("... this answer is right" has none)
+        if settled is not None and marker.start() > settled and ANSWER_IS.match(marker.group()):
+            continue  # (prose after GSM8K's ``#### 18``: a comment on its answer)
         i = bisect.bisect_left(starts, marker.end())
         boxed = marker.group().startswith("\\")
         if i < len(numbers) and starts[i] < before:
@@ -173,6 +181,22 @@ def _find_answer(text: str) -> _Answer | None:
     return None  # markers, none followed by a number: no answer (not a number of the reasoning before them)
 
 
+def _first_settled_answer(
+    text: str, markers: list[re.Match[str]], numbers: list[re.Match[str]], starts: list[int]
+) -> int | None:
+    """Where the first GSM8K marker (:data:`_GSM8K_MARKER`) followed on its line by a number, with nothing but spaces
+    or a sign standing apart between them (``#### 18``, ``#### - 5``; not ``#### Step 1``), starts; None if none."""
+    for marker in markers:
+        if not _GSM8K_MARKER.fullmatch(marker.group()):
+            continue
+        i = bisect.bisect_left(starts, marker.end())
+        if i < len(numbers):
+            span = (marker.end(), starts[i])  # (matched in place: no copy of a long gap per marker)
+            if _LINE_SPACE.fullmatch(text, *span) or _LONE_MINUS_OR_DASH.fullmatch(text, *span):
+                return marker.start()
+    return None
+
+
 def extract_answer(text: str) -> str | None:
     """The predicted final answer of a completion, as a normalised number string, or None.
 
@@ -185,6 +209,10 @@ def extract_answer(text: str) -> str | None:
     of the reasoning before the marker is not the answer; ``#### 2,5``, ``#### 12,34``: digits grouped otherwise than
     in thousands, which were read as 2 and 12). A minus sign standing apart between the marker and the number, on its
     line, is the answer's (``#### - 5`` -> ``"-5"``; between numbers, ``20 - 5``, it is a subtraction's).
+    GSM8K's ``####`` (four or more ``#``) with its number right after it on its line settles the answer: an "The answer
+    is" / "answer:" after it is a comment and is passed over (``"#### 18\nThe answer is reasonable since 3 x 6 = 18."``
+    -> ``"18"``, not 3); a later ``####`` or ``\\boxed{`` with a number still wins, and so does a later "The answer is"
+    after a ``####`` with no number of its own (``#### Step 1: ...``, ``####`` cut off).
     Without any marker, the last number of the text. Thousands commas, ``$``, signs, decimals
     (``3.50``, ``.5``), an exponent written right after the digits (``2.0107e-06``, ``1E3``; not the ``e`` of
     ``3 eggs``) and a trailing period are handled; a fraction (``1/2``) is not read as a number (nor as its
