@@ -365,6 +365,20 @@ def test_comma_text_is_the_list_it_spells():
     assert test == ["builtin:test", "gsm8k:test"]
 
 
+def test_one_item_alone_is_a_one_item_list():
+    """A list option given one item without brackets is the list of it: a number as a text item is (``2`` was refused
+    as no list while ``mlp`` was ``['mlp']``); a boolean or a mapping alone is still no list."""
+    assert load_config(Config, None, ["sft.stage_epochs=2"]).sft.stage_epochs == [2]
+    assert load_config(Config, None, ["perturbation.sites=mlp"]).perturbation.sites == ["mlp"]
+    with pytest.raises(ConfigError, match=r"sft\.adam_betas: expected two numbers .*got \[0\.9\]"):
+        load_config(Config, None, ["sft.adam_betas=0.9"])  # (a list of one: its own check names what is wrong)
+    with pytest.raises(ConfigError, match=r"sft\.stage_epochs: expected a list of epoch counts >= 0"):
+        load_config(Config, None, ["sft.stage_epochs=-1"])
+    for value in ("true", "{a: 1}"):
+        with pytest.raises(ConfigError, match=r"sft\.stage_epochs: expected a list, got"):
+            load_config(Config, None, [f"sft.stage_epochs={value}"])
+
+
 def test_loader_keeps_ordinary_numbers():
     data = yaml.load("a: 1:30\nb: 190\nc: 1.0e-5\nd: 1e-5\ne: -3\nf: 0:4.5\ng: .inf", Loader=ConfigLoader)
     assert data == {"a": "1:30", "b": 190, "c": 1.0e-5, "d": "1e-5", "e": -3, "f": "0:4.5", "g": float("inf")}

@@ -1402,10 +1402,13 @@ def _to_float(value: Any, key: str) -> float:
 
 def _to_list(value: Any, key: str) -> list:
     """A list: a YAML list, or comma-separated text (whose numbers are numbers: ``1,1,2`` as ``[1, 1, 2]``,
-    ``0.9,0.999`` as ``[0.9, 0.999]``, the same lists as in brackets). Items stay as YAML reads them: a list of
-    numbers reads its text items itself (:func:`_numbers`)."""
+    ``0.9,0.999`` as ``[0.9, 0.999]``, the same lists as in brackets), or one number alone, a list of it (``2`` as
+    ``[2]``, as one text item ``mlp`` is ``['mlp']``; it was refused). Items stay as YAML reads them: a list of
+    numbers reads its text items itself (:func:`_numbers`); a boolean or a mapping alone is no list."""
     if isinstance(value, str):
         value = [_list_item(v.strip()) for v in value.split(",") if v.strip()]
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = [value]
     if not isinstance(value, list):
         raise _invalid(key, f"expected a list, got {value!r}")
     return list(value)
