@@ -582,6 +582,28 @@ def test_a_selection_that_runs_nothing_is_an_error(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv, says",
     [
+        (["--section", "gpu"], "--section gpu runs on CUDA only"),
+        (["--section", "gpu", "--only", "flops"], "--section gpu runs on CUDA only"),
+        (["--only", "optimizer"], "--only optimizer runs on CUDA only"),
+    ],
+)
+def test_a_gpu_section_without_cuda_is_an_error(tmp_path, capsys, monkeypatch, argv, says):
+    """Without CUDA, a selection whose every item runs on the GPU section is one error line, exit 2, and writes
+    nothing (it wrote a report whose GPU section said "skipped: no CUDA", exit 0); ``--section all`` runs the CPU
+    section alone."""
+    from dgrpo.bench import suite
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert suite.main(["--out", str(tmp_path / "b"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dgrpo: error: bench: {says}") and err.count("\n") == 1 and "--section cpu" in err
+    assert not (tmp_path / "b").exists()
+    assert suite.needs_cuda("all", ["flops", "optimizer"]) == suite.needs_cuda("cpu", ["flops"]) == ""
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
         (["--device", "gpu"], "--device 'gpu'"),  # (--steps 0: an argument error, test_bench_scripts_refuse_sizes...)
         (["--set", "nonsense=1"], "unknown config key 'nonsense'"),
         (["--versus", "grpo.lr=-1"], "grpo.lr"),

@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--section",
         default="all",
         choices=["all", "cpu", "gpu"],
-        help="cpu: the tiny model on the CPU; gpu: a ~0.5B Qwen2 in bf16 on CUDA (skipped without CUDA); all: both",
+        help="cpu: the tiny model on the CPU; gpu: a ~0.5B Qwen2 in bf16 on CUDA (refused without CUDA); all: both "
+        "(without CUDA, the CPU section alone)",
     )
     return ap
 
@@ -303,6 +304,16 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
     return 1 if failed else 0
 
 
+def needs_cuda(section: str, only: list[str]) -> str:
+    """What of a selection runs on CUDA alone, as an error names it: ``--section gpu``, or the ``--only`` items when
+    none of them is a CPU section's item (``--only optimizer``); '' when the CPU section runs some."""
+    if section == "gpu":
+        return "--section gpu"
+    if section == "all" and not any(k in ORDER for k in only):
+        return f"--only {','.join(only)}"
+    return ""
+
+
 def selected(args: argparse.Namespace) -> list[str]:
     return [x.strip() for x in (args.only or "").split(",") if x.strip()] or ITEM_KEYS
 
@@ -331,6 +342,14 @@ def main(argv: list[str] | None = None) -> int:
     if not any(k in runnable for k in only):  # (an empty report, exit 0, said only "not run")
         print(
             f"dgrpo: error: bench: --only {','.join(only)} runs nothing in --section {args.section}: {SECTION_NOTE}",
+            file=sys.stderr,
+        )
+        return 2
+    cuda_only = needs_cuda(args.section, only)
+    if cuda_only and not torch.cuda.is_available():  # (an empty report, exit 0, said only "skipped: no CUDA")
+        print(
+            f"dgrpo: error: bench: {cuda_only} runs on CUDA only, and torch sees no CUDA device here: the CPU "
+            "section runs without it (--section cpu)",
             file=sys.stderr,
         )
         return 2
