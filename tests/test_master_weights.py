@@ -220,7 +220,9 @@ def test_bf16_sft_with_master_weights_checkpoints_the_masters_whose_rounding_is_
 @pytest.mark.parametrize(
     "script, argv, code, said",
     [
-        ("bf16_grpo_updates", ["--help"], 0, "usage: bf16_grpo_updates.py [-h] [STEPS]"),
+        ("bf16_grpo_updates", ["--help"], 0, "usage: bf16_grpo_updates.py [-h] [--threads N] [STEPS]"),
+        ("bf16_grpo_updates", ["--help"], 0, "torch threads (default 2, as the published figures were taken"),
+        ("bf16_grpo_updates", ["--threads", "0"], 2, "argument --threads: expected a positive integer, got 0"),
         ("bf16_grpo_updates", ["x"], 2, "argument STEPS: expected a positive integer, got 'x'"),
         ("bf16_grpo_updates", ["0"], 2, "argument STEPS: expected a positive integer, got 0"),
         ("bf16_updates", ["--help"], 0, "usage: bf16_updates.py [-h]"),
