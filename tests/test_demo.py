@@ -635,6 +635,50 @@ def test_the_validation_experiments_answer_help_and_bad_arguments_as_argparse(tm
     assert "Traceback" not in r.stderr and not (tmp_path / "runs").exists()
 
 
+def test_ood_variants_draws_the_shifts_of_the_task_the_checkpoint_was_trained_on(sft_checkpoint, tmp_path):
+    """experiments/ood_variants.py drew its splits from the default task (4 operations, operands 10..99 out of
+    distribution) whatever the checkpoint's. Now the task of its run_config.json (as ``dgrpo eval`` reads it), with
+    the experiment's own seed and sizes; the default task's variants are the ones published
+    (docs/demo/valid_sweep.md)."""
+    import importlib.util
+    import shutil
+    from dataclasses import replace
+
+    from dgrpo.config import TaskConfig
+    from dgrpo.model.verified import write_manifest
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "ood_variants.py"
+    spec = importlib.util.spec_from_file_location("ood_variants", path)
+    assert spec is not None and spec.loader is not None
+    ood = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ood)
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(sft_checkpoint, ckpt)
+    run_config = json.loads((ckpt / "run_config.json").read_text())
+    run_config["task"] |= {"n_steps": 3, "ood_extra_steps": 1, "ood_max_operand": 50}
+    (ckpt / "run_config.json").write_text(json.dumps(run_config))
+    write_manifest(ckpt)
+    task = ood.checkpoint_task(str(ckpt))
+    assert (task.n_steps, task.ood_extra_steps, task.ood_max_operand) == (3, 1, 50)
+    assert (task.seed, task.n_test, task.n_valid) == (4321, 500, 500)
+    names = list(ood.variants(task))
+    assert names[:2] == ["in-distribution (3 operations)", "2 operations"]
+    assert names[3:] == [
+        "4 operations (ood_steps, the old split)",
+        "operands 10..12 (ood_max_operand=12)",
+        "operands 10..19 (ood_max_operand=19)",
+        "operands 10..50 (ood_numbers, the old split)",
+    ]
+    published = ood.variants(replace(TaskConfig(), **ood.DRAW))
+    assert list(published)[:4] == [
+        "in-distribution (4 operations)",
+        "3 operations",
+        "5 operations (ood_extra_steps=1)",
+        "6 operations (ood_steps, the old split)",
+    ]
+    assert published["3 operations"] == ({"n_steps": 3}, "test")
+
+
 def test_claim_1_does_not_round_a_differing_item_away():
     """Claim 1 not resolved because 1 item of 1 pair in 4 differs: results.md and summary.txt said "0 items gained,
     0 lost per pair" (the mean per pair, 0.25, rounded to 0)."""
