@@ -124,7 +124,9 @@ from dgrpo.reward import (
         # GSM8K's #### with its number settles the answer: a later "The answer is" comments on it (it was read as 3);
         # not a #### without a number of its own (a level-4 heading, one cut off), nor over a later box or ####
         ("#### 18\nThe answer is reasonable since 3 x 6 = 18.", "18"),
-        ("####18 Answer: 3 x 6", "18"),
+        ("#### 18.\r\nAnswer: 3 x 6", "18"),
+        ("#### 1. Compute the eggs\n9*2=18\nThe answer is 18", "18"),  # (a numbered level-4 heading settles nothing)
+        ("#### 18 dollars\nThe answer is 20", "20"),  # (more than the number on its line: the last marker, as before)
         ("#### - 5\nthe answer is 5 below zero", "-5"),
         ("#### Step 1: 9*2=18\nThe answer is 18", "18"),
         ("#### Step 1: 9*2=18\nThe answer is 20", "20"),

@@ -130,11 +130,13 @@ _ANSWER_MARKER = re.compile(rf"{_MARKER.pattern}|#{{2,}}|{ANSWER_IS.pattern}|{_B
 #: a markdown heading (``### Step 2: ...``, ``## Explanation``): one to three '#' opening a line, then a word; no
 #: answer marker (the number after it is a step's, not the answer)
 _HEADING = re.compile(r"(?:^|(?<=\n))[ \t]*(#{1,3})[ \t]+[^\W\d_]")
-#: GSM8K's answer marker, a run of four or more '#' (``#### 18``, ``####18``): with its number right after it, on its
-#: line, it is the answer whatever "The answer is" / "answer:" comes later (a comment on it: ``#### 18\nThe answer is
-#: reasonable since 3 x 6 = 18.`` was read as 3)
+#: GSM8K's answer marker, a run of four or more '#' (``#### 18``, ``####18``): with its number right after it, the
+#: rest of its line, it is the answer whatever "The answer is" / "answer:" comes later (a comment on it: ``#### 18\nThe
+#: answer is reasonable since 3 x 6 = 18.`` was read as 3)
 _GSM8K_MARKER = re.compile(r"#{4,}")
 _LINE_SPACE = re.compile(r"[ \t]*")
+#: what may follow a settling ``#### N`` on its line: a period and spaces (``#### 1. Compute the eggs`` is a heading)
+_LINE_END = re.compile(r"[ \t.]*(?:\r?\n|$)")
 
 
 class _Answer(NamedTuple):
@@ -185,14 +187,16 @@ def _first_settled_answer(
     text: str, markers: list[re.Match[str]], numbers: list[re.Match[str]], starts: list[int]
 ) -> int | None:
     """Where the first GSM8K marker (:data:`_GSM8K_MARKER`) followed on its line by a number, with nothing but spaces
-    or a sign standing apart between them (``#### 18``, ``#### - 5``; not ``#### Step 1``), starts; None if none."""
+    or a sign standing apart between them and nothing but a period after it (``#### 18``, ``#### - 5``, ``#### 18.``;
+    not ``#### Step 1`` nor the numbered heading ``#### 1. Compute``), starts; None if none."""
     for marker in markers:
         if not _GSM8K_MARKER.fullmatch(marker.group()):
             continue
         i = bisect.bisect_left(starts, marker.end())
         if i < len(numbers):
             span = (marker.end(), starts[i])  # (matched in place: no copy of a long gap per marker)
-            if _LINE_SPACE.fullmatch(text, *span) or _LONE_MINUS_OR_DASH.fullmatch(text, *span):
+            apart = _LINE_SPACE.fullmatch(text, *span) or _LONE_MINUS_OR_DASH.fullmatch(text, *span)
+            if apart and _LINE_END.match(text, numbers[i].end()):
                 return marker.start()
     return None
 
@@ -209,10 +213,11 @@ def extract_answer(text: str) -> str | None:
     of the reasoning before the marker is not the answer; ``#### 2,5``, ``#### 12,34``: digits grouped otherwise than
     in thousands, which were read as 2 and 12). A minus sign standing apart between the marker and the number, on its
     line, is the answer's (``#### - 5`` -> ``"-5"``; between numbers, ``20 - 5``, it is a subtraction's).
-    GSM8K's ``####`` (four or more ``#``) with its number right after it on its line settles the answer: an "The answer
-    is" / "answer:" after it is a comment and is passed over (``"#### 18\nThe answer is reasonable since 3 x 6 = 18."``
-    -> ``"18"``, not 3); a later ``####`` or ``\\boxed{`` with a number still wins, and so does a later "The answer is"
-    after a ``####`` with no number of its own (``#### Step 1: ...``, ``####`` cut off).
+    GSM8K's ``####`` (four or more ``#``) with its number right after it, the rest of its line, settles the answer:
+    an "The answer is" / "answer:" after it is a comment and is passed over (``"#### 18\nThe answer is reasonable
+    since 3 x 6 = 18."`` -> ``"18"``, not 3); a later ``####`` or ``\\boxed{`` with a number still wins, and so does a
+    later "The answer is" after a ``####`` with no number of its own (``#### Step 1: ...``, ``####`` cut off) or with
+    more than a number on its line (``#### 1. Compute the eggs``, a numbered heading).
     Without any marker, the last number of the text. Thousands commas, ``$``, signs, decimals
     (``3.50``, ``.5``), an exponent written right after the digits (``2.0107e-06``, ``1E3``; not the ``e`` of
     ``3 eggs``) and a trailing period are handled; a fraction (``1/2``) is not read as a number (nor as its
