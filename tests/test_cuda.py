@@ -122,10 +122,10 @@ def test_8bit_optimizer_steps_without_per_parameter_syncs_give_the_same_weights(
     assert counts[0] >= 9 and counts[1] == 0, counts
 
 
-def _rollouts(lm, ids, mask, seeds, fast, **kw):
+def _rollouts(lm, ids, mask, seeds, fast, perturb_answer=True, **kw):
     from dgrpo.model.fixed_shape import fixed_shape_generate
 
-    pert = LockedDropout(p=0.3, sites=["attn", "mlp"])
+    pert = LockedDropout(p=0.3, sites=["attn", "mlp"], perturb_answer=perturb_answer)
     with torch.no_grad(), pert.bind(lm, seeds) as pb:
         if fast:
             return fixed_shape_generate(lm, ids, mask, 3, perturbation=pb, capture=True, **kw)
@@ -144,6 +144,27 @@ def test_captured_rollouts_equal_eager_in_fp32_and_replay_bit_identically(tokeni
     assert torch.equal(fast[0].tokens, fast[1].tokens) and torch.equal(fast[0].logprobs, fast[1].logprobs)
     assert torch.equal(eager.tokens, fast[0].tokens) and torch.equal(eager.mask, fast[0].mask)
     assert torch.allclose(eager.logprobs, fast[0].logprobs, atol=1e-4, rtol=0)
+
+
+def test_captured_answer_steps_honour_perturb_answer_and_are_not_replayed_for_the_other_setting(
+    tokenizer, task_records
+):
+    """``perturb_answer=False``: the answer step's graph is captured with what the hooks do in that phase (nothing),
+    so captured rollouts give the eager ones; a decoder kept for one setting is not replayed for the other (its
+    answer graph would add the noise, or leave it out)."""
+    lm = make_lm(tokenizer, hidden_size=64).eval()
+    lm.model.to(CUDA)
+    ids, mask = (x.to(CUDA) for x in lm.encode_questions([r.question for r in task_records[:16]]))
+    seeds = seeds_for(0, 0, 0, 16)
+    runs = {}
+    for perturb_answer in (False, True, False):
+        eager = _rollouts(lm, ids, mask, seeds, False, perturb_answer, max_new_tokens=16)
+        fast = _rollouts(lm, ids, mask, seeds, True, perturb_answer, max_new_tokens=16, keep=True)
+        assert torch.equal(eager.tokens, fast.tokens) and torch.equal(eager.mask, fast.mask)
+        assert torch.allclose(eager.logprobs, fast.logprobs, atol=1e-4, rtol=0)
+        runs[perturb_answer] = eager.logprobs
+    quiet, noisy = runs[False], runs[True]
+    assert quiet.shape != noisy.shape or not torch.allclose(quiet, noisy, atol=1e-3)  # (the answer's noise matters)
 
 
 def test_captured_reference_scoring_equals_eager_in_fp32(tokenizer, task_records):

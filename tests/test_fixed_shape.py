@@ -400,3 +400,20 @@ def test_the_warm_up_key_tells_a_patched_forward_from_its_class(tokenizer):
     norm.forward = lambda hidden_states: hidden_states  # (as Liger's RMSNorm patch: an instance's own forward)
     after = FixedShapeDecoder(lm, 3, 16, capture=False).warm_key("latent")
     assert before != after and before[:-2] == after[:-2]
+
+
+def test_a_kept_decoder_serves_only_a_perturbation_acting_in_the_same_phases(tokenizer):
+    """A kept decoder's answer graph is captured with what the hooks did in the answer phase: one captured for a
+    perturbation that leaves the answer alone (``perturb_answer=False``) must not serve one that perturbs it, nor the
+    reverse, whatever their tensors' shapes."""
+    from dgrpo.model.fixed_shape import decoder_for, noisy_phases, replay_key
+    from dgrpo.perturbation import LockedDropout
+
+    lm = make_lm(tokenizer, "qwen2")
+    seeds = torch.arange(2)
+    noisy, quiet = (LockedDropout(p=0.3, perturb_answer=a).bind(lm, seeds) for a in (True, False))
+    assert noisy_phases(noisy) == ("prompt", "latent", "answer") and noisy_phases(quiet) == ("prompt", "latent")
+    assert replay_key(lm, noisy) != replay_key(lm, quiet)
+    kept = decoder_for(lm, "generate", 2, 40, noisy, False, True)
+    assert decoder_for(lm, "generate", 2, 40, noisy, False, True) is kept
+    assert decoder_for(lm, "generate", 2, 40, quiet, False, True) is not kept

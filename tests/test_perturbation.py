@@ -293,6 +293,155 @@ def test_perturb_prompt_false_leaves_prompt_pass_untouched(tokenizer, task_recor
     assert not torch.allclose(lat, lat_clean)  # latent steps are perturbed
 
 
+#: every built-in kind with its noise left off the answer (``perturbation.perturb_answer: false``)
+QUIET_ANSWER = {
+    "locked": lambda: LockedDropout(p=0.5, sites=["attn", "mlp"], perturb_answer=False),
+    "gaussian-act": lambda: GaussianNoise(sigma=0.5, sites=["attn", "mlp"], perturb_answer=False),
+    "gaussian-weights": lambda: GaussianNoise(sigma=0.5, target="weights", perturb_answer=False),
+    "native": lambda: NativeDropout(p=0.5, perturb_answer=False),
+}
+
+
+def _answer_after_latents(lm, pert, seeds, ids, mask, tg, tm, answer_perturbed):
+    """The latent state (last hidden state after the T latent steps) under ``pert`` of ``seeds``, and the answer's
+    log-probs (``<|end-latent|>`` then ``tg``) scored after it: under ``pert`` too (``answer_perturbed``), or by the
+    network with its perturbation removed (the block left: no hooks, native dropout off), over the perturbed
+    latents' keys and values."""
+    lead = torch.full((ids.shape[0], 1), lm.end_id)
+    with pert.bind(lm, seeds) as pb:
+        state = lm.prefill(ids, mask, T, markers=False, perturbation=pb)
+        latent = state.last_hidden.clone()
+        if answer_perturbed:
+            return latent, lm.score_targets(state, tg, tm, perturbation=pb, lead_ids=lead)[0]
+    return latent, lm.score_targets(state, tg, tm, lead_ids=lead)[0]
+
+
+@pytest.mark.parametrize("kind", list(QUIET_ANSWER))
+def test_perturb_answer_false_decodes_the_answer_with_the_unperturbed_network(tokenizer, task_records, kind):
+    """``perturb_answer=False``: the marker and the answer are scored by the unperturbed network (bit for bit the
+    log-probs of the network with its perturbation removed after the latent steps), while the latent steps stay
+    perturbed (their states differ across seeds, and the answer's log-probs with them)."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    rows = 1 if kind == "native" else 2  # (native dropout binds one rollout at a time)
+    ids, mask = lm.encode_questions([r.question for r in task_records[:rows]])
+    tg = torch.tensor([[5, 9, 13, 7]] * rows)
+    tm = torch.ones_like(tg)
+    pert, seeds = QUIET_ANSWER[kind](), [torch.arange(1, rows + 1), torch.arange(7, rows + 7)]
+    with torch.no_grad():
+        runs = [_answer_after_latents(lm, pert, s, ids, mask, tg, tm, True) for s in seeds]
+        for (latent, logp), s in zip(runs, seeds):
+            clean_latent, clean_answer = _answer_after_latents(lm, pert, s, ids, mask, tg, tm, False)
+            assert torch.equal(latent, clean_latent) and torch.equal(logp, clean_answer)
+        assert not torch.allclose(runs[0][0], runs[1][0]) and not torch.allclose(runs[0][1], runs[1][1])
+        pert.perturb_answer = True  # (the paper's: the answer under the same noise, which changes its log-probs)
+        latent, noisy = _answer_after_latents(lm, pert, seeds[0], ids, mask, tg, tm, True)
+        assert torch.equal(latent, runs[0][0]) and not torch.allclose(noisy, runs[0][1])
+
+
+@pytest.mark.parametrize(
+    "kind, engine",
+    [(k, "eager") for k in QUIET_ANSWER] + [(k, "fast") for k in QUIET_ANSWER if k != "native"],
+)
+def test_perturb_answer_false_replays_the_rollouts_exactly(tokenizer, task_records, kind, engine):
+    """The rollout and every replay leave the answer to the unperturbed network alike: the update's log-probs (with
+    grad, the fast engine's through its latent chain too) are those of a replay without grad (bit for bit on one
+    path, every ratio exactly 1; the fast engine's no-grad replay, the reference's, runs over a static cache: up to
+    rounding) and the rollout's recorded ones (up to the rounding of decoding token by token: an answer decoded under
+    the noise and replayed without it, or the reverse, is ~1e-2 away); gradients reach the weights."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    pert = QUIET_ANSWER[kind]()
+    ro = rollouts(lm, task_records, pert, K=2, n=2, engine=engine)
+    batches = [torch.tensor([r]) for r in range(4)] if kind == "native" else [torch.arange(4)]
+    chains = [False, True] if engine == "fast" else [False]
+    for rows, chain_latents in [(r, c) for r in batches for c in chains]:
+        kw = dict(n_latent=T, perturbation=pert, temperature=0.0, engine=engine, chain_latents=chain_latents)
+        with torch.no_grad():
+            old, m = replay_logprobs(lm, ro, rows, seeds=ro.seeds[rows], **kw)
+        lm.model.zero_grad(set_to_none=True)
+        new, _ = replay_logprobs(lm, ro, rows, seeds=ro.seeds[rows], **kw)
+        if engine == "eager":
+            assert torch.equal(torch.exp(new.detach() - old), torch.ones_like(old))
+        assert torch.allclose(new.detach(), old, atol=1e-5)
+        assert torch.allclose(ro.rollout_logp[rows, : m.shape[1]] * m, old, atol=1e-5)
+        (new * m).sum().backward()
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in lm.model.parameters())
+        assert any(p.grad.abs().sum() > 0 for p in lm.model.model.layers[0].mlp.parameters())
+
+
+@pytest.mark.parametrize("kind", list(QUIET_ANSWER))
+def test_perturb_answer_false_still_takes_the_gradient_through_the_perturbed_latent_chain(
+    tokenizer, task_records, kind
+):
+    """With the answer left to the unperturbed network, the answer's log-probs still depend on the perturbed latent
+    steps, and the gradient flows back through them: the prompt's last hidden state reaches the answer only as the
+    first latent step's input, and its gradient is not zero (nor the one of a weight through the chain)."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([task_records[0].question])
+    tg, tm = torch.tensor([[5, 9, 13]]), torch.ones(1, 3, dtype=torch.long)
+    lead = torch.full((1, 1), lm.end_id)
+    grads = []
+    for seed in (1, 2):
+        with QUIET_ANSWER[kind]().bind(lm, torch.tensor([seed])) as pb:
+            state = lm.prefill(ids, mask, 0, markers=False, perturbation=pb)
+            first = state.last_hidden
+            lm.coconut_steps(state, T, pb)
+            logp, _ = lm.score_targets(state, tg, tm, perturbation=pb, lead_ids=lead)
+            grads.append(torch.autograd.grad(logp.sum(), first)[0])
+    assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+    assert not torch.allclose(grads[0], grads[1])  # (the chain's noise is in the backward too: each seed its own)
+
+
+@pytest.mark.parametrize("over", [["perturbation.kind=locked"], ["grpo.engine=fast"], ["perturbation.kind=native"]])
+def test_perturb_answer_false_reaches_a_trainers_rollouts_and_replays(tokenizer, task_records, over):
+    """``perturbation.perturb_answer=false`` from the config: the trainer's rollout, update and reference all leave the
+    answer to the unperturbed network (the update's replay gives the rollouts' log-probs back, every ratio 1)."""
+    from dgrpo.config import Config, load_config
+    from dgrpo.training.grpo import GRPOTrainer
+
+    parity = lambda completions, records: [float(sum(map(ord, c)) % 2) for c in completions]  # noqa: E731
+    sets = ["grpo.group_size=2", "grpo.prompts_per_step=2", "grpo.max_new_tokens=6", "grpo.filter=false"]
+    cfg = load_config(Config, "tiny.yaml", [*sets, "perturbation.perturb_answer=false", *over])
+    trainer = GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records, reward_fn=parity)
+    assert trainer.perturbation.perturb_answer is False
+    m = trainer.step()
+    assert m["logp_replay_maxdiff"] < 1e-5 and m["ratio_max"] == m["ratio_min"] == 1.0
+
+
+def test_a_kind_of_ones_own_must_take_perturb_answer_or_is_refused(tmp_path, tokenizer, task_records):
+    """A kind of one's own whose from_config leaves ``perturb_answer`` true would perturb the answer under
+    ``perturbation.perturb_answer=false`` without a word: it is refused (one line); one that takes it, and hands it to
+    its ``HookedPerturbation``, leaves the answer alone; ``none`` perturbs nothing anyway."""
+    from dgrpo.config import Config, ConfigError, load_config
+    from dgrpo.perturbation import make_perturbation
+
+    (tmp_path / "mine.py").write_text(
+        "from dgrpo.model.anatomy import find_sites\n"
+        "from dgrpo.perturbation import HookedPerturbation, Perturbation\n\n\n"
+        "class Deaf(Perturbation):\n    @classmethod\n    def from_config(cls, cfg):\n        return cls()\n\n\n"
+        "class Doubled(HookedPerturbation):\n    def hook(self, k):\n"
+        "        return lambda module, args, output: 2 * output if self.active else output\n\n\n"
+        "class Hearing(Perturbation):\n    @classmethod\n    def from_config(cls, cfg):\n"
+        "        kind = cls()\n        kind.perturb_answer = cfg.perturb_answer\n        return kind\n\n"
+        "    def bind(self, lm, seeds):\n"
+        "        mlps = [s.module for s in find_sites(lm.model, ['mlp'], 'all')]\n"
+        "        return Doubled(mlps, perturb_prompt=True, perturb_answer=self.perturb_answer)\n"
+    )
+    load = lambda kind, *more: load_config(Config, None, [f"perturbation.kind={kind}", *more]).perturbation  # noqa: E731
+    with pytest.raises(ConfigError, match=r"perturb_answer=false: perturbation.kind=.*mine.py:Deaf \(Deaf\) does not"):
+        make_perturbation(load(f"{tmp_path / 'mine.py'}:Deaf", "perturbation.perturb_answer=false"))
+    assert make_perturbation(load(f"{tmp_path / 'mine.py'}:Deaf")).perturb_answer  # (the default: nothing to take)
+    assert make_perturbation(load("none", "perturbation.perturb_answer=false")).perturb_answer is False
+    hearing = make_perturbation(load(f"{tmp_path / 'mine.py'}:Hearing", "perturbation.perturb_answer=false"))
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([task_records[0].question])
+    tg, tm = torch.tensor([[5, 9, 13]]), torch.ones(1, 3, dtype=torch.long)
+    with torch.no_grad():
+        latent, logp = _answer_after_latents(lm, hearing, torch.tensor([1]), ids, mask, tg, tm, True)
+        _, clean_answer = _answer_after_latents(lm, hearing, torch.tensor([1]), ids, mask, tg, tm, False)
+        assert torch.equal(logp, clean_answer)
+        assert not torch.allclose(latent, lm.prefill(ids, mask, T, markers=False).last_hidden)  # (latents perturbed)
+
+
 def test_memoized_locked_masks_are_the_drawn_ones():
     """A step binds the same seeds three times (rollout, update, reference): the memo returns the rows drawn first,
     bit for bit, and forgets the oldest beyond its capacity."""

@@ -716,6 +716,13 @@ class PerturbationConfig:
         "variational reading needs); false = only latents and answer, prompt KV shared "
         "by the K rollouts",
     )
+    perturb_answer: bool = opt(
+        True,
+        "perturb the answer too: <|end-latent|> and the answer tokens decoded and scored under the rollout's noise, "
+        "as the paper does; false = the unperturbed network decodes them (reading the perturbed latents' keys and "
+        "values) in the rollout and in every replay (the update, theta_old, the reference): the ablation of the "
+        "answer's noise. A kind of your own must take it (its from_config sets perturb_answer) or is refused",
+    )
     sigma: float = opt(0.1, "gaussian: noise scale")
     gaussian_target: GaussianTarget = opt(
         "activations",

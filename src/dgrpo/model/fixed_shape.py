@@ -15,7 +15,9 @@ So every latent step is the same computation on the same tensors, and so is ever
 ``torch.cuda.CUDAGraph`` and replays it: one launch per forward instead of hundreds. A phase's first step runs eagerly
 first (the warm-up capture needs) unless a decoder of this process already ran that same step (same shapes, model
 and perturbation kind). The perturbation's hooks act inside the step: a batch-bound one (locked dropout, Gaussian
-noise: fixed tensors per batch) is captured with it; the RNG-replayed native dropout cannot be.
+noise: fixed tensors per batch) is captured with it, in the phases it acts in (the answer step of one that leaves the
+answer alone, ``perturbation.perturb_answer: false``, is captured without it); the RNG-replayed native dropout cannot
+be.
 
 The reference model's scoring (:func:`fixed_shape_target_logprobs`, no grad) runs its latent steps the same way, then
 the marker and the teacher-forced answer in one call over the static cache.
@@ -222,8 +224,9 @@ class FixedShapeDecoder:
 
     def warm_key(self, phase: str) -> tuple:
         """What a step of ``phase`` runs, for the warm-up rule: the shapes of the buffers, the weights' dtype and
-        device, the model's configuration, its module classes and their forwards (Liger's layers) and the
-        perturbation's kind (made once per phase: the buffers and the model stay the same for the decoder's life)."""
+        device, the model's configuration, its module classes and their forwards (Liger's layers), the perturbation's
+        kind and whether it acts in that phase (made once per phase: the buffers and the model stay the same for the
+        decoder's life)."""
         key = self._warm_keys.get(phase)
         if key is None:
             key = self._warm_keys[phase] = self._describe_step(phase)
@@ -233,6 +236,7 @@ class FixedShapeDecoder:
         model = self.lm.model
         return (
             phase,
+            phase in noisy_phases(self.perturbation),  # (a step without the noise runs fewer kernels)
             tuple(self.mask.shape),
             tuple(self.hidden.shape),
             next(model.parameters()).dtype,
@@ -429,11 +433,11 @@ def decoder_for(
 ) -> FixedShapeDecoder:
     """A decoder for a batch of ``batch_size`` rows and ``n_columns`` columns. ``keep``: the one ``lm`` kept for
     ``purpose`` (``generate``, ``score``) when it fits (the same rows, columns rounded up to :data:`COLUMN_BUCKET`,
-    the same kind and shapes of perturbation tensors, the weights where they were and, under LoRA, the same active
-    adapter); else a new one, kept in its place. Its graphs are then captured once and replayed by every later
-    batch: the weights are read where they are (an optimizer step updates them in place), the perturbation's
-    tensors are copied in by :meth:`FixedShapeDecoder.start`. Not kept: a perturbation whose tensors are unknown
-    (``graph_inputs`` None)."""
+    the same kind and shapes of perturbation tensors, acting in the same phases, the weights where they were and,
+    under LoRA, the same active adapter); else a new one, kept in its place. Its graphs are then captured once and
+    replayed by every later batch: the weights are read where they are (an optimizer step updates them in place),
+    the perturbation's tensors are copied in by :meth:`FixedShapeDecoder.start`. Not kept: a perturbation whose
+    tensors are unknown (``graph_inputs`` None)."""
     capture = capture and purpose not in lm.kept_decoders.failed_captures
     replay = replay_key(lm, perturbation)
     if not keep or replay is None:
@@ -445,8 +449,9 @@ def decoder_for(
 
 def replay_key(lm: LatentLM, perturbation: PhaseHook | None) -> tuple | None:
     """What a graph kept from one batch to the next reads besides its own buffers: the weights where they are, the
-    kind and tensor shapes of the perturbation (whose values each batch copies in) and, under LoRA, the active
-    adapter. None for a perturbation whose tensors are unknown: nothing is kept for it."""
+    kind and tensor shapes of the perturbation (whose values each batch copies in) and the phases it acts in (a
+    phase's graph records its noise or not: :func:`noisy_phases`) and, under LoRA, the active adapter. None for a
+    perturbation whose tensors are unknown: nothing is kept for it."""
     inputs = graph_inputs_of(perturbation)
     if inputs is None:
         return None
@@ -455,6 +460,7 @@ def replay_key(lm: LatentLM, perturbation: PhaseHook | None) -> tuple | None:
         _storage(lm),
         type(perturbation).__qualname__,
         tuple((tuple(t.shape), t.dtype) for t in inputs),
+        noisy_phases(perturbation),
         tuple(adapters) if adapters is not None else None,
     )
 
@@ -476,6 +482,20 @@ def _storage(lm: LatentLM) -> tuple[int, ...]:
     replaced) after a capture must not replay it (a walk of 340 tensors at Qwen2.5-1.5B's depth: 0.75 ms a batch on
     a 2-core CPU)."""
     return tuple(t.data_ptr() for t in (*lm.model.parameters(), *lm.model.buffers()))
+
+
+#: the phases of a rollout's forwards, in their order (:meth:`BoundPerturbation.before_forward`)
+PHASES = ("prompt", "latent", "answer")
+
+
+def noisy_phases(perturbation: PhaseHook | None) -> tuple[str, ...]:
+    """The phases whose forwards ``perturbation``'s noise acts on (:meth:`BoundPerturbation.acts_in`; all of them for
+    a phase hook that does not say). A step's graph is captured with what its hooks did in its phase: the noise
+    recorded or not, whatever a later batch's perturbation wants."""
+    if perturbation is None:
+        return ()
+    acts = getattr(perturbation, "acts_in", None)
+    return tuple(phase for phase in PHASES if acts is None or acts(phase))
 
 
 def graph_inputs_of(perturbation: PhaseHook | None) -> list[Tensor] | None:

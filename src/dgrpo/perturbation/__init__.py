@@ -3,7 +3,8 @@
 One small interface. ``perturbation.bind(lm, seeds)`` returns a context manager for one batch whose
 row ``i`` is perturbed by the noise regenerated from ``seeds[i]`` alone; inside it, every forward of
 the :class:`~dgrpo.model.latent_lm.LatentLM` (prompt, each latent step, each answer token) sees the
-*same* perturbation of that row. Only the seeds (int64, 8 bytes per rollout) are ever stored: at
+*same* perturbation of that row (the prompt's and the answer's unperturbed where ``perturb_prompt`` /
+``perturb_answer`` are false). Only the seeds (int64, 8 bytes per rollout) are ever stored: at
 update time the same ``bind`` with the same seeds regenerates the noise exactly (mask replay).
 
 Kinds (``perturbation.kind``; a new one is a :class:`Perturbation` subclass decorated with
@@ -64,8 +65,18 @@ def kind_class(kind: str) -> type[Perturbation]:
 
 
 def make_perturbation(cfg: PerturbationConfig) -> Perturbation:
-    """The perturbation a config names (:func:`kind_class` of ``perturbation.kind``)."""
-    return kind_class(cfg.kind).from_config(cfg)
+    """The perturbation a config names (:func:`kind_class` of ``perturbation.kind``); one ConfigError line when
+    ``perturbation.perturb_answer`` is false and the kind leaves it true (its noise would still act on the answer)."""
+    cls = kind_class(cfg.kind)
+    built = cls.from_config(cfg)
+    if not cfg.perturb_answer and getattr(built, "perturb_answer", True):
+        raise ConfigError(
+            f"perturbation.perturb_answer=false: perturbation.kind={cfg.kind} ({cls.__name__}) does not take it (its "
+            "from_config leaves perturb_answer true, so its noise would still act on the answer): set perturb_answer "
+            "from cfg.perturb_answer there and pass it to what bind returns (HookedPerturbation(modules, "
+            "perturb_prompt, perturb_answer)), or keep perturbation.perturb_answer=true"
+        )
+    return built
 
 
 __all__ = [

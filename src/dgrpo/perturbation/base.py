@@ -26,6 +26,7 @@ class BoundPerturbation:
     so a recomputation in backward (dgrpo.model.recompute) may enter it again whether or not it is still active."""
 
     perturb_prompt: bool = True
+    perturb_answer: bool = True
 
     def __init__(self) -> None:
         self.phase = "prompt"
@@ -39,9 +40,18 @@ class BoundPerturbation:
         """Part of a ``phase`` call runs again (a recomputed layer): take up its phase, restart nothing."""
         self.phase = phase
 
+    def acts_in(self, phase: str) -> bool:
+        """Whether the noise acts on a forward of ``phase``: a latent step's always, the prompt's with
+        ``perturb_prompt``, the answer's (the ``<|end-latent|>`` marker and the answer tokens) with
+        ``perturb_answer``."""
+        if phase == "prompt":
+            return self.perturb_prompt
+        return self.perturb_answer or phase != "answer"
+
     @property
     def active(self) -> bool:
-        return self.perturb_prompt or self.phase != "prompt"
+        """Whether the noise acts on the forward under way (:meth:`acts_in` its phase)."""
+        return self.acts_in(self.phase)
 
     @property
     def rows(self) -> int | None:
@@ -86,13 +96,13 @@ class BoundPerturbation:
 class HookedPerturbation(BoundPerturbation):
     """A bound perturbation applied by forward hooks on ``modules``: :meth:`hook` ``(k)`` builds module k's forward
     hook (``hook(module, args, output) -> output``, the output perturbed for each row by its seed's noise, left as it
-    is while not :attr:`active`: the prompt, unless ``perturb_prompt``); the hooks are installed on entering and
-    removed on leaving. A kind of one's own draws its noise from the seeds in its ``bind`` and returns a subclass
-    that defines ``hook``."""
+    is while not :attr:`active`: the prompt, unless ``perturb_prompt``; the answer, unless ``perturb_answer``); the
+    hooks are installed on entering and removed on leaving. A kind of one's own draws its noise from the seeds in its
+    ``bind`` and returns a subclass that defines ``hook``."""
 
-    def __init__(self, modules: list[nn.Module], perturb_prompt: bool):
+    def __init__(self, modules: list[nn.Module], perturb_prompt: bool, perturb_answer: bool = True):
         super().__init__()
-        self.modules, self.perturb_prompt = modules, perturb_prompt
+        self.modules, self.perturb_prompt, self.perturb_answer = modules, perturb_prompt, perturb_answer
         self.handles: list = []
 
     def hook(self, k: int) -> Callable:
@@ -127,6 +137,11 @@ class Perturbation:
     """A stochasticity source; ``bind(lm, seeds)`` gives the context for one batch of rollouts."""
 
     batched = True  # False: rows must be run one at a time (native dropout)
+    #: whether the noise acts on the answer (``perturbation.perturb_answer``): a kind that can leave the answer to the
+    #: unperturbed network sets it from the config in ``from_config`` and hands it to what ``bind`` returns
+    #: (:class:`BoundPerturbation`'s ``perturb_answer``); one that leaves it true is refused under
+    #: ``perturb_answer=false`` (:func:`dgrpo.perturbation.make_perturbation`)
+    perturb_answer: bool = True
 
     @classmethod
     def from_config(cls, cfg: PerturbationConfig) -> Perturbation:
@@ -201,7 +216,9 @@ class NoPerturbation(Perturbation):
 
     @classmethod
     def from_config(cls, cfg: PerturbationConfig) -> NoPerturbation:
-        return cls()
+        none = cls()
+        none.perturb_answer = cfg.perturb_answer  # (nothing is perturbed anywhere: either value holds)
+        return none
 
     def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
         as_seeds(seeds)

@@ -49,9 +49,15 @@ GAUSSIAN_TARGETS = typing.get_args(GaussianTarget)
 
 class _BoundGaussian(HookedPerturbation):
     def __init__(
-        self, targets: list[nn.Module], noises: list[Tensor] | Tensor, perturb_prompt: bool, weights: bool, sigma: float
+        self,
+        targets: list[nn.Module],
+        noises: list[Tensor] | Tensor,
+        perturb_prompt: bool,
+        weights: bool,
+        sigma: float,
+        perturb_answer: bool = True,
     ):
-        super().__init__(targets, perturb_prompt)
+        super().__init__(targets, perturb_prompt, perturb_answer)
         self.noises, self.weights, self.sigma = noises, weights, sigma
 
     @property
@@ -96,6 +102,7 @@ class GaussianNoise(Perturbation):
         layers: str = "all",
         target: str = "activations",
         perturb_prompt: bool = True,
+        perturb_answer: bool = True,
     ):
         if not (math.isfinite(sigma) and sigma >= 0):  # (NaN noise would make every log-prob NaN)
             raise ValueError(f"sigma must be a finite number >= 0, got {sigma}")
@@ -108,6 +115,7 @@ class GaussianNoise(Perturbation):
             target,
             perturb_prompt,
         )
+        self.perturb_answer = perturb_answer
         #: per weight site (its index and shape), sigma * std(W) of the first model bound (see the module docstring)
         self.weight_scales: dict[tuple[int, int, int], float] = {}
 
@@ -119,6 +127,7 @@ class GaussianNoise(Perturbation):
             layers=cfg.layers,
             target=cfg.gaussian_target,
             perturb_prompt=cfg.perturb_prompt,
+            perturb_answer=cfg.perturb_answer,
         )
 
     def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
@@ -126,7 +135,8 @@ class GaussianNoise(Perturbation):
         sites = find_sites(lm.model, self.sites, self.layers)
         if self.target == "activations":
             z = torch.stack([row_normals(int(s), len(sites), sites[0].width) for s in seeds.tolist()], dim=1)
-            return _BoundGaussian([s.module for s in sites], z.to(lm.device), self.perturb_prompt, False, self.sigma)
+            modules = [s.module for s in sites]
+            return _BoundGaussian(modules, z.to(lm.device), self.perturb_prompt, False, self.sigma, self.perturb_answer)
         linears = [output_projection(s.module, s.part) for s in sites]
         noises = []
         for k, lin in enumerate(linears):
@@ -138,4 +148,4 @@ class GaussianNoise(Perturbation):
             scale = self.weight_scales.setdefault((k, out_f, in_f), self.sigma * float(w.detach().float().std()))
             rows = [torch.Generator().manual_seed(site_seed(s, k, "gaussian-weights")) for s in seeds.tolist()]
             noises.append(torch.stack([torch.randn(out_f, in_f, generator=g) for g in rows]).mul_(scale).to(lm.device))
-        return _BoundGaussian(linears, noises, self.perturb_prompt, True, self.sigma)
+        return _BoundGaussian(linears, noises, self.perturb_prompt, True, self.sigma, self.perturb_answer)

@@ -136,9 +136,9 @@ class RowMemo:
 
 
 class _BoundLocked(HookedPerturbation):
-    def __init__(self, sites: list[Site], site_masks: list[Tensor], perturb_prompt: bool):
+    def __init__(self, sites: list[Site], site_masks: list[Tensor], perturb_prompt: bool, perturb_answer: bool = True):
         """``site_masks``: per site, every row's mask [B, 1, H] in the weights' dtype (see :func:`site_masks`)."""
-        super().__init__([s.module for s in sites], perturb_prompt)
+        super().__init__([s.module for s in sites], perturb_prompt, perturb_answer)
         self.site_masks = site_masks
 
     @property
@@ -173,11 +173,17 @@ class LockedDropout(Perturbation):
     """One shared Bernoulli mask per rollout and site (``p``), on the ``sites`` of the selected ``layers``."""
 
     def __init__(
-        self, p: float = 0.1, sites: list[str] | None = None, layers: str = "all", perturb_prompt: bool = True
+        self,
+        p: float = 0.1,
+        sites: list[str] | None = None,
+        layers: str = "all",
+        perturb_prompt: bool = True,
+        perturb_answer: bool = True,
     ):
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout p must be in [0, 1), got {p}")
         self.p, self.sites, self.layers, self.perturb_prompt = p, site_names(sites), layers, perturb_prompt
+        self.perturb_answer = perturb_answer
         self.memo = RowMemo()
         self._prefetch: tuple[tuple[int, ...], Future] | None = None  # (seeds, their draw) under way
         # the device masks of the last bind: a step binds the same seeds for its rollout, its update and its
@@ -186,7 +192,13 @@ class LockedDropout(Perturbation):
 
     @classmethod
     def from_config(cls, cfg: PerturbationConfig) -> LockedDropout:
-        return cls(p=cfg.p, sites=list(cfg.sites), layers=cfg.layers, perturb_prompt=cfg.perturb_prompt)
+        return cls(
+            p=cfg.p,
+            sites=list(cfg.sites),
+            layers=cfg.layers,
+            perturb_prompt=cfg.perturb_prompt,
+            perturb_answer=cfg.perturb_answer,
+        )
 
     def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
         seeds = as_seeds(seeds)
@@ -202,7 +214,7 @@ class LockedDropout(Perturbation):
             # booleans cross to the device (not fp32 masks: a quarter of the bytes and of the host's work) and become
             # 0 and 1/(1-p) there, rounded once to the weights' dtype
             self._bound = (key, site_masks(scale_kept(to_device(keep, lm.device), self.p, dtype)))
-        return _BoundLocked(sites, self._bound[1], self.perturb_prompt)
+        return _BoundLocked(sites, self._bound[1], self.perturb_prompt, self.perturb_answer)
 
     def prefetch(self, lm: LatentLM, seeds: Tensor) -> None:
         """Draw the keep-masks of ``seeds`` (a later step's) into the memo on a host thread, while the caller goes on

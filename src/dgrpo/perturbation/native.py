@@ -24,9 +24,10 @@ if TYPE_CHECKING:
 
 
 class _BoundNative(BoundPerturbation):
-    def __init__(self, attn: list[nn.Module], seed: int, p: float, perturb_prompt: bool):
+    def __init__(self, attn: list[nn.Module], seed: int, p: float, perturb_prompt: bool, perturb_answer: bool = True):
         super().__init__()
-        self.attn, self.seed, self.p, self.perturb_prompt = attn, seed, p, perturb_prompt
+        self.attn, self.seed, self.p = attn, seed, p
+        self.perturb_prompt, self.perturb_answer = perturb_prompt, perturb_answer
         self.saved: list = []
         self.switches = [s for m in attn for s in _dropout_switches(m)]
         self.modes: list[bool] = []
@@ -79,14 +80,14 @@ class NativeDropout(Perturbation):
 
     batched = False
 
-    def __init__(self, p: float = 0.1, perturb_prompt: bool = True):
+    def __init__(self, p: float = 0.1, perturb_prompt: bool = True, perturb_answer: bool = True):
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout p must be in [0, 1), got {p}")
-        self.p, self.perturb_prompt = p, perturb_prompt
+        self.p, self.perturb_prompt, self.perturb_answer = p, perturb_prompt, perturb_answer
 
     @classmethod
     def from_config(cls, cfg: PerturbationConfig) -> NativeDropout:
-        return cls(p=cfg.p, perturb_prompt=cfg.perturb_prompt)
+        return cls(p=cfg.p, perturb_prompt=cfg.perturb_prompt, perturb_answer=cfg.perturb_answer)
 
     def bind(self, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
         seeds = as_seeds(seeds)
@@ -98,7 +99,7 @@ class NativeDropout(Perturbation):
                 f"perturbation.kind=native: {type(attn[0]).__name__} has no attention dropout rate dgrpo can set "
                 "(an attention_dropout value or an attn_dropout module); use perturbation.kind=locked"
             )
-        return _BoundNative(attn, int(seeds.item()), self.p, self.perturb_prompt)
+        return _BoundNative(attn, int(seeds.item()), self.p, self.perturb_prompt, self.perturb_answer)
 
 
 def _dropout_switches(module: nn.Module) -> list[nn.Module]:
