@@ -201,3 +201,14 @@ def sft_checkpoint(tmp_path_factory):
             train_sft(lm, generate_split(cfg.task, "train"), cfg, out, log=lambda *a: None)
             done.touch()
     return out / "final"
+
+
+#: a perturbation kind of one's own (``FILE:Deaf``) whose from_config leaves ``perturb_answer`` true: refused under
+#: ``perturbation.perturb_answer=false``
+DEAF_KIND = """
+from dgrpo.perturbation import Perturbation
+
+
+class Deaf(Perturbation):
+    from_config = classmethod(lambda cls, cfg: cls())
+"""

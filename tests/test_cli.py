@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED_DATA, dgrpo, tiny_args
+from conftest import DEAF_KIND, SHARED_DATA, dgrpo, tiny_args
 
 #: a shorter SFT than the session fixture's: one epoch per stage, 1024 problems
 SHORT_SFT = {
@@ -547,6 +547,8 @@ def test_user_mistakes_that_were_tracebacks_or_wrote_into_a_checkpoint(sft_check
 
     before = sorted(p.name for p in Path(sft_checkpoint).iterdir())
     run = Path(sft_checkpoint).parent
+    deaf = tmp_path / "deaf.py"
+    deaf.write_text(DEAF_KIND)
     cases = [
         (["sft", "--out", Path(sft_checkpoint) / "sub"], "lies inside .* a checkpoint dgrpo wrote"),
         (["grpo", "--init", sft_checkpoint, "--out", sft_checkpoint], "is a checkpoint dgrpo wrote"),
@@ -570,6 +572,19 @@ def test_user_mistakes_that_were_tracebacks_or_wrote_into_a_checkpoint(sft_check
         # and a reward (the model was loaded first: minutes for a hub model)
         (["grpo", "--init", tmp_path / "no", "--set", "grpo.reward=no.py:f", "--out", tmp_path / "g"], "'no.py:f'"),
         (["grpo", "--init", tmp_path / "no", "--set", "grpo.filter_reward=x", "--out", tmp_path / "g"], "not one of"),
+        # and a kind of one's own that cannot take perturbation.perturb_answer=false (it was found once training began)
+        (
+            [
+                "grpo",
+                "--init",
+                tmp_path / "no",
+                "--set",
+                f"perturbation.kind={deaf}:Deaf",
+                "perturbation.perturb_answer=0",
+            ]
+            + ["--out", tmp_path / "g"],
+            "does not take it",
+        ),
     ]
     for argv, message in cases:
         r = run_cli(*argv)

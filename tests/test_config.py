@@ -626,6 +626,8 @@ def test_describe_filters_a_section():
             ["perturbation.sigma=0.*differ only by their sampled tokens"],
         ),
         (["perturbation.kind=none", "grpo.replay=fresh_mask"], ["grpo.replay=fresh_mask changes nothing"]),
+        (["perturbation.kind=none", "perturbation.perturb_answer=false"], ["perturb_answer=false changes nothing"]),
+        (["perturbation.perturb_answer=false"], []),  # (the ablation, with locked dropout acting on the latents)
         (["perturbation.p=0", "grpo.replay=fresh_mask"], ["perturbation.p=0", "grpo.replay=fresh_mask"]),
         (["grpo.top_p=0.9"], ["grpo.top_p=0.9 changes nothing with grpo.temperature=0: greedy"]),
         (["grpo.temperature=1e-6"], ["grpo.temperature=1e-06: .* carry almost no gradient"]),

@@ -30,7 +30,7 @@ from dgrpo.demo import (
 from dgrpo.demo.pipeline import Task, arm_tasks, join_parts, task_threads
 from dgrpo.demo.stats import CHECKPOINTS
 
-from conftest import child_pids, process_alive
+from conftest import DEAF_KIND, child_pids, process_alive
 
 
 @pytest.mark.parametrize(
@@ -252,6 +252,7 @@ def test_join_parts_keeps_task_order_whatever_finishes_first():
         (["--set", "seed=3"], "each run's seed its own: --sft-seeds, --seeds"),
         (["--set", "grpo.reward=nosuch.py:f"], "reward 'nosuch.py:f': file nosuch.py not found"),
         (["--set", "perturbation.kind=nosuch.py:K"], "nosuch.py"),
+        (["--set", "perturbation.kind={deaf}:Deaf", "perturbation.perturb_answer=false"], "does not take it"),
         # no best/ kept: the report labelled the final model the best-validation checkpoint
         (["--set", "grpo.save_best=false"], "(best/) beside its final one, and grpo.save_best=false keeps none;"),
         (["--set", "grpo.warmup_steps=100"], "and grpo.warmup_steps=100 is past grpo.steps=4 (it is kept from"),
@@ -264,7 +265,8 @@ def test_join_parts_keeps_task_order_whatever_finishes_first():
 def test_demo_bad_arguments_exit_2_in_one_line_before_any_work(tmp_path, run_cli, args, needle):
     (tmp_path / "file").write_text("")
     (tmp_path / "c.yaml").write_text("eval:\n  limit: 5\ngrpo:\n  lr: 1.0e-4\n")
-    argv = [a.format(file=tmp_path / "file", yaml=tmp_path / "c.yaml") for a in args]
+    (tmp_path / "deaf.py").write_text(DEAF_KIND)
+    argv = [a.format(file=tmp_path / "file", yaml=tmp_path / "c.yaml", deaf=tmp_path / "deaf.py") for a in args]
     r = run_cli("demo", "--quick", *(["--out", tmp_path / "o"] if "--out" not in argv else []), *argv)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr
     assert not (tmp_path / "o").exists() and r.stdout == ""

@@ -1304,6 +1304,8 @@ class Config:
             lines.append(
                 "grpo.replay=fresh_mask changes nothing without a perturbation: there is no mask to draw afresh"
             )
+        if not pert.perturb_answer and (pert.kind == "none" or silent):
+            lines.append("perturbation.perturb_answer=false changes nothing without a perturbation: none acts anywhere")
         g = self.grpo
         if g.top_p < 1 and g.temperature == 0:
             lines.append(f"grpo.top_p={g.top_p} changes nothing with grpo.temperature=0: greedy decoding samples none")

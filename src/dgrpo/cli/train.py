@@ -214,9 +214,9 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     warn_if_prompt_options_are_set(cfg)
     check_installed(cfg.logging.backends)
     if args.cmd == "grpo":  # (a plug-in kind or reward that cannot be built fails here, before the data and the model)
-        from ..perturbation import kind_class
+        from ..perturbation import make_perturbation
 
-        kind_class(cfg.perturbation.kind)
+        make_perturbation(cfg.perturbation)
         check_reward(cfg.grpo, cfg.eval.scorer)
     device = setup(cfg)
     options = eval_options(cfg)

@@ -30,7 +30,7 @@ from ..eval.evaluate import evaluate
 from ..eval.scoring import check_reward
 from ..model.factory import load_model
 from ..model.latent_lm import LatentLM
-from ..perturbation import kind_class
+from ..perturbation import make_perturbation
 from ..run_layout import BEST_DIR, FINAL_DIR
 from ..training.distributed import available_cpus, exit_with_parent
 from ..training.grpo import train_grpo
@@ -286,7 +286,7 @@ def demo_config(args: Any) -> tuple[Config, int, int]:
             except ConfigError as e:
                 raise ConfigError(f"arm {arm} ({file} over the demo's config): {e}") from None
             _warn_if_arm_overrides(arm, file, base, cfg, args.overrides)
-            kind_class(cfg.perturbation.kind)  # (a plug-in kind or reward that cannot be built: before any SFT)
+            make_perturbation(cfg.perturbation)  # (a plug-in kind or reward that cannot be built: before any SFT)
             check_reward(cfg.grpo, cfg.eval.scorer)
     return base, n_sft, n_rl
 
