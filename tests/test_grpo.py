@@ -424,6 +424,22 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
         train_sft(lm, train, cfg, None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="out_dir"):
         train_grpo(lm, cfg, train, 3, valid={"v": train})  # type: ignore[arg-type]
+    # the validation records are checked as the training ones: dict rows failed deep inside ('dict' object has no
+    # attribute 'meta'), and an empty set of GRPO's logged an accuracy of 0 at every evaluation and kept best/ by it
+    rows = [{"question": r.question, "answer": r.answer} for r in train]
+    with pytest.raises(
+        ValueError,
+        match=r"train_grpo: valid\['v'\] must be a non-empty list of dgrpo Records, got a list of 8 holding dict",
+    ):
+        train_grpo(lm, cfg, train, out, valid={"v": rows})  # type: ignore[dict-item]
+    with pytest.raises(
+        ValueError, match=r"train_grpo: valid\['v'\] must be a non-empty list of dgrpo Records, got a list of 0"
+    ):
+        train_grpo(lm, cfg, train, out, valid={"v": []})
+    with pytest.raises(
+        ValueError, match="train_sft: valid must be a list of dgrpo Records, got a list of 8 holding dict"
+    ):
+        train_sft(lm, train, cfg, out, valid=rows)  # type: ignore[arg-type]
     assert not out.exists()
 
 

@@ -293,9 +293,22 @@ def check_run_inputs(
     warn_if_off_device(lm, cfg, what)
     if valid is not None and not isinstance(valid, valid_type):
         raise TypeError(f"{what}: valid must be a {valid_type.__name__} of records, got {type(valid).__name__}")
+    _check_valid_records(what, valid)
     _check_evaluate_fn(what, evaluate_fn, eval_args)
     if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir):
         raise TypeError(f"{what}: out_dir must be the run directory's path, got {out_dir!r}")
+
+
+def _check_valid_records(what: str, valid: object) -> None:
+    """The records of a trainer's ``valid``, each list checked as ``train`` is (:func:`check_records`): SFT's list
+    (empty: no validation), each set of GRPO's dict non-empty (an empty one would log an accuracy of 0 at every
+    evaluation and keep ``best/`` by it); a list of dicts failed at the first evaluation, after training, deep
+    inside."""
+    if isinstance(valid, dict):
+        for name, records in valid.items():
+            check_records(records, f"{what}: valid[{name!r}]")
+    elif valid is not None:
+        check_records(valid, f"{what}: valid", empty=True)
 
 
 #: how each trainer takes its first arguments (SFT's records come before the config, GRPO's after it)
