@@ -212,6 +212,34 @@ def test_records_that_are_not_records_are_one_line_naming_what_they_are(lm, tmp_
     assert (tmp_path / "out" / "results.json").is_file()
 
 
+def test_the_vote_and_the_answers_check_what_they_are_given_as_evaluate_does(lm, task_records):
+    """evaluate_mc_vote took no look at its records (dicts: 'dict' object has no attribute 'question'; a tuple ran,
+    which evaluate refuses), a missing perturbation said "perturbation_seeds without a perturbation" (none was
+    given), n_masks=2.5 was a TypeError of range(); the HF model or a checkpoint path as ``lm`` (TRL's habit) was an
+    AttributeError ('settings') in each of the three; generate_answers answered each character of one string."""
+    recs, pert = task_records[:2], LockedDropout(p=0.1)
+    rows = [{"question": r.question, "answer": r.answer} for r in recs]
+    with pytest.raises(ValueError, match="evaluate_mc_vote: records must be a list of dgrpo Records, got a list of 2"):
+        evaluate_mc_vote(lm, rows, pert, n_masks=1, **FAST)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="evaluate_mc_vote: records must be a list of dgrpo Records, got tuple"):
+        evaluate_mc_vote(lm, tuple(recs), pert, n_masks=1, **FAST)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="evaluate_mc_vote: perturbation must be a dgrpo Perturbation.*got NoneType"):
+        evaluate_mc_vote(lm, recs, None, n_masks=1, **FAST)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"evaluate_mc_vote: n_masks must be an int >= 1 .*got 2.5"):
+        evaluate_mc_vote(lm, recs, pert, n_masks=2.5, **FAST)  # type: ignore[arg-type]
+    for what, call in {
+        "evaluate": lambda m: evaluate(m, recs, **FAST),
+        "evaluate_mc_vote": lambda m: evaluate_mc_vote(m, recs, pert, n_masks=1, **FAST),
+        "generate_answers": lambda m: generate_answers(m, ["q"], n_latent=0, **FAST),
+    }.items():
+        for wrong in (lm.model, "runs/sft/final"):
+            with pytest.raises(TypeError, match=rf"^{what}: lm must be a dgrpo LatentLM .*got {type(wrong).__name__}$"):
+                call(wrong)
+    with pytest.raises(TypeError, match=r"generate_answers: questions must be a list of strings, got str \(one"):
+        generate_answers(lm, "what is 2+2?", n_latent=0, **FAST)  # type: ignore[arg-type]
+    assert evaluate_mc_vote(lm, [], pert, n_masks=1, **FAST).n == 0  # (an empty list still is: a rank's empty shard)
+
+
 def _mc_voted(lm, monkeypatch, records, texts, **kw):
     """evaluate_mc_vote of ``records`` whose perturbed completions are ``texts`` (question-major)."""
     import dgrpo.eval.evaluate as ev

@@ -130,6 +130,12 @@ def generate_answers(
     ``max_question_tokens`` (each dataset's warning its own: two with the same count were one warning).
     """
     _check_counts("generate_answers", batch_size=batch_size, max_question_tokens=max_question_tokens)
+    check_lm(lm, "generate_answers")
+    if not (isinstance(questions, list) and all(isinstance(q, str) for q in questions)):
+        raise TypeError(
+            f"generate_answers: questions must be a list of strings, got {type(questions).__name__}"
+            + (" (one string: wrap it, [question])" if isinstance(questions, str) else "")
+        )
     seeds = _question_perturbation_seeds(questions, perturbation, perturbation_seeds)
     if perturbation is not None and not perturbation.batched:
         batch_size = 1  # native dropout replays the global RNG stream: one row at a time
@@ -204,6 +210,16 @@ def _check_counts(
         raise ValueError(
             f"{what}: max_question_tokens must be an int >= 0 or None (0 or None: no truncation), "
             f"got {max_question_tokens!r}"
+        )
+
+
+def check_lm(lm: object, what: str) -> None:
+    """TypeError (one line) unless ``lm`` is a :class:`LatentLM`: the Hugging Face model itself or a checkpoint's path
+    (a TRL habit) was an AttributeError deep inside (no attribute 'settings')."""
+    if not isinstance(lm, LatentLM):
+        raise TypeError(
+            f"{what}: lm must be a dgrpo LatentLM (LatentLM.from_pretrained(path_or_hub_id), or LatentLM(model, "
+            f"tokenizer) around a Hugging Face model), got {type(lm).__name__}"
         )
 
 
@@ -318,6 +334,7 @@ def evaluate(
     none (:func:`~dgrpo.data.records.with_columns`): a caller evaluating a shard of the data passes the whole data's
     :func:`~dgrpo.data.records.data_columns`, so that a scorer in TRL's form is called alike on every shard."""
     _check_counts("evaluate", batch_size=batch_size, limit=limit, shots=shots, max_question_tokens=max_question_tokens)
+    check_lm(lm, "evaluate")
     check_records(records, "evaluate: records", empty=True)  # (a rank's shard of fewer records than ranks: none)
     t0, scorer = time.time(), _scorer(scorer)
     shot_recs, records = _split_shots(records, plain, shots)
@@ -639,7 +656,7 @@ def _voted_completion(texts: list[str], votes: list[str | None], vote: str, nume
 def evaluate_mc_vote(
     lm: LatentLM,
     records: list[Record],
-    perturbation,
+    perturbation: Perturbation,
     *,
     n_masks: int = 8,
     dataset: str = "",
@@ -666,9 +683,18 @@ def evaluate_mc_vote(
     as in :func:`evaluate`) the questions none of whose completions holds an answer. ConfigError when question, latents
     and answer do not fit the model's context; ValueError when ``n_masks`` < 1. The scorer gets records as
     :func:`evaluate` gives them (every column of ``records`` and ``columns``), whichever of them have a vote."""
-    if n_masks < 1:
-        raise ValueError(f"evaluate_mc_vote: n_masks must be >= 1 (completions voting per question), got {n_masks}")
+    if not isinstance(n_masks, int) or n_masks < 1:
+        raise ValueError(
+            f"evaluate_mc_vote: n_masks must be an int >= 1 (completions voting per question), got {n_masks!r}"
+        )
     _check_counts("evaluate_mc_vote", batch_size=batch_size, max_question_tokens=max_question_tokens)
+    check_lm(lm, "evaluate_mc_vote")
+    check_records(records, "evaluate_mc_vote: records", empty=True)
+    if not isinstance(perturbation, Perturbation):  # (None was "perturbation_seeds without a perturbation")
+        raise TypeError(
+            "evaluate_mc_vote: perturbation must be a dgrpo Perturbation, the masks that vote (e.g. "
+            f"dgrpo.perturbation.LockedDropout(p=0.1)), got {type(perturbation).__name__}"
+        )
     t0, scorer = time.time(), _scorer(scorer)
     texts = _perturbed_texts(
         lm,
