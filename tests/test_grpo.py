@@ -474,6 +474,12 @@ def test_the_trainer_class_checks_what_it_is_given_as_train_grpo_does(sft_checkp
     with pytest.warns(UserWarning, match="grpo.prompts_per_step is 4, more than the 2 training records: every step"):
         trainer = GRPOTrainer(lm, tiny_config(**{"grpo.prompts_per_step": 4}), train[:2])
     assert trainer.rewards.columns == ("source", "split")  # (the training data's: every batch gets each)
+    # step(prompts) takes what the trainer takes: dict rows were an AttributeError inside the rollouts
+    with pytest.raises(ValueError, match="GRPOTrainer.step: prompts must be a non-empty list of dgrpo Records, got a"):
+        trainer.step([{"question": "1+1", "answer": "2"}])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="GRPOTrainer.step: prompts must be a non-empty list of dgrpo Records, got tu"):
+        trainer.step(tuple(train[:2]))  # type: ignore[arg-type]
+    assert trainer.step_idx == 0
 
 
 def test_a_run_from_a_model_trained_with_the_chat_template_records_that_it_prompts_with_it(sft_checkpoint, tmp_path):

@@ -33,7 +33,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, GRPOConfig, to_dict
-from ..data.records import Record, data_columns, fingerprint
+from ..data.records import Record, check_records, data_columns, fingerprint
 from ..eval.scoring import (
     RewardError,
     RewardPart,
@@ -308,8 +308,10 @@ class GRPOTrainer:
                 f"GRPOTrainer.step: step {step} is past grpo.steps = {g.steps} (its learning rate is 0 there): "
                 "set grpo.steps to the length of the run before building the trainer"
             )
-        if prompts is not None and len(prompts) == 0:
+        if isinstance(prompts, list) and not prompts:
             raise ValueError("GRPOTrainer.step: prompts is empty (give this rank's prompts, or None for the next)")
+        if prompts is not None:  # (dict rows were an AttributeError inside the rollouts, the lr already set)
+            check_records(prompts, "GRPOTrainer.step: prompts")
         lr = lr_at(step, g.lr, g.steps, g.warmup_steps, g.min_lr_ratio)
         beta = (
             (beta_at(step, g.beta0, g.lr, g.steps, g.warmup_steps, g.min_lr_ratio) if g.anneal_beta else g.beta0)
