@@ -816,3 +816,13 @@ def test_threads_and_weight_decay_have_upper_bounds():
         with pytest.raises(ConfigError, match=rf"^invalid config value {section}.weight_decay: lr x weight_decay "):
             load_config(Config, None, [f"{section}.lr={lr}", f"{section}.weight_decay={2 / lr}"])
         assert load_config(Config, None, [f"{section}.lr={lr}", f"{section}.weight_decay=0.1"])
+
+
+def test_a_section_given_as_a_dict_is_a_one_line_error_naming_it():
+    """``Config(grpo={"steps": 3})`` (a dict where the section's dataclass goes: Hydra's habit) was an AttributeError
+    deep in validate ('dict' object has no attribute 'engine'); a nested section (model.lora) likewise."""
+    with pytest.raises(ConfigError, match=r"^grpo: expected a GRPOConfig, got dict; .*start=\{'grpo': \{\.\.\.\}\}"):
+        Config(grpo={"steps": 3}).validate()  # type: ignore[arg-type]
+    model = dataclasses.replace(Config().model, lora={"r": 4})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^model.lora: expected a LoraConfig, got dict; .*'model': \{'lora'"):
+        Config(model=model).validate()

@@ -1207,6 +1207,7 @@ class Config:
         """Check every section and the top-level options; returns ``self``. A value set on the object in Python is
         first read as a file's or ``--set``'s would be (``"1e-5"`` as 1e-5, a Path as its text), or refused in
         the same one-line error."""
+        _check_sections(self, "")
         _coerce_fields(self, "")
         for f in fields(self):
             section = getattr(self, f.name)
@@ -1580,6 +1581,26 @@ def _type_hints(cls: type) -> dict[str, Any]:
 def _field_type(cls: type, name: str) -> Any:
     """The resolved type annotation of option ``name`` of dataclass ``cls``."""
     return _type_hints(cls)[name]
+
+
+def _check_sections(obj: Any, prefix: str) -> None:
+    """Each section of dataclass ``obj`` (and of its sections) an instance of its class, or a one-line ConfigError:
+    ``Config(grpo={"steps": 3})`` was an AttributeError deep in the checks ('dict' object has no attribute ...)."""
+    cls: type = type(obj)
+    hints = _type_hints(cls)
+    for f in fields(obj):
+        tp, value, key = hints[f.name], getattr(obj, f.name), f"{prefix}{f.name}"
+        if not (isinstance(tp, type) and is_dataclass(tp)):
+            continue
+        if not isinstance(value, tp):
+            start = "{...}"
+            for part in reversed(key.split(".")):
+                start = f"{{{part!r}: {start}}}"
+            raise ConfigError(
+                f"{key}: expected a {tp.__name__}, got {type(value).__name__}; values by key go through "
+                f"load_config(Config, start={start}) or are set on the section ({key}.NAME = value)"
+            )
+        _check_sections(value, key + ".")
 
 
 def _coerce_fields(obj: Any, prefix: str) -> None:
