@@ -826,3 +826,17 @@ def test_a_section_given_as_a_dict_is_a_one_line_error_naming_it():
     model = dataclasses.replace(Config().model, lora={"r": 4})  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"^model.lora: expected a LoraConfig, got dict; .*'model': \{'lora'"):
         Config(model=model).validate()
+
+
+def test_load_config_refuses_what_a_python_caller_slips_on_in_one_line():
+    """The class left out was "'str' object is not callable"; overrides as a dict said "--set expects key=value, got
+    'grpo.steps' (a positional argument goes before --set)", as one string it was read a character at a time; a tuple
+    of files was a TypeError of pathlib's (a tuple of overrides already worked)."""
+    with pytest.raises(TypeError, match=r"^load_config: the first argument is the config class, got str"):
+        load_config("tiny.yaml")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"overrides must be a list of 'key=value' strings.*got dict \(a dict: "):
+        load_config(Config, "tiny.yaml", {"grpo.steps": 3})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"overrides must be a list of 'key=value' strings.*got str$"):
+        load_config(Config, "tiny.yaml", "grpo.steps=3")  # type: ignore[arg-type]
+    both = load_config(Config, ("tiny.yaml", "builtin/grpo_sampling.yaml"), ("grpo.steps=3",))
+    assert (both.model.hidden_size, both.perturbation.kind, both.grpo.steps) == (64, "none", 3)

@@ -1763,10 +1763,29 @@ def override_keys(override: str) -> list[str]:
     return leaves(key.strip(), _parse_override(raw.strip()))
 
 
+def _check_load_args(cls: object, overrides: object) -> None:
+    """TypeError (one line) for what a Python caller of :func:`load_config` may slip on: the config class left out
+    (``load_config("tiny.yaml")``: "'str' object is not callable"), ``overrides`` as one string (read a character at a
+    time) or a dict (each key read as an override without ``=``)."""
+    if not (isinstance(cls, type) and is_dataclass(cls)):
+        raise TypeError(
+            f"load_config: the first argument is the config class, got {type(cls).__name__} "
+            "(load_config(Config, 'tiny.yaml', ['grpo.steps=3']))"
+        )
+    if overrides is not None and (
+        not isinstance(overrides, (list, tuple)) or not all(isinstance(o, str) for o in overrides)
+    ):
+        hint = " (a dict: [f'{k}={v}' for k, v in d.items()])" if isinstance(overrides, dict) else ""
+        raise TypeError(
+            f"load_config: overrides must be a list of 'key=value' strings, as --set takes them, got "
+            f"{type(overrides).__name__}{hint}"
+        )
+
+
 def load_config(
     cls: type,
-    path: str | Path | list[str | Path] | None = None,
-    overrides: list[str] | None = None,
+    path: str | Path | list[str | Path] | tuple[str | Path, ...] | None = None,
+    overrides: list[str] | tuple[str, ...] | None = None,
     *,
     start: dict | None = None,
     validate: bool = True,
@@ -1775,10 +1794,11 @@ def load_config(
     with), then each file (its ``base:`` chain first; several files apply in order), then ``--set key=value``;
     validated (``validate=False``: each value is checked as it is set, the rules between keys not yet: a part of
     the settings, applied later over others)."""
+    _check_load_args(cls, overrides)
     cfg = cls()
     if start:
         _merge(cfg, start, "")
-    for file in path if isinstance(path, list) else [path] if path is not None else []:
+    for file in path if isinstance(path, (list, tuple)) else [path] if path is not None else []:
         merge_file(cfg, file)
     for ov in overrides or []:
         if "=" not in ov:
