@@ -192,6 +192,19 @@ def test_gaussian_weight_noise_does_not_move_with_the_weights(tokenizer):
     assert all(not torch.equal(a, b) for a, b in zip(fresh, first))
 
 
+def test_gaussian_weight_noise_takes_the_sigma_of_each_bind(tokenizer):
+    """The held scale was sigma * std(W) at the first bind: a sigma set on the object afterwards (a sweep in a notebook:
+    ``pert.sigma = s; evaluate(..., perturbation=pert)``) was ignored for weight noise, while activation noise took it.
+    std(W) is held; sigma is the object's at each bind."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    pert, seeds = GaussianNoise(sigma=0.1, sites=["mlp"], target="weights"), torch.tensor([123, 456])
+    first = [n.clone() for n in pert.bind(lm, seeds).noises]
+    pert.sigma = 0.2
+    assert all(torch.allclose(n, 2 * a) for a, n in zip(first, pert.bind(lm, seeds).noises))
+    pert.sigma = 0.1
+    assert all(torch.equal(n, a) for a, n in zip(first, pert.bind(lm, seeds).noises))
+
+
 def test_gaussian_weight_noise_of_one_site_is_not_another_rows_at_another_site(tokenizer):
     """Site k's generator was seeded with ``seed + 7919 * (k + 1)``: the row of seed s at site 1 drew exactly the
     noise of the row of seed s + 7919 at site 0 (two rollouts sharing noise). A site's seed is now a hash of both."""

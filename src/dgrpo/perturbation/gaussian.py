@@ -116,8 +116,9 @@ class GaussianNoise(Perturbation):
             perturb_prompt,
         )
         self.perturb_answer = perturb_answer
-        #: per weight site (its index and shape), sigma * std(W) of the first model bound (see the module docstring)
-        self.weight_scales: dict[tuple[int, int, int], float] = {}
+        #: per weight site (its index and shape), std(W) of the first model bound (see the module docstring); the noise
+        #: is ``sigma`` times it, the sigma of each bind (one set on the object after a bind was ignored)
+        self.weight_stds: dict[tuple[int, int, int], float] = {}
 
     @classmethod
     def from_config(cls, cfg: PerturbationConfig) -> GaussianNoise:
@@ -145,7 +146,7 @@ class GaussianNoise(Perturbation):
             out_f, in_f = (
                 (w.shape[0], w.shape[1]) if isinstance(lin, nn.Linear) else (w.shape[1], w.shape[0])
             )  # GPT-2 Conv1D is [in, out]
-            scale = self.weight_scales.setdefault((k, out_f, in_f), self.sigma * float(w.detach().float().std()))
+            scale = self.sigma * self.weight_stds.setdefault((k, out_f, in_f), float(w.detach().float().std()))
             rows = [torch.Generator().manual_seed(site_seed(s, k, "gaussian-weights")) for s in seeds.tolist()]
             noises.append(torch.stack([torch.randn(out_f, in_f, generator=g) for g in rows]).mul_(scale).to(lm.device))
         return _BoundGaussian(linears, noises, self.perturb_prompt, True, self.sigma, self.perturb_answer)
