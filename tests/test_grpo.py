@@ -441,6 +441,17 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
     ):
         train_sft(lm, train, cfg, out, valid=rows)  # type: ignore[arg-type]
     assert not out.exists()
+    # an evaluate_fn without valid records was never called, without a word (no validation, no best/)
+    with pytest.warns(
+        UserWarning, match=r"train_grpo: evaluate_fn is given but no valid records.*valid=\{'valid': "
+    ) as w:
+        with pytest.raises(TypeError, match="out_dir"):  # (warned before any run directory: stopped here)
+            train_grpo(lm, cfg, train, None, evaluate_fn=lambda lm_, recs: 0)  # type: ignore[arg-type]
+    assert w[0].filename == __file__  # (the caller's line)
+    with pytest.warns(UserWarning, match=r"train_sft: evaluate_fn is given but no valid records.*valid=records") as w:
+        with pytest.raises(TypeError, match="out_dir"):
+            train_sft(lm, train, cfg, None, valid=[], evaluate_fn=lambda lm_, recs, s: 0)  # type: ignore[arg-type]
+    assert w[0].filename == __file__  # (the caller's line)
 
 
 def test_the_trainer_class_checks_what_it_is_given_as_train_grpo_does(sft_checkpoint):

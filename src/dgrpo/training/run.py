@@ -286,7 +286,7 @@ def check_run_inputs(
     """What a Python caller hands a trainer, checked before a run directory is touched: :func:`check_trainer_inputs`,
     :func:`check_dtype`, ``valid`` None or of ``valid_type`` (SFT: a list of records; GRPO: a dict of them by name),
     ``out_dir`` a path, and an ``evaluate_fn`` that takes ``eval_args`` (None: the trainer's default,
-    :func:`default_evaluate_fn`)."""
+    :func:`default_evaluate_fn`), warned about when there is no ``valid`` to call it on."""
     check_trainer_inputs(lm, cfg, train, what)
     assert isinstance(lm, LatentLM)  # (checked above, in one line)
     check_dtype(lm, cfg, what)
@@ -295,6 +295,13 @@ def check_run_inputs(
         raise TypeError(f"{what}: valid must be a {valid_type.__name__} of records, got {type(valid).__name__}")
     _check_valid_records(what, valid)
     _check_evaluate_fn(what, evaluate_fn, eval_args)
+    if evaluate_fn is not None and not valid:
+        form = "{'valid': records}" if valid_type is dict else "records"
+        warnings.warn(
+            f"{what}: evaluate_fn is given but no valid records: it is never called (no validation, no best/); pass "
+            f"valid={form} too",
+            stacklevel=3 if what == "train_grpo" else 4,  # (the trainer's caller; train_sft checks in _prepare)
+        )
     if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir):
         raise TypeError(f"{what}: out_dir must be the run directory's path, got {out_dir!r}")
 
