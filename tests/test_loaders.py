@@ -605,6 +605,33 @@ def test_top_level_load_dataset_refuses_a_split_of_a_file_and_takes_a_column_map
     assert len(joined) == len(dgrpo.load_dataset("builtin:test")) + len(dgrpo.load_dataset("builtin", "valid"))
 
 
+def test_top_level_load_dataset_reads_a_list_of_dicts_as_rows() -> None:
+    """A list of dicts in memory (TRL's habit: rows with prompt / solution columns) was "load_dataset takes a dataset
+    name or a file / folder path, got list", with no way to map its columns but through datasets.Dataset.from_list;
+    it reads as a file of those rows (the same records), a split refused, a bad row named."""
+    import dgrpo
+    from dgrpo.config import DataConfig
+
+    rows = [
+        {"question": "What is 1 plus 1?", "answer": "so #### 2", "id": 7},
+        {"question": "And 2 plus 3?", "answer": 5},
+    ]
+    recs = dgrpo.load_dataset(rows)
+    assert [(r.question, r.answer, r.meta["id"]) for r in recs] == [
+        (rows[0]["question"], "2", 7),
+        (rows[1]["question"], "5", None),
+    ]
+    trl = [{"prompt": "What is 1 plus 1?", "solution": "#### 2"}]
+    mapped = dgrpo.load_dataset(trl, data=DataConfig(question_key="prompt", answer_key="solution"))
+    assert [(r.question, r.answer, r.meta["solution"]) for r in mapped] == [("What is 1 plus 1?", "2", "#### 2")]
+    with pytest.raises(DataError, match=r"^load_dataset: rows in memory have no splits; got split='train'"):
+        dgrpo.load_dataset(rows, "train")
+    with pytest.raises(DataError, match=r"^the rows given row 2: expected a record \(mapping\), got int"):
+        dgrpo.load_dataset([rows[0], 3])
+    with pytest.raises(DataError, match=r"^the rows given row 1: unrecognised record keys \(prompt, solution\)"):
+        dgrpo.load_dataset(trl)
+
+
 @pytest.mark.parametrize(
     "spec, says",
     [

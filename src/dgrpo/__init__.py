@@ -15,20 +15,25 @@ if TYPE_CHECKING:
 
 
 def load_dataset(
-    name_or_path: str | os.PathLike, split: str | None = None, *, data: DataConfig | None = None
+    name_or_path: str | os.PathLike | list[dict], split: str | None = None, *, data: DataConfig | None = None
 ) -> list[Record]:
     """Records of a dataset given by name (``gsm8k``, ``svamp``, ``builtin``, ...) or file path, or of several
     joined by ``+`` (``gsm_hard+svamp``, ``a.jsonl+b.csv``): the names ``--data`` and ``data.*`` take.
 
-    A Hugging Face ``datasets.Dataset`` (or ``DatasetDict``) already in memory is read as a file of its rows is.
+    A Hugging Face ``datasets.Dataset`` (or ``DatasetDict``) already in memory is read as a file of its rows is, and
+    so is a list of dicts (rows: ``load_dataset([{"question": ..., "answer": ...}, ...])``).
 
     ``split`` picks a split of a named dataset (or ``name:split``) or of a DatasetDict; a file has none (giving one
     with a file path is a DataError). ``data`` (a :class:`dgrpo.config.DataConfig`) maps the columns of a file
     whose keys are not a known format:
     ``load_dataset("my.csv", data=DataConfig(question_key="prompt", answer_key="target"))``.
     """
-    from .data import load_hf_dataset, load_spec
+    from .data import load_hf_dataset, load_rows, load_spec
 
+    if isinstance(name_or_path, list) and name_or_path and isinstance(name_or_path[0], dict):  # rows
+        if split is not None:
+            raise DataError(f"load_dataset: rows in memory have no splits; got split={split!r} (give no split)")
+        return load_rows(name_or_path, data=data)
     if type(name_or_path).__name__ in ("Dataset", "DatasetDict") and type(name_or_path).__module__.startswith(
         "datasets."
     ):  # (by name: datasets is not imported here)
@@ -36,7 +41,8 @@ def load_dataset(
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise DataError(
             f"load_dataset takes a dataset name or a file / folder path, got {type(name_or_path).__name__}; records "
-            "already in memory need no loading: a list of dgrpo.Record(question, steps, answer, meta)"
+            "already in memory need no loading: a list of dgrpo.Record(question, steps, answer, meta); a list of dicts "
+            "is read as rows"
         )
     return load_spec(os.fspath(name_or_path), split=split, data=data)
 

@@ -38,6 +38,16 @@ def load_spec(spec: str, task=None, split: str | None = None, data=None, held_ou
     return with_columns(_load_spec(spec, task, split, data, held_out))
 
 
+def load_rows(rows: list, data=None) -> list[Record]:
+    """The records of rows in memory (a list of dicts, as ``datasets.Dataset.from_list`` takes them), read as a file of
+    these rows is: a known format by its keys (``question`` / ``answer``, GSM8K's ``#### x`` answers too), else
+    ``data``'s column mapping (``question_key``, ...); every other key stays in ``Record.meta``."""
+    from .loaders import mapped_read, rows_to_records
+
+    where, columns = "the rows given", columns_of(data)
+    return with_columns(mapped_read(columns, where, lambda: rows_to_records(list(rows), where, "rows", columns)))
+
+
 def load_hf_dataset(dataset: Any, split: str | None = None, data=None) -> list[Record]:
     """The records of a Hugging Face ``datasets.Dataset`` in memory (or of one split of a ``DatasetDict``), read as a
     file of its rows is: a known format by its keys, else ``data``'s column mapping (every record every column)."""

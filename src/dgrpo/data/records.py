@@ -138,5 +138,5 @@ def check_records(records: object, where: str, empty: bool = False) -> None:
     raise ValueError(
         f"{where} must be a {'' if empty else 'non-empty '}list of dgrpo Records, got {got}; make them with "
         "dgrpo.data.Record(question=..., steps=[], answer=...) or a loader (dgrpo.load_dataset, which also reads a "
-        "Hugging Face Dataset in memory)"
+        "Hugging Face Dataset or a list of dicts in memory)"
     )
