@@ -153,3 +153,36 @@ def test_every_metric_a_run_logs_is_documented(sft_checkpoint):
     trainer = GRPOTrainer(LatentLM.from_pretrained(sft_checkpoint), cfg, generate_split(cfg.task, "train"))
     logged = {k for row in sft_rows for k in row} | set(trainer.step())
     assert logged - documented == set()
+
+
+def test_the_python_apis_classes_and_methods_have_docstrings():
+    """The classes a Python caller meets (the README's library tour, docs/from_trl.md's loop) and their public methods
+    each say what they are: EvalResult and Generation showed only dataclass's generated signature, LatentLM.device /
+    base / embed, Record.to_dict, GRPOTrainer.load_state, ... nothing (methods inherit a base class's docstring)."""
+    import inspect
+
+    from dgrpo.data import Record
+    from dgrpo.eval.evaluate import EvalResult
+    from dgrpo.model.decoding import Generation
+    from dgrpo.model.latent_lm import LatentLM, LatentSettings
+    from dgrpo.perturbation import (
+        BoundPerturbation,
+        GaussianNoise,
+        LockedDropout,
+        NativeDropout,
+        NoPerturbation,
+        Perturbation,
+    )
+    from dgrpo.training.grpo import GRPOTrainer
+
+    classes = [LatentLM, LatentSettings, Generation, EvalResult, Record, GRPOTrainer]
+    classes += [Perturbation, BoundPerturbation, LockedDropout, GaussianNoise, NativeDropout, NoPerturbation]
+    missing = []
+    for cls in classes:
+        if not cls.__doc__ or cls.__doc__.startswith(f"{cls.__name__}("):  # (a dataclass's generated signature)
+            missing.append(cls.__name__)
+        for name, member in vars(cls).items():
+            if not name.startswith("_") and (callable(member) or isinstance(member, (property, classmethod))):
+                if not inspect.getdoc(getattr(cls, name)) and not (isinstance(member, property) and member.__doc__):
+                    missing.append(f"{cls.__name__}.{name}")
+    assert not missing, missing

@@ -47,6 +47,7 @@ class Record:
             raise DataError(f"meta must be a mapping of column names to values, got {type(self.meta).__name__}")
 
     def to_dict(self) -> dict[str, Any]:
+        """The record as a JSON-able dict (``meta`` only when it holds something)."""
         d: dict[str, Any] = {"question": self.question, "steps": list(self.steps), "answer": self.answer}
         if self.meta:
             d["meta"] = self.meta

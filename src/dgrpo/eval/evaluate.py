@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class EvalResult:
+    """What :func:`evaluate` and :func:`evaluate_mc_vote` return: ``accuracy`` = ``correct`` / ``n``, how it was
+    evaluated, and one row per record in ``predictions`` (its question, gold answer and prediction ``pred``, ...);
+    :func:`write_results` writes it as ``results.json`` and ``predictions.jsonl``."""
+
     dataset: str
     accuracy: float
     n: int
@@ -65,6 +69,7 @@ class EvalResult:
     predictions: list[dict] = field(default_factory=list, repr=False)
 
     def summary(self) -> dict:
+        """Every field but ``predictions`` (``results.json``)."""
         d = dict(self.__dict__)
         d.pop("predictions")
         return d

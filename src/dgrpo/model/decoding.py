@@ -33,6 +33,9 @@ class DecodeState:
 
 @dataclass
 class Generation:
+    """What :meth:`LatentLM.generate` returns: the answer tokens of each row, their mask and log-probs (and entropies);
+    ``lm.decode(g.tokens, g.mask)`` gives the texts."""
+
     tokens: Tensor  # [B, L] generated ids, pad after EOS
     mask: Tensor  # [B, L] 1 for generated tokens up to and including EOS
     logprobs: Tensor  # [B, L] log pi(token) under the (temperature-scaled) policy, 0 where mask is 0

@@ -140,10 +140,12 @@ class LatentSettings:
                 raise ValueError(f"latent settings: {name} must be true or false, not {getattr(self, name)!r}")
 
     def to_json(self) -> str:
+        """The settings as ``latent_config.json`` holds them."""
         return json.dumps(asdict(self), indent=2)
 
     @classmethod
     def from_dict(cls, d: dict) -> LatentSettings:
+        """Settings from a ``latent_config.json``'s dict; keys this version does not know are dropped."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
@@ -708,13 +710,17 @@ class LatentLM(nn.Module):
 
     @property
     def device(self) -> torch.device:
+        """The device of the weights (of the input embedding): where :meth:`encode_questions` puts its tensors."""
         return input_embedding_weight(self.model).device
 
     @property
     def base(self) -> nn.Module:
+        """The decoder stack under the LM head (:func:`~dgrpo.model.anatomy.base_model`: ``model.model`` of Qwen2 /
+        Llama, ``transformer`` of GPT-2)."""
         return base_model(self.model)
 
     def embed(self, ids: Tensor) -> Tensor:
+        """The input embeddings of token ids [B, L] -> [B, L, H]."""
         return self.model.get_input_embeddings()(ids)
 
     def logits(self, hidden: Tensor) -> Tensor:

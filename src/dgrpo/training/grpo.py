@@ -278,6 +278,7 @@ class GRPOTrainer:
         return fingerprint(self.train_data)
 
     def load_state(self, js: dict) -> None:
+        """Take up where :meth:`state` was taken (after the weights and the optimizer are loaded)."""
         self.step_idx, self.ema_baseline = js["step_idx"], js["ema_baseline"]
         # (the rest of the epoch's order; on other data, allowed by allow_config_change, the indices it still has)
         self.order = [i for i in js["order"] if i < len(self.train_data)]
