@@ -240,6 +240,20 @@ def test_the_vote_and_the_answers_check_what_they_are_given_as_evaluate_does(lm,
     assert evaluate_mc_vote(lm, [], pert, n_masks=1, **FAST).n == 0  # (an empty list still is: a rank's empty shard)
 
 
+def test_n_latent_is_the_models_own_when_none_and_an_int_otherwise(lm, task_records):
+    """generate_answers required n_latent and None was a TypeError deep in the context check (generate takes None as
+    the model's own); n_latent=2.0 was a TypeError of range() in the latent steps."""
+    qs = [r.question for r in task_records[:2]]
+    own = generate_answers(lm, qs, n_latent=lm.settings.n_latent, **FAST)
+    assert generate_answers(lm, qs, **FAST) == generate_answers(lm, qs, n_latent=None, **FAST) == own
+    with pytest.raises(ValueError, match=r"^generate_answers: n_latent must be an int >= 0 .*got -1$"):
+        generate_answers(lm, qs, n_latent=-1, **FAST)
+    with pytest.raises(
+        ValueError, match=r"^evaluate: n_latent must be an int \(None or < 0: the model's own\), got 2.0$"
+    ):
+        evaluate(lm, task_records[:2], n_latent=2.0, **FAST)  # type: ignore[arg-type]
+
+
 def _mc_voted(lm, monkeypatch, records, texts, **kw):
     """evaluate_mc_vote of ``records`` whose perturbed completions are ``texts`` (question-major)."""
     import dgrpo.eval.evaluate as ev

@@ -110,7 +110,7 @@ def generate_answers(
     lm: LatentLM,
     questions: list[str],
     *,
-    n_latent: int,
+    n_latent: int | None = None,
     batch_size: int = 256,
     max_new_tokens: int = 64,
     temperature: float = 0.0,
@@ -133,9 +133,13 @@ def generate_answers(
     perturbation its own seed draws (Monte-Carlo dropout evaluation), likewise whatever its batch; ``None``
     evaluates the deterministic network. ``dataset`` names the questions in the warning about those cut to
     ``max_question_tokens`` (each dataset's warning its own: two with the same count were one warning).
+    ``n_latent``: the continuous thoughts before each answer (None: the model's own, ``lm.settings.n_latent``, as
+    :meth:`LatentLM.generate` takes it).
     """
     _check_counts("generate_answers", batch_size=batch_size, max_question_tokens=max_question_tokens)
     check_lm(lm, "generate_answers")
+    n_latent = lm.settings.n_latent if n_latent is None else n_latent
+    _check_n_latent("generate_answers", n_latent, "an int >= 0 (None: the model's own)")
     if not (isinstance(questions, list) and all(isinstance(q, str) for q in questions)):
         raise TypeError(
             f"generate_answers: questions must be a list of strings, got {type(questions).__name__}"
@@ -216,6 +220,13 @@ def _check_counts(
             f"{what}: max_question_tokens must be an int >= 0 or None (0 or None: no truncation), "
             f"got {max_question_tokens!r}"
         )
+
+
+def _check_n_latent(what: str, n_latent: object, expected: str, least: int | None = 0) -> None:
+    """ValueError (one line) unless ``n_latent`` is an int (>= ``least`` unless None): 2.0 was a TypeError of range()
+    deep in the latent steps."""
+    if isinstance(n_latent, bool) or not isinstance(n_latent, int) or (least is not None and n_latent < least):
+        raise ValueError(f"{what}: n_latent must be {expected}, got {n_latent!r}")
 
 
 def check_lm(lm: object, what: str) -> None:
@@ -332,7 +343,8 @@ def evaluate(
     mask its own seed draws: :func:`mask_seeds` of ``seed`` and its text). ``scorer`` decides what is correct (a
     value of 1; 0 is wrong, and a value between, partial credit, is not correct; a function or an ``eval.scorer``
     name; default: the numeric verifier, which also counts unparseable outputs). ``limit`` > 0 evaluates the first
-    ``limit`` records (after the ``shots`` of a plain prompt). ValueError for negative counts, ``shots`` without
+    ``limit`` records (after the ``shots`` of a plain prompt). ``n_latent``: the continuous thoughts (None or < 0: the
+    model's own; none for a model trained without them). ValueError for negative counts, ``shots`` without
     ``plain`` and ``shots`` that leave no record to evaluate.
 
     The scorer gets each record with every column (``meta`` key) of ``records`` and of ``columns``, None where it has
@@ -340,6 +352,8 @@ def evaluate(
     :func:`~dgrpo.data.records.data_columns`, so that a scorer in TRL's form is called alike on every shard."""
     _check_counts("evaluate", batch_size=batch_size, limit=limit, shots=shots, max_question_tokens=max_question_tokens)
     check_lm(lm, "evaluate")
+    if n_latent is not None:
+        _check_n_latent("evaluate", n_latent, "an int (None or < 0: the model's own)", least=None)
     check_records(records, "evaluate: records", empty=True)  # (a rank's shard of fewer records than ranks: none)
     t0, scorer = time.time(), _scorer(scorer)
     shot_recs, records = _split_shots(records, plain, shots)
