@@ -380,6 +380,17 @@ def test_extract_answer_never_raises(text: str) -> None:
     assert is_parseable(text) is (result is not None)
 
 
+def test_a_completion_that_is_not_text_is_a_type_error_not_a_zero() -> None:
+    """dgrpo.score(completions, gold) with a list (TRL's batched habit) or None scored 0.0 without a word."""
+    import dgrpo
+
+    with pytest.raises(TypeError, match=r"^score: completion_text must be one completion's text, got list \(a batch"):
+        dgrpo.score(["#### 42"], "42")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"got NoneType$"):
+        score(None, "42")  # type: ignore[arg-type]
+    assert dgrpo.score("#### 42", 42) == 1.0
+
+
 _numberish = st.text(alphabet="0123456789,.$-+#\u2212 eE\n:answerTheis", max_size=40)
 
 

@@ -443,9 +443,15 @@ def score(completion_text: str, gold_answer: Any) -> float:
     Non-numeric gold (ProsQA's ``"Tom is a lempus."``): the completion's final segment (after the last
     ``#`` if any, else the whole text; after the last standalone ``####`` when the gold holds a ``#`` itself, as
     :func:`final_answer_text` reads it) must equal the gold after :func:`normalize_text`.
+
+    TypeError for a ``completion_text`` that is not text (a list of completions scored 0.0 without a word: score one
+    at a time, ``[score(c, gold) for c in completions]``).
     """
     if not isinstance(completion_text, str):
-        return 0.0
+        many = " (a batch: [score(c, gold) for c in completions])" if isinstance(completion_text, (list, tuple)) else ""
+        raise TypeError(
+            f"score: completion_text must be one completion's text, got {type(completion_text).__name__}{many}"
+        )
     gold = _gold_canonical(gold_answer)
     if gold is None:
         if not isinstance(gold_answer, str):
