@@ -622,7 +622,10 @@ def test_a_resume_with_another_reward_is_refused(sft_checkpoint, tmp_path):
     cfg.sft.lr, cfg.eval.plain = 1.0, True  # what a GRPO run never reads does not stop its resume (it was refused)
     train_grpo(LatentLM.from_pretrained(sft_checkpoint), cfg, train, out, reward_fn=parity, **quiet)
     cfg.grpo.lr *= 2
-    changed = r"a run started with a different config \(grpo.lr\).*--allow-config-change \(allow_config_change=True\)"
+    changed = (  # (from Python the arguments, not only the command's flags)
+        r"a run started with a different config \(grpo.lr\).*--resume never \(resume='never'\), or pass "
+        r"--allow-config-change \(allow_config_change=True\)"
+    )
     with pytest.raises(ConfigError, match=changed):  # (from Python the argument, not only the command's flag)
         train_grpo(LatentLM.from_pretrained(sft_checkpoint), cfg, train, out, reward_fn=parity, **quiet)
     cfg.grpo.reward = "numeric"

@@ -833,9 +833,9 @@ class RunDir:
             pin = f" (the run loaded its model at commit {then}: --set model.revision={then})" if then else ""
             raise ConfigError(
                 f"{what} a run started with a different config ({', '.join(refused[:8])}"
-                f"{', ...' if len(refused) > 8 else ''}); resume it unchanged{pin}, start over with --resume never, "
-                "or pass --allow-config-change (allow_config_change=True) to continue with the new values (every "
-                "config used is kept)"
+                f"{', ...' if len(refused) > 8 else ''}); resume it unchanged{pin}, start over with --resume never "
+                "(resume='never'), or pass --allow-config-change (allow_config_change=True) to continue with the new "
+                "values (every config used is kept)"
             )
         self.changed = changed
         self.first_config = old
@@ -891,7 +891,7 @@ class RunDir:
         if problems:
             raise CheckpointError(
                 f"no checkpoint in {self.out_dir} can be resumed ({'; '.join(problems[:3])}); "
-                "start over with --resume never"
+                "start over with --resume never (resume='never')"
             )
         return None
 
@@ -921,7 +921,8 @@ class RunDir:
         ``allow_config_change``: then it goes on, and says so."""
         if not self.allow_config_change:
             raise ConfigError(
-                f"{self.checkpoint} was {what}: resume with {keep}, start over with --resume never, or pass "
+                f"{self.checkpoint} was {what}: resume with {keep}, start over with --resume never (resume='never'), "
+                "or pass "
                 "--allow-config-change (allow_config_change=True) to go on"
             )
         self.log(f"dgrpo: resuming {self.checkpoint}, {what}")
