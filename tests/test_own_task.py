@@ -923,6 +923,29 @@ def test_the_test_sets_are_also_run_for_best_when_it_is_not_the_final_model(
     assert tested == ["best"]
 
 
+def test_the_eval_line_printed_for_best_under_fsdp_runs(sft_checkpoint, tmp_path, capsys, run_cli):
+    """Under FSDP grpo prints the ``dgrpo eval`` line that tests best/; its ``--out`` was the run's own eval_best/,
+    which ``dgrpo eval`` refuses (where the training run keeps its own files): the line failed as printed."""
+    import shlex
+
+    from dgrpo.cli.train import evaluate_best
+    from dgrpo.config import to_dict
+    from dgrpo.training.distributed import Dist
+
+    out = tmp_path / "run"
+    cfg = tiny_config(**{"eval.limit": 4})
+    shutil.copytree(sft_checkpoint, out / "best")
+    (out / "config.json").write_text(json.dumps(to_dict(cfg)))
+    (out / "metrics.jsonl").write_text("")
+    tests = {"builtin:test": load_spec("builtin:test", cfg.task)}
+    assert evaluate_best(1, cfg.grpo.steps, tests, cfg, out, replace(Dist.single(), fsdp=True), "cpu") == {}
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("dgrpo eval "))
+    r = run_cli(*shlex.split(line)[1:])
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((out / "best_tests" / "builtin_test" / "results.json").read_text())
+    assert res["model"] == str((out / "best").resolve()) and res["n"] == 4
+
+
 # ----------------------------------------------------------------------------------- resume and config changes
 @pytest.mark.slow
 def test_resume_refuses_a_changed_config_unless_allowed(sft_checkpoint, tmp_path, run_cli):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from ..run_layout import BEST_DIR, CONFIG_FILE, results_dir
+from ..run_layout import BEST_DIR, CONFIG_FILE, results_name
 from .common import (
     add_config_options,
     evaluate_test_sets,
@@ -343,6 +343,16 @@ def check_test_sets_fit(lm: Any, tests: dict, cfg: Config, settings: Any, key: s
         lm.settings = before
 
 
+#: where the ``dgrpo eval`` lines printed under FSDP put best/'s test results: a folder of the run's that the run does
+#: not write (``dgrpo eval`` refuses OUT/eval_best, the run's own: a later run of it would replace them)
+BEST_TESTS_DIR = "best_tests"
+
+
+def best_tests_dir(out: Path, spec: str) -> Path:
+    """The ``--out`` of the printed ``dgrpo eval`` line for best/ on test set ``spec``: ``OUT/best_tests/<name>``."""
+    return Path(out) / BEST_TESTS_DIR / results_name(spec)
+
+
 def evaluate_best(
     best_step: int | None, final_step: int, tests: dict, cfg: Config, out: Path, dist: Any, device: Any
 ) -> dict[str, float]:
@@ -364,7 +374,7 @@ def evaluate_best(
                 print(f"  dgrpo consolidate {out / BEST_DIR}")
             for spec in tests:  # the run's config.json: its eval.* options, as the final model's tests had them
                 run = f"--config {out / CONFIG_FILE} --model {out / BEST_DIR}"
-                print(f"  dgrpo eval {run} --data {spec} --out {results_dir(out, spec, BEST_DIR)}")
+                print(f"  dgrpo eval {run} --data {spec} --out {best_tests_dir(out, spec)}")
         return {}
     best = load_model(cfg.model, cfg.task, init=str(out / BEST_DIR), device=device, training=False)
     return evaluate_test_sets(best, tests, cfg, out, dist, checkpoint=BEST_DIR)
