@@ -75,6 +75,20 @@ def test_sft_baselines_run(tmp_path, mode, run_cli):
     assert said is (mode in ("cot", "no_cot")), [str(w.message) for w in seen]
 
 
+def test_eval_says_that_top_p_does_nothing_under_greedy_decoding(tmp_path, sft_checkpoint, run_cli):
+    """``eval.top_p`` with ``eval.temperature=0`` was accepted and changed nothing, without a word; with sampling it
+    is read, and nothing is said."""
+    for temperature, said in ((0, True), (0.7, False)):
+        argv = ["--data", "builtin:test", "--limit", 2, "--out", tmp_path / f"e{temperature}"]
+        argv += ["--set", "eval.top_p=0.9", "--set", f"eval.temperature={temperature}"]
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            r = run_cli("eval", "--model", sft_checkpoint, *argv)
+        assert r.returncode == 0, r.stderr[-2000:]
+        lines = [str(w.message) for w in seen]
+        assert any("eval.top_p=0.9 changes nothing with eval.temperature=0" in m for m in lines) is said, lines
+
+
 def test_plain_causal_lm_eval(tmp_path, sft_checkpoint, run_cli):
     r = run_cli(
         "eval",

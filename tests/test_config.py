@@ -632,6 +632,12 @@ def test_describe_filters_a_section():
         (["grpo.top_p=0.9"], ["grpo.top_p=0.9 changes nothing with grpo.temperature=0: greedy"]),
         (["grpo.temperature=1e-6"], ["grpo.temperature=1e-06: .* carry almost no gradient"]),
         (["grpo.temperature=0.7", "grpo.top_p=0.9"], []),
+        # eval.top_p under greedy evaluation was accepted and did nothing, without a word (grpo.top_p's is said)
+        (
+            ["eval.top_p=0.9"],
+            [r"^eval.top_p=0.9 changes nothing with eval.temperature=0: greedy decoding samples none"],
+        ),
+        (["eval.temperature=0.7", "eval.top_p=0.9"], []),
         (["perturbation.kind=gaussian", "perturbation.p=0"], []),  # p is not gaussian's scale
         (["perturbation.kind=none"], []),  # the deterministic ablation is what it says
         (  # a warmup longer than the run: the lr never reached grpo.lr and best/ was never kept, without a word

@@ -1284,6 +1284,15 @@ class Config:
                 return f"the latent chain does not run with {why}"
         return None
 
+    def inert_eval_settings(self) -> list[str]:
+        """The ``eval.*`` decoding settings that this config makes do nothing (a line each, for a warning where they
+        are read: ``dgrpo eval``, and SFT's and GRPO's validation and test sets): ``eval.top_p`` under greedy
+        decoding (``eval.temperature=0``), accepted without a word as grpo.top_p was not."""
+        e = self.eval
+        if e.top_p < 1 and e.temperature == 0:
+            return [f"eval.top_p={e.top_p} changes nothing with eval.temperature=0: greedy decoding samples none"]
+        return []
+
     def inert_settings(self) -> list[str]:
         """The GRPO settings that this config makes do nothing, or less than they say (each a line for a warning, at
         the start of GRPO training; none is an error: a null perturbation is the deterministic ablation,
@@ -1311,6 +1320,7 @@ class Config:
         if g.top_p < 1 and g.temperature == 0:
             lines.append(f"grpo.top_p={g.top_p} changes nothing with grpo.temperature=0: greedy decoding samples none")
         lines += _unused_grpo_settings(g)
+        lines += self.inert_eval_settings()
         if 0 < g.temperature < 0.05:
             lines.append(
                 f"grpo.temperature={g.temperature}: the update scores each token under softmax(logits / T), nearly "

@@ -257,6 +257,8 @@ def _eval_config(args: argparse.Namespace) -> Config:
         raise ConfigError(
             "--shots / eval.shots: a k-shot prompt is for a plain LM (--plain); a latent model is prompted as trained"
         )
+    for line in cfg.inert_eval_settings():
+        warnings.warn(line, stacklevel=1)
     return cfg
 
 

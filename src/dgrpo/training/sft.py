@@ -585,7 +585,13 @@ def _warn_at_start(train: list[Record], valid: list[Record] | None, cfg: Config)
         if cfg.sft.uniform_prob > 0 and cfg.sft.mode in ("cot", "no_cot")
         else ""
     )
-    for line in (_no_steps_line(train, cfg), _warmup_line(len(train), cfg), no_best, unmixed):
+    for line in (
+        _no_steps_line(train, cfg),
+        _warmup_line(len(train), cfg),
+        no_best,
+        unmixed,
+        *cfg.inert_eval_settings(),
+    ):
         if line:
             warnings.warn(line, stacklevel=4)
 
