@@ -585,11 +585,18 @@ def _warn_at_start(train: list[Record], valid: list[Record] | None, cfg: Config)
         if cfg.sft.uniform_prob > 0 and cfg.sft.mode in ("cot", "no_cot")
         else ""
     )
+    unreset = (
+        f"sft.reset_every={cfg.sft.reset_every} changes nothing with sft.reset_optimizer=false (it says when the "
+        "optimizer and the lr schedule start afresh; without resets there is one of each for the run)"
+        if not cfg.sft.reset_optimizer and cfg.sft.reset_every == "epoch"
+        else ""
+    )
     for line in (
         _no_steps_line(train, cfg),
         _warmup_line(len(train), cfg),
         no_best,
         unmixed,
+        unreset,
         *cfg.inert_eval_settings(),
     ):
         if line:
