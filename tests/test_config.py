@@ -638,6 +638,12 @@ def test_describe_filters_a_section():
             [r"^eval.top_p=0.9 changes nothing with eval.temperature=0: greedy decoding samples none"],
         ),
         (["eval.temperature=0.7", "eval.top_p=0.9"], []),
+        # how activations are recomputed, without recomputation: accepted and ignored, without a word
+        (
+            ["grpo.recompute_granularity=call"],
+            [r"^grpo.recompute_granularity=call changes nothing with grpo.recompute="],
+        ),
+        (["grpo.recompute=true", "grpo.recompute_granularity=call", "grpo.recompute_latent_steps=false"], []),
         (["perturbation.kind=gaussian", "perturbation.p=0"], []),  # p is not gaussian's scale
         (["perturbation.kind=none"], []),  # the deterministic ablation is what it says
         (  # a warmup longer than the run: the lr never reached grpo.lr and best/ was never kept, without a word

@@ -550,6 +550,19 @@ def test_sft_reset_every_without_resets_is_warned_of(tmp_path):
         train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path / "sft", log=lambda *a: None)
 
 
+def test_sft_recompute_settings_without_recompute_are_warned_of(tmp_path):
+    """sft.recompute_granularity and sft.recompute_latent_steps say how activations are recomputed; without
+    sft.recompute they were accepted and ignored (sft.recompute_kept_layers is refused)."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.sft import train_sft
+
+    cfg = tiny_config(**{"task.n_train": 16, "sft.num_epochs": 1, "sft.recompute_latent_steps": False})
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    with pytest.warns(UserWarning, match=r"sft.recompute_latent_steps=false changes nothing with sft.recompute=false"):
+        train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path / "sft", log=lambda *a: None)
+
+
 def test_a_failing_validation_at_an_epochs_end_keeps_the_epochs_training(tmp_path):
     """A scorer of one's own that fails on the model's answers first runs at stage 0's end: the error came before the
     epoch's resumable checkpoint, and the resumed run trained the whole epoch again. The epoch is now kept: the same

@@ -1050,7 +1050,21 @@ def _unused_grpo_settings(g: GRPOConfig) -> list[str]:
         changed = [f"grpo.{k}={_shown(getattr(g, k))}" for k in keys if getattr(g, k) != getattr(default, k)]
         if idle and changed:
             lines.append(f"{', '.join(changed)} {'changes' if len(changed) == 1 else 'change'} nothing with {why}")
-    return lines
+    return lines + unused_recompute_settings(g, "grpo")
+
+
+def unused_recompute_settings(section: Any, name: str) -> list[str]:
+    """A line when ``section`` (``sft`` or ``grpo``, named ``name``) sets how activations are recomputed
+    (``recompute_granularity``, ``recompute_latent_steps``) away from their defaults without ``recompute``: they
+    were accepted and did nothing, without a word (``recompute_kept_layers`` is refused so)."""
+    if section.recompute:
+        return []
+    default = type(section)()
+    keys = ("recompute_granularity", "recompute_latent_steps")
+    changed = [f"{name}.{k}={_shown(getattr(section, k))}" for k in keys if getattr(section, k) != getattr(default, k)]
+    if not changed:
+        return []
+    return [f"{', '.join(changed)} {'changes' if len(changed) == 1 else 'change'} nothing with {name}.recompute=false"]
 
 
 def _shown(value: Any) -> str:
