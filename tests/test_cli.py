@@ -471,7 +471,7 @@ def test_mc_vote_votes_on_the_answers_the_scorer_reads(tokenizer, monkeypatch):
     with pytest.raises(ConfigError, match=r"answer \(eval.max_new_tokens = 600\)"):
         ev.evaluate_mc_vote(lm, recs, drop, max_new_tokens=600, progress=False)
     for n_masks in (0, -1):
-        with pytest.raises(ValueError, match=f"n_masks must be >= 1 .*got {n_masks}"):
+        with pytest.raises(ValueError, match=f"n_masks must be an int >= 1 .*got {n_masks}"):
             ev.evaluate_mc_vote(lm, recs, drop, n_masks=n_masks, progress=False)
     real = ev.evaluate_mc_vote(lm, recs[1:], drop, n_masks=2, max_new_tokens=3, progress=False)
     assert real.n == 2 and real.mode == "coconut+mc2" and all(len(p["votes"]) == 2 for p in real.predictions)

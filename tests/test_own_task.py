@@ -658,13 +658,14 @@ def test_csv_parquet_dataset_folders_and_column_mapping(tmp_path):
 
 
 def test_load_dataset_names_what_it_takes(tmp_path):
-    """A list of dicts (data already in memory) failed deep inside ('list' object has no attribute 'startswith');
-    a Path is a path."""
+    """A list of dicts (data already in memory) failed deep inside ('list' object has no attribute 'startswith'): it
+    is read as rows; another object is a one-line DataError; a Path is a path."""
     import dgrpo
     from dgrpo.data.records import DataError
 
-    with pytest.raises(DataError, match="load_dataset takes a dataset name or a file / folder path, got list"):
-        dgrpo.load_dataset([{"question": "q", "answer": "1"}])  # type: ignore[arg-type]
+    assert [r.answer for r in dgrpo.load_dataset([{"question": "q", "answer": "1"}])] == ["1"]
+    with pytest.raises(DataError, match="load_dataset takes a dataset name or a file / folder path, got int"):
+        dgrpo.load_dataset(3)  # type: ignore[arg-type]
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"question": "q", "answer": "1"}) + "\n")
     assert [r.answer for r in dgrpo.load_dataset(path)] == ["1"]
