@@ -164,6 +164,12 @@ def test_adapter_checkpoint_save_load_and_merge(base_dirs, tmp_path, run_cli):
             "dtype": recorded,
             "lora": {"r": 4},
         }
+    # auto takes the run's recorded bfloat16 (the dtype it trained and scored in), not the float32 base's
+    r = run_cli("export", tmp_path / "trained", "--merge", "--out", tmp_path / "auto")
+    assert r.returncode == 0, r.stderr
+    assert "torch.bfloat16" in r.stdout
+    assert json.loads((tmp_path / "auto" / "run_config.json").read_text())["model"]["dtype"] == "bfloat16"
+    assert LatentLM.from_pretrained(tmp_path / "auto").model.config.dtype == torch.bfloat16
     r = run_cli("export", tmp_path / "adapter", "--out", tmp_path / "nomerge")
     assert r.returncode == 2 and "pass --merge" in r.stderr
     for taken in (tmp_path / "adapter", tmp_path / "merged"):  # the source itself, or any directory with files

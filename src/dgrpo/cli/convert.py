@@ -131,7 +131,9 @@ def _add_export_parser(sub: Any) -> None:
         "--dtype",
         choices=("auto", "float32", "bfloat16", "float16"),
         default="auto",
-        help="weights dtype of the export (merging is done in float32); auto: the base model's own dtype",
+        help="weights dtype of the export (merging is done in float32); auto: the run's model.dtype as its "
+        "run_config.json records it (bfloat16 for a bf16 run), else the base model's own dtype. A bf16 export is not "
+        "bit-exact with the adapter: the run computed base + adapter in bf16, the export rounds the float32 merge",
     )
     p.add_argument("--trust-remote-code", action="store_true", help="allow the base model's own code (hub models)")
     p.set_defaults(func=run_export)
@@ -167,7 +169,11 @@ def run_export(args: argparse.Namespace) -> int:
     lm = LatentLM.from_pretrained(src, dtype=torch.float32, trust_remote_code=args.trust_remote_code)
     lora.merge_into_base(lm)
     refuse_non_finite(lm.model)  # (in float32: what is not finite here, no export dtype holds)
-    lm.to(dtype or base_dtype(lora.adapter_base(src), args.trust_remote_code, lora.adapter_base_revision(src)))
+    lm.to(
+        dtype
+        or recorded_dtype(lm.run_config)
+        or base_dtype(lora.adapter_base(src), args.trust_remote_code, lora.adapter_base_revision(src))
+    )
     refuse_non_finite(lm.model)  # (float16's range ends at 65504: a merged weight past it is inf)
     # dgrpo eval loads it in model.dtype: the dtype written (float16, which model.dtype does not take, as float32:
     # its exact upcast)
@@ -273,6 +279,15 @@ def checkpoint_stage(ckpt: Path, stage: int | None, epochs_per_stage: int | None
             "(give --stage)"
         )
     return (int(named.group(1)) - 1) // epochs_per_stage
+
+
+def recorded_dtype(run_config: dict | None) -> torch.dtype | None:
+    """The ``model.dtype`` the run that trained an adapter recorded (its ``run_config.json``), the dtype it scored in:
+    None when there is no record (an adapter saved outside a run), and ``export --dtype auto`` takes the base's."""
+    import torch
+
+    stated = ((run_config or {}).get("model") or {}).get("dtype")
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(stated) if isinstance(stated, str) else None
 
 
 def base_dtype(name: str, trust_remote_code: bool, revision: str | None = None) -> torch.dtype:
