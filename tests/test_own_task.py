@@ -1501,3 +1501,25 @@ def test_a_model_loaded_in_python_is_recorded_as_the_command_line_records_init(s
     said = []
     train_grpo(lm, more, train, tmp_path / "older", progress=False, log=said.append)  # (was refused: name_or_path)
     assert any("resumed from" in line for line in said), said
+
+
+def test_a_runs_data_files_are_recorded_by_absolute_path(tmp_path, monkeypatch):
+    """Local data files and folders of ``data.train``, ``data.valid`` and ``data.test`` are kept absolute in the
+    run's config, as the reward's file is (the same command, or a resume, from another folder found the reward and
+    not the data); built-in and hub names, and names of nothing on disk, stay as typed; each part of a join alike."""
+    from dgrpo.cli.train import record_init
+    from dgrpo.config import Config, load_config
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("my_train.jsonl", "v.jsonl", "t.csv"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "folder").mkdir()
+    sets = ["data.train=my_train.jsonl+gsm8k+t.csv", "data.valid=v.jsonl:test"]
+    sets += ["data.test=[folder:test, 'builtin:test?n_steps=3', gsm8k, org/name, missing.jsonl]"]
+    cfg = record_init(load_config(Config, None, sets), None, tmp_path / "run")
+    here = tmp_path.resolve()
+    assert cfg.data.train == f"{here}/my_train.jsonl+gsm8k+{here}/t.csv"
+    assert cfg.data.valid == f"{here}/v.jsonl:test"
+    assert cfg.data.test == [f"{here}/folder:test", "builtin:test?n_steps=3", "gsm8k", "org/name", "missing.jsonl"]
+    cfg = record_init(load_config(Config, None, ["data.valid="]), None, tmp_path / "run")
+    assert (cfg.data.train, cfg.data.valid) == ("builtin:train", "")

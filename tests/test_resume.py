@@ -1140,3 +1140,27 @@ def test_an_epochs_validation_answers_with_its_stages_thoughts_before_any_stage_
     train = generate_split(cfg.task, "train")
     train_sft(lm, train, cfg, tmp_path / "sft", valid=train[:2], log=lambda *a: None, progress=False)
     assert layouts == [(1, mode, True)] * 2  # epoch 0 (within stage 1), epoch 1 (its end)
+
+
+def test_a_run_that_recorded_a_relative_data_path_resumes_with_it(sft_checkpoint, tmp_path, monkeypatch, run_cli):
+    """A run records its data files by absolute path; one begun before that (``data.train`` recorded as typed,
+    relative) resumes when given the same relative path again (it was refused as a changed config)."""
+    from dgrpo.data.synthetic import generate_split
+
+    monkeypatch.chdir(tmp_path)
+    records = generate_split(tiny_config().task, "train")[:32]
+    rows = [{"question": r.question, "steps": r.steps, "answer": r.answer} for r in records]
+    for name in ("my_train.jsonl", "other.jsonl"):
+        (tmp_path / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "run"
+    sets = {"grpo.steps": 1, "grpo.warmup_steps": 0, "data.train": "my_train.jsonl", "data.valid": ""}
+    args = ["grpo", "--init", sft_checkpoint, *tiny_args(**sets)]
+    assert run_cli(*args, "--out", out).returncode == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["data"]["train"] == str(tmp_path.resolve() / "my_train.jsonl")
+    config["data"]["train"] = "my_train.jsonl"  # (as dgrpo up to 2026-12-04 recorded it)
+    (out / "config.json").write_text(json.dumps(config))
+    r = run_cli(*args, "--out", out)
+    assert r.returncode == 0 and "resumed from" in r.stdout, r.stderr
+    r = run_cli(*args, "--set", "data.train=other.jsonl", "--out", out)  # (another file is still a change)
+    assert r.returncode == 2 and "a different config (data.train)" in r.stderr, r.stderr

@@ -500,6 +500,38 @@ def config_diff(old: dict, new: dict, prefix: str = "", defaults: dict | None = 
     return keys
 
 
+def absolute_data_spec(spec: str) -> str:
+    """A data spec with each part that names an existing local file or folder made absolute (``my.jsonl`` ->
+    ``/abs/my.jsonl``, ``data/dir:test`` -> ``/abs/data/dir:test``, each part of ``a.jsonl+b.csv``), so that a run's
+    config names the data wherever it is run or resumed from; built-in and hub names, and parts that name no local
+    file, as they are (what :func:`dgrpo.data.load_spec` reads, in its order: a path, else parts joined by ``+``). A
+    joined spec whose absolute parts would hold a ``+`` (read as another join) is kept as typed."""
+    from ..data import local_path
+
+    at_a_path = local_path(spec)
+    if at_a_path is not None:
+        path, split = at_a_path
+        absolute = str(Path(path).expanduser().resolve())
+        return f"{absolute}:{split}" if split is not None else absolute
+    if "+" not in spec or spec.startswith("builtin"):
+        return spec
+    parts = [absolute_data_spec(part.strip()) if part.strip() else part for part in spec.split("+")]
+    joined = "+".join(parts)
+    return joined if len(parts) == len(joined.split("+")) else spec
+
+
+def absolute_data_specs(data: dict) -> dict:
+    """A config dict's ``data`` section with ``train``, ``valid`` and ``test`` specs made absolute
+    (:func:`absolute_data_spec`; ``''`` and non-text values as they are)."""
+    keep = dict(data)
+    for key in ("train", "valid"):
+        if isinstance(keep.get(key), str) and keep[key]:
+            keep[key] = absolute_data_spec(keep[key])
+    if isinstance(keep.get("test"), list):
+        keep["test"] = [absolute_data_spec(t) if isinstance(t, str) and t else t for t in keep["test"]]
+    return keep
+
+
 class RunDir:
     """A run's output directory: locked for this run, ``config.json`` (with its history when a resumed run was
     allowed to change it), the metrics log, and the checkpoint to resume from.
@@ -744,6 +776,8 @@ class RunDir:
         reads, nor the built-in model's shape when the run loads a model."""
         unread = UNREAD_BY.get(self.command, ())
         loads = self.cfg.get("model", {}).get("name_or_path") != BUILTIN
+        if isinstance(old.get("data"), dict):  # (dgrpo up to 2026-12-04 recorded data paths as typed: relative ones
+            old = {**old, "data": absolute_data_specs(old["data"])}  # name, from here, what this run reads)
         return [
             k
             for k in config_diff(old, self.cfg)
