@@ -218,7 +218,7 @@ def test_under_torchrun_a_usage_error_is_printed_by_each_machines_first_worker(t
         monkeypatch.setenv("WORLD_SIZE", world)
         monkeypatch.setenv("LOCAL_RANK", local_rank)
         r = run_cli("grpo", "--bogus-flag", "--out", tmp_path / "x")
-        assert r.returncode == 2 and ("dgrpo grpo: error: " in r.stderr) == printed, r.stderr
+        assert r.returncode == 2 and ("error: unrecognized arguments: --bogus-flag" in r.stderr) == printed, r.stderr
         assert (r.stderr == "") != printed
 
 
@@ -315,6 +315,25 @@ def test_grpo_missing_init_exits_2(tmp_path, run_cli):
     r = run_cli("grpo", "--init", tmp_path / "missing", "--out", tmp_path / "o", "--set", "task.n_train=64")
     assert r.returncode == 2 and "checkpoint directory not found" in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_grpo_reruns_a_runs_config_without_init(sft_checkpoint, tmp_path, run_cli):
+    """--config RUN/config.json names what the run started from (model.name_or_path): --init defaults to it (it
+    stopped on argparse's "--init is required"); without either, one line that says what to give."""
+    sets = {"grpo.steps": 1, "grpo.warmup_steps": 0, "data.valid": "", "data.test": "[]"}
+    r = run_cli("grpo", "--init", sft_checkpoint, *tiny_args(**sets), "--out", tmp_path / "a")
+    assert r.returncode == 0, r.stderr
+    r = run_cli("grpo", "--config", tmp_path / "a" / "config.json", "--out", tmp_path / "b")
+    assert r.returncode == 0, r.stderr
+    recorded = [json.loads((tmp_path / run / "config.json").read_text())["model"] for run in ("a", "b")]
+    assert recorded[0] == recorded[1] and recorded[1]["name_or_path"] == str(Path(sft_checkpoint).resolve())
+    assert (tmp_path / "b" / "final" / "model.safetensors").is_file()
+    r = run_cli("grpo", *tiny_args(**sets), "--out", tmp_path / "c")
+    assert r.returncode == 2 and not (tmp_path / "c").exists(), r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "dgrpo: error: dgrpo grpo needs --init: the SFT checkpoint to start from (run directory, checkpoint directory "
+        "or hub id), or a --config whose model.name_or_path names it (a run's config.json does)"
+    ]
 
 
 def test_help_is_fast_and_lists_examples():

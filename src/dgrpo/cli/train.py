@@ -47,7 +47,12 @@ def register(sub: Any) -> None:
 
     p = subcommand(sub, "grpo", "Dropout-GRPO (and its ablations) from an SFT checkpoint", GRPO_EXAMPLES)
     add_config_options(p, "grpo.lr=2e-5")
-    p.add_argument("--init", required=True, help="SFT checkpoint (run directory, checkpoint directory or hub id)")
+    p.add_argument(
+        "--init",
+        help="SFT checkpoint (run directory, checkpoint directory or hub id); default: the config's "
+        "model.name_or_path unless it is builtin-tiny (a run's config.json records what the run started from, so "
+        "--config RUN/config.json reruns it)",
+    )
     p.add_argument("--out", required=True, help="run directory")
     add_resume_options(p)
     p.set_defaults(func=run_grpo)
@@ -94,6 +99,20 @@ def record_init(cfg: Config, init: str | None, out: str | Path) -> Config:
         {**item, "name": reward_name(item), "fn": absolute_file(item["fn"])} for item in cfg.grpo.rewards
     ]
     return cfg
+
+
+def grpo_init(cfg: Config) -> str:
+    """``dgrpo grpo``'s ``--init`` when none is given: the config's ``model.name_or_path`` (a run's ``config.json``
+    records there what the run started from); a one-line error when that is the untrained built-in model."""
+    from ..config import ConfigError
+    from ..model.factory import BUILTIN
+
+    if cfg.model.name_or_path == BUILTIN:
+        raise ConfigError(
+            "dgrpo grpo needs --init: the SFT checkpoint to start from (run directory, checkpoint directory or hub "
+            "id), or a --config whose model.name_or_path names it (a run's config.json does)"
+        )
+    return cfg.model.name_or_path
 
 
 def absolute_file(spec: str) -> str:
@@ -213,6 +232,8 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     if not args.resume.strip():  # (an empty PATH was read as the working directory)
         raise ConfigError("--resume is empty: auto, never, or a checkpoint directory")
     cfg = load(args)
+    if args.cmd == "grpo" and args.init is None:
+        args.init = grpo_init(cfg)
     if args.init:  # (a run's config.json names its base's commit: not --init's, unless given for it)
         cfg.model.revision = revision_for(args.init, cfg, args.overrides, "--init")
     cfg = record_init(cfg, args.init, args.out)
