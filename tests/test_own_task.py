@@ -1504,9 +1504,10 @@ def test_a_model_loaded_in_python_is_recorded_as_the_command_line_records_init(s
 
 
 def test_a_runs_data_files_are_recorded_by_absolute_path(tmp_path, monkeypatch):
-    """Local data files and folders of ``data.train``, ``data.valid`` and ``data.test`` are kept absolute in the
-    run's config, as the reward's file is (the same command, or a resume, from another folder found the reward and
-    not the data); built-in and hub names, and names of nothing on disk, stay as typed; each part of a join alike."""
+    """Local data files and folders of ``data.train`` and ``data.valid`` are kept absolute in the run's config, as the
+    reward's file is (the same command, or a resume, from another folder found the reward and not the data); built-in
+    and hub names, and names of nothing on disk, stay as typed; each part of a join alike. ``data.test`` as typed (its
+    specs name the results: an absolute path named them ``_home_me_my_test.jsonl``)."""
     from dgrpo.cli.train import record_init
     from dgrpo.config import Config, load_config
 
@@ -1520,6 +1521,6 @@ def test_a_runs_data_files_are_recorded_by_absolute_path(tmp_path, monkeypatch):
     here = tmp_path.resolve()
     assert cfg.data.train == f"{here}/my_train.jsonl+gsm8k+{here}/t.csv"
     assert cfg.data.valid == f"{here}/v.jsonl:test"
-    assert cfg.data.test == [f"{here}/folder:test", "builtin:test?n_steps=3", "gsm8k", "org/name", "missing.jsonl"]
+    assert cfg.data.test == ["folder:test", "builtin:test?n_steps=3", "gsm8k", "org/name", "missing.jsonl"]
     cfg = record_init(load_config(Config, None, ["data.valid="]), None, tmp_path / "run")
     assert (cfg.data.train, cfg.data.valid) == ("builtin:train", "")

@@ -79,9 +79,10 @@ def record_init(cfg: Config, init: str | None, out: str | Path) -> Config:
     named so too: :func:`model_name`, for the run in ``out``): the run's config then names the weights it started
     from, and resuming it from other weights is refused as any changed config is. Reward,
     scorer and perturbation kind files (``path/file.py:function``) are made absolute too, so the checkpoint's scorer
-    is found by ``dgrpo eval`` wherever it runs, and so are the data specs' local files and folders
-    (:func:`~dgrpo.training.run.absolute_data_spec`): a resume or a rerun of the config elsewhere reads the same
-    data."""
+    is found by ``dgrpo eval`` wherever it runs, and so are the local files and folders of ``data.train`` and
+    ``data.valid`` (:func:`~dgrpo.training.run.absolute_data_spec`): a resume or a rerun of the config elsewhere
+    trains and validates on the same data. ``data.test`` stays as typed: its specs name the results (``eval/NAME``,
+    ``test/NAME/accuracy``), which an absolute path would make ``_home_me_my_test.jsonl``."""
     from ..config import ConfigError, reward_name
     from ..training.model_record import init_name, model_name
     from ..training.run import absolute_data_spec
@@ -92,7 +93,6 @@ def record_init(cfg: Config, init: str | None, out: str | Path) -> Config:
     cfg.eval.scorer, cfg.grpo.reward = absolute_file(cfg.eval.scorer), absolute_file(cfg.grpo.reward)
     cfg.data.train = absolute_data_spec(cfg.data.train)
     cfg.data.valid = absolute_data_spec(cfg.data.valid) if cfg.data.valid else cfg.data.valid
-    cfg.data.test = [absolute_data_spec(t) for t in cfg.data.test]
     # (a plug-in kind's file, path/to/file.py:Class; the option's type lists the built-in kinds, which it also takes)
     cfg.perturbation.kind = cast(Any, absolute_file(cfg.perturbation.kind))
     cfg.grpo.rewards = [  # (named as before: metrics and grpo.filter_reward know a part by its name)

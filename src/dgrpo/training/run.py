@@ -521,14 +521,12 @@ def absolute_data_spec(spec: str) -> str:
 
 
 def absolute_data_specs(data: dict) -> dict:
-    """A config dict's ``data`` section with ``train``, ``valid`` and ``test`` specs made absolute
-    (:func:`absolute_data_spec`; ``''`` and non-text values as they are)."""
+    """A config dict's ``data`` section with its ``train`` and ``valid`` specs made absolute, as a run records them
+    (:func:`absolute_data_spec`; ``''`` and non-text values as they are; ``test`` as typed: its specs name results)."""
     keep = dict(data)
     for key in ("train", "valid"):
         if isinstance(keep.get(key), str) and keep[key]:
             keep[key] = absolute_data_spec(keep[key])
-    if isinstance(keep.get("test"), list):
-        keep["test"] = [absolute_data_spec(t) if isinstance(t, str) and t else t for t in keep["test"]]
     return keep
 
 
