@@ -105,7 +105,7 @@ def test_calls_it_does_not_serve_go_to_sdpa_as_they_are(tokenizer, task_records,
     for on in (False, True):
         use_packed_gqa(lm.model, on)
         with torch.no_grad(), pert.bind(lm, seeds) as pb:
-            out.append(lm.target_logprobs(ids[:1], mask[:1], 3, tg[:1], tm[:1], perturbation=pb)[0])
+            out.append(lm.target_logprobs(ids[:1], mask[:1], 3, tg[:1], tm[:1], perturbation=pb, stepwise=True)[0])
     assert torch.equal(out[0], out[1]) and packed_calls["packed"] == 0 and packed_calls["sdpa"] > 0
 
 

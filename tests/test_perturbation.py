@@ -137,6 +137,29 @@ def test_native_dropout_replays_one_rollout_at_a_time(tokenizer, task_records):
     assert all(not m.training for m in lm.model.modules())  # dropout switched off again afterwards
 
 
+def test_native_dropout_scoring_needs_stepwise_or_is_refused(tokenizer, task_records):
+    """Native dropout draws the answer's masks per forward call: ``target_logprobs`` without ``stepwise=True`` scored
+    the answer in one forward, under other masks than its decoding (~0.3 away), without a word. It is refused in one
+    line; stepwise scoring replays the decoded log-probs, and an answer left without dropout needs no stepwise."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([task_records[0].question])
+    seeds = seeds_for(0, 0, 0, 1)
+    with torch.no_grad():
+        with NativeDropout(p=0.5).bind(lm, seeds) as pb:
+            gen = lm.generate(ids, mask, T, max_new_tokens=6, perturbation=pb)
+        with NativeDropout(p=0.5).bind(lm, seeds) as pb:
+            for kw in ({}, {"end_with_targets": True}):
+                with pytest.raises(ValueError, match="draws its noise per forward call.*pass stepwise=True"):
+                    lm.target_logprobs(ids, mask, T, gen.tokens, gen.mask, perturbation=pb, **kw)
+            logp, _ = lm.target_logprobs(ids, mask, T, gen.tokens, gen.mask, perturbation=pb, stepwise=True)
+        assert torch.allclose(logp, gen.logprobs * gen.mask, atol=1e-5)
+        with NativeDropout(p=0.5, perturb_answer=False).bind(lm, seeds) as pb:
+            assert not pb.needs_stepwise
+            lm.target_logprobs(ids, mask, T, gen.tokens, gen.mask, perturbation=pb)
+        with LockedDropout(p=0.5).bind(lm, seeds) as pb:
+            assert not pb.needs_stepwise
+
+
 def test_native_dropout_actually_perturbs(tokenizer, task_records):
     lm = make_lm(tokenizer, "qwen2").eval()
     ro = rollouts(lm, task_records, NativeDropout(p=0.5), K=4, n=1)
@@ -324,6 +347,8 @@ def _answer_after_latents(lm, pert, seeds, ids, mask, tg, tm, answer_perturbed):
     with pert.bind(lm, seeds) as pb:
         state = lm.prefill(ids, mask, T, markers=False, perturbation=pb)
         latent = state.last_hidden.clone()
+        if answer_perturbed and pb.needs_stepwise:  # (native dropout on the answer: scored as decoded, token by token)
+            return latent, lm.target_logprobs(ids, mask, T, tg, tm, perturbation=pb, stepwise=True)[0]
         if answer_perturbed:
             return latent, lm.score_targets(state, tg, tm, perturbation=pb, lead_ids=lead)[0]
     return latent, lm.score_targets(state, tg, tm, lead_ids=lead)[0]

@@ -203,6 +203,17 @@ def check_phase_hook(perturbation: object) -> None:
         )
 
 
+def check_stepwise(perturbation: object, stepwise: bool) -> None:
+    """A perturbation whose noise is drawn per forward call (its ``needs_stepwise``: native dropout on the answer)
+    replays only when the targets are scored one token per forward, as they were decoded: in one forward they were
+    scored under other masks, without a word (log-probs ~0.3 away)."""
+    if not stepwise and getattr(perturbation, "needs_stepwise", False):
+        raise ValueError(
+            f"perturbation: {type(perturbation).__name__} draws its noise per forward call; score the targets as they "
+            "were decoded, one token per forward: pass stepwise=True"
+        )
+
+
 _CACHE_KEYWORDS: dict[type, str] = {}
 
 
@@ -1026,8 +1037,10 @@ class LatentLM(nn.Module):
         Feeds targets[:, :-1] over the cache in one forward (``stepwise``: one token per forward, the
         same call sequence as decoding, which RNG-replayed native dropout needs); logits only at the
         L scored positions. ``lead_ids`` [B, 1] (not with ``stepwise``): a token fed first in that same forward (the
-        ``<|end-latent|>`` marker, not yet run), whose hidden state then predicts the first target.
+        ``<|end-latent|>`` marker, not yet run), whose hidden state then predicts the first target. A perturbation
+        whose ``needs_stepwise`` is true (native dropout) is refused without ``stepwise``.
         """
+        check_stepwise(perturbation, stepwise)
         if lead_ids is not None:
             if stepwise:
                 raise ValueError("lead_ids run in the targets' one forward call; stepwise scoring has one per token")
@@ -1092,9 +1105,14 @@ class LatentLM(nn.Module):
         end_with_targets: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Question -> latents -> teacher-forced targets, differentiable end to end: log-probs [B, L].
-        ``end_with_targets`` (with ``markers``, not ``stepwise``): ``<|end-latent|>`` runs in the targets' forward
-        call instead of its own (one call fewer; the same positions, masks and perturbation, so the same log-probs up
-        to the rounding of a wider matrix product)."""
+        ``stepwise``: the targets are fed one token per forward, the same calls as :meth:`generate` makes (slower);
+        needed to replay a perturbation that draws its noise per forward call (its ``needs_stepwise``: native
+        dropout, whose bound perturbation is refused here without it), else the same log-probs as one forward up to
+        rounding. ``end_with_targets`` (with ``markers``, not ``stepwise``): ``<|end-latent|>`` runs in the targets'
+        forward call instead of its own (one call fewer; the same positions, masks and perturbation, so the same
+        log-probs up to the rounding of a wider matrix product)."""
+        check_phase_hook(perturbation)
+        check_stepwise(perturbation, stepwise)
         lead = None
         if end_with_targets and markers and not stepwise:
             lead = torch.full((prompt_ids.shape[0], 1), self.end_id, device=prompt_ids.device)

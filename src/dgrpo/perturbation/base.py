@@ -58,6 +58,14 @@ class BoundPerturbation:
         """The batch rows this perturbation holds tensors for (one per seed; None: it fits any batch)."""
         return None
 
+    @property
+    def needs_stepwise(self) -> bool:
+        """Whether teacher-forced scoring must feed the answer one token per forward, as decoding does
+        (``LatentLM.target_logprobs(..., stepwise=True)``), to replay this noise: a noise drawn per forward call
+        (native dropout's restored RNG stream) depends on how the answer's tokens are split into calls. False here:
+        a row's noise depends on its seed alone."""
+        return False
+
     def _install(self) -> None:
         return None
 

@@ -32,6 +32,12 @@ class _BoundNative(BoundPerturbation):
         self.switches = [s for m in attn for s in _dropout_switches(m)]
         self.modes: list[bool] = []
 
+    @property
+    def needs_stepwise(self) -> bool:
+        """The answer's masks are drawn per forward call: its replay runs one token per call, as decoding did (not
+        needed when the answer runs without dropout)."""
+        return self.perturb_answer
+
     def _set(self, on: bool) -> None:
         for m in self.switches:
             m.training = on
