@@ -160,6 +160,18 @@ def test_native_dropout_scoring_needs_stepwise_or_is_refused(tokenizer, task_rec
             assert not pb.needs_stepwise
 
 
+def test_native_dropout_bound_for_one_rollout_refuses_a_batch_of_several(tokenizer, task_records):
+    """Native dropout binds one seed, but generate ran it over any batch: two copies of one question decoded under
+    two different masks, neither the one its replay alone draws. A batch of more rows than one is refused."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([task_records[0].question] * 2)
+    with NativeDropout(p=0.5).bind(lm, seeds_for(0, 0, 0, 1)) as pb:
+        assert pb.rows == 1
+        with pytest.raises(ValueError, match="bound for 1 rows"):
+            lm.generate(ids, mask, T, max_new_tokens=2, perturbation=pb)
+        lm.generate(ids[:1], mask[:1], T, max_new_tokens=2, perturbation=pb)
+
+
 def test_native_dropout_actually_perturbs(tokenizer, task_records):
     lm = make_lm(tokenizer, "qwen2").eval()
     ro = rollouts(lm, task_records, NativeDropout(p=0.5), K=4, n=1)

@@ -33,6 +33,12 @@ class _BoundNative(BoundPerturbation):
         self.modes: list[bool] = []
 
     @property
+    def rows(self) -> int:
+        """One: a forward's masks follow its shape, so one seed bound over several rows gave each row other masks
+        than its replay alone (and two copies of one row, two different answers)."""
+        return 1
+
+    @property
     def needs_stepwise(self) -> bool:
         """The answer's masks are drawn per forward call: its replay runs one token per call, as decoding did (not
         needed when the answer runs without dropout)."""
