@@ -130,6 +130,53 @@ def test_the_readme_library_tour_runs_on_the_demo_layout(sft_checkpoint, tmp_pat
     assert len(printed) == 4 and all(0.0 <= float(x) <= 1.0 for x in printed[1:])
 
 
+def code_blocks(path: Path) -> list[str]:
+    """The text of every ``` block of a doc."""
+    return re.findall(r"```[^\n]*\n(.*?)```", path.read_text(), flags=re.DOTALL)
+
+
+def documented_python_names() -> list[tuple[str, str, str]]:
+    """(doc, module, name) for every name a code block of the docs imports (``from dgrpo.X import a, b``, over lines
+    in parentheses too) or reaches by its dotted path (``dgrpo.load_dataset``, ``dgrpo.data.load_spec``)."""
+    import importlib
+
+    found = []
+    for path in DOCS:
+        where = str(path.relative_to(ROOT))
+        for block in code_blocks(path):
+            imports = re.findall(r"^\s*from\s+(dgrpo[\w.]*)\s+import\s+(\([^)]*\)|[^\n#]+)", block, re.MULTILINE)
+            for module, names in imports:
+                found += [(where, module, n) for n in re.findall(r"(\w+)(?:\s+as\s+\w+)?", names.strip("()"))]
+            for dotted in re.findall(r"\bdgrpo(?:\.\w+)+", block):
+                module, *rest = dotted.split(".")
+                for part in rest:  # the longest prefix that is a module; the next part a name in it
+                    try:
+                        importlib.import_module(f"{module}.{part}")
+                    except ModuleNotFoundError:
+                        found.append((where, module, part))
+                        break
+                    module = f"{module}.{part}"
+    return found
+
+
+def test_every_name_the_docs_import_from_dgrpo_is_public_there():
+    """Every name a snippet of the docs imports from a dgrpo module, or reaches as ``dgrpo.module.name``, exists there
+    and is in the module's ``__all__`` when it has one (``training_split``, imported by two docs' snippets, was not in
+    ``dgrpo.data.__all__``)."""
+    import importlib
+
+    names = documented_python_names()
+    assert ("docs/from_trl.md", "dgrpo.data", "training_split") in names
+    assert ("README.md", "dgrpo", "load_dataset") in names
+    missing = []
+    for where, module, name in names:
+        mod = importlib.import_module(module)
+        public = getattr(mod, "__all__", None)
+        if not hasattr(mod, name) or (public is not None and name not in public):
+            missing.append(f"{where}: {module}.{name}")
+    assert not missing, missing
+
+
 def documented_metrics() -> set[str]:
     """The backticked names in docs/metrics.md's tables (first column)."""
     text = (ROOT / "docs" / "metrics.md").read_text()

@@ -139,7 +139,16 @@ def dataset_key(spec: str, split: str | None = None) -> str:
     return f"{key}:{chosen}{q}{query}" if chosen else f"{key}{q}{query}"
 
 
-__all__ = ["DataError", "Record", "dataset_key", "load_hf_dataset", "load_spec", "local_path", "shared_questions"]
+__all__ = [
+    "DataError",
+    "Record",
+    "dataset_key",
+    "load_hf_dataset",
+    "load_spec",
+    "local_path",
+    "shared_questions",
+    "training_split",
+]
 
 
 def training_split(spec: str) -> str:
