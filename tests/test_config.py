@@ -644,7 +644,19 @@ def test_describe_filters_a_section():
             [r"^grpo.recompute_granularity=call changes nothing with grpo.recompute="],
         ),
         (["grpo.recompute=true", "grpo.recompute_granularity=call", "grpo.recompute_latent_steps=false"], []),
-        (["perturbation.kind=gaussian", "perturbation.p=0"], []),  # p is not gaussian's scale
+        # p is not gaussian's scale (p=0 does not make it perturb nothing), nor sigma dropout's: each was accepted and
+        # did nothing, without a word
+        (
+            ["perturbation.kind=gaussian", "perturbation.p=0"],
+            [r"^perturbation.p=0.0 changes nothing with perturbation.kind=gaussian: .*perturbation.sigma sets"],
+        ),
+        (["perturbation.sigma=0.5"], [r"^perturbation.sigma=0.5 changes nothing with perturbation.kind=locked: it is"]),
+        (
+            ["perturbation.kind=native", "perturbation.sigma=0", "grpo.engine=eager"],
+            [r"^perturbation.sigma=0.0 changes nothing with perturbation.kind=native: .*perturbation.p sets"],
+        ),
+        (["perturbation.kind=gaussian", "perturbation.sigma=0.5"], []),
+        (["perturbation.kind=none", "perturbation.p=0.3", "perturbation.sigma=0.3"], []),
         (["perturbation.kind=none"], []),  # the deterministic ablation is what it says
         (  # a warmup longer than the run: the lr never reached grpo.lr and best/ was never kept, without a word
             ["grpo.steps=3"],

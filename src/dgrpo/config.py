@@ -1053,6 +1053,22 @@ def _unused_grpo_settings(g: GRPOConfig) -> list[str]:
     return lines + unused_recompute_settings(g, "grpo")
 
 
+def _unused_perturbation_settings(pert: PerturbationConfig) -> list[str]:
+    """A line for a built-in kind's scale option set away from its default where the kind reads the other one (it was
+    accepted and did nothing, without a word): ``sigma`` under dropout (locked, native), ``p`` under gaussian noise.
+    (A kind of one's own reads what it likes; none reads neither, as its name says.)"""
+    default = PerturbationConfig()
+    other = {"locked": "sigma", "native": "sigma", "gaussian": "p"}.get(pert.kind)
+    if other is None or getattr(pert, other) == getattr(default, other):
+        return []
+    scale = "p" if other == "sigma" else "sigma"
+    what = "gaussian noise's scale" if other == "sigma" else "the dropout rate of locked and native"
+    return [
+        f"perturbation.{other}={getattr(pert, other)} changes nothing with perturbation.kind={pert.kind}: it is "
+        f"{what}; perturbation.{scale} sets this kind's"
+    ]
+
+
 def unused_recompute_settings(section: Any, name: str) -> list[str]:
     """A line when ``section`` (``sft`` or ``grpo``, named ``name``) sets how activations are recomputed
     (``recompute_granularity``, ``recompute_latent_steps``) away from their defaults without ``recompute``: they
@@ -1330,6 +1346,7 @@ class Config:
             )
         if not pert.perturb_answer and (pert.kind == "none" or silent):
             lines.append("perturbation.perturb_answer=false changes nothing without a perturbation: none acts anywhere")
+        lines += _unused_perturbation_settings(pert)
         g = self.grpo
         if g.top_p < 1 and g.temperature == 0:
             lines.append(f"grpo.top_p={g.top_p} changes nothing with grpo.temperature=0: greedy decoding samples none")
