@@ -340,6 +340,24 @@ def test_rewards_need_distinct_names():
     assert len(ok.grpo.rewards) == 2
 
 
+def test_a_reward_file_without_a_name_is_named_as_a_module_function_is():
+    """A ``path/to/file.py:function`` part without a ``name`` was named by its spec: its metric was
+    ``reward//abs/path/file.py:function`` (``dgrpo grpo`` makes the path absolute). It is ``file:function``, as
+    ``package.module:function`` is named; built-in scorers and given names are kept; two parts that would share a
+    name are refused, asking for names."""
+    from dgrpo.config import reward_name
+
+    assert reward_name({"fn": "/abs/path/my_rewards.py:accuracy"}) == "my_rewards:accuracy"
+    assert reward_name({"fn": "rewards/len.py:short"}) == "len:short"
+    assert reward_name({"fn": "~/r.py:f", "name": "mine"}) == "mine"
+    assert reward_name({"fn": "numeric"}) == "numeric"
+    assert reward_name({"fn": "my_pkg.rewards:accuracy"}) == "my_pkg.rewards:accuracy"
+    cfg = load_config(Config, None, ["grpo.rewards=[{fn: /a/r.py:f}, {fn: numeric}]", "grpo.filter_reward=numeric"])
+    assert [reward_name(item) for item in cfg.grpo.rewards] == ["r:f", "numeric"]
+    with pytest.raises(ConfigError, match=r"grpo.rewards: item 1 is named 'r:f' like item 0 .*give each its own name"):
+        load_config(Config, None, ["grpo.rewards=[{fn: /a/r.py:f}, {fn: /b/r.py:f}]"])
+
+
 def test_a_reward_weight_written_in_exponent_form_is_the_number():
     """YAML reads 1e-3 (no dot) as text; the scalar options read it as the number, and so does a reward's weight
     (it was refused as 'must be a finite number, got '1e-3'')."""

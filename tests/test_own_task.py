@@ -382,7 +382,7 @@ def test_a_runs_reward_and_scorer_files_are_recorded_by_absolute_path(reward_fil
     cfg = record_init(load_config(Config, None, [*sets, "grpo.filter_reward=numeric"]), None, tmp_path / "run")
     assert cfg.eval.scorer == f"{reward_file.resolve()}:reward"
     assert cfg.grpo.rewards == [
-        {"fn": f"{reward_file.resolve()}:reward", "name": "my_reward.py:reward"},
+        {"fn": f"{reward_file.resolve()}:reward", "name": "my_reward:reward"},
         {"fn": "numeric", "name": "numeric"},
     ]
     cfg = record_init(load_config(Config, None, ["eval.scorer=nope.py:f"]), None, tmp_path / "run")

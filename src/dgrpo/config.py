@@ -1174,8 +1174,17 @@ def _check_filtered_total(g: GRPOConfig, p: str) -> None:
 
 
 def reward_name(item: dict) -> str:
-    """The name of one ``grpo.rewards`` item: its ``name``, else its ``fn``."""
-    return str(item.get("name") or item["fn"])
+    """The name of one ``grpo.rewards`` item (its metric is ``reward/<name>``): its ``name``, else its ``fn``, a file's
+    ``path/to/file.py:function`` written as a module's is, ``file:function`` (the path logged
+    ``reward//abs/path/file.py:function``, and a run's name of a part changed with the directory it was given from).
+    Two items of one name are refused (:func:`_check_rewards`)."""
+    if item.get("name"):
+        return str(item["name"])
+    from .plugins import plugin_file  # (stdlib only: no cycle)
+
+    fn = str(item["fn"])
+    path = plugin_file(fn)
+    return fn if path is None else f"{path.stem}:{fn.rpartition(':')[2]}"
 
 
 LoggingBackend = Literal["jsonl", "tensorboard", "wandb"]
