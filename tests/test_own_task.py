@@ -387,6 +387,12 @@ def test_a_runs_reward_and_scorer_files_are_recorded_by_absolute_path(reward_fil
     ]
     cfg = record_init(load_config(Config, None, ["eval.scorer=nope.py:f"]), None, tmp_path / "run")
     assert cfg.eval.scorer == "nope.py:f"
+    # a run that named the part by its path (dgrpo before file:function) keeps that name when resumed: its metric's
+    old = {"grpo": {"rewards": [{"fn": f"{reward_file.resolve()}:reward", "name": "my_reward.py:reward"}]}}
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps(old))
+    cfg = record_init(load_config(Config, None, sets), None, tmp_path / "run")
+    assert [r["name"] for r in cfg.grpo.rewards] == ["my_reward.py:reward", "numeric"]
 
 
 @pytest.mark.parametrize(

@@ -909,8 +909,9 @@ class GRPOConfig:
     rewards: list = opt(
         [],
         "several rewards, weighted (replaces grpo.reward): a list of {fn: <plug-in or scorer>, weight: 1.0, name: "
-        "<optional, default fn>}; the reward is the weighted sum; metrics log each one's mean as reward/<name> (names "
-        "distinct; a weight of 0 logs a part without training on it, not every part)",
+        "<optional, default fn; a file's path/file.py:f is named file:f>}; the reward is the weighted sum; metrics "
+        "log each one's mean as reward/<name> (names distinct; a weight of 0 logs a part without training on it, not "
+        "every part)",
     )
     filter_reward: str = opt(
         "",

@@ -95,10 +95,27 @@ def record_init(cfg: Config, init: str | None, out: str | Path) -> Config:
     cfg.data.valid = absolute_data_spec(cfg.data.valid) if cfg.data.valid else cfg.data.valid
     # (a plug-in kind's file, path/to/file.py:Class; the option's type lists the built-in kinds, which it also takes)
     cfg.perturbation.kind = cast(Any, absolute_file(cfg.perturbation.kind))
-    cfg.grpo.rewards = [  # (named as before: metrics and grpo.filter_reward know a part by its name)
-        {**item, "name": reward_name(item), "fn": absolute_file(item["fn"])} for item in cfg.grpo.rewards
+    recorded = recorded_reward_names(out)  # (a part's name is its metric's, and grpo.filter_reward's)
+    cfg.grpo.rewards = [
+        {**item, "name": item.get("name") or recorded.get(fn) or reward_name(item), "fn": fn}
+        for item, fn in ((item, absolute_file(item["fn"])) for item in cfg.grpo.rewards)
     ]
     return cfg
+
+
+def recorded_reward_names(out: str | Path) -> dict[str, str]:
+    """The names the run in ``out`` gave its ``grpo.rewards`` parts, by function (``{}`` for a new run): a resumed
+    run keeps a part's name, and so its metric ``reward/<name>``, whatever the default name of this dgrpo (a file's
+    part was named by its path, ``/abs/path/file.py:function``, and is ``file:function`` now)."""
+    import json
+
+    from ..run_layout import CONFIG_FILE
+
+    try:
+        rewards = json.loads((Path(out) / CONFIG_FILE).read_text())["grpo"]["rewards"]
+        return {str(r["fn"]): str(r["name"]) for r in rewards if r.get("name")}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
 
 
 def grpo_init(cfg: Config) -> str:
