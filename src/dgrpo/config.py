@@ -1032,7 +1032,6 @@ def _unused_grpo_settings(g: GRPOConfig) -> list[str]:
     """A line for each GRPO option set away from its default that the rest of the config leaves unused (it was
     accepted and did nothing without a word): the EMA baseline's decay without ``advantage=ema``, the KL term's
     settings with ``beta0=0`` (no KL term, no reference model), the accuracy filter's without the filter."""
-    default = GRPOConfig()
     unused = (
         (("ema_alpha",), g.advantage != "ema", f"grpo.advantage={g.advantage} (it is the EMA baseline's decay)"),
         (
@@ -1046,12 +1045,18 @@ def _unused_grpo_settings(g: GRPOConfig) -> list[str]:
             "grpo.filter=false" if not g.filter else "grpo.advantage=ema (no group accuracy to filter on)",
         ),
     )
-    lines = []
-    for keys, idle, why in unused:
-        changed = [f"grpo.{k}={_shown(getattr(g, k))}" for k in keys if getattr(g, k) != getattr(default, k)]
-        if idle and changed:
-            lines.append(f"{', '.join(changed)} {'changes' if len(changed) == 1 else 'change'} nothing with {why}")
+    lines = [line for keys, idle, why in unused if idle for line in _idle_options(g, "grpo", keys, why)]
     return lines + unused_recompute_settings(g, "grpo")
+
+
+def _idle_options(section: Any, name: str, keys: tuple[str, ...], why: str) -> list[str]:
+    """One line naming the options ``keys`` of ``section`` (named ``name``) set away from their defaults, which
+    ``why`` leaves unused; [] when none is set."""
+    default = type(section)()
+    changed = [f"{name}.{k}={_shown(getattr(section, k))}" for k in keys if getattr(section, k) != getattr(default, k)]
+    if not changed:
+        return []
+    return [f"{', '.join(changed)} {'changes' if len(changed) == 1 else 'change'} nothing with {why}"]
 
 
 def _unused_perturbation_settings(pert: PerturbationConfig) -> list[str]:
@@ -1076,12 +1081,7 @@ def unused_recompute_settings(section: Any, name: str) -> list[str]:
     were accepted and did nothing, without a word (``recompute_kept_layers`` is refused so)."""
     if section.recompute:
         return []
-    default = type(section)()
-    keys = ("recompute_granularity", "recompute_latent_steps")
-    changed = [f"{name}.{k}={_shown(getattr(section, k))}" for k in keys if getattr(section, k) != getattr(default, k)]
-    if not changed:
-        return []
-    return [f"{', '.join(changed)} {'changes' if len(changed) == 1 else 'change'} nothing with {name}.recompute=false"]
+    return _idle_options(section, name, ("recompute_granularity", "recompute_latent_steps"), f"{name}.recompute=false")
 
 
 def _shown(value: Any) -> str:
