@@ -440,3 +440,28 @@ def test_tqdm_disable_turns_the_evaluation_bar_off(lm, task_records, capsys, mon
     monkeypatch.setenv("TQDM_DISABLE", "0")
     evaluate(lm, recs, max_new_tokens=2, progress=True)
     assert "%|" in capsys.readouterr().err
+
+
+def test_the_vote_takes_n_latent_limit_plain_and_shots_as_evaluate_does(lm, task_records, monkeypatch):
+    """evaluate_mc_vote took neither n_latent (always the model's own) nor limit, plain or shots: a vote over the
+    first 100 records with 2 thoughts could not be asked for as evaluate is asked."""
+    import dgrpo.eval.evaluate as ev
+
+    seen: list[dict] = []
+    answers = ev.generate_answers
+    monkeypatch.setattr(ev, "generate_answers", lambda *a, **k: seen.append(k) or answers(*a, **k))
+    recs, pert = task_records[:3], LockedDropout(p=0.1)
+    r = evaluate_mc_vote(lm, recs, pert, n_masks=2, n_latent=lm.settings.n_latent + 1, limit=2, **FAST)
+    assert (r.n, r.limit, r.n_latent, len(r.predictions)) == (2, 2, lm.settings.n_latent + 1, 2)
+    assert seen[-1]["n_latent"] == lm.settings.n_latent + 1 and len(seen[-1]["perturbation_seeds"]) == 4
+    own = evaluate_mc_vote(lm, recs, pert, n_masks=2, n_latent=-1, **FAST)  # (< 0: the model's own, as evaluate)
+    assert own.n_latent == lm.settings.n_latent and own.n == 3
+    p = evaluate_mc_vote(lm, recs, pert, n_masks=2, plain=True, shots=1, **FAST)
+    assert (p.mode, p.shots, p.n, p.n_latent) == ("plain+mc2", 1, 2, 0)
+    assert (seen[-1]["markers"], seen[-1]["mode"], seen[-1]["n_latent"]) == (False, "plain", 0)
+    with pytest.raises(ValueError, match=r"^evaluate_mc_vote: n_latent must be an int .*got 2.0$"):
+        evaluate_mc_vote(lm, recs, pert, n_latent=2.0, **FAST)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^evaluate_mc_vote: limit must be an int >= 0 .*got -1$"):
+        evaluate_mc_vote(lm, recs, pert, limit=-1, **FAST)
+    with pytest.raises(ValueError, match=r"^evaluate_mc_vote: shots=1 apply to plain=True prompts only"):
+        evaluate_mc_vote(lm, recs, pert, shots=1, **FAST)

@@ -350,16 +350,20 @@ def evaluate(
     The scorer gets each record with every column (``meta`` key) of ``records`` and of ``columns``, None where it has
     none (:func:`~dgrpo.data.records.with_columns`): a caller evaluating a shard of the data passes the whole data's
     :func:`~dgrpo.data.records.data_columns`, so that a scorer in TRL's form is called alike on every shard."""
-    _check_counts("evaluate", batch_size=batch_size, limit=limit, shots=shots, max_question_tokens=max_question_tokens)
-    check_lm(lm, "evaluate")
-    if n_latent is not None:
-        _check_n_latent("evaluate", n_latent, "an int (None or < 0: the model's own)", least=None)
-    check_records(records, "evaluate: records", empty=True)  # (a rank's shard of fewer records than ranks: none)
+    _check_eval_arguments(
+        "evaluate",
+        lm,
+        records,
+        batch_size=batch_size,
+        limit=limit,
+        shots=shots,
+        max_question_tokens=max_question_tokens,
+        n_latent=n_latent,
+    )
     t0, scorer = time.time(), _scorer(scorer)
-    shot_recs, records = _split_shots(records, plain, shots)
-    if limit:
-        records = records[:limit]
-    questions, n_lat, mode, markers = _prompts(lm, records, plain, shot_recs, n_latent)
+    records, questions, n_lat, mode, markers = _evaluated_prompts(
+        "evaluate", lm, records, plain, shots, limit, n_latent
+    )
     texts = generate_answers(
         lm,
         questions,
@@ -401,16 +405,52 @@ def evaluate(
     )
 
 
-def _split_shots(records: list[Record], plain: bool, shots: int) -> tuple[list[Record], list[Record]]:
+def _check_eval_arguments(
+    what: str,
+    lm: object,
+    records: object,
+    *,
+    batch_size: int,
+    limit: int,
+    shots: int,
+    max_question_tokens: int | None,
+    n_latent: int | None,
+) -> None:
+    """The checks :func:`evaluate` and :func:`evaluate_mc_vote` make of what they are given (one line each, naming
+    ``what``): counts, the model, ``n_latent`` (an int; None or < 0: the model's own) and the records (an empty list
+    is fine: a rank's shard of fewer records than ranks)."""
+    _check_counts(what, batch_size=batch_size, limit=limit, shots=shots, max_question_tokens=max_question_tokens)
+    check_lm(lm, what)
+    if n_latent is not None:
+        _check_n_latent(what, n_latent, "an int (None or < 0: the model's own)", least=None)
+    check_records(records, f"{what}: records", empty=True)
+
+
+def _evaluated_prompts(
+    what: str, lm: LatentLM, records: list[Record], plain: bool, shots: int, limit: int, n_latent: int | None
+) -> tuple[list[Record], list[str], int, str, bool]:
+    """(the records evaluated, their prompts, latent thoughts, generation mode, markers): the records after a plain
+    prompt's ``shots`` (:func:`_split_shots`), the first ``limit`` of them (0: all), prompted as :func:`_prompts`
+    says."""
+    shot_recs, records = _split_shots(records, plain, shots, what)
+    if limit:
+        records = records[:limit]
+    questions, n_lat, mode, markers = _prompts(lm, records, plain, shot_recs, n_latent)
+    return records, questions, n_lat, mode, markers
+
+
+def _split_shots(
+    records: list[Record], plain: bool, shots: int, what: str = "evaluate"
+) -> tuple[list[Record], list[Record]]:
     """(the k-shot examples, the records to evaluate): the first ``shots`` records of a plain prompt; ValueError when
     ``shots`` come without ``plain`` (a latent model is prompted as trained) or leave no record to evaluate."""
     if not shots:
         return [], records
     if not plain:
-        raise ValueError(f"evaluate: shots={shots} apply to plain=True prompts only; pass plain=True or shots=0")
+        raise ValueError(f"{what}: shots={shots} apply to plain=True prompts only; pass plain=True or shots=0")
     if shots >= len(records):
         raise ValueError(
-            f"evaluate: shots={shots} leave no record to evaluate ({len(records)} records); "
+            f"{what}: shots={shots} leave no record to evaluate ({len(records)} records); "
             "give more records or fewer shots"
         )
     return records[:shots], records[shots:]
@@ -606,6 +646,9 @@ def _perturbed_texts(
     perturbation: Perturbation,
     *,
     n_masks: int,
+    n_latent: int,
+    mode: str,
+    markers: bool,
     batch_size: int,
     max_new_tokens: int,
     seed: int,
@@ -618,10 +661,11 @@ def _perturbed_texts(
     return generate_answers(
         lm,
         [q for q in questions for _ in range(n_masks)],
-        n_latent=lm.settings.n_latent,
+        n_latent=n_latent,
         batch_size=batch_size,
         max_new_tokens=max_new_tokens,
-        markers=lm.settings.markers,
+        mode=mode,
+        markers=markers,
         max_question_tokens=max_question_tokens,
         perturbation=perturbation,
         perturbation_seeds=mask_seeds(seed, questions, "mc-vote", copies=n_masks),
@@ -679,9 +723,13 @@ def evaluate_mc_vote(
     *,
     n_masks: int = 8,
     dataset: str = "",
+    n_latent: int | None = None,
     batch_size: int = 256,
     max_new_tokens: int = 64,
     seed: int = 0,
+    plain: bool = False,
+    shots: int = 0,
+    limit: int = 0,
     max_question_tokens: int | None = None,
     progress: bool = True,
     scorer: ScoreFn | str | None = None,
@@ -690,6 +738,9 @@ def evaluate_mc_vote(
     """Monte-Carlo perturbation ensemble: greedy answers under ``n_masks`` seeded perturbations per question,
     majority vote. This is the model-average policy Dropout-GRPO optimises (paper Sec. 3.1, Sec. 6). A question's
     masks are a function of ``seed`` and its text (:func:`mask_seeds`): its vote is the same in any list or subset.
+    ``n_latent``, ``plain``, ``shots`` and ``limit`` mean what they mean to :func:`evaluate` (the model's own
+    thoughts by default; ``limit`` > 0 votes on the first ``limit`` records after a plain prompt's ``shots``), and
+    are checked as it checks them.
 
     Each completion votes for its answer as ``scorer`` (default: the numeric verifier) reads it (:func:`vote_key`: the
     final number for a numeric gold, the normalised final text for a text gold such as ProsQA's, the letter for
@@ -706,27 +757,41 @@ def evaluate_mc_vote(
         raise ValueError(
             f"evaluate_mc_vote: n_masks must be an int >= 1 (completions voting per question), got {n_masks!r}"
         )
-    _check_counts("evaluate_mc_vote", batch_size=batch_size, max_question_tokens=max_question_tokens)
-    check_lm(lm, "evaluate_mc_vote")
-    check_records(records, "evaluate_mc_vote: records", empty=True)
+    _check_eval_arguments(
+        "evaluate_mc_vote",
+        lm,
+        records,
+        batch_size=batch_size,
+        limit=limit,
+        shots=shots,
+        max_question_tokens=max_question_tokens,
+        n_latent=n_latent,
+    )
     if not isinstance(perturbation, Perturbation):  # (None was "perturbation_seeds without a perturbation")
         raise TypeError(
             "evaluate_mc_vote: perturbation must be a dgrpo Perturbation, the masks that vote (e.g. "
             f"dgrpo.perturbation.LockedDropout(p=0.1)), got {type(perturbation).__name__}"
         )
     t0, scorer = time.time(), _scorer(scorer)
+    records, questions, n_lat, mode, markers = _evaluated_prompts(
+        "evaluate_mc_vote", lm, records, plain, shots, limit, n_latent
+    )
     texts = _perturbed_texts(
         lm,
-        [r.question for r in records],
+        questions,
         perturbation,
         n_masks=n_masks,
+        n_latent=n_lat,
+        mode=mode,
+        markers=markers,
         batch_size=batch_size,
         max_new_tokens=max_new_tokens,
         seed=seed,
-        max_question_tokens=max_question_tokens,
+        max_question_tokens=None if plain else max_question_tokens,
         progress=progress,
         dataset=dataset,
     )
+    texts = [_cut_plain(t) for t in texts] if plain else texts
     preds, correct = _voted(with_columns(records, columns), texts, n_masks, scorer)
     n = len(records)
     return EvalResult(
@@ -739,11 +804,13 @@ def evaluate_mc_vote(
         if scorer is numeric
         else 0,
         seed=seed,
-        n_latent=lm.settings.n_latent,
-        mode=f"{lm.settings.mode}+mc{n_masks}",
+        n_latent=n_lat,
+        mode=f"{'plain' if plain else lm.settings.mode}+mc{n_masks}",
         wall_s=round(time.time() - t0, 3),
         scorer=scorer_name(scorer),
         max_new_tokens=max_new_tokens,
-        max_question_tokens=max_question_tokens,
+        max_question_tokens=None if plain else max_question_tokens,
+        limit=limit,
+        shots=shots if plain else 0,
         predictions=preds,
     )
