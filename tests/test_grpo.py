@@ -482,6 +482,10 @@ def test_the_trainer_class_checks_what_it_is_given_as_train_grpo_does(sft_checkp
 
     with pytest.raises(TypeError, match=r"got list \(the arguments' order: train_grpo\(lm, cfg, train, out_dir\)\)"):
         train_grpo(lm, train, cfg, "out")  # type: ignore[arg-type]  # (train_sft's order: a probe's slip)
+    from dgrpo.training.sft import train_sft
+
+    with pytest.raises(TypeError, match=r"got list \(the arguments' order: train_sft\(lm, train, cfg, out_dir\)\)"):
+        train_sft(lm, cfg, train, "out")  # type: ignore[arg-type]  # (train_grpo's order)
     with pytest.warns(UserWarning, match="grpo.prompts_per_step is 4, more than the 2 training records: every step"):
         trainer = GRPOTrainer(lm, tiny_config(**{"grpo.prompts_per_step": 4}), train[:2])
     assert trainer.rewards.columns == ("source", "split")  # (the training data's: every batch gets each)
