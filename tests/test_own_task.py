@@ -1497,7 +1497,7 @@ def test_a_model_loaded_in_python_is_recorded_as_the_command_line_records_init(s
     with pytest.raises(ConfigError, match=r"different config \(grpo.steps, model.name_or_path\)"):
         train_grpo(lm, replace(cfg, grpo=replace(cfg.grpo, steps=2)), train, tmp_path / "run", log=lambda *a: None)
     old = load_model(cfg.model, cfg.task, init=str(sft_checkpoint))
-    old.loaded_from = None  # (a run begun before dgrpo recorded a loaded model: it recorded builtin-tiny)
+    old.loaded_from, old.builtin = None, True  # (a run begun before dgrpo recorded a loaded model: builtin-tiny)
     more = replace(cfg, grpo=replace(cfg.grpo, steps=2, save_every=1))
     train_grpo(old, more, train, tmp_path / "older", progress=False, log=lambda *a: None)
     assert json.loads((tmp_path / "older" / "config.json").read_text())["model"]["name_or_path"] == "builtin-tiny"
@@ -1507,6 +1507,38 @@ def test_a_model_loaded_in_python_is_recorded_as_the_command_line_records_init(s
     said = []
     train_grpo(lm, more, train, tmp_path / "older", progress=False, log=said.append)  # (was refused: name_or_path)
     assert any("resumed from" in line for line in said), said
+
+
+def test_a_model_wrapped_in_python_is_recorded_as_itself_and_its_run_resumes(tokenizer, tmp_path):
+    """LatentLM(model, tokenizer) around one's own model: the run's config.json named builtin-tiny with the config's
+    sizes (another model than the one trained). It names the model's own checkpoint where transformers set one, else
+    python:<class>, with the model's shape; a warning says a resume takes that model again, and it resumes."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.training.grpo import train_grpo
+    from dgrpo.training.sft import train_sft
+
+    from conftest import make_lm
+
+    lm = make_lm(tokenizer, hidden_size=24, num_layers=1)
+    cfg = tiny_config(**{"grpo.steps": 2, "grpo.save_every": 1, "grpo.prompts_per_step": 2, "data.test": "[]"})
+    train, out, quiet = generate_split(cfg.task, "train")[:4], tmp_path / "run", {"progress": False, "log": print}
+    with pytest.warns(UserWarning, match=r"built in Python .*model.name_or_path=python:Qwen2ForCausalLM, and a resume"):
+        train_grpo(lm, cfg, train, out, **quiet)
+    recorded = json.loads((out / "config.json").read_text())["model"]
+    assert (recorded["name_or_path"], recorded["hidden_size"], recorded["num_layers"]) == (
+        "python:Qwen2ForCausalLM",
+        24,
+        1,
+    )
+    shutil.rmtree(out / "final")  # (stopped after its last checkpoint: resumed by the same script, same model)
+    (out / "summary.json").unlink()
+    said: list[str] = []
+    train_grpo(lm, cfg, train, out, progress=False, log=said.append)
+    assert any("resumed from" in line for line in said), said
+    lm.model.config._name_or_path = str(tmp_path)  # (what transformers' from_pretrained sets)
+    sft = replace(cfg, sft=replace(cfg.sft, num_epochs=1, epochs_per_stage=1, max_latent_stage=0))
+    train_sft(lm, train, sft, tmp_path / "sft", **quiet)
+    assert json.loads((tmp_path / "sft" / "config.json").read_text())["model"]["name_or_path"] == str(tmp_path)
 
 
 def test_a_runs_data_files_are_recorded_by_absolute_path(tmp_path, monkeypatch):

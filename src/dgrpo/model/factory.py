@@ -36,6 +36,8 @@ __all__ = [
 
 
 def build_builtin(model_cfg: ModelConfig, task_cfg: TaskConfig, seed: int = 0) -> LatentLM:
+    """The built-in tiny model of ``model_cfg``'s shape (``model.arch`` and the sizes) over the task's tokenizer, its
+    weights drawn from ``seed``; marked ``builtin`` (a run records it as ``builtin-tiny`` with that shape)."""
     tok = train_task_tokenizer(tokenizer_corpus(task_cfg))
     model = build_tiny_model(
         model_cfg.arch,
@@ -46,7 +48,9 @@ def build_builtin(model_cfg: ModelConfig, task_cfg: TaskConfig, seed: int = 0) -
         num_heads=model_cfg.num_heads,
         intermediate_size=model_cfg.intermediate_size,
     )
-    return LatentLM(model, tok, LatentSettings(), latent_token_init=model_cfg.latent_token_init)
+    lm = LatentLM(model, tok, LatentSettings(), latent_token_init=model_cfg.latent_token_init)
+    lm.builtin = True
+    return lm
 
 
 def load_model(

@@ -359,6 +359,9 @@ class LatentLM(nn.Module):
     #: what from_pretrained loaded: the checkpoint directory (absolute; an adapter's own, not its base) or the hub id
     #: (None: built here); a run's config names it as model.name_or_path (dgrpo.training.model_record)
     loaded_from: str | None = None
+    #: built by dgrpo.model.factory.build_builtin from model.* (the built-in tiny model, whose shape a run's config
+    #: records); a model built or wrapped in Python (LatentLM(model, tokenizer)) is not
+    builtin: bool = False
     #: the hub commit of the repository this model was loaded from (an adapter's own, not its base's; None: a
     #: directory, or built here)
     hub_commit: str | None = None

@@ -65,22 +65,49 @@ def record_the_models_shape(cfg: Config, lm: Any) -> None:
         setattr(given, k, v)
 
 
-def recorded_model(cfg: Config, lm: Any, out_dir: Path) -> Config:
+#: how a run's config names a model built or wrapped in Python whose Hugging Face config names no checkpoint
+#: (``PYTHON_MODEL`` and its class: ``python:Qwen2ForCausalLM``)
+PYTHON_MODEL = "python"
+
+
+def recorded_model(cfg: Config, lm: Any, out_dir: Path, stacklevel: int = 3) -> Config:
     """``cfg`` as a Python trainer records it for ``lm``: a model that ``from_pretrained`` loaded (``load_model(...,
     init=...)``) named by ``model.name_or_path`` where the config names another (the built-in one: the run recorded
     ``builtin-tiny`` and its shape for a loaded GPT-2, and a resume from other weights went unnoticed), with the
     loaded model's shape; a copy (the caller's config is left as it is). The command line has set both already. A
-    run in ``out_dir`` that recorded the built-in name (begun before dgrpo recorded a loaded model) is resumed as it
-    recorded it."""
+    model wrapped in Python (``LatentLM(model, tokenizer)``) under the built-in name is named by
+    :func:`python_model_name`, with its own shape (it recorded ``builtin-tiny`` and the config's sizes), and a warning
+    says that a resume takes that model again. A run in ``out_dir`` that recorded the built-in name (begun before
+    dgrpo recorded a loaded or wrapped model) is resumed as it recorded it. ``stacklevel``: the warning's, to name the
+    trainer's caller."""
     name, loaded = cfg.model.name_or_path, getattr(lm, "loaded_from", None)
-    if name == BUILTIN and (loaded is None or _recorded_name(out_dir) == BUILTIN):
-        return cfg  # the built-in model (or one built in Python: nothing names it), or a run that recorded it so
+    wrapped = loaded is None and not getattr(lm, "builtin", False)
+    if name == BUILTIN and (not (loaded or wrapped) or _recorded_name(out_dir) == BUILTIN):
+        return cfg  # the built-in model, or a run that recorded it so
     cfg = copy.deepcopy(cfg)
     if loaded is not None and (name == BUILTIN or init_name(name) != loaded):
         cfg.model.name_or_path = loaded
+    elif wrapped and name == BUILTIN:
+        cfg.model.name_or_path = python_model_name(lm, out_dir)
+        warnings.warn(
+            f"the model was built in Python (LatentLM(model, tokenizer)): the run in {out_dir} records it as "
+            f"model.name_or_path={cfg.model.name_or_path}, and a resume of it must be given that model again (its "
+            "checkpoints restore the weights into the model passed); LatentLM.from_pretrained(path) records the path",
+            stacklevel=stacklevel,
+        )
     record_the_models_shape(cfg, lm)
     cfg.model.revision = hub_revision(cfg, lm, out_dir)
     return cfg
+
+
+def python_model_name(lm: Any, out_dir: str | Path) -> str:
+    """How a run's config names a model wrapped in Python: the checkpoint or hub id its Hugging Face config names
+    (``_name_or_path``, set by transformers' ``from_pretrained``; a local one as :func:`model_name` names it), else
+    ``python:<its class>`` (a model built from a config: no file holds its starting weights)."""
+    own = getattr(getattr(lm.model, "config", None), "_name_or_path", None)
+    if isinstance(own, str) and own.strip() and own != BUILTIN:
+        return model_name(own, out_dir)
+    return f"{PYTHON_MODEL}:{type(lm.model).__name__}"
 
 
 def hub_revision(cfg: Config, lm: Any, out_dir: Path) -> str:

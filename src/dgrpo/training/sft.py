@@ -523,7 +523,7 @@ def _prepare(
     check_run_inputs(
         lm, cfg, train, "train_sft", valid, list, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
     )
-    cfg = recorded_model(cfg, lm, out_dir)  # (a model loaded in Python is named by the run's config, as --init is)
+    cfg = recorded_model(cfg, lm, out_dir, stacklevel=4)  # (a model loaded in Python: named as --init is)
     default_validation = evaluate_fn is None
     evaluate_fn = evaluate_fn or (default_evaluate_fn(cfg, valid, per_stage=True) if valid else None)  # (scorer now)
     lora_for_training(lm, cfg.model.lora)
