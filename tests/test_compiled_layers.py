@@ -153,6 +153,19 @@ def test_the_step_is_shared_by_copies_and_serves_scoring_only(tokenizer, task_re
     assert calls["n"] == 0
 
 
+def test_the_compiled_step_refuses_a_bound_perturbation_of_other_rows(tokenizer, task_records):
+    """Scoring inside a ``with`` block bound for other rows, without ``perturbation=``: the compiled step took the
+    hooks' masks into its graph and failed there on the shapes; the one line the eager hooks give."""
+    from dgrpo.perturbation import LockedDropout, seeds_for
+
+    lm = make_lm(tokenizer).eval()
+    lm.compiled_layers = CompiledLayers(lm.model, backend="eager")
+    ids, mask, tg, tm = batch(lm, task_records)
+    with LockedDropout(p=0.3).bind(lm, seeds_for(0, 0, 0, ids.shape[0] + 1)):
+        with pytest.raises(ValueError, match=rf"^the perturbation is bound for {ids.shape[0] + 1} rows"):
+            lm.target_logprobs(ids, mask, 2, tg, tm)
+
+
 # ------------------------------------------------------------------ compiled
 
 

@@ -276,6 +276,33 @@ def test_a_perturbation_bound_for_other_rows_than_the_batch_is_refused(tokenizer
         lm.generate(ids[0], mask[0], T, max_new_tokens=2)
 
 
+@pytest.mark.parametrize(
+    "pert",
+    [LockedDropout(p=0.3), GaussianNoise(sigma=0.1), GaussianNoise(sigma=0.1, target="weights")],
+    ids=["locked", "gaussian", "gaussian-weights"],
+)
+def test_a_forward_inside_the_with_block_over_other_rows_is_refused_without_perturbation_given(
+    tokenizer, task_records, pert
+):
+    """Every forward inside a bound perturbation's ``with`` block is perturbed, ``perturbation=`` given or not; a batch
+    of another size there was a RuntimeError deep in the hook (size of tensor a (4) must match (2); einsum for weight
+    noise), and one seed bound over four rows gave every row its masks silently. Now the one line that the explicit
+    ``perturbation=`` gets; the batch bound for still runs, perturbed."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:4]])
+    for n in (1, 2):
+        with (
+            pert.bind(lm, seeds_for(0, 0, 0, n)),
+            pytest.raises(ValueError, match=rf"^the perturbation is bound for {n} rows .*this batch has 4 "),
+        ):
+            lm.generate(ids, mask, T, max_new_tokens=2)
+    with pert.bind(lm, seeds_for(0, 0, 0, 4)) as pb:
+        inside = lm.generate(ids, mask, T, max_new_tokens=2).logprobs
+        given = lm.generate(ids, mask, T, max_new_tokens=2, perturbation=pb).logprobs
+    assert not torch.equal(inside, lm.generate(ids, mask, T, max_new_tokens=2).logprobs)  # (perturbed inside)
+    assert given.shape == inside.shape
+
+
 @pytest.mark.parametrize("pert", [LockedDropout(p=0.9), NativeDropout(p=0.9)], ids=["locked", "native"])
 def test_a_perturbation_must_be_bound_and_entered(tokenizer, task_records, pert):
     """``perturbation=pert.bind(lm, seeds)`` written inline (never entered), or a bound one used after its ``with``

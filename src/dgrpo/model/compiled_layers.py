@@ -53,10 +53,31 @@ def output_factor_hook(factor: Callable[[], Tensor | None]) -> Callable:
 
     def hook(module: nn.Module, args: Any, output: Any) -> Any:
         f = factor()
-        return None if f is None else _scaled(output, f)
+        if f is None:
+            return None
+        check_rows(f, output[0] if isinstance(output, tuple) else output)
+        return _scaled(output, f)
 
     setattr(hook, FACTOR_ATTR, factor)
     return hook
+
+
+def rows_mismatch(rows: int, batch: int) -> str:
+    """The one line that says a bound perturbation (one seed per row) met a batch of another size."""
+    return (
+        f"the perturbation is bound for {rows} rows (one seed each); this batch has {batch} (every forward inside its "
+        "with block is perturbed, perturbation= given or not: bind one seed per row of the batch run there)"
+    )
+
+
+def check_rows(per_row: Tensor, h: Tensor) -> None:
+    """ValueError (:func:`rows_mismatch`) when a bound perturbation's per-row tensor (``[rows, ...]``, a factor
+    ``[rows, 1, H]`` or a weight noise ``[rows, out, in]``) meets a module input or output ``h`` ``[B, L, ...]`` of
+    another batch size: a forward inside the ``with`` block over another batch (one seed's mask spread over every
+    row, or a size error deep in the layer). A shape read per perturbed module; a flattened ``[B*T, H]`` output
+    (Llama 4's mixture of experts) is not checked."""
+    if per_row.shape[0] != h.shape[0] and per_row.dim() == 3 == h.dim():  # (the sizes first: equal as a rule)
+        raise ValueError(rows_mismatch(per_row.shape[0], h.shape[0]))
 
 
 def _scaled(output: Any, f: Tensor) -> Any:
@@ -223,6 +244,9 @@ class CompiledLayers:
                 if m._forward_hooks or m._forward_pre_hooks:
                     raise RuntimeError(f"model.compile: layer {i}'s {name} has a hook the compiled layers cannot apply")
             factors = [_factor_of(m, f"layer {i}'s {part}") for part, m in parts]
+            for f in factors:
+                if f is not None:
+                    check_rows(f, hidden_states)
             empty = isinstance(stored, DynamicLayer) and not stored.is_initialized
             past = (None, None) if empty else (stored.keys, stored.values)
             tensors = [hidden_states, *past, attention_mask, *position_embeddings, *factors]

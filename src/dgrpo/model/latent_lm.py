@@ -47,7 +47,7 @@ from ..config import ConfigError, LatentTokenInit
 from ..run_layout import CHECKPOINTS_DIR, STEP_DIR
 from .anatomy import base_model, decoder_layers, input_embedding_weight
 from .attention_mask import additive_mask, causal_padding_mask, prebuilt_mask_applies, static_causal_padding_mask
-from .compiled_layers import CompiledLayers
+from .compiled_layers import CompiledLayers, rows_mismatch
 from .decoding import AnswerBook, DecodeState, Generation, check_decoding, head_logprobs
 from .head_stats import HeadStats
 from .kv_prefixes import saved_as_prefixes
@@ -863,7 +863,7 @@ class LatentLM(nn.Module):
         Under teacher-forced scoring over a growing cache, the compiled layer step when there is one."""
         rows = getattr(perturbation, "rows", None)
         if rows is not None and rows != x.shape[0]:  # (one seed's masks would otherwise broadcast over every row)
-            raise ValueError(f"the perturbation is bound for {rows} rows (one seed each); this batch has {x.shape[0]}")
+            raise ValueError(rows_mismatch(rows, x.shape[0]))
         compiled = self.compiled_layers if self._scoring and isinstance(cache, DynamicCache) else None
 
         def run(c: DynamicCache | StaticCache, x: Tensor, mask: Tensor, pos: Tensor) -> Tensor:

@@ -4,7 +4,8 @@ One small interface. ``perturbation.bind(lm, seeds)`` returns a context manager 
 row ``i`` is perturbed by the noise regenerated from ``seeds[i]`` alone; inside it, every forward of
 the :class:`~dgrpo.model.latent_lm.LatentLM` (prompt, each latent step, each answer token) sees the
 *same* perturbation of that row (the prompt's and the answer's unperturbed where ``perturb_prompt`` /
-``perturb_answer`` are false). Only the seeds (int64, 8 bytes per rollout) are ever stored: at
+``perturb_answer`` are false), ``perturbation=`` given or not; a forward there over a batch of another size is a
+ValueError (one line). Only the seeds (int64, 8 bytes per rollout) are ever stored: at
 update time the same ``bind`` with the same seeds regenerates the noise exactly (mask replay).
 
 Kinds (``perturbation.kind``; a new one is a :class:`Perturbation` subclass decorated with

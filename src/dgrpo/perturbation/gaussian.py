@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ..config import GaussianTarget
 from ..model.anatomy import find_sites, output_projection
-from ..model.compiled_layers import output_factor_hook
+from ..model.compiled_layers import check_rows, output_factor_hook
 from ..model.latent_chain import with_rows
 from .base import (
     BoundPerturbation,
@@ -83,6 +83,7 @@ class _BoundGaussian(HookedPerturbation):
                 return None
             x = args[0]  # [B, L, in]
             e = self.noises[k]  # [B, out, in], already scaled
+            check_rows(e, x)
             return output + torch.einsum("bli,boi->blo", x, e.to(x.dtype))
 
         return weight_hook if self.weights else act_hook
