@@ -258,6 +258,8 @@ def test_fsdp2_runs_write_resumable_checkpoints_and_resume_bit_identical(
         sets |= {"model.dtype": "bfloat16", "model.master_weights": "true"}
     ref, resumed = tmp_path / "ref", tmp_path / "resumed"
     torchrun("cli", ref, {"argv": ["grpo", "--init", str(sft_checkpoint), "--out", str(ref)], "sets": sets})
+    [applied] = json.loads((ref / "applied.json").read_text())  # (what ran: two processes under this FSDP mode)
+    assert (applied["processes"], applied["fsdp"], applied["master_weights"]) == (2, fsdp, master), applied
     step1 = ref / "checkpoints" / "step-00000001"
     shards = sorted(p.name for p in (step1 / "dcp").iterdir()) if fsdp == "sharded" else []
     assert shards == ([".metadata", "__0_0.distcp", "__1_0.distcp"] if fsdp == "sharded" else []), shards
@@ -265,6 +267,7 @@ def test_fsdp2_runs_write_resumable_checkpoints_and_resume_bit_identical(
     argv = ["grpo", "--init", str(sft_checkpoint), "--out", str(resumed), "--resume", str(step1)]
     log = torchrun("cli", resumed, {"argv": argv, "sets": sets})
     assert "resumed at step 1" in log, log[-3000:]
+    assert [e["started_at_step"] for e in json.loads((resumed / "applied.json").read_text())] == [1]
 
     def final_weights(run: Path) -> dict:
         return load_file(str(run / "final" / "model.safetensors")) if fsdp == "full" else read_sharded(run / "final")

@@ -973,6 +973,7 @@ def test_resume_refuses_a_changed_config_unless_allowed(sft_checkpoint, tmp_path
     assert first["started_at_step"] == 0 and first["config"]["grpo"]["lr"] == 1e-4
     assert second["started_at_step"] == 2 and second["config"]["grpo"]["lr"] == 5e-2
     assert json.loads((out / "config.json").read_text())["grpo"]["lr"] == 5e-2
+    assert [e["started_at_step"] for e in json.loads((out / "applied.json").read_text())] == [0, 2]  # (one a start)
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines() if '"reward_mean"' in x]
     assert steps == [0, 1, 2]
     r = run_cli(*args, "--set", "threads=1")  # options that cannot change results are not a change
@@ -986,6 +987,7 @@ def test_resume_refuses_a_changed_config_unless_allowed(sft_checkpoint, tmp_path
     # nothing of the earlier run is left to read as this one's (its best/ and test results stayed before)
     assert not any((out / name).exists() for name in ("best", "eval", "config.0.json", "config.1.json", "wandb"))
     assert json.loads((out / "summary.json").read_text())["best_step"] is None
+    assert [e["started_at_step"] for e in json.loads((out / "applied.json").read_text())] == [0]  # (this run's)
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines() if '"reward_mean"' in x]
     assert steps == [0, 1]
 

@@ -1164,3 +1164,85 @@ def test_a_run_that_recorded_a_relative_data_path_resumes_with_it(sft_checkpoint
     assert r.returncode == 0 and "resumed from" in r.stdout, r.stderr
     r = run_cli(*args, "--set", "data.train=other.jsonl", "--out", out)  # (another file is still a change)
     assert r.returncode == 2 and "a different config (data.train)" in r.stderr, r.stderr
+
+
+@pytest.mark.filterwarnings("ignore:grpo.optimizer=adamw8bit runs on CUDA only")
+@pytest.mark.filterwarnings("ignore:model.kernels=liger")
+def test_a_grpo_run_records_what_it_applied_not_what_was_asked_and_each_resume_adds_its_own(tmp_path):
+    """config.json says what was asked; on a CPU grpo.optimizer=adamw8bit ran torch AdamW and model.kernels=liger
+    ran no kernels, said only by warnings that scrolled away. applied.json (written at the start: a stopped run has
+    it) and summary.json's ``applied`` say what ran; a resume adds its own entry, a rewind drops the abandoned ones."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.grpo import train_grpo
+
+    asked = {"grpo.optimizer": "adamw8bit", "model.kernels": "liger", "grpo.engine": "auto", "fsdp": "sharded"}
+    asked |= {"grpo.steps": 1}
+    common = {"grpo.prompts_per_step": 2, "grpo.eval_every": 0, "grpo.warmup_steps": 0}
+    cfg = tiny_config(**asked, **common, **{"data.test": "[]"})
+    lm, out = load_model(cfg.model, cfg.task, seed=0), tmp_path / "run"
+    train = generate_split(cfg.task, "train")[:8]
+    summary = train_grpo(lm, cfg, train, out, progress=False, log=lambda *a: None)
+    config = json.loads((out / "config.json").read_text())
+    g, model = config["grpo"], config["model"]
+    assert (g["optimizer"], model["kernels"], config["fsdp"]) == ("adamw8bit", "liger", "sharded")  # (as asked)
+    [applied] = json.loads((out / "applied.json").read_text())
+    assert applied == {"started_at_step": 0, **summary["applied"]}
+    assert {k: applied[k] for k in ("device", "processes", "fsdp", "optimizer", "kernels", "master_weights")} == {
+        "device": "cpu",
+        "processes": 1,
+        "fsdp": "none",
+        "optimizer": "torch.optim.adamw.AdamW",
+        "kernels": "none",
+        "master_weights": False,
+    }
+    assert (applied["engine"], applied["keep_graphs"], applied["update_latent_graphs"]) == ("eager", False, False)
+    assert (applied["dtype"], applied["compile"], applied["compile_head"], applied["pack_gqa"]) == (
+        "float32",
+        False,
+        False,
+        False,
+    )
+    assert applied["versions"]["torch"] == torch.__version__ and "transformers" in applied["versions"]
+    longer = tiny_config(**{**asked, "grpo.steps": 2}, **common, **{"data.test": "[]"})
+    train_grpo(lm, longer, train, out, progress=False, log=lambda *a: None, allow_config_change=True)
+    assert [e["started_at_step"] for e in json.loads((out / "applied.json").read_text())] == [0, 1]
+
+
+def test_applied_json_keeps_an_entry_per_start_and_drops_those_a_rewind_abandons(tmp_path):
+    """Each process that starts or resumes a run appends what it applied (another machine may resolve otherwise);
+    one that starts at step N drops the entries of starts at N or later (their steps are trained anew)."""
+    from dgrpo.training.applied import record_applied
+
+    path = tmp_path / "applied.json"
+    for step, device in ((0, "cpu"), (5, "cuda"), (9, "cuda")):
+        record_applied(path, step, {"device": device})
+    assert json.loads(path.read_text()) == [
+        {"started_at_step": 0, "device": "cpu"},
+        {"started_at_step": 5, "device": "cuda"},
+        {"started_at_step": 9, "device": "cuda"},
+    ]
+    record_applied(path, 5, {"device": "cpu"})  # (a rewind to step 5)
+    assert [(e["started_at_step"], e["device"]) for e in json.loads(path.read_text())] == [(0, "cpu"), (5, "cpu")]
+    path.write_text("{}")
+    with pytest.warns(UserWarning, match="applied.json is not a list of applied settings: written anew"):
+        record_applied(path, 3, {"device": "cpu"})
+    assert json.loads(path.read_text()) == [{"started_at_step": 3, "device": "cpu"}]
+
+
+@pytest.mark.filterwarnings("ignore:model.kernels=liger")
+def test_an_sft_run_records_what_it_applied(tmp_path):
+    """SFT applies no fused kernels (model.kernels is the GRPO trainer's): its applied.json says none, and the
+    optimizer its steps ran (torch AdamW; with bf16 weights and model.master_weights, float32 masters)."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.sft import train_sft
+
+    over = {"task.n_train": 16, "sft.num_epochs": 1, "model.kernels": "liger", "data.test": "[]"}
+    cfg = tiny_config(**over, **{"model.dtype": "bfloat16", "model.master_weights": True})
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path / "sft", log=lambda *a: None, progress=False)
+    [applied] = json.loads((tmp_path / "sft" / "applied.json").read_text())
+    assert applied["optimizer"] == "dgrpo.training.master_weights.MasterWeightAdamW" and applied["master_weights"]
+    assert (applied["kernels"], applied["dtype"], applied["started_at_step"]) == ("none", "bfloat16", 0)
+    assert "engine" not in applied  # (GRPO's rollouts)

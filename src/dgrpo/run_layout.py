@@ -17,7 +17,8 @@ TB_DIR = "tb"  # TensorBoard event files
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"  # the config the run was started with (config.N.json: each changed one)
 ROLLOUTS_FILE = "rollouts.jsonl"  # GRPO: sampled rollouts, when logged
-SUMMARY_FILE = "summary.json"  # GRPO: the run's summary (best step, accuracies, steps, skipped steps)
+SUMMARY_FILE = "summary.json"  # GRPO: the run's summary (best step, accuracies, steps, skipped steps, applied)
+APPLIED_FILE = "applied.json"  # what each process that started or resumed the run applied, as resolved at run time
 LOCK_FILE = ".lock"
 WANDB_ID_FILE = "wandb_run_id"
 WANDB_DIR = "wandb"  # W&B's local files of the run (wandb.init(dir=OUT))

@@ -52,6 +52,7 @@ from ..perturbation.base import to_device
 from ..progress import bar_disabled
 from ..reward import extract_answer, normalize_text
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, SUMMARY_FILE
+from .applied import applied_settings
 from .checkpoint import read_checkpoint, save_checkpoint, shard_staging
 from .distributed import Dist
 from .losses import (
@@ -251,6 +252,20 @@ class GRPOTrainer:
         # what the model's checkpoints record (run_config.json: dgrpo eval reads its scorer, data keys and dtype), here
         # so that a loop of step() calls saves this config too, not the --init checkpoint's
         lm.run_config = to_dict(cfg)
+
+    def applied(self) -> dict[str, Any]:
+        """What this trainer runs with, as resolved (:func:`~dgrpo.training.applied.applied_settings`): besides the
+        optimizer, kernels, dtype and compiled parts, ``grpo.engine``, ``grpo.keep_graphs`` and
+        ``grpo.update_latent_graphs`` as resolved."""
+        return applied_settings(
+            self.lm,
+            self.dist,
+            self.opt,
+            kernels=self.kernels,
+            engine=self.engine,
+            keep_graphs=self.keep_graphs,
+            update_latent_graphs=self.chain_latents,
+        )
 
     # -------------------------------------------------------------------- resumable state
     def state(self) -> dict:
@@ -783,8 +798,9 @@ def train_grpo(
                 _end_step(run, trainer, loop, evaluate, stalled)
                 shown = {"reward": f"{m['reward_mean']:.3f}", "kept": f"{m['frac_groups_kept']:.2f}"}
                 bar.set_postfix({**shown, **({"eval": f"{loop.last_eval:.3f}"} if loop.last_eval is not None else {})})
+        applied = trainer.applied()  # (before its optimizer's state is freed; a compiler's fallback in the run shown)
         trainer.release_training_state()
-        return _finish(run, trainer, loop, final_eval)
+        return _finish(run, trainer, loop, final_eval, applied)
 
 
 def _logged_step(run: RunDir, trainer: GRPOTrainer, loop: LoopState) -> tuple[dict, str | None]:
@@ -854,7 +870,7 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
         if run.drop_stale_best(saved):  # (best/ written after the checkpoint, by steps this resume abandons)
             loop.best_step, loop.best_accuracy = None, -1.0
     loop.started = time.time()
-    run.start(saved)
+    run.start(saved, trainer.applied())
     return loop
 
 
@@ -891,7 +907,9 @@ def _check_stall(run: RunDir, loop: LoopState, m: dict, g: GRPOConfig) -> str | 
     return None
 
 
-def _finish(run: RunDir, trainer: GRPOTrainer, loop: LoopState, final_eval: FinalEval | None) -> dict:
+def _finish(
+    run: RunDir, trainer: GRPOTrainer, loop: LoopState, final_eval: FinalEval | None, applied: dict[str, Any]
+) -> dict:
     """``final_eval``'s row (the test sets), then ``final/`` and, last, ``summary.json`` (returned; {} on ranks other
     than 0): a run with a summary.json, or a final/, is finished, its test sets' results written. One stopped before
     (in the test sets) is resumed by the same command from its last step's checkpoint, with no step left to train."""
@@ -899,17 +917,19 @@ def _finish(run: RunDir, trainer: GRPOTrainer, loop: LoopState, final_eval: Fina
     run.final_eval(final_eval, trainer.lm, steps, loop.best_step)
     trainer.dist.save_model(trainer.lm, run.out_dir / FINAL_DIR)
     trainer.lm.stopped_run = None
-    return _summary(run, loop, steps) if trainer.dist.is_main else {}
+    return _summary(run, loop, steps, applied) if trainer.dist.is_main else {}
 
 
-def _summary(run: RunDir, loop: LoopState, steps: int) -> dict:
-    """``summary.json``: best and final validation accuracy, steps, skipped steps."""
+def _summary(run: RunDir, loop: LoopState, steps: int, applied: dict[str, Any]) -> dict:
+    """``summary.json``: best and final validation accuracy, steps, skipped steps, and what the process that
+    finished the run applied (``applied``, as at its last step)."""
     summary = {
         "best_step": loop.best_step,
         "best_accuracy": loop.best_accuracy if loop.best_step is not None else None,
         "final_accuracy": loop.last_eval,
         "steps": steps,
         "skipped_steps": loop.skipped,
+        "applied": applied,
     }
     (run.out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
     best = f"best {100 * loop.best_accuracy:.2f}% at step {loop.best_step}" if loop.best_step is not None else "no best"

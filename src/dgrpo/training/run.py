@@ -40,6 +40,7 @@ from ..model.verified import (
     remove_dir,
 )
 from ..run_layout import (
+    APPLIED_FILE,
     BEST_DIR,
     CHECKPOINTS_DIR,
     CONFIG_FILE,
@@ -53,6 +54,7 @@ from ..run_layout import (
     WANDB_ID_FILE,
     results_folder,
 )
+from .applied import record_applied
 from .checkpoint import (
     LoadedCheckpoint,
     checkpoint_command,
@@ -192,10 +194,10 @@ def _is_training_run(path: Path) -> bool:
 
 
 #: what a run writes in OUT besides config.json and metrics.jsonl, which ``--resume never`` (or a restart under another
-#: config) removes: its checkpoints, models, test results, logs and summary
+#: config) removes: its checkpoints, models, test results, logs, summary and applied settings
 RUN_WRITES = (
     *(CHECKPOINTS_DIR, BEST_DIR, FINAL_DIR, results_folder(FINAL_DIR), results_folder(BEST_DIR), TB_DIR),
-    *(SUMMARY_FILE, ROLLOUTS_FILE, WANDB_ID_FILE, WANDB_DIR),
+    *(SUMMARY_FILE, ROLLOUTS_FILE, WANDB_ID_FILE, WANDB_DIR, APPLIED_FILE),
 )
 
 
@@ -977,10 +979,11 @@ class RunDir:
                 continue
             self.log(f"dgrpo: moved the skipped checkpoint {ckpt.name} aside to {aside}")
 
-    def start(self, resumed_state: dict | None) -> None:
+    def start(self, resumed_state: dict | None, applied: dict[str, Any] | None = None) -> None:
         """A resumed LoRA run's adapter folders first pointed to its base's new place (:meth:`_adopt_base`); then
-        write ``config.json`` (and its history), open the metrics log (keeping the resumed checkpoint's rows, or
-        starting empty) and the trackers, say where metrics go and that we resumed."""
+        write ``config.json`` (and its history) and ``applied`` (what the trainer applied, as resolved: an entry of
+        ``applied.json``, :func:`~.applied.record_applied`), open the metrics log (keeping the resumed checkpoint's
+        rows, or starting empty) and the trackers, say where metrics go and that we resumed."""
         trackers: list[Tracker] = []
         if resumed_state is not None:
             self._adopt_base(self.base_now)
@@ -990,6 +993,8 @@ class RunDir:
             if resumed_state is not None and self.changed:
                 self._keep_config_history(step)
             (self.out_dir / CONFIG_FILE).write_text(json.dumps(self.cfg, indent=2))
+            if applied is not None:
+                record_applied(self.out_dir / APPLIED_FILE, step, applied)
             lg = self.logging
             trackers = open_trackers(
                 lg.backends,

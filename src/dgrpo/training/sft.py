@@ -34,6 +34,7 @@ from ..model.sources import on_for_device
 from ..model.verified import one_line
 from ..progress import bar_disabled
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dir
+from .applied import applied_settings
 from .checkpoint import read_checkpoint, save_checkpoint, shard_staging
 from .distributed import Dist
 from .master_weights import adamw, carry_masters
@@ -290,7 +291,8 @@ class SFTRun:
         self.best_rows_from = saved["metrics_lines"] if saved and run.drop_stale_best(saved) else 0
         skips = saved["nonfinite_skips"] if saved else 0
         self.guard = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr", skips=skips)
-        run.start(saved)
+        # what it runs with, as resolved (no fused kernels: model.kernels is the GRPO trainer's; new_optimizer's class)
+        run.start(saved, applied_settings(lm, dist, opt, kernels="none"))
         # the metrics' time_s goes on from the checkpoint's (one between two logged rows: its own time, not the row's)
         trained = (saved["time_s"] if "time_s" in saved else _time_trained(run)) if saved else 0.0  # (older: the rows)
         self.t0 = time.time() - trained
