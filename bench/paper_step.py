@@ -70,7 +70,6 @@ from dgrpo.eval.scoring import Rewards  # noqa: E402
 from dgrpo.model import latent_lm  # noqa: E402
 from dgrpo.model.decoding import AnswerBook  # noqa: E402
 from dgrpo.model.fixed_shape import FixedShapeDecoder  # noqa: E402
-from dgrpo.model.gqa_attention import PACKED_GQA  # noqa: E402
 from dgrpo.model.latent_chain import LatentChain  # noqa: E402
 from dgrpo.model.latent_lm import LatentLM  # noqa: E402
 from dgrpo.training import grpo  # noqa: E402
@@ -305,21 +304,21 @@ def summarize(tr: GRPOTrainer, rows: list[dict], device: torch.device, kernels: 
     """The medians of ``tr``'s timed ``rows`` and the settings it ran with, as resolved (``kernels``: as applied,
     :func:`make_trainers`)."""
     timed = [r for r in rows if not r["warmup"]]
-    g = tr.cfg.grpo
+    g, applied = tr.cfg.grpo, tr.applied()  # (what a run's applied.json records)
     out = {
         "micro_batch_size": g.micro_batch_size,
-        "engine": tr.engine,
+        "engine": applied["engine"],
         "kernels": kernels,
         "compile": tr.cfg.model.compile,
         # (as resolved: auto is on on CUDA; the head is false again should its compiler have failed)
-        "compile_head": tr.lm.head_stats.compiled,
-        "pack_gqa": tr.lm.model.config._attn_implementation == PACKED_GQA,
+        "compile_head": applied["compile_head"],
+        "pack_gqa": applied["pack_gqa"],
         "recompute": g.recompute_granularity if g.recompute else False,
         "recompute_latent_steps": g.recompute_latent_steps,
         "recompute_kept_layers": g.recompute_kept_layers,
         "optimizer": type(tr.opt).__name__,
         "dtype": str(next(tr.lm.model.parameters()).dtype),
-        "update_latent_graphs": tr.chain_latents,  # (as resolved: auto is on where the chain can run)
+        "update_latent_graphs": applied["update_latent_graphs"],  # (as resolved: auto is on where the chain can run)
         "median_step_s": statistics.median(r["wall_s"] for r in timed),
         "median_rollout_s": statistics.median(r["rollout_s"] for r in timed),
         "median_update_s": statistics.median(r["update_s"] for r in timed),
