@@ -1068,7 +1068,13 @@ def test_sigterm_in_a_runs_test_sets_says_so_and_leaves_it_unfinished(sft_checkp
         "dgrpo: terminated (SIGTERM) in the test sets' evaluation (the training is done and checkpointed; final/ and "
         f"summary.json come after them); the same command resumes from the newest checkpoint in {out}/checkpoints"
     )
-    assert sorted(p.name for p in out.iterdir()) == [".lock", "checkpoints", "config.json", "metrics.jsonl"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".lock",
+        "applied.json",
+        "checkpoints",
+        "config.json",
+        "metrics.jsonl",
+    ]
 
 
 @pytest.mark.slow

@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import platform
 import warnings
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from .. import __version__
 from ..model.gqa_attention import PACKED_GQA
 from ..model.latent_lm import LatentLM
 from .distributed import Dist
@@ -51,7 +51,7 @@ def versions() -> dict[str, str]:
     """The versions that ran: Python, dgrpo, torch (with its CUDA), transformers."""
     import transformers
 
-    out = {"python": platform.python_version(), "dgrpo": __version__, "torch": torch.__version__}
+    out = {"python": platform.python_version(), "dgrpo": version("dgrpo"), "torch": torch.__version__}
     if torch.version.cuda:
         out["cuda"] = torch.version.cuda
     out["transformers"] = transformers.__version__
