@@ -1535,11 +1535,13 @@ def test_a_model_wrapped_in_python_is_recorded_as_itself_and_its_run_resumes(tok
     shutil.rmtree(out / "final")  # (stopped after its last checkpoint: resumed by the same script, same model)
     (out / "summary.json").unlink()
     said: list[str] = []
-    train_grpo(lm, cfg, train, out, progress=False, log=said.append)
+    with pytest.warns(UserWarning, match="a resume of it must be given that model again"):
+        train_grpo(lm, cfg, train, out, progress=False, log=said.append)
     assert any("resumed from" in line for line in said), said
     lm.model.config._name_or_path = str(tmp_path)  # (what transformers' from_pretrained sets)
     sft = replace(cfg, sft=replace(cfg.sft, num_epochs=1, epochs_per_stage=1, max_latent_stage=0))
-    train_sft(lm, train, sft, tmp_path / "sft", **quiet)
+    with pytest.warns(UserWarning, match=f"model.name_or_path={tmp_path}, and a resume"):
+        train_sft(lm, train, sft, tmp_path / "sft", **quiet)
     assert json.loads((tmp_path / "sft" / "config.json").read_text())["model"]["name_or_path"] == str(tmp_path)
 
 
