@@ -62,6 +62,7 @@ def test_the_compiled_step_has_its_own_recompile_limit(tokenizer, monkeypatch):
 
     if "recompile_limit" not in inspect.signature(torch.compile).parameters:
         pytest.skip("this torch's compile takes no recompile_limit: the process-wide one is raised")
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
     given, real = [], torch.compile
 
     @functools.wraps(real)  # (its signature: the keywords it takes)
@@ -70,10 +71,8 @@ def test_the_compiled_step_has_its_own_recompile_limit(tokenizer, monkeypatch):
         return real(fn, **kw)
 
     monkeypatch.setattr(torch, "compile", spy)
-    # (dynamo's own patch: monkeypatch's undo of a config module's setting deletes it, and dynamo then finds none)
-    with torch._dynamo.config.patch(recompile_limit=8):
-        CompiledLayers(make_lm(tokenizer, "qwen2").model)
-        assert torch._dynamo.config.recompile_limit == 8
+    CompiledLayers(make_lm(tokenizer, "qwen2").model)
+    assert torch._dynamo.config.recompile_limit == 8
     assert [kw.get("recompile_limit") for kw in given] == [RECOMPILE_LIMIT]
 
 
