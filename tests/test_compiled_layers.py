@@ -4,7 +4,6 @@ The compiling tests are slow (dynamo traces every graph once per process; induct
 tier checks what is decided before anything compiles."""
 
 import copy
-import functools
 import shutil
 
 import pytest
@@ -50,30 +49,6 @@ def test_output_factor_hook_multiplies_and_says_by_what():
     handle.remove()
     mod.register_forward_hook(output_factor_hook(lambda: None))  # inactive: the output as it is
     assert torch.equal(mod(x), torch.nn.functional.linear(x, mod.weight, mod.bias))
-
-
-def test_the_compiled_step_has_its_own_recompile_limit(tokenizer, monkeypatch):
-    """The step's limit of 64 graphs was set as dynamo's process-wide recompile_limit, raised for every compiled
-    function of the process and never lowered. Where torch.compile takes a limit of its own (torch 2.13), the step
-    gets it and the process-wide one is left as it was."""
-    import inspect
-
-    from dgrpo.model.compiled_layers import RECOMPILE_LIMIT
-
-    if "recompile_limit" not in inspect.signature(torch.compile).parameters:
-        pytest.skip("this torch's compile takes no recompile_limit: the process-wide one is raised")
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    given, real = [], torch.compile
-
-    @functools.wraps(real)  # (its signature: the keywords it takes)
-    def spy(fn, **kw):
-        given.append(kw)
-        return real(fn, **kw)
-
-    monkeypatch.setattr(torch, "compile", spy)
-    CompiledLayers(make_lm(tokenizer, "qwen2").model)
-    assert torch._dynamo.config.recompile_limit == 8
-    assert [kw.get("recompile_limit") for kw in given] == [RECOMPILE_LIMIT]
 
 
 @pytest.mark.parametrize("arch", ["gpt2"])

@@ -20,7 +20,6 @@ one-position calls were slower: bench/RESULTS.md). A call over another cache run
 from __future__ import annotations
 
 import copy
-import inspect
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,8 +38,7 @@ from .recompute import OneLayerCache, dynamic_layer, layer_forwards
 FACTOR_ATTR = "dgrpo_output_factor"
 #: architectures whose decoder layer the step runs (rotary tables as ``position_embeddings``, a 4-d SDPA mask)
 COMPILABLE_MODEL_TYPES = ("qwen2", "llama")
-#: dynamo's limit on the graphs of the compiled step (the step's own where torch.compile takes one, as torch 2.13; on
-#: an older torch the process-wide limit, raised to at least this: :func:`step_recompile_limit`)
+#: dynamo's limit on graphs per compiled function, raised to at least this (a process-wide setting)
 RECOMPILE_LIMIT = 64
 #: the parts of a block whose output factors the step applies (``dgrpo.model.anatomy.PART_NAMES``)
 FACTOR_PARTS = ("attn", "mlp")
@@ -136,19 +134,6 @@ def check_compilable(model: nn.Module) -> None:
         )
 
 
-def step_recompile_limit() -> dict[str, Any]:
-    """The compiled step's limit on its graphs, as ``torch.compile`` keywords: with / without grad, past and factors,
-    one / many positions, one / many rows (dynamo's default of 8 could be reached within a run; past it, dynamo falls
-    back to eager silently). The step's own limit where ``torch.compile`` takes one (torch 2.13 does): the process-wide
-    ``torch._dynamo.config.recompile_limit``, which every other compiled function of the process reads, is left as
-    it is. On an older torch that one is raised to :data:`RECOMPILE_LIMIT` (never lowered: another user of it may
-    have raised it further), and no keyword is given."""
-    if "recompile_limit" in inspect.signature(torch.compile).parameters:
-        return {"recompile_limit": RECOMPILE_LIMIT}
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    return {}
-
-
 class CompiledLayers:
     """One compiled layer step for a model's decoder layers (and any model of the same shape: the reference).
 
@@ -172,9 +157,12 @@ class CompiledLayers:
             sub.register_forward_hook(self._slot_hook(part))
         self._active: set[int] = set()  # the models (by id) whose layers run the step now
         self._anatomy: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
+        # graphs per code object: with / without grad, past and factors, one / many positions, one / many rows
+        # (dynamo's default of 8 could be reached within a run; past it, dynamo would fall back to eager silently)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         inductor_mode = None if backend != "inductor" or mode == "default" else mode
         self.step: Callable[..., tuple[Tensor, Tensor, Tensor]] = torch.compile(
-            self._step, dynamic=True, backend=backend, mode=inductor_mode, **step_recompile_limit()
+            self._step, dynamic=True, backend=backend, mode=inductor_mode
         )
 
     def __deepcopy__(self, memo: dict) -> CompiledLayers:
