@@ -457,3 +457,34 @@ def test_a_reward_failing_on_one_rank_stops_every_rank_with_one_line(sft_checkpo
         assert log.count(f"dgrpo: error: rank 0: {others} in another process") == 1, log[-4000:]
         assert "raised RewardError" not in log, log[-4000:]  # (a scorer's error was wrapped twice: review 3)
         assert "gloo" not in log and "[rank0]: Traceback" not in log, log[-4000:]
+
+
+def test_a_python_caller_without_dist_is_told_what_one_process_leaves_out(
+    tokenizer, task_records, monkeypatch, tmp_path
+):
+    """``train_grpo`` / ``train_sft`` / ``GRPOTrainer`` given no ``dist=`` run in one process: the config's ``fsdp``
+    was not applied and, under torchrun, every rank trained alone on all the data, without a word (the command line
+    warns through ``Dist.from_env``). A warning says so, at the caller's line; with ``dist=`` given, none."""
+    import warnings
+
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.grpo import GRPOTrainer
+    from dgrpo.training.sft import train_sft
+
+    from conftest import make_lm, tiny_config
+
+    lm, cfg = make_lm(tokenizer), tiny_config(fsdp="full")
+    with pytest.warns(
+        UserWarning, match=r"fsdp=full is not applied: GRPOTrainer was given no dist= \(one process\)"
+    ) as w:
+        GRPOTrainer(lm, cfg, task_records[:4])
+    assert w[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*was given no dist=")
+        GRPOTrainer(lm, cfg, task_records[:4], dist=Dist.single())
+        GRPOTrainer(lm, tiny_config(), task_records[:4])  # (fsdp none, one process: nothing left out)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    sft = tiny_config(**{"sft.num_epochs": 1, "data.test": "[]", "data.valid": "''"})
+    with pytest.warns(UserWarning, match=r"train_sft was given no dist= under torchrun \(WORLD_SIZE=2\)") as w:
+        train_sft(lm, task_records[:8], sft, tmp_path / "sft", progress=False, log=lambda *a: None)
+    assert any(x.filename == __file__ for x in w if "no dist=" in str(x.message))

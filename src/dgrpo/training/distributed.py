@@ -100,6 +100,28 @@ class Dist:
         return cls()
 
     @classmethod
+    def given_or_single(cls, dist: Dist | None, fsdp: str, what: str, stacklevel: int = 3) -> Dist:
+        """``dist``, else one process (``what``, a Python caller's ``train_grpo`` / ``train_sft`` / ``GRPOTrainer``,
+        was given no ``dist=``), with a warning for what that leaves out, as :meth:`from_env` warns on the command
+        line: the config's ``fsdp`` is not applied, and under torchrun (WORLD_SIZE > 1) every rank would train alone
+        on all the data (both were silent)."""
+        if dist is not None:
+            return dist
+        how = "pass dist=Dist.from_env(lm.device, cfg.fsdp) (dgrpo.training.distributed.Dist)"
+        world = env_int("WORLD_SIZE", 1)
+        if world > 1:
+            warnings.warn(
+                f"{what} was given no dist= under torchrun (WORLD_SIZE={world}): each rank trains alone on all the "
+                f"data, writing the same run directory; {how}",
+                stacklevel=stacklevel,
+            )
+        elif fsdp not in ("", "none"):
+            warnings.warn(
+                f"fsdp={fsdp} is not applied: {what} was given no dist= (one process); {how}", stacklevel=stacklevel
+            )
+        return cls()
+
+    @classmethod
     def from_env(cls, device: torch.device | None = None, fsdp: str = "none") -> Dist:
         """Join the process group torchrun set up (WORLD_SIZE > 1), else a single process.
 

@@ -209,7 +209,7 @@ class GRPOTrainer:
         (parts with weights); default: what ``grpo.reward`` / ``grpo.rewards`` name, else ``eval.scorer``."""
         check_trainer_inputs(lm, cfg, train, "GRPOTrainer")
         self.lm, self.cfg, self.train_data = lm, cfg, train
-        self.dist = dist or Dist.single()
+        self.dist = Dist.given_or_single(dist, cfg.fsdp, "GRPOTrainer")
         g = cfg.grpo
         lm.use_recompute(g, "grpo")
         _check_shares_and_thoughts(lm, g, self.dist)
@@ -779,7 +779,7 @@ def train_grpo(
     every = [r for records in (valid or {}).values() for r in records]
     evaluate_fn = evaluate_fn or (default_evaluate_fn(cfg, every) if valid else None)  # (eval.scorer built now)
     lora_for_training(lm, cfg.model.lora)
-    dist, g = dist or Dist.single(), cfg.grpo
+    dist, g = Dist.given_or_single(dist, cfg.fsdp, "train_grpo"), cfg.grpo
     lm.settings.chat_template |= cfg.data.chat_template  # on for a model trained without it (a trained one keeps it)
     if lm.settings.chat_template and not cfg.data.chat_template:  # the run's config.json says how it prompts
         cfg = replace(cfg, data=replace(cfg.data, chat_template=True))

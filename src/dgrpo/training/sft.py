@@ -529,7 +529,7 @@ def _prepare(
     default_validation = evaluate_fn is None
     evaluate_fn = evaluate_fn or (default_evaluate_fn(cfg, valid, per_stage=True) if valid else None)  # (scorer now)
     lora_for_training(lm, cfg.model.lora)
-    dist = dist or Dist.single()
+    dist = Dist.given_or_single(dist, cfg.fsdp, "train_sft", stacklevel=4)  # (_prepare's caller's caller)
     if cfg.sft.batch_size < dist.world_size:
         raise ConfigError(
             f"sft.batch_size: {cfg.sft.batch_size} examples cannot be shared by {dist.world_size} processes"
