@@ -459,6 +459,7 @@ def test_a_reward_failing_on_one_rank_stops_every_rank_with_one_line(sft_checkpo
         assert "gloo" not in log and "[rank0]: Traceback" not in log, log[-4000:]
 
 
+@pytest.mark.filterwarnings("ignore:the model was built in Python")
 def test_a_python_caller_without_dist_is_told_what_one_process_leaves_out(
     tokenizer, task_records, monkeypatch, tmp_path
 ):
