@@ -1247,7 +1247,6 @@ class Config:
         """Check every section and the top-level options; returns ``self``. A value set on the object in Python is
         first read as a file's or ``--set``'s would be (``"1e-5"`` as 1e-5, a Path as its text), or refused in
         the same one-line error."""
-        _check_sections(self, "")
         _coerce_fields(self, "")
         for f in fields(self):
             section = getattr(self, f.name)
@@ -1634,36 +1633,31 @@ def _field_type(cls: type, name: str) -> Any:
     return _type_hints(cls)[name]
 
 
-def _check_sections(obj: Any, prefix: str) -> None:
-    """Each section of dataclass ``obj`` (and of its sections) an instance of its class, or a one-line ConfigError:
-    ``Config(grpo={"steps": 3})`` was an AttributeError deep in the checks ('dict' object has no attribute ...)."""
+def _section_error(key: str, tp: type, value: object) -> ConfigError:
+    """A section given as something else than its class (``Config(grpo={"steps": 3})``: an AttributeError deep in the
+    checks, 'dict' object has no attribute ...), and how to give values by key."""
+    start = "{...}"
+    for part in reversed(key.split(".")):
+        start = f"{{{part!r}: {start}}}"
+    return ConfigError(
+        f"{key}: expected a {tp.__name__}, got {type(value).__name__}; values by key go through "
+        f"load_config(Config, start={start}) or are set on the section ({key}.NAME = value)"
+    )
+
+
+def _coerce_fields(obj: Any, prefix: str) -> None:
+    """Coerce every option of dataclass ``obj`` (and its sections) to its type in place (:func:`_coerce`); a section
+    that is not an instance of its class is a one-line ConfigError (:func:`_section_error`)."""
     cls: type = type(obj)
     hints = _type_hints(cls)
     for f in fields(obj):
         tp, value, key = hints[f.name], getattr(obj, f.name), f"{prefix}{f.name}"
-        if not (isinstance(tp, type) and is_dataclass(tp)):
-            continue
-        if not isinstance(value, tp):
-            start = "{...}"
-            for part in reversed(key.split(".")):
-                start = f"{{{part!r}: {start}}}"
-            raise ConfigError(
-                f"{key}: expected a {tp.__name__}, got {type(value).__name__}; values by key go through "
-                f"load_config(Config, start={start}) or are set on the section ({key}.NAME = value)"
-            )
-        _check_sections(value, key + ".")
-
-
-def _coerce_fields(obj: Any, prefix: str) -> None:
-    """Coerce every option of dataclass ``obj`` (and its sections) to its type in place (:func:`_coerce`)."""
-    cls: type = type(obj)
-    hints = _type_hints(cls)
-    for f in fields(obj):
-        value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        if isinstance(tp, type) and is_dataclass(tp) and not isinstance(value, tp):
+            raise _section_error(key, tp, value)
         if is_dataclass(value):
             _coerce_fields(value, key + ".")
         else:
-            setattr(obj, f.name, _coerce(value, hints[f.name], key))
+            setattr(obj, f.name, _coerce(value, tp, key))
 
 
 #: TRL ``GRPOConfig`` names and the dgrpo key (or command-line option) each is here: docs/from_trl.md's table, the
