@@ -165,7 +165,7 @@ def run_export(args: argparse.Namespace) -> int:
         raise CheckpointError(f"{src} is already a full checkpoint (no adapter_config.json): nothing to merge")
     if not args.merge:
         raise CheckpointError(f"{src} is a LoRA adapter checkpoint: pass --merge to write base + adapter as one model")
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(args.dtype)
+    dtype = dtype_named(args.dtype)
     lm = LatentLM.from_pretrained(src, dtype=torch.float32, trust_remote_code=args.trust_remote_code)
     lora.merge_into_base(lm)
     refuse_non_finite(lm.model)  # (in float32: what is not finite here, no export dtype holds)
@@ -284,10 +284,15 @@ def checkpoint_stage(ckpt: Path, stage: int | None, epochs_per_stage: int | None
 def recorded_dtype(run_config: dict | None) -> torch.dtype | None:
     """The ``model.dtype`` the run that trained an adapter recorded (its ``run_config.json``), the dtype it scored in:
     None when there is no record (an adapter saved outside a run), and ``export --dtype auto`` takes the base's."""
+    return dtype_named(((run_config or {}).get("model") or {}).get("dtype"))
+
+
+def dtype_named(name: object) -> torch.dtype | None:
+    """The export dtype a name gives (``float32``, ``bfloat16``, ``float16``); None for another (``auto``, none)."""
     import torch
 
-    stated = ((run_config or {}).get("model") or {}).get("dtype")
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(stated) if isinstance(stated, str) else None
+    named = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    return named.get(name) if isinstance(name, str) else None
 
 
 def base_dtype(name: str, trust_remote_code: bool, revision: str | None = None) -> torch.dtype:
