@@ -568,6 +568,27 @@ def test_a_model_off_the_configs_device_is_warned_about(sft_checkpoint, monkeypa
         warn_if_off_device(lm, cfg, "train_grpo")
 
 
+def test_the_trainers_off_device_warning_names_their_callers_line(sft_checkpoint, task_records, tmp_path, monkeypatch):
+    """train_sft checks what it is given in a helper, one call deeper than train_grpo: its off-device warning named
+    train_sft's own line, not its caller's, as train_grpo's does."""
+    from dgrpo.training import run
+    from dgrpo.training.sft import train_sft
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args: object) -> None:  # (the check after the warning: nothing of the run is needed)
+        raise Stop
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # (cfg.device auto: this machine has CUDA)
+    monkeypatch.setattr(run, "_check_evaluate_fn", stop)
+    lm, cfg = LatentLM.from_pretrained(sft_checkpoint), tiny_config()
+    for trainer, args in ((train_sft, (lm, task_records[:4], cfg)), (train_grpo, (lm, cfg, task_records[:4]))):
+        with pytest.warns(UserWarning, match="the model is on cpu, but device is 'auto'") as said, pytest.raises(Stop):
+            trainer(*args, tmp_path / trainer.__name__)  # type: ignore[operator]
+        assert [w.filename for w in said if "is on cpu" in str(w.message)] == [__file__], trainer.__name__
+
+
 def test_a_model_not_in_model_dtype_is_refused_before_the_run_starts(sft_checkpoint, tmp_path):
     """model.dtype is applied by load_model; a model built in Python keeps its own dtype, and the run recorded
     model.dtype (config.json, final/'s run_config.json, which dgrpo eval takes it from): an fp32-trained run was

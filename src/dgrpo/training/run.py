@@ -284,15 +284,17 @@ def check_run_inputs(
     out_dir: object,
     evaluate_fn: Callable | None,
     eval_args: tuple[str, ...],
+    stacklevel: int = 3,
 ) -> None:
     """What a Python caller hands a trainer, checked before a run directory is touched: :func:`check_trainer_inputs`,
     :func:`check_dtype`, ``valid`` None or of ``valid_type`` (SFT: a list of records; GRPO: a dict of them by name),
     ``out_dir`` a path, and an ``evaluate_fn`` that takes ``eval_args`` (None: the trainer's default,
-    :func:`default_evaluate_fn`), warned about when there is no ``valid`` to call it on."""
+    :func:`default_evaluate_fn`), warned about when there is no ``valid`` to call it on. ``stacklevel``: the warnings',
+    to name the trainer's caller (3: the trainer calls this; 4: through a helper of the trainer's)."""
     check_trainer_inputs(lm, cfg, train, what)
     assert isinstance(lm, LatentLM)  # (checked above, in one line)
     check_dtype(lm, cfg, what)
-    warn_if_off_device(lm, cfg, what)
+    warn_if_off_device(lm, cfg, what, stacklevel + 1)
     if valid is not None and not isinstance(valid, valid_type):
         raise TypeError(f"{what}: valid must be a {valid_type.__name__} of records, got {type(valid).__name__}")
     _check_valid_records(what, valid)
@@ -302,7 +304,7 @@ def check_run_inputs(
         warnings.warn(
             f"{what}: evaluate_fn is given but no valid records: it is never called (no validation, no best/); pass "
             f"valid={form} too",
-            stacklevel=3 if what == "train_grpo" else 4,  # (the trainer's caller; train_sft checks in _prepare)
+            stacklevel=stacklevel,
         )
     if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir):
         raise TypeError(f"{what}: out_dir must be the run directory's path, got {out_dir!r}")
@@ -382,7 +384,7 @@ def check_dtype(lm: LatentLM, cfg: Config, what: str) -> None:
         )
 
 
-def warn_if_off_device(lm: LatentLM, cfg: Config, what: str) -> None:
+def warn_if_off_device(lm: LatentLM, cfg: Config, what: str, stacklevel: int = 4) -> None:
     """A warning when the model is not on the kind of device ``cfg.device`` names (``auto``: CUDA when there is one):
     the trainers train the model where it is, and ``load_model`` puts it on the CPU unless told (the ``dgrpo``
     commands move it; a Python run on a GPU machine trained on the CPU without a word)."""
@@ -395,7 +397,7 @@ def warn_if_off_device(lm: LatentLM, cfg: Config, what: str) -> None:
             f"{what}: the model is on {lm.device.type}, but device is {name!r} ({want}), so it trains on "
             f"{lm.device.type}: move it first (lm.to({want!r}), or load_model(..., device={want!r})), or set "
             f"device: {lm.device.type}",
-            stacklevel=4,  # (train_grpo's caller)
+            stacklevel=stacklevel,  # (the trainer's caller)
         )
 
 

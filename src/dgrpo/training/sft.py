@@ -523,7 +523,16 @@ def _prepare(
     as the run records it (:func:`recorded_model`), the processes and the validation's evaluate_fn (the default with
     valid records and none given)."""
     check_run_inputs(
-        lm, cfg, train, "train_sft", valid, list, out_dir=out_dir, evaluate_fn=evaluate_fn, eval_args=EVAL_ARGS
+        lm,
+        cfg,
+        train,
+        "train_sft",
+        valid,
+        list,
+        out_dir=out_dir,
+        evaluate_fn=evaluate_fn,
+        eval_args=EVAL_ARGS,
+        stacklevel=4,  # (_prepare's caller's caller)
     )
     cfg = recorded_model(cfg, lm, out_dir, stacklevel=4)  # (a model loaded in Python: named as --init is)
     default_validation = evaluate_fn is None
