@@ -226,6 +226,35 @@ def test_a_kept_decoder_serves_later_batches_as_a_new_one_would(tokenizer, task_
     assert lm.kept_decoders["generate"][1] is not kept[0]["generate"][0]
 
 
+@pytest.mark.parametrize("kind", ["locked", "gaussian", "none"])
+def test_a_padded_reference_decoder_serves_every_batch_the_group_filter_leaves(tokenizer, task_records, kind):
+    """``pad`` (on by default where graphs are captured and kept): the reference's scoring runs each batch over the
+    kept decoder's rows and columns (copies of its first row, cut off), so batches of 5, 2 and 4 rows (what the filter
+    kept) and of other prompt widths share one decoder and its cache, at the log-probs each batch gets alone."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    pert = make_perturbation(PerturbationConfig(kind=kind, p=0.3, sigma=0.3, sites=["attn", "mlp"]))
+    ids, mask = ragged_batch(lm, task_records, n=6)
+    decoders, widths = [], set()
+    for b, rows in enumerate(([0, 1, 2, 3, 4], [2, 0], [1, 3, 4, 5])):
+        first = int(mask[rows].any(0).nonzero()[0])  # (this batch's own prompt width: no all-padding column)
+        sub_ids, sub_mask = ids[rows, first:], mask[rows, first:]
+        tg, tm = ragged_targets(lm, len(rows))
+        seeds = torch.tensor(rows) + 10 * b
+        scores = []
+        for keep in (False, True):
+            with torch.no_grad(), pert.bind(lm, seeds) as pb:
+                kw = {"perturbation": pb, "keep": keep, "pad": keep, "min_rows": 5 if keep else 0}
+                scores.append(fixed_shape_target_logprobs(lm, sub_ids, sub_mask, 3, tg, tm, **kw))
+        assert scores[1].shape == (len(rows), tg.shape[1])
+        assert torch.allclose(scores[0], scores[1], atol=1e-5, rtol=0), (scores[0] - scores[1]).abs().max()
+        _, dec = lm.kept_decoders["score"]
+        widths.add(sub_ids.shape[1])
+        decoders.append((dec, dec.cache.layers[0].keys.data_ptr(), tuple(dec.mask.shape)))
+    assert len(widths) > 1  # the prompts' widths differ
+    assert decoders[0] == decoders[1] == decoders[2]  # one decoder over the same cache memory
+    assert decoders[0][2][0] == 5
+
+
 def test_a_kept_decoder_copies_each_batch_perturbation_into_what_its_graphs_read(tokenizer, task_records):
     """A replayed graph reads the tensors it was captured with: a later batch's masks are copied into them."""
     from dgrpo.model.fixed_shape import decoder_for
@@ -286,6 +315,34 @@ def test_a_trainer_keeps_one_decoder_per_model_and_purpose_and_frees_them(tokeni
     assert not copy.deepcopy(trainer.lm).kept_decoders  # (a copy's weights are elsewhere; graphs are not copied)
     trainer.release_kept_decoders()
     assert not trainer.lm.kept_decoders and not trainer.ref.lm.kept_decoders
+
+
+def test_the_reference_scores_every_step_over_one_padded_decoder(tokenizer, task_records, monkeypatch):
+    """With the group filter on, the reference scores a different number of rows each step; where its decoder is
+    padded (``pad``, the default under capture: forced here on the CPU) it runs over the largest batch it can get,
+    ``min(grpo.rollout_batch_size, prompts x K)`` rows, from the first step on: one decoder for the whole run."""
+    from dgrpo.model import fixed_shape
+    from dgrpo.training import rollouts
+    from dgrpo.training.grpo import GRPOTrainer
+
+    calls = []
+
+    def padded(*args, **kw):
+        calls.append((args[1].shape[0], kw["min_rows"]))
+        return fixed_shape.fixed_shape_target_logprobs(*args, **kw | {"pad": True})
+
+    monkeypatch.setattr(rollouts, "fixed_shape_target_logprobs", padded)
+    over = ["grpo.group_size=4", "grpo.prompts_per_step=4", "grpo.engine=fast", "grpo.rollout_batch_size=12"]
+    cfg = load_config(Config, "tiny.yaml", [*over, "grpo.temperature=1", "grpo.alpha_min=0.25", "grpo.alpha_max=0.75"])
+    trainer = GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records, reward_fn=code_parity)
+    decoders = []
+    for _ in range(4):
+        trainer.step()
+        if "score" in trainer.ref.lm.kept_decoders:
+            decoders.append(trainer.ref.lm.kept_decoders["score"][1])
+    assert len({rows for rows, _ in calls}) > 1  # the filter left other rows on other steps
+    assert {m for _, m in calls} == {12}
+    assert len(decoders) >= 2 and all(d is decoders[0] for d in decoders) and decoders[0].mask.shape[0] == 12
 
 
 def code_parity(completions, records):

@@ -25,7 +25,8 @@ the marker and the teacher-forced answer in one call over the static cache.
 A decoder can be kept for every later batch of its shape (:func:`decoder_for`, ``grpo.keep_graphs``): its cache is
 refilled in place, and its graphs, captured once, read the weights where they are (an optimizer step updates them in
 place) and the perturbation tensors they were captured with, into which each batch's own are copied
-(:meth:`BoundPerturbation.graph_inputs`).
+(:meth:`BoundPerturbation.graph_inputs`). The reference's scoring decoder runs each batch padded to its rows and
+columns (:func:`fixed_shape_target_logprobs`' ``pad``): the group filter leaves a different number of rows each step.
 
 Every decoder's graphs record into one memory pool per device (:func:`shared_pool`): a capture then reuses the memory
 of the graphs before it instead of reserving a new pool each batch (a finished pool would go back to the driver only
@@ -43,7 +44,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TypeVar
 
 import torch
@@ -380,15 +381,53 @@ def fixed_shape_target_logprobs(
     temperature: float = 1.0,
     capture: bool = False,
     keep: bool = False,
+    min_rows: int = 0,
+    pad: bool | None = None,
 ) -> Tensor:
     """:meth:`LatentLM.target_logprobs` with ``end_with_targets`` (the same log-probs [B, L], 0 at padding, up to
     the rounding of other kernels), without grad, over fixed buffers: the latent steps run as the rollout's do
     (``capture``: one CUDA graph replayed T times instead of T eager forwards, each of hundreds of small launches at
     one position per row), then the marker and the targets in one forward call (``keep``: as in
-    :func:`fixed_shape_generate`). The reference model's scoring."""
+    :func:`fixed_shape_generate`). The reference model's scoring.
+
+    ``pad`` (default: ``keep and capture``): the batch runs over at least ``min_rows`` rows and the kept decoder's
+    rows and columns (copies of its first row, cut off the result), so that one decoder and its graph serve every
+    batch, whatever rows the group filter kept (a batch of other rows would build and capture a new one); not for a
+    perturbation that cannot pad its rows (:meth:`BoundPerturbation.row_padding`)."""
+    B, P = prompt_ids.shape
     n_after = target_ids.shape[1]
-    dec = _after_latents(lm, "score", prompt_ids, prompt_mask, n_latent, n_after, mode, perturbation, capture, keep)
-    return dec.score(target_ids, target_mask, temperature)
+    rows, columns = max(B, min_rows), P + n_latent + n_after
+    kept = lm.kept_decoders.get("score")
+    if kept is not None:
+        rows, columns = max(rows, kept[1].mask.shape[0]), max(columns, kept[1].n_columns)
+    within = padding_rows(perturbation, rows) if keep and (capture if pad is None else pad) else None
+    if within is None:
+        dec = _after_latents(lm, "score", prompt_ids, prompt_mask, n_latent, n_after, mode, perturbation, capture, keep)
+        return dec.score(target_ids, target_mask, temperature)
+    ids, mask, tg, tm = (with_rows(t, rows) for t in (prompt_ids, prompt_mask, target_ids, target_mask))
+    n_after = columns - P - n_latent  # (the kept decoder's columns too: the ones its key was made with)
+    with within:
+        dec = _after_latents(lm, "score", ids, mask, n_latent, n_after, mode, perturbation, capture, keep)
+        return dec.score(tg, tm, temperature)[:B]
+
+
+def padding_rows(perturbation: PhaseHook | None, rows: int) -> AbstractContextManager[object] | None:
+    """The block within which ``perturbation`` acts on ``rows`` rows, its batch's and then copies of its first
+    (:meth:`BoundPerturbation.row_padding`); None for a perturbation that cannot pad its rows."""
+    if perturbation is None:
+        return nullcontext()
+    return getattr(perturbation, "row_padding", lambda _: None)(rows)
+
+
+def with_rows(t: Tensor, rows: int, dim: int = 0) -> Tensor:
+    """``t`` with copies of its first row (along ``dim``) appended up to ``rows`` rows (differentiable)."""
+    extra = rows - t.shape[dim]
+    if extra < 0:
+        raise ValueError(f"cannot pad {t.shape[dim]} rows to {rows}")
+    if extra == 0:
+        return t
+    first = t.narrow(dim, 0, 1)
+    return torch.cat([t, first.expand(*(extra if d == dim else -1 for d in range(t.dim())))], dim)
 
 
 def _after_latents(

@@ -29,7 +29,7 @@ one from then on (no later chain of it tries to capture).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -46,7 +46,9 @@ from .fixed_shape import (
     graph_inputs_of,
     kept_for,
     on_side_stream,
+    padding_rows,
     replay_key,
+    with_rows,
 )
 from .latent_lm import LatentLM, PhaseHook
 from .recompute import dynamic_layer
@@ -347,7 +349,7 @@ def run_latent_chain(
         rows, columns = max(rows, kept[1].shape[0]), max(columns, kept[1].shape[1])
     within = None  # the perturbation over the padded rows (None: not padded)
     if keep and (capture if pad is None else pad):
-        within = nullcontext() if perturbation is None else getattr(perturbation, "row_padding", lambda _: None)(rows)
+        within = padding_rows(perturbation, rows)
     if within is None:
         return chain_for(lm, state, n_latent, perturbation, capture, keep).run(state, perturbation)
     padded = padded_state(lm, state, rows, columns)
@@ -385,17 +387,6 @@ def cropped_state(lm: LatentLM, state: DecodeState, rows: int, cut: int) -> Deco
         for t, d in zip(tensors, column_dims(tensors), strict=True)
     ]
     return chain_state(lm, cropped)
-
-
-def with_rows(t: Tensor, rows: int, dim: int = 0) -> Tensor:
-    """``t`` with copies of its first row (along ``dim``) appended up to ``rows`` rows (differentiable)."""
-    extra = rows - t.shape[dim]
-    if extra < 0:
-        raise ValueError(f"cannot pad {t.shape[dim]} rows to {rows}")
-    if extra == 0:
-        return t
-    first = t.narrow(dim, 0, 1)
-    return torch.cat([t, first.expand(*(extra if d == dim else -1 for d in range(t.dim())))], dim)
 
 
 def bucketed_prompt(lm: LatentLM, prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:

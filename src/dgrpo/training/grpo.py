@@ -538,11 +538,13 @@ class GRPOTrainer:
         step_rows = self._rows_at_a_time(g.rollout_batch_size)
         out = torch.zeros(rows.numel(), ro.tokens.shape[1], device=ro.tokens.device)
         why = "rows the reference scores at a time, without grad"
+        # (its kept decoder runs over the largest such batch: one capture, whatever rows the filter kept)
+        kw = self._replay_kw() | {"min_rows": min(step_rows, g.prompts_per_step * g.group_size)}
         with oom_advice("reference's scoring", "grpo.rollout_batch_size", step_rows, why):
             for i in range(0, rows.numel(), step_rows):
                 rws = rows[i : i + step_rows]
                 seeds = self._update_seeds(ro, rws, step, epoch)
-                lp = self.ref.run(partial(_replayed_logprobs, ro=ro, rows=rws, seeds=seeds, **self._replay_kw()))
+                lp = self.ref.run(partial(_replayed_logprobs, ro=ro, rows=rws, seeds=seeds, **kw))
                 out[i : i + rws.numel(), : lp.shape[1]] = lp
         return out
 
@@ -603,7 +605,7 @@ class GRPOTrainer:
             engine=self.engine,
             keep_graphs=self.keep_graphs,
             chain_latents=self.chain_latents,
-            chain_rows=min(g.micro_batch_size, g.prompts_per_step * g.group_size),  # (the largest micro-batch)
+            min_rows=min(g.micro_batch_size, g.prompts_per_step * g.group_size),  # (the largest micro-batch)
         )
 
     def _update_seeds(self, ro: Rollouts, rows: Tensor, step: int, epoch: int) -> Tensor:

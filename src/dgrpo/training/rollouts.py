@@ -208,15 +208,16 @@ def replay_logprobs(
     engine: str = "eager",
     keep_graphs: bool = False,
     chain_latents: bool = False,
-    chain_rows: int = 0,
+    min_rows: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """Teacher-forced log pi(y | x, xi) of ``rows`` under the perturbation regenerated from ``seeds``,
     through the whole latent recurrence (differentiable when grad is enabled). Returns (logp, mask).
     ``engine``: ``fast`` runs ``<|end-latent|>`` in the answer's forward call (one call fewer) and, without grad (the
     reference model), the latent steps over fixed buffers as the rollout does (graph-captured on CUDA; ``keep_graphs``
     as in :func:`collect_rollouts`); with grad and ``chain_latents`` (``grpo.update_latent_graphs``), as one
-    :class:`dgrpo.model.latent_chain.LatentChain` (graph-captured on CUDA, kept under ``keep_graphs``, and then run
-    over at least ``chain_rows`` rows: the largest micro-batch, so that one capture serves all)."""
+    :class:`dgrpo.model.latent_chain.LatentChain` (graph-captured on CUDA). A graph kept under ``keep_graphs`` (the
+    chain's, the reference's decoder) runs over at least ``min_rows`` rows: the largest batch of its kind, so that
+    one capture serves all."""
     # the padding columns from the host's copy of the masks, the rows gathered on the device: no synchronisation
     prompt_host, answer_host = ro.host()
     rows_host = rows.cpu()
@@ -232,9 +233,9 @@ def replay_logprobs(
             perturbation=pb, temperature=t, capture=lm.device.type == "cuda", keep=keep_graphs
         )
         if fast and perturbation.batched and not torch.is_grad_enabled() and tg.shape[1] > 0:
-            return fixed_shape_target_logprobs(lm, ids, mask, n_latent, tg, tm, **graphs), tm
+            return fixed_shape_target_logprobs(lm, ids, mask, n_latent, tg, tm, **graphs, min_rows=min_rows), tm
         if fast and chain_latents and perturbation.batched and torch.is_grad_enabled():
-            return chained_target_logprobs(lm, ids, mask, n_latent, tg, tm, **graphs, min_rows=chain_rows), tm
+            return chained_target_logprobs(lm, ids, mask, n_latent, tg, tm, **graphs, min_rows=min_rows), tm
         logp, _ = lm.target_logprobs(
             ids,
             mask,
