@@ -189,6 +189,30 @@ def test_captured_reference_scoring_equals_eager_in_fp32(tokenizer, task_records
     assert torch.allclose(eager, fast[0], atol=1e-4, rtol=0)
 
 
+def test_a_kept_captured_reference_decoder_scores_smaller_batches_padded(tokenizer, task_records):
+    """Kept and captured, the reference's decoder runs a batch of fewer rows padded to its own (the group filter's
+    case): one decoder for 16, 6 and 11 rows, each batch's log-probs those of eager scoring (fp32)."""
+    from dgrpo.model.fixed_shape import fixed_shape_target_logprobs
+
+    lm = make_lm(tokenizer, hidden_size=64).eval()
+    lm.model.to(CUDA)
+    ids, mask = (x.to(CUDA) for x in lm.encode_questions([r.question for r in task_records[:16]]))
+    gen = _rollouts(lm, ids, mask, seeds_for(0, 0, 0, 16), True, max_new_tokens=16)
+    pert = LockedDropout(p=0.3, sites=["attn", "mlp"])
+    decoders = []
+    for rows in (torch.arange(16), torch.tensor([3, 0, 9, 12, 5, 1]), torch.arange(11) + 5):
+        r = rows.to(CUDA)
+        with torch.no_grad(), pert.bind(lm, seeds_for(0, 0, 0, 16)[rows]) as pb:
+            eager, _ = lm.target_logprobs(
+                ids[r], mask[r], 3, gen.tokens[r], gen.mask[r], perturbation=pb, end_with_targets=True
+            )
+            kw = dict(perturbation=pb, capture=True, keep=True, min_rows=16)
+            fast = fixed_shape_target_logprobs(lm, ids[r], mask[r], 3, gen.tokens[r], gen.mask[r], **kw)
+        assert torch.allclose(eager, fast, atol=1e-4, rtol=0)
+        decoders.append(lm.kept_decoders["score"][1])
+    assert all(d is decoders[0] for d in decoders) and set(decoders[0].graphs) == {"latent"}
+
+
 def test_rollout_batches_reuse_one_graph_pool(tokenizer, task_records):
     """Every rollout batch captures its graphs into the device's one pool (``fixed_shape.shared_pool``): after the
     first batches, more of them reserve no more memory, and their answers stay bit-identical."""
