@@ -230,8 +230,16 @@ def test_a_kept_decoder_serves_later_batches_as_a_new_one_would(tokenizer, task_
 def test_a_padded_reference_decoder_serves_every_batch_the_group_filter_leaves(tokenizer, task_records, kind):
     """``pad`` (on by default where graphs are captured and kept): the reference's scoring runs each batch over the
     kept decoder's rows and columns (copies of its first row, cut off), so batches of 5, 2 and 4 rows (what the filter
-    kept) and of other prompt widths share one decoder and its cache, at the log-probs each batch gets alone."""
+    kept) and of other prompt widths share one decoder and its cache, at the log-probs each batch gets alone; the
+    latent steps run over the padded rows, the answer's call over the batch's own."""
     lm = make_lm(tokenizer, "qwen2").eval()
+    calls, call_base = [], lm._call_base
+
+    def recorded(cache, phase, perturbation, x, *args):
+        calls.append((phase, x.shape[0]))
+        return call_base(cache, phase, perturbation, x, *args)
+
+    lm._call_base = recorded
     pert = make_perturbation(PerturbationConfig(kind=kind, p=0.3, sigma=0.3, sites=["attn", "mlp"]))
     ids, mask = ragged_batch(lm, task_records, n=6)
     decoders, widths = [], set()
@@ -242,9 +250,11 @@ def test_a_padded_reference_decoder_serves_every_batch_the_group_filter_leaves(t
         seeds = torch.tensor(rows) + 10 * b
         scores = []
         for keep in (False, True):
+            calls.clear()
             with torch.no_grad(), pert.bind(lm, seeds) as pb:
                 kw = {"perturbation": pb, "keep": keep, "pad": keep, "min_rows": 5 if keep else 0}
                 scores.append(fixed_shape_target_logprobs(lm, sub_ids, sub_mask, 3, tg, tm, **kw))
+        assert calls == [("prompt", 5)] + [("latent", 5)] * 3 + [("answer", len(rows))]
         assert scores[1].shape == (len(rows), tg.shape[1])
         assert torch.allclose(scores[0], scores[1], atol=1e-5, rtol=0), (scores[0] - scores[1]).abs().max()
         _, dec = lm.kept_decoders["score"]
@@ -253,6 +263,27 @@ def test_a_padded_reference_decoder_serves_every_batch_the_group_filter_leaves(t
     assert len(widths) > 1  # the prompts' widths differ
     assert decoders[0] == decoders[1] == decoders[2]  # one decoder over the same cache memory
     assert decoders[0][2][0] == 5
+
+
+def test_first_rows_narrows_every_layer_to_views_and_puts_the_whole_back():
+    """A call over a padded cache's first rows writes into the cache's own memory; linear-attention layers' states
+    cannot be narrowed so: no padding for such a model."""
+    from types import SimpleNamespace
+
+    from transformers import Qwen2Config, Qwen3NextConfig
+
+    from dgrpo.model.fixed_shape import attention_cache_only, first_rows
+
+    layers = [SimpleNamespace(keys=torch.zeros(5, 2, 8, 4), values=torch.zeros(5, 2, 8, 4)) for _ in range(2)]
+    whole = [(layer.keys, layer.values) for layer in layers]
+    cache = SimpleNamespace(layers=layers)
+    with first_rows(cache, 3) as c:
+        assert all(layer.keys.shape[0] == 3 and layer.values.shape[0] == 3 for layer in c.layers)
+        c.layers[1].values.fill_(1.0)
+    assert all(layer.keys is k and layer.values is v for layer, (k, v) in zip(layers, whole, strict=True))
+    assert layers[1].values[:3].eq(1).all() and layers[1].values[3:].eq(0).all()
+    assert attention_cache_only(SimpleNamespace(model=SimpleNamespace(config=Qwen2Config())))
+    assert not attention_cache_only(SimpleNamespace(model=SimpleNamespace(config=Qwen3NextConfig())))
 
 
 def test_a_kept_decoder_copies_each_batch_perturbation_into_what_its_graphs_read(tokenizer, task_records):

@@ -25,8 +25,9 @@ the marker and the teacher-forced answer in one call over the static cache.
 A decoder can be kept for every later batch of its shape (:func:`decoder_for`, ``grpo.keep_graphs``): its cache is
 refilled in place, and its graphs, captured once, read the weights where they are (an optimizer step updates them in
 place) and the perturbation tensors they were captured with, into which each batch's own are copied
-(:meth:`BoundPerturbation.graph_inputs`). The reference's scoring decoder runs each batch padded to its rows and
-columns (:func:`fixed_shape_target_logprobs`' ``pad``): the group filter leaves a different number of rows each step.
+(:meth:`BoundPerturbation.graph_inputs`). The reference's scoring decoder runs each batch's latent steps padded to
+its rows and columns (:func:`fixed_shape_target_logprobs`' ``pad``): the group filter leaves a different number of
+rows each step.
 
 Every decoder's graphs record into one memory pool per device (:func:`shared_pool`): a capture then reuses the memory
 of the graphs before it instead of reserving a new pool each batch (a finished pool would go back to the driver only
@@ -45,7 +46,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -311,17 +312,19 @@ class FixedShapeDecoder:
     def score(self, target_ids: Tensor, target_mask: Tensor, temperature: float) -> Tensor:
         """Teacher-forced log-probs [B, L] of ``target_ids`` (0 at padding) after the latent steps: ``<|end-latent|>``
         and the targets but the last in one eager forward call over the next L columns, as
-        :meth:`LatentLM.target_logprobs` with ``end_with_targets`` does over a growing cache."""
+        :meth:`LatentLM.target_logprobs` with ``end_with_targets`` does over a growing cache. ``B`` may be fewer than
+        the decoder's rows (a batch padded for the latent steps): the call runs over the first B rows only."""
         assert self.cache is not None, "start a batch first"
         B, L = target_ids.shape
         start = self.written  # (every row's next column: the latent steps wrote the same columns)
         lead = torch.full((B, 1), self.lm.end_id, dtype=target_ids.dtype, device=target_ids.device)
         ids = torch.cat([lead, target_ids[:, :-1]], 1)
-        self.mask[:, start : start + L] = torch.cat([torch.ones_like(target_mask[:, :1]), target_mask[:, :-1]], 1)
-        positions = self.next_position[:, None] + torch.arange(L, device=ids.device)[None]
+        self.mask[:B, start : start + L] = torch.cat([torch.ones_like(target_mask[:, :1]), target_mask[:, :-1]], 1)
+        positions = self.next_position[:B, None] + torch.arange(L, device=ids.device)[None]
         # the mask up to the targets' columns, the last L its queries (the columns after them: not written)
-        mask = self.mask[:, : start + L]
-        hidden = self.lm._call_base(self.cache, "answer", self.perturbation, ids, mask, positions, True)
+        mask = self.mask[:B, : start + L]
+        with first_rows(self.cache, B) as cache:
+            hidden = self.lm._call_base(cache, "answer", self.perturbation, ids, mask, positions, True)
         return self.lm._scored(hidden, target_ids, target_mask, temperature, False)[0]
 
     def feed(self, ids: Tensor, new_column: Tensor) -> None:
@@ -390,25 +393,53 @@ def fixed_shape_target_logprobs(
     one position per row), then the marker and the targets in one forward call (``keep``: as in
     :func:`fixed_shape_generate`). The reference model's scoring.
 
-    ``pad`` (default: ``keep and capture``): the batch runs over at least ``min_rows`` rows and the kept decoder's
-    rows and columns (copies of its first row, cut off the result), so that one decoder and its graph serve every
-    batch, whatever rows the group filter kept (a batch of other rows would build and capture a new one); not for a
-    perturbation that cannot pad its rows (:meth:`BoundPerturbation.row_padding`)."""
+    ``pad`` (default: ``keep and capture``): the latent steps run over at least ``min_rows`` rows and the kept
+    decoder's rows and columns (copies of the first row), so that one decoder and its graph serve every batch,
+    whatever rows the group filter kept (a batch of other rows would build and capture a new one); the answer's call
+    then runs over the batch's own rows. Not for a perturbation that cannot pad its rows
+    (:meth:`BoundPerturbation.row_padding`) nor a model with linear-attention layers (:func:`attention_cache_only`)."""
     B, P = prompt_ids.shape
     n_after = target_ids.shape[1]
     rows, columns = max(B, min_rows), P + n_latent + n_after
     kept = lm.kept_decoders.get("score")
     if kept is not None:
         rows, columns = max(rows, kept[1].mask.shape[0]), max(columns, kept[1].n_columns)
-    within = padding_rows(perturbation, rows) if keep and (capture if pad is None else pad) else None
+    pads = keep and (capture if pad is None else pad) and attention_cache_only(lm)
+    within = padding_rows(perturbation, rows) if pads else None
     if within is None:
         dec = _after_latents(lm, "score", prompt_ids, prompt_mask, n_latent, n_after, mode, perturbation, capture, keep)
         return dec.score(target_ids, target_mask, temperature)
-    ids, mask, tg, tm = (with_rows(t, rows) for t in (prompt_ids, prompt_mask, target_ids, target_mask))
+    ids, mask = with_rows(prompt_ids, rows), with_rows(prompt_mask, rows)
     n_after = columns - P - n_latent  # (the kept decoder's columns too: the ones its key was made with)
     with within:
         dec = _after_latents(lm, "score", ids, mask, n_latent, n_after, mode, perturbation, capture, keep)
-        return dec.score(tg, tm, temperature)[:B]
+    # the answer's call over the batch's own rows (its matmuls, unlike the latent steps', cost by the row)
+    return dec.score(target_ids, target_mask, temperature)
+
+
+def attention_cache_only(lm: LatentLM) -> bool:
+    """Whether ``lm``'s cache layers hold keys and values alone (full or sliding-window attention), which
+    :func:`first_rows` can narrow to a batch's rows; a linear-attention layer's states it cannot."""
+    layer_types = getattr(lm.model.config.get_text_config(), "layer_types", None) or ()
+    return set(layer_types) <= {"full_attention", "sliding_attention"}
+
+
+@contextmanager
+def first_rows(cache: StaticCache, rows: int) -> Iterator[StaticCache]:
+    """``cache`` as a cache of its first ``rows`` rows within the block: each layer's keys and values are views of
+    them (what a call writes lands in the cache's own memory); the whole tensors back on leaving."""
+    layers: list[Any] = [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
+    whole = [(layer.keys, layer.values) for layer in layers]
+    if all(k.shape[0] == rows for k, _ in whole):
+        yield cache
+        return
+    try:
+        for layer, (k, v) in zip(layers, whole, strict=True):
+            layer.keys, layer.values = k[:rows], v[:rows]
+        yield cache
+    finally:
+        for layer, (k, v) in zip(layers, whole, strict=True):
+            layer.keys, layer.values = k, v
 
 
 def padding_rows(perturbation: PhaseHook | None, rows: int) -> AbstractContextManager[object] | None:
