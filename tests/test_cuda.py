@@ -213,6 +213,23 @@ def test_a_kept_captured_reference_decoder_scores_smaller_batches_padded(tokeniz
     assert all(d is decoders[0] for d in decoders) and set(decoders[0].graphs) == {"latent"}
 
 
+def test_a_kept_captured_rollout_decoder_decodes_a_smaller_last_batch_padded(tokenizer, task_records):
+    """Kept and captured, the rollout decoder runs a batch of fewer rows padded to its own (a step's last batch):
+    one decoder for 16 then 6 rows, eager's answers and log-probs for each (fp32)."""
+    lm = make_lm(tokenizer, hidden_size=64).eval()
+    lm.model.to(CUDA)
+    ids, mask = (x.to(CUDA) for x in lm.encode_questions([r.question for r in task_records[:16]]))
+    decoders = []
+    for rows in (torch.arange(16), torch.arange(6) + 10):
+        r, seeds = rows.to(CUDA), seeds_for(0, 0, 0, 16)[rows]
+        eager = _rollouts(lm, ids[r], mask[r], seeds, False, max_new_tokens=16)
+        fast = _rollouts(lm, ids[r], mask[r], seeds, True, max_new_tokens=16, keep=True)
+        assert torch.equal(eager.tokens, fast.tokens) and torch.equal(eager.mask, fast.mask)
+        assert torch.allclose(eager.logprobs, fast.logprobs, atol=1e-4, rtol=0)
+        decoders.append(lm.kept_decoders["generate"][1])
+    assert decoders[0] is decoders[1] and decoders[0].mask.shape[0] == 16
+
+
 def test_rollout_batches_reuse_one_graph_pool(tokenizer, task_records):
     """Every rollout batch captures its graphs into the device's one pool (``fixed_shape.shared_pool``): after the
     first batches, more of them reserve no more memory, and their answers stay bit-identical."""

@@ -265,6 +265,36 @@ def test_a_padded_reference_decoder_serves_every_batch_the_group_filter_leaves(t
     assert decoders[0][2][0] == 5
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_padded_rollout_decoder_serves_a_step_last_smaller_batch(tokenizer, task_records, temperature):
+    """``pad`` for rollouts: a step's last batch of fewer rows (``grpo.rollout_batch_size`` not dividing its rows)
+    runs in the kept decoder padded to its rows, greedy or sampled from per-row uniforms, with the answers, log-probs
+    and entropies it gets alone; a shared generator's draws would change with the rows: no padding then."""
+    from dgrpo.perturbation.base import row_sampling_uniforms
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    pert = make_perturbation(PerturbationConfig(kind="locked", p=0.3, sites=["attn", "mlp"]))
+    ids, mask = ragged_batch(lm, task_records, n=6)
+    decoders = []
+    for rows in ([0, 1, 2, 3, 4], [5, 2], [1, 0, 3, 4, 2]):
+        seeds = torch.tensor(rows) + 40
+        uniforms = row_sampling_uniforms(seeds, 12) if temperature > 0 else None
+        gens = []
+        for keep in (False, True):
+            with torch.no_grad(), pert.bind(lm, seeds) as pb:
+                kw = {"perturbation": pb, "keep": keep, "pad": keep, "with_entropy": True, "uniforms": uniforms}
+                gens.append(
+                    fixed_shape_generate(lm, ids[rows], mask[rows], 3, max_new_tokens=12, temperature=temperature, **kw)
+                )
+        assert_same(*gens)
+        decoders.append(lm.kept_decoders["generate"][1])
+    assert all(d is decoders[0] for d in decoders) and decoders[0].mask.shape[0] == 5
+    with torch.no_grad(), pert.bind(lm, torch.arange(2)) as pb:
+        kw = {"perturbation": pb, "keep": True, "pad": True, "generator": torch.Generator().manual_seed(0)}
+        fixed_shape_generate(lm, ids[:2], mask[:2], 3, max_new_tokens=4, temperature=1.0, **kw)
+    assert lm.kept_decoders["generate"][1].mask.shape[0] == 2
+
+
 def test_first_rows_narrows_every_layer_to_views_and_puts_the_whole_back():
     """A call over a padded cache's first rows writes into the cache's own memory; linear-attention layers' states
     cannot be narrowed so: no padding for such a model."""

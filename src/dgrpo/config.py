@@ -840,8 +840,10 @@ class GRPOConfig:
     keep_graphs: bool = opt(
         True,
         "under the fast engine: keep each decoder (rollouts; the reference's scoring) with its static KV cache, "
-        "buffers and, on CUDA, graphs from one batch to the next, so that a batch of the same rows and a prompt "
-        "within the same 32 columns replays the graphs captured before instead of capturing them again (the "
+        "buffers and, on CUDA, graphs from one batch to the next, so that a batch of as many rows or fewer and a "
+        "prompt within its columns replays the graphs captured before instead of capturing them again (on CUDA a "
+        "batch of fewer rows runs padded to the decoder's: a step's last batch, the rows the group filter left the "
+        "reference; columns are kept in steps of 32; the "
         "three captures left the GPU idle ~0.15 s of the paper-scale step on an H200) and copies its perturbation "
         "into the tensors they read; the cost: those caches stay allocated through the update (rows x columns x "
         "layers x 2 x the key-value width: ~1.4 GB per decoder at 512 rows of 96 columns of Qwen2.5-1.5B); off "

@@ -83,11 +83,13 @@ class AnswerBook:
         self.logprobs[:, i] = torch.where(self.alive, logp, 0.0)
         self.alive = self.alive & ~torch.isin(nxt, self.stops)
 
-    def result(self) -> Generation:
-        """The booked answers, cut to the longest (one host synchronisation)."""
-        n = int(self.mask.sum(1).max().item()) if self.mask.numel() else 0
-        ent = self.entropy[:, :n] if self.entropy is not None else None
-        return Generation(self.tokens[:, :n], self.mask[:, :n], self.logprobs[:, :n], ent)
+    def result(self, rows: int | None = None) -> Generation:
+        """The booked answers of the first ``rows`` rows (all: None), cut to the longest (one host
+        synchronisation)."""
+        tokens, mask, logprobs = self.tokens[:rows], self.mask[:rows], self.logprobs[:rows]
+        n = int(mask.sum(1).max().item()) if mask.numel() else 0
+        ent = self.entropy[:rows, :n] if self.entropy is not None else None
+        return Generation(tokens[:, :n], mask[:, :n], logprobs[:, :n], ent)
 
 
 def check_decoding(n_latent: int, max_new_tokens: int, temperature: float, top_p: float) -> None:

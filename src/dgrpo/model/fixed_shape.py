@@ -354,20 +354,39 @@ def fixed_shape_generate(
     capture: bool = False,
     sync_every: int = 8,
     keep: bool = False,
+    pad: bool | None = None,
 ) -> Generation:
     """:meth:`LatentLM.generate` over fixed shapes (same arguments, same result); ``capture``: CUDA graphs of the
     latent and answer steps; ``sync_every``: how many tokens pass between the host's checks that a row is alive
     (0: never, all ``max_new_tokens`` are decoded); ``keep``: the buffers and graphs serve the next batch of the same
     shape too (:func:`decoder_for`). Its arguments are checked as ``generate`` checks them (host values only: a
-    negative or NaN temperature, a ``top_p`` outside (0, 1] or no answer token decoded without a word)."""
+    negative or NaN temperature, a ``top_p`` outside (0, 1] or no answer token decoded without a word).
+
+    ``pad`` (default: ``keep and capture``): a batch of fewer rows or columns than the kept decoder's (the last
+    batch of a step whose rows ``grpo.rollout_batch_size`` does not divide) runs padded to them (copies of its first
+    row, cut off the result), greedy or sampled from per-row ``uniforms`` (a shared ``generator`` would draw other
+    numbers for more rows): as :func:`fixed_shape_target_logprobs`."""
     check_decoding(n_latent, max_new_tokens, temperature, top_p)
-    B, dev = prompt_ids.shape[0], prompt_ids.device
+    B, P = prompt_ids.shape
     n_after = int(markers) + max_new_tokens
-    dec = _after_latents(lm, "generate", prompt_ids, prompt_mask, n_latent, n_after, mode, perturbation, capture, keep)
-    if markers:
-        dec.feed(torch.full((B, 1), lm.end_id, device=dev), torch.ones(B, 1, dtype=dec.mask.dtype, device=dev))
-    sampling = (generator, uniforms)
-    return _decode(dec, lm, max_new_tokens, temperature, top_p, sampling, stop_ids, with_entropy, sync_every)
+    rows, columns = _padded_shape(lm, "generate", B, P + n_latent + n_after)
+    pads = keep and (capture if pad is None else pad) and (temperature == 0 or uniforms is not None)
+    within = padding_rows(perturbation, rows) if pads and attention_cache_only(lm) else None
+    if within is None:
+        rows, columns = B, P + n_latent + n_after
+    else:
+        prompt_ids, prompt_mask = with_rows(prompt_ids, rows), with_rows(prompt_mask, rows)
+        uniforms = with_rows(uniforms, rows) if uniforms is not None else None
+    n_after = columns - P - n_latent  # (the kept decoder's columns: the ones its key was made with)
+    with within or nullcontext():
+        dec = _after_latents(
+            lm, "generate", prompt_ids, prompt_mask, n_latent, n_after, mode, perturbation, capture, keep
+        )
+        if markers:
+            dev, dtype = prompt_ids.device, dec.mask.dtype
+            dec.feed(torch.full((rows, 1), lm.end_id, device=dev), torch.ones(rows, 1, dtype=dtype, device=dev))
+        sampling = (generator, uniforms)
+        return _decode(dec, lm, max_new_tokens, temperature, top_p, sampling, stop_ids, with_entropy, sync_every, B)
 
 
 @torch.no_grad()
@@ -400,10 +419,7 @@ def fixed_shape_target_logprobs(
     (:meth:`BoundPerturbation.row_padding`) nor a model with linear-attention layers (:func:`attention_cache_only`)."""
     B, P = prompt_ids.shape
     n_after = target_ids.shape[1]
-    rows, columns = max(B, min_rows), P + n_latent + n_after
-    kept = lm.kept_decoders.get("score")
-    if kept is not None:
-        rows, columns = max(rows, kept[1].mask.shape[0]), max(columns, kept[1].n_columns)
+    rows, columns = _padded_shape(lm, "score", max(B, min_rows), P + n_latent + n_after)
     pads = keep and (capture if pad is None else pad) and attention_cache_only(lm)
     within = padding_rows(perturbation, rows) if pads else None
     if within is None:
@@ -415,6 +431,15 @@ def fixed_shape_target_logprobs(
         dec = _after_latents(lm, "score", ids, mask, n_latent, n_after, mode, perturbation, capture, keep)
     # the answer's call over the batch's own rows (its matmuls, unlike the latent steps', cost by the row)
     return dec.score(target_ids, target_mask, temperature)
+
+
+def _padded_shape(lm: LatentLM, purpose: str, rows: int, columns: int) -> tuple[int, int]:
+    """The rows and columns a batch of ``rows`` x ``columns`` runs over when padded to ``lm``'s kept decoder for
+    ``purpose``: its own, or the kept decoder's where they are more."""
+    kept = lm.kept_decoders.get(purpose)
+    if kept is None:
+        return rows, columns
+    return max(rows, kept[1].mask.shape[0]), max(columns, kept[1].n_columns)
 
 
 def attention_cache_only(lm: LatentLM) -> bool:
@@ -597,14 +622,15 @@ def _decode(
     stop_ids: list[int] | None,
     with_entropy: bool,
     sync_every: int,
+    rows: int,
 ) -> Generation:
-    """The answer tokens, chosen and booked on the device as :meth:`LatentLM.generate` does (``sampling``: its
-    generator and uniforms), without its host check per token: a finished row keeps feeding masked-out pad tokens
-    until the host's next check."""
+    """The answers of the first ``rows`` rows (the others: padding), chosen and booked on the device as
+    :meth:`LatentLM.generate` does (``sampling``: its generator and uniforms), without its host check per token: a
+    finished row keeps feeding masked-out pad tokens until the host's next check."""
     book = AnswerBook(lm, dec.hidden.shape[0], max_new_tokens, stop_ids, with_entropy)
     for i in range(max_new_tokens):
         book.choose(i, lm.logits(dec.hidden[:, -1]), temperature, top_p, *sampling)
-        if i == max_new_tokens - 1 or (sync_every and (i + 1) % sync_every == 0 and not book.alive.any()):
+        if i == max_new_tokens - 1 or (sync_every and (i + 1) % sync_every == 0 and not book.alive[:rows].any()):
             break
         dec.feed(book.tokens[:, i : i + 1], book.alive[:, None].to(dec.mask.dtype))
-    return book.result()
+    return book.result(rows)
