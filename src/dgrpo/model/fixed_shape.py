@@ -25,9 +25,9 @@ the marker and the teacher-forced answer in one call over the static cache.
 A decoder can be kept for every later batch of its shape (:func:`decoder_for`, ``grpo.keep_graphs``): its cache is
 refilled in place, and its graphs, captured once, read the weights where they are (an optimizer step updates them in
 place) and the perturbation tensors they were captured with, into which each batch's own are copied
-(:meth:`BoundPerturbation.graph_inputs`). The reference's scoring decoder runs each batch's latent steps padded to
-its rows and columns (:func:`fixed_shape_target_logprobs`' ``pad``): the group filter leaves a different number of
-rows each step.
+(:meth:`BoundPerturbation.graph_inputs`). Under capture a batch of fewer rows or columns runs padded to the kept
+decoder's (``pad``: copies of its first row, cut off the result): a step's last rollout batch, the rows the group
+filter left the reference (whose answer call then runs over the batch's own rows).
 
 Every decoder's graphs record into one memory pool per device (:func:`shared_pool`): a capture then reuses the memory
 of the graphs before it instead of reserving a new pool each batch (a finished pool would go back to the driver only
