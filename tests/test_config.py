@@ -22,6 +22,7 @@ from dgrpo.config import (
     parse_layer_spec,
     resolve_config_path,
     to_dict,
+    unused_sft_settings,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -708,6 +709,39 @@ def test_inert_settings_are_named_one_line_each(overrides, says):
 def test_no_packaged_config_has_inert_settings():
     for name in packaged_configs():
         assert load_config(Config, name).inert_settings() == [], name
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        # the latent layout's options under a mode without latent thoughts were accepted and did nothing, no word said
+        (
+            ["sft.mode=cot", "sft.c_thought=3", "sft.pad_latent_to_max=true"],
+            [r"^sft.c_thought=3, sft.pad_latent_to_max=true change nothing with sft.mode=cot \(no latent thoughts\)$"],
+        ),
+        (["sft.mode=no_cot", "sft.c_thought=2"], [r"^sft.c_thought=2 changes nothing with sft.mode=no_cot"]),
+        (["sft.mode=cot"], []),
+        (["sft.mode=pause", "sft.c_thought=3", "sft.pad_latent_to_max=true"], []),  # (pause tokens: read)
+    ],
+)
+def test_unused_sft_settings_are_named_in_one_line(overrides, says):
+    lines = unused_sft_settings(load_config(Config, None, overrides).sft)
+    assert len(lines) == len(says)
+    for pattern, line in zip(says, lines, strict=True):
+        assert re.search(pattern, line), (pattern, line)
+
+
+def test_the_cot_run_that_paper_sft_coconut_describes_is_said_to_be_clean():
+    """The CoT run of Hao et al.'s way (paper/sft_coconut.yaml's comment) resets the file's latent layout, which a CoT
+    run does not read; without the reset the warning would name both options."""
+    text = (CONFIG_DIR / "paper" / "sft_coconut.yaml").read_text()
+    cot = ["sft.mode=cot", "sft.num_epochs=25", "sft.eval_every_epoch=true", "sft.c_thought=1"]
+    cot.append("sft.pad_latent_to_max=false")
+    assert " ".join(cot) in " ".join(line.lstrip("# ") for line in text.splitlines())
+    assert unused_sft_settings(load_config(Config, "paper/sft_coconut", cot).sft) == []
+    assert len(unused_sft_settings(load_config(Config, "paper/sft_coconut", cot[:3]).sft)) == 1
+    for name in packaged_configs():
+        assert unused_sft_settings(load_config(Config, name).sft) == [], name
 
 
 @pytest.mark.parametrize(

@@ -535,6 +535,22 @@ def test_sft_uniform_prob_without_stages_is_warned_of(tmp_path, mode):
         train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path / "sft", log=lambda *a: None)
 
 
+@pytest.mark.parametrize("mode", ["cot", "no_cot"])
+def test_sft_latent_layout_without_latent_thoughts_is_warned_of(tmp_path, mode):
+    """sft.c_thought and sft.pad_latent_to_max set the latent thoughts; cot and no_cot train none: they were
+    accepted and ignored."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.sft import train_sft
+
+    over = {"task.n_train": 16, "sft.num_epochs": 1, "sft.mode": mode, "sft.c_thought": 2}
+    cfg = tiny_config(**over, **{"sft.pad_latent_to_max": True})
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    said = rf"sft.c_thought=2, sft.pad_latent_to_max=true change nothing with sft.mode={mode}"
+    with pytest.warns(UserWarning, match=said):
+        train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path / "sft", log=lambda *a: None)
+
+
 def test_sft_reset_every_without_resets_is_warned_of(tmp_path):
     """sft.reset_every says when the optimizer and the lr schedule start afresh; with sft.reset_optimizer=false there
     is no reset: it was accepted and ignored."""

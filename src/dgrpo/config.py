@@ -1086,6 +1086,14 @@ def unused_recompute_settings(section: Any, name: str) -> list[str]:
     return _idle_options(section, name, ("recompute_granularity", "recompute_latent_steps"), f"{name}.recompute=false")
 
 
+def unused_sft_settings(s: SFTConfig) -> list[str]:
+    """A line when ``sft.mode`` cot or no_cot (no latent thoughts) leaves the latent layout's options set away from
+    their defaults unused: ``c_thought`` and ``pad_latent_to_max`` were accepted and did nothing, without a word."""
+    if s.mode not in ("cot", "no_cot"):
+        return []
+    return _idle_options(s, "sft", ("c_thought", "pad_latent_to_max"), f"sft.mode={s.mode} (no latent thoughts)")
+
+
 def _shown(value: Any) -> str:
     """An option's value as ``--set`` writes it (booleans as true / false)."""
     return str(value).lower() if isinstance(value, bool) else str(value)

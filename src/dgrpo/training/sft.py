@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..config import Config, ConfigError, to_dict, unused_recompute_settings
+from ..config import Config, ConfigError, to_dict, unused_recompute_settings, unused_sft_settings
 from ..data.records import Record, fingerprint
 from ..eval.evaluate import check_fits_context
 from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
@@ -609,6 +609,7 @@ def _warn_at_start(train: list[Record], valid: list[Record] | None, cfg: Config)
         unmixed,
         unreset,
         *unused_recompute_settings(cfg.sft, "sft"),
+        *unused_sft_settings(cfg.sft),
         *cfg.inert_eval_settings(),
     ):
         if line:
