@@ -693,6 +693,15 @@ def test_describe_filters_a_section():
         ),
         (["grpo.beta0=0"], []),
         (["grpo.filter=false", "grpo.alpha_min=0.1"], [r"^grpo.alpha_min=0.1 changes nothing with grpo.filter=false$"]),
+        # the fast engine's option under the eager one was accepted and did nothing, without a word (true, its
+        # default, is not said: the config cannot tell it from one set on purpose)
+        (
+            ["grpo.engine=eager", "grpo.keep_graphs=false"],
+            [r"^grpo.keep_graphs=false changes nothing with grpo.engine=eager \(it keeps the fast engine's"],
+        ),
+        (["grpo.engine=eager", "grpo.keep_graphs=true"], []),
+        (["grpo.engine=fast", "grpo.keep_graphs=false"], []),
+        (["grpo.keep_graphs=false"], []),  # (auto: fast on CUDA)
         (
             ["grpo.advantage=ema", "grpo.group_size=1", "grpo.alpha_max=0.9"],
             [r"^grpo.alpha_max=0.9 changes nothing with grpo.advantage=ema \(no group accuracy to filter on\)$"],

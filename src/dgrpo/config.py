@@ -1033,7 +1033,8 @@ def _check_groups(g: GRPOConfig, p: str) -> None:
 def _unused_grpo_settings(g: GRPOConfig) -> list[str]:
     """A line for each GRPO option set away from its default that the rest of the config leaves unused (it was
     accepted and did nothing without a word): the EMA baseline's decay without ``advantage=ema``, the KL term's
-    settings with ``beta0=0`` (no KL term, no reference model), the accuracy filter's without the filter."""
+    settings with ``beta0=0`` (no KL term, no reference model), the accuracy filter's without the filter, the fast
+    engine's ``keep_graphs`` under ``engine=eager``."""
     unused = (
         (("ema_alpha",), g.advantage != "ema", f"grpo.advantage={g.advantage} (it is the EMA baseline's decay)"),
         (
@@ -1046,6 +1047,8 @@ def _unused_grpo_settings(g: GRPOConfig) -> list[str]:
             not g.filter or g.advantage == "ema",
             "grpo.filter=false" if not g.filter else "grpo.advantage=ema (no group accuracy to filter on)",
         ),
+        # (keep_graphs=true under eager is not said: it is the default, and the config does not know who set it)
+        (("keep_graphs",), g.engine == "eager", "grpo.engine=eager (it keeps the fast engine's decoders)"),
     )
     lines = [line for keys, idle, why in unused if idle for line in _idle_options(g, "grpo", keys, why)]
     return lines + unused_recompute_settings(g, "grpo")
