@@ -1246,10 +1246,10 @@ def test_applied_json_keeps_an_entry_per_start_and_drops_those_a_rewind_abandons
     assert json.loads(path.read_text()) == [{"started_at_step": 3, "device": "cpu"}]
 
 
-@pytest.mark.filterwarnings("ignore:model.kernels=liger")
 def test_an_sft_run_records_what_it_applied(tmp_path):
-    """SFT applies no fused kernels (model.kernels is the GRPO trainer's): its applied.json says none, and the
-    optimizer its steps ran (torch AdamW; with bf16 weights and model.master_weights, float32 masters)."""
+    """SFT applies the fused kernels as GRPO does, here on a CPU none (it says so: model.kernels=liger was ignored
+    without a word): its applied.json says none, and the optimizer its steps ran (torch AdamW; with bf16 weights and
+    model.master_weights, float32 masters)."""
     from dgrpo.data.synthetic import generate_split
     from dgrpo.model.factory import load_model
     from dgrpo.training.sft import train_sft
@@ -1257,8 +1257,26 @@ def test_an_sft_run_records_what_it_applied(tmp_path):
     over = {"task.n_train": 16, "sft.num_epochs": 1, "model.kernels": "liger", "data.test": "[]"}
     cfg = tiny_config(**over, **{"model.dtype": "bfloat16", "model.master_weights": True})
     lm = load_model(cfg.model, cfg.task, seed=0)
-    train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path / "sft", log=lambda *a: None, progress=False)
+    with pytest.warns(UserWarning, match="model.kernels=liger: Liger's Triton kernels need CUDA, the model is on cpu"):
+        train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path / "sft", log=lambda *a: None, progress=False)
     [applied] = json.loads((tmp_path / "sft" / "applied.json").read_text())
     assert applied["optimizer"] == "dgrpo.training.master_weights.MasterWeightAdamW" and applied["master_weights"]
     assert (applied["kernels"], applied["dtype"], applied["started_at_step"]) == ("none", "bfloat16", 0)
     assert "engine" not in applied  # (GRPO's rollouts)
+
+
+def test_an_sft_run_applies_the_fused_kernels_and_records_them(tmp_path, monkeypatch):
+    """model.kernels=liger was the GRPO trainer's only: SFT trained with Hugging Face's layers, and its applied.json
+    said none, without a word. SFT applies them to its model as GRPO does (Liger itself needs CUDA: stood in for)."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training import sft
+
+    calls = []
+    monkeypatch.setattr(sft, "apply_kernels", lambda model, kind: calls.append((model, kind)) or kind == "liger")
+    cfg = tiny_config(**{"task.n_train": 16, "sft.num_epochs": 1, "model.kernels": "liger", "data.test": "[]"})
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    sft.train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path / "sft", log=lambda *a: None, progress=False)
+    assert calls == [(lm.model, "liger")]
+    [applied] = json.loads((tmp_path / "sft" / "applied.json").read_text())
+    assert applied["kernels"] == "liger"

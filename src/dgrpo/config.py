@@ -302,8 +302,8 @@ class ModelConfig:
         "none",
         "the decoder's layers: none (Hugging Face's modules) or liger (Liger Kernel's fused Triton RMSNorm, SwiGLU MLP "
         "and rotary embedding, for the architectures Liger supports: Qwen2, Llama and more; CUDA only, pip install "
-        "liger-kernel; applied by the GRPO trainer: less activation memory and fewer kernel launches in its update; "
-        "on a CPU the modules stay as they are, with a warning)",
+        "liger-kernel; applied by the SFT and GRPO trainers: less activation memory and fewer kernel launches in their "
+        "updates; on a CPU the modules stay as they are, with a warning)",
     )
     compile: bool = opt(
         False,

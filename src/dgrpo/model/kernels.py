@@ -4,10 +4,10 @@ The update's backprop through the latent recurrence runs the decoder's small ele
 fp32 upcast and rescale, the MLP's SiLU and product, the rotary rotation) as a dozen separate kernels per layer, each
 keeping its output for backward. Liger Kernel (https://github.com/linkedin/Liger-Kernel) fuses each into one Triton
 kernel that keeps only its inputs: fewer launches per forward call and less activation memory per token, so larger
-micro-batches fit. The GRPO trainer applies it to the loaded model instance (its RMSNorm and MLP modules get Liger's
-forwards); as Liger does, its rotary function replaces the architecture's module-level one for the whole process (the
-same rotation, fused). The latent recurrence, the perturbation hooks (on the attention and MLP modules) and the LM
-head are untouched.
+micro-batches fit. The SFT and GRPO trainers apply it to the loaded model instance (its RMSNorm and MLP modules get
+Liger's forwards); as Liger does, its rotary function replaces the architecture's module-level one for the whole
+process (the same rotation, fused). The latent recurrence, the perturbation hooks (on the attention and MLP modules)
+and the LM head are untouched.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from ..config import Config, ConfigError, to_dict, unused_recompute_settings, un
 from ..data.records import Record, fingerprint
 from ..eval.evaluate import check_fits_context
 from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
+from ..model.kernels import apply_kernels
 from ..model.latent_lm import LatentLM, LatentSettings
 from ..model.sources import on_for_device
 from ..model.verified import one_line
@@ -269,6 +270,8 @@ class SFTRun:
         self.lm, self.cfg, self.dist, self.run = lm, cfg, dist, run
         self.data_fingerprint, n_train = fingerprint(train), len(train)
         lm.use_recompute(cfg.sft, "sft")
+        # the fused layers, as the GRPO trainer applies them; what was applied (liger runs on CUDA only), as resolved
+        kernels = cfg.model.kernels if apply_kernels(lm.model, cfg.model.kernels) else "none"
         compile_layers(lm, cfg.model)
         compile_head(lm, cfg.model)
         pack_gqa(lm, cfg.model)
@@ -291,8 +294,8 @@ class SFTRun:
         self.best_rows_from = saved["metrics_lines"] if saved and run.drop_stale_best(saved) else 0
         skips = saved["nonfinite_skips"] if saved else 0
         self.guard = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr", skips=skips)
-        # what it runs with, as resolved (no fused kernels: model.kernels is the GRPO trainer's; new_optimizer's class)
-        run.start(saved, applied_settings(lm, dist, opt, kernels="none"))
+        # what it runs with, as resolved (the fused kernels applied; new_optimizer's class)
+        run.start(saved, applied_settings(lm, dist, opt, kernels=kernels))
         # the metrics' time_s goes on from the checkpoint's (one between two logged rows: its own time, not the row's)
         trained = (saved["time_s"] if "time_s" in saved else _time_trained(run)) if saved else 0.0  # (older: the rows)
         self.t0 = time.time() - trained
