@@ -1219,6 +1219,7 @@ def test_a_grpo_run_records_what_it_applied_not_what_was_asked_and_each_resume_a
         False,
         False,
     )
+    assert applied["compile_fallbacks"] == 0  # (written again at the run's end: the same entry, as in summary.json)
     assert applied["versions"]["torch"] == torch.__version__ and "transformers" in applied["versions"]
     longer = tiny_config(**{**asked, "grpo.steps": 2}, **common, **{"data.test": "[]"})
     train_grpo(lm, longer, train, out, progress=False, log=lambda *a: None, allow_config_change=True)
@@ -1263,6 +1264,28 @@ def test_an_sft_run_records_what_it_applied(tmp_path):
     assert applied["optimizer"] == "dgrpo.training.master_weights.MasterWeightAdamW" and applied["master_weights"]
     assert (applied["kernels"], applied["dtype"], applied["started_at_step"]) == ("none", "bfloat16", 0)
     assert "engine" not in applied  # (GRPO's rollouts)
+
+
+def test_compiled_layers_past_dynamo_recompile_limit_are_counted_in_applied_json(tmp_path, monkeypatch):
+    """model.compile: a call that needs a graph past dynamo's recompile limit runs eagerly (dynamo's own fallback, said
+    only in its log); applied.json, written at the start, said compile: true. Now a warning says so once, and the
+    entry of the process that finished the run counts those calls (compile_fallbacks)."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model import compiled_layers
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.sft import train_sft
+
+    monkeypatch.setattr(compiled_layers, "RECOMPILE_LIMIT", 1)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)  # (the prompt's call and a latent step's differ)
+    torch._dynamo.reset()  # (graphs of the step another test compiled in this process would count)
+    over = {"task.n_train": 16, "sft.num_epochs": 1, "data.test": "[]", "data.valid": "''"}
+    cfg = tiny_config(**over, **{"model.compile": True, "model.compile_backend": "eager", "sft.max_latent_stage": 1})
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    with pytest.warns(RuntimeWarning, match=r"model.compile: dynamo reached its recompile limit \(1 graphs\)"):
+        train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path / "sft", log=lambda *a: None, progress=False)
+    [applied] = json.loads((tmp_path / "sft" / "applied.json").read_text())
+    assert applied["compile"] and applied["compile_fallbacks"] == lm.compiled_layers.fallbacks > 0
+    torch._dynamo.reset()
 
 
 def test_an_sft_run_applies_the_fused_kernels_and_records_them(tmp_path, monkeypatch):

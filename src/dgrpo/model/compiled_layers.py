@@ -20,12 +20,14 @@ one-position calls were slower: bench/RESULTS.md). A call over another cache run
 from __future__ import annotations
 
 import copy
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch._dynamo.exc as dynamo_exc
 from torch import Tensor, nn
 from transformers.cache_utils import DynamicLayer
 
@@ -42,6 +44,10 @@ COMPILABLE_MODEL_TYPES = ("qwen2", "llama")
 RECOMPILE_LIMIT = 64
 #: the parts of a block whose output factors the step applies (``dgrpo.model.anatomy.PART_NAMES``)
 FACTOR_PARTS = ("attn", "mlp")
+#: what dynamo raises, with ``fail_on_recompile_limit_hit``, where a call would need a graph past its limit
+RECOMPILE_LIMIT_HIT: tuple[type[Exception], ...] = tuple(
+    e for e in (getattr(dynamo_exc, "FailOnRecompileLimitHit", None),) if e is not None
+)
 
 
 def output_factor_hook(factor: Callable[[], Tensor | None]) -> Callable:
@@ -138,7 +144,9 @@ class CompiledLayers:
     """One compiled layer step for a model's decoder layers (and any model of the same shape: the reference).
 
     ``installed(model)`` makes every decoder layer of ``model`` call the step while the block runs. Copying (as the
-    reference copies the policy) shares the step: its weights are arguments, not part of it."""
+    reference copies the policy) shares the step: its weights are arguments, not part of it. A call that would need a
+    graph past dynamo's recompile limit runs the step eagerly (as dynamo itself would, saying so in its log only):
+    ``fallbacks`` counts those calls (a run's ``applied.json``: ``compile_fallbacks``), and a warning says so once."""
 
     def __init__(self, model: nn.Module, backend: str = "inductor", mode: str = "default"):
         check_compilable(model)
@@ -156,6 +164,7 @@ class CompiledLayers:
                 del sub._forward_hooks[handle]  # a hook copied with the layer (none in a model at rest)
             sub.register_forward_hook(self._slot_hook(part))
         self._active: set[int] = set()  # the models (by id) whose layers run the step now
+        self.fallbacks = 0  # the step's calls run eagerly: past dynamo's recompile limit
         self._anatomy: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
         # graphs per code object: with / without grad, past and factors, one / many positions, one / many rows
         # (dynamo's default of 8 could be reached within a run; past it, dynamo would fall back to eager silently)
@@ -242,13 +251,31 @@ class CompiledLayers:
             tensors = [t if t is None or t.is_contiguous() else t.contiguous() for t in tensors]
             if not torch.is_grad_enabled():  # one no-grad graph whether an input came from a graph or not (the
                 tensors = [None if t is None else t.detach() for t in tensors]  # graphs guard on requires_grad)
-            out, keys, values = self.step(params, *tensors)
+            out, keys, values = self._run_step(params, tensors)
             if isinstance(stored, DynamicLayer) and empty:
                 stored.lazy_initialization(keys, values)
             stored.keys, stored.values = keys, values
             return out
 
         return forward
+
+    def _run_step(self, params: dict[str, Tensor], tensors: list) -> tuple[Tensor, Tensor, Tensor]:
+        """The compiled step; where dynamo would need a graph past its recompile limit, the same step run eagerly
+        and counted (dynamo runs such a call eagerly itself, and says so only in its log, once)."""
+        try:
+            return self.step(params, *tensors)
+        except RECOMPILE_LIMIT_HIT:
+            if not self.fallbacks:
+                warnings.warn(
+                    f"model.compile: dynamo reached its recompile limit ({torch._dynamo.config.recompile_limit} "
+                    "graphs) for the compiled decoder layers; a call that needs another graph runs them eagerly "
+                    "(the same values, slower), counted in applied.json's compile_fallbacks: raise "
+                    "torch._dynamo.config.recompile_limit, or set model.compile=false",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            self.fallbacks += 1
+        return self._step(params, *tensors)
 
     def is_installed(self, model: nn.Module) -> bool:
         return id(model) in self._active
@@ -259,8 +286,11 @@ class CompiledLayers:
         if self.is_installed(model):
             raise RuntimeError("the compiled layers are installed on this model already")
         self._active.add(id(model))
+        # (past the limit dynamo raises instead of running the call eagerly without a word: _run_step counts it)
+        raises = bool(RECOMPILE_LIMIT_HIT) and not torch._dynamo.config.suppress_errors  # (the two are exclusive)
+        limit_hit = torch._dynamo.config.patch(fail_on_recompile_limit_hit=raises)
         try:
-            with layer_forwards(model, lambda layer, i: self._layer_forward(layer, i, layer.forward)):
+            with layer_forwards(model, lambda layer, i: self._layer_forward(layer, i, layer.forward)), limit_hit:
                 yield
         finally:
             self._active.discard(id(model))

@@ -8,7 +8,9 @@ warning that scrolls away: ``grpo.optimizer=adamw8bit`` runs torch AdamW off CUD
 optimizer, its resolved engine and kernels, the model's compiled step and attention): no second resolution here.
 
 Each process that starts or resumes a run appends its settings to ``applied.json`` with the step it started at
-(another machine may resolve them otherwise); a resume drops the entries of the steps it abandons (a rewind).
+(another machine may resolve them otherwise); a resume drops the entries of the steps it abandons (a rewind). A
+process that finishes the run writes its entry again, as at the end: what changed within (a compiler's fallback:
+``compile_head`` false, ``compile_fallbacks`` the compiled layers' calls run eagerly past dynamo's recompile limit).
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ def applied_settings(
         dtype=weight_dtype(lm.model),
         kernels=kernels,
         compile=lm.compiled_layers is not None,
+        # (the compiled layers' calls run eagerly: dynamo's recompile limit reached; counted from the process's start)
+        compile_fallbacks=lm.compiled_layers.fallbacks if lm.compiled_layers is not None else 0,
         compile_head=lm.head_stats.compiled,  # (false again should its compiler have failed)
         pack_gqa=getattr(lm.model.config, "_attn_implementation", None) == PACKED_GQA,
         **resolved,

@@ -801,6 +801,7 @@ def train_grpo(
                 shown = {"reward": f"{m['reward_mean']:.3f}", "kept": f"{m['frac_groups_kept']:.2f}"}
                 bar.set_postfix({**shown, **({"eval": f"{loop.last_eval:.3f}"} if loop.last_eval is not None else {})})
         applied = trainer.applied()  # (before its optimizer's state is freed; a compiler's fallback in the run shown)
+        run.record_applied_at_end(applied)
         trainer.release_training_state()
         return _finish(run, trainer, loop, final_eval, applied)
 

@@ -568,6 +568,7 @@ class RunDir:
         self.checkpoint: Path | None = None
         self.base_now: str | None = None  # a resumed LoRA run's local base, where it is now (:meth:`_adopt_base`)
         self.resumed_step: int | None = None  # the step this process resumed at (None: started fresh)
+        self.applied_step = 0  # the step of this process's entry of applied.json (:meth:`start`)
         self.restarted = False  # an unfinished run without checkpoints, started over under another config
         try:
             self.candidates = self._candidates()
@@ -981,6 +982,12 @@ class RunDir:
                 continue
             self.log(f"dgrpo: moved the skipped checkpoint {ckpt.name} aside to {aside}")
 
+    def record_applied_at_end(self, applied: dict[str, Any]) -> None:
+        """This process's entry of ``applied.json`` written again with ``applied`` as at the run's end (what changed
+        since :meth:`start`: a compiler's fallback); rank 0 writes it."""
+        if self.dist.is_main:
+            record_applied(self.out_dir / APPLIED_FILE, self.applied_step, applied)
+
     def start(self, resumed_state: dict | None, applied: dict[str, Any] | None = None) -> None:
         """A resumed LoRA run's adapter folders first pointed to its base's new place (:meth:`_adopt_base`); then
         write ``config.json`` (and its history) and ``applied`` (what the trainer applied, as resolved: an entry of
@@ -995,6 +1002,7 @@ class RunDir:
             if resumed_state is not None and self.changed:
                 self._keep_config_history(step)
             (self.out_dir / CONFIG_FILE).write_text(json.dumps(self.cfg, indent=2))
+            self.applied_step = step
             if applied is not None:
                 record_applied(self.out_dir / APPLIED_FILE, step, applied)
             lg = self.logging

@@ -271,7 +271,7 @@ class SFTRun:
         self.data_fingerprint, n_train = fingerprint(train), len(train)
         lm.use_recompute(cfg.sft, "sft")
         # the fused layers, as the GRPO trainer applies them; what was applied (liger runs on CUDA only), as resolved
-        kernels = cfg.model.kernels if apply_kernels(lm.model, cfg.model.kernels) else "none"
+        self.kernels = cfg.model.kernels if apply_kernels(lm.model, cfg.model.kernels) else "none"
         compile_layers(lm, cfg.model)
         compile_head(lm, cfg.model)
         pack_gqa(lm, cfg.model)
@@ -295,7 +295,7 @@ class SFTRun:
         skips = saved["nonfinite_skips"] if saved else 0
         self.guard = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr", skips=skips)
         # what it runs with, as resolved (the fused kernels applied; new_optimizer's class)
-        run.start(saved, applied_settings(lm, dist, opt, kernels=kernels))
+        run.start(saved, applied_settings(lm, dist, opt, kernels=self.kernels))
         # the metrics' time_s goes on from the checkpoint's (one between two logged rows: its own time, not the row's)
         trained = (saved["time_s"] if "time_s" in saved else _time_trained(run)) if saved else 0.0  # (older: the rows)
         self.t0 = time.time() - trained
@@ -379,7 +379,10 @@ class SFTRun:
         """With the final stage's settings: ``final_eval``'s row (the test sets), then ``final/``, written last (a run
         with a final/ is finished, its test sets' results written; one stopped before is resumed by the same command
         from its last epoch's checkpoint, with nothing left to train), and one summary line. The optimizer's moments
-        are freed first: the test sets and ``best/`` loaded beside the model have their memory."""
+        are freed first: the test sets and ``best/`` loaded beside the model have their memory. ``applied.json``'s
+        entry is written again as at the end (a compiler's fallback in the run shown)."""
+        if self.opt is not None:  # (None: resumed with nothing left to train; the start's entry stands)
+            self.run.record_applied_at_end(applied_settings(self.lm, self.dist, self.opt, kernels=self.kernels))
         self.opt = None
         self.lm.settings = final_settings(self.cfg)
         self.lm.eval()
