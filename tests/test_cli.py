@@ -1395,3 +1395,20 @@ def test_a_grpo_runs_test_sets_are_counted_with_the_markers_grpo_adds(tmp_path, 
     r = run_cli(*args)
     assert r.returncode == 2 and "data.test builtin:test, answered after training: grpo: the sequence" in r.stderr
     assert "2 markers" in r.stderr and not (tmp_path / "g").exists(), r.stderr[-2000:]
+
+
+def test_one_test_set_named_twice_by_relative_and_absolute_path_is_refused(tmp_path, run_cli, monkeypatch):
+    """data.test=[a.jsonl, /abs/a.jsonl] tested the same file twice, as two sets (eval/a.jsonl and
+    eval/_abs_a.jsonl); so did a built-in set named with and without its split. Refused before anything is read,
+    as dgrpo eval refuses two such --data."""
+    (tmp_path / "a.jsonl").write_text(json.dumps({"question": "1 + 2 ?", "answer": "3"}) + "\n")
+    monkeypatch.chdir(tmp_path)
+    cases = {
+        f"[a.jsonl, {tmp_path / 'a.jsonl'}]": f"data.test: a.jsonl and {tmp_path / 'a.jsonl'} both name",
+        "[builtin, builtin:test]": "data.test: builtin and builtin:test both name builtin:test",
+    }
+    for i, (tests, said) in enumerate(cases.items()):
+        out = tmp_path / f"run{i}"
+        r = run_cli("sft", *tiny_args(**{"data.test": tests}), "--out", out)
+        assert r.returncode == 2 and said in r.stderr and "(name each test set once)" in r.stderr, r.stderr[-2000:]
+        assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()

@@ -205,6 +205,22 @@ def warn_if_held_out_is_builtin(cfg: Config) -> None:
     )
 
 
+def check_test_sets_distinct(cfg: Config) -> None:
+    """A one-line ConfigError when two ``data.test`` specs read the same data (:func:`~dgrpo.data.dataset_key`: a
+    path made absolute, a built-in name with its split made explicit): ``[a.jsonl, /abs/a.jsonl]`` tested one set
+    twice, under two names (``eval/a.jsonl`` and ``eval/_abs_a.jsonl``), as ``dgrpo eval`` refuses two such
+    ``--data``. (Two specs of one results folder the config itself refuses.)"""
+    from ..config import ConfigError
+    from ..data import dataset_key
+
+    seen: dict[str, str] = {}
+    for spec in cfg.data.test:
+        key = dataset_key(spec)
+        if key in seen:
+            raise ConfigError(f"data.test: {seen[key]} and {spec} both name {key} (name each test set once)")
+        seen[key] = spec
+
+
 def warn_if_held_out_is_trained_on(cfg: Config, train: list, held_out: dict[str, list]) -> None:
     """A warning for each validation or test set that shares questions with the training data (GSM-Hard is GSM8K's
     test set with numbers changed: 329 of its questions are GSM8K test questions word for word)."""
@@ -254,6 +270,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     if args.init:  # (a run's config.json names its base's commit: not --init's, unless given for it)
         cfg.model.revision = revision_for(args.init, cfg, args.overrides, "--init")
     cfg = record_init(cfg, args.init, args.out)
+    check_test_sets_distinct(cfg)
     warn_if_held_out_is_builtin(cfg)
     warn_if_prompt_options_are_set(cfg)
     check_installed(cfg.logging.backends)
