@@ -336,6 +336,19 @@ def test_grpo_reruns_a_runs_config_without_init(sft_checkpoint, tmp_path, run_cl
     ]
 
 
+def test_grpo_ends_with_its_headline_line_and_the_path_of_summary_json(sft_checkpoint, tmp_path, run_cli):
+    """The run's last console lines: the trainer's "done in" (best, final, skipped steps) and where summary.json is;
+    the summary itself was printed as one long JSON line after them (applied's device, versions, ... on one line)."""
+    out = tmp_path / "run"
+    sets = {"grpo.steps": 1, "grpo.warmup_steps": 0, "data.valid": "", "data.test": "[]"}
+    r = run_cli("grpo", "--init", sft_checkpoint, *tiny_args(**sets), "--out", out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    *_, done, last = r.stdout.strip().splitlines()
+    assert done.startswith("dgrpo grpo: done in ") and "of 1 steps skipped" in done, r.stdout[-2000:]
+    assert last == f"dgrpo grpo: summary -> {out / 'summary.json'}"
+    assert json.loads((out / "summary.json").read_text())["steps"] == 1
+
+
 def test_help_is_fast_and_lists_examples():
     """`dgrpo --help` must not import torch (it answered in 3 s when it did) nor numpy (a third of its import time);
     every command's help has examples."""
