@@ -465,3 +465,32 @@ def test_the_vote_takes_n_latent_limit_plain_and_shots_as_evaluate_does(lm, task
         evaluate_mc_vote(lm, recs, pert, limit=-1, **FAST)
     with pytest.raises(ValueError, match=r"^evaluate_mc_vote: shots=1 apply to plain=True prompts only"):
         evaluate_mc_vote(lm, recs, pert, shots=1, **FAST)
+
+
+def test_the_vote_samples_at_a_temperature_each_copy_from_its_own_seed(lm, task_records, monkeypatch):
+    """evaluate_mc_vote took no temperature (``**eval_options(cfg)`` was a TypeError), unlike evaluate. Sampled,
+    each copy draws from its own seed: under masks that change nothing (p = 0) the copies of a question differ (one
+    seed per question gave every copy the same tokens); greedy, the vote is what it was without the argument."""
+    import torch
+
+    import dgrpo.eval.evaluate as ev
+    from dgrpo.config import Config, load_config
+    from dgrpo.eval.evaluate import eval_options
+
+    drawn: list[list[str]] = []
+    real = ev.generate_answers
+    monkeypatch.setattr(ev, "generate_answers", lambda *a, **k: drawn.append(real(*a, **k)) or drawn[-1])
+    recs, same, k = task_records[:3], LockedDropout(p=0.0), {"n_masks": 4, "max_new_tokens": 6, "progress": False}
+    greedy = evaluate_mc_vote(lm, recs, same, **k)
+    assert evaluate_mc_vote(lm, recs, same, temperature=0.0, **k).predictions == greedy.predictions
+    assert all(len(set(drawn[-1][4 * j : 4 * j + 4])) == 1 for j in range(3))  # (no mask, no sampling: one answer)
+    sampled = evaluate_mc_vote(lm, recs, same, temperature=1.0, **k)
+    copies = [drawn[-1][4 * j : 4 * j + 4] for j in range(3)]
+    assert all(len(set(c)) == 4 for c in copies) and sampled.temperature == 1.0, copies
+    assert [p["completion"] for p in sampled.predictions] != [p["completion"] for p in greedy.predictions]
+    assert evaluate_mc_vote(lm, recs, same, temperature=1.0, **k).predictions == sampled.predictions
+    assert evaluate_mc_vote(lm, recs[1:], same, temperature=1.0, **k).predictions == sampled.predictions[1:]
+    options = {**eval_options(load_config(Config, "tiny.yaml", ["eval.temperature=0.7"])), "max_new_tokens": 6}
+    assert evaluate_mc_vote(lm, recs, same, n_masks=2, progress=False, **options).temperature == 0.7
+    with pytest.raises(ValueError, match=r"^generate_answers: 2 sampling_seeds for 1 questions$"):
+        generate_answers(lm, ["q"], n_latent=0, temperature=1.0, sampling_seeds=torch.tensor([1, 2]), **FAST)

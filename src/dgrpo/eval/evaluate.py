@@ -121,6 +121,7 @@ def generate_answers(
     max_question_tokens: int | None = None,
     perturbation: Perturbation | None = None,
     perturbation_seeds: torch.Tensor | None = None,
+    sampling_seeds: torch.Tensor | None = None,
     progress: bool = True,
     desc: str = "eval",
     dataset: str = "",
@@ -128,7 +129,8 @@ def generate_answers(
     """Completions for ``questions`` in batches sorted by length (less padding), returned in input order.
 
     Sampling (``temperature`` > 0) draws each question's tokens from its own seed (from ``seed`` and the question's
-    text), so a question gets the same answer whatever the batch size, the order or the process that evaluates it.
+    text), so a question gets the same answer whatever the batch size, the order or the process that evaluates it;
+    ``sampling_seeds`` (one int seed per question) gives each its own instead (copies of one question sampled apart).
     ``perturbation`` with ``perturbation_seeds`` (one int seed per question) answers each question under the
     perturbation its own seed draws (Monte-Carlo dropout evaluation), likewise whatever its batch; ``None``
     evaluates the deterministic network. ``dataset`` names the questions in the warning about those cut to
@@ -155,7 +157,7 @@ def generate_answers(
         check_fits_context(
             lm, distinct, n_latent, max_new_tokens, markers=markers, max_question_tokens=max_question_tokens
         )
-    sampling = question_seeds(seed, questions) if temperature > 0 else None
+    sampling = _sampling_seeds(seed, questions, sampling_seeds) if temperature > 0 else None
     out: list[str] = [""] * len(questions)
     batches = [order[b0 : b0 + batch_size] for b0 in range(0, len(order), batch_size)]
     with lm.eval_mode():
@@ -181,6 +183,17 @@ def generate_answers(
             for i, text in zip(idx, lm.decode(g.tokens, g.mask)):
                 out[i] = text
     return out
+
+
+def _sampling_seeds(seed: int, questions: list[str], given: torch.Tensor | None) -> torch.Tensor:
+    """The sampling seed of each question: ``given`` (checked: one int seed per question), else
+    :func:`question_seeds` of ``seed``."""
+    if given is None:
+        return question_seeds(seed, questions)
+    seeds = as_seeds(given)
+    if len(seeds) != len(questions):
+        raise ValueError(f"generate_answers: {len(seeds)} sampling_seeds for {len(questions)} questions")
+    return seeds
 
 
 def _question_perturbation_seeds(
@@ -655,15 +668,23 @@ def _perturbed_texts(
     max_question_tokens: int | None,
     progress: bool,
     dataset: str = "",
+    temperature: float = 0.0,
+    top_p: float = 1.0,
 ) -> list[str]:
-    """``n_masks`` greedy completions of each question (question-major), the k-th under the mask of
-    :func:`mask_seeds` (stream mc-vote): a question's votes do not depend on the others in the list."""
+    """``n_masks`` completions of each question (question-major), the k-th under the mask of :func:`mask_seeds`
+    (stream mc-vote), greedy, or sampled (``temperature`` > 0) from its own seed (stream mc-vote-sampling: one per
+    copy, as each has its own mask; one seed per question drew the same tokens in every copy): a question's votes do
+    not depend on the others in the list."""
+    sampled = temperature > 0
     return generate_answers(
         lm,
         [q for q in questions for _ in range(n_masks)],
         n_latent=n_latent,
         batch_size=batch_size,
         max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        sampling_seeds=mask_seeds(seed, questions, "mc-vote-sampling", copies=n_masks) if sampled else None,
         mode=mode,
         markers=markers,
         max_question_tokens=max_question_tokens,
@@ -726,6 +747,8 @@ def evaluate_mc_vote(
     n_latent: int | None = None,
     batch_size: int = 256,
     max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
     seed: int = 0,
     plain: bool = False,
     shots: int = 0,
@@ -735,12 +758,15 @@ def evaluate_mc_vote(
     scorer: ScoreFn | str | None = None,
     columns: Iterable[str] = (),
 ) -> EvalResult:
-    """Monte-Carlo perturbation ensemble: greedy answers under ``n_masks`` seeded perturbations per question,
-    majority vote. This is the model-average policy Dropout-GRPO optimises (paper Sec. 3.1, Sec. 6). A question's
-    masks are a function of ``seed`` and its text (:func:`mask_seeds`): its vote is the same in any list or subset.
-    ``n_latent``, ``plain``, ``shots`` and ``limit`` mean what they mean to :func:`evaluate` (the model's own
-    thoughts by default; ``limit`` > 0 votes on the first ``limit`` records after a plain prompt's ``shots``), and
-    are checked as it checks them.
+    """Monte-Carlo perturbation ensemble: greedy (by default) answers under ``n_masks`` seeded perturbations per
+    question, majority vote. This is the model-average policy Dropout-GRPO optimises (paper Sec. 3.1, Sec. 6). A
+    question's masks are a function of ``seed`` and its text (:func:`mask_seeds`): its vote is the same in any list or
+    subset. ``temperature`` > 0 (with ``top_p``) samples each copy's answer, as :func:`evaluate` samples, from a seed
+    of the copy's own (of ``seed``, the copy and the question's text), so the copies are drawn apart and the vote is
+    again the same in any list. ``n_latent``, ``plain``, ``shots`` and ``limit`` mean what they mean to
+    :func:`evaluate` (the model's own thoughts by default; ``limit`` > 0 votes on the first ``limit`` records after a
+    plain prompt's ``shots``), and are checked as it checks them: ``evaluate_mc_vote(lm, records, perturbation,
+    **eval_options(cfg))`` takes the config's decoding as :func:`evaluate` does.
 
     Each completion votes for its answer as ``scorer`` (default: the numeric verifier) reads it (:func:`vote_key`: the
     final number for a numeric gold, the normalised final text for a text gold such as ProsQA's, the letter for
@@ -790,6 +816,8 @@ def evaluate_mc_vote(
         max_question_tokens=None if plain else max_question_tokens,
         progress=progress,
         dataset=dataset,
+        temperature=temperature,
+        top_p=top_p,
     )
     texts = [_cut_plain(t) for t in texts] if plain else texts
     preds, correct = _voted(with_columns(records, columns), texts, n_masks, scorer)
@@ -808,6 +836,8 @@ def evaluate_mc_vote(
         mode=f"{'plain' if plain else lm.settings.mode}+mc{n_masks}",
         wall_s=round(time.time() - t0, 3),
         scorer=scorer_name(scorer),
+        temperature=temperature,
+        top_p=top_p,
         max_new_tokens=max_new_tokens,
         max_question_tokens=None if plain else max_question_tokens,
         limit=limit,
