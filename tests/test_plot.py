@@ -160,18 +160,15 @@ def test_plot_runs_describes_what_it_drew(runs: Path, tmp_path: Path) -> None:
         title="demo arms",
     )
     assert (tmp_path / "fig.png").stat().st_size > 1000
-    assert desc["panels"]["eval"] == {
-        "dropout_grpo": 4,
-        "grpo_deterministic": 4,
-        "REINFORCE + EMA": 4,
-        "sampling": 4,
-        "SFT": 2,
-    }
+    assert desc["panels"]["eval"] == {"dropout_grpo": 4, "grpo_deterministic": 4, "REINFORCE + EMA": 4, "sampling": 4}
+    assert desc["panels"]["eval_sft"] == {"SFT": 2}  # (its optimizer steps: an axis of its own)
     assert set(desc["panels"]["reward_std"]) == {"dropout_grpo", "grpo_deterministic", "sampling"}
-    assert desc["lines"] == {"eval": 5 + 2, "reward_std": 3, "kept": 4}  # mean lines (+ reference lines in eval)
+    # mean lines (+ reference lines in both eval panels)
+    assert desc["lines"] == {"eval": 4 + 2, "eval_sft": 1 + 2, "reward_std": 3, "kept": 4}
     assert desc["bands"]["eval"] == ["dropout_grpo", "grpo_deterministic", "sampling"]
     assert desc["notes"]["reward_std"] == ["REINFORCE + EMA: no within-group std (K = 1)", "SFT: no GRPO steps"]
-    assert desc["notes"]["eval"] == [] and desc["eval_keys"] == [EVAL, "eval/valid/accuracy"]
+    assert desc["notes"]["eval"] == desc["notes"]["eval_sft"] == []
+    assert desc["eval_keys"] == [EVAL, "eval/valid/accuracy"]
     # the torn last line of sampling_s1 is skipped: its steps still align with sampling_s0 (6 shared steps)
     assert desc["panels"]["kept"]["sampling"] == 6
 
@@ -180,11 +177,12 @@ def test_eval_key_selects_one_eval_column(runs: Path, tmp_path: Path) -> None:
     """A full column name selects that column; a dataset name matches it with or without a source prefix (the
     commands log eval/valid/accuracy; a Python-API run may name its set builtin:valid: the same validation set)."""
     fig, desc = draw(all_groups(runs), panels=("eval",), eval_key="eval/valid/accuracy")
-    assert desc["panels"]["eval"] == {"SFT": 2} and desc["eval_keys"] == ["eval/valid/accuracy"]
+    assert desc["panels"] == {"eval": {}, "eval_sft": {"SFT": 2}} and desc["eval_keys"] == ["eval/valid/accuracy"]
     assert any("no eval/valid/accuracy rows" in n for n in desc["notes"]["eval"])
     for key in ("valid", "builtin:valid"):
         fig, desc = draw(all_groups(runs), panels=("eval",), eval_key=key)
-        assert set(desc["panels"]["eval"]) == set(all_groups(runs)) and desc["notes"]["eval"] == []
+        assert {**desc["panels"]["eval"], **desc["panels"]["eval_sft"]}.keys() == set(all_groups(runs))
+        assert desc["notes"]["eval"] == desc["notes"]["eval_sft"] == []
     with pytest.raises(DataError, match=r"--eval-key gsm8k:test: no run logged it \(eval columns logged: .*valid"):
         draw(all_groups(runs), panels=("eval",), eval_key="gsm8k:test")  # (a typo drew an empty panel, exit 0)
 
@@ -206,8 +204,8 @@ def test_unknown_suffix_and_panel_are_data_errors(runs: Path, tmp_path: Path) ->
 
 def test_legends_sit_outside_the_axes(runs: Path) -> None:
     fig, desc = draw(all_groups(runs), panels=("eval", "reward_std"), reference={"Coconut SFT": 0.247})
-    assert [len(ax.collections) for ax in fig.axes] == [3, 3]  # min-max bands: the groups with >= 2 runs
-    assert [len(ax.get_lines()) for ax in fig.axes] == [desc["lines"]["eval"], desc["lines"]["reward_std"]] == [6, 3]
+    assert [len(ax.collections) for ax in fig.axes] == [3, 0, 3]  # min-max bands: the groups with >= 2 runs
+    assert [len(ax.get_lines()) for ax in fig.axes] == list(desc["lines"].values()) == [5, 2, 3]
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
     boxes = []
@@ -220,7 +218,7 @@ def test_legends_sit_outside_the_axes(runs: Path) -> None:
             assert not box.overlaps(other.get_window_extent(renderer))  # clear of every panel's data area
         assert not box.overlaps(ax.xaxis.label.get_window_extent(renderer))
         assert box.width > 0 and box.height > 0
-    assert not boxes[0].overlaps(boxes[1])
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
 
 
 def test_cli_plot(runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -301,8 +299,8 @@ def test_a_run_that_logged_nothing_is_skipped_with_a_warning(runs: Path, tmp_pat
     assert out.stat().st_size > 1000 and set(desc["panels"]["eval"]) == set(all_groups(runs / "arms")) | {
         "REINFORCE + EMA",
         "sampling",
-        "SFT",
     }
+    assert desc["panels"]["eval_sft"] == {"SFT": 2}
     with pytest.warns(UserWarning, match="crashed"):  # in a labelled group beside a run that logged
         desc = plot([], out, groups={"mine": [runs / "crashed", runs / "sft"]}, panels=("eval",))
     assert desc["panels"]["eval"] == {"mine": 2}
@@ -386,3 +384,24 @@ def test_seeds_that_validated_on_different_data_are_not_averaged(tmp_path: Path)
         plot([tmp_path / "a"], tmp_path / "fig.png")
     desc = plot([tmp_path / "a"], tmp_path / "fig.png", eval_key="valid")
     assert EVAL in desc["eval_keys"]  # (seed1 has no such column: seed0 alone is drawn)
+
+
+def test_an_sft_runs_curve_is_over_its_optimizer_steps_never_on_the_grpo_step_axis(runs: Path, tmp_path: Path) -> None:
+    """An SFT run's steps are its optimizer steps: its validation curve was drawn on the GRPO runs' axis, labelled
+    "step" (800 SFT steps beside 6 GRPO steps squashed the GRPO curves into the left edge), and alone it read as GRPO
+    steps. Beside GRPO runs it has a panel of its own, over "SFT optimizer step"; a group of both is refused."""
+    rows = [{"step": 400 * t, "epoch": t - 1, "stage": t - 1, "eval/valid/accuracy": 0.1 * t} for t in (1, 2)]
+    sft = load_run(write_run(tmp_path / "long_sft", {"seed": 0}, [{"step": 1, "loss": 2.0}, *rows]))
+    grpo = [load_run(p) for p in find_runs([runs / "arms" / "dropout_grpo"])]
+    fig, desc = draw({"Dropout-GRPO": grpo, "SFT": [sft]}, panels=("eval", "kept"), eval_key="valid")
+    assert [ax.get_xlabel() for ax in fig.axes] == ["GRPO step", "SFT optimizer step", "GRPO step"]
+    assert list(desc["panels"]) == ["eval", "eval_sft", "kept"] and desc["panels"]["eval_sft"] == {"SFT": 2}
+    grpo_eval, sft_eval = fig.axes[:2]
+    assert grpo_eval.get_xlim()[1] < 10 and [list(line.get_xdata()) for line in sft_eval.get_lines()] == [[400, 800]]
+    assert sft_eval.get_title() == "SFT: accuracy on valid" and grpo_eval.get_title() == "accuracy on builtin:valid"
+    fig, desc = draw({"SFT": [sft]}, panels=("eval",))  # alone: one panel, over its optimizer steps
+    assert [ax.get_xlabel() for ax in fig.axes] == ["SFT optimizer step"] and desc["panels"] == {"eval": {"SFT": 2}}
+    fig, _ = draw({"Dropout-GRPO": grpo}, panels=("eval",))
+    assert [ax.get_xlabel() for ax in fig.axes] == ["GRPO step"]
+    with pytest.raises(DataError, match=r"^mine: holds SFT runs \(long_sft\) and GRPO runs \(seed0, .*own group$"):
+        draw({"mine": [sft, *grpo]}, panels=("eval",), eval_key="valid")

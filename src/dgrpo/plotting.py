@@ -33,6 +33,13 @@ PANELS: dict[str, tuple[str, str, str]] = {
     "distinct": ("distinct_answers", "distinct answers per group", "answer diversity within groups"),
 }
 
+#: the x axis of a GRPO run's panels (its ``step``: a GRPO step) and of an SFT run's validation curve (its ``step``:
+#: the optimizer steps so far); one axis never holds both (1000 SFT steps beside 200 GRPO steps squash the latter)
+GRPO_AXIS = "GRPO step"
+SFT_AXIS = "SFT optimizer step"
+#: the panel of the SFT groups' validation accuracy in a figure with GRPO groups too (their own x axis)
+SFT_EVAL = "eval_sft"
+
 #: a panel of one reward part a run logs (``reward/<name>``: each part of ``grpo.rewards``, unweighted)
 REWARD_PART = "reward/"
 
@@ -340,6 +347,43 @@ def _check_one_dataset_per_group(groups: Mapping[str, Sequence[Run]], eval_key: 
             )
 
 
+def _check_one_kind_per_group(groups: Mapping[str, Sequence[Run]]) -> None:
+    """DataError when a group holds SFT and GRPO runs: its mean would average accuracies at SFT optimizer steps with
+    ones at GRPO steps, which count different things."""
+    for name, runs in groups.items():
+        sft, grpo = [r.name for r in runs if not r.is_grpo], [r.name for r in runs if r.is_grpo]
+        if sft and grpo:
+            raise DataError(
+                f"{name}: holds SFT runs ({', '.join(sft[:3])}) and GRPO runs ({', '.join(grpo[:3])}); their steps "
+                "count different things (SFT optimizer steps, GRPO steps): give each its own group"
+            )
+
+
+def _is_sft_group(runs: Sequence[Run]) -> bool:
+    return bool(runs) and not any(r.is_grpo for r in runs)
+
+
+def axes_of(
+    panels: Sequence[str], groups: Mapping[str, Sequence[Run]]
+) -> list[tuple[str, str, dict[str, Sequence[Run]], str]]:
+    """The figure's axes, in order: (key in the description, panel, the groups drawn, x-axis label). An SFT group's
+    validation curve is over its optimizer steps, a GRPO group's over GRPO steps: with both kinds, ``eval`` draws
+    the GRPO groups and :data:`SFT_EVAL`, next to it, the SFT groups; with SFT groups alone ``eval`` is over
+    :data:`SFT_AXIS`. The other panels are GRPO's (rollout diagnostics), over :data:`GRPO_AXIS`."""
+    axes: list[tuple[str, str, dict[str, Sequence[Run]], str]] = []
+    for panel in panels:
+        if panel != "eval":
+            axes.append((panel, panel, dict(groups), GRPO_AXIS))
+            continue
+        sft = {n: runs for n, runs in groups.items() if _is_sft_group(runs)}
+        grpo = {n: runs for n, runs in groups.items() if n not in sft}
+        if grpo:
+            axes.append(("eval", "eval", grpo, GRPO_AXIS))
+        if sft:
+            axes.append((SFT_EVAL if grpo else "eval", "eval", sft, SFT_AXIS))
+    return axes
+
+
 def _warn_if_scorers_differ(runs: Sequence[Run]) -> None:
     """A warning when the runs' accuracies were scored by different rules (``eval.scorer``): one panel would set
     numbers side by side that do not measure the same thing. Runs without a config are not counted."""
@@ -441,8 +485,11 @@ def _draw_panel(
     colors: Mapping[str, str],
     eval_key: str | None,
     reference: Mapping[str, float],
+    xlabel: str = GRPO_AXIS,
+    sft_apart: bool = False,
 ) -> dict[str, Any]:
-    """One panel: per group the mean line (+ min-max band), the reference lines, the legend below the axes."""
+    """One panel: per group the mean line (+ min-max band), the reference lines, the legend below the axes; the x
+    axis labelled ``xlabel``, and the title marked SFT's when ``sft_apart`` (the SFT groups' own eval panel)."""
     from matplotlib.lines import Line2D
 
     handles: list[tuple[Any, str]] = []
@@ -474,12 +521,19 @@ def _draw_panel(
     if not handles and not notes:
         notes.append("no data")
     handles += [(Line2D([], [], ls="none"), note) for note in notes]
-    _finish_axes(ax, panel, groups, eval_key, handles, len(notes))
+    _finish_axes(ax, panel, groups, eval_key, handles, len(notes), xlabel, sft_apart)
     return {"groups": drawn, "lines": len(ax.get_lines()), "bands": bands, "notes": notes}
 
 
 def _finish_axes(
-    ax: Axes, panel: str, groups: Mapping[str, Sequence[Run]], eval_key: str | None, handles: list, n_notes: int
+    ax: Axes,
+    panel: str,
+    groups: Mapping[str, Sequence[Run]],
+    eval_key: str | None,
+    handles: list,
+    n_notes: int,
+    xlabel: str = GRPO_AXIS,
+    sft_apart: bool = False,
 ) -> None:
     """Labels, title, grid, and the legend below the axes (outside them; notes last, in grey italics)."""
     from matplotlib.legend_handler import HandlerTuple
@@ -492,7 +546,8 @@ def _finish_axes(
         if names and not all("valid" in n for n in names):
             ylabel = "accuracy (greedy, no dropout)"
         title = f"accuracy on {', '.join(names)}" if names else title
-    ax.set_xlabel("step")
+    ax.set_xlabel(xlabel)
+    title = f"SFT: {title}" if sft_apart else title
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # (steps are whole: no 0.2 ticks on a short run)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=11)
@@ -550,17 +605,19 @@ def draw(
         _check_eval_key(everyone, eval_key)
     _check_reward_parts(everyone, panels)
     if "eval" in panels:
+        _check_one_kind_per_group(groups)
         _check_one_dataset_per_group(groups, eval_key)
         _warn_if_scorers_differ(everyone)
+    axes = axes_of(panels, groups)
     rows = len(groups) + len(reference or {}) + 1
-    fig = Figure(figsize=(6 * len(panels), 4 + 0.6 + 0.22 * rows))
+    fig = Figure(figsize=(6 * len(axes), 4 + 0.6 + 0.22 * rows))
     FigureCanvasAgg(fig)
     colors = group_colors(groups)
     desc: dict[str, Any] = {"panels": {}, "lines": {}, "bands": {}, "notes": {}}
-    for ax, panel in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
-        d = _draw_panel(ax, panel, groups, colors, eval_key, reference or {})
+    for ax, (key, panel, drawn, xlabel) in zip(fig.subplots(1, len(axes), squeeze=False)[0], axes):
+        d = _draw_panel(ax, panel, drawn, colors, eval_key, reference or {}, xlabel, sft_apart=key == SFT_EVAL)
         for k in ("groups", "lines", "bands", "notes"):
-            desc["panels" if k == "groups" else k][panel] = d[k]
+            desc["panels" if k == "groups" else k][key] = d[k]
     desc["eval_keys"] = _eval_keys(groups, eval_key)
     if title:
         fig.suptitle(title)
@@ -583,8 +640,11 @@ def plot_runs(
     ``reward_std``, ``reward_mean``, ``kept`` (frac_groups_kept), ``distinct`` (distinct_answers), ``reward/<part>``
     (one part of ``grpo.rewards``, as logged). Per group the mean over its runs on the steps they
     share, with a min-max band when it has >= 2 runs; ``reference`` values are dashed lines in the eval panel.
+    The x axis is GRPO steps; an SFT group's validation curve is over its optimizer steps, in a panel of its own
+    (:data:`SFT_EVAL`, after ``eval``) when GRPO groups are drawn too (:func:`axes_of`); a group holding runs of
+    both is a :class:`DataError`.
     Returns ``{"panels": {panel: {group: n_points}}, "lines": {panel: n_Line2D}, "bands": {panel: [group]},
-    "notes": {panel: [note]}, "eval_keys": [...], "out": path}``.
+    "notes": {panel: [note]}, "eval_keys": [...], "out": path}`` (``panel``: :data:`SFT_EVAL` for that one).
     """
     fmt = check_format(out)
     fig, desc = draw(groups, panels=panels, eval_key=eval_key, reference=reference, title=title)
@@ -624,6 +684,7 @@ def describe(desc: Mapping[str, Any]) -> str:
 __all__ = [
     "Run",
     "arm_of",
+    "axes_of",
     "config_label",
     "describe",
     "draw",
