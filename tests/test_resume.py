@@ -1276,12 +1276,15 @@ def test_compiled_layers_past_dynamo_recompile_limit_are_counted_in_applied_json
     from dgrpo.training.sft import train_sft
 
     monkeypatch.setattr(compiled_layers, "RECOMPILE_LIMIT", 1)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)  # (the prompt's call and a latent step's differ)
     torch._dynamo.reset()  # (graphs of the step another test compiled in this process would count)
     over = {"task.n_train": 16, "sft.num_epochs": 1, "data.test": "[]", "data.valid": "''"}
     cfg = tiny_config(**over, **{"model.compile": True, "model.compile_backend": "eager", "sft.max_latent_stage": 1})
     lm = load_model(cfg.model, cfg.task, seed=0)
-    with pytest.warns(RuntimeWarning, match=r"model.compile: dynamo reached its recompile limit \(1 graphs\)"):
+    # (dynamo's own patch: monkeypatch.setattr on its config deletes the setting on undo, for every later test)
+    with (
+        torch._dynamo.config.patch(recompile_limit=1),  # (the prompt's call and a latent step's differ)
+        pytest.warns(RuntimeWarning, match=r"model.compile: dynamo reached its recompile limit \(1 graphs\)"),
+    ):
         train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path / "sft", log=lambda *a: None, progress=False)
     [applied] = json.loads((tmp_path / "sft" / "applied.json").read_text())
     assert applied["compile"] and applied["compile_fallbacks"] == lm.compiled_layers.fallbacks > 0
