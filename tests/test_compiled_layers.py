@@ -4,6 +4,7 @@ The compiling tests are slow (dynamo traces every graph once per process; induct
 tier checks what is decided before anything compiles."""
 
 import copy
+import re
 import shutil
 
 import pytest
@@ -208,3 +209,14 @@ def test_grpo_steps_with_compiled_layers(sft_checkpoint):
     m = tr.step()
     assert m["skipped"] == 0 and m["ratio_max"] == 1.0 and m["ratio_min"] == 1.0
     assert m["logp_replay_maxdiff"] < 1e-4 and calls["n"] > 0
+
+
+def test_no_test_sets_dynamo_config_through_monkeypatch():
+    """``monkeypatch.setattr`` on ``torch._dynamo.config`` deletes the setting on undo (its config module keeps no
+    plain attribute to put back): every later compiled test of that worker then fails ("recompile_limit does not
+    exist"), as it did twice. Dynamo's own ``config.patch`` restores it."""
+    from pathlib import Path
+
+    pattern = re.compile(r"monkeypatch\.setattr\(\s*torch\._dynamo\.config")
+    offenders = [p.name for p in Path(__file__).parent.glob("*.py") if pattern.search(p.read_text())]
+    assert not offenders, offenders
