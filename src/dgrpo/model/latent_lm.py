@@ -10,9 +10,10 @@ question once, then one single-position forward per latent step over a ``Dynamic
 answer, so the work is O(T) forwards of one position instead of Coconut's T full re-forwards.
 Gradients flow through every latent step: the cache holds the graph of every key and value.
 
-Every forward goes through :meth:`LatentLM._call_base`, which tells an optional perturbation which
-phase (``prompt`` / ``latent`` / ``answer``) is running; that is the single hook the dropout-GRPO
-perturbations use (see :mod:`dgrpo.perturbation`).
+Every forward goes through :meth:`LatentLM._call_base`, which tells an optional perturbation (the one given, else
+the one whose ``with`` block is open over the model: :func:`open_perturbation`) which phase (``prompt`` /
+``latent`` / ``answer``) is running; that is the single hook the dropout-GRPO perturbations use (see
+:mod:`dgrpo.perturbation`).
 
 The class also carries the Hugging Face conventions: ``from_pretrained`` (a directory, a hub id through
 :mod:`dgrpo.model.sources`, a LoRA adapter directory through :mod:`dgrpo.model.lora`) and ``save_pretrained``
@@ -27,6 +28,7 @@ import importlib
 import inspect
 import json
 import typing
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields
@@ -154,6 +156,19 @@ class PhaseHook(Protocol):
     """What LatentLM calls before every forward; implemented by the perturbations."""
 
     def before_forward(self, phase: str) -> None: ...
+
+
+#: per model (the module a LatentLM wraps), the bound perturbations whose ``with`` blocks are open over it, innermost
+#: last: :class:`dgrpo.perturbation.BoundPerturbation` enters itself here when its kind's ``bind`` names the model
+OPEN_PERTURBATIONS: weakref.WeakKeyDictionary[nn.Module, list[PhaseHook]] = weakref.WeakKeyDictionary()
+
+
+def open_perturbation(model: nn.Module) -> PhaseHook | None:
+    """The innermost bound perturbation whose ``with`` block is open over ``model`` (None: none is): what a forward
+    given no ``perturbation=`` runs under, so that inside ``with pert.bind(lm, seeds):`` it is perturbed as one given
+    it (the same phases; native dropout's switches and reseeding: two identical calls there answered differently)."""
+    opened = OPEN_PERTURBATIONS.get(model)
+    return opened[-1] if opened else None
 
 
 def _check_texts(what: str, name: str, texts: Any) -> None:
@@ -824,6 +839,11 @@ class LatentLM(nn.Module):
         return [str(self.tokenizer.decode(ids, skip_special_tokens=True)) for ids in kept]
 
     # ------------------------------------------------------------------ the recurrence
+    def _perturbation(self, given: PhaseHook | None) -> PhaseHook | None:
+        """The perturbation a forward runs under: ``given``, else the one whose ``with`` block is open over this
+        model (:func:`open_perturbation`)."""
+        return given if given is not None else open_perturbation(self.model)
+
     def _forward(
         self,
         state: DecodeState,
@@ -861,6 +881,7 @@ class LatentLM(nn.Module):
         With ``recompute`` and grad on, checkpointed regions (dgrpo.model.recompute): the call, or each layer but
         the last ``recompute_kept_layers`` (a latent step's call only with ``recompute_latent_steps``).
         Under teacher-forced scoring over a growing cache, the compiled layer step when there is one."""
+        perturbation = self._perturbation(perturbation)
         rows = getattr(perturbation, "rows", None)
         if rows is not None and rows != x.shape[0]:  # (one seed's masks would otherwise broadcast over every row)
             raise ValueError(rows_mismatch(rows, x.shape[0]))
@@ -1043,6 +1064,7 @@ class LatentLM(nn.Module):
         ``<|end-latent|>`` marker, not yet run), whose hidden state then predicts the first target. A perturbation
         whose ``needs_stepwise`` is true (native dropout) is refused without ``stepwise``.
         """
+        perturbation = self._perturbation(perturbation)
         check_stepwise(perturbation, stepwise)
         if lead_ids is not None:
             if stepwise:
@@ -1115,6 +1137,7 @@ class LatentLM(nn.Module):
         forward call instead of its own (one call fewer; the same positions, masks and perturbation, so the same
         log-probs up to the rounding of a wider matrix product)."""
         check_phase_hook(perturbation)
+        perturbation = self._perturbation(perturbation)
         check_stepwise(perturbation, stepwise)
         lead = None
         if end_with_targets and markers and not stepwise:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import typing
@@ -13,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import REGISTERED_CHOICES, PerturbationKind
+from ..model.latent_lm import OPEN_PERTURBATIONS
 
 if TYPE_CHECKING:
     from ..config import PerturbationConfig
@@ -23,10 +25,15 @@ class BoundPerturbation:
     """Active perturbation for one batch (a context manager); LatentLM calls ``before_forward``.
 
     Entering is re-entrant: only the outermost ``with`` installs it (``_install``) and removes it (``_uninstall``),
-    so a recomputation in backward (dgrpo.model.recompute) may enter it again whether or not it is still active."""
+    so a recomputation in backward (dgrpo.model.recompute) may enter it again whether or not it is still active.
+    With :attr:`model` set, the outermost ``with`` also opens it over that model: a LatentLM forward there given no
+    ``perturbation=`` runs under it as one given it (``dgrpo.model.latent_lm.open_perturbation``)."""
 
     perturb_prompt: bool = True
     perturb_answer: bool = True
+    #: the model (``lm.model``) over which the ``with`` block opens it (set on what a kind's ``bind`` returns:
+    #: :func:`opening_over`); None: a forward there calls ``before_forward`` only when given ``perturbation=``
+    model: nn.Module | None = None
 
     def __init__(self) -> None:
         self.phase = "prompt"
@@ -76,12 +83,25 @@ class BoundPerturbation:
         self.depth += 1
         if self.depth == 1:
             self._install()
+            if self.model is not None:
+                OPEN_PERTURBATIONS.setdefault(self.model, []).append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.depth -= 1
         if self.depth == 0:
+            self._close()
             self._uninstall()
+
+    def _close(self) -> None:
+        """No longer open over :attr:`model` (the innermost block need not be the last opened: any order)."""
+        model = self.model
+        opened = OPEN_PERTURBATIONS.get(model) if model is not None else None
+        if model is None or opened is None:
+            return
+        opened[:] = [p for p in opened if p is not self]
+        if not opened:
+            del OPEN_PERTURBATIONS[model]
 
     def within(self, root: nn.Module) -> AbstractContextManager[object]:
         """Entered for what runs inside ``root`` (one recomputed decoder layer): here, all of it."""
@@ -151,6 +171,12 @@ class Perturbation:
     #: ``perturb_answer=false`` (:func:`dgrpo.perturbation.make_perturbation`)
     perturb_answer: bool = True
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        """A kind's own ``bind`` is wrapped (:func:`opening_over`): what it returns opens over ``lm.model``."""
+        super().__init_subclass__(**kwargs)
+        if "bind" in cls.__dict__:
+            cls.bind = opening_over(cls.__dict__["bind"])  # type: ignore[method-assign]
+
     @classmethod
     def from_config(cls, cfg: PerturbationConfig) -> Perturbation:
         """The perturbation the ``perturbation.*`` options describe (a new kind defines it)."""
@@ -173,6 +199,21 @@ class Perturbation:
     def check(self, lm: LatentLM) -> None:
         """Raise ConfigError (one line) when this perturbation cannot be applied to ``lm`` (e.g. no such layer)."""
         self.bind(lm, torch.zeros(1, dtype=torch.long))
+
+
+def opening_over(bind: Callable[..., BoundPerturbation]) -> Callable[..., BoundPerturbation]:
+    """A kind's ``bind``, whose bound perturbation gets the model bound (``lm.model``) as its
+    :attr:`BoundPerturbation.model` when it names none: a forward in its ``with`` block given no ``perturbation=``
+    then runs under it, a kind of one's own's as the built-in ones'."""
+
+    @functools.wraps(bind)
+    def bound_over(self: Perturbation, lm: LatentLM, seeds: Tensor) -> BoundPerturbation:
+        bound = bind(self, lm, seeds)
+        if isinstance(bound, BoundPerturbation) and bound.model is None:
+            bound.model = getattr(lm, "model", None)
+        return bound
+
+    return bound_over
 
 
 def site_names(sites: list[str] | None) -> list[str]:
