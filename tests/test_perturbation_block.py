@@ -94,3 +94,40 @@ def test_a_kind_of_ones_own_runs_under_its_block_given_no_perturbation(tokenizer
         with Doubling().bind(lm, torch.tensor([1])) as pb:
             inside, given = run(), run(perturbation=pb)
     assert not torch.equal(given, plain) and torch.equal(inside, given)
+
+
+@pytest.mark.parametrize("pert", [LockedDropout(p=0.3), GaussianNoise(sigma=0.3)], ids=["locked", "gaussian"])
+def test_a_flattened_output_is_checked_for_the_rows_bound(tokenizer, pert):
+    """Llama 4's mixture of experts returns its tokens flattened, [B*T, H]: the rows check skipped it, and a forward in
+    the block over other rows (the model's own, not LatentLM's, which checks them first) spread the bound rows' noise
+    over the batch without a word (2 seeds over 4 rows: rows 0-1 under seed 5, rows 2-3 under seed 6; 1 seed: every
+    row under it). Its batch is read off the [B, T, H] input it was flattened from; the rows bound still run."""
+    from test_model_families import family_lm
+
+    lm = family_lm(tokenizer, "llama4_text")
+    q, qm = lm.encode_questions([f"Start with {n}. Add 1. Answer mod 10." for n in range(4)])
+    with torch.no_grad():
+        for seeds in ([5, 6], [5]):
+            with pert.bind(lm, torch.tensor(seeds)):
+                with pytest.raises(ValueError, match=rf"^the perturbation is bound for {len(seeds)} rows .* has 4 "):
+                    lm.model(input_ids=q, attention_mask=qm)
+        plain = lm.model(input_ids=q, attention_mask=qm).logits
+        with pert.bind(lm, torch.tensor([5, 6, 7, 8])):
+            bound = lm.model(input_ids=q, attention_mask=qm).logits
+        with pert.bind(lm, torch.tensor([6])):
+            alone = lm.model(input_ids=q[1:2], attention_mask=qm[1:2]).logits
+    assert not torch.allclose(bound, plain) and torch.allclose(bound[1], alone[0], atol=1e-5)
+
+
+def test_a_flattened_output_whose_rows_cannot_be_told_is_refused():
+    """A per-row factor on an output flattened to [N, H] from an input that does not tell its batch (no [B, T, H]
+    input of B*T = N rows) was spread over its rows by their count alone (N divisible by the rows bound); refused."""
+    from dgrpo.model.compiled_layers import output_factor_hook
+
+    hook = output_factor_hook(lambda: torch.full((2, 1, 3), 2.0))
+    flat = torch.ones(12, 3)
+    assert torch.equal(hook(None, (torch.ones(2, 6, 3),), flat), 2 * flat)  # (its batch read off the input)
+    with pytest.raises(ValueError, match=r"^the perturbation is bound for 2 rows .*this batch has 4 "):
+        hook(None, (torch.ones(4, 3, 3),), flat)
+    with pytest.raises(ValueError, match=r"^a perturbed module's output is flattened to \(12, 3\) and no "):
+        hook(None, (flat,), flat)

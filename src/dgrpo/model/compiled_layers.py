@@ -59,7 +59,7 @@ def output_factor_hook(factor: Callable[[], Tensor | None]) -> Callable:
         f = factor()
         if f is None:
             return None
-        check_rows(f, output[0] if isinstance(output, tuple) else output)
+        check_rows(f, output[0] if isinstance(output, tuple) else output, args)
         return _scaled(output, f)
 
     setattr(hook, FACTOR_ATTR, factor)
@@ -74,14 +74,34 @@ def rows_mismatch(rows: int, batch: int) -> str:
     )
 
 
-def check_rows(per_row: Tensor, h: Tensor) -> None:
+def check_rows(per_row: Tensor, h: Tensor, inputs: tuple = ()) -> None:
     """ValueError (:func:`rows_mismatch`) when a bound perturbation's per-row tensor (``[rows, ...]``, a factor
     ``[rows, 1, H]`` or a weight noise ``[rows, out, in]``) meets a module input or output ``h`` ``[B, L, ...]`` of
     another batch size: a forward inside the ``with`` block over another batch (one seed's mask spread over every
-    row, or a size error deep in the layer). A shape read per perturbed module; a flattened ``[B*T, H]`` output
-    (Llama 4's mixture of experts) is not checked."""
-    if per_row.shape[0] != h.shape[0] and per_row.dim() == 3 == h.dim():  # (the sizes first: equal as a rule)
-        raise ValueError(rows_mismatch(per_row.shape[0], h.shape[0]))
+    row, or a size error deep in the layer). A shape read per perturbed module. An output flattened to ``[B*T, H]``
+    (Llama 4's mixture of experts) takes its batch from the module's ``inputs``, the ``[B, T, H]`` it was flattened
+    from (its rows alone spread bound rows over others: 2 bound over 4 rows of 3 tokens, each mask over two rows); one
+    whose inputs do not tell its batch is refused (its rows cannot be told apart)."""
+    if per_row.dim() != 3 or h.dim() not in (2, 3):
+        return
+    batch = h.shape[0] if h.dim() == 3 else flattened_batch(h, inputs)
+    if batch is None:
+        raise ValueError(
+            f"a perturbed module's output is flattened to {tuple(h.shape)} and no [batch, tokens, hidden] input of "
+            f"it tells its rows apart: the perturbation of {per_row.shape[0]} rows cannot be applied to it; choose "
+            "other perturbation.sites"
+        )
+    if per_row.shape[0] != batch:
+        raise ValueError(rows_mismatch(per_row.shape[0], batch))
+
+
+def flattened_batch(h: Tensor, inputs: tuple) -> int | None:
+    """The batch ``B`` of a module output ``h`` flattened to ``[B*T, H]``: that of its first ``[B, T, H]`` input
+    with ``B*T`` rows (None: none has)."""
+    for x in inputs:
+        if isinstance(x, Tensor) and x.dim() == 3 and x.shape[0] * x.shape[1] == h.shape[0]:
+            return int(x.shape[0])
+    return None
 
 
 def _scaled(output: Any, f: Tensor) -> Any:
