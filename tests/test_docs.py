@@ -105,6 +105,126 @@ def test_every_config_key_the_docs_name_exists():
     assert not missing, sorted(set(missing))
 
 
+def documented_spans(path: Path) -> list[tuple[int, str]]:
+    """Every backticked span of a doc's prose (it may run over a line break), with the line it starts on."""
+    text = path.read_text()
+    prose = re.sub(r"```.*?```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.DOTALL)
+    return [(prose[: m.start()].count("\n") + 1, m.group(1)) for m in re.finditer(r"`([^`]+)`", prose)]
+
+
+def command_parser(words: list[str]):
+    """The parser of the ``dgrpo`` command that ``words`` (the words after ``dgrpo``) name, subcommands followed
+    (``data inspect``, ``config show``); ``bench`` has its own."""
+    import argparse
+
+    from dgrpo.cli import build_parser
+
+    if words[:1] == ["bench"]:
+        from dgrpo.bench.suite import build_parser as bench_parser
+
+        return bench_parser()
+    parser = build_parser()
+    for word in words:
+        subs = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+        if word not in subs:
+            break
+        parser = subs[word]
+    return parser
+
+
+def documented_flags() -> list[tuple[str, str, str]]:
+    """(where, the command as written, flag) for every ``--flag`` of a ``dgrpo`` command in the docs, in code blocks
+    and in the prose's backticked spans (``dgrpo demo [--full | --quick]``, ``dgrpo eval --data builtin:test``)."""
+    found = []
+    for path in DOCS:
+        lines = [(n, t) for n, t in documented_spans(path) if COMMAND.search(t.replace("\n", " "))]
+        for n, line in lines + code_lines(path):
+            for part in re.split(r"&&|;|\|(?=\s)", line.replace("\n", " ").split(" #")[0]):
+                words = part.split()
+                at = next((i for i, w in enumerate(words) if w == "dgrpo" or w.endswith("/dgrpo")), None)
+                if at is None:
+                    continue
+                for word in words[at + 1 :]:
+                    flag = word.strip("[]()'\"").split("=")[0]
+                    if flag.startswith("--") and flag != "--":
+                        found.append((f"{path.relative_to(ROOT)}:{n}", " ".join(words[at:]), flag))
+    return found
+
+
+def test_every_flag_the_docs_give_a_command_is_one_of_its_options():
+    """A ``--flag`` written after ``dgrpo CMD`` anywhere in the docs is an option of CMD: the code blocks' commands
+    parse whole (above), but the prose's are fragments (``dgrpo demo [--out runs/demo] [--full | --quick]``, ``dgrpo
+    eval --data builtin:test``) that only this checks, so a renamed flag cannot linger there."""
+    flags = documented_flags()
+    assert any(f == "--sft-seeds" for _, _, f in flags) and any(f == "--only" for _, _, f in flags), len(flags)
+    wrong = []
+    for where, command, flag in flags:
+        parser = command_parser(command.split()[1:])
+        if flag not in parser._option_string_actions:
+            wrong.append(f"{where}: {flag} in `{command}`")
+    assert not wrong, wrong
+
+
+#: a repository file the docs name: tests/..., bench/..., experiments/..., .ci/... (and docs/... beside them)
+REPO_PATH = re.compile(r"(?<![\w/.])((?:tests|bench|experiments|docs|\.ci)/[\w./-]*[\w-])")
+#: a packaged config: builtin/NAME.yaml, paper/NAME.yaml (or configs/...), as --config takes it
+PACKAGED = re.compile(r"(?<![\w/.-])(?:configs/)?((?:builtin|paper)/\w+\.yaml)")
+
+
+def test_every_file_config_and_test_the_docs_name_exists():
+    """The repository files (``tests/test_recompute.py``, ``bench/paper_step.py``), packaged configs
+    (``paper/grpo_kl_unbiased.yaml``) and tests (``test_demo_workers_give_the_in_process_results``) the docs point a
+    reader to exist: a renamed test or script would leave the README pointing at nothing."""
+    tests = {name for f in (ROOT / "tests").glob("*.py") for name in re.findall(r"def (test_\w+)", f.read_text())}
+    configs = ROOT / "src" / "dgrpo" / "configs"
+    named, missing = 0, []
+    for path in DOCS:
+        text = path.read_text()
+        where = path.relative_to(ROOT)
+        for name in set(REPO_PATH.findall(text)):
+            named += 1
+            if not (ROOT / name).exists():
+                missing.append(f"{where}: {name}")
+        for name in set(PACKAGED.findall(text)):
+            named += 1
+            if not (configs / name).is_file():
+                missing.append(f"{where}: packaged config {name}")
+        for name in set(re.findall(r"\b(test_\w+)\b(?!/)", text)):  # (not test_best/<name>/accuracy, a metric)
+            named += 1
+            if name not in tests and not (ROOT / "tests" / f"{name}.py").exists():
+                missing.append(f"{where}: test {name}")
+    assert named > 30, named
+    assert not missing, sorted(missing)
+
+
+def test_every_dgrpo_name_the_docs_prose_gives_resolves():
+    """A dotted name in the docs' prose (``dgrpo.plotting.load_run``, ``dgrpo.perturbation.HookedPerturbation``,
+    ``dgrpo.bench.step_profile.waiting_ops``) is a module, or an attribute of one: the code blocks' imports are
+    checked below, the prose's names only here."""
+    import importlib
+
+    named, missing = 0, []
+    for path in DOCS:
+        for n, span in documented_spans(path):
+            for dotted in re.findall(r"\bdgrpo(?:\.\w+)+", span):
+                named += 1
+                module, *rest = dotted.split(".")
+                while rest:
+                    try:
+                        importlib.import_module(f"{module}.{rest[0]}")
+                    except ModuleNotFoundError:
+                        break
+                    module = f"{module}.{rest.pop(0)}"
+                obj = importlib.import_module(module)
+                for part in rest:
+                    if not hasattr(obj, part):
+                        missing.append(f"{path.relative_to(ROOT)}:{n}: {dotted}")
+                        break
+                    obj = getattr(obj, part)
+    assert named > 20, named
+    assert not missing, missing
+
+
 def library_tour() -> str:
     """The README's library tour: the Python block under its heading."""
     text = (ROOT / "README.md").read_text()
