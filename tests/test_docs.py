@@ -322,6 +322,32 @@ def test_every_metric_a_run_logs_is_documented(sft_checkpoint):
     assert logged - documented == set()
 
 
+def documented_fields(heading: str) -> set[str]:
+    """The backticked names in the first column of the tables under one ``## `` heading of docs/metrics.md."""
+    section = (ROOT / "docs" / "metrics.md").read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `([^`]+)` \|", section, flags=re.MULTILINE))
+
+
+@pytest.mark.filterwarnings("ignore:the model's latent markers")  # (an untrained tiny model: its fields only)
+def test_the_fields_of_results_json_and_applied_json_are_the_documented_ones(tokenizer):
+    """docs/metrics.md's tables of ``results.json`` and ``applied.json`` list exactly the fields the code writes
+    (a run's metrics rows are checked above; these files' fields were not): ``EvalResult``'s fields but its
+    predictions, and what a GRPO trainer records on this CPU (``device_name``, on CUDA only, is told in prose)."""
+    import dataclasses
+
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.eval.evaluate import EvalResult
+    from dgrpo.training.grpo import GRPOTrainer
+
+    from conftest import make_lm, tiny_config
+
+    written = {f.name for f in dataclasses.fields(EvalResult)} - {"predictions"}
+    assert documented_fields("`results.json` (evaluation)") == written
+    cfg = tiny_config()
+    applied = GRPOTrainer(make_lm(tokenizer), cfg, generate_split(cfg.task, "train")[:8]).applied()
+    assert documented_fields("`applied.json` (what ran)") == {"started_at_step", *applied}
+
+
 def test_the_python_apis_classes_and_methods_have_docstrings():
     """The classes a Python caller meets (the README's library tour, docs/from_trl.md's loop) and their public methods
     each say what they are: EvalResult and Generation showed only dataclass's generated signature, LatentLM.device /
