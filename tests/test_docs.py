@@ -225,6 +225,41 @@ def test_every_dgrpo_name_the_docs_prose_gives_resolves():
     assert not missing, missing
 
 
+#: a setting as the prose writes it: ``grpo.engine: auto``, ``--set grpo.filter=false`` (one of several after --set)
+SETTING = re.compile(r"'?([a-z_]+(?:\.[a-z_0-9]+)*)(?:: |=)(.+?)'?")
+#: a value that stands for one (``grpo.log_rollouts: N``, ``grpo.rewards: [{fn: ..., weight: ...}]``, ``fsdp: full
+#: | sharded``, ``perturbation.kind: name``), or Python's keyword argument (``device=resolve_device(cfg.device)``)
+PLACEHOLDER = re.compile(r"^[A-Z]+$|\.\.\.|\||^name$|\(")
+
+
+def test_every_setting_the_docs_prose_writes_is_a_valid_value_of_its_option():
+    """A span of the prose that is a setting (``grpo.engine: auto``, ``--set model.master_weights=true
+    grpo.optimizer=adamw``) gives its option a value the config accepts: a renamed choice (``seq_mean``,
+    ``fresh_mask``, ``layer``) cannot linger in the text (the keys alone are checked above, the code blocks'
+    commands whole)."""
+    from dgrpo.config import Config, ConfigError, _options, load_config
+
+    keys = {o.key for o in _options(Config)}
+    checked, wrong = 0, []
+    for path in DOCS:
+        for n, span in documented_spans(path):
+            text = span.strip().removeprefix("--set ")
+            parts = [text] if ": " in text else re.split(r"\s+(?:--set\s+)?(?=[a-z_.]+=)", text)
+            for part in parts:
+                m = SETTING.fullmatch(part)
+                if not m or m.group(1) not in keys or PLACEHOLDER.search(m.group(2)):
+                    continue
+                key, value = m.groups()
+                checked += 1
+                try:
+                    load_config(Config, [], [f"{key}={value}"])
+                except ConfigError as e:  # (an error of another key: a pair set apart, data.question_key=prompt)
+                    if str(e).startswith(f"invalid config value {key}:"):
+                        wrong.append(f"{path.relative_to(ROOT)}:{n}: `{part}`: {e}")
+    assert checked > 60, checked
+    assert not wrong, wrong
+
+
 def library_tour() -> str:
     """The README's library tour: the Python block under its heading."""
     text = (ROOT / "README.md").read_text()
