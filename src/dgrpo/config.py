@@ -263,7 +263,7 @@ class ModelConfig:
     revision: str = opt(
         "",
         "the hub revision of a hub id (a branch, tag or commit hash, as from_pretrained's revision=): pin a commit "
-        "to make a run reproducible; empty: the repository's default branch (a run's config.json records the commit "
+        "to make a run reproducible; empty: main, as from_pretrained's default (a run's config.json records the commit "
         "loaded). For the model loaded from the hub "
         "(model.name_or_path, or --init / dgrpo eval --model when that is a hub id); local directories ignore it. "
         "A LoRA adapter records it (adapter_config.json's revision, PEFT's field) and loads its base at it",
