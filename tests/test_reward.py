@@ -58,6 +58,12 @@ from dgrpo.reward import (
         ("#### 42.", "42"),
         ("####   42  \n", "42"),
         ("#### 18 eggs, 20 hens", "18"),  # first number after the marker
+        # (documented conventions) nothing is evaluated and a space joins no digits: the number right after the marker
+        ("#### 9*2 = 18", "9"),
+        ("The answer is 9*2 = 18.", "9"),
+        ("9*2 = 18", "18"),  # (no marker: the last number)
+        ("#### 12 000", "12"),
+        ("The answer is 12\u00a0000.", "12"),
         ("The answer is 7.", "7"),
         ("First 3 + 4 = 7, so the answer is $1,234.50.", "1234.5"),
         ("THE ANSWER IS -12", "-12"),

@@ -218,6 +218,10 @@ def extract_answer(text: str) -> str | None:
     since 3 x 6 = 18."`` -> ``"18"``, not 3); a later ``####`` or ``\\boxed{`` with a number still wins, and so does a
     later "The answer is" after a ``####`` with no number of its own (``#### Step 1: ...``, ``####`` cut off) or with
     more than a number on its line (``#### 1. Compute the eggs``, a numbered heading).
+    Nothing after the marker is evaluated, and a space joins no digits: the answer is the number right after the
+    marker, so ``"#### 9*2 = 18"`` and ``"The answer is 9*2 = 18."`` answer ``"9"`` (an expression then its value),
+    and ``"#### 12 000"`` (a space or no-break space between thousands) answers ``"12"``; without a marker, the value
+    is the text's last number (``"9*2 = 18"`` answers ``"18"``).
     Without any marker, the last number of the text. Thousands commas, ``$``, signs, decimals
     (``3.50``, ``.5``), an exponent written right after the digits (``2.0107e-06``, ``1E3``; not the ``e`` of
     ``3 eggs``) and a trailing period are handled; a fraction (``1/2``) is not read as a number (nor as its
