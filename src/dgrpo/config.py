@@ -545,7 +545,9 @@ class SFTConfig:
         "coconut",
         "what SFT trains: coconut (the latent curriculum), cot (written steps), no_cot "
         "(answer only), pause (pause-as-thought: <|latent|> tokens, no recurrence) or "
-        "no_curriculum (coconut, final stage from the start)",
+        "no_curriculum (coconut, the last epoch's stage from the start: every step latent, Coconut's w/o-curriculum "
+        "ablation, when that stage is past max_latent_stage; the defaults' is stage 2, which still writes the steps "
+        "after the second)",
     )
     c_thought: int = opt(1, "latent thoughts per reasoning step (c)")
     epochs_per_stage: int = opt(2, "epochs per curriculum stage; stage = epoch // epochs_per_stage")
