@@ -879,23 +879,41 @@ class GRPOConfig:
         "EMA baseline decay (advantage=ema): b <- alpha b + (1 - alpha) mean reward of the step (all ranks' rows); "
         "b starts at 0.5 (the paper gives no start)",
     )
-    eps_low: float = opt(0.10, "PPO clip below 1 (paper 0.10)")
-    eps_high: float = opt(0.12, "PPO clip above 1 (paper 0.12)")
+    eps_low: float = opt(
+        0.10,
+        "PPO clip below 1 (paper 0.10): the ratio's lower bound 1 - eps_low, which acts on tokens of negative "
+        "advantage only (min(rho A, clip(rho) A))",
+    )
+    eps_high: float = opt(
+        0.12, "PPO clip above 1 (paper 0.12): the upper bound 1 + eps_high, acting on tokens of positive advantage only"
+    )
     aggregation: Aggregation = opt(
         "seq_mean",
         "how token losses are summed: seq_mean (mean over each answer, then "
         "over rollouts; paper), token_mean (over all answer tokens) or "
-        "constant (sum / (rollouts * max_new_tokens), Dr. GRPO)",
+        "constant (sum / (rollouts * max_new_tokens), Dr. GRPO); an answer's tokens are those generated up to and "
+        "including its stop token (the paper's |y| does not say), and the counts are the step's kept rollouts and "
+        "tokens over all micro-batches and ranks (Algorithm 1's K_kept)",
     )
     beta0: float = opt(5e-3, "peak KL coefficient (paper 5e-3); 0 disables the KL term and the reference model")
-    anneal_beta: bool = opt(True, "beta(t) = beta0 * lr(t) / lr_max (Eq. 7); false keeps beta0")
+    anneal_beta: bool = opt(
+        True,
+        "beta(t) = beta0 * lr(t) / lr_max (Eq. 7); false keeps beta0. lr(t) is the whole schedule, warmup included: "
+        "beta rises from beta0 / warmup_steps at step 0 (warmup_steps > 0) to beta0 at the peak, then follows the "
+        "cosine to min_lr_ratio * beta0",
+    )
     kl_form: KLForm = opt(
         "unbiased",
         "the k3 argument: unbiased (x = log pi_ref - log pi, Schulman's k3) or paper "
         "(x = log pi - log pi_ref, as the paper writes it)",
     )
     huber_delta: float = opt(5.0, f"Huberized k3 threshold delta (Eq. 6); at most {MAX_HUBER_DELTA:g} (the plain k3)")
-    ref_renewal_every: int = opt(500, "hard-copy the policy into the reference every N steps (0 = never)")
+    ref_renewal_every: int = opt(
+        500,
+        "hard-copy the policy into the reference every N steps (0 = never): once N steps are done, then 2N, ...: "
+        "steps 0..N-1 (counted from 0) score against the initial policy, steps N..2N-1 against the policy after N "
+        "updates",
+    )
     filter: bool = opt(
         True,
         "drop groups whose accuracy is outside [alpha_min, alpha_max] (inclusive); not applied with advantage ema "
