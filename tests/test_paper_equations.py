@@ -184,3 +184,45 @@ def test_the_reference_is_renewed_after_every_n_steps(sft_checkpoint):
     assert torch.equal(renewed, flat(tr.lm.model)) and not torch.equal(renewed, start)  # the policy after 2 updates
     assert tr.step().get("ref_renewed", 0) == 0
     assert torch.equal(flat(tr.ref.lm.model), renewed) and not torch.equal(flat(tr.lm.model), renewed)
+
+
+def test_a_step_gives_algorithm_1_the_kept_groups_advantages_and_the_steps_counts(sft_checkpoint, monkeypatch):
+    """Algorithm 1, lines 3-5, through the trainer: rewards by position (K = 4) [1, 0, 0, 0] (mu 0.25, kept),
+    [1, 1, 1, 1] (mu 1, dropped), [0, 0, 0, 0] (mu 0, dropped), [1, 1, 1, 0] (mu 0.75, kept). The objective sees the
+    8 kept rollouts only, in micro-batches of 3, 3 and 2, each with A = r - mu: [0.75, -0.25, -0.25, -0.25] and
+    [0.25, 0.25, 0.25, -0.75], and each normalised by the step's counts (8 rollouts, their answer tokens), not its own;
+    beta is beta0 * lr / lr_max (Eq. 7)."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.training import grpo as grpo_module
+    from dgrpo.training.grpo import GRPOTrainer
+
+    pattern = [1.0, 0.0, 0.0, 0.0] + [1.0] * 4 + [0.0] * 4 + [1.0, 1.0, 1.0, 0.0]
+
+    def by_position(completions, records):
+        return [pattern[i % 16] for i in range(len(completions))]
+
+    over = {"grpo.prompts_per_step": 4, "grpo.group_size": 4, "grpo.micro_batch_size": 3, "grpo.max_new_tokens": 8}
+    cfg = tiny_config(**over, **{"grpo.warmup_steps": 2})
+    tr = GRPOTrainer(
+        LatentLM.from_pretrained(sft_checkpoint), cfg, generate_split(cfg.task, "train"), reward_fn=by_position
+    )
+    seen = []
+    objective = grpo_module.grpo_objective
+
+    def recording(logp, old, adv, mask, counts, *args, **kwargs):
+        seen.append((adv.tolist(), mask.sum().item(), counts, kwargs.get("ref_logp") is not None, kwargs["beta"]))
+        return objective(logp, old, adv, mask, counts, *args, **kwargs)
+
+    monkeypatch.setattr(grpo_module, "grpo_objective", recording)
+    m = tr.step()
+    assert m["frac_groups_kept"] == 0.5 and m["n_rollouts_kept"] == 8
+    assert [len(s[0]) for s in seen] == [3, 3, 2]
+    assert sum((s[0] for s in seen), []) == [0.75, -0.25, -0.25, -0.25, 0.25, 0.25, 0.25, -0.75]
+    kept_rows = torch.tensor([0, 1, 2, 3, 12, 13, 14, 15])
+    tokens = float(tr.last_rollouts.mask[kept_rows].sum())
+    assert sum(s[1] for s in seen) == tokens
+    assert {(s[2].sequences, s[2].tokens, s[2].max_len) for s in seen} == {(8, tokens, 8)}
+    # step 0 of a 2-step warmup: lr = lr_max / 2, so beta = beta0 / 2, and the KL term is on (a reference)
+    assert m["lr"] == pytest.approx(cfg.grpo.lr / 2) and m["beta"] == pytest.approx(cfg.grpo.beta0 / 2)
+    assert all(s[3] and s[4] == pytest.approx(cfg.grpo.beta0 / 2) for s in seen)
