@@ -1425,3 +1425,23 @@ def test_one_test_set_named_twice_by_relative_and_absolute_path_is_refused(tmp_p
         r = run_cli("sft", *tiny_args(**{"data.test": tests}), "--out", out)
         assert r.returncode == 2 and said in r.stderr and "(name each test set once)" in r.stderr, r.stderr[-2000:]
         assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_test_set_sharing_questions_with_the_validation_set_is_warned_of():
+    """best/ is chosen on data.valid: a test set that asks its questions (the same file under both keys, or a
+    validation split cut from the test data) reports items the choice was made on. Warned per such test set; sets
+    of their own say nothing."""
+    from dgrpo.cli.train import warn_if_tests_share_validation
+    from dgrpo.config import Config, load_config
+    from dgrpo.data.records import Record
+
+    recs = [Record(f"What is {i} + 1?", [], str(i + 1)) for i in range(6)]
+    cfg = load_config(Config, None, ["data.valid=v.jsonl", "data.test=[t.jsonl, u.jsonl]"])
+    held_out = {"v.jsonl": recs[:4], "t.jsonl": recs[2:], "u.jsonl": recs[4:]}
+    said = r"2 of the 4 questions of the test set t.jsonl are questions of the validation set v.jsonl"
+    with pytest.warns(UserWarning, match=said) as w:
+        warn_if_tests_share_validation(cfg, held_out)
+    assert len(w) == 1 and "best/ (chosen on validation)" in str(w[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_tests_share_validation(load_config(Config, None, ["data.valid=''"]), held_out)

@@ -235,6 +235,24 @@ def warn_if_held_out_is_trained_on(cfg: Config, train: list, held_out: dict[str,
             )
 
 
+def warn_if_tests_share_validation(cfg: Config, held_out: dict[str, list]) -> None:
+    """A warning for each test set that asks questions of the validation set (``data.valid``): ``best/`` and every
+    other choice made on validation accuracy is then made on items the test set reports (the same file under both
+    keys, or an overlap such as a validation split cut from the test data)."""
+    from ..data import shared_questions
+
+    valid = held_out.get(cfg.data.valid, []) if cfg.data.valid else []
+    for spec in cfg.data.test if valid else ():
+        shared, _ = shared_questions(valid, held_out[spec])
+        if shared:
+            warnings.warn(
+                f"{shared} of the {len(held_out[spec])} questions of the test set {spec} are questions of the "
+                f"validation set {cfg.data.valid}: best/ (chosen on validation) is chosen on items this test reports; "
+                "validate on data of its own",
+                stacklevel=2,
+            )
+
+
 @dataclass
 class Setting:
     """What both training commands set up before they train: the config, the data, the processes, the model."""
@@ -287,6 +305,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
         if spec
     }
     warn_if_held_out_is_trained_on(cfg, train, held_out)
+    warn_if_tests_share_validation(cfg, held_out)
     dist, device = join_processes(cfg, device)
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
     record_the_models_shape(cfg, lm)
