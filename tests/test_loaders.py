@@ -800,3 +800,19 @@ def test_a_coconut_row_with_a_gsm8k_style_answer_is_read_as_gsm8k_s(tmp_path: Pa
     assert [score("#### 5", recs[0].answer), score("#### 4", recs[1].answer)] == [1.0, 1.0]
     with pytest.raises(DataError, match="empty after its '####'"):
         load_dataset(str(_write(tmp_path / "e.jsonl", '{"question": "q", "steps": [], "answer": "x ####"}\n')))
+
+
+def test_a_mapped_steps_column_drops_blank_steps_as_every_other_reader_does(tmp_path: Path) -> None:
+    """A steps column given as a list kept its blank strings ("" and "  "): the curriculum then trained and counted
+    them as steps, where the same steps written as one string, or in Coconut's records, lose their blank lines."""
+    from dgrpo.config import DataConfig
+    from dgrpo.data import load_spec
+
+    rows = [
+        {"prompt": "2 + 3 ?", "target": "5", "work": ["<<2+3=5>>", "", "  "]},
+        {"prompt": "4 - 1 ?", "target": "3", "work": "<<4-1=3>>\n\n"},
+    ]
+    path = tmp_path / "blank.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cols = DataConfig(question_key="prompt", answer_key="target", steps_key="work")
+    assert [r.steps for r in load_spec(str(path), data=cols)] == [["<<2+3=5>>"], ["<<4-1=3>>"]]

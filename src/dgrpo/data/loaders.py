@@ -757,7 +757,7 @@ class _ColumnParser:
             steps = [s for s in steps.splitlines() if s.strip()]
         if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
             raise _RowError(f"column {key!r} must be a list of strings or one string")
-        return list(steps)
+        return [s for s in steps if s.strip()]  # (blank steps dropped, as from one string and Coconut's records)
 
 
 def column_parser(question_key: str, answer_key: str, steps_key: str = "", steps_required: bool = True) -> RowParser:
