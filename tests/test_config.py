@@ -702,6 +702,12 @@ def test_describe_filters_a_section():
         (["grpo.engine=eager", "grpo.keep_graphs=true"], []),
         (["grpo.engine=fast", "grpo.keep_graphs=false"], []),
         (["grpo.keep_graphs=false"], []),  # (auto: fast on CUDA)
+        # and the eager engine's cache under the fast one, which always runs over a static cache
+        (
+            ["grpo.engine=fast", "grpo.rollout_cache=static"],
+            [r"^grpo.rollout_cache=static changes nothing with grpo.engine=fast \(its decoders always run over"],
+        ),
+        (["grpo.engine=auto", "grpo.rollout_cache=static"], []),  # (auto: eager off CUDA, where it applies)
         (
             ["grpo.advantage=ema", "grpo.group_size=1", "grpo.alpha_max=0.9"],
             [r"^grpo.alpha_max=0.9 changes nothing with grpo.advantage=ema \(no group accuracy to filter on\)$"],

@@ -1054,7 +1054,7 @@ def _unused_grpo_settings(g: GRPOConfig) -> list[str]:
     """A line for each GRPO option set away from its default that the rest of the config leaves unused (it was
     accepted and did nothing without a word): the EMA baseline's decay without ``advantage=ema``, the KL term's
     settings with ``beta0=0`` (no KL term, no reference model), the accuracy filter's without the filter, the fast
-    engine's ``keep_graphs`` under ``engine=eager``."""
+    engine's ``keep_graphs`` under ``engine=eager``, the eager engine's ``rollout_cache`` under ``engine=fast``."""
     unused = (
         (("ema_alpha",), g.advantage != "ema", f"grpo.advantage={g.advantage} (it is the EMA baseline's decay)"),
         (
@@ -1069,6 +1069,7 @@ def _unused_grpo_settings(g: GRPOConfig) -> list[str]:
         ),
         # (keep_graphs=true under eager is not said: it is the default, and the config does not know who set it)
         (("keep_graphs",), g.engine == "eager", "grpo.engine=eager (it keeps the fast engine's decoders)"),
+        (("rollout_cache",), g.engine == "fast", "grpo.engine=fast (its decoders always run over a static cache)"),
     )
     lines = [line for keys, idle, why in unused if idle for line in _idle_options(g, "grpo", keys, why)]
     return lines + unused_recompute_settings(g, "grpo")
