@@ -268,11 +268,36 @@ class Setting:
     out: Path
 
 
+def held_out_specs(cfg: Config) -> list[tuple[str, str]]:
+    """(key, spec) of each dataset ``data.valid`` and ``data.test`` name, each spec once (under its first key)."""
+    specs: dict[str, str] = {}
+    for key, spec in [("data.valid", cfg.data.valid), *(("data.test", t) for t in cfg.data.test)]:
+        if spec:
+            specs.setdefault(spec, key)
+    return [(key, spec) for spec, key in specs.items()]
+
+
+def read_setting(key: str, spec: str, cfg: Config) -> list:
+    """The records of ``spec``, which config key ``key`` names; a dataset that cannot be read is a DataError that
+    names the key, which --set replaces it (a paper recipe's hub name failed offline without saying whether
+    data.train or data.test held it)."""
+    from ..data import load_spec
+    from ..data.records import DataError
+
+    try:
+        if key == "data.train":
+            return load_spec(spec, cfg.task, data=cfg.data)
+        return load_spec(spec, cfg.task, data=cfg.data, held_out=True)
+    except DataError as e:
+        fix = "--set 'data.test=[...]'" if key == "data.test" else f"--set {key}=..."
+        raise DataError(f"{key}: {e}; {fix} names another") from None
+
+
 def set_up_run(args: argparse.Namespace) -> Setting:
     """Validate the config, read every dataset, join the processes, load the model: each failure one line before
     anything is trained (a scorer that cannot be built fails before anything is read)."""
     from ..config import ConfigError
-    from ..data import load_spec, training_split
+    from ..data import training_split
     from ..eval.evaluate import eval_options
     from ..eval.scoring import check_reward
     from ..model.factory import load_model
@@ -298,12 +323,8 @@ def set_up_run(args: argparse.Namespace) -> Setting:
         check_reward(cfg.grpo, cfg.eval.scorer)
     device = setup(cfg)
     options = eval_options(cfg)
-    train = load_spec(training_split(cfg.data.train), cfg.task, data=cfg.data)
-    held_out = {
-        spec: load_spec(spec, cfg.task, data=cfg.data, held_out=True)
-        for spec in [cfg.data.valid, *cfg.data.test]
-        if spec
-    }
+    train = read_setting("data.train", training_split(cfg.data.train), cfg)
+    held_out = {spec: read_setting(key, spec, cfg) for key, spec in held_out_specs(cfg)}
     warn_if_held_out_is_trained_on(cfg, train, held_out)
     warn_if_tests_share_validation(cfg, held_out)
     dist, device = join_processes(cfg, device)
