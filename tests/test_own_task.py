@@ -265,6 +265,19 @@ def test_the_default_validation_gives_a_shard_of_records_made_in_python_every_co
     assert valid[1].meta == {}  # (the caller's records are not changed)
 
 
+def test_the_default_validation_names_the_validation_set_in_its_warnings():
+    """A test set's warning about questions cut to data.max_question_tokens names the set; the trainers' default
+    validation said "4 of 16 evaluated questions are longer ..." of no set at all."""
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.run import default_evaluate_fn
+
+    cfg = tiny_config(**{"data.max_question_tokens": 4, "eval.max_new_tokens": 2})
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    valid = [Record("What is 12 plus 30, counted twice over?", [], "84")]
+    with pytest.warns(UserWarning, match=r"1 of 1 evaluated questions of the validation set are longer than data"):
+        default_evaluate_fn(cfg, valid)(lm, valid)
+
+
 def test_a_failing_scorer_plugin_is_named_once(tmp_path):
     """A plug-in scorer's error was wrapped twice: 'scorer f raised RewardError: scorer f raised ValueError: ...'."""
     from dgrpo.data.records import Record

@@ -408,6 +408,7 @@ def default_evaluate_fn(cfg: Config, valid: Iterable[Record], per_stage: bool = 
     every column of ``valid`` (the whole validation data) on each rank's shard, None where a record has none: a scorer
     in TRL's form is called alike whichever records a shard holds."""
     options = {**eval_options(cfg), "columns": data_columns(valid)}  # (a scorer that cannot be built fails here)
+    options["dataset"] = "the validation set"  # (named in evaluate's warnings, as a test set is by its name)
 
     def count_correct(lm: LatentLM, records: list[Record]) -> int:
         return evaluate(lm, records, progress=False, **options).correct

@@ -400,10 +400,11 @@ class SFTRun:
         resumed = (
             " (the run's: its earlier processes' time too, as time_s)" if self.run.resumed_step is not None else ""
         )
+        thoughts = f"{s.n_latent} latent thought{'' if s.n_latent == 1 else 's'}"
         self.run.log(
             f"dgrpo sft: done in {time.time() - t0:.0f} s{resumed}; validation accuracy by stage: "
             f"{accs or 'not evaluated'}; "
-            f"final stage {s.stage} ({s.n_latent} latent thoughts){kept}; {self.guard.skips} non-finite steps skipped"
+            f"final stage {s.stage} ({thoughts}){kept}; {self.guard.skips} non-finite steps skipped"
         )
 
     def save(self, epoch: int, batch: int) -> None:
