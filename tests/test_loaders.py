@@ -816,3 +816,17 @@ def test_a_mapped_steps_column_drops_blank_steps_as_every_other_reader_does(tmp_
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cols = DataConfig(question_key="prompt", answer_key="target", steps_key="work")
     assert [r.steps for r in load_spec(str(path), data=cols)] == [["<<2+3=5>>"], ["<<4-1=3>>"]]
+
+
+def test_a_solution_column_beside_a_gsm8k_answer_is_kept(tmp_path: Path) -> None:
+    """A GSM8K-style row's answer text reaches rewards as ``solution`` (TRL's name) when no column has that name; a
+    file with its own ``solution`` column lost it to the answer text (the mapped and Coconut readers kept it)."""
+    rows = [
+        {"question": "2 + 3 ?", "answer": "<<2+3=5>> #### 5", "solution": "add them"},
+        {"question": "4 - 1 ?", "answer": "<<4-1=3>> #### 3"},
+    ]
+    path = tmp_path / "gsm.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recs = load_dataset(str(path))
+    assert [r.meta["solution"] for r in recs] == ["add them", "<<4-1=3>> #### 3"]
+    assert [r.answer for r in recs] == ["5", "3"]

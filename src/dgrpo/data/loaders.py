@@ -129,7 +129,8 @@ def _row_gsm8k(row: dict[str, Any]) -> Record:
     if "####" not in solution:
         raise _RowError("field 'answer' has no '#### <final answer>' line")
     answer = _numeric_answer(solution.rpartition("####")[2], "final answer after '####'")
-    meta = {**_other_fields(row, "question", "answer"), "solution": solution}
+    meta = _other_fields(row, "question", "answer")
+    meta.setdefault("solution", solution)  # (GSM8K's answer text, as TRL names it; a column of that name wins)
     return Record(question, _step_annotations(solution), answer, meta)
 
 
