@@ -150,7 +150,10 @@ def bench_recompute(ctx: Ctx) -> tuple[list[Row], dict]:
     s = item_shapes(ctx)
     mb = s.prompts * s.grpo_K_at
     ctx.log(f"[10] recompute: {s.layers} x {s.hidden} Qwen2, K={s.grpo_K_at}, T={s.grpo_T_at}, micro-batch {mb}")
-    mem = {name: _probe(ctx, s, *arm) for name, arm in ARMS.items()}  # fresh processes first, before this one grows
+    # fresh processes first, before this one grows; not in --quick (a smoke run: item 5 runs the same probe, and at the
+    # quick shapes the weights, not the activations, set the peak)
+    quick = s.name == "quick"
+    mem = {} if quick else {name: _probe(ctx, s, *arm) for name, arm in ARMS.items()}
     trainers = {name: build_trainer(s, ctx.device, ctx.dtype, *arm) for name, arm in ARMS.items()}
     kept = {name: saved_bytes(tr) for name, tr in trainers.items()}
     prompts = task_records(s.prompts)
@@ -167,20 +170,25 @@ def bench_recompute(ctx: Ctx) -> tuple[list[Row], dict]:
     conf = (
         f"Qwen2 {s.layers} layers x {s.hidden} ({ctx.dtype}), {s.prompts} prompts x K={s.grpo_K_at}, T={s.grpo_T_at}, "
         f"{s.max_new_tokens} answer tokens, one micro-batch of {mb}, KL reference on; time: median of {s.reps} "
-        "alternating repetitions; memory: fresh process each, step after a warm-up step"
+        "alternating repetitions; memory: "
+        + ("not measured (--quick)" if quick else "fresh process each, step after a warm-up step")
     )
     vals = "; ".join(
-        f"{n}: kept for backward {fmt_bytes(kept[n])}, {what} {fmt_bytes(mem[n]['peak_bytes'])} (before the step "
-        f"{fmt_bytes(mem[n]['before_bytes'])}), step {fmt_s(t.median(n))}"
-        for n in ARMS
+        f"{n}: kept for backward {fmt_bytes(kept[n])}{_peak(mem, n, what)}, step {fmt_s(t.median(n))}" for n in ARMS
     )
     row = functools.partial(Row, ctx.section, "10. Activation recomputation", "recompute", conf, vals)
-    growth = {n: mem[n]["peak_bytes"] - mem[n]["before_bytes"] for n in ARMS}
+    growth = {n: mem[n]["peak_bytes"] - mem[n]["before_bytes"] for n in mem}
     rows = []
     for arm in [n for n in ARMS if n != "full"]:
-        rows += [
-            row(f"activations kept for backward {arm} / full", kept[arm] / kept["full"], None),
-            row(f"{what} growth during the step {arm} / full", growth[arm] / max(1, growth["full"]), None),
-            row(f"step time {arm} / full", t.ratio(arm, "full"), None, t.paired_spread(arm, "full")),
-        ]
+        rows.append(row(f"activations kept for backward {arm} / full", kept[arm] / kept["full"], None))
+        if growth:
+            rows.append(row(f"{what} growth during the step {arm} / full", growth[arm] / max(1, growth["full"]), None))
+        rows.append(row(f"step time {arm} / full", t.ratio(arm, "full"), None, t.paired_spread(arm, "full")))
     return rows, raw
+
+
+def _peak(mem: dict, arm: str, what: str) -> str:
+    """``arm``'s measured peak for the table (nothing when the memory was not measured)."""
+    if arm not in mem:
+        return ""
+    return f", {what} {fmt_bytes(mem[arm]['peak_bytes'])} (before the step {fmt_bytes(mem[arm]['before_bytes'])})"
