@@ -1295,11 +1295,12 @@ def test_an_sft_run_applies_the_fused_kernels_and_records_them(tmp_path, monkeyp
     """model.kernels=liger was the GRPO trainer's only: SFT trained with Hugging Face's layers, and its applied.json
     said none, without a word. SFT applies them to its model as GRPO does (Liger itself needs CUDA: stood in for)."""
     from dgrpo.data.synthetic import generate_split
+    from dgrpo.model import factory
     from dgrpo.model.factory import load_model
     from dgrpo.training import sft
 
     calls = []
-    monkeypatch.setattr(sft, "apply_kernels", lambda model, kind: calls.append((model, kind)) or kind == "liger")
+    monkeypatch.setattr(factory, "apply_kernels", lambda model, kind: calls.append((model, kind)) or kind == "liger")
     cfg = tiny_config(**{"task.n_train": 16, "sft.num_epochs": 1, "model.kernels": "liger", "data.test": "[]"})
     lm = load_model(cfg.model, cfg.task, seed=0)
     sft.train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path / "sft", log=lambda *a: None, progress=False)

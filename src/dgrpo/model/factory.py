@@ -15,6 +15,7 @@ from . import lora
 from .compiled_layers import CompiledLayers
 from .gqa_attention import use_packed_gqa
 from .head_stats import HeadStats
+from .kernels import apply_kernels
 from .latent_lm import LatentLM, LatentSettings
 from .sources import on_for_device, resolve_checkpoint, resolve_device
 from .tiny import build_tiny_model
@@ -169,6 +170,18 @@ def record_adapter(cfg: LoraConfig, saved: Any) -> None:
     cfg.train_latent_tokens = shape["train_latent_tokens"]
     if isinstance(shape["target_modules"], list):
         cfg.target_modules = shape["target_modules"]
+
+
+def apply_speedups(lm: LatentLM, cfg: ModelConfig) -> str:
+    """The model options that change how ``lm`` computes, not what, as a trainer applies them before it trains (and
+    before GRPO's reference copy, which then has them too): ``model.kernels`` first (the compiled step traces the
+    layers it finds), then :func:`compile_layers`, :func:`compile_head` and :func:`pack_gqa`. Returns the kernels
+    applied, as resolved (``none`` where Liger does not run: off CUDA)."""
+    kernels = cfg.kernels if apply_kernels(lm.model, cfg.kernels) else "none"
+    compile_layers(lm, cfg)  # (a reference copy shares the compiled step)
+    compile_head(lm, cfg)  # (and the compiled head statistics)
+    pack_gqa(lm, cfg)  # (and the packed attention: a copy's config is the model's)
+    return kernels
 
 
 def compile_layers(lm: LatentLM, cfg: ModelConfig) -> None:

@@ -43,8 +43,7 @@ from ..eval.scoring import (
     build_rewards,
     final_answer_text,
 )
-from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
-from ..model.kernels import apply_kernels
+from ..model.factory import apply_speedups, lora_for_training
 from ..model.latent_lm import LatentLM
 from ..model.static_cache import static_cache_obstacle
 from ..perturbation import Perturbation, make_perturbation, seeds_for
@@ -225,11 +224,7 @@ class GRPOTrainer:
         # the fast engine's decoders kept from step to step (not under FSDP: it gathers the weights for each forward)
         self.keep_graphs = g.keep_graphs and self.engine == "fast" and not self.dist.fsdp
         self.chain_latents = resolve_latent_chain(lm, cfg, self.engine, self.dist.active)
-        # before the reference copy, which then has them too; what was applied (liger runs on CUDA only), as resolved
-        self.kernels = cfg.model.kernels if apply_kernels(lm.model, cfg.model.kernels) else "none"
-        compile_layers(lm, cfg.model)  # (the reference copy shares the compiled step)
-        compile_head(lm, cfg.model)  # (and the compiled head statistics)
-        pack_gqa(lm, cfg.model)  # (and the packed attention: the copy's config is the model's)
+        self.kernels = apply_speedups(lm, cfg.model)  # (before the reference copy, which then has them too)
         self.objective = ObjectiveSettings.from_config(g)
         _warn_at_start(lm, cfg, train)
         try:  # (the same files on every rank: not its calls, below, which may fail on one rank alone)

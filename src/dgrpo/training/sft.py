@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -28,8 +29,7 @@ from tqdm.auto import tqdm
 from ..config import Config, ConfigError, to_dict, unused_recompute_settings, unused_sft_settings
 from ..data.records import Record, fingerprint
 from ..eval.evaluate import check_fits_context
-from ..model.factory import compile_head, compile_layers, lora_for_training, pack_gqa
-from ..model.kernels import apply_kernels
+from ..model.factory import apply_speedups, lora_for_training
 from ..model.latent_lm import LatentLM, LatentSettings
 from ..model.sources import on_for_device
 from ..model.verified import one_line
@@ -270,11 +270,7 @@ class SFTRun:
         self.lm, self.cfg, self.dist, self.run = lm, cfg, dist, run
         self.data_fingerprint, n_train = fingerprint(train), len(train)
         lm.use_recompute(cfg.sft, "sft")
-        # the fused layers, as the GRPO trainer applies them; what was applied (liger runs on CUDA only), as resolved
-        self.kernels = cfg.model.kernels if apply_kernels(lm.model, cfg.model.kernels) else "none"
-        compile_layers(lm, cfg.model)
-        compile_head(lm, cfg.model)
-        pack_gqa(lm, cfg.model)
+        self.kernels = apply_speedups(lm, cfg.model)  # (as the GRPO trainer applies them)
         self.params = dist.prepare_model(lm.model)  # rank 0's weights everywhere; FSDP2 shards here
         self.plan = Curriculum(cfg, epoch_steps(n_train, cfg))
         self.prog, saved = Progress(), None
@@ -294,8 +290,7 @@ class SFTRun:
         self.best_rows_from = saved["metrics_lines"] if saved and run.drop_stale_best(saved) else 0
         skips = saved["nonfinite_skips"] if saved else 0
         self.guard = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr", skips=skips)
-        # what it runs with, as resolved (the fused kernels applied; new_optimizer's class)
-        run.start(saved, applied_settings(lm, dist, opt, kernels=self.kernels))
+        run.start(saved, self.applied(opt))  # (the optimizer's class: every stage's is new_optimizer's)
         # the metrics' time_s goes on from the checkpoint's (one between two logged rows: its own time, not the row's)
         trained = (saved["time_s"] if "time_s" in saved else _time_trained(run)) if saved else 0.0  # (older: the rows)
         self.t0 = time.time() - trained
@@ -382,7 +377,7 @@ class SFTRun:
         are freed first: the test sets and ``best/`` loaded beside the model have their memory. ``applied.json``'s
         entry is written again as at the end (a compiler's fallback in the run shown)."""
         if self.opt is not None:  # (None: resumed with nothing left to train; the start's entry stands)
-            self.run.record_applied_at_end(applied_settings(self.lm, self.dist, self.opt, kernels=self.kernels))
+            self.run.record_applied_at_end(self.applied(self.opt))
         self.opt = None
         self.lm.settings = final_settings(self.cfg)
         self.lm.eval()
@@ -406,6 +401,11 @@ class SFTRun:
             f"{accs or 'not evaluated'}; "
             f"final stage {s.stage} ({thoughts}){kept}; {self.guard.skips} non-finite steps skipped"
         )
+
+    def applied(self, opt: torch.optim.Optimizer) -> dict[str, Any]:
+        """What this run trains with, as resolved (:func:`~dgrpo.training.applied.applied_settings`), ``opt``'s class
+        and the kernels applied among it."""
+        return applied_settings(self.lm, self.dist, opt, kernels=self.kernels)
 
     def save(self, epoch: int, batch: int) -> None:
         """Resumable state: run epoch ``epoch`` from batch ``batch`` next (rank 0 writes it; under FSDP2 every rank
