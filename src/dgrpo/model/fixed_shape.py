@@ -367,18 +367,15 @@ def fixed_shape_generate(
     row, cut off the result), greedy or sampled from per-row ``uniforms`` (a shared ``generator`` would draw other
     numbers for more rows): as :func:`fixed_shape_target_logprobs`."""
     check_decoding(n_latent, max_new_tokens, temperature, top_p)
-    B, P = prompt_ids.shape
-    n_after = int(markers) + max_new_tokens
-    rows, columns = _padded_shape(lm, "generate", B, P + n_latent + n_after)
+    B = prompt_ids.shape[0]
     pads = keep and (capture if pad is None else pad) and (temperature == 0 or uniforms is not None)
-    within = padding_rows(perturbation, rows) if pads and attention_cache_only(lm) else None
-    if within is None:
-        rows, columns = B, P + n_latent + n_after
-    else:
-        prompt_ids, prompt_mask = with_rows(prompt_ids, rows), with_rows(prompt_mask, rows)
-        uniforms = with_rows(uniforms, rows) if uniforms is not None else None
-    n_after = columns - P - n_latent  # (the kept decoder's columns: the ones its key was made with)
-    with within or nullcontext():
+    batch = _padded_batch(
+        lm, "generate", perturbation, prompt_ids, prompt_mask, n_latent, int(markers) + max_new_tokens, pads
+    )
+    prompt_ids, prompt_mask, n_after, within = batch
+    rows = prompt_ids.shape[0]
+    uniforms = with_rows(uniforms, rows) if uniforms is not None else None
+    with within:
         dec = _after_latents(
             lm, "generate", prompt_ids, prompt_mask, n_latent, n_after, mode, perturbation, capture, keep
         )
@@ -417,29 +414,44 @@ def fixed_shape_target_logprobs(
     whatever rows the group filter kept (a batch of other rows would build and capture a new one); the answer's call
     then runs over the batch's own rows. Not for a perturbation that cannot pad its rows
     (:meth:`BoundPerturbation.row_padding`) nor a model with linear-attention layers (:func:`attention_cache_only`)."""
-    B, P = prompt_ids.shape
-    n_after = target_ids.shape[1]
-    rows, columns = _padded_shape(lm, "score", max(B, min_rows), P + n_latent + n_after)
-    pads = keep and (capture if pad is None else pad) and attention_cache_only(lm)
-    within = padding_rows(perturbation, rows) if pads else None
-    if within is None:
-        dec = _after_latents(lm, "score", prompt_ids, prompt_mask, n_latent, n_after, mode, perturbation, capture, keep)
-        return dec.score(target_ids, target_mask, temperature)
-    ids, mask = with_rows(prompt_ids, rows), with_rows(prompt_mask, rows)
-    n_after = columns - P - n_latent  # (the kept decoder's columns too: the ones its key was made with)
+    pads = keep and (capture if pad is None else pad)
+    batch = _padded_batch(
+        lm, "score", perturbation, prompt_ids, prompt_mask, n_latent, target_ids.shape[1], pads, min_rows
+    )
+    ids, mask, n_after, within = batch
     with within:
         dec = _after_latents(lm, "score", ids, mask, n_latent, n_after, mode, perturbation, capture, keep)
     # the answer's call over the batch's own rows (its matmuls, unlike the latent steps', cost by the row)
     return dec.score(target_ids, target_mask, temperature)
 
 
-def _padded_shape(lm: LatentLM, purpose: str, rows: int, columns: int) -> tuple[int, int]:
-    """The rows and columns a batch of ``rows`` x ``columns`` runs over when padded to ``lm``'s kept decoder for
-    ``purpose``: its own, or the kept decoder's where they are more."""
-    kept = lm.kept_decoders.get(purpose)
-    if kept is None:
-        return rows, columns
-    return max(rows, kept[1].mask.shape[0]), max(columns, kept[1].n_columns)
+def _padded_batch(
+    lm: LatentLM,
+    purpose: str,
+    perturbation: PhaseHook | None,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    n_latent: int,
+    n_after: int,
+    pads: bool,
+    min_rows: int = 0,
+) -> tuple[Tensor, Tensor, int, AbstractContextManager[object]]:
+    """The prompt a batch runs its decoder over, the columns after its latents and the block it runs in: with
+    ``pads``, at least ``min_rows`` rows and ``lm``'s kept decoder for ``purpose``'s rows and columns where they are
+    more (copies of the first row; the columns the kept decoder's key was made with), within
+    :func:`padding_rows`' block; else (or for a perturbation that cannot pad its rows, a model with linear-attention
+    layers: :func:`attention_cache_only`) the batch as it is."""
+    as_it_is = (prompt_ids, prompt_mask, n_after, nullcontext())
+    if not pads or not attention_cache_only(lm):
+        return as_it_is
+    (B, P), kept = prompt_ids.shape, lm.kept_decoders.get(purpose)
+    rows, columns = max(B, min_rows), P + n_latent + n_after
+    if kept is not None:
+        rows, columns = max(rows, kept[1].mask.shape[0]), max(columns, kept[1].n_columns)
+    within = padding_rows(perturbation, rows)
+    if within is None:
+        return as_it_is
+    return with_rows(prompt_ids, rows), with_rows(prompt_mask, rows), columns - P - n_latent, within
 
 
 def attention_cache_only(lm: LatentLM) -> bool:
