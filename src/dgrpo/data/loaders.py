@@ -755,10 +755,10 @@ class _ColumnParser:
         if steps is None:  # (a missing value: parquet and Hugging Face datasets hold None where JSONL omits the key)
             steps = []
         if isinstance(steps, str):
-            steps = [s for s in steps.splitlines() if s.strip()]
+            steps = steps.splitlines()
         if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
             raise _RowError(f"column {key!r} must be a list of strings or one string")
-        return [s for s in steps if s.strip()]  # (blank steps dropped, as from one string and Coconut's records)
+        return [s for s in steps if s.strip()]  # (blank steps dropped, as from Coconut's records)
 
 
 def column_parser(question_key: str, answer_key: str, steps_key: str = "", steps_required: bool = True) -> RowParser:
