@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -142,21 +142,11 @@ def generate_answers(
     check_lm(lm, "generate_answers")
     n_latent = lm.settings.n_latent if n_latent is None else n_latent
     _check_n_latent("generate_answers", n_latent, "an int >= 0 (None: the model's own)")
-    if not (isinstance(questions, list) and all(isinstance(q, str) for q in questions)):
-        raise TypeError(
-            f"generate_answers: questions must be a list of strings, got {type(questions).__name__}"
-            + (" (one string: wrap it, [question])" if isinstance(questions, str) else "")
-        )
+    _check_questions(lm, questions, n_latent, max_new_tokens, markers, max_question_tokens, dataset)
     seeds = _question_perturbation_seeds(questions, perturbation, perturbation_seeds)
     if perturbation is not None and not perturbation.batched:
         batch_size = 1  # native dropout replays the global RNG stream: one row at a time
     order = sorted(range(len(questions)), key=lambda i: len(questions[i]))
-    if questions:  # (a warning for questions cut; a question that does not fit the context is an error)
-        distinct = list(dict.fromkeys(questions))
-        warn_if_questions_cut(lm, distinct, max_question_tokens, "evaluated", of=dataset)
-        check_fits_context(
-            lm, distinct, n_latent, max_new_tokens, markers=markers, max_question_tokens=max_question_tokens
-        )
     sampling = _sampling_seeds(seed, questions, sampling_seeds) if temperature > 0 else None
     out: list[str] = [""] * len(questions)
     batches = [order[b0 : b0 + batch_size] for b0 in range(0, len(order), batch_size)]
@@ -183,6 +173,30 @@ def generate_answers(
             for i, text in zip(idx, lm.decode(g.tokens, g.mask)):
                 out[i] = text
     return out
+
+
+def _check_questions(
+    lm: LatentLM,
+    questions: object,
+    n_latent: int,
+    max_new_tokens: int,
+    markers: bool,
+    max_question_tokens: int | None,
+    dataset: str,
+) -> None:
+    """TypeError unless ``questions`` is a list of strings; a warning for those cut to ``max_question_tokens``
+    (naming ``dataset``), ConfigError for one that does not fit the context with its thoughts and answer."""
+    if not (isinstance(questions, list) and all(isinstance(q, str) for q in questions)):
+        raise TypeError(
+            f"generate_answers: questions must be a list of strings, got {type(questions).__name__}"
+            + (" (one string: wrap it, [question])" if isinstance(questions, str) else "")
+        )
+    if questions:
+        distinct = list(dict.fromkeys(questions))
+        warn_if_questions_cut(lm, distinct, max_question_tokens, "evaluated", of=dataset)
+        check_fits_context(
+            lm, distinct, n_latent, max_new_tokens, markers=markers, max_question_tokens=max_question_tokens
+        )
 
 
 def _sampling_seeds(seed: int, questions: list[str], given: torch.Tensor | None) -> torch.Tensor:
@@ -363,93 +377,128 @@ def evaluate(
     The scorer gets each record with every column (``meta`` key) of ``records`` and of ``columns``, None where it has
     none (:func:`~dgrpo.data.records.with_columns`): a caller evaluating a shard of the data passes the whole data's
     :func:`~dgrpo.data.records.data_columns`, so that a scorer in TRL's form is called alike on every shard."""
-    _check_eval_arguments(
+    p = _prompted(
         "evaluate",
         lm,
         records,
-        batch_size=batch_size,
-        limit=limit,
+        scorer=scorer,
+        plain=plain,
         shots=shots,
-        max_question_tokens=max_question_tokens,
+        limit=limit,
         n_latent=n_latent,
-    )
-    t0, scorer = time.time(), _scorer(scorer)
-    records, questions, n_lat, mode, markers = _evaluated_prompts(
-        "evaluate", lm, records, plain, shots, limit, n_latent
+        batch_size=batch_size,
+        max_question_tokens=max_question_tokens,
     )
     texts = generate_answers(
         lm,
-        questions,
-        n_latent=n_lat,
+        p.questions,
+        n_latent=p.n_latent,
         batch_size=batch_size,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_p=top_p,
         seed=seed,
-        mode=mode,
-        markers=markers,
-        max_question_tokens=None if plain else max_question_tokens,
+        mode=p.mode,
+        markers=p.markers,
+        max_question_tokens=p.max_question_tokens,
         perturbation=perturbation,
-        perturbation_seeds=None if perturbation is None else mask_seeds(seed, questions, "eval"),
+        perturbation_seeds=None if perturbation is None else mask_seeds(seed, p.questions, "eval"),
         progress=progress,
         dataset=dataset,
     )
     texts = [_cut_plain(t) for t in texts] if plain else texts
-    preds, correct, unparseable = _graded(with_columns(records, columns), texts, scorer)
-    n = len(records)
-    return EvalResult(
-        dataset=dataset,
-        accuracy=correct / n if n else 0.0,
-        n=n,
-        correct=correct,
-        unparseable=unparseable,
-        seed=seed,
-        n_latent=n_lat,
-        mode="plain" if plain else lm.settings.mode,
-        wall_s=round(time.time() - t0, 3),
-        scorer=scorer_name(scorer),
-        temperature=temperature,
-        top_p=top_p,
-        max_new_tokens=max_new_tokens,
-        max_question_tokens=None if plain else max_question_tokens,
-        limit=limit,
-        shots=shots if plain else 0,
-        predictions=preds,
-    )
+    preds, correct, unparseable = _graded(with_columns(p.records, columns), texts, p.scorer)
+    decoding: dict[str, Any] = {
+        "seed": seed,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_new_tokens": max_new_tokens,
+    }
+    return p.result(lm, dataset, correct, unparseable, preds, decoding)
 
 
-def _check_eval_arguments(
+class _Prompted(NamedTuple):
+    """What :func:`evaluate` and :func:`evaluate_mc_vote` answer (the records, their prompts, the latent thoughts,
+    generation mode and markers), the scorer, and what their result records of how (``shots`` and
+    ``max_question_tokens`` as applied: no shots but a plain prompt's, no cut of a plain prompt)."""
+
+    records: list[Record]
+    questions: list[str]
+    n_latent: int
+    mode: str
+    markers: bool
+    scorer: ScoreFn
+    plain: bool
+    shots: int
+    limit: int
+    max_question_tokens: int | None
+    started: float
+
+    def result(
+        self, lm: LatentLM, dataset: str, correct: int, unparseable: int, preds: list[dict], decoding: dict[str, Any]
+    ) -> EvalResult:
+        """The :class:`EvalResult` of these records: ``correct`` of them, graded in ``preds``; ``decoding`` holds
+        the seed, temperature, top_p and max_new_tokens they were answered with."""
+        n = len(self.records)
+        return EvalResult(
+            dataset=dataset,
+            accuracy=correct / n if n else 0.0,
+            n=n,
+            correct=correct,
+            unparseable=unparseable,
+            n_latent=self.n_latent,
+            mode="plain" if self.plain else lm.settings.mode,
+            wall_s=round(time.time() - self.started, 3),
+            scorer=scorer_name(self.scorer),
+            max_question_tokens=self.max_question_tokens,
+            limit=self.limit,
+            shots=self.shots,
+            predictions=preds,
+            **decoding,
+        )
+
+
+def _prompted(
     what: str,
-    lm: object,
-    records: object,
+    lm: LatentLM,
+    records: list[Record],
     *,
-    batch_size: int,
-    limit: int,
+    scorer: ScoreFn | str | None,
+    plain: bool,
     shots: int,
-    max_question_tokens: int | None,
+    limit: int,
     n_latent: int | None,
-) -> None:
-    """The checks :func:`evaluate` and :func:`evaluate_mc_vote` make of what they are given (one line each, naming
-    ``what``): counts, the model, ``n_latent`` (an int; None or < 0: the model's own) and the records (an empty list
-    is fine: a rank's shard of fewer records than ranks)."""
+    batch_size: int,
+    max_question_tokens: int | None,
+) -> _Prompted:
+    """The records :func:`evaluate` and :func:`evaluate_mc_vote` answer and how, after the checks both make of what
+    they are given (one line each, naming ``what``): counts, the model, ``n_latent`` (an int; None or < 0: the
+    model's own) and the records (an empty list is fine: a rank's shard of fewer records than ranks). The records
+    evaluated are those after a plain prompt's ``shots`` (:func:`_split_shots`), the first ``limit`` of them (0:
+    all), prompted as :func:`_prompts` says."""
     _check_counts(what, batch_size=batch_size, limit=limit, shots=shots, max_question_tokens=max_question_tokens)
     check_lm(lm, what)
     if n_latent is not None:
         _check_n_latent(what, n_latent, "an int (None or < 0: the model's own)", least=None)
     check_records(records, f"{what}: records", empty=True)
-
-
-def _evaluated_prompts(
-    what: str, lm: LatentLM, records: list[Record], plain: bool, shots: int, limit: int, n_latent: int | None
-) -> tuple[list[Record], list[str], int, str, bool]:
-    """(the records evaluated, their prompts, latent thoughts, generation mode, markers): the records after a plain
-    prompt's ``shots`` (:func:`_split_shots`), the first ``limit`` of them (0: all), prompted as :func:`_prompts`
-    says."""
+    started, score = time.time(), _scorer(scorer)
     shot_recs, records = _split_shots(records, plain, shots, what)
     if limit:
         records = records[:limit]
     questions, n_lat, mode, markers = _prompts(lm, records, plain, shot_recs, n_latent)
-    return records, questions, n_lat, mode, markers
+    return _Prompted(
+        records,
+        questions,
+        n_lat,
+        mode,
+        markers,
+        score,
+        plain,
+        shots,
+        limit,
+        None if plain else max_question_tokens,
+        started,
+    )
 
 
 def _split_shots(
@@ -655,41 +704,37 @@ def vote_key(scorer: ScoreFn, text: str, gold: str) -> str | None:
 @torch.no_grad()
 def _perturbed_texts(
     lm: LatentLM,
-    questions: list[str],
+    p: _Prompted,
     perturbation: Perturbation,
     *,
     n_masks: int,
-    n_latent: int,
-    mode: str,
-    markers: bool,
     batch_size: int,
     max_new_tokens: int,
     seed: int,
-    max_question_tokens: int | None,
     progress: bool,
     dataset: str = "",
     temperature: float = 0.0,
     top_p: float = 1.0,
 ) -> list[str]:
-    """``n_masks`` completions of each question (question-major), the k-th under the mask of :func:`mask_seeds`
-    (stream mc-vote), greedy, or sampled (``temperature`` > 0) from its own seed (stream mc-vote-sampling: one per
-    copy, as each has its own mask; one seed per question drew the same tokens in every copy): a question's votes do
-    not depend on the others in the list."""
+    """``n_masks`` completions of each of ``p``'s questions (question-major), the k-th under the mask of
+    :func:`mask_seeds` (stream mc-vote), greedy, or sampled (``temperature`` > 0) from its own seed (stream
+    mc-vote-sampling: one per copy, as each has its own mask; one seed per question drew the same tokens in every
+    copy): a question's votes do not depend on the others in the list."""
     sampled = temperature > 0
     return generate_answers(
         lm,
-        [q for q in questions for _ in range(n_masks)],
-        n_latent=n_latent,
+        [q for q in p.questions for _ in range(n_masks)],
+        n_latent=p.n_latent,
         batch_size=batch_size,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_p=top_p,
-        sampling_seeds=mask_seeds(seed, questions, "mc-vote-sampling", copies=n_masks) if sampled else None,
-        mode=mode,
-        markers=markers,
-        max_question_tokens=max_question_tokens,
+        sampling_seeds=mask_seeds(seed, p.questions, "mc-vote-sampling", copies=n_masks) if sampled else None,
+        mode=p.mode,
+        markers=p.markers,
+        max_question_tokens=p.max_question_tokens,
         perturbation=perturbation,
-        perturbation_seeds=mask_seeds(seed, questions, "mc-vote", copies=n_masks),
+        perturbation_seeds=mask_seeds(seed, p.questions, "mc-vote", copies=n_masks),
         progress=progress,
         desc="mc-vote",
         dataset=dataset,
@@ -783,64 +828,43 @@ def evaluate_mc_vote(
         raise ValueError(
             f"evaluate_mc_vote: n_masks must be an int >= 1 (completions voting per question), got {n_masks!r}"
         )
-    _check_eval_arguments(
-        "evaluate_mc_vote",
-        lm,
-        records,
-        batch_size=batch_size,
-        limit=limit,
-        shots=shots,
-        max_question_tokens=max_question_tokens,
-        n_latent=n_latent,
-    )
     if not isinstance(perturbation, Perturbation):  # (None was "perturbation_seeds without a perturbation")
         raise TypeError(
             "evaluate_mc_vote: perturbation must be a dgrpo Perturbation, the masks that vote (e.g. "
             f"dgrpo.perturbation.LockedDropout(p=0.1)), got {type(perturbation).__name__}"
         )
-    t0, scorer = time.time(), _scorer(scorer)
-    records, questions, n_lat, mode, markers = _evaluated_prompts(
-        "evaluate_mc_vote", lm, records, plain, shots, limit, n_latent
+    p = _prompted(
+        "evaluate_mc_vote",
+        lm,
+        records,
+        scorer=scorer,
+        plain=plain,
+        shots=shots,
+        limit=limit,
+        n_latent=n_latent,
+        batch_size=batch_size,
+        max_question_tokens=max_question_tokens,
     )
+    decoding: dict[str, Any] = {
+        "seed": seed,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_new_tokens": max_new_tokens,
+    }
     texts = _perturbed_texts(
         lm,
-        questions,
+        p,
         perturbation,
         n_masks=n_masks,
-        n_latent=n_lat,
-        mode=mode,
-        markers=markers,
         batch_size=batch_size,
-        max_new_tokens=max_new_tokens,
-        seed=seed,
-        max_question_tokens=None if plain else max_question_tokens,
         progress=progress,
         dataset=dataset,
-        temperature=temperature,
-        top_p=top_p,
+        **decoding,
     )
     texts = [_cut_plain(t) for t in texts] if plain else texts
-    preds, correct = _voted(with_columns(records, columns), texts, n_masks, scorer)
-    n = len(records)
-    return EvalResult(
-        dataset=dataset,
-        accuracy=correct / n if n else 0.0,
-        n=n,
-        correct=correct,
-        # (as evaluate counts: the numeric verifier's numeric golds; a text gold's empty answer is no number missing)
-        unparseable=sum(p["pred"] is None and _numeric_gold(r.answer) for p, r in zip(preds, records))
-        if scorer is numeric
-        else 0,
-        seed=seed,
-        n_latent=n_lat,
-        mode=f"{'plain' if plain else lm.settings.mode}+mc{n_masks}",
-        wall_s=round(time.time() - t0, 3),
-        scorer=scorer_name(scorer),
-        temperature=temperature,
-        top_p=top_p,
-        max_new_tokens=max_new_tokens,
-        max_question_tokens=None if plain else max_question_tokens,
-        limit=limit,
-        shots=shots if plain else 0,
-        predictions=preds,
-    )
+    preds, correct = _voted(with_columns(p.records, columns), texts, n_masks, p.scorer)
+    # (unparseable as evaluate counts it: the numeric verifier's numeric golds; a text gold's empty answer is no
+    # number missing)
+    unparseable = sum(pred["pred"] is None and _numeric_gold(r.answer) for pred, r in zip(preds, p.records))
+    result = p.result(lm, dataset, correct, unparseable if p.scorer is numeric else 0, preds, decoding)
+    return replace(result, mode=f"{result.mode}+mc{n_masks}")
