@@ -1307,3 +1307,30 @@ def test_an_sft_run_applies_the_fused_kernels_and_records_them(tmp_path, monkeyp
     assert calls == [(lm.model, "liger")]
     [applied] = json.loads((tmp_path / "sft" / "applied.json").read_text())
     assert applied["kernels"] == "liger"
+
+
+def test_a_resume_under_a_changed_config_is_refused_before_the_data_and_the_model_are_read(
+    tmp_path, run_cli, monkeypatch
+):
+    """``dgrpo sft`` resumed under a changed config was refused by the trainer's run directory, after every dataset
+    was read and the model loaded (minutes at the paper's scale), and its line named the Python API's
+    ``resume='never'`` / ``allow_config_change=True`` beside the flags. The run directory's config is enough: the
+    refusal comes first, in the command line's words."""
+    import dgrpo.cli.train as train
+    import dgrpo.model.factory as factory
+
+    sets = {"sft.num_epochs": 1, "task.n_train": 16, "sft.save_every": 0, "data.test": "[]", "data.valid": "''"}
+    out = tmp_path / "run"
+    assert run_cli("sft", "--out", out, *tiny_args(**sets)).returncode == 0
+
+    def read(*a, **k):
+        raise AssertionError("read before the refusal")
+
+    monkeypatch.setattr(train, "read_setting", read)
+    monkeypatch.setattr(factory, "load_model", read)
+    r = run_cli("sft", "--out", out, *tiny_args(**{**sets, "sft.lr": 0.5}))
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
+        f"dgrpo: error: {out} holds a run started with a different config (sft.lr); resume it unchanged, start over "
+        "with --resume never, or pass --allow-config-change to continue with the new values (every config used is "
+        "kept)"
+    ), r.stderr

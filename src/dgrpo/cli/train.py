@@ -295,13 +295,15 @@ def read_setting(key: str, spec: str, cfg: Config) -> list:
 
 def set_up_run(args: argparse.Namespace) -> Setting:
     """Validate the config, read every dataset, join the processes, load the model: each failure one line before
-    anything is trained (a scorer that cannot be built fails before anything is read)."""
+    anything is trained (a scorer that cannot be built fails before anything is read, and so does a resume under a
+    changed config: :func:`~dgrpo.training.run.check_resume_config`)."""
     from ..config import ConfigError
     from ..data import training_split
     from ..eval.evaluate import eval_options
     from ..eval.scoring import check_reward
     from ..model.factory import load_model
     from ..training.model_record import record_the_models_shape
+    from ..training.run import check_resume_config
     from ..training.tracking import check_installed
 
     if not args.resume.strip():  # (an empty PATH was read as the working directory)
@@ -312,6 +314,8 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     if args.init:  # (a run's config.json names its base's commit: not --init's, unless given for it)
         cfg.model.revision = revision_for(args.init, cfg, args.overrides, "--init")
     cfg = record_init(cfg, args.init, args.out)
+    # (a resume under a changed config is refused now, from OUT alone: not after the data and the model are read)
+    check_resume_config(args.out, cfg, args.cmd, args.resume, args.allow_config_change)
     check_test_sets_distinct(cfg)
     warn_if_held_out_is_builtin(cfg)
     warn_if_prompt_options_are_set(cfg)

@@ -535,7 +535,227 @@ def absolute_data_specs(data: dict) -> dict:
     return keep
 
 
-class RunDir:
+#: keys a run's config takes from the model it loads (a hub commit, a chat template the model was trained with):
+#: :func:`check_resume_config`, made before the model loads, leaves them to :class:`RunDir`'s check
+LOAD_RESOLVED_KEYS = ("model.revision", "data.chat_template")
+
+
+def _quiet(message: str) -> None:
+    """A log that says nothing (a rank other than 0's)."""
+
+
+def check_resume_config(
+    out_dir: Path | str, cfg: Config, command: str, resume: str = "auto", allow_config_change: bool = False
+) -> None:
+    """``dgrpo sft`` / ``dgrpo grpo``'s refusal of a resume under a changed config (or of another command's
+    checkpoints), made from the run directory alone before any dataset is read or the model loaded (at the paper's
+    scale those take minutes, and the refusal came after them), in the command line's words. The keys a run takes from
+    its model (:data:`LOAD_RESOLVED_KEYS`) are left to :class:`RunDir`'s check, after the model loads."""
+    check = ResumeCheck(out_dir, to_dict(cfg), command, resume, allow_config_change, log=_quiet, cli=True)
+    check.candidates = check._candidates()
+    if not check.candidates:
+        return
+    check._check_command()
+    check.ignored = LOAD_RESOLVED_KEYS
+    check._check_config()
+
+
+class ResumeCheck:
+    """What a resume is checked against from the run directory alone (its ``config.json``, its checkpoints' state
+    and recorded configs): the command that wrote the checkpoints and the config the run was started with.
+    :class:`RunDir` makes these checks with the lock held; :func:`check_resume_config` makes them before the data and
+    the model are read. ``cli``: the refusals name the command line's options only (``--resume never``,
+    ``--allow-config-change``), not the Python API's arguments beside them."""
+
+    def __init__(
+        self,
+        out_dir: Path | str,
+        cfg: dict,
+        command: str,
+        resume: bool | str = "auto",
+        allow_config_change: bool = False,
+        log: Callable[[str], None] = print,
+        cli: bool = False,
+    ):
+        self.out_dir, self.cfg, self.command, self.log, self.cli = Path(out_dir), cfg, command, log, cli
+        self.resume_mode = {True: "auto", False: "never"}[resume] if isinstance(resume, bool) else resume
+        self.allow_config_change = allow_config_change
+        self.changed: list[str] = []
+        self.first_config: dict = self.cfg  # the config the run was started with (differs: allow_config_change)
+        self.candidates: list[Path] = []
+        self.ignored: tuple[str, ...] = ()  # keys the config check leaves to a later one
+
+    def _option(self, cli: str, api: str) -> str:
+        """How to ask for something: the command line's option ``cli``, and for a Python caller its argument ``api``
+        too (``--resume never (resume='never')``)."""
+        return cli if self.cli else f"{cli} ({api})"
+
+    def _candidates(self) -> list[Path]:
+        if self.resume_mode == "never":
+            return []
+        if self.resume_mode == "auto":
+            return resume_candidates(self.out_dir)
+        path = on_disk(self.resume_mode)  # (checkpoints/step-N as written: step-0000000N)
+        if path.exists() and not path.is_dir():  # (it was told "no such checkpoint directory", as a missing one is)
+            raise ConfigError(f"--resume {path} is a file: name a checkpoint directory (OUT/checkpoints/step-N)")
+        if not path.is_dir():
+            raise ConfigError(f"--resume {path}: no such checkpoint directory")
+        if not (path / RESUMABLE_STATE).exists() and (path / CHECKPOINTS_DIR).is_dir():
+            newest = resume_candidates(path)
+            raise ConfigError(
+                f"--resume {path} is a run directory: name one of its checkpoints"
+                + (f" (the newest: {newest[0]})" if newest else f" (it has none in {path / CHECKPOINTS_DIR})")
+            )
+        if not (path / RESUMABLE_STATE).exists() and is_model_dir(path):
+            raise ConfigError(
+                f"--resume {path} is a model (weights without the optimizer and data state): --init {path} starts "
+                "a new run from it; --resume takes a run's checkpoints/step-N"
+            )
+        return [path]
+
+    @property
+    def explicit(self) -> bool:
+        """Resuming from one named checkpoint (``--resume PATH``), not the newest of this directory's."""
+        return self.resume_mode not in ("auto", "never")
+
+    def _changed_keys(self, old: dict) -> list[str]:
+        """The keys a resume compares that differ between ``old`` and this run's config: not those this command never
+        reads, nor the built-in model's shape when the run loads a model."""
+        unread = UNREAD_BY.get(self.command, ())
+        loads = self.cfg.get("model", {}).get("name_or_path") != BUILTIN
+        if isinstance(old.get("data"), dict):  # (dgrpo up to 2026-12-04 recorded data paths as typed: relative ones
+            old = {**old, "data": absolute_data_specs(old["data"])}  # name, from here, what this run reads)
+        return [
+            k
+            for k in config_diff(old, self.cfg)
+            if not k.startswith(unread) and not (loads and k in BUILTIN_SHAPE_KEYS) and k not in self.ignored
+        ]
+
+    def _check_command(self) -> None:
+        """Refuse another command's checkpoints (an SFT run's directory given to ``dgrpo grpo``, or the reverse):
+        they are not damaged, and starting over there would delete them."""
+        self._refuse_command(next((c for c in map(checkpoint_command, self.candidates) if c is not None), None))
+
+    def _written_by(self) -> str | None:
+        """Which command (``sft``, ``grpo``) wrote the run in OUT: its checkpoints say, else (none left) what only
+        one command writes (SFT's stage-K/, GRPO's summary and rollouts), else its metrics rows (SFT's name their
+        curriculum stage, GRPO's their reward); None when nothing says."""
+        out = self.out_dir
+        found = next((c for c in map(checkpoint_command, resume_candidates(out)) if c is not None), None)
+        if found is None and any(p.is_dir() for p in out.glob("stage-[0-9]*")):
+            found = "sft"
+        if found is None and ((out / SUMMARY_FILE).is_file() or (out / ROLLOUTS_FILE).is_file()):
+            found = "grpo"
+        try:
+            lines = (out / METRICS_FILE).read_text().splitlines() if found is None else []
+        except OSError:
+            lines = []
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and ("reward_mean" in row or "stage" in row):
+                return "grpo" if "reward_mean" in row else "sft"
+        return found
+
+    def _refuse_command(self, found: str | None) -> None:
+        """ConfigError when ``found`` (the command that wrote the checkpoints or run here) is not this one."""
+        if found is None or found == self.command:
+            return
+        where = f"--resume {self.candidates[0]} is" if self.explicit else f"{self.out_dir} holds"
+        source = self.candidates[0] if self.explicit else self.out_dir  # (a named checkpoint, or this run's)
+        start = f"; to start from its model: --init {source}" if (found, self.command) == ("sft", "grpo") else ""
+        what = "run's checkpoint" if self.explicit or resume_candidates(self.out_dir) else "run"
+        deletes = " (--resume never would delete it)" if self.resume_mode == "never" else ""
+        raise ConfigError(
+            f"{where} a `dgrpo {found}` {what}, which `dgrpo {self.command}` cannot resume{deletes}: name a new "
+            f"--out{start}"
+        )
+
+    def _started_with(self) -> dict | None:
+        """The config the resumed run was started with: this directory's, else (a new directory resuming a named
+        checkpoint, or a run whose config.json was deleted) the one the checkpoint to resume (the newest) was trained
+        with."""
+        path = self.out_dir / CONFIG_FILE
+        if not path.is_file():
+            path = self.candidates[0] / "model" / RUN_CONFIG_FILE
+            if not path.is_file():
+                return None
+            if not self.explicit:
+                self.log(f"dgrpo: {self.out_dir / CONFIG_FILE} is missing: checking the config against {path}")
+        return self._read_config(path)
+
+    @staticmethod
+    def _read_config(path: Path) -> dict:
+        """A config file's JSON (ConfigError when it cannot be read)."""
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, ValueError):
+            raise ConfigError(f"{path}: unreadable (not the JSON of a config)") from None
+        if not isinstance(found, dict):
+            raise ConfigError(f"{path}: unreadable (not the JSON of a config)")
+        return found
+
+    def _check_config(self) -> None:
+        """Refuse to resume under a changed config (unless allowed: then keep every config with its start step). A
+        LoRA run's :data:`ADAPTER_KEYS` are left to :func:`~.checkpoint.check_same_adapter`, their change kept in the
+        config history."""
+        old = self._started_with()
+        if old is None:
+            return
+        changed = self._changed_keys(old)
+        what = f"--resume {self.candidates[0]} is from" if self.explicit else f"{self.out_dir} holds"
+        self._check_same_kind_of_training(old, what)
+        self._check_same_master_weights(old, what)
+        refused = [k for k in changed if not (self.cfg["model"]["lora"]["r"] and k in ADAPTER_KEYS)]
+        if refused and not self.allow_config_change:
+            then = old.get("model", {}).get("revision") if "model.revision" in refused else None
+            pin = f" (the run loaded its model at commit {then}: --set model.revision={then})" if then else ""
+            never, allow = (
+                self._option("--resume never", "resume='never'"),
+                self._option("--allow-config-change", "allow_config_change=True"),
+            )
+            raise ConfigError(
+                f"{what} a run started with a different config ({', '.join(refused[:8])}"
+                f"{', ...' if len(refused) > 8 else ''}); resume it unchanged{pin}, start over with {never}, or pass "
+                f"{allow} to continue with the new values (every config used is kept)"
+            )
+        self.changed = changed
+        self.first_config = old
+
+    def _check_same_kind_of_training(self, old: dict, what: str) -> None:
+        """A LoRA run's checkpoints hold its adapter, a full run's the whole model: a resume that switches
+        ``model.lora.r`` between 0 and more is refused in one line, even with allow_config_change (its checkpoints
+        were skipped one by one as damaged, and the line advised --resume never)."""
+        then = int(old.get("model", {}).get("lora", {}).get("r", 0) or 0)
+        now = int(self.cfg.get("model", {}).get("lora", {}).get("r", 0) or 0)
+        if (then > 0) == (now > 0):
+            return
+        trained = f"a LoRA adapter (model.lora.r={then})" if then else "every weight (model.lora.r=0)"
+        held = "the adapter" if then else "the whole model"
+        raise ConfigError(
+            f"{what} a run that trains {trained}, and its checkpoints hold {held}: resume it with model.lora.r={then} "
+            f"(to train {'every weight' if then else 'an adapter'} from it, start a new run with --init on its final/ "
+            "or a checkpoint)"
+        )
+
+    def _check_same_master_weights(self, old: dict, what: str) -> None:
+        """A bf16 run's checkpoints hold float32 masters in their optimizer state, or none: switching
+        ``model.master_weights`` on resume is refused, even with allow_config_change (masters made before the
+        checkpoint loaded, or left from it, would put the weights back where they stood)."""
+        then, now = (bool(c.get("model", {}).get("master_weights", False)) for c in (old, self.cfg))
+        dtypes = {c.get("model", {}).get("dtype", "float32") for c in (old, self.cfg)}
+        if then == now or dtypes == {"float32"}:
+            return
+        raise ConfigError(
+            f"{what} a run with model.master_weights={str(then).lower()}, and its checkpoints' optimizer state holds "
+            f"{'float32 masters' if then else 'no masters'}: resume it with model.master_weights={str(then).lower()} "
+            "(to train on with the other setting, start a new run with --init on its final/ or a checkpoint)"
+        )
+
+
+class RunDir(ResumeCheck):
     """A run's output directory: locked for this run, ``config.json`` (with its history when a resumed run was
     allowed to change it), the metrics log, and the checkpoint to resume from.
 
@@ -556,16 +776,11 @@ class RunDir:
         allow_config_change: bool = False,
         log: Callable[[str], None] = print,
     ):
-        self.out_dir, self.dist, self.cfg, self.logging = Path(out_dir), dist, to_dict(cfg), cfg.logging
-        self.command = command
-        self.resume_mode = {True: "auto", False: "never"}[resume] if isinstance(resume, bool) else resume
-        self.allow_config_change = allow_config_change
-        self.log = log if dist.is_main else (lambda m: None)
+        super().__init__(out_dir, to_dict(cfg), command, resume, allow_config_change, log if dist.is_main else _quiet)
+        self.dist, self.logging = dist, cfg.logging
         self.created = dist.is_main and not self.out_dir.exists()  # (by this run: removed if refused, still empty)
         self.lock = self._lock()
         self.metrics = MetricsLog(self.out_dir / METRICS_FILE, dist.is_main)
-        self.changed: list[str] = []
-        self.first_config: dict = self.cfg  # the config the run was started with (differs: allow_config_change)
         self.checkpoint: Path | None = None
         self.base_now: str | None = None  # a resumed LoRA run's local base, where it is now (:meth:`_adopt_base`)
         self.resumed_step: int | None = None  # the step this process resumed at (None: started fresh)
@@ -654,34 +869,6 @@ class RunDir:
                 problem = e
         if self.dist.sum_int(int(problem is not None)):
             raise problem or ConfigError(f"{self.out_dir}: the run directory cannot be used (see rank 0's error)")
-
-    def _candidates(self) -> list[Path]:
-        if self.resume_mode == "never":
-            return []
-        if self.resume_mode == "auto":
-            return resume_candidates(self.out_dir)
-        path = on_disk(self.resume_mode)  # (checkpoints/step-N as written: step-0000000N)
-        if path.exists() and not path.is_dir():  # (it was told "no such checkpoint directory", as a missing one is)
-            raise ConfigError(f"--resume {path} is a file: name a checkpoint directory (OUT/checkpoints/step-N)")
-        if not path.is_dir():
-            raise ConfigError(f"--resume {path}: no such checkpoint directory")
-        if not (path / RESUMABLE_STATE).exists() and (path / CHECKPOINTS_DIR).is_dir():
-            newest = resume_candidates(path)
-            raise ConfigError(
-                f"--resume {path} is a run directory: name one of its checkpoints"
-                + (f" (the newest: {newest[0]})" if newest else f" (it has none in {path / CHECKPOINTS_DIR})")
-            )
-        if not (path / RESUMABLE_STATE).exists() and is_model_dir(path):
-            raise ConfigError(
-                f"--resume {path} is a model (weights without the optimizer and data state): --init {path} starts "
-                "a new run from it; --resume takes a run's checkpoints/step-N"
-            )
-        return [path]
-
-    @property
-    def explicit(self) -> bool:
-        """Resuming from one named checkpoint (``--resume PATH``), not the newest of this directory's."""
-        return self.resume_mode not in ("auto", "never")
 
     def _check_fork(self) -> None:
         """``--resume PATH`` with PATH outside ``OUT/checkpoints`` (a fork of another run's checkpoint) into an OUT
@@ -774,139 +961,6 @@ class RunDir:
                 stacklevel=2,
             )
             self.restarted = True
-
-    def _changed_keys(self, old: dict) -> list[str]:
-        """The keys a resume compares that differ between ``old`` and this run's config: not those this command never
-        reads, nor the built-in model's shape when the run loads a model."""
-        unread = UNREAD_BY.get(self.command, ())
-        loads = self.cfg.get("model", {}).get("name_or_path") != BUILTIN
-        if isinstance(old.get("data"), dict):  # (dgrpo up to 2026-12-04 recorded data paths as typed: relative ones
-            old = {**old, "data": absolute_data_specs(old["data"])}  # name, from here, what this run reads)
-        return [
-            k
-            for k in config_diff(old, self.cfg)
-            if not k.startswith(unread) and not (loads and k in BUILTIN_SHAPE_KEYS)
-        ]
-
-    def _check_command(self) -> None:
-        """Refuse another command's checkpoints (an SFT run's directory given to ``dgrpo grpo``, or the reverse):
-        they are not damaged, and starting over there would delete them."""
-        self._refuse_command(next((c for c in map(checkpoint_command, self.candidates) if c is not None), None))
-
-    def _written_by(self) -> str | None:
-        """Which command (``sft``, ``grpo``) wrote the run in OUT: its checkpoints say, else (none left) what only
-        one command writes (SFT's stage-K/, GRPO's summary and rollouts), else its metrics rows (SFT's name their
-        curriculum stage, GRPO's their reward); None when nothing says."""
-        out = self.out_dir
-        found = next((c for c in map(checkpoint_command, resume_candidates(out)) if c is not None), None)
-        if found is None and any(p.is_dir() for p in out.glob("stage-[0-9]*")):
-            found = "sft"
-        if found is None and ((out / SUMMARY_FILE).is_file() or (out / ROLLOUTS_FILE).is_file()):
-            found = "grpo"
-        try:
-            lines = (out / METRICS_FILE).read_text().splitlines() if found is None else []
-        except OSError:
-            lines = []
-        for line in lines:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict) and ("reward_mean" in row or "stage" in row):
-                return "grpo" if "reward_mean" in row else "sft"
-        return found
-
-    def _refuse_command(self, found: str | None) -> None:
-        """ConfigError when ``found`` (the command that wrote the checkpoints or run here) is not this one."""
-        if found is None or found == self.command:
-            return
-        where = f"--resume {self.candidates[0]} is" if self.explicit else f"{self.out_dir} holds"
-        source = self.candidates[0] if self.explicit else self.out_dir  # (a named checkpoint, or this run's)
-        start = f"; to start from its model: --init {source}" if (found, self.command) == ("sft", "grpo") else ""
-        what = "run's checkpoint" if self.explicit or resume_candidates(self.out_dir) else "run"
-        deletes = " (--resume never would delete it)" if self.resume_mode == "never" else ""
-        raise ConfigError(
-            f"{where} a `dgrpo {found}` {what}, which `dgrpo {self.command}` cannot resume{deletes}: name a new "
-            f"--out{start}"
-        )
-
-    def _started_with(self) -> dict | None:
-        """The config the resumed run was started with: this directory's, else (a new directory resuming a named
-        checkpoint, or a run whose config.json was deleted) the one the checkpoint to resume (the newest) was trained
-        with."""
-        path = self.out_dir / CONFIG_FILE
-        if not path.is_file():
-            path = self.candidates[0] / "model" / RUN_CONFIG_FILE
-            if not path.is_file():
-                return None
-            if not self.explicit:
-                self.log(f"dgrpo: {self.out_dir / CONFIG_FILE} is missing: checking the config against {path}")
-        return self._read_config(path)
-
-    @staticmethod
-    def _read_config(path: Path) -> dict:
-        """A config file's JSON (ConfigError when it cannot be read)."""
-        try:
-            found = json.loads(path.read_text())
-        except (OSError, ValueError):
-            raise ConfigError(f"{path}: unreadable (not the JSON of a config)") from None
-        if not isinstance(found, dict):
-            raise ConfigError(f"{path}: unreadable (not the JSON of a config)")
-        return found
-
-    def _check_config(self) -> None:
-        """Refuse to resume under a changed config (unless allowed: then keep every config with its start step). A
-        LoRA run's :data:`ADAPTER_KEYS` are left to :func:`~.checkpoint.check_same_adapter`, their change kept in the
-        config history."""
-        old = self._started_with()
-        if old is None:
-            return
-        changed = self._changed_keys(old)
-        what = f"--resume {self.candidates[0]} is from" if self.explicit else f"{self.out_dir} holds"
-        self._check_same_kind_of_training(old, what)
-        self._check_same_master_weights(old, what)
-        refused = [k for k in changed if not (self.cfg["model"]["lora"]["r"] and k in ADAPTER_KEYS)]
-        if refused and not self.allow_config_change:
-            then = old.get("model", {}).get("revision") if "model.revision" in refused else None
-            pin = f" (the run loaded its model at commit {then}: --set model.revision={then})" if then else ""
-            raise ConfigError(
-                f"{what} a run started with a different config ({', '.join(refused[:8])}"
-                f"{', ...' if len(refused) > 8 else ''}); resume it unchanged{pin}, start over with --resume never "
-                "(resume='never'), or pass --allow-config-change (allow_config_change=True) to continue with the new "
-                "values (every config used is kept)"
-            )
-        self.changed = changed
-        self.first_config = old
-
-    def _check_same_kind_of_training(self, old: dict, what: str) -> None:
-        """A LoRA run's checkpoints hold its adapter, a full run's the whole model: a resume that switches
-        ``model.lora.r`` between 0 and more is refused in one line, even with allow_config_change (its checkpoints
-        were skipped one by one as damaged, and the line advised --resume never)."""
-        then = int(old.get("model", {}).get("lora", {}).get("r", 0) or 0)
-        now = int(self.cfg.get("model", {}).get("lora", {}).get("r", 0) or 0)
-        if (then > 0) == (now > 0):
-            return
-        trained = f"a LoRA adapter (model.lora.r={then})" if then else "every weight (model.lora.r=0)"
-        held = "the adapter" if then else "the whole model"
-        raise ConfigError(
-            f"{what} a run that trains {trained}, and its checkpoints hold {held}: resume it with model.lora.r={then} "
-            f"(to train {'every weight' if then else 'an adapter'} from it, start a new run with --init on its final/ "
-            "or a checkpoint)"
-        )
-
-    def _check_same_master_weights(self, old: dict, what: str) -> None:
-        """A bf16 run's checkpoints hold float32 masters in their optimizer state, or none: switching
-        ``model.master_weights`` on resume is refused, even with allow_config_change (masters made before the
-        checkpoint loaded, or left from it, would put the weights back where they stood)."""
-        then, now = (bool(c.get("model", {}).get("master_weights", False)) for c in (old, self.cfg))
-        dtypes = {c.get("model", {}).get("dtype", "float32") for c in (old, self.cfg)}
-        if then == now or dtypes == {"float32"}:
-            return
-        raise ConfigError(
-            f"{what} a run with model.master_weights={str(then).lower()}, and its checkpoints' optimizer state holds "
-            f"{'float32 masters' if then else 'no masters'}: resume it with model.master_weights={str(then).lower()} "
-            "(to train on with the other setting, start a new run with --init on its final/ or a checkpoint)"
-        )
 
     def resume(self, load: Callable[[Path], LoadedCheckpoint]) -> LoadedCheckpoint | None:
         """Read the newest checkpoint that loads (``load`` reads and checks one, mutating nothing); each one that
