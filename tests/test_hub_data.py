@@ -3,6 +3,7 @@ rows as the hub holds them (made up here: no network in tests)."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import types
 
@@ -134,3 +135,32 @@ def test_a_hub_dataset_missing_offline_says_how_to_get_it(hub, monkeypatch):
         "(HF_DATASETS_OFFLINE is set and the dataset is not in the datasets cache: load it once where there is "
         "network with this HF_HOME, or unset HF_DATASETS_OFFLINE)"
     )
+
+
+def test_a_failed_hub_read_is_dgrpo_s_line_alone_and_one_that_succeeds_keeps_the_library_lines(
+    hub, monkeypatch, caplog
+):
+    """A hub that answers 503 (a proxy that blocks it) made huggingface_hub log a line per try ("HTTP Error 503 thrown
+    while requesting ...", "Retrying in 1s [Retry 1/5].") before dgrpo's one-line error, which gives the reason: the
+    library's lines are held during the read and dropped when it fails; a read that succeeds prints them."""
+    said, hub_logger = logging.getLogger("huggingface_hub.utils._http"), logging.getLogger("huggingface_hub")
+    before = (hub_logger.handlers[:], hub_logger.propagate)
+
+    def failing(repo, config=None, split=None):
+        said.warning("HTTP Error 503 thrown while requesting HEAD https://huggingface.co/datasets/%s", repo)
+        raise FileNotFoundError(f"Couldn't find '{repo}' on the Hugging Face Hub either")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=failing))
+    with caplog.at_level(logging.WARNING), pytest.raises(DataError, match="Couldn't find 'org/mine' on the Hugging"):
+        loaders.load_dataset("org/mine", "test")
+    assert caplog.records == []
+
+    def retried(repo, config=None, split=None):
+        said.warning("Retrying in 1s [Retry 1/5].")
+        return [{"question": "1 + 1?", "answer": "2"}]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=retried))
+    with caplog.at_level(logging.WARNING):
+        assert [r.answer for r in loaders.load_dataset("org/mine", "test")] == ["2"]
+    assert [r.getMessage() for r in caplog.records] == ["Retrying in 1s [Retry 1/5]."]
+    assert (hub_logger.handlers, hub_logger.propagate) == before  # (as they were, outside the read)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import numbers
 import os
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -606,7 +608,8 @@ def _load_from_hub(
             "HF_DATASETS_OFFLINE=1 to use the local datasets cache)"
         )
     try:
-        loaded = datasets.load_dataset(repo, config, split=split)
+        with hub_lines_held():
+            loaded = datasets.load_dataset(repo, config, split=split)
         if split is None:  # a DatasetDict: its test split, or its only one
             named = f"{repo}:SPLIT" + (f"?config={config}" if config else "")
             split = unnamed_split(list(loaded.keys()), f"hub dataset {repo!r}", named)
@@ -626,6 +629,42 @@ def _load_from_hub(
             raise DataError(why_not) from None
         raise DataError(f"{prefix} the Hugging Face hub could not be reached: {reason}{offline_hint(exc)}") from None
     return rows_to_records(rows, f"hub dataset {repo!r} split {split!r}", f"hf:{repo}", columns)
+
+
+#: the loggers of the libraries a hub read goes through (huggingface_hub's "HTTP Error 503 thrown while requesting
+#: ...", "Retrying in 1s [Retry 1/5]."; datasets' own)
+HUB_LOGGERS = ("huggingface_hub", "datasets")
+
+
+class _Held(logging.Handler):
+    """A handler that keeps the records it is given."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.NOTSET)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextmanager
+def hub_lines_held(names: tuple[str, ...] = HUB_LOGGERS) -> Iterator[None]:
+    """Hold what the loggers ``names`` (and theirs below) log inside the block: printed when the block ends, as they
+    would have been, unless it raises. A failed hub read is then one line, dgrpo's DataError that gives the
+    library's error as its reason, not the library's log lines before it (a hub answering 503 printed eleven). Only
+    inside the block: the libraries' warnings elsewhere, and those of a read that succeeds, are printed."""
+    held = _Held()
+    loggers = [logging.getLogger(name) for name in names]
+    saved = [(logger.handlers[:], logger.propagate) for logger in loggers]
+    for logger in loggers:
+        logger.handlers, logger.propagate = [held], False
+    try:
+        yield
+    finally:
+        for logger, (handlers, propagate) in zip(loggers, saved, strict=True):
+            logger.handlers, logger.propagate = handlers, propagate
+    for record in held.records:  # (not reached when the block raised)
+        logging.getLogger(record.name).handle(record)
 
 
 def offline_hint(exc: Exception) -> str:
