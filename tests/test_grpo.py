@@ -718,3 +718,40 @@ def test_a_kind_of_one_rollout_at_a_time_is_refused_by_the_fast_engine_and_the_c
     with pytest.raises(ConfigError, match="model.compile: the compiled layers need a perturbation held in tensors"):
         trainer(sft_checkpoint, **kind, **{"grpo.engine": "eager", "model.compile": "true"})
     assert trainer(sft_checkpoint, **kind, **{"grpo.engine": "auto"}).engine == "eager"
+
+
+def _logged_and_true_grad_norms(run, out: Path) -> tuple[list[float], list[float]]:
+    """(``grad_norm`` of each row of ``out``'s metrics.jsonl, the float32 2-norm of the gradients each optimizer
+    step was given) for a run ``run()`` trained without clipping (its gradients reach the step as summed)."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    true: list[float] = []
+
+    def norm(opt, args, kwargs):
+        grads = [p.grad.float() for group in opt.param_groups for p in group["params"] if p.grad is not None]
+        true.append(float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))))
+
+    handle = register_optimizer_step_pre_hook(norm)
+    try:
+        run()
+    finally:
+        handle.remove()
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [row["grad_norm"] for row in rows if "grad_norm" in row], true
+
+
+def test_a_bf16_sft_run_logs_its_gradient_norm_summed_in_float32(tmp_path):
+    """Under model.dtype=bfloat16 clip_grad_norm_ summed the norm in bf16: grad_norm in metrics.jsonl had three
+    significant digits (3.9375, 2.859375), and the clipping used it. It is the float32 norm of the bf16 gradients."""
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.sft import train_sft
+
+    sets = {"model.dtype": "bfloat16", "sft.num_epochs": 2, "task.n_train": 32, "sft.save_every": 0}
+    cfg = tiny_config(**sets, **{"sft.max_grad_norm": 0, "sft.warmup_steps": 0})
+    lm, out = load_model(cfg.model, cfg.task, seed=0), tmp_path / "sft"
+    assert next(lm.model.parameters()).dtype == torch.bfloat16
+    train = generate_split(cfg.task, "train")
+    logged, true = _logged_and_true_grad_norms(
+        lambda: train_sft(lm, train, cfg, out, log=lambda *a: None, progress=False), out
+    )
+    assert len(logged) == len(true) == 2 and logged == pytest.approx(true, rel=1e-5), (logged, true)

@@ -49,6 +49,7 @@ from .run import (
     RunDir,
     check_restart,
     check_run_inputs,
+    clip_gradients,
     default_evaluate_fn,
     sharded_accuracy,
     warn_if_training_questions_cut,
@@ -248,7 +249,7 @@ def sft_step(
         loss_sum += loss.item()
     dist.all_reduce_grads(lm.model)
     max_norm = cfg.sft.max_grad_norm if cfg.sft.max_grad_norm > 0 else float("inf")
-    gn = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    gn = clip_gradients(params, max_norm)  # (in float32: a bf16 norm had three significant digits)
     finite = bool(torch.isfinite(gn))  # the same on every rank: the gradient was all-reduced
     if finite:  # else a non-finite loss or gradient: drop this update, keep training (counted)
         opt.step()
