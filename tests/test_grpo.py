@@ -756,4 +756,3 @@ def test_a_bf16_sft_run_logs_its_gradient_norm_summed_in_float32(tmp_path):
         lambda: train_sft(lm, train, cfg, out, log=lambda *a: None, progress=False), out
     )
     assert len(logged) == len(true) == 2 and logged == pytest.approx(true, rel=1e-5), (logged, true)
-
