@@ -873,3 +873,20 @@ def test_a_worker_ending_in_its_process_group_exits_without_the_interpreters_tea
     assert r.returncode == code, r.stderr[-2000:]
     assert r.stdout == "said before", r.stdout
     assert ("dgrpo: interrupted" if code == 130 else "another rank ended mid-run") in r.stderr, r.stderr
+
+
+def test_a_preempted_sft_run_rewrites_its_applied_entry_as_its_checkpoint_has_it(tmp_path, monkeypatch):
+    """applied.json's entry is written at the start and again at the run's end (a compiler's fallback in the run
+    shown); a SIGTERM's checkpoint kept the start's entry, which a resume then took as the record of what ran. Here
+    ``compile_fallbacks`` counts the steps, as a fallback would grow in them."""
+    original = sft.SFTRun.applied
+    monkeypatch.setattr(
+        sft.SFTRun, "applied", lambda self, opt: {**original(self, opt), "compile_fallbacks": self.prog.global_step}
+    )
+    out = tmp_path / "run"
+    sigterm_after(monkeypatch, sft.SFTRun, "step", lambda r: r.prog.global_step == 2)
+    with sigterm_stops(True), pytest.raises(Terminated):
+        run_sft(out)
+    assert checkpoints(out) == ["step-00000002"]
+    entries = json.loads((out / "applied.json").read_text())
+    assert [(e["started_at_step"], e["compile_fallbacks"]) for e in entries] == [(0, 2)]

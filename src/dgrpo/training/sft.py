@@ -334,7 +334,8 @@ class SFTRun:
     def train_epoch(self, train: list[Record], epoch: int, stage: int, first_batch: int, bar: tqdm, t0: float) -> None:
         """Epoch ``epoch``'s steps from batch ``first_batch``: metrics rows (every 10th step, the epoch's last, a
         skipped one) and the checkpoints within the epoch: every ``sft.save_every`` steps, at a non-finite stop, and
-        at a SIGTERM (after the step under way; :mod:`dgrpo.training.preemption`). The epoch's end saves after its
+        at a SIGTERM (after the step under way; :mod:`dgrpo.training.preemption`; ``applied.json``'s entry is then
+        written again, as at a run's end: a compiler's fallback in the run shown). The epoch's end saves after its
         evaluation, ``stage-K/`` and ``best/``; a SIGTERM in its last step saves before them (``batch`` = the epoch's
         steps: the resumed run does the epoch's end first), so that the grace period need not hold them."""
         s, prog, steps = self.cfg.sft, self.prog, self.plan.steps_per_epoch
@@ -356,7 +357,9 @@ class SFTRun:
             mid_epoch, preempted = b + 1 < steps, stop_requested(self.dist)
             if preempted or (mid_epoch and s.save_every and prog.global_step % s.save_every == 0):
                 self.save(epoch, b + 1)
-            if preempted:
+            if preempted:  # (the entry as the checkpoint's process ends: its resume and the record agree)
+                assert self.opt is not None  # (a step was trained)
+                self.run.record_applied_at_end(self.applied(self.opt))
                 stop(self.dist)
 
     def _oom_advice(self) -> AbstractContextManager[None]:
