@@ -1334,3 +1334,24 @@ def test_a_resume_under_a_changed_config_is_refused_before_the_data_and_the_mode
         "with --resume never, or pass --allow-config-change to continue with the new values (every config used is "
         "kept)"
     ), r.stderr
+
+
+def test_a_resume_on_changed_training_data_from_the_command_line_names_its_flags_alone(tmp_path, run_cli):
+    """The refusals the trainer's run directory makes (here: the training file's records changed, its path the same)
+    named the Python API's ``resume='never'`` / ``allow_config_change=True`` beside the flags on the command line."""
+    from dgrpo.data.synthetic import generate_split
+
+    records = generate_split(tiny_config().task, "train")[:32]
+    rows = [{"question": r.question, "steps": r.steps, "answer": r.answer} for r in records]
+    data = tmp_path / "my_train.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows[:16]))
+    sets = {"sft.num_epochs": 1, "sft.save_every": 0, "data.train": data, "data.test": "[]", "data.valid": "''"}
+    out = tmp_path / "run"
+    assert run_cli("sft", "--out", out, *tiny_args(**sets)).returncode == 0
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows[16:]))
+    r = run_cli("sft", "--out", out, *tiny_args(**sets))
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
+        f"dgrpo: error: {out / 'checkpoints' / 'step-00000001'} was trained on other training data than given now "
+        "(16 records as now, other ones): resume with the same data, start over with --resume never, or pass "
+        "--allow-config-change to go on"
+    ), r.stderr

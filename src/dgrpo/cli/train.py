@@ -348,6 +348,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
 
 def run_sft(args: argparse.Namespace) -> int:
     from ..eval.scoring import warn_if_scorer_misses_gold
+    from ..training.run import command_line_words
     from ..training.sft import final_settings, train_sft
 
     s = set_up_run(args)
@@ -361,17 +362,18 @@ def run_sft(args: argparse.Namespace) -> int:
             metrics |= evaluate_best(best_epoch, cfg.sft.num_epochs - 1, tests, cfg, s.out, dist, s.device)
         return metrics
 
-    train_sft(
-        s.lm,
-        train,
-        cfg,
-        s.out,
-        valid=s.valid,  # (validated as dgrpo eval answers, under eval.*: the trainer's default evaluate_fn)
-        dist=dist,
-        resume=args.resume,
-        allow_config_change=args.allow_config_change,
-        final_eval=test,
-    )
+    with command_line_words():  # (the run directory's refusals in the command line's words)
+        train_sft(
+            s.lm,
+            train,
+            cfg,
+            s.out,
+            valid=s.valid,  # (validated as dgrpo eval answers, under eval.*: the trainer's default evaluate_fn)
+            dist=dist,
+            resume=args.resume,
+            allow_config_change=args.allow_config_change,
+            final_eval=test,
+        )
     dist.close()
     return 0
 
@@ -379,6 +381,7 @@ def run_sft(args: argparse.Namespace) -> int:
 def run_grpo(args: argparse.Namespace) -> int:
     from ..eval.scoring import check_scorer
     from ..training.grpo import train_grpo
+    from ..training.run import command_line_words
 
     s = set_up_run(args)
     cfg, tests, dist = s.cfg, s.tests, s.dist
@@ -399,17 +402,18 @@ def run_grpo(args: argparse.Namespace) -> int:
             metrics |= evaluate_best(best_step, cfg.grpo.steps, tests, cfg, s.out, dist, s.device)
         return metrics
 
-    train_grpo(
-        s.lm,
-        cfg,
-        s.train,
-        s.out,
-        valid=valid,  # (validated under eval.*: the trainer's default evaluate_fn)
-        dist=dist,
-        resume=args.resume,
-        allow_config_change=args.allow_config_change,
-        final_eval=test,
-    )
+    with command_line_words():  # (the run directory's refusals in the command line's words)
+        train_grpo(
+            s.lm,
+            cfg,
+            s.train,
+            s.out,
+            valid=valid,  # (validated under eval.*: the trainer's default evaluate_fn)
+            dist=dist,
+            resume=args.resume,
+            allow_config_change=args.allow_config_change,
+            final_eval=test,
+        )
     if dist.is_main:  # (the headline numbers are the line above, the trainer's "done in"; the file has the rest)
         print(f"dgrpo grpo: summary -> {s.out / SUMMARY_FILE}")
     dist.close()

@@ -18,7 +18,9 @@ import re
 import shutil
 import sys
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import IO, Any
 
@@ -540,6 +542,27 @@ def absolute_data_specs(data: dict) -> dict:
 LOAD_RESOLVED_KEYS = ("model.revision", "data.chat_template")
 
 
+#: True while the command line runs a trainer (:func:`command_line_words`): a run directory's refusals then name the
+#: command line's options only, not the Python API's arguments beside them
+_COMMAND_LINE: ContextVar[bool] = ContextVar("dgrpo_command_line", default=False)
+
+
+@contextmanager
+def command_line_words() -> Iterator[None]:
+    """Within the block (``dgrpo sft`` / ``dgrpo grpo`` calling its trainer), :class:`RunDir`'s refusals say
+    ``--resume never`` and ``--allow-config-change``, without ``resume='never'`` / ``allow_config_change=True``."""
+    token = _COMMAND_LINE.set(True)
+    try:
+        yield
+    finally:
+        _COMMAND_LINE.reset(token)
+
+
+#: how to start a run over, and to resume it under a changed config: (the command line's option, the Python API's)
+START_OVER = ("--resume never", "resume='never'")
+ALLOW_CHANGE = ("--allow-config-change", "allow_config_change=True")
+
+
 def _quiet(message: str) -> None:
     """A log that says nothing (a rank other than 0's)."""
 
@@ -712,10 +735,7 @@ class ResumeCheck:
         if refused and not self.allow_config_change:
             then = old.get("model", {}).get("revision") if "model.revision" in refused else None
             pin = f" (the run loaded its model at commit {then}: --set model.revision={then})" if then else ""
-            never, allow = (
-                self._option("--resume never", "resume='never'"),
-                self._option("--allow-config-change", "allow_config_change=True"),
-            )
+            never, allow = self._option(*START_OVER), self._option(*ALLOW_CHANGE)
             raise ConfigError(
                 f"{what} a run started with a different config ({', '.join(refused[:8])}"
                 f"{', ...' if len(refused) > 8 else ''}); resume it unchanged{pin}, start over with {never}, or pass "
@@ -776,7 +796,8 @@ class RunDir(ResumeCheck):
         allow_config_change: bool = False,
         log: Callable[[str], None] = print,
     ):
-        super().__init__(out_dir, to_dict(cfg), command, resume, allow_config_change, log if dist.is_main else _quiet)
+        quiet = log if dist.is_main else _quiet
+        super().__init__(out_dir, to_dict(cfg), command, resume, allow_config_change, quiet, _COMMAND_LINE.get())
         self.dist, self.logging = dist, cfg.logging
         self.created = dist.is_main and not self.out_dir.exists()  # (by this run: removed if refused, still empty)
         self.lock = self._lock()
@@ -983,7 +1004,7 @@ class RunDir(ResumeCheck):
         if problems:
             raise CheckpointError(
                 f"no checkpoint in {self.out_dir} can be resumed ({'; '.join(problems[:3])}); "
-                "start over with --resume never (resume='never')"
+                f"start over with {self._option(*START_OVER)}"
             )
         return None
 
@@ -1012,10 +1033,9 @@ class RunDir(ResumeCheck):
         from Python), changed since (``what``: how): refused in one line naming ``keep``, unless
         ``allow_config_change``: then it goes on, and says so."""
         if not self.allow_config_change:
+            never, allow = self._option(*START_OVER), self._option(*ALLOW_CHANGE)
             raise ConfigError(
-                f"{self.checkpoint} was {what}: resume with {keep}, start over with --resume never (resume='never'), "
-                "or pass "
-                "--allow-config-change (allow_config_change=True) to go on"
+                f"{self.checkpoint} was {what}: resume with {keep}, start over with {never}, or pass {allow} to go on"
             )
         self.log(f"dgrpo: resuming {self.checkpoint}, {what}")
 
