@@ -220,3 +220,29 @@ def test_no_test_sets_dynamo_config_through_monkeypatch():
     pattern = re.compile(r"monkeypatch\.setattr\(\s*torch\._dynamo\.config")
     offenders = [p.name for p in Path(__file__).parent.glob("*.py") if pattern.search(p.read_text())]
     assert not offenders, offenders
+
+
+def test_dynamos_recompile_limit_is_raised_only_while_the_compiled_layers_run(tokenizer, task_records):
+    """model.compile raised torch._dynamo's process-wide recompile_limit to 64 as the compiled layers were made, and
+    never put it back: every later torch.compile of the process (a user's own, after the run) had that limit. It is
+    raised while the step runs (dynamo reads it at each call that needs a graph): within the layers' block, and in
+    a recomputed layer's call in backward, after it (past the default limit there, dynamo ran the step eagerly for
+    the rest of the process); put back after."""
+    from test_recompute import loss_and_grads
+
+    from dgrpo.model.compiled_layers import RECOMPILE_LIMIT
+
+    with torch._dynamo.config.patch(recompile_limit=8):  # (dynamo's default; a test before may have raised it)
+        lm = make_lm(tokenizer).eval()
+        compiled = lm.compiled_layers = CompiledLayers(lm.model, backend="eager")
+        assert torch._dynamo.config.recompile_limit == 8
+        seen = []
+
+        def step(*args):  # (the step run eagerly: nothing compiles)
+            seen.append((torch.is_grad_enabled(), torch._dynamo.config.recompile_limit))
+            return compiled._step(*args)
+
+        compiled.step = step
+        loss_and_grads(lm, batch(lm, task_records), recompute="layer")
+        assert {grad for grad, _ in seen} == {False, True}  # (the forward's calls, backward's recomputed ones)
+        assert {limit for _, limit in seen} == {RECOMPILE_LIMIT} and torch._dynamo.config.recompile_limit == 8

@@ -23,7 +23,7 @@ import copy
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -40,7 +40,8 @@ from .recompute import OneLayerCache, dynamic_layer, layer_forwards
 FACTOR_ATTR = "dgrpo_output_factor"
 #: architectures whose decoder layer the step runs (rotary tables as ``position_embeddings``, a 4-d SDPA mask)
 COMPILABLE_MODEL_TYPES = ("qwen2", "llama")
-#: dynamo's limit on graphs per compiled function, raised to at least this (a process-wide setting)
+#: dynamo's limit on graphs per compiled function, raised to at least this while the compiled layers run (a
+#: process-wide setting, put back after: :meth:`CompiledLayers.installed`)
 RECOMPILE_LIMIT = 64
 #: the parts of a block whose output factors the step applies (``dgrpo.model.anatomy.PART_NAMES``)
 FACTOR_PARTS = ("attn", "mlp")
@@ -186,9 +187,6 @@ class CompiledLayers:
         self._active: set[int] = set()  # the models (by id) whose layers run the step now
         self.fallbacks = 0  # the step's calls run eagerly: past dynamo's recompile limit
         self._anatomy: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
-        # graphs per code object: with / without grad, past and factors, one / many positions, one / many rows
-        # (dynamo's default of 8 could be reached within a run; past it, dynamo would fall back to eager silently)
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         inductor_mode = None if backend != "inductor" or mode == "default" else mode
         self.step: Callable[..., tuple[Tensor, Tensor, Tensor]] = torch.compile(
             self._step, dynamic=True, backend=backend, mode=inductor_mode
@@ -281,9 +279,14 @@ class CompiledLayers:
 
     def _run_step(self, params: dict[str, Tensor], tensors: list) -> tuple[Tensor, Tensor, Tensor]:
         """The compiled step; where dynamo would need a graph past its recompile limit, the same step run eagerly
-        and counted (dynamo runs such a call eagerly itself, and says so only in its log, once)."""
+        and counted (dynamo runs such a call eagerly itself, and says so only in its log, once). A call outside
+        :meth:`installed` (a recomputed layer's, in backward) raises the recompile limit for itself: past a lower
+        limit, dynamo would run the step eagerly from then on, for every call of the process."""
+        low = torch._dynamo.config.recompile_limit < RECOMPILE_LIMIT
+        raised = torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT) if low else nullcontext()
         try:
-            return self.step(params, *tensors)
+            with raised:
+                return self.step(params, *tensors)
         except RECOMPILE_LIMIT_HIT:
             if not self.fallbacks:
                 warnings.warn(
@@ -302,13 +305,19 @@ class CompiledLayers:
 
     @contextmanager
     def installed(self, model: nn.Module) -> Iterator[None]:
-        """Within the block, ``model``'s decoder layers run the step (their own ``forward`` restored on leaving)."""
+        """Within the block, ``model``'s decoder layers run the step (their own ``forward`` restored on leaving), under
+        dynamo's recompile limit raised to at least :data:`RECOMPILE_LIMIT` (dynamo reads it at each call that needs a
+        graph; it is put back on leaving: it was raised for the whole process, every later ``torch.compile`` too;
+        the step's calls after the block, a recomputation's in backward, raise it themselves: :meth:`_run_step`)."""
         if self.is_installed(model):
             raise RuntimeError("the compiled layers are installed on this model already")
         self._active.add(id(model))
         # (past the limit dynamo raises instead of running the call eagerly without a word: _run_step counts it)
         raises = bool(RECOMPILE_LIMIT_HIT) and not torch._dynamo.config.suppress_errors  # (the two are exclusive)
-        limit_hit = torch._dynamo.config.patch(fail_on_recompile_limit_hit=raises)
+        # graphs per code object: with / without grad, past and factors, one / many positions, one / many rows
+        # (dynamo's default of 8 could be reached within a run; past it, dynamo would fall back to eager silently)
+        limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        limit_hit = torch._dynamo.config.patch(fail_on_recompile_limit_hit=raises, recompile_limit=limit)
         try:
             with layer_forwards(model, lambda layer, i: self._layer_forward(layer, i, layer.forward)), limit_hit:
                 yield
