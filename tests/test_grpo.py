@@ -756,3 +756,14 @@ def test_a_bf16_sft_run_logs_its_gradient_norm_summed_in_float32(tmp_path):
         lambda: train_sft(lm, train, cfg, out, log=lambda *a: None, progress=False), out
     )
     assert len(logged) == len(true) == 2 and logged == pytest.approx(true, rel=1e-5), (logged, true)
+
+
+def test_a_bf16_grpo_run_logs_its_gradient_norm_summed_in_float32(sft_checkpoint, tmp_path):
+    """GRPO's grad_norm under model.dtype=bfloat16 was bf16 too (see the SFT test above)."""
+    cfg = tiny_config(**{"model.dtype": "bfloat16", "grpo.steps": 1, "grpo.max_grad_norm": 0, "grpo.warmup_steps": 0})
+    lm, out = LatentLM.from_pretrained(sft_checkpoint).to(torch.bfloat16), tmp_path / "grpo"
+    train = generate_split(cfg.task, "train")[:16]
+    logged, true = _logged_and_true_grad_norms(
+        lambda: train_grpo(lm, cfg, train, out, progress=False, log=lambda *a: None), out
+    )
+    assert len(logged) == len(true) >= 1 and logged == pytest.approx(true, rel=1e-5), (logged, true)

@@ -890,3 +890,20 @@ def test_a_preempted_sft_run_rewrites_its_applied_entry_as_its_checkpoint_has_it
     assert checkpoints(out) == ["step-00000002"]
     entries = json.loads((out / "applied.json").read_text())
     assert [(e["started_at_step"], e["compile_fallbacks"]) for e in entries] == [(0, 2)]
+
+
+def test_a_preempted_grpo_run_rewrites_its_applied_entry_as_its_checkpoint_has_it(
+    sft_checkpoint, tmp_path, monkeypatch
+):
+    """GRPO's counterpart of the SFT test above."""
+    original = grpo.GRPOTrainer.applied
+    monkeypatch.setattr(
+        grpo.GRPOTrainer, "applied", lambda self: {**original(self), "compile_fallbacks": self.step_idx}
+    )
+    out = tmp_path / "run"
+    sigterm_after(monkeypatch, grpo.GRPOTrainer, "step", lambda t: t.step_idx == 2)
+    with sigterm_stops(True), pytest.raises(Terminated):
+        run_grpo(sft_checkpoint, out)
+    assert checkpoints(out) == ["step-00000002"]
+    entries = json.loads((out / "applied.json").read_text())
+    assert [(e["started_at_step"], e["compile_fallbacks"]) for e in entries] == [(0, 2)]

@@ -80,6 +80,7 @@ from .run import (
     check_restart,
     check_run_inputs,
     check_trainer_inputs,
+    clip_gradients,
     default_evaluate_fn,
     sharded_accuracy,
     warn_if_training_questions_cut,
@@ -508,7 +509,7 @@ class GRPOTrainer:
         g, lm = self.cfg.grpo, self.lm
         self.dist.all_reduce_grads(lm.model)
         params = [p for p in lm.model.parameters() if p.grad is not None]
-        gn = torch.nn.utils.clip_grad_norm_(params, g.max_grad_norm if g.max_grad_norm > 0 else float("inf"))
+        gn = clip_gradients(params, g.max_grad_norm if g.max_grad_norm > 0 else float("inf"))  # (bf16: in float32)
         finite = bool(torch.isfinite(gn))  # the summed gradient is the same on every rank, so is this decision
         if finite:
             with without_per_parameter_syncs(self.opt):
@@ -839,7 +840,8 @@ def _end_step(
         raise trainer.guard.error(done, run.out_dir / CHECKPOINTS_DIR)
     if stalled:
         raise StalledError(stalled)
-    if preempted:
+    if preempted:  # (the entry as the checkpoint's process ends: its resume and the record agree)
+        run.record_applied_at_end(trainer.applied())
         stop(trainer.dist)
 
 
