@@ -438,7 +438,7 @@ def test_check_fits_counts_what_generate_builds_and_names_what_to_lower(tokenize
         "data.max_question_tokens"
     )
     with pytest.raises(ConfigError) as e:
-        lm.check_fits(500, 0, 13, key="eval.n_latent", markers=False)
+        lm.check_fits(500, 0, 13, key="eval.n_latent", markers=False, prompt_key="eval.shots")
     assert str(e.value) == (
         "eval: the sequence does not fit the model's context of 512 positions: prompt (500 tokens) + answer "
         "(eval.max_new_tokens = 13) = 513; lower eval.max_new_tokens or eval.shots"

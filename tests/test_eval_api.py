@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -494,3 +495,30 @@ def test_the_vote_samples_at_a_temperature_each_copy_from_its_own_seed(lm, task_
     assert evaluate_mc_vote(lm, recs, same, n_masks=2, progress=False, **options).temperature == 0.7
     with pytest.raises(ValueError, match=r"^generate_answers: 2 sampling_seeds for 1 questions$"):
         generate_answers(lm, ["q"], n_latent=0, temperature=1.0, sampling_seeds=torch.tensor([1, 2]), **FAST)
+
+
+def test_a_prompt_past_the_context_names_the_option_that_shortens_it(lm):
+    """A plain prompt without shots was told to "lower eval.shots" (it has none; max_question_tokens does not cut a
+    plain prompt), and so was a checkpoint without latent markers evaluated as trained (an imported Coconut CoT
+    stage), whose questions data.max_question_tokens does cut: each now names what shortens its own prompt."""
+    import copy
+
+    from dgrpo.config import ConfigError
+    from dgrpo.data.records import Record
+
+    records = [Record("Start with 3. " * 30, [], "1") for _ in range(3)]  # (~120 tokens each, a context of 512)
+    long_answer = {"max_new_tokens": 500, "progress": False}
+    with pytest.raises(ConfigError, match=r"\(eval.max_new_tokens = 500\) = \d+; lower eval.max_new_tokens$"):
+        evaluate(lm, records, plain=True, **long_answer)
+    with pytest.raises(ConfigError, match=r"; lower eval.max_new_tokens or eval.shots$"):
+        evaluate(lm, records, plain=True, shots=1, **long_answer)
+    with pytest.raises(ConfigError, match=r"; lower eval.max_new_tokens$"):
+        evaluate_mc_vote(lm, records, LockedDropout(0.1), n_masks=2, plain=True, **long_answer)
+    no_markers = copy.copy(lm)
+    no_markers.settings = replace(lm.settings, mode="cot", n_latent=0, markers=False)
+    with pytest.raises(
+        ConfigError,
+        match=r"prompt \(\d+ tokens\) \+ answer .*; lower eval.max_new_tokens or "
+        r"data.max_question_tokens$",
+    ):
+        evaluate(no_markers, records, **long_answer)

@@ -125,6 +125,7 @@ def generate_answers(
     progress: bool = True,
     desc: str = "eval",
     dataset: str = "",
+    prompt_key: str | None = None,
 ) -> list[str]:
     """Completions for ``questions`` in batches sorted by length (less padding), returned in input order.
 
@@ -136,13 +137,16 @@ def generate_answers(
     evaluates the deterministic network. ``dataset`` names the questions in the warning about those cut to
     ``max_question_tokens`` (each dataset's warning its own: two with the same count were one warning).
     ``n_latent``: the continuous thoughts before each answer (None: the model's own, ``lm.settings.n_latent``, as
-    :meth:`LatentLM.generate` takes it).
+    :meth:`LatentLM.generate` takes it). ``prompt_key``: the option that shortens the prompts, named in the error
+    when one does not fit the context (None: ``data.max_question_tokens``; with ``mode="plain"``, none).
     """
     _check_counts("generate_answers", batch_size=batch_size, max_question_tokens=max_question_tokens)
     check_lm(lm, "generate_answers")
     n_latent = lm.settings.n_latent if n_latent is None else n_latent
     _check_n_latent("generate_answers", n_latent, "an int >= 0 (None: the model's own)")
-    _check_questions(lm, questions, n_latent, max_new_tokens, markers, max_question_tokens, dataset)
+    if prompt_key is None and mode == "plain":  # (a plain prompt is not cut: max_question_tokens does not apply)
+        prompt_key = ""
+    _check_questions(lm, questions, n_latent, max_new_tokens, markers, max_question_tokens, dataset, prompt_key)
     seeds = _question_perturbation_seeds(questions, perturbation, perturbation_seeds)
     if perturbation is not None and not perturbation.batched:
         batch_size = 1  # native dropout replays the global RNG stream: one row at a time
@@ -183,9 +187,11 @@ def _check_questions(
     markers: bool,
     max_question_tokens: int | None,
     dataset: str,
+    prompt_key: str | None,
 ) -> None:
     """TypeError unless ``questions`` is a list of strings; a warning for those cut to ``max_question_tokens``
-    (naming ``dataset``), ConfigError for one that does not fit the context with its thoughts and answer."""
+    (naming ``dataset``), ConfigError for one that does not fit the context with its thoughts and answer (naming
+    ``prompt_key``: :func:`check_fits_context`)."""
     if not (isinstance(questions, list) and all(isinstance(q, str) for q in questions)):
         raise TypeError(
             f"generate_answers: questions must be a list of strings, got {type(questions).__name__}"
@@ -195,7 +201,13 @@ def _check_questions(
         distinct = list(dict.fromkeys(questions))
         warn_if_questions_cut(lm, distinct, max_question_tokens, "evaluated", of=dataset)
         check_fits_context(
-            lm, distinct, n_latent, max_new_tokens, markers=markers, max_question_tokens=max_question_tokens
+            lm,
+            distinct,
+            n_latent,
+            max_new_tokens,
+            markers=markers,
+            max_question_tokens=max_question_tokens,
+            prompt_key=prompt_key,
         )
 
 
@@ -283,14 +295,23 @@ def check_fits_context(
     max_question_tokens: int | None = None,
     key: str = "eval.n_latent",
     answer_key: str = "",
+    prompt_key: str | None = None,
 ) -> None:
-    """ConfigError (:meth:`LatentLM.check_fits`, naming ``key`` and ``answer_key``) when the longest of ``questions``
-    in tokens (the longest in characters need not be; a question past the context was answered when a longer-worded
-    one sat beside it), its ``n_latent`` thoughts and ``max_new_tokens`` answer tokens do not fit the model's
-    context: what an evaluation checks, and what a trainer checks beforehand of the validation and test sets it
-    answers later."""
+    """ConfigError (:meth:`LatentLM.check_fits`, naming ``key``, ``answer_key`` and ``prompt_key``) when the
+    longest of ``questions`` in tokens (the longest in characters need not be; a question past the context was
+    answered when a longer-worded one sat beside it), its ``n_latent`` thoughts and ``max_new_tokens`` answer tokens
+    do not fit the model's context: what an evaluation checks, and what a trainer checks beforehand of the validation
+    and test sets it answers later."""
     ids, _ = lm.encode_questions(list(dict.fromkeys(questions)), markers=markers, max_tokens=max_question_tokens)
-    lm.check_fits(ids.shape[1], n_latent, max_new_tokens, key=key, markers=markers, answer_key=answer_key)
+    lm.check_fits(
+        ids.shape[1],
+        n_latent,
+        max_new_tokens,
+        key=key,
+        markers=markers,
+        answer_key=answer_key,
+        prompt_key=prompt_key,
+    )
 
 
 def warn_if_questions_cut(
@@ -405,6 +426,7 @@ def evaluate(
         perturbation_seeds=None if perturbation is None else mask_seeds(seed, p.questions, "eval"),
         progress=progress,
         dataset=dataset,
+        prompt_key=p.prompt_key,
     )
     texts = [_cut_plain(t) for t in texts] if plain else texts
     preds, correct, unparseable = _graded(with_columns(p.records, columns), texts, p.scorer)
@@ -433,6 +455,11 @@ class _Prompted(NamedTuple):
     limit: int
     max_question_tokens: int | None
     started: float
+
+    @property
+    def prompt_key(self) -> str | None:
+        """The option that shortens these prompts (:func:`generate_answers`): a plain prompt's shots, if any."""
+        return ("eval.shots" if self.shots else "") if self.plain else None
 
     def result(
         self, lm: LatentLM, dataset: str, correct: int, unparseable: int, preds: list[dict], decoding: dict[str, Any]
@@ -738,6 +765,7 @@ def _perturbed_texts(
         progress=progress,
         desc="mc-vote",
         dataset=dataset,
+        prompt_key=p.prompt_key,
     )
 
 

@@ -678,6 +678,7 @@ class LatentLM(nn.Module):
         target_key: str = "",
         answer_key: str = "",
         data_key: str = "",
+        prompt_key: str | None = None,
     ) -> None:
         """ConfigError (one line) when the sequence :meth:`generate` builds exceeds the model's context: a sequence
         that long would run for minutes and then read positions the model was never trained on.
@@ -685,7 +686,8 @@ class LatentLM(nn.Module):
         ``prompt_tokens`` is the prompt's width as :meth:`encode_questions` gives it (``<|start-latent|>`` included
         when ``markers``); then come ``n_latent`` thoughts, ``<|end-latent|>`` when ``markers``, and
         ``answer_tokens``. ``key`` is the option that set ``n_latent`` (``eval.n_latent``): its section names the
-        answer's ``max_new_tokens`` and, without markers (a plain LM's k-shot prompt), ``shots``; ``target_key``
+        answer's ``max_new_tokens``; ``prompt_key`` the option that shortens the prompt (None:
+        ``data.max_question_tokens``; a plain LM's k-shot prompt: ``eval.shots``, or "" for none); ``target_key``
         (SFT: ``data.max_target_tokens``) says that the answer is a written target of ``answer_tokens`` tokens that
         this option bounds; ``answer_key`` names the option of a generated answer's length when it is not in
         ``key``'s section (SFT's validation: ``eval.max_new_tokens``); ``data_key`` an option that makes the data
@@ -711,8 +713,9 @@ class LatentLM(nn.Module):
             else f"answer ({answer_key} = {answer_tokens})"
         )
         lower = ([key] if n_latent else []) + [target_key or answer_key]
-        if not unprompted:
-            lower.append("data.max_question_tokens" if markers else f"{opt}shots")
+        prompt_key = "data.max_question_tokens" if prompt_key is None else prompt_key
+        if not unprompted and prompt_key:
+            lower.append(prompt_key)
         lower += [data_key] if data_key else []
         raise ConfigError(
             f"{section + ': ' if section else ''}the sequence does not fit the model's context of {limit} positions"
