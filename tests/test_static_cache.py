@@ -127,3 +127,24 @@ def test_caches_with_other_layers_keep_transformers_own():
     cache = static_cache(cfg, 12, torch.device("cpu"))
     assert not any(isinstance(layer, SharedOffsetLayer) for layer in cache.layers)
     assert {type(layer).__name__ for layer in cache.layers} == {"StaticLayer", "StaticSlidingWindowLayer"}
+
+
+def test_a_trainer_refuses_static_cache_rollouts_under_native_dropout(tokenizer, task_records):
+    """Native dropout draws its masks in the shape of each forward's attention, which the static cache widens to its
+    preallocated length: one rollout's log-probs over it were 4e-2 from the same rollout's over the growing cache the
+    update replays (a trainer's logp_replay_maxdiff 5e-2 in fp32), so the trainer refuses the combination at once."""
+    from dgrpo.config import Config, ConfigError, load_config
+    from dgrpo.training.grpo import GRPOTrainer
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([task_records[0].question])
+    pert = make_perturbation(PerturbationConfig(kind="native", p=0.3))
+    logp = []
+    for static in (False, True):
+        with torch.no_grad(), pert.bind(lm, torch.tensor([5])) as pb:
+            gen = lm.generate(ids, mask, 2, max_new_tokens=6, perturbation=pb, static_cache=static)
+            logp.append(gen.logprobs)
+    assert not torch.allclose(logp[0], logp[1], atol=1e-3)  # the masks differ with the cache's shape
+    cfg = load_config(Config, "tiny.yaml", ["perturbation.kind=native", "grpo.rollout_cache=static"])
+    with pytest.raises(ConfigError, match="grpo.rollout_cache=static: perturbation.kind=native"):
+        GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records)

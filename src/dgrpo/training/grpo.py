@@ -117,6 +117,20 @@ def _perturbation(lm: LatentLM, cfg: Config) -> Perturbation:
     return perturbation
 
 
+def _check_rollout_cache(perturbation: Perturbation, cfg: Config, engine: str) -> None:
+    """ConfigError for eager rollouts over a static KV cache under a perturbation of one rollout at a time (native
+    dropout): its noise is drawn in the shape of each forward's attention, which the static cache widens to its
+    preallocated length, so that the update (over a growing cache) replayed other masks than the rollouts drew
+    (their log-probs 5e-2 apart in fp32 on a tiny model: a ratio off 1 at theta_old, answers scored under noise that
+    did not make them)."""
+    if engine == "eager" and cfg.grpo.rollout_cache == "static" and not perturbation.batched:
+        raise ConfigError(
+            f"grpo.rollout_cache=static: perturbation.kind={cfg.perturbation.kind} runs one rollout at a time and "
+            "draws its noise in the shape of each forward, which a static cache changes: the update could not replay "
+            "the rollouts' noise; set grpo.rollout_cache=dynamic"
+        )
+
+
 def _warn_at_start(lm: LatentLM, cfg: Config, train: list[Record]) -> None:
     """A GRPO run's warnings before any work: settings that do nothing (:meth:`Config.inert_settings`), training
     questions cut to ``data.max_question_tokens``, and fewer training records than prompts in a step."""
@@ -222,6 +236,7 @@ class GRPOTrainer:
         self.engine = resolve_engine(g.engine, lm.device, self.perturbation.batched, static_obstacle)
         if static_obstacle and (self.engine == "fast" or g.rollout_cache == "static"):
             raise ConfigError(f"grpo.engine=fast / grpo.rollout_cache=static need a static KV cache: {static_obstacle}")
+        _check_rollout_cache(self.perturbation, cfg, self.engine)
         # the fast engine's decoders kept from step to step (not under FSDP: it gathers the weights for each forward)
         self.keep_graphs = g.keep_graphs and self.engine == "fast" and not self.dist.fsdp
         self.chain_latents = resolve_latent_chain(lm, cfg, self.engine, self.dist.active)
