@@ -145,6 +145,10 @@ def test_a_trainer_refuses_static_cache_rollouts_under_native_dropout(tokenizer,
             gen = lm.generate(ids, mask, 2, max_new_tokens=6, perturbation=pb, static_cache=static)
             logp.append(gen.logprobs)
     assert not torch.allclose(logp[0], logp[1], atol=1e-3)  # the masks differ with the cache's shape
-    cfg = load_config(Config, "tiny.yaml", ["perturbation.kind=native", "grpo.rollout_cache=static"])
-    with pytest.raises(ConfigError, match="grpo.rollout_cache=static: perturbation.kind=native"):
+    with pytest.raises(ConfigError, match=r"grpo.rollout_cache: native dropout .* \(set grpo.rollout_cache=dynamic\)"):
+        load_config(Config, "tiny.yaml", ["perturbation.kind=native", "grpo.rollout_cache=static"])
+    # the config names the built-in kind; the trainer refuses any kind of one rollout at a time (a plug-in's too)
+    kind = "dgrpo.perturbation.native:NativeDropout"
+    cfg = load_config(Config, "tiny.yaml", [f"perturbation.kind={kind}", "grpo.rollout_cache=static"])
+    with pytest.raises(ConfigError, match=f"grpo.rollout_cache=static: perturbation.kind={kind} runs one rollout"):
         GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records)

@@ -825,7 +825,8 @@ class GRPOConfig:
         "dynamic",
         "the KV cache of rollout decoding: dynamic (grows by concatenation, transformers' DynamicCache) or static "
         "(preallocated for prompt + latents + answer, StaticCache: fixed shapes, the basis of graph capture on a "
-        "GPU; the same answers)",
+        "GPU; the same answers; not under native dropout, whose masks take the shape of each forward's attention, "
+        "which a static cache widens, so that the update could not replay them)",
     )
     engine: Engine = opt(
         "auto",
@@ -1302,6 +1303,16 @@ class Config:
             "grpo.engine",
             "the fast engine needs a perturbation held in tensors for the batch (locked, gaussian or none); native "
             "dropout reseeds the RNG before every forward, one rollout at a time (set grpo.engine=eager)",
+        )
+        _check(
+            not (
+                self.grpo.rollout_cache == "static"
+                and self.grpo.engine != "fast"
+                and self.perturbation.kind == "native"
+            ),
+            "grpo.rollout_cache",
+            "native dropout draws its masks in the shape of each forward's attention, which a static cache widens: the "
+            "update could not replay the rollouts' masks (set grpo.rollout_cache=dynamic)",
         )
         self._validate_compile()
         self._validate_latent_graphs()
