@@ -100,18 +100,14 @@ def test_fit_slope_recovers_a_line():
 
 
 @pytest.mark.slow
-def test_paper_step_script_alternates_two_arms(tmp_path):
+def test_paper_step_script_alternates_two_arms(tmp_path, monkeypatch, capsys):
     """bench/paper_step.py (the paper-scale step; here --tiny on the CPU, few rollouts): both arms step alternately
     and the summary gives the recipe / versus ratio from their medians; --profile adds the ops that would wait."""
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
     small = ["grpo.prompts_per_step=2", "grpo.group_size=4", "grpo.max_new_tokens=6"]
-    argv = [sys.executable, str(root / "bench/paper_step.py"), "--tiny", "--steps", "2", "--out", str(tmp_path / "s")]
-    argv += [a for kv in small for a in ("--set", kv)] + ["--versus", "grpo.recompute_granularity=call", "--profile"]
-    argv += ["--trace", str(tmp_path / "trace.json.gz")]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    argv = ["--tiny", "--steps", "2", "--out", tmp_path / "s"] + [a for kv in small for a in ("--set", kv)]
+    argv += ["--versus", "grpo.recompute_granularity=call", "--profile", "--trace", tmp_path / "trace.json.gz"]
+    code, _, err = _run_script("paper_step", argv, monkeypatch, capsys)
+    assert code == 0, err[-4000:]
     out = json.loads((tmp_path / "s").read_text())
     s = out["summary"]
     assert [r["arm"] for r in out["steps"]["recipe"]] == ["recipe"] * 3 and len(out["steps"]["versus"]) == 3
@@ -156,6 +152,23 @@ def _bench_module(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _run_script(name, argv, monkeypatch, capsys):
+    """``python bench/NAME.py ARGV``, run in this process: (its exit code, its stdout, its stderr). A fresh
+    interpreter per script spent ~3.6 s of a CI core importing torch and transformers again; what the tests read
+    (the printed JSON, the files written) is the script's own either way. torch's thread count (the scripts may set
+    it) is put back."""
+    module = _bench_module(name)
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", *map(str, argv)])
+    threads = torch.get_num_threads()
+    capsys.readouterr()
+    try:
+        code = module.main()
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
 def _gpu_checks(tmp_path, **env):
@@ -376,45 +389,26 @@ def test_step_flops_by_the_counting_rule(tokenizer):
 
 
 @pytest.mark.slow
-def test_kept_layer_bytes_script_counts_one_layers_activations():
+def test_kept_layer_bytes_script_counts_one_layers_activations(monkeypatch, capsys):
     """bench/kept_layer_bytes.py: what a layer kept out of recomputation holds, per row, at Qwen2.5-1.5B's width; a
     layer's activations of ~43 positions: several bf16 vectors of the hidden (1536) and FFN (8960) widths each."""
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "bench/kept_layer_bytes.py"
-    argv = [sys.executable, str(script), "--rows", "1", "--answer", "8", "--scale-rows", "2", "--vocab", "1024"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    argv = ["--rows", "1", "--answer", "8", "--scale-rows", "2", "--vocab", "1024"]
+    code, stdout, err = _run_script("kept_layer_bytes", argv, monkeypatch, capsys)
+    assert code == 0, err[-4000:]
+    out = json.loads(stdout.strip().splitlines()[-1])
     per_position = out["kept_per_layer_per_row_mib"] * 2**20 / out["positions_per_row"]
     assert 2 * (1536 + 8960) < per_position / 2 < 20 * (1536 + 8960), out  # (bf16: 2 bytes an element)
     assert out["kept_per_layer_at_2_rows_gib"] == pytest.approx(2 * out["kept_per_layer_per_row_mib"] / 1024, abs=0.01)
 
 
 @pytest.mark.slow
-def test_latent_kv_bytes_script_counts_the_prompts_columns_kept_once_instead_of_per_step():
+def test_latent_kv_bytes_script_counts_the_prompts_columns_kept_once_instead_of_per_step(monkeypatch, capsys):
     """bench/latent_kv_bytes.py: at Qwen2.5-1.5B's width (2 key/value heads of 128, bf16: 1 KiB a column of keys and
     values per layer and row), saving them once keeps sum_{t<T} (P + t) columns fewer per layer and row."""
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "bench/latent_kv_bytes.py"
-    argv = [
-        sys.executable,
-        str(script),
-        "--widths",
-        "32",
-        "--rows",
-        "1",
-        "--answer",
-        "4",
-        "--scale-rows",
-        "2",
-        "--vocab",
-        "1024",
-    ]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    argv = ["--widths", "32", "--rows", "1", "--answer", "4", "--scale-rows", "2", "--vocab", "1024"]
+    code, stdout, err = _run_script("latent_kv_bytes", argv, monkeypatch, capsys)
+    assert code == 0, err[-4000:]
+    out = json.loads(stdout.strip().splitlines()[-1])
     columns = sum(32 + t for t in range(1, 6))  # T = 6
     assert out["fewer_per_layer_per_row_mib"] == pytest.approx(columns * 1024 / 2**20, abs=1e-3), out
     assert out["fewer_at_28_layers_2_rows_gib"] == pytest.approx(columns * 1024 * 28 * 2 / 2**30, abs=0.01), out
@@ -707,19 +701,15 @@ def test_bench_rows_are_in_item_number_order():
     assert [r.item for r in sorted(rows, key=item_order)] == ["4. a", "10. b", "x"]
 
 
-def test_paper_step_versus_arm_runs_in_its_own_model_dtype(tmp_path):
+def test_paper_step_versus_arm_runs_in_its_own_model_dtype(tmp_path, monkeypatch, capsys):
     """bench/paper_step.py --versus model.dtype=float32: the versus arm's weights are float32 (a copy of the recipe's
     bf16 ones, cast); it stepped in the recipe's bf16 without a word, its ratio labelled float32's. Each arm's
     summary says its dtype."""
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
     small = ["grpo.prompts_per_step=2", "grpo.group_size=2", "grpo.max_new_tokens=4", "threads=1"]
-    argv = [sys.executable, str(root / "bench/paper_step.py"), "--tiny", "--device", "cpu", "--steps", "1"]
-    argv += [a for kv in small for a in ("--set", kv)] + ["--versus", "model.dtype=float32"]
-    argv += ["--out", str(tmp_path / "s")]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    argv = ["--tiny", "--device", "cpu", "--steps", "1"] + [a for kv in small for a in ("--set", kv)]
+    argv += ["--versus", "model.dtype=float32", "--out", tmp_path / "s"]
+    code, _, err = _run_script("paper_step", argv, monkeypatch, capsys)
+    assert code == 0, err[-4000:]
     s = json.loads((tmp_path / "s").read_text())["summary"]
     assert s["dtype"] == "torch.bfloat16" and s["versus"]["dtype"] == "torch.float32", s
 
