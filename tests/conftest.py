@@ -154,6 +154,28 @@ def process_alive(pid: int) -> bool:
         return False
 
 
+def run_script(path, argv, monkeypatch, capsys) -> tuple[int | str, str, str]:
+    """``python PATH ARGV`` run in this process, as ``__main__`` (``runpy``): (its exit code, its stdout, its
+    stderr). The script's own code path, without a fresh interpreter's ~3.6-4.5 s of torch and transformers imports
+    (for a script whose test reads what it prints and writes, not the process: kills, memory, a clean import); an
+    exception out of the script (a traceback) fails the test. torch's thread count, which a script may set, is put
+    back."""
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", [str(path), *map(str, argv)])
+    threads = torch.get_num_threads()
+    capsys.readouterr()
+    code: int | str | None = 0
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr()
+    return (0 if code is None else code), out.out, out.err
+
+
 class Result:
     def __init__(self, returncode: int, stdout: str, stderr: str):
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr

@@ -155,20 +155,12 @@ def _bench_module(name):
 
 
 def _run_script(name, argv, monkeypatch, capsys):
-    """``python bench/NAME.py ARGV``, run in this process: (its exit code, its stdout, its stderr). A fresh
-    interpreter per script spent ~3.6 s of a CI core importing torch and transformers again; what the tests read
-    (the printed JSON, the files written) is the script's own either way. torch's thread count (the scripts may set
-    it) is put back."""
-    module = _bench_module(name)
-    monkeypatch.setattr(sys, "argv", [f"{name}.py", *map(str, argv)])
-    threads = torch.get_num_threads()
-    capsys.readouterr()
-    try:
-        code = module.main()
-    finally:
-        torch.set_num_threads(threads)
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    """``python bench/NAME.py ARGV`` in this process (conftest.run_script): (exit code, stdout, stderr)."""
+    from pathlib import Path
+
+    from conftest import run_script
+
+    return run_script(Path(__file__).resolve().parents[1] / f"bench/{name}.py", argv, monkeypatch, capsys)
 
 
 def _gpu_checks(tmp_path, **env):

@@ -30,7 +30,7 @@ from dgrpo.demo import (
 from dgrpo.demo.pipeline import Task, arm_tasks, join_parts, task_threads
 from dgrpo.demo.stats import CHECKPOINTS
 
-from conftest import DEAF_KIND, child_pids, process_alive
+from conftest import DEAF_KIND, child_pids, process_alive, run_script
 
 
 @pytest.mark.parametrize(
@@ -593,7 +593,7 @@ def test_the_report_says_the_deterministic_arm_ran_once_per_sft_seed():
     assert "every RL arm ran 1 seed(s) from each. Paired" in summary_paragraph(res(1))
 
 
-@pytest.mark.slow  # (subprocesses that import torch: ~4.5 s each)
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "argv, said",
     [
@@ -605,17 +605,16 @@ def test_the_report_says_the_deterministic_arm_ran_once_per_sft_seed():
         (["--set", "task.n_test=1"], "task.n_test=1: the shifted read-out takes half of it"),
     ],
 )
-def test_valid_demo_says_a_bad_setting_in_an_argument_error(tmp_path, argv, said):
+def test_valid_demo_says_a_bad_setting_in_an_argument_error(tmp_path, monkeypatch, capsys, argv, said):
     """experiments/valid_demo.py: a setting the demo refuses (one line from ``dgrpo demo``) ended in a traceback."""
     script = Path(__file__).resolve().parents[1] / "experiments" / "valid_demo.py"
-    cmd = [sys.executable, str(script), "--out", str(tmp_path / "o"), *argv]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert r.stderr.strip().splitlines()[-1].startswith("valid_demo.py: error: ") and said in r.stderr, r.stderr
+    code, _, err = run_script(script, ["--out", tmp_path / "o", *argv], monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("valid_demo.py: error: ") and said in err, err
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.slow  # (subprocesses that import torch: ~4.5 s each)
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "script, argv, code, said",
     [
@@ -627,14 +626,16 @@ def test_valid_demo_says_a_bad_setting_in_an_argument_error(tmp_path, argv, said
         ("valid_sweep", ["{tmp}", "base", "0", "grpo.nosuch=1"], 2, "error: unknown config key 'grpo.nosuch'"),
     ],
 )
-def test_the_validation_experiments_answer_help_and_bad_arguments_as_argparse(tmp_path, script, argv, code, said):
+def test_the_validation_experiments_answer_help_and_bad_arguments_as_argparse(
+    tmp_path, monkeypatch, capsys, script, argv, code, said
+):
     """experiments/ood_variants.py and valid_sweep.py printed their docstring for --help and exited 1, as for a bad
     argument ("error: ...", exit 1); the other scripts answer with argparse's help (exit 0) and errors (exit 2)."""
     path = Path(__file__).resolve().parents[1] / "experiments" / f"{script}.py"
-    cmd = [sys.executable, str(path), *(a.format(tmp=tmp_path) for a in argv)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert r.returncode == code and said in r.stdout + r.stderr, (r.returncode, r.stderr[-2000:])
-    assert "Traceback" not in r.stderr and not (tmp_path / "runs").exists()
+    monkeypatch.chdir(tmp_path)
+    got, out, err = run_script(path, [a.format(tmp=tmp_path) for a in argv], monkeypatch, capsys)
+    assert got == code and said in out + err, (got, err[-2000:])
+    assert "Traceback" not in err and not (tmp_path / "runs").exists()
 
 
 def test_ood_variants_draws_the_shifts_of_the_task_the_checkpoint_was_trained_on(sft_checkpoint, tmp_path):

@@ -8,7 +8,7 @@ import torch
 from dgrpo.config import ConfigError
 from dgrpo.training.master_weights import MasterWeightAdamW, carry_masters
 
-from conftest import tiny_config
+from conftest import run_script, tiny_config
 
 
 def _params(dtype, seed=0):
@@ -216,7 +216,7 @@ def test_bf16_sft_with_master_weights_checkpoints_the_masters_whose_rounding_is_
     assert carried == [True]  # (one stage boundary)
 
 
-@pytest.mark.slow  # (subprocesses that import torch: ~4.5 s each)
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "script, argv, code, said",
     [
@@ -228,14 +228,12 @@ def test_bf16_sft_with_master_weights_checkpoints_the_masters_whose_rounding_is_
         ("bf16_updates", ["--help"], 0, "usage: bf16_updates.py [-h]"),
     ],
 )
-def test_the_bf16_experiments_answer_help_and_a_bad_step_count_at_once(script, argv, code, said):
+def test_the_bf16_experiments_answer_help_and_a_bad_step_count_at_once(monkeypatch, capsys, script, argv, code, said):
     """experiments/bf16_*.py: ``--help`` ended in int()'s traceback (bf16_grpo_updates) or ran the whole experiment
     (bf16_updates); STEPS 0 ran SFT and then divided the update errors by 0. Now argparse's help or error."""
-    import subprocess
-    import sys
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "experiments" / f"{script}.py"
-    proc = subprocess.run([sys.executable, str(path), *argv], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == code and said in proc.stdout + proc.stderr, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr and "update error" not in proc.stdout
+    got, out, err = run_script(path, argv, monkeypatch, capsys)
+    assert got == code and said in out + err, err[-2000:]
+    assert "Traceback" not in err and "update error" not in out
