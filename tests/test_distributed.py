@@ -489,3 +489,28 @@ def test_a_python_caller_without_dist_is_told_what_one_process_leaves_out(
     with pytest.warns(UserWarning, match=r"train_sft was given no dist= under torchrun \(WORLD_SIZE=2\)") as w:
         train_sft(lm, task_records[:8], sft, tmp_path / "sft", progress=False, log=lambda *a: None)
     assert any(x.filename == __file__ for x in w if "no dist=" in str(x.message))
+
+
+def test_the_kl_reference_starts_from_rank_0s_weights(tokenizer, task_records, monkeypatch):
+    """The ranks' weights are rank 0's from the start (broadcast), and so is the KL reference: it copied each rank's
+    own weights before the broadcast, so that a rank whose model was built otherwise (a Python caller's per-rank
+    initialisation: measured on 2 processes, rank 1's reference 0.12 away from its policy) scored its KL against
+    another model than the one trained. Here as rank 1 of 2 in one process, the broadcast bringing rank 0's
+    weights (every entry 0.25)."""
+    import torch.distributed as tdist
+
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.grpo import GRPOTrainer
+
+    from conftest import make_lm, tiny_config
+
+    def rank_0s(t, src=0, **kw):  # (what the broadcast from rank 0 leaves on this rank)
+        assert src == 0
+        return t.fill_(0.25)
+
+    monkeypatch.setattr(tdist, "broadcast", rank_0s)
+    lm = make_lm(tokenizer)
+    tr = GRPOTrainer(lm, tiny_config(**{"grpo.beta0": "0.01"}), task_records[:4], dist=Dist(rank=1, world_size=2))
+    assert all(bool((p == 0.25).all()) for p in tr.lm.model.parameters())  # (this rank holds rank 0's weights)
+    assert tr.ref is not None
+    assert all(bool((p == 0.25).all()) for p in tr.ref.lm.model.parameters()), "the reference kept this rank's own"

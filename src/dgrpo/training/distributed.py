@@ -236,10 +236,21 @@ class Dist:
         return out
 
     # ------------------------------------------------------------------ the model
-    def prepare_model(self, model: nn.Module) -> list[nn.Parameter]:
-        """Rank 0's weights on every rank; with FSDP2, shard the model. Returns the parameters to give the
-        optimizer: under FSDP2 the sharded ones (``model.parameters()`` lists the gathered copies while
-        they are held between an optimizer step and the next backward)."""
+    def broadcast_weights(self, model: nn.Module) -> None:
+        """Rank 0's weights (every parameter, frozen ones too) on every rank; nothing in one process."""
+        if not self.active:
+            return
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for p in model.parameters():
+                tdist.broadcast(p.data, src=0)
+        self.comm_s += time.perf_counter() - t0
+
+    def prepare_model(self, model: nn.Module, broadcast: bool = True) -> list[nn.Parameter]:
+        """Rank 0's weights on every rank (``broadcast`` False: the caller already called :meth:`broadcast_weights`,
+        as GRPO does before its KL reference copies the weights); with FSDP2, shard the model. Returns the
+        parameters to give the optimizer: under FSDP2 the sharded ones (``model.parameters()`` lists the gathered
+        copies while they are held between an optimizer step and the next backward)."""
         trainable = [p for p in model.parameters() if p.requires_grad]  # under LoRA: the adapters only
         if self.fsdp and len(trainable) < len(list(model.parameters())):
             raise ConfigError(
@@ -248,9 +259,8 @@ class Dist:
             )
         if not self.active:
             return trainable
-        with torch.no_grad():
-            for p in model.parameters():
-                tdist.broadcast(p.data, src=0)
+        if broadcast:
+            self.broadcast_weights(model)
         if not self.fsdp:
             return trainable
         self._fully_shard(model)
