@@ -514,3 +514,27 @@ def test_the_kl_reference_starts_from_rank_0s_weights(tokenizer, task_records, m
     assert all(bool((p == 0.25).all()) for p in tr.lm.model.parameters())  # (this rank holds rank 0's weights)
     assert tr.ref is not None
     assert all(bool((p == 0.25).all()) for p in tr.ref.lm.model.parameters()), "the reference kept this rank's own"
+
+
+def test_gradients_of_mixed_dtypes_are_summed_in_the_widest(monkeypatch):
+    """The flat all-reduce buffer took the first trainable parameter's dtype: an fp32 gradient after a bf16
+    parameter was summed in bf16 (three significant digits) and given back rounded. Here as rank 0 of 2 in one
+    process, the all-reduce doubling the buffer (two ranks of equal gradients)."""
+    import torch.distributed as tdist
+
+    from dgrpo.training.distributed import Dist
+
+    def doubled(t, op=None, **kw):  # (what a sum over two ranks of the same gradients leaves)
+        return t.mul_(2)
+
+    monkeypatch.setattr(tdist, "all_reduce", doubled)
+    model = torch.nn.Module()
+    model.low = torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))
+    model.full = torch.nn.Parameter(torch.zeros(3))
+    model.unused = torch.nn.Parameter(torch.zeros(2))
+    model.low.grad = torch.ones(3, dtype=torch.bfloat16)
+    model.full.grad = torch.tensor([1.0001, 2.0002, 3.0003])
+    Dist(rank=0, world_size=2).all_reduce_grads(model)
+    assert model.full.grad.dtype == torch.float32 and model.low.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(model.full.grad, torch.tensor([2.0002, 4.0004, 6.0006]), rtol=0, atol=1e-6)
+    assert torch.equal(model.low.grad, torch.full((3,), 2.0, dtype=torch.bfloat16)) and model.unused.grad is None

@@ -22,6 +22,7 @@ accumulated gradients once per step.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import time
@@ -315,8 +316,9 @@ class Dist:
         """Sum gradients over ranks, once per optimizer step, whatever number of backward passes (possibly
         none) this rank ran. The losses are already scaled by the global normaliser.
 
-        One flat all-reduce: a parameter that got no gradient on a rank contributes zeros; one that got
-        none on any rank keeps ``grad = None``, as in a single process. Under FSDP2: the reduce-scatter."""
+        One flat all-reduce, in the widest dtype of the trainable parameters (an fp32 gradient beside bf16 ones is
+        not summed in bf16): a parameter that got no gradient on a rank contributes zeros; one that got none on any
+        rank keeps ``grad = None``, as in a single process. Under FSDP2: the reduce-scatter."""
         if not self.active:
             return
         if self.fsdp:
@@ -325,7 +327,7 @@ class Dist:
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             return
-        dtype = params[0].dtype
+        dtype = functools.reduce(torch.promote_types, [p.dtype for p in params])  # (bf16 and fp32: fp32)
         parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(dtype) for p in params]
         parts.append(torch.tensor([p.grad is not None for p in params], dtype=dtype, device=params[0].device))
         full = torch.cat(parts)
