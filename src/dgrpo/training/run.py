@@ -574,13 +574,7 @@ def check_resume_config(
     checkpoints), made from the run directory alone before any dataset is read or the model loaded (at the paper's
     scale those take minutes, and the refusal came after them), in the command line's words. The keys a run takes from
     its model (:data:`LOAD_RESOLVED_KEYS`) are left to :class:`RunDir`'s check, after the model loads."""
-    check = ResumeCheck(out_dir, to_dict(cfg), command, resume, allow_config_change, log=_quiet, cli=True)
-    check.candidates = check._candidates()
-    if not check.candidates:
-        return
-    check._check_command()
-    check.ignored = LOAD_RESOLVED_KEYS
-    check._check_config()
+    ResumeCheck(out_dir, to_dict(cfg), command, resume, allow_config_change, log=_quiet, cli=True).before_loading()
 
 
 class ResumeCheck:
@@ -607,6 +601,16 @@ class ResumeCheck:
         self.first_config: dict = self.cfg  # the config the run was started with (differs: allow_config_change)
         self.candidates: list[Path] = []
         self.ignored: tuple[str, ...] = ()  # keys the config check leaves to a later one
+
+    def before_loading(self) -> None:
+        """The checks a resume needs no data and no model for: the command that wrote the checkpoints, and the
+        config (but :data:`LOAD_RESOLVED_KEYS`, which the model may set); nothing when there is nothing to resume."""
+        self.candidates = self._candidates()
+        if not self.candidates:
+            return
+        self._check_command()
+        self.ignored = LOAD_RESOLVED_KEYS
+        self._check_config()
 
     def _option(self, cli: str, api: str) -> str:
         """How to ask for something: the command line's option ``cli``, and for a Python caller its argument ``api``
