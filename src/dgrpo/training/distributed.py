@@ -247,22 +247,18 @@ class Dist:
                 tdist.broadcast(p.data, src=0)
         self.comm_s += time.perf_counter() - t0
 
-    def prepare_model(self, model: nn.Module, broadcast: bool = True) -> list[nn.Parameter]:
-        """Rank 0's weights on every rank (``broadcast`` False: the caller already called :meth:`broadcast_weights`,
-        as GRPO does before its KL reference copies the weights); with FSDP2, shard the model. Returns the
-        parameters to give the optimizer: under FSDP2 the sharded ones (``model.parameters()`` lists the gathered
-        copies while they are held between an optimizer step and the next backward)."""
+    def prepare_model(self, model: nn.Module) -> list[nn.Parameter]:
+        """With FSDP2, shard the model (its weights already rank 0's: :meth:`broadcast_weights`, which a trainer
+        calls first, GRPO before its KL reference copies them). Returns the parameters to give the optimizer: under
+        FSDP2 the sharded ones (``model.parameters()`` lists the gathered copies while they are held between an
+        optimizer step and the next backward)."""
         trainable = [p for p in model.parameters() if p.requires_grad]  # under LoRA: the adapters only
         if self.fsdp and len(trainable) < len(list(model.parameters())):
             raise ConfigError(
                 "invalid config value fsdp: FSDP with frozen weights (LoRA) is not supported; LoRA runs with "
                 "fsdp=none (DGRPO_FSDP=0): the backbone is replicated and only the adapters train"
             )
-        if not self.active:
-            return trainable
-        if broadcast:
-            self.broadcast_weights(model)
-        if not self.fsdp:
+        if not (self.active and self.fsdp):
             return trainable
         self._fully_shard(model)
         params = list(model.parameters())  # sharded (DTensor) here

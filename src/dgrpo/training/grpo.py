@@ -252,7 +252,7 @@ class GRPOTrainer:
         self.dist.broadcast_weights(lm.model)
         # the KL reference: a frozen copy of the model, or under LoRA a frozen adapter (before the optimizer)
         self.ref = make_reference(lm, self.dist) if g.beta0 > 0 else None
-        self.opt_params = self.dist.prepare_model(lm.model, broadcast=False)  # FSDP2 shards here
+        self.opt_params = self.dist.prepare_model(lm.model)  # FSDP2 shards here
         self.opt = build_optimizer(self.opt_params, cfg, lm.device)
         self.ema_baseline = 0.5
         self.step_idx = 0

@@ -272,7 +272,8 @@ class SFTRun:
         self.data_fingerprint, n_train = fingerprint(train), len(train)
         lm.use_recompute(cfg.sft, "sft")
         self.kernels = apply_speedups(lm, cfg.model)  # (as the GRPO trainer applies them)
-        self.params = dist.prepare_model(lm.model)  # rank 0's weights everywhere; FSDP2 shards here
+        dist.broadcast_weights(lm.model)  # rank 0's weights everywhere
+        self.params = dist.prepare_model(lm.model)  # FSDP2 shards here
         self.plan = Curriculum(cfg, epoch_steps(n_train, cfg))
         self.prog, saved = Progress(), None
         opt = new_optimizer(self.params, cfg)  # the state a checkpoint loads into
