@@ -138,14 +138,13 @@ def generate_answers(
     ``max_question_tokens`` (each dataset's warning its own: two with the same count were one warning).
     ``n_latent``: the continuous thoughts before each answer (None: the model's own, ``lm.settings.n_latent``, as
     :meth:`LatentLM.generate` takes it). ``prompt_key``: the option that shortens the prompts, named in the error
-    when one does not fit the context (None: ``data.max_question_tokens``; with ``mode="plain"``, none).
+    when one does not fit the context (None: ``data.max_question_tokens``, which ``max_question_tokens`` sets; ""
+    for none: :func:`evaluate`'s plain prompts, which it does not cut, name ``eval.shots`` or nothing).
     """
     _check_counts("generate_answers", batch_size=batch_size, max_question_tokens=max_question_tokens)
     check_lm(lm, "generate_answers")
     n_latent = lm.settings.n_latent if n_latent is None else n_latent
     _check_n_latent("generate_answers", n_latent, "an int >= 0 (None: the model's own)")
-    if prompt_key is None and mode == "plain":  # (a plain prompt is not cut: max_question_tokens does not apply)
-        prompt_key = ""
     _check_questions(lm, questions, n_latent, max_new_tokens, markers, max_question_tokens, dataset, prompt_key)
     seeds = _question_perturbation_seeds(questions, perturbation, perturbation_seeds)
     if perturbation is not None and not perturbation.batched:
