@@ -188,15 +188,13 @@ def test_output_into_a_closed_pipe_ends_quietly():
     assert p.wait(timeout=60) == 141 and err == ""
 
 
-def test_eval_and_consolidate_under_torchrun_are_refused(tmp_path, run_cli, monkeypatch):
-    """Every rank would evaluate everything and write the same files (it raced on them); consolidate the same (each
-    rank wrote the same model.safetensors and manifest at once). A missing folder to consolidate says so (it said
-    there was no sharded checkpoint in it)."""
+def test_one_process_commands_under_torchrun_are_refused(tmp_path, run_cli, monkeypatch):
+    """consolidate under torchrun: each rank wrote the same model.safetensors and manifest at once. A missing folder
+    to consolidate says so (it said there was no sharded checkpoint in it). (dgrpo eval shards its datasets over the
+    ranks: tests/test_distributed.py.)"""
     r = run_cli("consolidate", tmp_path / "nope")
     assert r.returncode == 2 and f"{tmp_path / 'nope'}: not found" in r.stderr, r.stderr
     monkeypatch.setenv("WORLD_SIZE", "2")
-    r = run_cli("eval", "--model", tmp_path / "nope", "--data", "builtin:test", "--out", tmp_path / "o")
-    assert r.returncode == 2 and "dgrpo eval runs in one process: launch it without torchrun" in r.stderr
     r = run_cli("consolidate", tmp_path / "nope")
     assert r.returncode == 2 and "dgrpo consolidate runs in one process: launch it without torchrun" in r.stderr
     for argv in (

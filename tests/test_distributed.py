@@ -234,6 +234,33 @@ def test_sft_two_ranks_cli(tmp_path):
     LatentLM.from_pretrained(out / "final")
 
 
+def test_eval_shards_its_datasets_over_ranks_and_matches_one_process(sft_checkpoint, tmp_path, run_cli):
+    """``dgrpo eval`` under torchrun was refused: a researcher evaluated GSM8K on one GPU of eight. Each rank now
+    answers a contiguous shard of every dataset and rank 0 writes the gathered results, the same predictions as one
+    process (greedy), ``eval.limit`` and a plain prompt's shots applied before the split: a rank whose shard is
+    empty (fewer records than ranks) answers none, and the shots stay every rank's examples."""
+
+    def results(out: Path) -> tuple[dict, list[dict]]:
+        summary = json.loads((out / "results.json").read_text())
+        rows = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+        return {k: summary[k] for k in ("n", "correct", "accuracy", "limit", "shots", "mode", "model")}, rows
+
+    cases = {
+        "latent": ["--data", "builtin:test", "builtin:valid", "--limit", "21"],  # (an odd count: shards of 10 and 11)
+        "plain": ["--data", "builtin:test", "--plain", "--shots", "2", "--limit", "1"],  # (rank 1's shard: empty)
+    }
+    for name, data in cases.items():
+        one, two = tmp_path / f"{name}-1", tmp_path / f"{name}-2"
+        argv = ["eval", "--model", str(sft_checkpoint), *data]
+        assert run_cli(*argv, "--out", one, *_args({"threads": 1})).returncode == 0  # (the worker's config)
+        log = torchrun("cli", two, {"argv": [*argv, "--out", str(two)], "sets": {"threads": 1}})
+        folders = {"latent": ["builtin_test", "builtin_valid"], "plain": [""]}[name]  # (one --data: --out itself)
+        for folder in folders:
+            assert results(two / folder) == results(one / folder), (name, folder)
+            assert results(two / folder)[0]["n"] == (21 if name == "latent" else 1)
+        assert log.count('"dataset": "builtin:test"') == 1, log[-3000:]  # (rank 0 prints each set's line)
+
+
 @NEEDS_FSDP2
 @pytest.mark.parametrize(
     ("fsdp", "master"),

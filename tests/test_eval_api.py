@@ -327,6 +327,35 @@ def test_a_scorer_in_trls_form_gets_every_column_in_a_vote_and_on_a_shard(lm, mo
     assert seen[-1] == [None] and recs[1].meta == {}
 
 
+def test_a_ranks_shard_of_a_test_set_is_scored_with_the_whole_datas_columns(lm, monkeypatch):
+    """The training commands' test sets (and dgrpo eval under torchrun) give each rank a shard: a TRL-form scorer
+    taking a column that only another rank's records had was called in dgrpo's form on this rank (its ``unit`` got
+    the records), while the validation set's shards were told the whole data's columns."""
+    import dgrpo.eval.evaluate as ev
+    from dgrpo.cli.common import evaluate_shards
+    from dgrpo.data.records import Record
+
+    class SecondRankOfTwo:  # (its peer's part left out of the gather: this rank's result is what is checked)
+        active, is_main = True, False
+
+        def shard(self, items):
+            return items[len(items) // 2 :]
+
+        def all_gather_objects(self, obj):
+            return [obj]
+
+    seen = []
+
+    def per_unit(completions, unit, **kw):
+        seen.append(list(unit))
+        return [1.0] * len(completions)
+
+    monkeypatch.setattr(ev, "generate_answers", lambda *a, **kw: ["#### 7"])
+    recs = [Record("q1", [], "5", {"unit": "kg"}), Record("q2", [], "7")]
+    r = evaluate_shards(lm, recs, SecondRankOfTwo(), limit=2, scorer=per_unit, **FAST)
+    assert (r.n, r.correct, r.limit, seen) == (1, 1, 2, [[None]])
+
+
 def test_results_are_written_whole_or_not_at_all(lm, task_records, tmp_path, monkeypatch):
     """results.json was written first, then predictions.jsonl row by row: a stop in between (SIGTERM, Ctrl-C) left a
     results.json beside no predictions, or beside an earlier evaluation's. Both are written under temporary names, and

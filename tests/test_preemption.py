@@ -692,6 +692,35 @@ def test_under_torchrun_a_sigterm_in_the_test_sets_stops_every_rank_after_the_se
     )
 
 
+def test_under_torchrun_a_sigterm_stops_dgrpo_eval_after_the_dataset_under_way(
+    sft_checkpoint, tmp_path, monkeypatch, capsys
+):
+    """dgrpo eval under torchrun: a SIGTERM only asks (a rank stopped alone would leave the others in a collective);
+    the ranks agree after each dataset, rank 0's notice says so, and the stop line says what was written."""
+    from dgrpo.cli import build_parser
+    from dgrpo.cli import evaluate as eval_cli
+
+    def asked_in_the_first(*args, **kwargs):
+        if not (tmp_path / "e").exists():
+            os.kill(os.getpid(), signal.SIGTERM)
+        return evaluate_shards(*args, **kwargs)
+
+    evaluate_shards = eval_cli.evaluate_shards
+    monkeypatch.setattr(eval_cli, "join_processes", lambda cfg, device: (OneRankOfTwo(), device))
+    monkeypatch.setattr(eval_cli, "evaluate_shards", asked_in_the_first)
+    argv = ["eval", "--model", str(sft_checkpoint), "--data", "builtin:test", "builtin:valid", "--limit", "2"]
+    args = build_parser().parse_args([*argv, "--out", str(tmp_path / "e"), "--set", "eval.max_new_tokens=4"])
+    try:
+        with sigterm_stops(True, distributed=True), pytest.raises(Terminated) as stopped:
+            args.func(args)
+    finally:  # (a torchrun worker's stop leaves SIGTERM ignored for the rest of the process: not pytest's)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["builtin_test"]
+    assert str(stopped.value) == f"after 1 of 2 datasets: written: {tmp_path / 'e' / 'builtin_test'}"
+    err = capsys.readouterr().err
+    assert "every rank stops at the end of the dataset under way (the results of every dataset evaluated" in err, err
+
+
 def at_the_runs_end(tmp_path):
     """A grpo run's directory on rank 0 of two (:class:`OneRankOfTwo`), its training done."""
     from dgrpo.training.run import RunDir

@@ -14,15 +14,16 @@ if TYPE_CHECKING:
     import torch
 
     from ..config import Config
+    from ..eval.evaluate import EvalResult
     from ..training.distributed import Dist
 
 #: the commands whose runs resume from their checkpoints: a SIGTERM stops them after the step under way, with a
 #: checkpoint (dgrpo.training.preemption), their stop line says how to go on, and DGRPO_FSDP is their fsdp key
 TRAINING_COMMANDS = ("sft", "grpo")
 #: the commands a SIGTERM stops with one line (what it interrupted, what is on disk) and exit code 143, as Ctrl-C
-#: does with 130; dgrpo eval has no step to finish: it stops at once, without the results of the set under way; the
-#: demo's process stops at once (its runs, in worker processes, end with it), or after the step under way of a run
-#: in its own process
+#: does with 130; dgrpo eval has no step to finish: it stops at once, without the results of the set under way (under
+#: torchrun the ranks agree after each set, and stop together); the demo's process stops at once (its runs, in worker
+#: processes, end with it), or after the step under way of a run in its own process
 STOPPABLE_COMMANDS = (*TRAINING_COMMANDS, "eval", "demo")
 
 
@@ -207,33 +208,57 @@ def evaluate_test_sets(
     records of each), sharded over ranks; rank 0 writes :func:`results_dir`. Returns the accuracies as metrics
     (:func:`test_metric_key`; rank 0's, {} on the others). Under torchrun, where a SIGTERM only asks, the ranks
     agree after each set whether to stop (:func:`~dgrpo.training.preemption.stop_requested`), and stop together."""
-    from ..eval.evaluate import eval_options, evaluate, merge_results, write_results
-    from ..eval.scoring import RewardError
+    from ..eval.evaluate import eval_options, write_results
     from ..training.preemption import stop, stop_requested
-    from ..training.run import EVALUATION_FAILED_ELSEWHERE
 
     options = eval_options(cfg)  # (the scorer built once: a plug-in file is imported once)
     metrics: dict[str, float] = {}
     for spec, recs in tests.items():
-        recs = recs[: cfg.eval.limit] if cfg.eval.limit else recs  # (before sharding: the same records on any world)
-        try:
-            r = evaluate(lm, dist.shard(recs), dataset=spec, progress=dist.is_main, **options)
-        except Exception:  # (it failed on this rank's shard: the others learn of it at the gather, and stop)
-            if dist.active:
-                dist.all_gather_objects(None)
-            raise
-        parts = dist.all_gather_objects(r) if dist.active else [r]
-        if any(part is None for part in parts):
-            raise RewardError(EVALUATION_FAILED_ELSEWHERE)
-        r = merge_results(parts) if dist.active else r
+        r = evaluate_shards(lm, recs, dist, dataset=spec, limit=cfg.eval.limit, **options)
         if dist.is_main:
-            r.model, r.limit = str((out / checkpoint).resolve()), cfg.eval.limit
+            r.model = str((out / checkpoint).resolve())
             write_results(r, results_dir(out, spec, checkpoint))
             print(json.dumps({"checkpoint": checkpoint, **r.summary()}))
             metrics[test_metric_key(spec, checkpoint)] = r.accuracy
         if stop_requested(dist):  # (one process: a SIGTERM has stopped it at once)
             stop(dist)
     return metrics
+
+
+def evaluate_shards(
+    lm: Any, records: list, dist: Dist, *, limit: int = 0, plain: bool = False, shots: int = 0, **options: Any
+) -> EvalResult:
+    """:func:`~dgrpo.eval.evaluate.evaluate` of ``records`` (a plain prompt's first ``shots`` its examples, then the
+    first ``limit`` of the rest: the same records on any world size) with each rank answering its contiguous shard
+    (one process: all); every rank returns the merged result. The scorer gets every column of the whole data on each
+    shard. A failure on one rank's shard stops every rank at the gather, each with one line."""
+    from ..data.records import data_columns
+    from ..eval.evaluate import evaluate, merge_results
+    from ..eval.scoring import RewardError
+    from ..training.run import EVALUATION_FAILED_ELSEWHERE
+
+    examples, rest = (records[:shots], records[shots:]) if plain and shots else ([], records)
+    rest = rest[:limit] if limit else rest
+    shard = dist.shard(rest)
+    kwargs = {"plain": plain, "shots": shots, "columns": data_columns(rest), "progress": dist.is_main, **options}
+    try:  # (a rank with no record (fewer than ranks) answers none: plain shots would leave it none to evaluate)
+        r = evaluate(lm, examples + shard, **kwargs) if shard or not dist.active else None
+    except Exception:  # (it failed on this rank's shard: the others learn of it at the gather, and stop)
+        if dist.active:
+            dist.all_gather_objects(FAILED)
+        raise
+    if dist.active:
+        parts = dist.all_gather_objects(r)
+        if FAILED in parts:
+            raise RewardError(EVALUATION_FAILED_ELSEWHERE)
+        r = merge_results([part for part in parts if part is not None])
+    assert r is not None
+    r.limit = limit
+    return r
+
+
+#: what a rank whose evaluation failed gives the gather (:func:`evaluate_shards`)
+FAILED = "failed"
 
 
 def test_metric_key(spec: str, checkpoint: str = FINAL_DIR) -> str:

@@ -4,7 +4,8 @@ datasets (the model loaded once; with several, each dataset's results in a folde
 A checkpoint written by ``dgrpo sft`` / ``dgrpo grpo`` carries the config it was trained with (``run_config.json``);
 eval starts from its task and data settings and its ``model.dtype``, so ``--data builtin:test`` is the run's own test
 set, evaluated as the run evaluated it. ``--config`` and ``--set`` still win, and the command says which settings
-it took from the checkpoint and which were overridden.
+it took from the checkpoint and which were overridden. Under torchrun each rank answers a contiguous shard of every
+dataset, and rank 0 writes the gathered results.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 from .common import (
     add_config_options,
     check_split,
+    evaluate_shards,
+    join_processes,
     prompt_settings,
-    refuse_torchrun,
     revision_for,
     setup,
     subcommand,
@@ -38,6 +40,7 @@ EXAMPLES = """  dgrpo eval --model runs/grpo --data builtin:test --out runs/eval
   dgrpo eval --model runs/grpo/best --data gsm8k --limit 200 --out runs/eval-gsm8k
   dgrpo eval --model runs/grpo --data gsm8k svamp multiarith gsm-hard --out runs/eval   # runs/eval/gsm8k/, ...
   dgrpo eval --model Qwen/Qwen2.5-1.5B --data gsm8k --plain --shots 1 --out runs/base   # a plain LM, 1-shot prompt
+  torchrun --nproc_per_node 8 -m dgrpo eval --model runs/grpo --data gsm8k --out runs/eval8   # each rank a shard
 """
 #: what eval takes from the checkpoint's run_config.json (the definition of the task and of a prompt, and the
 #: weights' dtype, so that a bf16 run's checkpoint is evaluated as its run evaluated it)
@@ -158,10 +161,9 @@ def dataset_label(data: str, split: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..eval.evaluate import eval_options, evaluate, write_results
-    from ..training.preemption import stopping
+    from ..eval.evaluate import eval_options, write_results
+    from ..training.preemption import in_test_sets, is_rank0, stop, stop_requested, stopping
 
-    refuse_torchrun("eval", "each rank would evaluate everything; sft and grpo shard their test sets over the ranks")
     done = Done()
     with stopping(done.line):  # (SIGTERM, Ctrl-C: the stop line says what was written)
         cfg = _eval_config(args)
@@ -170,19 +172,30 @@ def run(args: argparse.Namespace) -> int:
         device = setup(cfg)
         options = eval_options(cfg)  # (a scorer that cannot be built fails here, before the data and the model load)
         sets = _read_sets(outs, args.split, cfg, options["scorer"])
+        dist, device = join_processes(cfg, device)  # (under torchrun: each rank answers a shard of every set)
         lm = _load_eval_model(args.model, cfg, device)
         accuracies = []
-        for data, recs in sets.items():
-            name = done.start(dataset_label(data, args.split), len(sets))
-            r = evaluate(lm, recs, dataset=name, plain=e.plain, shots=e.shots, limit=e.limit, **options)
-            r.model = model_label(args.model, lm.hub_commit)
-            write_results(r, outs[data])  # (whole or not at all)
-            done.wrote(outs[data])
-            print(json.dumps(r.summary()))
-            accuracies.append(f"{name} {100 * r.accuracy:.2f}% ({r.correct}/{r.n})")
-        if len(sets) > 1:
+        with in_test_sets(tested="dataset", left=EVALUATED_LEFT):  # (under torchrun a SIGTERM: after the set)
+            for data, recs in sets.items():
+                name = done.start(dataset_label(data, args.split), len(sets))
+                how: dict[str, Any] = {"plain": e.plain, "shots": e.shots, "limit": e.limit, **options}
+                r = evaluate_shards(lm, recs, dist, dataset=name, **how)
+                if dist.is_main:
+                    r.model = model_label(args.model, lm.hub_commit)
+                    write_results(r, outs[data])  # (whole or not at all)
+                    print(json.dumps(r.summary()))
+                done.wrote(outs[data])
+                accuracies.append(f"{name} {100 * r.accuracy:.2f}% ({r.correct}/{r.n})")
+                if stop_requested(dist):  # (one process: a SIGTERM has stopped it at once)
+                    stop(dist)
+        if len(sets) > 1 and is_rank0():
             print(f"dgrpo eval: {'; '.join(accuracies)}")
+    dist.close()
     return 0
+
+
+#: what a SIGTERM to a torchrun job of dgrpo eval leaves (the ranks stop after the dataset under way)
+EVALUATED_LEFT = "the results of every dataset evaluated by then are written"
 
 
 #: what a stop (SIGTERM, Ctrl-C) before the first dataset leaves; the command line's stop line for a stop while
@@ -225,6 +238,7 @@ def _eval_config(args: argparse.Namespace) -> Config:
     commit, whose weights then load); ``--out`` checked first, before anything is read from the checkpoint."""
     from ..config import Config, ConfigError, DataConfig, TaskConfig, load_config
     from ..model.sources import on_disk
+    from ..training.preemption import is_rank0
     from ..training.run import check_not_a_training_run, check_output_path
     from .train import absolute_file
 
@@ -251,7 +265,7 @@ def _eval_config(args: argparse.Namespace) -> Config:
     if commit or not revision:  # the weights from the commit the settings came from (not another model's revision)
         cfg.model.revision = commit
     note = explain(start, cfg, list(args.config), local=on_disk(args.model).exists())
-    if note:
+    if note and is_rank0():  # (under torchrun: once)
         print(note)
     if cfg.eval.shots and not cfg.eval.plain:  # (--shots, or eval.shots in a config)
         raise ConfigError(

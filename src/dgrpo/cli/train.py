@@ -477,7 +477,7 @@ def evaluate_best(
         return {}
     if dist.fsdp:
         if dist.is_main:
-            print(f"dgrpo: best/ ({best_step}) is not tested under FSDP; in one process, for each test set:")
+            print(f"dgrpo: best/ ({best_step}) is not tested under FSDP; after the run (torchrun too), each test set:")
             if (out / BEST_DIR / SHARDED_DIR).is_dir():  # fsdp: sharded wrote shards
                 print(f"  dgrpo consolidate {out / BEST_DIR}")
             for spec in tests:  # the run's config.json: its eval.* options, as the final model's tests had them

@@ -69,6 +69,8 @@ class _State:
     requested = False  # a SIGTERM asked for a checkpoint and a stop at a step's end
     stopping = False  # (under torchrun) the checkpoint is written and the process group left: the process is ending
     testing = False  # the run's end: its test sets are evaluated, its last checkpoint written (:func:`in_test_sets`)
+    tested = "test set"  # (testing) what is evaluated, one at a time: the ranks agree after each
+    left = ""  # (testing) what a stop there leaves, as the lines say it
     ending = ""  # what the run writes after its last agreement (:func:`writing_the_end`; "" before): a SIGTERM waits
     again = "the same command"  # (testing) the command that evaluates them after a stop
     last_at = -float("inf")  # time.monotonic() of the last SIGTERM that counted (one process)
@@ -125,7 +127,7 @@ def _left() -> str:
     if _State.ending:
         return f"as the run wrote its end: exiting ({END_LEFT.format(what=_State.ending, again=_State.again)})"
     if _State.testing:
-        return f"in a test set: exiting ({TESTS_LEFT.format(again=_State.again)})"
+        return f"in a {_State.tested}: exiting ({_State.left})"
     return "(a rank blocked, or a long step or evaluation): exiting before it ended (nothing of it written)"
 
 
@@ -238,7 +240,7 @@ def _where() -> str:
     if not _State.distributed:
         return "stopping at the end of this step, after writing a resumable checkpoint"
     if _State.testing:
-        return f"every rank stops at the end of the test set under way ({TESTS_LEFT.format(again=_State.again)})"
+        return f"every rank stops at the end of the {_State.tested} under way ({_State.left})"
     if not _State.in_step:  # (an evaluation, a checkpoint's write: the ranks agree after the next step, or at the end)
         return (
             "every rank stops where the ranks next agree: after the next step, with its resumable checkpoint, or at "
@@ -248,11 +250,13 @@ def _where() -> str:
 
 
 @contextmanager
-def in_test_sets(again: str = "the same command") -> Iterator[None]:
+def in_test_sets(again: str = "the same command", *, tested: str = "test set", left: str = "") -> Iterator[None]:
     """The run's end, its test sets evaluated after its last checkpoint: under torchrun a SIGTERM's notice says the
     ranks stop after the test set under way (they agree after each one), with no checkpoint to write, and that
-    ``again`` (the command that goes on from the checkpoint) evaluates them."""
-    _State.testing, _State.again = True, again
+    ``again`` (the command that goes on from the checkpoint) evaluates them. ``dgrpo eval``'s datasets: ``tested``
+    names what is evaluated one at a time, ``left`` what a stop leaves (default: the training's :data:`TESTS_LEFT`)."""
+    _State.testing, _State.again, _State.tested = True, again, tested
+    _State.left = left or TESTS_LEFT.format(again=again)
     try:
         yield
     finally:
@@ -275,12 +279,8 @@ def stop_requested(dist: Dist | None = None) -> bool:
         if agreed and not _State.requested:  # (the SIGTERM reached other ranks only: rank 0 had said nothing)
             _State.requested = True
             if dist.is_main:
-                now = (
-                    "the training is checkpointed"
-                    if _State.testing
-                    else "after writing a resumable checkpoint of this step"
-                )
-                print(f"dgrpo: SIGTERM (to another rank): every rank stops now, {now}", file=sys.stderr, flush=True)
+                now = f"({_State.left})" if _State.testing else "after writing a resumable checkpoint of this step"
+                print(f"dgrpo: SIGTERM (to another rank): every rank stops now {now}", file=sys.stderr, flush=True)
         return agreed
     return _State.requested
 
