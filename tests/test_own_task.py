@@ -322,8 +322,13 @@ def test_a_failing_reward_or_scorer_names_the_first_row_that_fails_alone():
         return [0.0] * len(completions)
 
     many = [Record(f"question {i}", [], str(i)) for i in range(512)]
-    with pytest.raises(RewardError, match=r"^reward mine raised ValueError: batch too large$"):
+    with pytest.raises(RewardError) as raised:
         call_checked(whole_batch, "mine", ["a"] * 512, many)
+    assert str(raised.value) == (
+        "reward mine raised ValueError: batch too large on rows 0-1 together (of the 512 in the call), neither half of "
+        "them alone: it depends on the rows called together, not on one row (row 0: completion 'a', question "
+        "'question 0')"
+    )
     assert len(calls) <= 1 + 2 * 9  # (the batch, then at most two halves per halving: 257 calls before)
 
     def pairs_only(completions, records):  # (works on pairs; its bug is on row 5's answer)
@@ -334,12 +339,46 @@ def test_a_failing_reward_or_scorer_names_the_first_row_that_fails_alone():
     texts = ["#### 0", "#### 1", "#### 2", "#### 3", "#### 4", "five", "#### 6", "#### 7"]
     with pytest.raises(RewardError) as raised:  # (row 0 alone failed with another error, and was named)
         call_checked(pairs_only, "mine", texts, [Record(f"q{i}", [], str(i)) for i in range(8)])
-    assert str(raised.value) == "reward mine raised IndexError: list index out of range"  # (rows 4-5, no further)
+    assert str(raised.value).endswith(  # (rows 4-5, no further: row 5 alone raises another error)
+        "list index out of range on rows 4-5 together (of the 8 in the call), neither half of them alone: it depends "
+        "on the rows called together, not on one row (row 4: completion '#### 4', question 'q4')"
+    )
     texts[5] = "#### 5"
-    texts[6] = "six"  # (a pair of rows 6-7 fails alone: no single row to name, the pair's first is not named)
+    texts[6] = "six"  # (a pair of rows 6-7 fails alone: no single row to name, the pair's first is not blamed)
     with pytest.raises(RewardError) as raised:
         call_checked(pairs_only, "mine", texts, [Record(f"q{i}", [], str(i)) for i in range(8)])
-    assert "on row" not in str(raised.value)
+    assert " on row 6 " not in str(raised.value) and " on rows 6-7 together (of the 8 in the call)" in str(raised.value)
+
+
+def test_a_reward_plugin_failing_on_rows_called_together_says_so_in_its_line(tmp_path):
+    """A reward that fails only on several completions at once (normalized over its call: zero spread when they are
+    alike; a judge's limit on a request's size) named no row, nor that no row alone fails it: the line said only the
+    error, which every row called alone then contradicts."""
+    from dgrpo.data.records import Record
+    from dgrpo.eval.scoring import build_rewards
+
+    path = tmp_path / "plug.py"
+    path.write_text(
+        "def spread(completions, records):\n"
+        "    lens = [len(c) for c in completions]\n"
+        "    return [(n - min(lens)) / (max(lens) - min(lens)) if len(lens) > 1 else 0.0 for n in lens]\n"
+        "def at_most_two(completions, records):\n"
+        "    if len(completions) > 2:\n"
+        "        raise ValueError('at most 2 per request')\n"
+        "    return [1.0] * len(completions)\n"
+    )
+    group = [Record(f"question {i // 4}", [], "1") for i in range(8)]  # (2 prompts, 4 completions each)
+    for name, texts, rows, error in (
+        ("spread", ["#### 1"] * 8, "0-1", "ZeroDivisionError: division by zero"),
+        ("at_most_two", ["#### 1", "#### 2", "#### 3", "#### 4"] * 2, "0-3", "ValueError: at most 2 per request"),
+    ):
+        with pytest.raises(RewardError) as raised:
+            build_rewards(f"{path}:{name}", [], "")(texts, group)
+        assert str(raised.value) == (
+            f"reward {path}:{name} raised {error} on rows {rows} together (of the 8 in the call), neither half of them "
+            "alone: it depends on the rows called together, not on one row (row 0: completion '#### 1', question "
+            "'question 0')"
+        )
 
 
 def test_a_kwargs_reward_called_as_dgrpos_form_says_so_once():

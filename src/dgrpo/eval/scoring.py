@@ -257,7 +257,9 @@ def _failing_row(
 ) -> str:
     """Where a batched call failed with an ``error``: the row found by calling halves of the batch, each time the
     first half that fails with the same kind of error (at most 2 calls per halving: 18 for 512 rows), with its
-    completion and question; '' when neither half fails so (the batch's failure was not one row's)."""
+    completion and question. When neither half fails so (a failure of rows called together: a limit on the call's
+    size, a value that depends on the batch), the rows that do, among the call's, and the first one's completion and
+    question."""
     lo, hi = 0, len(completions)
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -270,10 +272,19 @@ def _failing_row(
             except Exception:  # noqa: BLE001 - another failure: not the one looked for
                 continue
         else:
-            return ""
+            return (
+                f" on rows {lo}-{hi - 1} together (of the {len(completions)} in the call), neither half of them "
+                f"alone: it depends on the rows called together, not on one row (row {lo}: "
+                f"{_row(completions, records, lo)})"
+            )
     if not completions:
         return ""
-    return f" on row {lo} (completion {completions[lo][:60]!r}, question {records[lo].question[:60]!r})"
+    return f" on row {lo} ({_row(completions, records, lo)})"
+
+
+def _row(completions: list[str], records: list[Record], i: int) -> str:
+    """Row ``i`` as an error line names it: its completion and question, each cut at 60 characters."""
+    return f"completion {completions[i][:60]!r}, question {records[i].question[:60]!r}"
 
 
 #: how far a scorer's value may lie from 1 and still be 1 (from 0 and still be 0): a float32 or float sum's rounding
