@@ -18,6 +18,7 @@ from dgrpo.model.factory import load_model
 from dgrpo.training import grpo, sft
 from dgrpo.training.distributed import fsdp2_missing
 from dgrpo.training.preemption import Terminated, sigterm_stops
+from dgrpo.training.run import NonFiniteError, StalledError
 
 from conftest import tiny_config
 
@@ -61,8 +62,8 @@ def sigterm_after(monkeypatch, cls, name, when, times=1):
     monkeypatch.setattr(cls, name, patched)
 
 
-def run_grpo(sft_checkpoint, out, **kw):
-    cfg = tiny_config(**GRPO_SETS)
+def run_grpo(sft_checkpoint, out, sets=(), **kw):
+    cfg = tiny_config(**GRPO_SETS, **dict(sets))
     lm = load_model(cfg.model, cfg.task, init=str(sft_checkpoint), seed=cfg.seed)
     grpo.train_grpo(lm, cfg, generate_split(cfg.task, "train")[:64], out, progress=False, log=quiet, **kw)
 
@@ -206,8 +207,8 @@ def test_sigterm_in_a_step_due_an_evaluation_checkpoints_first_and_the_resumed_r
     assert (out / "summary.json").read_text() == (grpo_evaluated_reference / "summary.json").read_text()
 
 
-def run_sft(out, **kw):
-    cfg = tiny_config(**SFT_SETS)
+def run_sft(out, sets=(), **kw):
+    cfg = tiny_config(**SFT_SETS, **dict(sets))
     torch.manual_seed(0)
     lm = load_model(cfg.model, cfg.task, seed=0)
     sft.train_sft(lm, generate_split(cfg.task, "train"), cfg, out, progress=False, log=quiet, **kw)
@@ -934,5 +935,68 @@ def test_a_preempted_grpo_run_rewrites_its_applied_entry_as_its_checkpoint_has_i
     with sigterm_stops(True), pytest.raises(Terminated):
         run_grpo(sft_checkpoint, out)
     assert checkpoints(out) == ["step-00000002"]
+    entries = json.loads((out / "applied.json").read_text())
+    assert [(e["started_at_step"], e["compile_fallbacks"]) for e in entries] == [(0, 2)]
+
+
+def nonfinite_from(monkeypatch, module, name, calls):
+    """``module.name`` (a loss) NaN from its call ``calls`` on (0: every call)."""
+    original, n = getattr(module, name), []
+
+    def patched(*a, **kw):
+        loss, rest = original(*a, **kw)
+        n.append(1)
+        return (loss * float("nan") if len(n) > calls else loss), rest
+
+    monkeypatch.setattr(module, name, patched)
+
+
+def weights_nonfinite_at(monkeypatch, module, step):
+    """``module.weights_finite`` says the weights became non-finite in the optimizer step ``step`` (from 1)."""
+    n = []
+    monkeypatch.setattr(module, "weights_finite", lambda params, dist: n.append(1) or len(n) != step)
+
+
+@pytest.mark.parametrize("cause", ["guard", "weights"])
+def test_a_nonfinite_stop_of_an_sft_run_rewrites_its_applied_entry_as_a_sigterm_does(tmp_path, monkeypatch, cause):
+    """A non-finite stop (sft.max_nonfinite steps in a row, with its checkpoint; weights made non-finite, with none)
+    kept the start's entry of applied.json, where a SIGTERM's stop writes it again as the process ends."""
+    original = sft.SFTRun.applied
+    monkeypatch.setattr(
+        sft.SFTRun, "applied", lambda self, opt: {**original(self, opt), "compile_fallbacks": self.prog.global_step}
+    )
+    if cause == "guard":
+        nonfinite_from(monkeypatch, sft, "sft_loss", 0)  # (steps 1 and 2 dropped: the guard trips)
+    else:
+        weights_nonfinite_at(monkeypatch, sft, 3)  # (in step 3: steps 1 and 2 trained)
+    out = tmp_path / "run"
+    with pytest.raises(NonFiniteError):
+        run_sft(out, {"sft.max_nonfinite": 2})
+    saved = checkpoints(out) if (out / "checkpoints").is_dir() else []
+    assert saved == (["step-00000002"] if cause == "guard" else [])  # (weights made non-finite: none saved)
+    entries = json.loads((out / "applied.json").read_text())
+    assert [(e["started_at_step"], e["compile_fallbacks"]) for e in entries] == [(0, 2)]
+
+
+@pytest.mark.parametrize("cause", ["guard", "weights", "stall"])
+def test_a_guards_stop_of_a_grpo_run_rewrites_its_applied_entry_as_a_sigterm_does(
+    sft_checkpoint, tmp_path, monkeypatch, cause
+):
+    """GRPO's counterpart of the SFT test above; a stall's stop (grpo.max_skip_streak) as well."""
+    original = grpo.GRPOTrainer.applied
+    monkeypatch.setattr(
+        grpo.GRPOTrainer, "applied", lambda self: {**original(self), "compile_fallbacks": self.step_idx}
+    )
+    if cause == "guard":
+        nonfinite_from(monkeypatch, grpo, "grpo_objective", 0)
+    elif cause == "weights":
+        weights_nonfinite_at(monkeypatch, grpo, 3)
+    else:  # (a stall said after step 2)
+        monkeypatch.setattr(grpo, "_check_stall", lambda run, loop, m, g: "stalled" if m["step"] == 1 else None)
+    out = tmp_path / "run"
+    with pytest.raises(StalledError if cause == "stall" else NonFiniteError):
+        run_grpo(sft_checkpoint, out, {"grpo.max_nonfinite": 2})
+    saved = checkpoints(out) if (out / "checkpoints").is_dir() else []
+    assert saved == ([] if cause == "weights" else ["step-00000002"])  # (weights made non-finite: none saved)
     entries = json.loads((out / "applied.json").read_text())
     assert [(e["started_at_step"], e["compile_fallbacks"]) for e in entries] == [(0, 2)]

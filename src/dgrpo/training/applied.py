@@ -10,7 +10,9 @@ optimizer, its resolved engine and kernels, the model's compiled step and attent
 Each process that starts or resumes a run appends its settings to ``applied.json`` with the step it started at
 (another machine may resolve them otherwise); a resume drops the entries of the steps it abandons (a rewind). A
 process that finishes the run writes its entry again, as at the end: what changed within (a compiler's fallback:
-``compile_head`` false, ``compile_fallbacks`` the compiled layers' calls run eagerly past dynamo's recompile limit).
+``compile_head`` false, ``compile_fallbacks`` the compiled layers' calls run eagerly past dynamo's recompile limit);
+so does one that stops it after a step (a SIGTERM, a non-finite or stalled stop:
+:meth:`~dgrpo.training.run.RunDir.stop_after_step`).
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ from .losses import (
 from .master_weights import adamw
 from .memory import oom_advice
 from .model_record import recorded_model
-from .preemption import stop, stop_requested, within_step
+from .preemption import stop_requested, within_step
 from .ref_policy import make_reference
 from .rollouts import Rollouts, collect_rollouts, replay_logprobs, resolve_engine, resolve_latent_chain
 from .run import (
@@ -826,7 +826,10 @@ def _logged_step(run: RunDir, trainer: GRPOTrainer, loop: LoopState) -> tuple[di
     trainer.lm.stopped_run = str(run.out_dir)  # (mid-run weights until the run ends: check_restart)
     with within_step():
         comm0 = dist.comm_s
-        m = trainer.step()
+        try:
+            m = trainer.step()
+        except NonFiniteError as e:  # (weights made non-finite: nothing of this step is saved)
+            run.stop_after_step(trainer.applied(), e)
         m["time_comm_s"] = round(dist.comm_s - comm0, 4)  # collectives, waiting for the slowest rank included
         loop.skipped += m["skipped"]
         stalled = _check_stall(run, loop, m, g)
@@ -851,15 +854,12 @@ def _end_step(
     if eval_due and not preempted:
         loop.last_eval = evaluate(done)
     due = (g.save_every and done % g.save_every == 0) or done == g.steps
-    if due or trainer.guard.tripped or stalled or preempted:  # (preempted: the same command goes on from here)
+    tripped = trainer.guard.error(done, run.out_dir / CHECKPOINTS_DIR) if trainer.guard.tripped else None
+    error = tripped or (StalledError(stalled) if stalled else None)
+    if due or error is not None or preempted:  # (preempted: the same command goes on from here)
         _save_resumable(run, trainer, loop)
-    if trainer.guard.tripped:
-        raise trainer.guard.error(done, run.out_dir / CHECKPOINTS_DIR)
-    if stalled:
-        raise StalledError(stalled)
-    if preempted:  # (the entry as the checkpoint's process ends: its resume and the record agree)
-        run.record_applied_at_end(trainer.applied())
-        stop(trainer.dist)
+    if error is not None or preempted:  # (applied.json's entry as the process ends: its resume and the record agree)
+        run.stop_after_step(trainer.applied(), error)
 
 
 def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:

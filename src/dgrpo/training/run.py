@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from ..config import BUILTIN_SHAPE, Config, ConfigError, to_dict
 from ..data.records import Record, check_records, data_columns
@@ -67,7 +67,7 @@ from .checkpoint import (
     resume_candidates,
 )
 from .distributed import Dist
-from .preemption import in_test_sets, stop_if_requested, stopping, writing_the_end
+from .preemption import in_test_sets, stop, stop_if_requested, stopping, writing_the_end
 from .tracking import Tracker, describe_backends, open_trackers
 
 #: ``final_eval(lm, best)`` of :func:`~dgrpo.training.grpo.train_grpo` / :func:`~dgrpo.training.sft.train_sft`: run
@@ -1066,6 +1066,16 @@ class RunDir(ResumeCheck):
         since :meth:`start`: a compiler's fallback); rank 0 writes it."""
         if self.dist.is_main:
             record_applied(self.out_dir / APPLIED_FILE, self.applied_step, applied)
+
+    def stop_after_step(self, applied: dict[str, Any], error: TrainingStopped | None = None) -> NoReturn:
+        """Stop the run after a step (its checkpoint written, if it has one): this process's entry of ``applied.json``
+        first written again with ``applied`` as at the run's end (:meth:`record_applied_at_end`: the resume and the
+        record agree), then ``error`` raised (a tripped non-finite guard, weights made non-finite, a stall), else a
+        SIGTERM's stop (:func:`~.preemption.stop`: under torchrun every rank waits for rank 0's writes)."""
+        self.record_applied_at_end(applied)
+        if error is not None:
+            raise error
+        stop(self.dist)
 
     def start(self, resumed_state: dict | None, applied: dict[str, Any] | None = None) -> None:
         """A resumed LoRA run's adapter folders first pointed to its base's new place (:meth:`_adopt_base`); then

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from tqdm.auto import tqdm
@@ -41,7 +41,7 @@ from .distributed import Dist
 from .master_weights import adamw, carry_masters
 from .memory import oom_advice
 from .model_record import recorded_model
-from .preemption import stop, stop_requested, within_step
+from .preemption import stop_requested, within_step
 from .run import (
     FinalEval,
     NonFiniteError,
@@ -335,10 +335,11 @@ class SFTRun:
     def train_epoch(self, train: list[Record], epoch: int, stage: int, first_batch: int, bar: tqdm, t0: float) -> None:
         """Epoch ``epoch``'s steps from batch ``first_batch``: metrics rows (every 10th step, the epoch's last, a
         skipped one) and the checkpoints within the epoch: every ``sft.save_every`` steps, at a non-finite stop, and
-        at a SIGTERM (after the step under way; :mod:`dgrpo.training.preemption`; ``applied.json``'s entry is then
-        written again, as at a run's end: a compiler's fallback in the run shown). The epoch's end saves after its
-        evaluation, ``stage-K/`` and ``best/``; a SIGTERM in its last step saves before them (``batch`` = the epoch's
-        steps: the resumed run does the epoch's end first), so that the grace period need not hold them."""
+        at a SIGTERM (after the step under way; :mod:`dgrpo.training.preemption`). A stop, with its checkpoint or with
+        none (weights made non-finite), writes ``applied.json``'s entry again, as at a run's end: a compiler's
+        fallback in the run shown (:meth:`stop_after_step`). The epoch's end saves after its evaluation, ``stage-K/``
+        and ``best/``; a SIGTERM in its last step saves before them (``batch`` = the epoch's steps: the resumed run
+        does the epoch's end first), so that the grace period need not hold them."""
         s, prog, steps = self.cfg.sft, self.prog, self.plan.steps_per_epoch
         order = self.plan.epoch_order(epoch, len(train))
         self.lm.stopped_run = str(self.run.out_dir)  # (mid-run weights until the run ends: check_restart)
@@ -347,21 +348,27 @@ class SFTRun:
                 ex_rng = random.Random(f"{self.cfg.seed}/examples/{prog.global_step}")
                 picked = order[b * s.batch_size : (b + 1) * s.batch_size]
                 batch = [make_example(train[i], stage, self.cfg, ex_rng) for i in picked]
-                row, applied = self.step(self.dist.shard(batch), epoch, stage, t0)
+                try:
+                    row, applied = self.step(self.dist.shard(batch), epoch, stage, t0)
+                except NonFiniteError as e:  # (weights made non-finite: nothing of this step is saved)
+                    self.stop_after_step(e)
                 bar.update(1)
                 bar.set_postfix(stage=stage, loss=f"{row['loss']:.3f}")
                 if prog.global_step % 10 == 0 or b == steps - 1 or not applied:
                     self.run.metrics.write(row)
-            if self.guard.tripped:
+            tripped = self.guard.tripped  # (alike on every rank: then no SIGTERM is asked about)
+            mid_epoch, preempted = b + 1 < steps, not tripped and stop_requested(self.dist)
+            if tripped or preempted or (mid_epoch and s.save_every and prog.global_step % s.save_every == 0):
                 self.save(epoch, b + 1)
-                raise self.guard.error(prog.global_step, self.run.out_dir / CHECKPOINTS_DIR)
-            mid_epoch, preempted = b + 1 < steps, stop_requested(self.dist)
-            if preempted or (mid_epoch and s.save_every and prog.global_step % s.save_every == 0):
-                self.save(epoch, b + 1)
-            if preempted:  # (the entry as the checkpoint's process ends: its resume and the record agree)
-                assert self.opt is not None  # (a step was trained)
-                self.run.record_applied_at_end(self.applied(self.opt))
-                stop(self.dist)
+            if tripped or preempted:
+                saved_in = self.run.out_dir / CHECKPOINTS_DIR
+                self.stop_after_step(self.guard.error(prog.global_step, saved_in) if tripped else None)
+
+    def stop_after_step(self, error: NonFiniteError | None) -> NoReturn:
+        """Stop the run after a step, its checkpoint written if it has one (:meth:`RunDir.stop_after_step`:
+        ``applied.json``'s entry written again first): ``error`` raised, else a SIGTERM's stop."""
+        assert self.opt is not None  # (a step was trained)
+        self.run.stop_after_step(self.applied(self.opt), error)
 
     def _oom_advice(self) -> AbstractContextManager[None]:
         """What to try when an SFT step runs out of device memory: the next ``sft.grad_accum`` that divides
@@ -490,8 +497,8 @@ def train_sft(
                 if s.eval_every_epoch and layout_stage(stage, cfg) == layout_stage(plan.stage(s.num_epochs - 1), cfg):
                     best = _keep_if_best(lm, stage, epoch, accuracy, best, cfg, run, dist, prog.global_step)
                 sft.save(epoch + 1, 0)
-                if stop_requested(dist):
-                    stop(dist)
+                if stop_requested(dist):  # (asked during the epoch's end)
+                    sft.stop_after_step(None)
         sft.finish(t0, final_eval)
     if cfg.model.lora.r == 0 or cfg.model.lora.train_latent_tokens:  # (the markers' rows trained: GRPO need not warn)
         lm.new_latent_tokens = []
