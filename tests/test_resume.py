@@ -1247,6 +1247,30 @@ def test_applied_json_keeps_an_entry_per_start_and_drops_those_a_rewind_abandons
     assert json.loads(path.read_text()) == [{"started_at_step": 3, "device": "cpu"}]
 
 
+def test_applied_json_keeps_its_entries_when_a_stop_interrupts_its_rewrite(tmp_path, monkeypatch):
+    """A stop rewrites this process's entry (a SIGTERM's, a non-finite stop's); a second SIGTERM or a kill within that
+    write left a cut file, which the next process replaced with its own entry alone (with a warning): the earlier
+    processes' entries were lost."""
+    from pathlib import Path
+
+    from dgrpo.training.applied import record_applied
+
+    path = tmp_path / "applied.json"
+    record_applied(path, 0, {"device": "cpu"})
+    before = path.read_text()
+    write_text = Path.write_text
+
+    def cut(self, text, *a, **kw):  # (half the text written, then the stop)
+        write_text(self, text[: len(text) // 2], *a, **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", cut)
+    with pytest.raises(KeyboardInterrupt):
+        record_applied(path, 0, {"device": "cuda"})
+    monkeypatch.undo()
+    assert path.read_text() == before and [p.name for p in tmp_path.iterdir()] == ["applied.json"]
+
+
 def test_an_sft_run_records_what_it_applied(tmp_path):
     """SFT applies the fused kernels as GRPO does, here on a CPU none (it says so: model.kernels=liger was ignored
     without a word): its applied.json says none, and the optimizer its steps ran (torch AdamW; with bf16 weights and

@@ -18,6 +18,7 @@ so does one that stops it after a step (a SIGTERM, a non-finite or stalled stop:
 from __future__ import annotations
 
 import json
+import os
 import platform
 import warnings
 from importlib.metadata import version
@@ -95,9 +96,16 @@ def applied_settings(
 def record_applied(path: Path, step: int, applied: dict[str, Any]) -> None:
     """Append ``applied`` as the entry of a process that started at ``step`` to ``path`` (``applied.json``: a list,
     oldest first), dropping the entries of steps it abandons (started at ``step`` or later: a rewind, or a resume of
-    a process that wrote no checkpoint). An unreadable file is replaced, with a warning."""
+    a process that wrote no checkpoint). An unreadable file is replaced, with a warning. Written whole or not at all
+    (a temporary file, then renamed): a stop within the write (its rewrite at a SIGTERM's stop) keeps the entries."""
     kept = [e for e in _entries(path) if isinstance(e, dict) and e.get("started_at_step", step) < step]
-    path.write_text(json.dumps([*kept, {"started_at_step": step, **applied}], indent=2) + "\n")
+    tmp = path.with_name(f"{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps([*kept, {"started_at_step": step, **applied}], indent=2) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _entries(path: Path) -> list:
