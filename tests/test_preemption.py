@@ -722,6 +722,24 @@ def test_under_torchrun_a_sigterm_stops_dgrpo_eval_after_the_dataset_under_way(
     assert "every rank stops at the end of the dataset under way (the results of every dataset evaluated" in err, err
 
 
+def test_under_torchrun_a_guards_stop_waits_for_rank_0s_checkpoint_before_the_ranks_raise(tmp_path):
+    """A non-finite or stalled stop is met by every rank at once; the others raised and exited while rank 0 wrote the
+    step's checkpoint, and torchrun, seeing a rank fail, ended rank 0 after its shutdown timeout (30 s: short of a
+    1.5B model's optimizer state). Every rank now leaves the process group (a barrier: rank 0's writes done) first,
+    as a SIGTERM's stop does."""
+    from dgrpo.training.run import NonFiniteError
+
+    run = at_the_runs_end(tmp_path)
+    left = []
+    run.dist.close = lambda: left.append(True)  # type: ignore[method-assign]
+    try:
+        with pytest.raises(NonFiniteError, match="2 steps in a row"):
+            run.stop_after_step({}, NonFiniteError("2 steps in a row"))
+    finally:
+        run.close()
+    assert left == [True]
+
+
 def at_the_runs_end(tmp_path):
     """A grpo run's directory on rank 0 of two (:class:`OneRankOfTwo`), its training done."""
     from dgrpo.training.run import RunDir

@@ -293,15 +293,16 @@ def stop_if_requested(dist: Dist | None, what: str) -> None:
             stop(dist)
 
 
-def stop(dist: Dist | None = None) -> NoReturn:
-    """Raise :class:`Terminated` once the checkpoint (in the test sets: the set's results) is written: under torchrun
-    every rank first waits for rank 0's write (a rank that left early would have torchrun end the others, rank 0
-    mid-write), then leaves the process group as a finished run does (:meth:`~dgrpo.training.distributed.Dist.close`:
-    its threads joined here, not in the interpreter's teardown, where NCCL warns of a group "NOT destroyed")."""
+def stop(dist: Dist | None = None, error: Exception | None = None) -> NoReturn:
+    """Raise :class:`Terminated` (or ``error``: a run's guard that stopped every rank at once) once the checkpoint (in
+    the test sets: the set's results) is written: under torchrun every rank first waits for rank 0's write (a rank
+    that left early would have torchrun end the others, rank 0 mid-write, after its ``--shutdown-timeout``), then
+    leaves the process group as a finished run does (:meth:`~dgrpo.training.distributed.Dist.close`: its threads
+    joined here, not in the interpreter's teardown, where NCCL warns of a group "NOT destroyed")."""
     if dist is not None and dist.active:
         _State.stopping = _State.distributed
         dist.close()  # (a barrier, then the group destroyed)
-    raise Terminated
+    raise Terminated if error is None else error
 
 
 @contextmanager

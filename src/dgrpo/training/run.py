@@ -1070,12 +1070,11 @@ class RunDir(ResumeCheck):
     def stop_after_step(self, applied: dict[str, Any], error: TrainingStopped | None = None) -> NoReturn:
         """Stop the run after a step (its checkpoint written, if it has one): this process's entry of ``applied.json``
         first written again with ``applied`` as at the run's end (:meth:`record_applied_at_end`: the resume and the
-        record agree), then ``error`` raised (a tripped non-finite guard, weights made non-finite, a stall), else a
-        SIGTERM's stop (:func:`~.preemption.stop`: under torchrun every rank waits for rank 0's writes)."""
+        record agree), then ``error`` raised (a tripped non-finite guard, weights made non-finite, a stall: every rank
+        meets it at once), else a SIGTERM's stop; under torchrun every rank first waits for rank 0's writes
+        (:func:`~.preemption.stop`)."""
         self.record_applied_at_end(applied)
-        if error is not None:
-            raise error
-        stop(self.dist)
+        stop(self.dist, error)
 
     def start(self, resumed_state: dict | None, applied: dict[str, Any] | None = None) -> None:
         """A resumed LoRA run's adapter folders first pointed to its base's new place (:meth:`_adopt_base`); then
