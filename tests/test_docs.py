@@ -428,3 +428,65 @@ def test_the_python_apis_classes_and_methods_have_docstrings():
                 if not inspect.getdoc(getattr(cls, name)) and not (isinstance(member, property) and member.__doc__):
                     missing.append(f"{cls.__name__}.{name}")
     assert not missing, missing
+
+
+def logged_keys(out: Path) -> set[str]:
+    """Every key of every row of a run's ``metrics.jsonl``."""
+    import json
+
+    return {k for line in (out / "metrics.jsonl").read_text().splitlines() for k in json.loads(line)}
+
+
+def undocumented_as_logged(documented: set[str], logged: set[str]) -> list[str]:
+    """The documented names no logged key matches (``reward/<name>`` stands for any ``reward/...`` key)."""
+    patterns = {name: re.compile(re.sub(r"<\w+>", "[^/]+", re.escape(name))) for name in documented}
+    return sorted(n for n, p in patterns.items() if not any(p.fullmatch(k) for k in logged))
+
+
+def test_every_grpo_metric_docs_metrics_md_names_is_logged(sft_checkpoint, tmp_path):
+    """The reverse of the test above, for ``dgrpo grpo``: each key docs/metrics.md's GRPO tables name is in a run's
+    rows (one run that logs every optional key: the EMA baseline, a reference renewal, two reward parts, a
+    validation set), and ``rollouts.jsonl`` holds the fields it lists (a key renamed in the code, or one the
+    training loop stopped adding, would leave the doc describing nothing)."""
+    import json
+
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.training.grpo import train_grpo
+
+    from conftest import tiny_config
+
+    rewards = "[{fn: numeric, name: correct}, {fn: numeric, name: again, weight: 0.5}]"
+    over = {"grpo.advantage": "ema", "grpo.ref_renewal_every": 1, "grpo.steps": 2, "grpo.warmup_steps": 0}
+    cfg = tiny_config(**over, **{"grpo.rewards": rewards, "grpo.log_rollouts": 2, "grpo.eval_every": 1})
+    valid = {"valid": generate_split(cfg.task, "valid")[:8]}
+    train = generate_split(cfg.task, "train")
+    train_grpo(
+        LatentLM.from_pretrained(sft_checkpoint), cfg, train, tmp_path, valid=valid, progress=False, log=lambda *a: None
+    )
+    assert undocumented_as_logged(documented_fields("GRPO (`dgrpo grpo`)"), logged_keys(tmp_path)) == []
+    rollout = json.loads((tmp_path / "rollouts.jsonl").read_text().splitlines()[0])
+    section = (ROOT / "docs" / "metrics.md").read_text().split("### `rollouts.jsonl`", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"`(\w+)`", section.split("and with two parts", 1)[0])) - {"log_rollouts"}
+    assert set(rollout) == listed | {"correct", "again"}
+
+
+def test_every_sft_metric_docs_metrics_md_names_is_logged(tmp_path):
+    """The same for ``dgrpo sft``: a short curriculum with a validation set and ``sft.eval_every_epoch`` writes every
+    key of docs/metrics.md's SFT tables (training rows, stage-end and epoch rows, the new-best-epoch row)."""
+    import torch
+
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.sft import train_sft
+
+    from conftest import tiny_config
+
+    over = {"task.n_train": 128, "sft.epochs_per_stage": 1, "sft.num_epochs": 3, "sft.eval_every_epoch": "true"}
+    over["sft.warmup_steps"] = 0
+    cfg = tiny_config(**over)
+    torch.manual_seed(0)
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    valid = generate_split(cfg.task, "valid")[:8]
+    train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path, valid=valid, progress=False, log=lambda *a: None)
+    assert undocumented_as_logged(documented_fields("SFT (`dgrpo sft`)"), logged_keys(tmp_path)) == []
