@@ -490,3 +490,43 @@ def test_every_sft_metric_docs_metrics_md_names_is_logged(tmp_path):
     valid = generate_split(cfg.task, "valid")[:8]
     train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path, valid=valid, progress=False, log=lambda *a: None)
     assert undocumented_as_logged(documented_fields("SFT (`dgrpo sft`)"), logged_keys(tmp_path)) == []
+
+
+def python_examples() -> list[tuple[str, str]]:
+    """(where, code) for every ```python block of docs/*.md (the README's tour has its own test above), dedented (a
+    block in a list item is indented)."""
+    import textwrap
+
+    found = []
+    for path in sorted((ROOT / "docs").glob("*.md")):
+        blocks = re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.DOTALL)
+        found += [(f"{path.relative_to(ROOT)}#{i}", textwrap.dedent(b)) for i, b in enumerate(blocks)]
+    return found
+
+
+EXAMPLES = python_examples()
+
+
+@pytest.mark.filterwarnings("ignore:grpo.warmup_steps")  # (one step of the examples' runs: past no warmup)
+@pytest.mark.parametrize("where,code", EXAMPLES, ids=[w for w, _ in EXAMPLES])
+def test_a_python_example_of_the_docs_runs(where, code, sft_checkpoint, tmp_path, monkeypatch):
+    """Each Python block of docs/*.md runs as written, in a directory where ``dgrpo sft --out runs/sft`` wrote its
+    model and ``dgrpo grpo --out runs/grpo`` its run, their step counts cut to one step (``grpo.steps=100`` in a
+    ``--set`` list becomes 1): a renamed argument or metric in an example fails here, not in a reader's hands."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.training.grpo import train_grpo
+
+    from conftest import tiny_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "sft").symlink_to(sft_checkpoint.parent)
+    if "runs/grpo" in code:
+        cfg = tiny_config(**{"grpo.steps": 2, "grpo.eval_every": 1, "data.test": "[]"})
+        valid = {"valid": generate_split(cfg.task, "valid")[:8]}
+        lm = LatentLM.from_pretrained(sft_checkpoint)
+        train_grpo(lm, cfg, generate_split(cfg.task, "train"), "runs/grpo", valid=valid, progress=False, log=str)
+    short = re.sub(r'"grpo\.steps=\d+"', '"grpo.steps=1", "data.eval_limit=8"', code)
+    assert short != code or "grpo.steps" not in code, "the example's step count is no longer a --set of it"
+    exec(compile(short, where, "exec"), {"__name__": "__docs__"})
