@@ -446,8 +446,8 @@ def undocumented_as_logged(documented: set[str], logged: set[str]) -> list[str]:
 def test_every_grpo_metric_docs_metrics_md_names_is_logged(sft_checkpoint, tmp_path):
     """The reverse of the test above, for ``dgrpo grpo``: each key docs/metrics.md's GRPO tables name is in a run's
     rows (one run that logs every optional key: the EMA baseline, a reference renewal, two reward parts, a
-    validation set), and ``rollouts.jsonl`` holds the fields it lists (a key renamed in the code, or one the
-    training loop stopped adding, would leave the doc describing nothing)."""
+    validation set), and ``summary.json`` and ``rollouts.jsonl`` hold the fields it lists (a key renamed in the code,
+    or one the training loop stopped adding, would leave the doc describing nothing)."""
     import json
 
     from dgrpo.data.synthetic import generate_split
@@ -465,6 +465,10 @@ def test_every_grpo_metric_docs_metrics_md_names_is_logged(sft_checkpoint, tmp_p
         LatentLM.from_pretrained(sft_checkpoint), cfg, train, tmp_path, valid=valid, progress=False, log=lambda *a: None
     )
     assert undocumented_as_logged(documented_fields("GRPO (`dgrpo grpo`)"), logged_keys(tmp_path)) == []
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary) == documented_fields("`summary.json` (GRPO)")
+    applied = documented_fields("`applied.json` (what ran)") - {"started_at_step"}  # (summary's: not a start)
+    assert set(summary["applied"]) == applied
     rollout = json.loads((tmp_path / "rollouts.jsonl").read_text().splitlines()[0])
     section = (ROOT / "docs" / "metrics.md").read_text().split("### `rollouts.jsonl`", 1)[1].split("\n## ", 1)[0]
     listed = set(re.findall(r"`(\w+)`", section.split("and with two parts", 1)[0])) - {"log_rollouts"}
