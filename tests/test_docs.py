@@ -534,3 +534,29 @@ def test_a_python_example_of_the_docs_runs(where, code, sft_checkpoint, tmp_path
     short = re.sub(r'"grpo\.steps=\d+"', '"grpo.steps=1", "data.eval_limit=8"', code)
     assert short != code or "grpo.steps" not in code, "the example's step count is no longer a --set of it"
     exec(compile(short, where, "exec"), {"__name__": "__docs__"})
+
+
+def test_every_code_name_the_docs_prose_gives_is_defined():
+    """A backticked class member (``GRPOTrainer._update``, ``SFTRun.step``, ``Dist.close``, ``Record.meta``) or private
+    function (``_finish_stage``, ``_keep_if_best``) that the docs point a reader to is defined in dgrpo's source:
+    docs/metrics.md names where each metric is computed, and a renamed method would leave it pointing at nothing.
+    (A name of another project's class, ``AutoTokenizer.from_pretrained``, is not dgrpo's: not checked.)"""
+    source = "\n".join(p.read_text() for p in (ROOT / "src" / "dgrpo").rglob("*.py"))
+    classes = set(re.findall(r"^class (\w+)", source, flags=re.MULTILINE))
+
+    def defined(name: str) -> bool:
+        return bool(re.search(rf"^\s*(?:(?:async )?def |class ){name}\b|^\s+{name}\s*[:=]", source, re.MULTILINE))
+
+    named, missing = 0, []
+    for path in DOCS:
+        if path.name == "config.md":
+            continue
+        for n, span in documented_spans(path):
+            m = re.fullmatch(r"([A-Z]\w*)\.(\w+)(?:\(.*\))?|(_[a-z]\w*)(?:\(.*\))?", span.strip())
+            if not m or (m.group(1) and m.group(1) not in classes):
+                continue
+            named += 1
+            if not defined(m.group(2) or m.group(3)):
+                missing.append(f"{path.relative_to(ROOT)}:{n}: {span}")
+    assert named >= 10, named
+    assert not missing, missing
