@@ -560,3 +560,16 @@ def test_every_code_name_the_docs_prose_gives_is_defined():
                 missing.append(f"{path.relative_to(ROOT)}:{n}: {span}")
     assert named >= 10, named
     assert not missing, missing
+
+
+def test_the_readme_lists_every_dataset_name_the_loaders_know():
+    """The README's "Dataset names:" paragraph names every dataset the loaders read by name (a new one, or the paper
+    recipe's ``openmathinstruct2_gsm``, was missing), and each bare name it lists is one of them."""
+    from dgrpo.data.loaders import DATASETS, HUB_DATASETS, OPENMATH_GSM, is_dataset_name
+
+    text = (ROOT / "README.md").read_text()
+    paragraph = text.split("\nDataset names: ", 1)[1].split("\n\n", 1)[0]
+    listed = set(re.findall(r"`([a-z0-9_]+)`", paragraph.split("`builtin", 1)[0]))
+    known = {*DATASETS, *HUB_DATASETS, OPENMATH_GSM}
+    assert known <= listed, sorted(known - listed)
+    assert all(is_dataset_name(name) for name in listed), sorted(n for n in listed if not is_dataset_name(n))
