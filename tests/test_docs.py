@@ -573,3 +573,21 @@ def test_the_readme_lists_every_dataset_name_the_loaders_know():
     known = {*DATASETS, *HUB_DATASETS, OPENMATH_GSM}
     assert known <= listed, sorted(known - listed)
     assert all(is_dataset_name(name) for name in listed), sorted(n for n in listed if not is_dataset_name(n))
+
+
+def test_every_file_and_folder_of_a_run_is_named_in_the_docs():
+    """Each file and folder a training run writes in its ``OUT`` (``dgrpo.run_layout``: ``checkpoints/``,
+    ``final/``, ``metrics.jsonl``, ``applied.json``, ``.lock``, ...) is named, backticked, somewhere in the docs'
+    prose: a run-layout name changed in the code leaves the docs naming the old one, and this names the new."""
+    import dgrpo.run_layout as layout
+
+    spans = [span for path in DOCS if path.name != "config.md" for _, span in documented_spans(path)]
+    names = {k: v for k, v in vars(layout).items() if k.isupper() and isinstance(v, str)}
+    names.pop("WANDB_ID_FILE")  # (W&B's run id: "W&B's `wandb/` and run id", kept for W&B's resume)
+    unnamed = [
+        f"{key} = {name!r}"
+        for key, name in names.items()
+        if not any(re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", span) for span in spans)
+    ]
+    assert len(names) >= 12, names
+    assert not unnamed, unnamed
