@@ -437,7 +437,7 @@ def logged_keys(out: Path) -> set[str]:
     return {k for line in (out / "metrics.jsonl").read_text().splitlines() for k in json.loads(line)}
 
 
-def undocumented_as_logged(documented: set[str], logged: set[str]) -> list[str]:
+def documented_but_not_logged(documented: set[str], logged: set[str]) -> list[str]:
     """The documented names no logged key matches (``reward/<name>`` stands for any ``reward/...`` key)."""
     patterns = {name: re.compile(re.sub(r"<\w+>", "[^/]+", re.escape(name))) for name in documented}
     return sorted(n for n, p in patterns.items() if not any(p.fullmatch(k) for k in logged))
@@ -464,7 +464,7 @@ def test_every_grpo_metric_docs_metrics_md_names_is_logged(sft_checkpoint, tmp_p
     train_grpo(
         LatentLM.from_pretrained(sft_checkpoint), cfg, train, tmp_path, valid=valid, progress=False, log=lambda *a: None
     )
-    assert undocumented_as_logged(documented_fields("GRPO (`dgrpo grpo`)"), logged_keys(tmp_path)) == []
+    assert documented_but_not_logged(documented_fields("GRPO (`dgrpo grpo`)"), logged_keys(tmp_path)) == []
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert set(summary) == documented_fields("`summary.json` (GRPO)")
     applied = documented_fields("`applied.json` (what ran)") - {"started_at_step"}  # (summary's: not a start)
@@ -486,14 +486,13 @@ def test_every_sft_metric_docs_metrics_md_names_is_logged(tmp_path):
 
     from conftest import tiny_config
 
-    over = {"task.n_train": 128, "sft.epochs_per_stage": 1, "sft.num_epochs": 3, "sft.eval_every_epoch": "true"}
-    over["sft.warmup_steps"] = 0
-    cfg = tiny_config(**over)
+    over = {"task.n_train": 128, "sft.epochs_per_stage": 1, "sft.num_epochs": 3, "sft.warmup_steps": 0}
+    cfg = tiny_config(**over, **{"sft.eval_every_epoch": "true"})
     torch.manual_seed(0)
     lm = load_model(cfg.model, cfg.task, seed=0)
     valid = generate_split(cfg.task, "valid")[:8]
     train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path, valid=valid, progress=False, log=lambda *a: None)
-    assert undocumented_as_logged(documented_fields("SFT (`dgrpo sft`)"), logged_keys(tmp_path)) == []
+    assert documented_but_not_logged(documented_fields("SFT (`dgrpo sft`)"), logged_keys(tmp_path)) == []
 
 
 def python_examples() -> list[tuple[str, str]]:
@@ -515,8 +514,9 @@ EXAMPLES = python_examples()
 @pytest.mark.parametrize("where,code", EXAMPLES, ids=[w for w, _ in EXAMPLES])
 def test_a_python_example_of_the_docs_runs(where, code, sft_checkpoint, tmp_path, monkeypatch):
     """Each Python block of docs/*.md runs as written, in a directory where ``dgrpo sft --out runs/sft`` wrote its
-    model and ``dgrpo grpo --out runs/grpo`` its run, their step counts cut to one step (``grpo.steps=100`` in a
-    ``--set`` list becomes 1): a renamed argument or metric in an example fails here, not in a reader's hands."""
+    model and ``dgrpo grpo --out runs/grpo`` its run, their training cut to one step (``grpo.steps=100`` in a
+    ``--set`` list becomes 1, validated on 8 records): a renamed argument or metric in an example fails here, not in
+    a reader's hands."""
     from dgrpo.data.synthetic import generate_split
     from dgrpo.model.latent_lm import LatentLM
     from dgrpo.training.grpo import train_grpo
@@ -530,7 +530,8 @@ def test_a_python_example_of_the_docs_runs(where, code, sft_checkpoint, tmp_path
         cfg = tiny_config(**{"grpo.steps": 2, "grpo.eval_every": 1, "data.test": "[]"})
         valid = {"valid": generate_split(cfg.task, "valid")[:8]}
         lm = LatentLM.from_pretrained(sft_checkpoint)
-        train_grpo(lm, cfg, generate_split(cfg.task, "train"), "runs/grpo", valid=valid, progress=False, log=str)
+        train = generate_split(cfg.task, "train")
+        train_grpo(lm, cfg, train, "runs/grpo", valid=valid, progress=False, log=lambda *a: None)
     short = re.sub(r'"grpo\.steps=\d+"', '"grpo.steps=1", "data.eval_limit=8"', code)
     assert short != code or "grpo.steps" not in code, "the example's step count is no longer a --set of it"
     exec(compile(short, where, "exec"), {"__name__": "__docs__"})
