@@ -592,3 +592,18 @@ def test_every_file_and_folder_of_a_run_is_named_in_the_docs():
     ]
     assert len(names) >= 12, names
     assert not unnamed, unnamed
+
+
+def test_the_readme_states_the_dependency_floors_of_pyproject():
+    """The README's "Versions:" paragraph (torch >= 2.10, transformers >= 5.24, `peft` >= 0.19, `wandb` >= 0.23, each
+    package's first) gives the floors pyproject.toml requires: a floor raised in one and not the other would tell a
+    user a version that fails (or refuses) to install."""
+    readme = (ROOT / "README.md").read_text().split("\nVersions: ", 1)[1].split("\n\n", 1)[0]
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    stated: dict[str, str] = {}
+    for name, version in re.findall(r"`?([a-z]+)`? >= (\d+(?:\.\d+)*)", readme):
+        stated.setdefault(name, version)  # (the first: "FSDP2 training ... needs torch >= 2.13" is another floor)
+    floors = dict(re.findall(r'"([a-z-]+)(?:\[[^]]*\])?>=([\d.]+)', pyproject))
+    assert {"torch", "transformers", "peft", "wandb"} <= set(stated), stated
+    wrong = {name: (v, floors.get(name)) for name, v in stated.items() if floors.get(name) != v}
+    assert not wrong, wrong
