@@ -1248,6 +1248,28 @@ def test_a_reward_file_that_is_not_python_is_one_line(tmp_path):
         load_function(f"{tmp_path / 'a.yaml'}:fn")  # (was 'cannot import ... (AssertionError: )')
 
 
+def test_a_reward_file_imports_the_modules_beside_it_from_any_working_directory(tmp_path, monkeypatch):
+    """``from helpers import parse`` in a reward file worked under ``python -m dgrpo`` run from its folder (the working
+    directory is on sys.path) and was 'cannot import ... No module named' under the ``dgrpo`` command; a relative
+    path that names no file did not say where it was looked for."""
+    folder = tmp_path / "rewards"
+    folder.mkdir()
+    helper = f"helpers_{tmp_path.name.replace('-', '_')}"  # (a name of this test's own: sys.modules keeps modules)
+    (folder / f"{helper}.py").write_text("def parse(c):\n    return c.split('#')[-1].strip()\n")
+    (folder / "mine.py").write_text(
+        f"from {helper} import parse\n\n\ndef reward(completions, records):\n"
+        "    return [float(parse(c) == r.answer) for c, r in zip(completions, records)]\n"
+    )
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd())])  # (as the dgrpo command)
+    monkeypatch.chdir(tmp_path)
+    fn = load_function("rewards/mine.py:reward")
+    assert fn(["#### 4", "#### 5"], [Record("q", [], "4"), Record("q", [], "4")]) == [1.0, 0.0]
+    assert sys.path[-1] == str(folder)  # (last: a file there named as an installed package does not replace it)
+    where = f"mine.py not found (a relative path is read from the working directory, {tmp_path})"
+    with pytest.raises(RewardError, match=re.escape(where)):
+        load_function("mine.py:reward")
+
+
 def test_evaluate_checks_a_scorer_as_training_checks_a_reward(sft_checkpoint):
     """A scorer returning too few values or a NaN is one line naming it (evaluate counted the rest silently); the
     MC-vote evaluation gives the model back in the mode it had."""

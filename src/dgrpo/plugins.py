@@ -33,7 +33,7 @@ def import_object(spec: str, what: str, kind: str = "function") -> Any:
         path = plugin_file(spec)
         if path is not None:
             if not path.is_file():
-                raise PluginError(f"{what} {spec!r}: file {path} not found")
+                raise PluginError(f"{what} {spec!r}: file {path} not found{_from_cwd(path)}")
             module = _file_module(path, f"{what} {spec!r}", kind)
         else:
             module = importlib.import_module(target)
@@ -44,6 +44,23 @@ def import_object(spec: str, what: str, kind: str = "function") -> Any:
     if not hasattr(module, name):
         raise PluginError(f"{what} {spec!r}: {target} has no {kind.lower()} {name!r}")
     return getattr(module, name)
+
+
+def _from_cwd(path: Path) -> str:
+    """Where a relative plug-in path was looked for: the working directory (not a config file's folder, which only
+    ``base:`` is read from)."""
+    return "" if path.is_absolute() else f" (a relative path is read from the working directory, {Path.cwd()})"
+
+
+def _importable_beside(path: Path) -> None:
+    """Make the modules beside a plug-in file importable from it, at its top level or later in a function, as they
+    are when the file runs as a script (``from helpers import parse``): its folder goes at the end of ``sys.path``,
+    so that a file there named as an installed package (``datasets.py``) does not replace that package. Without it
+    such an import worked under ``python -m dgrpo`` from the file's folder (the working directory is on the path)
+    and failed under the ``dgrpo`` command (its ``bin/`` is)."""
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.append(folder)
 
 
 def _file_module(path: Path, where: str, kind: str) -> ModuleType:
@@ -64,6 +81,7 @@ def _file_module(path: Path, where: str, kind: str) -> ModuleType:
     module = importlib.util.module_from_spec(module_spec)
     module.__dict__["__dgrpo_version__"] = version
     sys.modules[name] = module
+    _importable_beside(resolved)
     try:
         module_spec.loader.exec_module(module)
     except BaseException:
