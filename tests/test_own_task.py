@@ -715,6 +715,28 @@ def test_csv_parquet_dataset_folders_and_column_mapping(tmp_path):
     ]
 
 
+def test_a_list_answer_a_null_question_and_a_gzipped_file_are_named_for_what_they_are(tmp_path):
+    """An answer column holding a list was called 'a chat-format conversation: give the question's text'; a null
+    question was 'empty' where a null answer was 'empty (null)'; a .jsonl.gz file was 'line 1: not valid UTF-8'."""
+    import gzip
+
+    from dgrpo.config import DataConfig
+    from dgrpo.data.records import DataError
+
+    cols = DataConfig(question_key="problem", answer_key="solution", steps_key="")
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"problem": "1/2 + 1/2?", "solution": ["1", "2/2"]}) + "\n")
+    with pytest.raises(DataError, match=r"column 'solution' must be text or a number, got list \(several accepted"):
+        load_spec(str(path), data=cols)
+    path.write_text(json.dumps({"problem": None, "solution": "1"}) + "\n")
+    with pytest.raises(DataError, match=r"d.jsonl line 1: column 'problem' is empty \(null\)$"):
+        load_spec(str(path), data=cols)
+    packed = tmp_path / "d.jsonl.gz"
+    packed.write_bytes(gzip.compress(json.dumps({"problem": "q", "solution": "1"}).encode()))
+    with pytest.raises(DataError, match=r"d.jsonl.gz: a gzip-compressed file; decompress it first"):
+        load_spec(str(packed), data=cols)
+
+
 def test_load_dataset_names_what_it_takes(tmp_path):
     """A list of dicts (data already in memory) failed deep inside ('list' object has no attribute 'startswith'): it
     is read as rows; another object is a one-line DataError; a Path is a path."""

@@ -516,6 +516,8 @@ def _read_text(path: Path) -> str:
         raise DataError(f"{path}: is a directory, expected a data file") from None
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if data.startswith(b"\x1f\x8b"):  # (gzip's magic bytes: was 'line 1: not valid UTF-8 (byte 1)')
+        raise DataError(f"{path}: a gzip-compressed file; decompress it first (gunzip -k {path})")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -720,13 +722,21 @@ def rows_to_records(
 _RECORD_COLUMNS = ("question", "answer", "steps", "prompt")
 
 
-def _check_scalar(value: Any, key: str) -> None:
+def _check_scalar(value: Any, key: str, answer: bool = False) -> None:
     """A mapped question or answer column holds text or a number: a list or mapping (a chat-format prompt, several
-    accepted answers) was read as its Python repr, ``"[{'role': 'user', ...}]"``, trained on and never scored right."""
+    accepted answers) was read as its Python repr, ``"[{'role': 'user', ...}]"``, trained on and never scored right.
+    A list is named for what it likely is in that column (an answer column's list was called a conversation)."""
     if value is None or isinstance(value, (str, numbers.Number)):
         return
-    chat = " (a chat-format conversation: give the question's text)" if isinstance(value, list) else ""
-    raise _RowError(f"column {key!r} must be text or a number, got {type(value).__name__}{chat}")
+    hint = ""
+    if isinstance(value, list):
+        hint = (
+            " (several accepted answers? put the one to train on here, the list in another column, which a reward "
+            "function reads by its name)"
+            if answer
+            else " (a chat-format conversation: give the question's text)"
+        )
+    raise _RowError(f"column {key!r} must be text or a number, got {type(value).__name__}{hint}")
 
 
 class _ColumnParser:
@@ -762,7 +772,7 @@ class _ColumnParser:
         _check_scalar(raw_question, self.question_key)
         question = "" if raw_question is None else str(raw_question).strip()  # (null: empty, not 'None')
         if not question:
-            raise _RowError(f"column {self.question_key!r} is empty")
+            raise _RowError(f"column {self.question_key!r} is empty" + (" (null)" if raw_question is None else ""))
         answer, solution = self._answer(row)
         steps = self._steps(row, solution)
         # every column stays under its own name, the mapped ones too (TRL passes a reward function each column but
@@ -778,7 +788,7 @@ class _ColumnParser:
         raw = _field(row, key, "data.answer_key")
         if raw is None:  # (JSON null, an empty parquet cell: str() would make it the answer 'None')
             raise _RowError(f"column {key!r} is empty (null)")
-        _check_scalar(raw, key)
+        _check_scalar(raw, key, answer=True)
         answer = _format_number(raw, f"column {key!r}") if isinstance(raw, (int, float)) else str(raw).strip()
         solution = answer if "####" in answer else None
         if solution is not None:
