@@ -1292,6 +1292,25 @@ def test_a_reward_file_imports_the_modules_beside_it_from_any_working_directory(
         load_function("mine.py:reward")
 
 
+def test_a_partial_credit_scorers_values_are_in_the_predictions(tokenizer):
+    """A scorer's partial credit (0.5: the right value, unreduced) counts as not correct, and was written nowhere:
+    predictions.jsonl held only ``correct``, so a run scored by it read 0% with no trace of its 0.5s."""
+    from dgrpo.eval.evaluate import evaluate, evaluate_mc_vote
+    from dgrpo.perturbation import LockedDropout
+
+    from conftest import make_lm
+
+    lm, recs = make_lm(tokenizer), load_spec("builtin:test?n_test=4")
+
+    def halves(completions, records):
+        return [1.0, 0.5, 0.0, 0.25][: len(completions)]
+
+    result = evaluate(lm, recs, scorer=halves, max_new_tokens=2, progress=False)
+    assert [p["score"] for p in result.predictions] == [1.0, 0.5, 0.0, 0.25] and result.correct == 1
+    voted = evaluate_mc_vote(lm, recs, LockedDropout(p=0.1), n_masks=2, scorer=halves, max_new_tokens=2, progress=False)
+    assert [p["score"] for p in voted.predictions] == [1.0, 0.5, 0.0, 0.25]
+
+
 def test_evaluate_checks_a_scorer_as_training_checks_a_reward(sft_checkpoint):
     """A scorer returning too few values or a NaN is one line naming it (evaluate counted the rest silently); the
     MC-vote evaluation gives the model back in the mode it had."""

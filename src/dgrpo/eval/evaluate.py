@@ -577,9 +577,9 @@ def _numeric_gold(gold: str) -> bool:
 
 def _graded(records: list[Record], texts: list[str], scorer: ScoreFn) -> tuple[list[dict], int, int]:
     """(one prediction row per record, how many are correct, how many have no parseable number): ``scorer``'s
-    value (1: correct; in [0, 1]) is checked as a reward is. ``pred`` is the answer as the scorer reads it; only the
-    numeric verifier's outputs for numeric golds count as unparseable (for a text gold it compares the text after
-    the last ``#``)."""
+    value (1: correct; in [0, 1]) is checked as a reward is, and kept as the row's ``score``. ``pred`` is the answer
+    as the scorer reads it; only the numeric verifier's outputs for numeric golds count as unparseable (for a text
+    gold it compares the text after the last ``#``)."""
     is_numeric = scorer is numeric
     scores = call_checked(scorer, scorer_name(scorer), texts, records, "scorer")
     preds, correct, unparseable = [], 0, 0
@@ -595,7 +595,8 @@ def _graded(records: list[Record], texts: list[str], scorer: ScoreFn) -> tuple[l
             pred = choice_letter(text)
         else:
             pred = final_answer_text(text, r.answer).strip()
-        preds.append({"question": r.question, "gold": r.answer, "completion": text, "pred": pred, "correct": ok})
+        row = {"question": r.question, "gold": r.answer, "completion": text, "pred": pred, "correct": ok}
+        preds.append({**row, "score": float(value)})  # (a partial-credit scorer's 0.5 was nowhere: only correct)
     return preds, correct, unparseable
 
 
@@ -787,9 +788,10 @@ def _voted(records: list[Record], texts: list[str], n_masks: int, scorer: ScoreF
         if chosen
         else []
     )
-    ok = {j: value == 1 for j, value in zip(chosen, scores)}
-    for j, p in enumerate(preds):  # (a question without a vote shows its first completion)
-        p.update(completion=chosen.get(j, texts[j * n_masks]), correct=ok.get(j, False))
+    value = {j: float(v) for j, v in zip(chosen, scores)}
+    ok = {j: v == 1 for j, v in value.items()}
+    for j, p in enumerate(preds):  # (a question without a vote shows its first completion, and scores 0)
+        p.update(completion=chosen.get(j, texts[j * n_masks]), correct=ok.get(j, False), score=value.get(j, 0.0))
     return preds, sum(ok.values())
 
 
