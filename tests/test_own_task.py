@@ -737,6 +737,27 @@ def test_a_list_answer_a_null_question_and_a_gzipped_file_are_named_for_what_the
         load_spec(str(packed), data=cols)
 
 
+def test_a_gsm8k_style_steps_column_keeps_its_answer_line_out_of_the_steps(tmp_path):
+    """A solution 'lines... #### 25/24' named as data.steps_key (the answer column itself, or beside a column of bare
+    answers) kept '#### 25/24' as its last step: SFT trained the answer as a reasoning step, then again as the
+    answer. A Markdown heading '#### ...' in the steps is no answer and stays."""
+    from dgrpo.config import DataConfig
+
+    path = tmp_path / "d.jsonl"
+    rows = [
+        {"q": "7/8 + 1/6?", "sol": "7/8 = 21/24\n1/6 = 4/24\n#### 25/24", "final": "25/24"},
+        {"q": "1 + 1?", "sol": "#### Adding\n1 + 1 = 2\n#### 2.0", "final": "2"},
+        {"q": "2 + 2?", "sol": ["2 + 2 = 4", "#### 4"], "final": "4"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    expected = [["7/8 = 21/24", "1/6 = 4/24"], ["#### Adding", "1 + 1 = 2"], ["2 + 2 = 4"]]
+    beside = load_spec(str(path), data=DataConfig(question_key="q", answer_key="final", steps_key="sol"))
+    assert [(r.steps, r.answer) for r in beside] == list(zip(expected, ["25/24", "2", "4"]))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    itself = load_spec(str(path), data=DataConfig(question_key="q", answer_key="sol", steps_key="sol"))
+    assert [(r.steps, r.answer) for r in itself] == list(zip(expected, ["25/24", "2"]))
+
+
 def test_load_dataset_names_what_it_takes(tmp_path):
     """A list of dicts (data already in memory) failed deep inside ('list' object has no attribute 'startswith'): it
     is read as rows; another object is a one-line DataError; a Path is a path."""
@@ -1521,6 +1542,24 @@ def test_which_sft_modes_need_steps(mode, says):
     assert (line == "") if says is None else re.search(says, line), line
     mapped = tiny_config(**{"sft.mode": mode, "data.question_key": "q", "data.answer_key": "a", "data.steps_key": "s"})
     assert says is None or "; data.steps_key=s gives none (a list of strings" in _no_steps_line(bare, mapped)
+
+
+def test_sft_without_steps_names_the_solution_column_whose_lines_would_be_steps(tmp_path):
+    """Solutions 'lines... #### 25/24' without <<...>> calculations give no steps; the warning said to map 'the
+    column that holds them', which is the answer column itself: it names it."""
+    from dgrpo.config import DataConfig
+    from dgrpo.training.sft import _no_steps_line
+
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"q": "7/8 + 1/6?", "sol": "7/8 = 21/24\n1/6 = 4/24\n#### 25/24"}) + "\n")
+    cfg = tiny_config(**{"data.question_key": "q", "data.answer_key": "sol"})
+    train = load_spec(str(path), data=DataConfig(question_key="q", answer_key="sol"))
+    assert "; data.steps_key=sol takes the lines before '####' of its GSM8K-style solutions as steps (a list" in (
+        _no_steps_line(train, cfg)
+    )
+    path.write_text(json.dumps({"q": "7/8 + 1/6?", "sol": "#### 25/24"}) + "\n")  # (nothing before '####')
+    train = load_spec(str(path), data=DataConfig(question_key="q", answer_key="sol"))
+    assert "; map the column that holds them with data.steps_key (a list" in _no_steps_line(train, cfg)
 
 
 @pytest.mark.parametrize(

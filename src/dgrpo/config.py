@@ -462,8 +462,9 @@ class DataConfig:
     )
     steps_key: str = opt(
         "",
-        "column holding the reasoning steps: a list of strings, or one string split on newlines ('' = none, or a "
-        "GSM8K-style answer's calculations)",
+        "column holding the reasoning steps: a list of strings, or one string split on newlines, without an end "
+        "'#### <answer>' (so it may name a GSM8K-style answer column: its lines before '####'); '' = none, or a "
+        "GSM8K-style answer's <<...>> calculations",
     )
     chat_template: bool = opt(
         False,

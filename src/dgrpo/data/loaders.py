@@ -774,7 +774,7 @@ class _ColumnParser:
         if not question:
             raise _RowError(f"column {self.question_key!r} is empty" + (" (null)" if raw_question is None else ""))
         answer, solution = self._answer(row)
-        steps = self._steps(row, solution)
+        steps = self._steps(row, solution, answer)
         # every column stays under its own name, the mapped ones too (TRL passes a reward function each column but
         # the prompt), except those the record holds as question, answer and steps
         meta = {k: v for k, v in row.items() if k not in _RECORD_COLUMNS}
@@ -798,16 +798,26 @@ class _ColumnParser:
             raise _RowError(f"column {key!r} is empty" + (" after its '####'" if solution else ""))
         return answer, solution
 
-    def _steps(self, row: dict[str, Any], solution: str | None) -> list[str]:
+    def _steps(self, row: dict[str, Any], solution: str | None, answer: str) -> list[str]:
         key = self.steps_key
         steps: Any = row.get(key, []) if key else _step_annotations(solution) if solution else []
         if steps is None:  # (a missing value: parquet and Hugging Face datasets hold None where JSONL omits the key)
             steps = []
         if isinstance(steps, str):
-            steps = steps.splitlines()
+            steps = _before_answer_line(steps, answer).splitlines()
         if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
             raise _RowError(f"column {key!r} must be a list of strings or one string")
+        if steps and _before_answer_line(steps[-1], answer).strip() == "":
+            steps = steps[:-1]  # (a list that ends with '#### <answer>': the answer, not a step)
         return [s for s in steps if s.strip()]  # (blank steps dropped, as from Coconut's records)
+
+
+def _before_answer_line(text: str, answer: str) -> str:
+    """A steps text without its end ``#### <answer>`` (a GSM8K-style solution: the answer column itself, or a
+    solution column beside a column of bare answers), which was kept as the last step and trained as one: the answer
+    written twice. Any other ``####`` (a Markdown heading) stays."""
+    head, marker, tail = text.rpartition("####")
+    return head if marker and (normalize_number(tail.strip()) or tail.strip()) == answer else text
 
 
 def column_parser(question_key: str, answer_key: str, steps_key: str = "", steps_required: bool = True) -> RowParser:
