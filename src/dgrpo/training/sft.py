@@ -669,11 +669,21 @@ def _no_steps_line(train: list[Record], cfg: Config) -> str:
             f"teaches no reasoning (the checkpoint still records n_latent={n_latent})"
         )
     fix = f"data.steps_key={key} gives none" if key else "map the column that holds them with data.steps_key"
+    column = cfg.data.answer_key
+    if not key and column and any(_reasoned(rec, column) for rec in train):  # (its lines were no steps: <<...>> are)
+        fix = f"data.steps_key={column} takes the lines before '####' of its GSM8K-style solutions as steps"
     alone = "" if mode == "cot" else ", or train the answer alone with sft.mode=no_cot"
     return (
         f"none of the {len(train)} training records has reasoning steps: sft.mode={mode} {does}; {fix} (a list of "
         f"strings, or one string split on newlines){alone}"
     )
+
+
+def _reasoned(rec: Record, column: str) -> bool:
+    """Whether a record's answer column (``data.answer_key``; ``solution`` for a column the record keeps as its own
+    field) is a GSM8K-style solution with text before its ``####``."""
+    text = rec.meta.get(column, rec.meta.get("solution"))
+    return isinstance(text, str) and "####" in text and bool(text.rpartition("####")[0].strip())
 
 
 def _warmup_line(n_train: int, cfg: Config) -> str:
