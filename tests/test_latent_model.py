@@ -299,6 +299,27 @@ def test_special_tokens_added_and_initialised_to_mean(tokenizer):
     assert torch.allclose(w[[lm.start_id, lm.latent_id, lm.end_id]], w[:n_tok].mean(0).expand(3, -1), atol=1e-6)
 
 
+def test_a_tokenizer_with_more_tokens_than_the_model_has_rows_is_warned_about(tokenizer):
+    """Another model's tokenizer (300 tokens for a model of 200 rows) was resized over without a word: the ids past
+    the model's rows got random rows, and text using them reached the model as noise."""
+    import copy
+    import warnings
+
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.model.tiny import build_tiny_model
+
+    tok, n_tok = copy.deepcopy(tokenizer), len(tokenizer)
+    model = build_tiny_model("llama", n_tok - 7, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
+    with pytest.warns(
+        UserWarning, match=f"the tokenizer has 7 token\\(s\\) beyond the model's {n_tok - 7} embedding rows"
+    ):
+        LatentLM(model, tok)
+    with warnings.catch_warnings():  # (a padded vocabulary, and the model's own markers: no warning)
+        warnings.simplefilter("error")
+        lm = LatentLM(build_tiny_model("llama", n_tok + 8, hidden_size=32, num_layers=2, num_heads=4), tok)
+        LatentLM(lm.model, lm.tokenizer)
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])  # an untied head, a tied one
 def test_model_latent_token_init_coconut_copies_the_rows_of_double_angle(tokenizer, arch, monkeypatch):
     """Coconut's run.py starts each new latent marker at the row of ``<<``, in the embedding and the head

@@ -63,6 +63,7 @@ def add_latent_tokens(
     model without their rows)."""
     vocab, n_tokens, n_rows = tokenizer.get_vocab(), len(tokenizer), input_embedding_weight(model).shape[0]
     markers = (START_LATENT, LATENT, END_LATENT)
+    _warn_tokens_beyond_rows(vocab, n_rows, markers)
     missing = [t for t in markers if t not in vocab]
     if missing:
         tokenizer.add_tokens(missing, special_tokens=True)
@@ -82,6 +83,20 @@ def add_latent_tokens(
             )
         init_new_embeddings(model, [token_id(tokenizer, t) for t in missing], n_real, copy_of)
     return missing
+
+
+def _warn_tokens_beyond_rows(vocab: dict[str, int], n_rows: int, markers: tuple[str, ...]) -> None:
+    """Warn about tokens of the tokenizer (the latent markers aside) whose ids have no row in the model's embedding:
+    a tokenizer of another model, or a model built with too small a vocab_size. The resize gave them new, untrained
+    rows without a word, and the text that uses them reached the model as noise."""
+    beyond = sorted((i, t) for t, i in vocab.items() if i >= n_rows and t not in markers)
+    if beyond:
+        warnings.warn(
+            f"the tokenizer has {len(beyond)} token(s) beyond the model's {n_rows} embedding rows (ids {beyond[0][0]} "
+            f"to {beyond[-1][0]}, {beyond[0][1]!r} first): they get new, untrained rows; is it another model's "
+            "tokenizer? Save the model's own beside it (or build the model with vocab_size = len(tokenizer))",
+            stacklevel=4,
+        )
 
 
 def check_special_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
