@@ -758,6 +758,23 @@ def test_a_gsm8k_style_steps_column_keeps_its_answer_line_out_of_the_steps(tmp_p
     assert [(r.steps, r.answer) for r in itself] == list(zip(expected, ["25/24", "2"]))
 
 
+def test_a_missing_csv_or_parquet_file_is_a_missing_file_not_a_hub_dataset(tmp_path, monkeypatch):
+    """A typo in data.train=my_train.csv was looked up on the Hugging Face hub ('unknown dataset ...: the hub could
+    not be reached', or a wait for it): only .json, .jsonl and .txt names were taken for files. A relative path says
+    where it was looked for."""
+    from dgrpo.data.loaders import reads_from_the_hub
+    from dgrpo.data.records import DataError
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("my_train.csv", "sub/my_train.parquet", "my_train.pq", "my_train.jsonl"):
+        assert not reads_from_the_hub(name)
+        says = f"{name}: file not found (a relative path is read from the working directory, {tmp_path})"
+        with pytest.raises(DataError, match=f"^{re.escape(says)}$"):
+            load_spec(name)
+    with pytest.raises(DataError, match=f"^{re.escape(str(tmp_path / 'x.csv'))}: file not found$"):
+        load_spec(str(tmp_path / "x.csv"))
+
+
 def test_load_dataset_names_what_it_takes(tmp_path):
     """A list of dicts (data already in memory) failed deep inside ('list' object has no attribute 'startswith'): it
     is read as rows; another object is a one-line DataError; a Path is a path."""

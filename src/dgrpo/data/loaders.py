@@ -511,7 +511,7 @@ def _read_text(path: Path) -> str:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
+        raise DataError(_not_found(path)) from None
     except IsADirectoryError:
         raise DataError(f"{path}: is a directory, expected a data file") from None
     except OSError as exc:
@@ -907,7 +907,7 @@ def _load_any(name_or_path: str, split: str | None, columns: RowParser | None, c
     if _names_a_file(raw):
         if path.is_dir():
             raise DataError(f"{path}: is a directory; give a data file or a dataset name")
-        raise DataError(f"{path}: file not found")
+        raise DataError(_not_found(path))
     return _load_from_hub(raw, split, columns=columns, config=config)
 
 
@@ -915,7 +915,19 @@ def _names_a_file(raw: str) -> bool:
     """Whether a name that is no built-in dataset is meant as a local path (a data file's extension, a leading
     ``.``, ``/`` or ``~``, or a directory), not a hub dataset."""
     path = Path(raw).expanduser()
-    return path.suffix.lower() in (".json", ".jsonl", ".txt") or raw.startswith((".", "/", "~")) or path.is_dir()
+    return path.suffix.lower() in FILE_SUFFIXES or raw.startswith((".", "/", "~")) or path.is_dir()
+
+
+#: the extensions of the data files :func:`load_dataset` reads; a name with one is a path, never a hub dataset (a
+#: missing ``my_train.csv`` was looked up on the hub: 'unknown dataset ...', or a wait for the network)
+FILE_SUFFIXES = (".json", ".jsonl", ".txt", ".csv", ".parquet", ".pq")
+
+
+def _not_found(path: Path) -> str:
+    """``PATH: file not found``, saying where a relative path was looked for (a run's config.json copied to another
+    folder keeps its data.test as typed)."""
+    where = "" if path.is_absolute() else f" (a relative path is read from the working directory, {Path.cwd()})"
+    return f"{path}: file not found{where}"
 
 
 def reads_from_the_hub(name: str) -> bool:
