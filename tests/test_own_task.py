@@ -1349,6 +1349,26 @@ def test_a_partial_credit_scorers_values_are_in_the_predictions(tokenizer):
     assert [p["score"] for p in voted.predictions] == [1.0, 0.5, 0.0, 0.25]
 
 
+def test_a_reward_module_in_the_working_directory_imports_under_the_dgrpo_command(tmp_path, monkeypatch):
+    """``grpo.reward=mypkg.rewards:fn`` ran under ``python -m dgrpo`` (the working directory on sys.path) and was
+    'No module named mypkg' under the ``dgrpo`` command, from the same folder."""
+    package = f"mypkg_{tmp_path.name.replace('-', '_')}"  # (a name of this test's own: sys.modules keeps modules)
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / package / "rewards.py").write_text(
+        "def fn(completions, records):\n    return [1.0] * len(completions)\n"
+    )
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd(), str(tmp_path))])
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert load_function(f"{package}.rewards:fn")(["a"], [Record("q", [], "1")]) == [1.0]
+        with pytest.raises(RewardError, match="cannot import nopkg_here.rewards \\(ModuleNotFoundError: No module"):
+            load_function("nopkg_here.rewards:fn")
+    finally:
+        for name in (package, f"{package}.rewards"):
+            sys.modules.pop(name, None)
+
+
 def test_evaluate_checks_a_scorer_as_training_checks_a_reward(sft_checkpoint):
     """A scorer returning too few values or a NaN is one line naming it (evaluate counted the rest silently); the
     MC-vote evaluation gives the model back in the mode it had."""

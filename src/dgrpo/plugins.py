@@ -36,7 +36,7 @@ def import_object(spec: str, what: str, kind: str = "function") -> Any:
                 raise PluginError(f"{what} {spec!r}: file {path} not found{_from_cwd(path)}")
             module = _file_module(path, f"{what} {spec!r}", kind)
         else:
-            module = importlib.import_module(target)
+            module = _import_module(target)
     except PluginError:
         raise
     except Exception as e:  # noqa: BLE001 - the user's module failed to import: one line
@@ -44,6 +44,22 @@ def import_object(spec: str, what: str, kind: str = "function") -> Any:
     if not hasattr(module, name):
         raise PluginError(f"{what} {spec!r}: {target} has no {kind.lower()} {name!r}")
     return getattr(module, name)
+
+
+def _import_module(target: str) -> ModuleType:
+    """``package.module`` imported as Python imports it, or, when its top-level package is not on ``sys.path`` but
+    lies in the working directory, from there (the directory appended to ``sys.path``): ``python -m dgrpo`` has the
+    working directory on the path and the ``dgrpo`` command does not, so ``mypkg.rewards:fn`` run under one and was
+    'No module named mypkg' under the other."""
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError as e:
+        top, cwd = target.partition(".")[0], str(Path.cwd())
+        here = Path(cwd, top).is_dir() or Path(cwd, f"{top}.py").is_file()
+        if e.name != top or cwd in sys.path or "" in sys.path or not here:
+            raise
+    sys.path.append(cwd)
+    return importlib.import_module(target)
 
 
 def _from_cwd(path: Path) -> str:
