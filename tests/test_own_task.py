@@ -775,6 +775,20 @@ def test_a_missing_csv_or_parquet_file_is_a_missing_file_not_a_hub_dataset(tmp_p
         load_spec(str(tmp_path / "x.csv"))
 
 
+def test_a_folder_of_split_files_names_the_files_to_give(tmp_path, monkeypatch):
+    """A folder holding train.jsonl and test.jsonl (Hugging Face's load_dataset reads it as splits) was only 'is a
+    directory; give a data file or a dataset name'."""
+    from dgrpo.data.records import DataError
+
+    (tmp_path / "mine").mkdir()
+    for name in ("train.jsonl", "test.jsonl", "notes.md"):
+        (tmp_path / "mine" / name).write_text(json.dumps({"question": "q", "answer": "1"}) + "\n")
+    monkeypatch.chdir(tmp_path)
+    says = "mine: is a directory; give a data file or a dataset name (it holds mine/test.jsonl, mine/train.jsonl: name"
+    with pytest.raises(DataError, match=f"^{re.escape(says)} the file to read\\)$"):
+        load_spec("mine")
+
+
 def test_load_dataset_names_what_it_takes(tmp_path):
     """A list of dicts (data already in memory) failed deep inside ('list' object has no attribute 'startswith'): it
     is read as rows; another object is a one-line DataError; a Path is a path."""

@@ -906,7 +906,7 @@ def _load_any(name_or_path: str, split: str | None, columns: RowParser | None, c
         return _load_openmath_subset(raw)
     if _names_a_file(raw):
         if path.is_dir():
-            raise DataError(f"{path}: is a directory; give a data file or a dataset name")
+            raise DataError(f"{path}: is a directory; give a data file or a dataset name{_files_in(path)}")
         raise DataError(_not_found(path))
     return _load_from_hub(raw, split, columns=columns, config=config)
 
@@ -921,6 +921,16 @@ def _names_a_file(raw: str) -> bool:
 #: the extensions of the data files :func:`load_dataset` reads; a name with one is a path, never a hub dataset (a
 #: missing ``my_train.csv`` was looked up on the hub: 'unknown dataset ...', or a wait for the network)
 FILE_SUFFIXES = (".json", ".jsonl", ".txt", ".csv", ".parquet", ".pq")
+
+
+def _files_in(folder: Path) -> str:
+    """The data files a folder holds, as paths to give instead of it (a folder of train.jsonl and test.jsonl, read
+    by Hugging Face's load_dataset as splits, was only 'is a directory')."""
+    found = sorted(p for p in folder.iterdir() if p.suffix.lower() in FILE_SUFFIXES and p.is_file())
+    if not found:
+        return ""
+    shown = ", ".join(str(p) for p in found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+    return f" (it holds {shown}: name the file to read)"
 
 
 def _not_found(path: Path) -> str:
