@@ -767,3 +767,23 @@ def test_a_bf16_grpo_run_logs_its_gradient_norm_summed_in_float32(sft_checkpoint
         lambda: train_grpo(lm, cfg, train, out, progress=False, log=lambda *a: None), out
     )
     assert len(logged) == len(true) >= 1 and logged == pytest.approx(true, rel=1e-5), (logged, true)
+
+
+def test_a_run_whose_every_step_was_skipped_says_that_nothing_was_updated(tmp_path):
+    """'3 of 3 steps skipped' was the whole word on a run that trained nothing (the warning comes after 10 skipped
+    steps in a row, which a short run never reaches); its final/ is the --init model."""
+    import time
+    from types import SimpleNamespace
+
+    from dgrpo.training.grpo import LoopState, _summary
+
+    lines: list[str] = []
+    run = SimpleNamespace(out_dir=tmp_path, resumed_step=None, log=lines.append)
+    _summary(run, LoopState(skipped=3, started=time.time()), 3, {})  # type: ignore[arg-type]
+    _summary(run, LoopState(skipped=2, started=time.time()), 3, {})  # type: ignore[arg-type]
+    assert lines[0].endswith(
+        "3 of 3 steps skipped: no step updated the model, every group was filtered out "
+        "(metrics.jsonl's reward_mean and frac_groups_kept say why: rewards all equal, or group "
+        "accuracies outside grpo.alpha_min / alpha_max)"
+    )
+    assert lines[1].endswith("; 2 of 3 steps skipped")

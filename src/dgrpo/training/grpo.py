@@ -954,7 +954,13 @@ def _summary(run: RunDir, loop: LoopState, steps: int, applied: dict[str, Any]) 
     wall = f"{time.time() - loop.started:.0f} s" + (
         f" (this process, resumed at step {run.resumed_step})" if run.resumed_step is not None else ""
     )
-    run.log(f"dgrpo grpo: done in {wall}; {best}; {final}; {loop.skipped} of {steps} steps skipped")
+    idle = (  # (a short run never reached the warning of 10 skipped steps in a row: '3 of 3 steps skipped' alone)
+        ": no step updated the model, every group was filtered out (metrics.jsonl's reward_mean and frac_groups_kept "
+        "say why: rewards all equal, or group accuracies outside grpo.alpha_min / alpha_max)"
+        if steps and loop.skipped >= steps
+        else ""
+    )
+    run.log(f"dgrpo grpo: done in {wall}; {best}; {final}; {loop.skipped} of {steps} steps skipped{idle}")
     return summary
 
 
