@@ -1346,7 +1346,8 @@ def test_a_reward_file_imports_the_modules_beside_it_from_any_working_directory(
 
 def test_a_partial_credit_scorers_values_are_in_the_predictions(tokenizer):
     """A scorer's partial credit (0.5: the right value, unreduced) counts as not correct, and was written nowhere:
-    predictions.jsonl held only ``correct``, so a run scored by it read 0% with no trace of its 0.5s."""
+    predictions.jsonl held only ``correct`` and results.json only accuracy, so a run scored by it read 0% with no
+    trace of its 0.5s."""
     from dgrpo.eval.evaluate import evaluate, evaluate_mc_vote
     from dgrpo.perturbation import LockedDropout
 
@@ -1359,8 +1360,13 @@ def test_a_partial_credit_scorers_values_are_in_the_predictions(tokenizer):
 
     result = evaluate(lm, recs, scorer=halves, max_new_tokens=2, progress=False)
     assert [p["score"] for p in result.predictions] == [1.0, 0.5, 0.0, 0.25] and result.correct == 1
+    assert result.summary()["mean_score"] == 0.4375 and result.accuracy == 0.25  # (results.json: mean_score)
     voted = evaluate_mc_vote(lm, recs, LockedDropout(p=0.1), n_masks=2, scorer=halves, max_new_tokens=2, progress=False)
-    assert [p["score"] for p in voted.predictions] == [1.0, 0.5, 0.0, 0.25]
+    assert [p["score"] for p in voted.predictions] == [1.0, 0.5, 0.0, 0.25] and voted.mean_score == 0.4375
+    from dgrpo.eval.evaluate import merge_results
+
+    halves_of = [evaluate(lm, recs[i : i + 2], scorer=halves, max_new_tokens=2, progress=False) for i in (0, 2)]
+    assert merge_results(halves_of).mean_score == (1.0 + 0.5 + 1.0 + 0.5) / 4  # (each shard's rows start at 1.0)
 
 
 def test_a_reward_module_in_the_working_directory_imports_under_the_dgrpo_command(tmp_path, monkeypatch):

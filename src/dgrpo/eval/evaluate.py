@@ -57,6 +57,9 @@ class EvalResult:
     mode: str
     wall_s: float
     scorer: str = "numeric"  # what counted as correct (eval.scorer: a built-in name or a plug-in's module:function)
+    # the mean of the scorer's values (its partial credit too: a 0.5 is not correct; = accuracy for a 0/1 scorer);
+    # None when not recorded (a result made by hand)
+    mean_score: float | None = None
     # what was evaluated, and how: the checkpoint (``dgrpo eval`` names it: an absolute path, or the hub id; None
     # when not recorded) and the decoding (temperature 0: greedy), limit (0: all records), k-shot examples (plain)
     model: str | None = None
@@ -476,6 +479,7 @@ class _Prompted(NamedTuple):
             mode="plain" if self.plain else lm.settings.mode,
             wall_s=round(time.time() - self.started, 3),
             scorer=scorer_name(self.scorer),
+            mean_score=sum(p["score"] for p in preds) / n if n else 0.0,
             max_question_tokens=self.max_question_tokens,
             limit=self.limit,
             shots=self.shots,
@@ -602,7 +606,7 @@ def _graded(records: list[Record], texts: list[str], scorer: ScoreFn) -> tuple[l
 
 #: the EvalResult fields that count what a shard evaluated (summed or joined by merge_results); the others say
 #: what was evaluated and how, and must agree between shards
-_COUNTED = frozenset({"accuracy", "n", "correct", "unparseable", "wall_s", "predictions"})
+_COUNTED = frozenset({"accuracy", "n", "correct", "unparseable", "wall_s", "predictions", "mean_score"})
 
 
 def merge_results(parts: list[EvalResult]) -> EvalResult:
@@ -626,9 +630,17 @@ def merge_results(parts: list[EvalResult]) -> EvalResult:
         n=n,
         correct=correct,
         unparseable=sum(p.unparseable for p in parts),
+        mean_score=_merged_mean_score(parts, n),
         wall_s=max(p.wall_s for p in parts),
         predictions=[x for p in parts for x in p.predictions],
     )
+
+
+def _merged_mean_score(parts: list[EvalResult], n: int) -> float | None:
+    """The shards' ``mean_score`` over all their records (None when a shard has none)."""
+    if any(p.mean_score is None for p in parts):
+        return None
+    return sum(float(p.mean_score or 0.0) * p.n for p in parts) / n if n else 0.0
 
 
 def write_results(result: EvalResult, out_dir: str | Path) -> None:
