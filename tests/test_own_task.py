@@ -1406,6 +1406,19 @@ def test_a_reward_file_that_runs_argparse_at_its_top_level_is_one_line(tmp_path,
     assert capsys.readouterr().err == "loaded\n"
 
 
+def test_a_reward_named_as_a_class_says_to_name_an_instance(tmp_path):
+    """A class-based reward named by its class was called with the completions as its constructor's arguments:
+    'raised TypeError: Judge.__init__() takes 2 positional arguments but 3 were given on row 0'."""
+    (tmp_path / "judges.py").write_text(
+        "class Judge:\n    def __init__(self, weight):\n        self.weight = weight\n\n"
+        "    def __call__(self, completions, records):\n        return [self.weight] * len(completions)\n\n\n"
+        "judge = Judge(1.0)\n"
+    )
+    with pytest.raises(RewardError, match=r"'Judge' in .*judges.py is a class; name a function, or an instance of it"):
+        load_function(f"{tmp_path / 'judges.py'}:Judge")
+    assert load_function(f"{tmp_path / 'judges.py'}:judge")(["a", "b"], []) == [1.0, 1.0]
+
+
 def test_evaluate_checks_a_scorer_as_training_checks_a_reward(sft_checkpoint):
     """A scorer returning too few values or a NaN is one line naming it (evaluate counted the rest silently); the
     MC-vote evaluation gives the model back in the mode it had."""

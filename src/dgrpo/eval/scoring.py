@@ -138,6 +138,11 @@ def load_function(spec: str, what: str = "reward") -> ScoreFn:
         raise RewardError(str(e)) from None
     if not callable(fn):
         raise RewardError(f"{what} {spec!r}: {name!r} in {target} is not a function (its type: {type(fn).__name__})")
+    if inspect.isclass(fn):  # (it was called with the completions as its constructor's: 'Judge.__init__() takes ...')
+        raise RewardError(
+            f"{what} {spec!r}: {name!r} in {target} is a class; name a function, or an instance of it made in that "
+            f"file (judge = {name}(...), then {target}:judge)"
+        )
     return fn
 
 
