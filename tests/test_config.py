@@ -931,3 +931,17 @@ def test_load_config_refuses_what_a_python_caller_slips_on_in_one_line():
         load_config(Config, "tiny.yaml", "grpo.steps=3")  # type: ignore[arg-type]
     both = load_config(Config, ("tiny.yaml", "builtin/grpo_sampling.yaml"), ("grpo.steps=3",))
     assert (both.model.hidden_size, both.perturbation.kind, both.grpo.steps) == (64, "none", 3)
+
+
+def test_a_dotted_key_in_a_config_file_says_the_file_nests_it(tmp_path):
+    """``grpo.steps: 3`` in a YAML file (--set's form) was 'unknown config key 'grpo.steps'' beside a list of known
+    keys that holds grpo, with no word of the nesting a file needs."""
+    from dgrpo.config import Config, ConfigError, load_config
+
+    path = tmp_path / "mine.yaml"
+    path.write_text("grpo.steps: 3\n")
+    with pytest.raises(ConfigError, match=r"'grpo.steps'; a config file nests it, grpo: \{steps: ...\} \(grpo.steps="):
+        load_config(Config, [str(path)], [])
+    path.write_text("model.lora.r: 8\n")
+    with pytest.raises(ConfigError, match=r"nests it, model: \{lora: \{r: ...\}\} \(model.lora.r=... is the form"):
+        load_config(Config, [str(path)], [])
