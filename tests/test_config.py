@@ -945,3 +945,13 @@ def test_a_dotted_key_in_a_config_file_says_the_file_nests_it(tmp_path):
     path.write_text("model.lora.r: 8\n")
     with pytest.raises(ConfigError, match=r"nests it, model: \{lora: \{r: ...\}\} \(model.lora.r=... is the form"):
         load_config(Config, [str(path)], [])
+
+
+def test_a_key_in_other_case_is_told_its_name():
+    """``--set GRPO.steps=3`` had no 'did you mean' (difflib compares case: GRPO and grpo score 0)."""
+    from dgrpo.config import Config, ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"unknown config key 'GRPO'; did you mean grpo\?"):
+        load_config(Config, None, ["GRPO.steps=3"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'grpo.Steps'; did you mean grpo.steps\?"):
+        load_config(Config, None, ["grpo.Steps=3"])

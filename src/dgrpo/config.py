@@ -1770,8 +1770,9 @@ def _did_you_mean(obj: Any, name: str, prefix: str) -> str:
     ]
     if not prefix and holders:
         return f"; did you mean {' or '.join(holders)}?"
-    close = difflib.get_close_matches(name, [f.name for f in fields(obj)], n=1, cutoff=0.75)
-    if close:
+    names = [f.name for f in fields(obj)]
+    close = [n for n in names if n == name.lower()] or difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+    if close:  # (case aside first: 'GRPO' is 0.0 like grpo to difflib)
         return f"; did you mean {prefix}{close[0]}?"
     return f"; did you mean {' or '.join(holders)}?" if holders else ""
 
