@@ -789,6 +789,20 @@ def test_a_folder_of_split_files_names_the_files_to_give(tmp_path, monkeypatch):
         load_spec("mine")
 
 
+def test_an_empty_parquet_file_contains_no_records(tmp_path):
+    """A parquet file of no rows was 'not a readable parquet file (ValueError: Instruction "train" corresponds to no
+    data!)', as an empty JSONL or CSV file is 'contains no records'."""
+    datasets = pytest.importorskip("datasets")
+    from dgrpo.data.records import DataError
+
+    datasets.Dataset.from_dict({"question": [], "answer": []}).to_parquet(str(tmp_path / "none.parquet"))
+    with pytest.raises(DataError, match=r"none.parquet contains no records$"):
+        load_spec(str(tmp_path / "none.parquet"))
+    (tmp_path / "text.parquet").write_text("question,answer\n")
+    with pytest.raises(DataError, match=r"text.parquet: not a readable parquet file \(ArrowInvalid"):
+        load_spec(str(tmp_path / "text.parquet"))
+
+
 def test_load_dataset_names_what_it_takes(tmp_path):
     """A list of dicts (data already in memory) failed deep inside ('list' object has no attribute 'startswith'): it
     is read as rows; another object is a one-line DataError; a Path is a path."""

@@ -84,7 +84,19 @@ def read_parquet(path: Path) -> list[dict[str, Any]]:
     try:
         return dataset_rows(datasets.Dataset.from_parquet(str(path)))
     except Exception as e:  # noqa: BLE001 - a damaged or foreign file: one line
+        if _parquet_rows(path) == 0:  # (datasets refuses it: 'Instruction "train" corresponds to no data!')
+            raise DataError(f"{path} contains no records") from None
         raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def _parquet_rows(path: Path) -> int | None:
+    """The rows a parquet file's footer counts (None when it has no readable footer)."""
+    try:
+        import pyarrow.parquet as pq
+
+        return int(pq.read_metadata(str(path)).num_rows)
+    except Exception:  # noqa: BLE001 - not parquet, or no pyarrow: the caller's own error stands
+        return None
 
 
 def read_hf_folder(path: Path, split: str | None) -> list[dict[str, Any]]:
