@@ -1403,10 +1403,10 @@ def test_a_reward_module_in_the_working_directory_imports_under_the_dgrpo_comman
             sys.modules.pop(name, None)
 
 
-def test_a_reward_file_that_runs_argparse_at_its_top_level_is_one_line(tmp_path, capsys):
+def test_a_reward_file_that_runs_argparse_at_its_top_level_is_one_line(tmp_path):
     """A TRL script's top-level argparse read dgrpo's command line: 'usage: dgrpo [-h] [--model MODEL]', 'dgrpo: error:
     unrecognized arguments: grpo --config ...', exit code 2, as if dgrpo refused its own arguments; sys.exit() in
-    one ended the run with no word of the reward. What such a file prints on import otherwise still shows."""
+    one ended the run with no word of the reward."""
     (tmp_path / "script.py").write_text(
         "import argparse\nparser = argparse.ArgumentParser()\nparser.add_argument('--model')\n"
         "args = parser.parse_args(['--nope'])\n\n\ndef reward(completions, records):\n    return [0.0]\n"
@@ -1414,10 +1414,6 @@ def test_a_reward_file_that_runs_argparse_at_its_top_level_is_one_line(tmp_path,
     says = "importing .*script.py exited \\(SystemExit: 2\\): its top level runs as a script \\(an argparse there"
     with pytest.raises(RewardError, match=says):
         load_function(f"{tmp_path / 'script.py'}:reward")
-    assert "usage:" not in capsys.readouterr().err
-    (tmp_path / "chatty.py").write_text("import sys\nprint('loaded', file=sys.stderr)\nreward = len\n")
-    load_function(f"{tmp_path / 'chatty.py'}:reward")
-    assert capsys.readouterr().err == "loaded\n"
 
 
 def test_a_reward_named_as_a_class_says_to_name_an_instance(tmp_path):

@@ -3,11 +3,9 @@ functions (:func:`dgrpo.eval.scoring.load_function`) and perturbation kinds (:fu
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib
 import importlib.util
-import io
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -31,23 +29,18 @@ def import_object(spec: str, what: str, kind: str = "function") -> Any:
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name:
         raise PluginError(f"{what} {spec!r}: expected 'package.module:{kind}' or 'path/to/file.py:{kind}'")
-    held, exited = io.StringIO(), False  # (what the import writes to stderr: written out unless it exits)
     try:
-        with contextlib.redirect_stderr(held):
-            module = _module_of(spec, target, what, kind)
+        module = _module_of(spec, target, what, kind)
     except PluginError:
         raise
     except SystemExit as e:  # (an argparse at its top level read dgrpo's command line: 'unrecognized arguments')
-        exited = True  # (its usage line, 'dgrpo: error: unrecognized arguments: grpo ...', read as dgrpo's own)
         raise PluginError(
             f"{what} {spec!r}: importing {target} exited (SystemExit: {e.code}): its top level runs as a script (an "
-            "argparse there reads dgrpo's command line); put that part under if __name__ == '__main__':"
+            "argparse there reads dgrpo's command line: the usage and error above are its own); put that part under "
+            "if __name__ == '__main__':"
         ) from None
     except Exception as e:  # noqa: BLE001 - the user's module failed to import: one line
         raise PluginError(f"{what} {spec!r}: cannot import {target} ({type(e).__name__}: {e})") from None
-    finally:
-        if not exited:
-            sys.stderr.write(held.getvalue())
     if not hasattr(module, name):
         raise PluginError(f"{what} {spec!r}: {target} has no {kind.lower()} {name!r}")
     return getattr(module, name)
