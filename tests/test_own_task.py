@@ -1498,13 +1498,28 @@ def test_python_api_inputs_that_were_silently_misread(sft_checkpoint, tmp_path):
     lm.save_pretrained(tmp_path / "checkpoints" / "my-model")  # a folder of the user's named so: fine
 
 
-def test_a_registered_perturbation_kind_is_a_config_value_and_the_trainer_steps_are_bounded(sft_checkpoint):
+def unregistered_after(monkeypatch, kind: str) -> None:
+    """The registry of perturbation kinds as it was once the test ends: a kind left registered was listed in every
+    later config error of this process ('expected locked, native, gaussian, none, test_half_locked or ...'), and
+    tests/test_config.py's check of that message failed after this file."""
+    from dgrpo.config import REGISTERED_CHOICES
+    from dgrpo.perturbation import PERTURBATIONS
+
+    monkeypatch.setitem(PERTURBATIONS, kind, PERTURBATIONS["locked"])
+    monkeypatch.setitem(REGISTERED_CHOICES, "perturbation.kind", list(REGISTERED_CHOICES["perturbation.kind"]))
+
+
+def test_a_registered_perturbation_kind_is_a_config_value_and_the_trainer_steps_are_bounded(
+    sft_checkpoint, monkeypatch
+):
     """@register("name") made a kind the config refused ('expected locked, native, gaussian or none'); a trainer
     driven by hand ran steps past grpo.steps at lr 0, doing nothing."""
     from dgrpo.config import ConfigError
     from dgrpo.model.latent_lm import LatentLM
     from dgrpo.perturbation import LockedDropout, make_perturbation, register
     from dgrpo.training.grpo import GRPOTrainer
+
+    unregistered_after(monkeypatch, "test_half_locked")
 
     @register("test_half_locked")
     class HalfLocked(LockedDropout):
@@ -1523,7 +1538,7 @@ def test_a_registered_perturbation_kind_is_a_config_value_and_the_trainer_steps_
         trainer.step()
 
 
-def test_a_perturbation_that_cannot_be_replayed_is_warned_about(sft_checkpoint):
+def test_a_perturbation_that_cannot_be_replayed_is_warned_about(sft_checkpoint, monkeypatch):
     """A kind whose noise is not a function of its seeds (here: fresh seeds at every bind) gave ratios of noise
     without a word (logp_replay_maxdiff 0.26 in a probe, ~1e-6 expected in fp32)."""
     import torch
@@ -1531,6 +1546,8 @@ def test_a_perturbation_that_cannot_be_replayed_is_warned_about(sft_checkpoint):
     from dgrpo.model.latent_lm import LatentLM
     from dgrpo.perturbation import LockedDropout, register
     from dgrpo.training.grpo import GRPOTrainer
+
+    unregistered_after(monkeypatch, "test_unseeded")
 
     @register("test_unseeded")
     class Unseeded(LockedDropout):
