@@ -1229,6 +1229,24 @@ def test_reward_values_may_be_numpy_torch_or_bool_but_not_anything():
             call_checked(lambda c, r, v=bad: v, "mine", ["a", "b", "c"], recs)
 
 
+def test_reward_values_may_be_fractions_or_decimals_but_not_a_set():
+    """A Decimal (exact arithmetic, a number) was refused as 'returned Decimal('0.5') for row 0'; a set (no order,
+    duplicates merged) was taken as the rows' values in whatever order it iterates."""
+    from decimal import Decimal
+    from fractions import Fraction
+
+    from dgrpo.data.records import Record
+    from dgrpo.eval.scoring import call_checked
+
+    recs = [Record("q", [], "1")] * 2
+    for values in ([Fraction(1, 2), Fraction(1)], [Decimal("0.5"), Decimal(1)]):
+        assert call_checked(lambda c, r, v=values: v, "mine", ["a", "b"], recs) == [0.5, 1.0]
+    with pytest.raises(RewardError, match=r"reward mine returned Decimal\('NaN'\) for row 1"):
+        call_checked(lambda c, r: [Decimal(1), Decimal("NaN")], "mine", ["a", "b"], recs)
+    with pytest.raises(RewardError, match=r"reward mine returned \{.*\}, not one value per completion"):
+        call_checked(lambda c, r: {0.5, 1.0}, "mine", ["a", "b"], recs)
+
+
 def test_the_filter_reward_must_name_a_reward_and_a_python_reward_fn_replaces_the_configs(recwarn):
     """Rewards(parts, filter_on) with an unknown name is one line (was a bare KeyError at the first step); a reward
     passed to the trainer in Python replaces the config's rewards, so a grpo.filter_reward naming one of those is

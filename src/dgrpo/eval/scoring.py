@@ -26,6 +26,7 @@ or 0-d torch one, a bool counting 0 or 1 (:func:`reward_value`), so a 1-d array 
 
 from __future__ import annotations
 
+import decimal
 import functools
 import inspect
 import math
@@ -33,6 +34,7 @@ import numbers
 import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -229,7 +231,7 @@ def call_checked(
             f"{_failing_row(call, completions, records, type(e))}"
         ) from None
     try:
-        if isinstance(returned, (str, Mapping)):  # iterable, but its letters / keys are not the values
+        if isinstance(returned, (str, Mapping, AbstractSet)):  # iterable, but not the values in the rows' order
             raise TypeError
         values = list(returned)
     except TypeError:  # None, one float, a dict, ...: not one value per completion
@@ -329,12 +331,12 @@ def _warn_called_as_dgrpo(fn: Callable, name: str, columns: dict) -> None:
 
 
 def reward_value(v: object) -> float | None:
-    """``v`` as a float when it is one finite real number: a Python int / float / bool (0 or 1), a NumPy scalar or a
-    0-d tensor or array (so a function may return a list, a 1-d NumPy array or a 1-d tensor, as TRL's reward
-    functions may); None for anything else (a string, a list, a non-finite number)."""
+    """``v`` as a float when it is one finite real number: a Python int / float / bool (0 or 1), a ``Fraction`` or
+    ``Decimal``, a NumPy scalar or a 0-d tensor or array (so a function may return a list, a 1-d NumPy array or a 1-d
+    tensor, as TRL's reward functions may); None for anything else (a string, a list, a non-finite number)."""
     if not isinstance(v, numbers.Real) and getattr(v, "ndim", None) == 0 and hasattr(v, "item"):
         v = v.item()
-    if not isinstance(v, numbers.Real):
+    if not isinstance(v, (numbers.Real, decimal.Decimal)):  # (Decimal is no numbers.Real: exact sums were refused)
         return None
     try:
         x = float(v)
