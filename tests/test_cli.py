@@ -4,6 +4,7 @@ a bad data file or a missing checkpoint exits with code 2 and one line, writing 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import warnings
@@ -73,6 +74,29 @@ def test_sft_baselines_run(tmp_path, mode, run_cli):
     assert r.returncode == 0 and res["n_latent"] == (0 if mode in ("cot", "no_cot") else 2), r.stderr[-2000:]
     said = any("eval.n_latent=2 does not apply" in str(w.message) for w in seen)
     assert said is (mode in ("cot", "no_cot")), [str(w.message) for w in seen]
+
+
+def test_eval_without_data_evaluates_the_runs_own_test_sets(tmp_path, sft_checkpoint, run_cli):
+    """``--data`` was required: evaluating a run as it tested itself meant copying its data.test. It defaults to the
+    test sets the checkpoint's run recorded (or data.test as --set gives it); a model that names none is one line."""
+    r = run_cli("eval", "--model", sft_checkpoint, "--limit", 2, "--out", tmp_path / "own")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "own" / "results.json").read_text())["dataset"] == "builtin:test"
+    argv = ["--limit", 2, "--set", "data.test=[builtin:test,builtin:ood_steps]", "--out", tmp_path / "two"]
+    assert run_cli("eval", "--model", sft_checkpoint, *argv).returncode == 0
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["builtin_ood_steps", "builtin_test"]
+    bare = tmp_path / "bare"
+    shutil.copytree(sft_checkpoint, bare)
+    (bare / "run_config.json").unlink()
+    for argv, said in (
+        ([], f"--data: name the datasets to evaluate ({bare} names none)"),
+        (["--set", "data.test=[]"], f"--data: name the datasets to evaluate ({bare} names none)"),
+    ):
+        r = run_cli("eval", "--model", bare, *argv, "--out", tmp_path / "none")
+        assert r.returncode == 2 and f"dgrpo: error: {said}" in r.stderr, r.stderr
+    r = run_cli("eval", "--model", sft_checkpoint, "--set", "data.test=[]", "--out", tmp_path / "none")
+    assert r.returncode == 2 and "(its data.test is [])" in r.stderr, r.stderr
+    assert not (tmp_path / "none").exists()
 
 
 def test_eval_says_that_top_p_does_nothing_under_greedy_decoding(tmp_path, sft_checkpoint, run_cli):

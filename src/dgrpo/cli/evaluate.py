@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ..model.latent_lm import LatentLM
 
 EXAMPLES = """  dgrpo eval --model runs/grpo --data builtin:test --out runs/eval    # a run directory means its final/
+  dgrpo eval --model runs/grpo --out runs/eval-own                    # no --data: the run's own test sets
   dgrpo eval --model runs/grpo/best --data gsm8k --limit 200 --out runs/eval-gsm8k
   dgrpo eval --model runs/grpo --data gsm8k svamp multiarith gsm-hard --out runs/eval   # runs/eval/gsm8k/, ...
   dgrpo eval --model Qwen/Qwen2.5-1.5B --data gsm8k --plain --shots 1 --out runs/base   # a plain LM, 1-shot prompt
@@ -47,7 +48,7 @@ EXAMPLES = """  dgrpo eval --model runs/grpo --data builtin:test --out runs/eval
 CHECKPOINT_SECTIONS = {
     "model": ("dtype",),
     "task": None,
-    "data": ("max_question_tokens", "max_target_tokens", "question_key", "answer_key", "steps_key"),
+    "data": ("max_question_tokens", "max_target_tokens", "question_key", "answer_key", "steps_key", "test"),
     "eval": ("scorer",),
 }
 
@@ -58,12 +59,12 @@ def register(sub: Any) -> None:
     p.add_argument("--model", required=True, help="checkpoint directory, run directory or hub id")
     p.add_argument(
         "--data",
-        required=True,
         action="extend",  # (--data a --data b is both, as --set is; the second replaced the first without a word)
         nargs="+",
         metavar="DATA",
         help="dataset name (gsm8k, svamp, builtin:test, ...) or file path; several (--data a b, or --data "
-        "repeated): each evaluated in turn, its results in OUT/<name>/",
+        "repeated): each evaluated in turn, its results in OUT/<name>/ (default: the test sets the checkpoint's run "
+        "was tested on, its data.test)",
     )
     p.add_argument(
         "--split", help="dataset split, in place of one a --data name gives (default: the one it gives, else test)"
@@ -166,9 +167,9 @@ def run(args: argparse.Namespace) -> int:
 
     done = Done()
     with stopping(done.line):  # (SIGTERM, Ctrl-C: the stop line says what was written)
-        cfg = _eval_config(args)
+        cfg, datas = _eval_config(args)
         e = cfg.eval
-        outs = output_dirs(list(args.data), args.split, Path(args.out))
+        outs = output_dirs(datas, args.split, Path(args.out))
         device = setup(cfg)
         options = eval_options(cfg)  # (a scorer that cannot be built fails here, before the data and the model load)
         sets = _read_sets(outs, args.split, cfg, options["scorer"])
@@ -233,9 +234,11 @@ class Done:
         return NOTHING_YET
 
 
-def _eval_config(args: argparse.Namespace) -> Config:
+def _eval_config(args: argparse.Namespace) -> tuple[Config, list[str]]:
     """The evaluation's config: the options given, over the checkpoint's own settings (a hub id's read at one
-    commit, whose weights then load); ``--out`` checked first, before anything is read from the checkpoint."""
+    commit, whose weights then load); ``--out`` checked first, before anything is read from the checkpoint. And the
+    datasets to evaluate: ``--data``, else ``data.test`` as ``--config`` / ``--set`` or the checkpoint's run set it
+    (the run's own test sets); a model with none named (a plain hub model, a run with none) is one line."""
     from ..config import Config, ConfigError, DataConfig, TaskConfig, load_config
     from ..model.sources import on_disk
     from ..training.preemption import is_rank0
@@ -273,7 +276,12 @@ def _eval_config(args: argparse.Namespace) -> Config:
         )
     for line in cfg.inert_eval_settings():
         warnings.warn(line, stacklevel=1)
-    return cfg
+    if args.data:
+        return cfg, list(args.data)
+    if not cfg.data.test or ("test" not in start.get("data", {}) and given.data.test == DataConfig().test):
+        whose = "names no test sets (its data.test is [])" if start and not cfg.data.test else "names none"
+        raise ConfigError(f"--data: name the datasets to evaluate ({args.model} {whose})")
+    return cfg, list(cfg.data.test)
 
 
 def _read_sets(outs: dict[str, Path], split: str | None, cfg: Config, scorer: Any) -> dict[str, list[Record]]:
