@@ -398,6 +398,27 @@ def test_save_and_reload_roundtrip(tokenizer, task_records, tmp_path):
     assert plain.config.vocab_size == lm.model.config.vocab_size
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_a_model_cast_to_bf16_computes_what_its_checkpoint_reloads(tokenizer, task_records, tmp_path, arch):
+    """A model cast with ``.to(torch.bfloat16)`` (the built-in model of a bf16 run) rounded its rotary frequencies to
+    bf16, while ``from_pretrained`` keeps them float32: its saved checkpoint, reloaded, scored other log-probs
+    (1e-3 apart) and decoded other greedy answers than the model that was saved."""
+    from dgrpo.model.latent_lm import LatentLM
+
+    lm = make_lm(tokenizer, arch, seed=1).to(torch.bfloat16).eval()
+    lm.save_pretrained(tmp_path)
+    again = LatentLM.from_pretrained(tmp_path)
+    assert next(again.parameters()).dtype == torch.bfloat16
+    ids, mask, tg, tm = batch(lm, task_records)
+    with torch.no_grad():
+        scored = [m.target_logprobs(ids, mask, 3, tg, tm)[0] for m in (lm, again)]
+        greedy = [m.generate(ids, mask, 3, max_new_tokens=12).tokens for m in (lm, again)]
+    assert torch.equal(*scored) and torch.equal(*greedy)
+    # a cast back and forth keeps the float32 frequencies, exactly
+    fresh = make_lm(tokenizer, arch, seed=1).model.model.rotary_emb.inv_freq
+    assert torch.equal(lm.to(torch.float32).to(torch.bfloat16).model.model.rotary_emb.inv_freq, fresh)
+
+
 def test_chunked_logprob_scoring_matches_one_shot(tokenizer, task_records, monkeypatch):
     """Scoring in checkpointed position chunks (for large vocabularies) gives the same values and gradients."""
     import dgrpo.model.decoding as decoding

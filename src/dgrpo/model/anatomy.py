@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor, nn
 
 from ..config import ConfigError, parse_layer_spec
@@ -38,6 +39,28 @@ def token_tables(model: PreTrainedModel) -> dict[str, Tensor]:
         if getattr(out, "bias", None) is not None:
             tables["output_bias"] = out.bias
     return tables
+
+
+def float32_frequencies(model: nn.Module) -> dict[str, Tensor]:
+    """The rotary position frequencies of a model (Qwen2's and Llama's ``rotary_emb.inv_freq`` and
+    ``original_inv_freq``) that are float32, by buffer name: transformers computes them in float32 whatever the
+    weights' dtype, and ``from_pretrained`` in bfloat16 keeps them so."""
+    return {
+        name: buf
+        for name, buf in model.named_buffers()
+        if name.rsplit(".", 1)[-1].endswith("inv_freq") and buf.dtype == torch.float32
+    }
+
+
+def restore_float32_frequencies(model: nn.Module, kept: dict[str, Tensor]) -> None:
+    """Put back the float32 frequencies :func:`float32_frequencies` listed where a cast changed their dtype (on the
+    device the cast left them)."""
+    for name, value in kept.items():
+        owner, _, attr = name.rpartition(".")
+        module = model.get_submodule(owner)
+        now = module._buffers.get(attr)
+        if now is not None and now.dtype != torch.float32:
+            module._buffers[attr] = value.to(now.device)
 
 
 #: attribute names of a block's parts, tried in order (first match wins)

@@ -47,7 +47,13 @@ from transformers import (
 
 from ..config import ConfigError, LatentTokenInit
 from ..run_layout import CHECKPOINTS_DIR, STEP_DIR
-from .anatomy import base_model, decoder_layers, input_embedding_weight
+from .anatomy import (
+    base_model,
+    decoder_layers,
+    float32_frequencies,
+    input_embedding_weight,
+    restore_float32_frequencies,
+)
 from .attention_mask import additive_mask, causal_padding_mask, prebuilt_mask_applies, static_causal_padding_mask
 from .compiled_layers import CompiledLayers, rows_mismatch
 from .decoding import AnswerBook, DecodeState, Generation, check_decoding, head_logprobs
@@ -454,6 +460,16 @@ class LatentLM(nn.Module):
         #: the head's log-probs and entropies over the vocabulary, eager or compiled (``model.compile_head``;
         #: dgrpo.model.head_stats)
         self.head_stats = HeadStats()
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> LatentLM:
+        """``nn.Module._apply`` (what ``to``, ``bfloat16``, ``cuda`` run), except that the rotary position
+        frequencies stay float32, as ``from_pretrained`` loads them in any dtype: a model cast to bfloat16 (the
+        built-in model of a bf16 run) rotated positions by bf16-rounded frequencies, and its saved checkpoint,
+        reloaded, computed other log-probs and greedy answers than it had."""
+        kept = float32_frequencies(self.model) if "model" in self._modules else {}
+        super()._apply(fn, recurse)
+        restore_float32_frequencies(self.model, kept)
+        return self
 
     # ------------------------------------------------------------------ loading / saving
     @classmethod
