@@ -301,6 +301,56 @@ def test_a_hand_edited_latent_config_is_checked_when_read(sft_checkpoint, tmp_pa
         LatentLM.from_pretrained(d)
 
 
+@pytest.mark.parametrize(
+    "swap, says",
+    [
+        ("base", "(316 tokens, 319 embedding rows) is not the one dgrpo saved with it: it lacks the latent markers <|"),
+        ("more", "(329 tokens, 319 embedding rows) is not the one dgrpo saved with it: it has 10 tokens past the"),
+    ],
+)
+def test_a_checkpoint_whose_tokenizer_was_replaced_is_one_line(tokenizer, tmp_path, swap, says):
+    """A checkpoint's tokenizer replaced (the base model's copied over it, manifest.json deleted as the checksum line
+    says) loaded: the markers were added anew at the ids of their trained rows, which were overwritten with the
+    mean (dgrpo eval then called the model 'a plain LM'); tokens past the rows got random ones."""
+    import copy
+
+    from dgrpo.model.verified import CheckpointError
+
+    lm = make_lm(tokenizer, "llama")
+    lm.save_pretrained(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "manifest.json").unlink()
+    other = copy.deepcopy(tokenizer if swap == "base" else lm.tokenizer)  # (the task tokenizer has no markers)
+    other.add_tokens([f"extra{i}" for i in range(10 if swap == "more" else 0)])
+    other.save_pretrained(tmp_path / "ckpt")
+    with pytest.raises(CheckpointError) as e:
+        LatentLM.from_pretrained(tmp_path / "ckpt")
+    message = str(e.value)
+    assert message.startswith(f"cannot load the model {tmp_path / 'ckpt'}: its tokenizer ") and says in message
+    assert message.endswith("copy back the tokenizer files saved with the checkpoint") and "\n" not in message
+    lm.tokenizer.save_pretrained(tmp_path / "ckpt")  # its own tokenizer back: it loads, the markers' rows its own
+    again = LatentLM.from_pretrained(tmp_path / "ckpt")
+    assert again.new_latent_tokens == [] and torch.equal(again.model.lm_head.weight, lm.model.lm_head.weight)
+
+
+def test_an_adapter_whose_tokenizer_lacks_the_markers_is_one_line(tokenizer, tmp_path):
+    """The same for a LoRA adapter checkpoint (its base, a dgrpo checkpoint, has the markers' rows)."""
+    import copy
+
+    pytest.importorskip("peft")
+    from dgrpo.config import LoraConfig
+    from dgrpo.model import lora
+    from dgrpo.model.verified import CheckpointError
+
+    make_lm(tokenizer, "qwen2").save_pretrained(tmp_path / "base")
+    lm = LatentLM.from_pretrained(tmp_path / "base")
+    lora.apply_lora(lm, LoraConfig(r=2, alpha=4.0))
+    lm.save_pretrained(tmp_path / "adapter")
+    (tmp_path / "adapter" / "manifest.json").unlink()
+    copy.deepcopy(tokenizer).save_pretrained(tmp_path / "adapter")
+    with pytest.raises(CheckpointError, match="its tokenizer \\(316 tokens\\) is not the one dgrpo saved with it: it"):
+        LatentLM.from_pretrained(tmp_path / "adapter")
+
+
 @pytest.mark.parametrize("text, message", [("{", "Expecting property name"), ("[1]", "it holds a JSON list")])
 def test_eval_of_a_hand_edited_run_config_is_one_line(sft_checkpoint, tmp_path, run_cli, text, message):
     d = tmp_path / "edited"

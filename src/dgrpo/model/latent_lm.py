@@ -267,6 +267,27 @@ def _read_latent_files(folder: Path) -> tuple[LatentSettings, dict | None]:
     return settings, (read_json_object(run) if run.is_file() else None)
 
 
+def check_saved_tokenizer(where: str, tokenizer: PreTrainedTokenizerBase, rows: int | None) -> None:
+    """A CheckpointError when a dgrpo checkpoint's tokenizer is not the one saved with it: dgrpo saves the latent
+    markers in it, at ids below the model's ``rows`` embedding rows (None: an adapter's base, whose rows may lack
+    them), and never more tokens than rows. Another tokenizer (the base model's, copied over it) got the markers
+    added anew, over the trained rows of their ids, and the model loaded with untrained markers."""
+    vocab = tokenizer.get_vocab()
+    markers = (START_LATENT, LATENT, END_LATENT)
+    lacking = [t for t in markers if t not in vocab or (rows is not None and vocab[t] >= rows)]
+    if lacking:
+        what = f"it lacks the latent markers {', '.join(lacking)}"
+    elif rows is not None and len(tokenizer) > rows:
+        what = f"it has {len(tokenizer) - rows} tokens past the model's {rows} embedding rows"
+    else:
+        return
+    rows_said = "" if rows is None else f", {rows} embedding rows"
+    raise CheckpointError(
+        f"cannot load the model {where}: its tokenizer ({len(tokenizer)} tokens{rows_said}) is not the one dgrpo "
+        f"saved with it: {what}; copy back the tokenizer files saved with the checkpoint"
+    )
+
+
 def remote_code_hint(e: BaseException) -> str:
     """What to add to a load that failed because the model or tokenizer runs its repository's own code: the option
     that allows it (transformers' words for it, ``trust_remote_code=True``, are on a line :func:`one_line` drops)."""
@@ -522,6 +543,8 @@ class LatentLM(nn.Module):
         except Exception as e:  # noqa: BLE001 - a damaged directory fails in many ways; each is one line for the user
             raise CheckpointError(f"cannot load the model {path}: {one_line(e)}{remote_code_hint(e)}") from None
         model = load_hf_model(str(path), dtype, trust_remote_code, local_files_only, revision)
+        if (local / LATENT_CONFIG_FILE).is_file():  # (dgrpo wrote it: its tokenizer holds the markers' trained rows)
+            check_saved_tokenizer(str(path), tok, input_embedding_weight(model).shape[0])
         lm = cls._built(model, tok, settings, str(path), latent_token_init)
         lm.run_config, lm.name_or_path, lm.loaded_from = run_config, str(path), str(path)
         lm.revision = lm.hub_commit = revision  # (None for a directory)
@@ -553,6 +576,7 @@ class LatentLM(nn.Module):
         except Exception as e:  # noqa: BLE001
             why = f"{one_line(e)}{remote_code_hint(e)}"
             raise CheckpointError(f"cannot load the adapter checkpoint {folder}: {why}") from None
+        check_saved_tokenizer(str(folder), tok, None)  # (the base may lack the markers' rows: the adapter has them)
         model = load_hf_model(base, dtype, trust_remote_code, local_only, revision)
         lm = cls._built(model, tok, settings, str(folder))
         lm.run_config, lm.name_or_path, lm.revision = run_config, base, revision
