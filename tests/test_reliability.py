@@ -3,6 +3,7 @@
 incomplete checkpoints are detected (strict loading, manifests, atomic writes) and never loaded; nothing from a
 checkpoint is ever unpickled."""
 
+import contextlib
 import errno
 import json
 import os
@@ -330,6 +331,71 @@ def test_a_checkpoint_whose_tokenizer_was_replaced_is_one_line(tokenizer, tmp_pa
     lm.tokenizer.save_pretrained(tmp_path / "ckpt")  # its own tokenizer back: it loads, the markers' rows its own
     again = LatentLM.from_pretrained(tmp_path / "ckpt")
     assert again.new_latent_tokens == [] and torch.equal(again.model.lm_head.weight, lm.model.lm_head.weight)
+
+
+@pytest.mark.parametrize(
+    "weights, says",
+    [
+        (
+            "llama",  # under a config of wider MLPs
+            "has wrong-shape tensors (the weights' vs LlamaForCausalLM's): model.layers.0.mlp.down_proj.weight "
+            "(32, 64) vs (32, 128), model.layers.0.mlp.gate_proj.weight (64, 32) vs (128, 32), "
+            "model.layers.0.mlp.up_proj.weight (64, 32) vs (128, 32), ... (6 in all): its weights do not fit its "
+            "config.json (LlamaForCausalLM); put back",
+        ),
+        (
+            "gpt2",  # under a Llama config
+            "has missing tensors: lm_head.weight, model.embed_tokens.weight, model.layers.0.input_layernorm.weight, "
+            "... (21 in all); it holds others LlamaForCausalLM has no place for: transformer.h.0.attn.c_attn.bias, ",
+        ),
+    ],
+)
+def test_weights_under_another_models_config_are_one_line(tokenizer, tmp_path, weights, says):
+    """A checkpoint's config.json of another model: wrong shapes raised transformers' 'You set
+    `ignore_mismatched_sizes` to `False` ... look at the above report!', naming no tensor, and every failure printed
+    transformers' load report first (a table, a line per tensor, 30 lines for GPT-2 weights under a Llama config)."""
+    import logging
+
+    from dgrpo.model.verified import CheckpointError
+
+    make_lm(tokenizer, weights).save_pretrained(tmp_path / "ckpt")
+    make_lm(tokenizer, "llama", intermediate_size=128).save_pretrained(tmp_path / "other")
+    shutil.copy(tmp_path / "other" / "config.json", tmp_path / "ckpt" / "config.json")
+    (tmp_path / "ckpt" / "manifest.json").unlink()
+    with _transformers_log() as logged, pytest.raises(CheckpointError) as e:
+        LatentLM.from_pretrained(tmp_path / "ckpt")
+    message = str(e.value)
+    assert message.startswith(f"the model {(tmp_path / 'ckpt').resolve()} ") and says in message, message
+    assert message.endswith("config.json saved with these weights (or the weights saved with it)")
+    assert "\n" not in message and logged == []  # (the report dropped: the line says it)
+    from safetensors.torch import load_file, save_file  # a load that passes writes transformers' log as it was
+
+    state = load_file(str(tmp_path / "other" / "model.safetensors"))
+    save_file({**state, "extra.weight": torch.zeros(2)}, str(tmp_path / "other" / "model.safetensors"))
+    (tmp_path / "other" / "manifest.json").unlink()
+    with _transformers_log() as logged:
+        LatentLM.from_pretrained(tmp_path / "other")
+    assert [r for r in logged if "LOAD REPORT" in r.getMessage() and "extra.weight" in r.getMessage()]
+    assert all(r.levelno == logging.WARNING for r in logged)
+
+
+@contextlib.contextmanager
+def _transformers_log():
+    """The records transformers' logger hands its handlers within the block."""
+    import logging
+
+    seen: list = []
+
+    class Seen(logging.Handler):
+        def emit(self, record):
+            seen.append(record)
+
+    logger, handler = logging.getLogger("transformers"), Seen()
+    logger.addHandler(handler)
+    try:
+        yield seen
+    finally:
+        logger.removeHandler(handler)
 
 
 def test_an_adapter_whose_tokenizer_lacks_the_markers_is_one_line(tokenizer, tmp_path):

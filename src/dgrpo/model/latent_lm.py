@@ -307,7 +307,17 @@ def load_hf_model(
     revision: str | None = None,
 ) -> PreTrainedModel:
     """``AutoModelForCausalLM`` from safetensors, strictly: a missing or wrong-shape tensor is a CheckpointError.
-    ``revision``: a hub id's branch, tag or commit (None: its default branch)."""
+    ``revision``: a hub id's branch, tag or commit (None: its default branch). What transformers logs meanwhile (its
+    load report: a table of every tensor that did not fit) is written when the load succeeds, and dropped when it
+    fails: the CheckpointError's one line says why."""
+    with _transformers_log_held():
+        return _load_hf_model(path, dtype, trust_remote_code, local_files_only, revision)
+
+
+def _load_hf_model(
+    path: str, dtype: torch.dtype | None, trust_remote_code: bool, local_files_only: bool, revision: str | None
+) -> PreTrainedModel:
+    """:func:`load_hf_model`, its log not held."""
     try:
         loaded: Any = AutoModelForCausalLM.from_pretrained(
             path,
@@ -319,6 +329,7 @@ def load_hf_model(
             # would wait ~25 s for that lookup's retries on a machine without network)
             adapter_kwargs={"local_files_only": True} if local_files_only else None,
             output_loading_info=True,
+            ignore_mismatched_sizes=True,  # (a wrong shape is reported in info: it raised "look at the above report")
             **revision_kwargs(revision),
         )
     except Exception as e:  # noqa: BLE001
@@ -338,12 +349,59 @@ def load_hf_model(
             raise CheckpointError(f"cannot load the model {path}: {missing}{where}{only}{fix}") from None
         raise CheckpointError(f"cannot load the model {path}: {one_line(e)}{remote_code_hint(e)}") from None
     model, info = loaded
-    for what, key in (("missing", "missing_keys"), ("wrong-shape", "mismatched_keys")):
-        keys = info.get(key) or []
-        if keys:
-            names = [k if isinstance(k, str) else k[0] for k in keys]
-            raise CheckpointError(f"the model {path} has {what} tensors: {', '.join(names[:3])}")
+    check_loading_info(path, model, info)
     return model
+
+
+def check_loading_info(path: str, model: PreTrainedModel, info: dict) -> None:
+    """A CheckpointError (one line) when the weights lack a tensor of the model their ``config.json`` describes, or
+    hold one of another shape (``info``: what ``from_pretrained`` reports): the config is not the weights' own
+    (another architecture's, another size's), or a tensor was lost."""
+    missing = sorted(k if isinstance(k, str) else k[0] for k in info.get("missing_keys") or [])
+    shapes = sorted(
+        k if isinstance(k, str) else f"{k[0]} {tuple(k[1])} vs {tuple(k[2])}" for k in info.get("mismatched_keys") or []
+    )
+    if not missing and not shapes:
+        return
+    arch = type(model).__name__
+    if shapes:
+        found = f"wrong-shape tensors (the weights' vs {arch}'s): {_few(shapes)}"
+    else:
+        unexpected = sorted(info.get("unexpected_keys") or [])
+        others = f"; it holds others {arch} has no place for: {_few(unexpected)}" if unexpected else ""
+        found = f"missing tensors: {_few(missing)}{others}"
+    raise CheckpointError(
+        f"the model {path} has {found}: its weights do not fit its config.json ({arch}); put back the config.json "
+        "saved with these weights (or the weights saved with it)"
+    )
+
+
+def _few(names: list[str], n: int = 3) -> str:
+    """The first ``n`` of ``names``, and how many there are in all when more."""
+    return ", ".join(names[:n]) + (f", ... ({len(names)} in all)" if len(names) > n else "")
+
+
+@contextmanager
+def _transformers_log_held() -> Iterator[None]:
+    """transformers' log records held back while the block runs: written (to its handlers, as they would have been)
+    when the block ends normally, dropped when it raises."""
+    import logging
+
+    root = logging.getLogger("transformers")
+    handlers, propagate = root.handlers[:], root.propagate
+    held: list[logging.LogRecord] = []
+
+    class Hold(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            held.append(record)
+
+    root.handlers, root.propagate = [Hold()], False
+    try:
+        yield
+    finally:
+        root.handlers, root.propagate = handlers, propagate
+    for record in held:  # (only after a normal end: an exception left above)
+        root.handle(record)
 
 
 @contextmanager
