@@ -342,15 +342,25 @@ def test_malformed_checkpoints_are_one_line_errors(official, tmp_path, run_cli, 
 
 def test_damaged_files_are_said_to_be_unreadable_in_one_line(official, tmp_path, run_cli):
     """Random bytes, or a checkpoint cut short: 'not a readable torch checkpoint' with torch's reason, one line (not
-    the refusal of pickled code, which is for files that name a global)."""
+    the refusal of pickled code, which is for files that name a global). A file cut short says so, and what to do
+    (torch's reason was '[Errno 22] Invalid argument', or a sentence cut at 160 characters)."""
     base, ckpt = official[:2]
     whole = Path(ckpt).read_bytes()
-    for name, data in (("noise.pt", bytes(range(256)) * 4), ("cut.pt", whole[: len(whole) // 2])):
+    legacy = tmp_path / "legacy.pt"  # (torch's format before its zip archives: cut short, 'unexpected EOF')
+    torch.save(torch.load(ckpt, weights_only=True), legacy, _use_new_zipfile_serialization=False)
+    cut = "not a readable torch checkpoint: cut short ({:,} bytes, its end missing: an interrupted save, copy or "
+    for name, data, says in (
+        ("noise.pt", bytes(range(256)) * 4, "not a readable torch checkpoint, damaged or of another format ("),
+        ("cut.pt", whole[: len(whole) // 2], cut.format(len(whole) // 2)),
+        ("cut-end.pt", whole[:-10], cut.format(len(whole) - 10)),
+        ("cut-legacy.pt", legacy.read_bytes()[:-10], cut.format(legacy.stat().st_size - 10)),
+    ):
         bad = tmp_path / name
         bad.write_bytes(data)
         r = run_cli("import-coconut", bad, "--base", base, "--c-thought", 2, "--out", tmp_path / "o")
         assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
-        assert "not a readable torch checkpoint, damaged or of another format (" in r.stderr, r.stderr
+        assert says in r.stderr, r.stderr
+        assert not name.startswith("cut") or r.stderr.endswith("download); copy it again from the run's save_dir\n")
 
 
 def test_argument_errors(official, tmp_path, run_cli):
@@ -550,3 +560,35 @@ def test_a_revision_given_with_a_local_directory_is_warned_about(official, tmp_p
     with pytest.warns(UserWarning, match=rf"^--revision v1 applies only to a hub id: SRC {tmp_path / 'o'} is a local"):
         r = run_cli("export", tmp_path / "o", "--revision", "v1", "--merge", "--out", tmp_path / "m")
     assert r.returncode == 2 and "already a full checkpoint" in r.stderr, r.stderr
+
+
+def test_a_base_that_is_not_the_runs_is_one_line_asking_for_it(official, tmp_path, tokenizer, run_cli):
+    """A checkpoint over a --base of another architecture, size or tokenizer was refused naming what did not fit,
+    but not what to check (the missing embedding key, missing or wrong-shape tensors, too few rows for the latent
+    tokens, a head the base ties): each line now asks whether --base is the run's model_id."""
+    base, ckpt, _, tok, n_base = official
+    for arch, over in (("llama", {}), ("qwen2", {}), ("gpt2", {"hidden_size": 64})):
+        other = tmp_path / f"base-{arch}-{len(over)}"
+        copy.deepcopy(tokenizer).save_pretrained(other)
+        tiny_config(arch, n_base, **{**TINY, **over}).save_pretrained(other)
+    llama = build_tiny_model("llama", n_base, seed=3, **TINY)
+    llama.resize_token_embeddings(len(tok), mean_resizing=False)
+    llama_ckpt = saved(tmp_path, "llama.pt", {f"base_causallm.{k}": v for k, v in llama.state_dict().items()})
+    bigger = tmp_path / "base-bigger"  # (the run's architecture, a tokenizer of more tokens: another model's)
+    big_tok = copy.deepcopy(tokenizer)
+    big_tok.add_tokens([f"extra{i}" for i in range(5)])
+    big_tok.save_pretrained(bigger)
+    tiny_config("gpt2", len(big_tok), **TINY).save_pretrained(bigger)
+    for given, over, says in (
+        (ckpt, "base-llama-0", "no input embedding 'model.embed_tokens.weight' for the base model of"),
+        (llama_ckpt, "base-qwen2-0", "lm_head.weight differs from model.embed_tokens.weight, but the base model ties"),
+        (ckpt, "base-gpt2-1", "does not fit the base model: wrong shapes (checkpoint vs base) transformer.wte.weight"),
+        (ckpt, "base-bigger", f"its {len(tok)} embedding rows lack the latent tokens (ids ["),
+    ):
+        r = run_cli(
+            "import-coconut", given, "--base", tmp_path / over, "--c-thought", 1, "--max-latent-stage", 3,
+            "--out", tmp_path / "o",
+        )  # fmt: skip
+        assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and says in r.stderr, r.stderr
+        assert r.stderr.endswith(": is --base the model the run started from (its model_id)?\n"), r.stderr
+        assert not (tmp_path / "o").exists()

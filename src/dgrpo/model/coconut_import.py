@@ -54,6 +54,8 @@ WRAPPER_PREFIX = "base_causallm."
 WRAPPER_EMBEDDING = "embedding.weight"
 #: how the latent positions of a Coconut-stage checkpoint are read: continuous thought or pause tokens
 THOUGHT_MODES = ("coconut", "pause")
+#: what a checkpoint that does not fit ``--base`` asks (a GPT-2 run's file over a Llama base, another size)
+WHICH_BASE = "is --base the model the run started from (its model_id)?"
 #: the key prefixes of DDP's and torch.compile's wrappers, dropped from every key
 WRAPPED_BY = re.compile(r"^(?:module\.|_orig_mod\.)+")
 #: buffers that older transformers versions saved in state dicts and that are constants, not weights
@@ -85,6 +87,11 @@ def read_state_dict(ckpt: Path) -> dict[str, Tensor]:
                 f"{ckpt}: refused: it holds pickled objects other than tensors{what}; only plain tensor state "
                 "dicts are imported (torch.load weights_only=True), no code from the file is run"
             ) from None
+        if _cut_short(ckpt, e):
+            raise _error(
+                f"{ckpt}: not a readable torch checkpoint: cut short ({ckpt.stat().st_size:,} bytes, its end missing: "
+                "an interrupted save, copy or download); copy it again from the run's save_dir"
+            ) from None
         # torch's own words, without its advice on weights_only (one line)
         text = str(e).split("WeightsUnpickler error:", 1)[-1].split("Check the documentation", 1)[0]
         reason = f"{type(e).__name__}: {' '.join(text.split())[:160]}" if text.strip() else type(e).__name__
@@ -100,6 +107,17 @@ def read_state_dict(ckpt: Path) -> dict[str, Tensor]:
     if bad:
         raise _error(f"{ckpt}: expected a state dict (name -> tensor), found non-tensor entries {_few(bad)}")
     return obj
+
+
+def _cut_short(ckpt: Path, error: Exception) -> bool:
+    """Whether a file ``torch.load`` failed on is a torch checkpoint whose end is missing: a zip archive (torch's
+    format) without its central directory (torch says 'Invalid argument', or 'failed finding central directory'),
+    or the legacy format's 'unexpected EOF'."""
+    import zipfile
+
+    with ckpt.open("rb") as f:
+        zipped = f.read(4) == b"PK\x03\x04"
+    return (zipped and not zipfile.is_zipfile(ckpt)) or "unexpected EOF" in str(error)
 
 
 def unwrap(sd: dict[str, Tensor], ckpt: Path) -> tuple[dict[str, Tensor], bool, Tensor | None]:
@@ -318,15 +336,17 @@ def fit_state_dict(model: PreTrainedModel, sd: dict[str, Tensor], wrapper_emb: T
         if out_key not in sd and emb_key in sd:
             sd[out_key] = sd[emb_key]
         elif out_key in sd and emb_key in sd and not torch.equal(sd[out_key], sd[emb_key]):
-            raise _error(f"{out_key} differs from {emb_key}, but the base model ties them")
+            raise _error(f"{out_key} differs from {emb_key}, but the base model ties them: {WHICH_BASE}")
     missing = [k for k in expected if k not in sd]
     unexpected = [k for k in sd if k not in expected]
     if missing or unexpected:
         parts = [f"missing {_few(missing)}" if missing else "", f"unexpected {_few(unexpected)}" if unexpected else ""]
-        raise _error(f"the checkpoint does not fit the base model: {'; '.join(p for p in parts if p)}")
+        raise _error(f"the checkpoint does not fit the base model: {'; '.join(p for p in parts if p)}: {WHICH_BASE}")
     wrong = [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items() if sd[k].shape != v.shape]
     if wrong:
-        raise _error(f"the checkpoint does not fit the base model: wrong shapes (checkpoint vs base) {_few(wrong)}")
+        raise _error(
+            f"the checkpoint does not fit the base model: wrong shapes (checkpoint vs base) {_few(wrong)}: {WHICH_BASE}"
+        )
     # load_state_dict would cast an integer tensor into a float weight without a word
     kinds = [f"{k} {sd[k].dtype}" for k, v in expected.items() if v.is_floating_point() != sd[k].is_floating_point()]
     if kinds:
@@ -384,13 +404,19 @@ def import_coconut(
     model, tokenizer, added = build_base(base, trust_remote_code, revision)
     emb_key = param_key(model, model.get_input_embeddings())
     if emb_key not in sd:
-        raise _error(f"{ckpt}: no input embedding {emb_key!r} for the base model of {base!r} (keys: {_few(list(sd))})")
+        raise _error(
+            f"{ckpt}: no input embedding {emb_key!r} for the base model of {base!r} (keys: {_few(list(sd))}): "
+            f"{WHICH_BASE}"
+        )
     rows, base_rows = sd[emb_key].shape[0], input_embedding_weight(model).shape[0]
     # run.py's CoT stage saves the plain base model, never resized; every Coconut stage has the latent rows
     cot = not wrapped and bool(added) and rows == base_rows
     latent_ids = [tokenizer.get_vocab()[t] for t in OFFICIAL_TOKEN_ORDER]
     if not cot and max(latent_ids) >= rows:
-        raise _error(f"{ckpt}: its {rows} embedding rows lack the latent tokens (ids {latent_ids} in the tokenizer)")
+        raise _error(
+            f"{ckpt}: its {rows} embedding rows lack the latent tokens (ids {latent_ids} in the tokenizer of {base!r}, "
+            f"{len(tokenizer)} tokens with them): {WHICH_BASE}"
+        )
     if not cot and rows != len(tokenizer):  # (run.py resizes to len(tokenizer): the trained latent rows went unused)
         raise _error(
             f"{ckpt}: {rows} embedding rows, but the tokenizer of {base!r} with the latent tokens has {len(tokenizer)} "
