@@ -379,6 +379,34 @@ def test_weights_under_another_models_config_are_one_line(tokenizer, tmp_path, w
     assert all(r.levelno == logging.WARNING for r in logged)
 
 
+def test_a_folder_of_another_kind_is_one_line_saying_what_it_is(tokenizer, tmp_path, run_cli):
+    """A BERT encoder was loaded as BertLMHeadModel and refused for its missing head (as if its config were not its
+    own), a T5 was 'Unrecognized configuration class <class ...>', and the official Coconut code's save_dir or one
+    of its checkpoint_N files was 'holds no model checkpoint' or 'a file': each now says what it is and what to do."""
+    from transformers import BertConfig, BertModel, T5Config, T5ForConditionalGeneration
+
+    BertModel(
+        BertConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+    ).save_pretrained(tmp_path / "bert")
+    T5ForConditionalGeneration(
+        T5Config(vocab_size=len(tokenizer), d_model=16, num_layers=1, num_heads=2, d_ff=16, d_kv=8)
+    ).save_pretrained(tmp_path / "t5")
+    for name in ("bert", "t5"):
+        tokenizer.save_pretrained(tmp_path / name)
+    (tmp_path / "save_dir").mkdir()
+    torch.save({"embedding.weight": torch.zeros(2, 2)}, tmp_path / "save_dir" / "checkpoint_3")
+    no_lm = "give a decoder-only LM (GPT-2, Llama, Qwen2, ...)"
+    for name, says in (
+        ("bert", "is no causal LM: its config.json names BertModel, and BertLMHeadModel, the causal LM of its kind, "),
+        ("t5", "it is no causal LM (its config.json is of a kind AutoModelForCausalLM does not load); " + no_lm),
+        ("save_dir", "(no config.json with weights, no final/): it holds checkpoint_N files, as the official Coconut"),
+        ("save_dir/checkpoint_3", "is a file, not a checkpoint directory: checkpoint_N is the official Coconut code"),
+    ):
+        r = run_cli("eval", "--model", tmp_path / name, "--data", "builtin:test", "--out", tmp_path / "o")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+        assert r.stderr.endswith(f"{no_lm}\n" if name in ("bert", "t5") else "dgrpo import-coconut\n"), r.stderr
+
+
 @contextlib.contextmanager
 def _transformers_log():
     """The records transformers' logger hands its handlers within the block."""

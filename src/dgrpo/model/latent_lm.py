@@ -347,6 +347,11 @@ def _load_hf_model(
             where, fix = (where, f": {download_hint(path, revision)}") if cached else ("", "")
             only = " (dgrpo loads safetensors only)" if none else ""
             raise CheckpointError(f"cannot load the model {path}: {missing}{where}{only}{fix}") from None
+        if "Unrecognized configuration class" in str(e):  # (an encoder-decoder's, T5's, or another kind's)
+            raise CheckpointError(
+                f"cannot load the model {path}: it is no causal LM (its config.json is of a kind "
+                "AutoModelForCausalLM does not load); give a decoder-only LM (GPT-2, Llama, Qwen2, ...)"
+            ) from None
         raise CheckpointError(f"cannot load the model {path}: {one_line(e)}{remote_code_hint(e)}") from None
     model, info = loaded
     check_loading_info(path, model, info)
@@ -364,6 +369,13 @@ def check_loading_info(path: str, model: PreTrainedModel, info: dict) -> None:
     if not missing and not shapes:
         return
     arch = type(model).__name__
+    named = [a for a in getattr(model.config, "architectures", None) or [] if isinstance(a, str)]
+    if named and arch not in named:  # (a BERT encoder: transformers builds BertLMHeadModel, and its head is missing)
+        raise CheckpointError(
+            f"the model {path} is no causal LM: its config.json names {', '.join(named)}, and {arch}, the causal LM "
+            f"of its kind, lacks {_few(missing or shapes)} in its weights; give a decoder-only LM (GPT-2, Llama, "
+            "Qwen2, ...)"
+        )
     if shapes:
         found = f"wrong-shape tensors (the weights' vs {arch}'s): {_few(shapes)}"
     else:

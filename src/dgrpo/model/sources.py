@@ -25,6 +25,8 @@ from .verified import (
     one_line,
 )
 
+#: the name of a file the official Coconut code's run.py saves (``save_dir/checkpoint_N``, after epoch N)
+COCONUT_FILE = re.compile(r"checkpoint_\d+")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "gpt2", "Qwen/Qwen2.5-1.5B"
 
 
@@ -57,15 +59,30 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if (p / RESUMABLE_STATE).is_file() and is_model_dir(p / "model"):
         return p / "model"
     if p.is_file():
-        raise CheckpointError(f"{p} is a file, not a checkpoint directory")
+        raise CheckpointError(f"{p} is a file, not a checkpoint directory{coconut_hint(p)}")
     if (p / METRICS_FILE).is_file():
         raise CheckpointError(
             f"{p} holds no model checkpoint: a run directory without final/ (the run did not finish: rerun its command "
             "to resume it, or name one of its checkpoints: best/, stage-K/, checkpoints/step-N)"
         )
     if p.exists():
-        raise CheckpointError(f"{p} holds no model checkpoint (no config.json with weights, no final/)")
+        raise CheckpointError(
+            f"{p} holds no model checkpoint (no config.json with weights, no final/){coconut_hint(p)}"
+        )
     raise CheckpointError(f"checkpoint directory not found: {p}")
+
+
+def coconut_hint(p: Path) -> str:
+    """What to add when a model is named by a file of the official Coconut code (``checkpoint_N``, a ``torch.save``
+    of a state dict) or by the ``save_dir`` holding them: dgrpo loads them once converted."""
+    if p.is_file() and COCONUT_FILE.fullmatch(p.name):
+        return ": checkpoint_N is the official Coconut code's file name; convert it with dgrpo import-coconut"
+    if p.is_dir() and any(COCONUT_FILE.fullmatch(f.name) and f.is_file() for f in p.iterdir()):
+        return (
+            ": it holds checkpoint_N files, as the official Coconut code's save_dir; convert one with dgrpo "
+            "import-coconut"
+        )
+    return ""
 
 
 def revision_kwargs(revision: str | None) -> dict[str, str]:
