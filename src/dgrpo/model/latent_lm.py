@@ -646,7 +646,8 @@ class LatentLM(nn.Module):
         except Exception as e:  # noqa: BLE001
             why = f"{one_line(e)}{remote_code_hint(e)}"
             raise CheckpointError(f"cannot load the adapter checkpoint {folder}: {why}") from None
-        check_saved_tokenizer(str(folder), tok, None)  # (the base may lack the markers' rows: the adapter has them)
+        if (folder / LATENT_CONFIG_FILE).is_file():  # (dgrpo wrote it; the base may lack the markers' rows)
+            check_saved_tokenizer(str(folder), tok, None)
         model = load_hf_model(base, dtype, trust_remote_code, local_only, revision)
         lm = cls._built(model, tok, settings, str(folder))
         lm.run_config, lm.name_or_path, lm.revision = run_config, base, revision
