@@ -857,3 +857,24 @@ def test_a_full_disk_elsewhere_in_a_run_is_one_line(tmp_path, monkeypatch, run_c
     r = run_cli("grpo", "--init", "x", "--out", tmp_path / "run")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "final/model.safetensors: no space left on the device; no checkpoint was written yet" in r.stderr
+
+
+def test_a_file_a_checkpoint_cannot_load_without_is_not_said_to_be_droppable(tokenizer, tmp_path):
+    """A missing weights file (or another the model needs) said 'if the change is yours, delete manifest.json to
+    load it': without the manifest the next line was that the directory holds no model. A file the model loads
+    without (run_config.json) keeps that advice."""
+    from dgrpo.model.verified import CheckpointError
+
+    lm = make_lm(tokenizer, "qwen2")
+    lm.run_config = {"model": {"dtype": "float32"}}
+    for name, says in (
+        ("model.safetensors", "(removed since dgrpo wrote it, and the model does not load without it: put it back, or"),
+        ("config.json", "(removed since dgrpo wrote it, and the model does not load without it: put it back, or"),
+        ("run_config.json", "(changed since dgrpo wrote it; if the change is yours, delete manifest.json to load it)"),
+    ):
+        lm.save_pretrained(tmp_path / name)
+        (tmp_path / name / name).unlink()
+        with pytest.raises(CheckpointError) as e:
+            LatentLM.from_pretrained(tmp_path / name)
+        message = str(e.value)
+        assert message.startswith(f"checkpoint {tmp_path / name} is damaged: missing file {name} {says}"), message

@@ -22,6 +22,7 @@ from .verified import (
     SAFETENSORS,
     SAFETENSORS_INDEX,
     CheckpointError,
+    check_intact,
     one_line,
 )
 
@@ -65,6 +66,8 @@ def resolve_checkpoint(path: str | Path) -> Path:
             f"{p} holds no model checkpoint: a run directory without final/ (the run did not finish: rerun its command "
             "to resume it, or name one of its checkpoints: best/, stage-K/, checkpoints/step-N)"
         )
+    if p.is_dir():  # (a directory dgrpo wrote, its config.json gone: the manifest says so)
+        check_intact(p)
     if p.exists():
         raise CheckpointError(
             f"{p} holds no model checkpoint (no config.json with weights, no final/){coconut_hint(p)}"

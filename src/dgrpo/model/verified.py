@@ -110,7 +110,19 @@ def check_intact(directory: Path, required: tuple[str, ...] = ()) -> None:
     if problem is not None:
         edited = problem.startswith(("checksum mismatch", "missing file"))
         hint = f" (changed since dgrpo wrote it; if the change is yours, delete {MANIFEST} to load it)"
+        if _needed_file_missing(problem, required):  # (no manifest: the next line said the model was not there)
+            hint = " (removed since dgrpo wrote it, and the model does not load without it: put it back, or copy the "
+            hint += "whole directory again)"
         raise CheckpointError(f"checkpoint {directory} is damaged: {problem}{hint if edited else ''}")
+
+
+def _needed_file_missing(problem: str, required: tuple[str, ...]) -> bool:
+    """Whether :func:`verify`'s ``problem`` is a missing file that loading needs: weights, or one of ``required``."""
+    if not problem.startswith("missing file "):
+        return False
+    name = problem.removeprefix("missing file ")
+    needed = name.endswith(".safetensors") or Path(name).name in ("config.json", ADAPTER_CONFIG_FILE)
+    return needed or any(name in alternatives.split("|") for alternatives in required)
 
 
 def unlisted_files(directory: Path) -> list[str]:
