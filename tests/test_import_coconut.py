@@ -592,3 +592,33 @@ def test_a_base_that_is_not_the_runs_is_one_line_asking_for_it(official, tmp_pat
         assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and says in r.stderr, r.stderr
         assert r.stderr.endswith(": is --base the model the run started from (its model_id)?\n"), r.stderr
         assert not (tmp_path / "o").exists()
+
+
+def test_a_base_whose_tokenizer_holds_the_markers_in_dgrpos_order_is_refused(official, tmp_path, tokenizer, run_cli):
+    """A dgrpo checkpoint as --base (its tokenizer has the markers as start, latent, end; run.py adds start, end,
+    latent) imported without a word, the checkpoint's <|end-latent|> row read as <|latent|>'s and the reverse. A
+    base whose tokenizer holds them in run.py's order is read as before."""
+    base, ckpt, plain, tok, n_base = official
+    dgrpo_base = tmp_path / "dgrpo-base"
+    LatentLM(build_tiny_model("gpt2", n_base, **TINY), copy.deepcopy(tokenizer)).save_pretrained(dgrpo_base)
+    settings = ["--c-thought", 2, "--max-latent-stage", 3]
+    r = run_cli("import-coconut", ckpt, "--base", dgrpo_base, *settings, "--out", tmp_path / "o")
+    n = n_base
+    says = f"its tokenizer already holds the latent tokens (<|start-latent|> {n}, <|latent|> {n + 1}, <|end-latent|> "
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+    assert (
+        r.stderr.endswith("is --base the model the run started from (its model_id)?\n")
+        and not (tmp_path / "o").exists()
+    )
+    in_order = tmp_path / "in-order"  # (the run's tokenizer, saved beside its base's config)
+    shutil.copytree(base, in_order)
+    tok.save_pretrained(in_order)
+    r = run_cli("import-coconut", ckpt, "--base", in_order, *settings, "--out", tmp_path / "o")
+    assert r.returncode == 0, r.stderr
+    assert_same_weights(LatentLM.from_pretrained(tmp_path / "o"), plain)
+    from dgrpo.model.coconut_import import check_marker_order
+
+    partial = copy.deepcopy(tokenizer)  # a base with <|latent|> only: run.py adds the others after it, as the import
+    for token in ("<|latent|>", "<|start-latent|>", "<|end-latent|>"):
+        partial.add_tokens([token])
+    check_marker_order("base", partial, ["<|start-latent|>", "<|end-latent|>"])

@@ -296,6 +296,23 @@ def build_base(
     return model, tokenizer, added
 
 
+def check_marker_order(base: str, tokenizer: PreTrainedTokenizerBase, added: list[str]) -> None:
+    """A CheckpointError when ``base``'s tokenizer already held the latent tokens (all but those :func:`build_base`
+    ``added``) in another order than run.py adds them (start, end, latent): a dgrpo checkpoint's (start, latent,
+    end), not the run's model_id. Its ids would read the checkpoint's trained rows under the wrong tokens (the end
+    marker's row as the thought's), without a word."""
+    vocab = tokenizer.get_vocab()
+    present = [(t, vocab[t]) for t in OFFICIAL_TOKEN_ORDER if t in vocab and t not in added]
+    if [i for _, i in present] == sorted(i for _, i in present):
+        return
+    held = ", ".join(f"{t} {i}" for t, i in sorted(present, key=lambda p: p[1]))
+    raise _error(
+        f"--base {base}: its tokenizer already holds the latent tokens ({held}), in another order than Coconut's "
+        f"run.py adds them ({', '.join(OFFICIAL_TOKEN_ORDER)}): a dgrpo checkpoint's, whose ids would read the "
+        f"trained rows under other tokens; {WHICH_BASE}"
+    )
+
+
 def _check_base_dir(base: Path) -> None:
     """A CheckpointError naming what a local ``--base`` lacks: a model's ``config.json`` (transformers said 'Should
     have a model_type key' of a folder without one, and of a dgrpo run directory, whose config.json is the run's)."""
@@ -402,6 +419,7 @@ def import_coconut(
         raise _error(f"output directory {out} exists and is not empty")
     sd, wrapped, wrapper_emb = unwrap(read_state_dict(ckpt), ckpt)
     model, tokenizer, added = build_base(base, trust_remote_code, revision)
+    check_marker_order(base, tokenizer, added)
     emb_key = param_key(model, model.get_input_embeddings())
     if emb_key not in sd:
         raise _error(
