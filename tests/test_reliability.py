@@ -878,3 +878,27 @@ def test_a_file_a_checkpoint_cannot_load_without_is_not_said_to_be_droppable(tok
             LatentLM.from_pretrained(tmp_path / name)
         message = str(e.value)
         assert message.startswith(f"checkpoint {tmp_path / name} is damaged: missing file {name} {says}"), message
+
+
+def test_weights_cut_short_say_so_and_what_to_do(tokenizer, tmp_path):
+    """A model's or an adapter's safetensors cut short (no manifest to tell) was 'SafetensorError: Error while
+    deserializing header: incomplete metadata, file not fully covered', with nothing to do about it."""
+    pytest.importorskip("peft")
+    from dgrpo.config import LoraConfig
+    from dgrpo.model import lora
+    from dgrpo.model.verified import CheckpointError
+
+    make_lm(tokenizer, "llama").save_pretrained(tmp_path / "model")
+    lm = LatentLM.from_pretrained(tmp_path / "model")
+    lora.apply_lora(lm, LoraConfig(r=2, alpha=4.0))
+    lm.save_pretrained(tmp_path / "adapter")
+    for folder, file in (("adapter", "adapter_model.safetensors"), ("model", "model.safetensors")):
+        (tmp_path / folder / "manifest.json").unlink()  # (the adapter's own file first, while its base is intact)
+        data = (tmp_path / folder / file).read_bytes()
+        (tmp_path / folder / file).write_bytes(data[: len(data) // 2])
+        with pytest.raises(CheckpointError) as e:
+            LatentLM.from_pretrained(tmp_path / folder)
+        message = str(e.value)
+        assert f"{file} (SafetensorError" in message or f"{folder}: unreadable safetensors" in message, message
+        assert "file not fully covered" in message and "\n" not in message, message
+        assert message.endswith("): cut short or damaged: copy it again from where it came from"), message

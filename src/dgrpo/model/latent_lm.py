@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from safetensors import SafetensorError
 from torch import Tensor, nn
 from transformers import (
     AutoModelForCausalLM,
@@ -97,6 +98,7 @@ from .verified import (
     SAFETENSORS,
     SAFETENSORS_INDEX,
     SHARDED_DIR,
+    UNREADABLE_WEIGHTS,
     CheckpointError,
     atomic_dir,
     check_intact,
@@ -347,6 +349,10 @@ def _load_hf_model(
             where, fix = (where, f": {download_hint(path, revision)}") if cached else ("", "")
             only = " (dgrpo loads safetensors only)" if none else ""
             raise CheckpointError(f"cannot load the model {path}: {missing}{where}{only}{fix}") from None
+        if isinstance(e, SafetensorError):  # (a header cut short: 'incomplete metadata, file not fully covered')
+            raise CheckpointError(
+                f"cannot load the model {path}: unreadable safetensors weights ({one_line(e)}): {UNREADABLE_WEIGHTS}"
+            ) from None
         if "Unrecognized configuration class" in str(e):  # (an encoder-decoder's, T5's, or another kind's)
             raise CheckpointError(
                 f"cannot load the model {path}: it is no causal LM (its config.json is of a kind "

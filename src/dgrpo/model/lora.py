@@ -42,6 +42,7 @@ from .anatomy import token_tables
 from .verified import (
     MANIFEST,
     SAFETENSORS_INDEX,
+    UNREADABLE_WEIGHTS,
     CheckpointError,
     check_tensors,
     one_line,
@@ -365,7 +366,9 @@ def read_adapter(lm: LatentLM, folder: Path) -> dict[str, Tensor]:
     try:
         state = load_file(str(folder / ADAPTER_WEIGHTS))
     except Exception as e:  # noqa: BLE001 - truncated or foreign files: one line
-        raise CheckpointError(f"{folder}: unreadable adapter weights ({one_line(e)})") from None
+        raise CheckpointError(
+            f"{folder}: unreadable adapter weights {ADAPTER_WEIGHTS} ({one_line(e)}): {UNREADABLE_WEIGHTS}"
+        ) from None
     check_adapter_state(lm, state, str(folder))
     return state
 

@@ -32,6 +32,10 @@ ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE = "adapter_config.json", "adapter_mode
 RESUMABLE_STATE = "state.json"  # what marks a resumable training checkpoint (dgrpo.training.checkpoint writes it)
 
 
+#: what to do about a weights file that cannot be read (a header cut short, a damaged file)
+UNREADABLE_WEIGHTS = "cut short or damaged: copy it again from where it came from"
+
+
 class CheckpointError(FileNotFoundError):
     """A checkpoint that does not exist, does not hold a model, or is damaged (the message is one line)."""
 
@@ -284,7 +288,7 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
                 state.update(load_file(str(folder / shard)))
             return state
     except (SafetensorError, OSError, ValueError, KeyError) as e:
-        raise CheckpointError(f"{folder}: unreadable weights ({one_line(e)})") from None
+        raise CheckpointError(f"{folder}: unreadable weights ({one_line(e)}): {UNREADABLE_WEIGHTS}") from None
     raise CheckpointError(f"{folder}: no {SAFETENSORS} (dgrpo reads safetensors weights only, never pickles)")
 
 
