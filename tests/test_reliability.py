@@ -706,6 +706,22 @@ def test_consolidate_takes_a_run_directory_and_refuses_a_changed_or_unreadable_s
     assert "cannot read the shards in" in r.stderr and "No such file" in r.stderr
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_consolidate_of_shards_under_another_shapes_config_is_one_line(tmp_path, tokenizer, run_cli):
+    """A config.json of other sizes than the shards' (not the run's own) ended in load_state_dict's traceback, 'size
+    mismatch for ...' per tensor."""
+    run, _ = _sharded_run(tmp_path, tokenizer)
+    (run / "final" / "manifest.json").unlink()  # (nothing vouches for config.json: a copy from elsewhere)
+    config = json.loads((run / "final" / "config.json").read_text())
+    key = next(k for k in ("intermediate_size", "n_inner") if config.get(k))
+    config[key] *= 2
+    (run / "final" / "config.json").write_text(json.dumps(config))
+    r = run_cli("consolidate", run)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "the sharded weights do not fit" in r.stderr and "put back the run's own config.json" in r.stderr
+    assert not (run / "final" / "model.safetensors").exists()
+
+
 @pytest.mark.slow
 def test_a_cached_hub_id_loads_at_once_without_network(sft_checkpoint, tmp_path):
     """A hub id in the local cache, on a machine where the hub cannot be reached and HF_HUB_OFFLINE is not set: it

@@ -135,9 +135,15 @@ def consolidate_checkpoint(path: str | Path) -> Path:
 
     dtype = next(iter(state.values())).dtype
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(target), dtype=dtype)
-    lm_keys = set(model.state_dict())
-    if set(state) - lm_keys or lm_keys - set(state) - _tied(model):
+    lm_state = model.state_dict()
+    if set(state) - set(lm_state) or set(lm_state) - set(state) - _tied(model):
         raise CheckpointError(f"{path}: the sharded weights do not match the model config")
+    if shaped := sorted(k for k, t in state.items() if t.shape != lm_state[k].shape):
+        raise CheckpointError(
+            f"{path}: the sharded weights do not fit {target / 'config.json'} ({len(shaped)} of other shapes: "
+            f"{shaped[0]} is {tuple(state[shaped[0]].shape)}, the config's {tuple(lm_state[shaped[0]].shape)}); put "
+            "back the run's own config.json"
+        )
     model.load_state_dict(state, strict=False)
     model.save_pretrained(target, safe_serialization=True)
     write_manifest(target)
