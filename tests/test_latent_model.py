@@ -419,6 +419,29 @@ def test_a_model_cast_to_bf16_computes_what_its_checkpoint_reloads(tokenizer, ta
     assert torch.equal(lm.to(torch.float32).to(torch.bfloat16).model.model.rotary_emb.inv_freq, fresh)
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_a_model_cast_before_it_is_wrapped_computes_what_its_checkpoint_reloads(tokenizer, task_records, arch):
+    """``LatentLM(model.to(torch.bfloat16), tokenizer)``: the model came cast, its rotary frequencies rounded to bf16
+    (what ``LatentLM.to`` now keeps float32), and scored other log-probs (1e-3 apart) than the same weights wrapped
+    first and cast after, or reloaded from its checkpoint. The wrapper recomputes them in float32: the same
+    frequencies as a fresh model's, the same log-probs and greedy answers, bit for bit."""
+    import copy
+
+    from dgrpo.model.latent_lm import LatentLM
+
+    first = make_lm(tokenizer, arch, seed=1).eval()
+    cast_after = copy.deepcopy(first).to(torch.bfloat16)
+    cast_before = LatentLM(copy.deepcopy(first.model).to(torch.bfloat16), copy.deepcopy(first.tokenizer))
+    fresh = first.model.model.rotary_emb
+    for name in ("inv_freq", "original_inv_freq"):
+        assert torch.equal(getattr(cast_before.model.model.rotary_emb, name), getattr(fresh, name))
+    ids, mask, tg, tm = batch(first, task_records)
+    with torch.no_grad():
+        scored = [m.target_logprobs(ids, mask, 3, tg, tm)[0] for m in (cast_after, cast_before)]
+        greedy = [m.generate(ids, mask, 3, max_new_tokens=12).tokens for m in (cast_after, cast_before)]
+    assert torch.equal(*scored) and torch.equal(*greedy)
+
+
 def test_chunked_logprob_scoring_matches_one_shot(tokenizer, task_records, monkeypatch):
     """Scoring in checkpointed position chunks (for large vocabularies) gives the same values and gradients."""
     import dgrpo.model.decoding as decoding

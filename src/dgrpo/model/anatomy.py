@@ -63,6 +63,44 @@ def restore_float32_frequencies(model: nn.Module, kept: dict[str, Tensor]) -> No
             module._buffers[attr] = value.to(now.device)
 
 
+def float32_rotary_init(model: nn.Module) -> None:
+    """Give the rotary modules of a model cast to a low precision before dgrpo wrapped it (``model.to(bfloat16)``,
+    then ``LatentLM(model, tokenizer)``) their float32 frequencies back, recomputed from the module's config by its
+    own rope function, as ``from_pretrained`` and a reload of the saved checkpoint compute them (a tiny Qwen2/Llama
+    model cast before wrapping scored log-probs 1e-3 apart from the same weights cast after, 2e-2 apart from its
+    reloaded checkpoint with larger weights, and decoded other greedy answers). A module whose rope function is
+    unknown, or whose frequencies come out of another shape, is left as it is."""
+    for module in model.modules():
+        now = module._buffers.get("inv_freq")
+        if now is None or now.dtype == torch.float32 or not now.is_floating_point():
+            continue
+        fresh = _rope_frequencies(module)
+        if fresh is None or fresh.shape != now.shape:
+            continue
+        for attr in ("inv_freq", "original_inv_freq"):
+            buf = module._buffers.get(attr)
+            if buf is not None and buf.dtype != torch.float32 and buf.shape == fresh.shape:
+                module._buffers[attr] = fresh.to(buf.device)
+
+
+def _rope_frequencies(module: nn.Module) -> Tensor | None:
+    """The float32 ``inv_freq`` a transformers rotary module computes at construction (None: not one that says how:
+    its ``rope_type`` and ``config``, and its default rope function or transformers' table of the others)."""
+    config, rope_type = getattr(module, "config", None), getattr(module, "rope_type", None)
+    if config is None or rope_type is None:
+        return None
+    if rope_type == "default":
+        init = getattr(module, "compute_default_rope_parameters", None)
+    else:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        init = ROPE_INIT_FUNCTIONS.get(rope_type)
+    if init is None:
+        return None
+    inv_freq = init(config)[0]
+    return inv_freq.float() if isinstance(inv_freq, Tensor) else None
+
+
 #: attribute names of a block's parts, tried in order (first match wins)
 PART_NAMES: dict[str, tuple[str, ...]] = {
     "attn": ("self_attn", "attn", "attention"),  # Qwen2 / Llama: self_attn; GPT-2: attn

@@ -52,6 +52,7 @@ from .anatomy import (
     base_model,
     decoder_layers,
     float32_frequencies,
+    float32_rotary_init,
     input_embedding_weight,
     restore_float32_frequencies,
 )
@@ -534,6 +535,7 @@ class LatentLM(nn.Module):
             raise ValueError(f"latent_token_init must be mean or coconut, got {latent_token_init!r}")
         #: the latent markers this model did not have (a plain LM): their embeddings are new, untrained
         self.new_latent_tokens = add_latent_tokens(model, tokenizer, latent_token_init)
+        float32_rotary_init(model)  # (a model cast to bf16 before it came here: as from_pretrained would load it)
         self.model = model
         self.tokenizer = tokenizer
         self.training = model.training  # the wrapper's mode is the model's (transformers loads in eval mode)
