@@ -1852,3 +1852,30 @@ def test_a_runs_data_files_are_recorded_by_absolute_path(tmp_path, monkeypatch):
     assert cfg.data.test == ["folder:test", "builtin:test?n_steps=3", "gsm8k", "org/name", "missing.jsonl"]
     cfg = record_init(load_config(Config, None, ["data.valid="]), None, tmp_path / "run")
     assert (cfg.data.train, cfg.data.valid) == ("builtin:train", "")
+
+
+def test_a_reward_calling_sys_exit_is_one_line_naming_it_and_the_row():
+    """``sys.exit()`` inside a reward (a script's habit on a bad row) ended training with no word: the call's wrapper
+    caught ``Exception`` only, and SystemExit is not one. It is a RewardError naming the reward and the row, as any
+    other failure is; KeyboardInterrupt (Ctrl-C, SIGTERM's) still goes through."""
+    from dgrpo.eval.scoring import call_checked
+
+    recs = [Record(f"question {i}", [], str(i)) for i in range(4)]
+
+    def bails(completions, records):
+        if "bad" in completions:
+            sys.exit("cannot parse")
+        return [0.0] * len(completions)
+
+    with pytest.raises(RewardError) as raised:
+        call_checked(bails, "mine.py:bails", ["a", "b", "bad", "c"], recs)
+    assert str(raised.value) == (
+        "reward mine.py:bails raised SystemExit: cannot parse (sys.exit() called in it: raise an error, or return 0 "
+        "for a completion it cannot score) on row 2 (completion 'bad', question 'question 2')"
+    )
+
+    def interrupted(completions, records):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        call_checked(interrupted, "mine.py:interrupted", ["a"], recs[:1])

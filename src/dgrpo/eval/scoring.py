@@ -219,8 +219,11 @@ def call_checked(
         returned = call(completions, records)
     except RewardError:  # (a plug-in scorer's own checked call already named it: not wrapped twice)
         raise
-    except Exception as e:  # noqa: BLE001 - the user's function failed: one line naming it
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's function failed: one line naming it (a
+        # sys.exit() in it, too: it would end training silently; KeyboardInterrupt, Ctrl-C's or SIGTERM's, still stops)
         how = ""
+        if isinstance(e, SystemExit):
+            how = " (sys.exit() called in it: raise an error, or return 0 for a completion it cannot score)"
         if trl and isinstance(e, TypeError):  # (a signature mistaken for TRL's says how it was called)
             how = (
                 " (called as TRL's reward functions are, by keyword: prompts, completions, answer, steps and the "
@@ -260,7 +263,7 @@ def _failing_row(
     call: Callable[[list[str], list[Record]], Any],
     completions: list[str],
     records: list[Record],
-    error: type[Exception],
+    error: type[BaseException],
 ) -> str:
     """Where a batched call failed with an ``error``: the row found by calling halves of the batch, each time the
     first half that fails with the same kind of error (at most 2 calls per halving: 18 for 512 rows), with its
@@ -276,7 +279,7 @@ def _failing_row(
             except error:
                 lo, hi = a, b
                 break
-            except Exception:  # noqa: BLE001 - another failure: not the one looked for
+            except (Exception, SystemExit):  # noqa: BLE001 - another failure: not the one looked for
                 continue
         else:
             return (
