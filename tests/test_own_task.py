@@ -1879,3 +1879,25 @@ def test_a_reward_calling_sys_exit_is_one_line_naming_it_and_the_row():
 
     with pytest.raises(KeyboardInterrupt):
         call_checked(interrupted, "mine.py:interrupted", ["a"], recs[:1])
+
+
+def test_the_plugin_files_a_run_records_are_its_reward_and_scorer_files_not_builtins(tmp_path, monkeypatch):
+    """applied.json's ``plugin_files``: a file spec's file and an imported package module's, by absolute path and
+    SHA-256; a built-in name, a missing file and dgrpo's own modules record nothing."""
+    import hashlib
+
+    from dgrpo.plugins import source_hashes
+
+    (tmp_path / "mine.py").write_text("def f(completions, records):\n    return [0.0] * len(completions)\n")
+    package = f"mypkg_{tmp_path.name.replace('-', '_')}"  # (a name of this test's own: sys.modules keeps modules)
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / package / "rewards.py").write_text("def g(completions, records):\n    return []\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    load_function(f"{package}.rewards:g")
+    specs = ["mine.py:f", f"{package}.rewards:g", "numeric", "gone.py:f", "dgrpo.eval.scoring:exact", ""]
+    assert source_hashes(specs) == {
+        str(p.resolve()): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in (tmp_path / "mine.py", tmp_path / package / "rewards.py")
+    }

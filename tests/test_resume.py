@@ -1379,3 +1379,36 @@ def test_a_resume_on_changed_training_data_from_the_command_line_names_its_flags
         "(16 records as now, other ones): resume with the same data, start over with --resume never, or pass "
         "--allow-config-change to go on"
     ), r.stderr
+
+
+def test_a_resume_after_the_reward_file_was_edited_warns_naming_it(tmp_path):
+    """A config names a plug-in reward by its path: a resume after the file was edited trained on another reward
+    without a word. applied.json records each plug-in file's hash; a resume whose file differs says so, naming it,
+    and one on the same file says nothing."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.grpo import train_grpo
+
+    reward = tmp_path / "my_reward.py"
+    reward.write_text("def reward(completions, records):\n    return [0.0 for _ in completions]\n")
+    common = {"grpo.prompts_per_step": 2, "grpo.eval_every": 0, "grpo.warmup_steps": 0, "data.test": "[]"}
+    common |= {"grpo.reward": f"{reward}:reward"}
+    lm, out = load_model(tiny_config(**common).model, tiny_config().task, seed=0), tmp_path / "run"
+    train = generate_split(tiny_config().task, "train")[:8]
+
+    def run_to(steps: int) -> list[str]:
+        cfg = tiny_config(**common, **{"grpo.steps": steps})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            train_grpo(lm, cfg, train, out, progress=False, log=lambda *a: None, allow_config_change=True)
+        return [str(w.message) for w in caught if "changed since this run's start" in str(w.message)]
+
+    assert run_to(1) == []
+    [first] = json.loads((out / "applied.json").read_text())
+    assert list(first["plugin_files"]) == [str(reward.resolve())]
+    assert run_to(2) == []  # (the same file: no word)
+    reward.write_text("def reward(completions, records):\n    return [1.0 for _ in completions]\n")
+    assert run_to(3) == [
+        f"{reward.resolve()} changed since this run's start at step 1: the steps from 2 use the file as it is now; "
+        "restore it to resume on the same reward or scorer, or start a new run (--resume never)"
+    ]

@@ -7,6 +7,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -20,6 +21,29 @@ def plugin_file(spec: str) -> Path | None:
     """The file a ``path/to/file.py:name`` spec names (None for a built-in name or ``package.module:name``)."""
     target, sep, _ = spec.rpartition(":")
     return Path(target).expanduser() if sep and (target.endswith(".py") or "/" in target) else None
+
+
+def plugin_source(spec: str) -> Path | None:
+    """The source file of what ``spec`` names: a ``path/to/file.py:name`` spec's file, or an imported package
+    module's (not dgrpo's own); None for a built-in name, a missing file, or a module not imported from a file."""
+    path = plugin_file(spec)
+    if path is not None:
+        return path.resolve() if path.is_file() else None
+    target, sep, _ = spec.rpartition(":")
+    file = getattr(sys.modules.get(target), "__file__", None) if sep else None
+    own = target == "dgrpo" or target.startswith("dgrpo.")
+    return Path(file).resolve() if file and not own else None
+
+
+def source_hashes(specs: Iterable[str]) -> dict[str, str]:
+    """The SHA-256 of the contents of each plug-in file ``specs`` name (:func:`plugin_source`), by absolute path: a
+    run records what its reward and scorer were, not only their names."""
+    out = {}
+    for spec in specs:
+        path = plugin_source(spec)
+        if path is not None:
+            out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
 
 
 def import_object(spec: str, what: str, kind: str = "function") -> Any:

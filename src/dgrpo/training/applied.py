@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import warnings
+from collections.abc import Iterable
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from torch import nn
 
 from ..model.gqa_attention import PACKED_GQA
 from ..model.latent_lm import LatentLM
+from ..plugins import source_hashes
 from .distributed import Dist
 from .master_weights import MasterWeightAdamW
 
@@ -64,12 +66,19 @@ def versions() -> dict[str, str]:
 
 
 def applied_settings(
-    lm: LatentLM, dist: Dist, opt: torch.optim.Optimizer, *, kernels: str, **resolved: Any
+    lm: LatentLM,
+    dist: Dist,
+    opt: torch.optim.Optimizer,
+    *,
+    kernels: str,
+    plugins: Iterable[str] = (),
+    **resolved: Any,
 ) -> dict[str, Any]:
     """What a trainer runs with, read from what it built: the device and processes, ``fsdp``, the optimizer's class
     and whether it keeps float32 masters, the weights' dtype, the fused ``kernels`` it applied, the compiled layers
-    and head, the packed attention, ``resolved`` (a trainer's own: GRPO's engine, kept graphs, latent chain), and the
-    versions."""
+    and head, the packed attention, ``resolved`` (a trainer's own: GRPO's engine, kept graphs, latent chain), the
+    hashes of the files of the ``plugins`` specs it runs (its reward, its scorer: a resume after an edit is told,
+    :func:`warn_if_plugins_changed`), and the versions."""
     device = lm.device
     out: dict[str, Any] = {"device": device.type}
     if device.type == "cuda":
@@ -88,6 +97,7 @@ def applied_settings(
         compile_head=lm.head_stats.compiled,  # (false again should its compiler have failed)
         pack_gqa=getattr(lm.model.config, "_attn_implementation", None) == PACKED_GQA,
         **resolved,
+        plugin_files=source_hashes(plugins),
         versions=versions(),
     )
     return out
@@ -106,6 +116,24 @@ def record_applied(path: Path, step: int, applied: dict[str, Any]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def warn_if_plugins_changed(path: Path, step: int, applied: dict[str, Any]) -> None:
+    """Warn, one line per file, when a plug-in file ``applied`` records (``plugin_files``) has contents other than at
+    the previous start recorded in ``applied.json`` at ``path`` (before ``step``): a config names a reward by its
+    path, so a resume after an edit of the file would train on another reward without a word."""
+    before = [e for e in _entries(path) if isinstance(e, dict) and e.get("started_at_step", step) < step]
+    recorded = before[-1].get("plugin_files") if before else None
+    if not isinstance(recorded, dict):  # (a new run, or one recorded before plugin_files)
+        return
+    for file, digest in applied.get("plugin_files", {}).items():
+        if recorded.get(file, digest) != digest:
+            warnings.warn(
+                f"{file} changed since this run's start at step {before[-1].get('started_at_step')}: the steps from "
+                f"{step} use the file as it is now; restore it to resume on the same reward or scorer, or start a "
+                "new run (--resume never)",
+                stacklevel=2,
+            )
 
 
 def _entries(path: Path) -> list:

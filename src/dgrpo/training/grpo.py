@@ -278,6 +278,7 @@ class GRPOTrainer:
             engine=self.engine,
             keep_graphs=self.keep_graphs,
             update_latent_graphs=self.chain_latents,
+            plugins=[self.cfg.grpo.reward, *(r["fn"] for r in self.cfg.grpo.rewards), self.cfg.eval.scorer],
         )
 
     # -------------------------------------------------------------------- resumable state

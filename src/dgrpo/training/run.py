@@ -56,7 +56,7 @@ from ..run_layout import (
     WANDB_ID_FILE,
     results_folder,
 )
-from .applied import record_applied
+from .applied import record_applied, warn_if_plugins_changed
 from .checkpoint import (
     LoadedCheckpoint,
     checkpoint_command,
@@ -1092,6 +1092,8 @@ class RunDir(ResumeCheck):
             (self.out_dir / CONFIG_FILE).write_text(json.dumps(self.cfg, indent=2))
             self.applied_step = step
             if applied is not None:
+                if resumed_state is not None:
+                    warn_if_plugins_changed(self.out_dir / APPLIED_FILE, step, applied)
                 record_applied(self.out_dir / APPLIED_FILE, step, applied)
             lg = self.logging
             trackers = open_trackers(

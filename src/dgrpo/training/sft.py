@@ -417,7 +417,7 @@ class SFTRun:
     def applied(self, opt: torch.optim.Optimizer) -> dict[str, Any]:
         """What this run trains with, as resolved (:func:`~dgrpo.training.applied.applied_settings`), ``opt``'s class
         and the kernels applied among it."""
-        return applied_settings(self.lm, self.dist, opt, kernels=self.kernels)
+        return applied_settings(self.lm, self.dist, opt, kernels=self.kernels, plugins=[self.cfg.eval.scorer])
 
     def save(self, epoch: int, batch: int) -> None:
         """Resumable state: run epoch ``epoch`` from batch ``batch`` next (rank 0 writes it; under FSDP2 every rank
