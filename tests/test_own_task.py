@@ -1901,3 +1901,28 @@ def test_the_plugin_files_a_run_records_are_its_reward_and_scorer_files_not_buil
         str(p.resolve()): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in (tmp_path / "mine.py", tmp_path / package / "rewards.py")
     }
+
+
+def test_data_holding_a_latent_markers_text_is_warned_of_once(tokenizer, tmp_path):
+    """A question or answer holding ``<|latent|>`` as text was read by the latent model's tokenizer as the marker
+    token itself, without a word: reading such data warns once per dataset, naming it and the first record."""
+    from dgrpo.data import load_rows
+
+    from conftest import make_lm
+
+    lm = make_lm(tokenizer)
+    assert lm.latent_id in lm.token_ids(["x <|latent|> y"])[0]  # (why it matters: the text is the marker token)
+    rows = [{"question": "2 + 2?", "answer": "4"}, {"question": "what does <|latent|> mean?", "answer": "1"}]
+    rows.append({"question": "q", "answer": "<|end-latent|>"})
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_rows(rows[:1])
+        load_spec(str(path))
+    assert [str(w.message) for w in caught] == [
+        f"{path}: 2 records hold the latent marker text '<|latent|>' (record 1's question: 'what does <|latent|> "
+        "mean?'), which a latent model's tokenizer reads as the marker token, not as text: remove or respell it in "
+        "the data"
+    ]
+    assert caught[0].filename == __file__  # (the caller's line)

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from .loaders import DATASETS, canonical_name, column_parser, is_dataset_name, load_dataset, reads_from_the_hub
-from .records import DataError, Record, shared_questions, with_columns
+from .records import DataError, Record, shared_questions, warn_if_marker_text, with_columns
 from .synthetic import load_builtin
 from .tables import hf_folder_splits, is_hf_folder
 
@@ -35,7 +35,9 @@ def load_spec(spec: str, task=None, split: str | None = None, data=None, held_ou
     Every record has every column (``meta`` key) of the records loaded, None where its row lacked it, as a Hugging
     Face dataset holds a column some rows lack: a reward or scorer in TRL's form gets the same keywords whichever
     records a batch, a rank's shard or a vote holds."""
-    return with_columns(_load_spec(spec, task, split, data, held_out))
+    records = with_columns(_load_spec(spec, task, split, data, held_out))
+    warn_if_marker_text(records, f"{spec}" + (f" ({split})" if split else ""))
+    return records
 
 
 def load_rows(rows: list, data=None) -> list[Record]:
@@ -45,7 +47,9 @@ def load_rows(rows: list, data=None) -> list[Record]:
     from .loaders import mapped_read, rows_to_records
 
     where, columns = "the rows given", columns_of(data)
-    return with_columns(mapped_read(columns, where, lambda: rows_to_records(list(rows), where, "rows", columns)))
+    records = with_columns(mapped_read(columns, where, lambda: rows_to_records(list(rows), where, "rows", columns)))
+    warn_if_marker_text(records, where)
+    return records
 
 
 def load_hf_dataset(dataset: Any, split: str | None = None, data=None) -> list[Record]:
@@ -59,7 +63,9 @@ def load_hf_dataset(dataset: Any, split: str | None = None, data=None) -> list[R
     def read() -> list[Record]:
         return rows_to_records(split_rows(dataset, split, where, "split=NAME"), where, "dataset", columns)
 
-    return with_columns(mapped_read(columns, where, read))
+    records = with_columns(mapped_read(columns, where, read))
+    warn_if_marker_text(records, where)
+    return records
 
 
 def local_path(spec: str) -> tuple[str, str | None] | None:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..reward import format_number
+
+#: the latent markers' text (:mod:`dgrpo.model.tokens` adds them to a latent model's tokenizer as special tokens): in a
+#: record's text, the tokenizer reads each as the marker token, not as text (:func:`warn_if_marker_text`)
+LATENT_MARKERS = ("<|start-latent|>", "<|latent|>", "<|end-latent|>")
 
 
 class DataError(ValueError):
@@ -109,6 +114,31 @@ def with_columns(records: list[Record], columns: Iterable[str] = ()) -> list[Rec
         missing = [k for k in keys if k not in r.meta]
         out.append(replace(r, meta={**r.meta, **dict.fromkeys(missing)}) if missing else r)
     return out
+
+
+def warn_if_marker_text(records: list[Record], where: str, stacklevel: int = 3) -> None:
+    """Warn once (one line) when the questions, steps or answers of ``records`` (read from ``where``) hold a latent
+    marker's text (:data:`LATENT_MARKERS`): a latent model's tokenizer reads it as the marker token itself, so the
+    model would see a thought marker in a question, or learn to write one in an answer."""
+    hits = [(i, found) for i, r in enumerate(records) if (found := _marker_text(r)) is not None]
+    if not hits:
+        return
+    n, (i, (part, text, marker)) = len(hits), hits[0]
+    warnings.warn(
+        f"{where}: {n} record{'s' * (n != 1)} hold{'s' * (n == 1)} the latent marker text {marker!r} (record {i}'s "
+        f"{part}: {text[:60]!r}), which a latent model's tokenizer reads as the marker token, not as text: remove or "
+        "respell it in the data",
+        stacklevel=stacklevel,
+    )
+
+
+def _marker_text(r: Record) -> tuple[str, str, str] | None:
+    """(the part, its text, the marker) of the first part of ``r`` that holds a latent marker's text; None if none."""
+    for part, text in (("question", r.question), *(("steps", s) for s in r.steps), ("answer", r.answer)):
+        for marker in LATENT_MARKERS:
+            if marker in text:
+                return part, text, marker
+    return None
 
 
 def fingerprint(records: list[Record]) -> str:

@@ -18,12 +18,13 @@ from torch import Tensor
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from ..config import LatentTokenInit
+from ..data.records import LATENT_MARKERS
 from .anatomy import input_embedding_weight, token_tables
 from .sources import download_hint, revision_kwargs
 from .verified import CheckpointError
 
 #: the latent markers: before the thoughts, each pause thought (``mode: pause``), after the thoughts
-START_LATENT, LATENT, END_LATENT = "<|start-latent|>", "<|latent|>", "<|end-latent|>"
+START_LATENT, LATENT, END_LATENT = LATENT_MARKERS
 #: the token whose rows Coconut's run.py copies into the latent markers' (``model.latent_token_init: coconut``)
 COCONUT_INIT_TOKEN = "<<"
 
