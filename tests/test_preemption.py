@@ -1018,3 +1018,33 @@ def test_a_guards_stop_of_a_grpo_run_rewrites_its_applied_entry_as_a_sigterm_doe
     assert saved == ([] if cause == "weights" else ["step-00000002"])  # (weights made non-finite: none saved)
     entries = json.loads((out / "applied.json").read_text())
     assert [(e["started_at_step"], e["compile_fallbacks"]) for e in entries] == [(0, 2)]
+
+
+def test_under_torchrun_a_sigterm_while_dgrpo_eval_loads_stops_every_rank_before_the_first_dataset(
+    sft_checkpoint, tmp_path, monkeypatch, capsys
+):
+    """A SIGTERM to a torchrun job of dgrpo eval while its model loaded: rank 0's notice said the ranks stop "after the
+    next step, with its resumable checkpoint" (a training run's words), and they evaluated the whole first dataset
+    before they agreed to stop. They agree before the first dataset now: nothing evaluated, nothing written."""
+    from dgrpo.cli import build_parser
+    from dgrpo.cli import evaluate as eval_cli
+
+    def asked_while_loading(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # (asks; the C-level handler's flag is read at the next instruction)
+        return load(*args, **kwargs)
+
+    load = eval_cli._load_eval_model
+    monkeypatch.setattr(eval_cli, "join_processes", lambda cfg, device: (OneRankOfTwo(), device))
+    monkeypatch.setattr(eval_cli, "_load_eval_model", asked_while_loading)
+    argv = ["eval", "--model", str(sft_checkpoint), "--data", "builtin:test", "--limit", "2"]
+    args = build_parser().parse_args([*argv, "--out", str(tmp_path / "e"), "--set", "eval.max_new_tokens=4"])
+    try:
+        with sigterm_stops(True, distributed=True), pytest.raises(Terminated) as stopped:
+            args.func(args)
+    finally:  # (a torchrun worker's stop leaves SIGTERM ignored for the rest of the process: not pytest's)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert not (tmp_path / "e").exists()
+    assert str(stopped.value) == "before the evaluation: nothing was written"
+    err = capsys.readouterr().err
+    assert "dgrpo: SIGTERM: every rank stops at the end of the dataset under way" in err, err
+    assert "checkpoint" not in err, err

@@ -166,7 +166,9 @@ def run(args: argparse.Namespace) -> int:
     from ..training.preemption import in_test_sets, is_rank0, stop, stop_requested, stopping
 
     done = Done()
-    with stopping(done.line):  # (SIGTERM, Ctrl-C: the stop line says what was written)
+    # (SIGTERM, Ctrl-C: the stop line says what was written; under torchrun a SIGTERM only asks, from the start, and
+    # the ranks agree before the first dataset and after each)
+    with stopping(done.line), in_test_sets(tested="dataset", left=EVALUATED_LEFT):
         cfg, datas = _eval_config(args)
         e = cfg.eval
         outs = output_dirs(datas, args.split, Path(args.out))
@@ -176,19 +178,20 @@ def run(args: argparse.Namespace) -> int:
         dist, device = join_processes(cfg, device)  # (under torchrun: each rank answers a shard of every set)
         lm = _load_eval_model(args.model, cfg, device)
         accuracies = []
-        with in_test_sets(tested="dataset", left=EVALUATED_LEFT):  # (under torchrun a SIGTERM: after the set)
-            for data, recs in sets.items():
-                name = done.start(dataset_label(data, args.split), len(sets))
-                how: dict[str, Any] = {"plain": e.plain, "shots": e.shots, "limit": e.limit, **options}
-                r = evaluate_shards(lm, recs, dist, dataset=name, **how)
-                if dist.is_main:
-                    r.model = model_label(args.model, lm.hub_commit)
-                    write_results(r, outs[data])  # (whole or not at all)
-                    print(json.dumps(r.summary()))
-                done.wrote(outs[data])
-                accuracies.append(f"{name} {100 * r.accuracy:.2f}% ({r.correct}/{r.n})")
-                if stop_requested(dist):  # (one process: a SIGTERM has stopped it at once)
-                    stop(dist)
+        if stop_requested(dist):  # (under torchrun: a SIGTERM while the data and the model loaded)
+            stop(dist)
+        for data, recs in sets.items():
+            name = done.start(dataset_label(data, args.split), len(sets))
+            how: dict[str, Any] = {"plain": e.plain, "shots": e.shots, "limit": e.limit, **options}
+            r = evaluate_shards(lm, recs, dist, dataset=name, **how)
+            if dist.is_main:
+                r.model = model_label(args.model, lm.hub_commit)
+                write_results(r, outs[data])  # (whole or not at all)
+                print(json.dumps(r.summary()))
+            done.wrote(outs[data])
+            accuracies.append(f"{name} {100 * r.accuracy:.2f}% ({r.correct}/{r.n})")
+            if stop_requested(dist):  # (one process: a SIGTERM has stopped it at once)
+                stop(dist)
         if len(sets) > 1 and is_rank0():
             print(f"dgrpo eval: {'; '.join(accuracies)}")
     dist.close()
