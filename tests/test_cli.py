@@ -99,6 +99,34 @@ def test_eval_without_data_evaluates_the_runs_own_test_sets(tmp_path, sft_checkp
     assert not (tmp_path / "none").exists()
 
 
+def test_eval_of_a_run_tested_on_a_relative_file_says_where_it_is_read_from(
+    tmp_path, sft_checkpoint, run_cli, monkeypatch
+):
+    """A run keeps its data.test as typed: eval without --data from another folder than the run's read 'data/t.jsonl:
+    file not found (a relative path is read from the working directory, ...)', naming no run. The line now says the
+    path is the checkpoint's run's, relative to the folder it started from; from that folder it evaluates."""
+    import hashlib
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(sft_checkpoint, ckpt)
+    run_config = json.loads((ckpt / "run_config.json").read_text())
+    run_config["data"]["test"] = ["data/t.jsonl"]
+    (ckpt / "run_config.json").write_text(json.dumps(run_config))
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["run_config.json"] = hashlib.sha256((ckpt / "run_config.json").read_bytes()).hexdigest()
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "project" / "data").mkdir(parents=True)
+    (tmp_path / "project" / "data" / "t.jsonl").write_text('{"question": "Start with 1. Add 2.", "answer": "3"}\n')
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    r = run_cli("eval", "--model", ckpt, "--out", tmp_path / "e")
+    said = "dgrpo: error: --data: the checkpoint's run was tested on data/t.jsonl (its data.test), a path relative to"
+    assert r.returncode == 2 and said in r.stderr and str(tmp_path / "elsewhere") in r.stderr, r.stderr
+    monkeypatch.chdir(tmp_path / "project")
+    assert run_cli("eval", "--model", ckpt, "--out", tmp_path / "e").returncode == 0
+    assert json.loads((tmp_path / "e" / "results.json").read_text())["dataset"] == "data/t.jsonl"
+
+
 def test_eval_says_that_top_p_does_nothing_under_greedy_decoding(tmp_path, sft_checkpoint, run_cli):
     """``eval.top_p`` with ``eval.temperature=0`` was accepted and changed nothing, without a word; with sampling it
     is read, and nothing is said."""

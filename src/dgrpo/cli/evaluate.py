@@ -284,7 +284,27 @@ def _eval_config(args: argparse.Namespace) -> tuple[Config, list[str]]:
     if not cfg.data.test or ("test" not in start.get("data", {}) and given.data.test == DataConfig().test):
         whose = "names no test sets (its data.test is [])" if start and not cfg.data.test else "names none"
         raise ConfigError(f"--data: name the datasets to evaluate ({args.model} {whose})")
+    if cfg.data.test == start.get("data", {}).get("test"):
+        check_run_test_files(cfg.data.test)
     return cfg, list(cfg.data.test)
+
+
+def check_run_test_files(specs: list[str]) -> None:
+    """The test sets a checkpoint's run recorded keep their paths as typed (relative to the folder the run started
+    from): one that is not found from here is one line saying so, before the model loads (it read 'file not found
+    (a relative path is read from the working directory, ...)', naming no run)."""
+    from ..config import ConfigError
+    from ..data.loaders import FILE_SUFFIXES
+
+    for spec in specs:
+        path = Path(spec).expanduser()
+        if (path.suffix.lower() in FILE_SUFFIXES or spec.startswith(".")) and not path.is_absolute():
+            if not path.exists():
+                raise ConfigError(
+                    f"--data: the checkpoint's run was tested on {spec} (its data.test), a path relative to the folder "
+                    f"that run started from, not found from {Path.cwd()}: run dgrpo eval from that folder, or name the "
+                    "file with --data"
+                )
 
 
 def _read_sets(outs: dict[str, Path], split: str | None, cfg: Config, scorer: Any) -> dict[str, list[Record]]:
