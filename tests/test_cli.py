@@ -127,6 +127,19 @@ def test_eval_of_a_run_tested_on_a_relative_file_says_where_it_is_read_from(
     assert json.loads((tmp_path / "e" / "results.json").read_text())["dataset"] == "data/t.jsonl"
 
 
+def test_eval_split_over_the_runs_test_sets_that_it_makes_one_is_one_line_naming_them(
+    tmp_path, sft_checkpoint, run_cli
+):
+    """``--split valid`` without --data over a run tested on builtin:test and builtin:ood_steps (both builtin:valid
+    then) said '--data builtin:test and builtin:ood_steps: both would write ... (name each dataset once)': no --data
+    was given, and each was named once. The line names data.test and the split."""
+    argv = ["--set", "data.test=[builtin:test,builtin:ood_steps]", "--split", "valid", "--out", tmp_path / "e"]
+    r = run_cli("eval", "--model", sft_checkpoint, *argv)
+    said = "dgrpo: error: --split valid: data.test's builtin:test and builtin:ood_steps both become builtin:valid: name"
+    assert r.returncode == 2 and said in r.stderr, r.stderr
+    assert not (tmp_path / "e").exists()
+
+
 def test_eval_says_that_top_p_does_nothing_under_greedy_decoding(tmp_path, sft_checkpoint, run_cli):
     """``eval.top_p`` with ``eval.temperature=0`` was accepted and changed nothing, without a word; with sampling it
     is read, and nothing is said."""

@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     with stopping(done.line), in_test_sets(tested="dataset", left=EVALUATED_LEFT):
         cfg, datas = _eval_config(args)
         e = cfg.eval
-        outs = output_dirs(datas, args.split, Path(args.out))
+        outs = output_dirs(datas, args.split, Path(args.out), given=bool(args.data))
         device = setup(cfg)
         options = eval_options(cfg)  # (a scorer that cannot be built fails here, before the data and the model load)
         sets = _read_sets(outs, args.split, cfg, options["scorer"])
@@ -348,10 +348,11 @@ def _load_eval_model(model: str, cfg: Config, device: torch.device) -> LatentLM:
     return lm
 
 
-def output_dirs(datas: list[str], split: str | None, out: Path) -> dict[str, Path]:
+def output_dirs(datas: list[str], split: str | None, out: Path, given: bool = True) -> dict[str, Path]:
     """Where each ``--data``'s results go: ``--out`` for one, ``--out/<name>`` for several (the name as the training
     commands name their test sets' folders). A dataset named twice, or two whose folders would coincide, is one
-    line; so is a ``--split`` a dataset cannot take."""
+    line; so is a ``--split`` a dataset cannot take. ``given``: ``datas`` is ``--data`` (else ``data.test``, the
+    default, which ``--split`` can make two of the same)."""
     from ..config import ConfigError
     from ..data import dataset_key
     from ..run_layout import results_name
@@ -365,6 +366,11 @@ def output_dirs(datas: list[str], split: str | None, out: Path) -> dict[str, Pat
     for data in datas:
         folder, key = out / results_name(dataset_label(data, split)), dataset_key(data, split)
         twin = next((d for d, f in dirs.items() if f == folder), None)
+        if split and not given and (twin or keys.get(key)):  # (the run's test sets, distinct as it recorded them)
+            raise ConfigError(
+                f"--split {split}: data.test's {twin or keys[key]} and {data} both become "
+                f"{dataset_label(data, split)}: name the datasets to evaluate with --data"
+            )
         if twin is not None:
             raise ConfigError(f"--data {twin} and {data}: both would write {folder} (name each dataset once)")
         if key in keys:
