@@ -140,6 +140,18 @@ def test_eval_split_over_the_runs_test_sets_that_it_makes_one_is_one_line_naming
     assert not (tmp_path / "e").exists()
 
 
+def test_eval_refuses_a_file_where_a_datasets_results_folder_goes_before_evaluating(tmp_path, sft_checkpoint, run_cli):
+    """``--out`` holding a file named as one dataset's results folder: FileExistsError's traceback once that dataset
+    was evaluated (under torchrun rank 0's, the others ending without a word). One line at the start now."""
+    out = tmp_path / "e"
+    out.mkdir()
+    (out / "builtin_valid").write_text("")
+    r = run_cli("eval", "--model", sft_checkpoint, "--data", "builtin:test", "builtin:valid", "--out", out)
+    said = f"dgrpo: error: --out: builtin:valid's results folder {out / 'builtin_valid'} exists and is not a directory"
+    assert r.returncode == 2 and said in r.stderr, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["builtin_valid"]
+
+
 def test_eval_says_that_top_p_does_nothing_under_greedy_decoding(tmp_path, sft_checkpoint, run_cli):
     """``eval.top_p`` with ``eval.temperature=0`` was accepted and changed nothing, without a word; with sampling it
     is read, and nothing is said."""

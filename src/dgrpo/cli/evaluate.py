@@ -356,6 +356,7 @@ def output_dirs(datas: list[str], split: str | None, out: Path, given: bool = Tr
     from ..config import ConfigError
     from ..data import dataset_key
     from ..run_layout import results_name
+    from ..training.run import check_output_path
 
     for data in datas:
         check_split(data, split)
@@ -375,5 +376,8 @@ def output_dirs(datas: list[str], split: str | None, out: Path, given: bool = Tr
             raise ConfigError(f"--data {twin} and {data}: both would write {folder} (name each dataset once)")
         if key in keys:
             raise ConfigError(f"--data {keys[key]} and {data}: both name {key} (name each dataset once)")
+        # (a file in its place: FileExistsError's traceback once the dataset was evaluated, under torchrun from rank 0
+        # while the others ended without a word)
+        check_output_path(folder, f"--out: {data}'s results folder")
         dirs[data], keys[key] = folder, data
     return dirs
