@@ -152,6 +152,21 @@ def test_eval_refuses_a_file_where_a_datasets_results_folder_goes_before_evaluat
     assert sorted(p.name for p in out.iterdir()) == ["builtin_valid"]
 
 
+def test_eval_says_that_fsdp_is_not_applied(tmp_path, sft_checkpoint, run_cli):
+    """``fsdp`` (from ``--config RUN/config.json`` of an FSDP run) in dgrpo eval: one process said to launch with
+    torchrun, under which it was ignored without a word (every rank loads the whole model). One line says so."""
+    argv = ["--data", "builtin:test", "--limit", 2, "--set", "fsdp=full", "--out", tmp_path / "e"]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        r = run_cli("eval", "--model", sft_checkpoint, *argv)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [str(w.message) for w in seen if "fsdp" in str(w.message)]
+    assert lines == [
+        "fsdp=full (DGRPO_FSDP or the config key) is not applied by dgrpo eval: every rank loads the "
+        "whole model (under torchrun each answers its shard of every dataset)"
+    ], lines
+
+
 def test_eval_says_that_top_p_does_nothing_under_greedy_decoding(tmp_path, sft_checkpoint, run_cli):
     """``eval.top_p`` with ``eval.temperature=0`` was accepted and changed nothing, without a word; with sampling it
     is read, and nothing is said."""

@@ -175,7 +175,9 @@ def run(args: argparse.Namespace) -> int:
         device = setup(cfg)
         options = eval_options(cfg)  # (a scorer that cannot be built fails here, before the data and the model load)
         sets = _read_sets(outs, args.split, cfg, options["scorer"])
-        dist, device = join_processes(cfg, device)  # (under torchrun: each rank answers a shard of every set)
+        warn_fsdp_not_applied(cfg)
+        # (under torchrun: each rank answers a shard of every set, with the whole model)
+        dist, device = join_processes(replace(cfg, fsdp="none"), device)
         lm = _load_eval_model(args.model, cfg, device)
         accuracies = []
         if stop_requested(dist):  # (under torchrun: a SIGTERM while the data and the model loaded)
@@ -196,6 +198,22 @@ def run(args: argparse.Namespace) -> int:
             print(f"dgrpo eval: {'; '.join(accuracies)}")
     dist.close()
     return 0
+
+
+def warn_fsdp_not_applied(cfg: Config) -> None:
+    """``fsdp`` (the config key, as ``--config RUN/config.json`` of an FSDP run gives it, or ``DGRPO_FSDP``) is not
+    applied by dgrpo eval: a warning says so (under torchrun it was ignored without a word; in one process the line
+    said to launch with torchrun, which applies it no more)."""
+    from ..config import FSDP_ENV, fsdp_from_env, fsdp_mode
+    from ..training.preemption import is_rank0
+
+    mode = fsdp_from_env() or fsdp_mode(cfg.fsdp)
+    if mode != "none" and is_rank0():
+        warnings.warn(
+            f"fsdp={mode} ({FSDP_ENV} or the config key) is not applied by dgrpo eval: every rank loads the whole "
+            "model (under torchrun each answers its shard of every dataset)",
+            stacklevel=1,
+        )
 
 
 #: what a SIGTERM to a torchrun job of dgrpo eval leaves (the ranks stop after the dataset under way)
