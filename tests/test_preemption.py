@@ -693,12 +693,28 @@ def test_under_torchrun_a_sigterm_in_the_test_sets_stops_every_rank_after_the_se
     )
 
 
+def eval_stopped_as_rank_0(model, out, data: list[str], monkeypatch) -> pytest.ExceptionInfo:
+    """``dgrpo eval --model model --data data --limit 2`` as rank 0 of two (:class:`OneRankOfTwo`) under torchrun's
+    SIGTERM handling, stopped by a SIGTERM the caller's patch sends: its Terminated."""
+    from dgrpo.cli import build_parser
+    from dgrpo.cli import evaluate as eval_cli
+
+    monkeypatch.setattr(eval_cli, "join_processes", lambda cfg, device: (OneRankOfTwo(), device))
+    argv = ["eval", "--model", str(model), "--data", *data, "--limit", "2", "--out", str(out)]
+    args = build_parser().parse_args([*argv, "--set", "eval.max_new_tokens=4"])
+    try:
+        with sigterm_stops(True, distributed=True), pytest.raises(Terminated) as stopped:
+            args.func(args)
+    finally:  # (a torchrun worker's stop leaves SIGTERM ignored for the rest of the process: not pytest's)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    return stopped
+
+
 def test_under_torchrun_a_sigterm_stops_dgrpo_eval_after_the_dataset_under_way(
     sft_checkpoint, tmp_path, monkeypatch, capsys
 ):
     """dgrpo eval under torchrun: a SIGTERM only asks (a rank stopped alone would leave the others in a collective);
     the ranks agree after each dataset, rank 0's notice says so, and the stop line says what was written."""
-    from dgrpo.cli import build_parser
     from dgrpo.cli import evaluate as eval_cli
 
     def asked_in_the_first(*args, **kwargs):
@@ -707,15 +723,8 @@ def test_under_torchrun_a_sigterm_stops_dgrpo_eval_after_the_dataset_under_way(
         return evaluate_shards(*args, **kwargs)
 
     evaluate_shards = eval_cli.evaluate_shards
-    monkeypatch.setattr(eval_cli, "join_processes", lambda cfg, device: (OneRankOfTwo(), device))
     monkeypatch.setattr(eval_cli, "evaluate_shards", asked_in_the_first)
-    argv = ["eval", "--model", str(sft_checkpoint), "--data", "builtin:test", "builtin:valid", "--limit", "2"]
-    args = build_parser().parse_args([*argv, "--out", str(tmp_path / "e"), "--set", "eval.max_new_tokens=4"])
-    try:
-        with sigterm_stops(True, distributed=True), pytest.raises(Terminated) as stopped:
-            args.func(args)
-    finally:  # (a torchrun worker's stop leaves SIGTERM ignored for the rest of the process: not pytest's)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    stopped = eval_stopped_as_rank_0(sft_checkpoint, tmp_path / "e", ["builtin:test", "builtin:valid"], monkeypatch)
     assert sorted(p.name for p in (tmp_path / "e").iterdir()) == ["builtin_test"]
     assert str(stopped.value) == f"after 1 of 2 datasets: written: {tmp_path / 'e' / 'builtin_test'}"
     err = capsys.readouterr().err
@@ -1026,7 +1035,6 @@ def test_under_torchrun_a_sigterm_while_dgrpo_eval_loads_stops_every_rank_before
     """A SIGTERM to a torchrun job of dgrpo eval while its model loaded: rank 0's notice said the ranks stop "after the
     next step, with its resumable checkpoint" (a training run's words), and they evaluated the whole first dataset
     before they agreed to stop. They agree before the first dataset now: nothing evaluated, nothing written."""
-    from dgrpo.cli import build_parser
     from dgrpo.cli import evaluate as eval_cli
 
     def asked_while_loading(*args, **kwargs):
@@ -1034,15 +1042,8 @@ def test_under_torchrun_a_sigterm_while_dgrpo_eval_loads_stops_every_rank_before
         return load(*args, **kwargs)
 
     load = eval_cli._load_eval_model
-    monkeypatch.setattr(eval_cli, "join_processes", lambda cfg, device: (OneRankOfTwo(), device))
     monkeypatch.setattr(eval_cli, "_load_eval_model", asked_while_loading)
-    argv = ["eval", "--model", str(sft_checkpoint), "--data", "builtin:test", "--limit", "2"]
-    args = build_parser().parse_args([*argv, "--out", str(tmp_path / "e"), "--set", "eval.max_new_tokens=4"])
-    try:
-        with sigterm_stops(True, distributed=True), pytest.raises(Terminated) as stopped:
-            args.func(args)
-    finally:  # (a torchrun worker's stop leaves SIGTERM ignored for the rest of the process: not pytest's)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    stopped = eval_stopped_as_rank_0(sft_checkpoint, tmp_path / "e", ["builtin:test"], monkeypatch)
     assert not (tmp_path / "e").exists()
     assert str(stopped.value) == "before the evaluation: nothing was written"
     err = capsys.readouterr().err
