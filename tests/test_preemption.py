@@ -693,6 +693,47 @@ def test_under_torchrun_a_sigterm_in_the_test_sets_stops_every_rank_after_the_se
     )
 
 
+def test_under_torchrun_a_sigterm_to_dgrpo_eval_before_its_datasets_says_no_step_or_checkpoint(capsys):
+    """A SIGTERM to a torchrun job of dgrpo eval while its modules load (before eval's own words are set): rank 0's
+    notice said the ranks stop "after the next step, with its resumable checkpoint", a training run's words."""
+    try:
+        with sigterm_stops(True, distributed=True, stepped=False):
+            os.kill(os.getpid(), signal.SIGTERM)  # (asks; the C-level handler's flag is read at the next instruction)
+            time.sleep(0.01)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    err = capsys.readouterr().err
+    assert "dgrpo: SIGTERM: every rank stops where the ranks next agree, before the first dataset" in err, err
+    assert "checkpoint" not in err, err
+
+
+def test_the_command_line_tells_the_handler_which_commands_train_in_steps(tmp_path, monkeypatch):
+    """(The notice above needs the command line to say that dgrpo eval has no steps; sft and grpo do.)"""
+    from contextlib import contextmanager
+
+    import dgrpo.cli as cli
+
+    seen = {}
+
+    @contextmanager
+    def recorded(on, distributed=False, stepped=True):
+        seen[command] = (on, stepped)
+        yield
+
+    monkeypatch.setattr(cli, "sigterm_stops", recorded)
+    for command in ("eval", "grpo", "sft"):
+        cli.main(
+            [
+                command,
+                "--model" if command == "eval" else "--init",
+                str(tmp_path / "nope"),
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+    assert seen == {"eval": (True, False), "grpo": (True, True), "sft": (True, True)}
+
+
 def eval_stopped_as_rank_0(model, out, data: list[str], monkeypatch) -> pytest.ExceptionInfo:
     """``dgrpo eval --model model --data data --limit 2`` as rank 0 of two (:class:`OneRankOfTwo`) under torchrun's
     SIGTERM handling, stopped by a SIGTERM the caller's patch sends: its Terminated."""

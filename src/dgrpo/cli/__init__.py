@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         # the handler before torch and transformers load (seconds): a SIGTERM then ended the process without a word
-        with _warnings_as_lines(), sigterm_stops(args.cmd in STOPPABLE_COMMANDS, distributed=under_torchrun):
+        stoppable, stepped = args.cmd in STOPPABLE_COMMANDS, args.cmd in TRAINING_COMMANDS
+        with _warnings_as_lines(), sigterm_stops(stoppable, distributed=under_torchrun, stepped=stepped):
             return _run(args)
     except ConfigError as e:  # (DGRPO_SIGTERM_GRACE_S, read as the handler goes on; the command's: _run)
         _error(e, alike=True)

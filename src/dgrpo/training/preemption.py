@@ -64,6 +64,7 @@ END_LEFT = "the training is checkpointed: {again} evaluates the test sets and wr
 
 class _State:
     installed = False  # the handler is on (a training command)
+    stepped = True  # the command trains in steps, checkpointed at a stop (not dgrpo eval's datasets)
     distributed = False  # under torchrun: a SIGTERM only asks; the ranks agree after each step
     in_step = False  # a training step is under way: a SIGTERM waits for its end
     requested = False  # a SIGTERM asked for a checkpoint and a stop at a step's end
@@ -170,9 +171,10 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 @contextmanager
-def sigterm_stops(on: bool, distributed: bool = False) -> Iterator[None]:
-    """While a training command or ``dgrpo eval`` runs (``on``; ``distributed``: a torchrun worker): SIGTERM as the
-    module says (it ended the process without a word). After a torchrun worker's stop (:func:`stop`) SIGTERM stays
+def sigterm_stops(on: bool, distributed: bool = False, stepped: bool = True) -> Iterator[None]:
+    """While a training command or ``dgrpo eval`` runs (``on``; ``distributed``: a torchrun worker; ``stepped``: a
+    training command, whose stop comes after a step, with a checkpoint): SIGTERM as the module says (it ended the
+    process without a word). After a torchrun worker's stop (:func:`stop`) SIGTERM stays
     ignored, not restored: the process is ending, and torchrun, seeing a rank exit, sends SIGTERM to the others, one of
     which, still ending, died of it (reported as "Signal 15 (SIGTERM) received", the checkpoint written)."""
     grace = grace_s() if on and distributed else 0.0
@@ -186,6 +188,7 @@ def sigterm_stops(on: bool, distributed: bool = False) -> Iterator[None]:
     except ValueError:  # not the main thread (an embedding application): keep the default
         on = False
     _State.installed, _State.distributed, _State.requested = on, on and distributed, False
+    _State.stepped = stepped
     _State.last_at = -float("inf")
     try:
         if _State.distributed:
@@ -200,6 +203,7 @@ def sigterm_stops(on: bool, distributed: bool = False) -> Iterator[None]:
             if signal.getsignal(signal.SIGINT) is _interrupt_once:  # (after a Ctrl-C it stays ignored: the end)
                 signal.signal(signal.SIGINT, previous_int)
         _State.installed = _State.distributed = _State.in_step = _State.requested = _State.stopping = False
+        _State.stepped = True
         _State.testing, _State.ending = False, ""
 
 
@@ -241,6 +245,8 @@ def _where() -> str:
         return "stopping at the end of this step, after writing a resumable checkpoint"
     if _State.testing:
         return f"every rank stops at the end of the {_State.tested} under way ({_State.left})"
+    if not _State.stepped:  # (dgrpo eval before its datasets: its modules, data and model loading)
+        return "every rank stops where the ranks next agree, before the first dataset"
     if not _State.in_step:  # (an evaluation, a checkpoint's write: the ranks agree after the next step, or at the end)
         return (
             "every rank stops where the ranks next agree: after the next step, with its resumable checkpoint, or at "
