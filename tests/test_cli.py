@@ -152,19 +152,22 @@ def test_eval_refuses_a_file_where_a_datasets_results_folder_goes_before_evaluat
     assert sorted(p.name for p in out.iterdir()) == ["builtin_valid"]
 
 
-def test_eval_says_that_fsdp_is_not_applied(tmp_path, sft_checkpoint, run_cli):
+def test_eval_says_that_fsdp_is_not_applied(tmp_path, sft_checkpoint, run_cli, monkeypatch):
     """``fsdp`` (from ``--config RUN/config.json`` of an FSDP run) in dgrpo eval: one process said to launch with
-    torchrun, under which it was ignored without a word (every rank loads the whole model). One line says so."""
-    argv = ["--data", "builtin:test", "--limit", 2, "--set", "fsdp=full", "--out", tmp_path / "e"]
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        r = run_cli("eval", "--model", sft_checkpoint, *argv)
-    assert r.returncode == 0, r.stderr[-2000:]
-    lines = [str(w.message) for w in seen if "fsdp" in str(w.message)]
-    assert lines == [
-        "fsdp=full (DGRPO_FSDP or the config key) is not applied by dgrpo eval: every rank loads the "
-        "whole model (under torchrun each answers its shard of every dataset)"
-    ], lines
+    torchrun, under which it was ignored without a word (every rank loads the whole model). One line says so; from
+    DGRPO_FSDP too (a second line, the training commands', said to launch with torchrun)."""
+    for how in ("config", "env"):
+        monkeypatch.setenv("DGRPO_FSDP", "full" if how == "env" else "")
+        argv = ["--data", "builtin:test", "--limit", 2, "--out", tmp_path / how]
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            r = run_cli("eval", "--model", sft_checkpoint, *argv, *(["--set", "fsdp=full"] if how == "config" else []))
+        assert r.returncode == 0, r.stderr[-2000:]
+        lines = [str(w.message) for w in seen if "fsdp" in str(w.message)]
+        assert lines == [
+            "fsdp=full (DGRPO_FSDP or the config key) is not applied by dgrpo eval: every rank loads the "
+            "whole model (under torchrun each answers its shard of every dataset)"
+        ], (how, lines)
 
 
 def test_eval_says_that_top_p_does_nothing_under_greedy_decoding(tmp_path, sft_checkpoint, run_cli):

@@ -740,7 +740,7 @@ def eval_stopped_as_rank_0(model, out, data: list[str], monkeypatch) -> pytest.E
     from dgrpo.cli import build_parser
     from dgrpo.cli import evaluate as eval_cli
 
-    monkeypatch.setattr(eval_cli, "join_processes", lambda cfg, device: (OneRankOfTwo(), device))
+    monkeypatch.setattr(eval_cli, "join_processes", lambda cfg, device, **kw: (OneRankOfTwo(), device))
     argv = ["eval", "--model", str(model), "--data", *data, "--limit", "2", "--out", str(out)]
     args = build_parser().parse_args([*argv, "--set", "eval.max_new_tokens=4"])
     try:

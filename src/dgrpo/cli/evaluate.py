@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         sets = _read_sets(outs, args.split, cfg, options["scorer"])
         warn_fsdp_not_applied(cfg)
         # (under torchrun: each rank answers a shard of every set, with the whole model)
-        dist, device = join_processes(replace(cfg, fsdp="none"), device)
+        dist, device = join_processes(replace(cfg, fsdp="none"), device, fsdp_env=False)
         lm = _load_eval_model(args.model, cfg, device)
         accuracies = []
         if stop_requested(dist):  # (under torchrun: a SIGTERM while the data and the model loaded)

@@ -123,14 +123,15 @@ class Dist:
         return cls()
 
     @classmethod
-    def from_env(cls, device: torch.device | None = None, fsdp: str = "none") -> Dist:
+    def from_env(cls, device: torch.device | None = None, fsdp: str = "none", fsdp_env: bool = True) -> Dist:
         """Join the process group torchrun set up (WORLD_SIZE > 1), else a single process.
 
         The backend follows the training device: nccl for CUDA, gloo for CPU (``device`` None: CUDA
         when available). ``fsdp`` (the config key: none | full | sharded) turns FSDP2 on; the
-        ``DGRPO_FSDP`` environment variable, when set, overrides it."""
+        ``DGRPO_FSDP`` environment variable, when set, overrides it (unless ``fsdp_env`` is False: dgrpo eval, which
+        applies no FSDP and says so itself)."""
         given = fsdp if isinstance(fsdp, str) else ("full" if fsdp is True else "none")  # (None / a bool: Python's)
-        mode = fsdp_from_env() or fsdp_mode(given)
+        mode = (fsdp_from_env() if fsdp_env else None) or fsdp_mode(given)
         sharding = mode in ("full", "sharded")
         world = env_int("WORLD_SIZE", 1)
         if world > 1 and not tdist.is_initialized():
