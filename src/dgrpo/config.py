@@ -96,6 +96,11 @@ def fsdp_mode(text: str, source: str = "fsdp") -> str:
     return mode
 
 
+def fsdp_setting(given: str) -> str:
+    """The ``fsdp`` mode a command's process group takes: ``DGRPO_FSDP`` when set, else ``given`` (the config key)."""
+    return fsdp_from_env() or fsdp_mode(given)
+
+
 def fsdp_from_env() -> str | None:
     """``DGRPO_FSDP`` as an ``fsdp`` value (none, full or sharded); None when it is unset or empty."""
     import os

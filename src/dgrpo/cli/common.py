@@ -148,14 +148,14 @@ def setup(cfg: Config) -> torch.device:
     return resolve_device(cfg.device)
 
 
-def join_processes(cfg: Config, device: torch.device, fsdp_env: bool = True) -> tuple[Dist, torch.device]:
-    """The process group under torchrun (a single process otherwise), and this rank's device (``fsdp_env``: whether
-    ``DGRPO_FSDP`` may set FSDP, over ``cfg.fsdp``)."""
+def join_processes(cfg: Config, device: torch.device, fsdp: bool = True) -> tuple[Dist, torch.device]:
+    """The process group under torchrun (a single process otherwise), and this rank's device; ``fsdp``: whether FSDP
+    applies as ``cfg.fsdp`` or ``DGRPO_FSDP`` sets it (dgrpo eval: never)."""
     import torch
 
     from ..training.distributed import Dist
 
-    dist = Dist.from_env(device, fsdp=cfg.fsdp, fsdp_env=fsdp_env)
+    dist = Dist.from_env(device, fsdp=cfg.fsdp if fsdp else "none", fsdp_env=fsdp)
     if dist.active and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
     return dist, device

@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         sets = _read_sets(outs, args.split, cfg, options["scorer"])
         warn_fsdp_not_applied(cfg)
         # (under torchrun: each rank answers a shard of every set, with the whole model)
-        dist, device = join_processes(replace(cfg, fsdp="none"), device, fsdp_env=False)
+        dist, device = join_processes(cfg, device, fsdp=False)
         lm = _load_eval_model(args.model, cfg, device)
         accuracies = []
         if stop_requested(dist):  # (under torchrun: a SIGTERM while the data and the model loaded)
@@ -204,11 +204,10 @@ def warn_fsdp_not_applied(cfg: Config) -> None:
     """``fsdp`` (the config key, as ``--config RUN/config.json`` of an FSDP run gives it, or ``DGRPO_FSDP``) is not
     applied by dgrpo eval: a warning says so (under torchrun it was ignored without a word; in one process the line
     said to launch with torchrun, which applies it no more)."""
-    from ..config import FSDP_ENV, fsdp_from_env, fsdp_mode
-    from ..training.preemption import is_rank0
+    from ..config import FSDP_ENV, fsdp_setting
 
-    mode = fsdp_from_env() or fsdp_mode(cfg.fsdp)
-    if mode != "none" and is_rank0():
+    mode = fsdp_setting(cfg.fsdp)
+    if mode != "none":  # (under torchrun rank 0 says it: the command line prints rank 0's UserWarnings alone)
         warnings.warn(
             f"fsdp={mode} ({FSDP_ENV} or the config key) is not applied by dgrpo eval: every rank loads the whole "
             "model (under torchrun each answers its shard of every dataset)",

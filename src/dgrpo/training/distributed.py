@@ -36,7 +36,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
-from ..config import FSDP_ENV, ConfigError, fsdp_from_env, fsdp_mode
+from ..config import FSDP_ENV, ConfigError, fsdp_mode, fsdp_setting
 from ..model.anatomy import decoder_layers
 from ..model.verified import SHARDED_DIR
 
@@ -131,7 +131,7 @@ class Dist:
         ``DGRPO_FSDP`` environment variable, when set, overrides it (unless ``fsdp_env`` is False: dgrpo eval, which
         applies no FSDP and says so itself)."""
         given = fsdp if isinstance(fsdp, str) else ("full" if fsdp is True else "none")  # (None / a bool: Python's)
-        mode = (fsdp_from_env() if fsdp_env else None) or fsdp_mode(given)
+        mode = fsdp_setting(given) if fsdp_env else fsdp_mode(given)
         sharding = mode in ("full", "sharded")
         world = env_int("WORLD_SIZE", 1)
         if world > 1 and not tdist.is_initialized():
