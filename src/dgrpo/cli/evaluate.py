@@ -311,17 +311,16 @@ def check_run_test_files(specs: list[str]) -> None:
     from): one that is not found from here is one line saying so, before the model loads (it read 'file not found
     (a relative path is read from the working directory, ...)', naming no run)."""
     from ..config import ConfigError
-    from ..data.loaders import FILE_SUFFIXES
+    from ..data.loaders import names_a_file
 
     for spec in specs:
         path = Path(spec).expanduser()
-        if (path.suffix.lower() in FILE_SUFFIXES or spec.startswith(".")) and not path.is_absolute():
-            if not path.exists():
-                raise ConfigError(
-                    f"--data: the checkpoint's run was tested on {spec} (its data.test), a path relative to the folder "
-                    f"that run started from, not found from {Path.cwd()}: run dgrpo eval from that folder, or name the "
-                    "file with --data"
-                )
+        if names_a_file(spec) and not path.is_absolute() and not path.exists():
+            raise ConfigError(
+                f"--data: the checkpoint's run was tested on {spec} (its data.test), a path relative to the folder "
+                f"that run started from, not found from {Path.cwd()}: run dgrpo eval from that folder, or name the "
+                "file with --data"
+            )
 
 
 def _read_sets(outs: dict[str, Path], split: str | None, cfg: Config, scorer: Any) -> dict[str, list[Record]]:

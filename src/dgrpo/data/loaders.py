@@ -904,14 +904,14 @@ def _load_any(name_or_path: str, split: str | None, columns: RowParser | None, c
         return _load_from_hub(raw, split if split is not None else "train", hub_id=HUB_DATASETS[key])
     if key == OPENMATH_GSM:
         return _load_openmath_subset(raw)
-    if _names_a_file(raw):
+    if names_a_file(raw):
         if path.is_dir():
             raise DataError(f"{path}: is a directory; give a data file or a dataset name{_files_in(path)}")
         raise DataError(_not_found(path))
     return _load_from_hub(raw, split, columns=columns, config=config)
 
 
-def _names_a_file(raw: str) -> bool:
+def names_a_file(raw: str) -> bool:
     """Whether a name that is no built-in dataset is meant as a local path (a data file's extension, a leading
     ``.``, ``/`` or ``~``, or a directory), not a hub dataset."""
     path = Path(raw).expanduser()
@@ -947,7 +947,7 @@ def reads_from_the_hub(name: str) -> bool:
         exists = Path(name).expanduser().exists()
     except OSError:
         exists = False
-    return not (exists or name.startswith("builtin") or is_dataset_name(name) or _names_a_file(name))
+    return not (exists or name.startswith("builtin") or is_dataset_name(name) or names_a_file(name))
 
 
 def is_dataset_name(name: str) -> bool:
