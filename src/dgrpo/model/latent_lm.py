@@ -47,6 +47,7 @@ from transformers import (
 )
 
 from ..config import ConfigError, LatentTokenInit
+from ..data.records import LATENT_MARKERS
 from ..run_layout import CHECKPOINTS_DIR, STEP_DIR
 from .anatomy import (
     base_model,
@@ -276,8 +277,7 @@ def check_saved_tokenizer(where: str, tokenizer: PreTrainedTokenizerBase, rows: 
     them), and never more tokens than rows. Another tokenizer (the base model's, copied over it) got the markers
     added anew, over the trained rows of their ids, and the model loaded with untrained markers."""
     vocab = tokenizer.get_vocab()
-    markers = (START_LATENT, LATENT, END_LATENT)
-    lacking = [t for t in markers if t not in vocab or (rows is not None and vocab[t] >= rows)]
+    lacking = [t for t in LATENT_MARKERS if t not in vocab or (rows is not None and vocab[t] >= rows)]
     if lacking:
         what = f"it lacks the latent markers {', '.join(lacking)}"
     elif rows is not None and len(tokenizer) > rows:

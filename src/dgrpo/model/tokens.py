@@ -63,12 +63,11 @@ def add_latent_tokens(
     tokenizer lacked, and those it holds beyond the model's embedding rows (a tokenizer saved with the markers, its
     model without their rows)."""
     vocab, n_tokens, n_rows = tokenizer.get_vocab(), len(tokenizer), input_embedding_weight(model).shape[0]
-    markers = (START_LATENT, LATENT, END_LATENT)
-    _warn_tokens_beyond_rows(vocab, n_rows, markers)
-    missing = [t for t in markers if t not in vocab]
+    _warn_tokens_beyond_rows(vocab, n_rows, LATENT_MARKERS)
+    missing = [t for t in LATENT_MARKERS if t not in vocab]
     if missing:
         tokenizer.add_tokens(missing, special_tokens=True)
-    missing = [t for t in markers if t in missing or vocab[t] >= n_rows]
+    missing = [t for t in LATENT_MARKERS if t in missing or vocab[t] >= n_rows]
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if len(tokenizer) > n_rows:
