@@ -108,7 +108,7 @@ def record_applied(path: Path, step: int, applied: dict[str, Any]) -> None:
     oldest first), dropping the entries of steps it abandons (started at ``step`` or later: a rewind, or a resume of
     a process that wrote no checkpoint). An unreadable file is replaced, with a warning. Written whole or not at all
     (a temporary file, then renamed): a stop within the write (its rewrite at a SIGTERM's stop) keeps the entries."""
-    kept = [e for e in _entries(path) if isinstance(e, dict) and e.get("started_at_step", step) < step]
+    kept = _entries_before(path, step)
     tmp = path.with_name(f"{path.name}.tmp")
     try:
         tmp.write_text(json.dumps([*kept, {"started_at_step": step, **applied}], indent=2) + "\n")
@@ -122,7 +122,7 @@ def warn_if_plugins_changed(path: Path, step: int, applied: dict[str, Any]) -> N
     """Warn, one line per file, when a plug-in file ``applied`` records (``plugin_files``) has contents other than at
     the previous start recorded in ``applied.json`` at ``path`` (before ``step``): a config names a reward by its
     path, so a resume after an edit of the file would train on another reward without a word."""
-    before = [e for e in _entries(path) if isinstance(e, dict) and e.get("started_at_step", step) < step]
+    before = _entries_before(path, step)
     recorded = before[-1].get("plugin_files") if before else None
     if not isinstance(recorded, dict):  # (a new run, or one recorded before plugin_files)
         return
@@ -134,6 +134,12 @@ def warn_if_plugins_changed(path: Path, step: int, applied: dict[str, Any]) -> N
                 "new run (--resume never)",
                 stacklevel=2,
             )
+
+
+def _entries_before(path: Path, step: int) -> list[dict]:
+    """The entries of ``applied.json`` at ``path`` of processes that started before ``step`` (those a resume at
+    ``step`` keeps)."""
+    return [e for e in _entries(path) if isinstance(e, dict) and e.get("started_at_step", step) < step]
 
 
 def _entries(path: Path) -> list:
