@@ -221,6 +221,8 @@ def test_every_group_filtered_warns_then_stops_with_exit_1(sft_checkpoint, tmp_p
     rows = [json.loads(x) for x in (tmp_path / "o" / "metrics.jsonl").read_text().splitlines() if '"reward_mean"' in x]
     assert [row["skip_streak"] for row in rows] == list(range(1, 13))
     assert (tmp_path / "o" / "checkpoints").is_dir() and not (tmp_path / "o" / "final").exists()
+    saved = sorted((tmp_path / "o" / "checkpoints").iterdir())[-1]
+    assert saved.name == "step-00000012" and f"state saved in {saved};" in last  # (the checkpoint, named: 1-based)
 
 
 # ----------------------------------------------------------------------------------- one run per directory

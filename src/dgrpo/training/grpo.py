@@ -50,7 +50,7 @@ from ..perturbation import Perturbation, make_perturbation, seeds_for
 from ..perturbation.base import to_device
 from ..progress import bar_disabled
 from ..reward import extract_answer, normalize_text
-from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, SUMMARY_FILE
+from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, SUMMARY_FILE, step_dir_name
 from .applied import applied_settings
 from .checkpoint import read_checkpoint, save_checkpoint, shard_staging
 from .distributed import Dist
@@ -916,9 +916,10 @@ def _check_stall(run: RunDir, loop: LoopState, m: dict, g: GRPOConfig) -> str | 
             f"no update is happening (reward_mean {m['reward_mean']:.3f}, filter window {window})"
         )
     if limit and loop.skip_streak >= limit:
+        saved = run.out_dir / CHECKPOINTS_DIR / step_dir_name(m["step"] + 1)  # (rows count from 0, checkpoints from 1)
         return (
-            f"every group was filtered out for {loop.skip_streak} steps in a row (step {m['step']}): training had "
-            f"stopped updating (reward_mean {m['reward_mean']:.3f}); state saved in {run.out_dir / CHECKPOINTS_DIR}; "
+            f"every group was filtered out for {loop.skip_streak} steps in a row (the last: metrics step {m['step']}): "
+            f"training had stopped updating (reward_mean {m['reward_mean']:.3f}); state saved in {saved}; "
             "check the rewards and grpo.alpha_min / alpha_max, or resume with --set grpo.max_skip_streak=0 "
             "--allow-config-change to keep going"
         )
