@@ -1381,6 +1381,36 @@ def test_a_resume_on_changed_training_data_from_the_command_line_names_its_flags
     ), r.stderr
 
 
+def test_a_reward_file_edited_during_a_run_is_told_at_the_resume(tmp_path):
+    """The process runs the reward it imported at its start: a file edited during the run (here by the reward's calls
+    on rollouts, 2 prompts x 4: the check of the golds at the start passes fewer) was hashed again in the end-of-run
+    entry of applied.json, so the edit became the baseline and the resume said nothing. The entry keeps the start's
+    hash, and the resume names the file."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.plugins import source_hashes
+    from dgrpo.training.grpo import train_grpo
+
+    reward = tmp_path / "my_reward.py"
+    reward.write_text(
+        "from pathlib import Path\n\n\ndef reward(completions, records):\n"
+        "    if len(completions) > 2:\n"
+        "        Path(__file__).write_text(Path(__file__).read_text() + '# edited\\n')\n"
+        "    return [0.0 for _ in completions]\n"
+    )
+    spec = f"{reward}:reward"
+    before = source_hashes([spec])
+    common = {"grpo.prompts_per_step": 2, "grpo.eval_every": 0, "grpo.warmup_steps": 0, "data.test": "[]"}
+    lm, out = load_model(tiny_config().model, tiny_config().task, seed=0), tmp_path / "run"
+    train = generate_split(tiny_config().task, "train")[:8]
+    train_grpo(lm, tiny_config(**common, **{"grpo.steps": 1, "grpo.reward": spec}), train, out, progress=False)
+    [entry] = json.loads((out / "applied.json").read_text())
+    assert entry["plugin_files"] == before != source_hashes([spec])  # (the start's hash; the file was edited)
+    with pytest.warns(UserWarning, match="my_reward.py changed since this run's start at step 0"):
+        cfg = tiny_config(**common, **{"grpo.steps": 2, "grpo.reward": spec})
+        train_grpo(lm, cfg, train, out, progress=False, log=lambda *a: None, allow_config_change=True)
+
+
 def test_a_resume_after_the_reward_file_was_edited_warns_naming_it(tmp_path):
     """A config names a plug-in reward by its path: a resume after the file was edited trained on another reward
     without a word. applied.json records each plug-in file's hash; a resume whose file differs says so, naming it,
