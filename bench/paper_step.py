@@ -19,7 +19,9 @@ explicitly (there is no SFT checkpoint to read it from), the group filter is off
 every step runs the full update on 16 x 32 rollouts of exactly ``max_new_tokens`` answer tokens (the worst case a
 real step can reach). Prints one JSON line per step and a summary: step time (rollout / update split), peak
 memory, the optimizer actually used. ``--set threads=N`` sets torch's CPU threads (the host proxy at one thread: with
-two, every tiny op also pays for handing work to an OpenMP thread, which a GPU's host does not).
+two, every tiny op also pays for handing work to an OpenMP thread, which a GPU's host does not). An override of a key
+the script does not read (the model's name or size, ``task``, ``data``, ``fsdp``, ...: :data:`UNUSED_KEYS`) is
+refused.
 
 ``--prompt-widths`` and ``--kept-groups`` make the steps differ as a real run's do, the same for every arm: step i's
 prompts are that many tokens wide (a filler prefix on the built-in problems; a real run's longest question changes
@@ -86,6 +88,13 @@ HOST = dataclasses.replace(QUICK, name="host", layers=QWEN25_15B.layers)
 #: --shape: the paper's model, the bench suite's CPU sizes (dgrpo.bench.workload) and the host-time proxy
 SHAPES = {s.name: s for s in (QWEN25_15B, FULL, QUICK, HOST)}
 MEASURED = [f"grpo.n_latent={T}", "grpo.filter=false", "grpo.warmup_steps=0"]
+#: config keys (or sections, ending in '.') this script does not read: its model is built from ``--shape`` with
+#: random weights, its prompts are built-in problems, it runs one process and no SFT, evaluation or tracking
+UNUSED_KEYS = (
+    *(f"model.{k}" for k in ("name_or_path", "revision", "arch", "hidden_size", "num_layers", "num_heads")),
+    *(f"model.{k}" for k in ("intermediate_size", "trust_remote_code", "latent_token_init")),
+    *("task.", "data.", "sft.", "eval.", "logging.", "fsdp", "device"),
+)
 
 
 def parse_args() -> argparse.Namespace:
@@ -164,6 +173,18 @@ def unwritable(path: Path) -> str:
     except OSError as e:
         return f"its folder cannot be made ({e.strerror})"
     return ""
+
+
+def check_read(overrides: list[str], flag: str) -> None:
+    """Refuse an override of a key this script does not read (:data:`UNUSED_KEYS`): it was accepted and changed
+    nothing, so a measurement said to be of another model or task was of the recipe's."""
+    for kv in overrides:
+        key = kv.partition("=")[0].strip()
+        if any(key == k or (k.endswith(".") and key.startswith(k)) for k in UNUSED_KEYS):
+            fail(
+                f"{flag} {kv}: this script does not read {key} (it builds a random model of --shape's size in the "
+                "recipe's model.dtype, on the built-in problems, in one process, on --device)"
+            )
 
 
 def fail(message: str) -> NoReturn:
@@ -500,6 +521,8 @@ def main() -> int:
         fail(f"--device {args.device!r}: cpu or cuda (this script measures no other)")
     if device.type == "cuda" and not torch.cuda.is_available():
         fail("--device cuda, but this machine has no CUDA device (use --device cpu)")
+    check_read(args.set, "--set")
+    check_read(args.versus, "--versus")
     measured = [*MEASURED, "grpo.filter=true"] if args.kept_groups else MEASURED  # (--kept-groups: the filter acts)
     try:
         configs = [load_config(Config, "paper/grpo_dropout.yaml", [*measured, *args.set])]

@@ -138,6 +138,22 @@ def test_paper_step_script_alternates_two_arms(tmp_path, monkeypatch, capsys):
     assert labels and labels <= {e.get("name") for e in trace["traceEvents"]}
 
 
+@pytest.mark.parametrize(
+    "flag, kv",
+    [("--set", "model.name_or_path=Qwen/Qwen2.5-0.5B"), ("--versus", "data.train=x.jsonl"), ("--set", "fsdp=full")],
+)
+def test_paper_step_refuses_a_key_it_does_not_read(flag, kv, monkeypatch, capsys):
+    """A model, data, process or device key given to bench/paper_step.py changed nothing (its model is built from
+    --shape, on built-in problems, in one process): the step measured was the recipe's. It is refused in one line
+    before anything is built."""
+    code, _, err = _run_script("paper_step", ["--tiny", "--steps", "1", flag, kv], monkeypatch, capsys)
+    key = kv.partition("=")[0]
+    assert code == 2 and err.strip() == (
+        f"paper_step.py: error: {flag} {kv}: this script does not read {key} (it builds a random model of --shape's "
+        "size in the recipe's model.dtype, on the built-in problems, in one process, on --device)"
+    )
+
+
 def _paper_step_module():
     return _bench_module("paper_step")
 
