@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dgrpo.config import ConfigError
-from dgrpo.training.master_weights import MasterWeightAdamW, carry_masters
+from dgrpo.training.master_weights import MasterWeightAdamW, adamw, carry_masters, rounded_away_share
 
 from conftest import run_script, tiny_config
 
@@ -120,6 +120,51 @@ def test_a_new_optimizer_starts_from_the_old_ones_masters():
     fresh = [torch.nn.Parameter(m.clone()) for m in masters]
     _steps(torch.optim.AdamW(fresh, **KW), fresh, 1, first=3)
     assert all(torch.equal(new.state[p]["master"], f.detach()) for p, f in zip(ps, fresh))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("lr", [1e-6, 1e-5, 1e-4])
+def test_the_rounded_away_share_is_what_an_adamw_step_leaves_unchanged(dtype, lr):
+    """rounded_away_share counts the weights whose half spacing exceeds lr: torch's AdamW (no masters) steps each
+    entry of N(0, 0.02) weights by lr (its first step, gradients +-1) and leaves just those unchanged (bf16 at lr
+    1e-5, the paper's peak: 84% of them; at 1e-6: 98%)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter((torch.randn(100_000, generator=g) * 0.02).to(dtype))
+    start, predicted = w.detach().clone(), rounded_away_share([w], lr)
+    assert rounded_away_share([{"params": [w]}], lr) == predicted  # (param groups too)
+    opt = torch.optim.AdamW([w], lr=lr, weight_decay=0.0)
+    w.grad = torch.randn(w.shape, generator=g).sign().to(dtype)
+    opt.step()
+    assert predicted == pytest.approx((w.detach() == start).double().mean().item(), abs=2e-3)
+    assert rounded_away_share([w.detach().float().requires_grad_()], lr) == 0.0  # float32: none
+
+
+def test_adamw_on_low_precision_weights_without_masters_warns_when_the_lr_step_rounds_away(recwarn):
+    """The paper's recipe (bf16 weights, no masters) at its peak lr 1e-5 leaves 84% of N(0, 0.02) weights unchanged
+    at every step (98% at 1e-6, the cosine's tail), silently; the optimizer factory (SFT's and GRPO's) says so. With
+    masters, float32 weights, or an lr whose step moves them, nothing is said."""
+    ws = _params(torch.bfloat16)
+    with pytest.warns(UserWarning, match=r"a step of lr 1e-06 is under half the spacing of 9\d% of the trained"):
+        adamw(ws, False, lr=1e-6)
+    for params, masters, lr in ((ws, True, 1e-6), (_params(torch.float32), False, 1e-6), (ws, False, 1e-2)):
+        adamw(params, masters, lr=lr)
+    assert not [w for w in recwarn if "master_weights" in str(w.message)]
+
+
+def test_grpo_optimizer_warns_of_a_rounded_away_step_also_for_the_8bit_fallback(tokenizer):
+    """grpo.optimizer=adamw8bit off CUDA is torch's AdamW on the bf16 weights (no masters: refused with it): both
+    the fallback and the rounding are said."""
+    from dgrpo.training.grpo import build_optimizer
+
+    from conftest import make_lm
+
+    params = list(make_lm(tokenizer).to(torch.bfloat16).model.parameters())
+    cfg = tiny_config(**{"model.dtype": "bfloat16", "grpo.optimizer": "adamw8bit", "grpo.lr": 1e-6})
+    with pytest.warns(UserWarning) as caught:
+        opt = build_optimizer(params, cfg, torch.device("cpu"))
+    said = " ".join(str(w.message) for w in caught)
+    assert "adamw8bit runs on CUDA only" in said and "without model.master_weights: a step of lr 1e-06" in said
+    assert type(opt) is torch.optim.AdamW
 
 
 def test_master_weights_with_the_8bit_optimizer_are_refused():

@@ -10,6 +10,8 @@ save and restore the masters with the moments, and a resumed run goes on bit for
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -80,8 +82,56 @@ class MasterWeightAdamW(torch.optim.AdamW):
 
 
 def adamw(params: Iterable[Tensor], master_weights: bool, **kwargs: Any) -> torch.optim.AdamW:
-    """torch's AdamW, or with ``master_weights`` :class:`MasterWeightAdamW`."""
+    """torch's AdamW, or with ``master_weights`` :class:`MasterWeightAdamW`; without masters, a warning when the
+    (peak) lr's step is rounded away on much of the low-precision weights (:func:`warn_if_updates_round_away`)."""
+    params = list(params)
+    if not master_weights and "lr" in kwargs:
+        warn_if_updates_round_away(params, float(kwargs["lr"]), stacklevel=4)
     return (MasterWeightAdamW if master_weights else torch.optim.AdamW)(params, **kwargs)
+
+
+#: the share of the trained low-precision weights whose update an optimizer step may round away before it is warned
+ROUNDED_AWAY_WARN_SHARE = 0.10
+
+
+def rounding_floor(dtype: torch.dtype, step: float) -> float:
+    """The smallest magnitude |w| at which a weight of ``dtype`` no longer moves by a step of ``step`` (rounded to
+    nearest): where half its spacing, 2**floor(log2 |w|) * eps / 2, exceeds ``step``."""
+    k = math.floor(math.log2(2 * step / torch.finfo(dtype).eps)) + 1
+    return 2.0**k
+
+
+def rounded_away_share(params: Iterable[Any], step: float) -> float:
+    """The share of the entries of the trained (``requires_grad``) low-precision tensors among ``params`` (tensors,
+    or torch param groups) that a step of ``step`` leaves unchanged: an AdamW step moves a weight by about lr, so
+    with lr as ``step`` these weights do not train without a float32 master (a sharded parameter: its local shard).
+    0 when there are none, or ``step`` is not positive."""
+    if step <= 0:
+        return 0.0
+    lost = total = 0
+    for item in params:
+        for p in item["params"] if isinstance(item, dict) else [item]:
+            if not (isinstance(p, Tensor) and p.requires_grad and is_low_precision(p)):
+                continue
+            local = p.to_local() if hasattr(p, "to_local") else p  # (FSDP2's DTensor: this rank's shard)
+            floor = rounding_floor(p.dtype, step)
+            flat = local.detach().reshape(-1)
+            lost += sum(int((chunk.abs() >= floor).sum()) for chunk in flat.split(1 << 24))
+            total += flat.numel()
+    return lost / total if total else 0.0
+
+
+def warn_if_updates_round_away(params: Iterable[Any], lr: float, stacklevel: int = 2) -> None:
+    """Warn when an optimizer step at ``lr`` writes into low-precision weights without a float32 master and is under
+    half their spacing for more than :data:`ROUNDED_AWAY_WARN_SHARE` of them: those weights never change, silently."""
+    share = rounded_away_share(params, lr)
+    if share > ROUNDED_AWAY_WARN_SHARE:
+        warnings.warn(
+            f"low-precision weights without model.master_weights: a step of lr {lr:g} is under half the spacing of "
+            f"{share:.0%} of the trained weights, which it leaves unchanged (README, 'bf16 weights'); set "
+            "model.master_weights=true (with grpo.optimizer=adamw) to step float32 masters",
+            stacklevel=stacklevel,
+        )
 
 
 def carry_masters(old: torch.optim.Optimizer | None, new: torch.optim.Optimizer) -> None:
