@@ -282,3 +282,21 @@ def test_the_bf16_experiments_answer_help_and_a_bad_step_count_at_once(monkeypat
     got, out, err = run_script(path, argv, monkeypatch, capsys)
     assert got == code and said in out + err, err[-2000:]
     assert "Traceback" not in err and "update error" not in out
+
+
+def test_grpo_8bit_optimizer_on_cuda_warns_of_a_rounded_away_step_too(tokenizer, monkeypatch):
+    """bitsandbytes' AdamW8bit (the recipe on CUDA) rounds its update into the bf16 weight to nearest, as torch's
+    AdamW does: the same warning (a stand-in module here: no CUDA, no bitsandbytes needed)."""
+    import sys
+    import types
+
+    from dgrpo.training.grpo import build_optimizer
+
+    from conftest import make_lm
+
+    fake = types.SimpleNamespace(optim=types.SimpleNamespace(AdamW8bit=torch.optim.AdamW))
+    monkeypatch.setitem(sys.modules, "bitsandbytes", fake)
+    params = list(make_lm(tokenizer).to(torch.bfloat16).model.parameters())
+    cfg = tiny_config(**{"model.dtype": "bfloat16", "grpo.optimizer": "adamw8bit", "grpo.lr": 1e-6})
+    with pytest.warns(UserWarning, match=r"without model.master_weights: a step of lr 1e-06 is under half"):
+        build_optimizer(params, cfg, torch.device("cuda"))

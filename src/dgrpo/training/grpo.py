@@ -65,7 +65,7 @@ from .losses import (
     grpo_objective,
     shuffle_within_groups,
 )
-from .master_weights import adamw
+from .master_weights import adamw, warn_if_updates_round_away
 from .memory import oom_advice
 from .model_record import recorded_model
 from .preemption import stop_requested, within_step
@@ -171,6 +171,7 @@ def build_optimizer(params: list, cfg: Config, device: torch.device) -> torch.op
             try:
                 import bitsandbytes as bnb
 
+                warn_if_updates_round_away(params, g.lr, stacklevel=3)  # (it rounds its update into the bf16 weight)
                 return bnb.optim.AdamW8bit(params, lr=g.lr, weight_decay=g.weight_decay, betas=betas)
             except ImportError:
                 warnings.warn(
