@@ -382,11 +382,11 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
     with pytest.raises(ConfigError, match="grpo.group_size: expected an integer, got '8x'"):
         train_grpo(lm, typo, train, out)
     from dgrpo.training.distributed import Dist
-    from dgrpo.training.run import sharded_accuracy
+    from dgrpo.training.run import sharded_scores
 
-    assert sharded_accuracy(Dist.single(), lambda local: np.int64(3), train) == 3 / 8  # a count, numpy's too
+    assert sharded_scores(Dist.single(), lambda local: np.int64(3), train) == {"accuracy": 3 / 8}  # numpy's count too
     with pytest.raises(TypeError, match=r"evaluate_fn returns how many .*got 0.5: an accuracy\? return the count"):
-        sharded_accuracy(Dist.single(), lambda local: 0.5, train)  # the trainers' evaluate_fn, on each rank's shard
+        sharded_scores(Dist.single(), lambda local: 0.5, train)  # the trainers' evaluate_fn, on each rank's shard
     # a scorer failing on one rank's shard: that rank joins the sum with its failure and stops, the others stop at
     # the sum (a review: they died in it with a gloo traceback); a stand-in for two ranks' all-reduce
     from types import SimpleNamespace
@@ -394,18 +394,18 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
     from dgrpo.eval.scoring import RewardError
 
     sums: list[list[int]] = []
-    other_failed = SimpleNamespace(shard=lambda recs: recs, sum_ints=lambda xs: sums.append(xs) or [xs[0], 1])
+    other_failed = SimpleNamespace(shard=lambda recs: recs, sum_ints=lambda xs: sums.append(xs) or [xs[0], 1, 0])
 
     def raises(local):
         raise RewardError("scorer mine.py:f raised ValueError")
 
     with pytest.raises(RewardError, match="mine.py:f raised"):
-        sharded_accuracy(other_failed, raises, train)  # type: ignore[arg-type]
+        sharded_scores(other_failed, raises, train)  # type: ignore[arg-type]
     with pytest.raises(RewardError, match="the evaluation failed in another process"):
-        sharded_accuracy(other_failed, lambda local: 3, train)  # type: ignore[arg-type]
+        sharded_scores(other_failed, lambda local: 3, train)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="evaluate_fn returns how many"):  # (any failure joins the sum: review 3)
-        sharded_accuracy(other_failed, lambda local: 0.5, train)  # type: ignore[arg-type]
-    assert sums == [[0, 1], [3, 0], [0, 1]]
+        sharded_scores(other_failed, lambda local: 0.5, train)  # type: ignore[arg-type]
+    assert sums == [[0, 1, 0], [3, 0, 1], [0, 1, 0]]
     chat = tiny_config(**{"data.chat_template": True})  # this tokenizer has no chat template
     with pytest.raises(ConfigError, match="data.chat_template: this tokenizer has no chat template"):
         train_sft(lm, train, chat, out)

@@ -261,7 +261,7 @@ def test_the_default_validation_gives_a_shard_of_records_made_in_python_every_co
     lm = load_model(cfg.model, cfg.task, seed=0)
     valid = [Record("1+1?", [], "2", {"hint": "add"}), Record("2+2?", [], "4")]
     monkeypatch.setattr(ev, "generate_answers", lambda *a, **kw: ["#### 4"])
-    assert default_evaluate_fn(cfg, valid)(lm, valid[1:]) == 0  # (a shard of one record: its hint is None)
+    assert default_evaluate_fn(cfg, valid)(lm, valid[1:]).correct == 0  # (a shard of one record: its hint is None)
     assert valid[1].meta == {}  # (the caller's records are not changed)
 
 
@@ -1926,3 +1926,135 @@ def test_data_holding_a_latent_markers_text_is_warned_of_once(tokenizer, tmp_pat
         "the data"
     ]
     assert caught[0].filename == __file__  # (the caller's line)
+
+
+def _scored(correct: int, mean_score: float | None, n: int = 4):
+    """The EvalResult an ``evaluate_fn`` of one's own may return: ``correct`` of ``n`` records, their mean score."""
+    from dgrpo.eval.evaluate import EvalResult
+
+    return EvalResult("v", correct / n, n, correct, 0, 0, 0, "coconut", 0.0, mean_score=mean_score)
+
+
+@pytest.mark.filterwarnings("ignore:the model's latent markers")
+def test_the_default_validation_reduces_a_partial_credit_scorers_mean_score(tokenizer, tmp_path):
+    """The trainers' validation returned the count of correct records only: a partial-credit scorer's 0.5s were
+    nowhere in metrics.jsonl. The default evaluate_fn now returns evaluate's EvalResult; the shards' counts and
+    scores are summed (a count of one's own still works, without a mean score; an EvalResult of other records than
+    the shard's, or a mean score outside [0, 1], is refused)."""
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import default_evaluate_fn, sharded_scores
+
+    from conftest import make_lm
+
+    (tmp_path / "half.py").write_text("def half(completions, records):\n    return [0.5] * len(completions)\n")
+    cfg = tiny_config(**{"eval.scorer": f"{tmp_path / 'half.py'}:half", "eval.max_new_tokens": 2})
+    lm, recs = make_lm(tokenizer), load_spec("builtin:test?n_test=3")
+    fn = default_evaluate_fn(cfg, recs)
+    assert sharded_scores(Dist.single(), lambda local: fn(lm, local), recs) == {"accuracy": 0.0, "mean_score": 0.5}
+    assert sharded_scores(Dist.single(), lambda local: 2, recs) == {"accuracy": 2 / 3}  # (a count: as before)
+    assert sharded_scores(Dist.single(), lambda local: _scored(2, None, 3), recs) == {"accuracy": 2 / 3}
+    with pytest.raises(TypeError, match="returned the EvalResult of 4 records for the 3 it is given"):
+        sharded_scores(Dist.single(), lambda local: _scored(2, 0.5), recs)
+    with pytest.raises(TypeError, match="mean_score is 1.5, not in"):
+        sharded_scores(Dist.single(), lambda local: _scored(2, 1.5, 3), recs)
+
+
+@pytest.mark.filterwarnings("ignore:grpo.filter")
+def test_grpo_logs_the_mean_score_and_keeps_best_by_the_metric_asked(sft_checkpoint, tmp_path):
+    """A partial-credit scorer's validation: eval/<name>/mean_score is logged beside the accuracy (both were only
+    the accuracy), and grpo.best_metric=mean_score keeps best/ by it: here accuracy's best is step 2 (2 of 4
+    correct), the mean score's step 4 (one correct, three 0.9s), so each metric keeps its own step."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.eval.evaluate import evaluate
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.training.grpo import train_grpo
+
+    base = {"grpo.steps": 4, "grpo.prompts_per_step": 2, "grpo.eval_every": 2, "grpo.save_every": 2}
+    base |= {"grpo.warmup_steps": 0, "grpo.filter": "false", "grpo.max_new_tokens": 4, "eval.max_new_tokens": 2}
+    scores = [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0.9, 0.9, 0.9]]  # the validations at steps 0, 2 and 4
+
+    def run(metric: str) -> tuple[list[str], dict, list[dict]]:
+        cfg, said, calls = tiny_config(**base, **{"grpo.best_metric": metric}), [], iter(scores)
+        train = generate_split(cfg.task, "train")[:8]
+
+        def evaluate_fn(lm, records):  # a scorer of partial credit, its values scripted by validation
+            values = next(calls)
+            return evaluate(lm, records, scorer=lambda c, r: values, max_new_tokens=2, progress=False)
+
+        out = tmp_path / metric
+        lm = LatentLM.from_pretrained(sft_checkpoint)
+        train_grpo(
+            lm, cfg, train, out, valid={"v": train[:4]}, evaluate_fn=evaluate_fn, progress=False, log=said.append
+        )
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        return said, json.loads((out / "summary.json").read_text()), [r for r in rows if "eval/v/accuracy" in r]
+
+    _, summary, evals = run("accuracy")
+    assert [(r["step"], r["eval/v/accuracy"], r["eval/v/mean_score"]) for r in evals] == [
+        (0, 0.25, 0.25),
+        (2, 0.5, 0.5),
+        (4, 0.25, pytest.approx(0.925)),
+    ]
+    assert (summary["best_step"], summary["best_metric"], summary["best_accuracy"]) == (2, "accuracy", 0.5)
+    said, summary, _ = run("mean_score")
+    assert (summary["best_step"], summary["best_metric"], summary["best_accuracy"]) == (4, "mean_score", 0.25)
+    assert summary["best_mean_score"] == pytest.approx(0.925)
+    assert any("best by mean_score 0.9250 (25.00%) at step 4" in line for line in said), said
+
+
+def test_best_metric_mean_score_is_refused_for_an_evaluate_fn_that_returns_a_count(sft_checkpoint, tmp_path):
+    """grpo.best_metric / sft.best_metric = mean_score with an evaluate_fn of one's own that returns a count (no
+    mean score to keep best/ by) is refused in one line at the first validation (GRPO's, before the first step),
+    before its row is written; under accuracy such a count still validates and keeps best/, with no mean score."""
+    import torch
+
+    from dgrpo.config import ConfigError
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.training.grpo import train_grpo
+    from dgrpo.training.sft import train_sft
+
+    over = {"grpo.steps": 1, "grpo.prompts_per_step": 2, "grpo.warmup_steps": 0, "grpo.max_new_tokens": 4}
+    cfg = tiny_config(**over, **{"grpo.best_metric": "mean_score"})
+    train = generate_split(cfg.task, "train")[:8]
+    lm, kw = LatentLM.from_pretrained(sft_checkpoint), {"progress": False, "log": lambda *a: None}
+    refused = "grpo.best_metric=mean_score: the evaluate_fn returns a count of correct records, which has no mean_score"
+    with pytest.raises(ConfigError, match=refused):
+        train_grpo(lm, cfg, train, tmp_path / "g", valid={"v": train[:4]}, evaluate_fn=lambda lm, recs: 1, **kw)
+    assert not (tmp_path / "g" / "metrics.jsonl").read_text()  # (refused before the step-0 row)
+    cfg = tiny_config(**over)
+    train_grpo(lm, cfg, train, tmp_path / "a", valid={"v": train[:4]}, evaluate_fn=lambda lm, recs: 1, **kw)
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert (summary["best_step"], summary["best_accuracy"], summary["best_mean_score"]) == (0, 0.25, None)
+    sft = {"sft.num_epochs": 1, "sft.batch_size": 4, "sft.warmup_steps": 0, "sft.eval_every_epoch": True}
+    cfg = tiny_config(**sft, **{"sft.best_metric": "mean_score"})
+    torch.manual_seed(0)
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    with pytest.raises(ConfigError, match=refused.replace("grpo.", "sft.")):
+        train_sft(lm, train, cfg, tmp_path / "s", valid=train[:4], evaluate_fn=lambda lm, recs, s: 1, **kw)
+
+
+def test_sft_logs_the_mean_score_and_keeps_best_by_it(tmp_path):
+    """The same for SFT under sft.eval_every_epoch: each validation row has eval/valid/mean_score, and
+    sft.best_metric=mean_score keeps best/ at the final layout's epoch of the highest mean score (epoch 3: two
+    correct, 0.9), not the highest accuracy (epoch 2: three correct, 0.75); its row records both."""
+    import torch
+
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.sft import train_sft
+
+    over = {"task.n_train": 16, "sft.batch_size": 8, "sft.warmup_steps": 0, "sft.num_epochs": 4}
+    over |= {"sft.stage_epochs": [1], "sft.epochs_per_stage": 1, "sft.max_latent_stage": 1}
+    cfg = tiny_config(**over, **{"sft.eval_every_epoch": True, "sft.best_metric": "mean_score"})
+    results = iter([_scored(1, 0.25), _scored(1, 0.3), _scored(3, 0.75), _scored(2, 0.9)])  # epochs 0-3
+    torch.manual_seed(0)
+    lm, out, said = load_model(cfg.model, cfg.task, seed=0), tmp_path / "sft", []
+    train = generate_split(cfg.task, "train")
+    train_sft(lm, train, cfg, out, valid=train[:4], evaluate_fn=lambda *a: next(results), log=said.append)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["eval/valid/mean_score"] for r in rows if "eval/valid/accuracy" in r] == [0.25, 0.3, 0.75, 0.9]
+    best = [(r["best_epoch"], r["best/valid/accuracy"], r["best/valid/mean_score"]) for r in rows if "best_epoch" in r]
+    assert best == [(2, 0.75, 0.75), (3, 0.5, 0.9)]
+    assert any("best/: epoch 3 by mean_score 0.9000 (50.0%)" in line for line in said), said

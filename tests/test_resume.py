@@ -1442,3 +1442,65 @@ def test_a_resume_after_the_reward_file_was_edited_warns_naming_it(tmp_path):
         f"{reward.resolve()} changed since this run's start at step 1: the steps from 2 use the file as it is now; "
         "restore it to resume on the same reward or scorer, or start a new run (--resume never)"
     ]
+
+
+@pytest.mark.filterwarnings("ignore:grpo.filter")
+def test_a_resumed_grpo_run_keeps_best_by_its_mean_score(sft_checkpoint, tmp_path):
+    """grpo.best_metric=mean_score across a resume: the checkpoint records best/'s mean score (LoopState's
+    best_mean_score), so a resumed run's later validation of a higher accuracy but a lower mean score leaves best/
+    at its step. A checkpoint without it (validated by a count, as by dgrpo before mean scores) still loads; its
+    best/ is then replaced at the next validation that has a mean score."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.eval.evaluate import EvalResult
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.training.grpo import train_grpo
+
+    base = {"grpo.steps": 4, "grpo.prompts_per_step": 2, "grpo.eval_every": 2, "grpo.save_every": 2}
+    base |= {"grpo.warmup_steps": 0, "grpo.filter": "false", "grpo.max_new_tokens": 4, "grpo.keep_last": 9}
+    base |= {"grpo.best_metric": "mean_score"}
+
+    def run(out, results, **over):
+        cfg, it = tiny_config(**{**base, **over}), iter(results)
+        train = generate_split(cfg.task, "train")[:8]
+        lm = LatentLM.from_pretrained(sft_checkpoint)
+        change = {"allow_config_change": True} if over else {}
+        evaluate_fn = lambda *a: next(it)  # noqa: E731
+        train_grpo(lm, cfg, train, out, valid={"v": train[:4]}, evaluate_fn=evaluate_fn, progress=False, **change)
+        return json.loads((out / "summary.json").read_text())
+
+    def scored(correct, mean_score):
+        return EvalResult("v", correct / 4, 4, correct, 0, 0, 0, "coconut", 0.0, mean_score=mean_score)
+
+    out = tmp_path / "grpo"
+    summary = run(out, [scored(1, 0.25), scored(1, 0.75), scored(2, 0.5)])  # best/: step 2 (0.75)
+    assert (summary["best_step"], summary["best_mean_score"]) == (2, 0.75)
+    summary = run(out, [scored(4, 0.7)], **{"grpo.steps": 6})  # step 6: all correct, a lower mean score
+    assert (summary["best_step"], summary["best_accuracy"], summary["best_mean_score"]) == (2, 0.25, 0.75)
+    assert _same_weights(out / "best", out / "checkpoints" / "step-00000002" / "model")
+    old = tmp_path / "counted"
+    run(old, [1, 3, 2], **{"grpo.best_metric": "accuracy"})  # best/: step 2, by a count (no mean score)
+    state = json.loads((old / "checkpoints" / "step-00000004" / "state.json").read_text())
+    assert "best_mean_score" not in state["loop"]  # (as dgrpo before it wrote the loop's state)
+    summary = run(old, [scored(1, 0.3)], **{"grpo.steps": 6})  # under mean_score: best/ chosen anew, at step 6
+    assert (summary["best_step"], summary["best_metric"], summary["best_mean_score"]) == (6, "mean_score", 0.3)
+
+
+def test_a_resumed_sft_run_reads_its_best_by_the_best_metric(tmp_path):
+    """SFT keeps best/'s record in its best_epoch metrics rows: a resume reads the value of sft.best_metric there
+    (best/valid/mean_score), -1 (chosen anew) for a row without it (kept by a count, or by dgrpo before mean scores);
+    accuracy as before."""
+    from types import SimpleNamespace
+
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.sft import _resumed_best
+
+    (tmp_path / "best").mkdir()
+
+    def run(row):
+        return SimpleNamespace(out_dir=tmp_path, metrics=SimpleNamespace(rows=lambda: [{"step": 1}, row]))
+
+    row = {"step": 2, "best_epoch": 1, "best/valid/accuracy": 0.5, "best/valid/mean_score": 0.8}
+    assert _resumed_best(run(row), Dist.single(), 0, "mean_score") == 0.8  # type: ignore[arg-type]
+    assert _resumed_best(run(row), Dist.single(), 0, "accuracy") == 0.5  # type: ignore[arg-type]
+    del row["best/valid/mean_score"]
+    assert _resumed_best(run(row), Dist.single(), 0, "mean_score") == -1.0  # type: ignore[arg-type]

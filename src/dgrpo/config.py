@@ -66,6 +66,15 @@ CompileMode = Literal["default", "max-autotune-no-cudagraphs"]
 RecomputeGranularity = Literal["call", "layer"]
 ReplayMode = Literal["seed", "fresh_mask"]
 FSDPMode = Literal["none", "full", "sharded"]
+#: what best/ is kept by (grpo.best_metric, sft.best_metric): the validation accuracy, or the mean of the scorer's
+#: values (a partial-credit scorer's 0.5 counts 0.5)
+BestMetric = Literal["accuracy", "mean_score"]
+#: the help of grpo.best_metric and sft.best_metric
+BEST_METRIC_HELP = (
+    "what best/ is kept by: accuracy (the share of validation answers the scorer scores 1) or mean_score (the mean "
+    "of the scorer's values: a partial-credit eval.scorer's 0.5 counts 0.5); mean_score needs an evaluate_fn that "
+    "returns an EvalResult (the default's does; one of your own returning a count is refused at the first validation)"
+)
 
 #: where the packaged YAML configs live (``builtin/``, ``paper/``, ``tiny.yaml``)
 CONFIG_DIR = Path(__file__).resolve().with_name("configs")
@@ -617,6 +626,7 @@ class SFTConfig:
         "(Coconut's choice of checkpoint: it validates every epoch and one picks the best; GRPO then --init "
         "runs/sft/best)",
     )
+    best_metric: BestMetric = opt("accuracy", BEST_METRIC_HELP)
     save_every: int = opt(
         500, "write a resumable checkpoint (weights, optimizer, RNG, counters) every N steps (0 = epoch ends only)"
     )
@@ -970,7 +980,10 @@ class GRPOConfig:
         "eval without perturbation on data.valid every N steps (0 = only at start and end); eval.* decoding: greedy "
         "unless eval.temperature > 0",
     )
-    save_best: bool = opt(True, "keep best/ = the best post-warmup checkpoint by validation accuracy")
+    save_best: bool = opt(
+        True, "keep best/ = the best post-warmup checkpoint by validation accuracy (grpo.best_metric)"
+    )
+    best_metric: BestMetric = opt("accuracy", BEST_METRIC_HELP)
     log_every: int = opt(1, "write a metrics row every N steps (and at the last step and every dropped update)")
     save_every: int = opt(
         50, "write a resumable checkpoint (weights, optimizer, RNG, counters) every N steps (0 = only at the end)"

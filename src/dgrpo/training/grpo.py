@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, GRPOConfig, to_dict
 from ..data.records import Record, check_records, data_columns, fingerprint
+from ..eval.evaluate import EvalResult
 from ..eval.scoring import (
     RewardError,
     RewardPart,
@@ -77,12 +78,13 @@ from .run import (
     NonFiniteGuard,
     RunDir,
     StalledError,
+    best_value,
     check_restart,
     check_run_inputs,
     check_trainer_inputs,
     clip_gradients,
     default_evaluate_fn,
-    sharded_accuracy,
+    sharded_scores,
     warn_if_training_questions_cut,
     weights_finite,
 )
@@ -746,6 +748,7 @@ class LoopState:
 
     best_step: int | None = None
     best_accuracy: float = -1.0
+    best_mean_score: float | None = None  # best/'s mean score on the first validation set (None: not given)
     skipped: int = 0
     skip_streak: int = 0  # steps in a row with every group filtered out (no update)
     last_eval: float | None = None
@@ -755,11 +758,13 @@ class LoopState:
 
 
 def _loop_record(loop: LoopState) -> dict:
-    """The loop's state as a checkpoint keeps it: ``eval_pending`` only when set, so that a checkpoint of an
-    unstopped run stays readable by dgrpo before it (whose LoopState has no such field)."""
+    """The loop's state as a checkpoint keeps it: ``eval_pending`` only when set, and ``best_mean_score`` only when
+    known, so that a checkpoint of an unstopped run (validated by a count) stays readable by dgrpo before it (whose
+    LoopState has no such fields)."""
     record = asdict(loop)
-    if not record["eval_pending"]:
-        del record["eval_pending"]
+    for key, unset in (("eval_pending", False), ("best_mean_score", None)):
+        if record[key] is unset:
+            del record[key]
     return record
 
 
@@ -773,7 +778,7 @@ def train_grpo(
     out_dir: Path,
     *,
     valid: dict[str, list[Record]] | None = None,
-    evaluate_fn: Callable[[LatentLM, list[Record]], int] | None = None,
+    evaluate_fn: Callable[[LatentLM, list[Record]], int | EvalResult] | None = None,
     dist: Dist | None = None,
     progress: bool = True,
     log: Callable[[str], None] = print,
@@ -784,8 +789,9 @@ def train_grpo(
 ) -> dict:
     """The full loop: periodic eval, metrics.jsonl (and the trackers), best/ and final/ checkpoints.
 
-    ``evaluate_fn(lm, records)`` returns how many of ``records`` the model gets right (score every record it is
-    given: apply any limit beforehand); by default, greedy answers under ``eval.*`` (:func:`default_evaluate_fn`).
+    ``evaluate_fn(lm, records)`` returns how many of ``records`` the model gets right, or their :class:`EvalResult`
+    (whose ``mean_score`` is logged too, and can keep ``best/``: ``grpo.best_metric``); score every record it is
+    given (apply any limit beforehand); by default, greedy answers under ``eval.*`` (:func:`default_evaluate_fn`).
     Under torchrun every rank calls this; eval is sharded and only rank 0 writes files. ``resume``: ``auto``
     (True), ``never`` (False) or a checkpoint path (see :class:`RunDir`). ``reward_fn``: see :class:`GRPOTrainer`.
     ``final_eval``: see :meth:`RunDir.final_eval` (``dgrpo grpo``: the test sets)."""
@@ -937,22 +943,28 @@ def _finish(
     run.final_eval(final_eval, trainer.lm, steps, loop.best_step)
     trainer.dist.save_model(trainer.lm, run.out_dir / FINAL_DIR)
     trainer.lm.stopped_run = None
-    return _summary(run, loop, steps, applied) if trainer.dist.is_main else {}
+    metric = trainer.cfg.grpo.best_metric
+    return _summary(run, loop, steps, applied, metric) if trainer.dist.is_main else {}
 
 
-def _summary(run: RunDir, loop: LoopState, steps: int, applied: dict[str, Any]) -> dict:
-    """``summary.json``: best and final validation accuracy, steps, skipped steps, and what the process that
-    finished the run applied (``applied``, as at its last step)."""
+def _summary(run: RunDir, loop: LoopState, steps: int, applied: dict[str, Any], metric: str) -> dict:
+    """``summary.json``: best (kept by ``metric``, ``grpo.best_metric``) and final validation accuracy, steps, skipped
+    steps, and what the process that finished the run applied (``applied``, as at its last step)."""
+    kept = loop.best_step is not None
     summary = {
         "best_step": loop.best_step,
-        "best_accuracy": loop.best_accuracy if loop.best_step is not None else None,
+        "best_metric": metric,
+        "best_accuracy": loop.best_accuracy if kept else None,
+        "best_mean_score": loop.best_mean_score if kept else None,
         "final_accuracy": loop.last_eval,
         "steps": steps,
         "skipped_steps": loop.skipped,
         "applied": applied,
     }
     (run.out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
-    best = f"best {100 * loop.best_accuracy:.2f}% at step {loop.best_step}" if loop.best_step is not None else "no best"
+    best = f"best {100 * loop.best_accuracy:.2f}% at step {loop.best_step}" if kept else "no best"
+    if kept and metric != "accuracy":  # (the value best/ was kept by first)
+        best = f"best by {metric} {loop.best_mean_score:.4f} ({100 * loop.best_accuracy:.2f}%) at step {loop.best_step}"
     final = f"final {100 * loop.last_eval:.2f}%" if loop.last_eval is not None else "no eval"
     wall = f"{time.time() - loop.started:.0f} s" + (
         f" (this process, resumed at step {run.resumed_step})" if run.resumed_step is not None else ""
@@ -976,25 +988,37 @@ def _periodic_eval(
     trainer: GRPOTrainer,
     loop: LoopState,
     valid: dict[str, list[Record]],
-    evaluate_fn: Callable[[LatentLM, list[Record]], int] | None,
+    evaluate_fn: Callable[[LatentLM, list[Record]], int | EvalResult] | None,
 ) -> Callable[[int], float | None]:
-    """``evaluate(step)``: greedy accuracy on every validation set (one metrics row); keeps ``best/`` by the first."""
+    """``evaluate(step)``: greedy accuracy (and mean score, when ``evaluate_fn`` gives it) on every validation set
+    (one metrics row); keeps ``best/`` by the first, by ``grpo.best_metric``; returns the first's accuracy."""
     lm, g = trainer.lm, trainer.cfg.grpo
 
     def evaluate(step: int) -> float | None:
         if not valid or evaluate_fn is None:
             return None
         row: dict = {"step": step}
-        for name, recs in valid.items():
-            row[f"eval/{name}/accuracy"] = sharded_accuracy(trainer.dist, lambda local: evaluate_fn(lm, local), recs)
+        by_set = {
+            name: sharded_scores(trainer.dist, lambda local: evaluate_fn(lm, local), recs)
+            for name, recs in valid.items()
+        }
+        first = next(iter(by_set.values()))
+        value = best_value(first, g.best_metric, "grpo.best_metric") if g.save_best else None  # (refused before a row)
+        row.update({f"eval/{name}/{k}": v for name, scores in by_set.items() for k, v in scores.items()})
         run.metrics.write(row)
-        first = row[f"eval/{next(iter(valid))}/accuracy"]
-        if step >= g.warmup_steps and first > loop.best_accuracy and g.save_best:
-            loop.best_step, loop.best_accuracy = step, first
+        if value is not None and step >= g.warmup_steps and value > _best_so_far(loop, g.best_metric):
+            loop.best_step, loop.best_accuracy, loop.best_mean_score = step, first["accuracy"], first.get("mean_score")
             trainer.dist.save_model(lm, run.out_dir / BEST_DIR)  # every rank calls it (FSDP gathers); rank 0 writes
-        return first
+        return first["accuracy"]
 
     return evaluate
+
+
+def _best_so_far(loop: LoopState, metric: str) -> float:
+    """The ``metric`` value of the run's ``best/`` (-1: none, or not known: a checkpoint's best chosen by a count, or
+    by dgrpo before mean scores, is replaced at the next validation)."""
+    value = loop.best_accuracy if metric == "accuracy" else loop.best_mean_score
+    return -1.0 if loop.best_step is None or value is None else value
 
 
 def _save_resumable(run: RunDir, trainer: GRPOTrainer, loop: LoopState) -> None:

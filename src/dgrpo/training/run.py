@@ -26,7 +26,7 @@ from typing import IO, Any, NoReturn
 
 from ..config import BUILTIN_SHAPE, Config, ConfigError, to_dict
 from ..data.records import Record, check_records, data_columns
-from ..eval.evaluate import eval_options, evaluate, warn_if_questions_cut
+from ..eval.evaluate import EvalResult, eval_options, evaluate, warn_if_questions_cut
 from ..eval.scoring import RewardError
 from ..model.factory import BUILTIN
 from ..model.latent_lm import LatentLM
@@ -403,22 +403,23 @@ def warn_if_off_device(lm: LatentLM, cfg: Config, what: str, stacklevel: int = 4
         )
 
 
-def default_evaluate_fn(cfg: Config, valid: Iterable[Record], per_stage: bool = False) -> Callable[..., int]:
-    """What a trainer validates with when it is given no ``evaluate_fn``, as the ``dgrpo`` commands do: how many
-    records the model answers right, greedy (unless ``eval.temperature``) under ``eval.*`` (the scorer, the answer's
-    tokens, ...). ``per_stage`` (SFT): ``(lm, records, settings)``, with the stage's latent steps. The scorer gets
-    every column of ``valid`` (the whole validation data) on each rank's shard, None where a record has none: a scorer
-    in TRL's form is called alike whichever records a shard holds."""
+def default_evaluate_fn(cfg: Config, valid: Iterable[Record], per_stage: bool = False) -> Callable[..., EvalResult]:
+    """What a trainer validates with when it is given no ``evaluate_fn``, as the ``dgrpo`` commands do: the
+    :class:`EvalResult` of the records (how many the model answers right, and the mean of the scorer's values), greedy
+    (unless ``eval.temperature``) under ``eval.*`` (the scorer, the answer's tokens, ...). ``per_stage`` (SFT):
+    ``(lm, records, settings)``, with the stage's latent steps. The scorer gets every column of ``valid`` (the whole
+    validation data) on each rank's shard, None where a record has none: a scorer in TRL's form is called alike
+    whichever records a shard holds."""
     options = {**eval_options(cfg), "columns": data_columns(valid)}  # (a scorer that cannot be built fails here)
     options["dataset"] = "the validation set"  # (named in evaluate's warnings, as a test set is by its name)
 
-    def count_correct(lm: LatentLM, records: list[Record]) -> int:
-        return evaluate(lm, records, progress=False, **options).correct
+    def evaluated(lm: LatentLM, records: list[Record]) -> EvalResult:
+        return evaluate(lm, records, progress=False, **options)
 
-    def count_correct_at(lm: LatentLM, records: list[Record], settings: Any) -> int:
-        return evaluate(lm, records, progress=False, **{**options, "n_latent": settings.n_latent}).correct
+    def evaluated_at(lm: LatentLM, records: list[Record], settings: Any) -> EvalResult:
+        return evaluate(lm, records, progress=False, **{**options, "n_latent": settings.n_latent})
 
-    return count_correct_at if per_stage else count_correct
+    return evaluated_at if per_stage else evaluated
 
 
 def _check_evaluate_fn(what: str, evaluate_fn: Callable | None, eval_args: tuple[str, ...]) -> None:
@@ -437,7 +438,7 @@ def _check_evaluate_fn(what: str, evaluate_fn: Callable | None, eval_args: tuple
     except TypeError:
         raise TypeError(
             f"{what}: evaluate_fn is called as evaluate_fn({', '.join(eval_args)}) and returns how many records are "
-            f"correct; its signature is {getattr(evaluate_fn, '__name__', '')}{signature}"
+            f"correct (or their EvalResult); its signature is {getattr(evaluate_fn, '__name__', '')}{signature}"
         ) from None
 
 
@@ -1356,21 +1357,56 @@ def weights_finite(params: list, dist: Dist) -> bool:
 EVALUATION_FAILED_ELSEWHERE = "the evaluation failed in another process (its own error line says why)"
 
 
-def sharded_accuracy(dist: Dist, count_correct: Callable[[list[Record]], int], records: list[Record]) -> float:
-    """Accuracy on ``records`` with each rank scoring its shard: ``count_correct(shard)`` returns how many
-    of the shard's records are correct; the counts are summed over ranks (every rank calls this). An evaluation that
-    fails on one rank's shard (a scorer's error, a count that is none) stops every rank at that sum, each with one
-    line."""
+def sharded_scores(
+    dist: Dist, evaluate: Callable[[list[Record]], int | EvalResult], records: list[Record]
+) -> dict[str, float]:
+    """The validation metrics of ``records`` with each rank scoring its shard: ``accuracy``, and ``mean_score`` when
+    ``evaluate(shard)`` returns an :class:`EvalResult` with one (a trainer's ``evaluate_fn``: how many of the shard's
+    records are correct, an int, or their EvalResult). The counts and the scores' sums are summed over ranks (every
+    rank calls this); ``mean_score`` is left out when a shard's result has none (a count). An evaluation that fails on
+    one rank's shard (a scorer's error, a count that is none) stops every rank at that sum, each with one line."""
     local = dist.shard(records)
     try:
-        count = _checked_count(count_correct(local) if local else 0, len(local))
+        count, scored = _checked_result(evaluate(local) if local else 0, len(local))
     except Exception:
-        dist.sum_ints([0, 1])  # (the others learn of it at the sum below, and stop there too)
+        dist.sum_ints([0, 1, 0])  # (the others learn of it at the sum below, and stop there too)
         raise
-    count, failed = dist.sum_ints([count, 0])
+    count, failed, unscored = dist.sum_ints([count, 0, int(bool(local) and scored is None)])
     if failed:
         raise RewardError(EVALUATION_FAILED_ELSEWHERE)
-    return count / max(1, len(records))
+    n = max(1, len(records))
+    if unscored or not records:
+        return {"accuracy": count / n}
+    return {"accuracy": count / n, "mean_score": dist.sum_float(scored or 0.0) / n}
+
+
+def _checked_result(returned: Any, n: int) -> tuple[int, float | None]:
+    """(how many are correct, the sum of their scores or None) of what an ``evaluate_fn`` returned for a shard of
+    ``n`` records: a count (:func:`_checked_count`), or the :class:`EvalResult` of those ``n`` records (its
+    ``mean_score`` None: no scores). TypeError otherwise."""
+    if not isinstance(returned, EvalResult):
+        return _checked_count(returned, n), None
+    if returned.n != n:
+        raise TypeError(
+            f"evaluate_fn returned the EvalResult of {returned.n} records for the {n} it is given: evaluate every "
+            "record (apply any limit beforehand)"
+        )
+    mean = returned.mean_score
+    if mean is not None and not 0 <= mean <= 1:  # (NaN too)
+        raise TypeError(f"evaluate_fn returned an EvalResult whose mean_score is {mean!r}, not in [0, 1]")
+    return _checked_count(returned.correct, n), None if mean is None else float(mean) * n
+
+
+def best_value(scores: dict[str, float], metric: str, key: str) -> float:
+    """The value of one validation's ``scores`` (:func:`sharded_scores`) that ``best/`` is kept by: its ``metric``
+    (``key``: ``grpo.best_metric`` or ``sft.best_metric``). ConfigError when it is ``mean_score`` and the
+    ``evaluate_fn`` gave none (it returns a count)."""
+    if metric not in scores:
+        raise ConfigError(
+            f"{key}={metric}: the evaluate_fn returns a count of correct records, which has no {metric}; return "
+            f"evaluate(...)'s EvalResult (dgrpo.eval.evaluate), or set {key}=accuracy"
+        )
+    return float(scores[metric])
 
 
 def _checked_count(correct: Any, n: int) -> int:

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, to_dict, unused_recompute_settings, unused_sft_settings
 from ..data.records import Record, fingerprint
-from ..eval.evaluate import check_fits_context
+from ..eval.evaluate import EvalResult, check_fits_context
 from ..model.factory import apply_speedups, lora_for_training
 from ..model.latent_lm import LatentLM, LatentSettings
 from ..model.sources import on_for_device
@@ -47,11 +47,12 @@ from .run import (
     NonFiniteError,
     NonFiniteGuard,
     RunDir,
+    best_value,
     check_restart,
     check_run_inputs,
     clip_gradients,
     default_evaluate_fn,
-    sharded_accuracy,
+    sharded_scores,
     warn_if_training_questions_cut,
     weights_finite,
 )
@@ -404,6 +405,10 @@ class SFTRun:
         accs = ", ".join(f"{k}: {100 * v:.1f}%" for k, v in by_stage.items())  # (a resumed run's earlier stages too)
         s = self.lm.settings
         kept = f"; best/: epoch {best['best_epoch']} ({100 * best['best/valid/accuracy']:.1f}%)" if best else ""
+        if best and self.cfg.sft.best_metric != "accuracy":  # (the value best/ was kept by first)
+            metric = self.cfg.sft.best_metric
+            value, accuracy = best.get(f"best/valid/{metric}", float("nan")), best["best/valid/accuracy"]
+            kept = f"; best/: epoch {best['best_epoch']} by {metric} {value:.4f} ({100 * accuracy:.1f}%)"
         resumed = (
             " (the run's: its earlier processes' time too, as time_s)" if self.run.resumed_step is not None else ""
         )
@@ -456,7 +461,7 @@ def train_sft(
     out_dir: Path,
     *,
     valid: list[Record] | None = None,
-    evaluate_fn: Callable[[LatentLM, list[Record], LatentSettings], int] | None = None,
+    evaluate_fn: Callable[[LatentLM, list[Record], LatentSettings], int | EvalResult] | None = None,
     log: Callable[[str], None] = print,
     dist: Dist | None = None,
     resume: bool | str = "auto",
@@ -466,7 +471,8 @@ def train_sft(
 ) -> LatentLM:
     """Run the curriculum; write ``metrics.jsonl``, ``stage-K/`` checkpoints and ``final/`` under ``out_dir``.
 
-    ``evaluate_fn(lm, records, settings)`` returns how many of ``records`` are correct; it is called on ``valid`` at the
+    ``evaluate_fn(lm, records, settings)`` returns how many of ``records`` are correct, or their :class:`EvalResult`
+    (whose ``mean_score`` is logged too, and can keep ``best/``: ``sft.best_metric``); it is called on ``valid`` at the
     end of each stage (by default greedy answers under ``eval.*``, with the stage's latent steps:
     :func:`default_evaluate_fn`). ``dist`` shards batches and the eval across processes; every rank calls this,
     only rank 0 writes files. ``resume``: ``auto`` (True), ``never`` (False) or a checkpoint path (see
@@ -478,7 +484,7 @@ def train_sft(
         plan, prog = sft.plan, sft.prog
         t0 = sft.t0  # (time_s goes on from a resumed run's)
         start_epoch, start_batch = prog.epoch, prog.batch
-        best = _resumed_best(run, dist, sft.best_rows_from) if s.eval_every_epoch else -1.0
+        best = _resumed_best(run, dist, sft.best_rows_from, s.best_metric) if s.eval_every_epoch else -1.0
         n_steps, shown = s.num_epochs * plan.steps_per_epoch, dist.is_main and progress
         bar = tqdm(total=n_steps, initial=prog.global_step, desc="sft", disable=bar_disabled(shown))
         with bar:  # (closed on an error too, before the error's line is printed: that line starts a line of its own)
@@ -489,13 +495,13 @@ def train_sft(
                 lm.train()
                 sft.train_epoch(train, epoch, stage, first_batch, bar, t0)
                 with _epoch_kept_on_failure(sft, epoch):
-                    step, accuracy = prog.global_step, None
+                    step, scores = prog.global_step, None
                     if plan.last_of_stage(epoch):
-                        accuracy = _finish_stage(lm, stage, cfg, run, dist, valid, evaluate_fn, step, t0)
+                        scores = _finish_stage(lm, stage, cfg, run, dist, valid, evaluate_fn, step, t0)
                     elif s.eval_every_epoch:
-                        accuracy = _validate_epoch(lm, stage, epoch, cfg, run, dist, valid, evaluate_fn, step, t0)
+                        scores = _validate_epoch(lm, stage, epoch, cfg, run, dist, valid, evaluate_fn, step, t0)
                 if s.eval_every_epoch and layout_stage(stage, cfg) == layout_stage(plan.stage(s.num_epochs - 1), cfg):
-                    best = _keep_if_best(lm, stage, epoch, accuracy, best, cfg, run, dist, prog.global_step)
+                    best = _keep_if_best(lm, stage, epoch, scores, best, cfg, run, dist, prog.global_step)
                 sft.save(epoch + 1, 0)
                 if stop_requested(dist):  # (asked during the epoch's end)
                     sft.stop_after_step(None)
@@ -724,37 +730,41 @@ def _finish_stage(
     run: RunDir,
     dist: Dist,
     valid: list[Record] | None,
-    evaluate_fn: Callable[[LatentLM, list[Record], LatentSettings], int] | None,
+    evaluate_fn: Callable[[LatentLM, list[Record], LatentSettings], int | EvalResult] | None,
     step: int,
     t0: float,
-) -> float | None:
-    """The end of a curriculum stage: the stage's latent settings, its validation accuracy (a metrics row; returned,
-    None when not measured), ``stage-K/``."""
+) -> dict[str, float] | None:
+    """The end of a curriculum stage: the stage's latent settings, its validation accuracy and mean score (a metrics
+    row; returned, None when not measured: :func:`_valid_scores`), ``stage-K/``."""
     settings = stage_settings(stage, cfg)
     lm.settings = settings
     row = {"step": step, "stage": stage, "n_latent": settings.n_latent, "time_s": round(time.time() - t0, 2)}
-    accuracy = None
+    scores = None
     if (cfg.sft.eval_each_stage or cfg.sft.eval_every_epoch) and valid and evaluate_fn is not None:
-        accuracy = _valid_accuracy(lm, settings, dist, valid, evaluate_fn)
-        row["eval/valid/accuracy"] = accuracy
+        scores = _valid_scores(lm, settings, cfg, dist, valid, evaluate_fn)
+        row.update({f"eval/valid/{k}": v for k, v in scores.items()})
     dist.save_model(lm, stage_dir(run.out_dir, stage))  # every rank calls it (FSDP gathers); rank 0 writes
     run.metrics.write(row)
     run.log(f"stage {stage} done: " + ", ".join(f"{k}={v}" for k, v in row.items()))
-    return accuracy
+    return scores
 
 
-def _valid_accuracy(
-    lm: LatentLM, settings: LatentSettings, dist: Dist, valid: list[Record], evaluate_fn: Callable
-) -> float:
-    """Greedy accuracy on ``valid`` with a stage's latent ``settings`` (sharded over the ranks), given to the model
-    first: the default validation answers in ``lm.settings``' mode and markers (before a stage's end set them, an
-    epoch of ``sft.eval_every_epoch`` was answered as the loaded model had been trained: a pause curriculum with
-    continuous thoughts, one from a CoT checkpoint with no latent thoughts)."""
+def _valid_scores(
+    lm: LatentLM, settings: LatentSettings, cfg: Config, dist: Dist, valid: list[Record], evaluate_fn: Callable
+) -> dict[str, float]:
+    """Greedy accuracy on ``valid`` (and mean score, when ``evaluate_fn`` gives it: :func:`sharded_scores`) with a
+    stage's latent ``settings`` (sharded over the ranks), given to the model first: the default validation answers
+    in ``lm.settings``' mode and markers (before a stage's end set them, an epoch of ``sft.eval_every_epoch`` was
+    answered as the loaded model had been trained: a pause curriculum with continuous thoughts, one from a CoT
+    checkpoint with no latent thoughts). An ``sft.best_metric`` the scores lack is refused here, at the first
+    validation of a run that keeps ``best/`` (:func:`best_value`), before its row is written."""
     lm.settings = settings
     lm.eval()
-    accuracy = sharded_accuracy(dist, lambda local: evaluate_fn(lm, local, settings), valid)
+    scores = sharded_scores(dist, lambda local: evaluate_fn(lm, local, settings), valid)
+    if cfg.sft.eval_every_epoch:
+        best_value(scores, cfg.sft.best_metric, "sft.best_metric")
     lm.train()
-    return accuracy
+    return scores
 
 
 def _validate_epoch(
@@ -768,37 +778,41 @@ def _validate_epoch(
     evaluate_fn: Callable | None,
     step: int,
     t0: float,
-) -> float | None:
-    """``sft.eval_every_epoch`` within a stage: the epoch's validation accuracy at its stage's latent settings (a
-    metrics row; returned, None without a validation set)."""
+) -> dict[str, float] | None:
+    """``sft.eval_every_epoch`` within a stage: the epoch's validation accuracy and mean score at its stage's latent
+    settings (a metrics row; returned, None without a validation set)."""
     if not valid or evaluate_fn is None:
         return None
     settings = stage_settings(stage, cfg)
-    accuracy = _valid_accuracy(lm, settings, dist, valid, evaluate_fn)
+    scores = _valid_scores(lm, settings, cfg, dist, valid, evaluate_fn)
     row = {"step": step, "stage": stage, "epoch": epoch, "n_latent": settings.n_latent}
-    run.metrics.write({**row, "time_s": round(time.time() - t0, 2), "eval/valid/accuracy": accuracy})
-    return accuracy
+    run.metrics.write(
+        {**row, "time_s": round(time.time() - t0, 2), **{f"eval/valid/{k}": v for k, v in scores.items()}}
+    )
+    return scores
 
 
 def last_best_row(rows: Iterable[dict]) -> dict | None:
     """The last ``best_epoch`` metrics row of an SFT run under ``sft.eval_every_epoch`` (the epoch ``best/`` holds
-    and its validation accuracy); None when the run kept none."""
+    and its validation accuracy and mean score); None when the run kept none."""
     kept = [r for r in rows if "best_epoch" in r]
     return kept[-1] if kept else None
 
 
-def _resumed_best(run: RunDir, dist: Dist, rows_from: int) -> float:
-    """The validation accuracy of the run's ``best/`` so far (its ``best_epoch`` metrics rows from ``rows_from`` on;
-    -1 for none or when ``best/`` is not in this run directory), the same on every rank (rank 0 reads the rows)."""
+def _resumed_best(run: RunDir, dist: Dist, rows_from: int, metric: str = "accuracy") -> float:
+    """The validation ``metric`` (``sft.best_metric``) of the run's ``best/`` so far (its ``best_epoch`` metrics rows
+    from ``rows_from`` on; -1 for none, when ``best/`` is not in this run directory, or when its row lacks the metric:
+    a best/ kept by a count, or by dgrpo before mean scores, is replaced at the next epoch that may keep one), the
+    same on every rank (rank 0 reads the rows)."""
     kept = last_best_row(run.metrics.rows()[rows_from:]) if (run.out_dir / BEST_DIR).is_dir() else None
-    return dist.max_float(float(kept["best/valid/accuracy"]) if kept else -1.0)
+    return dist.max_float(float(kept.get(f"best/valid/{metric}", -1.0)) if kept else -1.0)
 
 
 def _keep_if_best(
     lm: LatentLM,
     stage: int,
     epoch: int,
-    accuracy: float | None,
+    scores: dict[str, float] | None,
     best: float,
     cfg: Config,
     run: RunDir,
@@ -806,13 +820,18 @@ def _keep_if_best(
     step: int,
 ) -> float:
     """``best/``: of the epochs that train the final latent layout (the last stage, and every stage past
-    ``max_latent_stage`` with it), the one of the highest validation accuracy so far (the earlier one on a tie), as
-    Coconut's checkpoint is chosen; returns the best accuracy so far. Every rank decides alike (the accuracy is
-    reduced over the ranks) and calls the save (FSDP gathers); rank 0 writes."""
-    if accuracy is None or accuracy <= best:
+    ``max_latent_stage`` with it), the one of the highest validation ``sft.best_metric`` so far (accuracy by default;
+    the earlier one on a tie), as Coconut's checkpoint is chosen; returns the best value so far. Every rank decides
+    alike (the scores are reduced over the ranks) and calls the save (FSDP gathers); rank 0 writes."""
+    if scores is None:
+        return best
+    metric = cfg.sft.best_metric
+    value = best_value(scores, metric, "sft.best_metric")
+    if value <= best:
         return best
     lm.settings = stage_settings(stage, cfg)
     dist.save_model(lm, run.out_dir / BEST_DIR)
-    run.metrics.write({"step": step, "best_epoch": epoch, "best/valid/accuracy": accuracy})
-    run.log(f"sft: best/ is epoch {epoch} (validation accuracy {accuracy:.4f})")
-    return accuracy
+    run.metrics.write({"step": step, "best_epoch": epoch, **{f"best/valid/{k}": v for k, v in scores.items()}})
+    how = f"validation {metric} {value:.4f}" + (f", accuracy {scores['accuracy']:.4f}" if metric != "accuracy" else "")
+    run.log(f"sft: best/ is epoch {epoch} ({how})")
+    return value
