@@ -72,6 +72,7 @@ def diff(a: Config, b: Config) -> dict:
 def test_the_option_lists_are_found():
     keys = {"perturbation.kind", "sft.mode", "grpo.advantage", "grpo.engine", "fsdp", "model.arch", "model.kernels"}
     keys |= {"grpo.recompute_granularity", "sft.recompute_granularity", "model.compile_backend", "model.compile_mode"}
+    keys |= {"grpo.best_metric", "sft.best_metric"}
     assert keys | {
         "sft.bf16",
         "grpo.update_latent_graphs",
@@ -80,7 +81,7 @@ def test_the_option_lists_are_found():
         "sft.lr_schedule",
         "model.latent_token_init",
     } <= {k for k, _ in LITERALS}
-    assert len(LITERALS) == 25
+    assert len(LITERALS) == 27  # (with grpo.best_metric and sft.best_metric)
     assert {"grpo.lr", "sft.lr", "perturbation.p", "eval.top_p"} <= set(FLOATS)
     assert {"seed", "task.seed", "grpo.steps"} <= set(INTS)
 

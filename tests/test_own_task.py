@@ -2058,3 +2058,17 @@ def test_sft_logs_the_mean_score_and_keeps_best_by_it(tmp_path):
     best = [(r["best_epoch"], r["best/valid/accuracy"], r["best/valid/mean_score"]) for r in rows if "best_epoch" in r]
     assert best == [(2, 0.75, 0.75), (3, 0.5, 0.9)]
     assert any("best/: epoch 3 by mean_score 0.9000 (50.0%)" in line for line in said), said
+
+
+def test_best_metric_without_a_best_is_warned_of():
+    """grpo.best_metric / sft.best_metric set where no best/ is kept (grpo.save_best=false; SFT without
+    sft.eval_every_epoch) change nothing, and say so at the start of the run, as the other idle options do."""
+    from dgrpo.config import unused_sft_settings
+
+    mean = {"grpo.best_metric": "mean_score", "sft.best_metric": "mean_score"}
+    lines = tiny_config(**mean, **{"grpo.save_best": False}).inert_settings()
+    assert "grpo.best_metric=mean_score changes nothing with grpo.save_best=false (no best/ is kept)" in lines
+    assert tiny_config(**mean).inert_settings() == []
+    said = "sft.best_metric=mean_score changes nothing with sft.eval_every_epoch=false"
+    assert unused_sft_settings(tiny_config(**mean).sft) == [said]
+    assert unused_sft_settings(tiny_config(**mean, **{"sft.eval_every_epoch": True}).sft) == []

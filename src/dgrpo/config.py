@@ -1074,7 +1074,8 @@ def _unused_grpo_settings(g: GRPOConfig) -> list[str]:
     """A line for each GRPO option set away from its default that the rest of the config leaves unused (it was
     accepted and did nothing without a word): the EMA baseline's decay without ``advantage=ema``, the KL term's
     settings with ``beta0=0`` (no KL term, no reference model), the accuracy filter's without the filter, the fast
-    engine's ``keep_graphs`` under ``engine=eager``, the eager engine's ``rollout_cache`` under ``engine=fast``."""
+    engine's ``keep_graphs`` under ``engine=eager``, the eager engine's ``rollout_cache`` under ``engine=fast``, what
+    best/ is kept by without best/ (``save_best=false``)."""
     unused = (
         (("ema_alpha",), g.advantage != "ema", f"grpo.advantage={g.advantage} (it is the EMA baseline's decay)"),
         (
@@ -1090,6 +1091,7 @@ def _unused_grpo_settings(g: GRPOConfig) -> list[str]:
         # (keep_graphs=true under eager is not said: it is the default, and the config does not know who set it)
         (("keep_graphs",), g.engine == "eager", "grpo.engine=eager (it keeps the fast engine's decoders)"),
         (("rollout_cache",), g.engine == "fast", "grpo.engine=fast (its decoders always run over a static cache)"),
+        (("best_metric",), not g.save_best, "grpo.save_best=false (no best/ is kept)"),
     )
     lines = [line for keys, idle, why in unused if idle for line in _idle_options(g, "grpo", keys, why)]
     return lines + unused_recompute_settings(g, "grpo")
@@ -1132,10 +1134,12 @@ def unused_recompute_settings(section: Any, name: str) -> list[str]:
 
 def unused_sft_settings(s: SFTConfig) -> list[str]:
     """A line when ``sft.mode`` cot or no_cot (no latent thoughts) leaves the latent layout's options set away from
-    their defaults unused: ``c_thought`` and ``pad_latent_to_max`` were accepted and did nothing, without a word."""
-    if s.mode not in ("cot", "no_cot"):
-        return []
-    return _idle_options(s, "sft", ("c_thought", "pad_latent_to_max"), f"sft.mode={s.mode} (no latent thoughts)")
+    their defaults unused: ``c_thought`` and ``pad_latent_to_max`` were accepted and did nothing, without a word; one
+    when ``sft.best_metric`` is set without ``sft.eval_every_epoch`` (no best/ is kept)."""
+    lines = [] if s.eval_every_epoch else _idle_options(s, "sft", ("best_metric",), "sft.eval_every_epoch=false")
+    if s.mode in ("cot", "no_cot"):
+        lines += _idle_options(s, "sft", ("c_thought", "pad_latent_to_max"), f"sft.mode={s.mode} (no latent thoughts)")
+    return lines
 
 
 def _shown(value: Any) -> str:
