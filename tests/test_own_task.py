@@ -2005,7 +2005,8 @@ def test_grpo_logs_the_mean_score_and_keeps_best_by_the_metric_asked(sft_checkpo
 def test_best_metric_mean_score_is_refused_for_an_evaluate_fn_that_returns_a_count(sft_checkpoint, tmp_path):
     """grpo.best_metric / sft.best_metric = mean_score with an evaluate_fn of one's own that returns a count (no
     mean score to keep best/ by) is refused in one line at the first validation (GRPO's, before the first step),
-    before its row is written; under accuracy such a count still validates and keeps best/, with no mean score."""
+    before its row is written, or before anything when the function is annotated to return an int; under accuracy
+    such a count still validates and keeps best/, with no mean score."""
     import torch
 
     from dgrpo.config import ConfigError
@@ -2031,8 +2032,15 @@ def test_best_metric_mean_score_is_refused_for_an_evaluate_fn_that_returns_a_cou
     cfg = tiny_config(**sft, **{"sft.best_metric": "mean_score"})
     torch.manual_seed(0)
     lm = load_model(cfg.model, cfg.task, seed=0)
-    with pytest.raises(ConfigError, match=refused.replace("grpo.", "sft.")):
+    with pytest.raises(ConfigError, match=refused.replace("grpo.", "sft.")):  # (after its first epoch)
         train_sft(lm, train, cfg, tmp_path / "s", valid=train[:4], evaluate_fn=lambda lm, recs, s: 1, **kw)
+
+    def counted(lm, records, settings) -> int:  # (annotated: refused before a run directory is touched)
+        return 1
+
+    with pytest.raises(ConfigError, match=refused.replace("grpo.", "sft.")):
+        train_sft(lm, train, cfg, tmp_path / "early", valid=train[:4], evaluate_fn=counted, **kw)
+    assert not (tmp_path / "early").exists()
 
 
 def test_sft_logs_the_mean_score_and_keeps_best_by_it(tmp_path):

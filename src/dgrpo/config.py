@@ -73,7 +73,8 @@ BestMetric = Literal["accuracy", "mean_score"]
 BEST_METRIC_HELP = (
     "what best/ is kept by: accuracy (the share of validation answers the scorer scores 1) or mean_score (the mean "
     "of the scorer's values: a partial-credit eval.scorer's 0.5 counts 0.5); mean_score needs an evaluate_fn that "
-    "returns an EvalResult (the default's does; one of your own returning a count is refused at the first validation)"
+    "returns an EvalResult (the default's does; one of your own that returns a count is refused, before training when "
+    "annotated -> int, else at its first validation)"
 )
 
 #: where the packaged YAML configs live (``builtin/``, ``paper/``, ``tiny.yaml``)

@@ -301,6 +301,7 @@ def check_run_inputs(
         raise TypeError(f"{what}: valid must be a {valid_type.__name__} of records, got {type(valid).__name__}")
     _check_valid_records(what, valid)
     _check_evaluate_fn(what, evaluate_fn, eval_args)
+    _check_best_metric(what, cfg, evaluate_fn)
     if evaluate_fn is not None and not valid:
         form = "{'valid': records}" if valid_type is dict else "records"
         warnings.warn(
@@ -440,6 +441,23 @@ def _check_evaluate_fn(what: str, evaluate_fn: Callable | None, eval_args: tuple
             f"{what}: evaluate_fn is called as evaluate_fn({', '.join(eval_args)}) and returns how many records are "
             f"correct (or their EvalResult); its signature is {getattr(evaluate_fn, '__name__', '')}{signature}"
         ) from None
+
+
+def _check_best_metric(what: str, cfg: Config, evaluate_fn: Callable | None) -> None:
+    """``grpo.best_metric`` / ``sft.best_metric`` other than accuracy, where ``best/`` is kept, with an ``evaluate_fn``
+    annotated to return an int (a count, with no mean score): refused before training. One not annotated so is refused
+    at its first validation (:func:`best_value`)."""
+    section = {"train_grpo": "grpo", "train_sft": "sft"}.get(what)
+    if section is None or evaluate_fn is None:
+        return
+    s = getattr(cfg, section)
+    keeps_best = s.save_best if section == "grpo" else s.eval_every_epoch
+    try:
+        returns = inspect.signature(evaluate_fn).return_annotation
+    except (TypeError, ValueError):  # a builtin or C function: nothing to read
+        return
+    if keeps_best and s.best_metric != "accuracy" and returns in (int, "int"):
+        raise _no_best_metric(s.best_metric, f"{section}.best_metric")
 
 
 class MetricsLog:
@@ -1402,11 +1420,16 @@ def best_value(scores: dict[str, float], metric: str, key: str) -> float:
     (``key``: ``grpo.best_metric`` or ``sft.best_metric``). ConfigError when it is ``mean_score`` and the
     ``evaluate_fn`` gave none (it returns a count)."""
     if metric not in scores:
-        raise ConfigError(
-            f"{key}={metric}: the evaluate_fn returns a count of correct records, which has no {metric}; return "
-            f"evaluate(...)'s EvalResult (dgrpo.eval.evaluate), or set {key}=accuracy"
-        )
+        raise _no_best_metric(metric, key)
     return float(scores[metric])
+
+
+def _no_best_metric(metric: str, key: str) -> ConfigError:
+    """The refusal of ``key`` = ``metric`` (mean_score) for an ``evaluate_fn`` that returns a count."""
+    return ConfigError(
+        f"{key}={metric}: the evaluate_fn returns a count of correct records, which has no {metric}; return "
+        f"evaluate(...)'s EvalResult (dgrpo.eval.evaluate), or set {key}=accuracy"
+    )
 
 
 def _checked_count(correct: Any, n: int) -> int:
