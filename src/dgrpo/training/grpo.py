@@ -947,7 +947,7 @@ def _finish(
     return _summary(run, loop, steps, applied, metric) if trainer.dist.is_main else {}
 
 
-def _summary(run: RunDir, loop: LoopState, steps: int, applied: dict[str, Any], metric: str) -> dict:
+def _summary(run: RunDir, loop: LoopState, steps: int, applied: dict[str, Any], metric: str = "accuracy") -> dict:
     """``summary.json``: best (kept by ``metric``, ``grpo.best_metric``) and final validation accuracy, steps, skipped
     steps, and what the process that finished the run applied (``applied``, as at its last step)."""
     kept = loop.best_step is not None
