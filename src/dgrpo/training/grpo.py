@@ -756,6 +756,10 @@ class LoopState:
     # a stop's checkpoint, written before the evaluation due at its step: the resumed run evaluates first
     eval_pending: bool = False
 
+    def forget_best(self) -> None:
+        """No ``best/`` kept (yet): the next validation's writes one."""
+        self.best_step, self.best_accuracy, self.best_mean_score = None, -1.0, None
+
 
 def _loop_record(loop: LoopState) -> dict:
     """The loop's state as a checkpoint keeps it: ``eval_pending`` only when set, and ``best_mean_score`` only when
@@ -891,9 +895,9 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
         loop = LoopState(**saved["loop"])
         if loop.best_step is not None and not (run.out_dir / BEST_DIR).is_dir():  # a fork: its best/ is elsewhere
             run.log(f"dgrpo: the checkpoint's best (step {loop.best_step}) is not in {run.out_dir}: best/ starts anew")
-            loop.best_step, loop.best_accuracy = None, -1.0
+            loop.forget_best()
         if run.drop_stale_best(saved):  # (best/ written after the checkpoint, by steps this resume abandons)
-            loop.best_step, loop.best_accuracy = None, -1.0
+            loop.forget_best()
     loop.started = time.time()
     run.start(saved, trainer.applied())
     return loop
