@@ -127,6 +127,33 @@ def test_eval_of_a_run_tested_on_a_relative_file_says_where_it_is_read_from(
     assert json.loads((tmp_path / "e" / "results.json").read_text())["dataset"] == "data/t.jsonl"
 
 
+def test_eval_of_a_run_tested_on_relative_files_joined_checks_each_file(tmp_path, sft_checkpoint, run_cli, monkeypatch):
+    """A run tested on relative files joined by '+' (data/t.jsonl+data/u.jsonl, which --data reads as the two files
+    in turn): eval without --data took the whole spec for one path, not found, and refused from the very folder the
+    run started in. Each file is checked; a missing one is named."""
+    import hashlib
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(sft_checkpoint, ckpt)
+    run_config = json.loads((ckpt / "run_config.json").read_text())
+    run_config["data"]["test"] = ["data/t.jsonl+data/u.jsonl"]
+    (ckpt / "run_config.json").write_text(json.dumps(run_config))
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["run_config.json"] = hashlib.sha256((ckpt / "run_config.json").read_bytes()).hexdigest()
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "project" / "data").mkdir(parents=True)
+    (tmp_path / "project" / "data" / "t.jsonl").write_text('{"question": "Start with 1. Add 2.", "answer": "3"}\n')
+    (tmp_path / "project" / "data" / "u.jsonl").write_text('{"question": "Start with 2. Add 2.", "answer": "4"}\n')
+    monkeypatch.chdir(tmp_path / "project")
+    r = run_cli("eval", "--model", ckpt, "--out", tmp_path / "e")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "e" / "results.json").read_text())["n"] == 2
+    (tmp_path / "project" / "data" / "u.jsonl").unlink()
+    r = run_cli("eval", "--model", ckpt, "--out", tmp_path / "e2")
+    said = "tested on data/u.jsonl (of data/t.jsonl+data/u.jsonl) (its data.test), a path relative to the folder"
+    assert r.returncode == 2 and said in r.stderr, r.stderr
+
+
 def test_eval_split_over_the_runs_test_sets_that_it_makes_one_is_one_line_naming_them(
     tmp_path, sft_checkpoint, run_cli
 ):

@@ -311,16 +311,22 @@ def check_run_test_files(specs: list[str]) -> None:
     from): one that is not found from here is one line saying so, before the model loads (it read 'file not found
     (a relative path is read from the working directory, ...)', naming no run)."""
     from ..config import ConfigError
+    from ..data import local_path
     from ..data.loaders import names_a_file
 
     for spec in specs:
-        path = Path(spec).expanduser()
-        if names_a_file(spec) and not path.is_absolute() and not path.exists():
-            raise ConfigError(
-                f"--data: the checkpoint's run was tested on {spec} (its data.test), a path relative to the folder "
-                f"that run started from, not found from {Path.cwd()}: run dgrpo eval from that folder, or name the "
-                "file with --data"
-            )
+        # (files joined by '+', a+b.jsonl read as a.jsonl then b.jsonl: each part; 'a.jsonl+b.jsonl' as one path was
+        # not found, and a run tested on them refused from the very folder it ran in)
+        parts = [spec] if local_path(spec) is not None else [part.strip() for part in spec.split("+")]
+        for part in parts:
+            path = Path(part).expanduser()
+            if names_a_file(part) and not path.is_absolute() and not path.exists():
+                named = part if part == spec else f"{part} (of {spec})"
+                raise ConfigError(
+                    f"--data: the checkpoint's run was tested on {named} (its data.test), a path relative to the "
+                    f"folder that run started from, not found from {Path.cwd()}: run dgrpo eval from that folder, or "
+                    "name the file with --data"
+                )
 
 
 def _read_sets(outs: dict[str, Path], split: str | None, cfg: Config, scorer: Any) -> dict[str, list[Record]]:
