@@ -2080,3 +2080,36 @@ def test_best_metric_without_a_best_is_warned_of():
     said = "sft.best_metric=mean_score changes nothing with sft.eval_every_epoch=false"
     assert unused_sft_settings(tiny_config(**mean).sft) == [said]
     assert unused_sft_settings(tiny_config(**mean, **{"sft.eval_every_epoch": True}).sft) == []
+
+
+def test_the_plugin_files_a_run_records_are_as_its_process_imported_them(tmp_path, monkeypatch):
+    """applied.json's ``plugin_files`` hashed each file as it was on disk when the entry was written: a reward edited
+    while the run went on, its entry rewritten at the run's stop (a SIGTERM, a guard, the end) with the edit's hash,
+    let the resume that imported the edit go on without a word, though the steps before it ran the file as it was.
+    The hash is the file's as the process imported it: a plug-in file's as executed, a package module's as first
+    hashed; a file imported again (edited, named again) is hashed again."""
+    import hashlib
+
+    from dgrpo.plugins import source_hashes
+
+    def digest(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    v1, v2 = (f"def f(completions, records):\n    return [{x}] * len(completions)\n" for x in ("0.0", "1.0"))
+    package = f"mypkg_{tmp_path.name.replace('-', '_')}"  # (a name of this test's own: sys.modules keeps modules)
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
+    files = {"mine.py:f": tmp_path / "mine.py", f"{package}.rewards:f": tmp_path / package / "rewards.py"}
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for path in files.values():
+        path.write_text(v1)
+    run = {spec: load_function(spec) for spec in files}
+    expected = {str(path.resolve()): digest(v1) for path in files.values()}
+    assert source_hashes(files) == expected  # (at the run's start)
+    for path in files.values():
+        path.write_text(v2)
+    assert [fn(["a"], [None]) for fn in run.values()] == [[0.0], [0.0]]  # (the process runs the files it imported)
+    assert source_hashes(files) == expected  # (at its stop: what it ran)
+    assert load_function("mine.py:f")(["a"], [None]) == [1.0]  # (imported again: the edit runs, and is recorded)
+    assert source_hashes(files)[str(files["mine.py:f"].resolve())] == digest(v2)

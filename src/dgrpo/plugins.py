@@ -35,15 +35,43 @@ def plugin_source(spec: str) -> Path | None:
     return Path(file).resolve() if file and not own else None
 
 
+#: the attribute of a plug-in module that holds the SHA-256 of its file as this process imported it
+SOURCE_HASH = "__dgrpo_sha256__"
+
+
 def source_hashes(specs: Iterable[str]) -> dict[str, str]:
-    """The SHA-256 of the contents of each plug-in file ``specs`` name (:func:`plugin_source`), by absolute path: a
-    run records what its reward and scorer were, not only their names."""
+    """The SHA-256 of the contents of each plug-in file ``specs`` name (:func:`plugin_source`), by absolute path, as
+    this process imported it: a run records what its reward and scorer were, not only their names. (The file as it
+    is now was hashed: one edited while the run went on, rewritten into applied.json at its stop with the edit's
+    hash, let the resume that imports the edit go on without a word.)"""
     out = {}
     for spec in specs:
         path = plugin_source(spec)
         if path is not None:
-            out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+            out[str(path)] = _imported_hash(_loaded_module(spec, path), path)
     return out
+
+
+def _loaded_module(spec: str, source: Path) -> ModuleType | None:
+    """The module this process imported for ``spec`` (whose file is ``source``), None when it imported none."""
+    if plugin_file(spec) is not None:
+        return sys.modules.get(_file_module_name(source))
+    return sys.modules.get(spec.rpartition(":")[0])
+
+
+def _imported_hash(module: ModuleType | None, source: Path) -> str:
+    """The SHA-256 of ``module``'s file ``source`` as imported (a plug-in file's: as executed; a package module's: as
+    first hashed, at the run's start), that of the file now without a module."""
+    if module is None:
+        return _sha256(source)
+    digest = module.__dict__.get(SOURCE_HASH)
+    if not isinstance(digest, str):
+        digest = module.__dict__[SOURCE_HASH] = _sha256(source)
+    return digest
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def import_object(spec: str, what: str, kind: str = "function") -> Any:
@@ -119,7 +147,7 @@ def _file_module(path: Path, where: str, kind: str) -> ModuleType:
     a name of its path, as an imported module is (a dataclass with postponed annotations reads its module there;
     instances of its classes pickle)."""
     resolved = path.resolve()
-    name = f"dgrpo_plugin_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:12]}"
+    name = _file_module_name(resolved)
     stat = resolved.stat()
     version = (stat.st_mtime_ns, stat.st_size)
     loaded = sys.modules.get(name)
@@ -130,6 +158,7 @@ def _file_module(path: Path, where: str, kind: str) -> ModuleType:
         raise PluginError(f"{where}: {path} is not a Python file (path/to/file.py:{kind})")
     module = importlib.util.module_from_spec(module_spec)
     module.__dict__["__dgrpo_version__"] = version
+    module.__dict__[SOURCE_HASH] = _sha256(resolved)  # (what applied.json records: the file as executed)
     sys.modules[name] = module
     _importable_beside(resolved)
     try:
@@ -138,3 +167,8 @@ def _file_module(path: Path, where: str, kind: str) -> ModuleType:
         del sys.modules[name]
         raise
     return module
+
+
+def _file_module_name(resolved: Path) -> str:
+    """The ``sys.modules`` name of the plug-in file at ``resolved`` (an absolute path)."""
+    return f"dgrpo_plugin_{resolved.stem}_{hashlib.sha1(str(resolved).encode()).hexdigest()[:12]}"
