@@ -743,8 +743,8 @@ def eval_stopped_as_rank_0(model, out, data: list[str], monkeypatch) -> pytest.E
     monkeypatch.setattr(eval_cli, "join_processes", lambda cfg, device, **kw: (OneRankOfTwo(), device))
     argv = ["eval", "--model", str(model), "--data", *data, "--limit", "2", "--out", str(out)]
     args = build_parser().parse_args([*argv, "--set", "eval.max_new_tokens=4"])
-    try:
-        with sigterm_stops(True, distributed=True), pytest.raises(Terminated) as stopped:
+    try:  # (as the command line installs it for dgrpo eval: no steps)
+        with sigterm_stops(True, distributed=True, stepped=False), pytest.raises(Terminated) as stopped:
             args.func(args)
     finally:  # (a torchrun worker's stop leaves SIGTERM ignored for the rest of the process: not pytest's)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -1075,7 +1075,8 @@ def test_under_torchrun_a_sigterm_while_dgrpo_eval_loads_stops_every_rank_before
 ):
     """A SIGTERM to a torchrun job of dgrpo eval while its model loaded: rank 0's notice said the ranks stop "after the
     next step, with its resumable checkpoint" (a training run's words), and they evaluated the whole first dataset
-    before they agreed to stop. They agree before the first dataset now: nothing evaluated, nothing written."""
+    before they agreed to stop. They agree before the first dataset now: nothing evaluated, nothing written; the
+    notice says so (it said they stop 'at the end of the dataset under way', none being under way)."""
     from dgrpo.cli import evaluate as eval_cli
 
     def asked_while_loading(*args, **kwargs):
@@ -1088,5 +1089,5 @@ def test_under_torchrun_a_sigterm_while_dgrpo_eval_loads_stops_every_rank_before
     assert not (tmp_path / "e").exists()
     assert str(stopped.value) == "before the evaluation: nothing was written"
     err = capsys.readouterr().err
-    assert "dgrpo: SIGTERM: every rank stops at the end of the dataset under way" in err, err
-    assert "checkpoint" not in err, err
+    assert "dgrpo: SIGTERM: every rank stops where the ranks next agree, before the first dataset" in err, err
+    assert "checkpoint" not in err and "under way" not in err, err

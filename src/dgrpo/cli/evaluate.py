@@ -167,8 +167,9 @@ def run(args: argparse.Namespace) -> int:
 
     done = Done()
     # (SIGTERM, Ctrl-C: the stop line says what was written; under torchrun a SIGTERM only asks, from the start, and
-    # the ranks agree before the first dataset and after each)
-    with stopping(done.line), in_test_sets(tested="dataset", left=EVALUATED_LEFT):
+    # the ranks agree before the first dataset and after each: rank 0's notice says which, the datasets under way in
+    # in_test_sets, before them the command line's)
+    with stopping(done.line):
         cfg, datas = _eval_config(args)
         e = cfg.eval
         outs = output_dirs(datas, args.split, Path(args.out), given=bool(args.data))
@@ -182,18 +183,19 @@ def run(args: argparse.Namespace) -> int:
         accuracies = []
         if stop_requested(dist):  # (under torchrun: a SIGTERM while the data and the model loaded)
             stop(dist)
-        for data, recs in sets.items():
-            name = done.start(dataset_label(data, args.split), len(sets))
-            how: dict[str, Any] = {"plain": e.plain, "shots": e.shots, "limit": e.limit, **options}
-            r = evaluate_shards(lm, recs, dist, dataset=name, **how)
-            if dist.is_main:
-                r.model = model_label(args.model, lm.hub_commit)
-                write_results(r, outs[data])  # (whole or not at all)
-                print(json.dumps(r.summary()))
-            done.wrote(outs[data])
-            accuracies.append(f"{name} {100 * r.accuracy:.2f}% ({r.correct}/{r.n})")
-            if stop_requested(dist):  # (one process: a SIGTERM has stopped it at once)
-                stop(dist)
+        with in_test_sets(tested="dataset", left=EVALUATED_LEFT):  # (a notice: 'at the end of the dataset under way')
+            for data, recs in sets.items():
+                name = done.start(dataset_label(data, args.split), len(sets))
+                how: dict[str, Any] = {"plain": e.plain, "shots": e.shots, "limit": e.limit, **options}
+                r = evaluate_shards(lm, recs, dist, dataset=name, **how)
+                if dist.is_main:
+                    r.model = model_label(args.model, lm.hub_commit)
+                    write_results(r, outs[data])  # (whole or not at all)
+                    print(json.dumps(r.summary()))
+                done.wrote(outs[data])
+                accuracies.append(f"{name} {100 * r.accuracy:.2f}% ({r.correct}/{r.n})")
+                if stop_requested(dist):  # (one process: a SIGTERM has stopped it at once)
+                    stop(dist)
         if len(sets) > 1 and is_rank0():
             print(f"dgrpo eval: {'; '.join(accuracies)}")
     dist.close()
