@@ -442,6 +442,43 @@ def test_a_model_cast_before_it_is_wrapped_computes_what_its_checkpoint_reloads(
     assert torch.equal(*scored) and torch.equal(*greedy)
 
 
+def test_a_model_with_frequencies_per_layer_type_cast_before_it_is_wrapped_computes_what_its_checkpoint_reloads(
+    tokenizer, task_records, tmp_path
+):
+    """Gemma 3 (OLMo 3, Gemma 4, ...) keeps its rotary frequencies per layer type (``sliding_attention_inv_freq``,
+    ``full_attention_inv_freq``): a model cast to bf16 before LatentLM wrapped it kept them rounded to bf16 (only
+    ``inv_freq`` was recomputed), and scored log-probs 3e-3 apart from its saved checkpoint, reloaded. Each layer
+    type's frequencies are recomputed in float32, as a fresh model's."""
+    import copy
+
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    from dgrpo.model.latent_lm import LatentLM
+
+    types = ["sliding_attention", "full_attention"]
+    cfg = Gemma3TextConfig(
+        **{"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4},
+        **{"num_key_value_heads": 2, "head_dim": 8, "vocab_size": len(tokenizer) + 3, "layer_types": types},
+        **{"max_position_embeddings": 256, "sliding_window": 16, "pad_token_id": 0, "eos_token_id": 1},
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg)
+    fresh = {name: buf.clone() for name, buf in model.named_buffers() if name.endswith("inv_freq")}
+    assert sorted(fresh) == [f"model.rotary_emb.{t}_{o}inv_freq" for t in sorted(types) for o in ("", "original_")]
+    lm = LatentLM(model.to(torch.bfloat16), copy.deepcopy(tokenizer)).eval()
+    for name, buf in lm.model.named_buffers():
+        if name.endswith("inv_freq"):
+            assert buf.dtype == torch.float32 and torch.equal(buf, fresh[name]), name
+    lm.save_pretrained(tmp_path)
+    again = LatentLM.from_pretrained(tmp_path).eval()
+    assert next(again.parameters()).dtype == torch.bfloat16
+    ids, mask, tg, tm = batch(lm, task_records)
+    with torch.no_grad():
+        scored = [m.target_logprobs(ids, mask, 3, tg, tm)[0] for m in (lm, again)]
+    assert torch.equal(*scored)
+
+
 def test_chunked_logprob_scoring_matches_one_shot(tokenizer, task_records, monkeypatch):
     """Scoring in checkpointed position chunks (for large vocabularies) gives the same values and gradients."""
     import dgrpo.model.decoding as decoding

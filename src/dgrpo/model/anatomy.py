@@ -68,26 +68,45 @@ def float32_rotary_init(model: nn.Module) -> None:
     then ``LatentLM(model, tokenizer)``) their float32 frequencies back, recomputed from the module's config by its
     own rope function, as ``from_pretrained`` and a reload of the saved checkpoint compute them (a tiny Qwen2/Llama
     model cast before wrapping scored log-probs 1e-3 apart from the same weights cast after, 2e-2 apart from its
-    reloaded checkpoint with larger weights, and decoded other greedy answers). A module whose rope function is
-    unknown, or whose frequencies come out of another shape, is left as it is."""
+    reloaded checkpoint with larger weights, and decoded other greedy answers). A model with frequencies per layer
+    type (Gemma 3's, OLMo 3's ``sliding_attention_inv_freq``, ...: they were left rounded, log-probs 3e-3 apart from
+    the reloaded checkpoint) gets each type's. A module whose rope function is unknown, or whose frequencies come out
+    of another shape, is left as it is."""
     for module in model.modules():
-        now = module._buffers.get("inv_freq")
-        if now is None or now.dtype == torch.float32 or not now.is_floating_point():
-            continue
-        fresh = _rope_frequencies(module)
-        if fresh is None or fresh.shape != now.shape:
-            continue
-        for attr in ("inv_freq", "original_inv_freq"):
-            buf = module._buffers.get(attr)
-            if buf is not None and buf.dtype != torch.float32 and buf.shape == fresh.shape:
-                module._buffers[attr] = fresh.to(buf.device)
+        for prefix in _frequency_prefixes(module):  # ("" for inv_freq; "sliding_attention_" for a layer type's)
+            now = module._buffers[f"{prefix}inv_freq"]
+            if now is None or now.dtype == torch.float32 or not now.is_floating_point():
+                continue
+            fresh = _rope_frequencies(module, prefix.removesuffix("_") or None)
+            if fresh is None or fresh.shape != now.shape:
+                continue
+            for attr in (f"{prefix}inv_freq", f"{prefix}original_inv_freq"):
+                buf = module._buffers.get(attr)
+                if buf is not None and buf.dtype != torch.float32 and buf.shape == fresh.shape:
+                    module._buffers[attr] = fresh.to(buf.device, copy=True)  # (each its own, as transformers')
 
 
-def _rope_frequencies(module: nn.Module) -> Tensor | None:
-    """The float32 ``inv_freq`` a transformers rotary module computes at construction (None: not one that says how:
-    its ``rope_type`` and ``config``, and its default rope function or transformers' table of the others)."""
+def _frequency_prefixes(module: nn.Module) -> list[str]:
+    """The prefixes of a module's rotary frequency buffers: "" for ``inv_freq``, ``LAYER_TYPE_`` for a model's
+    frequencies per layer type (``sliding_attention_inv_freq``)."""
+    ending = "inv_freq"
+    return [
+        name.removesuffix(ending)
+        for name in module._buffers
+        if name.endswith(ending) and not name.endswith(f"original_{ending}") and (name == ending or "_" in name)
+    ]
+
+
+def _rope_frequencies(module: nn.Module, layer_type: str | None = None) -> Tensor | None:
+    """The float32 ``inv_freq`` a transformers rotary module computes at construction, of ``layer_type``'s layers for
+    frequencies per layer type (None: not one that says how: its ``rope_type`` (by layer type) and ``config``, and
+    its default rope function or transformers' table of the others)."""
     config, rope_type = getattr(module, "config", None), getattr(module, "rope_type", None)
-    if config is None or rope_type is None:
+    if isinstance(rope_type, dict):  # (one per layer type: Gemma 3's)
+        rope_type = rope_type.get(layer_type) if layer_type is not None else None
+    elif layer_type is not None:
+        return None
+    if config is None or not isinstance(rope_type, str):
         return None
     if rope_type == "default":
         init = getattr(module, "compute_default_rope_parameters", None)
@@ -97,7 +116,7 @@ def _rope_frequencies(module: nn.Module) -> Tensor | None:
         init = ROPE_INIT_FUNCTIONS.get(rope_type)
     if init is None:
         return None
-    inv_freq = init(config)[0]
+    inv_freq = init(config, **({"layer_type": layer_type} if layer_type is not None else {}))[0]
     return inv_freq.float() if isinstance(inv_freq, Tensor) else None
 
 
