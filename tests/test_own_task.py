@@ -803,6 +803,19 @@ def test_an_empty_parquet_file_contains_no_records(tmp_path):
         load_spec(str(tmp_path / "text.parquet"))
 
 
+def test_a_steps_list_ending_in_its_answer_line_and_a_blank_keeps_the_answer_out_of_the_steps(tmp_path):
+    """A steps list ['2 + 2 = 4', '#### 4', ''] (a solution split on its newlines, ending in one) kept '#### 4' as its
+    last step: the blank after it was taken for the answer line and dropped. The blanks go first."""
+    from dgrpo.config import DataConfig
+
+    path = tmp_path / "d.jsonl"
+    rows = [{"q": "2 + 2?", "sol": ["2 + 2 = 4", "#### 4", ""], "final": "4"}]
+    rows.append({"q": "3 + 3?", "sol": ["3 + 3 = 6", "#### 6", "  ", ""], "final": "6"})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    records = load_spec(str(path), data=DataConfig(question_key="q", answer_key="final", steps_key="sol"))
+    assert [(r.steps, r.answer) for r in records] == [(["2 + 2 = 4"], "4"), (["3 + 3 = 6"], "6")]
+
+
 def test_load_dataset_names_what_it_takes(tmp_path):
     """A list of dicts (data already in memory) failed deep inside ('list' object has no attribute 'startswith'): it
     is read as rows; another object is a one-line DataError; a Path is a path."""

@@ -807,9 +807,12 @@ class _ColumnParser:
             steps = _before_answer_line(steps, answer).splitlines()
         if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
             raise _RowError(f"column {key!r} must be a list of strings or one string")
+        steps = [s for s in steps if s.strip()]  # (blank steps dropped, as from Coconut's records)
         if steps and _before_answer_line(steps[-1], answer).strip() == "":
-            steps = steps[:-1]  # (a list that ends with '#### <answer>': the answer, not a step)
-        return [s for s in steps if s.strip()]  # (blank steps dropped, as from Coconut's records)
+            # (a list that ends with '#### <answer>': the answer, not a step; checked after the blanks are dropped,
+            # ['...', '#### 4', ''] kept it, its blank taken for the answer line)
+            steps = steps[:-1]
+        return steps
 
 
 def _before_answer_line(text: str, answer: str) -> str:
