@@ -1091,3 +1091,20 @@ def test_under_torchrun_a_sigterm_while_dgrpo_eval_loads_stops_every_rank_before
     err = capsys.readouterr().err
     assert "dgrpo: SIGTERM: every rank stops where the ranks next agree, before the first dataset" in err, err
     assert "checkpoint" not in err and "under way" not in err, err
+
+
+def test_a_resume_over_an_unreadable_applied_json_warns_of_it_once(tmp_path):
+    """A resume reads applied.json twice, for the plug-in files' check and to record its entry: a damaged file was said
+    to be 'written anew' twice, two identical warning lines."""
+    import warnings
+
+    from dgrpo.training.applied import record_applied, warn_if_plugins_changed
+
+    path = tmp_path / "applied.json"
+    path.write_text("{cut")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_if_plugins_changed(path, 5, {"plugin_files": {}})
+        record_applied(path, 5, {"plugin_files": {}})
+    assert [str(w.message) for w in caught] == [f"{path} is not a list of applied settings: written anew"]
+    assert json.loads(path.read_text()) == [{"started_at_step": 5, "plugin_files": {}}]

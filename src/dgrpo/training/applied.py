@@ -121,8 +121,9 @@ def record_applied(path: Path, step: int, applied: dict[str, Any]) -> None:
 def warn_if_plugins_changed(path: Path, step: int, applied: dict[str, Any]) -> None:
     """Warn, one line per file, when a plug-in file ``applied`` records (``plugin_files``) has contents other than at
     the previous start recorded in ``applied.json`` at ``path`` (before ``step``): a config names a reward by its
-    path, so a resume after an edit of the file would train on another reward without a word."""
-    before = _entries_before(path, step)
+    path, so a resume after an edit of the file would train on another reward without a word. (An unreadable file is
+    :func:`record_applied`'s to warn about, once: it is read right after.)"""
+    before = _entries_before(path, step, warn=False)
     recorded = before[-1].get("plugin_files") if before else None
     if not isinstance(recorded, dict):  # (a new run, or one recorded before plugin_files)
         return
@@ -136,15 +137,15 @@ def warn_if_plugins_changed(path: Path, step: int, applied: dict[str, Any]) -> N
             )
 
 
-def _entries_before(path: Path, step: int) -> list[dict]:
+def _entries_before(path: Path, step: int, warn: bool = True) -> list[dict]:
     """The entries of ``applied.json`` at ``path`` of processes that started before ``step`` (those a resume at
     ``step`` keeps)."""
-    return [e for e in _entries(path) if isinstance(e, dict) and e.get("started_at_step", step) < step]
+    return [e for e in _entries(path, warn) if isinstance(e, dict) and e.get("started_at_step", step) < step]
 
 
-def _entries(path: Path) -> list:
-    """The entries of ``applied.json`` at ``path``: none without the file; none, with a warning, for one that is not a
-    JSON list."""
+def _entries(path: Path, warn: bool = True) -> list:
+    """The entries of ``applied.json`` at ``path``: none without the file; none, with a warning (``warn``), for one
+    that is not a JSON list."""
     if not path.is_file():
         return []
     try:
@@ -153,5 +154,6 @@ def _entries(path: Path) -> list:
         entries = None
     if isinstance(entries, list):
         return entries
-    warnings.warn(f"{path} is not a list of applied settings: written anew", stacklevel=3)
+    if warn:
+        warnings.warn(f"{path} is not a list of applied settings: written anew", stacklevel=3)
     return []
