@@ -1108,3 +1108,29 @@ def test_a_resume_over_an_unreadable_applied_json_warns_of_it_once(tmp_path):
         record_applied(path, 5, {"plugin_files": {}})
     assert [str(w.message) for w in caught] == [f"{path} is not a list of applied settings: written anew"]
     assert json.loads(path.read_text()) == [{"started_at_step": 5, "plugin_files": {}}]
+
+
+def test_under_torchrun_a_sigterm_to_another_rank_while_dgrpo_eval_loads_is_said_without_a_checkpoint(
+    sft_checkpoint, tmp_path, monkeypatch, capsys
+):
+    """A SIGTERM that reached another rank alone while dgrpo eval loaded: the ranks agree before the first dataset,
+    and rank 0's line said they stop 'after writing a resumable checkpoint of this step' (a training run's words)."""
+    from dgrpo.cli import build_parser
+    from dgrpo.cli import evaluate as eval_cli
+
+    class PeerAsked(OneRankOfTwo):
+        def max_float(self, value):  # (the other rank got the SIGTERM)
+            return 1.0
+
+    monkeypatch.setattr(eval_cli, "join_processes", lambda cfg, device, **kw: (PeerAsked(), device))
+    argv = ["eval", "--model", str(sft_checkpoint), "--data", "builtin:test", "--limit", "2"]
+    args = build_parser().parse_args([*argv, "--out", str(tmp_path / "e"), "--set", "eval.max_new_tokens=4"])
+    try:
+        with sigterm_stops(True, distributed=True, stepped=False), pytest.raises(Terminated) as stopped:
+            args.func(args)
+    finally:  # (a torchrun worker's stop leaves SIGTERM ignored for the rest of the process: not pytest's)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert str(stopped.value) == "before the evaluation: nothing was written" and not (tmp_path / "e").exists()
+    err = capsys.readouterr().err
+    said = "dgrpo: SIGTERM (to another rank): every rank stops now before the first dataset (nothing was evaluated)"
+    assert said in err and "checkpoint" not in err, err

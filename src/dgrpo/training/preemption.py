@@ -285,7 +285,13 @@ def stop_requested(dist: Dist | None = None) -> bool:
         if agreed and not _State.requested:  # (the SIGTERM reached other ranks only: rank 0 had said nothing)
             _State.requested = True
             if dist.is_main:
-                now = f"({_State.left})" if _State.testing else "after writing a resumable checkpoint of this step"
+                now = (
+                    f"({_State.left})"
+                    if _State.testing
+                    else "after writing a resumable checkpoint of this step"
+                    if _State.stepped
+                    else "before the first dataset (nothing was evaluated)"  # (dgrpo eval, before its datasets)
+                )
                 print(f"dgrpo: SIGTERM (to another rank): every rank stops now {now}", file=sys.stderr, flush=True)
         return agreed
     return _State.requested
