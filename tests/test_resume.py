@@ -1,5 +1,6 @@
 """Reliability: kill -9 and resume gives the uninterrupted run bit for bit; atomic, verified checkpoints; guards."""
 
+import hashlib
 import json
 import os
 import re
@@ -1384,8 +1385,8 @@ def test_a_resume_on_changed_training_data_from_the_command_line_names_its_flags
 def test_a_reward_file_edited_during_a_run_is_told_at_the_resume(tmp_path):
     """The process runs the reward it imported at its start: a file edited during the run (here by the reward's calls
     on rollouts, 2 prompts x 4: the check of the golds at the start passes fewer) was hashed again in the end-of-run
-    entry of applied.json, so the edit became the baseline and the resume said nothing. The entry keeps the start's
-    hash, and the resume names the file."""
+    entry of applied.json, so the edit became the baseline and the resume said nothing. The entry keeps the imported
+    file's hash, and the resume names the file."""
     from dgrpo.data.synthetic import generate_split
     from dgrpo.model.factory import load_model
     from dgrpo.plugins import source_hashes
@@ -1405,7 +1406,8 @@ def test_a_reward_file_edited_during_a_run_is_told_at_the_resume(tmp_path):
     train = generate_split(tiny_config().task, "train")[:8]
     train_grpo(lm, tiny_config(**common, **{"grpo.steps": 1, "grpo.reward": spec}), train, out, progress=False)
     [entry] = json.loads((out / "applied.json").read_text())
-    assert entry["plugin_files"] == before != source_hashes([spec])  # (the start's hash; the file was edited)
+    now = hashlib.sha256(reward.read_bytes()).hexdigest()
+    assert entry["plugin_files"] == before != {str(reward.resolve()): now}  # (the start's hash; the file was edited)
     with pytest.warns(UserWarning, match="my_reward.py changed since this run's start at step 0"):
         cfg = tiny_config(**common, **{"grpo.steps": 2, "grpo.reward": spec})
         train_grpo(lm, cfg, train, out, progress=False, log=lambda *a: None, allow_config_change=True)

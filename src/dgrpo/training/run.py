@@ -829,7 +829,6 @@ class RunDir(ResumeCheck):
         self.base_now: str | None = None  # a resumed LoRA run's local base, where it is now (:meth:`_adopt_base`)
         self.resumed_step: int | None = None  # the step this process resumed at (None: started fresh)
         self.applied_step = 0  # the step of this process's entry of applied.json (:meth:`start`)
-        self.started_plugin_files: dict | None = None  # the plug-in files' hashes at :meth:`start` (rank 0)
         self.restarted = False  # an unfinished run without checkpoints, started over under another config
         try:
             self.candidates = self._candidates()
@@ -1083,12 +1082,8 @@ class RunDir(ResumeCheck):
 
     def record_applied_at_end(self, applied: dict[str, Any]) -> None:
         """This process's entry of ``applied.json`` written again with ``applied`` as at the run's end (what changed
-        since :meth:`start`: a compiler's fallback); rank 0 writes it. The plug-in files' hashes stay the start's:
-        the process runs the code it imported then, and a file edited during the run is told at the next resume
-        (:func:`~.applied.warn_if_plugins_changed`), not taken as the new baseline."""
+        since :meth:`start`: a compiler's fallback); rank 0 writes it."""
         if self.dist.is_main:
-            if self.started_plugin_files is not None:
-                applied = {**applied, "plugin_files": self.started_plugin_files}
             record_applied(self.out_dir / APPLIED_FILE, self.applied_step, applied)
 
     def stop_after_step(self, applied: dict[str, Any], error: TrainingStopped | None = None) -> NoReturn:
@@ -1116,7 +1111,6 @@ class RunDir(ResumeCheck):
             (self.out_dir / CONFIG_FILE).write_text(json.dumps(self.cfg, indent=2))
             self.applied_step = step
             if applied is not None:
-                self.started_plugin_files = applied.get("plugin_files")
                 if resumed_state is not None:
                     warn_if_plugins_changed(self.out_dir / APPLIED_FILE, step, applied)
                 record_applied(self.out_dir / APPLIED_FILE, step, applied)
