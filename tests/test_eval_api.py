@@ -119,6 +119,24 @@ def test_merge_results_refuses_no_shard_and_shards_of_different_evaluations():
         merge_results([result(3, 1, temperature=1.0), result(1, 1), result(1, 0, scorer="exact")])
 
 
+def test_merged_shards_give_the_mean_score_of_one_process_bit_for_bit():
+    """The merged mean score was the shards' means weighted by their sizes: scores 0.1, 0.2, 0.3 gave 0.2 in one
+    process and 0.19999999999999998 from shards of 1 and 2 (dgrpo eval under torchrun against one process). It is
+    summed from the predictions' scores, in order; shards without them (made by hand) still merge by their means."""
+
+    def scored(values: list[float]) -> EvalResult:
+        r = result(len(values), 0)
+        for row, v in zip(r.predictions, values):
+            row["score"] = v
+        return replace(r, mean_score=sum(values) / len(values))
+
+    values = [0.1, 0.2, 0.3]
+    assert sum(values[1:]) / 2 * 2 + values[0] != sum(values)  # (the case: the weighted means differ in the last bit)
+    assert merge_results([scored(values[:1]), scored(values[1:])]).mean_score == scored(values).mean_score
+    by_hand = [replace(result(1, 0), mean_score=0.5), replace(result(3, 0), mean_score=0.25)]
+    assert merge_results(by_hand).mean_score == pytest.approx(0.3125)
+
+
 def test_a_text_gold_under_the_numeric_scorer_is_predicted_as_it_is_scored(lm, monkeypatch):
     """The numeric verifier compares a text gold's final text: its row said pred null and counted as unparseable
     while correct (results.json and predictions.jsonl disagreed)."""
