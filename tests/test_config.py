@@ -946,6 +946,9 @@ def test_a_dotted_key_in_a_config_file_says_the_file_nests_it(tmp_path):
     path.write_text("model.lora.r: 8\n")
     with pytest.raises(ConfigError, match=r"nests it, model: \{lora: \{r: ...\}\} \(model.lora.r=... is the form"):
         load_config(Config, [str(path)], [])
+    path.write_text("model: {lora.r: 8}\n")  # (within a section: --set's form is the whole key, it said lora.r=...)
+    with pytest.raises(ConfigError, match=r"nests it, lora: \{r: ...\} \(model.lora.r=... is the form of --set\)"):
+        load_config(Config, [str(path)], [])
 
 
 def test_a_key_in_other_case_is_told_its_name():

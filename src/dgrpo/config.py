@@ -1800,13 +1800,14 @@ def _did_you_mean(obj: Any, name: str, prefix: str) -> str:
     return f"; did you mean {' or '.join(holders)}?" if holders else ""
 
 
-def _dotted(obj: Any, key: str) -> str:
-    """'; a config file nests it ...' for a file's dotted key (``grpo.steps: 3``, --set's form), which was 'unknown
-    config key 'grpo.steps'' beside a list of sections that holds grpo; '' for any other key."""
+def _dotted(obj: Any, key: str, prefix: str) -> str:
+    """'; a config file nests it ...' for a file's dotted key (``grpo.steps: 3``, --set's form) in the section
+    ``prefix`` ('' at the top, ``model.`` ...), which was 'unknown config key 'grpo.steps'' beside a list of sections
+    that holds grpo; '' for any other key."""
     head, *rest = key.split(".")
     if rest and head in {f.name for f in fields(obj)} and is_dataclass(getattr(obj, head)):
         nested = "".join(f"{{{part}: " for part in rest) + "..." + "}" * len(rest)
-        return f"; a config file nests it, {head}: {nested} ({key}=... is the form of --set)"
+        return f"; a config file nests it, {head}: {nested} ({prefix}{key}=... is the form of --set)"
     return ""
 
 
@@ -1818,7 +1819,7 @@ def _merge(obj: Any, data: dict, prefix: str) -> None:
     for k, v in data.items():
         key = f"{prefix}{k}"
         if k not in names:
-            hint = _dotted(obj, str(k)) or _trl_name(obj, str(k), prefix) or _did_you_mean(obj, str(k), prefix)
+            hint = _dotted(obj, str(k), prefix) or _trl_name(obj, str(k), prefix) or _did_you_mean(obj, str(k), prefix)
             raise ConfigError(f"unknown config key {key!r}{hint} (known: {', '.join(sorted(names))})")
         cur = getattr(obj, k)
         if is_dataclass(cur):
