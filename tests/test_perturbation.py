@@ -824,6 +824,24 @@ def test_a_kind_of_ones_own_registered_in_python_or_named_by_its_class(tmp_path,
         load_config(Config, None, ["perturbation.kind=uniform"])
 
 
+def test_a_grpo_run_records_the_file_of_its_own_perturbation_kind(tmp_path, tokenizer, task_records):
+    """applied.json's plug-in hashes held the reward's and the scorer's files, not a perturbation kind's
+    (``perturbation.kind=path/to/file.py:Class``): a resume after an edit of the kind went on without a word."""
+    import hashlib
+
+    from dgrpo.config import Config, load_config
+    from dgrpo.training.grpo import GRPOTrainer
+
+    mine = tmp_path / "mine.py"
+    mine.write_text(
+        "from dgrpo.perturbation.locked import LockedDropout\n\n\nclass Halved(LockedDropout):\n"
+        "    @classmethod\n    def from_config(cls, cfg):\n        return cls(p=cfg.p / 2)\n"
+    )
+    cfg = load_config(Config, "tiny.yaml", [f"perturbation.kind={mine}:Halved"])
+    trainer = GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records, reward_fn=lambda c, r: [0.0] * len(c))
+    assert trainer.applied()["plugin_files"] == {str(mine.resolve()): hashlib.sha256(mine.read_bytes()).hexdigest()}
+
+
 def test_a_plugin_file_runs_once_and_may_hold_dataclasses(tmp_path):
     """A file of postponed annotations with a dataclass could not be imported (dataclasses reads the module in
     sys.modules, where it was not); and each option naming the file ran its top level again."""

@@ -77,8 +77,8 @@ def applied_settings(
     """What a trainer runs with, read from what it built: the device and processes, ``fsdp``, the optimizer's class
     and whether it keeps float32 masters, the weights' dtype, the fused ``kernels`` it applied, the compiled layers
     and head, the packed attention, ``resolved`` (a trainer's own: GRPO's engine, kept graphs, latent chain), the
-    hashes of the files of the ``plugins`` specs it runs (its reward, its scorer: a resume after an edit is told,
-    :func:`warn_if_plugins_changed`), and the versions."""
+    hashes of the files of the ``plugins`` specs it runs (its reward, its scorer, its perturbation kind: a resume
+    after an edit is told, :func:`warn_if_plugins_changed`), and the versions."""
     device = lm.device
     out: dict[str, Any] = {"device": device.type}
     if device.type == "cuda":
@@ -131,8 +131,8 @@ def warn_if_plugins_changed(path: Path, step: int, applied: dict[str, Any]) -> N
         if recorded.get(file, digest) != digest:
             warnings.warn(
                 f"{file} changed since this run's start at step {before[-1].get('started_at_step')}: the steps from "
-                f"{step} use the file as it is now; restore it to resume on the same reward or scorer, or start a "
-                "new run (--resume never)",
+                f"{step} use the file as it is now; restore it to resume on the same code, or start a new run "
+                "(--resume never)",
                 stacklevel=2,
             )
 

@@ -281,7 +281,12 @@ class GRPOTrainer:
             engine=self.engine,
             keep_graphs=self.keep_graphs,
             update_latent_graphs=self.chain_latents,
-            plugins=[self.cfg.grpo.reward, *(r["fn"] for r in self.cfg.grpo.rewards), self.cfg.eval.scorer],
+            plugins=[
+                self.cfg.grpo.reward,
+                *(r["fn"] for r in self.cfg.grpo.rewards),
+                self.cfg.eval.scorer,
+                self.cfg.perturbation.kind,  # (a kind of one's own: path/to/file.py:Class)
+            ],
         )
 
     # -------------------------------------------------------------------- resumable state
