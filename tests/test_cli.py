@@ -9,6 +9,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,22 +100,25 @@ def test_eval_without_data_evaluates_the_runs_own_test_sets(tmp_path, sft_checkp
     assert not (tmp_path / "none").exists()
 
 
+def _with_run_config(checkpoint: Path, copy: Path, section: str, key: str, value: Any) -> Path:
+    """A copy of ``checkpoint`` whose run_config.json sets ``section.key`` to ``value`` (its manifest rewritten)."""
+    from dgrpo.model.verified import write_manifest
+
+    shutil.copytree(checkpoint, copy)
+    run_config = json.loads((copy / "run_config.json").read_text())
+    run_config[section][key] = value
+    (copy / "run_config.json").write_text(json.dumps(run_config))
+    write_manifest(copy)
+    return copy
+
+
 def test_eval_of_a_run_tested_on_a_relative_file_says_where_it_is_read_from(
     tmp_path, sft_checkpoint, run_cli, monkeypatch
 ):
     """A run keeps its data.test as typed: eval without --data from another folder than the run's read 'data/t.jsonl:
     file not found (a relative path is read from the working directory, ...)', naming no run. The line now says the
     path is the checkpoint's run's, relative to the folder it started from; from that folder it evaluates."""
-    import hashlib
-
-    ckpt = tmp_path / "ckpt"
-    shutil.copytree(sft_checkpoint, ckpt)
-    run_config = json.loads((ckpt / "run_config.json").read_text())
-    run_config["data"]["test"] = ["data/t.jsonl"]
-    (ckpt / "run_config.json").write_text(json.dumps(run_config))
-    manifest = json.loads((ckpt / "manifest.json").read_text())
-    manifest["run_config.json"] = hashlib.sha256((ckpt / "run_config.json").read_bytes()).hexdigest()
-    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    ckpt = _with_run_config(sft_checkpoint, tmp_path / "ckpt", "data", "test", ["data/t.jsonl"])
     (tmp_path / "project" / "data").mkdir(parents=True)
     (tmp_path / "project" / "data" / "t.jsonl").write_text('{"question": "Start with 1. Add 2.", "answer": "3"}\n')
     (tmp_path / "elsewhere").mkdir()
@@ -131,16 +135,7 @@ def test_eval_of_a_run_tested_on_relative_files_joined_checks_each_file(tmp_path
     """A run tested on relative files joined by '+' (data/t.jsonl+data/u.jsonl, which --data reads as the two files
     in turn): eval without --data took the whole spec for one path, not found, and refused from the very folder the
     run started in. Each file is checked; a missing one is named."""
-    import hashlib
-
-    ckpt = tmp_path / "ckpt"
-    shutil.copytree(sft_checkpoint, ckpt)
-    run_config = json.loads((ckpt / "run_config.json").read_text())
-    run_config["data"]["test"] = ["data/t.jsonl+data/u.jsonl"]
-    (ckpt / "run_config.json").write_text(json.dumps(run_config))
-    manifest = json.loads((ckpt / "manifest.json").read_text())
-    manifest["run_config.json"] = hashlib.sha256((ckpt / "run_config.json").read_bytes()).hexdigest()
-    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    ckpt = _with_run_config(sft_checkpoint, tmp_path / "ckpt", "data", "test", ["data/t.jsonl+data/u.jsonl"])
     (tmp_path / "project" / "data").mkdir(parents=True)
     (tmp_path / "project" / "data" / "t.jsonl").write_text('{"question": "Start with 1. Add 2.", "answer": "3"}\n')
     (tmp_path / "project" / "data" / "u.jsonl").write_text('{"question": "Start with 2. Add 2.", "answer": "4"}\n')
@@ -152,6 +147,18 @@ def test_eval_of_a_run_tested_on_relative_files_joined_checks_each_file(tmp_path
     r = run_cli("eval", "--model", ckpt, "--out", tmp_path / "e2")
     said = "tested on data/u.jsonl (of data/t.jsonl+data/u.jsonl) (its data.test), a path relative to the folder"
     assert r.returncode == 2 and said in r.stderr, r.stderr
+
+
+def test_eval_of_a_checkpoint_whose_task_has_an_option_unknown_here_names_the_checkpoint(
+    tmp_path, sft_checkpoint, run_cli
+):
+    """A checkpoint written by another dgrpo, whose run_config.json defines the task with an option this one does not
+    know: eval said 'unknown config key 'task.old_key'', as if the command line had given it. It names the file."""
+    ckpt = _with_run_config(sft_checkpoint, tmp_path / "ckpt", "task", "old_key", 1)
+    r = run_cli("eval", "--model", ckpt, "--data", "builtin:test", "--out", tmp_path / "e")
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(
+        f"dgrpo: error: {ckpt / 'run_config.json'} defines the task with task.old_key, not an option of this dgrpo ("
+    ), r.stderr
 
 
 def test_eval_split_over_the_runs_test_sets_that_it_makes_one_is_one_line_naming_them(
@@ -809,17 +816,10 @@ def test_the_help_examples_of_export_are_accepted():
 def test_eval_uses_the_dtype_the_checkpoint_was_trained_in(tmp_path, sft_checkpoint, run_cli, monkeypatch):
     """A bf16 run's checkpoint is evaluated in bf16, as the run's own test was (it ran in fp32, the default, and
     its accuracy differed from the run's); --set model.dtype still wins."""
-    import shutil
 
     import dgrpo.model.factory as factory
-    from dgrpo.model.verified import write_manifest
 
-    ckpt = tmp_path / "bf16"
-    shutil.copytree(sft_checkpoint, ckpt)
-    run_config = json.loads((ckpt / "run_config.json").read_text())
-    run_config["model"]["dtype"] = "bfloat16"
-    (ckpt / "run_config.json").write_text(json.dumps(run_config))
-    write_manifest(ckpt)
+    ckpt = _with_run_config(sft_checkpoint, tmp_path / "bf16", "model", "dtype", "bfloat16")
     dtypes = []
     load_model = factory.load_model
 

@@ -112,7 +112,25 @@ def checkpoint_settings(model: str, revision: str = "") -> tuple[dict, str]:
     for section, keys in CHECKPOINT_SECTIONS.items():
         values = run.get(section) or {}
         out[section] = dict(values) if keys is None else {k: values[k] for k in keys if k in values}
+    _check_known_task_keys(out["task"], trained)
     return out, commit
+
+
+def _check_known_task_keys(task: dict, trained: Path) -> None:
+    """A checkpoint's task option this dgrpo does not know (written by another version) is one line naming the
+    file: it was 'unknown config key task.X', as if the command line had given it."""
+    from dataclasses import fields
+    from importlib.metadata import version
+
+    from ..config import TaskConfig
+    from ..model.verified import CheckpointError
+
+    if unknown := sorted(set(task) - {f.name for f in fields(TaskConfig)}):
+        raise CheckpointError(
+            f"{trained} defines the task with task.{unknown[0]}, not an option of this dgrpo ({version('dgrpo')}): "
+            "the checkpoint was trained by another version; evaluate it with that one (its run's applied.json names "
+            "it)"
+        )
 
 
 def explain(start: dict, cfg: Any, configs: list[str] | None = None, local: bool = True) -> str | None:
