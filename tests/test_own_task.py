@@ -1256,6 +1256,8 @@ def test_reward_values_may_be_fractions_or_decimals_but_not_a_set():
         assert call_checked(lambda c, r, v=values: v, "mine", ["a", "b"], recs) == [0.5, 1.0]
     with pytest.raises(RewardError, match=r"reward mine returned Decimal\('NaN'\) for row 1"):
         call_checked(lambda c, r: [Decimal(1), Decimal("NaN")], "mine", ["a", "b"], recs)
+    with pytest.raises(RewardError, match=r"reward mine returned Decimal\('sNaN'\) for row 0"):  # (a ValueError)
+        call_checked(lambda c, r: [Decimal("sNaN"), Decimal(1)], "mine", ["a", "b"], recs)
     with pytest.raises(RewardError, match=r"reward mine returned \{.*\}, not one value per completion"):
         call_checked(lambda c, r: {0.5, 1.0}, "mine", ["a", "b"], recs)
 

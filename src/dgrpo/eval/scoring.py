@@ -343,7 +343,7 @@ def reward_value(v: object) -> float | None:
         return None
     try:
         x = float(v)
-    except OverflowError:  # an int past a float's range (10**400)
+    except (OverflowError, ValueError):  # an int past a float's range (10**400); Decimal('sNaN')
         return None
     return x if math.isfinite(x) else None
 
