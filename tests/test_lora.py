@@ -315,6 +315,27 @@ def test_an_adapter_is_never_saved_over_its_base(base_dirs, tmp_path, monkeypatc
     assert torch.equal(logprobs(LatentLM.from_pretrained(tmp_path / "adapter")), logprobs(lm))
 
 
+def test_an_adapter_is_saved_byte_for_byte_alike(base_dirs, tmp_path):
+    """The adapter file's metadata (its format and its base's fingerprint) was written from a hash map, in an order
+    that changed from one save to the next: saves of one adapter differed in bytes (and a run's manifests from the
+    same run resumed). Eight saves are one file, which loads as the adapter it is."""
+    from safetensors import safe_open
+
+    from dgrpo.model.lora import BASE_FINGERPRINT, adapter_state, save_adapter
+
+    lm = with_lora(base_dirs / "qwen2")
+    files = set()
+    for i in range(8):
+        save_adapter(lm, tmp_path / str(i))
+        files.add((tmp_path / str(i) / "adapter_model.safetensors").read_bytes())
+    assert len(files) == 1
+    with safe_open(str(tmp_path / "0" / "adapter_model.safetensors"), "pt") as f:
+        assert sorted(f.metadata()) == [BASE_FINGERPRINT, "format"] and f.metadata()["format"] == "pt"
+        saved = {k: f.get_tensor(k) for k in f.keys()}
+    state = adapter_state(lm)
+    assert saved.keys() == state.keys() and all(torch.equal(saved[k], state[k]) for k in state)
+
+
 def test_an_adapter_refuses_a_base_replaced_since_it_was_saved(base_dirs, tokenizer, tmp_path):
     """The adapter records its local base's fingerprint; another model of the same shape put at the base's path is
     refused in one line (it used to load, every prediction changed), with or without the base's manifest. The base

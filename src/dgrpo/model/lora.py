@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save, save_file
 from torch import Tensor
 
 from ..config import ConfigError
@@ -253,9 +253,21 @@ def save_adapter(lm: LatentLM, folder: Path) -> None:
     fingerprint = base_fingerprint(lm.peft.peft_config[POLICY].base_model_name_or_path)
     if fingerprint is not None:
         metadata[BASE_FINGERPRINT] = fingerprint
-    save_file(adapter_state(lm), str(folder / ADAPTER_WEIGHTS), metadata=metadata)
+    (folder / ADAPTER_WEIGHTS).write_bytes(_sorted_metadata(save(adapter_state(lm), metadata=metadata)))
     if not lm.peft.peft_config[POLICY].trainable_token_indices:
         save_file(_marker_rows(lm), str(folder / LATENT_ROWS))
+
+
+def _sorted_metadata(data: bytes) -> bytes:
+    """A safetensors file's bytes ``data`` with its header's ``__metadata__`` in key order: safetensors writes it from
+    a hash map, in an order that changes from one save to the next (two saves of one adapter differed in bytes, and
+    so did the manifests of a run and of the same run resumed). The tensors' bytes are unchanged."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    header["__metadata__"] = dict(sorted(header.get("__metadata__", {}).items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)  # (padded as safetensors pads it: the tensors start 8-byte aligned)
+    return len(text).to_bytes(8, "little") + text + data[8 + n :]
 
 
 def _marker_rows(lm: LatentLM) -> dict[str, Tensor]:
