@@ -405,3 +405,15 @@ def test_an_sft_runs_curve_is_over_its_optimizer_steps_never_on_the_grpo_step_ax
     assert [ax.get_xlabel() for ax in fig.axes] == ["GRPO step"]
     with pytest.raises(DataError, match=r"^mine: holds SFT runs \(long_sft\) and GRPO runs \(seed0, .*own group$"):
         draw({"mine": [sft, *grpo]}, panels=("eval",), eval_key="valid")
+
+
+def test_a_run_named_twice_is_one_seed_not_two(runs: Path, tmp_path: Path) -> None:
+    """A run directory given twice under other names (relative and absolute, through ``..``, a link) was loaded
+    twice and averaged with itself: the legend said "mean of 2 seeds (band: min-max)" of one run."""
+    seed0 = runs / "arms" / "dropout_grpo" / "seed0"
+    link = tmp_path / "link_to_seed0"
+    link.symlink_to(seed0)
+    named = [seed0, seed0 / ".." / "seed0", link]
+    assert find_runs(named) == [seed0]
+    desc = plot(named, tmp_path / "fig.png")
+    assert desc["panels"]["eval"] == {"dropout_grpo": 4} and desc["bands"]["eval"] == []

@@ -142,8 +142,10 @@ def load_run(path: str | Path) -> Run:
 
 
 def find_runs(paths: Sequence[str | Path]) -> list[Path]:
-    """Run directories: each path that holds ``metrics.jsonl``, else every directory below it that does."""
+    """Run directories: each path that holds ``metrics.jsonl``, else every directory below it that does; a directory
+    named twice (``runs/a`` and ``$PWD/runs/a``, ``runs/x/../a``, a link to it) once, as first named."""
     found: list[Path] = []
+    seen: set[Path] = set()
     for path in paths:
         p = Path(path)
         if p.is_file():  # (metrics.jsonl itself, say: it was told 'no such directory', as a missing path is)
@@ -156,7 +158,10 @@ def find_runs(paths: Sequence[str | Path]) -> list[Path]:
             below = sorted(m.parent for m in p.rglob(METRICS_FILE) if m.is_file())
         if not below:
             raise DataError(f"{p}: no {METRICS_FILE} in it or in any directory below it")
-        found += [b for b in below if b not in found]
+        for b in below:
+            if b.resolve() not in seen:  # (twice, it was averaged with itself: "mean of 2 seeds" of one run)
+                seen.add(b.resolve())
+                found.append(b)
     return found
 
 
