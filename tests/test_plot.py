@@ -417,3 +417,18 @@ def test_a_run_named_twice_is_one_seed_not_two(runs: Path, tmp_path: Path) -> No
     assert find_runs(named) == [seed0]
     desc = plot(named, tmp_path / "fig.png")
     assert desc["panels"]["eval"] == {"dropout_grpo": 4} and desc["bands"]["eval"] == []
+
+
+@pytest.mark.parametrize("option", ["--title", "--label", "--reference"])
+def test_math_text_matplotlib_cannot_draw_is_one_line(runs: Path, tmp_path: Path, capsys, option: str) -> None:
+    """A title, group or reference name with a pair of $ is math text to matplotlib; one it cannot parse raised a
+    ValueError traceback as the figure was laid out. Math text it can draw, and a lone $, are drawn."""
+    run = str(runs / "reinforce")
+    bad = r"p $\badcmd$"
+    given = {"--title": [run, "--title", bad], "--label": ["--label", f"{bad}={run}"]}
+    args = given.get(option, [run, "--reference", f"{bad}=0.2"])
+    assert main(["plot", *args, "--out", str(tmp_path / "bad.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"dgrpo: error: the {option[2:].replace('label', 'group')} 'p $")
+    assert "Unknown symbol" in err and not (tmp_path / "bad.png").exists()
+    assert main(["plot", run, "--title", "$p = 0.1$, budget $5", "--out", str(tmp_path / "ok.png")]) == 0

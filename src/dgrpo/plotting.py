@@ -575,6 +575,27 @@ def _finish_axes(
         text.set_fontstyle("italic")
 
 
+def _check_math_text(texts: Sequence[tuple[str, str]]) -> None:
+    """DataError naming a text of the figure (``(what, text)``: the title, a group's or a reference's name) that
+    matplotlib cannot draw: one with a pair of unescaped ``$`` is math text to it (``$p_0$``), and math text it cannot
+    parse (``$\\badcmd$``) raised a ValueError traceback once the figure was laid out."""
+    from matplotlib import cbook
+    from matplotlib.mathtext import MathTextParser
+
+    parser = MathTextParser("path")
+    for what, text in texts:
+        if not cbook.is_math_text(text):
+            continue
+        try:
+            parser.parse(text)
+        except ValueError as e:
+            reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise DataError(
+                f"{what} '{text}': matplotlib reads the text between two $ as math text and cannot draw it "
+                f"({reason}); write a literal dollar as \\$"
+            ) from None
+
+
 def check_format(out: str | Path) -> str:
     """The figure format from the file suffix (png, pdf or svg); a :class:`DataError` otherwise."""
     suffix = Path(out).suffix.lower()
@@ -613,6 +634,8 @@ def draw(
         _check_one_kind_per_group(groups)
         _check_one_dataset_per_group(groups, eval_key)
         _warn_if_scorers_differ(everyone)
+    texts = [("the title", title or ""), *(("the group", n) for n in groups)]
+    _check_math_text([*texts, *(("the reference", n) for n in reference or {})])
     axes = axes_of(panels, groups)
     rows = len(groups) + len(reference or {}) + 1
     fig = Figure(figsize=(6 * len(axes), 4 + 0.6 + 0.22 * rows))
