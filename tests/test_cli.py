@@ -252,6 +252,20 @@ def test_data_inspect_last_line_is_json(run_cli):
     assert json.loads(r.stdout.strip().splitlines()[-1])["n"] == 7473
 
 
+def test_data_inspect_of_a_damaged_parquet_file_is_one_line(tmp_path, capfd):
+    """A file named .parquet that is not one: dgrpo's one line, without the datasets library's logged 'Failed to read
+    schema from ...' line above it."""
+    pytest.importorskip("datasets")
+    from dgrpo.cli import main
+
+    bad = tmp_path / "bad.parquet"
+    bad.write_text("not parquet")
+    capfd.readouterr()
+    assert main(["data", "inspect", str(bad)]) == 2
+    err = capfd.readouterr().err.strip()
+    assert err.startswith(f"dgrpo: error: {bad}: not a readable parquet file") and "\n" not in err, err
+
+
 def test_builtin_splits_share_no_question_with_the_test_split():
     """valid, which picks GRPO's best/ checkpoint, shares no question with test (3 of the demo's first 500 validation
     problems were test problems: the choice read the test split), nor does train; the other splits hold problems

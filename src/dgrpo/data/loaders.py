@@ -538,7 +538,9 @@ def _load_file(path: Path, columns: RowParser | None = None) -> list[Record]:
         rows, lines = read_csv_lines(path)
         return rows_to_records(rows, str(path), str(path), columns, lines=lines)
     if suffix in (".parquet", ".pq"):
-        return rows_to_records(read_parquet(path), str(path), str(path), columns)
+        with hub_lines_held():  # (datasets logged 'Failed to read schema ...' above the DataError of a damaged file)
+            rows = read_parquet(path)
+        return rows_to_records(rows, str(path), str(path), columns)
     text = _read_text(path)
     head = text.lstrip()[:1]
     if (suffix == ".jsonl" and head != "[") or (suffix != ".json" and head == "{"):  # (a .jsonl of one list: a list)
