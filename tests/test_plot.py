@@ -432,3 +432,15 @@ def test_math_text_matplotlib_cannot_draw_is_one_line(runs: Path, tmp_path: Path
     assert "\n" not in err and err.startswith(f"dgrpo: error: the {option[2:].replace('label', 'group')} 'p $")
     assert "Unknown symbol" in err and not (tmp_path / "bad.png").exists()
     assert main(["plot", run, "--title", "$p = 0.1$, budget $5", "--out", str(tmp_path / "ok.png")]) == 0
+
+
+def test_runs_of_other_settings_that_share_their_name_and_parents_name_stay_apart(tmp_path: Path) -> None:
+    """``lr1e-5/out/grpo`` and ``lr1e-4/out/grpo`` (two settings, one label) were both named ``out/grpo`` (the run's
+    name and its parent's): one group, their learning rates averaged into one line with a "2 seeds" band."""
+    base = grpo_config("locked")
+    for lr, seed in ((1e-5, 0), (1e-4, 1)):
+        config = {**base, "grpo": {**base["grpo"], "lr": lr}}
+        write_run(tmp_path / f"lr{lr:g}" / "out" / "grpo", config, grpo_rows(seed))
+    write_run(tmp_path / "other" / "grpo", {**base, "grpo": {**base["grpo"], "lr": 3e-5}}, grpo_rows(2))
+    groups = {n: len(rs) for n, rs in all_groups(tmp_path).items()}
+    assert groups == {"lr0.0001/out/grpo": 1, "lr1e-05/out/grpo": 1, "other/grpo": 1}

@@ -257,13 +257,26 @@ def _setting(run: Run) -> str:
     return json.dumps({k: v for k, v in run.config.items() if k not in _NOT_ARM_KEYS}, sort_keys=True, default=str)
 
 
+def _own_names(paths: Sequence[Path]) -> dict[Path, str]:
+    """Each path's shortest tail that no other path ends in: its name, with its parent's where two share a name, and
+    so on (``sweep/lr1e-4/out/grpo`` and ``sweep/lr1e-5/out/grpo``: ``lr1e-4/out/grpo``, ``lr1e-5/out/grpo``; with
+    the parent's only, both were ``out/grpo``: one group, two settings averaged)."""
+    names: dict[Path, str] = {}
+    for p in paths:
+        depth = 1
+        while depth < len(p.parts) and any(q != p and q.parts[-depth:] == p.parts[-depth:] for q in paths):
+            depth += 1
+        names[p] = "/".join(p.parts[-depth:]).removeprefix("/")
+    return names
+
+
 def group_runs(runs: Sequence[Run], groups: Mapping[str, Sequence[str | Path]] | None = None) -> dict[str, list[Run]]:
     """Runs by arm (:func:`arm_of`); ``groups`` (name -> run directories, or directories holding runs) overrides it.
 
     Runs grouped by their config (step 4 of :func:`arm_of`) stay one group only when their configs agree but for
     the seed (and threads, device, logging): runs of one label that differ in anything else (a learning-rate sweep
-    of Dropout-GRPO, say) are shown one by one, each under its directory's name (with its parent's where two share
-    a name), not averaged into one line.
+    of Dropout-GRPO, say) are shown one by one, each under its directory's name (with its parents' where others share
+    it: :func:`_own_names`), not averaged into one line.
     The named groups come first, in the given order, then the other runs' arms in order of first appearance."""
     by_path = {r.path.resolve(): r for r in runs}
     out: dict[str, list[Run]] = {}
@@ -283,13 +296,12 @@ def group_runs(runs: Sequence[Run], groups: Mapping[str, Sequence[str | Path]] |
     for run in rest:
         if named_arm(run) is None:
             settings.setdefault(config_label(run), set()).add(_setting(run))
-    names = [run.name for run in rest]
+    own = _own_names([run.path.resolve() for run in rest])
     for run in rest:
         arm = named_arm(run)
         if arm is None:
             label = config_label(run)
-            own = run.name if names.count(run.name) == 1 else f"{run.path.resolve().parent.name}/{run.name}"
-            arm = label if len(settings[label]) == 1 else own
+            arm = label if len(settings[label]) == 1 else own[run.path.resolve()]
         out.setdefault(arm, []).append(run)
     return out
 
