@@ -444,3 +444,12 @@ def test_runs_of_other_settings_that_share_their_name_and_parents_name_stay_apar
     write_run(tmp_path / "other" / "grpo", {**base, "grpo": {**base["grpo"], "lr": 3e-5}}, grpo_rows(2))
     groups = {n: len(rs) for n, rs in all_groups(tmp_path).items()}
     assert groups == {"lr0.0001/out/grpo": 1, "lr1e-05/out/grpo": 1, "other/grpo": 1}
+
+
+def test_eval_key_of_a_mean_score_column_says_the_panel_draws_accuracies(tmp_path: Path) -> None:
+    """``--eval-key eval/valid/mean_score`` (a run kept best/ by grpo.best_metric=mean_score) was refused as "no run
+    logged it", naming the very dataset the runs logged it for."""
+    rows = [{"step": 0, "eval/valid/accuracy": 0.2, "eval/valid/mean_score": 0.3}, *grpo_rows(0)[1:]]
+    groups = group_runs([load_run(write_run(tmp_path / "r", grpo_config(), rows))])
+    with pytest.raises(DataError, match=r"^--eval-key eval/valid/mean_score: the eval panel draws an accuracy; name "):
+        draw(groups, panels=("eval",), eval_key="eval/valid/mean_score")

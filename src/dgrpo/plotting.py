@@ -333,8 +333,13 @@ def _check_eval_key(runs: Sequence[Run], eval_key: str) -> None:
     """DataError when no run logged the requested eval column (a typo would draw an empty panel), naming those
     that were logged."""
     logged = {k for r in runs for row in r.evals for k in row if _is_eval_key(k)}
+    names = ", ".join(sorted(k[len("eval/") : -len("/accuracy")] for k in logged)) or "none"
+    if eval_key.startswith("eval/") and not _is_eval_key(eval_key):  # (eval/valid/mean_score: 'no run logged it')
+        raise DataError(
+            f"--eval-key {eval_key}: the eval panel draws an accuracy; name eval/<name>/accuracy or <name> (eval "
+            f"columns logged: {names})"
+        )
     if not any(_eval_key(r, eval_key) in logged for r in runs):
-        names = ", ".join(sorted(k[len("eval/") : -len("/accuracy")] for k in logged)) or "none"
         raise DataError(f"--eval-key {eval_key}: no run logged it (eval columns logged: {names})")
 
 
