@@ -453,3 +453,14 @@ def test_eval_key_of_a_mean_score_column_says_the_panel_draws_accuracies(tmp_pat
     groups = group_runs([load_run(write_run(tmp_path / "r", grpo_config(), rows))])
     with pytest.raises(DataError, match=r"^--eval-key eval/valid/mean_score: the eval panel draws an accuracy; name "):
         draw(groups, panels=("eval",), eval_key="eval/valid/mean_score")
+
+
+def test_where_the_mean_stops_is_the_last_step_all_seeds_logged(tmp_path: Path) -> None:
+    """Seeds that logged their last value at other steps (grpo.steps 7 and 10, evaluated every 2 steps and at the
+    end): the mean stops at 6, the last step they share; the note said "mean to step 7", where no mean was drawn."""
+    for seed, steps in ((0, 7), (1, 10)):
+        rows = [{"step": t, EVAL: 0.1 * seed + 0.01 * t} for t in range(0, steps, 2)] + [{"step": steps, EVAL: 0.5}]
+        write_run(tmp_path / "arm" / f"seed{seed}", grpo_config("locked"), rows)
+    desc = plot([tmp_path / "arm"], tmp_path / "fig.png", panels=("eval",))
+    assert desc["panels"]["eval"]["arm"] == 4
+    assert desc["notes"]["eval"] == ["arm: mean to step 6, the last step all its runs logged (they stop at 7 to 10)"]

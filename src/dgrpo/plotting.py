@@ -525,8 +525,13 @@ def _draw_panel(
             notes.append(_missing_note(name, runs, panel, eval_key) if not series else f"{name}: runs share no step")
             continue
         last = [max(s) for s in series]
-        if min(last) < max(last):  # the mean is over the steps every seed reached: say where it stops, and why
-            notes.append(f"{name}: mean to step {min(last)}, where its shortest run stops (the longest: {max(last)})")
+        if steps[-1] < max(last):  # the mean is over the steps every seed logged: say where it stops, and why
+            why = (
+                f"where its shortest run stops (the longest: {max(last)})"
+                if steps[-1] == min(last)
+                else f"the last step all its runs logged (they stop at {min(last)} to {max(last)})"
+            )
+            notes.append(f"{name}: mean to step {steps[-1]}, {why}")
         marker = "o" if len(steps) <= 30 else None
         (line,) = ax.plot(steps, mean, color=colors[name], lw=2, marker=marker, ms=3.5)
         drawn[name] = len(steps)
