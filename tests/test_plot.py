@@ -464,3 +464,23 @@ def test_where_the_mean_stops_is_the_last_step_all_seeds_logged(tmp_path: Path) 
     desc = plot([tmp_path / "arm"], tmp_path / "fig.png", panels=("eval",))
     assert desc["panels"]["eval"]["arm"] == 4
     assert desc["notes"]["eval"] == ["arm: mean to step 6, the last step all its runs logged (they stop at 7 to 10)"]
+
+
+def test_an_unreadable_config_or_metrics_file_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config.json that is not UTF-8 (a damaged file) and a metrics.jsonl that cannot be read (no permission)
+    were tracebacks (UnicodeDecodeError, PermissionError)."""
+    run = write_run(tmp_path / "r", None, grpo_rows(0))
+    (run / "config.json").write_bytes(b"\xff\xfe{}")
+    with pytest.raises(DataError, match=r"config.json: not UTF-8 text \(byte 0\)$"):
+        load_run(run)
+    (run / "config.json").unlink()
+    read_text = Path.read_text
+
+    def refused(self: Path, encoding: str | None = None, errors: str | None = None) -> str:
+        if self.name == "metrics.jsonl":
+            raise PermissionError(13, "Permission denied")
+        return read_text(self, encoding, errors)
+
+    monkeypatch.setattr(Path, "read_text", refused)
+    with pytest.raises(DataError, match=r"metrics.jsonl: cannot read it \(Permission denied\)$"):
+        load_run(run)

@@ -103,7 +103,11 @@ def _is_training_row(row: dict[str, Any]) -> bool:
 
 def _read_rows(metrics: Path) -> list[dict[str, Any]]:
     """The rows of ``metrics.jsonl``; an unreadable last line (a killed run) is skipped, one elsewhere is an error."""
-    lines = [(i, ln) for i, ln in enumerate(metrics.read_text(errors="replace").splitlines(), 1) if ln.strip()]
+    try:
+        text = metrics.read_text(errors="replace")
+    except OSError as e:  # (no permission: a traceback)
+        raise DataError(f"{metrics}: cannot read it ({e.strerror or e})") from None
+    lines = [(i, ln) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
     rows = []
     for i, line in lines:
         try:
@@ -134,6 +138,10 @@ def load_run(path: str | Path) -> Run:
             config = json.loads((p / CONFIG_FILE).read_text())
         except json.JSONDecodeError as e:
             raise DataError(f"{p / CONFIG_FILE}: not valid JSON ({e.msg}, line {e.lineno})") from None
+        except UnicodeDecodeError as e:  # (a damaged file: a traceback)
+            raise DataError(f"{p / CONFIG_FILE}: not UTF-8 text (byte {e.start})") from None
+        except OSError as e:
+            raise DataError(f"{p / CONFIG_FILE}: cannot read it ({e.strerror or e})") from None
     evals = [r for r in rows if any(_is_eval_key(k) for k in r)]
     steps = [r for r in rows if _is_training_row(r)]
     return Run(
