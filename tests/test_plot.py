@@ -484,3 +484,16 @@ def test_an_unreadable_config_or_metrics_file_is_one_line(tmp_path: Path, monkey
     monkeypatch.setattr(Path, "read_text", refused)
     with pytest.raises(DataError, match=r"metrics.jsonl: cannot read it \(Permission denied\)$"):
         load_run(run)
+
+
+def test_a_folder_of_links_to_runs_finds_them(runs: Path, tmp_path: Path) -> None:
+    """A folder assembled from links to the runs compared (``ln -s ../runs/a cmp/a``) was 'no metrics.jsonl in it or
+    in any directory below it' (Path.rglob does not follow links); a link to a folder above ends there."""
+    cmp = tmp_path / "cmp"
+    cmp.mkdir()
+    (cmp / "det").symlink_to(runs / "arms" / "grpo_deterministic")
+    (cmp / "reinforce").symlink_to(runs / "reinforce")
+    (cmp / "self").symlink_to(cmp)  # (a loop: cmp/self/self/...)
+    found = find_runs([cmp])
+    assert found == [cmp / "det" / "seed0", cmp / "det" / "seed1", cmp / "reinforce"]
+    assert {n: len(rs) for n, rs in all_groups(cmp).items()} == {"grpo_deterministic": 2, "REINFORCE + EMA": 1}

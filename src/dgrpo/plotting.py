@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import warnings
 from collections.abc import Mapping, Sequence
@@ -149,6 +150,23 @@ def load_run(path: str | Path) -> Run:
     )
 
 
+def _runs_below(root: Path) -> list[Path]:
+    """The directories below ``root`` that hold ``metrics.jsonl``, sorted; links to directories are followed (a
+    folder of links to the runs compared: ``Path.rglob`` skipped them, and the folder had 'no metrics.jsonl below
+    it'), each real directory once (a link to a folder above ends there)."""
+    found: list[Path] = []
+    seen: set[Path] = set()
+    for folder, subfolders, _ in os.walk(root, followlinks=True):
+        real = Path(folder).resolve()
+        if real in seen:
+            subfolders[:] = []
+            continue
+        seen.add(real)
+        if (Path(folder) / METRICS_FILE).is_file():
+            found.append(Path(folder))
+    return sorted(found)
+
+
 def find_runs(paths: Sequence[str | Path]) -> list[Path]:
     """Run directories: each path that holds ``metrics.jsonl``, else every directory below it that does; a directory
     named twice (``runs/a`` and ``$PWD/runs/a``, ``runs/x/../a``, a link to it) once, as first named."""
@@ -163,7 +181,7 @@ def find_runs(paths: Sequence[str | Path]) -> list[Path]:
         if (p / METRICS_FILE).is_file():
             below = [p]
         else:
-            below = sorted(m.parent for m in p.rglob(METRICS_FILE) if m.is_file())
+            below = _runs_below(p)
         if not below:
             raise DataError(f"{p}: no {METRICS_FILE} in it or in any directory below it")
         for b in below:
