@@ -457,6 +457,18 @@ def test_base_may_be_a_packaged_name(tmp_path):
     assert (cfg.grpo.steps, cfg.grpo.group_size, cfg.perturbation.sites) == (10, 32, ["attn"])
 
 
+def test_base_and_config_may_start_at_the_home_folder(tmp_path, monkeypatch):
+    """``base: ~/configs/a.yaml`` (and ``--config '~/...'``, quoted) name the home folder, as a data spec's ``~`` does:
+    they were 'config file not found: ~/configs/a.yaml' (the ``~`` taken for a folder of that name)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / "configs").mkdir(parents=True)
+    (tmp_path / "home" / "configs" / "a.yaml").write_text("grpo: {steps: 11}\n")
+    (tmp_path / "run.yaml").write_text("base: ~/configs/a.yaml\nseed: 3\n")
+    cfg = load_config(Config, tmp_path / "run.yaml")
+    assert (cfg.grpo.steps, cfg.seed) == (11, 3)
+    assert load_config(Config, "~/configs/a.yaml").grpo.steps == 11
+
+
 def test_base_cycle_and_missing_base_are_one_line_errors(tmp_path):
     (tmp_path / "x.yaml").write_text("base: y.yaml\n")
     (tmp_path / "y.yaml").write_text("base: x.yaml\n")

@@ -1632,8 +1632,12 @@ def resolve_config_path(name: str | Path, relative_to: Path | None = None) -> Pa
     """The file a config name means: an existing file path as given (taken from the folder ``relative_to`` when set
     and the path is relative), else a packaged config, with or without ``.yaml`` (``paper/grpo_dropout``) and with or
     without the packaged folder's name before it (``configs/paper/grpo_dropout.yaml``, as torchtune's recipes are
-    named)."""
+    named); a leading ``~`` is the home folder, as in a data spec (``base: ~/configs/a.yaml`` was not found)."""
     path = Path(name)
+    try:
+        path = path.expanduser()
+    except RuntimeError:  # (~user of no such user: the path as written, not found)
+        pass
     if relative_to is not None and not path.is_absolute():
         path = relative_to / path
     if path.is_file():
