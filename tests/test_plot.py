@@ -497,3 +497,13 @@ def test_a_folder_of_links_to_runs_finds_them(runs: Path, tmp_path: Path) -> Non
     found = find_runs([cmp])
     assert found == [cmp / "det" / "seed0", cmp / "det" / "seed1", cmp / "reinforce"]
     assert {n: len(rs) for n, rs in all_groups(cmp).items()} == {"grpo_deterministic": 2, "REINFORCE + EMA": 1}
+
+
+def test_a_run_path_may_start_at_the_home_folder(runs: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    """``--label "p = 0.2=~/runs/a,~/runs/b"``: the shell expands no ``~`` after a comma (nor in quotes); dgrpo plot
+    said '~/runs/b: no such directory'. A run directory given as ``~/...`` is read from the home folder too."""
+    monkeypatch.setenv("HOME", str(runs))
+    out = tmp_path / "home.png"
+    assert main(["plot", "--label", "p = 0.2=~/sampling_s0,~/sampling_s1", "--out", str(out)]) == 0
+    assert "p = 0.2" in group_runs([], {"p = 0.2": ["~/sampling_s0", "~/sampling_s1"]})
+    assert find_runs(["~/reinforce"]) == [runs / "reinforce"]

@@ -167,13 +167,22 @@ def _runs_below(root: Path) -> list[Path]:
     return sorted(found)
 
 
+def _expand_home(p: Path) -> Path:
+    """``p`` with a leading ``~`` (or ``~user``) as the home folder; as written when there is none to expand to."""
+    try:
+        return p.expanduser()
+    except RuntimeError:  # (~user of no such user: 'no such directory' follows)
+        return p
+
+
 def find_runs(paths: Sequence[str | Path]) -> list[Path]:
     """Run directories: each path that holds ``metrics.jsonl``, else every directory below it that does; a directory
-    named twice (``runs/a`` and ``$PWD/runs/a``, ``runs/x/../a``, a link to it) once, as first named."""
+    named twice (``runs/a`` and ``$PWD/runs/a``, ``runs/x/../a``, a link to it) once, as first named. A leading ``~``
+    is the home folder (``--label "A=~/runs/a,~/runs/b"``: the shell expands no ``~`` after a comma)."""
     found: list[Path] = []
     seen: set[Path] = set()
     for path in paths:
-        p = Path(path)
+        p = _expand_home(Path(path))
         if p.is_file():  # (metrics.jsonl itself, say: it was told 'no such directory', as a missing path is)
             raise DataError(f"{p}: a file, not a directory (name the run directory that holds {METRICS_FILE})")
         if not p.is_dir():

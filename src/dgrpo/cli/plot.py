@@ -52,15 +52,23 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run_plot)
 
 
+def _exists(path: str) -> bool:
+    """Whether ``path`` exists, a leading ``~`` read as the home folder (as ``dgrpo plot`` reads it)."""
+    from pathlib import Path
+
+    try:
+        return Path(path).expanduser().exists()
+    except RuntimeError:  # (~user of no such user)
+        return False
+
+
 def _split_pair(v: str) -> tuple[str, str, str]:
     """``NAME=RUN[,RUN...]`` split at the first ``=`` after which every run exists (a name may hold ``=``: ``p =
     0.2=runs/p02``; so may a path), else at the first ``=``."""
-    from pathlib import Path
-
     cuts = [i for i, c in enumerate(v) if c == "="]
     for i in cuts:
         runs = [p.strip() for p in v[i + 1 :].split(",") if p.strip()]
-        if runs and all(Path(p).exists() for p in runs):
+        if runs and all(_exists(p) for p in runs):
             return v[:i], "=", v[i + 1 :]
     return v.partition("=")
 
