@@ -502,6 +502,22 @@ def test_unreachable_hub_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     assert time.monotonic() - t0 < 5 and "\n" not in str(info.value)
 
 
+def test_unreachable_hub_fails_at_once_for_the_streamed_openmath_subset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``openmathinstruct2_gsm`` without a connection: one line at once (it streamed, and the hub libraries retried
+    for ~25 s, printing their retry lines, before the error)."""
+    import dgrpo.data.loaders as loaders
+
+    def stream() -> None:
+        raise AssertionError("the hub was asked")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr(loaders, "hub_reachable", lambda: False)
+    monkeypatch.setattr(loaders, "stream_openmath", stream)
+    with pytest.raises(DataError, match=r"^dataset 'openmathinstruct2_gsm' .*hub could not be reached: no connection"):
+        load_dataset("openmathinstruct2_gsm")
+
+
 def test_record_refuses_steps_given_as_one_string_or_non_strings() -> None:
     with pytest.raises(
         DataError, match=r"^steps must be a list of strings, one per reasoning step; got one str: split"

@@ -684,16 +684,20 @@ def offline_hint(exc: Exception) -> str:
 
 
 def _load_openmath_subset(name: str) -> list[Record]:
-    """``openmathinstruct2_gsm``: the paper-sized GSM-style subset of OpenMathInstruct-2 (rule: dgrpo.data.subsets)."""
+    """``openmathinstruct2_gsm``: the paper-sized GSM-style subset of OpenMathInstruct-2 (rule: dgrpo.data.subsets),
+    streamed from the hub. Without a connection to it, one line at once (as :func:`_load_from_hub`), not the hub
+    libraries' retries (~25 s) and their log lines."""
+    unreached = f"dataset {name!r} (hub {OPENMATH_HUB_ID!r}): the Hugging Face hub could not be reached"
+    if not offline_requested("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") and not hub_reachable():
+        raise DataError(f"{unreached}: no connection to it (the subset is streamed: it needs the hub)")
     try:
-        rows = sample_subset(stream_openmath())
+        with hub_lines_held():
+            rows = sample_subset(stream_openmath())
     except ImportError:
         raise DataError(f"dataset {name!r} needs the optional 'datasets' package (pip install 'dgrpo[hub]')") from None
     except Exception as exc:  # noqa: BLE001 - any hub/network failure becomes one DataError line
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-        raise DataError(
-            f"dataset {name!r} (hub {OPENMATH_HUB_ID!r}): the Hugging Face hub could not be reached: {reason}"
-        ) from None
+        raise DataError(f"{unreached}: {reason}") from None
     return rows_to_records(rows, f"dataset {name!r}", f"hf:{OPENMATH_HUB_ID}", None)
 
 
