@@ -649,6 +649,16 @@ def test_a_csv_row_longer_than_its_header_is_one_line(tmp_path):
         load_spec(str(path))
 
 
+def test_a_csv_header_naming_a_column_twice_is_warned_of(tmp_path):
+    """``question,question,answer`` kept the later question of every row without a word (a JSON object naming a key
+    twice is warned of); it is warned of once, naming the column, and the later value is still the one read."""
+    path = tmp_path / "rows.csv"
+    path.write_text("question,question,answer\nfirst?,second?,2\nthird?,fourth?,3\n")
+    with pytest.warns(UserWarning, match=r"rows.csv: the header names the column 'question' twice") as caught:
+        recs = load_spec(str(path))
+    assert [r.question for r in recs] == ["second?", "fourth?"] and len(caught) == 1
+
+
 def test_a_csv_rows_line_is_its_first_line_after_blank_lines_and_quoted_line_breaks(tmp_path):
     """csv.DictReader skips blank lines out of sight: the line named for a bad row was the blank line's, or one
     further up after each blank line. A quoted value that spans lines moves the next row down by as many lines."""

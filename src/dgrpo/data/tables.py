@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import math
+import warnings
 from itertools import zip_longest
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ def read_csv_lines(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
             header = next(reader, None)
             if not header:
                 raise DataError(f"{path}: no header line (CSV files need one, naming the columns)")
+            _warn_repeated_columns(path, header)
             rows, lines, end = [], [], reader.line_num
             for cells in reader:  # (each record, a blank line's [] too, starts on the line after the last one read)
                 start, end = end + 1, reader.line_num
@@ -57,6 +59,15 @@ def read_csv_lines(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
         raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except csv.Error as e:
         raise DataError(f"{path}: not a readable CSV file ({e})") from None
+
+
+def _warn_repeated_columns(path: Path, header: list[str]) -> None:
+    """Warn of a header that names a column twice: each row keeps the later column's value (csv.DictReader's rule),
+    as a JSON object naming a key twice keeps its last value, which is warned of too."""
+    if repeated := [c for i, c in enumerate(header) if c in header[:i]]:
+        warnings.warn(
+            f"{path}: the header names the column {repeated[0]!r} twice; each row's later value is read", stacklevel=5
+        )
 
 
 def _row(path: Path, header: list[str], cells: list[str], line: int) -> dict[str, Any]:
