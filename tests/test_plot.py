@@ -446,13 +446,21 @@ def test_runs_of_other_settings_that_share_their_name_and_parents_name_stay_apar
     assert groups == {"lr0.0001/out/grpo": 1, "lr1e-05/out/grpo": 1, "other/grpo": 1}
 
 
-def test_eval_key_of_a_mean_score_column_says_the_panel_draws_accuracies(tmp_path: Path) -> None:
-    """``--eval-key eval/valid/mean_score`` (a run kept best/ by grpo.best_metric=mean_score) was refused as "no run
-    logged it", naming the very dataset the runs logged it for."""
-    rows = [{"step": 0, "eval/valid/accuracy": 0.2, "eval/valid/mean_score": 0.3}, *grpo_rows(0)[1:]]
-    groups = group_runs([load_run(write_run(tmp_path / "r", grpo_config(), rows))])
-    with pytest.raises(DataError, match=r"^--eval-key eval/valid/mean_score: the eval panel draws an accuracy; name "):
-        draw(groups, panels=("eval",), eval_key="eval/valid/mean_score")
+def test_eval_key_of_a_mean_score_column_draws_the_mean_score(tmp_path: Path) -> None:
+    """``--eval-key eval/valid/mean_score`` (a partial-credit scorer's mean: grpo.best_metric=mean_score keeps best/
+    by it) was refused as "no run logged it", naming the very dataset the runs logged it for. It is drawn, titled as
+    a mean score; a column of another metric is refused in one line naming what the panel draws."""
+    rows = [{"step": t, "eval/valid/accuracy": 0.2, "eval/valid/mean_score": 0.3 + 0.1 * t} for t in (0, 2)]
+    run = write_run(tmp_path / "r", grpo_config(), [*rows, *grpo_rows(0)[1:]])
+    groups = group_runs([load_run(run)])
+    fig, desc = draw(groups, panels=("eval",), eval_key="eval/valid/mean_score")
+    assert desc["panels"]["eval"] == {"Dropout-GRPO": 2} and desc["eval_keys"] == ["eval/valid/mean_score"]
+    assert (fig.axes[0].get_title(), fig.axes[0].get_ylabel()) == (
+        "mean score on valid",
+        "mean score (greedy, no dropout)",
+    )
+    with pytest.raises(DataError, match=r"^--eval-key eval/valid/loss: the eval panel draws eval/<name>/accuracy "):
+        draw(groups, panels=("eval",), eval_key="eval/valid/loss")
 
 
 def test_where_the_mean_stops_is_the_last_step_all_seeds_logged(tmp_path: Path) -> None:

@@ -88,6 +88,17 @@ def _is_eval_key(key: str) -> bool:
     return key.startswith("eval/") and key.endswith("/accuracy")
 
 
+#: what an eval panel may draw of a validation set: ``eval/<name>/accuracy`` (each run's first, by default) or
+#: ``eval/<name>/mean_score`` (a partial-credit scorer's mean, named by ``--eval-key``)
+EVAL_METRICS = ("accuracy", "mean_score")
+
+
+def _eval_parts(key: str) -> tuple[str, str]:
+    """(the set's name, the metric) of an eval column ``eval/<name>/<metric>``."""
+    name, _, metric = key.removeprefix("eval/").rpartition("/")
+    return name, metric
+
+
 def _is_test_key(key: str) -> bool:  # the test sets' accuracies of the run's last row (not plotted)
     return key.startswith(("test/", "test_best/")) and key.endswith("/accuracy")
 
@@ -367,12 +378,12 @@ def _eval_key(run: Run, eval_key: str | None) -> str | None:
 def _check_eval_key(runs: Sequence[Run], eval_key: str) -> None:
     """DataError when no run logged the requested eval column (a typo would draw an empty panel), naming those
     that were logged."""
-    logged = {k for r in runs for row in r.evals for k in row if _is_eval_key(k)}
-    names = ", ".join(sorted(k[len("eval/") : -len("/accuracy")] for k in logged)) or "none"
-    if eval_key.startswith("eval/") and not _is_eval_key(eval_key):  # (eval/valid/mean_score: 'no run logged it')
+    logged = {k for r in runs for row in r.evals for k in row if k.startswith("eval/")}
+    names = ", ".join(sorted(k.removeprefix("eval/") for k in logged)) or "none"
+    if eval_key.startswith("eval/") and _eval_parts(eval_key)[1] not in EVAL_METRICS:
         raise DataError(
-            f"--eval-key {eval_key}: the eval panel draws an accuracy; name eval/<name>/accuracy or <name> (eval "
-            f"columns logged: {names})"
+            f"--eval-key {eval_key}: the eval panel draws eval/<name>/accuracy (or <name>) or eval/<name>/mean_score "
+            f"(eval columns logged: {names})"
         )
     if not any(_eval_key(r, eval_key) in logged for r in runs):
         raise DataError(f"--eval-key {eval_key}: no run logged it (eval columns logged: {names})")
@@ -604,10 +615,13 @@ def _finish_axes(
 
     _, ylabel, title = _panel(panel)
     if panel == "eval":
-        names = [k.removeprefix("eval/").removesuffix("/accuracy") for k in _eval_keys(groups, eval_key)]
-        if names and not all("valid" in n for n in names):
-            ylabel = "accuracy (greedy, no dropout)"
-        title = f"accuracy on {', '.join(names)}" if names else title
+        parts = [_eval_parts(k) for k in _eval_keys(groups, eval_key)]
+        names, what = [n for n, _ in parts], "accuracy"
+        if parts and all(m == "mean_score" for _, m in parts):
+            what = ylabel = "mean score"
+        if names and (what != "accuracy" or not all("valid" in n for n in names)):
+            ylabel = f"{what} (greedy, no dropout)"
+        title = f"{what} on {', '.join(names)}" if names else title
     ax.set_xlabel(xlabel)
     title = f"SFT: {title}" if sft_apart else title
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # (steps are whole: no 0.2 ticks on a short run)

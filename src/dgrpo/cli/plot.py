@@ -39,7 +39,8 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--eval-key",
-        help="which eval/<name>/accuracy to plot, e.g. valid (also a run's builtin:valid; default: each run's first)",
+        help="which eval/<name>/accuracy to plot, e.g. valid (also a run's builtin:valid; default: each run's "
+        "first), or eval/<name>/mean_score (a partial-credit scorer's mean)",
     )
     p.add_argument(
         "--reference",
