@@ -1,6 +1,7 @@
 """``dgrpo plot`` and :mod:`dgrpo.plotting` on run directories written by hand (no training, no subprocess)."""
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -239,6 +240,20 @@ def test_cli_plot_labels_may_hold_an_equals_sign(runs: Path, tmp_path: Path, cap
     assert parse_pairs([f"p = 0.2={both}"], "--label") == [("p = 0.2", both)]
     assert main(["plot", "--label", f"p = 0.2={both}", "--out", str(out)]) == 0 and out.stat().st_size > 1000
     assert main(["plot", "--label", f"p = 0.2={tmp_path / 'nowhere'}", "--out", str(out)]) == 2  # (no such run)
+
+
+def test_a_reference_or_eval_key_without_the_eval_panel_is_warned_of(tmp_path: Path) -> None:
+    """``--reference`` and ``--eval-key`` are drawn in the eval panel only: given with ``--panels reward_std`` they
+    were dropped without a word."""
+    groups = group_runs([load_run(write_run(tmp_path / "r", grpo_config(), grpo_rows(0)))])
+    with pytest.warns(
+        UserWarning,
+        match=r"^the reference lines and the eval key go to the eval panel, which the panels \(reward_std\) leave out$",
+    ):
+        draw(groups, panels=("reward_std",), reference={"SFT": 0.2}, eval_key="valid")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        draw(groups, panels=("reward_std",))
 
 
 def test_cli_plot_references_may_hold_an_equals_sign(runs: Path, tmp_path: Path) -> None:
