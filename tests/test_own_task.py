@@ -2027,6 +2027,23 @@ def test_grpo_logs_the_mean_score_and_keeps_best_by_the_metric_asked(sft_checkpo
     assert any("best by mean_score 0.9250 (25.00%) at step 4" in line for line in said), said
 
 
+def test_the_summary_of_a_best_kept_without_a_mean_score_under_best_metric_mean_score(tmp_path):
+    """A run whose best/ was kept with no mean score (by a count, or by dgrpo before mean scores), resumed with
+    grpo.best_metric=mean_score and no validation after it (resumed at its last checkpoint): its summary raised
+    'unsupported format string passed to NoneType.__format__' at the very end; it names best/'s accuracy."""
+    import time
+    from types import SimpleNamespace
+
+    from dgrpo.training.grpo import LoopState, _summary
+
+    lines: list[str] = []
+    run = SimpleNamespace(out_dir=tmp_path, resumed_step=2, log=lines.append)
+    loop = LoopState(best_step=0, best_accuracy=0.25, last_eval=0.25, started=time.time())
+    summary = _summary(run, loop, 2, {}, "mean_score")  # type: ignore[arg-type]
+    assert (summary["best_step"], summary["best_accuracy"], summary["best_mean_score"]) == (0, 0.25, None)
+    assert "best 25.00% at step 0" in lines[0], lines
+
+
 def test_best_metric_mean_score_is_refused_for_an_evaluate_fn_that_returns_a_count(sft_checkpoint, tmp_path):
     """grpo.best_metric / sft.best_metric = mean_score with an evaluate_fn of one's own that returns a count (no
     mean score to keep best/ by) is refused in one line at the first validation (GRPO's, before the first step),

@@ -972,7 +972,8 @@ def _summary(run: RunDir, loop: LoopState, steps: int, applied: dict[str, Any], 
     }
     (run.out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
     best = f"best {100 * loop.best_accuracy:.2f}% at step {loop.best_step}" if kept else "no best"
-    if kept and metric != "accuracy":  # (the value best/ was kept by first)
+    if kept and metric != "accuracy" and loop.best_mean_score is not None:  # (the value best/ was kept by first; none
+        # known: a best/ kept by a count, or by dgrpo before mean scores, that no later validation replaced)
         best = f"best by {metric} {loop.best_mean_score:.4f} ({100 * loop.best_accuracy:.2f}%) at step {loop.best_step}"
     final = f"final {100 * loop.last_eval:.2f}%" if loop.last_eval is not None else "no eval"
     wall = f"{time.time() - loop.started:.0f} s" + (
