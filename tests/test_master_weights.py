@@ -300,3 +300,23 @@ def test_grpo_8bit_optimizer_on_cuda_warns_of_a_rounded_away_step_too(tokenizer,
     cfg = tiny_config(**{"model.dtype": "bfloat16", "grpo.optimizer": "adamw8bit", "grpo.lr": 1e-6})
     with pytest.warns(UserWarning, match=r"without model.master_weights: a step of lr 1e-06 is under half"):
         build_optimizer(params, cfg, torch.device("cuda"))
+
+
+def test_a_bf16_sft_run_warns_of_its_rounded_away_steps_once(tmp_path):
+    """SFT makes an optimizer for a checkpoint to load into and a new one at its first stage (and at each reset): a
+    bf16 run without masters said the rounded-away step's warning twice, two identical lines at its start."""
+    import warnings
+
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.sft import train_sft
+
+    over = {"model.dtype": "bfloat16", "sft.num_epochs": 2, "sft.batch_size": 4, "sft.warmup_steps": 0}
+    cfg = tiny_config(**over, **{"sft.lr": 1e-6, "sft.eval_each_stage": False})
+    torch.manual_seed(0)
+    lm = load_model(cfg.model, cfg.task, seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train_sft(lm, generate_split(cfg.task, "train")[:4], cfg, tmp_path, progress=False, log=lambda *a: None)
+    said = [str(w.message) for w in caught if "without model.master_weights" in str(w.message)]
+    assert len(said) == 1 and "a step of lr 1e-06 is under half the spacing of" in said[0], said

@@ -81,11 +81,14 @@ class MasterWeightAdamW(torch.optim.AdamW):
                     self.state[p][name] = value.to(device=p.device, dtype=torch.float32)
 
 
-def adamw(params: Iterable[Tensor], master_weights: bool, **kwargs: Any) -> torch.optim.AdamW:
+def adamw(
+    params: Iterable[Tensor], master_weights: bool, *, warn_rounding: bool = True, **kwargs: Any
+) -> torch.optim.AdamW:
     """torch's AdamW, or with ``master_weights`` :class:`MasterWeightAdamW`; without masters, a warning when the
-    (peak) lr's step is rounded away on much of the low-precision weights (:func:`warn_if_updates_round_away`)."""
+    (peak) lr's step is rounded away on much of the low-precision weights (:func:`warn_if_updates_round_away`), unless
+    ``warn_rounding`` is False (an optimizer made anew over weights already warned of)."""
     params = list(params)
-    if not master_weights and "lr" in kwargs:
+    if warn_rounding and not master_weights and "lr" in kwargs:
         warn_if_updates_round_away(params, float(kwargs["lr"]), stacklevel=4)
     return (MasterWeightAdamW if master_weights else torch.optim.AdamW)(params, **kwargs)
 

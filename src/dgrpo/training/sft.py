@@ -222,11 +222,15 @@ class Progress:
     stage_prev: int | None = None
 
 
-def new_optimizer(params: list, cfg: Config, previous: torch.optim.Optimizer | None = None) -> torch.optim.Optimizer:
-    """AdamW (with ``model.master_weights``, over float32 masters: a ``previous`` optimizer's are carried over)."""
+def new_optimizer(
+    params: list, cfg: Config, previous: torch.optim.Optimizer | None = None, warn: bool = True
+) -> torch.optim.Optimizer:
+    """AdamW (with ``model.master_weights``, over float32 masters: a ``previous`` optimizer's are carried over);
+    ``warn``: of a step rounded away on bf16 weights without masters (once a run: its first optimizer's)."""
     beta1, beta2 = cfg.sft.adam_betas
+    s = cfg.sft
     opt = adamw(
-        params, cfg.model.master_weights, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay, betas=(beta1, beta2)
+        params, cfg.model.master_weights, warn_rounding=warn, lr=s.lr, weight_decay=s.weight_decay, betas=(beta1, beta2)
     )
     carry_masters(previous, opt)
     return opt
@@ -304,7 +308,8 @@ class SFTRun:
         s, prog = self.cfg.sft, self.prog
         boundary = stage != prog.stage_prev if s.reset_every == "stage" else prog.step_in_sched >= prog.sched_total
         if self.opt is None or (boundary and s.reset_optimizer):
-            self.opt = new_optimizer(self.params, self.cfg, previous=self.opt)
+            # (not warned of again: __init__'s optimizer was, each stage's warning one more line alike)
+            self.opt = new_optimizer(self.params, self.cfg, previous=self.opt, warn=False)
             self.prog.sched_total, self.prog.step_in_sched = self.plan.schedule_length(stage), 0
         self.prog.stage_prev = stage
 
