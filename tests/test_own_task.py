@@ -2131,6 +2131,7 @@ def test_the_plugin_files_a_run_records_are_as_its_process_imported_them(tmp_pat
     The hash is the file's as the process imported it: a plug-in file's as executed, a package module's as first
     hashed; a file imported again (edited, named again) is hashed again."""
     import hashlib
+    import importlib
 
     from dgrpo.plugins import source_hashes
 
@@ -2144,6 +2145,7 @@ def test_the_plugin_files_a_run_records_are_as_its_process_imported_them(tmp_pat
     files = {"mine.py:f": tmp_path / "mine.py", f"{package}.rewards:f": tmp_path / package / "rewards.py"}
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # (v1 and v2, of one size and second, share a .pyc's key)
     for path in files.values():
         path.write_text(v1)
     run = {spec: load_function(spec) for spec in files}
@@ -2155,3 +2157,7 @@ def test_the_plugin_files_a_run_records_are_as_its_process_imported_them(tmp_pat
     assert source_hashes(files) == expected  # (at its stop: what it ran)
     assert load_function("mine.py:f")(["a"], [None]) == [1.0]  # (imported again: the edit runs, and is recorded)
     assert source_hashes(files)[str(files["mine.py:f"].resolve())] == digest(v2)
+    importlib.reload(sys.modules[f"{package}.rewards"])  # (a notebook's reload: the package module runs the edit;
+    # its hash, kept in the module, which a reload keeps, was v1's)
+    assert load_function(f"{package}.rewards:f")(["a"], [None]) == [1.0]
+    assert source_hashes(files)[str(files[f"{package}.rewards:f"].resolve())] == digest(v2)

@@ -61,12 +61,18 @@ def _loaded_module(spec: str, source: Path) -> ModuleType | None:
 
 def _imported_hash(module: ModuleType | None, source: Path) -> str:
     """The SHA-256 of ``module``'s file ``source`` as imported (a plug-in file's: as executed; a package module's: as
-    first hashed, at the run's start), that of the file now without a module."""
+    first hashed, at the run's start, kept on its spec, which ``importlib.reload`` makes anew: kept in the module, a
+    reloaded edit was recorded with the hash of the file before it), that of the file now without a module."""
     if module is None:
         return _sha256(source)
-    digest = module.__dict__.get(SOURCE_HASH)
+    digest = module.__dict__.get(SOURCE_HASH)  # (a plug-in file's, set as it was executed)
+    if isinstance(digest, str):
+        return digest
+    held = module.__spec__ if module.__spec__ is not None else module
+    digest = getattr(held, SOURCE_HASH, None)
     if not isinstance(digest, str):
-        digest = module.__dict__[SOURCE_HASH] = _sha256(source)
+        digest = _sha256(source)
+        setattr(held, SOURCE_HASH, digest)
     return digest
 
 
