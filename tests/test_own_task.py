@@ -2044,6 +2044,26 @@ def test_the_summary_of_a_best_kept_without_a_mean_score_under_best_metric_mean_
     assert "best 25.00% at step 0" in lines[0], lines
 
 
+def test_the_sft_summary_of_a_best_kept_without_a_mean_score_under_best_metric_mean_score(tmp_path):
+    """SFT's alike: a best/ kept by a count's accuracy, its run resumed with nothing left to train under
+    sft.best_metric=mean_score, was said 'best/: epoch 0 by mean_score nan (25.0%)'; its accuracy is said."""
+    import torch
+
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.sft import train_sft
+
+    over = {"sft.batch_size": 4, "sft.warmup_steps": 0, "sft.num_epochs": 1, "sft.eval_every_epoch": True}
+    said: list[str] = []
+    for metric, evaluate_fn in (("accuracy", lambda *a: 1), ("mean_score", lambda *a: _scored(1, 0.5))):
+        cfg = tiny_config(**over, **{"sft.best_metric": metric})
+        torch.manual_seed(0)
+        lm, train = load_model(cfg.model, cfg.task, seed=0), generate_split(cfg.task, "train")[:4]
+        kw = {"log": said.append, "progress": False, "allow_config_change": True}
+        train_sft(lm, train, cfg, tmp_path, valid=train, evaluate_fn=evaluate_fn, **kw)
+    assert "; best/: epoch 0 (25.0%); " in said[-1] and "nan" not in said[-1], said[-1]
+
+
 def test_best_metric_mean_score_is_refused_for_an_evaluate_fn_that_returns_a_count(sft_checkpoint, tmp_path):
     """grpo.best_metric / sft.best_metric = mean_score with an evaluate_fn of one's own that returns a count (no
     mean score to keep best/ by) is refused in one line at the first validation (GRPO's, before the first step),

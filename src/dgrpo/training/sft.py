@@ -410,9 +410,10 @@ class SFTRun:
         accs = ", ".join(f"{k}: {100 * v:.1f}%" for k, v in by_stage.items())  # (a resumed run's earlier stages too)
         s = self.lm.settings
         kept = f"; best/: epoch {best['best_epoch']} ({100 * best['best/valid/accuracy']:.1f}%)" if best else ""
-        if best and self.cfg.sft.best_metric != "accuracy":  # (the value best/ was kept by first)
-            metric = self.cfg.sft.best_metric
-            value, accuracy = best.get(f"best/valid/{metric}", float("nan")), best["best/valid/accuracy"]
+        metric = self.cfg.sft.best_metric
+        if best and metric != "accuracy" and f"best/valid/{metric}" in best:  # (the value best/ was kept by first;
+            # none: a best/ kept by a count, or by dgrpo before mean scores, that no later epoch replaced, said 'nan')
+            value, accuracy = best[f"best/valid/{metric}"], best["best/valid/accuracy"]
             kept = f"; best/: epoch {best['best_epoch']} by {metric} {value:.4f} ({100 * accuracy:.1f}%)"
         resumed = (
             " (the run's: its earlier processes' time too, as time_s)" if self.run.resumed_step is not None else ""
