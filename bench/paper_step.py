@@ -95,6 +95,9 @@ UNUSED_KEYS = (
     *(f"model.{k}" for k in ("intermediate_size", "trust_remote_code", "latent_token_init")),
     *("task.", "data.", "sft.", "eval.", "logging.", "fsdp", "device"),
 )
+#: the keys of those sections that the GRPO trainer reads all the same: the reward's default (``eval.scorer``) and how
+#: prompts are cut and written
+READ_KEYS = ("eval.scorer", "data.max_question_tokens", "data.chat_template")
 
 
 def parse_args() -> argparse.Namespace:
@@ -180,7 +183,7 @@ def check_read(overrides: list[str], flag: str) -> None:
     nothing, so a measurement said to be of another model or task was of the recipe's."""
     for kv in overrides:
         key = kv.partition("=")[0].strip()
-        if any(key == k or (k.endswith(".") and key.startswith(k)) for k in UNUSED_KEYS):
+        if key not in READ_KEYS and any(key == k or (k.endswith(".") and key.startswith(k)) for k in UNUSED_KEYS):
             fail(
                 f"{flag} {kv}: this script does not read {key} (it builds a random model of --shape's size in the "
                 "recipe's model.dtype, on the built-in problems, in one process, on --device)"

@@ -154,6 +154,17 @@ def test_paper_step_refuses_a_key_it_does_not_read(flag, kv, monkeypatch, capsys
     )
 
 
+def test_paper_step_takes_the_data_and_eval_keys_the_trainer_reads(monkeypatch):
+    """eval.scorer (the reward when grpo.reward is unset) and data.max_question_tokens / data.chat_template (how the
+    rollouts' prompts are cut and written) are read by the GRPO trainer: they were refused with their sections."""
+    paper_step = _paper_step_module()
+    refused: list[str] = []
+    monkeypatch.setattr(paper_step, "fail", refused.append)
+    sets = ["eval.scorer=exact", "data.max_question_tokens=8", "data.chat_template=false", "eval.max_new_tokens=9"]
+    paper_step.check_read(sets, "--set")
+    assert [r.split(":")[0] for r in refused] == ["--set eval.max_new_tokens=9"]
+
+
 def _paper_step_module():
     return _bench_module("paper_step")
 
