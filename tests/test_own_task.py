@@ -657,6 +657,10 @@ def test_a_csv_header_naming_a_column_twice_is_warned_of(tmp_path):
     with pytest.warns(UserWarning, match=r"rows.csv: the header names the column 'question' twice") as caught:
         recs = load_spec(str(path))
     assert [r.question for r in recs] == ["second?", "fourth?"] and len(caught) == 1
+    path.write_text("question,answer,,\nfirst?,2,,\n")  # (a spreadsheet's unnamed empty columns: nothing to say)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [r.question for r in load_spec(str(path))] == ["first?"]
 
 
 def test_a_csv_rows_line_is_its_first_line_after_blank_lines_and_quoted_line_breaks(tmp_path):

@@ -64,7 +64,7 @@ def read_csv_lines(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
 def _warn_repeated_columns(path: Path, header: list[str]) -> None:
     """Warn of a header that names a column twice: each row keeps the later column's value (csv.DictReader's rule),
     as a JSON object naming a key twice keeps its last value, which is warned of too."""
-    if repeated := [c for i, c in enumerate(header) if c in header[:i]]:
+    if repeated := [c for i, c in enumerate(header) if c and c in header[:i]]:  # ('': a spreadsheet's empty columns)
         warnings.warn(
             f"{path}: the header names the column {repeated[0]!r} twice; each row's later value is read", stacklevel=5
         )
