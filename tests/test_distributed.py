@@ -328,6 +328,21 @@ def test_fsdp2_runs_write_resumable_checkpoints_and_resume_bit_identical(
     # which a single process, with fsdp set, had been given)
 
 
+@NEEDS_FSDP2
+def test_the_rounded_away_share_of_sharded_weights_is_the_models(sft_checkpoint, tmp_path):
+    """The bf16 warning's share of weights an lr step leaves unchanged, under FSDP2 on 3 processes: each rank counted
+    its own shards (rank 0, whose share the command line prints, 12% for the model's 13% at lr 3e-4; a share near the
+    warning's 10% could go unwarned). Every rank now gets the one-process share of the same weights."""
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.training.master_weights import rounded_away_share
+
+    torchrun("share", tmp_path, {"init": str(sft_checkpoint), "lr": 3e-4}, nproc=3)
+    model = LatentLM.from_pretrained(sft_checkpoint).model.to(torch.bfloat16)
+    one = rounded_away_share(list(model.parameters()), 3e-4)
+    assert 0.10 < one < 0.20  # (a share the uneven shards tell apart)
+    assert json.loads((tmp_path / "shares.json").read_text()) == [one] * 3
+
+
 # ----------------------------------------------------------------------------------------------- worker
 def _args(d: dict) -> list[str]:
     from conftest import tiny_args
@@ -440,6 +455,21 @@ def _worker_cli(out: Path, args: dict) -> None:
     assert cli.main([*args["argv"], *_args(args.get("sets", {}))]) == 0
 
 
+def _worker_share(out: Path, args: dict) -> None:
+    """The bf16 weights sharded by FSDP2 (fsdp=full); rank 0 writes every rank's rounded-away share at ``lr``."""
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.master_weights import rounded_away_share
+
+    dist = Dist.from_env(torch.device("cpu"), fsdp="full", fsdp_env=False)
+    lm = LatentLM.from_pretrained(args["init"])
+    lm.model.to(torch.bfloat16)
+    shares = dist.all_gather_objects(rounded_away_share(dist.prepare_model(lm.model), args["lr"]))
+    if dist.is_main:
+        (out / "shares.json").write_text(json.dumps(shares))
+    dist.close()
+
+
 if __name__ == "__main__":
     import faulthandler
 
@@ -448,7 +478,8 @@ if __name__ == "__main__":
     )  # a hang: stacks, exit
     torch.set_num_threads(1)
     scenario, out_dir, arg_json = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
-    {"grpo": _worker_grpo, "parity": _worker_parity, "cli": _worker_cli}[scenario](out_dir, arg_json)
+    workers = {"grpo": _worker_grpo, "parity": _worker_parity, "cli": _worker_cli, "share": _worker_share}
+    workers[scenario](out_dir, arg_json)
 
 
 def test_a_reward_failing_on_one_rank_stops_every_rank_with_one_line(sft_checkpoint, tmp_path):
