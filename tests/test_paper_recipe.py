@@ -95,7 +95,7 @@ def test_coconut_run_py_optimizer_regime(tmp_path, monkeypatch):
     monkeypatch.setattr(
         sft,
         "new_optimizer",
-        lambda params, c, previous=None: (
+        lambda params, c, previous=None, warn=True: (
             made.append(torch.optim.AdamW(params, betas=tuple(c.sft.adam_betas))) or made[-1]
         ),
     )
