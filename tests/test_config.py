@@ -946,6 +946,16 @@ def test_load_config_refuses_what_a_python_caller_slips_on_in_one_line():
     assert (both.model.hidden_size, both.perturbation.kind, both.grpo.steps) == (64, "none", 3)
 
 
+def test_a_config_files_base_written_in_another_case_is_named(tmp_path):
+    """``Base: tiny.yaml`` was 'unknown config key 'Base'' beside the sections' names, with no word of ``base``."""
+    from dgrpo.config import Config, ConfigError, load_config
+
+    path = tmp_path / "mine.yaml"
+    path.write_text("Base: tiny.yaml\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'Base'; did you mean base \(lower case: the file this"):
+        load_config(Config, [str(path)], [])
+
+
 def test_a_dotted_key_in_a_config_file_says_the_file_nests_it(tmp_path):
     """``grpo.steps: 3`` in a YAML file (--set's form) was 'unknown config key 'grpo.steps'' beside a list of known
     keys that holds grpo, with no word of the nesting a file needs."""

@@ -1824,6 +1824,8 @@ def _merge(obj: Any, data: dict, prefix: str) -> None:
         key = f"{prefix}{k}"
         if k not in names:
             hint = _dotted(obj, str(k), prefix) or _trl_name(obj, str(k), prefix) or _did_you_mean(obj, str(k), prefix)
+            if not prefix and str(k).strip().lower() == "base":  # (a file's base config: read before the keys)
+                hint = "; did you mean base (lower case: the file this one builds on)?"
             raise ConfigError(f"unknown config key {key!r}{hint} (known: {', '.join(sorted(names))})")
         cur = getattr(obj, k)
         if is_dataclass(cur):
