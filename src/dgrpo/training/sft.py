@@ -227,8 +227,8 @@ def new_optimizer(
 ) -> torch.optim.Optimizer:
     """AdamW (with ``model.master_weights``, over float32 masters: a ``previous`` optimizer's are carried over);
     ``warn``: of a step rounded away on bf16 weights without masters (once a run: its first optimizer's)."""
-    beta1, beta2 = cfg.sft.adam_betas
     s = cfg.sft
+    beta1, beta2 = s.adam_betas
     opt = adamw(
         params, cfg.model.master_weights, warn_rounding=warn, lr=s.lr, weight_decay=s.weight_decay, betas=(beta1, beta2)
     )
