@@ -178,7 +178,7 @@ def _runs_below(root: Path) -> list[Path]:
     return sorted(found)
 
 
-def _expand_home(p: Path) -> Path:
+def expand_home(p: Path) -> Path:
     """``p`` with a leading ``~`` (or ``~user``) as the home folder; as written when there is none to expand to."""
     try:
         return p.expanduser()
@@ -193,7 +193,7 @@ def find_runs(paths: Sequence[str | Path]) -> list[Path]:
     found: list[Path] = []
     seen: set[Path] = set()
     for path in paths:
-        p = _expand_home(Path(path))
+        p = expand_home(Path(path))
         if p.is_file():  # (metrics.jsonl itself, say: it was told 'no such directory', as a missing path is)
             raise DataError(f"{p}: a file, not a directory (name the run directory that holds {METRICS_FILE})")
         if not p.is_dir():

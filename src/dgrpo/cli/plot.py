@@ -57,10 +57,9 @@ def _exists(path: str) -> bool:
     """Whether ``path`` exists, a leading ``~`` read as the home folder (as ``dgrpo plot`` reads it)."""
     from pathlib import Path
 
-    try:
-        return Path(path).expanduser().exists()
-    except RuntimeError:  # (~user of no such user)
-        return False
+    from ..plotting import expand_home
+
+    return expand_home(Path(path)).exists()
 
 
 def _split_pair(v: str) -> tuple[str, str, str]:
