@@ -479,7 +479,7 @@ class _Prompted(NamedTuple):
             mode="plain" if self.plain else lm.settings.mode,
             wall_s=round(time.time() - self.started, 3),
             scorer=scorer_name(self.scorer),
-            mean_score=sum(p["score"] for p in preds) / n if n else 0.0,
+            mean_score=_mean_score(preds),
             max_question_tokens=self.max_question_tokens,
             limit=self.limit,
             shots=self.shots,
@@ -644,10 +644,16 @@ def _merged_mean_score(parts: list[EvalResult], n: int) -> float | None:
         return None
     if not n:
         return 0.0
-    scores = [x["score"] for p in parts for x in p.predictions if isinstance(x.get("score"), float)]
-    if len(scores) == n:
-        return sum(scores) / n
+    preds = [x for p in parts for x in p.predictions]
+    if len(preds) == n and all(isinstance(x.get("score"), float) for x in preds):
+        return _mean_score(preds)
     return sum(float(p.mean_score or 0.0) * p.n for p in parts) / n
+
+
+def _mean_score(preds: list[dict]) -> float:
+    """The mean of prediction rows' ``score``, summed in their order (0 for none): one process's result and the
+    merge of its shards sum alike, bit for bit."""
+    return sum(p["score"] for p in preds) / len(preds) if preds else 0.0
 
 
 def write_results(result: EvalResult, out_dir: str | Path) -> None:
