@@ -35,7 +35,8 @@ def plugin_source(spec: str) -> Path | None:
     return Path(file).resolve() if file and not own else None
 
 
-#: the attribute of a plug-in module that holds the SHA-256 of its file as this process imported it
+#: the attribute of a plug-in module's spec that holds the SHA-256 of its file as this process imported it (on the
+#: spec: ``importlib.reload`` and a plug-in file's new version each make a new one)
 SOURCE_HASH = "__dgrpo_sha256__"
 
 
@@ -65,9 +66,6 @@ def _imported_hash(module: ModuleType | None, source: Path) -> str:
     reloaded edit was recorded with the hash of the file before it), that of the file now without a module."""
     if module is None:
         return _sha256(source)
-    digest = module.__dict__.get(SOURCE_HASH)  # (a plug-in file's, set as it was executed)
-    if isinstance(digest, str):
-        return digest
     held = module.__spec__ if module.__spec__ is not None else module
     digest = getattr(held, SOURCE_HASH, None)
     if not isinstance(digest, str):
@@ -164,7 +162,7 @@ def _file_module(path: Path, where: str, kind: str) -> ModuleType:
         raise PluginError(f"{where}: {path} is not a Python file (path/to/file.py:{kind})")
     module = importlib.util.module_from_spec(module_spec)
     module.__dict__["__dgrpo_version__"] = version
-    module.__dict__[SOURCE_HASH] = _sha256(resolved)  # (what applied.json records: the file as executed)
+    setattr(module_spec, SOURCE_HASH, _sha256(resolved))  # (what applied.json records: the file as executed)
     sys.modules[name] = module
     _importable_beside(resolved)
     try:
