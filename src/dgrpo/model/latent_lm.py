@@ -47,6 +47,7 @@ from transformers import (
 )
 
 from ..config import ConfigError, LatentTokenInit
+from ..data.loaders import hub_lines_held
 from ..data.records import LATENT_MARKERS
 from ..run_layout import CHECKPOINTS_DIR, STEP_DIR
 from .anatomy import (
@@ -313,7 +314,7 @@ def load_hf_model(
     ``revision``: a hub id's branch, tag or commit (None: its default branch). What transformers logs meanwhile (its
     load report: a table of every tensor that did not fit) is written when the load succeeds, and dropped when it
     fails: the CheckpointError's one line says why."""
-    with _transformers_log_held():
+    with hub_lines_held(("transformers",)):
         return _load_hf_model(path, dtype, trust_remote_code, local_files_only, revision)
 
 
@@ -398,29 +399,6 @@ def check_loading_info(path: str, model: PreTrainedModel, info: dict) -> None:
 def _few(names: list[str], n: int = 3) -> str:
     """The first ``n`` of ``names``, and how many there are in all when more."""
     return ", ".join(names[:n]) + (f", ... ({len(names)} in all)" if len(names) > n else "")
-
-
-@contextmanager
-def _transformers_log_held() -> Iterator[None]:
-    """transformers' log records held back while the block runs: written (to its handlers, as they would have been)
-    when the block ends normally, dropped when it raises."""
-    import logging
-
-    root = logging.getLogger("transformers")
-    handlers, propagate = root.handlers[:], root.propagate
-    held: list[logging.LogRecord] = []
-
-    class Hold(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            held.append(record)
-
-    root.handlers, root.propagate = [Hold()], False
-    try:
-        yield
-    finally:
-        root.handlers, root.propagate = handlers, propagate
-    for record in held:  # (only after a normal end: an exception left above)
-        root.handle(record)
 
 
 @contextmanager
