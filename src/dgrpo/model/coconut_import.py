@@ -34,7 +34,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreT
 
 from .anatomy import input_embedding_weight
 from .factory import CheckpointError
-from .latent_lm import LatentLM, LatentSettings
+from .latent_lm import LatentLM, LatentSettings, few_names
 from .sources import hub_snapshot, resolve_model_source, revision_kwargs
 from .tokens import (
     END_LATENT,
@@ -66,9 +66,9 @@ def _error(msg: str) -> CheckpointError:
     return CheckpointError(" ".join(msg.split()))
 
 
-def _few(keys: list[str], n: int = 4) -> str:
-    shown = ", ".join(keys[:n])
-    return shown + (f", ... ({len(keys)} in all)" if len(keys) > n else "")
+def _few(keys: list[str]) -> str:
+    """The first 4 of ``keys`` (:func:`~dgrpo.model.latent_lm.few_names`)."""
+    return few_names(keys, 4)
 
 
 def read_state_dict(ckpt: Path) -> dict[str, Tensor]:

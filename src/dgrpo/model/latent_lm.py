@@ -381,23 +381,23 @@ def check_loading_info(path: str, model: PreTrainedModel, info: dict) -> None:
     if named and arch not in named:  # (a BERT encoder: transformers builds BertLMHeadModel, and its head is missing)
         raise CheckpointError(
             f"the model {path} is no causal LM: its config.json names {', '.join(named)}, and {arch}, the causal LM "
-            f"of its kind, lacks {_few(missing or shapes)} in its weights; give a decoder-only LM (GPT-2, Llama, "
+            f"of its kind, lacks {few_names(missing or shapes)} in its weights; give a decoder-only LM (GPT-2, Llama, "
             "Qwen2, ...)"
         )
     if shapes:
-        found = f"wrong-shape tensors (the weights' vs {arch}'s): {_few(shapes)}"
+        found = f"wrong-shape tensors (the weights' vs {arch}'s): {few_names(shapes)}"
     else:
         unexpected = sorted(info.get("unexpected_keys") or [])
-        others = f"; it holds others {arch} has no place for: {_few(unexpected)}" if unexpected else ""
-        found = f"missing tensors: {_few(missing)}{others}"
+        others = f"; it holds others {arch} has no place for: {few_names(unexpected)}" if unexpected else ""
+        found = f"missing tensors: {few_names(missing)}{others}"
     raise CheckpointError(
         f"the model {path} has {found}: its weights do not fit its config.json ({arch}); put back the config.json "
         "saved with these weights (or the weights saved with it)"
     )
 
 
-def _few(names: list[str], n: int = 3) -> str:
-    """The first ``n`` of ``names``, and how many there are in all when more."""
+def few_names(names: list[str], n: int = 3) -> str:
+    """The first ``n`` of ``names``, and how many there are in all when more (an error line's list of tensors)."""
     return ", ".join(names[:n]) + (f", ... ({len(names)} in all)" if len(names) > n else "")
 
 
