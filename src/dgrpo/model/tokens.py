@@ -63,7 +63,7 @@ def add_latent_tokens(
     tokenizer lacked, and those it holds beyond the model's embedding rows (a tokenizer saved with the markers, its
     model without their rows)."""
     vocab, n_tokens, n_rows = tokenizer.get_vocab(), len(tokenizer), input_embedding_weight(model).shape[0]
-    _warn_tokens_beyond_rows(vocab, n_rows, LATENT_MARKERS)
+    _warn_tokens_beyond_rows(vocab, n_rows)
     missing = [t for t in LATENT_MARKERS if t not in vocab]
     if missing:
         tokenizer.add_tokens(missing, special_tokens=True)
@@ -85,11 +85,11 @@ def add_latent_tokens(
     return missing
 
 
-def _warn_tokens_beyond_rows(vocab: dict[str, int], n_rows: int, markers: tuple[str, ...]) -> None:
+def _warn_tokens_beyond_rows(vocab: dict[str, int], n_rows: int) -> None:
     """Warn about tokens of the tokenizer (the latent markers aside) whose ids have no row in the model's embedding:
     a tokenizer of another model, or a model built with too small a vocab_size. The resize gave them new, untrained
     rows without a word, and the text that uses them reached the model as noise."""
-    beyond = sorted((i, t) for t, i in vocab.items() if i >= n_rows and t not in markers)
+    beyond = sorted((i, t) for t, i in vocab.items() if i >= n_rows and t not in LATENT_MARKERS)
     if beyond:
         warnings.warn(
             f"the tokenizer has {len(beyond)} token(s) beyond the model's {n_rows} embedding rows (ids {beyond[0][0]} "
