@@ -530,3 +530,20 @@ def test_a_run_path_may_start_at_the_home_folder(runs: Path, tmp_path: Path, mon
     assert main(["plot", "--label", "p = 0.2=~/sampling_s0,~/sampling_s1", "--out", str(out)]) == 0
     assert "p = 0.2" in group_runs([], {"p = 0.2": ["~/sampling_s0", "~/sampling_s1"]})
     assert find_runs(["~/reinforce"]) == [runs / "reinforce"]
+
+
+def test_a_run_given_as_a_link_is_named_as_given(tmp_path: Path) -> None:
+    """``cmp/p01_seed0`` linked to ``store/run_17``: the run was named ``run_17`` (its target's name), so its seed
+    suffix was lost and the two linked seeds were grouped by their config instead of as ``p01``. A link in a folder
+    of seed links (``cmp/arm/seed0``) is grouped by the folder it sits in."""
+    cmp = tmp_path / "cmp"
+    (cmp / "arm").mkdir(parents=True)
+    for s, target in enumerate(("run_17", "run_23")):
+        write_run(tmp_path / "store" / target, grpo_config(), grpo_rows(s))
+        (cmp / f"p01_seed{s}").symlink_to(tmp_path / "store" / target)
+        (cmp / "arm" / f"seed{s}").symlink_to(tmp_path / "store" / target)
+    run = load_run(cmp / "p01_seed0")
+    assert run.name == "p01_seed0" and arm_of(run) == "p01"
+    assert arm_of(load_run(cmp / "arm" / "seed1")) == "arm"
+    groups = group_runs([load_run(cmp / "p01_seed0"), load_run(cmp / "p01_seed1")])
+    assert {n: [r.name for r in rs] for n, rs in groups.items()} == {"p01": ["p01_seed0", "p01_seed1"]}

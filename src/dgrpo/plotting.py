@@ -157,8 +157,16 @@ def load_run(path: str | Path) -> Run:
     evals = [r for r in rows if any(_is_eval_key(k) for k in r)]
     steps = [r for r in rows if _is_training_row(r)]
     return Run(
-        path=p, name=p.resolve().name, config=config if isinstance(config, dict) else {}, steps=steps, evals=evals
+        path=p, name=shown_path(p).name, config=config if isinstance(config, dict) else {}, steps=steps, evals=evals
     )
+
+
+def shown_path(path: Path) -> Path:
+    """The absolute path a run is named by: the name it was given or found under (a link's own name: ``cmp/p01_seed0``
+    linked to ``store/run_17`` is ``p01_seed0``, not ``run_17``), in the real folder it sits in; ``..`` read as
+    written."""
+    given = Path(os.path.abspath(expand_home(path)))
+    return given.parent.resolve() / given.name if given.name else given.resolve()
 
 
 def _runs_below(root: Path) -> list[Path]:
@@ -267,8 +275,7 @@ def config_label(run: Run) -> str:
 
 def named_arm(run: Run) -> str | None:
     """The group a run's directory names (steps 1-3 of :func:`arm_of`), or None when its name says nothing."""
-    path = run.path.resolve()
-    parent = path.parent.name
+    parent = shown_path(run.path).parent.name
     if _SEED_NAME.fullmatch(run.name) and parent:
         return strip_seed(parent) or parent
     if _SEED_NAME.fullmatch(parent):
