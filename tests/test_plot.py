@@ -547,3 +547,37 @@ def test_a_run_given_as_a_link_is_named_as_given(tmp_path: Path) -> None:
     assert arm_of(load_run(cmp / "arm" / "seed1")) == "arm"
     groups = group_runs([load_run(cmp / "p01_seed0"), load_run(cmp / "p01_seed1")])
     assert {n: [r.name for r in rs] for n, rs in groups.items()} == {"p01": ["p01_seed0", "p01_seed1"]}
+
+
+def test_runs_of_one_name_in_other_folders_are_one_arm_only_as_seeds_of_one_setting(tmp_path: Path) -> None:
+    """``a/grpo_seed0``, ``a/grpo_seed1`` and ``b/grpo_seed0``, ``b/grpo_seed1`` were one group ``grpo``, a "mean of
+    4 seeds" over two experiments, whether their learning rates differed or they were two experiments of one config
+    (seed 0 twice). They are split by folder; seeds of one setting spread over folders stay one arm, and so do the
+    seeds in one folder whose configs differ (the demo's arms/<arm>/sft<K>_rl<J>: each from its SFT checkpoint)."""
+    base = grpo_config("locked")
+
+    def grouped(root: Path) -> dict:
+        return {n: sorted(str(r.path.relative_to(root)) for r in rs) for n, rs in all_groups(root).items()}
+
+    for folder, lr in (("a", 1e-4), ("b", 1e-3)):
+        for s in (0, 1):
+            config = {**base, "seed": s, "grpo": {**base["grpo"], "lr": lr}}
+            write_run(tmp_path / "lrs" / folder / f"grpo_seed{s}", config, grpo_rows(s))
+            write_run(tmp_path / "twice" / folder / f"grpo_seed{s}", {**base, "seed": s}, grpo_rows(s))
+            more = tmp_path / "more" / folder / f"grpo_seed{2 * (folder == 'b') + s}"
+            write_run(more, {**base, "seed": 2 * (folder == "b") + s}, grpo_rows(s))
+            write_run(tmp_path / "dirs" / f"exp_{folder}" / "arm" / f"seed{s}", {**base, "seed": s}, grpo_rows(s))
+    for root in ("lrs", "twice"):
+        assert grouped(tmp_path / root) == {
+            "a/grpo": ["a/grpo_seed0", "a/grpo_seed1"],
+            "b/grpo": ["b/grpo_seed0", "b/grpo_seed1"],
+        }
+    assert grouped(tmp_path / "dirs") == {
+        "exp_a/arm": ["exp_a/arm/seed0", "exp_a/arm/seed1"],
+        "exp_b/arm": ["exp_b/arm/seed0", "exp_b/arm/seed1"],
+    }
+    assert {n: len(rs) for n, rs in all_groups(tmp_path / "more").items()} == {"grpo": 4}  # four seeds of one setting
+    for k in (0, 1):  # one arm's seeds from two SFT checkpoints (their model differs), in one folder
+        config = {**base, "seed": 100 * k, "model": {"name_or_path": f"sft/seed{k}/final"}}
+        write_run(tmp_path / "demo" / "arms" / "dropout_grpo" / f"sft{k}_rl0", config, grpo_rows(k))
+    assert {n: len(rs) for n, rs in all_groups(tmp_path / "demo" / "arms").items()} == {"dropout_grpo": 2}

@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .data.records import DataError
 from .run_layout import CONFIG_FILE, METRICS_FILE
@@ -273,18 +273,42 @@ def config_label(run: Run) -> str:
     return run.name
 
 
+class _Named(NamedTuple):
+    """What a run's directory names say: its arm, its seed's numbers, and its place (its path without the seed)."""
+
+    arm: str
+    seed: tuple[int, ...]
+    place: Path
+
+
+def _seed_numbers(name: str) -> tuple[int, ...]:
+    """The numbers in a seed's name (``seed0``, ``s0``, ``_seed-0``: (0,); the demo's ``sft1_rl0``: (1, 0))."""
+    return tuple(int(d) for d in re.findall(r"\d+", name))
+
+
+def _named(run: Run) -> _Named | None:
+    """Steps 1-3 of :func:`arm_of`, and where the arm sits: the run's path with its seed left out
+    (``a/grpo`` of ``a/grpo_seed0``, ``a/arm`` of ``a/arm/seed0``, ``a/dropout`` of ``a/seed0/dropout``); None when
+    the run's names say nothing."""
+    path = shown_path(run.path)
+    parent = path.parent
+    if _SEED_NAME.fullmatch(run.name) and parent.name:
+        return _Named(strip_seed(parent.name) or parent.name, _seed_numbers(run.name), parent)
+    if _SEED_NAME.fullmatch(parent.name):
+        arm = strip_seed(run.name) or run.name
+        return _Named(arm, _seed_numbers(parent.name), parent.parent / arm)
+    stem, m = strip_seed(run.name), _SEED_SUFFIX.search(run.name)
+    return None if stem is None or m is None else _Named(stem, _seed_numbers(m.group()), parent / stem)
+
+
 def named_arm(run: Run) -> str | None:
     """The group a run's directory names (steps 1-3 of :func:`arm_of`), or None when its name says nothing."""
-    parent = shown_path(run.path).parent.name
-    if _SEED_NAME.fullmatch(run.name) and parent:
-        return strip_seed(parent) or parent
-    if _SEED_NAME.fullmatch(parent):
-        return strip_seed(run.name) or run.name
-    return strip_seed(run.name)
+    named = _named(run)
+    return None if named is None else named.arm
 
 
 def arm_of(run: Run) -> str:
-    """The group a run belongs to, alone (:func:`group_runs` refines step 4 by the other runs).
+    """The group a run belongs to, alone (:func:`group_runs` refines it by the other runs: :func:`_automatic_groups`).
 
     1. A run directory named like a seed (``seed0``, ``s1``, ``seed-2``, the demo's ``sft0_rl1``; case-insensitive)
        is grouped by its parent's name (``runs/demo/arms/dropout_grpo/sft0_rl0`` -> ``dropout_grpo``).
@@ -323,13 +347,64 @@ def _own_names(paths: Sequence[Path]) -> dict[Path, str]:
     return names
 
 
+def _other_experiments(members: Sequence[tuple[Run, Path, tuple[int, ...] | None]]) -> bool:
+    """Whether the runs one automatic name groups (``(run, place, seed numbers)``) are other experiments, not seeds of
+    one: they sit at two or more places (``a/grpo_seed0`` and ``b/grpo_seed0``: places ``a/grpo``, ``b/grpo``), and
+    two places hold the same seed (a run twice: another experiment, or a copy) or other settings (their configs but
+    for the seed, as :func:`_setting`; runs without a config count as none). Seeds at one place are one arm's even
+    where their configs differ (the demo's: each started from its SFT seed's checkpoint)."""
+    places: dict[Path, list[tuple[Run, tuple[int, ...] | None]]] = {}
+    for run, place, seed in members:
+        places.setdefault(place, []).append((run, seed))
+    if len(places) < 2:
+        return False
+    where: dict[tuple[int, ...], Path] = {}
+    for place, runs in places.items():
+        for _, seed in runs:
+            if seed is not None and where.setdefault(seed, place) != place:
+                return True
+    settings = {frozenset(_setting(r) for r, _ in runs if r.config) for runs in places.values()}
+    return len(settings - {frozenset()}) > 1
+
+
+def _automatic_groups(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    """The runs by :func:`arm_of`, refined: a config label of several settings names each run by its path
+    (:func:`_own_names`), and a name whose runs are other experiments (:func:`_other_experiments`) is split by their
+    places, each group named by the shortest tail of its place that tells it apart (``a/grpo``, ``b/grpo``)."""
+    settings: dict[str, set[str]] = {}
+    for run in runs:
+        if _named(run) is None:
+            settings.setdefault(config_label(run), set()).add(_setting(run))
+    own = _own_names([shown_path(run.path) for run in runs])
+    members: dict[str, list[tuple[Run, Path, tuple[int, ...] | None]]] = {}
+    for run in runs:
+        named = _named(run)
+        if named is not None:
+            members.setdefault(named.arm, []).append((run, named.place, named.seed))
+            continue
+        label = config_label(run)
+        arm = label if len(settings[label]) == 1 else own[shown_path(run.path)]
+        members.setdefault(arm, []).append((run, shown_path(run.path), None))
+    split = {arm for arm, group in members.items() if _other_experiments(group)}
+    places = [place for arm in split for _, place, _ in members[arm]]
+    place_names = _own_names(list(dict.fromkeys([*places, *own])))
+    out: dict[str, list[Run]] = {}
+    for arm, group in members.items():
+        for run, place, _ in group:
+            out.setdefault(place_names[place] if arm in split else arm, []).append(run)
+    return out
+
+
 def group_runs(runs: Sequence[Run], groups: Mapping[str, Sequence[str | Path]] | None = None) -> dict[str, list[Run]]:
     """Runs by arm (:func:`arm_of`); ``groups`` (name -> run directories, or directories holding runs) overrides it.
 
     Runs grouped by their config (step 4 of :func:`arm_of`) stay one group only when their configs agree but for
     the seed (and threads, device, logging): runs of one label that differ in anything else (a learning-rate sweep
     of Dropout-GRPO, say) are shown one by one, each under its directory's name (with its parents' where others share
-    it: :func:`_own_names`), not averaged into one line.
+    it: :func:`_own_names`), not averaged into one line. Runs that one name groups but that sit in other folders
+    (``a/grpo_seed0`` and ``b/grpo_seed0``) stay one group where they are seeds of one setting, and are split by
+    folder (``a/grpo``, ``b/grpo``) where they are other experiments: a seed twice, or other settings
+    (:func:`_other_experiments`).
     The named groups come first, in the given order, then the other runs' arms in order of first appearance."""
     by_path = {r.path.resolve(): r for r in runs}
     out: dict[str, list[Run]] = {}
@@ -344,18 +419,8 @@ def group_runs(runs: Sequence[Run], groups: Mapping[str, Sequence[str | Path]] |
             if run is not None:
                 out.setdefault(name, []).append(run)
                 taken.add(key)
-    rest = [run for run in runs if run.path.resolve() not in taken]
-    settings: dict[str, set[str]] = {}
-    for run in rest:
-        if named_arm(run) is None:
-            settings.setdefault(config_label(run), set()).add(_setting(run))
-    own = _own_names([run.path.resolve() for run in rest])
-    for run in rest:
-        arm = named_arm(run)
-        if arm is None:
-            label = config_label(run)
-            arm = label if len(settings[label]) == 1 else own[run.path.resolve()]
-        out.setdefault(arm, []).append(run)
+    for arm, members in _automatic_groups([run for run in runs if run.path.resolve() not in taken]).items():
+        out.setdefault(arm, []).extend(members)
     return out
 
 
