@@ -581,3 +581,33 @@ def test_runs_of_one_name_in_other_folders_are_one_arm_only_as_seeds_of_one_sett
         config = {**base, "seed": 100 * k, "model": {"name_or_path": f"sft/seed{k}/final"}}
         write_run(tmp_path / "demo" / "arms" / "dropout_grpo" / f"sft{k}_rl0", config, grpo_rows(k))
     assert {n: len(rs) for n, rs in all_groups(tmp_path / "demo" / "arms").items()} == {"dropout_grpo": 2}
+
+
+def test_a_label_named_as_the_other_runs_group_is_refused(tmp_path: Path, capsys) -> None:
+    """``--label dropout=runs/mine`` beside ``runs/dropout_seed0``, ``runs/dropout_seed1`` (grouped as ``dropout``)
+    drew one line, a mean over the labelled run and the other two, unsaid; so did a label named as the other runs'
+    config group. Refused in one line naming the clash; the label with the other runs in it, or another name, draws."""
+    base = grpo_config("locked")
+    for s in (0, 1):
+        write_run(tmp_path / f"dropout_seed{s}", base, grpo_rows(s))
+    mine = write_run(tmp_path / "mine", {**base, "grpo": {**base["grpo"], "lr": 1e-3}}, grpo_rows(2))
+    other = write_run(tmp_path / "other" / "run", grpo_config("none"), grpo_rows(3))
+    runs = [load_run(p) for p in (tmp_path / "dropout_seed0", tmp_path / "dropout_seed1", other)]
+    with pytest.raises(DataError, match=r"^--label dropout: the other runs .*dropout_seed0, .*dropout_seed1 are gro"):
+        group_runs(runs, {"dropout": [mine]})
+    with pytest.raises(
+        DataError,
+        match=r"^--label deterministic: the other runs .*run are grouped under that name too \(by their config\)",
+    ):
+        group_runs(runs, {"deterministic": [mine]})
+    both = group_runs(runs, {"dropout": [mine, tmp_path / "dropout_seed0", tmp_path / "dropout_seed1"]})
+    assert {n: len(rs) for n, rs in both.items()} == {"dropout": 3, "deterministic": 1}
+    assert {n: len(rs) for n, rs in group_runs(runs, {"mine": [mine]}).items()} == {
+        "mine": 1,
+        "dropout": 2,
+        "deterministic": 1,
+    }
+    argv = ["plot", str(tmp_path / "dropout_seed0"), str(tmp_path / "dropout_seed1"), "--label", f"dropout={mine}"]
+    assert main([*argv, "--out", str(tmp_path / "fig.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--label dropout: the other runs" in err and not (tmp_path / "fig.png").exists()

@@ -404,7 +404,8 @@ def group_runs(runs: Sequence[Run], groups: Mapping[str, Sequence[str | Path]] |
     it: :func:`_own_names`), not averaged into one line. Runs that one name groups but that sit in other folders
     (``a/grpo_seed0`` and ``b/grpo_seed0``) stay one group where they are seeds of one setting, and are split by
     folder (``a/grpo``, ``b/grpo``) where they are other experiments: a seed twice, or other settings
-    (:func:`_other_experiments`).
+    (:func:`_other_experiments`). A name of ``groups`` that the other runs' grouping gives too is a DataError (the
+    two groups were drawn as one).
     The named groups come first, in the given order, then the other runs' arms in order of first appearance."""
     by_path = {r.path.resolve(): r for r in runs}
     out: dict[str, list[Run]] = {}
@@ -419,9 +420,27 @@ def group_runs(runs: Sequence[Run], groups: Mapping[str, Sequence[str | Path]] |
             if run is not None:
                 out.setdefault(name, []).append(run)
                 taken.add(key)
-    for arm, members in _automatic_groups([run for run in runs if run.path.resolve() not in taken]).items():
-        out.setdefault(arm, []).extend(members)
-    return out
+    automatic = _automatic_groups([run for run in runs if run.path.resolve() not in taken])
+    _refuse_labels_named_as_automatic_groups(groups or {}, automatic)
+    return {**out, **automatic}
+
+
+def _refuse_labels_named_as_automatic_groups(
+    groups: Mapping[str, Sequence[str | Path]], automatic: Mapping[str, Sequence[Run]]
+) -> None:
+    """DataError when an explicit group has the name :func:`group_runs` gives to other runs (``--label
+    dropout=runs/x`` beside ``runs/dropout_seed0``): the two were drawn as one line, a mean over both, unsaid."""
+    for name in groups:
+        if name in automatic:
+            others = automatic[name]
+            shown = ", ".join(str(r.path) for r in others[:2]) + (
+                f" and {len(others) - 2} more" if len(others) > 2 else ""
+            )
+            how = "their folders' names" if any(_named(r) for r in others) else "their config"
+            raise DataError(
+                f"--label {name}: the other runs {shown} are grouped under that name too (by {how}); add them to the "
+                "label to draw them as one group, or choose another name"
+            )
 
 
 # ------------------------------------------------------------------------ series

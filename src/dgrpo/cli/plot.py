@@ -35,7 +35,8 @@ def register(sub: Any) -> None:
         action="append",
         default=[],
         metavar="NAME=RUN[,RUN...]",
-        help="put these runs in the group NAME (overrides the grouping by seed suffix / config; repeatable)",
+        help="put these runs in the group NAME (overrides the grouping by seed suffix / config; repeatable); a NAME "
+        "that the other runs' grouping gives too is refused (add those runs to the label, or choose another name)",
     )
     p.add_argument(
         "--eval-key",
