@@ -611,3 +611,21 @@ def test_a_label_named_as_the_other_runs_group_is_refused(tmp_path: Path, capsys
     assert main([*argv, "--out", str(tmp_path / "fig.png")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--label dropout: the other runs" in err and not (tmp_path / "fig.png").exists()
+
+
+def test_a_label_over_runs_of_other_settings_is_one_mean_with_a_warning(tmp_path: Path) -> None:
+    """A ``--label`` is the user's group: one mean over all its runs. Over the seeds of two learning rates it was drawn
+    as "mean of 4 seeds (band: min-max)" without a word that the band spans two settings; a warning names the keys
+    that differ. Seeds of one setting (other seed, threads) draw no warning."""
+    base = grpo_config("locked")
+    for folder, lr in (("a", 1e-4), ("b", 1e-3)):
+        for s in (0, 1):
+            config = {**base, "seed": s, "threads": s + 1, "grpo": {**base["grpo"], "lr": lr}}
+            write_run(tmp_path / f"{folder}_s{s}", config, grpo_rows(s))
+    write_run(tmp_path / "no_config", None, grpo_rows(2))  # (a run without config.json: no setting to compare)
+    with pytest.warns(UserWarning, match=r"^--label mine: its 4 runs are 2 settings \(they differ in grpo.lr\); drawn"):
+        desc = plot([], tmp_path / "fig.png", groups={"mine": [tmp_path / f"{f}_s{s}" for f in "ab" for s in (0, 1)]})
+    assert desc["panels"]["eval"] == {"mine": 4} and desc["bands"]["eval"] == ["mine"] and desc["lines"]["eval"] == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        group_runs([], {"a": [tmp_path / "a_s0", tmp_path / "a_s1", tmp_path / "no_config"]})

@@ -405,7 +405,8 @@ def group_runs(runs: Sequence[Run], groups: Mapping[str, Sequence[str | Path]] |
     (``a/grpo_seed0`` and ``b/grpo_seed0``) stay one group where they are seeds of one setting, and are split by
     folder (``a/grpo``, ``b/grpo``) where they are other experiments: a seed twice, or other settings
     (:func:`_other_experiments`). A name of ``groups`` that the other runs' grouping gives too is a DataError (the
-    two groups were drawn as one).
+    two groups were drawn as one). A name of ``groups`` is one group, drawn as one mean over all its runs, with a
+    warning where they are of other settings (:func:`_warn_if_a_label_mixes_settings`).
     The named groups come first, in the given order, then the other runs' arms in order of first appearance."""
     by_path = {r.path.resolve(): r for r in runs}
     out: dict[str, list[Run]] = {}
@@ -420,9 +421,39 @@ def group_runs(runs: Sequence[Run], groups: Mapping[str, Sequence[str | Path]] |
             if run is not None:
                 out.setdefault(name, []).append(run)
                 taken.add(key)
+    for name, members in out.items():
+        _warn_if_a_label_mixes_settings(name, members)
     automatic = _automatic_groups([run for run in runs if run.path.resolve() not in taken])
     _refuse_labels_named_as_automatic_groups(groups or {}, automatic)
     return {**out, **automatic}
+
+
+def _flat_setting(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """A config's values (as JSON) by dotted key, without the keys that may differ between seeds (:func:`_setting`)."""
+    flat: dict[str, str] = {}
+    for key, value in config.items():
+        if prefix or key not in _NOT_ARM_KEYS:
+            if isinstance(value, Mapping) and value:
+                flat.update(_flat_setting(value, f"{prefix}{key}."))
+            else:
+                flat[f"{prefix}{key}"] = json.dumps(value, sort_keys=True, default=str)
+    return flat
+
+
+def _warn_if_a_label_mixes_settings(name: str, runs: Sequence[Run]) -> None:
+    """A warning when an explicit group's runs are of other settings (their configs differ but for the seed, as
+    :func:`_setting`; runs without a config not counted), naming the keys that differ: the group is drawn as one mean
+    over all its runs, as asked, but its band is then no seed spread."""
+    configs = [_flat_setting(r.config) for r in runs if r.config]
+    keys = sorted(k for k in set().union(*configs) if len({c.get(k) for c in configs}) > 1)
+    if keys:
+        settings = len({_setting(r) for r in runs if r.config})
+        shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+        warnings.warn(
+            f"--label {name}: its {len(runs)} runs are {settings} settings (they differ in {shown}); drawn as one mean "
+            "over them all: give each setting a --label of its own to draw them apart",
+            stacklevel=3,
+        )
 
 
 def _refuse_labels_named_as_automatic_groups(
