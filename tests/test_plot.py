@@ -142,10 +142,12 @@ def test_grouping_of_a_mixed_directory_and_explicit_labels(runs: Path) -> None:
     groups = all_groups(runs)
     sizes = {name: len(rs) for name, rs in groups.items()}
     assert sizes == {"dropout_grpo": 3, "grpo_deterministic": 2, "REINFORCE + EMA": 1, "sampling": 2, "SFT": 1}
-    explicit = group_runs(
-        [load_run(p) for p in find_runs([runs])],
-        {"mine": [runs / "sampling_s0", runs / "reinforce"], "arms": [runs / "arms"]},
-    )
+    with pytest.warns(UserWarning, match=r"--label (mine|arms): its \d runs are 2 settings") as said:
+        explicit = group_runs(
+            [load_run(p) for p in find_runs([runs])],
+            {"mine": [runs / "sampling_s0", runs / "reinforce"], "arms": [runs / "arms"]},
+        )
+    assert len(said) == 2  # (each mixes arms: one mean, as labelled, and said so)
     assert list(explicit)[:2] == ["mine", "arms"]
     assert {n: len(rs) for n, rs in explicit.items()} == {"mine": 2, "arms": 5, "sampling": 1, "SFT": 1}
 
@@ -600,7 +602,8 @@ def test_a_label_named_as_the_other_runs_group_is_refused(tmp_path: Path, capsys
         match=r"^--label deterministic: the other runs .*run are grouped under that name too \(by their config\)",
     ):
         group_runs(runs, {"deterministic": [mine]})
-    both = group_runs(runs, {"dropout": [mine, tmp_path / "dropout_seed0", tmp_path / "dropout_seed1"]})
+    with pytest.warns(UserWarning, match=r"^--label dropout: its 3 runs are 2 settings"):  # (mine's lr)
+        both = group_runs(runs, {"dropout": [mine, tmp_path / "dropout_seed0", tmp_path / "dropout_seed1"]})
     assert {n: len(rs) for n, rs in both.items()} == {"dropout": 3, "deterministic": 1}
     assert {n: len(rs) for n, rs in group_runs(runs, {"mine": [mine]}).items()} == {
         "mine": 1,
