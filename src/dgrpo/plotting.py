@@ -157,11 +157,11 @@ def load_run(path: str | Path) -> Run:
     evals = [r for r in rows if any(_is_eval_key(k) for k in r)]
     steps = [r for r in rows if _is_training_row(r)]
     return Run(
-        path=p, name=shown_path(p).name, config=config if isinstance(config, dict) else {}, steps=steps, evals=evals
+        path=p, name=_shown_path(p).name, config=config if isinstance(config, dict) else {}, steps=steps, evals=evals
     )
 
 
-def shown_path(path: Path) -> Path:
+def _shown_path(path: Path) -> Path:
     """The absolute path a run is named by: the name it was given or found under (a link's own name: ``cmp/p01_seed0``
     linked to ``store/run_17`` is ``p01_seed0``, not ``run_17``), in the real folder it sits in; ``..`` read as
     written."""
@@ -290,7 +290,7 @@ def _named(run: Run) -> _Named | None:
     """Steps 1-3 of :func:`arm_of`, and where the arm sits: the run's path with its seed left out
     (``a/grpo`` of ``a/grpo_seed0``, ``a/arm`` of ``a/arm/seed0``, ``a/dropout`` of ``a/seed0/dropout``); None when
     the run's names say nothing."""
-    path = shown_path(run.path)
+    path = _shown_path(run.path)
     parent = path.parent
     if _SEED_NAME.fullmatch(run.name) and parent.name:
         return _Named(strip_seed(parent.name) or parent.name, _seed_numbers(run.name), parent)
@@ -375,7 +375,7 @@ def _automatic_groups(runs: Sequence[Run]) -> dict[str, list[Run]]:
     for run in runs:
         if _named(run) is None:
             settings.setdefault(config_label(run), set()).add(_setting(run))
-    own = _own_names([shown_path(run.path) for run in runs])
+    own = _own_names([_shown_path(run.path) for run in runs])
     members: dict[str, list[tuple[Run, Path, tuple[int, ...] | None]]] = {}
     for run in runs:
         named = _named(run)
@@ -383,8 +383,8 @@ def _automatic_groups(runs: Sequence[Run]) -> dict[str, list[Run]]:
             members.setdefault(named.arm, []).append((run, named.place, named.seed))
             continue
         label = config_label(run)
-        arm = label if len(settings[label]) == 1 else own[shown_path(run.path)]
-        members.setdefault(arm, []).append((run, shown_path(run.path), None))
+        arm = label if len(settings[label]) == 1 else own[_shown_path(run.path)]
+        members.setdefault(arm, []).append((run, _shown_path(run.path), None))
     split = {arm for arm, group in members.items() if _other_experiments(group)}
     places = [place for arm in split for _, place, _ in members[arm]]
     place_names = _own_names(list(dict.fromkeys([*places, *own])))
@@ -421,10 +421,10 @@ def group_runs(runs: Sequence[Run], groups: Mapping[str, Sequence[str | Path]] |
             if run is not None:
                 out.setdefault(name, []).append(run)
                 taken.add(key)
-    for name, members in out.items():
-        _warn_if_a_label_mixes_settings(name, members)
     automatic = _automatic_groups([run for run in runs if run.path.resolve() not in taken])
     _refuse_labels_named_as_automatic_groups(groups or {}, automatic)
+    for name, members in out.items():
+        _warn_if_a_label_mixes_settings(name, members)
     return {**out, **automatic}
 
 
