@@ -846,3 +846,31 @@ def test_a_solution_column_beside_a_gsm8k_answer_is_kept(tmp_path: Path) -> None
     recs = load_dataset(str(path))
     assert [r.meta["solution"] for r in recs] == ["add them", "<<4-1=3>> #### 3"]
     assert [r.answer for r in recs] == ["5", "3"]
+
+
+def test_a_csv_row_shorter_than_its_header_names_the_columns_it_has_no_value_for(tmp_path: Path) -> None:
+    """A CSV row short of a cell the record needs ('What is 2+2?' with no ',4') read "field 'answer' must be a string,
+    got NoneType", and mapped, "column 'a' is empty (null)", as if the file had said null: it is one line naming the
+    file, the line, the column without a value and the row's cells. A JSON null still reads as one."""
+    from dgrpo.data.loaders import column_parser
+
+    path = tmp_path / "rows.csv"
+    path.write_text("question,answer,id\nWhat is 1+1?,2,a\nWhat is 2+2?\n")
+    said = "rows.csv line 3: field 'answer' has no value: the row has 1 cell, fewer than the header's 3 columns"
+    with pytest.raises(DataError, match=re.escape(f"{said} (none for 'id' either)") + "$"):
+        load_dataset(str(path))
+    path.write_text("q,a\nWhat is 1+1?,2\nWhat is 2+2?\n")
+    said = "rows.csv line 3: column 'a' has no value: the row has 1 cell, fewer than the header's 2 columns"
+    with pytest.raises(DataError, match=re.escape(said) + "$"):
+        load_dataset(str(path), columns=column_parser("q", "a"))
+    path.write_text("Body,Question,Answer\nTwo cats.,Legs?,8\nFive birds.,Legs?\n")  # (a number field: 'NoneType')
+    with pytest.raises(DataError, match=re.escape("rows.csv line 3: field 'Answer' has no value: the row has 2 cells")):
+        load_dataset(str(path))
+    path.write_text("input,target,code\nWhat is 1.5*2?,three\n")  # (another problem of a short row: its cells too)
+    said = "line 2: field 'target' must be a number, got 'three' (the row has 2 cells, fewer than the header's 3"
+    with pytest.raises(DataError, match=re.escape(f"{said} columns: no value for 'code')") + "$"):
+        load_dataset(str(path))
+    nulls = tmp_path / "nulls.jsonl"
+    nulls.write_text(json.dumps({"question": "What is 1+1?", "answer": None}) + "\n")
+    with pytest.raises(DataError, match=re.escape("nulls.jsonl line 1: field 'answer' is empty (null)") + "$"):
+        load_dataset(str(nulls))

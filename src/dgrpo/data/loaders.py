@@ -35,6 +35,15 @@ class _RowError(Exception):
     """One record's problem; the caller adds the file and line/record position."""
 
 
+class _NoValue(_RowError):
+    """A field a record needs holds None: JSON null, an empty parquet cell, or a cell a CSV row is short of (the caller
+    then says so: :func:`_short_row`). ``what`` names it: ``field 'answer'``, ``column 'target'``."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what} is empty (null)")
+        self.what = what
+
+
 def _field(row: dict[str, Any], key: str, option: str = "") -> Any:
     """``row[key]``; a row without it is a _RowError, naming the ``option`` that named the column (a mapping's, which
     may come from a checkpoint's run)."""
@@ -50,6 +59,8 @@ def _field(row: dict[str, Any], key: str, option: str = "") -> Any:
 
 def _text_field(row: dict[str, Any], key: str, *, strip: bool = True, allow_empty: bool = False) -> str:
     value = _field(row, key)
+    if value is None:  # (it read 'must be a string, got NoneType')
+        raise _NoValue(f"field {key!r}")
     if not isinstance(value, str):
         raise _RowError(f"field {key!r} must be a string, got {type(value).__name__}")
     if strip:
@@ -69,6 +80,8 @@ def _steps_field(row: dict[str, Any], key: str = "steps") -> list[str]:
 def _format_number(value: Any, what: str) -> str:
     """A numeric gold as answer text: int string when whole (``8.0`` -> ``"8"``), else full precision
     without exponent (``3244047.0999999996``, ``2.0107e-06`` -> ``"0.0000020107"``)."""
+    if value is None:
+        raise _NoValue(what)
     if isinstance(value, bool):
         raise _RowError(f"{what} must be a number, got a boolean")
     if isinstance(value, int):
@@ -233,6 +246,8 @@ def _row_question_cot_answer(row: dict[str, Any]) -> Record:
     """GSM8K-Aug as published on the hub (e.g. ``whynlp/gsm8k-aug``): ``cot`` is ``<<e1>> <<e2>> ...``."""
     question = _text_field(row, "question")
     cot = row.get("cot")
+    if cot is None:
+        raise _NoValue("field 'cot'")
     if not isinstance(cot, str):
         raise _RowError(f"field 'cot' must be a string, got {type(cot).__name__}")
     answer = _numeric_answer(_text_field(row, "answer"), "field 'answer'")
@@ -715,13 +730,29 @@ def rows_to_records(
             parser = parser or _detect_row_parser(row)
             record = parser(row)
         except _RowError as exc:
-            at = f"line {lines[index]}" if lines is not None else f"row {index + 1}"
-            raise DataError(f"{where} {at}: {exc}") from None
+            if lines is None:
+                raise DataError(f"{where} row {index + 1}: {exc}") from None
+            raise DataError(f"{where} line {lines[index]}: {_short_row(exc, row)}") from None
         record.meta.setdefault("source", source)
         records.append(record)
     if not records:
         raise DataError(f"{where} contains no records")
     return records
+
+
+def _short_row(exc: _RowError, row: Any) -> str:
+    """A CSV row's problem: ``exc``, or, for a row shorter than its header (the cells it lacks are None: a CSV value is
+    otherwise text), which columns it has no value for and how many cells it has. A field it needs among them was
+    'field 'answer' must be a string, got NoneType', or 'is empty (null)', as if the file had said null."""
+    missing = [str(k) for k, v in row.items() if v is None] if isinstance(row, dict) else []
+    if not missing:
+        return str(exc)
+    cells = len(row) - len(missing)
+    short = f"the row has {cells} cell{'s' * (cells != 1)}, fewer than the header's {len(row)} columns"
+    if not isinstance(exc, _NoValue):
+        return f"{exc} ({short}: no value for {', '.join(repr(m) for m in missing)})"
+    others = [repr(m) for m in missing if not exc.what.endswith(repr(m))]
+    return f"{exc.what} has no value: {short}" + (f" (none for {', '.join(others)} either)" if others else "")
 
 
 #: the columns a mapped row's record does not keep in ``meta``: the record's own fields, and TRL's prompt column
@@ -775,10 +806,12 @@ class _ColumnParser:
         self.fields.update(str(key) for key in row)
         self.steps_seen = self.steps_seen or self.steps_key in row
         raw_question = _field(row, self.question_key, "data.question_key")
+        if raw_question is None:  # (null: empty, not 'None')
+            raise _NoValue(f"column {self.question_key!r}")
         _check_scalar(raw_question, self.question_key)
-        question = "" if raw_question is None else str(raw_question).strip()  # (null: empty, not 'None')
+        question = str(raw_question).strip()
         if not question:
-            raise _RowError(f"column {self.question_key!r} is empty" + (" (null)" if raw_question is None else ""))
+            raise _RowError(f"column {self.question_key!r} is empty")
         answer, solution = self._answer(row)
         steps = self._steps(row, solution, answer)
         # every column stays under its own name, the mapped ones too (TRL passes a reward function each column but
@@ -793,7 +826,7 @@ class _ColumnParser:
         key = self.answer_key
         raw = _field(row, key, "data.answer_key")
         if raw is None:  # (JSON null, an empty parquet cell: str() would make it the answer 'None')
-            raise _RowError(f"column {key!r} is empty (null)")
+            raise _NoValue(f"column {key!r}")
         _check_scalar(raw, key, answer=True)
         answer = _format_number(raw, f"column {key!r}") if isinstance(raw, (int, float)) else str(raw).strip()
         solution = answer if "####" in answer else None
