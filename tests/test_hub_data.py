@@ -164,3 +164,23 @@ def test_a_failed_hub_read_is_dgrpo_s_line_alone_and_one_that_succeeds_keeps_the
         assert [r.answer for r in loaders.load_dataset("org/mine", "test")] == ["2"]
     assert [r.getMessage() for r in caplog.records] == ["Retrying in 1s [Retry 1/5]."]
     assert (hub_logger.handlers, hub_logger.propagate) == before  # (as they were, outside the read)
+
+
+def test_a_local_parquet_file_is_read_without_the_datasets_progress_bar(tmp_path, capfd):
+    """A parquet file read through the datasets package printed its progress bar ('Generating train split: 2
+    examples [00:00, ...]') to stderr above the command's own lines, the first time each file was read (the hub's log
+    lines were held, not its bars). None is printed; the bars are as they were after the read, and a failed one."""
+    datasets = pytest.importorskip("datasets")
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+
+    before = datasets.utils.are_progress_bars_disabled()
+    path = tmp_path / "fresh.parquet"  # (a path never read: datasets builds its cached copy, with its bar)
+    pq.write_table(pa.table({"question": ["1 + 1?", "2 + 2?"], "answer": ["2", "4"]}), str(path))
+    capfd.readouterr()
+    assert [r.answer for r in loaders.load_dataset(str(path))] == ["2", "4"]
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "") and datasets.utils.are_progress_bars_disabled() == before
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(DataError, match="not a readable parquet file"):
+        loaders.load_dataset(str(tmp_path / "bad.parquet"))
+    assert datasets.utils.are_progress_bars_disabled() == before

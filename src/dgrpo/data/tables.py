@@ -8,6 +8,8 @@ from __future__ import annotations
 import csv
 import math
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import zip_longest
 from pathlib import Path
 from typing import Any
@@ -93,11 +95,32 @@ def read_parquet(path: Path) -> list[dict[str, Any]]:
     """The rows of a parquet file."""
     datasets = _datasets(f"{path}: reading parquet")
     try:
-        return dataset_rows(datasets.Dataset.from_parquet(str(path)))
+        with progress_bars_held(datasets):
+            return dataset_rows(datasets.Dataset.from_parquet(str(path)))
     except Exception as e:  # noqa: BLE001 - a damaged or foreign file: one line
         if _parquet_rows(path) == 0:  # (datasets refuses it: 'Instruction "train" corresponds to no data!')
             raise DataError(f"{path} contains no records") from None
         raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+@contextmanager
+def progress_bars_held(datasets: Any) -> Iterator[None]:
+    """No progress bar of the ``datasets`` package within the block, as it was after: a local file's read printed
+    'Generating train split: 5 examples [00:00, ...]' (the hub's lines are held by
+    :func:`dgrpo.data.loaders.hub_lines_held`; a hub download's bars stay). Bars already off, or kept on by
+    ``HF_DATASETS_DISABLE_PROGRESS_BARS=0``, are left as they are."""
+    utils = datasets.utils
+    if utils.are_progress_bars_disabled():
+        yield
+        return
+    with warnings.catch_warnings():  # (the variable set to 0 wins: datasets warns that it cannot disable them)
+        warnings.simplefilter("ignore")
+        utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if utils.are_progress_bars_disabled():
+            utils.enable_progress_bars()
 
 
 def _parquet_rows(path: Path) -> int | None:
@@ -115,7 +138,8 @@ def read_hf_folder(path: Path, split: str | None) -> list[dict[str, Any]]:
     or its only one: :func:`unnamed_split`)."""
     datasets = _datasets(f"{path}: reading a Hugging Face dataset folder")
     try:
-        loaded = datasets.load_from_disk(str(path))
+        with progress_bars_held(datasets):  # ('Loading dataset from disk', over 16 files on a terminal)
+            loaded = datasets.load_from_disk(str(path))
     except Exception as e:  # noqa: BLE001
         raise DataError(f"{path}: not a readable dataset folder ({type(e).__name__}: {str(e)[:200]})") from None
     return split_rows(loaded, split, str(path))
