@@ -1579,3 +1579,38 @@ def test_a_test_set_sharing_questions_with_the_validation_set_is_warned_of():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_if_tests_share_validation(load_config(Config, None, ["data.valid=''"]), held_out)
+
+
+def test_eval_of_a_run_tested_on_a_relative_dataset_folder_says_where_it_is_read_from(
+    tmp_path, sft_checkpoint, run_cli, monkeypatch
+):
+    """A run tested on a save_to_disk folder named relative to the folder it started from (data.test=mine, mine:test):
+    eval without --data from another folder read it as a hub dataset, 'unknown dataset 'mine': not a local file, not a
+    built-in name (gsm8k, ...), and the Hugging Face hub could not be reached: ...', naming no run (a file's path was
+    already checked: it has an extension). The line names the run's test set, the folder and --data, with the hub's
+    reason; from the run's folder, or with --data, it evaluates."""
+    datasets = pytest.importorskip("datasets")
+    from dgrpo.data import loaders
+
+    monkeypatch.setattr(loaders, "hub_reachable", lambda: False)  # (no network in tests: at once, as offline)
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    project = tmp_path / "project"
+    rows = datasets.Dataset.from_list([{"question": "Start with 1. Add 2.", "answer": "3"}])
+    datasets.DatasetDict({"test": rows}).save_to_disk(str(project / "mine"))
+    (tmp_path / "elsewhere").mkdir()
+    for spec in ("mine", "mine:test"):
+        ckpt = _with_run_config(sft_checkpoint, tmp_path / f"ckpt-{spec[-4:]}", "data", "test", [spec])
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        r = run_cli("eval", "--model", ckpt, "--out", tmp_path / "e")
+        said = (
+            f"dgrpo: error: --data: the checkpoint's run was tested on {spec} (its data.test), no folder or file from "
+            f"{tmp_path / 'elsewhere'}, nor read from the hub (no connection to it"
+        )
+        assert r.returncode == 2 and said in r.stderr and r.stderr.rstrip().endswith("name the data with --data")
+        assert not (tmp_path / "e").exists()
+        run = run_cli("eval", "--model", ckpt, "--data", project / "mine", "--out", tmp_path / f"e-{spec[-4:]}")
+        assert run.returncode == 0, run.stderr[-2000:]
+    monkeypatch.chdir(project)
+    assert run_cli("eval", "--model", ckpt, "--out", tmp_path / "e").returncode == 0
+    assert json.loads((tmp_path / "e" / "results.json").read_text())["dataset"] == "mine:test"

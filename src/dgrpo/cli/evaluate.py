@@ -188,12 +188,12 @@ def run(args: argparse.Namespace) -> int:
     # the ranks agree before the first dataset and after each: rank 0's notice says which, the datasets under way in
     # in_test_sets, before them the command line's)
     with stopping(done.line):
-        cfg, datas = _eval_config(args)
+        cfg, datas, runs = _eval_config(args)
         e = cfg.eval
         outs = output_dirs(datas, args.split, Path(args.out), given=bool(args.data))
         device = setup(cfg)
         options = eval_options(cfg)  # (a scorer that cannot be built fails here, before the data and the model load)
-        sets = _read_sets(outs, args.split, cfg, options["scorer"])
+        sets = _read_sets(outs, args.split, cfg, options["scorer"], runs)
         warn_fsdp_not_applied(cfg)
         # (under torchrun: each rank answers a shard of every set, with the whole model)
         dist, device = join_processes(cfg, device, fsdp=False)
@@ -274,11 +274,12 @@ class Done:
         return NOTHING_YET
 
 
-def _eval_config(args: argparse.Namespace) -> tuple[Config, list[str]]:
+def _eval_config(args: argparse.Namespace) -> tuple[Config, list[str], bool]:
     """The evaluation's config: the options given, over the checkpoint's own settings (a hub id's read at one
     commit, whose weights then load); ``--out`` checked first, before anything is read from the checkpoint. And the
     datasets to evaluate: ``--data``, else ``data.test`` as ``--config`` / ``--set`` or the checkpoint's run set it
-    (the run's own test sets); a model with none named (a plain hub model, a run with none) is one line."""
+    (the run's own test sets); a model with none named (a plain hub model, a run with none) is one line. And whether
+    they are the checkpoint's run's test sets, as it recorded them."""
     from ..config import Config, ConfigError, DataConfig, TaskConfig, load_config
     from ..model.sources import on_disk
     from ..training.preemption import is_rank0
@@ -317,13 +318,14 @@ def _eval_config(args: argparse.Namespace) -> tuple[Config, list[str]]:
     for line in cfg.inert_eval_settings():
         warnings.warn(line, stacklevel=1)
     if args.data:
-        return cfg, list(args.data)
+        return cfg, list(args.data), False
     if not cfg.data.test or ("test" not in start.get("data", {}) and given.data.test == DataConfig().test):
         whose = "names no test sets (its data.test is [])" if start and not cfg.data.test else "names none"
         raise ConfigError(f"--data: name the datasets to evaluate ({args.model} {whose})")
-    if cfg.data.test == start.get("data", {}).get("test"):
+    runs = cfg.data.test == start.get("data", {}).get("test")
+    if runs:
         check_run_test_files(cfg.data.test)
-    return cfg, list(cfg.data.test)
+    return cfg, list(cfg.data.test), runs
 
 
 def check_run_test_files(specs: list[str]) -> None:
@@ -331,14 +333,10 @@ def check_run_test_files(specs: list[str]) -> None:
     from): one that is not found from here is one line saying so, before the model loads (it read 'file not found
     (a relative path is read from the working directory, ...)', naming no run)."""
     from ..config import ConfigError
-    from ..data import local_path
     from ..data.loaders import names_a_file
 
     for spec in specs:
-        # (files joined by '+', a+b.jsonl read as a.jsonl then b.jsonl: each part; 'a.jsonl+b.jsonl' as one path was
-        # not found, and a run tested on them refused from the very folder it ran in)
-        parts = [spec] if local_path(spec) is not None else [part.strip() for part in spec.split("+")]
-        for part in parts:
+        for part in spec_parts(spec):
             path = Path(part).expanduser()
             if names_a_file(part) and not path.is_absolute() and not path.exists():
                 named = part if part == spec else f"{part} (of {spec})"
@@ -349,16 +347,55 @@ def check_run_test_files(specs: list[str]) -> None:
                 )
 
 
-def _read_sets(outs: dict[str, Path], split: str | None, cfg: Config, scorer: Any) -> dict[str, list[Record]]:
+def spec_parts(spec: str) -> list[str]:
+    """The datasets a spec reads: itself when it names a local path, else each part joined by ``+`` (a+b.jsonl is
+    read as a.jsonl then b.jsonl; 'a.jsonl+b.jsonl' as one path was not found, and a run tested on them refused from
+    the very folder it ran in)."""
+    from ..data import local_path
+
+    return [spec] if local_path(spec) is not None else [part.strip() for part in spec.split("+")]
+
+
+def run_test_set_unread(spec: str, exc: Exception) -> str | None:
+    """The line for a run's test set ``spec`` that failed to read (``exc``) as a hub dataset, a part of it naming no
+    local folder or file from here (a dataset folder the run read from the folder it started in, ``mydata`` or
+    ``mydata:test``, was 'unknown dataset 'mydata': ... the Hugging Face hub could not be reached', naming no run);
+    None when the failure is no such part's."""
+    from ..data.loaders import reads_from_the_hub
+
+    for part in spec_parts(spec):
+        name = part.partition("?")[0].partition(":")[0]
+        if reads_from_the_hub(part) and repr(name) in str(exc):
+            named = part if part == spec else f"{part} (of {spec})"
+            said = str(exc)
+            reason = said.partition("the Hugging Face hub could not be reached: ")[2] or said  # (not the names again)
+            return (
+                f"--data: the checkpoint's run was tested on {named} (its data.test), no folder or file from "
+                f"{Path.cwd()}, nor read from the hub ({reason}): a path is relative to the folder that run "
+                "started from; run dgrpo eval from that folder, or name the data with --data"
+            )
+    return None
+
+
+def _read_sets(
+    outs: dict[str, Path], split: str | None, cfg: Config, scorer: Any, runs: bool = False
+) -> dict[str, list[Record]]:
     """Every ``--data``'s records, read before the model loads (a wrong name fails at once); a set with nothing to
-    evaluate is one line, a scorer that gives its gold answers 0 is warned about."""
+    evaluate is one line, a scorer that gives its gold answers 0 is warned about. ``runs``: the sets are the
+    checkpoint's run's test sets (:func:`run_test_set_unread` says what a failed read may mean)."""
+    from ..config import ConfigError
     from ..data import load_spec
     from ..data.records import DataError
     from ..eval.scoring import warn_if_scorer_misses_gold
 
     e, sets = cfg.eval, {}
     for data in outs:
-        recs = sets[data] = load_spec(data, cfg.task, split=split, data=cfg.data, held_out=True)
+        try:
+            recs = sets[data] = load_spec(data, cfg.task, split=split, data=cfg.data, held_out=True)
+        except DataError as exc:
+            if runs and (line := run_test_set_unread(data, exc)) is not None:
+                raise ConfigError(line) from None
+            raise
         n = len(recs) - (e.shots if e.plain else 0)
         if n <= 0 or (e.limit and min(n, e.limit) <= 0):
             raise DataError(f"{data}: nothing to evaluate ({len(recs)} records, {e.shots} of them used as shots)")
