@@ -874,3 +874,17 @@ def test_a_csv_row_shorter_than_its_header_names_the_columns_it_has_no_value_for
     nulls.write_text(json.dumps({"question": "What is 1+1?", "answer": None}) + "\n")
     with pytest.raises(DataError, match=re.escape("nulls.jsonl line 1: field 'answer' is empty (null)") + "$"):
         load_dataset(str(nulls))
+
+
+def test_a_coconut_csv_says_how_to_read_its_steps_cell(tmp_path: Path) -> None:
+    """A CSV with Coconut's column names (question, steps, answer) failed on every row with "field 'steps' must be a
+    list of strings": a CSV cell is text. The line says how to read it, and that way reads one step per line."""
+    from dgrpo.data.loaders import column_parser
+
+    path = tmp_path / "coconut.csv"
+    path.write_text('question,steps,answer\nWhat is 2+3-1?,"<<2+3=5>>\n<<5-1=4>>",4\n')
+    hint = "field 'steps' must be a list of strings, got one string; to read it as one step per line (a CSV cell, say)"
+    with pytest.raises(DataError, match=re.escape(f"coconut.csv line 2: {hint}")):
+        load_dataset(str(path))
+    (rec,) = load_dataset(str(path), columns=column_parser("question", "answer", "steps"))
+    assert (rec.question, rec.steps, rec.answer) == ("What is 2+3-1?", ["<<2+3=5>>", "<<5-1=4>>"], "4")

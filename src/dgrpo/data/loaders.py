@@ -72,6 +72,12 @@ def _text_field(row: dict[str, Any], key: str, *, strip: bool = True, allow_empt
 
 def _steps_field(row: dict[str, Any], key: str = "steps") -> list[str]:
     value = _field(row, key)
+    if isinstance(value, str):  # (a CSV cell is text: every row of a question,steps,answer CSV failed unexplained)
+        raise _RowError(
+            f"field {key!r} must be a list of strings, got one string; to read it as one step per line (a CSV "
+            f"cell, say), name the columns: --set data.question_key=question data.answer_key=answer "
+            f"data.steps_key={key}"
+        )
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
         raise _RowError(f"field {key!r} must be a list of strings")
     return list(value)
