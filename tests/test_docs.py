@@ -607,3 +607,52 @@ def test_the_readme_states_the_dependency_floors_of_pyproject():
     assert {"torch", "transformers", "peft", "wandb"} <= set(stated), stated
     wrong = {name: (v, floors.get(name)) for name, v in stated.items() if floors.get(name) != v}
     assert not wrong, wrong
+
+
+def test_the_most_frequent_answer_share_the_builtin_task_doc_states_is_the_tasks():
+    """docs/builtin_task.md's share of always answering a split's most frequent digit (whole default splits, and
+    their first 500 problems) holds for the task the code generates: it said 11-13% "on a few hundred problems",
+    where the test split's first 500 give 13.6% and the validation split's 10.6%."""
+    from collections import Counter
+
+    from dgrpo.config import TaskConfig
+    from dgrpo.data.synthetic import generate_split
+
+    text = (ROOT / "docs" / "builtin_task.md").read_text()
+    m = re.search(
+        r"most frequent digit\s+([\d.]+)-([\d.]+)% on the default splits, ([\d.]+)-([\d.]+)% on their first"
+        r"\s+(\d+) problems",
+        text,
+    )
+    assert m, "docs/builtin_task.md no longer states the most frequent answer's share as this test reads it"
+    whole_lo, whole_hi, first_lo, first_hi, first = (float(x) for x in m.groups())
+
+    def share(records) -> float:
+        """The percentage of the records whose answer is their most frequent one."""
+        return 100 * Counter(r.answer for r in records).most_common(1)[0][1] / len(records)
+
+    def stated(lo: float, hi: float, shares: list[float]) -> bool:
+        """The range as written (one decimal: within 0.06 of the extremes)."""
+        return abs(min(shares) - lo) < 0.06 and abs(max(shares) - hi) < 0.06
+
+    splits = [generate_split(TaskConfig(), s) for s in ("train", "valid", "test", "ood_steps", "ood_numbers")]
+    whole = [share(s) for s in splits]
+    head = [share(s[: int(first)]) for s in splits]
+    assert stated(whole_lo, whole_hi, whole), whole
+    assert stated(first_lo, first_hi, head), head
+
+
+def test_the_demo_config_and_docs_quote_the_published_runs_sft_accuracies():
+    """builtin/demo.yaml's header and docs/builtin_task.md quote the published ``--full`` run's SFT validation
+    accuracies: they are docs/demo/results.md's "valid" column, seed by seed (demo.yaml said 26.2% for seed 1, whose
+    published figure is 26.4%)."""
+    results = (ROOT / "docs" / "demo" / "results.md").read_text()
+    published = re.findall(r"^\| \d+ \| ([\d.]+%) \|", results.split("## Per SFT seed", 1)[1], flags=re.MULTILINE)
+    assert len(published) == 4, published
+    demo_yaml = (ROOT / "src" / "dgrpo" / "configs" / "builtin" / "demo.yaml").read_text()
+    quoted_yaml = re.search(r"SFT seeds 0-3 end at\s*#?\s*([\d.%, and#\s]+?) validation accuracy", demo_yaml)
+    doc = (ROOT / "docs" / "builtin_task.md").read_text()
+    quoted_doc = re.search(r"the four seeds end stage 2 at ([\d.%, and\n]+?) \(", doc)
+    assert quoted_yaml and quoted_doc, "the quotes moved: update this test"
+    for quote in (quoted_yaml.group(1), quoted_doc.group(1)):
+        assert re.findall(r"[\d.]+%", quote) == published, (quote, published)
