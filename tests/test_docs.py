@@ -656,3 +656,29 @@ def test_the_demo_config_and_docs_quote_the_published_runs_sft_accuracies():
     assert quoted_yaml and quoted_doc, "the quotes moved: update this test"
     for quote in (quoted_yaml.group(1), quoted_doc.group(1)):
         assert re.findall(r"[\d.]+%", quote) == published, (quote, published)
+
+
+def test_every_bench_item_the_docs_name_is_one_of_the_suite():
+    """A ``--only ITEMS`` of ``dgrpo bench`` in the docs (and bench/RESULTS.md's rows) names items the suite has:
+    the flag itself is checked above, its value (a free comma list) only here."""
+    from dgrpo.bench.suite import ITEM_KEYS
+
+    named, unknown = 0, []
+    for path in [*DOCS, ROOT / "bench/RESULTS.md"]:
+        for items in re.findall(r"--only[ =]([a-z_]+(?:,[a-z_]+)*)", path.read_text()):
+            for item in items.split(","):
+                named += 1
+                if item not in ITEM_KEYS:
+                    unknown.append(f"{path.relative_to(ROOT)}: --only {item}")
+    assert named >= 5, named
+    assert not unknown, unknown
+
+
+def test_the_readme_counts_the_bad_input_cases_tests_test_reliability_runs():
+    """The README's reliability section says how many bad inputs are tested (one line, exit 2 each): that count is
+    tests/test_reliability.py's table."""
+    from test_reliability import CASES
+
+    m = re.search(r"a table of (\d+) cases is tested", (ROOT / "README.md").read_text())
+    assert m, "the README no longer counts the bad-input cases as this test reads it"
+    assert int(m.group(1)) == len(CASES)
