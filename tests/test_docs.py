@@ -682,3 +682,27 @@ def test_the_readme_counts_the_bad_input_cases_tests_test_reliability_runs():
     m = re.search(r"a table of (\d+) cases is tested", (ROOT / "README.md").read_text())
     assert m, "the README no longer counts the bad-input cases as this test reads it"
     assert int(m.group(1)) == len(CASES)
+
+
+def test_every_flag_the_docs_give_a_bench_or_experiments_script_is_one_of_its_options(monkeypatch, capsys):
+    """A ``--flag`` the docs (and bench/RESULTS.md) write after ``bench/NAME.py`` or ``experiments/NAME.py``
+    (``python bench/paper_step.py --tiny --device cpu --steps 1 --profile``) is in the script's ``--help``: these
+    scripts are not ``dgrpo`` commands, so the checks above do not read them."""
+    from conftest import run_script
+
+    invocation = re.compile(r"(?<![\w/])((?:bench|experiments)/\w+\.py)\b([^`|;#]*)")
+    flags: dict[str, set[tuple[str, str]]] = {}
+    for path in [*DOCS, ROOT / "bench/RESULTS.md"]:
+        texts = [t for _, t in code_lines(path)] + [s for _, s in documented_spans(path)]
+        for text in texts:
+            for script, rest in invocation.findall(text.replace("\n", " ")):
+                for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*", rest):
+                    flags.setdefault(script, set()).add((str(path.relative_to(ROOT)), flag))
+    assert any(f == "--profile" for _, f in flags.get("bench/paper_step.py", ())), flags
+    unknown = []
+    for script, named in sorted(flags.items()):
+        code, out, err = run_script(ROOT / script, ["--help"], monkeypatch, capsys)
+        assert code == 0, (script, err)
+        options = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", out))
+        unknown += [f"{where}: {script} {flag}" for where, flag in sorted(named) if flag not in options]
+    assert not unknown, unknown
