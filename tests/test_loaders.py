@@ -888,3 +888,19 @@ def test_a_coconut_csv_says_how_to_read_its_steps_cell(tmp_path: Path) -> None:
         load_dataset(str(path))
     (rec,) = load_dataset(str(path), columns=column_parser("question", "answer", "steps"))
     assert (rec.question, rec.steps, rec.answer) == ("What is 2+3-1?", ["<<2+3=5>>", "<<5-1=4>>"], "4")
+
+
+def test_numpy_number_answers_of_rows_in_memory_read_as_the_numbers_they_print_as() -> None:
+    """Rows built in memory with a NumPy answer: np.float32 and np.int64 were 'must be a string, got float32' unless
+    the columns were mapped, and np.float64 (a float whose repr names its type) a decimal.ConversionSyntax traceback.
+    Each reads as the number it prints as, mapped or not."""
+    import numpy as np
+
+    import dgrpo
+    from dgrpo.config import DataConfig
+
+    values = [np.float32(2.3), np.int64(7), np.float16(0.1), np.float64(2.5), np.float32(7e10)]
+    expected = ["2.3", "7", "0.1", "2.5", "70000000000"]
+    plain = dgrpo.load_dataset([{"question": "q", "answer": v} for v in values])
+    mapped = dgrpo.load_dataset([{"q": "q", "a": v} for v in values], data=DataConfig(question_key="q", answer_key="a"))
+    assert [r.answer for r in plain] == [r.answer for r in mapped] == expected

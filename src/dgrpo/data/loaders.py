@@ -97,7 +97,7 @@ def _format_number(value: Any, what: str) -> str:
             raise _RowError(f"{what} must be a finite number, got {value!r}")
         if value.is_integer():
             return str(int(value))
-        canon = normalize_number(format(Decimal(repr(value)), "f"))
+        canon = normalize_number(format(Decimal(repr(float(value))), "f"))  # (np.float64's repr names its type)
         assert canon is not None
         return canon
     if isinstance(value, str):
@@ -158,10 +158,19 @@ def _row_gsm8k(row: dict[str, Any]) -> Record:
 def _json_number_answer(row: dict[str, Any]) -> str | None:
     """A JSON number given as the answer, as answer text (as a CSV column's number would be); None for anything else
     (text, which the row's own parser reads, or a boolean, which it refuses)."""
-    raw = row.get("answer")
+    raw = _python_number(row.get("answer"))
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
         return _format_number(raw, "field 'answer'")
     return None
+
+
+def _python_number(value: Any) -> Any:
+    """A NumPy integer or float scalar (rows built in memory, ``np.float32(2.3)``) as the Python number it prints as
+    (2.3, not 2.299999952316284), as a mapped column reads it; anything else as it is. (An answer of np.float32 or
+    np.int64 was 'must be a string, got float32' unless the columns were mapped.)"""
+    if type(value).__module__ != "numpy" or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(str(value))
 
 
 def _row_coconut(row: dict[str, Any], *, numeric: bool) -> Record:
