@@ -981,3 +981,20 @@ def test_a_key_in_other_case_is_told_its_name():
         load_config(Config, None, ["GRPO.steps=3"])
     with pytest.raises(ConfigError, match=r"unknown config key 'grpo.Steps'; did you mean grpo.steps\?"):
         load_config(Config, None, ["grpo.Steps=3"])
+
+
+def test_a_cuda_index_torch_cannot_read_as_written_is_refused():
+    """torch's device index is 8 bits: ``device=cuda:128`` was accepted and became cuda:-128, ``cuda:32767`` the
+    current device (``cuda``), and ``cuda:99999999999999999999`` or ``cuda:007`` a traceback once the run had begun."""
+    from dgrpo.config import Config, ConfigError, load_config
+
+    for device in ("cuda:128", "cuda:32767", "cuda:99999999999999999999", "cuda:007", "cuda:"):
+        with pytest.raises(
+            ConfigError, match=r"^invalid config value device: expected .*cuda:N \(N a GPU index, 0 to 127"
+        ):
+            load_config(Config, None, [f"device={device}"])
+    assert [load_config(Config, None, [f"device={d}"]).device for d in ("cuda:0", "cuda:127", "cuda")] == [
+        "cuda:0",
+        "cuda:127",
+        "cuda",
+    ]

@@ -1166,6 +1166,22 @@ def _warmup_lines(g: GRPOConfig) -> list[str]:
     ]
 
 
+#: the largest CUDA index torch reads as written (its device index is 8 bits: cuda:128 was cuda:-128, cuda:32767 was
+#: cuda, the current device, and cuda:2147483648 a traceback once the run had begun)
+MAX_CUDA_INDEX = 127
+
+
+def _check_device(device: str) -> None:
+    """``device``: auto, cpu, mps, cuda or cuda:N, N an index from 0 to :data:`MAX_CUDA_INDEX` without a leading 0
+    (torch refused cuda:007 with a traceback)."""
+    m = re.fullmatch(r"auto|cpu|mps|cuda(?::(0|[1-9][0-9]*))?", device)
+    _check(
+        m is not None and (m.group(1) is None or int(m.group(1)) <= MAX_CUDA_INDEX),
+        "device",
+        f"expected auto, cpu, cuda, cuda:N (N a GPU index, 0 to {MAX_CUDA_INDEX}) or mps, got {device!r}",
+    )
+
+
 def _check_rewards(rewards: list, key: str) -> None:
     """``grpo.rewards``: each item a mapping {fn, weight, name} with a finite weight, every name its own."""
     named: dict[str, int] = {}
@@ -1311,11 +1327,7 @@ class Config:
             section = getattr(self, f.name)
             if hasattr(section, "validate"):
                 section.validate(f.name)
-        _check(
-            re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", self.device) is not None,
-            "device",
-            f"expected auto, cpu, cuda, cuda:N or mps, got {self.device!r}",
-        )
+        _check_device(self.device)
         _at_least(self, "", 0, "threads")
         _check(
             self.threads <= MAX_THREADS,
