@@ -998,3 +998,21 @@ def test_a_cuda_index_torch_cannot_read_as_written_is_refused():
         "cuda:127",
         "cuda",
     ]
+
+
+def test_a_float_float32_cannot_hold_is_refused():
+    """A float option meets float32 or bfloat16 tensors: ``grpo.eps_high=1e300`` was accepted and overflowed torch's
+    clamp in a traceback at the first update ("value cannot be converted to type float without overflow"), and
+    ``grpo.temperature=1e-300``, 0 in float32, made every loss NaN; 0 itself and float32's extremes are accepted."""
+    from dgrpo.config import Config, ConfigError, load_config
+
+    float32_max, float32_tiny = 3.4028234663852886e38, 1.1754943508222875e-38  # (numpy.finfo(numpy.float32))
+    for setting in ("grpo.eps_high=1e300", "grpo.temperature=1e-300", "perturbation.sigma=-1e39", "grpo.lr=1e-40"):
+        key = setting.partition("=")[0]
+        with pytest.raises(ConfigError, match=rf"^invalid config value {key}: must be 0 or of a size float32 holds, "):
+            load_config(Config, None, [setting])
+    with pytest.raises(ConfigError, match=r"grpo.rewards item 0 weight: must be 0 or of a size float32 holds"):
+        load_config(Config, None, ["grpo.rewards=[{fn: numeric, weight: 1.0e300}]", "grpo.filter=false"])
+    cfg = load_config(Config, None, [f"grpo.eps_high={float32_max!r}", f"grpo.temperature={float32_tiny!r}"])
+    assert (cfg.grpo.eps_high, cfg.grpo.temperature) == (float32_max, float32_tiny)
+    assert load_config(Config, None, ["grpo.temperature=0", "grpo.beta0=0.0"]).grpo.beta0 == 0.0

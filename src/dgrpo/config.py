@@ -10,7 +10,8 @@
 5. :meth:`Config.validate`: ranges, relations between options and the ``perturbation.layers`` grammar.
 
 Types are checked once, as each value is applied (:func:`_coerce`): a ``Literal`` option accepts only its
-choices, a float must be finite, an int must fit in int64. YAML is read by :class:`ConfigLoader`, which keeps
+choices, a float must be finite and 0 or of a size float32 holds (:data:`FLOAT32_TINY` to :data:`FLOAT32_MAX`), an int
+must fit in int64. YAML is read by :class:`ConfigLoader`, which keeps
 ``1:3`` a string (YAML 1.1 would read it as the base-60 number 63). The packaged configs live in ``dgrpo/configs``
 (:func:`packaged_configs`, :func:`resolve_config_path`). Every option is a dataclass field with a ``doc`` in its
 metadata; ``dgrpo config show`` and docs/config.md (:func:`config_markdown`) list them all. Invalid values raise
@@ -86,6 +87,10 @@ LAYER_GRAMMAR = (
     "every layer of a 2-layer model, and one that selects none is an error); or a comma list of indices (1,3,5)"
 )
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+#: the sizes a float option may have besides 0: float32's normal numbers (the tensors an option meets are float32 or
+#: bfloat16, of float32's range: grpo.eps_high=1e300 overflowed torch's clamp in a traceback at the first update,
+#: grpo.temperature=1e-300 was 0 in float32 and every loss NaN; a subnormal loses its digits)
+FLOAT32_TINY, FLOAT32_MAX = 2.0**-126, (2 - 2.0**-23) * 2.0**127
 
 
 class ConfigError(ValueError):
@@ -1205,6 +1210,8 @@ def _check_rewards(rewards: list, key: str) -> None:
         w = item.get("weight", 1.0)
         if isinstance(w, str):  # YAML reads 1e-3 (no dot) as text: read it as the scalar options read numbers
             w = item["weight"] = _to_float(w, f"{key} item {j} weight")
+        elif isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w):
+            _to_float(w, f"{key} item {j} weight")  # (a size float32 holds, as every float option's)
         _check(
             isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w),
             key,
@@ -1527,7 +1534,8 @@ def _to_int(value: Any, key: str) -> int:
 
 
 def _to_float(value: Any, key: str) -> float:
-    """A finite float: a number or its text (``1e-5``); NaN and +-inf are rejected."""
+    """A finite float: a number or its text (``1e-5``); NaN and +-inf are rejected, and so is a size float32 does not
+    hold as a normal number (:data:`FLOAT32_TINY`, :data:`FLOAT32_MAX`)."""
     if isinstance(value, bool):
         raise _invalid(key, f"expected a number, got {value!r}")
     try:
@@ -1538,6 +1546,10 @@ def _to_float(value: Any, key: str) -> float:
         raise _invalid(key, f"must be a finite number, got {value}") from None
     if not math.isfinite(number):
         raise _invalid(key, f"must be a finite number, got {number}")
+    if not (number == 0 or FLOAT32_TINY <= abs(number) <= FLOAT32_MAX):
+        raise _invalid(
+            key, f"must be 0 or of a size float32 holds, {FLOAT32_TINY:.2g} to {FLOAT32_MAX:.2g}, got {number:g}"
+        )
     return number
 
 
@@ -2037,9 +2049,10 @@ Every command that trains or evaluates builds its configuration in this order, e
 4. validation: an unknown key or a bad value stops the command with one line naming the key (exit code 2); a TRL
    `GRPOConfig` name (`grpo.num_generations`) is answered with the option it is here ([from_trl.md](from_trl.md)).
 
-A choice option (its type lists the choices) accepts exactly those words; a float must be finite; an int must fit
-in 64 bits. `dgrpo config show` prints the same list; `dgrpo config show --config FILE --set key=value` prints the
-effective configuration as JSON.
+A choice option (its type lists the choices) accepts exactly those words; a float must be finite, and 0 or of a size
+float32 holds (1.2e-38 to 3.4e38: the tensors it meets are float32 or bfloat16); an int must fit in 64 bits. `dgrpo
+config show` prints the same list; `dgrpo config show --config FILE --set key=value` prints the effective
+configuration as JSON.
 
 `perturbation.layers` takes {layers}. Base-60 numbers are off, so `1:3` stays a slice, but a slice that ends with
 `:` must be quoted in a YAML file (`layers: "-2:"`).
