@@ -1016,3 +1016,18 @@ def test_a_float_float32_cannot_hold_is_refused():
     cfg = load_config(Config, None, [f"grpo.eps_high={float32_max!r}", f"grpo.temperature={float32_tiny!r}"])
     assert (cfg.grpo.eps_high, cfg.grpo.temperature) == (float32_max, float32_tiny)
     assert load_config(Config, None, ["grpo.temperature=0", "grpo.beta0=0.0"]).grpo.beta0 == 0.0
+
+
+def test_a_filter_bound_out_of_range_is_named_itself():
+    """``grpo.alpha_max=-1`` was refused as 'grpo.alpha_min: alpha_min (0.2) > alpha_max (-1.0)', naming the option
+    left at its default, and ``grpo.alpha_min=2.5`` as above alpha_max, not as outside [0, 1]."""
+    from dgrpo.config import Config, ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"^invalid config value grpo.alpha_max: must be in \[0, 1\], got -1.0$"):
+        load_config(Config, None, ["grpo.alpha_max=-1"])
+    with pytest.raises(ConfigError, match=r"^invalid config value grpo.alpha_min: must be in \[0, 1\], got 2.5$"):
+        load_config(Config, None, ["grpo.alpha_min=2.5"])
+    with pytest.raises(
+        ConfigError, match=r"^invalid config value grpo.alpha_min: alpha_min \(0.9\) > alpha_max \(0.5\)"
+    ):
+        load_config(Config, None, ["grpo.alpha_min=0.9", "grpo.alpha_max=0.5"])

@@ -1038,11 +1038,12 @@ class GRPOConfig:
             "max_skip_streak",
             "log_rollouts",
         )
+        # (the window's bounds before their order: alpha_max=-1 was 'grpo.alpha_min: alpha_min (0.2) > alpha_max')
+        _within(self, p, "[0, 1]", "min_lr_ratio", "alpha_min", "alpha_max")
         _check_groups(self, p)
         _adam_betas(self, p)
         _check(self.n_latent >= -1, f"{p}.n_latent", "must be >= 0 (or -1 for the checkpoint's value)")
         _within(self, p, "(0, 1]", "top_p")
-        _within(self, p, "[0, 1]", "min_lr_ratio", "alpha_min", "alpha_max")
         _within(self, p, "[0, 1)", "ema_alpha", "eps_low")
         _learning_rate(self, p)
         _positive(self, p, "huber_delta")
