@@ -1031,3 +1031,16 @@ def test_a_filter_bound_out_of_range_is_named_itself():
         ConfigError, match=r"^invalid config value grpo.alpha_min: alpha_min \(0.9\) > alpha_max \(0.5\)"
     ):
         load_config(Config, None, ["grpo.alpha_min=0.9", "grpo.alpha_max=0.5"])
+
+
+def test_a_choice_option_given_a_list_or_a_mapping_names_its_choices():
+    """``--set sft.mode=[cot]`` was 'invalid config value sft.mode: expected a string, got ['cot']': no word of the
+    values sft.mode takes (a scalar of another kind named them)."""
+    from dgrpo.config import Config, ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"^invalid config value sft.mode: expected coconut, cot, no_cot, pause or "):
+        load_config(Config, None, ["sft.mode=[cot]"])
+    with pytest.raises(ConfigError, match=r"^invalid config value perturbation.kind: expected locked, native, gauss"):
+        load_config(Config, None, ["perturbation.kind={locked: 1}"])
+    with pytest.raises(ConfigError, match=r"^invalid config value sft.bf16: expected auto, true or false; got \[\]$"):
+        load_config(Config, None, ["sft.bf16=[]"])

@@ -1488,9 +1488,12 @@ PLUGIN_CHOICES = {"perturbation.kind": "a kind of your own as its class, path/to
 
 
 def _to_choice(value: Any, choices: tuple[str, ...], key: str) -> str:
-    """A ``Literal`` option: one of ``choices`` (or, for :data:`PLUGIN_CHOICES`, a plug-in spec)."""
-    text = _to_str(value, key)
-    if text not in choices and not (key in PLUGIN_CHOICES and re.fullmatch(r"[^:\s].*:[A-Za-z_]\w*", text)):
+    """A ``Literal`` option: one of ``choices`` (or, for :data:`PLUGIN_CHOICES`, a plug-in spec); a list or a mapping
+    is refused with the choices too (it was 'expected a string', which named none)."""
+    scalar = not isinstance(value, (dict, list))
+    text = _to_str(value, key) if scalar else ""
+    plugged = key in PLUGIN_CHOICES and re.fullmatch(r"[^:\s].*:[A-Za-z_]\w*", text)
+    if not scalar or (text not in choices and not plugged):
         got = repr(value)
         if isinstance(value, bool):
             got = f"{text!r} (YAML reads true, false, yes, no, on, off as booleans)"
