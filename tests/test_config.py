@@ -1044,3 +1044,22 @@ def test_a_choice_option_given_a_list_or_a_mapping_names_its_choices():
         load_config(Config, None, ["perturbation.kind={locked: 1}"])
     with pytest.raises(ConfigError, match=r"^invalid config value sft.bf16: expected auto, true or false; got \[\]$"):
         load_config(Config, None, ["sft.bf16=[]"])
+
+
+def test_an_option_in_the_wrong_section_is_told_its_section_nested_ones_too():
+    """The LoRA options live in model.lora: ``--set model.r=8`` (or ``grpo.target_modules``, ``r``) was 'unknown
+    config key' with no 'did you mean' (the sections searched were the top level's only), and a close spelling in
+    the section hid the option of that very name elsewhere (``task.train``: task.n_train only; ``grpo.seed``:
+    nothing)."""
+    from dgrpo.config import Config, ConfigError, load_config
+
+    for setting, hint in (
+        ("model.r=8", "model.lora.r"),
+        ("grpo.target_modules=[q_proj]", "model.lora.target_modules"),
+        ("r=8", "model.lora.r"),
+        ("task.train=a.jsonl", "task.n_train or data.train"),
+        ("grpo.seed=3", "seed or task.seed"),
+    ):
+        key = setting.partition("=")[0]
+        with pytest.raises(ConfigError, match=rf"^unknown config key '{key}'; did you mean {hint}\? \(known: "):
+            load_config(Config, None, [setting])

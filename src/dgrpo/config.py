@@ -1812,24 +1812,22 @@ def _trl_name(obj: Any, name: str, prefix: str) -> str:
 
 
 def _did_you_mean(obj: Any, name: str, prefix: str) -> str:
-    """'; did you mean ...?' for an unknown key: a close spelling in its section, or the other sections that hold an
-    option of that name (``lr`` -> ``grpo.lr``, ``sft.lr``; ``sft.beta0`` -> ``grpo.beta0``); '' when nothing is
+    """'; did you mean ...?' for an unknown key: a close spelling in its section, then the options of that name in
+    other sections, nested ones included (``lr`` -> ``grpo.lr``, ``sft.lr``; ``sft.beta0`` -> ``grpo.beta0``;
+    ``model.r`` -> ``model.lora.r``; ``task.train`` -> ``task.n_train`` or ``data.train``); '' when nothing is
     close."""
     root = obj if not prefix else Config()
     holders = [
-        f"{f.name}.{name}"
-        for f in fields(root)
-        if is_dataclass(getattr(root, f.name))
-        and f"{f.name}." != prefix
-        and name in {g.name for g in fields(getattr(root, f.name))}
+        o.key
+        for o in _options(type(root))
+        if o.key.rpartition(".")[2] == name and o.key.rpartition(".")[0] + "." != prefix
     ]
-    if not prefix and holders:
-        return f"; did you mean {' or '.join(holders)}?"
     names = [f.name for f in fields(obj)]
     close = [n for n in names if n == name.lower()] or difflib.get_close_matches(name, names, n=1, cutoff=0.75)
-    if close:  # (case aside first: 'GRPO' is 0.0 like grpo to difflib)
-        return f"; did you mean {prefix}{close[0]}?"
-    return f"; did you mean {' or '.join(holders)}?" if holders else ""
+    if not prefix and holders:  # (at the top: a section's option, before a close section name)
+        close = []
+    keys = [f"{prefix}{c}" for c in close if f"{prefix}{c}" not in holders] + holders
+    return f"; did you mean {' or '.join(keys)}?" if keys else ""
 
 
 def _dotted(obj: Any, key: str, prefix: str) -> str:
