@@ -1063,3 +1063,37 @@ def test_an_option_in_the_wrong_section_is_told_its_section_nested_ones_too():
         key = setting.partition("=")[0]
         with pytest.raises(ConfigError, match=rf"^unknown config key '{key}'; did you mean {hint}\? \(known: "):
             load_config(Config, None, [setting])
+
+
+def test_model_options_another_model_option_leaves_unused_are_said():
+    """``model.lora.alpha=32`` without adapters (``model.lora.r=0``), ``model.compile_backend=eager`` without
+    ``model.compile``, ``model.master_weights=true`` on float32 weights: each was accepted and did nothing, without a
+    word; dgrpo sft and grpo now warn (one line per group), and say nothing where the options act."""
+    import warnings
+
+    from dgrpo.cli.train import warn_if_model_options_are_idle
+    from dgrpo.config import Config, load_config, packaged_configs
+
+    def said(*overrides: str, config: str | None = None) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warn_if_model_options_are_idle(load_config(Config, config, list(overrides)))
+        return [str(w.message) for w in caught]
+
+    assert said("model.lora.alpha=32", "model.lora.dropout=0.1") == [
+        "model.lora.alpha=32.0, model.lora.dropout=0.1 change nothing with model.lora.r=0 (no adapters: every weight "
+        "is trained)"
+    ]
+    assert said("model.compile_backend=eager") == [
+        "model.compile_backend=eager changes nothing with model.compile=false"
+    ]
+    assert said("model.master_weights=true") == [
+        "model.master_weights=true changes nothing with model.dtype=float32 (float32 weights)"
+    ]
+    assert said("model.master_weights=true", "model.dtype=bfloat16", "model.lora.r=2") == [
+        "model.master_weights=true changes nothing with LoRA (float32 adapters)"
+    ]
+    assert said("model.lora.r=4", "model.lora.alpha=32") == []
+    assert said("model.compile=true", "model.compile_backend=eager") == []
+    assert said("model.master_weights=true", "model.dtype=bfloat16") == []
+    assert [name for name in packaged_configs() if said(config=name)] == []

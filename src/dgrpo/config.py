@@ -1149,6 +1149,23 @@ def unused_sft_settings(s: SFTConfig) -> list[str]:
     return lines
 
 
+def unused_model_settings(m: ModelConfig) -> list[str]:
+    """A line for each group of ``model`` options set away from their defaults that the rest of the section leaves
+    unused (each was accepted and did nothing, without a word): the LoRA adapters' options without adapters
+    (``model.lora.r=0``), the compiler's without ``model.compile``, and ``model.master_weights`` where there is no
+    low-precision weight to keep a float32 copy of (float32 weights, or LoRA, whose adapters PEFT keeps in float32)."""
+    lines = []
+    if m.lora.r == 0:
+        why = "model.lora.r=0 (no adapters: every weight is trained)"
+        lines += _idle_options(m.lora, "model.lora", ("alpha", "target_modules", "dropout", "train_latent_tokens"), why)
+    if not m.compile:
+        lines += _idle_options(m, "model", ("compile_backend", "compile_mode"), "model.compile=false")
+    if m.dtype == "float32" or m.lora.r > 0:
+        why = "model.dtype=float32 (float32 weights)" if m.dtype == "float32" else "LoRA (float32 adapters)"
+        lines += _idle_options(m, "model", ("master_weights",), why)
+    return lines
+
+
 def _shown(value: Any) -> str:
     """An option's value as ``--set`` writes it (booleans as true / false)."""
     return str(value).lower() if isinstance(value, bool) else str(value)
