@@ -1097,3 +1097,28 @@ def test_model_options_another_model_option_leaves_unused_are_said():
     assert said("model.compile=true", "model.compile_backend=eager") == []
     assert said("model.master_weights=true", "model.dtype=bfloat16") == []
     assert [name for name in packaged_configs() if said(config=name)] == []
+
+
+def test_a_text_option_written_as_a_number_in_a_file_keeps_its_text(tmp_path):
+    """A config file's ``model: {revision: 1.10}`` was the revision '1.1' (another tag), ``logging: {run_name:
+    1_000}`` the name '1000', ``project: 0x1F`` '31': YAML read them as numbers, and their text was lost, while
+    ``--set model.revision=1.10`` kept '1.10'. Number options read the same numbers as before, as plain ints and
+    floats."""
+    from dgrpo.config import Config, load_config, to_dict
+
+    path = tmp_path / "mine.yaml"
+    path.write_text(
+        "model: {revision: 1.10}\nlogging: {run_name: 1_000, project: 0x1F}\n"
+        "grpo: {steps: 0x10, lr: 2.50e-5, adam_betas: [0.9, 0.99], filter: 1}\nsft: {stage_epochs: [1, 2]}\n"
+    )
+    cfg = load_config(Config, [str(path)], [])
+    assert (cfg.model.revision, cfg.logging.run_name, cfg.logging.project) == ("1.10", "1_000", "0x1F")
+    assert (cfg.grpo.steps, cfg.grpo.lr, cfg.grpo.filter, cfg.sft.stage_epochs) == (16, 2.5e-5, True, [1, 2])
+    assert load_config(Config, None, ["model.revision=1.10"]).model.revision == "1.10"
+
+    def types(value: object) -> set[type]:
+        if isinstance(value, dict):
+            return set().union(*map(types, value.values()))
+        return set().union(*map(types, value)) if isinstance(value, list) else {type(value)}
+
+    assert types(to_dict(cfg)) <= {int, float, str, bool}

@@ -1496,6 +1496,8 @@ def _to_str(value: Any, key: str) -> str:
         raise _invalid(key, f"expected a string, got {value!r}")
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, (_TextInt, _TextFloat)):  # (a number of a YAML file: the text as written, as --set's)
+        return value.yaml_text
     return "" if value is None else str(value)
 
 
@@ -1523,7 +1525,7 @@ def _to_bool(value: Any, key: str) -> bool:
     """A boolean: a YAML boolean, the number 1 or 0, or true / false / yes / no / 1 / 0 as text."""
     if isinstance(value, bool):
         return value
-    if type(value) is int and value in (0, 1):
+    if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
         return bool(value)
     if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
         return value.lower() in ("true", "yes", "1")
@@ -1551,7 +1553,7 @@ def _to_int(value: Any, key: str) -> int:
         number = int(number)
     if not _INT64_MIN <= number <= _INT64_MAX:
         raise _invalid(key, f"must fit in a signed 64-bit integer, got {value}")
-    return number
+    return int(number)
 
 
 def _to_float(value: Any, key: str) -> float:
@@ -1585,7 +1587,7 @@ def _to_list(value: Any, key: str) -> list:
         value = [value]
     if not isinstance(value, list):
         raise _invalid(key, f"expected a list, got {value!r}")
-    return list(value)
+    return _plain(list(value))
 
 
 def _fits_in(asked: int, modulus: int, ops: int, n_steps: int) -> bool:
@@ -1634,11 +1636,47 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 # YAML, packaged configs, loading, overriding, dumping
 
 
+class _TextInt(int):
+    """An int a YAML file wrote, with its text as written (``yaml_text``): a text option takes the text."""
+
+    yaml_text: str
+
+
+class _TextFloat(float):
+    """A float a YAML file wrote, with its text as written (``yaml_text``): a text option takes the text."""
+
+    yaml_text: str
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with the numbers of :class:`ConfigLoader` (in lists and mappings too) as plain ints and floats."""
+    if isinstance(value, _TextInt):
+        return int(value)
+    if isinstance(value, _TextFloat):
+        return float(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    return value
+
+
 class ConfigLoader(yaml.SafeLoader):
     """PyYAML's safe loader without YAML 1.1's base-60 numbers (``1:3`` stays the string '1:3', not 63) and octal
     ones (``010`` is ten, as in YAML 1.2 and Python's ``int('010')``, not 8), and with a key given twice in one mapping
     refused (PyYAML keeps the last: a section or option written twice lost the
-    first's settings silently)."""
+    first's settings silently). A number keeps the text it was written as, for a text option (``revision: 1.10``
+    was the revision '1.1', ``run_name: 1_000`` the name '1000'; ``--set`` gave them as typed)."""
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        number = _TextInt(super().construct_yaml_int(node))
+        number.yaml_text = node.value
+        return number
+
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
+        number = _TextFloat(super().construct_yaml_float(node))
+        number.yaml_text = node.value
+        return number
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set = set()
@@ -1666,6 +1704,10 @@ class ConfigLoader(yaml.SafeLoader):
         if kind is yaml.ScalarNode and tag == "tag:yaml.org,2002:int" and re.fullmatch(r"[-+]?0[0-7_]+", value):
             return "tag:yaml.org,2002:str"
         return tag
+
+
+ConfigLoader.add_constructor("tag:yaml.org,2002:int", ConfigLoader.construct_yaml_int)
+ConfigLoader.add_constructor("tag:yaml.org,2002:float", ConfigLoader.construct_yaml_float)
 
 
 def packaged_configs() -> list[str]:
