@@ -1068,17 +1068,14 @@ def test_an_option_in_the_wrong_section_is_told_its_section_nested_ones_too():
 def test_model_options_another_model_option_leaves_unused_are_said():
     """``model.lora.alpha=32`` without adapters (``model.lora.r=0``), ``model.compile_backend=eager`` without
     ``model.compile``, ``model.master_weights=true`` on float32 weights: each was accepted and did nothing, without a
-    word; dgrpo sft and grpo now warn (one line per group), and say nothing where the options act."""
-    import warnings
-
-    from dgrpo.cli.train import warn_if_model_options_are_idle
-    from dgrpo.config import Config, load_config, packaged_configs
+    word; GRPO and SFT training now warn (one line per group), and say nothing where the options act."""
+    from dgrpo.config import Config, load_config, packaged_configs, unused_model_settings
 
     def said(*overrides: str, config: str | None = None) -> list[str]:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            warn_if_model_options_are_idle(load_config(Config, config, list(overrides)))
-        return [str(w.message) for w in caught]
+        cfg = load_config(Config, config, list(overrides))
+        lines = unused_model_settings(cfg.model)
+        assert set(lines) <= set(cfg.inert_settings())  # (GRPO's warnings at its start; SFT's list has them too)
+        return lines
 
     assert said("model.lora.alpha=32", "model.lora.dropout=0.1") == [
         "model.lora.alpha=32.0, model.lora.dropout=0.1 change nothing with model.lora.r=0 (no adapters: every weight "
@@ -1097,6 +1094,18 @@ def test_model_options_another_model_option_leaves_unused_are_said():
     assert said("model.compile=true", "model.compile_backend=eager") == []
     assert said("model.master_weights=true", "model.dtype=bfloat16") == []
     assert [name for name in packaged_configs() if said(config=name)] == []
+    import warnings
+
+    from dgrpo.data.records import Record
+    from dgrpo.training.sft import _warn_at_start
+
+    with warnings.catch_warnings(record=True) as caught:  # SFT's start warns of them too
+        warnings.simplefilter("always")
+        cfg = load_config(Config, None, ["model.compile_mode=max-autotune-no-cudagraphs"])
+        _warn_at_start([Record("q", ["s"], "1", {})] * 4, None, cfg)
+    assert "model.compile_mode=max-autotune-no-cudagraphs changes nothing with model.compile=false" in [
+        str(w.message) for w in caught
+    ]
 
 
 def test_a_text_option_written_as_a_number_in_a_file_keeps_its_text(tmp_path):

@@ -1466,6 +1466,7 @@ class Config:
         if g.top_p < 1 and g.temperature == 0:
             lines.append(f"grpo.top_p={g.top_p} changes nothing with grpo.temperature=0: greedy decoding samples none")
         lines += _unused_grpo_settings(g)
+        lines += unused_model_settings(self.model)
         lines += self.inert_eval_settings()
         if 0 < g.temperature < 0.05:
             lines.append(

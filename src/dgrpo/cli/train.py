@@ -178,16 +178,6 @@ def warn_if_prompt_options_are_set(cfg: Config) -> None:
         )
 
 
-def warn_if_model_options_are_idle(cfg: Config) -> None:
-    """A warning for each group of ``model`` options that the rest of the section leaves unused
-    (:func:`~dgrpo.config.unused_model_settings`: LoRA's without adapters, the compiler's without model.compile,
-    master_weights on float32 weights), each accepted and unused without a word."""
-    from ..config import unused_model_settings
-
-    for line in unused_model_settings(cfg.model):
-        warnings.warn(line, stacklevel=2)
-
-
 def warn_if_held_out_is_builtin(cfg: Config) -> None:
     """A warning when the training data is not the built-in task but data.valid or data.test still name the built-in
     task's sets (their defaults): validation, best/ and the test results would measure a task never trained on."""
@@ -329,7 +319,6 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     check_test_sets_distinct(cfg)
     warn_if_held_out_is_builtin(cfg)
     warn_if_prompt_options_are_set(cfg)
-    warn_if_model_options_are_idle(cfg)
     check_installed(cfg.logging.backends)
     if args.cmd == "grpo":  # (a plug-in kind or reward that cannot be built fails here, before the data and the model)
         from ..perturbation import make_perturbation

@@ -26,7 +26,14 @@ from typing import Any, NoReturn
 import torch
 from tqdm.auto import tqdm
 
-from ..config import Config, ConfigError, to_dict, unused_recompute_settings, unused_sft_settings
+from ..config import (
+    Config,
+    ConfigError,
+    to_dict,
+    unused_model_settings,
+    unused_recompute_settings,
+    unused_sft_settings,
+)
 from ..data.records import Record, fingerprint
 from ..eval.evaluate import EvalResult, check_fits_context
 from ..model.factory import apply_speedups, lora_for_training
@@ -641,6 +648,7 @@ def _warn_at_start(train: list[Record], valid: list[Record] | None, cfg: Config)
         unreset,
         *unused_recompute_settings(cfg.sft, "sft"),
         *unused_sft_settings(cfg.sft),
+        *unused_model_settings(cfg.model),
         *cfg.inert_eval_settings(),
     ):
         if line:
