@@ -4,6 +4,7 @@
 import dataclasses
 import re
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -1131,3 +1132,60 @@ def test_a_text_option_written_as_a_number_in_a_file_keeps_its_text(tmp_path):
         return set().union(*map(types, value)) if isinstance(value, list) else {type(value)}
 
     assert types(to_dict(cfg)) <= {int, float, str, bool}
+
+
+def test_a_text_option_written_as_a_boolean_in_a_file_keeps_its_text(tmp_path):
+    """A config file's ``logging: {run_name: off}`` was the run name 'false', ``model: {revision: yes}`` the revision
+    'true': YAML reads off, yes... as booleans, and the text was lost (``--set logging.run_name=off`` kept 'off').
+    Boolean options still read yes / no / on / off, an auto switch's choices 'true' / 'false' too, lists their
+    booleans, and a base file's text reaches the file built on it."""
+    (tmp_path / "base.yaml").write_text("logging: {project: On}\n")
+    path = tmp_path / "mine.yaml"
+    path.write_text(
+        "base: base.yaml\nlogging: {run_name: off, entity: 'no'}\n"
+        "model: {revision: yes, compile_head: yes, trust_remote_code: no}\n"
+        "grpo: {filter: off, keep_graphs: on}\nsft: {recompute: yes}\n"
+    )
+    cfg = load_config(Config, [str(path)], [])
+    assert (cfg.logging.run_name, cfg.logging.entity, cfg.logging.project, cfg.model.revision) == (
+        "off",
+        "no",
+        "On",
+        "yes",
+    )
+    assert (cfg.model.compile_head, cfg.model.trust_remote_code, cfg.grpo.filter, cfg.grpo.keep_graphs) == (
+        "true",
+        False,
+        False,
+        True,
+    )
+    assert type(cfg.grpo.keep_graphs) is bool and type(cfg.sft.recompute) is bool and cfg.sft.recompute
+    assert load_config(Config, None, ["logging.run_name=off", "model.revision=yes"]).logging.run_name == "off"
+    (tmp_path / "kind.yaml").write_text("perturbation: {kind: off}\n")  # (no 'off' among the choices: YAML's note)
+    with pytest.raises(ConfigError, match=r"got 'false' \(YAML reads true, false, yes, no, on, off as booleans\)"):
+        load_config(Config, [str(tmp_path / "kind.yaml")], [])
+
+
+def _option_values(obj: object, prefix: str = "") -> Iterator[tuple[str, object]]:
+    """(dotted key, value) of every option of config ``obj``, its sections' included."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _option_values(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", value
+
+
+def _plain_types(value: object) -> set[type]:
+    """The types of ``value`` and, in a list or a mapping, of its items (keys included)."""
+    if isinstance(value, dict):
+        return {dict}.union(*map(_plain_types, value), *map(_plain_types, value.values()))
+    return {list}.union(*map(_plain_types, value)) if isinstance(value, list) else {type(value)}
+
+
+@pytest.mark.parametrize("name", packaged_configs())
+def test_every_packaged_config_holds_plain_values(name):
+    """The loader's numbers and booleans (which keep their text for text options) never reach a loaded config: every
+    option of every packaged config is a plain bool, int, float or str, or a list or mapping of them."""
+    for key, value in _option_values(load_config(Config, name)):
+        assert _plain_types(value) <= {bool, int, float, str, list, dict}, (key, value)

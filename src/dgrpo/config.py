@@ -11,8 +11,9 @@
 
 Types are checked once, as each value is applied (:func:`_coerce`): a ``Literal`` option accepts only its
 choices, a float must be finite and 0 or of a size float32 holds (:data:`FLOAT32_TINY` to :data:`FLOAT32_MAX`), an int
-must fit in int64. YAML is read by :class:`ConfigLoader`, which keeps
-``1:3`` a string (YAML 1.1 would read it as the base-60 number 63). The packaged configs live in ``dgrpo/configs``
+must fit in int64. YAML is read by :class:`ConfigLoader`, which keeps ``1:3`` a string (YAML 1.1 would read it as
+the base-60 number 63) and gives a text option a number or a boolean as written (``run_name: off`` is the name 'off';
+a boolean option reads yes / no / on / off / true / false as before). The packaged configs live in ``dgrpo/configs``
 (:func:`packaged_configs`, :func:`resolve_config_path`). Every option is a dataclass field with a ``doc`` in its
 metadata; ``dgrpo config show`` and docs/config.md (:func:`config_markdown`) list them all. Invalid values raise
 :class:`ConfigError`, which the CLI turns into one line on stderr and exit code 2.
@@ -1492,12 +1493,13 @@ def _one_of(choices: tuple[str, ...]) -> str:
 
 
 def _to_str(value: Any, key: str) -> str:
-    """A scalar as a string; YAML booleans become 'true' / 'false' (YAML reads true, off, yes... as booleans)."""
+    """A scalar as a string; a number or a boolean of a YAML file as written (``off``, ``yes``: YAML reads true,
+    off, yes... as booleans), a boolean given in Python as 'true' / 'false'."""
     if isinstance(value, (dict, list)):
         raise _invalid(key, f"expected a string, got {value!r}")
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (_TextInt, _TextFloat)):  # (a number of a YAML file: the text as written, as --set's)
+    if isinstance(value, (_TextInt, _TextFloat, _TextBool)):  # (of a YAML file: the text as written, as --set's)
         return value.yaml_text
     return "" if value is None else str(value)
 
@@ -1512,10 +1514,12 @@ def _to_choice(value: Any, choices: tuple[str, ...], key: str) -> str:
     is refused with the choices too (it was 'expected a string', which named none)."""
     scalar = not isinstance(value, (dict, list))
     text = _to_str(value, key) if scalar else ""
+    if isinstance(value, _TextBool) and text not in choices:  # (a YAML boolean: 'true' / 'false', as auto switches')
+        text = _to_str(value.value, key)
     plugged = key in PLUGIN_CHOICES and re.fullmatch(r"[^:\s].*:[A-Za-z_]\w*", text)
     if not scalar or (text not in choices and not plugged):
         got = repr(value)
-        if isinstance(value, bool):
+        if isinstance(value, (bool, _TextBool)):
             got = f"{text!r} (YAML reads true, false, yes, no, on, off as booleans)"
         plugin = f", or {PLUGIN_CHOICES[key]}" if key in PLUGIN_CHOICES else ""
         raise _invalid(key, f"expected {_one_of(choices)}{plugin}; got {got}")
@@ -1524,8 +1528,8 @@ def _to_choice(value: Any, choices: tuple[str, ...], key: str) -> str:
 
 def _to_bool(value: Any, key: str) -> bool:
     """A boolean: a YAML boolean, the number 1 or 0, or true / false / yes / no / 1 / 0 as text."""
-    if isinstance(value, bool):
-        return value
+    if isinstance(value, (bool, _TextBool)):
+        return bool(value)
     if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
         return bool(value)
     if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
@@ -1630,7 +1634,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is list or typing.get_origin(tp) is list:
         return _to_list(value, key)
     converters = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
-    return converters[tp](value, key) if tp in converters else value
+    return converters[tp](value, key) if tp in converters else _plain(value)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1649,8 +1653,38 @@ class _TextFloat(float):
     yaml_text: str
 
 
+class _TextBool:
+    """A boolean a YAML file wrote (``true``, ``off``, ``yes``...), with its text as written (``yaml_text``): a boolean
+    option takes the boolean (``value``), a text option the text (``run_name: off`` was the name 'false'). Python's
+    bool cannot be subclassed: it compares, hashes, prints and tests as its boolean, and :func:`_plain` makes it
+    one."""
+
+    __slots__ = ("value", "yaml_text")
+
+    def __init__(self, value: bool, yaml_text: str) -> None:
+        self.value, self.yaml_text = value, yaml_text
+
+    def __bool__(self) -> bool:
+        return self.value
+
+    def __eq__(self, other: object) -> bool:
+        return self.value == (other.value if isinstance(other, _TextBool) else other)
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
 def _plain(value: Any) -> Any:
-    """``value`` with the numbers of :class:`ConfigLoader` (in lists and mappings too) as plain ints and floats."""
+    """``value`` with the numbers and booleans of :class:`ConfigLoader` (in lists and mappings too) as plain ints,
+    floats and bools."""
+    if isinstance(value, _TextBool):
+        return value.value
     if isinstance(value, _TextInt):
         return int(value)
     if isinstance(value, _TextFloat):
@@ -1666,8 +1700,9 @@ class ConfigLoader(yaml.SafeLoader):
     """PyYAML's safe loader without YAML 1.1's base-60 numbers (``1:3`` stays the string '1:3', not 63) and octal
     ones (``010`` is ten, as in YAML 1.2 and Python's ``int('010')``, not 8), and with a key given twice in one mapping
     refused (PyYAML keeps the last: a section or option written twice lost the
-    first's settings silently). A number keeps the text it was written as, for a text option (``revision: 1.10``
-    was the revision '1.1', ``run_name: 1_000`` the name '1000'; ``--set`` gave them as typed)."""
+    first's settings silently). A number or a boolean keeps the text it was written as, for a text option
+    (``revision: 1.10`` was the revision '1.1', ``run_name: 1_000`` the name '1000', ``run_name: off`` the name
+    'false'; ``--set`` gave them as typed)."""
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         number = _TextInt(super().construct_yaml_int(node))
@@ -1678,6 +1713,9 @@ class ConfigLoader(yaml.SafeLoader):
         number = _TextFloat(super().construct_yaml_float(node))
         number.yaml_text = node.value
         return number
+
+    def construct_yaml_bool(self, node: yaml.ScalarNode) -> _TextBool:  # type: ignore[override]
+        return _TextBool(super().construct_yaml_bool(node), node.value)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set = set()
@@ -1709,6 +1747,7 @@ class ConfigLoader(yaml.SafeLoader):
 
 ConfigLoader.add_constructor("tag:yaml.org,2002:int", ConfigLoader.construct_yaml_int)
 ConfigLoader.add_constructor("tag:yaml.org,2002:float", ConfigLoader.construct_yaml_float)
+ConfigLoader.add_constructor("tag:yaml.org,2002:bool", ConfigLoader.construct_yaml_bool)
 
 
 def packaged_configs() -> list[str]:
