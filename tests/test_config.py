@@ -101,7 +101,7 @@ def test_choice_message_format():
         "invalid config value perturbation.kind: expected locked, native, gaussian or none, or a kind of your own as "
         "its class, path/to/file.py:Class or package.module:Class; got 'x'"
     )
-    assert "expected none, full or sharded" in error("fsdp=off")
+    assert "expected none, full or sharded" in error("fsdp=maybe")  # (off: none, as DGRPO_FSDP reads it)
 
 
 def test_plugin_kind_accepts_a_path_with_a_drive_colon():
@@ -1189,3 +1189,29 @@ def test_every_packaged_config_holds_plain_values(name):
     option of every packaged config is a plain bool, int, float or str, or a list or mapping of them."""
     for key, value in _option_values(load_config(Config, name)):
         assert _plain_types(value) <= {bool, int, float, str, list, dict}, (key, value)
+
+
+@pytest.mark.parametrize(
+    "written, mode",
+    [("off", "none"), ("false", "none"), ("0", "none"), ("no_thanks", None), ("on", "full"), ("true", "full")]
+    + [("1", "full"), ("FULL", "full"), ("sharded", "sharded"), ("none", "none"), ("yes", None)],
+)
+def test_fsdp_in_a_file_takes_the_spellings_of_the_environment_variable(tmp_path, monkeypatch, written, mode):
+    """``fsdp: off`` or ``fsdp: true`` in a config file (and ``--set fsdp=off``) was refused, 'expected none, full or
+    sharded', while ``DGRPO_FSDP=off`` was taken as none: the key reads what the variable reads, as the same mode."""
+    from dgrpo.config import FSDP_ENV, fsdp_from_env
+
+    monkeypatch.setenv(FSDP_ENV, written)
+    try:
+        from_env = fsdp_from_env()
+    except ConfigError:
+        from_env = None
+    assert from_env == mode
+    path = tmp_path / "fsdp.yaml"
+    path.write_text(f"fsdp: {written}\n")
+    for args in (([str(path)], []), (None, [f"fsdp={written}"])):
+        if mode is None:
+            with pytest.raises(ConfigError, match=r"expected none, full or sharded \(or 0 / false / off, 1 / true"):
+                load_config(Config, *args)
+        else:
+            assert load_config(Config, *args).fsdp == mode

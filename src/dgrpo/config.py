@@ -1331,9 +1331,10 @@ class Config:
         "none",
         "under torchrun: none (replicated weights, gradients all-reduced), full (FSDP2; "
         "rank 0 writes gathered safetensors and resumable checkpoints) or sharded (FSDP2; every rank writes its "
-        "shard of each checkpoint, the optimizer state of resumable ones included). The DGRPO_FSDP environment "
-        "variable (0, 1 = full, or sharded) overrides it, and the run's config.json records it; a resumed run may "
-        "change it, as it may change the number of processes (results change at float level)",
+        "shard of each checkpoint, the optimizer state of resumable ones included); 0 / false / off are none, 1 / true "
+        "/ on full, here as in the DGRPO_FSDP environment variable, which overrides it, and the run's config.json "
+        "records the mode; a resumed run may change it, as it may change the number of processes (results change at "
+        "float level)",
     )
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -1629,12 +1630,30 @@ def _list_item(text: str) -> int | float | str:
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """``value`` (from YAML or ``--set``) as an option of type ``tp``, or a one-line ConfigError naming ``key``."""
+    if key in SPELLED_CHOICES:
+        return SPELLED_CHOICES[key](value, key)
     if typing.get_origin(tp) is Literal:
         return _to_choice(value, (*typing.get_args(tp), *REGISTERED_CHOICES.get(key, ())), key)
     if tp is list or typing.get_origin(tp) is list:
         return _to_list(value, key)
     converters = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
     return converters[tp](value, key) if tp in converters else _plain(value)
+
+
+def _to_fsdp(value: Any, key: str) -> str:
+    """``fsdp``: none, full or sharded, or a spelling :data:`FSDP_ENV` takes (0 / false / off, 1 / true / on, any
+    case), with the same meaning (``fsdp: off`` in a file was refused, ``DGRPO_FSDP=off`` taken)."""
+    text = "" if isinstance(value, (dict, list)) else _to_str(value, key)
+    try:
+        return fsdp_mode(text, key)
+    except ConfigError:
+        raise _invalid(
+            key, f"expected none, full or sharded (or 0 / false / off, 1 / true / on, as {FSDP_ENV}); got {value!r}"
+        ) from None
+
+
+#: the options that take other spellings of their choices, and the function that reads them
+SPELLED_CHOICES: dict[str, Callable[[Any, str], Any]] = {"fsdp": _to_fsdp}
 
 
 # ----------------------------------------------------------------------------------------------
