@@ -1215,3 +1215,36 @@ def test_fsdp_in_a_file_takes_the_spellings_of_the_environment_variable(tmp_path
                 load_config(Config, *args)
         else:
             assert load_config(Config, *args).fsdp == mode
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (
+            ["perturbation.kind=native", "perturbation.sites=[mlp, residual]", "perturbation.layers=0:2"],
+            r"^perturbation.sites=\['mlp', 'residual'\], perturbation.layers=0:2 change nothing with "
+            r"perturbation.kind=native \(the model's own attention dropout, in every layer\)$",
+        ),
+        (
+            ["perturbation.kind=native", "perturbation.gaussian_target=weights"],
+            r"^perturbation.gaussian_target=weights changes nothing with perturbation.kind=native",
+        ),
+        (
+            ["perturbation.kind=locked", "perturbation.gaussian_target=weights"],
+            r"^perturbation.gaussian_target=weights changes nothing with perturbation.kind=locked",
+        ),
+        (["perturbation.kind=native", "perturbation.sites=[attn]"], None),  # (where native dropout acts)
+        (["perturbation.kind=native"], None),
+        (["perturbation.kind=gaussian", "perturbation.gaussian_target=weights", "perturbation.sites=[attn]"], None),
+        (["perturbation.kind=none", "perturbation.gaussian_target=weights"], None),
+    ],
+)
+def test_placement_options_native_and_locked_do_not_read_are_named(overrides, says):
+    """Native dropout reads neither perturbation.sites nor layers nor gaussian_target, locked dropout not
+    gaussian_target (dgrpo.perturbation's from_config): each was accepted and did nothing, without a word.
+    paper/grpo_native.yaml keeps paper/grpo_dropout.yaml's sites: [attn] and is clean (the test above)."""
+    lines = [line for line in load_config(Config, None, overrides).inert_settings() if "perturbation." in line]
+    if says is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and re.search(says, lines[0]), lines

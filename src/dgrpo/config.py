@@ -1117,18 +1117,35 @@ def _idle_options(section: Any, name: str, keys: tuple[str, ...], why: str) -> l
 
 def _unused_perturbation_settings(pert: PerturbationConfig) -> list[str]:
     """A line for a built-in kind's scale option set away from its default where the kind reads the other one (it was
-    accepted and did nothing, without a word): ``sigma`` under dropout (locked, native), ``p`` under gaussian noise.
-    (A kind of one's own reads what it likes; none reads neither, as its name says.)"""
+    accepted and did nothing, without a word): ``sigma`` under dropout (locked, native), ``p`` under gaussian noise;
+    and one for the placement options a dropout kind does not read (:func:`_unused_perturbation_placement`). (A kind
+    of one's own reads what it likes; none reads neither, as its name says.)"""
     default = PerturbationConfig()
     other = {"locked": "sigma", "native": "sigma", "gaussian": "p"}.get(pert.kind)
+    lines = _unused_perturbation_placement(pert)
     if other is None or getattr(pert, other) == getattr(default, other):
-        return []
+        return lines
     scale = "p" if other == "sigma" else "sigma"
     what = "gaussian noise's scale" if other == "sigma" else "the dropout rate of locked and native"
     return [
         f"perturbation.{other}={getattr(pert, other)} changes nothing with perturbation.kind={pert.kind}: it is "
-        f"{what}; perturbation.{scale} sets this kind's"
+        f"{what}; perturbation.{scale} sets this kind's",
+        *lines,
     ]
+
+
+def _unused_perturbation_placement(pert: PerturbationConfig) -> list[str]:
+    """A line for ``gaussian_target`` under locked or native dropout, and ``sites`` and ``layers`` under native
+    (the model's own attention dropout, in every layer), set away from their defaults: each was accepted and did
+    nothing, without a word. ``sites: [attn]`` under native is no such setting: it names where native dropout acts
+    (paper/grpo_native.yaml keeps paper/grpo_dropout.yaml's)."""
+    if pert.kind == "locked":
+        return _idle_options(pert, "perturbation", ("gaussian_target",), "perturbation.kind=locked (gaussian's option)")
+    if pert.kind != "native":
+        return []
+    keys = ("layers", "gaussian_target") if pert.sites == ["attn"] else ("sites", "layers", "gaussian_target")
+    why = "perturbation.kind=native (the model's own attention dropout, in every layer)"
+    return _idle_options(pert, "perturbation", keys, why)
 
 
 def unused_recompute_settings(section: Any, name: str) -> list[str]:
