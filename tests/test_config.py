@@ -1248,3 +1248,24 @@ def test_placement_options_native_and_locked_do_not_read_are_named(overrides, sa
         assert lines == []
     else:
         assert len(lines) == 1 and re.search(says, lines[0]), lines
+
+
+def test_model_compile_of_the_builtin_gpt2_is_refused_before_data_or_model(tmp_path, monkeypatch, capsys):
+    """``model.compile=true`` with the built-in model's ``model.arch=gpt2`` was refused only once the data was read
+    and the model built, though the config names the architecture; a model loaded (--init) is checked when loaded."""
+    from dgrpo.cli import main
+    from dgrpo.cli import train as cli_train
+    from dgrpo.model.factory import check_builtin_compiles
+
+    def no_data(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the data was read before the refusal")
+
+    monkeypatch.setattr(cli_train, "read_setting", no_data)
+    out = tmp_path / "run"
+    args = ["sft", "--config", "tiny.yaml", "--set", "model.arch=gpt2", "--set", "model.compile=true"]
+    assert main([*args, "--out", str(out)]) == 2
+    assert "model.compile: the compiled layers run qwen2, llama decoders" in capsys.readouterr().err
+    assert not out.exists()
+    gpt2 = load_config(Config, None, ["model.arch=gpt2", "model.compile=true"]).model
+    check_builtin_compiles(gpt2, init="runs/sft")  # (a checkpoint's architecture: known once loaded)
+    check_builtin_compiles(load_config(Config, None, ["model.compile=true"]).model)

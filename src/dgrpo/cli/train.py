@@ -301,7 +301,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     from ..data import training_split
     from ..eval.evaluate import eval_options
     from ..eval.scoring import check_reward
-    from ..model.factory import load_model
+    from ..model.factory import check_builtin_compiles, load_model
     from ..training.model_record import record_the_models_shape
     from ..training.run import check_resume_config
     from ..training.tracking import check_installed
@@ -314,6 +314,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     if args.init:  # (a run's config.json names its base's commit: not --init's, unless given for it)
         cfg.model.revision = revision_for(args.init, cfg, args.overrides, "--init")
     cfg = record_init(cfg, args.init, args.out)
+    check_builtin_compiles(cfg.model, args.init)  # (model.compile of the built-in model: the config knows its arch)
     # (a resume under a changed config is refused now, from OUT alone: not after the data and the model are read)
     check_resume_config(args.out, cfg, args.cmd, args.resume, args.allow_config_change)
     check_test_sets_distinct(cfg)

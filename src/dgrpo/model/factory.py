@@ -12,7 +12,7 @@ from ..config import ConfigError, LoraConfig, ModelConfig, TaskConfig
 from ..data.synthetic import tokenizer_corpus
 from ..data.tokenizer import train_task_tokenizer
 from . import lora
-from .compiled_layers import CompiledLayers
+from .compiled_layers import COMPILABLE_MODEL_TYPES, CompiledLayers
 from .gqa_attention import use_packed_gqa
 from .head_stats import HeadStats
 from .kernels import apply_kernels
@@ -27,6 +27,7 @@ __all__ = [
     "BUILTIN",
     "CheckpointError",
     "build_builtin",
+    "check_builtin_compiles",
     "compile_head",
     "compile_layers",
     "pack_gqa",
@@ -54,6 +55,24 @@ def build_builtin(model_cfg: ModelConfig, task_cfg: TaskConfig, seed: int = 0) -
     return lm
 
 
+def check_builtin_compiles(model_cfg: ModelConfig, init: str | None = None) -> None:
+    """A one-line ConfigError when ``model.compile`` is on for a built-in model (no ``init``) of an architecture the
+    compiled layers do not run (``model.arch=gpt2``): the config knows it, and the run is refused before its data is
+    read and its model built. A model loaded from a directory or the hub is checked once loaded
+    (:func:`~dgrpo.model.compiled_layers.check_compilable`)."""
+    if model_cfg.compile and not init and model_cfg.name_or_path == BUILTIN:
+        _check_arch_compiles(model_cfg.arch)
+
+
+def _check_arch_compiles(arch: str) -> None:
+    """ConfigError unless the compiled layers run the built-in model of architecture ``arch``."""
+    if arch not in COMPILABLE_MODEL_TYPES:
+        raise ConfigError(
+            f"invalid config value model.compile: the compiled layers run {', '.join(COMPILABLE_MODEL_TYPES)} "
+            f"decoders; the built-in model is model.arch={arch} (set model.compile=false, or model.arch to one of them)"
+        )
+
+
 def load_model(
     model_cfg: ModelConfig,
     task_cfg: TaskConfig,
@@ -70,6 +89,7 @@ def load_model(
     dtype = torch.bfloat16 if model_cfg.dtype == "bfloat16" else torch.float32
     name = init or model_cfg.name_or_path
     if not init and name == BUILTIN:
+        check_builtin_compiles(model_cfg)
         warn_if_loading_options_are_set(model_cfg)
         lm = build_builtin(model_cfg, task_cfg, seed)
         lm.to(dtype)
