@@ -57,20 +57,16 @@ def build_builtin(model_cfg: ModelConfig, task_cfg: TaskConfig, seed: int = 0) -
 
 def check_builtin_compiles(model_cfg: ModelConfig, init: str | None = None) -> None:
     """A one-line ConfigError when ``model.compile`` is on for a built-in model (no ``init``) of an architecture the
-    compiled layers do not run (``model.arch=gpt2``): the config knows it, and the run is refused before its data is
-    read and its model built. A model loaded from a directory or the hub is checked once loaded
-    (:func:`~dgrpo.model.compiled_layers.check_compilable`)."""
+    compiled layers do not run (``model.arch=gpt2``): the config knows it, and dgrpo sft / grpo refuse the run
+    before its data is read and its model built (it was refused once built; an evaluation compiles nothing). A
+    model loaded from a directory or the hub is checked once loaded (:func:`compiled_layers.check_compilable`)."""
     if model_cfg.compile and not init and model_cfg.name_or_path == BUILTIN:
-        _check_arch_compiles(model_cfg.arch)
-
-
-def _check_arch_compiles(arch: str) -> None:
-    """ConfigError unless the compiled layers run the built-in model of architecture ``arch``."""
-    if arch not in COMPILABLE_MODEL_TYPES:
-        raise ConfigError(
-            f"invalid config value model.compile: the compiled layers run {', '.join(COMPILABLE_MODEL_TYPES)} "
-            f"decoders; the built-in model is model.arch={arch} (set model.compile=false, or model.arch to one of them)"
-        )
+        if model_cfg.arch not in COMPILABLE_MODEL_TYPES:
+            raise ConfigError(
+                f"invalid config value model.compile: the compiled layers run {', '.join(COMPILABLE_MODEL_TYPES)} "
+                f"decoders; the built-in model is model.arch={model_cfg.arch} (set model.compile=false, or model.arch "
+                "to one of them)"
+            )
 
 
 def load_model(
@@ -89,7 +85,6 @@ def load_model(
     dtype = torch.bfloat16 if model_cfg.dtype == "bfloat16" else torch.float32
     name = init or model_cfg.name_or_path
     if not init and name == BUILTIN:
-        check_builtin_compiles(model_cfg)
         warn_if_loading_options_are_set(model_cfg)
         lm = build_builtin(model_cfg, task_cfg, seed)
         lm.to(dtype)
