@@ -410,8 +410,9 @@ def test_yaml_booleans_in_string_options():
     assert load_config(Config, None, ["sft.bf16=true"]).sft.bf16 == "true"
     assert load_config(Config, None, ["sft.bf16=false"]).sft.bf16 == "false"
     assert load_config(Config, None, ["fsdp=sharded"]).fsdp == "sharded"
+    assert load_config(Config, None, ["fsdp=off"]).fsdp == "none"  # (as DGRPO_FSDP=off)
     with pytest.raises(ConfigError, match="expected none, full or sharded"):
-        load_config(Config, None, ["fsdp=off"])
+        load_config(Config, None, ["fsdp=maybe"])
 
 
 def test_yaml_configs_in_repo_are_valid():
