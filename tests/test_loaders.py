@@ -904,3 +904,20 @@ def test_numpy_number_answers_of_rows_in_memory_read_as_the_numbers_they_print_a
     plain = dgrpo.load_dataset([{"question": "q", "answer": v} for v in values])
     mapped = dgrpo.load_dataset([{"q": "q", "a": v} for v in values], data=DataConfig(question_key="q", answer_key="a"))
     assert [r.answer for r in plain] == [r.answer for r in mapped] == expected
+
+
+def test_a_mapped_numpy_answer_that_is_no_finite_number_is_refused_as_a_python_one_is() -> None:
+    """A mapped answer column of np.float32 / np.float16 NaN or infinity was read as the answer text 'nan' or 'inf'
+    (str() of a number that is no Python float), trained on and never matched; a Python float NaN was refused. Each is
+    refused alike, mapped or not."""
+    import numpy as np
+
+    import dgrpo
+    from dgrpo.config import DataConfig
+
+    mapping = DataConfig(question_key="q", answer_key="a")
+    for value in (float("nan"), np.float32("nan"), np.float16("inf"), np.float32("-inf")):
+        with pytest.raises(DataError, match=r"row 1: column 'a' must be a finite number, got -?(nan|inf)$"):
+            dgrpo.load_dataset([{"q": "q", "a": value}], data=mapping)
+        with pytest.raises(DataError, match=r"row 1: field 'answer' must be a finite number, got -?(nan|inf)$"):
+            dgrpo.load_dataset([{"question": "q", "answer": value}])

@@ -843,6 +843,7 @@ class _ColumnParser:
         if raw is None:  # (JSON null, an empty parquet cell: str() would make it the answer 'None')
             raise _NoValue(f"column {key!r}")
         _check_scalar(raw, key, answer=True)
+        raw = _python_number(raw)  # (np.float32 nan was the answer 'nan', as str() printed it)
         answer = _format_number(raw, f"column {key!r}") if isinstance(raw, (int, float)) else str(raw).strip()
         solution = answer if "####" in answer else None
         if solution is not None:
