@@ -632,3 +632,22 @@ def test_a_label_over_runs_of_other_settings_is_one_mean_with_a_warning(tmp_path
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         group_runs([], {"a": [tmp_path / "a_s0", tmp_path / "a_s1", tmp_path / "no_config"]})
+
+
+def test_a_label_over_one_arm_s_seeds_from_other_checkpoints_draws_no_warning(tmp_path: Path) -> None:
+    """The demo's arms/<arm>/sft<K>_rl<J>: each RL seed starts from its SFT seed's checkpoint (model.name_or_path
+    differs), and the automatic grouping keeps them one arm; ``--label Dropout=runs/demo/arms/dropout_grpo`` warned
+    "its 2 runs are 2 settings (they differ in model.name_or_path)". A key that differs between the seeds of one place
+    is a seed's; a label over two arms still names the keys that tell them apart, not the seed's."""
+    arms = tmp_path / "demo" / "arms"
+    for arm, kind in (("dropout_grpo", "locked"), ("grpo_sampling", "none")):
+        for k in (0, 1):
+            config = {**grpo_config(kind), "seed": 100 * k, "model": {"name_or_path": f"sft/seed{k}/final"}}
+            write_run(arms / arm / f"sft{k}_rl0", config, grpo_rows(k))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        groups = group_runs([], {"Dropout": [arms / "dropout_grpo"]})
+    assert {n: len(rs) for n, rs in groups.items()} == {"Dropout": 2}
+    said = r"^--label both: its 4 runs are 2 settings \(they differ in perturbation.kind\); drawn"
+    with pytest.warns(UserWarning, match=said):
+        group_runs([], {"both": [arms]})

@@ -11,7 +11,7 @@ import math
 import os
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -443,17 +443,30 @@ def _flat_setting(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]
 def _warn_if_a_label_mixes_settings(name: str, runs: Sequence[Run]) -> None:
     """A warning when an explicit group's runs are of other settings (their configs differ but for the seed, as
     :func:`_setting`; runs without a config not counted), naming the keys that differ: the group is drawn as one mean
-    over all its runs, as asked, but its band is then no seed spread."""
-    configs = [_flat_setting(r.config) for r in runs if r.config]
-    keys = sorted(k for k in set().union(*configs) if len({c.get(k) for c in configs}) > 1)
-    if keys:
-        settings = len({_setting(r) for r in runs if r.config})
-        shown = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+    over all its runs, as asked, but its band is then no seed spread. A key that differs between the seeds of one
+    place (:func:`_place`) is a seed's, as in :func:`_other_experiments` (the demo's ``model.name_or_path``: each
+    seed started from its SFT seed's checkpoint)."""
+    configs = [(_place(r), _flat_setting(r.config)) for r in runs if r.config]
+    seeds = _differing_keys((c, d) for p, c in configs for q, d in configs if p == q)
+    if differ := sorted(_differing_keys((c, d) for _, c in configs for _, d in configs) - seeds):
+        settings = len({tuple(c.get(k) for k in differ) for _, c in configs})
+        shown = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
         warnings.warn(
             f"--label {name}: its {len(runs)} runs are {settings} settings (they differ in {shown}); drawn as one mean "
             "over them all: give each setting a --label of its own to draw them apart",
             stacklevel=3,
         )
+
+
+def _differing_keys(pairs: Iterable[tuple[Mapping[str, str], Mapping[str, str]]]) -> set[str]:
+    """The keys whose values differ within any pair of flat configs (:func:`_flat_setting`)."""
+    return {k for c, d in pairs for k in c.keys() | d.keys() if c.get(k) != d.get(k)}
+
+
+def _place(run: Run) -> Path:
+    """Where a run's arm sits (:func:`_named`): its path without the seed, or its own path when its names say none."""
+    named = _named(run)
+    return _shown_path(run.path) if named is None else named.place
 
 
 def _refuse_labels_named_as_automatic_groups(
