@@ -651,3 +651,13 @@ def test_a_label_over_one_arm_s_seeds_from_other_checkpoints_draws_no_warning(tm
     said = r"^--label both: its 4 runs are 2 settings \(they differ in perturbation.kind\); drawn"
     with pytest.warns(UserWarning, match=said):
         group_runs([], {"both": [arms]})
+
+
+def test_runs_without_a_config_of_one_name_in_other_folders_are_drawn_apart(tmp_path: Path) -> None:
+    """Two runs without config.json and with no seed in their names, ``exp1/final`` and ``exp2/final``, were one group
+    ``final`` (their name: the config says no arm), "mean of 2 seeds" of two runs nothing says are seeds of one
+    experiment. Each is drawn apart, named by its folders; one alone keeps its name."""
+    for exp, s in (("exp1", 0), ("exp2", 1)):
+        write_run(tmp_path / exp / "final", None, grpo_rows(s))
+    assert {n: len(rs) for n, rs in all_groups(tmp_path).items()} == {"exp1/final": 1, "exp2/final": 1}
+    assert list(all_groups(tmp_path / "exp1")) == ["final"]

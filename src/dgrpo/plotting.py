@@ -368,13 +368,14 @@ def _other_experiments(members: Sequence[tuple[Run, Path, tuple[int, ...] | None
 
 
 def _automatic_groups(runs: Sequence[Run]) -> dict[str, list[Run]]:
-    """The runs by :func:`arm_of`, refined: a config label of several settings names each run by its path
-    (:func:`_own_names`), and a name whose runs are other experiments (:func:`_other_experiments`) is split by their
-    places, each group named by the shortest tail of its place that tells it apart (``a/grpo``, ``b/grpo``)."""
+    """The runs by :func:`arm_of`, refined: a config label of several settings (a run without a config is one of its
+    own) names each run by its path (:func:`_own_names`), and a name whose runs are other experiments
+    (:func:`_other_experiments`) is split by their places, each group named by the shortest tail of its place that
+    tells it apart (``a/grpo``, ``b/grpo``)."""
     settings: dict[str, set[str]] = {}
-    for run in runs:
+    for run in runs:  # (a run without a config: a setting of its own, not known to be another's seed)
         if _named(run) is None:
-            settings.setdefault(config_label(run), set()).add(_setting(run))
+            settings.setdefault(config_label(run), set()).add(_setting(run) if run.config else str(run.path.resolve()))
     own = _own_names([_shown_path(run.path) for run in runs])
     members: dict[str, list[tuple[Run, Path, tuple[int, ...] | None]]] = {}
     for run in runs:
