@@ -1615,3 +1615,29 @@ def test_eval_of_a_run_tested_on_a_relative_dataset_folder_says_where_it_is_read
     monkeypatch.chdir(project)
     assert run_cli("eval", "--model", ckpt, "--out", tmp_path / "e").returncode == 0
     assert json.loads((tmp_path / "e" / "results.json").read_text())["dataset"] == "mine:test"
+
+
+def test_a_run_s_hub_test_set_read_from_the_hub_is_not_said_to_be_a_missing_folder(monkeypatch):
+    """A run's hub test set (``org/name:test``) that the hub answered but that failed (no split 'test' any more, a row
+    that does not parse) was told as "no folder or file from <here>, nor read from the hub (hub dataset 'org/name' has
+    no split 'test': ...): ... run dgrpo eval from that folder": the name was in the error, as it is in the hub's own
+    words. Only a name that nothing read (a folder relative to where the run started, a hub unreached) is."""
+    datasets = pytest.importorskip("datasets")
+    from dgrpo.cli.evaluate import run_test_set_unread
+    from dgrpo.data import load_spec, loaders
+    from dgrpo.data.records import DataError
+
+    def no_test_split(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("Unknown split \"test\". Should be one of ['train'].")
+
+    monkeypatch.setattr(loaders, "hub_reachable", lambda: True)
+    monkeypatch.setattr(datasets, "load_dataset", no_test_split)
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(DataError, match="hub dataset 'org/name' has no split 'test'") as said:
+        load_spec("org/name:test")
+    assert run_test_set_unread("org/name:test", said.value) is None
+    monkeypatch.setattr(loaders, "hub_reachable", lambda: False)
+    with pytest.raises(DataError, match="unknown dataset 'org/name'") as unread:
+        load_spec("org/name:test")
+    assert "nor read from the hub (no connection to it" in (run_test_set_unread("org/name:test", unread.value) or "")

@@ -360,12 +360,12 @@ def run_test_set_unread(spec: str, exc: Exception) -> str | None:
     """The line for a run's test set ``spec`` that failed to read (``exc``) as a hub dataset, a part of it naming no
     local folder or file from here (a dataset folder the run read from the folder it started in, ``mydata`` or
     ``mydata:test``, was 'unknown dataset 'mydata': ... the Hugging Face hub could not be reached', naming no run);
-    None when the failure is no such part's."""
+    None when the failure is no such part's, or one the hub answered (a split or a row of a hub dataset)."""
     from ..data.loaders import reads_from_the_hub
 
     for part in spec_parts(spec):
         name = part.partition("?")[0].partition(":")[0]
-        if reads_from_the_hub(part) and repr(name) in str(exc):
+        if reads_from_the_hub(part) and f"unknown dataset {name!r}:" in str(exc):  # (not the hub's answer of it)
             named = part if part == spec else f"{part} (of {spec})"
             said = str(exc)
             reason = said.partition("the Hugging Face hub could not be reached: ")[2] or said  # (not the names again)
