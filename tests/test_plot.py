@@ -661,3 +661,30 @@ def test_runs_without_a_config_of_one_name_in_other_folders_are_drawn_apart(tmp_
         write_run(tmp_path / exp / "final", None, grpo_rows(s))
     assert {n: len(rs) for n, rs in all_groups(tmp_path).items()} == {"exp1/final": 1, "exp2/final": 1}
     assert list(all_groups(tmp_path / "exp1")) == ["final"]
+
+
+def test_a_link_beside_a_run_does_not_rename_it(tmp_path: Path, monkeypatch) -> None:
+    """``runs/latest -> grpo_seed1`` beside ``grpo_seed0`` and ``grpo_seed1``: the run was found once, through the
+    link when the folder listing gave it first, and then named ``latest`` (a run is named as given or found), so seed
+    1 left its arm: two lines of one seed each, ``grpo`` and ``Dropout-GRPO``. It is found under its own name; a link
+    to a run found nowhere else keeps the link's name."""
+    import os
+
+    walk = os.walk
+
+    def links_first(top: str, **kwargs):  # (the listing order that showed it, whatever the file system's)
+        for folder, subfolders, files in walk(top, **kwargs):
+            subfolders.sort(key=lambda name: not os.path.islink(os.path.join(folder, name)))
+            yield folder, subfolders, files
+
+    monkeypatch.setattr(os, "walk", links_first)
+    base = grpo_config("locked")
+    for s in (0, 1):
+        write_run(tmp_path / "runs" / f"grpo_seed{s}", {**base, "seed": s}, grpo_rows(s))
+    (tmp_path / "runs" / "latest").symlink_to("grpo_seed1")
+    (tmp_path / "cmp").mkdir()
+    (tmp_path / "cmp" / "p01_seed1").symlink_to(tmp_path / "runs" / "grpo_seed1")
+    runs = tmp_path / "runs"
+    assert find_runs([runs]) == [runs / "grpo_seed0", runs / "grpo_seed1"]
+    assert {n: [r.name for r in rs] for n, rs in all_groups(runs).items()} == {"grpo": ["grpo_seed0", "grpo_seed1"]}
+    assert find_runs([tmp_path / "cmp"]) == [tmp_path / "cmp" / "p01_seed1"]

@@ -172,18 +172,21 @@ def _shown_path(path: Path) -> Path:
 def _runs_below(root: Path) -> list[Path]:
     """The directories below ``root`` that hold ``metrics.jsonl``, sorted; links to directories are followed (a
     folder of links to the runs compared: ``Path.rglob`` skipped them, and the folder had 'no metrics.jsonl below
-    it'), each real directory once (a link to a folder above ends there)."""
-    found: list[Path] = []
+    it'), each real directory once (a link to a folder above ends there), under its own name where a link beside it
+    names it too (``latest -> grpo_seed1``: found first, it named the run ``latest``, out of its arm ``grpo``)."""
+    found: dict[Path, Path] = {}
     seen: set[Path] = set()
     for folder, subfolders, _ in os.walk(root, followlinks=True):
-        real = Path(folder).resolve()
+        path, real = Path(folder), Path(folder).resolve()
         if real in seen:
             subfolders[:] = []
+            if real in found and found[real].is_symlink() and not path.is_symlink():
+                found[real] = path
             continue
         seen.add(real)
-        if (Path(folder) / METRICS_FILE).is_file():
-            found.append(Path(folder))
-    return sorted(found)
+        if (path / METRICS_FILE).is_file():
+            found[real] = path
+    return sorted(found.values())
 
 
 def expand_home(p: Path) -> Path:
