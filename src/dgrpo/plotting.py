@@ -454,12 +454,17 @@ def _warn_if_a_label_mixes_settings(name: str, runs: Sequence[Run]) -> None:
     seeds = _differing_keys((c, d) for p, c in configs for q, d in configs if p == q)
     if differ := sorted(_differing_keys((c, d) for _, c in configs for _, d in configs) - seeds):
         settings = len({tuple(c.get(k) for k in differ) for _, c in configs})
-        shown = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
+        shown = _listed(differ, 3)
         warnings.warn(
             f"--label {name}: its {len(runs)} runs are {settings} settings (they differ in {shown}); drawn as one mean "
             "over them all: give each setting a --label of its own to draw them apart",
             stacklevel=3,
         )
+
+
+def _listed(items: Sequence[str], first: int) -> str:
+    """The first ``first`` items, comma-separated, and how many more there are (``a, b and 3 more``)."""
+    return ", ".join(items[:first]) + (f" and {len(items) - first} more" if len(items) > first else "")
 
 
 def _differing_keys(pairs: Iterable[tuple[Mapping[str, str], Mapping[str, str]]]) -> set[str]:
@@ -481,9 +486,7 @@ def _refuse_labels_named_as_automatic_groups(
     for name in groups:
         if name in automatic:
             others = automatic[name]
-            shown = ", ".join(str(r.path) for r in others[:2]) + (
-                f" and {len(others) - 2} more" if len(others) > 2 else ""
-            )
+            shown = _listed([str(r.path) for r in others], 2)
             how = "their folders' names" if any(_named(r) for r in others) else "their config"
             raise DataError(
                 f"--label {name}: the other runs {shown} are grouped under that name too (by {how}); add them to the "
