@@ -688,3 +688,18 @@ def test_a_link_beside_a_run_does_not_rename_it(tmp_path: Path, monkeypatch) -> 
     assert find_runs([runs]) == [runs / "grpo_seed0", runs / "grpo_seed1"]
     assert {n: [r.name for r in rs] for n, rs in all_groups(runs).items()} == {"grpo": ["grpo_seed0", "grpo_seed1"]}
     assert find_runs([tmp_path / "cmp"]) == [tmp_path / "cmp" / "p01_seed1"]
+
+
+def test_seeds_in_two_folders_each_from_its_own_checkpoint_are_one_arm(tmp_path: Path) -> None:
+    """``batch1/grpo_seed0,1`` and ``batch2/grpo_seed2,3``, each seed started from its own SFT checkpoint (as the
+    demo's are: model.name_or_path differs from seed to seed) were split into ``batch1/grpo`` and ``batch2/grpo``:
+    the folders' settings differed as wholes, though only in the key that differs between the seeds of one folder
+    too. They are one arm of 4 seeds, as the seeds of one folder are; another learning rate still splits them."""
+    base = grpo_config("locked")
+    for s in range(4):
+        config = {**base, "seed": s, "model": {"name_or_path": f"sft/seed{s}/final"}}
+        write_run(tmp_path / "same" / f"batch{1 + s // 2}" / f"grpo_seed{s}", config, grpo_rows(s))
+        lr = {**config, "grpo": {**base["grpo"], "lr": 1e-4 * (1 + s // 2)}}
+        write_run(tmp_path / "lrs" / f"batch{1 + s // 2}" / f"grpo_seed{s}", lr, grpo_rows(s))
+    assert {n: len(rs) for n, rs in all_groups(tmp_path / "same").items()} == {"grpo": 4}
+    assert {n: len(rs) for n, rs in all_groups(tmp_path / "lrs").items()} == {"batch1/grpo": 2, "batch2/grpo": 2}

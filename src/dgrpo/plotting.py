@@ -353,9 +353,9 @@ def _own_names(paths: Sequence[Path]) -> dict[Path, str]:
 def _other_experiments(members: Sequence[tuple[Run, Path, tuple[int, ...] | None]]) -> bool:
     """Whether the runs one automatic name groups (``(run, place, seed numbers)``) are other experiments, not seeds of
     one: they sit at two or more places (``a/grpo_seed0`` and ``b/grpo_seed0``: places ``a/grpo``, ``b/grpo``), and
-    two places hold the same seed (a run twice: another experiment, or a copy) or other settings (their configs but
-    for the seed, as :func:`_setting`; runs without a config count as none). Seeds at one place are one arm's even
-    where their configs differ (the demo's: each started from its SFT seed's checkpoint)."""
+    two places hold the same seed (a run twice: another experiment, or a copy) or other settings (config keys that
+    tell them apart: :func:`_keys_apart`). Seeds at one place are one arm's even where their configs differ (the
+    demo's: each started from its SFT seed's checkpoint), and so are seeds at two places that differ only so."""
     places: dict[Path, list[tuple[Run, tuple[int, ...] | None]]] = {}
     for run, place, seed in members:
         places.setdefault(place, []).append((run, seed))
@@ -366,8 +366,7 @@ def _other_experiments(members: Sequence[tuple[Run, Path, tuple[int, ...] | None
         for _, seed in runs:
             if seed is not None and where.setdefault(seed, place) != place:
                 return True
-    settings = {frozenset(_setting(r) for r, _ in runs if r.config) for runs in places.values()}
-    return len(settings - {frozenset()}) > 1
+    return bool(_keys_apart([(place, run) for run, place, _ in members]))
 
 
 def _automatic_groups(runs: Sequence[Run]) -> dict[str, list[Run]]:
@@ -445,15 +444,11 @@ def _flat_setting(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]
 
 
 def _warn_if_a_label_mixes_settings(name: str, runs: Sequence[Run]) -> None:
-    """A warning when an explicit group's runs are of other settings (their configs differ but for the seed, as
-    :func:`_setting`; runs without a config not counted), naming the keys that differ: the group is drawn as one mean
-    over all its runs, as asked, but its band is then no seed spread. A key that differs between the seeds of one
-    place (:func:`_place`) is a seed's, as in :func:`_other_experiments` (the demo's ``model.name_or_path``: each
-    seed started from its SFT seed's checkpoint)."""
-    configs = [(_place(r), _flat_setting(r.config)) for r in runs if r.config]
-    seeds = _differing_keys((c, d) for p, c in configs for q, d in configs if p == q)
-    if differ := sorted(_differing_keys((c, d) for _, c in configs for _, d in configs) - seeds):
-        settings = len({tuple(c.get(k) for k in differ) for _, c in configs})
+    """A warning when an explicit group's runs are of other settings (config keys tell them apart: :func:`_keys_apart`,
+    as :func:`_other_experiments` reads them), naming those keys: the group is drawn as one mean over all its runs,
+    as asked, but its band is then no seed spread."""
+    if differ := _keys_apart([(_place(r), r) for r in runs]):
+        settings = len({tuple(_flat_setting(r.config).get(k) for k in differ) for r in runs if r.config})
         shown = _listed(differ, 3)
         warnings.warn(
             f"--label {name}: its {len(runs)} runs are {settings} settings (they differ in {shown}); drawn as one mean "
@@ -465,6 +460,15 @@ def _warn_if_a_label_mixes_settings(name: str, runs: Sequence[Run]) -> None:
 def _listed(items: Sequence[str], first: int) -> str:
     """The first ``first`` items, comma-separated, and how many more there are (``a, b and 3 more``)."""
     return ", ".join(items[:first]) + (f" and {len(items) - first} more" if len(items) > first else "")
+
+
+def _keys_apart(placed: Sequence[tuple[Path, Run]]) -> list[str]:
+    """The config keys (dotted: :func:`_flat_setting`) that tell runs (``(place, run)``: :func:`_place`) apart: those
+    whose values differ between them, less those that differ between the seeds of one place (a seed's: the demo's
+    ``model.name_or_path``, each seed started from its SFT seed's checkpoint); runs without a config not counted."""
+    configs = [(place, _flat_setting(run.config)) for place, run in placed if run.config]
+    seeds = _differing_keys((c, d) for p, c in configs for q, d in configs if p == q)
+    return sorted(_differing_keys((c, d) for _, c in configs for _, d in configs) - seeds)
 
 
 def _differing_keys(pairs: Iterable[tuple[Mapping[str, str], Mapping[str, str]]]) -> set[str]:
