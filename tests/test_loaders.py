@@ -921,3 +921,29 @@ def test_a_mapped_numpy_answer_that_is_no_finite_number_is_refused_as_a_python_o
             dgrpo.load_dataset([{"q": "q", "a": value}], data=mapping)
         with pytest.raises(DataError, match=r"row 1: field 'answer' must be a finite number, got -?(nan|inf)$"):
             dgrpo.load_dataset([{"question": "q", "answer": value}])
+
+
+def test_a_decimal_answer_reads_as_its_number_mapped_or_not(tmp_path: Path) -> None:
+    """A parquet decimal column (a Python Decimal per cell) as the answer was "field 'answer' must be a string, got
+    Decimal", and mapped, Decimal('NaN') was the answer text 'NaN'. A decimal answer is its number, exactly (no float
+    rounding); one that is no finite number is refused, as a float's is."""
+    from decimal import Decimal
+
+    import dgrpo
+    from dgrpo.config import DataConfig
+
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    pytest.importorskip("datasets")
+    values = [Decimal("2.50"), Decimal("1E+3"), Decimal("0.1234567890123456789")]
+    expected = ["2.5", "1000", "0.1234567890123456789"]
+    path = tmp_path / "decimal.parquet"
+    answers = pa.array(values, pa.decimal128(25, 19))
+    pq.write_table(pa.table({"question": ["q1", "q2", "q3"], "answer": answers}), str(path))
+    assert [r.answer for r in load_dataset(str(path))] == expected
+    mapping = DataConfig(question_key="q", answer_key="a")
+    assert [r.answer for r in dgrpo.load_dataset([{"q": "q", "a": v} for v in values], data=mapping)] == expected
+    for value in (Decimal("NaN"), Decimal("-Infinity")):
+        with pytest.raises(DataError, match=r"row 1: column 'a' must be a finite number, got -?(NaN|Infinity)$"):
+            dgrpo.load_dataset([{"q": "q", "a": value}], data=mapping)
+        with pytest.raises(DataError, match=r"row 1: field 'answer' must be a finite number, got -?(NaN|Infinity)$"):
+            dgrpo.load_dataset([{"question": "q", "answer": value}])

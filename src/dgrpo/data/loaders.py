@@ -100,6 +100,10 @@ def _format_number(value: Any, what: str) -> str:
         canon = normalize_number(format(Decimal(repr(float(value))), "f"))  # (np.float64's repr names its type)
         assert canon is not None
         return canon
+    if isinstance(value, Decimal):  # (a parquet decimal column: it was 'must be a string, got Decimal'; mapped, NaN)
+        if not value.is_finite():
+            raise _RowError(f"{what} must be a finite number, got {value}")
+        return normalize_number(format(value, "f")) or format(value, "f")
     if isinstance(value, str):
         canon = normalize_number(value)
         if canon is not None:
@@ -159,7 +163,7 @@ def _json_number_answer(row: dict[str, Any]) -> str | None:
     """A JSON number given as the answer, as answer text (as a CSV column's number would be); None for anything else
     (text, which the row's own parser reads, or a boolean, which it refuses)."""
     raw = _python_number(row.get("answer"))
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+    if isinstance(raw, (int, float, Decimal)) and not isinstance(raw, bool):
         return _format_number(raw, "field 'answer'")
     return None
 
@@ -844,7 +848,8 @@ class _ColumnParser:
             raise _NoValue(f"column {key!r}")
         _check_scalar(raw, key, answer=True)
         raw = _python_number(raw)  # (np.float32 nan was the answer 'nan', as str() printed it)
-        answer = _format_number(raw, f"column {key!r}") if isinstance(raw, (int, float)) else str(raw).strip()
+        number = isinstance(raw, (int, float, Decimal))
+        answer = _format_number(raw, f"column {key!r}") if number else str(raw).strip()
         solution = answer if "####" in answer else None
         if solution is not None:
             answer = solution.rpartition("####")[2].strip()
