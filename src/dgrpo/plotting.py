@@ -277,10 +277,11 @@ def config_label(run: Run) -> str:
 
 
 class _Named(NamedTuple):
-    """What a run's directory names say: its arm, its seed's numbers, and its place (its path without the seed)."""
+    """What a run's directory names say: its arm, its seed's numbers, and its place (its path without the seed); or,
+    for a run whose names say none (:func:`_automatic_groups`), the arm its config gives, no seed, and its path."""
 
     arm: str
-    seed: tuple[int, ...]
+    seed: tuple[int, ...] | None
     place: Path
 
 
@@ -350,23 +351,18 @@ def _own_names(paths: Sequence[Path]) -> dict[Path, str]:
     return names
 
 
-def _other_experiments(members: Sequence[tuple[Run, Path, tuple[int, ...] | None]]) -> bool:
-    """Whether the runs one automatic name groups (``(run, place, seed numbers)``) are other experiments, not seeds of
-    one: they sit at two or more places (``a/grpo_seed0`` and ``b/grpo_seed0``: places ``a/grpo``, ``b/grpo``), and
-    two places hold the same seed (a run twice: another experiment, or a copy) or other settings (config keys that
-    tell them apart: :func:`_keys_apart`). Seeds at one place are one arm's even where their configs differ (the
-    demo's: each started from its SFT seed's checkpoint), and so are seeds at two places that differ only so."""
-    places: dict[Path, list[tuple[Run, tuple[int, ...] | None]]] = {}
-    for run, place, seed in members:
-        places.setdefault(place, []).append((run, seed))
-    if len(places) < 2:
+def _other_experiments(members: Sequence[tuple[Run, _Named]]) -> bool:
+    """Whether the runs one automatic name groups are other experiments, not seeds of one: they sit at two or more
+    places (``a/grpo_seed0`` and ``b/grpo_seed0``: places ``a/grpo``, ``b/grpo``), and two places hold the same seed
+    (a run twice: another experiment, or a copy) or other settings (config keys that tell them apart:
+    :func:`_keys_apart`). Seeds at one place are one arm's even where their configs differ (the demo's: each started
+    from its SFT seed's checkpoint), and so are seeds at two places that differ only so."""
+    if len({named.place for _, named in members}) < 2:
         return False
     where: dict[tuple[int, ...], Path] = {}
-    for place, runs in places.items():
-        for _, seed in runs:
-            if seed is not None and where.setdefault(seed, place) != place:
-                return True
-    return bool(_keys_apart([(place, run) for run, place, _ in members]))
+    if any(n.seed is not None and where.setdefault(n.seed, n.place) != n.place for _, n in members):
+        return True
+    return bool(_keys_apart([(named.place, run) for run, named in members]))
 
 
 def _automatic_groups(runs: Sequence[Run]) -> dict[str, list[Run]]:
@@ -374,27 +370,25 @@ def _automatic_groups(runs: Sequence[Run]) -> dict[str, list[Run]]:
     own) names each run by its path (:func:`_own_names`), and a name whose runs are other experiments
     (:func:`_other_experiments`) is split by their places, each group named by the shortest tail of its place that
     tells it apart (``a/grpo``, ``b/grpo``)."""
+    found = [(run, _named(run), _shown_path(run.path)) for run in runs]
     settings: dict[str, set[str]] = {}
-    for run in runs:  # (a run without a config: a setting of its own, not known to be another's seed)
-        if _named(run) is None:
+    for run, named, _ in found:  # (a run without a config: a setting of its own, not known to be another's seed)
+        if named is None:
             settings.setdefault(config_label(run), set()).add(_setting(run) if run.config else str(run.path.resolve()))
-    own = _own_names([_shown_path(run.path) for run in runs])
-    members: dict[str, list[tuple[Run, Path, tuple[int, ...] | None]]] = {}
-    for run in runs:
-        named = _named(run)
-        if named is not None:
-            members.setdefault(named.arm, []).append((run, named.place, named.seed))
-            continue
-        label = config_label(run)
-        arm = label if len(settings[label]) == 1 else own[_shown_path(run.path)]
-        members.setdefault(arm, []).append((run, _shown_path(run.path), None))
+    own = _own_names([shown for _, _, shown in found])
+    members: dict[str, list[tuple[Run, _Named]]] = {}
+    for run, named, shown in found:
+        if named is None:
+            label = config_label(run)
+            named = _Named(label if len(settings[label]) == 1 else own[shown], None, shown)
+        members.setdefault(named.arm, []).append((run, named))
     split = {arm for arm, group in members.items() if _other_experiments(group)}
-    places = [place for arm in split for _, place, _ in members[arm]]
+    places = [named.place for arm in split for _, named in members[arm]]
     place_names = _own_names(list(dict.fromkeys([*places, *own])))
     out: dict[str, list[Run]] = {}
     for arm, group in members.items():
-        for run, place, _ in group:
-            out.setdefault(place_names[place] if arm in split else arm, []).append(run)
+        for run, named in group:
+            out.setdefault(place_names[named.place] if arm in split else arm, []).append(run)
     return out
 
 
