@@ -388,7 +388,8 @@ def test_error_unknown_name_offline(tmp_path: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path)}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     last = r.stderr.strip().splitlines()[-1]
-    assert r.returncode == 1 and last.startswith("dgrpo.data.records.DataError: unknown dataset 'no_such_dataset_xyz'")
+    said = "dgrpo.data.loaders.HubUnreached: unknown dataset 'no_such_dataset_xyz'"  # (a DataError)
+    assert r.returncode == 1 and last.startswith(said)
     assert "hub could not be reached" in last
 
 

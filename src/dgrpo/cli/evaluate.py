@@ -361,17 +361,16 @@ def run_test_set_unread(spec: str, exc: Exception) -> str | None:
     local folder or file from here (a dataset folder the run read from the folder it started in, ``mydata`` or
     ``mydata:test``, was 'unknown dataset 'mydata': ... the Hugging Face hub could not be reached', naming no run);
     None when the failure is no such part's, or one the hub answered (a split or a row of a hub dataset)."""
-    from ..data.loaders import reads_from_the_hub
+    from ..data.loaders import HubUnreached, reads_from_the_hub
 
+    if not (isinstance(exc, HubUnreached) and exc.unknown):  # (not a hub dataset the hub answered: a split, a row)
+        return None
     for part in spec_parts(spec):
-        name = part.partition("?")[0].partition(":")[0]
-        if reads_from_the_hub(part) and f"unknown dataset {name!r}:" in str(exc):  # (not the hub's answer of it)
+        if reads_from_the_hub(part) and part.partition("?")[0].partition(":")[0] == exc.name:
             named = part if part == spec else f"{part} (of {spec})"
-            said = str(exc)
-            reason = said.partition("the Hugging Face hub could not be reached: ")[2] or said  # (not the names again)
             return (
                 f"--data: the checkpoint's run was tested on {named} (its data.test), no folder or file from "
-                f"{Path.cwd()}, nor read from the hub ({reason}): a path is relative to the folder that run "
+                f"{Path.cwd()}, nor read from the hub ({exc.reason}): a path is relative to the folder that run "
                 "started from; run dgrpo eval from that folder, or name the data with --data"
             )
     return None

@@ -617,6 +617,16 @@ def _load_builtin_name(name: str, split: str | None) -> list[Record]:
     return records
 
 
+class HubUnreached(DataError):
+    """A dataset read from the Hugging Face hub that could not be: ``reason`` why (no connection, no ``datasets``
+    package, the hub's error); ``unknown``: ``name`` is no built-in's (it was looked up on the hub as named, having
+    no local file or folder of that name)."""
+
+    def __init__(self, prefix: str, reason: str, name: str, hub_id: str | None) -> None:
+        super().__init__(f"{prefix} the Hugging Face hub could not be reached: {reason}")
+        self.reason, self.name, self.unknown = reason, name, hub_id is None
+
+
 def _load_from_hub(
     name: str,
     split: str | None,
@@ -635,15 +645,13 @@ def _load_from_hub(
     try:
         import datasets
     except ImportError:
-        raise DataError(
-            f"{prefix} the Hugging Face hub could not be reached: the optional 'datasets' package is not "
-            "installed (pip install 'dgrpo[hub]')"
+        raise HubUnreached(
+            prefix, "the optional 'datasets' package is not installed (pip install 'dgrpo[hub]')", name, hub_id
         ) from None
     repo = hub_id or name
     if not offline_requested("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") and not hub_reachable():
-        raise DataError(
-            f"{prefix} the Hugging Face hub could not be reached: no connection to it (set "
-            "HF_DATASETS_OFFLINE=1 to use the local datasets cache)"
+        raise HubUnreached(
+            prefix, "no connection to it (set HF_DATASETS_OFFLINE=1 to use the local datasets cache)", name, hub_id
         )
     try:
         with hub_lines_held():
@@ -665,7 +673,7 @@ def _load_from_hub(
             named = f"{repo}:SPLIT" + (f"?config={config}" if config else "")
             why_not = f"hub dataset {repo!r} has no split {split!r}: name one as {named} ({reason})"
             raise DataError(why_not) from None
-        raise DataError(f"{prefix} the Hugging Face hub could not be reached: {reason}{offline_hint(exc)}") from None
+        raise HubUnreached(prefix, f"{reason}{offline_hint(exc)}", name, hub_id) from None
     return rows_to_records(rows, f"hub dataset {repo!r} split {split!r}", f"hf:{repo}", columns)
 
 
