@@ -15,6 +15,7 @@ LAYERS = {
     "run_layout": 0,
     "progress": 0,
     "plugins": 0,
+    "text": 0,
     "data": 1,
     "model": 2,
     "perturbation": 3,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .data.records import DataError
 from .run_layout import CONFIG_FILE, METRICS_FILE
+from .text import first_items
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -443,17 +444,12 @@ def _warn_if_a_label_mixes_settings(name: str, runs: Sequence[Run]) -> None:
     as asked, but its band is then no seed spread."""
     if differ := _keys_apart([(_place(r), r) for r in runs]):
         settings = len({tuple(_flat_setting(r.config).get(k) for k in differ) for r in runs if r.config})
-        shown = _listed(differ, 3)
+        shown = first_items(differ)
         warnings.warn(
             f"--label {name}: its {len(runs)} runs are {settings} settings (they differ in {shown}); drawn as one mean "
             "over them all: give each setting a --label of its own to draw them apart",
             stacklevel=3,
         )
-
-
-def _listed(items: Sequence[str], first: int) -> str:
-    """The first ``first`` items, comma-separated, and how many more there are (``a, b and 3 more``)."""
-    return ", ".join(items[:first]) + (f" and {len(items) - first} more" if len(items) > first else "")
 
 
 def _keys_apart(placed: Sequence[tuple[Path, Run]]) -> list[str]:
@@ -484,7 +480,7 @@ def _refuse_labels_named_as_automatic_groups(
     for name in groups:
         if name in automatic:
             others = automatic[name]
-            shown = _listed([str(r.path) for r in others], 2)
+            shown = first_items([r.path for r in others], 2)
             how = "their folders' names" if any(_named(r) for r in others) else "their config"
             raise DataError(
                 f"--label {name}: the other runs {shown} are grouped under that name too (by {how}); add them to the "
@@ -602,10 +598,7 @@ def _warn_if_scorers_differ(runs: Sequence[Run]) -> None:
         if r.config:
             by_scorer.setdefault(str(_config_get(r.config, "eval.scorer", EvalConfig().scorer)), []).append(r.name)
     if len(by_scorer) > 1:
-        shown = "; ".join(
-            f"{scorer} ({', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''})"
-            for scorer, names in by_scorer.items()
-        )
+        shown = "; ".join(f"{scorer} ({first_items(names)})" for scorer, names in by_scorer.items())
         warnings.warn(
             f"the eval panel sets side by side accuracies scored by different eval.scorer rules: {shown}; they are "
             "not comparable",

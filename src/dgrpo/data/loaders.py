@@ -17,6 +17,7 @@ from typing import Any
 
 from ..hub import hub_reachable, offline_requested, offline_variable
 from ..reward import normalize_number
+from ..text import first_items
 from .records import DataError, Record
 from .subsets import OPENMATH_HUB_ID, sample_subset, stream_openmath
 from .synthetic import load_builtin
@@ -1000,8 +1001,7 @@ def _files_in(folder: Path) -> str:
     found = sorted(p for p in folder.iterdir() if p.suffix.lower() in FILE_SUFFIXES and p.is_file())
     if not found:
         return ""
-    shown = ", ".join(str(p) for p in found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-    return f" (it holds {shown}: name the file to read)"
+    return f" (it holds {first_items(found, 4)}: name the file to read)"
 
 
 def _not_found(path: Path) -> str:

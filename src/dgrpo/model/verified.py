@@ -22,6 +22,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
+from ..text import first_items
+
 MANIFEST = "manifest.json"
 SHARDED_DIR = "dcp"  # where a sharded (FSDP) checkpoint keeps its torch.distributed.checkpoint files
 SAFETENSORS = "model.safetensors"
@@ -167,9 +169,8 @@ def check_replaceable(final: Path) -> None:
         )
     extra = unlisted_files(final)
     if extra:
-        more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
         raise CheckpointError(
-            f"{final} holds files dgrpo did not write ({', '.join(extra[:3])}{more}; not in its {MANIFEST}): not "
+            f"{final} holds files dgrpo did not write ({first_items(extra)}; not in its {MANIFEST}): not "
             "replacing it, which would delete them; move them out or name a new directory"
         )
 
@@ -315,8 +316,7 @@ def check_tensors(
     ]
     for what, names in (("missing tensors", missing), ("unexpected tensors", unexpected), ("wrong shapes", shapes)):
         if names:
-            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-            raise CheckpointError(f"{where}: {what}: {', '.join(names[:3])}{more}")
+            raise CheckpointError(f"{where}: {what}: {first_items(names)}")
 
 
 def _tied_twin_present(model: nn.Module, key: str, state: dict[str, torch.Tensor]) -> bool:
