@@ -2185,3 +2185,57 @@ def test_the_plugin_files_a_run_records_are_as_its_process_imported_them(tmp_pat
     # its hash, kept in the module, which a reload keeps, was v1's)
     assert load_function(f"{package}.rewards:f")(["a"], [None]) == [1.0]
     assert source_hashes(files)[str(files[f"{package}.rewards:f"].resolve())] == digest(v2)
+
+
+class _ThreadRank:
+    """One of ``world`` ranks run as threads: the collectives ``sharded_scores`` calls, each rank's value exchanged
+    through shared slots (sums in rank order)."""
+
+    def __init__(self, slots: list, barrier, rank: int) -> None:
+        self.slots, self.barrier, self.rank, self.world_size = slots, barrier, rank, len(slots)
+
+    def shard(self, items: list) -> list:
+        n = len(items)
+        return items[n * self.rank // self.world_size : n * (self.rank + 1) // self.world_size]
+
+    def all_gather_objects(self, obj):
+        self.slots[self.rank] = obj
+        self.barrier.wait()
+        out = list(self.slots)
+        self.barrier.wait()
+        return out
+
+    def sum_ints(self, xs):
+        return [sum(column) for column in zip(*self.all_gather_objects(list(xs)))]
+
+    def sum_float(self, x: float) -> float:
+        return sum(self.all_gather_objects(x))
+
+
+def test_validation_mean_score_over_ranks_is_one_processs_bit_for_bit():
+    """Each rank's mean score times its shard's size, summed over ranks, was 0.46428571428571436 where one process
+    had 0.4642857142857143 (scores 0.25, 0.3, 0.7, 0.9, 0.1, 0.3, 0.7 on 3 ranks): a near-tie could keep another
+    best/ step. The ranks' scores are gathered and summed in the records' order, as one process sums them."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dgrpo.eval.evaluate import EvalResult, _mean_score
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import sharded_scores
+
+    scores = {f"q{i}": s for i, s in enumerate([0.25, 0.3, 0.7, 0.9, 0.1, 0.3, 0.7])}
+    recs = [Record(q, [], "1") for q in scores]
+
+    def evaluate(local: list) -> EvalResult:
+        rows = [{"question": r.question, "score": scores[r.question]} for r in local]
+        n = len(rows)
+        return EvalResult("v", 0.0, n, 0, 0, 0, 0, "coconut", 0.0, mean_score=_mean_score(rows), predictions=rows)
+
+    one = sharded_scores(Dist.single(), evaluate, recs)
+    assert one["mean_score"] == _mean_score([{"score": s} for s in scores.values()]) == 0.4642857142857143
+    for world in (2, 3, 8):  # (8: a rank with no record)
+        slots, barrier = [None] * world, threading.Barrier(world)
+        ranks = [_ThreadRank(slots, barrier, r) for r in range(world)]
+        with ThreadPoolExecutor(world) as pool:
+            got = list(pool.map(lambda rank: sharded_scores(rank, evaluate, recs), ranks))
+        assert got == [one] * world

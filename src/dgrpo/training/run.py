@@ -1379,23 +1379,37 @@ def sharded_scores(
     one rank's shard (a scorer's error, a count that is none) stops every rank at that sum, each with one line."""
     local = dist.shard(records)
     try:
-        count, scored = _checked_result(evaluate(local) if local else 0, len(local))
+        count, scored = _checked_result(evaluate(local), len(local)) if local else (0, [])
     except Exception:
         dist.sum_ints([0, 1, 0])  # (the others learn of it at the sum below, and stop there too)
         raise
-    count, failed, unscored = dist.sum_ints([count, 0, int(bool(local) and scored is None)])
+    count, failed, unscored = dist.sum_ints([count, 0, int(scored is None)])
     if failed:
         raise RewardError(EVALUATION_FAILED_ELSEWHERE)
     n = max(1, len(records))
     if unscored or not records:
         return {"accuracy": count / n}
-    return {"accuracy": count / n, "mean_score": dist.sum_float(scored or 0.0) / n}
+    return {"accuracy": count / n, "mean_score": _gathered_mean(dist, scored, len(records))}
 
 
-def _checked_result(returned: Any, n: int) -> tuple[int, float | None]:
-    """(how many are correct, the sum of their scores or None) of what an ``evaluate_fn`` returned for a shard of
-    ``n`` records: a count (:func:`_checked_count`), or the :class:`EvalResult` of those ``n`` records (its
-    ``mean_score`` None: no scores). TypeError otherwise."""
+def _gathered_mean(dist: Dist, scored: list[float] | float | None, n: int) -> float:
+    """The mean score of ``n`` records over every rank's shard (``scored``: its records' scores, or their sum where
+    its result has no per-record scores). With every shard's scores, they are summed in the records' order, as one
+    process sums them (:func:`~dgrpo.eval.evaluate.evaluate`'s ``mean_score``): N processes then keep the same
+    best/ as one, bit for bit (a float all-reduce of the sums differed in the last bit). Otherwise the sums, in rank
+    order."""
+    parts = dist.all_gather_objects(scored)
+    if all(isinstance(part, list) for part in parts):
+        scores = [score for part in parts for score in part]
+        return sum(scores) / len(scores)
+    return sum(sum(part) if isinstance(part, list) else float(part or 0.0) for part in parts) / n
+
+
+def _checked_result(returned: Any, n: int) -> tuple[int, list[float] | float | None]:
+    """(how many are correct, their scores) of what an ``evaluate_fn`` returned for a shard of ``n`` records: a count
+    (:func:`_checked_count`; scores None), or the :class:`EvalResult` of those ``n`` records: each prediction row's
+    ``score`` (:func:`evaluate`'s), else the sum ``mean_score`` * ``n`` (a result without rows), or None when its
+    ``mean_score`` is None (no scores). TypeError otherwise."""
     if not isinstance(returned, EvalResult):
         return _checked_count(returned, n), None
     if returned.n != n:
@@ -1406,7 +1420,12 @@ def _checked_result(returned: Any, n: int) -> tuple[int, float | None]:
     mean = returned.mean_score
     if mean is not None and not 0 <= mean <= 1:  # (NaN too)
         raise TypeError(f"evaluate_fn returned an EvalResult whose mean_score is {mean!r}, not in [0, 1]")
-    return _checked_count(returned.correct, n), None if mean is None else float(mean) * n
+    if mean is None:
+        return _checked_count(returned.correct, n), None
+    rows = returned.predictions
+    if len(rows) == n and all(isinstance(row, dict) and isinstance(row.get("score"), float) for row in rows):
+        return _checked_count(returned.correct, n), [row["score"] for row in rows]
+    return _checked_count(returned.correct, n), float(mean) * n
 
 
 def best_value(scores: dict[str, float], metric: str, key: str) -> float:
