@@ -470,6 +470,33 @@ def _worker_share(out: Path, args: dict) -> None:
     dist.close()
 
 
+def scored_shard(local: list, scores: list, rows: str):
+    """A user's ``evaluate_fn`` result for the records ``local`` (``q<i>``: score ``scores[i]``): ``rows`` "with"
+    (a prediction row per record, each with its score) or "none" (only the mean)."""
+    from dgrpo.eval.evaluate import EvalResult
+
+    values = [scores[int(r.question[1:])] for r in local]
+    preds = [{"question": r.question, "score": v} for r, v in zip(local, values)] if rows == "with" else []
+    mean = sum(values) / len(values) if values else 0.0
+    return EvalResult("v", 0.0, len(local), 0, 0, 0, 0, "coconut", 0.0, mean_score=mean, predictions=preds)
+
+
+def _worker_scores(out: Path, args: dict) -> None:
+    """``sharded_scores`` of each case (scores, rows) over the ranks; each rank writes its results."""
+    from dgrpo.data import Record
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import sharded_scores
+
+    dist = Dist.from_env(torch.device("cpu"))
+    got = []
+    for scores, rows in args["cases"]:
+        recs = [Record(f"q{i}", [], "1") for i in range(len(scores))]
+        got.append(sharded_scores(dist, lambda local, s=scores, k=rows: scored_shard(local, s, k), recs))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank{dist.rank}.json").write_text(json.dumps(got))
+    dist.close()
+
+
 if __name__ == "__main__":
     import faulthandler
 
@@ -478,7 +505,13 @@ if __name__ == "__main__":
     )  # a hang: stacks, exit
     torch.set_num_threads(1)
     scenario, out_dir, arg_json = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
-    workers = {"grpo": _worker_grpo, "parity": _worker_parity, "cli": _worker_cli, "share": _worker_share}
+    workers = {
+        "grpo": _worker_grpo,
+        "parity": _worker_parity,
+        "cli": _worker_cli,
+        "share": _worker_share,
+        "scores": _worker_scores,
+    }
     workers[scenario](out_dir, arg_json)
 
 
@@ -596,3 +629,29 @@ def test_gradients_of_mixed_dtypes_are_summed_in_the_widest(monkeypatch):
     assert model.full.grad.dtype == torch.float32 and model.low.grad.dtype == torch.bfloat16
     torch.testing.assert_close(model.full.grad, torch.tensor([2.0002, 4.0004, 6.0006]), rtol=0, atol=1e-6)
     assert torch.equal(model.low.grad, torch.full((3,), 2.0, dtype=torch.bfloat16)) and model.unused.grad is None
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_validation_mean_score_of_n_processes_is_one_processs_exactly(tmp_path, nproc):
+    """A validation's mean score under torchrun (gloo) is one process's, bit for bit, when the evaluate_fn's result
+    has a prediction row per record: floats (3 ranks' sums all-reduced gave 0.46428571428571436 for one process's
+    0.4642857142857143), a scorer's ints beside its floats (1 and 0.5: 2 ranks gave 0.4666666666666666 for
+    0.46666666666666673), a rank with no record; a result with its mean alone (no rows) is as near as its means."""
+    from dgrpo.data import Record
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import sharded_scores
+
+    floats = [0.25, 0.3, 0.7, 0.9, 0.1, 0.3, 0.7]
+    mixed = [0, 0.3, 0, 0.7, 0.25, 1, 0.25, 0.7, 0.5, 0.7, 0.5, 0.7]
+    cases = [(floats, "with"), (mixed, "with"), ([0.5, 0.25], "with"), ([1, 0], "with"), (floats, "none")]
+    torchrun("scores", tmp_path, {"cases": cases}, nproc=nproc)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(nproc)]
+    for i, (scores, rows) in enumerate(cases):
+        recs = [Record(f"q{j}", [], "1") for j in range(len(scores))]
+        one = sharded_scores(Dist.single(), lambda local, s=scores, k=rows: scored_shard(local, s, k), recs)
+        assert one["mean_score"] == sum(scores) / len(scores)
+        for got in (rank[i] for rank in ranks):
+            if rows == "with":
+                assert got == one, (scores, nproc)
+            else:
+                assert got == {"accuracy": 0.0, "mean_score": pytest.approx(one["mean_score"], abs=1e-15)}

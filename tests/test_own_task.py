@@ -2239,3 +2239,41 @@ def test_validation_mean_score_over_ranks_is_one_processs_bit_for_bit():
         with ThreadPoolExecutor(world) as pool:
             got = list(pool.map(lambda rank: sharded_scores(rank, evaluate, recs), ranks))
         assert got == [one] * world
+
+
+def test_validation_reads_prediction_rows_scores_only_where_they_are_the_results_mean():
+    """An evaluate_fn of one's own whose rows' 'score' is another thing than its mean_score (a percent: 87.0 for a
+    mean_score of 0.87) validated at mean_score 87.0 (the rows were read in place of the mean); a scorer's ints
+    beside its floats (1 and 0.5) were read from the mean, and 2 or 3 ranks differed from one process in the last
+    bit (0.4666666666666666 for 0.46666666666666673). Rows are read where their mean is the result's."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dgrpo.eval.evaluate import EvalResult, _mean_score
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import sharded_scores
+
+    recs = [Record(f"q{i}", [], "1") for i in range(4)]
+
+    def percent(local: list) -> EvalResult:
+        rows = [{"question": r.question, "score": 87.0} for r in local]
+        return EvalResult("v", 0.0, len(rows), 0, 0, 0, 0, "coconut", 0.0, mean_score=0.87, predictions=rows)
+
+    assert sharded_scores(Dist.single(), percent, recs) == {"accuracy": 0.0, "mean_score": 0.87}
+    values = [0, 0.3, 0, 0.7, 0.25, 1, 0.25, 0.7, 0.5, 0.7, 0.5, 0.7]
+    scores = {f"q{i}": s for i, s in enumerate(values)}
+    recs = [Record(q, [], "1") for q in scores]
+
+    def mixed(local: list) -> EvalResult:
+        rows = [{"question": r.question, "score": scores[r.question]} for r in local]
+        n = len(rows)
+        return EvalResult("v", 0.0, n, 0, 0, 0, 0, "coconut", 0.0, mean_score=_mean_score(rows), predictions=rows)
+
+    one = sharded_scores(Dist.single(), mixed, recs)
+    assert one["mean_score"] == sum(values) / len(values) == 0.46666666666666673
+    for world in (2, 3):
+        slots, barrier = [None] * world, threading.Barrier(world)
+        ranks = [_ThreadRank(slots, barrier, r) for r in range(world)]
+        with ThreadPoolExecutor(world) as pool:
+            got = list(pool.map(lambda rank: sharded_scores(rank, mixed, recs), ranks))
+        assert got == [one] * world

@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import inspect
 import json
+import numbers
 import operator
 import os
 import re
@@ -1408,8 +1409,8 @@ def _gathered_mean(dist: Dist, scored: list[float] | float | None, n: int) -> fl
 def _checked_result(returned: Any, n: int) -> tuple[int, list[float] | float | None]:
     """(how many are correct, their scores) of what an ``evaluate_fn`` returned for a shard of ``n`` records: a count
     (:func:`_checked_count`; scores None), or the :class:`EvalResult` of those ``n`` records: each prediction row's
-    ``score`` (:func:`evaluate`'s), else the sum ``mean_score`` * ``n`` (a result without rows), or None when its
-    ``mean_score`` is None (no scores). TypeError otherwise."""
+    ``score`` (:func:`evaluate`'s) where their mean is its ``mean_score``, else the sum ``mean_score`` * ``n`` (a
+    result without rows), or None when its ``mean_score`` is None (no scores). TypeError otherwise."""
     if not isinstance(returned, EvalResult):
         return _checked_count(returned, n), None
     if returned.n != n:
@@ -1422,10 +1423,22 @@ def _checked_result(returned: Any, n: int) -> tuple[int, list[float] | float | N
         raise TypeError(f"evaluate_fn returned an EvalResult whose mean_score is {mean!r}, not in [0, 1]")
     if mean is None:
         return _checked_count(returned.correct, n), None
-    rows = returned.predictions
-    if len(rows) == n and all(isinstance(row, dict) and isinstance(row.get("score"), float) for row in rows):
-        return _checked_count(returned.correct, n), [row["score"] for row in rows]
+    scores = _row_scores(returned.predictions, n)
+    if scores is not None and sum(scores) / n == mean:
+        return _checked_count(returned.correct, n), scores
     return _checked_count(returned.correct, n), float(mean) * n
+
+
+def _row_scores(rows: Any, n: int) -> list[float] | None:
+    """Each of ``n`` prediction rows' ``score`` as a float (a scorer's 1 beside its 0.5 too), or None where the rows
+    are not ``n`` dicts each with a number there. :func:`_checked_result` reads them only where their mean is the
+    result's ``mean_score`` (a row's 'score' of one's own may be another thing: 87.0 for a mean_score of 0.87)."""
+    if not isinstance(rows, list) or len(rows) != n:
+        return None
+    values = [row.get("score") if isinstance(row, dict) else None for row in rows]
+    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
+        return None
+    return [float(v) for v in values]  # type: ignore[arg-type]
 
 
 def best_value(scores: dict[str, float], metric: str, key: str) -> float:
