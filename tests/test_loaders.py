@@ -948,3 +948,16 @@ def test_a_decimal_answer_reads_as_its_number_mapped_or_not(tmp_path: Path) -> N
             dgrpo.load_dataset([{"q": "q", "a": value}], data=mapping)
         with pytest.raises(DataError, match=r"row 1: field 'answer' must be a finite number, got -?(NaN|Infinity)$"):
             dgrpo.load_dataset([{"question": "q", "answer": value}])
+
+
+def test_a_csv_steps_cell_holding_a_list_reads_as_that_list(tmp_path: Path) -> None:
+    """A Coconut file written to CSV (pandas' to_csv writes a list cell as ``['a', 'b']``; json.dumps as ``["a",
+    "b"]``), read as the error line says (data.steps_key=steps): the one step ``['<<2+3=5>>', '<<5-1=4>>']``, the
+    list's text trained as a step. A cell holding a list of strings is that list; other text is one step a line."""
+    from dgrpo.data.loaders import column_parser
+
+    path = tmp_path / "coconut.csv"
+    rows = ["\"['<<2+3=5>>', '<<5-1=4>>']\"", '"[""<<2+3=5>>"", ""<<5-1=4>>""]"', "[2+3=5]", "[5]"]
+    path.write_text("question,steps,answer\n" + "".join(f"What is 2+3-1?,{cell},4\n" for cell in rows))
+    got = [r.steps for r in load_dataset(str(path), columns=column_parser("question", "answer", "steps"))]
+    assert got == [["<<2+3=5>>", "<<5-1=4>>"], ["<<2+3=5>>", "<<5-1=4>>"], ["[2+3=5]"], ["[5]"]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import math
@@ -873,7 +874,8 @@ class _ColumnParser:
         if steps is None:  # (a missing value: parquet and Hugging Face datasets hold None where JSONL omits the key)
             steps = []
         if isinstance(steps, str):
-            steps = _before_answer_line(steps, answer).splitlines()
+            listed = _listed_steps(steps)
+            steps = listed if listed is not None else _before_answer_line(steps, answer).splitlines()
         if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
             raise _RowError(f"column {key!r} must be a list of strings or one string")
         steps = [s for s in steps if s.strip()]  # (blank steps dropped, as from Coconut's records)
@@ -882,6 +884,25 @@ class _ColumnParser:
             # ['...', '#### 4', ''] kept it, its blank taken for the answer line)
             steps = steps[:-1]
         return steps
+
+
+def _listed_steps(text: str) -> list[str] | None:
+    """The steps of a cell holding a list of strings as its text (a CSV cell written from a list: JSON's
+    ``["a", "b"]``, or pandas' ``['a', 'b']``, Python's repr), or None for any other text (which was read, one step
+    per line, as the one step ``['a', 'b']``)."""
+    stripped = text.strip()
+    if not (stripped.startswith("[") and stripped.endswith("]")):
+        return None
+    try:
+        value = json.loads(stripped)
+    except (ValueError, RecursionError):
+        try:
+            value = ast.literal_eval(stripped)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return None
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return value
+    return None
 
 
 def _before_answer_line(text: str, answer: str) -> str:
@@ -895,7 +916,8 @@ def _before_answer_line(text: str, answer: str) -> str:
 def column_parser(question_key: str, answer_key: str, steps_key: str = "", steps_required: bool = True) -> RowParser:
     """A row parser for files whose keys are not a known format: the question, answer (a number is normalised,
     text kept; a GSM8K-style solution is read as GSM8K's: the answer after its ``####``, its ``<<...>>``
-    calculations as steps) and steps (a list of strings, or one string split on newlines) from the named columns.
+    calculations as steps) and steps (a list of strings, a list's text as a CSV cell holds one, or one string split
+    on newlines) from the named columns.
     A row without the question column whose keys are a known format is read as that format, so mapped files
     can sit beside standard ones (a mapped training file, GSM8K-style validation and test files).
     Given to :func:`load_dataset`, a ``steps_key`` that no mapped record of the file has is a DataError (a
