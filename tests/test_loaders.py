@@ -961,3 +961,18 @@ def test_a_csv_steps_cell_holding_a_list_reads_as_that_list(tmp_path: Path) -> N
     path.write_text("question,steps,answer\n" + "".join(f"What is 2+3-1?,{cell},4\n" for cell in rows))
     got = [r.steps for r in load_dataset(str(path), columns=column_parser("question", "answer", "steps"))]
     assert got == [["<<2+3=5>>", "<<5-1=4>>"], ["<<2+3=5>>", "<<5-1=4>>"], ["[2+3=5]"], ["[5]"]]
+
+
+def test_a_hub_unreached_error_pickles_and_copies_as_it_was_made() -> None:
+    """A HubUnreached raised in a process pool's worker (load_dataset of a hub name, offline) is pickled back to the
+    caller: unpickled from its message alone it was a TypeError ('__init__() missing 3 required positional
+    arguments'), and copy.copy too. It comes back as raised, with its name and reason."""
+    import copy
+    import pickle
+
+    from dgrpo.data.loaders import HubUnreached
+
+    exc = HubUnreached("unknown dataset 'mine': ... and", "no connection to it", "mine", None)
+    for back in (pickle.loads(pickle.dumps(exc)), copy.copy(exc)):
+        assert type(back) is HubUnreached and str(back) == str(exc)
+        assert (back.name, back.reason, back.unknown) == ("mine", "no connection to it", True)

@@ -627,6 +627,12 @@ class HubUnreached(DataError):
     def __init__(self, prefix: str, reason: str, name: str, hub_id: str | None) -> None:
         super().__init__(f"{prefix} the Hugging Face hub could not be reached: {reason}")
         self.reason, self.name, self.unknown = reason, name, hub_id is None
+        self._made_of = (prefix, reason, name, hub_id)
+
+    def __reduce__(self) -> tuple[type[HubUnreached], tuple[str, str, str, str | None]]:
+        """Pickled (a process pool's worker sends it back) and copied as made: from its message alone, as an
+        exception is by default, it was a TypeError (``__init__() missing 3 required positional arguments``)."""
+        return type(self), self._made_of
 
 
 def _load_from_hub(
