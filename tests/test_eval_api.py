@@ -569,3 +569,21 @@ def test_a_prompt_past_the_context_names_the_option_that_shortens_it(lm):
         r"data.max_question_tokens$",
     ):
         evaluate(no_markers, records, **long_answer)
+
+
+def test_merged_mean_score_reads_rows_scores_only_where_they_are_each_shards_mean():
+    """Merging shards whose rows were scored 87.0 for a mean_score of 0.87 gave 87.0; and a scorer's ints beside
+    its floats (1, 0.5) were merged from the shards' means, 0.4666666666666666 where one process has
+    0.46666666666666673. Rows count only where their mean is the shard's mean score; ints read as floats."""
+
+    def shard(rows: list, mean: float) -> EvalResult:
+        return EvalResult("v", 0.0, len(rows), 0, 0, 0, 0, "coconut", 0.0, mean_score=mean, predictions=rows)
+
+    percent = shard([{"score": 87.0}] * 2, 0.87)
+    assert merge_results([percent, percent]).mean_score == 0.87
+    values = [0, 0.3, 0, 0.7, 0.25, 1, 0.25, 0.7, 0.5, 0.7, 0.5, 0.7]
+    rows = [{"score": v} for v in values]
+    one = sum(float(v) for v in values) / len(values)
+    assert one == 0.46666666666666673
+    halves = [shard(rows[:6], sum(values[:6]) / 6), shard(rows[6:], sum(values[6:]) / 6)]
+    assert merge_results(halves).mean_score == one

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import numbers
 import os
 import re
 import time
@@ -644,10 +645,26 @@ def _merged_mean_score(parts: list[EvalResult], n: int) -> float | None:
         return None
     if not n:
         return 0.0
-    preds = [x for p in parts for x in p.predictions]
-    if len(preds) == n and all(isinstance(x.get("score"), float) for x in preds):
-        return _mean_score(preds)
+    scored = [result_scores(p) for p in parts]
+    if all(s is not None for s in scored):
+        scores = [x for s in scored for x in s or ()]
+        return sum(scores) / len(scores)
     return sum(float(p.mean_score or 0.0) * p.n for p in parts) / n
+
+
+def result_scores(result: EvalResult) -> list[float] | None:
+    """Each of a result's prediction rows' ``score`` as a float (a scorer's 1 beside its 0.5 too) where they are its
+    ``n`` records' and their mean, summed in order, is its ``mean_score`` (:func:`evaluate`'s are): the scores one
+    process sums, from which shards' means are merged bit for bit. None otherwise: no mean score, rows missing or
+    other than numbers, or a 'score' of one's own that is another thing (87.0 for a mean_score of 0.87)."""
+    rows = result.predictions
+    if result.mean_score is None or not isinstance(rows, list) or len(rows) != result.n:
+        return None
+    values = [row.get("score") if isinstance(row, dict) else None for row in rows]
+    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
+        return None
+    scores = [float(v) for v in values]  # type: ignore[arg-type]
+    return scores if (sum(scores) / len(scores) if scores else 0.0) == result.mean_score else None
 
 
 def _mean_score(preds: list[dict]) -> float:

@@ -12,7 +12,6 @@ import fcntl
 import hashlib
 import inspect
 import json
-import numbers
 import operator
 import os
 import re
@@ -27,7 +26,7 @@ from typing import IO, Any, NoReturn
 
 from ..config import BUILTIN_SHAPE, Config, ConfigError, to_dict
 from ..data.records import Record, check_records, data_columns
-from ..eval.evaluate import EvalResult, eval_options, evaluate, warn_if_questions_cut
+from ..eval.evaluate import EvalResult, eval_options, evaluate, result_scores, warn_if_questions_cut
 from ..eval.scoring import RewardError
 from ..model.factory import BUILTIN
 from ..model.latent_lm import LatentLM
@@ -1423,22 +1422,8 @@ def _checked_result(returned: Any, n: int) -> tuple[int, list[float] | float | N
         raise TypeError(f"evaluate_fn returned an EvalResult whose mean_score is {mean!r}, not in [0, 1]")
     if mean is None:
         return _checked_count(returned.correct, n), None
-    scores = _row_scores(returned.predictions, n)
-    if scores is not None and sum(scores) / n == mean:
-        return _checked_count(returned.correct, n), scores
-    return _checked_count(returned.correct, n), float(mean) * n
-
-
-def _row_scores(rows: Any, n: int) -> list[float] | None:
-    """Each of ``n`` prediction rows' ``score`` as a float (a scorer's 1 beside its 0.5 too), or None where the rows
-    are not ``n`` dicts each with a number there. :func:`_checked_result` reads them only where their mean is the
-    result's ``mean_score`` (a row's 'score' of one's own may be another thing: 87.0 for a mean_score of 0.87)."""
-    if not isinstance(rows, list) or len(rows) != n:
-        return None
-    values = [row.get("score") if isinstance(row, dict) else None for row in rows]
-    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
-        return None
-    return [float(v) for v in values]  # type: ignore[arg-type]
+    scores = result_scores(returned)
+    return _checked_count(returned.correct, n), float(mean) * n if scores is None else scores
 
 
 def best_value(scores: dict[str, float], metric: str, key: str) -> float:
