@@ -1269,3 +1269,13 @@ def test_model_compile_of_the_builtin_gpt2_is_refused_before_data_or_model(tmp_p
     gpt2 = load_config(Config, None, ["model.arch=gpt2", "model.compile=true"]).model
     check_builtin_compiles(gpt2, init="runs/sft")  # (a checkpoint's architecture: known once loaded)
     check_builtin_compiles(load_config(Config, None, ["model.compile=true"]).model)
+
+
+@pytest.mark.parametrize("written", ["yes", "No", "2", "1.0"])
+def test_a_refused_fsdp_value_is_named_as_written(tmp_path, written):
+    """``fsdp: yes`` was refused as 'got True' beside choices that name true: the value as the file wrote it."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"fsdp: {written}\n")
+    for source in ({"path": path}, {"overrides": [f"fsdp={written}"]}):
+        with pytest.raises(ConfigError, match=rf"invalid config value fsdp: expected .*; got '{written}'$"):
+            load_config(Config, **source)

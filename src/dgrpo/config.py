@@ -1660,12 +1660,14 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 def _to_fsdp(value: Any, key: str) -> str:
     """``fsdp``: none, full or sharded, or a spelling :data:`FSDP_ENV` takes (0 / false / off, 1 / true / on, any
     case), with the same meaning (``fsdp: off`` in a file was refused, ``DGRPO_FSDP=off`` taken)."""
-    text = "" if isinstance(value, (dict, list)) else _to_str(value, key)
+    scalar = not isinstance(value, (dict, list))
+    text = _to_str(value, key) if scalar else ""
     try:
         return fsdp_mode(text, key)
-    except ConfigError:
+    except ConfigError:  # (the text as written: fsdp: yes was 'got True', which the choices seemed to name)
+        got = repr(text if scalar else value)
         raise _invalid(
-            key, f"expected none, full or sharded (or 0 / false / off, 1 / true / on, as {FSDP_ENV}); got {value!r}"
+            key, f"expected none, full or sharded (or 0 / false / off, 1 / true / on, as {FSDP_ENV}); got {got}"
         ) from None
 
 
