@@ -1279,3 +1279,13 @@ def test_a_refused_fsdp_value_is_named_as_written(tmp_path, written):
     for source in ({"path": path}, {"overrides": [f"fsdp={written}"]}):
         with pytest.raises(ConfigError, match=rf"invalid config value fsdp: expected .*; got '{written}'$"):
             load_config(Config, **source)
+
+
+@pytest.mark.parametrize("written", ["on", "No", "1", "1.10"])
+def test_an_unknown_key_written_as_a_yaml_boolean_or_number_is_named_as_written(tmp_path, written):
+    """A key YAML reads as a boolean or a number (``on: 3``) was named as Python prints it: 'unknown config key
+    'grpo.True''; the loader keeps the text, and the key is named as the file wrote it."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"grpo:\n  {written}: 3\n")
+    with pytest.raises(ConfigError, match=rf"unknown config key 'grpo\.{re.escape(written)}' \(known: "):
+        load_config(Config, path)

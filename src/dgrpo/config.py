@@ -1984,10 +1984,11 @@ def _merge(obj: Any, data: dict, prefix: str) -> None:
         raise _invalid(prefix.rstrip(".") or "<root>", f"expected a mapping, got {data!r}")
     names = {f.name: f for f in fields(obj)}
     for k, v in data.items():
-        key = f"{prefix}{k}"
+        name = k.yaml_text if isinstance(k, (_TextInt, _TextFloat, _TextBool)) else str(k)  # (on: as written, not True)
+        key = f"{prefix}{name}"
         if k not in names:
-            hint = _dotted(obj, str(k), prefix) or _trl_name(obj, str(k), prefix) or _did_you_mean(obj, str(k), prefix)
-            if not prefix and str(k).strip().lower() == "base":  # (a file's base config: read before the keys)
+            hint = _dotted(obj, name, prefix) or _trl_name(obj, name, prefix) or _did_you_mean(obj, name, prefix)
+            if not prefix and name.strip().lower() == "base":  # (a file's base config: read before the keys)
                 hint = "; did you mean base (lower case: the file this one builds on)?"
             raise ConfigError(f"unknown config key {key!r}{hint} (known: {', '.join(sorted(names))})")
         cur = getattr(obj, k)
