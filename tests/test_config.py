@@ -1289,3 +1289,11 @@ def test_an_unknown_key_written_as_a_yaml_boolean_or_number_is_named_as_written(
     path.write_text(f"grpo:\n  {written}: 3\n")
     with pytest.raises(ConfigError, match=rf"unknown config key 'grpo\.{re.escape(written)}' \(known: "):
         load_config(Config, path)
+
+
+@pytest.mark.parametrize("weight", ["1" + "0" * 400, "-1" + "0" * 400, ".nan", "-.inf"])
+def test_a_reward_weight_past_floats_range_is_one_line(weight):
+    """``grpo.rewards`` with an integer weight past float's range was an OverflowError traceback (math.isfinite of
+    it); such a weight, as a NaN or an infinite one, is refused naming the item's weight."""
+    with pytest.raises(ConfigError, match=r"^invalid config value grpo.rewards item 0 weight: must be a finite number"):
+        load_config(Config, None, [f"grpo.rewards=[{{fn: exact, weight: {weight}}}]"])

@@ -1246,8 +1246,8 @@ def _check_rewards(rewards: list, key: str) -> None:
         w = item.get("weight", 1.0)
         if isinstance(w, str):  # YAML reads 1e-3 (no dot) as text: read it as the scalar options read numbers
             w = item["weight"] = _to_float(w, f"{key} item {j} weight")
-        elif isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w):
-            _to_float(w, f"{key} item {j} weight")  # (a size float32 holds, as every float option's)
+        elif isinstance(w, (int, float)) and not isinstance(w, bool):  # (finite, of a size float32 holds: an int
+            _to_float(w, f"{key} item {j} weight")  # past float's range was an OverflowError in math.isfinite)
         _check(
             isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w),
             key,
