@@ -1297,3 +1297,14 @@ def test_a_reward_weight_past_floats_range_is_one_line(weight):
     it); such a weight, as a NaN or an infinite one, is refused naming the item's weight."""
     with pytest.raises(ConfigError, match=r"^invalid config value grpo.rewards item 0 weight: must be a finite number"):
         load_config(Config, None, [f"grpo.rewards=[{{fn: exact, weight: {weight}}}]"])
+
+
+@pytest.mark.parametrize(
+    "override, hint",
+    [("lora={r: 8}", "lora'; did you mean model.lora?"), ("grpo.lora.r=8", "grpo.lora'; did you mean model.lora?")],
+)
+def test_an_unknown_key_is_told_the_nested_section_of_its_name(override, hint):
+    """``lora: {r: 8}`` at the top (PEFT's own word, without model:) was 'unknown config key 'lora'' beside a list
+    of the top's sections that lacks it: a nested section of that name is named, as a nested option is."""
+    with pytest.raises(ConfigError, match=rf"unknown config key '{re.escape(hint)} \(known: "):
+        load_config(Config, None, [override])

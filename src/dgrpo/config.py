@@ -1951,13 +1951,12 @@ def _trl_name(obj: Any, name: str, prefix: str) -> str:
 def _did_you_mean(obj: Any, name: str, prefix: str) -> str:
     """'; did you mean ...?' for an unknown key: a close spelling in its section, then the options of that name in
     other sections, nested ones included (``lr`` -> ``grpo.lr``, ``sft.lr``; ``sft.beta0`` -> ``grpo.beta0``;
-    ``model.r`` -> ``model.lora.r``; ``task.train`` -> ``task.n_train`` or ``data.train``); '' when nothing is
-    close."""
+    ``model.r`` -> ``model.lora.r``; ``task.train`` -> ``task.n_train`` or ``data.train``), and the nested sections
+    of that name (``lora: {r: 8}`` at the top -> ``model.lora``); '' when nothing is close."""
     root = obj if not prefix else Config()
+    keys = [k for o in _options(type(root)) for k in (o.key.rpartition(".")[0], o.key)]  # (each option's section too)
     holders = [
-        o.key
-        for o in _options(type(root))
-        if o.key.rpartition(".")[2] == name and o.key.rpartition(".")[0] + "." != prefix
+        k for k in dict.fromkeys(keys) if k and k.rpartition(".")[2] == name and k.rpartition(".")[0] + "." != prefix
     ]
     names = [f.name for f in fields(obj)]
     close = [n for n in names if n == name.lower()] or difflib.get_close_matches(name, names, n=1, cutoff=0.75)
