@@ -1308,3 +1308,11 @@ def test_an_unknown_key_is_told_the_nested_section_of_its_name(override, hint):
     of the top's sections that lacks it: a nested section of that name is named, as a nested option is."""
     with pytest.raises(ConfigError, match=rf"unknown config key '{re.escape(hint)} \(known: "):
         load_config(Config, None, [override])
+
+
+@pytest.mark.parametrize("betas", ["[0.9, 1e-300]", "[0.9, 1.0e-300]", "0.9,1e-300"])
+def test_adam_betas_hold_sizes_float32_holds_as_every_float_option(betas):
+    """``adam_betas=[0.9, 1.0e-300]`` was taken (a float option refuses 1e-300, 0 in float32) and ``[0.9, 1e-300]``
+    (text to YAML 1.1) refused as 'expected two numbers in [0, 1)', which it is: both are refused by the rule."""
+    with pytest.raises(ConfigError, match=r"^invalid config value grpo.adam_betas: must be 0 or of a size float32"):
+        load_config(Config, None, [f"grpo.adam_betas={betas}"])

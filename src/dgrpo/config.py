@@ -1627,15 +1627,28 @@ def _count(modulus: int, ops: int, n_steps: int) -> str:
 
 
 def _numbers(items: list, read: Callable[[Any, str], Any], key: str) -> list:
-    """The text items of a list of numbers read as numbers (YAML 1.1 reads ``1e-3``, without a '.', and ``03``, a
-    leading 0, as text); other items as they are, for the caller's check."""
+    """The items of a list of numbers read as numbers by ``read`` (YAML 1.1 reads ``1e-3``, without a '.', and
+    ``03``, a leading 0, as text), whose refusal of a number stands (adam_betas=[0.9, 1e-300] was 'expected two
+    numbers in [0, 1)', and [0.9, 1.0e-300] was taken, though no float option holds a size float32 lacks); other
+    items as they are, for the caller's check."""
     out = []
     for item in items:
         try:
-            out.append(read(item, key) if isinstance(item, str) else item)
+            out.append(read(item, key) if isinstance(item, (str, int, float)) and not isinstance(item, bool) else item)
         except ConfigError:
+            if _is_number(item):
+                raise
             out.append(item)
     return out
+
+
+def _is_number(item: Any) -> bool:
+    """Whether ``item`` is a number, or text Python reads as one."""
+    try:
+        float(item)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return not isinstance(item, bool)
 
 
 def _list_item(text: str) -> int | float | str:
