@@ -1316,3 +1316,15 @@ def test_adam_betas_hold_sizes_float32_holds_as_every_float_option(betas):
     (text to YAML 1.1) refused as 'expected two numbers in [0, 1)', which it is: both are refused by the rule."""
     with pytest.raises(ConfigError, match=r"^invalid config value grpo.adam_betas: must be 0 or of a size float32"):
         load_config(Config, None, [f"grpo.adam_betas={betas}"])
+
+
+@pytest.mark.parametrize("written", ["2024-12-05T10:00:00Z", "2001-12-14 21:59:43.10 -5", "2024-12-05"])
+def test_a_timestamp_in_a_file_is_the_text_it_was_written_as(tmp_path, written):
+    """YAML reads a timestamp as a datetime: ``run_name: 2024-12-05T10:00:00Z`` was the name '2024-12-05
+    10:00:00+00:00' (``--set`` kept it as typed), and a list item a date no text check took. No option takes a
+    date: a timestamp is its text, in a text option as in a list."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"logging:\n  run_name: {written}\ndata:\n  test: [{written}]\n")
+    cfg = load_config(Config, path)
+    assert (cfg.logging.run_name, cfg.data.test) == (written, [written])
+    assert load_config(Config, None, [f"logging.run_name={written}"]).logging.run_name == written

@@ -1753,7 +1753,7 @@ class ConfigLoader(yaml.SafeLoader):
     refused (PyYAML keeps the last: a section or option written twice lost the
     first's settings silently). A number or a boolean keeps the text it was written as, for a text option
     (``revision: 1.10`` was the revision '1.1', ``run_name: 1_000`` the name '1000', ``run_name: off`` the name
-    'false'; ``--set`` gave them as typed)."""
+    'false'; ``--set`` gave them as typed), and a timestamp is its text (no option takes a date)."""
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
         number = _TextInt(super().construct_yaml_int(node))
@@ -1767,6 +1767,11 @@ class ConfigLoader(yaml.SafeLoader):
 
     def construct_yaml_bool(self, node: yaml.ScalarNode) -> _TextBool:  # type: ignore[override]
         return _TextBool(super().construct_yaml_bool(node), node.value)
+
+    def construct_yaml_timestamp(self, node: yaml.ScalarNode) -> str:  # type: ignore[override]
+        """A timestamp as its text: no option takes a date (``run_name: 2024-12-05T10:00:00Z`` was the name
+        '2024-12-05 10:00:00+00:00')."""
+        return str(self.construct_scalar(node))
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set = set()
@@ -1799,6 +1804,7 @@ class ConfigLoader(yaml.SafeLoader):
 ConfigLoader.add_constructor("tag:yaml.org,2002:int", ConfigLoader.construct_yaml_int)
 ConfigLoader.add_constructor("tag:yaml.org,2002:float", ConfigLoader.construct_yaml_float)
 ConfigLoader.add_constructor("tag:yaml.org,2002:bool", ConfigLoader.construct_yaml_bool)
+ConfigLoader.add_constructor("tag:yaml.org,2002:timestamp", ConfigLoader.construct_yaml_timestamp)
 
 
 def packaged_configs() -> list[str]:
