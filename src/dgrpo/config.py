@@ -483,7 +483,8 @@ class DataConfig:
     )
     steps_key: str = opt(
         "",
-        "column holding the reasoning steps: a list of strings, or one string split on newlines, without an end "
+        "column holding the reasoning steps: a list of strings, a list's text as a CSV cell holds one (['a', 'b']), "
+        "or one string split on newlines, without an end "
         "'#### <answer>' (so it may name a GSM8K-style answer column: its lines before '####'); '' = none, or a "
         "GSM8K-style answer's <<...>> calculations",
     )
@@ -1517,7 +1518,7 @@ def _to_str(value: Any, key: str) -> str:
         raise _invalid(key, f"expected a string, got {value!r}")
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (_TextInt, _TextFloat, _TextBool)):  # (of a YAML file: the text as written, as --set's)
+    if isinstance(value, _Written):  # (of a YAML file: the text as written, as --set's)
         return value.yaml_text
     return "" if value is None else str(value)
 
@@ -1660,8 +1661,8 @@ def _list_item(text: str) -> int | float | str:
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """``value`` (from YAML or ``--set``) as an option of type ``tp``, or a one-line ConfigError naming ``key``."""
-    if key in SPELLED_CHOICES:
-        return SPELLED_CHOICES[key](value, key)
+    if key == "fsdp":  # (its choices, or a spelling DGRPO_FSDP takes)
+        return _to_fsdp(value, key)
     if typing.get_origin(tp) is Literal:
         return _to_choice(value, (*typing.get_args(tp), *REGISTERED_CHOICES.get(key, ())), key)
     if tp is list or typing.get_origin(tp) is list:
@@ -1684,27 +1685,27 @@ def _to_fsdp(value: Any, key: str) -> str:
         ) from None
 
 
-#: the options that take other spellings of their choices, and the function that reads them
-SPELLED_CHOICES: dict[str, Callable[[Any, str], Any]] = {"fsdp": _to_fsdp}
-
-
 # ----------------------------------------------------------------------------------------------
 # YAML, packaged configs, loading, overriding, dumping
 
 
-class _TextInt(int):
-    """An int a YAML file wrote, with its text as written (``yaml_text``): a text option takes the text."""
+class _Written:
+    """A number or a boolean a YAML file wrote, with its text as written (``yaml_text``): a text option takes the
+    text, and :func:`_plain` makes it the plain value."""
 
+    __slots__ = ()
     yaml_text: str
 
 
-class _TextFloat(float):
-    """A float a YAML file wrote, with its text as written (``yaml_text``): a text option takes the text."""
-
-    yaml_text: str
+class _TextInt(_Written, int):
+    """An int a YAML file wrote."""
 
 
-class _TextBool:
+class _TextFloat(_Written, float):
+    """A float a YAML file wrote."""
+
+
+class _TextBool(_Written):
     """A boolean a YAML file wrote (``true``, ``off``, ``yes``...), with its text as written (``yaml_text``): a boolean
     option takes the boolean (``value``), a text option the text (``run_name: off`` was the name 'false'). Python's
     bool cannot be subclassed: it compares, hashes, prints and tests as its boolean, and :func:`_plain` makes it
@@ -2002,7 +2003,7 @@ def _merge(obj: Any, data: dict, prefix: str) -> None:
         raise _invalid(prefix.rstrip(".") or "<root>", f"expected a mapping, got {data!r}")
     names = {f.name: f for f in fields(obj)}
     for k, v in data.items():
-        name = k.yaml_text if isinstance(k, (_TextInt, _TextFloat, _TextBool)) else str(k)  # (on: as written, not True)
+        name = k.yaml_text if isinstance(k, _Written) else str(k)  # (on: as written, not True)
         key = f"{prefix}{name}"
         if k not in names:
             hint = _dotted(obj, name, prefix) or _trl_name(obj, name, prefix) or _did_you_mean(obj, name, prefix)
