@@ -1161,9 +1161,12 @@ def test_a_text_option_written_as_a_boolean_in_a_file_keeps_its_text(tmp_path):
     )
     assert type(cfg.grpo.keep_graphs) is bool and type(cfg.sft.recompute) is bool and cfg.sft.recompute
     assert load_config(Config, None, ["logging.run_name=off", "model.revision=yes"]).logging.run_name == "off"
-    (tmp_path / "kind.yaml").write_text("perturbation: {kind: off}\n")  # (no 'off' among the choices: YAML's note)
-    with pytest.raises(ConfigError, match=r"got 'false' \(YAML reads true, false, yes, no, on, off as booleans\)"):
+    (tmp_path / "kind.yaml").write_text("perturbation: {kind: off}\n")  # (no 'off' among the choices: named as written)
+    with pytest.raises(ConfigError, match=r"or package.module:Class; got 'off'$"):
         load_config(Config, [str(tmp_path / "kind.yaml")], [])
+    (tmp_path / "layers.yaml").write_text("perturbation: {layers: [1, 3, 5]}\n")  # (a YAML list of indices)
+    with pytest.raises(ConfigError, match=re.escape("got [1, 3, 5] (layer indices are one text: 1,3,5)")):
+        load_config(Config, [str(tmp_path / "layers.yaml")], [])
 
 
 def _option_values(obj: object, prefix: str = "") -> Iterator[tuple[str, object]]:

@@ -1515,7 +1515,9 @@ def _to_str(value: Any, key: str) -> str:
     """A scalar as a string; a number or a boolean of a YAML file as written (``off``, ``yes``: YAML reads true,
     off, yes... as booleans), a boolean given in Python as 'true' / 'false'."""
     if isinstance(value, (dict, list)):
-        raise _invalid(key, f"expected a string, got {value!r}")
+        listed = isinstance(value, list) and key == "perturbation.layers" and all(type(v) is int for v in _plain(value))
+        hint = f" (layer indices are one text: {','.join(str(v) for v in _plain(value))})" if listed else ""
+        raise _invalid(key, f"expected a string, got {_plain(value)!r}{hint}")
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, _Written):  # (of a YAML file: the text as written, as --set's)
@@ -1537,8 +1539,8 @@ def _to_choice(value: Any, choices: tuple[str, ...], key: str) -> str:
         text = _to_str(value.value, key)
     plugged = key in PLUGIN_CHOICES and re.fullmatch(r"[^:\s].*:[A-Za-z_]\w*", text)
     if not scalar or (text not in choices and not plugged):
-        got = repr(value)
-        if isinstance(value, (bool, _TextBool)):
+        got = repr(value.yaml_text if isinstance(value, _TextBool) else _plain(value))  # (kind: off was 'false')
+        if isinstance(value, bool):
             got = f"{text!r} (YAML reads true, false, yes, no, on, off as booleans)"
         plugin = f", or {PLUGIN_CHOICES[key]}" if key in PLUGIN_CHOICES else ""
         raise _invalid(key, f"expected {_one_of(choices)}{plugin}; got {got}")
