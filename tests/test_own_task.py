@@ -2212,33 +2212,45 @@ class _ThreadRank:
         return sum(self.all_gather_objects(x))
 
 
-def test_validation_mean_score_over_ranks_is_one_processs_bit_for_bit():
-    """Each rank's mean score times its shard's size, summed over ranks, was 0.46428571428571436 where one process
-    had 0.4642857142857143 (scores 0.25, 0.3, 0.7, 0.9, 0.1, 0.3, 0.7 on 3 ranks): a near-tie could keep another
-    best/ step. The ranks' scores are gathered and summed in the records' order, as one process sums them."""
+def _on_thread_ranks(world: int, evaluate, recs: list) -> list:
+    """``sharded_scores(rank, evaluate, recs)`` on each of ``world`` thread ranks."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from dgrpo.eval.evaluate import EvalResult, _mean_score
-    from dgrpo.training.distributed import Dist
     from dgrpo.training.run import sharded_scores
 
-    scores = {f"q{i}": s for i, s in enumerate([0.25, 0.3, 0.7, 0.9, 0.1, 0.3, 0.7])}
-    recs = [Record(q, [], "1") for q in scores]
+    slots, barrier = [None] * world, threading.Barrier(world)
+    ranks = [_ThreadRank(slots, barrier, r) for r in range(world)]
+    with ThreadPoolExecutor(world) as pool:
+        return list(pool.map(lambda rank: sharded_scores(rank, evaluate, recs), ranks))
+
+
+def _scoring(scores: dict):
+    """An evaluate_fn returning evaluate's kind of EvalResult: each record's row scored ``scores[question]``."""
+    from dgrpo.eval.evaluate import EvalResult, _mean_score
 
     def evaluate(local: list) -> EvalResult:
         rows = [{"question": r.question, "score": scores[r.question]} for r in local]
         n = len(rows)
         return EvalResult("v", 0.0, n, 0, 0, 0, 0, "coconut", 0.0, mean_score=_mean_score(rows), predictions=rows)
 
-    one = sharded_scores(Dist.single(), evaluate, recs)
+    return evaluate
+
+
+def test_validation_mean_score_over_ranks_is_one_processs_bit_for_bit():
+    """Each rank's mean score times its shard's size, summed over ranks, was 0.46428571428571436 where one process
+    had 0.4642857142857143 (scores 0.25, 0.3, 0.7, 0.9, 0.1, 0.3, 0.7 on 3 ranks): a near-tie could keep another
+    best/ step. The ranks' scores are gathered and summed in the records' order, as one process sums them."""
+    from dgrpo.eval.evaluate import _mean_score
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import sharded_scores
+
+    scores = {f"q{i}": s for i, s in enumerate([0.25, 0.3, 0.7, 0.9, 0.1, 0.3, 0.7])}
+    recs = [Record(q, [], "1") for q in scores]
+    one = sharded_scores(Dist.single(), _scoring(scores), recs)
     assert one["mean_score"] == _mean_score([{"score": s} for s in scores.values()]) == 0.4642857142857143
     for world in (2, 3, 8):  # (8: a rank with no record)
-        slots, barrier = [None] * world, threading.Barrier(world)
-        ranks = [_ThreadRank(slots, barrier, r) for r in range(world)]
-        with ThreadPoolExecutor(world) as pool:
-            got = list(pool.map(lambda rank: sharded_scores(rank, evaluate, recs), ranks))
-        assert got == [one] * world
+        assert _on_thread_ranks(world, _scoring(scores), recs) == [one] * world
 
 
 def test_validation_reads_prediction_rows_scores_only_where_they_are_the_results_mean():
@@ -2246,10 +2258,7 @@ def test_validation_reads_prediction_rows_scores_only_where_they_are_the_results
     mean_score of 0.87) validated at mean_score 87.0 (the rows were read in place of the mean); a scorer's ints
     beside its floats (1 and 0.5) were read from the mean, and 2 or 3 ranks differed from one process in the last
     bit (0.4666666666666666 for 0.46666666666666673). Rows are read where their mean is the result's."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    from dgrpo.eval.evaluate import EvalResult, _mean_score
+    from dgrpo.eval.evaluate import EvalResult
     from dgrpo.training.distributed import Dist
     from dgrpo.training.run import sharded_scores
 
@@ -2263,17 +2272,7 @@ def test_validation_reads_prediction_rows_scores_only_where_they_are_the_results
     values = [0, 0.3, 0, 0.7, 0.25, 1, 0.25, 0.7, 0.5, 0.7, 0.5, 0.7]
     scores = {f"q{i}": s for i, s in enumerate(values)}
     recs = [Record(q, [], "1") for q in scores]
-
-    def mixed(local: list) -> EvalResult:
-        rows = [{"question": r.question, "score": scores[r.question]} for r in local]
-        n = len(rows)
-        return EvalResult("v", 0.0, n, 0, 0, 0, 0, "coconut", 0.0, mean_score=_mean_score(rows), predictions=rows)
-
-    one = sharded_scores(Dist.single(), mixed, recs)
+    one = sharded_scores(Dist.single(), _scoring(scores), recs)
     assert one["mean_score"] == sum(values) / len(values) == 0.46666666666666673
     for world in (2, 3):
-        slots, barrier = [None] * world, threading.Barrier(world)
-        ranks = [_ThreadRank(slots, barrier, r) for r in range(world)]
-        with ThreadPoolExecutor(world) as pool:
-            got = list(pool.map(lambda rank: sharded_scores(rank, mixed, recs), ranks))
-        assert got == [one] * world
+        assert _on_thread_ranks(world, _scoring(scores), recs) == [one] * world
