@@ -976,3 +976,12 @@ def test_a_hub_unreached_error_pickles_and_copies_as_it_was_made() -> None:
     for back in (pickle.loads(pickle.dumps(exc)), copy.copy(exc)):
         assert type(back) is HubUnreached and str(back) == str(exc)
         assert (back.name, back.reason, back.unknown) == ("mine", "no connection to it", True)
+
+
+def test_a_coconut_csv_whose_steps_cells_hold_lists_reads_without_a_mapping(tmp_path: Path) -> None:
+    """A Coconut dataset saved with pandas' to_csv writes each steps list as its text (['<<2+3=5>>', '<<5-1=4>>']):
+    read by its column names (question, steps, answer) alone, every row failed as 'must be a list of strings'."""
+    path = tmp_path / "coconut.csv"
+    path.write_text("question,steps,answer\nWhat is 2+3-1?,\"['<<2+3=5>>', '<<5-1=4>>']\",4\n")
+    (rec,) = load_dataset(str(path))
+    assert (rec.question, rec.steps, rec.answer) == ("What is 2+3-1?", ["<<2+3=5>>", "<<5-1=4>>"], "4")

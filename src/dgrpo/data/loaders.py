@@ -74,6 +74,8 @@ def _text_field(row: dict[str, Any], key: str, *, strip: bool = True, allow_empt
 
 def _steps_field(row: dict[str, Any], key: str = "steps") -> list[str]:
     value = _field(row, key)
+    if isinstance(value, str) and (listed := _listed_steps(value)) is not None:
+        return listed  # (a CSV cell written from a list: ['a', 'b'])
     if isinstance(value, str):  # (a CSV cell is text: every row of a question,steps,answer CSV failed unexplained)
         raise _RowError(
             f"field {key!r} must be a list of strings, got one string; to read it as one step per line (a CSV "
