@@ -647,8 +647,7 @@ def _merged_mean_score(parts: list[EvalResult], n: int) -> float | None:
         return 0.0
     scored = [result_scores(p) for p in parts]
     if all(s is not None for s in scored):
-        scores = [x for s in scored for x in s or ()]
-        return sum(scores) / len(scores)
+        return ordered_mean([x for s in scored for x in s or ()])
     return sum(float(p.mean_score or 0.0) * p.n for p in parts) / n
 
 
@@ -664,13 +663,18 @@ def result_scores(result: EvalResult) -> list[float] | None:
     if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
         return None
     scores = [float(v) for v in values]  # type: ignore[arg-type]
-    return scores if (sum(scores) / len(scores) if scores else 0.0) == result.mean_score else None
+    return scores if ordered_mean(scores) == result.mean_score else None
 
 
 def _mean_score(preds: list[dict]) -> float:
-    """The mean of prediction rows' ``score``, summed in their order (0 for none): one process's result and the
-    merge of its shards sum alike, bit for bit."""
-    return sum(p["score"] for p in preds) / len(preds) if preds else 0.0
+    """The mean of prediction rows' ``score`` (:func:`ordered_mean`)."""
+    return ordered_mean([p["score"] for p in preds])
+
+
+def ordered_mean(scores: list[float]) -> float:
+    """The mean of ``scores`` summed in their order (0 for none): the one expression of a result's mean score, of
+    the merge of its shards' and of validation's over ranks, which agree bit for bit by being it."""
+    return sum(scores) / len(scores) if scores else 0.0
 
 
 def write_results(result: EvalResult, out_dir: str | Path) -> None:

@@ -26,7 +26,14 @@ from typing import IO, Any, NoReturn
 
 from ..config import BUILTIN_SHAPE, Config, ConfigError, to_dict
 from ..data.records import Record, check_records, data_columns
-from ..eval.evaluate import EvalResult, eval_options, evaluate, result_scores, warn_if_questions_cut
+from ..eval.evaluate import (
+    EvalResult,
+    eval_options,
+    evaluate,
+    ordered_mean,
+    result_scores,
+    warn_if_questions_cut,
+)
 from ..eval.scoring import RewardError
 from ..model.factory import BUILTIN
 from ..model.latent_lm import LatentLM
@@ -1400,8 +1407,7 @@ def _gathered_mean(dist: Dist, scored: list[float] | float | None, n: int) -> fl
     order."""
     parts = dist.all_gather_objects(scored)
     if all(isinstance(part, list) for part in parts):
-        scores = [score for part in parts for score in part]
-        return sum(scores) / len(scores)
+        return ordered_mean([score for part in parts for score in part])
     return sum(sum(part) if isinstance(part, list) else float(part or 0.0) for part in parts) / n
 
 
