@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..hub import hub_reachable, offline_requested, offline_variable
-from ..reward import normalize_number
+from ..reward import narrow_number, normalize_number, numpy_rounder
 from ..text import first_items
 from .records import DataError, Record
 from .subsets import OPENMATH_HUB_ID, sample_subset, stream_openmath
@@ -173,12 +173,16 @@ def _json_number_answer(row: dict[str, Any]) -> str | None:
 
 
 def _python_number(value: Any) -> Any:
-    """A NumPy integer or float scalar (rows built in memory, ``np.float32(2.3)``) as the Python number it prints as
-    (2.3, not 2.299999952316284), as a mapped column reads it; anything else as it is. (An answer of np.float32 or
-    np.int64 was 'must be a string, got float32' unless the columns were mapped.)"""
+    """A NumPy integer or float scalar (rows built in memory, ``np.float32(2.3)``) as the Python number it was written
+    as (2.3, not 2.299999952316284: :func:`~dgrpo.reward.narrow_number`, as a float32 column's values are read);
+    anything else as it is. (An answer of np.float32 or np.int64 was 'must be a string, got float32' unless the
+    columns were mapped.)"""
     if type(value).__module__ != "numpy" or not isinstance(value, numbers.Real):
         return value
-    return int(value) if isinstance(value, numbers.Integral) else float(str(value))
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    number = float(value)
+    return float(narrow_number(number, numpy_rounder(type(value)))) if math.isfinite(number) else number
 
 
 def _row_coconut(row: dict[str, Any], *, numeric: bool) -> Record:
