@@ -985,3 +985,24 @@ def test_a_coconut_csv_whose_steps_cells_hold_lists_reads_without_a_mapping(tmp_
     path.write_text("question,steps,answer\nWhat is 2+3-1?,\"['<<2+3=5>>', '<<5-1=4>>']\",4\n")
     (rec,) = load_dataset(str(path))
     assert (rec.question, rec.steps, rec.answer) == ("What is 2+3-1?", ["<<2+3=5>>", "<<5-1=4>>"], "4")
+
+
+def test_a_short_csv_row_under_a_header_naming_a_column_twice_counts_the_header_s_columns(tmp_path: Path) -> None:
+    """A header naming a column twice is one key of each row (the later column's value): a short row's cells were
+    counted from the row's keys, one short per repeat ('the row has 1 cell, fewer than the header's 2 columns' for a
+    row of 2 cells under 3 columns). Counted from the header, and the column read without a value is said to be the
+    later one of its name."""
+    path = tmp_path / "twice.csv"
+    path.write_text("question,answer,answer\nWhat is 1+1?,2,2\nWhat is 2+2?,4\n")
+    said = (
+        "twice.csv line 3: field 'answer' has no value: the row has 2 cells, fewer than the header's 3 columns; the "
+        "header names 'answer' twice, and each row's later value is read"
+    )
+    with pytest.warns(UserWarning, match="names the column 'answer' twice"):
+        with pytest.raises(DataError, match=re.escape(said) + "$"):
+            load_dataset(str(path))
+    path.write_text("id,question,id,answer,note\n1,What is 1+1?,2,2,x\n1,What is 2+2?,2\n")
+    said = "line 3: field 'answer' has no value: the row has 3 cells, fewer than the header's 5 columns"
+    with pytest.warns(UserWarning, match="names the column 'id' twice"):
+        with pytest.raises(DataError, match=re.escape(f"{said} (none for 'note' either)") + "$"):
+            load_dataset(str(path))

@@ -22,7 +22,15 @@ from ..text import first_items
 from .records import DataError, Record
 from .subsets import OPENMATH_HUB_ID, sample_subset, stream_openmath
 from .synthetic import load_builtin
-from .tables import dataset_rows, is_hf_folder, read_csv_lines, read_hf_folder, read_parquet, unnamed_split
+from .tables import (
+    CsvTable,
+    dataset_rows,
+    is_hf_folder,
+    read_csv_lines,
+    read_hf_folder,
+    read_parquet,
+    unnamed_split,
+)
 
 __all__ = ["DATASETS", "HUB_DATASETS", "DatasetSpec", "find_data_dir", "load_dataset"]
 
@@ -577,8 +585,8 @@ def _load_file(path: Path, columns: RowParser | None = None) -> list[Record]:
     """Read a data file, its format detected from the extension and content (``columns``: a column mapping)."""
     suffix = path.suffix.lower()
     if suffix == ".csv":
-        rows, lines = read_csv_lines(path)
-        return rows_to_records(rows, str(path), str(path), columns, lines=lines)
+        table = read_csv_lines(path)
+        return rows_to_records(table.rows, str(path), str(path), columns, csv=table)
     if suffix in (".parquet", ".pq"):
         with hub_lines_held():  # (datasets logged 'Failed to read schema ...' above the DataError of a damaged file)
             rows = read_parquet(path)
@@ -758,11 +766,11 @@ def _load_openmath_subset(name: str) -> list[Record]:
 
 
 def rows_to_records(
-    rows: list[Any], where: str, source: str, parser: RowParser | None, *, lines: list[int] | None = None
+    rows: list[Any], where: str, source: str, parser: RowParser | None, *, csv: CsvTable | None = None
 ) -> list[Record]:
     """Records from row dicts (a table, a hub dataset): ``parser`` (a column mapping) or the format the first row's
-    keys identify; one DataError line naming the row on any problem: its file line when ``lines`` gives them (a
-    CSV file), else its number (the first row is row 1)."""
+    keys identify; one DataError line naming the row on any problem: its file line when ``csv`` (the CSV file
+    ``rows`` were read from) gives them, else its number (the first row is row 1)."""
     records: list[Record] = []
     for index, row in enumerate(rows):
         try:
@@ -771,9 +779,10 @@ def rows_to_records(
             parser = parser or _detect_row_parser(row)
             record = parser(row)
         except _RowError as exc:
-            if lines is None:
+            if csv is None:
                 raise DataError(f"{where} row {index + 1}: {exc}") from None
-            raise DataError(f"{where} line {lines[index]}: {_short_row(exc, row)}") from None
+            problem = _short_row(exc, csv.cells[index], csv.header)
+            raise DataError(f"{where} line {csv.lines[index]}: {problem}") from None
         record.meta.setdefault("source", source)
         records.append(record)
     if not records:
@@ -781,15 +790,19 @@ def rows_to_records(
     return records
 
 
-def _short_row(exc: _RowError, row: Any) -> str:
-    """A CSV row's problem: ``exc``, or, for a row shorter than its header (the cells it lacks are None: a CSV value is
-    otherwise text), which columns it has no value for and how many cells it has. A field it needs among them was
-    'field 'answer' must be a string, got NoneType', or 'is empty (null)', as if the file had said null."""
-    missing = [str(k) for k, v in row.items() if v is None] if isinstance(row, dict) else []
+def _short_row(exc: _RowError, cells: int, header: list[str]) -> str:
+    """A CSV row's problem: ``exc``, or, for a row of fewer ``cells`` than its ``header`` (the cells it lacks are None:
+    a CSV value is otherwise text), which columns it has no value for and how many cells it has. A field it needs
+    among them was 'field 'answer' must be a string, got NoneType', or 'is empty (null)', as if the file had said
+    null. Counted from the header, not the row's keys: a column named twice is one key (of the later column's value),
+    and the count was one short per repeat ('1 cell, fewer than the header's 2 columns' for 2 cells of 3)."""
+    missing = list(dict.fromkeys(header[cells:]))  # (each name once, in the header's order)
     if not missing:
         return str(exc)
-    cells = len(row) - len(missing)
-    short = f"the row has {cells} cell{'s' * (cells != 1)}, fewer than the header's {len(row)} columns"
+    short = f"the row has {cells} cell{'s' * (cells != 1)}, fewer than the header's {len(header)} columns"
+    twice = [m for m in missing if m in header[:cells]]  # (a cell of that name is there, but the later one is read)
+    if twice:
+        short += f"; the header names {twice[0]!r} twice, and each row's later value is read"
     if not isinstance(exc, _NoValue):
         return f"{exc} ({short}: no value for {', '.join(repr(m) for m in missing)})"
     others = [repr(m) for m in missing if not exc.what.endswith(repr(m))]

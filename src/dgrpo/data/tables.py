@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import zip_longest
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..reward import narrow_number, numpy_rounder
 from .records import DataError
@@ -37,11 +37,21 @@ def hf_folder_splits(path: Path) -> list[str]:
     return [s for s in splits if isinstance(s, str)] if isinstance(splits, list) else []
 
 
-def read_csv_lines(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
-    """The rows of a CSV file with a header line (values are strings; None in a row shorter than the header), and
-    the file line each row starts on (the header is line 1; a quoted value may span lines). A row longer than the
-    header is a DataError (its extra cells had no column name). Blank lines are skipped, as csv.DictReader does;
-    csv.reader is read directly because DictReader skips them out of sight, and its line_num then names a line
+class CsvTable(NamedTuple):
+    """A CSV file's rows (:func:`read_csv_lines`), with what a row dict does not tell: the file line each row starts
+    on, the cells each row has, and the header (a column it names twice is one key of a row)."""
+
+    rows: list[dict[str, Any]]
+    lines: list[int]
+    cells: list[int]
+    header: list[str]
+
+
+def read_csv_lines(path: Path) -> CsvTable:
+    """The rows of a CSV file with a header line (values are strings; None in a row shorter than the header), the
+    file line each row starts on (the header is line 1; a quoted value may span lines) and its cells. A row longer
+    than the header is a DataError (its extra cells had no column name). Blank lines are skipped, as csv.DictReader
+    does; csv.reader is read directly because DictReader skips them out of sight, and its line_num then names a line
     before the row."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
@@ -50,13 +60,14 @@ def read_csv_lines(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
             if not header:
                 raise DataError(f"{path}: no header line (CSV files need one, naming the columns)")
             _warn_repeated_columns(path, header)
-            rows, lines, end = [], [], reader.line_num
+            table, end = CsvTable([], [], [], header), reader.line_num
             for cells in reader:  # (each record, a blank line's [] too, starts on the line after the last one read)
                 start, end = end + 1, reader.line_num
                 if cells:
-                    rows.append(_row(path, header, cells, start))
-                    lines.append(start)
-            return rows, lines
+                    table.rows.append(_row(path, header, cells, start))
+                    table.lines.append(start)
+                    table.cells.append(len(cells))
+            return table
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except csv.Error as e:
