@@ -1331,3 +1331,23 @@ def test_a_timestamp_in_a_file_is_the_text_it_was_written_as(tmp_path, written):
     cfg = load_config(Config, path)
     assert (cfg.logging.run_name, cfg.data.test) == (written, [written])
     assert load_config(Config, None, [f"logging.run_name={written}"]).logging.run_name == written
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("1: a\non: b\n", "unknown config key '1'"),  # (was 'the key True is given twice': 1 == True to Python)
+        ("grpo:\n  on: 1\n  yes: 2\n", "unknown config key 'grpo.on'"),  # (was 'the key True is given twice')
+        ("grpo:\n  1: a\n  1.0: b\n", "unknown config key 'grpo.1'"),  # (was 'the key 1.0 is given twice')
+        ("on: a\non: b\n", "the key 'on' is given twice in one mapping (line 2, column 1)"),  # (was 'the key True')
+        ("grpo:\n  rewards:\n    - {fn: numeric, on: 1}\n", "item 0: unknown key(s) on (expected"),  # (was True)
+    ],
+)
+def test_a_yaml_key_is_the_name_it_was_written_as(tmp_path, text, says):
+    """Every key of a config names an option or a part of a reward item, none a number or a boolean: a key YAML reads
+    as one (``on``, ``yes``, ``1``) is the text it was written as. ``1:`` beside ``on:`` were two keys refused as one
+    given twice, 'the key True' (1 == True == 1.0 to Python), and a reward item's ``on:`` was the unknown key True."""
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_config(Config, str(f))

@@ -1750,6 +1750,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _key_name(key: Any) -> Any:
+    """A mapping key of a YAML file as the name it was written as: a number's or a boolean's text (``on``, ``1``),
+    any other key as it is."""
+    return key.yaml_text if isinstance(key, _Written) else key
+
+
 class ConfigLoader(yaml.SafeLoader):
     """PyYAML's safe loader without YAML 1.1's base-60 numbers (``1:3`` stays the string '1:3', not 63) and octal
     ones (``010`` is ten, as in YAML 1.2 and Python's ``int('010')``, not 8), and with a key given twice in one mapping
@@ -1777,21 +1783,29 @@ class ConfigLoader(yaml.SafeLoader):
         return str(self.construct_scalar(node))
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        """A mapping whose keys are names: a number or a boolean as a key is the text it was written as (every key
+        of a dgrpo config names an option or a part of a reward item, none a number or a boolean: ``1: a`` beside
+        ``on: b`` was refused as 'the key True is given twice', 1 == True to Python, and the keys of a reward item
+        were named as read, 'unknown key(s) True' for ``on:``). A key written twice is refused."""
         seen: set = set()
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # (<<: merged keys may be overridden, as YAML says)
                 continue
-            key = self.construct_object(key_node, deep=True)
-            if not isinstance(key, typing.Hashable):  # (a list or mapping as a key: '? [lr] : 1')
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"a key must be a name, got {key!r}", key_node.start_mark
-                )
+            key = self._key(key_node)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"the key {key!r} is given twice in one mapping", key_node.start_mark
                 )
             seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+        self.flatten_mapping(node)  # (<<: the merged keys first, then this mapping's own, which win)
+        return {self._key(key_node): self.construct_object(value, deep=deep) for key_node, value in node.value}
+
+    def _key(self, node: yaml.Node) -> Any:
+        """A mapping key as its name (:func:`_key_name`); a list or a mapping as a key is refused."""
+        key = _key_name(self.construct_object(node, deep=True))
+        if not isinstance(key, typing.Hashable):  # (a list or mapping as a key: '? [lr] : 1')
+            raise yaml.constructor.ConstructorError(None, None, f"a key must be a name, got {key!r}", node.start_mark)
+        return key
 
     def resolve(self, kind: type, value: Any, implicit: Any) -> str:
         """The implicit tag of a node; a number with a ':' in it, or an int with a leading 0, is a string (which an
@@ -2005,7 +2019,7 @@ def _merge(obj: Any, data: dict, prefix: str) -> None:
         raise _invalid(prefix.rstrip(".") or "<root>", f"expected a mapping, got {data!r}")
     names = {f.name: f for f in fields(obj)}
     for k, v in data.items():
-        name = k.yaml_text if isinstance(k, _Written) else str(k)  # (on: as written, not True)
+        name = str(k)  # (a YAML key is the name it was written as: ConfigLoader.construct_mapping)
         key = f"{prefix}{name}"
         if k not in names:
             hint = _dotted(obj, name, prefix) or _trl_name(obj, name, prefix) or _did_you_mean(obj, name, prefix)
