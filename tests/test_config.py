@@ -1351,3 +1351,35 @@ def test_a_yaml_key_is_the_name_it_was_written_as(tmp_path, text, says):
     f.write_text(text)
     with pytest.raises(ConfigError, match=re.escape(says)):
         load_config(Config, str(f))
+
+
+@pytest.mark.parametrize(
+    "written, layers",
+    [("+1", ["list", [1]]), ("+0:+2", ["slice", (0, 2)]), ("-2:+3", ["slice", (-2, 3)]), ("+1, 3", ["list", [1, 3]])],
+)
+def test_a_layer_index_with_a_plus_sign_is_that_layer_in_a_file_and_in_set(tmp_path, written, layers):
+    """``layers: +1`` in a file was the layer 1 while YAML read it as a number; the file's text is kept now, and
+    ``+1`` was refused by the layer grammar, in a file as from ``--set``. A '+' sign is read as Python reads it."""
+    f = tmp_path / "c.yaml"
+    f.write_text(f"perturbation:\n  layers: {written}\n")
+    for cfg in (load_config(Config, str(f)), load_config(Config, None, [f"perturbation.layers={written}"])):
+        assert list(parse_layer_spec(cfg.perturbation.layers)) == layers
+
+
+@pytest.mark.parametrize(
+    "written, says",
+    [
+        ("1_0", "a layer index is written without '_', got '1_0': 10 for one layer, 1,0 for several"),
+        ("+1,1", "a layer is named twice in '+1,1'"),  # (its text differs: '+1' and '1' were two items)
+        ("01, 1", "a layer is named twice in '01, 1'"),
+    ],
+)
+def test_a_layer_index_yaml_1_1_read_as_a_number_is_refused_alike_in_a_file_and_in_set(tmp_path, written, says):
+    """``layers: 1_0`` was the layer 10 while YAML 1.1 read it as a number ('_' separates its digits); no index of
+    the layer grammar is written so: refused, saying what to write, in a file as from ``--set``. A layer given twice
+    in two spellings is refused as one given twice is."""
+    f = tmp_path / "c.yaml"
+    f.write_text(f"perturbation:\n  layers: {written}\n")
+    for source, sets in ((str(f), []), (None, [f"perturbation.layers={written}"])):
+        with pytest.raises(ConfigError, match=re.escape(f"invalid config value perturbation.layers: {says}") + "$"):
+            load_config(Config, source, sets)

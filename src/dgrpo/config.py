@@ -210,22 +210,32 @@ def parse_layer_spec(spec: str) -> tuple[str, Any]:
 
     The grammar: ``all``; one integer index (``3``, ``-1``); a Python slice ``start:stop`` with either end optional
     and negatives counting from the end (``0:4``, ``-2:``, ``:3``; no step); or a comma list of integers
-    (``1,3,5``). Returns ``("all", None)``, ``("slice", (start, stop))`` with ``None`` for an open end, or
-    ``("list", [indices])`` (a single index is a one-element list). Anything else is a :class:`ConfigError` naming
-    ``perturbation.layers``; the range against the model's depth is checked where the model is known.
+    (``1,3,5``). An index may carry a ``+`` sign, as in Python: ``+1`` is ``1`` (a YAML file's ``layers: +1`` was the
+    layer 1 when YAML read it as a number; its text is kept, and was refused). Returns ``("all", None)``,
+    ``("slice", (start, stop))`` with ``None`` for an open end, or ``("list", [indices])`` (a single index is a
+    one-element list). Anything else is a :class:`ConfigError` naming ``perturbation.layers`` (an index with a
+    ``_``, YAML 1.1's digit separator, says so); the range against the model's depth is checked where the model is
+    known.
     """
     s = spec.strip()
     if s == "all":
         return "all", None
-    m = re.fullmatch(r"(-?[0-9]+)?\s*:\s*(-?[0-9]+)?", s)
+    m = re.fullmatch(r"([-+]?[0-9]+)?\s*:\s*([-+]?[0-9]+)?", s)
     if m:
         start, stop = (None if g is None else int(g) for g in m.groups())
         return "slice", (start, stop)
     items = [x.strip() for x in s.split(",")]
-    if all(re.fullmatch(r"-?[0-9]+", x) for x in items):
-        if len(set(items)) < len(items):  # a layer named twice would carry two masks: dropout 1 - (1 - p)^2
+    if all(re.fullmatch(r"[-+]?[0-9]+", x) for x in items):
+        indices = [int(x) for x in items]
+        if len(set(indices)) < len(indices):  # a layer named twice would carry two masks: dropout 1 - (1 - p)^2
             raise _invalid("perturbation.layers", f"a layer is named twice in {spec!r}")
-        return "list", [int(x) for x in items]
+        return "list", indices
+    if re.fullmatch(r"[-+]?[0-9][0-9_]*", s):  # (1_0: YAML 1.1 read the layer 10)
+        raise _invalid(
+            "perturbation.layers",
+            f"a layer index is written without '_', got {spec!r}: {s.replace('_', '')} for one layer, "
+            f"{','.join(p for p in s.split('_') if p)} for several",
+        )
     raise _invalid("perturbation.layers", f"expected {LAYER_GRAMMAR}; got {spec!r}")
 
 
