@@ -103,15 +103,27 @@ def _datasets(what: str) -> Any:
 
 
 def read_parquet(path: Path) -> list[dict[str, Any]]:
-    """The rows of a parquet file."""
+    """The rows of a parquet file, as ``datasets.Dataset.from_parquet`` gives them (the features its schema or its
+    Hugging Face metadata name, cast to as that builder casts), read in memory: ``from_parquet`` wrote an Arrow copy
+    of each new file into the datasets cache (``~/.cache/huggingface/datasets``), a big file's size again on disk,
+    unasked."""
     datasets = _datasets(f"{path}: reading parquet")
     try:
         with progress_bars_held(datasets):
-            return dataset_rows(datasets.Dataset.from_parquet(str(path)))
+            return dataset_rows(_parquet_dataset(datasets, path))
     except Exception as e:  # noqa: BLE001 - a damaged or foreign file: one line
-        if _parquet_rows(path) == 0:  # (datasets refuses it: 'Instruction "train" corresponds to no data!')
-            raise DataError(f"{path} contains no records") from None
         raise DataError(f"{path}: not a readable parquet file ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def _parquet_dataset(datasets: Any, path: Path) -> Any:
+    """A parquet file as an in-memory ``datasets.Dataset``, without the cache copy of ``Dataset.from_parquet``."""
+    import pyarrow.parquet as pq  # (a dependency of datasets)
+    from datasets.table import InMemoryTable, table_cast
+
+    table = pq.ParquetFile(str(path)).read()
+    features = datasets.Features.from_arrow_schema(table.schema)
+    # (a fixed fingerprint: the default hashes every row, and this dataset is only read, never cached or mapped)
+    return datasets.Dataset(InMemoryTable(table_cast(table, features.arrow_schema)), fingerprint="dgrpo-parquet")
 
 
 @contextmanager
@@ -132,16 +144,6 @@ def progress_bars_held(datasets: Any) -> Iterator[None]:
     finally:
         if utils.are_progress_bars_disabled():
             utils.enable_progress_bars()
-
-
-def _parquet_rows(path: Path) -> int | None:
-    """The rows a parquet file's footer counts (None when it has no readable footer)."""
-    try:
-        import pyarrow.parquet as pq
-
-        return int(pq.read_metadata(str(path)).num_rows)
-    except Exception:  # noqa: BLE001 - not parquet, or no pyarrow: the caller's own error stands
-        return None
 
 
 def read_hf_folder(path: Path, split: str | None) -> list[dict[str, Any]]:
