@@ -1006,6 +1006,10 @@ def test_a_short_csv_row_under_a_header_naming_a_column_twice_counts_the_header_
     with pytest.warns(UserWarning, match="names the column 'id' twice"):
         with pytest.raises(DataError, match=re.escape(f"{said} (none for 'note' either)") + "$"):
             load_dataset(str(path))
+    path.write_text(",question,answer,\n,What is 1+1?,2,\n,What is 2+2?\n")  # (columns without a name: no warning)
+    said = "line 3: field 'answer' has no value: the row has 2 cells, fewer than the header's 4 columns (none for ''"
+    with pytest.raises(DataError, match=re.escape(said + " either)") + "$"):
+        load_dataset(str(path))
 
 
 def test_a_parquet_file_is_read_without_a_copy_in_the_datasets_cache(tmp_path: Path, monkeypatch) -> None:

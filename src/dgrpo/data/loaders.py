@@ -800,7 +800,8 @@ def _short_row(exc: _RowError, cells: int, header: list[str]) -> str:
     if not missing:
         return str(exc)
     short = f"the row has {cells} cell{'s' * (cells != 1)}, fewer than the header's {len(header)} columns"
-    twice = [m for m in missing if m in header[:cells]]  # (a cell of that name is there, but the later one is read)
+    twice = [m for m in missing if m and m in header[:cells]]  # (its earlier cell is there, the later one read;
+    # '': a spreadsheet's columns without a name, which are not warned of)
     if twice:
         short += f"; the header names {twice[0]!r} twice, and each row's later value is read"
     if not isinstance(exc, _NoValue):
