@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -226,6 +227,7 @@ class GRPOTrainer:
         (parts with weights); default: what ``grpo.reward`` / ``grpo.rewards`` name, else ``eval.scorer``."""
         check_trainer_inputs(lm, cfg, train, "GRPOTrainer")
         self.lm, self.cfg, self.train_data = lm, cfg, train
+        self.started_in = os.getcwd()  # (applied.json's started_in: a relative data.test names a file from here)
         self.dist = Dist.given_or_single(dist, cfg.fsdp, "GRPOTrainer")
         g = cfg.grpo
         lm.use_recompute(g, "grpo")
@@ -272,12 +274,13 @@ class GRPOTrainer:
     def applied(self) -> dict[str, Any]:
         """What this trainer runs with, as resolved (:func:`~dgrpo.training.applied.applied_settings`): besides the
         optimizer, kernels, dtype and compiled parts, ``grpo.engine``, ``grpo.keep_graphs`` and
-        ``grpo.update_latent_graphs`` as resolved."""
+        ``grpo.update_latent_graphs`` as resolved, and the folder the trainer was made in (``started_in``)."""
         return applied_settings(
             self.lm,
             self.dist,
             self.opt,
             kernels=self.kernels,
+            started_in=self.started_in,
             engine=self.engine,
             keep_graphs=self.keep_graphs,
             update_latent_graphs=self.chain_latents,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import random
 import time
 import warnings
@@ -281,6 +282,7 @@ class SFTRun:
 
     def __init__(self, lm: LatentLM, cfg: Config, dist: Dist, run: RunDir, train: list[Record]):
         self.lm, self.cfg, self.dist, self.run = lm, cfg, dist, run
+        self.started_in = os.getcwd()  # (applied.json's started_in: a relative data.test names a file from here)
         self.data_fingerprint, n_train = fingerprint(train), len(train)
         lm.use_recompute(cfg.sft, "sft")
         self.kernels = apply_speedups(lm, cfg.model)  # (as the GRPO trainer applies them)
@@ -434,8 +436,11 @@ class SFTRun:
 
     def applied(self, opt: torch.optim.Optimizer) -> dict[str, Any]:
         """What this run trains with, as resolved (:func:`~dgrpo.training.applied.applied_settings`), ``opt``'s class
-        and the kernels applied among it."""
-        return applied_settings(self.lm, self.dist, opt, kernels=self.kernels, plugins=[self.cfg.eval.scorer])
+        and the kernels applied among it, and the folder the run started in (``started_in``)."""
+        plugins = [self.cfg.eval.scorer]
+        return applied_settings(
+            self.lm, self.dist, opt, kernels=self.kernels, plugins=plugins, started_in=self.started_in
+        )
 
     def save(self, epoch: int, batch: int) -> None:
         """Resumable state: run epoch ``epoch`` from batch ``batch`` next (rank 0 writes it; under FSDP2 every rank
