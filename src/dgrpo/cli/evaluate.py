@@ -188,12 +188,12 @@ def run(args: argparse.Namespace) -> int:
     # the ranks agree before the first dataset and after each: rank 0's notice says which, the datasets under way in
     # in_test_sets, before them the command line's)
     with stopping(done.line):
-        cfg, datas, runs = _eval_config(args)
+        cfg, datas, started_in = _eval_config(args)
         e = cfg.eval
         outs = output_dirs(datas, args.split, Path(args.out), given=bool(args.data))
         device = setup(cfg)
         options = eval_options(cfg)  # (a scorer that cannot be built fails here, before the data and the model load)
-        sets = _read_sets(outs, args.split, cfg, options["scorer"], runs)
+        sets = _read_sets(outs, args.split, cfg, options["scorer"], started_in)
         warn_fsdp_not_applied(cfg)
         # (under torchrun: each rank answers a shard of every set, with the whole model)
         dist, device = join_processes(cfg, device, fsdp=False)
@@ -274,16 +274,17 @@ class Done:
         return NOTHING_YET
 
 
-def _eval_config(args: argparse.Namespace) -> tuple[Config, list[str], bool]:
+def _eval_config(args: argparse.Namespace) -> tuple[Config, list[str], list[Path] | None]:
     """The evaluation's config: the options given, over the checkpoint's own settings (a hub id's read at one
     commit, whose weights then load); ``--out`` checked first, before anything is read from the checkpoint. And the
     datasets to evaluate: ``--data``, else ``data.test`` as ``--config`` / ``--set`` or the checkpoint's run set it
-    (the run's own test sets); a model with none named (a plain hub model, a run with none) is one line. And whether
-    they are the checkpoint's run's test sets, as it recorded them."""
+    (the run's own test sets); a model with none named (a plain hub model, a run with none) is one line. And, when
+    they are the checkpoint's run's test sets as it recorded them, the folders its processes started in
+    (:func:`~dgrpo.training.run.start_folders`: [] when none is recorded), else None."""
     from ..config import Config, ConfigError, DataConfig, TaskConfig, load_config
-    from ..model.sources import on_disk
+    from ..model.sources import on_disk, resolve_checkpoint
     from ..training.preemption import is_rank0
-    from ..training.run import check_not_a_training_run, check_output_path
+    from ..training.run import check_not_a_training_run, check_output_path, start_folders
     from .train import absolute_file
 
     extra = []
@@ -318,33 +319,43 @@ def _eval_config(args: argparse.Namespace) -> tuple[Config, list[str], bool]:
     for line in cfg.inert_eval_settings():
         warnings.warn(line, stacklevel=1)
     if args.data:
-        return cfg, list(args.data), False
+        return cfg, list(args.data), None
     if not cfg.data.test or ("test" not in start.get("data", {}) and given.data.test == DataConfig().test):
         whose = "names no test sets (its data.test is [])" if start and not cfg.data.test else "names none"
         raise ConfigError(f"--data: name the datasets to evaluate ({args.model} {whose})")
-    runs = cfg.data.test == start.get("data", {}).get("test")
-    if runs:
-        check_run_test_files(cfg.data.test)
-    return cfg, list(cfg.data.test), runs
+    if cfg.data.test != start.get("data", {}).get("test"):
+        return cfg, list(cfg.data.test), None
+    folders = start_folders(resolve_checkpoint(args.model)) if on_disk(args.model).exists() else []
+    check_run_test_files(cfg.data.test, folders)
+    return cfg, list(cfg.data.test), folders
 
 
-def check_run_test_files(specs: list[str]) -> None:
+def check_run_test_files(specs: list[str], folders: list[Path] | None = None) -> None:
     """The test sets a checkpoint's run recorded keep their paths as typed (relative to the folder the run started
-    from): one that is not found from here is one line saying so, before the model loads (it read 'file not found
-    (a relative path is read from the working directory, ...)', naming no run)."""
+    from): one found neither from here nor from ``folders`` (those the run's processes started in, as its
+    ``applied.json`` records them: :func:`~dgrpo.training.run.data_spec_from`) is one line saying so, before the
+    model loads (it read 'file not found (a relative path is read from the working directory, ...)', naming no
+    run)."""
     from ..config import ConfigError
     from ..data.loaders import names_a_file
+    from ..training.run import data_spec_from
 
     for spec in specs:
-        for part in spec_parts(spec):
+        for part in spec_parts(data_spec_from(spec, folders or [])):  # (a part found there: absolute)
             path = Path(part).expanduser()
             if names_a_file(part) and not path.is_absolute() and not path.exists():
                 named = part if part == spec else f"{part} (of {spec})"
+                fix = "" if folders else "run dgrpo eval from that folder, or "
                 raise ConfigError(
                     f"--data: the checkpoint's run was tested on {named} (its data.test), a path relative to the "
-                    f"folder that run started from, not found from {Path.cwd()}: run dgrpo eval from that folder, or "
-                    "name the file with --data"
+                    f"folder that run started from, not found from {Path.cwd()}{_nor_from(folders)}: {fix}name the "
+                    "file with --data"
                 )
+
+
+def _nor_from(folders: list[Path] | None) -> str:
+    """Where else a run's test set was looked for: `` nor from F (where its run started)`` ('' with no folder)."""
+    return f" nor from {' or '.join(map(str, folders))} (where its run started)" if folders else ""
 
 
 def spec_parts(spec: str) -> list[str]:
@@ -356,11 +367,12 @@ def spec_parts(spec: str) -> list[str]:
     return [spec] if local_path(spec) is not None else [part.strip() for part in spec.split("+")]
 
 
-def run_test_set_unread(spec: str, exc: Exception) -> str | None:
+def run_test_set_unread(spec: str, exc: Exception, folders: list[Path] | None = None) -> str | None:
     """The line for a run's test set ``spec`` that failed to read (``exc``) as a hub dataset, a part of it naming no
     local folder or file from here (a dataset folder the run read from the folder it started in, ``mydata`` or
-    ``mydata:test``, was 'unknown dataset 'mydata': ... the Hugging Face hub could not be reached', naming no run);
-    None when the failure is no such part's, or one the hub answered (a split or a row of a hub dataset)."""
+    ``mydata:test``, was 'unknown dataset 'mydata': ... the Hugging Face hub could not be reached', naming no run),
+    nor from ``folders``, those the run started in (then the line names them); None when the failure is no such
+    part's, or one the hub answered (a split or a row of a hub dataset)."""
     from ..data.loaders import HubUnreached, reads_from_the_hub
 
     if not (isinstance(exc, HubUnreached) and exc.unknown):  # (not a hub dataset the hub answered: a split, a row)
@@ -368,6 +380,11 @@ def run_test_set_unread(spec: str, exc: Exception) -> str | None:
     for part in spec_parts(spec):
         if reads_from_the_hub(part) and part.partition("?")[0].partition(":")[0] == exc.name:
             named = part if part == spec else f"{part} (of {spec})"
+            if folders:
+                return (
+                    f"--data: the checkpoint's run was tested on {named} (its data.test), no folder or file from "
+                    f"{Path.cwd()}{_nor_from(folders)}, nor read from the hub ({exc.reason}): name the data with --data"
+                )
             return (
                 f"--data: the checkpoint's run was tested on {named} (its data.test), no folder or file from "
                 f"{Path.cwd()}, nor read from the hub ({exc.reason}): a path is relative to the folder that run "
@@ -377,22 +394,28 @@ def run_test_set_unread(spec: str, exc: Exception) -> str | None:
 
 
 def _read_sets(
-    outs: dict[str, Path], split: str | None, cfg: Config, scorer: Any, runs: bool = False
+    outs: dict[str, Path], split: str | None, cfg: Config, scorer: Any, started_in: list[Path] | None = None
 ) -> dict[str, list[Record]]:
     """Every ``--data``'s records, read before the model loads (a wrong name fails at once); a set with nothing to
-    evaluate is one line, a scorer that gives its gold answers 0 is warned about. ``runs``: the sets are the
-    checkpoint's run's test sets (:func:`run_test_set_unread` says what a failed read may mean)."""
+    evaluate is one line, a scorer that gives its gold answers 0 is warned about. ``started_in``: the sets are the
+    checkpoint's run's test sets, and these the folders its processes started in: a part naming nothing from here
+    is read from them (:func:`~dgrpo.training.run.data_spec_from`; still named as typed), and
+    :func:`run_test_set_unread` says what a failed read may mean."""
     from ..config import ConfigError
     from ..data import load_spec
     from ..data.records import DataError
     from ..eval.scoring import warn_if_scorer_misses_gold
+    from ..training.run import data_spec_from
 
     e, sets = cfg.eval, {}
     for data in outs:
+        read = data_spec_from(data, started_in or [])
+        if read != data:  # (read from the folder the run started in: a file found there has no split either)
+            check_split(read, split)
         try:
-            recs = sets[data] = load_spec(data, cfg.task, split=split, data=cfg.data, held_out=True)
+            recs = sets[data] = load_spec(read, cfg.task, split=split, data=cfg.data, held_out=True)
         except DataError as exc:
-            if runs and (line := run_test_set_unread(data, exc)) is not None:
+            if started_in is not None and (line := run_test_set_unread(data, exc, started_in)) is not None:
                 raise ConfigError(line) from None
             raise
         n = len(recs) - (e.shots if e.plain else 0)

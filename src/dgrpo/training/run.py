@@ -57,6 +57,7 @@ from ..run_layout import (
     LOCK_FILE,
     METRICS_FILE,
     ROLLOUTS_FILE,
+    STEP_DIR,
     SUMMARY_FILE,
     TB_DIR,
     WANDB_DIR,
@@ -561,6 +562,75 @@ def absolute_data_specs(data: dict) -> dict:
         if isinstance(keep.get(key), str) and keep[key]:
             keep[key] = absolute_data_spec(keep[key])
     return keep
+
+
+def start_folders(checkpoint: Path) -> list[Path]:
+    """The folders the processes of the run that wrote ``checkpoint`` (its ``final/``, ``best/``, ``stage-K/``, or a
+    resumable ``checkpoints/step-N/model``) started in, as the run's ``applied.json`` records them (``started_in``),
+    the latest first; for ``step-N``, only those of the processes that started before step N (the one that wrote it
+    first). None (``[]``) for a checkpoint outside a run directory (one copied elsewhere), or a run recorded before
+    ``started_in`` was."""
+    step = STEP_DIR.fullmatch(checkpoint.parent.name)
+    if checkpoint.name == "model" and step and checkpoint.parent.parent.name == CHECKPOINTS_DIR:
+        run, before = checkpoint.parents[2], int(step.group(1))
+    elif checkpoint.name in (FINAL_DIR, BEST_DIR) or re.fullmatch(r"stage-\d+", checkpoint.name):
+        run, before = checkpoint.parent, None
+    else:
+        return []
+    try:
+        entries = json.loads((run / APPLIED_FILE).read_text())
+    except (OSError, ValueError):  # (none: a hint only, the working directory comes first anyway)
+        return []
+    folders: list[Path] = []
+    for entry in reversed(entries if isinstance(entries, list) else []):
+        if not isinstance(entry, dict) or not isinstance(entry.get("started_in"), str):
+            continue
+        at = entry.get("started_at_step")
+        if before is not None and isinstance(at, int) and at >= before:  # (started after that checkpoint was written)
+            continue
+        folder = Path(entry["started_in"])
+        if folder.is_absolute() and folder not in folders:
+            folders.append(folder)
+    return folders
+
+
+def data_spec_from(spec: str, folders: list[Path]) -> str:
+    """``spec`` with each relative path that names nothing from the working directory made absolute in the first of
+    ``folders`` where it names a local file or folder (each part of ``a.jsonl+b.csv`` on its own, as
+    :func:`absolute_data_spec` makes them); built-in and hub names, absolute paths and parts found from here as they
+    are (the working directory first). A joined spec whose absolute parts would hold a ``+`` is kept as typed."""
+    from ..data import local_path
+
+    if not folders or spec.startswith("builtin") or local_path(spec) is not None:
+        return spec
+    whole = _part_from(spec, folders)
+    if whole != spec or "+" not in spec:
+        return whole
+    parts = [_part_from(part.strip(), folders) if part.strip() else part for part in spec.split("+")]
+    joined = "+".join(parts)
+    return joined if len(parts) == len(joined.split("+")) else spec
+
+
+def _part_from(part: str, folders: list[Path]) -> str:
+    """One dataset of a spec (a path, ``PATH:SPLIT``) that names nothing from here, made absolute in the first of
+    ``folders`` where it names a local file or folder as :func:`dgrpo.data.load_spec` would read it from there (not
+    a built-in dataset's name, which a plain folder of that name does not make local); else as it is."""
+    from ..data import local_path
+    from ..data.loaders import is_dataset_name
+    from ..data.tables import is_hf_folder
+
+    if part.startswith("builtin") or Path(part).expanduser().is_absolute() or local_path(part) is not None:
+        return part
+    for folder in folders:
+        there = local_path(str(folder / part))
+        if there is None:
+            continue
+        path = Path(there[0])
+        named = is_dataset_name(str(path.relative_to(folder)))  # (from that folder, read as the dataset it names)
+        if named and not (path.is_file() or is_hf_folder(path)):
+            continue
+        return f"{path}:{there[1]}" if there[1] is not None else str(path)
+    return part
 
 
 #: keys a run's config takes from the model it loads (a hub commit, a chat template the model was trained with):
