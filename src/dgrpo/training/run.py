@@ -538,18 +538,31 @@ def absolute_data_spec(spec: str) -> str:
     """A data spec with each part that names an existing local file or folder made absolute (``my.jsonl`` ->
     ``/abs/my.jsonl``, ``data/dir:test`` -> ``/abs/data/dir:test``, each part of ``a.jsonl+b.csv``), so that a run's
     config names the data wherever it is run or resumed from; built-in and hub names, and parts that name no local
-    file, as they are (what :func:`dgrpo.data.load_spec` reads, in its order: a path, else parts joined by ``+``). A
-    joined spec whose absolute parts would hold a ``+`` (read as another join) is kept as typed."""
+    file, as they are (:func:`_each_dataset`)."""
     from ..data import local_path
 
-    at_a_path = local_path(spec)
-    if at_a_path is not None:
+    def absolute(part: str) -> str | None:
+        at_a_path = local_path(part)
+        if at_a_path is None:
+            return None
         path, split = at_a_path
         absolute = str(Path(path).expanduser().resolve())
         return f"{absolute}:{split}" if split is not None else absolute
+
+    return _each_dataset(spec, absolute)
+
+
+def _each_dataset(spec: str, one: Callable[[str], str | None]) -> str:
+    """``spec`` as ``one`` gives the one dataset it names (None: it names none of ``one``'s kind), else each part of a
+    ``+``-joined spec as ``one`` gives it (as it is where None): what :func:`dgrpo.data.load_spec` reads, in its
+    order, a path, else parts joined by ``+``. Built-in specs, and a joined spec whose new parts would hold a ``+``
+    (read as another join), as typed."""
+    whole = one(spec)
+    if whole is not None:
+        return whole
     if "+" not in spec or spec.startswith("builtin"):
         return spec
-    parts = [absolute_data_spec(part.strip()) if part.strip() else part for part in spec.split("+")]
+    parts = [(one(part.strip()) or part.strip()) if part.strip() else part for part in spec.split("+")]
     joined = "+".join(parts)
     return joined if len(parts) == len(joined.split("+")) else spec
 
@@ -596,31 +609,28 @@ def start_folders(checkpoint: Path) -> list[Path]:
 
 def data_spec_from(spec: str, folders: list[Path]) -> str:
     """``spec`` with each relative path that names nothing from the working directory made absolute in the first of
-    ``folders`` where it names a local file or folder (each part of ``a.jsonl+b.csv`` on its own, as
-    :func:`absolute_data_spec` makes them); built-in and hub names, absolute paths and parts found from here as they
-    are (the working directory first). A joined spec whose absolute parts would hold a ``+`` is kept as typed."""
+    ``folders`` where it names a local file or folder (each part of ``a.jsonl+b.csv`` on its own:
+    :func:`_each_dataset`); built-in and hub names, absolute paths and parts found from here as they are (the working
+    directory first)."""
     from ..data import local_path
 
     if not folders or spec.startswith("builtin") or local_path(spec) is not None:
         return spec
-    whole = _part_from(spec, folders)
-    if whole != spec or "+" not in spec:
-        return whole
-    parts = [_part_from(part.strip(), folders) if part.strip() else part for part in spec.split("+")]
-    joined = "+".join(parts)
-    return joined if len(parts) == len(joined.split("+")) else spec
+    return _each_dataset(spec, lambda part: _part_from(part, folders))
 
 
-def _part_from(part: str, folders: list[Path]) -> str:
-    """One dataset of a spec (a path, ``PATH:SPLIT``) that names nothing from here, made absolute in the first of
-    ``folders`` where it names a local file or folder as :func:`dgrpo.data.load_spec` would read it from there (not
-    a built-in dataset's name, which a plain folder of that name does not make local); else as it is."""
+def _part_from(part: str, folders: list[Path]) -> str | None:
+    """One dataset of a spec (a path, ``PATH:SPLIT``): as it is when it names a local file or folder from here, else
+    made absolute in the first of ``folders`` where it names one as :func:`dgrpo.data.load_spec` would read it from
+    there (not a built-in dataset's name, which a plain folder of that name does not make local); else None."""
     from ..data import local_path
     from ..data.loaders import is_dataset_name
     from ..data.tables import is_hf_folder
 
-    if part.startswith("builtin") or Path(part).expanduser().is_absolute() or local_path(part) is not None:
+    if local_path(part) is not None:
         return part
+    if part.startswith("builtin") or Path(part).expanduser().is_absolute():
+        return None
     for folder in folders:
         there = local_path(str(folder / part))
         if there is None:
@@ -630,7 +640,7 @@ def _part_from(part: str, folders: list[Path]) -> str:
         if named and not (path.is_file() or is_hf_folder(path)):
             continue
         return f"{path}:{there[1]}" if there[1] is not None else str(path)
-    return part
+    return None
 
 
 #: keys a run's config takes from the model it loads (a hub commit, a chat template the model was trained with):
