@@ -205,6 +205,7 @@ def test_dgrpo_eval_reads_settings_and_weights_at_one_commit(hub_cache, tmp_path
     assert json.loads((tmp_path / "ev" / "results.json").read_text())["model"] == f"{REPO}@{NEW}"
 
 
+@pytest.mark.slow
 def test_dgrpo_eval_of_a_hub_model_under_a_runs_config_ignores_the_runs_base_commit(hub_cache, tmp_path, run_cli):
     """A run's config.json records the commit of its base model as model.revision: evaluating an upload of the run's
     model with it (``--config RUN/config.json``) asked the upload for the base's commit, which it does not have.

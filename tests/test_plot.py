@@ -176,6 +176,7 @@ def test_plot_runs_describes_what_it_drew(runs: Path, tmp_path: Path) -> None:
     assert desc["panels"]["kept"]["sampling"] == 6
 
 
+@pytest.mark.slow
 def test_eval_key_selects_one_eval_column(runs: Path, tmp_path: Path) -> None:
     """A full column name selects that column; a dataset name matches it with or without a source prefix (the
     commands log eval/valid/accuracy; a Python-API run may name its set builtin:valid: the same validation set)."""

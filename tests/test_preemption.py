@@ -707,6 +707,7 @@ def test_under_torchrun_a_sigterm_to_dgrpo_eval_before_its_datasets_says_no_step
     assert "checkpoint" not in err, err
 
 
+@pytest.mark.slow
 def test_the_command_line_tells_the_handler_which_commands_train_in_steps(tmp_path, monkeypatch):
     """(The notice above needs the command line to say that dgrpo eval has no steps; sft and grpo do.)"""
     from contextlib import contextmanager

@@ -381,6 +381,7 @@ def test_weights_under_another_models_config_are_one_line(tokenizer, tmp_path, w
     assert all(r.levelno == logging.WARNING for r in logged)
 
 
+@pytest.mark.slow
 def test_a_folder_of_another_kind_is_one_line_saying_what_it_is(tokenizer, tmp_path, run_cli):
     """A BERT encoder was loaded as BertLMHeadModel and refused for its missing head (as if its config were not its
     own), a T5 was 'Unrecognized configuration class <class ...>', and the official Coconut code's save_dir or one

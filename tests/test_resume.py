@@ -581,6 +581,7 @@ def test_sft_recompute_settings_without_recompute_are_warned_of(tmp_path):
         train_sft(lm, generate_split(cfg.task, "train"), cfg, tmp_path / "sft", log=lambda *a: None)
 
 
+@pytest.mark.slow
 def test_a_failing_validation_at_an_epochs_end_keeps_the_epochs_training(tmp_path):
     """A scorer of one's own that fails on the model's answers first runs at stage 0's end: the error came before the
     epoch's resumable checkpoint, and the resumed run trained the whole epoch again. The epoch is now kept: the same
@@ -646,6 +647,7 @@ def _same_weights(a, b):
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow
 def test_a_rewound_sft_run_does_not_keep_the_abandoned_runs_best(tmp_path):
     """best/ written after the checkpoint a rewind resumes (here under a changed sft.lr) was kept: the run said
     "best/: epoch 1" (its metrics rows, cut at the checkpoint) while best/ held the abandoned run's epoch 2. It is
@@ -678,6 +680,7 @@ def test_a_rewound_sft_run_does_not_keep_the_abandoned_runs_best(tmp_path):
     assert any("best/: epoch 2 (25.0%)" in line for line in said), said
 
 
+@pytest.mark.slow
 def test_a_rewound_grpo_run_does_not_keep_the_abandoned_runs_best(sft_checkpoint, tmp_path):
     """The same for GRPO: best/ held the abandoned run's step 4, summary.json said best_step 2."""
     from dgrpo.data.synthetic import generate_split
@@ -706,6 +709,7 @@ def test_a_rewound_grpo_run_does_not_keep_the_abandoned_runs_best(sft_checkpoint
     assert _same_weights(out / "best", out / "checkpoints" / "step-00000004" / "model")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["grpo", "sft"])
 def test_resuming_on_other_training_data_is_refused_unless_allowed(tmp_path, command):
     """A run resumed from Python with other training records than its checkpoint's is refused in one line naming
@@ -1292,6 +1296,7 @@ def test_an_sft_run_records_what_it_applied(tmp_path):
     assert "engine" not in applied  # (GRPO's rollouts)
 
 
+@pytest.mark.slow
 def test_compiled_layers_past_dynamo_recompile_limit_are_counted_in_applied_json(tmp_path, monkeypatch):
     """model.compile: a call that needs a graph past dynamo's recompile limit runs eagerly (dynamo's own fallback, said
     only in its log); applied.json, written at the start, said compile: true. Now a warning says so once, and the
@@ -1447,6 +1452,7 @@ def test_a_resume_after_the_reward_file_was_edited_warns_naming_it(tmp_path):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:grpo.filter")
 def test_a_resumed_grpo_run_keeps_best_by_its_mean_score(sft_checkpoint, tmp_path):
     """grpo.best_metric=mean_score across a resume: the checkpoint records best/'s mean score (LoopState's
@@ -1509,6 +1515,7 @@ def test_a_resumed_sft_run_reads_its_best_by_the_best_metric(tmp_path):
     assert _resumed_best(run(row), Dist.single(), 0, "mean_score") == -1.0  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_a_grpo_run_carrying_every_kind_of_state_resumes_bit_identical_after_a_crash_and_a_sigterm(
     sft_checkpoint, tmp_path, monkeypatch
 ):

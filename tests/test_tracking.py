@@ -246,6 +246,7 @@ def test_wandb_offline_logs_rows_and_config(tmp_path, wandb_env):
     assert history[2] == {"reward_mean": 1.0, EVAL: 0.5}
 
 
+@pytest.mark.slow
 def test_wandb_added_on_resume_gets_the_rows_before_it(tmp_path, wandb_env):
     """A run resumed with W&B newly in logging.backends starts a W&B run that holds the kept rows too."""
     from dgrpo.training.run import MetricsLog
@@ -434,6 +435,7 @@ def test_a_missing_tracking_package_is_found_before_the_run_starts(tmp_path, mon
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_wandb_takes_its_own_project_and_name_variables_where_the_options_are_defaults(
     tmp_path, wandb_env, monkeypatch
 ):
