@@ -16,6 +16,7 @@ LAYERS = {
     "progress": 0,
     "plugins": 0,
     "text": 0,
+    "paths": 0,
     "data": 1,
     "model": 2,
     "perturbation": 3,

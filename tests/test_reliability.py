@@ -921,3 +921,27 @@ def test_weights_cut_short_say_so_and_what_to_do(tokenizer, tmp_path):
         assert f"{file} (SafetensorError" in message or f"{folder}: unreadable safetensors" in message, message
         assert "file not fully covered" in message and "\n" not in message, message
         assert message.endswith("): cut short or damaged: copy it again from where it came from"), message
+
+
+NO_SUCH_HOME = "~dgrpo-no-such-user"
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["data", "inspect", f"{NO_SUCH_HOME}/x.jsonl"], "file not found"),
+        (["sft", "--set", f"data.train={NO_SUCH_HOME}/x.jsonl", "--set", "data.valid=''"], "file not found"),
+        (["eval", "--model", f"{NO_SUCH_HOME}/m", "--data", "builtin:test"], "checkpoint directory not found"),
+        (["grpo", "--init", "m", "--set", f"grpo.reward={NO_SUCH_HOME}/r.py:f"], "not found"),
+        (["plot", f"{NO_SUCH_HOME}/runs"], "no such directory"),
+    ],
+    ids=["data", "train", "model", "reward", "plot"],
+)
+def test_a_home_folder_of_no_user_is_read_as_written(argv, said, tmp_path, run_cli, monkeypatch):
+    """A path in a data spec, a config option or a label starting with ``~user`` of no such user (which a shell
+    leaves as written) was pathlib's RuntimeError 'Could not determine home directory', a traceback from every
+    command; it is the path as written, not found (:func:`dgrpo.paths.expand_home`)."""
+    monkeypatch.chdir(tmp_path)
+    out = [] if argv[0] == "data" else ["--out", tmp_path / ("o.png" if argv[0] == "plot" else "o")]
+    r = run_cli(*argv, *out)
+    assert r.returncode != 0 and said in r.stderr and NO_SUCH_HOME in r.stderr, r.stderr[-2000:]

@@ -39,6 +39,7 @@ from typing import Any, Literal, NamedTuple
 
 import yaml
 
+from .paths import expand_home
 from .run_layout import results_name
 
 #: the largest grpo.huber_delta: e^delta stays finite in float32 and bfloat16 (from 89 on the slope overflows)
@@ -1844,11 +1845,7 @@ def resolve_config_path(name: str | Path, relative_to: Path | None = None) -> Pa
     and the path is relative), else a packaged config, with or without ``.yaml`` (``paper/grpo_dropout``) and with or
     without the packaged folder's name before it (``configs/paper/grpo_dropout.yaml``, as torchtune's recipes are
     named); a leading ``~`` is the home folder, as in a data spec (``base: ~/configs/a.yaml`` was not found)."""
-    path = Path(name)
-    try:
-        path = path.expanduser()
-    except RuntimeError:  # (~user of no such user: the path as written, not found)
-        pass
+    path = expand_home(name)
     if relative_to is not None and not path.is_absolute():
         path = relative_to / path
     if path.is_file():

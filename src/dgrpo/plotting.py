@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .data.records import DataError
+from .paths import expand_home
 from .run_layout import CONFIG_FILE, METRICS_FILE
 from .text import first_items
 
@@ -188,14 +189,6 @@ def _runs_below(root: Path) -> list[Path]:
         if (path / METRICS_FILE).is_file():
             found[real] = path
     return sorted(found.values())
-
-
-def expand_home(p: Path) -> Path:
-    """``p`` with a leading ``~`` (or ``~user``) as the home folder; as written when there is none to expand to."""
-    try:
-        return p.expanduser()
-    except RuntimeError:  # (~user of no such user: 'no such directory' follows)
-        return p
 
 
 def find_runs(paths: Sequence[str | Path]) -> list[Path]:

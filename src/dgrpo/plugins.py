@@ -12,6 +12,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .paths import expand_home
+
 
 class PluginError(ValueError):
     """A plug-in spec that names nothing importable (one line; its callers raise it as their own error type)."""
@@ -20,7 +22,7 @@ class PluginError(ValueError):
 def plugin_file(spec: str) -> Path | None:
     """The file a ``path/to/file.py:name`` spec names (None for a built-in name or ``package.module:name``)."""
     target, sep, _ = spec.rpartition(":")
-    return Path(target).expanduser() if sep and (target.endswith(".py") or "/" in target) else None
+    return expand_home(target) if sep and (target.endswith(".py") or "/" in target) else None
 
 
 def plugin_source(spec: str) -> Path | None:

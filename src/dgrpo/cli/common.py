@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..paths import expand_home
 from ..run_layout import FINAL_DIR, results_dir, results_name
 
 if TYPE_CHECKING:
@@ -196,7 +197,7 @@ def check_split(data: str, split: str | None) -> None:
     from ..data import local_path
 
     at_a_path = local_path(data)
-    if split and at_a_path is not None and Path(at_a_path[0]).expanduser().is_file():
+    if split and at_a_path is not None and expand_home(at_a_path[0]).is_file():
         raise ConfigError(f"--split {split}: {data} is a file, which has no splits (give the split's file)")
     if split and at_a_path is None and "+" in data:
         raise ConfigError(f"--split {split}: {data} joins datasets; name each part's split in --data (a:{split}+b:...)")

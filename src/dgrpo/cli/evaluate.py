@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..paths import expand_home
 from .common import (
     add_config_options,
     check_split,
@@ -342,7 +343,7 @@ def check_run_test_files(specs: list[str], folders: list[Path] | None = None) ->
 
     for spec in specs:
         for part in spec_parts(data_spec_from(spec, folders or [])):  # (a part found there: absolute)
-            path = Path(part).expanduser()
+            path = expand_home(part)
             if names_a_file(part) and not path.is_absolute() and not path.exists():
                 named = part if part == spec else f"{part} (of {spec})"
                 fix = "" if folders else "run dgrpo eval from that folder, or "

@@ -59,7 +59,7 @@ def _exists(path: str) -> bool:
     """Whether ``path`` exists, a leading ``~`` read as the home folder (as ``dgrpo plot`` reads it)."""
     from pathlib import Path
 
-    from ..plotting import expand_home
+    from ..paths import expand_home
 
     return expand_home(Path(path)).exists()
 

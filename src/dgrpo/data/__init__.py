@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
+from ..paths import expand_home
 from .loaders import DATASETS, canonical_name, column_parser, is_dataset_name, load_dataset, reads_from_the_hub
 from .records import DataError, Record, shared_questions, warn_if_marker_text, with_columns
 from .synthetic import load_builtin
@@ -86,7 +86,7 @@ def local_path(spec: str) -> tuple[str, str | None] | None:
 def _is_local(path: str) -> bool:
     """Whether :func:`load_dataset` reads ``path`` as a local file or folder: one that exists, and, for a folder that
     is no ``save_to_disk`` one, not named as a built-in dataset (``gsm8k`` in a folder holding ``gsm8k/`` is GSM8K)."""
-    where = Path(path).expanduser()
+    where = expand_home(path)
     try:
         if where.is_file() or is_hf_folder(where):
             return True
@@ -130,7 +130,7 @@ def dataset_key(spec: str, split: str | None = None) -> str:
     at_a_path = local_path(spec)
     if at_a_path is not None:
         path, in_path = at_a_path
-        chosen, absolute = split or in_path, Path(path).expanduser().resolve()
+        chosen, absolute = split or in_path, expand_home(path).resolve()
         return f"{absolute}:{chosen}" if chosen else str(absolute)
     if "+" in spec:
         return "+".join(dataset_key(part.strip(), split) for part in spec.split("+"))
@@ -166,7 +166,7 @@ def training_split(spec: str) -> str:
     at_a_path = local_path(spec)
     if at_a_path is not None:
         path, in_path = at_a_path
-        splits = hf_folder_splits(Path(path).expanduser()) if in_path is None else []
+        splits = hf_folder_splits(expand_home(path)) if in_path is None else []
         if splits and "train" not in splits:
             raise DataError(
                 f"{path}: a DatasetDict folder with the splits {', '.join(splits)} and no train split; name the one "

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..hub import hub_reachable, offline_requested, offline_variable
+from ..paths import expand_home
 from ..reward import narrow_number, normalize_number, numpy_rounder
 from ..text import first_items
 from .records import DataError, Record
@@ -545,9 +546,9 @@ def find_data_dir() -> Path | None:
     """
     env = os.environ.get("DGRPO_DATA_DIR")
     if env:
-        if not Path(env).expanduser().is_dir():
+        if not expand_home(env).is_dir():
             raise DataError(f"DGRPO_DATA_DIR={env}: no such folder (unset it to use ./data or the hub)")
-        return Path(env).expanduser().resolve()
+        return expand_home(env).resolve()
     guess = Path.cwd() / "data"
     try:
         if guess.is_dir() and any((guess / marker).is_dir() for marker in _DATA_MARKERS):
@@ -1002,7 +1003,7 @@ def _load_any(name_or_path: str, split: str | None, columns: RowParser | None, c
     raw = os.fspath(name_or_path)
     if not isinstance(raw, str) or not raw.strip():
         raise DataError("dataset name or path is empty")
-    path = Path(raw).expanduser()
+    path = expand_home(raw)
     try:
         exists, is_file = path.exists(), path.is_file()
     except OSError:
@@ -1034,7 +1035,7 @@ def _load_any(name_or_path: str, split: str | None, columns: RowParser | None, c
 def names_a_file(raw: str) -> bool:
     """Whether a name that is no built-in dataset is meant as a local path (a data file's extension, a leading
     ``.``, ``/`` or ``~``, or a directory), not a hub dataset."""
-    path = Path(raw).expanduser()
+    path = expand_home(raw)
     return path.suffix.lower() in FILE_SUFFIXES or raw.startswith((".", "/", "~")) or path.is_dir()
 
 
@@ -1063,7 +1064,7 @@ def reads_from_the_hub(name: str) -> bool:
     """Whether :func:`load_dataset` reads ``name`` (without a split or a config) as a hub dataset it names: no
     built-in name, no path that exists or is meant as one."""
     try:
-        exists = Path(name).expanduser().exists()
+        exists = expand_home(name).exists()
     except OSError:
         exists = False
     return not (exists or name.startswith("builtin") or is_dataset_name(name) or names_a_file(name))

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from ..paths import expand_home
 from .anatomy import input_embedding_weight
 from .factory import CheckpointError
 from .latent_lm import LatentLM, LatentSettings, few_names
@@ -270,10 +271,10 @@ def build_base(
     """An untrained model of ``base``'s architecture (config only), its tokenizer with the Coconut tokens added,
     and the tokens that were added (all three for a plain base model). ``revision``: a hub id's branch, tag or
     commit."""
-    local_only = Path(base).expanduser().exists()  # a base directory needs no weights: only its config and tokenizer
+    local_only = expand_home(base).exists()  # a base directory needs no weights: only its config and tokenizer
     if local_only:
         revision = None
-        _check_base_dir(Path(base).expanduser())
+        _check_base_dir(expand_home(base))
     else:  # a mistyped local path is one line, an unreachable hub too (not ~30 s of the hub's retries)
         base, local_only = resolve_model_source(base, revision)
         if not trust_remote_code:  # (files without a tokenizer: transformers built an empty one from the model type)

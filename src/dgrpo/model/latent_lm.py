@@ -49,6 +49,7 @@ from transformers import (
 from ..config import ConfigError, LatentTokenInit
 from ..data.loaders import hub_lines_held
 from ..data.records import LATENT_MARKERS
+from ..paths import expand_home
 from ..run_layout import CHECKPOINTS_DIR, STEP_DIR
 from .anatomy import (
     base_model,
@@ -664,7 +665,7 @@ class LatentLM(nn.Module):
         base model this model's LoRA adapter needs (the adapter would name, as its base, the directory it had just
         replaced); nor a folder inside a checkpoint dgrpo wrote (outside its manifest, deleted by a run's ``--resume
         never``)."""
-        final = Path(path).expanduser().resolve()
+        final = expand_home(path).resolve()
         for ckpt in (final, final.parent):  # the checkpoint, or the model/ it holds
             named_so = ckpt.parent.name == CHECKPOINTS_DIR and STEP_DIR.fullmatch(ckpt.name)
             if (ckpt / RESUMABLE_STATE).is_file() or named_so:

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ..hub import hub_reachable, offline_variable
+from ..paths import expand_home
 from ..run_layout import FINAL_DIR, METRICS_FILE, STEP_DIR, step_dir_name
 from .verified import (
     ADAPTER_CONFIG_FILE,
@@ -43,7 +44,7 @@ def on_disk(path: str | Path) -> Path:
     """``path`` as it is on disk: ``~`` expanded, and a resumable checkpoint named unpadded (``checkpoints/step-128``)
     as the directory the trainers write (``step-00000128``) when only that exists. The one place that maps the
     name; every loader (``from_pretrained``, the command line's model sources) goes through it."""
-    p = Path(path).expanduser()
+    p = expand_home(path)
     step = STEP_DIR.fullmatch(p.name)
     padded = p.with_name(step_dir_name(int(step[1]))) if step else p
     return padded if not p.exists() and padded.is_dir() else p

@@ -22,6 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
+from ..paths import expand_home
 from ..text import first_items
 
 MANIFEST = "manifest.json"
@@ -181,7 +182,7 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     renames it to ``final`` (``~`` expanded; replacing an existing one); on an exception removes it and re-raises.
     An existing ``final`` is replaced only when it is empty or a directory written here that holds nothing its
     manifest does not list (:func:`check_replaceable`): anything else is refused before anything is written."""
-    final = Path(final).expanduser().resolve()  # ('.' has no name to build the temporary sibling from)
+    final = expand_home(final).resolve()  # ('.' has no name to build the temporary sibling from)
     check_replaceable(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"

@@ -48,6 +48,7 @@ from ..model.verified import (
     is_written_checkpoint,
     remove_dir,
 )
+from ..paths import expand_home
 from ..run_layout import (
     APPLIED_FILE,
     BEST_DIR,
@@ -546,7 +547,7 @@ def absolute_data_spec(spec: str) -> str:
         if at_a_path is None:
             return None
         path, split = at_a_path
-        absolute = str(Path(path).expanduser().resolve())
+        absolute = str(expand_home(path).resolve())
         return f"{absolute}:{split}" if split is not None else absolute
 
     return _each_dataset(spec, absolute)
@@ -629,7 +630,7 @@ def _part_from(part: str, folders: list[Path]) -> str | None:
 
     if local_path(part) is not None:
         return part
-    if part.startswith("builtin") or Path(part).expanduser().is_absolute():
+    if part.startswith("builtin") or expand_home(part).is_absolute():
         return None
     for folder in folders:
         there = local_path(str(folder / part))
