@@ -13,3 +13,9 @@ def expand_home(path: str | Path) -> Path:
         return Path(path).expanduser()
     except RuntimeError:
         return Path(path)
+
+
+def where_read(path: Path) -> str:
+    """Where a relative ``path`` was looked for, as a message's clause: `` (a relative path is read from the working
+    directory, CWD)``; '' for an absolute one."""
+    return "" if path.is_absolute() else f" (a relative path is read from the working directory, {Path.cwd()})"

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .paths import expand_home
+from .paths import expand_home, where_read
 
 
 class PluginError(ValueError):
@@ -109,8 +109,8 @@ def _module_of(spec: str, target: str, what: str, kind: str) -> ModuleType:
     path = plugin_file(spec)
     if path is None:
         return _import_module(target)
-    if not path.is_file():
-        raise PluginError(f"{what} {spec!r}: file {path} not found{_from_cwd(path)}")
+    if not path.is_file():  # (a relative one from the working directory, not a config file's: only base: is)
+        raise PluginError(f"{what} {spec!r}: file {path} not found{where_read(path)}")
     return _file_module(path, f"{what} {spec!r}", kind)
 
 
@@ -128,12 +128,6 @@ def _import_module(target: str) -> ModuleType:
             raise
     sys.path.append(cwd)
     return importlib.import_module(target)
-
-
-def _from_cwd(path: Path) -> str:
-    """Where a relative plug-in path was looked for: the working directory (not a config file's folder, which only
-    ``base:`` is read from)."""
-    return "" if path.is_absolute() else f" (a relative path is read from the working directory, {Path.cwd()})"
 
 
 def _importable_beside(path: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..hub import hub_reachable, offline_requested, offline_variable
-from ..paths import expand_home
+from ..paths import expand_home, where_read
 from ..reward import narrow_number, normalize_number, numpy_rounder
 from ..text import first_items
 from .records import DataError, Record
@@ -1056,8 +1056,7 @@ def _files_in(folder: Path) -> str:
 def _not_found(path: Path) -> str:
     """``PATH: file not found``, saying where a relative path was looked for (a run's config.json copied to another
     folder keeps its data.test as typed)."""
-    where = "" if path.is_absolute() else f" (a relative path is read from the working directory, {Path.cwd()})"
-    return f"{path}: file not found{where}"
+    return f"{path}: file not found{where_read(path)}"
 
 
 def reads_from_the_hub(name: str) -> bool:
