@@ -381,15 +381,11 @@ def run_test_set_unread(spec: str, exc: Exception, folders: list[Path] | None = 
     for part in spec_parts(spec):
         if reads_from_the_hub(part) and part.partition("?")[0].partition(":")[0] == exc.name:
             named = part if part == spec else f"{part} (of {spec})"
-            if folders:
-                return (
-                    f"--data: the checkpoint's run was tested on {named} (its data.test), no folder or file from "
-                    f"{Path.cwd()}{_nor_from(folders)}, nor read from the hub ({exc.reason}): name the data with --data"
-                )
+            relative = "a path is relative to the folder that run started from; run dgrpo eval from that folder, or "
             return (
                 f"--data: the checkpoint's run was tested on {named} (its data.test), no folder or file from "
-                f"{Path.cwd()}, nor read from the hub ({exc.reason}): a path is relative to the folder that run "
-                "started from; run dgrpo eval from that folder, or name the data with --data"
+                f"{Path.cwd()}{_nor_from(folders)}, nor read from the hub ({exc.reason}): "
+                f"{'' if folders else relative}name the data with --data"
             )
     return None
 
