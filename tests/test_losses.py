@@ -295,3 +295,116 @@ def test_k3_near_zero_is_accurate_and_never_negative():
     for fn in (k3, huber_k3):
         assert torch.allclose(fn(x64.float()).double(), exact, rtol=1e-3, atol=0)
         assert (fn(tiny) >= 0).all()
+
+
+def test_the_default_advantage_is_dr_grpo_and_the_grpo_eps_is_added_to_the_std():
+    """Sec. 3.1 / Algorithm 1 line 3: the default advantage is A = r - mu_r (Dr. GRPO), not GRPO's; GRPO's is
+    (r - mu_r) / (sigma_r + eps) with the population sigma_r: for [1, 0, 0, 1], sigma = 0.5, so A = +-0.5 / (0.5 + eps):
+    +-0.5 / 0.5001 at the default eps = 1e-4, +-0.5 at eps = 0.5. RLOO is undefined for K = 1 (no other rollout)."""
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    assert torch.equal(group_advantages(r), group_advantages(r, "drgrpo"))
+    sign = torch.tensor([1.0, -1.0, -1.0, 1.0])
+    assert torch.allclose(group_advantages(r, "grpo")[0], sign * (0.5 / 0.5001), rtol=1e-7, atol=0)
+    assert torch.allclose(group_advantages(r, "grpo", eps=0.5)[0], sign * 0.5, rtol=1e-7, atol=0)
+    with pytest.raises(ValueError, match="RLOO needs K >= 2"):
+        group_advantages(torch.ones(3, 1), "rloo")
+
+
+def test_shuffle_within_groups_draws_each_groups_permutation_from_its_own_seed():
+    """The null control permutes group g by torch.randperm(K) under a generator seeded with seeds[g] (and no other):
+    seed 3 gives [2, 3, 1, 0] and seed 4 gives [2, 1, 3, 0], so two groups with those seeds move differently."""
+    from dgrpo.training.losses import shuffle_within_groups
+
+    r = torch.tensor([[10.0, 11.0, 12.0, 13.0], [20.0, 21.0, 22.0, 23.0]])
+    out = shuffle_within_groups(r, torch.tensor([3, 4]))
+    assert out.tolist() == [[12.0, 13.0, 11.0, 10.0], [22.0, 21.0, 23.0, 20.0]]
+
+
+def test_the_clip_at_its_exact_bounds_or_at_zero_advantage_clips_nothing():
+    """Eq. 1 with eps_low = eps_high = 0.25 (bounds 0.75 and 1.25, exact in float32): a ratio *on* a bound is not
+    clipped (the clip's value equals the ratio; the gradient A * rho flows), only one past it is (0.5 with A < 0,
+    2.0 with A > 0: gradient 0). A token of A = 0 is never counted as clipped: neither branch of the min is active."""
+    logp = torch.log(torch.tensor([[0.75, 1.25, 0.5, 2.0]])).requires_grad_(True)
+    old = torch.zeros(1, 4)
+    for adv, low, high, grad in [
+        (-1.0, [False, False, True, False], [False] * 4, [-0.75, -1.25, 0.0, -2.0]),
+        (1.0, [False] * 4, [False, False, False, True], [0.75, 1.25, 0.5, 0.0]),
+        (0.0, [False] * 4, [False] * 4, [0.0] * 4),
+    ]:
+        obj, ratio, lo, hi = clipped_surrogate(logp, old, torch.tensor([adv]), 0.25, 0.25)
+        assert ratio.tolist() == [[0.75, 1.25, 0.5, 2.0]]  # the bounds hit exactly
+        assert lo.tolist() == [low] and hi.tolist() == [high], adv
+        (g,) = torch.autograd.grad(obj.sum(), logp)
+        assert torch.allclose(g, torch.tensor([grad])), adv
+
+
+def test_the_objective_without_its_kl_term_and_masked_tokens_clipped_below():
+    """Algorithm 1, line 5 with beta = 0: no KL term even with a reference (stats.kl stays 0; the loss is the
+    surrogate's, -min(0.8 * -1, 0.9 * -1) = 0.9 for ratios [0.8, 0.5] with A = -1 and the second token masked); the
+    masked token below 1 - eps_low (ratio 0.5, A < 0) is not counted in clip_frac_low (the first, 0.8, is: 1 of 1
+    token), and the stats carry no autograd graph."""
+    logp = torch.log(torch.tensor([[0.8, 0.5]])).requires_grad_(True)
+    old, mask, counts = torch.zeros(1, 2), torch.tensor([[1.0, 0.0]]), GlobalCounts(1, 1, 2)
+    loss, stats = grpo_objective(
+        logp, old, torch.tensor([-1.0]), mask, counts, ObjectiveSettings(), ref_logp=old - 3.0, beta=0.0
+    )
+    assert loss.item() == pytest.approx(0.9) and float(stats.policy_loss) == pytest.approx(0.9)
+    assert float(stats.kl) == 0.0
+    assert float(stats.clip_frac_low) == 1.0 and float(stats.clip_frac_high) == 0.0
+    assert isinstance(stats.policy_loss, torch.Tensor) and not stats.policy_loss.requires_grad
+
+
+def test_the_schedules_refuse_step_minus_one_and_keep_the_floor_past_the_end():
+    """Eq. 7's eta_t counts steps from 0 (step -1 is refused, not extrapolated); past total_steps the cosine stays at
+    its floor min_ratio * peak (it does not come back up); Coconut's constant schedule reaches the peak at the step
+    after its warmup: warmup 4 gives 0.25, 0.5, 0.75, 1, then 1."""
+    from dgrpo.training.schedules import constant_lr_at
+
+    with pytest.raises(ValueError, match="got -1"):
+        lr_at(-1, 1.0, 10, 2)
+    with pytest.raises(ValueError, match="got -1"):
+        constant_lr_at(-1, 1.0, 2)
+    assert lr_at(150, 1.0, 110, 10, min_ratio=0.1) == pytest.approx(0.1)
+    assert [constant_lr_at(s, 1.0, 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+
+def test_objective_stats_add_up_over_micro_batches_and_take_the_later_mini_epochs_clipping():
+    """A step's stats from its micro-batches (by hand): the loss, KL and clipped fractions are sums, the ratio extremes
+    the max / min over all, starting from 1 (floats and device tensors alike); with E mini-epochs the clipped fractions
+    are the mean of the E - 1 later ones (0.6 / 3 = 0.2) and the extremes theirs, with E = 1 nothing changes."""
+    from dgrpo.training.losses import ObjectiveStats
+
+    def parts(as_tensor: bool) -> list[ObjectiveStats]:
+        rows = [(0.5, 0.25, 0.1, 0.2, 1.3, 0.9), (-0.25, 0.5, 0.05, 0.1, 1.1, 0.7)]
+        wrap = (lambda v: torch.tensor(v, dtype=torch.float64)) if as_tensor else float
+        return [ObjectiveStats(*(wrap(v) for v in row)) for row in rows]
+
+    for as_tensor in (False, True):
+        total = ObjectiveStats()
+        for p in parts(as_tensor):
+            total.add(p)
+        expect = dict(policy_loss=0.25, kl=0.75, clip_frac_low=0.15, clip_frac_high=0.3, ratio_max=1.3, ratio_min=0.7)
+        assert total.as_dict() == pytest.approx(expect), as_tensor
+        inside = ObjectiveStats()
+        inside.add(ObjectiveStats(ratio_max=torch.tensor(0.95), ratio_min=torch.tensor(1.05)))
+        assert (inside.as_dict()["ratio_max"], inside.as_dict()["ratio_min"]) == (1.0, 1.0)  # the extremes start at 1
+        later = ObjectiveStats(clip_frac_low=0.6, clip_frac_high=0.3, ratio_max=1.4, ratio_min=0.6)
+        total.clipping_from(later, 0)
+        assert total.as_dict() == pytest.approx(expect)
+        total.clipping_from(later, 3)
+        assert total.as_dict() == pytest.approx(
+            {**expect, "clip_frac_low": 0.2, "clip_frac_high": 0.1, "ratio_max": 1.4, "ratio_min": 0.6}
+        )
+
+
+def test_the_objective_settings_take_each_grpo_option_by_name():
+    """The trainer's loss knobs come from grpo.*: eps_low 0.05 and eps_high 0.2 (Eq. 1's lower and upper clip, not
+    swapped), the aggregation, the KL form and delta (Eq. 6) each into its own field."""
+    import dataclasses
+
+    from dgrpo.config import GRPOConfig
+
+    g = dataclasses.replace(
+        GRPOConfig(), eps_low=0.05, eps_high=0.2, aggregation="token_mean", kl_form="paper", huber_delta=3.0
+    )
+    assert ObjectiveSettings.from_config(g) == ObjectiveSettings(0.05, 0.2, "token_mean", "paper", 3.0)
