@@ -226,3 +226,16 @@ def test_a_step_gives_algorithm_1_the_kept_groups_advantages_and_the_steps_count
     # step 0 of a 2-step warmup: lr = lr_max / 2, so beta = beta0 / 2, and the KL term is on (a reference)
     assert m["lr"] == pytest.approx(cfg.grpo.lr / 2) and m["beta"] == pytest.approx(cfg.grpo.beta0 / 2)
     assert all(s[3] and s[4] == pytest.approx(cfg.grpo.beta0 / 2) for s in seen)
+
+
+def test_huber_k3_defaults_to_the_papers_delta_and_its_far_tails_keep_finite_slopes():
+    """Eq. 6 with the paper's delta = 5 as the default (Sec. 4.2: 'We use delta = 5 throughout'): k(6) = 2 e^5 - 7 =
+    289.8263182. Far out (x = +-100 in float32, where exp(x) overflows) the lines hold: (e^5 - 1) * 95 + e^5 - 6 =
+    14146.6632738 and (e^-5 - 1) * -95 + e^-5 + 4 = 98.3666330, with the slopes e^5 - 1 and e^-5 - 1 (k3 is evaluated
+    on the clamped x only, so the branch not taken adds no 0 * inf = NaN to the gradient)."""
+    assert huber_k3(torch.tensor([6.0], dtype=torch.float64)).tolist() == pytest.approx([289.8263182052], rel=1e-11)
+    x = torch.tensor([100.0, -100.0], requires_grad=True)
+    k = huber_k3(x, 5.0)
+    assert k.tolist() == pytest.approx([14146.6632738, 98.3666330], rel=1e-6)
+    (g,) = torch.autograd.grad(k.sum(), x)
+    assert g.tolist() == pytest.approx([E5 - 1, math.exp(-5.0) - 1], rel=1e-6)
