@@ -787,3 +787,50 @@ def test_a_run_whose_every_step_was_skipped_says_that_nothing_was_updated(tmp_pa
         "accuracies outside grpo.alpha_min / alpha_max)"
     )
     assert lines[1].endswith("; 2 of 3 steps skipped")
+
+
+def test_the_null_control_trains_on_each_groups_rewards_permuted_by_its_own_null_stream(sft_checkpoint):
+    """grpo.shuffle_rewards (the null control, paper Table 1): the advantages are Dr. GRPO's of each group's rewards
+    permuted by the seed of the step's ``null`` stream, not the rollout stream, so the same rewards land on other
+    rollouts (a step whose shuffle was dropped trained as Dropout-GRPO, and only ran in the ablation test)."""
+    from dgrpo.perturbation.base import seeds_for
+    from dgrpo.training.losses import group_advantages, shuffle_within_groups
+
+    tr = trainer(sft_checkpoint, **{"grpo.shuffle_rewards": "true", "grpo.filter": "false"})
+    tr.row0 = 0
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    keep, adv = tr._filter_and_advantages(rewards, step=3)
+    null = shuffle_within_groups(rewards, seeds_for(tr.cfg.seed, 3, 0, 3, stream="null"))
+    assert keep.all() and torch.equal(adv, group_advantages(null, tr.cfg.grpo.advantage))
+    assert not torch.equal(adv, group_advantages(rewards, tr.cfg.grpo.advantage))  # (the same rewards, moved)
+    rollout_stream = shuffle_within_groups(rewards, seeds_for(tr.cfg.seed, 3, 0, 3))
+    assert not torch.equal(adv, group_advantages(rollout_stream, tr.cfg.grpo.advantage))
+    assert torch.equal(adv.sort(dim=1).values, group_advantages(rewards, tr.cfg.grpo.advantage).sort(dim=1).values)
+
+
+def test_the_filter_keeps_groups_by_its_values_and_the_advantages_are_the_rewards(sft_checkpoint, monkeypatch):
+    """The accuracy window (grpo.filter, on the reward grpo.filter_reward names) decides which groups stay; the
+    advantages are Dr. GRPO's of the total reward, whatever the filter read (Algorithm 1, lines 5-6)."""
+    from dgrpo.training.losses import group_advantages
+
+    tr = trainer(sft_checkpoint, **{"grpo.filter": "true"})
+    rewards = torch.tensor([[1.0, 0.5, 0.0, 0.0], [1.0, 1.0, 0.5, 0.0]])
+    # the filter's values: every rollout of group 0 correct (outside the window), half of group 1's
+    monkeypatch.setattr(tr.rewards, "filter_values", lambda values: [1.0] * 4 + [1.0, 1.0, 0.0, 0.0])
+    keep, adv = tr._filter_and_advantages(rewards, step=0)
+    assert keep.tolist() == [False, True]
+    assert torch.equal(adv, group_advantages(rewards, tr.cfg.grpo.advantage))
+
+
+def test_the_reinforce_baseline_moves_by_its_alpha_after_a_step(sft_checkpoint):
+    """REINFORCE + EMA baseline (the paper's baseline arm): A = r - b with b the baseline before the step, then
+    b <- alpha * b + (1 - alpha) * mean(r), from b = 0.5 (by hand at the default alpha)."""
+    tr = trainer(sft_checkpoint, **{"grpo.advantage": "ema", "grpo.group_size": "1", "grpo.filter": "false"})
+    alpha = tr.cfg.grpo.ema_alpha
+    assert alpha != 0.5  # (else alpha and 1 - alpha are one value)
+    rewards = torch.tensor([[1.0], [0.0], [1.0], [1.0]])
+    _, adv = tr._filter_and_advantages(rewards, step=0)
+    assert torch.allclose(adv, rewards - 0.5)
+    assert tr._update_ema_baseline(rewards) == pytest.approx(alpha * 0.5 + (1 - alpha) * 0.75)
+    _, adv = tr._filter_and_advantages(rewards, step=1)
+    assert torch.allclose(adv, rewards - (alpha * 0.5 + (1 - alpha) * 0.75))
