@@ -65,7 +65,7 @@ def register(sub: Any) -> None:
         metavar="DATA",
         help="dataset name (gsm8k, svamp, builtin:test, ...) or file path; several (--data a b, or --data "
         "repeated): each evaluated in turn, its results in OUT/<name>/ (default: the test sets the checkpoint's run "
-        "was tested on, its data.test)",
+        "was tested on, its data.test: a relative path found from here, else from the folder the run started in)",
     )
     p.add_argument(
         "--split", help="dataset split, in place of one a --data name gives (default: the one it gives, else test)"
