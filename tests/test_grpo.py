@@ -834,3 +834,108 @@ def test_the_reinforce_baseline_moves_by_its_alpha_after_a_step(sft_checkpoint):
     assert tr._update_ema_baseline(rewards) == pytest.approx(alpha * 0.5 + (1 - alpha) * 0.75)
     _, adv = tr._filter_and_advantages(rewards, step=1)
     assert torch.allclose(adv, rewards - (alpha * 0.5 + (1 - alpha) * 0.75))
+
+
+def test_each_micro_batch_is_scored_against_the_references_log_probs_of_its_own_rows(sft_checkpoint, monkeypatch):
+    """The reference's log-probs are computed once for the step's kept rows (in rollout batches), then sliced per
+    micro-batch: at step 0 the reference is a copy of the policy under the same replayed masks, so each micro-batch's
+    reference log-probs equal its own replayed log-probs on its answer tokens (every micro-batch scored against the
+    first one's rows, the reference's batches written over one another, or other masks, gave a KL > 0 at theta_ref)."""
+    over = {"grpo.beta0": "0.05", "grpo.filter": "false", "grpo.prompts_per_step": "2", "grpo.micro_batch_size": "3"}
+    tr = trainer(sft_checkpoint, **over, **{"grpo.rollout_batch_size": "5"})  # (the reference scores 5, then 3)
+    seen = []
+    objective = grpo_module.grpo_objective
+
+    def recording(logp, old, adv, mask, *args, ref_logp=None, **kwargs):
+        seen.append((logp.detach().clone(), ref_logp.clone(), mask.clone()))
+        return objective(logp, old, adv, mask, *args, ref_logp=ref_logp, **kwargs)
+
+    monkeypatch.setattr(grpo_module, "grpo_objective", recording)
+    m = tr.step()
+    assert m["skipped"] == 0 and len(seen) == 3  # 8 rows in micro-batches of 3, 3 and 2
+    for logp, ref, mask in seen:
+        assert ref.shape == logp.shape
+        torch.testing.assert_close(ref * mask, logp * mask, rtol=0, atol=1e-5)
+    assert m["kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_the_update_replays_each_kept_rollouts_own_seed(sft_checkpoint, monkeypatch):
+    """Mask replay (Algorithm 1, line 7): each micro-batch is scored under the seeds its rollouts were drawn with, the
+    step's rollout seeds being (run seed, step, row)'s, new every step; the replayed log-probs are then the rollouts'
+    (the logged maxdiff, taken against the kept rows' recorded log-probs: here rows 0-3 and 12-15 of 16)."""
+    from dgrpo.perturbation.base import seeds_for
+
+    pattern = [1.0, 0.0, 0.0, 0.0] + [1.0] * 4 + [0.0] * 4 + [1.0, 1.0, 1.0, 0.0]
+    cfg = tiny_config(**{"grpo.prompts_per_step": 4, "grpo.micro_batch_size": 3, "grpo.beta0": 0})  # (no reference)
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    tr = GRPOTrainer(lm, cfg, generate_split(cfg.task, "train"), reward_fn=lambda c, r: pattern[: len(c)])
+    replayed = []
+    replay = grpo_module.replay_logprobs
+
+    def recording(lm, ro, rows, *, seeds, **kw):
+        replayed.append(seeds.clone())
+        return replay(lm, ro, rows, seeds=seeds, **kw)
+
+    monkeypatch.setattr(grpo_module, "replay_logprobs", recording)
+    for step in range(2):
+        replayed.clear()
+        m = tr.step()
+        assert m["skipped"] == 0 and m["n_rollouts_kept"] == 8
+        seeds = seeds_for(cfg.seed, step, 0, 16)
+        assert torch.equal(tr.last_rollouts.seeds, seeds)
+        assert torch.equal(torch.cat(replayed), seeds[[0, 1, 2, 3, 12, 13, 14, 15]])
+        assert m["logp_replay_maxdiff"] < 1e-4
+
+
+def test_a_reinforce_step_moves_the_baseline_by_its_rewards(sft_checkpoint):
+    """The REINFORCE arm's step updates its EMA baseline from the step's rewards (after the advantages, which used the
+    baseline before it): b = alpha * 0.5 + (1 - alpha) * mean(r), logged as ema_baseline. Its one rollout (one prompt,
+    K = 1) is an update, not a skip."""
+    over = {"grpo.advantage": "ema", "grpo.group_size": "1", "grpo.filter": "false", "grpo.prompts_per_step": "1"}
+    tr = trainer(sft_checkpoint, **over)
+    alpha = tr.cfg.grpo.ema_alpha
+    m = tr.step()
+    assert m["skipped"] == 0 and m["n_rollouts_kept"] == 1
+    expected = alpha * 0.5 + (1 - alpha) * float(tr.last_rollouts.rewards.mean())
+    assert tr.ema_baseline == pytest.approx(expected) and m["ema_baseline"] == pytest.approx(expected)
+
+
+def test_a_step_clips_the_gradient_to_max_grad_norm_at_the_schedules_lr(sft_checkpoint, monkeypatch):
+    """One optimizer step a mini-epoch, after every micro-batch's backward (here 3 of them), at the schedule's lr, on
+    the gradient clipped to grpo.max_grad_norm (the logged grad_norm is the norm before clipping)."""
+    over = {"grpo.advantage": "ema", "grpo.filter": "false", "grpo.prompts_per_step": "2", "grpo.max_grad_norm": "1e-3"}
+    tr = trainer(sft_checkpoint, **over, **{"grpo.warmup_steps": 2, "grpo.micro_batch_size": 3})
+    stepped = []  # (lr, gradient norm) at each optimizer step
+
+    def step(*args, **kwargs):
+        grads = [p.grad.flatten() for g in tr.opt.param_groups for p in g["params"] if p.grad is not None]
+        stepped.append((tr.opt.param_groups[0]["lr"], float(torch.cat(grads).norm())))
+
+    tr.opt.param_groups[0]["lr"] = 1.0  # (the step sets its own)
+    monkeypatch.setattr(tr.opt, "step", step)
+    m = tr.step()
+    assert m["grad_norm"] > 1e-2 and m["lr"] == pytest.approx(tr.cfg.grpo.lr / 2)  # step 0 of a 2-step warmup
+    assert len(stepped) == 1 and stepped[0] == pytest.approx((m["lr"], 1e-3), rel=1e-5)
+
+
+def test_no_kl_term_builds_no_reference_and_zero_thoughts_are_none(sft_checkpoint):
+    """grpo.beta0 = 0 (no KL term): no reference copy of the model; grpo.n_latent = 0 rolls out with no latent
+    thought (-1 alone means the checkpoint's T)."""
+    assert trainer(sft_checkpoint, **{"grpo.beta0": "0"}).ref is None
+    assert trainer(sft_checkpoint).ref is not None
+    tr = trainer(sft_checkpoint, **{"grpo.n_latent": "0", "grpo.beta0": "0"})
+    assert tr.n_latent == 0 and tr.lm.settings.n_latent == 0
+    assert trainer(sft_checkpoint, **{"grpo.n_latent": "-1", "grpo.beta0": "0"}).n_latent > 0
+
+
+def test_the_update_runs_without_the_models_own_dropout(sft_checkpoint):
+    """The policy's own dropout modules (hub configs with p > 0, e.g. GPT-2's) stay off in the update: the only noise
+    is the replayed perturbation, so the replay gives the rollouts' log-probs back (here with the attention's dropout
+    set to 0.5: in train mode the update drew noise the rollouts never saw)."""
+    tr = trainer(sft_checkpoint, **{"grpo.filter": "false", "grpo.prompts_per_step": "2", "grpo.beta0": "0"})
+    layers = [m for m in tr.lm.model.modules() if hasattr(m, "attention_dropout")]
+    assert layers
+    for m in layers:
+        m.attention_dropout = 0.5
+    m = tr.step()
+    assert m["skipped"] == 0 and m["logp_replay_maxdiff"] < 1e-4
