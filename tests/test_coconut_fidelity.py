@@ -296,3 +296,45 @@ def _tokens(lm, ex) -> dict:
     target = [int(t) for t, m in zip(t_ids[0], t_mask[0]) if m]
     tokens = question + [lm.latent_id] * ex.n_latent + [lm.end_id] + target
     return {"input_ids": tokens, "labels": [-100] * (len(tokens) - len(target)) + target}
+
+
+def test_stages_past_max_latent_stage_are_one_layout_and_a_runs_last_epoch_ends_its_stage():
+    """Every stage past max_latent_stage lays out as max_latent_stage + 1 (all steps latent: best/ compares their
+    epochs as one layout, not stage max_latent_stage's, which still writes the last step); the run's last epoch ends
+    its stage even when the stage has epochs left (3 epochs a stage, 4 epochs: stage 1 stops after one epoch, which
+    still gets the stage's end: its validation and stage-1/ checkpoint)."""
+    from dgrpo.training.sft import Curriculum, layout_stage
+
+    cfg = sft_config("max_latent_stage=3")
+    assert [layout_stage(k, cfg) for k in range(7)] == [0, 1, 2, 3, 4, 4, 4]
+    plan = Curriculum(sft_config("epochs_per_stage=3", "num_epochs=4"), steps_per_epoch=10)
+    assert [plan.last_of_stage(e) for e in range(4)] == [False, False, True, True]
+
+
+def test_no_curriculum_mixes_stages_under_uniform_prob_too():
+    """sft.uniform_prob applies to no_curriculum as to coconut and pause (its warning and help say so): an example
+    of the final stage is laid out at a stage drawn from 0 to its steps (ROLLS, 4 steps, c = 2, max_latent_stage 3:
+    0, 2, 4 or 6 thoughts), not always at the final stage's 6."""
+    cfg = sft_config("mode=no_curriculum", "uniform_prob=1.0", "c_thought=2", "max_latent_stage=3")
+    final = stage_of_epoch(cfg.sft.num_epochs - 1, cfg)
+    rng = random.Random(0)
+    assert {make_example(ROLLS, final, cfg, rng).n_latent for _ in range(100)} == {0, 2, 4, 6}
+
+
+def test_pause_trains_and_answers_with_its_latent_tokens_as_inputs(tokenizer):
+    """sft.mode=pause: its checkpoints answer in pause mode (no_curriculum in coconut's), and its loss feeds the
+    <|latent|> tokens' own embeddings (a plain forward over the token sequence), not the previous hidden state as
+    Coconut's thoughts do: sft_loss is the plain NLL of the labels, and differs from the coconut loss."""
+    assert stage_settings(2, sft_config("mode=pause")).mode == "pause"
+    assert stage_settings(2, sft_config("mode=no_curriculum")).mode == "coconut"
+    lm = make_lm(tokenizer, arch="gpt2", seed=1)
+    lm.model.eval()
+    pause = sft_config("mode=pause", "c_thought=2", "max_latent_stage=3")
+    examples = [make_example(rec, 2, pause, random.Random(0)) for rec in (PENCILS, ROLLS)]
+    with torch.no_grad():
+        total, n_tokens = sft_loss(lm, examples, pause, normalizer=1.0)
+        plain = [coconut_nll(lm.model, **_tokens(lm, ex), latent_id=-1) for ex in examples]  # (no position replaced)
+        coconut, _ = sft_loss(lm, examples, sft_config("c_thought=2", "max_latent_stage=3"), normalizer=1.0)
+    assert n_tokens == sum(n for _, n in plain)
+    torch.testing.assert_close(total, sum(nll for nll, _ in plain), rtol=1e-5, atol=1e-5)
+    assert abs(float(total - coconut)) > 1e-3
