@@ -56,3 +56,88 @@ def test_micro_batches_give_the_whole_batchs_loss_and_gradients(tokenizer, task_
     assert loss_k == pytest.approx(loss_1, rel=1e-6)
     for g1, gk in zip(grads_1, grads_k, strict=True):
         torch.testing.assert_close(gk, g1, rtol=1e-5, atol=1e-5 * float(g1.abs().max()) + 1e-9)
+
+
+def test_each_epoch_has_its_own_order_and_an_epoch_its_whole_batches():
+    """An epoch's data order is a permutation of its own (seed, epoch): another epoch sees the examples in another
+    order (every epoch in one order trained the same batches again and again); an epoch is its whole batches
+    (100 examples at batch 32: 3 steps, the 4 left over not a step of their own; fewer than a batch: one step)."""
+    from dgrpo.training.sft import Curriculum, epoch_steps
+
+    cfg = tiny_config(**{"sft.batch_size": 32})
+    plan = Curriculum(cfg, steps_per_epoch=3)
+    orders = [plan.epoch_order(e, 100) for e in range(3)]
+    assert all(sorted(order) == list(range(100)) for order in orders)
+    assert orders[0] != orders[1] != orders[2] and orders[0] == plan.epoch_order(0, 100)
+    assert [epoch_steps(n, cfg) for n in (100, 96, 10)] == [3, 3, 1]
+
+
+def sft_run_between_steps(cfg):
+    """An SFTRun with only what enter_stage and step read (no model: sft_step is replaced by the test)."""
+    from dgrpo.training.run import NonFiniteGuard
+    from dgrpo.training.sft import Curriculum, Progress, SFTRun
+
+    run = object.__new__(SFTRun)
+    run.cfg, run.prog, run.opt, run.dist = cfg, Progress(), None, Dist.single()
+    run.params = [torch.nn.Parameter(torch.zeros(2))]
+    run.plan = Curriculum(cfg, steps_per_epoch=4)
+    run.guard, run.lm = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr"), None
+    return run
+
+
+def test_a_new_stage_starts_a_new_optimizer_and_lr_schedule_from_its_warmup(monkeypatch):
+    """sft.reset_optimizer (reset_every: stage): a stage's epochs share one AdamW and one lr schedule (the stage's
+    epochs' steps long); the next stage starts a new AdamW and its schedule at step 0, so its lr warms up again
+    (Coconut's optimizer reset at each stage), whatever the run's global step."""
+    from dgrpo.training.schedules import lr_at
+
+    cfg = tiny_config(**{"sft.epochs_per_stage": 2, "sft.num_epochs": 4, "sft.warmup_steps": 2, "sft.lr": 1e-3})
+    run = sft_run_between_steps(cfg)
+    seen = []
+    monkeypatch.setattr(
+        sft_module, "sft_step", lambda lm, opt, params, local, cfg, dist, lr: seen.append(lr) or (0.0, 0.0, True)
+    )
+    lrs, optimizers = [], []
+    for epoch in range(4):
+        run.enter_stage(run.plan.stage(epoch))
+        optimizers.append(run.opt)
+        for _ in range(4):
+            row, applied = run.step([], epoch, run.plan.stage(epoch), 0.0)
+            lrs.append(row["lr"])
+    assert optimizers[0] is optimizers[1] is not optimizers[2] is optimizers[3]
+    assert run.prog.sched_total == 8 and run.prog.global_step == 16 and seen == lrs
+    stage = [lr_at(k, 1e-3, 8, 2) for k in range(8)]  # (each stage: 2 epochs of 4 steps)
+    assert lrs == stage + stage and lrs[8] == 5e-4  # the second stage warms up again
+
+
+def test_an_epochs_batches_are_its_orders_slices_laid_out_by_each_steps_own_draws(task_records, monkeypatch):
+    """Batch b of an epoch is the examples order[b * batch_size : (b + 1) * batch_size] of the epoch's order, each
+    laid out (uniform_prob's stage) by the draws of its global step's own generator, so that a resumed run sees the
+    same batches (one generator for every step laid every batch's examples out alike)."""
+    from types import SimpleNamespace
+
+    from dgrpo.training.sft import Curriculum, epoch_steps, make_example
+
+    cfg = tiny_config(**{"sft.batch_size": 4, "sft.save_every": 0, **MIXED})
+    run = sft_run_between_steps(cfg)
+    run.lm, run.run = (
+        SimpleNamespace(),
+        SimpleNamespace(out_dir="unused", metrics=SimpleNamespace(write=lambda row: None)),
+    )
+    train, batches = task_records[:10], []
+    run.plan = Curriculum(cfg, steps_per_epoch=epoch_steps(len(train), cfg))
+
+    def step(local, epoch, stage, t0):
+        batches.append(local)
+        run.prog.global_step += 1
+        return {"loss": 0.0}, True
+
+    monkeypatch.setattr(run, "step", step)
+    run.prog.global_step = 7
+    bar = SimpleNamespace(update=lambda n: None, set_postfix=lambda **kw: None)
+    run.train_epoch(train, 1, 0, 0, bar, 0.0)
+    order = run.plan.epoch_order(1, 10)
+    assert len(batches) == 2  # (10 examples: 2 whole batches of 4)
+    for b, batch in enumerate(batches):
+        rng = random.Random(f"{cfg.seed}/examples/{7 + b}")
+        assert batch == [make_example(train[i], 0, cfg, rng) for i in order[4 * b : 4 * b + 4]]
