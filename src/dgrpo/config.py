@@ -1757,14 +1757,8 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
-        return {_plain(k): _plain(v) for k, v in value.items()}
+        return {k: _plain(v) for k, v in value.items()}  # (keys are names: ConfigLoader.construct_mapping)
     return value
-
-
-def _key_name(key: Any) -> Any:
-    """A mapping key of a YAML file as the name it was written as: a number's or a boolean's text (``on``, ``1``),
-    any other key as it is."""
-    return key.yaml_text if isinstance(key, _Written) else key
 
 
 class ConfigLoader(yaml.SafeLoader):
@@ -1812,8 +1806,10 @@ class ConfigLoader(yaml.SafeLoader):
         return {self._key(key_node): self.construct_object(value, deep=deep) for key_node, value in node.value}
 
     def _key(self, node: yaml.Node) -> Any:
-        """A mapping key as its name (:func:`_key_name`); a list or a mapping as a key is refused."""
-        key = _key_name(self.construct_object(node, deep=True))
+        """A mapping key as the name it was written as (a number's or a boolean's text: ``on``, ``1``); a list or a
+        mapping as a key is refused."""
+        key = self.construct_object(node, deep=True)
+        key = key.yaml_text if isinstance(key, _Written) else key
         if not isinstance(key, typing.Hashable):  # (a list or mapping as a key: '? [lr] : 1')
             raise yaml.constructor.ConstructorError(None, None, f"a key must be a name, got {key!r}", node.start_mark)
         return key
