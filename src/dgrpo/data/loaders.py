@@ -546,9 +546,10 @@ def find_data_dir() -> Path | None:
     """
     env = os.environ.get("DGRPO_DATA_DIR")
     if env:
-        if not expand_home(env).is_dir():
+        folder = expand_home(env)
+        if not folder.is_dir():
             raise DataError(f"DGRPO_DATA_DIR={env}: no such folder (unset it to use ./data or the hub)")
-        return expand_home(env).resolve()
+        return folder.resolve()
     guess = Path.cwd() / "data"
     try:
         if guess.is_dir() and any((guess / marker).is_dir() for marker in _DATA_MARKERS):
