@@ -198,7 +198,7 @@ def find_runs(paths: Sequence[str | Path]) -> list[Path]:
     found: list[Path] = []
     seen: set[Path] = set()
     for path in paths:
-        p = expand_home(Path(path))
+        p = expand_home(path)
         if p.is_file():  # (metrics.jsonl itself, say: it was told 'no such directory', as a missing path is)
             raise DataError(f"{p}: a file, not a directory (name the run directory that holds {METRICS_FILE})")
         if not p.is_dir():

@@ -57,11 +57,9 @@ def register(sub: Any) -> None:
 
 def _exists(path: str) -> bool:
     """Whether ``path`` exists, a leading ``~`` read as the home folder (as ``dgrpo plot`` reads it)."""
-    from pathlib import Path
-
     from ..paths import expand_home
 
-    return expand_home(Path(path)).exists()
+    return expand_home(path).exists()
 
 
 def _split_pair(v: str) -> tuple[str, str, str]:
