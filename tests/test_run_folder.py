@@ -190,3 +190,24 @@ def test_an_sft_run_records_its_folder_and_eval_reads_its_test_file_from_elsewhe
     ours = json.loads((tmp_path / "e" / "results.json").read_text())
     theirs = json.loads((tmp_path / "run" / "eval" / "data_t.jsonl" / "results.json").read_text())
     assert (ours["dataset"], ours["n"], ours["correct"]) == (theirs["dataset"], 2, theirs["correct"])
+
+
+def test_starting_over_removes_the_stage_folders_and_keeps_a_copy_of_one(tmp_path):
+    """``--resume never`` removes SFT's stage-K/ folders and nothing else named like them: a glob ``stage-[0-9]*``
+    also took in a user's copy ``stage-1.bak`` (a checkpoint copied with its manifest) and deleted it."""
+    from dgrpo.config import to_dict
+    from dgrpo.model.verified import MANIFEST
+    from dgrpo.run_layout import stage_dirs
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import RunDir
+
+    cfg, out = tiny_config(), tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(to_dict(cfg)))
+    for name in ("stage-1", "stage-10", "stage-2", "stage-1.bak", "stage-x"):
+        (out / name).mkdir()
+        (out / name / MANIFEST).write_text("{}")
+    assert [p.name for p in stage_dirs(out)] == ["stage-1", "stage-2", "stage-10"]  # (by stage, not by name)
+    with RunDir(out, cfg, Dist.single(), "sft", resume="never", log=lambda line: None):
+        pass
+    assert sorted(p.name for p in out.glob("stage-*")) == ["stage-1.bak", "stage-x"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 CHECKPOINTS_DIR = "checkpoints"  # resumable training states: checkpoints/step-N
 STEP_DIR = re.compile(r"step-(\d+)")  # a resumable checkpoint's name (written zero-padded: step_dir_name)
+STAGE_DIR = re.compile(r"stage-(\d+)")  # SFT: the model at the end of curriculum stage K (written: stage_dir)
 FINAL_DIR = "final"  # the model at the end of training
 BEST_DIR = "best"  # GRPO: the model at the best post-warmup validation accuracy
 EVAL_DIR = "eval"  # the test sets' results for final/ (eval_best/ for best/)
@@ -32,6 +33,13 @@ def step_dir_name(step: int) -> str:
 def stage_dir(out: Path, stage: int) -> Path:
     """SFT: the model at the end of curriculum stage ``stage``."""
     return Path(out) / f"stage-{stage}"
+
+
+def stage_dirs(out: Path) -> list[Path]:
+    """SFT's ``stage-K/`` entries in ``out``, by stage: the names :data:`STAGE_DIR` matches whole (not a copy such as
+    ``stage-1.bak``, which a ``stage-[0-9]*`` glob took in: ``--resume never`` deleted it)."""
+    found = [(int(m.group(1)), p) for p in Path(out).glob("stage-*") if (m := STAGE_DIR.fullmatch(p.name))]
+    return [p for _, p in sorted(found)]
 
 
 def results_dir(out: Path, spec: str, checkpoint: str = FINAL_DIR) -> Path:

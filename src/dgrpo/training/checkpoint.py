@@ -47,7 +47,7 @@ from ..model.verified import (
     one_line,
     verify,
 )
-from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, step_dir_name
+from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dirs, step_dir_name
 from .distributed import TrainingState
 
 #: torch optimizers' per-parameter state tensors, shaped like their parameter (8-bit optimizers keep others), and
@@ -399,8 +399,7 @@ def run_adapter_folders(out_dir: Path) -> list[tuple[Path, Path]]:
     from ..model.lora import is_adapter_dir
 
     out = Path(out_dir)
-    stages = sorted(p for p in out.glob("stage-[0-9]*") if p.name[len("stage-") :].isdigit())  # (not stage-1.bak)
-    models = [out / FINAL_DIR, out / BEST_DIR, *stages]
+    models = [out / FINAL_DIR, out / BEST_DIR, *stage_dirs(out)]
     found = [(m, m) for m in models if m.is_dir() and is_adapter_dir(m)]
     return found + [(c / "model", c) for c in list_checkpoints(out) if is_adapter_dir(c / "model")]
 

@@ -58,12 +58,14 @@ from ..run_layout import (
     LOCK_FILE,
     METRICS_FILE,
     ROLLOUTS_FILE,
+    STAGE_DIR,
     STEP_DIR,
     SUMMARY_FILE,
     TB_DIR,
     WANDB_DIR,
     WANDB_ID_FILE,
     results_folder,
+    stage_dirs,
 )
 from .applied import record_applied, warn_if_plugins_changed
 from .checkpoint import (
@@ -587,7 +589,7 @@ def start_folders(checkpoint: Path) -> list[Path]:
     step = STEP_DIR.fullmatch(checkpoint.parent.name)
     if checkpoint.name == "model" and step and checkpoint.parent.parent.name == CHECKPOINTS_DIR:
         run, before = checkpoint.parents[2], int(step.group(1))
-    elif checkpoint.name in (FINAL_DIR, BEST_DIR) or re.fullmatch(r"stage-\d+", checkpoint.name):
+    elif checkpoint.name in (FINAL_DIR, BEST_DIR) or STAGE_DIR.fullmatch(checkpoint.name):
         run, before = checkpoint.parent, None
     else:
         return []
@@ -776,7 +778,7 @@ class ResumeCheck:
         curriculum stage, GRPO's their reward); None when nothing says."""
         out = self.out_dir
         found = next((c for c in map(checkpoint_command, resume_candidates(out)) if c is not None), None)
-        if found is None and any(p.is_dir() for p in out.glob("stage-[0-9]*")):
+        if found is None and any(p.is_dir() for p in stage_dirs(out)):
             found = "sft"
         if found is None and ((out / SUMMARY_FILE).is_file() or (out / ROLLOUTS_FILE).is_file()):
             found = "grpo"
@@ -968,7 +970,7 @@ class RunDir(ResumeCheck):
         checkpoints, best/, final/, stage-K/, test results, config history, summary, logs), so that nothing left of
         it reads as this run's output."""
         found = [self.out_dir / name for name in RUN_WRITES if (self.out_dir / name).exists()]
-        found += sorted(self.out_dir.glob("stage-[0-9]*")) + sorted(self.out_dir.glob("config.[0-9]*.json"))
+        found += stage_dirs(self.out_dir) + sorted(self.out_dir.glob("config.[0-9]*.json"))
         for path in found:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         if found:
@@ -1046,14 +1048,14 @@ class RunDir(ResumeCheck):
         config = out / CONFIG_FILE
         if config.is_file() and not is_run_config(config):
             raise ConfigError(f"--out {out}: its {CONFIG_FILE} is not a dgrpo run's config: {new}")
-        for folder in [out / FINAL_DIR, out / BEST_DIR, *sorted(out.glob("stage-[0-9]*"))]:
+        for folder in [out / FINAL_DIR, out / BEST_DIR, *stage_dirs(out)]:
             if folder.exists() and not (folder / MANIFEST).is_file():
                 raise ConfigError(f"--out {out}: {folder} is not a checkpoint dgrpo wrote (no {MANIFEST}): {new}")
         root = out / CHECKPOINTS_DIR
         stray = [p.name for p in root.iterdir() if not (p.is_dir() and "step-" in p.name)] if root.is_dir() else []
         if stray:
             raise ConfigError(f"--out {out}: {root} holds {', '.join(sorted(stray)[:3])}, not dgrpo checkpoints: {new}")
-        signs = [config, out / FINAL_DIR, out / BEST_DIR, root, *out.glob("stage-[0-9]*")]
+        signs = [config, out / FINAL_DIR, out / BEST_DIR, root, *stage_dirs(out)]
         if not any(p.exists() for p in signs) and not _metrics_of_a_run(out / METRICS_FILE):
             names = [name for name in (*RUN_WRITES, METRICS_FILE) if (out / name).exists()]
             if names:
