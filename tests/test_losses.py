@@ -141,6 +141,8 @@ def test_group_filter_keeps_a_group_of_equal_rewards_at_either_bound():
             binary = torch.tensor([[1.0] * right + [0.0] * (k - right)])
             assert bool(group_filter(binary, right / k, right / k).all())
             assert not bool(group_filter(binary, right / k + 1e-6, 1.0).any())
+    assert not group_filter(torch.zeros(2, 8), 1e-9, 1.0).any()  # (a margin of 1e-9 kept these)
+    assert not group_filter(torch.full((2, 8), 1e-9), 0.0, 5e-10).any()
 
 
 def test_schedules_eq7():

@@ -68,9 +68,10 @@ def group_filter(rewards: Tensor, alpha_min: float, alpha_max: float) -> Tensor:
     """Keep-mask ``[G]`` of groups whose accuracy mu_r lies in the *closed* window [alpha_min, alpha_max]
     (paper Sec. 4.4; both bounds inclusive). Groups are kept or dropped whole. mu is summed in float64 and compared in
     float32, as the bounds are: a group of K equal rewards at a bound is kept (in float32 the mean of eight rewards of
-    0.2 is below 0.2, and such a group fell out of a window that starts at 0.2)."""
+    0.2 is below 0.2, and such a group fell out of a window that starts at 0.2). No tolerance beyond that rounding (a
+    margin of 1e-9 kept a group of zeros in a window starting at 1e-9)."""
     mu = rewards.double().mean(dim=-1).float()
-    return (mu >= alpha_min - 1e-9) & (mu <= alpha_max + 1e-9)
+    return (mu >= alpha_min) & (mu <= alpha_max)
 
 
 # ---------------------------------------------------------------------------------- surrogate
