@@ -749,3 +749,14 @@ def test_paper_step_makes_the_out_folder_and_refuses_an_unwritable_out_before_th
             module.parse_args()
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert e.value.code == 2 and err.startswith("paper_step.py: error: --out ") and says in err, err
+
+
+def test_alternate_reverses_the_candidates_order_every_round():
+    """No candidate always runs first (right after the others' work: warm caches, their garbage collected on its
+    time): each round runs in the reverse order of the one before, after warm-ups in the given order."""
+    from dgrpo.bench.timing import alternate
+
+    calls: list[str] = []
+    t = alternate({n: lambda n=n: calls.append(n) or n for n in "ABC"}, reps=3, warmup=1)
+    assert "".join(calls) == "ABC" + "ABC" + "CBA" + "ABC"
+    assert all(t.results[n] == [n] * 3 for n in "ABC") and all(len(t.times[n]) == 3 for n in "ABC")

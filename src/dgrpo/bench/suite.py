@@ -181,8 +181,9 @@ def _md_header(m: dict) -> list[str]:
         f"OMP_WAIT_POLICY={mach['omp_wait_policy']}",
         f"- load average (1, 5, 15 min) at start: {', '.join(f'{x:.2f}' for x in mach['loadavg_start'])}; at end: "
         f"{', '.join(f'{x:.2f}' for x in m.get('loadavg_end', []))}",
-        f"- every ratio: medians of {m['reps']} repetitions per candidate, run alternately (A, B, A, B, ...) after "
-        f"{m['warmup']} warm-up round; wall time of the whole run: {m.get('wall_s', 0):.0f} s",
+        f"- every ratio: medians of {m['reps']} repetitions per candidate, run alternately, the order reversed each "
+        f"round (A, B, B, A, ...), after {m['warmup']} warm-up round; wall time of the whole run: "
+        f"{m.get('wall_s', 0):.0f} s",
         "",
     ]
 

@@ -1,8 +1,11 @@
-"""The one timing helper: warm-up, then the candidates run alternately (A, B, C, A, B, C, ...), median.
+"""The one timing helper: warm-up, then the candidates run alternately, each round in the reverse order of the one
+before (A, B, C, C, B, A, A, B, C, ...), median.
 
 Alternation matters on a shared machine: a background job that starts or stops halfway through
 slows every candidate of the later repetitions alike, so the *ratio* of medians stays meaningful
-even when the absolute times move.
+even when the absolute times move. The order reverses each round so that no candidate always runs first, right
+after the others (warm caches, a drifting clock speed, a garbage collection their garbage triggers): what running
+second costs or gains falls on each candidate in half of the rounds.
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ def alternate(
     device: torch.device | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Timed:
-    """Run every candidate ``warmup`` times, then ``reps`` rounds of one call each, in a fixed order."""
+    """Run every candidate ``warmup`` times, then ``reps`` rounds of one call each: the given order in the first round,
+    the reverse in the second, and so on (A, B, B, A, A, B, ...)."""
     if reps < 1:
         raise ValueError("reps must be >= 1")
     for _ in range(warmup):
@@ -72,7 +76,7 @@ def alternate(
             f()
     out = Timed({k: [] for k in fns}, {k: [] for k in fns}, {k: [] for k in fns})
     for r in range(reps):
-        for name, f in fns.items():
+        for name, f in list(fns.items())[:: -1 if r % 2 else 1]:
             sync(device)
             c0, t0 = time.process_time(), time.perf_counter()
             res = f()
