@@ -1,15 +1,30 @@
-"""The demo's statistics and claim resolution pinned where a mutation test of demo/stats.py found gaps: Student's t
-against its closed forms (df 1, 2 and 3), a paired comparison over 3 SFT seeds x 2 RL seeds of 5 items computed by
-hand, the verdicts' ties at 0, and each claim resolved on its own pair of arms, checkpoint and split."""
+"""The demo's statistics and claim resolution pinned where a mutation test of demo/stats.py and demo/report.py found
+gaps: Student's t against its closed forms (df 1, 2 and 3), a paired comparison over 3 SFT seeds x 2 RL seeds of 5
+items computed by hand, the verdicts' ties at 0, each claim resolved on its own pair of arms, checkpoint and split,
+the analysis of a demo's models (which checkpoint, which key, which split) and the report's tables read from it, and
+the published docs/demo report rewritten, to the character, from its own results.json."""
 
+import json
 import math
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from dgrpo.demo import claim_verdicts, compare, exact_verdict, flips, mean_ci, t_quantile, verdict
+from dgrpo.demo.report import (
+    accuracy_table,
+    analyse,
+    claim_lines,
+    comparison_table,
+    results_markdown,
+    sft_table,
+    summary_paragraph,
+)
 from dgrpo.demo.stats import betainc, t_cdf
 
 T, F = True, False
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "demo"
 
 
 def closed_cdf(t: float, df: int) -> float:
@@ -177,3 +192,168 @@ def test_each_claim_is_resolved_on_its_own_arms_checkpoint_and_split():
             lo, hi = INTERVALS[(a, b)][i]
             assert (r["lo"], r["hi"], r["mean"], r["n_pairs"]) == (lo, hi, (lo + hi) / 2, 2), r
     assert [r["lost"] for r in rows if r["id"] == 1] == [0.0, 0.5]
+
+
+#: a demo of 2 SFT seeds (the deterministic, sampling and null arms equal to their SFT checkpoint; Dropout-GRPO
+#: with 2 RL seeds from SFT seed 0): arm -> (SFT seed, RL seed) -> (best, final) test items; the shifted split's items
+#: are each model's complement (every difference there the reverse of the headline's)
+SFT_ITEMS = {0: "1000", 1: "1100"}
+RL_ITEMS = {
+    "dropout_grpo": {(0, 0): ("1100", "0000"), (0, 1): ("1010", "1000"), (1, 0): ("1110", "1111")},
+    "grpo_deterministic": {(s, 0): (v, v) for s, v in SFT_ITEMS.items()},
+    "grpo_sampling": {(s, 0): (v, v) for s, v in SFT_ITEMS.items()},
+    "grpo_null": {(s, 0): (v, v) for s, v in SFT_ITEMS.items()},
+    "reinforce_ema": {(0, 0): ("0000", "0000"), (1, 0): ("0000", "0000")},
+}
+
+
+#: the other arms' largest within-group reward std per run (Dropout-GRPO's largest is not its last run's)
+STD = {(0, 0): 0.1, (0, 1): 0.4, (1, 0): 0.2}
+
+
+def model_row(items: str, **ident) -> dict:
+    """One tested model as the pipeline records it: accuracy and 0/1 items on the headline and the shifted split."""
+    flipped = "".join("1" if c == "0" else "0" for c in items)
+    splits = {
+        name: {"accuracy": s.count("1") / len(s), "items": s} for name, s in (("test", items), ("shifted", flipped))
+    }
+    return {**ident, "splits": splits}
+
+
+def small_demo() -> SimpleNamespace:
+    models = [model_row(v, arm="sft", sft_seed=s, valid_accuracy=0.3 + 0.1 * s) for s, v in SFT_ITEMS.items()]
+    runs = []
+    for arm, per in RL_ITEMS.items():
+        for (s, r), (best, final) in per.items():
+            models += [model_row(best, arm=arm, sft_seed=s, rl_seed=r, checkpoint="best")]
+            models += [model_row(final, arm=arm, sft_seed=s, rl_seed=r, checkpoint="final")]
+            std = {"grpo_deterministic": 0.0, "reinforce_ema": None}.get(arm, STD[(s, r)])
+            runs.append({"arm": arm, "sft_seed": s, "rl_seed": r, "reward_std_max": std})
+    return SimpleNamespace(models=models, runs=runs, tests={"test": [None] * 4, "shifted": [None] * 4})
+
+
+def test_analyse_pairs_each_checkpoint_and_seed_with_its_own_and_judges_the_headline_split():
+    """Dropout-GRPO - SFT on test, by hand. best: +25 in each of the 3 pairs (zero width: not resolved). final:
+    (0, 0) -1 item = -25, (0, 1) 0, (1, 0) +2 = +50; SFT seed 0's pairs averaged: -12.5, then 50: mean 18.75, sd
+    62.5 / sqrt(2) = 44.194174, half-width 12.706205 * 44.194174 / sqrt(2) = 397.068906."""
+    an = analyse(small_demo())
+    assert len(an["comparisons"]) == 2 * 2 * 8
+    by = {(c["a"], c["b"], c["checkpoint"], c["split"]): c for c in an["comparisons"]}
+    best, final = by[("dropout_grpo", "sft", "best", "test")], by[("dropout_grpo", "sft", "final", "test")]
+    assert [p["diff"] for p in best["pairs"]] == [25.0, 25.0, 25.0] and best["lo"] == best["hi"] == 25.0
+    assert [(p["sft_seed"], p["rl_seed"], p["diff"]) for p in final["pairs"]] == [
+        (0, 0, -25.0),
+        (0, 1, 0.0),
+        (1, 0, 50.0),
+    ]
+    assert final["mean"] == pytest.approx(18.75)
+    assert final["lo"] == pytest.approx(18.75 - 397.068906, abs=1e-4) and final["hi"] == pytest.approx(
+        18.75 + 397.068906, abs=1e-4
+    )
+    assert by[("dropout_grpo", "sft", "final", "shifted")]["mean"] == pytest.approx(-18.75)  # the shifted split's own
+    # each comparison A - B (not B - A): Dropout-GRPO vs REINFORCE + EMA, whose models are wrong on every item
+    assert [p["diff"] for p in by[("dropout_grpo", "reinforce_ema", "best", "test")]["pairs"]] == [50.0, 75.0]
+    assert by[("grpo_null", "sft", "best", "test")]["n_pairs"] == 2
+    claims = {(r["id"], r["checkpoint"]): r for r in an["claims"]}
+    assert claims[(3, "final")]["mean"] == pytest.approx(18.75) and claims[(3, "best")]["mean"] == 25.0  # on test
+    assert claims[(1, "best")]["verdict"] == "resolved" and claims[(5, "best")]["mean"] == 62.5
+    assert all(claims[(i, c)]["n_pairs"] == 2 for i in (1, 2, 4) for c in ("best", "final"))
+    # the largest within-group reward std of each arm's runs (STD)
+    assert an["reward_std_max"] == {
+        "grpo_deterministic": 0.0,
+        "grpo_sampling": 0.2,
+        "grpo_null": 0.2,
+        "reinforce_ema": None,
+        "dropout_grpo": 0.4,
+    }
+    acc = an["accuracy"]["test"]
+    assert acc["sft"] == {"best": [0.25, 0.5], "final": [0.25, 0.5]}  # the SFT checkpoint is both
+    assert acc["dropout_grpo"] == {"best": [0.5, 0.5, 0.75], "final": [0.0, 0.25, 1.0]}
+
+
+def small_results() -> dict:
+    demo = small_demo()
+    res = {"command": "dgrpo demo", "headline": "test", "n_sft": 2, "n_rl": 1, "steps": 8, "models": demo.models}
+    res |= {"runs": [], "splits": {"test": 4, "shifted": 4}, "wall_s": {"total": 3.0}, "analysis": analyse(demo)}
+    return res
+
+
+def test_the_report_prints_each_checkpoints_own_numbers():
+    """The tables, the claims' lines and summary.txt of the small demo, by hand (best-valid checkpoint then final)."""
+    res = small_results()
+    rows = [r for r in comparison_table(res, "test") if r.startswith("| Dropout-GRPO vs SFT |")]
+    assert rows == [
+        "| Dropout-GRPO vs SFT | best-valid | +25.00 [+25.00, +25.00] | 3 | +1.0 / -0.0 (n=4) |",
+        "| Dropout-GRPO vs SFT | final | +18.75 [-378.32, +415.82] | 3 | +0.7 / -0.3 (n=4) |",
+    ]
+    shifted = [r for r in comparison_table(res, "shifted") if r.startswith("| Dropout-GRPO vs SFT |")]
+    assert shifted[1] == "| Dropout-GRPO vs SFT | final | -18.75 [-415.82, +378.32] | 3 | +0.3 / -0.7 (n=4) |"
+    assert claim_lines(res)[2] == (
+        "3. Dropout-GRPO > SFT: best-valid checkpoint: **not resolved** (+25.00 [+25.00, +25.00] points, 3 pairs); "
+        "final checkpoint: **not resolved** (+18.75 [-378.32, +415.82] points, 3 pairs)"
+    )
+    # Dropout-GRPO's accuracies: best 50, 50, 75 (mean 58.33, sd 14.43); final 0, 25, 100 (mean 41.67, sd 52.04)
+    table = accuracy_table(res)
+    row = next(r for r in table if r.startswith("| Coconut + Dropout-GRPO (ours) |"))
+    assert (
+        row
+        == "| Coconut + Dropout-GRPO (ours) | 3 | 58.33% ± 14.43 | 41.67% ± 52.04 | 41.67% ± 14.43 | 58.33% ± 52.04 |"
+    )
+    # SFT: 25 and 50 (sd 17.68 of 2 models), the shifted split 75 and 50; every SFT checkpoint is its own best
+    assert (
+        table[2] == "| Coconut SFT (baseline) | 2 | 37.50% ± 17.68 | 37.50% ± 17.68 | 62.50% ± 17.68 | 62.50% ± 17.68 |"
+    )
+    # per SFT seed: Dropout-GRPO - SFT per RL seed (best / final), then - token sampling (its one RL seed)
+    assert sft_table(res)[2:] == [
+        "| 0 | 30.0% | 25.00% | 75.00% | +25.00, +25.00 / -25.00, +0.00 | +25.00 / -25.00 |",
+        "| 1 | 40.0% | 50.00% | 50.00% | +25.00 / +50.00 | +25.00 / +50.00 |",
+    ]
+    summary = summary_paragraph(res)
+    assert (
+        "(3) Dropout-GRPO > SFT: best-valid checkpoint +25.00 [+25.00, +25.00] not resolved; final +18.75 " in summary
+    )
+    assert (
+        "(1) deterministic GRPO = SFT exactly: resolved (0 items gained and 0 lost per pair; reward std identically 0)"
+        in summary
+    )
+    assert (
+        "(5) REINFORCE + EMA below Dropout-GRPO: best-valid checkpoint +62.50 [-96.33, +221.33] not resolved" in summary
+    )
+
+
+def test_the_published_report_is_what_this_code_writes_from_its_items():
+    """docs/demo (README quotes it): the comparisons and claims recomputed from results.json's per-item correctness,
+    and results.md and summary.txt rewritten from it, to the character. A deliberate change to the statistics or the
+    report's wording is published by rewriting these files from results.json with the new code."""
+    res = json.loads((DOCS / "results.json").read_text())
+    stored = res["analysis"]
+    res["analysis"] = analyse(SimpleNamespace(models=res["models"], runs=res["runs"], tests=res["splits"]))
+    assert res["analysis"] == stored
+    assert results_markdown(res) == (DOCS / "results.md").read_text()
+    assert summary_paragraph(res) + "\n" == (DOCS / "summary.txt").read_text()
+
+
+def test_a_published_interval_by_hand():
+    """Claim 3 at the best-valid checkpoint as README quotes it (+0.23 [-0.20, +0.65]), recomputed from the published
+    items and checked against the per-SFT-seed differences of docs/demo/results.md (+0.20, +0.25, +0.55, -0.10
+    points): mean 0.225, deviations -0.025, 0.025, 0.325, -0.325, variance 0.2125 / 3, t(0.975, 3) = 3.182446,
+    half-width 3.182446 * sqrt(0.2125 / 3) / 2 = 0.423497."""
+    res = json.loads((DOCS / "results.json").read_text())
+    claims = analyse(SimpleNamespace(models=res["models"], runs=res["runs"], tests=res["splits"]))["claims"]
+    row = next(r for r in claims if (r["id"], r["checkpoint"]) == (3, "best"))
+    half = 3.182446 * math.sqrt(0.2125 / 3) / 2
+    assert (row["mean"], row["n_pairs"], row["verdict"]) == (pytest.approx(0.225), 4, "not resolved")
+    assert row["lo"] == pytest.approx(0.225 - half, abs=1e-5) and row["hi"] == pytest.approx(0.225 + half, abs=1e-5)
+
+
+def test_a_claim_line_of_one_sft_seed_gives_its_mean_without_an_interval():
+    """1 SFT seed x 3 RL seeds: the claim's line keeps the mean difference and its pairs, and says why there is no
+    interval (the comparison table says the same)."""
+    arm = {(0, r): [T, T, F, F] for r in range(3)}
+    c = compare(arm, {0: [T, F, F, F]})
+    comparisons = [{"a": "dropout_grpo", "b": "sft", "checkpoint": k, "split": "test", **c} for k in ("best", "final")]
+    res = {"analysis": {"claims": claim_verdicts(comparisons, {}, "test")}}
+    assert claim_lines(res)[2] == (
+        "3. Dropout-GRPO > SFT: best-valid checkpoint: **not resolved** (+25.00 no interval (1 SFT seed) points, 3 "
+        "pairs); final checkpoint: **not resolved** (+25.00 no interval (1 SFT seed) points, 3 pairs)"
+    )
