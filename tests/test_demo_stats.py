@@ -357,3 +357,25 @@ def test_a_claim_line_of_one_sft_seed_gives_its_mean_without_an_interval():
         "3. Dropout-GRPO > SFT: best-valid checkpoint: **not resolved** (+25.00 no interval (1 SFT seed) points, 3 "
         "pairs); final checkpoint: **not resolved** (+25.00 no interval (1 SFT seed) points, 3 pairs)"
     )
+
+
+def test_sft_seeds_with_the_same_mean_difference_give_a_zero_width_interval_whatever_the_rounding():
+    """2 SFT seeds x 2 RL seeds on 2000 items: seed 0's pairs -10 and +8 items, seed 1's -1 and -1, each seed -1 item
+    per pair (-0.05 points). The per-seed means were float means of the pairs' points, -0.04999999999999999 and -0.05:
+    an interval of width 2e-16 around -0.05, so "null control <= SFT" was resolved ([-0.05, -0.05] in results.md),
+    where every SFT seed's difference is the same and the zero-width rule resolves nothing."""
+    n = 2000
+
+    def right(k):
+        return [i < k for i in range(n)]
+
+    c = compare(
+        {(0, 0): right(10), (0, 1): right(28), (1, 0): right(19), (1, 1): right(19)}, {0: right(20), 1: right(20)}
+    )
+    assert [p["diff"] for p in c["pairs"]] == [-0.5, 0.4, -0.05, -0.05]
+    assert (c["mean"], c["lo"], c["hi"], c["sd"]) == (-0.05, -0.05, -0.05, 0.0)
+    assert verdict("not_greater", c["lo"], c["hi"]) == verdict("greater", c["lo"], c["hi"]) == "not resolved"
+    # 3 RL seeds: +1 +1 +1 items against -4 +2 +5 (float means 0.05000000000000001 and 0.049999999999999996)
+    arm = {(s, r): right(10 + k) for s, ks in ((0, (1, 1, 1)), (1, (-4, 2, 5))) for r, k in enumerate(ks)}
+    c = compare(arm, {0: right(10), 1: right(10)})
+    assert (c["mean"], c["lo"], c["hi"], c["sd"]) == (0.05, 0.05, 0.05, 0.0)
