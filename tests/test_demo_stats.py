@@ -379,3 +379,15 @@ def test_sft_seeds_with_the_same_mean_difference_give_a_zero_width_interval_what
     arm = {(s, r): right(10 + k) for s, ks in ((0, (1, 1, 1)), (1, (-4, 2, 5))) for r, k in enumerate(ks)}
     c = compare(arm, {0: right(10), 1: right(10)})
     assert (c["mean"], c["lo"], c["hi"], c["sd"]) == (0.05, 0.05, 0.05, 0.0)
+
+
+def test_differences_that_average_exactly_zero_give_a_mean_of_zero():
+    """docs/demo's claim 4 (best-valid): per-SFT-seed differences of -0.1, -0.4, +0.5 and 0 points (+24.5 / -24.5
+    items on average) averaged -7e-18 in floats, published as "-0.00"; the mean is exact, rounded once."""
+    assert mean_ci([-0.1, -0.4, 0.5, 0.0]).mean != 0.0  # (the floats' own values do not sum to 0)
+    n = 2000
+    arm = {(s, 0): [True] * k + [False] * (n - k) for s, k in enumerate((2, 0, 10, 5))}  # -0.1, -0.4, +0.5, 0 points
+    sft = {s: [True] * k + [False] * (n - k) for s, k in enumerate((4, 8, 0, 5))}
+    c = compare(arm, sft)
+    assert [p["diff"] for p in c["pairs"]] == [-0.1, -0.4, 0.5, 0.0] and c["mean"] == 0.0
+    assert f"{c['mean']:+.2f}" == "+0.00"

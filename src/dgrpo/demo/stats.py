@@ -101,14 +101,17 @@ class CI:
     sd: float
 
 
-def mean_ci(xs: Sequence[float], level: float = LEVEL) -> CI:
-    """Mean of ``xs`` and its ``level`` t-interval: mean +- t_{(1+level)/2, n-1} * sd / sqrt(n)."""
+def mean_ci(xs: Sequence[float | Fraction], level: float = LEVEL) -> CI:
+    """Mean of ``xs`` and its ``level`` t-interval: mean +- t_{(1+level)/2, n-1} * sd / sqrt(n). The mean is exact,
+    rounded once (of fractions: differences of -0.1, -0.4, +0.5 and 0 points average 0, where their floats' mean was
+    -7e-18, published as -0.00)."""
     if not xs:
         raise ValueError("mean_ci needs at least one value")
-    n, mean = len(xs), statistics.fmean(xs)
+    exact = [Fraction(x) for x in xs]  # (a float's own value: exact too)
+    n, mean = len(xs), float(statistics.mean(exact))
     if n < 2:
         return CI(mean, None, None, n, 0.0)
-    sd = statistics.stdev(xs)
+    sd = float(statistics.stdev(exact))
     half = t_quantile((1.0 + level) / 2.0, n - 1) * sd / math.sqrt(n)
     return CI(mean, mean - half, mean + half, n, sd)
 
@@ -147,7 +150,7 @@ def compare(a: Mapping[PairKey, Sequence[bool]], b: Mapping[PairKey | int, Seque
         by_sft.setdefault(int(key[0]), []).append(Fraction(100 * (gained - lost), n))
     if not pairs:
         return {"pairs": [], "n_pairs": 0}
-    ci = mean_ci([float(sum(d) / len(d)) for d in by_sft.values()])
+    ci = mean_ci([sum(d) / len(d) for d in by_sft.values()])
     return {
         "pairs": pairs,
         "n_pairs": len(pairs),
