@@ -208,8 +208,10 @@ def results_markdown(res: Mapping[str, Any]) -> str:
         "A <= B is resolved when it lies at or below 0; an interval of zero width (every SFT seed's difference "
         "the same) resolves nothing; claim 1 needs every item equal and a within-group reward std of exactly 0 at "
         "every step. The intervals count the variation between training runs (SFT seeds), not that of drawing other "
-        "test items; each claim is judged at 95% on its own, with no correction for judging four by interval "
-        "(were every true difference 0, about 1 run in 5 would still resolve or contradict one by chance).",
+        "test items; each claim is judged at 95% on its own, with no correction for judging four by interval at two "
+        "checkpoints (were every true difference 0, each of the eight intervals would resolve or contradict its claim "
+        "1 time in 20, and between 1 run in 5 and 1 in 3 would show one such verdict by chance: 1 in 3 were the "
+        "eight independent, 1 in 5 were each run's two checkpoints the same model).",
     ]
     for split in res["splits"]:
         out += ["", f"## Paired comparisons: {split}", "", *comparison_table(res, split)]
