@@ -391,3 +391,12 @@ def test_differences_that_average_exactly_zero_give_a_mean_of_zero():
     c = compare(arm, sft)
     assert [p["diff"] for p in c["pairs"]] == [-0.1, -0.4, 0.5, 0.0] and c["mean"] == 0.0
     assert f"{c['mean']:+.2f}" == "+0.00"
+
+
+def test_claim_1_s_summary_says_how_the_deterministic_arm_s_reward_std_was_measured():
+    """summary.txt's claim 1 names the deterministic arm's largest within-group reward std: "not logged" when no
+    step logged one (it printed "up to None"), else the value in 4 significant digits."""
+    res = small_results()
+    for std, says in ((None, "reward std not logged)"), (0.0, "reward std identically 0)"), (1 / 3, "up to 0.3333)")):
+        res["analysis"]["reward_std_max"]["grpo_deterministic"] = std
+        assert says in summary_paragraph(res), std

@@ -255,7 +255,7 @@ def _deterministic_once(res: Mapping[str, Any]) -> str:
 
 def _std_note(res: Mapping[str, Any]) -> str:
     v = res["analysis"]["reward_std_max"].get("grpo_deterministic")
-    return "identically 0" if v == 0 else f"up to {v}"
+    return "not logged" if v is None else "identically 0" if v == 0 else f"up to {v:.4g}"
 
 
 def plot_figures(res: Mapping[str, Any], out: Path) -> list[str]:
