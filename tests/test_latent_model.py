@@ -884,3 +884,100 @@ def test_a_tiny_model_of_any_head_count_runs_a_forward(arch, num_heads):
     assert num_heads % model.config.num_key_value_heads == 0
     assert model.config.num_key_value_heads == {1: 1, 3: 1, 4: 2, 5: 1, 9: 3}[num_heads]
     assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 50)
+
+
+def test_answer_book_samples_each_step_from_its_own_draw_at_the_temperature_and_pads_finished_rows():
+    """``AnswerBook.choose`` by hand: probabilities 0.1 | 0.2 | 0.3 | 0.4 at temperature 0.5 are 1 | 4 | 9 | 16 over 30
+    (cumulative 1/30 | 5/30 | 14/30 | 1); step i draws with column i of the rows' draws and books log pi(token) at
+    that temperature and the entropy (a sum over the vocabulary). A row stops at EOS (0) or at an id of ``stop_ids``
+    (2), booked, and from then on books pad, mask 0, log-prob 0 and entropy 0, whatever its later draws pick."""
+    from types import SimpleNamespace
+
+    from dgrpo.model.decoding import AnswerBook
+    from dgrpo.model.head_stats import HeadStats
+
+    lm = SimpleNamespace(device=torch.device("cpu"), pad_id=9, eos_id=0, stop_ids=[], head_stats=HeadStats())
+    logits = torch.tensor([0.1, 0.2, 0.3, 0.4]).log().expand(2, 4)
+    u = torch.tensor([[0.5, 0.01, 0.9], [0.2, 0.5, 0.01]])
+    book = AnswerBook(lm, 2, 3, [2], with_entropy=True)
+    for i in range(3):
+        book.choose(i, logits, 0.5, 1.0, None, u)
+    q = torch.tensor([1.0, 4.0, 9.0, 16.0]) / 30
+    h = float(-(q * q.log()).sum())
+    assert book.tokens.tolist() == [[3, 0, 9], [2, 9, 9]]  # (row 0: 0.5 -> 3, 0.01 -> EOS; row 1: 0.2 -> 2, a stop)
+    assert book.mask.tolist() == [[1, 1, 0], [1, 0, 0]]
+    expected = torch.tensor([[q[3].log(), q[0].log(), 0.0], [q[2].log(), 0.0, 0.0]])
+    assert torch.allclose(book.logprobs, expected, atol=1e-6)
+    assert book.entropy is not None
+    assert torch.allclose(book.entropy, torch.tensor([[h, h, 0.0], [h, 0.0, 0.0]]), atol=1e-6)
+
+
+@pytest.mark.parametrize(("top_p", "kept"), [(0.25, 1), (0.5, 2), (0.75, 3), (1.0, 4)])
+def test_a_nucleus_keeps_the_tokens_whose_mass_before_them_is_below_top_p(top_p, kept):
+    """Four equally likely tokens (0.25 each, exact in floating point): the nucleus keeps each token whose mass before
+    it is strictly below top_p, so top_p = 0.5 keeps two, not three; draws over [0, 1) reach every kept token and no
+    other. Temperature 0 is the argmax, whatever the draw."""
+    from dgrpo.model.decoding import sample_next
+
+    picked = sample_next(torch.zeros(20, 4), 1.0, top_p, None, torch.arange(20) / 20)
+    assert len(set(picked.tolist())) == kept
+    logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 2.0, 1.0]])
+    assert sample_next(logits, 0.0, top_p, None, torch.tensor([0.99, 0.99])).tolist() == [1, 0]
+
+
+def test_each_rollout_row_is_its_prompts_own_seeded_generation_and_gets_its_own_reward(tokenizer, task_records):
+    """``collect_rollouts`` at temperature 0.5 under locked dropout, 3 prompts of 3 lengths x K = 2: row g * K + k
+    holds prompt g and, decoded alone (under its own seed's mask and sampling draws), gives the same answer; its
+    reward lands at rewards[g, k]. The replay scores every answer token (the longest answer's last one too) and gives
+    the recorded log-probs at that temperature; the logged entropy is the mean over answer tokens of the replay's."""
+    from dataclasses import replace
+
+    from dgrpo.perturbation import LockedDropout, seeds_for
+    from dgrpo.perturbation.base import row_sampling_uniforms
+    from dgrpo.training.rollouts import collect_rollouts, replay_logprobs
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    records = [replace(r, question=r.question[: 16 + 9 * i]) for i, r in enumerate(task_records[:3])]
+    K, T, L = 2, 2, 6
+    pert, seeds = LockedDropout(p=0.3), seeds_for(0, 0, 0, 6)
+    questions = [r.question for r in records]
+
+    def reward(texts, recs):  # the prompt's index x 100 + the answer's length: says which row a reward is for
+        return [100.0 * questions.index(rec.question) + len(t) for t, rec in zip(texts, recs)]
+
+    kw = dict(n_latent=T, perturbation=pert, temperature=0.5)
+    ro = collect_rollouts(lm, records, group_size=K, seeds=seeds, max_new_tokens=L, reward_fn=reward, **kw)
+    assert ro.rewards.shape == (3, K)
+    assert ro.rewards.flatten().tolist() == [100.0 * (i // K) + len(t) for i, t in enumerate(ro.texts)]
+    assert len(set(ro.texts)) > 1  # (rows that differ: a seed given to another row would show)
+    for i in range(6):
+        ids, mask = lm.encode_questions([questions[i // K]])
+        with pert.bind(lm, seeds[i : i + 1]) as pb:
+            u = row_sampling_uniforms(seeds[i : i + 1], L)
+            alone = lm.generate(ids, mask, T, max_new_tokens=L, temperature=0.5, uniforms=u, perturbation=pb)
+        n = alone.tokens.shape[1]
+        assert ro.tokens[i, :n].tolist() == alone.tokens[0].tolist() and not ro.mask[i, n:].any()
+    logp, mask = replay_logprobs(lm, ro, torch.arange(6), seeds=seeds, **kw)
+    assert torch.equal(mask, ro.mask)
+    assert torch.allclose(ro.rollout_logp, logp, atol=1e-5)
+    with pert.bind(lm, seeds) as pb, torch.no_grad():
+        _, entropy = lm.target_logprobs(
+            ro.prompt_ids, ro.prompt_mask, T, ro.tokens, ro.mask, perturbation=pb, temperature=0.5, with_entropy=True
+        )
+    assert entropy is not None
+    assert ro.entropy == pytest.approx(float(entropy.sum() / ro.mask.sum()), abs=1e-5)
+
+
+def test_pause_thoughts_without_markers_end_on_the_last_pause_tokens_state(tokenizer, task_records):
+    """``prefill`` of a pause-token model without the end marker: T ``<|latent|>`` tokens in one call; the state that
+    predicts the answer is the last one's (a full forward over prompt and pause tokens), not the first one's."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
+    with torch.no_grad():
+        state = lm.prefill(ids, mask, 3, mode="pause", markers=False)
+        full_ids = torch.cat([ids, torch.full((2, 3), lm.latent_id)], 1)
+        full_mask = torch.cat([mask, torch.ones(2, 3, dtype=mask.dtype)], 1)
+        positions = (full_mask.long().cumsum(-1) - 1).clamp(min=0)
+        full = lm.base(input_ids=full_ids, attention_mask=full_mask, position_ids=positions).last_hidden_state
+    assert torch.allclose(state.last_hidden, full[:, -1:], atol=1e-5)
+    assert not torch.allclose(state.last_hidden, full[:, -3:-2], atol=1e-3)
