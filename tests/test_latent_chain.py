@@ -445,3 +445,47 @@ def test_the_paper_recipe_asks_for_the_chain_where_it_can_run():
     assert cfg.grpo.update_latent_graphs == "auto"
     with pytest.raises(ConfigError, match="grpo.update_latent_graphs"):
         load_config(Config, "paper/grpo_dropout.yaml", ["grpo.update_latent_graphs=always"])
+
+
+def test_the_chain_of_one_latent_step_gives_the_recurrence_log_probs_and_gradients(tokenizer, task_records):
+    """T = 1 (a stage-1 model's one thought): the chain runs its one step too (fp32, 1e-5: the log-probs and every
+    weight's gradient of ``target_logprobs`` with ``end_with_targets``), and T = 1 is not T = 0."""
+    lm = make_lm(tokenizer, "qwen2")
+    ids, mask = lm.encode_questions([r.question[: 20 + 7 * i] for i, r in enumerate(task_records[:3])])
+    tg, tm = ragged_targets(lm, 3)
+    eager = logp_and_grads(lm, partial(eager_logprobs, lm, ids, mask, 1, tg, tm))
+    chained = logp_and_grads(lm, lambda: chained_target_logprobs(lm, ids, mask, 1, tg, tm))
+    assert_close(eager, chained)
+    none = logp_and_grads(lm, partial(eager_logprobs, lm, ids, mask, 0, tg, tm))
+    assert not torch.allclose(none[0], chained[0], atol=1e-3)
+
+
+def test_the_chain_refuses_a_model_without_coconut_thoughts(tokenizer, task_records):
+    """A pause-token model's latent positions are ``<|latent|>`` embeddings, not fed-back states: the chain, which
+    runs the coconut recurrence, refuses it in one line (T = 0, with no latent step to run, is scored)."""
+    lm = make_lm(tokenizer, "qwen2")
+    lm.settings.mode = "pause"
+    ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
+    tg, tm = ragged_targets(lm, 2)
+    with pytest.raises(ValueError, match="the latent chain runs coconut thoughts; this model's mode is 'pause'"):
+        chained_target_logprobs(lm, ids, mask, 2, tg, tm)
+    assert chained_target_logprobs(lm, ids, mask, 0, tg, tm).shape == tg.shape
+
+
+def test_a_kept_chain_is_not_reused_once_other_weights_train(tokenizer, task_records):
+    """A chain takes gradients for the weights that were trainable when it was made: after layer 1 is unfrozen, a
+    batch of the same shape gets a new chain, and layer 1 its gradient through the latent steps (fp32, 1e-5)."""
+    lm = make_lm(tokenizer, "qwen2")
+    ids, mask = lm.encode_questions([r.question for r in task_records[:3]])
+    tg, tm = ragged_targets(lm, 3)
+    layer1 = [p for n, p in lm.model.named_parameters() if "layers.1." in n]
+    for p in layer1:
+        p.requires_grad_(False)
+    chained_target_logprobs(lm, ids, mask, 2, tg, tm, keep=True).sum().backward()
+    first = lm.kept_decoders["update"][1]
+    for p in layer1:
+        p.requires_grad_(True)
+    eager = logp_and_grads(lm, partial(eager_logprobs, lm, ids, mask, 2, tg, tm))
+    kept = logp_and_grads(lm, partial(chained_target_logprobs, lm, ids, mask, 2, tg, tm, keep=True))
+    assert lm.kept_decoders["update"][1] is not first and any("layers.1." in n for n in kept[1])
+    assert_close(eager, kept)
