@@ -939,3 +939,33 @@ def test_the_update_runs_without_the_models_own_dropout(sft_checkpoint):
         m.attention_dropout = 0.5
     m = tr.step()
     assert m["skipped"] == 0 and m["logp_replay_maxdiff"] < 1e-4
+
+
+def test_prompts_of_different_lengths_replay_exactly_at_theta_old(sft_checkpoint, monkeypatch):
+    """The built-in task's questions all encode to one length, so no other test of a step left-pads a prompt: here
+    the step's four prompts have four lengths, in micro-batches of mixed widths. With the weights held at theta_old,
+    mini-epoch 1 runs against itself (ratios exactly 1), mini-epoch 2 replays it bit for bit, and the replay gives
+    the rollouts' log-probs back."""
+    from dataclasses import replace
+
+    over = {"perturbation.p": "0.3", "grpo.mini_epochs": "2", "grpo.filter": "false", "grpo.micro_batch_size": "6"}
+    cfg = tiny_config(**over, **{"grpo.prompts_per_step": "4", "grpo.group_size": "4"})
+    train = [replace(r, question=r.question[: 10 + 7 * i]) for i, r in enumerate(generate_split(cfg.task, "train")[:4])]
+    tr = GRPOTrainer(LatentLM.from_pretrained(sft_checkpoint), cfg, train)
+    widths = tr.lm.encode_questions([r.question for r in train])[1].sum(1).tolist()
+    assert len(set(widths)) == 4, widths
+    seen = []
+    objective = grpo_module.grpo_objective
+
+    def recording(logp, old, *args, **kwargs):
+        seen.append((logp.detach().clone(), old.clone()))
+        return objective(logp, old, *args, **kwargs)
+
+    monkeypatch.setattr(grpo_module, "grpo_objective", recording)
+    monkeypatch.setattr(tr.opt, "step", lambda *a, **k: None)
+    m = tr.step()
+    assert m["skipped"] == 0 and m["ratio_max"] == m["ratio_min"] == 1.0 and m["logp_replay_maxdiff"] < 1e-5
+    half = len(seen) // 2
+    assert len(seen) == 2 * half and half == 3  # 16 rows in micro-batches of 6, 6 and 4
+    for (logp0, old0), (logp1, old1) in zip(seen[:half], seen[half:]):
+        assert torch.equal(old0, logp0) and torch.equal(old1, logp0) and torch.equal(logp1, logp0)
