@@ -453,7 +453,10 @@ def test_demo_quick(pool_demo):
         if c["a"] == "grpo_deterministic":
             assert c["n_pairs"] == 2 and all(p["gained"] == p["lost"] == 0 for p in c["pairs"]), c
     claims = {(c["id"], c["checkpoint"]): c for c in res["analysis"]["claims"]}
-    assert len(claims) == 10 and claims[(1, "best")]["verdict"] == claims[(1, "final")]["verdict"] == "resolved"
+    assert (
+        len(claims) == 2 * len(CLAIMS)
+        and claims[(1, "best")]["verdict"] == claims[(1, "final")]["verdict"] == "resolved"
+    )
     assert all(c["lo"] is not None for c in claims.values() if c["id"] != 1)  # 2 pairs: every interval exists
     table = (out / "results.md").read_text()
     assert "Coconut + Dropout-GRPO (ours)" in table and "95% CI" in table

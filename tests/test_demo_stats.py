@@ -122,6 +122,8 @@ def test_verdicts_at_an_interval_touching_0():
     assert verdict("not_greater", 0.0, 2.0) == "not resolved"
     assert verdict("not_greater", -2.0, 0.0) == "resolved"
     assert verdict("greater", 1e-9, 2.0) == "resolved" and verdict("not_greater", 1e-9, 2.0) == "contradicted"
+    assert verdict("less", -2.0, 0.0) == verdict("less", 0.0, 2.0) == "not resolved"  # (A < B: the mirror of A > B)
+    assert verdict("less", -2.0, -1e-9) == "resolved" and verdict("less", 1e-9, 2.0) == "contradicted"
 
 
 def test_exact_claim_needs_every_pair_equal_and_a_measured_std_of_0():
@@ -139,6 +141,7 @@ PAPER = {
     3: ("dropout_grpo", "sft", "greater"),
     4: ("grpo_null", "sft", "not_greater"),
     5: ("dropout_grpo", "reinforce_ema", "greater"),
+    6: ("reinforce_ema", "sft", "less"),
 }
 #: (A, B) -> the interval on the headline split at the best and at the final checkpoint
 INTERVALS = {
@@ -146,10 +149,11 @@ INTERVALS = {
     ("dropout_grpo", "sft"): ((-3.0, -0.5), (0.2, 0.9)),
     ("grpo_null", "sft"): ((-2.0, -0.1), (0.1, 2.0)),
     ("dropout_grpo", "reinforce_ema"): ((-1.0, 1.0), (-3.0, -1.0)),
+    ("reinforce_ema", "sft"): ((4.0, 6.0), (-6.0, -4.0)),
     # comparisons no claim is judged on (a claim read from one of them would change its verdict)
     ("dropout_grpo", "grpo_null"): ((4.0, 5.0), (4.0, 5.0)),
     ("grpo_sampling", "sft"): ((-5.0, -4.0), (-5.0, -4.0)),
-    ("reinforce_ema", "sft"): ((4.0, 6.0), (-6.0, -4.0)),
+    ("sft", "reinforce_ema"): ((-6.0, -4.0), (4.0, 6.0)),
 }
 #: claim -> verdict at (best, final) for those intervals (claim 1: every item equal at best, one differs at final)
 EXPECTED = {
@@ -158,6 +162,7 @@ EXPECTED = {
     3: ("contradicted", "resolved"),
     4: ("resolved", "contradicted"),
     5: ("not resolved", "contradicted"),
+    6: ("contradicted", "resolved"),
 }
 
 
