@@ -859,3 +859,68 @@ def test_a_plugin_file_runs_once_and_may_hold_dataclasses(tmp_path):
     cls = kind_class(f"{tmp_path / 'both.py'}:Scaled")
     fn = load_function(f"{tmp_path / 'both.py'}:reward")
     assert cls.__name__ == "Scaled" and fn(["a"], [None]) == [1.0]  # (the file's top level ran once)
+
+
+def test_a_rows_noise_is_its_seeds_own_generator_draws():
+    """Row b's noise is drawn from a generator seeded with seeds[b]: its locked keep-mask is the generator's first
+    n_sites * width uniforms >= p, scaled by the fp32 quotient 1 / (1 - p) (1.0416667 at p = 0.04, where the correctly
+    rounded 1 / 0.96 is 1.0416666), its Gaussian noise the generator's normals; the token-sampling draws of the row
+    are another generator's (not the mask's uniforms again)."""
+    from dgrpo.perturbation.base import row_normals, row_sampling_uniforms, row_uniforms
+    from dgrpo.perturbation.locked import scale_kept
+
+    seed = 987654321
+    u = torch.rand(3 * 16, generator=torch.Generator().manual_seed(seed)).view(3, 16)
+    for p in (0.25, 0.04):
+        scale = float(torch.ones(()) / (1.0 - p))
+        assert torch.equal(locked_masks(torch.tensor([seed]), 3, 16, p)[:, 0], torch.where(u >= p, scale, 0.0))
+    assert float(scale_kept(torch.tensor(True), 0.04)) == pytest.approx(1.0416667461395264, rel=0, abs=0)
+    z = torch.randn(3, 16, generator=torch.Generator().manual_seed(seed))
+    assert torch.equal(row_normals(seed, 3, 16), z)
+    assert torch.equal(row_uniforms(seed, 3, 16), u)
+    assert not torch.equal(row_sampling_uniforms(torch.tensor([seed]), 48)[0], u.flatten())
+
+
+def test_p_zero_keeps_a_unit_whose_uniform_is_exactly_zero():
+    """keep = u >= p: seed 146's generator draws exactly 0.0 at index 18555 of its first 2^16 uniforms (one unit in
+    2^24: at a paper-scale step, 512 rows x 28 sites x 1536 units, about one a bind); p = 0 keeps it (u > p dropped
+    it: p = 0 not the identity)."""
+    from dgrpo.perturbation.base import row_uniforms
+
+    assert row_uniforms(146, 2, 1 << 15).flatten()[18555].item() == 0.0
+    assert torch.equal(locked_masks(torch.tensor([146]), 2, 1 << 15, 0.0), torch.ones(2, 1, 1 << 15))
+
+
+def test_locked_masks_follow_p_set_on_the_object_and_the_model_bound(tokenizer):
+    """A bind of the seeds bound before reuses its masks only for the same p and the same sites: a p set on the object
+    afterwards (a sweep in a notebook), or a model of the same width with more layers, gets the masks a new object
+    would bind (the memo of drawn rows is keyed by p and the number of sites too)."""
+    lm, deeper = make_lm(tokenizer, "qwen2"), make_lm(tokenizer, "qwen2", num_layers=3)
+    seeds = torch.tensor([4, 2])
+    pert = LockedDropout(p=0.3, sites=["attn", "mlp"])
+    pert.bind(lm, seeds)
+    pert.p = 0.6
+    for model in (lm, deeper):
+        want = LockedDropout(p=0.6, sites=["attn", "mlp"]).bind(model, seeds).masks
+        assert torch.equal(pert.bind(model, seeds).masks, want)
+
+
+def test_a_bind_of_some_of_the_prefetched_seeds_gets_its_own_rows(tokenizer):
+    """A prefetch's stacked batch is taken only by a bind of exactly its seeds: a bind of some of them (in another
+    order) gets its own rows (from the memo the prefetch filled)."""
+    lm = make_lm(tokenizer, "qwen2")
+    pert = LockedDropout(p=0.3)
+    pert.prefetch(lm, torch.tensor([1, 2, 3]))
+    want = LockedDropout(p=0.3).bind(lm, torch.tensor([3, 1])).masks
+    assert torch.equal(pert.bind(lm, torch.tensor([3, 1])).masks, want)
+
+
+def test_seeds_of_other_streams_differ_and_span_62_bits():
+    """The seeds of another stream are not the rollouts' (``replay: fresh_mask`` draws its update masks from stream
+    ``fresh/<epoch>``: the rollout's own seeds again would make the ablation mask replay), and seeds span [0, 2^62):
+    the generator reads their low 32 bits, all of which vary (a range of 2^31 left bit 31 always 0)."""
+    streams = ["rollout", "fresh/0", "fresh/1", "null"]
+    drawn = [set(seeds_for(0, 5, 0, 1000, stream=s).tolist()) for s in streams]
+    assert len(set.union(*drawn)) == 4000
+    rollout = seeds_for(0, 5, 0, 1000)
+    assert int(rollout.max()) >= 2**61 and bool(((rollout >> 31) & 1).any())
