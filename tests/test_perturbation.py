@@ -924,3 +924,112 @@ def test_seeds_of_other_streams_differ_and_span_62_bits():
     assert len(set.union(*drawn)) == 4000
     rollout = seeds_for(0, 5, 0, 1000)
     assert int(rollout.max()) >= 2**61 and bool(((rollout >> 31) & 1).any())
+
+
+#: what each kind's hooked modules are seen to do to their outputs (the formula of the kind's docstring)
+SITE_NOISE = {
+    "locked": lambda: LockedDropout(p=0.5, sites=["attn", "mlp"]),
+    "gaussian-act": lambda: GaussianNoise(sigma=0.5, sites=["attn", "mlp"]),
+    "gaussian-weights": lambda: GaussianNoise(sigma=0.5, sites=["attn", "mlp"], target="weights"),
+}
+
+
+def _hooked_outputs(lm, pert, seeds, ids, mask):
+    """Each hooked module's input and output before its perturbation's hook and after it, in one prompt forward."""
+    before, after = {}, {}
+
+    def keeping(store, k):
+        def hook(module, args, output):
+            store[k] = (
+                args[0].detach().clone() if args else None,
+                (output[0] if isinstance(output, tuple) else output).detach().clone(),
+            )
+
+        return hook
+
+    pb = pert.bind(lm, seeds)
+    handles = [m.register_forward_hook(keeping(before, k)) for k, m in enumerate(pb.modules)]  # (run first)
+    try:
+        with torch.no_grad(), pb:
+            handles += [m.register_forward_hook(keeping(after, k)) for k, m in enumerate(pb.modules)]
+            lm.prefill(ids, mask, 0, markers=False, perturbation=pb)
+    finally:
+        for h in handles:
+            h.remove()
+    return pb, before, after
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+@pytest.mark.parametrize("kind", list(SITE_NOISE))
+def test_each_site_takes_its_own_rows_noise_by_the_kinds_formula(tokenizer, task_records, kind, arch):
+    """Site k's output, for row b: times mask k of row b (locked), times 1 + sigma * eps_k (gaussian activations),
+    plus x E_k^T (gaussian weights, E_k [out, in] also for GPT-2's Conv1D, whose weight is [in, out]); each site's
+    noise its own (site 0's at every site, or the factor without its 1 or its sigma, went unseen)."""
+    lm = make_lm(tokenizer, arch).eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
+    pert = SITE_NOISE[kind]()
+    pb, before, after = _hooked_outputs(lm, pert, torch.tensor([3, 8]), ids, mask)
+    assert sorted(before) == sorted(after) == list(range(len(pb.modules)))
+    for k, ((x, raw), (_, out)) in enumerate(zip(before.values(), after.values())):
+        if kind == "locked":
+            want = raw * pb.site_masks[k]
+        elif kind == "gaussian-act":
+            want = raw * (1.0 + 0.5 * pb.noises[k][:, None, :])
+        else:
+            out_f, in_f = raw.shape[-1], x.shape[-1]
+            assert pb.noises[k].shape == (2, out_f, in_f)
+            want = raw + torch.einsum("bli,boi->blo", x, pb.noises[k])
+        assert torch.allclose(out, want, rtol=1e-6, atol=1e-6), (kind, k)
+    noise = pb.site_masks if kind == "locked" else pb.noises
+    assert not torch.equal(noise[0], noise[1])  # (attn and mlp of layer 0: two draws)
+
+
+def test_gaussian_weight_noise_is_sigma_std_w_times_each_sites_own_normals(tokenizer):
+    """Row b's weight noise at site k is sigma * std(W_k) * E, E the normals of a generator seeded by a hash of
+    (seeds[b], k): each (row, site) its own draw, also for seeds one apart (seed + site gave row s at site 1 the noise
+    of row s + 1 at site 0)."""
+    from dgrpo.model.anatomy import find_sites, output_projection
+    from dgrpo.perturbation.base import site_seed
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    pert = GaussianNoise(sigma=0.2, sites=["mlp"], layers="0:2", target="weights")
+    seeds = [1000, 1001]
+    noises = pert.bind(lm, torch.tensor(seeds)).noises
+    for k, site in enumerate(find_sites(lm.model, ["mlp"], "0:2")):
+        w = output_projection(site.module, site.part).weight.detach()
+        for b, s in enumerate(seeds):
+            e = torch.randn(w.shape, generator=torch.Generator().manual_seed(site_seed(s, k, "gaussian-weights")))
+            assert torch.allclose(noises[k][b], 0.2 * float(w.std()) * e, rtol=1e-6, atol=0)
+    draws = [noises[k][b].flatten() for k in range(2) for b in range(2)]
+    for i in range(4):
+        for j in range(i):
+            assert abs(torch.corrcoef(torch.stack([draws[i], draws[j]]))[0, 1].item()) < 0.2, (i, j)
+
+
+def test_the_sites_are_the_attention_mlp_and_block_of_the_selected_layers(tokenizer):
+    """A bind hooks, per selected layer in order, the attention (``attn``), the MLP (``mlp``) and the whole decoder
+    layer (``residual``: its output is the residual stream); ``perturbation.layers`` picks the layers as its grammar
+    says, and a layer named twice (-1 and the last index) is refused (two masks on one layer)."""
+    from dgrpo.config import ConfigError
+
+    lm = make_lm(tokenizer, "qwen2", num_layers=3)
+    layers, one = lm.model.model.layers, torch.tensor([1])
+    pb = LockedDropout(sites=["attn", "mlp", "residual"], layers="-2:").bind(lm, one)
+    assert pb.modules == [m for i in (1, 2) for m in (layers[i].self_attn, layers[i].mlp, layers[i])]
+    for spec, chosen in (("all", [0, 1, 2]), ("0", [0]), ("-1", [2]), ("2,0", [2, 0]), (":2", [0, 1])):
+        assert LockedDropout(layers=spec).bind(lm, one).modules == [layers[i].mlp for i in chosen], spec
+    with pytest.raises(ConfigError, match="names a layer twice"):
+        LockedDropout(layers="-1,2").bind(lm, one)
+
+
+@pytest.mark.parametrize("target", ["activations", "weights"])
+def test_gaussian_perturb_prompt_false_leaves_the_prompt_pass_untouched(tokenizer, task_records, target):
+    """As for locked dropout: ``perturb_prompt=False`` leaves the prompt's forward unperturbed, the latent steps not."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
+    pert = GaussianNoise(sigma=0.5, sites=["attn", "mlp"], target=target, perturb_prompt=False)
+    with torch.no_grad():
+        clean, lat_clean = (lm.prefill(ids, mask, n, markers=False).last_hidden for n in (0, 2))
+        with pert.bind(lm, torch.tensor([1, 2])) as pb:
+            assert torch.equal(lm.prefill(ids, mask, 0, markers=False, perturbation=pb).last_hidden, clean)
+            assert not torch.allclose(lm.prefill(ids, mask, 2, markers=False, perturbation=pb).last_hidden, lat_clean)
