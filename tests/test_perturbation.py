@@ -1033,3 +1033,71 @@ def test_gaussian_perturb_prompt_false_leaves_the_prompt_pass_untouched(tokenize
         with pert.bind(lm, torch.tensor([1, 2])) as pb:
             assert torch.equal(lm.prefill(ids, mask, 0, markers=False, perturbation=pb).last_hidden, clean)
             assert not torch.allclose(lm.prefill(ids, mask, 2, markers=False, perturbation=pb).last_hidden, lat_clean)
+
+
+def test_a_rate_of_one_is_refused_and_sigma_zero_is_the_identity(tokenizer, task_records):
+    """p = 1 would drop every unit and scale by 1 / 0 (NaN log-probs): refused for both dropouts. sigma = 0 is
+    Gaussian noise of scale zero: accepted, and every forward is the unperturbed one."""
+    for kind in (LockedDropout, NativeDropout):
+        with pytest.raises(ValueError, match=r"dropout p must be in \[0, 1\)"):
+            kind(p=1.0)
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
+    with torch.no_grad():
+        clean = lm.prefill(ids, mask, T, markers=False).last_hidden
+        for target in ("activations", "weights"):
+            with GaussianNoise(sigma=0.0, target=target).bind(lm, torch.tensor([1, 2])) as pb:
+                assert torch.equal(lm.prefill(ids, mask, T, markers=False, perturbation=pb).last_hidden, clean)
+
+
+def test_each_kind_is_built_from_every_option_of_its_config():
+    """``make_perturbation`` hands each kind every ``perturbation.*`` option it takes."""
+    from dgrpo.config import PerturbationConfig
+    from dgrpo.perturbation import make_perturbation
+
+    opts = dict(p=0.3, sites=["attn", "mlp"], layers="0:1", perturb_prompt=False, perturb_answer=False)
+    locked = make_perturbation(PerturbationConfig(kind="locked", **opts))
+    assert (locked.p, locked.sites, locked.layers, locked.perturb_prompt, locked.perturb_answer) == tuple(opts.values())
+    gauss = make_perturbation(PerturbationConfig(kind="gaussian", sigma=0.7, gaussian_target="weights", **opts))
+    assert (gauss.sigma, gauss.target, gauss.sites, gauss.layers) == (0.7, "weights", ["attn", "mlp"], "0:1")
+    assert (gauss.perturb_prompt, gauss.perturb_answer) == (False, False)
+    native = make_perturbation(PerturbationConfig(kind="native", **opts))
+    assert (native.p, native.perturb_prompt, native.perturb_answer) == (0.3, False, False)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_native_dropout_sets_the_attention_rate_in_its_block_and_restores_it(tokenizer, arch):
+    """Inside the block every attention's dropout rate is p (Qwen2's ``attention_dropout``, GPT-2's ``attn_dropout.p``);
+    after it, the model's own rate again (a model trained afterwards, or in train mode, dropped at p)."""
+    from dgrpo.model.anatomy import attention_modules
+
+    lm = make_lm(tokenizer, arch).eval()
+    attn = attention_modules(lm.model)
+
+    def rates():
+        return [m.attn_dropout.p if arch == "gpt2" else m.attention_dropout for m in attn]
+
+    for m in attn:
+        if arch == "gpt2":
+            m.attn_dropout.p = 0.05
+        else:
+            m.attention_dropout = 0.05
+    with NativeDropout(p=0.4).bind(lm, torch.tensor([7])):
+        assert rates() == [0.4] * len(attn)
+    assert rates() == [0.05] * len(attn)
+
+
+def test_native_dropout_binds_one_seed_on_a_model_whose_rate_it_sets(tokenizer):
+    """Native dropout binds exactly one seed (none is refused, as two are), and refuses a model whose attention keeps
+    no rate it can set (it would run the deterministic network: every rollout of a group the same)."""
+    from dgrpo.config import ConfigError
+    from dgrpo.model.anatomy import attention_modules
+
+    lm = make_lm(tokenizer, "qwen2")
+    for seeds in (torch.tensor([], dtype=torch.long), torch.tensor([1, 2])):
+        with pytest.raises(ValueError, match="bind one rollout at a time"):
+            NativeDropout(p=0.3).bind(lm, seeds)
+    for m in attention_modules(lm.model):
+        del m.attention_dropout
+    with pytest.raises(ConfigError, match="has no attention dropout rate dgrpo can set"):
+        NativeDropout(p=0.3).bind(lm, torch.tensor([1]))
