@@ -131,3 +131,62 @@ def test_a_flattened_output_whose_rows_cannot_be_told_is_refused():
         hook(None, (torch.ones(4, 3, 3),), flat)
     with pytest.raises(ValueError, match=r"^a perturbed module's output is flattened to \(12, 3\) and no "):
         hook(None, (flat,), flat)
+
+
+def test_a_block_entered_again_inside_itself_applies_its_noise_once(tokenizer, task_records):
+    """Entering a bound perturbation inside its own block (it is re-entrant: a recomputation may) installs nothing
+    more: the same noise, applied once; leaving the inner block leaves it on, leaving the outer one removes every
+    hook (a hook left behind perturbed every later forward)."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([task_records[0].question])
+    run = lambda: lm.prefill(ids, mask, T, markers=False).last_hidden  # noqa: E731
+    pb = LockedDropout(p=0.5, sites=["attn", "mlp"]).bind(lm, seeds_for(0, 0, 0, 1))
+    with torch.no_grad():
+        clean = run()
+        with pb:
+            once = run()
+            with pb:
+                assert torch.equal(run(), once)
+            assert torch.equal(run(), once)
+        assert torch.equal(run(), clean) and not torch.equal(once, clean)
+    assert all(not m._forward_hooks for m in pb.modules) and lm.model not in latent_lm.OPEN_PERTURBATIONS
+
+
+def test_blocks_closed_in_another_order_than_opened_leave_the_other_open(tokenizer, task_records):
+    """Two bound perturbations opened over one model, the first closed first: a forward given none runs under the
+    second (its latent steps perturbed, its prompt not), and nothing is open once both are closed."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([task_records[0].question])
+    run = lambda **kw: lm.prefill(ids, mask, T, markers=False, **kw).last_hidden  # noqa: E731
+    first, second = (LockedDropout(p=0.5, perturb_prompt=False).bind(lm, seeds_for(s, 0, 0, 1)) for s in (0, 1))
+    with torch.no_grad():
+        clean = run()
+        with second:
+            want = run(perturbation=second)
+        first.__enter__()
+        second.__enter__()
+        first.__exit__(None, None, None)
+        assert latent_lm.OPEN_PERTURBATIONS[lm.model] == [second]
+        assert torch.equal(run(), want) and not torch.equal(want, clean)
+        second.__exit__(None, None, None)
+        assert lm.model not in latent_lm.OPEN_PERTURBATIONS and torch.equal(run(), clean)
+
+
+@pytest.mark.parametrize("granularity", ["call", "layer"])
+def test_a_backward_inside_the_block_recomputes_under_the_noise_applied_once(tokenizer, task_records, granularity):
+    """A recomputed call or layer whose backward runs while the block is still open (the trainer's runs after it)
+    takes the hooks installed already: the noise applied once, the gradient full backprop's (hooks added again gave
+    each recomputed site its mask twice)."""
+    from conftest import scored_with_grad
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
+    tg, tm = lm.encode_targets([r.answer for r in task_records[:2]])
+    pert = LockedDropout(p=0.5, sites=["attn", "mlp"])
+    scored = {}
+    for recompute in (False, granularity):
+        lm.recompute = recompute
+        with pert.bind(lm, torch.tensor([3, 4])):
+            scored[recompute] = scored_with_grad(lm, ids, mask, T, tg, tm)
+    (lp, grad), (lp_again, grad_again) = scored.values()
+    assert torch.allclose(lp, lp_again, atol=1e-6) and torch.allclose(grad, grad_again, atol=1e-6)
