@@ -1101,3 +1101,20 @@ def test_native_dropout_binds_one_seed_on_a_model_whose_rate_it_sets(tokenizer):
         del m.attention_dropout
     with pytest.raises(ConfigError, match="has no attention dropout rate dgrpo can set"):
         NativeDropout(p=0.3).bind(lm, torch.tensor([1]))
+
+
+def test_a_prefetch_is_taken_only_by_a_bind_of_its_seeds_sites_and_p(tokenizer):
+    """A prefetch's stacked batch was taken by any bind of exactly its seeds: one over a deeper model of the same width
+    bound 4 masks for its 6 sites (an IndexError at its first forward there), one after p was set on the object bound
+    the old p's rows at the new p's scale. Only a bind of the draw's seeds, site count, width and p takes it."""
+    lm, deeper = make_lm(tokenizer, "qwen2"), make_lm(tokenizer, "qwen2", num_layers=3)
+    seeds = torch.tensor([1, 2])
+    pert = LockedDropout(p=0.3, sites=["attn", "mlp"])
+    pert.prefetch(lm, seeds)
+    want = LockedDropout(p=0.3, sites=["attn", "mlp"]).bind(deeper, seeds).masks
+    assert torch.equal(pert.bind(deeper, seeds).masks, want)
+    pert = LockedDropout(p=0.3, sites=["attn", "mlp"])
+    pert.prefetch(lm, seeds)
+    pert._prefetch[1].result()  # (drawn at p = 0.3)
+    pert.p = 0.6
+    assert torch.equal(pert.bind(lm, seeds).masks, LockedDropout(p=0.6, sites=["attn", "mlp"]).bind(lm, seeds).masks)

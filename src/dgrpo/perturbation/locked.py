@@ -185,7 +185,8 @@ class LockedDropout(Perturbation):
         self.p, self.sites, self.layers, self.perturb_prompt = p, site_names(sites), layers, perturb_prompt
         self.perturb_answer = perturb_answer
         self.memo = RowMemo()
-        self._prefetch: tuple[tuple[int, ...], Future] | None = None  # (seeds, their draw) under way
+        #: the draw under way: ((seeds, sites, width, p) it draws for, the draw)
+        self._prefetch: tuple[tuple[tuple[int, ...], int, int, float], Future] | None = None
         # the device masks of the last bind: a step binds the same seeds for its rollout, its update and its
         # reference (one batch each at the recipe's sizes), and the masks are read-only
         self._bound: tuple[tuple, list[Tensor]] | None = None
@@ -208,7 +209,7 @@ class LockedDropout(Perturbation):
         key = (seed_list, len(sites), sites[0].width, self.p, dtype, lm.device)
         if self._bound is None or self._bound[0] != key:
             self._bound = None  # (its device memory may go before the new masks are made)
-            keep = self._await_prefetch(seed_list)
+            keep = self._await_prefetch(seed_list, (len(sites), sites[0].width, self.p))
             if keep is None:
                 keep = keep_rows(seeds, len(sites), sites[0].width, self.p, self.memo)
             # booleans cross to the device (not fp32 masks: a quarter of the bytes and of the host's work) and become
@@ -227,19 +228,23 @@ class LockedDropout(Perturbation):
         seeds = seeds.cpu()
         self._await_prefetch()  # one draw under way at a time
         pin = lm.device.type == "cuda"
+        n_sites, width, p = len(sites), sites[0].width, self.p
 
         def draw() -> Tensor:
             with CAPTURE_LOCK if pin else nullcontext():  # (on CUDA apart from any capture: pinning calls the runtime)
-                keep = keep_rows(seeds, len(sites), sites[0].width, self.p, self.memo)
+                keep = keep_rows(seeds, n_sites, width, p, self.memo)
                 return keep.pin_memory() if pin else keep
 
-        self._prefetch = (tuple(seeds.tolist()), _prefetcher().submit(draw))
+        self._prefetch = ((tuple(seeds.tolist()), n_sites, width, p), _prefetcher().submit(draw))
 
-    def _await_prefetch(self, seeds: tuple[int, ...] | None = None) -> Tensor | None:
+    def _await_prefetch(
+        self, seeds: tuple[int, ...] | None = None, rows: tuple[int, int, float] | None = None
+    ) -> Tensor | None:
         """Wait for the draw under way (with ``seeds``: only if it holds any of them), and raise what it raised; its
-        stacked keep-masks when it drew exactly ``seeds``, else None (it filled the memo either way)."""
-        if self._prefetch is None or (seeds is not None and set(self._prefetch[0]).isdisjoint(seeds)):
+        stacked keep-masks when it drew exactly ``seeds`` (and, given ``rows``, their (sites, width, p): a bind over
+        another model, or after p was set on the object, draws its own), else None (it filled the memo either way)."""
+        if self._prefetch is None or (seeds is not None and set(self._prefetch[0][0]).isdisjoint(seeds)):
             return None
-        (drawn_for, draw), self._prefetch = self._prefetch, None
+        ((drawn_for, *drawn_rows), draw), self._prefetch = self._prefetch, None
         keep = draw.result()
-        return keep if drawn_for == seeds else None
+        return keep if drawn_for == seeds and (rows is None or tuple(drawn_rows) == rows) else None
