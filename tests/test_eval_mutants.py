@@ -239,3 +239,39 @@ def test_a_set_whose_records_are_all_shots_is_refused_before_the_model_loads(tmp
         _read_sets({str(two): tmp_path / "out"}, None, cfg, numeric)
     cfg.eval.shots = 1
     assert len(_read_sets({str(two): tmp_path / "out"}, None, cfg, numeric)[str(two)]) == 2
+
+
+def test_a_votes_partial_credit_is_its_score_not_a_correct_answer(lm, monkeypatch):
+    """In the vote as in evaluate, a scorer's 0.5 is the row's score and no correct answer; a question without a
+    vote (its completions empty) is unparseable under the numeric verifier only (``exact`` counts none)."""
+
+    def halves(completions, **kw):
+        return [0.5] * len(completions)
+
+    recs = [Record("1+2?", [], "3"), Record("2+2?", [], "4")]
+    monkeypatch.setattr(ev, "_perturbed_texts", lambda *a, **k: ["#### 3", "#### 3", "", ""])
+    r = ev.evaluate_mc_vote(lm, recs, LockedDropout(p=0.1), n_masks=2, scorer=halves, **FAST)
+    assert [(p["correct"], p["score"]) for p in r.predictions] == [(False, 0.5), (False, 0.0)]  # (no vote: 0)
+    assert (r.correct, r.accuracy, r.mean_score, r.unparseable) == (0, 0.0, 0.25, 0)
+    numeric = ev.evaluate_mc_vote(lm, recs, LockedDropout(p=0.1), n_masks=2, **FAST)
+    exact = ev.evaluate_mc_vote(lm, recs, LockedDropout(p=0.1), n_masks=2, scorer="exact", **FAST)
+    assert (numeric.correct, numeric.unparseable, exact.correct, exact.unparseable) == (1, 1, 1, 0)
+
+
+def test_empty_shards_merge_to_what_one_process_gives_for_no_record(lm):
+    """Shards of no record (a test set smaller than the ranks' count) merge to one process's result of none: a
+    mean score of 0.0, not None."""
+    none = evaluate(lm, [], **FAST)
+    merged = merge_results([none, evaluate(lm, [], **FAST)])
+    assert (merged.n, merged.accuracy, merged.mean_score) == (0, 0.0, none.mean_score) == (0, 0.0, 0.0)
+
+
+def test_split_replaces_the_split_a_dataset_or_a_file_names(tmp_path):
+    """Results name what was evaluated: ``--split`` in place of the split a name or a file path gives
+    (``a.jsonl:test --split train`` is ``a.jsonl:train``, not ``a.jsonl:test:train``)."""
+    from dgrpo.cli.evaluate import dataset_label
+
+    file = tmp_path / "a.jsonl"
+    file.write_text("")
+    assert dataset_label(f"{file}:test", "train") == dataset_label(str(file), "train") == f"{file}:train"
+    assert (dataset_label("gsm8k:test", "train"), dataset_label("gsm8k", None)) == ("gsm8k:train", "gsm8k")
