@@ -275,3 +275,11 @@ def test_split_replaces_the_split_a_dataset_or_a_file_names(tmp_path):
     file.write_text("")
     assert dataset_label(f"{file}:test", "train") == dataset_label(str(file), "train") == f"{file}:train"
     assert (dataset_label("gsm8k:test", "train"), dataset_label("gsm8k", None)) == ("gsm8k:train", "gsm8k")
+
+
+def test_a_plug_in_or_exact_scorers_pred_is_the_final_answer_without_its_spaces(lm, monkeypatch):
+    """Under ``exact`` (and a plug-in) a row's pred is the text after the last ``#``, stripped (``#### Tom `` ->
+    ``Tom``, as the scorer compares it)."""
+    monkeypatch.setattr(ev, "generate_answers", lambda *a, **kw: ["#### Tom \n", "I think #### Ann"])
+    r = evaluate(lm, [Record("Who?", [], "Tom"), Record("Who?", [], "Bob")], scorer="exact", **FAST)
+    assert [(p["pred"], p["correct"]) for p in r.predictions] == [("Tom", True), ("Ann", False)]
