@@ -207,7 +207,27 @@ def test_starting_over_removes_the_stage_folders_and_keeps_a_copy_of_one(tmp_pat
     for name in ("stage-1", "stage-10", "stage-2", "stage-1.bak", "stage-x"):
         (out / name).mkdir()
         (out / name / MANIFEST).write_text("{}")
+    for name in ("config.0.json", "config.1.json", "config.2.orig.json", "config.old.json"):
+        (out / name).write_text("{}")
     assert [p.name for p in stage_dirs(out)] == ["stage-1", "stage-2", "stage-10"]  # (by stage, not by name)
     with RunDir(out, cfg, Dist.single(), "sft", resume="never", log=lambda line: None):
         pass
     assert sorted(p.name for p in out.glob("stage-*")) == ["stage-1.bak", "stage-x"]
+    assert sorted(p.name for p in out.glob("config.*.json")) == ["config.2.orig.json", "config.old.json"]
+
+
+def test_a_changed_config_is_kept_after_the_last_of_the_history_beside_a_users_copy(tmp_path):
+    """``config.N.json`` numbers the configs a resumed run changed to: the next is after the highest N (10 after 9,
+    not by name), and a user's copy beside them (``config.old.json``) is neither counted nor a crash (it was
+    ``int('old')``: a ValueError when the resumed run wrote its config)."""
+    from types import SimpleNamespace
+
+    from dgrpo.training.run import RunDir
+
+    for name in ("config.0.json", "config.9.json", "config.old.json", "config.12.orig.json"):
+        (tmp_path / name).write_text("{}")
+    lines: list[str] = []
+    run = SimpleNamespace(out_dir=tmp_path, first_config={}, cfg={"a": 1}, changed=["grpo.lr"], log=lines.append)
+    RunDir._keep_config_history(run, 7)  # type: ignore[arg-type]
+    assert json.loads((tmp_path / "config.10.json").read_text()) == {"started_at_step": 7, "config": {"a": 1}}
+    assert lines == ["dgrpo: config changed at step 7 (grpo.lr); kept as config.10.json"]

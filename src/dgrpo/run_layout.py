@@ -17,6 +17,7 @@ EVAL_DIR = "eval"  # the test sets' results for final/ (eval_best/ for best/)
 TB_DIR = "tb"  # TensorBoard event files
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"  # the config the run was started with (config.N.json: each changed one)
+CONFIG_HISTORY = re.compile(r"config\.(\d+)\.json")  # config.N.json: each config a resumed run changed to
 ROLLOUTS_FILE = "rollouts.jsonl"  # GRPO: sampled rollouts, when logged
 SUMMARY_FILE = "summary.json"  # GRPO: the run's summary (best step, accuracies, steps, skipped steps, applied)
 APPLIED_FILE = "applied.json"  # what each process that started or resumed the run applied, as resolved at run time
@@ -39,6 +40,14 @@ def stage_dirs(out: Path) -> list[Path]:
     """SFT's ``stage-K/`` entries in ``out``, by stage: the names :data:`STAGE_DIR` matches whole (not a copy such as
     ``stage-1.bak``, which a ``stage-[0-9]*`` glob took in: ``--resume never`` deleted it)."""
     found = [(int(m.group(1)), p) for p in Path(out).glob("stage-*") if (m := STAGE_DIR.fullmatch(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def config_history(out: Path) -> list[Path]:
+    """The run's ``config.N.json`` files in ``out``, by N: the names :data:`CONFIG_HISTORY` matches whole (not a copy
+    such as ``config.old.json``, which a resumed run changing its config failed on, nor ``config.2.orig.json``, which
+    ``--resume never`` deleted)."""
+    found = [(int(m.group(1)), p) for p in Path(out).glob("config.*.json") if (m := CONFIG_HISTORY.fullmatch(p.name))]
     return [p for _, p in sorted(found)]
 
 

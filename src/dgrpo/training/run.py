@@ -64,6 +64,7 @@ from ..run_layout import (
     TB_DIR,
     WANDB_DIR,
     WANDB_ID_FILE,
+    config_history,
     results_folder,
     stage_dirs,
 )
@@ -970,7 +971,7 @@ class RunDir(ResumeCheck):
         checkpoints, best/, final/, stage-K/, test results, config history, summary, logs), so that nothing left of
         it reads as this run's output."""
         found = [self.out_dir / name for name in RUN_WRITES if (self.out_dir / name).exists()]
-        found += stage_dirs(self.out_dir) + sorted(self.out_dir.glob("config.[0-9]*.json"))
+        found += stage_dirs(self.out_dir) + config_history(self.out_dir)
         for path in found:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         if found:
@@ -1378,7 +1379,7 @@ class RunDir(ResumeCheck):
 
     def _keep_config_history(self, step: int) -> None:
         """``config.N.json``: every config the run used, with the step it started at (0 = the run's first)."""
-        history = sorted(self.out_dir.glob("config.*.json"), key=lambda p: int(p.name.split(".")[1]))
+        history = config_history(self.out_dir)
         if not history:
             first = self.first_config
             (self.out_dir / "config.0.json").write_text(json.dumps({"started_at_step": 0, "config": first}, indent=2))
