@@ -39,15 +39,19 @@ def stage_dir(out: Path, stage: int) -> Path:
 def stage_dirs(out: Path) -> list[Path]:
     """SFT's ``stage-K/`` entries in ``out``, by stage: the names :data:`STAGE_DIR` matches whole (not a copy such as
     ``stage-1.bak``, which a ``stage-[0-9]*`` glob took in: ``--resume never`` deleted it)."""
-    found = [(int(m.group(1)), p) for p in Path(out).glob("stage-*") if (m := STAGE_DIR.fullmatch(p.name))]
-    return [p for _, p in sorted(found)]
+    return _by_number(out, "stage-*", STAGE_DIR)
 
 
 def config_history(out: Path) -> list[Path]:
     """The run's ``config.N.json`` files in ``out``, by N: the names :data:`CONFIG_HISTORY` matches whole (not a copy
     such as ``config.old.json``, which a resumed run changing its config failed on, nor ``config.2.orig.json``, which
     ``--resume never`` deleted)."""
-    found = [(int(m.group(1)), p) for p in Path(out).glob("config.*.json") if (m := CONFIG_HISTORY.fullmatch(p.name))]
+    return _by_number(out, "config.*.json", CONFIG_HISTORY)
+
+
+def _by_number(out: Path, glob: str, name: re.Pattern[str]) -> list[Path]:
+    """The entries of ``out`` that ``glob`` finds and whose whole name ``name`` matches, by the number it captures."""
+    found = [(int(m.group(1)), p) for p in Path(out).glob(glob) if (m := name.fullmatch(p.name))]
     return [p for _, p in sorted(found)]
 
 
