@@ -147,10 +147,9 @@ def compare(a: Mapping[PairKey, Sequence[bool]], b: Mapping[PairKey | int, Seque
         if other is None:
             continue
         gained, lost = flips(other, a[key])
-        n = len(a[key])
-        pairs.append({"sft_seed": key[0], "rl_seed": key[1], "diff": 100.0 * (gained - lost) / n, "gained": gained})
-        pairs[-1]["lost"] = lost
-        by_sft.setdefault(int(key[0]), []).append(Fraction(100 * (gained - lost), n))
+        diff = Fraction(100 * (gained - lost), len(a[key]))  # (its float: the quotient rounded once, as before)
+        pairs.append({"sft_seed": key[0], "rl_seed": key[1], "diff": float(diff), "gained": gained, "lost": lost})
+        by_sft.setdefault(int(key[0]), []).append(diff)
     if not pairs:
         return {"pairs": [], "n_pairs": 0}
     ci = mean_ci([sum(d) / len(d) for d in by_sft.values()])
