@@ -1049,14 +1049,15 @@ class RunDir(ResumeCheck):
         config = out / CONFIG_FILE
         if config.is_file() and not is_run_config(config):
             raise ConfigError(f"--out {out}: its {CONFIG_FILE} is not a dgrpo run's config: {new}")
-        for folder in [out / FINAL_DIR, out / BEST_DIR, *stage_dirs(out)]:
+        stages = stage_dirs(out)
+        for folder in [out / FINAL_DIR, out / BEST_DIR, *stages]:
             if folder.exists() and not (folder / MANIFEST).is_file():
                 raise ConfigError(f"--out {out}: {folder} is not a checkpoint dgrpo wrote (no {MANIFEST}): {new}")
         root = out / CHECKPOINTS_DIR
         stray = [p.name for p in root.iterdir() if not (p.is_dir() and "step-" in p.name)] if root.is_dir() else []
         if stray:
             raise ConfigError(f"--out {out}: {root} holds {', '.join(sorted(stray)[:3])}, not dgrpo checkpoints: {new}")
-        signs = [config, out / FINAL_DIR, out / BEST_DIR, root, *stage_dirs(out)]
+        signs = [config, out / FINAL_DIR, out / BEST_DIR, root, *stages]
         if not any(p.exists() for p in signs) and not _metrics_of_a_run(out / METRICS_FILE):
             names = [name for name in (*RUN_WRITES, METRICS_FILE) if (out / name).exists()]
             if names:
