@@ -1,0 +1,132 @@
+"""What mutation testing of ``dgrpo.model.coconut_import`` found untested: each test kills a mutant that the other
+tests let live (the mutant named in its docstring). Tiny and in-process: a GPT-2 base of 2 layers, width 32."""
+
+import copy
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from dgrpo.model.coconut_import import import_coconut, unwrap
+from dgrpo.model.factory import CheckpointError
+from dgrpo.model.tiny import build_tiny_model, tiny_config
+
+TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 64}
+#: run.py's order: start, end, latent
+OFFICIAL_ORDER = ["<|start-latent|>", "<|end-latent|>", "<|latent|>"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tokenizer):
+    """(base dir, the model's plain state dict with the latent rows, as run.py's Coconut stages save it unwrapped)."""
+    root = tmp_path_factory.mktemp("coconut-mutants")
+    base = root / "base"
+    copy.deepcopy(tokenizer).save_pretrained(base)
+    tiny_config("gpt2", len(tokenizer), **TINY).save_pretrained(base)
+    model = build_tiny_model("gpt2", len(tokenizer), seed=3, **TINY)
+    model.resize_token_embeddings(len(tokenizer) + 3)
+    return base, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def wrapped(plain: dict) -> dict:
+    """The official layout: ``base_causallm.`` keys and the input embedding again as ``embedding.weight``."""
+    return {"embedding.weight": plain["transformer.wte.weight"], **{f"base_causallm.{k}": v for k, v in plain.items()}}
+
+
+def save(tmp_path: Path, sd: dict) -> Path:
+    torch.save(sd, tmp_path / "checkpoint_15")
+    return tmp_path / "checkpoint_15"
+
+
+def test_a_wrapper_embedding_other_than_the_base_models_is_refused(run, tmp_path):
+    """Coconut's ``embedding`` is the base model's input embedding registered twice: two different tensors are no
+    file of run.py's (mutant: ``unwrap`` returned no wrapper embedding, so nothing compared them)."""
+    base, plain = run
+    sd = wrapped(plain)
+    sd["embedding.weight"] = sd["embedding.weight"] + 1.0
+    says = "embedding.weight differs from base_causallm.transformer.wte.weight (they are one tensor in Coconut)"
+    with pytest.raises(CheckpointError, match=f"^{says}$".replace("(", r"\(").replace(")", r"\)")):
+        import_coconut(save(tmp_path, sd), str(base), tmp_path / "o", c_thought=2, max_latent_stage=3)
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_wrappers_embedding_without_its_base_keys_is_named(run, tmp_path):
+    """A plain state dict with the wrapper's own ``embedding.weight`` is refused saying so (mutant: the check dropped,
+    it was refused later as an unexpected key of the base model, asking whether --base is the run's)."""
+    _, plain = run
+    ckpt = tmp_path / "half.pt"
+    with pytest.raises(CheckpointError, match=r"half.pt: has 'embedding.weight' but no base_causallm.\* keys \(keys: "):
+        unwrap({**plain, "embedding.weight": plain["transformer.wte.weight"]}, ckpt)
+
+
+def test_the_prefixes_of_torchs_wrappers_are_read_through(run):
+    """FSDP's ``_fsdp_wrapped_module.`` (anywhere in a key), DDP's ``module.`` and torch.compile's ``_orig_mod.``
+    (leading, stacked) are dropped (mutants: FSDP's prefix kept; DDP's and compile's kept)."""
+    _, plain = run
+    sd = wrapped(plain)
+    saved = {
+        **{f"_fsdp_wrapped_module.{k}": v for k, v in list(sd.items())[:3]},
+        **{f"module._orig_mod.{k}": v for k, v in list(sd.items())[3:]},
+    }
+    inner, is_wrapped, emb = unwrap(saved, Path("ckpt"))
+    assert is_wrapped and emb is plain["transformer.wte.weight"]
+    assert inner.keys() == plain.keys() and all(inner[k] is plain[k] for k in plain)
+
+
+def test_a_wrapped_checkpoint_without_the_latent_rows_is_refused(run, tmp_path):
+    """Only run.py's CoT stage saves the model without the latent rows, and it saves the plain model: the Coconut
+    wrapper's layout with the base's rows alone is refused, not imported as a CoT stage (mutant: ``cot`` no longer
+    required a plain state dict)."""
+    base, plain = run
+    sd = wrapped(plain)
+    n = sd["embedding.weight"].shape[0] - 3
+    sd = {k: v[:n] if k.endswith(("wte.weight", "lm_head.weight", "embedding.weight")) else v for k, v in sd.items()}
+    with pytest.raises(CheckpointError, match=rf"its {n} embedding rows lack the latent tokens \(ids \[{n}, "):
+        import_coconut(save(tmp_path, sd), str(base), tmp_path / "o", c_thought=2, max_latent_stage=3)
+    assert not (tmp_path / "o").exists()
+
+
+def test_rows_one_short_of_the_latent_tokens_are_named_so(run, tmp_path):
+    """A checkpoint with two rows past the base's, where the tokenizer's latent tokens need three: the line says the
+    rows lack the latent tokens (mutant: ``max(latent_ids) > rows``, which let the last id, equal to the row count,
+    through to a line about the tokenizer's size)."""
+    base, plain = run
+    n = plain["transformer.wte.weight"].shape[0] - 1
+    sd = {k: v[:n] if k in ("transformer.wte.weight", "lm_head.weight") else v for k, v in plain.items()}
+    with pytest.raises(CheckpointError, match=rf"its {n} embedding rows lack the latent tokens \(ids \[{n - 2}, "):
+        import_coconut(save(tmp_path, wrapped(sd)), str(base), tmp_path / "o", c_thought=2, max_latent_stage=3)
+
+
+def test_the_official_layout_converts_in_the_runs_dtype_without_a_warning(run, tmp_path):
+    """A bfloat16 run's checkpoint is written in bfloat16, every tensor as the file held it (mutant: the model was
+    left in float32, and load_state_dict widened the weights into it: a file twice the size, another dtype). The
+    wrapper's layout is only a continuous-thought run's: no warning about pause-as-thought runs (mutant: the warning
+    for a plain state dict given for the wrapper's layout too)."""
+    from safetensors import safe_open
+
+    base, plain = run
+    half = {k: v.to(torch.bfloat16) for k, v in plain.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = import_coconut(save(tmp_path, wrapped(half)), str(base), tmp_path / "o", c_thought=2, max_latent_stage=3)
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        got = {k: f.get_tensor(k) for k in f.keys()}
+    assert {v.dtype for v in got.values()} == {torch.bfloat16}
+    assert torch.equal(got["transformer.wte.weight"], half["transformer.wte.weight"])
+
+
+def test_a_cot_stage_checkpoint_refuses_latent_settings_and_a_negative_c_thought():
+    """A CoT-stage checkpoint (no latent rows) is mode cot at stage 0: n_latent, stage or max_latent_stage other than
+    0 are refused, and so is c_thought < 0 (0, gsm_cot.yaml's, is read as 1) (mutants: either refusal dropped)."""
+    from dgrpo.model.coconut_import import choose_settings
+    from dgrpo.model.latent_lm import LatentSettings
+
+    ckpt = Path("checkpoint_3")
+    cot = LatentSettings(mode="cot", c_thought=1, stage=0, n_latent=0, markers=False)
+    assert choose_settings(ckpt, True, 0, 0, 0, 0) == cot
+    for n_latent, stage, max_latent_stage in ((2, None, None), (None, 1, None), (None, None, 3)):
+        with pytest.raises(CheckpointError, match=r"^checkpoint_3 has no latent-token rows: a CoT-stage checkpoint"):
+            choose_settings(ckpt, True, 1, n_latent, stage, max_latent_stage)
+    with pytest.raises(CheckpointError, match=r"^c_thought \(--c-thought\) must be >= 0 for a CoT-stage checkpoint"):
+        choose_settings(ckpt, True, -1, None, None, None)
