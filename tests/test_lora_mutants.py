@@ -192,3 +192,14 @@ def test_an_adapter_trained_with_dropout_elsewhere_loads_without_it(bases, tmp_p
     (tmp_path / "adapter" / "manifest.json").unlink()  # (it holds the edited file's checksum)
     again = LatentLM.from_pretrained(tmp_path / "adapter")
     assert again.peft.peft_config[lora.POLICY].lora_dropout == 0.0
+
+
+def test_adapters_are_not_put_on_a_model_twice(bases):
+    """A second ``apply_lora`` on a model with adapters is refused, and its adapter is left as it was (mutant: the
+    check dropped, PEFT wrapped the adapted model again)."""
+    lm = LatentLM.from_pretrained(bases / "qwen2")
+    lora.apply_lora(lm, LoraConfig(r=4, alpha=8.0))
+    wrapper, before = lm.peft, lora.adapter_state(lm)
+    with pytest.raises(ValueError, match="^this model already has LoRA adapters$"):
+        lora.apply_lora(lm, LoraConfig(r=2, alpha=4.0))
+    assert lm.peft is wrapper and lora.adapter_state(lm).keys() == before.keys()
