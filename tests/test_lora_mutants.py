@@ -124,8 +124,9 @@ def test_the_saved_adapters_header_keeps_the_tensors_8_byte_aligned():
 
 def test_the_base_fingerprint_is_of_its_own_weight_files(tmp_path, monkeypatch):
     """The fingerprint of a base dgrpo wrote is of its manifest's top-level weight entries: the shard index counts,
-    a file in a subfolder (an evaluation's, a copy's) and other files do not, and the weights are not hashed again
-    when a manifest lists them (mutants: nested files counted; the index not; the weights always hashed)."""
+    a file in a subfolder (an evaluation's, a copy's), other files and the manifest's order do not, and the weights
+    are not hashed again when a manifest lists them (mutants: nested files counted; the index not; the weights
+    always hashed; the digests in the manifest's order)."""
     import json
 
     base = tmp_path / "base"
@@ -146,6 +147,8 @@ def test_the_base_fingerprint_is_of_its_own_weight_files(tmp_path, monkeypatch):
         == one
     )
     assert fingerprint(**weights, **{"model.safetensors.index.json": "i2", "config.json": "c1"}) != one
+    backwards = dict(reversed([*weights.items(), ("model.safetensors.index.json", "i1")]))
+    assert fingerprint(**backwards) == one  # (a manifest in another order: the same weights)
 
 
 def test_up_to_eight_saved_target_modules_are_listed_for_set(bases, tmp_path):
@@ -203,3 +206,32 @@ def test_adapters_are_not_put_on_a_model_twice(bases):
     with pytest.raises(ValueError, match="^this model already has LoRA adapters$"):
         lora.apply_lora(lm, LoraConfig(r=2, alpha=4.0))
     assert lm.peft is wrapper and lora.adapter_state(lm).keys() == before.keys()
+
+
+def test_a_merged_model_names_no_base_and_takes_no_adapter_as_if_it_were_one(bases):
+    """After ``merge_into_base`` the weights are base + adapter, no longer the base's: the model names none, and new
+    adapters are refused as on a model built in memory (mutant: the base's name kept, so a new adapter named the
+    base, whose weights it was not trained on)."""
+    lm = LatentLM.from_pretrained(bases / "qwen2")
+    lora.apply_lora(lm, LoraConfig(r=4, alpha=8.0))
+    lora.merge_into_base(lm)
+    assert lm.peft is None and lm.name_or_path is None
+    with pytest.raises(ConfigError, match="this one was built in memory: save it first"):
+        lora.apply_lora(lm, LoraConfig(r=4, alpha=8.0))
+
+
+def test_a_second_reference_is_the_first_overwritten(bases):
+    """``add_reference`` on a model that has one (a run stopped in the process, then started again) copies the policy
+    adapter of that moment into it (mutant: the adapter added again, which PEFT refuses)."""
+    lm = LatentLM.from_pretrained(bases / "qwen2")
+    lora.apply_lora(lm, LoraConfig(r=4, alpha=8.0))
+    lora.add_reference(lm)
+    with torch.no_grad():
+        for name, p in lm.model.named_parameters():
+            if "lora_B" in name and f".{lora.POLICY}." in name:
+                p.add_(0.1)
+    lora.add_reference(lm)
+    policy, reference = lora.adapter_state(lm), lora.adapter_state(lm, lora.REFERENCE)
+    assert policy.keys() == reference.keys() and all(torch.equal(policy[k], reference[k]) for k in policy)
+    assert any("lora_B" in k and bool(policy[k].abs().sum() > 0) for k in policy)
+    assert sum(p.numel() for p in lm.model.parameters() if p.requires_grad) == sum(v.numel() for v in policy.values())
