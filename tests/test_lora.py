@@ -182,8 +182,9 @@ def test_adapter_checkpoint_save_load_and_merge(base_dirs, tmp_path, run_cli):
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])  # an untied head, a tied one
 def test_an_adapter_on_a_plain_base_reloads_the_latent_rows_it_trained_with(tokenizer, tmp_path, arch):
     """A plain LM (no latent markers in its tokenizer) gets the markers' rows from dgrpo; with
-    model.lora.train_latent_tokens false the adapter did not hold them, and a reload gave them the resize's random
-    values: other log-probs than the model that was trained. They are kept beside the adapter."""
+    model.lora.train_latent_tokens false the adapter did not hold them, and a reload gave them the resize's values
+    (a fresh start: the embeddings' mean), not the ones trained: other log-probs than the model that was trained.
+    They are kept beside the adapter (here rows moved off that start, as SFT moves them)."""
     import copy
 
     from dgrpo.model.tiny import build_tiny_model
@@ -195,10 +196,13 @@ def test_an_adapter_on_a_plain_base_reloads_the_latent_rows_it_trained_with(toke
     copy.deepcopy(tokenizer).save_pretrained(plain)
     lm = with_lora(plain, train_latent_tokens=False)
     assert lm.new_latent_tokens  # (a plain base: dgrpo gave the markers their rows)
+    ids = [lm.start_id, lm.latent_id, lm.end_id]
+    with torch.no_grad():  # (trained rows; a fresh resize gives each marker the same mean, which a reload would equal)
+        for get in ("get_input_embeddings", "get_output_embeddings"):
+            getattr(lm.model, get)().weight[ids] += torch.arange(1.0, 4.0)[:, None]
     lm.save_pretrained(tmp_path / "adapter")
     assert (tmp_path / "adapter" / lora.LATENT_ROWS).is_file()
     again = LatentLM.from_pretrained(tmp_path / "adapter")
-    ids = [lm.start_id, lm.latent_id, lm.end_id]
     for get in ("get_input_embeddings", "get_output_embeddings"):
         assert torch.equal(getattr(again.model, get)().weight[ids], getattr(lm.model, get)().weight[ids])
     assert torch.equal(logprobs(again), logprobs(lm))
