@@ -342,3 +342,10 @@ def test_a_question_is_read_without_its_surrounding_spaces_and_a_cot_gold_withou
     (plain,) = load_rows([{"question": "  How many?\n", "answer": " 3 "}])
     (aug,) = load_rows([{"question": " q ", "cot": "<<1000*2=2000>>", "answer": "2,000"}])
     assert (plain.question, plain.answer, aug.question, aug.answer) == ("How many?", "3", "q", "2000")
+
+
+@pytest.mark.parametrize("row", [{"input": "q", "target": 1e23}, {"question": "q", "answer": 1e23}], ids=["pal", "qa"])
+def test_a_whole_json_number_beyond_float_precision_is_the_number_written(tmp_path: Path, row: dict[str, Any]) -> None:
+    """A JSON gold ``1e23`` is 100000000000000000000000, as the text "1e23" and ``Record(answer=1e23)`` are: it was
+    the float's binary value, 99999999999999991611392, against which ``#### 100000000000000000000000`` scored 0."""
+    assert _one(tmp_path, row).answer == "100000000000000000000000" == Record("q", [], 1e23).answer

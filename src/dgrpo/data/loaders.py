@@ -98,7 +98,9 @@ def _steps_field(row: dict[str, Any], key: str = "steps") -> list[str]:
 
 def _format_number(value: Any, what: str) -> str:
     """A numeric gold as answer text: int string when whole (``8.0`` -> ``"8"``), else full precision
-    without exponent (``3244047.0999999996``, ``2.0107e-06`` -> ``"0.0000020107"``)."""
+    without exponent (``3244047.0999999996``, ``2.0107e-06`` -> ``"0.0000020107"``). A float is the number its repr
+    writes, as ``Record(answer=...)`` reads one: ``1e23`` -> ``"100000000000000000000000"`` (``str(int(1e23))``, the
+    float's binary value ``"99999999999999991611392"``, was the gold, which the completion ``#### 1e23`` missed)."""
     if value is None:
         raise _NoValue(what)
     if isinstance(value, bool):
@@ -108,8 +110,6 @@ def _format_number(value: Any, what: str) -> str:
     if isinstance(value, float):
         if not math.isfinite(value):
             raise _RowError(f"{what} must be a finite number, got {value!r}")
-        if value.is_integer():
-            return str(int(value))
         canon = normalize_number(format(Decimal(repr(float(value))), "f"))  # (np.float64's repr names its type)
         assert canon is not None
         return canon
