@@ -349,3 +349,17 @@ def test_a_whole_json_number_beyond_float_precision_is_the_number_written(tmp_pa
     """A JSON gold ``1e23`` is 100000000000000000000000, as the text "1e23" and ``Record(answer=1e23)`` are: it was
     the float's binary value, 99999999999999991611392, against which ``#### 100000000000000000000000`` scored 0."""
     assert _one(tmp_path, row).answer == "100000000000000000000000" == Record("q", [], 1e23).answer
+
+
+def test_a_json_file_written_as_json_lines_reads_as_them(tmp_path: Path) -> None:
+    """``datasets.Dataset.to_json('train.json')`` writes one object per line (JSON Lines) under a ``.json`` name: its
+    records are read, and a problem names its line (it was 'line 2: invalid JSON (Extra data, column 1)')."""
+    path = tmp_path / "train.json"
+    path.write_text('{"question": "q", "answer": "1"}\n{"question": "r", "answer": "2"}\n', "utf-8")
+    assert [(r.question, r.answer) for r in load_dataset(str(path))] == [("q", "1"), ("r", "2")]
+    path.write_text('{"question": "q", "answer": "1"}\n{"question": "r"}\n', "utf-8")
+    with pytest.raises(DataError, match=r"train\.json line 2: missing field 'answer'"):
+        load_dataset(str(path))
+    pretty = tmp_path / "pretty.json"  # (a pretty-printed object is one JSON value: its 'data' list, as before)
+    pretty.write_text('{\n  "data": [{"question": "q", "answer": "1"}]\n}\n', "utf-8")
+    assert [r.answer for r in load_dataset(str(pretty))] == ["1"]

@@ -595,8 +595,8 @@ def _load_file(path: Path, columns: RowParser | None = None) -> list[Record]:
         return rows_to_records(rows, str(path), str(path), columns)
     text = _read_text(path)
     head = text.lstrip()[:1]
-    if (suffix == ".jsonl" and head != "[") or (suffix != ".json" and head == "{"):  # (a .jsonl of one list: a list)
-        records = _parse_jsonl(path, text, columns)
+    if (suffix == ".jsonl" and head != "[") or (head == "{" and (suffix != ".json" or _json_lines(text))):
+        records = _parse_jsonl(path, text, columns)  # (a .jsonl of one list: a list)
     elif suffix == ".json" or head == "[":
         records = _parse_json_list(path, text, columns)
     elif "||" in text:
@@ -609,6 +609,18 @@ def _load_file(path: Path, columns: RowParser | None = None) -> list[Record]:
             "answer' lines"
         )
     return _nonempty(path, records)
+
+
+def _json_lines(text: str) -> bool:
+    """Whether ``text`` is JSON Lines: an object on its first line alone and more lines after it (a ``.json`` file
+    so written, as ``datasets.Dataset.to_json`` writes by default, was 'line 2: invalid JSON (Extra data)')."""
+    first, _, rest = text.lstrip().partition("\n")
+    if not rest.strip():
+        return False
+    try:
+        return isinstance(json.loads(first), dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 def _load_builtin_name(name: str, split: str | None) -> list[Record]:
@@ -967,7 +979,7 @@ def load_dataset(
     * ``openmathinstruct2`` (``nvidia/OpenMathInstruct-2`` on the Hugging Face hub);
     * a name starting with ``builtin``: the project's synthetic task (``dgrpo.data.synthetic``);
     * a path to a data file; its format is detected from the extension and content (jsonl/JSON-list
-      records keyed like any format above, PAL ``{input, target}`` jsonl, OpenMathInstruct-2
+      records keyed like any format above (a ``.json`` file of JSON Lines too), PAL ``{input, target}`` jsonl, OpenMathInstruct-2
       ``{problem, expected_answer}`` jsonl, or GSM8K-Aug ``question||steps #### answer`` lines);
       a file has no splits: ``split`` with a file path is a DataError;
     * any other name: a Hugging Face hub dataset, read through the optional ``datasets`` package (``config``:
