@@ -979,8 +979,8 @@ def load_dataset(
     * ``openmathinstruct2`` (``nvidia/OpenMathInstruct-2`` on the Hugging Face hub);
     * a name starting with ``builtin``: the project's synthetic task (``dgrpo.data.synthetic``);
     * a path to a data file; its format is detected from the extension and content (jsonl/JSON-list
-      records keyed like any format above (a ``.json`` file of JSON Lines too), PAL ``{input, target}`` jsonl, OpenMathInstruct-2
-      ``{problem, expected_answer}`` jsonl, or GSM8K-Aug ``question||steps #### answer`` lines);
+      records keyed like any format above (a ``.json`` file of JSON Lines too), PAL ``{input, target}`` jsonl,
+      OpenMathInstruct-2 ``{problem, expected_answer}`` jsonl, or GSM8K-Aug ``question||steps #### answer`` lines);
       a file has no splits: ``split`` with a file path is a DataError;
     * any other name: a Hugging Face hub dataset, read through the optional ``datasets`` package (``config``:
       which of its configs, for a dataset that has several, e.g. ``main`` of ``openai/gsm8k``).
