@@ -363,3 +363,17 @@ def test_a_json_file_written_as_json_lines_reads_as_them(tmp_path: Path) -> None
     pretty = tmp_path / "pretty.json"  # (a pretty-printed object is one JSON value: its 'data' list, as before)
     pretty.write_text('{\n  "data": [{"question": "q", "answer": "1"}]\n}\n', "utf-8")
     assert [r.answer for r in load_dataset(str(pretty))] == ["1"]
+
+
+def test_a_csv_file_with_blank_lines_above_its_header_reads_from_the_header(tmp_path: Path) -> None:
+    """Its header is the first line that is not blank (as pandas reads it; it was 'no header line'), and a row's
+    line is still its line in the file."""
+    path = tmp_path / "rows.csv"
+    path.write_text("\n\nquestion,answer\nq,3\n", "utf-8")
+    assert [(r.question, r.answer) for r in load_dataset(str(path))] == [("q", "3")]
+    path.write_text("\n\nquestion,answer\nq,3\n ,4\n", "utf-8")
+    with pytest.raises(DataError, match=r"rows\.csv line 5: field 'question' is empty"):
+        load_dataset(str(path))
+    path.write_text("\n\n", "utf-8")
+    with pytest.raises(DataError, match="no header line"):
+        load_dataset(str(path))

@@ -49,7 +49,8 @@ class CsvTable(NamedTuple):
 
 def read_csv_lines(path: Path) -> CsvTable:
     """The rows of a CSV file with a header line (values are strings; None in a row shorter than the header), the
-    file line each row starts on (the header is line 1; a quoted value may span lines) and its cells. A row longer
+    file line each row starts on (the header is line 1, or the first line that is not blank; a quoted value may span
+    lines) and its cells. A row longer
     than the header is a DataError (its extra cells had no column name). Blank lines are skipped, as csv.DictReader
     does; csv.reader is read directly because DictReader skips them out of sight, and its line_num then names a line
     before the row."""
@@ -57,6 +58,8 @@ def read_csv_lines(path: Path) -> CsvTable:
         with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
             header = next(reader, None)
+            while header == []:  # (blank lines above the header, which pandas skips too: 'no header line')
+                header = next(reader, None)
             if not header:
                 raise DataError(f"{path}: no header line (CSV files need one, naming the columns)")
             _warn_repeated_columns(path, header)
