@@ -377,3 +377,27 @@ def test_a_csv_file_with_blank_lines_above_its_header_reads_from_the_header(tmp_
     path.write_text("\n\n", "utf-8")
     with pytest.raises(DataError, match="no header line"):
         load_dataset(str(path))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What the real-file tests (tests/test_loaders.py, skipped without the data folder) check, on made-up rows
+
+
+def test_format_rows_read_without_the_data_folder(tmp_path: Path) -> None:
+    """SVAMP's question is ``Body + " " + Question``; PAL keeps its ``code``; Coconut's blank steps are dropped;
+    GSM8K-Aug text steps split on any whitespace."""
+    svamp = _one(tmp_path, {"Body": "2 cats.", "Question": "Legs?", "Answer": 8.0, "Type": "x"}, "rows.json")
+    assert (svamp.question, svamp.answer, svamp.meta["Type"]) == ("2 cats. Legs?", "8", "x")
+    assert _one(tmp_path, {"input": "q", "code": "x = 1", "target": 1.5}).meta["code"] == "x = 1"
+    assert _one(tmp_path, {"question": "q", "steps": ["", "a", " "], "answer": "2"}, "rows.json").steps == ["a"]
+    path = tmp_path / "aug.txt"
+    path.write_text("q||<<1+1=2>>  <<2*2=4>>\t#### 4\n", "utf-8")
+    assert load_dataset(str(path))[0].steps == ["<<1+1=2>>", "<<2*2=4>>"]
+
+
+def test_a_builtin_name_in_any_case_reads_its_test_split_by_default(tmp_path: Path, monkeypatch) -> None:
+    for split in ("train", "test"):
+        _file(tmp_path / "gsm8k", [{"question": split, "answer": "#### 1"}], f"{split}.jsonl")
+    monkeypatch.setenv("DGRPO_DATA_DIR", str(tmp_path))
+    assert [r.question for r in load_dataset("GSM8K")] == ["test"]
+    assert [r.question for r in load_dataset("gsm8k", "train")] == ["train"]
