@@ -50,10 +50,9 @@ class CsvTable(NamedTuple):
 def read_csv_lines(path: Path) -> CsvTable:
     """The rows of a CSV file with a header line (values are strings; None in a row shorter than the header), the
     file line each row starts on (the header is line 1, or the first line that is not blank; a quoted value may span
-    lines) and its cells. A row longer
-    than the header is a DataError (its extra cells had no column name). Blank lines are skipped, as csv.DictReader
-    does; csv.reader is read directly because DictReader skips them out of sight, and its line_num then names a line
-    before the row."""
+    lines) and its cells. A row longer than the header is a DataError (its extra cells had no column name). Blank
+    lines are skipped, as csv.DictReader does; csv.reader is read directly because DictReader skips them out of
+    sight, and its line_num then names a line before the row."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
