@@ -1,0 +1,145 @@
+"""Checkpointing at the level of checkpoint.py's functions: what a mutation test of save/read/apply, pruning and the
+checkpoints' order found untested in the fast tier (each test saves and loads a tiny state, no training run)."""
+
+import errno
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dgrpo.model.verified import CheckpointError
+from dgrpo.training import checkpoint
+from dgrpo.training.checkpoint import (
+    list_checkpoints,
+    read_checkpoint,
+    required_files,
+    resume_candidates,
+    save_checkpoint,
+    truncate_metrics,
+)
+
+from conftest import make_lm
+
+
+def _draws() -> list[float]:
+    """One draw of every generator a checkpoint restores (Python's and NumPy's Gaussians use their cached values)."""
+    return [random.random(), random.gauss(0, 1), float(np.random.random()), float(np.random.standard_normal())] + [
+        float(x) for x in torch.rand(3)
+    ]
+
+
+def _trained(lm, optimizer: torch.optim.Optimizer) -> None:
+    """One optimizer step, so that the weights and the optimizer state differ from a fresh model's."""
+    optimizer.zero_grad()
+    sum(p.float().pow(2).sum() for p in lm.model.parameters()).backward()
+    optimizer.step()
+
+
+def test_a_saved_and_applied_checkpoint_puts_back_weights_optimizer_reference_rngs_and_step(tokenizer, tmp_path):
+    """Save a trained tiny model (an AdamW step taken, a reference model beside it, every generator advanced with a
+    Gaussian cached), draw from every generator, then read and apply the checkpoint into a fresh model, optimizer and
+    reference: the same weights, optimizer state, reference and step, and the same draws again (saving consumes
+    no random number: the run that was not stopped draws what the resumed one draws)."""
+    lm, ref = make_lm(tokenizer, seed=1), torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(lm.model.parameters(), lr=1e-2)
+    _trained(lm, opt)
+    random.seed(5), np.random.seed(5), torch.manual_seed(5)
+    random.gauss(0, 1), np.random.standard_normal()  # (each caches its second Gaussian: saved with the state)
+    ckpt = save_checkpoint(tmp_path, 7, lm=lm, optimizer=opt, state={"trainer": {"x": 1}}, extra_models={"ref": ref})
+    after_save = _draws()
+    lm2, ref2 = make_lm(tokenizer, seed=2), torch.nn.Linear(3, 2)
+    opt2 = torch.optim.AdamW(lm2.model.parameters(), lr=1e-2)
+    state = read_checkpoint(ckpt, lm=lm2, optimizer=opt2, extra_models={"ref": ref2}).apply(lm2, opt2, {"ref": ref2})
+    assert _draws() == after_save
+    assert state["step"] == 7 and state["trainer"] == {"x": 1}
+    assert json.loads((ckpt / "state.json").read_text())["step"] == 7
+    w, w2 = lm.model.state_dict(), lm2.model.state_dict()
+    assert all(torch.equal(w[k], w2[k]) for k in w)
+    assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), ref2.state_dict().values()))
+    s, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
+    assert s.keys() == s2.keys() and all(torch.equal(s[i]["exp_avg_sq"], s2[i]["exp_avg_sq"]) for i in s)
+
+
+def _save_steps(lm, out: Path, steps, keep_last: int) -> None:
+    opt = torch.optim.SGD(lm.model.parameters(), lr=0.1)
+    for step in steps:
+        save_checkpoint(out, step, lm=lm, optimizer=opt, state={}, keep_last=keep_last)
+
+
+@pytest.mark.parametrize(("keep_last", "kept"), [(2, [3, 4]), (1, [4]), (0, [1, 2, 3, 4])])
+def test_pruning_keeps_the_newest_keep_last_checkpoints(tokenizer, tmp_path, keep_last, kept):
+    """keep_last=N keeps the N newest checkpoints (0: all of them)."""
+    _save_steps(make_lm(tokenizer), tmp_path, [1, 2, 3, 4], keep_last)
+    assert [p.name for p in list_checkpoints(tmp_path)] == [f"step-{s:08d}" for s in kept]
+
+
+def test_checkpoints_are_listed_by_step_and_resumed_newest_first_ignoring_other_folders(tmp_path):
+    """list_checkpoints: ``step-*`` folders oldest first (step 10 after step 9), nothing else (a half-written
+    ``.tmp-``, a ``damaged-`` one moved aside, a file); resume_candidates: newest first."""
+    root = tmp_path / "checkpoints"
+    for name in ("step-00000010", "step-00000009", ".tmp-step-00000011-7", "damaged-step-00000012", "step-00000002"):
+        (root / name).mkdir(parents=True)
+    (root / "step-00000013").write_text("")
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000002", "step-00000009", "step-00000010"]
+    assert [p.name for p in resume_candidates(tmp_path)] == ["step-00000010", "step-00000009", "step-00000002"]
+    assert list_checkpoints(tmp_path / "none") == []
+
+
+def test_a_checkpoints_manifest_must_list_its_rng_and_extra_models(tokenizer):
+    """The files a resumable checkpoint's manifest must list include rng.pt and every extra model's weights."""
+    need = required_files(make_lm(tokenizer), {"ref": None})
+    assert {"optimizer.pt", "rng.pt", "state.json", "ref.safetensors"} <= set(need)
+
+
+def test_cutting_the_metrics_keeps_exactly_the_rows_before_the_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(f'{{"step": {i}}}\n' for i in range(1, 6)))
+    truncate_metrics(path, 3)
+    assert path.read_text() == '{"step": 1}\n{"step": 2}\n{"step": 3}\n'
+
+
+def test_cutting_the_metrics_on_a_full_disk_leaves_them_whole(tmp_path, monkeypatch):
+    """A write that stops half way (a full disk) leaves metrics.jsonl as it was: the cut is written beside it and
+    renamed over it."""
+    path = tmp_path / "metrics.jsonl"
+    rows = "".join(f'{{"step": {i}}}\n' for i in range(1, 6))
+    path.write_text(rows)
+    real = Path.write_text
+
+    def half_then_full(self, data, *a, **k):
+        real(self, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", half_then_full)
+    with pytest.raises(CheckpointError, match="no space left"):
+        truncate_metrics(path, 3)
+    monkeypatch.undo()
+    assert path.read_text() == rows and sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+
+
+@pytest.mark.filterwarnings("ignore:the model's latent markers")
+def test_a_grpo_trainers_state_taken_up_again_draws_the_same_prompts_with_the_same_baseline(tokenizer, task_records):
+    """GRPOTrainer.state() through JSON (as state.json keeps it) into a fresh trainer: the same step, EMA baseline
+    and non-finite counts, and the same prompts next (the rest of the epoch's order, then the shuffle of the next
+    epoch's: the data order goes on, it does not start again)."""
+    from dgrpo.training.grpo import GRPOTrainer
+
+    from conftest import tiny_config
+
+    cfg = tiny_config(**{"grpo.prompts_per_step": 3, "grpo.beta0": 0})
+    train = task_records[:8]
+
+    def trainer() -> GRPOTrainer:
+        return GRPOTrainer(make_lm(tokenizer), cfg, train, reward_fn=lambda c, r: [1.0] * len(c))
+
+    a, b = trainer(), trainer()
+    for _ in range(2):  # 6 of the epoch's 8 prompts drawn
+        a.next_prompts()
+    a.step_idx, a.ema_baseline, a.guard.skips, a.guard.streak = 2, 0.3125, 1, 1
+    b.load_state(json.loads(json.dumps(a.state())))
+    assert (b.step_idx, b.ema_baseline, b.guard.skips, b.guard.streak) == (2, 0.3125, 1, 1)
+    ids = [[[r.question for r in t.next_prompts()] for _ in range(4)] for t in (a, b)]
+    assert ids[0] == ids[1]
