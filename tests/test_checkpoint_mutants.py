@@ -143,3 +143,16 @@ def test_a_grpo_trainers_state_taken_up_again_draws_the_same_prompts_with_the_sa
     assert (b.step_idx, b.ema_baseline, b.guard.skips, b.guard.streak) == (2, 0.3125, 1, 1)
     ids = [[[r.question for r in t.next_prompts()] for _ in range(4)] for t in (a, b)]
     assert ids[0] == ids[1]
+
+
+def test_each_cuda_devices_rng_state_goes_back_to_its_own_device(monkeypatch):
+    """A machine with more than 10 devices: ``torch_cuda_10`` is device 10's state, not the third (the states were put
+    back in the order of their names, ``torch_cuda_10`` before ``torch_cuda_2``)."""
+    states = [torch.tensor([i], dtype=torch.uint8) for i in range(12)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: states)
+    put: list[list[int]] = []
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda s: put.append([int(t) for t in s]))
+    js, tensors = checkpoint.capture_rng()
+    checkpoint.restore_rng(js, tensors)
+    assert put == [list(range(12))]

@@ -71,13 +71,16 @@ def capture_rng() -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 def restore_rng(js: dict, tensors: dict[str, torch.Tensor]) -> None:
+    """Put back the states :func:`capture_rng` took: each CUDA device's its own (``torch_cuda_<i>`` by the number
+    ``i``, not by the name: ``torch_cuda_10`` sorts before ``torch_cuda_2``)."""
     v, state, gauss = js["python"]
     random.setstate((v, tuple(state), gauss))
     name, keys, pos, has_gauss, cached = js["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.random.set_rng_state(tensors["torch_cpu"])
     if torch.cuda.is_available():
-        states = [tensors[k] for k in sorted(tensors) if k.startswith("torch_cuda_")]
+        cuda = [k for k in tensors if k.startswith("torch_cuda_")]
+        states = [tensors[k] for k in sorted(cuda, key=lambda k: int(k.removeprefix("torch_cuda_")))]
         if states:
             torch.cuda.set_rng_state_all(states)
 
