@@ -156,3 +156,86 @@ def test_each_cuda_devices_rng_state_goes_back_to_its_own_device(monkeypatch):
     js, tensors = checkpoint.capture_rng()
     checkpoint.restore_rng(js, tensors)
     assert put == [list(range(12))]
+
+
+def _reward_one(completions, records) -> list[float]:
+    return [1.0] * len(completions)
+
+
+@pytest.mark.filterwarnings("ignore:the model's latent markers")
+def test_a_grpo_checkpoint_resumes_the_loop_the_reference_and_the_rows_before_it(tokenizer, task_records, tmp_path):
+    """train_grpo's own save and resume (``_save_resumable``, ``_resume``) in a run directory: the loop's record
+    (skipped steps, last validation), the KL reference (renewed: not the initial weights a fresh trainer copies),
+    and the metrics and rollout rows written before the checkpoint (a row written after it is dropped)."""
+    from dgrpo.training import grpo
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import RunDir
+
+    from conftest import tiny_config
+
+    cfg = tiny_config(**{"grpo.prompts_per_step": 3, "grpo.beta0": 0.1, "data.test": "[]"})
+    out = tmp_path / "out"
+
+    def trainer() -> grpo.GRPOTrainer:
+        return grpo.GRPOTrainer(make_lm(tokenizer), cfg, task_records[:8], reward_fn=_reward_one)
+
+    a = trainer()
+    with torch.no_grad():
+        for p in a.ref.checkpoint_state.parameters():
+            p.add_(0.5)
+    with RunDir(out, cfg, Dist(), "grpo", log=lambda m: None) as run:
+        run.start(None)
+        run.metrics.write({"step": 1})
+        run.write_rollouts([{"step": 1}])  # (a rollout row names its step from 0: the second step's)
+        a.step_idx = 2
+        grpo._save_resumable(run, a, grpo.LoopState(skipped=2, skip_streak=1, last_eval=0.25))
+        run.metrics.write({"step": 3})
+        run.write_rollouts([{"step": 2}])
+    b = trainer()
+    with RunDir(out, cfg, Dist(), "grpo", log=lambda m: None) as run:
+        loop = grpo._resume(run, b)
+        assert (loop.skipped, loop.skip_streak, loop.last_eval, b.step_idx) == (2, 1, 0.25, 2)
+        assert [r["step"] for r in run.metrics.rows()] == [1]
+        assert run.rollouts_path.read_text() == '{"step": 1}\n'
+    wa, wb = a.ref.checkpoint_state.state_dict(), b.ref.checkpoint_state.state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def _saved_adamw(tokenizer, out: Path):
+    """A tiny model, its AdamW after one step, and the checkpoint of both at step 1."""
+    lm = make_lm(tokenizer)
+    opt = torch.optim.AdamW(lm.model.parameters(), lr=1e-2)
+    _trained(lm, opt)
+    return lm, opt, save_checkpoint(out, 1, lm=lm, optimizer=opt, state={})
+
+
+def test_a_checkpoint_changed_after_it_was_written_is_refused_by_its_manifest(tokenizer, tmp_path):
+    """One weight's bytes changed (the file still loads): the manifest's checksum refuses it, naming the file."""
+    lm, opt, ckpt = _saved_adamw(tokenizer, tmp_path)
+    weights = next((ckpt / "model").glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x40
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=f"checksum mismatch in model/{weights.name}"):
+        read_checkpoint(ckpt, lm=lm, optimizer=opt)
+
+
+def test_an_optimizer_state_that_does_not_fit_the_optimizer_is_refused(tokenizer, tmp_path):
+    """The optimizer built on resume takes the parameters in another order (a state tensor of another shape), or in
+    other groups: each refused in one line before anything is loaded."""
+    lm, _, ckpt = _saved_adamw(tokenizer, tmp_path)
+    params = list(lm.model.parameters())
+    reordered = torch.optim.AdamW(params[::-1], lr=1e-2)
+    with pytest.raises(CheckpointError, match=r"optimizer.pt: the exp_avg(_sq)? of a parameter has shape"):
+        read_checkpoint(ckpt, lm=lm, optimizer=reordered)
+    split = torch.optim.AdamW([{"params": params[:1]}, {"params": params[1:]}], lr=1e-2)
+    with pytest.raises(CheckpointError, match="its parameter groups do not match this model's parameters"):
+        read_checkpoint(ckpt, lm=lm, optimizer=split)
+
+
+def test_optimizer_state_for_a_parameter_the_optimizer_does_not_have_is_refused():
+    """A state entry numbered past the optimizer's parameters (hand-made: torch numbers them in its groups)."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    saved = {"param_groups": [{"params": [0]}], "state": {1: {"momentum_buffer": torch.zeros(2)}}}
+    with pytest.raises(CheckpointError, match="state for a parameter the optimizer does not have"):
+        checkpoint.check_optimizer_state(opt, saved)
