@@ -239,3 +239,76 @@ def test_optimizer_state_for_a_parameter_the_optimizer_does_not_have_is_refused(
     saved = {"param_groups": [{"params": [0]}], "state": {1: {"momentum_buffer": torch.zeros(2)}}}
     with pytest.raises(CheckpointError, match="state for a parameter the optimizer does not have"):
         checkpoint.check_optimizer_state(opt, saved)
+
+
+def _run_dir(out: Path, cfg, **kw):
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import RunDir
+
+    return RunDir(out, cfg, Dist(), "grpo", log=lambda m: None, **kw)
+
+
+def _resumed_at(out: Path, cfg, step: int, **kw) -> Path:
+    """A RunDir resuming the newest checkpoint (``step``'s, a folder that reads as one) under ``cfg``; returns the
+    checkpoint it resumed."""
+    from types import SimpleNamespace
+
+    ckpt = out / "checkpoints" / f"step-{step:08d}"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    (ckpt / "state.json").write_text(json.dumps({"trainer": {}}))
+    with _run_dir(out, cfg, **kw) as run:
+        run.resume(lambda c: SimpleNamespace(base=None))
+        run.start({"step": step, "metrics_lines": 0})
+        assert run.checkpoint == ckpt
+    return ckpt
+
+
+def test_each_config_a_resumed_run_changed_to_is_kept_with_the_step_it_started_at(tmp_path):
+    """A run started under lr 1e-4, resumed at step 2 under lr 1e-3, then at step 4 under lr 1e-2 (each allowed):
+    config.0.json (the first config, step 0), config.1.json (step 2), config.2.json (step 4); config.json the last."""
+    from dgrpo.config import to_dict
+
+    from conftest import tiny_config
+
+    out = tmp_path / "run"
+    lrs = (1e-4, 1e-3, 1e-2)
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(to_dict(tiny_config(**{"grpo.lr": lrs[0]}))))
+    for step, lr in ((2, lrs[1]), (4, lrs[2])):
+        _resumed_at(out, tiny_config(**{"grpo.lr": lr}), step, allow_config_change=True)
+    history = [json.loads((out / f"config.{n}.json").read_text()) for n in range(3)]
+    assert [(h["started_at_step"], h["config"]["grpo"]["lr"]) for h in history] == list(zip((0, 2, 4), lrs))
+    assert json.loads((out / "config.json").read_text())["grpo"]["lr"] == lrs[2]
+    assert not (out / "config.3.json").exists()
+
+
+def test_a_newest_checkpoint_that_does_not_load_is_moved_aside_and_the_previous_one_resumed(tmp_path):
+    """resume auto: step 4 fails its checks, step 2 is resumed (the run's checkpoint is step 2's) and step 4 is moved
+    aside as damaged-step-4; none loading is an error, not a fresh start; a named checkpoint (--resume PATH) that
+    does not load is an error naming it (no fall back)."""
+    from types import SimpleNamespace
+
+    from conftest import tiny_config
+
+    out, cfg = tmp_path / "run", tiny_config()
+    for step in (2, 4):
+        (out / "checkpoints" / f"step-{step:08d}").mkdir(parents=True)
+        (out / "checkpoints" / f"step-{step:08d}" / "state.json").write_text(json.dumps({"trainer": {}}))
+    ckpt2, ckpt4 = list_checkpoints(out)
+
+    def load_but(bad):
+        def load(c):
+            if c.name in bad:
+                raise CheckpointError("checksum mismatch in rng.pt")
+            return SimpleNamespace(path=c, base=None)
+
+        return load
+
+    with _run_dir(out, cfg) as run:
+        assert run.resume(load_but({ckpt4.name})).path == ckpt2 and run.checkpoint == ckpt2
+    assert list_checkpoints(out) == [ckpt2] and (out / "checkpoints" / f"damaged-{ckpt4.name}").is_dir()
+    with _run_dir(out, cfg) as run, pytest.raises(CheckpointError, match=f"no checkpoint in {out} can be resumed"):
+        run.resume(load_but({ckpt2.name}))
+    with _run_dir(out, cfg, resume=str(ckpt2)) as run:
+        with pytest.raises(CheckpointError, match=f"^--resume {ckpt2}: checksum mismatch in rng.pt$"):
+            run.resume(load_but({ckpt2.name}))
