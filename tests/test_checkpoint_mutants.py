@@ -312,3 +312,30 @@ def test_a_newest_checkpoint_that_does_not_load_is_moved_aside_and_the_previous_
     with _run_dir(out, cfg, resume=str(ckpt2)) as run:
         with pytest.raises(CheckpointError, match=f"^--resume {ckpt2}: checksum mismatch in rng.pt$"):
             run.resume(load_but({ckpt2.name}))
+
+
+def test_an_sft_checkpoint_resumes_where_it_stood_its_schedule_from_the_config(tokenizer, task_records, tmp_path):
+    """SFTRun's save and resume: the epoch and batch to run next, the step counts, the optimizer, the non-finite
+    skips and the training time go on; the schedule's length is this config's (a lengthened run's), not the saved."""
+    import time
+
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import RunDir
+    from dgrpo.training.sft import SFTRun
+
+    from conftest import tiny_config
+
+    cfg, out, train = tiny_config(**{"sft.num_epochs": 2}), tmp_path / "run", task_records[:16]
+    with RunDir(out, cfg, Dist(), "sft", log=lambda m: None) as run:
+        a = SFTRun(make_lm(tokenizer), cfg, Dist(), run, train)
+        run.start(None)
+        a.enter_stage(1)
+        a.prog.global_step, a.prog.step_in_sched, a.prog.sched_total = 3, 3, 999
+        a.guard.skips, a.t0 = 2, time.time() - 100.0
+        a.save(1, 2)
+    with RunDir(out, cfg, Dist(), "sft", log=lambda m: None) as run:
+        b = SFTRun(make_lm(tokenizer), cfg, Dist(), run, train)
+        now = time.time()
+    assert (b.prog.epoch, b.prog.batch, b.prog.global_step, b.prog.step_in_sched, b.prog.stage_prev) == (1, 2, 3, 3, 1)
+    assert b.prog.sched_total == b.plan.schedule_length(1) != 999
+    assert b.opt is not None and b.guard.skips == 2 and 99.0 < now - b.t0 < 200.0
