@@ -339,3 +339,39 @@ def test_an_sft_checkpoint_resumes_where_it_stood_its_schedule_from_the_config(t
     assert (b.prog.epoch, b.prog.batch, b.prog.global_step, b.prog.step_in_sched, b.prog.stage_prev) == (1, 2, 3, 3, 1)
     assert b.prog.sched_total == b.plan.schedule_length(1) != 999
     assert b.opt is not None and b.guard.skips == 2 and 99.0 < now - b.t0 < 200.0
+
+
+def test_a_resume_on_other_training_data_is_refused_unless_allowed(tmp_path):
+    """RunDir.check_same_data: the checkpoint's data fingerprint against the data given now."""
+    from dgrpo.config import ConfigError
+
+    from conftest import tiny_config
+
+    ckpt = _resumed_at(tmp_path / "run", tiny_config(), 2)
+    with _run_dir(tmp_path / "run", tiny_config()) as run:
+        run.checkpoint = ckpt
+        run.check_same_data(None, "8:aa")  # (a checkpoint from before dgrpo recorded its data: not checked)
+        run.check_same_data("8:aa", "8:aa")
+        with pytest.raises(ConfigError, match=r"trained on other training data than given now \(8 records as now"):
+            run.check_same_data("8:aa", "8:bb")
+    with _run_dir(tmp_path / "run", tiny_config(), allow_config_change=True) as run:
+        run.checkpoint = ckpt
+        run.check_same_data("8:aa", "9:bb")
+
+
+def test_a_best_written_after_the_resumed_checkpoint_is_removed(tmp_path):
+    """RunDir.drop_stale_best: best/ whose manifest is not the one the checkpoint recorded goes (True); the same one,
+    or a checkpoint that recorded none, keeps it (False)."""
+    from conftest import tiny_config
+
+    out = tmp_path / "run"
+    ckpt = _resumed_at(out, tiny_config(), 2)
+    (out / "best").mkdir()
+    (out / "best" / "manifest.json").write_text("{}")
+    with _run_dir(out, tiny_config()) as run:
+        run.checkpoint = ckpt
+        recorded = run.best_record()
+        assert recorded is not None
+        assert not run.drop_stale_best({"best": recorded}) and not run.drop_stale_best({})
+        assert (out / "best").is_dir()
+        assert run.drop_stale_best({"best": "0" * 64}) and not (out / "best").exists()
