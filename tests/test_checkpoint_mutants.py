@@ -375,3 +375,27 @@ def test_a_best_written_after_the_resumed_checkpoint_is_removed(tmp_path):
         assert not run.drop_stale_best({"best": recorded}) and not run.drop_stale_best({})
         assert (out / "best").is_dir()
         assert run.drop_stale_best({"best": "0" * 64}) and not (out / "best").exists()
+
+
+def test_a_stop_while_pruning_leaves_no_half_deleted_checkpoint_under_its_steps_name(tokenizer, tmp_path, monkeypatch):
+    """keep_last prunes step 1 when step 3 is written; a stop in the middle of its deletion (here after its
+    manifest went) left a ``step-00000001`` that still read as a checkpoint of the run (listed, resumed from, moved
+    aside as damaged). It is renamed to a leftover name first, which a run's start removes."""
+    lm = make_lm(tokenizer)
+    _save_steps(lm, tmp_path, [1, 2], keep_last=2)
+    real = checkpoint.shutil.rmtree
+
+    class Stopped(BaseException):
+        pass
+
+    def stopped_half_way(path, *a, **k):
+        if Path(path).is_dir() and "step-00000001" in Path(path).name:
+            (Path(path) / "manifest.json").unlink()
+            raise Stopped
+        real(path, *a, **k)
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", stopped_half_way)
+    with pytest.raises(Stopped):
+        _save_steps(lm, tmp_path, [3], keep_last=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000002", "step-00000003"]
+    assert [p.name.startswith(".tmp-step-00000001-") for p in (tmp_path / "checkpoints").iterdir()].count(True) == 1

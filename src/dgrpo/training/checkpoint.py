@@ -45,6 +45,7 @@ from ..model.verified import (
     atomic_dir,
     check_state_dict,
     one_line,
+    remove_dir,
     verify,
 )
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dirs, step_dir_name
@@ -114,8 +115,18 @@ def save_checkpoint(
         after = f"the run resumes from {earlier[-1]}" if earlier else "no earlier checkpoint: the run starts again"
         raise write_failed(f"checkpoint {final}", root, e, f"its temporary folder is removed; {after}") from None
     for old in list_checkpoints(out_dir)[:-keep_last] if keep_last > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+        _prune(old)
     return final
+
+
+def _prune(old: Path) -> None:
+    """Remove a checkpoint past ``keep_last``, renamed first (:func:`~dgrpo.model.verified.remove_dir`), so that a stop
+    during its deletion leaves a leftover that a run's start removes, not a half checkpoint under its step's name (still
+    listed, and resumed from); one that cannot be renamed is left, as one that could not be deleted was."""
+    try:
+        remove_dir(old)
+    except OSError:
+        pass
 
 
 def _write_checkpoint(
