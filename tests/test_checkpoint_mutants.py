@@ -399,3 +399,38 @@ def test_a_stop_while_pruning_leaves_no_half_deleted_checkpoint_under_its_steps_
         _save_steps(lm, tmp_path, [3], keep_last=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000002", "step-00000003"]
     assert [p.name.startswith(".tmp-step-00000001-") for p in (tmp_path / "checkpoints").iterdir()].count(True) == 1
+
+
+def test_a_killed_runs_temporary_checkpoint_folders_are_removed_when_the_run_starts_again(tmp_path):
+    """A checkpoint's temporary folder (``.tmp-step-N-PID``) and the shards' staging folder of a sharded run
+    (``.tmp-step-N-shards``) left by a kill are removed; the checkpoints stay."""
+    from conftest import tiny_config
+
+    out = tmp_path / "run"
+    ckpt = _resumed_at(out, tiny_config(), 2)
+    for name in (".tmp-step-00000004-77", ".tmp-step-00000004-shards"):
+        (out / "checkpoints" / name / "dcp").mkdir(parents=True)
+    _run_dir(out, tiny_config()).close()
+    assert list((out / "checkpoints").iterdir()) == [ckpt]
+
+
+def test_a_finished_run_without_checkpoints_is_not_trained_again_unasked(tmp_path):
+    """final/ and no checkpoint (deleted to save space): resume auto refuses; --resume never starts over."""
+    from dgrpo.config import ConfigError
+
+    from conftest import tiny_config
+
+    out = tmp_path / "run"
+    (out / "final").mkdir(parents=True)
+    (out / "final" / "manifest.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"holds a finished run \(final/\) and no checkpoint to resume"):
+        _run_dir(out, tiny_config())
+    _run_dir(out, tiny_config(), resume="never").close()  # (asked: its results removed)
+    assert not (out / "final").exists()
+
+
+def test_resume_true_and_false_are_auto_and_never():
+    """The Python API's ``resume=True`` / ``False``: the command line's ``--resume auto`` / ``never``."""
+    from dgrpo.training.run import ResumeCheck
+
+    assert [ResumeCheck(Path("o"), {}, "grpo", r).resume_mode for r in (True, False)] == ["auto", "never"]
