@@ -434,3 +434,12 @@ def test_resume_true_and_false_are_auto_and_never():
     from dgrpo.training.run import ResumeCheck
 
     assert [ResumeCheck(Path("o"), {}, "grpo", r).resume_mode for r in (True, False)] == ["auto", "never"]
+
+
+def test_a_failed_checkpoint_write_names_the_newest_checkpoint_the_run_resumes_from(tokenizer, tmp_path, monkeypatch):
+    """Steps 1 and 2 kept, step 3's write fails (a full disk): the line names step 2, not step 1."""
+    lm = make_lm(tokenizer)
+    _save_steps(lm, tmp_path, [1, 2], keep_last=3)
+    monkeypatch.setattr(checkpoint.torch, "save", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    with pytest.raises(CheckpointError, match=f"the run resumes from {tmp_path / 'checkpoints' / 'step-00000002'}$"):
+        _save_steps(lm, tmp_path, [3], keep_last=3)
