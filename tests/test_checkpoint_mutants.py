@@ -443,3 +443,18 @@ def test_a_failed_checkpoint_write_names_the_newest_checkpoint_the_run_resumes_f
     monkeypatch.setattr(checkpoint.torch, "save", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
     with pytest.raises(CheckpointError, match=f"the run resumes from {tmp_path / 'checkpoints' / 'step-00000002'}$"):
         _save_steps(lm, tmp_path, [3], keep_last=3)
+
+
+def test_an_out_whose_checkpoints_folder_holds_other_things_is_refused_before_anything_is_written(tmp_path):
+    """OUT/checkpoints holding a file that is no checkpoint (a run replaces its folders there, --resume never deletes
+    them): refused, nothing written (no lock file, no config.json)."""
+    from dgrpo.config import ConfigError
+
+    from conftest import tiny_config
+
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"checkpoints holds notes.txt, not dgrpo checkpoints: name a new --out"):
+        _run_dir(out, tiny_config())
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints"]
