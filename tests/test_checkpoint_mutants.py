@@ -458,3 +458,15 @@ def test_an_out_whose_checkpoints_folder_holds_other_things_is_refused_before_an
     with pytest.raises(ConfigError, match=r"checkpoints holds notes.txt, not dgrpo checkpoints: name a new --out"):
         _run_dir(out, tiny_config())
     assert sorted(p.name for p in out.iterdir()) == ["checkpoints"]
+
+
+def test_resume_naming_a_missing_checkpoint_is_refused_before_anything_is_read(tmp_path):
+    """--resume PATH that does not exist: refused at once in the run's words (it went on to read the data and the
+    model, then failed to load PATH as a damaged checkpoint)."""
+    from dgrpo.config import ConfigError
+
+    from conftest import tiny_config
+
+    missing = tmp_path / "other" / "checkpoints" / "step-00000004"
+    with pytest.raises(ConfigError, match=f"^--resume {missing}: no such checkpoint directory$"):
+        _run_dir(tmp_path / "run", tiny_config(), resume=str(missing))
