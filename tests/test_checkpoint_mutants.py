@@ -1,5 +1,6 @@
-"""Checkpointing at the level of checkpoint.py's functions: what a mutation test of save/read/apply, pruning and the
-checkpoints' order found untested in the fast tier (each test saves and loads a tiny state, no training run)."""
+"""Checkpointing and resuming at the level of their functions (checkpoint.py's save/read/apply, pruning and order;
+RunDir's resume checks and config history; the GRPO and SFT trainers' saved state): what a mutation test of them found
+untested in the fast tier (each test saves and loads a tiny state or a folder that reads as one, no training step)."""
 
 import errno
 import json
