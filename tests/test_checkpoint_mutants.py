@@ -151,12 +151,29 @@ def test_each_cuda_devices_rng_state_goes_back_to_its_own_device(monkeypatch):
     back in the order of their names, ``torch_cuda_10`` before ``torch_cuda_2``)."""
     states = [torch.tensor([i], dtype=torch.uint8) for i in range(12)]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 12)
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: states)
     put: list[list[int]] = []
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda s: put.append([int(t) for t in s]))
     js, tensors = checkpoint.capture_rng()
     checkpoint.restore_rng(js, tensors)
     assert put == [list(range(12))]
+
+
+def test_a_resume_that_sees_fewer_cuda_devices_restores_theirs_and_warns(monkeypatch):
+    """A checkpoint written with 4 visible GPUs, resumed where 2 are visible: devices 0 and 1 get their states back,
+    and a warning names the two left out (torch's set_rng_state_all raised on device 2, after the weights loaded)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(
+        torch.cuda, "get_rng_state_all", lambda: [torch.tensor([i], dtype=torch.uint8) for i in range(4)]
+    )
+    js, tensors = checkpoint.capture_rng()
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    put: list[list[int]] = []
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda s: put.append([int(t) for t in s]))
+    with pytest.warns(UserWarning, match=r"of 4 devices and this process sees 2: those of devices 2 to 3 are not"):
+        checkpoint.restore_rng(js, tensors)
+    assert put == [[0, 1]]
 
 
 def _reward_one(completions, records) -> list[float]:

@@ -25,6 +25,7 @@ import os
 import pickle
 import random
 import shutil
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +74,9 @@ def capture_rng() -> tuple[dict, dict[str, torch.Tensor]]:
 
 def restore_rng(js: dict, tensors: dict[str, torch.Tensor]) -> None:
     """Put back the states :func:`capture_rng` took: each CUDA device's its own (``torch_cuda_<i>`` by the number
-    ``i``, not by the name: ``torch_cuda_10`` sorts before ``torch_cuda_2``)."""
+    ``i``, not by the name: ``torch_cuda_10`` sorts before ``torch_cuda_2``). The states of devices this process does
+    not see (a checkpoint written with more visible GPUs) are left out, with a warning (torch raised on them, after
+    the weights had loaded)."""
     v, state, gauss = js["python"]
     random.setstate((v, tuple(state), gauss))
     name, keys, pos, has_gauss, cached = js["numpy"]
@@ -82,8 +85,15 @@ def restore_rng(js: dict, tensors: dict[str, torch.Tensor]) -> None:
     if torch.cuda.is_available():
         cuda = [k for k in tensors if k.startswith("torch_cuda_")]
         states = [tensors[k] for k in sorted(cuda, key=lambda k: int(k.removeprefix("torch_cuda_")))]
-        if states:
-            torch.cuda.set_rng_state_all(states)
+        seen = torch.cuda.device_count()
+        if len(states) > seen:
+            warnings.warn(
+                f"the checkpoint holds the CUDA random states of {len(states)} devices and this process sees {seen}: "
+                f"those of devices {seen} to {len(states) - 1} are not restored (draws on them differ from the run's)",
+                stacklevel=3,
+            )
+        if states[:seen]:
+            torch.cuda.set_rng_state_all(states[:seen])
 
 
 def save_checkpoint(
