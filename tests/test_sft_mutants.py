@@ -253,3 +253,106 @@ def test_a_steps_loss_is_the_mean_nll_of_its_target_tokens(tokenizer, task_recor
     params = [p for p in lm.model.parameters() if p.requires_grad]
     loss, _, _ = sft_step(lm, torch.optim.SGD(params, lr=0.0), params, batch, cfg, Dist.single(), 0.0)
     assert loss == pytest.approx(float(total) / n_tokens, rel=1e-5)
+
+
+def test_a_tiny_runs_stage_checkpoints_final_and_validations(tmp_path):
+    """A whole run of stages 0, 0, 1, 2, 3 (one step an epoch; max_latent_stage 1, c_thought 2): stage-0/ ..
+    stage-3/ each with its own stage and thoughts (0, 2, 2, 2: stages 2 and 3 are past max_latent_stage, their own
+    folders), final/ stage 3's; one validation at each stage's end, with that stage's settings, and no best/ (that
+    is sft.eval_every_epoch's, as is a validation of stage 0's first epoch); the last checkpoint resumes after the
+    last epoch (epoch 5, batch 0)."""
+    import json
+
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.sft import train_sft
+
+    sets = {
+        "task.n_train": 8,
+        "sft.batch_size": 8,
+        "sft.num_epochs": 5,
+        "sft.stage_epochs": "[2]",
+        "sft.epochs_per_stage": 1,
+    }
+    cfg = tiny_config(**sets, **{"sft.max_latent_stage": 1, "sft.c_thought": 2, "sft.warmup_steps": 0})
+    lm, train, seen = load_model(cfg.model, cfg.task, seed=0), generate_split(cfg.task, "train"), []
+    evaluate_fn = lambda model, records, settings: seen.append((settings.stage, settings.n_latent)) or 1  # noqa: E731
+    out = tmp_path / "sft"
+    train_sft(lm, train, cfg, out, valid=train[:2], evaluate_fn=evaluate_fn, log=lambda *a: None, progress=False)
+    read = lambda path: json.loads(path.read_text())  # noqa: E731
+    stages = [read(out / f"stage-{k}" / "latent_config.json") for k in range(4)]
+    assert [(s["stage"], s["n_latent"]) for s in stages] == [(0, 0), (1, 2), (2, 2), (3, 2)] == seen
+    folders = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert folders == ["checkpoints", "final", "stage-0", "stage-1", "stage-2", "stage-3"]  # (no best/)
+    assert read(out / "final" / "latent_config.json")["stage"] == 3
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["stage"], r["eval/valid/accuracy"]) for r in rows if "eval/valid/accuracy" in r] == [
+        (k, 0.5) for k in range(4)
+    ]
+    last = max((out / "checkpoints").iterdir())
+    assert {k: read(last / "state.json")["progress"][k] for k in ("epoch", "batch")} == {"epoch": 5, "batch": 0}
+
+
+def loop_calls(monkeypatch, cfg, progress: Progress) -> list[tuple]:
+    """What train_sft's loop calls (with the run's files, the model and SFTRun faked, each step and stage's end
+    recorded), the run resumed at ``progress``, 4 steps an epoch."""
+    from contextlib import nullcontext
+
+    calls: list[tuple] = []
+
+    class Resumed:
+        def __init__(self, lm, cfg, dist, run, train):
+            self.plan, self.prog = Curriculum(cfg, steps_per_epoch=4), progress
+            self.t0, self.best_rows_from = 0.0, 0
+            self.run = SimpleNamespace(metrics=SimpleNamespace(n_rows=lambda: 0))
+
+        def enter_stage(self, stage):
+            calls.append(("enter", stage))
+
+        def train_epoch(self, train, epoch, stage, first_batch, bar, t0):
+            calls.append(("train", epoch, first_batch))
+
+        def save(self, epoch, batch):
+            calls.append(("save", epoch, batch))
+
+        def finish(self, t0, final_eval=None):
+            calls.append(("finish",))
+
+    def keep_if_best(lm, stage, epoch, scores, best, *a):
+        calls.append(("best?", epoch))
+        return best
+
+    monkeypatch.setattr(sft_module, "_prepare", lambda lm, train, cfg, *a: (cfg, Dist.single(), None))
+    monkeypatch.setattr(sft_module, "RunDir", lambda *a, **kw: nullcontext(SimpleNamespace()))
+    monkeypatch.setattr(sft_module, "SFTRun", Resumed)
+    monkeypatch.setattr(sft_module, "_resumed_best", lambda *a: -1.0)
+    monkeypatch.setattr(sft_module, "_finish_stage", lambda lm, stage, *a: calls.append(("stage end", stage)))
+    monkeypatch.setattr(sft_module, "_validate_epoch", lambda lm, stage, epoch, *a: calls.append(("valid", epoch)))
+    monkeypatch.setattr(sft_module, "_keep_if_best", keep_if_best)
+    sft_module.train_sft(SimpleNamespace(train=lambda: None), [], cfg, "unused", progress=False)
+    return calls
+
+
+def test_a_run_resumed_mid_epoch_trains_that_epochs_rest_then_whole_epochs(monkeypatch):
+    """Resumed at epoch 1, batch 3 of 4 epochs of 4 steps (2 epochs a stage): epoch 1 trains from batch 3, epochs 2
+    and 3 from batch 0 (each from where the last left, they skipped their first 3 batches); each epoch's end saves a
+    checkpoint that resumes at the next epoch's start."""
+    cfg = tiny_config(**{"sft.num_epochs": 4, "sft.epochs_per_stage": 2})
+    assert loop_calls(monkeypatch, cfg, Progress(epoch=1, batch=3)) == [
+        *[("enter", 0), ("train", 1, 3), ("stage end", 0), ("save", 2, 0)],
+        *[("enter", 1), ("train", 2, 0), ("save", 3, 0)],
+        *[("enter", 1), ("train", 3, 0), ("stage end", 1), ("save", 4, 0)],
+        ("finish",),
+    ]
+
+
+def test_every_epoch_of_the_final_layout_may_keep_best(monkeypatch):
+    """sft.eval_every_epoch, epochs of stages 0, 0, 1, 2, 3, max_latent_stage 1: stages 2 and 3 both train the final
+    layout (every step latent), so epochs 3 and 4 may keep best/ (not the last stage's epoch 4 alone); an epoch that
+    ends no stage is validated on its own (epoch 0, the first of stage 0's 2)."""
+    sets = {"sft.num_epochs": 5, "sft.stage_epochs": "[2]", "sft.epochs_per_stage": 1, "sft.max_latent_stage": 1}
+    calls = loop_calls(monkeypatch, tiny_config(**sets, **{"sft.eval_every_epoch": "true"}), Progress())
+    assert [c for c in calls if c[0] in ("best?", "valid", "stage end")] == [
+        *[("valid", 0), ("stage end", 0), ("stage end", 1)],
+        *[("stage end", 2), ("best?", 3), ("stage end", 3), ("best?", 4)],
+    ]
