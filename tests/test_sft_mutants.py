@@ -46,11 +46,11 @@ def test_the_optimizer_takes_the_configs_weight_decay_and_betas():
 @pytest.fixture(scope="module")
 def one_step(tokenizer, task_records):
     """``step(**sets)``: one sft_step at lr 1 (an SGD made at lr 0: the step sets it) on 4 examples from fresh
-    weights; returns (how far the weights moved: the update's norm, the gradient norm it returned, whether it was
-    applied, the parameters' grads after it)."""
+    weights (``dist``: a Dist, one process by default); returns (how far the weights moved: the update's norm, the
+    gradient norm it returned, whether it was applied, the parameters' grads after it)."""
     examples = {}
 
-    def step(**sets):
+    def step(dist=None, **sets):
         cfg = tiny_config(**{"sft.bf16": "false", **sets})
         lm = make_lm(tokenizer)
         lm.train()
@@ -59,7 +59,8 @@ def one_step(tokenizer, task_records):
         if "batch" not in examples:
             rng = random.Random(0)
             examples["batch"] = [make_example(rec, 1, cfg, rng) for rec in task_records[:4]]
-        _, gn, finite = sft_step(lm, torch.optim.SGD(params, lr=0.0), params, examples["batch"], cfg, Dist.single(), 1)
+        opt, dist = torch.optim.SGD(params, lr=0.0), dist or Dist.single()
+        _, gn, finite = sft_step(lm, opt, params, examples["batch"], cfg, dist, 1)
         moved = torch.cat([(p.detach() - b).flatten() for p, b in zip(params, before, strict=True)]).norm()
         return float(moved), gn, finite, [p.grad for p in params]
 
@@ -75,6 +76,18 @@ def test_a_step_clips_the_gradient_to_max_grad_norm_and_clears_it(one_step):
     assert all(g is None for g in grads)
     moved, gn_free, _, _ = one_step(**{"sft.max_grad_norm": 0})
     assert gn_free == pytest.approx(gn, rel=1e-5) and moved == pytest.approx(gn, rel=1e-3)
+
+
+def test_two_ranks_with_the_same_share_step_as_one_process(one_step):
+    """Two ranks given the same 4 examples (faked: the token count and the gradients summed over a twin rank) take
+    one process's step, the same gradient norm and update: each rank's NLL is over both ranks' tokens, then the
+    gradients are summed over the ranks (a duplicated batch's mean NLL is the batch's)."""
+    twin = Dist.single()
+    twin.sum_int = lambda n: 2 * n
+    twin.all_reduce_grads = lambda model: [p.grad.mul_(2) for p in model.parameters() if p.grad is not None]
+    moved_1, gn_1, _, _ = one_step(**{"sft.max_grad_norm": 0})
+    moved_2, gn_2, _, _ = one_step(dist=twin, **{"sft.max_grad_norm": 0})
+    assert (moved_2, gn_2) == pytest.approx((moved_1, gn_1), rel=1e-5)
 
 
 def test_a_step_with_a_non_finite_gradient_norm_leaves_the_weights(one_step, monkeypatch):
