@@ -273,8 +273,10 @@ def test_a_tiny_runs_stage_checkpoints_final_and_validations(tmp_path):
     stage-3/ each with its own stage and thoughts (0, 2, 2, 2: stages 2 and 3 are past max_latent_stage, their own
     folders), final/ stage 3's; one validation at each stage's end, with that stage's settings, and no best/ (that
     is sft.eval_every_epoch's, as is a validation of stage 0's first epoch); the last checkpoint resumes after the
-    last epoch (epoch 5, batch 0)."""
+    last epoch (epoch 5, batch 0). Its 8 examples are one batch of sft.batch_size 8: no warning of a batch larger
+    than the data."""
     import json
+    import warnings
 
     from dgrpo.data.synthetic import generate_split
     from dgrpo.model.factory import load_model
@@ -291,7 +293,10 @@ def test_a_tiny_runs_stage_checkpoints_final_and_validations(tmp_path):
     lm, train, seen = load_model(cfg.model, cfg.task, seed=0), generate_split(cfg.task, "train"), []
     evaluate_fn = lambda model, records, settings: seen.append((settings.stage, settings.n_latent)) or 1  # noqa: E731
     out = tmp_path / "sft"
-    train_sft(lm, train, cfg, out, valid=train[:2], evaluate_fn=evaluate_fn, log=lambda *a: None, progress=False)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        train_sft(lm, train, cfg, out, valid=train[:2], evaluate_fn=evaluate_fn, log=lambda *a: None, progress=False)
+    assert len(train) == 8 and not [w for w in said if "is more than the training data's" in str(w.message)]
     read = lambda path: json.loads(path.read_text())  # noqa: E731
     stages = [read(out / f"stage-{k}" / "latent_config.json") for k in range(4)]
     assert [(s["stage"], s["n_latent"]) for s in stages] == [(0, 0), (1, 2), (2, 2), (3, 2)] == seen
@@ -369,3 +374,32 @@ def test_every_epoch_of_the_final_layout_may_keep_best(monkeypatch):
         *[("valid", 0), ("stage end", 0), ("stage end", 1)],
         *[("stage end", 2), ("best?", 3), ("stage end", 3), ("best?", 4)],
     ]
+
+
+def test_a_run_resumed_with_more_epochs_stretches_its_schedule_to_the_new_length(task_records, monkeypatch):
+    """A run of 2 epochs of 2 steps without resets (one schedule of 4 steps) saved at its end, resumed with
+    sft.num_epochs 4 (allow_config_change; the checkpoint and the run's files faked): the schedule is the resumed
+    config's, 8 steps, 4 of them done (the saved length of 4 held every added step at its end: lr 0)."""
+    from dataclasses import asdict
+
+    cfg = tiny_config(**{"sft.reset_optimizer": "false", "sft.batch_size": 1, "sft.num_epochs": 4})
+    saved = Progress(epoch=2, batch=0, global_step=4, step_in_sched=4, sched_total=4, stage_prev=0)
+    state = {"progress": asdict(saved), "nonfinite_skips": 0, "metrics_lines": 0, "time_s": 1.0}
+    loaded = SimpleNamespace(apply=lambda lm, opt, dist: state)
+    run = SimpleNamespace(
+        resume=lambda read: loaded,
+        check_same_data=lambda *a: None,
+        drop_stale_best=lambda state: False,
+        start=lambda state, applied: None,
+    )
+    dist = Dist.single()
+    dist.broadcast_weights, dist.prepare_model = (
+        (lambda model: None),
+        (lambda model: [torch.nn.Parameter(torch.ones(2))]),
+    )
+    monkeypatch.setattr(sft_module, "apply_speedups", lambda lm, model_cfg: [])
+    monkeypatch.setattr(sft_module, "check_restart", lambda *a: None)
+    monkeypatch.setattr(SFTRun, "applied", lambda self, opt: {})
+    resumed = SFTRun(SimpleNamespace(use_recompute=lambda *a: None, model=None), cfg, dist, run, task_records[:2])
+    assert resumed.plan.steps_per_epoch == 2 and resumed.opt is not None
+    assert (resumed.prog.epoch, resumed.prog.step_in_sched, resumed.prog.sched_total) == (2, 4, 8)
