@@ -403,3 +403,26 @@ def test_a_run_resumed_with_more_epochs_stretches_its_schedule_to_the_new_length
     resumed = SFTRun(SimpleNamespace(use_recompute=lambda *a: None, model=None), cfg, dist, run, task_records[:2])
     assert resumed.plan.steps_per_epoch == 2 and resumed.opt is not None
     assert (resumed.prog.epoch, resumed.prog.step_in_sched, resumed.prog.sched_total) == (2, 4, 8)
+
+
+def test_the_loss_sees_a_question_cut_to_max_question_tokens(tokenizer, task_records):
+    """data.max_question_tokens cuts the questions SFT trains on to their last tokens, as elsewhere: a question and
+    the same question after other words, cut to the first's length, give the same loss (uncut, they do not)."""
+    from dgrpo.training.sft import SFTExample, sft_loss
+
+    lm = make_lm(tokenizer)
+    lm.eval()
+    rec = task_records[0]
+    longer = "Twelve boxes were sold on Monday. " + rec.question
+    ids = lm.token_ids([lm.format_question(rec.question), lm.format_question(longer)])
+    kept = len(ids[0])
+    assert len(ids[1]) > kept and ids[1][-kept:] == ids[0]
+    target = sft_module.format_target(rec.steps[1:], rec.answer)
+
+    def loss(question, limit):
+        cfg = tiny_config(**{"data.max_question_tokens": limit})
+        with torch.no_grad():
+            return float(sft_loss(lm, [SFTExample(question, 2, target)], cfg, normalizer=1.0)[0])
+
+    assert loss(longer, kept) == pytest.approx(loss(rec.question, kept), rel=1e-6)
+    assert abs(loss(longer, 0) - loss(rec.question, 0)) > 1e-4
