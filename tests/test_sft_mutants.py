@@ -268,6 +268,7 @@ def test_a_steps_loss_is_the_mean_nll_of_its_target_tokens(tokenizer, task_recor
     assert loss == pytest.approx(float(total) / n_tokens, rel=1e-5)
 
 
+@pytest.mark.slow  # (a whole run: 1-3 s)
 def test_a_tiny_runs_stage_checkpoints_final_and_validations(tmp_path):
     """A whole run of stages 0, 0, 1, 2, 3 (one step an epoch; max_latent_stage 1, c_thought 2): stage-0/ ..
     stage-3/ each with its own stage and thoughts (0, 2, 2, 2: stages 2 and 3 are past max_latent_stage, their own
@@ -426,3 +427,39 @@ def test_the_loss_sees_a_question_cut_to_max_question_tokens(tokenizer, task_rec
 
     assert loss(longer, kept) == pytest.approx(loss(rec.question, kept), rel=1e-6)
     assert abs(loss(longer, 0) - loss(rec.question, 0)) > 1e-4
+
+
+def test_final_is_saved_with_the_last_stages_settings(tmp_path):
+    """The run's end (stages 0, 1, 2 with max_latent_stage 1, c_thought 2; the model's settings were stage 0's):
+    the test sets are answered and final/ saved with the last stage's settings (stage 2, 2 thoughts)."""
+    cfg = tiny_config(**{"sft.num_epochs": 3, "sft.epochs_per_stage": 1, "sft.max_latent_stage": 1, "sft.c_thought": 2})
+    run = between_steps(cfg)
+    run.lm = SimpleNamespace(settings=stage_settings(0, cfg), eval=lambda: None, stopped_run="x")
+    seen, said = [], []
+    run.run = SimpleNamespace(
+        out_dir=tmp_path,
+        metrics=SimpleNamespace(rows=lambda: []),
+        final_eval=lambda final_eval, lm, step, best: seen.append(("test sets", lm.settings.stage)),
+        resumed_step=None,
+        log=said.append,
+    )
+    run.dist.save_model = lambda lm, path: seen.append((path.name, lm.settings.stage, lm.settings.n_latent))
+    run.best_rows_from = 0
+    run.finish(0.0)
+    assert seen == [("test sets", 2), ("final", 2, 2)] and "final stage 2 (2 latent thoughts)" in said[-1]
+
+
+def test_a_target_that_fills_max_target_tokens_without_its_eos_is_warned_of(tokenizer, task_records):
+    """A stage-0 target of exactly data.max_target_tokens tokens is cut (its EOS does not fit: never trained to
+    stop) and warned of; one token more of room, it fits and nothing is said."""
+    import warnings
+
+    from dgrpo.training.sft import _warn_if_targets_cut
+
+    lm, rec = make_lm(tokenizer), task_records[0]
+    n = len(lm.token_ids([sft_module.format_target(rec.steps, rec.answer)])[0])
+    with pytest.warns(UserWarning, match=rf"^1 of 1 training targets .* longer than data.max_target_tokens = {n} "):
+        _warn_if_targets_cut(lm, [rec], tiny_config(**{"data.max_target_tokens": n}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_if_targets_cut(lm, [rec], tiny_config(**{"data.max_target_tokens": n + 1}))
