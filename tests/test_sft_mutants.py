@@ -268,7 +268,6 @@ def test_a_steps_loss_is_the_mean_nll_of_its_target_tokens(tokenizer, task_recor
     assert loss == pytest.approx(float(total) / n_tokens, rel=1e-5)
 
 
-@pytest.mark.slow  # (a whole run: 1-3 s)
 def test_a_tiny_runs_stage_checkpoints_final_and_validations(tmp_path):
     """A whole run of stages 0, 0, 1, 2, 3 (one step an epoch; max_latent_stage 1, c_thought 2): stage-0/ ..
     stage-3/ each with its own stage and thoughts (0, 2, 2, 2: stages 2 and 3 are past max_latent_stage, their own
