@@ -47,7 +47,8 @@ def test_ood_max_operand_starts_at_ten():
 
 def test_a_split_of_exactly_max_problems_is_taken():
     """A split may hold :attr:`TaskConfig.MAX_PROBLEMS` problems, not one more (mutant: ``< MAX_PROBLEMS``). Five
-    steps, so that there are that many distinct problems, and 10,000,000 operations, the other bound, exactly."""
+    steps, so that there are that many distinct problems, and 10,000,000 operations, the other bound, exactly
+    (mutant: ``< MAX_OPERATIONS``)."""
     top = TaskConfig.MAX_PROBLEMS
     assert load(f"task.n_train={top}", "task.n_steps=5").task.n_train == top
     assert "at most 2,000,000 problems per split" in refused(
@@ -183,3 +184,42 @@ def test_comma_text_reads_signed_and_exponent_numbers_as_brackets_do(item):
     text, a dataset named ``-1`` taken)."""
     with_commas = refused("data.test", f"data.test=a,{item}")
     assert with_commas == refused("data.test", f"data.test=[a,{item}]")
+
+
+def test_kept_layers_need_recomputation_at_layer_granularity():
+    """``grpo.recompute_kept_layers`` keeps layers out of per-layer recomputation: with granularity call it means
+    nothing and is refused (mutant: recompute=true alone taken)."""
+    message = refused(
+        "grpo.recompute_kept_layers",
+        "grpo.recompute=true",
+        "grpo.recompute_granularity=call",
+        "grpo.recompute_kept_layers=1",
+    )
+    assert "recompute_granularity=layer" in message
+    cfg = load("grpo.recompute=true", "grpo.recompute_granularity=layer", "grpo.recompute_kept_layers=1")
+    assert cfg.grpo.recompute_kept_layers == 1
+
+
+def test_the_longer_ood_split_counts_towards_the_operations_bound():
+    """The ood_steps split's problems have n_steps + ood_extra_steps operations: 2,000,000 of 4 + 2 is 12,000,000,
+    over the bound, though 2,000,000 x 4 is not (mutant: the ood split counted at n_steps)."""
+    message = refused("task.n_steps", "task.n_test=2000000", "task.n_steps=4", "task.ood_extra_steps=2")
+    assert "asks for 12,000,000" in message
+
+
+def test_as_many_problems_as_there_are_is_taken():
+    """modulus 2, operands up to 1 (5 operations), 1 step: 10 distinct problems; 8 + 1 + 1 are taken, 9 + 1 + 1
+    refused (mutant: ``asked < count``)."""
+    task = ("task.modulus=2", "task.max_operand=1", "task.n_steps=1", "task.n_valid=1", "task.n_test=1")
+    assert load(*task, "task.n_train=8").task.n_train == 8
+    assert "more than the 10 there are" in refused("task.n_train", *task, "task.n_train=9")
+
+
+def test_an_unknown_logging_backend_is_refused():
+    """``logging.backends`` names jsonl, tensorboard or wandb only (mutant: the check dropped)."""
+    assert "unknown backend(s) mlflow" in refused("logging.backends", "logging.backends=[jsonl,mlflow]")
+
+
+def test_an_empty_training_set_name_is_refused():
+    """``data.train`` must name a dataset (mutant: the empty name taken)."""
+    assert "must name a dataset" in refused("data.train", "data.train=")
