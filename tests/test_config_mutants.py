@@ -223,3 +223,10 @@ def test_an_unknown_logging_backend_is_refused():
 def test_an_empty_training_set_name_is_refused():
     """``data.train`` must name a dataset (mutant: the empty name taken)."""
     assert "must name a dataset" in refused("data.train", "data.train=")
+
+
+def test_only_the_plugin_choice_takes_a_class_spec():
+    """``perturbation.kind`` takes a plug-in ``package.module:Class``; another choice option refuses one, naming
+    its choices (mutant: every choice option taking a plug-in spec)."""
+    assert load("perturbation.kind=my.noise:Kind").perturbation.kind == "my.noise:Kind"
+    assert "expected adamw or adamw8bit; got 'my.optim:Opt'" in refused("grpo.optimizer", "grpo.optimizer=my.optim:Opt")
