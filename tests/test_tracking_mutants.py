@@ -156,3 +156,59 @@ def test_open_trackers_closes_an_opened_wandb_run_as_failed_when_a_later_backend
     with pytest.raises(ConfigError, match="tensorboard"):
         open_trackers(["wandb", "tensorboard"], tmp_path, config={})
     assert fake_wandb.runs[0].finished == [1]
+
+
+class RecordingTracker:
+    """A tracker that records what it is given."""
+
+    name, where = "recording", "memory"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def resumed(self, kept_rows: list[dict[str, Any]]) -> None:
+        self.calls.append(("resumed", kept_rows))
+
+    def log(self, row: dict[str, Any], step: int) -> None:
+        self.calls.append(("log", step))
+
+    def close(self, exit_code: int = 0) -> None:
+        self.calls.append(("close", exit_code))
+
+
+def test_metrics_log_off_rank_0_writes_nothing_and_feeds_no_tracker(tmp_path: Path) -> None:
+    """Ranks other than 0 (``enabled=False``): no metrics.jsonl rewritten or appended, no tracker row."""
+    from dgrpo.training.run import MetricsLog
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "loss": 1.0}\n{"step": 1, "loss": 0.5}\n')  # (rank 0's, on a shared disk)
+    tracker = RecordingTracker()
+    log = MetricsLog(path, enabled=False)
+    log.open(1, [tracker])
+    log.write({"step": 1, "loss": 9.0})
+    assert log.rows() == [] and log.n_rows() == 0
+    log.close()
+    assert path.read_text() == '{"step": 0, "loss": 1.0}\n{"step": 1, "loss": 0.5}\n' and tracker.calls == []
+
+
+def test_metrics_log_on_rank_0_cuts_back_and_feeds_trackers_at_each_row_s_step(tmp_path: Path) -> None:
+    from dgrpo.training.run import MetricsLog
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "loss": 1.0}\n{"step": 1, "loss": 0.5}\n')  # the checkpoint kept the first row
+    tracker = RecordingTracker()
+    log = MetricsLog(path, enabled=True)
+    log.open(1, [tracker])
+    log.write({"step": 1, "loss": 9.0})
+    log.close(exit_code=3)
+    assert path.read_text() == '{"step": 0, "loss": 1.0}\n{"step": 1, "loss": 9.0}\n'
+    assert tracker.calls == [("resumed", [{"step": 0, "loss": 1.0}]), ("log", 1), ("close", 3)]
+
+
+def test_an_empty_stored_wandb_run_id_is_replaced_by_a_new_one(tmp_path: Path) -> None:
+    from dgrpo.training.tracking import wandb_run_id
+
+    (tmp_path / WANDB_ID_FILE).write_text("\n")  # (a run killed while writing it)
+    run_id = wandb_run_id(tmp_path)
+    assert len(run_id) == 8 and (tmp_path / WANDB_ID_FILE).read_text() == run_id + "\n"
+    assert wandb_run_id(tmp_path) == run_id
