@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from dgrpo.plotting import aggregate, draw, load_run, run_series
+from dgrpo.data.records import DataError
+from dgrpo.plotting import aggregate, draw, group_runs, load_run, run_series
 
 EVAL = "eval/valid/accuracy"
 
@@ -98,3 +99,41 @@ def test_the_eval_panel_draws_a_run_s_first_logged_eval_column_by_default(tmp_pa
 def test_a_bool_is_not_plotted_as_a_number(tmp_path: Path) -> None:
     rows = [{"step": 1, "frac_groups_kept": True}, {"step": 2, "frac_groups_kept": 0.5}]
     assert run_series(load_run(write_run(tmp_path / "r", LOCKED, rows)), "kept") == {2: 0.5}
+
+
+def test_an_eval_key_no_run_logged_is_a_data_error(tmp_path: Path) -> None:
+    run = load_run(write_run(tmp_path / "r", LOCKED, [{"step": 0, EVAL: 0.5}]))
+    with pytest.raises(DataError, match=r"--eval-key tset: no run logged it \(eval columns logged: valid/accuracy\)"):
+        draw({"r": [run]}, panels=("eval",), eval_key="tset")
+
+
+def test_a_reward_part_no_run_logged_is_a_data_error(tmp_path: Path) -> None:
+    run = load_run(write_run(tmp_path / "r", LOCKED, [{"step": 1, "reward_mean": 0.5, "reward/format": 1.0}]))
+    with pytest.raises(DataError, match=r"no run logged reward/fromat \(reward parts logged: reward/format\)"):
+        draw({"r": [run]}, panels=("reward/fromat",))
+
+
+def test_a_k_1_arm_s_reward_std_panel_says_why_it_is_empty(tmp_path: Path) -> None:
+    config = {**LOCKED, "grpo": {**LOCKED["grpo"], "group_size": 1}}
+    write_run(tmp_path / "arm" / "seed0", config, [{"step": 1, "reward_mean": 0.5, "reward_std": None}])
+    desc, lines, _ = _drawn(tmp_path, "reward_std")
+    assert lines == [] and desc["notes"]["reward_std"] == ["arm: no within-group std (K = 1)"]
+
+
+def test_a_label_over_runs_of_other_task_seeds_is_warned_of(tmp_path: Path) -> None:
+    """Only the top-level ``seed`` (and threads, device, logging) may differ between seeds of one setting: a nested
+    ``task.seed`` is the data's, another setting."""
+    for i, task_seed in enumerate((1, 2)):
+        write_run(tmp_path / f"r{i}", {**LOCKED, "seed": i, "task": {"seed": task_seed}}, [{"step": 0, EVAL: 0.5}])
+    with pytest.warns(UserWarning, match=r"^--label mine: its 2 runs are 2 settings \(they differ in task.seed\)"):
+        group_runs([], {"mine": [tmp_path / "r0", tmp_path / "r1"]})
+
+
+def test_an_eval_key_naming_two_sources_sets_is_not_resolved_to_either(tmp_path: Path) -> None:
+    """``valid`` names ``builtin:valid`` alone, but not when ``gsm8k:valid`` is logged too: no silent pick."""
+    row = {"step": 0, "eval/builtin:valid/accuracy": 0.25, "eval/gsm8k:valid/accuracy": 0.75}
+    run = load_run(write_run(tmp_path / "r", LOCKED, [row]))
+    assert run_series(run, "eval", "valid") == {}
+    assert run_series(run, "eval", "gsm8k:valid") == {0: 0.75}
+    with pytest.raises(DataError, match="--eval-key valid: no run logged it"):
+        draw({"r": [run]}, panels=("eval",), eval_key="valid")
