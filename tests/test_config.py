@@ -386,6 +386,17 @@ def test_comma_text_is_the_list_it_spells():
     assert test == ["builtin:test", "gsm8k:test"]
 
 
+def test_comma_text_reads_an_item_as_brackets_do():
+    """Comma text gives the list that brackets give, item by item as YAML 1.1 reads it: ``1.5e3`` (no sign in its
+    exponent) is text in brackets, and was the number 1500.0 in comma text, which a test-set list refused."""
+    for item in ("1.5e3", "1.5e-3", "1.", ".5", "-2", "2e3"):
+        brackets = load_config(Config, None, [f"sft.adam_betas=[0.9,{item}]"], validate=False).sft.adam_betas
+        commas = load_config(Config, None, [f"sft.adam_betas=0.9,{item}"], validate=False).sft.adam_betas
+        assert commas == brackets, item
+    cfg = load_config(Config, None, ["data.test=a.jsonl,1.5e3"], validate=False)
+    assert cfg.data.test == ["a.jsonl", "1.5e3"]
+
+
 def test_one_item_alone_is_a_one_item_list():
     """A list option given one item without brackets is the list of it: a number as a text item is (``2`` was refused
     as no list while ``mlp`` was ``['mlp']``); a boolean or a mapping alone is still no list."""

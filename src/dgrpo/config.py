@@ -1666,10 +1666,11 @@ def _is_number(item: Any) -> bool:
 
 
 def _list_item(text: str) -> int | float | str:
-    """One item of a comma-separated list: a whole number, a decimal number, else the text."""
+    """One item of a comma-separated list: a whole number, a decimal number, else the text, as YAML 1.1 reads the
+    item in brackets (an exponent's sign written: ``1.5e3`` is text there, and was 1500.0 in comma text)."""
     if re.fullmatch(r"[+-]?\d+", text):
         return int(text)
-    return float(text) if re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+)([eE][+-]?\d+)?", text) else text
+    return float(text) if re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+)([eE][+-]\d+)?", text) else text
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
