@@ -42,6 +42,11 @@ def stage_dirs(out: Path) -> list[Path]:
     return _by_number(out, "stage-*", STAGE_DIR)
 
 
+def config_history_file(out: Path, n: int) -> Path:
+    """``config.N.json``: the N-th config of a resumed run that changed its config (0: the one it started with)."""
+    return Path(out) / f"config.{n}.json"
+
+
 def config_history(out: Path) -> list[Path]:
     """The run's ``config.N.json`` files in ``out``, by N: the names :data:`CONFIG_HISTORY` matches whole (not a copy
     such as ``config.old.json``, which a resumed run changing its config failed on, nor ``config.2.orig.json``, which

@@ -65,6 +65,7 @@ from ..run_layout import (
     WANDB_DIR,
     WANDB_ID_FILE,
     config_history,
+    config_history_file,
     results_folder,
     stage_dirs,
 )
@@ -1383,13 +1384,11 @@ class RunDir(ResumeCheck):
         history = config_history(self.out_dir)
         if not history:
             first = self.first_config
-            (self.out_dir / "config.0.json").write_text(json.dumps({"started_at_step": 0, "config": first}, indent=2))
-            history = [self.out_dir / "config.0.json"]
-        n = int(history[-1].name.split(".")[1]) + 1
-        (self.out_dir / f"config.{n}.json").write_text(
-            json.dumps({"started_at_step": step, "config": self.cfg}, indent=2)
-        )
-        self.log(f"dgrpo: config changed at step {step} ({', '.join(self.changed[:8])}); kept as config.{n}.json")
+            history = [config_history_file(self.out_dir, 0)]
+            history[0].write_text(json.dumps({"started_at_step": 0, "config": first}, indent=2))
+        kept = config_history_file(self.out_dir, int(history[-1].name.split(".")[1]) + 1)
+        kept.write_text(json.dumps({"started_at_step": step, "config": self.cfg}, indent=2))
+        self.log(f"dgrpo: config changed at step {step} ({', '.join(self.changed[:8])}); kept as {kept.name}")
 
     def close(self, exit_code: int = 0) -> None:
         """Close the metrics log and the trackers (marking a W&B run failed unless ``exit_code`` is 0); unlock. The run
