@@ -168,6 +168,26 @@ def test_a_file_saved_with_a_byte_order_mark_reads_as_without_it(tmp_path: Path,
     assert (record.question, record.answer) == ("q", "2")
 
 
+@pytest.mark.parametrize(
+    ("name", "lines"),
+    [
+        ("cr.jsonl", ['{"question": "q", "answer": "2"}', '{"question": "r", "answer": "3"}']),
+        ("cr.json", ['{"question": "q", "answer": "2"}', '{"question": "r", "answer": "3"}']),
+        ("cr.txt", ["q||<<1+1=2>> #### 2", "r||<<1+2=3>> #### 3"]),
+    ],
+    ids=["jsonl", "json-lines", "aug-text"],
+)
+def test_lines_ended_by_a_carriage_return_alone_are_lines(tmp_path: Path, name: str, lines: list[str]) -> None:
+    """A file whose lines end in CR alone (classic Mac OS) reads as its lines (the JSON files were 'line 1: invalid
+    JSON (Extra data)', the text file one line of two '||'), and a problem names its line."""
+    path = tmp_path / name
+    path.write_bytes("\r".join(lines).encode() + b"\r")
+    assert [(r.question, r.answer) for r in load_dataset(str(path))] == [("q", "2"), ("r", "3")]
+    path.write_bytes("\r".join([*lines, "{}" if name != "cr.txt" else "s"]).encode())
+    with pytest.raises(DataError, match=r"line 3"):
+        load_dataset(str(path))
+
+
 def test_a_row_s_problem_is_named_by_its_row_number_counted_from_one() -> None:
     with pytest.raises(DataError, match=r"the rows given row 2: field 'question' is empty"):
         load_rows([{"question": "q", "answer": "1"}, {"question": " ", "answer": "2"}])

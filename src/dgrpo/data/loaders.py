@@ -571,10 +571,13 @@ def _read_text(path: Path) -> str:
     if data.startswith(b"\x1f\x8b"):  # (gzip's magic bytes: was 'line 1: not valid UTF-8 (byte 1)')
         raise DataError(f"{path}: a gzip-compressed file; decompress it first (gunzip -k {path})")
     try:
-        return data.decode("utf-8-sig")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise DataError(f"{path} line {line}: not valid UTF-8 (byte {exc.start})") from None
+    if "\n" not in text:  # (lines ended by CR alone, classic Mac OS: a JSONL file was 'line 1: ... (Extra data)')
+        text = text.replace("\r", "\n")
+    return text
 
 
 def _nonempty(path: Path, records: list[Record]) -> list[Record]:
