@@ -29,26 +29,16 @@ def tiny_config(
     common: dict[str, Any] = dict(
         vocab_size=vocab_size, pad_token_id=pad_token_id, eos_token_id=eos_token_id, bos_token_id=eos_token_id
     )
-    if arch == "qwen2":
-        return Qwen2Config(
+    if arch in ("qwen2", "llama"):  # (Qwen2 ties its head to the embeddings, as Qwen2.5-1.5B does; Llama does not)
+        config_class = Qwen2Config if arch == "qwen2" else LlamaConfig
+        return config_class(
             hidden_size=hidden_size,
             intermediate_size=intermediate_size,
             num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
             num_key_value_heads=_kv_heads(num_heads),
             max_position_embeddings=max_positions,
-            tie_word_embeddings=True,
-            **common,
-        )
-    if arch == "llama":
-        return LlamaConfig(
-            hidden_size=hidden_size,
-            intermediate_size=intermediate_size,
-            num_hidden_layers=num_layers,
-            num_attention_heads=num_heads,
-            num_key_value_heads=_kv_heads(num_heads),
-            max_position_embeddings=max_positions,
-            tie_word_embeddings=False,
+            tie_word_embeddings=arch == "qwen2",
             **common,
         )
     if arch == "gpt2":
