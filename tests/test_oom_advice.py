@@ -109,3 +109,19 @@ def test_an_sft_step_names_the_next_grad_accum_that_divides_the_batch(tmp_path, 
         with pytest.raises(torch.OutOfMemoryError) as info:
             run_cli("sft", "--out", tmp_path / "sft2", *tiny_args(**small))
     assert "fewer sft.recompute_kept_layers (now 1) keep less for backward" in str(info.value)
+
+
+def test_a_one_line_error_gets_its_advice_as_the_last_line_and_other_errors_pass_unchanged():
+    """An out-of-memory message of one line ends at the advice (no empty line after it); an error that is not out of
+    memory raised in the block is not touched (neither retyped nor given advice)."""
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        with oom_advice("update", "grpo.micro_batch_size", 8, "rows"):
+            raise torch.OutOfMemoryError("CUDA out of memory.")
+    assert str(info.value) == f"CUDA out of memory.\n{MARK} in the update at grpo.micro_batch_size=8: try --set " + (
+        "grpo.micro_batch_size=4 (rows)"
+    )
+    error = ValueError("not memory")
+    with pytest.raises(ValueError) as other:
+        with oom_advice("update", "grpo.micro_batch_size", 8, "rows"):
+            raise error
+    assert other.value is error and MARK not in str(other.value)
