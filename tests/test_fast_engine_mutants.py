@@ -9,6 +9,8 @@ import torch
 from dgrpo.model.attention_mask import prebuilt_mask_applies, static_causal_padding_mask
 from dgrpo.model.gqa_attention import PACKED_GQA
 
+from conftest import make_lm
+
 
 @pytest.mark.parametrize(
     ("config", "applies"),
@@ -182,3 +184,109 @@ def test_a_tensor_saved_beside_the_cache_holds_no_cycle_through_its_own_node():
         assert alive() is None
     finally:
         gc.enable()
+
+
+def test_every_layer_of_a_deep_cache_saves_its_keys_and_values_once():
+    """Over 4 layers (the search for the saving layer starts at the last one found), 3 appended steps leave an
+    observer only each layer's last keys and values: 8 tensors of 3 + 3 columns, none of the steps' own."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    from dgrpo.model.kv_prefixes import OBSERVER, saved_as_prefixes
+
+    seen = []
+
+    def pack(t):
+        if t.dim() == 4:
+            seen.append(t.shape[-2])
+        return t
+
+    setattr(pack, OBSERVER, True)
+    cache = DynamicCache()
+    cache.layers = [DynamicLayer() for _ in range(4)]
+    for i in range(4):
+        cache.update(kv(3, 1.0), kv(3, 1.0), i)
+    w = torch.ones(1, 1, 1, 2, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), saved_as_prefixes(cache):
+        total = torch.zeros(())
+        for _ in range(3):
+            for i in range(4):
+                k, v = cache.update(w * 2.0, w * 3.0, i)
+                total = total + (k * k).sum() + (v * v).sum()
+    total.backward()
+    assert seen == [6] * 8
+    assert w.grad is not None and float(w.grad.sum()) == 2 * 4 * (3 + 2 + 1) * (2 * 2 * 2 + 2 * 3 * 3)
+
+
+def ragged_prompts(lm, records, n):
+    """``n`` questions cut to different lengths: each row has its own left padding."""
+    return lm.encode_questions([r.question if i % 2 else r.question[: 25 + i] for i, r in enumerate(records[:n])])
+
+
+def test_a_decoder_refuses_a_batch_that_does_not_fit_it(tokenizer, task_records):
+    """A batch of other rows, or a prompt wider than the decoder's columns, is refused in one line (a kept decoder's
+    buffers would otherwise mix rows or overflow)."""
+    from dgrpo.model.fixed_shape import FixedShapeDecoder
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = ragged_prompts(lm, task_records, 2)
+    P = ids.shape[1]
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=rf"a batch of 2 x {P} prompt tokens does not fit a decoder of \(3, 40\)"):
+            FixedShapeDecoder(lm, 3, 40, capture=False).start(ids, mask, None)
+        with pytest.raises(
+            ValueError, match=rf"a batch of 2 x {P} prompt tokens does not fit a decoder of \(2, {P - 1}\)"
+        ):
+            FixedShapeDecoder(lm, 2, P - 1, capture=False).start(ids, mask, None)
+
+
+def test_the_fast_engine_refuses_latent_steps_in_a_mode_without_thoughts(tokenizer, task_records):
+    """As the growing cache does: ``n_latent`` thoughts in a mode that has none (cot, plain) is an error, not a run of
+    thoughts in some other mode; no thought in such a mode is fine."""
+    from dgrpo.model.fixed_shape import fixed_shape_generate, fixed_shape_target_logprobs
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = ragged_prompts(lm, task_records, 2)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="mode 'cot' has no latent thoughts; got n_latent=2"):
+            fixed_shape_generate(lm, ids, mask, 2, max_new_tokens=2, mode="cot")
+        with pytest.raises(ValueError, match="mode 'plain' has no latent thoughts; got n_latent=1"):
+            fixed_shape_target_logprobs(lm, ids, mask, 1, ids[:, :2], mask[:, :2], mode="plain")
+        assert fixed_shape_generate(lm, ids, mask, 0, max_new_tokens=2, mode="cot").tokens.shape == (2, 2)
+
+
+def test_a_padded_reference_decoder_has_at_least_min_rows(tokenizer, task_records):
+    """``min_rows``: the first batch's decoder is made for at least that many rows (so that every later batch the
+    group filter leaves fits it), and the batch still gets the log-probs it gets alone."""
+    from dgrpo.model.fixed_shape import fixed_shape_target_logprobs
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = ragged_prompts(lm, task_records, 2)
+    tg, tm = ids[:, -4:], torch.ones_like(ids[:, -4:])
+    with torch.no_grad():
+        alone = fixed_shape_target_logprobs(lm, ids, mask, 2, tg, tm)
+        padded = fixed_shape_target_logprobs(lm, ids, mask, 2, tg, tm, keep=True, pad=True, min_rows=5)
+    assert lm.kept_decoders["score"][1].mask.shape[0] == 5
+    assert padded.shape == (2, 4) and torch.allclose(alone, padded, atol=1e-5, rtol=0)
+
+
+def test_a_kept_decoder_attends_a_new_batch_thoughts_whatever_rows_ended_the_last(tokenizer, task_records):
+    """A batch whose rows ended early (their last tokens fed unattended: ``sync_every=0`` decodes every position)
+    leaves a kept decoder whose next batch still attends every row's prompt, thoughts and answer: the next batch's
+    rollouts equal a new decoder's."""
+    from dgrpo.model.fixed_shape import fixed_shape_generate
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = ragged_prompts(lm, task_records, 4)
+    eos_bias = torch.zeros(len(lm.tokenizer))
+    eos_bias[lm.eos_id] = 8.0
+    hook = lm.model.get_output_embeddings().register_forward_hook(lambda m, i, o: o + eos_bias)
+    with torch.no_grad():
+        first = fixed_shape_generate(lm, ids, mask, 2, max_new_tokens=6, keep=True, sync_every=0)
+        hook.remove()
+        assert (first.mask.sum(1) < 6).all()  # every row ended before the last position
+        kept = fixed_shape_generate(lm, ids, mask, 2, max_new_tokens=6, keep=True, with_entropy=True)
+        new = fixed_shape_generate(lm, ids, mask, 2, max_new_tokens=6, with_entropy=True)
+    assert torch.equal(kept.tokens, new.tokens) and torch.equal(kept.mask, new.mask)
+    assert torch.allclose(kept.logprobs, new.logprobs, atol=1e-5, rtol=0)
+    assert torch.allclose(kept.entropy, new.entropy, atol=1e-5, rtol=0)
