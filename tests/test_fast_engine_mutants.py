@@ -290,3 +290,23 @@ def test_a_kept_decoder_attends_a_new_batch_thoughts_whatever_rows_ended_the_las
     assert torch.equal(kept.tokens, new.tokens) and torch.equal(kept.mask, new.mask)
     assert torch.allclose(kept.logprobs, new.logprobs, atol=1e-5, rtol=0)
     assert torch.allclose(kept.entropy, new.entropy, atol=1e-5, rtol=0)
+
+
+def test_a_rollout_feeds_every_answer_token_but_the_last(tokenizer, task_records):
+    """A rollout of N answer tokens runs the prompt, the T thoughts, the marker and N - 1 answer steps: the last
+    token chosen is booked, not fed (a forward whose result nobody reads)."""
+    from dgrpo.model.fixed_shape import fixed_shape_generate
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = ragged_prompts(lm, task_records, 2)
+    calls, call_base = [], lm._call_base
+
+    def recorded(cache, phase, *args):
+        calls.append(phase)
+        return call_base(cache, phase, *args)
+
+    lm._call_base = recorded
+    with torch.no_grad():
+        out = fixed_shape_generate(lm, ids, mask, 2, max_new_tokens=5, sync_every=0)
+    assert out.tokens.shape[1] <= 5
+    assert calls == ["prompt", "latent", "latent", "answer"] + ["answer"] * 4
