@@ -310,3 +310,19 @@ def test_a_rollout_feeds_every_answer_token_but_the_last(tokenizer, task_records
         out = fixed_shape_generate(lm, ids, mask, 2, max_new_tokens=5, sync_every=0)
     assert out.tokens.shape[1] <= 5
     assert calls == ["prompt", "latent", "latent", "answer"] + ["answer"] * 4
+
+
+def test_a_model_with_linear_attention_layers_runs_its_batch_unpadded():
+    """Padding to a kept decoder's rows needs a cache whose layers :func:`first_rows` can narrow: a model with
+    linear-attention layers (Qwen3-Next) runs each batch as it is, whatever ``min_rows`` asks; a full-attention one
+    is padded with copies of its first row."""
+    from transformers import Qwen2Config, Qwen3NextConfig
+
+    from dgrpo.model.fixed_shape import _padded_batch
+
+    ids, mask = torch.tensor([[0, 5, 6], [7, 8, 9]]), torch.tensor([[0, 1, 1], [1, 1, 1]])
+    for config, rows in ((Qwen3NextConfig(), 2), (Qwen2Config(), 4)):
+        lm = SimpleNamespace(model=SimpleNamespace(config=config), kept_decoders={})
+        got_ids, got_mask, n_after, _ = _padded_batch(lm, "score", None, ids, mask, 2, 5, True, min_rows=4)
+        assert got_ids.shape == got_mask.shape == (rows, 3) and n_after == 5
+        assert torch.equal(got_ids[2:], ids[:1].expand(rows - 2, 3)) and torch.equal(got_mask[:2], mask)
