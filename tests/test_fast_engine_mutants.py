@@ -326,3 +326,13 @@ def test_a_model_with_linear_attention_layers_runs_its_batch_unpadded():
         got_ids, got_mask, n_after, _ = _padded_batch(lm, "score", None, ids, mask, 2, 5, True, min_rows=4)
         assert got_ids.shape == got_mask.shape == (rows, 3) and n_after == 5
         assert torch.equal(got_ids[2:], ids[:1].expand(rows - 2, 3)) and torch.equal(got_mask[:2], mask)
+
+
+def test_a_phase_hook_that_does_not_say_where_it_acts_counts_as_acting_everywhere():
+    """A step's graph records what its hooks did: a phase hook without ``acts_in`` is taken to act in every phase
+    (so a kept decoder never serves it with graphs captured without its noise); no perturbation acts nowhere."""
+    from dgrpo.model.fixed_shape import PHASES, noisy_phases
+
+    assert noisy_phases(SimpleNamespace()) == PHASES == ("prompt", "latent", "answer")
+    assert noisy_phases(SimpleNamespace(acts_in=lambda phase: phase == "latent")) == ("latent",)
+    assert noisy_phases(None) == ()
