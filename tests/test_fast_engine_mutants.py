@@ -336,3 +336,28 @@ def test_a_phase_hook_that_does_not_say_where_it_acts_counts_as_acting_everywher
     assert noisy_phases(SimpleNamespace()) == PHASES == ("prompt", "latent", "answer")
     assert noisy_phases(SimpleNamespace(acts_in=lambda phase: phase == "latent")) == ("latent",)
     assert noisy_phases(None) == ()
+
+
+def test_a_kept_decoder_that_does_not_fit_is_let_go_before_its_successor_is_made():
+    """``kept_for``: the decoder kept for another key is dropped before the new one is made, so that its cache's
+    memory can serve the new one (the peak holds one decoder, not two); one that fits is handed back as it is."""
+    import weakref
+
+    from dgrpo.model.fixed_shape import kept_for
+    from dgrpo.model.latent_lm import KeptDecoders
+
+    class Decoder:
+        pass
+
+    lm = SimpleNamespace(kept_decoders=KeptDecoders())
+    first = kept_for(lm, "score", ("a",), Decoder)
+    assert kept_for(lm, "score", ("a",), Decoder) is first
+    gone = weakref.ref(first)
+    del first
+
+    def make():
+        assert gone() is None and "score" not in lm.kept_decoders
+        return Decoder()
+
+    second = kept_for(lm, "score", ("b",), make)
+    assert lm.kept_decoders["score"] == (("b",), second)

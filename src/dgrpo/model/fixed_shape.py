@@ -578,7 +578,8 @@ def kept_for(lm: LatentLM, purpose: str, key: tuple, make: Callable[[], _Kept]) 
     kept = lm.kept_decoders.get(purpose)
     if kept is not None and kept[0] == key:
         return kept[1]
-    lm.kept_decoders.pop(purpose, None)  # (its memory may serve the new one)
+    del kept  # (nor may this frame hold the one replaced: its memory may serve the new one)
+    lm.kept_decoders.pop(purpose, None)
     new = make()
     lm.kept_decoders[purpose] = (key, new)
     return new
