@@ -256,15 +256,16 @@ def test_the_fast_engine_refuses_latent_steps_in_a_mode_without_thoughts(tokeniz
 
 
 def test_a_padded_reference_decoder_has_at_least_min_rows(tokenizer, task_records):
-    """``min_rows``: the first batch's decoder is made for at least that many rows (so that every later batch the
-    group filter leaves fits it), and the batch still gets the log-probs it gets alone."""
+    """``min_rows``: under ``pad`` (off by default without capture) the first batch's decoder is made for at least that
+    many rows (so that every later batch the group filter leaves fits it), at the log-probs the batch gets alone."""
     from dgrpo.model.fixed_shape import fixed_shape_target_logprobs
 
     lm = make_lm(tokenizer, "qwen2").eval()
     ids, mask = ragged_prompts(lm, task_records, 2)
     tg, tm = ids[:, -4:], torch.ones_like(ids[:, -4:])
     with torch.no_grad():
-        alone = fixed_shape_target_logprobs(lm, ids, mask, 2, tg, tm)
+        alone = fixed_shape_target_logprobs(lm, ids, mask, 2, tg, tm, keep=True, min_rows=5)
+        assert lm.kept_decoders["score"][1].mask.shape[0] == 2  # (``pad`` defaults to ``keep and capture``)
         padded = fixed_shape_target_logprobs(lm, ids, mask, 2, tg, tm, keep=True, pad=True, min_rows=5)
     assert lm.kept_decoders["score"][1].mask.shape[0] == 5
     assert padded.shape == (2, 4) and torch.allclose(alone, padded, atol=1e-5, rtol=0)
@@ -361,3 +362,65 @@ def test_a_kept_decoder_that_does_not_fit_is_let_go_before_its_successor_is_made
 
     second = kept_for(lm, "score", ("b",), make)
     assert lm.kept_decoders["score"] == (("b",), second)
+
+
+@pytest.mark.parametrize("mode", ["coconut", "pause"])
+def test_the_fast_engine_feeds_each_special_token_where_the_eager_one_does(tokenizer, task_records, mode):
+    """The tiny models start the special tokens from one embedding (as Coconut does), so a marker fed as the wrong
+    one could not show: with distinct embeddings for ``<|latent|>`` and ``<|end-latent|>``, the fast engine's
+    rollouts and its reference scores still equal the eager ones (fp32, 1e-5)."""
+    from dgrpo.model.fixed_shape import fixed_shape_generate, fixed_shape_target_logprobs
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    weight = lm.model.get_input_embeddings().weight
+    with torch.no_grad():
+        weight[lm.latent_id] += 0.5 * torch.randn(weight.shape[1], generator=torch.Generator().manual_seed(1))
+        weight[lm.end_id] -= 0.5 * torch.randn(weight.shape[1], generator=torch.Generator().manual_seed(2))
+    ids, mask = ragged_prompts(lm, task_records, 3)
+    tg, tm = ids[:, -5:], torch.ones_like(ids[:, -5:])
+    tm[0, 3:] = 0
+    with torch.no_grad():
+        eager = lm.generate(ids, mask, 2, max_new_tokens=6, mode=mode)
+        fast = fixed_shape_generate(lm, ids, mask, 2, max_new_tokens=6, mode=mode)
+        grown, _ = lm.target_logprobs(ids, mask, 2, tg, tm, mode=mode, end_with_targets=True)
+        scored = fixed_shape_target_logprobs(lm, ids, mask, 2, tg, tm, mode=mode)
+    assert torch.equal(eager.tokens, fast.tokens) and torch.allclose(eager.logprobs, fast.logprobs, atol=1e-5, rtol=0)
+    assert torch.allclose(grown, scored, atol=1e-5, rtol=0)
+
+
+def test_the_fast_engine_samples_with_top_p_and_stops_at_stop_ids_as_the_eager_one(tokenizer, task_records):
+    """Nucleus sampling (``top_p`` < 1) and ``stop_ids`` reach the fast engine's token choice: the same answers and
+    log-probs as ``generate`` from the same generator, and a stop token ends its row there."""
+    from dgrpo.model.fixed_shape import fixed_shape_generate
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = ragged_prompts(lm, task_records, 4)
+    kw = {"max_new_tokens": 8, "temperature": 1.5, "top_p": 0.3}
+    with torch.no_grad():
+        free = lm.generate(ids, mask, 2, generator=torch.Generator().manual_seed(3), **kw)
+        stop = int(free.tokens[0, 1])
+        kw["stop_ids"] = [stop]
+        eager = lm.generate(ids, mask, 2, generator=torch.Generator().manual_seed(3), **kw)
+        fast = fixed_shape_generate(lm, ids, mask, 2, generator=torch.Generator().manual_seed(3), **kw)
+    assert int(eager.mask[0].sum()) == 2 and int(free.mask[0].sum()) > 2  # the stop token ends row 0 there
+    assert torch.equal(eager.tokens, fast.tokens) and torch.equal(eager.mask, fast.mask)
+    assert torch.allclose(eager.logprobs, fast.logprobs, atol=1e-5, rtol=0)
+
+
+def test_a_perturbation_that_cannot_pad_its_rows_scores_its_batch_as_it_is(tokenizer, task_records):
+    """``pad`` with a perturbation that does not say how to act on padded rows (``row_padding`` None): the batch
+    runs over its own rows, at the log-probs it gets without padding."""
+    from dgrpo.model.fixed_shape import fixed_shape_target_logprobs
+    from dgrpo.perturbation.base import BoundPerturbation
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = ragged_prompts(lm, task_records, 2)
+    tg, tm = ids[:, -4:], torch.ones_like(ids[:, -4:])
+    opaque = BoundPerturbation()
+    assert opaque.row_padding(4) is None
+    with torch.no_grad(), opaque:
+        alone = fixed_shape_target_logprobs(lm, ids, mask, 2, tg, tm, perturbation=opaque)
+        padded = fixed_shape_target_logprobs(
+            lm, ids, mask, 2, tg, tm, perturbation=opaque, keep=True, pad=True, min_rows=4
+        )
+    assert torch.equal(alone, padded)
