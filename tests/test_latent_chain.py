@@ -165,6 +165,40 @@ def test_batches_padded_to_the_kept_chain_give_their_own_log_probs_and_gradients
     assert chains[0] is chains[1] and chains[1] is not chains[2] and chains[2] is chains[3]
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_kept_chain_replaced_is_let_go_before_its_successor_is_made(tokenizer, task_records, monkeypatch, padded):
+    """A batch of another shape replaces the kept chain: the old chain (its cache, a captured graph's memory pool) is
+    no longer held by any frame when the new one is made, so the peak holds one chain, not two (``chain_for`` and
+    ``run_latent_chain`` each kept a local of it)."""
+    import weakref
+
+    lm = make_lm(tokenizer, "qwen2")
+    states = {}
+    for rows in (2, 3):
+        ids, mask = lm.encode_questions([r.question for r in task_records[:rows]])
+        states[rows] = lm.prefill(ids, mask, 0, markers=False)
+    old: list[weakref.ref] = []
+    alive_at_make = []
+    init = LatentChain.__init__
+
+    def recording_init(self, *args):
+        alive_at_make.extend(ref() is not None for ref in old)
+        init(self, *args)
+
+    monkeypatch.setattr(LatentChain, "__init__", recording_init)
+
+    def run(rows):
+        if padded:
+            latent_chain.run_latent_chain(lm, states[rows], 2, None, capture=False, keep=True, pad=True)
+        else:
+            chain_for(lm, states[rows], 2, None, capture=False, keep=True)
+
+    run(2)
+    old.append(weakref.ref(lm.kept_decoders["update"][1]))
+    run(3)
+    assert alive_at_make == [False] and lm.kept_decoders["update"][1] is not old[0]()
+
+
 def test_with_rows_appends_copies_of_the_first_row():
     t = torch.arange(6.0).view(2, 3)
     assert torch.equal(latent_chain.with_rows(t, 4), torch.tensor([[0.0, 1, 2], [3, 4, 5], [0, 1, 2], [0, 1, 2]]))

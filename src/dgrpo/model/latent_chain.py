@@ -318,6 +318,7 @@ def chain_for(
     if capture and current is not None and current[0] != key and waits:
         lm.kept_decoders.seen["update"] = key
         return LatentChain(lm, n_latent, capture=False)
+    del current  # (a chain replaced must be let go before the new one is made: its memory may serve it)
     return kept_for(lm, "update", key, lambda: LatentChain(lm, n_latent, capture))
 
 
@@ -347,6 +348,7 @@ def run_latent_chain(
     kept = lm.kept_decoders.get("update")
     if kept is not None and kept[1].shape is not None:
         rows, columns = max(rows, kept[1].shape[0]), max(columns, kept[1].shape[1])
+    del kept  # (nor may this frame hold the kept chain while a larger one replaces it)
     within = None  # the perturbation over the padded rows (None: not padded)
     if keep and (capture if pad is None else pad):
         within = padding_rows(perturbation, rows)
