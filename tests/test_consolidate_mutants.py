@@ -1,0 +1,94 @@
+"""dgrpo.training.consolidate's promises, one by one (gaps found by mutation testing): the metadata unpickler builds
+dtypes and checkpoint classes only, refusing anything else before importing it; the metadata must be a Metadata of
+tensors; a resumable checkpoint's model part is consolidated into its model/ and both manifests vouch for the result;
+tied weights may be absent from the shards, other weights may not."""
+
+import io
+import pickle
+import shutil
+
+import pytest
+import torch
+
+from dgrpo.model.verified import CheckpointError, atomic_dir, verify
+from dgrpo.training.consolidate import SafeFileSystemReader, _MetadataUnpickler, consolidate_checkpoint, read_sharded
+
+from conftest import make_lm
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # (shards saved in one process)
+
+
+def unpickled(data: bytes):
+    return _MetadataUnpickler(io.BytesIO(data)).load()
+
+
+def test_the_metadata_unpickler_builds_dtypes_and_refuses_torch_functions_and_other_modules():
+    """``torch.float16`` is built; ``torch.load`` (an attribute of torch that is no dtype) is refused, and so is a
+    dtype's name in any other module, before that module is imported (a missing one is refused, not imported)."""
+    assert unpickled(b"ctorch\nfloat16\n.") is torch.float16
+    assert unpickled(pickle.dumps(torch.Size([2, 3]))) == torch.Size([2, 3])
+    for module, name in (("torch", "load"), ("torch", "save"), ("no_such_module_dgrpo", "float32")):
+        with pytest.raises(pickle.UnpicklingError, match=f"references {module}.{name}, which a checkpoint never"):
+            unpickled(f"c{module}\n{name}\n.".encode())
+
+
+def sharded(tmp_path, state: dict):
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, checkpoint_id=str(tmp_path / "dcp"))
+    return tmp_path
+
+
+def test_the_metadata_must_be_a_checkpoints_and_hold_tensors_only(tmp_path):
+    """A pickled dict where the metadata should be, or a checkpoint with a non-tensor entry (torch would unpickle its
+    bytes with weights_only=False): one CheckpointError line each."""
+    bad = tmp_path / "bad" / "dcp"
+    bad.mkdir(parents=True)
+    (bad / ".metadata").write_bytes(pickle.dumps({"a": 1}))
+    with pytest.raises(CheckpointError, match=r"not a checkpoint metadata file \(found a dict\)"):
+        SafeFileSystemReader(bad).read_metadata()
+    d = sharded(tmp_path / "bytes", {"w": torch.ones(2), "note": "text"})
+    with pytest.raises(CheckpointError, match="entry 'note' is not a tensor"):
+        read_sharded(d)
+
+
+def test_read_sharded_returns_one_part_and_names_a_missing_one(tmp_path):
+    d = sharded(tmp_path, {"model": {"w": torch.arange(3.0)}, "optim": {"m": torch.ones(2)}})
+    assert {k: v.tolist() for k, v in read_sharded(d, "model").items()} == {"w": [0.0, 1.0, 2.0]}
+    with pytest.raises(CheckpointError, match=r"the shards hold no 'ema' entry"):
+        read_sharded(d, "ema")
+
+
+def resumable(tmp_path, tokenizer, drop: str = ""):
+    """A resumable checkpoint as fsdp=sharded writes it: state.json, model/ without weights, dcp/ holding the model
+    (less ``drop``) beside an optimizer's state; its manifest over all of it."""
+    lm = make_lm(tokenizer)
+    state = {k: v for k, v in lm.model.state_dict().items() if k != drop}
+    staging = sharded(tmp_path / "staging", {"model": state, "optim": {"m": torch.ones(2)}})
+    with atomic_dir(tmp_path / "step-1") as d:
+        lm.save_pretrained(d / "model", weights=False)
+        shutil.move(staging / "dcp", d / "dcp")
+        (d / "state.json").write_text("{}")
+    return tmp_path / "step-1", lm.model
+
+
+def test_a_resumable_checkpoint_is_consolidated_into_its_model_folder_and_both_manifests_vouch_for_it(
+    tmp_path, tokenizer
+):
+    """The model part goes to step-1/model/model.safetensors (the shards stay: it still resumes); model/'s manifest
+    and the checkpoint's own both verify. The tied LM head may be absent from the shards (its embedding is there)."""
+    from safetensors.torch import load_file
+
+    ckpt, model = resumable(tmp_path, tokenizer, drop="lm_head.weight")
+    assert consolidate_checkpoint(ckpt) == ckpt / "model"
+    assert verify(ckpt / "model") is None and verify(ckpt) is None and (ckpt / "dcp" / ".metadata").is_file()
+    back = load_file(str(ckpt / "model" / "model.safetensors"))
+    assert all(torch.equal(back[k], v) for k, v in model.state_dict().items() if k in back)
+    assert torch.equal(back["model.embed_tokens.weight"], model.state_dict()["lm_head.weight"])
+
+
+def test_shards_missing_a_weight_that_is_tied_to_nothing_are_refused(tmp_path, tokenizer):
+    ckpt, _ = resumable(tmp_path, tokenizer, drop="model.norm.weight")
+    with pytest.raises(CheckpointError, match="the sharded weights do not match the model config"):
+        consolidate_checkpoint(ckpt)
+    assert not (ckpt / "model" / "model.safetensors").exists()
