@@ -190,3 +190,14 @@ def test_a_torchrun_workers_sigint_handler_is_the_callers_again_after_the_block_
     finally:
         signal.signal(signal.SIGINT, before)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_the_innermost_stopping_block_says_what_a_stop_interrupted():
+    """A stop raised again by an inner ``stopping`` carries its message, which an outer block keeps; a message given
+    as a callable is asked at the stop."""
+    with pytest.raises(Terminated) as e, preemption.stopping("the outer"), preemption.stopping(lambda: "the inner"):
+        raise Terminated
+    assert e.value.args == ("the inner",) and isinstance(e.value.__cause__, Terminated)
+    with pytest.raises(KeyboardInterrupt) as k, preemption.stopping("the run"):
+        raise KeyboardInterrupt
+    assert type(k.value) is KeyboardInterrupt and k.value.args == ("the run",)
