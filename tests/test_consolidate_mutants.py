@@ -47,6 +47,9 @@ def test_the_metadata_must_be_a_checkpoints_and_hold_tensors_only(tmp_path):
     (bad / ".metadata").write_bytes(pickle.dumps({"a": 1}))
     with pytest.raises(CheckpointError, match=r"not a checkpoint metadata file \(found a dict\)"):
         SafeFileSystemReader(bad).read_metadata()
+    with pytest.raises(CheckpointError) as e:  # (read before torch's loader, which would wrap the line)
+        read_sharded(bad.parent)
+    assert str(e.value) == f"{bad / '.metadata'}: not a checkpoint metadata file (found a dict)"
     d = sharded(tmp_path / "bytes", {"w": torch.ones(2), "note": "text"})
     with pytest.raises(CheckpointError, match="entry 'note' is not a tensor"):
         read_sharded(d)
