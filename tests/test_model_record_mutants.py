@@ -140,3 +140,12 @@ def test_the_hub_commit_is_recorded_for_the_model_loaded_unless_an_older_run_rec
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "config.json").write_text("[]")
     assert hub_revision(cfg, loaded, tmp_path / "c") == "c0ffee"
+
+
+def test_a_home_relative_folder_that_is_no_checkpoint_is_named_in_the_home_folder(tmp_path, monkeypatch):
+    """``--init ~/plain`` (a folder, no checkpoint: loading it says why): named by its absolute path in the home
+    folder, as every loader reads it; it was named ``<cwd>/~/plain``, a folder that does not exist."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "home" / "plain").mkdir(parents=True)
+    assert init_name("~/plain") == str((tmp_path / "home" / "plain").resolve())

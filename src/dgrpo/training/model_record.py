@@ -25,7 +25,7 @@ def init_name(init: str) -> str:
     try:
         return str(resolve_checkpoint(init).resolve())
     except CheckpointError:  # (not a checkpoint: loading it says why)
-        return str(Path(init).resolve())
+        return str(on_disk(init).resolve())  # (``~`` expanded, as the loaders read it)
 
 
 def model_name(name: str, out_dir: str | Path) -> str:
