@@ -62,6 +62,13 @@ def test_read_sharded_returns_one_part_and_names_a_missing_one(tmp_path):
         read_sharded(d, "ema")
 
 
+def test_shards_that_hold_no_weights_are_one_line(tmp_path):
+    """An empty sharded checkpoint is a CheckpointError naming it (it was a StopIteration traceback)."""
+    d = sharded(tmp_path, {})
+    with pytest.raises(CheckpointError, match=r"dcp: the shards hold no weights$"):
+        consolidate_checkpoint(d)
+
+
 def resumable(tmp_path, tokenizer, drop: str = ""):
     """A resumable checkpoint as fsdp=sharded writes it: state.json, model/ without weights, dcp/ holding the model
     (less ``drop``) beside an optimizer's state; its manifest over all of it."""

@@ -130,6 +130,8 @@ def consolidate_checkpoint(path: str | Path) -> Path:
     path = _sharded_checkpoint(on_disk(path))
     resumable = (path / RESUMABLE_STATE).is_file()
     state = read_sharded(path, "model" if resumable else None)
+    if not state:  # (was a StopIteration traceback)
+        raise CheckpointError(f"{path / SHARDED_DIR}: the shards hold no weights")
     target = path / "model" if resumable else path
     from transformers import AutoConfig, AutoModelForCausalLM
 
