@@ -751,7 +751,7 @@ def test_the_hub_is_reached_through_a_proxy_which_is_what_is_probed(monkeypatch)
 
     from dgrpo.hub import hub_reachable
 
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("HF_ENDPOINT", "https://127.0.0.1:9")  # nothing listens there (an https endpoint: HTTPS_PROXY)
     for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
         monkeypatch.delenv(name, raising=False)
     assert hub_reachable(timeout=0.5) is False

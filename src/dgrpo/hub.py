@@ -33,16 +33,21 @@ def offline_variable(*names: str) -> str | None:
     )
 
 
-#: with one of these set, the hub is reached through a proxy (unless NO_PROXY names it), as the hub libraries do
+#: with one of these set, the hub is reached through a proxy (unless NO_PROXY names it), as the hub libraries do (an
+#: ``http://`` endpoint through HTTP_PROXY / http_proxy instead of the HTTPS ones)
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
 
 
-def _proxy_for(host: str) -> str | None:
-    """The proxy URL the hub libraries would use for an https request to ``host`` (None: a direct connection)."""
-    from urllib.request import proxy_bypass
+def _proxy_for(host: str, scheme: str = "https") -> str | None:
+    """The proxy URL the hub libraries would use for a ``scheme`` request to ``host`` (None: a direct connection),
+    read as they read it (``urllib.request.getproxies``: the lower-case variable wins over the upper-case one, an
+    empty one unsets it; the scheme's own proxy before ALL_PROXY). It was HTTPS_PROXY before https_proxy, for an
+    http endpoint too: the probe tried a proxy the libraries did not use."""
+    from urllib.request import getproxies, proxy_bypass
 
-    proxy = next((os.environ[v] for v in PROXY_VARIABLES if os.environ.get(v)), None)
-    return None if proxy is None or proxy_bypass(host) else proxy
+    proxies = getproxies()
+    proxy = proxies.get(scheme) or proxies.get("all")
+    return None if not proxy or proxy_bypass(host) else proxy
 
 
 def _connects(host: str, port: int, timeout: float) -> bool:
@@ -59,7 +64,7 @@ def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
     that cannot be reached had them retry for ~50 s before a cached model was used)."""
     url = urlparse(os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT))
     host = url.hostname or "huggingface.co"
-    proxy = _proxy_for(host)
+    proxy = _proxy_for(host, "http" if url.scheme == "http" else "https")
     if proxy is not None:
         p = urlparse(proxy if "://" in proxy else f"http://{proxy}")
         return _connects(p.hostname or "", p.port or (443 if p.scheme == "https" else 80), timeout)
