@@ -3,6 +3,7 @@ that names nothing, and a plug-in file executed once per version (gaps found by 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -78,3 +79,69 @@ def test_a_plugin_file_runs_once_per_version_and_again_when_it_changes(tmp_path)
         assert not any(getattr(m, "__file__", None) == str(broken.resolve()) for m in list(sys.modules.values()))
     finally:
         builtins.__dict__.pop("_dgrpo_runs", None)
+
+
+def test_a_file_in_a_folder_whose_name_holds_a_colon_is_split_at_the_last_colon(tmp_path):
+    """The name is what follows the last colon: a folder named ``a:b`` is part of the file's path."""
+    folder = tmp_path / "a:b"
+    folder.mkdir()
+    (folder / "mine.py").write_text("def f():\n    return 7\n")
+    assert import_object(f"{folder / 'mine.py'}:f", "grpo.reward")() == 7
+
+
+def test_a_missing_or_non_python_file_is_its_own_line_not_an_import_failure(tmp_path):
+    """The spec's own errors (file not found, not a Python file) are raised as they are, not wrapped as a failed
+    import ('cannot import ... (PluginError: ...)')."""
+    spec = f"{tmp_path / 'gone.py'}:f"
+    with pytest.raises(PluginError) as caught:
+        import_object(spec, "grpo.reward")
+    assert str(caught.value).startswith(f"grpo.reward {spec!r}: file {tmp_path / 'gone.py'} not found")
+    (tmp_path / "a.yaml").write_text("x: 1\n")
+    spec = f"{tmp_path / 'a.yaml'}:f"
+    with pytest.raises(PluginError) as caught:
+        import_object(spec, "grpo.reward")
+    assert (
+        str(caught.value)
+        == f"grpo.reward {spec!r}: {tmp_path / 'a.yaml'} is not a Python file (path/to/file.py:function)"
+    )
+
+
+def test_a_module_that_is_not_in_the_working_directory_leaves_sys_path_alone(tmp_path, monkeypatch):
+    """The working directory is added to sys.path only for a package that lies there and is not importable
+    otherwise: a package missing everywhere, or one found but missing a submodule or a dependency of its own,
+    fails with Python's error and sys.path unchanged."""
+    package = f"pkg_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / "elsewhere" / package).mkdir(parents=True)
+    (tmp_path / "elsewhere" / package / "__init__.py").write_text("")
+    (tmp_path / "elsewhere" / package / "needs.py").write_text("import no_such_dependency_here\n")
+    (tmp_path / "work" / package).mkdir(parents=True)  # (the same name in the working directory: not used)
+    monkeypatch.setattr(
+        sys, "path", [p for p in sys.path if p not in ("", os.getcwd())] + [str(tmp_path / "elsewhere")]
+    )
+    monkeypatch.chdir(tmp_path / "work")
+    before = list(sys.path)
+    try:
+        for target in (f"{package}.missing", f"{package}.needs"):
+            with pytest.raises(PluginError, match=r"cannot import .* \(ModuleNotFoundError: No module named"):
+                import_object(f"{target}:f", "grpo.reward")
+            assert sys.path == before
+        monkeypatch.chdir(tmp_path)  # (nothing of that name here)
+        with pytest.raises(PluginError, match=r"No module named 'nopkg_anywhere'"):
+            import_object("nopkg_anywhere.rewards:f", "grpo.reward")
+        assert sys.path == before
+    finally:
+        for name in [n for n in sys.modules if n == package or n.startswith(f"{package}.")]:
+            sys.modules.pop(name)
+
+
+def test_a_single_file_module_in_the_working_directory_imports_under_the_dgrpo_command(tmp_path, monkeypatch):
+    """``myrewards:fn`` for a ``myrewards.py`` in the working directory (not a package folder) imports when the
+    working directory is not on sys.path (the ``dgrpo`` command), as it does under ``python -m dgrpo``."""
+    module = f"myrewards_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text("def fn():\n    return 3\n")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd(), str(tmp_path))])
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert import_object(f"{module}:fn", "grpo.reward")() == 3
+    finally:
+        sys.modules.pop(module, None)

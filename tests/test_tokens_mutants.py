@@ -36,3 +36,69 @@ def test_end_of_turn_ids_take_a_list_or_tuple_and_keep_ids_inside_the_vocabulary
     model.generation_config.eos_token_id = container([7, 3, 49, 50, -1, 3, 12])
     assert end_of_turn_ids(model, 12) == [3, 7, 49]
     assert end_of_turn_ids(model, None) == [3, 7, 12, 49]
+
+
+class _Encoder:
+    """A tokenizer's encoding of "1": ``with_bos`` the ids with special tokens, ``plain`` those without."""
+
+    def __init__(self, bos: int | None, with_bos: list[int], plain: list[int]) -> None:
+        self.bos_token_id, self.ids = bos, {True: with_bos, False: plain}
+
+    def __call__(self, text: str, add_special_tokens: bool) -> dict[str, list[int]]:
+        return {"input_ids": self.ids[add_special_tokens]}
+
+
+@pytest.mark.parametrize(
+    ("encoder", "expected"),
+    [
+        (_Encoder(1, [1, 20], [20]), [1]),  # (Llama: BOS added by the special tokens)
+        (_Encoder(1, [20], [20]), []),  # (Qwen: a BOS id that its encoding never adds)
+        (_Encoder(1, [1, 20], [1, 20]), []),  # (BOS in the plain encoding too: the text brings it, not added again)
+        (_Encoder(None, [20], [20]), []),  # (no BOS)
+    ],
+)
+def test_bos_prefix_is_the_bos_the_special_tokens_add_and_only_that(encoder, expected):
+    """[bos] only when the encoding with special tokens starts with BOS and the plain one does not: a tokenizer whose
+    plain encoding already starts with it would get two."""
+    from dgrpo.model.tokens import bos_prefix
+
+    assert bos_prefix(encoder) == expected  # type: ignore[arg-type]
+
+
+def test_load_tokenizer_passes_the_hub_options_on(monkeypatch):
+    """A hub id's tokenizer is read with the options the model's resolution chose: ``local_files_only`` (without
+    it, a cached model on a machine without network waited for the hub's retries), the revision and
+    trust_remote_code; no revision keyword for the default branch."""
+    from dgrpo.model import tokens
+
+    calls: list[tuple[str, dict]] = []
+    monkeypatch.setattr(tokens.AutoTokenizer, "from_pretrained", lambda path, **kw: calls.append((path, kw)))
+    tokens.load_tokenizer("someorg/tiny", trust_remote_code=True, local_files_only=True, revision="v1")
+    tokens.load_tokenizer("someorg/tiny")
+    assert calls == [
+        ("someorg/tiny", {"trust_remote_code": True, "local_files_only": True, "revision": "v1"}),
+        ("someorg/tiny", {"trust_remote_code": False, "local_files_only": False}),
+    ]
+
+
+def test_a_plain_tokenizer_saved_as_pretrainedtokenizerfast_is_loaded_as_is(tokenizer, tmp_path):
+    """A folder whose tokenizer_config.json names PreTrainedTokenizerFast (a plain ``tokenizers`` file, as
+    transformers 4 saved the built-in one) beside a Qwen2 config loads as that class, not as the model type's
+    tokenizer class (Qwen2Tokenizer: its own pre-tokenizer and decoder)."""
+    import json
+
+    from transformers import PreTrainedTokenizerFast
+
+    from dgrpo.model.tokens import load_tokenizer
+
+    tokenizer.save_pretrained(tmp_path)
+    build_tiny_model("qwen2", len(tokenizer), hidden_size=16, num_layers=1, num_heads=2).config.save_pretrained(
+        tmp_path
+    )
+    settings = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({**settings, "tokenizer_class": "PreTrainedTokenizerFast"})
+    )
+    loaded = load_tokenizer(str(tmp_path))
+    assert type(loaded) is PreTrainedTokenizerFast
+    assert loaded("12 + 34 = 46")["input_ids"] == tokenizer("12 + 34 = 46")["input_ids"]
