@@ -102,3 +102,59 @@ def test_a_plain_tokenizer_saved_as_pretrainedtokenizerfast_is_loaded_as_is(toke
     loaded = load_tokenizer(str(tmp_path))
     assert type(loaded) is PreTrainedTokenizerFast
     assert loaded("12 + 34 = 46")["input_ids"] == tokenizer("12 + 34 = 46")["input_ids"]
+
+
+@pytest.mark.parametrize(
+    ("files", "has"),
+    [
+        (["tokenizer.json"], True),
+        (["vocab.json", "merges.txt"], True),
+        (["vocab.txt"], True),
+        (["tokenizer.model"], True),  # (sentencepiece: Llama 2, Mistral, Gemma)
+        (["cl100k.tiktoken"], True),
+        (["config.json", "tokenizer_config.json", "special_tokens_map.json"], False),
+    ],
+)
+def test_a_folder_has_a_tokenizer_when_it_holds_a_vocabulary_in_any_format(tmp_path, files, has):
+    """Any of transformers' vocabulary formats makes a tokenizer folder; its settings files alone do not, and
+    loading such a folder is one CheckpointError line (transformers built an empty tokenizer from the model type)."""
+    from dgrpo.model.tokens import has_tokenizer_files, load_tokenizer
+    from dgrpo.model.verified import CheckpointError
+
+    for name in files:
+        (tmp_path / name).write_text("{}")
+    assert has_tokenizer_files(tmp_path) is has
+    if not has:
+        with pytest.raises(CheckpointError, match=f"no tokenizer in {tmp_path} \\(none of tokenizer.json, vocab"):
+            load_tokenizer(str(tmp_path))
+
+
+def test_a_tokenizer_without_eos_is_one_line():
+    """No EOS token: a ValueError saying so (and that a pad token does not stand in for it); with one, nothing."""
+    from types import SimpleNamespace
+
+    from dgrpo.model.tokens import check_special_tokens
+
+    with pytest.raises(ValueError, match=r"^the tokenizer has no EOS token \(it has a pad token, but answers end"):
+        check_special_tokens(SimpleNamespace(eos_token_id=None, pad_token_id=0))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^the tokenizer has no EOS token: set one"):
+        check_special_tokens(SimpleNamespace(eos_token_id=None, pad_token_id=None))  # type: ignore[arg-type]
+    check_special_tokens(SimpleNamespace(eos_token_id=3, pad_token_id=None))  # type: ignore[arg-type]
+
+
+def test_markers_saved_beyond_the_models_rows_are_added_without_the_other_tokenizer_warning(tokenizer):
+    """A tokenizer saved with the latent markers, its model without their rows: the markers get rows and are
+    reported new, without the warning meant for another model's tokenizer (only the markers lie past the rows)."""
+    import copy
+    import warnings
+
+    from dgrpo.model.tokens import LATENT_MARKERS, add_latent_tokens
+
+    tok = copy.deepcopy(tokenizer)
+    n_tok = len(tok)
+    tok.add_tokens(list(LATENT_MARKERS), special_tokens=True)
+    model = build_tiny_model("llama", n_tok, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert add_latent_tokens(model, tok) == list(LATENT_MARKERS)
+    assert model.get_input_embeddings().weight.shape[0] == n_tok + 3
