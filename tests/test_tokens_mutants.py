@@ -158,3 +158,30 @@ def test_markers_saved_beyond_the_models_rows_are_added_without_the_other_tokeni
         warnings.simplefilter("error")
         assert add_latent_tokens(model, tok) == list(LATENT_MARKERS)
     assert model.get_input_embeddings().weight.shape[0] == n_tok + 3
+
+
+def test_the_coconut_row_is_a_real_tokens_row(tokenizer):
+    """``<<``'s id is the row copied only when it is one of the ``n_real`` tokens the model had (not a token added
+    past them, whose row is itself new)."""
+    from dgrpo.model.tokens import COCONUT_INIT_TOKEN, coconut_init_row
+
+    src = tokenizer.get_vocab()[COCONUT_INIT_TOKEN]
+    assert coconut_init_row(tokenizer, src + 1) == src
+    assert coconut_init_row(tokenizer, src) is None
+    assert coconut_init_row(tokenizer, src - 1) is None
+
+
+def test_the_markers_get_rows_when_the_model_has_fewer_spare_rows_than_markers(tokenizer):
+    """A padded vocabulary two rows short of the three markers is resized to hold them all; a tokenizer without a
+    pad token pads with EOS."""
+    import copy
+
+    from dgrpo.model.tokens import LATENT_MARKERS, add_latent_tokens
+
+    tok = copy.deepcopy(tokenizer)
+    tok.pad_token = None
+    n_tok = len(tok)
+    model = build_tiny_model("llama", n_tok + 2, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    assert add_latent_tokens(model, tok) == list(LATENT_MARKERS)
+    assert model.get_input_embeddings().weight.shape[0] == n_tok + 3 == len(tok)
+    assert tok.pad_token == tok.eos_token is not None
