@@ -170,3 +170,53 @@ def test_missing_shards_are_counted_and_at_most_three_named(tmp_path, monkeypatc
     )
     single = OSError("org/m does not appear to have a file named model.safetensors.")
     assert sources.missing_weights(single, "org/m", None) == sources.NO_SAFETENSORS
+
+
+@pytest.fixture
+def hub_cache_of(monkeypatch, tmp_path):
+    """A Hugging Face cache at ``tmp_path`` whose lookups answer from ``files`` (file name -> what
+    try_to_load_from_cache returns); no offline variable set; the hub's reachability set by the test."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    files: dict[str, object] = {}
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda name, file, revision=None: files.get(file))
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    return files
+
+
+@pytest.mark.parametrize("reachable", [True, False])
+def test_a_cached_hub_id_is_read_from_the_hub_when_it_answers_and_from_the_cache_when_not(
+    hub_cache_of, monkeypatch, reachable
+):
+    """A cached model (its config.json, or only an adapter_config.json) is looked up on a reachable hub (a newer
+    commit may be there) and read from the cache when the hub cannot be reached; an uncached one on a reachable hub
+    is the hub's; an uncached one without the hub is one line."""
+    monkeypatch.setattr(sources, "hub_reachable", lambda: reachable)
+    hub_cache_of["adapter_config.json"] = "/cache/adapter_config.json"
+    assert sources.resolve_hub_model("org/m") == ("org/m", not reachable)
+    hub_cache_of.clear()
+    hub_cache_of["config.json"] = object()  # (huggingface_hub's "known not to exist" answer: not a cached file)
+    if reachable:
+        assert sources.resolve_hub_model("org/m") == ("org/m", False)
+    else:
+        with pytest.raises(CheckpointError, match=r"^model 'org/m': not a local directory, not in the Hugging Face"):
+            sources.resolve_hub_model("org/m")
+
+
+@pytest.mark.parametrize("variable", ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"])
+def test_offline_mode_reads_the_cache_only_and_names_its_variable(hub_cache_of, monkeypatch, tmp_path, variable):
+    """With either offline variable set the hub is not probed: a cached model is read locally; a missing one is a
+    line naming the variable, and saying when other revisions of the repository are cached."""
+    monkeypatch.setenv(variable, "1")
+    monkeypatch.setattr(sources, "hub_reachable", lambda: pytest.fail("probed the hub in offline mode"))
+    hub_cache_of["config.json"] = "/cache/config.json"
+    assert sources.resolve_hub_model("org/m") == ("org/m", True)
+    hub_cache_of.clear()
+    with pytest.raises(CheckpointError, match=rf"{variable} is set but the model is not in the Hugging Face cache"):
+        sources.resolve_hub_model("org/m")
+    (tmp_path / "models--org--m").mkdir()
+    with pytest.raises(CheckpointError, match=r"at revision 'v2': .* is not at revision 'v2' \(other revisions are\)"):
+        sources.resolve_hub_model("org/m", "v2")
