@@ -109,3 +109,39 @@ def test_compile_head_follows_the_option_on_the_models_device(tokenizer):
     for setting, compiled in (("true", True), ("false", False), ("true", True), ("auto", False)):
         factory.compile_head(lm, SimpleNamespace(compile_head=setting))  # type: ignore[arg-type]
         assert lm.head_stats.compiled is compiled
+
+
+def test_a_loaded_model_gets_the_configs_loading_options_and_the_device(monkeypatch):
+    """``init`` (or model.name_or_path) is loaded with the config's dtype, trust_remote_code, latent_token_init and
+    revision (empty: None), and the model is moved to ``device`` at the end."""
+    calls: list[tuple[str, dict]] = []
+    moved: list[object] = []
+
+    class Loaded:
+        peft = None
+
+        def to(self, device):
+            moved.append(device)
+            return self
+
+    def from_pretrained(name, **kw):
+        calls.append((name, kw))
+        return Loaded()
+
+    monkeypatch.setattr(factory.LatentLM, "from_pretrained", from_pretrained)
+    sets = ("model.trust_remote_code=true", "model.latent_token_init=coconut", "model.dtype=bfloat16")
+    cfg = _cfg(*sets, "model.revision=v3")
+    factory.load_model(cfg.model, cfg.task, init="org/m", device="cuda:7", training=False)
+    cfg = _cfg("model.name_or_path=org/base")
+    factory.load_model(cfg.model, cfg.task, device="cpu", training=False)
+    assert calls == [
+        (
+            "org/m",
+            {"dtype": torch.bfloat16, "trust_remote_code": True, "latent_token_init": "coconut", "revision": "v3"},
+        ),
+        (
+            "org/base",
+            {"dtype": torch.float32, "trust_remote_code": False, "latent_token_init": "mean", "revision": None},
+        ),
+    ]
+    assert moved == ["cuda:7", "cpu"]
