@@ -145,3 +145,26 @@ def test_a_single_file_module_in_the_working_directory_imports_under_the_dgrpo_c
         assert import_object(f"{module}:fn", "grpo.reward")() == 3
     finally:
         sys.modules.pop(module, None)
+
+
+def test_an_edit_within_the_same_timestamp_is_a_new_version(tmp_path):
+    """A file rewritten within its timestamp's resolution (mtime unchanged, size changed) is imported again."""
+    path = tmp_path / "stamp.py"
+    path.write_text("X = 1\n")
+    assert import_object(f"{path}:X", "o") == 1
+    stamp = path.stat().st_mtime_ns
+    path.write_text("X = 222\n")
+    os.utime(path, ns=(stamp, stamp))
+    assert import_object(f"{path}:X", "o") == 222
+
+
+def test_a_plugin_files_hash_is_the_file_as_executed_even_when_first_asked_after_an_edit(tmp_path):
+    """source_hashes, first called after the file was edited (the run's stop, no entry written at its start),
+    records the file as the process executed it, not as it is now."""
+    import hashlib
+
+    path = tmp_path / "late.py"
+    path.write_text("X = 1\n")
+    import_object(f"{path}:X", "o")
+    path.write_text("X = 2\n")
+    assert source_hashes([f"{path}:X"]) == {str(path.resolve()): hashlib.sha256(b"X = 1\n").hexdigest()}
