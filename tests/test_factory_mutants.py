@@ -37,7 +37,7 @@ def test_the_built_in_model_has_the_configs_shape_dtype_and_seed():
 def test_lora_applies_for_training_only_and_its_adapters_are_drawn_from_the_seed(tmp_path):
     """model.lora.r > 0 on a saved model: adapters for training (their dropout set to 0), none for an evaluation;
     the new adapters start from ``seed`` whatever drew from torch before."""
-    cfg = _cfg("model.lora.r=2", "model.lora.dropout=0.1", "model.num_layers=1")
+    cfg = _cfg("model.lora.r=1", "model.lora.dropout=0.1", "model.num_layers=1")  # (rank 1: the smallest)
     base = factory.load_model(cfg.model, cfg.task, seed=0, training=False)
     base.save_pretrained(tmp_path / "m")
     init = str(tmp_path / "m")
