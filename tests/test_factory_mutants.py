@@ -145,3 +145,36 @@ def test_a_loaded_model_gets_the_configs_loading_options_and_the_device(monkeypa
         ),
     ]
     assert moved == ["cuda:7", "cpu"]
+
+
+def test_compile_refuses_a_model_with_adapters():
+    """model.compile on a model that carries LoRA adapters is one ConfigError line; without the option, nothing."""
+    from dgrpo.config import ConfigError
+
+    lm = SimpleNamespace(peft=object(), compiled_layers=None)
+    with pytest.raises(ConfigError, match="the compiled layers do not run with LoRA adapters"):
+        factory.compile_layers(lm, SimpleNamespace(compile=True))  # type: ignore[arg-type]
+    factory.compile_layers(lm, SimpleNamespace(compile=False))  # type: ignore[arg-type]
+
+
+def test_pack_gqa_warns_only_when_asked_for_explicitly(monkeypatch):
+    """A model whose attention cannot be packed: model.pack_gqa=true warns, auto (on CUDA) passes it by quietly."""
+    monkeypatch.setattr(factory, "use_packed_gqa", lambda model, on: False)
+    lm = SimpleNamespace(device=torch.device("cuda"), model=torch.nn.Identity())
+    with pytest.warns(UserWarning, match="model.pack_gqa=true: Identity runs Hugging Face's attention as it is"):
+        factory.pack_gqa(lm, SimpleNamespace(pack_gqa="true"))  # type: ignore[arg-type]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        factory.pack_gqa(lm, SimpleNamespace(pack_gqa="auto"))  # type: ignore[arg-type]
+
+
+def test_apply_speedups_reports_the_kernels_as_applied(monkeypatch):
+    """The kernels returned are those applied: the option's value when they ran, ``none`` when they did not (Liger
+    off CUDA), which the run records."""
+    for name in ("compile_layers", "compile_head", "pack_gqa"):
+        monkeypatch.setattr(factory, name, lambda lm, cfg: None)
+    lm, cfg = SimpleNamespace(model=None), SimpleNamespace(kernels="liger")
+    monkeypatch.setattr(factory, "apply_kernels", lambda model, kernels: False)
+    assert factory.apply_speedups(lm, cfg) == "none"  # type: ignore[arg-type]
+    monkeypatch.setattr(factory, "apply_kernels", lambda model, kernels: True)
+    assert factory.apply_speedups(lm, cfg) == "liger"  # type: ignore[arg-type]
