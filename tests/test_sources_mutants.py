@@ -220,3 +220,47 @@ def test_offline_mode_reads_the_cache_only_and_names_its_variable(hub_cache_of, 
     (tmp_path / "models--org--m").mkdir()
     with pytest.raises(CheckpointError, match=r"at revision 'v2': .* is not at revision 'v2' \(other revisions are\)"):
         sources.resolve_hub_model("org/m", "v2")
+
+
+def test_a_shard_named_missing_but_present_beside_its_index_is_still_named(tmp_path, monkeypatch):
+    """Every shard of the index beside it, yet transformers named one missing (it looked elsewhere): that shard is
+    the one named, counted as 1."""
+    shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    (tmp_path / INDEX).write_text(json.dumps({"weight_map": {"a": shards[0], "b": shards[1]}}))
+    for s in shards:
+        (tmp_path / s).write_text("")
+    monkeypatch.setattr(sources, "_cached_file", lambda name, file, revision: tmp_path / file)
+    error = OSError(f"org/m does not appear to have a file named {shards[1]}.")
+    assert (
+        sources.missing_weights(error, "org/m", None)
+        == f"1 of the 2 safetensors shards its {INDEX} names is missing ({shards[1]})"
+    )
+
+
+def test_a_name_that_is_no_hub_id_has_no_cached_file():
+    """_cached_file of a name huggingface_hub refuses as a repository id is FileNotFoundError, not its validation
+    error."""
+    with pytest.raises(FileNotFoundError):
+        sources._cached_file("a/b/c", "config.json", None)
+
+
+def test_hub_files_resolves_the_source_unless_the_cache_is_already_chosen(monkeypatch):
+    """hub_files asks where to read a hub id from only when ``local_files_only`` is not already true, and a failed
+    snapshot says where it was read: the cache or the hub."""
+    import huggingface_hub
+
+    asked: list[str] = []
+    monkeypatch.setattr(sources, "resolve_model_source", lambda name, revision: asked.append(name) or (name, False))
+
+    def snapshot_download(name, revision=None, allow_patterns=None, local_files_only=False):
+        raise OSError("gone")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    with pytest.raises(
+        CheckpointError, match=r"^model 'org/m' at revision 'v1': cannot be read in the Hugging Face cache"
+    ):
+        sources.hub_files("org/m", "v1", local_files_only=True)
+    assert asked == []
+    with pytest.raises(CheckpointError, match=r"^model 'org/m': cannot be read on the hub: "):
+        sources.hub_files("org/m", None)
+    assert asked == ["org/m"]
