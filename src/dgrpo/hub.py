@@ -33,11 +33,6 @@ def offline_variable(*names: str) -> str | None:
     )
 
 
-#: with one of these set, the hub is reached through a proxy (unless NO_PROXY names it), as the hub libraries do (an
-#: ``http://`` endpoint through HTTP_PROXY / http_proxy instead of the HTTPS ones)
-PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
-
-
 def _proxy_for(host: str, scheme: str = "https") -> str | None:
     """The proxy URL the hub libraries would use for a ``scheme`` request to ``host`` (None: a direct connection),
     read as they read it (``urllib.request.getproxies``: the lower-case variable wins over the upper-case one, an
@@ -60,8 +55,8 @@ def _connects(host: str, port: int, timeout: float) -> bool:
 
 def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
     """Can a TCP connection to the hub endpoint (``HF_ENDPOINT``) be opened within ``timeout`` seconds? With a
-    proxy set (:data:`PROXY_VARIABLES`), the hub libraries go through it: then the proxy is what is probed (a proxy
-    that cannot be reached had them retry for ~50 s before a cached model was used)."""
+    proxy set (https_proxy, ALL_PROXY, ...: :func:`_proxy_for`), the hub libraries go through it: then the proxy is
+    what is probed (a proxy that cannot be reached had them retry for ~50 s before a cached model was used)."""
     url = urlparse(os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT))
     host = url.hostname or "huggingface.co"
     proxy = _proxy_for(host, "http" if url.scheme == "http" else "https")
