@@ -58,6 +58,23 @@ def test_a_run_directory_resolves_to_final_and_a_checkpoint_to_its_model(tmp_pat
         sources.resolve_checkpoint(bare)
 
 
+def test_a_run_whose_final_is_no_model_is_not_said_to_lack_final(tmp_path):
+    """final/ is written whole, then renamed into place: a final/ that is no model was changed since. Its manifest
+    says what is missing; without one, final/ is named as holding no model (both were 'a run directory without
+    final/ (the run did not finish: rerun its command to resume it ...)', which would retrain nothing)."""
+    from dgrpo.model.verified import write_manifest
+
+    run = _touch(tmp_path / "run", "metrics.jsonl")
+    final = _touch(run / "final", "config.json", "model.safetensors")
+    write_manifest(final)
+    (final / "config.json").unlink()
+    with pytest.raises(CheckpointError, match=r"final is damaged: missing file config\.json"):
+        sources.resolve_checkpoint(run)
+    (final / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match=r"final holds no model checkpoint \(no config\.json with weights\)$"):
+        sources.resolve_checkpoint(run)
+
+
 def test_an_existing_unpadded_step_folder_is_itself(tmp_path):
     """on_disk maps ``step-N`` to the padded name only when the name given does not exist itself."""
     mine = _touch(tmp_path / "step-7")

@@ -62,6 +62,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
         return p / "model"
     if p.is_file():
         raise CheckpointError(f"{p} is a file, not a checkpoint directory{coconut_hint(p)}")
+    if (p / FINAL_DIR).is_dir():  # (written whole and renamed into place: one that is no model was changed since)
+        check_intact(p / FINAL_DIR)
+        raise CheckpointError(f"{p / FINAL_DIR} holds no model checkpoint (no config.json with weights)")
     if (p / METRICS_FILE).is_file():
         raise CheckpointError(
             f"{p} holds no model checkpoint: a run directory without final/ (the run did not finish: rerun its command "
