@@ -84,6 +84,21 @@ def task_records():
     return generate_split(TaskConfig(n_test=64), "test")
 
 
+def windowed_qwen2_config():
+    """A 2-layer Qwen2 config whose second layer is a sliding-window one (the first full, ``max_window_layers=1``)."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=1,
+    )
+
+
 def make_lm(tokenizer, arch="qwen2", seed=0, **kw):
     import copy
 

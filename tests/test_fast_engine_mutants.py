@@ -9,7 +9,7 @@ import torch
 from dgrpo.model.attention_mask import prebuilt_mask_applies, static_causal_padding_mask
 from dgrpo.model.gqa_attention import PACKED_GQA
 
-from conftest import make_lm
+from conftest import make_lm, windowed_qwen2_config
 
 
 @pytest.mark.parametrize(
@@ -59,27 +59,6 @@ def test_alibi_is_an_obstacle_to_a_static_cache_in_any_family():
     why = static_cache_obstacle(SimpleNamespace(model_type="falcon", alibi=True))
     assert why is not None and why.startswith("falcon builds its ALiBi position bias")
     assert static_cache_obstacle(SimpleNamespace(model_type="falcon", alibi=False)) is None
-
-
-def test_transformers_own_static_layers_get_their_write_offsets_on_the_cache_device():
-    """A cache with sliding-window layers keeps transformers' layers, each write offset made on the cache's device
-    (its first update would otherwise copy it from the host): checked with the meta device, which a CPU has."""
-    from transformers import Qwen2Config
-
-    from dgrpo.model.static_cache import static_cache
-
-    cfg = Qwen2Config(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        use_sliding_window=True,
-        sliding_window=4,
-        max_window_layers=1,
-    )
-    cache = static_cache(cfg, 12, torch.device("meta"))
-    offsets = [layer.cumulative_length for layer in cache.layers]
-    assert len(offsets) == 2 and all(t.device.type == "meta" and t.shape == () for t in offsets)
 
 
 def kv(columns: int, fill: float) -> torch.Tensor:
@@ -146,15 +125,7 @@ def test_only_full_attention_dynamic_layers_are_recomputable():
     assert dynamic_layer(cache, 0) is cache.layers[0] and dynamic_layer(cache, 1) is None
     assert dynamic_layer(SimpleNamespace(layers=[DynamicLayer()]), 0) is None  # (not a DynamicCache)
     full = Qwen2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
-    windowed = Qwen2Config(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        use_sliding_window=True,
-        sliding_window=4,
-        max_window_layers=1,
-    )
+    windowed = windowed_qwen2_config()
     assert unrecomputable_cache_layers(full) == []
     assert unrecomputable_cache_layers(windowed) == ["DynamicSlidingWindowLayer"]
 

@@ -10,7 +10,7 @@ import torch
 from dgrpo.config import PerturbationConfig
 from dgrpo.perturbation import make_perturbation
 
-from conftest import make_lm
+from conftest import make_lm, windowed_qwen2_config
 
 ARCHS = ["qwen2", "llama", "gpt2"]
 
@@ -110,23 +110,17 @@ def test_the_shared_offset_gives_transformers_caches_rollouts_with_fewer_ops_per
 
 
 def test_caches_with_other_layers_keep_transformers_own():
-    """A model with sliding-window layers gets transformers' ``StaticCache`` as it is, its offsets on the device."""
-    from transformers import Qwen2Config
-
+    """A model with sliding-window layers gets transformers' ``StaticCache`` as it is, each layer's write offset made
+    on the cache's device (its first update would otherwise copy it from the host): built on the meta device, which
+    a CPU has."""
     from dgrpo.model.static_cache import SharedOffsetLayer, static_cache
 
-    cfg = Qwen2Config(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        use_sliding_window=True,
-        sliding_window=4,
-        max_window_layers=1,
-    )
-    cache = static_cache(cfg, 12, torch.device("cpu"))
+    cfg = windowed_qwen2_config()
+    cache = static_cache(cfg, 12, torch.device("meta"))
     assert not any(isinstance(layer, SharedOffsetLayer) for layer in cache.layers)
     assert {type(layer).__name__ for layer in cache.layers} == {"StaticLayer", "StaticSlidingWindowLayer"}
+    offsets = [layer.cumulative_length for layer in cache.layers]
+    assert len(offsets) == 2 and all(t.device.type == "meta" and t.shape == () for t in offsets)
 
 
 def test_a_trainer_refuses_static_cache_rollouts_under_native_dropout(tokenizer, task_records):
