@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from test_fixed_shape import ragged_batch
 
 from dgrpo.model.attention_mask import prebuilt_mask_applies, static_causal_padding_mask
 from dgrpo.model.gqa_attention import PACKED_GQA
@@ -189,18 +190,13 @@ def test_every_layer_of_a_deep_cache_saves_its_keys_and_values_once():
     assert w.grad is not None and float(w.grad.sum()) == 2 * 4 * (3 + 2 + 1) * (2 * 2 * 2 + 2 * 3 * 3)
 
 
-def ragged_prompts(lm, records, n):
-    """``n`` questions cut to different lengths: each row has its own left padding."""
-    return lm.encode_questions([r.question if i % 2 else r.question[: 25 + i] for i, r in enumerate(records[:n])])
-
-
 def test_a_decoder_refuses_a_batch_that_does_not_fit_it(tokenizer, task_records):
     """A batch of other rows, or a prompt wider than the decoder's columns, is refused in one line (a kept decoder's
     buffers would otherwise mix rows or overflow)."""
     from dgrpo.model.fixed_shape import FixedShapeDecoder
 
     lm = make_lm(tokenizer, "qwen2").eval()
-    ids, mask = ragged_prompts(lm, task_records, 2)
+    ids, mask = ragged_batch(lm, task_records, 2)
     P = ids.shape[1]
     with torch.no_grad():
         with pytest.raises(ValueError, match=rf"a batch of 2 x {P} prompt tokens does not fit a decoder of \(3, 40\)"):
@@ -217,7 +213,7 @@ def test_the_fast_engine_refuses_latent_steps_in_a_mode_without_thoughts(tokeniz
     from dgrpo.model.fixed_shape import fixed_shape_generate, fixed_shape_target_logprobs
 
     lm = make_lm(tokenizer, "qwen2").eval()
-    ids, mask = ragged_prompts(lm, task_records, 2)
+    ids, mask = ragged_batch(lm, task_records, 2)
     with torch.no_grad():
         with pytest.raises(ValueError, match="mode 'cot' has no latent thoughts; got n_latent=2"):
             fixed_shape_generate(lm, ids, mask, 2, max_new_tokens=2, mode="cot")
@@ -232,7 +228,7 @@ def test_a_padded_reference_decoder_has_at_least_min_rows(tokenizer, task_record
     from dgrpo.model.fixed_shape import fixed_shape_target_logprobs
 
     lm = make_lm(tokenizer, "qwen2").eval()
-    ids, mask = ragged_prompts(lm, task_records, 2)
+    ids, mask = ragged_batch(lm, task_records, 2)
     tg, tm = ids[:, -4:], torch.ones_like(ids[:, -4:])
     with torch.no_grad():
         alone = fixed_shape_target_logprobs(lm, ids, mask, 2, tg, tm, keep=True, min_rows=5)
@@ -249,7 +245,7 @@ def test_a_kept_decoder_attends_a_new_batch_thoughts_whatever_rows_ended_the_las
     from dgrpo.model.fixed_shape import fixed_shape_generate
 
     lm = make_lm(tokenizer, "qwen2").eval()
-    ids, mask = ragged_prompts(lm, task_records, 4)
+    ids, mask = ragged_batch(lm, task_records, 4)
     eos_bias = torch.zeros(len(lm.tokenizer))
     eos_bias[lm.eos_id] = 8.0
     hook = lm.model.get_output_embeddings().register_forward_hook(lambda m, i, o: o + eos_bias)
@@ -270,7 +266,7 @@ def test_a_rollout_feeds_every_answer_token_but_the_last(tokenizer, task_records
     from dgrpo.model.fixed_shape import fixed_shape_generate
 
     lm = make_lm(tokenizer, "qwen2").eval()
-    ids, mask = ragged_prompts(lm, task_records, 2)
+    ids, mask = ragged_batch(lm, task_records, 2)
     calls, call_base = [], lm._call_base
 
     def recorded(cache, phase, *args):
@@ -347,7 +343,7 @@ def test_the_fast_engine_feeds_each_special_token_where_the_eager_one_does(token
     with torch.no_grad():
         weight[lm.latent_id] += 0.5 * torch.randn(weight.shape[1], generator=torch.Generator().manual_seed(1))
         weight[lm.end_id] -= 0.5 * torch.randn(weight.shape[1], generator=torch.Generator().manual_seed(2))
-    ids, mask = ragged_prompts(lm, task_records, 3)
+    ids, mask = ragged_batch(lm, task_records, 3)
     tg, tm = ids[:, -5:], torch.ones_like(ids[:, -5:])
     tm[0, 3:] = 0
     with torch.no_grad():
@@ -365,7 +361,7 @@ def test_the_fast_engine_samples_with_top_p_and_stops_at_stop_ids_as_the_eager_o
     from dgrpo.model.fixed_shape import fixed_shape_generate
 
     lm = make_lm(tokenizer, "qwen2").eval()
-    ids, mask = ragged_prompts(lm, task_records, 4)
+    ids, mask = ragged_batch(lm, task_records, 4)
     kw = {"max_new_tokens": 8, "temperature": 1.5, "top_p": 0.3}
     with torch.no_grad():
         free = lm.generate(ids, mask, 2, generator=torch.Generator().manual_seed(3), **kw)
@@ -385,7 +381,7 @@ def test_a_perturbation_that_cannot_pad_its_rows_scores_its_batch_as_it_is(token
     from dgrpo.perturbation.base import BoundPerturbation
 
     lm = make_lm(tokenizer, "qwen2").eval()
-    ids, mask = ragged_prompts(lm, task_records, 2)
+    ids, mask = ragged_batch(lm, task_records, 2)
     tg, tm = ids[:, -4:], torch.ones_like(ids[:, -4:])
     opaque = BoundPerturbation()
     assert opaque.row_padding(4) is None
