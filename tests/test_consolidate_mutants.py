@@ -4,6 +4,7 @@ tensors; a resumable checkpoint's model part is consolidated into its model/ and
 tied weights may be absent from the shards, other weights may not."""
 
 import io
+import os
 import pickle
 import shutil
 
@@ -102,3 +103,42 @@ def test_shards_missing_a_weight_that_is_tied_to_nothing_are_refused(tmp_path, t
     with pytest.raises(CheckpointError, match="the sharded weights do not match the model config"):
         consolidate_checkpoint(ckpt)
     assert not (ckpt / "model" / "model.safetensors").exists()
+
+
+def snapshot(folder):
+    """Every file below ``folder`` (hidden ones too) -> its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_consolidation_that_fails_leaves_the_checkpoint_as_it_was(tmp_path, tokenizer, monkeypatch):
+    """Consolidation writes into a copy that replaces the checkpoint only once the result loads: a failure at the
+    last moment (here the check that the result loads) leaves every file as it was, still verified, with no weights
+    file and no leftover copy beside it (it wrote into the checkpoint itself, so a stop mid-write left a cut-short,
+    unlisted model.safetensors)."""
+    from dgrpo.training import consolidate
+
+    ckpt, _ = resumable(tmp_path, tokenizer)
+    before = snapshot(ckpt)
+
+    def fails(folder):
+        assert (folder / "model.safetensors").is_file()  # (written, not yet in place)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(consolidate.LatentLM, "from_pretrained", fails)
+    with pytest.raises(OSError, match="disk full"):
+        consolidate_checkpoint(ckpt)
+    assert snapshot(ckpt) == before and verify(ckpt) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["staging", "step-1"]
+
+
+def test_consolidation_never_writes_through_into_the_files_it_replaces(tmp_path, tokenizer):
+    """The copy that is changed is made of hard links to the checkpoint's files: the manifests and config.json are
+    replaced there, not written into, so a link to the old files (a copy of the run made with ``cp -al``, a backup)
+    keeps their old content."""
+    ckpt, _ = resumable(tmp_path, tokenizer)
+    backup = tmp_path / "backup"
+    shutil.copytree(ckpt, backup, copy_function=os.link)
+    before = snapshot(backup)
+    consolidate_checkpoint(ckpt)
+    assert snapshot(backup) == before and verify(backup) is None
+    assert snapshot(ckpt)["manifest.json"] != before["manifest.json"]

@@ -79,7 +79,7 @@ def write_manifest(directory: Path) -> None:
     """``manifest.json``: the sha256 of every file below ``directory`` (nested manifests included)."""
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p != directory / MANIFEST)
     manifest = {str(p.relative_to(directory)): sha256(p) for p in files}
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    _new_file(directory / MANIFEST, json.dumps(manifest, indent=1).encode())  # (never through a hard link)
 
 
 def verify(directory: Path, required: tuple[str, ...] = ()) -> str | None:
@@ -223,25 +223,34 @@ def remove_dir(path: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def rewrite_files(directory: Path, changes: dict[str, bytes]) -> None:
-    """Give files of a directory dgrpo wrote new content (``changes``: path relative to ``directory`` -> bytes), with
-    every manifest below ``directory`` that lists a changed file (or a changed manifest) given its new checksum.
-    Atomic as :func:`atomic_dir`: a copy of hard links (no data copied; a plain copy where links fail) is changed,
-    then renamed into place by :func:`replace_dir`, so at every moment ``directory`` is complete and intact."""
+@contextmanager
+def rewritten(directory: Path) -> Iterator[Path]:
+    """Change a directory dgrpo wrote as one: yields a copy of it made of hard links (no data copied; a plain copy
+    where links fail), to change by replacing files, never by writing into one (that would write through the link
+    into ``directory``); on success it is renamed into place by :func:`replace_dir`, so at every moment
+    ``directory`` is complete and intact; on an exception the copy is removed and ``directory`` is as it was."""
     directory = Path(directory)
     tmp = directory.parent / f".tmp-{directory.name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     try:
         shutil.copytree(directory, tmp, copy_function=_link_or_copy)
-        for rel, content in changes.items():
-            _new_file(tmp / rel, content)
-        _relist(tmp, {tmp / rel for rel in changes})
+        yield tmp
         fsync_dir(tmp)
         replace_dir(tmp, directory)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def rewrite_files(directory: Path, changes: dict[str, bytes]) -> None:
+    """Give files of a directory dgrpo wrote new content (``changes``: path relative to ``directory`` -> bytes), with
+    every manifest below ``directory`` that lists a changed file (or a changed manifest) given its new checksum.
+    Atomic (:func:`rewritten`)."""
+    with rewritten(directory) as tmp:
+        for rel, content in changes.items():
+            _new_file(tmp / rel, content)
+        _relist(tmp, {tmp / rel for rel in changes})
 
 
 def _link_or_copy(src: str, dst: str) -> None:

@@ -10,9 +10,10 @@ read with ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
@@ -23,8 +24,19 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from ..model.latent_lm import LatentLM
 from ..model.sources import on_disk
-from ..model.verified import RESUMABLE_STATE, SHARDED_DIR, CheckpointError, check_intact, one_line, write_manifest
+from ..model.verified import (
+    RESUMABLE_STATE,
+    SHARDED_DIR,
+    CheckpointError,
+    check_intact,
+    one_line,
+    rewritten,
+    write_manifest,
+)
 from ..run_layout import FINAL_DIR
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 #: (module, name) pairs the metadata may reference; everything else is refused before it is imported
 _ALLOWED = {
@@ -147,12 +159,25 @@ def consolidate_checkpoint(path: str | Path) -> Path:
             "back the run's own config.json"
         )
     model.load_state_dict(state, strict=False)
-    model.save_pretrained(target, safe_serialization=True)
-    write_manifest(target)
-    if resumable:  # (the checkpoint's manifest vouches for model/'s files too)
-        write_manifest(path)
-    LatentLM.from_pretrained(target)  # verifies the result loads
+    with rewritten(path) as tmp:  # (a stop mid-write leaves ``path`` as it was, not a cut-short weights file)
+        out = tmp / target.relative_to(path)
+        _save_into(model, out)
+        write_manifest(out)
+        if resumable:  # (the checkpoint's manifest vouches for model/'s files too)
+            write_manifest(tmp)
+        LatentLM.from_pretrained(out)  # verifies the result loads before it replaces ``path``
     return target
+
+
+def _save_into(model: PreTrainedModel, folder: Path) -> None:
+    """``model.save_pretrained`` into ``folder``, a copy of hard links (:func:`~dgrpo.model.verified.rewritten`):
+    saved into a fresh folder first, its files then renamed over the links (writing into a link would change the
+    original checkpoint's file)."""
+    fresh = folder.parent / f".save-{folder.name}"
+    model.save_pretrained(fresh, safe_serialization=True)
+    for file in fresh.iterdir():
+        os.replace(file, folder / file.name)
+    fresh.rmdir()
 
 
 def _tied(model: torch.nn.Module) -> set[str]:
