@@ -136,6 +136,18 @@ def test_a_missing_path_is_not_looked_up_on_the_hub(tmp_path, monkeypatch):
     assert sources.resolve_model_source(str(model)) == (str(model), True)
 
 
+def test_the_built_in_models_name_is_never_looked_up_on_the_hub(tmp_path, monkeypatch):
+    """``--init builtin-tiny`` / ``--model builtin-tiny`` is one line saying what the name means (it was looked up as
+    a hub id: "not in the Hugging Face cache", or a hub timeout); a checkpoint directory of that name in the working
+    directory is still read from disk."""
+    monkeypatch.setattr(sources, "hub_reachable", lambda: pytest.fail("looked up on the hub"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match=r"^builtin-tiny is the untrained built-in model, .* not a model to load"):
+        sources.resolve_model_source(sources.BUILTIN)
+    _touch(tmp_path / sources.BUILTIN, "config.json", "model.safetensors")
+    assert sources.resolve_model_source(sources.BUILTIN) == (sources.BUILTIN, True)  # (the relative path, read)
+
+
 def test_device_options(monkeypatch):
     """``auto`` is CUDA when there is one; ``model.compile_head``-like options are on for true, and for auto on
     CUDA only; a CUDA index is refused from the device count on (cuda:1 on a one-GPU machine)."""

@@ -17,11 +17,9 @@ from .gqa_attention import use_packed_gqa
 from .head_stats import HeadStats
 from .kernels import apply_kernels
 from .latent_lm import LatentLM, LatentSettings
-from .sources import on_for_device, resolve_checkpoint, resolve_device
+from .sources import BUILTIN, on_for_device, resolve_checkpoint, resolve_device
 from .tiny import build_tiny_model
 from .verified import CheckpointError
-
-BUILTIN = "builtin-tiny"
 
 __all__ = [
     "BUILTIN",

@@ -30,6 +30,8 @@ from .verified import (
 #: the name of a file the official Coconut code's run.py saves (``save_dir/checkpoint_N``, after epoch N)
 COCONUT_FILE = re.compile(r"checkpoint_\d+")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "gpt2", "Qwen/Qwen2.5-1.5B"
+#: model.name_or_path of the tiny model built from the config (model.arch, ...), untrained: never a model to load
+BUILTIN = "builtin-tiny"
 
 
 def is_model_dir(p: Path) -> bool:
@@ -135,6 +137,12 @@ def resolve_hub_model(name: str, revision: str | None = None) -> tuple[str, bool
     when neither works."""
     from huggingface_hub import constants, try_to_load_from_cache
 
+    if name == BUILTIN:  # (it was looked up on the hub)
+        raise CheckpointError(
+            f"{BUILTIN} is the untrained built-in model, which training builds from the config (model.name_or_path "
+            f"{BUILTIN}, the default, and no --init), not a model to load: name a checkpoint directory, a run "
+            "directory or a hub id"
+        )
     cached = any(  # a model, or a LoRA adapter
         isinstance(try_to_load_from_cache(name, file, revision=revision), str)
         for file in ("config.json", "adapter_config.json")
