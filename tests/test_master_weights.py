@@ -144,11 +144,20 @@ def test_adamw_on_low_precision_weights_without_masters_warns_when_the_lr_step_r
     at every step (98% at 1e-6, the cosine's tail), silently; the optimizer factory (SFT's and GRPO's) says so. With
     masters, float32 weights, or an lr whose step moves them, nothing is said."""
     ws = _params(torch.bfloat16)
-    with pytest.warns(UserWarning, match=r"a step of lr 1e-06 is under half the spacing of 9\d% of the trained"):
+    with pytest.warns(UserWarning, match=r"a step of lr 1e-06 is under half the spacing of 9\d\.\d% of the trained"):
         adamw(ws, False, lr=1e-6)
     for params, masters, lr in ((ws, True, 1e-6), (_params(torch.float32), False, 1e-6), (ws, False, 1e-2)):
         adamw(params, masters, lr=lr)
     assert not [w for w in recwarn if "master_weights" in str(w.message)]
+
+
+def test_the_warned_share_is_printed_above_the_threshold_it_passed(monkeypatch):
+    """A share just over the 10% threshold reads as such ("10.4%"; it printed "10%", the threshold itself)."""
+    from dgrpo.training import master_weights
+
+    monkeypatch.setattr(master_weights, "rounded_away_share", lambda params, lr: 0.104)
+    with pytest.warns(UserWarning, match=r"under half the spacing of 10\.4% of the trained weights"):
+        master_weights.warn_if_updates_round_away([], 1e-5)
 
 
 def test_grpo_optimizer_warns_of_a_rounded_away_step_also_for_the_8bit_fallback(tokenizer):

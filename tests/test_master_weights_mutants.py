@@ -65,7 +65,7 @@ def test_the_warning_is_said_above_a_tenth_of_the_weights_and_points_at_the_opti
         warnings.simplefilter("always")
         build_optimizer([_bf16([0.5, 0.5, *small])], 1e-3)
     [said] = [w for w in caught if "without model.master_weights" in str(w.message)]
-    assert "is under half the spacing of 20% of the trained weights" in str(said.message)
+    assert "is under half the spacing of 20.0% of the trained weights" in str(said.message)
     assert said.filename == __file__
 
 

@@ -149,7 +149,7 @@ def warn_if_updates_round_away(params: Iterable[Any], lr: float, stacklevel: int
     if share > ROUNDED_AWAY_WARN_SHARE:
         warnings.warn(
             f"low-precision weights without model.master_weights: a step of lr {lr:g} is under half the spacing of "
-            f"{share:.0%} of the trained weights, which it leaves unchanged (README, 'bf16 weights'); set "
+            f"{share:.1%} of the trained weights, which it leaves unchanged (README, 'bf16 weights'); set "
             "model.master_weights=true (with grpo.optimizer=adamw) to step float32 masters",
             stacklevel=stacklevel,
         )
