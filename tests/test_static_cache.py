@@ -58,8 +58,8 @@ def transformers_static_cache(config, max_cache_len, device):
 
 
 def test_the_shared_offset_layers_write_what_transformers_layers_write():
-    """Keys and values written over two batches (a prompt, one-position steps, a reset, again) sit in the same
-    columns as in transformers' ``StaticCache``, and the cached length reads the same."""
+    """Keys and values written over two batches (a prompt, one-position steps, a crop of the last two, a reset,
+    again) sit in the same columns as in transformers' ``StaticCache``, and the cached length reads the same."""
     from transformers import Qwen2Config
 
     from dgrpo.model.static_cache import SharedOffsetLayer, static_cache
@@ -68,14 +68,17 @@ def test_the_shared_offset_layers_write_what_transformers_layers_write():
     ours, theirs = static_cache(cfg, 12, torch.device("cpu")), transformers_static_cache(cfg, 12, "cpu")
     assert all(isinstance(layer, SharedOffsetLayer) for layer in ours.layers)
     gen = torch.Generator().manual_seed(0)
-    for lengths in ([5, 1, 1, 1], [7, 2, 1]):
+    for lengths in ([5, 1, 1, 1], [7, 2, -2, 1]):  # (-2: a crop, the last two positions written over next)
         ours.reset(), theirs.reset()
         for n in lengths:
-            for i in range(3):
+            if n < 0:
+                ours.crop(n), theirs.crop(n)  # (the shared offset moves back once, not once per layer)
+            for i in range(3 if n > 0 else 0):
                 k, v = (torch.randn(2, 2, n, 8, generator=gen) for _ in range(2))
                 a, b = ours.update(k, v, i), theirs.update(k, v, i)
                 assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
             assert int(ours.get_seq_length()) == int(theirs.get_seq_length())
+    assert int(ours.get_seq_length()) == 8
 
 
 @pytest.mark.parametrize("arch", ARCHS)

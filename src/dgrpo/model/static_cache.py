@@ -54,6 +54,12 @@ class SharedOffsetLayer(StaticLayer):
         values.index_copy_(2, shared.columns, value_states)
         return keys, values
 
+    def crop(self, tokens_to_remove: int) -> None:
+        """transformers' crop (a negative count: the last positions are written over next), with the shared offset
+        moved back once, by the first layer (each layer moved it: back by the count times the number of layers)."""
+        if self.first:
+            super().crop(tokens_to_remove)
+
 
 def static_cache_obstacle(config: PretrainedConfig) -> str | None:
     """Why a model of ``config`` cannot decode over a preallocated cache (None: it can). An ALiBi model (Bloom; Falcon
