@@ -52,7 +52,8 @@ def packed_mask(mask: Tensor, n_rep: int, columns: int | None = None) -> Tensor:
 
 
 #: the keyword arguments of Hugging Face's SDPA attention that change what it computes (the others, such as
-#: ``position_ids`` or ``use_cache``, pass through it unread)
+#: ``position_ids`` or ``use_cache``, pass through it unread); given (not None, not False: a position bias is a
+#: tensor, whose truth value is an error or its one element's), the call goes to SDPA
 _SDPA_EXTRAS = ("position_bias", "softcap", "output_attentions", "sliding_window")
 
 
@@ -67,7 +68,7 @@ def packs(module: nn.Module, query: Tensor, mask: Tensor | None, dropout: float,
         and mask.dim() == 4
         and mask.shape[1] == 1
         and dropout == 0.0
-        and not any(kwargs.get(k) for k in _SDPA_EXTRAS)
+        and all(kwargs.get(k) is None or kwargs.get(k) is False for k in _SDPA_EXTRAS)
     )
 
 
