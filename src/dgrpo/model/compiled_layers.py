@@ -133,7 +133,8 @@ def _factor_of(module: nn.Module, where: str) -> Tensor | None:
                 "output factors (locked dropout, Gaussian noise on activations) run inside them"
             )
         f = factor()
-        found = f if found is None or f is None else found * f
+        if f is not None:  # (an inactive hook leaves the output, and so the others' product, as it is)
+            found = f if found is None else found * f
     if found is not None and found.storage_offset() != 0:
         found = found.clone()  # a view into a larger tensor: the graph would be specialised on its offset
     return found
