@@ -1,0 +1,158 @@
+"""Hand-worked cases that pin branches of the latent model (dgrpo.model.latent_lm) and its decoding helpers
+(dgrpo.model.decoding) which no other test held: each was found by a mutation test, a small change of one branch
+that every test passed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dgrpo.model.latent_lm import LatentLM, LatentSettings
+
+from conftest import make_lm
+
+
+def _batch(lm, records, n=3):
+    """Ragged questions (left padding) and right-padded targets of three lengths."""
+    qs = [r.question if i % 2 else r.question[: 20 + 7 * i] for i, r in enumerate(records[:n])]
+    targets = [
+        f"#### {r.answer}" if i else "\n".join(r.steps) + f"\n#### {r.answer}" for i, r in enumerate(records[:n])
+    ]
+    return lm.encode_questions(qs) + lm.encode_targets(targets)
+
+
+def test_the_end_marker_in_the_answer_call_keeps_the_temperature_and_the_entropy(tokenizer, task_records):
+    """``end_with_targets`` scores at the temperature asked for (the update's ratio at t = 0.5), with the entropy:
+    the same log-probs and entropies as the marker's own call, which differ from those at t = 1."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask, tg, tm = _batch(lm, task_records)
+    with torch.no_grad():
+        own = lm.target_logprobs(ids, mask, 2, tg, tm, temperature=0.5, with_entropy=True)
+        merged = lm.target_logprobs(ids, mask, 2, tg, tm, temperature=0.5, with_entropy=True, end_with_targets=True)
+        at_one = lm.target_logprobs(ids, mask, 2, tg, tm, with_entropy=True, end_with_targets=True)
+    assert own[1] is not None and merged[1] is not None and at_one[1] is not None
+    torch.testing.assert_close(merged[0], own[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(merged[1], own[1], atol=1e-5, rtol=0)
+    assert (merged[0] - at_one[0]).abs().max() > 1e-2
+    # 0 at padding: log-probs and entropies alike
+    assert bool((merged[0][tm == 0] == 0).all()) and bool((merged[1][tm == 0] == 0).all())
+    assert bool((merged[1][tm == 1] > 0).all())
+
+
+def test_settings_from_a_newer_versions_file_drop_unknown_keys_and_refuse_zero_thoughts_per_step():
+    """``latent_config.json`` of a newer dgrpo (a key this one does not know) loads without it; ``c_thought`` is a
+    positive integer (0 thoughts per step would give every stage no latents), the counts non-negative."""
+    assert LatentSettings.from_dict({"mode": "pause", "n_latent": 4, "added_later": 1}) == LatentSettings(
+        mode="pause", n_latent=4
+    )
+    with pytest.raises(ValueError, match="c_thought must be a positive integer"):
+        LatentSettings(c_thought=0)
+    assert LatentSettings(stage=0, n_latent=0).stage == 0
+    with pytest.raises(ValueError, match="n_latent must be a non-negative integer"):
+        LatentSettings(n_latent=-1)
+
+
+def test_a_reloaded_checkpoint_has_its_run_config_and_is_in_eval_mode(tokenizer, tmp_path):
+    """``save_pretrained`` writes the run config beside the weights and ``from_pretrained`` reads it back; the loaded
+    model is in eval mode, as transformers loads one (the wrapper's flag and every module's)."""
+    lm = make_lm(tokenizer, "gpt2").train()
+    lm.run_config = {"grpo": {"steps": 3}, "seed": 7}
+    lm.save_pretrained(tmp_path / "m")
+    back = LatentLM.from_pretrained(tmp_path / "m")
+    assert back.run_config == {"grpo": {"steps": 3}, "seed": 7}
+    assert not back.training and not any(m.training for m in back.modules())
+
+
+def test_the_wrapper_takes_the_mode_of_the_model_it_wraps(tokenizer):
+    """``LatentLM(model, tok)`` is in the mode the model is in (a loaded model: eval), not nn.Module's default."""
+    lm = make_lm(tokenizer, "gpt2")
+    assert LatentLM(lm.model.eval(), lm.tokenizer).training is False
+    assert LatentLM(lm.model.train(), lm.tokenizer).training is True
+
+
+def test_end_with_targets_adds_no_marker_to_a_model_prompted_without_markers(tokenizer, task_records):
+    """``end_with_targets`` moves ``<|end-latent|>`` into the answer's call only where there is one (``markers``):
+    a prompt without the markers is scored as it is without the option."""
+    lm = make_lm(tokenizer, "llama").eval()
+    qs = [r.question for r in task_records[:2]]
+    ids, mask = lm.encode_questions(qs, markers=False)
+    tg, tm = lm.encode_targets([f"#### {r.answer}" for r in task_records[:2]])
+    with torch.no_grad():
+        plain, _ = lm.target_logprobs(ids, mask, 0, tg, tm, markers=False)
+        merged, _ = lm.target_logprobs(ids, mask, 0, tg, tm, markers=False, end_with_targets=True)
+        marked, _ = lm.target_logprobs(*lm.encode_questions(qs), 0, tg, tm, end_with_targets=True)
+    torch.testing.assert_close(merged, plain, atol=1e-6, rtol=0)
+    assert (marked - plain).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("n_tokens", [1, 2])
+def test_targets_of_one_and_two_tokens_are_scored_as_the_full_recompute_scores_them(tokenizer, task_records, n_tokens):
+    """The shortest targets: one token (scored from the marker's state alone, no answer call) and two (one answer
+    call of one position), equal to the uncached recompute's log-probs."""
+    from dgrpo.model.reference import uncached_target_logprobs
+
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:3]])
+    tg = torch.tensor([[lm.eos_id, 5], [7, lm.eos_id], [9, 11]])[:, :n_tokens]
+    tm = torch.ones_like(tg)
+    with torch.no_grad():
+        lp, _ = lm.target_logprobs(ids, mask, 2, tg, tm)
+        ref, _ = uncached_target_logprobs(lm, ids, mask, 2, tg, tm)
+    assert lp.shape == (3, n_tokens)
+    torch.testing.assert_close(lp, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_head_logprobs_in_chunks_are_those_of_one_softmax_at_the_temperature(grad):
+    """``head_logprobs`` by position chunks (a chunk of 2 positions here), with and without grad: log softmax(head(h)
+    / t)[target] and its entropy at t = 0.5 for every position, as one softmax over the whole batch gives them."""
+    from dgrpo.model.decoding import head_logprobs
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(4, 6, bias=False)
+    h = torch.randn(2, 5, 4, requires_grad=grad)
+    tgt = torch.randint(0, 6, (2, 5))
+    with torch.set_grad_enabled(grad):
+        logp, ent = head_logprobs(head, h, tgt, 0.5, True, chunk_elems=2 * 2 * 6)
+    full = (head(h) / 0.5).log_softmax(-1)
+    torch.testing.assert_close(logp, full.gather(-1, tgt[..., None]).squeeze(-1), atol=1e-6, rtol=0)
+    assert ent is not None
+    torch.testing.assert_close(ent, -(full.exp() * full).sum(-1), atol=1e-6, rtol=0)
+
+
+def test_a_nucleus_just_below_one_drops_the_unlikely_tail():
+    """top_p = 0.995 is a nucleus too: a token whose mass before it is 0.996 is never sampled, even by the last
+    draw; at top_p = 1 that draw picks it."""
+    from dgrpo.model.decoding import sample_next
+
+    logits = torch.tensor([[0.6, 0.396, 0.004]]).log()
+    assert sample_next(logits, 1.0, 0.995, None, torch.tensor([0.9999])).tolist() == [1]
+    assert sample_next(logits, 1.0, 1.0, None, torch.tensor([0.9999])).tolist() == [2]
+
+
+def _distinct_markers(lm) -> None:
+    """Give the latent markers distinct random input rows (added as the mean row, they are one and the same vector in
+    a fresh model, so a marker swapped for another would go unseen)."""
+    weight = lm.model.get_input_embeddings().weight
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for tid in (lm.start_id, lm.latent_id, lm.end_id):
+            weight[tid] = torch.randn(weight.shape[1], generator=gen)
+
+
+def test_pause_thoughts_and_the_end_marker_are_their_own_tokens_at_their_own_positions(tokenizer, task_records):
+    """``prefill`` in pause mode with the markers: T ``<|latent|>`` tokens then ``<|end-latent|>``, each its own
+    embedding at the next positions, as one full forward over the token sequence computes it (markers of distinct
+    embeddings)."""
+    lm = make_lm(tokenizer, "gpt2").eval()
+    _distinct_markers(lm)
+    ids, mask = lm.encode_questions([r.question[: 15 + 20 * i] for i, r in enumerate(task_records[:2])])
+    T = 3
+    with torch.no_grad():
+        state = lm.prefill(ids, mask, T, mode="pause")
+        tail = torch.tensor([[lm.latent_id] * T + [lm.end_id]] * 2)
+        full_ids, full_mask = torch.cat([ids, tail], 1), torch.cat([mask, torch.ones_like(tail)], 1)
+        positions = (full_mask.long().cumsum(-1) - 1).clamp(min=0)
+        full = lm.base(input_ids=full_ids, attention_mask=full_mask, position_ids=positions).last_hidden_state
+    torch.testing.assert_close(state.last_hidden, full[:, -1:], atol=1e-5, rtol=0)
+    assert state.next_position.tolist() == (positions[:, -1] + 1).tolist()
