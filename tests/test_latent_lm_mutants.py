@@ -156,3 +156,63 @@ def test_pause_thoughts_and_the_end_marker_are_their_own_tokens_at_their_own_pos
         full = lm.base(input_ids=full_ids, attention_mask=full_mask, position_ids=positions).last_hidden_state
     torch.testing.assert_close(state.last_hidden, full[:, -1:], atol=1e-5, rtol=0)
     assert state.next_position.tolist() == (positions[:, -1] + 1).tolist()
+
+
+class _Phases:
+    """A phase hook that records the phase of every forward call."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def before_forward(self, phase: str) -> None:
+        self.seen.append(phase)
+
+
+@pytest.mark.parametrize(
+    ("mode", "kw", "calls"),
+    [
+        ("coconut", {}, ["prompt", "latent", "latent", "answer", "answer"]),
+        ("coconut", {"end_with_targets": True}, ["prompt", "latent", "latent", "answer"]),
+        ("coconut", {"stepwise": True}, ["prompt", "latent", "latent", "answer", "answer", "answer"]),
+        ("pause", {}, ["prompt", "latent", "answer", "answer"]),
+    ],
+)
+def test_each_forward_tells_the_perturbation_its_phase(tokenizer, task_records, mode, kw, calls):
+    """The phase each forward call announces (what ``perturb_prompt`` / ``perturb_answer`` act on): the question is
+    ``prompt``, each continuous thought (or the pause tokens' one call) ``latent``, ``<|end-latent|>`` and the
+    targets ``answer`` (3 targets: 2 fed, in one call or one call each)."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
+    tg = torch.tensor([[5, 6, lm.eos_id], [7, 8, 9]])
+    hook = _Phases()
+    with torch.no_grad():
+        lm.target_logprobs(ids, mask, 2, tg, torch.ones_like(tg), mode=mode, perturbation=hook, **kw)
+    assert hook.seen == calls
+
+
+def test_generation_tells_the_perturbation_each_calls_phase(tokenizer, task_records):
+    """``generate``: the question (``prompt``), T thoughts (``latent``), the marker and each answer token fed back
+    (``answer``); the last token chosen is not fed."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([task_records[0].question])
+    hook = _Phases()
+    lm.generate(ids, mask, 3, max_new_tokens=3, perturbation=hook, stop_ids=list(range(len(lm.tokenizer))))
+    assert hook.seen == ["prompt", "latent", "latent", "latent", "answer"]  # (every id stops: one token)
+    hook.seen.clear()
+    lm.generate(ids, mask, 1, max_new_tokens=3, perturbation=hook, stop_ids=[])
+    n_fed = len(hook.seen) - 3
+    assert hook.seen == ["prompt", "latent", "answer"] + ["answer"] * n_fed and n_fed <= 2
+
+
+def test_a_static_cache_given_again_is_emptied_first(tokenizer, task_records):
+    """``prefill(cache=...)`` reuses a static cache: what it held from another batch is dropped, so the state is the
+    one a fresh growing cache gives."""
+    lm = make_lm(tokenizer, "llama").eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
+    other, other_mask = lm.encode_questions([r.question for r in task_records[2:4]])
+    cache = lm.new_cache(max(ids.shape[1], other.shape[1]) + 8)
+    with torch.no_grad():
+        fresh = lm.prefill(ids, mask, 2).last_hidden
+        lm.prefill(other, other_mask, 2, cache=cache)
+        again = lm.prefill(ids, mask, 2, cache=cache).last_hidden
+    torch.testing.assert_close(again, fresh, atol=1e-5, rtol=0)
