@@ -4,6 +4,9 @@ that every test passed."""
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import pytest
 import torch
 
@@ -216,3 +219,42 @@ def test_a_static_cache_given_again_is_emptied_first(tokenizer, task_records):
         lm.prefill(other, other_mask, 2, cache=cache)
         again = lm.prefill(ids, mask, 2, cache=cache).last_hidden
     torch.testing.assert_close(again, fresh, atol=1e-5, rtol=0)
+
+
+class _Vocab:
+    """A tokenizer as ``check_saved_tokenizer`` reads one: its vocabulary and its length."""
+
+    def __init__(self, n: int, markers_at: int) -> None:
+        from dgrpo.data.records import LATENT_MARKERS
+
+        self.vocab = {f"t{i}": i for i in range(n - len(LATENT_MARKERS))}
+        self.vocab.update({m: markers_at + j for j, m in enumerate(LATENT_MARKERS)})
+        self.n = n
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.vocab
+
+    def __len__(self) -> int:
+        return self.n
+
+
+@pytest.mark.parametrize(
+    ("n", "markers_at", "says"),
+    [
+        (10, 7, None),  # the markers in the last three of 10 rows: the tokenizer saved with them
+        (11, 7, "it has 1 tokens past the model's 10 embedding rows"),
+        (11, 8, "it lacks the latent markers <|end-latent|>"),  # the last marker's id is 10: no row of its own
+    ],
+)
+def test_a_saved_tokenizer_fits_the_rows_of_its_model_exactly(n, markers_at, says):
+    """``check_saved_tokenizer`` at its edges, 10 embedding rows: every marker id below 10 and no more than 10
+    tokens, else one CheckpointError naming what is wrong."""
+    from dgrpo.model.latent_lm import check_saved_tokenizer
+    from dgrpo.model.verified import CheckpointError
+
+    tok: Any = _Vocab(n, markers_at)
+    if says is None:
+        check_saved_tokenizer("here", tok, 10)
+        return
+    with pytest.raises(CheckpointError, match=re.escape(says)):
+        check_saved_tokenizer("here", tok, 10)
