@@ -258,3 +258,26 @@ def test_a_saved_tokenizer_fits_the_rows_of_its_model_exactly(n, markers_at, say
         return
     with pytest.raises(CheckpointError, match=re.escape(says)):
         check_saved_tokenizer("here", tok, 10)
+
+
+def test_a_generator_on_the_logits_device_draws_as_multinomial_does():
+    """Without per-row draws, a generator on the logits' device samples through ``torch.multinomial`` with it (the
+    seeded stream of Hugging Face's sampling): the same tokens as multinomial from the same seed."""
+    from dgrpo.model.decoding import sample_next
+
+    logits = torch.randn(64, 7, generator=torch.Generator().manual_seed(1))
+    picked = sample_next(logits, 0.8, 1.0, torch.Generator().manual_seed(5))
+    expected = torch.multinomial((logits / 0.8).softmax(-1), 1, generator=torch.Generator().manual_seed(5))
+    assert picked.tolist() == expected.squeeze(-1).tolist()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cpu_generator_samples_cuda_logits_from_its_own_draws():
+    """A CPU generator with CUDA logits (which ``torch.multinomial`` refuses): one U(0, 1) draw per row from the
+    generator, then inverse-CDF sampling on the device."""
+    from dgrpo.model.decoding import inverse_cdf, sample_next
+
+    logits = torch.randn(8, 7, generator=torch.Generator().manual_seed(1)).cuda()
+    picked = sample_next(logits, 1.0, 1.0, torch.Generator().manual_seed(5))
+    u = torch.rand(8, generator=torch.Generator().manual_seed(5)).cuda()
+    assert picked.tolist() == inverse_cdf(logits.softmax(-1), u).tolist()
