@@ -281,3 +281,31 @@ def test_a_cpu_generator_samples_cuda_logits_from_its_own_draws():
     picked = sample_next(logits, 1.0, 1.0, torch.Generator().manual_seed(5))
     u = torch.rand(8, generator=torch.Generator().manual_seed(5)).cuda()
     assert picked.tolist() == inverse_cdf(logits.softmax(-1), u).tolist()
+
+
+def test_a_perturbation_bound_for_other_rows_is_refused_before_any_forward(tokenizer, task_records):
+    """A hook bound for 3 rows (one seed each) met by a batch of 2 is one ValueError, before any forward runs (one
+    seed's noise would otherwise broadcast over every row)."""
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
+    hook = _Phases()
+    hook.rows = 3  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="bound for 3 rows .*this batch has 2"):
+        lm.generate(ids, mask, 1, max_new_tokens=2, perturbation=hook)
+    assert hook.seen == []
+    hook.rows = 2  # type: ignore[attr-defined]
+    lm.generate(ids, mask, 1, max_new_tokens=2, perturbation=hook)
+    assert hook.seen[:2] == ["prompt", "latent"]
+
+
+def test_eval_mode_puts_every_module_back_in_its_own_mode_after_an_exception_too(tokenizer):
+    """``eval_mode``: every module in eval mode within the block; afterwards each in the mode it had (a mixed model:
+    the wrapper and its decoder training, the head not), an exception in the block too."""
+    lm = make_lm(tokenizer, "gpt2").train()
+    lm.model.lm_head.eval()
+    before = [(m, m.training) for m in lm.modules()]
+    with pytest.raises(RuntimeError, match="inside"), lm.eval_mode() as inside:
+        assert inside is lm and not any(m.training for m in lm.modules())
+        raise RuntimeError("inside")
+    assert [m.training for m, _ in before] == [t for _, t in before]
+    assert lm.training and not lm.model.lm_head.training
