@@ -162,10 +162,11 @@ def test_pause_thoughts_and_the_end_marker_are_their_own_tokens_at_their_own_pos
 
 
 class _Phases:
-    """A phase hook that records the phase of every forward call."""
+    """A phase hook that records the phase of every forward call (``rows``: the batch size it is bound for)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: int | None = None) -> None:
         self.seen: list[str] = []
+        self.rows = rows
 
     def before_forward(self, phase: str) -> None:
         self.seen.append(phase)
@@ -288,12 +289,11 @@ def test_a_perturbation_bound_for_other_rows_is_refused_before_any_forward(token
     seed's noise would otherwise broadcast over every row)."""
     lm = make_lm(tokenizer, "qwen2").eval()
     ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
-    hook = _Phases()
-    hook.rows = 3  # type: ignore[attr-defined]
+    hook = _Phases(rows=3)
     with pytest.raises(ValueError, match="bound for 3 rows .*this batch has 2"):
         lm.generate(ids, mask, 1, max_new_tokens=2, perturbation=hook)
     assert hook.seen == []
-    hook.rows = 2  # type: ignore[attr-defined]
+    hook.rows = 2
     lm.generate(ids, mask, 1, max_new_tokens=2, perturbation=hook)
     assert hook.seen[:2] == ["prompt", "latent"]
 
@@ -309,3 +309,40 @@ def test_eval_mode_puts_every_module_back_in_its_own_mode_after_an_exception_too
         raise RuntimeError("inside")
     assert [m.training for m, _ in before] == [t for _, t in before]
     assert lm.training and not lm.model.lm_head.training
+
+
+def test_a_target_of_exactly_max_tokens_has_no_room_for_its_eos(tokenizer):
+    """``encode_targets``: a target of n tokens under ``max_tokens = n`` is cut (it keeps its n tokens and no EOS: n + 1
+    would pass the limit); under n + 1 it ends in EOS; with ``eos=False`` n tokens fit n."""
+    lm = make_lm(tokenizer)
+    own = lm.token_ids(["#### 42"])[0]
+    n = len(own)
+    ids, mask = lm.encode_targets(["#### 42"], max_tokens=n)
+    assert ids[0].tolist() == own and mask[0].tolist() == [1] * n
+    assert lm.encode_targets(["#### 42"], max_tokens=n + 1)[0][0].tolist() == [*own, lm.eos_id]
+    assert lm.encode_targets(["#### 42"], max_tokens=n, eos=False)[0][0].tolist() == own
+
+
+def test_decode_drops_the_special_tokens_and_the_masked_ones(tokenizer):
+    """``decode``: the text of each row's tokens under its mask, without EOS or the latent markers."""
+    lm = make_lm(tokenizer)
+    own = lm.token_ids(["#### 42"])[0]
+    row = [lm.start_id, *own, lm.end_id, lm.eos_id, 7]
+    tokens = torch.tensor([row, row])
+    mask = torch.tensor([[1] * (len(row) - 1) + [0], [1] * len(row)])
+    texts = lm.decode(tokens, mask)
+    assert texts[0] == lm.tokenizer.decode(own) and texts[1] == lm.tokenizer.decode([*own, 7])
+
+
+def test_under_a_chat_template_the_bos_is_the_templates_own_and_a_question_of_max_tokens_is_not_cut(tokenizer):
+    """With ``chat_template`` the template writes the question's BOS (none is put before it again, though the
+    tokenizer starts its texts with one); a question of exactly ``max_tokens`` tokens is not counted as cut."""
+    lm = make_lm(tokenizer, "qwen2")
+    lm.tokenizer.chat_template = "<s>{% for m in messages %}USER: {{ m['content'] }}\n{% endfor %}ASSISTANT:"
+    lm.settings.chat_template = True
+    lm.question_prefix = [lm.eos_id]  # (a BOS the tokenizer would put before a text of its own)
+    q = "what is 3 + 4"
+    ids, mask = lm.encode_questions([q])
+    assert ids[0].tolist() == lm.token_ids([lm.format_question(q)])[0] + [lm.start_id]
+    n = len(lm.token_ids([q])[0])
+    assert lm.count_cut_questions([q], n) == 0 and lm.count_cut_questions([q], n - 1) == 1
