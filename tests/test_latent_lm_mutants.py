@@ -346,3 +346,18 @@ def test_under_a_chat_template_the_bos_is_the_templates_own_and_a_question_of_ma
     assert ids[0].tolist() == lm.token_ids([lm.format_question(q)])[0] + [lm.start_id]
     n = len(lm.token_ids([q])[0])
     assert lm.count_cut_questions([q], n) == 0 and lm.count_cut_questions([q], n - 1) == 1
+
+
+@pytest.mark.parametrize("family", ["gemma2", "granite"])
+def test_greedy_answers_book_the_log_probs_their_scoring_gives_under_a_logit_transform(tokenizer, family):
+    """``generate`` books each greedy token's log-prob from the head's logits as the model's forward transforms them
+    (Gemma 2's softcap, Granite's scaling: the argmax stays, the log-probs do not), so that they are the ones
+    ``target_logprobs`` replays for the same tokens."""
+    from test_model_families import family_lm
+
+    lm = family_lm(tokenizer, family)
+    ids, mask = lm.encode_questions(["Start with 3. Add 4. Answer mod 10."])
+    with torch.no_grad():
+        gen = lm.generate(ids, mask, 2, max_new_tokens=4)
+        replay, _ = lm.target_logprobs(ids, mask, 2, gen.tokens, gen.mask)
+    torch.testing.assert_close(gen.logprobs, replay, atol=1e-5, rtol=0)
