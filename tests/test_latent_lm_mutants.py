@@ -361,3 +361,20 @@ def test_greedy_answers_book_the_log_probs_their_scoring_gives_under_a_logit_tra
         gen = lm.generate(ids, mask, 2, max_new_tokens=4)
         replay, _ = lm.target_logprobs(ids, mask, 2, gen.tokens, gen.mask)
     torch.testing.assert_close(gen.logprobs, replay, atol=1e-5, rtol=0)
+
+
+def test_misshapen_inputs_are_one_typed_line_each(tokenizer):
+    """The entry points refuse what would fail later, unclearly: one string for a list of texts, an empty list, a
+    negative ``max_tokens`` (-1 too), a prompt mask of another shape, tokens and mask of other shapes to decode."""
+    lm = make_lm(tokenizer)
+    with pytest.raises(TypeError, match="got one string"):
+        lm.encode_questions("what is 3 + 4")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no targets"):
+        lm.encode_targets([])
+    with pytest.raises(ValueError, match="max_tokens must be >= 0"):
+        lm.encode_questions(["q"], max_tokens=-1)
+    ids, mask = lm.encode_questions(["q", "a longer question"])
+    with pytest.raises(ValueError, match="differ in shape"):
+        lm.generate(ids, mask[:, 1:], 1)
+    with pytest.raises(ValueError, match="decode: tokens"):
+        lm.decode(ids, mask[:1])
