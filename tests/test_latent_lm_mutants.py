@@ -378,3 +378,18 @@ def test_misshapen_inputs_are_one_typed_line_each(tokenizer):
         lm.generate(ids, mask[:, 1:], 1)
     with pytest.raises(ValueError, match="decode: tokens"):
         lm.decode(ids, mask[:1])
+
+
+@pytest.mark.parametrize(
+    ("n_latent", "max_new_tokens", "temperature", "top_p"),
+    [(-1, 4, 0.0, 1.0), (2, 0, 0.0, 1.0), (2, 4, -0.1, 1.0), (2, 4, 1.0, 0.0), (2, 4, 1.0, 1.01)],
+)
+def test_decoding_arguments_out_of_range_are_refused(n_latent, max_new_tokens, temperature, top_p):
+    """``check_decoding`` at its edges: n_latent >= 0, max_new_tokens >= 1, temperature >= 0, 0 < top_p <= 1 (the
+    smallest values allowed pass)."""
+    from dgrpo.model.decoding import check_decoding
+
+    check_decoding(0, 1, 0.0, 1.0)
+    check_decoding(0, 1, 0.0, 1e-6)
+    with pytest.raises(ValueError, match="generate: "):
+        check_decoding(n_latent, max_new_tokens, temperature, top_p)
