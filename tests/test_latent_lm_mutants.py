@@ -393,3 +393,22 @@ def test_decoding_arguments_out_of_range_are_refused(n_latent, max_new_tokens, t
     check_decoding(0, 1, 0.0, 1e-6)
     with pytest.raises(ValueError, match="generate: "):
         check_decoding(n_latent, max_new_tokens, temperature, top_p)
+
+
+def test_sampling_draws_of_another_shape_are_one_line_before_decoding(tokenizer):
+    """``uniforms`` must be [rows, max_new_tokens] or wider, in both engines: fewer columns was an IndexError in the
+    decoding loop at the first step past them, another row count a shape error in the sampler. Extra columns are
+    left unread."""
+    lm = make_lm(tokenizer)
+    ids, mask = lm.encode_questions(["q", "a longer question"])
+    from dgrpo.model.fixed_shape import fixed_shape_generate
+
+    for shape in ((2, 3), (1, 4), (8,)):
+        said = re.escape(f"uniforms must be [rows, max_new_tokens] = [2, 4] (or more columns), got {list(shape)}")
+        for generate in (lm.generate, lambda *a, **kw: fixed_shape_generate(lm, *a, **kw)):  # (eager, fast engine)
+            with pytest.raises(ValueError, match=said):
+                generate(ids, mask, 1, max_new_tokens=4, temperature=1.0, uniforms=torch.rand(*shape))
+    with torch.no_grad():
+        wide = lm.generate(ids, mask, 1, max_new_tokens=4, temperature=1.0, uniforms=torch.full((2, 6), 0.5))
+        exact = lm.generate(ids, mask, 1, max_new_tokens=4, temperature=1.0, uniforms=torch.full((2, 4), 0.5))
+    assert torch.equal(wide.tokens, exact.tokens)

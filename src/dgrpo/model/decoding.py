@@ -101,6 +101,18 @@ def check_decoding(n_latent: int, max_new_tokens: int, temperature: float, top_p
         raise ValueError(f"generate: temperature >= 0 and 0 < top_p <= 1, got {temperature} and {top_p}")
 
 
+def check_uniforms(uniforms: Tensor | None, rows: int, max_new_tokens: int) -> None:
+    """``generate``'s per-row sampling draws: [rows, at least max_new_tokens] (fewer columns was an IndexError deep
+    in the decoding loop, at the first step past them)."""
+    if uniforms is None:
+        return
+    if uniforms.dim() != 2 or uniforms.shape[0] != rows or uniforms.shape[1] < max_new_tokens:
+        raise ValueError(
+            f"generate: uniforms must be [rows, max_new_tokens] = [{rows}, {max_new_tokens}] (or more columns), got "
+            f"{list(uniforms.shape)}"
+        )
+
+
 def _chunk_logprobs(
     head, h: Tensor, tgt: Tensor, temperature: float, with_entropy: bool, stats: HeadStats
 ) -> tuple[Tensor, Tensor]:

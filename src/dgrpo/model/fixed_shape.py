@@ -52,7 +52,7 @@ import torch
 from torch import Tensor
 from transformers import StaticCache
 
-from .decoding import AnswerBook, Generation, check_decoding
+from .decoding import AnswerBook, Generation, check_decoding, check_uniforms
 from .latent_lm import LatentLM, PhaseHook, cache_keyword
 from .verified import one_line
 
@@ -368,6 +368,7 @@ def fixed_shape_generate(
     numbers for more rows): as :func:`fixed_shape_target_logprobs`."""
     check_decoding(n_latent, max_new_tokens, temperature, top_p)
     B = prompt_ids.shape[0]
+    check_uniforms(uniforms, B, max_new_tokens)
     pads = keep and (capture if pad is None else pad) and (temperature == 0 or uniforms is not None)
     batch = _padded_batch(
         lm, "generate", perturbation, prompt_ids, prompt_mask, n_latent, int(markers) + max_new_tokens, pads

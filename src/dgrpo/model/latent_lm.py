@@ -61,7 +61,7 @@ from .anatomy import (
 )
 from .attention_mask import additive_mask, causal_padding_mask, prebuilt_mask_applies, static_causal_padding_mask
 from .compiled_layers import CompiledLayers, rows_mismatch
-from .decoding import AnswerBook, DecodeState, Generation, check_decoding, head_logprobs
+from .decoding import AnswerBook, DecodeState, Generation, check_decoding, check_uniforms, head_logprobs
 from .head_stats import HeadStats
 from .kv_prefixes import saved_as_prefixes
 from .output_head import logit_transform, output_head
@@ -1291,6 +1291,7 @@ class LatentLM(nn.Module):
         n_latent = self.settings.n_latent if n_latent is None else n_latent
         check_decoding(n_latent, max_new_tokens, temperature, top_p)
         check_prompt(prompt_ids, prompt_mask)
+        check_uniforms(uniforms, prompt_ids.shape[0], max_new_tokens)
         self._check_prompt_ends(prompt_ids, prompt_mask, markers)
         n_cols = prompt_ids.shape[1] + n_latent + int(markers) + max_new_tokens
         state = self.prefill(
