@@ -1,0 +1,338 @@
+"""The command line's contracts that mutation testing of ``dgrpo.cli`` found unpinned (each test in-process and
+fast: the commands' functions called directly, with the built-in data and no training): exit codes, one-line
+errors, defaults, and where outputs go."""
+
+import argparse
+import errno
+import os
+
+import pytest
+
+import dgrpo.cli as cli
+from dgrpo.cli import tools
+
+
+def _raising(exc: BaseException):
+    """A command function that raises ``exc`` (what the command line does with it is under test)."""
+
+    def func(args: argparse.Namespace) -> int:
+        raise exc
+
+    return func
+
+
+def test_output_into_a_closed_pipe_is_exit_141_with_stdout_sent_to_devnull(monkeypatch, run_cli):
+    """A reader that stops (``| head``) is exit 141 (128 + SIGPIPE) and no line, with stdout pointed at /dev/null so
+    that Python's flush at exit does not raise again (the subprocess test of it is slow)."""
+    dup2: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "dup2", lambda a, b: dup2.append((a, b)))
+    monkeypatch.setattr(os, "open", lambda path, flags: -7 if path == os.devnull else pytest.fail(path))
+    monkeypatch.setattr(tools, "run_config_show", _raising(BrokenPipeError()))
+    monkeypatch.setattr(cli.sys.stdout, "fileno", lambda: 1, raising=False)
+    r = run_cli("config", "show")
+    assert (r.returncode, r.stderr) == (141, "")
+    assert dup2 == [(-7, 1)]
+
+
+def test_a_name_too_long_is_one_line_and_another_os_error_is_not_hidden(monkeypatch, run_cli):
+    """An OSError ENAMETOOLONG is exit 2 and one line naming the path; any other OSError (not one dgrpo explains) is
+    raised as it is, not reported as a name too long."""
+    too_long = OSError(errno.ENAMETOOLONG, "File name too long", "/x/" + "a" * 300)
+    monkeypatch.setattr(tools, "run_config_show", _raising(too_long))
+    r = run_cli("config", "show")
+    assert r.returncode == 2
+    assert r.stderr == f"dgrpo: error: /x/{'a' * 300}: a name longer than the file system allows\n"
+    denied = PermissionError(errno.EACCES, "Permission denied", "/root/x")
+    monkeypatch.setattr(tools, "run_config_show", _raising(denied))
+    with pytest.raises(PermissionError):
+        run_cli("config", "show")
+
+
+@pytest.mark.parametrize(("text", "ok"), [("1", True), ("12", True), ("0", False), ("-3", False), ("x", False)])
+def test_positive_int_takes_one_and_up_and_refuses_zero_negatives_and_words(text, ok):
+    """The bench and experiment scripts' size options: 1 and more pass through as ints; 0, a negative or a word is
+    argparse's one-line error (0 was a division by zero deep in a measurement)."""
+    from dgrpo.cli.common import positive_int
+
+    if ok:
+        assert positive_int(text) == int(text)
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match=f"expected a positive integer, got .*{text}"):
+            positive_int(text)
+
+
+def test_seed_everything_seeds_pythons_numpys_and_torchs_generators():
+    """One seed gives the same draws from each of Python's ``random``, NumPy's and torch's global generators (a
+    seed past 2**32 too, reduced for NumPy)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from dgrpo.cli.common import seed_everything
+
+    def draws(seed: int) -> tuple:
+        seed_everything(seed)
+        return random.random(), float(np.random.rand()), float(torch.rand(()))
+
+    for seed in (3, 2**40 + 5):
+        first = draws(seed)
+        random.random(), np.random.rand(), torch.rand(())  # (the generators move on)
+        assert draws(seed) == first
+
+
+def test_metric_keys_of_the_final_and_the_best_checkpoints_differ():
+    """A test set's accuracy is ``test/<name>/accuracy`` for final/ and ``test_best/<name>/accuracy`` for best/ (the
+    two in one metrics row must not overwrite each other)."""
+    from dgrpo.cli.common import test_metric_key
+
+    assert test_metric_key("builtin:test") == "test/builtin_test/accuracy"
+    assert test_metric_key("builtin:test", "final") == "test/builtin_test/accuracy"
+    assert test_metric_key("builtin:test", "best") == "test_best/builtin_test/accuracy"
+
+
+@pytest.mark.parametrize(
+    ("data", "split", "label"),
+    [
+        ("builtin:test", None, "builtin:test"),
+        ("builtin:test", "valid", "builtin:valid"),
+        ("builtin:test?n_test=5", "valid", "builtin:valid?n_test=5"),
+        ("gsm8k", "train", "gsm8k:train"),
+        ("gsm8k", "", "gsm8k"),
+    ],
+)
+def test_a_datasets_label_puts_split_in_place_of_the_one_it_names(data, split, label):
+    """Results name the data as given, with ``--split`` replacing the split a name gives (and kept before its
+    ``?options``); without ``--split`` the name is unchanged."""
+    from dgrpo.cli.evaluate import dataset_label
+
+    assert dataset_label(data, split) == label
+
+
+def test_a_hub_models_label_names_the_commit_it_was_read_at(tmp_path):
+    """A hub id is named ``id@commit`` when read at a commit, as given without one; a local checkpoint by its
+    absolute directory."""
+    from dgrpo.cli.evaluate import model_label
+
+    assert model_label("org/some-model", "0123abcd") == "org/some-model@0123abcd"
+    assert model_label("org/some-model") == "org/some-model"
+    assert model_label("org/some-model", "") == "org/some-model"
+
+
+def test_the_stop_line_of_eval_counts_the_datasets():
+    """What a stop of ``dgrpo eval`` says: nothing yet; the dataset under way and its place among several (1 of 2,
+    then 2 of 2 with the first's folder written); after one of several; one dataset alone without a count."""
+    from dgrpo.cli.evaluate import NOTHING_YET, Done
+
+    done = Done()
+    assert done.line() == NOTHING_YET
+    done.start("a", 2)
+    assert done.line() == "while evaluating a (1 of 2): nothing was written"
+    done.wrote("/o/a")  # type: ignore[arg-type]
+    assert done.line() == "after 1 of 2 datasets: written: /o/a"
+    assert done.start("b", 2) == "b"
+    assert done.line() == "while evaluating b (2 of 2): its results were not written; written: /o/a"
+    alone = Done()
+    alone.start("a", 1)
+    assert alone.line() == "while evaluating a: nothing was written"
+
+
+@pytest.mark.parametrize("world", [None, "1"])
+def test_in_one_process_a_runtime_warning_of_dgrpos_names_no_rank(monkeypatch, world):
+    """Without torchrun (or with one rank) dgrpo's RuntimeWarning (a capture given up, a compiler fallen back) is a
+    plain ``dgrpo: warning:`` line: a rank is named only when the job has several."""
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    if world is not None:
+        monkeypatch.setenv("WORLD_SIZE", world)
+        monkeypatch.setenv("RANK", "0")
+    import warnings
+
+    with cli._warnings_as_lines():
+        line = warnings.formatwarning("eager now", RuntimeWarning, str(cli.PACKAGE_DIR / "plotting.py"), 1)
+    assert line == "dgrpo: warning: eager now\n"
+
+
+def test_the_demos_stop_line_says_it_starts_over(tmp_path):
+    """A stopped ``dgrpo demo`` is told that the same command starts it over (the demo does not resume its runs),
+    whatever its folder holds; a ``--resume PATH`` training run is told to drop the option to resume the newest."""
+    from dgrpo.cli import _resume_hint
+
+    (tmp_path / "checkpoints" / "step-00000005").mkdir(parents=True)
+    demo = argparse.Namespace(cmd="demo", out=str(tmp_path))
+    assert _resume_hint(demo) == "; the demo does not resume its runs: the same command starts it over"
+    given = argparse.Namespace(cmd="sft", out=str(tmp_path), resume="/some/step-00000003")
+    assert _resume_hint(given) == (
+        "; rerun it without --resume /some/step-00000003 (--resume auto, the default) to resume from the newest "
+        f"checkpoint in {tmp_path}/checkpoints"
+    )
+
+
+def test_a_split_may_be_given_for_a_dataset_folder_not_for_a_file(tmp_path):
+    """``--split`` picks a split file of a dataset folder (accepted), while a file has no splits (one line)."""
+    from dgrpo.cli.common import check_split
+    from dgrpo.config import ConfigError
+
+    folder = tmp_path / "mydata"
+    folder.mkdir()
+    (folder / "test.jsonl").write_text("")
+    check_split(str(folder), "test")
+    check_split(str(folder / "test.jsonl"), None)
+    with pytest.raises(ConfigError, match="is a file, which has no splits"):
+        check_split(str(folder / "test.jsonl"), "test")
+
+
+def test_data_inspect_counts_one_record_in_the_singular(run_cli, tmp_path):
+    """``dgrpo data inspect``'s first line: ``1 record`` for one, ``N records`` otherwise."""
+    import json
+
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"question": "What is 2 plus 2?", "answer": "4"}) + "\n")
+    r = run_cli("data", "inspect", one)
+    assert r.returncode == 0 and r.stdout.splitlines()[0] == "1 record", r.stderr
+    r = run_cli("data", "inspect", "builtin:test", "--set", "task.n_test=3")
+    assert r.stdout.splitlines()[0] == "3 records"
+
+
+def test_a_runs_recorded_reward_names_are_kept_by_function(tmp_path):
+    """A resumed run keeps the name its config.json gave each ``grpo.rewards`` part (its metric's); a part recorded
+    without a name is not mapped, and a new run (no config.json) or an unreadable one maps nothing."""
+    import json
+
+    from dgrpo.cli.train import recorded_reward_names
+
+    assert recorded_reward_names(tmp_path) == {}
+    (tmp_path / "config.json").write_text("{not json")
+    assert recorded_reward_names(tmp_path) == {}
+    rewards = [{"fn": "/abs/r.py:f", "name": "r:f"}, {"fn": "/abs/s.py:g", "name": ""}, {"fn": "/abs/t.py:h"}]
+    (tmp_path / "config.json").write_text(json.dumps({"grpo": {"rewards": rewards}}))
+    assert recorded_reward_names(tmp_path) == {"/abs/r.py:f": "r:f"}
+
+
+def test_a_dataset_named_by_valid_and_test_is_read_once_under_data_valid():
+    """``data.valid`` and ``data.test`` naming one dataset: it is read once, under its first key (data.valid), and
+    each other test set once under data.test; an empty data.valid is no dataset."""
+    from dgrpo.cli.train import held_out_specs
+    from dgrpo.config import Config
+
+    cfg = Config()
+    cfg.data.valid, cfg.data.test = "builtin:valid", ["builtin:test", "builtin:valid", "builtin:test"]
+    assert held_out_specs(cfg) == [("data.valid", "builtin:valid"), ("data.test", "builtin:test")]
+    cfg.data.valid = ""
+    assert held_out_specs(cfg) == [("data.test", "builtin:test"), ("data.test", "builtin:valid")]
+
+
+def test_load_applies_extra_overrides_after_set_and_checks_out_when_given(tmp_path):
+    """``load``: the ``extra`` overrides apply after ``--set`` (they win); ``--out`` is checked when the command has
+    one (an empty one is a one-line error) and not when it has none."""
+    from dgrpo.cli.common import load
+    from dgrpo.config import ConfigError
+
+    def args(out):
+        return argparse.Namespace(cmd="config", config=[], overrides=["seed=3"], out=out)
+
+    assert load(args(None)).seed == 3
+    assert load(args(None), ["seed=7"]).seed == 7
+    assert load(args(str(tmp_path / "run"))).seed == 3
+    with pytest.raises(ConfigError, match="--out is empty"):
+        load(args(""))
+
+
+def test_the_revision_an_init_or_model_is_read_at(tmp_path):
+    """``model.revision`` applies to ``--init`` / ``--model`` when ``--set`` gives it, or when the config's model is
+    that model; a revision of the config's other model is dropped (""), with a warning; a local directory is read as
+    it is (no warning: the revision is unused)."""
+    import warnings
+
+    from dgrpo.cli.common import revision_for
+    from dgrpo.config import Config
+
+    cfg = Config()
+    cfg.model.name_or_path, cfg.model.revision = "org/base", "abc123"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert revision_for("org/base", cfg, [], "--init") == "abc123"
+        assert revision_for("org/other", cfg, ["model.revision=abc123"], "--init") == "abc123"
+        assert revision_for(str(tmp_path), cfg, [], "--init") == "abc123"
+    with pytest.warns(UserWarning, match=r"model.revision=abc123 is the revision of .*org/base.*--init org/other"):
+        assert revision_for("org/other", cfg, [], "--init") == ""
+    cfg.model.revision = ""
+    assert revision_for("org/other", cfg, [], "--model") == ""
+
+
+def test_setup_sets_torchs_threads_only_when_threads_is_given(monkeypatch):
+    """``threads: 0`` (the default) leaves torch's thread count as it is; ``threads: N`` sets it."""
+    import torch
+
+    from dgrpo.cli.common import setup
+    from dgrpo.config import Config
+
+    calls: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    cfg = Config()
+    cfg.device = "cpu"
+    assert setup(cfg).type == "cpu" and calls == []
+    cfg.threads = 3
+    setup(cfg)
+    assert calls == [3]
+
+
+def test_eval_joins_the_processes_without_fsdp_whatever_the_config_says(monkeypatch):
+    """``join_processes(..., fsdp=False)`` (dgrpo eval) applies no FSDP: a config's ``fsdp: full`` is not even the
+    single process's warning that FSDP is ignored; the training commands' (fsdp=True) is."""
+    import warnings
+
+    import torch
+
+    from dgrpo.cli.common import join_processes
+    from dgrpo.config import Config
+
+    for name in ("WORLD_SIZE", "DGRPO_FSDP"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = Config()
+    cfg.fsdp = "full"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dist, device = join_processes(cfg, torch.device("cpu"), fsdp=False)
+    assert not dist.active and device == torch.device("cpu")
+    with pytest.warns(UserWarning, match="fsdp=full .* is ignored in a single process"):
+        join_processes(cfg, torch.device("cpu"))
+
+
+def test_the_start_line_names_a_hub_commit_unless_the_revision_pinned_it(capsys):
+    """``report_model`` prints the hub commit a model was read at, with the --set that pins it, unless
+    ``model.revision`` is that commit already, or the model came from no hub (a directory); a rank other than 0
+    prints nothing."""
+    from types import SimpleNamespace
+
+    from dgrpo.cli.common import report_model
+    from dgrpo.config import Config
+
+    cfg = Config()
+    lm = SimpleNamespace(hub_commit="c0ffee", peft=None)
+    report_model(lm, "org/m", cfg)
+    assert capsys.readouterr().out == "dgrpo: org/m: hub commit c0ffee (--set model.revision=c0ffee pins it)\n"
+    report_model(lm, "org/m", cfg, SimpleNamespace(is_main=False))  # type: ignore[arg-type]
+    cfg.model.revision = "c0ffee"
+    report_model(lm, "org/m", cfg)
+    report_model(SimpleNamespace(hub_commit="", peft=None), "./dir", Config())
+    assert capsys.readouterr().out == ""
+
+
+def test_a_chat_template_on_the_command_line_turns_it_on_and_never_off():
+    """``data.chat_template: true`` turns the chat template on for a model trained without it; false leaves a
+    model trained with it as it is."""
+    from types import SimpleNamespace
+
+    from dgrpo.cli.common import prompt_settings
+    from dgrpo.config import Config
+
+    cfg = Config()
+    for trained in (False, True):
+        lm = SimpleNamespace(settings=SimpleNamespace(chat_template=trained))
+        prompt_settings(lm, cfg)
+        assert lm.settings.chat_template is trained
+    cfg.data.chat_template = True
+    lm = SimpleNamespace(settings=SimpleNamespace(chat_template=False))
+    prompt_settings(lm, cfg)
+    assert lm.settings.chat_template is True
