@@ -336,3 +336,53 @@ def test_a_chat_template_on_the_command_line_turns_it_on_and_never_off():
     lm = SimpleNamespace(settings=SimpleNamespace(chat_template=False))
     prompt_settings(lm, cfg)
     assert lm.settings.chat_template is True
+
+
+@pytest.fixture(scope="module")
+def untrained():
+    """The tiny config (4 new tokens) and its untrained built-in model, with six built-in test records."""
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.model.factory import load_model
+
+    from conftest import tiny_config
+
+    cfg = tiny_config(**{"eval.max_new_tokens": 4})
+    return cfg, load_model(cfg.model, cfg.task, seed=0, training=False), generate_split(cfg.task, "test")[:6]
+
+
+def test_evaluate_shards_evaluates_the_first_limit_records_after_a_plain_prompts_shots(untrained):
+    """One process: ``limit`` records are evaluated (the first ones), and the result records the limit; a plain
+    prompt's ``shots`` examples come first and are not among them."""
+    from dgrpo.cli.common import evaluate_shards
+    from dgrpo.training.distributed import Dist
+
+    cfg, lm, recs = untrained
+    r = evaluate_shards(lm, recs, Dist(), limit=3)
+    assert (r.n, r.limit) == (3, 3)
+    assert [p["question"] for p in r.predictions] == [x.question for x in recs[:3]]
+    r = evaluate_shards(lm, recs, Dist())
+    assert (r.n, r.limit) == (6, 0)
+    r = evaluate_shards(lm, recs, Dist(), plain=True, shots=2, limit=3)
+    assert [p["question"] for p in r.predictions] == [x.question for x in recs[2:5]]
+
+
+def test_a_runs_test_sets_of_best_are_written_apart_from_finals_under_their_own_keys(untrained, tmp_path, monkeypatch):
+    """``evaluate_test_sets(..., checkpoint="best")``: each set's results in ``OUT/eval_best/<name>/``, naming the
+    checkpoint by its absolute path (``--out`` given relative), and the accuracies as ``test_best/<name>/accuracy``
+    (final/'s: ``OUT/eval/<name>/``, ``test/<name>/accuracy``)."""
+    import json
+    from pathlib import Path
+
+    from dgrpo.cli.common import evaluate_test_sets
+    from dgrpo.training.distributed import Dist
+
+    cfg, lm, recs = untrained
+    monkeypatch.chdir(tmp_path)
+    out = Path("run")
+    metrics = evaluate_test_sets(lm, {"builtin:test": recs[:2]}, cfg, out, Dist(), checkpoint="best")
+    assert list(metrics) == ["test_best/builtin_test/accuracy"]
+    written = json.loads((tmp_path / "run" / "eval_best" / "builtin_test" / "results.json").read_text())
+    assert written["model"] == str(tmp_path / "run" / "best") and written["n"] == 2
+    assert written["accuracy"] == metrics["test_best/builtin_test/accuracy"]
+    assert list(evaluate_test_sets(lm, {"builtin:test": recs[:2]}, cfg, out, Dist())) == ["test/builtin_test/accuracy"]
+    assert (tmp_path / "run" / "eval" / "builtin_test" / "results.json").is_file()
