@@ -386,3 +386,40 @@ def test_a_runs_test_sets_of_best_are_written_apart_from_finals_under_their_own_
     assert written["accuracy"] == metrics["test_best/builtin_test/accuracy"]
     assert list(evaluate_test_sets(lm, {"builtin:test": recs[:2]}, cfg, out, Dist())) == ["test/builtin_test/accuracy"]
     assert (tmp_path / "run" / "eval" / "builtin_test" / "results.json").is_file()
+
+
+def test_the_test_sets_fit_check_reads_the_first_limit_records_names_the_key_and_restores_the_model(untrained):
+    """``check_test_sets_fit``: only the first ``eval.limit`` records of a set are answered, so only they must fit;
+    a set that does not names ``eval.n_latent`` when that is set, else the command's own key; the
+    model's prompt settings are its own again afterwards, whether the check passed or failed."""
+    from dataclasses import replace
+
+    from dgrpo.cli.train import check_test_sets_fit
+    from dgrpo.config import ConfigError
+    from dgrpo.data.records import Record
+
+    from conftest import tiny_config
+
+    _, lm, recs = untrained
+    long = Record("1 + " * 300 + "1 ?", [], "301")
+    tests = {"builtin:test": [recs[0], long]}
+    before = lm.settings
+    trained = replace(before, n_latent=2)
+    cfg = tiny_config(**{"data.max_question_tokens": 0, "eval.limit": 1})
+    check_test_sets_fit(lm, tests, cfg, trained, "sft.c_thought")
+    assert lm.settings is before
+    for n_latent, key in ((-1, "sft.c_thought"), (1, "eval.n_latent")):
+        cfg = tiny_config(**{"data.max_question_tokens": 0, "eval.n_latent": n_latent})
+        with pytest.raises(ConfigError, match=f"data.test builtin:test, answered after training: .*lower {key}, "):
+            check_test_sets_fit(lm, tests, cfg, trained, "sft.c_thought")
+        assert lm.settings is before
+
+
+@pytest.mark.parametrize("option", ["--init", "--resume"])
+def test_a_blank_init_or_resume_is_one_line(option, tmp_path, run_cli):
+    """``--init '  '`` or ``--resume '  '`` (a blank shell variable) is one line naming the option, not a path read
+    as the working directory; nothing is written."""
+    out = tmp_path / "run"
+    r = run_cli("sft", option, "  ", "--out", out)
+    assert r.returncode == 2 and r.stderr.startswith(f"dgrpo: error: {option} is empty: "), r.stderr
+    assert len(r.stderr.splitlines()) == 1 and not out.exists()
