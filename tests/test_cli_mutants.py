@@ -5,6 +5,7 @@ errors, defaults, and where outputs go."""
 import argparse
 import errno
 import os
+import re
 
 import pytest
 
@@ -423,3 +424,89 @@ def test_a_blank_init_or_resume_is_one_line(option, tmp_path, run_cli):
     r = run_cli("sft", option, "  ", "--out", out)
     assert r.returncode == 2 and r.stderr.startswith(f"dgrpo: error: {option} is empty: "), r.stderr
     assert len(r.stderr.splitlines()) == 1 and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("valid", "test", "said"),
+    [
+        ("builtin:valid", [], "data.valid (builtin:valid) is the built-in task's"),
+        ("", ["builtin:test"], "data.test (builtin:test) is the built-in task's"),
+        ("", ["builtin:test", "builtin:ood_steps"], "data.test (builtin:test, builtin:ood_steps) are the built-in"),
+        ("builtin:valid", ["builtin:test"], "data.valid (builtin:valid) and data.test (builtin:test) are the built-in"),
+    ],
+)
+def test_the_builtin_held_out_warning_agrees_in_number(valid, test, said):
+    """Training on one's own data with built-in held-out sets: the warning says ``is`` for one set and ``are`` for
+    several (two test sets of data.test alone included)."""
+    from dgrpo.cli.train import warn_if_held_out_is_builtin
+    from dgrpo.config import Config
+
+    cfg = Config()
+    cfg.data.train, cfg.data.valid, cfg.data.test = "my.jsonl", valid, test
+    with pytest.warns(UserWarning, match=re.escape(f"data.train is my.jsonl, but {said}")):
+        warn_if_held_out_is_builtin(cfg)
+
+
+def test_eval_explains_which_checkpoint_settings_it_kept_and_where_decoding_comes_from():
+    """``explain``: how many of the checkpoint's settings were kept, which the command line overrode, and where the
+    decoding options come from (the --config given; a hub model's: this command; a local run's: the hint to pass
+    its config.json); nothing for a model with no recorded settings."""
+    from dgrpo.cli.evaluate import explain
+    from dgrpo.config import Config
+
+    cfg = Config()
+    start = {"model": {"dtype": cfg.model.dtype}, "eval": {"scorer": "exact"}, "task": {"n_test": cfg.task.n_test}}
+    head = (
+        "dgrpo eval: task, data, dtype and scorer settings from the checkpoint's run_config.json (2 kept; overridden:"
+    )
+    assert explain({}, cfg) is None
+    assert explain(
+        start, cfg
+    ) == f"{head} eval.scorer); decoding (eval.*) from this command: --config RUN/config.json " + ("for the run's own")
+    assert explain(start, cfg, local=False) == f"{head} eval.scorer); decoding (eval.*) from this command"
+    assert explain(start, cfg, ["a.yaml", "b.yaml"]) == (
+        f"{head} eval.scorer); decoding (eval.*) from this command and its --config a.yaml b.yaml"
+    )
+    cfg.eval.scorer = "exact"
+    assert explain(start, cfg, local=False) == (
+        "dgrpo eval: task, data, dtype and scorer settings from the checkpoint's run_config.json (3 kept); decoding "
+        "(eval.*) from this command"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "epochs", "stage"), [("checkpoint_1", 1, 0), ("checkpoint_3", 3, 0), ("checkpoint_4", 3, 1)]
+)
+def test_the_stage_of_run_pys_checkpoint_n_is_n_minus_1_over_epochs_per_stage(name, epochs, stage, tmp_path):
+    """``checkpoint_N`` (saved after epoch N) is of stage ``(N - 1) // E``: the last epoch of a stage is still that
+    stage's; ``checkpoint_0``, ``--epochs-per-stage 0`` or both options at once are one line each."""
+    from pathlib import Path
+
+    from dgrpo.cli.convert import checkpoint_stage
+    from dgrpo.config import ConfigError
+
+    assert checkpoint_stage(Path(name), None, epochs) == stage
+    assert checkpoint_stage(Path(name), 7, None) == 7
+    with pytest.raises(ConfigError, match="give one"):
+        checkpoint_stage(Path(name), 1, epochs)
+    with pytest.raises(ConfigError, match="--epochs-per-stage must be >= 1, got 0"):
+        checkpoint_stage(Path(name), None, 0)
+    with pytest.raises(ConfigError, match="'checkpoint_0' is not one"):
+        checkpoint_stage(Path("checkpoint_0"), None, epochs)
+
+
+def test_export_dtype_names_and_a_runs_recorded_dtype():
+    """``dtype_named``: float32, bfloat16 and float16 by name; anything else (auto, none, a non-string,
+    even a list) None; ``recorded_dtype``: the run's ``model.dtype``, None without a record."""
+    import torch
+
+    from dgrpo.cli.convert import dtype_named, recorded_dtype
+
+    assert [dtype_named(n) for n in ("float32", "bfloat16", "float16")] == [
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+    ]
+    assert [dtype_named(n) for n in ("auto", None, 16, "", ["bfloat16"])] == [None] * 5  # (a hand-edited record)
+    assert recorded_dtype({"model": {"dtype": "bfloat16"}}) == torch.bfloat16
+    assert recorded_dtype({"model": None}) is None and recorded_dtype(None) is None and recorded_dtype({}) is None
