@@ -510,3 +510,51 @@ def test_export_dtype_names_and_a_runs_recorded_dtype():
     assert [dtype_named(n) for n in ("auto", None, 16, "", ["bfloat16"])] == [None] * 5  # (a hand-edited record)
     assert recorded_dtype({"model": {"dtype": "bfloat16"}}) == torch.bfloat16
     assert recorded_dtype({"model": None}) is None and recorded_dtype(None) is None and recorded_dtype({}) is None
+
+
+def test_grpo_tests_with_its_own_latent_count_and_validates_on_the_first_eval_limit_records(
+    untrained, tmp_path, monkeypatch, run_cli
+):
+    """dgrpo grpo (its trainer stubbed): the test sets are checked with the thoughts GRPO trains with,
+    ``grpo.n_latent`` when set (0 included: no thoughts) else the checkpoint's, with the markers on; validation gets
+    the first ``data.eval_limit`` records of ``data.valid``."""
+    from dataclasses import replace
+
+    from dgrpo.cli import train
+    from dgrpo.training import grpo
+
+    cfg, lm, _ = untrained
+    init = tmp_path / "init"
+    before = lm.settings
+    lm.settings = replace(before, n_latent=3, markers=False)
+    try:
+        lm.save_pretrained(init)
+    finally:
+        lm.settings = before
+    checked, validated = [], []
+    monkeypatch.setattr(train, "check_test_sets_fit", lambda lm_, tests, cfg_, settings, key: checked.append(settings))
+    monkeypatch.setattr(grpo, "train_grpo", lambda *a, valid, **k: validated.append(valid))
+    sets = ["--set", "data.valid=builtin:valid", "data.eval_limit=5", "data.test=[builtin:test]", "threads=1"]
+    for n_latent, tested in ((0, 0), (2, 2), (-1, 3)):
+        out = tmp_path / f"g{n_latent}"
+        r = run_cli("grpo", "--config", "tiny.yaml", "--init", init, *sets, f"grpo.n_latent={n_latent}", "--out", out)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert (checked[-1].n_latent, checked[-1].markers) == (tested, True)
+        assert [len(v) for v in validated[-1].values()] == [5]
+
+
+@pytest.mark.parametrize("every_epoch", [True, False])
+def test_sft_tests_best_only_when_it_validates_every_epoch(every_epoch, tmp_path, monkeypatch, run_cli):
+    """dgrpo sft (its trainer stubbed, its final evaluation called as the trainer calls it): best/ is tested beside
+    final/ only under ``sft.eval_every_epoch`` (without it no epoch is chosen on validation)."""
+    from dgrpo.cli import train
+    from dgrpo.training import sft
+
+    calls: list[str] = []
+    monkeypatch.setattr(train, "evaluate_test_sets", lambda *a, **k: calls.append("final") or {})
+    monkeypatch.setattr(train, "evaluate_best", lambda *a, **k: calls.append("best") or {})
+    monkeypatch.setattr(sft, "train_sft", lambda lm, *a, final_eval, **k: final_eval(lm, 0))
+    sets = ["--set", "data.valid=", "data.test=[builtin:test]", "threads=1", f"sft.eval_every_epoch={every_epoch}"]
+    r = run_cli("sft", "--config", "tiny.yaml", *sets, "--out", tmp_path / "s")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert calls == (["final", "best"] if every_epoch else ["final"])
