@@ -517,7 +517,8 @@ def test_grpo_tests_with_its_own_latent_count_and_validates_on_the_first_eval_li
 ):
     """dgrpo grpo (its trainer stubbed): the test sets are checked with the thoughts GRPO trains with,
     ``grpo.n_latent`` when set (0 included: no thoughts) else the checkpoint's, with the markers on; validation gets
-    the first ``data.eval_limit`` records of ``data.valid``."""
+    the first ``data.eval_limit`` records of ``data.valid``; a scorer other than the --init checkpoint's run's is
+    warned of."""
     from dataclasses import replace
 
     from dgrpo.cli import train
@@ -526,18 +527,21 @@ def test_grpo_tests_with_its_own_latent_count_and_validates_on_the_first_eval_li
     cfg, lm, _ = untrained
     init = tmp_path / "init"
     before = lm.settings
-    lm.settings = replace(before, n_latent=3, markers=False)
+    lm.settings, lm.run_config = replace(before, n_latent=3, markers=False), {"eval": {"scorer": "exact"}}
     try:
         lm.save_pretrained(init)
     finally:
-        lm.settings = before
+        lm.settings, lm.run_config = before, None
     checked, validated = [], []
     monkeypatch.setattr(train, "check_test_sets_fit", lambda lm_, tests, cfg_, settings, key: checked.append(settings))
     monkeypatch.setattr(grpo, "train_grpo", lambda *a, valid, **k: validated.append(valid))
     sets = ["--set", "data.valid=builtin:valid", "data.eval_limit=5", "data.test=[builtin:test]", "threads=1"]
     for n_latent, tested in ((0, 0), (2, 2), (-1, 3)):
         out = tmp_path / f"g{n_latent}"
-        r = run_cli("grpo", "--config", "tiny.yaml", "--init", init, *sets, f"grpo.n_latent={n_latent}", "--out", out)
+        with pytest.warns(UserWarning, match="eval.scorer is 'numeric' here but 'exact' in the --init checkpoint's"):
+            r = run_cli(
+                "grpo", "--config", "tiny.yaml", "--init", init, *sets, f"grpo.n_latent={n_latent}", "--out", out
+            )
         assert r.returncode == 0, r.stderr[-2000:]
         assert (checked[-1].n_latent, checked[-1].markers) == (tested, True)
         assert [len(v) for v in validated[-1].values()] == [5]
@@ -558,3 +562,99 @@ def test_sft_tests_best_only_when_it_validates_every_epoch(every_epoch, tmp_path
     r = run_cli("sft", "--config", "tiny.yaml", *sets, "--out", tmp_path / "s")
     assert r.returncode == 0, r.stderr[-2000:]
     assert calls == (["final", "best"] if every_epoch else ["final"])
+
+
+def test_eval_takes_the_task_data_dtype_and_scorer_a_checkpoint_recorded_and_refuses_a_bad_section(
+    tmp_path, monkeypatch
+):
+    """``checkpoint_settings`` of a local checkpoint: every ``task`` option, the prompt's ``data`` keys and its
+    ``data.test`` (the run's own test sets), ``model.dtype`` and ``eval.scorer`` (not the decoding, not the training
+    data); a section that is not an object is one line naming the file; a null section is empty."""
+    import json
+    from pathlib import Path
+
+    from dgrpo.cli.evaluate import checkpoint_settings
+    from dgrpo.model import sources
+    from dgrpo.model.verified import RUN_CONFIG_FILE, CheckpointError
+
+    monkeypatch.setattr(sources, "resolve_checkpoint", Path)
+    run = {
+        "model": {"dtype": "bfloat16", "name_or_path": "org/base"},
+        "task": {"n_steps": 3},
+        "data": {"test": ["mine.jsonl"], "train": "t.jsonl", "answer_key": "target"},
+        "eval": {"scorer": "exact", "temperature": 0.5},
+        "grpo": {"lr": 1.0},
+    }
+    (tmp_path / RUN_CONFIG_FILE).write_text(json.dumps(run))
+    assert checkpoint_settings(str(tmp_path)) == (
+        {
+            "model": {"dtype": "bfloat16"},
+            "task": {"n_steps": 3},
+            "data": {"test": ["mine.jsonl"], "answer_key": "target"},
+            "eval": {"scorer": "exact"},
+        },
+        "",
+    )
+    (tmp_path / RUN_CONFIG_FILE).write_text(json.dumps({"model": None, "data": [1]}))
+    with pytest.raises(CheckpointError, match=f"{RUN_CONFIG_FILE} is not valid: its 'data' is not an object"):
+        checkpoint_settings(str(tmp_path))
+    (tmp_path / RUN_CONFIG_FILE).write_text(json.dumps({"model": None}))
+    assert checkpoint_settings(str(tmp_path))[0] == {"model": {}, "task": {}, "data": {}, "eval": {}}
+
+
+@pytest.fixture
+def saved(untrained, tmp_path):
+    """The untrained built-in model saved as a checkpoint directory (what ``--model`` and ``--init`` name)."""
+    _, lm, _ = untrained
+    lm.save_pretrained(tmp_path / "ckpt")
+    return tmp_path / "ckpt"
+
+
+def _eval_args(model, out, *overrides, limit=None, plain=False, shots=None, data=("builtin:test",)):
+    return argparse.Namespace(
+        cmd="eval", model=str(model), config=["tiny.yaml"], overrides=list(overrides), limit=limit, plain=plain,
+        shots=shots, out=str(out), data=list(data), split=None,
+    )  # fmt: skip
+
+
+def test_eval_limit_0_on_the_command_line_overrides_a_configs_limit(saved, tmp_path):
+    """``--limit 0`` is ``eval.limit=0`` (every record) over a config's ``eval.limit``; no ``--limit`` keeps the
+    config's."""
+    from dgrpo.cli.evaluate import _eval_config
+
+    cfg, datas, _ = _eval_config(_eval_args(saved, tmp_path / "e", "eval.limit=5", limit=0))
+    assert (cfg.eval.limit, datas) == (0, ["builtin:test"])
+    assert _eval_config(_eval_args(saved, tmp_path / "e", "eval.limit=5"))[0].eval.limit == 5
+    assert _eval_config(_eval_args(saved, tmp_path / "e", limit=7))[0].eval.limit == 7
+
+
+def test_eval_records_its_scorer_file_by_absolute_path(saved, tmp_path, monkeypatch):
+    """A scorer given as ``file.py:function`` relative to the working directory is recorded absolute (results.json
+    names it: reproducible from any folder)."""
+    from dgrpo.cli.evaluate import _eval_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_scorer.py").write_text(
+        "def score(completions, answers, **kw):\n    return [1.0] * len(completions)\n"
+    )
+    cfg = _eval_config(_eval_args(saved, tmp_path / "e", "eval.scorer=my_scorer.py:score"))[0]
+    assert cfg.eval.scorer == f"{(tmp_path / 'my_scorer.py').resolve()}:score"
+
+
+def test_a_plain_prompts_shots_leave_the_records_after_them_to_evaluate(tmp_path):
+    """``_read_sets``: a plain prompt's shots come out of the dataset; a set whose records are all shots is one line
+    (``nothing to evaluate``), one with a record past them is read whole."""
+    from pathlib import Path
+
+    from dgrpo.cli.evaluate import _read_sets
+    from dgrpo.data.records import DataError
+    from dgrpo.eval.evaluate import eval_options
+
+    from conftest import tiny_config
+
+    scorer = eval_options(tiny_config())["scorer"]
+    cfg = tiny_config(**{"eval.plain": True, "eval.shots": 2, "task.n_test": 3})
+    assert [len(r) for r in _read_sets({"builtin:test": Path("o")}, None, cfg, scorer).values()] == [3]
+    cfg = tiny_config(**{"eval.plain": True, "eval.shots": 3, "task.n_test": 3})
+    with pytest.raises(DataError, match=r"builtin:test: nothing to evaluate \(3 records, 3 of them used as shots\)"):
+        _read_sets({"builtin:test": Path("o")}, None, cfg, scorer)
