@@ -658,3 +658,15 @@ def test_a_plain_prompts_shots_leave_the_records_after_them_to_evaluate(tmp_path
     cfg = tiny_config(**{"eval.plain": True, "eval.shots": 3, "task.n_test": 3})
     with pytest.raises(DataError, match=r"builtin:test: nothing to evaluate \(3 records, 3 of them used as shots\)"):
         _read_sets({"builtin:test": Path("o")}, None, cfg, scorer)
+
+
+@pytest.mark.parametrize("extra", [["grpo"], ["--config", "tiny.yaml"], ["--set", "seed=1"]])
+def test_config_show_markdown_refuses_a_section_a_config_or_a_set(extra, run_cli):
+    """``config show --markdown`` prints every option's default: a SECTION, ``--config`` or ``--set`` with it (which
+    it would ignore) is exit 2 and one line."""
+    r = run_cli("config", "show", "--markdown", *extra)
+    assert r.returncode == 2 and r.stdout == ""
+    assert (
+        r.stderr
+        == "dgrpo: error: config show --markdown prints every option's default: no SECTION, --config or --set\n"
+    )
