@@ -670,3 +670,11 @@ def test_config_show_markdown_refuses_a_section_a_config_or_a_set(extra, run_cli
         r.stderr
         == "dgrpo: error: config show --markdown prints every option's default: no SECTION, --config or --set\n"
     )
+
+
+def test_demo_full_and_quick_together_are_a_usage_error(run_cli, tmp_path):
+    """``dgrpo demo --full --quick`` (more seeds and a smoke test at once) is argparse's usage error, exit 2, before
+    anything runs."""
+    r = run_cli("demo", "--full", "--quick", "--out", tmp_path / "d")
+    assert r.returncode == 2 and "argument --quick: not allowed with argument --full" in r.stderr
+    assert not (tmp_path / "d").exists()
