@@ -678,3 +678,51 @@ def test_demo_full_and_quick_together_are_a_usage_error(run_cli, tmp_path):
     r = run_cli("demo", "--full", "--quick", "--out", tmp_path / "d")
     assert r.returncode == 2 and "argument --quick: not allowed with argument --full" in r.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_eval_loads_a_model_with_the_command_lines_chat_template_and_warns_of_thoughts_it_cannot_use(
+    untrained, tmp_path
+):
+    """``_load_eval_model``: ``data.chat_template: true`` applies to the model evaluated; ``eval.n_latent`` > 0 for
+    a model trained without thoughts (cot) is warned of, 0 (no thoughts, what it does anyway) is not."""
+    import warnings
+    from dataclasses import replace
+
+    import torch
+
+    from dgrpo.cli.evaluate import _load_eval_model
+
+    from conftest import tiny_config
+
+    _, lm, _ = untrained
+    before = lm.settings
+    lm.settings = replace(before, mode="cot", n_latent=0)
+    try:
+        lm.save_pretrained(tmp_path / "cot")
+    finally:
+        lm.settings = before
+    cpu = torch.device("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = _load_eval_model(str(tmp_path / "cot"), tiny_config(**{"eval.n_latent": 0}), cpu)
+        assert loaded.settings.chat_template is False
+        chat = _load_eval_model(str(tmp_path / "cot"), tiny_config(**{"data.chat_template": True}), cpu)
+        assert chat.settings.chat_template is True
+    with pytest.warns(UserWarning, match="eval.n_latent=2 does not apply: .* trained without latent thoughts"):
+        _load_eval_model(str(tmp_path / "cot"), tiny_config(**{"eval.n_latent": 2}), cpu)
+
+
+def test_eval_sums_up_several_datasets_in_one_line_and_one_dataset_in_none(saved, tmp_path, run_cli):
+    """``dgrpo eval`` prints each dataset's results as JSON, and after several one line of every accuracy; one
+    dataset has its JSON line alone."""
+    sets = ["--set", "task.n_test=2", "eval.max_new_tokens=2", "threads=1"]
+    r = run_cli(
+        "eval", "--model", saved, "--data", "builtin:test", "--config", "tiny.yaml", *sets, "--out", tmp_path / "a"
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not [line for line in r.stdout.splitlines() if line.startswith("dgrpo eval: builtin")]
+    both = ["builtin:test", "builtin:ood_steps"]
+    r = run_cli("eval", "--model", saved, "--data", *both, "--config", "tiny.yaml", *sets, "--out", tmp_path / "b")
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = r.stdout.splitlines()[-1]
+    assert re.fullmatch(r"dgrpo eval: builtin:test [\d.]+% \(\d/2\); builtin:ood_steps [\d.]+% \(\d/2\)", summary)
