@@ -726,3 +726,23 @@ def test_eval_sums_up_several_datasets_in_one_line_and_one_dataset_in_none(saved
     assert r.returncode == 0, r.stderr[-2000:]
     summary = r.stdout.splitlines()[-1]
     assert re.fullmatch(r"dgrpo eval: builtin:test [\d.]+% \(\d/2\); builtin:ood_steps [\d.]+% \(\d/2\)", summary)
+
+
+def test_a_blank_model_for_eval_is_one_line(run_cli, tmp_path):
+    """``dgrpo eval --model '  '`` is one line naming the option (not a path read as the working directory)."""
+    r = run_cli("eval", "--model", "  ", "--data", "builtin:test", "--out", tmp_path / "e")
+    assert r.returncode == 2
+    assert r.stderr == "dgrpo: error: --model is empty: name a checkpoint directory, a run directory or a hub id\n"
+
+
+def test_export_refuses_an_out_that_holds_files_before_reading_anything(run_cli, tmp_path):
+    """``dgrpo export --out DIR``: a DIR that holds files (a run, anything) is refused in one line before the adapter
+    is even looked for (save_pretrained would write into it); the files are left as they were."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    r = run_cli("export", tmp_path / "no-such-adapter", "--merge", "--out", out)
+    assert (
+        r.returncode == 2 and r.stderr == f"dgrpo: error: --out {out} exists and is not empty: name a new directory\n"
+    )
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
