@@ -746,3 +746,38 @@ def test_export_refuses_an_out_that_holds_files_before_reading_anything(run_cli,
         r.returncode == 2 and r.stderr == f"dgrpo: error: --out {out} exists and is not empty: name a new directory\n"
     )
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_a_revision_is_warned_of_only_with_a_local_directory(tmp_path):
+    """``--revision`` names a hub id's branch, tag or commit: with a local directory it is warned of (ignored), with a
+    hub id or without a revision nothing is said."""
+    import warnings
+
+    from dgrpo.cli.convert import warn_if_revision_is_ignored
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_revision_is_ignored("v1", "org/not-local-here", "--base")
+        warn_if_revision_is_ignored(None, str(tmp_path), "--base")
+        warn_if_revision_is_ignored("", str(tmp_path), "SRC")
+    with pytest.warns(
+        UserWarning, match=f"--revision v1 applies only to a hub id: SRC {tmp_path} is a local directory"
+    ):
+        warn_if_revision_is_ignored("v1", str(tmp_path), "SRC")
+
+
+def test_a_base_models_stated_dtype_is_read_from_its_config(saved):
+    """``base_dtype``: the dtype a base model's config.json states (bfloat16 here), float32 when it states none."""
+    import json
+
+    import torch
+
+    from dgrpo.cli.convert import base_dtype
+
+    config = json.loads((saved / "config.json").read_text())
+    for key in ("torch_dtype", "dtype"):
+        config.pop(key, None)
+    (saved / "config.json").write_text(json.dumps(config))
+    assert base_dtype(str(saved), False) == torch.float32
+    (saved / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
+    assert base_dtype(str(saved), False) == torch.bfloat16
