@@ -223,9 +223,9 @@ def test_a_dataset_named_by_valid_and_test_is_read_once_under_data_valid():
     assert held_out_specs(cfg) == [("data.test", "builtin:test"), ("data.test", "builtin:valid")]
 
 
-def test_load_applies_extra_overrides_after_set_and_checks_out_when_given(tmp_path):
-    """``load``: the ``extra`` overrides apply after ``--set`` (they win); ``--out`` is checked when the command has
-    one (an empty one is a one-line error) and not when it has none."""
+def test_load_applies_set_and_checks_out_when_given(tmp_path):
+    """``load``: ``--set`` applies; ``--out`` is checked when the command has one (an empty one is a one-line error)
+    and not when it has none."""
     from dgrpo.cli.common import load
     from dgrpo.config import ConfigError
 
@@ -233,7 +233,6 @@ def test_load_applies_extra_overrides_after_set_and_checks_out_when_given(tmp_pa
         return argparse.Namespace(cmd="config", config=[], overrides=["seed=3"], out=out)
 
     assert load(args(None)).seed == 3
-    assert load(args(None), ["seed=7"]).seed == 7
     assert load(args(str(tmp_path / "run"))).seed == 3
     with pytest.raises(ConfigError, match="--out is empty"):
         load(args(""))

@@ -72,14 +72,14 @@ def subcommand(sub: Any, name: str, help: str, examples: str) -> argparse.Argume
     )
 
 
-def load(args: argparse.Namespace, extra: list[str] | None = None) -> Config:
+def load(args: argparse.Namespace) -> Config:
     """The command's config; then, when it writes to ``--out``, a one-line error early if it cannot. For dgrpo sft
     and grpo, ``DGRPO_FSDP`` overrides the ``fsdp`` key here, so that validation sees it and the run records it."""
     from ..config import FSDP_ENV, Config, ConfigError, fsdp_from_env, load_config
     from ..training.run import check_output_path
 
     fsdp = fsdp_from_env() if getattr(args, "cmd", None) in TRAINING_COMMANDS else None
-    overrides = [*args.overrides, *(extra or []), *([f"fsdp={fsdp}"] if fsdp else [])]
+    overrides = [*args.overrides, *([f"fsdp={fsdp}"] if fsdp else [])]
     try:
         cfg = load_config(Config, list(args.config), overrides)
     except ConfigError as e:
