@@ -70,16 +70,18 @@ def test_shards_that_hold_no_weights_are_one_line(tmp_path):
         consolidate_checkpoint(d)
 
 
-def resumable(tmp_path, tokenizer, drop: str = ""):
+def resumable(tmp_path, tokenizer, drop: str = "", final: bool = False):
     """A resumable checkpoint as fsdp=sharded writes it: state.json, model/ without weights, dcp/ holding the model
-    (less ``drop``) beside an optimizer's state; its manifest over all of it."""
+    (less ``drop``) beside an optimizer's state; its manifest over all of it. ``final``: a run's final/ instead (the
+    model's files and its shards, nothing else)."""
     lm = make_lm(tokenizer)
     state = {k: v for k, v in lm.model.state_dict().items() if k != drop}
-    staging = sharded(tmp_path / "staging", {"model": state, "optim": {"m": torch.ones(2)}})
+    staging = sharded(tmp_path / "staging", state if final else {"model": state, "optim": {"m": torch.ones(2)}})
     with atomic_dir(tmp_path / "step-1") as d:
-        lm.save_pretrained(d / "model", weights=False)
+        lm.save_pretrained(d if final else d / "model", weights=False)
         shutil.move(staging / "dcp", d / "dcp")
-        (d / "state.json").write_text("{}")
+        if not final:
+            (d / "state.json").write_text("{}")
     return tmp_path / "step-1", lm.model
 
 
@@ -131,14 +133,20 @@ def test_a_consolidation_that_fails_leaves_the_checkpoint_as_it_was(tmp_path, to
     assert sorted(p.name for p in tmp_path.iterdir()) == ["staging", "step-1"]
 
 
-def test_consolidation_never_writes_through_into_the_files_it_replaces(tmp_path, tokenizer):
+@pytest.mark.parametrize("final", [False, True], ids=["resumable", "final"])
+def test_consolidation_never_writes_through_into_the_files_it_replaces(tmp_path, tokenizer, final):
     """The copy that is changed is made of hard links to the checkpoint's files: the manifests and config.json are
     replaced there, not written into, so a link to the old files (a copy of the run made with ``cp -al``, a backup)
-    keeps their old content."""
-    ckpt, _ = resumable(tmp_path, tokenizer)
+    keeps their old content. Nothing is left beside the checkpoint, or in it but the model's new files."""
+    ckpt, model = resumable(tmp_path, tokenizer, final=final)
     backup = tmp_path / "backup"
     shutil.copytree(ckpt, backup, copy_function=os.link)
     before = snapshot(backup)
-    consolidate_checkpoint(ckpt)
+    assert consolidate_checkpoint(ckpt) == (ckpt if final else ckpt / "model")
     assert snapshot(backup) == before and verify(backup) is None
-    assert snapshot(ckpt)["manifest.json"] != before["manifest.json"]
+    after = snapshot(ckpt)
+    assert after["manifest.json"] != before["manifest.json"] and verify(ckpt) is None
+    prefix = "" if final else "model/"
+    assert set(after) - set(before) <= {f"{prefix}model.safetensors", f"{prefix}generation_config.json"}
+    assert f"{prefix}model.safetensors" in after  # (and no .save/ folder left in it)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["backup", "staging", "step-1"]

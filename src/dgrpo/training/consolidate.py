@@ -171,9 +171,9 @@ def consolidate_checkpoint(path: str | Path) -> Path:
 
 def _save_into(model: PreTrainedModel, folder: Path) -> None:
     """``model.save_pretrained`` into ``folder``, a copy of hard links (:func:`~dgrpo.model.verified.rewritten`):
-    saved into a fresh folder first, its files then renamed over the links (writing into a link would change the
-    original checkpoint's file)."""
-    fresh = folder.parent / f".save-{folder.name}"
+    saved into a fresh folder inside it first, its files then renamed over the links (writing into a link would
+    change the original checkpoint's file)."""
+    fresh = folder / ".save"
     model.save_pretrained(fresh, safe_serialization=True)
     for file in fresh.iterdir():
         os.replace(file, folder / file.name)
