@@ -110,6 +110,16 @@ def make_lm(tokenizer, arch="qwen2", seed=0, **kw):
     return LatentLM(build_tiny_model(arch, len(tok), seed=seed, **kw), tok)
 
 
+def distinct_markers(lm) -> None:
+    """Give the latent markers (start, latent, end) distinct random input rows: the tiny models add them as the mean
+    row, one and the same vector, so a marker fed as another would go unseen."""
+    weight = lm.model.get_input_embeddings().weight
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for tid in (lm.start_id, lm.latent_id, lm.end_id):
+            weight[tid] = torch.randn(weight.shape[1], generator=gen)
+
+
 def scored_with_grad(lm, ids, mask, n_latent, tg, tm):
     """Teacher-forced log-probs (detached, fp32) and the input embedding's gradient of their masked sum."""
     lm.model.zero_grad(set_to_none=True)

@@ -70,7 +70,7 @@ def test_shards_that_hold_no_weights_are_one_line(tmp_path):
         consolidate_checkpoint(d)
 
 
-def resumable(tmp_path, tokenizer, drop: str = "", final: bool = False):
+def sharded_checkpoint(tmp_path, tokenizer, drop: str = "", final: bool = False):
     """A resumable checkpoint as fsdp=sharded writes it: state.json, model/ without weights, dcp/ holding the model
     (less ``drop``) beside an optimizer's state; its manifest over all of it. ``final``: a run's final/ instead (the
     model's files and its shards, nothing else)."""
@@ -92,7 +92,7 @@ def test_a_resumable_checkpoint_is_consolidated_into_its_model_folder_and_both_m
     and the checkpoint's own both verify. The tied LM head may be absent from the shards (its embedding is there)."""
     from safetensors.torch import load_file
 
-    ckpt, model = resumable(tmp_path, tokenizer, drop="lm_head.weight")
+    ckpt, model = sharded_checkpoint(tmp_path, tokenizer, drop="lm_head.weight")
     assert consolidate_checkpoint(ckpt) == ckpt / "model"
     assert verify(ckpt / "model") is None and verify(ckpt) is None and (ckpt / "dcp" / ".metadata").is_file()
     back = load_file(str(ckpt / "model" / "model.safetensors"))
@@ -101,7 +101,7 @@ def test_a_resumable_checkpoint_is_consolidated_into_its_model_folder_and_both_m
 
 
 def test_shards_missing_a_weight_that_is_tied_to_nothing_are_refused(tmp_path, tokenizer):
-    ckpt, _ = resumable(tmp_path, tokenizer, drop="model.norm.weight")
+    ckpt, _ = sharded_checkpoint(tmp_path, tokenizer, drop="model.norm.weight")
     with pytest.raises(CheckpointError, match="the sharded weights do not match the model config"):
         consolidate_checkpoint(ckpt)
     assert not (ckpt / "model" / "model.safetensors").exists()
@@ -119,7 +119,7 @@ def test_a_consolidation_that_fails_leaves_the_checkpoint_as_it_was(tmp_path, to
     unlisted model.safetensors)."""
     from dgrpo.training import consolidate
 
-    ckpt, _ = resumable(tmp_path, tokenizer)
+    ckpt, _ = sharded_checkpoint(tmp_path, tokenizer)
     before = snapshot(ckpt)
 
     def fails(folder):
@@ -138,7 +138,7 @@ def test_consolidation_never_writes_through_into_the_files_it_replaces(tmp_path,
     """The copy that is changed is made of hard links to the checkpoint's files: the manifests and config.json are
     replaced there, not written into, so a link to the old files (a copy of the run made with ``cp -al``, a backup)
     keeps their old content. Nothing is left beside the checkpoint, or in it but the model's new files."""
-    ckpt, model = resumable(tmp_path, tokenizer, final=final)
+    ckpt, _ = sharded_checkpoint(tmp_path, tokenizer, final=final)
     backup = tmp_path / "backup"
     shutil.copytree(ckpt, backup, copy_function=os.link)
     before = snapshot(backup)

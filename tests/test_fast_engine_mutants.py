@@ -10,7 +10,7 @@ from test_fixed_shape import ragged_batch
 from dgrpo.model.attention_mask import prebuilt_mask_applies, static_causal_padding_mask
 from dgrpo.model.gqa_attention import PACKED_GQA
 
-from conftest import make_lm, windowed_qwen2_config
+from conftest import distinct_markers, make_lm, windowed_qwen2_config
 
 
 @pytest.mark.parametrize(
@@ -334,15 +334,12 @@ def test_a_kept_decoder_that_does_not_fit_is_let_go_before_its_successor_is_made
 @pytest.mark.parametrize("mode", ["coconut", "pause"])
 def test_the_fast_engine_feeds_each_special_token_where_the_eager_one_does(tokenizer, task_records, mode):
     """The tiny models start the special tokens from one embedding (as Coconut does), so a marker fed as the wrong
-    one could not show: with distinct embeddings for ``<|latent|>`` and ``<|end-latent|>``, the fast engine's
+    one could not show: with distinct embeddings for the markers (``distinct_markers``), the fast engine's
     rollouts and its reference scores still equal the eager ones (fp32, 1e-5)."""
     from dgrpo.model.fixed_shape import fixed_shape_generate, fixed_shape_target_logprobs
 
     lm = make_lm(tokenizer, "qwen2").eval()
-    weight = lm.model.get_input_embeddings().weight
-    with torch.no_grad():
-        weight[lm.latent_id] += 0.5 * torch.randn(weight.shape[1], generator=torch.Generator().manual_seed(1))
-        weight[lm.end_id] -= 0.5 * torch.randn(weight.shape[1], generator=torch.Generator().manual_seed(2))
+    distinct_markers(lm)
     ids, mask = ragged_batch(lm, task_records, 3)
     tg, tm = ids[:, -5:], torch.ones_like(ids[:, -5:])
     tm[0, 3:] = 0

@@ -12,7 +12,7 @@ import torch
 
 from dgrpo.model.latent_lm import LatentLM, LatentSettings
 
-from conftest import make_lm
+from conftest import distinct_markers, make_lm
 
 
 def _batch(lm, records, n=3):
@@ -133,22 +133,12 @@ def test_a_nucleus_just_below_one_drops_the_unlikely_tail():
     assert sample_next(logits, 1.0, 1.0, None, torch.tensor([0.9999])).tolist() == [2]
 
 
-def _distinct_markers(lm) -> None:
-    """Give the latent markers distinct random input rows (added as the mean row, they are one and the same vector in
-    a fresh model, so a marker swapped for another would go unseen)."""
-    weight = lm.model.get_input_embeddings().weight
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for tid in (lm.start_id, lm.latent_id, lm.end_id):
-            weight[tid] = torch.randn(weight.shape[1], generator=gen)
-
-
 def test_pause_thoughts_and_the_end_marker_are_their_own_tokens_at_their_own_positions(tokenizer, task_records):
     """``prefill`` in pause mode with the markers: T ``<|latent|>`` tokens then ``<|end-latent|>``, each its own
     embedding at the next positions, as one full forward over the token sequence computes it (markers of distinct
     embeddings)."""
     lm = make_lm(tokenizer, "gpt2").eval()
-    _distinct_markers(lm)
+    distinct_markers(lm)
     ids, mask = lm.encode_questions([r.question[: 15 + 20 * i] for i, r in enumerate(task_records[:2])])
     T = 3
     with torch.no_grad():
