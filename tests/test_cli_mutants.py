@@ -154,14 +154,19 @@ def test_in_one_process_a_runtime_warning_of_dgrpos_names_no_rank(monkeypatch, w
     assert line == "dgrpo: warning: eager now\n"
 
 
-def test_the_demos_stop_line_says_it_starts_over(tmp_path):
-    """A stopped ``dgrpo demo`` is told that the same command starts it over (the demo does not resume its runs),
-    whatever its folder holds; a ``--resume PATH`` training run is told to drop the option to resume the newest."""
+def test_the_demos_stop_line_says_what_the_same_command_keeps(tmp_path):
+    """A stopped ``dgrpo demo`` is told that the same command keeps its finished runs (the demo resumes tasks, not
+    steps), whatever its folder holds, or under ``--resume never`` to drop the option to keep them; a ``--resume
+    PATH`` training run is told to drop the option to resume the newest."""
     from dgrpo.cli import _resume_hint
 
     (tmp_path / "checkpoints" / "step-00000005").mkdir(parents=True)
     demo = argparse.Namespace(cmd="demo", out=str(tmp_path))
-    assert _resume_hint(demo) == "; the demo does not resume its runs: the same command starts it over"
+    assert _resume_hint(demo) == "; the same command keeps the runs that had finished and starts the others over"
+    demo.resume = "never"
+    assert _resume_hint(demo) == (
+        "; rerun it without --resume never to keep the runs that had finished (it starts every run over)"
+    )
     given = argparse.Namespace(cmd="sft", out=str(tmp_path), resume="/some/step-00000003")
     assert _resume_hint(given) == (
         "; rerun it without --resume /some/step-00000003 (--resume auto, the default) to resume from the newest "

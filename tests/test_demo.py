@@ -288,10 +288,15 @@ def test_more_workers_than_cpus_are_warned_about(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_demo_workers_give_the_in_process_results(tmp_path, pool_demo):
     """A pool of two worker processes (SFT and RL runs as tasks) and one in-process pipeline, both single-threaded:
-    the same models with the same answers on every item, in the same order."""
+    the same models with the same answers on every item, in the same order. The same command run again reads every
+    task back from its record (2 SFT seeds, 5 RL runs each) and writes the same results."""
     quick_demo(tmp_path / "w1", 1)
     one, two = (json.loads((d / "results.json").read_text()) for d in (tmp_path / "w1", pool_demo[0]))
     assert one["models"] == two["models"] and one["analysis"]["claims"] == two["analysis"]["claims"]
+    again = quick_demo(tmp_path / "w1", 1)
+    assert again.stdout.count("(read back from") == 2 * (1 + len(arm_tasks(0, 1)))
+    res = json.loads((tmp_path / "w1" / "results.json").read_text())
+    assert res["models"] == one["models"] and res["runs"] == one["runs"]
 
 
 @pytest.mark.slow
@@ -326,7 +331,9 @@ def test_a_stop_of_the_demo_ends_its_workers_mid_task_and_says_so(tmp_path, sig,
         assert not [w for w in workers if process_alive(w)], "pool workers outlived the demo"
         said = "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted"
         lines = (tmp_path / "stderr").read_text().strip().splitlines()
-        assert lines[-1] == f"dgrpo: {said}; the demo does not resume its runs: the same command starts it over"
+        assert (
+            lines[-1] == f"dgrpo: {said}; the same command keeps the runs that had finished and starts the others over"
+        )
     finally:  # nothing left running if the test fails
         demo.kill()
         for w in workers | child_pids(demo.pid):
@@ -373,8 +380,8 @@ def test_a_worker_killed_from_outside_ends_the_demo_in_one_line(tmp_path):
         assert text.strip().splitlines()[-1] == (
             f"dgrpo: error: a worker process of the demo ended abruptly (pid {victim}: SIGKILL): killed from outside "
             "(out of memory: the kernel's OOM killer sends SIGKILL; each worker holds its own models: fewer --workers "
-            "need less; or kill) or crashed; the demo ended its other workers and does not resume its runs: the same "
-            "command starts it over"
+            "need less; or kill) or crashed; the demo ended its other workers: the same command keeps the runs that "
+            "had finished and starts the others over"
         )
     finally:  # nothing left running if the test fails
         demo.kill()
@@ -397,9 +404,9 @@ def test_the_line_of_a_dead_worker_names_how_it_ended():
 @pytest.mark.parametrize("phase", ["sft", "rl"])
 def test_a_stop_of_the_demo_in_its_own_process_says_one_thing(tmp_path, phase):
     """``--workers 1`` (the default on a GPU): the runs in the demo's own process. A SIGTERM mid-step printed the
-    trainer's line ("stopping at the end of this step, after writing a resumable checkpoint") above the demo's ("the
-    demo does not resume its runs"), and the step's checkpoint was written for nothing. Now it stops at once, as it
-    does with workers, and says the demo's line alone."""
+    trainer's line ("stopping at the end of this step, after writing a resumable checkpoint") above the demo's (the
+    same command keeps the runs that had finished), and the step's checkpoint was written for nothing. Now it stops
+    at once, as it does with workers, and says the demo's line alone."""
     cmd = [sys.executable, "-m", "dgrpo", "demo", "--quick", "--out", str(tmp_path / "d"), "--workers", "1"]
     err = (tmp_path / "stderr").open("w")
     # (a short SFT before RL; RL: steps alone, no evaluation between them, no checkpoint but the last)
@@ -415,7 +422,7 @@ def test_a_stop_of_the_demo_in_its_own_process_says_one_thing(tmp_path, phase):
         assert demo.wait(timeout=30) == 128 + signal.SIGTERM
         said = re.findall(r"dgrpo: [^\r\n]*", (tmp_path / "stderr").read_text())  # (SFT's bar: no newline of its own)
         assert said == [
-            "dgrpo: terminated (SIGTERM); the demo does not resume its runs: the same command starts it over"
+            "dgrpo: terminated (SIGTERM); the same command keeps the runs that had finished and starts the others over"
         ]
         if phase == "rl":  # (SFT writes one at each epoch's end)
             assert not list((tmp_path / "d").glob("arms/*/*/checkpoints/step-*")), "a checkpoint for nothing"

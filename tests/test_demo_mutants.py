@@ -161,7 +161,14 @@ def stand_in_demo(tmp_path: Path) -> SimpleNamespace:
     base.grpo.steps = 3
     tests = {"test": [None] * 4, "shift": [None] * 4}
     return SimpleNamespace(
-        base=base, out=tmp_path, valid=[None] * 7, tests=tests, models=models, runs=runs, wall={"total": 1.0}
+        base=base,
+        out=tmp_path,
+        valid=[None] * 7,
+        tests=tests,
+        models=models,
+        runs=runs,
+        wall={"total": 1.0},
+        read_back=[],
     )
 
 
@@ -507,8 +514,11 @@ def test_an_sft_seed_is_trained_tested_and_recorded_as_the_sft_checkpoint(monkey
     base = Config()
     base.sft.eval_each_stage = True
     demo = pipeline.Demo(base, tmp_path, [], [None] * 4, {"test": [None] * 2})
-    assert pipeline.run_sft(demo, 3) == tmp_path / "sft" / "seed3" / "final" == pipeline.sft_checkpoint(demo, 3)
-    assert trained == [(3, tmp_path / "sft" / "seed3")]
+    assert pipeline.run_sft(demo, 3) == "SFT seed 3: valid 0.600, test 0.500 (0 s)"
+    assert (
+        trained == [(3, tmp_path / "sft" / "seed3")]
+        and pipeline.sft_checkpoint(demo, 3) == tmp_path / "sft/seed3/final"
+    )
     row = {"arm": "sft", "sft_seed": 3, "rl_seed": None, "checkpoint": "sft", "valid_accuracy": 0.6}
     assert demo.models == [row | {"splits": {"test": {"accuracy": 0.5, "items": "10"}}}]
     base.sft.eval_each_stage = False

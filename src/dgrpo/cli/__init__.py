@@ -207,7 +207,9 @@ def _resume_hint(args: argparse.Namespace) -> str:
     ``--resume PATH`` or ``--resume never`` is told to drop it: given again, PATH would be resumed again (never: the
     checkpoint just written deleted and the run started over), not the newest checkpoint."""
     if args.cmd == "demo":
-        return "; the demo does not resume its runs: the same command starts it over"
+        if getattr(args, "resume", "auto") == "never":
+            return "; rerun it without --resume never to keep the runs that had finished (it starts every run over)"
+        return "; the same command keeps the runs that had finished and starts the others over"
     if args.cmd not in TRAINING_COMMANDS:
         return ""
     from ..run_layout import CHECKPOINTS_DIR

@@ -50,7 +50,15 @@ def _add_demo_parser(sub: Any) -> None:
     p.add_argument(
         "--out",
         default="runs/demo",
-        help="output directory (default runs/demo); a demo run again there starts over, deleting its earlier runs",
+        help="output directory (default runs/demo); a demo run again there keeps the runs that finished (--resume)",
+    )
+    p.add_argument(
+        "--resume",
+        choices=("auto", "never"),
+        default="auto",
+        help="auto (default): a run (one SFT run, one RL run) that finished in --out under the same settings, seed, "
+        "torch threads and versions of dgrpo, torch and transformers is read back from its record, not trained "
+        "again, and the others start over; never: every run starts over (after a change to dgrpo's own code)",
     )
     p.add_argument(
         "--sft-seeds", type=int, default=None, help="SFT checkpoints, one per seed (default 1; --full 4; --quick 2)"

@@ -16,8 +16,11 @@
 5. results.json, results.md, summary.txt, and two figures drawn by :mod:`dgrpo.plotting`.
 
 The work is independent tasks (one SFT run per seed; one RL run per arm, SFT seed and RL seed, once its SFT
-checkpoint exists): ``--workers N`` runs them in a pool of N processes (default one per CPU, 1 on a GPU).
-Modules: :mod:`.pipeline` (running), :mod:`.stats` (the statistics), :mod:`.report` (analysis, files, figures).
+checkpoint exists): ``--workers N`` runs them in a pool of N processes (default one per CPU, 1 on a GPU). Each task
+leaves a record of its results; the same command run again reads back the tasks whose records match and runs the
+others (``--resume auto``, the default; ``never`` runs them all).
+Modules: :mod:`.pipeline` (running), :mod:`.task_records` (the tasks' records), :mod:`.stats` (the statistics),
+:mod:`.report` (analysis, files, figures).
 
 ``--quick`` runs the same pipeline on the tiny config (``tiny.yaml``, ``builtin/demo_quick.yaml`` over it): a smoke test
 whose numbers mean nothing.
@@ -75,6 +78,7 @@ def _run(args: Any, base: Config, n_sft: int, n_rl: int, t_start: float) -> int:
         torch.set_num_threads(base.threads)
     quiet_transformers()
     demo = Demo(base, Path(args.out), generate_split(base.task, "train"), valid_split(base), demo_splits(base.task))
+    demo.resume = getattr(args, "resume", "auto") == "auto"
     workers = args.workers if getattr(args, "workers", None) is not None else default_workers(base)
 
     def partial(done: list[int]) -> None:  # results so far, after each SFT seed: an interrupted demo leaves its table

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .. import plotting
-from ..config import Config, ConfigError, TaskConfig, load_config, merge_file, override_keys
+from ..config import Config, ConfigError, TaskConfig, load_config, merge_file, override_keys, to_dict
 from ..data.records import Record
 from ..data.synthetic import generate_split
 from ..eval.evaluate import evaluate
@@ -37,6 +37,7 @@ from ..training.grpo import train_grpo
 from ..training.preemption import stops_at_once
 from ..training.run import check_not_a_training_run, check_output_path
 from ..training.sft import train_sft
+from .task_records import RECORD, fingerprint, forget_record, read_record, write_record
 
 #: arm -> (label in the tables, packaged config merged over the demo's base config; None = the SFT checkpoint)
 ARMS: dict[str, tuple[str, str | None]] = {
@@ -110,7 +111,9 @@ class Demo:
     models: list[dict[str, Any]] = field(default_factory=list)  # every model evaluated on test
     runs: list[dict[str, Any]] = field(default_factory=list)  # every RL run's diagnostics
     wall: dict[str, float] = field(default_factory=dict)
+    read_back: list[str] = field(default_factory=list)  # the wall keys of the tasks read back from their records
     progress: bool = True  # SFT's progress bar (off in worker processes: their stage lines are printed instead)
+    resume: bool = False  # read back the tasks that finished in ``out`` under the same settings (.task_records)
 
     def count_correct(self, lm: LatentLM, recs: list[Record], settings: Any = None) -> int:
         """Greedy, no dropout: how many of ``recs`` are right (the periodic validation evaluation)."""
@@ -152,10 +155,10 @@ def arm_config(base: Config, arm: str, seed: int) -> Config:
     return cfg.validate()
 
 
-def run_sft(demo: Demo, seed: int) -> Path:
-    """Coconut curriculum SFT with this seed; test its final checkpoint. Returns the checkpoint."""
-    cfg = copy.deepcopy(demo.base)
-    cfg.seed = seed
+def run_sft(demo: Demo, seed: int) -> str:
+    """Coconut curriculum SFT with this seed (into :func:`sft_checkpoint`); test its final checkpoint. Returns the
+    line it says."""
+    cfg = task_config(demo, Task(seed))
     out = sft_checkpoint(demo, seed).parent
     t0 = time.time()
     torch.manual_seed(seed)
@@ -177,8 +180,9 @@ def run_sft(demo: Demo, seed: int) -> Path:
     valid = demo.count_correct(lm, demo.valid) / len(demo.valid) if valid is None else valid
     row = demo.test_model(lm, arm="sft", sft_seed=seed, rl_seed=None, checkpoint="sft", valid_accuracy=valid)
     demo.wall[f"sft/seed{seed}"] = round(time.time() - t0, 1)
-    say(f"SFT seed {seed}: valid {valid:.3f}, " + _accs(row) + f" ({demo.wall[f'sft/seed{seed}']:.0f} s)")
-    return out / FINAL_DIR
+    line = f"SFT seed {seed}: valid {valid:.3f}, " + _accs(row) + f" ({demo.wall[f'sft/seed{seed}']:.0f} s)"
+    say(line)
+    return line
 
 
 def _last_eval(run_dir: Path) -> float | None:
@@ -187,11 +191,12 @@ def _last_eval(run_dir: Path) -> float | None:
     return evals[-1] if evals else None
 
 
-def run_arm(demo: Demo, arm: str, sft_seed: int, r: int, sft_ckpt: Path) -> None:
-    """One RL run from an SFT checkpoint; test its final and its best-validation checkpoints."""
+def run_arm(demo: Demo, arm: str, sft_seed: int, r: int, sft_ckpt: Path) -> str:
+    """One RL run from an SFT checkpoint; test its final and its best-validation checkpoints. Returns the line it
+    says."""
     seed = rl_seed(sft_seed, r)
-    cfg = arm_config(demo.base, arm, seed)
-    run_dir = demo.out / "arms" / arm / f"sft{sft_seed}_rl{r}"
+    cfg = task_config(demo, Task(sft_seed, arm, r))
+    run_dir = task_dir(demo, Task(sft_seed, arm, r))
     t0 = time.time()
     torch.manual_seed(seed)
     policy = LatentLM.from_pretrained(sft_ckpt)
@@ -220,10 +225,12 @@ def run_arm(demo: Demo, arm: str, sft_seed: int, r: int, sft_ckpt: Path) -> None
         demo.models.append(best)
     demo.runs.append({**ident, "dir": str(run_dir), **run_diagnostics(run_dir), "best_step": best["step"]})
     demo.wall[f"{arm}/sft{sft_seed}_rl{r}"] = round(time.time() - t0, 1)
-    say(
+    line = (
         f"  {SHORT[arm]}, SFT seed {sft_seed}, RL seed {seed}: final {_accs(final)}; best (step {best['step']}) "
         f"{_accs(best)} (train {t_train:.0f} s, total {demo.wall[f'{arm}/sft{sft_seed}_rl{r}']:.0f} s)"
     )
+    say(line)
+    return line
 
 
 def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -385,15 +392,58 @@ def arm_tasks(s: int, n_rl: int, arms: Sequence[str] | None = None) -> list[Task
 
 def sft_checkpoint(demo: Demo, s: int) -> Path:
     """Where SFT seed ``s``'s final checkpoint is written (run_sft) and read (its RL runs)."""
-    return demo.out / "sft" / f"seed{s}" / FINAL_DIR
+    return task_dir(demo, Task(s)) / FINAL_DIR
+
+
+def task_dir(demo: Demo, task: Task) -> Path:
+    """The task's run folder: ``sft/seed<s>``, or ``arms/<arm>/sft<s>_rl<r>``."""
+    if task.arm is None:
+        return demo.out / "sft" / f"seed{task.sft_seed}"
+    return demo.out / "arms" / task.arm / f"sft{task.sft_seed}_rl{task.r}"
+
+
+def task_config(demo: Demo, task: Task) -> Config:
+    """The config the task trains with: the demo's base config with the SFT seed, or the arm's with its RL seed."""
+    if task.arm is not None:
+        return arm_config(demo.base, task.arm, rl_seed(task.sft_seed, task.r))
+    cfg = copy.deepcopy(demo.base)
+    cfg.seed = task.sft_seed
+    return cfg
+
+
+#: the config's sections that an SFT run does not read (the RL runs'): left out of its record's fingerprint
+RL_SECTIONS = ("grpo", "perturbation")
+
+
+def task_settings(demo: Demo, task: Task) -> dict[str, Any]:
+    """What the task's results depend on of its config (:func:`task_config`, as a dict): all of an RL run's; an SFT
+    run's without :data:`RL_SECTIONS` (a demo rerun with other RL settings keeps its SFT checkpoints)."""
+    settings = to_dict(task_config(demo, task))
+    return settings if task.arm is not None else {k: v for k, v in settings.items() if k not in RL_SECTIONS}
 
 
 def run_task(demo: Demo, task: Task) -> None:
-    """SFT (then its test) or one RL run (then its tests); the models, runs and wall times land in ``demo``."""
+    """SFT (then its test) or one RL run (then its tests); the models, runs and wall times land in ``demo``, and in
+    the task's record (:mod:`.task_records`). With ``demo.resume``, a task whose record matches is read back."""
+    run_dir, sft = task_dir(demo, task), sft_checkpoint(demo, task.sft_seed)
+    splits = {"train": demo.train, "valid": demo.valid, **{f"test/{k}": v for k, v in demo.tests.items()}}
+    fp = fingerprint(task_settings(demo, task), splits, torch.get_num_threads(), sft if task.arm is not None else None)
+    record = read_record(run_dir, fp, sft if task.arm is None else None) if demo.resume else None
+    if record is not None:
+        demo.models += record["models"]
+        demo.runs += record["runs"]
+        demo.wall.update(record["wall"])
+        demo.read_back += list(record["wall"])
+        say(f"{record.get('line', task)} (read back from {run_dir / RECORD}: finished by an earlier run)")
+        return
+    forget_record(run_dir)
+    n_models, n_runs, walls = len(demo.models), len(demo.runs), set(demo.wall)
     if task.arm is None:
-        run_sft(demo, task.sft_seed)
+        line = run_sft(demo, task.sft_seed)
     else:
-        run_arm(demo, task.arm, task.sft_seed, task.r, sft_checkpoint(demo, task.sft_seed))
+        line = run_arm(demo, task.arm, task.sft_seed, task.r, sft)
+    wall = {k: v for k, v in demo.wall.items() if k not in walls}
+    write_record(run_dir, fp, demo.models[n_models:], demo.runs[n_runs:], wall, line)
 
 
 def run_seed(demo: Demo, s: int, n_rl: int, arms: Sequence[str] | None = None) -> None:
@@ -501,7 +551,7 @@ def _run_pool(
     """:func:`run_pipeline`'s tasks in ``workers`` spawned processes; each seed's results merged into ``demo`` (then
     ``seed_done(seed)``) once its SFT and every RL run are in."""
     cpus = available_cpus()
-    blank = replace(demo, models=[], runs=[], wall={}, progress=False)
+    blank = replace(demo, models=[], runs=[], wall={}, read_back=[], progress=False)
     parts: dict[int, dict[int, Demo]] = {s: {} for s in range(n_sft)}  # seed -> task index (SFT: -1) -> results
     n_tasks = len(arm_tasks(0, n_rl, arms)) + 1  # per seed, the same for every seed
     spawn = multiprocessing.get_context("spawn")
@@ -552,7 +602,8 @@ def worker_died(exits: Mapping[int, int | None]) -> str:
     return (
         f"a worker process of the demo ended abruptly{f' ({how})' if how else ''}: killed from outside (out of memory: "
         "the kernel's OOM killer sends SIGKILL; each worker holds its own models: fewer --workers need less; or kill) "
-        "or crashed; the demo ended its other workers and does not resume its runs: the same command starts it over"
+        "or crashed; the demo ended its other workers: the same command keeps the runs that had finished and starts "
+        "the others over"
     )
 
 
@@ -574,18 +625,21 @@ def end_workers(pool: ProcessPoolExecutor) -> dict[int, int | None]:
 def join_parts(parts: Mapping[int, Demo]) -> Demo:
     """One seed's task results (task index -> results; SFT -1) as one part, in task order."""
     first = parts[min(parts)]
-    out = replace(first, models=[], runs=[], wall={})
+    out = replace(first, models=[], runs=[], wall={}, read_back=[])
     for i in sorted(parts):
         out.models += parts[i].models
         out.runs += parts[i].runs
         out.wall.update(parts[i].wall)
+        out.read_back += parts[i].read_back
     return out
 
 
 def merge_seed(demo: Demo, part: Demo) -> None:
-    """Add one seed's models, runs and wall times to ``demo``, keeping everything in SFT-seed order."""
+    """Add one seed's models, runs, wall times and tasks read back to ``demo``, keeping everything in SFT-seed
+    order."""
     demo.models = sorted(demo.models + part.models, key=lambda m: m["sft_seed"])
     demo.runs = sorted(demo.runs + part.runs, key=lambda r: r["sft_seed"])
+    demo.read_back = sorted(demo.read_back + part.read_back, key=_seed_of)
     wall = {**demo.wall, **part.wall}
     demo.wall = dict(sorted(wall.items(), key=lambda kv: _seed_of(kv[0])))
 

@@ -195,7 +195,7 @@ def results_markdown(res: Mapping[str, Any]) -> str:
     out = [
         f"# dgrpo demo: {res['n_sft']} SFT seed(s) x {res['n_rl']} RL seed(s) per arm{_deterministic_once(res)}",
         "",
-        f"Command: `{res['command']}`. Wall time {res['wall_s']['total']:.0f} s. Test splits: {n_test}; greedy pass@1,"
+        f"Command: `{res['command']}`. Wall time {_wall_text(res)}. Test splits: {n_test}; greedy pass@1,"
         " no dropout. `best-valid` = each run's best post-warmup validation checkpoint (the paper's protocol),"
         " `final` = its last checkpoint. A vs B pairs runs that share the SFT checkpoint and the RL seed; the interval"
         " is a 95% t-interval over the SFT checkpoints, each one's pair differences averaged first (points).",
@@ -243,7 +243,13 @@ def summary_paragraph(res: Mapping[str, Any]) -> str:
                 f"({claim.id}) {claim.text}: best-valid checkpoint {_ci_text(b)} {b['verdict']}; final {_ci_text(f)} "
                 f"{f['verdict']}"
             )
-    return head + "; ".join(parts) + f". Total wall time {res['wall_s']['total']:.0f} s."
+    return head + "; ".join(parts) + f". Total wall time {_wall_text(res)}."
+
+
+def _wall_text(res: Mapping[str, Any]) -> str:
+    """The demo's wall time, and how many of its runs were read back from an earlier run's records (not run)."""
+    n, runs = len(res.get("read_back", [])), len([k for k in res["wall_s"] if k != "total"])
+    return f"{res['wall_s']['total']:.0f} s" + (f" ({n} of {runs} runs read back from an earlier run)" if n else "")
 
 
 def _deterministic_once(res: Mapping[str, Any]) -> str:
@@ -299,6 +305,7 @@ def write_results(demo: Demo, command: str, n_sft: int, n_rl: int, quiet: bool =
         "models": demo.models,
         "runs": demo.runs,
         "wall_s": demo.wall,
+        "read_back": demo.read_back,
     }
     res["analysis"] = analyse(demo)
     (demo.out / "results.json").write_text(json.dumps(res, indent=1))
