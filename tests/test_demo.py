@@ -580,6 +580,17 @@ def test_the_updating_steps_are_not_rounded_up_to_every_step():
     assert diagnostics_table({"steps": 50, "runs": [run(0), run(0)]})[-1].endswith("| 0 of 50 | 10, 10 |")
 
 
+def test_a_diagnostic_known_at_one_end_of_the_runs_only_is_a_dash_at_the_other():
+    """A diagnostic logged in the first 10 steps and in none of the last (or the reverse) is "-" on that side; the
+    table raised StatisticsError (the mean of no values) and the demo ended without its results."""
+    from dgrpo.demo.report import diagnostics_table
+
+    run = {"arm": "dropout_grpo", "updates": 3, "best_step": 10, "reward_std": [0.25, None]}
+    run |= {"frac_groups_kept": [None, 0.5], "distinct_answers": [None, None]}
+    row = diagnostics_table({"steps": 50, "runs": [run]})[-1]
+    assert row == "| Dropout-GRPO | 0.250 -> - | - -> 0.500 | - | 3 of 50 | 10 |"
+
+
 def test_the_report_says_the_deterministic_arm_ran_once_per_sft_seed():
     """--seeds 3: summary.txt said "every RL arm ran 3 seed(s) from each" and results.md "3 RL seed(s) per arm", where
     the deterministic arm runs once per SFT checkpoint (arm_tasks)."""

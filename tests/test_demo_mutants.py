@@ -65,9 +65,7 @@ def test_a_comparison_without_pairs_is_left_out_of_the_table():
     none = {"a": "grpo_null", "b": "sft", "checkpoint": "best", "split": "test", "pairs": [], "n_pairs": 0}
     rows = [{"a": "dropout_grpo", "b": "sft", "checkpoint": "best", "split": "test", **c}, none]
     table = comparison_table({"analysis": {"comparisons": rows}}, "test")
-    assert table[2:] == [
-        "| Dropout-GRPO vs SFT | best-valid | +25.00 no interval (1 SFT seed) | 1 | +1.0 / -0.0 (n=4) |"
-    ]
+    assert table[2:] == ["| Dropout-GRPO vs SFT | best-valid | +25.00 no interval (1 SFT seed) | 1 | +1 / -0 (n=4) |"]
 
 
 def test_the_sft_table_marks_a_seed_without_a_dropout_grpo_pair():

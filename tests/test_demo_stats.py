@@ -288,11 +288,11 @@ def test_the_report_prints_each_checkpoints_own_numbers():
     res = small_results()
     rows = [r for r in comparison_table(res, "test") if r.startswith("| Dropout-GRPO vs SFT |")]
     assert rows == [
-        "| Dropout-GRPO vs SFT | best-valid | +25.00 [+25.00, +25.00] | 3 | +1.0 / -0.0 (n=4) |",
-        "| Dropout-GRPO vs SFT | final | +18.75 [-378.32, +415.82] | 3 | +0.7 / -0.3 (n=4) |",
+        "| Dropout-GRPO vs SFT | best-valid | +25.00 [+25.00, +25.00] | 3 | +1 / -0 (n=4) |",
+        "| Dropout-GRPO vs SFT | final | +18.75 [-378.32, +415.82] | 3 | +0.67 / -0.33 (n=4) |",
     ]
     shifted = [r for r in comparison_table(res, "shifted") if r.startswith("| Dropout-GRPO vs SFT |")]
-    assert shifted[1] == "| Dropout-GRPO vs SFT | final | -18.75 [-415.82, +378.32] | 3 | +0.3 / -0.7 (n=4) |"
+    assert shifted[1] == "| Dropout-GRPO vs SFT | final | -18.75 [-415.82, +378.32] | 3 | +0.33 / -0.67 (n=4) |"
     assert claim_lines(res)[2] == (
         "3. Dropout-GRPO > SFT: best-valid checkpoint: **not resolved** (+25.00 [+25.00, +25.00] points, 3 pairs); "
         "final checkpoint: **not resolved** (+18.75 [-378.32, +415.82] points, 3 pairs)"

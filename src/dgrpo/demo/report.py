@@ -117,7 +117,7 @@ def comparison_table(res: Mapping[str, Any], split: str) -> list[str]:
             continue
         name = f"{SHORT.get(c['a'], 'SFT')} vs {SHORT.get(c['b'], 'SFT')}"
         ckpt = "best-valid" if c["checkpoint"] == "best" else "final"
-        items = f"+{c['gained']:.1f} / -{c['lost']:.1f} (n={c['n_items']})"
+        items = f"+{_mean_count([c['gained']])} / -{_mean_count([c['lost']])} (n={c['n_items']})"  # (0.04: not +0.0)
         lines.append(f"| {name} | {ckpt} | {_ci_text(c)} | {c['n_pairs']} | {items} |")
     return lines
 
@@ -152,13 +152,17 @@ def diagnostics_table(res: Mapping[str, Any]) -> list[str]:
             continue
         cells = []
         for key in ("reward_std", "frac_groups_kept", "distinct_answers"):
-            first = [r[key][0] for r in runs if r[key][0] is not None]
-            last = [r[key][1] for r in runs if r[key][1] is not None]
-            cells.append(f"{statistics.fmean(first):.3f} -> {statistics.fmean(last):.3f}" if first else "-")
+            first, last = ([r[key][i] for r in runs if r[key][i] is not None] for i in (0, 1))
+            cells.append(f"{_mean3(first)} -> {_mean3(last)}" if first or last else "-")
         steps = ", ".join(str(r["best_step"]) for r in runs)
         cells += [f"{_mean_count(r['updates'] for r in runs)} of {res['steps']}", steps]
         lines.append(f"| {SHORT[arm]} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _mean3(values: list[float]) -> str:
+    """A mean to 3 decimals; "-" of none (a run with the first steps' value and not the last's)."""
+    return f"{statistics.fmean(values):.3f}" if values else "-"
 
 
 def _mean_count(counts: Iterable[float]) -> str:
