@@ -785,3 +785,26 @@ def test_a_base_models_stated_dtype_is_read_from_its_config(saved):
     assert base_dtype(str(saved), False) == torch.float32
     (saved / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
     assert base_dtype(str(saved), False) == torch.bfloat16
+
+
+def test_eval_refuses_a_split_its_data_cannot_take_before_reading_the_model(run_cli, monkeypatch, tmp_path):
+    """``--split`` with joined datasets is one line before the model's settings are read (a hub id's from the hub:
+    offline, the user was told of the hub first, and on fixing that, of the split)."""
+    from dgrpo.cli import evaluate
+
+    def read(*a, **kw):
+        raise AssertionError("the model's settings were read before the split was checked")
+
+    monkeypatch.setattr(evaluate, "checkpoint_settings", read)
+    r = run_cli(
+        "eval",
+        "--model",
+        "org/model",
+        "--data",
+        "builtin:test+builtin:valid",
+        "--split",
+        "valid",
+        "--out",
+        tmp_path / "e",
+    )
+    assert r.returncode == 2 and "joins datasets; name each part's split in --data" in r.stderr, r.stderr

@@ -304,6 +304,8 @@ def _eval_config(args: argparse.Namespace) -> tuple[Config, list[str], list[Path
     check_not_a_training_run(args.out)
     if not args.model.strip():
         raise ConfigError("--model is empty: name a checkpoint directory, a run directory or a hub id")
+    for data in args.data or []:  # (a --split these cannot take: one line before a hub model's settings are read)
+        check_split(data, args.split)
     revision = revision_for(args.model, given, args.overrides, "--model")
     start, commit = checkpoint_settings(args.model, revision)
     cfg = load_config(Config, list(args.config), [*args.overrides, *extra], start=start)
