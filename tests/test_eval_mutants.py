@@ -216,6 +216,7 @@ def test_limit_0_on_the_command_line_evaluates_every_record_whatever_the_config_
 
     make_lm(tokenizer).save_pretrained(tmp_path / "m")
     given = {"config": [], "overrides": ["eval.limit=5"], "plain": False, "shots": None, "data": ["builtin:test"]}
+    given["split"] = None
     for limit, expected in ((0, 0), (3, 3), (None, 5)):
         args = argparse.Namespace(**given, limit=limit, out=str(tmp_path / "out"), model=str(tmp_path / "m"))
         assert _eval_config(args)[0].eval.limit == expected
