@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from dgrpo.config import PerturbationConfig
+from dgrpo.model.latent_lm import static_length
 from dgrpo.perturbation import make_perturbation
 
 from conftest import make_lm, windowed_qwen2_config
@@ -149,3 +150,20 @@ def test_a_trainer_refuses_static_cache_rollouts_under_native_dropout(tokenizer,
     cfg = load_config(Config, "tiny.yaml", [f"perturbation.kind={kind}", "grpo.rollout_cache=static"])
     with pytest.raises(ConfigError, match=f"grpo.rollout_cache=static: perturbation.kind={kind} runs one rollout"):
         GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records)
+
+
+def test_generates_static_cache_holds_exactly_the_positions_it_writes(tokenizer, task_records, monkeypatch):
+    """``generate(static_cache=True)`` preallocates the prompt, the latents, the end marker and every answer token
+    but the last (the last is chosen, never fed back): a full-length answer fills the cache to its last column (it
+    held one column more, never written)."""
+    from dgrpo.model import latent_lm as latent_lm_module
+
+    made, original = [], latent_lm_module.static_cache
+    monkeypatch.setattr(latent_lm_module, "static_cache", lambda *a: made.append(original(*a)) or made[-1])
+    lm = make_lm(tokenizer).eval()
+    ids, mask = lm.encode_questions([r.question for r in task_records[:2]])
+    with torch.no_grad():
+        g = lm.generate(ids, mask, 3, max_new_tokens=6, static_cache=True, stop_ids=[])
+    assert bool(g.mask[:, -1].all()), "a row stopped early: the cache is not full"
+    (cache,) = made
+    assert int(cache.get_seq_length()) == static_length(cache) == ids.shape[1] + 3 + 1 + 6 - 1

@@ -1293,7 +1293,7 @@ class LatentLM(nn.Module):
         check_prompt(prompt_ids, prompt_mask)
         check_uniforms(uniforms, prompt_ids.shape[0], max_new_tokens)
         self._check_prompt_ends(prompt_ids, prompt_mask, markers)
-        n_cols = prompt_ids.shape[1] + n_latent + int(markers) + max_new_tokens
+        n_cols = prompt_ids.shape[1] + n_latent + int(markers) + max_new_tokens - 1  # (the last token is not fed)
         state = self.prefill(
             prompt_ids,
             prompt_mask,
