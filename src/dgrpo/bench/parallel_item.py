@@ -116,6 +116,8 @@ def bench_parallel(ctx: Ctx) -> tuple[list[Row], dict]:
         f"{cpus} x 1 thread": (cpus, 1, None),
         f"1 x {cpus} threads, PASSIVE": (1, cpus, "PASSIVE"),
     }
+    if quick:  # (a smoke test of one process and of several side by side: 1 + cpus processes, not 3 + cpus)
+        arms = {a: arms[a] for a in ("1 x 1 thread", f"{cpus} x 1 thread")}
     rates: dict[str, list[float]] = {a: [] for a in arms}
     for rep in range(reps):
         for name, (procs, threads, omp) in arms.items():
