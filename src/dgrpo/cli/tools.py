@@ -15,6 +15,8 @@ DEMO_EXAMPLES = """  dgrpo demo                               # 1 SFT seed x eve
   dgrpo demo --full --out runs/demo-full   # 4 SFT seeds x 1 RL seed per arm: 4 pairs per comparison, 95% intervals
   dgrpo demo --sft-seeds 3 --seeds 2       # any other number of seeds
   dgrpo demo --workers 1                   # every run after the other, in this process
+  dgrpo demo --set grpo.steps=100          # again in runs/demo: its SFT checkpoint read back, the RL runs anew
+  dgrpo demo --resume never                # every run anew (a run that finished is otherwise read back)
   dgrpo demo --quick                       # a smoke test of the whole pipeline (its numbers mean nothing)
 """
 DATA_EXAMPLES = """  dgrpo data inspect gsm8k --split train
