@@ -59,7 +59,7 @@ def _add_demo_parser(sub: Any) -> None:
         choices=("auto", "never"),
         default="auto",
         help="auto (default): a run (one SFT run, one RL run) that finished in --out under the same settings, seed, "
-        "torch threads and versions of dgrpo, torch and transformers is read back from its record, not trained "
+        "torch threads and versions of Python, dgrpo, torch and transformers is read back from its record, not trained "
         "again, and the others start over; never: every run starts over (after a change to dgrpo's own code)",
     )
     p.add_argument(
