@@ -1,0 +1,63 @@
+"""Gaps found by mutation testing of dgrpo.training.losses and dgrpo.training.schedules: the guards of the public
+functions (empty or all-masked batches, unknown names, a logp of the wrong rank), with values worked out by hand."""
+
+import pytest
+import torch
+
+from dgrpo.training.losses import GlobalCounts, ObjectiveSettings, aggregate, grpo_objective, kl_log_ratio
+
+
+@pytest.mark.parametrize("kind", ["seq_mean", "token_mean", "constant"])
+def test_an_aggregate_over_no_rollouts_and_no_tokens_is_zero_not_nan(kind):
+    """Zero global counts (no rollout kept, no answer token) divide nothing: each aggregation of an empty batch is 0.0,
+    never 0 / 0 = NaN (a NaN would reach the loss and the logged metrics)."""
+    empty = torch.zeros(0, 3)
+    out = aggregate(empty, empty, kind, 0, 0, 3)
+    assert out.item() == 0.0
+
+
+def test_an_all_masked_micro_batch_with_no_tokens_in_the_step_gives_zero_loss_and_clip_fractions():
+    """A micro-batch whose tokens are all masked, in a step of 0 answer tokens: loss 0, KL 0, clipped fractions 0
+    (not 0 / 0 = NaN), and the ratio extremes stay at 1 (no valid token to take them from), although the masked
+    ratios are far outside the clip window (e^2 and e^-2, advantages +1 and -1)."""
+    logp = torch.tensor([[2.0, 2.0, 2.0], [-2.0, -2.0, -2.0]])
+    old, mask = torch.zeros(2, 3), torch.zeros(2, 3)
+    loss, stats = grpo_objective(
+        logp, old, torch.tensor([1.0, -1.0]), mask, GlobalCounts(2, 0, 3), ObjectiveSettings(), ref_logp=old, beta=0.1
+    )
+    assert loss.item() == 0.0
+    got = stats.as_dict()
+    assert got == {
+        "policy_loss": 0.0,
+        "kl": 0.0,
+        "clip_frac_low": 0.0,
+        "clip_frac_high": 0.0,
+        "ratio_max": 1.0,
+        "ratio_min": 1.0,
+    }
+
+
+def test_the_objective_refuses_log_probs_that_are_not_rollouts_by_tokens():
+    """logp [N] (one log-prob per rollout, the sequence's sum) with old_logp, mask [N] and adv [N] would pass the
+    shape comparisons and broadcast adv[:, None] into an [N, N] objective: refused by name."""
+    lp = torch.zeros(2)
+    with pytest.raises(ValueError, match=r"logp must be \[N, L\] \(rollouts x answer tokens\), got \(2,\)"):
+        grpo_objective(lp, lp, torch.tensor([1.0, -1.0]), torch.ones(2), GlobalCounts(2, 2, 1), ObjectiveSettings())
+
+
+def test_an_unknown_aggregation_or_kl_form_is_a_named_error_not_a_key_error():
+    """The public helpers name the wrong value and the known ones (a KeyError 'mean' says neither)."""
+    x = torch.ones(1, 2)
+    with pytest.raises(ValueError, match="unknown aggregation 'mean'; expected one of seq_mean, token_mean, constant"):
+        aggregate(x, x, "mean", 1, 2, 2)
+    with pytest.raises(ValueError, match="unknown KL form 'k3'; expected one of unbiased, paper"):
+        kl_log_ratio(x, x, "k3")
+
+
+def test_the_loss_takes_the_log_probs_dtype_whatever_the_advantages_dtype():
+    """Float64 advantages (a float64 reward) are cast to the log-probs' dtype before the surrogate: the loss of
+    float32 log-probs is float32 (hand value at ratio 1: -(0.5 - 0.25) / 2 = -0.125)."""
+    z = torch.zeros(2, 3)
+    adv = torch.tensor([0.5, -0.25], dtype=torch.float64)
+    loss, _ = grpo_objective(z, z, adv, torch.ones(2, 3), GlobalCounts(2, 6, 3), ObjectiveSettings())
+    assert loss.dtype == torch.float32 and loss.item() == -0.125
