@@ -61,3 +61,17 @@ def test_the_loss_takes_the_log_probs_dtype_whatever_the_advantages_dtype():
     adv = torch.tensor([0.5, -0.25], dtype=torch.float64)
     loss, _ = grpo_objective(z, z, adv, torch.ones(2, 3), GlobalCounts(2, 6, 3), ObjectiveSettings())
     assert loss.dtype == torch.float32 and loss.item() == -0.125
+
+
+def test_a_schedule_whose_warmup_is_the_whole_run_is_at_its_floor_from_total_steps_on():
+    """lr_at's promise, cosine decay to min_ratio * peak at total_steps, holds when no step is left for the cosine
+    (grpo.warmup_steps >= grpo.steps, which the config allows with a warning): warmup 4 of 4 steps, floor 0.1, gives
+    0.25, 0.5, 0.75, 1, then 0.1 from step 4 on (it gave the peak again at step 4, a 0 / 0 span taken as 1); the
+    same past the end of a run shorter than its warmup (2 steps, warmup 4: the ramp, then the floor 0). beta follows."""
+    from dgrpo.training.schedules import beta_at, lr_at
+
+    assert [lr_at(s, 1.0, 4, 4, min_ratio=0.1) for s in range(7)] == pytest.approx(
+        [0.25, 0.5, 0.75, 1.0, 0.1, 0.1, 0.1]
+    )
+    assert [lr_at(s, 1.0, 2, 4) for s in range(6)] == pytest.approx([0.25, 0.5, 0.75, 1.0, 0.0, 0.0])
+    assert [beta_at(s, 0.02, 2.0, 4, 4, min_ratio=0.1) for s in (3, 4)] == pytest.approx([0.02, 0.002])

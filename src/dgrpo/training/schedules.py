@@ -18,8 +18,8 @@ def lr_at(step: int, peak: float, total_steps: int, warmup_steps: int, min_ratio
         raise ValueError(f"lr_at: step counts optimizer steps from 0, got {step}")
     if warmup_steps > 0 and step < warmup_steps:
         return peak * (step + 1) / warmup_steps
-    span = max(1, total_steps - warmup_steps)
-    progress = min(1.0, max(0.0, (step - warmup_steps) / span))
+    span = total_steps - warmup_steps  # (none left after the warmup: the floor from total_steps on, as with some)
+    progress = min(1.0, max(0.0, (step - warmup_steps) / span)) if span > 0 else 1.0
     return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
