@@ -75,3 +75,12 @@ def test_a_schedule_whose_warmup_is_the_whole_run_is_at_its_floor_from_total_ste
     )
     assert [lr_at(s, 1.0, 2, 4) for s in range(6)] == pytest.approx([0.25, 0.5, 0.75, 1.0, 0.0, 0.0])
     assert [beta_at(s, 0.02, 2.0, 4, 4, min_ratio=0.1) for s in (3, 4)] == pytest.approx([0.02, 0.002])
+
+
+def test_an_unknown_advantage_kind_is_a_named_error():
+    """group_advantages takes drgrpo, grpo or rloo ('ema' is the trainer's K = 1 baseline, not a group advantage): any
+    other name is refused, not returned as the raw rewards."""
+    from dgrpo.training.losses import group_advantages
+
+    with pytest.raises(ValueError, match="unknown advantage kind 'ema'; expected drgrpo, grpo or rloo"):
+        group_advantages(torch.ones(2, 4), "ema")

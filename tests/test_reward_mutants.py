@@ -28,3 +28,10 @@ def test_a_latex_thin_space_joins_thousands_groups_only():
     assert extract_answer("\\boxed{1\\,234\\,567}") == "1234567"
     assert extract_answer("#### 12\\,34") == extract_answer("#### 12 34") == "12"
     assert extract_answer("#### 1\\,2345") == "1"
+
+
+def test_a_box_with_a_space_before_its_brace_is_still_the_answer_marker():
+    """``\\boxed {18}`` (LaTeX allows the space) is the last answer marker: its 18 wins over an earlier "The answer
+    is 3", and over the reasoning's last number after it."""
+    assert extract_answer("The answer is 3. So \\boxed {18}") == "18"
+    assert extract_answer("\\boxed {18}, as 9 * 2") == "18"
