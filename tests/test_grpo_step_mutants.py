@@ -73,18 +73,22 @@ def test_a_sampled_step_replays_its_rollouts_at_their_temperature(sft_checkpoint
     assert m["ratio_max"] == m["ratio_min"] == 1.0
 
 
-def test_the_step_diagnostics_by_hand(sft_checkpoint):
+def test_the_step_diagnostics_by_hand(sft_checkpoint, monkeypatch):
     """The step's reward and diversity diagnostics of two groups of K = 4, by hand: rewards [1, 0, 0, 0] and
     [1, 1, 1, 1] (mean 5/8; within-group population std sqrt(3)/4 and 0, mean sqrt(3)/8; one group of zero std);
     the answers 3, 3, 4 and none in the first group (3 distinct), 5 four times in the second (1): 2 per group;
-    1 + 2 + ... + 8 = 36 answer tokens over 8 rollouts (4.5 each, not per group); one group of two kept."""
+    1 + 2 + ... + 8 = 36 answer tokens over 8 rollouts (4.5 each, not per group); one group of two kept. Two ranks
+    holding these same rollouts (each sum over ranks doubled) log the same values: every one is a global sum over a
+    global count (a fraction of kept groups summed over ranks logged 1)."""
     tr = trainer(sft_checkpoint, **{"grpo.beta0": 0})
     texts = ["#### 3", "#### 3", "#### 4", "no answer"] + ["#### 5"] * 4
     ro = rollouts([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]], texts, list(range(1, 9)), entropy=0.25)
-    m = tr._rollout_metrics(ro, torch.tensor([True, False]))
-    assert m["reward_mean"] == 5 / 8 and m["frac_zero_std"] == 0.5 and m["frac_groups_kept"] == 0.5
-    assert abs(m["reward_std"] - 3**0.5 / 8) < 1e-12
-    assert m["distinct_answers"] == 2.0 and m["answer_len"] == 4.5 and m["answer_entropy"] == 0.25
+    expected = {"reward_mean": 5 / 8, "reward_std": 3**0.5 / 8, "frac_zero_std": 0.5, "frac_groups_kept": 0.5}
+    expected |= {"distinct_answers": 2.0, "answer_entropy": 0.25, "answer_len": 4.5}
+    assert tr._rollout_metrics(ro, torch.tensor([True, False])) == pytest.approx(expected, rel=1e-12, abs=0)
+    monkeypatch.setattr(tr.dist, "sum_float", lambda x: 2 * x)
+    monkeypatch.setattr(tr.dist, "sum_int", lambda n: 2 * n)
+    assert tr._rollout_metrics(ro, torch.tensor([True, False])) == pytest.approx(expected, rel=1e-12, abs=0)
 
 
 def test_the_rollout_rows_name_their_step_global_group_seed_prompt_and_reward(sft_checkpoint):
@@ -204,3 +208,72 @@ def test_the_step_logs_the_first_mini_epochs_loss_and_the_later_ones_mean_clippi
     assert not by_call and (m["policy_loss"], m["kl"]) == (1.0, 2.0)
     assert m["clip_frac_low"] == pytest.approx(0.3) and m["clip_frac_high"] == pytest.approx(0.2)
     assert (m["ratio_max"], m["ratio_min"]) == (1.5, 0.5)
+
+
+def test_every_rank_learns_the_kept_counts_and_whether_a_reward_failed_anywhere():
+    """The one all-reduce before any backward sums the kept rollouts, their tokens and the failed rewards over ranks:
+    a reward that failed on another rank (its count 1 in the sum) stops this one too."""
+    from types import SimpleNamespace
+
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.grpo import agree_on_kept
+
+    assert agree_on_kept(3, 10, Dist.single()) == (3, 10, False)
+    assert agree_on_kept(3, 10, Dist.single(), failed=True) == (3, 10, True)
+    other_failed = SimpleNamespace(sum_ints=lambda xs: [xs[0] + 5, xs[1] + 20, xs[2] + 1])
+    assert agree_on_kept(3, 10, other_failed) == (8, 30, True)
+
+
+def test_the_trainer_state_comes_back_whole(sft_checkpoint):
+    """load_state restores what state took (through JSON, as a checkpoint keeps it): the step, the REINFORCE baseline,
+    the rest of the epoch's order (less the indices the training data no longer has), the data RNG and the
+    non-finite guard's counts."""
+    import json
+
+    tr = trainer(sft_checkpoint, **{"grpo.beta0": 0})
+    n = len(tr.train_data)
+    tr.step_idx, tr.ema_baseline, tr.order = 2, 0.3, [0, 5, n - 1, n, n + 3]
+    tr.guard.skips, tr.guard.streak = 4, 1
+    saved = json.loads(json.dumps(tr.state()))
+    draws = [tr.data_rng.random() for _ in range(3)]
+    tr.step_idx, tr.ema_baseline, tr.order, tr.guard.skips, tr.guard.streak = 0, 0.5, [], 0, 0
+    tr.load_state(saved)
+    assert (tr.step_idx, tr.ema_baseline, tr.order) == (2, 0.3, [0, 5, n - 1])
+    assert (tr.guard.skips, tr.guard.streak) == (4, 1) and [tr.data_rng.random() for _ in range(3)] == draws
+
+
+def test_a_run_stops_at_max_skip_streak_skipped_steps_in_a_row():
+    """grpo.max_skip_streak = 3: a step with an update resets the count of skipped steps in a row; the third skipped
+    step in a row (not the fourth) says why the run stops, naming the checkpoint of the step after it."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from dgrpo.training.grpo import LoopState, _check_stall
+
+    g = tiny_config(**{"grpo.max_skip_streak": 3}).grpo
+    run, loop = SimpleNamespace(out_dir=Path("out"), log=lambda line: None), LoopState()
+    steps = enumerate([1, 1, 0, 1, 1])
+    why = [_check_stall(run, loop, {"step": s, "skipped": k, "reward_mean": 0.0}, g) for s, k in steps]
+    assert why == [None] * 5 and loop.skip_streak == 2
+    last = _check_stall(run, loop, {"step": 5, "skipped": 1, "reward_mean": 0.0}, g)
+    assert last is not None and "for 3 steps in a row" in last and "step-00000006" in last
+
+
+def test_the_optimizer_takes_the_weight_decay(sft_checkpoint):
+    """grpo.weight_decay reaches AdamW (it was dropped without a test noticing)."""
+    tr = trainer(sft_checkpoint, **{"grpo.beta0": 0, "grpo.weight_decay": 0.1})
+    assert tr.opt.param_groups[0]["weight_decay"] == 0.1
+
+
+def test_fewer_prompts_than_ranks_is_refused(sft_checkpoint):
+    """Every rank holds whole groups: 1 prompt a step over 2 processes is a ConfigError, 2 over 2 are not."""
+    from types import SimpleNamespace
+
+    from dgrpo.config import ConfigError
+    from dgrpo.training.grpo import _check_shares_and_thoughts
+
+    lm = LatentLM.from_pretrained(sft_checkpoint)
+    two = SimpleNamespace(world_size=2)
+    _check_shares_and_thoughts(lm, tiny_config(**{"grpo.prompts_per_step": 2}).grpo, two)
+    with pytest.raises(ConfigError, match="1 prompts cannot be shared by 2 processes"):
+        _check_shares_and_thoughts(lm, tiny_config(**{"grpo.prompts_per_step": 1}).grpo, two)
