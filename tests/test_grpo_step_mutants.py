@@ -277,3 +277,15 @@ def test_fewer_prompts_than_ranks_is_refused(sft_checkpoint):
     _check_shares_and_thoughts(lm, tiny_config(**{"grpo.prompts_per_step": 2}).grpo, two)
     with pytest.raises(ConfigError, match="1 prompts cannot be shared by 2 processes"):
         _check_shares_and_thoughts(lm, tiny_config(**{"grpo.prompts_per_step": 1}).grpo, two)
+
+
+def test_the_auto_engine_is_fast_only_on_cuda_with_a_batched_perturbation_and_a_static_cache():
+    """grpo.engine=auto: the fast engine on a CUDA device, for a perturbation held in tensors and a model that can
+    decode over a static KV cache; else (an obstacle named, a CPU, native dropout) the eager one, not an error."""
+    from dgrpo.training.rollouts import resolve_engine
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert resolve_engine("auto", cuda, True) == "fast"
+    assert resolve_engine("auto", cuda, True, "ALiBi position biases") == "eager"
+    assert resolve_engine("auto", cpu, True) == resolve_engine("auto", cuda, False) == "eager"
+    assert resolve_engine("eager", cuda, True) == "eager" and resolve_engine("fast", cpu, True) == "fast"
