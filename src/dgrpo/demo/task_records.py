@@ -1,14 +1,13 @@
 """The record a finished demo task (one SFT run, one RL run) leaves in its run folder, so that the same command run
 again reads its results back instead of training it again (``dgrpo demo --resume auto``, the default).
 
-A record holds the task's rows (its models' test answers, its run's diagnostics, its wall time) and a fingerprint
-of everything they depend on: the task's own config (seed included; an SFT run's without the RL runs' sections
-``grpo`` and ``perturbation``, which it does not read), the problems it trains, validates and tests on, the torch
-threads it ran with (the last float
-bits depend on them), the versions of Python, dgrpo, torch and transformers, and for an RL run the manifest of the SFT
-checkpoint it started from. A record whose fingerprint differs is ignored and the task runs again; so is an SFT
-record whose checkpoint is gone or damaged (its RL runs read it). A task deletes its record before it starts, and
-writes it (atomically) only once all its rows are in: a task stopped midway has none.
+A record holds the task's rows (its models' test answers, its run's diagnostics, its wall time) and a fingerprint of
+everything they depend on: the task's own config (seed included; an SFT run's without the RL runs' sections ``grpo``
+and ``perturbation``, which it does not read), the problems it trains, validates and tests on, the torch threads it
+ran with (the last float bits depend on them), the versions of Python, dgrpo, torch and transformers, and for an RL
+run the manifest of the SFT checkpoint it started from. A record whose fingerprint differs is ignored and the task
+runs again; so is an SFT record whose checkpoint is gone or damaged (its RL runs read it). A task deletes its record
+before it starts, and writes it (atomically) only once all its rows are in: a task stopped midway has none.
 """
 
 from __future__ import annotations
