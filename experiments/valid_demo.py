@@ -1,7 +1,7 @@
 """The demo's pipeline read out on validation data only (docs/demo/valid_sweep.md): how the settings were chosen.
 
     OMP_WAIT_POLICY=PASSIVE python experiments/valid_demo.py --out runs/valid/default [--full] \
-        [--sft-seeds N] [--seeds M] [--workers W] [--arms a,b] [--set key=value ...]
+        [--sft-seeds N] [--seeds M] [--workers W] [--arms a,b] [--resume never] [--set key=value ...]
 
 Exactly ``dgrpo demo`` (the same configs, SFT seeds, arms, RL seeds, periodic validation and best-checkpoint
 selection on the first ``data.eval_limit`` validation problems), except that every model is read out on
@@ -9,7 +9,8 @@ validation-style data instead of the test splits: the validation problems the se
 (``valid[eval_limit:]``), and the 3-operation chains drawn with another task seed (4321). The test splits are never
 generated (a task seed draws anew from the same questions: 29 of the 1000 3-operation chains are also in the
 demo's 3-operation split). Writes results.json / results.md / summary.txt / figures like the demo. ``--workers``:
-the demo's process pool (default one per CPU).
+the demo's process pool (default one per CPU). ``--resume``: the demo's (a run that finished in --out under the
+same settings and read-out problems is read back, not trained again; ``never``: every run anew).
 """
 
 import argparse
@@ -67,6 +68,7 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=None)
     p.add_argument("--workers", type=int, default=None, help="as dgrpo demo's (default one per CPU, 1 on a GPU)")
     p.add_argument("--arms", default=",".join(RL_ARMS), help=f"comma-separated, of: {', '.join(RL_ARMS)}")
+    p.add_argument("--resume", choices=("auto", "never"), default="auto", help="as dgrpo demo's (default auto)")
     add_config_options(p, "grpo.steps=200")
     args = p.parse_args()
     arms = args.arms.split(",")
@@ -84,6 +86,7 @@ def main() -> None:
         torch.set_num_threads(base.threads)
     quiet_transformers()
     demo = Demo(base, Path(args.out), generate_split(base.task, "train"), selection, readout)
+    demo.resume = args.resume == "auto"
     workers = args.workers if args.workers is not None else default_workers(base)
     run_pipeline(demo, n_sft, n_rl, arms, workers=workers)
     demo.wall["total"] = round(time.time() - t0, 1)

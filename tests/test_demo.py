@@ -636,6 +636,22 @@ def test_valid_demo_says_a_bad_setting_in_an_argument_error(tmp_path, monkeypatc
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("argv, resume", [([], True), (["--resume", "never"], False)])
+def test_valid_demo_reads_back_finished_runs_as_the_demo_does(tmp_path, monkeypatch, capsys, argv, resume):
+    """experiments/valid_demo.py takes the demo's ``--resume`` (default auto): its pipeline is asked to read back the
+    runs that finished, or (never) to run them all (the pipeline and the files stood in for)."""
+    import dgrpo.demo as demo_pkg
+
+    seen = []
+    monkeypatch.setattr(demo_pkg, "run_pipeline", lambda demo, *a, **kw: seen.append(demo.resume))
+    monkeypatch.setattr(demo_pkg, "write_results", lambda demo, *a: (demo.out / "summary.txt").write_text("done"))
+    script = Path(__file__).resolve().parents[1] / "experiments" / "valid_demo.py"
+    (tmp_path / "o").mkdir()
+    code, out, err = run_script(script, ["--out", tmp_path / "o", *argv], monkeypatch, capsys)
+    assert code == 0 and seen == [resume] and out.strip() == "done", err[-2000:]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "script, argv, code, said",
     [
