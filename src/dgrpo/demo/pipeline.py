@@ -194,9 +194,8 @@ def _last_eval(run_dir: Path) -> float | None:
 def run_arm(demo: Demo, arm: str, sft_seed: int, r: int, sft_ckpt: Path) -> str:
     """One RL run from an SFT checkpoint; test its final and its best-validation checkpoints. Returns the line it
     says."""
-    seed = rl_seed(sft_seed, r)
-    cfg = task_config(demo, Task(sft_seed, arm, r))
-    run_dir = task_dir(demo, Task(sft_seed, arm, r))
+    seed, task = rl_seed(sft_seed, r), Task(sft_seed, arm, r)
+    cfg, run_dir = task_config(demo, task), task_dir(demo, task)
     t0 = time.time()
     torch.manual_seed(seed)
     policy = LatentLM.from_pretrained(sft_ckpt)
