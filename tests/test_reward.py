@@ -50,6 +50,13 @@ from dgrpo.reward import (
         ("Final answer: $ - 5$", "-5"),
         ("The answer is:\n- 5 apples", "5"),
         ("#### 20 - 5", "20"),
+        # a minus before a parenthesis that opens the number is its sign (it read 5, and no answer in a box)
+        ("#### -(5)", "-5"),
+        ("#### - ( 5 )", "-5"),
+        ("The answer is -(12.5).", "-12.5"),
+        ("\\boxed{-(5)}", "-5"),
+        ("#### (5)", "5"),
+        ("The answer is 20 -(5)", "20"),
         ("#### 3.50", "3.5"),
         ("#### .5", "0.5"),
         ("#### 0.50 dollars", "0.5"),
@@ -85,6 +92,8 @@ from dgrpo.reward import (
         ("#### 2,5", None),
         ("#### 12,34", None),
         ("#### 1,000,00", None),
+        ("#### 1.2.3", None),  # (a section's or version's number: it was read as 1.2)
+        ("#### 1.2.", "1.2"),
         ("The answer is 1,23,456", None),
         ("#### 1,234, I think", "1234"),
         # the en dash and the small and full-width hyphen-minus are a minus sign (the sign was dropped); a range's dash

@@ -63,16 +63,19 @@ _NUMBER_IN_TEXT = re.compile(rf"(?<![0-9A-Za-z_.)\]/]){_NUMBER}")
 _NUMBER_ALONE = re.compile(rf"\s*(?:(?P<s0>{_SIGN})[ \t]+)?{_NUMBER}\.?\s*")
 # A minus sign standing apart between an answer marker and its number (``#### - 5``, ``The answer is - 5``,
 # ``\boxed{- 5}``, ``The answer is: - 5``, ``**Answer:** - 5``, ``$ - 5$``): the answer is negative. On the
-# marker's line only: a list's dash on the next line is no sign.
+# marker's line only: a list's dash on the next line is no sign. A minus before a parenthesis is the number's too
+# (``#### -(5)``, ``\boxed{-(5)}``: they read 5 and no answer).
 # (after ``is:``, ``**Answer:**``, a math ``$``; a minus or hyphen-minus sign; an en dash only after ``####`` or in a
 # box: after "The answer is", ``– 42`` is a sentence's dash)
-_LONE_MINUS = re.compile(rf"[ \t:*$]*[{_MINUS_SIGNS}][ \t]+")
-_LONE_MINUS_OR_DASH = re.compile(rf"[ \t:*$]*[{_MINUS}][ \t]+")
+_APART = r"(?:[ \t]+|[ \t]*\([ \t]*)"
+_LONE_MINUS = re.compile(rf"[ \t:*$]*[{_MINUS_SIGNS}]{_APART}")
+_LONE_MINUS_OR_DASH = re.compile(rf"[ \t:*$]*[{_MINUS}]{_APART}")
 _NOISE_LIMIT = Decimal(str(ABS_NOISE_LIMIT))  # (exactly 0.001: Decimal(1e-3) is 0.0010000000000000000208...)
 _REL_TOL = Decimal(str(REL_TOL))
-#: a comma and a digit right after a number: the number's digits go on in groups not of three (``2,5``, ``12,34``,
-#: ``1,000,00``), so the number read is a part of what was written
-_BAD_GROUP = re.compile(r",[0-9]")
+#: a comma or a period and a digit right after a number: the number's digits go on in groups not of three (``2,5``,
+#: ``12,34``, ``1,000,00``) or it is a section's or a version's number (``1.2.3``), so the number read is a part of
+#: what was written
+_BAD_GROUP = re.compile(r"[,.][0-9]")
 #: "The answer is" / "answer:", an answer marker (the choice scorer reads its letter after it too)
 ANSWER_IS = re.compile(r"answer\s*(?:is\b|:)", re.IGNORECASE)
 #: LaTeX's thousands separators, read as a comma: ``1{,}000``, MATH's ``10,\!000`` and a thin space between digit
@@ -176,7 +179,7 @@ def _find_answer(text: str) -> _Answer | None:
             negated = lone.fullmatch(gap) is not None
             if negated or not boxed or _BOX_OPENING.fullmatch(gap):  # (a box: its number first)
                 if _BAD_GROUP.match(text, numbers[i].end()):
-                    return None  # (``#### 2,5``: 2.5 or 25, not 2)
+                    return None  # (``#### 2,5``: 2.5 or 25, not 2; ``#### 1.2.3``: not 1.2)
                 return _Answer(numbers[i], negated)
         if boxed:
             before = marker.start()
@@ -211,8 +214,9 @@ def extract_answer(text: str) -> str | None:
     if any; ``\\boxed{\\frac{1}{2}}`` has none); None
     when no marker has a number after it (``#### 1/2``, ``#### eighteen``, an answer cut off after ``####``: a number
     of the reasoning before the marker is not the answer; ``#### 2,5``, ``#### 12,34``: digits grouped otherwise than
-    in thousands, which were read as 2 and 12). A minus sign standing apart between the marker and the number, on its
-    line, is the answer's (``#### - 5`` -> ``"-5"``; between numbers, ``20 - 5``, it is a subtraction's).
+    in thousands, which were read as 2 and 12; ``#### 1.2.3``, which was read as 1.2). A minus sign standing apart
+    between the marker and the number, on its line, or before a parenthesis that opens it, is the answer's
+    (``#### - 5`` and ``#### -(5)`` -> ``"-5"``; between numbers, ``20 - 5``, it is a subtraction's).
     GSM8K's ``####`` (four or more ``#``) with its number right after it, the rest of its line, settles the answer:
     an "The answer is" / "answer:" after it is a comment and is passed over (``"#### 18\nThe answer is reasonable
     since 3 x 6 = 18."`` -> ``"18"``, not 3); a later ``####`` or ``\\boxed{`` with a number still wins, and so does a
