@@ -181,6 +181,24 @@ def test_a_task_stopped_midway_leaves_no_record_to_read_back(monkeypatch, tmp_pa
     assert stages.calls == [("sft", 0)]
 
 
+def test_a_record_whose_write_fails_leaves_no_temporary_file(monkeypatch, tmp_path):
+    """A full disk while a record is written: the error is raised, and neither the record nor its hidden temporary
+    file is left (the temporary file was left behind before)."""
+    Stages(monkeypatch)
+    write = Path.write_text
+
+    def full(self, *a, **k):
+        if self.suffix == ".tmp":
+            open(self, "w").close()  # (created, then nothing fits)
+            raise OSError(28, "No space left on device", str(self))
+        return write(self, *a, **k)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError, match="No space left"):
+        pipeline.run_task(new_demo(tmp_path), pipeline.Task(0))
+    assert sorted(p.name for p in (tmp_path / "sft" / "seed0").iterdir()) == ["final"]
+
+
 def test_a_record_keeps_only_its_own_tasks_rows(monkeypatch, tmp_path):
     """In one process the demo's rows accumulate over tasks: each record holds the rows its task added, not the
     earlier tasks' (a read back would count them twice)."""

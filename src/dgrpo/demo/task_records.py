@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..data.records import Record
-from ..model.verified import MANIFEST, verify
+from ..model.verified import MANIFEST, verify, write_text_atomically
 from ..training.applied import versions
 
 #: the record's file name, in the task's run folder
@@ -76,7 +75,5 @@ def write_record(
     """Write the finished task's rows (and ``line``, what it said when it ended) under fingerprint ``fp``: to a
     temporary file renamed over the record, so that a stop midway leaves no record, or a whole one."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".{RECORD}.tmp"
     body = {"fingerprint": fp, "line": line, "models": models, "runs": runs, "wall": wall}
-    tmp.write_text(json.dumps(body, indent=1))
-    os.replace(tmp, run_dir / RECORD)
+    write_text_atomically(run_dir / RECORD, json.dumps(body, indent=1))

@@ -201,6 +201,19 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         raise
 
 
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to the file ``path`` whole or not at all: to a hidden temporary sibling (``.NAME.tmp``), renamed
+    over ``path``; on any failure (a full disk, a stop) the temporary file is removed, ``path`` is as it was, and the
+    error is raised again."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def replace_dir(src: Path, dst: Path) -> None:
     """Move the complete directory ``src`` to ``dst``; an existing ``dst`` is moved aside first and deleted after,
     so at every moment either the old or the new directory is complete on disk."""

@@ -18,7 +18,6 @@ so does one that stops it after a step (a SIGTERM, a non-finite or stalled stop:
 from __future__ import annotations
 
 import json
-import os
 import platform
 import warnings
 from collections.abc import Iterable
@@ -31,6 +30,7 @@ from torch import nn
 
 from ..model.gqa_attention import PACKED_GQA
 from ..model.latent_lm import LatentLM
+from ..model.verified import write_text_atomically
 from ..plugins import source_hashes
 from .distributed import Dist
 from .master_weights import MasterWeightAdamW
@@ -109,13 +109,7 @@ def record_applied(path: Path, step: int, applied: dict[str, Any]) -> None:
     a process that wrote no checkpoint). An unreadable file is replaced, with a warning. Written whole or not at all
     (a temporary file, then renamed): a stop within the write (its rewrite at a SIGTERM's stop) keeps the entries."""
     kept = _entries_before(path, step)
-    tmp = path.with_name(f"{path.name}.tmp")
-    try:
-        tmp.write_text(json.dumps([*kept, {"started_at_step": step, **applied}], indent=2) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_text_atomically(path, json.dumps([*kept, {"started_at_step": step, **applied}], indent=2) + "\n")
 
 
 def warn_if_plugins_changed(path: Path, step: int, applied: dict[str, Any]) -> None:

@@ -48,6 +48,7 @@ from ..model.verified import (
     one_line,
     remove_dir,
     verify,
+    write_text_atomically,
 )
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dirs, step_dir_name
 from .distributed import TrainingState
@@ -536,11 +537,8 @@ def truncate_metrics(path: Path, n_lines: int) -> None:
     if not path.is_file():
         return
     lines = path.read_text().splitlines()[:n_lines]
-    tmp = path.with_suffix(".tmp")
     try:
-        tmp.write_text("".join(x + "\n" for x in lines))
-        os.replace(tmp, path)
+        write_text_atomically(path, "".join(x + "\n" for x in lines))
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         after = f"{path} is left as it was; once there is space, the same command resumes again"
         raise write_failed(path.name, path.parent, e, after) from None
