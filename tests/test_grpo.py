@@ -118,30 +118,25 @@ def test_locked_dropout_gives_reward_variance(sft_checkpoint):
 
 
 @pytest.mark.parametrize("agg", ["seq_mean", "token_mean", "constant"])
-def test_update_is_invariant_to_micro_batch_size(sft_checkpoint, agg):
-    params = []
+def test_update_is_invariant_to_micro_batch_size(sft_checkpoint, agg, monkeypatch):
+    """Micro-batches of 3 and of 64 (the whole batch) give the optimizer the same gradient under each aggregation,
+    up to float32 summation order. (It compared the weights after one step, which moved them by ~1e-5 at a 1e-6
+    tolerance: it passed with a micro-batch dropped.)"""
+    grads = []
     for mb in (3, 64):
-        # EMA-baseline advantages are never all zero, so the step always moves the weights whatever the rewards
+        # EMA-baseline advantages are never all zero, so the step has a gradient whatever the rewards
+        over = {"perturbation.p": "0.3", "grpo.micro_batch_size": mb, "grpo.filter": "false", "grpo.advantage": "ema"}
         tr = trainer(
-            sft_checkpoint,
-            **{
-                "perturbation.p": "0.3",
-                "grpo.micro_batch_size": mb,
-                "grpo.filter": "false",
-                "grpo.advantage": "ema",
-                "grpo.aggregation": agg,
-                "grpo.beta0": "0.01",
-                "grpo.prompts_per_step": "4",
-            },
+            sft_checkpoint, **over, **{"grpo.aggregation": agg, "grpo.beta0": "0.01", "grpo.prompts_per_step": 4}
         )
-        tr.opt = torch.optim.SGD(tr.lm.model.parameters(), lr=1.0)
+        seen = []
+        held = lambda *a, **k: seen.append(torch.cat([p.grad.flatten() for p in tr.lm.model.parameters()]))  # noqa: B023, E731
+        monkeypatch.setattr(tr.opt, "step", held)
         torch.manual_seed(0)
-        m = tr.step()
-        assert m["skipped"] == 0
-        params.append(torch.cat([p.detach().flatten() for p in tr.lm.model.parameters()]))
-    start = torch.cat([p.detach().flatten() for p in LatentLM.from_pretrained(sft_checkpoint).model.parameters()])
-    assert not torch.allclose(params[0], start)  # the step did move the weights
-    assert torch.allclose(params[0], params[1], atol=1e-6)
+        assert tr.step()["skipped"] == 0 and len(seen) == 1
+        grads.append(seen[0])
+    assert float(grads[1].norm()) > 0
+    assert float((grads[0] - grads[1]).norm()) < 1e-5 * float(grads[1].norm())
 
 
 def test_mini_epochs_replay_matches_theta_old(sft_checkpoint, monkeypatch):
