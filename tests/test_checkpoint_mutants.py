@@ -449,7 +449,7 @@ def test_a_finished_run_without_checkpoints_is_not_trained_again_unasked(tmp_pat
 
 def test_resume_true_and_false_are_auto_and_never():
     """The Python API's ``resume=True`` / ``False``: the command line's ``--resume auto`` / ``never``."""
-    from dgrpo.training.run import ResumeCheck
+    from dgrpo.training.resume_check import ResumeCheck
 
     assert [ResumeCheck(Path("o"), {}, "grpo", r).resume_mode for r in (True, False)] == ["auto", "never"]
 

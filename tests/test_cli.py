@@ -1317,7 +1317,7 @@ def test_under_torchrun_a_stop_every_rank_makes_is_one_line_from_rank_0(tmp_path
     test_under_torchrun_an_error_of_one_ranks_own_is_that_ranks_line_named)."""
     from dgrpo import cli
     from dgrpo.cli import train
-    from dgrpo.training.run import NonFiniteError
+    from dgrpo.training.guards import NonFiniteError
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", rank)

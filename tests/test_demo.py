@@ -475,7 +475,7 @@ def test_demo_quick(pool_demo):
 def test_a_second_demo_on_the_same_out_is_refused(tmp_path, run_cli):
     """One demo per --out: a second one started its SFT over under the first (--resume never deleted the
     checkpoint the first's RL runs were reading)."""
-    from dgrpo.training.run import RunLock
+    from dgrpo.training.out_dir import RunLock
 
     lock = RunLock(tmp_path)  # (the first demo, still running)
     try:

@@ -531,7 +531,7 @@ def test_run_demo_writes_partial_results_after_each_seed_but_the_last_and_releas
     workers; after SFT seed 0 of 2 the results so far are written quietly, labelled partial; at the end once in full
     and printed; --out's lock is released (a second demo may start); a worker that died is one line, exit code 1."""
     import dgrpo.demo as demo_pkg
-    from dgrpo.training.run import RunLock
+    from dgrpo.training.out_dir import RunLock
 
     writes, ran = [], []
 

@@ -485,7 +485,7 @@ def _worker_scores(out: Path, args: dict) -> None:
     """``sharded_scores`` of each case (scores, rows) over the ranks; each rank writes its results."""
     from dgrpo.data import Record
     from dgrpo.training.distributed import Dist
-    from dgrpo.training.run import sharded_scores
+    from dgrpo.training.sharded_eval import sharded_scores
 
     dist = Dist.from_env(torch.device("cpu"))
     got = []
@@ -590,7 +590,7 @@ def test_validation_mean_score_of_n_processes_is_one_processs_exactly(tmp_path, 
     0.46666666666666673), a rank with no record; a result with its mean alone (no rows) is as near as its means."""
     from dgrpo.data import Record
     from dgrpo.training.distributed import Dist
-    from dgrpo.training.run import sharded_scores
+    from dgrpo.training.sharded_eval import sharded_scores
 
     floats = [0.25, 0.3, 0.7, 0.9, 0.1, 0.3, 0.7]
     mixed = [0, 0.3, 0, 0.7, 0.25, 1, 0.25, 0.7, 0.5, 0.7, 0.5, 0.7]

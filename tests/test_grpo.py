@@ -377,7 +377,7 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
     with pytest.raises(ConfigError, match="grpo.group_size: expected an integer, got '8x'"):
         train_grpo(lm, typo, train, out)
     from dgrpo.training.distributed import Dist
-    from dgrpo.training.run import sharded_scores
+    from dgrpo.training.sharded_eval import sharded_scores
 
     assert sharded_scores(Dist.single(), lambda local: np.int64(3), train) == {"accuracy": 3 / 8}  # numpy's count too
     with pytest.raises(TypeError, match=r"evaluate_fn returns how many .*got 0.5: an accuracy\? return the count"):
@@ -550,7 +550,7 @@ def test_a_model_off_the_configs_device_is_warned_about(sft_checkpoint, monkeypa
     must: on a GPU machine a run of the docs' example trained on the CPU without a word."""
     import warnings
 
-    from dgrpo.training.run import warn_if_off_device
+    from dgrpo.training.run_inputs import warn_if_off_device
 
     lm, cfg = LatentLM.from_pretrained(sft_checkpoint), tiny_config()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # (cfg.device auto: this machine has CUDA)
@@ -566,7 +566,7 @@ def test_a_model_off_the_configs_device_is_warned_about(sft_checkpoint, monkeypa
 def test_the_trainers_off_device_warning_names_their_callers_line(sft_checkpoint, task_records, tmp_path, monkeypatch):
     """train_sft checks what it is given in a helper, one call deeper than train_grpo: its off-device warning named
     train_sft's own line, not its caller's, as train_grpo's does."""
-    from dgrpo.training import run
+    from dgrpo.training import run_inputs as run
     from dgrpo.training.sft import train_sft
 
     class Stop(Exception):
@@ -667,7 +667,7 @@ def test_valid_without_an_evaluate_fn_is_answered_under_eval_options(sft_checkpo
         seen.append((len(records), kw["scorer"], kw.get("n_latent")))
         return real(lm, records, **kw)
 
-    monkeypatch.setattr("dgrpo.training.run.evaluate", spy)
+    monkeypatch.setattr("dgrpo.training.run_inputs.evaluate", spy)
     cfg = tiny_config(**{"grpo.steps": 1, "grpo.prompts_per_step": 2, "grpo.group_size": 2, "eval.scorer": "exact"})
     recs = generate_split(cfg.task, "valid")[:8]
     train_grpo(

@@ -252,7 +252,7 @@ def test_the_default_validation_gives_a_shard_of_records_made_in_python_every_co
     was called in dgrpo's form (its ``hint`` got the records). It is told the whole validation data's columns."""
     import dgrpo.eval.evaluate as ev
     from dgrpo.model.factory import load_model
-    from dgrpo.training.run import default_evaluate_fn
+    from dgrpo.training.run_inputs import default_evaluate_fn
 
     (tmp_path / "hinted.py").write_text(
         "def hinted(completions, hint, **kwargs):\n    return [0.0 if h is None else 1.0 for h in hint]\n"
@@ -269,7 +269,7 @@ def test_the_default_validation_names_the_validation_set_in_its_warnings():
     """A test set's warning about questions cut to data.max_question_tokens names the set; the trainers' default
     validation said "4 of 16 evaluated questions are longer ..." of no set at all."""
     from dgrpo.model.factory import load_model
-    from dgrpo.training.run import default_evaluate_fn
+    from dgrpo.training.run_inputs import default_evaluate_fn
 
     cfg = tiny_config(**{"data.max_question_tokens": 4, "eval.max_new_tokens": 2})
     lm = load_model(cfg.model, cfg.task, seed=0)
@@ -1971,7 +1971,8 @@ def test_the_default_validation_reduces_a_partial_credit_scorers_mean_score(toke
     scores are summed (a count of one's own still works, without a mean score; an EvalResult of other records than
     the shard's, or a mean score outside [0, 1], is refused)."""
     from dgrpo.training.distributed import Dist
-    from dgrpo.training.run import default_evaluate_fn, sharded_scores
+    from dgrpo.training.run_inputs import default_evaluate_fn
+    from dgrpo.training.sharded_eval import sharded_scores
 
     from conftest import make_lm
 
@@ -2217,7 +2218,7 @@ def _on_thread_ranks(world: int, evaluate, recs: list) -> list:
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from dgrpo.training.run import sharded_scores
+    from dgrpo.training.sharded_eval import sharded_scores
 
     slots, barrier = [None] * world, threading.Barrier(world)
     ranks = [_ThreadRank(slots, barrier, r) for r in range(world)]
@@ -2243,7 +2244,7 @@ def test_validation_mean_score_over_ranks_is_one_processs_bit_for_bit():
     best/ step. The ranks' scores are gathered and summed in the records' order, as one process sums them."""
     from dgrpo.eval.evaluate import _mean_score
     from dgrpo.training.distributed import Dist
-    from dgrpo.training.run import sharded_scores
+    from dgrpo.training.sharded_eval import sharded_scores
 
     scores = {f"q{i}": s for i, s in enumerate([0.25, 0.3, 0.7, 0.9, 0.1, 0.3, 0.7])}
     recs = [Record(q, [], "1") for q in scores]
@@ -2260,7 +2261,7 @@ def test_validation_reads_prediction_rows_scores_only_where_they_are_the_results
     bit (0.4666666666666666 for 0.46666666666666673). Rows are read where their mean is the result's."""
     from dgrpo.eval.evaluate import EvalResult
     from dgrpo.training.distributed import Dist
-    from dgrpo.training.run import sharded_scores
+    from dgrpo.training.sharded_eval import sharded_scores
 
     recs = [Record(f"q{i}", [], "1") for i in range(4)]
 

@@ -17,8 +17,8 @@ from dgrpo.data.synthetic import generate_split
 from dgrpo.model.factory import load_model
 from dgrpo.training import grpo, sft
 from dgrpo.training.distributed import fsdp2_missing
+from dgrpo.training.guards import NonFiniteError, StalledError
 from dgrpo.training.preemption import Terminated, sigterm_stops
-from dgrpo.training.run import NonFiniteError, StalledError
 
 from conftest import tiny_config
 
@@ -778,7 +778,7 @@ def test_under_torchrun_a_guards_stop_waits_for_rank_0s_checkpoint_before_the_ra
     step's checkpoint, and torchrun, seeing a rank fail, ended rank 0 after its shutdown timeout (30 s: short of a
     1.5B model's optimizer state). Every rank now leaves the process group (a barrier: rank 0's writes done) first,
     as a SIGTERM's stop does."""
-    from dgrpo.training.run import NonFiniteError
+    from dgrpo.training.guards import NonFiniteError
 
     run = at_the_runs_end(tmp_path)
     left = []

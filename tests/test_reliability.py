@@ -188,7 +188,7 @@ def test_lr_inf_is_refused_and_nan_weights_stop_the_run(sft_checkpoint, monkeypa
     from dgrpo.config import ConfigError
     from dgrpo.data.synthetic import generate_split
     from dgrpo.training import grpo
-    from dgrpo.training.run import NonFiniteError
+    from dgrpo.training.guards import NonFiniteError
 
     with pytest.raises(ConfigError, match="grpo.lr"):
         tiny_config(**{"grpo.lr": "inf"})

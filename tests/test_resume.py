@@ -394,7 +394,7 @@ def test_only_options_that_change_no_result_may_change_on_resume():
     CPU), but keeping the latent steps' activations (recompute_latent_steps: false) moves gradients by 1e-7: a change
     to refuse, or to record in config history."""
     from dgrpo.config import Config, load_config, to_dict
-    from dgrpo.training.run import config_diff
+    from dgrpo.training.resume_check import config_diff
 
     old = to_dict(load_config(Config, None, []))
     neutral = ["threads=1", "logging.backends=[jsonl, tensorboard]", "grpo.recompute=false", "sft.recompute=true"]
@@ -1145,7 +1145,7 @@ def test_an_epochs_validation_answers_with_its_stages_thoughts_before_any_stage_
     from dgrpo.eval import evaluate as ev
     from dgrpo.model.factory import load_model
     from dgrpo.model.latent_lm import LatentSettings
-    from dgrpo.training import run as run_mod
+    from dgrpo.training import run_inputs as run_mod
     from dgrpo.training.sft import train_sft
 
     over = {"task.n_train": 32, "sft.batch_size": 16, "sft.num_epochs": 2, "sft.stage_epochs": [0]}

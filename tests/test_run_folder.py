@@ -137,7 +137,7 @@ def test_the_folders_a_checkpoint_s_run_started_in(tmp_path):
     """The latest start first, each once; entries without started_in (written before it) skipped; a resumable
     checkpoint's: the processes that started before its step only (a later one resumed from it); a checkpoint outside
     a run directory's layout, or a run without applied.json: none."""
-    from dgrpo.training.run import start_folders
+    from dgrpo.training.resume_check import start_folders
 
     a, b, c = (str(tmp_path / x) for x in "abc")
     entries = [{"started_at_step": 0, "started_in": a}, {"started_at_step": 4}, {"started_at_step": 6, "started_in": b}]
@@ -156,7 +156,7 @@ def test_a_spec_read_from_where_the_run_started_keeps_names_and_what_is_found_he
     """Only a relative part naming nothing from here and a local file or folder there is read from there: built-in
     names, a built-in dataset's name over a plain folder of that name (GSM8K there too), absolute paths and hub names
     found nowhere as they are."""
-    from dgrpo.training.run import data_spec_from
+    from dgrpo.training.resume_check import data_spec_from
 
     there, here = _folders(tmp_path, "there", "here")
     (there / "data" / "t.jsonl").write_text(Q1)

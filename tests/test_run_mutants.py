@@ -44,7 +44,7 @@ def test_validation_over_two_ranks_averages_over_every_record():
     """Five records on two ranks (rank 1 holds the last three): the accuracy is the correct records of both over
     five, and a mean score kept as each rank's sum (no rows) is those sums over five, not over a shard's three
     records, nor the number of ranks."""
-    from dgrpo.training.run import sharded_scores
+    from dgrpo.training.sharded_eval import sharded_scores
 
     records = list(range(5))
     seen: list[list] = []
@@ -62,7 +62,7 @@ def test_validation_over_two_ranks_averages_over_every_record():
 def test_validation_over_two_ranks_merges_rows_scores_and_sums_alike():
     """Rank 1's rows (three scores of 0.5) with rank 0's two scores (1.0, 1.0): the mean of all five (0.7), not of
     one rank's; with rank 0's sum (0.25) instead of its rows, the sums over five (0.35)."""
-    from dgrpo.training.run import sharded_scores
+    from dgrpo.training.sharded_eval import sharded_scores
 
     mine = _result(3, 1, 0.5, [0.5, 0.5, 0.5])
     rows = sharded_scores(_RankOfTwo(1, 2, [1.0, 1.0]), lambda local: mine, list(range(5)))  # type: ignore[arg-type]
@@ -76,7 +76,7 @@ def test_an_evaluate_fns_result_is_checked_against_its_shard():
     (a count of n, a mean score of 1.0) is a valid result; a result without a mean score validates the accuracy
     alone."""
     from dgrpo.training.distributed import Dist
-    from dgrpo.training.run import sharded_scores
+    from dgrpo.training.sharded_eval import sharded_scores
 
     single, three = Dist.single(), [0, 1, 2]
     with pytest.raises(TypeError, match="returned the EvalResult of 2 records for the 3 it is given"):
@@ -89,7 +89,7 @@ def test_an_evaluate_fns_result_is_checked_against_its_shard():
 def test_best_is_kept_by_the_metric_asked():
     """``best_value`` takes the metric named (mean_score, not the accuracy beside it), and refuses one a count
     cannot give."""
-    from dgrpo.training.run import best_value
+    from dgrpo.training.sharded_eval import best_value
 
     assert best_value({"accuracy": 0.25, "mean_score": 0.75}, "mean_score", "grpo.best_metric") == 0.75
     assert best_value({"accuracy": 0.25, "mean_score": 0.75}, "accuracy", "grpo.best_metric") == 0.25
@@ -100,7 +100,7 @@ def test_best_is_kept_by_the_metric_asked():
 def test_the_non_finite_guard_trips_on_limit_steps_in_a_row_only():
     """Limit 2: one bad step, a good one, a bad one does not trip (the streak restarts); two bad in a row do. Every
     bad step is counted in ``skips``."""
-    from dgrpo.training.run import NonFiniteGuard
+    from dgrpo.training.guards import NonFiniteGuard
 
     guard = NonFiniteGuard(2, "GRPO", "grpo.lr")
     for finite in (False, True, False):
@@ -113,7 +113,7 @@ def test_the_non_finite_guard_trips_on_limit_steps_in_a_row_only():
 def test_a_bf16_gradients_norm_is_float32_and_clips():
     """A bf16 gradient (3, 4) of norm 5, clipped to 1: the norm returned in float32, the gradient scaled to (0.6,
     0.8) (bf16's rounding)."""
-    from dgrpo.training.run import clip_gradients
+    from dgrpo.training.guards import clip_gradients
 
     p = torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))
     p.grad = torch.tensor([3.0, 4.0], dtype=torch.bfloat16)
@@ -126,7 +126,7 @@ def test_weights_finite_reads_every_parameter():
     """A NaN in the second parameter is found; finite weights (and none) are finite; under two processes, weights
     not finite on the other rank are not finite here either."""
     from dgrpo.training.distributed import Dist
-    from dgrpo.training.run import weights_finite
+    from dgrpo.training.guards import weights_finite
 
     good, bad = torch.ones(2), torch.tensor([1.0, float("nan")])
     assert weights_finite([good, good], Dist.single()) and weights_finite([], Dist.single())
@@ -140,7 +140,7 @@ def test_config_diff_counts_a_missing_key_as_its_default_and_ignores_logging():
     """A key an older run's config lacks, at its default now, is no change; one set otherwise is; logging.* and the
     neutral keys never are."""
     from dgrpo.config import Config, to_dict
-    from dgrpo.training.run import config_diff
+    from dgrpo.training.resume_check import config_diff
 
     old = to_dict(Config())
     new = json.loads(json.dumps(old))
@@ -155,19 +155,19 @@ def test_config_diff_counts_a_missing_key_as_its_default_and_ignores_logging():
 def test_an_empty_metrics_file_is_a_runs(tmp_path):
     """An empty metrics.jsonl is what a run opens first (a run killed before its first row): a run's; one whose first
     row has a step is too; one whose first row has none, or no file, is not."""
-    from dgrpo.training.run import _metrics_of_a_run
+    from dgrpo.training.out_dir import is_run_metrics
 
     path = tmp_path / "metrics.jsonl"
-    assert not _metrics_of_a_run(path)
+    assert not is_run_metrics(path)
     for text, expected in (("", True), ('{"step": 1}\n', True), ('{"loss": 1}\n', False), ("[1]\n", False)):
         path.write_text(text)
-        assert _metrics_of_a_run(path) is expected, text
+        assert is_run_metrics(path) is expected, text
 
 
 def test_a_resumed_run_clears_the_models_stopped_mark():
     """``check_restart`` on a resume clears ``lm.stopped_run`` (the checkpoint's weights replace the stopped ones);
     a fresh start from a stopped model is refused."""
-    from dgrpo.training.run import check_restart
+    from dgrpo.training.run_inputs import check_restart
 
     lm = SimpleNamespace(stopped_run="step 3 of run X")
     with pytest.raises(ConfigError, match="holds the weights of a run that stopped mid-way"):
@@ -291,7 +291,7 @@ def test_the_final_evaluation_logs_its_row_at_the_last_step_with_the_best_step(t
 def test_a_stop_after_a_step_records_what_was_applied_at_the_runs_start_step(tmp_path):
     """A run resumed at step 4 that stops (a stall): its applied.json entry (started at step 4) is written again
     with what was applied at the stop, and the stop's error is raised."""
-    from dgrpo.training.run import StalledError
+    from dgrpo.training.guards import StalledError
 
     out = tmp_path / "run"
     _checkpoint(out / "checkpoints" / "step-00000004")
@@ -339,7 +339,7 @@ def test_a_checkpoint_that_fails_to_load_is_moved_aside_and_the_previous_one_res
 def test_sfts_validation_decodes_with_the_stages_latent_steps(monkeypatch):
     """The default per-stage validation (SFT) evaluates with the stage's ``n_latent``, not ``eval.n_latent``; the
     plain one with ``eval.n_latent``; both greedy under ``eval.*`` and naming the validation set."""
-    import dgrpo.training.run as run
+    import dgrpo.training.run_inputs as run
     from dgrpo.data.records import Record
 
     from conftest import tiny_config
@@ -359,7 +359,7 @@ def test_sfts_validation_decodes_with_the_stages_latent_steps(monkeypatch):
 def test_best_by_mean_score_is_refused_before_training_for_an_evaluate_fn_annotated_to_count():
     """``grpo.best_metric: mean_score`` with an evaluate_fn annotated ``-> int`` (a class, or the text 'int' under
     ``from __future__ import annotations``, as here) is refused before the run; accuracy, or no best/ kept, is not."""
-    from dgrpo.training.run import _check_best_metric
+    from dgrpo.training.run_inputs import _check_best_metric
 
     from conftest import tiny_config
 
@@ -394,7 +394,7 @@ def test_a_resume_compares_the_options_its_command_reads(tmp_path):
     full run is refused (only a LoRA run leaves it to the adapters' comparison); model.revision, which the model may
     set, is left by the check made before loading to the run directory's, which refuses it."""
     from dgrpo.config import to_dict
-    from dgrpo.training.run import check_resume_config
+    from dgrpo.training.resume_check import check_resume_config
 
     from conftest import tiny_config
 

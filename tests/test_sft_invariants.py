@@ -74,7 +74,7 @@ def test_each_epoch_has_its_own_order_and_an_epoch_its_whole_batches():
 
 def sft_run_between_steps(cfg):
     """An SFTRun with only what enter_stage and step read (no model: sft_step is replaced by the test)."""
-    from dgrpo.training.run import NonFiniteGuard
+    from dgrpo.training.guards import NonFiniteGuard
     from dgrpo.training.sft import Curriculum, Progress, SFTRun
 
     run = object.__new__(SFTRun)

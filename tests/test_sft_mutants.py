@@ -12,7 +12,7 @@ import torch
 
 from dgrpo.training import sft as sft_module
 from dgrpo.training.distributed import Dist
-from dgrpo.training.run import NonFiniteGuard
+from dgrpo.training.guards import NonFiniteGuard
 from dgrpo.training.sft import Curriculum, Progress, SFTRun, make_example, new_optimizer, sft_step, stage_settings
 
 from conftest import make_lm, tiny_config

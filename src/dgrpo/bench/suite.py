@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ..config import ConfigError
-from ..training.run import check_output_path
+from ..training.out_dir import check_output_path
 from .items import ITEMS, P_DROP
 from .report import Row, markdown_table
 from .workload import FLOP_FORMULA, FULL, GPU, QUICK, Ctx, Shapes

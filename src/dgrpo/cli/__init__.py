@@ -135,7 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..data.records import DataError
     from ..eval.scoring import RewardError, RewardSetupError
     from ..model.factory import CheckpointError
-    from ..training.run import TrainingStopped
+    from ..training.guards import TrainingStopped
 
     try:
         return int(args.func(args))

@@ -76,7 +76,7 @@ def load(args: argparse.Namespace) -> Config:
     """The command's config; then, when it writes to ``--out``, a one-line error early if it cannot. For dgrpo sft
     and grpo, ``DGRPO_FSDP`` overrides the ``fsdp`` key here, so that validation sees it and the run records it."""
     from ..config import FSDP_ENV, Config, ConfigError, fsdp_from_env, load_config
-    from ..training.run import check_output_path
+    from ..training.out_dir import check_output_path
 
     fsdp = fsdp_from_env() if getattr(args, "cmd", None) in TRAINING_COMMANDS else None
     overrides = [*args.overrides, *([f"fsdp={fsdp}"] if fsdp else [])]
@@ -237,7 +237,7 @@ def evaluate_shards(
     from ..data.records import data_columns
     from ..eval.evaluate import evaluate, merge_results
     from ..eval.scoring import RewardError
-    from ..training.run import EVALUATION_FAILED_ELSEWHERE
+    from ..training.sharded_eval import EVALUATION_FAILED_ELSEWHERE
 
     examples, rest = (records[:shots], records[shots:]) if plain and shots else ([], records)
     rest = rest[:limit] if limit else rest

@@ -148,7 +148,7 @@ def run_export(args: argparse.Namespace) -> int:
     from ..model.latent_lm import LatentLM
     from ..model.sources import hub_files, on_disk, resolve_checkpoint
     from ..model.verified import SHARDED_DIR, CheckpointError
-    from ..training.run import check_output_path
+    from ..training.out_dir import check_output_path
 
     hf_logging.disable_progress_bar()
     warn_if_revision_is_ignored(args.revision, args.src, "SRC")
@@ -225,7 +225,7 @@ def run_import(args: argparse.Namespace) -> int:
     refuse_torchrun("import-coconut", "each rank would write the same files at once")
     from ..model.coconut_import import import_coconut
     from ..model.verified import LATENT_CONFIG_FILE
-    from ..training.run import check_output_path
+    from ..training.out_dir import check_output_path
 
     warn_if_revision_is_ignored(args.revision, args.base, "--base")
     check_output_path(args.out, model_dir=True)

@@ -281,11 +281,12 @@ def _eval_config(args: argparse.Namespace) -> tuple[Config, list[str], list[Path
     datasets to evaluate: ``--data``, else ``data.test`` as ``--config`` / ``--set`` or the checkpoint's run set it
     (the run's own test sets); a model with none named (a plain hub model, a run with none) is one line. And, when
     they are the checkpoint's run's test sets as it recorded them, the folders its processes started in
-    (:func:`~dgrpo.training.run.start_folders`: [] when none is recorded), else None."""
+    (:func:`~dgrpo.training.resume_check.start_folders`: [] when none is recorded), else None."""
     from ..config import Config, ConfigError, DataConfig, TaskConfig, load_config
     from ..model.sources import on_disk, resolve_checkpoint
+    from ..training.out_dir import check_not_a_training_run, check_output_path
     from ..training.preemption import is_rank0
-    from ..training.run import check_not_a_training_run, check_output_path, start_folders
+    from ..training.resume_check import start_folders
     from .train import absolute_file
 
     extra = []
@@ -336,12 +337,12 @@ def _eval_config(args: argparse.Namespace) -> tuple[Config, list[str], list[Path
 def check_run_test_files(specs: list[str], folders: list[Path] | None = None) -> None:
     """The test sets a checkpoint's run recorded keep their paths as typed (relative to the folder the run started
     from): one found neither from here nor from ``folders`` (those the run's processes started in, as its
-    ``applied.json`` records them: :func:`~dgrpo.training.run.data_spec_from`) is one line saying so, before the
-    model loads (it read 'file not found (a relative path is read from the working directory, ...)', naming no
+    ``applied.json`` records them: :func:`~dgrpo.training.resume_check.data_spec_from`) is one line saying so, before
+    the model loads (it read 'file not found (a relative path is read from the working directory, ...)', naming no
     run)."""
     from ..config import ConfigError
     from ..data.loaders import names_a_file
-    from ..training.run import data_spec_from
+    from ..training.resume_check import data_spec_from
 
     for spec in specs:
         for part in spec_parts(data_spec_from(spec, folders or [])):  # (a part found there: absolute)
@@ -398,13 +399,13 @@ def _read_sets(
     """Every ``--data``'s records, read before the model loads (a wrong name fails at once); a set with nothing to
     evaluate is one line, a scorer that gives its gold answers 0 is warned about. ``started_in``: the sets are the
     checkpoint's run's test sets, and these the folders its processes started in: a part naming nothing from here
-    is read from them (:func:`~dgrpo.training.run.data_spec_from`; still named as typed), and
+    is read from them (:func:`~dgrpo.training.resume_check.data_spec_from`; still named as typed), and
     :func:`run_test_set_unread` says what a failed read may mean."""
     from ..config import ConfigError
     from ..data import load_spec
     from ..data.records import DataError
     from ..eval.scoring import warn_if_scorer_misses_gold
-    from ..training.run import data_spec_from
+    from ..training.resume_check import data_spec_from
 
     e, sets = cfg.eval, {}
     for data in outs:
@@ -456,7 +457,7 @@ def output_dirs(datas: list[str], split: str | None, out: Path, given: bool = Tr
     from ..config import ConfigError
     from ..data import dataset_key
     from ..run_layout import results_name
-    from ..training.run import check_output_path
+    from ..training.out_dir import check_output_path
 
     for data in datas:
         check_split(data, split)

@@ -79,12 +79,12 @@ def record_init(cfg: Config, init: str | None, out: str | Path) -> Config:
     from, and resuming it from other weights is refused as any changed config is. Reward,
     scorer and perturbation kind files (``path/file.py:function``) are made absolute too, so the checkpoint's scorer
     is found by ``dgrpo eval`` wherever it runs, and so are the local files and folders of ``data.train`` and
-    ``data.valid`` (:func:`~dgrpo.training.run.absolute_data_spec`): a resume or a rerun of the config elsewhere
-    trains and validates on the same data. ``data.test`` stays as typed: its specs name the results (``eval/NAME``,
-    ``test/NAME/accuracy``), which an absolute path would make ``_home_me_my_test.jsonl``."""
+    ``data.valid`` (:func:`~dgrpo.training.resume_check.absolute_data_spec`): a resume or a rerun of the config
+    elsewhere trains and validates on the same data. ``data.test`` stays as typed: its specs name the results
+    (``eval/NAME``, ``test/NAME/accuracy``), which an absolute path would make ``_home_me_my_test.jsonl``."""
     from ..config import ConfigError, reward_name
     from ..training.model_record import init_name, model_name
-    from ..training.run import absolute_data_spec
+    from ..training.resume_check import absolute_data_spec
 
     if init is not None and not init.strip():
         raise ConfigError("--init is empty: name a checkpoint directory, a run directory or a hub id")
@@ -296,14 +296,14 @@ def read_setting(key: str, spec: str, cfg: Config) -> list:
 def set_up_run(args: argparse.Namespace) -> Setting:
     """Validate the config, read every dataset, join the processes, load the model: each failure one line before
     anything is trained (a scorer that cannot be built fails before anything is read, and so does a resume under a
-    changed config: :func:`~dgrpo.training.run.check_resume_config`)."""
+    changed config: :func:`~dgrpo.training.resume_check.check_resume_config`)."""
     from ..config import ConfigError
     from ..data import training_split
     from ..eval.evaluate import eval_options
     from ..eval.scoring import check_reward
     from ..model.factory import check_builtin_compiles, load_model
     from ..training.model_record import record_the_models_shape
-    from ..training.run import check_resume_config
+    from ..training.resume_check import check_resume_config
     from ..training.tracking import check_installed
 
     if not args.resume.strip():  # (an empty PATH was read as the working directory)
@@ -349,7 +349,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
 
 def run_sft(args: argparse.Namespace) -> int:
     from ..eval.scoring import warn_if_scorer_misses_gold
-    from ..training.run import command_line_words
+    from ..training.resume_check import command_line_words
     from ..training.sft import final_settings, train_sft
 
     s = set_up_run(args)
@@ -382,7 +382,7 @@ def run_sft(args: argparse.Namespace) -> int:
 def run_grpo(args: argparse.Namespace) -> int:
     from ..eval.scoring import check_scorer
     from ..training.grpo import train_grpo
-    from ..training.run import command_line_words
+    from ..training.resume_check import command_line_words
 
     s = set_up_run(args)
     cfg, tests, dist = s.cfg, s.tests, s.dist

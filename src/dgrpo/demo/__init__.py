@@ -39,7 +39,7 @@ import torch
 
 from ..config import Config
 from ..data.synthetic import generate_split
-from ..training.run import RunLock
+from ..training.out_dir import RunLock
 from .pipeline import (
     ARMS,
     SHORT,

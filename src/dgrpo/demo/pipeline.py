@@ -34,8 +34,8 @@ from ..perturbation import make_perturbation
 from ..run_layout import BEST_DIR, FINAL_DIR
 from ..training.distributed import available_cpus, exit_with_parent
 from ..training.grpo import train_grpo
+from ..training.out_dir import check_not_a_training_run, check_output_path
 from ..training.preemption import stops_at_once
-from ..training.run import check_not_a_training_run, check_output_path
 from ..training.sft import train_sft
 from .task_records import RECORD, fingerprint, forget_record, read_record, write_record
 

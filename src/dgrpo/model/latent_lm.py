@@ -464,7 +464,7 @@ class LatentLM(nn.Module):
     #: directory, or built here)
     hub_commit: str | None = None
     #: the run directory of a training run that stopped mid-way (an exception, Ctrl-C) with these weights: the
-    #: next run must resume a checkpoint, which replaces them (dgrpo.training.run.check_restart)
+    #: next run must resume a checkpoint, which replaces them (dgrpo.training.run_inputs.check_restart)
     stopped_run: str | None = None
 
     # how the update runs (set by the trainers from their configs)

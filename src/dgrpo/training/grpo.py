@@ -56,6 +56,7 @@ from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, SUMMARY_FILE, ste
 from .applied import applied_settings
 from .checkpoint import read_checkpoint, save_checkpoint, shard_staging
 from .distributed import Dist
+from .guards import NonFiniteError, NonFiniteGuard, StalledError, clip_gradients, weights_finite
 from .losses import (
     GlobalCounts,
     ObjectiveSettings,
@@ -73,23 +74,16 @@ from .model_record import recorded_model
 from .preemption import stop_requested, within_step
 from .ref_policy import make_reference
 from .rollouts import Rollouts, collect_rollouts, replay_logprobs, resolve_engine, resolve_latent_chain
-from .run import (
-    FinalEval,
-    NonFiniteError,
-    NonFiniteGuard,
-    RunDir,
-    StalledError,
-    best_value,
+from .run import FinalEval, RunDir
+from .run_inputs import (
     check_restart,
     check_run_inputs,
     check_trainer_inputs,
-    clip_gradients,
     default_evaluate_fn,
-    sharded_scores,
     warn_if_training_questions_cut,
-    weights_finite,
 )
 from .schedules import beta_at, lr_at
+from .sharded_eval import best_value, sharded_scores
 
 
 def _check_shares_and_thoughts(lm: LatentLM, g: GRPOConfig, dist: Dist) -> None:

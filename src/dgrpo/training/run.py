@@ -1,6 +1,8 @@
-"""One training run's plumbing, shared by SFT and GRPO: the run directory (an exclusive lock, ``config.json`` and
-its history, start-or-resume with fallback), the metrics log, the guards that stop a run that stopped learning,
-and evaluation sharded over processes.
+"""One training run's directory, shared by SFT and GRPO: :class:`RunDir` (an exclusive lock, ``config.json`` and its
+history, start-or-resume with fallback, the end of a run: its final evaluation, ``applied.json``, the rollout rows)
+and the metrics log. Beside it: where a run may write (:mod:`.out_dir`), a trainer's inputs checked
+(:mod:`.run_inputs`), whether a run may be resumed under a config (:mod:`.resume_check`), the guards that stop a run
+that stopped learning (:mod:`.guards`) and evaluation sharded over processes (:mod:`.sharded_eval`).
 
 Every rank builds the same objects; the ones that write (``config.json``, ``metrics.jsonl``, trackers) are no-ops
 off rank 0, so a trainer's loop calls them unconditionally.
@@ -8,47 +10,24 @@ off rank 0, so a trainer's loop calls them unconditionally.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import inspect
 import json
-import operator
-import os
 import re
 import shutil
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-from ..config import BUILTIN_SHAPE, Config, ConfigError, to_dict
-from ..data.records import Record, check_records, data_columns
-from ..eval.evaluate import (
-    EvalResult,
-    eval_options,
-    evaluate,
-    ordered_mean,
-    result_scores,
-    warn_if_questions_cut,
-)
-from ..eval.scoring import RewardError
-from ..model.factory import BUILTIN
+from ..config import Config, ConfigError, to_dict
 from ..model.latent_lm import LatentLM
-from ..model.sources import is_model_dir, on_disk, resolve_device
-from ..model.support import untrainable
+from ..model.sources import is_model_dir
 from ..model.verified import (
     MANIFEST,
-    RESUMABLE_STATE,
-    RUN_CONFIG_FILE,
     CheckpointError,
-    enclosing_checkpoint,
-    is_written_checkpoint,
     remove_dir,
 )
-from ..paths import expand_home
 from ..run_layout import (
     APPLIED_FILE,
     BEST_DIR,
@@ -58,21 +37,14 @@ from ..run_layout import (
     LOCK_FILE,
     METRICS_FILE,
     ROLLOUTS_FILE,
-    STAGE_DIR,
-    STEP_DIR,
     SUMMARY_FILE,
-    TB_DIR,
-    WANDB_DIR,
-    WANDB_ID_FILE,
     config_history,
     config_history_file,
-    results_folder,
     stage_dirs,
 )
 from .applied import record_applied, warn_if_plugins_changed
 from .checkpoint import (
     LoadedCheckpoint,
-    checkpoint_command,
     count_lines,
     list_checkpoints,
     repoint_run_adapters,
@@ -80,7 +52,10 @@ from .checkpoint import (
     resume_candidates,
 )
 from .distributed import Dist
+from .guards import TrainingStopped
+from .out_dir import RUN_WRITES, RunLock, check_output_dir, is_run_config, is_run_metrics
 from .preemption import in_test_sets, stop, stop_if_requested, stopping, writing_the_end
+from .resume_check import ALLOW_CHANGE, START_OVER, ResumeCheck, in_command_line, quiet_log
 from .tracking import Tracker, describe_backends, open_trackers
 
 #: ``final_eval(lm, best)`` of :func:`~dgrpo.training.grpo.train_grpo` / :func:`~dgrpo.training.sft.train_sft`: run
@@ -88,146 +63,10 @@ from .tracking import Tracker, describe_backends, open_trackers
 #: or epoch (SFT) that ``best/`` holds (None: none kept; rank 0's counts); returns metrics for the run's last row
 #: (rank 0's count)
 FinalEval = Callable[[LatentLM, "int | None"], dict[str, float]]
-
-#: options that change neither the computation nor its results: a resumed run may change them freely. Recomputing
-#: the decoder layers or calls gives the same gradients, bit for bit on CPU (tests/test_recompute.py); keeping the
-#: latent steps' activations (recompute_latent_steps: false) does not (1e-7 apart), so that key is not neutral
-NEUTRAL_KEYS = frozenset(
-    ["threads", "device"]
-    # LoRA's adapter dropout is always 0 (dgrpo.model.lora): a run records 0 (dgrpo up to 2026-12-02: the value given)
-    + ["model.lora.dropout"]
-    # how the ranks hold the model: like another number of processes, which a resume may change too, it changes
-    # results at float level; the checkpoint's loader says what a sharded checkpoint needs (torchrun, FSDP2)
-    + ["fsdp"]
-    + [f"{t}.{k}" for t in ("sft", "grpo") for k in ("recompute", "recompute_granularity", "recompute_kept_layers")]
-    # how often a resumable checkpoint is written and how many are kept: a resumed run is the run not stopped (to
-    # the bit), so they change where a stop can resume, not what it computes
-    + [f"{t}.{k}" for t in ("sft", "grpo") for k in ("save_every", "keep_last")]
-)
-NEUTRAL_SECTIONS = ("logging.",)  # every key below these
-#: what a command's run never reads (the other command's section; dgrpo eval's prompt options): a resume ignores them
-UNREAD_BY = {"sft": ("grpo.", "eval.plain", "eval.shots"), "grpo": ("sft.", "eval.plain", "eval.shots")}
-#: model.arch and the built-in tiny model's sizes: they build that model (model.name_or_path builtin-tiny); a run
-#: that loads one records the loaded model's there (dgrpo before 2026-12-02 recorded the options given), which a
-#: resume does not compare
-BUILTIN_SHAPE_KEYS = frozenset(f"model.{k}" for k in BUILTIN_SHAPE)
-#: what makes a LoRA run's adapter: a LoRA run's resume compares them on the checkpoint's and the model's adapters
-#: (:func:`~.checkpoint.check_same_adapter`), not in the config (a run from an --init adapter records the adapter's,
-#: dgrpo before 2026-12-02 the values given); a change is kept in the config history
-ADAPTER_KEYS = frozenset(f"model.lora.{k}" for k in ("r", "alpha", "target_modules", "train_latent_tokens"))
 #: what :func:`~dgrpo.model.verified.atomic_dir` leaves in OUT when a run is killed during a final/, best/ or stage-K/
 #: write: its temporary ``.tmp-NAME-PID`` and the ``.old-NAME-PID`` a replace moves aside (in OUT/checkpoints too, for
 #: a step-N replaced: a rewound run's, or one whose LoRA base moved, :func:`~.checkpoint.repoint_run_adapters`)
 LEFTOVER = re.compile(rf"\.(tmp|old)-({FINAL_DIR}|{BEST_DIR}|stage-\d+|step-\d+)-\d+")
-
-
-class TrainingStopped(RuntimeError):
-    """A run stopped on purpose because it stopped learning (its state was saved first); exit code 1. Under torchrun
-    every rank raises it at the same step (its guards decide on values the ranks share): rank 0 prints it."""
-
-
-class NonFiniteError(TrainingStopped):
-    """Too many consecutive steps with a non-finite loss or gradient, or non-finite weights after a step."""
-
-
-class StalledError(TrainingStopped):
-    """Every group was filtered out for too many steps in a row: no update happened for that long."""
-
-
-def check_output_path(path: Path | str, what: str = "--out", *, model_dir: bool = False) -> None:
-    """Fail early, in one line, when ``path`` cannot hold a command's output: an existing file, a place that cannot
-    be written (a probe file is written and removed in ``path`` or its nearest existing parent; nothing is created),
-    or a folder inside a checkpoint dgrpo wrote (a run, results or a model written there would change the files its
-    manifest vouches for), or, unless ``model_dir`` (the output is itself a model directory, which dgrpo may
-    replace), such a checkpoint itself."""
-    if not str(path).strip():
-        raise ConfigError(f"{what} is empty: name a directory")
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{what} {path} exists and is not a directory")
-    _refuse_inside_checkpoint(path, what, itself=not model_dir)
-    parent = path
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConfigError(f"{what} {path}: {parent} is not a directory")
-    try:
-        probe = parent / f".dgrpo-write-probe-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"{what} {path}: cannot write there ({e.strerror or e})") from None
-
-
-def _refuse_inside_checkpoint(path: Path, what: str, itself: bool = True) -> None:
-    """ConfigError when ``path`` is (``itself``), or lies inside, a model checkpoint or resumable checkpoint dgrpo
-    wrote."""
-    folder = path if itself and is_written_checkpoint(path) else enclosing_checkpoint(path)
-    if folder is not None:
-        where = "is" if folder == path else f"lies inside {folder},"
-        raise ConfigError(
-            f"{what} {path} {where} a checkpoint dgrpo wrote: writing there would change the files it holds; "
-            "name a new directory"
-        )
-
-
-def is_run_config(path: Path) -> bool:
-    """Whether ``path`` holds a dgrpo run's config (a JSON object with the config's sections)."""
-    try:
-        found = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(found, dict) and {"model", "task", "data"} <= set(found)
-
-
-def check_not_a_training_run(path: Path | str, what: str = "--out") -> None:
-    """ConfigError when ``path`` is a training run's directory (its config.json, metrics or checkpoints): dgrpo eval's
-    and the demo's files would mix with the run's (results.json beside its checkpoints); or a folder the run writes
-    itself, or one inside it (``RUN/eval``: the run's own test-set results, replaced without a word, and removed
-    with the run's files by ``--resume never``)."""
-    path = Path(path)
-    if _is_training_run(path):
-        raise ConfigError(
-            f"{what} {path} is a training run's directory: name a folder of its own (e.g. {path / 'mine'})"
-        )
-    for run, own in ((path.parent, path.name), (path.parent.parent, path.parent.name)):
-        if own in RUN_WRITES and _is_training_run(run):
-            raise ConfigError(
-                f"{what} {path}: {run / own} is where the training run {run} keeps its own files: name a folder of "
-                f"its own (e.g. {run / 'mine'})"
-            )
-
-
-def _is_training_run(path: Path) -> bool:
-    """Whether ``path`` is a training run's directory: its config.json, metrics or checkpoints."""
-    config = path / CONFIG_FILE
-    return (
-        (config.is_file() and is_run_config(config))
-        or (path / METRICS_FILE).is_file()
-        or (path / CHECKPOINTS_DIR).is_dir()
-    )
-
-
-#: what a run writes in OUT besides config.json and metrics.jsonl, which ``--resume never`` (or a restart under another
-#: config) removes: its checkpoints, models, test results, logs, summary and applied settings
-RUN_WRITES = (
-    *(CHECKPOINTS_DIR, BEST_DIR, FINAL_DIR, results_folder(FINAL_DIR), results_folder(BEST_DIR), TB_DIR),
-    *(SUMMARY_FILE, ROLLOUTS_FILE, WANDB_ID_FILE, WANDB_DIR, APPLIED_FILE),
-)
-
-
-def _metrics_of_a_run(path: Path) -> bool:
-    """Whether ``path`` is a run's ``metrics.jsonl``: empty (as a run opens it), or its first line a row with a step."""
-    try:
-        with open(path) as f:
-            first = f.readline()
-    except OSError:
-        return False
-    try:
-        row = json.loads(first) if first.strip() else {"step": None}
-    except ValueError:
-        return False
-    return isinstance(row, dict) and "step" in row
 
 
 def rollout_rows_before(rows: list[str], step: int, path: Path) -> list[str]:
@@ -249,228 +88,6 @@ def rollout_rows_before(rows: list[str], step: int, path: Path) -> list[str]:
         if at < step:
             kept.append(row)
     return kept
-
-
-def check_output_dir(path: Path, what: str = "--out") -> Path:
-    """``path`` can hold a run: checked (:func:`check_output_path`), then created."""
-    check_output_path(path, what)
-    try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"{what} {path}: cannot create it ({e.strerror or e})") from None
-    return Path(path)
-
-
-class RunLock:
-    """An exclusive lock on a run directory for this process's lifetime (``flock``: the OS releases it when the
-    process dies, however it dies). A second process on the same directory gets a one-line ConfigError naming
-    the holder's PID."""
-
-    def __init__(self, directory: Path):
-        self.path = Path(directory) / LOCK_FILE
-        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = self.path.read_text().strip() or "unknown"
-            os.close(self._fd)
-            self._fd = None
-            raise ConfigError(
-                f"{directory} is in use by another dgrpo process (PID {holder}); wait for it to finish or use "
-                "another --out"
-            ) from None
-        os.ftruncate(self._fd, 0)
-        os.write(self._fd, f"{os.getpid()}\n".encode())
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-def check_run_inputs(
-    lm: object,
-    cfg: Config,
-    train: list[Record],
-    what: str,
-    valid: object,
-    valid_type: type,
-    *,
-    out_dir: object,
-    evaluate_fn: Callable | None,
-    eval_args: tuple[str, ...],
-    stacklevel: int = 3,
-) -> None:
-    """What a Python caller hands a trainer, checked before a run directory is touched: :func:`check_trainer_inputs`,
-    :func:`check_dtype`, ``valid`` None or of ``valid_type`` (SFT: a list of records; GRPO: a dict of them by name),
-    ``out_dir`` a path, and an ``evaluate_fn`` that takes ``eval_args`` (None: the trainer's default,
-    :func:`default_evaluate_fn`), warned about when there is no ``valid`` to call it on. ``stacklevel``: the warnings',
-    to name the trainer's caller (3: the trainer calls this; 4: through a helper of the trainer's)."""
-    check_trainer_inputs(lm, cfg, train, what)
-    assert isinstance(lm, LatentLM)  # (checked above, in one line)
-    check_dtype(lm, cfg, what)
-    warn_if_off_device(lm, cfg, what, stacklevel + 1)
-    if valid is not None and not isinstance(valid, valid_type):
-        raise TypeError(f"{what}: valid must be a {valid_type.__name__} of records, got {type(valid).__name__}")
-    _check_valid_records(what, valid)
-    _check_evaluate_fn(what, evaluate_fn, eval_args)
-    _check_best_metric(what, cfg, evaluate_fn)
-    if evaluate_fn is not None and not valid:
-        form = "{'valid': records}" if valid_type is dict else "records"
-        warnings.warn(
-            f"{what}: evaluate_fn is given but no valid records: it is never called (no validation, no best/); pass "
-            f"valid={form} too",
-            stacklevel=stacklevel,
-        )
-    if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir):
-        raise TypeError(f"{what}: out_dir must be the run directory's path, got {out_dir!r}")
-
-
-def _check_valid_records(what: str, valid: object) -> None:
-    """The records of a trainer's ``valid``, each list checked as ``train`` is (:func:`check_records`): SFT's list
-    (empty: no validation), each set of GRPO's dict non-empty (an empty one would log an accuracy of 0 at every
-    evaluation and keep ``best/`` by it); a list of dicts failed at the first evaluation, after training, deep
-    inside."""
-    if isinstance(valid, dict):
-        for name, records in valid.items():
-            check_records(records, f"{what}: valid[{name!r}]")
-    elif valid is not None:
-        check_records(valid, f"{what}: valid", empty=True)
-
-
-#: how each trainer takes its first arguments (SFT's records come before the config, GRPO's after it)
-CALL_ORDER = {
-    "train_sft": "lm, train, cfg, out_dir",
-    "train_grpo": "lm, cfg, train, out_dir",
-    "GRPOTrainer": "lm, cfg, train",
-}
-
-
-def check_trainer_inputs(lm: object, cfg: Config, train: list[Record], what: str) -> None:
-    """A :class:`LatentLM`, a :class:`Config` valid as a whole (a value set on the object skips ``load_config``'s
-    checks) and a non-empty list of Records, each a one-line error naming ``what`` (the trainer's own misuse would
-    fail deep inside, or train on nothing: a group of one rollout has no advantage)."""
-    if not isinstance(lm, LatentLM):
-        raise TypeError(
-            f"{what}: lm must be a dgrpo LatentLM (LatentLM.from_pretrained(path_or_hub_id), or LatentLM(model, "
-            f"tokenizer) around a Hugging Face model), got {type(lm).__name__}"
-        )
-    if (why := untrainable(getattr(lm.model, "config", None))) is not None:
-        raise ConfigError(f"{what}: {why}")
-    if not isinstance(cfg, Config):
-        order = CALL_ORDER.get(what)
-        raise TypeError(
-            f"{what}: cfg must be a dgrpo.config.Config, got {type(cfg).__name__}"
-            + (f" (the arguments' order: {what}({order}))" if order else "")
-        )
-    cfg.validate()
-    check_records(train, f"{what}: train")
-
-
-def warn_if_training_questions_cut(lm: LatentLM, cfg: Config, train: list[Record]) -> None:
-    """:func:`~dgrpo.eval.evaluate.warn_if_questions_cut` for a training set: 1000 of its distinct questions, evenly
-    spaced (SFT's and GRPO's start)."""
-    questions = list(dict.fromkeys(r.question for r in train))
-    warn_if_questions_cut(lm, questions, cfg.data.max_question_tokens, "training", check_at_most=1000)
-
-
-def check_restart(lm: LatentLM, resumed: bool, what: str) -> None:
-    """A ConfigError when a run would start afresh from the weights of a run that stopped mid-way in this process
-    (Ctrl-C in a notebook, an error; ``lm.stopped_run``, set by every training step and cleared when a run ends):
-    nothing restores its start (no checkpoint to resume). A resumed checkpoint replaces the weights and clears it."""
-    if resumed:
-        lm.stopped_run = None
-    elif lm.stopped_run is not None:
-        raise ConfigError(
-            f"{what}: this model object holds the weights of a run that stopped mid-way ({lm.stopped_run}), and no "
-            "checkpoint of this run restores a start: load the model again (load_model / LatentLM.from_pretrained) "
-            "and pass that, or go on with the stopped run by giving its directory"
-        )
-
-
-def check_dtype(lm: LatentLM, cfg: Config, what: str) -> None:
-    """The model's weights in ``model.dtype``, which the run records (config.json, and each checkpoint's
-    run_config.json, from which ``dgrpo eval`` takes it): ``load_model`` casts to it, a model built in Python keeps
-    its own (an fp32-trained run recorded bf16, and was evaluated in bf16)."""
-    weights = str(lm.model.get_input_embeddings().weight.dtype).removeprefix("torch.")
-    if weights != cfg.model.dtype:
-        raise ConfigError(
-            f"{what}: model.dtype is {cfg.model.dtype}, but the model's weights are {weights}: set model.dtype to "
-            f"the dtype to train in and cast the model to it (lm.to(torch.{cfg.model.dtype}); load_model casts)"
-        )
-
-
-def warn_if_off_device(lm: LatentLM, cfg: Config, what: str, stacklevel: int = 4) -> None:
-    """A warning when the model is not on the kind of device ``cfg.device`` names (``auto``: CUDA when there is one):
-    the trainers train the model where it is, and ``load_model`` puts it on the CPU unless told (the ``dgrpo``
-    commands move it; a Python run on a GPU machine trained on the CPU without a word)."""
-    import torch
-
-    name = cfg.device
-    want = resolve_device(name).type if name == "auto" else torch.device(name).type  # (no CUDA here: still warned)
-    if lm.device.type != want:
-        warnings.warn(
-            f"{what}: the model is on {lm.device.type}, but device is {name!r} ({want}), so it trains on "
-            f"{lm.device.type}: move it first (lm.to({want!r}), or load_model(..., device={want!r})), or set "
-            f"device: {lm.device.type}",
-            stacklevel=stacklevel,  # (the trainer's caller)
-        )
-
-
-def default_evaluate_fn(cfg: Config, valid: Iterable[Record], per_stage: bool = False) -> Callable[..., EvalResult]:
-    """What a trainer validates with when it is given no ``evaluate_fn``, as the ``dgrpo`` commands do: the
-    :class:`EvalResult` of the records (how many the model answers right, and the mean of the scorer's values), greedy
-    (unless ``eval.temperature``) under ``eval.*`` (the scorer, the answer's tokens, ...). ``per_stage`` (SFT):
-    ``(lm, records, settings)``, with the stage's latent steps. The scorer gets every column of ``valid`` (the whole
-    validation data) on each rank's shard, None where a record has none: a scorer in TRL's form is called alike
-    whichever records a shard holds."""
-    options = {**eval_options(cfg), "columns": data_columns(valid)}  # (a scorer that cannot be built fails here)
-    options["dataset"] = "the validation set"  # (named in evaluate's warnings, as a test set is by its name)
-
-    def evaluated(lm: LatentLM, records: list[Record]) -> EvalResult:
-        return evaluate(lm, records, progress=False, **options)
-
-    def evaluated_at(lm: LatentLM, records: list[Record], settings: Any) -> EvalResult:
-        return evaluate(lm, records, progress=False, **{**options, "n_latent": settings.n_latent})
-
-    return evaluated_at if per_stage else evaluated
-
-
-def _check_evaluate_fn(what: str, evaluate_fn: Callable | None, eval_args: tuple[str, ...]) -> None:
-    """``evaluate_fn`` callable with ``eval_args`` (checked on its signature, not called: a wrong one would fail only
-    at the first validation, after training); None: the trainer's default (:func:`default_evaluate_fn`)."""
-    if evaluate_fn is None:
-        return
-    if not callable(evaluate_fn):
-        raise TypeError(f"{what}: evaluate_fn must be a function, got {type(evaluate_fn).__name__}")
-    try:
-        signature = inspect.signature(evaluate_fn)
-    except (TypeError, ValueError):  # a builtin or C function: nothing to read
-        return
-    try:
-        signature.bind(*eval_args)
-    except TypeError:
-        raise TypeError(
-            f"{what}: evaluate_fn is called as evaluate_fn({', '.join(eval_args)}) and returns how many records are "
-            f"correct (or their EvalResult); its signature is {getattr(evaluate_fn, '__name__', '')}{signature}"
-        ) from None
-
-
-def _check_best_metric(what: str, cfg: Config, evaluate_fn: Callable | None) -> None:
-    """``grpo.best_metric`` / ``sft.best_metric`` other than accuracy, where ``best/`` is kept, with an ``evaluate_fn``
-    annotated to return an int (a count, with no mean score): refused before training. One not annotated so is refused
-    at its first validation (:func:`best_value`)."""
-    section = {"train_grpo": "grpo", "train_sft": "sft"}.get(what)
-    if section is None or evaluate_fn is None:
-        return
-    s = getattr(cfg, section)
-    keeps_best = s.save_best if section == "grpo" else s.eval_every_epoch
-    try:
-        returns = inspect.signature(evaluate_fn).return_annotation
-    except (TypeError, ValueError):  # a builtin or C function: nothing to read
-        return
-    if keeps_best and s.best_metric != "accuracy" and returns in (int, "int"):
-        raise _no_best_metric(s.best_metric, f"{section}.best_metric")
 
 
 class MetricsLog:
@@ -523,373 +140,6 @@ class MetricsLog:
         self.trackers = []
 
 
-def config_diff(old: dict, new: dict, prefix: str = "", defaults: dict | None = None) -> list[str]:
-    """Dotted keys whose values differ between two config dicts (options that cannot change results excluded). A key
-    the old config lacks counts as its default: an option a later dgrpo added does not stop a run from resuming."""
-    defaults = to_dict(Config()) if defaults is None else defaults
-    keys = []
-    for k in sorted(set(old) | set(new)):
-        key = f"{prefix}{k}"
-        a, b = old[k] if k in old else defaults.get(k), new.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
-            sub = defaults.get(k)
-            keys += config_diff(a, b, key + ".", sub if isinstance(sub, dict) else {})
-        elif a != b and not key.startswith(NEUTRAL_SECTIONS) and key not in NEUTRAL_KEYS:
-            keys.append(key)
-    return keys
-
-
-def absolute_data_spec(spec: str) -> str:
-    """A data spec with each part that names an existing local file or folder made absolute (``my.jsonl`` ->
-    ``/abs/my.jsonl``, ``data/dir:test`` -> ``/abs/data/dir:test``, each part of ``a.jsonl+b.csv``), so that a run's
-    config names the data wherever it is run or resumed from; built-in and hub names, and parts that name no local
-    file, as they are (:func:`_each_dataset`)."""
-    from ..data import local_path
-
-    def absolute(part: str) -> str | None:
-        at_a_path = local_path(part)
-        if at_a_path is None:
-            return None
-        path, split = at_a_path
-        absolute = str(expand_home(path).resolve())
-        return f"{absolute}:{split}" if split is not None else absolute
-
-    return _each_dataset(spec, absolute)
-
-
-def _each_dataset(spec: str, one: Callable[[str], str | None]) -> str:
-    """``spec`` as ``one`` gives the one dataset it names (None: it names none of ``one``'s kind), else each part of a
-    ``+``-joined spec as ``one`` gives it (as it is where None): what :func:`dgrpo.data.load_spec` reads, in its
-    order, a path, else parts joined by ``+``. Built-in specs, and a joined spec whose new parts would hold a ``+``
-    (read as another join), as typed."""
-    whole = one(spec)
-    if whole is not None:
-        return whole
-    if "+" not in spec or spec.startswith("builtin"):
-        return spec
-    parts = [(one(part.strip()) or part.strip()) if part.strip() else part for part in spec.split("+")]
-    joined = "+".join(parts)
-    return joined if len(parts) == len(joined.split("+")) else spec
-
-
-def absolute_data_specs(data: dict) -> dict:
-    """A config dict's ``data`` section with its ``train`` and ``valid`` specs made absolute, as a run records them
-    (:func:`absolute_data_spec`; ``''`` and non-text values as they are; ``test`` as typed: its specs name results)."""
-    keep = dict(data)
-    for key in ("train", "valid"):
-        if isinstance(keep.get(key), str) and keep[key]:
-            keep[key] = absolute_data_spec(keep[key])
-    return keep
-
-
-def start_folders(checkpoint: Path) -> list[Path]:
-    """The folders the processes of the run that wrote ``checkpoint`` (its ``final/``, ``best/``, ``stage-K/``, or a
-    resumable ``checkpoints/step-N/model``) started in, as the run's ``applied.json`` records them (``started_in``),
-    the latest first; for ``step-N``, only those of the processes that started before step N (the one that wrote it
-    first). None (``[]``) for a checkpoint outside a run directory (one copied elsewhere), or a run recorded before
-    ``started_in`` was."""
-    step = STEP_DIR.fullmatch(checkpoint.parent.name)
-    if checkpoint.name == "model" and step and checkpoint.parent.parent.name == CHECKPOINTS_DIR:
-        run, before = checkpoint.parents[2], int(step.group(1))
-    elif checkpoint.name in (FINAL_DIR, BEST_DIR) or STAGE_DIR.fullmatch(checkpoint.name):
-        run, before = checkpoint.parent, None
-    else:
-        return []
-    try:
-        entries = json.loads((run / APPLIED_FILE).read_text())
-    except (OSError, ValueError):  # (none: a hint only, the working directory comes first anyway)
-        return []
-    folders: list[Path] = []
-    for entry in reversed(entries if isinstance(entries, list) else []):
-        if not isinstance(entry, dict) or not isinstance(entry.get("started_in"), str):
-            continue
-        at = entry.get("started_at_step")
-        if before is not None and isinstance(at, int) and at >= before:  # (started after that checkpoint was written)
-            continue
-        folder = Path(entry["started_in"])
-        if folder.is_absolute() and folder not in folders:
-            folders.append(folder)
-    return folders
-
-
-def data_spec_from(spec: str, folders: list[Path]) -> str:
-    """``spec`` with each relative path that names nothing from the working directory made absolute in the first of
-    ``folders`` where it names a local file or folder (each part of ``a.jsonl+b.csv`` on its own:
-    :func:`_each_dataset`); built-in and hub names, absolute paths and parts found from here as they are (the working
-    directory first)."""
-    from ..data import local_path
-
-    if not folders or spec.startswith("builtin") or local_path(spec) is not None:
-        return spec
-    return _each_dataset(spec, lambda part: _part_from(part, folders))
-
-
-def _part_from(part: str, folders: list[Path]) -> str | None:
-    """One dataset of a spec (a path, ``PATH:SPLIT``): as it is when it names a local file or folder from here, else
-    made absolute in the first of ``folders`` where it names one as :func:`dgrpo.data.load_spec` would read it from
-    there (not a built-in dataset's name, which a plain folder of that name does not make local); else None."""
-    from ..data import local_path
-    from ..data.loaders import is_dataset_name
-    from ..data.tables import is_hf_folder
-
-    if local_path(part) is not None:
-        return part
-    if part.startswith("builtin") or expand_home(part).is_absolute():
-        return None
-    for folder in folders:
-        there = local_path(str(folder / part))
-        if there is None:
-            continue
-        path = Path(there[0])
-        named = is_dataset_name(str(path.relative_to(folder)))  # (from that folder, read as the dataset it names)
-        if named and not (path.is_file() or is_hf_folder(path)):
-            continue
-        return f"{path}:{there[1]}" if there[1] is not None else str(path)
-    return None
-
-
-#: keys a run's config takes from the model it loads (a hub commit, a chat template the model was trained with):
-#: :func:`check_resume_config`, made before the model loads, leaves them to :class:`RunDir`'s check
-LOAD_RESOLVED_KEYS = ("model.revision", "data.chat_template")
-
-
-#: True while the command line runs a trainer (:func:`command_line_words`): a run directory's refusals then name the
-#: command line's options only, not the Python API's arguments beside them
-_COMMAND_LINE: ContextVar[bool] = ContextVar("dgrpo_command_line", default=False)
-
-
-@contextmanager
-def command_line_words() -> Iterator[None]:
-    """Within the block (``dgrpo sft`` / ``dgrpo grpo`` calling its trainer), :class:`RunDir`'s refusals say
-    ``--resume never`` and ``--allow-config-change``, without ``resume='never'`` / ``allow_config_change=True``."""
-    token = _COMMAND_LINE.set(True)
-    try:
-        yield
-    finally:
-        _COMMAND_LINE.reset(token)
-
-
-#: how to start a run over, and to resume it under a changed config: (the command line's option, the Python API's)
-START_OVER = ("--resume never", "resume='never'")
-ALLOW_CHANGE = ("--allow-config-change", "allow_config_change=True")
-
-
-def _quiet(message: str) -> None:
-    """A log that says nothing (a rank other than 0's)."""
-
-
-def check_resume_config(
-    out_dir: Path | str, cfg: Config, command: str, resume: str = "auto", allow_config_change: bool = False
-) -> None:
-    """``dgrpo sft`` / ``dgrpo grpo``'s refusal of a resume under a changed config (or of another command's
-    checkpoints), made from the run directory alone before any dataset is read or the model loaded (at the paper's
-    scale those take minutes, and the refusal came after them), in the command line's words. The keys a run takes from
-    its model (:data:`LOAD_RESOLVED_KEYS`) are left to :class:`RunDir`'s check, after the model loads."""
-    ResumeCheck(out_dir, to_dict(cfg), command, resume, allow_config_change, log=_quiet, cli=True).before_loading()
-
-
-class ResumeCheck:
-    """What a resume is checked against from the run directory alone (its ``config.json``, its checkpoints' state
-    and recorded configs): the command that wrote the checkpoints and the config the run was started with.
-    :class:`RunDir` makes these checks with the lock held; :func:`check_resume_config` makes them before the data and
-    the model are read. ``cli``: the refusals name the command line's options only (``--resume never``,
-    ``--allow-config-change``), not the Python API's arguments beside them."""
-
-    def __init__(
-        self,
-        out_dir: Path | str,
-        cfg: dict,
-        command: str,
-        resume: bool | str = "auto",
-        allow_config_change: bool = False,
-        log: Callable[[str], None] = print,
-        cli: bool = False,
-    ):
-        self.out_dir, self.cfg, self.command, self.log, self.cli = Path(out_dir), cfg, command, log, cli
-        self.resume_mode = {True: "auto", False: "never"}[resume] if isinstance(resume, bool) else resume
-        self.allow_config_change = allow_config_change
-        self.changed: list[str] = []
-        self.first_config: dict = self.cfg  # the config the run was started with (differs: allow_config_change)
-        self.candidates: list[Path] = []
-        self.ignored: tuple[str, ...] = ()  # keys the config check leaves to a later one
-
-    def before_loading(self) -> None:
-        """The checks a resume needs no data and no model for: the command that wrote the checkpoints, and the
-        config (but :data:`LOAD_RESOLVED_KEYS`, which the model may set); nothing when there is nothing to resume."""
-        self.candidates = self._candidates()
-        if not self.candidates:
-            return
-        self._check_command()
-        self.ignored = LOAD_RESOLVED_KEYS
-        self._check_config()
-
-    def _option(self, cli: str, api: str) -> str:
-        """How to ask for something: the command line's option ``cli``, and for a Python caller its argument ``api``
-        too (``--resume never (resume='never')``)."""
-        return cli if self.cli else f"{cli} ({api})"
-
-    def _candidates(self) -> list[Path]:
-        if self.resume_mode == "never":
-            return []
-        if self.resume_mode == "auto":
-            return resume_candidates(self.out_dir)
-        path = on_disk(self.resume_mode)  # (checkpoints/step-N as written: step-0000000N)
-        if path.exists() and not path.is_dir():  # (it was told "no such checkpoint directory", as a missing one is)
-            raise ConfigError(f"--resume {path} is a file: name a checkpoint directory (OUT/checkpoints/step-N)")
-        if not path.is_dir():
-            raise ConfigError(f"--resume {path}: no such checkpoint directory")
-        if not (path / RESUMABLE_STATE).exists() and (path / CHECKPOINTS_DIR).is_dir():
-            newest = resume_candidates(path)
-            raise ConfigError(
-                f"--resume {path} is a run directory: name one of its checkpoints"
-                + (f" (the newest: {newest[0]})" if newest else f" (it has none in {path / CHECKPOINTS_DIR})")
-            )
-        if not (path / RESUMABLE_STATE).exists() and is_model_dir(path):
-            raise ConfigError(
-                f"--resume {path} is a model (weights without the optimizer and data state): --init {path} starts "
-                "a new run from it; --resume takes a run's checkpoints/step-N"
-            )
-        return [path]
-
-    @property
-    def explicit(self) -> bool:
-        """Resuming from one named checkpoint (``--resume PATH``), not the newest of this directory's."""
-        return self.resume_mode not in ("auto", "never")
-
-    def _changed_keys(self, old: dict) -> list[str]:
-        """The keys a resume compares that differ between ``old`` and this run's config: not those this command never
-        reads, nor the built-in model's shape when the run loads a model."""
-        unread = UNREAD_BY.get(self.command, ())
-        loads = self.cfg.get("model", {}).get("name_or_path") != BUILTIN
-        if isinstance(old.get("data"), dict):  # (dgrpo up to 2026-12-04 recorded data paths as typed: relative ones
-            old = {**old, "data": absolute_data_specs(old["data"])}  # name, from here, what this run reads)
-        return [
-            k
-            for k in config_diff(old, self.cfg)
-            if not k.startswith(unread) and not (loads and k in BUILTIN_SHAPE_KEYS) and k not in self.ignored
-        ]
-
-    def _check_command(self) -> None:
-        """Refuse another command's checkpoints (an SFT run's directory given to ``dgrpo grpo``, or the reverse):
-        they are not damaged, and starting over there would delete them."""
-        self._refuse_command(next((c for c in map(checkpoint_command, self.candidates) if c is not None), None))
-
-    def _written_by(self) -> str | None:
-        """Which command (``sft``, ``grpo``) wrote the run in OUT: its checkpoints say, else (none left) what only
-        one command writes (SFT's stage-K/, GRPO's summary and rollouts), else its metrics rows (SFT's name their
-        curriculum stage, GRPO's their reward); None when nothing says."""
-        out = self.out_dir
-        found = next((c for c in map(checkpoint_command, resume_candidates(out)) if c is not None), None)
-        if found is None and any(p.is_dir() for p in stage_dirs(out)):
-            found = "sft"
-        if found is None and ((out / SUMMARY_FILE).is_file() or (out / ROLLOUTS_FILE).is_file()):
-            found = "grpo"
-        try:
-            lines = (out / METRICS_FILE).read_text().splitlines() if found is None else []
-        except OSError:
-            lines = []
-        for line in lines:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict) and ("reward_mean" in row or "stage" in row):
-                return "grpo" if "reward_mean" in row else "sft"
-        return found
-
-    def _refuse_command(self, found: str | None) -> None:
-        """ConfigError when ``found`` (the command that wrote the checkpoints or run here) is not this one."""
-        if found is None or found == self.command:
-            return
-        where = f"--resume {self.candidates[0]} is" if self.explicit else f"{self.out_dir} holds"
-        source = self.candidates[0] if self.explicit else self.out_dir  # (a named checkpoint, or this run's)
-        start = f"; to start from its model: --init {source}" if (found, self.command) == ("sft", "grpo") else ""
-        what = "run's checkpoint" if self.explicit or resume_candidates(self.out_dir) else "run"
-        deletes = " (--resume never would delete it)" if self.resume_mode == "never" else ""
-        raise ConfigError(
-            f"{where} a `dgrpo {found}` {what}, which `dgrpo {self.command}` cannot resume{deletes}: name a new "
-            f"--out{start}"
-        )
-
-    def _started_with(self) -> dict | None:
-        """The config the resumed run was started with: this directory's, else (a new directory resuming a named
-        checkpoint, or a run whose config.json was deleted) the one the checkpoint to resume (the newest) was trained
-        with."""
-        path = self.out_dir / CONFIG_FILE
-        if not path.is_file():
-            path = self.candidates[0] / "model" / RUN_CONFIG_FILE
-            if not path.is_file():
-                return None
-            if not self.explicit:
-                self.log(f"dgrpo: {self.out_dir / CONFIG_FILE} is missing: checking the config against {path}")
-        return self._read_config(path)
-
-    @staticmethod
-    def _read_config(path: Path) -> dict:
-        """A config file's JSON (ConfigError when it cannot be read)."""
-        try:
-            found = json.loads(path.read_text())
-        except (OSError, ValueError):
-            raise ConfigError(f"{path}: unreadable (not the JSON of a config)") from None
-        if not isinstance(found, dict):
-            raise ConfigError(f"{path}: unreadable (not the JSON of a config)")
-        return found
-
-    def _check_config(self) -> None:
-        """Refuse to resume under a changed config (unless allowed: then keep every config with its start step). A
-        LoRA run's :data:`ADAPTER_KEYS` are left to :func:`~.checkpoint.check_same_adapter`, their change kept in the
-        config history."""
-        old = self._started_with()
-        if old is None:
-            return
-        changed = self._changed_keys(old)
-        what = f"--resume {self.candidates[0]} is from" if self.explicit else f"{self.out_dir} holds"
-        self._check_same_kind_of_training(old, what)
-        self._check_same_master_weights(old, what)
-        refused = [k for k in changed if not (self.cfg["model"]["lora"]["r"] and k in ADAPTER_KEYS)]
-        if refused and not self.allow_config_change:
-            then = old.get("model", {}).get("revision") if "model.revision" in refused else None
-            pin = f" (the run loaded its model at commit {then}: --set model.revision={then})" if then else ""
-            never, allow = self._option(*START_OVER), self._option(*ALLOW_CHANGE)
-            raise ConfigError(
-                f"{what} a run started with a different config ({', '.join(refused[:8])}"
-                f"{', ...' if len(refused) > 8 else ''}); resume it unchanged{pin}, start over with {never}, or pass "
-                f"{allow} to continue with the new values (every config used is kept)"
-            )
-        self.changed = changed
-        self.first_config = old
-
-    def _check_same_kind_of_training(self, old: dict, what: str) -> None:
-        """A LoRA run's checkpoints hold its adapter, a full run's the whole model: a resume that switches
-        ``model.lora.r`` between 0 and more is refused in one line, even with allow_config_change (its checkpoints
-        were skipped one by one as damaged, and the line advised --resume never)."""
-        then = int(old.get("model", {}).get("lora", {}).get("r", 0) or 0)
-        now = int(self.cfg.get("model", {}).get("lora", {}).get("r", 0) or 0)
-        if (then > 0) == (now > 0):
-            return
-        trained = f"a LoRA adapter (model.lora.r={then})" if then else "every weight (model.lora.r=0)"
-        held = "the adapter" if then else "the whole model"
-        raise ConfigError(
-            f"{what} a run that trains {trained}, and its checkpoints hold {held}: resume it with model.lora.r={then} "
-            f"(to train {'every weight' if then else 'an adapter'} from it, start a new run with --init on its final/ "
-            "or a checkpoint)"
-        )
-
-    def _check_same_master_weights(self, old: dict, what: str) -> None:
-        """A bf16 run's checkpoints hold float32 masters in their optimizer state, or none: switching
-        ``model.master_weights`` on resume is refused, even with allow_config_change (masters made before the
-        checkpoint loaded, or left from it, would put the weights back where they stood)."""
-        then, now = (bool(c.get("model", {}).get("master_weights", False)) for c in (old, self.cfg))
-        dtypes = {c.get("model", {}).get("dtype", "float32") for c in (old, self.cfg)}
-        if then == now or dtypes == {"float32"}:
-            return
-        raise ConfigError(
-            f"{what} a run with model.master_weights={str(then).lower()}, and its checkpoints' optimizer state holds "
-            f"{'float32 masters' if then else 'no masters'}: resume it with model.master_weights={str(then).lower()} "
-            "(to train on with the other setting, start a new run with --init on its final/ or a checkpoint)"
-        )
-
-
 class RunDir(ResumeCheck):
     """A run's output directory: locked for this run, ``config.json`` (with its history when a resumed run was
     allowed to change it), the metrics log, and the checkpoint to resume from.
@@ -911,8 +161,8 @@ class RunDir(ResumeCheck):
         allow_config_change: bool = False,
         log: Callable[[str], None] = print,
     ):
-        quiet = log if dist.is_main else _quiet
-        super().__init__(out_dir, to_dict(cfg), command, resume, allow_config_change, quiet, _COMMAND_LINE.get())
+        quiet = log if dist.is_main else quiet_log
+        super().__init__(out_dir, to_dict(cfg), command, resume, allow_config_change, quiet, in_command_line())
         self.dist, self.logging = dist, cfg.logging
         self.created = dist.is_main and not self.out_dir.exists()  # (by this run: removed if refused, still empty)
         self.lock = self._lock()
@@ -1059,7 +309,7 @@ class RunDir(ResumeCheck):
         if stray:
             raise ConfigError(f"--out {out}: {root} holds {', '.join(sorted(stray)[:3])}, not dgrpo checkpoints: {new}")
         signs = [config, out / FINAL_DIR, out / BEST_DIR, root, *stages]
-        if not any(p.exists() for p in signs) and not _metrics_of_a_run(out / METRICS_FILE):
+        if not any(p.exists() for p in signs) and not is_run_metrics(out / METRICS_FILE):
             names = [name for name in (*RUN_WRITES, METRICS_FILE) if (out / name).exists()]
             if names:
                 raise ConfigError(
@@ -1406,142 +656,3 @@ class RunDir(ResumeCheck):
 
     def __exit__(self, kind: type | None, *exc: object) -> None:
         self.close(0 if kind is None else 1)
-
-
-class NonFiniteGuard:
-    """Counts optimizer steps dropped for a non-finite loss or gradient; trips after ``limit`` in a row."""
-
-    def __init__(self, limit: int, what: str, lr_key: str, skips: int = 0, streak: int = 0):
-        self.limit, self.what, self.lr_key = limit, what, lr_key
-        self.skips, self.streak = skips, streak
-
-    def record(self, finite: bool) -> None:
-        self.skips += int(not finite)
-        self.streak = 0 if finite else self.streak + 1
-
-    @property
-    def tripped(self) -> bool:
-        return self.streak >= self.limit
-
-    def error(self, step: int, saved_in: Path) -> NonFiniteError:
-        return NonFiniteError(
-            f"{self.streak} {self.what} optimizer steps in a row had a non-finite loss or gradient (step {step}); "
-            f"state saved in {saved_in}; check the data, or resume with a lower {self.lr_key} (--set "
-            f"{self.lr_key}=... --allow-config-change)"
-        )
-
-
-def clip_gradients(params: list, max_norm: float) -> Any:
-    """:func:`torch.nn.utils.clip_grad_norm_` (the 2-norm of the gradients of ``params`` together, scaled down to
-    ``max_norm``; ``inf``: not clipped), with the norm summed in float32 when a gradient is of lower precision: a bf16
-    run's norm was bf16 (3.9375, 2.859375: three significant digits, logged as ``grad_norm`` and clipped by).
-    float32 and float64 gradients take torch's own path, unchanged. Returns the norm (a 0-dim tensor)."""
-    import torch
-
-    grads = [p.grad for p in params if p.grad is not None]
-    if all(g.dtype in (torch.float32, torch.float64) for g in grads):
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    total = torch.linalg.vector_norm(torch.stack(list(torch._foreach_norm(grads, 2.0, dtype=torch.float32))), 2.0)
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-    return total
-
-
-def weights_finite(params: list, dist: Dist) -> bool:
-    """Whether every weight is finite (all ranks agree: under FSDP each holds a shard). One fused norm per call."""
-    import torch
-
-    local = (
-        bool(torch.isfinite(torch.stack(torch._foreach_norm([p.detach() for p in params]))).all()) if params else True
-    )
-    return dist.sum_int(int(not local)) == 0
-
-
-#: what the other ranks say when an evaluation failed on one rank's shard (that rank's own line says why)
-EVALUATION_FAILED_ELSEWHERE = "the evaluation failed in another process (its own error line says why)"
-
-
-def sharded_scores(
-    dist: Dist, evaluate: Callable[[list[Record]], int | EvalResult], records: list[Record]
-) -> dict[str, float]:
-    """The validation metrics of ``records`` with each rank scoring its shard: ``accuracy``, and ``mean_score`` when
-    ``evaluate(shard)`` returns an :class:`EvalResult` with one (a trainer's ``evaluate_fn``: how many of the shard's
-    records are correct, an int, or their EvalResult). The counts and the scores' sums are summed over ranks (every
-    rank calls this); ``mean_score`` is left out when a shard's result has none (a count). An evaluation that fails on
-    one rank's shard (a scorer's error, a count that is none) stops every rank at that sum, each with one line."""
-    local = dist.shard(records)
-    try:
-        count, scored = _checked_result(evaluate(local), len(local)) if local else (0, [])
-    except Exception:
-        dist.sum_ints([0, 1, 0])  # (the others learn of it at the sum below, and stop there too)
-        raise
-    count, failed, unscored = dist.sum_ints([count, 0, int(scored is None)])
-    if failed:
-        raise RewardError(EVALUATION_FAILED_ELSEWHERE)
-    n = max(1, len(records))
-    if unscored or not records:
-        return {"accuracy": count / n}
-    return {"accuracy": count / n, "mean_score": _gathered_mean(dist, scored, len(records))}
-
-
-def _gathered_mean(dist: Dist, scored: list[float] | float | None, n: int) -> float:
-    """The mean score of ``n`` records over every rank's shard (``scored``: its records' scores, or their sum where
-    its result has no per-record scores). With every shard's scores, they are summed in the records' order, as one
-    process sums them (:func:`~dgrpo.eval.evaluate.evaluate`'s ``mean_score``): N processes then keep the same
-    best/ as one, bit for bit (a float all-reduce of the sums differed in the last bit). Otherwise the sums, in rank
-    order."""
-    parts = dist.all_gather_objects(scored)
-    if all(isinstance(part, list) for part in parts):
-        return ordered_mean([score for part in parts for score in part])
-    return sum(sum(part) if isinstance(part, list) else float(part or 0.0) for part in parts) / n
-
-
-def _checked_result(returned: Any, n: int) -> tuple[int, list[float] | float | None]:
-    """(how many are correct, their scores) of what an ``evaluate_fn`` returned for a shard of ``n`` records: a count
-    (:func:`_checked_count`; scores None), or the :class:`EvalResult` of those ``n`` records: each prediction row's
-    ``score`` (:func:`evaluate`'s) where their mean is its ``mean_score``, else the sum ``mean_score`` * ``n`` (a
-    result without rows), or None when its ``mean_score`` is None (no scores). TypeError otherwise."""
-    if not isinstance(returned, EvalResult):
-        return _checked_count(returned, n), None
-    if returned.n != n:
-        raise TypeError(
-            f"evaluate_fn returned the EvalResult of {returned.n} records for the {n} it is given: evaluate every "
-            "record (apply any limit beforehand)"
-        )
-    mean = returned.mean_score
-    if mean is not None and not 0 <= mean <= 1:  # (NaN too)
-        raise TypeError(f"evaluate_fn returned an EvalResult whose mean_score is {mean!r}, not in [0, 1]")
-    if mean is None:
-        return _checked_count(returned.correct, n), None
-    scores = result_scores(returned)
-    return _checked_count(returned.correct, n), float(mean) * n if scores is None else scores
-
-
-def best_value(scores: dict[str, float], metric: str, key: str) -> float:
-    """The value of one validation's ``scores`` (:func:`sharded_scores`) that ``best/`` is kept by: its ``metric``
-    (``key``: ``grpo.best_metric`` or ``sft.best_metric``). ConfigError when it is ``mean_score`` and the
-    ``evaluate_fn`` gave none (it returns a count)."""
-    if metric not in scores:
-        raise _no_best_metric(metric, key)
-    return float(scores[metric])
-
-
-def _no_best_metric(metric: str, key: str) -> ConfigError:
-    """The refusal of ``key`` = ``metric`` (mean_score) for an ``evaluate_fn`` that returns a count."""
-    return ConfigError(
-        f"{key}={metric}: the evaluate_fn returns a count of correct records, which has no {metric}; return "
-        f"evaluate(...)'s EvalResult (dgrpo.eval.evaluate), or set {key}=accuracy"
-    )
-
-
-def _checked_count(correct: Any, n: int) -> int:
-    """``correct`` as the count of correct records of a shard of ``n`` (TypeError otherwise)."""
-    try:
-        count = operator.index(correct)  # an int (numpy's, or a 0-d integer tensor, too)
-    except TypeError:
-        count = -1
-    if not 0 <= count <= n:
-        raise TypeError(
-            f"evaluate_fn returns how many of the {n} records it is given are correct (an int from 0 to "
-            f"{n}), got {correct!r}" + (": an accuracy? return the count" if isinstance(correct, float) else "")
-        )
-    return count

@@ -46,25 +46,15 @@ from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dir
 from .applied import applied_settings
 from .checkpoint import read_checkpoint, save_checkpoint, shard_staging
 from .distributed import Dist
+from .guards import NonFiniteError, NonFiniteGuard, clip_gradients, weights_finite
 from .master_weights import adamw, carry_masters
 from .memory import oom_advice
 from .model_record import recorded_model
 from .preemption import stop_requested, within_step
-from .run import (
-    FinalEval,
-    NonFiniteError,
-    NonFiniteGuard,
-    RunDir,
-    best_value,
-    check_restart,
-    check_run_inputs,
-    clip_gradients,
-    default_evaluate_fn,
-    sharded_scores,
-    warn_if_training_questions_cut,
-    weights_finite,
-)
+from .run import FinalEval, RunDir
+from .run_inputs import check_restart, check_run_inputs, default_evaluate_fn, warn_if_training_questions_cut
 from .schedules import constant_lr_at, lr_at
+from .sharded_eval import best_value, sharded_scores
 
 
 @dataclass

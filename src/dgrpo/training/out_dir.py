@@ -1,0 +1,163 @@
+"""Where a command may write: an output path is checked not to be inside a checkpoint or another kind of folder, what
+marks a folder as a training run's, and the run directory's exclusive lock."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+
+from ..config import ConfigError
+from ..model.verified import (
+    enclosing_checkpoint,
+    is_written_checkpoint,
+)
+from ..run_layout import (
+    APPLIED_FILE,
+    BEST_DIR,
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
+    FINAL_DIR,
+    LOCK_FILE,
+    METRICS_FILE,
+    ROLLOUTS_FILE,
+    SUMMARY_FILE,
+    TB_DIR,
+    WANDB_DIR,
+    WANDB_ID_FILE,
+    results_folder,
+)
+
+
+def check_output_path(path: Path | str, what: str = "--out", *, model_dir: bool = False) -> None:
+    """Fail early, in one line, when ``path`` cannot hold a command's output: an existing file, a place that cannot
+    be written (a probe file is written and removed in ``path`` or its nearest existing parent; nothing is created),
+    or a folder inside a checkpoint dgrpo wrote (a run, results or a model written there would change the files its
+    manifest vouches for), or, unless ``model_dir`` (the output is itself a model directory, which dgrpo may
+    replace), such a checkpoint itself."""
+    if not str(path).strip():
+        raise ConfigError(f"{what} is empty: name a directory")
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{what} {path} exists and is not a directory")
+    _refuse_inside_checkpoint(path, what, itself=not model_dir)
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{what} {path}: {parent} is not a directory")
+    try:
+        probe = parent / f".dgrpo-write-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{what} {path}: cannot write there ({e.strerror or e})") from None
+
+
+def _refuse_inside_checkpoint(path: Path, what: str, itself: bool = True) -> None:
+    """ConfigError when ``path`` is (``itself``), or lies inside, a model checkpoint or resumable checkpoint dgrpo
+    wrote."""
+    folder = path if itself and is_written_checkpoint(path) else enclosing_checkpoint(path)
+    if folder is not None:
+        where = "is" if folder == path else f"lies inside {folder},"
+        raise ConfigError(
+            f"{what} {path} {where} a checkpoint dgrpo wrote: writing there would change the files it holds; "
+            "name a new directory"
+        )
+
+
+def is_run_config(path: Path) -> bool:
+    """Whether ``path`` holds a dgrpo run's config (a JSON object with the config's sections)."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and {"model", "task", "data"} <= set(found)
+
+
+def check_not_a_training_run(path: Path | str, what: str = "--out") -> None:
+    """ConfigError when ``path`` is a training run's directory (its config.json, metrics or checkpoints): dgrpo eval's
+    and the demo's files would mix with the run's (results.json beside its checkpoints); or a folder the run writes
+    itself, or one inside it (``RUN/eval``: the run's own test-set results, replaced without a word, and removed
+    with the run's files by ``--resume never``)."""
+    path = Path(path)
+    if _is_training_run(path):
+        raise ConfigError(
+            f"{what} {path} is a training run's directory: name a folder of its own (e.g. {path / 'mine'})"
+        )
+    for run, own in ((path.parent, path.name), (path.parent.parent, path.parent.name)):
+        if own in RUN_WRITES and _is_training_run(run):
+            raise ConfigError(
+                f"{what} {path}: {run / own} is where the training run {run} keeps its own files: name a folder of "
+                f"its own (e.g. {run / 'mine'})"
+            )
+
+
+def _is_training_run(path: Path) -> bool:
+    """Whether ``path`` is a training run's directory: its config.json, metrics or checkpoints."""
+    config = path / CONFIG_FILE
+    return (
+        (config.is_file() and is_run_config(config))
+        or (path / METRICS_FILE).is_file()
+        or (path / CHECKPOINTS_DIR).is_dir()
+    )
+
+
+#: what a run writes in OUT besides config.json and metrics.jsonl, which ``--resume never`` (or a restart under another
+#: config) removes: its checkpoints, models, test results, logs, summary and applied settings
+RUN_WRITES = (
+    *(CHECKPOINTS_DIR, BEST_DIR, FINAL_DIR, results_folder(FINAL_DIR), results_folder(BEST_DIR), TB_DIR),
+    *(SUMMARY_FILE, ROLLOUTS_FILE, WANDB_ID_FILE, WANDB_DIR, APPLIED_FILE),
+)
+
+
+def is_run_metrics(path: Path) -> bool:
+    """Whether ``path`` is a run's ``metrics.jsonl``: empty (as a run opens it), or its first line a row with a step."""
+    try:
+        with open(path) as f:
+            first = f.readline()
+    except OSError:
+        return False
+    try:
+        row = json.loads(first) if first.strip() else {"step": None}
+    except ValueError:
+        return False
+    return isinstance(row, dict) and "step" in row
+
+
+def check_output_dir(path: Path, what: str = "--out") -> Path:
+    """``path`` can hold a run: checked (:func:`check_output_path`), then created."""
+    check_output_path(path, what)
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{what} {path}: cannot create it ({e.strerror or e})") from None
+    return Path(path)
+
+
+class RunLock:
+    """An exclusive lock on a run directory for this process's lifetime (``flock``: the OS releases it when the
+    process dies, however it dies). A second process on the same directory gets a one-line ConfigError naming
+    the holder's PID."""
+
+    def __init__(self, directory: Path):
+        self.path = Path(directory) / LOCK_FILE
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = self.path.read_text().strip() or "unknown"
+            os.close(self._fd)
+            self._fd = None
+            raise ConfigError(
+                f"{directory} is in use by another dgrpo process (PID {holder}); wait for it to finish or use "
+                "another --out"
+            ) from None
+        os.ftruncate(self._fd, 0)
+        os.write(self._fd, f"{os.getpid()}\n".encode())
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,437 @@
+"""Whether a run directory may be resumed under this config: the keys a resume may change, the config diff, the data
+specs made absolute, and :class:`ResumeCheck` (the command that wrote the checkpoints and the config the run was
+started with), made by :class:`~dgrpo.training.run.RunDir` with its lock held and by the command line before the data
+and the model are read."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+
+from ..config import BUILTIN_SHAPE, Config, ConfigError, to_dict
+from ..model.factory import BUILTIN
+from ..model.sources import is_model_dir, on_disk
+from ..model.verified import (
+    RESUMABLE_STATE,
+    RUN_CONFIG_FILE,
+)
+from ..paths import expand_home
+from ..run_layout import (
+    APPLIED_FILE,
+    BEST_DIR,
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
+    FINAL_DIR,
+    METRICS_FILE,
+    ROLLOUTS_FILE,
+    STAGE_DIR,
+    STEP_DIR,
+    SUMMARY_FILE,
+    stage_dirs,
+)
+from .checkpoint import (
+    checkpoint_command,
+    resume_candidates,
+)
+
+#: options that change neither the computation nor its results: a resumed run may change them freely. Recomputing
+#: the decoder layers or calls gives the same gradients, bit for bit on CPU (tests/test_recompute.py); keeping the
+#: latent steps' activations (recompute_latent_steps: false) does not (1e-7 apart), so that key is not neutral
+NEUTRAL_KEYS = frozenset(
+    ["threads", "device"]
+    # LoRA's adapter dropout is always 0 (dgrpo.model.lora): a run records 0 (dgrpo up to 2026-12-02: the value given)
+    + ["model.lora.dropout"]
+    # how the ranks hold the model: like another number of processes, which a resume may change too, it changes
+    # results at float level; the checkpoint's loader says what a sharded checkpoint needs (torchrun, FSDP2)
+    + ["fsdp"]
+    + [f"{t}.{k}" for t in ("sft", "grpo") for k in ("recompute", "recompute_granularity", "recompute_kept_layers")]
+    # how often a resumable checkpoint is written and how many are kept: a resumed run is the run not stopped (to
+    # the bit), so they change where a stop can resume, not what it computes
+    + [f"{t}.{k}" for t in ("sft", "grpo") for k in ("save_every", "keep_last")]
+)
+NEUTRAL_SECTIONS = ("logging.",)  # every key below these
+#: what a command's run never reads (the other command's section; dgrpo eval's prompt options): a resume ignores them
+UNREAD_BY = {"sft": ("grpo.", "eval.plain", "eval.shots"), "grpo": ("sft.", "eval.plain", "eval.shots")}
+#: model.arch and the built-in tiny model's sizes: they build that model (model.name_or_path builtin-tiny); a run
+#: that loads one records the loaded model's there (dgrpo before 2026-12-02 recorded the options given), which a
+#: resume does not compare
+BUILTIN_SHAPE_KEYS = frozenset(f"model.{k}" for k in BUILTIN_SHAPE)
+#: what makes a LoRA run's adapter: a LoRA run's resume compares them on the checkpoint's and the model's adapters
+#: (:func:`~.checkpoint.check_same_adapter`), not in the config (a run from an --init adapter records the adapter's,
+#: dgrpo before 2026-12-02 the values given); a change is kept in the config history
+ADAPTER_KEYS = frozenset(f"model.lora.{k}" for k in ("r", "alpha", "target_modules", "train_latent_tokens"))
+
+
+def config_diff(old: dict, new: dict, prefix: str = "", defaults: dict | None = None) -> list[str]:
+    """Dotted keys whose values differ between two config dicts (options that cannot change results excluded). A key
+    the old config lacks counts as its default: an option a later dgrpo added does not stop a run from resuming."""
+    defaults = to_dict(Config()) if defaults is None else defaults
+    keys = []
+    for k in sorted(set(old) | set(new)):
+        key = f"{prefix}{k}"
+        a, b = old[k] if k in old else defaults.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            sub = defaults.get(k)
+            keys += config_diff(a, b, key + ".", sub if isinstance(sub, dict) else {})
+        elif a != b and not key.startswith(NEUTRAL_SECTIONS) and key not in NEUTRAL_KEYS:
+            keys.append(key)
+    return keys
+
+
+def absolute_data_spec(spec: str) -> str:
+    """A data spec with each part that names an existing local file or folder made absolute (``my.jsonl`` ->
+    ``/abs/my.jsonl``, ``data/dir:test`` -> ``/abs/data/dir:test``, each part of ``a.jsonl+b.csv``), so that a run's
+    config names the data wherever it is run or resumed from; built-in and hub names, and parts that name no local
+    file, as they are (:func:`_each_dataset`)."""
+    from ..data import local_path
+
+    def absolute(part: str) -> str | None:
+        at_a_path = local_path(part)
+        if at_a_path is None:
+            return None
+        path, split = at_a_path
+        absolute = str(expand_home(path).resolve())
+        return f"{absolute}:{split}" if split is not None else absolute
+
+    return _each_dataset(spec, absolute)
+
+
+def _each_dataset(spec: str, one: Callable[[str], str | None]) -> str:
+    """``spec`` as ``one`` gives the one dataset it names (None: it names none of ``one``'s kind), else each part of a
+    ``+``-joined spec as ``one`` gives it (as it is where None): what :func:`dgrpo.data.load_spec` reads, in its
+    order, a path, else parts joined by ``+``. Built-in specs, and a joined spec whose new parts would hold a ``+``
+    (read as another join), as typed."""
+    whole = one(spec)
+    if whole is not None:
+        return whole
+    if "+" not in spec or spec.startswith("builtin"):
+        return spec
+    parts = [(one(part.strip()) or part.strip()) if part.strip() else part for part in spec.split("+")]
+    joined = "+".join(parts)
+    return joined if len(parts) == len(joined.split("+")) else spec
+
+
+def absolute_data_specs(data: dict) -> dict:
+    """A config dict's ``data`` section with its ``train`` and ``valid`` specs made absolute, as a run records them
+    (:func:`absolute_data_spec`; ``''`` and non-text values as they are; ``test`` as typed: its specs name results)."""
+    keep = dict(data)
+    for key in ("train", "valid"):
+        if isinstance(keep.get(key), str) and keep[key]:
+            keep[key] = absolute_data_spec(keep[key])
+    return keep
+
+
+def start_folders(checkpoint: Path) -> list[Path]:
+    """The folders the processes of the run that wrote ``checkpoint`` (its ``final/``, ``best/``, ``stage-K/``, or a
+    resumable ``checkpoints/step-N/model``) started in, as the run's ``applied.json`` records them (``started_in``),
+    the latest first; for ``step-N``, only those of the processes that started before step N (the one that wrote it
+    first). None (``[]``) for a checkpoint outside a run directory (one copied elsewhere), or a run recorded before
+    ``started_in`` was."""
+    step = STEP_DIR.fullmatch(checkpoint.parent.name)
+    if checkpoint.name == "model" and step and checkpoint.parent.parent.name == CHECKPOINTS_DIR:
+        run, before = checkpoint.parents[2], int(step.group(1))
+    elif checkpoint.name in (FINAL_DIR, BEST_DIR) or STAGE_DIR.fullmatch(checkpoint.name):
+        run, before = checkpoint.parent, None
+    else:
+        return []
+    try:
+        entries = json.loads((run / APPLIED_FILE).read_text())
+    except (OSError, ValueError):  # (none: a hint only, the working directory comes first anyway)
+        return []
+    folders: list[Path] = []
+    for entry in reversed(entries if isinstance(entries, list) else []):
+        if not isinstance(entry, dict) or not isinstance(entry.get("started_in"), str):
+            continue
+        at = entry.get("started_at_step")
+        if before is not None and isinstance(at, int) and at >= before:  # (started after that checkpoint was written)
+            continue
+        folder = Path(entry["started_in"])
+        if folder.is_absolute() and folder not in folders:
+            folders.append(folder)
+    return folders
+
+
+def data_spec_from(spec: str, folders: list[Path]) -> str:
+    """``spec`` with each relative path that names nothing from the working directory made absolute in the first of
+    ``folders`` where it names a local file or folder (each part of ``a.jsonl+b.csv`` on its own:
+    :func:`_each_dataset`); built-in and hub names, absolute paths and parts found from here as they are (the working
+    directory first)."""
+    from ..data import local_path
+
+    if not folders or spec.startswith("builtin") or local_path(spec) is not None:
+        return spec
+    return _each_dataset(spec, lambda part: _part_from(part, folders))
+
+
+def _part_from(part: str, folders: list[Path]) -> str | None:
+    """One dataset of a spec (a path, ``PATH:SPLIT``): as it is when it names a local file or folder from here, else
+    made absolute in the first of ``folders`` where it names one as :func:`dgrpo.data.load_spec` would read it from
+    there (not a built-in dataset's name, which a plain folder of that name does not make local); else None."""
+    from ..data import local_path
+    from ..data.loaders import is_dataset_name
+    from ..data.tables import is_hf_folder
+
+    if local_path(part) is not None:
+        return part
+    if part.startswith("builtin") or expand_home(part).is_absolute():
+        return None
+    for folder in folders:
+        there = local_path(str(folder / part))
+        if there is None:
+            continue
+        path = Path(there[0])
+        named = is_dataset_name(str(path.relative_to(folder)))  # (from that folder, read as the dataset it names)
+        if named and not (path.is_file() or is_hf_folder(path)):
+            continue
+        return f"{path}:{there[1]}" if there[1] is not None else str(path)
+    return None
+
+
+#: keys a run's config takes from the model it loads (a hub commit, a chat template the model was trained with):
+#: :func:`check_resume_config`, made before the model loads, leaves them to :class:`~.run.RunDir`'s check
+LOAD_RESOLVED_KEYS = ("model.revision", "data.chat_template")
+
+
+#: True while the command line runs a trainer (:func:`command_line_words`): a run directory's refusals then name the
+#: command line's options only, not the Python API's arguments beside them
+_COMMAND_LINE: ContextVar[bool] = ContextVar("dgrpo_command_line", default=False)
+
+
+def in_command_line() -> bool:
+    """Whether the command line runs the trainer now (within :func:`command_line_words`)."""
+    return _COMMAND_LINE.get()
+
+
+@contextmanager
+def command_line_words() -> Iterator[None]:
+    """Within the block (``dgrpo sft`` / ``dgrpo grpo`` calling its trainer), :class:`~.run.RunDir`'s refusals say
+    ``--resume never`` and ``--allow-config-change``, without ``resume='never'`` / ``allow_config_change=True``."""
+    token = _COMMAND_LINE.set(True)
+    try:
+        yield
+    finally:
+        _COMMAND_LINE.reset(token)
+
+
+#: how to start a run over, and to resume it under a changed config: (the command line's option, the Python API's)
+START_OVER = ("--resume never", "resume='never'")
+ALLOW_CHANGE = ("--allow-config-change", "allow_config_change=True")
+
+
+def quiet_log(message: str) -> None:
+    """A log that says nothing (a rank other than 0's)."""
+
+
+def check_resume_config(
+    out_dir: Path | str, cfg: Config, command: str, resume: str = "auto", allow_config_change: bool = False
+) -> None:
+    """``dgrpo sft`` / ``dgrpo grpo``'s refusal of a resume under a changed config (or of another command's
+    checkpoints), made from the run directory alone before any dataset is read or the model loaded (at the paper's
+    scale those take minutes, and the refusal came after them), in the command line's words. The keys a run takes from
+    its model (:data:`LOAD_RESOLVED_KEYS`) are left to :class:`~.run.RunDir`'s check, after the model loads."""
+    ResumeCheck(out_dir, to_dict(cfg), command, resume, allow_config_change, log=quiet_log, cli=True).before_loading()
+
+
+class ResumeCheck:
+    """What a resume is checked against from the run directory alone (its ``config.json``, its checkpoints' state
+    and recorded configs): the command that wrote the checkpoints and the config the run was started with.
+    :class:`~.run.RunDir` makes these checks with the lock held; :func:`check_resume_config` makes them before the
+    data and the model are read. ``cli``: the refusals name the command line's options only (``--resume never``,
+    ``--allow-config-change``), not the Python API's arguments beside them."""
+
+    def __init__(
+        self,
+        out_dir: Path | str,
+        cfg: dict,
+        command: str,
+        resume: bool | str = "auto",
+        allow_config_change: bool = False,
+        log: Callable[[str], None] = print,
+        cli: bool = False,
+    ):
+        self.out_dir, self.cfg, self.command, self.log, self.cli = Path(out_dir), cfg, command, log, cli
+        self.resume_mode = {True: "auto", False: "never"}[resume] if isinstance(resume, bool) else resume
+        self.allow_config_change = allow_config_change
+        self.changed: list[str] = []
+        self.first_config: dict = self.cfg  # the config the run was started with (differs: allow_config_change)
+        self.candidates: list[Path] = []
+        self.ignored: tuple[str, ...] = ()  # keys the config check leaves to a later one
+
+    def before_loading(self) -> None:
+        """The checks a resume needs no data and no model for: the command that wrote the checkpoints, and the
+        config (but :data:`LOAD_RESOLVED_KEYS`, which the model may set); nothing when there is nothing to resume."""
+        self.candidates = self._candidates()
+        if not self.candidates:
+            return
+        self._check_command()
+        self.ignored = LOAD_RESOLVED_KEYS
+        self._check_config()
+
+    def _option(self, cli: str, api: str) -> str:
+        """How to ask for something: the command line's option ``cli``, and for a Python caller its argument ``api``
+        too (``--resume never (resume='never')``)."""
+        return cli if self.cli else f"{cli} ({api})"
+
+    def _candidates(self) -> list[Path]:
+        if self.resume_mode == "never":
+            return []
+        if self.resume_mode == "auto":
+            return resume_candidates(self.out_dir)
+        path = on_disk(self.resume_mode)  # (checkpoints/step-N as written: step-0000000N)
+        if path.exists() and not path.is_dir():  # (it was told "no such checkpoint directory", as a missing one is)
+            raise ConfigError(f"--resume {path} is a file: name a checkpoint directory (OUT/checkpoints/step-N)")
+        if not path.is_dir():
+            raise ConfigError(f"--resume {path}: no such checkpoint directory")
+        if not (path / RESUMABLE_STATE).exists() and (path / CHECKPOINTS_DIR).is_dir():
+            newest = resume_candidates(path)
+            raise ConfigError(
+                f"--resume {path} is a run directory: name one of its checkpoints"
+                + (f" (the newest: {newest[0]})" if newest else f" (it has none in {path / CHECKPOINTS_DIR})")
+            )
+        if not (path / RESUMABLE_STATE).exists() and is_model_dir(path):
+            raise ConfigError(
+                f"--resume {path} is a model (weights without the optimizer and data state): --init {path} starts "
+                "a new run from it; --resume takes a run's checkpoints/step-N"
+            )
+        return [path]
+
+    @property
+    def explicit(self) -> bool:
+        """Resuming from one named checkpoint (``--resume PATH``), not the newest of this directory's."""
+        return self.resume_mode not in ("auto", "never")
+
+    def _changed_keys(self, old: dict) -> list[str]:
+        """The keys a resume compares that differ between ``old`` and this run's config: not those this command never
+        reads, nor the built-in model's shape when the run loads a model."""
+        unread = UNREAD_BY.get(self.command, ())
+        loads = self.cfg.get("model", {}).get("name_or_path") != BUILTIN
+        if isinstance(old.get("data"), dict):  # (dgrpo up to 2026-12-04 recorded data paths as typed: relative ones
+            old = {**old, "data": absolute_data_specs(old["data"])}  # name, from here, what this run reads)
+        return [
+            k
+            for k in config_diff(old, self.cfg)
+            if not k.startswith(unread) and not (loads and k in BUILTIN_SHAPE_KEYS) and k not in self.ignored
+        ]
+
+    def _check_command(self) -> None:
+        """Refuse another command's checkpoints (an SFT run's directory given to ``dgrpo grpo``, or the reverse):
+        they are not damaged, and starting over there would delete them."""
+        self._refuse_command(next((c for c in map(checkpoint_command, self.candidates) if c is not None), None))
+
+    def _written_by(self) -> str | None:
+        """Which command (``sft``, ``grpo``) wrote the run in OUT: its checkpoints say, else (none left) what only
+        one command writes (SFT's stage-K/, GRPO's summary and rollouts), else its metrics rows (SFT's name their
+        curriculum stage, GRPO's their reward); None when nothing says."""
+        out = self.out_dir
+        found = next((c for c in map(checkpoint_command, resume_candidates(out)) if c is not None), None)
+        if found is None and any(p.is_dir() for p in stage_dirs(out)):
+            found = "sft"
+        if found is None and ((out / SUMMARY_FILE).is_file() or (out / ROLLOUTS_FILE).is_file()):
+            found = "grpo"
+        try:
+            lines = (out / METRICS_FILE).read_text().splitlines() if found is None else []
+        except OSError:
+            lines = []
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and ("reward_mean" in row or "stage" in row):
+                return "grpo" if "reward_mean" in row else "sft"
+        return found
+
+    def _refuse_command(self, found: str | None) -> None:
+        """ConfigError when ``found`` (the command that wrote the checkpoints or run here) is not this one."""
+        if found is None or found == self.command:
+            return
+        where = f"--resume {self.candidates[0]} is" if self.explicit else f"{self.out_dir} holds"
+        source = self.candidates[0] if self.explicit else self.out_dir  # (a named checkpoint, or this run's)
+        start = f"; to start from its model: --init {source}" if (found, self.command) == ("sft", "grpo") else ""
+        what = "run's checkpoint" if self.explicit or resume_candidates(self.out_dir) else "run"
+        deletes = " (--resume never would delete it)" if self.resume_mode == "never" else ""
+        raise ConfigError(
+            f"{where} a `dgrpo {found}` {what}, which `dgrpo {self.command}` cannot resume{deletes}: name a new "
+            f"--out{start}"
+        )
+
+    def _started_with(self) -> dict | None:
+        """The config the resumed run was started with: this directory's, else (a new directory resuming a named
+        checkpoint, or a run whose config.json was deleted) the one the checkpoint to resume (the newest) was trained
+        with."""
+        path = self.out_dir / CONFIG_FILE
+        if not path.is_file():
+            path = self.candidates[0] / "model" / RUN_CONFIG_FILE
+            if not path.is_file():
+                return None
+            if not self.explicit:
+                self.log(f"dgrpo: {self.out_dir / CONFIG_FILE} is missing: checking the config against {path}")
+        return self._read_config(path)
+
+    @staticmethod
+    def _read_config(path: Path) -> dict:
+        """A config file's JSON (ConfigError when it cannot be read)."""
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, ValueError):
+            raise ConfigError(f"{path}: unreadable (not the JSON of a config)") from None
+        if not isinstance(found, dict):
+            raise ConfigError(f"{path}: unreadable (not the JSON of a config)")
+        return found
+
+    def _check_config(self) -> None:
+        """Refuse to resume under a changed config (unless allowed: then keep every config with its start step). A
+        LoRA run's :data:`ADAPTER_KEYS` are left to :func:`~.checkpoint.check_same_adapter`, their change kept in the
+        config history."""
+        old = self._started_with()
+        if old is None:
+            return
+        changed = self._changed_keys(old)
+        what = f"--resume {self.candidates[0]} is from" if self.explicit else f"{self.out_dir} holds"
+        self._check_same_kind_of_training(old, what)
+        self._check_same_master_weights(old, what)
+        refused = [k for k in changed if not (self.cfg["model"]["lora"]["r"] and k in ADAPTER_KEYS)]
+        if refused and not self.allow_config_change:
+            then = old.get("model", {}).get("revision") if "model.revision" in refused else None
+            pin = f" (the run loaded its model at commit {then}: --set model.revision={then})" if then else ""
+            never, allow = self._option(*START_OVER), self._option(*ALLOW_CHANGE)
+            raise ConfigError(
+                f"{what} a run started with a different config ({', '.join(refused[:8])}"
+                f"{', ...' if len(refused) > 8 else ''}); resume it unchanged{pin}, start over with {never}, or pass "
+                f"{allow} to continue with the new values (every config used is kept)"
+            )
+        self.changed = changed
+        self.first_config = old
+
+    def _check_same_kind_of_training(self, old: dict, what: str) -> None:
+        """A LoRA run's checkpoints hold its adapter, a full run's the whole model: a resume that switches
+        ``model.lora.r`` between 0 and more is refused in one line, even with allow_config_change (its checkpoints
+        were skipped one by one as damaged, and the line advised --resume never)."""
+        then = int(old.get("model", {}).get("lora", {}).get("r", 0) or 0)
+        now = int(self.cfg.get("model", {}).get("lora", {}).get("r", 0) or 0)
+        if (then > 0) == (now > 0):
+            return
+        trained = f"a LoRA adapter (model.lora.r={then})" if then else "every weight (model.lora.r=0)"
+        held = "the adapter" if then else "the whole model"
+        raise ConfigError(
+            f"{what} a run that trains {trained}, and its checkpoints hold {held}: resume it with model.lora.r={then} "
+            f"(to train {'every weight' if then else 'an adapter'} from it, start a new run with --init on its final/ "
+            "or a checkpoint)"
+        )
+
+    def _check_same_master_weights(self, old: dict, what: str) -> None:
+        """A bf16 run's checkpoints hold float32 masters in their optimizer state, or none: switching
+        ``model.master_weights`` on resume is refused, even with allow_config_change (masters made before the
+        checkpoint loaded, or left from it, would put the weights back where they stood)."""
+        then, now = (bool(c.get("model", {}).get("master_weights", False)) for c in (old, self.cfg))
+        dtypes = {c.get("model", {}).get("dtype", "float32") for c in (old, self.cfg)}
+        if then == now or dtypes == {"float32"}:
+            return
+        raise ConfigError(
+            f"{what} a run with model.master_weights={str(then).lower()}, and its checkpoints' optimizer state holds "
+            f"{'float32 masters' if then else 'no masters'}: resume it with model.master_weights={str(then).lower()} "
+            "(to train on with the other setting, start a new run with --init on its final/ or a checkpoint)"
+        )
