@@ -76,3 +76,11 @@ def results_name(spec: str) -> str:
 def results_folder(checkpoint: str = FINAL_DIR) -> str:
     """The folder of a checkpoint's test-set results: ``eval`` for final/, ``eval_<name>`` for another (best/)."""
     return EVAL_DIR if checkpoint == FINAL_DIR else f"{EVAL_DIR}_{checkpoint}"
+
+
+#: what a run writes in OUT besides config.json and metrics.jsonl, which ``--resume never`` (or a restart under another
+#: config) removes: its checkpoints, models, test results, logs, summary and applied settings
+RUN_WRITES = (
+    *(CHECKPOINTS_DIR, BEST_DIR, FINAL_DIR, results_folder(FINAL_DIR), results_folder(BEST_DIR), TB_DIR),
+    *(SUMMARY_FILE, ROLLOUTS_FILE, WANDB_ID_FILE, WANDB_DIR, APPLIED_FILE),
+)

@@ -9,25 +9,8 @@ import os
 from pathlib import Path
 
 from ..config import ConfigError
-from ..model.verified import (
-    enclosing_checkpoint,
-    is_written_checkpoint,
-)
-from ..run_layout import (
-    APPLIED_FILE,
-    BEST_DIR,
-    CHECKPOINTS_DIR,
-    CONFIG_FILE,
-    FINAL_DIR,
-    LOCK_FILE,
-    METRICS_FILE,
-    ROLLOUTS_FILE,
-    SUMMARY_FILE,
-    TB_DIR,
-    WANDB_DIR,
-    WANDB_ID_FILE,
-    results_folder,
-)
+from ..model.verified import enclosing_checkpoint, is_written_checkpoint
+from ..run_layout import CHECKPOINTS_DIR, CONFIG_FILE, LOCK_FILE, METRICS_FILE, RUN_WRITES
 
 
 def check_output_path(path: Path | str, what: str = "--out", *, model_dir: bool = False) -> None:
@@ -102,14 +85,6 @@ def _is_training_run(path: Path) -> bool:
         or (path / METRICS_FILE).is_file()
         or (path / CHECKPOINTS_DIR).is_dir()
     )
-
-
-#: what a run writes in OUT besides config.json and metrics.jsonl, which ``--resume never`` (or a restart under another
-#: config) removes: its checkpoints, models, test results, logs, summary and applied settings
-RUN_WRITES = (
-    *(CHECKPOINTS_DIR, BEST_DIR, FINAL_DIR, results_folder(FINAL_DIR), results_folder(BEST_DIR), TB_DIR),
-    *(SUMMARY_FILE, ROLLOUTS_FILE, WANDB_ID_FILE, WANDB_DIR, APPLIED_FILE),
-)
 
 
 def is_run_metrics(path: Path) -> bool:

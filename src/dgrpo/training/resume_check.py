@@ -14,10 +14,7 @@ from pathlib import Path
 from ..config import BUILTIN_SHAPE, Config, ConfigError, to_dict
 from ..model.factory import BUILTIN
 from ..model.sources import is_model_dir, on_disk
-from ..model.verified import (
-    RESUMABLE_STATE,
-    RUN_CONFIG_FILE,
-)
+from ..model.verified import RESUMABLE_STATE, RUN_CONFIG_FILE
 from ..paths import expand_home
 from ..run_layout import (
     APPLIED_FILE,
@@ -32,10 +29,7 @@ from ..run_layout import (
     SUMMARY_FILE,
     stage_dirs,
 )
-from .checkpoint import (
-    checkpoint_command,
-    resume_candidates,
-)
+from .checkpoint import checkpoint_command, resume_candidates
 
 #: options that change neither the computation nor its results: a resumed run may change them freely. Recomputing
 #: the decoder layers or calls gives the same gradients, bit for bit on CPU (tests/test_recompute.py); keeping the

@@ -23,11 +23,7 @@ from typing import IO, Any, NoReturn
 from ..config import Config, ConfigError, to_dict
 from ..model.latent_lm import LatentLM
 from ..model.sources import is_model_dir
-from ..model.verified import (
-    MANIFEST,
-    CheckpointError,
-    remove_dir,
-)
+from ..model.verified import MANIFEST, CheckpointError, remove_dir
 from ..run_layout import (
     APPLIED_FILE,
     BEST_DIR,
@@ -37,6 +33,7 @@ from ..run_layout import (
     LOCK_FILE,
     METRICS_FILE,
     ROLLOUTS_FILE,
+    RUN_WRITES,
     SUMMARY_FILE,
     config_history,
     config_history_file,
@@ -53,7 +50,7 @@ from .checkpoint import (
 )
 from .distributed import Dist
 from .guards import TrainingStopped
-from .out_dir import RUN_WRITES, RunLock, check_output_dir, is_run_config, is_run_metrics
+from .out_dir import RunLock, check_output_dir, is_run_config, is_run_metrics
 from .preemption import in_test_sets, stop, stop_if_requested, stopping, writing_the_end
 from .resume_check import ALLOW_CHANGE, START_OVER, ResumeCheck, in_command_line, quiet_log
 from .tracking import Tracker, describe_backends, open_trackers

@@ -12,12 +12,7 @@ from typing import Any
 
 from ..config import Config, ConfigError
 from ..data.records import Record, check_records, data_columns
-from ..eval.evaluate import (
-    EvalResult,
-    eval_options,
-    evaluate,
-    warn_if_questions_cut,
-)
+from ..eval.evaluate import EvalResult, eval_options, evaluate, warn_if_questions_cut
 from ..model.latent_lm import LatentLM
 from ..model.sources import resolve_device
 from ..model.support import untrainable

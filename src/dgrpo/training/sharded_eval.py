@@ -9,11 +9,7 @@ from typing import Any
 
 from ..config import ConfigError
 from ..data.records import Record
-from ..eval.evaluate import (
-    EvalResult,
-    ordered_mean,
-    result_scores,
-)
+from ..eval.evaluate import EvalResult, ordered_mean, result_scores
 from ..eval.scoring import RewardError
 from .distributed import Dist
 
