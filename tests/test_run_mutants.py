@@ -422,6 +422,27 @@ def test_a_moved_aside_copy_without_its_manifest_is_not_restored(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [".lock", "final"]
 
 
+def test_a_run_restarted_under_another_config_restores_no_copy_it_removes_next(tmp_path):
+    """An unfinished run with no checkpoint, restarted under another config, removes what the earlier run wrote (as
+    ``--resume never`` does): a moved-aside final/ of that run is removed with the rest, not first restored with a
+    line saying so ("its earlier copy is restored", for a folder deleted the next moment)."""
+    from dgrpo.config import to_dict
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import RunDir
+
+    from conftest import tiny_config
+
+    out = tmp_path / "run"
+    (out / ".old-final-6").mkdir(parents=True)
+    (out / ".old-final-6" / "manifest.json").write_text("{}")
+    (out / "config.json").write_text(json.dumps(to_dict(tiny_config(**{"grpo.lr": 0.5}))))
+    said: list[str] = []
+    with pytest.warns(UserWarning, match="it starts over under this one"):
+        RunDir(out, tiny_config(), Dist.single(), "grpo", log=said.append).close()
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "config.json"]
+    assert not [m for m in said if "restored" in m], said
+
+
 def test_resume_never_starts_over_under_any_config_and_resumes_nothing(tmp_path):
     """``--resume never`` on a run with a checkpoint, under another config: not refused (nothing is resumed, so no
     config is compared), the checkpoint removed, and the run starts fresh."""

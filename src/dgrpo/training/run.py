@@ -187,7 +187,7 @@ class RunDir(ResumeCheck):
         if dist.is_main:  # half-written checkpoints of a killed run (it held the lock: nobody else writes them)
             for tmp in (self.out_dir / CHECKPOINTS_DIR).glob(".tmp-*"):
                 shutil.rmtree(tmp, ignore_errors=True)
-            self._clean_leftovers(restore=self.resume_mode != "never")
+            self._clean_leftovers(restore=self.resume_mode != "never" and not self.restarted)  # (else removed next)
         if (self.resume_mode == "never" or self.restarted) and dist.is_main:
             self._start_over()
 
@@ -195,10 +195,11 @@ class RunDir(ResumeCheck):
         """What a killed run's atomic writes (:func:`~dgrpo.model.verified.atomic_dir`) of final/, best/ or stage-K/
         left in OUT, and of a checkpoint replaced in OUT/checkpoints (the lock is held: nobody else writes them):
         ``.tmp-NAME-PID`` (half written, or complete but never published) is removed; ``.old-NAME-PID`` (the copy a
-        replace moved aside) is removed, or, with ``restore`` (not under ``--resume never``, which removes the
-        earlier run's folders next), moved back to NAME when the kill came before the new one took its place. Only
-        those names; nothing else is touched. ``checkpoints_only``: only the restoring, in OUT/checkpoints (once the
-        lock is taken, before the run lists its checkpoints: a step-N moved aside is one to resume)."""
+        replace moved aside) is removed, or, with ``restore`` (not under ``--resume never`` nor in a run restarted
+        under another config, which remove the earlier run's folders next), moved back to NAME when the kill came
+        before the new one took its place. Only those names; nothing else is touched. ``checkpoints_only``: only the
+        restoring, in OUT/checkpoints (once the lock is taken, before the run lists its checkpoints: a step-N moved
+        aside is one to resume)."""
         places = (
             [self.out_dir / CHECKPOINTS_DIR] if checkpoints_only else [self.out_dir, self.out_dir / CHECKPOINTS_DIR]
         )
