@@ -240,7 +240,7 @@ class _Vocab:
 def test_a_saved_tokenizer_fits_the_rows_of_its_model_exactly(n, markers_at, says):
     """``check_saved_tokenizer`` at its edges, 10 embedding rows: every marker id below 10 and no more than 10
     tokens, else one CheckpointError naming what is wrong."""
-    from dgrpo.model.latent_lm import check_saved_tokenizer
+    from dgrpo.model.hf_loading import check_saved_tokenizer
     from dgrpo.model.verified import CheckpointError
 
     tok: Any = _Vocab(n, markers_at)

@@ -35,7 +35,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreT
 from ..paths import expand_home
 from .anatomy import input_embedding_weight
 from .factory import CheckpointError
-from .latent_lm import LatentLM, LatentSettings, few_names
+from .hf_loading import few_names
+from .latent_lm import LatentLM, LatentSettings
 from .sources import hub_snapshot, resolve_model_source, revision_kwargs
 from .tokens import (
     END_LATENT,
@@ -68,7 +69,7 @@ def _error(msg: str) -> CheckpointError:
 
 
 def _few(keys: list[str]) -> str:
-    """The first 4 of ``keys`` (:func:`~dgrpo.model.latent_lm.few_names`)."""
+    """The first 4 of ``keys`` (:func:`~dgrpo.model.hf_loading.few_names`)."""
     return few_names(keys, 4)
 
 
