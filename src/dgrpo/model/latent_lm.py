@@ -16,7 +16,8 @@ the one whose ``with`` block is open over the model: :func:`open_perturbation`) 
 :mod:`dgrpo.perturbation`).
 
 The class also carries the Hugging Face conventions: ``from_pretrained`` (a directory, a hub id through
-:mod:`dgrpo.model.sources`, a LoRA adapter directory through :mod:`dgrpo.model.lora`) and ``save_pretrained``
+:mod:`dgrpo.model.sources`, a LoRA adapter directory through :mod:`dgrpo.model.lora`; the weights loaded strictly by
+:mod:`dgrpo.model.hf_loading`) and ``save_pretrained``
 (verified, atomic checkpoints: :mod:`dgrpo.model.verified`). The tokenizer's latent markers (their embedding rows,
 the tokenizer's loading, padded batches of token ids) are in :mod:`dgrpo.model.tokens`; the head's log-probs, the
 sampling of each answer token and its booking in :mod:`dgrpo.model.decoding`.
