@@ -1,0 +1,577 @@
+"""The benchmark's measuring code on hand-made numbers (gaps found by mutation testing): the alternated timer's clocks,
+medians and ratios, the claims' pass/fail at their thresholds, the units of the tables, the FLOP counts, and each
+item's arithmetic from scripted timings (the candidates themselves are not run: ``alternate`` is replaced)."""
+
+import json
+import signal
+import sys
+import types
+
+import pytest
+import torch
+
+from dgrpo.bench import engine_item, items, report, step_profile, suite, timeline, timing, workload
+from dgrpo.bench.report import Goal, Row
+from dgrpo.bench.timing import Timed
+from dgrpo.bench.workload import Ctx, Dims, Shapes
+
+CPU = torch.device("cpu")
+#: a model small enough to build in milliseconds (the bench's shapes are far larger)
+TINY = Shapes(name="tiny", hidden=16, layers=1, heads=4, kv_heads=2, ffn=8, prompts=2, reps=3, warmup=1)
+
+
+class _Clock:
+    """A fake ``time`` module: candidates advance its wall and CPU clocks by what they say they cost."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+
+    def perf_counter(self) -> float:
+        return self.wall
+
+    def process_time(self) -> float:
+        return self.cpu
+
+    def spend(self, wall: float, cpu: float) -> None:
+        self.wall += wall
+        self.cpu += cpu
+
+
+# --------------------------------------------------------------------------- timing
+def test_timed_median_ratio_and_paired_spread_by_hand():
+    """median is the middle repetition (not the mean), ratio(a, b) = median(a) / median(b), the paired ratios are
+    a_i / b_i repetition by repetition, their spread (smallest, largest); to_json reports the medians."""
+    t = Timed({"a": [1.0, 3.0, 100.0], "b": [2.0, 2.0, 4.0]})
+    assert t.median("a") == 3.0 and t.ratio("a", "b") == 1.5 and t.ratio("b", "a") == pytest.approx(2 / 3)
+    assert t.paired_ratios("a", "b") == [0.5, 1.5, 25.0]
+    assert t.paired_spread("a", "b") == (0.5, 25.0)
+    assert t.to_json()["a"] == {"median_s": 3.0, "times_s": [1.0, 3.0, 100.0], "cpu_times_s": []}
+
+
+def test_alternate_times_each_call_on_the_wall_and_cpu_clocks_after_waiting_for_the_device(monkeypatch):
+    """Each repetition's time is the wall time from just before the call to after the device finished its queued
+    work (a sync after the call, before the clock is read); the CPU time is the process clock's; warm-ups are not
+    timed; reps < 1 is refused."""
+    clock = _Clock()
+    pending = [0.0]  # device work queued by the candidates, paid at the next sync
+
+    def synchronize(device=None):
+        clock.spend(pending[0], 0.0)
+        pending[0] = 0.0
+
+    monkeypatch.setattr(timing, "time", clock)
+    monkeypatch.setattr(timing.torch.cuda, "synchronize", synchronize)
+
+    def candidate(host: float, cpu: float, device: float):
+        def f():
+            clock.spend(host, cpu)
+            pending[0] += device
+            return host
+
+        return f
+
+    fns = {"a": candidate(0.5, 0.25, 2.0), "b": candidate(1.0, 0.75, 0.0)}
+    t = timing.alternate(fns, reps=2, warmup=3, device=types.SimpleNamespace(type="cuda"))
+    assert t.times == {"a": [2.5, 2.5], "b": [1.0, 1.0]}
+    assert t.cpu_times == {"a": [0.25, 0.25], "b": [0.75, 0.75]}
+    assert t.results == {"a": [0.5, 0.5], "b": [1.0, 1.0]}
+    with pytest.raises(ValueError, match="reps"):
+        timing.alternate(fns, reps=0)
+
+
+# --------------------------------------------------------------------------- report
+def test_goals_are_met_on_their_side_of_the_threshold_and_at_it():
+    """``>= 8``: met at 8 and above, not below; ``<= 1.1``: met at 1.1 and below, not above; a row without a goal
+    or without a ratio has no verdict, and its JSON says so."""
+    assert Goal(">=", 8).met(8.0) and Goal(">=", 8).met(9.0) and not Goal(">=", 8).met(7.99)
+    assert Goal("<=", 1.1).met(1.1) and Goal("<=", 1.1).met(0.5) and not Goal("<=", 1.1).met(1.11)
+    assert (str(Goal(">=", 8)), str(Goal("<=", 1.1))) == (">= 8x", "<= 1.1x")
+    row = Row("cpu", "4. x", "k", "conf", "vals", "a / b", 1.2, Goal("<=", 1.1))
+    assert row.met is False and row.to_json()["met"] is False and row.to_json()["goal"] == "<= 1.1x"
+    assert Row("cpu", "4. x", "k", "c", "v", "a / b", None, Goal("<=", 1.1)).met is None
+    assert Row("cpu", "4. x", "k", "c", "v", "a / b", 0.5).to_json()["met"] is None
+
+
+def test_units_of_times_bytes_flops_and_ratios():
+    """Seconds under one print as milliseconds, bytes in binary units (GiB = 2**30), FLOP/s in decimal ones,
+    ratios to three significant digits under 100."""
+    assert (report.fmt_s(0.0123), report.fmt_s(0.5), report.fmt_s(1.5)) == ("12.3 ms", "500.0 ms", "1.50 s")
+    assert report.fmt_bytes(2**30) == "1.0 GiB" and report.fmt_bytes(10**9) == "953.7 MiB"
+    assert (report.fmt_bytes(1024), report.fmt_bytes(1023), report.fmt_bytes(-3 * 2**20)) == (
+        "1.0 KiB",
+        "1023 B",
+        "-3.0 MiB",
+    )
+    assert (report.fmt_flops(3.5e12), report.fmt_flops(1e9), report.fmt_flops(999.0)) == (
+        "3.5 TFLOP/s",
+        "1.0 GFLOP/s",
+        "999 FLOP/s",
+    )
+    assert (report.fmt_ratio(1.234), report.fmt_ratio(123.4), report.fmt_ratio(None)) == ("1.23x", "123x", "-")
+
+
+def test_markdown_table_puts_each_value_in_its_column():
+    """One line per row: item, configuration, values, the ratio with its paired spread (low to high), the goal and
+    the verdict; a ``|`` in a cell is escaped (it would split the cell)."""
+    rows = [
+        Row("cpu", "4. cost", "k", "p=0.1 | mlp", "1 s; 2 s", "locked / none", 1.2, Goal("<=", 1.1), (1.05, 1.3)),
+        Row("cpu", "5. memory", "k", "conf", "vals", "a / b", 3.0),
+    ]
+    lines = report.markdown_table(rows).splitlines()
+    assert lines[0] == "| item | configuration | measured values | ratio | goal | met |" and len(lines) == 4
+    assert lines[2] == (
+        "| 4. cost | p=0.1 \\| mlp | 1 s; 2 s | locked / none: **1.2x** (paired 1.05x to 1.3x) | <= 1.1x | "
+        "**not met** |"
+    )
+    assert lines[3] == "| 5. memory | conf | vals | a / b: **3x** | - | - |"
+
+
+# --------------------------------------------------------------------------- workload: FLOPs and shapes
+def test_recurrence_flops_by_the_formula():
+    """S = P + T + L positions: 2N per position, causal attention 4 * layers * d_attn * S(S+1)/2, the LM head at
+    the L scored positions; forward + backward is 3 forwards."""
+    d = Dims(params_nonembedding=1000, layers=2, d_model=16, d_attn=8, vocab=50)
+    S = 4 + 2 + 3
+    fwd = 2 * 1000 * S + 4 * 2 * 8 * S * (S + 1) / 2 + 2 * 16 * 50 * 3  # 18000 + 2880 + 4800
+    assert workload.recurrence_flops(d, 3, 4, 2, 3, backward=False) == (3 * fwd, 27) == (77040, 27)
+    assert workload.recurrence_flops(d, 3, 4, 2, 3, backward=True) == (9 * fwd, 27)
+
+
+def test_dims_leave_out_the_embedding_and_count_the_query_heads():
+    """dims_of: parameters without the (tied) embedding, counted by hand for one Qwen2 layer of width 16 (4 query
+    heads, 2 key/value heads of 4); the attention width is the query heads'."""
+    lm = workload.build_lm(TINY, CPU, torch.float32)
+    # q 16x16+16, k and v 8x16+8 each, o 16x16, MLP 3 x 8x16, three norms of 16
+    n = (256 + 16) + 2 * (128 + 8) + 256 + 3 * 128 + 3 * 16
+    d = workload.dims_of(lm)
+    assert (d.params_nonembedding, d.layers, d.d_model, d.d_attn) == (n, 1, 16, 16) and d.vocab == len(lm.tokenizer)
+
+
+def test_prompt_widths_are_each_chunks_own_widest_prompt():
+    """(rows, width) per chunk of the given size: a chunk's width is its own longest prompt, not the batch's."""
+    lm = workload.tokenizing_lm()
+    questions = ["Start with 5.", "Start with 5. Add 8.", "Start with 5.", "Start with 5. Add 8. Add 9. Times 7."]
+    widths = [int(m.sum()) for m in lm.encode_questions(questions)[1]]
+    assert widths[0] < widths[1] < widths[3]
+    got = workload.prompt_widths(lm, questions, 2)
+    assert got == [(2, widths[1]), (2, widths[3])]
+    assert workload.prompt_widths(lm, questions, 3) == [(3, widths[1]), (1, widths[3])]
+
+
+def test_grpo_config_for_timing_and_the_shapes_helpers():
+    """The timed GRPO config: filter off, no lr warm-up, beta0 only where given; task_records(n) gives n records;
+    Shapes survive JSON (tuples back); a CPU item's own shapes only in the full CPU section."""
+    cfg = workload.grpo_config(TINY, 4, 3, "none")
+    assert (cfg.grpo.group_size, cfg.grpo.n_latent, cfg.grpo.prompts_per_step) == (4, 3, 2)
+    assert str(cfg.grpo.filter).lower() == "false" and cfg.grpo.warmup_steps == 0
+    assert cfg.perturbation.kind == "none" and cfg.grpo.beta0 == workload.Config().grpo.beta0
+    assert workload.grpo_config(TINY, 4, 3, beta0=0.0).grpo.beta0 == 0.0
+    assert len(workload.task_records(3)) == 3 and len(workload.task_records(10)) == 10
+    assert Shapes.from_json(json.loads(json.dumps(workload.QUICK.to_json()))) == workload.QUICK  # (lists back)
+    own = Shapes(name="own")
+    assert workload.cpu_item_shapes(Ctx(CPU, torch.float32, workload.FULL), own) is own
+    assert workload.cpu_item_shapes(Ctx(CPU, torch.float32, workload.QUICK), own) is workload.QUICK
+    cuda = Ctx(torch.device("cuda"), torch.bfloat16, workload.FULL)
+    assert workload.cpu_item_shapes(cuda, own) is workload.FULL and cuda.section == "gpu"
+    assert Ctx(CPU, torch.float32, TINY).section == "cpu"
+
+
+def test_suppress_eos_keeps_every_answer_to_its_full_length():
+    """build_lm's EOS hook: the EOS logit is -1e4 at every position, so answers never stop early."""
+    lm = workload.build_lm(TINY, CPU, torch.float32)
+    logits = lm.model(torch.tensor([[1, 2, 3]])).logits
+    assert torch.all(logits[..., lm.eos_id] == -1e4)
+    assert torch.all(logits.max(-1).values > -1e4)
+
+
+# --------------------------------------------------------------------------- timeline
+def test_timeline_edge_cases_nesting_at_one_start_cut_ranges_and_short_gaps():
+    """Two ranges starting together nest the longer outside; a range outlasting its parent is cut at the parent's
+    end (its host time too); a gap shorter than a microsecond is still a gap; a gap no kernel ends goes to the path
+    in force at its middle."""
+    tl = timeline.label_timeline([(0, 5, "inner"), (0, 10, "outer")])
+    assert [timeline.path_at(tl, t) for t in (2, 7, 12)] == ["outer > inner", "outer", ""]
+    host = {row[0]: row[1] for row in timeline.time_by_range((0, 20_000), [(0, 10_000, "a"), (5_000, 15_000, "b")])}
+    assert host == {"a": 5.0, "a > b": 5.0, timeline.UNLABELLED: 10.0}
+    assert timeline.idle_gaps([(0, 1), (1.5, 2)], (0, 2)) == [(1, 1.5, 1)]
+    rows = timeline.time_by_range((0, 100_000), [(0, 50_000, "a"), (50_000, 100_000, "b")], [(0, 10_000)], [None])
+    assert {row[0]: row[2] for row in rows} == {"b": 90.0, "a": 0.0}
+
+
+# --------------------------------------------------------------------------- step profile
+def _event(name, device, start, end, *, id=0, linked=0, device_time=0.0, own=0.0, annotation=False, thread=1):
+    """A profiler event as device_activity reads it (times in microseconds)."""
+    kind = torch.autograd.DeviceType.CUDA if device == "cuda" else torch.autograd.DeviceType.CPU
+    return types.SimpleNamespace(
+        name=name,
+        device_type=kind,
+        is_user_annotation=annotation,
+        device_time=device_time,
+        time_range=types.SimpleNamespace(start=start, end=end),
+        id=id,
+        linked_correlation_id=linked,
+        thread=thread,
+        self_cpu_time_total=own,
+    )
+
+
+def test_device_activity_busy_share_launches_and_phases_from_a_made_up_profile(monkeypatch):
+    """The step's kernel-busy share is the kernels' summed device time (microseconds -> seconds) over the step's
+    wall time, the ranges' device-side images left out; every kind of launch call counts; a phase gets the kernels
+    its host launched and the union of their spans in its window; the share of kernels matched to their launch."""
+    step = step_profile._STEP_RANGE
+    events = [
+        _event(step, "cpu", 0, 10_000, own=10.0),
+        _event("phase", "cpu", 0, 5_000, own=5.0),
+        _event("cudaLaunchKernel", "cpu", 100, 110, id=1, own=1.0),
+        _event("cuLaunchKernel", "cpu", 200, 210, id=2, own=1.0),
+        _event("cudaGraphLaunch", "cpu", 6_000, 6_010, id=3, own=1.0),
+        _event("gemm", "cuda", 1_000, 3_000, id=1, device_time=2_000.0),
+        _event("copy", "cuda", 1_500, 2_500, id=2, device_time=1_000.0),
+        _event("replayed", "cuda", 7_000, 9_000, id=99, device_time=2_000.0),  # (its launch unknown)
+        _event("phase", "cuda", 0, 5_000, device_time=5_000.0, annotation=True),  # (a range's image: no work)
+    ]
+
+    class Profile:
+        def __init__(self, activities):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            return events
+
+    clock = iter([0.0, 0.01])  # the step's wall time: 10 ms
+    monkeypatch.setattr(step_profile, "profile", Profile)
+    monkeypatch.setattr(step_profile, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    out = step_profile.device_activity(lambda: None, CPU, phases=("phase",), labels={"phase"})
+    assert (out["kernels"], out["kernel_launches"], out["graph_launches"]) == (3, 2, 1)
+    assert (out["profiled_wall_s"], out["gpu_busy_s"], out["gpu_busy_share"]) == (0.01, 0.005, 0.5)
+    # the phase (0-5 ms) launched gemm and copy (1-3 ms, overlapping): busy 2 of its 5 ms
+    assert out["phases"]["phase"] == {
+        "wall_s": 0.005,
+        "busy_s": 0.002,
+        "busy_share": 0.4,
+        "kernels": 2,
+        "device_top": [["gemm", 1, 2.0], ["copy", 1, 1.0]],
+    }
+    assert out["launch_matched_share"] == 0.667
+    assert out["device_top"][0] == ["gemm", 1, 2.0] and [r[0] for r in out["host_top"]][0] == step
+
+
+def test_matmul_peak_counts_two_flops_per_multiply_add(monkeypatch):
+    """n x n x n in ``reps`` products: reps * 2n^3 FLOPs over the timed seconds."""
+    clock = iter([10.0, 12.0])
+    monkeypatch.setattr(step_profile, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    assert step_profile.matmul_peak(CPU, torch.float32, n=8, reps=4) == 4 * 2 * 8**3 / 2.0
+
+
+def test_a_phases_kernels_are_those_launched_from_its_start_to_before_its_end():
+    """[start, end): a launch at a window's start is the phase's, one at its end is not."""
+    k = ["at start", "inside", "at end"]
+    assert step_profile.launched_within(k, [10.0, 15.0, 20.0], [(10.0, 20.0)]) == ["at start", "inside"]
+    assert step_profile.phase_activity([(0.0, 10.0)], []) == {"wall_s": 0.0, "busy_s": 0.0, "busy_share": 0.0}
+
+
+def test_counted_ops_leave_out_views_and_waiting_ops_integer_indexing():
+    """An op that returns a view (view, transpose) launches no kernel and is not counted; indexing by integers
+    needs no value read back (boolean indexing does)."""
+    x = torch.ones(2, 3)
+    out, n = step_profile.counted_ops(lambda: (x.view(3, 2).t() * 2).sum())
+    assert float(out) == 12.0 and n == 2
+    assert step_profile.waiting_ops(lambda: x[torch.tensor([0, 1])])["waiting_ops"] == 0
+    assert step_profile.waiting_ops(lambda: x[x > 0])["waiting_ops"] >= 1
+
+
+def test_op_time_breakdown_shares_and_op_time_within_the_wall():
+    """Item 6's profile of one call: the shares of op time add up to one, the matmul's among them, and the ops'
+    own times (microseconds) are within the call's wall time (seconds)."""
+    a = torch.randn(64, 64)
+    prof = items.op_time_breakdown(lambda: torch.mm(a, a).relu(), CPU)
+    assert sum(prof["share"].values()) == pytest.approx(1.0) and prof["share"]["matmul"] > 0
+    assert 0 < prof["op_time_over_wall"] <= 1.0 and prof["top_ops"][0][0] in ("aten::mm", "aten::relu")
+
+
+# --------------------------------------------------------------------------- the items' arithmetic
+def _scripted(monkeypatch, module, *runs):
+    """``module.alternate`` gives each call, in turn, the next run's times (and results) instead of timing: the
+    candidates it was given must be the run's names."""
+    runs_left = list(runs)
+
+    def fake(fns, *, reps, warmup=1, device=None, log=None):
+        times, results = runs_left.pop(0)
+        assert set(fns) == set(times)
+        return Timed(dict(times), {k: results.get(k, [None] * len(v)) for k, v in times.items()})
+
+    monkeypatch.setattr(module, "alternate", fake)
+    return runs_left
+
+
+def _ctx(shapes=TINY, device=CPU):
+    return Ctx(device, torch.float32, shapes, log=lambda msg: None)
+
+
+def _p(width_of, questions):
+    return max(width_of(questions))
+
+
+def _widths(questions):
+    return [int(m.sum()) for m in workload.tokenizing_lm().encode_questions(questions)[1]]
+
+
+def test_rollouts_rows_scale_the_one_at_a_time_baselines_per_rollout(monkeypatch):
+    """Item 1: time per rollout = median / rollouts timed (K x prompts batched, seq_per_prompt x prompts one at a
+    time); the ratios baseline / batched, their paired spread scaled alike; the goals only at the largest K."""
+    s = Shapes(**{**TINY.to_json(), "rollout_K": (2, 4), "T": 2, "max_new_tokens": 3, "seq_per_prompt": 1})
+    timed = {"batched_locked": [0.8, 1.0, 1.2], "sequential_native": [2.0, 3.0, 4.0], "recompute_batch1": [5, 6, 7]}
+    _scripted(monkeypatch, items, *[(timed, {k: [3.0] * 3 for k in timed})] * 2)
+    ctx = _ctx(s)
+    rows, raw = items.bench_rollouts(ctx)
+    assert [(r.item, r.ratio_name.split(" /")[0], r.ratio) for r in rows] == [
+        ("1. rollouts", "sequential replay", 6.0),  # K=2: 4 batched in 1 s, 2 one at a time in 3 s (6 s)
+        ("1. rollouts", "batch-1 recompute", 12.0),
+        ("1. rollouts", "sequential replay", 12.0),  # K=4: 8 batched in 1 s
+        ("1. rollouts", "batch-1 recompute", 24.0),
+    ]
+    assert rows[0].goal is None and rows[1].goal is None and (rows[2].met, rows[3].met) == (True, False)
+    assert rows[2].spread == pytest.approx((10.0, 4 / 1.2 * 4)) and rows[3].spread == pytest.approx((7 / 1.2 * 4, 25.0))
+    r4 = raw["K=4"]
+    assert r4["per_rollout_s"] == {"batched_locked": 0.125, "sequential_native": 1.5, "recompute_batch1": 3.0}
+    assert r4["batched_tokens_per_s"] == 8 * 3.0 / 1.0
+    lm = workload.tokenizing_lm()
+    P = max(_widths([r.question for r in workload.task_records(2)]))
+    d = workload.dims_of(workload.build_lm(s, CPU, torch.float32))
+    assert r4["batched_flops_per_s"] == workload.recurrence_flops(d, 8, P, 2, 3, backward=False)[0] and lm
+    assert "125.0 ms/rollout" in rows[2].values and "1.50 s/rollout" in rows[2].values
+
+
+def test_rollouts_row_gives_the_share_of_the_measured_matmul_peak(monkeypatch):
+    """With item 6's peak in the run's results, the batched FLOP/s is given as its percentage."""
+    timed = {"batched_locked": [1.0], "sequential_native": [1.0], "recompute_batch1": [1.0]}
+    s = Shapes(**{**TINY.to_json(), "rollout_K": (2,), "T": 2, "max_new_tokens": 3, "seq_per_prompt": 1})
+    _scripted(monkeypatch, items, *[(timed, {k: [3.0] for k in timed})] * 2)
+    ctx = _ctx(s)
+    _, raw = items.bench_rollouts(ctx)
+    ctx.results["peak_flops"] = 4 * raw["K=2"]["batched_flops_per_s"]
+    rows, _ = items.bench_rollouts(ctx)
+    assert "25.0% of the measured matmul peak" in rows[0].values
+
+
+def test_sft_row_is_ours_over_naive_and_refuses_losses_that_differ(monkeypatch):
+    """Item 2: ratio ours / naive against <= 0.7; the ratio is not reported when the two losses differ."""
+    s = Shapes(**{**TINY.to_json(), "sft_batch": 2})
+    same = {"ours": [0.5] * 3, "naive": [0.5 + 1e-6] * 3}
+    _scripted(monkeypatch, items, ({"ours": [0.6] * 3, "naive": [1.0, 1.0, 0.5]}, same))
+    (row,), raw = items.bench_sft(_ctx(s))
+    assert (row.ratio, row.met, row.spread) == (0.6, True, (0.6, 1.2)) and raw["max_abs_loss_diff"] < 1e-5
+    _scripted(monkeypatch, items, ({"ours": [0.6] * 3, "naive": [1.0] * 3}, {**same, "naive": [0.5 + 1e-3] * 3}))
+    with pytest.raises(AssertionError, match="SFT losses differ"):
+        items.bench_sft(_ctx(s))
+
+
+def _no_trainers(monkeypatch):
+    monkeypatch.setattr(items, "_trainer", lambda ctx, K, T, kind, beta0=None: (K, T, kind, beta0))
+    monkeypatch.setattr(items, "_step_fn", lambda tr, prompts: lambda: None)
+
+
+def _split_results(times, rollout_share):
+    return {
+        k: [{"time_rollout_s": t * rollout_share, "time_update_s": t * (1 - rollout_share)} for t in v]
+        for k, v in times.items()
+    }
+
+
+def test_grpo_scaling_rows_are_the_larger_over_the_smaller_setting(monkeypatch):
+    """Item 3: each row is step(larger T or K) / step(smaller), the goal <= 2.1 on the second doubling of each."""
+    _no_trainers(monkeypatch)
+    s = Shapes(**{**TINY.to_json(), "grpo_T": (1, 2, 4), "grpo_K": (2, 4, 8), "grpo_K_at": 4, "grpo_T_at": 2})
+    med = {"K=4,T=1": 1.0, "K=4,T=2": 1.5, "K=4,T=4": 3.3, "K=2,T=2": 0.9, "K=8,T=2": 2.7}
+    times = {k: [v] * 3 for k, v in med.items()}
+    _scripted(monkeypatch, items, (times, _split_results(times, 0.25)))
+    rows, raw = items.bench_grpo_scaling(_ctx(s))
+    assert [r.ratio_name for r in rows] == [
+        "step(K=4,T=2) / step(K=4,T=1)",
+        "step(K=4,T=4) / step(K=4,T=2)",
+        "step(K=4,T=2) / step(K=2,T=2)",
+        "step(K=8,T=2) / step(K=4,T=2)",
+    ]
+    assert [r.ratio for r in rows] == pytest.approx([1.5, 2.2, 1.5 / 0.9, 1.8])
+    assert [r.met for r in rows] == [None, False, None, True]
+    assert raw["split"]["K=4,T=4"] == pytest.approx({"rollout_s": 0.825, "update_s": 2.475})
+
+
+def test_perturbation_rows_are_locked_over_none_and_serial_over_split(monkeypatch):
+    """Item 4: the step's ratio locked / none against <= 1.10, the phases' ratios alike; the mask draw's serial /
+    split."""
+    _no_trainers(monkeypatch)
+    step = {"locked": [1.05, 1.2, 1.0], "none": [1.0, 1.0, 1.0]}
+    results = {
+        "locked": [{"time_rollout_s": 0.6, "time_update_s": 0.45}] * 3,
+        "none": [{"time_rollout_s": 0.5, "time_update_s": 0.5}] * 3,
+    }
+    _scripted(monkeypatch, items, (step, results), ({"serial": [2.0, 3.0, 2.0], "split": [1.0, 1.0, 1.0]}, {}))
+    (step_row, draw_row), raw = items.bench_perturbation(_ctx())
+    assert (step_row.ratio, step_row.met, step_row.spread) == (1.05, True, (1.0, 1.2))
+    assert (raw["ratio_rollout"], raw["ratio_update"]) == pytest.approx((1.2, 0.9))
+    assert (draw_row.ratio_name, draw_row.ratio, draw_row.spread) == ("serial / split mask draw", 2.0, (2.0, 3.0))
+
+
+def test_memory_rows_are_locked_over_none_and_masks_over_the_seed(monkeypatch):
+    """Item 5: the step increment's ratio locked / none (medians of the probes); the replay row's fp32 masks (sites
+    x hidden x 4 bytes) over the 8-byte seed, and the native attention masks' bytes by their formula."""
+
+    def probe(ctx, shapes, K, T, kind):
+        mib = {("locked", shapes.grpo_K_at): 3, ("none", shapes.grpo_K_at): 2}.get((kind, K), 5)
+        return {"delta_bytes": mib * 2**20, "peak_bytes": 10 * 2**20, "kind": "rss", "clean_peak": True}
+
+    monkeypatch.setattr(items, "run_probe", probe)
+    s = Shapes(**{**TINY.to_json(), "grpo_K": (2, 4, 8), "grpo_K_at": 4, "grpo_T_at": 2, "max_new_tokens": 3})
+    (step_row, replay_row), raw = items.bench_memory(_ctx(s))
+    assert step_row.ratio == 1.5 and "locked,K=8: +5.0 MiB" in step_row.values
+    rb = raw["replay_bytes_per_rollout"]
+    assert rb["seed"] == 8 and rb["locked_masks_fp32"] == rb["sites"] * 16 * 4 and replay_row.ratio == rb["sites"] * 8
+    S = max(_widths([r.question for r in workload.task_records(2)])) + 2 + 3
+    assert rb["sequence_positions"] == S and rb["native_attention_masks_bool"] == 1 * 4 * S * (S + 1) // 2
+
+
+def test_flops_row_is_the_updates_flops_over_the_best_matmuls(monkeypatch):
+    """Item 6: achieved = the update's FLOPs (forward + backward by the formula, per micro-batch) / the median
+    update time; each matmul's rate = its FLOPs x the products per call / its median; the best is the peak."""
+    lm = workload.build_lm(TINY, CPU, torch.float32)
+    tr = types.SimpleNamespace(lm=lm, cfg=types.SimpleNamespace(grpo=types.SimpleNamespace(micro_batch_size=3)))
+    monkeypatch.setattr(items, "_trainer", lambda *a, **k: tr)
+    monkeypatch.setattr(items, "_step_fn", lambda tr, prompts: lambda: None)
+    monkeypatch.setattr(
+        items,
+        "op_time_breakdown",
+        lambda fn, device: {"share": dict.fromkeys(("matmul", "attention", "other"), 1 / 3), "op_time_over_wall": 0.5},
+    )
+    mm = {"mm a": lambda: 10, "mm b": lambda: 1}
+    monkeypatch.setattr(items, "_matmul_candidates", lambda ctx, sizes: (mm, {"mm a": 100.0, "mm b": 1000.0}))
+    upd = [{"time_update_s": t, "time_rollout_s": 1.0} for t in (3.0, 2.0, 1.0)]
+    _scripted(
+        monkeypatch,
+        items,
+        (
+            {"grpo_step": [9] * 3, "mm a": [1.0] * 3, "mm b": [0.5, 0.5, 0.6]},
+            {"grpo_step": upd, "mm a": [10] * 3, "mm b": [1] * 3},
+        ),
+    )
+    s = Shapes(**{**TINY.to_json(), "grpo_K_at": 2, "grpo_T_at": 2, "max_new_tokens": 3})
+    ctx = _ctx(s)
+    (row,), raw = items.bench_flops(ctx)
+    P = max(_widths([r.question for r in workload.task_records(2)]))  # 2 prompts x K=2: micro-batches of 3 and 1
+    d = workload.dims_of(lm)
+    flops = sum(workload.recurrence_flops(d, n, P, 2, 3, backward=True)[0] for n in (3, 1))
+    assert raw["update_flops"] == flops and raw["achieved_flops_per_s"] == flops / 2.0
+    assert raw["mm_flops_per_s"] == {"mm a": 1000.0, "mm b": 2000.0} and raw["peak_name"] == "mm b"
+    assert ctx.results["peak_flops"] == 2000.0 and row.ratio == raw["fraction_of_peak"] == flops / 2.0 / 2000.0
+
+
+def test_matmul_candidates_count_two_flops_per_multiply_add():
+    """Item 6's reference matmuls: (m x k) @ (k x n) is 2mkn FLOPs, named by its shape."""
+    fns, flop_of = items._matmul_candidates(_ctx(), [(2, 3, 4)])
+    assert flop_of == {"mm 2x3@3x4": 48.0} and fns["mm 2x3@3x4"]() >= 1
+
+
+def test_engine_rows_are_fast_over_eager_and_the_share_of_the_same_answers(monkeypatch):
+    """Item 12: rollout and step time fast / eager (step against <= 1.05 on a CPU, no goal on CUDA), the share of
+    rollouts with the same answer under both engines (all of them on a CPU, 99% on CUDA)."""
+    texts = {"eager": ["a", "b", "c", "d"], "fast": ["a", "x", "c", "d"]}
+    trainers = {
+        n: types.SimpleNamespace(
+            _collect=lambda p, seeds, n=n: types.SimpleNamespace(texts=texts[n]), step=lambda prompts: None
+        )
+        for n in texts
+    }
+    monkeypatch.setattr(engine_item, "build_trainers", lambda ctx: trainers)
+    s = Shapes(**{**TINY.to_json(), "grpo_K_at": 2})
+    for device in (CPU, torch.device("cuda")):
+        _scripted(
+            monkeypatch,
+            engine_item,
+            ({"eager": [2.0] * 3, "fast": [1.0, 1.0, 0.5]}, {}),
+            ({"eager": [4.0] * 3, "fast": [4.1] * 3}, {}),
+        )
+        (roll, step, agree), raw = engine_item.bench_engine(_ctx(s, device))
+        assert (roll.ratio, roll.spread, step.ratio) == (0.5, (0.25, 0.5), pytest.approx(1.025))
+        assert agree.ratio == raw["answers_agree"] == 0.75 and agree.met is False
+        assert (str(step.goal), str(agree.goal)) == (("<= 1.05x", ">= 1x") if device == CPU else ("None", ">= 0.99x"))
+
+
+def test_engine_trainers_start_from_equal_weights_each_their_own():
+    """Item 12's two trainers, one per engine, start from the same weights in two copies (one model stepped by both
+    would be trained twice a round, and the engines would not be in lockstep)."""
+    s = Shapes(**{**TINY.to_json(), "grpo_K_at": 2, "grpo_T_at": 2, "max_new_tokens": 3})
+    trainers = engine_item.build_trainers(_ctx(s))
+    eager, fast = trainers["eager"], trainers["fast"]
+    assert (eager.cfg.grpo.engine, fast.cfg.grpo.engine) == ("eager", "fast") and eager.lm is not fast.lm
+    pairs = zip(eager.lm.model.parameters(), fast.lm.model.parameters(), strict=True)
+    assert all(a.data_ptr() != b.data_ptr() and torch.equal(a, b) for a, b in pairs)
+
+
+# --------------------------------------------------------------------------- suite
+def test_run_child_gives_the_childs_code_or_128_plus_its_signal():
+    """The parent's exit code is the child's, 128 + N for a child ended by signal N (as a shell says it)."""
+    kill = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    assert suite.run_child([sys.executable, "-c", kill], {}) == 128 + signal.SIGTERM
+    assert suite.run_child([sys.executable, "-c", "raise SystemExit(3)"], {}) == 3
+
+
+def test_needs_cuda_only_when_no_item_runs_on_the_cpu():
+    assert suite.needs_cuda("all", ["optimizer"]) == "--only optimizer"
+    assert suite.needs_cuda("all", ["optimizer", "sft"]) == "" and suite.needs_cuda("gpu", ["sft"]) == "--section gpu"
+    assert suite.selected(types.SimpleNamespace(only=None)) == suite.ITEM_KEYS and "optimizer" in suite.ITEM_KEYS
+
+
+def _row(item, section="cpu", ratio=2.0):
+    return Row(section, item, "k", "conf", "vals", "a / b", ratio)
+
+
+def test_run_suite_reports_each_sections_rows_its_failed_items_and_a_failing_exit(tmp_path, monkeypatch):
+    """Each item's rows in item-number order in its own section's table (the GPU's from the GPU shapes in bf16), an
+    item that raised named under its section, exit 1 then; 0 when every item ran."""
+    seen = []
+
+    def item(number):
+        def run(ctx):
+            seen.append((ctx.section, ctx.shapes.name, ctx.dtype))
+            return [_row(f"{number}. item", ctx.section, ratio=number)], {"n": number}
+
+        return run
+
+    def broken(ctx):
+        raise RuntimeError("it broke")
+
+    monkeypatch.setattr(suite, "ITEMS", {"flops": item(6), "rollouts": item(1), "sft": broken})
+    monkeypatch.setattr(suite.torch, "set_num_threads", lambda n: None)
+    monkeypatch.setattr(suite.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(suite.torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(
+        suite,
+        "machine_info",
+        lambda: {
+            "nproc": 2,
+            "cpu_model": "x",
+            "torch": "t",
+            "transformers": "t",
+            "torch_threads": 2,
+            "omp_wait_policy": "PASSIVE",
+            "loadavg_start": (0.0, 0.0, 0.0),
+        },
+    )
+    monkeypatch.setattr(suite, "log", lambda msg: None)
+    monkeypatch.setattr(suite, "gc", types.SimpleNamespace(collect=lambda: 0))  # (a full collection: ~1 s here)
+    args = types.SimpleNamespace(out=str(tmp_path), quick=False, only="flops,rollouts,sft", section="all")
+    assert suite.run_suite(args, []) == 1
+    assert seen == [("cpu", "full", torch.float32)] * 2 + [("gpu", "gpu-0.5b", torch.bfloat16)] * 2
+    md = (tmp_path / "bench.md").read_text()
+    cpu, gpu = md.split("## GPU")
+    assert cpu.index("| 1. item |") < cpu.index("| 6. item |") and "- **sft failed**: RuntimeError: it broke" in cpu
+    assert gpu.count("| 1. item |") == 1 and "**sft failed**" in gpu and "## Notes" in gpu
+    args.only = "flops,rollouts"
+    assert suite.run_suite(args, []) == 0
