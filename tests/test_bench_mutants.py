@@ -533,8 +533,9 @@ def _row(item, section="cpu", ratio=2.0):
 
 
 def test_run_suite_reports_each_sections_rows_its_failed_items_and_a_failing_exit(tmp_path, monkeypatch):
-    """Each item's rows in item-number order in its own section's table (the GPU's from the GPU shapes in bf16), an
-    item that raised named under its section, exit 1 then; 0 when every item ran."""
+    """Each item's rows in item-number order in its own section's table (the GPU's from the GPU shapes in bf16), each
+    section's count of repetitions, an item that raised named under its section, exit 1 then; 0 when every item
+    ran."""
     seen = []
 
     def item(number):
@@ -573,5 +574,9 @@ def test_run_suite_reports_each_sections_rows_its_failed_items_and_a_failing_exi
     cpu, gpu = md.split("## GPU")
     assert cpu.index("| 1. item |") < cpu.index("| 6. item |") and "- **sft failed**: RuntimeError: it broke" in cpu
     assert gpu.count("| 1. item |") == 1 and "**sft failed**" in gpu and "## Notes" in gpu
+    # each section says how many repetitions its medians are of (the header said the CPU's 7 for the GPU's 5 too)
+    assert workload.FULL.reps != workload.GPU.reps
+    assert f"a median of {workload.FULL.reps} repetitions" in cpu.split("## CPU")[1]
+    assert f"a median of {workload.GPU.reps} repetitions" in gpu and f"of {workload.FULL.reps} repetitions" not in gpu
     args.only = "flops,rollouts"
     assert suite.run_suite(args, []) == 0

@@ -181,9 +181,9 @@ def _md_header(m: dict) -> list[str]:
         f"OMP_WAIT_POLICY={mach['omp_wait_policy']}",
         f"- load average (1, 5, 15 min) at start: {', '.join(f'{x:.2f}' for x in mach['loadavg_start'])}; at end: "
         f"{', '.join(f'{x:.2f}' for x in m.get('loadavg_end', []))}",
-        f"- every ratio: medians of {m['reps']} repetitions per candidate, run alternately, the order reversed each "
-        f"round (A, B, B, A, ...), after {m['warmup']} warm-up round; wall time of the whole run: "
-        f"{m.get('wall_s', 0):.0f} s",
+        "- every ratio: medians of the repetitions per candidate that its section states (or its row, where the row "
+        "states its own), run alternately, the order reversed each round (A, B, B, A, ...), after warm-up rounds; "
+        f"wall time of the whole run: {m.get('wall_s', 0):.0f} s",
         "",
     ]
 
@@ -196,6 +196,13 @@ def _md_section(result: dict, rows: list[Row], section: str, title: str) -> list
     sec = result[section]
     if "skipped" in sec:
         return lines + [f"skipped: {sec['skipped']}", ""]
+    if "shapes" in sec:  # (the GPU section's shapes repeat fewer times than the CPU section's full ones)
+        shapes = sec["shapes"]
+        lines += [
+            f"{shapes['name']} shapes; every ratio a median of {shapes['reps']} repetitions per candidate after "
+            f"{shapes['warmup']} warm-up round(s), unless its row states its own",
+            "",
+        ]
     sec_rows = [r for r in rows if r.section == section]
     if sec_rows:
         lines += [markdown_table(sec_rows), ""]
