@@ -177,11 +177,14 @@ def test_grpo_config_for_timing_and_the_shapes_helpers():
 
 
 def test_suppress_eos_keeps_every_answer_to_its_full_length():
-    """build_lm's EOS hook: the EOS logit is -1e4 at every position, so answers never stop early."""
+    """build_lm's EOS hook: the EOS logit is -1e4 at every position, so answers never stop early; a build without
+    it (fixed_length=False, item 2's) has its own EOS logit."""
     lm = workload.build_lm(TINY, CPU, torch.float32)
     logits = lm.model(torch.tensor([[1, 2, 3]])).logits
     assert torch.all(logits[..., lm.eos_id] == -1e4)
     assert torch.all(logits.max(-1).values > -1e4)
+    free = workload.build_lm(TINY, CPU, torch.float32, fixed_length=False)  # (not the kept fixed-length build)
+    assert not torch.any(free.model(torch.tensor([[1, 2, 3]])).logits[..., lm.eos_id] == -1e4)
 
 
 # --------------------------------------------------------------------------- timeline
@@ -230,7 +233,7 @@ def test_device_activity_busy_share_launches_and_phases_from_a_made_up_profile(m
         _event("cuLaunchKernel", "cpu", 200, 210, id=2, own=1.0),
         _event("cudaGraphLaunch", "cpu", 6_000, 6_010, id=3, own=1.0),
         _event("gemm", "cuda", 1_000, 3_000, id=1, device_time=2_000.0),
-        _event("copy", "cuda", 1_500, 2_500, id=2, device_time=1_000.0),
+        _event("copy", "cuda", 5_500, 6_500, id=2, device_time=1_000.0),  # (launched in the phase, run after it)
         _event("replayed", "cuda", 7_000, 9_000, id=99, device_time=2_000.0),  # (its launch unknown)
         _event("phase", "cuda", 0, 5_000, device_time=5_000.0, annotation=True),  # (a range's image: no work)
     ]
@@ -254,7 +257,7 @@ def test_device_activity_busy_share_launches_and_phases_from_a_made_up_profile(m
     out = step_profile.device_activity(lambda: None, CPU, phases=("phase",), labels={"phase"})
     assert (out["kernels"], out["kernel_launches"], out["graph_launches"]) == (3, 2, 1)
     assert (out["profiled_wall_s"], out["gpu_busy_s"], out["gpu_busy_share"]) == (0.01, 0.005, 0.5)
-    # the phase (0-5 ms) launched gemm and copy (1-3 ms, overlapping): busy 2 of its 5 ms
+    # the phase (0-5 ms) launched gemm (1-3 ms) and copy (5.5-6.5 ms, after it): busy 2 of its 5 ms
     assert out["phases"]["phase"] == {
         "wall_s": 0.005,
         "busy_s": 0.002,
@@ -264,6 +267,7 @@ def test_device_activity_busy_share_launches_and_phases_from_a_made_up_profile(m
     }
     assert out["launch_matched_share"] == 0.667
     assert out["device_top"][0] == ["gemm", 1, 2.0] and [r[0] for r in out["host_top"]][0] == step
+    assert "phase" not in [r[0] for r in out["host_top"]]  # (a phase's range is no host call of its own)
 
 
 def test_matmul_peak_counts_two_flops_per_multiply_add(monkeypatch):
@@ -302,12 +306,14 @@ def test_op_time_breakdown_shares_and_op_time_within_the_wall():
 # --------------------------------------------------------------------------- the items' arithmetic
 def _scripted(monkeypatch, module, *runs):
     """``module.alternate`` gives each call, in turn, the next run's times (and results) instead of timing: the
-    candidates it was given must be the run's names."""
+    candidates it was given must be the run's names; each is called once (what it runs is faked by the test)."""
     runs_left = list(runs)
 
     def fake(fns, *, reps, warmup=1, device=None, log=None):
         times, results = runs_left.pop(0)
         assert set(fns) == set(times)
+        for f in fns.values():  # (each once: what it calls is faked by the test)
+            f()
         return Timed(dict(times), {k: results.get(k, [None] * len(v)) for k, v in times.items()})
 
     monkeypatch.setattr(module, "alternate", fake)
@@ -318,8 +324,11 @@ def _ctx(shapes=TINY, device=CPU):
     return Ctx(device, torch.float32, shapes, log=lambda msg: None)
 
 
-def _p(width_of, questions):
-    return max(width_of(questions))
+def _no_rollouts(monkeypatch):
+    """Item 1's arms make no rollouts (the alternated timer calls each once)."""
+    mask = types.SimpleNamespace(sum=lambda dim: torch.ones(1))
+    monkeypatch.setattr(items, "collect_rollouts", lambda *a, **k: types.SimpleNamespace(mask=mask))
+    monkeypatch.setattr(items, "recompute_generate", lambda *a: [0])
 
 
 def _widths(questions):
@@ -329,6 +338,7 @@ def _widths(questions):
 def test_rollouts_rows_scale_the_one_at_a_time_baselines_per_rollout(monkeypatch):
     """Item 1: time per rollout = median / rollouts timed (K x prompts batched, seq_per_prompt x prompts one at a
     time); the ratios baseline / batched, their paired spread scaled alike; the goals only at the largest K."""
+    _no_rollouts(monkeypatch)
     s = Shapes(**{**TINY.to_json(), "rollout_K": (2, 4), "T": 2, "max_new_tokens": 3, "seq_per_prompt": 1})
     timed = {"batched_locked": [0.8, 1.0, 1.2], "sequential_native": [2.0, 3.0, 4.0], "recompute_batch1": [5, 6, 7]}
     _scripted(monkeypatch, items, *[(timed, {k: [3.0] * 3 for k in timed})] * 2)
@@ -354,6 +364,7 @@ def test_rollouts_rows_scale_the_one_at_a_time_baselines_per_rollout(monkeypatch
 
 def test_rollouts_row_gives_the_share_of_the_measured_matmul_peak(monkeypatch):
     """With item 6's peak in the run's results, the batched FLOP/s is given as its percentage."""
+    _no_rollouts(monkeypatch)
     timed = {"batched_locked": [1.0], "sequential_native": [1.0], "recompute_batch1": [1.0]}
     s = Shapes(**{**TINY.to_json(), "rollout_K": (2,), "T": 2, "max_new_tokens": 3, "seq_per_prompt": 1})
     _scripted(monkeypatch, items, *[(timed, {k: [3.0] for k in timed})] * 2)
@@ -362,6 +373,31 @@ def test_rollouts_row_gives_the_share_of_the_measured_matmul_peak(monkeypatch):
     ctx.results["peak_flops"] = 4 * raw["K=2"]["batched_flops_per_s"]
     rows, _ = items.bench_rollouts(ctx)
     assert "25.0% of the measured matmul peak" in rows[0].values
+
+
+def test_rollout_candidates_run_each_arm_its_own_way(monkeypatch):
+    """Item 1's arms: K rollouts per prompt batched under locked masks, seq_per_prompt per prompt under native
+    dropout (their own seeds, as many as their rollouts), batch-1 recompute seq_per_prompt times per prompt; each
+    returns the mean answer length per rollout."""
+    made = []
+
+    def collect(lm, records, *, group_size, n_latent, perturbation, seeds, max_new_tokens):
+        made.append((group_size, type(perturbation).__name__, len(seeds), n_latent, max_new_tokens))
+        mask = torch.zeros(len(records) * group_size, 5)
+        mask[:, :3] = 1
+        mask[0, 3] = 1  # (one row with a 4th answer token)
+        return types.SimpleNamespace(mask=mask)
+
+    questions = []
+    monkeypatch.setattr(items, "collect_rollouts", collect)
+    monkeypatch.setattr(items, "recompute_generate", lambda lm, q, T, n: questions.append(q) or [0] * (n - 1))
+    s = Shapes(**{**TINY.to_json(), "T": 2, "max_new_tokens": 4, "seq_per_prompt": 3})
+    records = workload.task_records(2)
+    fns = items._rollout_candidates(None, records, s, 5)
+    got = {name: f() for name, f in fns.items()}
+    assert made == [(5, "LockedDropout", 10, 2, 4), (3, "NativeDropout", 6, 2, 4)]
+    assert got == pytest.approx({"batched_locked": 3 + 1 / 10, "sequential_native": 3 + 1 / 6, "recompute_batch1": 3.0})
+    assert questions == [r.question for r in records for _ in range(3)]
 
 
 def test_sft_row_is_ours_over_naive_and_refuses_losses_that_differ(monkeypatch):
@@ -377,8 +413,11 @@ def test_sft_row_is_ours_over_naive_and_refuses_losses_that_differ(monkeypatch):
 
 
 def _no_trainers(monkeypatch):
-    monkeypatch.setattr(items, "_trainer", lambda ctx, K, T, kind, beta0=None: (K, T, kind, beta0))
+    """The items build no trainers (the list says which they asked for) and their steps do nothing."""
+    made = []
+    monkeypatch.setattr(items, "_trainer", lambda ctx, K, T, kind, beta0=None: made.append((K, T, kind, beta0)))
     monkeypatch.setattr(items, "_step_fn", lambda tr, prompts: lambda: None)
+    return made
 
 
 def _split_results(times, rollout_share):
@@ -410,14 +449,19 @@ def test_grpo_scaling_rows_are_the_larger_over_the_smaller_setting(monkeypatch):
 def test_perturbation_rows_are_locked_over_none_and_serial_over_split(monkeypatch):
     """Item 4: the step's ratio locked / none against <= 1.10, the phases' ratios alike; the mask draw's serial /
     split."""
-    _no_trainers(monkeypatch)
+    made = _no_trainers(monkeypatch)
     step = {"locked": [1.05, 1.2, 1.0], "none": [1.0, 1.0, 1.0]}
     results = {
         "locked": [{"time_rollout_s": 0.6, "time_update_s": 0.45}] * 3,
         "none": [{"time_rollout_s": 0.5, "time_update_s": 0.5}] * 3,
     }
     _scripted(monkeypatch, items, (step, results), ({"serial": [2.0, 3.0, 2.0], "split": [1.0, 1.0, 1.0]}, {}))
+    drawn = []
+    monkeypatch.setattr(items, "draw_threads", lambda rows: 4)
+    monkeypatch.setattr(items, "draw_keep_rows", lambda seeds, sites, width, p, threads=None: drawn.append(threads))
     (step_row, draw_row), raw = items.bench_perturbation(_ctx())
+    assert made == [(TINY.grpo_K_at, TINY.grpo_T_at, "locked", None), (TINY.grpo_K_at, TINY.grpo_T_at, "none", None)]
+    assert drawn == [1, 4] and raw["mask_draw"]["threads"] == 4  # serial, then split over the thread budget
     assert (step_row.ratio, step_row.met, step_row.spread) == (1.05, True, (1.0, 1.2))
     assert (raw["ratio_rollout"], raw["ratio_update"]) == pytest.approx((1.2, 0.9))
     assert (draw_row.ratio_name, draw_row.ratio, draw_row.spread) == ("serial / split mask draw", 2.0, (2.0, 3.0))
@@ -439,6 +483,8 @@ def test_memory_rows_are_locked_over_none_and_masks_over_the_seed(monkeypatch):
     assert rb["seed"] == 8 and rb["locked_masks_fp32"] == rb["sites"] * 16 * 4 and replay_row.ratio == rb["sites"] * 8
     S = max(_widths([r.question for r in workload.task_records(2)])) + 2 + 3
     assert rb["sequence_positions"] == S and rb["native_attention_masks_bool"] == 1 * 4 * S * (S + 1) // 2
+    (step_row, _), raw = items.bench_memory(_ctx(Shapes(**{**s.to_json(), "name": "quick"})))
+    assert set(raw["delta_bytes"]) == {"locked", "none"} and step_row.ratio == 1.5  # (--quick: no larger K)
 
 
 def test_flops_row_is_the_updates_flops_over_the_best_matmuls(monkeypatch):
@@ -446,7 +492,8 @@ def test_flops_row_is_the_updates_flops_over_the_best_matmuls(monkeypatch):
     update time; each matmul's rate = its FLOPs x the products per call / its median; the best is the peak."""
     lm = workload.build_lm(TINY, CPU, torch.float32)
     tr = types.SimpleNamespace(lm=lm, cfg=types.SimpleNamespace(grpo=types.SimpleNamespace(micro_batch_size=3)))
-    monkeypatch.setattr(items, "_trainer", lambda *a, **k: tr)
+    betas = []
+    monkeypatch.setattr(items, "_trainer", lambda ctx, K, T, kind, beta0=None: betas.append(beta0) or tr)
     monkeypatch.setattr(items, "_step_fn", lambda tr, prompts: lambda: None)
     monkeypatch.setattr(
         items,
@@ -473,6 +520,7 @@ def test_flops_row_is_the_updates_flops_over_the_best_matmuls(monkeypatch):
     assert raw["update_flops"] == flops and raw["achieved_flops_per_s"] == flops / 2.0
     assert raw["mm_flops_per_s"] == {"mm a": 1000.0, "mm b": 2000.0} and raw["peak_name"] == "mm b"
     assert ctx.results["peak_flops"] == 2000.0 and row.ratio == raw["fraction_of_peak"] == flops / 2.0 / 2000.0
+    assert betas == [0.0]  # (no reference model: the update is the policy's forward and backward the count counts)
 
 
 def test_matmul_candidates_count_two_flops_per_multiply_add():
@@ -485,12 +533,16 @@ def test_engine_rows_are_fast_over_eager_and_the_share_of_the_same_answers(monke
     """Item 12: rollout and step time fast / eager (step against <= 1.05 on a CPU, no goal on CUDA), the share of
     rollouts with the same answer under both engines (all of them on a CPU, 99% on CUDA)."""
     texts = {"eager": ["a", "b", "c", "d"], "fast": ["a", "x", "c", "d"]}
-    trainers = {
-        n: types.SimpleNamespace(
-            _collect=lambda p, seeds, n=n: types.SimpleNamespace(texts=texts[n]), step=lambda prompts: None
-        )
-        for n in texts
-    }
+    calls = []
+
+    def trainer(n):
+        def collect(prompts, seeds):
+            calls.append(("collect", n))
+            return types.SimpleNamespace(texts=texts[n])
+
+        return types.SimpleNamespace(_collect=collect, step=lambda prompts: calls.append(("step", n)))
+
+    trainers = {n: trainer(n) for n in texts}
     monkeypatch.setattr(engine_item, "build_trainers", lambda ctx: trainers)
     s = Shapes(**{**TINY.to_json(), "grpo_K_at": 2})
     for device in (CPU, torch.device("cuda")):
@@ -500,7 +552,9 @@ def test_engine_rows_are_fast_over_eager_and_the_share_of_the_same_answers(monke
             ({"eager": [2.0] * 3, "fast": [1.0, 1.0, 0.5]}, {}),
             ({"eager": [4.0] * 3, "fast": [4.1] * 3}, {}),
         )
+        calls.clear()
         (roll, step, agree), raw = engine_item.bench_engine(_ctx(s, device))
+        assert [c for c, _ in calls] == ["collect"] * 4 + ["step"] * 2  # (agreement, the rollout run, the step run)
         assert (roll.ratio, roll.spread, step.ratio) == (0.5, (0.25, 0.5), pytest.approx(1.025))
         assert agree.ratio == raw["answers_agree"] == 0.75 and agree.met is False
         assert (str(step.goal), str(agree.goal)) == (("<= 1.05x", ">= 1x") if device == CPU else ("None", ">= 0.99x"))
@@ -526,6 +580,9 @@ def test_run_child_gives_the_childs_code_or_128_plus_its_signal():
 
 
 def test_needs_cuda_only_when_no_item_runs_on_the_cpu():
+    """What runs on CUDA alone is named only when no item of the selection runs on the CPU; the GPU section runs
+    every item but the CPU-only ones, plus the CUDA-only ones."""
+    assert set(suite.GPU_ORDER) == (set(suite.ORDER) - set(suite.CPU_ONLY)) | set(suite.CUDA_ONLY)
     assert suite.needs_cuda("all", ["optimizer"]) == "--only optimizer"
     assert suite.needs_cuda("all", ["optimizer", "sft"]) == "" and suite.needs_cuda("gpu", ["sft"]) == "--section gpu"
     assert suite.selected(types.SimpleNamespace(only=None)) == suite.ITEM_KEYS and "optimizer" in suite.ITEM_KEYS
@@ -541,8 +598,11 @@ def test_run_suite_reports_each_sections_rows_its_failed_items_and_a_failing_exi
     ran."""
     seen = []
 
+    ran = []
+
     def item(number):
         def run(ctx):
+            ran.append(number)
             seen.append((ctx.section, ctx.shapes.name, ctx.dtype))
             return [_row(f"{number}. item", ctx.section, ratio=number)], {"n": number}
 
@@ -573,6 +633,14 @@ def test_run_suite_reports_each_sections_rows_its_failed_items_and_a_failing_exi
     args = types.SimpleNamespace(out=str(tmp_path), quick=False, only="flops,rollouts,sft", section="all")
     assert suite.run_suite(args, []) == 1
     assert seen == [("cpu", "full", torch.float32)] * 2 + [("gpu", "gpu-0.5b", torch.bfloat16)] * 2
+    assert ran == [6, 1, 6, 1]  # item 6 first in each section: its matmul peak annotates item 1's rows
+    table = json.loads((tmp_path / "bench.json").read_text())["table"]
+    assert [(r["section"], r["item"], r["ratio"]) for r in table] == [
+        ("cpu", "1. item", 1),
+        ("cpu", "6. item", 6),
+        ("gpu", "1. item", 1),
+        ("gpu", "6. item", 6),
+    ]
     md = (tmp_path / "bench.md").read_text()
     cpu, gpu = md.split("## GPU")
     assert cpu.index("| 1. item |") < cpu.index("| 6. item |") and "- **sft failed**: RuntimeError: it broke" in cpu
