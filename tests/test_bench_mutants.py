@@ -190,13 +190,15 @@ def test_suppress_eos_keeps_every_answer_to_its_full_length():
 # --------------------------------------------------------------------------- timeline
 def test_timeline_edge_cases_nesting_at_one_start_cut_ranges_and_short_gaps():
     """Two ranges starting together nest the longer outside; a range outlasting its parent is cut at the parent's
-    end (its host time too); a gap shorter than a microsecond is still a gap; a gap no kernel ends goes to the path
-    in force at its middle; a kernel's wait and time go to the path that launched it, not the one at its start."""
+    end (its host time too); a gap shorter than a microsecond is still a gap, and none opens inside a kernel that
+    outlasts a later one; a gap no kernel ends goes to the path in force at its middle; a kernel's wait and time go
+    to the path that launched it, not the one at its start."""
     tl = timeline.label_timeline([(0, 5, "inner"), (0, 10, "outer")])
     assert [timeline.path_at(tl, t) for t in (2, 7, 12)] == ["outer > inner", "outer", ""]
     host = {row[0]: row[1] for row in timeline.time_by_range((0, 20_000), [(0, 10_000, "a"), (5_000, 15_000, "b")])}
     assert host == {"a": 5.0, "a > b": 5.0, timeline.UNLABELLED: 10.0}
     assert timeline.idle_gaps([(0, 1), (1.5, 2)], (0, 2)) == [(1, 1.5, 1)]
+    assert timeline.idle_gaps([(0, 10), (2, 5), (12, 14)], (0, 20)) == [(10, 12, 2), (14, 20, -1)]  # (2-5 within)
     rows = timeline.time_by_range((0, 100_000), [(0, 50_000, "a"), (50_000, 100_000, "b")], [(0, 10_000)], [None])
     assert {row[0]: row[2] for row in rows} == {"b": 90.0, "a": 0.0}
     # a kernel launched in a (at 5 ms) that the device ran in b's time (12-15 ms): its wait and its time are a's
