@@ -90,6 +90,8 @@ def test_goals_are_met_on_their_side_of_the_threshold_and_at_it():
     assert row.met is False and row.to_json()["met"] is False and row.to_json()["goal"] == "<= 1.1x"
     assert Row("cpu", "4. x", "k", "c", "v", "a / b", None, Goal("<=", 1.1)).met is None
     assert Row("cpu", "4. x", "k", "c", "v", "a / b", 0.5).to_json()["met"] is None
+    with pytest.raises(ValueError, match="a goal's op is '>=' or '<=', not '>'"):
+        Goal(">", 2)  # (it was judged as <=: met by 1.0)
 
 
 def test_units_of_times_bytes_flops_and_ratios():

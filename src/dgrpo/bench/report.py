@@ -12,6 +12,10 @@ class Goal:
     op: str
     target: float
 
+    def __post_init__(self) -> None:
+        if self.op not in (">=", "<="):  # (any other op was judged as <=: a Goal(">", 2) met by 1.0)
+            raise ValueError(f"a goal's op is '>=' or '<=', not {self.op!r}")
+
     def met(self, ratio: float) -> bool:
         return ratio >= self.target if self.op == ">=" else ratio <= self.target
 
