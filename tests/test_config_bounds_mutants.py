@@ -294,3 +294,34 @@ def test_lora_is_refused_with_sharded_fsdp_too():
     """LoRA trains with plain data parallelism only: ``fsdp=sharded`` is refused as ``full`` is (mutant: only full
     refused)."""
     assert "set fsdp=none" in refused("model.lora.r", "model.lora.r=8", "fsdp=sharded")
+
+
+def test_perturb_answer_false_under_a_zero_rate_is_said_to_change_nothing():
+    """``perturbation.p=0`` perturbs nothing, so ``perturb_answer=false`` beside it is said to change nothing, as
+    under kind=none (mutant: only kind=none said)."""
+    lines = load("perturbation.p=0", "perturbation.perturb_answer=false").inert_settings()
+    assert any(line.startswith("perturbation.perturb_answer=false changes nothing") for line in lines)
+
+
+def test_a_blank_base_is_refused_as_naming_no_file(tmp_path):
+    """``base: '  '`` names no config file: refused as such (mutant: looked up as a file named by spaces)."""
+    (tmp_path / "c.yaml").write_text("base: '  '\nseed: 1\n")
+    with pytest.raises(ConfigError, match="base must name a config file, got '  '"):
+        load_config(Config, tmp_path / "c.yaml")
+
+
+def test_the_mps_device_is_taken():
+    """``device=mps`` (Apple GPUs) is one of the documented devices (mutant: mps left out of the pattern)."""
+    assert load("device=mps").device == "mps"
+
+
+def test_a_reward_name_must_be_text():
+    """A ``grpo.rewards`` item's name names its metric: a number is refused, not made the text '3' (mutant: the
+    check dropped)."""
+    assert "name must be text" in refused("grpo.rewards", "grpo.rewards=[{fn: numeric, name: 3}]")
+
+
+def test_a_reward_item_without_a_function_is_refused():
+    """A ``grpo.rewards`` item needs ``fn``: one with a name only is refused in one line, not a KeyError where the
+    filter's range is checked (mutant: the check dropped)."""
+    assert "needs fn: module:function" in refused("grpo.rewards", "grpo.rewards=[{name: r, weight: 1}]")
