@@ -112,11 +112,11 @@ class Stopped(Exception):
     """A run's stop after a step (SFTRun.stop_after_step, faked)."""
 
 
-def epoch_ends(monkeypatch, cfg, best_so_far: float = -1.0, sigterm: bool = False) -> list[tuple]:
+def epoch_ends(monkeypatch, cfg, best_so_far: float = -1.0, sigterm: bool = False, lm=None) -> list[tuple]:
     """What train_sft's epoch ends are given (the run's files, SFTRun and the validations faked): each validation's
     records and each best/ decision's best value so far; the run's records are ``TRAIN`` and its validation set
     ``VALID`` (other lists), the resumed best value ``best_so_far``. ``sigterm``: a SIGTERM is asked about from the
-    start (each save and the stop recorded too)."""
+    start (each save and the stop recorded too). ``lm``: the model given (a fake by default)."""
     calls: list[tuple] = []
 
     class Run:
@@ -162,7 +162,7 @@ def epoch_ends(monkeypatch, cfg, best_so_far: float = -1.0, sigterm: bool = Fals
     monkeypatch.setattr(sft_module, "_validate_epoch", validate_epoch)
     monkeypatch.setattr(sft_module, "_keep_if_best", keep_if_best)
     monkeypatch.setattr(sft_module, "stop_requested", lambda dist: sigterm)
-    lm = SimpleNamespace(train=lambda: None)
+    lm = lm or SimpleNamespace(train=lambda: None)
     try:
         sft_module.train_sft(lm, TRAIN, cfg, "unused", valid=VALID, evaluate_fn=lambda *a: 1, progress=False)
     except Stopped:
@@ -222,8 +222,9 @@ def test_the_runs_end_names_only_a_best_row_from_the_resumed_rows_on(tmp_path):
     run.opt, run.applied = None, lambda opt: {}
     for rows_from, best in ((0, 1), (1, None)):
         run.best_rows_from = rows_from
+        run.lm.stopped_run = "out"
         run.finish(0.0)
-        assert named.pop() == best
+        assert named.pop() == best and run.lm.stopped_run is None  # (a finished run's weights may start another)
 
 
 def test_a_resume_that_drops_a_stale_best_reads_best_rows_from_its_checkpoints_rows_on(monkeypatch):
@@ -416,3 +417,27 @@ def test_a_sigterm_during_an_epochs_end_stops_after_its_checkpoint(monkeypatch):
     the checkpoint that resumes at epoch 1 (not after training and ending epoch 1 too, past the grace period)."""
     cfg = tiny_config(**{"sft.num_epochs": 2, "sft.epochs_per_stage": 2})
     assert epoch_ends(monkeypatch, cfg, sigterm=True) == [("save", 1, 0), ("stop", None), ("stopped",)]
+
+
+def test_a_run_that_trained_the_markers_rows_leaves_no_untrained_markers_to_warn_of(monkeypatch):
+    """After SFT the latent markers are trained (full fine-tuning, or LoRA with model.lora.train_latent_tokens): the
+    model no longer lists them as new (GRPO would warn of untrained markers); under LoRA without their rows they stay
+    listed."""
+    for sets, left in (
+        ({"model.lora.r": 4}, []),
+        ({"model.lora.r": 4, "model.lora.train_latent_tokens": "false"}, ["L"]),
+    ):
+        lm = SimpleNamespace(train=lambda: None, new_latent_tokens=["L"])
+        epoch_ends(monkeypatch, tiny_config(**{"sft.num_epochs": 1, **sets}), lm=lm)
+        assert lm.new_latent_tokens == left
+
+
+def test_an_epochs_training_marks_the_model_as_a_run_under_way(monkeypatch):
+    """From an epoch's training on, the model holds a run's mid-way weights (``lm.stopped_run``: a new run started
+    afresh from it is refused until this one's end clears it), even for an epoch resumed at its end."""
+    run = between_steps(tiny_config())
+    run.lm = SimpleNamespace(stopped_run=None)
+    run.run = SimpleNamespace(out_dir=Path("out"))
+    monkeypatch.setattr(sft_module, "stop_requested", lambda dist: False)
+    run.train_epoch([FOUR_STEPS] * 4, 0, 0, 4, SimpleNamespace(), 0.0)
+    assert run.lm.stopped_run == "out"
