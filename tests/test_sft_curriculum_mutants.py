@@ -14,7 +14,7 @@ import torch
 from dgrpo.data.records import Record
 from dgrpo.training import sft as sft_module
 from dgrpo.training.distributed import Dist
-from dgrpo.training.run import NonFiniteGuard
+from dgrpo.training.guards import NonFiniteGuard
 from dgrpo.training.sft import Curriculum, Progress, SFTRun, make_example
 
 from conftest import tiny_config
