@@ -343,6 +343,19 @@ def test_rewards_need_distinct_names():
     assert len(ok.grpo.rewards) == 2
 
 
+def test_a_filter_reward_that_names_none_of_the_rewards_is_refused_when_the_config_loads():
+    """grpo.filter_reward must name one of grpo.rewards: a misspelt name was found only once the trainer was built
+    (the command line checks it before, a Python caller did not); beside a single grpo.reward (or a Python
+    reward_fn) the name is known only then, and is not checked here."""
+    rewards = "grpo.rewards=[{fn: numeric, name: correct}, {fn: exact, weight: 0}]"
+    with pytest.raises(
+        ConfigError, match=r"grpo.filter_reward: 'corect' is not one of grpo.rewards \(correct, exact\)"
+    ):
+        load_config(Config, None, [rewards, "grpo.filter_reward=corect"])
+    assert load_config(Config, None, [rewards, "grpo.filter_reward=correct"]).grpo.filter_reward == "correct"
+    assert load_config(Config, None, ["grpo.filter_reward=mine"]).grpo.filter_reward == "mine"
+
+
 def test_a_reward_file_without_a_name_is_named_as_a_module_function_is():
     """A ``path/to/file.py:function`` part without a ``name`` was named by its spec: its metric was
     ``reward//abs/path/file.py:function`` (``dgrpo grpo`` makes the path absolute). It is ``file:function``, as

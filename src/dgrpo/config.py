@@ -1068,6 +1068,14 @@ class GRPOConfig:
         )
         _check_rewards(self.rewards, f"{p}.rewards")
         _check_filtered_total(self, p)
+        if self.filter_reward and self.rewards:  # (one reward: its name is its spec's or eval.scorer's, known later)
+            names = [reward_name(item) for item in self.rewards]
+            _check(
+                self.filter_reward in names,
+                f"{p}.filter_reward",
+                f"{self.filter_reward!r} is not one of grpo.rewards ({', '.join(names)}): name one, or '' for the "
+                "total (it was found once the trainer was built)",
+            )
         _check_kept_layers(self, p)
 
 
