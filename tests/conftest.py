@@ -148,6 +148,22 @@ def tiny_config(**over):
     return load_config(Config, TINY, [f"{k}={v}" for k, v in {**TEST_SETS, **over}.items()])
 
 
+def default_config(*overrides: str):
+    """The default Config with ``overrides`` applied as ``--set`` gives them, validated."""
+    from dgrpo.config import Config, load_config
+
+    return load_config(Config, overrides=list(overrides))
+
+
+def config_refusal(key: str, *overrides: str) -> str:
+    """The one-line message that refuses ``overrides`` over the default Config; it must name ``key``."""
+    from dgrpo.config import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^invalid config value {key}: ") as e:
+        default_config(*overrides)
+    return str(e.value)
+
+
 def tiny_args(**over) -> list[str]:
     """The same config as command-line arguments."""
     return ["--config", TINY, *sets({**TEST_SETS, **over})]
@@ -263,3 +279,20 @@ from dgrpo.perturbation import Perturbation
 class Deaf(Perturbation):
     from_config = classmethod(lambda cls, cfg: cls())
 """
+
+
+@pytest.fixture
+def capture_requests(monkeypatch) -> list[bool]:
+    """Every LatentChain made in the test runs uncaptured (the capture itself is CUDA's) and appends here whether it
+    was asked to capture."""
+    from dgrpo.model.latent_chain import LatentChain
+
+    asked: list[bool] = []
+    init = LatentChain.__init__
+
+    def recording_init(self, lm, n_latent, capture):
+        asked.append(capture)
+        init(self, lm, n_latent, False)
+
+    monkeypatch.setattr(LatentChain, "__init__", recording_init)
+    return asked

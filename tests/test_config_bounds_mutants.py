@@ -7,18 +7,7 @@ import pytest
 
 from dgrpo.config import Config, ConfigError, load_config, matching_keys, parse_layer_spec
 
-
-def load(*overrides: str) -> Config:
-    """The default config with ``overrides`` applied as ``--set`` gives them, validated."""
-    return load_config(Config, overrides=list(overrides))
-
-
-def refused(key: str, *overrides: str) -> str:
-    """The one-line message that refuses ``overrides``; it must name ``key``."""
-    with pytest.raises(ConfigError, match=rf"^invalid config value {key}: ") as e:
-        load(*overrides)
-    return str(e.value)
-
+from conftest import config_refusal, default_config
 
 # ---- the paper's values (Table 2 and Sec. 5.3 of ../shared/paper/dropout_grpo_paper.tex.txt)
 
@@ -73,9 +62,9 @@ def test_two_configs_do_not_share_a_list_default():
 
 def test_a_learning_rate_of_one_is_the_largest_taken():
     """``lr`` lies in (0, 1]: 1 is taken in both sections, 1.5 refused (mutant: ``(0, 1)``)."""
-    cfg = load("grpo.lr=1", "sft.lr=1", "sft.weight_decay=0")
+    cfg = default_config("grpo.lr=1", "sft.lr=1", "sft.weight_decay=0")
     assert (cfg.grpo.lr, cfg.sft.lr) == (1.0, 1.0)
-    assert "must be in (0, 1], got 1.5" in refused("grpo.lr", "grpo.lr=1.5")
+    assert "must be in (0, 1], got 1.5" in config_refusal("grpo.lr", "grpo.lr=1.5")
 
 
 @pytest.mark.parametrize("betas", ["[0.9, 0.99, 0.5]", "[0.9]", "[false, 0.999]"])
@@ -83,7 +72,9 @@ def test_adam_betas_are_two_numbers_not_booleans(betas):
     """``adam_betas`` is (beta1, beta2): three numbers, one, or a YAML boolean (false == 0 to Python) are refused
     (mutants: ``len >= 2``, a boolean taken as the number 0)."""
     for section in ("grpo", "sft"):
-        assert "expected two numbers in [0, 1)" in refused(f"{section}.adam_betas", f"{section}.adam_betas={betas}")
+        assert "expected two numbers in [0, 1)" in config_refusal(
+            f"{section}.adam_betas", f"{section}.adam_betas={betas}"
+        )
 
 
 @pytest.mark.parametrize(
@@ -103,13 +94,13 @@ def test_a_count_below_its_floor_is_refused(override, key):
     """Each count has a floor: LoRA rank and the last latent stage >= 0, the latent count >= -1 (-1: the
     checkpoint's), eval's batch and answer length >= 1, at least one GRPO step, a stop streak >= 0 (mutants: each
     floor lowered or its check dropped)."""
-    assert "must be >= " in refused(key, override)
+    assert "must be >= " in config_refusal(key, override)
 
 
 def test_the_floors_themselves_are_taken():
     """The floors' own values are valid: no adapters, the first stage as the last latent one, the checkpoint's latent
     count, no question cut, one GRPO step, never stopping on filtered steps (mutants: floors raised by one)."""
-    cfg = load(
+    cfg = default_config(
         "model.lora.r=0",
         "sft.max_latent_stage=0",
         "eval.n_latent=-1",
@@ -123,8 +114,8 @@ def test_the_floors_themselves_are_taken():
 
 def test_a_huber_threshold_of_exactly_the_maximum_is_taken():
     """``grpo.huber_delta`` may be MAX_HUBER_DELTA (50: the plain k3), not above (mutant: ``< MAX_HUBER_DELTA``)."""
-    assert load("grpo.huber_delta=50").grpo.huber_delta == 50.0
-    assert "at most 50" in refused("grpo.huber_delta", "grpo.huber_delta=50.5")
+    assert default_config("grpo.huber_delta=50").grpo.huber_delta == 50.0
+    assert "at most 50" in config_refusal("grpo.huber_delta", "grpo.huber_delta=50.5")
 
 
 def test_a_built_in_model_of_exactly_the_parameter_cap_is_taken():
@@ -132,8 +123,8 @@ def test_a_built_in_model_of_exactly_the_parameter_cap_is_taken():
     parameters, the cap itself: taken; one more unit of MLP width is refused (mutants: ``< cap``, the MLP counted
     twice, not three times, per unit of width)."""
     shape = ("model.num_layers=1", "model.hidden_size=500", "model.num_heads=2")
-    assert load(*shape, "model.intermediate_size=666000").model.intermediate_size == 666000
-    assert "over the 1,000,000,000" in refused(
+    assert default_config(*shape, "model.intermediate_size=666000").model.intermediate_size == 666000
+    assert "over the 1,000,000,000" in config_refusal(
         "model.hidden_size, num_layers, intermediate_size", *shape, "model.intermediate_size=666001"
     )
 
@@ -143,38 +134,42 @@ def test_rotary_architectures_need_an_even_head_size(arch):
     """Qwen2 and Llama rotate pairs of a head's dimensions: hidden 12 over 4 heads (size 3) is refused for both, taken
     for GPT-2 (mutant: only qwen2 checked)."""
     head3 = ("model.hidden_size=12", "model.num_heads=4")
-    assert "heads need an even size" in refused("model.hidden_size", f"model.arch={arch}", *head3)
-    assert load("model.arch=gpt2", *head3).model.hidden_size == 12
+    assert "heads need an even size" in config_refusal("model.hidden_size", f"model.arch={arch}", *head3)
+    assert default_config("model.arch=gpt2", *head3).model.hidden_size == 12
 
 
 def test_the_validation_split_counts_towards_the_operations_bound():
     """2,000,000 validation problems of 6 operations are 12,000,000 operations, over the 10,000,000 bound, though the
     training split's are not (mutant: only n_train counted)."""
-    assert "asks for 12,000,000" in refused("task.n_steps", "task.n_valid=2000000", "task.n_steps=6")
+    assert "asks for 12,000,000" in config_refusal("task.n_steps", "task.n_valid=2000000", "task.n_steps=6")
 
 
 def test_a_task_of_seven_steps_with_too_few_problems_is_refused():
     """modulus 2, operands up to 1 (5 operations), 7 steps: 2 x 5^7 = 156,250 distinct problems, fewer than the
     203,000 asked (mutant: the count skipped from 7 steps on, as it is past 64)."""
-    message = refused("task.n_train", "task.modulus=2", "task.max_operand=1", "task.n_steps=7", "task.n_train=200000")
+    message = config_refusal(
+        "task.n_train", "task.modulus=2", "task.max_operand=1", "task.n_steps=7", "task.n_train=200000"
+    )
     assert "more than the 156,250 there are" in message
 
 
 @pytest.mark.parametrize("override", ["data.test=[builtin:test, '']", "data.test=[builtin:test, '  ']"])
 def test_an_empty_test_set_name_is_refused(override):
     """Every test set is a dataset name: an empty or blank item is refused (mutant: any text taken)."""
-    assert "expected a list of dataset names" in refused("data.test", override)
+    assert "expected a list of dataset names" in config_refusal("data.test", override)
 
 
 def test_an_empty_lora_module_name_is_refused():
     """``model.lora.target_modules`` names modules: an empty name is refused (mutant: any text taken)."""
-    assert "expected module names" in refused("model.lora.target_modules", "model.lora.target_modules=[q_proj, '']")
+    assert "expected module names" in config_refusal(
+        "model.lora.target_modules", "model.lora.target_modules=[q_proj, '']"
+    )
 
 
 def test_an_unknown_perturbation_site_is_refused():
     """``perturbation.sites`` takes attn, mlp, residual only: a misspelt site is refused, not silently unperturbed
     (mutant: any name taken)."""
-    assert "expected a non-empty list of attn, mlp, residual" in refused(
+    assert "expected a non-empty list of attn, mlp, residual" in config_refusal(
         "perturbation.sites", "perturbation.sites=[mpl]"
     )
 
@@ -183,32 +178,38 @@ def test_kept_layers_refuse_a_negative_count_even_with_layer_recomputation():
     """``recompute_kept_layers=-1`` is refused where layers are recomputed per layer (mutant: the >= 0 check
     dropped, only the granularity checked)."""
     recompute = ("sft.recompute=true", "sft.recompute_granularity=layer")
-    assert "must be >= 0, got -1" in refused("sft.recompute_kept_layers", *recompute, "sft.recompute_kept_layers=-1")
+    assert "must be >= 0, got -1" in config_refusal(
+        "sft.recompute_kept_layers", *recompute, "sft.recompute_kept_layers=-1"
+    )
 
 
 def test_the_reward_null_control_needs_a_group_advantage():
     """``grpo.shuffle_rewards`` permutes within groups: with advantage=ema it is refused even at K = 2 (mutant: only
     the group size checked), and ema's K must still be >= 1 (mutant: its floor lowered to 0)."""
-    message = refused("grpo.shuffle_rewards", "grpo.shuffle_rewards=true", "grpo.advantage=ema", "grpo.group_size=2")
+    message = config_refusal(
+        "grpo.shuffle_rewards", "grpo.shuffle_rewards=true", "grpo.advantage=ema", "grpo.group_size=2"
+    )
     assert "a group advantage" in message
-    assert "must be >= 1, got 0" in refused("grpo.group_size", "grpo.advantage=ema", "grpo.group_size=0")
+    assert "must be >= 1, got 0" in config_refusal("grpo.group_size", "grpo.advantage=ema", "grpo.group_size=0")
 
 
 def test_the_filter_window_check_on_a_reward_total_is_skipped_under_ema():
     """Under advantage=ema the group filter is not applied, so a total of built-in scorers reaching 2 is taken there
     (mutant: checked under ema too, refusing a valid REINFORCE run); with a group advantage it is refused."""
     rewards = "grpo.rewards=[{fn: numeric}, {fn: exact}]"
-    assert len(load(rewards, "grpo.advantage=ema", "grpo.group_size=1").grpo.rewards) == 2
-    refused("grpo.filter", rewards)
+    assert len(default_config(rewards, "grpo.advantage=ema", "grpo.group_size=1").grpo.rewards) == 2
+    config_refusal("grpo.filter", rewards)
 
 
 def test_the_cold_temperature_warning_starts_below_0_05():
     """A temperature of 0.02 is said to carry almost no gradient; 0.05 and greedy 0 are not (mutant: the threshold
     moved)."""
-    said = [line for line in load("grpo.temperature=0.02").inert_settings() if "grpo.temperature=" in line]
+    said = [line for line in default_config("grpo.temperature=0.02").inert_settings() if "grpo.temperature=" in line]
     assert len(said) == 1 and "nearly one-hot" in said[0]
     for t in ("0.05", "0"):
-        assert not [line for line in load(f"grpo.temperature={t}").inert_settings() if "grpo.temperature=" in line]
+        assert not [
+            line for line in default_config(f"grpo.temperature={t}").inert_settings() if "grpo.temperature=" in line
+        ]
 
 
 # ---- reading --set, Python values and files
@@ -217,20 +218,20 @@ def test_the_cold_temperature_warning_starts_below_0_05():
 def test_set_strips_the_spaces_around_key_and_value():
     """``--set 'grpo.steps = 7'`` and ``'logging.run_name= trial'`` set the option, its value without the spaces
     (mutants: the key or the value kept unstripped)."""
-    cfg = load("grpo.steps = 7", "logging.run_name= trial")
+    cfg = default_config("grpo.steps = 7", "logging.run_name= trial")
     assert (cfg.grpo.steps, cfg.logging.run_name) == (7, "trial")
 
 
 def test_set_with_an_empty_value_empties_a_list():
     """``--set data.test=`` is no test set, as ``data.test=[]`` (mutant: the empty value read as YAML's null,
     refused as no list)."""
-    assert load("data.test=").data.test == []
+    assert default_config("data.test=").data.test == []
 
 
 def test_a_text_option_given_a_quote_it_does_not_close_keeps_the_text_as_typed():
     """``logging.run_name='a' #2`` starts with a quote that does not end it: the text as typed, quote and all (mutant:
     any leading quote read as YAML, which gives 'a', the rest a comment)."""
-    assert load("logging.run_name='a' #2").logging.run_name == "'a' #2"
+    assert default_config("logging.run_name='a' #2").logging.run_name == "'a' #2"
 
 
 def test_several_files_apply_in_the_order_given(tmp_path):
@@ -250,8 +251,8 @@ def test_an_int_with_a_leading_zero_and_underscore_is_base_ten_in_a_file(tmp_pat
 
 def test_the_smallest_int64_is_taken_and_one_below_refused():
     """An int option holds int64 from -2^63 (mutant: ``-2^63 < n``)."""
-    assert load(f"seed={-(2**63)}").seed == -(2**63)
-    assert "must fit in a signed 64-bit integer" in refused("seed", f"seed={-(2**63) - 1}")
+    assert default_config(f"seed={-(2**63)}").seed == -(2**63)
+    assert "must fit in a signed 64-bit integer" in config_refusal("seed", f"seed={-(2**63) - 1}")
 
 
 @pytest.mark.parametrize("text", ["null", "on", "maybe"])
@@ -286,20 +287,20 @@ def test_the_latent_chain_forced_on_is_refused_when_the_config_loads(over, words
     """``grpo.update_latent_graphs=true`` beside the eager engine, the compiled layers or FSDP is refused as the
     config loads, naming the obstacle (before any model is loaded); ``auto`` turns itself off there and is taken
     (mutants: each obstacle dropped from :meth:`Config.latent_chain_obstacle`)."""
-    assert words in refused("grpo.update_latent_graphs", "grpo.update_latent_graphs=true", over)
-    assert load("grpo.update_latent_graphs=auto", over).grpo.update_latent_graphs == "auto"
+    assert words in config_refusal("grpo.update_latent_graphs", "grpo.update_latent_graphs=true", over)
+    assert default_config("grpo.update_latent_graphs=auto", over).grpo.update_latent_graphs == "auto"
 
 
 def test_lora_is_refused_with_sharded_fsdp_too():
     """LoRA trains with plain data parallelism only: ``fsdp=sharded`` is refused as ``full`` is (mutant: only full
     refused)."""
-    assert "set fsdp=none" in refused("model.lora.r", "model.lora.r=8", "fsdp=sharded")
+    assert "set fsdp=none" in config_refusal("model.lora.r", "model.lora.r=8", "fsdp=sharded")
 
 
 def test_perturb_answer_false_under_a_zero_rate_is_said_to_change_nothing():
     """``perturbation.p=0`` perturbs nothing, so ``perturb_answer=false`` beside it is said to change nothing, as
     under kind=none (mutant: only kind=none said)."""
-    lines = load("perturbation.p=0", "perturbation.perturb_answer=false").inert_settings()
+    lines = default_config("perturbation.p=0", "perturbation.perturb_answer=false").inert_settings()
     assert any(line.startswith("perturbation.perturb_answer=false changes nothing") for line in lines)
 
 
@@ -312,16 +313,16 @@ def test_a_blank_base_is_refused_as_naming_no_file(tmp_path):
 
 def test_the_mps_device_is_taken():
     """``device=mps`` (Apple GPUs) is one of the documented devices (mutant: mps left out of the pattern)."""
-    assert load("device=mps").device == "mps"
+    assert default_config("device=mps").device == "mps"
 
 
 def test_a_reward_name_must_be_text():
     """A ``grpo.rewards`` item's name names its metric: a number is refused, not made the text '3' (mutant: the
     check dropped)."""
-    assert "name must be text" in refused("grpo.rewards", "grpo.rewards=[{fn: numeric, name: 3}]")
+    assert "name must be text" in config_refusal("grpo.rewards", "grpo.rewards=[{fn: numeric, name: 3}]")
 
 
 def test_a_reward_item_without_a_function_is_refused():
     """A ``grpo.rewards`` item needs ``fn``: one with a name only is refused in one line, not a KeyError where the
     filter's range is checked (mutant: the check dropped)."""
-    assert "needs fn: module:function" in refused("grpo.rewards", "grpo.rewards=[{name: r, weight: 1}]")
+    assert "needs fn: module:function" in config_refusal("grpo.rewards", "grpo.rewards=[{name: r, weight: 1}]")

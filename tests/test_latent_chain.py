@@ -82,20 +82,13 @@ def test_a_kept_chain_serves_later_batches_of_its_shape(tokenizer, task_records)
     assert len(chains) == 1
 
 
-def test_the_first_shape_is_captured_and_another_replaces_it_once_it_repeats(tokenizer, task_records, monkeypatch):
+def test_the_first_shape_is_captured_and_another_replaces_it_once_it_repeats(tokenizer, task_records, capture_requests):
     """Capturing costs a few eager runs: the first shape is captured and kept at once (a step's first micro-batch
     is a full one); after that a shape seen once runs uncaptured, one seen twice in a row is captured and replaces
     the kept one, and shapes taking turns never do (the capture itself is CUDA's: here each chain is made
     uncaptured and records whether it was asked to capture)."""
     lm = make_lm(tokenizer, "qwen2")
-    asked = []
-    init = LatentChain.__init__
-
-    def recording_init(self, lm_, n_latent, capture):
-        asked.append(capture)
-        init(self, lm_, n_latent, False)
-
-    monkeypatch.setattr(LatentChain, "__init__", recording_init)
+    asked = capture_requests
     states = {}
     for rows in (2, 3):
         ids, mask = lm.encode_questions([r.question for r in task_records[:rows]])

@@ -119,22 +119,13 @@ def test_the_chain_scores_within_the_scoring_block(lm_batch, monkeypatch):
     assert seen == [True, True] and lm._scoring is False
 
 
-def test_a_padded_batch_that_outgrows_the_kept_chain_replaces_it_at_once(lm_batch, task_records, monkeypatch):
+def test_a_padded_batch_that_outgrows_the_kept_chain_replaces_it_at_once(lm_batch, task_records, capture_requests):
     """``wait_for_repeat=False`` (a batch padded to the kept chain's shape meets a new one only when it outgrows
     it): the new shape is captured and kept at its first batch, not run uncaptured until it comes twice (the
     capture is CUDA's: here each chain records whether it was asked to capture)."""
-    from dgrpo.model.latent_chain import LatentChain
-
     lm = lm_batch[0]
     lm.kept_decoders.clear()
-    asked = []
-    init = LatentChain.__init__
-
-    def recording_init(self, lm_, n_latent, capture):
-        asked.append(capture)
-        init(self, lm_, n_latent, False)
-
-    monkeypatch.setattr(LatentChain, "__init__", recording_init)
+    asked = capture_requests
     states = [lm.prefill(*lm.encode_questions([r.question for r in task_records[:rows]]), 0) for rows in (2, 3)]
     first = chain_for(lm, states[0], 2, None, capture=True, keep=True, wait_for_repeat=False)
     grown = chain_for(lm, states[1], 2, None, capture=True, keep=True, wait_for_repeat=False)
