@@ -380,6 +380,10 @@ def test_phase_activity_counts_overlapping_kernels_once_inside_the_windows():
     # busy: 100-102 (2 ms) + 104-108 (4 ms, the overlap once) + 215-220 (5 ms) = 11 ms of 30 ms
     assert phase_activity(windows, kernels) == {"wall_s": 0.03, "busy_s": 0.011, "busy_share": 0.367}
     assert phase_activity([], kernels) == {"wall_s": 0.0, "busy_s": 0.0, "busy_share": 0.0}
+    # a range opened inside one of its own name (a window within a window) is the same wall time, counted once (its
+    # wall and busy time were counted twice)
+    nested = [*windows, (103 * ms, 106 * ms)]
+    assert phase_activity(nested, kernels) == {"wall_s": 0.03, "busy_s": 0.011, "busy_share": 0.367}
 
 
 def test_top_host_calls_sum_own_time_by_name():

@@ -179,7 +179,9 @@ def _by_range(
 
 def phase_activity(windows: Sequence[tuple[float, float]], kernels: Sequence[tuple[float, float]]) -> dict:
     """A phase's wall time (its ``windows``, [start, end) in microseconds) and the share of it some kernel ran: the
-    union of the kernels' spans (also in microseconds) clipped to the windows, so overlapping kernels count once."""
+    union of the kernels' spans (also in microseconds) clipped to the windows, so overlapping kernels count once.
+    Overlapping windows (a range opened inside one of its own name) count once too."""
+    windows = merged_windows(windows)
     wall = sum(end - start for start, end in windows)
     idle = sum(b - a for window in windows for a, b, _ in timeline.idle_gaps(kernels, window))
     busy = wall - idle
@@ -188,6 +190,17 @@ def phase_activity(windows: Sequence[tuple[float, float]], kernels: Sequence[tup
         "busy_s": round(busy / 1e6, 3),
         "busy_share": round(busy / wall, 3) if wall else 0.0,
     }
+
+
+def merged_windows(windows: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``windows`` ([start, end)) in order, those that overlap or touch merged into one."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(windows):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
 
 
 def top_host_calls(own_times: Sequence[tuple[str, float]], top: int) -> list[list]:
