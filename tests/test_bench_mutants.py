@@ -489,6 +489,18 @@ def test_memory_rows_are_locked_over_none_and_masks_over_the_seed(monkeypatch):
     assert rb["sequence_positions"] == S and rb["native_attention_masks_bool"] == 1 * 4 * S * (S + 1) // 2
     (step_row, _), raw = items.bench_memory(_ctx(Shapes(**{**s.to_json(), "name": "quick"})))
     assert set(raw["delta_bytes"]) == {"locked", "none"} and step_row.ratio == 1.5  # (--quick: no larger K)
+    # a step without perturbation that added nothing to the level before it (the allocator reused what the warm-up
+    # step freed) has no ratio, not a ZeroDivisionError that failed the item
+    monkeypatch.setattr(
+        items,
+        "run_probe",
+        lambda ctx, shapes, K, T, kind: {
+            **probe(ctx, shapes, K, T, kind),
+            **({"delta_bytes": 0} if kind == "none" else {}),
+        },
+    )
+    (step_row, _), raw = items.bench_memory(_ctx(s))
+    assert step_row.ratio is None and "none: +0 B" in step_row.values
 
 
 def test_flops_row_is_the_updates_flops_over_the_best_matmuls(monkeypatch):

@@ -407,7 +407,7 @@ def bench_memory(ctx: Ctx) -> tuple[list[Row], dict]:
         f"{what} during the step minus the level just before it",
         "; ".join(f"{k}: +{fmt_bytes(delta[k])} (peak {fmt_bytes(peak[k])})" for k in runs),
         "locked / none (step increment)",
-        delta["locked"] / delta["none"],
+        delta["locked"] / delta["none"] if delta["none"] > 0 else None,  # (no ratio of a step that added nothing)
         None,
     )
     replay_row, raw["replay_bytes_per_rollout"] = _replay_bytes_row(ctx, K, T)
