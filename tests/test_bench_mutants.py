@@ -225,6 +225,27 @@ def _event(name, device, start, end, *, id=0, linked=0, device_time=0.0, own=0.0
     )
 
 
+def _profiled(monkeypatch, events: list) -> None:
+    """device_activity's profiler gives ``events``, and its clock a step of 10 ms."""
+
+    class Profile:
+        def __init__(self, activities):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            return events
+
+    clock = iter([0.0, 0.01])
+    monkeypatch.setattr(step_profile, "profile", Profile)
+    monkeypatch.setattr(step_profile, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+
+
 def test_device_activity_busy_share_launches_and_phases_from_a_made_up_profile(monkeypatch):
     """The step's kernel-busy share is the kernels' summed device time (microseconds -> seconds) over the step's
     wall time, the ranges' device-side images left out; every kind of launch call counts; a phase gets the kernels
@@ -241,26 +262,11 @@ def test_device_activity_busy_share_launches_and_phases_from_a_made_up_profile(m
         _event("replayed", "cuda", 7_000, 9_000, id=99, device_time=2_000.0),  # (its launch unknown)
         _event("phase", "cuda", 0, 5_000, device_time=5_000.0, annotation=True),  # (a range's image: no work)
     ]
-
-    class Profile:
-        def __init__(self, activities):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def events(self):
-            return events
-
-    clock = iter([0.0, 0.01])  # the step's wall time: 10 ms
-    monkeypatch.setattr(step_profile, "profile", Profile)
-    monkeypatch.setattr(step_profile, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    _profiled(monkeypatch, events)  # (a step of 10 ms)
     out = step_profile.device_activity(lambda: None, CPU, phases=("phase",), labels={"phase"})
     assert (out["kernels"], out["kernel_launches"], out["graph_launches"]) == (3, 2, 1)
     assert (out["profiled_wall_s"], out["gpu_busy_s"], out["gpu_busy_share"]) == (0.01, 0.005, 0.5)
+    assert out["gpu_busy_union_share"] == 0.5  # (no two kernels overlap)
     # the phase (0-5 ms) launched gemm (1-3 ms) and copy (5.5-6.5 ms, after it): busy 2 of its 5 ms
     assert out["phases"]["phase"] == {
         "wall_s": 0.005,
@@ -272,6 +278,19 @@ def test_device_activity_busy_share_launches_and_phases_from_a_made_up_profile(m
     assert out["launch_matched_share"] == 0.667
     assert out["device_top"][0] == ["gemm", 1, 2.0] and [r[0] for r in out["host_top"]][0] == step
     assert "phase" not in [r[0] for r in out["host_top"]]  # (a phase's range is no host call of its own)
+
+
+def test_kernels_overlapping_on_two_streams_count_once_in_the_union_share(monkeypatch):
+    """Two kernels of 3 ms on two streams at once in a 10 ms step: the summed share (the issue's tool's) is 0.6, the
+    share of the step some kernel ran 0.3."""
+    events = [
+        _event(step_profile._STEP_RANGE, "cpu", 0, 10_000, own=10.0),
+        _event("gemm", "cuda", 1_000, 4_000, id=1, device_time=3_000.0),
+        _event("copy", "cuda", 1_000, 4_000, id=2, device_time=3_000.0),
+    ]
+    _profiled(monkeypatch, events)  # (a step of 10 ms)
+    out = step_profile.device_activity(lambda: None, CPU)
+    assert (out["gpu_busy_share"], out["gpu_busy_union_share"]) == (0.6, 0.3)
 
 
 def test_matmul_peak_counts_two_flops_per_multiply_add(monkeypatch):

@@ -76,9 +76,10 @@ def device_activity(
     top: int = 12,
 ) -> dict:
     """One ``step()`` under the profiler: its wall time, the device kernels it ran and their summed time (the
-    kernel-busy share of the wall), and the host's launch calls (kernels and graph replays); per phase (a
-    ``torch.profiler.record_function`` range the step opens, named in ``phases``) its wall time, kernel-busy share, how
-    many kernels it launched (a replayed graph's included) and the costliest of them;
+    kernel-busy share of the wall, as the issue's profiling tool counts it; ``gpu_busy_union_share``: the share of
+    the step some kernel ran, overlapping kernels counted once), and the host's launch calls (kernels and graph
+    replays); per phase (a ``torch.profiler.record_function`` range the step opens, named in ``phases``) its wall
+    time, kernel-busy share, how many kernels it launched (a replayed graph's included) and the costliest of them;
     per path of the labelled ranges the step opens (names in ``labels``, read after the step: e.g. the set
     :func:`~dgrpo.bench.timeline.labelled_calls` fills) its own host time, the device idle time it caused and its
     kernels' time (:func:`~dgrpo.bench.timeline.time_by_range`); the ``top`` host calls by their own time (CUDA
@@ -108,6 +109,9 @@ def device_activity(
         "gpu_busy_s": round(busy, 3),
         "gpu_busy_share": round(busy / wall, 3),
     }
+    step_window = [(e.time_range.start, e.time_range.end) for e in host if e.name == _STEP_RANGE]
+    if kernels and step_window:  # (kernels overlapping on several streams: the sum above counts them twice)
+        out["gpu_busy_union_share"] = phase_activity(step_window, spans)["busy_share"]
     launches = launch_times(host, kernels)
     launched = [t if t is not None else e.time_range.start for t, e in zip(launches, kernels)]
     if phases:
