@@ -296,3 +296,27 @@ def capture_requests(monkeypatch) -> list[bool]:
 
     monkeypatch.setattr(LatentChain, "__init__", recording_init)
     return asked
+
+
+def faked_sft_run(monkeypatch, cfg, records, resumed=None):
+    """An SFTRun built on ``records`` with its run directory, model and kernels faked: a fresh start, or with
+    ``resumed`` (a loaded checkpoint: its ``apply(lm, opt, dist)`` gives the saved state) a resume."""
+    from types import SimpleNamespace
+
+    from dgrpo.training import sft as sft_module
+    from dgrpo.training.distributed import Dist
+
+    run_dir = SimpleNamespace(
+        resume=lambda read: resumed,
+        check_same_data=lambda *a: None,
+        drop_stale_best=lambda state: False,
+        start=lambda state, applied: None,
+    )
+    dist = Dist.single()
+    dist.broadcast_weights = lambda model: None
+    dist.prepare_model = lambda model: [torch.nn.Parameter(torch.ones(2))]
+    monkeypatch.setattr(sft_module, "apply_speedups", lambda lm, model_cfg: [])
+    monkeypatch.setattr(sft_module, "check_restart", lambda *a: None)
+    monkeypatch.setattr(sft_module.SFTRun, "applied", lambda self, opt: {})
+    lm = SimpleNamespace(use_recompute=lambda *a: None, model=None)
+    return sft_module.SFTRun(lm, cfg, dist, run_dir, records)

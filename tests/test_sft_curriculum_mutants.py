@@ -17,7 +17,7 @@ from dgrpo.training.distributed import Dist
 from dgrpo.training.guards import NonFiniteGuard
 from dgrpo.training.sft import Curriculum, Progress, SFTRun, make_example
 
-from conftest import tiny_config
+from conftest import faked_sft_run, tiny_config
 
 #: a made-up problem of 4 steps (no dataset row)
 FOUR_STEPS = Record("Ann has 3 bags of 4 apples, eats 2 and gives half away. How many?", ["a", "b", "c", "d"], "5")
@@ -34,20 +34,7 @@ def test_pause_mixes_stages_under_uniform_prob():
 
 def fresh_run(monkeypatch, cfg, n_train: int = 8) -> SFTRun:
     """An SFTRun started fresh (no checkpoint), with the run directory, the model and the kernels faked."""
-    run = SimpleNamespace(
-        resume=lambda read: None,
-        check_same_data=lambda *a: None,
-        drop_stale_best=lambda state: False,
-        start=lambda state, applied: None,
-    )
-    dist = Dist.single()
-    dist.broadcast_weights = lambda model: None
-    dist.prepare_model = lambda model: [torch.nn.Parameter(torch.ones(2))]
-    monkeypatch.setattr(sft_module, "apply_speedups", lambda lm, model_cfg: [])
-    monkeypatch.setattr(sft_module, "check_restart", lambda *a: None)
-    monkeypatch.setattr(SFTRun, "applied", lambda self, opt: {})
-    lm = SimpleNamespace(use_recompute=lambda *a: None, model=None)
-    return SFTRun(lm, cfg, dist, run, [FOUR_STEPS] * n_train)
+    return faked_sft_run(monkeypatch, cfg, [FOUR_STEPS] * n_train)
 
 
 def test_a_fresh_run_without_resets_makes_its_one_schedule_at_its_first_epoch(monkeypatch):

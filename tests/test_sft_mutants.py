@@ -15,7 +15,7 @@ from dgrpo.training.distributed import Dist
 from dgrpo.training.guards import NonFiniteGuard
 from dgrpo.training.sft import Curriculum, Progress, SFTRun, make_example, new_optimizer, sft_step, stage_settings
 
-from conftest import make_lm, tiny_config
+from conftest import faked_sft_run, make_lm, tiny_config
 
 
 def between_steps(cfg, steps_per_epoch: int = 4) -> SFTRun:
@@ -386,21 +386,7 @@ def test_a_run_resumed_with_more_epochs_stretches_its_schedule_to_the_new_length
     saved = Progress(epoch=2, batch=0, global_step=4, step_in_sched=4, sched_total=4, stage_prev=0)
     state = {"progress": asdict(saved), "nonfinite_skips": 0, "metrics_lines": 0, "time_s": 1.0}
     loaded = SimpleNamespace(apply=lambda lm, opt, dist: state)
-    run = SimpleNamespace(
-        resume=lambda read: loaded,
-        check_same_data=lambda *a: None,
-        drop_stale_best=lambda state: False,
-        start=lambda state, applied: None,
-    )
-    dist = Dist.single()
-    dist.broadcast_weights, dist.prepare_model = (
-        (lambda model: None),
-        (lambda model: [torch.nn.Parameter(torch.ones(2))]),
-    )
-    monkeypatch.setattr(sft_module, "apply_speedups", lambda lm, model_cfg: [])
-    monkeypatch.setattr(sft_module, "check_restart", lambda *a: None)
-    monkeypatch.setattr(SFTRun, "applied", lambda self, opt: {})
-    resumed = SFTRun(SimpleNamespace(use_recompute=lambda *a: None, model=None), cfg, dist, run, task_records[:2])
+    resumed = faked_sft_run(monkeypatch, cfg, task_records[:2], resumed=loaded)
     assert resumed.plan.steps_per_epoch == 2 and resumed.opt is not None
     assert (resumed.prog.epoch, resumed.prog.step_in_sched, resumed.prog.sched_total) == (2, 4, 8)
 
