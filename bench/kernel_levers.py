@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -132,7 +133,7 @@ def head_pairs(args, device, dtype) -> list[dict]:
 
 def attention_pairs(args, device, dtype) -> list[dict]:
     torch.manual_seed(1)
-    module = SimpleNamespace(num_key_value_groups=args.heads // args.kv_heads, is_causal=True)
+    module: Any = SimpleNamespace(num_key_value_groups=args.heads // args.kv_heads, is_causal=True)
     scale = args.head_dim**-0.5
     B, H, G, D = args.rows, args.heads, args.kv_heads, args.head_dim
 

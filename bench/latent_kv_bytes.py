@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -94,7 +95,7 @@ def time_host(reps: int) -> None:
         with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t) if hooks else contextlib.nullcontext():
             lm.coconut_steps(state, T)
 
-    arms = {
+    arms: dict[str, Callable[[], None]] = {
         "none": functools.partial(arm, False),
         "do-nothing hooks": functools.partial(arm, False, True),
         "once": functools.partial(arm, True),

@@ -370,7 +370,7 @@ def latent_chain_state(tr: GRPOTrainer) -> dict:
     return out
 
 
-def pool_gib(pool: object) -> float | None:
+def pool_gib(pool: tuple[int, int]) -> float | None:
     """The device memory a CUDA graph pool holds reserved (the allocator's segments that pool owns): for the chain,
     the forward's saved activations and the backward's scratch. None where the snapshot does not say."""
     try:
