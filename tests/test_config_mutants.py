@@ -116,9 +116,11 @@ def test_settings_that_exclude_each_other_are_refused(key, overrides, words):
 
 
 def test_a_boolean_given_as_text_in_python_reads_as_written():
-    """A boolean option set in Python to the text 'false' / 'no' / '0' reads False at validation, 'True' / 'yes'
-    True, as a file's would (mutants: 'false' or 'no' read as True, the text read case-sensitively)."""
-    for text, value in (("false", False), ("no", False), ("0", False), ("True", True), ("yes", True), ("FALSE", False)):
+    """A boolean option set in Python to the text 'false' / 'no' / 'off' / '0' reads False at validation, 'True' /
+    'yes' / 'on' True, as a file's or ``--set``'s would (mutants: 'false' or 'no' read as True, the text read
+    case-sensitively; 'on' / 'off' refused, as they were)."""
+    words = (("false", False), ("no", False), ("0", False), ("True", True), ("yes", True), ("FALSE", False))
+    for text, value in words + (("on", True), ("Off", False)):
         cfg = Config()
         cfg.grpo.filter = text  # type: ignore[assignment]
         assert cfg.validate().grpo.filter is value, text

@@ -1567,13 +1567,14 @@ def _to_choice(value: Any, choices: tuple[str, ...], key: str) -> str:
 
 
 def _to_bool(value: Any, key: str) -> bool:
-    """A boolean: a YAML boolean, the number 1 or 0, or true / false / yes / no / 1 / 0 as text."""
+    """A boolean: a YAML boolean, the number 1 or 0, or true / false / yes / no / on / off / 1 / 0 as text (the words
+    a YAML file or ``--set`` reads as booleans: ``on`` set from Python was refused)."""
     if isinstance(value, (bool, _TextBool)):
         return bool(value)
     if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
         return bool(value)
-    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
-        return value.lower() in ("true", "yes", "1")
+    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+        return value.lower() in ("true", "yes", "on", "1")
     raise _invalid(key, f"expected true or false, got {value!r}")
 
 
