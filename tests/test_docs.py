@@ -87,7 +87,8 @@ def test_every_config_key_the_docs_name_exists():
     """A dotted option in the docs' code (``grpo.micro_batch_size``, ``model.lora.r``) is a key of the config: a
     renamed or removed option cannot linger in the README, docs/*.md or bench/RESULTS.md. (docs/config.md is
     generated from the config itself.)"""
-    from dgrpo.config import Config, _options
+    from dgrpo.config import Config
+    from dgrpo.config.values import _options
 
     keys = {o.key for o in _options(Config)}
     sections = {k.split(".")[0] for k in keys if "." in k}
@@ -250,7 +251,8 @@ def test_every_setting_the_docs_prose_writes_is_a_valid_value_of_its_option():
     grpo.optimizer=adamw``, or in a section's context ``recompute_granularity: layer``: an option of that name in
     some section) gives its option a value the config accepts: a renamed choice (``seq_mean``, ``fresh_mask``,
     ``layer``) cannot linger in the text (the keys alone are checked above, the code blocks' commands whole)."""
-    from dgrpo.config import Config, _options
+    from dgrpo.config import Config
+    from dgrpo.config.values import _options
 
     keys = {o.key for o in _options(Config)}
     checked, wrong = 0, []
