@@ -887,7 +887,7 @@ def test_warnings_are_dgrpo_lines_and_the_libraries_keep_theirs():
 
     python_format = warnings.formatwarning
     with cli._warnings_as_lines():
-        assert warnings.formatwarning("ours", UserWarning, str(cli.PACKAGE_DIR / "plotting.py"), 1) == (
+        assert warnings.formatwarning("ours", UserWarning, str(cli.PACKAGE_DIR / "plotting" / "draw.py"), 1) == (
             "dgrpo: warning: ours\n"
         )
         theirs = warnings.formatwarning("theirs", FutureWarning, "/elsewhere/lib.py", 7, "")
@@ -901,7 +901,7 @@ def test_under_torchrun_only_rank_0_prints_dgrpos_warnings(monkeypatch):
 
     import dgrpo.cli as cli
 
-    ours = str(cli.PACKAGE_DIR / "plotting.py")
+    ours = str(cli.PACKAGE_DIR / "plotting" / "draw.py")
     monkeypatch.setenv("WORLD_SIZE", "2")
     for rank, shown in (("0", "dgrpo: warning: ours\n"), ("1", "")):
         monkeypatch.setenv("RANK", rank)

@@ -150,7 +150,7 @@ def test_in_one_process_a_runtime_warning_of_dgrpos_names_no_rank(monkeypatch, w
     import warnings
 
     with cli._warnings_as_lines():
-        line = warnings.formatwarning("eager now", RuntimeWarning, str(cli.PACKAGE_DIR / "plotting.py"), 1)
+        line = warnings.formatwarning("eager now", RuntimeWarning, str(cli.PACKAGE_DIR / "plotting" / "draw.py"), 1)
     assert line == "dgrpo: warning: eager now\n"
 
 

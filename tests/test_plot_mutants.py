@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from dgrpo.data.records import DataError
-from dgrpo.plotting import aggregate, draw, group_runs, load_run, run_series
+from dgrpo.plotting import draw, group_runs, load_run, run_series
+from dgrpo.plotting.draw import aggregate
 
 EVAL = "eval/valid/accuracy"
 
