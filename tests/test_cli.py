@@ -599,7 +599,8 @@ def test_sft_names_the_builtin_tasks_length_among_what_to_lower(tokenizer):
     """The built-in task's problems at task.n_steps=100 pass the default caps (256 + 256 tokens + 2 markers = 514 >
     512 positions): the line names task.n_steps, the cause, beside the two caps (a user's own data: only the caps)."""
     from dgrpo.config import Config, ConfigError
-    from dgrpo.training.sft import SFTExample, sft_loss
+    from dgrpo.training.curriculum import SFTExample
+    from dgrpo.training.sft import sft_loss
 
     from conftest import make_lm
 

@@ -19,15 +19,15 @@ import torch
 
 from dgrpo.config import Config, load_config
 from dgrpo.data.records import Record
-from dgrpo.training.sft import (
+from dgrpo.training.curriculum import (
     curriculum_stage,
     final_settings,
     latent_layout,
     make_example,
-    sft_loss,
     stage_of_epoch,
     stage_settings,
 )
+from dgrpo.training.sft import sft_loss
 
 from conftest import make_lm
 
@@ -303,7 +303,7 @@ def test_stages_past_max_latent_stage_are_one_layout_and_a_runs_last_epoch_ends_
     epochs as one layout, not stage max_latent_stage's, which still writes the last step); the run's last epoch ends
     its stage even when the stage has epochs left (3 epochs a stage, 4 epochs: stage 1 stops after one epoch, which
     still gets the stage's end: its validation and stage-1/ checkpoint)."""
-    from dgrpo.training.sft import Curriculum, layout_stage
+    from dgrpo.training.curriculum import Curriculum, layout_stage
 
     cfg = sft_config("max_latent_stage=3")
     assert [layout_stage(k, cfg) for k in range(7)] == [0, 1, 2, 3, 4, 4, 4]

@@ -782,7 +782,8 @@ def test_sft_warns_of_training_targets_cut_at_max_target_tokens(tokenizer, task_
     """The cut above was silent in SFT (only the questions' was warned of): a chain longer than data.max_target_tokens
     trained without its answer line. The run's start counts the targets of its first stage (the longest) that are cut
     (with uniform_prob, stage 0's), evenly spaced ones of a large set, and says nothing when all fit."""
-    from dgrpo.training.sft import _warn_if_targets_cut, format_target
+    from dgrpo.training.curriculum import format_target
+    from dgrpo.training.sft import _warn_if_targets_cut
 
     lm = make_lm(tokenizer)
     recs = [r for r in task_records if len(r.steps) >= 2][:8]

@@ -85,7 +85,7 @@ def test_every_gold_scores_as_trained_and_its_near_misses_do_not(name: str, spli
     steps, then ``#### <answer>``) scores 1 under the numeric, exact and Coconut scorers; answers off the gold score
     0 under the numeric one."""
     from dgrpo.eval.scoring import coconut, exact, numeric
-    from dgrpo.training.sft import format_target
+    from dgrpo.training.curriculum import format_target
 
     records = load_dataset(name, split)
     targets = [format_target(r.steps, r.answer) for r in records]

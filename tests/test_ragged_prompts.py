@@ -85,7 +85,8 @@ def test_sft_loss_of_a_ragged_batch_is_the_sum_of_each_rows_alone(tokenizer, tas
     equals the sum of each row's loss computed alone, and so does its gradient."""
     import random
 
-    from dgrpo.training.sft import make_example, sft_loss
+    from dgrpo.training.curriculum import make_example
+    from dgrpo.training.sft import sft_loss
 
     over = {"sft.uniform_prob": 1.0, "sft.max_latent_stage": 2, "sft.pad_latent_to_max": "false", "sft.mode": mode}
     cfg = tiny_config(**over)

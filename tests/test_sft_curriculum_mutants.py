@@ -13,9 +13,10 @@ import torch
 
 from dgrpo.data.records import Record
 from dgrpo.training import sft as sft_module
+from dgrpo.training.curriculum import Curriculum, Progress, make_example
 from dgrpo.training.distributed import Dist
 from dgrpo.training.guards import NonFiniteGuard
-from dgrpo.training.sft import Curriculum, Progress, SFTRun, make_example
+from dgrpo.training.sft import SFTRun
 
 from conftest import faked_sft_run, tiny_config
 
@@ -76,7 +77,8 @@ def test_a_steps_row_logs_its_epoch_stage_and_the_loss_summed_over_the_ranks(mon
 def test_a_step_splits_its_batch_into_grad_accum_micro_batches(monkeypatch):
     """sft.grad_accum 4 over a batch of 6: micro-batches of ceil(6 / 4) = 2 examples, 3 of them (never more than
     grad_accum: 6 micro-batches of 1 ran each example's forward alone), each normalised by the batch's 60 tokens."""
-    from dgrpo.training.sft import SFTExample, sft_step
+    from dgrpo.training.curriculum import SFTExample
+    from dgrpo.training.sft import sft_step
 
     seen = []
     weight = torch.nn.Parameter(torch.ones(1))

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from dgrpo.training import sft as sft_module
+from dgrpo.training.curriculum import make_example
 from dgrpo.training.distributed import Dist
-from dgrpo.training.sft import make_example, sft_step
+from dgrpo.training.sft import sft_step
 
 from conftest import make_lm, tiny_config
 
@@ -62,7 +63,7 @@ def test_each_epoch_has_its_own_order_and_an_epoch_its_whole_batches():
     """An epoch's data order is a permutation of its own (seed, epoch): another epoch sees the examples in another
     order (every epoch in one order trained the same batches again and again); an epoch is its whole batches
     (100 examples at batch 32: 3 steps, the 4 left over not a step of their own; fewer than a batch: one step)."""
-    from dgrpo.training.sft import Curriculum, epoch_steps
+    from dgrpo.training.curriculum import Curriculum, epoch_steps
 
     cfg = tiny_config(**{"sft.batch_size": 32})
     plan = Curriculum(cfg, steps_per_epoch=3)
@@ -74,8 +75,9 @@ def test_each_epoch_has_its_own_order_and_an_epoch_its_whole_batches():
 
 def sft_run_between_steps(cfg):
     """An SFTRun with only what enter_stage and step read (no model: sft_step is replaced by the test)."""
+    from dgrpo.training.curriculum import Curriculum, Progress
     from dgrpo.training.guards import NonFiniteGuard
-    from dgrpo.training.sft import Curriculum, Progress, SFTRun
+    from dgrpo.training.sft import SFTRun
 
     run = object.__new__(SFTRun)
     run.cfg, run.prog, run.opt, run.dist = cfg, Progress(), None, Dist.single()
@@ -116,7 +118,7 @@ def test_an_epochs_batches_are_its_orders_slices_laid_out_by_each_steps_own_draw
     same batches (one generator for every step laid every batch's examples out alike)."""
     from types import SimpleNamespace
 
-    from dgrpo.training.sft import Curriculum, epoch_steps, make_example
+    from dgrpo.training.curriculum import Curriculum, epoch_steps, make_example
 
     cfg = tiny_config(**{"sft.batch_size": 4, "sft.save_every": 0, **MIXED})
     run = sft_run_between_steps(cfg)

@@ -11,9 +11,17 @@ import pytest
 import torch
 
 from dgrpo.training import sft as sft_module
+from dgrpo.training.curriculum import (
+    Curriculum,
+    Progress,
+    final_settings,
+    format_target,
+    make_example,
+    stage_settings,
+)
 from dgrpo.training.distributed import Dist
 from dgrpo.training.guards import NonFiniteGuard
-from dgrpo.training.sft import Curriculum, Progress, SFTRun, make_example, new_optimizer, sft_step, stage_settings
+from dgrpo.training.sft import SFTRun, new_optimizer, sft_step
 
 from conftest import faked_sft_run, make_lm, tiny_config
 
@@ -208,7 +216,7 @@ def test_an_epochs_validation_within_a_stage_uses_that_stages_thoughts():
 
     sets = {"sft.c_thought": 2, "sft.max_latent_stage": 3, "sft.epochs_per_stage": 2, "sft.num_epochs": 8}
     cfg = tiny_config(**sets, **{"sft.eval_every_epoch": "true"})
-    assert sft_module.final_settings(cfg).n_latent == 6
+    assert final_settings(cfg).n_latent == 6
     lm = SimpleNamespace(settings=None, eval=lambda: None, train=lambda: None)
     seen, rows = [], []
     run = SimpleNamespace(metrics=SimpleNamespace(write=rows.append))
@@ -394,7 +402,8 @@ def test_a_run_resumed_with_more_epochs_stretches_its_schedule_to_the_new_length
 def test_the_loss_sees_a_question_cut_to_max_question_tokens(tokenizer, task_records):
     """data.max_question_tokens cuts the questions SFT trains on to their last tokens, as elsewhere: a question and
     the same question after other words, cut to the first's length, give the same loss (uncut, they do not)."""
-    from dgrpo.training.sft import SFTExample, sft_loss
+    from dgrpo.training.curriculum import SFTExample
+    from dgrpo.training.sft import sft_loss
 
     lm = make_lm(tokenizer)
     lm.eval()
@@ -403,7 +412,7 @@ def test_the_loss_sees_a_question_cut_to_max_question_tokens(tokenizer, task_rec
     ids = lm.token_ids([lm.format_question(rec.question), lm.format_question(longer)])
     kept = len(ids[0])
     assert len(ids[1]) > kept and ids[1][-kept:] == ids[0]
-    target = sft_module.format_target(rec.steps[1:], rec.answer)
+    target = format_target(rec.steps[1:], rec.answer)
 
     def loss(question, limit):
         cfg = tiny_config(**{"data.max_question_tokens": limit})
@@ -442,7 +451,7 @@ def test_a_target_that_fills_max_target_tokens_without_its_eos_is_warned_of(toke
     from dgrpo.training.sft import _warn_if_targets_cut
 
     lm, rec = make_lm(tokenizer), task_records[0]
-    n = len(lm.token_ids([sft_module.format_target(rec.steps, rec.answer)])[0])
+    n = len(lm.token_ids([format_target(rec.steps, rec.answer)])[0])
     with pytest.warns(UserWarning, match=rf"^1 of 1 training targets .* longer than data.max_target_tokens = {n} "):
         _warn_if_targets_cut(lm, [rec], tiny_config(**{"data.max_target_tokens": n}))
     with warnings.catch_warnings():

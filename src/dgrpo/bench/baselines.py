@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ..config import Config
 from ..model.latent_lm import LatentLM
-from ..training.sft import SFTExample
+from ..training.curriculum import SFTExample
 
 
 def naive_coconut_loss(lm: LatentLM, examples: list[SFTExample], cfg: Config, normalizer: float) -> torch.Tensor:

@@ -21,9 +21,10 @@ from ..model.latent_lm import LatentLM
 from ..model.reference import recompute_generate
 from ..perturbation import LockedDropout, NativeDropout, seeds_for
 from ..perturbation.locked import draw_keep_rows, draw_threads
+from ..training.curriculum import make_example
 from ..training.grpo import GRPOTrainer
 from ..training.rollouts import collect_rollouts
-from ..training.sft import count_target_tokens, make_example, sft_loss
+from ..training.sft import count_target_tokens, sft_loss
 from .baselines import naive_coconut_loss
 from .engine_item import bench_engine
 from .long_items import bench_optimizer, bench_soak

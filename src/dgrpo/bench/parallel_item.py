@@ -36,8 +36,9 @@ def probe(spec: dict) -> dict:
     from ..config import Config, load_config
     from ..data.synthetic import generate_split
     from ..model.factory import load_model
+    from ..training.curriculum import make_example
     from ..training.distributed import Dist
-    from ..training.sft import make_example, new_optimizer, sft_step
+    from ..training.sft import new_optimizer, sft_step
 
     torch.set_num_threads(int(spec["threads"]))
     cfg = load_config(Config, "builtin/demo.yaml")

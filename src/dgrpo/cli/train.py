@@ -349,8 +349,9 @@ def set_up_run(args: argparse.Namespace) -> Setting:
 
 def run_sft(args: argparse.Namespace) -> int:
     from ..eval.scoring import warn_if_scorer_misses_gold
+    from ..training.curriculum import final_settings
     from ..training.resume_check import command_line_words
-    from ..training.sft import final_settings, train_sft
+    from ..training.sft import train_sft
 
     s = set_up_run(args)
     cfg, options, train, tests, dist = s.cfg, s.options, s.train, s.tests, s.dist

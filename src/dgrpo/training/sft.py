@@ -7,20 +7,21 @@ markers or the latents). With ``reset_optimizer`` the AdamW state and the lr sch
 each stage boundary (``reset_every: stage``: the moments learned for predicting step k's tokens are
 stale once step k became latent) or at every epoch (``epoch``: what Coconut's run.py does, with a
 constant lr and torch's default betas: ``lr_schedule: constant``, ``adam_betas: [0.9, 0.999]``).
+The curriculum itself (an epoch's stage, a record's example at a stage, the schedules' lengths) is
+:mod:`dgrpo.training.curriculum`; this module is the run: the loss, the steps, validation, checkpoints and resume.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import random
 import time
 import warnings
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -45,6 +46,19 @@ from ..progress import bar_disabled
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dir
 from .applied import applied_settings
 from .checkpoint import read_checkpoint, save_checkpoint, shard_staging
+from .curriculum import (
+    Curriculum,
+    Progress,
+    SFTExample,
+    epoch_steps,
+    final_settings,
+    format_target,
+    latent_layout,
+    layout_stage,
+    make_example,
+    stage_of_epoch,
+    stage_settings,
+)
 from .distributed import Dist
 from .guards import NonFiniteError, NonFiniteGuard, clip_gradients, weights_finite
 from .master_weights import adamw, carry_masters
@@ -55,80 +69,6 @@ from .run import FinalEval, RunDir
 from .run_inputs import check_restart, check_run_inputs, default_evaluate_fn, warn_if_training_questions_cut
 from .schedules import constant_lr_at, lr_at
 from .sharded_eval import best_value, sharded_scores
-
-
-@dataclass
-class SFTExample:
-    question: str
-    n_latent: int
-    target: str  # remaining steps + answer (EOS is appended by the tokenizer step)
-
-
-def format_target(steps: list[str], answer: str) -> str:
-    """The written part after ``<|end-latent|>``: one step per line, then ``#### answer``."""
-    return "".join(s + "\n" for s in steps) + f"#### {answer}"
-
-
-def curriculum_stage(epoch: int, stage_epochs: list[int], epochs_per_stage: int) -> int:
-    """The curriculum stage of ``epoch``: stage k takes ``stage_epochs[k]`` epochs, every stage past the list
-    ``epochs_per_stage`` (an empty list is Coconut's rule, stage = epoch // epochs_per_stage)."""
-    for stage, n in enumerate(stage_epochs):
-        if epoch < n:
-            return stage
-        epoch -= n
-    return len(stage_epochs) + epoch // epochs_per_stage
-
-
-def stage_of_epoch(epoch: int, cfg: Config) -> int:
-    s = cfg.sft
-    if s.mode in ("cot", "no_cot"):
-        return 0
-    if s.mode == "no_curriculum":  # the final stage from the first epoch on
-        epoch = s.num_epochs - 1
-    return curriculum_stage(epoch, s.stage_epochs, s.epochs_per_stage)
-
-
-def layout_stage(stage: int, cfg: Config) -> int:
-    """The stage whose latent layout ``stage`` trains: past ``max_latent_stage`` every stage drops all steps, so
-    they are one layout (``max_latent_stage + 1``)."""
-    return min(stage, cfg.sft.max_latent_stage + 1)
-
-
-def latent_layout(stage: int, n_steps: int, cfg: Config) -> tuple[int, int]:
-    """(steps replaced, latent thoughts) at ``stage`` for a chain of ``n_steps`` (Coconut's rule)."""
-    s = cfg.sft
-    if s.mode == "cot":
-        return 0, 0
-    if s.mode == "no_cot":
-        return n_steps, 0
-    if stage > s.max_latent_stage:
-        n_lat = s.max_latent_stage if s.pad_latent_to_max else min(n_steps, s.max_latent_stage)
-        return n_steps, n_lat * s.c_thought
-    return min(stage, n_steps), stage * s.c_thought
-
-
-def make_example(rec: Record, stage: int, cfg: Config, rng: random.Random) -> SFTExample:
-    if (
-        cfg.sft.uniform_prob > 0
-        and cfg.sft.mode in ("coconut", "pause", "no_curriculum")
-        and rng.random() < cfg.sft.uniform_prob
-    ):
-        stage = rng.randint(0, len(rec.steps))
-    skip, n_lat = latent_layout(stage, len(rec.steps), cfg)
-    return SFTExample(rec.question, n_lat, format_target(rec.steps[skip:], rec.answer))
-
-
-def stage_settings(stage: int, cfg: Config) -> LatentSettings:
-    """What a checkpoint of ``stage`` uses at inference (its latent count for a full-length chain)."""
-    _, n_lat = latent_layout(stage, 10**6 if cfg.sft.pad_latent_to_max else cfg.sft.max_latent_stage, cfg)
-    mode = {"no_curriculum": "coconut"}.get(cfg.sft.mode, cfg.sft.mode)
-    return LatentSettings(
-        mode=mode, c_thought=cfg.sft.c_thought, stage=stage, n_latent=n_lat, chat_template=cfg.data.chat_template
-    )
-
-
-def final_settings(cfg: Config) -> LatentSettings:
-    return stage_settings(stage_of_epoch(cfg.sft.num_epochs - 1, cfg), cfg)
 
 
 def sft_loss(lm: LatentLM, examples: list[SFTExample], cfg: Config, normalizer: float) -> tuple[torch.Tensor, int]:
@@ -166,58 +106,6 @@ def count_target_tokens(lm: LatentLM, examples: list[SFTExample], cfg: Config) -
 def autocast_ctx(cfg: Config, device: torch.device):
     on = on_for_device(cfg.sft.bf16, device)
     return torch.autocast(device.type, dtype=torch.bfloat16) if on else nullcontext()
-
-
-def epoch_steps(n_train: int, cfg: Config) -> int:
-    """Optimizer steps of an epoch over ``n_train`` examples: whole batches of ``sft.batch_size`` (at least one)."""
-    return max(1, n_train // cfg.sft.batch_size)
-
-
-@dataclass
-class Curriculum:
-    """The run's epochs, stages and optimizer schedules."""
-
-    cfg: Config
-    steps_per_epoch: int
-
-    def stage(self, epoch: int) -> int:
-        return stage_of_epoch(epoch, self.cfg)
-
-    def schedule_length(self, stage: int) -> int:
-        """Optimizer steps of one lr schedule: a stage's or an epoch's (``reset_optimizer``), or the whole run's."""
-        s = self.cfg.sft
-        if not s.reset_optimizer:
-            return s.num_epochs * self.steps_per_epoch
-        if s.reset_every == "epoch":
-            return self.steps_per_epoch
-        return self.epochs_by_stage.get(stage, 0) * self.steps_per_epoch
-
-    @functools.cached_property
-    def epochs_by_stage(self) -> Counter[int]:
-        """The epochs of each stage the run trains, counted once (a count per call made the start's warmup check
-        quadratic in sft.num_epochs: 10,000 one-epoch stages took 28 s before the first step)."""
-        return Counter(self.stage(e) for e in range(self.cfg.sft.num_epochs))
-
-    def last_of_stage(self, epoch: int) -> bool:
-        return epoch == self.cfg.sft.num_epochs - 1 or self.stage(epoch + 1) != self.stage(epoch)
-
-    def epoch_order(self, epoch: int, n: int) -> list[int]:
-        """The data order of an epoch: a pure function of (seed, epoch), so a resumed run sees the same batches."""
-        order = list(range(n))
-        random.Random(f"{self.cfg.seed}/order/{epoch}").shuffle(order)
-        return order
-
-
-@dataclass
-class Progress:
-    """Where the curriculum stands: run epoch ``epoch`` from batch ``batch`` next (saved in checkpoints)."""
-
-    epoch: int = 0
-    batch: int = 0
-    global_step: int = 0
-    step_in_sched: int = 0
-    sched_total: int = 0
-    stage_prev: int | None = None
 
 
 def new_optimizer(
