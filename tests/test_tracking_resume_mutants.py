@@ -103,3 +103,29 @@ def test_tensorboard_log_after_close_is_an_error_and_close_is_idempotent(tmp_pat
     t.close()
     with pytest.raises(RuntimeError, match="after close"):
         t.log({"step": 0, "loss": 1.0}, 0)
+
+
+def test_tensorboard_added_on_resume_keeps_the_earlier_rows_even_if_no_row_follows(tmp_path: Path) -> None:
+    """TensorBoard added when a run resumes, and the process stopped before its first new row (a crash in the first
+    step): the kept rows were held back until that row and lost, and the next resume found tb/ there (no longer
+    fresh) and never wrote them: TensorBoard's curves began at the resume. They are written when the tracker gets
+    them; a second resumed process writes only its own rows and the curves run from step 0."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def scalars() -> dict[str, list[tuple[int, float]]]:
+        acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+        acc.Reload()
+        return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+    kept = [{"step": 0, "loss": 1.0}, {"step": 1, "loss": 0.5}]
+    first = TensorBoardTracker(tmp_path / "tb")
+    assert first.fresh
+    first.resumed(kept)
+    first.close()  # (stopped before any new row)
+    assert scalars() == {"loss": [(0, 1.0), (1, 0.5)]}
+    again = TensorBoardTracker(tmp_path / "tb")
+    again.resumed(kept)
+    again.log({"step": 2, "loss": 0.25}, 2)
+    again.close()
+    assert scalars() == {"loss": [(0, 1.0), (1, 0.5), (2, 0.25)]}

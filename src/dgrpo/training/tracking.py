@@ -142,8 +142,13 @@ class TensorBoardTracker:
         """A resumed run keeps these rows (its checkpoint's): those at the step where this process starts logging
         are written again after the purge marker, which drops every older point at that step (an evaluation
         logged just before the checkpoint shares its step with the next training row); all of them when this
-        tracker is :attr:`fresh` (TensorBoard added on resume)."""
+        tracker is :attr:`fresh` (TensorBoard added on resume), written now: no older event file to purge, and a
+        process stopped before its first row (the next one finds ``tb/``, no longer fresh) lost them."""
         self._kept = list(kept_rows)
+        if self.fresh and self._kept and not self._started:
+            self._started = True  # (no purge marker: nothing older)
+            for kept in self._kept:
+                self.log(kept, kept["step"])
 
     def log(self, row: dict[str, Any], step: int) -> None:
         """Write the row's finite numbers as scalars at ``step``; the first row also purges older points."""
@@ -156,7 +161,7 @@ class TensorBoardTracker:
             self._writer.add_event(ev.Event(wall_time=time.time(), step=step, session_log=status))
             self._started = True
             for kept in self._kept:
-                if self.fresh or kept.get("step", -1) >= step:
+                if kept.get("step", -1) >= step:  # (a fresh tracker wrote them all in resumed())
                     self.log(kept, kept["step"])
         ev, sm = self._event_pb2, self._summary_pb2
         now = time.time()
