@@ -210,3 +210,92 @@ def test_every_record_of_a_spec_has_every_column_of_the_data(tmp_path: Path) -> 
 
     path = _jsonl(tmp_path, [{"question": "q", "answer": "1", "level": 2}, {"question": "r", "answer": "2"}])
     assert [r.meta["level"] for r in load_spec(str(path))] == [2, None]
+
+
+def test_a_latent_marker_in_a_spec_s_data_is_warned_about(tmp_path: Path) -> None:
+    """``load_spec`` warns of a question holding a latent marker's text (the tokenizer reads it as the marker)."""
+    from dgrpo.data import load_spec
+
+    path = _jsonl(tmp_path, [{"question": "a <|latent|> b", "answer": "1"}])
+    with pytest.warns(UserWarning, match="latent marker text '<\\|latent\\|>'"):
+        load_spec(str(path))
+
+
+def test_a_file_named_like_the_builtin_task_is_still_the_builtin_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``builtin`` names the synthetic task even where the working folder holds a file of that name."""
+    from dgrpo.data import local_path
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "builtin").write_text("{}\n", "utf-8")
+    assert local_path("builtin") is None
+
+
+def test_an_answer_column_without_a_question_column_is_refused() -> None:
+    """A mapping of ``answer_key`` alone is a configuration error, not silently no mapping at all."""
+    from dgrpo.config import DataConfig
+
+    with pytest.raises(ValueError, match="question_key and answer_key go together"):
+        load_rows([{"prompt": "q", "gold": "1"}], data=DataConfig(answer_key="gold"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A bad row is a DataError naming it (not a record of the text 'None', an empty gold, or a crash)
+
+
+@pytest.mark.parametrize(
+    ("row", "says"),
+    [
+        ({"question": "q", "cot": None, "answer": "1"}, r"record 1: field 'cot' is empty \(null\)"),
+        ({"question": "q", "steps": ["a", 2], "answer": "1"}, "record 1: field 'steps' must be a list of strings"),
+    ],
+)
+def test_a_malformed_row_of_a_known_format_is_named(tmp_path: Path, row: dict[str, Any], says: str) -> None:
+    """A null ``cot`` (was an AttributeError), a step that is no string:
+    a DataError naming the record."""
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps([row]), "utf-8")
+    with pytest.raises(DataError, match=says):
+        load_dataset(str(path))
+
+
+@pytest.mark.parametrize(
+    ("row", "says"),
+    [
+        ({"p": None, "g": "1"}, r"row 1: column 'p' is empty \(null\)"),
+        ({"p": ["a", "b"], "g": "1"}, "row 1: column 'p' must be text or a number, got list"),
+        ({"p": "q", "g": "  "}, "row 1: column 'g' is empty"),
+    ],
+)
+def test_a_mapped_row_without_a_question_or_answer_is_named(row: dict[str, Any], says: str) -> None:
+    """A null question was the question 'None', a list its repr, and a blank gold the answer '' (never scored)."""
+    from dgrpo.config import DataConfig
+
+    with pytest.raises(DataError, match=says):
+        load_rows([row], data=DataConfig(question_key="p", answer_key="g"))
+
+
+def test_a_text_file_of_blank_lines_is_a_file_of_no_records(tmp_path: Path) -> None:
+    path = tmp_path / "empty.txt"
+    path.write_text("\n  \n", "utf-8")
+    with pytest.raises(DataError, match="empty.txt contains no records"):
+        load_dataset(str(path))
+
+
+def test_a_name_is_looked_up_without_its_surrounding_spaces_and_a_file_takes_no_config(tmp_path: Path) -> None:
+    """`` GSM8K `` is the dataset gsm8k; a config named with an existing file is refused (it names a hub config)."""
+    from dgrpo.data import is_dataset_name
+
+    assert is_dataset_name(" GSM8K ")
+    path = _jsonl(tmp_path, [{"question": "q", "answer": "1"}], "my_rows")
+    with pytest.raises(DataError, match=r"a config \(\?config=main\) names one of a hub dataset's configs"):
+        load_dataset(str(path), config="main")
+
+
+def test_a_gsm8k_row_without_its_final_answer_line_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GSM8K's own files need the ``#### <answer>`` line (a plain file's answer text is kept as it is)."""
+    _jsonl(tmp_path / "gsm8k", [{"question": "q", "answer": "#### 1"}, {"question": "r", "answer": "5"}], "test.jsonl")
+    monkeypatch.setenv("DGRPO_DATA_DIR", str(tmp_path))
+    with pytest.raises(DataError, match="test.jsonl line 2: field 'answer' has no '#### <final answer>' line"):
+        load_dataset("gsm8k")
