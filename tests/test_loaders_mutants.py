@@ -299,3 +299,33 @@ def test_a_gsm8k_row_without_its_final_answer_line_is_named(tmp_path: Path, monk
     monkeypatch.setenv("DGRPO_DATA_DIR", str(tmp_path))
     with pytest.raises(DataError, match="test.jsonl line 2: field 'answer' has no '#### <final answer>' line"):
         load_dataset("gsm8k")
+
+
+def test_a_later_line_that_is_no_object_is_named(tmp_path: Path) -> None:
+    """The format is detected from the first row; a later JSON line holding a list is a DataError naming it."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"question": "q", "answer": "1"}\n\n[1, 2]\n', "utf-8")
+    with pytest.raises(DataError, match=r"rows\.jsonl line 3: expected a JSON object, got list"):
+        load_dataset(str(path))
+
+
+def test_unrecognised_keys_are_shown_eight_at_most(tmp_path: Path) -> None:
+    """The message lists the first 8 keys, sorted, then '...'."""
+    path = _jsonl(tmp_path, [{f"k{i}": i for i in range(9)}])
+    with pytest.raises(DataError, match=r"unrecognised record keys \(k0, k1, k2, k3, k4, k5, k6, k7, \.\.\.\)"):
+        load_dataset(str(path))
+
+
+def test_a_steps_cell_of_json_list_text_is_read_as_json() -> None:
+    """A cell written by ``json.dumps`` is read by JSON's rules (``\\/`` is ``/``), a pandas repr by Python's."""
+    parse = column_parser("p", "g", "s")
+    assert parse({"p": "q", "g": "1", "s": '["a\\/b", "c"]'}).steps == ["a/b", "c"]
+    assert parse({"p": "q", "g": "1", "s": "['a', 'b']"}).steps == ["a", "b"]
+
+
+def test_the_key_of_a_hub_name_and_of_joined_names_with_a_split() -> None:
+    """A hub dataset named without a split has no split in its key; ``a+b`` with a split gives it to each part."""
+    from dgrpo.data import dataset_key
+
+    assert dataset_key("org/name") == "org/name"
+    assert dataset_key("gsm8k+svamp", split="train") == "gsm8k:train+svamp:train"
