@@ -286,6 +286,29 @@ def test_error_missing_field_json_record(tmp_path: Path) -> None:
         load_dataset(str(path))
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", "rows"])
+def test_a_later_row_of_a_more_specific_format_is_refused_not_read_without_its_fields(tmp_path: Path, suffix) -> None:
+    """The first row's keys pick the format: a later row holding ``steps`` among ``{question, answer}`` rows was read
+    as one of them, its steps put in meta unseen (a record without steps, silently); it is an error naming the row
+    and both formats. Rows of one format with other columns besides still read."""
+    import dgrpo
+
+    rows = [{"question": "q1", "answer": "1", "id": 1}, {"question": "q2", "steps": ["a", "b"], "answer": "2"}]
+    if suffix == "rows":
+        source, where = rows, "the rows given row 2"
+    else:
+        text = "\n".join(map(json.dumps, rows)) if suffix == ".jsonl" else json.dumps(rows)
+        source = str(_write(tmp_path / f"mixed{suffix}", text))
+        where = "line 2" if suffix == ".jsonl" else "record 2"
+    with pytest.raises(DataError) as info:
+        dgrpo.load_dataset(source)
+    said = str(info.value)
+    assert f"{where}: a Coconut {{question, steps, answer}} row among {{question, answer}} rows" in said, said
+    assert "data.steps_key" in said
+    rows[1] = {"question": "q2", "answer": "2", "note": "x"}
+    assert [r.meta.get("note") for r in dgrpo.load_dataset(rows)] == [None, "x"]
+
+
 def test_error_wrong_type(tmp_path: Path) -> None:
     path = _write(tmp_path / "c.json", json.dumps([{"question": 3, "steps": [], "answer": "1"}]))
     with pytest.raises(DataError, match=r"record 1: field 'question' must be a string"):

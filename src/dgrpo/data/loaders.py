@@ -322,6 +322,21 @@ def _detect_row_parser(row: Any) -> RowParser:
     )
 
 
+def _check_same_format(row: dict[str, Any], parser: RowParser) -> None:
+    """Refuse a row that has the keys of the first row's format (``parser``) and those of a more specific one: read
+    by the first row's, the fields only the other reads would go to ``meta`` unseen (a row's ``steps`` among
+    ``{question, answer}`` rows: the record had none, silently). A row short of the format's keys is the parser's
+    own error (a missing field)."""
+    keys, theirs = next((k, desc) for k, p, desc in _ROW_FORMATS if p is parser)
+    own = _known_row_parser(row)
+    if own is not parser and keys <= row.keys():
+        mine = next(desc for _, p, desc in _ROW_FORMATS if p is own)
+        raise _RowError(
+            f"a {mine} row among {theirs} rows (the format the first row's keys call for): one format per file or "
+            "list of rows, or name the columns with data.question_key, data.answer_key and data.steps_key"
+        )
+
+
 def _shown_keys(keys: Any) -> str:
     """The first 8 of a record's keys, sorted and escaped (a message is one line)."""
     shown = sorted(repr(str(key))[1:-1] for key in keys)
@@ -368,14 +383,18 @@ def _json_value(path: Path, where: str, text: str, repeated: list[str] | None = 
 
 
 def _rows_to_records(path: Path, rows: Iterable[tuple[str, Any]], parser: RowParser | None) -> list[Record]:
-    """Each (where, row) as a Record, by ``parser`` or the one the first row's fields call for."""
+    """Each (where, row) as a Record, by ``parser`` or the one the first row's fields call for (every later row in
+    it: :func:`_check_same_format`)."""
     records: list[Record] = []
+    detected = parser is None
     for where, row in rows:
-        if parser is None:
-            try:
+        try:
+            if parser is None:
                 parser = _detect_row_parser(row)
-            except _RowError as exc:
-                raise DataError(f"{path} {where}: {exc}") from None
+            elif detected and isinstance(row, dict):
+                _check_same_format(row, parser)
+        except _RowError as exc:
+            raise DataError(f"{path} {where}: {exc}") from None
         records.append(_apply(path, where, parser, row))
     return records
 
@@ -786,14 +805,19 @@ def rows_to_records(
     rows: list[Any], where: str, source: str, parser: RowParser | None, *, csv: CsvTable | None = None
 ) -> list[Record]:
     """Records from row dicts (a table, a hub dataset): ``parser`` (a column mapping) or the format the first row's
-    keys identify; one DataError line naming the row on any problem: its file line when ``csv`` (the CSV file
-    ``rows`` were read from) gives them, else its number (the first row is row 1)."""
+    keys identify (every later row in it: :func:`_check_same_format`); one DataError line naming the row on any
+    problem: its file line when ``csv`` (the CSV file ``rows`` were read from) gives them, else its number (the first
+    row is row 1)."""
     records: list[Record] = []
+    detected = parser is None
     for index, row in enumerate(rows):
         try:
             if not isinstance(row, dict):
                 raise _RowError(f"expected a record (mapping), got {type(row).__name__}")
-            parser = parser or _detect_row_parser(row)
+            if parser is None:
+                parser = _detect_row_parser(row)
+            elif detected:
+                _check_same_format(row, parser)
             record = parser(row)
         except _RowError as exc:
             if csv is None:
