@@ -130,3 +130,72 @@ def test_a_cot_stage_checkpoint_refuses_latent_settings_and_a_negative_c_thought
             choose_settings(ckpt, True, 1, n_latent, stage, max_latent_stage)
     with pytest.raises(CheckpointError, match=r"^c_thought \(--c-thought\) must be >= 0 for a CoT-stage checkpoint"):
         choose_settings(ckpt, True, -1, None, None, None)
+
+
+def test_a_coconut_stage_is_never_read_as_cot_on_a_base_that_holds_the_markers(run, tmp_path, tokenizer):
+    """A base whose tokenizer already holds the markers in run.py's order and whose embedding has their rows (run.py's
+    resized model, saved as a model directory): a plain state dict of that size is a Coconut stage, its trained
+    marker rows kept under the tokenizer's ids (mutant: ``cot`` without ``bool(added)``, the rows counted as the base's
+    own, the file read as a CoT stage and refused, or its trained rows overwritten with ``<<``'s)."""
+    from dgrpo.model.latent_lm import LatentLM
+
+    _, plain = run
+    base = tmp_path / "resized-base"
+    tok = copy.deepcopy(tokenizer)
+    for t in OFFICIAL_ORDER:
+        tok.add_tokens([t], special_tokens=True)
+    tok.save_pretrained(base)
+    tiny_config("gpt2", len(tok), **TINY).save_pretrained(base)
+    with pytest.warns(UserWarning, match="imported as continuous thought"):
+        out = import_coconut(save(tmp_path, plain), str(base), tmp_path / "o", c_thought=2, max_latent_stage=3)
+    lm = LatentLM.from_pretrained(out)
+    assert (lm.settings.mode, lm.settings.stage, lm.settings.n_latent) == ("coconut", 4, 6)
+    n = len(tokenizer)
+    assert [lm.start_id, lm.end_id, lm.latent_id] == [n, n + 1, n + 2]  # run.py's ids, read from the base's tokenizer
+    assert torch.equal(lm.model.get_input_embeddings().weight, plain["transformer.wte.weight"])
+
+
+def test_a_cot_stage_over_a_vocabulary_padded_by_fewer_rows_than_markers_grows_to_the_tokenizer(tmp_path, tokenizer):
+    """A CoT-stage checkpoint of a base whose embedding has 2 spare rows (a padded vocabulary) beyond its tokenizer:
+    the 3 markers need one more row, so the embedding grows to the tokenizer's size, the checkpoint's rows kept and
+    the markers' rows copies of one row, as run.py makes them (mutant: ``len(tokenizer) > n_old + 1``, no resize: the
+    last marker's id past the rows)."""
+    from dgrpo.model.latent_lm import LatentLM
+
+    n = len(tokenizer)
+    base = tmp_path / "padded-base"
+    copy.deepcopy(tokenizer).save_pretrained(base)
+    tiny_config("gpt2", n + 2, **TINY).save_pretrained(base)
+    sd = build_tiny_model("gpt2", n + 2, seed=5, **TINY).state_dict()
+    out = import_coconut(save(tmp_path, sd), str(base), tmp_path / "o", c_thought=1)
+    lm = LatentLM.from_pretrained(out)
+    emb = lm.model.get_input_embeddings().weight
+    assert lm.settings.mode == "cot" and emb.shape[0] == n + 3 == len(lm.tokenizer)
+    assert torch.equal(emb[:n], sd["transformer.wte.weight"][:n])
+    ids = [lm.start_id, lm.latent_id, lm.end_id]
+    assert sorted(ids) == [n, n + 1, n + 2] and all(torch.equal(emb[i], emb[ids[0]]) for i in ids)
+
+
+def test_a_coconut_runs_stage_zero_has_no_thoughts_and_is_accepted():
+    """run.py's ``coconut: True`` runs save the wrapper's layout from their first epochs on, at stage 0 (no thought
+    yet): stage 0, n_latent 0, max_latent_stage 0 are valid settings (mutant: ``value <= 0`` refused them)."""
+    from dgrpo.model.coconut_import import coconut_settings
+    from dgrpo.model.latent_lm import LatentSettings
+
+    zero = LatentSettings(mode="coconut", c_thought=2, stage=0, n_latent=0)
+    assert coconut_settings(2, None, 0, 3) == zero
+    assert coconut_settings(2, 0, 0, 3) == zero
+    assert coconut_settings(2, None, None, 0) == LatentSettings(mode="coconut", c_thought=2, stage=1, n_latent=0)
+
+
+def test_an_output_path_that_is_a_file_is_refused_in_one_line(run, tmp_path):
+    """``out`` naming a file is refused saying so, and the file is left as it was (mutant: the check dropped: the
+    emptiness check then listed the file as a directory, a NotADirectoryError traceback)."""
+    import re
+
+    base, plain = run
+    out = tmp_path / "o"
+    out.write_text("kept")
+    with pytest.raises(CheckpointError, match=f"^output directory {re.escape(str(out))} exists and is a file$"):
+        import_coconut(save(tmp_path, wrapped(plain)), str(base), out, c_thought=2, max_latent_stage=3)
+    assert out.read_text() == "kept"
