@@ -199,3 +199,16 @@ def test_an_output_path_that_is_a_file_is_refused_in_one_line(run, tmp_path):
     with pytest.raises(CheckpointError, match=f"^output directory {re.escape(str(out))} exists and is a file$"):
         import_coconut(save(tmp_path, wrapped(plain)), str(base), out, c_thought=2, max_latent_stage=3)
     assert out.read_text() == "kept"
+
+
+def test_a_buffer_the_model_does_not_save_is_dropped_whatever_its_name():
+    """A checkpoint holding a buffer the base model registers but does not save (Llama's rotary
+    ``original_inv_freq``, a constant no name pattern lists) has it dropped, not refused as an unexpected key; the
+    weights pass through as they are (mutant: only the listed legacy buffer names dropped)."""
+    from dgrpo.model.coconut_import import fit_state_dict
+
+    model = build_tiny_model("llama", 40, seed=1, **TINY)
+    buffers = dict(model.named_buffers())
+    sd = {**model.state_dict(), "model.rotary_emb.original_inv_freq": buffers["model.rotary_emb.original_inv_freq"]}
+    fitted = fit_state_dict(model, sd, None)
+    assert fitted.keys() == model.state_dict().keys() and all(fitted[k] is sd[k] for k in fitted)
