@@ -212,3 +212,31 @@ def test_a_buffer_the_model_does_not_save_is_dropped_whatever_its_name():
     sd = {**model.state_dict(), "model.rotary_emb.original_inv_freq": buffers["model.rotary_emb.original_inv_freq"]}
     fitted = fit_state_dict(model, sd, None)
     assert fitted.keys() == model.state_dict().keys() and all(fitted[k] is sd[k] for k in fitted)
+
+
+def test_markers_of_a_cot_stage_in_a_padded_vocabulary_start_at_the_mean_of_the_real_tokens_rows():
+    """A CoT-stage checkpoint of a base whose embedding has spare rows beyond its tokenizer (a padded vocabulary, as
+    Qwen2.5's 151,936 rows for 151,665 tokens): the markers' ids fall among the spare rows, and without a ``<<``
+    token their rows are the mean of the real tokens' rows, as dgrpo's rule says, not of every row (the spare rows
+    were averaged in)."""
+    from dgrpo.model.coconut_import import init_latent_rows
+
+    class Vocab:  # (a tokenizer of 20 tokens, the three markers appended: no '<<')
+        def __init__(self) -> None:
+            self.ids = {f"t{i}": i for i in range(17)} | {m: 17 + k for k, m in enumerate(OFFICIAL_ORDER)}
+
+        def __len__(self) -> int:
+            return len(self.ids)
+
+        def get_vocab(self) -> dict[str, int]:
+            return dict(self.ids)
+
+    model = build_tiny_model("gpt2", 25, seed=5, **TINY)  # (25 rows: 5 spare)
+    weight = model.get_input_embeddings().weight
+    with torch.no_grad():
+        weight[17:] += 10.0  # (spare rows far from the real ones: averaging them in shows)
+    real = weight[:17].detach().clone()
+    init_latent_rows(model, Vocab(), OFFICIAL_ORDER)
+    assert weight.shape[0] == 25 and torch.equal(weight[:17], real)
+    for i in (17, 18, 19):
+        assert torch.allclose(weight[i], real.mean(0), atol=1e-6)

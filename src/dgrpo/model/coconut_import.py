@@ -378,13 +378,16 @@ def fit_state_dict(model: PreTrainedModel, sd: dict[str, Tensor], wrapper_emb: T
 
 def init_latent_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tokens: list[str]) -> None:
     """Embedding rows for ``tokens`` (new latent tokens of a CoT checkpoint) as Coconut's run.py makes them: copies
-    of ``<<``'s row (dgrpo's mean rule when the tokenizer has no ``<<``); rows added past the end get the mean."""
+    of ``<<``'s row (dgrpo's mean rule when the tokenizer has no ``<<``: the mean of the rows of the tokens before
+    them, not of a padded vocabulary's spare rows, among which the markers' ids then fall); rows added past the end
+    get the mean."""
     n_old = input_embedding_weight(model).shape[0]
+    n_real = min(n_old, len(tokenizer) - len(tokens))  # (the tokens were appended to the tokenizer)
     if len(tokenizer) > n_old:
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-        init_new_embeddings(model, list(range(n_old, len(tokenizer))), n_old)
+        init_new_embeddings(model, list(range(n_old, len(tokenizer))), n_real)
     vocab = tokenizer.get_vocab()
-    init_new_embeddings(model, [vocab[t] for t in tokens], n_old, coconut_init_row(tokenizer, n_old))
+    init_new_embeddings(model, [vocab[t] for t in tokens], n_real, coconut_init_row(tokenizer, n_real))
 
 
 def import_coconut(
