@@ -1,11 +1,12 @@
-"""Read every supported dataset (by name or file path) into ``Record`` lists; one clear ``DataError`` per bad file."""
+"""Read every supported dataset (by name or file path) into ``Record`` lists; one clear ``DataError`` per bad file.
+
+Files (JSON Lines, JSON, CSV, parquet, text, dataset folders), the registry of dataset names, the hub, the column
+mapping; a row read in its format: :mod:`dgrpo.data.row_formats`."""
 
 from __future__ import annotations
 
-import ast
 import json
 import logging
-import math
 import numbers
 import os
 import warnings
@@ -18,9 +19,29 @@ from typing import Any
 
 from ..hub import hub_reachable, offline_requested, offline_variable
 from ..paths import expand_home, where_read
-from ..reward import narrow_number, normalize_number, numpy_rounder
+from ..reward import normalize_number
 from ..text import first_items
 from .records import DataError, Record
+from .row_formats import (
+    RowParser,
+    _check_same_format,
+    _detect_row_parser,
+    _field,
+    _format_number,
+    _known_row_parser,
+    _listed_steps,
+    _NoValue,
+    _python_number,
+    _row_coconut_any,
+    _row_coconut_numeric,
+    _row_gsm8k,
+    _row_multiarith,
+    _row_pal,
+    _row_svamp,
+    _RowError,
+    _shown_keys,
+    _step_annotations,
+)
 from .subsets import OPENMATH_HUB_ID, sample_subset, stream_openmath
 from .synthetic import load_builtin
 from .tables import (
@@ -37,310 +58,6 @@ __all__ = ["DATASETS", "HUB_DATASETS", "DatasetSpec", "find_data_dir", "load_dat
 
 # ./data counts as the data folder when it holds one of these.
 _DATA_MARKERS = ("gsm8k", "gsm8k_aug", "svamp", "multiarith", "gsm_hard", "coconut")
-
-# ---------------------------------------------------------------------------------------------------------
-# Field helpers: every problem becomes a _RowError, which the caller turns into "<file> line N: <problem>".
-
-
-class _RowError(Exception):
-    """One record's problem; the caller adds the file and line/record position."""
-
-
-class _NoValue(_RowError):
-    """A field a record needs holds None: JSON null, an empty parquet cell, or a cell a CSV row is short of (the caller
-    then says so: :func:`_short_row`). ``what`` names it: ``field 'answer'``, ``column 'target'``."""
-
-    def __init__(self, what: str) -> None:
-        super().__init__(f"{what} is empty (null)")
-        self.what = what
-
-
-def _field(row: dict[str, Any], key: str, option: str = "") -> Any:
-    """``row[key]``; a row without it is a _RowError, naming the ``option`` that named the column (a mapping's, which
-    may come from a checkpoint's run)."""
-    if key not in row:
-        named = f" ({option})" if option else ""
-        columns = [str(k) for k in row]
-        one = columns[0] if len(columns) == 1 else ""
-        apart = " (one column: is the file comma-separated?)" if any(c in one for c in ";\t|") else ""
-        shown = ", ".join(repr(c[:40]) for c in columns[:12]) + (", ..." if len(columns) > 12 else "")
-        raise _RowError(f"missing field {key!r}{named}; the row's fields: {shown or 'none'}{apart}")
-    return row[key]
-
-
-def _text_field(row: dict[str, Any], key: str, *, strip: bool = True, allow_empty: bool = False) -> str:
-    value = _field(row, key)
-    if value is None:  # (it read 'must be a string, got NoneType')
-        raise _NoValue(f"field {key!r}")
-    if not isinstance(value, str):
-        raise _RowError(f"field {key!r} must be a string, got {type(value).__name__}")
-    if strip:
-        value = value.strip()
-    if not allow_empty and not value.strip():
-        raise _RowError(f"field {key!r} is empty")
-    return value
-
-
-def _steps_field(row: dict[str, Any], key: str = "steps") -> list[str]:
-    value = _field(row, key)
-    if isinstance(value, str) and (listed := _listed_steps(value)) is not None:
-        return listed  # (a CSV cell written from a list: ['a', 'b'])
-    if isinstance(value, str):  # (a CSV cell is text: every row of a question,steps,answer CSV failed unexplained)
-        raise _RowError(
-            f"field {key!r} must be a list of strings, got one string; to read it as one step per line (a CSV "
-            f"cell, say), name the columns: --set data.question_key=question data.answer_key=answer "
-            f"data.steps_key={key}"
-        )
-    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise _RowError(f"field {key!r} must be a list of strings")
-    return list(value)
-
-
-def _format_number(value: Any, what: str) -> str:
-    """A numeric gold as answer text: int string when whole (``8.0`` -> ``"8"``), else full precision
-    without exponent (``3244047.0999999996``, ``2.0107e-06`` -> ``"0.0000020107"``). A float is the number its repr
-    writes, as ``Record(answer=...)`` reads one: ``1e23`` -> ``"100000000000000000000000"`` (``str(int(1e23))``, the
-    float's binary value ``"99999999999999991611392"``, was the gold, which the completion ``#### 1e23`` missed)."""
-    if value is None:
-        raise _NoValue(what)
-    if isinstance(value, bool):
-        raise _RowError(f"{what} must be a number, got a boolean")
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise _RowError(f"{what} must be a finite number, got {value!r}")
-        canon = normalize_number(format(Decimal(repr(float(value))), "f"))  # (np.float64's repr names its type)
-        assert canon is not None
-        return canon
-    if isinstance(value, Decimal):  # (a parquet decimal column: it was 'must be a string, got Decimal'; mapped, NaN)
-        if not value.is_finite():
-            raise _RowError(f"{what} must be a finite number, got {value}")
-        return normalize_number(format(value, "f")) or format(value, "f")
-    if isinstance(value, str):
-        canon = normalize_number(value)
-        if canon is not None:
-            return canon
-        raise _RowError(f"{what} must be a number, got {value[:60]!r}")
-    raise _RowError(f"{what} must be a number, got {type(value).__name__}")
-
-
-def _numeric_answer(text: str, what: str) -> str:
-    canon = normalize_number(text)
-    if canon is None:
-        raise _RowError(f"{what} must be a number, got {text.strip()[:60]!r}")
-    return canon
-
-
-def _step_annotations(solution: str) -> list[str]:
-    """GSM8K's ``<<expr=value>>`` calculator annotations, in order, exactly as GSM8K-Aug writes its steps."""
-    steps: list[str] = []
-    start = solution.find("<<")
-    while start >= 0:
-        end = solution.find(">>", start + 2)
-        if end < 0:
-            break
-        inner = solution[start + 2 : end]
-        if "<<" in inner:  # an unmatched "<<": restart at the inner one
-            start = solution.find("<<", start + 2)
-            continue
-        steps.append(solution[start : end + 2])
-        start = solution.find("<<", end + 2)
-    return steps
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Row parsers: one JSON object (a jsonl line, a JSON list element, a hub row) -> Record.
-
-RowParser = Callable[[dict[str, Any]], Record]
-
-
-def _other_fields(row: dict[str, Any], *read: str) -> dict[str, Any]:
-    """A row's fields besides those its format reads: the record's ``meta``, which rewards get (a difficulty, an
-    id, a unit)."""
-    return {k: v for k, v in row.items() if k not in read}
-
-
-def _row_gsm8k(row: dict[str, Any]) -> Record:
-    question = _text_field(row, "question")
-    solution = _text_field(row, "answer", strip=False)
-    if "####" not in solution:
-        raise _RowError("field 'answer' has no '#### <final answer>' line")
-    answer = _numeric_answer(solution.rpartition("####")[2], "final answer after '####'")
-    meta = _other_fields(row, "question", "answer")
-    meta.setdefault("solution", solution)  # (GSM8K's answer text, as TRL names it; a column of that name wins)
-    return Record(question, _step_annotations(solution), answer, meta)
-
-
-def _json_number_answer(row: dict[str, Any]) -> str | None:
-    """A JSON number given as the answer, as answer text (as a CSV column's number would be); None for anything else
-    (text, which the row's own parser reads, or a boolean, which it refuses)."""
-    raw = _python_number(row.get("answer"))
-    if isinstance(raw, (int, float, Decimal)) and not isinstance(raw, bool):
-        return _format_number(raw, "field 'answer'")
-    return None
-
-
-def _python_number(value: Any) -> Any:
-    """A NumPy integer or float scalar (rows built in memory, ``np.float32(2.3)``) as the Python number it was written
-    as (2.3, not 2.299999952316284: :func:`~dgrpo.reward.narrow_number`, as a float32 column's values are read);
-    anything else as it is. (An answer of np.float32 or np.int64 was 'must be a string, got float32' unless the
-    columns were mapped.)"""
-    if type(value).__module__ != "numpy" or not isinstance(value, numbers.Real):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    number = float(value)
-    return float(narrow_number(number, numpy_rounder(type(value)))) if math.isfinite(number) else number
-
-
-def _row_coconut(row: dict[str, Any], *, numeric: bool) -> Record:
-    question = _text_field(row, "question")
-    # Coconut writes an empty CoT as [""] (its gsm_icot.py splits "" on spaces): blank steps are dropped.
-    steps = [s for s in _steps_field(row) if s.strip()]
-    answer = _json_number_answer(row) or _text_field(row, "answer")
-    meta = _other_fields(row, "question", "steps", "answer")
-    if "####" in answer:  # a GSM8K-style answer, read as GSM8K's (its text was the gold: no answer scored right)
-        meta.setdefault("solution", answer)
-        answer = answer.rpartition("####")[2].strip()
-        if not answer:
-            raise _RowError("field 'answer' is empty after its '####'")
-    canon = normalize_number(answer)
-    if canon is not None:
-        answer = canon
-    elif numeric:
-        raise _RowError(f"field 'answer' must be a number, got {answer[:60]!r}")
-    return Record(question, steps, answer, meta)
-
-
-def _row_coconut_any(row: dict[str, Any]) -> Record:
-    return _row_coconut(row, numeric=False)
-
-
-def _row_coconut_numeric(row: dict[str, Any]) -> Record:
-    return _row_coconut(row, numeric=True)
-
-
-def _row_svamp(row: dict[str, Any]) -> Record:
-    body = _text_field(row, "Body", allow_empty=True)
-    q = _text_field(row, "Question")
-    answer = _format_number(_field(row, "Answer"), "field 'Answer'")
-    meta: dict[str, Any] = {k: row[k] for k in ("ID", "Equation", "Type") if k in row}
-    return Record(" ".join(p for p in (body, q) if p), [], answer, meta)
-
-
-def _row_multiarith(row: dict[str, Any]) -> Record:
-    question = _text_field(row, "sQuestion")
-    solutions = _field(row, "lSolutions")
-    if not isinstance(solutions, list) or not solutions:
-        raise _RowError("field 'lSolutions' must be a non-empty list of numbers")
-    answer = _format_number(solutions[0], "field 'lSolutions[0]'")
-    meta: dict[str, Any] = {k: row[k] for k in ("iIndex", "lEquations") if k in row}
-    return Record(question, [], answer, meta)
-
-
-def _row_multiarith_hub(row: dict[str, Any]) -> Record:
-    """MultiArith as on the hub (``ChilleD/MultiArith``): ``question``, ``final_ans`` (a number or number text)."""
-    question = _text_field(row, "question")
-    answer = _format_number(_field(row, "final_ans"), "field 'final_ans'")
-    return Record(question, [], answer, {})
-
-
-def _row_pal(row: dict[str, Any]) -> Record:
-    """PAL's ``{"input", "target"}`` rows: GSM-Hard (float target, with ``code``) and MultiArith's jsonl twin."""
-    question = _text_field(row, "input")
-    answer = _format_number(_field(row, "target"), "field 'target'")
-    meta = {"code": row["code"]} if isinstance(row.get("code"), str) else {}
-    return Record(question, [], answer, meta)
-
-
-def _row_openmath(row: dict[str, Any]) -> Record:
-    """OpenMathInstruct-2 rows: ``problem``, ``expected_answer`` (often LaTeX, so kept as text)."""
-    question = _text_field(row, "problem")
-    answer = _text_field(row, "expected_answer")
-    canon = normalize_number(answer)
-    meta: dict[str, Any] = {k: row[k] for k in ("generated_solution", "problem_source") if k in row}
-    return Record(question, [], canon if canon is not None else answer, meta)
-
-
-def _row_question_answer(row: dict[str, Any]) -> Record:
-    """Plain ``{question, answer}`` rows: GSM8K style when the answer has ``####``, else the answer as is; any other
-    field goes to ``meta``, as in every row format that is no particular dataset's."""
-    if isinstance(row.get("answer"), str) and "####" in row["answer"]:
-        return _row_gsm8k(row)
-    question = _text_field(row, "question")
-    meta = _other_fields(row, "question", "answer")
-    number = _json_number_answer(row)
-    if number is not None:
-        return Record(question, [], number, meta)
-    answer = _text_field(row, "answer")
-    canon = normalize_number(answer)
-    return Record(question, [], canon if canon is not None else answer, meta)
-
-
-def _row_question_cot_answer(row: dict[str, Any]) -> Record:
-    """GSM8K-Aug as published on the hub (e.g. ``whynlp/gsm8k-aug``): ``cot`` is ``<<e1>> <<e2>> ...``."""
-    question = _text_field(row, "question")
-    cot = row.get("cot")
-    if cot is None:
-        raise _NoValue("field 'cot'")
-    if not isinstance(cot, str):
-        raise _RowError(f"field 'cot' must be a string, got {type(cot).__name__}")
-    answer = _numeric_answer(_text_field(row, "answer"), "field 'answer'")
-    return Record(question, cot.split(), answer, _other_fields(row, "question", "cot", "answer"))
-
-
-# Key sets that identify a row format, most specific first.
-_ROW_FORMATS: list[tuple[frozenset[str], RowParser, str]] = [
-    (frozenset({"question", "cot", "answer"}), _row_question_cot_answer, "GSM8K-Aug {question, cot, answer}"),
-    (frozenset({"question", "steps", "answer"}), _row_coconut_any, "Coconut {question, steps, answer}"),
-    (frozenset({"Body", "Question", "Answer"}), _row_svamp, "SVAMP {Body, Question, Answer}"),
-    (frozenset({"sQuestion", "lSolutions"}), _row_multiarith, "MultiArith {sQuestion, lSolutions}"),
-    (frozenset({"question", "final_ans"}), _row_multiarith_hub, "MultiArith (hub) {question, final_ans}"),
-    (frozenset({"problem", "expected_answer"}), _row_openmath, "OpenMathInstruct-2 {problem, expected_answer}"),
-    (frozenset({"input", "target"}), _row_pal, "PAL {input, target}"),
-    (frozenset({"question", "answer"}), _row_question_answer, "{question, answer}"),
-]
-_KNOWN_ROW_FORMATS = "; ".join(desc for _, _, desc in _ROW_FORMATS)
-
-
-def _known_row_parser(row: dict[str, Any]) -> RowParser | None:
-    """The parser of the first known format whose keys the row has, or None."""
-    return next((parser for keys, parser, _ in _ROW_FORMATS if keys <= row.keys()), None)
-
-
-def _detect_row_parser(row: Any) -> RowParser:
-    if not isinstance(row, dict):
-        raise _RowError(f"expected a JSON object, got {type(row).__name__}")
-    parser = _known_row_parser(row)
-    if parser is not None:
-        return parser
-    raise _RowError(
-        f"unrecognised record keys ({_shown_keys(row)}); expected one of: {_KNOWN_ROW_FORMATS}; or name your columns "
-        "with data.question_key and data.answer_key (from Python: dgrpo.load_dataset(path, "
-        "data=dgrpo.config.DataConfig(question_key=..., answer_key=...)))"
-    )
-
-
-def _check_same_format(row: dict[str, Any], parser: RowParser) -> None:
-    """Refuse a row that has the keys of the first row's format (``parser``) and those of a more specific one: read
-    by the first row's, the fields only the other reads would go to ``meta`` unseen (a row's ``steps`` among
-    ``{question, answer}`` rows: the record had none, silently). A row short of the format's keys is the parser's
-    own error (a missing field)."""
-    keys, theirs = next((k, desc) for k, p, desc in _ROW_FORMATS if p is parser)
-    own = _known_row_parser(row)
-    if own is not parser and keys <= row.keys():
-        mine = next(desc for _, p, desc in _ROW_FORMATS if p is own)
-        raise _RowError(
-            f"a {mine} row among {theirs} rows (the format the first row's keys call for): one format per file or "
-            "list of rows, or name the columns with data.question_key, data.answer_key and data.steps_key"
-        )
-
-
-def _shown_keys(keys: Any) -> str:
-    """The first 8 of a record's keys, sorted and escaped (a message is one line)."""
-    shown = sorted(repr(str(key))[1:-1] for key in keys)
-    return ", ".join(shown[:8]) + (", ..." if len(shown) > 8 else "")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -951,25 +668,6 @@ class _ColumnParser:
             # ['...', '#### 4', ''] kept it, its blank taken for the answer line)
             steps = steps[:-1]
         return steps
-
-
-def _listed_steps(text: str) -> list[str] | None:
-    """The steps of a cell holding a list of strings as its text (a CSV cell written from a list: JSON's
-    ``["a", "b"]``, or pandas' ``['a', 'b']``, Python's repr), or None for any other text (which was read, one step
-    per line, as the one step ``['a', 'b']``)."""
-    stripped = text.strip()
-    if not (stripped.startswith("[") and stripped.endswith("]")):
-        return None
-    try:
-        value = json.loads(stripped)
-    except (ValueError, RecursionError):
-        try:
-            value = ast.literal_eval(stripped)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            return None
-    if isinstance(value, list) and all(isinstance(s, str) for s in value):
-        return value
-    return None
 
 
 def _before_answer_line(text: str, answer: str) -> str:
