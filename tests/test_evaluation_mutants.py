@@ -234,3 +234,50 @@ def test_questions_cut_are_counted_over_an_evenly_spaced_sample(lm):
     long = "1 + 2 + 3 + 4 + 5 + 6 + 7 + 8?"
     with pytest.warns(UserWarning, match=r"^1 of 2 training questions \(checked: 2, evenly spaced over 4\)"):
         assert ev.warn_if_questions_cut(lm, ["1?", "2?", long, "4?"], 3, "training", check_at_most=2) == 1
+
+
+def test_a_plain_models_own_settings_answer_without_thoughts(lm, monkeypatch):
+    """A model whose settings' mode is ``plain`` (a base LM) answers in coconut mode with no thought, whatever its
+    n_latent, as cot and no_cot do."""
+    from dataclasses import replace
+
+    seen: list[dict] = []
+    monkeypatch.setattr(ev, "generate_answers", lambda _lm, qs, **kw: seen.append(kw) or ["#### 3"] * len(qs))
+    monkeypatch.setattr(lm, "settings", replace(lm.settings, mode="plain", n_latent=2))
+    r = ev.evaluate(lm, [Record("1+2?", [], "3")], **FAST)
+    assert (r.n_latent, seen[-1]["n_latent"], seen[-1]["mode"]) == (0, 0, "coconut")
+
+
+def test_the_vote_samples_with_its_top_p(lm, monkeypatch):
+    """Each masked copy is sampled with the vote's ``top_p`` (it sampled from the whole distribution, top_p 1)."""
+    qs = ["a?", "bb?"]
+    spy = Spy(lm, monkeypatch, qs)
+    recs = [Record(q, [], "0") for q in qs]
+    ev.evaluate_mc_vote(lm, recs, LockedDropout(p=0.1), n_masks=2, temperature=0.7, top_p=0.5, **FAST)
+    assert spy.calls and all((c["temperature"], c["top_p"]) == (0.7, 0.5) for c in spy.calls)
+
+
+def test_a_choice_vote_is_on_the_letter(lm, monkeypatch):
+    """Under ``choice``, ``#### (C) A tree`` and ``#### C.`` are both a vote for C, which beats B (as texts, each was
+    a vote of its own and the first, B, won)."""
+    monkeypatch.setattr(ev, "_perturbed_texts", lambda *a, **k: ["#### B", "#### (C) A tree", "#### C."])
+    r = ev.evaluate_mc_vote(lm, [Record("Which?", [], "C")], LockedDropout(p=0.1), n_masks=3, scorer="choice", **FAST)
+    assert (r.predictions[0]["votes"], r.predictions[0]["pred"], r.correct) == (["B", "C", "C"], "C", 1)
+
+
+def test_a_solution_that_is_not_text_is_no_worked_solution():
+    """A ``solution`` column of another type (a list, a number) is no natural-language solution: the prompt writes
+    the steps (it was an AttributeError)."""
+    shot = Record("1+1?", ["<<1+1=2>>"], "2", {"solution": ["step"]})
+    assert ev.worked_solution(shot) == ""
+    assert (
+        ev.plain_prompt("Q?", [shot]) == "Question: 1+1?\nAnswer: <<1+1=2>> The answer is 2.\n\nQuestion: Q?\nAnswer:"
+    )
+
+
+def test_a_text_golds_empty_answer_is_no_prediction(lm, monkeypatch):
+    """Under the numeric verifier a text gold's row whose completion gives no answer after its ``#`` predicts None
+    (not an empty string), and is not counted unparseable."""
+    monkeypatch.setattr(ev, "generate_answers", lambda _lm, qs, **kw: ["####"])
+    r = ev.evaluate(lm, [Record("Who?", [], "Tom is a lempus.")], **FAST)
+    assert (r.predictions[0]["pred"], r.correct, r.unparseable) == (None, 0, 0)
