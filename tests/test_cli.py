@@ -688,7 +688,8 @@ def test_mc_vote_votes_on_the_answers_the_scorer_reads(tokenizer, monkeypatch):
 
 
 def test_merged_results_keep_what_was_evaluated():
-    from dgrpo.eval.evaluate import EvalResult, merge_results
+    from dgrpo.eval.evaluate import EvalResult
+    from dgrpo.eval.results import merge_results
 
     parts = [
         EvalResult("d", 1.0, 1, 1, 0, 3, 1, "coconut", 2.0, model="/m", temperature=0.7, top_p=0.9, limit=2),

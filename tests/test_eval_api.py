@@ -6,15 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from dgrpo.eval.evaluate import (
-    EvalResult,
-    evaluate,
-    evaluate_mc_vote,
-    generate_answers,
-    merge_results,
-    warn_if_questions_cut,
-    write_results,
-)
+from dgrpo.eval.evaluate import EvalResult, evaluate, evaluate_mc_vote, generate_answers, warn_if_questions_cut
+from dgrpo.eval.results import merge_results, write_results
 from dgrpo.perturbation import LockedDropout
 
 from conftest import make_lm
@@ -380,7 +373,7 @@ def test_results_are_written_whole_or_not_at_all(lm, task_records, tmp_path, mon
     results.json takes its place last: a stop leaves the earlier pair whole (or no results.json), no temporary file."""
     import json
 
-    import dgrpo.eval.evaluate as ev
+    import dgrpo.eval.results as res
 
     out = tmp_path / "out"
     first, second = (evaluate(lm, task_records[i : i + 2], n_latent=0, **FAST) for i in (0, 2))
@@ -392,7 +385,7 @@ def test_results_are_written_whole_or_not_at_all(lm, task_records, tmp_path, mon
             raise KeyboardInterrupt
         return dumps(obj, **kw)
 
-    monkeypatch.setattr(ev.json, "dumps", stopped_at_the_last_prediction)
+    monkeypatch.setattr(res.json, "dumps", stopped_at_the_last_prediction)
     with pytest.raises(KeyboardInterrupt):
         write_results(second, out)
     monkeypatch.undo()
@@ -437,7 +430,7 @@ def test_results_are_written_where_the_file_system_takes_no_lock(lm, task_record
     import json
     import os
 
-    import dgrpo.eval.evaluate as ev
+    import dgrpo.eval.results as res
 
     result = evaluate(lm, task_records[:2], n_latent=0, **FAST)
     for code in (errno.EBADF, errno.ENOSYS):
@@ -445,7 +438,7 @@ def test_results_are_written_where_the_file_system_takes_no_lock(lm, task_record
         def refused(fd, op, code=code):
             raise OSError(code, os.strerror(code))
 
-        monkeypatch.setattr(ev.fcntl, "flock", refused)
+        monkeypatch.setattr(res.fcntl, "flock", refused)
         write_results(result, tmp_path / str(code))
         assert json.loads((tmp_path / str(code) / "results.json").read_text()) == result.summary()
 

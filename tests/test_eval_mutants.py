@@ -9,8 +9,10 @@ import pytest
 import torch
 
 import dgrpo.eval.evaluate as ev
+import dgrpo.eval.results as res
 from dgrpo.data.records import Record
-from dgrpo.eval.evaluate import EvalResult, evaluate, generate_answers, mask_seeds, merge_results
+from dgrpo.eval.evaluate import EvalResult, evaluate, generate_answers, mask_seeds
+from dgrpo.eval.results import merge_results
 from dgrpo.perturbation import LockedDropout
 
 from conftest import make_lm
@@ -146,7 +148,7 @@ def test_results_json_is_the_summary_without_the_rows_which_are_in_predictions_j
     import json
 
     r = shard("d", ["q1", "q2"], [1, 0])
-    ev.write_results(r, tmp_path)
+    res.write_results(r, tmp_path)
     summary = json.loads((tmp_path / "results.json").read_text())
     assert "predictions" not in summary and (summary["n"], summary["correct"], summary["accuracy"]) == (2, 1, 0.5)
     lines = (tmp_path / "predictions.jsonl").read_text().splitlines()
@@ -159,7 +161,7 @@ def test_a_stop_between_the_two_swaps_leaves_no_results_json_beside_other_predic
     import json
     import os
 
-    ev.write_results(shard("d", ["old"], [1]), tmp_path)
+    res.write_results(shard("d", ["old"], [1]), tmp_path)
     swap, swaps = os.replace, []
 
     def stopped_at_the_second(src, dst):
@@ -168,9 +170,9 @@ def test_a_stop_between_the_two_swaps_leaves_no_results_json_beside_other_predic
             raise KeyboardInterrupt
         swap(src, dst)
 
-    monkeypatch.setattr(ev.os, "replace", stopped_at_the_second)
+    monkeypatch.setattr(res.os, "replace", stopped_at_the_second)
     with pytest.raises(KeyboardInterrupt):
-        ev.write_results(shard("d", ["new"], [0]), tmp_path)
+        res.write_results(shard("d", ["new"], [0]), tmp_path)
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["predictions.jsonl"]
     assert json.loads((tmp_path / "predictions.jsonl").read_text())["question"] == "new"

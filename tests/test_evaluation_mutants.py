@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import dgrpo.eval.evaluate as ev
+import dgrpo.eval.results as res
 from dgrpo.data.records import Record
 from dgrpo.eval.evaluate import generate_answers, question_seeds
 from dgrpo.perturbation import LockedDropout
@@ -118,7 +119,7 @@ def test_shards_that_differ_in_how_they_were_evaluated_do_not_merge_even_in_the_
     sits (the middle of three shards too)."""
     parts = [result(["q1"], [1]), result(["q2"], [0], **{field: value}), result(["q3"], [1])]
     with pytest.raises(ValueError, match=f"^merge_results: the shards differ in {field} "):
-        ev.merge_results(parts)
+        res.merge_results(parts)
 
 
 def test_another_users_temporary_files_are_left_alone(tmp_path, monkeypatch):
@@ -131,8 +132,8 @@ def test_another_users_temporary_files_are_left_alone(tmp_path, monkeypatch):
     def kill(pid, signal):
         raise PermissionError if pid == 4000001 else ProcessLookupError
 
-    monkeypatch.setattr(ev.os, "kill", kill)
-    ev.write_results(result(["q1"], [1]), tmp_path)
+    monkeypatch.setattr(res.os, "kill", kill)
+    res.write_results(result(["q1"], [1]), tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [theirs.name, "predictions.jsonl", "results.json"]
 
 
@@ -173,8 +174,8 @@ def test_the_swap_holds_the_folder_exclusively(tmp_path, monkeypatch):
             os.close(fd)
         replace(src, dst)
 
-    monkeypatch.setattr(ev.os, "replace", replace_and_try_a_shared_lock)
-    ev.write_results(result(["q1"], [1]), tmp_path)
+    monkeypatch.setattr(res.os, "replace", replace_and_try_a_shared_lock)
+    res.write_results(result(["q1"], [1]), tmp_path)
     assert shared_refused == [True, True]
 
 
@@ -182,9 +183,9 @@ def test_rows_whose_scores_are_bools_are_no_per_record_scores():
     """:func:`result_scores` reads rows' ``score`` only where each is a real number other than a bool (a row's
     ``True`` is a correct flag, not a score)."""
     r = result(["q1", "q2"], [1, 0])
-    assert ev.result_scores(r) == [1.0, 0.0]
+    assert res.result_scores(r) == [1.0, 0.0]
     r.predictions = [{**row, "score": row["correct"]} for row in r.predictions]
-    assert ev.result_scores(r) is None
+    assert res.result_scores(r) is None
 
 
 def test_results_are_written_where_locks_are_unavailable_or_unsupported_and_other_errors_raise(tmp_path, monkeypatch):
@@ -198,13 +199,13 @@ def test_results_are_written_where_locks_are_unavailable_or_unsupported_and_othe
         def refused(fd, op, code=code):
             raise OSError(code, os.strerror(code))
 
-        monkeypatch.setattr(ev.fcntl, "flock", refused)
+        monkeypatch.setattr(res.fcntl, "flock", refused)
         if code == errno.EIO:
             with pytest.raises(OSError, match=os.strerror(errno.EIO)):
-                ev.write_results(result(["q1"], [1]), tmp_path / "io")
+                res.write_results(result(["q1"], [1]), tmp_path / "io")
             assert not (tmp_path / "io" / "results.json").exists()
         else:
-            ev.write_results(result(["q1"], [1]), tmp_path / str(code))
+            res.write_results(result(["q1"], [1]), tmp_path / str(code))
             assert (tmp_path / str(code) / "results.json").is_file()
 
 
@@ -224,7 +225,7 @@ def test_evaluates_rows_keep_the_scorers_partial_credit(lm, monkeypatch):
 def test_a_shard_without_a_mean_score_leaves_the_merged_one_unknown():
     """One shard of two with no mean score (a result made by hand): the merged mean score is None, not the other
     shard's scores averaged with zeros for it."""
-    merged = ev.merge_results([result(["q1"], [1], mean_score=None), result(["q2"], [1])])
+    merged = res.merge_results([result(["q1"], [1], mean_score=None), result(["q2"], [1])])
     assert (merged.n, merged.correct, merged.mean_score) == (2, 2, None)
 
 

@@ -1424,7 +1424,7 @@ def test_a_partial_credit_scorers_values_are_in_the_predictions(tokenizer):
     assert result.summary()["mean_score"] == 0.4375 and result.accuracy == 0.25  # (results.json: mean_score)
     voted = evaluate_mc_vote(lm, recs, LockedDropout(p=0.1), n_masks=2, scorer=halves, max_new_tokens=2, progress=False)
     assert [p["score"] for p in voted.predictions] == [1.0, 0.5, 0.0, 0.25] and voted.mean_score == 0.4375
-    from dgrpo.eval.evaluate import merge_results
+    from dgrpo.eval.results import merge_results
 
     halves_of = [evaluate(lm, recs[i : i + 2], scorer=halves, max_new_tokens=2, progress=False) for i in (0, 2)]
     assert merge_results(halves_of).mean_score == (1.0 + 0.5 + 1.0 + 0.5) / 4  # (each shard's rows start at 1.0)

@@ -210,7 +210,8 @@ def evaluate_test_sets(
     records of each), sharded over ranks; rank 0 writes :func:`results_dir`. Returns the accuracies as metrics
     (:func:`test_metric_key`; rank 0's, {} on the others). Under torchrun, where a SIGTERM only asks, the ranks
     agree after each set whether to stop (:func:`~dgrpo.training.preemption.stop_requested`), and stop together."""
-    from ..eval.evaluate import eval_options, write_results
+    from ..eval.evaluate import eval_options
+    from ..eval.results import write_results
     from ..training.preemption import stop, stop_requested
 
     options = eval_options(cfg)  # (the scorer built once: a plug-in file is imported once)
@@ -235,7 +236,8 @@ def evaluate_shards(
     (one process: all); every rank returns the merged result. The scorer gets every column of the whole data on each
     shard. A failure on one rank's shard stops every rank at the gather, each with one line."""
     from ..data.records import data_columns
-    from ..eval.evaluate import evaluate, merge_results
+    from ..eval.evaluate import evaluate
+    from ..eval.results import merge_results
     from ..eval.scoring import RewardError
     from ..training.sharded_eval import EVALUATION_FAILED_ELSEWHERE
 

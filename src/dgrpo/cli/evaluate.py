@@ -181,7 +181,8 @@ def dataset_label(data: str, split: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..eval.evaluate import eval_options, write_results
+    from ..eval.evaluate import eval_options
+    from ..eval.results import write_results
     from ..training.preemption import in_test_sets, is_rank0, stop, stop_requested, stopping
 
     done = Done()
@@ -248,7 +249,7 @@ NOTHING_YET = "before the evaluation: nothing was written"
 @dataclass
 class Done:
     """How far dgrpo eval got, for the line a stop (SIGTERM, Ctrl-C) ends it with: the dataset under way, and the
-    results folders written (each whole: :func:`~dgrpo.eval.evaluate.write_results`)."""
+    results folders written (each whole: :func:`~dgrpo.eval.results.write_results`)."""
 
     n: int = 0  # datasets to evaluate
     under_way: str = ""  # the dataset being evaluated ("" between two)

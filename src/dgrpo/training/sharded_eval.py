@@ -9,7 +9,8 @@ from typing import Any
 
 from ..config import ConfigError
 from ..data.records import Record
-from ..eval.evaluate import EvalResult, ordered_mean, result_scores
+from ..eval.evaluate import EvalResult, ordered_mean
+from ..eval.results import result_scores
 from ..eval.scoring import RewardError
 from .distributed import Dist
 

@@ -1,0 +1,136 @@
+"""An evaluation's files and its shards: ``results.json`` and ``predictions.jsonl`` written whole into a folder
+(:func:`write_results`, under a lock on the folder), and the results of contiguous shards merged into one
+(:func:`merge_results`, the mean score bit for bit as one process sums it)."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import numbers
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import fields, replace
+from pathlib import Path
+
+from .evaluate import EvalResult, ordered_mean
+
+#: the EvalResult fields that count what a shard evaluated (summed or joined by merge_results); the others say
+#: what was evaluated and how, and must agree between shards
+_COUNTED = frozenset({"accuracy", "n", "correct", "unparseable", "wall_s", "predictions", "mean_score"})
+
+
+def merge_results(parts: list[EvalResult]) -> EvalResult:
+    """One result from the results of contiguous shards of a dataset (e.g. one per process), in order. ValueError
+    for no shard, or shards that differ in what was evaluated or how (dataset, seed, mode, decoding, scorer, ...)."""
+    if not parts:
+        raise ValueError("merge_results: no results to merge (an empty list); give one result per shard")
+    first = parts[0]
+    differ = [
+        f"{f.name} ({', '.join(dict.fromkeys(repr(getattr(p, f.name)) for p in parts))})"
+        for f in fields(EvalResult)
+        if f.name not in _COUNTED and any(getattr(p, f.name) != getattr(first, f.name) for p in parts)
+    ]
+    if differ:
+        raise ValueError(f"merge_results: the shards differ in {'; '.join(differ)}; merge shards of one evaluation")
+    n = sum(p.n for p in parts)
+    correct = sum(p.correct for p in parts)
+    return replace(
+        first,
+        accuracy=correct / n if n else 0.0,
+        n=n,
+        correct=correct,
+        unparseable=sum(p.unparseable for p in parts),
+        mean_score=_merged_mean_score(parts, n),
+        wall_s=max(p.wall_s for p in parts),
+        predictions=[x for p in parts for x in p.predictions],
+    )
+
+
+def _merged_mean_score(parts: list[EvalResult], n: int) -> float | None:
+    """The shards' ``mean_score`` over all their records (None when a shard has none): from their predictions'
+    scores, summed in order as one process sums them (the shards' means, weighted, differed in the last bits: 0.2
+    for one process, 0.19999999999999998 from shards of 1 and 2); from the means for shards without them."""
+    if any(p.mean_score is None for p in parts):
+        return None
+    if not n:
+        return 0.0
+    scored = [result_scores(p) for p in parts]
+    if all(s is not None for s in scored):
+        return ordered_mean([x for s in scored for x in s or ()])
+    return sum(float(p.mean_score or 0.0) * p.n for p in parts) / n
+
+
+def result_scores(result: EvalResult) -> list[float] | None:
+    """Each of a result's prediction rows' ``score`` as a float (a scorer's 1 beside its 0.5 too) where they are its
+    ``n`` records' and their mean, summed in order, is its ``mean_score`` (:func:`evaluate`'s are): the scores one
+    process sums, from which shards' means are merged bit for bit. None otherwise: no mean score, rows missing or
+    other than numbers, or a 'score' of one's own that is another thing (87.0 for a mean_score of 0.87)."""
+    rows = result.predictions
+    if result.mean_score is None or not isinstance(rows, list) or len(rows) != result.n:
+        return None
+    values = [row.get("score") if isinstance(row, dict) else None for row in rows]
+    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
+        return None
+    scores = [float(v) for v in values]  # type: ignore[arg-type]
+    return scores if ordered_mean(scores) == result.mean_score else None
+
+
+def write_results(result: EvalResult, out_dir: str | Path) -> None:
+    """``results.json`` (the summary) and ``predictions.jsonl`` (one row per question) in ``out_dir``, each whole:
+    each is written under a temporary name first; then an earlier ``results.json`` is removed, and
+    ``predictions.jsonl`` and ``results.json``, last, take their places. A results.json describes the predictions
+    beside it, whenever the process is stopped (SIGTERM, Ctrl-C, SIGKILL); the temporary files a killed write left
+    are removed by the next write into that folder (those of a process still running, which may be writing them now,
+    are left alone). Two processes writing into one folder take their turns at the swap (a lock on the folder): the
+    pair left is one process's."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results, predictions = out_dir / "results.json", out_dir / "predictions.jsonl"
+    for leftover in (p for name in (predictions.name, results.name) for p in out_dir.glob(f".tmp-{name}-*")):
+        if not _writer_alive(leftover):
+            leftover.unlink(missing_ok=True)
+    temporary = [out_dir / f".tmp-{path.name}-{os.getpid()}" for path in (predictions, results)]
+    try:
+        with open(temporary[0], "w") as f:
+            for p in result.predictions:
+                f.write(json.dumps(p) + "\n")
+        temporary[1].write_text(json.dumps(result.summary(), indent=2))
+        with _folder_locked(out_dir):
+            results.unlink(missing_ok=True)
+            os.replace(temporary[0], predictions)
+            os.replace(temporary[1], results)
+    finally:
+        for path in temporary:
+            path.unlink(missing_ok=True)
+
+
+@contextmanager
+def _folder_locked(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``folder`` while the block runs; without one where its file system has none (NFS
+    takes no lock on a directory, Lustre none without its flock option): the block runs as it did before locks."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # (released as the folder is closed)
+        except OSError as e:
+            if e.errno not in (errno.EBADF, errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        yield
+    finally:
+        os.close(fd)
+
+
+def _writer_alive(temporary: Path) -> bool:
+    """Whether the process named by a ``.tmp-NAME-PID`` file's PID is another process still running on this machine."""
+    pid = temporary.name.rpartition("-")[2]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (another user's process)
+        return True
+    return True
