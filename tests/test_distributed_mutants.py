@@ -364,3 +364,17 @@ def test_gradients_of_mixed_dtypes_are_summed_in_the_widest(monkeypatch):
     assert model.full.grad.dtype == torch.float32 and model.low.grad.dtype == torch.bfloat16
     torch.testing.assert_close(model.full.grad, torch.tensor([2.0002, 4.0004, 6.0006]), rtol=0, atol=1e-6)
     assert torch.equal(model.low.grad, torch.full((3,), 2.0, dtype=torch.bfloat16)) and model.unused.grad is None
+
+
+def test_the_copied_reference_is_renewed_through_the_dists_whole_state_dict(tokenizer):
+    """Renewal reads the policy through ``dist.full_state_dict`` (under FSDP2 a collective gathering the shards; the
+    policy's own state_dict there holds this rank's shards only): the reference takes what the dist gathered."""
+    from dgrpo.training.ref_policy import CopiedReference
+
+    lm = make_lm(tokenizer)
+    gathered = {k: torch.full_like(v, 0.5) for k, v in lm.model.state_dict().items()}
+    asked = []
+    dist = types.SimpleNamespace(full_state_dict=lambda model: asked.append(model) or gathered)
+    ref = CopiedReference(lm, dist)  # type: ignore[arg-type]
+    ref.renew()
+    assert asked == [lm.model] and all(bool((p == 0.5).all()) for p in ref.lm.model.parameters())
