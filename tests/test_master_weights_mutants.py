@@ -2,8 +2,10 @@
 a weight exactly at the rounding floor, no step), the warning's threshold and where it points, and the masters' own
 state between steps (no float32 gradient kept; carried only where there is one)."""
 
+import types
 import warnings
 
+import pytest
 import torch
 
 from dgrpo.training.master_weights import (
@@ -102,3 +104,57 @@ def test_carrying_masters_gives_a_new_optimizer_only_the_masters_there_are():
     new.step()
     plain.step()
     assert torch.equal(full.detach(), twin.detach())
+
+
+def test_a_closure_is_evaluated_with_gradients_and_its_loss_returned():
+    """``step(closure)``: the closure runs with autograd on (the step itself runs without), its backward fills the
+    gradient the step uses, and its loss is what step returns (torch's optimizer contract)."""
+    p = _bf16([0.25, -0.5])
+    opt = MasterWeightAdamW([p], **KW)
+
+    def closure():
+        opt.zero_grad()
+        loss = (p.float() * torch.tensor([1.0, -1.0])).sum()
+        loss.backward()
+        return loss
+
+    assert opt.step(closure).item() == 0.75
+    assert p.grad is not None and p.grad.tolist() == [1.0, -1.0]
+    assert opt.state[p]["master"].tolist() == pytest.approx([0.25 - 1e-3, -0.5 + 1e-3], abs=1e-6)
+
+
+def test_the_share_of_sharded_weights_is_counted_over_every_ranks_shard(monkeypatch):
+    """A sharded parameter (FSDP2's DTensor: its local shard and its mesh) counts its own shard, then the counts are
+    summed over the mesh's group (in float64): here this rank's shard [0.5, 0.25] loses one entry of 2 at lr 1e-3,
+    the peer's six entries none, so the model's share is 1/8 (not this shard's 1/2, nor the full tensor's)."""
+    import torch.distributed as tdist
+
+    reduced = []
+
+    def all_reduce(t, group=None, **kw):
+        reduced.append((t.dtype, group))
+        t.add_(torch.tensor([0.0, 6.0], dtype=t.dtype))
+
+    monkeypatch.setattr(tdist, "all_reduce", all_reduce)
+    p = _bf16([8.0, 8.0, 8.0, 8.0])
+    group = object()
+    p.to_local = lambda: torch.tensor([0.5, 0.25], dtype=torch.bfloat16)  # type: ignore[attr-defined]
+    p.device_mesh = types.SimpleNamespace(get_group=lambda: group)  # type: ignore[attr-defined]
+    assert rounded_away_share([p], 1e-3) == 1 / 8
+    assert reduced == [(torch.float64, group)]
+
+
+def test_a_saved_state_loads_onto_the_parameters_device_with_the_step_left_where_torch_keeps_it():
+    """A checkpoint read onto the CPU, loaded into an optimizer over parameters elsewhere (here the meta device, as
+    a GPU would be): the master and moments go to the parameter's device in float32, the step count stays a CPU
+    float32 tensor (torch's AdamW refuses a step on the GPU unless capturable)."""
+    p = _bf16([0.25, 0.5])
+    opt = MasterWeightAdamW([p], **KW)
+    p.grad = torch.ones_like(p)
+    opt.step()
+    there = torch.nn.Parameter(torch.empty(2, dtype=torch.bfloat16, device="meta"))
+    loaded = MasterWeightAdamW([there], **KW)
+    loaded.load_state_dict(opt.state_dict())
+    placed = {name: (value.device.type, value.dtype) for name, value in loaded.state[there].items()}
+    meta = ("meta", torch.float32)
+    assert placed == {"master": meta, "exp_avg": meta, "exp_avg_sq": meta, "step": ("cpu", torch.float32)}
