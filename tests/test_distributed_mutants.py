@@ -378,3 +378,17 @@ def test_the_copied_reference_is_renewed_through_the_dists_whole_state_dict(toke
     ref = CopiedReference(lm, dist)  # type: ignore[arg-type]
     ref.renew()
     assert asked == [lm.model] and all(bool((p == 0.5).all()) for p in ref.lm.model.parameters())
+
+
+def test_a_parameter_no_rank_reached_before_others_leaves_their_gradients_in_place(monkeypatch):
+    """An untrained parameter (no gradient on any rank) between trained ones still takes its room in the flat
+    buffer: the parameters after it get their own sums, not their neighbours' (two ranks of equal gradients)."""
+    monkeypatch.setattr(tdist, "all_reduce", lambda t, op=None, **kw: t.mul_(2))
+    model = torch.nn.Module()
+    model.first = torch.nn.Parameter(torch.zeros(2))
+    model.unused = torch.nn.Parameter(torch.zeros(3))
+    model.last = torch.nn.Parameter(torch.zeros(2))
+    model.first.grad, model.last.grad = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])
+    Dist(rank=0, world_size=2).all_reduce_grads(model)
+    assert model.unused.grad is None
+    assert model.first.grad.tolist() == [2.0, 4.0] and model.last.grad.tolist() == [6.0, 8.0]
