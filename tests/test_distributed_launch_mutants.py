@@ -120,8 +120,8 @@ def _warned(call) -> list[warnings.WarningMessage]:
 
 def test_a_python_caller_without_dist_is_warned_at_its_own_line(monkeypatch):
     """Given a dist: it, as it is, whatever the environment. Without: one process; under torchrun (WORLD_SIZE 2)
-    the warning says each rank trains alone, else fsdp full / sharded is said not applied ('' and none are
-    nothing to say); the warning points at the trainer's caller's line."""
+    the warning says each rank trains alone (that alone), else fsdp full / sharded is said not applied ('' and none
+    are nothing to say); the warning points at the trainer's caller's line."""
     for name in VARIABLES:
         monkeypatch.delenv(name, raising=False)
     given = Dist(rank=1, world_size=2)
@@ -132,7 +132,7 @@ def test_a_python_caller_without_dist_is_warned_at_its_own_line(monkeypatch):
     assert "fsdp=sharded is not applied: trainer was given no dist= (one process)" in str(said.message)
     assert (said.filename, said.lineno) == (__file__, line)
     monkeypatch.setenv("WORLD_SIZE", "2")
-    [said] = _warned(lambda: _trainer(fsdp="none"))
+    [said] = _warned(lambda: _trainer(fsdp="full"))  # (one warning: the torchrun one says the most)
     assert "trainer was given no dist= under torchrun (WORLD_SIZE=2): each rank trains alone" in str(said.message)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -158,3 +158,9 @@ def test_a_saved_state_loads_onto_the_parameters_device_with_the_step_left_where
     placed = {name: (value.device.type, value.dtype) for name, value in loaded.state[there].items()}
     meta = ("meta", torch.float32)
     assert placed == {"master": meta, "exp_avg": meta, "exp_avg_sq": meta, "step": ("cpu", torch.float32)}
+
+
+def test_the_share_counts_every_trained_entry_also_of_tensors_that_lose_nothing():
+    """A tensor whose entries all move (0.125s at lr 1e-3) still counts in the total: with a second one losing one
+    entry of two (0.5 and 0.25), the share is 1/4, not 1/2."""
+    assert rounded_away_share([_bf16([0.125, 0.125]), _bf16([0.5, 0.25])], 1e-3) == 0.25
