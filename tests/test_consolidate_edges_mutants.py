@@ -1,0 +1,86 @@
+"""dgrpo.training.consolidate at its edges (a second pass of mutation testing): what it is given is found (a path
+that is not there, a run directory meaning its final/), and the metadata file is checked (listed in the manifest,
+not empty) before anything is read from it."""
+
+import pytest
+import torch
+
+from dgrpo.model.verified import CheckpointError, write_manifest
+from dgrpo.training.consolidate import SafeFileSystemReader, _sharded_checkpoint, consolidate_checkpoint
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # (shards saved in one process)
+
+
+def sharded(folder, state: dict):
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, checkpoint_id=str(folder / "dcp"))
+    return folder
+
+
+def test_a_missing_path_is_not_found_and_a_run_directory_means_its_final_checkpoint(tmp_path):
+    """A path that is not there: 'not found' (not 'no sharded checkpoint'). A run directory whose final/ holds the
+    shards: final/ is consolidated."""
+    with pytest.raises(CheckpointError, match=r"missing: not found$"):
+        consolidate_checkpoint(tmp_path / "missing")
+    final = sharded(tmp_path / "run" / "final", {"w": torch.ones(2)})
+    write_manifest(final)
+    assert _sharded_checkpoint(tmp_path / "run") == final
+
+
+def test_shards_the_manifest_does_not_vouch_for_are_refused(tmp_path):
+    """A checkpoint whose manifest does not list dcp/.metadata (shards put there after dgrpo wrote it): refused
+    before they are read, not written into a new, verified checkpoint."""
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    write_manifest(d)
+    sharded(d, {"w": torch.ones(2)})
+    with pytest.raises(CheckpointError, match=r"is damaged: the manifest does not list dcp/.metadata"):
+        consolidate_checkpoint(d)
+
+
+def test_an_empty_metadata_file_is_one_line(tmp_path):
+    """A .metadata cut to nothing (a copy that stopped): a CheckpointError line, not an EOFError traceback."""
+    (tmp_path / "dcp").mkdir()
+    (tmp_path / "dcp" / ".metadata").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"not a checkpoint metadata file dgrpo can read safely \(EOFError"):
+        SafeFileSystemReader(tmp_path / "dcp").read_metadata()
+
+
+def final_with(tmp_path, tokenizer, change) -> tuple:
+    """A final/ as fsdp=sharded writes it (config and tokenizer, its shards, a manifest), the shards holding the
+    model's state as ``change`` (state -> None) leaves it; and the model's norm length."""
+    import shutil
+
+    from dgrpo.model.verified import atomic_dir
+
+    from conftest import make_lm
+
+    lm = make_lm(tokenizer)
+    state = dict(lm.model.state_dict())
+    n = state["model.norm.weight"].shape[0]
+    change(state)
+    staging = sharded(tmp_path / "staging", state)
+    with atomic_dir(tmp_path / "final") as d:
+        lm.save_pretrained(d, weights=False)
+        shutil.move(staging / "dcp", d / "dcp")
+    return tmp_path / "final", n
+
+
+def test_shards_of_another_shape_or_with_a_weight_the_model_lacks_are_refused(tmp_path, tokenizer):
+    """Shards whose model.norm.weight is one longer than config.json says: a CheckpointError naming the weight and
+    both shapes (not load_state_dict's size-mismatch traceback). Shards with a weight the config's model has not:
+    refused (load_state_dict(strict=False) would drop it without a word). Nothing is written either way."""
+
+    def longer(state):
+        state["model.norm.weight"] = torch.ones(state["model.norm.weight"].shape[0] + 1)
+
+    final, n = final_with(tmp_path / "a", tokenizer, longer)
+    with pytest.raises(CheckpointError, match=rf"1 of other shapes: model.norm.weight is \({n + 1},\), the config's"):
+        consolidate_checkpoint(final)
+    assert not (final / "model.safetensors").exists()
+    final, _ = final_with(tmp_path / "b", tokenizer, lambda state: state.update(extra=torch.ones(2)))
+    with pytest.raises(CheckpointError, match="the sharded weights do not match the model config"):
+        consolidate_checkpoint(final)
+    assert not (final / "model.safetensors").exists()
