@@ -85,3 +85,18 @@ def test_a_rewrite_leaves_a_manifest_that_is_no_object_as_it_is(tmp_path):
     write_manifest(d)
     rewrite_files(d, {"sub/a.txt": b"new"})
     assert (d / "sub" / MANIFEST).read_text() == '["a.txt"]' and verify(d) is None
+
+
+def test_a_folder_whose_manifest_cannot_be_read_is_not_replaced(tmp_path):
+    """A folder holding the user's file beside a manifest.json that is cut short or a JSON list: it vouches for
+    nothing, so the folder is refused (it was replaced, the user's file deleted) and atomic_dir writes nothing."""
+    for i, text in enumerate(("{", '["x.txt"]', "[]")):
+        d = tmp_path / str(i)
+        d.mkdir()
+        (d / "x.txt").write_text("mine")
+        (d / MANIFEST).write_text(text)
+        with pytest.raises(CheckpointError, match=r"has a manifest.json that cannot be read: not replacing it"):
+            with atomic_dir(d) as tmp:
+                (tmp / "a.txt").write_text("a")
+        assert (d / "x.txt").read_text() == "mine" and sorted(p.name for p in d.iterdir()) == [MANIFEST, "x.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "1", "2"]

@@ -132,13 +132,19 @@ def _needed_file_missing(problem: str, required: tuple[str, ...]) -> bool:
     return needed or any(name in alternatives.split("|") for alternatives in required)
 
 
-def unlisted_files(directory: Path) -> list[str]:
-    """The files below ``directory`` that its manifest does not list (none when the manifest cannot be read)."""
+def _listed(directory: Path) -> dict | None:
+    """The files ``directory``'s manifest lists (path -> sha256); None when it cannot be read or is no object."""
     try:
         manifest = json.loads((directory / MANIFEST).read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return []
-    if not isinstance(manifest, dict):
+    except (OSError, ValueError):  # (UnicodeDecodeError is a ValueError)
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
+def unlisted_files(directory: Path) -> list[str]:
+    """The files below ``directory`` that its manifest does not list (none when the manifest cannot be read)."""
+    manifest = _listed(directory)
+    if manifest is None:
         return []
     files = (str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p != directory / MANIFEST)
     return sorted(f for f in files if f not in manifest)
@@ -159,14 +165,20 @@ def enclosing_checkpoint(path: Path, levels: int = 3) -> Path | None:
 
 def check_replaceable(final: Path) -> None:
     """CheckpointError (one line, nothing written) unless ``final`` may be replaced by a directory dgrpo writes: it
-    does not exist, is empty, or is a directory written here (it holds a manifest) with no file the manifest does
-    not list. A run directory, a folder of the user's files, or one of ours with the user's files added is refused."""
+    does not exist, is empty, or is a directory written here (it holds a readable manifest) with no file the manifest
+    does not list. A run directory, a folder of the user's files (one with a manifest.json that is not ours, or that
+    cannot be read), or one of ours with the user's files added is refused."""
     if not final.exists() or (final.is_dir() and not any(final.iterdir())):
         return
     if not (final / MANIFEST).is_file():
         raise CheckpointError(
             f"{final} exists and is not a model directory dgrpo wrote (it has no {MANIFEST}): not replacing it; "
             "name a new or empty directory"
+        )
+    if _listed(final) is None:  # (it vouches for nothing: the folder's files may be anyone's)
+        raise CheckpointError(
+            f"{final} has a {MANIFEST} that cannot be read: not replacing it, which would delete its files; move them "
+            "out or name a new directory"
         )
     extra = unlisted_files(final)
     if extra:
