@@ -332,3 +332,70 @@ def test_the_schemes_own_proxy_wins_over_all_proxy(monkeypatch):
     monkeypatch.setattr(hub, "_connects", lambda host, port, timeout: calls.append((host, port, timeout)) or True)
     assert hub.hub_reachable(timeout=1.0) is True
     assert calls == [("own.example", 2222, 1.0)]
+
+
+def test_the_working_directory_goes_at_the_end_of_sys_path(tmp_path, monkeypatch):
+    """A package module found in the working directory (the ``dgrpo`` command) puts that directory at the end of
+    sys.path, so that a file there named as an installed package does not replace that package afterwards."""
+    import os
+
+    module = f"cwdrewards_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text("def fn():\n    return 5\n")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd(), str(tmp_path))])
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert import_object(f"{module}:fn", "grpo.reward")() == 5
+        assert sys.path[-1] == str(tmp_path)
+    finally:
+        sys.modules.pop(module, None)
+
+
+def test_a_coconut_row_of_id_zero_is_copied(tokenizer):
+    """``<<`` may be token 0: it is still Coconut's row (not 'no such token', which fell back to the mean), and
+    init_new_embeddings copies row 0 into the new rows."""
+    from types import SimpleNamespace
+
+    from dgrpo.model.tiny import build_tiny_model
+    from dgrpo.model.tokens import coconut_init_row, init_new_embeddings
+
+    vocab = SimpleNamespace(get_vocab=lambda: {"<<": 0, "a": 1})
+    assert coconut_init_row(vocab, 2) == 0  # type: ignore[arg-type]
+    model = build_tiny_model("llama", 6, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    init_new_embeddings(model, [4, 5], n_real=4, copy_of=0)
+    w = model.get_input_embeddings().weight.detach()
+    assert torch.equal(w[4], w[0]) and torch.equal(w[5], w[0])
+
+
+def test_a_tokenizers_own_pad_token_is_kept_and_tokens_beyond_the_rows_are_named_by_id_range(tokenizer):
+    """add_latent_tokens sets the pad token only when there is none (a tokenizer's own pad stays: padding with EOS
+    changes what the model sees); tokens past the model's rows are warned about from the lowest id to the highest."""
+    import copy
+
+    from dgrpo.model.tiny import build_tiny_model
+    from dgrpo.model.tokens import add_latent_tokens
+
+    tok = copy.deepcopy(tokenizer)
+    pad = tok.pad_token
+    assert pad is not None and pad != tok.eos_token
+    n = len(tok)
+    model = build_tiny_model("llama", n - 4, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    by_id = {i: t for t, i in tok.get_vocab().items()}
+    with pytest.warns(UserWarning, match=r"beyond the model's") as caught:
+        add_latent_tokens(model, tok)
+    assert tok.pad_token == pad
+    text = str(caught[0].message)
+    assert (
+        f"has 4 token(s) beyond the model's {n - 4} embedding rows (ids {n - 4} to {n - 1}, {by_id[n - 4]!r} first)"
+        in text
+    )
+
+
+def test_the_tokens_beyond_the_rows_are_named_from_the_lowest_id_whatever_the_vocab_order():
+    """A vocabulary not in id order (as get_vocab may return it): the warning counts the tokens past the rows (the
+    latent markers aside) and names the lowest id, the highest and the lowest id's token."""
+    from dgrpo.model.tokens import LATENT, _warn_tokens_beyond_rows
+
+    vocab = {"z": 12, "ok": 1, "a": 10, LATENT: 13, "m": 11}
+    with pytest.warns(UserWarning) as caught:
+        _warn_tokens_beyond_rows(vocab, 10)
+    assert "has 3 token(s) beyond the model's 10 embedding rows (ids 10 to 12, 'a' first)" in str(caught[0].message)
