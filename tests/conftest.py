@@ -110,6 +110,27 @@ def make_lm(tokenizer, arch="qwen2", seed=0, **kw):
     return LatentLM(build_tiny_model(arch, len(tok), seed=seed, **kw), tok)
 
 
+@pytest.fixture(scope="session")
+def lora_base_dirs(tokenizer, tmp_path_factory):
+    """Tiny models of 2 layers saved on disk (LoRA adapts a model with a name or path): a tied Qwen2, an untied
+    Llama, a tied GPT-2 (Conv1D layers); read only (a test that changes one works on a copy)."""
+    root = tmp_path_factory.mktemp("lora-base")
+    for arch in ("qwen2", "llama", "gpt2"):
+        make_lm(tokenizer, arch).save_pretrained(root / arch)
+    return root
+
+
+def written_with_manifest(directory: Path, files: dict[str, str]) -> Path:
+    """``directory`` holding ``files`` (relative path -> text) and a manifest of them."""
+    from dgrpo.model.verified import write_manifest
+
+    for rel, text in files.items():
+        (directory / rel).parent.mkdir(parents=True, exist_ok=True)
+        (directory / rel).write_text(text)
+    write_manifest(directory)
+    return directory
+
+
 def distinct_markers(lm) -> None:
     """Give the latent markers (start, latent, end) distinct random input rows: the tiny models add them as the mean
     row, one and the same vector, so a marker fed as another would go unseen."""

@@ -22,13 +22,9 @@ N_LATENT = 3
 QUESTIONS, ANSWERS = ["12 + 7 = ?", "3 * 4 + 1 = ?"], ["19 #### 19", "13 #### 13"]
 
 
-@pytest.fixture(scope="module")
-def base_dirs(tokenizer, tmp_path_factory):
-    """Tiny models saved on disk (LoRA adapts a model with a name or path): tied Qwen2, untied Llama, GPT-2."""
-    root = tmp_path_factory.mktemp("lora-base")
-    for arch in ("qwen2", "llama", "gpt2"):
-        make_lm(tokenizer, arch).save_pretrained(root / arch)
-    return root
+@pytest.fixture
+def base_dirs(lora_base_dirs):
+    return lora_base_dirs
 
 
 def with_lora(path, nonzero=True, **kw) -> LatentLM:

@@ -8,8 +8,6 @@ from collections import Counter
 import pytest
 import torch
 
-from conftest import make_lm
-
 pytest.importorskip("peft")
 
 from dgrpo.config import LoraConfig  # noqa: E402
@@ -19,13 +17,9 @@ from dgrpo.model.latent_lm import LatentLM  # noqa: E402
 ATTN_MLP = {"q_proj": 2, "k_proj": 2, "v_proj": 2, "o_proj": 2, "gate_proj": 2, "up_proj": 2, "down_proj": 2}
 
 
-@pytest.fixture(scope="module")
-def bases(tokenizer, tmp_path_factory):
-    """Tiny models of 2 layers saved on disk: a tied Qwen2, an untied Llama, a tied GPT-2 (Conv1D layers)."""
-    root = tmp_path_factory.mktemp("lora-adapters")
-    for arch in ("qwen2", "llama", "gpt2"):
-        make_lm(tokenizer, arch).save_pretrained(root / arch)
-    return root
+@pytest.fixture
+def bases(lora_base_dirs):
+    return lora_base_dirs
 
 
 def adapted(path, **kw) -> LatentLM:

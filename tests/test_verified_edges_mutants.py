@@ -17,20 +17,15 @@ from dgrpo.model.verified import (
     write_manifest,
 )
 
-
-def written(directory: Path, files: dict[str, str]) -> Path:
-    """``directory`` holding ``files`` (relative path -> text) and a manifest of them."""
-    for rel, text in files.items():
-        (directory / rel).parent.mkdir(parents=True, exist_ok=True)
-        (directory / rel).write_text(text)
-    write_manifest(directory)
-    return directory
+from conftest import written_with_manifest
 
 
 def test_a_missing_adapter_config_is_one_to_put_back(tmp_path):
     """A LoRA adapter's adapter_config.json (in a nested folder too) is needed to load: 'put it back', not 'delete
     the manifest'."""
-    d = written(tmp_path / "a", {"adapter/adapter_config.json": "{}", "adapter/adapter_model.safetensors": "w"})
+    d = written_with_manifest(
+        tmp_path / "a", {"adapter/adapter_config.json": "{}", "adapter/adapter_model.safetensors": "w"}
+    )
     (d / "adapter" / "adapter_config.json").unlink()
     with pytest.raises(
         CheckpointError, match=r"missing file adapter/adapter_config.json \(removed since .*put it back"
@@ -56,7 +51,7 @@ def test_a_leftover_of_a_killed_deletion_or_rewrite_is_cleared_first(tmp_path):
     from dgrpo.model.verified import remove_dir
 
     for name in ("gone", "kept"):
-        written(tmp_path / name, {"a.txt": name})
+        written_with_manifest(tmp_path / name, {"a.txt": name})
         stale = tmp_path / f".tmp-{name}-{os.getpid()}"
         stale.mkdir()
         (stale / "junk.txt").write_text("j")
@@ -68,7 +63,7 @@ def test_a_leftover_of_a_killed_deletion_or_rewrite_is_cleared_first(tmp_path):
 
 def test_a_rewrite_that_fails_leaves_the_directory_as_it_was_and_no_copy(tmp_path):
     """An exception within ``rewritten``: the directory keeps its files and verifies; its hard-linked copy is gone."""
-    d = written(tmp_path / "d", {"a.txt": "a"})
+    d = written_with_manifest(tmp_path / "d", {"a.txt": "a"})
     with pytest.raises(RuntimeError), rewritten(d) as tmp:
         (tmp / "a.txt").unlink()
         (tmp / "a.txt").write_text("half")
@@ -80,7 +75,7 @@ def test_a_rewrite_that_fails_leaves_the_directory_as_it_was_and_no_copy(tmp_pat
 def test_a_rewrite_leaves_a_manifest_that_is_no_object_as_it_is(tmp_path):
     """A nested manifest.json that holds a JSON list naming the changed file vouches for nothing: the rewrite goes
     through and leaves it byte for byte (no traceback), while the top manifest gets the new checksum."""
-    d = written(tmp_path / "d", {"sub/a.txt": "a"})
+    d = written_with_manifest(tmp_path / "d", {"sub/a.txt": "a"})
     (d / "sub" / MANIFEST).write_text('["a.txt"]')
     write_manifest(d)
     rewrite_files(d, {"sub/a.txt": b"new"})

@@ -4,7 +4,6 @@ written through), strict weight loading and its one-line errors."""
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -32,26 +31,19 @@ from dgrpo.model.verified import (
     write_manifest,
 )
 
-
-def written(directory: Path, files: dict[str, str]) -> Path:
-    """``directory`` holding ``files`` (relative path -> text) and a manifest of them."""
-    for rel, text in files.items():
-        (directory / rel).parent.mkdir(parents=True, exist_ok=True)
-        (directory / rel).write_text(text)
-    write_manifest(directory)
-    return directory
+from conftest import written_with_manifest
 
 
 def test_a_manifest_never_lists_itself_so_a_rewritten_one_still_verifies(tmp_path):
     """write_manifest over a directory that has one already (consolidate does so) lists the other files only."""
-    d = written(tmp_path / "d", {"a.txt": "a"})
+    d = written_with_manifest(tmp_path / "d", {"a.txt": "a"})
     write_manifest(d)
     assert json.loads((d / MANIFEST).read_text()).keys() == {"a.txt"} and verify(d) is None
 
 
 def test_a_required_entry_is_met_by_either_alternative_and_an_unlisted_one_is_named(tmp_path):
     """``a|b`` is met by a manifest that lists one of them; one that lists neither is named with 'or'."""
-    d = written(tmp_path / "d", {"model.safetensors": "w", "config.json": "{}"})
+    d = written_with_manifest(tmp_path / "d", {"model.safetensors": "w", "config.json": "{}"})
     assert verify(d, ("model.safetensors|model.safetensors.index.json", "config.json")) is None
     assert verify(d, ("adapter_model.safetensors|dcp/.metadata",)) == (
         "the manifest does not list adapter_model.safetensors or dcp/.metadata"
@@ -61,7 +53,7 @@ def test_a_required_entry_is_met_by_either_alternative_and_an_unlisted_one_is_na
 def test_a_manifest_that_is_no_object_or_lists_a_folder_is_a_problem_not_a_traceback(tmp_path):
     """A JSON list for a manifest is unreadable; a listed name that is now a folder is a missing file; a folder named
     manifest.json is no manifest."""
-    d = written(tmp_path / "d", {"a.txt": "a"})
+    d = written_with_manifest(tmp_path / "d", {"a.txt": "a"})
     (d / "a.txt").unlink()
     (d / "a.txt").mkdir()
     assert verify(d) == "missing file a.txt"
@@ -85,13 +77,13 @@ def test_check_intact_passes_a_directory_without_manifest_and_hints_by_what_is_w
         ("config.json", True),
         ("state.json", True),
     ]:
-        d = written(tmp_path / gone, files)
+        d = written_with_manifest(tmp_path / gone, files)
         (d / gone).unlink()
         with pytest.raises(CheckpointError) as e:
             check_intact(d, ("state.json|other.json",))
         assert f"is damaged: missing file {gone} (" in str(e.value)
         assert ("put it back" in str(e.value)) is put_back and ("delete manifest.json" in str(e.value)) is not put_back
-    d = written(tmp_path / "changed", files)
+    d = written_with_manifest(tmp_path / "changed", files)
     (d / "notes.txt").write_text("edited")
     with pytest.raises(CheckpointError, match=r"checksum mismatch in notes.txt \(changed since dgrpo wrote it; if"):
         check_intact(d)
@@ -101,7 +93,7 @@ def test_check_intact_passes_a_directory_without_manifest_and_hints_by_what_is_w
 
 
 def test_unlisted_files_are_those_the_manifest_does_not_name(tmp_path):
-    d = written(tmp_path / "d", {"a.txt": "a", "sub/b.txt": "b"})
+    d = written_with_manifest(tmp_path / "d", {"a.txt": "a", "sub/b.txt": "b"})
     (d / "sub" / "c.txt").write_text("c")
     assert unlisted_files(d) == ["sub/c.txt"]
 
@@ -122,7 +114,7 @@ def test_what_may_be_replaced(tmp_path):
     check_replaceable(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
     check_replaceable(tmp_path / "empty")
-    ours = written(tmp_path / "ours", {"a.txt": "a"})
+    ours = written_with_manifest(tmp_path / "ours", {"a.txt": "a"})
     check_replaceable(ours)
     (tmp_path / "user").mkdir()
     (tmp_path / "user" / "x").write_text("x")
@@ -153,17 +145,17 @@ def test_atomic_dir_publishes_a_verified_directory_and_leaves_nothing_on_failure
 
 def test_replace_dir_leaves_only_the_new_directory_even_over_a_leftover_old_one(tmp_path):
     """An ``.old-NAME-PID`` left by a killed replace is cleared first; the old directory is deleted after the move."""
-    old = written(tmp_path / "d", {"a.txt": "old"})
+    old = written_with_manifest(tmp_path / "d", {"a.txt": "old"})
     leftover = tmp_path / f".old-d-{os.getpid()}"
     leftover.mkdir()
     (leftover / "x").write_text("x")
-    new = written(tmp_path / "new", {"a.txt": "new"})
+    new = written_with_manifest(tmp_path / "new", {"a.txt": "new"})
     replace_dir(new, old)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"] and (old / "a.txt").read_text() == "new"
 
 
 def test_remove_dir_removes_the_directory_and_its_leftover_name(tmp_path):
-    d = written(tmp_path / "d", {"a.txt": "a"})
+    d = written_with_manifest(tmp_path / "d", {"a.txt": "a"})
     (tmp_path / f".tmp-d-{os.getpid()}").mkdir()
     remove_dir(d)
     assert list(tmp_path.iterdir()) == []
@@ -173,7 +165,7 @@ def test_rewrite_files_never_writes_through_a_hard_link_and_relists_every_manife
     """A file rewritten in a directory whose files are hard-linked elsewhere (a copy made with ``cp -l``): the other
     link keeps the old bytes. The nested manifest that lists it gets its new checksum, and the top manifest that lists
     both the file and the nested manifest gets theirs; a changed file no manifest listed stays unlisted."""
-    d = written(tmp_path / "d" / "sub", {"w.txt": "old", "other.txt": "o"}).parent
+    d = written_with_manifest(tmp_path / "d" / "sub", {"w.txt": "old", "other.txt": "o"}).parent
     write_manifest(d)
     (tmp_path / "elsewhere").mkdir()
     os.link(d / "sub" / "w.txt", tmp_path / "elsewhere" / "w.txt")
