@@ -130,6 +130,16 @@ def test_merged_shards_keep_the_rows_in_shard_order_and_the_slowest_wall_time():
     assert (merged.n, merged.correct, merged.wall_s) == (3, 2, 3.0)
 
 
+def test_one_result_given_twice_does_not_merge_but_two_equal_shards_do():
+    """``merge_results([a, a])`` doubled a's rows and counts without a word; the same object twice is refused, naming
+    the positions. Two shards of equal contents are two shards (a dataset may repeat its questions)."""
+    a = shard("d", ["q1", "q2"], [1, 0])
+    with pytest.raises(ValueError, match=r"^merge_results: shards 0 and 2 are one result object; give each shard"):
+        merge_results([a, shard("d", ["q3"], [1]), a])
+    merged = merge_results([a, shard("d", ["q1", "q2"], [1, 0])])
+    assert (merged.n, merged.correct, len(merged.predictions)) == (4, 2, 4)
+
+
 def test_shards_of_two_datasets_do_not_merge():
     """Shards that name different datasets are no shards of one evaluation."""
     with pytest.raises(ValueError, match=r"^merge_results: the shards differ in dataset \('gsm8k', 'svamp'\)"):

@@ -23,9 +23,14 @@ _COUNTED = frozenset({"accuracy", "n", "correct", "unparseable", "wall_s", "pred
 
 def merge_results(parts: list[EvalResult]) -> EvalResult:
     """One result from the results of contiguous shards of a dataset (e.g. one per process), in order. ValueError
-    for no shard, or shards that differ in what was evaluated or how (dataset, seed, mode, decoding, scorer, ...)."""
+    for no shard, one result given twice, or shards that differ in what was evaluated or how (dataset, seed, mode,
+    decoding, scorer, ...). Shards of equal contents are distinct shards (a dataset may repeat its questions)."""
     if not parts:
         raise ValueError("merge_results: no results to merge (an empty list); give one result per shard")
+    seen: dict[int, int] = {}
+    for i, p in enumerate(parts):
+        if (j := seen.setdefault(id(p), i)) != i:  # (its rows and counts would be taken twice)
+            raise ValueError(f"merge_results: shards {j} and {i} are one result object; give each shard once")
     first = parts[0]
     differ = [
         f"{f.name} ({', '.join(dict.fromkeys(repr(getattr(p, f.name)) for p in parts))})"
