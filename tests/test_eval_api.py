@@ -572,8 +572,8 @@ def test_merged_mean_score_reads_rows_scores_only_where_they_are_each_shards_mea
     def shard(rows: list, mean: float) -> EvalResult:
         return EvalResult("v", 0.0, len(rows), 0, 0, 0, 0, "coconut", 0.0, mean_score=mean, predictions=rows)
 
-    percent = shard([{"score": 87.0}] * 2, 0.87)
-    assert merge_results([percent, percent]).mean_score == 0.87
+    percent = [shard([{"score": 87.0}] * 2, 0.87) for _ in range(2)]
+    assert merge_results(percent).mean_score == 0.87
     values = [0, 0.3, 0, 0.7, 0.25, 1, 0.25, 0.7, 0.5, 0.7, 0.5, 0.7]
     rows = [{"score": v} for v in values]
     one = sum(float(v) for v in values) / len(values)
