@@ -24,7 +24,6 @@ from ..text import first_items
 from .records import DataError, Record
 from .row_formats import (
     RowParser,
-    _check_same_format,
     _detect_row_parser,
     _field,
     _format_number,
@@ -39,6 +38,7 @@ from .row_formats import (
     _row_pal,
     _row_svamp,
     _RowError,
+    _same_format_check,
     _shown_keys,
     _step_annotations,
 )
@@ -101,15 +101,16 @@ def _json_value(path: Path, where: str, text: str, repeated: list[str] | None = 
 
 def _rows_to_records(path: Path, rows: Iterable[tuple[str, Any]], parser: RowParser | None) -> list[Record]:
     """Each (where, row) as a Record, by ``parser`` or the one the first row's fields call for (every later row in
-    it: :func:`_check_same_format`)."""
+    it: :func:`_same_format_check`)."""
     records: list[Record] = []
-    detected = parser is None
+    check: Callable[[dict[str, Any]], None] | None = None
     for where, row in rows:
         try:
             if parser is None:
                 parser = _detect_row_parser(row)
-            elif detected and isinstance(row, dict):
-                _check_same_format(row, parser)
+                check = _same_format_check(parser)
+            elif check is not None and isinstance(row, dict):
+                check(row)
         except _RowError as exc:
             raise DataError(f"{path} {where}: {exc}") from None
         records.append(_apply(path, where, parser, row))
@@ -522,19 +523,20 @@ def rows_to_records(
     rows: list[Any], where: str, source: str, parser: RowParser | None, *, csv: CsvTable | None = None
 ) -> list[Record]:
     """Records from row dicts (a table, a hub dataset): ``parser`` (a column mapping) or the format the first row's
-    keys identify (every later row in it: :func:`_check_same_format`); one DataError line naming the row on any
+    keys identify (every later row in it: :func:`_same_format_check`); one DataError line naming the row on any
     problem: its file line when ``csv`` (the CSV file ``rows`` were read from) gives them, else its number (the first
     row is row 1)."""
     records: list[Record] = []
-    detected = parser is None
+    check: Callable[[dict[str, Any]], None] | None = None
     for index, row in enumerate(rows):
         try:
             if not isinstance(row, dict):
                 raise _RowError(f"expected a record (mapping), got {type(row).__name__}")
             if parser is None:
                 parser = _detect_row_parser(row)
-            elif detected:
-                _check_same_format(row, parser)
+                check = _same_format_check(parser)
+            elif check is not None:
+                check(row)
             record = parser(row)
         except _RowError as exc:
             if csv is None:

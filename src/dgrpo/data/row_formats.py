@@ -299,19 +299,27 @@ def _detect_row_parser(row: Any) -> RowParser:
     )
 
 
-def _check_same_format(row: dict[str, Any], parser: RowParser) -> None:
-    """Refuse a row that has the keys of the first row's format (``parser``) and those of a more specific one: read
-    by the first row's, the fields only the other reads would go to ``meta`` unseen (a row's ``steps`` among
-    ``{question, answer}`` rows: the record had none, silently). A row short of the format's keys is the parser's
-    own error (a missing field)."""
-    keys, theirs = next((k, desc) for k, p, desc in _ROW_FORMATS if p is parser)
-    own = _known_row_parser(row)
-    if own is not parser and keys <= row.keys():
-        mine = next(desc for _, p, desc in _ROW_FORMATS if p is own)
-        raise _RowError(
-            f"a {mine} row among {theirs} rows (the format the first row's keys call for): one format per file or "
-            "list of rows, or name the columns with data.question_key, data.answer_key and data.steps_key"
-        )
+def _same_format_check(parser: RowParser) -> Callable[[dict[str, Any]], None]:
+    """The check of every row after the first, whose keys picked ``parser``: refuse a row that has the keys of
+    ``parser``'s format and those of a more specific one (one before it in :data:`_ROW_FORMATS`): read by the first
+    row's, the fields only the other reads would go to ``meta`` unseen (a row's ``steps`` among ``{question, answer}``
+    rows: the record had none, silently). A row short of the format's keys is the parser's own error (a missing
+    field). The format's place is looked up once, not per row."""
+    at = next(i for i, (_, p, _) in enumerate(_ROW_FORMATS) if p is parser)
+    keys, _, theirs = _ROW_FORMATS[at]
+    more_specific = _ROW_FORMATS[:at]
+
+    def check(row: dict[str, Any]) -> None:
+        if keys <= row.keys():
+            mine = next((desc for k, _, desc in more_specific if k <= row.keys()), None)
+            if mine is not None:
+                raise _RowError(
+                    f"a {mine} row among {theirs} rows (the format the first row's keys call for): one format per "
+                    "file or list of rows, or name the columns with data.question_key, data.answer_key and "
+                    "data.steps_key"
+                )
+
+    return check
 
 
 def _shown_keys(keys: Any) -> str:
