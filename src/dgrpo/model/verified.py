@@ -144,8 +144,11 @@ def _listed(directory: Path) -> dict | None:
 def unlisted_files(directory: Path) -> list[str]:
     """The files below ``directory`` that its manifest does not list (none when the manifest cannot be read)."""
     manifest = _listed(directory)
-    if manifest is None:
-        return []
+    return [] if manifest is None else _not_in(directory, manifest)
+
+
+def _not_in(directory: Path, manifest: dict) -> list[str]:
+    """The files below ``directory`` (its manifest aside) that ``manifest`` does not list, sorted."""
     files = (str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p != directory / MANIFEST)
     return sorted(f for f in files if f not in manifest)
 
@@ -175,12 +178,13 @@ def check_replaceable(final: Path) -> None:
             f"{final} exists and is not a model directory dgrpo wrote (it has no {MANIFEST}): not replacing it; "
             "name a new or empty directory"
         )
-    if _listed(final) is None:  # (it vouches for nothing: the folder's files may be anyone's)
+    manifest = _listed(final)
+    if manifest is None:  # (it vouches for nothing: the folder's files may be anyone's)
         raise CheckpointError(
             f"{final} has a {MANIFEST} that cannot be read: not replacing it, which would delete its files; move them "
             "out or name a new directory"
         )
-    extra = unlisted_files(final)
+    extra = _not_in(final, manifest)
     if extra:
         raise CheckpointError(
             f"{final} holds files dgrpo did not write ({first_items(extra)}; not in its {MANIFEST}): not "
