@@ -134,3 +134,49 @@ def test_offline_variable_names_the_first_variable_set_of_those_asked(monkeypatc
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "yes")
     assert hub.offline_variable("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE") == "HF_DATASETS_OFFLINE"
     assert hub.offline_variable("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") == "HF_HUB_OFFLINE"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "fix"),
+    [
+        ("hf-mirror.example", "set it to https://hf-mirror.example"),
+        ("hf-mirror.example:8080/", "set it to https://hf-mirror.example:8080"),
+        ("ftp://hf-mirror.example", "set it to https://hf-mirror.example"),
+        ("", "unset it for huggingface.co"),
+    ],
+)
+def test_an_endpoint_that_is_not_a_url_is_an_error_naming_it(probed, monkeypatch, endpoint, fix):
+    """An HF_ENDPOINT without http:// or https:// (or empty) is EndpointError naming the value and the fix: the hub
+    libraries prefix their requests with it as written, and the probe tried huggingface.co instead (nothing is
+    probed now)."""
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    with pytest.raises(
+        hub.EndpointError, match=rf"^HF_ENDPOINT='{endpoint}' is not an http:// or https:// URL .*: {fix}$"
+    ):
+        hub.hub_reachable()
+    assert probed == []
+
+
+def test_an_endpoint_that_is_not_a_url_is_one_data_or_checkpoint_line(probed, monkeypatch, tmp_path):
+    """What reads from the hub says so in its own error type (DataError for a dataset, CheckpointError for a model:
+    the lines the command line prints), not a ValueError from the probe."""
+    import huggingface_hub
+
+    from dgrpo.data import loaders
+    from dgrpo.data.records import DataError
+    from dgrpo.model.factory import CheckpointError
+    from dgrpo.model.sources import resolve_hub_model
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "DGRPO_DATA_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "hf-mirror.example")
+    monkeypatch.chdir(tmp_path)  # (no ./data)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setitem(__import__("sys").modules, "datasets", __import__("types").SimpleNamespace())
+    with pytest.raises(CheckpointError, match=r"^model 'org/name': HF_ENDPOINT='hf-mirror.example' is not an "):
+        resolve_hub_model("org/name")
+    with pytest.raises(DataError, match=r"hub could not be reached: HF_ENDPOINT='hf-mirror.example' is not an "):
+        loaders.load_dataset("org/data", "test")
+    with pytest.raises(DataError, match=r"could not be reached: HF_ENDPOINT='hf-mirror.example' is not an http"):
+        loaders.load_dataset("openmathinstruct2_gsm", "train")
+    assert probed == []

@@ -47,12 +47,12 @@ def test_a_probe_that_times_out_or_finds_no_address_is_unreachable(monkeypatch, 
     assert hub.hub_reachable(timeout=0.1) is False
 
 
-def test_an_empty_endpoint_is_the_default_hub_probed_with_the_short_default_timeout(monkeypatch):
-    """``HF_ENDPOINT`` set but empty is the default hub for huggingface_hub, so the probe opens huggingface.co:443;
-    without a timeout given, the probe waits :data:`HUB_TIMEOUT_S`, a few seconds (not the libraries' ~50 s)."""
-    for name in PROXIES:
+def test_without_an_endpoint_the_default_hub_is_probed_with_the_short_default_timeout(monkeypatch):
+    """Without ``HF_ENDPOINT`` the probe opens huggingface.co:443; without a timeout given, it waits
+    :data:`HUB_TIMEOUT_S`, a few seconds (not the libraries' ~50 s). (An empty one is an error: huggingface_hub
+    takes it as written and fails on every request, ``test_hub_mutants``.)"""
+    for name in (*PROXIES, "HF_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HF_ENDPOINT", "")
     calls: list[tuple[str, int, float]] = []
     monkeypatch.setattr(hub, "_connects", lambda host, port, timeout: calls.append((host, port, timeout)) or True)
     assert hub.hub_reachable() is True

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
-from urllib.parse import urlparse
+from urllib.parse import ParseResult, urlparse
 
 HUB_TIMEOUT_S = 3.0  # the reachability probe; downloads then use huggingface_hub's own timeouts
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -53,12 +53,30 @@ def _connects(host: str, port: int, timeout: float) -> bool:
         return False
 
 
+class EndpointError(ValueError):
+    """``HF_ENDPOINT`` is not a URL the hub libraries can build their requests on."""
+
+
+def hub_endpoint() -> ParseResult:
+    """``HF_ENDPOINT`` (default https://huggingface.co) parsed; :class:`EndpointError` when it is not an http(s) URL
+    with a host. The hub libraries prefix every request with it as it is written, so one without a scheme
+    (``hf-mirror.com``) fails in them on every request; the probe tried huggingface.co instead."""
+    value = os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT)
+    url = urlparse(value)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        bare = value.strip().split("://")[-1].strip("/")
+        fix = f"set it to https://{bare}" if bare else "unset it for huggingface.co"
+        raise EndpointError(f"HF_ENDPOINT={value!r} is not an http:// or https:// URL (the hub's address): {fix}")
+    return url
+
+
 def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
-    """Can a TCP connection to the hub endpoint (``HF_ENDPOINT``) be opened within ``timeout`` seconds? With a
-    proxy set (https_proxy, ALL_PROXY, ...: :func:`_proxy_for`), the hub libraries go through it: then the proxy is
-    what is probed (a proxy that cannot be reached had them retry for ~50 s before a cached model was used)."""
-    url = urlparse(os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT))
-    host = url.hostname or "huggingface.co"
+    """Can a TCP connection to the hub endpoint (``HF_ENDPOINT``: :func:`hub_endpoint`, which raises
+    :class:`EndpointError` for one that is not a URL) be opened within ``timeout`` seconds? With a proxy set
+    (https_proxy, ALL_PROXY, ...: :func:`_proxy_for`), the hub libraries go through it: then the proxy is what is
+    probed (a proxy that cannot be reached had them retry for ~50 s before a cached model was used)."""
+    url = hub_endpoint()
+    host = url.hostname or ""
     proxy = _proxy_for(host, "http" if url.scheme == "http" else "https")
     if proxy is not None:
         p = urlparse(proxy if "://" in proxy else f"http://{proxy}")

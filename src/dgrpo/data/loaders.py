@@ -17,7 +17,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from ..hub import hub_reachable, offline_requested, offline_variable
+from ..hub import EndpointError, hub_reachable, offline_requested, offline_variable
 from ..paths import expand_home, where_read
 from ..reward import normalize_number
 from ..text import first_items
@@ -387,6 +387,12 @@ def _load_builtin_name(name: str, split: str | None) -> list[Record]:
     return records
 
 
+def _hub_unreached() -> bool:
+    """True when the hub is needed (neither HF_HUB_OFFLINE nor HF_DATASETS_OFFLINE is set) and cannot be reached;
+    :class:`~dgrpo.hub.EndpointError` when ``HF_ENDPOINT`` is not a URL."""
+    return not offline_requested("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") and not hub_reachable()
+
+
 class HubUnreached(DataError):
     """A dataset read from the Hugging Face hub that could not be: ``reason`` why (no connection, no ``datasets``
     package, the hub's error); ``unknown``: ``name`` is no built-in's (it was looked up on the hub as named, having
@@ -425,7 +431,11 @@ def _load_from_hub(
             prefix, "the optional 'datasets' package is not installed (pip install 'dgrpo[hub]')", name, hub_id
         ) from None
     repo = hub_id or name
-    if not offline_requested("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") and not hub_reachable():
+    try:
+        unreached = _hub_unreached()
+    except EndpointError as e:
+        raise HubUnreached(prefix, str(e), name, hub_id) from None
+    if unreached:
         raise HubUnreached(
             prefix, "no connection to it (set HF_DATASETS_OFFLINE=1 to use the local datasets cache)", name, hub_id
         )
@@ -506,7 +516,11 @@ def _load_openmath_subset(name: str) -> list[Record]:
     streamed from the hub. Without a connection to it, one line at once (as :func:`_load_from_hub`), not the hub
     libraries' retries (~25 s) and their log lines."""
     unreached = f"dataset {name!r} (hub {OPENMATH_HUB_ID!r}): the Hugging Face hub could not be reached"
-    if not offline_requested("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") and not hub_reachable():
+    try:
+        no_connection = _hub_unreached()
+    except EndpointError as e:
+        raise DataError(f"{unreached}: {e}") from None
+    if no_connection:
         raise DataError(f"{unreached}: no connection to it (the subset is streamed: it needs the hub)")
     try:
         with hub_lines_held():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..hub import hub_reachable, offline_variable
+from ..hub import EndpointError, hub_reachable, offline_variable
 from ..paths import expand_home
 from ..run_layout import FINAL_DIR, METRICS_FILE, STEP_DIR, step_dir_name
 from .verified import (
@@ -158,7 +158,11 @@ def resolve_hub_model(name: str, revision: str | None = None) -> tuple[str, bool
             f"{what}: not a local directory, and {offline} is set but the model is {missing} in the "
             f"Hugging Face cache ({constants.HF_HUB_CACHE}): {download_hint(name, revision)}, or unset {offline}"
         )
-    if hub_reachable():
+    try:
+        reachable = hub_reachable()
+    except EndpointError as e:
+        raise CheckpointError(f"{what}: {e}") from None
+    if reachable:
         return name, False
     if cached:
         return name, True
