@@ -298,6 +298,22 @@ def test_adapter_checkpoint_with_a_missing_base_is_one_line(base_dirs, tmp_path)
     assert torch.equal(logprobs(LatentLM.from_pretrained(tmp_path / "adapter")), logprobs(lm))
 
 
+def test_an_adapter_whose_config_does_not_fit_its_base_is_one_line(base_dirs, tmp_path):
+    """An adapter directory whose adapter_config.json names modules its base lacks (one trained elsewhere, or edited)
+    is one CheckpointError line naming the folder, the base and PEFT's reason: it was PEFT's raw ValueError (a
+    traceback from the command line)."""
+    lm = with_lora(base_dirs / "qwen2")
+    lm.save_pretrained(tmp_path / "adapter")
+    config = tmp_path / "adapter" / "adapter_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "target_modules": ["c_attn"]}))
+    (tmp_path / "adapter" / "manifest.json").unlink()  # (as an adapter made outside dgrpo: no checksums)
+    with pytest.raises(CheckpointError) as info:
+        LatentLM.from_pretrained(tmp_path / "adapter")
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"{tmp_path / 'adapter'}: its adapter_config.json does not fit the base")
+    assert f"base model {base_dirs / 'qwen2'} (PEFT: " in msg and "c_attn" in msg
+
+
 def test_an_adapter_is_never_saved_over_its_base(base_dirs, tmp_path, monkeypatch):
     """Saving a LoRA model into the directory of its base (by any spelling) is refused before anything is written:
     it used to replace the base's weights with the adapter, which then named its own directory as its base."""

@@ -216,7 +216,7 @@ def apply_lora(lm: LatentLM, cfg: LoraConfig | Any) -> None:
             wrapper = peft.get_peft_model(lm.model, config)
         except (ValueError, TypeError) as e:  # a module PEFT cannot adapt (e.g. a tied head): one line
             if not ours:
-                raise
+                raise  # (a checkpoint's own config: attach_saved_adapter names its folder)
             raise ConfigError(
                 f"invalid config value model.lora.target_modules: PEFT cannot adapt {list(cfg.target_modules)} "
                 f"({one_line(e)[:300]})"
@@ -462,7 +462,13 @@ def attach_saved_adapter(lm: LatentLM, folder: Path) -> None:
         raise CheckpointError(f"{folder}: unreadable {ADAPTER_CONFIG} ({one_line(e)})") from None
     if getattr(config, "lora_dropout", 0.0):
         config.lora_dropout = 0.0  # an adapter trained elsewhere: dropout off, as in every dgrpo forward
-    apply_lora(lm, config)
+    try:
+        apply_lora(lm, config)
+    except (ValueError, TypeError) as e:  # PEFT refuses the saved config on this base (modules it does not have)
+        raise CheckpointError(
+            f"{folder}: its {ADAPTER_CONFIG} does not fit the base model {lm.name_or_path} (PEFT: "
+            f"{one_line(e)[:300]}): an adapter goes on the base it was trained on (base_model_name_or_path)"
+        ) from None
     load_adapter_state(lm, read_adapter(lm, folder), where=str(folder))
     if (folder / LATENT_ROWS).is_file():
         _set_marker_rows(lm, load_file(str(folder / LATENT_ROWS)))
