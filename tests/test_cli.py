@@ -510,6 +510,26 @@ def test_help_is_fast_and_lists_examples():
     assert "95% intervals" in ap.format_help() and all(name in ap.format_help() for name in sub.choices)
 
 
+def test_no_help_text_shows_docstring_markup():
+    """Every help text (``dgrpo --help`` and each command's and sub-command's) is plain text for a user: the top one
+    was the module's docstring, with reST backticks and a private function's name (``_error``)."""
+    import argparse
+
+    from dgrpo.cli import build_parser
+
+    def helps(parser: argparse.ArgumentParser):
+        yield parser.prog, parser.format_help()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in dict.fromkeys(action.choices.values()):
+                    yield from helps(sub)
+
+    texts = dict(helps(build_parser()))
+    assert len(texts) > 12 and "dgrpo data inspect" in texts
+    for prog, text in texts.items():
+        assert not re.search(r"``|:(func|class|data|meth|mod):|\b_[a-z]+\w*\(", text), prog
+
+
 def test_eval_help_says_what_limit_0_and_no_split_do():
     """``--limit 0`` evaluates every record (it is eval.limit's 0), and without ``--split`` a name's own split is read
     (``builtin:valid``): the help said "the first N records" and "default: test"."""

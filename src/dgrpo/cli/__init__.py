@@ -25,6 +25,12 @@ from ..training.preemption import Terminated, is_rank0, sigterm_stops
 from . import convert, evaluate, plot, tools, train
 from .common import STOPPABLE_COMMANDS, TRAINING_COMMANDS, refuse_torchrun
 
+DESCRIPTION = """Dropout-GRPO for latent-reasoning (Coconut-style) language models: train, evaluate, reproduce.
+
+Every training command takes --config FILE.yaml (repeatable; a path or a packaged name such as
+paper/grpo_dropout.yaml) and any number of --set key=value overrides (dgrpo config show lists them). A bad config,
+a bad data file or a missing checkpoint exits with code 2 and one line on stderr."""
+
 EPILOG = """examples:
   dgrpo demo                                                   # the CPU-scale reproduction, built-in task
   dgrpo sft  --config builtin/sft.yaml --out runs/sft          # Coconut curriculum SFT
@@ -47,7 +53,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="dgrpo", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = _Parser(
+        prog="dgrpo", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--version", action="version", version=f"dgrpo {version('dgrpo')}")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     for module in (train, evaluate, tools, plot, convert):
