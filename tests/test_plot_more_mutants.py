@@ -324,3 +324,11 @@ def test_cli_plot_refuses_torchrun(monkeypatch: pytest.MonkeyPatch, plotted: lis
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["plot", "r0", "--out", "f.png"]) == 2
     assert "dgrpo plot runs in one process" in capsys.readouterr().err and plotted == []
+
+
+def test_an_empty_group_beside_others_is_a_note_not_a_traceback(tmp_path: Path) -> None:
+    """``draw({"a": [], "b": [run]})``: the eval panel's note for ``a`` read its first run (an IndexError); it says the
+    group has no runs, and the group stays in the GRPO groups' eval panel (no SFT panel of its own)."""
+    run = load_run(write_run(tmp_path / "r", LOCKED, [{"step": 0, EVAL: 0.5}]))
+    _, desc = draw({"a": [], "b": [run]}, panels=("eval",))
+    assert desc["panels"] == {"eval": {"b": 1}} and desc["notes"] == {"eval": ["a: no runs"]}

@@ -88,6 +88,8 @@ def run_series(run: Run, panel: str, eval_key: str | None = None) -> dict[int, f
 
 def _missing_note(group: str, runs: Sequence[Run], panel: str, eval_key: str | None) -> str:
     """Why a group has nothing to show in a panel, in a few words."""
+    if not runs:  # (a group of none: its eval note read runs[0], an IndexError traceback)
+        return f"{group}: no runs"
     if panel != "eval" and not any(r.is_grpo for r in runs):
         return f"{group}: no GRPO steps"
     if panel == "reward_std" and all(_config_get(r.config, "grpo.group_size") == 1 for r in runs):
