@@ -172,8 +172,8 @@ def test_each_group_gets_its_own_colour(tmp_path: Path) -> None:
 def test_the_legend_counts_the_seeds_drawn_and_the_axis_names_the_set(tmp_path: Path) -> None:
     """An arm of 3 runs, the first without the eval column: its legend says "mean of 2 seeds" (the runs in the mean),
     and the set its other runs logged titles the panel; a set not named valid is labelled "accuracy", not "validation
-    accuracy"; seeds that share no step are a note saying so; lines of up to 30 points have markers, longer ones
-    none."""
+    accuracy"; seeds that share no step are a note (in italics) saying so; lines of up to 30 points have markers,
+    longer ones none; the title is over the figure."""
     dev = "eval/dev/accuracy"
     write_run(tmp_path / "arm" / "seed0", LOCKED, [{"step": 1, "reward_mean": 0.5}])  # (first: no eval column)
     for s in (1, 2):
@@ -182,12 +182,13 @@ def test_the_legend_counts_the_seeds_drawn_and_the_axis_names_the_set(tmp_path: 
     for s in (0, 1):  # (seeds evaluated at other steps: no step to average over)
         write_run(tmp_path / "apart" / f"seed{s}", LOCKED, [{"step": 2 * t + s, dev: 0.5} for t in (0, 1)])
     groups = {name: [load_run(p) for p in find_runs([tmp_path / name])] for name in ("arm", "long", "apart")}
-    fig, desc = draw(groups, panels=("eval",))
+    fig, desc = draw(groups, panels=("eval",), title="arms")
     ax = fig.axes[0]
     legend = ax.get_legend()
-    assert legend is not None
+    assert legend is not None and fig.get_suptitle() == "arms"
     said = ["arm: mean of 2 seeds (band: min-max)", "long", "apart: runs share no step"]
     assert [t.get_text() for t in legend.get_texts()] == said and desc["notes"]["eval"] == said[2:]
+    assert [t.get_fontstyle() for t in legend.get_texts()] == ["normal", "normal", "italic"]  # (notes: italics)
     assert (ax.get_ylabel(), ax.get_title()) == ("accuracy (greedy, no dropout)", "accuracy on dev")
     assert [line.get_marker() for line in ax.get_lines()] == ["o", "None"]
     assert desc["panels"]["eval"] == {"arm": 3, "long": 31} and desc["bands"]["eval"] == ["arm"]
@@ -227,12 +228,13 @@ def test_a_run_without_a_config_is_no_other_scorer(tmp_path: Path) -> None:
 
 
 def test_a_group_of_sft_and_grpo_runs_is_refused_only_where_an_eval_panel_would_average_them(tmp_path: Path) -> None:
-    """The rollout panels draw GRPO steps alone (an SFT run has none): a label over SFT and GRPO runs draws them; its
-    eval panel would average steps that count different things, and is refused."""
+    """The rollout panels draw GRPO steps alone (an SFT run has none): a label over SFT and GRPO runs draws them, and
+    an SFT group is a note saying it has none; its eval panel would average steps that count different things, and
+    is refused."""
     sft = load_run(write_run(tmp_path / "sft", {"seed": 0}, [{"step": 2, "stage": 0, EVAL: 0.1}]))
     grpo = load_run(write_run(tmp_path / "grpo", LOCKED, [{"step": 1, "frac_groups_kept": 0.5}]))
-    _, desc = draw({"mine": [sft, grpo]}, panels=("kept",))
-    assert desc["panels"] == {"kept": {"mine": 1}}
+    _, desc = draw({"mine": [sft, grpo], "sft": [sft]}, panels=("kept",))
+    assert desc["panels"] == {"kept": {"mine": 1}} and desc["notes"] == {"kept": ["sft: no GRPO steps"]}
     with pytest.raises(DataError, match=r"^mine: holds SFT runs \(sft\) and GRPO runs \(grpo\)"):
         draw({"mine": [sft, grpo]}, panels=("eval",))
 
@@ -332,3 +334,62 @@ def test_an_empty_group_beside_others_is_a_note_not_a_traceback(tmp_path: Path) 
     run = load_run(write_run(tmp_path / "r", LOCKED, [{"step": 0, EVAL: 0.5}]))
     _, desc = draw({"a": [], "b": [run]}, panels=("eval",))
     assert desc["panels"] == {"eval": {"b": 1}} and desc["notes"] == {"eval": ["a: no runs"]}
+
+
+def test_the_mean_is_drawn_in_step_order_whatever_the_set_order(tmp_path: Path) -> None:
+    """Steps 1 and 32 (a set lists 32 first): the curve's x values are sorted, not in the set's order."""
+    from dgrpo.plotting.draw import aggregate
+
+    assert aggregate([{32: 1.0, 1: 0.0}, {1: 0.5, 32: 0.5}]) == ([1, 32], [0.25, 0.75], [0.0, 0.5], [0.5, 1.0])
+
+
+def test_an_eval_key_logged_by_any_run_is_accepted_and_the_refusal_names_what_was_logged(tmp_path: Path) -> None:
+    """``--eval-key other`` logged by the second run only is drawn (not refused because the first run lacks it); with
+    no eval column logged at all, the refusal says "none"."""
+    first = load_run(write_run(tmp_path / "a", LOCKED, [{"step": 0, EVAL: 0.5}]))
+    second = load_run(write_run(tmp_path / "b", LOCKED, [{"step": 0, "eval/other/accuracy": 0.75}]))
+    _, desc = draw({"a": [first], "b": [second]}, panels=("eval",), eval_key="other")
+    assert desc["panels"] == {"eval": {"b": 1}} and desc["notes"] == {"eval": ["a: no eval/other/accuracy rows"]}
+    bare = load_run(write_run(tmp_path / "c", LOCKED, [{"step": 1, "reward_mean": 0.5}]))
+    with pytest.raises(DataError, match=r"^--eval-key valid: no run logged it \(eval columns logged: none\)$"):
+        draw({"c": [bare]}, panels=("eval",), eval_key="valid")
+
+
+def test_every_reward_part_panel_asked_for_is_checked(tmp_path: Path) -> None:
+    """A misspelt part after a logged one is refused too (not only the first panel's)."""
+    run = load_run(write_run(tmp_path / "r", LOCKED, [{"step": 1, "reward_mean": 0.5, "reward/format": 1.0}]))
+    with pytest.raises(DataError, match=r"^no run logged reward/fromat \(reward parts logged: reward/format\)$"):
+        draw({"r": [run]}, panels=("reward/format", "reward/fromat"))
+
+
+def test_runs_that_differ_only_in_where_they_log_are_one_arm(tmp_path: Path) -> None:
+    """``logging`` (like seed, threads, device) says how a run was executed, not which setting: two such runs are the
+    config's one arm, not two lines named by their folders."""
+    for name, sinks in (("first", ["jsonl"]), ("second", ["jsonl", "tensorboard"])):
+        write_run(tmp_path / name, {**LOCKED, "logging": {"backends": sinks}}, [{"step": 0, EVAL: 0.5}])
+    runs = [load_run(p) for p in find_runs([tmp_path])]
+    assert sizes(group_runs(runs)) == {"Dropout-GRPO": 2}
+
+
+def test_a_label_named_as_a_folder_arm_says_the_folders_name_it(tmp_path: Path) -> None:
+    """The refusal of ``--label dropout`` beside ``dropout_seed0`` says the other run is grouped so by its folder's
+    name (not by its config)."""
+    seeded = load_run(write_run(tmp_path / "dropout_seed0", LOCKED, [{"step": 0, EVAL: 0.5}]))
+    mine = write_run(tmp_path / "mine", LOCKED, [{"step": 0, EVAL: 0.5}])
+    with pytest.raises(DataError, match=r"are grouped under that name too \(by their folders' names\)"):
+        group_runs([seeded], {"dropout": [mine]})
+
+
+def test_a_figure_s_suffix_may_be_upper_case() -> None:
+    from dgrpo.plotting.draw import check_format
+
+    assert [check_format(f"fig{s}") for s in (".PNG", ".Pdf", ".svg")] == ["png", "pdf", "svg"]
+
+
+def test_the_eval_panel_is_titled_by_the_set_a_later_seed_logged(tmp_path: Path) -> None:
+    """An arm whose first seed logged no eval row yet (a run in its first step): the panel is titled by the set its
+    other seed logged, not the default title."""
+    early = load_run(write_run(tmp_path / "seed0", LOCKED, [{"step": 1, "reward_mean": 0.5}]))
+    dev = load_run(write_run(tmp_path / "seed1", LOCKED, [{"step": 0, "eval/dev/accuracy": 0.5}]))
+    fig, desc = draw({"arm": [early, dev]}, panels=("eval",))
+    assert desc["eval_keys"] == ["eval/dev/accuracy"] and fig.axes[0].get_title() == "accuracy on dev"
