@@ -211,7 +211,7 @@ def test_draw_refuses_no_panel_no_run_and_a_bare_reward_part(tmp_path: Path) -> 
 def test_an_eval_key_is_not_checked_when_the_eval_panel_is_left_out(tmp_path: Path) -> None:
     """An eval key beside panels without ``eval`` is warned of as unused, not refused as a column no run logged."""
     run = load_run(write_run(tmp_path / "r", LOCKED, [{"step": 1, "reward_mean": 0.5}]))
-    with pytest.warns(UserWarning, match=r"^the eval key go to the eval panel"):
+    with pytest.warns(UserWarning, match=r"^the eval key goes to the eval panel"):
         _, desc = draw({"r": [run]}, panels=("reward_mean",), eval_key="nosuchset")
     assert desc["panels"] == {"reward_mean": {"r": 1}}
 

@@ -282,8 +282,12 @@ def draw(
         raise DataError("no runs to plot")
     everyone = [r for runs in groups.values() for r in runs]
     if "eval" not in panels and (reference or eval_key):  # (both drawn in the eval panel only: dropped unsaid)
-        given = " and ".join(n for n, v in (("the reference lines", reference), ("the eval key", eval_key)) if v)
-        warnings.warn(f"{given} go to the eval panel, which the panels ({', '.join(panels)}) leave out", stacklevel=2)
+        given = [n for n, v in (("the reference lines", reference), ("the eval key", eval_key)) if v]
+        verb = "goes" if given == ["the eval key"] else "go"
+        warnings.warn(
+            f"{' and '.join(given)} {verb} to the eval panel, which the panels ({', '.join(panels)}) leave out",
+            stacklevel=2,
+        )
     if eval_key and "eval" in panels:
         _check_eval_key(everyone, eval_key)
     _check_reward_parts(everyone, panels)
