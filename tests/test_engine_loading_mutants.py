@@ -66,6 +66,23 @@ def test_a_target_token_left_out_mid_answer_is_scored_as_the_eager_engine_scores
     assert torch.allclose(grown, scored, atol=1e-5, rtol=0) and bool((scored[:, 1] == 0).all())
 
 
+def test_a_rollouts_decoder_holds_exactly_the_columns_it_writes(tokenizer, task_records, monkeypatch):
+    """The fast engine's decoder holds the prompt, the thoughts, the marker and every answer token but the last (the
+    last is chosen, never fed back): a full-length rollout writes its last column, as ``generate``'s static cache."""
+    from dgrpo.model import fixed_shape
+
+    made, original = [], fixed_shape.decoder_for
+    monkeypatch.setattr(fixed_shape, "decoder_for", lambda *a: made.append(original(*a)) or made[-1])
+    lm = make_lm(tokenizer, "qwen2").eval()
+    ids, mask = ragged_batch(lm, task_records, 2)
+    with torch.no_grad():
+        g = fixed_shape.fixed_shape_generate(lm, ids, mask, 3, max_new_tokens=6, stop_ids=[], sync_every=0)
+        plain = fixed_shape.fixed_shape_generate(lm, ids, mask, 0, max_new_tokens=1, markers=False)
+    assert bool(g.mask[:, -1].all()) and plain.tokens.shape == (2, 1)
+    assert made[0].n_columns == made[0].written == ids.shape[1] + 3 + 1 + 6 - 1
+    assert made[1].n_columns == made[1].written == ids.shape[1]  # (no marker, one token: the prompt alone)
+
+
 class Entries:
     """A perturbation that counts how often it is entered."""
 

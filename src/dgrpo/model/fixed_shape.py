@@ -371,8 +371,8 @@ def fixed_shape_generate(
     check_uniforms(uniforms, B, max_new_tokens)
     pads = keep and (capture if pad is None else pad) and (temperature == 0 or uniforms is not None)
     batch = _padded_batch(
-        lm, "generate", perturbation, prompt_ids, prompt_mask, n_latent, int(markers) + max_new_tokens, pads
-    )
+        lm, "generate", perturbation, prompt_ids, prompt_mask, n_latent, int(markers) + max_new_tokens - 1, pads
+    )  # (the marker and every answer token but the last: the last is chosen, never fed back)
     prompt_ids, prompt_mask, n_after, within = batch
     rows = prompt_ids.shape[0]
     uniforms = with_rows(uniforms, rows) if uniforms is not None else None
