@@ -241,3 +241,22 @@ def test_an_error_line_lists_three_tensors_and_counts_them_only_when_there_are_m
     assert few_names(["a", "b", "c"]) == "a, b, c" and few_names([]) == ""
     assert few_names(["a", "b", "c", "d"]) == "a, b, c, ... (4 in all)"
     assert few_names(["a", "b", "c", "d"], 4) == "a, b, c, d"
+
+
+def test_an_offline_load_keeps_transformers_adapter_lookup_offline_too(monkeypatch):
+    """``local_files_only`` reaches the PEFT adapter lookup transformers makes first (it does not pass the option on:
+    a cached hub id waited ~25 s for that lookup's retries without network); an online load leaves it alone. The
+    weights are asked for as safetensors either way."""
+    from dgrpo.model import hf_loading
+
+    asked = []
+
+    def from_pretrained(path, **kwargs):
+        asked.append(kwargs)
+        return SimpleNamespace(config=SimpleNamespace()), {"missing_keys": [], "mismatched_keys": []}
+
+    monkeypatch.setattr(hf_loading, "AutoModelForCausalLM", SimpleNamespace(from_pretrained=from_pretrained))
+    for offline in (True, False):
+        hf_loading.load_hf_model("org/model", None, local_files_only=offline)
+    assert [a["adapter_kwargs"] for a in asked] == [{"local_files_only": True}, None]
+    assert [a["local_files_only"] for a in asked] == [True, False] and all(a["use_safetensors"] for a in asked)
