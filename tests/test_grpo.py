@@ -419,6 +419,8 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
         train_sft(lm, train, cfg, None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="out_dir"):
         train_grpo(lm, cfg, train, 3, valid={"v": train})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="train_sft: out_dir must be the run directory's path, got ''"):
+        train_sft(lm, train, cfg, "")  # (Path('') is the working directory: the run wrote there)
     # the validation records are checked as the training ones: dict rows failed deep inside ('dict' object has no
     # attribute 'meta'), and an empty set of GRPO's logged an accuracy of 0 at every evaluation and kept best/ by it
     rows = [{"question": r.question, "answer": r.answer} for r in train]
