@@ -15,9 +15,9 @@ from dgrpo.perturbation import LockedDropout, seeds_for
 from dgrpo.training import grpo as grpo_module
 from dgrpo.training.grpo import GRPOTrainer
 from dgrpo.training.losses import ObjectiveStats
-from dgrpo.training.rollouts import collect_rollouts
+from dgrpo.training.rollouts import collect_rollouts, latent_chain_obstacle
 
-from conftest import tiny_config
+from conftest import make_lm, tiny_config
 
 # by position (K = 2): group 0 kept (mu 0.5), group 1 dropped (mu 1)
 PATTERN = [1.0, 0.0, 1.0, 1.0]
@@ -241,3 +241,21 @@ def test_a_non_finite_gradient_skips_the_optimizer_step_and_is_counted(sft_check
     for p in params:
         p.grad = torch.ones_like(p)
     assert tr._optimizer_step() > 0 and stepped == [True] and (tr.guard.skips, tr.guard.streak) == (1, 0)
+
+
+def test_the_latent_chain_is_refused_for_a_pause_model_by_its_mode(tokenizer):
+    """grpo.update_latent_graphs runs the coconut recurrence: a pause-token model (whose latent positions are
+    ``<|latent|>`` embeddings) is an obstacle named by its mode, as a coconut one on the same engine is not."""
+    lm, cfg = make_lm(tokenizer, "qwen2"), tiny_config(**{"grpo.engine": "fast"})
+    assert latent_chain_obstacle(lm, cfg, "fast", distributed=False) is None
+    lm.settings.mode = "pause"
+    assert latent_chain_obstacle(lm, cfg, "fast", False) == "it runs coconut thoughts; this model's mode is 'pause'"
+
+
+def test_the_reinforce_arm_keeps_every_rollout_whatever_the_filter_says(sft_checkpoint):
+    """REINFORCE + EMA baseline (K = 1: no group accuracy to filter by) ignores grpo.filter, left on here: every
+    rollout is kept, with A = r - b (the filter's window applied to groups of one dropped every rollout, or failed)."""
+    tr = trainer(sft_checkpoint, **{"grpo.advantage": "ema", "grpo.group_size": 1, "grpo.filter": "true"})
+    rewards = torch.tensor([[1.0], [0.0], [1.0]])
+    keep, adv = tr._filter_and_advantages(rewards, step=0)
+    assert keep.tolist() == [True, True, True] and torch.equal(adv, rewards - 0.5)
