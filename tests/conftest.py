@@ -2,11 +2,13 @@
 ``dgrpo demo --quick``), a short SFT checkpoint, and running the command line in-process or as a subprocess."""
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import settings
@@ -118,6 +120,26 @@ def lora_base_dirs(tokenizer, tmp_path_factory):
     for arch in ("qwen2", "llama", "gpt2"):
         make_lm(tokenizer, arch).save_pretrained(root / arch)
     return root
+
+
+def grpo_run_dir(out: Path, cfg=None, **kw):
+    """A GRPO RunDir on ``out`` (one process, quiet; ``cfg``: tiny_config() by default)."""
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import RunDir
+
+    return RunDir(out, cfg or tiny_config(), Dist.single(), "grpo", log=lambda m: None, **kw)
+
+
+def state_only_checkpoint(path: Path) -> Path:
+    """A folder that reads as a GRPO resumable checkpoint (its state.json), without weights."""
+    path.mkdir(parents=True)
+    (path / "state.json").write_text(json.dumps({"trainer": {}}))
+    return path
+
+
+def loads_no_base(ckpt: Path) -> SimpleNamespace:
+    """A stand-in for RunDir.resume's loader: a checkpoint of no base model."""
+    return SimpleNamespace(base=None)
 
 
 def written_with_manifest(directory: Path, files: dict[str, str]) -> Path:

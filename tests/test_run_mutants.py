@@ -15,6 +15,8 @@ import torch
 from dgrpo.config import ConfigError
 from dgrpo.eval.evaluate import EvalResult
 
+from conftest import grpo_run_dir, loads_no_base, state_only_checkpoint
+
 
 class _RankOfTwo:
     """Rank ``rank`` of two processes for :func:`sharded_scores`: the other rank's count of correct records, its
@@ -177,27 +179,6 @@ def test_a_resumed_run_clears_the_models_stopped_mark():
     check_restart(lm, False, "train_grpo")  # type: ignore[arg-type]
 
 
-def _run_dir(out: Path, cfg=None, **kw):
-    """A GRPO RunDir on ``out`` (one process, quiet)."""
-    from dgrpo.training.distributed import Dist
-    from dgrpo.training.run import RunDir
-
-    from conftest import tiny_config
-
-    return RunDir(out, cfg or tiny_config(), Dist.single(), "grpo", log=lambda m: None, **kw)
-
-
-def _checkpoint(path: Path) -> Path:
-    """A folder that reads as a GRPO resumable checkpoint (its state.json), without weights."""
-    path.mkdir(parents=True)
-    (path / "state.json").write_text(json.dumps({"trainer": {}}))
-    return path
-
-
-def _loads(ckpt: Path) -> SimpleNamespace:
-    return SimpleNamespace(base=None)
-
-
 def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -214,8 +195,8 @@ def test_a_run_started_afresh_over_a_killed_ones_rows_starts_their_files_empty(t
     (out / "config.json").write_text(json.dumps(to_dict(tiny_config())))
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
     (out / "rollouts.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
-    with _run_dir(out) as run:
-        assert run.resume(_loads) is None
+    with grpo_run_dir(out) as run:
+        assert run.resume(loads_no_base) is None
         run.start(None)
         assert run.resumed_step is None
     assert (out / "rollouts.jsonl").read_text() == "" and (out / "metrics.jsonl").read_text() == ""
@@ -245,31 +226,31 @@ def test_a_resumed_run_keeps_its_checkpoints_rows_and_says_when_some_are_lost(tm
     its resumed step; resumed again with those 2, no warning either; with 1 in the file, a warning says the rows
     before it are lost."""
     out = tmp_path / "run"
-    _checkpoint(out / "checkpoints" / "step-00000004")
+    state_only_checkpoint(out / "checkpoints" / "step-00000004")
     (out / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')
     for _ in range(2):  # (then resumed again with the 2 rows it recorded)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            with _run_dir(out) as run:
-                run.resume(_loads)
+            with grpo_run_dir(out) as run:
+                run.resume(loads_no_base)
                 run.start({"step": 4, "metrics_lines": 2})
                 assert run.resumed_step == 4
         assert [r["step"] for r in _rows(out / "metrics.jsonl")] == [1, 2]
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
     with pytest.warns(UserWarning, match="holds 1 rows, and 2 were written before"):
-        with _run_dir(out) as run:
-            run.resume(_loads)
+        with grpo_run_dir(out) as run:
+            run.resume(loads_no_base)
             run.start({"step": 4, "metrics_lines": 2})
 
 
 def test_a_fork_of_another_runs_checkpoint_starts_its_own_rows_without_a_warning(tmp_path):
     """``--resume PATH`` of another run's checkpoint into a new directory: no rows of that run are expected here
     (no warning that they are lost)."""
-    parent = _checkpoint(tmp_path / "parent" / "checkpoints" / "step-00000004")
+    parent = state_only_checkpoint(tmp_path / "parent" / "checkpoints" / "step-00000004")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with _run_dir(tmp_path / "fork", resume=str(parent)) as run:
-            run.resume(_loads)
+        with grpo_run_dir(tmp_path / "fork", resume=str(parent)) as run:
+            run.resume(loads_no_base)
             run.start({"step": 4, "metrics_lines": 2})
     assert (tmp_path / "fork" / "metrics.jsonl").read_text() == ""
 
@@ -279,7 +260,7 @@ def test_the_final_evaluation_logs_its_row_at_the_last_step_with_the_best_step(t
     earlier end's summary.json and final/ are removed first."""
     out = tmp_path / "run"
     asked: list = []
-    with _run_dir(out) as run:
+    with grpo_run_dir(out) as run:
         run.start(None)
         (out / "summary.json").write_text("{}")
         (out / "final").mkdir()
@@ -294,9 +275,9 @@ def test_a_stop_after_a_step_records_what_was_applied_at_the_runs_start_step(tmp
     from dgrpo.training.guards import StalledError
 
     out = tmp_path / "run"
-    _checkpoint(out / "checkpoints" / "step-00000004")
-    with _run_dir(out) as run:
-        run.resume(_loads)
+    state_only_checkpoint(out / "checkpoints" / "step-00000004")
+    with grpo_run_dir(out) as run:
+        run.resume(loads_no_base)
         run.start({"step": 4, "metrics_lines": 0}, {"compile": "on"})
         with pytest.raises(StalledError, match="stalled"):
             run.stop_after_step({"compile": "fell back"}, StalledError("stalled"))
@@ -311,8 +292,8 @@ def test_a_checkpoint_that_fails_to_load_is_moved_aside_and_the_previous_one_res
 
     out = tmp_path / "run"
     root = out / "checkpoints"
-    older = _checkpoint(root / "step-00000002")
-    newest = _checkpoint(root / "step-00000004")
+    older = state_only_checkpoint(root / "step-00000002")
+    newest = state_only_checkpoint(root / "step-00000004")
     (root / "damaged-step-00000004").mkdir()
 
     def fails_newest(ckpt: Path) -> SimpleNamespace:
@@ -320,7 +301,7 @@ def test_a_checkpoint_that_fails_to_load_is_moved_aside_and_the_previous_one_res
             raise CheckpointError("model.safetensors: checksum mismatch")
         return SimpleNamespace(base=None)
 
-    with _run_dir(out) as run:
+    with grpo_run_dir(out) as run:
         assert run.resume(fails_newest) is not None and run.checkpoint == older
     assert (root / "damaged-step-00000004-2").is_dir() and not newest.exists()
 
@@ -328,11 +309,11 @@ def test_a_checkpoint_that_fails_to_load_is_moved_aside_and_the_previous_one_res
         raise CheckpointError("unreadable")
 
     with pytest.raises(CheckpointError, match="no checkpoint in .* can be resumed .*step-00000002: unreadable"):
-        with _run_dir(out) as run:
+        with grpo_run_dir(out) as run:
             run.resume(fails)
     assert older.is_dir()  # (the last one is not moved aside: the error names it)
     with pytest.raises(CheckpointError, match=f"--resume {older}: unreadable"):
-        with _run_dir(out, resume=str(older)) as run:
+        with grpo_run_dir(out, resume=str(older)) as run:
             run.resume(fails)
 
 
@@ -383,7 +364,7 @@ def test_a_best_deleted_since_the_checkpoint_is_no_stale_best(tmp_path):
     """The checkpoint recorded a best/ that is gone now (deleted by hand): nothing to remove, the resume goes on (a
     best/ recorded as None with none now too)."""
     out = tmp_path / "run"
-    with _run_dir(out) as run:
+    with grpo_run_dir(out) as run:
         assert run.best_record() is None
         assert run.drop_stale_best({"best": "ab" * 32}) is False
         assert run.drop_stale_best({"best": None}) is False
@@ -399,7 +380,7 @@ def test_a_resume_compares_the_options_its_command_reads(tmp_path):
     from conftest import tiny_config
 
     out = tmp_path / "run"
-    _checkpoint(out / "checkpoints" / "step-00000002")
+    state_only_checkpoint(out / "checkpoints" / "step-00000002")
     (out / "config.json").write_text(json.dumps(to_dict(tiny_config())))
     check_resume_config(out, tiny_config(**{"sft.c_thought": 3}), "grpo")
     with pytest.raises(ConfigError, match=r"a run started with a different config \(model.lora.alpha\)"):
@@ -407,7 +388,7 @@ def test_a_resume_compares_the_options_its_command_reads(tmp_path):
     revised = tiny_config(**{"model.revision": "abc123"})
     check_resume_config(out, revised, "grpo")
     with pytest.raises(ConfigError, match=r"a run started with a different config \(model.revision\)"):
-        _run_dir(out, revised)
+        grpo_run_dir(out, revised)
 
 
 def test_a_moved_aside_copy_without_its_manifest_is_not_restored(tmp_path):
@@ -418,7 +399,7 @@ def test_a_moved_aside_copy_without_its_manifest_is_not_restored(tmp_path):
     (out / ".old-best-5" / "model.safetensors").write_text("")
     (out / ".old-final-6").mkdir()
     (out / ".old-final-6" / "manifest.json").write_text("{}")
-    _run_dir(out).close()
+    grpo_run_dir(out).close()
     assert sorted(p.name for p in out.iterdir()) == [".lock", "final"]
 
 
@@ -451,8 +432,8 @@ def test_resume_never_starts_over_under_any_config_and_resumes_nothing(tmp_path)
     from conftest import tiny_config
 
     out = tmp_path / "run"
-    _checkpoint(out / "checkpoints" / "step-00000002")
+    state_only_checkpoint(out / "checkpoints" / "step-00000002")
     (out / "config.json").write_text(json.dumps(to_dict(tiny_config(**{"grpo.lr": 0.5}))))
-    with _run_dir(out, resume="never") as run:
-        assert run.candidates == [] and run.resume(_loads) is None
+    with grpo_run_dir(out, resume="never") as run:
+        assert run.candidates == [] and run.resume(loads_no_base) is None
     assert not (out / "checkpoints").exists()

@@ -13,26 +13,7 @@ import pytest
 
 from dgrpo.config import ConfigError, to_dict
 
-from conftest import tiny_config
-
-
-def _run_dir(out: Path, cfg=None, **kw):
-    """A GRPO RunDir on ``out`` (one process, quiet)."""
-    from dgrpo.training.distributed import Dist
-    from dgrpo.training.run import RunDir
-
-    return RunDir(out, cfg or tiny_config(), Dist.single(), "grpo", log=lambda m: None, **kw)
-
-
-def _checkpoint(path: Path) -> Path:
-    """A folder that reads as a GRPO resumable checkpoint (its state.json), without weights."""
-    path.mkdir(parents=True)
-    (path / "state.json").write_text(json.dumps({"trainer": {}}))
-    return path
-
-
-def _loads(ckpt: Path) -> SimpleNamespace:
-    return SimpleNamespace(base=None)
+from conftest import grpo_run_dir, loads_no_base, state_only_checkpoint, tiny_config
 
 
 def test_the_metrics_log_off_rank_0_reads_and_writes_nothing(tmp_path):
@@ -56,12 +37,12 @@ def test_a_refused_run_removes_only_a_directory_it_made(tmp_path):
     missing = str(tmp_path / "nowhere" / "step-00000002")
     made = tmp_path / "made"
     with pytest.raises(ConfigError, match="no such checkpoint directory"):
-        _run_dir(made, resume=missing)
+        grpo_run_dir(made, resume=missing)
     assert not made.exists()
     mine = tmp_path / "mine"
     mine.mkdir()
     with pytest.raises(ConfigError, match="no such checkpoint directory"):
-        _run_dir(mine, resume=missing)
+        grpo_run_dir(mine, resume=missing)
     assert mine.is_dir()
 
 
@@ -72,7 +53,7 @@ def test_a_moved_aside_copy_beside_its_published_replacement_is_removed(tmp_path
     for name, text in ((".old-best-6", "old"), ("best", "new")):
         (out / name).mkdir(parents=True)
         (out / name / "manifest.json").write_text(text)
-    _run_dir(out).close()
+    grpo_run_dir(out).close()
     assert sorted(p.name for p in out.iterdir()) == [".lock", "best"]
     assert (out / "best" / "manifest.json").read_text() == "new"
 
@@ -81,14 +62,14 @@ def test_resume_never_in_the_working_directory_keeps_a_model_named_not_by_a_path
     """``--out . --resume never`` with the model named by a hub id or a built-in name (a relative name, not a path
     inside OUT) starts over; a model given by its absolute path inside OUT is refused (it would be deleted)."""
     out = tmp_path / "run"
-    _checkpoint(out / "checkpoints" / "step-00000002")
+    state_only_checkpoint(out / "checkpoints" / "step-00000002")
     monkeypatch.chdir(out)
     cfg = tiny_config(**{"model.name_or_path": "org/model"})
-    _run_dir(out, cfg, resume="never").close()
+    grpo_run_dir(out, cfg, resume="never").close()
     assert not (out / "checkpoints").exists()
     inside = tiny_config(**{"model.name_or_path": str(out / "init")})
     with pytest.raises(ConfigError, match="would delete .*init, the model this run starts from"):
-        _run_dir(out, inside, resume="never")
+        grpo_run_dir(out, inside, resume="never")
 
 
 def test_a_folder_of_another_kind_in_checkpoints_is_refused(tmp_path):
@@ -96,10 +77,10 @@ def test_a_folder_of_another_kind_in_checkpoints_is_refused(tmp_path):
     a ``damaged-step-N`` a resume moved aside is the run's own."""
     out = tmp_path / "run"
     (out / "checkpoints" / "damaged-step-00000004").mkdir(parents=True)
-    _run_dir(out).close()
+    grpo_run_dir(out).close()
     (out / "checkpoints" / "notes").mkdir()
     with pytest.raises(ConfigError, match="holds notes, not dgrpo checkpoints"):
-        _run_dir(out)
+        grpo_run_dir(out)
 
 
 def test_a_resume_under_the_same_config_keeps_no_config_history(tmp_path):
@@ -107,14 +88,14 @@ def test_a_resume_under_the_same_config_keeps_no_config_history(tmp_path):
     change); under a changed one, allowed, the first config is kept as config.0.json (step 0) and the new one as
     config.1.json at the resumed step."""
     out = tmp_path / "run"
-    _checkpoint(out / "checkpoints" / "step-00000004")
+    state_only_checkpoint(out / "checkpoints" / "step-00000004")
     (out / "config.json").write_text(json.dumps(to_dict(tiny_config())))
-    with _run_dir(out) as run:
-        run.resume(_loads)
+    with grpo_run_dir(out) as run:
+        run.resume(loads_no_base)
         run.start({"step": 4, "metrics_lines": 0})
     assert sorted(p.name for p in out.glob("config*.json")) == ["config.json"]
-    with _run_dir(out, tiny_config(**{"grpo.lr": 0.5}), allow_config_change=True) as run:
-        run.resume(_loads)
+    with grpo_run_dir(out, tiny_config(**{"grpo.lr": 0.5}), allow_config_change=True) as run:
+        run.resume(loads_no_base)
         run.start({"step": 4, "metrics_lines": 0})
     history = [json.loads((out / f"config.{n}.json").read_text()) for n in (0, 1)]
     assert [h["started_at_step"] for h in history] == [0, 4]
@@ -126,7 +107,7 @@ def test_a_run_that_fails_after_writing_keeps_its_new_directory(tmp_path):
     what it wrote: only a run refused before it wrote anything removes the directory it made."""
     out = tmp_path / "new"
     with pytest.raises(RuntimeError, match="a step failed"):
-        with _run_dir(out) as run:
+        with grpo_run_dir(out) as run:
             run.start(None)
             run.metrics.write({"step": 1, "loss": 0.5})
             raise RuntimeError("a step failed")
@@ -140,8 +121,8 @@ def test_a_skipped_checkpoint_is_moved_aside_past_every_name_taken(tmp_path):
     from dgrpo.model.verified import CheckpointError
 
     root = tmp_path / "run" / "checkpoints"
-    older = _checkpoint(root / "step-00000002")
-    newest = _checkpoint(root / "step-00000004")
+    older = state_only_checkpoint(root / "step-00000002")
+    newest = state_only_checkpoint(root / "step-00000004")
     for name in ("damaged-step-00000004", "damaged-step-00000004-2"):
         (root / name).mkdir()
         (root / name / "note").write_text(name)
@@ -151,7 +132,7 @@ def test_a_skipped_checkpoint_is_moved_aside_past_every_name_taken(tmp_path):
             raise CheckpointError("checksum mismatch")
         return SimpleNamespace(base=None)
 
-    with _run_dir(tmp_path / "run") as run:
+    with grpo_run_dir(tmp_path / "run") as run:
         assert run.resume(fails_newest) is not None and run.checkpoint == older
     assert (root / "damaged-step-00000004-3" / "state.json").is_file() and not newest.exists()
     for name in ("damaged-step-00000004", "damaged-step-00000004-2"):
@@ -172,7 +153,7 @@ def test_a_run_config_has_every_section_a_run_records(tmp_path):
         path.write_text(json.dumps(found))
         assert is_run_config(path) is expected, found
     with pytest.raises(ConfigError, match="its config.json is not a dgrpo run's config"):
-        _run_dir(tmp_path)
+        grpo_run_dir(tmp_path)
 
 
 def test_a_folder_with_a_runs_metrics_alone_is_a_training_runs(tmp_path):
@@ -319,7 +300,7 @@ def test_another_commands_run_is_refused_with_the_init_hint_for_sft_into_grpo_on
     from dgrpo.training.resume_check import check_resume_config
 
     grpo, sft = tmp_path / "grpo", tmp_path / "sft"
-    _checkpoint(grpo / "checkpoints" / "step-00000002")
+    state_only_checkpoint(grpo / "checkpoints" / "step-00000002")
     (sft / "checkpoints" / "step-00000002").mkdir(parents=True)
     (sft / "checkpoints" / "step-00000002" / "state.json").write_text('{"progress": {}}')
     with pytest.raises(ConfigError, match="which `dgrpo sft` cannot resume: name a new --out$"):
@@ -348,7 +329,7 @@ def test_resume_of_a_file_says_it_is_a_file(tmp_path):
     does not exist."""
     from dgrpo.training.resume_check import check_resume_config
 
-    state = _checkpoint(tmp_path / "run" / "checkpoints" / "step-00000002") / "state.json"
+    state = state_only_checkpoint(tmp_path / "run" / "checkpoints" / "step-00000002") / "state.json"
     with pytest.raises(ConfigError, match="state.json is a file: name a checkpoint directory"):
         check_resume_config(tmp_path / "fork", tiny_config(), "grpo", resume=str(state))
 
