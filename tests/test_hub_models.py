@@ -56,6 +56,7 @@ def test_a_dgrpo_checkpoint_on_the_hub_loads_its_latent_settings_and_run_config(
     assert lm.settings == local.settings and lm.settings.n_latent == 3
     assert lm.run_config == {"seed": 1, "task": {"n_steps": 4}}
     assert lm.name_or_path == REPO and lm.revision == NEW  # the commit "main" pointed to
+    assert lm.hub_commit == NEW and local.hub_commit is None  # (results name the commit; a directory has none)
     assert torch.equal(first_weight(lm), first_weight(local))
 
 
