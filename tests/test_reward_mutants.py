@@ -35,3 +35,25 @@ def test_a_box_with_a_space_before_its_brace_is_still_the_answer_marker():
     is 3", and over the reasoning's last number after it."""
     assert extract_answer("The answer is 3. So \\boxed {18}") == "18"
     assert extract_answer("\\boxed {18}, as 9 * 2") == "18"
+
+
+def test_a_box_may_open_with_a_dollar_before_a_wrapped_or_spaced_number():
+    """A box opened by ``$`` or ``\\$`` then a ``\\mathbf{`` / ``\\text{`` wrapper or two spaces still holds its number
+    (``\\boxed{$\\mathbf{18}$}``: 18, not no answer)."""
+    assert extract_answer("\\boxed{$\\mathbf{18}$}") == "18"
+    assert extract_answer("The answer is 3. \\boxed{\\$\\text{18}}") == "18"
+    assert extract_answer("\\boxed{$  18$}") == "18"
+
+
+def test_float_noise_is_relative_to_the_larger_of_prediction_and_gold():
+    """The relative 1e-9 on a non-integer gold is taken of the larger magnitude: 0.4999999995 is off 0.5 by 5e-10,
+    exactly 1e-9 of the gold, a hit; 0.4999999994 (6e-10 off) is a miss (both too fine for a half-unit rounding)."""
+    assert score("#### 0.4999999995", "0.5") == 1.0
+    assert score("#### 0.4999999994", "0.5") == 0.0
+
+
+def test_a_decimal_with_an_overlong_exponent_is_no_number_not_its_whole_part():
+    """``1.5e1234`` (an exponent past a float's range) is no number at all: not its ``1`` (the text's last number
+    without a marker), nor its ``12`` in ``12.75e9999``."""
+    assert extract_answer("x = 1.5e1234") is None
+    assert extract_answer("12.75e9999") is None
