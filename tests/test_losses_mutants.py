@@ -1,5 +1,8 @@
 """Gaps found by mutation testing of dgrpo.training.losses and dgrpo.training.schedules: the guards of the public
-functions (empty or all-masked batches, unknown names, a logp of the wrong rank), with values worked out by hand."""
+functions (empty or all-masked batches, unknown names, a logp of the wrong rank); the step's global counts, masked
+tokens in the stats, a single later mini-epoch, the EMA baseline; with values worked out by hand."""
+
+import math
 
 import pytest
 import torch
@@ -84,3 +87,69 @@ def test_an_unknown_advantage_kind_is_a_named_error():
 
     with pytest.raises(ValueError, match="unknown advantage kind 'ema'; expected drgrpo, grpo or rloo"):
         group_advantages(torch.ones(2, 4), "ema")
+
+
+def test_each_aggregation_divides_by_the_steps_global_counts_not_the_micro_batchs():
+    """A micro-batch of one rollout (values 1, 3; a masked 100) in a step of 2 rollouts, 4 tokens, max_len 5:
+    seq_mean (1 + 3) / 2 / 2 = 1, token_mean (1 + 3) / 4 = 1, constant (1 + 3) / (2 * 5) = 0.4; the micro-batch's
+    own counts (1 rollout, 2 tokens) would give 2, 2 and 0.8, and the micro-batches of a step would not add up."""
+    x, m = torch.tensor([[1.0, 3.0, 100.0]]), torch.tensor([[1.0, 1.0, 0.0]])
+    got = [aggregate(x, m, kind, 2, 4, 5).item() for kind in ("seq_mean", "token_mean", "constant")]
+    assert got == pytest.approx([1.0, 1.0, 0.4])
+
+
+def test_clip_fractions_count_the_steps_tokens_and_ratio_extremes_skip_masked_tokens():
+    """Two rollouts of 2 tokens, the second token of each masked (ratios e^-1 and e^1 there), in a step of 8 answer
+    tokens: the valid ratios are e^0.5 (advantage +1, clipped high) and e^-0.5 (advantage -1, clipped low), so each
+    clipped fraction is 1 / 8 (not 1 / 2, the micro-batch's own tokens) and the extremes are e^0.5 and e^-0.5, not the
+    masked tokens' e^1 and e^-1."""
+    logp = torch.tensor([[0.5, -1.0], [-0.5, 1.0]], dtype=torch.float64)
+    old, mask = torch.zeros(2, 2, dtype=torch.float64), torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    _, stats = grpo_objective(logp, old, adv, mask, GlobalCounts(4, 8, 2), ObjectiveSettings())
+    got = stats.as_dict()
+    assert (got["clip_frac_low"], got["clip_frac_high"]) == (0.125, 0.125)
+    assert (got["ratio_max"], got["ratio_min"]) == pytest.approx((math.exp(0.5), math.exp(-0.5)))
+
+
+def test_one_later_mini_epoch_supplies_the_clipping_stats():
+    """With two mini-epochs (one after the first, ``n_later`` = 1), the clipped fractions and ratio extremes are the
+    later one's as they are (divided by 1), the loss and KL stay the first's."""
+    from dgrpo.training.losses import ObjectiveStats
+
+    first = ObjectiveStats(policy_loss=0.5, kl=0.25)
+    first.clipping_from(ObjectiveStats(clip_frac_low=0.3, clip_frac_high=0.2, ratio_max=1.5, ratio_min=0.5), 1)
+    assert first.as_dict() == {
+        "policy_loss": 0.5,
+        "kl": 0.25,
+        "clip_frac_low": 0.3,
+        "clip_frac_high": 0.2,
+        "ratio_max": 1.5,
+        "ratio_min": 0.5,
+    }
+
+
+def test_the_ema_baseline_moves_towards_the_mean_of_all_rewards():
+    """b <- alpha b + (1 - alpha) mean(r) over every reward of the step, whatever the shape: rewards [[1, 0], [0, 0]]
+    (mean 0.25) move a baseline of 0 with alpha 0.5 to 0.125 (not the first column's 0.5 / 2 = 0.25)."""
+    from dgrpo.training.losses import ema_update
+
+    assert ema_update(0.0, torch.tensor([[1.0, 0.0], [0.0, 0.0]]), 0.5) == 0.125
+
+
+def test_the_kl_stat_is_detached_from_the_graph():
+    """The logged KL (like the logged loss) holds no autograd graph: a step keeps its stats over micro-batches, and a
+    stat with a graph would keep every micro-batch's activations alive until the step's end."""
+    logp = torch.zeros(1, 2, requires_grad=True)
+    _, stats = grpo_objective(
+        logp,
+        torch.zeros(1, 2),
+        torch.tensor([1.0]),
+        torch.ones(1, 2),
+        GlobalCounts(1, 2, 2),
+        ObjectiveSettings(),
+        ref_logp=torch.full((1, 2), 0.5),
+        beta=0.1,
+    )
+    assert isinstance(stats.kl, torch.Tensor) and not stats.kl.requires_grad
+    assert isinstance(stats.policy_loss, torch.Tensor) and not stats.policy_loss.requires_grad
