@@ -4,6 +4,7 @@ tier let through."""
 
 import warnings
 from contextlib import nullcontext
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +15,7 @@ from dgrpo.data.records import Record
 from dgrpo.training import sft as sft_module
 from dgrpo.training.curriculum import Curriculum, Progress, SFTExample, stage_settings
 from dgrpo.training.distributed import Dist
-from dgrpo.training.sft import _keep_if_best, _warn_if_targets_cut, sft_loss
+from dgrpo.training.sft import _finish_stage, _keep_if_best, _warn_at_start, _warn_if_targets_cut, sft_loss
 
 from conftest import make_lm, tiny_config
 
@@ -116,3 +117,45 @@ def test_a_resumed_run_reads_its_best_value_by_sft_best_metric(monkeypatch):
     with pytest.raises(_ResumedBest) as e:
         sft_module.train_sft(SimpleNamespace(), [rec], cfg, "unused", valid=[rec], evaluate_fn=lambda *a: 1)
     assert e.value.args == (3, "mean_score")
+
+
+@pytest.mark.parametrize("valid", [None, []])
+def test_a_stages_end_without_a_validation_set_saves_its_stage_unvalidated(valid, tmp_path):
+    """_finish_stage with an evaluate_fn but no validation records (None or []): nothing is evaluated, the row has
+    no validation keys and no scores are returned; stage-1/ is still saved with stage 1's settings (2 thoughts)."""
+    cfg = tiny_config(**{"sft.c_thought": 2, "sft.max_latent_stage": 3, "sft.eval_every_epoch": "true"})
+    lm, saved, rows, seen = SimpleNamespace(settings=None), [], [], []
+    dist = Dist.single()
+    dist.save_model = lambda model, path: saved.append((path.name, model.settings.n_latent))
+    run = SimpleNamespace(out_dir=tmp_path, metrics=SimpleNamespace(write=rows.append), log=lambda line: None)
+    scores = _finish_stage(lm, 1, cfg, run, dist, valid, lambda *a: seen.append(a) or 1, 7, 0.0)
+    assert (scores, seen, saved) == (None, [], [("stage-1", 2)])
+    assert [sorted(r) for r in rows] == [["n_latent", "stage", "step", "time_s"]]
+
+
+def test_a_mid_epoch_checkpoint_resumes_at_its_next_batch(monkeypatch):
+    """SFTRun.save(2, 3) (written after batch 2 of epoch 2, by sft.save_every or a stop): the state resumes at epoch
+    2, batch 3, not at the epoch's start (which trained its first batches twice)."""
+    from test_sft_curriculum_mutants import between_steps  # (an SFTRun between steps, without a model)
+
+    saved = {}
+    monkeypatch.setattr(sft_module, "save_checkpoint", lambda out, step, **kw: saved.update(kw["state"]))
+    monkeypatch.setattr(sft_module, "shard_staging", lambda out, step: None)
+    run = between_steps(tiny_config())
+    run.prog = Progress(epoch=2, batch=0, global_step=11, step_in_sched=3, sched_total=8, stage_prev=1)
+    run.dist.training_state = lambda model, opt, staging: None
+    run.lm, run.t0, run.data_fingerprint = SimpleNamespace(model=None), 0.0, "data"
+    run.run = SimpleNamespace(out_dir=Path("out"), metrics=SimpleNamespace(n_rows=lambda: 0), best_record=lambda: None)
+    run.save(2, 3)
+    assert (saved["progress"]["epoch"], saved["progress"]["batch"], saved["progress"]["global_step"]) == (2, 3, 11)
+
+
+@pytest.mark.parametrize(("mode", "warned"), [("coconut", False), ("pause", False), ("no_cot", True), ("cot", True)])
+def test_uniform_prob_is_said_unused_only_where_no_curriculum_mixes_stages(mode, warned):
+    """sft.uniform_prob > 0 is warned of as unused under cot and no_cot (no stages to mix), not under coconut or
+    pause, whose examples it draws at random stages."""
+    rec = Record("q", ["a"], "1")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _warn_at_start([rec] * 64, None, tiny_config(**{"sft.mode": mode, "sft.uniform_prob": 0.3}))
+    assert any("sft.uniform_prob = 0.3 is unused" in str(w.message) for w in caught) == warned
