@@ -142,6 +142,22 @@ def loads_no_base(ckpt: Path) -> SimpleNamespace:
     return SimpleNamespace(base=None)
 
 
+def sft_run_between_steps(cfg, *, dist=None, steps_per_epoch: int = 4, prog=None, opt=None):
+    """An SFTRun with only what enter_stage, step, train_epoch and save read, without a model (a test replaces
+    sft_step): ``prog`` a fresh Progress unless given, no optimizer yet unless ``opt``, one process unless ``dist``."""
+    from dgrpo.training.curriculum import Curriculum, Progress
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.guards import NonFiniteGuard
+    from dgrpo.training.sft import SFTRun
+
+    run = object.__new__(SFTRun)
+    run.cfg, run.prog, run.opt, run.dist = cfg, prog or Progress(), opt, dist or Dist.single()
+    run.params = [torch.nn.Parameter(torch.zeros(2))]
+    run.plan = Curriculum(cfg, steps_per_epoch=steps_per_epoch)
+    run.guard, run.lm = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr"), SimpleNamespace()
+    return run
+
+
 def written_with_manifest(directory: Path, files: dict[str, str]) -> Path:
     """``directory`` holding ``files`` (relative path -> text) and a manifest of them."""
     from dgrpo.model.verified import write_manifest

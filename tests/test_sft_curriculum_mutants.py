@@ -15,10 +15,9 @@ from dgrpo.data.records import Record
 from dgrpo.training import sft as sft_module
 from dgrpo.training.curriculum import Curriculum, Progress, make_example
 from dgrpo.training.distributed import Dist
-from dgrpo.training.guards import NonFiniteGuard
 from dgrpo.training.sft import SFTRun
 
-from conftest import faked_sft_run, tiny_config
+from conftest import faked_sft_run, sft_run_between_steps, tiny_config
 
 #: a made-up problem of 4 steps (no dataset row)
 FOUR_STEPS = Record("Ann has 3 bags of 4 apples, eats 2 and gives half away. How many?", ["a", "b", "c", "d"], "5")
@@ -54,13 +53,9 @@ def test_a_fresh_run_without_resets_makes_its_one_schedule_at_its_first_epoch(mo
 
 
 def between_steps(cfg, dist: Dist | None = None) -> SFTRun:
-    """An SFTRun with only what step reads (no model: the test replaces sft_step)."""
-    run = object.__new__(SFTRun)
-    run.cfg, run.prog, run.dist = cfg, Progress(sched_total=8), dist or Dist.single()
-    run.params, run.opt = [torch.nn.Parameter(torch.zeros(2))], torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))])
-    run.plan = Curriculum(cfg, steps_per_epoch=4)
-    run.guard, run.lm = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr"), SimpleNamespace()
-    return run
+    """conftest's SFTRun between steps, its schedule 8 steps long and an optimizer made."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))])
+    return sft_run_between_steps(cfg, dist=dist, prog=Progress(sched_total=8), opt=opt)
 
 
 def test_a_steps_row_logs_its_epoch_stage_and_the_loss_summed_over_the_ranks(monkeypatch):

@@ -13,7 +13,7 @@ from dgrpo.training.curriculum import make_example
 from dgrpo.training.distributed import Dist
 from dgrpo.training.sft import sft_step
 
-from conftest import make_lm, tiny_config
+from conftest import make_lm, sft_run_between_steps, tiny_config
 
 #: a batch of rows at random stages (uniform_prob 1) with short chains kept short past max_latent_stage: 0 to 4
 #: thoughts per row, so each micro-batch holds other latent counts and other token counts
@@ -71,20 +71,6 @@ def test_each_epoch_has_its_own_order_and_an_epoch_its_whole_batches():
     assert all(sorted(order) == list(range(100)) for order in orders)
     assert orders[0] != orders[1] != orders[2] and orders[0] == plan.epoch_order(0, 100)
     assert [epoch_steps(n, cfg) for n in (100, 96, 10)] == [3, 3, 1]
-
-
-def sft_run_between_steps(cfg):
-    """An SFTRun with only what enter_stage and step read (no model: sft_step is replaced by the test)."""
-    from dgrpo.training.curriculum import Curriculum, Progress
-    from dgrpo.training.guards import NonFiniteGuard
-    from dgrpo.training.sft import SFTRun
-
-    run = object.__new__(SFTRun)
-    run.cfg, run.prog, run.opt, run.dist = cfg, Progress(), None, Dist.single()
-    run.params = [torch.nn.Parameter(torch.zeros(2))]
-    run.plan = Curriculum(cfg, steps_per_epoch=4)
-    run.guard, run.lm = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr"), None
-    return run
 
 
 def test_a_new_stage_starts_a_new_optimizer_and_lr_schedule_from_its_warmup(monkeypatch):

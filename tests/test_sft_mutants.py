@@ -20,20 +20,9 @@ from dgrpo.training.curriculum import (
     stage_settings,
 )
 from dgrpo.training.distributed import Dist
-from dgrpo.training.guards import NonFiniteGuard
-from dgrpo.training.sft import SFTRun, new_optimizer, sft_step
+from dgrpo.training.sft import new_optimizer, sft_step
 
-from conftest import faked_sft_run, make_lm, tiny_config
-
-
-def between_steps(cfg, steps_per_epoch: int = 4) -> SFTRun:
-    """An SFTRun with only what enter_stage, step and train_epoch read (no model: the test replaces sft_step)."""
-    run = object.__new__(SFTRun)
-    run.cfg, run.prog, run.opt, run.dist = cfg, Progress(), None, Dist.single()
-    run.params = [torch.nn.Parameter(torch.zeros(2))]
-    run.plan = Curriculum(cfg, steps_per_epoch=steps_per_epoch)
-    run.guard, run.lm = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr"), SimpleNamespace()
-    return run
+from conftest import faked_sft_run, make_lm, sft_run_between_steps, tiny_config
 
 
 def fake_steps(monkeypatch) -> list[float]:
@@ -107,7 +96,7 @@ def test_a_step_with_a_non_finite_gradient_norm_leaves_the_weights(one_step, mon
 
 def schedule_of(cfg, monkeypatch, steps_per_epoch: int = 2) -> tuple[list[float], list[int]]:
     """(each step's lr, each epoch's optimizer numbered in order of making) over the run of ``cfg``."""
-    run, seen, ids = between_steps(cfg, steps_per_epoch), fake_steps(monkeypatch), []
+    run, seen, ids = sft_run_between_steps(cfg, steps_per_epoch=steps_per_epoch), fake_steps(monkeypatch), []
     made: list[object] = []
     for epoch in range(cfg.sft.num_epochs):
         stage = run.plan.stage(epoch)
@@ -158,7 +147,7 @@ def test_an_epochs_checkpoints_and_rows_within_it(task_records, monkeypatch):
     after its last (the epoch's end saves after its validation); metrics rows at global step 10 (every 10th), the
     epoch's last step and a skipped step (5)."""
     cfg = tiny_config(**{"sft.batch_size": 1, "sft.save_every": 4})
-    run, rows, saves = between_steps(cfg, steps_per_epoch=12), [], []
+    run, rows, saves = sft_run_between_steps(cfg, steps_per_epoch=12), [], []
     run.run = SimpleNamespace(out_dir="unused", metrics=SimpleNamespace(write=rows.append))
 
     def step(local, epoch, stage, t0):
@@ -245,7 +234,7 @@ def test_a_stages_new_optimizer_goes_on_from_the_last_ones_float32_masters():
     """model.master_weights: the AdamW a stage boundary makes starts from the previous one's float32 master weights
     (made afresh, they would be the bf16 weights again: the stage's updates below bf16's spacing lost)."""
     cfg = tiny_config(**{"model.dtype": "bfloat16", "model.master_weights": "true", "sft.num_epochs": 4})
-    run = between_steps(cfg)
+    run = sft_run_between_steps(cfg)
     run.params = [torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))]
     run.enter_stage(0)
     first, master = run.opt, torch.tensor([1.0001, 0.9999])
@@ -427,7 +416,7 @@ def test_final_is_saved_with_the_last_stages_settings(tmp_path):
     """The run's end (stages 0, 1, 2 with max_latent_stage 1, c_thought 2; the model's settings were stage 0's):
     the test sets are answered and final/ saved with the last stage's settings (stage 2, 2 thoughts)."""
     cfg = tiny_config(**{"sft.num_epochs": 3, "sft.epochs_per_stage": 1, "sft.max_latent_stage": 1, "sft.c_thought": 2})
-    run = between_steps(cfg)
+    run = sft_run_between_steps(cfg)
     run.lm = SimpleNamespace(settings=stage_settings(0, cfg), eval=lambda: None, stopped_run="x")
     seen, said = [], []
     run.run = SimpleNamespace(

@@ -17,7 +17,7 @@ from dgrpo.training.curriculum import Curriculum, Progress, SFTExample, stage_se
 from dgrpo.training.distributed import Dist
 from dgrpo.training.sft import _finish_stage, _keep_if_best, _warn_at_start, _warn_if_targets_cut, sft_loss
 
-from conftest import make_lm, tiny_config
+from conftest import make_lm, sft_run_between_steps, tiny_config
 
 #: one token a character: what the target checks count
 CHARS = SimpleNamespace(token_ids=lambda texts: [list(t) for t in texts])
@@ -136,12 +136,10 @@ def test_a_stages_end_without_a_validation_set_saves_its_stage_unvalidated(valid
 def test_a_mid_epoch_checkpoint_resumes_at_its_next_batch(monkeypatch):
     """SFTRun.save(2, 3) (written after batch 2 of epoch 2, by sft.save_every or a stop): the state resumes at epoch
     2, batch 3, not at the epoch's start (which trained its first batches twice)."""
-    from test_sft_curriculum_mutants import between_steps  # (an SFTRun between steps, without a model)
-
     saved = {}
     monkeypatch.setattr(sft_module, "save_checkpoint", lambda out, step, **kw: saved.update(kw["state"]))
     monkeypatch.setattr(sft_module, "shard_staging", lambda out, step: None)
-    run = between_steps(tiny_config())
+    run = sft_run_between_steps(tiny_config(), opt=torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))]))
     run.prog = Progress(epoch=2, batch=0, global_step=11, step_in_sched=3, sched_total=8, stage_prev=1)
     run.dist.training_state = lambda model, opt, staging: None
     run.lm, run.t0, run.data_fingerprint = SimpleNamespace(model=None), 0.0, "data"
