@@ -89,11 +89,8 @@ def verify(directory: Path, required: tuple[str, ...] = ()) -> str | None:
     man = directory / MANIFEST
     if not man.is_file():
         return "no manifest (incomplete write)"
-    try:
-        manifest = json.loads(man.read_text())
-    except (ValueError, UnicodeDecodeError):
-        return "unreadable manifest"
-    if not isinstance(manifest, dict):
+    manifest = _entries(man)
+    if manifest is None:
         return "unreadable manifest"
     for alternatives in required:
         if not any(name in manifest for name in alternatives.split("|")):
@@ -132,13 +129,21 @@ def _needed_file_missing(problem: str, required: tuple[str, ...]) -> bool:
     return needed or any(name in alternatives.split("|") for alternatives in required)
 
 
+def _entries(manifest: Path) -> dict | None:
+    """A manifest file's entries (path -> sha256); None when it is not JSON text or not an object (it vouches for
+    nothing). An OSError reading it is the caller's."""
+    try:
+        return read_json_object(manifest)
+    except CheckpointError:
+        return None
+
+
 def _listed(directory: Path) -> dict | None:
     """The files ``directory``'s manifest lists (path -> sha256); None when it cannot be read or is no object."""
     try:
-        manifest = json.loads((directory / MANIFEST).read_text())
-    except (OSError, ValueError):  # (UnicodeDecodeError is a ValueError)
+        return _entries(directory / MANIFEST)
+    except OSError:
         return None
-    return manifest if isinstance(manifest, dict) else None
 
 
 def unlisted_files(directory: Path) -> list[str]:
@@ -301,12 +306,9 @@ def _relist(directory: Path, changed: set[Path]) -> None:
     manifest so rewritten counts as changed for the manifests above it)."""
     manifests = sorted(directory.rglob(MANIFEST), key=lambda p: len(p.parts), reverse=True)
     for manifest in manifests:
-        try:
-            listed = json.loads(manifest.read_text())
-        except (ValueError, UnicodeDecodeError):
+        listed = _entries(manifest)
+        if listed is None:
             continue  # (not one to keep consistent: it vouches for nothing now)
-        if not isinstance(listed, dict):
-            continue
         here = manifest.parent
         stale = [p for p in changed if here in p.parents and str(p.relative_to(here)) in listed]
         if stale:
