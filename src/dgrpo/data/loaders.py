@@ -387,10 +387,13 @@ def _load_builtin_name(name: str, split: str | None) -> list[Record]:
     return records
 
 
-def _hub_unreached() -> bool:
+def _hub_unreached(refusal: Callable[[str], DataError]) -> bool:
     """True when the hub is needed (neither HF_HUB_OFFLINE nor HF_DATASETS_OFFLINE is set) and cannot be reached;
-    :class:`~dgrpo.hub.EndpointError` when ``HF_ENDPOINT`` is not a URL."""
-    return not offline_requested("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") and not hub_reachable()
+    ``refusal`` of why, raised, when ``HF_ENDPOINT`` is not a URL (:class:`~dgrpo.hub.EndpointError`)."""
+    try:
+        return not offline_requested("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") and not hub_reachable()
+    except EndpointError as e:
+        raise refusal(str(e)) from None
 
 
 class HubUnreached(DataError):
@@ -431,11 +434,7 @@ def _load_from_hub(
             prefix, "the optional 'datasets' package is not installed (pip install 'dgrpo[hub]')", name, hub_id
         ) from None
     repo = hub_id or name
-    try:
-        unreached = _hub_unreached()
-    except EndpointError as e:
-        raise HubUnreached(prefix, str(e), name, hub_id) from None
-    if unreached:
+    if _hub_unreached(lambda why: HubUnreached(prefix, why, name, hub_id)):
         raise HubUnreached(
             prefix, "no connection to it (set HF_DATASETS_OFFLINE=1 to use the local datasets cache)", name, hub_id
         )
@@ -516,11 +515,7 @@ def _load_openmath_subset(name: str) -> list[Record]:
     streamed from the hub. Without a connection to it, one line at once (as :func:`_load_from_hub`), not the hub
     libraries' retries (~25 s) and their log lines."""
     unreached = f"dataset {name!r} (hub {OPENMATH_HUB_ID!r}): the Hugging Face hub could not be reached"
-    try:
-        no_connection = _hub_unreached()
-    except EndpointError as e:
-        raise DataError(f"{unreached}: {e}") from None
-    if no_connection:
+    if _hub_unreached(lambda why: DataError(f"{unreached}: {why}")):
         raise DataError(f"{unreached}: no connection to it (the subset is streamed: it needs the hub)")
     try:
         with hub_lines_held():
