@@ -13,18 +13,9 @@ from conftest import make_lm, windowed_qwen2_config
 
 def tiny_qwen2():
     """A 2-layer Qwen2 causal LM of 50 tokens, seeded (the layer regions' tests need a decoder, not a tokenizer)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from dgrpo.model.tiny import build_tiny_model
 
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    return Qwen2ForCausalLM(config).eval()
+    return build_tiny_model("qwen2", 50, hidden_size=32, num_layers=2, intermediate_size=64).eval()
 
 
 def test_a_decoder_takes_a_prompt_as_wide_as_its_columns(tokenizer, task_records):

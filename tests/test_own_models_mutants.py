@@ -334,22 +334,6 @@ def test_the_schemes_own_proxy_wins_over_all_proxy(monkeypatch):
     assert calls == [("own.example", 2222, 1.0)]
 
 
-def test_the_working_directory_goes_at_the_end_of_sys_path(tmp_path, monkeypatch):
-    """A package module found in the working directory (the ``dgrpo`` command) puts that directory at the end of
-    sys.path, so that a file there named as an installed package does not replace that package afterwards."""
-    import os
-
-    module = f"cwdrewards_{tmp_path.name.replace('-', '_')}"
-    (tmp_path / f"{module}.py").write_text("def fn():\n    return 5\n")
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd(), str(tmp_path))])
-    monkeypatch.chdir(tmp_path)
-    try:
-        assert import_object(f"{module}:fn", "grpo.reward")() == 5
-        assert sys.path[-1] == str(tmp_path)
-    finally:
-        sys.modules.pop(module, None)
-
-
 def test_a_coconut_row_of_id_zero_is_copied(tokenizer):
     """``<<`` may be token 0: it is still Coconut's row (not 'no such token', which fell back to the mean), and
     init_new_embeddings copies row 0 into the new rows."""

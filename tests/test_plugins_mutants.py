@@ -136,13 +136,16 @@ def test_a_module_that_is_not_in_the_working_directory_leaves_sys_path_alone(tmp
 
 def test_a_single_file_module_in_the_working_directory_imports_under_the_dgrpo_command(tmp_path, monkeypatch):
     """``myrewards:fn`` for a ``myrewards.py`` in the working directory (not a package folder) imports when the
-    working directory is not on sys.path (the ``dgrpo`` command), as it does under ``python -m dgrpo``."""
+    working directory is not on sys.path (the ``dgrpo`` command), as it does under ``python -m dgrpo``; the directory
+    goes at the end of sys.path, so that a file there named as an installed package does not replace that package
+    afterwards."""
     module = f"myrewards_{tmp_path.name.replace('-', '_')}"
     (tmp_path / f"{module}.py").write_text("def fn():\n    return 3\n")
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd(), str(tmp_path))])
     monkeypatch.chdir(tmp_path)
     try:
         assert import_object(f"{module}:fn", "grpo.reward")() == 3
+        assert sys.path[-1] == str(tmp_path)
     finally:
         sys.modules.pop(module, None)
 
