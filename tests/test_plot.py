@@ -404,6 +404,37 @@ def test_seeds_that_validated_on_different_data_are_not_averaged(tmp_path: Path)
     assert EVAL in desc["eval_keys"]  # (seed1 has no such column: seed0 alone is drawn)
 
 
+def test_an_eval_key_takes_a_dataset_with_or_without_its_source_prefix_as_one_set(tmp_path: Path) -> None:
+    """``--eval-key valid`` reads a run's ``builtin:valid`` as the same set (``_eval_key``'s rule), but a group whose
+    seeds logged one each was refused as validated on different data, advising ``--eval-key`` with one of them:
+    either matched both again. Under an explicit name they are one set; without one they are still refused."""
+    write_run(tmp_path / "a" / "seed0", grpo_config(), [{"step": 0, EVAL: 0.1}, {"step": 2, EVAL: 0.3}])
+    short = [{"step": 0, "eval/valid/accuracy": 0.2}, {"step": 2, "eval/valid/accuracy": 0.5}]
+    write_run(tmp_path / "a" / "seed1", grpo_config(), short)
+    seeds = {"a": [load_run(p) for p in find_runs([tmp_path / "a"])]}
+    with pytest.raises(DataError, match=r"pass --eval-key with one of builtin:valid, valid$"):
+        draw(seeds, panels=("eval",))
+    for key in ("valid", "builtin:valid"):
+        _, desc = draw(seeds, panels=("eval",), eval_key=key)
+        assert desc["panels"]["eval"] == {"a": 2} and len(desc["bands"]["eval"]) == 1  # (one mean over both seeds)
+    _, desc = draw(seeds, panels=("eval",), eval_key="eval/valid/accuracy")  # (a full column: that column only)
+    assert desc["eval_keys"] == ["eval/valid/accuracy"] and desc["bands"]["eval"] == []
+
+
+def test_a_run_in_two_label_groups_is_drawn_in_both_with_a_warning(runs: Path, tmp_path: Path) -> None:
+    """``--label A=<folder> --label B=<a run below it>`` drew that run in A's mean and as B, without a word."""
+    arm = runs / "arms" / "dropout_grpo"
+    with pytest.warns(UserWarning, match=r"several --label groups are drawn in each: \S+/seed1 \(A, B\); their"):
+        groups = group_runs([], {"A": [arm], "B": [arm / "seed1"]})
+    assert {name: [r.name for r in members] for name, members in groups.items()} == {
+        "A": ["seed0", "seed1", "seed2"],
+        "B": ["seed1"],
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        group_runs([], {"A": [arm / "seed0"], "B": [arm / "seed1"]})
+
+
 def test_an_sft_runs_curve_is_over_its_optimizer_steps_never_on_the_grpo_step_axis(runs: Path, tmp_path: Path) -> None:
     """An SFT run's steps are its optimizer steps: its validation curve was drawn on the GRPO runs' axis, labelled
     "step" (800 SFT steps beside 6 GRPO steps squashed the GRPO curves into the left edge), and alone it read as GRPO

@@ -37,7 +37,8 @@ def register(sub: Any) -> None:
         metavar="NAME=RUN[,RUN...]",
         help="put these runs in the group NAME (overrides the grouping by seed suffix / config; repeatable): one "
         "mean over them all, with a warning where their configs differ in more than the seed; a NAME that the other "
-        "runs' grouping gives too is refused (add those runs to the label, or choose another name)",
+        "runs' grouping gives too is refused (add those runs to the label, or choose another name); a run in two "
+        "labels is drawn in each, with a warning",
     )
     p.add_argument(
         "--eval-key",

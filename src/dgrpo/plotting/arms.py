@@ -202,11 +202,28 @@ def group_runs(runs: Sequence[Run], groups: Mapping[str, Sequence[str | Path]] |
             if run is not None:
                 out.setdefault(name, []).append(run)
                 taken.add(key)
+    _warn_if_a_run_is_in_several_labels(out)
     automatic = _automatic_groups([run for run in runs if run.path.resolve() not in taken])
     _refuse_labels_named_as_automatic_groups(groups or {}, automatic)
     for name, members in out.items():
         _warn_if_a_label_mixes_settings(name, members)
     return {**out, **automatic}
+
+
+def _warn_if_a_run_is_in_several_labels(labelled: Mapping[str, Sequence[Run]]) -> None:
+    """A warning naming the runs that two or more ``--label`` groups hold (``--label A=runs/sweep --label
+    B=runs/sweep/p02``: B's runs are in A's mean too): each is drawn in every group that holds it, as asked, but
+    those groups' lines then share runs."""
+    holders: dict[Path, tuple[Run, list[str]]] = {}
+    for name, members in labelled.items():
+        for run in members:
+            holders.setdefault(run.path.resolve(), (run, []))[1].append(name)
+    shared = [f"{_shown_path(run.path)} ({', '.join(names)})" for run, names in holders.values() if len(names) > 1]
+    if shared:
+        warnings.warn(
+            f"runs in several --label groups are drawn in each: {first_items(shared)}; their lines share those runs",
+            stacklevel=3,
+        )
 
 
 def _flat_setting(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -320,12 +337,17 @@ def _check_reward_parts(runs: Sequence[Run], panels: Sequence[str]) -> None:
 
 def _check_one_dataset_per_group(groups: Mapping[str, Sequence[Run]], eval_key: str | None) -> None:
     """DataError when the runs of one group would be averaged over different eval columns (each run's first: runs
-    that validated on different data); ``--eval-key`` picks one for all (a run without it is left out)."""
+    that validated on different data); ``--eval-key`` picks one for all (a run without it is left out). A dataset
+    name given to ``--eval-key`` is one set with or without a source prefix, as :func:`_eval_key` reads it (``valid``
+    takes a run's ``builtin:valid``): runs that logged either are one set then, not refused (the refusal's advice,
+    to pass ``--eval-key`` with one of them, matched both again)."""
+    alike = eval_key is not None and not eval_key.startswith("eval/")
     for name, runs in groups.items():
         by_key: dict[str, list[str]] = {}
         for r in runs:
             if (key := _eval_key(r, eval_key)) is not None and any(key in row for row in r.evals):
-                by_key.setdefault(key.removeprefix("eval/").removesuffix("/accuracy"), []).append(r.name)
+                shown = key.removeprefix("eval/").removesuffix("/accuracy")
+                by_key.setdefault(shown.rsplit(":", 1)[-1] if alike else shown, []).append(r.name)
         if len(by_key) > 1:
             shown = "; ".join(f"{k} ({', '.join(v[:3])}{' ...' if len(v) > 3 else ''})" for k, v in by_key.items())
             raise DataError(
