@@ -1006,6 +1006,11 @@ class LatentLM(nn.Module):
         L scored positions. ``lead_ids`` [B, 1] (not with ``stepwise``): a token fed first in that same forward (the
         ``<|end-latent|>`` marker, not yet run), whose hidden state then predicts the first target. A perturbation
         whose ``needs_stepwise`` is true (native dropout) is refused without ``stepwise``.
+
+        ``target_mask`` is right-padded (ones, then zeros: a generation up to its end, as decoding gives it). Stepwise
+        scoring feeds target ``i`` under ``target_mask[i + 1]``, as decoding feeds a chosen token (a row's last token
+        goes in as already finished), the one call under ``target_mask[i]``: the two differ only at each row's last
+        target's column, which no scored position attends (it predicts padding), so their log-probs are equal.
         """
         perturbation = self._perturbation(perturbation)
         check_stepwise(perturbation, stepwise)
