@@ -421,6 +421,23 @@ def test_an_eval_key_takes_a_dataset_with_or_without_its_source_prefix_as_one_se
     assert desc["eval_keys"] == ["eval/valid/accuracy"] and desc["bands"]["eval"] == []
 
 
+def test_seeds_whose_data_valid_differ_are_drawn_as_one_mean_with_a_warning(tmp_path: Path) -> None:
+    """The commands log a run's data.valid as ``eval/valid/...`` whatever it is: seeds of one folder that validated
+    on other files were one mean without a word (one column name, so not refused as different data)."""
+    rows = [{"step": 0, "eval/valid/accuracy": 0.1}, {"step": 2, "eval/valid/accuracy": 0.3}]
+    for seed, valid in enumerate(["mine_a.jsonl", "mine_b.jsonl", "mine_a.jsonl"]):
+        write_run(tmp_path / "arm" / f"seed{seed}", {**grpo_config(), "data": {"valid": valid}}, rows)
+    seeds = {"arm": [load_run(p) for p in find_runs([tmp_path / "arm"])]}
+    said = r"^arm: its runs' eval/valid is their data.valid, which differs between them \(mine_a.jsonl \(seed0, seed2\)"
+    with pytest.warns(UserWarning, match=said + r"; mine_b.jsonl \(seed1\)\); their mean mixes those sets$"):
+        _, desc = draw(seeds, panels=("eval",))
+    assert desc["panels"]["eval"] == {"arm": 2}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        draw({"arm": seeds["arm"][::2]}, panels=("eval",))  # (one data.valid)
+        draw(seeds, panels=("reward_std",))  # (no eval panel)
+
+
 def test_a_run_in_two_label_groups_is_drawn_in_both_with_a_warning(runs: Path, tmp_path: Path) -> None:
     """``--label A=<folder> --label B=<a run below it>`` drew that run in A's mean and as B, without a word."""
     arm = runs / "arms" / "dropout_grpo"

@@ -356,6 +356,26 @@ def _check_one_dataset_per_group(groups: Mapping[str, Sequence[Run]], eval_key: 
             )
 
 
+def _warn_if_a_group_validated_on_other_data(groups: Mapping[str, Sequence[Run]], eval_key: str | None) -> None:
+    """A warning when a group's runs plot ``eval/valid/...`` (the commands' name for the run's ``data.valid``, so one
+    column name for any data) while their configs name different ``data.valid``: seeds of one folder are one arm
+    however their configs differ (:func:`_other_experiments`), so their mean would mix those sets unsaid. Not refused:
+    one file named by two paths (relative and absolute, moved) is the same data."""
+    for name, runs in groups.items():
+        sets: dict[str, list[str]] = {}
+        for r in runs:
+            key = _eval_key(r, eval_key)
+            if key is not None and _eval_parts(key)[0] == "valid" and r.config:
+                sets.setdefault(str(_config_get(r.config, "data.valid")), []).append(r.name)
+        if len(sets) > 1:
+            shown = "; ".join(f"{spec} ({first_items(names)})" for spec, names in sets.items())
+            warnings.warn(
+                f"{name}: its runs' eval/valid is their data.valid, which differs between them ({shown}); their mean "
+                "mixes those sets",
+                stacklevel=3,
+            )
+
+
 def _check_one_kind_per_group(groups: Mapping[str, Sequence[Run]]) -> None:
     """DataError when a group holds SFT and GRPO runs: its mean would average accuracies at SFT optimizer steps with
     ones at GRPO steps, which count different things."""

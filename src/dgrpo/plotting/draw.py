@@ -22,6 +22,7 @@ from .arms import (
     _check_reward_parts,
     _eval_key,
     _number,
+    _warn_if_a_group_validated_on_other_data,
     _warn_if_scorers_differ,
     axes_of,
     config_label,
@@ -294,6 +295,7 @@ def draw(
     if "eval" in panels:
         _check_one_kind_per_group(groups)
         _check_one_dataset_per_group(groups, eval_key)
+        _warn_if_a_group_validated_on_other_data(groups, eval_key)
         _warn_if_scorers_differ(everyone)
     texts = [("the title", title or ""), *(("the group", n) for n in groups)]
     _check_math_text([*texts, *(("the reference", n) for n in reference or {})])
