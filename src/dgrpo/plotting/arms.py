@@ -346,8 +346,8 @@ def _check_one_dataset_per_group(groups: Mapping[str, Sequence[Run]], eval_key: 
         by_key: dict[str, list[str]] = {}
         for r in runs:
             if (key := _eval_key(r, eval_key)) is not None and any(key in row for row in r.evals):
-                shown = key.removeprefix("eval/").removesuffix("/accuracy")
-                by_key.setdefault(shown.rsplit(":", 1)[-1] if alike else shown, []).append(r.name)
+                column = key.removeprefix("eval/").removesuffix("/accuracy")
+                by_key.setdefault(column.rsplit(":", 1)[-1] if alike else column, []).append(r.name)
         if len(by_key) > 1:
             shown = "; ".join(f"{k} ({', '.join(v[:3])}{' ...' if len(v) > 3 else ''})" for k, v in by_key.items())
             raise DataError(
