@@ -222,3 +222,33 @@ def test_json_nan_in_a_file_is_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps({"input": "q", "target": math.nan}) + "\n", "utf-8")
     with pytest.raises(DataError, match=r"rows\.jsonl line 1: field 'target' must be a finite number, got nan"):
         load_dataset(str(path))
+
+
+@pytest.mark.parametrize(
+    ("row", "gold"),
+    [
+        ({"input": "q", "target": "int64:5"}, "5"),
+        ({"Body": "b.", "Question": "q?", "Answer": "float32:2.3"}, "2.3"),
+        ({"sQuestion": "q", "lSolutions": ["int64:7"]}, "7"),
+        ({"question": "q", "final_ans": "int32:3"}, "3"),
+    ],
+    ids=["pal", "svamp", "multiarith", "multiarith-hub"],
+)
+def test_numpy_golds_are_read_in_every_numeric_format(row: dict[str, Any], gold: str) -> None:
+    """A NumPy integer or float gold (rows built in memory, a dataset formatted as NumPy) is the number written, in
+    PAL's, SVAMP's and MultiArith's formats as in ``{question, answer}`` rows: they were 'must be a number, got
+    int64'."""
+    np = pytest.importorskip("numpy")
+
+    def numpy(value: Any) -> Any:
+        if isinstance(value, list):
+            return [numpy(v) for v in value]
+        if isinstance(value, str) and ":" in value:
+            kind, number = value.split(":")
+            return getattr(np, kind)(number)
+        return value
+
+    (record,) = load_rows([{k: numpy(v) for k, v in row.items()}])
+    assert record.answer == gold
+    with pytest.raises(DataError, match="must be a number, got bool"):
+        load_rows([{"input": "q", "target": np.bool_(True)}])

@@ -77,7 +77,10 @@ def _format_number(value: Any, what: str) -> str:
     """A numeric gold as answer text: int string when whole (``8.0`` -> ``"8"``), else full precision
     without exponent (``3244047.0999999996``, ``2.0107e-06`` -> ``"0.0000020107"``). A float is the number its repr
     writes, as ``Record(answer=...)`` reads one: ``1e23`` -> ``"100000000000000000000000"`` (``str(int(1e23))``, the
-    float's binary value ``"99999999999999991611392"``, was the gold, which the completion ``#### 1e23`` missed)."""
+    float's binary value ``"99999999999999991611392"``, was the gold, which the completion ``#### 1e23`` missed). A
+    NumPy number is the Python number it was written as (:func:`_python_number`: PAL's, SVAMP's and MultiArith's
+    golds of ``np.int64`` were 'must be a number, got int64')."""
+    value = _python_number(value)
     if value is None:
         raise _NoValue(what)
     if isinstance(value, bool):
