@@ -1,0 +1,40 @@
+"""Mutation tests of dgrpo.eval.results: the merged shards' counts and the scores a merge reads (each test kills a
+change of the source that the evaluation tests let live)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from dgrpo.eval.evaluate import EvalResult
+from dgrpo.eval.results import merge_results, result_scores
+
+
+def _result(scores: list[object], unparseable: int = 0) -> EvalResult:
+    """A shard of one row per score (correct where it is 1), ``unparseable`` of them unparsed."""
+    rows = [{"question": f"q{i}", "score": s} for i, s in enumerate(scores)]
+    correct = sum(s == 1 for s in scores)
+    mean = sum(float(s) for s in scores) / len(scores)  # type: ignore[arg-type]
+    return EvalResult(
+        "d",
+        correct / len(scores),
+        len(scores),
+        correct,
+        unparseable,
+        0,
+        0,
+        "coconut",
+        1.0,
+        mean_score=mean,
+        predictions=rows,
+    )
+
+
+def test_merged_shards_count_every_shard_s_unparseable_answers() -> None:
+    """1 unparsed of 2 and 2 unparsed of 3 merge to 3 unparsed of 5."""
+    merged = merge_results([_result([1, 0], unparseable=1), _result([0, 0, 1], unparseable=2)])
+    assert (merged.n, merged.correct, merged.unparseable) == (5, 2, 3)
+
+
+def test_scores_of_any_real_number_type_are_read() -> None:
+    """A scorer's ``Fraction(1, 2)`` (a real number, not a float) is the score 0.5, merged bit for bit."""
+    assert result_scores(_result([Fraction(1, 2), 1])) == [0.5, 1.0]
