@@ -150,3 +150,11 @@ def test_the_task_tokenizer_keeps_compatibility_characters_and_splits_as_qwen2()
         assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
     pieces = [p for p, _ in tok.backend_tokenizer.pre_tokenizer.pre_tokenize_str("$abc 12")]
     assert pieces == ["$abc", "Ġ", "1", "2"]
+
+
+def test_the_subset_draw_may_drop_any_row_the_first_too() -> None:
+    """Two of three rows, over 20 seeds: every row is sometimes left out (a draw that only ever replaced the last row
+    kept the first every time)."""
+    rows = [{"problem": p, "expected_answer": "1", "problem_source": "gsm8k"} for p in "abc"]
+    kept = [{r["problem"] for r in sample_subset(rows, n=2, seed=seed)} for seed in range(20)]
+    assert all(len(k) == 2 for k in kept) and {p for p in "abc" if any(p not in k for k in kept)} == {"a", "b", "c"}

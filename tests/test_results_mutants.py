@@ -3,10 +3,12 @@ change of the source that the evaluation tests let live)."""
 
 from __future__ import annotations
 
+import json
 from fractions import Fraction
+from pathlib import Path
 
 from dgrpo.eval.evaluate import EvalResult
-from dgrpo.eval.results import merge_results, result_scores
+from dgrpo.eval.results import merge_results, result_scores, write_results
 
 
 def _result(scores: list[object], unparseable: int = 0) -> EvalResult:
@@ -38,3 +40,15 @@ def test_merged_shards_count_every_shard_s_unparseable_answers() -> None:
 def test_scores_of_any_real_number_type_are_read() -> None:
     """A scorer's ``Fraction(1, 2)`` (a real number, not a float) is the score 0.5, merged bit for bit."""
     assert result_scores(_result([Fraction(1, 2), 1])) == [0.5, 1.0]
+
+
+def test_results_are_written_into_a_new_nested_folder_whose_odd_leftovers_are_removed(tmp_path: Path) -> None:
+    """The folder and its parents are made; a temporary file of a name without a process id (``.tmp-results.json-x``)
+    is no running writer's: it is removed, not a crash."""
+    out = tmp_path / "a" / "b"
+    out.mkdir(parents=True)
+    (out / ".tmp-results.json-x").write_text("{")
+    write_results(_result([1, 0]), out)
+    write_results(_result([1]), tmp_path / "c" / "d")
+    assert sorted(p.name for p in out.iterdir()) == ["predictions.jsonl", "results.json"]
+    assert json.loads((tmp_path / "c" / "d" / "results.json").read_text())["n"] == 1

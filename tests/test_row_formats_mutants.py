@@ -252,3 +252,37 @@ def test_numpy_golds_are_read_in_every_numeric_format(row: dict[str, Any], gold:
     assert record.answer == gold
     with pytest.raises(DataError, match="must be a number, got bool"):
         load_rows([{"input": "q", "target": np.bool_(True)}])
+
+
+def test_a_gsm8k_aug_cot_that_is_no_text_is_named() -> None:
+    """A ``cot`` given as a list is a DataError naming the row (it was an AttributeError)."""
+    with pytest.raises(DataError, match="row 1: field 'cot' must be a string, got list"):
+        load_rows([{"question": "q", "cot": ["<<1+1=2>>"], "answer": "2"}])
+
+
+def test_a_coconut_gsm8k_style_answer_is_kept_as_its_solution() -> None:
+    """A Coconut row whose answer is a GSM8K solution has its gold after ``####`` and the solution in meta."""
+    (record,) = load_rows([{"question": "q", "steps": ["s"], "answer": "so 4\n#### 4"}])
+    assert (record.answer, record.meta["solution"]) == ("4", "so 4\n#### 4")
+
+
+def test_a_file_whose_first_record_is_no_object_is_named(tmp_path: Path) -> None:
+    """A first JSON line holding a number, a JSON list's first element holding a list (the format is detected from
+    the first record): a DataError naming it."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text('3\n{"question": "q", "answer": "1"}\n', "utf-8")
+    with pytest.raises(DataError, match=r"rows\.jsonl line 1: expected a JSON object, got int"):
+        load_dataset(str(path))
+    path = tmp_path / "rows.json"
+    path.write_text('[[1, 2], {"question": "q", "answer": "1"}]', "utf-8")
+    with pytest.raises(DataError, match=r"rows\.json record 1: expected a JSON object, got list"):
+        load_dataset(str(path))
+
+
+def test_a_csv_file_s_first_row_after_blank_lines_and_its_header_is_named_by_its_line(tmp_path: Path) -> None:
+    """Two blank lines, the header on line 3: the first row is line 4."""
+    path = tmp_path / "rows.csv"
+    path.write_text("\n\nquestion,answer\n ,1\n", "utf-8")
+    assert read_csv_lines(path).lines == [4]
+    with pytest.raises(DataError, match=r"rows\.csv line 4: field 'question' is empty"):
+        load_dataset(str(path))
