@@ -254,6 +254,18 @@ def test_numpy_golds_are_read_in_every_numeric_format(row: dict[str, Any], gold:
         load_rows([{"input": "q", "target": np.bool_(True)}])
 
 
+@pytest.mark.parametrize(
+    ("answer", "gold"), [(18, "18"), (2.5, "2.5"), (1e23, "100000000000000000000000"), ("\\frac{1}{2}", "\\frac{1}{2}")]
+)
+def test_an_openmath_expected_answer_may_be_a_number(answer: Any, gold: str) -> None:
+    """OpenMathInstruct-2's ``expected_answer`` as a number (a parquet file of one's own with an int column) is read
+    as every other format reads a numeric gold; it was 'must be a string, got int'. LaTeX text stays as written."""
+    (record,) = load_rows([{"problem": "q", "expected_answer": answer}])
+    assert record.answer == gold
+    with pytest.raises(DataError, match="field 'expected_answer' must be a string, got bool"):
+        load_rows([{"problem": "q", "expected_answer": True}])
+
+
 def test_a_gsm8k_aug_cot_that_is_no_text_is_named() -> None:
     """A ``cot`` given as a list is a DataError naming the row (it was an AttributeError)."""
     with pytest.raises(DataError, match="row 1: field 'cot' must be a string, got list"):

@@ -152,12 +152,12 @@ def _row_gsm8k(row: dict[str, Any]) -> Record:
     return Record(question, _step_annotations(solution), answer, meta)
 
 
-def _json_number_answer(row: dict[str, Any]) -> str | None:
-    """A JSON number given as the answer, as answer text (as a CSV column's number would be); None for anything else
-    (text, which the row's own parser reads, or a boolean, which it refuses)."""
-    raw = _python_number(row.get("answer"))
+def _json_number_answer(row: dict[str, Any], field: str = "answer") -> str | None:
+    """A JSON number given as the answer (``field``), as answer text (as a CSV column's number would be); None for
+    anything else (text, which the row's own parser reads, or a boolean, which it refuses)."""
+    raw = _python_number(row.get(field))
     if isinstance(raw, (int, float, Decimal)) and not isinstance(raw, bool):
-        return _format_number(raw, "field 'answer'")
+        return _format_number(raw, f"field {field!r}")
     return None
 
 
@@ -235,11 +235,15 @@ def _row_pal(row: dict[str, Any]) -> Record:
 
 
 def _row_openmath(row: dict[str, Any]) -> Record:
-    """OpenMathInstruct-2 rows: ``problem``, ``expected_answer`` (often LaTeX, so kept as text)."""
+    """OpenMathInstruct-2 rows: ``problem``, ``expected_answer`` (often LaTeX, so kept as text; a number, as a
+    parquet file of one's own may hold, read as every other format reads one: it was 'must be a string, got int')."""
     question = _text_field(row, "problem")
+    meta: dict[str, Any] = {k: row[k] for k in ("generated_solution", "problem_source") if k in row}
+    number = _json_number_answer(row, "expected_answer")
+    if number is not None:
+        return Record(question, [], number, meta)
     answer = _text_field(row, "expected_answer")
     canon = normalize_number(answer)
-    meta: dict[str, Any] = {k: row[k] for k in ("generated_solution", "problem_source") if k in row}
     return Record(question, [], canon if canon is not None else answer, meta)
 
 
