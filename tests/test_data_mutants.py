@@ -385,6 +385,19 @@ def test_a_json_file_written_as_json_lines_reads_as_them(tmp_path: Path) -> None
     assert [r.answer for r in load_dataset(str(pretty))] == ["1"]
 
 
+def test_a_jsonl_file_whose_first_line_is_a_list_names_that_line(tmp_path: Path) -> None:
+    """A ``.jsonl`` whose first line is a JSON list was read as one JSON list: 'line 2: invalid JSON (Extra data)'
+    about a good line; it names line 1 now. A ``.jsonl`` holding one list (on one line, or pretty-printed) is still
+    read as that list."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text('[1, 2]\n{"question": "q", "answer": "1"}\n', "utf-8")
+    with pytest.raises(DataError, match=r"rows\.jsonl line 1: expected a JSON object, got list"):
+        load_dataset(str(path))
+    for text in ('[{"question": "q", "answer": "1"}]\n', '[\n {"question": "q", "answer": "1"}\n]\n'):
+        path.write_text(text, "utf-8")
+        assert [r.answer for r in load_dataset(str(path))] == ["1"]
+
+
 def test_a_csv_file_with_blank_lines_above_its_header_reads_from_the_header(tmp_path: Path) -> None:
     """Its header is the first line that is not blank (as pandas reads it; it was 'no header line'), and a row's
     line is still its line in the file."""

@@ -335,8 +335,9 @@ def _load_file(path: Path, columns: RowParser | None = None) -> list[Record]:
         return rows_to_records(rows, str(path), str(path), columns)
     text = _read_text(path)
     head = text.lstrip()[:1]
-    if (suffix == ".jsonl" and head != "[") or (head == "{" and (suffix != ".json" or _json_lines(text))):
-        records = _parse_jsonl(path, text, columns)  # (a .jsonl of one list: a list)
+    jsonl = suffix == ".jsonl" and (head != "[" or _json_lines(text, (dict, list)))  # (a .jsonl of one list: a list)
+    if jsonl or (head == "{" and (suffix != ".json" or _json_lines(text))):
+        records = _parse_jsonl(path, text, columns)
     elif suffix == ".json" or head == "[":
         records = _parse_json_list(path, text, columns)
     elif "||" in text:
@@ -351,14 +352,16 @@ def _load_file(path: Path, columns: RowParser | None = None) -> list[Record]:
     return _nonempty(path, records)
 
 
-def _json_lines(text: str) -> bool:
-    """Whether ``text`` is JSON Lines: an object on its first line alone and more lines after it (a ``.json`` file
-    so written, as ``datasets.Dataset.to_json`` writes by default, was 'line 2: invalid JSON (Extra data)')."""
+def _json_lines(text: str, kinds: tuple[type, ...] = (dict,)) -> bool:
+    """Whether ``text`` is JSON Lines: an object (a value of ``kinds``) on its first line alone and more lines after
+    it (a ``.json`` file so written, as ``datasets.Dataset.to_json`` writes by default, was 'line 2: invalid JSON
+    (Extra data)'; so was a ``.jsonl`` whose first line is a list, read as one JSON list: now 'line 1: expected a
+    JSON object')."""
     first, _, rest = text.lstrip().partition("\n")
     if not rest.strip():
         return False
     try:
-        return isinstance(json.loads(first), dict)
+        return isinstance(json.loads(first), kinds)
     except (ValueError, RecursionError):
         return False
 
