@@ -3,8 +3,8 @@ and LoRA ratios, the memory probe's interval and units, the soak's sampling and 
 parallelism rows, and the naive Coconut baseline against the library's loss. Nothing here runs an item: the timer, the
 fresh processes and the trainers are replaced by stand-ins whose numbers the test chooses."""
 
+import io
 import json
-import os
 import subprocess
 import sys
 import types
@@ -85,6 +85,7 @@ def test_optimizer_arms_differ_in_their_optimizer_alone(monkeypatch):
     trainers = long_items._optimizer_trainers(_ctx(s), 4, 3, ["p"])
     assert list(trainers) == ["adamw", "adamw8bit"] and built == [(s, CPU, torch.float32)] * 2
     assert [lm for lm, _, _ in made] == [1, 2] and all(p == ["p"] for *_, p in made)
+    assert [cfg.perturbation.kind for _, cfg, _ in made] == ["locked", "locked"]
     cfgs = [cfg.grpo for _, cfg, _ in made]
     assert [g.optimizer for g in cfgs] == ["adamw", "adamw8bit"]
     assert all((g.group_size, g.n_latent, g.prompts_per_step) == (4, 3, 2) for g in cfgs)
@@ -116,20 +117,24 @@ def test_step_peaks_are_each_steps_own_from_just_before_it(monkeypatch):
 # --------------------------------------------------------------------------- 8. the memory soak
 def test_soak_line_is_fitted_from_the_skip_step_and_its_ratio_is_last_over_first():
     """The line goes through the samples from step SOAK_SKIP on (the warm-up ones left out); the ratio is the line's
-    value at the last fitted step over the first (growth > 1); the slope is in MiB per 100 steps; the largest sample
-    counts every sample, the smallest the fitted ones."""
+    value at the last fitted step over the first (growth > 1), not the last sample over the first; the slope is in MiB
+    per 100 steps; the largest sample counts every sample, the smallest the fitted ones."""
     assert long_items.SOAK_SKIP == 20
-    samples = [(0, 100 * MiB), (10, 300 * MiB), (20, 100 * MiB), (30, 101 * MiB), (40, 102 * MiB)]
+    samples = [(0, 50 * MiB), (10, 300 * MiB), (20, 100 * MiB), (30, 104 * MiB), (40, 102 * MiB)]
     raw, vals, ratio = long_items.summarize_soak(samples, 40, 12.0)
-    assert ratio == pytest.approx(1.02)
+    assert ratio == pytest.approx(103 / 101)  # (the line: 101 MiB at step 20, 103 MiB at step 40)
     assert raw["slope_mib_per_100_steps"] == pytest.approx(10.0)
-    assert (raw["fitted_first_mib"], raw["fitted_last_mib"]) == pytest.approx((100.0, 102.0))
+    assert (raw["fitted_first_mib"], raw["fitted_last_mib"]) == pytest.approx((101.0, 103.0))
     assert (raw["rss_first"], raw["rss_last"]) == ((20, 100 * MiB), (40, 102 * MiB))
     assert (raw["rss_min_fitted"], raw["rss_max"]) == (100 * MiB, 300 * MiB)
-    assert "RSS at step 0: 100.0 MiB; from step 20 to 40" in vals and "+10.00 MiB per 100 steps" in vals
+    assert "RSS at step 0: 50.0 MiB; from step 20 to 40: between 100.0 MiB and 104.0 MiB" in vals
+    assert "+10.00 MiB per 100 steps" in vals
     # a shrinking RSS is a ratio below 1; too short a run to skip the warm-up fits every sample
     _, _, down = long_items.summarize_soak([(0, 100 * MiB), (10, 90 * MiB)], 10, 1.0)
     assert down == pytest.approx(0.9)
+    # one fitted sample (every x alike): a flat line, not a slope out of 0 / 0
+    raw, _, one = long_items.summarize_soak([(20, 100 * MiB)], 20, 1.0)
+    assert (one, raw["slope_mib_per_100_steps"]) == (1.0, 0.0) and long_items.fit_slope([5, 5], [1.0, 2.0]) == 0.0
 
 
 class _Child:
@@ -144,19 +149,21 @@ class _Child:
 
     def sleep(self, s):
         n = self.done.pop(0)
-        if n is not None:
-            self.metrics.write_text("".join(f'{{"step": {i}, "reward_mean": 0.5}}\n' for i in range(n)))
+        if n is not None:  # (a row per step, and an eval row among them: not a step)
+            rows = [f'{{"step": {i}, "reward_mean": 0.5}}\n' for i in range(n)]
+            self.metrics.write_text("".join(rows[:1] + ['{"step": 0, "eval/valid": 0.1}\n'] + rows[1:]))
 
 
 def test_soak_samples_rss_as_the_metrics_pass_each_tenth_step(tmp_path, monkeypatch):
     """One (steps done, RSS) sample at step 0 and then at the first count at or past each multiple of 10; the steps
-    done are the metrics rows; a child that exited (no RSS) gives no sample."""
+    done are the metrics' step rows; after a jump the next sample waits for the next multiple of 10 past it; a child
+    that exited (no RSS) gives no sample."""
     metrics = tmp_path / "metrics.jsonl"
-    child = _Child(metrics, [None, 0, 4, 9, 10, 13, 21, 25, 30, 33, 40])
+    child = _Child(metrics, [None, 0, 4, 9, 10, 13, 21, 25, 42, 45, 50])
     monkeypatch.setattr(long_items, "time", types.SimpleNamespace(sleep=child.sleep))
     monkeypatch.setattr(long_items, "_rss_bytes", lambda pid: None if child.done == [] else 1000 + pid)
     samples = long_items._sample_rss(child, metrics, lambda msg: None)
-    assert samples == [(0, 5242), (10, 5242), (21, 5242), (30, 5242)]  # (40: the child had exited)
+    assert samples == [(0, 5242), (10, 5242), (21, 5242), (42, 5242)]  # (50: the child had exited)
 
 
 def test_rss_bytes_reads_vmrss_in_kib_and_none_once_the_child_is_gone(monkeypatch):
@@ -169,15 +176,33 @@ def test_rss_bytes_reads_vmrss_in_kib_and_none_once_the_child_is_gone(monkeypatc
         assert long_items._rss_bytes(99) is None
 
 
-def test_status_kb_reads_this_processs_fields():
-    """status_kb gives the kB number of /proc/PID/status's field (the peak at least the current size) and refuses an
-    absent field."""
-    if not os.path.exists("/proc/self/status"):
-        pytest.skip("needs /proc")
-    rss, hwm = memprobe.status_kb("VmRSS"), memprobe.status_kb("VmHWM", os.getpid())
-    assert 0 < rss <= hwm
+def test_status_kb_reads_the_fields_number_and_the_reset_writes_5(monkeypatch):
+    """status_kb gives the number of /proc/PID/status's field as written (kB, not converted) and refuses an absent
+    field; reset_peak_rss writes 5 (reset the high-water mark) to /proc/self/clear_refs, False where refused."""
+    opened, written = [], []
+
+    def fake_open(path):
+        opened.append(path)
+        return io.StringIO("Name:\tpython\nVmHWM:\t    2048 kB\nVmRSS:\t    1024 kB\n")
+
+    class Refs(io.StringIO):
+        def close(self):
+            if not self.closed:
+                written.append(self.getvalue())
+            super().close()
+
+    monkeypatch.setattr(
+        memprobe, "open", lambda path, mode="r": Refs() if mode == "w" else fake_open(path), raising=False
+    )
+    assert (memprobe.status_kb("VmRSS"), memprobe.status_kb("VmHWM", 77)) == (1024, 2048)
     with pytest.raises(KeyError):
-        memprobe.status_kb("NoSuchField")
+        memprobe.status_kb("VmSwap")
+    assert opened[:2] == ["/proc/self/status", "/proc/77/status"]
+    assert memprobe.reset_peak_rss() is True and written == ["5"]
+    monkeypatch.setattr(
+        memprobe, "open", lambda path, mode="r": (_ for _ in ()).throw(PermissionError(path)), raising=False
+    )
+    assert memprobe.reset_peak_rss() is False
 
 
 def test_soak_child_runs_the_settings_its_row_states(tmp_path):
@@ -316,8 +341,8 @@ def test_probe_on_cuda_takes_the_allocators_peak_since_the_reset(monkeypatch):
     _probe_stubs(monkeypatch)
     mem = {"now": 0, "peak": 0}
 
-    def step():
-        mem["peak"] = max(mem["peak"], mem["now"] + 50)
+    def step():  # (the warm-up step's transient is the larger: a peak not reset would be its)
+        mem["peak"] = max(mem["peak"], mem["now"] + (500 if mem["now"] == 0 else 50))
         mem["now"] += 10
 
     _ProbeTrainer.on_step = staticmethod(step)
@@ -374,7 +399,7 @@ def test_lora_rows_are_lora_over_full(monkeypatch):
     monkeypatch.setattr(lora_item, "run_probe", probe)
     arms = {0: _arm(lm=types.SimpleNamespace(peft=False), opt=0), 16: _arm(lm=types.SimpleNamespace(peft=True), opt=16)}
     monkeypatch.setattr(lora_item, "build_trainer", lambda s, device, dtype, r: arms[r])
-    monkeypatch.setattr(lora_item, "_counts", lambda lm: (1000, 1000))
+    monkeypatch.setattr(lora_item, "_counts", lambda lm: (1000, 1200))  # (trainable, total)
     monkeypatch.setattr(lora_item.lora, "trainable_parameters", lambda lm: (50, 1050))
     monkeypatch.setattr(lora_item, "optimizer_state_bytes", lambda opt: {0: 8000, 16: 400}[opt])
     _scripted(monkeypatch, lora_item, {"full": [2.0, 2.0, 2.0], "lora": [1.0, 1.5, 3.0]})
@@ -388,7 +413,7 @@ def test_lora_rows_are_lora_over_full(monkeypatch):
         "peak RSS of the step lora / full",
         "step time lora / full",
     ]
-    assert rows[3].spread == (0.5, 1.5) and raw["params"] == {"full": (1000, 1000), "lora": (50, 1050)}
+    assert rows[3].spread == (0.5, 1.5) and raw["params"] == {"full": (1000, 1200), "lora": (50, 1050)}
     monkeypatch.setattr(lora_item.importlib.util, "find_spec", lambda name: None)
     assert lora_item.bench_lora(_ctx())[0] == []
 
@@ -471,6 +496,22 @@ def test_recompute_arms_run_one_micro_batch_with_their_own_setting(monkeypatch):
     ]
 
 
+def test_kept_for_backward_counts_saved_activations_once_and_no_weights():
+    """kept_for_backward counts the storages autograd saves in the forward (each once), leaves out the parameters' own,
+    counts a non-reentrant checkpointed region's inputs (the region holds them; its inside saves through its own
+    hooks), and not what a reentrant region saves while it is recomputed inside backward."""
+    import torch.utils.checkpoint as ckpt
+
+    w = torch.nn.Parameter(torch.ones(4, 4))
+    x = torch.ones(3, 4, requires_grad=True)  # 48 bytes
+    f = lambda t: (t * t).exp()  # noqa: E731  (saves t, and exp's 48-byte output)
+    assert recompute_item.kept_for_backward(lambda: (x @ w).sum().backward(), [w]) == 48  # (x; w is a weight)
+    assert recompute_item.kept_for_backward(lambda: f(x).sum().backward(), [w]) == 96
+    region = lambda reentrant: ckpt.checkpoint(f, x, use_reentrant=reentrant).sum().backward()  # noqa: E731
+    assert recompute_item.kept_for_backward(lambda: region(False), [w]) == 48  # (the region's input)
+    assert recompute_item.kept_for_backward(lambda: region(True), [w]) == 48  # (its saved input; not the replay's)
+
+
 # --------------------------------------------------------------------------- 11. CPU parallelism
 def test_parallel_rows_are_each_arms_throughput_over_one_thread(monkeypatch):
     """Item 11: an arm's throughput is the sum of its processes' steps per second; each row is the arm's median over
@@ -538,9 +579,10 @@ def test_run_arm_starts_its_processes_together_under_the_named_wait_policy(monke
     with pytest.raises(RuntimeError, match="parallel probe failed"):
         parallel_item.run_arm(2, 1, None, 7, 1)
     assert [p.killed for p in _Proc.started] == [True, True]
-    monkeypatch.setattr(parallel_item.subprocess, "Popen", lambda *a, **k: _Proc(*a, **k, code=1))
-    with pytest.raises(RuntimeError, match="exited with"):
-        parallel_item.run_arm(1, 1, None, 7, 1)
+    _Proc.started = []  # (the second of two exits with 1: one failed process fails the arm)
+    monkeypatch.setattr(parallel_item.subprocess, "Popen", lambda *a, **k: _Proc(*a, **k, code=len(_Proc.started)))
+    with pytest.raises(RuntimeError, match=r"exited with \[0, 1\]"):
+        parallel_item.run_arm(2, 1, None, 7, 1)
 
 
 # --------------------------------------------------------------------------- the naive Coconut baseline
@@ -548,6 +590,7 @@ def test_naive_coconut_loss_and_gradients_equal_the_librarys():
     """The naive multi-pass forward is the same computation as sft_loss: the same loss and the same gradients (a
     baseline that did less work, e.g. cut the latent chain's gradient, would time something else); mixed latent counts
     are refused."""
+    import dataclasses
     import random
 
     from dgrpo.config import Config
@@ -557,7 +600,11 @@ def test_naive_coconut_loss_and_gradients_equal_the_librarys():
     lm = workload.build_lm(TINY, CPU, torch.float32, fixed_length=False).train()
     cfg = Config()
     examples = [make_example(r, 2, cfg, random.Random(0)) for r in workload.task_records(2)]
-    norm = float(count_target_tokens(lm, examples, cfg))
+    q = examples[1].question  # (the built-in questions are of one length: a shorter one pads)
+    examples[1] = dataclasses.replace(examples[1], question=q[: q.rindex(" ", 0, len(q) // 2)])
+    t = examples[0].target  # (and a shorter target: its padding takes no loss)
+    examples[0] = dataclasses.replace(examples[0], target=t.split("\n", 1)[1])  # (a step fewer)
+    norm = 3.0 * count_target_tokens(lm, examples, cfg)  # (any normalizer: not the mean over the targets)
     grads = []
     for f in (
         lambda: sft_loss(lm, examples, cfg, norm)[0],
