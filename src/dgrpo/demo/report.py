@@ -62,10 +62,10 @@ def arm_accuracies(models: Sequence[Mapping[str, Any]], split: str) -> dict[str,
 def analyse(demo: Demo) -> dict[str, Any]:
     """The comparisons, the claims' verdicts and the per-arm diagnostics, as results.json holds them."""
     comparisons = all_comparisons(demo.models, demo.tests)
-    std_max: dict[str, float | None] = {}
+    std_max: dict[str, float | None] = {}  # an arm's largest; None when one of its runs logged none (not shown 0)
     for run in demo.runs:
-        v = run["reward_std_max"]
-        std_max[run["arm"]] = v if std_max.get(run["arm"]) is None else max(std_max[run["arm"]] or 0.0, v or 0.0)
+        v, before = run["reward_std_max"], std_max.get(run["arm"], run["reward_std_max"])
+        std_max[run["arm"]] = None if v is None or before is None else max(before, v)
     return {
         "comparisons": comparisons,
         "claims": claim_verdicts(comparisons, std_max, next(iter(demo.tests))),

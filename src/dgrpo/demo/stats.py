@@ -195,7 +195,7 @@ def claim_verdicts(
     comparisons: Sequence[Mapping[str, Any]], reward_std_max: Mapping[str, float | None], split: str
 ) -> list[dict[str, Any]]:
     """Every claim's verdict for each checkpoint, from the comparisons on ``split`` (``reward_std_max``: the largest
-    within-group reward std each arm logged, over all its runs and steps)."""
+    within-group reward std each arm logged, over all its runs and steps; None when one of its runs logged none)."""
     out = []
     for claim in CLAIMS:
         for ckpt in CHECKPOINTS:

@@ -1,0 +1,148 @@
+"""A second mutation pass over the demo (demo/stats.py, demo/report.py, demo/pipeline.py, demo/task_records.py,
+demo/__init__.py): each test kills mutants that the other demo tests let live. Statistics at their edges, the claims'
+wording in summary.txt, the arms' reward std as claim 1 reads it, and a demo's records read back from another place,
+the stages replaced by stand-ins (the real demo takes minutes)."""
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+from dgrpo.demo import task_records
+from dgrpo.demo.report import analyse, summary_paragraph
+from dgrpo.demo.stats import betainc, claim_verdicts, compare, t_cdf
+from dgrpo.demo.task_records import RECORD, fingerprint, read_record
+from dgrpo.model.verified import write_manifest
+
+T, F = True, False
+
+
+# --- statistics -------------------------------------------------------------------------------------------------
+
+
+def test_the_t_cdf_of_an_infinite_t_is_0_or_1():
+    """I_0(a, b) = 0 and I_1(a, b) = 1: t = +-inf (x = df / (df + t^2) = 0) is the CDF's 1 and 0, t = 0 its 0.5."""
+    assert betainc(2.0, 0.5, 0.0) == 0.0 and betainc(2.0, 0.5, 1.0) == 1.0
+    assert (t_cdf(math.inf, 3), t_cdf(-math.inf, 3), t_cdf(0.0, 3)) == (1.0, 0.0, 0.5)
+
+
+# --- the report -------------------------------------------------------------------------------------------------
+
+
+def summary_results(std: float | None, pairs: bool = True) -> dict:
+    """Results of 2 SFT seeds whose deterministic arm answers as SFT (claim 1), with its reward std ``std``; every
+    other claim's comparison has no pairs (its arms not run), or, ``pairs`` False, none at all."""
+    sft = {0: [T, F, F, F], 1: [T, T, F, F]}
+    det = {(s, 0): v for s, v in sft.items()}
+    comparisons = [
+        {"a": "grpo_deterministic", "b": "sft", "checkpoint": k, "split": "test", **compare(det if pairs else {}, sft)}
+        for k in ("best", "final")
+    ]
+    analysis = {
+        "claims": claim_verdicts(comparisons, {"grpo_deterministic": std}, "test"),
+        "accuracy": {"test": {"sft": {"final": [0.25, 0.5]}}},
+        "reward_std_max": {"grpo_deterministic": std},
+    }
+    return {"analysis": analysis, "headline": "test", "n_sft": 2, "n_rl": 1, "splits": {"test": 4}, "wall_s": {}} | {
+        "wall_s": {"total": 2.0}
+    }
+
+
+def test_a_small_nonzero_reward_std_is_not_called_identically_0():
+    """Claim 1 needs a within-group reward std of exactly 0: 1e-4 is said as such (and claim 1 is not resolved),
+    only 0 is "identically 0"."""
+    small = summary_paragraph(summary_results(1e-4))
+    assert (
+        "(1) deterministic GRPO = SFT exactly: not resolved (0 items gained and 0 lost per pair; reward std up to "
+        "0.0001)" in small
+    )
+    zero = summary_paragraph(summary_results(0.0))
+    assert "resolved (0 items gained and 0 lost per pair; reward std identically 0)" in zero
+    assert "reward std not logged" in summary_paragraph(summary_results(None))
+
+
+def test_the_summary_says_a_claim_without_pairs_has_none():
+    """A claim whose arms did not run (``valid_demo.py --arms``) reads "no pairs" in summary.txt, not a number."""
+    summary = summary_paragraph(summary_results(0.0))
+    assert "(3) Dropout-GRPO > SFT: best-valid checkpoint no pairs not resolved; final no pairs not resolved" in summary
+    assert "(1) deterministic GRPO = SFT exactly: not resolved (0 items gained and 0 lost per pair" in (
+        summary_paragraph(summary_results(0.0, pairs=False))
+    )
+
+
+def std_demo(stds: list[float | None]) -> SimpleNamespace:
+    """2 SFT seeds, the deterministic arm answering as SFT from each, its runs' reward std maxima ``stds``."""
+    items = {0: "1000", 1: "1100"}
+
+    def row(v: str, **ident) -> dict:
+        return {**ident, "splits": {"test": {"accuracy": v.count("1") / 4, "items": v}}}
+
+    models = [row(v, arm="sft", sft_seed=s) for s, v in items.items()]
+    for s, v in items.items():
+        models += [row(v, arm="grpo_deterministic", sft_seed=s, rl_seed=0, checkpoint=k) for k in ("best", "final")]
+    runs = [{"arm": "grpo_deterministic", "sft_seed": s, "rl_seed": 0, "reward_std_max": v} for s, v in enumerate(stds)]
+    return SimpleNamespace(models=models, runs=runs, tests={"test": [None] * 4})
+
+
+def test_an_arms_reward_std_is_its_runs_largest_and_unknown_when_one_run_logged_none():
+    """Claim 1 needs every run's std shown to be 0: a run that logged none leaves the arm's std unknown (None, "not
+    logged"), whichever run it is; otherwise the arm's std is its runs' largest."""
+    for stds in ([0.0, None], [None, 0.0]):
+        an = analyse(std_demo(stds))
+        assert an["reward_std_max"] == {"grpo_deterministic": None}
+        assert [r["verdict"] for r in an["claims"] if r["id"] == 1] == ["not resolved"] * 2
+    an = analyse(std_demo([0.0, 0.0]))
+    assert an["reward_std_max"] == {"grpo_deterministic": 0.0}
+    assert [r["verdict"] for r in an["claims"] if r["id"] == 1] == ["resolved"] * 2
+    assert analyse(std_demo([0.25, 0.5]))["reward_std_max"] == {"grpo_deterministic": 0.5}
+    assert analyse(std_demo([0.5, 0.0]))["reward_std_max"] == {"grpo_deterministic": 0.5}
+
+
+# --- the tasks' records -----------------------------------------------------------------------------------------
+
+
+def test_a_tasks_fingerprint_changes_with_each_thing_its_results_depend_on(monkeypatch, tmp_path):
+    """The same inputs give the same fingerprint; another question, steps or answer of a problem, other settings,
+    threads, versions, or another (or no) SFT checkpoint manifest each give another: a record made under them is not
+    read back."""
+    from dgrpo.data.records import Record
+
+    problem = Record("What is 2 + 3?", ["2 + 3 = 5"], "5")
+    ckpt = tmp_path / "final"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"weights")
+    write_manifest(ckpt)
+
+    def fp(rec: Record = problem, settings: dict | None = None, threads: int = 1, sft: Path | None = ckpt) -> str:
+        return fingerprint(settings or {"seed": 0}, {"test": [rec]}, threads, sft)
+
+    base = fp()
+    assert fp() == base and fp(Record("What is 2 + 3?", ["2 + 3 = 5"], "5")) == base
+    others = [
+        fp(Record("What is 2 + 4?", ["2 + 3 = 5"], "5")),
+        fp(Record("What is 2 + 3?", ["2 + 3 = 6"], "5")),
+        fp(Record("What is 2 + 3?", ["2 + 3 = 5"], "6")),
+        fp(settings={"seed": 1}),
+        fp(threads=2),
+        fp(sft=None),
+        fp(sft=tmp_path / "gone"),
+    ]
+    (ckpt / "model.safetensors").write_bytes(b"other weights")
+    write_manifest(ckpt)
+    others.append(fp())
+    monkeypatch.setattr(task_records, "versions", lambda: {"torch": "0.0"})
+    others.append(fp(sft=None))
+    assert len({base, *others}) == 1 + len(others)
+
+
+def test_a_record_without_a_wall_time_mapping_is_not_read_back(tmp_path):
+    """A record of the right fingerprint is read back only whole: models and runs lists and a wall-time mapping (a
+    record whose ``wall`` is missing or a list failed the demo where it merged it, instead of running the task)."""
+    body = {"fingerprint": "fp", "line": "done", "models": [], "runs": [], "wall": {"sft/seed0": 1.0}}
+    (tmp_path / RECORD).write_text(json.dumps(body))
+    assert read_record(tmp_path, "fp") == body and read_record(tmp_path, "other") is None
+    for wall in ([], None):
+        (tmp_path / RECORD).write_text(json.dumps(body | {"wall": wall}))
+        assert read_record(tmp_path, "fp") is None
+    (tmp_path / RECORD).write_text(json.dumps({k: v for k, v in body.items() if k != "wall"}))
+    assert read_record(tmp_path, "fp") is None
