@@ -5,6 +5,7 @@ those: the SFT and RL stages are replaced by stand-ins that count their calls an
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,8 @@ class Stages:
         self.calls.append((arm, s, r))
         assert ckpt == pipeline.sft_checkpoint(demo, s)
         demo.models.append({"arm": arm, "sft_seed": s, "checkpoint": "final"})
-        demo.runs.append({"arm": arm, "sft_seed": s, "rl_seed": r, "updates": 3})
+        run_dir = pipeline.task_dir(demo, pipeline.Task(s, arm, r))
+        demo.runs.append({"arm": arm, "sft_seed": s, "rl_seed": r, "dir": str(run_dir), "updates": 3})
         demo.wall[f"{arm}/sft{s}_rl{r}"] = 2.0
         return f"  {arm}, SFT seed {s}: done"
 
@@ -71,6 +73,19 @@ def test_a_finished_task_is_read_back_with_its_rows_and_line_not_run_again(monke
     said = capsys.readouterr().out.splitlines()
     assert said[0].startswith(f"[demo] SFT seed 0: done (read back from {tmp_path / 'sft' / 'seed0' / RECORD}")
     assert said[1].startswith("[demo]   grpo_null, SFT seed 0: done (read back from")
+
+
+def test_a_demo_folder_moved_elsewhere_is_read_back_with_its_runs_where_they_now_are(monkeypatch, tmp_path):
+    """The same demo resumed in its --out moved (or a relative --out named from another directory): its tasks are
+    read back, and each RL run's row names its run folder where it now is (the figures read its metrics there; the
+    row read back named the old place, gone, and the demo's end failed on it)."""
+    stages = Stages(monkeypatch)
+    run_all(new_demo(tmp_path / "a"))
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    demo = new_demo(tmp_path / "b")
+    run_all(demo)
+    assert stages.calls == [("sft", 0), ("grpo_null", 0, 0)]  # nothing ran again
+    assert [r["dir"] for r in demo.runs] == [str(tmp_path / "b" / "arms" / "grpo_null" / "sft0_rl0")]
 
 
 def test_without_resume_every_task_runs_again(monkeypatch, tmp_path):

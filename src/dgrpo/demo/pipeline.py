@@ -430,7 +430,7 @@ def run_task(demo: Demo, task: Task) -> None:
     record = read_record(run_dir, fp, sft if task.arm is None else None) if demo.resume else None
     if record is not None:
         demo.models += record["models"]
-        demo.runs += record["runs"]
+        demo.runs += [{**r, "dir": str(run_dir)} for r in record["runs"]]  # (where it is now: --out moved)
         demo.wall.update(record["wall"])
         demo.read_back += list(record["wall"])
         say(f"{record.get('line', task)} (read back from {run_dir / RECORD}: finished by an earlier run)")
