@@ -337,6 +337,7 @@ class StandIn:
         from dgrpo.demo import pipeline
 
         self.loaded: list[str] = []
+        self.tested: list[float] = []  # the weight of each model evaluated on test
 
         def model(v: float) -> torch.nn.Module:
             m = torch.nn.Linear(1, 1, bias=False)
@@ -354,6 +355,7 @@ class StandIn:
             return {"best_step": best_step}
 
         def evaluate(lm, recs, **kw):
+            self.tested.append(lm.weight.item())
             k = int(lm.weight.item())
             return SimpleNamespace(accuracy=k / 4, predictions=[{"correct": i < k} for i in range(4)])
 
@@ -369,22 +371,23 @@ class StandIn:
 
 
 @pytest.mark.parametrize(
-    ("best_step", "best_value", "best", "read"),
+    ("best_step", "best_value", "best", "read", "tested"),
     [
-        (3, 3.0, (3, "1110"), ["final", "best"]),  # an earlier best checkpoint: tested on its own
-        (3, 2.0, (3, "1100"), ["final", "best"]),  # the same weights as the final model: its answers, its step
-        (6, 2.0, (6, "1100"), ["final"]),  # the best is the last step: the final model, best/ not read
-        (None, None, (6, "1100"), ["final"]),  # none kept: the final model, at the last step
+        (3, 3.0, (3, "1110"), ["final", "best"], [2.0, 3.0]),  # an earlier best checkpoint: tested on its own
+        (3, 2.0, (3, "1100"), ["final", "best"], [2.0]),  # the same weights as the final model: its answers, its step
+        (6, 2.0, (6, "1100"), ["final"], [2.0]),  # the best is the last step: the final model, best/ not read
+        (None, None, (6, "1100"), ["final"], [2.0]),  # none kept: the final model, at the last step
     ],
 )
 def test_an_rl_runs_best_checkpoint_is_tested_only_when_it_differs(
-    monkeypatch, tmp_path, best_step, best_value, best, read
+    monkeypatch, tmp_path, best_step, best_value, best, read, tested
 ):
     """run_arm records the final model (step = grpo.steps) and the best-valid one: tested when best/ is an earlier,
     different model, else the final model's answers under the best's step; the run's row carries that step, and
     the run lives in arms/<arm>/sft<SFT seed>_rl<r>."""
     run = StandIn(monkeypatch, tmp_path, best_step, best_value)
     assert run.rows == {"final": (6, "1100"), "best": best} and run.loaded == read
+    assert run.tested == tested  # (a best/ of the final model's weights is not read out on test again)
     assert [(m["arm"], m["sft_seed"], m["rl_seed"]) for m in run.demo.models] == [("dropout_grpo", 1, 2)] * 2
     assert run.demo.runs == [
         {
