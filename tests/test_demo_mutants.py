@@ -448,6 +448,8 @@ def test_demo_config_takes_its_bounds_inclusive(tmp_path):
     assert demo_config(demo_args(tmp_path, quick=False, full=True))[1:] == (4, 1)  # --full: 4 SFT seeds (README)
     assert demo_config(demo_args(tmp_path, quick=False))[1:] == (1, 1)
     assert demo_config(demo_args(tmp_path, "grpo.warmup_steps=4"))[0].grpo.warmup_steps == 4  # (tiny: 4 steps)
+    with pytest.raises(ConfigError, match="grpo.warmup_steps=5 is past grpo.steps=4"):  # (one past: no best/)
+        demo_config(demo_args(tmp_path, "grpo.warmup_steps=5"))
     with pytest.raises(ConfigError, match="--sft-seeds and --seeds must be >= 1, got 2 and 0"):
         demo_config(demo_args(tmp_path, seeds=0))
 

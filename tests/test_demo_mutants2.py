@@ -8,7 +8,8 @@ import math
 from pathlib import Path
 from types import SimpleNamespace
 
-from dgrpo.demo import task_records
+from dgrpo.config import Config
+from dgrpo.demo import pipeline, task_records
 from dgrpo.demo.report import analyse, summary_paragraph
 from dgrpo.demo.stats import betainc, claim_verdicts, compare, t_cdf
 from dgrpo.demo.task_records import RECORD, fingerprint, read_record
@@ -146,3 +147,39 @@ def test_a_record_without_a_wall_time_mapping_is_not_read_back(tmp_path):
         assert read_record(tmp_path, "fp") is None
     (tmp_path / RECORD).write_text(json.dumps({k: v for k, v in body.items() if k != "wall"}))
     assert read_record(tmp_path, "fp") is None
+
+
+# --- the pipeline -----------------------------------------------------------------------------------------------
+
+
+def test_the_test_and_validation_reads_use_the_configs_eval_settings(monkeypatch):
+    """Every test split is read out, and every validation counted, with the config's batch size, generation length
+    and scorer (the scorer decides which answers count as right: the claims rest on it)."""
+    calls = []
+
+    def evaluate(lm, recs, **kw):
+        calls.append(kw)
+        return SimpleNamespace(correct=1, accuracy=0.5, predictions=[{"correct": True}, {"correct": False}])
+
+    monkeypatch.setattr(pipeline, "evaluate", evaluate)
+    base = Config()
+    base.eval.batch_size, base.eval.max_new_tokens, base.eval.scorer = 3, 17, "exact"
+    demo = pipeline.Demo(base, Path("o"), [], [], {"test": [None] * 2, "shifted": [None] * 2})
+    row = demo.test_model(None, arm="sft", sft_seed=0)
+    demo.count_correct(None, [None] * 2)
+    assert row["splits"] == {"test": {"accuracy": 0.5, "items": "10"}, "shifted": {"accuracy": 0.5, "items": "10"}}
+    assert [c["dataset"] for c in calls[:2]] == ["test", "shifted"] and demo.models == [row]
+    assert all((c["batch_size"], c["max_new_tokens"], c["scorer"]) == (3, 17, "exact") for c in calls)
+    assert len(calls) == 3
+
+
+def test_merging_a_seed_keeps_what_was_read_back_and_the_wall_times_in_sft_seed_order(tmp_path):
+    """Seed 0's part merged after seed 1's (a pool's finishing order): the tasks read back and the wall times come
+    out in SFT-seed order, the demo's total (no seed) last."""
+    demo = pipeline.Demo(Config(), tmp_path, [], [], {})
+    demo.read_back, demo.wall = ["sft/seed1"], {"sft/seed1": 1.0, "total": 9.0}
+    part = pipeline.Demo(Config(), tmp_path, [], [], {})
+    part.read_back, part.wall = ["grpo_null/sft0_rl0"], {"sft/seed0": 2.0, "grpo_null/sft0_rl0": 3.0}
+    pipeline.merge_seed(demo, part)
+    assert demo.read_back == ["grpo_null/sft0_rl0", "sft/seed1"]
+    assert list(demo.wall) == ["sft/seed0", "grpo_null/sft0_rl0", "sft/seed1", "total"]

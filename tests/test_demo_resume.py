@@ -104,6 +104,16 @@ def test_other_rl_settings_run_the_rl_runs_again_and_keep_the_sft_checkpoint(mon
     assert stages.calls == [("sft", 0), ("grpo_null", 0, 0), ("grpo_null", 0, 0)]
 
 
+def test_other_perturbation_settings_run_the_rl_runs_again_and_keep_the_sft_checkpoint(monkeypatch, tmp_path):
+    """The perturbation section, like grpo's, is an RL run's alone: SFT (which does not read it) is read back."""
+    stages = Stages(monkeypatch)
+    run_all(new_demo(tmp_path))
+    demo = new_demo(tmp_path)
+    demo.base.perturbation.kind = "gaussian"
+    run_all(demo)
+    assert stages.calls == [("sft", 0), ("grpo_null", 0, 0), ("grpo_null", 0, 0)]
+
+
 def test_other_sft_settings_run_everything_again(monkeypatch, tmp_path):
     """An SFT setting changes the SFT run's fingerprint; its new checkpoint changes the RL run's (here the stand-in
     writes the same bytes, so it is the SFT setting in the arm's config that differs: either reruns it)."""
