@@ -183,3 +183,29 @@ def test_merging_a_seed_keeps_what_was_read_back_and_the_wall_times_in_sft_seed_
     pipeline.merge_seed(demo, part)
     assert demo.read_back == ["grpo_null/sft0_rl0", "sft/seed1"]
     assert list(demo.wall) == ["sft/seed0", "grpo_null/sft0_rl0", "sft/seed1", "total"]
+
+
+def test_run_demo_resumes_unless_told_never_and_times_the_whole_demo_at_the_end(monkeypatch, tmp_path):
+    """``--resume auto`` (or no --resume: the library's callers) reads back finished tasks, ``never`` does not; the
+    results at the end carry the whole demo's wall time, the partial ones the time so far (a clock of 5 s a read)."""
+    import dgrpo.demo as demo_pkg
+
+    seen, walls = [], []
+    clock = iter(range(0, 1000, 5))
+    monkeypatch.setattr(demo_pkg, "time", SimpleNamespace(time=lambda: float(next(clock))))
+    monkeypatch.setattr(
+        demo_pkg,
+        "run_pipeline",
+        lambda demo, n_sft, n_rl, after_seed, workers: seen.append(demo.resume) or after_seed([0]),
+    )
+    monkeypatch.setattr(demo_pkg, "write_results", lambda demo, *a, **kw: walls.append(dict(demo.wall)) or {})
+    monkeypatch.setattr(demo_pkg, "results_markdown", lambda res: "")
+    monkeypatch.setattr(demo_pkg, "summary_paragraph", lambda res: "")
+    args = SimpleNamespace(quick=True, config=[], overrides=[], seeds=None, sft_seeds=None, out=str(tmp_path / "o"))
+    args.workers = 1
+    assert demo_pkg.run_demo(args) == 0  # (no resume attribute)
+    assert walls == [{"total": 5.0}, {"total": 10.0}]  # after SFT seed 0 of 2, then at the end
+    for resume in ("auto", "never"):
+        args.resume = resume
+        assert demo_pkg.run_demo(args) == 0
+    assert seen == [True, True, False]
