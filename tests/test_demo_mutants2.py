@@ -209,3 +209,23 @@ def test_run_demo_resumes_unless_told_never_and_times_the_whole_demo_at_the_end(
         args.resume = resume
         assert demo_pkg.run_demo(args) == 0
     assert seen == [True, True, False]
+
+
+def test_the_headline_split_is_the_demos_first_test_split_whatever_its_name(tmp_path, monkeypatch):
+    """experiments/valid_demo.py reads its models out on a validation split, listed first: results.json's headline,
+    the claims' split and summary.txt's are that split's (not a split named "test")."""
+    from dgrpo.demo import report
+
+    monkeypatch.setattr(report, "plot_figures", lambda res, out: [])
+
+    def model(items: str, **ident) -> dict:
+        return {**ident, "splits": {s: {"accuracy": items.count("1") / 4, "items": items} for s in ("valid", "test")}}
+
+    models = [model("1000", arm="sft", sft_seed=0, rl_seed=None, checkpoint="sft", valid_accuracy=0.25)]
+    models += [model("1100", arm="dropout_grpo", sft_seed=0, rl_seed=0, checkpoint=k) for k in ("best", "final")]
+    tests = {"valid": [None] * 4, "test": [None] * 4}
+    demo = SimpleNamespace(base=Config(), out=tmp_path, valid=[], tests=tests, models=models, runs=[], read_back=[])
+    demo.wall = {"total": 1.0}
+    res = report.write_results(demo, "dgrpo demo", 1, 1, quiet=True)
+    assert res["headline"] == "valid" and "## Claims (valid split)" in (tmp_path / "results.md").read_text()
+    assert "on the built-in valid split (n=4" in (tmp_path / "summary.txt").read_text()
