@@ -405,3 +405,16 @@ def test_claim_1_s_summary_says_how_the_deterministic_arm_s_reward_std_was_measu
     for std, says in ((None, "reward std not logged)"), (0.0, "reward std identically 0)"), (1 / 3, "up to 0.3333)")):
         res["analysis"]["reward_std_max"]["grpo_deterministic"] = std
         assert says in summary_paragraph(res), std
+
+
+def test_the_reports_interval_level_follows_the_one_constant(monkeypatch):
+    """The level was written as 95% (and "1 time in 20", 0.95 in the by-chance shares) beside ``stats.LEVEL``: at
+    another level the text would have said 95% over intervals of that level."""
+    from dgrpo.demo import report
+
+    res = json.loads((DOCS / "results.json").read_text())
+    monkeypatch.setattr(report, "LEVEL", 0.9)
+    text = results_markdown(res) + summary_paragraph(res)
+    assert "95%" not in text and "1 time in 20" not in text
+    assert "(90% CI)" in text and "a 90% t-interval" in text and "judged at 90% on its own" in text
+    assert "1 time in 10, and 41% to 65% of runs" in text and "90% t-intervals, points" in text

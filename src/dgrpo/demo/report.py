@@ -13,7 +13,7 @@ from typing import Any
 from .. import plotting
 from ..config import to_dict
 from .pipeline import ARMS, SHORT, Demo, items_of, say
-from .stats import CHECKPOINTS, CLAIMS, claim_verdicts, compare
+from .stats import CHECKPOINTS, CLAIMS, LEVEL, claim_verdicts, compare
 
 #: the comparisons reported, A minus B (every one on every test split, for both checkpoints)
 COMPARISONS: tuple[tuple[str, str], ...] = (
@@ -107,9 +107,10 @@ def accuracy_table(res: Mapping[str, Any]) -> list[str]:
 
 
 def comparison_table(res: Mapping[str, Any], split: str) -> list[str]:
-    """The paired comparisons on one split: mean difference in points, its 95% CI, pairs, items gained / lost."""
+    """The paired comparisons on one split: mean difference in points, its CI (:data:`LEVEL`), pairs, items gained /
+    lost."""
     lines = [
-        "| A vs B | checkpoint | A - B, points (95% CI) | pairs | items gained / lost per pair (of n) |",
+        f"| A vs B | checkpoint | A - B, points ({LEVEL:.0%} CI) | pairs | items gained / lost per pair (of n) |",
         "|---|---|---|---|---|",
     ]
     for c in res["analysis"]["comparisons"]:
@@ -202,7 +203,7 @@ def results_markdown(res: Mapping[str, Any]) -> str:
         f"Command: `{res['command']}`. Wall time {_wall_text(res)}. Test splits: {n_test}; greedy pass@1,"
         " no dropout. `best-valid` = each run's best post-warmup validation checkpoint (the paper's protocol),"
         " `final` = its last checkpoint. A vs B pairs runs that share the SFT checkpoint and the RL seed; the interval"
-        " is a 95% t-interval over the SFT checkpoints, each one's pair differences averaged first (points).",
+        f" is a {LEVEL:.0%} t-interval over the SFT checkpoints, each one's pair differences averaged first (points).",
         "",
         f"## Claims ({res['headline']} split)",
         "",
@@ -212,8 +213,8 @@ def results_markdown(res: Mapping[str, Any]) -> str:
         "when it lies below 0 (contradicted when it lies above); A <= B is resolved when it lies at or below 0; an "
         "interval of zero width (every SFT seed's difference the same) resolves nothing; claim 1 needs every item "
         "equal and a within-group reward std of exactly 0 at every step. The intervals count the variation between "
-        "training runs (SFT seeds), not that of drawing other test items; each claim is judged at 95% on its own, "
-        f"{_no_correction()}.",
+        f"training runs (SFT seeds), not that of drawing other test items; each claim is judged at {LEVEL:.0%} on its "
+        f"own, {_no_correction()}.",
     ]
     for split in res["splits"]:
         out += ["", f"## Paired comparisons: {split}", "", *comparison_table(res, split)]
@@ -233,7 +234,7 @@ def summary_paragraph(res: Mapping[str, Any]) -> str:
         f"{headline} split (n={res['splits'][headline]}; per seed "
         + ", ".join(_pct(x, 1) for x in sft)
         + f"); every RL arm ran {res['n_rl']} seed(s) from each{_deterministic_once(res)}. Paired over (SFT seed, "
-        "RL seed), 95% t-intervals, points: "
+        f"RL seed), {LEVEL:.0%} t-intervals, points: "
     )
     parts = []
     for claim in CLAIMS:
@@ -264,10 +265,11 @@ def _deterministic_once(res: Mapping[str, Any]) -> str:
 def _no_correction() -> str:
     """The chance of a verdict by chance alone, with the claims judged by interval at both checkpoints."""
     n = sum(claim.kind != "exact" for claim in CLAIMS)
-    each, both = 1 - 0.95**n, 1 - 0.95 ** (2 * n)
+    each, both = 1 - LEVEL**n, 1 - LEVEL ** (2 * n)
     return (
         f"with no correction for judging {n} claims by interval at two checkpoints (were every true difference 0, "
-        f"each of the {2 * n} intervals would resolve or contradict its claim 1 time in 20, and {each:.0%} to "
+        f"each of the {2 * n} intervals would resolve or contradict its claim 1 time in {round(1 / (1 - LEVEL))}, "
+        f"and {each:.0%} to "
         f"{both:.0%} of runs would show one such verdict by chance: {both:.0%} were the {2 * n} independent, "
         f"{each:.0%} were each run's two checkpoints the same model)"
     )
