@@ -32,10 +32,9 @@ RL_ARMS = [a for a in ARMS if ARMS[a][1] is not None]
 
 
 def command_line(args: argparse.Namespace) -> str:
-    """The command that reproduces this run (written to results.json / results.md): the demo's options, and this
-    script's ``--workers`` and ``--arms``."""
-    workers = [f"--workers {args.workers}"] if args.workers is not None else []
-    return demo_command_line(args, "python experiments/valid_demo.py", [*workers, f"--arms {args.arms}"])
+    """The command that reproduces this run (written to results.json / results.md): the demo's options (``--workers``
+    among them), and this script's ``--arms``."""
+    return demo_command_line(args, "python experiments/valid_demo.py", [f"--arms {args.arms}"])
 
 
 def read_out_on(base: Config) -> tuple[list[Record], dict[str, list[Record]]]:

@@ -195,11 +195,14 @@ def test_write_results_writes_the_files_from_the_demo(tmp_path, monkeypatch, cap
 
 
 def test_the_command_line_gives_full_sft_seeds_and_a_scripts_own_options_before_out():
-    """``--full --sft-seeds 3`` are written back, and a script's own options (``extra``) come before ``--out``."""
+    """``--full --sft-seeds 3`` (and ``--workers`` when given) are written back, and a script's own options
+    (``extra``) come before ``--out``."""
     args = SimpleNamespace(quick=False, full=True, sft_seeds=3, seeds=None, config=[], overrides=[], out="runs/a b")
     assert command_line(args, "python experiments/valid_demo.py", ["--arms dropout_grpo"]) == (
         "python experiments/valid_demo.py --full --sft-seeds 3 --arms dropout_grpo --out 'runs/a b'"
     )
+    args.workers = 2  # (it sets each task's threads, so the last float bits: it was left out)
+    assert command_line(args) == "dgrpo demo --full --sft-seeds 3 --workers 2 --out 'runs/a b'"
 
 
 # --- the pipeline's pieces --------------------------------------------------------------------------------------

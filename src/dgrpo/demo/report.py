@@ -325,10 +325,12 @@ def write_results(demo: Demo, command: str, n_sft: int, n_rl: int, quiet: bool =
 
 def command_line(args: Any, program: str = "dgrpo demo", extra: Sequence[str] = ()) -> str:
     """The command that reproduces this run (each value quoted as a shell needs it: ``--set 'data.test=[a, b]'``):
-    ``program`` with the demo's options, then ``extra`` (a script's own, as written) before ``--out``."""
+    ``program`` with the demo's options (``--workers`` when given: it sets each task's threads, so the last float
+    bits), then ``extra`` (a script's own, as written) before ``--out``."""
     parts = [program]
     parts += ["--quick"] if args.quick else ["--full"] if getattr(args, "full", False) else []
-    for flag, value in (("--sft-seeds", getattr(args, "sft_seeds", None)), ("--seeds", args.seeds)):
+    given = (("--sft-seeds", "sft_seeds"), ("--seeds", "seeds"), ("--workers", "workers"))
+    for flag, value in ((flag, getattr(args, name, None)) for flag, name in given):
         parts += [f"{flag} {value}"] if value is not None else []
     parts += [f"--config {shlex.quote(str(c))}" for c in args.config]
     parts += [f"--set {shlex.quote(o)}" for o in args.overrides]
