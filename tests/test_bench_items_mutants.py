@@ -234,6 +234,18 @@ def _soak_stubs(monkeypatch, returncode=0):
     return ran
 
 
+@pytest.mark.timeout(30)  # (blocked, it waited forever)
+def test_a_soak_child_that_writes_more_than_a_pipe_holds_is_not_blocked(monkeypatch):
+    """The soak read the child's stderr pipe only once it had ended: a child writing more than the pipe holds (64 KiB
+    on Linux: warnings, a progress bar's updates over 300 steps) blocked on it, and the bench waited forever. A
+    real child writes 256 KiB and fails: the item raises with its last lines."""
+    monkeypatch.setattr(long_items, "build_lm", lambda *a, **k: types.SimpleNamespace(save_pretrained=lambda p: None))
+    code = "import sys; sys.stderr.write('x' * 2**18 + 'the end'); sys.exit(3)"
+    monkeypatch.setattr(long_items, "_soak_command", lambda *a: [sys.executable, "-c", code])
+    with pytest.raises(RuntimeError, match=r"soak run failed \(exit 3\):\nx+the end$"):
+        long_items.bench_soak(_ctx())
+
+
 def test_soak_row_is_the_fitted_growth_and_a_failed_run_is_no_row(monkeypatch):
     """Item 8 (child process and sampler replaced): --quick runs 40 steps; the row's ratio is the fitted line's last /
     first against <= 1.02; a child that failed raises instead of giving a row; the soak runs in the CPU section only."""

@@ -146,11 +146,11 @@ def bench_soak(ctx: Ctx, steps: int = SOAK_STEPS) -> tuple[list[Row], dict]:
             f"every {SOAK_EVERY} steps"
         )
         t0 = time.perf_counter()
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
-        )
-        samples = _sample_rss(proc, out / METRICS_FILE, ctx.log)
-        err = proc.stderr.read() if proc.stderr else ""
+        log_file = Path(tmp) / "stderr.txt"  # (not a pipe: read only after the child ends, a full one would block it)
+        with log_file.open("w") as err_out:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_out, text=True, env=os.environ.copy())
+            samples = _sample_rss(proc, out / METRICS_FILE, ctx.log)
+        err = log_file.read_text(errors="replace")
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
             raise RuntimeError(f"soak run failed (exit {proc.returncode}):\n{err[-3000:]}")
