@@ -1,0 +1,272 @@
+"""The command line's contracts that a second mutation pass over ``dgrpo.cli`` found unpinned (beside
+test_cli_mutants.py): options parsed but not passed on, exit codes and one-line errors of the top level, and what a
+stop line says. Each test in-process and fast: the command's heavy call replaced by a stand-in that records what it
+was given."""
+
+import argparse
+import errno
+
+import pytest
+
+import dgrpo.cli as cli
+from dgrpo.cli import tools
+
+
+def _raising(exc: BaseException):
+    """A command function that raises ``exc`` (what the command line does with it is under test)."""
+
+    def func(args: argparse.Namespace) -> int:
+        raise exc
+
+    return func
+
+
+def test_a_full_disk_is_exit_2_and_one_line_with_what_the_same_command_does_next(monkeypatch, run_cli, tmp_path):
+    """An OSError ENOSPC out of a command (a metrics line, a results file) is exit 2 and one line naming the file,
+    with a training run's advice; without a file name it says 'a file'. (Not exit 1 or a traceback.)"""
+    from dgrpo.cli import train
+
+    full = OSError(errno.ENOSPC, "No space left on device", "/x/metrics.jsonl")
+    monkeypatch.setattr(train, "run_sft", _raising(full))
+    r = run_cli("sft", "--out", tmp_path / "run")
+    assert r.returncode == 2
+    assert r.stderr == (
+        "dgrpo: error: /x/metrics.jsonl: no space left on the device; no checkpoint was written yet: the same "
+        "command starts the run again\n"
+    )
+    monkeypatch.setattr(tools, "run_config_show", _raising(OSError(errno.ENOSPC, "No space left on device")))
+    r = run_cli("config", "show")
+    assert (r.returncode, r.stderr) == (2, "dgrpo: error: a file: no space left on the device\n")
+
+
+def test_a_checkpoint_still_being_written_is_no_checkpoint_to_resume_from(tmp_path):
+    """A stop while the first checkpoint is written leaves only its hidden ``.tmp-step-N`` folder: the stop line says
+    that no checkpoint was written (the same command starts over), not that it resumes from one."""
+    from dgrpo.cli import _resume_hint
+
+    (tmp_path / "checkpoints" / ".tmp-step-00000005").mkdir(parents=True)
+    args = argparse.Namespace(cmd="grpo", out=str(tmp_path), resume="auto")
+    assert _resume_hint(args) == "; no checkpoint was written yet: the same command starts the run again"
+
+
+def test_a_reward_part_named_in_the_config_keeps_that_name_over_the_runs_recorded_one(tmp_path):
+    """``record_init``: a ``grpo.rewards`` part the config names keeps that name (its metric ``reward/<name>``); a
+    part without one takes the name the run in OUT recorded for its function, else its default name."""
+    import json
+
+    from dgrpo.cli.train import record_init
+    from dgrpo.config import Config, load_config
+
+    (tmp_path / "config.json").write_text(
+        json.dumps({"grpo": {"rewards": [{"fn": "numeric", "name": "old"}, {"fn": "exact", "name": "was"}]}})
+    )
+    rewards = "grpo.rewards=[{fn: numeric, name: mine}, {fn: exact}, {fn: choice}]"
+    cfg = record_init(load_config(Config, None, [rewards, "grpo.filter=false"]), None, tmp_path)
+    assert [(r["fn"], r["name"]) for r in cfg.grpo.rewards] == [
+        ("numeric", "mine"),
+        ("exact", "was"),
+        ("choice", "choice"),
+    ]
+
+
+@pytest.fixture
+def trainers(monkeypatch):
+    """dgrpo sft / grpo with what ``set_up_run`` reads replaced (no data, a stand-in model; ``tests``: the test sets
+    it gives) and each trainer replaced by one that records its keyword arguments and then, when ``best`` is set,
+    makes OUT/best and calls the command's final evaluation as the trainer does, with best/ at that step or epoch.
+    Returns (calls, evaluations): the trainers' keyword arguments, and which checkpoints the test sets were run on."""
+    from dataclasses import dataclass
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from dgrpo.cli import train
+    from dgrpo.eval.scoring import SCORERS
+    from dgrpo.model import factory
+    from dgrpo.training import grpo, sft
+    from dgrpo.training.distributed import Dist
+
+    @dataclass
+    class Settings:
+        n_latent: int = 2
+        chat_template: bool = False
+        markers: bool = False
+
+    state = SimpleNamespace(calls=[], evaluated=[], tests={}, best=None)
+
+    def set_up(args):  # (what set_up_run returns, without data or a model: what reaches the trainer is under test)
+        cfg = train.load(args)
+        model = SimpleNamespace(settings=Settings())
+        scorer = {"scorer": SCORERS["numeric"]}
+        return train.Setting(cfg, scorer, [], None, dict(state.tests), Dist(), None, model, Path(args.out))
+
+    def trainer(lm, *args, final_eval, **kwargs):
+        state.calls.append(kwargs)
+        if state.best is not None:
+            out = Path(args[-1])  # (train_sft(lm, train, cfg, out), train_grpo(lm, cfg, train, out))
+            (out / "best").mkdir(parents=True, exist_ok=True)
+            final_eval(lm, state.best)
+
+    def evaluated(lm, tests, cfg, out, dist, checkpoint="final"):
+        state.evaluated.append(checkpoint)
+        return {}
+
+    monkeypatch.setattr(train, "set_up_run", set_up)
+    monkeypatch.setattr(sft, "train_sft", trainer)
+    monkeypatch.setattr(grpo, "train_grpo", trainer)
+    monkeypatch.setattr(train, "check_test_sets_fit", lambda *a: None)
+    monkeypatch.setattr(train, "evaluate_test_sets", evaluated)
+    monkeypatch.setattr(factory, "load_model", lambda *a, **k: SimpleNamespace())  # (best/'s, for its test sets)
+    return state
+
+
+@pytest.mark.parametrize("cmd", ["sft", "grpo"])
+def test_the_training_commands_pass_resume_and_allow_config_change_to_the_trainer(cmd, trainers, run_cli, tmp_path):
+    """``--resume never`` / ``--resume PATH`` and ``--allow-config-change`` reach the trainer (a flag parsed and
+    dropped would resume, or refuse, silently); without them the trainer gets ``auto`` and ``False``."""
+    out = tmp_path / "run"
+    for given, resume, allow in (([], "auto", False), (["--resume", "never", "--allow-config-change"], "never", True)):
+        r = run_cli(cmd, "--init", "x", "--out", out, *given)
+        assert r.returncode == 0, r.stderr
+        assert (trainers.calls[-1]["resume"], trainers.calls[-1]["allow_config_change"]) == (resume, allow)
+    run_cli(cmd, "--init", "x", "--out", out, "--resume", str(tmp_path / "step-00000002"))
+    assert trainers.calls[-1]["resume"] == str(tmp_path / "step-00000002")
+
+
+@pytest.mark.parametrize(
+    ("cmd", "sets", "last", "earlier"),
+    [
+        ("sft", ["sft.num_epochs=3", "sft.eval_every_epoch=true"], 2, 1),
+        ("grpo", ["grpo.steps=4"], 4, 3),
+    ],
+)
+def test_best_is_tested_apart_only_when_it_is_not_the_final_model(
+    cmd, sets, last, earlier, trainers, run_cli, tmp_path
+):
+    """After training the test sets run on final/, and on best/ too unless best/ is the final model: SFT's last epoch
+    (num_epochs - 1, counted from 0), GRPO's last step (grpo.steps). An earlier best is tested."""
+    trainers.tests = {"builtin:test": []}
+    for best, evaluated in ((last, ["final"]), (earlier, ["final", "best"])):
+        trainers.best, trainers.evaluated[:] = best, []
+        r = run_cli(cmd, "--init", "x", "--out", tmp_path / f"{cmd}{best}", "--set", *sets)
+        assert r.returncode == 0, r.stderr
+        assert trainers.evaluated == evaluated, best
+
+
+def _eval_namespace(tmp_path, *overrides, plain=False, shots=None, limit=None):
+    """``dgrpo eval --model org/model --data builtin:test`` with these options, as argparse gives them."""
+    return argparse.Namespace(
+        cmd="eval", model="org/model", config=[], overrides=list(overrides), limit=limit, plain=plain, shots=shots,
+        out=str(tmp_path / "e"), data=["builtin:test"], split=None,
+    )  # fmt: skip
+
+
+def test_eval_passes_plain_shots_and_limit_into_its_config(monkeypatch, tmp_path):
+    """``--plain``, ``--shots`` and ``--limit`` become ``eval.plain``, ``eval.shots`` and ``eval.limit`` (a flag
+    dropped would evaluate a plain LM as a latent one without a word); without them the defaults hold. Shots without
+    a plain prompt, from ``--shots`` or from ``eval.shots`` in a config, are one line."""
+    from dgrpo.cli import evaluate
+    from dgrpo.config import ConfigError
+
+    monkeypatch.setattr(evaluate, "checkpoint_settings", lambda model, revision="": ({}, ""))  # (a plain hub model)
+    cfg = evaluate._eval_config(_eval_namespace(tmp_path, plain=True, shots=1, limit=3))[0]
+    assert (cfg.eval.plain, cfg.eval.shots, cfg.eval.limit) == (True, 1, 3)
+    cfg = evaluate._eval_config(_eval_namespace(tmp_path))[0]
+    assert (cfg.eval.plain, cfg.eval.shots, cfg.eval.limit) == (False, 0, 0)
+    for args in (_eval_namespace(tmp_path, shots=2), _eval_namespace(tmp_path, "eval.shots=2")):
+        with pytest.raises(ConfigError, match="^--shots / eval.shots: a k-shot prompt is for a plain LM"):
+            evaluate._eval_config(args)
+
+
+def test_config_show_of_a_section_with_a_set_prints_that_sections_resolved_values(run_cli):
+    """``config show grpo --set grpo.lr=3e-5``: the resolved ``grpo`` section as one JSON object of its own keys
+    (``lr``, not ``grpo.lr``), the override applied, and no other section."""
+    import json
+
+    from dgrpo.config import Config, to_dict
+
+    r = run_cli("config", "show", "grpo", "--set", "grpo.lr=3e-5")
+    assert r.returncode == 0, r.stderr
+    shown = json.loads(r.stdout)
+    assert shown == {**to_dict(Config())["grpo"], "lr": 3e-5}
+
+
+@pytest.mark.parametrize("variable", ["LOCAL_RANK", "TORCHELASTIC_RUN_ID"])
+def test_a_torchrun_worker_ties_itself_to_its_launcher_and_one_process_does_not(variable, monkeypatch, run_cli):
+    """Under torchrun (either of its variables set) a command first asks to end with its launcher (a killed torchrun
+    left its workers running); a command in one process does not; a launcher gone before the call ends the worker
+    with one line."""
+    from dgrpo.training import distributed
+
+    for name in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID", "WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    tied: list[bool] = []
+    monkeypatch.setattr(distributed, "exit_with_parent", lambda: tied.append(True) or True)
+    assert run_cli("config", "show", "seed").returncode == 0 and tied == []
+    monkeypatch.setenv(variable, "0")
+    assert run_cli("config", "show", "seed").returncode == 0 and tied == [True]
+    monkeypatch.setattr(distributed, "exit_with_parent", lambda: False)
+    with pytest.raises(SystemExit, match="^dgrpo: the torchrun launcher is gone; exiting$"):
+        cli.main(["config", "show", "seed"])
+
+
+def test_the_early_resume_check_is_given_the_command_line_s_resume_options(monkeypatch, run_cli, tmp_path):
+    """The refusal of a resume under a changed config, made before the data and the model are read, is asked with
+    ``--resume`` and ``--allow-config-change`` as given (dropped, ``--allow-config-change`` would be refused there
+    before the trainer ever saw it)."""
+    from dgrpo.config import ConfigError
+    from dgrpo.training import resume_check
+
+    asked: list[tuple] = []
+
+    def check(out, cfg, command, resume, allow_config_change):
+        asked.append((command, resume, allow_config_change))
+        raise ConfigError("checked")  # (nothing after it is under test)
+
+    monkeypatch.setattr(resume_check, "check_resume_config", check)
+    out = tmp_path / "run"
+    assert run_cli("sft", "--out", out, "--resume", "never", "--allow-config-change").returncode == 2
+    assert run_cli("sft", "--out", out).returncode == 2
+    assert asked == [("sft", "never", True), ("sft", "auto", False)]
+
+
+def test_configs_apply_in_the_order_given_and_set_applies_after_them(tmp_path):
+    """``--config a.yaml --config b.yaml --set k=v``: b's values over a's, and ``--set`` over both, whatever the
+    order of the options (argparse keeps each list in its own order)."""
+    from dgrpo.cli.common import load
+
+    (tmp_path / "a.yaml").write_text("seed: 1\nthreads: 1\n")
+    (tmp_path / "b.yaml").write_text("seed: 2\n")
+
+    def loaded(*configs: str, overrides=()):
+        args = argparse.Namespace(cmd="sft", config=[str(tmp_path / c) for c in configs], overrides=list(overrides))
+        cfg = load(args)
+        return cfg.seed, cfg.threads
+
+    assert loaded("a.yaml", "b.yaml") == (2, 1)
+    assert loaded("b.yaml", "a.yaml") == (1, 1)
+    assert loaded("a.yaml", "b.yaml", overrides=["seed=5"]) == (5, 1)
+
+
+def _subparser(name: str) -> argparse.ArgumentParser:
+    """The parser of ``dgrpo NAME``."""
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
+
+
+@pytest.mark.parametrize(
+    ("cmd", "option", "default", "said"),
+    [
+        ("demo", "out", "runs/demo", "(default runs/demo)"),
+        ("demo", "resume", "auto", "auto (default):"),
+        ("sft", "resume", "auto", "auto (default):"),
+        ("grpo", "resume", "auto", "auto (default):"),
+        ("export", "dtype", "auto", "auto: the run's model.dtype"),
+    ],
+)
+def test_an_options_default_is_the_one_its_help_states(cmd, option, default, said):
+    """The defaults a user does not type are the ones ``--help`` states: ``dgrpo demo`` writes to runs/demo and keeps
+    the runs that finished there (``--resume auto``; never would start every run over), and a training command
+    resumes its newest checkpoint (never would delete the run)."""
+    parser = _subparser(cmd)
+    action = next(a for a in parser._actions if a.dest == option)
+    assert action.default == default and said in (action.help or "")
