@@ -270,3 +270,117 @@ def test_an_options_default_is_the_one_its_help_states(cmd, option, default, sai
     parser = _subparser(cmd)
     action = next(a for a in parser._actions if a.dest == option)
     assert action.default == default and said in (action.help or "")
+
+
+def test_data_inspect_reads_the_split_it_is_given(run_cli):
+    """``dgrpo data inspect builtin --split valid`` counts the validation split (``task.n_valid``), not the test
+    split the name alone gives (``task.n_test``): a ``--split`` parsed and dropped showed the wrong data."""
+    sizes = ["--set", "task.n_valid=3", "task.n_test=5"]
+    assert run_cli("data", "inspect", "builtin", "--split", "valid", *sizes).stdout.splitlines()[0] == "3 records"
+    assert run_cli("data", "inspect", "builtin", *sizes).stdout.splitlines()[0] == "5 records"
+
+
+def test_eval_evaluates_each_dataset_with_the_limit_plain_and_shots_it_was_given(monkeypatch, run_cli, tmp_path):
+    """``dgrpo eval --limit 2 --plain --shots 1``: each dataset's evaluation gets those (a flag that reached the
+    config but not the evaluation evaluated every record, or a latent prompt); its results are written to --out,
+    named after the model evaluated; without the flags: every record, the latent prompt, no shots."""
+    from types import SimpleNamespace
+
+    from dgrpo.cli import evaluate
+    from dgrpo.eval import results
+
+    asked: list[dict] = []
+    written: list[tuple] = []
+
+    def evaluated(lm, recs, dist, **how):
+        asked.append({k: how[k] for k in ("plain", "shots", "limit", "dataset")})
+        return SimpleNamespace(accuracy=0.5, correct=1, n=2, summary=lambda: {"n": 2}, model="")
+
+    monkeypatch.setattr(evaluate, "checkpoint_settings", lambda model, revision="": ({}, ""))  # (a plain hub model)
+    monkeypatch.setattr(evaluate, "_load_eval_model", lambda model, cfg, device: SimpleNamespace(hub_commit="c0ffee"))
+    monkeypatch.setattr(evaluate, "evaluate_shards", evaluated)
+    monkeypatch.setattr(results, "write_results", lambda r, out: written.append((r.model, out)))
+    sets = ["--set", "task.n_test=4", "threads=1"]
+    r = run_cli("eval", "--model", "org/m", "--data", "builtin:test", *sets, "--out", tmp_path / "a", "--limit", "2")
+    assert r.returncode == 0, r.stderr
+    r = run_cli("eval", "--model", "org/m", "--data", "builtin:test", *sets, "--out", tmp_path / "b", "--plain")
+    assert r.returncode == 0, r.stderr
+    r = run_cli(
+        "eval", "--model", "org/m", "--data", "builtin:test", *sets, "--out", tmp_path / "c", "--plain", "--shots", "1"
+    )
+    assert r.returncode == 0, r.stderr
+    assert asked == [
+        {"plain": False, "shots": 0, "limit": 2, "dataset": "builtin:test"},
+        {"plain": True, "shots": 0, "limit": 0, "dataset": "builtin:test"},
+        {"plain": True, "shots": 1, "limit": 0, "dataset": "builtin:test"},
+    ]
+    assert written == [("org/m@c0ffee", tmp_path / name) for name in "abc"]
+
+
+@pytest.mark.parametrize("mode", ["full", "sharded"])
+def test_eval_says_that_any_fsdp_mode_is_not_applied(mode):
+    """dgrpo eval applies no FSDP: ``fsdp: full`` and ``fsdp: sharded`` alike are warned of; ``none`` is not."""
+    import warnings
+
+    from dgrpo.cli.evaluate import warn_fsdp_not_applied
+    from dgrpo.config import Config
+
+    cfg = Config()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_fsdp_not_applied(cfg)
+    cfg.fsdp = mode
+    with pytest.warns(UserWarning, match=f"^fsdp={mode} .* is not applied by dgrpo eval"):
+        warn_fsdp_not_applied(cfg)
+
+
+def test_grpo_warns_of_a_task_other_than_its_init_checkpoints_only_for_the_builtin_data_and_not_for_sizes():
+    """GRPO from a checkpoint trained on another built-in task (``task.n_steps`` differs) is warned of; other split
+    sizes are the same task (no warning), and so is any task when the training data is the user's own."""
+    import warnings
+
+    from dgrpo.cli.train import warn_if_init_differs
+    from dgrpo.config import Config, to_dict
+
+    cfg = Config()
+    task = to_dict(cfg)["task"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_init_differs(None, cfg)
+        warn_if_init_differs({"task": {**task, "n_train": 7, "n_valid": 8, "n_test": 9}}, cfg)
+        cfg.data.train = "my.jsonl"
+        warn_if_init_differs({"task": {**task, "n_steps": task["n_steps"] + 1}}, cfg)
+    cfg.data.train = "builtin:train"
+    with pytest.warns(
+        UserWarning, match=r"the built-in task differs from the --init checkpoint's run \(task.n_steps is"
+    ):
+        warn_if_init_differs({"task": {**task, "n_steps": task["n_steps"] + 1}}, cfg)
+
+
+def test_a_training_command_warns_of_held_out_sets_that_share_questions_before_the_model_loads(
+    monkeypatch, run_cli, tmp_path
+):
+    """dgrpo sft reads its data and warns, before the processes join and the model loads, of a test set that asks
+    the training data's questions and of one that asks the validation set's (each check a function of its own,
+    which the command must call)."""
+    import json
+
+    from dgrpo.cli import train
+    from dgrpo.config import ConfigError
+
+    rows = [{"question": f"What is {i} plus 1?", "answer": str(i + 1)} for i in range(3)]
+    for name in ("a.jsonl", "b.jsonl"):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def joined(*a, **k):
+        raise ConfigError("joined")  # (what follows is not under test)
+
+    monkeypatch.setattr(train, "join_processes", joined)
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    sets = ["--config", "tiny.yaml", "--set", "threads=1", f"data.test=[{b}]"]
+    with pytest.warns(UserWarning, match=f"3 of the 3 questions of {b} are in the training data {a} word for word"):
+        r = run_cli("sft", *sets, f"data.train={a}", "data.valid=", "--out", tmp_path / "r1")
+    assert r.stderr == "dgrpo: error: joined\n"
+    with pytest.warns(UserWarning, match=f"3 of the 3 questions of the test set {b} are questions of the validation"):
+        r = run_cli("sft", *sets, f"data.valid={a}", "--out", tmp_path / "r2")
+    assert r.stderr == "dgrpo: error: joined\n"
