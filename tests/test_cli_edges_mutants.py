@@ -91,12 +91,12 @@ def trainers(monkeypatch):
         chat_template: bool = False
         markers: bool = False
 
-    state = SimpleNamespace(calls=[], evaluated=[], tests={}, best=None)
+    state = SimpleNamespace(calls=[], evaluated=[], tests={}, best=None, scorer=SCORERS["numeric"])
 
     def set_up(args):  # (what set_up_run returns, without data or a model: what reaches the trainer is under test)
         cfg = train.load(args)
         model = SimpleNamespace(settings=Settings())
-        scorer = {"scorer": SCORERS["numeric"]}
+        scorer = {"scorer": state.scorer}
         return train.Setting(cfg, scorer, [], None, dict(state.tests), Dist(), None, model, Path(args.out))
 
     def trainer(lm, *args, final_eval, **kwargs):
@@ -384,3 +384,41 @@ def test_a_training_command_warns_of_held_out_sets_that_share_questions_before_t
     with pytest.warns(UserWarning, match=f"3 of the 3 questions of the test set {b} are questions of the validation"):
         r = run_cli("sft", *sets, f"data.valid={a}", "--out", tmp_path / "r2")
     assert r.stderr == "dgrpo: error: joined\n"
+
+
+def test_grpo_checks_its_scorer_on_the_first_test_set_when_it_has_no_validation_set(trainers, run_cli, tmp_path):
+    """``eval.scorer`` is checked on the gold answers before GRPO trains: on the validation set, else (``data.valid``
+    empty) on the first test set; a scorer out of [0, 1] there is exit 2 and one line, and nothing is trained (it
+    failed at the test sets, after the whole run)."""
+    from dgrpo.data.records import Record
+
+    def scorer(completions, records, **kw):
+        return [2.0] * len(completions)
+
+    trainers.scorer = scorer
+    trainers.tests = {"builtin:test": [Record("What is 1 plus 1?", [], "2"), Record("What is 2 plus 1?", [], "3")]}
+    r = run_cli("grpo", "--init", "x", "--out", tmp_path / "run")
+    assert r.returncode == 2 and r.stderr.startswith("dgrpo: error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert "2.0" in r.stderr and trainers.calls == []
+
+
+def test_init_is_read_at_the_revision_set_for_it_not_at_the_configs_other_models(monkeypatch, run_cli, tmp_path):
+    """``--init org/other`` with a config whose ``model.revision`` pins its own ``model.name_or_path`` (org/base):
+    the init is read at its default revision ("", with a warning), not at org/base's commit; ``--set
+    model.revision=...`` applies to the init."""
+    from dgrpo.config import ConfigError
+    from dgrpo.training import resume_check
+
+    revisions: list[str] = []
+
+    def check(out, cfg, *a):
+        revisions.append(cfg.model.revision)
+        raise ConfigError("checked")  # (nothing after it is under test)
+
+    monkeypatch.setattr(resume_check, "check_resume_config", check)
+    (tmp_path / "base.yaml").write_text("model:\n  name_or_path: org/base\n  revision: abc123\n")
+    args = ["grpo", "--config", tmp_path / "base.yaml", "--init", "org/other", "--out", tmp_path / "run"]
+    with pytest.warns(UserWarning, match="model.revision=abc123 is the revision of the config's model.name_or_path"):
+        assert run_cli(*args).returncode == 2
+    assert run_cli(*args, "--set", "model.revision=def456").returncode == 2
+    assert revisions == ["", "def456"]
