@@ -422,3 +422,54 @@ def test_init_is_read_at_the_revision_set_for_it_not_at_the_configs_other_models
         assert run_cli(*args).returncode == 2
     assert run_cli(*args, "--set", "model.revision=def456").returncode == 2
     assert revisions == ["", "def456"]
+
+
+def test_eval_reads_a_hub_model_at_no_revision_of_the_configs_other_model(monkeypatch, tmp_path):
+    """``dgrpo eval --model org/other`` under a config whose ``model.revision`` pins its own model (org/base): the
+    weights are not read at org/base's revision (``model.revision`` is the commit the settings were read at, "" when
+    none was named), with a warning; ``--set model.revision=...`` applies to --model."""
+    from dgrpo.cli import evaluate
+
+    read_at: list[str] = []
+
+    def settings(model, revision=""):
+        read_at.append(revision)
+        return {}, ""
+
+    monkeypatch.setattr(evaluate, "checkpoint_settings", settings)
+    (tmp_path / "base.yaml").write_text("model:\n  name_or_path: org/base\n  revision: abc123\n")
+    args = _eval_namespace(tmp_path)
+    args.model, args.config = "org/other", [str(tmp_path / "base.yaml")]
+    with pytest.warns(UserWarning, match="model.revision=abc123 is the revision of the config's model.name_or_path"):
+        assert evaluate._eval_config(args)[0].model.revision == ""
+    args.overrides = ["model.revision=def456"]
+    assert evaluate._eval_config(args)[0].model.revision == "def456"
+    assert read_at == ["", "def456"]
+
+
+def test_a_runs_test_sets_are_evaluated_with_eval_limit_and_its_options(monkeypatch, tmp_path):
+    """``evaluate_test_sets`` (a training run's test sets, after it) evaluates the first ``eval.limit`` records of each
+    set, as dgrpo eval would with that config, and under the decoding options ``eval.*`` gives."""
+    from types import SimpleNamespace
+
+    from dgrpo.cli import common
+    from dgrpo.config import Config
+    from dgrpo.eval import results
+    from dgrpo.training.distributed import Dist
+
+    asked: list[dict] = []
+
+    def evaluated(lm, recs, dist, **how):
+        asked.append(how)
+        return SimpleNamespace(accuracy=0.25, summary=lambda: {}, model="")
+
+    monkeypatch.setattr(common, "evaluate_shards", evaluated)
+    monkeypatch.setattr(results, "write_results", lambda r, out: None)
+    cfg = Config()
+    cfg.eval.limit, cfg.eval.max_new_tokens = 3, 17
+    metrics = common.evaluate_test_sets(None, {"builtin:test": [], "builtin:ood_steps": []}, cfg, tmp_path, Dist())
+    assert metrics == {"test/builtin_test/accuracy": 0.25, "test/builtin_ood_steps/accuracy": 0.25}
+    assert [(a["dataset"], a["limit"], a["max_new_tokens"]) for a in asked] == [
+        ("builtin:test", 3, 17),
+        ("builtin:ood_steps", 3, 17),
+    ]
