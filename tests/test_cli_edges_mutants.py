@@ -473,3 +473,33 @@ def test_a_runs_test_sets_are_evaluated_with_eval_limit_and_its_options(monkeypa
         ("builtin:test", 3, 17),
         ("builtin:ood_steps", 3, 17),
     ]
+
+
+def test_the_demos_seed_counts_in_its_help_are_its_presets():
+    """``dgrpo demo --help`` states the SFT and RL seed counts of the default, ``--full`` and ``--quick`` runs: they
+    are the presets the demo runs (a preset changed without its help would say 4 pairs where 2 are run)."""
+    import re
+
+    from dgrpo.demo.pipeline import PRESETS
+
+    parser = _subparser("demo")
+    for option, index in (("sft_seeds", 1), ("seeds", 2)):
+        said = next(a.help or "" for a in parser._actions if a.dest == option)
+        found = re.search(r"\(default (\d+); --full (\d+); --quick (\d+)\)", said)
+        assert found is not None, said
+        assert [int(n) for n in found.groups()] == [PRESETS[p][index] for p in ("default", "full", "quick")]
+
+
+def test_two_datasets_a_split_makes_one_are_named_as_the_user_gave_them(tmp_path):
+    """``--data builtin:test builtin:valid --split valid`` (both the valid split): one line naming the two ``--data``
+    given, not the run's data.test (which the user did not give); the run's own test sets (``given=False``) are
+    named as data.test's."""
+    from dgrpo.cli.evaluate import output_dirs
+    from dgrpo.config import ConfigError
+
+    both = ["builtin:test", "builtin:valid"]
+    folder = tmp_path / "builtin_valid"
+    with pytest.raises(ConfigError, match=f"^--data builtin:test and builtin:valid: both would write {folder} "):
+        output_dirs(both, "valid", tmp_path)
+    with pytest.raises(ConfigError, match="^--split valid: data.test's builtin:test and builtin:valid both become"):
+        output_dirs(both, "valid", tmp_path, given=False)
