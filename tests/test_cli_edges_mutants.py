@@ -503,3 +503,63 @@ def test_two_datasets_a_split_makes_one_are_named_as_the_user_gave_them(tmp_path
         output_dirs(both, "valid", tmp_path)
     with pytest.raises(ConfigError, match="^--split valid: data.test's builtin:test and builtin:valid both become"):
         output_dirs(both, "valid", tmp_path, given=False)
+
+
+def test_import_coconut_passes_every_option_to_the_import(monkeypatch, run_cli, tmp_path):
+    """``dgrpo import-coconut``: each option reaches :func:`~dgrpo.model.coconut_import.import_coconut` (a hub base's
+    ``--revision`` and ``--trust-remote-code`` included: dropped, the base was read at main, or its code refused),
+    and the command prints what it wrote."""
+    import json
+
+    from dgrpo.model import coconut_import
+
+    given: list[tuple] = []
+
+    def imported(ckpt, base, out, **kw):
+        given.append((ckpt, base, out, kw))
+        out.mkdir(parents=True)
+        (out / "latent_config.json").write_text(json.dumps({"n_latent": 4}))
+        return out
+
+    monkeypatch.setattr(coconut_import, "import_coconut", imported)
+    out = tmp_path / "imported"
+    argv = ["import-coconut", tmp_path / "checkpoint_5", "--base", "org/base", "--out", out, "--c-thought", "2"]
+    more = ["--max-latent-stage", "3", "--n-latent", "4", "--stage", "2", "--mode", "pause", "--revision", "v1"]
+    r = run_cli(*argv, *more, "--trust-remote-code")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f'wrote {out}\nlatent_config.json: {{"n_latent": 4}}\n'
+    assert given == [
+        (
+            tmp_path / "checkpoint_5",
+            "org/base",
+            out,
+            {
+                "c_thought": 2,
+                "n_latent": 4,
+                "stage": 2,
+                "max_latent_stage": 3,
+                "trust_remote_code": True,
+                "revision": "v1",
+                "mode": "pause",
+            },
+        )
+    ]
+
+
+def test_export_reads_a_hub_adapter_at_the_revision_given(monkeypatch, run_cli, tmp_path):
+    """``dgrpo export org/adapter --revision v2``: the adapter's files are read at v2 (dropped, main's were merged
+    without a word); without ``--revision``, at the default branch."""
+    from dgrpo.model import sources
+
+    asked: list[tuple] = []
+
+    def files(name, revision, local_files_only=False):
+        asked.append((name, revision))
+        (tmp_path / "full").mkdir(exist_ok=True)  # (no adapter_config.json: refused after the read, not under test)
+        return tmp_path / "full", True
+
+    monkeypatch.setattr(sources, "hub_files", files)
+    for given in (["--revision", "v2"], []):
+        r = run_cli("export", "org/adapter", *given, "--merge", "--out", tmp_path / "out")
+        assert r.returncode == 2 and "nothing to merge" in r.stderr, r.stderr
+    assert asked == [("org/adapter", "v2"), ("org/adapter", None)]
