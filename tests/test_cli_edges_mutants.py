@@ -563,3 +563,74 @@ def test_export_reads_a_hub_adapter_at_the_revision_given(monkeypatch, run_cli, 
         r = run_cli("export", "org/adapter", *given, "--merge", "--out", tmp_path / "out")
         assert r.returncode == 2 and "nothing to merge" in r.stderr, r.stderr
     assert asked == [("org/adapter", "v2"), ("org/adapter", None)]
+
+
+def test_entry_exits_with_mains_code_and_a_joined_worker_skips_the_teardown(monkeypatch):
+    """The ``dgrpo`` script exits with :func:`main`'s code (SystemExit, the interpreter's teardown as usual); a
+    torchrun worker still in the process group leaves at once through ``os._exit`` with the same code (its output
+    flushed), not through the teardown that could abort it."""
+    monkeypatch.setattr(cli, "main", lambda: 3)
+    monkeypatch.setattr(cli, "_joined", lambda: False)
+    monkeypatch.setattr(cli.os, "_exit", lambda code: pytest.fail(f"os._exit({code}) in one process"))
+    with pytest.raises(SystemExit) as e:
+        cli.entry()
+    assert e.value.code == 3
+    left: list[int] = []
+
+    def exit_now(code: int) -> None:
+        left.append(code)
+        raise KeyboardInterrupt  # (os._exit does not return: stop here)
+
+    monkeypatch.setattr(cli, "_joined", lambda: True)
+    monkeypatch.setattr(cli.os, "_exit", exit_now)
+    with pytest.raises(KeyboardInterrupt):
+        cli.entry()
+    assert left == [3]
+
+
+def test_a_runs_missing_test_file_is_said_relative_only_when_its_path_is_relative(tmp_path, monkeypatch):
+    """A checkpoint's run tested on ``gone.jsonl`` (relative, not found from here) is one line saying the path is
+    relative to where the run started; an absolute path that is gone is not said to be relative (its read names it)."""
+    from dgrpo.cli.evaluate import check_run_test_files
+    from dgrpo.config import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    check_run_test_files([str(tmp_path / "gone.jsonl")])
+    with pytest.raises(ConfigError, match="gone.jsonl \\(its data.test\\), a path relative to the folder that run"):
+        check_run_test_files(["gone.jsonl"])
+
+
+def test_a_dataset_folders_label_puts_split_in_place_of_the_one_it_names(tmp_path):
+    """``--data FOLDER:test --split valid`` is labelled ``FOLDER:valid`` (the option wins), as a built-in name's is."""
+    from dgrpo.cli.evaluate import dataset_label
+
+    (tmp_path / "mydata").mkdir()
+    assert dataset_label(f"{tmp_path}/mydata:test", "valid") == f"{tmp_path}/mydata:valid"
+    assert dataset_label(f"{tmp_path}/mydata", "valid") == f"{tmp_path}/mydata:valid"
+
+
+def test_the_start_line_of_a_lora_run_says_how_many_parameters_train(monkeypatch, capsys):
+    """``report_model`` of a LoRA model: its rank, alpha and base, and the trainable parameters as a count and a
+    percentage of all (25 of 1,000: 2.50%)."""
+    from types import SimpleNamespace
+
+    from dgrpo.cli.common import report_model
+    from dgrpo.config import Config
+    from dgrpo.model import lora
+
+    monkeypatch.setattr(lora, "trainable_parameters", lambda lm: (25, 1000))
+    peft = SimpleNamespace(peft_config={lora.POLICY: SimpleNamespace(r=4, lora_alpha=8)})
+    report_model(SimpleNamespace(hub_commit="", peft=peft, name_or_path="org/base"), "org/base", Config())
+    assert capsys.readouterr().out == "dgrpo: LoRA r=4 alpha=8 on org/base: 25 of 1,000 parameters train (2.50%)\n"
+
+
+def test_eval_refuses_a_split_for_a_test_file_of_the_runs_own(tmp_path):
+    """``--split`` with the run's own test sets (no ``--data``) where one is a file: one line (a file has no splits;
+    the split was dropped without a word), one set or several."""
+    from dgrpo.cli.evaluate import output_dirs
+    from dgrpo.config import ConfigError
+
+    (tmp_path / "t.jsonl").write_text("")
+    for datas in ([str(tmp_path / "t.jsonl")], ["builtin:test", str(tmp_path / "t.jsonl")]):
+        with pytest.raises(ConfigError, match="^--split valid: .*t.jsonl is a file, which has no splits"):
+            output_dirs(datas, "valid", tmp_path / "out", given=False)
