@@ -634,3 +634,70 @@ def test_eval_refuses_a_split_for_a_test_file_of_the_runs_own(tmp_path):
     for datas in ([str(tmp_path / "t.jsonl")], ["builtin:test", str(tmp_path / "t.jsonl")]):
         with pytest.raises(ConfigError, match="^--split valid: .*t.jsonl is a file, which has no splits"):
             output_dirs(datas, "valid", tmp_path / "out", given=False)
+
+
+def test_held_out_sets_need_no_steps_column_where_training_data_does(monkeypatch, run_cli, tmp_path):
+    """``data.steps_key`` names the reasoning steps the training data must have; a test set is only answered, and
+    needs none (its records read as held out): dgrpo sft reads both and goes on to join the processes."""
+    import json
+
+    from dgrpo.cli import train
+    from dgrpo.config import ConfigError
+
+    row = {"question": "What is 2 plus 1?", "answer": "3"}
+    (tmp_path / "train.jsonl").write_text(json.dumps({**row, "why": ["2 + 1 = 3"]}) + "\n")
+    (tmp_path / "test.jsonl").write_text(json.dumps({**row, "question": "What is 5 plus 1?", "answer": "6"}) + "\n")
+
+    def joined(*a, **k):
+        raise ConfigError("joined")  # (what follows is not under test)
+
+    monkeypatch.setattr(train, "join_processes", joined)
+    sets = [f"data.train={tmp_path / 'train.jsonl'}", f"data.test=[{tmp_path / 'test.jsonl'}]", "data.valid="]
+    r = run_cli(
+        "sft",
+        "--config",
+        "tiny.yaml",
+        "--set",
+        "threads=1",
+        "data.question_key=question",
+        "data.answer_key=answer",
+        "data.steps_key=why",
+        *sets,
+        "--out",
+        tmp_path / "r",
+    )
+    assert r.stderr == "dgrpo: error: joined\n"
+
+
+def test_eval_of_a_runs_checkpoint_with_test_sets_set_anew_reads_them_from_here(monkeypatch, tmp_path):
+    """``--set data.test=[...]`` over a checkpoint that recorded its own: the sets given are evaluated, read from here
+    (no run folders to read them from: None), not checked as the run's own."""
+    from dgrpo.cli import evaluate
+
+    start = {"data": {"test": ["theirs.jsonl"]}}
+    monkeypatch.setattr(evaluate, "checkpoint_settings", lambda model, revision="": (start, ""))
+    (tmp_path / "ckpt").mkdir()
+    args = _eval_namespace(tmp_path, "data.test=[builtin:test]")
+    args.model, args.data = str(tmp_path / "ckpt"), None
+    cfg, datas, folders = evaluate._eval_config(args)
+    assert (datas, folders) == (["builtin:test"], None)
+
+
+def test_eval_takes_the_answer_length_a_checkpoint_was_trained_with(tmp_path, monkeypatch):
+    """``checkpoint_settings`` takes ``data.max_target_tokens`` and ``data.max_question_tokens`` (the prompt's and the
+    answer's lengths the run trained with) with the other data keys that define a prompt."""
+    import json
+    from pathlib import Path
+
+    from dgrpo.cli.evaluate import checkpoint_settings
+    from dgrpo.model import sources
+    from dgrpo.model.verified import RUN_CONFIG_FILE
+
+    monkeypatch.setattr(sources, "resolve_checkpoint", Path)
+    data = {"max_target_tokens": 40, "max_question_tokens": 90, "steps_key": "why", "lr": 1}
+    (tmp_path / RUN_CONFIG_FILE).write_text(json.dumps({"data": data}))
+    assert checkpoint_settings(str(tmp_path))[0]["data"] == {
+        "max_target_tokens": 40,
+        "max_question_tokens": 90,
+        "steps_key": "why",
+    }
