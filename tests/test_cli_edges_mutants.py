@@ -701,3 +701,22 @@ def test_eval_takes_the_answer_length_a_checkpoint_was_trained_with(tmp_path, mo
         "max_question_tokens": 90,
         "steps_key": "why",
     }
+
+
+def test_a_joined_rank_trains_on_its_own_gpu_and_a_cpu_run_stays_on_the_cpu(monkeypatch):
+    """``join_processes`` under torchrun: a CUDA run's rank takes the GPU of its LOCAL_RANK (cuda:1 for local rank
+    1); a CPU run stays on the CPU (there is no cuda:1); one process keeps the device it was given."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from dgrpo.cli.common import join_processes
+    from dgrpo.config import Config
+    from dgrpo.training import distributed
+
+    joined = SimpleNamespace(active=True, local_rank=1)
+    monkeypatch.setattr(distributed.Dist, "from_env", staticmethod(lambda *a, **k: joined))
+    assert join_processes(Config(), torch.device("cuda"))[1] == torch.device("cuda", 1)
+    assert join_processes(Config(), torch.device("cpu"))[1] == torch.device("cpu")
+    joined.active = False
+    assert join_processes(Config(), torch.device("cuda"))[1] == torch.device("cuda")
