@@ -362,18 +362,28 @@ def _warn_if_a_group_validated_on_other_data(groups: Mapping[str, Sequence[Run]]
     however their configs differ (:func:`_other_experiments`), so their mean would mix those sets unsaid. Not refused:
     one file named by two paths (relative and absolute, moved) is the same data."""
     for name, runs in groups.items():
-        sets: dict[str, list[str]] = {}
-        for r in runs:
-            key = _eval_key(r, eval_key)
-            if key is not None and _eval_parts(key)[0] == "valid" and r.config:
-                sets.setdefault(str(_config_get(r.config, "data.valid")), []).append(r.name)
-        if len(sets) > 1:
-            shown = "; ".join(f"{spec} ({first_items(names)})" for spec, names in sets.items())
+        on_valid = [r for r in runs if (key := _eval_key(r, eval_key)) is not None and _eval_parts(key)[0] == "valid"]
+        if len(sets := _names_by_setting(on_valid, "data.valid")) > 1:
             warnings.warn(
-                f"{name}: its runs' eval/valid is their data.valid, which differs between them ({shown}); their mean "
-                "mixes those sets",
+                f"{name}: its runs' eval/valid is their data.valid, which differs between them ({_listed(sets)}); "
+                "their mean mixes those sets",
                 stacklevel=3,
             )
+
+
+def _names_by_setting(runs: Sequence[Run], dotted: str, default: Any = None) -> dict[str, list[str]]:
+    """The names of the runs by their config's value of ``dotted`` (``default`` where it is not set); runs without
+    a config are not counted."""
+    by_value: dict[str, list[str]] = {}
+    for r in runs:
+        if r.config:
+            by_value.setdefault(str(_config_get(r.config, dotted, default)), []).append(r.name)
+    return by_value
+
+
+def _listed(by_value: Mapping[str, Sequence[str]]) -> str:
+    """``value (run, run); value (run)``: :func:`_names_by_setting`'s groups in a few words."""
+    return "; ".join(f"{value} ({first_items(names)})" for value, names in by_value.items())
 
 
 def _check_one_kind_per_group(groups: Mapping[str, Sequence[Run]]) -> None:
@@ -418,14 +428,9 @@ def _warn_if_scorers_differ(runs: Sequence[Run]) -> None:
     numbers side by side that do not measure the same thing. Runs without a config are not counted."""
     from ..config import EvalConfig
 
-    by_scorer: dict[str, list[str]] = {}
-    for r in runs:
-        if r.config:
-            by_scorer.setdefault(str(_config_get(r.config, "eval.scorer", EvalConfig().scorer)), []).append(r.name)
-    if len(by_scorer) > 1:
-        shown = "; ".join(f"{scorer} ({first_items(names)})" for scorer, names in by_scorer.items())
+    if len(by_scorer := _names_by_setting(runs, "eval.scorer", EvalConfig().scorer)) > 1:
         warnings.warn(
-            f"the eval panel sets side by side accuracies scored by different eval.scorer rules: {shown}; they are "
-            "not comparable",
+            f"the eval panel sets side by side accuracies scored by different eval.scorer rules: {_listed(by_scorer)}; "
+            "they are not comparable",
             stacklevel=3,
         )
