@@ -371,10 +371,26 @@ def check_scorer(scorer: ScoreFn, records: list[Record]) -> list[float]:
     firsts = records[:2]
     completions = gold_completions(firsts)
     name = getattr(scorer, "__name__", "scorer")
-    values = call_checked(scorer, name, completions, firsts, "scorer")
+    try:
+        values = call_checked(scorer, name, completions, firsts, "scorer")
+    except RewardError as e:
+        raise on_gold(e) from None
     if len(firsts) == 2:
-        call_checked(scorer, name, completions[::-1], firsts, "scorer")
+        try:
+            call_checked(scorer, name, completions[::-1], firsts, "scorer")
+        except RewardError as e:
+            raise on_gold(e, swapped=True) from None
     return values
+
+
+def on_gold(error: RewardError, swapped: bool = False) -> RewardError:
+    """``error``, from the check of a reward or scorer on gold answers before a run, saying so: the completion it
+    names (``'#### 16'``) is no answer of the model, and with ``swapped`` not even the question's own gold."""
+    swap = ", each given to the other record" if swapped else ""
+    return type(error)(
+        f"{error}; found by the check made before training or evaluating, on gold answers written as "
+        f"'#### <answer>'{swap} (no completion of the model)"
+    )
 
 
 def warn_if_scorer_misses_gold(scorer: ScoreFn, records: list[Record], what: str) -> None:
@@ -450,7 +466,10 @@ class Rewards:
     def smoke_test(self, records: list[Record], check_filter: bool) -> None:
         """Call every reward once on gold answers (``#### <answer>``) of ``records``, before a run writes anything:
         a function that cannot be imported, raises or returns the wrong thing fails here, in one line."""
-        total = self(gold_completions(records), records)
+        try:
+            total = self(gold_completions(records), records)
+        except RewardError as e:
+            raise on_gold(e) from None
         warn_if_gold_scores_zero(total, "the reward")
         if check_filter:
             self.filter_values(total)
