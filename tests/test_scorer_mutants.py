@@ -38,7 +38,9 @@ def test_an_infinite_value_is_no_reward():
     def infinite(completions, records):
         return [1.0, float("-inf")]
 
-    with pytest.raises(RewardError, match=r"^reward infinite returned -inf for row 1 \(question 'q2'\)$"):
+    with pytest.raises(
+        RewardError, match=r"^reward infinite returned -inf for row 1 \(completion 'b', question 'q2'\)$"
+    ):
         call_checked(infinite, "infinite", ["a", "b"], [Record("q1", [], "1"), Record("q2", [], "1")])
 
 
@@ -65,7 +67,7 @@ def test_a_value_past_1_beyond_the_tolerance_is_refused_within_it_is_1():
         return [1.0000005, 1.01][: len(completions)]
 
     records = [Record("q1", [], "1"), Record("q2", [], "1")]
-    with pytest.raises(RewardError, match=r"^scorer past returned 1.01 for row 1 \(question 'q2'\)"):
+    with pytest.raises(RewardError, match=r"^scorer past returned 1.01 for row 1 \(completion 'b', question 'q2'\)"):
         call_checked(past, "past", ["a", "b"], records, "scorer")
     assert call_checked(past, "past", ["a"], records[:1], "scorer") == [1.0]
 

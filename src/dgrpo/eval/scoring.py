@@ -252,9 +252,9 @@ def call_checked(
             elif getattr(returned, "ndim", 1) > 1:  # (an array of shape [n, 1]: its rows are arrays)
                 shape = tuple(getattr(returned, "shape", ()))
                 why = f": it returned an array of shape {shape}; one number per completion is 1-D"
-            raise RewardError(f"{what} {name} returned {v!r} for row {i} (question {records[i].question[:60]!r}){why}")
+            raise RewardError(f"{what} {name} returned {v!r} for row {i} ({_row(completions, records, i)}){why}")
         if what == "scorer":
-            x = _score_in_range(x, name, i, records[i])
+            x = _score_in_range(x, name, i, _row(completions, records, i))
         out.append(x)
     return out
 
@@ -302,12 +302,13 @@ def _row(completions: list[str], records: list[Record], i: int) -> str:
 SCORE_TOLERANCE = 1e-6
 
 
-def _score_in_range(x: float, name: str, row: int, record: Record) -> float:
-    """A scorer's value, 1 within SCORE_TOLERANCE of 1 and 0 of 0; outside [0, 1] (so widened) a RewardError."""
+def _score_in_range(x: float, name: str, row: int, shown: str) -> float:
+    """A scorer's value, 1 within SCORE_TOLERANCE of 1 and 0 of 0; outside [0, 1] (so widened) a RewardError naming
+    the row (``shown``: its completion and question)."""
     if not -SCORE_TOLERANCE <= x <= 1 + SCORE_TOLERANCE:
         raise RewardError(
-            f"scorer {name} returned {float(x)!r} for row {row} (question {record.question[:60]!r}): a scorer's "
-            "value is in [0, 1], 1 for a correct answer"
+            f"scorer {name} returned {float(x)!r} for row {row} ({shown}): a scorer's value is in [0, 1], 1 for a "
+            "correct answer"
         )
     return 1.0 if x >= 1 - SCORE_TOLERANCE else 0.0 if x <= SCORE_TOLERANCE else x
 
