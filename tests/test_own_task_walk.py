@@ -56,3 +56,25 @@ def test_a_bad_value_names_the_completion_it_was_given():
     )
     with pytest.raises(RewardError, match=r"returned 2\.0 for row 0 \(completion '#### 2', question 'Ann has"):
         call_checked(parsed, "parsed", ["#### 2"], RECS[:1], "scorer")
+
+
+def test_the_summary_gives_the_final_mean_score_beside_the_best(tmp_path):
+    """With grpo.best_metric=mean_score (a partial-credit scorer), summary.json had best/'s mean score and the final
+    model's accuracy alone: best and final could not be compared by the metric chosen. final_mean_score is the last
+    validation's mean score, and the closing line names it; a checkpoint's loop record keeps it for a resume."""
+    import json
+    from types import SimpleNamespace
+
+    from dgrpo.training.grpo import LoopState, _loop_record, _summary
+
+    lines: list[str] = []
+    run = SimpleNamespace(out_dir=tmp_path, log=lines.append, resumed_step=None)
+    loop = LoopState(best_step=2, best_accuracy=0.25, best_mean_score=0.5, last_eval=0.0, last_mean_score=0.375)
+    summary = _summary(run, loop, 4, {}, "mean_score")  # type: ignore[arg-type]
+    assert summary["final_mean_score"] == 0.375 and summary["best_mean_score"] == 0.5
+    assert json.loads((tmp_path / "summary.json").read_text())["final_mean_score"] == 0.375
+    assert "final mean_score 0.3750 (0.00%)" in lines[-1]
+    assert LoopState(**_loop_record(loop)).last_mean_score == 0.375
+    assert "last_mean_score" not in _loop_record(LoopState())
+    assert _summary(run, LoopState(), 4, {})["final_mean_score"] is None  # type: ignore[arg-type]
+    assert "; no eval;" in lines[-1]

@@ -755,6 +755,7 @@ class LoopState:
     skipped: int = 0
     skip_streak: int = 0  # steps in a row with every group filtered out (no update)
     last_eval: float | None = None
+    last_mean_score: float | None = None  # the last validation's mean score on the first set (None: not given)
     started: float = 0.0  # wall clock at the start of this process's part of the run
     # a stop's checkpoint, written before the evaluation due at its step: the resumed run evaluates first
     eval_pending: bool = False
@@ -765,11 +766,11 @@ class LoopState:
 
 
 def _loop_record(loop: LoopState) -> dict:
-    """The loop's state as a checkpoint keeps it: ``eval_pending`` only when set, and ``best_mean_score`` only when
+    """The loop's state as a checkpoint keeps it: ``eval_pending`` only when set, and the mean scores only when
     known, so that a checkpoint of an unstopped run (validated by a count) stays readable by dgrpo before it (whose
     LoopState has no such fields)."""
     record = asdict(loop)
-    for key, unset in (("eval_pending", False), ("best_mean_score", None)):
+    for key, unset in (("eval_pending", False), ("best_mean_score", None), ("last_mean_score", None)):
         if record[key] is unset:
             del record[key]
     return record
@@ -964,6 +965,7 @@ def _summary(run: RunDir, loop: LoopState, steps: int, applied: dict[str, Any], 
         "best_accuracy": loop.best_accuracy if kept else None,
         "best_mean_score": loop.best_mean_score if kept else None,
         "final_accuracy": loop.last_eval,
+        "final_mean_score": loop.last_mean_score if loop.last_eval is not None else None,
         "steps": steps,
         "skipped_steps": loop.skipped,
         "applied": applied,
@@ -974,6 +976,8 @@ def _summary(run: RunDir, loop: LoopState, steps: int, applied: dict[str, Any], 
         # known: a best/ kept by a count, or by dgrpo before mean scores, that no later validation replaced)
         best = f"best by {metric} {loop.best_mean_score:.4f} ({100 * loop.best_accuracy:.2f}%) at step {loop.best_step}"
     final = f"final {100 * loop.last_eval:.2f}%" if loop.last_eval is not None else "no eval"
+    if loop.last_eval is not None and metric != "accuracy" and loop.last_mean_score is not None:
+        final = f"final {metric} {loop.last_mean_score:.4f} ({100 * loop.last_eval:.2f}%)"
     wall = f"{time.time() - loop.started:.0f} s" + (
         f" (this process, resumed at step {run.resumed_step})" if run.resumed_step is not None else ""
     )
@@ -1014,6 +1018,7 @@ def _periodic_eval(
         value = best_value(first, g.best_metric, "grpo.best_metric") if g.save_best else None  # (refused before a row)
         row.update({f"eval/{name}/{k}": v for name, scores in by_set.items() for k, v in scores.items()})
         run.metrics.write(row)
+        loop.last_mean_score = first.get("mean_score")
         if value is not None and step >= g.warmup_steps and value > _best_so_far(loop, g.best_metric):
             loop.best_step, loop.best_accuracy, loop.best_mean_score = step, first["accuracy"], first.get("mean_score")
             trainer.dist.save_model(lm, run.out_dir / BEST_DIR)  # every rank calls it (FSDP gathers); rank 0 writes
