@@ -27,6 +27,10 @@ def test_a_scorer_returning_more_values_than_completions_is_refused():
 
     with pytest.raises(RewardError, match=r"^scorer three returned 3 values for 2 completions$"):
         call_checked(three, "three", ["a", "b"], [Record("q", [], "1")] * 2, "scorer")
+    with pytest.raises(RewardError, match=r"^scorer three returned 3 values for 1 completion$"):  # (not "completions")
+        call_checked(three, "three", ["a"], [Record("q", [], "1")], "scorer")
+    with pytest.raises(RewardError, match=r"^scorer one returned 1 value for 2 completions$"):  # (not "1 values")
+        call_checked(lambda c, r: [1.0], "one", ["a", "b"], [Record("q", [], "1")] * 2, "scorer")
 
 
 def test_an_infinite_value_is_no_reward():

@@ -241,7 +241,10 @@ def call_checked(
         shown = repr(returned)[:60]
         raise RewardError(f"{what} {name} returned {shown}, not one value per completion (a list of numbers)") from None
     if len(values) != len(completions):
-        raise RewardError(f"{what} {name} returned {len(values)} values for {len(completions)} completions")
+        got, asked = len(values), len(completions)
+        raise RewardError(
+            f"{what} {name} returned {got} value{'s' * (got != 1)} for {asked} completion{'s' * (asked != 1)}"
+        )
     out = []
     for i, v in enumerate(values):
         x = reward_value(v)
