@@ -1065,6 +1065,7 @@ def test_the_stop_line_says_whether_a_checkpoint_exists(tmp_path):
 def test_training_on_own_data_warns_of_the_builtin_validation_and_test_sets(cmd, tmp_path, run_cli):
     """--set data.train=my.jsonl validated on builtin:valid and tested on the three built-in sets (all 0%), without a
     word: data.valid and data.test are still the built-in task's by default. dgrpo eval does not say it."""
+    (tmp_path / "sft").mkdir()  # (an --init that is not there is said first, before any warning)
     init = ["--init", tmp_path / "sft"] if cmd == "grpo" else []
     args = [cmd, *init, *tiny_args(**{"data.train": tmp_path / "my.jsonl"}), "--out", tmp_path / "o"]
     says = (

@@ -78,3 +78,15 @@ def test_the_summary_gives_the_final_mean_score_beside_the_best(tmp_path):
     assert "last_mean_score" not in _loop_record(LoopState())
     assert _summary(run, LoopState(), 4, {})["final_mean_score"] is None  # type: ignore[arg-type]
     assert "; no eval;" in lines[-1]
+
+
+@pytest.mark.parametrize("cmd", ["grpo", "sft"])
+def test_a_missing_local_model_is_said_before_the_data_is_read_or_warned_about(run_cli, tmp_path, recwarn, cmd):
+    """``--init`` (or ``model.name_or_path``) naming a folder that is not there was said only once the data had been
+    read, after the warning that data.valid and data.test are the built-in task's: the one line now comes first."""
+    train = tmp_path / "mine.jsonl"
+    train.write_text('{"question": "q", "answer": "1"}\n')
+    model = ["--init", tmp_path / "gone"] if cmd == "grpo" else ["--set", f"model.name_or_path={tmp_path}/gone"]
+    r = run_cli(cmd, *model, "--set", f"data.train={train}", "--out", tmp_path / "run")
+    assert (r.returncode, r.stderr) == (2, f"dgrpo: error: checkpoint directory not found: {tmp_path}/gone\n")
+    assert [str(w.message) for w in recwarn] == []

@@ -302,6 +302,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     from ..eval.evaluate import eval_options
     from ..eval.scoring import check_reward
     from ..model.factory import check_builtin_compiles, load_model
+    from ..model.sources import check_path_exists
     from ..training.model_record import record_the_models_shape
     from ..training.resume_check import check_resume_config
     from ..training.tracking import check_installed
@@ -314,6 +315,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     if args.init:  # (a run's config.json names its base's commit: not --init's, unless given for it)
         cfg.model.revision = revision_for(args.init, cfg, args.overrides, "--init")
     cfg = record_init(cfg, args.init, args.out)
+    check_path_exists(args.init or cfg.model.name_or_path)  # (a missing --init was said after the data's warnings)
     check_builtin_compiles(cfg.model, args.init)  # (model.compile of the built-in model: the config knows its arch)
     # (a resume under a changed config is refused now, from OUT alone: not after the data and the model are read)
     check_resume_config(args.out, cfg, args.cmd, args.resume, args.allow_config_change)
