@@ -27,8 +27,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--panels",
         default="eval,reward_std",
-        help="comma list of panels, side by side: eval, reward_std, reward_mean, kept, distinct (default %(default)s); "
-        "x: GRPO steps, and an SFT run's eval over its optimizer steps (beside GRPO runs: a panel of its own)",
+        help="comma list of panels, side by side: eval, reward_std, reward_mean, kept, distinct, reward/<part> (a part "
+        "of grpo.rewards the runs log) (default %(default)s); x: GRPO steps, and an SFT run's eval over its "
+        "optimizer steps (beside GRPO runs: a panel of its own)",
     )
     p.add_argument(
         "--label",
