@@ -100,7 +100,7 @@ def _add_bench_parser(sub: Any) -> None:
 def _add_data_parser(sub: Any) -> None:
     """The ``data`` subcommand and its ``inspect``."""
     p = subcommand(sub, "data", "dataset utilities", DATA_EXAMPLES)
-    dsub = p.add_subparsers(dest="data_cmd", required=True)
+    dsub = p.add_subparsers(dest="data_cmd", required=True, metavar="COMMAND")
     q = dsub.add_parser("inspect", help="count records and show the first one (last line: JSON)")
     q.add_argument(
         "name_or_path",
@@ -115,7 +115,7 @@ def _add_data_parser(sub: Any) -> None:
 def _add_config_parser(sub: Any) -> None:
     """The ``config`` subcommand and its ``show``."""
     p = subcommand(sub, "config", "configuration utilities", CONFIG_EXAMPLES)
-    csub = p.add_subparsers(dest="config_cmd", required=True)
+    csub = p.add_subparsers(dest="config_cmd", required=True, metavar="COMMAND")
     q = csub.add_parser(
         "show", help="print every option with its default and meaning, or (with --config / --set) the resolved config"
     )
