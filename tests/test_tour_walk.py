@@ -29,3 +29,34 @@ def test_data_and_config_without_a_subcommand_name_none_of_the_parsers_internals
         assert stop.value.code == 2
         err = capsys.readouterr().err
         assert "required: COMMAND" in err and "_cmd" not in err, err
+
+
+def test_an_adapter_refuses_a_base_whose_weights_changed_under_its_manifest(lora_base_dirs, tokenizer, tmp_path):
+    """A local base whose weight file was overwritten in place (its manifest.json left as dgrpo wrote it) is refused
+    in one line when an adapter on it loads, as the base loaded alone is: the adapter's base fingerprint is read from
+    the base's manifest, so the changed weights loaded silently under the adapter."""
+    import shutil
+
+    import pytest
+    import torch
+
+    from conftest import make_lm
+
+    pytest.importorskip("peft")
+    from dgrpo.config import LoraConfig
+    from dgrpo.model import lora
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.model.verified import CheckpointError
+
+    shutil.copytree(lora_base_dirs / "qwen2", tmp_path / "base")  # (the session's tiny base, shared with test_lora)
+    lm = LatentLM.from_pretrained(tmp_path / "base")
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        lora.apply_lora(lm, LoraConfig(r=4, alpha=8.0))
+    lm.save_pretrained(tmp_path / "adapter")
+    make_lm(tokenizer, "qwen2", seed=1).save_pretrained(tmp_path / "other")
+    shutil.copyfile(tmp_path / "other" / "model.safetensors", tmp_path / "base" / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"base.* is damaged: checksum mismatch in model\.safetensors"):
+        LatentLM.from_pretrained(tmp_path / "base")
+    with pytest.raises(CheckpointError, match=r"base.* is damaged: checksum mismatch in model\.safetensors"):
+        LatentLM.from_pretrained(tmp_path / "adapter")

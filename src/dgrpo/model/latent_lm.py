@@ -468,6 +468,8 @@ class LatentLM(nn.Module):
             ) from None
         if lora.is_adapter_dir(Path(base)):
             raise CheckpointError(f"{folder}: its base model {base} is itself an adapter directory")
+        if Path(base).is_dir():  # its weights as its manifest lists them: the fingerprint below reads the manifest
+            check_intact(Path(base))
         lora.check_base(folder, base)
         try:
             tok = load_tokenizer(str(folder), trust_remote_code=trust_remote_code)
