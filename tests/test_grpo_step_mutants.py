@@ -111,6 +111,7 @@ def test_the_rollout_rows_name_their_step_global_group_seed_prompt_and_reward(sf
         (2, 3, 105, "#### 5", 1.0),
     ]
     assert [r["question"] for r in rows] == [prompts[0].question] * 4 + [prompts[1].question] * 2
+    assert [r["answer"] for r in rows] == [prompts[0].answer] * 4 + [prompts[1].answer] * 2  # (the reward's gold)
     assert tr.rollout_rows(0) == []
 
 

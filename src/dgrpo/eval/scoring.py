@@ -423,7 +423,7 @@ def function_name(fn: Any) -> str:
 
 
 #: the fields of a ``rollouts.jsonl`` row, beside which each reward part's value is logged under the part's name
-ROLLOUT_FIELDS = ("step", "group", "seed", "question", "completion", "reward")
+ROLLOUT_FIELDS = ("step", "group", "seed", "question", "completion", "answer", "reward")
 
 
 @dataclass

@@ -638,8 +638,8 @@ class GRPOTrainer:
         return fresh[self.row0 :][rows]
 
     def rollout_rows(self, n: int) -> list[dict]:
-        """The first ``n`` rollouts of the last step's global batch, for ``rollouts.jsonl``: prompt, completion,
-        reward(s), the group's global index. Under torchrun every rank calls it (its rows are gathered in rank
+        """The first ``n`` rollouts of the last step's global batch, for ``rollouts.jsonl``: prompt, completion, gold
+        answer, reward(s), the group's global index. Under torchrun every rank calls it (its rows are gathered in rank
         order, which is the global order; they were rank 0's alone, capped at its share)."""
         if n <= 0:
             return []
@@ -652,6 +652,7 @@ class GRPOTrainer:
                 "seed": int(ro.seeds[i]),
                 "question": self.last_prompts[i // K].question,
                 "completion": ro.texts[i],
+                "answer": self.last_prompts[i // K].answer,  # (the gold the reward was given: a reward's bugs show)
                 "reward": float(ro.rewards.flatten()[i]),
                 **{k: v[i] for k, v in parts.items()},
             }
