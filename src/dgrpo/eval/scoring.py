@@ -33,8 +33,9 @@ import math
 import numbers
 import re
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -375,26 +376,27 @@ def check_scorer(scorer: ScoreFn, records: list[Record]) -> list[float]:
     firsts = records[:2]
     completions = gold_completions(firsts)
     name = getattr(scorer, "__name__", "scorer")
-    try:
+    with on_gold():
         values = call_checked(scorer, name, completions, firsts, "scorer")
-    except RewardError as e:
-        raise on_gold(e) from None
     if len(firsts) == 2:
-        try:
+        with on_gold(swapped=True):
             call_checked(scorer, name, completions[::-1], firsts, "scorer")
-        except RewardError as e:
-            raise on_gold(e, swapped=True) from None
     return values
 
 
-def on_gold(error: RewardError, swapped: bool = False) -> RewardError:
-    """``error``, from the check of a reward or scorer on gold answers before a run, saying so: the completion it
-    names (``'#### 16'``) is no answer of the model, and with ``swapped`` not even the question's own gold."""
-    swap = ", each given to the other record" if swapped else ""
-    return type(error)(
-        f"{error}; found by the check made before training or evaluating, on gold answers written as "
-        f"'#### <answer>'{swap} (no completion of the model)"
-    )
+@contextmanager
+def on_gold(swapped: bool = False) -> Iterator[None]:
+    """A RewardError within the block, from the check of a reward or scorer on gold answers before a run, raised
+    again saying so: the completion it names (``'#### 16'``) is no answer of the model, and with ``swapped`` not
+    even the question's own gold."""
+    try:
+        yield
+    except RewardError as error:
+        swap = ", each given to the other record" if swapped else ""
+        raise type(error)(
+            f"{error}; found by the check made before training or evaluating, on gold answers written as "
+            f"'#### <answer>'{swap} (no completion of the model)"
+        ) from None
 
 
 def warn_if_scorer_misses_gold(scorer: ScoreFn, records: list[Record], what: str) -> None:
@@ -470,10 +472,8 @@ class Rewards:
     def smoke_test(self, records: list[Record], check_filter: bool) -> None:
         """Call every reward once on gold answers (``#### <answer>``) of ``records``, before a run writes anything:
         a function that cannot be imported, raises or returns the wrong thing fails here, in one line."""
-        try:
+        with on_gold():
             total = self(gold_completions(records), records)
-        except RewardError as e:
-            raise on_gold(e) from None
         warn_if_gold_scores_zero(total, "the reward")
         if check_filter:
             self.filter_values(total)
