@@ -334,6 +334,9 @@ def test_arguments_that_would_perturb_or_decode_nonsense_are_refused(tokenizer, 
             with pytest.raises(ValueError, match="sites must be a non-empty list of distinct site names"):
                 kind(sites=sites)
         assert kind().sites == ["mlp"] and kind(sites=("attn",)).sites == ["attn"]
+        said = r"^sites: unknown site name\(s\) 'bogus'; the sites are attn, mlp, residual$"
+        with pytest.raises(ValueError, match=said):
+            kind(sites=["mlp", "bogus"])  # (built without a word, it failed at the first bind)
     for sigma in (float("nan"), float("inf"), -0.1):  # NaN noise: every log-prob NaN
         with pytest.raises(ValueError, match="sigma must be a finite number >= 0"):
             GaussianNoise(sigma=sigma)

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import REGISTERED_CHOICES, PerturbationKind
+from ..model.anatomy import SITES
 from ..model.latent_lm import OPEN_PERTURBATIONS
 
 if TYPE_CHECKING:
@@ -218,14 +219,17 @@ def opening_over(bind: Callable[..., BoundPerturbation]) -> Callable[..., BoundP
 
 def site_names(sites: list[str] | None) -> list[str]:
     """The ``sites`` a perturbation is built with: None is the default ``["mlp"]``, else a non-empty list of distinct
-    names (a string is refused: ``"mlp"`` would be read letter by letter; an empty list would perturb nothing; a name
-    twice would put two masks on one site)."""
+    names of :data:`~dgrpo.model.anatomy.SITES` (a string is refused: ``"mlp"`` would be read letter by letter; an
+    empty list would perturb nothing; a name twice would put two masks on one site)."""
     if sites is None:
         return ["mlp"]
     if isinstance(sites, str) or not isinstance(sites, (list, tuple)) or not sites or len(set(sites)) < len(sites):
         raise ValueError(
             f"sites must be a non-empty list of distinct site names (['mlp'], ['attn', 'mlp']), got {sites!r}"
         )
+    if unknown := [s for s in sites if s not in SITES]:  # (it was said at the first bind, as a config key's error)
+        named = ", ".join(map(repr, unknown))
+        raise ValueError(f"sites: unknown site name(s) {named}; the sites are {', '.join(SITES)}")
     return list(sites)
 
 
