@@ -272,5 +272,5 @@ def resolve_model_source(name: str, revision: str | None = None) -> tuple[str, b
 def check_path_exists(name: str) -> None:
     """A CheckpointError for a model name written as a path (``/``, ``.`` or ``~`` first, not a hub id's form) with
     nothing there: what loading it says, for a command to say before it reads its data."""
-    if _looks_like_path(name) and not on_disk(name).exists():
-        raise CheckpointError(f"checkpoint directory not found: {on_disk(name)}")
+    if _looks_like_path(name) and not (p := on_disk(name)).exists():
+        raise CheckpointError(f"checkpoint directory not found: {p}")
