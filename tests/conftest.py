@@ -158,6 +158,32 @@ def sft_run_between_steps(cfg, *, dist=None, steps_per_epoch: int = 4, prog=None
     return run
 
 
+def raising_command(exc: BaseException):
+    """A command function (``args -> exit code``) that raises ``exc``: what the command line does with it is tested."""
+
+    def func(args) -> int:
+        raise exc
+
+    return func
+
+
+def scripted_alternate(monkeypatch, module, *runs):
+    """``module.alternate`` gives each call, in turn, the next run's (times, results) instead of timing: the
+    candidates it was given must be the run's names; each is called once (what it runs is faked by the test)."""
+    from dgrpo.bench.timing import Timed
+
+    runs_left = list(runs)
+
+    def fake(fns, *, reps, warmup=1, device=None, log=None):
+        times, results = runs_left.pop(0)
+        assert set(fns) == set(times)
+        for f in fns.values():  # (each once: what it calls is faked by the test)
+            f()
+        return Timed(dict(times), {k: results.get(k, [None] * len(v)) for k, v in times.items()})
+
+    monkeypatch.setattr(module, "alternate", fake)
+
+
 def written_with_manifest(directory: Path, files: dict[str, str]) -> Path:
     """``directory`` holding ``files`` (relative path -> text) and a manifest of them."""
     from dgrpo.model.verified import write_manifest

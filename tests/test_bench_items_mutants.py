@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from dgrpo.bench import baselines, long_items, lora_item, memprobe, parallel_item, recompute_item, workload
-from dgrpo.bench.timing import Timed
 from dgrpo.bench.workload import Ctx, Shapes
+
+from conftest import scripted_alternate
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")  # (a name only: nothing here touches a GPU)
@@ -24,18 +25,6 @@ MiB = 2**20
 
 def _ctx(shapes=TINY, device=CPU):
     return Ctx(device, torch.float32, shapes, log=lambda msg: None)
-
-
-def _scripted(monkeypatch, module, times):
-    """``module.alternate`` returns ``times`` (name -> per-repetition seconds) and calls each candidate once."""
-
-    def fake(fns, *, reps, warmup=1, device=None, log=None):
-        assert set(fns) == set(times)
-        for f in fns.values():
-            f()
-        return Timed(dict(times))
-
-    monkeypatch.setattr(module, "alternate", fake)
 
 
 def _arm(**kw):
@@ -53,7 +42,7 @@ def _optimizer_arms(monkeypatch):
     monkeypatch.setattr(long_items, "optimizer_state_bytes", lambda opt: {"adamw": 400, "adamw8bit": 100}[opt])
     peaks = {"adamw": {"before": 10, "peak": 30}, "adamw8bit": {"before": 5, "peak": 20}}
     monkeypatch.setattr(long_items, "_step_peaks", lambda fns: peaks)
-    _scripted(monkeypatch, long_items, {"adamw": [2.0, 2.0, 2.0], "adamw8bit": [3.0, 1.0, 3.0]})
+    scripted_alternate(monkeypatch, long_items, ({"adamw": [2.0, 2.0, 2.0], "adamw8bit": [3.0, 1.0, 3.0]}, {}))
 
 
 def test_optimizer_rows_are_8bit_over_adamw_state_and_time(monkeypatch):
@@ -414,7 +403,7 @@ def test_lora_rows_are_lora_over_full(monkeypatch):
     monkeypatch.setattr(lora_item, "_counts", lambda lm: (1000, 1200))  # (trainable, total)
     monkeypatch.setattr(lora_item.lora, "trainable_parameters", lambda lm: (50, 1050))
     monkeypatch.setattr(lora_item, "optimizer_state_bytes", lambda opt: {0: 8000, 16: 400}[opt])
-    _scripted(monkeypatch, lora_item, {"full": [2.0, 2.0, 2.0], "lora": [1.0, 1.5, 3.0]})
+    scripted_alternate(monkeypatch, lora_item, ({"full": [2.0, 2.0, 2.0], "lora": [1.0, 1.5, 3.0]}, {}))
     monkeypatch.setattr(lora_item.importlib.util, "find_spec", lambda name: object())  # (as if peft were installed)
     rows, raw = lora_item.bench_lora(_ctx())
     assert probes == [0, 16]
@@ -464,7 +453,7 @@ def test_recompute_rows_are_each_arm_over_full_backprop(monkeypatch):
     kept = {(None, True): 800, ("call", True): 100, ("layer", True): 200, ("layer", False): 400}
     monkeypatch.setattr(recompute_item, "saved_bytes", lambda tr: kept[tr.arm])
     times = {"full": [1.0] * 3, "call": [1.5] * 3, "layer": [1.2] * 3, "layer, latent steps kept": [1.1] * 3}
-    _scripted(monkeypatch, recompute_item, times)
+    scripted_alternate(monkeypatch, recompute_item, (times, {}), (times, {}))  # (the full run, then --quick)
     rows, raw = recompute_item.bench_recompute(_ctx())
     assert probes == list(recompute_item.ARMS.values())
     got = {r.ratio_name: r.ratio for r in rows}

@@ -15,6 +15,8 @@ from dgrpo.bench.report import Goal, Row
 from dgrpo.bench.timing import Timed
 from dgrpo.bench.workload import Ctx, Dims, Shapes
 
+from conftest import scripted_alternate
+
 CPU = torch.device("cpu")
 #: a model small enough to build in milliseconds (the bench's shapes are far larger)
 TINY = Shapes(name="tiny", hidden=16, layers=1, heads=4, kv_heads=2, ffn=8, prompts=2, reps=3, warmup=1)
@@ -327,22 +329,6 @@ def test_op_time_breakdown_shares_and_op_time_within_the_wall():
 
 
 # --------------------------------------------------------------------------- the items' arithmetic
-def _scripted(monkeypatch, module, *runs):
-    """``module.alternate`` gives each call, in turn, the next run's times (and results) instead of timing: the
-    candidates it was given must be the run's names; each is called once (what it runs is faked by the test)."""
-    runs_left = list(runs)
-
-    def fake(fns, *, reps, warmup=1, device=None, log=None):
-        times, results = runs_left.pop(0)
-        assert set(fns) == set(times)
-        for f in fns.values():  # (each once: what it calls is faked by the test)
-            f()
-        return Timed(dict(times), {k: results.get(k, [None] * len(v)) for k, v in times.items()})
-
-    monkeypatch.setattr(module, "alternate", fake)
-    return runs_left
-
-
 def _ctx(shapes=TINY, device=CPU):
     return Ctx(device, torch.float32, shapes, log=lambda msg: None)
 
@@ -364,7 +350,7 @@ def test_rollouts_rows_scale_the_one_at_a_time_baselines_per_rollout(monkeypatch
     _no_rollouts(monkeypatch)
     s = Shapes(**{**TINY.to_json(), "rollout_K": (2, 4), "T": 2, "max_new_tokens": 3, "seq_per_prompt": 1})
     timed = {"batched_locked": [0.8, 1.0, 1.2], "sequential_native": [2.0, 3.0, 4.0], "recompute_batch1": [5, 6, 7]}
-    _scripted(monkeypatch, items, *[(timed, {k: [3.0] * 3 for k in timed})] * 2)
+    scripted_alternate(monkeypatch, items, *[(timed, {k: [3.0] * 3 for k in timed})] * 2)
     ctx = _ctx(s)
     rows, raw = items.bench_rollouts(ctx)
     assert [(r.item, r.ratio_name.split(" /")[0], r.ratio) for r in rows] == [
@@ -390,7 +376,7 @@ def test_rollouts_row_gives_the_share_of_the_measured_matmul_peak(monkeypatch):
     _no_rollouts(monkeypatch)
     timed = {"batched_locked": [1.0], "sequential_native": [1.0], "recompute_batch1": [1.0]}
     s = Shapes(**{**TINY.to_json(), "rollout_K": (2,), "T": 2, "max_new_tokens": 3, "seq_per_prompt": 1})
-    _scripted(monkeypatch, items, *[(timed, {k: [3.0] for k in timed})] * 2)
+    scripted_alternate(monkeypatch, items, *[(timed, {k: [3.0] for k in timed})] * 2)
     ctx = _ctx(s)
     _, raw = items.bench_rollouts(ctx)
     ctx.results["peak_flops"] = 4 * raw["K=2"]["batched_flops_per_s"]
@@ -427,10 +413,12 @@ def test_sft_row_is_ours_over_naive_and_refuses_losses_that_differ(monkeypatch):
     """Item 2: ratio ours / naive against <= 0.7; the ratio is not reported when the two losses differ."""
     s = Shapes(**{**TINY.to_json(), "sft_batch": 2})
     same = {"ours": [0.5] * 3, "naive": [0.5 + 1e-6] * 3}
-    _scripted(monkeypatch, items, ({"ours": [0.6] * 3, "naive": [1.0, 1.0, 0.5]}, same))
+    scripted_alternate(monkeypatch, items, ({"ours": [0.6] * 3, "naive": [1.0, 1.0, 0.5]}, same))
     (row,), raw = items.bench_sft(_ctx(s))
     assert (row.ratio, row.met, row.spread) == (0.6, True, (0.6, 1.2)) and raw["max_abs_loss_diff"] < 1e-5
-    _scripted(monkeypatch, items, ({"ours": [0.6] * 3, "naive": [1.0] * 3}, {**same, "naive": [0.5 + 1e-3] * 3}))
+    scripted_alternate(
+        monkeypatch, items, ({"ours": [0.6] * 3, "naive": [1.0] * 3}, {**same, "naive": [0.5 + 1e-3] * 3})
+    )
     with pytest.raises(AssertionError, match="SFT losses differ"):
         items.bench_sft(_ctx(s))
 
@@ -456,7 +444,7 @@ def test_grpo_scaling_rows_are_the_larger_over_the_smaller_setting(monkeypatch):
     s = Shapes(**{**TINY.to_json(), "grpo_T": (1, 2, 4), "grpo_K": (2, 4, 8), "grpo_K_at": 4, "grpo_T_at": 2})
     med = {"K=4,T=1": 1.0, "K=4,T=2": 1.5, "K=4,T=4": 3.3, "K=2,T=2": 0.9, "K=8,T=2": 2.7}
     times = {k: [v] * 3 for k, v in med.items()}
-    _scripted(monkeypatch, items, (times, _split_results(times, 0.25)))
+    scripted_alternate(monkeypatch, items, (times, _split_results(times, 0.25)))
     rows, raw = items.bench_grpo_scaling(_ctx(s))
     assert [r.ratio_name for r in rows] == [
         "step(K=4,T=2) / step(K=4,T=1)",
@@ -478,7 +466,7 @@ def test_perturbation_rows_are_locked_over_none_and_serial_over_split(monkeypatc
         "locked": [{"time_rollout_s": 0.6, "time_update_s": 0.45}] * 3,
         "none": [{"time_rollout_s": 0.5, "time_update_s": 0.5}] * 3,
     }
-    _scripted(monkeypatch, items, (step, results), ({"serial": [2.0, 3.0, 2.0], "split": [1.0, 1.0, 1.0]}, {}))
+    scripted_alternate(monkeypatch, items, (step, results), ({"serial": [2.0, 3.0, 2.0], "split": [1.0, 1.0, 1.0]}, {}))
     drawn = []
     monkeypatch.setattr(items, "draw_threads", lambda rows: 4)
     monkeypatch.setattr(items, "draw_keep_rows", lambda seeds, sites, width, p, threads=None: drawn.append(threads))
@@ -538,7 +526,7 @@ def test_flops_row_is_the_updates_flops_over_the_best_matmuls(monkeypatch):
     mm = {"mm a": lambda: 10, "mm b": lambda: 1}
     monkeypatch.setattr(items, "_matmul_candidates", lambda ctx, sizes: (mm, {"mm a": 100.0, "mm b": 1000.0}))
     upd = [{"time_update_s": t, "time_rollout_s": 1.0} for t in (3.0, 2.0, 1.0)]
-    _scripted(
+    scripted_alternate(
         monkeypatch,
         items,
         (
@@ -581,7 +569,7 @@ def test_engine_rows_are_fast_over_eager_and_the_share_of_the_same_answers(monke
     monkeypatch.setattr(engine_item, "build_trainers", lambda ctx: trainers)
     s = Shapes(**{**TINY.to_json(), "grpo_K_at": 2})
     for device in (CPU, torch.device("cuda")):
-        _scripted(
+        scripted_alternate(
             monkeypatch,
             engine_item,
             ({"eager": [2.0] * 3, "fast": [1.0, 1.0, 0.5]}, {}),

@@ -11,14 +11,7 @@ import pytest
 import dgrpo.cli as cli
 from dgrpo.cli import tools
 
-
-def _raising(exc: BaseException):
-    """A command function that raises ``exc`` (what the command line does with it is under test)."""
-
-    def func(args: argparse.Namespace) -> int:
-        raise exc
-
-    return func
+from conftest import raising_command
 
 
 def test_a_full_disk_is_exit_2_and_one_line_with_what_the_same_command_does_next(monkeypatch, run_cli, tmp_path):
@@ -27,14 +20,14 @@ def test_a_full_disk_is_exit_2_and_one_line_with_what_the_same_command_does_next
     from dgrpo.cli import train
 
     full = OSError(errno.ENOSPC, "No space left on device", "/x/metrics.jsonl")
-    monkeypatch.setattr(train, "run_sft", _raising(full))
+    monkeypatch.setattr(train, "run_sft", raising_command(full))
     r = run_cli("sft", "--out", tmp_path / "run")
     assert r.returncode == 2
     assert r.stderr == (
         "dgrpo: error: /x/metrics.jsonl: no space left on the device; no checkpoint was written yet: the same "
         "command starts the run again\n"
     )
-    monkeypatch.setattr(tools, "run_config_show", _raising(OSError(errno.ENOSPC, "No space left on device")))
+    monkeypatch.setattr(tools, "run_config_show", raising_command(OSError(errno.ENOSPC, "No space left on device")))
     r = run_cli("config", "show")
     assert (r.returncode, r.stderr) == (2, "dgrpo: error: a file: no space left on the device\n")
 

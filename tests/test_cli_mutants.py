@@ -12,14 +12,7 @@ import pytest
 import dgrpo.cli as cli
 from dgrpo.cli import tools
 
-
-def _raising(exc: BaseException):
-    """A command function that raises ``exc`` (what the command line does with it is under test)."""
-
-    def func(args: argparse.Namespace) -> int:
-        raise exc
-
-    return func
+from conftest import raising_command
 
 
 def test_output_into_a_closed_pipe_is_exit_141_with_stdout_sent_to_devnull(monkeypatch, run_cli):
@@ -28,7 +21,7 @@ def test_output_into_a_closed_pipe_is_exit_141_with_stdout_sent_to_devnull(monke
     dup2: list[tuple[int, int]] = []
     monkeypatch.setattr(os, "dup2", lambda a, b: dup2.append((a, b)))
     monkeypatch.setattr(os, "open", lambda path, flags: -7 if path == os.devnull else pytest.fail(path))
-    monkeypatch.setattr(tools, "run_config_show", _raising(BrokenPipeError()))
+    monkeypatch.setattr(tools, "run_config_show", raising_command(BrokenPipeError()))
     monkeypatch.setattr(cli.sys.stdout, "fileno", lambda: 1, raising=False)
     r = run_cli("config", "show")
     assert (r.returncode, r.stderr) == (141, "")
@@ -39,12 +32,12 @@ def test_a_name_too_long_is_one_line_and_another_os_error_is_not_hidden(monkeypa
     """An OSError ENAMETOOLONG is exit 2 and one line naming the path; any other OSError (not one dgrpo explains) is
     raised as it is, not reported as a name too long."""
     too_long = OSError(errno.ENAMETOOLONG, "File name too long", "/x/" + "a" * 300)
-    monkeypatch.setattr(tools, "run_config_show", _raising(too_long))
+    monkeypatch.setattr(tools, "run_config_show", raising_command(too_long))
     r = run_cli("config", "show")
     assert r.returncode == 2
     assert r.stderr == f"dgrpo: error: /x/{'a' * 300}: a name longer than the file system allows\n"
     denied = PermissionError(errno.EACCES, "Permission denied", "/root/x")
-    monkeypatch.setattr(tools, "run_config_show", _raising(denied))
+    monkeypatch.setattr(tools, "run_config_show", raising_command(denied))
     with pytest.raises(PermissionError):
         run_cli("config", "show")
 
