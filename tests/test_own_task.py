@@ -1476,6 +1476,37 @@ def test_a_reward_named_as_a_class_says_to_name_an_instance(tmp_path):
     assert load_function(f"{tmp_path / 'judges.py'}:judge")(["a", "b"], []) == [1.0, 1.0]
 
 
+def test_a_call_its_signature_refuses_names_no_row():
+    """A reward whose signature does not take the call (``fn(completions)``, a TRL function missing a column) fails on
+    every row: the line names none (it named row 0's completion, as if that row were the cause); a TypeError raised
+    by a row's value still names its row."""
+    from dgrpo.eval.scoring import call_checked
+
+    records = [Record(f"q{i}", [], str(i)) for i in range(4)]
+    completions = ["#### 0", "#### 1", "two", "#### 3"]
+
+    def one_argument(completions):
+        return [0.0] * len(completions)
+
+    def trl_with_a_missing_column(prompts, completions, solution, **kwargs):
+        return [0.0] * len(completions)
+
+    def fails_on_text(completions, records):
+        return [float(c.split()[1]) if c.startswith("#") else c.upper(1) for c in completions]
+
+    for fn, says in (
+        (one_argument, "one_argument() takes 1 positional argument but 2 were given"),
+        (trl_with_a_missing_column, "missing 1 required positional argument: 'solution' (called as TRL's"),
+    ):
+        with pytest.raises(RewardError) as raised:
+            call_checked(fn, fn.__name__, completions, records)
+        assert says in str(raised.value) and " on row" not in str(raised.value)
+    with pytest.raises(
+        RewardError, match=r"takes no arguments \(1 given\) on row 2 \(completion 'two', question 'q2'\)$"
+    ):
+        call_checked(fails_on_text, "fails_on_text", completions, records)
+
+
 def test_evaluate_checks_a_scorer_as_training_checks_a_reward(sft_checkpoint):
     """A scorer returning too few values or a NaN is one line naming it (evaluate counted the rest silently); the
     MC-vote evaluation gives the model back in the mode it had."""

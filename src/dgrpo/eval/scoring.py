@@ -211,10 +211,12 @@ def call_checked(
     if not trl and trl_style(fn):
         _warn_called_as_dgrpo(fn, name, columns)
 
+    def arguments(completions: list[str], records: list[Record]) -> tuple[tuple, dict[str, Any]]:
+        return ((), trl_columns(completions, records, columns)) if trl else ((completions, records), {})
+
     def call(completions: list[str], records: list[Record]) -> Any:
-        if not trl:
-            return fn(completions, records)
-        return by_keyword(**trl_columns(completions, records, columns))
+        args, keywords = arguments(completions, records)
+        return by_keyword(*args, **keywords)
 
     try:
         returned = call(completions, records)
@@ -222,18 +224,10 @@ def call_checked(
         raise
     except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's function failed: one line naming it (a
         # sys.exit() in it, too: it would end training silently; KeyboardInterrupt, Ctrl-C's or SIGTERM's, still stops)
-        how = ""
-        if isinstance(e, SystemExit):
-            how = " (sys.exit() called in it: raise an error, or return 0 for a completion it cannot score)"
-        if trl and isinstance(e, TypeError):  # (a signature mistaken for TRL's says how it was called)
-            how = (
-                " (called as TRL's reward functions are, by keyword: prompts, completions, answer, steps and the "
-                "data's columns, completions as text, not chat messages; dgrpo's form is fn(completions, records))"
-            )
-        raise RewardError(
-            f"{what} {name} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{how}"
-            f"{_failing_row(call, completions, records, type(e))}"
-        ) from None
+        # (a call its signature refuses fails on every row: no row is named)
+        refused = isinstance(e, TypeError) and _signature_refuses(fn, *arguments(completions, records))
+        where = "" if refused else _failing_row(call, completions, records, type(e))
+        raise RewardError(f"{what} {name} raised {type(e).__name__}: {_failure(e, trl)}{where}") from None
     try:
         if isinstance(returned, (str, Mapping, AbstractSet)):  # iterable, but not the values in the rows' order
             raise TypeError
@@ -261,6 +255,31 @@ def call_checked(
             x = _score_in_range(x, name, i, _row(completions, records, i))
         out.append(x)
     return out
+
+
+def _failure(error: BaseException, trl: bool) -> str:
+    """The first line of a reward's ``error``, and how it came about where dgrpo knows more than the error says."""
+    how = ""
+    if isinstance(error, SystemExit):
+        how = " (sys.exit() called in it: raise an error, or return 0 for a completion it cannot score)"
+    if trl and isinstance(error, TypeError):  # (a signature mistaken for TRL's says how it was called)
+        how = (
+            " (called as TRL's reward functions are, by keyword: prompts, completions, answer, steps and the "
+            "data's columns, completions as text, not chat messages; dgrpo's form is fn(completions, records))"
+        )
+    return f"{str(error).splitlines()[0] if str(error) else ''}{how}"
+
+
+def _signature_refuses(fn: Callable, args: tuple, keywords: dict[str, Any]) -> bool:
+    """Whether ``fn``'s signature refuses a call with these arguments (``fn(completions)`` called with two): the
+    TypeError of the call itself, not of a row's value. False when ``fn`` has no signature to read (a builtin)."""
+    try:
+        inspect.signature(fn).bind(*args, **keywords)
+    except TypeError:
+        return True
+    except ValueError:
+        return False
+    return False
 
 
 def _failing_row(
