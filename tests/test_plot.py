@@ -402,6 +402,10 @@ def test_seeds_that_validated_on_different_data_are_not_averaged(tmp_path: Path)
         plot([tmp_path / "a"], tmp_path / "fig.png")
     desc = plot([tmp_path / "a"], tmp_path / "fig.png", eval_key="valid")
     assert EVAL in desc["eval_keys"]  # (seed1 has no such column: seed0 alone is drawn)
+    for seed in (2, 3, 4):  # (more than three runs: the first three named and how many more, as elsewhere)
+        write_run(tmp_path / "a" / f"seed{seed}", grpo_config(), other)
+    with pytest.raises(DataError, match=r"; other \(seed1, seed2, seed3 and 1 more\)\); their mean"):
+        plot([tmp_path / "a"], tmp_path / "fig.png")
 
 
 def test_an_eval_key_takes_a_dataset_with_or_without_its_source_prefix_as_one_set(tmp_path: Path) -> None:

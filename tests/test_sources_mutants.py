@@ -173,7 +173,7 @@ def test_revision_keywords_and_the_download_hint():
 
 
 def test_missing_shards_are_counted_and_at_most_three_named(tmp_path, monkeypatch):
-    """The shards an index names that are missing beside it: counted, the first three named then '...', 'is' for
+    """The shards an index names that are missing beside it: counted, the first three named and how many more, 'is' for
     one; the shard transformers named when no index is at hand; a single model.safetensors missing is no weights."""
     shards = [f"model-0000{i}-of-00006.safetensors" for i in range(1, 7)]
     (tmp_path / "model.safetensors.index.json").write_text(
@@ -182,7 +182,7 @@ def test_missing_shards_are_counted_and_at_most_three_named(tmp_path, monkeypatc
     monkeypatch.setattr(sources, "_cached_file", lambda name, file, revision: tmp_path / file)
     error = OSError(f"org/m does not appear to have a file named {shards[0]}.")
     assert sources.missing_weights(error, "org/m", None) == (
-        f"6 of the 6 safetensors shards its {INDEX} names are missing ({', '.join(shards[:3])}, ...)"
+        f"6 of the 6 safetensors shards its {INDEX} names are missing ({', '.join(shards[:3])} and 3 more)"
     )
     for s in shards[1:]:
         (tmp_path / s).write_text("")
@@ -191,7 +191,7 @@ def test_missing_shards_are_counted_and_at_most_three_named(tmp_path, monkeypatc
     for s in shards[1:4]:
         (tmp_path / s).unlink()
     assert sources.missing_weights(error, "org/m", None) == (
-        f"4 of the 6 safetensors shards its {INDEX} names are missing ({', '.join(shards[:3])}, ...)"
+        f"4 of the 6 safetensors shards its {INDEX} names are missing ({', '.join(shards[:3])} and 1 more)"
     )
     (tmp_path / "model.safetensors.index.json").unlink()
     assert sources.missing_weights(error, "org/m", None) == (

@@ -16,6 +16,7 @@ import torch
 from ..hub import EndpointError, hub_reachable, offline_variable
 from ..paths import expand_home
 from ..run_layout import FINAL_DIR, METRICS_FILE, STEP_DIR, step_dir_name
+from ..text import first_items
 from .verified import (
     ADAPTER_CONFIG_FILE,
     LATENT_CONFIG_FILE,
@@ -200,9 +201,11 @@ def missing_weights(error: BaseException, name: str, revision: str | None) -> st
     except (OSError, ValueError, KeyError, AttributeError, TypeError):  # (no index at hand: the shard named)
         return f"its safetensors weights are in shards ({SAFETENSORS_INDEX}), and {shard} is missing"
     gone = [f for f in shards if not (index.parent / f).is_file()] or [shard]
-    shown = ", ".join(gone[:3]) + (", ..." if len(gone) > 3 else "")
     are = "is" if len(gone) == 1 else "are"
-    return f"{len(gone)} of the {len(shards)} safetensors shards its {SAFETENSORS_INDEX} names {are} missing ({shown})"
+    return (
+        f"{len(gone)} of the {len(shards)} safetensors shards its {SAFETENSORS_INDEX} names {are} missing "
+        f"({first_items(gone)})"
+    )
 
 
 def _cached_file(name: str, file: str, revision: str | None) -> Path:

@@ -349,9 +349,8 @@ def _check_one_dataset_per_group(groups: Mapping[str, Sequence[Run]], eval_key: 
                 column = key.removeprefix("eval/").removesuffix("/accuracy")
                 by_key.setdefault(column.rsplit(":", 1)[-1] if alike else column, []).append(r.name)
         if len(by_key) > 1:
-            shown = "; ".join(f"{k} ({', '.join(v[:3])}{' ...' if len(v) > 3 else ''})" for k, v in by_key.items())
             raise DataError(
-                f"{name}: its runs validated on different data ({shown}); their mean would mix them: pass "
+                f"{name}: its runs validated on different data ({_listed(by_key)}); their mean would mix them: pass "
                 f"--eval-key with one of {', '.join(by_key)}"
             )
 
@@ -393,7 +392,7 @@ def _check_one_kind_per_group(groups: Mapping[str, Sequence[Run]]) -> None:
         sft, grpo = [r.name for r in runs if not r.is_grpo], [r.name for r in runs if r.is_grpo]
         if sft and grpo:
             raise DataError(
-                f"{name}: holds SFT runs ({', '.join(sft[:3])}) and GRPO runs ({', '.join(grpo[:3])}); their steps "
+                f"{name}: holds SFT runs ({first_items(sft)}) and GRPO runs ({first_items(grpo)}); their steps "
                 "count different things (SFT optimizer steps, GRPO steps): give each its own group"
             )
 
