@@ -359,6 +359,10 @@ class DataConfig:
         _at_least(self, p, 0, "eval_limit")
 
 
+#: perturbation.sites' names (dgrpo.model.anatomy.SITES): a block's attention output, its MLP output, the block's whole
+#: output (the residual stream)
+PERTURBATION_SITES = ("attn", "mlp", "residual")
+
 #: sft.recompute_latent_steps and grpo.recompute_latent_steps: the same switch over the same recurrence
 RECOMPUTE_LATENT_STEPS_HELP = (
     "with recompute: the latent steps' forward calls are recomputed too (true), or keep their activations (false): "
@@ -595,9 +599,9 @@ class PerturbationConfig:
         """Range checks of the perturbation section, and the syntax of ``layers``."""
         _within(self, p, "[0, 1)", "p")
         _check(
-            all(x in ("attn", "mlp", "residual") for x in self.sites) and len(self.sites) > 0,
+            all(x in PERTURBATION_SITES for x in self.sites) and len(self.sites) > 0,
             f"{p}.sites",
-            f"expected a non-empty list of attn, mlp, residual; got {self.sites}",
+            f"expected a non-empty list of {', '.join(PERTURBATION_SITES)}; got {self.sites}",
         )
         _check(  # a site named twice would carry two masks: dropout 1 - (1 - p)^2
             len(set(self.sites)) == len(self.sites), f"{p}.sites", f"a site is named twice in {self.sites}"

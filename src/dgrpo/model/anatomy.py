@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from ..config import ConfigError, parse_layer_spec
+from ..config import PERTURBATION_SITES, ConfigError, parse_layer_spec
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -129,8 +129,8 @@ PART_NAMES: dict[str, tuple[str, ...]] = {
 }
 #: where a causal LM keeps its list of blocks, tried in order (below ``model.base_model``)
 LAYER_LISTS = ("layers", "h", "blocks", "decoder.layers")
-#: perturbation sites: a block's attention output, MLP output, or whole output (the residual stream)
-SITES = ("attn", "mlp", "residual")
+#: perturbation sites: a block's attention output, MLP output, or whole output (the residual stream); the config's
+SITES = PERTURBATION_SITES
 
 
 def _attr_path(obj: object, dotted: str) -> object | None:
