@@ -246,6 +246,47 @@ def setting_error(key: str, value: str) -> str | None:
     return None
 
 
+#: the options that switch what README's "The method, and where this implementation makes a choice" and
+#: docs/why_replayed_dropout.md describe: the paper's equations (advantage, clip, Huberized k3, beta and its annealing,
+#: filter, loss normalisation) and the choices where its text allows more than one reading
+METHOD_SWITCHES = [
+    "perturbation.kind",
+    "perturbation.p",
+    "perturbation.perturb_prompt",
+    "perturbation.perturb_answer",
+    "grpo.advantage",
+    "grpo.eps_low",
+    "grpo.eps_high",
+    "grpo.kl_form",
+    "grpo.huber_delta",
+    "grpo.beta0",
+    "grpo.anneal_beta",
+    "grpo.filter",
+    "grpo.alpha_min",
+    "grpo.alpha_max",
+    "grpo.aggregation",
+    "grpo.mini_epochs",
+    "grpo.temperature",
+]
+
+
+def test_the_method_texts_name_the_option_of_every_choice_they_describe():
+    """A researcher reading README's method section and docs/why_replayed_dropout.md learns from them how to switch
+    each equation and choice they describe: each option is named there (the advantage, the filter's window, the loss
+    aggregation, beta's annealing, the Huber threshold and p were described but their options named nowhere in
+    either), and is an option of the config."""
+    from dgrpo.config import Config
+    from dgrpo.config.values import _options
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## The method, and where this implementation makes a choice", 1)[1].split("\n## ", 1)[0]
+    text = section + (ROOT / "docs" / "why_replayed_dropout.md").read_text()
+    named = set(re.findall(r"`([a-z_]+\.[a-z_0-9]+)(?:[:=` ])", text))
+    keys = {o.key for o in _options(Config)}
+    assert set(METHOD_SWITCHES) <= keys
+    assert [k for k in METHOD_SWITCHES if k not in named] == []
+
+
 def test_every_setting_the_docs_prose_writes_is_a_valid_value_of_its_option():
     """A span of the prose that is a setting (``grpo.engine: auto``, ``--set model.master_weights=true
     grpo.optimizer=adamw``, or in a section's context ``recompute_granularity: layer``: an option of that name in

@@ -576,13 +576,14 @@ class PerturbationConfig:
     perturb_prompt: bool = opt(
         True,
         "perturb the prompt pass too (one network sample per rollout, as the "
-        "variational reading needs); false = only latents and answer, prompt KV shared "
-        "by the K rollouts",
+        "variational reading needs); false = only latents and answer, the K rollouts of a prompt starting from "
+        "the same prompt keys and values",
     )
     perturb_answer: bool = opt(
         True,
         "perturb the answer too: <|end-latent|> and the answer tokens decoded and scored under the rollout's noise, "
-        "as the paper does; false = the unperturbed network decodes them (reading the perturbed latents' keys and "
+        "the posterior-sample reading of the paper (Sec. 3.1; its Eq. 3 reads as false); false = the unperturbed "
+        "network decodes them (reading the perturbed latents' keys and "
         "values) in the rollout and in every replay (the update, theta_old, the reference): the ablation of the "
         "answer's noise. A kind of your own must take it (its from_config sets perturb_answer) or is refused",
     )
