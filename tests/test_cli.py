@@ -917,6 +917,27 @@ def test_warnings_are_dgrpo_lines_and_the_libraries_keep_theirs():
     assert warnings.formatwarning is python_format
 
 
+def test_a_warning_while_a_bar_is_drawn_starts_a_line_of_its_own():
+    """A bar leaves the cursor at its line's end: a warning written during a run's bar ran on from it
+    ('...it/s]dgrpo: warning: ...'); it starts on a new line now (a closed or disabled bar: as before)."""
+    import io
+    import warnings
+
+    from tqdm.auto import tqdm
+
+    import dgrpo.cli as cli
+
+    ours = str(cli.PACKAGE_DIR / "training" / "grpo.py")
+    with cli._warnings_as_lines():
+        assert warnings.formatwarning("ours", UserWarning, ours, 1) == "dgrpo: warning: ours\n"
+        with tqdm(total=3, disable=True):
+            assert warnings.formatwarning("ours", UserWarning, ours, 1) == "dgrpo: warning: ours\n"
+        with tqdm(total=3, file=io.StringIO()):
+            assert warnings.formatwarning("ours", UserWarning, ours, 1) == "\ndgrpo: warning: ours\n"
+            assert warnings.formatwarning("theirs", FutureWarning, "/elsewhere/lib.py", 7, "").startswith("\n/else")
+        assert warnings.formatwarning("ours", UserWarning, ours, 1) == "dgrpo: warning: ours\n"
+
+
 def test_under_torchrun_only_rank_0_prints_dgrpos_warnings(monkeypatch):
     """Every rank printed each warning about the config and data (8 copies on 8 GPUs; info lines were rank 0's)."""
     import warnings

@@ -249,15 +249,25 @@ def _warnings_as_lines() -> Iterator[None]:
     ) -> str:
         if Path(filename).resolve().is_relative_to(PACKAGE_DIR):
             if several and issubclass(category, RuntimeWarning):
-                return f"dgrpo: warning: rank {rank}: {message}\n"
-            return "" if several and rank not in ("", "0") else f"dgrpo: warning: {message}\n"
-        return python_format(message, category, filename, lineno, line)
+                return _below_bars(f"dgrpo: warning: rank {rank}: {message}\n")
+            return "" if several and rank not in ("", "0") else _below_bars(f"dgrpo: warning: {message}\n")
+        return _below_bars(python_format(message, category, filename, lineno, line))
 
     warnings.formatwarning = formatted
     try:
         yield
     finally:
         warnings.formatwarning = python_format
+
+
+def _below_bars(text: str) -> str:
+    """A warning's ``text`` on a line of its own while a progress bar is drawn: a bar leaves the cursor at its line's
+    end, and a warning written then ran on from it (``...1.52it/s]dgrpo: warning: ...``); the bar is drawn again
+    below at its next update."""
+    from tqdm import tqdm
+
+    drawn = any(not bar.disable for bar in list(getattr(tqdm, "_instances", ())))
+    return "\n" + text if text and drawn else text
 
 
 def exit_with_launcher() -> None:
