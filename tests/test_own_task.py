@@ -12,6 +12,7 @@ import warnings
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dgrpo.config import Config, load_config
@@ -489,6 +490,8 @@ def test_several_weighted_rewards_and_the_filter_rule(reward_file):
     rw_total = build_rewards("", [{"fn": "numeric", "weight": 2.0}], "numeric")
     with pytest.raises(RewardError, match="must lie in \\[0, 1\\]"):
         rw_total.filter_values(rw_total(["#### 12"], recs[:1]))  # a total of 2.0 cannot be an accuracy
+    with pytest.raises(RewardError, match=r"it is -0\.04 for row 1: set grpo\.filter_reward"):  # (a float32's
+        rw_total.filter_values([0.5, float(np.float32(-0.04))])  # value, -0.03999999910593033, in 7 digits)
     within = rw_total.filter_values([1.0000001, 0.9999999999999999, -1e-9])  # (a float sum just past 0 or 1)
     assert within == [1.0, 0.9999999999999999, 0.0]
     with pytest.raises(RewardError, match="not one of the rewards"):

@@ -503,10 +503,11 @@ class Rewards:
         values = total if not self.filter_on else self.last[self.filter_on]
         for i, v in enumerate(values):
             if not -SCORE_TOLERANCE <= v <= 1 + SCORE_TOLERANCE:
-                what = f"reward {self.filter_on}" if self.filter_on else "the total reward"
+                what = f"reward {self.filter_on}" if self.filter_on else "the total reward"  # (v: 7 digits, as a
+                # float32 holds them: -0.04 summed in float32 was -0.03999999910593033)
                 raise RewardError(
-                    f"grpo.filter: the accuracy window applies to {what}, which must lie in [0, 1]; it is {v} for row "
-                    f"{i}: set grpo.filter_reward to a 0/1 reward of grpo.rewards, or grpo.filter=false"
+                    f"grpo.filter: the accuracy window applies to {what}, which must lie in [0, 1]; it is {v:.7g} for "
+                    f"row {i}: set grpo.filter_reward to a 0/1 reward of grpo.rewards, or grpo.filter=false"
                 )
         return [min(max(v, 0.0), 1.0) for v in values]
 
