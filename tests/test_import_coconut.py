@@ -507,6 +507,26 @@ def test_what_the_probe_of_a_real_run_found_is_refused_or_read(official, tmp_pat
     )
 
 
+def test_a_diverged_runs_nan_embedding_is_said_to_be_nan_not_two_tensors(official, tmp_path, run_cli):
+    """NaN in the input embedding, which the wrapper's ``embedding``, ``wte`` and the tied ``lm_head`` share (a
+    diverged run's, wrapped and plain): said to be NaN weights (it was 'embedding.weight differs from ...' and
+    'lm_head.weight differs ..., is --base the model the run started from', NaN being unequal to itself)."""
+    base, ckpt = official[:2]
+    sd = torch.load(ckpt, weights_only=True)
+    emb = sd["embedding.weight"].clone()
+    emb[-1] = float("nan")
+    shared = ("embedding.weight", "base_causallm.transformer.wte.weight", "base_causallm.lm_head.weight")
+    wrapped = {**sd, **dict.fromkeys(shared, emb)}
+    plain = {k.removeprefix("base_causallm."): v for k, v in wrapped.items() if k != "embedding.weight"}
+    for name, sd_ in (("wrapped.pt", wrapped), ("plain.pt", plain)):
+        r = run_cli(
+            "import-coconut", saved(tmp_path, name, sd_), "--base", base, "--c-thought", 2, "--max-latent-stage", 3,
+            "--mode", "coconut", "--out", tmp_path / "o",
+        )  # fmt: skip
+        assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+        assert "NaN or infinite weights, a diverged run's: transformer.wte.weight" in r.stderr, r.stderr
+
+
 def test_the_stage_of_checkpoint_n_is_read_from_its_name(official, tmp_path, run_cli):
     """run.py saves checkpoint_N after epoch N, of stage (N - 1) // epochs_per_stage: its checkpoint_5 of
     args/gsm_coconut.yaml (epochs_per_stage 3) has 2 thoughts, but every checkpoint was imported with 6."""

@@ -341,11 +341,16 @@ def param_key(model: nn.Module, module: nn.Module) -> str:
     return f"{name}.weight" if name else "weight"
 
 
+def same_values(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` hold the same values, NaN equal to NaN (a diverged run's tied tensors are still one)."""
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
 def fit_state_dict(model: PreTrainedModel, sd: dict[str, Tensor], wrapper_emb: Tensor | None) -> dict[str, Tensor]:
     """Drop constant buffers, restore a tied output embedding, check keys and shapes against ``model``."""
     expected = model.state_dict()
     emb_key = param_key(model, model.get_input_embeddings())
-    if wrapper_emb is not None and emb_key in sd and not torch.equal(wrapper_emb, sd[emb_key]):
+    if wrapper_emb is not None and emb_key in sd and not same_values(wrapper_emb, sd[emb_key]):
         raise _error(f"{WRAPPER_EMBEDDING} differs from {WRAPPER_PREFIX}{emb_key} (they are one tensor in Coconut)")
     derived = {n for n, _ in model.named_buffers()} - set(expected)
     sd = {k: v for k, v in sd.items() if k in expected or not (k in derived or LEGACY_BUFFERS.search(k))}
@@ -354,7 +359,7 @@ def fit_state_dict(model: PreTrainedModel, sd: dict[str, Tensor], wrapper_emb: T
         out_key = param_key(model, out_emb)
         if out_key not in sd and emb_key in sd:
             sd[out_key] = sd[emb_key]
-        elif out_key in sd and emb_key in sd and not torch.equal(sd[out_key], sd[emb_key]):
+        elif out_key in sd and emb_key in sd and not same_values(sd[out_key], sd[emb_key]):
             raise _error(f"{out_key} differs from {emb_key}, but the base model ties them: {WHICH_BASE}")
     missing = [k for k in expected if k not in sd]
     unexpected = [k for k in sd if k not in expected]
