@@ -173,6 +173,7 @@ def test_grpo_optimizer_warns_of_a_rounded_away_step_also_for_the_8bit_fallback(
         opt = build_optimizer(params, cfg, torch.device("cpu"))
     said = " ".join(str(w.message) for w in caught)
     assert "adamw8bit runs on CUDA only" in said and "without model.master_weights: a step of lr 1e-06" in said
+    assert "set model.master_weights=true (with grpo.optimizer=adamw) to step" in said  # (masters refuse adamw8bit)
     assert type(opt) is torch.optim.AdamW
 
 
@@ -313,7 +314,8 @@ def test_grpo_8bit_optimizer_on_cuda_warns_of_a_rounded_away_step_too(tokenizer,
 
 def test_a_bf16_sft_run_warns_of_its_rounded_away_steps_once(tmp_path):
     """SFT makes an optimizer for a checkpoint to load into and a new one at its first stage (and at each reset): a
-    bf16 run without masters said the rounded-away step's warning twice, two identical lines at its start."""
+    bf16 run without masters said the rounded-away step's warning twice, two identical lines at its start; it asks
+    for masters without GRPO's optimizer key, which is not SFT's (it said '(with grpo.optimizer=adamw)')."""
     import warnings
 
     from dgrpo.data.synthetic import generate_split
@@ -329,3 +331,4 @@ def test_a_bf16_sft_run_warns_of_its_rounded_away_steps_once(tmp_path):
         train_sft(lm, generate_split(cfg.task, "train")[:4], cfg, tmp_path, progress=False, log=lambda *a: None)
     said = [str(w.message) for w in caught if "without model.master_weights" in str(w.message)]
     assert len(said) == 1 and "a step of lr 1e-06 is under half the spacing of" in said[0], said
+    assert "set model.master_weights=true to step" in said[0], said  # (grpo.optimizer is not SFT's option)

@@ -168,7 +168,7 @@ def build_optimizer(params: list, cfg: Config, device: torch.device) -> torch.op
             try:
                 import bitsandbytes as bnb
 
-                warn_if_updates_round_away(params, g.lr, stacklevel=3)  # (it rounds its update into the bf16 weight)
+                warn_if_updates_round_away(params, g.lr, stacklevel=3, optimizer_key="grpo.optimizer")  # (bf16 update)
                 return bnb.optim.AdamW8bit(params, lr=g.lr, weight_decay=g.weight_decay, betas=betas)
             except ImportError:
                 warnings.warn(
@@ -177,7 +177,8 @@ def build_optimizer(params: list, cfg: Config, device: torch.device) -> torch.op
                 )
         else:
             warnings.warn("grpo.optimizer=adamw8bit runs on CUDA only; using torch AdamW on this device", stacklevel=2)
-    return adamw(params, cfg.model.master_weights, lr=g.lr, weight_decay=g.weight_decay, betas=betas)
+    key = "grpo.optimizer"
+    return adamw(params, cfg.model.master_weights, optimizer_key=key, lr=g.lr, weight_decay=g.weight_decay, betas=betas)
 
 
 @contextmanager

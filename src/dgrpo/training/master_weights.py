@@ -82,14 +82,19 @@ class MasterWeightAdamW(torch.optim.AdamW):
 
 
 def adamw(
-    params: Iterable[Tensor], master_weights: bool, *, warn_rounding: bool = True, **kwargs: Any
+    params: Iterable[Tensor],
+    master_weights: bool,
+    *,
+    warn_rounding: bool = True,
+    optimizer_key: str = "",
+    **kwargs: Any,
 ) -> torch.optim.AdamW:
     """torch's AdamW, or with ``master_weights`` :class:`MasterWeightAdamW`; without masters, a warning when the
-    (peak) lr's step is rounded away on much of the low-precision weights (:func:`warn_if_updates_round_away`), unless
-    ``warn_rounding`` is False (an optimizer made anew over weights already warned of)."""
+    (peak) lr's step is rounded away on much of the low-precision weights (:func:`warn_if_updates_round_away`, its
+    ``optimizer_key``), unless ``warn_rounding`` is False (an optimizer made anew over weights already warned of)."""
     params = list(params)
     if warn_rounding and not master_weights and "lr" in kwargs:
-        warn_if_updates_round_away(params, float(kwargs["lr"]), stacklevel=4)
+        warn_if_updates_round_away(params, float(kwargs["lr"]), stacklevel=4, optimizer_key=optimizer_key)
     return (MasterWeightAdamW if master_weights else torch.optim.AdamW)(params, **kwargs)
 
 
@@ -142,15 +147,19 @@ def _summed_over(mesh: Any, device: torch.device | None, counts: list[int]) -> l
     return [int(x) for x in t.tolist()]
 
 
-def warn_if_updates_round_away(params: Iterable[Any], lr: float, stacklevel: int = 2) -> None:
+def warn_if_updates_round_away(
+    params: Iterable[Any], lr: float, stacklevel: int = 2, *, optimizer_key: str = ""
+) -> None:
     """Warn when an optimizer step at ``lr`` writes into low-precision weights without a float32 master and is under
-    half their spacing for more than :data:`ROUNDED_AWAY_WARN_SHARE` of them: those weights never change, silently."""
+    half their spacing for more than :data:`ROUNDED_AWAY_WARN_SHARE` of them: those weights never change, silently.
+    ``optimizer_key``: the trainer's optimizer option, which masters need to be ``adamw`` (GRPO's; SFT has none)."""
     share = rounded_away_share(params, lr)
     if share > ROUNDED_AWAY_WARN_SHARE:
+        also = f" (with {optimizer_key}=adamw)" if optimizer_key else ""
         warnings.warn(
             f"low-precision weights without model.master_weights: a step of lr {lr:g} is under half the spacing of "
             f"{share:.1%} of the trained weights, which it leaves unchanged (README, 'bf16 weights'); set "
-            "model.master_weights=true (with grpo.optimizer=adamw) to step float32 masters",
+            f"model.master_weights=true{also} to step float32 masters",
             stacklevel=stacklevel,
         )
 
