@@ -1,4 +1,4 @@
-"""Time and memory of one Dropout-GRPO step at the paper's full scale, on whatever device is present.
+"""Time and memory of one Dropout-GRPO step at the paper's full scale, on the GPU (CPU: --device cpu or a small shape).
 
     python bench/paper_step.py --steps 3 [--device cuda] [--out runs/paper-step.json]
     python bench/paper_step.py --steps 3 --versus grpo.engine=eager --versus model.kernels=none \\
@@ -103,7 +103,12 @@ READ_KEYS = ("eval.scorer", "data.max_question_tokens", "data.chat_template")
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--steps", type=positive_int, default=3, help="timed steps per arm (after one warm-up step each)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument(
+        "--device",
+        default=None,
+        help="cpu or cuda (default: cuda where there is one; without, cpu for the CPU shapes, and Qwen2.5-1.5B's is "
+        "refused unless --device cpu asks for it: hours a step)",
+    )
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra config overrides")
     ap.add_argument(
         "--versus",
@@ -514,8 +519,22 @@ def alternate(
     return rows, failed
 
 
+def default_device(shape: str) -> str:
+    """cuda where there is one; else cpu, but for Qwen2.5-1.5B's shape, which is refused: a step of its 512 rollouts
+    takes hours on a CPU (the README's GPU commands, run where there is no GPU, started it and never ended)."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if shape == QWEN25_15B.name:
+        fail(
+            f"no CUDA device, and --shape {shape} (the default) on a CPU takes hours a step: give --device cpu to run "
+            "it all the same, or --tiny / --shape full|host|quick for a CPU's sizes"
+        )
+    return "cpu"
+
+
 def main() -> int:
     args = parse_args()
+    args.device = args.device or default_device(args.shape)
     try:
         device = torch.device(args.device)
     except RuntimeError as e:

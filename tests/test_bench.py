@@ -138,6 +138,26 @@ def test_paper_step_script_alternates_two_arms(tmp_path, monkeypatch, capsys):
     assert labels and labels <= {e.get("name") for e in trace["traceEvents"]}
 
 
+def test_paper_step_without_a_gpu_refuses_the_papers_shape_unless_asked(monkeypatch, capsys):
+    """Without CUDA, the README's GPU command (Qwen2.5-1.5B's shape, no --device) is one line pointing to --device cpu
+    and the CPU's shapes (it ran on the CPU, hours a step); --device cpu asks for it and gets it."""
+    paper_step = _paper_step_module()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(paper_step, "build_lm", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("built")))
+    monkeypatch.setattr(sys, "argv", ["paper_step.py", "--steps", "2", "--versus", "grpo.engine=eager"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        paper_step.main()
+    assert e.value.code == 2 and capsys.readouterr().err.strip() == (
+        "paper_step.py: error: no CUDA device, and --shape qwen2.5-1.5b (the default) on a CPU takes hours a step: "
+        "give --device cpu to run it all the same, or --tiny / --shape full|host|quick for a CPU's sizes"
+    )
+    assert [paper_step.default_device(s) for s in ("quick", "full", "host")] == ["cpu"] * 3
+    monkeypatch.setattr(sys, "argv", ["paper_step.py", "--device", "cpu", "--steps", "1"])
+    with pytest.raises(RuntimeError, match="built"):  # (asked: no refusal, the model built next)
+        paper_step.main()
+
+
 @pytest.mark.parametrize(
     "flag, kv",
     [("--set", "model.name_or_path=Qwen/Qwen2.5-0.5B"), ("--versus", "data.train=x.jsonl"), ("--set", "fsdp=full")],
