@@ -15,7 +15,8 @@
 #
 #   bash bench/gpu_checks.sh /tmp/gc 515; mv /tmp/gc/*.json.gz "$OUT"/; tar czf "$OUT"/gpu_checks.tgz -C /tmp gc
 #
-# The node's Python needs torch with CUDA, transformers, liger-kernel and bitsandbytes (pip install -e ".[gpu]").
+# The node's Python needs torch with CUDA, transformers, liger-kernel, bitsandbytes, pytest and hypothesis (pip install
+# -e ".[gpu,test]").
 # On a node without network, download the three wheels on a machine with it, copy the folder beside the checkout and
 # point WHEELS at it; they are installed into a temporary folder on PYTHONPATH (the node's torch, triton, numpy,
 # tokenizers, huggingface_hub are used as they are):

@@ -652,6 +652,29 @@ def test_the_readme_states_the_dependency_floors_of_pyproject():
     assert not wrong, wrong
 
 
+def test_every_install_names_extras_pyproject_defines_and_the_gpu_install_can_run_its_tests():
+    """A ``pip install`` of the docs asks only for extras pyproject.toml defines (pip warns of an unknown one and
+    goes on), and the README's GPU install holds what its next paragraph's ``pytest -n0 tests/test_cuda.py`` needs:
+    the ``test`` extra (pytest, pytest-xdist for pyproject's ``-n``, hypothesis for conftest; ``.[gpu,hub]`` had
+    none of them)."""
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    section = pyproject.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    defined = set(re.findall(r"^([a-z-]+) = \[", section, flags=re.M))
+    assert {"gpu", "hub", "test", "dev"} <= defined, defined
+    asked = {}
+    for path in DOCS:
+        for n, line in code_lines(path):
+            if "pip install" in line:
+                for extras in re.findall(r"(?:\.|dgrpo)\[([a-z,-]+)\]", line):
+                    asked[f"{path.relative_to(ROOT)}:{n}"] = extras.split(",")
+    assert any("gpu" in extras for extras in asked.values()), asked
+    unknown = {where: extras for where, extras in asked.items() if not set(extras) <= defined}
+    assert not unknown, unknown
+    gpu = (ROOT / "README.md").read_text().split("\n## GPU install\n", 1)[1].split("\n## ", 1)[0]
+    install = next(line for line in gpu.splitlines() if "pip install" in line)
+    assert "pytest -n0 tests/test_cuda.py" in gpu and "test" in re.search(r"\.\[([a-z,-]+)\]", install)[1].split(",")
+
+
 def test_the_most_frequent_answer_share_the_builtin_task_doc_states_is_the_tasks():
     """docs/builtin_task.md's share of always answering a split's most frequent digit (whole default splits, and
     their first 500 problems) holds for the task the code generates: it said 11-13% "on a few hundred problems",
