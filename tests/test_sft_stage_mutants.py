@@ -133,6 +133,26 @@ def test_a_stages_end_without_a_validation_set_saves_its_stage_unvalidated(valid
     assert [sorted(r) for r in rows] == [["n_latent", "stage", "step", "time_s"]]
 
 
+def test_a_stages_end_row_times_its_validation_as_an_epochs_row_does(monkeypatch, tmp_path):
+    """The stage-end row's time_s is read after its validation, as an epoch row's is (docs/metrics.md: evaluations
+    included): it was read before, so that a 3 s validation was missing from the row that reports it."""
+    clock = [10.0]
+    monkeypatch.setattr(sft_module, "time", SimpleNamespace(time=lambda: clock[0]))
+
+    def evaluate(*args):  # a validation of 3 s, 1 of the 2 records right
+        clock[0] += 3.0
+        return 1
+
+    cfg = tiny_config(**{"sft.eval_each_stage": "true"})
+    lm = SimpleNamespace(settings=None, eval=lambda: None, train=lambda: None)
+    dist, rows = Dist.single(), []
+    dist.save_model = lambda model, path: None
+    run = SimpleNamespace(out_dir=tmp_path, metrics=SimpleNamespace(write=rows.append), log=lambda line: None)
+    rec = Record("q", ["a"], "1")
+    _finish_stage(lm, 0, cfg, run, dist, [rec, rec], evaluate, 7, 4.0)
+    assert rows == [{"step": 7, "stage": 0, "n_latent": 0, "time_s": 9.0, "eval/valid/accuracy": 0.5}]
+
+
 def test_a_mid_epoch_checkpoint_resumes_at_its_next_batch(monkeypatch):
     """SFTRun.save(2, 3) (written after batch 2 of epoch 2, by sft.save_every or a stop): the state resumes at epoch
     2, batch 3, not at the epoch's start (which trained its first batches twice)."""

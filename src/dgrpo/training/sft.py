@@ -632,14 +632,16 @@ def _finish_stage(
     t0: float,
 ) -> dict[str, float] | None:
     """The end of a curriculum stage: the stage's latent settings, its validation accuracy and mean score (a metrics
-    row; returned, None when not measured: :func:`_valid_scores`), ``stage-K/``."""
+    row; returned, None when not measured: :func:`_valid_scores`), ``stage-K/``. The row's ``time_s`` is taken after
+    the validation, as an epoch's row's is (it was the last training row's, the validation's time left out)."""
     settings = stage_settings(stage, cfg)
     lm.settings = settings
-    row = {"step": step, "stage": stage, "n_latent": settings.n_latent, "time_s": round(time.time() - t0, 2)}
+    row: dict = {"step": step, "stage": stage, "n_latent": settings.n_latent}
     scores = None
     if (cfg.sft.eval_each_stage or cfg.sft.eval_every_epoch) and valid and evaluate_fn is not None:
         scores = _valid_scores(lm, settings, cfg, dist, valid, evaluate_fn)
-        row.update({f"eval/valid/{k}": v for k, v in scores.items()})
+    row["time_s"] = round(time.time() - t0, 2)
+    row.update({f"eval/valid/{k}": v for k, v in (scores or {}).items()})
     dist.save_model(lm, stage_dir(run.out_dir, stage))  # every rank calls it (FSDP gathers); rank 0 writes
     run.metrics.write(row)
     run.log(f"stage {stage} done: " + ", ".join(f"{k}={v}" for k, v in row.items()))
