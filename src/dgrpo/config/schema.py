@@ -692,7 +692,8 @@ class GRPOConfig:
     )
     engine: Engine = opt(
         "auto",
-        "how rollouts run: auto (fast on CUDA when the perturbation is batched, else eager), eager (one forward per "
+        "how rollouts run: auto (fast on CUDA when the perturbation is batched and the model decodes over a static "
+        "cache (not Bloom's ALiBi nor GPT-Neo's local attention), else eager), eager (one forward per "
         "step, the reference) or fast (every latent and answer step a one-position forward over fixed buffers "
         "(static KV cache, full-width mask, device-side counters), rows' ends booked on the device, the host checking "
         "every 8 tokens; on CUDA each step captured as a CUDA graph and replayed (once per batch, or once per shape "

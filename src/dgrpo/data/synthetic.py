@@ -12,9 +12,9 @@ task seed. Splits: ``train``, ``valid``, ``test`` and two out-of-distribution te
 ``ood_steps`` (``n_steps + ood_extra_steps`` operations) and ``ood_numbers`` (``+``/``-`` operands
 10..ood_max_operand). Test and validation questions never appear in ``train``.
 
-Why this shape: every operation is three tokens (``Add 4.``), so a tiny from-scratch transformer
-finds the k-th operand at a fixed offset; it learns one latent step easily but chains several
-poorly (see ``docs/builtin_task.md``), which puts a 2-latent + 2-written-step model in the band
+Why this shape: every operation is four tokens (``Add 4.``: ``ĠAdd``, ``Ġ``, ``4``, ``.``), so a tiny
+from-scratch transformer finds the k-th operand at a fixed offset; it learns one latent step easily but chains
+several poorly (see ``docs/builtin_task.md``), which puts a 2-latent + 2-written-step model in the band
 where RL has room to help.
 """
 
