@@ -475,6 +475,15 @@ def test_recompute_rows_are_each_arm_over_full_backprop(monkeypatch):
     assert probes == [] and raw["memory"] == {} and len(rows) == 6 and not any("growth" in r.ratio_name for r in rows)
 
 
+def test_the_recompute_items_arms_build_without_a_warning(recwarn):
+    """Each arm of the recompute item builds its trainer without a word: the full-backprop arm set
+    grpo.recompute_granularity=call without recompute, and its trainer warned that the key changes nothing (in the
+    bench's output)."""
+    for arm in recompute_item.ARMS.values():
+        recompute_item.build_trainer(TINY, CPU, torch.float32, *arm)
+    assert [str(w.message) for w in recwarn] == []
+
+
 def test_recompute_arms_run_one_micro_batch_with_their_own_setting(monkeypatch):
     """build_trainer and the memory probe: recomputation off for None, else on at the named granularity, the latent
     steps' flag passed on, the whole step (prompts x K) in one micro-batch."""
@@ -483,7 +492,7 @@ def test_recompute_arms_run_one_micro_batch_with_their_own_setting(monkeypatch):
     s = Shapes(**{**TINY.to_json(), "prompts": 3, "grpo_K_at": 5})
     got = [recompute_item.build_trainer(s, CPU, torch.float32, *arm) for arm in recompute_item.ARMS.values()]
     assert [(g.recompute, g.recompute_granularity, g.recompute_latent_steps) for g in got] == [
-        (False, "call", True),
+        (False, "layer", True),  # (the default: "call" set without recompute warned that it changes nothing)
         (True, "call", True),
         (True, "layer", True),
         (True, "layer", False),

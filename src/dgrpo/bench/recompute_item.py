@@ -73,7 +73,8 @@ def build_trainer(
 ) -> GRPOTrainer:
     cfg = grpo_config(s, s.grpo_K_at, s.grpo_T_at, "locked")
     cfg.grpo.recompute = recompute is not None
-    cfg.grpo.recompute_granularity = recompute or "call"
+    if recompute is not None:  # (set without recompute it warns that it changes nothing)
+        cfg.grpo.recompute_granularity = recompute
     cfg.grpo.recompute_latent_steps = latent_steps
     cfg.grpo.micro_batch_size = s.prompts * s.grpo_K_at  # the whole step in one micro-batch
     return GRPOTrainer(build_lm(s, device, dtype), cfg, task_records(s.prompts))
