@@ -295,7 +295,7 @@ def test_pickled_code_is_refused_and_never_run(official, tmp_path, run_cli):
 
 def _missing(sd):
     del sd["base_causallm.transformer.h.1.mlp.c_fc.weight"]
-    return sd, "missing transformer.h.1.mlp.c_fc.weight"
+    return sd, "missing transformer.h.1.mlp.c_fc.weight: a file saved or copied in part, or is --base the model the"
 
 
 def _wrong_shape(sd):
@@ -305,7 +305,7 @@ def _wrong_shape(sd):
 
 def _extra(sd):
     sd["base_causallm.transformer.h.2.ln_1.weight"] = torch.ones(32)
-    return sd, "unexpected transformer.h.2.ln_1.weight"
+    return sd, "unexpected transformer.h.2.ln_1.weight: is --base the model the run started from"
 
 
 def _integer_weight(sd):  # load_state_dict would cast it into the float weight

@@ -365,7 +365,9 @@ def fit_state_dict(model: PreTrainedModel, sd: dict[str, Tensor], wrapper_emb: T
     unexpected = [k for k in sd if k not in expected]
     if missing or unexpected:
         parts = [f"missing {_few(missing)}" if missing else "", f"unexpected {_few(unexpected)}" if unexpected else ""]
-        raise _error(f"the checkpoint does not fit the base model: {'; '.join(p for p in parts if p)}: {WHICH_BASE}")
+        # (every key the base's, some missing: a file saved or copied in part is as likely as another base)
+        ask = WHICH_BASE if unexpected else f"a file saved or copied in part, or {WHICH_BASE}"
+        raise _error(f"the checkpoint does not fit the base model: {'; '.join(p for p in parts if p)}: {ask}")
     wrong = [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items() if sd[k].shape != v.shape]
     if wrong:
         raise _error(
