@@ -317,6 +317,29 @@ def test_a_checkpoint_that_fails_to_load_is_moved_aside_and_the_previous_one_res
             run.resume(fails)
 
 
+def test_each_skipped_checkpoint_says_whether_an_earlier_one_is_left(tmp_path):
+    """A skipped checkpoint's line says it falls back to the previous one only when there is one: the oldest's says
+    none is left (the error that follows names them all)."""
+    from dgrpo.model.verified import CheckpointError
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import RunDir
+
+    from conftest import tiny_config
+
+    out = tmp_path / "run"
+    for step in (2, 4):
+        state_only_checkpoint(out / "checkpoints" / f"step-0000000{step}")
+
+    def fails(ckpt: Path) -> SimpleNamespace:
+        raise CheckpointError("unreadable")
+
+    said: list[str] = []
+    with pytest.raises(CheckpointError, match="no checkpoint in .* can be resumed"):
+        with RunDir(out, tiny_config(), Dist.single(), "grpo", log=said.append) as run:
+            run.resume(fails)
+    assert [line.rpartition("; ")[2] for line in said] == ["falling back to the previous one", "no earlier one is left"]
+
+
 def test_sfts_validation_decodes_with_the_stages_latent_steps(monkeypatch):
     """The default per-stage validation (SFT) evaluates with the stage's ``n_latent``, not ``eval.n_latent``; the
     plain one with ``eval.n_latent``; both greedy under ``eval.*`` and naming the validation set."""

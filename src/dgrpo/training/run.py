@@ -351,7 +351,7 @@ class RunDir(ResumeCheck):
         """Read the newest checkpoint that loads (``load`` reads and checks one, mutating nothing); each one that
         does not is reported in one line. None for a fresh start; an error when checkpoints exist but none loads."""
         problems, skipped = [], []
-        for ckpt in self.candidates:
+        for i, ckpt in enumerate(self.candidates):
             try:
                 loaded = load(ckpt)
             except CheckpointError as e:
@@ -359,7 +359,8 @@ class RunDir(ResumeCheck):
                     raise CheckpointError(f"--resume {ckpt}: {e}") from None
                 problems.append(f"{ckpt.name}: {e}")
                 skipped.append(ckpt)
-                self.log(f"dgrpo: skipping checkpoint {ckpt}: {e}; falling back to the previous one")
+                then = "falling back to the previous one" if i + 1 < len(self.candidates) else "no earlier one is left"
+                self.log(f"dgrpo: skipping checkpoint {ckpt}: {e}; {then}")
                 continue
             self.checkpoint = ckpt
             self._move_aside(skipped)
