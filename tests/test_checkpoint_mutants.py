@@ -476,6 +476,10 @@ def test_an_out_whose_checkpoints_folder_holds_other_things_is_refused_before_an
     with pytest.raises(ConfigError, match=r"checkpoints holds notes.txt, not dgrpo checkpoints: name a new --out"):
         _run_dir(out, tiny_config())
     assert sorted(p.name for p in out.iterdir()) == ["checkpoints"]
+    for name in ("a.txt", "b.txt", "c.txt"):  # (more than three: the first three named, and how many more)
+        (out / "checkpoints" / name).write_text("mine")
+    with pytest.raises(ConfigError, match=r"checkpoints holds a.txt, b.txt, c.txt and 1 more, not dgrpo checkpoints"):
+        _run_dir(out, tiny_config())
 
 
 def test_resume_naming_a_missing_checkpoint_is_refused_before_anything_is_read(tmp_path):

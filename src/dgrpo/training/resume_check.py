@@ -29,6 +29,7 @@ from ..run_layout import (
     SUMMARY_FILE,
     stage_dirs,
 )
+from ..text import first_items
 from .checkpoint import checkpoint_command, resume_candidates
 
 #: options that change neither the computation nor its results: a resumed run may change them freely. Recomputing
@@ -393,8 +394,8 @@ class ResumeCheck:
             pin = f" (the run loaded its model at commit {then}: --set model.revision={then})" if then else ""
             never, allow = self._option(*START_OVER), self._option(*ALLOW_CHANGE)
             raise ConfigError(
-                f"{what} a run started with a different config ({', '.join(refused[:8])}"
-                f"{', ...' if len(refused) > 8 else ''}); resume it unchanged{pin}, start over with {never}, or pass "
+                f"{what} a run started with a different config ({first_items(refused, 8)}); resume it "
+                f"unchanged{pin}, start over with {never}, or pass "
                 f"{allow} to continue with the new values (every config used is kept)"
             )
         self.changed = changed

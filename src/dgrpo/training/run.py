@@ -39,6 +39,7 @@ from ..run_layout import (
     config_history_file,
     stage_dirs,
 )
+from ..text import first_items
 from .applied import record_applied, warn_if_plugins_changed
 from .checkpoint import (
     LoadedCheckpoint,
@@ -305,7 +306,7 @@ class RunDir(ResumeCheck):
         root = out / CHECKPOINTS_DIR
         stray = [p.name for p in root.iterdir() if not (p.is_dir() and "step-" in p.name)] if root.is_dir() else []
         if stray:
-            raise ConfigError(f"--out {out}: {root} holds {', '.join(sorted(stray)[:3])}, not dgrpo checkpoints: {new}")
+            raise ConfigError(f"--out {out}: {root} holds {first_items(sorted(stray))}, not dgrpo checkpoints: {new}")
         signs = [config, out / FINAL_DIR, out / BEST_DIR, root, *stages]
         if not any(p.exists() for p in signs) and not is_run_metrics(out / METRICS_FILE):
             names = [name for name in (*RUN_WRITES, METRICS_FILE) if (out / name).exists()]
@@ -340,8 +341,8 @@ class RunDir(ResumeCheck):
             self._refuse_command(self._written_by())
             self._refuse_deleting_init(f"starting {self.out_dir}'s unfinished run over under another config")
             warnings.warn(
-                f"{self.out_dir} holds a run started with a different config ({', '.join(changed[:8])}"
-                f"{', ...' if len(changed) > 8 else ''}) and no checkpoint to resume: it starts over under this one, "
+                f"{self.out_dir} holds a run started with a different config ({first_items(changed, 8)}) and no "
+                "checkpoint to resume: it starts over under this one, "
                 "removing what that run wrote",
                 stacklevel=2,
             )
