@@ -749,12 +749,12 @@ def test_run_suite_writes_each_item_as_it_ends_and_says_a_section_was_skipped(tm
     def broken(ctx):
         raise RuntimeError("it broke")
 
-    _fake_suite(monkeypatch, {"flops": item(6), "rollouts": broken, "sft": item(2)})
-    args = types.SimpleNamespace(out=str(tmp_path), quick=False, only="flops,rollouts,sft", section="all")
+    _fake_suite(monkeypatch, {"flops": item(6), "rollouts": item(1), "sft": broken, "grpo_scaling": item(3)})
+    args = types.SimpleNamespace(out=str(tmp_path), quick=False, only="flops,rollouts,sft,grpo_scaling", section="all")
     assert suite.run_suite(args, []) == 1
-    cpu6, cpu2, gpu6 = ("cpu", "6. item"), ("cpu", "2. item"), ("gpu", "6. item")
-    assert [rows for rows, _ in written] == [[], [cpu6], [cpu2, cpu6], [cpu2, cpu6, gpu6]]
-    assert written[1][1]["rollouts"] == {"error": "RuntimeError: it broke"}  # (sft runs after the failure is written)
+    cpu, gpu = ([(section, f"{n}. item") for n in (1, 3, 6)] for section in ("cpu", "gpu"))
+    assert [rows for rows, _ in written] == [[], cpu[2:], [cpu[0], cpu[2]], cpu, cpu + gpu[2:], cpu + [gpu[0], gpu[2]]]
+    assert "sft" not in written[1][1] and written[2][1]["sft"] == {"error": "RuntimeError: it broke"}
     (tmp_path / "bench.json").unlink()
     _fake_suite(monkeypatch, {"flops": item(6)}, cuda=False)
     args.only = "flops"
@@ -875,3 +875,9 @@ def test_a_labelled_range_is_no_host_call_of_its_own_and_only_the_steps_thread_i
     out = step_profile.device_activity(lambda: None, CPU, labels={"lab", "other thread"})
     assert [r[0] for r in out["host_top"]] == [step_profile._STEP_RANGE]
     assert {r[0]: r[1] for r in out["by_range"]} == {"lab": 4.0, timeline.UNLABELLED: 6.0}
+
+
+def test_counted_ops_count_an_in_place_op_it_writes_through_an_alias_but_runs_a_kernel():
+    """add_ returns its (written) input: unlike a view, it launches a kernel, and counts."""
+    x = torch.ones(2, 3)
+    assert step_profile.counted_ops(lambda: x.clone().add_(1))[1] == 2

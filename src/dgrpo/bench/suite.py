@@ -134,8 +134,8 @@ def run_section(ctx: Ctx, keys: list[str], after_item=None) -> tuple[list[Row], 
         except Exception as e:  # keep the other items; the error goes into the report and the exit code
             traceback.print_exc()
             raw[key] = {"error": f"{type(e).__name__}: {e}"}
-            if after_item:
-                after_item(rows, raw)
+            if after_item:  # (in item order, as after an item that ran: the rows were written unsorted)
+                after_item(sorted(rows, key=item_order), raw)
             continue
         finally:
             gc.collect()
