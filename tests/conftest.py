@@ -55,6 +55,8 @@ SHARED_DATA = Path(os.environ.get("DGRPO_DATA_DIR") or Path(__file__).resolve().
 if SHARED_DATA.is_dir():
     os.environ.setdefault("DGRPO_DATA_DIR", str(SHARED_DATA))
 TINY = "tiny.yaml"  # the packaged tiny-model config every end-to-end test starts from
+#: the shape of the tiny GPT-2 bases the Coconut import tests save (their checkpoints in the official run.py's layout)
+COCONUT_BASE_SHAPE = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 64}
 #: what the tests change on top of tiny.yaml (4-step problems, K = 4, longer answers, 1 thread)
 TEST_SETS = {
     "task.n_steps": 4,
@@ -182,6 +184,21 @@ def scripted_alternate(monkeypatch, module, *runs):
         return Timed(dict(times), {k: results.get(k, [None] * len(v)) for k, v in times.items()})
 
     monkeypatch.setattr(module, "alternate", fake)
+
+
+def bench_tiny_shapes():
+    """The bench's smallest shapes (``dgrpo.bench.workload.Shapes``): what tests that drive its items use."""
+    from dgrpo.bench.workload import Shapes
+
+    return Shapes(name="tiny", hidden=16, layers=1, heads=4, kv_heads=2, ffn=8, prompts=2, reps=3, warmup=1)
+
+
+def bench_ctx(shapes=None, device="cpu"):
+    """A bench item's context (``dgrpo.bench.workload.Ctx``) in float32 on ``device``, over ``shapes`` (default
+    :func:`bench_tiny_shapes`), logging nothing."""
+    from dgrpo.bench.workload import Ctx
+
+    return Ctx(torch.device(device), torch.float32, shapes or bench_tiny_shapes(), log=lambda msg: None)
 
 
 def written_with_manifest(directory: Path, files: dict[str, str]) -> Path:

@@ -15,16 +15,13 @@ import torch
 from dgrpo.bench import baselines, long_items, lora_item, memprobe, parallel_item, recompute_item, workload
 from dgrpo.bench.workload import Ctx, Shapes
 
-from conftest import scripted_alternate
+from conftest import bench_ctx as _ctx
+from conftest import bench_tiny_shapes, scripted_alternate
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")  # (a name only: nothing here touches a GPU)
-TINY = Shapes(name="tiny", hidden=16, layers=1, heads=4, kv_heads=2, ffn=8, prompts=2, reps=3, warmup=1)
+TINY = bench_tiny_shapes()
 MiB = 2**20
-
-
-def _ctx(shapes=TINY, device=CPU):
-    return Ctx(device, torch.float32, shapes, log=lambda msg: None)
 
 
 def _arm(**kw):

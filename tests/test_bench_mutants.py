@@ -15,11 +15,12 @@ from dgrpo.bench.report import Goal, Row
 from dgrpo.bench.timing import Timed
 from dgrpo.bench.workload import Ctx, Dims, Shapes
 
-from conftest import scripted_alternate
+from conftest import bench_ctx as _ctx
+from conftest import bench_tiny_shapes, scripted_alternate
 
 CPU = torch.device("cpu")
 #: a model small enough to build in milliseconds (the bench's shapes are far larger)
-TINY = Shapes(name="tiny", hidden=16, layers=1, heads=4, kv_heads=2, ffn=8, prompts=2, reps=3, warmup=1)
+TINY = bench_tiny_shapes()
 
 
 class _Clock:
@@ -330,10 +331,6 @@ def test_op_time_breakdown_shares_and_op_time_within_the_wall():
 
 
 # --------------------------------------------------------------------------- the items' arithmetic
-def _ctx(shapes=TINY, device=CPU):
-    return Ctx(device, torch.float32, shapes, log=lambda msg: None)
-
-
 def _no_rollouts(monkeypatch):
     """Item 1's arms make no rollouts (the alternated timer calls each once)."""
     mask = types.SimpleNamespace(sum=lambda dim: torch.ones(1))

@@ -19,7 +19,9 @@ from dgrpo.model.latent_lm import LATENT_CONFIG_FILE, LatentLM, LatentSettings
 from dgrpo.model.reference import uncached_target_logprobs
 from dgrpo.model.tiny import build_tiny_model, tiny_config
 
-TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 64}
+from conftest import COCONUT_BASE_SHAPE
+
+TINY = COCONUT_BASE_SHAPE
 #: run.py's order: tokenizer.add_tokens one at a time, start, end, latent
 OFFICIAL_ORDER = ["<|start-latent|>", "<|end-latent|>", "<|latent|>"]
 

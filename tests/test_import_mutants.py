@@ -12,7 +12,9 @@ from dgrpo.model.coconut_import import import_coconut, unwrap
 from dgrpo.model.factory import CheckpointError
 from dgrpo.model.tiny import build_tiny_model, tiny_config
 
-TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 64}
+from conftest import COCONUT_BASE_SHAPE
+
+TINY = COCONUT_BASE_SHAPE
 #: run.py's order: start, end, latent
 OFFICIAL_ORDER = ["<|start-latent|>", "<|end-latent|>", "<|latent|>"]
 
