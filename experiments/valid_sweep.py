@@ -2,8 +2,11 @@
 
     python experiments/valid_sweep.py SFT_CHECKPOINT NAME SEED [KEY=VALUE ...]
 
-Trains GRPO with the defaults plus the overrides, greedy-evaluates the whole built-in validation split (1000)
-before and after, appends one JSON line to runs/sweep/results.jsonl. The test splits are never touched.
+Trains GRPO with the defaults plus the overrides on the built-in task the checkpoint was trained on (its
+run_config.json's task settings, as ``dgrpo eval`` reads them; the defaults, the demo's task, for a checkpoint without
+one), greedy-evaluates that task's whole validation split (1000 problems for the default task) before and after,
+appends one JSON line to runs/sweep/results.jsonl (with the diagnostics' means over the first and the last 10 GRPO
+steps). The test splits are never touched.
 """
 
 import argparse
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from dgrpo.cli.evaluate import checkpoint_settings
 from dgrpo.config import Config, ConfigError, load_config
 from dgrpo.data.synthetic import generate_split
 from dgrpo.eval.evaluate import evaluate
@@ -36,6 +40,7 @@ def parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
 def setup(args: argparse.Namespace) -> tuple[str, int, list[str], Config, LatentLM]:
     """(name, seed, overrides, config, SFT model) of the command line."""
     sft, name, seed, overrides = Path(args.sft), args.name, args.seed, args.overrides
+    trained, _ = checkpoint_settings(str(sft))  # (the task it was trained on: its validation split is the one read)
     # the demo's GRPO settings of the sweep's time (100 steps; the library's default is 50 now; no stop after a
     # streak of steps with every group filtered out, which came later: the demo keeps going too), then the row's change
     base = load_config(
@@ -50,6 +55,7 @@ def setup(args: argparse.Namespace) -> tuple[str, int, list[str], Config, Latent
             "grpo.save_every=0",
             "grpo.save_best=false",
         ],
+        start={"task": trained.get("task", {})},
     )
     torch.manual_seed(seed)  # (before the model loads, as the sweep's rows were measured)
     return name, seed, overrides, base, LatentLM.from_pretrained(sft)
@@ -86,13 +92,15 @@ def avg(key, rs):
     return sum(v) / max(1, len(v))
 
 
-keys = [k for k in rows[-1] if "std" in k or "distinct" in k or "kept" in k]
-first, last = rows[1:11], rows[-10:]
+steps = [r for r in rows if "step" in r and "reward_std" in r]  # (the GRPO steps' rows: step 0 first)
+keys = [k for k in steps[-1] if "std" in k or "distinct" in k or "kept" in k]
+first, last = steps[:10], steps[-10:]
 summ = {k: (round(avg(k, first), 3), round(avg(k, last), 3)) for k in keys}
 res = {
     "name": name,
     "seed": seed,
     "overrides": overrides,
+    "n_valid": r0.n,
     "valid0": r0.accuracy,
     "valid1": r1.accuracy,
     "gain": round(r1.accuracy - r0.accuracy, 4),

@@ -675,6 +675,26 @@ def test_the_validation_experiments_answer_help_and_bad_arguments_as_argparse(
     assert "Traceback" not in err and not (tmp_path / "runs").exists()
 
 
+def test_valid_sweep_reads_the_checkpoints_task_and_its_first_steps(sft_checkpoint, tmp_path, monkeypatch, capsys):
+    """experiments/valid_sweep.py trained and read out on the default task whatever the checkpoint's (1000 validation
+    problems of 4-operation chains for a model of another task), and its "first 10 steps" were rows 1-10 of
+    metrics.jsonl, step 0 left out (a row that was once a step-0 evaluation). Now the checkpoint's task, as
+    ood_variants.py, and the first window starts at step 0."""
+    path = Path(__file__).resolve().parents[1] / "experiments" / "valid_sweep.py"
+    monkeypatch.chdir(tmp_path)
+    over = ["grpo.steps=2", "grpo.warmup_steps=0", "grpo.prompts_per_step=4", "grpo.group_size=4", "threads=1"]
+    got, out, err = run_script(path, [sft_checkpoint, "base", "0", *over], monkeypatch, capsys)
+    assert got == 0, err[-2000:]
+    res = json.loads(out.splitlines()[-1])
+    trained = json.loads((Path(sft_checkpoint) / "run_config.json").read_text())["task"]
+    assert res["n_valid"] == trained["n_valid"] != 1000
+    rows = [json.loads(line) for line in (tmp_path / "runs/sweep/base_s0/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    mean = round(sum(r["distinct_answers"] for r in rows) / 2, 3)
+    assert res["diag_first_last10"]["distinct_answers"] == [mean, mean]
+    assert json.loads((tmp_path / "runs/sweep/results.jsonl").read_text()) == res
+
+
 def test_ood_variants_draws_the_shifts_of_the_task_the_checkpoint_was_trained_on(sft_checkpoint, tmp_path):
     """experiments/ood_variants.py drew its splits from the default task (4 operations, operands 10..99 out of
     distribution) whatever the checkpoint's. Now the task of its run_config.json (as ``dgrpo eval`` reads it), with
