@@ -2,8 +2,8 @@
 # The validation sweep of docs/demo/valid_sweep.md: 8 GRPO settings x 2 seeds from one SFT checkpoint.
 # PYTHON: the interpreter (default python). A run that fails is named at the end (its traceback: runs/sweep/err.log).
 set -u
-mkdir -p runs/sweep
 S=${1:?usage: experiments/valid_sweep.sh SFT_CHECKPOINT}
+mkdir -p runs/sweep
 failed=()
 for seed in 0 1; do
 run() {

@@ -695,6 +695,14 @@ def test_valid_sweep_reads_the_checkpoints_task_and_its_first_steps(sft_checkpoi
     assert json.loads((tmp_path / "runs/sweep/results.jsonl").read_text()) == res
 
 
+def test_valid_sweep_sh_without_a_checkpoint_says_its_usage_and_writes_nothing(tmp_path):
+    """experiments/valid_sweep.sh without its argument made runs/sweep/ in the working folder, then told its usage."""
+    script = Path(__file__).resolve().parents[1] / "experiments" / "valid_sweep.sh"
+    r = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "usage: experiments/valid_sweep.sh SFT_CHECKPOINT" in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_ood_variants_draws_the_shifts_of_the_task_the_checkpoint_was_trained_on(sft_checkpoint, tmp_path):
     """experiments/ood_variants.py drew its splits from the default task (4 operations, operands 10..99 out of
     distribution) whatever the checkpoint's. Now the task of its run_config.json (as ``dgrpo eval`` reads it), with
