@@ -45,16 +45,17 @@ def read_out_on(base: Config) -> tuple[list[Record], dict[str, list[Record]]]:
     valid = generate_split(base.task, "valid")
     limit = base.data.eval_limit or len(valid) // 2
     other = replace(base.task, seed=4321, n_steps=max(1, base.task.n_steps - 1))  # (as the demo's shifted split)
+    shifted = f"{other.n_steps} operation{'s' * (other.n_steps != 1)} (task seed 4321)"
     readout = {
         f"valid (held out, {len(valid) - limit})": valid[limit:],
-        f"{other.n_steps} operations (task seed 4321)": generate_split(other, "test")[: base.task.n_test // 2],
+        shifted: generate_split(other, "test")[: base.task.n_test // 2],
     }
     if limit >= len(valid):
         raise ConfigError(
             f"data.eval_limit={limit} leaves none of the {len(valid)} validation problems (task.n_valid) held out "
             "to read the models out on: lower data.eval_limit or raise task.n_valid"
         )
-    if not readout[f"{other.n_steps} operations (task seed 4321)"]:
+    if not readout[shifted]:
         raise ConfigError(f"task.n_test={base.task.n_test}: the shifted read-out takes half of it; give at least 2")
     return valid[:limit], readout
 

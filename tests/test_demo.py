@@ -635,6 +635,25 @@ def test_valid_demo_says_a_bad_setting_in_an_argument_error(tmp_path, monkeypatc
     assert not (tmp_path / "o").exists()
 
 
+def test_valid_demo_names_a_one_operation_shifted_read_out_in_the_singular():
+    """experiments/valid_demo.py named a 2-step task's shifted read-out "1 operations (task seed 4321)" (the demo's
+    own shifted split says "1 operation"); the held-out validation problems are those the selection never reads."""
+    import importlib.util
+
+    from dgrpo.config import Config, load_config
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "valid_demo.py"
+    spec = importlib.util.spec_from_file_location("valid_demo", path)
+    assert spec is not None and spec.loader is not None
+    valid_demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(valid_demo)
+    sets = ["task.n_steps=2", "task.n_train=64", "task.n_valid=16", "task.n_test=8", "data.eval_limit=10"]
+    selection, readout = valid_demo.read_out_on(load_config(Config, None, sets))
+    assert list(readout) == ["valid (held out, 6)", "1 operation (task seed 4321)"]
+    assert len(selection) == 10 and len(readout["1 operation (task seed 4321)"]) == 4
+    assert not {r.question for r in selection} & {r.question for r in readout["valid (held out, 6)"]}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("argv, resume", [([], True), (["--resume", "never"], False)])
 def test_valid_demo_reads_back_finished_runs_as_the_demo_does(tmp_path, monkeypatch, capsys, argv, resume):
