@@ -652,6 +652,24 @@ def test_the_readme_states_the_dependency_floors_of_pyproject():
     assert not wrong, wrong
 
 
+def test_ci_floors_installs_the_floors_the_readme_says_at_pyprojects_versions():
+    """The README said `.ci/floors` installs "every floor"; it pins eight of pyproject's packages (tokenizers,
+    safetensors, pyyaml, tqdm and the test tools come at their newest). The README names the eight it pins, and each
+    pin is pyproject's floor (a floor raised in pyproject and not there would check a version pip refuses)."""
+    readme = (ROOT / "README.md").read_text().split("`bash .ci/floors` installs the floors of ", 1)[1]
+    named = set(re.findall(r"`([a-z-]+)`", readme.split(" in a fresh environment", 1)[0]))
+    floors = dict(re.findall(r'"([a-z-]+)(?:\[[^]]*\])?>=([\d.]+)', (ROOT / "pyproject.toml").read_text()))
+    pins = dict(re.findall(r"\b([a-z-]+)==([\d.]+)", (ROOT / ".ci" / "floors").read_text()))
+    pinned = {name for name in pins if name in floors}
+    assert named == pinned and len(pinned) == 8, (named, pinned)
+    off = {
+        n: (pins[n], floors[n])
+        for n in pinned
+        if pins[n].split(".")[: len(floors[n].split("."))] != floors[n].split(".")
+    }
+    assert not off, off
+
+
 def test_every_install_names_extras_pyproject_defines_and_the_gpu_install_can_run_its_tests():
     """A ``pip install`` of the docs asks only for extras pyproject.toml defines (pip warns of an unknown one and
     goes on), and the README's GPU install holds what its next paragraph's ``pytest -n0 tests/test_cuda.py`` needs:
