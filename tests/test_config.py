@@ -263,6 +263,22 @@ def test_the_trl_names_are_docs_from_trl_table():
         assert row is not None and f"`{key}" in row, (name, key, row)
 
 
+def test_every_trl_name_of_docs_from_trl_table_is_answered_with_its_option():
+    """Each TRL name in the first column of docs/from_trl.md's table is either an option of the same name here or
+    one :data:`TRL_NAMES` maps to the table's key: a TRL YAML's top-level adam_beta1 or gradient_accumulation_steps
+    (rows of the table) was a plain unknown key, without the hint num_generations gets."""
+    from dgrpo.config import TRL_NAMES
+
+    rows = [line for line in (ROOT / "docs" / "from_trl.md").read_text().splitlines() if line.startswith("| `")]
+    for row in rows:
+        trl, ours = row.split(" | ")[:2]
+        for name in re.findall(r"`(\w+)", trl):
+            same = re.search(rf"`(\w+\.)?{name}`", ours)
+            assert same or (name in TRL_NAMES and f"`{TRL_NAMES[name]}" in ours), (name, row)
+            if not same:
+                assert f"(TRL's {name} is {TRL_NAMES[name]} here" in error(f"{name}=1"), name
+
+
 def test_trls_max_steps_row_says_a_grpo_step_is_mini_epochs_optimizer_steps():
     """TRL's max_steps counts optimizer steps (num_iterations of them per generation batch); grpo.steps counts GRPO
     steps of grpo.mini_epochs optimizer steps each, at one lr: the row mapped them one to one, so a TRL user's
