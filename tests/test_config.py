@@ -279,6 +279,19 @@ def test_every_trl_name_of_docs_from_trl_table_is_answered_with_its_option():
                 assert f"(TRL's {name} is {TRL_NAMES[name]} here" in error(f"{name}=1"), name
 
 
+def test_trl_options_the_guide_lists_as_not_here_say_so():
+    """TRL's options that docs/from_trl.md lists under "Not here" were a bare unknown key; they say that there is no
+    counterpart, and the guide names each."""
+    from dgrpo.config.files import TRL_ABSENT
+
+    guide = (ROOT / "docs" / "from_trl.md").read_text()
+    not_here = guide[guide.index("Not here:") :].split("\n\n")[0]
+    for name in TRL_ABSENT:
+        assert f"(TRL's {name} has no counterpart here; see docs/from_trl.md)" in error(f"{name}=1"), name
+        assert f"grpo.{name}" in error(f"grpo.{name}=1")
+        assert f"`{name}`" in not_here, name
+
+
 def test_trls_max_steps_row_says_a_grpo_step_is_mini_epochs_optimizer_steps():
     """TRL's max_steps counts optimizer steps (num_iterations of them per generation batch); grpo.steps counts GRPO
     steps of grpo.mini_epochs optimizer steps each, at one lr: the row mapped them one to one, so a TRL user's

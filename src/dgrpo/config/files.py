@@ -193,13 +193,17 @@ TRL_NAMES = {
     "report_to": "logging.backends",
     "run_name": "logging.run_name",
 }
+#: TRL options that docs/from_trl.md lists as not here (its "Not here" line): an unknown key says so
+TRL_ABSENT = ("mask_truncated_completions", "importance_sampling_level", "use_vllm")
 
 
 def _trl_name(obj: Any, name: str, prefix: str) -> str:
     """' (TRL's num_generations is grpo.group_size here; see docs/from_trl.md)' for an unknown key that is a TRL
-    name (:data:`TRL_NAMES`); in a section other than the option's and grpo, that section's option of the same name
-    (``sft.learning_rate``: sft.lr), or '' when it has none."""
+    name (:data:`TRL_NAMES`; one of :data:`TRL_ABSENT` has none here); in a section other than the option's and
+    grpo, that section's option of the same name (``sft.learning_rate``: sft.lr), or '' when it has none."""
     target = TRL_NAMES.get(name)
+    if name in TRL_ABSENT:
+        return f" (TRL's {name} has no counterpart here; see docs/from_trl.md)"
     if target is None:
         return ""
     section, _, leaf = target.rpartition(".")
