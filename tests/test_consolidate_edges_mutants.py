@@ -2,6 +2,8 @@
 that is not there, a run directory meaning its final/), and the metadata file is checked (listed in the manifest,
 not empty) before anything is read from it."""
 
+import shutil
+
 import pytest
 import torch
 
@@ -84,3 +86,29 @@ def test_shards_of_another_shape_or_with_a_weight_the_model_lacks_are_refused(tm
     with pytest.raises(CheckpointError, match="the sharded weights do not match the model config"):
         consolidate_checkpoint(final)
     assert not (final / "model.safetensors").exists()
+
+
+def test_a_consolidated_best_is_still_the_best_the_checkpoints_recorded(tmp_path, tokenizer):
+    """``dgrpo consolidate OUT/best`` (as a sharded run's end advises) rewrote best/'s manifest, by which each
+    checkpoint records best/: a resume (the same command again, or training on) removed best/ as "written after"
+    its checkpoint. The record leaves out what consolidation writes; best/ of other shards is still told apart, and
+    the whole manifest's digest (what a checkpoint recorded before) still keeps an unconsolidated best/."""
+    import hashlib
+
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import RunDir
+
+    from conftest import tiny_config
+
+    out = tmp_path / "run"
+    out.mkdir()
+    final_with(tmp_path / "other", tokenizer, lambda s: s["model.norm.weight"].mul_(2))[0].rename(out / "best")
+    with RunDir(out, tiny_config(), Dist(), "grpo", log=lambda m: None) as run:
+        other = run.best_record()
+        shutil.rmtree(out / "best")
+        final_with(tmp_path, tokenizer, lambda s: None)[0].rename(out / "best")
+        recorded, whole = run.best_record(), hashlib.sha256((out / "best" / "manifest.json").read_bytes()).hexdigest()
+        assert recorded != other and not run.drop_stale_best({"best": whole})  # (a record of an earlier dgrpo)
+        consolidate_checkpoint(out / "best")
+        assert not run.drop_stale_best({"best": recorded}) and (out / "best" / "model.safetensors").is_file()
+        assert run.drop_stale_best({"best": other}) and not (out / "best").exists()

@@ -23,7 +23,7 @@ from typing import IO, Any, NoReturn
 from ..config import Config, ConfigError, to_dict
 from ..model.latent_lm import LatentLM
 from ..model.sources import is_model_dir
-from ..model.verified import MANIFEST, CheckpointError, remove_dir
+from ..model.verified import MANIFEST, SHARDED_DIR, CheckpointError, remove_dir
 from ..run_layout import (
     APPLIED_FILE,
     BEST_DIR,
@@ -65,6 +65,27 @@ FinalEval = Callable[[LatentLM, "int | None"], dict[str, float]]
 #: write: its temporary ``.tmp-NAME-PID`` and the ``.old-NAME-PID`` a replace moves aside (in OUT/checkpoints too, for
 #: a step-N replaced: a rewound run's, or one whose LoRA base moved, :func:`~.checkpoint.repoint_run_adapters`)
 LEFTOVER = re.compile(rf"\.(tmp|old)-({FINAL_DIR}|{BEST_DIR}|stage-\d+|step-\d+)-\d+")
+
+
+#: what ``dgrpo consolidate`` writes into a sharded checkpoint (``dcp/``) beside its shards, with ``save_pretrained``:
+#: the weights (one file, or Hugging Face's shards and their index), the generation config and the model config
+#: again (which may gain fields: ``dtype``, ``architectures``)
+CONSOLIDATED = re.compile(r"(model.*\.safetensors|model\.safetensors\.index\.json|(generation_)?config\.json)")
+
+
+def _best_records(manifest: bytes) -> tuple[str, str]:
+    """The digest a checkpoint records of a ``best/`` manifest: a sharded one's without what consolidation writes
+    (so ``dgrpo consolidate OUT/best``, which the run's end advises, leaves it the ``best/`` its checkpoints
+    recorded), any other manifest's whole; and the whole manifest's, which a checkpoint recorded before."""
+    whole = hashlib.sha256(manifest).hexdigest()
+    try:
+        entries = json.loads(manifest)
+    except ValueError:
+        return whole, whole
+    if not isinstance(entries, dict) or f"{SHARDED_DIR}/.metadata" not in entries:
+        return whole, whole
+    kept = {k: v for k, v in entries.items() if not CONSOLIDATED.fullmatch(k)}
+    return hashlib.sha256(json.dumps(kept, indent=1).encode()).hexdigest(), whole
 
 
 def rollout_rows_before(rows: list[str], step: int, path: Path) -> list[str]:
@@ -510,11 +531,12 @@ class RunDir(ResumeCheck):
             )
 
     def best_record(self) -> str | None:
-        """What identifies the run's ``best/`` now: the sha256 of its manifest (which lists its files' digests), or
-        None without one. Each resumable checkpoint's state records it, so that a resume knows whether ``best/`` is
-        still the one the checkpoint's run had (:meth:`drop_stale_best`)."""
+        """What identifies the run's ``best/`` now: the sha256 of its manifest (which lists its files' digests; a
+        sharded one's without what ``dgrpo consolidate`` writes: :func:`_best_records`), or None without one. Each
+        resumable checkpoint's state records it, so that a resume knows whether ``best/`` is still the one the
+        checkpoint's run had (:meth:`drop_stale_best`)."""
         manifest = self.out_dir / BEST_DIR / MANIFEST
-        return hashlib.sha256(manifest.read_bytes()).hexdigest() if manifest.is_file() else None
+        return _best_records(manifest.read_bytes())[0] if manifest.is_file() else None
 
     def drop_stale_best(self, state: dict) -> bool:
         """On a resume from the checkpoint state ``state``: whether ``best/`` was written after that checkpoint, by
@@ -526,8 +548,8 @@ class RunDir(ResumeCheck):
         before dgrpo recorded its ``best/`` is not checked (False)."""
         stale = False
         if self.dist.is_main and "best" in state:
-            now = self.best_record()
-            stale = now is not None and now != state["best"]
+            manifest = self.out_dir / BEST_DIR / MANIFEST
+            stale = manifest.is_file() and state["best"] not in _best_records(manifest.read_bytes())
             if stale:
                 remove_dir(self.out_dir / BEST_DIR)
                 self.log(
