@@ -40,23 +40,20 @@ def parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
 def setup(args: argparse.Namespace) -> tuple[str, int, list[str], Config, LatentLM]:
     """(name, seed, overrides, config, SFT model) of the command line."""
     sft, name, seed, overrides = Path(args.sft), args.name, args.seed, args.overrides
-    trained, _ = checkpoint_settings(str(sft))  # (the task it was trained on: its validation split is the one read)
     # the demo's GRPO settings of the sweep's time (100 steps; the library's default is 50 now; no stop after a
     # streak of steps with every group filtered out, which came later: the demo keeps going too), then the row's change
-    base = load_config(
-        Config,
-        None,
-        [
-            "grpo.steps=100",
-            "grpo.max_skip_streak=0",
-            *overrides,
-            f"seed={seed}",
-            "grpo.eval_every=0",
-            "grpo.save_every=0",
-            "grpo.save_best=false",
-        ],
-        start={"task": trained.get("task", {})},
-    )
+    settings = [
+        "grpo.steps=100",
+        "grpo.max_skip_streak=0",
+        *overrides,
+        f"seed={seed}",
+        "grpo.eval_every=0",
+        "grpo.save_every=0",
+        "grpo.save_best=false",
+    ]
+    load_config(Config, None, settings)  # (a bad override is said before the checkpoint is read)
+    trained, _ = checkpoint_settings(str(sft))  # (the task it was trained on: its validation split is the one read)
+    base = load_config(Config, None, settings, start={"task": trained.get("task", {})})
     torch.manual_seed(seed)  # (before the model loads, as the sweep's rows were measured)
     return name, seed, overrides, base, LatentLM.from_pretrained(sft)
 
