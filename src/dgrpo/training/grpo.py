@@ -161,14 +161,14 @@ def agree_on_kept(n_kept_local: int, n_tokens_local: int, dist: Dist, failed: bo
 def build_optimizer(params: list, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
     """AdamW (over float32 masters with ``model.master_weights``), or bitsandbytes' 8-bit AdamW on CUDA
     (``grpo.optimizer: adamw8bit``; elsewhere torch AdamW, warned)."""
-    g = cfg.grpo
+    g, key = cfg.grpo, "grpo.optimizer"  # (key: the option a rounded-away warning names, for masters' adamw)
     betas = (g.adam_betas[0], g.adam_betas[1])
     if g.optimizer == "adamw8bit":
         if device.type == "cuda":
             try:
                 import bitsandbytes as bnb
 
-                warn_if_updates_round_away(params, g.lr, stacklevel=3, optimizer_key="grpo.optimizer")  # (bf16 update)
+                warn_if_updates_round_away(params, g.lr, stacklevel=3, optimizer_key=key)  # (it updates bf16 weights)
                 return bnb.optim.AdamW8bit(params, lr=g.lr, weight_decay=g.weight_decay, betas=betas)
             except ImportError:
                 warnings.warn(
@@ -177,7 +177,6 @@ def build_optimizer(params: list, cfg: Config, device: torch.device) -> torch.op
                 )
         else:
             warnings.warn("grpo.optimizer=adamw8bit runs on CUDA only; using torch AdamW on this device", stacklevel=2)
-    key = "grpo.optimizer"
     return adamw(params, cfg.model.master_weights, optimizer_key=key, lr=g.lr, weight_decay=g.weight_decay, betas=betas)
 
 
