@@ -201,9 +201,9 @@ def _trl_name(obj: Any, name: str, prefix: str) -> str:
     """' (TRL's num_generations is grpo.group_size here; see docs/from_trl.md)' for an unknown key that is a TRL
     name (:data:`TRL_NAMES`; one of :data:`TRL_ABSENT` has none here); in a section other than the option's and
     grpo, that section's option of the same name (``sft.learning_rate``: sft.lr), or '' when it has none."""
-    target = TRL_NAMES.get(name)
     if name in TRL_ABSENT:
         return f" (TRL's {name} has no counterpart here; see docs/from_trl.md)"
+    target = TRL_NAMES.get(name)
     if target is None:
         return ""
     section, _, leaf = target.rpartition(".")
