@@ -535,8 +535,13 @@ class RunDir(ResumeCheck):
         sharded one's without what ``dgrpo consolidate`` writes: :func:`_best_records`), or None without one. Each
         resumable checkpoint's state records it, so that a resume knows whether ``best/`` is still the one the
         checkpoint's run had (:meth:`drop_stale_best`)."""
+        manifest = self._best_manifest()
+        return _best_records(manifest)[0] if manifest is not None else None
+
+    def _best_manifest(self) -> bytes | None:
+        """The bytes of ``best/``'s manifest, None without one."""
         manifest = self.out_dir / BEST_DIR / MANIFEST
-        return _best_records(manifest.read_bytes())[0] if manifest.is_file() else None
+        return manifest.read_bytes() if manifest.is_file() else None
 
     def drop_stale_best(self, state: dict) -> bool:
         """On a resume from the checkpoint state ``state``: whether ``best/`` was written after that checkpoint, by
@@ -548,8 +553,8 @@ class RunDir(ResumeCheck):
         before dgrpo recorded its ``best/`` is not checked (False)."""
         stale = False
         if self.dist.is_main and "best" in state:
-            manifest = self.out_dir / BEST_DIR / MANIFEST
-            stale = manifest.is_file() and state["best"] not in _best_records(manifest.read_bytes())
+            manifest = self._best_manifest()
+            stale = manifest is not None and state["best"] not in _best_records(manifest)
             if stale:
                 remove_dir(self.out_dir / BEST_DIR)
                 self.log(
