@@ -6,6 +6,8 @@ arithmetic of each collective, the launch checks of ``Dist.from_env`` and the ra
 from __future__ import annotations
 
 import os
+import sys
+import time
 import types
 
 import pytest
@@ -265,6 +267,44 @@ def test_exit_with_parent_is_true_while_the_parent_lives():
             os._exit(0 if exit_with_parent() else 1)
         finally:
             os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _adopted_worker(parent: int) -> int:
+    """In a worker whose ``parent`` has exited: wait to be adopted, then 0 when :func:`exit_with_parent` says False
+    (the parent is gone), 1 when it says True."""
+    while os.getppid() == parent:
+        time.sleep(0.001)
+    return 1 if exit_with_parent(parent) else 0
+
+
+def _subreaper_family() -> int:
+    """A subreaper (not init) whose child forks a worker and exits at once: the worker is adopted by the subreaper.
+    The worker's verdict, or 3 when something else went wrong."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+    parent = os.fork()
+    if parent == 0:
+        if os.fork() == 0:
+            os._exit(_adopted_worker(os.getppid()))
+        os._exit(0)
+    os.waitpid(parent, 0)
+    _, status = os.wait()  # the adopted worker
+    return os.waitstatus_to_exitcode(status)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_exit_with_parent_sees_a_worker_adopted_by_a_subreaper_that_is_not_init():
+    """A worker whose parent (the demo's process) died before the call is adopted by the nearest subreaper (systemd's
+    user manager, a container's init), not always PID 1: False, so it exits instead of running on unsignalled."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os._exit(_subreaper_family())
+        finally:
+            os._exit(3)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
 

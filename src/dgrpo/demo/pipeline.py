@@ -451,10 +451,11 @@ def run_seed(demo: Demo, s: int, n_rl: int, arms: Sequence[str] | None = None) -
         run_task(demo, task)
 
 
-def _start_worker() -> None:
-    """A pool worker's start: it dies with the demo's process, however that ends (a SIGTERM from a job scheduler or
-    ``kill``, SIGKILL included; Ctrl-C reaches the workers by itself), and the library's bars stay quiet."""
-    if not exit_with_parent():
+def _start_worker(demo_pid: int) -> None:
+    """A pool worker's start: it dies with the demo's process (``demo_pid``), however that ends (a SIGTERM from a job
+    scheduler or ``kill``, SIGKILL included; Ctrl-C reaches the workers by itself), and the library's bars stay
+    quiet."""
+    if not exit_with_parent(demo_pid):
         os._exit(1)  # the demo's process is already gone
     quiet_transformers()
     # tqdm's lock in a thread lock, not its default multiprocessing one: a worker ended by SIGTERM (the demo's stop)
@@ -554,7 +555,7 @@ def _run_pool(
     parts: dict[int, dict[int, Demo]] = {s: {} for s in range(n_sft)}  # seed -> task index (SFT: -1) -> results
     n_tasks = len(arm_tasks(0, n_rl, arms)) + 1  # per seed, the same for every seed
     spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=spawn, initializer=_start_worker) as pool:
+    with ProcessPoolExecutor(workers, mp_context=spawn, initializer=_start_worker, initargs=(os.getpid(),)) as pool:
 
         def submit(task: Task) -> Future:
             threads = task_threads(task, n_sft, workers, cpus, demo.base.threads)

@@ -492,20 +492,25 @@ def release_fsdp_groups(model: nn.Module | None, mesh: object) -> None:
         registry.clear()
 
 
-def exit_with_parent() -> bool:
+def exit_with_parent(parent: int | None = None) -> bool:
     """Ask Linux to send this process SIGTERM when its parent dies, however it dies (SIGKILL included): prctl
-    PR_SET_PDEATHSIG. Used by torchrun workers (the parent is the launcher) and the demo's pool workers. False when
-    the parent died before the call (no signal will come: the caller should exit); True otherwise, and where prctl
-    is not available (not Linux: kill the process group instead)."""
+    PR_SET_PDEATHSIG. Used by torchrun workers (the parent is the launcher) and the demo's pool workers (which pass
+    the demo's pid as ``parent``). False when the parent died before the call (no signal will come: the caller should
+    exit): this process was adopted, so its parent is now another process than ``parent`` (default: the parent read
+    just before the call) or init. An orphan is adopted by the nearest subreaper (systemd's user manager, some
+    containers' init), not always by PID 1, hence the comparison. True otherwise, and where prctl is not available
+    (not Linux: kill the process group instead)."""
     import ctypes
     import signal
 
+    expected = os.getppid() if parent is None else parent
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return True
-    return os.getppid() != 1
+    now = os.getppid()  # (after the call: a parent dying from here on sends the signal)
+    return now == expected and now != 1
 
 
 def available_cpus() -> int:
