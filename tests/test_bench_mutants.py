@@ -3,6 +3,7 @@ medians and ratios, the claims' pass/fail at their thresholds, the units of the 
 item's arithmetic from scripted timings (the candidates themselves are not run: ``alternate`` is replaced)."""
 
 import json
+import os
 import signal
 import sys
 import types
@@ -878,3 +879,21 @@ def test_counted_ops_count_an_in_place_op_it_writes_through_an_alias_but_runs_a_
     """add_ returns its (written) input: unlike a view, it launches a kernel, and counts."""
     x = torch.ones(2, 3)
     assert step_profile.counted_ops(lambda: x.clone().add_(1))[1] == 2
+
+
+def test_the_profiler_leaves_out_kinetos_trace_marks_and_keeps_every_other_line(capfd):
+    """A profiled step prints no ``USDT:... profiler_start`` line (torch's profiler writes one at every start and
+    stop, whatever its log level); other writes to stderr in those moments, C++'s included, still come out."""
+    from torch.profiler import ProfilerActivity
+
+    from dgrpo.bench.step_profile import _kineto_marks_dropped, quiet_profile
+
+    with quiet_profile([ProfilerActivity.CPU]) as prof:
+        torch.ones(2).add_(1)
+    assert any(e.name == "aten::add_" for e in prof.events())
+    with _kineto_marks_dropped():
+        os.write(2, b"USDT:2026-12-06 22:37:54 5869:5869 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"STAGE:2026-12-06 22:37:44 5863:5863 SyncActivityProfilerHandler.cpp:51] Completed Stage\n")
+        os.write(2, b"W1206 a CUPTI warning\n")
+        print("a Python line", file=sys.stderr)
+    assert sorted(capfd.readouterr().err.splitlines()) == ["W1206 a CUPTI warning", "a Python line"]

@@ -499,11 +499,13 @@ def op_time_breakdown(fn: Callable[[], object], device: torch.device) -> dict:
     rotary, masks, copies, optimizer), the five costliest ops, and the op time as a fraction of wall time."""
     import time
 
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
+
+    from .step_profile import quiet_profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    with profile(activities=acts) as prof:
+    with quiet_profile(acts) as prof:
         t0 = time.perf_counter()
         fn()
         if device.type == "cuda":

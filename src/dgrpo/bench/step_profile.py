@@ -13,10 +13,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import os
+import re
+import sys
+import tempfile
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -31,6 +35,42 @@ GRPO_PASSES = 5
 #: host calls that start work on the GPU: a kernel, or a whole captured graph
 LAUNCH_CALLS = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchCooperativeKernel")
 GRAPH_LAUNCH = "cudaGraphLaunch"
+#: the trace marks Kineto (torch's profiler) writes to stderr at every start and stop, whatever its log level
+_KINETO_MARK = re.compile(r"(USDT|STAGE):\S+ \S+ \S+ \S+\] ")
+
+
+@contextlib.contextmanager
+def _kineto_marks_dropped() -> Iterator[None]:
+    """The block's writes to file descriptor 2 (C++'s too) held back, then written to stderr less Kineto's trace
+    marks (``USDT:... profiler_start``): they ran into a bench's output at every profiled item."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            lines = held.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not _KINETO_MARK.match(line)))
+            sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def quiet_profile(activities: Sequence[ProfilerActivity]) -> Iterator[profile]:
+    """``torch.profiler.profile(activities=...)`` without the trace marks its start and stop print; what else they
+    print (a CUPTI warning) still reaches stderr. The profiled block's own output is not held back."""
+    prof = profile(activities=list(activities))
+    with _kineto_marks_dropped():
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        with _kineto_marks_dropped():
+            prof.__exit__(None, None, None)
 
 
 def matmul_params(lm: LatentLM) -> int:
@@ -87,7 +127,7 @@ def device_activity(
     no kernels, the host times only. ``trace``: write the step's Chrome trace there too (``.gz``: compressed)."""
     _sync(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with quiet_profile(activities) as prof:
         t = time.perf_counter()
         with torch.profiler.record_function(_STEP_RANGE):
             step()
