@@ -46,8 +46,8 @@ def read_out_on(base: Config) -> tuple[list[Record], dict[str, list[Record]]]:
     limit = base.data.eval_limit or len(valid) // 2
     other = replace(base.task, seed=4321, n_steps=max(1, base.task.n_steps - 1))  # (as the demo's shifted split)
     shifted = f"{other.n_steps} operation{'s' * (other.n_steps != 1)} (task seed 4321)"
-    readout = {
-        f"valid (held out, {len(valid) - limit})": valid[limit:],
+    readout = {  # (the progress lines name a split by its first word: "valid" is the selection's)
+        f"held-out valid ({len(valid) - limit})": valid[limit:],
         shifted: generate_split(other, "test")[: base.task.n_test // 2],
     }
     if limit >= len(valid):

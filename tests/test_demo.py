@@ -649,9 +649,28 @@ def test_valid_demo_names_a_one_operation_shifted_read_out_in_the_singular():
     spec.loader.exec_module(valid_demo)
     sets = ["task.n_steps=2", "task.n_train=64", "task.n_valid=16", "task.n_test=8", "data.eval_limit=10"]
     selection, readout = valid_demo.read_out_on(load_config(Config, None, sets))
-    assert list(readout) == ["valid (held out, 6)", "1 operation (task seed 4321)"]
+    assert list(readout) == ["held-out valid (6)", "1 operation (task seed 4321)"]
     assert len(selection) == 10 and len(readout["1 operation (task seed 4321)"]) == 4
-    assert not {r.question for r in selection} & {r.question for r in readout["valid (held out, 6)"]}
+    assert not {r.question for r in selection} & {r.question for r in readout["held-out valid (6)"]}
+
+
+def test_valid_demo_progress_lines_tell_its_two_validation_splits_apart():
+    """experiments/valid_demo.py's progress lines read "SFT seed 0: valid 0.094, valid 0.062, ...": the selection's
+    validation problems and the held-out ones were both "valid" (a line names a split by its first word)."""
+    import importlib.util
+
+    from dgrpo.config import Config, load_config
+    from dgrpo.demo.pipeline import _accs
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "valid_demo.py"
+    spec = importlib.util.spec_from_file_location("valid_demo", path)
+    assert spec is not None and spec.loader is not None
+    valid_demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(valid_demo)
+    sets = ["task.n_train=64", "task.n_valid=16", "task.n_test=8", "data.eval_limit=10"]
+    _, readout = valid_demo.read_out_on(load_config(Config, None, sets))
+    line = "valid 0.500, " + _accs({"splits": {name: {"accuracy": 0.25} for name in readout}})  # (as run_sft's)
+    assert line == "valid 0.500, held-out 0.250, 3 0.250"
 
 
 @pytest.mark.slow
