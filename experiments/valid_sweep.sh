@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The validation sweep of docs/demo/valid_sweep.md: 8 GRPO settings x 2 seeds from one SFT checkpoint.
-# PYTHON: the interpreter (default python). A run that fails is named at the end (its traceback: runs/sweep/err.log).
+# PYTHON: the interpreter (default python). A run that fails is named at the end (its traceback: runs/sweep/err.log);
+# a run that refuses its command line (argparse's exit 2: a wrong checkpoint or override) stops the sweep at once, as
+# every row would refuse it the same way.
 set -u
 S=${1:?usage: experiments/valid_sweep.sh SFT_CHECKPOINT}
 mkdir -p runs/sweep
@@ -9,7 +11,14 @@ for seed in 0 1; do
 run() {
     name=$1
     shift
-    "${PYTHON:-python}" experiments/valid_sweep.py "$S" "$name" "$seed" "$@" 2>>runs/sweep/err.log || failed+=("$name/s$seed")
+    "${PYTHON:-python}" experiments/valid_sweep.py "$S" "$name" "$seed" "$@" 2>>runs/sweep/err.log
+    status=$?
+    if ((status == 2)); then
+        echo "experiments/valid_sweep.sh: stopped at $name/s$seed: $(tail -n 1 runs/sweep/err.log)" >&2
+        exit 2
+    elif ((status)); then
+        failed+=("$name/s$seed")
+    fi
 }
 run base
 run K16 grpo.group_size=16

@@ -699,6 +699,8 @@ def test_valid_demo_reads_back_finished_runs_as_the_demo_does(tmp_path, monkeypa
         ("valid_sweep", ["--help"], 0, "usage: valid_sweep.py [-h] SFT_CHECKPOINT NAME SEED [KEY=VALUE ...]"),
         ("valid_sweep", ["{tmp}", "base", "x"], 2, "argument SEED: invalid int value: 'x'"),
         ("valid_sweep", ["{tmp}", "base", "0", "grpo.nosuch=1"], 2, "error: unknown config key 'grpo.nosuch'"),
+        # (exit 2 for a wrong checkpoint path: valid_sweep.sh stops its sweep on it)
+        ("valid_sweep", ["{tmp}/missing", "base", "0"], 2, "valid_sweep.py: error: checkpoint directory not found: "),
     ],
 )
 def test_the_validation_experiments_answer_help_and_bad_arguments_as_argparse(
@@ -739,6 +741,29 @@ def test_valid_sweep_sh_without_a_checkpoint_says_its_usage_and_writes_nothing(t
     r = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=30)
     assert r.returncode != 0 and "usage: experiments/valid_sweep.sh SFT_CHECKPOINT" in r.stderr, r.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("code", [2, 1])
+def test_valid_sweep_sh_stops_at_a_refused_command_line_and_goes_on_past_a_failed_run(tmp_path, code):
+    """experiments/valid_sweep.sh given a wrong checkpoint path ran all 16 rows, each refusing it the same way (exit 2,
+    valid_sweep.py's argparse error), then listed them all as failed. Now it stops at the first with that error; a run
+    that fails otherwise (exit 1: a traceback) is still named at the end, after the other rows (the interpreter is a
+    stand-in that exits with ``code``)."""
+    script = Path(__file__).resolve().parents[1] / "experiments" / "valid_sweep.sh"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\necho "$3" >> calls\necho "valid_sweep.py: error: not found: $2" >&2\nexit {code}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake)}
+    r = subprocess.run(["bash", str(script), "runs/nope"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    rows = (tmp_path / "calls").read_text().split()
+    if code == 2:
+        assert r.returncode == 2 and rows == ["base"], (r.stdout, r.stderr)
+        assert (
+            r.stderr.strip()
+            == "experiments/valid_sweep.sh: stopped at base/s0: valid_sweep.py: error: not found: runs/nope"
+        )
+    else:
+        assert r.returncode == 1 and len(rows) == 16 and r.stdout.startswith("FAILED: base/s0 K16/s0 "), r.stdout
 
 
 def test_ood_variants_draws_the_shifts_of_the_task_the_checkpoint_was_trained_on(sft_checkpoint, tmp_path):
