@@ -2,11 +2,12 @@
 
     python experiments/valid_sweep.py SFT_CHECKPOINT NAME SEED [KEY=VALUE ...]
 
-Trains GRPO with the defaults plus the overrides on the built-in task the checkpoint was trained on (its
-run_config.json's task settings, as ``dgrpo eval`` reads them; the defaults, the demo's task, for a checkpoint without
-one), greedy-evaluates that task's whole validation split (1000 problems for the default task) before and after,
-appends one JSON line to runs/sweep/results.jsonl (with the diagnostics' means over the first and the last 10 GRPO
-steps). The test splits are never touched.
+Trains GRPO with the sweep's settings (the defaults but ``grpo.steps=100`` and ``grpo.max_skip_streak=0``) plus the
+overrides (which win over those two) on the built-in task the checkpoint was trained on (its run_config.json's task
+settings, as ``dgrpo eval`` reads them; the defaults, the demo's task, for a checkpoint without one), greedy-evaluates
+that task's whole validation split (1000 problems for the default task) before and after, appends one JSON line to
+runs/sweep/results.jsonl (with the diagnostics' means over the first and the last 10 GRPO steps). The test splits are
+never touched.
 """
 
 import argparse
