@@ -29,8 +29,13 @@ def test_label_timeline_gives_the_innermost_path_at_every_moment():
 
 
 def test_label_timeline_cuts_a_range_that_outlasts_its_parent():
-    tl = label_timeline([(0, 10, "a"), (5, 15, "b"), (20, 30, "c")])
+    ranges = [(0, 10, "a"), (5, 15, "b"), (20, 30, "c")]
+    tl = label_timeline(ranges)
     assert [path_at(tl, t) for t in (7, 12, 25)] == ["a > b", "", "c"]
+    # every moment goes to one path: b's 10-15 to none (uncut, b had 10 and the unlabelled time 5 of 30 ms)
+    in_ms = [(start * 1e3, end * 1e3, label) for start, end, label in ranges]
+    host = {row[0]: row[1] for row in time_by_range((0, 30e3), in_ms)}
+    assert host == {"a": 5.0, "a > b": 5.0, UNLABELLED: 10.0, "c": 10.0}
 
 
 def test_idle_gaps_name_the_kernel_that_ends_each_gap():
@@ -39,6 +44,8 @@ def test_idle_gaps_name_the_kernel_that_ends_each_gap():
     assert idle_gaps(kernels, (0, 100)) == [(2, 10, 1), (25, 30, 0), (40, 90, 4)]
     assert idle_gaps(kernels[:3], (0, 50)) == [(0, 10, 1), (25, 30, 0), (40, 50, -1)]
     assert idle_gaps([], (0, 5)) == [(0, 5, -1)]
+    # a kernel inside a longer one leaves no gap; one that starts at the window's end ends none of its gaps
+    assert idle_gaps([(0, 10), (2, 3), (5, 20), (30, 40)], (0, 30)) == [(20, 30, -1)]
 
 
 def test_time_by_range_gives_each_path_its_host_time_and_the_idle_time_its_launches_ended():
@@ -75,6 +82,17 @@ def test_time_by_range_ranks_by_idle_then_host_time_and_without_kernels_gives_ho
         [UNLABELLED, 5.0, 0.0, 0, 0.0, 0],
     ]
     assert time_by_range((0, 50 * ms), ranges, top=2) == [["b", 30.0, 0.0, 0, 0.0, 0], ["a", 10.0, 0.0, 0, 0.0, 0]]
+
+
+def test_time_by_range_counts_the_kernels_inside_the_window_by_their_launch_the_last_one_too():
+    ms = 1000.0
+    ranges = [(0, 30 * ms, "a"), (12 * ms, 18 * ms, "b")]
+    # window 10-20 ms: one kernel ends at its start and one starts at its end (neither ran in it: no launch counted);
+    # the last kernel, 11-19 ms, was launched at 13 ms, inside b (from its start it would be a's)
+    kernels = [(5 * ms, 10 * ms), (20 * ms, 25 * ms), (11 * ms, 19 * ms)]
+    rows = time_by_range((10 * ms, 20 * ms), ranges, kernels, [None, None, 13 * ms])
+    # gaps: 10-11 ms (ended by the last kernel: b's), 19-20 ms (none ends it: a's, the path at 19.5 ms)
+    assert rows == [["a > b", 6.0, 1.0, 1, 8.0, 1], ["a", 4.0, 1.0, 1, 0.0, 0]]
 
 
 class _Thing:
