@@ -656,7 +656,8 @@ def test_valid_demo_names_a_one_operation_shifted_read_out_in_the_singular():
 
 def test_valid_demo_progress_lines_tell_its_two_validation_splits_apart():
     """experiments/valid_demo.py's progress lines read "SFT seed 0: valid 0.094, valid 0.062, ...": the selection's
-    validation problems and the held-out ones were both "valid" (a line names a split by its first word)."""
+    validation problems and the held-out ones were both "valid", the shifted split "3" (a line named a split by its
+    first word)."""
     import importlib.util
 
     from dgrpo.config import Config, load_config
@@ -670,7 +671,7 @@ def test_valid_demo_progress_lines_tell_its_two_validation_splits_apart():
     sets = ["task.n_train=64", "task.n_valid=16", "task.n_test=8", "data.eval_limit=10"]
     _, readout = valid_demo.read_out_on(load_config(Config, None, sets))
     line = "valid 0.500, " + _accs({"splits": {name: {"accuracy": 0.25} for name in readout}})  # (as run_sft's)
-    assert line == "valid 0.500, held-out 0.250, 3 0.250"
+    assert line == "valid 0.500, held-out valid 0.250, 3 operations 0.250"
 
 
 @pytest.mark.slow
