@@ -85,6 +85,32 @@ def test_kept_layers_are_the_first_thing_to_give_back(tokenizer, task_records):
     assert "fewer grpo.recompute_kept_layers (now 1) keep less for backward" in str(info.value)
 
 
+def test_memory_held_between_steps_is_the_first_thing_to_give_back(tokenizer, task_records):
+    """With the latent chain's graphs and the kept decoders on, the update's advice tries them first (they hold
+    memory between steps and leave the method as it is), then the micro-batch (README's order): it named the
+    micro-batch first and the chain's graphs last."""
+    over = ["grpo.engine=fast", "grpo.update_latent_graphs=true", "grpo.recompute_latent_steps=false"]
+    trainer = make_trainer(tokenizer, task_records, 0.0, *over)
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        with trainer._update_oom_advice():
+            raise_oom()
+    advice = str(info.value).splitlines()[1]
+    assert advice.startswith(
+        f"{MARK} in the update at grpo.micro_batch_size=8: try --set grpo.update_latent_graphs=false "
+        "grpo.keep_graphs=false (memory held between steps; the same method, a slower step) first; then try --set "
+        "grpo.micro_batch_size=4 (rows per forward/backward"
+    ), advice
+
+
+def test_a_cheaper_lever_comes_before_the_setting_even_at_its_floor():
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        with oom_advice("update", "grpo.micro_batch_size", 1, "one row already", first="--set a=b (why)"):
+            raise_oom()
+    assert f"{MARK} in the update at grpo.micro_batch_size=1: try --set a=b (why) first; then one row already" in (
+        str(info.value)
+    )
+
+
 def test_rollouts_one_at_a_time_are_advised_as_such(tokenizer, task_records):
     """Native dropout replays one rollout at a time whatever grpo.rollout_batch_size says: no smaller value to try."""
     trainer = make_trainer(tokenizer, task_records, 0.0, "perturbation.kind=native")

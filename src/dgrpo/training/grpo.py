@@ -569,8 +569,9 @@ class GRPOTrainer:
         return out
 
     def _update_oom_advice(self) -> AbstractContextManager[None]:
-        """What to try when the update runs out of device memory: smaller micro-batches (the loss does not depend
-        on them), or recomputation."""
+        """What to try when the update runs out of device memory, the cheapest lever that leaves the method as it is
+        first: the memory the fast engine keeps between steps (the latent chain's graphs, the kept decoders), then
+        smaller micro-batches (the loss does not depend on them), or recomputation."""
         g = self.cfg.grpo
         mb = self._rows_at_a_time(g.micro_batch_size)
         if not g.recompute:
@@ -582,10 +583,11 @@ class GRPOTrainer:
         else:
             less = "" if mb > 1 else "a smaller model or a larger device"
         rows = "rows per forward/backward; the loss does not depend on it" if mb > 1 else "one row per forward already"
-        kept = "grpo.keep_graphs=false frees the fast engine's kept caches for it" if self.keep_graphs else ""
-        chain = "grpo.update_latent_graphs=false frees its graphs' memory" if self.chain_latents else ""
-        why = "; ".join(part for part in (rows, less, kept, chain) if part)
-        return oom_advice("update", "grpo.micro_batch_size", mb, why)
+        held = [("grpo.update_latent_graphs=false", self.chain_latents), ("grpo.keep_graphs=false", self.keep_graphs)]
+        free = [setting for setting, on in held if on]
+        first = f"--set {' '.join(free)} (memory held between steps; the same method, a slower step)" if free else ""
+        why = "; ".join(part for part in (rows, less) if part)
+        return oom_advice("update", "grpo.micro_batch_size", mb, why, first=first)
 
     def _models(self) -> list[LatentLM]:
         """The policy and the reference model (one model under LoRA: the reference is its adapter)."""

@@ -13,11 +13,13 @@ MARK = "dgrpo: out of device memory"
 
 
 @contextmanager
-def oom_advice(phase: str, setting: str, value: int, why: str, *, to_try: int | None = None) -> Iterator[None]:
+def oom_advice(
+    phase: str, setting: str, value: int, why: str, *, to_try: int | None = None, first: str = ""
+) -> Iterator[None]:
     """Within the block, a ``torch.OutOfMemoryError`` is raised again (the same type, chained) with one line after
-    its first: the ``phase``, ``setting=value``, ``setting=to_try`` to try (default: half of ``value``; left out
-    when it is ``value``) and ``why``. An error that already has the line, from a phase inside this one, passes
-    unchanged."""
+    its first: the ``phase``, ``setting=value``, ``first`` (cheaper levers to try before it: '--set key=value (why)')
+    then ``setting=to_try`` to try (default: half of ``value``; left out when it is ``value``) and ``why``. An error
+    that already has the line, from a phase inside this one, passes unchanged."""
     to_try = max(1, value // 2) if to_try is None else to_try
     try:
         yield
@@ -25,7 +27,11 @@ def oom_advice(phase: str, setting: str, value: int, why: str, *, to_try: int | 
         message = str(e)
         if MARK in message:
             raise
-        first, _, rest = message.partition("\n")
+        head, _, rest = message.partition("\n")
         advice = f"{MARK} in the {phase} at {setting}={value}: "
-        advice += f"try --set {setting}={to_try} ({why})" if to_try != value else why
-        raise torch.OutOfMemoryError("\n".join(part for part in (first, advice, rest) if part)) from e
+        lever = f"--set {setting}={to_try} ({why})" if to_try != value else why
+        if first:
+            advice += f"try {first} first; then {'' if to_try == value else 'try '}{lever}"
+        else:
+            advice += f"try {lever}" if to_try != value else why
+        raise torch.OutOfMemoryError("\n".join(part for part in (head, advice, rest) if part)) from e
