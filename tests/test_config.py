@@ -281,15 +281,69 @@ def test_every_trl_name_of_docs_from_trl_table_is_answered_with_its_option():
 
 def test_trl_options_the_guide_lists_as_not_here_say_so():
     """TRL's options that docs/from_trl.md lists under "Not here" were a bare unknown key; they say that there is no
-    counterpart, and the guide names each."""
-    from dgrpo.config.files import TRL_ABSENT
+    counterpart and what there is instead, and the guide names each."""
+    from dgrpo.config.files import TRL_ABSENT, TRL_SFT_NAMES
 
     guide = (ROOT / "docs" / "from_trl.md").read_text()
     not_here = guide[guide.index("Not here:") :].split("\n\n")[0]
-    for name in TRL_ABSENT:
-        assert f"(TRL's {name} has no counterpart here; see docs/from_trl.md)" in error(f"{name}=1"), name
-        assert f"grpo.{name}" in error(f"grpo.{name}=1")
+    for name, why in TRL_ABSENT.items():
+        where = "in GRPO" if name in TRL_SFT_NAMES else "here"
+        said = f"(TRL's {name} has no counterpart {where}{': ' + why if why else ''}"
+        assert said in error(f"{name}=1") and said in error(f"grpo.{name}=1"), name
         assert f"`{name}`" in not_here, name
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("grpo.warmup_ratio=0.1", "(TRL's warmup_ratio has no counterpart here: grpo.warmup_steps counts GRPO steps;"),
+        ("top_k=50", "(TRL's top_k has no counterpart here: sampling has grpo.temperature and grpo.top_p"),
+        ("grpo.generation_batch_size=64", "generates grpo.prompts_per_step x grpo.group_size rollouts"),
+        ("steps_per_generation=4", "one optimizer step per generation batch (grpo.mini_epochs: several"),
+        ("grpo.lr_scheduler_type=linear", "(TRL's lr_scheduler_type has no counterpart in GRPO: the lr warms up"),
+        ("num_train_epochs=3", "GRPO runs grpo.steps steps of grpo.prompts_per_step prompts, in shuffled passes over"),
+    ],
+)
+def test_a_trl_option_dgrpo_lacks_says_what_there_is_instead(override, says):
+    """TRL options the guide did not name (warmup_ratio, top_k, ...) were a bare unknown key."""
+    assert says in error(override)
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("sft.gradient_accumulation_steps=4", "(TRL's gradient_accumulation_steps is sft.grad_accum here; see docs/"),
+        ("gradient_accumulation_steps=4", "is grpo.micro_batch_size here; in SFT it is sft.grad_accum; see docs/"),
+        ("sft.num_train_epochs=3", "(TRL's num_train_epochs is sft.num_epochs here; see docs/from_trl.md)"),
+        ("num_train_epochs=3", "; in SFT it is sft.num_epochs; see docs/from_trl.md)"),
+        ("sft.lr_scheduler_type=constant", "(TRL's lr_scheduler_type is sft.lr_schedule here"),
+        ("sft.per_device_train_batch_size=8", "is sft.batch_size here: examples per optimizer step over all processes"),
+    ],
+)
+def test_a_trl_name_in_sft_is_answered_with_sfts_option(override, says):
+    """The TRL names were GRPO's in every section: sft.gradient_accumulation_steps had no hint though sft.grad_accum
+    is the option meant, and a top-level one named GRPO's alone."""
+    assert says in error(override)
+
+
+def test_a_grpo_reason_is_not_given_in_another_section():
+    """warmup_ratio's reason names grpo.warmup_steps: in sft it would send an SFT user to GRPO's option."""
+    assert "TRL" not in error("sft.warmup_ratio=0.1") and "TRL" not in error("eval.top_k=5")
+
+
+def test_the_trl_answers_name_only_real_options_and_the_guide_names_sfts():
+    """Each option a TRL answer names exists (no invented feature), and docs/from_trl.md gives SFT's names."""
+    from dgrpo.config.files import TRL_ABSENT, TRL_SFT_NAMES
+
+    known = {key for key, _ in options_of(lambda tp: True)}
+    named = re.findall(
+        r"\b(?:grpo|sft|model|data|eval)\.\w+", " ".join([*TRL_ABSENT.values(), *TRL_SFT_NAMES.values()])
+    )
+    assert named and set(named) <= known, set(named) - known
+    guide = (ROOT / "docs" / "from_trl.md").read_text()
+    sft = guide[guide.index("`dgrpo sft` under TRL's") :].split("\n\n")[0]
+    for name, key in TRL_SFT_NAMES.items():
+        assert f"`{name}`" in sft and f"`{key}`" in sft, name
 
 
 def test_trls_max_steps_row_says_a_grpo_step_is_mini_epochs_optimizer_steps():

@@ -62,7 +62,9 @@ Every command that trains or evaluates builds its configuration in this order, e
 3. `--set key=value`, any number of times, the value read as YAML: `--set grpo.lr=1e-5 --set data.test=[builtin:test]`
    (a `[...]` list YAML cannot read, as `[svamp, builtin:test?n_steps=3]`, is split at its commas);
 4. validation: an unknown key or a bad value stops the command with one line naming the key (exit code 2); a TRL
-   `GRPOConfig` name (`grpo.num_generations`) is answered with the option it is here ([from_trl.md](from_trl.md)).
+   `GRPOConfig` name (`grpo.num_generations`) is answered with the option it is here, in its section
+   (`sft.gradient_accumulation_steps`: `sft.grad_accum`), or, for one without (`grpo.warmup_ratio`), with what
+   there is instead ([from_trl.md](from_trl.md)).
 
 A choice option (its type lists the choices) accepts exactly those words; a float must be finite, and 0 or of a size
 float32 holds (1.2e-38 to 3.4e38: the tensors it meets are float32 or bfloat16); an int must fit in 64 bits. `dgrpo

@@ -193,26 +193,59 @@ TRL_NAMES = {
     "report_to": "logging.backends",
     "run_name": "logging.run_name",
 }
-#: TRL options that docs/from_trl.md lists as not here (its "Not here" line): an unknown key says so
-TRL_ABSENT = ("mask_truncated_completions", "importance_sampling_level", "use_vllm")
+#: TRL options with no dgrpo option (docs/from_trl.md's "Not here" line), each with what dgrpo has instead or why
+#: it has none ('' where the guide says enough): an unknown key of one of these names says so
+TRL_ABSENT = {
+    "mask_truncated_completions": "",
+    "importance_sampling_level": "the importance ratio is per token, TRL's 'token'",
+    "use_vllm": "rollouts run the latent recurrence under a replayed dropout mask, in dgrpo's engines (grpo.engine)",
+    "warmup_ratio": "grpo.warmup_steps counts GRPO steps",
+    "lr_scheduler_type": "the lr warms up, then decays on a cosine to grpo.min_lr_ratio x lr (1: constant)",
+    "num_train_epochs": "GRPO runs grpo.steps steps of grpo.prompts_per_step prompts, in shuffled passes over the data",
+    "generation_batch_size": "a step generates grpo.prompts_per_step x grpo.group_size rollouts, "
+    "grpo.rollout_batch_size at a time",
+    "steps_per_generation": "one optimizer step per generation batch (grpo.mini_epochs: several, each over all of it)",
+    "top_k": "sampling has grpo.temperature and grpo.top_p (greedy by default)",
+    "min_p": "sampling has grpo.temperature and grpo.top_p (greedy by default)",
+    "repetition_penalty": "sampling has grpo.temperature and grpo.top_p (greedy by default)",
+}
+#: TRL names whose option in SFT (``dgrpo sft``) is not their GRPO option's of the same name: the ``sft`` section's
+#: answer, and at the top level the second one after GRPO's
+TRL_SFT_NAMES = {
+    "gradient_accumulation_steps": "sft.grad_accum",
+    "per_device_train_batch_size": "sft.batch_size",
+    "num_train_epochs": "sft.num_epochs",
+    "lr_scheduler_type": "sft.lr_schedule",
+}
+#: what an SFT option of :data:`TRL_SFT_NAMES` is, where its meaning differs from TRL's
+_SFT_NOTES = {"sft.batch_size": ": examples per optimizer step over all processes, in sft.grad_accum micro-batches"}
 
 
 def _trl_name(obj: Any, name: str, prefix: str) -> str:
     """' (TRL's num_generations is grpo.group_size here; see docs/from_trl.md)' for an unknown key that is a TRL
-    name (:data:`TRL_NAMES`; one of :data:`TRL_ABSENT` has none here); in a section other than the option's and
-    grpo, that section's option of the same name (``sft.learning_rate``: sft.lr), or '' when it has none."""
-    if name in TRL_ABSENT:
-        return f" (TRL's {name} has no counterpart here; see docs/from_trl.md)"
+    name (:data:`TRL_NAMES`; one of :data:`TRL_ABSENT` has none here, and says what there is instead), answered for
+    its section: ``sft.*`` by :data:`TRL_SFT_NAMES` (``sft.gradient_accumulation_steps``: sft.grad_accum), another
+    section by its option of the same name (``sft.learning_rate``: sft.lr), or '' when it has none; at the top level
+    SFT's option follows GRPO's where they differ."""
+    here = prefix.rstrip(".")
+    sft = TRL_SFT_NAMES.get(name)
+    if here == "sft" and sft:
+        return f" (TRL's {name} is {sft} here{_SFT_NOTES.get(sft, '')}; see docs/from_trl.md)"
+    also = f"; in SFT it is {sft}{_SFT_NOTES.get(sft, '')}" if sft and here == "" else ""
+    if name in TRL_ABSENT:  # (GRPO's: in another section, e.g. sft.warmup_ratio, the reason would be wrong)
+        why = f": {TRL_ABSENT[name]}" if TRL_ABSENT[name] else ""
+        where = "here" if sft is None else "in GRPO"
+        ok = here in ("", "grpo")
+        return f" (TRL's {name} has no counterpart {where}{why}{also}; see docs/from_trl.md)" if ok else ""
     target = TRL_NAMES.get(name)
     if target is None:
         return ""
     section, _, leaf = target.rpartition(".")
-    here = prefix.rstrip(".")
     if here not in ("", "grpo", section) and not target.startswith("--"):
         if leaf not in {f.name for f in fields(obj)}:
             return ""
         target = f"{prefix}{leaf}"
-    return f" (TRL's {name} is {target} here; see docs/from_trl.md)"
+    return f" (TRL's {name} is {target} here{also}; see docs/from_trl.md)"
 
 
 def _did_you_mean(obj: Any, name: str, prefix: str) -> str:
