@@ -407,10 +407,19 @@ def _wants_completion_ids(completions, completion_ids, **kwargs):
     return [0.0] * len(completions)
 
 
+def _wants_both_by_keyword(completions, *, trainer_state, completion_ids, **kwargs):
+    return [0.0] * len(completions)
+
+
+def _defaults_trainer_state(completions, trainer_state=None, **kwargs):
+    return [float(trainer_state is None)] * len(completions)
+
+
 @pytest.mark.parametrize("fn", [_wants_trainer_state, _wants_completion_ids])
-def test_a_reward_requiring_what_only_trl_passes_fails_saying_how_it_was_called(fn):
+def test_a_reward_requiring_what_only_trl_passes_fails_saying_dgrpo_does_not_pass_it(fn):
     """``fn(completions, trainer_state, **kwargs)`` was written for TRL: called as dgrpo's form it got the records
-    as its trainer_state, with a warning, and trained; it fails as docs/from_trl.md says, naming TRL's call."""
+    as its trainer_state, with a warning, and trained; it fails as docs/from_trl.md says: dgrpo does not pass that
+    keyword, and a default adapts the function (the line said only how it was called)."""
     from dgrpo.data.records import Record
     from dgrpo.eval.scoring import RewardError, call_checked
 
@@ -421,7 +430,20 @@ def test_a_reward_requiring_what_only_trl_passes_fails_saying_how_it_was_called(
             call_checked(fn, "mine.py:f", ["c"], [Record("q", [], "1")])
     said = str(raised.value)
     assert said.startswith(f"reward mine.py:f raised TypeError: {fn.__name__}() missing 1 required positional argument")
-    assert f"'{keyword}'" in said and "called as TRL's reward functions are, by keyword" in said
+    assert said.endswith(
+        f"(dgrpo does not pass {keyword}, which TRL's GRPOTrainer passes: give it a default, {keyword}=None, and "
+        "handle None)"
+    ), said
+
+
+def test_a_reward_requiring_both_trl_keywords_names_both_and_a_default_adapts_it():
+    from dgrpo.data.records import Record
+    from dgrpo.eval.scoring import RewardError, call_checked
+
+    recs = [Record("q", [], "1")]
+    with pytest.raises(RewardError, match="does not pass trainer_state or completion_ids, which TRL's GRPOTrainer "):
+        call_checked(_wants_both_by_keyword, "mine.py:f", ["c"], recs)
+    assert call_checked(_defaults_trainer_state, "mine.py:g", ["c"], recs) == [1.0]  # (the advice works)
 
 
 def test_a_runs_reward_and_scorer_files_are_recorded_by_absolute_path(reward_file, tmp_path, monkeypatch):

@@ -227,7 +227,8 @@ def call_checked(
         # (a call its signature refuses fails on every row: no row is named)
         refused = isinstance(e, TypeError) and _signature_refuses(fn, *arguments(completions, records))
         where = "" if refused else _failing_row(call, completions, records, type(e))
-        raise RewardError(f"{what} {name} raised {type(e).__name__}: {_failure(e, trl)}{where}") from None
+        missing = _trl_only_required(fn) if refused else []
+        raise RewardError(f"{what} {name} raised {type(e).__name__}: {_failure(e, trl, missing)}{where}") from None
     try:
         if isinstance(returned, (str, Mapping, AbstractSet)):  # iterable, but not the values in the rows' order
             raise TypeError
@@ -257,12 +258,29 @@ def call_checked(
     return out
 
 
-def _failure(error: BaseException, trl: bool) -> str:
-    """The first line of a reward's ``error``, and how it came about where dgrpo knows more than the error says."""
+def _trl_only_required(fn: Callable) -> list[str]:
+    """The keywords of :data:`TRL_ONLY` that ``fn`` requires (no default): those its call here lacks."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.name in TRL_ONLY and p.kind in named and p.default is p.empty]
+
+
+def _failure(error: BaseException, trl: bool, missing: Sequence[str] = ()) -> str:
+    """The first line of a reward's ``error``, and how it came about where dgrpo knows more than the error says
+    (``missing``: the keywords only TRL's trainer passes that the function requires)."""
     how = ""
     if isinstance(error, SystemExit):
         how = " (sys.exit() called in it: raise an error, or return 0 for a completion it cannot score)"
-    if trl and isinstance(error, TypeError):  # (a signature mistaken for TRL's says how it was called)
+    if missing:  # (TRL's trainer passes them; dgrpo has no such objects)
+        defaults = ", ".join(f"{m}=None" for m in missing)
+        how = (
+            f" (dgrpo does not pass {' or '.join(missing)}, which TRL's GRPOTrainer passes: give "
+            f"{'it' if len(missing) == 1 else 'each'} a default, {defaults}, and handle None)"
+        )
+    elif trl and isinstance(error, TypeError):  # (a signature mistaken for TRL's says how it was called)
         how = (
             " (called as TRL's reward functions are, by keyword: prompts, completions, answer, steps and the "
             "data's columns, completions as text, not chat messages; dgrpo's form is fn(completions, records))"
