@@ -327,8 +327,12 @@ def test_a_trl_name_in_sft_is_answered_with_sfts_option(override, says):
 
 
 def test_a_grpo_reason_is_not_given_in_another_section():
-    """warmup_ratio's reason names grpo.warmup_steps: in sft it would send an SFT user to GRPO's option."""
+    """warmup_ratio's reason names grpo.warmup_steps: in sft it would send an SFT user to GRPO's option; and a key
+    in grpo is answered with GRPO's option alone (SFT's is said at the top level only)."""
     assert "TRL" not in error("sft.warmup_ratio=0.1") and "TRL" not in error("eval.top_k=5")
+    assert "(TRL's gradient_accumulation_steps is grpo.micro_batch_size here; see" in error(
+        "grpo.gradient_accumulation_steps=4"
+    )
 
 
 def test_the_trl_answers_name_only_real_options_and_the_guide_names_sfts():
