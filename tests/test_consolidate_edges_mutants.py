@@ -50,16 +50,17 @@ def test_an_empty_metadata_file_is_one_line(tmp_path):
         SafeFileSystemReader(tmp_path / "dcp").read_metadata()
 
 
-def final_with(tmp_path, tokenizer, change) -> tuple:
+def final_with(tmp_path, tokenizer, change, lm=None) -> tuple:
     """A final/ as fsdp=sharded writes it (config and tokenizer, its shards, a manifest), the shards holding the
-    model's state as ``change`` (state -> None) leaves it; and the model's norm length."""
+    model's state (``lm``'s, a new tiny model's without it) as ``change`` (state -> None) leaves it; and the model's
+    norm length."""
     import shutil
 
     from dgrpo.model.verified import atomic_dir
 
     from conftest import make_lm
 
-    lm = make_lm(tokenizer)
+    lm = lm or make_lm(tokenizer)
     state = dict(lm.model.state_dict())
     n = state["model.norm.weight"].shape[0]
     change(state)

@@ -71,21 +71,31 @@ LEFTOVER = re.compile(rf"\.(tmp|old)-({FINAL_DIR}|{BEST_DIR}|stage-\d+|step-\d+)
 #: the weights (one file, or Hugging Face's shards and their index), the generation config and the model config
 #: again (which may gain fields: ``dtype``, ``architectures``)
 CONSOLIDATED = re.compile(r"(model.*\.safetensors|model\.safetensors\.index\.json|(generation_)?config\.json)")
+#: the files of :data:`CONSOLIDATED` that a sharded checkpoint did not hold before ``dgrpo consolidate``
+ADDED_BY_CONSOLIDATION = re.compile(r"(model.*\.safetensors|model\.safetensors\.index\.json|generation_config\.json)")
 
 
-def _best_records(manifest: bytes) -> tuple[str, str]:
+def _best_records(manifest: bytes) -> tuple[str, ...]:
     """The digest a checkpoint records of a ``best/`` manifest: a sharded one's without what consolidation writes
     (so ``dgrpo consolidate OUT/best``, which the run's end advises, leaves it the ``best/`` its checkpoints
-    recorded), any other manifest's whole; and the whole manifest's, which a checkpoint recorded before."""
+    recorded), any other manifest's whole; then the others that name the same ``best/``: the whole manifest's,
+    which a checkpoint recorded before, and a consolidated one's without the files consolidation added (the whole
+    manifest before it, which an earlier dgrpo's checkpoint recorded: its model config is rewritten the same)."""
     whole = hashlib.sha256(manifest).hexdigest()
     try:
         entries = json.loads(manifest)
     except ValueError:
-        return whole, whole
+        return (whole,)
     if not isinstance(entries, dict) or f"{SHARDED_DIR}/.metadata" not in entries:
-        return whole, whole
+        return (whole,)
     kept = {k: v for k, v in entries.items() if not CONSOLIDATED.fullmatch(k)}
-    return hashlib.sha256(json.dumps(kept, indent=1).encode()).hexdigest(), whole
+    before = {k: v for k, v in entries.items() if not ADDED_BY_CONSOLIDATION.fullmatch(k)}
+    return _digest(kept), whole, _digest(before)
+
+
+def _digest(entries: dict) -> str:
+    """The sha256 of a manifest holding ``entries``, as :func:`~dgrpo.model.verified.write_manifest` writes it."""
+    return hashlib.sha256(json.dumps(entries, indent=1).encode()).hexdigest()
 
 
 def rollout_rows_before(rows: list[str], step: int, path: Path) -> list[str]:

@@ -1,0 +1,42 @@
+"""What a sharded (``fsdp: sharded``) run says about its checkpoints: which of its model folders still need
+``dgrpo consolidate``, the ``dgrpo eval`` lines it prints for best/, and best/ kept on a resume once consolidated."""
+
+import hashlib
+
+import pytest
+from test_consolidate_edges_mutants import final_with
+
+from dgrpo.training.consolidate import consolidate_checkpoint
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # (shards saved in one process)
+
+
+def double_norm(state: dict) -> None:
+    """Another model's state: the final norm's weight doubled (a new tensor: the model's own stays)."""
+    state["model.norm.weight"] = state["model.norm.weight"] * 2
+
+
+def test_a_best_recorded_by_an_earlier_dgrpo_is_kept_once_consolidated(tmp_path, tokenizer):
+    """A checkpoint of an earlier dgrpo recorded best/ by its whole manifest: once ``dgrpo consolidate OUT/best``
+    (as that run's end advised) added the weights to it, a resume removed best/ as written after the checkpoint.
+    (A model loaded from a checkpoint, as GRPO's is: its config.json is written again as it was.) best/ of other
+    shards is still told apart."""
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import RunDir
+
+    from conftest import make_lm, tiny_config
+
+    make_lm(tokenizer).save_pretrained(tmp_path / "init")
+    lm = LatentLM.from_pretrained(tmp_path / "init")
+
+    out = tmp_path / "run"
+    out.mkdir()
+    other = final_with(tmp_path / "other", tokenizer, double_norm, lm)[0]
+    final_with(tmp_path, tokenizer, lambda s: None, lm)[0].rename(out / "best")
+    earlier = hashlib.sha256((out / "best" / "manifest.json").read_bytes()).hexdigest()  # (an earlier dgrpo's record)
+    with RunDir(out, tiny_config(), Dist(), "grpo", log=lambda m: None) as run:
+        consolidate_checkpoint(out / "best")
+        assert not run.drop_stale_best({"best": earlier}) and (out / "best" / "model.safetensors").is_file()
+        assert run.drop_stale_best({"best": hashlib.sha256((other / "manifest.json").read_bytes()).hexdigest()})
+        assert not (out / "best").exists()
