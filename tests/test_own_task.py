@@ -1122,25 +1122,37 @@ def test_the_test_sets_are_also_run_for_best_when_it_is_not_the_final_model(
     assert tested == ["best"]
 
 
-def test_the_eval_line_printed_for_best_under_fsdp_runs(sft_checkpoint, tmp_path, capsys, run_cli):
+@pytest.mark.parametrize("env", ["", "sharded"], ids=["config", "env"])
+def test_the_eval_line_printed_for_best_under_fsdp_runs(sft_checkpoint, tmp_path, capsys, run_cli, monkeypatch, env):
     """Under FSDP grpo prints the ``dgrpo eval`` line that tests best/; its ``--out`` was the run's own eval_best/,
-    which ``dgrpo eval`` refuses (where the training run keeps its own files): the line failed as printed."""
+    which ``dgrpo eval`` refuses (where the training run keeps its own files): the line failed as printed. It takes
+    the run's config.json, whose ``fsdp`` (sharded; or from ``DGRPO_FSDP``, still set) dgrpo eval warned it does not
+    apply: a warning the user had done nothing to cause."""
     import shlex
+    import warnings
 
     from dgrpo.cli.train import evaluate_best
     from dgrpo.config import to_dict
     from dgrpo.training.distributed import Dist
 
     out = tmp_path / "run"
-    cfg = tiny_config(**{"eval.limit": 4})
+    cfg = tiny_config(**{"eval.limit": 4, "fsdp": "sharded"})
     shutil.copytree(sft_checkpoint, out / "best")
     (out / "config.json").write_text(json.dumps(to_dict(cfg)))
     (out / "metrics.jsonl").write_text("")
     tests = {"builtin:test": load_spec("builtin:test", cfg.task)}
+    monkeypatch.setenv("DGRPO_FSDP", env)
     assert evaluate_best(1, cfg.grpo.steps, tests, cfg, out, replace(Dist.single(), fsdp=True), "cpu") == {}
-    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("dgrpo eval "))
-    r = run_cli(*shlex.split(line)[1:])
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if " dgrpo eval " in ln)
+    words = shlex.split(line)
+    at = words.index("dgrpo")
+    for name, value in (w.split("=", 1) for w in words[:at]):  # (the variables the line sets)
+        monkeypatch.setenv(name, value)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = run_cli(*words[at + 1 :])
     assert r.returncode == 0, r.stderr[-2000:]
+    assert not [w for w in caught if "not applied by dgrpo eval" in str(w.message)]
     res = json.loads((out / "best_tests" / "builtin_test" / "results.json").read_text())
     assert res["model"] == str((out / "best").resolve()) and res["n"] == 4
 

@@ -40,3 +40,25 @@ def test_a_best_recorded_by_an_earlier_dgrpo_is_kept_once_consolidated(tmp_path,
         assert not run.drop_stale_best({"best": earlier}) and (out / "best" / "model.safetensors").is_file()
         assert run.drop_stale_best({"best": hashlib.sha256((other / "manifest.json").read_bytes()).hexdigest()})
         assert not (out / "best").exists()
+
+
+def model_folder(path, *, consolidated: bool):
+    """A model folder as ``fsdp: sharded`` leaves it (``dcp/``), with the weights ``dgrpo consolidate`` writes or
+    without; only the names matter here."""
+    (path / "dcp").mkdir(parents=True)
+    if consolidated:
+        (path / "model.safetensors").write_bytes(b"")
+    return path
+
+
+def test_a_rerun_asks_to_consolidate_best_only_while_it_holds_shards_only(tmp_path, monkeypatch):
+    """The lines printed for best/ under FSDP said ``dgrpo consolidate OUT/best`` on a rerun of a finished run (the
+    same command again: best/ kept) whose best/ was consolidated; its ``dgrpo eval`` lines stay."""
+    from dgrpo.cli.train import best_eval_lines
+
+    monkeypatch.delenv("DGRPO_FSDP", raising=False)
+    best = model_folder(tmp_path / "best", consolidated=False)
+    first = best_eval_lines(1, {"builtin:test": []}, tmp_path)
+    assert first[1] == f"  dgrpo consolidate {best}" and first[2].startswith("  dgrpo eval --config ")
+    (best / "model.safetensors").write_bytes(b"")
+    assert best_eval_lines(1, {"builtin:test": []}, tmp_path) == [first[0], first[2]]

@@ -474,19 +474,31 @@ def evaluate_best(
     copy of the model on every rank): then it prints the commands that do it. Every rank calls this (rank 0's
     ``best_step``: the others' summary is empty). Returns the accuracies as metrics (``test_best/...``; rank 0's)."""
     from ..model.factory import load_model
-    from ..training.distributed import SHARDED_DIR
 
     best_step = dist.all_gather_objects(best_step)[0]
     if best_step is None or best_step == final_step or not (out / BEST_DIR).is_dir():
         return {}
     if dist.fsdp:
         if dist.is_main:
-            print(f"dgrpo: best/ ({best_step}) is not tested under FSDP; after the run (torchrun too), each test set:")
-            if (out / BEST_DIR / SHARDED_DIR).is_dir():  # fsdp: sharded wrote shards
-                print(f"  dgrpo consolidate {out / BEST_DIR}")
-            for spec in tests:  # the run's config.json: its eval.* options, as the final model's tests had them
-                run = f"--config {out / CONFIG_FILE} --model {out / BEST_DIR}"
-                print(f"  dgrpo eval {run} --data {spec} --out {best_tests_dir(out, spec)}")
+            print("\n".join(best_eval_lines(best_step, tests, out)))
         return {}
     best = load_model(cfg.model, cfg.task, init=str(out / BEST_DIR), device=device, training=False)
     return evaluate_test_sets(best, tests, cfg, out, dist, checkpoint=BEST_DIR)
+
+
+def best_eval_lines(best_step: int, tests: dict, out: Path) -> list[str]:
+    """What a run under FSDP prints instead of testing ``best/`` (step or epoch ``best_step``): ``dgrpo consolidate``
+    while best/ holds its shards only (not on a rerun of a run whose best/ was consolidated), then a ``dgrpo eval``
+    line per test set. The run's config.json, which the lines take for its eval.* options, sets ``fsdp``, which
+    dgrpo eval does not apply and warns of: the lines set it to none (and ``DGRPO_FSDP`` too when it is set here)."""
+    from ..config import FSDP_ENV, fsdp_from_env
+    from ..training.consolidate import unconsolidated
+
+    lines = [f"dgrpo: best/ ({best_step}) is not tested under FSDP; after the run (torchrun too), each test set:"]
+    if unconsolidated(out / BEST_DIR):
+        lines.append(f"  dgrpo consolidate {out / BEST_DIR}")
+    env = f"{FSDP_ENV}=none " if fsdp_from_env() else ""
+    for spec in tests:  # the run's config.json: its eval.* options, as the final model's tests had them
+        run = f"--config {out / CONFIG_FILE} --set fsdp=none --model {out / BEST_DIR}"
+        lines.append(f"  {env}dgrpo eval {run} --data {spec} --out {best_tests_dir(out, spec)}")
+    return lines

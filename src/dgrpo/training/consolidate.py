@@ -134,6 +134,12 @@ def _sharded_checkpoint(path: Path) -> Path:
     return path
 
 
+def unconsolidated(path: Path) -> bool:
+    """Whether the model folder ``path`` (``final/``, ``best/``, ``stage-K/``) holds shards (``fsdp: sharded`` wrote
+    it) and no weights yet: ``dgrpo consolidate path`` writes them, which loading it needs."""
+    return (path / SHARDED_DIR).is_dir() and not any(path.glob("model*.safetensors"))
+
+
 def consolidate_checkpoint(path: str | Path) -> Path:
     """Turn a sharded FSDP checkpoint (``path/dcp``; a run directory means its ``final/``) into
     ``path/model.safetensors`` (and a new manifest), so that ``LatentLM.from_pretrained(path)`` and plain
