@@ -62,3 +62,47 @@ def test_a_rerun_asks_to_consolidate_best_only_while_it_holds_shards_only(tmp_pa
     assert first[1] == f"  dgrpo consolidate {best}" and first[2].startswith("  dgrpo eval --config ")
     (best / "model.safetensors").write_bytes(b"")
     assert best_eval_lines(1, {"builtin:test": []}, tmp_path) == [first[0], first[2]]
+
+
+def test_the_end_of_a_run_names_each_model_that_needs_consolidating(tmp_path, capsys):
+    """A sharded run's end (SFT's had nothing to say; the error came when final/ was loaded, by dgrpo eval or a
+    GRPO --init) names final/, best/ and the stages that hold their shards only, one command each, from rank 0."""
+    from types import SimpleNamespace
+
+    from dgrpo.cli.train import consolidation_lines, print_consolidation_lines
+
+    assert consolidation_lines(tmp_path) == []  # (nothing there)
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / "model.safetensors").write_bytes(b"")  # (fsdp none or full)
+    assert consolidation_lines(tmp_path) == []
+    for name, done in [("best", True), ("stage-0", False), ("stage-1", True), ("stage-2", False)]:
+        model_folder(tmp_path / name, consolidated=done)
+    (tmp_path / "final" / "model.safetensors").unlink()
+    (tmp_path / "final" / "dcp").mkdir()
+    head, *commands = consolidation_lines(tmp_path)
+    assert "FSDP shards" in head and "dgrpo eval, --init and export" in head
+    assert commands == [f"  dgrpo consolidate {tmp_path / d}" for d in ("final", "stage-0", "stage-2")]
+    print_consolidation_lines(tmp_path, SimpleNamespace(is_main=False))
+    assert capsys.readouterr().out == ""
+    print_consolidation_lines(tmp_path, SimpleNamespace(is_main=True))
+    assert capsys.readouterr().out.splitlines() == [head, *commands]
+
+
+@pytest.mark.parametrize("cmd", ["sft", "grpo"])
+def test_dgrpo_sft_and_grpo_end_with_those_lines(cmd, tmp_path, run_cli, monkeypatch, request):
+    """Both commands print the lines after their run (here a stand-in trainer that leaves a sharded final/)."""
+    import dgrpo.training.grpo
+    import dgrpo.training.sft
+
+    from conftest import tiny_args
+
+    init = ["--init", request.getfixturevalue("sft_checkpoint")] if cmd == "grpo" else []  # (trained first)
+
+    def trained(*args, **kwargs):
+        (tmp_path / "run" / "final" / "dcp").mkdir(parents=True)
+
+    monkeypatch.setattr(dgrpo.training.sft, "train_sft", trained)
+    monkeypatch.setattr(dgrpo.training.grpo, "train_grpo", trained)
+    r = run_cli(cmd, *init, *tiny_args(), "--out", tmp_path / "run")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[-1] == f"  dgrpo consolidate {tmp_path / 'run' / 'final'}"

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from ..run_layout import BEST_DIR, CONFIG_FILE, SUMMARY_FILE, results_name
+from ..run_layout import BEST_DIR, CONFIG_FILE, FINAL_DIR, SUMMARY_FILE, results_name, stage_dirs
 from .common import (
     add_config_options,
     evaluate_test_sets,
@@ -378,6 +378,7 @@ def run_sft(args: argparse.Namespace) -> int:
             allow_config_change=args.allow_config_change,
             final_eval=test,
         )
+    print_consolidation_lines(s.out, dist)
     dist.close()
     return 0
 
@@ -420,6 +421,7 @@ def run_grpo(args: argparse.Namespace) -> int:
         )
     if dist.is_main:  # (the headline numbers are the line above, the trainer's "done in"; the file has the rest)
         print(f"dgrpo grpo: summary -> {s.out / SUMMARY_FILE}")
+    print_consolidation_lines(s.out, dist)
     dist.close()
     return 0
 
@@ -502,3 +504,24 @@ def best_eval_lines(best_step: int, tests: dict, out: Path) -> list[str]:
         run = f"--config {out / CONFIG_FILE} --set fsdp=none --model {out / BEST_DIR}"
         lines.append(f"  {env}dgrpo eval {run} --data {spec} --out {best_tests_dir(out, spec)}")
     return lines
+
+
+def consolidation_lines(out: Path) -> list[str]:
+    """A training run's last lines when model folders of ``out`` (final/, best/, SFT's stage-K/) hold their shards
+    only (``fsdp: sharded``): dgrpo eval, ``--init`` and export load one once ``dgrpo consolidate`` has written its
+    weights (the load's error said so, later); nothing when none does."""
+    from ..training.consolidate import unconsolidated
+
+    folders = [d for d in (out / FINAL_DIR, out / BEST_DIR, *stage_dirs(out)) if unconsolidated(d)]
+    if not folders:
+        return []
+    head = (
+        "dgrpo: these models are FSDP shards (fsdp: sharded): dgrpo eval, --init and export load one once consolidated"
+    )
+    return [f"{head} (in one process):", *(f"  dgrpo consolidate {d}" for d in folders)]
+
+
+def print_consolidation_lines(out: Path, dist: Any) -> None:
+    """:func:`consolidation_lines`, from rank 0."""
+    if dist.is_main and (lines := consolidation_lines(out)):
+        print("\n".join(lines))
