@@ -75,13 +75,13 @@ def test_the_end_of_a_run_names_each_model_that_needs_consolidating(tmp_path, ca
     (tmp_path / "final").mkdir()
     (tmp_path / "final" / "model.safetensors").write_bytes(b"")  # (fsdp none or full)
     assert consolidation_lines(tmp_path) == []
-    for name, done in [("best", True), ("stage-0", False), ("stage-1", True), ("stage-2", False)]:
+    for name, done in [("best", False), ("stage-0", False), ("stage-1", True), ("stage-2", False)]:
         model_folder(tmp_path / name, consolidated=done)
     (tmp_path / "final" / "model.safetensors").unlink()
     (tmp_path / "final" / "dcp").mkdir()
     head, *commands = consolidation_lines(tmp_path)
     assert "FSDP shards" in head and "dgrpo eval, --init and export" in head
-    assert commands == [f"  dgrpo consolidate {tmp_path / d}" for d in ("final", "stage-0", "stage-2")]
+    assert commands == [f"  dgrpo consolidate {tmp_path / d}" for d in ("final", "best", "stage-0", "stage-2")]
     print_consolidation_lines(tmp_path, SimpleNamespace(is_main=False))
     assert capsys.readouterr().out == ""
     print_consolidation_lines(tmp_path, SimpleNamespace(is_main=True))
