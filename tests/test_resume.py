@@ -216,35 +216,36 @@ def sft_cmd(out):
 
 @pytest.mark.slow
 def test_sft_killed_across_a_stage_boundary_resumes_bit_identical(tmp_path):
+    """Killed writing the step-6 checkpoint, then resumed from step 3 across the stage boundary (8 steps per epoch =
+    per stage) and killed again after stage 0's evaluation, writing the step-9 checkpoint; resumed from step 8: the
+    same weights and metrics as the run never stopped, and the summary still names stage 0. (One chain of runs: a
+    separate run killed at step 9 trained steps 1-8 a third time.)"""
     ref = tmp_path / "ref"
     r = subprocess.run(sft_cmd(ref), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    out = tmp_path / "killed"  # 8 steps per epoch = per stage; die writing the step-6 checkpoint: resume at 3, cross 8
-    r = subprocess.run(
-        sft_cmd(out),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "DGRPO_TEST_CRASH_IN_CHECKPOINT": "6"},
-    )
-    assert r.returncode == -signal.SIGKILL
+    out = tmp_path / "killed"
+
+    def crashing_at(step):  # (unbuffered: what the process printed before its kill is read)
+        env = {**os.environ, "DGRPO_TEST_CRASH_IN_CHECKPOINT": str(step), "PYTHONUNBUFFERED": "1"}
+        return subprocess.run(sft_cmd(out), capture_output=True, text=True, timeout=600, env=env)
+
+    assert crashing_at(6).returncode == -signal.SIGKILL
     assert not (out / "stage-0").exists() and not (out / "final").exists()
+    r = crashing_at(9)  # resumed at 3, crosses 8
+    assert r.returncode == -signal.SIGKILL
+    assert "resumed from" in r.stdout and "(step 3)" in r.stdout, r.stdout[-2000:]
+    newest = json.loads(sorted((out / "checkpoints").glob("step-*"))[-1].joinpath("state.json").read_text())
     r = subprocess.run(sft_cmd(out), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "resumed from" in r.stdout
+    assert "resumed from" in r.stdout and "(step 8)" in r.stdout, r.stdout[-2000:]
     a, b = load_file(str(ref / "final" / "model.safetensors")), load_file(str(out / "final" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     strip = lambda p: [{k: v for k, v in json.loads(x).items() if k != "time_s"} for x in p.read_text().splitlines()]  # noqa: E731
     assert strip(ref / "metrics.jsonl") == strip(out / "metrics.jsonl")
-    # killed after stage 0's evaluation (writing the step-9 checkpoint): the resumed run's summary still names it
-    late = tmp_path / "late"
-    env = {**os.environ, "DGRPO_TEST_CRASH_IN_CHECKPOINT": "9"}
-    assert subprocess.run(sft_cmd(late), capture_output=True, text=True, timeout=600, env=env).returncode < 0
-    newest = json.loads(sorted((late / "checkpoints").glob("step-*"))[-1].joinpath("state.json").read_text())
-    r = subprocess.run(sft_cmd(late), capture_output=True, text=True, timeout=600)
+    # killed after stage 0's evaluation: the resumed run's summary still names it
     summary = next(x for x in r.stdout.splitlines() if "validation accuracy by stage" in x)
     assert "validation accuracy by stage: 0: " in summary and ", 1: " in summary, summary
-    times = [row["time_s"] for row in map(json.loads, (late / "metrics.jsonl").read_text().splitlines())]
+    times = [row["time_s"] for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
     assert times == sorted(times), times  # time_s goes on from the resumed rows (it restarted at 0)
     # from the checkpoint's own time (a checkpoint between two logged rows restarted near the earlier row's)
     assert newest["time_s"] > 0 and times[newest["metrics_lines"]] >= newest["time_s"], (newest, times)
