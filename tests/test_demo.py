@@ -286,14 +286,21 @@ def test_more_workers_than_cpus_are_warned_about(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_demo_workers_give_the_in_process_results(tmp_path, pool_demo):
+def test_demo_workers_give_the_in_process_results(tmp_path, pool_demo, run_cli):
     """A pool of two worker processes (SFT and RL runs as tasks) and one in-process pipeline, both single-threaded:
     the same models with the same answers on every item, in the same order. The same command run again reads every
-    task back from its record (2 SFT seeds, 5 RL runs each) and writes the same results."""
-    quick_demo(tmp_path / "w1", 1)
+    task back from its record (2 SFT seeds, 5 RL runs each) and writes the same results. (The in-process runs in
+    this process, ``dgrpo.cli.main``: a fresh interpreter's imports twice less, the pool's workers are processes.)"""
+
+    def in_process():
+        r = run_cli("demo", "--quick", "--out", tmp_path / "w1", "--workers", "1", "--set", "threads=1")
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r
+
+    in_process()
     one, two = (json.loads((d / "results.json").read_text()) for d in (tmp_path / "w1", pool_demo[0]))
     assert one["models"] == two["models"] and one["analysis"]["claims"] == two["analysis"]["claims"]
-    again = quick_demo(tmp_path / "w1", 1)
+    again = in_process()
     assert again.stdout.count("(read back from") == 2 * (1 + len(arm_tasks(0, 1)))
     res = json.loads((tmp_path / "w1" / "results.json").read_text())
     assert res["models"] == one["models"] and res["runs"] == one["runs"]
