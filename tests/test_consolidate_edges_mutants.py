@@ -113,3 +113,16 @@ def test_a_consolidated_best_is_still_the_best_the_checkpoints_recorded(tmp_path
         consolidate_checkpoint(out / "best")
         assert not run.drop_stale_best({"best": recorded}) and (out / "best" / "model.safetensors").is_file()
         assert run.drop_stale_best({"best": other}) and not (out / "best").exists()
+
+
+def test_a_sharded_save_writes_the_config_json_that_its_consolidation_writes(tmp_path, tokenizer):
+    """A model saved without weights (a sharded checkpoint: the shards beside it) writes config.json as the save
+    with weights does (``architectures``, ``dtype``), so consolidating it leaves config.json as it was: a best/
+    whose manifest a resumable checkpoint recorded still matches it once consolidated (a new tiny model's config has
+    neither field until Hugging Face's save sets them)."""
+    from conftest import make_lm
+
+    for weights in (False, True):
+        make_lm(tokenizer).save_pretrained(tmp_path / str(weights), weights=weights)
+    texts = [(tmp_path / str(w) / "config.json").read_text() for w in (False, True)]
+    assert texts[0] == texts[1] and '"architectures"' in texts[0] and '"dtype": "float32"' in texts[0]

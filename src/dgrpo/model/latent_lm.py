@@ -556,8 +556,11 @@ class LatentLM(nn.Module):
                 save_adapter(self, tmp)
             elif weights:
                 self.model.save_pretrained(tmp, state_dict=self._untied(state_dict), safe_serialization=True)
-            else:
-                self.model.config.save_pretrained(tmp)
+            else:  # (config.json as the weights' save writes it, so that consolidating the shards leaves it alone)
+                config = self.model.config
+                config.dtype = str(self.model.dtype).removeprefix("torch.")
+                config.architectures = [type(self.model).__name__.removeprefix("FSDP")]
+                config.save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
             (tmp / LATENT_CONFIG_FILE).write_text(self.settings.to_json())
             if self.run_config is not None:
