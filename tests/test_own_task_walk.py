@@ -90,3 +90,17 @@ def test_a_missing_local_model_is_said_before_the_data_is_read_or_warned_about(r
     r = run_cli(cmd, *model, "--set", f"data.train={train}", "--out", tmp_path / "run")
     assert (r.returncode, r.stderr) == (2, f"dgrpo: error: checkpoint directory not found: {tmp_path}/gone\n")
     assert [str(w.message) for w in recwarn] == []
+
+
+def test_docs_from_trl_names_every_rollouts_field_a_part_may_not_take():
+    """docs/from_trl.md listed rollouts.jsonl's fields a reward part may not be named as without ``answer`` (added to
+    the rows this session): a part named answer was refused by a rule the guide did not state."""
+    from pathlib import Path
+
+    from dgrpo.eval.scoring import ROLLOUT_FIELDS
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "from_trl.md").read_text()
+    said = guide[guide.index("may not be one of that") :].split(")")[0]
+    assert said.count("`") == 2 * len(ROLLOUT_FIELDS) and all(f"`{f}`" in said for f in ROLLOUT_FIELDS), said
+    with pytest.raises(RewardError, match=r"reward part name\(s\) answer are fields of rollouts.jsonl's rows"):
+        Rewards([RewardPart("correct", _tagged), RewardPart("answer", _own_gold_only, 0.1)])
