@@ -230,7 +230,7 @@ def test_an_unknown_key_suggests_the_one_meant():
     assert "unknown config key 'lr'; did you mean sft.lr or grpo.lr? (known: " in error("lr=1")
     assert "; did you mean perturbation? " in error("perturbaton.p=0.1")
     assert "unknown config key 'sft.beta0'; did you mean grpo.beta0? (known: " in error("sft.beta0=1")  # (grpo.)
-    assert "TRL" not in error("sft.max_steps=3")  # (SFT has no steps option: grpo.steps is not SFT's)
+    assert "grpo.steps" not in error("sft.max_steps=3")  # (SFT has no steps option: grpo.steps is not SFT's)
 
 
 @pytest.mark.parametrize(
@@ -329,20 +329,37 @@ def test_a_trl_name_in_sft_is_answered_with_sfts_option(override, says):
 def test_a_grpo_reason_is_not_given_in_another_section():
     """warmup_ratio's reason names grpo.warmup_steps: in sft it would send an SFT user to GRPO's option; and a key
     in grpo is answered with GRPO's option alone (SFT's is said at the top level only)."""
-    assert "TRL" not in error("sft.warmup_ratio=0.1") and "TRL" not in error("eval.top_k=5")
+    assert "grpo." not in error("sft.warmup_ratio=0.1") and "TRL" not in error("eval.top_k=5")
     assert "(TRL's gradient_accumulation_steps is grpo.micro_batch_size here; see" in error(
         "grpo.gradient_accumulation_steps=4"
     )
 
 
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("sft.warmup_ratio=0.03", "(TRL's warmup_ratio has no counterpart in SFT: sft.warmup_steps counts optimizer"),
+        ("sft.max_steps=100", "(TRL's max_steps has no counterpart in SFT: SFT runs sft.num_epochs epochs"),
+    ],
+)
+def test_a_trl_sft_option_sft_lacks_says_what_sft_has_instead(override, says):
+    """A TRL SFT recipe's warmup_ratio and max_steps in sft were a bare unknown key (the GRPO reasons, rightly, not
+    given there): each now says what SFT has instead, and the guide says it too."""
+    from dgrpo.config.files import TRL_SFT_ABSENT
+
+    assert says in error(override)
+    guide = (ROOT / "docs" / "from_trl.md").read_text()
+    sft = guide[guide.index("`dgrpo sft` under TRL's") :].split("\n\n")[0]
+    assert all(f"no `{name}`" in sft for name in TRL_SFT_ABSENT), sft
+
+
 def test_the_trl_answers_name_only_real_options_and_the_guide_names_sfts():
     """Each option a TRL answer names exists (no invented feature), and docs/from_trl.md gives SFT's names."""
-    from dgrpo.config.files import TRL_ABSENT, TRL_SFT_NAMES
+    from dgrpo.config.files import TRL_ABSENT, TRL_SFT_ABSENT, TRL_SFT_NAMES
 
     known = {key for key, _ in options_of(lambda tp: True)}
-    named = re.findall(
-        r"\b(?:grpo|sft|model|data|eval)\.\w+", " ".join([*TRL_ABSENT.values(), *TRL_SFT_NAMES.values()])
-    )
+    reasons = [*TRL_ABSENT.values(), *TRL_SFT_NAMES.values(), *TRL_SFT_ABSENT.values()]
+    named = re.findall(r"\b(?:grpo|sft|model|data|eval)\.\w+", " ".join(reasons))
     assert named and set(named) <= known, set(named) - known
     guide = (ROOT / "docs" / "from_trl.md").read_text()
     sft = guide[guide.index("`dgrpo sft` under TRL's") :].split("\n\n")[0]

@@ -217,6 +217,11 @@ TRL_SFT_NAMES = {
     "num_train_epochs": "sft.num_epochs",
     "lr_scheduler_type": "sft.lr_schedule",
 }
+#: TRL ``SFTConfig`` options with no ``sft`` option, each with what SFT has instead (the ``sft`` section's answer)
+TRL_SFT_ABSENT = {
+    "warmup_ratio": "sft.warmup_steps counts optimizer steps",
+    "max_steps": "SFT runs sft.num_epochs epochs, sft.epochs_per_stage per curriculum stage",
+}
 #: what an SFT option of :data:`TRL_SFT_NAMES` is, where its meaning differs from TRL's
 _SFT_NOTES = {"sft.batch_size": ": examples per optimizer step over all processes, in sft.grad_accum micro-batches"}
 
@@ -224,13 +229,16 @@ _SFT_NOTES = {"sft.batch_size": ": examples per optimizer step over all processe
 def _trl_name(obj: Any, name: str, prefix: str) -> str:
     """' (TRL's num_generations is grpo.group_size here; see docs/from_trl.md)' for an unknown key that is a TRL
     name (:data:`TRL_NAMES`; one of :data:`TRL_ABSENT` has none here, and says what there is instead), answered for
-    its section: ``sft.*`` by :data:`TRL_SFT_NAMES` (``sft.gradient_accumulation_steps``: sft.grad_accum), another
+    its section: ``sft.*`` by :data:`TRL_SFT_NAMES` (``sft.gradient_accumulation_steps``: sft.grad_accum) or
+    :data:`TRL_SFT_ABSENT` (``sft.warmup_ratio``: none, sft.warmup_steps counts optimizer steps), another
     section by its option of the same name (``sft.learning_rate``: sft.lr), or '' when it has none; at the top level
     SFT's option follows GRPO's where they differ."""
     here = prefix.rstrip(".")
     sft = TRL_SFT_NAMES.get(name)
     if here == "sft" and sft:
         return f" (TRL's {name} is {sft} here{_SFT_NOTES.get(sft, '')}; see docs/from_trl.md)"
+    if here == "sft" and name in TRL_SFT_ABSENT:
+        return f" (TRL's {name} has no counterpart in SFT: {TRL_SFT_ABSENT[name]}; see docs/from_trl.md)"
     also = f"; in SFT it is {sft}{_SFT_NOTES.get(sft, '')}" if sft and here == "" else ""
     if name in TRL_ABSENT:  # (GRPO's: in another section, e.g. sft.warmup_ratio, the reason would be wrong)
         why = f": {TRL_ABSENT[name]}" if TRL_ABSENT[name] else ""
