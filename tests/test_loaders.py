@@ -593,7 +593,8 @@ def test_a_mapped_column_holding_a_list_or_a_mapping_is_refused(tmp_path: Path) 
     mapping = DataConfig(question_key="prompt", answer_key="target")
     cases = {
         '{"prompt": [{"role": "user", "content": "1 + 1?"}], "target": "2"}': r"column 'prompt' must be text or a "
-        r"number, got list \(a chat-format conversation: give the question's text\)",
+        r"number, got list \(a chat-format conversation: give the question's text; data.chat_template: true wraps "
+        r"it in the tokenizer's chat template\)",
         '{"prompt": "1 + 1?", "target": ["2"]}': r"column 'target' must be text or a number, got list",
         '{"prompt": "1 + 1?", "target": {"value": 2}}': r"column 'target' must be text or a number, got dict",
     }

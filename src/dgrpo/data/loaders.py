@@ -598,7 +598,8 @@ def _check_scalar(value: Any, key: str, answer: bool = False) -> None:
             " (several accepted answers? put the one to train on here, the list in another column, which a reward "
             "function reads by its name)"
             if answer
-            else " (a chat-format conversation: give the question's text)"
+            else " (a chat-format conversation: give the question's text; data.chat_template: true wraps it in the "
+            "tokenizer's chat template)"
         )
     raise _RowError(f"column {key!r} must be text or a number, got {type(value).__name__}{hint}")
 
