@@ -725,21 +725,47 @@ def test_consolidate_of_shards_under_another_shapes_config_is_one_line(tmp_path,
     assert not (run / "final" / "model.safetensors").exists()
 
 
+#: a ``sitecustomize`` module that logs each socket connection the process tries: one line, the call stack of it
+CONNECTION_LOG = """import os, socket, traceback
+_connect, _connect_ex = socket.socket.connect, socket.socket.connect_ex
+def _log(address):
+    stack = " < ".join(f"{f.filename}:{f.lineno}" for f in reversed(traceback.extract_stack()[:-2]))
+    with open(os.environ["CONNECTION_LOG"], "a") as f:
+        f.write(f"{address!r} from {stack}\\n")
+def connect(self, address):
+    _log(address)
+    return _connect(self, address)
+def connect_ex(self, address):
+    _log(address)
+    return _connect_ex(self, address)
+socket.socket.connect, socket.socket.connect_ex = connect, connect_ex
+"""
+
+
 @pytest.mark.slow
 def test_a_cached_hub_id_loads_at_once_without_network(sft_checkpoint, tmp_path):
     """A hub id in the local cache, on a machine where the hub cannot be reached and HF_HUB_OFFLINE is not set: it
-    loads from the cache without waiting for retries (transformers' PEFT-adapter lookup took ~25 s of them)."""
+    loads from the cache without waiting for retries (transformers' PEFT-adapter lookup took ~25 s of them). Shown
+    by the connections the process tried (a wall-clock bound failed on a busy machine): the reachability probe's,
+    and none tried again from the same call stack (a retry)."""
     snapshot = tmp_path / "hf" / "hub" / "models--someorg--tiny" / "snapshots" / ("a" * 40)
     shutil.copytree(sft_checkpoint, snapshot)
     (snapshot.parents[1] / "refs").mkdir()
     (snapshot.parents[1] / "refs" / "main").write_text("a" * 40)
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(CONNECTION_LOG)
+    log = tmp_path / "connections"
+    path = os.pathsep.join([str(tmp_path / "site"), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": ""}
-    t0 = time.time()
+    env |= {"PYTHONPATH": path, "CONNECTION_LOG": str(log)}
     r = dgrpo(
         "eval", "--model", "someorg/tiny", "--data", "builtin:test", "--limit", 1, "--out", tmp_path / "e", env=env
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    assert time.time() - t0 < 20, r.stderr[-2000:]
+    tried = log.read_text().splitlines()
+    assert any("dgrpo/hub.py" in t for t in tried), tried  # (the probe's: the log sees the connections)
+    again = [t for t in dict.fromkeys(tried) if tried.count(t) > 1]  # (a retry: the same call stack again)
+    assert not again, f"{len(tried)} connections tried; {len(again)} of them again, e.g. {again[0]}"
     assert "Retrying" not in r.stderr
 
 
