@@ -1,12 +1,14 @@
 """Shared fixtures: the locally trained tokenizer, tiny models, the one tiny config (the packaged ``tiny.yaml``, also
 ``dgrpo demo --quick``), a short SFT checkpoint, and running the command line in-process or as a subprocess."""
 
+import contextlib
 import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -299,6 +301,31 @@ def process_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def files_state(root: Path) -> list[tuple[str, int]]:
+    """The files under ``root`` with their sizes: what a run writes changes it (new rows, new files)."""
+    state = []
+    for f in root.rglob("*"):
+        with contextlib.suppress(OSError):  # (a file renamed or removed between the listing and the stat)
+            state.append((str(f), f.stat().st_size))
+    return sorted(state)
+
+
+def wait_until(done, proc: subprocess.Popen, why: str, progress, idle_s: float = 120, cap_s: float = 900) -> None:
+    """Poll ``done()`` until it is true while ``proc`` runs. Fails with ``why`` when ``proc`` ended, or when
+    ``progress()`` (e.g. :func:`files_state` of its output) stayed the same for ``idle_s`` seconds (stuck), or after
+    ``cap_s`` seconds in all: a busy machine makes a run slower, which a fixed deadline took for a hang."""
+    start = last = time.monotonic()
+    seen = progress()
+    while not done():
+        now = time.monotonic()
+        assert proc.poll() is None, f"{why} (it ended, exit {proc.returncode})"
+        assert now - last < idle_s, f"{why} (nothing new for {idle_s:.0f} s)"
+        assert now - start < cap_s, f"{why} (not in {cap_s:.0f} s)"
+        if (state := progress()) != seen:
+            seen, last = state, now
+        time.sleep(0.2)
 
 
 def run_script(path, argv, monkeypatch, capsys) -> tuple[int | str, str, str]:

@@ -30,7 +30,7 @@ from dgrpo.demo import (
 from dgrpo.demo.pipeline import Task, arm_tasks, join_parts, task_threads
 from dgrpo.demo.stats import CHECKPOINTS
 
-from conftest import DEAF_KIND, child_pids, process_alive, run_script
+from conftest import DEAF_KIND, child_pids, files_state, process_alive, run_script, wait_until
 
 
 @pytest.mark.parametrize(
@@ -324,10 +324,10 @@ def test_a_stop_of_the_demo_ends_its_workers_mid_task_and_says_so(tmp_path, sig,
     started = "sft/seed1/metrics.jsonl" if phase == "sft" else "arms/*/*/metrics.jsonl"
     workers: set[int] = set()
     try:
-        deadline = time.time() + 120
-        while not any((tmp_path / "d").glob(started)):  # both workers are training
-            assert demo.poll() is None and time.time() < deadline, f"the demo did not start its {phase} runs"
-            time.sleep(0.2)
+        out = tmp_path / "d"  # (until both workers are training: 120 s without a new row or file is a hang)
+        wait_until(
+            lambda: any(out.glob(started)), demo, f"the demo did not start its {phase} runs", lambda: files_state(out)
+        )
         workers = {p for p in child_pids(demo.pid) if process_alive(p)}  # the two pool workers (and a resource tracker)
         assert len(workers) >= 2
         os.kill(demo.pid, sig)
