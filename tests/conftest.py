@@ -319,8 +319,10 @@ def wait_until(done, proc: subprocess.Popen, why: str, progress, idle_s: float =
     start = last = time.monotonic()
     seen = progress()
     while not done():
+        if proc.poll() is not None:  # (done() again: it may have come true as the process ended)
+            assert done(), f"{why} (it ended, exit {proc.returncode})"
+            return
         now = time.monotonic()
-        assert proc.poll() is None, f"{why} (it ended, exit {proc.returncode})"
         assert now - last < idle_s, f"{why} (nothing new for {idle_s:.0f} s)"
         assert now - start < cap_s, f"{why} (not in {cap_s:.0f} s)"
         if (state := progress()) != seen:
