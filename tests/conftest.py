@@ -312,10 +312,11 @@ def files_state(root: Path) -> list[tuple[str, int]]:
     return sorted(state)
 
 
-def wait_until(done, proc: subprocess.Popen, why: str, progress, idle_s: float = 120, cap_s: float = 900) -> None:
+def wait_until(done, proc: subprocess.Popen, why: str, progress, idle_s: float = 120, cap_s: float = 570) -> None:
     """Poll ``done()`` until it is true while ``proc`` runs. Fails with ``why`` when ``proc`` ended, or when
     ``progress()`` (e.g. :func:`files_state` of its output) stayed the same for ``idle_s`` seconds (stuck), or after
-    ``cap_s`` seconds in all: a busy machine makes a run slower, which a fixed deadline took for a hang."""
+    ``cap_s`` seconds in all (under pytest-timeout's 600 s for the whole test): a busy machine makes a run slower,
+    which a fixed deadline took for a hang."""
     start = last = time.monotonic()
     seen = progress()
     while not done():
