@@ -313,7 +313,7 @@ def test_a_trl_option_dgrpo_lacks_says_what_there_is_instead(override, says):
     "override, says",
     [
         ("sft.gradient_accumulation_steps=4", "(TRL's gradient_accumulation_steps is sft.grad_accum here; see docs/"),
-        ("gradient_accumulation_steps=4", "is grpo.micro_batch_size here; in SFT it is sft.grad_accum; see docs/"),
+        ("gradient_accumulation_steps=4", "however split; in SFT it is sft.grad_accum; see docs/"),
         ("sft.num_train_epochs=3", "(TRL's num_train_epochs is sft.num_epochs here; see docs/from_trl.md)"),
         ("num_train_epochs=3", "; in SFT it is sft.num_epochs; see docs/from_trl.md)"),
         ("sft.lr_scheduler_type=constant", "(TRL's lr_scheduler_type is sft.lr_schedule here"),
@@ -330,9 +330,16 @@ def test_a_grpo_reason_is_not_given_in_another_section():
     """warmup_ratio's reason names grpo.warmup_steps: in sft it would send an SFT user to GRPO's option; and a key
     in grpo is answered with GRPO's option alone (SFT's is said at the top level only)."""
     assert "grpo." not in error("sft.warmup_ratio=0.1") and "TRL" not in error("eval.top_k=5")
-    assert "(TRL's gradient_accumulation_steps is grpo.micro_batch_size here; see" in error(
-        "grpo.gradient_accumulation_steps=4"
-    )
+    said = error("grpo.gradient_accumulation_steps=4")
+    assert "(TRL's gradient_accumulation_steps is grpo.micro_batch_size here: rollouts per" in said
+    assert "sft." not in said
+
+
+def test_trls_count_of_micro_batches_is_told_that_grpos_option_is_their_size():
+    """TRL's gradient_accumulation_steps counts micro-batches, grpo.micro_batch_size is their size (its inverse): the
+    hint said only "is grpo.micro_batch_size here", which reads as the same number."""
+    for key in ("grpo.gradient_accumulation_steps=4", "grpo.per_device_train_batch_size=4"):
+        assert "is grpo.micro_batch_size here: rollouts per forward and backward of the update" in error(key)
 
 
 @pytest.mark.parametrize(

@@ -222,8 +222,13 @@ TRL_SFT_ABSENT = {
     "warmup_ratio": "sft.warmup_steps counts optimizer steps",
     "max_steps": "SFT runs sft.num_epochs epochs, sft.epochs_per_stage per curriculum stage",
 }
-#: what an SFT option of :data:`TRL_SFT_NAMES` is, where its meaning differs from TRL's
-_SFT_NOTES = {"sft.batch_size": ": examples per optimizer step over all processes, in sft.grad_accum micro-batches"}
+#: what the option a TRL name maps to is, where its meaning differs from TRL's (gradient_accumulation_steps counts
+#: micro-batches; grpo.micro_batch_size is their size)
+_NOTES = {
+    "sft.batch_size": ": examples per optimizer step over all processes, in sft.grad_accum micro-batches",
+    "grpo.micro_batch_size": ": rollouts per forward and backward of the update, the step's grpo.prompts_per_step x "
+    "grpo.group_size rollouts however split",
+}
 
 
 def _trl_name(obj: Any, name: str, prefix: str) -> str:
@@ -236,10 +241,10 @@ def _trl_name(obj: Any, name: str, prefix: str) -> str:
     here = prefix.rstrip(".")
     sft = TRL_SFT_NAMES.get(name)
     if here == "sft" and sft:
-        return f" (TRL's {name} is {sft} here{_SFT_NOTES.get(sft, '')}; see docs/from_trl.md)"
+        return f" (TRL's {name} is {sft} here{_NOTES.get(sft, '')}; see docs/from_trl.md)"
     if here == "sft" and name in TRL_SFT_ABSENT:
         return f" (TRL's {name} has no counterpart in SFT: {TRL_SFT_ABSENT[name]}; see docs/from_trl.md)"
-    also = f"; in SFT it is {sft}{_SFT_NOTES.get(sft, '')}" if sft and here == "" else ""
+    also = f"; in SFT it is {sft}{_NOTES.get(sft, '')}" if sft and here == "" else ""
     if name in TRL_ABSENT:  # (GRPO's: in another section, e.g. sft.warmup_ratio, the reason would be wrong)
         why = f": {TRL_ABSENT[name]}" if TRL_ABSENT[name] else ""
         where = "here" if sft is None else "in GRPO"
@@ -253,7 +258,7 @@ def _trl_name(obj: Any, name: str, prefix: str) -> str:
         if leaf not in {f.name for f in fields(obj)}:
             return ""
         target = f"{prefix}{leaf}"
-    return f" (TRL's {name} is {target} here{also}; see docs/from_trl.md)"
+    return f" (TRL's {name} is {target} here{_NOTES.get(target, '')}{also}; see docs/from_trl.md)"
 
 
 def _did_you_mean(obj: Any, name: str, prefix: str) -> str:
