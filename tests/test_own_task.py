@@ -2,6 +2,7 @@
 chat templates), hub ids wherever a model goes, checkpoints that carry their task, and resume that refuses a
 silently changed config."""
 
+import asyncio
 import json
 import os
 import re
@@ -444,6 +445,38 @@ def test_a_reward_requiring_both_trl_keywords_names_both_and_a_default_adapts_it
     with pytest.raises(RewardError, match="does not pass trainer_state or completion_ids, which TRL's GRPOTrainer "):
         call_checked(_wants_both_by_keyword, "mine.py:f", ["c"], recs)
     assert call_checked(_defaults_trainer_state, "mine.py:g", ["c"], recs) == [1.0]  # (the advice works)
+
+
+async def _async_trl_reward(completions, answer, **kwargs):
+    await asyncio.sleep(0)
+    return [float(c == a) for c, a in zip(completions, answer)]
+
+
+async def _async_dgrpo_reward(completions, records):
+    if any(c == "boom" for c in completions):
+        raise ValueError("no boom")
+    return [float(c == r.answer) for c, r in zip(completions, records)]
+
+
+def test_an_async_reward_is_awaited_as_trls_grpo_trainer_does_in_a_notebooks_running_loop_too():
+    """``async def`` rewards (TRL's GRPOTrainer awaits them) returned a coroutine, "not one value per completion",
+    with a "never awaited" warning; they are run to their end, in either form, from a thread that runs an event loop
+    too (a notebook's); one that raises names its row as any reward does."""
+    from dgrpo.data.records import Record
+    from dgrpo.eval.scoring import RewardError, call_checked
+
+    recs = [Record("q1", [], "1"), Record("q2", [], "2")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no "coroutine was never awaited")
+        assert call_checked(_async_trl_reward, "f", ["1", "3"], recs) == [1.0, 0.0]
+        assert call_checked(_async_dgrpo_reward, "g", ["0", "2"], recs) == [0.0, 1.0]
+
+        async def in_a_running_loop() -> list[float]:
+            return call_checked(_async_trl_reward, "f", ["1", "2"], recs)
+
+        assert asyncio.run(in_a_running_loop()) == [1.0, 1.0]
+    with pytest.raises(RewardError, match="reward g raised ValueError: no boom on row 1 "):
+        call_checked(_async_dgrpo_reward, "g", ["2", "boom"], recs)
 
 
 def test_a_runs_reward_and_scorer_files_are_recorded_by_absolute_path(reward_file, tmp_path, monkeypatch):

@@ -26,6 +26,8 @@ or 0-d torch one, a bool counting 0 or 1 (:func:`reward_value`), so a 1-d array 
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import decimal
 import functools
 import inspect
@@ -216,7 +218,7 @@ def call_checked(
 
     def call(completions: list[str], records: list[Record]) -> Any:
         args, keywords = arguments(completions, records)
-        return by_keyword(*args, **keywords)
+        return awaited(by_keyword(*args, **keywords))
 
     try:
         returned = call(completions, records)
@@ -256,6 +258,24 @@ def call_checked(
             x = _score_in_range(x, name, i, _row(completions, records, i))
         out.append(x)
     return out
+
+
+def awaited(value: Any) -> Any:
+    """What an ``async def`` reward's call gave (TRL's GRPOTrainer takes those too), run to its end in an event loop
+    of its own: in a thread of its own where this thread runs a loop already (a notebook's); any other value as it
+    is."""
+    if not inspect.isawaitable(value):
+        return value
+
+    async def result() -> Any:
+        return await value
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(result())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, result()).result()
 
 
 def _trl_only_required(fn: Callable) -> list[str]:
