@@ -389,6 +389,22 @@ def test_error_unrecognised_keys(tmp_path: Path) -> None:
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "row, says",
+    [
+        ({"prompt": "q", "solution": "#### 2"}, "; TRL's prompt column: data.question_key=prompt, and data.answer_"),
+        ({"prompt": [{"role": "user", "content": "q"}]}, "; TRL's conversational format (a list of messages) is not"),
+        ({"messages": [{"role": "user", "content": "q"}]}, "; TRL's conversational format (a list of messages) is not"),
+    ],
+)
+def test_a_trl_datasets_unrecognised_columns_are_told_what_to_set(tmp_path: Path, row, says) -> None:
+    """A TRL dataset (a prompt column, or a conversation) had the generic "unrecognised record keys" line alone."""
+    path = _write(tmp_path / "trl.jsonl", json.dumps(row) + "\n")
+    with pytest.raises(DataError, match="unrecognised record keys") as err:
+        load_dataset(str(path))
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
 def test_error_unknown_split() -> None:
     with pytest.raises(DataError, match=r"^dataset 'gsm8k' has splits train, test; got 'val'$"):
         load_dataset("gsm8k", "val")

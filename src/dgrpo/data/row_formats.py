@@ -302,8 +302,22 @@ def _detect_row_parser(row: Any) -> RowParser:
     raise _RowError(
         f"unrecognised record keys ({_shown_keys(row)}); expected one of: {_KNOWN_ROW_FORMATS}; or name your columns "
         "with data.question_key and data.answer_key (from Python: dgrpo.load_dataset(path, "
-        "data=dgrpo.config.DataConfig(question_key=..., answer_key=...)))"
+        f"data=dgrpo.config.DataConfig(question_key=..., answer_key=...))){_trl_columns_hint(row)}"
     )
+
+
+def _trl_columns_hint(row: dict[str, Any]) -> str:
+    """What to set for a TRL dataset's columns: its ``prompt`` (text) is the question, its gold answer a column of
+    its own; a conversation (``messages``, or ``prompt`` as a list of messages) has no question text to read."""
+    prompt = row.get("prompt")
+    if isinstance(prompt, str):
+        return "; TRL's prompt column: data.question_key=prompt, and data.answer_key=<the gold answer's column>"
+    if "messages" in row or prompt is not None:
+        return (
+            "; TRL's conversational format (a list of messages) is not read: give the question's text and its gold "
+            "answer in columns of their own (data.chat_template: true wraps the question in the tokenizer's template)"
+        )
+    return ""
 
 
 def _same_format_check(parser: RowParser) -> Callable[[dict[str, Any]], None]:
