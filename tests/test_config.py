@@ -335,6 +335,11 @@ def test_a_grpo_reason_is_not_given_in_another_section():
     assert "sft." not in said
 
 
+def test_trls_peft_config_is_told_each_lora_option():
+    said = error("grpo.peft_config=x")
+    assert "(TRL's peft_config is model.lora.r here (LoraConfig's r; its lora_alpha and target_modules are" in said
+
+
 def test_trls_count_of_micro_batches_is_told_that_grpos_option_is_their_size():
     """TRL's gradient_accumulation_steps counts micro-batches, grpo.micro_batch_size is their size (its inverse): the
     hint said only "is grpo.micro_batch_size here", which reads as the same number."""

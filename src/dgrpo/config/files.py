@@ -228,6 +228,7 @@ _NOTES = {
     "sft.batch_size": ": examples per optimizer step over all processes, in sft.grad_accum micro-batches",
     "grpo.micro_batch_size": ": rollouts per forward and backward of the update, the step's grpo.prompts_per_step x "
     "grpo.group_size rollouts however split",
+    "model.lora.r": " (LoraConfig's r; its lora_alpha and target_modules are model.lora.alpha and .target_modules)",
 }
 
 
