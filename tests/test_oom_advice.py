@@ -102,6 +102,20 @@ def test_memory_held_between_steps_is_the_first_thing_to_give_back(tokenizer, ta
     ), advice
 
 
+def test_the_rollouts_too_are_advised_to_give_back_the_memory_held_between_steps_first(tokenizer, task_records):
+    """The latent chain's graphs and the kept decoders stay held while the next step's rollouts run: the rollouts'
+    advice named their batch alone."""
+    over = ["grpo.engine=fast", "grpo.update_latent_graphs=true", "grpo.recompute_latent_steps=false"]
+    trainer = make_trainer(tokenizer, task_records, 0.0, *over)
+    with mock.patch("dgrpo.training.grpo.collect_rollouts", raise_oom):
+        with pytest.raises(torch.OutOfMemoryError) as info:
+            trainer.step()
+    assert f"{MARK} in the rollouts at grpo.rollout_batch_size=" in str(info.value)
+    assert "try --set grpo.update_latent_graphs=false grpo.keep_graphs=false (memory held between steps" in str(
+        info.value
+    )
+
+
 def test_a_cheaper_lever_comes_before_the_setting_even_at_its_floor():
     with pytest.raises(torch.OutOfMemoryError) as info:
         with oom_advice("update", "grpo.micro_batch_size", 1, "one row already", first="--set a=b (why)"):

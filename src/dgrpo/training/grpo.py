@@ -398,7 +398,8 @@ class GRPOTrainer:
         self.row0 = self.dist.offset(len(prompts) * K)
         seeds = seeds_for(cfg.seed, step, 0, self.row0 + len(prompts) * K)[self.row0 :]
         rows_at_a_time = self._rows_at_a_time(cfg.grpo.rollout_batch_size)
-        with oom_advice("rollouts", "grpo.rollout_batch_size", rows_at_a_time, "rows generated at a time"):
+        why = "rows generated at a time"
+        with oom_advice("rollouts", "grpo.rollout_batch_size", rows_at_a_time, why, first=self._held_memory()):
             ro = self._collect(prompts, seeds)
         if self.lm.device.type == "cuda":  # the next step's masks, drawn on a host thread while this update runs
             self.perturbation.prefetch(self.lm, seeds_for(cfg.seed, step + 1, 0, self.row0 + len(seeds))[self.row0 :])
@@ -560,7 +561,7 @@ class GRPOTrainer:
         why = "rows the reference scores at a time, without grad"
         # (its kept decoder runs over the largest such batch: one capture, whatever rows the filter kept)
         kw = self._replay_kw() | {"min_rows": min(step_rows, g.prompts_per_step * g.group_size)}
-        with oom_advice("reference's scoring", "grpo.rollout_batch_size", step_rows, why):
+        with oom_advice("reference's scoring", "grpo.rollout_batch_size", step_rows, why, first=self._held_memory()):
             for i in range(0, rows.numel(), step_rows):
                 rws = rows[i : i + step_rows]
                 seeds = self._update_seeds(ro, rws, step, epoch)
@@ -570,8 +571,8 @@ class GRPOTrainer:
 
     def _update_oom_advice(self) -> AbstractContextManager[None]:
         """What to try when the update runs out of device memory, the cheapest lever that leaves the method as it is
-        first: the memory the fast engine keeps between steps (the latent chain's graphs, the kept decoders), then
-        smaller micro-batches (the loss does not depend on them), or recomputation."""
+        first (:meth:`_held_memory`), then smaller micro-batches (the loss does not depend on them), or
+        recomputation."""
         g = self.cfg.grpo
         mb = self._rows_at_a_time(g.micro_batch_size)
         if not g.recompute:
@@ -583,11 +584,15 @@ class GRPOTrainer:
         else:
             less = "" if mb > 1 else "a smaller model or a larger device"
         rows = "rows per forward/backward; the loss does not depend on it" if mb > 1 else "one row per forward already"
+        why = "; ".join(part for part in (rows, less) if part)
+        return oom_advice("update", "grpo.micro_batch_size", mb, why, first=self._held_memory())
+
+    def _held_memory(self) -> str:
+        """The out-of-memory advice's first lever in every phase: the memory the fast engine holds between steps
+        (the latent chain's graphs, the kept decoders), whose release leaves the method as it is; '' when off."""
         held = [("grpo.update_latent_graphs=false", self.chain_latents), ("grpo.keep_graphs=false", self.keep_graphs)]
         free = [setting for setting, on in held if on]
-        first = f"--set {' '.join(free)} (memory held between steps; the same method, a slower step)" if free else ""
-        why = "; ".join(part for part in (rows, less) if part)
-        return oom_advice("update", "grpo.micro_batch_size", mb, why, first=first)
+        return f"--set {' '.join(free)} (memory held between steps; the same method, a slower step)" if free else ""
 
     def _models(self) -> list[LatentLM]:
         """The policy and the reference model (one model under LoRA: the reference is its adapter)."""
