@@ -479,6 +479,28 @@ def test_an_async_reward_is_awaited_as_trls_grpo_trainer_does_in_a_notebooks_run
         call_checked(_async_dgrpo_reward, "g", ["2", "boom"], recs)
 
 
+def test_a_reward_whose_first_parameter_is_trls_prompts_without_kwargs_is_warned_once():
+    """``f(prompts, completions)`` (no ``**kwargs``: TRL's trainer, passing more keywords, could not call it) is
+    called as dgrpo's form, its prompts the completions: it was silent (only a gold check giving 0 hinted at it);
+    dgrpo's own form, under any names, is not warned of."""
+    from dgrpo.data.records import Record
+    from dgrpo.eval.scoring import call_checked
+
+    def prompts_first(prompts, completions):
+        return [0.0] * len(prompts)
+
+    def mine(texts, rows):
+        return [0.0] * len(texts)
+
+    recs = [Record("q", [], "1")]
+    with pytest.warns(UserWarning, match="first parameter is TRL's 'prompts', but it takes no \\*\\*kwargs, so"):
+        call_checked(prompts_first, "mine.py:prompts_first", ["c"], recs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        call_checked(prompts_first, "mine.py:prompts_first", ["c"], recs)  # (once per function)
+        call_checked(mine, "mine.py:mine", ["c"], recs)
+
+
 def test_a_runs_reward_and_scorer_files_are_recorded_by_absolute_path(reward_file, tmp_path, monkeypatch):
     """``path/file.py:function`` given relative to where training runs is kept absolute in the run's config (so
     ``dgrpo eval`` finds the checkpoint's scorer from anywhere); the parts keep their names."""

@@ -212,6 +212,8 @@ def call_checked(
     trl = trl_style(fn, columns)
     if not trl and trl_style(fn):
         _warn_called_as_dgrpo(fn, name, columns)
+    elif not trl:
+        _warn_prompts_first(fn, name)
 
     def arguments(completions: list[str], records: list[Record]) -> tuple[tuple, dict[str, Any]]:
         return ((), trl_columns(completions, records, columns)) if trl else ((completions, records), {})
@@ -391,6 +393,25 @@ def _warn_called_as_dgrpo(fn: Callable, name: str, columns: dict) -> None:
         f"column of the data (columns: {', '.join(columns)}), so it is called as dgrpo's fn(completions, records): "
         f"{first!r} gets the completions and {second!r} the records. Written for TRL? Name a column (a mapped "
         "data.answer_key keeps its own name too). Written for dgrpo? Name the parameter records",
+        stacklevel=3,
+    )
+
+
+def _warn_prompts_first(fn: Callable, name: str) -> None:
+    """Once per function: one called as dgrpo's ``fn(completions, records)`` whose first parameter is TRL's
+    ``prompts`` (``f(prompts, completions)`` without ``**kwargs``, which TRL's trainer could not call either: it
+    passes more keywords) gets the completions as its prompts and the records as its completions."""
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values() if p.kind is not p.VAR_POSITIONAL]
+    except (TypeError, ValueError):
+        return
+    if name in _WARNED_DGRPO_FORM or not params or params[0].name != "prompts":
+        return
+    _WARNED_DGRPO_FORM.add(name)
+    warnings.warn(
+        f"{name}'s first parameter is TRL's 'prompts', but it takes no **kwargs, so it is called as dgrpo's "
+        "fn(completions, records): 'prompts' gets the completions. Written for TRL? Add **kwargs (TRL's trainer "
+        "passes more keywords too)",
         stacklevel=3,
     )
 
