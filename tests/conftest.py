@@ -116,6 +116,31 @@ def make_lm(tokenizer, arch="qwen2", seed=0, **kw):
     return LatentLM(build_tiny_model(arch, len(tok), seed=seed, **kw), tok)
 
 
+def save_shards(folder: Path, state: dict) -> Path:
+    """``state`` saved as torch.distributed.checkpoint shards in ``folder/dcp`` (one process); ``folder``."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, checkpoint_id=str(folder / "dcp"))
+    return folder
+
+
+def sharded_final(tmp_path: Path, tokenizer, change, lm=None) -> tuple[Path, int]:
+    """``tmp_path/final`` as fsdp=sharded writes it (config and tokenizer, its shards, a manifest), the shards
+    holding the model's state (``lm``'s, a new tiny model's without it) as ``change`` (state -> None) leaves it; and
+    the model's norm length."""
+    from dgrpo.model.verified import atomic_dir
+
+    lm = lm or make_lm(tokenizer)
+    state = dict(lm.model.state_dict())
+    n = state["model.norm.weight"].shape[0]
+    change(state)
+    staging = save_shards(tmp_path / "staging", state)
+    with atomic_dir(tmp_path / "final") as d:
+        lm.save_pretrained(d, weights=False)
+        shutil.move(staging / "dcp", d / "dcp")
+    return tmp_path / "final", n
+
+
 @pytest.fixture(scope="session")
 def lora_base_dirs(tokenizer, tmp_path_factory):
     """Tiny models of 2 layers saved on disk (LoRA adapts a model with a name or path): a tied Qwen2, an untied

@@ -10,14 +10,9 @@ import torch
 from dgrpo.model.verified import CheckpointError, write_manifest
 from dgrpo.training.consolidate import SafeFileSystemReader, _sharded_checkpoint, consolidate_checkpoint
 
+from conftest import save_shards, sharded_final
+
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # (shards saved in one process)
-
-
-def sharded(folder, state: dict):
-    import torch.distributed.checkpoint as dcp
-
-    dcp.save(state, checkpoint_id=str(folder / "dcp"))
-    return folder
 
 
 def test_a_missing_path_is_not_found_and_a_run_directory_means_its_final_checkpoint(tmp_path):
@@ -25,7 +20,7 @@ def test_a_missing_path_is_not_found_and_a_run_directory_means_its_final_checkpo
     shards: final/ is consolidated."""
     with pytest.raises(CheckpointError, match=r"missing: not found$"):
         consolidate_checkpoint(tmp_path / "missing")
-    final = sharded(tmp_path / "run" / "final", {"w": torch.ones(2)})
+    final = save_shards(tmp_path / "run" / "final", {"w": torch.ones(2)})
     write_manifest(final)
     assert _sharded_checkpoint(tmp_path / "run") == final
 
@@ -37,7 +32,7 @@ def test_shards_the_manifest_does_not_vouch_for_are_refused(tmp_path):
     d.mkdir()
     (d / "config.json").write_text("{}")
     write_manifest(d)
-    sharded(d, {"w": torch.ones(2)})
+    save_shards(d, {"w": torch.ones(2)})
     with pytest.raises(CheckpointError, match=r"is damaged: the manifest does not list dcp/.metadata"):
         consolidate_checkpoint(d)
 
@@ -50,27 +45,6 @@ def test_an_empty_metadata_file_is_one_line(tmp_path):
         SafeFileSystemReader(tmp_path / "dcp").read_metadata()
 
 
-def final_with(tmp_path, tokenizer, change, lm=None) -> tuple:
-    """A final/ as fsdp=sharded writes it (config and tokenizer, its shards, a manifest), the shards holding the
-    model's state (``lm``'s, a new tiny model's without it) as ``change`` (state -> None) leaves it; and the model's
-    norm length."""
-    import shutil
-
-    from dgrpo.model.verified import atomic_dir
-
-    from conftest import make_lm
-
-    lm = lm or make_lm(tokenizer)
-    state = dict(lm.model.state_dict())
-    n = state["model.norm.weight"].shape[0]
-    change(state)
-    staging = sharded(tmp_path / "staging", state)
-    with atomic_dir(tmp_path / "final") as d:
-        lm.save_pretrained(d, weights=False)
-        shutil.move(staging / "dcp", d / "dcp")
-    return tmp_path / "final", n
-
-
 def test_shards_of_another_shape_or_with_a_weight_the_model_lacks_are_refused(tmp_path, tokenizer):
     """Shards whose model.norm.weight is one longer than config.json says: a CheckpointError naming the weight and
     both shapes (not load_state_dict's size-mismatch traceback). Shards with a weight the config's model has not:
@@ -79,11 +53,11 @@ def test_shards_of_another_shape_or_with_a_weight_the_model_lacks_are_refused(tm
     def longer(state):
         state["model.norm.weight"] = torch.ones(state["model.norm.weight"].shape[0] + 1)
 
-    final, n = final_with(tmp_path / "a", tokenizer, longer)
+    final, n = sharded_final(tmp_path / "a", tokenizer, longer)
     with pytest.raises(CheckpointError, match=rf"1 of other shapes: model.norm.weight is \({n + 1},\), the config's"):
         consolidate_checkpoint(final)
     assert not (final / "model.safetensors").exists()
-    final, _ = final_with(tmp_path / "b", tokenizer, lambda state: state.update(extra=torch.ones(2)))
+    final, _ = sharded_final(tmp_path / "b", tokenizer, lambda state: state.update(extra=torch.ones(2)))
     with pytest.raises(CheckpointError, match="the sharded weights do not match the model config"):
         consolidate_checkpoint(final)
     assert not (final / "model.safetensors").exists()
@@ -103,11 +77,11 @@ def test_a_consolidated_best_is_still_the_best_the_checkpoints_recorded(tmp_path
 
     out = tmp_path / "run"
     out.mkdir()
-    final_with(tmp_path / "other", tokenizer, lambda s: s["model.norm.weight"].mul_(2))[0].rename(out / "best")
+    sharded_final(tmp_path / "other", tokenizer, lambda s: s["model.norm.weight"].mul_(2))[0].rename(out / "best")
     with RunDir(out, tiny_config(), Dist(), "grpo", log=lambda m: None) as run:
         other = run.best_record()
         shutil.rmtree(out / "best")
-        final_with(tmp_path, tokenizer, lambda s: None)[0].rename(out / "best")
+        sharded_final(tmp_path, tokenizer, lambda s: None)[0].rename(out / "best")
         recorded, whole = run.best_record(), hashlib.sha256((out / "best" / "manifest.json").read_bytes()).hexdigest()
         assert recorded != other and not run.drop_stale_best({"best": whole})  # (a record of an earlier dgrpo)
         consolidate_checkpoint(out / "best")

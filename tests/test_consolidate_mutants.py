@@ -14,7 +14,7 @@ import torch
 from dgrpo.model.verified import CheckpointError, atomic_dir, verify
 from dgrpo.training.consolidate import SafeFileSystemReader, _MetadataUnpickler, consolidate_checkpoint, read_sharded
 
-from conftest import make_lm
+from conftest import make_lm, save_shards
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # (shards saved in one process)
 
@@ -33,13 +33,6 @@ def test_the_metadata_unpickler_builds_dtypes_and_refuses_torch_functions_and_ot
             unpickled(f"c{module}\n{name}\n.".encode())
 
 
-def sharded(tmp_path, state: dict):
-    import torch.distributed.checkpoint as dcp
-
-    dcp.save(state, checkpoint_id=str(tmp_path / "dcp"))
-    return tmp_path
-
-
 def test_the_metadata_must_be_a_checkpoints_and_hold_tensors_only(tmp_path):
     """A pickled dict where the metadata should be, or a checkpoint with a non-tensor entry (torch would unpickle its
     bytes with weights_only=False): one CheckpointError line each."""
@@ -51,13 +44,13 @@ def test_the_metadata_must_be_a_checkpoints_and_hold_tensors_only(tmp_path):
     with pytest.raises(CheckpointError) as e:  # (read before torch's loader, which would wrap the line)
         read_sharded(bad.parent)
     assert str(e.value) == f"{bad / '.metadata'}: not a checkpoint metadata file (found a dict)"
-    d = sharded(tmp_path / "bytes", {"w": torch.ones(2), "note": "text"})
+    d = save_shards(tmp_path / "bytes", {"w": torch.ones(2), "note": "text"})
     with pytest.raises(CheckpointError, match="entry 'note' is not a tensor"):
         read_sharded(d)
 
 
 def test_read_sharded_returns_one_part_and_names_a_missing_one(tmp_path):
-    d = sharded(tmp_path, {"model": {"w": torch.arange(3.0)}, "optim": {"m": torch.ones(2)}})
+    d = save_shards(tmp_path, {"model": {"w": torch.arange(3.0)}, "optim": {"m": torch.ones(2)}})
     assert {k: v.tolist() for k, v in read_sharded(d, "model").items()} == {"w": [0.0, 1.0, 2.0]}
     with pytest.raises(CheckpointError, match=r"the shards hold no 'ema' entry"):
         read_sharded(d, "ema")
@@ -65,7 +58,7 @@ def test_read_sharded_returns_one_part_and_names_a_missing_one(tmp_path):
 
 def test_shards_that_hold_no_weights_are_one_line(tmp_path):
     """An empty sharded checkpoint is a CheckpointError naming it (it was a StopIteration traceback)."""
-    d = sharded(tmp_path, {})
+    d = save_shards(tmp_path, {})
     with pytest.raises(CheckpointError, match=r"dcp: the shards hold no weights$"):
         consolidate_checkpoint(d)
 
@@ -76,7 +69,7 @@ def sharded_checkpoint(tmp_path, tokenizer, drop: str = "", final: bool = False)
     model's files and its shards, nothing else)."""
     lm = make_lm(tokenizer)
     state = {k: v for k, v in lm.model.state_dict().items() if k != drop}
-    staging = sharded(tmp_path / "staging", state if final else {"model": state, "optim": {"m": torch.ones(2)}})
+    staging = save_shards(tmp_path / "staging", state if final else {"model": state, "optim": {"m": torch.ones(2)}})
     with atomic_dir(tmp_path / "step-1") as d:
         lm.save_pretrained(d if final else d / "model", weights=False)
         shutil.move(staging / "dcp", d / "dcp")

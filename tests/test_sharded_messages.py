@@ -4,7 +4,6 @@
 import hashlib
 
 import pytest
-from test_consolidate_edges_mutants import final_with
 
 from dgrpo.training.consolidate import consolidate_checkpoint
 
@@ -25,15 +24,15 @@ def test_a_best_recorded_by_an_earlier_dgrpo_is_kept_once_consolidated(tmp_path,
     from dgrpo.training.distributed import Dist
     from dgrpo.training.run import RunDir
 
-    from conftest import make_lm, tiny_config
+    from conftest import make_lm, sharded_final, tiny_config
 
     make_lm(tokenizer).save_pretrained(tmp_path / "init")
     lm = LatentLM.from_pretrained(tmp_path / "init")
 
     out = tmp_path / "run"
     out.mkdir()
-    other = final_with(tmp_path / "other", tokenizer, double_norm, lm)[0]
-    final_with(tmp_path, tokenizer, lambda s: None, lm)[0].rename(out / "best")
+    other = sharded_final(tmp_path / "other", tokenizer, double_norm, lm)[0]
+    sharded_final(tmp_path, tokenizer, lambda s: None, lm)[0].rename(out / "best")
     earlier = hashlib.sha256((out / "best" / "manifest.json").read_bytes()).hexdigest()  # (an earlier dgrpo's record)
     with RunDir(out, tiny_config(), Dist(), "grpo", log=lambda m: None) as run:
         consolidate_checkpoint(out / "best")
