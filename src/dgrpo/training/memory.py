@@ -29,9 +29,6 @@ def oom_advice(
             raise
         head, _, rest = message.partition("\n")
         advice = f"{MARK} in the {phase} at {setting}={value}: "
-        lever = f"--set {setting}={to_try} ({why})" if to_try != value else why
-        if first:
-            advice += f"try {first} first; then {'' if to_try == value else 'try '}{lever}"
-        else:
-            advice += f"try {lever}" if to_try != value else why
+        lever = f"try --set {setting}={to_try} ({why})" if to_try != value else why
+        advice += f"try {first} first; then {lever}" if first else lever
         raise torch.OutOfMemoryError("\n".join(part for part in (head, advice, rest) if part)) from e
