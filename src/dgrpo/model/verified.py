@@ -75,11 +75,16 @@ def fsync_dir(path: Path) -> None:
         pass
 
 
+def manifest_bytes(entries: dict[str, str]) -> bytes:
+    """A ``manifest.json``'s content: ``entries`` (a file's path below its directory -> its sha256)."""
+    return json.dumps(entries, indent=1).encode()
+
+
 def write_manifest(directory: Path) -> None:
     """``manifest.json``: the sha256 of every file below ``directory`` (nested manifests included)."""
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p != directory / MANIFEST)
     manifest = {str(p.relative_to(directory)): sha256(p) for p in files}
-    _new_file(directory / MANIFEST, json.dumps(manifest, indent=1).encode())  # (never through a hard link)
+    _new_file(directory / MANIFEST, manifest_bytes(manifest))  # (never through a hard link)
 
 
 def verify(directory: Path, required: tuple[str, ...] = ()) -> str | None:
@@ -313,7 +318,7 @@ def _relist(directory: Path, changed: set[Path]) -> None:
         stale = [p for p in changed if here in p.parents and str(p.relative_to(here)) in listed]
         if stale:
             listed.update({str(p.relative_to(here)): sha256(p) for p in stale})
-            _new_file(manifest, json.dumps(listed, indent=1).encode())
+            _new_file(manifest, manifest_bytes(listed))
             changed.add(manifest)
 
 

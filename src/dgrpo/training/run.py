@@ -23,7 +23,7 @@ from typing import IO, Any, NoReturn
 from ..config import Config, ConfigError, to_dict
 from ..model.latent_lm import LatentLM
 from ..model.sources import is_model_dir
-from ..model.verified import MANIFEST, SHARDED_DIR, CheckpointError, remove_dir
+from ..model.verified import MANIFEST, SHARDED_DIR, CheckpointError, manifest_bytes, remove_dir
 from ..run_layout import (
     APPLIED_FILE,
     BEST_DIR,
@@ -94,8 +94,8 @@ def _best_records(manifest: bytes) -> tuple[str, ...]:
 
 
 def _digest(entries: dict) -> str:
-    """The sha256 of a manifest holding ``entries``, as :func:`~dgrpo.model.verified.write_manifest` writes it."""
-    return hashlib.sha256(json.dumps(entries, indent=1).encode()).hexdigest()
+    """The sha256 of a manifest holding ``entries``."""
+    return hashlib.sha256(manifest_bytes(entries)).hexdigest()
 
 
 def rollout_rows_before(rows: list[str], step: int, path: Path) -> list[str]:
