@@ -67,12 +67,13 @@ FinalEval = Callable[[LatentLM, "int | None"], dict[str, float]]
 LEFTOVER = re.compile(rf"\.(tmp|old)-({FINAL_DIR}|{BEST_DIR}|stage-\d+|step-\d+)-\d+")
 
 
-#: what ``dgrpo consolidate`` writes into a sharded checkpoint (``dcp/``) beside its shards, with ``save_pretrained``:
-#: the weights (one file, or Hugging Face's shards and their index), the generation config and the model config
-#: again (which may gain fields: ``dtype``, ``architectures``)
-CONSOLIDATED = re.compile(r"(model.*\.safetensors|model\.safetensors\.index\.json|(generation_)?config\.json)")
-#: the files of :data:`CONSOLIDATED` that a sharded checkpoint did not hold before ``dgrpo consolidate``
-ADDED_BY_CONSOLIDATION = re.compile(r"(model.*\.safetensors|model\.safetensors\.index\.json|generation_config\.json)")
+#: what ``dgrpo consolidate`` adds to a sharded checkpoint (``dcp/``) beside its shards, with ``save_pretrained``: the
+#: weights (one file, or Hugging Face's shards and their index) and the generation config
+_ADDED = r"model.*\.safetensors|model\.safetensors\.index\.json|generation_config\.json"
+ADDED_BY_CONSOLIDATION = re.compile(rf"({_ADDED})")
+#: what it writes: those, and the model config again (which an earlier dgrpo's sharded save left without ``dtype``
+#: and ``architectures``)
+CONSOLIDATED = re.compile(rf"({_ADDED}|config\.json)")
 
 
 def _best_records(manifest: bytes) -> tuple[str, ...]:
