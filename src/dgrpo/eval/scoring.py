@@ -151,16 +151,21 @@ def load_function(spec: str, what: str = "reward") -> ScoreFn:
     return fn
 
 
+def _parameters(fn: Callable) -> list[inspect.Parameter]:
+    """``fn``'s parameters; none for a callable without a signature (a builtin)."""
+    try:
+        return list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return []
+
+
 def trl_style(fn: Callable, columns: Iterable[str] | None = None) -> bool:
     """Whether ``fn`` is a reward function in TRL's form: it takes ``**kwargs``, no ``*args`` (a decorator's
     ``wrapper(*args, **kwargs)`` passes dgrpo's two arguments on) and no ``records``, and, given the ``columns`` it
     would be called with, its required parameters are among them unless it has some other number than two (a
     ``(completions, batch, **kw)`` is dgrpo's form under other names) or one is a keyword only TRL passes
     (``TRL_ONLY``: such a function was written for TRL, and its call fails saying how it was called)."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):  # (a builtin without a signature: called as dgrpo's)
-        return False
+    params = _parameters(fn)  # (none: a builtin without a signature, called as dgrpo's)
     kinds = {p.kind for p in params}
     if inspect.Parameter.VAR_KEYWORD not in kinds or kinds & {
         inspect.Parameter.VAR_POSITIONAL,
@@ -282,12 +287,8 @@ def awaited(value: Any) -> Any:
 
 def _trl_only_required(fn: Callable) -> list[str]:
     """The keywords of :data:`TRL_ONLY` that ``fn`` requires (no default): those its call here lacks."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return []
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [p.name for p in params if p.name in TRL_ONLY and p.kind in named and p.default is p.empty]
+    return [p.name for p in _parameters(fn) if p.name in TRL_ONLY and p.kind in named and p.default is p.empty]
 
 
 def _failure(error: BaseException, trl: bool, missing: Sequence[str] = ()) -> str:
@@ -401,11 +402,10 @@ def _warn_prompts_first(fn: Callable, name: str) -> None:
     """Once per function: one called as dgrpo's ``fn(completions, records)`` whose first parameter is TRL's
     ``prompts`` (``f(prompts, completions)`` without ``**kwargs``, which TRL's trainer could not call either: it
     passes more keywords) gets the completions as its prompts and the records as its completions."""
-    try:
-        params = [p for p in inspect.signature(fn).parameters.values() if p.kind is not p.VAR_POSITIONAL]
-    except (TypeError, ValueError):
+    if name in _WARNED_DGRPO_FORM:
         return
-    if name in _WARNED_DGRPO_FORM or not params or params[0].name != "prompts":
+    params = [p for p in _parameters(fn) if p.kind is not p.VAR_POSITIONAL]
+    if not params or params[0].name != "prompts":
         return
     _WARNED_DGRPO_FORM.add(name)
     warnings.warn(
