@@ -302,6 +302,11 @@ def test_trl_options_the_guide_lists_as_not_here_say_so():
         ("steps_per_generation=4", "one optimizer step per generation batch (grpo.mini_epochs: several"),
         ("grpo.lr_scheduler_type=linear", "(TRL's lr_scheduler_type has no counterpart in GRPO: the lr warms up"),
         ("num_train_epochs=3", "GRPO runs grpo.steps steps of grpo.prompts_per_step prompts, in shuffled passes over"),
+        ("grpo.delta=1.5", "(TRL's delta has no counterpart here: the ratio of a token of negative advantage has no "),
+        ("delta=1.5", "grpo.huber_delta is the threshold of the KL estimate's Huber form, another thing"),
+        ("top_entropy_quantile=0.2", "(TRL's top_entropy_quantile has no counterpart here: every answer token is in"),
+        ("adam_epsilon=1e-6", "(TRL's adam_epsilon has no counterpart here: AdamW's eps is torch's 1e-8, TRL's"),
+        ("grpo.fp16=true", "(TRL's fp16 has no counterpart here: no float16, in the weights or autocast: model.dtype"),
     ],
 )
 def test_a_trl_option_dgrpo_lacks_says_what_there_is_instead(override, says):
@@ -352,6 +357,8 @@ def test_trls_count_of_micro_batches_is_told_that_grpos_option_is_their_size():
     [
         ("sft.warmup_ratio=0.03", "(TRL's warmup_ratio has no counterpart in SFT: sft.warmup_steps counts optimizer"),
         ("sft.max_steps=100", "(TRL's max_steps has no counterpart in SFT: SFT runs sft.num_epochs epochs"),
+        ("sft.adam_epsilon=1e-6", "(TRL's adam_epsilon has no counterpart in SFT: AdamW's eps is torch's 1e-8"),
+        ("sft.fp16=true", "(TRL's fp16 has no counterpart in SFT: no float16 autocast: sft.bf16 autocasts to"),
     ],
 )
 def test_a_trl_sft_option_sft_lacks_says_what_sft_has_instead(override, says):
@@ -366,17 +373,63 @@ def test_a_trl_sft_option_sft_lacks_says_what_sft_has_instead(override, says):
 
 
 def test_the_trl_answers_name_only_real_options_and_the_guide_names_sfts():
-    """Each option a TRL answer names exists (no invented feature), and docs/from_trl.md gives SFT's names."""
-    from dgrpo.config.files import TRL_ABSENT, TRL_SFT_ABSENT, TRL_SFT_NAMES
+    """Each option a TRL answer names exists (no invented feature): its reasons, its notes and the options it maps
+    to; and docs/from_trl.md gives SFT's names."""
+    from dgrpo.config.files import _NOTES, TRL_ABSENT, TRL_NAMES, TRL_SFT_ABSENT, TRL_SFT_NAMES
+    from dgrpo.config.values import _options
 
-    known = {key for key, _ in options_of(lambda tp: True)}
-    reasons = [*TRL_ABSENT.values(), *TRL_SFT_NAMES.values(), *TRL_SFT_ABSENT.values()]
-    named = re.findall(r"\b(?:grpo|sft|model|data|eval)\.\w+", " ".join(reasons))
+    known = {option.key for option in _options(Config)}  # (nested ones too: model.lora.r)
+    reasons = [*TRL_ABSENT.values(), *TRL_SFT_NAMES.values(), *TRL_SFT_ABSENT.values(), *TRL_NAMES.values()]
+    reasons += [*_NOTES, *_NOTES.values()]
+    named = re.findall(r"\b(?:grpo|sft|model|data|eval|logging)(?:\.\w+)+", " ".join(reasons))
     assert named and set(named) <= known, set(named) - known
+    assert {"grpo.huber_delta", "model.dtype", "eval.batch_size", "sft.bf16", "model.lora.alpha"} <= set(named)
     guide = (ROOT / "docs" / "from_trl.md").read_text()
     sft = guide[guide.index("`dgrpo sft` under TRL's") :].split("\n\n")[0]
     for name, key in TRL_SFT_NAMES.items():
         assert f"`{name}`" in sft and f"`{key}`" in sft, name
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("per_device_eval_batch_size=8", "(TRL's per_device_eval_batch_size is eval.batch_size here: prompts per gen"),
+        ("sft.per_device_eval_batch_size=8", "(TRL's per_device_eval_batch_size is eval.batch_size here"),  # not sft's
+        ("grpo.per_device_eval_batch_size=8", "(TRL's per_device_eval_batch_size is eval.batch_size here"),
+        ("model.torch_dtype=bfloat16", "(TRL's torch_dtype is model.dtype here: the weights' dtype, float32 or bfloat"),
+        ("torch_dtype=float16", "(TRL's torch_dtype is model.dtype here: the weights' dtype, float32 or bfloat16 (no"),
+        ("sft.torch_dtype=bfloat16", "(TRL's torch_dtype is model.dtype here"),  # (a section both commands share)
+        ("sft.report_to=[wandb]", "(TRL's report_to is logging.backends here"),
+        ("model.gradient_checkpointing=true", "(TRL's gradient_checkpointing is grpo.recompute here; in SFT it is sft"),
+        ("model.learning_rate=1e-5", "(TRL's learning_rate is grpo.lr here; in SFT it is sft.lr; see docs/"),
+        ("bf16=true", "(TRL's bf16 is model.dtype here: the weights' dtype, float32 or bfloat16 (no float16, no 'au"),
+        ("bf16=true", "; in SFT it is sft.bf16: bf16 autocast, on CUDA only by default (auto); see docs/from_trl.md)"),
+    ],
+)
+def test_a_trl_name_of_a_shared_section_or_in_model_names_its_option(override, says):
+    """TRL's per_device_eval_batch_size, ModelConfig's torch_dtype and a training option written under ``model:``
+    (gradient_checkpointing, as Hugging Face's model.gradient_checkpointing_enable) were bare unknown keys; a TRL name
+    of the model, data, eval or logging section is that option in whichever section it is written (in sft,
+    per_device_eval_batch_size would have been sft.batch_size, the training batch, by its leaf's name)."""
+    msg = error(override)
+    assert says in msg and "did you mean" not in msg, msg
+
+
+def test_the_eps_a_trl_answer_states_is_the_optimizers():
+    """TRL's adam_epsilon is answered "AdamW's eps is torch's 1e-8": GRPO's and SFT's optimizers, with float32
+    masters or without, take it."""
+    import torch
+
+    from dgrpo.training.grpo import build_optimizer
+    from dgrpo.training.sft import new_optimizer
+
+    for masters in (False, True):
+        cfg = load_config(Config, None, [f"model.master_weights={masters}", "model.dtype=bfloat16"])
+        for opt in (
+            build_optimizer([torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))], cfg, torch.device("cpu")),
+            new_optimizer([torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))], cfg),
+        ):
+            assert opt.param_groups[0]["eps"] == 1e-8, (masters, type(opt))
 
 
 def test_trls_max_steps_row_says_a_grpo_step_is_mini_epochs_optimizer_steps():

@@ -16,7 +16,7 @@ import yaml
 
 from ..paths import expand_home
 from .base import CONFIG_DIR, ConfigError, _invalid
-from .schema import Config
+from .schema import Config, SFTConfig
 from .values import _coerce, _field_type, _option_types, _options, _TextBool, _TextFloat, _TextInt, _Written
 
 
@@ -182,10 +182,12 @@ TRL_NAMES = {
     "ref_model_sync_steps": "grpo.ref_renewal_every",
     "gradient_checkpointing": "grpo.recompute",
     "bf16": "model.dtype",
+    "torch_dtype": "model.dtype",
     "peft_config": "model.lora.r",
     "log_completions": "grpo.log_rollouts",
     "logging_steps": "grpo.log_every",
     "eval_steps": "grpo.eval_every",
+    "per_device_eval_batch_size": "eval.batch_size",
     "save_steps": "grpo.save_every",
     "save_total_limit": "grpo.keep_last",
     "output_dir": "--out",
@@ -208,6 +210,11 @@ TRL_ABSENT = {
     "top_k": "sampling has grpo.temperature and grpo.top_p (greedy by default)",
     "min_p": "sampling has grpo.temperature and grpo.top_p (greedy by default)",
     "repetition_penalty": "sampling has grpo.temperature and grpo.top_p (greedy by default)",
+    "delta": "the ratio of a token of negative advantage has no upper bound, as in TRL by default (delta None); "
+    "grpo.huber_delta is the threshold of the KL estimate's Huber form, another thing",
+    "top_entropy_quantile": "every answer token is in the policy loss, as TRL's default 1.0 keeps them all",
+    "adam_epsilon": "AdamW's eps is torch's 1e-8, TRL's default",
+    "fp16": "no float16, in the weights or autocast: model.dtype is float32 or bfloat16",
 }
 #: TRL names whose option in SFT (``dgrpo sft``) is not their GRPO option's of the same name: the ``sft`` section's
 #: answer, and at the top level the second one after GRPO's
@@ -216,11 +223,14 @@ TRL_SFT_NAMES = {
     "per_device_train_batch_size": "sft.batch_size",
     "num_train_epochs": "sft.num_epochs",
     "lr_scheduler_type": "sft.lr_schedule",
+    "bf16": "sft.bf16",
 }
 #: TRL ``SFTConfig`` options with no ``sft`` option, each with what SFT has instead (the ``sft`` section's answer)
 TRL_SFT_ABSENT = {
     "warmup_ratio": "sft.warmup_steps counts optimizer steps",
     "max_steps": "SFT runs sft.num_epochs epochs, sft.epochs_per_stage per curriculum stage",
+    "adam_epsilon": "AdamW's eps is torch's 1e-8, TRL's default",
+    "fp16": "no float16 autocast: sft.bf16 autocasts to bfloat16 (model.dtype: float32 or bfloat16 weights)",
 }
 #: what the option a TRL name maps to is, where its meaning differs from TRL's (gradient_accumulation_steps counts
 #: micro-batches; grpo.micro_batch_size is their size)
@@ -229,6 +239,9 @@ _NOTES = {
     "grpo.micro_batch_size": ": rollouts per forward and backward of the update, the step's grpo.prompts_per_step x "
     "grpo.group_size rollouts however split",
     "model.lora.r": " (LoraConfig's r; its lora_alpha and target_modules are model.lora.alpha and .target_modules)",
+    "model.dtype": ": the weights' dtype, float32 or bfloat16 (no float16, no 'auto')",
+    "sft.bf16": ": bf16 autocast, on CUDA only by default (auto)",
+    "eval.batch_size": ": prompts per generation call in each process (TRL's default 8, dgrpo's 256)",
 }
 
 
@@ -255,10 +268,14 @@ def _trl_name(obj: Any, name: str, prefix: str) -> str:
     if target is None:
         return ""
     section, _, leaf = target.rpartition(".")
-    if here not in ("", "grpo", section) and not target.startswith("--"):
-        if leaf not in {f.name for f in fields(obj)}:
+    if here not in ("", "grpo") and section == "grpo":  # (a training option: the section's own, if it has one)
+        if leaf in {f.name for f in fields(obj)}:
+            target = f"{prefix}{leaf}"
+        elif here != "model":
             return ""
-        target = f"{prefix}{leaf}"
+        else:  # (the model section, both commands': GRPO's option, and SFT's)
+            twin = sft or (f"sft.{leaf}" if leaf in {f.name for f in fields(SFTConfig)} else "")
+            also = f"; in SFT it is {twin}{_NOTES.get(twin, '')}" if twin else ""
     return f" (TRL's {name} is {target} here{_NOTES.get(target, '')}{also}; see docs/from_trl.md)"
 
 
