@@ -1,5 +1,8 @@
 """A walk through README's "Your own task" with a reward and scorer of one's own: what their errors say."""
 
+import re
+from pathlib import Path
+
 import pytest
 
 from dgrpo.data.records import Record
@@ -104,3 +107,34 @@ def test_docs_from_trl_names_every_rollouts_field_a_part_may_not_take():
     assert said.count("`") == 2 * len(ROLLOUT_FIELDS) and all(f"`{f}`" in said for f in ROLLOUT_FIELDS), said
     with pytest.raises(RewardError, match=r"reward part name\(s\) answer are fields of rollouts.jsonl's rows"):
         Rewards([RewardPart("correct", _tagged), RewardPart("answer", _own_gold_only, 0.1)])
+
+
+def _named(text: str) -> list[str]:
+    """The names in backticks of a list in the docs, its parentheses' asides left out."""
+    return re.findall(r"`(\w+)`", re.sub(r"\([^()]*\)", "", text))
+
+
+def test_the_docs_name_every_keyword_a_trl_reward_receives(tmp_path):
+    """Every record's meta holds ``source`` (the file read), so a reward in TRL's form is given a ``source`` keyword:
+    neither README's "Your own task" nor docs/from_trl.md said so; both now list the keywords a file of only
+    question and answer gives, and say what ``source`` holds (the file as named, ``rows``, ``builtin`` and
+    ``split``)."""
+    from dgrpo import load_dataset
+    from dgrpo.config import TaskConfig
+    from dgrpo.data import load_spec
+    from dgrpo.eval.scoring import trl_columns
+
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"question": "q", "answer": "1"}\n')
+    given = trl_columns(["c"], load_dataset(str(path)))
+    root = Path(__file__).resolve().parents[1]
+    guide = (root / "docs" / "from_trl.md").read_text()
+    listed = guide[guide.index("one entry per completion:") :].split(", and every other column")[0]
+    readme = (root / "README.md").read_text()
+    listed_too = readme[readme.index("it is\n  called with") :].split(" and the data's other columns")[0]
+    assert _named(listed) == _named(listed_too) == list(given), (listed, listed_too, list(given))
+    assert given["source"] == [str(path)]
+    assert trl_columns(["c"], load_dataset([{"question": "q", "answer": "1"}]))["source"] == ["rows"]
+    builtin = trl_columns(["c"], load_spec("builtin:valid", TaskConfig(n_valid=1))[:1])
+    assert (builtin["source"], builtin["split"]) == (["builtin"], ["valid"])
+    assert all(f"`{value}`" in listed for value in ("rows", "builtin", "split"))
