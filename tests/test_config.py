@@ -402,6 +402,7 @@ def test_the_trl_answers_name_only_real_options_and_the_guide_names_sfts():
         ("sft.report_to=[wandb]", "(TRL's report_to is logging.backends here"),
         ("model.gradient_checkpointing=true", "(TRL's gradient_checkpointing is grpo.recompute here; in SFT it is sft"),
         ("model.learning_rate=1e-5", "(TRL's learning_rate is grpo.lr here; in SFT it is sft.lr; see docs/"),
+        ("model.gradient_accumulation_steps=2", "; in SFT it is sft.grad_accum; see docs/"),  # (SFT's other name)
         ("bf16=true", "(TRL's bf16 is model.dtype here: the weights' dtype, float32 or bfloat16 (no float16, no 'au"),
         ("bf16=true", "; in SFT it is sft.bf16: bf16 autocast, on CUDA only by default (auto); see docs/from_trl.md)"),
     ],
