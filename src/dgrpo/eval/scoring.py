@@ -17,7 +17,8 @@ A function written for TRL's ``GRPOTrainer`` works as it is: one that takes ``**
 ``records``; its named parameters columns of the data: :func:`trl_style`) is called with keywords,
 ``fn(prompts=..., completions=..., answer=..., steps=..., <column>=...)``, each a list with one entry per
 completion: the question, the completion's text, the gold answer, the steps, and every other column of the data
-(a record's ``meta``; None where a record lacks it).
+(a record's ``meta``, ``source`` among them: the file or dataset the record was read from; None where a record
+lacks it).
 
 Every call is checked: a function that raises, returns the wrong number of values, or a value that is not a
 finite number is a :class:`RewardError` (one line naming the function and the row). A number may be a Python, NumPy
