@@ -388,3 +388,18 @@ def test_a_run_on_a_hub_model_records_the_commit_it_loaded_and_resumes_unchanged
     (out / "config.json").write_text(json.dumps(config))
     r = run_cli(*args)
     assert r.returncode == 0 and "different config" not in r.stderr, r.stderr[-2000:]
+
+
+def test_dgrpo_eval_of_a_cached_hub_model_probes_the_hub_once(hub_cache, tmp_path, run_cli, monkeypatch):
+    """Without HF_HUB_OFFLINE, eval probed the hub for the settings and again for the weights: on a network that
+    drops packets it waited out the probe's timeout (3 s) twice. One probe now; its answer (unreachable: the cache)
+    holds for both."""
+    from dgrpo import hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    probes: list[tuple[str, int]] = []
+    monkeypatch.setattr(hub, "_connects", lambda host, port, timeout: probes.append((host, port)) and False)
+    r = run_cli("eval", "--model", REPO, "--data", "builtin:test", "--limit", 2, "--out", tmp_path / "ev")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "ev" / "results.json").read_text())["model"] == f"{REPO}@{NEW}"  # (the cache's)
+    assert len(probes) == 1, probes

@@ -180,3 +180,24 @@ def test_an_endpoint_that_is_not_a_url_is_one_data_or_checkpoint_line(probed, mo
     with pytest.raises(DataError, match=r"could not be reached: HF_ENDPOINT='hf-mirror.example' is not an http"):
         loaders.load_dataset("openmathinstruct2_gsm", "train")
     assert probed == []
+
+
+def test_within_one_probe_each_address_is_probed_once(probed, monkeypatch):
+    """Within :func:`hub.one_probe` an address probed before answers as it first did, unreachable or reachable,
+    without a second connection; another address (a proxy set in between) is probed; outside it (before, after, a
+    new one) every call probes."""
+    answers = iter([False, True, True, False, True])
+    monkeypatch.setattr(hub, "_connects", lambda host, port, timeout: probed.append((host, port)) or next(answers))
+    hub_443 = ("huggingface.co", 443)
+    assert hub.hub_reachable() is False  # (outside: each call probes)
+    with hub.one_probe():
+        assert [hub.hub_reachable(), hub.hub_reachable(timeout=0.1)] == [True, True]
+        monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+        assert [hub.hub_reachable(), hub.hub_reachable()] == [True, True]
+        monkeypatch.delenv("HTTPS_PROXY")
+        assert hub.hub_reachable() is True  # (the hub's first answer)
+    assert probed == [hub_443, hub_443, ("proxy.example", 3128)]
+    assert hub.hub_reachable() is False
+    with hub.one_probe():
+        assert [hub.hub_reachable(), hub.hub_reachable()] == [True, True]
+    assert probed[3:] == [hub_443, hub_443]

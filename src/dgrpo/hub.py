@@ -2,17 +2,23 @@
 
 Used before any hub lookup (models and datasets), so that a machine without network fails at once with one line
 instead of waiting for the hub libraries' retries. ``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` are read at call
-time: with either set, the libraries' own offline mode (their local cache) is used instead of the probe.
+time: with either set, the libraries' own offline mode (their local cache) is used instead of the probe. Within
+:func:`one_probe` (one command's lookups) each address is probed once.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from urllib.parse import ParseResult, urlparse
 
 HUB_TIMEOUT_S = 3.0  # the reachability probe; downloads then use huggingface_hub's own timeouts
 DEFAULT_ENDPOINT = "https://huggingface.co"
+#: the answers of the probes made within :func:`one_probe`, by address (None: outside it, every call probes)
+_ANSWERS: ContextVar[dict[tuple[str, int], bool] | None] = ContextVar("hub_answers", default=None)
 
 
 def offline_requested(*names: str) -> bool:
@@ -70,15 +76,36 @@ def hub_endpoint() -> ParseResult:
     return url
 
 
+@contextmanager
+def one_probe() -> Iterator[None]:
+    """Within it, :func:`hub_reachable` probes each address once and answers again as it first did: one command
+    that looks a hub id up more than once (dgrpo eval: its settings, then its weights) waits out the probe's timeout
+    once at most (it was once per lookup: 3 s each on a network that drops packets)."""
+    token = _ANSWERS.set({})
+    try:
+        yield
+    finally:
+        _ANSWERS.reset(token)
+
+
 def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
     """Can a TCP connection to the hub endpoint (``HF_ENDPOINT``: :func:`hub_endpoint`, which raises
     :class:`EndpointError` for one that is not a URL) be opened within ``timeout`` seconds? With a proxy set
     (https_proxy, ALL_PROXY, ...: :func:`_proxy_for`), the hub libraries go through it: then the proxy is what is
-    probed (a proxy that cannot be reached had them retry for ~50 s before a cached model was used)."""
+    probed (a proxy that cannot be reached had them retry for ~50 s before a cached model was used). Within
+    :func:`one_probe`, an address probed before is not probed again."""
     url = hub_endpoint()
     host = url.hostname or ""
     proxy = _proxy_for(host, "http" if url.scheme == "http" else "https")
     if proxy is not None:
         p = urlparse(proxy if "://" in proxy else f"http://{proxy}")
-        return _connects(p.hostname or "", p.port or (443 if p.scheme == "https" else 80), timeout)
-    return _connects(host, url.port or (80 if url.scheme == "http" else 443), timeout)
+        address = (p.hostname or "", p.port or (443 if p.scheme == "https" else 80))
+    else:
+        address = (host, url.port or (80 if url.scheme == "http" else 443))
+    answers = _ANSWERS.get()
+    if answers is not None and address in answers:
+        return answers[address]
+    reachable = _connects(*address, timeout)
+    if answers is not None:
+        answers[address] = reachable
+    return reachable

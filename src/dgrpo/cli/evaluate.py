@@ -183,13 +183,14 @@ def dataset_label(data: str, split: str | None) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..eval.evaluate import eval_options
     from ..eval.results import write_results
+    from ..hub import one_probe
     from ..training.preemption import in_test_sets, is_rank0, stop, stop_requested, stopping
 
     done = Done()
     # (SIGTERM, Ctrl-C: the stop line says what was written; under torchrun a SIGTERM only asks, from the start, and
     # the ranks agree before the first dataset and after each: rank 0's notice says which, the datasets under way in
-    # in_test_sets, before them the command line's)
-    with stopping(done.line):
+    # in_test_sets, before them the command line's; the hub probed once for the model's settings, weights and data)
+    with stopping(done.line), one_probe():
         cfg, datas, started_in = _eval_config(args)
         e = cfg.eval
         outs = output_dirs(datas, args.split, Path(args.out), given=bool(args.data))
