@@ -348,12 +348,16 @@ def test_a_stop_of_the_demo_ends_its_workers_mid_task_and_says_so(tmp_path, sig,
                 os.kill(w, signal.SIGKILL)
 
 
-def wait_for_rows(out, pattern, key, deadline_s, demo):
-    """Wait until a metrics file under ``out`` matching ``pattern`` has a row with ``key``: its run is in its steps."""
-    deadline = time.time() + deadline_s
-    while not any(key in f.read_text() for f in out.glob(pattern)):
-        assert demo.poll() is None and time.time() < deadline, f"no {pattern} row with {key}"
-        time.sleep(0.2)
+def wait_for_rows(out, pattern, key, demo):
+    """Wait until a metrics file under ``out`` matching ``pattern`` has a row with ``key``: its run is in its steps.
+    Fails when ``demo`` ends first, or writes nothing new under ``out`` for a while (:func:`wait_until`: a busy
+    machine makes it slower, which a fixed deadline took for a hang)."""
+    wait_until(
+        lambda: any(key in f.read_text() for f in out.glob(pattern)),
+        demo,
+        f"no {pattern} row with {key}",
+        lambda: files_state(out),
+    )
 
 
 def pool_workers(pid):
@@ -372,7 +376,7 @@ def test_a_worker_killed_from_outside_ends_the_demo_in_one_line(tmp_path):
     demo = subprocess.Popen([*cmd, "--set", "threads=1", "sft.num_epochs=40", "task.n_train=512"], stderr=err)
     workers: set[int] = set()
     try:
-        wait_for_rows(tmp_path / "d", "sft/seed*/metrics.jsonl", '"loss"', 120, demo)  # (two seeds: both workers)
+        wait_for_rows(tmp_path / "d", "sft/seed*/metrics.jsonl", '"loss"', demo)  # (two seeds: both workers)
         workers = pool_workers(demo.pid)
         assert len(workers) == 2
         victim = min(workers)
@@ -422,9 +426,9 @@ def test_a_stop_of_the_demo_in_its_own_process_says_one_thing(tmp_path, phase):
     demo = subprocess.Popen([*cmd, "--set", *sets], stderr=err)
     try:
         if phase == "sft":
-            wait_for_rows(tmp_path / "d", "sft/seed0/metrics.jsonl", '"loss"', 120, demo)
+            wait_for_rows(tmp_path / "d", "sft/seed0/metrics.jsonl", '"loss"', demo)
         else:
-            wait_for_rows(tmp_path / "d", "arms/*/*/metrics.jsonl", '"reward_mean"', 120, demo)
+            wait_for_rows(tmp_path / "d", "arms/*/*/metrics.jsonl", '"reward_mean"', demo)
         os.kill(demo.pid, signal.SIGTERM)
         assert demo.wait(timeout=30) == 128 + signal.SIGTERM
         said = re.findall(r"dgrpo: [^\r\n]*", (tmp_path / "stderr").read_text())  # (SFT's bar: no newline of its own)

@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ import torch
 
 from dgrpo.model.latent_lm import LatentLM
 
-from conftest import dgrpo, make_lm, tiny_args, tiny_config
+from conftest import dgrpo, files_state, make_lm, tiny_args, tiny_config, wait_until
 
 READ_ONLY = Path("/sys/dgrpo-read-only-out")  # unwritable even for root
 
@@ -150,18 +149,50 @@ CASES = list(bad_inputs(Path("/unused"), Path("/unused"), {n: Path("/unused") / 
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_bad_input_is_exit_2_and_one_line_naming_it(case, tmp_path, sft_checkpoint, damaged, run_cli):
+def test_bad_input_is_exit_2_and_one_line_naming_it(case, tmp_path, sft_checkpoint, damaged, run_cli, monkeypatch):
     (tmp_path / "latin1.yaml").write_bytes("grpo: {lr: 1e-5}  # caf\xe9\n".encode("latin-1"))
     (tmp_path / "a-file").write_text("")
     argv, needle = bad_inputs(tmp_path, sft_checkpoint, damaged)[case]
-    t0 = time.time()
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # (the hub, unreachable: nothing listens there)
+    tried = connections_tried(monkeypatch)
     r = run_cli(*argv)
     assert r.returncode == 2, (case, r.returncode, r.stderr[-2000:])
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], (case, r.stderr)
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "o" / "final").exists()
-    assert time.time() - t0 < 60  # an unreachable hub fails at once, not after retries
+    # an unreachable hub fails at once: its probe's one connection, not the hub libraries' retries (a wall-clock
+    # bound failed on a busy machine); no other case tries the network
+    probe = [(what, "127.0.0.1", 9, "dgrpo/hub.py") for what in ("lookup", "connect")]
+    assert tried == (probe if case == "hub-id-unreachable" else []), tried
+
+
+def connections_tried(monkeypatch) -> list[tuple[str, str, int, str]]:
+    """What this process tries on the network from now on (the test's end restores the socket module): (lookup or
+    connect, host, port, the file that asked) for each name looked up (``getaddrinfo``: every connection by name, the
+    hub libraries' too, makes one first, which fails at once without DNS) and each address connected to."""
+    import socket
+    import traceback
+
+    tried: list[tuple[str, str, int, str]] = []
+    lookup, connect = socket.getaddrinfo, socket.socket.connect
+
+    def asked(what: str, host: str, port: int) -> None:
+        frame = next(f for f in reversed(traceback.extract_stack()[:-2]) if Path(f.filename).name != "socket.py")
+        tried.append((what, host, port, "/".join(Path(frame.filename).parts[-2:])))  # (dgrpo/hub.py: the probe)
+
+    def logged_lookup(host, port, *a, **kw):
+        asked("lookup", host, port)
+        return lookup(host, port, *a, **kw)
+
+    def logged_connect(self, address):
+        if isinstance(address, tuple):  # (an IP address and port, not a Unix socket's path)
+            asked("connect", *address[:2])
+        return connect(self, address)
+
+    monkeypatch.setattr(socket, "getaddrinfo", logged_lookup)
+    monkeypatch.setattr(socket.socket, "connect", logged_connect)
+    return tried
 
 
 def test_layers_slice_forms_are_accepted_through_set(sft_checkpoint, tmp_path, run_cli):
@@ -245,9 +276,9 @@ def test_a_second_command_on_the_same_out_is_refused_naming_the_pid(sft_checkpoi
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.time() + 120
-        while not (out / "metrics.jsonl").exists() and time.time() < deadline:
-            time.sleep(0.1)
+        wait_until(  # (its metrics.jsonl: it holds the lock, in its steps)
+            lambda: (out / "metrics.jsonl").exists(), first, "the first run did not start", lambda: files_state(out)
+        )
         r = run_cli("grpo", "--init", sft_checkpoint, *tiny_args(**{"seed": 1}), "--out", out)
         assert r.returncode == 2 and f"PID {first.pid}" in r.stderr and len(r.stderr.strip().splitlines()) == 1
         assert json.loads((out / "config.json").read_text())["seed"] == 0  # the first run's files are untouched
@@ -647,11 +678,13 @@ def test_consolidate_never_runs_a_pickle_from_the_checkpoint(tmp_path, run_cli):
 
 
 def test_hub_id_offline_names_the_id_fast(tmp_path, run_cli, monkeypatch):
+    """HF_HUB_OFFLINE set and the id not cached: one line naming both, at once: nothing is tried on the network (no
+    probe, no lookup by the hub libraries; a wall-clock bound failed on a busy machine)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # read when the model is resolved, not when huggingface_hub is imported
-    t0 = time.time()
+    tried = connections_tried(monkeypatch)
     r = run_cli("eval", "--model", "Qwen/Qwen2.5-1.5B", "--data", "builtin:test", "--out", tmp_path / "o")
     assert r.returncode == 2 and "'Qwen/Qwen2.5-1.5B'" in r.stderr and "HF_HUB_OFFLINE" in r.stderr
-    assert time.time() - t0 < 30
+    assert tried == []
 
 
 def test_fsdp_on_a_torch_without_the_fsdp2_settings_is_a_config_error_before_any_process_group(monkeypatch):
