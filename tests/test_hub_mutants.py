@@ -186,18 +186,18 @@ def test_within_one_probe_each_address_is_probed_once(probed, monkeypatch):
     """Within :func:`hub.one_probe` an address probed before answers as it first did, unreachable or reachable,
     without a second connection; another address (a proxy set in between) is probed; outside it (before, after, a
     new one) every call probes."""
-    answers = iter([False, True, True, False, True])
+    answers = iter([True, False, True, True, False])
     monkeypatch.setattr(hub, "_connects", lambda host, port, timeout: probed.append((host, port)) or next(answers))
     hub_443 = ("huggingface.co", 443)
-    assert hub.hub_reachable() is False  # (outside: each call probes)
+    assert hub.hub_reachable() is True  # (outside: each call probes)
     with hub.one_probe():
-        assert [hub.hub_reachable(), hub.hub_reachable(timeout=0.1)] == [True, True]
+        assert [hub.hub_reachable(), hub.hub_reachable(timeout=0.1)] == [False, False]
         monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
         assert [hub.hub_reachable(), hub.hub_reachable()] == [True, True]
         monkeypatch.delenv("HTTPS_PROXY")
-        assert hub.hub_reachable() is True  # (the hub's first answer)
+        assert hub.hub_reachable() is False  # (the hub's first answer)
     assert probed == [hub_443, hub_443, ("proxy.example", 3128)]
-    assert hub.hub_reachable() is False
+    assert hub.hub_reachable() is True
     with hub.one_probe():
-        assert [hub.hub_reachable(), hub.hub_reachable()] == [True, True]
+        assert [hub.hub_reachable(), hub.hub_reachable()] == [False, False]
     assert probed[3:] == [hub_443, hub_443]
