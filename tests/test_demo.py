@@ -376,9 +376,9 @@ def test_a_worker_killed_from_outside_ends_the_demo_in_one_line(tmp_path):
     demo = subprocess.Popen([*cmd, "--set", "threads=1", "sft.num_epochs=40", "task.n_train=512"], stderr=err)
     workers: set[int] = set()
     try:
-        wait_for_rows(tmp_path / "d", "sft/seed*/metrics.jsonl", '"loss"', demo)  # (two seeds: both workers)
+        wait_for_rows(tmp_path / "d", "sft/seed*/metrics.jsonl", '"loss"', demo)  # (a seed's first row: the pool is up)
         workers = pool_workers(demo.pid)
-        assert len(workers) == 2
+        assert len(workers) == 2  # (two seeds: both workers)
         victim = min(workers)
         os.kill(victim, signal.SIGKILL)
         assert demo.wait(timeout=30) == 1
