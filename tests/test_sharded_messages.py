@@ -105,3 +105,39 @@ def test_dgrpo_sft_and_grpo_end_with_those_lines(cmd, tmp_path, run_cli, monkeyp
     r = run_cli(cmd, *init, *tiny_args(), "--out", tmp_path / "run")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.splitlines()[-1] == f"  dgrpo consolidate {tmp_path / 'run' / 'final'}"
+
+
+def test_a_best_of_an_earlier_sharded_save_without_architectures_and_dtype_is_kept_once_consolidated(
+    tmp_path, tokenizer
+):
+    """An earlier dgrpo's sharded save of a new (scratch) model wrote config.json without ``architectures`` and
+    ``dtype``, and its checkpoints recorded best/ by the whole manifest: ``dgrpo consolidate OUT/best`` writes both
+    fields into config.json, and a resume removed best/ as written after the checkpoint. A best/ whose config
+    changed otherwise is still told apart."""
+    import json
+
+    from dgrpo.model.verified import write_manifest
+
+    from conftest import grpo_run_dir, make_lm, sharded_final
+
+    def earlier(folder):
+        """``folder`` as the earlier dgrpo wrote it (its config.json saved from a new model's config)."""
+        make_lm(tokenizer).model.config.save_pretrained(folder)
+        assert '"architectures"' not in (folder / "config.json").read_text()
+        (folder / "manifest.json").unlink()
+        write_manifest(folder)
+        return hashlib.sha256((folder / "manifest.json").read_bytes()).hexdigest()
+
+    out = tmp_path / "run"
+    out.mkdir()
+    best = sharded_final(tmp_path, tokenizer, lambda s: None)[0].rename(out / "best")
+    recorded = earlier(best)
+    with grpo_run_dir(out) as run:
+        consolidate_checkpoint(out / "best")
+        assert '"architectures"' in (best / "config.json").read_text()
+        assert not run.drop_stale_best({"best": recorded}) and (best / "model.safetensors").is_file()
+        config = json.loads((best / "config.json").read_text())
+        (best / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 0.5}, indent=2, sort_keys=True) + "\n")
+        (best / "manifest.json").unlink()
+        write_manifest(best)
+        assert run.drop_stale_best({"best": recorded}) and not best.exists()

@@ -74,14 +74,18 @@ ADDED_BY_CONSOLIDATION = re.compile(rf"({_ADDED})")
 #: what it writes: those, and the model config again (which an earlier dgrpo's sharded save left without ``dtype``
 #: and ``architectures``)
 CONSOLIDATED = re.compile(rf"({_ADDED}|config\.json)")
+#: a model folder's Hugging Face config (beside its weights; not the run's config.json)
+MODEL_CONFIG = "config.json"
 
 
-def _best_records(manifest: bytes) -> tuple[str, ...]:
+def _best_records(manifest: bytes, config: bytes | None = None) -> tuple[str, ...]:
     """The digest a checkpoint records of a ``best/`` manifest: a sharded one's without what consolidation writes
     (so ``dgrpo consolidate OUT/best``, which the run's end advises, leaves it the ``best/`` its checkpoints
     recorded), any other manifest's whole; then the others that name the same ``best/``: the whole manifest's,
     which a checkpoint recorded before, and a consolidated one's without the files consolidation added (the whole
-    manifest before it, which an earlier dgrpo's checkpoint recorded: its model config is rewritten the same)."""
+    manifest before it, which an earlier dgrpo's checkpoint recorded), its model config as consolidation found it
+    or, given ``config`` (best/'s config.json, as the manifest lists it), as an earlier dgrpo's sharded save wrote
+    it: without the ``architectures`` and ``dtype`` that consolidation added (:func:`_earlier_config`)."""
     whole = hashlib.sha256(manifest).hexdigest()
     try:
         entries = json.loads(manifest)
@@ -91,7 +95,28 @@ def _best_records(manifest: bytes) -> tuple[str, ...]:
         return (whole,)
     kept = {k: v for k, v in entries.items() if not CONSOLIDATED.fullmatch(k)}
     before = {k: v for k, v in entries.items() if not ADDED_BY_CONSOLIDATION.fullmatch(k)}
-    return _digest(kept), whole, _digest(before)
+    records = (_digest(kept), whole, _digest(before))
+    consolidated = len(before) < len(entries)
+    if not consolidated or config is None or entries.get(MODEL_CONFIG) != hashlib.sha256(config).hexdigest():
+        return records
+    earlier = _earlier_config(config)
+    if earlier is None:
+        return records
+    return (*records, _digest(before | {MODEL_CONFIG: hashlib.sha256(earlier).hexdigest()}))
+
+
+def _earlier_config(config: bytes) -> bytes | None:
+    """A consolidated model's ``config.json`` (``config``) as an earlier dgrpo's sharded save of a new model wrote it:
+    without ``architectures`` and ``dtype``, which consolidation adds, in Hugging Face's layout (sorted keys, indent
+    2); None when it holds neither, or is no JSON object."""
+    try:
+        fields = json.loads(config)
+    except ValueError:
+        return None
+    if not isinstance(fields, dict) or not {"architectures", "dtype"} <= fields.keys():
+        return None
+    rest = {k: v for k, v in fields.items() if k not in ("architectures", "dtype")}
+    return (json.dumps(rest, indent=2, sort_keys=True) + "\n").encode()
 
 
 def _digest(entries: dict) -> str:
@@ -564,8 +589,9 @@ class RunDir(ResumeCheck):
         before dgrpo recorded its ``best/`` is not checked (False)."""
         stale = False
         if self.dist.is_main and "best" in state:
-            manifest = self._best_manifest()
-            stale = manifest is not None and state["best"] not in _best_records(manifest)
+            manifest, config = self._best_manifest(), self.out_dir / BEST_DIR / MODEL_CONFIG
+            earlier = config.read_bytes() if config.is_file() else None
+            stale = manifest is not None and state["best"] not in _best_records(manifest, earlier)
             if stale:
                 remove_dir(self.out_dir / BEST_DIR)
                 self.log(
