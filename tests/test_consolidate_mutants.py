@@ -143,3 +143,29 @@ def test_consolidation_never_writes_through_into_the_files_it_replaces(tmp_path,
     assert set(after) - set(before) <= {f"{prefix}model.safetensors", f"{prefix}generation_config.json"}
     assert f"{prefix}model.safetensors" in after  # (and no .save/ folder left in it)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["backup", "staging", "step-1"]
+
+
+@pytest.mark.parametrize("final", [False, True], ids=["resumable", "final"])
+def test_a_consolidated_checkpoint_is_not_consolidated_again_unless_its_shards_changed(
+    tmp_path, tokenizer, run_cli, final
+):
+    """``dgrpo consolidate`` of a checkpoint it consolidated read every shard and wrote the weights again (the
+    end of a sharded run lists best/ and final/, and best/'s test lines name best/ too): it says so and writes
+    nothing. Shards changed since (put there by hand, the manifest deleted to load them): consolidated again."""
+    from safetensors.torch import load_file
+
+    ckpt, model = sharded_checkpoint(tmp_path, tokenizer, final=final)
+    folder = ckpt if final else ckpt / "model"
+    r = run_cli("consolidate", ckpt)
+    assert r.returncode == 0 and r.stdout == f"wrote {folder}/model.safetensors\n", r.stderr
+    before = {p: p.stat().st_ino for p in ckpt.rglob("*")}
+    r = run_cli("consolidate", ckpt)
+    assert r.returncode == 0 and r.stdout.startswith(f"{folder} is already consolidated ("), r.stderr
+    assert r.stdout.endswith("): nothing to do\n") and {p: p.stat().st_ino for p in ckpt.rglob("*")} == before
+    state = {k: v * 2 for k, v in model.state_dict().items()}
+    shutil.rmtree(ckpt / "dcp")
+    shutil.move(save_shards(tmp_path / "new", state if final else {"model": state, "optim": {}}) / "dcp", ckpt / "dcp")
+    (ckpt / "manifest.json").unlink()
+    assert consolidate_checkpoint(ckpt) == folder and verify(ckpt) is None
+    back = load_file(str(folder / "model.safetensors"))
+    assert torch.equal(back["model.norm.weight"], state["model.norm.weight"])

@@ -214,10 +214,14 @@ def refuse_non_finite(model: torch.nn.Module) -> None:
 
 
 def run_consolidate(args: argparse.Namespace) -> int:
-    from ..training.consolidate import consolidate_checkpoint
+    from ..training.consolidate import consolidated
 
     refuse_torchrun("consolidate", "each rank would write the same files at once")
-    print(f"wrote {consolidate_checkpoint(args.dir)}/model.safetensors")
+    model, written = consolidated(args.dir)
+    if written:
+        print(f"wrote {model}/model.safetensors")
+    else:
+        print(f"{model} is already consolidated (its manifest lists its weights beside the shards): nothing to do")
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,15 +26,20 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from ..model.latent_lm import LatentLM
 from ..model.sources import on_disk
 from ..model.verified import (
+    MANIFEST,
     RESUMABLE_STATE,
     SHARDED_DIR,
     CheckpointError,
     check_intact,
     one_line,
+    read_json_object,
     rewritten,
     write_manifest,
 )
 from ..run_layout import FINAL_DIR
+
+#: the weights ``save_pretrained`` writes: one file, or Hugging Face's shards
+_WEIGHTS = re.compile(r"model(-\d+-of-\d+)?\.safetensors")
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -144,13 +150,24 @@ def consolidate_checkpoint(path: str | Path) -> Path:
     """Turn a sharded FSDP checkpoint (``path/dcp``; a run directory means its ``final/``) into
     ``path/model.safetensors`` (and a new manifest), so that ``LatentLM.from_pretrained(path)`` and plain
     transformers load it. A resumable checkpoint (``checkpoints/step-N``) gets its model's weights in
-    ``path/model/`` (its shards stay: it still resumes). Returns the model directory."""
+    ``path/model/`` (its shards stay: it still resumes). Returns the model directory; one already consolidated
+    from its shards as they are is left as it is (:func:`consolidated`)."""
+    return consolidated(path)[0]
+
+
+def consolidated(path: str | Path) -> tuple[Path, bool]:
+    """:func:`consolidate_checkpoint`: (the model directory, whether its weights were written now). Not when its
+    manifest, checked, already lists weights beside the shards (only consolidation writes both): they were
+    consolidated from these shards, which have not changed since (a changed shard fails the check; one whose
+    manifest was deleted, to load a change, is consolidated again)."""
     path = _sharded_checkpoint(on_disk(path))
     resumable = (path / RESUMABLE_STATE).is_file()
+    target = path / "model" if resumable else path
+    if _holds_weights(path, "model/" if resumable else ""):
+        return target, False
     state = read_sharded(path, "model" if resumable else None)
     if not state:  # (was a StopIteration traceback)
         raise CheckpointError(f"{path / SHARDED_DIR}: the shards hold no weights")
-    target = path / "model" if resumable else path
     from transformers import AutoConfig, AutoModelForCausalLM
 
     dtype = next(iter(state.values())).dtype
@@ -172,7 +189,18 @@ def consolidate_checkpoint(path: str | Path) -> Path:
         if resumable:  # (the checkpoint's manifest vouches for model/'s files too)
             write_manifest(tmp)
         LatentLM.from_pretrained(out)  # verifies the result loads before it replaces ``path``
-    return target
+    return target, True
+
+
+def _holds_weights(path: Path, prefix: str) -> bool:
+    """Whether ``path``'s manifest (checked by :func:`_sharded_checkpoint`) lists weights under ``prefix`` beside
+    the shards' metadata: what consolidation writes."""
+    if not (path / MANIFEST).is_file():
+        return False
+    listed = read_json_object(path / MANIFEST)
+    if f"{SHARDED_DIR}/.metadata" not in listed:
+        return False
+    return any(_WEIGHTS.fullmatch(name.removeprefix(prefix)) for name in listed if name.startswith(prefix))
 
 
 def _save_into(model: PreTrainedModel, folder: Path) -> None:
