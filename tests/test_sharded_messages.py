@@ -50,17 +50,36 @@ def model_folder(path, *, consolidated: bool):
     return path
 
 
-def test_a_rerun_asks_to_consolidate_best_only_while_it_holds_shards_only(tmp_path, monkeypatch):
-    """The lines printed for best/ under FSDP said ``dgrpo consolidate OUT/best`` on a rerun of a finished run (the
-    same command again: best/ kept) whose best/ was consolidated; its ``dgrpo eval`` lines stay."""
-    from dgrpo.cli.train import best_eval_lines
+def test_best_s_eval_lines_follow_the_consolidation_lines_which_name_best_once(tmp_path, monkeypatch, capsys):
+    """A sharded run with test sets printed ``dgrpo consolidate OUT/best`` twice: in best/'s block of ``dgrpo eval``
+    lines (during the test sets) and in the end's list. The end now lists the consolidations, then best/'s eval
+    lines, whose head says to consolidate it first (the command above): each line runs as printed, in order. On a
+    rerun whose best/ was consolidated the head says nothing of it."""
+    from dataclasses import replace
+
+    from dgrpo.cli.train import evaluate_best, print_consolidation_lines
+    from dgrpo.training.distributed import Dist
+
+    from conftest import tiny_config
 
     monkeypatch.delenv("DGRPO_FSDP", raising=False)
     best = model_folder(tmp_path / "best", consolidated=False)
-    first = best_eval_lines(1, {"builtin:test": []}, tmp_path)
-    assert first[1] == f"  dgrpo consolidate {best}" and first[2].startswith("  dgrpo eval --config ")
+    model_folder(tmp_path / "final", consolidated=False)
+    dist, advice = replace(Dist.single(), fsdp=True), []
+    assert evaluate_best(1, 3, {"builtin:test": []}, tiny_config(), tmp_path, dist, "cpu", advice=advice) == {}
+    assert capsys.readouterr().out == ""  # (kept for the end)
+    print_consolidation_lines(tmp_path, dist, advice)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:3] == [f"  dgrpo consolidate {tmp_path / 'final'}", f"  dgrpo consolidate {best}"]
+    assert lines[3] == "dgrpo: best/ (1) is not tested under FSDP; after the run (torchrun too) and best/ is " + (
+        "consolidated (above), each test set:"
+    )
+    assert lines[4].startswith("  dgrpo eval --config ") and len(lines) == 5
+    assert sum(" dgrpo consolidate " in line for line in lines) == 2
     (best / "model.safetensors").write_bytes(b"")
-    assert best_eval_lines(1, {"builtin:test": []}, tmp_path) == [first[0], first[2]]
+    evaluate_best(1, 3, {"builtin:test": []}, tiny_config(), tmp_path, dist, "cpu")  # (no list: printed at once)
+    head = "dgrpo: best/ (1) is not tested under FSDP; after the run (torchrun too), each test set:"
+    assert capsys.readouterr().out.splitlines() == [head, lines[4]]
 
 
 def test_the_end_of_a_run_names_each_model_that_needs_consolidating(tmp_path, capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -15,10 +16,12 @@ from .common import (
     join_processes,
     load,
     report_model,
+    results_dir,
     revision_for,
     seed_everything,
     setup,
     subcommand,
+    test_metric_key,
 )
 
 if TYPE_CHECKING:
@@ -360,10 +363,13 @@ def run_sft(args: argparse.Namespace) -> int:
     warn_if_scorer_misses_gold(options["scorer"], train, f"eval.scorer {cfg.eval.scorer!r}")
     check_test_sets_fit(s.lm, tests, cfg, final_settings(cfg), "sft.c_thought")
 
+    advice: list[str] = []  # (best/'s dgrpo eval lines under FSDP: printed after the consolidation lines)
+
     def test(lm_: Any, best_epoch: int | None) -> dict[str, float]:  # final/, then best/ (rank 0's epoch)
         metrics = evaluate_test_sets(lm_, tests, cfg, s.out, dist)
         if tests and cfg.sft.eval_every_epoch:
-            metrics |= evaluate_best(best_epoch, cfg.sft.num_epochs - 1, tests, cfg, s.out, dist, s.device)
+            last, tested = cfg.sft.num_epochs - 1, (lm_, metrics)
+            metrics |= evaluate_best(best_epoch, last, tests, cfg, s.out, dist, s.device, final=tested, advice=advice)
         return metrics
 
     with command_line_words():  # (the run directory's refusals in the command line's words)
@@ -378,7 +384,7 @@ def run_sft(args: argparse.Namespace) -> int:
             allow_config_change=args.allow_config_change,
             final_eval=test,
         )
-    print_consolidation_lines(s.out, dist)
+    print_consolidation_lines(s.out, dist, advice)
     dist.close()
     return 0
 
@@ -401,10 +407,15 @@ def run_grpo(args: argparse.Namespace) -> int:
     # logged as eval/valid/accuracy, as SFT logs it (one chart for both in TensorBoard / W&B); config.json says which
     valid = {"valid": s.valid} if s.valid is not None else {}
 
+    advice: list[str] = []  # (best/'s dgrpo eval lines under FSDP: printed after the consolidation lines)
+
     def test(lm_: Any, best_step: int | None) -> dict[str, float]:  # final/, then best/ (rank 0's step)
         metrics = evaluate_test_sets(lm_, tests, cfg, s.out, dist)
         if tests:
-            metrics |= evaluate_best(best_step, cfg.grpo.steps, tests, cfg, s.out, dist, s.device)
+            tested = (lm_, metrics)
+            metrics |= evaluate_best(
+                best_step, cfg.grpo.steps, tests, cfg, s.out, dist, s.device, final=tested, advice=advice
+            )
         return metrics
 
     with command_line_words():  # (the run directory's refusals in the command line's words)
@@ -421,7 +432,7 @@ def run_grpo(args: argparse.Namespace) -> int:
         )
     if dist.is_main:  # (the headline numbers are the line above, the trainer's "done in"; the file has the rest)
         print(f"dgrpo grpo: summary -> {s.out / SUMMARY_FILE}")
-    print_consolidation_lines(s.out, dist)
+    print_consolidation_lines(s.out, dist, advice)
     dist.close()
     return 0
 
@@ -468,13 +479,24 @@ def best_tests_dir(out: Path, spec: str) -> Path:
 
 
 def evaluate_best(
-    best_step: int | None, final_step: int, tests: dict, cfg: Config, out: Path, dist: Any, device: Any
+    best_step: int | None,
+    final_step: int,
+    tests: dict,
+    cfg: Config,
+    out: Path,
+    dist: Any,
+    device: Any,
+    *,
+    final: tuple[Any, dict[str, float]] | None = None,
+    advice: list[str] | None = None,
 ) -> dict[str, float]:
     """The test sets for ``best/`` too (the checkpoint the paper reports: the best validation accuracy after warmup;
     SFT's under ``sft.eval_every_epoch``), into ``OUT/eval_best/``; nothing when best/ is the final model
     (``best_step`` == ``final_step``: GRPO's steps, SFT's last epoch) or was not kept, or under FSDP (a second full
-    copy of the model on every rank): then it prints the commands that do it. Every rank calls this (rank 0's
-    ``best_step``: the others' summary is empty). Returns the accuracies as metrics (``test_best/...``; rank 0's)."""
+    copy of the model on every rank): then the commands that do it go to ``advice`` (printed now without it). Every
+    rank calls this (rank 0's ``best_step``: the others' summary is empty). ``final``: the trained model and its test
+    metrics: a best/ of the same weights (no step updated the model after it) is not tested again, its metrics are
+    the final model's, said in a line. Returns the accuracies as metrics (``test_best/...``; rank 0's)."""
     from ..model.factory import load_model
 
     best_step = dist.all_gather_objects(best_step)[0]
@@ -482,23 +504,50 @@ def evaluate_best(
         return {}
     if dist.fsdp:
         if dist.is_main:
-            print("\n".join(best_eval_lines(best_step, tests, out)))
+            lines = best_eval_lines(best_step, tests, out)
+            if advice is None:
+                print("\n".join(lines))
+            else:
+                advice.extend(lines)
         return {}
     best = load_model(cfg.model, cfg.task, init=str(out / BEST_DIR), device=device, training=False)
+    same = final is not None and same_weights(best.model, final[0].model)
+    if final is not None and dist.all_gather_objects(same)[0]:  # (rank 0's answer: every rank tests, or none)
+        return final_as_best(best_step, tests, out, dist, final[1])
     return evaluate_test_sets(best, tests, cfg, out, dist, checkpoint=BEST_DIR)
 
 
+def same_weights(a: Any, b: Any) -> bool:
+    """Whether two models hold the same tensors (names, dtypes, shapes, values)."""
+    import torch
+
+    x, y = a.state_dict(), b.state_dict()
+    return x.keys() == y.keys() and all(x[k].dtype == y[k].dtype and torch.equal(x[k], y[k].to(x[k].device)) for k in x)
+
+
+def final_as_best(best_step: int, tests: dict, out: Path, dist: Any, metrics: dict[str, float]) -> dict[str, float]:
+    """best/'s test metrics when it holds the final model's weights: the final model's, said in a line (rank 0)."""
+    if dist.is_main:
+        where = ", ".join(str(results_dir(out, spec, FINAL_DIR)) for spec in tests)
+        print(
+            f"dgrpo: best/ ({best_step}) holds the final model's weights (no update after it): not tested again; "
+            f"its test results are the final model's ({where})"
+        )
+    keys = {test_metric_key(spec): test_metric_key(spec, BEST_DIR) for spec in tests}
+    return {keys[k]: v for k, v in metrics.items() if k in keys}
+
+
 def best_eval_lines(best_step: int, tests: dict, out: Path) -> list[str]:
-    """What a run under FSDP prints instead of testing ``best/`` (step or epoch ``best_step``): ``dgrpo consolidate``
-    while best/ holds its shards only (not on a rerun of a run whose best/ was consolidated), then a ``dgrpo eval``
-    line per test set. The run's config.json, which the lines take for its eval.* options, sets ``fsdp``, which
-    dgrpo eval does not apply and warns of: the lines set it to none (and ``DGRPO_FSDP`` too when it is set here)."""
+    """What a run under FSDP prints instead of testing ``best/`` (step or epoch ``best_step``), after its
+    ``dgrpo consolidate`` lines (:func:`consolidation_lines`, which name best/ while it holds its shards only): a
+    ``dgrpo eval`` line per test set. The run's config.json, which the lines take for its eval.* options, sets
+    ``fsdp``, which dgrpo eval does not apply and warns of: the lines set it to none (and ``DGRPO_FSDP`` too when it
+    is set here)."""
     from ..config import FSDP_ENV, fsdp_from_env
     from ..training.consolidate import unconsolidated
 
-    lines = [f"dgrpo: best/ ({best_step}) is not tested under FSDP; after the run (torchrun too), each test set:"]
-    if unconsolidated(out / BEST_DIR):
-        lines.append(f"  dgrpo consolidate {out / BEST_DIR}")
+    once = " and best/ is consolidated (above)" if unconsolidated(out / BEST_DIR) else ""
+    lines = [f"dgrpo: best/ ({best_step}) is not tested under FSDP; after the run (torchrun too){once}, each test set:"]
     env = f"{FSDP_ENV}=none " if fsdp_from_env() else ""
     for spec in tests:  # the run's config.json: its eval.* options, as the final model's tests had them
         run = f"--config {out / CONFIG_FILE} --set fsdp=none --model {out / BEST_DIR}"
@@ -521,7 +570,8 @@ def consolidation_lines(out: Path) -> list[str]:
     return [f"{head} (in one process):", *(f"  dgrpo consolidate {d}" for d in folders)]
 
 
-def print_consolidation_lines(out: Path, dist: Any) -> None:
-    """:func:`consolidation_lines`, from rank 0."""
-    if dist.is_main and (lines := consolidation_lines(out)):
+def print_consolidation_lines(out: Path, dist: Any, advice: Sequence[str] = ()) -> None:
+    """:func:`consolidation_lines`, then ``advice`` (best/'s ``dgrpo eval`` lines, :func:`evaluate_best`'s), from
+    rank 0."""
+    if dist.is_main and (lines := [*consolidation_lines(out), *advice]):
         print("\n".join(lines))

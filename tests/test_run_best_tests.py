@@ -1,0 +1,36 @@
+"""The test sets of a run's best/ (``dgrpo.cli.train.evaluate_best``): a best/ that holds the final model's weights
+(a run that never updated after it) is not tested a second time."""
+
+import pytest
+
+from conftest import make_lm, tiny_config
+
+
+@pytest.fixture
+def best_and_final(tmp_path, tokenizer):
+    """``tmp_path/best`` saved from a tiny model, and that model loaded back (the trained model at the run's end)."""
+    from dgrpo.model.latent_lm import LatentLM
+
+    make_lm(tokenizer).save_pretrained(tmp_path / "best")
+    return tmp_path, LatentLM.from_pretrained(tmp_path / "best")
+
+
+def test_a_best_of_the_final_weights_is_tested_once_and_reported_for_both(best_and_final, monkeypatch, capsys):
+    """A GRPO run whose every step after best/ was filtered (no update) tested best/ and final/, the same weights,
+    twice: best/ takes the final model's test accuracies, said in a line; best/ of other weights is tested."""
+    import dgrpo.cli.train as train_cli
+    from dgrpo.training.distributed import Dist
+
+    out, final = best_and_final
+    cfg, tests = tiny_config(), {"builtin:test": []}
+    tested: list[str] = []
+    monkeypatch.setattr(train_cli, "evaluate_test_sets", lambda *a, checkpoint="final": tested.append(checkpoint) or {})
+    scores = {"test/builtin_test/accuracy": 0.25}
+    got = train_cli.evaluate_best(1, cfg.grpo.steps, tests, cfg, out, Dist.single(), "cpu", final=(final, scores))
+    assert got == {"test_best/builtin_test/accuracy": 0.25} and tested == []
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("dgrpo: best/ (1) holds the final model's weights (no update after it): not tested again")
+    assert line.endswith(f"its test results are the final model's ({out / 'eval' / 'builtin_test'})")
+    final.model.model.norm.weight.data[0] += 1  # (an update after best/ was written)
+    train_cli.evaluate_best(1, cfg.grpo.steps, tests, cfg, out, Dist.single(), "cpu", final=(final, scores))
+    assert tested == ["best"] and capsys.readouterr().out == ""
