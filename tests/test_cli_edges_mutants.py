@@ -72,6 +72,8 @@ def trainers(monkeypatch):
     from pathlib import Path
     from types import SimpleNamespace
 
+    import torch
+
     from dgrpo.cli import train
     from dgrpo.eval.scoring import SCORERS
     from dgrpo.model import factory
@@ -88,7 +90,7 @@ def trainers(monkeypatch):
 
     def set_up(args):  # (what set_up_run returns, without data or a model: what reaches the trainer is under test)
         cfg = train.load(args)
-        model = SimpleNamespace(settings=Settings())
+        model = SimpleNamespace(settings=Settings(), model=torch.nn.Linear(1, 1))
         scorer = {"scorer": state.scorer}
         return train.Setting(cfg, scorer, [], None, dict(state.tests), Dist(), None, model, Path(args.out))
 
@@ -108,7 +110,8 @@ def trainers(monkeypatch):
     monkeypatch.setattr(grpo, "train_grpo", trainer)
     monkeypatch.setattr(train, "check_test_sets_fit", lambda *a: None)
     monkeypatch.setattr(train, "evaluate_test_sets", evaluated)
-    monkeypatch.setattr(factory, "load_model", lambda *a, **k: SimpleNamespace())  # (best/'s, for its test sets)
+    best = SimpleNamespace(model=torch.nn.Linear(1, 2))  # (best/'s, for its test sets: other weights than final's)
+    monkeypatch.setattr(factory, "load_model", lambda *a, **k: best)
     return state
 
 
