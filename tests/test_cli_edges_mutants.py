@@ -110,7 +110,7 @@ def trainers(monkeypatch):
     monkeypatch.setattr(grpo, "train_grpo", trainer)
     monkeypatch.setattr(train, "check_test_sets_fit", lambda *a: None)
     monkeypatch.setattr(train, "evaluate_test_sets", evaluated)
-    best = SimpleNamespace(model=torch.nn.Linear(1, 2))  # (best/'s, for its test sets: other weights than final's)
+    best = SimpleNamespace(settings=Settings(), model=torch.nn.Linear(1, 2))  # (best/'s: other weights than final's)
     monkeypatch.setattr(factory, "load_model", lambda *a, **k: best)
     return state
 

@@ -1,6 +1,8 @@
 """The test sets of a run's best/ (``dgrpo.cli.train.evaluate_best``): a best/ that holds the final model's weights
 (a run that never updated after it) is not tested a second time."""
 
+import dataclasses
+
 import pytest
 
 from conftest import make_lm, tiny_config
@@ -31,6 +33,11 @@ def test_a_best_of_the_final_weights_is_tested_once_and_reported_for_both(best_a
     line = capsys.readouterr().out.strip()
     assert line.startswith("dgrpo: best/ (1) holds the final model's weights (no update after it): not tested again")
     assert line.endswith(f"its test results are the final model's ({out / 'eval' / 'builtin_test'})")
-    final.model.model.norm.weight.data[0] += 1  # (an update after best/ was written)
+    settings = final.settings
+    final.settings = dataclasses.replace(settings, n_latent=settings.n_latent + 1)  # (read with more thoughts)
     train_cli.evaluate_best(1, cfg.grpo.steps, tests, cfg, out, Dist.single(), "cpu", final=(final, scores))
     assert tested == ["best"] and capsys.readouterr().out == ""
+    final.settings = settings
+    final.model.model.norm.weight.data[0] += 1  # (an update after best/ was written)
+    train_cli.evaluate_best(1, cfg.grpo.steps, tests, cfg, out, Dist.single(), "cpu", final=(final, scores))
+    assert tested == ["best", "best"] and capsys.readouterr().out == ""

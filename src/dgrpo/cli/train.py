@@ -511,7 +511,8 @@ def evaluate_best(
                 advice.extend(lines)
         return {}
     best = load_model(cfg.model, cfg.task, init=str(out / BEST_DIR), device=device, training=False)
-    same = final is not None and same_weights(best.model, final[0].model)
+    # (the same weights read with other latent settings, e.g. an earlier SFT stage's thoughts, answer otherwise)
+    same = final is not None and best.settings == final[0].settings and same_weights(best.model, final[0].model)
     if final is not None and dist.all_gather_objects(same)[0]:  # (rank 0's answer: every rank tests, or none)
         return final_as_best(best_step, tests, out, dist, final[1])
     return evaluate_test_sets(best, tests, cfg, out, dist, checkpoint=BEST_DIR)
