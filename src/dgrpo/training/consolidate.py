@@ -39,7 +39,14 @@ from ..model.verified import (
 from ..run_layout import FINAL_DIR
 
 #: the weights ``save_pretrained`` writes: one file, or Hugging Face's shards
-_WEIGHTS = re.compile(r"model(-\d+-of-\d+)?\.safetensors")
+_WEIGHTS = r"model(-\d+-of-\d+)?\.safetensors"
+#: what ``dgrpo consolidate`` adds to a sharded checkpoint (``dcp/``) beside its shards, with ``save_pretrained``: the
+#: weights (and the index of Hugging Face's shards) and the generation config
+_ADDED = rf"{_WEIGHTS}|model\.safetensors\.index\.json|generation_config\.json"
+ADDED_BY_CONSOLIDATION = re.compile(rf"({_ADDED})")
+#: what it writes: those, and the model config again (which an earlier dgrpo's sharded save left without ``dtype``
+#: and ``architectures``)
+CONSOLIDATED = re.compile(rf"({_ADDED}|config\.json)")
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -200,7 +207,7 @@ def _holds_weights(path: Path, prefix: str) -> bool:
     listed = read_json_object(path / MANIFEST)
     if f"{SHARDED_DIR}/.metadata" not in listed:
         return False
-    return any(_WEIGHTS.fullmatch(name.removeprefix(prefix)) for name in listed if name.startswith(prefix))
+    return any(re.fullmatch(_WEIGHTS, name.removeprefix(prefix)) for name in listed if name.startswith(prefix))
 
 
 def _save_into(model: PreTrainedModel, folder: Path) -> None:

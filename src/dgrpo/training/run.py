@@ -49,6 +49,7 @@ from .checkpoint import (
     reset_metrics,
     resume_candidates,
 )
+from .consolidate import ADDED_BY_CONSOLIDATION, CONSOLIDATED
 from .distributed import Dist
 from .guards import TrainingStopped
 from .out_dir import RunLock, check_output_dir, is_run_config, is_run_metrics
@@ -67,13 +68,6 @@ FinalEval = Callable[[LatentLM, "int | None"], dict[str, float]]
 LEFTOVER = re.compile(rf"\.(tmp|old)-({FINAL_DIR}|{BEST_DIR}|stage-\d+|step-\d+)-\d+")
 
 
-#: what ``dgrpo consolidate`` adds to a sharded checkpoint (``dcp/``) beside its shards, with ``save_pretrained``: the
-#: weights (one file, or Hugging Face's shards and their index) and the generation config
-_ADDED = r"model.*\.safetensors|model\.safetensors\.index\.json|generation_config\.json"
-ADDED_BY_CONSOLIDATION = re.compile(rf"({_ADDED})")
-#: what it writes: those, and the model config again (which an earlier dgrpo's sharded save left without ``dtype``
-#: and ``architectures``)
-CONSOLIDATED = re.compile(rf"({_ADDED}|config\.json)")
 #: a model folder's Hugging Face config (beside its weights; not the run's config.json)
 MODEL_CONFIG = "config.json"
 
