@@ -120,6 +120,14 @@ def _times(h: Tensor, f: Tensor) -> Tensor:
     return h * f
 
 
+def _frozen(p: Tensor | None) -> Tensor | None:
+    """``p`` as a frozen model holds it (a parameter that needs no grad): the step's graphs guard on
+    ``requires_grad``, and without grad the policy's weights should run the reference's graphs."""
+    if p is None or not p.requires_grad:
+        return p
+    return nn.Parameter(p.detach(), requires_grad=False) if isinstance(p, nn.Parameter) else p.detach()
+
+
 def _factor_of(module: nn.Module, where: str) -> Tensor | None:
     """The factor the tagged hook on ``module`` asks for now (None: no hook, or an inactive one)."""
     if module._forward_pre_hooks:
@@ -268,9 +276,11 @@ class CompiledLayers:
             tensors = [hidden_states, *past, attention_mask, *position_embeddings, *factors]
             # contiguous (a latent step's input is a view of the last position): the graphs guard on the strides
             tensors = [t if t is None or t.is_contiguous() else t.contiguous() for t in tensors]
+            step_params = params
             if not torch.is_grad_enabled():  # one no-grad graph whether an input came from a graph or not (the
                 tensors = [None if t is None else t.detach() for t in tensors]  # graphs guard on requires_grad)
-            out, keys, values = self._run_step(params, tensors)
+                step_params = {k: _frozen(p) for k, p in params.items()}  # (theta_old's = the reference's graphs)
+            out, keys, values = self._run_step(step_params, tensors)
             if isinstance(stored, DynamicLayer) and empty:
                 stored.lazy_initialization(keys, values)
             stored.keys, stored.values = keys, values
