@@ -233,11 +233,11 @@ def test_a_soak_child_that_writes_more_than_a_pipe_holds_is_not_blocked(monkeypa
 
 
 def test_soak_row_is_the_fitted_growth_and_a_failed_run_is_no_row(monkeypatch):
-    """Item 8 (child process and sampler replaced): --quick runs 40 steps; the row's ratio is the fitted line's last /
+    """Item 8 (child process and sampler replaced): --quick runs 30 steps; the row's ratio is the fitted line's last /
     first against <= 1.02; a child that failed raises instead of giving a row; the soak runs in the CPU section only."""
     ran = _soak_stubs(monkeypatch)
     (row,), raw = long_items.bench_soak(_ctx(Shapes(**{**TINY.to_json(), "name": "quick"})), steps=300)
-    assert "grpo.steps=40" in ran[0] and raw["steps"] == 40
+    assert "grpo.steps=30" in ran[0] and raw["steps"] == 30
     assert row.ratio == pytest.approx(1.04) and row.met is False and row.ratio_name.startswith("fitted RSS")
     (row,), raw = long_items.bench_soak(_ctx(), steps=300)
     assert "grpo.steps=300" in ran[1] and raw["steps"] == 300

@@ -34,6 +34,8 @@ from .workload import Ctx, build_lm, grpo_config, optimizer_state_bytes, task_re
 SOAK_STEPS = 300
 SOAK_EVERY = 10
 SOAK_SKIP = 20  # samples before this step are warm-up (allocator pools, first checkpoint) and not fitted
+#: --quick's soak: samples at 0, 10, 20 and 30, the line fitted through the last two (a smoke test: its slope no claim)
+QUICK_SOAK_STEPS = 30
 
 
 def bench_optimizer(ctx: Ctx) -> tuple[list[Row], dict]:
@@ -135,7 +137,7 @@ def bench_soak(ctx: Ctx, steps: int = SOAK_STEPS) -> tuple[list[Row], dict]:
     if not Path("/proc/self/status").exists():
         return [], {"skipped": "needs /proc (Linux) to read the child's resident set size"}
     s = ctx.shapes
-    steps = min(steps, 40) if s.name == "quick" else steps
+    steps = min(steps, QUICK_SOAK_STEPS) if s.name == "quick" else steps
     with tempfile.TemporaryDirectory(prefix="dgrpo-soak-") as tmp:
         init = Path(tmp) / "init"
         build_lm(s, torch.device("cpu"), torch.float32, fixed_length=False).save_pretrained(init)
