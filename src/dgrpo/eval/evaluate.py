@@ -103,6 +103,12 @@ def _cut_plain(text: str) -> str:
     return text
 
 
+def _as_answers(texts: list[str], plain: bool) -> list[str]:
+    """Completions as they are scored: a plain LM's cut before the next question it goes on to write
+    (:func:`_cut_plain`), the others as written."""
+    return [_cut_plain(t) for t in texts] if plain else texts
+
+
 @torch.no_grad()
 def generate_answers(
     lm: LatentLM,
@@ -425,15 +431,14 @@ def evaluate(
         dataset=dataset,
         prompt_key=p.prompt_key,
     )
-    texts = [_cut_plain(t) for t in texts] if plain else texts
-    preds, correct, unparseable = _graded(with_columns(p.records, columns), texts, p.scorer)
-    decoding: dict[str, Any] = {
-        "seed": seed,
-        "temperature": temperature,
-        "top_p": top_p,
-        "max_new_tokens": max_new_tokens,
-    }
-    return p.result(lm, dataset, correct, unparseable, preds, decoding)
+    preds, correct, unparseable = _graded(with_columns(p.records, columns), _as_answers(texts, plain), p.scorer)
+    return p.result(lm, dataset, correct, unparseable, preds, _decoding(seed, temperature, top_p, max_new_tokens))
+
+
+def _decoding(seed: int, temperature: float, top_p: float, max_new_tokens: int) -> dict[str, Any]:
+    """The decoding an evaluation's answers were drawn with, as its :class:`EvalResult` records it (the fields of
+    :meth:`_Prompted.result`'s ``decoding``)."""
+    return {"seed": seed, "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens}
 
 
 class _Prompted(NamedTuple):
@@ -757,31 +762,21 @@ def evaluate_mc_vote(
     question's masks are a function of ``seed`` and its text (:func:`mask_seeds`): its vote is the same in any list or
     subset. ``temperature`` > 0 (with ``top_p``) samples each copy's answer, as :func:`evaluate` samples, from a seed
     of the copy's own (of ``seed``, the copy and the question's text), so the copies are drawn apart and the vote is
-    again the same in any list. ``n_latent``, ``plain``, ``shots`` and ``limit`` mean what they mean to
-    :func:`evaluate` (the model's own thoughts by default; ``limit`` > 0 votes on the first ``limit`` records after a
-    plain prompt's ``shots``), and are checked as it checks them: ``evaluate_mc_vote(lm, records, perturbation,
-    **eval_options(cfg))`` takes the config's decoding as :func:`evaluate` does.
+    again the same in any list. ``n_latent``, ``plain``, ``shots``, ``limit`` and ``columns`` mean what they mean to
+    :func:`evaluate` (``limit`` > 0 votes on the first ``limit`` records after a plain prompt's ``shots``; the scorer
+    gets every column of ``records`` and ``columns``, for the records that have a vote), and are checked as it
+    checks them: ``evaluate_mc_vote(lm, records, perturbation, **eval_options(cfg))`` takes the config's decoding as
+    :func:`evaluate` does.
 
-    Each completion votes for its answer as ``scorer`` (default: the numeric verifier) reads it (:func:`vote_key`: the
-    final number for a numeric gold, the normalised final text for a text gold such as ProsQA's, the letter for
-    ``choice``; with the numeric scorer and a numeric gold, numbers the verifier compares as one, ``2.33`` and
-    ``2.333``, vote together: :func:`dgrpo.reward.numbers_agree`, :func:`majority_vote`); ties go to the answer
-    written most often, then to the one seen first. The question is
-    correct when ``scorer`` scores a completion that gave the majority answer correct (the first; of a number's, the
-    one written to the decimals the verifier credits most widely: ``36.00`` over ``36``, ``2.33`` over ``2.330``), so
-    a vote counts exactly as that completion would in :func:`evaluate`. ``unparseable`` counts (numeric scorer only,
-    as in :func:`evaluate`) the questions none of whose completions holds an answer. ConfigError when question, latents
-    and answer do not fit the model's context; ValueError when ``n_masks`` < 1. The scorer gets records as
-    :func:`evaluate` gives them (every column of ``records`` and ``columns``), whichever of them have a vote."""
-    if not isinstance(n_masks, int) or n_masks < 1:
-        raise ValueError(
-            f"evaluate_mc_vote: n_masks must be an int >= 1 (completions voting per question), got {n_masks!r}"
-        )
-    if not isinstance(perturbation, Perturbation):  # (None was "perturbation_seeds without a perturbation")
-        raise TypeError(
-            "evaluate_mc_vote: perturbation must be a dgrpo Perturbation, the masks that vote (e.g. "
-            f"dgrpo.perturbation.LockedDropout(p=0.1)), got {type(perturbation).__name__}"
-        )
+    Each completion votes for its answer as ``scorer`` (default: the numeric verifier) reads it (:func:`vote_key`;
+    with the numeric scorer and a numeric gold, numbers the verifier compares as one, ``2.33`` and ``2.333``, vote
+    together); ties go to the answer written most often, then to the one seen first (:func:`majority_vote`). The
+    question is correct when ``scorer`` scores a completion that gave the majority answer correct (the first; of a
+    number's, the one written to the decimals the verifier credits most widely: ``36.00`` over ``36``, ``2.33`` over
+    ``2.330``), so a vote counts exactly as that completion would in :func:`evaluate`. ``unparseable`` counts (numeric
+    scorer only, as in :func:`evaluate`) the questions none of whose completions holds an answer. ConfigError when
+    question, latents and answer do not fit the model's context; ValueError when ``n_masks`` < 1."""
+    _check_vote(n_masks, perturbation)
     p = _prompted(
         "evaluate_mc_vote",
         lm,
@@ -794,26 +789,32 @@ def evaluate_mc_vote(
         batch_size=batch_size,
         max_question_tokens=max_question_tokens,
     )
-    decoding: dict[str, Any] = {
-        "seed": seed,
-        "temperature": temperature,
-        "top_p": top_p,
-        "max_new_tokens": max_new_tokens,
-    }
+    decoding = _decoding(seed, temperature, top_p, max_new_tokens)
     texts = _perturbed_texts(
-        lm,
-        p,
-        perturbation,
-        n_masks=n_masks,
-        batch_size=batch_size,
-        progress=progress,
-        dataset=dataset,
-        **decoding,
+        lm, p, perturbation, n_masks=n_masks, batch_size=batch_size, progress=progress, dataset=dataset, **decoding
     )
-    texts = [_cut_plain(t) for t in texts] if plain else texts
-    preds, correct = _voted(with_columns(p.records, columns), texts, n_masks, p.scorer)
-    # (unparseable as evaluate counts it: the numeric verifier's numeric golds; a text gold's empty answer is no
-    # number missing)
-    unparseable = sum(pred["pred"] is None and _numeric_gold(r.answer) for pred, r in zip(preds, p.records))
-    result = p.result(lm, dataset, correct, unparseable if p.scorer is numeric else 0, preds, decoding)
+    preds, correct = _voted(with_columns(p.records, columns), _as_answers(texts, plain), n_masks, p.scorer)
+    result = p.result(lm, dataset, correct, _unanswered(p, preds), preds, decoding)
     return replace(result, mode=f"{result.mode}+mc{n_masks}")
+
+
+def _check_vote(n_masks: object, perturbation: object) -> None:
+    """What :func:`evaluate_mc_vote` checks beyond what :func:`evaluate` does (one line each): ValueError unless
+    ``n_masks`` is an int >= 1, TypeError unless ``perturbation`` is a dgrpo Perturbation."""
+    if not isinstance(n_masks, int) or n_masks < 1:
+        raise ValueError(
+            f"evaluate_mc_vote: n_masks must be an int >= 1 (completions voting per question), got {n_masks!r}"
+        )
+    if not isinstance(perturbation, Perturbation):  # (None was "perturbation_seeds without a perturbation")
+        raise TypeError(
+            "evaluate_mc_vote: perturbation must be a dgrpo Perturbation, the masks that vote (e.g. "
+            f"dgrpo.perturbation.LockedDropout(p=0.1)), got {type(perturbation).__name__}"
+        )
+
+
+def _unanswered(p: _Prompted, preds: list[dict]) -> int:
+    """``unparseable`` of a vote, as :func:`evaluate` counts it: under the numeric verifier, the numeric golds
+    without a vote (a text gold's empty answer is no number missing); 0 under another scorer."""
+    if p.scorer is not numeric:
+        return 0
+    return sum(pred["pred"] is None and _numeric_gold(r.answer) for pred, r in zip(preds, p.records))
