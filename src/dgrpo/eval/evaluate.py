@@ -217,11 +217,15 @@ def _check_questions(
 def _sampling_seeds(seed: int, questions: list[str], given: torch.Tensor | None) -> torch.Tensor:
     """The sampling seed of each question: ``given`` (checked: one int seed per question), else
     :func:`question_seeds` of ``seed``."""
-    if given is None:
-        return question_seeds(seed, questions)
-    seeds = as_seeds(given)
+    return question_seeds(seed, questions) if given is None else _one_per_question(given, questions, "sampling_seeds")
+
+
+def _one_per_question(seeds: torch.Tensor, questions: list[str], name: str) -> torch.Tensor:
+    """``seeds`` as :func:`~dgrpo.perturbation.base.as_seeds` reads them; ValueError (naming ``name``) unless there
+    is one per question."""
+    seeds = as_seeds(seeds)
     if len(seeds) != len(questions):
-        raise ValueError(f"generate_answers: {len(seeds)} sampling_seeds for {len(questions)} questions")
+        raise ValueError(f"generate_answers: {len(seeds)} {name} for {len(questions)} questions")
     return seeds
 
 
@@ -240,10 +244,7 @@ def _question_perturbation_seeds(
         )
     if seeds is None:
         raise ValueError("generate_answers: a perturbation needs perturbation_seeds (one int seed per question)")
-    seeds = as_seeds(seeds)
-    if len(seeds) != len(questions):
-        raise ValueError(f"generate_answers: {len(seeds)} perturbation_seeds for {len(questions)} questions")
-    return seeds
+    return _one_per_question(seeds, questions, "perturbation_seeds")
 
 
 def _check_counts(
@@ -618,8 +619,7 @@ def ordered_mean(scores: list[float]) -> float:
 def majority_vote(answers: list[str | None], same: Callable[[str, str], bool] | None = None) -> str | None:
     """The answer the most votes are ``same`` as (default: equal strings, so the most common), then the one written most
     often, then the one seen first; None when nothing parsed. ``same`` says which answers are one
-    (:func:`dgrpo.reward.numbers_agree`: ``2.33`` and ``2.333``, as the verifier scores them alike): the answer that the
-    most votes are ``same`` as wins, then the one written most often, then the one seen first. (Agreement is not
+    (:func:`dgrpo.reward.numbers_agree`: ``2.33`` and ``2.333``, as the verifier scores them alike). (Agreement is not
     transitive: ``0.13`` agrees with ``0.125``, ``2.335`` with ``2.33`` and ``2.34``; so no vote order decides, and of
     ``0.13, 0.125, 0.125`` the answer twice written wins. An answer between two others can win by agreeing with both:
     ``0.665`` of ``0.67, 0.67, 0.665, 0.66, 0.66``.)"""
