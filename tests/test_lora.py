@@ -590,6 +590,39 @@ def test_target_modules_that_match_nothing_or_cannot_be_adapted_are_one_config_l
         assert lm.peft is None
 
 
+@pytest.mark.parametrize(
+    "arch, targets, shown",
+    [
+        (
+            "qwen2",
+            ["q_proj", "mlp"],
+            "'mlp' is a Qwen2MLP (model.layers.0.mlp), not a layer LoRA adapts: name its "
+            "linear layers (down_proj, gate_proj, up_proj), or all-linear",
+        ),
+        (
+            "gpt2",
+            ["attn"],
+            "'attn' is a GPT2Attention (transformer.h.0.attn), not a layer LoRA adapts: name its "
+            "linear layers (c_attn, c_proj)",
+        ),
+        (
+            "llama",
+            ["norm"],
+            "'norm' is a LlamaRMSNorm (model.norm), not a layer LoRA adapts: name this model's linear "
+            "layers (down_proj, gate_proj, k_proj, lm_head, ",
+        ),
+    ],
+)
+def test_a_target_that_is_a_block_or_a_norm_names_the_linear_layers_to_write(base_dirs, arch, targets, shown):
+    """A block PEFT users name by its place (mlp, self_attn) or a norm: PEFT refuses it with the module's printout,
+    of which the line kept 'ValueError: Target module Qwen2MLP(' and no reason; now what it is and what to name."""
+    lm = LatentLM.from_pretrained(base_dirs / arch)
+    with pytest.raises(ConfigError) as e:
+        lora.apply_lora(lm, LoraConfig(r=4, target_modules=targets))
+    assert str(e.value).startswith("invalid config value model.lora.target_modules: " + shown)
+    assert "\n" not in str(e.value) and lm.peft is None
+
+
 @pytest.mark.parametrize("targets", [["embed_tokens"], ["q_proj", "model.embed_tokens"]])
 def test_an_adapter_on_tied_input_embeddings_is_one_config_line(base_dirs, targets):
     """The input embeddings of a model whose head shares their weight (the built-in Qwen2): PEFT adapted them alone

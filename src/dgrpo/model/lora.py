@@ -141,9 +141,26 @@ def check_targets(lm: LatentLM, targets: list[str]) -> None:
             f"invalid config value model.lora.target_modules: {', '.join(map(repr, missing))} matches no module of "
             f"this model (its linear layers: {', '.join(leaves[:12])}; or all-linear)"
         )
+    _refuse_unadaptable_targets(lm, targets)
     head, embed = lm.model.get_output_embeddings(), lm.model.get_input_embeddings()
     if head is not None and embed is not None and head.weight is embed.weight:
         _refuse_tied_targets(lm, targets, head, embed)
+
+
+def _refuse_unadaptable_targets(lm: LatentLM, targets: list[str]) -> None:
+    """ConfigError when a target names a module LoRA does not adapt (a block such as ``mlp`` or ``self_attn``, a
+    norm), naming the linear layers to write instead: PEFT refuses it with the module's printout, of which the line
+    kept 'Target module Qwen2MLP(' alone."""
+    for t in targets:
+        for n, m in lm.model.named_modules():
+            if n and _names(t, n) and not _adaptable(m):
+                inner = sorted({c.rsplit(".", 1)[-1] for c, x in m.named_modules() if c and _is_linear(x)})
+                name = "its" if inner else "this model's"
+                inner = inner or sorted({c.rsplit(".", 1)[-1] for c, x in lm.model.named_modules() if _is_linear(x)})
+                raise ConfigError(
+                    f"invalid config value model.lora.target_modules: {t!r} is a {type(m).__name__} ({n}), not a "
+                    f"layer LoRA adapts: name {name} linear layers ({', '.join(inner[:12])}), or all-linear"
+                )
 
 
 def _refuse_tied_targets(lm: LatentLM, targets: list[str], head: torch.nn.Module, embed: torch.nn.Module) -> None:
@@ -186,6 +203,14 @@ def _names(target: str, module_name: str) -> bool:
 def _is_linear(module: torch.nn.Module) -> bool:
     """A layer PEFT's LoRA adapts as a linear map (torch's Linear, GPT-2's Conv1D)."""
     return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+def _adaptable(module: torch.nn.Module) -> bool:
+    """A layer PEFT's LoRA adapts: a linear one (:func:`_is_linear`), an embedding, a convolution, an attention."""
+    nn = torch.nn
+    return _is_linear(module) or isinstance(
+        module, (nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention)
+    )
 
 
 def apply_lora(lm: LatentLM, cfg: LoraConfig | Any) -> None:
