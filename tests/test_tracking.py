@@ -424,6 +424,27 @@ def test_wandb_disabled_says_so(tmp_path, wandb_env, monkeypatch):
     assert t.where == "W&B disabled (WANDB_MODE=disabled): nothing is recorded there"
 
 
+@pytest.mark.parametrize(
+    "project, env, said",
+    [
+        ("team/proj", None, "logging.project: W&B refuses the name (Invalid project name 'team/proj': "),
+        ("a#b", None, "logging.project: W&B refuses the name (Invalid project name 'a#b': "),
+        ("dgrpo", "team/proj", "WANDB_PROJECT: W&B refuses the name (Invalid project name 'team/proj': "),
+    ],
+)
+def test_a_project_name_wandb_refuses_is_named_not_a_login(tmp_path, wandb_env, monkeypatch, project, env, said):
+    """W&B's team/project written as logging.project (or WANDB_PROJECT) was 'wandb could not start a run (...); log
+    in (wandb login, or set WANDB_API_KEY) or set WANDB_MODE=offline', under logging.backends, in offline mode too."""
+    if env:
+        monkeypatch.setenv("WANDB_PROJECT", env)
+    with pytest.raises(ConfigError) as e:
+        WandbTracker(tmp_path / "x", project=project)
+    text = str(e.value)
+    assert text.startswith(said) and "log in" not in text and "\n" not in text
+    entity = "WANDB_ENTITY" if env else "logging.entity"
+    assert text.endswith(f"choose another; a team or user goes in {entity}" if "/" in (env or project) else "another")
+
+
 def test_a_missing_tracking_package_is_found_before_the_run_starts(tmp_path, monkeypatch, run_cli):
     """The one-line error came after the model and data had loaded, with config.json written into OUT."""
     from conftest import tiny_args

@@ -203,6 +203,23 @@ def wandb_run_id(run_dir: Path, resume: bool = True) -> str:
     return run_id
 
 
+def _start_refused(e: Exception, project: str, env_project: str | None) -> ConfigError:
+    """The one line of a ``wandb.init`` that failed: a project name W&B refuses (``team/project``: its characters,
+    not a login, are wrong, online or offline) names the option or variable it came from; else how to log in."""
+    reason = " ".join(str(e).split())
+    if "Invalid project name" not in reason:
+        return ConfigError(
+            f"logging.backends: wandb could not start a run ({reason}); "
+            "log in (wandb login, or set WANDB_API_KEY) or set WANDB_MODE=offline"
+        )
+    if project == "dgrpo" and env_project:  # (WANDB_PROJECT names the project where the option is left at its default)
+        source, name, entity = "WANDB_PROJECT", env_project, "WANDB_ENTITY"
+    else:
+        source, name, entity = "logging.project", project, "logging.entity"
+    team = f"; a team or user goes in {entity}" if "/" in name else ""
+    return ConfigError(f"{source}: W&B refuses the name ({reason}): choose another{team}")
+
+
 class WandbTracker:
     """A Weights & Biases run, under ``run_dir/wandb``; ``WANDB_MODE`` (e.g. ``offline``) is honoured, and so are
     ``WANDB_PROJECT``, ``WANDB_ENTITY`` and ``WANDB_NAME`` where ``logging.*`` is left at its default (not
@@ -245,10 +262,7 @@ class WandbTracker:
                 resume="allow",
             )
         except wandb.errors.Error as e:
-            raise ConfigError(
-                f"logging.backends: wandb could not start a run ({' '.join(str(e).split())}); "
-                "log in (wandb login, or set WANDB_API_KEY) or set WANDB_MODE=offline"
-            ) from e
+            raise _start_refused(e, project, env("WANDB_PROJECT")) from e
         #: WANDB_MODE=disabled: a run that records nothing (older wandb gives it an id of its own)
         self.disabled = bool(getattr(self._run, "disabled", False))
         if self._run is None or (self._run.id != self.run_id and not self.disabled):
