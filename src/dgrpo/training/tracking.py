@@ -37,8 +37,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..config import ConfigError
+from ..config import ConfigError, LoggingConfig
 from ..run_layout import TB_DIR, WANDB_ID_FILE
+
+#: ``logging.project``'s default: left at it, W&B's own WANDB_PROJECT names the project
+DEFAULT_PROJECT: str = LoggingConfig.project
 
 #: the backends this module opens (``jsonl`` is the caller's metrics.jsonl)
 TRACKER_BACKENDS = ("tensorboard", "wandb")
@@ -212,7 +215,7 @@ def _start_refused(e: Exception, project: str, env_project: str | None) -> Confi
             f"logging.backends: wandb could not start a run ({reason}); "
             "log in (wandb login, or set WANDB_API_KEY) or set WANDB_MODE=offline"
         )
-    if project == "dgrpo" and env_project:  # (WANDB_PROJECT names the project where the option is left at its default)
+    if project == DEFAULT_PROJECT and env_project:  # (WANDB_PROJECT names it where the option is left at its default)
         source, name, entity = "WANDB_PROJECT", env_project, "WANDB_ENTITY"
     else:
         source, name, entity = "logging.project", project, "logging.entity"
@@ -238,7 +241,7 @@ class WandbTracker:
         self,
         run_dir: Path,
         *,
-        project: str = "dgrpo",
+        project: str = DEFAULT_PROJECT,
         entity: str = "",
         run_name: str = "",
         config: dict | None = None,
@@ -254,7 +257,7 @@ class WandbTracker:
         try:
             self._run: Any = wandb.init(
                 dir=str(self.run_dir),  # (OUT/wandb, whatever WANDB_DIR says: the run folder holds its run)
-                project=None if project == "dgrpo" and env("WANDB_PROJECT") else project,
+                project=None if project == DEFAULT_PROJECT and env("WANDB_PROJECT") else project,
                 entity=entity or None,
                 name=run_name or (None if env("WANDB_NAME") else self.run_dir.resolve().name),
                 config=config,
@@ -321,7 +324,7 @@ def open_trackers(
     run_dir: Path,
     *,
     config: dict,
-    project: str = "dgrpo",
+    project: str = DEFAULT_PROJECT,
     entity: str = "",
     run_name: str = "",
     resume: bool = True,
