@@ -589,8 +589,10 @@ def test_a_base_that_is_not_the_runs_is_one_line_asking_for_it(official, tmp_pat
     but not what to check (the missing embedding key, missing or wrong-shape tensors, too few rows for the latent
     tokens, a head the base ties): each line now asks whether --base is the run's model_id."""
     base, ckpt, _, tok, n_base = official
-    for arch, over in (("llama", {}), ("qwen2", {}), ("gpt2", {"hidden_size": 64})):
-        other = tmp_path / f"base-{arch}-{len(over)}"
+    others = {"llama": ("llama", {}), "qwen2": ("qwen2", {}), "wide": ("gpt2", {"hidden_size": 64})}
+    others["deep"] = ("gpt2", {"num_layers": 3})  # (one layer more than the run's)
+    for name, (arch, over) in others.items():
+        other = tmp_path / f"base-{name}"
         copy.deepcopy(tokenizer).save_pretrained(other)
         tiny_config(arch, n_base, **{**TINY, **over}).save_pretrained(other)
     llama = build_tiny_model("llama", n_base, seed=3, **TINY)
@@ -602,9 +604,11 @@ def test_a_base_that_is_not_the_runs_is_one_line_asking_for_it(official, tmp_pat
     big_tok.save_pretrained(bigger)
     tiny_config("gpt2", len(big_tok), **TINY).save_pretrained(bigger)
     for given, over, says in (
-        (ckpt, "base-llama-0", "no input embedding 'model.embed_tokens.weight' for the base model of"),
-        (llama_ckpt, "base-qwen2-0", "lm_head.weight differs from model.embed_tokens.weight, but the base model ties"),
-        (ckpt, "base-gpt2-1", "does not fit the base model: wrong shapes (checkpoint vs base) transformer.wte.weight"),
+        (ckpt, "base-llama", "no input embedding 'model.embed_tokens.weight' for the base model of"),
+        (llama_ckpt, "base-qwen2", "lm_head.weight differs from model.embed_tokens.weight, but the base model ties"),
+        (ckpt, "base-wide", "does not fit the base model: wrong shapes (checkpoint vs base) transformer.wte.weight"),
+        # (a base one layer deeper: the missing keys are a whole layer, which the key list alone did not say)
+        (ckpt, "base-deep", "the checkpoint has 2 decoder layers (transformer.h.N), the base model 3; missing "),
         (ckpt, "base-bigger", f"its {len(tok)} embedding rows lack the latent tokens (ids ["),
     ):
         r = run_cli(

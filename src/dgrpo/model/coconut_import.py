@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..paths import expand_home
-from .anatomy import input_embedding_weight
+from .anatomy import decoder_layers, input_embedding_weight
 from .factory import CheckpointError
 from .hf_loading import few_names
 from .latent_lm import LatentLM, LatentSettings
@@ -365,9 +365,11 @@ def fit_state_dict(model: PreTrainedModel, sd: dict[str, Tensor], wrapper_emb: T
     unexpected = [k for k in sd if k not in expected]
     if missing or unexpected:
         parts = [f"missing {_few(missing)}" if missing else "", f"unexpected {_few(unexpected)}" if unexpected else ""]
-        # (every key the base's, some missing: a file saved or copied in part is as likely as another base)
-        ask = WHICH_BASE if unexpected else f"a file saved or copied in part, or {WHICH_BASE}"
-        raise _error(f"the checkpoint does not fit the base model: {'; '.join(p for p in parts if p)}: {ask}")
+        # (every key the base's, some missing: a file saved or copied in part is as likely as another base; unless
+        # whole layers are missing: then another base's depth)
+        depth = _depths(model, sd)
+        ask = WHICH_BASE if unexpected or depth else f"a file saved or copied in part, or {WHICH_BASE}"
+        raise _error(f"the checkpoint does not fit the base model: {depth}{'; '.join(p for p in parts if p)}: {ask}")
     wrong = [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items() if sd[k].shape != v.shape]
     if wrong:
         raise _error(
@@ -381,6 +383,17 @@ def fit_state_dict(model: PreTrainedModel, sd: dict[str, Tensor], wrapper_emb: T
     if broken:  # (it imported, then evaluated at 0% with every answer unparseable)
         raise _error(f"the checkpoint holds NaN or infinite weights, a diverged run's: {_few(broken)}")
     return sd
+
+
+def _depths(model: PreTrainedModel, sd: dict[str, Tensor]) -> str:
+    """``"the checkpoint has 2 decoder layers, the base model 4; "`` when their depths differ (else ""): the missing
+    or unexpected keys are then whole layers, which the key lists alone do not say."""
+    layers = decoder_layers(model)
+    prefix = next(n for n, m in model.named_modules() if m is layers)
+    indices = {int(m.group(1)) for k in sd if (m := re.match(rf"{re.escape(prefix)}\.(\d+)\.", k))}
+    if len(indices) == len(layers):
+        return ""
+    return f"the checkpoint has {len(indices)} decoder layers ({prefix}.N), the base model {len(layers)}; "
 
 
 def init_latent_rows(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tokens: list[str]) -> None:
