@@ -345,6 +345,48 @@ def test_trls_peft_config_is_told_each_lora_option():
     assert "(TRL's peft_config is model.lora.r here (LoraConfig's r; its lora_alpha and target_modules are" in said
 
 
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("model.lora.lora_alpha=32", "(PEFT's lora_alpha is model.lora.alpha here: the adapter adds alpha / r x B A"),
+        ("model.lora.lora_dropout=0.05", "(PEFT's lora_dropout is model.lora.dropout here: anything but 0 is replaced"),
+        ("model.lora.rank=8", "(rank is model.lora.r here: LoraConfig's r, the adapter rank"),
+        ("model.lora.lora_r=8", "(lora_r is model.lora.r here: LoraConfig's r"),
+    ],
+)
+def test_a_peft_name_in_model_lora_names_the_option_it_is_here(override, says):
+    """A PEFT user's model.lora.lora_alpha=32 was a bare unknown key beside the list of model.lora's options."""
+    msg = error(override)
+    assert says in msg and "did you mean" not in msg, msg
+
+
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("model.lora.use_rslora=true", "scaled by alpha / r, PEFT's default; rsLoRA's alpha / sqrt(r) with lora_alpha"),
+        ("model.lora.use_dora=true", "(PEFT's use_dora has no counterpart here: plain LoRA (PEFT's default)"),
+        ("model.lora.bias=all", "(PEFT's bias has no counterpart here: biases stay frozen, PEFT's default 'none'"),
+        ("model.lora.modules_to_save=[lm_head]", "no module trains whole beside the adapters, only the latent"),
+        ("model.lora.init_lora_weights=gaussian", "PEFT's default: B is 0, so the adapter starts as a no-op"),
+        ("model.lora.fan_in_fan_out=true", "PEFT sets it itself for the layers that need it (GPT-2's Conv1D)"),
+        ("model.lora.layers_to_transform=[0]", "model.lora.target_modules takes a module's dotted name to adapt one"),
+    ],
+)
+def test_a_peft_option_dgrpo_lacks_says_what_the_adapters_do(override, says):
+    """PEFT's use_rslora, bias, ... in model.lora were a bare unknown key: each says what dgrpo's adapters do."""
+    assert says in error(override)
+
+
+def test_peft_names_are_answered_in_model_lora_only():
+    """Each PEFT name is answered in model.lora; elsewhere (grpo.bias, eval.rank) it is no LoRA option: no answer."""
+    from dgrpo.config.files import PEFT_ABSENT, PEFT_NAMES
+
+    for name in [*PEFT_NAMES, *PEFT_ABSENT]:
+        said = error(f"model.lora.{name}=1")
+        assert f"(PEFT's {name} " in said or f"({name} is model.lora.r here" in said, said
+        assert "model.lora" not in error(f"grpo.{name}=1") + error(f"eval.{name}=1"), name
+
+
 def test_trls_count_of_micro_batches_is_told_that_grpos_option_is_their_size():
     """TRL's gradient_accumulation_steps counts micro-batches, grpo.micro_batch_size is their size (its inverse): the
     hint said only "is grpo.micro_batch_size here", which reads as the same number."""
@@ -373,20 +415,22 @@ def test_a_trl_sft_option_sft_lacks_says_what_sft_has_instead(override, says):
 
 
 def test_the_trl_answers_name_only_real_options_and_the_guide_names_sfts():
-    """Each option a TRL answer names exists (no invented feature): its reasons, its notes and the options it maps
-    to; and docs/from_trl.md gives SFT's names."""
-    from dgrpo.config.files import _NOTES, TRL_ABSENT, TRL_NAMES, TRL_SFT_ABSENT, TRL_SFT_NAMES
+    """Each option a TRL (or PEFT) answer names exists (no invented feature): its reasons, its notes and the options
+    it maps to; and docs/from_trl.md gives SFT's names."""
+    from dgrpo.config import files
     from dgrpo.config.values import _options
 
     known = {option.key for option in _options(Config)}  # (nested ones too: model.lora.r)
-    reasons = [*TRL_ABSENT.values(), *TRL_SFT_NAMES.values(), *TRL_SFT_ABSENT.values(), *TRL_NAMES.values()]
-    reasons += [*_NOTES, *_NOTES.values()]
+    tables = [files.TRL_ABSENT, files.TRL_SFT_NAMES, files.TRL_SFT_ABSENT, files.TRL_NAMES, files._NOTES]
+    tables += [files.PEFT_NAMES, files.PEFT_ABSENT, files._PEFT_NOTES]  # (model.lora's answers to PEFT's names)
+    reasons = [*files._NOTES, *(why for table in tables for why in table.values())]
     named = re.findall(r"\b(?:grpo|sft|model|data|eval|logging)(?:\.\w+)+", " ".join(reasons))
     assert named and set(named) <= known, set(named) - known
     assert {"grpo.huber_delta", "model.dtype", "eval.batch_size", "sft.bf16", "model.lora.alpha"} <= set(named)
+    assert {"model.lora.dropout", "model.lora.train_latent_tokens", "model.lora.target_modules"} <= set(named)
     guide = (ROOT / "docs" / "from_trl.md").read_text()
     sft = guide[guide.index("`dgrpo sft` under TRL's") :].split("\n\n")[0]
-    for name, key in TRL_SFT_NAMES.items():
+    for name, key in files.TRL_SFT_NAMES.items():
         assert f"`{name}`" in sft and f"`{key}`" in sft, name
 
 

@@ -245,6 +245,55 @@ _NOTES = {
 }
 
 
+#: PEFT ``LoraConfig`` names (and the rank's other common names) that are a ``model.lora`` option of another name
+#: here: an unknown key of one of these names in ``model.lora`` says which option it is, and what it does here
+PEFT_NAMES = {
+    "lora_alpha": "model.lora.alpha",
+    "lora_dropout": "model.lora.dropout",
+    "rank": "model.lora.r",
+    "lora_r": "model.lora.r",
+    "lora_rank": "model.lora.r",
+}
+#: what the ``model.lora`` option a :data:`PEFT_NAMES` name maps to does here
+_PEFT_NOTES = {
+    "model.lora.alpha": ": the adapter adds alpha / r x B A to each targeted weight, PEFT's default scaling "
+    "(no rsLoRA)",
+    "model.lora.dropout": ": anything but 0 is replaced by 0 with a warning (the update replays the rollout's network; "
+    "the perturbation is the only noise)",
+    "model.lora.r": ": LoraConfig's r, the adapter rank (0: no adapters, every weight trained)",
+}
+#: PEFT ``LoraConfig`` options with no ``model.lora`` option, each with what dgrpo's adapters do (PEFT's default, or
+#: what stands for it): an unknown key of one of these names in ``model.lora`` says so
+PEFT_ABSENT = {
+    "use_rslora": "the adapter is scaled by alpha / r, PEFT's default; rsLoRA's alpha / sqrt(r) with lora_alpha=a "
+    "is model.lora.alpha=a x sqrt(r)",
+    "use_dora": "plain LoRA (PEFT's default): no DoRA magnitude vectors",
+    "bias": "biases stay frozen, PEFT's default 'none': the adapters train, and the latent markers' rows "
+    "(model.lora.train_latent_tokens)",
+    "modules_to_save": "no module trains whole beside the adapters, only the latent markers' rows "
+    "(model.lora.train_latent_tokens); model.lora.r=0 trains every weight",
+    "init_lora_weights": "PEFT's default: B is 0, so the adapter starts as a no-op (the policy starts as the base)",
+    "fan_in_fan_out": "PEFT sets it itself for the layers that need it (GPT-2's Conv1D)",
+    "layers_to_transform": "every layer's targets get adapters; model.lora.target_modules takes a module's dotted "
+    "name to adapt one layer's (Qwen2: layers.0.self_attn.q_proj)",
+}
+
+
+def _peft_name(name: str, prefix: str) -> str:
+    """' (PEFT's lora_alpha is model.lora.alpha here: ...)' for an unknown key of ``model.lora`` that is a PEFT
+    ``LoraConfig`` name (:data:`PEFT_NAMES`; one of :data:`PEFT_ABSENT` has none here, and says what dgrpo does
+    instead); '' for any other key or section."""
+    if prefix != "model.lora.":
+        return ""
+    if name in PEFT_NAMES:
+        key = PEFT_NAMES[name]
+        whose = "" if key == "model.lora.r" else "PEFT's "  # (rank, lora_r, lora_rank: other tools' names of r)
+        return f" ({whose}{name} is {key} here{_PEFT_NOTES[key]})"
+    if name in PEFT_ABSENT:
+        return f" (PEFT's {name} has no counterpart here: {PEFT_ABSENT[name]})"
+    return ""
+
+
 def _trl_name(obj: Any, name: str, prefix: str) -> str:
     """' (TRL's num_generations is grpo.group_size here; see docs/from_trl.md)' for an unknown key that is a TRL
     name (:data:`TRL_NAMES`; one of :data:`TRL_ABSENT` has none here, and says what there is instead), answered for
@@ -317,7 +366,8 @@ def _merge(obj: Any, data: dict, prefix: str) -> None:
         name = str(k)  # (a YAML key is the name it was written as: ConfigLoader.construct_mapping)
         key = f"{prefix}{name}"
         if k not in names:
-            hint = _dotted(obj, name, prefix) or _trl_name(obj, name, prefix) or _did_you_mean(obj, name, prefix)
+            hint = _dotted(obj, name, prefix) or _trl_name(obj, name, prefix) or _peft_name(name, prefix)
+            hint = hint or _did_you_mean(obj, name, prefix)
             if not prefix and name.strip().lower() == "base":  # (a file's base config: read before the keys)
                 hint = "; did you mean base (lower case: the file this one builds on)?"
             raise ConfigError(f"unknown config key {key!r}{hint} (known: {', '.join(sorted(names))})")
