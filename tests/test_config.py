@@ -387,6 +387,22 @@ def test_peft_names_are_answered_in_model_lora_only():
         assert "model.lora" not in error(f"grpo.{name}=1") + error(f"eval.{name}=1"), name
 
 
+def test_a_wandb_project_name_wandb_refuses_is_refused_with_wandb_only():
+    """W&B refuses / \\ # ? % : and more than 128 characters in a project name: said at validation when wandb is a
+    backend (the team of team/proj goes in logging.entity); without wandb, logging.project is not read."""
+    assert error("logging.backends=[jsonl,wandb]", "logging.project=team/proj") == (
+        "invalid config value logging.project: W&B refuses the name (Invalid project name 'team/proj': cannot contain "
+        "characters '/,\\\\,#,?,%,:', found '/'): choose another; a team or user goes in logging.entity"
+    )
+    assert error("logging.backends=[wandb]", "logging.project=a?b%").endswith("found '?,%'): choose another")
+    assert "exceeded 128 characters): choose another" in error(
+        "logging.backends=[wandb]", f"logging.project={'x' * 129}"
+    )
+    for ok in ("logging.project=" + "x" * 128, "logging.project=my-proj_1.0 v2", "logging.backends=[tensorboard]"):
+        load_config(Config, None, ["logging.backends=[wandb,tensorboard]", ok])
+    load_config(Config, None, ["logging.project=team/proj"])  # (jsonl alone: no W&B project)
+
+
 def test_trls_count_of_micro_batches_is_told_that_grpos_option_is_their_size():
     """TRL's gradient_accumulation_steps counts micro-batches, grpo.micro_batch_size is their size (its inverse): the
     hint said only "is grpo.micro_batch_size here", which reads as the same number."""

@@ -445,6 +445,22 @@ def test_a_project_name_wandb_refuses_is_named_not_a_login(tmp_path, wandb_env, 
     assert text.endswith(f"choose another; a team or user goes in {entity}" if "/" in (env or project) else "another")
 
 
+@pytest.mark.parametrize("project", ["team/proj", "a:b", "x" * 129])
+def test_a_project_name_wandb_refuses_is_found_when_the_config_is_validated(tmp_path, wandb_env, run_cli, project):
+    """logging.project=team/proj with wandb was refused only when the trackers opened, after the model and the data
+    had loaded: now at validation, exit 2, one line, nothing written, in the words of the late check (and W&B's)."""
+    from conftest import tiny_args
+
+    out = tmp_path / "run"
+    r = run_cli(
+        "sft", *tiny_args(), "--out", out, "--set", "logging.backends=[wandb]", "--set", f"logging.project={project}"
+    )
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and not out.exists(), r.stderr
+    with pytest.raises(ConfigError) as late:
+        WandbTracker(tmp_path / "x", project=project)
+    assert r.stderr.strip() == f"dgrpo: error: invalid config value {late.value}"
+
+
 def test_a_missing_tracking_package_is_found_before_the_run_starts(tmp_path, monkeypatch, run_cli):
     """The one-line error came after the model and data had loaded, with config.json written into OUT."""
     from conftest import tiny_args

@@ -1175,7 +1175,7 @@ class LoggingConfig:
     )
 
     def validate(self, p: str = "logging") -> None:
-        """Known backends only."""
+        """Known backends only; with wandb among them, a project name W&B accepts (:func:`wandb_project_refused`)."""
         known = typing.get_args(LoggingBackend)
         bad = [b for b in self.backends if b not in known]
         _check(
@@ -1183,6 +1183,25 @@ class LoggingConfig:
             f"{p}.backends",
             f"unknown backend(s) {', '.join(map(str, bad))}; expected any of {', '.join(known)}",
         )
+        why = wandb_project_refused(self.project) if "wandb" in self.backends else ""
+        team = "; a team or user goes in logging.entity" if "/" in self.project else ""
+        _check(not why, f"{p}.project", f"W&B refuses the name ({why}): choose another{team}")
+
+
+#: the characters W&B refuses in a project name, and its longest one (wandb's settings check, offline too)
+WANDB_PROJECT_CHARS, WANDB_PROJECT_MAX = "/\\#?%:", 128
+
+
+def wandb_project_refused(name: str) -> str:
+    """Why ``wandb.init`` refuses the project ``name``, in W&B's words ('' when it takes it): a run found it only when
+    the trackers opened, after the model and the data had loaded."""
+    if len(name) > WANDB_PROJECT_MAX:
+        return f"Invalid project name {name!r}: exceeded {WANDB_PROJECT_MAX} characters"
+    found = [c for c in WANDB_PROJECT_CHARS if c in name]
+    if not found:
+        return ""
+    chars = ",".join(WANDB_PROJECT_CHARS)
+    return f"Invalid project name {name!r}: cannot contain characters {chars!r}, found {','.join(found)!r}"
 
 
 @dataclass
