@@ -277,7 +277,7 @@ def test_same_weights_needs_every_parameter_equal_to_the_bit():
     """Equal parameters: the same greedy answers; one value off by 1e-6, or another set of parameters, is not."""
     import torch
 
-    from dgrpo.demo.pipeline import same_weights
+    from dgrpo.model.verified import same_weights
 
     torch.manual_seed(0)
     a = torch.nn.Linear(3, 2)

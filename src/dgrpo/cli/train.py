@@ -498,6 +498,7 @@ def evaluate_best(
     metrics: a best/ of the same weights (no step updated the model after it) is not tested again, its metrics are
     the final model's, said in a line. Returns the accuracies as metrics (``test_best/...``; rank 0's)."""
     from ..model.factory import load_model
+    from ..model.verified import same_weights
 
     best_step = dist.all_gather_objects(best_step)[0]
     if best_step is None or best_step == final_step or not (out / BEST_DIR).is_dir():
@@ -516,14 +517,6 @@ def evaluate_best(
     if final is not None and dist.all_gather_objects(same)[0]:  # (rank 0's answer: every rank tests, or none)
         return final_as_best(best_step, tests, out, dist, final[1])
     return evaluate_test_sets(best, tests, cfg, out, dist, checkpoint=BEST_DIR)
-
-
-def same_weights(a: Any, b: Any) -> bool:
-    """Whether two models hold the same tensors (names, dtypes, shapes, values)."""
-    import torch
-
-    x, y = a.state_dict(), b.state_dict()
-    return x.keys() == y.keys() and all(x[k].dtype == y[k].dtype and torch.equal(x[k], y[k].to(x[k].device)) for k in x)
 
 
 def final_as_best(best_step: int, tests: dict, out: Path, dist: Any, metrics: dict[str, float]) -> dict[str, float]:

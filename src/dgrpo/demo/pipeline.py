@@ -30,6 +30,7 @@ from ..eval.evaluate import evaluate
 from ..eval.scoring import check_reward
 from ..model.factory import load_model
 from ..model.latent_lm import LatentLM
+from ..model.verified import same_weights
 from ..perturbation import make_perturbation
 from ..run_layout import BEST_DIR, FINAL_DIR
 from ..training.distributed import available_cpus, exit_with_parent
@@ -230,12 +231,6 @@ def run_arm(demo: Demo, arm: str, sft_seed: int, r: int, sft_ckpt: Path) -> str:
     )
     say(line)
     return line
-
-
-def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    """Whether two models hold exactly the same parameters (then they give the same greedy answers)."""
-    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
-    return pa.keys() == pb.keys() and all(torch.equal(pa[k].detach().cpu(), pb[k].detach().cpu()) for k in pa)
 
 
 def run_diagnostics(run_dir: Path) -> dict[str, Any]:

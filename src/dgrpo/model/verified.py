@@ -339,6 +339,13 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise CheckpointError(f"{folder}: no {SAFETENSORS} (dgrpo reads safetensors weights only, never pickles)")
 
 
+def same_weights(a: nn.Module, b: nn.Module) -> bool:
+    """Whether two models hold the same tensors to the bit (names, dtypes, shapes, values; on any devices): then
+    they give the same answers (a best/ saved at the final step, or with no update after it)."""
+    x, y = a.state_dict(), b.state_dict()
+    return x.keys() == y.keys() and all(x[k].dtype == y[k].dtype and torch.equal(x[k], y[k].to(x[k].device)) for k in x)
+
+
 def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
     """Raise CheckpointError unless ``state`` holds exactly ``model``'s tensors with their shapes. A parameter tied
     to another (shared storage, e.g. a tied LM head) may be absent when one of its twins is present."""
