@@ -100,6 +100,7 @@ from .schema import (
     unused_model_settings,
     unused_recompute_settings,
     unused_sft_settings,
+    wandb_name_advice,
 )
 from .values import PLUGIN_CHOICES, Option
 
@@ -178,4 +179,5 @@ __all__ = [
     "unused_model_settings",
     "unused_recompute_settings",
     "unused_sft_settings",
+    "wandb_name_advice",
 ]

@@ -1184,12 +1184,18 @@ class LoggingConfig:
             f"unknown backend(s) {', '.join(map(str, bad))}; expected any of {', '.join(known)}",
         )
         why = wandb_project_refused(self.project) if "wandb" in self.backends else ""
-        team = "; a team or user goes in logging.entity" if "/" in self.project else ""
-        _check(not why, f"{p}.project", f"W&B refuses the name ({why}): choose another{team}")
+        _check(not why, f"{p}.project", wandb_name_advice(why, self.project, f"{p}.entity"))
 
 
 #: the characters W&B refuses in a project name, and its longest one (wandb's settings check, offline too)
 WANDB_PROJECT_CHARS, WANDB_PROJECT_MAX = "/\\#?%:", 128
+
+
+def wandb_name_advice(reason: str, name: str, entity: str) -> str:
+    """What to do about a project ``name`` W&B refuses for ``reason``: another name, and for W&B's ``team/project``
+    form, the team in ``entity`` (``logging.entity``, or ``WANDB_ENTITY`` for a name from ``WANDB_PROJECT``)."""
+    team = f"; a team or user goes in {entity}" if "/" in name else ""
+    return f"W&B refuses the name ({reason}): choose another{team}"
 
 
 def wandb_project_refused(name: str) -> str:

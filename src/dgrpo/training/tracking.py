@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..config import ConfigError, LoggingConfig
+from ..config import ConfigError, LoggingConfig, wandb_name_advice
 from ..run_layout import TB_DIR, WANDB_ID_FILE
 
 #: ``logging.project``'s default: left at it, W&B's own WANDB_PROJECT names the project
@@ -219,8 +219,7 @@ def _start_refused(e: Exception, project: str, env_project: str | None) -> Confi
         source, name, entity = "WANDB_PROJECT", env_project, "WANDB_ENTITY"
     else:
         source, name, entity = "logging.project", project, "logging.entity"
-    team = f"; a team or user goes in {entity}" if "/" in name else ""
-    return ConfigError(f"{source}: W&B refuses the name ({reason}): choose another{team}")
+    return ConfigError(f"{source}: {wandb_name_advice(reason, name, entity)}")
 
 
 class WandbTracker:
