@@ -247,6 +247,7 @@ class CompiledLayers:
         parts, others, owners = self._anatomy[layer]
         # every tensor the template lacks, read from its owner at each install (the weights may have been replaced)
         params = {full: getattr(m, table)[full.rsplit(".", 1)[-1]] for full, m, table in owners}
+        frozen: dict[str, Tensor | None] = {}  # (the same, as no-grad calls take them: built at the first of them)
 
         def forward(
             hidden_states: Tensor,
@@ -279,7 +280,9 @@ class CompiledLayers:
             step_params = params
             if not torch.is_grad_enabled():  # one no-grad graph whether an input came from a graph or not (the
                 tensors = [None if t is None else t.detach() for t in tensors]  # graphs guard on requires_grad)
-                step_params = {k: _frozen(p) for k, p in params.items()}  # (theta_old's = the reference's graphs)
+                if not frozen:  # (theta_old's scoring then runs the reference's graphs)
+                    frozen.update({k: _frozen(p) for k, p in params.items()})
+                step_params = frozen
             out, keys, values = self._run_step(step_params, tensors)
             if isinstance(stored, DynamicLayer) and empty:
                 stored.lazy_initialization(keys, values)
