@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -328,13 +327,11 @@ def test_a_stop_of_the_demo_ends_its_workers_mid_task_and_says_so(tmp_path, sig,
         wait_until(
             lambda: any(out.glob(started)), demo, f"the demo did not start its {phase} runs", lambda: files_state(out)
         )
-        workers = {p for p in child_pids(demo.pid) if process_alive(p)}  # the two pool workers (and a resource tracker)
-        assert len(workers) >= 2
+        workers = pool_workers(demo.pid)  # (not its resource tracker, which ends on its own once the demo has)
+        assert len(workers) == 2
         os.kill(demo.pid, sig)
         assert demo.wait(timeout=30) == 128 + sig
-        deadline = time.time() + 15
-        while any(process_alive(w) for w in workers) and time.time() < deadline:
-            time.sleep(0.2)
+        # (the demo joins its workers before it exits: none may be left running once it has, at any machine speed)
         assert not [w for w in workers if process_alive(w)], "pool workers outlived the demo"
         said = "terminated (SIGTERM)" if sig == signal.SIGTERM else "interrupted"
         lines = (tmp_path / "stderr").read_text().strip().splitlines()
@@ -382,10 +379,7 @@ def test_a_worker_killed_from_outside_ends_the_demo_in_one_line(tmp_path):
         victim = min(workers)
         os.kill(victim, signal.SIGKILL)
         assert demo.wait(timeout=30) == 1
-        deadline = time.time() + 15
-        while any(process_alive(w) for w in workers) and time.time() < deadline:
-            time.sleep(0.2)
-        assert not [w for w in workers if process_alive(w)], "a pool worker outlived the demo"
+        assert not [w for w in workers if process_alive(w)], "a pool worker outlived the demo"  # (joined: as above)
         text = (tmp_path / "stderr").read_text()
         assert "Traceback" not in text and "BrokenProcessPool" not in text, text
         assert text.strip().splitlines()[-1] == (
