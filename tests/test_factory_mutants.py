@@ -58,12 +58,12 @@ def test_the_revision_hint_is_for_an_init_loaded_in_place_of_another_model():
     named another model (not the built-in one, not the same repository)."""
     model = SimpleNamespace(name_or_path="org/base", revision="v2")
     assert "model.revision is the revision of the model loaded, org/init, not of model.name_or_path org/base" in (
-        factory.revision_hint(model, "org/init")  # type: ignore[arg-type]
+        factory.revision_hint(model, "org/init")
     )
-    assert factory.revision_hint(model, None) == ""  # type: ignore[arg-type]
-    assert factory.revision_hint(model, "org/base") == ""  # type: ignore[arg-type]
-    assert factory.revision_hint(SimpleNamespace(name_or_path="org/base", revision=""), "org/init") == ""  # type: ignore[arg-type]
-    assert factory.revision_hint(SimpleNamespace(name_or_path=factory.BUILTIN, revision="v2"), "org/init") == ""  # type: ignore[arg-type]
+    assert factory.revision_hint(model, None) == ""
+    assert factory.revision_hint(model, "org/base") == ""
+    assert factory.revision_hint(SimpleNamespace(name_or_path="org/base", revision=""), "org/init") == ""
+    assert factory.revision_hint(SimpleNamespace(name_or_path=factory.BUILTIN, revision="v2"), "org/init") == ""
 
 
 def test_trust_remote_code_alone_for_the_built_in_model_is_warned_about():
@@ -107,7 +107,7 @@ def test_compile_head_follows_the_option_on_the_models_device(tokenizer):
 
     lm = make_lm(tokenizer)
     for setting, compiled in (("true", True), ("false", False), ("true", True), ("auto", False)):
-        factory.compile_head(lm, SimpleNamespace(compile_head=setting))  # type: ignore[arg-type]
+        factory.compile_head(lm, SimpleNamespace(compile_head=setting))
         assert lm.head_stats.compiled is compiled
 
 
@@ -153,8 +153,8 @@ def test_compile_refuses_a_model_with_adapters():
 
     lm = SimpleNamespace(peft=object(), compiled_layers=None)
     with pytest.raises(ConfigError, match="the compiled layers do not run with LoRA adapters"):
-        factory.compile_layers(lm, SimpleNamespace(compile=True))  # type: ignore[arg-type]
-    factory.compile_layers(lm, SimpleNamespace(compile=False))  # type: ignore[arg-type]
+        factory.compile_layers(lm, SimpleNamespace(compile=True))
+    factory.compile_layers(lm, SimpleNamespace(compile=False))
 
 
 def test_pack_gqa_warns_only_when_asked_for_explicitly(monkeypatch):
@@ -162,10 +162,10 @@ def test_pack_gqa_warns_only_when_asked_for_explicitly(monkeypatch):
     monkeypatch.setattr(factory, "use_packed_gqa", lambda model, on: False)
     lm = SimpleNamespace(device=torch.device("cuda"), model=torch.nn.Identity())
     with pytest.warns(UserWarning, match="model.pack_gqa=true: Identity runs Hugging Face's attention as it is"):
-        factory.pack_gqa(lm, SimpleNamespace(pack_gqa="true"))  # type: ignore[arg-type]
+        factory.pack_gqa(lm, SimpleNamespace(pack_gqa="true"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        factory.pack_gqa(lm, SimpleNamespace(pack_gqa="auto"))  # type: ignore[arg-type]
+        factory.pack_gqa(lm, SimpleNamespace(pack_gqa="auto"))
 
 
 def test_apply_speedups_reports_the_kernels_as_applied(monkeypatch):
@@ -175,6 +175,6 @@ def test_apply_speedups_reports_the_kernels_as_applied(monkeypatch):
         monkeypatch.setattr(factory, name, lambda lm, cfg: None)
     lm, cfg = SimpleNamespace(model=None), SimpleNamespace(kernels="liger")
     monkeypatch.setattr(factory, "apply_kernels", lambda model, kernels: False)
-    assert factory.apply_speedups(lm, cfg) == "none"  # type: ignore[arg-type]
+    assert factory.apply_speedups(lm, cfg) == "none"
     monkeypatch.setattr(factory, "apply_kernels", lambda model, kernels: True)
-    assert factory.apply_speedups(lm, cfg) == "liger"  # type: ignore[arg-type]
+    assert factory.apply_speedups(lm, cfg) == "liger"

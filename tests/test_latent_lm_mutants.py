@@ -358,7 +358,7 @@ def test_misshapen_inputs_are_one_typed_line_each(tokenizer):
     negative ``max_tokens`` (-1 too), a prompt mask of another shape, tokens and mask of other shapes to decode."""
     lm = make_lm(tokenizer)
     with pytest.raises(TypeError, match="got one string"):
-        lm.encode_questions("what is 3 + 4")  # type: ignore[arg-type]
+        lm.encode_questions("what is 3 + 4")
     with pytest.raises(ValueError, match="no targets"):
         lm.encode_targets([])
     with pytest.raises(ValueError, match="max_tokens must be >= 0"):

@@ -350,7 +350,7 @@ def test_model_latent_token_init_coconut_copies_the_rows_of_double_angle(tokeniz
     w = lm.model.get_input_embeddings().weight
     assert torch.allclose(w[lm.latent_id], w[: lm.start_id].mean(0), atol=1e-6)
     with pytest.raises(ValueError, match="latent_token_init must be mean or coconut, got 'copy'"):
-        LatentLM(model, copy.deepcopy(tokenizer), latent_token_init="copy")  # type: ignore[arg-type]
+        LatentLM(model, copy.deepcopy(tokenizer), latent_token_init="copy")
 
 
 def test_a_save_prints_no_per_file_progress_bar_and_leaves_the_setting_as_it_was(tokenizer, tmp_path, capfd):

@@ -82,7 +82,7 @@ def test_the_compiled_layers_serve_scoring_not_generation(tokenizer, task_record
     marker, targets) and never while ``generate`` decodes (on CPU it slows generation)."""
     lm = make_lm(tokenizer, "qwen2").eval()
     fake = _FakeCompiled()
-    lm.compiled_layers = fake  # type: ignore[assignment]
+    lm.compiled_layers = fake
     ids, mask, tg, tm = _prompt(lm, task_records)
     with torch.no_grad():
         lm.generate(ids, mask, 2, max_new_tokens=3)
@@ -109,7 +109,7 @@ def test_the_latent_steps_keep_their_keys_once_except_under_the_compiled_scoring
     with torch.no_grad():
         lm.target_logprobs(ids, mask, 2, tg, tm)
         assert len(opened) == 1
-        lm.compiled_layers = _FakeCompiled()  # type: ignore[assignment]
+        lm.compiled_layers = _FakeCompiled()
         lm.target_logprobs(ids, mask, 2, tg, tm)
         assert len(opened) == 1
         lm.generate(ids, mask, 2, max_new_tokens=2)  # (the compiled step serves scoring only)

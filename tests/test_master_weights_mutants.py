@@ -138,8 +138,8 @@ def test_the_share_of_sharded_weights_is_counted_over_every_ranks_shard(monkeypa
     monkeypatch.setattr(tdist, "all_reduce", all_reduce)
     p = _bf16([8.0, 8.0, 8.0, 8.0])
     group = object()
-    p.to_local = lambda: torch.tensor([0.5, 0.25], dtype=torch.bfloat16)  # type: ignore[attr-defined]
-    p.device_mesh = types.SimpleNamespace(get_group=lambda: group)  # type: ignore[attr-defined]
+    p.to_local = lambda: torch.tensor([0.5, 0.25], dtype=torch.bfloat16)
+    p.device_mesh = types.SimpleNamespace(get_group=lambda: group)
     assert rounded_away_share([p], 1e-3) == 1 / 8
     assert reduced == [(torch.float64, group)]
 

@@ -73,9 +73,9 @@ def fake_liger(monkeypatch):
 
     package = types.ModuleType("liger_kernel")
     transformers_module = types.ModuleType("liger_kernel.transformers")
-    transformers_module._apply_liger_kernel_to_instance = apply  # type: ignore[attr-defined]
+    transformers_module._apply_liger_kernel_to_instance = apply
     monkey_patch = types.ModuleType("liger_kernel.transformers.monkey_patch")
-    monkey_patch.MODEL_TYPE_TO_APPLY_LIGER_FN = {"llama": None, "qwen2": None}  # type: ignore[attr-defined]
+    monkey_patch.MODEL_TYPE_TO_APPLY_LIGER_FN = {"llama": None, "qwen2": None}
     for name, module in [
         ("", package),
         (".transformers", transformers_module),
@@ -104,7 +104,7 @@ def test_liger_is_applied_to_the_causal_lm_with_its_fused_layers_only(fake_liger
     base = build_tiny_model("llama", 11, hidden_size=8, num_layers=1, num_heads=2, intermediate_size=16)
     wrapper = SimpleNamespace(get_base_model=lambda: base, parameters=lambda: iter(base.parameters()))
     on_cuda(monkeypatch, wrapper)
-    assert apply_kernels(wrapper, "liger") is True  # type: ignore[arg-type]
+    assert apply_kernels(wrapper, "liger") is True
     assert len(calls) == 1 and calls[0][0] is base
     assert calls[0][1] == {
         "rope": True,

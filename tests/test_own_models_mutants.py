@@ -195,7 +195,7 @@ def test_compile_keeps_the_compiled_step_a_model_already_has():
 
     step = object()
     lm = SimpleNamespace(peft=None, compiled_layers=step)
-    factory.compile_layers(lm, ModelConfig(compile=True))  # type: ignore[arg-type]
+    factory.compile_layers(lm, ModelConfig(compile=True))
     assert lm.compiled_layers is step
 
 
@@ -289,7 +289,7 @@ def test_an_adapter_targeting_modules_by_a_pattern_continues_without_a_mismatch_
     cfg = LoraConfig(r=8, alpha=16.0, target_modules=["q_proj", "v_proj"], dropout=0.0, train_latent_tokens=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        factory.configure_lora(lm, cfg)  # type: ignore[arg-type]
+        factory.configure_lora(lm, cfg)
     assert (cfg.r, cfg.alpha, cfg.target_modules) == (8, 16.0, ["q_proj", "v_proj"])
 
 
@@ -307,7 +307,7 @@ def test_apply_speedups_applies_every_option_kernels_first(monkeypatch):
         monkeypatch.setattr(
             factory, name, lambda lm_, cfg_, name=name: calls.append(name) if (lm_, cfg_) == (lm, cfg) else None
         )
-    assert factory.apply_speedups(lm, cfg) == "liger"  # type: ignore[arg-type]
+    assert factory.apply_speedups(lm, cfg) == "liger"
     assert calls == ["kernels m", "compile_layers", "compile_head", "pack_gqa"]
 
 
@@ -343,7 +343,7 @@ def test_a_coconut_row_of_id_zero_is_copied(tokenizer):
     from dgrpo.model.tokens import coconut_init_row, init_new_embeddings
 
     vocab = SimpleNamespace(get_vocab=lambda: {"<<": 0, "a": 1})
-    assert coconut_init_row(vocab, 2) == 0  # type: ignore[arg-type]
+    assert coconut_init_row(vocab, 2) == 0
     model = build_tiny_model("llama", 6, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
     init_new_embeddings(model, [4, 5], n_real=4, copy_of=0)
     w = model.get_input_embeddings().weight.detach()

@@ -269,7 +269,7 @@ def test_a_perturbation_bound_for_other_rows_than_the_batch_is_refused(tokenizer
         lm.encode_questions(task_records[0].question)
     # a None among the questions, no targets, one row's 1-d ids: each failed later, unclearly
     with pytest.raises(TypeError, match="encode_questions: questions must be strings, got NoneType"):
-        lm.encode_questions([None, "1+1"])  # type: ignore[list-item]
+        lm.encode_questions([None, "1+1"])
     with pytest.raises(ValueError, match="encode_targets: no targets"):
         lm.encode_targets([])
     with pytest.raises(ValueError, match=r"prompt ids must be \[batch, length\] .*got shape \(\d+,\)"):
@@ -313,7 +313,7 @@ def test_a_perturbation_must_be_bound_and_entered(tokenizer, task_records, pert)
     seeds = seeds_for(0, 0, 0, 1)
     targets = lm.encode_targets(["1"])
     with pytest.raises(TypeError, match=rf"perturbation: {type(pert).__name__} is not bound to a batch \(with pert"):
-        lm.generate(ids, mask, T, max_new_tokens=2, perturbation=pert)  # type: ignore[arg-type]
+        lm.generate(ids, mask, T, max_new_tokens=2, perturbation=pert)
     idle = pert.bind(lm, seeds)
     with pytest.raises(RuntimeError, match="the bound perturbation is not active, so it would change nothing"):
         lm.generate(ids, mask, T, max_new_tokens=2, perturbation=idle)

@@ -68,7 +68,7 @@ def test_unperturbed_binds_no_tensors_and_swapped_puts_values_back():
 
     from dgrpo.perturbation import NoPerturbation
 
-    bound = NoPerturbation().bind(None, torch.tensor([1, 2]))  # type: ignore[arg-type]
+    bound = NoPerturbation().bind(None, torch.tensor([1, 2]))
     assert bound.graph_inputs() == [] and bound.rows is None
     with bound.row_padding(4):
         pass

@@ -87,7 +87,7 @@ def test_check_binds_one_zero_seed_and_raises_what_bind_raises():
             raise ConfigError("no such site")
 
     with pytest.raises(ConfigError, match="no such site"):
-        Picky().check(None)  # type: ignore[arg-type]
+        Picky().check(None)
     assert bound == [[0]]
 
 

@@ -62,7 +62,7 @@ def test_bos_prefix_is_the_bos_the_special_tokens_add_and_only_that(encoder, exp
     plain encoding already starts with it would get two."""
     from dgrpo.model.tokens import bos_prefix
 
-    assert bos_prefix(encoder) == expected  # type: ignore[arg-type]
+    assert bos_prefix(encoder) == expected
 
 
 def test_load_tokenizer_passes_the_hub_options_on(monkeypatch):
@@ -136,10 +136,10 @@ def test_a_tokenizer_without_eos_is_one_line():
     from dgrpo.model.tokens import check_special_tokens
 
     with pytest.raises(ValueError, match=r"^the tokenizer has no EOS token \(it has a pad token, but answers end"):
-        check_special_tokens(SimpleNamespace(eos_token_id=None, pad_token_id=0))  # type: ignore[arg-type]
+        check_special_tokens(SimpleNamespace(eos_token_id=None, pad_token_id=0))
     with pytest.raises(ValueError, match=r"^the tokenizer has no EOS token: set one"):
-        check_special_tokens(SimpleNamespace(eos_token_id=None, pad_token_id=None))  # type: ignore[arg-type]
-    check_special_tokens(SimpleNamespace(eos_token_id=3, pad_token_id=None))  # type: ignore[arg-type]
+        check_special_tokens(SimpleNamespace(eos_token_id=None, pad_token_id=None))
+    check_special_tokens(SimpleNamespace(eos_token_id=3, pad_token_id=None))
 
 
 def test_markers_saved_beyond_the_models_rows_are_added_without_the_other_tokenizer_warning(tokenizer):
