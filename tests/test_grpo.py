@@ -369,9 +369,9 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
     with pytest.raises(ValueError, match="train must be a non-empty list of dgrpo Records, got a list of 0"):
         train_grpo(lm, cfg, [], out)
     with pytest.raises(TypeError, match="cfg must be a dgrpo.config.Config, got list"):
-        train_grpo(lm, train, cfg, out)  # type: ignore[arg-type]
+        train_grpo(lm, train, cfg, out)
     with pytest.raises(TypeError, match="cfg must be a dgrpo.config.Config, got dict"):  # (valid given: checked first)
-        train_sft(lm, train, {"a": 1}, out, valid=train)  # type: ignore[arg-type]
+        train_sft(lm, train, {"a": 1}, out, valid=train)
     typo = copy.deepcopy(cfg)
     typo.grpo.group_size = "8x"  # a wrong type on the object: the one-line error a file's value gets
     with pytest.raises(ConfigError, match="grpo.group_size: expected an integer, got '8x'"):
@@ -395,11 +395,11 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
         raise RewardError("scorer mine.py:f raised ValueError")
 
     with pytest.raises(RewardError, match="mine.py:f raised"):
-        sharded_scores(other_failed, raises, train)  # type: ignore[arg-type]
+        sharded_scores(other_failed, raises, train)
     with pytest.raises(RewardError, match="the evaluation failed in another process"):
-        sharded_scores(other_failed, lambda local: 3, train)  # type: ignore[arg-type]
+        sharded_scores(other_failed, lambda local: 3, train)
     with pytest.raises(TypeError, match="evaluate_fn returns how many"):  # (any failure joins the sum: review 3)
-        sharded_scores(other_failed, lambda local: 0.5, train)  # type: ignore[arg-type]
+        sharded_scores(other_failed, lambda local: 0.5, train)
     assert sums == [[0, 1, 0], [3, 0, 1], [0, 1, 0]]
     chat = tiny_config(**{"data.chat_template": True})  # this tokenizer has no chat template
     with pytest.raises(ConfigError, match="data.chat_template: this tokenizer has no chat template"):
@@ -409,16 +409,16 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
         train_grpo(lm, chat, train, out)
     lm.settings.chat_template = False
     with pytest.raises(TypeError, match="train_grpo: lm must be a dgrpo LatentLM .*got Qwen2ForCausalLM"):
-        train_grpo(lm.model, cfg, train, out)  # type: ignore[arg-type]  (a TRL habit: the HF model itself)
+        train_grpo(lm.model, cfg, train, out)  # (a TRL habit: the HF model itself)
     # an evaluate_fn of the other trainer's form failed only at the first validation, after a stage had trained
     with pytest.raises(TypeError, match=r"train_sft: evaluate_fn is called as evaluate_fn\(lm, records, settings\)"):
         train_sft(lm, train, cfg, out, valid=train, evaluate_fn=lambda lm_, recs: 0)
     with pytest.raises(TypeError, match=r"train_grpo: evaluate_fn is called as evaluate_fn\(lm, records\)"):
         train_grpo(lm, cfg, train, out, valid={"v": train}, evaluate_fn=lambda lm_, recs, settings: 0)
     with pytest.raises(TypeError, match="train_sft: out_dir must be the run directory's path, got None"):
-        train_sft(lm, train, cfg, None)  # type: ignore[arg-type]
+        train_sft(lm, train, cfg, None)
     with pytest.raises(TypeError, match="out_dir"):
-        train_grpo(lm, cfg, train, 3, valid={"v": train})  # type: ignore[arg-type]
+        train_grpo(lm, cfg, train, 3, valid={"v": train})
     with pytest.raises(TypeError, match="train_sft: out_dir must be the run directory's path, got ''"):
         train_sft(lm, train, cfg, "")  # (Path('') is the working directory: the run wrote there)
     # the validation records are checked as the training ones: dict rows failed deep inside ('dict' object has no
@@ -428,7 +428,7 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
         ValueError,
         match=r"train_grpo: valid\['v'\] must be a non-empty list of dgrpo Records, got a list of 8 holding dict",
     ):
-        train_grpo(lm, cfg, train, out, valid={"v": rows})  # type: ignore[dict-item]
+        train_grpo(lm, cfg, train, out, valid={"v": rows})
     with pytest.raises(
         ValueError, match=r"train_grpo: valid\['v'\] must be a non-empty list of dgrpo Records, got a list of 0"
     ):
@@ -436,18 +436,18 @@ def test_python_callers_misuse_is_refused_before_a_run_directory_is_touched(sft_
     with pytest.raises(
         ValueError, match="train_sft: valid must be a list of dgrpo Records, got a list of 8 holding dict"
     ):
-        train_sft(lm, train, cfg, out, valid=rows)  # type: ignore[arg-type]
+        train_sft(lm, train, cfg, out, valid=rows)
     assert not out.exists()
     # an evaluate_fn without valid records was never called, without a word (no validation, no best/)
     with pytest.warns(
         UserWarning, match=r"train_grpo: evaluate_fn is given but no valid records.*valid=\{'valid': "
     ) as w:
         with pytest.raises(TypeError, match="out_dir"):  # (warned before any run directory: stopped here)
-            train_grpo(lm, cfg, train, None, evaluate_fn=lambda lm_, recs: 0)  # type: ignore[arg-type]
+            train_grpo(lm, cfg, train, None, evaluate_fn=lambda lm_, recs: 0)
     assert w[0].filename == __file__  # (the caller's line)
     with pytest.warns(UserWarning, match=r"train_sft: evaluate_fn is given but no valid records.*valid=records") as w:
         with pytest.raises(TypeError, match="out_dir"):
-            train_sft(lm, train, cfg, None, valid=[], evaluate_fn=lambda lm_, recs, s: 0)  # type: ignore[arg-type]
+            train_sft(lm, train, cfg, None, valid=[], evaluate_fn=lambda lm_, recs, s: 0)
     assert w[0].filename == __file__  # (the caller's line)
 
 
@@ -470,27 +470,27 @@ def test_the_trainer_class_checks_what_it_is_given_as_train_grpo_does(sft_checkp
     ):
         GRPOTrainer(lm, cfg, [])
     with pytest.raises(ValueError, match="GRPOTrainer: train must be a non-empty list of dgrpo Records"):
-        GRPOTrainer(lm, cfg, [{"question": "1+1", "answer": "2"}])  # type: ignore[list-item]
+        GRPOTrainer(lm, cfg, [{"question": "1+1", "answer": "2"}])
     with pytest.raises(TypeError, match="GRPOTrainer: lm must be a dgrpo LatentLM .*got Qwen2ForCausalLM"):
-        GRPOTrainer(lm.model, cfg, train)  # type: ignore[arg-type]
+        GRPOTrainer(lm.model, cfg, train)
     with pytest.raises(TypeError, match="GRPOTrainer: cfg must be a dgrpo.config.Config, got dict"):
-        GRPOTrainer(lm, {"grpo": {}}, train)  # type: ignore[arg-type]
+        GRPOTrainer(lm, {"grpo": {}}, train)
     from dgrpo.training.grpo import train_grpo
 
     with pytest.raises(TypeError, match=r"got list \(the arguments' order: train_grpo\(lm, cfg, train, out_dir\)\)"):
-        train_grpo(lm, train, cfg, "out")  # type: ignore[arg-type]  # (train_sft's order: a probe's slip)
+        train_grpo(lm, train, cfg, "out")  # (train_sft's order: a probe's slip)
     from dgrpo.training.sft import train_sft
 
     with pytest.raises(TypeError, match=r"got list \(the arguments' order: train_sft\(lm, train, cfg, out_dir\)\)"):
-        train_sft(lm, cfg, train, "out")  # type: ignore[arg-type]  # (train_grpo's order)
+        train_sft(lm, cfg, train, "out")  # (train_grpo's order)
     with pytest.warns(UserWarning, match="grpo.prompts_per_step is 4, more than the 2 training records: every step"):
         trainer = GRPOTrainer(lm, tiny_config(**{"grpo.prompts_per_step": 4}), train[:2])
     assert trainer.rewards.columns == ("source", "split")  # (the training data's: every batch gets each)
     # step(prompts) takes what the trainer takes: dict rows were an AttributeError inside the rollouts
     with pytest.raises(ValueError, match="GRPOTrainer.step: prompts must be a non-empty list of dgrpo Records, got a"):
-        trainer.step([{"question": "1+1", "answer": "2"}])  # type: ignore[list-item]
+        trainer.step([{"question": "1+1", "answer": "2"}])
     with pytest.raises(ValueError, match="GRPOTrainer.step: prompts must be a non-empty list of dgrpo Records, got tu"):
-        trainer.step(tuple(train[:2]))  # type: ignore[arg-type]
+        trainer.step(tuple(train[:2]))
     assert trainer.step_idx == 0
 
 
@@ -582,7 +582,7 @@ def test_the_trainers_off_device_warning_names_their_callers_line(sft_checkpoint
     lm, cfg = LatentLM.from_pretrained(sft_checkpoint), tiny_config()
     for trainer, args in ((train_sft, (lm, task_records[:4], cfg)), (train_grpo, (lm, cfg, task_records[:4]))):
         with pytest.warns(UserWarning, match="the model is on cpu, but device is 'auto'") as said, pytest.raises(Stop):
-            trainer(*args, tmp_path / trainer.__name__)  # type: ignore[operator]
+            trainer(*args, tmp_path / trainer.__name__)
         assert [w.filename for w in said if "is on cpu" in str(w.message)] == [__file__], trainer.__name__
 
 
@@ -776,8 +776,8 @@ def test_a_run_whose_every_step_was_skipped_says_that_nothing_was_updated(tmp_pa
 
     lines: list[str] = []
     run = SimpleNamespace(out_dir=tmp_path, resumed_step=None, log=lines.append)
-    _summary(run, LoopState(skipped=3, started=time.time()), 3, {})  # type: ignore[arg-type]
-    _summary(run, LoopState(skipped=2, started=time.time()), 3, {})  # type: ignore[arg-type]
+    _summary(run, LoopState(skipped=3, started=time.time()), 3, {})
+    _summary(run, LoopState(skipped=2, started=time.time()), 3, {})
     assert lines[0].endswith(
         "3 of 3 steps skipped: no step updated the model, every group was filtered out "
         "(metrics.jsonl's reward_mean and frac_groups_kept say why: rewards all equal, or group "

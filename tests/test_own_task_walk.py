@@ -73,13 +73,13 @@ def test_the_summary_gives_the_final_mean_score_beside_the_best(tmp_path):
     lines: list[str] = []
     run = SimpleNamespace(out_dir=tmp_path, log=lines.append, resumed_step=None)
     loop = LoopState(best_step=2, best_accuracy=0.25, best_mean_score=0.5, last_eval=0.0, last_mean_score=0.375)
-    summary = _summary(run, loop, 4, {}, "mean_score")  # type: ignore[arg-type]
+    summary = _summary(run, loop, 4, {}, "mean_score")
     assert summary["final_mean_score"] == 0.375 and summary["best_mean_score"] == 0.5
     assert json.loads((tmp_path / "summary.json").read_text())["final_mean_score"] == 0.375
     assert "final mean_score 0.3750 (0.00%)" in lines[-1]
     assert LoopState(**_loop_record(loop)).last_mean_score == 0.375
     assert "last_mean_score" not in _loop_record(LoopState())
-    assert _summary(run, LoopState(), 4, {})["final_mean_score"] is None  # type: ignore[arg-type]
+    assert _summary(run, LoopState(), 4, {})["final_mean_score"] is None
     assert "; no eval;" in lines[-1]
 
 

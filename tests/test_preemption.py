@@ -782,7 +782,7 @@ def test_under_torchrun_a_guards_stop_waits_for_rank_0s_checkpoint_before_the_ra
 
     run = at_the_runs_end(tmp_path)
     left = []
-    run.dist.close = lambda: left.append(True)  # type: ignore[method-assign]
+    run.dist.close = lambda: left.append(True)
     try:
         with pytest.raises(NonFiniteError, match="2 steps in a row"):
             run.stop_after_step({}, NonFiniteError("2 steps in a row"))

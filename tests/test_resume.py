@@ -1510,10 +1510,10 @@ def test_a_resumed_sft_run_reads_its_best_by_the_best_metric(tmp_path):
         return SimpleNamespace(out_dir=tmp_path, metrics=SimpleNamespace(rows=lambda: [{"step": 1}, row]))
 
     row = {"step": 2, "best_epoch": 1, "best/valid/accuracy": 0.5, "best/valid/mean_score": 0.8}
-    assert _resumed_best(run(row), Dist.single(), 0, "mean_score") == 0.8  # type: ignore[arg-type]
-    assert _resumed_best(run(row), Dist.single(), 0, "accuracy") == 0.5  # type: ignore[arg-type]
+    assert _resumed_best(run(row), Dist.single(), 0, "mean_score") == 0.8
+    assert _resumed_best(run(row), Dist.single(), 0, "accuracy") == 0.5
     del row["best/valid/mean_score"]
-    assert _resumed_best(run(row), Dist.single(), 0, "mean_score") == -1.0  # type: ignore[arg-type]
+    assert _resumed_best(run(row), Dist.single(), 0, "mean_score") == -1.0
 
 
 @pytest.mark.slow

@@ -228,6 +228,6 @@ def test_a_changed_config_is_kept_after_the_last_of_the_history_beside_a_users_c
         (tmp_path / name).write_text("{}")
     lines: list[str] = []
     run = SimpleNamespace(out_dir=tmp_path, first_config={}, cfg={"a": 1}, changed=["grpo.lr"], log=lines.append)
-    RunDir._keep_config_history(run, 7)  # type: ignore[arg-type]
+    RunDir._keep_config_history(run, 7)
     assert json.loads((tmp_path / "config.10.json").read_text()) == {"started_at_step": 7, "config": {"a": 1}}
     assert lines == ["dgrpo: config changed at step 7 (grpo.lr); kept as config.10.json"]

@@ -55,9 +55,9 @@ def test_validation_over_two_ranks_averages_over_every_record():
         seen.append(local)
         return 2
 
-    assert sharded_scores(_RankOfTwo(1, 1, None), count_two, records) == {"accuracy": 3 / 5}  # type: ignore[arg-type]
+    assert sharded_scores(_RankOfTwo(1, 1, None), count_two, records) == {"accuracy": 3 / 5}
     assert seen == [[2, 3, 4]]
-    means = sharded_scores(_RankOfTwo(1, 1, 0.25), lambda local: _result(3, 2, 0.5), records)  # type: ignore[arg-type]
+    means = sharded_scores(_RankOfTwo(1, 1, 0.25), lambda local: _result(3, 2, 0.5), records)
     assert means == {"accuracy": 3 / 5, "mean_score": pytest.approx((0.25 + 1.5) / 5)}
 
 
@@ -67,9 +67,9 @@ def test_validation_over_two_ranks_merges_rows_scores_and_sums_alike():
     from dgrpo.training.sharded_eval import sharded_scores
 
     mine = _result(3, 1, 0.5, [0.5, 0.5, 0.5])
-    rows = sharded_scores(_RankOfTwo(1, 2, [1.0, 1.0]), lambda local: mine, list(range(5)))  # type: ignore[arg-type]
+    rows = sharded_scores(_RankOfTwo(1, 2, [1.0, 1.0]), lambda local: mine, list(range(5)))
     assert rows == {"accuracy": 3 / 5, "mean_score": pytest.approx(0.7)}
-    mixed = sharded_scores(_RankOfTwo(1, 0, 0.25), lambda local: mine, list(range(5)))  # type: ignore[arg-type]
+    mixed = sharded_scores(_RankOfTwo(1, 0, 0.25), lambda local: mine, list(range(5)))
     assert mixed == {"accuracy": 1 / 5, "mean_score": pytest.approx(0.35)}
 
 
@@ -135,7 +135,7 @@ def test_weights_finite_reads_every_parameter():
     assert not weights_finite([good, bad], Dist.single())
     # rank 0 of two, finite, the other not (its 1 in the sum): no rank goes on
     other_not_finite = SimpleNamespace(sum_int=lambda x: x + 1)
-    assert not weights_finite([good], other_not_finite)  # type: ignore[arg-type]
+    assert not weights_finite([good], other_not_finite)
 
 
 def test_config_diff_counts_a_missing_key_as_its_default_and_ignores_logging():
@@ -173,10 +173,10 @@ def test_a_resumed_run_clears_the_models_stopped_mark():
 
     lm = SimpleNamespace(stopped_run="step 3 of run X")
     with pytest.raises(ConfigError, match="holds the weights of a run that stopped mid-way"):
-        check_restart(lm, False, "train_grpo")  # type: ignore[arg-type]
-    check_restart(lm, True, "train_grpo")  # type: ignore[arg-type]
+        check_restart(lm, False, "train_grpo")
+    check_restart(lm, True, "train_grpo")
     assert lm.stopped_run is None
-    check_restart(lm, False, "train_grpo")  # type: ignore[arg-type]
+    check_restart(lm, False, "train_grpo")
 
 
 def _rows(path: Path) -> list[dict]:
@@ -214,7 +214,7 @@ def test_a_resume_keeps_the_checkpoints_rows_and_hands_them_to_the_trackers(tmp_
         resumed=lambda rows: seen.append(rows), log=lambda row, step: seen.append(step), close=lambda code: None
     )
     log = MetricsLog(path, True)
-    log.open(2, [tracker])  # type: ignore[list-item]
+    log.open(2, [tracker])
     log.write({"step": 4, "loss": 0.5})
     assert seen == [[{"step": 1}, {"step": 2}], 4]
     assert [r["step"] for r in log.rows()] == [1, 2, 4] and log.n_rows() == 3
@@ -264,7 +264,7 @@ def test_the_final_evaluation_logs_its_row_at_the_last_step_with_the_best_step(t
         run.start(None)
         (out / "summary.json").write_text("{}")
         (out / "final").mkdir()
-        run.final_eval(lambda lm, best: asked.append(best) or {"test_accuracy": 0.5}, None, 6, 3)  # type: ignore[arg-type]
+        run.final_eval(lambda lm, best: asked.append(best) or {"test_accuracy": 0.5}, None, 6, 3)
         assert not (out / "summary.json").exists() and not (out / "final").exists()
     assert asked == [3] and _rows(out / "metrics.jsonl") == [{"step": 6, "test_accuracy": 0.5}]
 
