@@ -122,7 +122,7 @@ def test_the_stop_line_of_eval_counts_the_datasets():
     assert done.line() == NOTHING_YET
     done.start("a", 2)
     assert done.line() == "while evaluating a (1 of 2): nothing was written"
-    done.wrote("/o/a")  # type: ignore[arg-type]
+    done.wrote("/o/a")
     assert done.line() == "after 1 of 2 datasets: written: /o/a"
     assert done.start("b", 2) == "b"
     assert done.line() == "while evaluating b (2 of 2): its results were not written; written: /o/a"
@@ -310,7 +310,7 @@ def test_the_start_line_names_a_hub_commit_unless_the_revision_pinned_it(capsys)
     lm = SimpleNamespace(hub_commit="c0ffee", peft=None)
     report_model(lm, "org/m", cfg)
     assert capsys.readouterr().out == "dgrpo: org/m: hub commit c0ffee (--set model.revision=c0ffee pins it)\n"
-    report_model(lm, "org/m", cfg, SimpleNamespace(is_main=False))  # type: ignore[arg-type]
+    report_model(lm, "org/m", cfg, SimpleNamespace(is_main=False))
     cfg.model.revision = "c0ffee"
     report_model(lm, "org/m", cfg)
     report_model(SimpleNamespace(hub_commit="", peft=None), "./dir", Config())

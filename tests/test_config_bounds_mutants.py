@@ -260,7 +260,7 @@ def test_a_boolean_set_in_python_refuses_other_words(text):
     """In Python a boolean option reads true / false / yes / no / on / off / 1 / 0 as text, nothing else: 'null' is
     not False (mutant: more words taken)."""
     cfg = Config()
-    cfg.grpo.filter = text  # type: ignore[assignment]
+    cfg.grpo.filter = text
     with pytest.raises(ConfigError, match=r"^invalid config value grpo.filter: expected true or false"):
         cfg.validate()
 

@@ -122,7 +122,7 @@ def test_a_boolean_given_as_text_in_python_reads_as_written():
     words = (("false", False), ("no", False), ("0", False), ("True", True), ("yes", True), ("FALSE", False))
     for text, value in words + (("on", True), ("Off", False)):
         cfg = Config()
-        cfg.grpo.filter = text  # type: ignore[assignment]
+        cfg.grpo.filter = text
         assert cfg.validate().grpo.filter is value, text
     cfg = load_config(Config, start={"perturbation": {"perturb_prompt": "No"}})
     assert cfg.perturbation.perturb_prompt is False
@@ -139,7 +139,7 @@ def test_a_number_option_refuses_a_python_boolean():
     """``grpo.beta0 = True`` set in Python is no number (float(True) is 1.0): refused (mutant: a bool read as a
     float)."""
     cfg = Config()
-    cfg.grpo.beta0 = True  # type: ignore[assignment]
+    cfg.grpo.beta0 = True
     with pytest.raises(ConfigError, match=r"^invalid config value grpo.beta0: expected a number, got True$"):
         cfg.validate()
 

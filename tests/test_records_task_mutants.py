@@ -48,7 +48,7 @@ def test_every_step_of_a_record_is_checked_and_its_dict_is_a_copy() -> None:
 def test_a_numpy_boolean_answer_is_named_a_boolean() -> None:
     np = pytest.importorskip("numpy")
     with pytest.raises(DataError, match="answer must be text or a finite number, got a boolean"):
-        Record("q", [], np.bool_(True))  # type: ignore[arg-type]
+        Record("q", [], np.bool_(True))
 
 
 def test_shared_questions_count_every_held_out_item_answered_and_every_training_answer() -> None:

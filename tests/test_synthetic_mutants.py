@@ -43,11 +43,11 @@ class Scripted:
 def test_a_problem_is_the_module_docstrings_example_worked_by_hand():
     """Start with 3, add 4, times 7, minus 5, mod 10: 7, 49 -> 9, 4; each step names the value before it, the
     operation, its operand and the value after it; the answer is the last value."""
-    r = make_problem(Scripted(3, "+*-", [4, 7, 5]), 3, 10, 1, 9)  # type: ignore[arg-type]
+    r = make_problem(Scripted(3, "+*-", [4, 7, 5]), 3, 10, 1, 9)
     assert r.question == "Start with 3. Add 4. Times 7. Minus 5. Answer mod 10."
     assert r.steps == ["<<3+4=7>>", "<<7*7=9>>", "<<9-5=4>>"]
     assert r.answer == "4"
-    r = make_problem(Scripted(2, "-*+", [8, 9, 13]), 3, 7, 1, 20)  # type: ignore[arg-type]
+    r = make_problem(Scripted(2, "-*+", [8, 9, 13]), 3, 7, 1, 20)
     # 2 - 8 = -6 -> 1 (mod 7, never negative); 1 * 9 = 9 -> 2; 2 + 13 = 15 -> 1
     assert r.question == "Start with 2. Minus 8. Times 9. Add 13. Answer mod 7."
     assert (r.steps, r.answer) == (["<<2-8=1>>", "<<1*9=2>>", "<<2+13=1>>"], "1")
