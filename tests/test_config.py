@@ -55,7 +55,7 @@ def error(*overrides: str) -> str:
 
 
 def flat(d: dict, prefix: str = "") -> dict:
-    out = {}
+    out: dict = {}
     for k, v in d.items():
         out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
     return out
@@ -1181,8 +1181,8 @@ def test_a_section_given_as_a_dict_is_a_one_line_error_naming_it():
     """``Config(grpo={"steps": 3})`` (a dict where the section's dataclass goes: Hydra's habit) was an AttributeError
     deep in validate ('dict' object has no attribute 'engine'); a nested section (model.lora) likewise."""
     with pytest.raises(ConfigError, match=r"^grpo: expected a GRPOConfig, got dict; .*start=\{'grpo': \{\.\.\.\}\}"):
-        Config(grpo={"steps": 3}).validate()  # type: ignore[arg-type]
-    model = dataclasses.replace(Config().model, lora={"r": 4})  # type: ignore[arg-type]
+        Config(grpo={"steps": 3}).validate()
+    model = dataclasses.replace(Config().model, lora={"r": 4})
     with pytest.raises(ConfigError, match=r"^model.lora: expected a LoraConfig, got dict; .*'model': \{'lora'"):
         Config(model=model).validate()
 
@@ -1192,11 +1192,11 @@ def test_load_config_refuses_what_a_python_caller_slips_on_in_one_line():
     'grpo.steps' (a positional argument goes before --set)", as one string it was read a character at a time; a tuple
     of files was a TypeError of pathlib's (a tuple of overrides already worked)."""
     with pytest.raises(TypeError, match=r"^load_config: the first argument is the config class, got str"):
-        load_config("tiny.yaml")  # type: ignore[arg-type]
+        load_config("tiny.yaml")
     with pytest.raises(TypeError, match=r"overrides must be a list of 'key=value' strings.*got dict \(a dict: "):
-        load_config(Config, "tiny.yaml", {"grpo.steps": 3})  # type: ignore[arg-type]
+        load_config(Config, "tiny.yaml", {"grpo.steps": 3})
     with pytest.raises(TypeError, match=r"overrides must be a list of 'key=value' strings.*got str$"):
-        load_config(Config, "tiny.yaml", "grpo.steps=3")  # type: ignore[arg-type]
+        load_config(Config, "tiny.yaml", "grpo.steps=3")
     both = load_config(Config, ("tiny.yaml", "builtin/grpo_sampling.yaml"), ("grpo.steps=3",))
     assert (both.model.hidden_size, both.perturbation.kind, both.grpo.steps) == (64, "none", 3)
 
@@ -1423,7 +1423,7 @@ def test_a_text_option_written_as_a_boolean_in_a_file_keeps_its_text(tmp_path):
         load_config(Config, [str(tmp_path / "layers.yaml")], [])
 
 
-def _option_values(obj: object, prefix: str = "") -> Iterator[tuple[str, object]]:
+def _option_values(obj: typing.Any, prefix: str = "") -> Iterator[tuple[str, object]]:
     """(dotted key, value) of every option of config ``obj``, its sections' included."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)

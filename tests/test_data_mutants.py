@@ -245,7 +245,7 @@ def test_a_steps_key_no_row_has_is_an_error_for_training_data_only(tmp_path: Pat
 
 
 def test_record_steps_given_as_a_tuple_are_a_list() -> None:
-    record = Record("q", ("a", "b"), "5")
+    record = Record("q", ("a", "b"), "5")  # type: ignore[arg-type]
     assert type(record.steps) is list and record.steps == ["a", "b"]
 
 
@@ -368,7 +368,7 @@ def test_a_question_is_read_without_its_surrounding_spaces_and_a_cot_gold_withou
 def test_a_whole_json_number_beyond_float_precision_is_the_number_written(tmp_path: Path, row: dict[str, Any]) -> None:
     """A JSON gold ``1e23`` is 100000000000000000000000, as the text "1e23" and ``Record(answer=1e23)`` are: it was
     the float's binary value, 99999999999999991611392, against which ``#### 100000000000000000000000`` scored 0."""
-    assert _one(tmp_path, row).answer == "100000000000000000000000" == Record("q", [], 1e23).answer
+    assert _one(tmp_path, row).answer == "100000000000000000000000" == Record("q", [], 1e23).answer  # type: ignore[arg-type]
 
 
 def test_a_json_file_written_as_json_lines_reads_as_them(tmp_path: Path) -> None:

@@ -293,7 +293,11 @@ def test_a_later_row_of_a_more_specific_format_is_refused_not_read_without_its_f
     and both formats. Rows of one format with other columns besides still read."""
     import dgrpo
 
-    rows = [{"question": "q1", "answer": "1", "id": 1}, {"question": "q2", "steps": ["a", "b"], "answer": "2"}]
+    rows: list[dict] = [
+        {"question": "q1", "answer": "1", "id": 1},
+        {"question": "q2", "steps": ["a", "b"], "answer": "2"},
+    ]
+    source: str | list[dict]
     if suffix == "rows":
         source, where = rows, "the rows given row 2"
     else:
@@ -686,7 +690,7 @@ def test_top_level_load_dataset_reads_a_list_of_dicts_as_rows() -> None:
     with pytest.raises(DataError, match=r"^load_dataset: rows in memory have no splits; got split='train'"):
         dgrpo.load_dataset(rows, "train")
     with pytest.raises(DataError, match=r"^the rows given row 2: expected a record \(mapping\), got int"):
-        dgrpo.load_dataset([rows[0], 3])
+        dgrpo.load_dataset([rows[0], 3])  # type: ignore[list-item]
     with pytest.raises(DataError, match=r"^the rows given row 1: unrecognised record keys \(prompt, solution\)"):
         dgrpo.load_dataset(trl)
 

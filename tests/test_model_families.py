@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import warnings
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ SIZES = dict(
     intermediate_size=64,
     max_position_embeddings=512,
 )
-FAMILIES = {
+FAMILIES: dict[str, dict[str, Any]] = {
     # a softcap of 0.1 bites at the tiny model's logits (~0.2; a trained Gemma 2's are large: its cap is 30)
     "gemma2": dict(head_dim=8, sliding_window=8, final_logit_softcapping=0.1, attn_logit_softcapping=50.0),
     "cohere": dict(logit_scale=0.0625),

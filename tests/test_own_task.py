@@ -472,7 +472,7 @@ def test_an_async_reward_is_awaited_as_trls_grpo_trainer_does_in_a_notebooks_run
         assert call_checked(_async_dgrpo_reward, "g", ["0", "2"], recs) == [0.0, 1.0]
 
         async def in_a_running_loop() -> list[float]:
-            return call_checked(_async_trl_reward, "f", ["1", "2"], recs)
+            return call_checked(_async_trl_reward, "f", ["1", "2"], recs)  # type: ignore[arg-type]
 
         assert asyncio.run(in_a_running_loop()) == [1.0, 1.0]
     with pytest.raises(RewardError, match="reward g raised ValueError: no boom on row 1 "):
@@ -918,7 +918,7 @@ def test_load_dataset_names_what_it_takes(tmp_path):
 
     assert [r.answer for r in dgrpo.load_dataset([{"question": "q", "answer": "1"}])] == ["1"]
     with pytest.raises(DataError, match="load_dataset takes a dataset name or a file / folder path, got int"):
-        dgrpo.load_dataset(3)  # type: ignore[arg-type]
+        dgrpo.load_dataset(3)
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"question": "q", "answer": "1"}) + "\n")
     assert [r.answer for r in dgrpo.load_dataset(path)] == ["1"]
@@ -1171,7 +1171,7 @@ def test_the_test_sets_are_also_run_for_best_when_it_is_not_the_final_model(
 
     tested: list[str] = []
     rank1 = Dist.single()
-    rank1.all_gather_objects = lambda obj: [1, obj]  # type: ignore[method-assign]
+    rank1.all_gather_objects = lambda obj: [1, obj]
     monkeypatch.setattr(train_cli, "evaluate_test_sets", lambda *a, checkpoint="final": tested.append(checkpoint))
     evaluate_best(None, cfg.grpo.steps, tests, cfg, tmp_path, rank1, "cpu")
     assert tested == ["best"]
@@ -1392,7 +1392,7 @@ def test_the_filter_reward_must_name_a_reward_and_a_python_reward_fn_replaces_th
     assert _rewards(mine, load_config(Config, None, ["grpo.filter_reward=mine"])).filter_on == "mine"
     # a name is the config's (it failed at the smoke test: 'str' object is not callable, named as 'reward_fn')
     with pytest.raises(TypeError, match=r"reward_fn must be a function .* got str 'numeric': a reward by name goes in"):
-        _rewards("numeric", cfg)  # type: ignore[arg-type]
+        _rewards("numeric", cfg)
     # a part named as a rollouts.jsonl field replaced that field in every logged row (a probe's name: step); one
     # part is logged as the total alone, so a reward_fn named reward is fine (review: it was refused)
     with pytest.raises(RewardError, match=r"reward part name\(s\) step are fields of rollouts.jsonl's rows"):
@@ -1659,7 +1659,7 @@ def test_python_api_inputs_that_were_silently_misread(sft_checkpoint, tmp_path):
     with pytest.raises(ConfigError, match="data.steps_key: maps a column with question_key and answer_key"):
         load_dataset(str(path), data=DataConfig(steps_key="final"))
     with pytest.raises(DataError, match="question must be text, got NoneType"):
-        Record(None, [], "1")  # type: ignore[arg-type]
+        Record(None, [], "1")
     lm = LatentLM.from_pretrained(sft_checkpoint)
     with pytest.raises(ValueError, match="max_tokens must be >= 0"):
         lm.encode_questions(["1+1?"], max_tokens=-1)
@@ -2127,7 +2127,8 @@ def test_grpo_logs_the_mean_score_and_keeps_best_by_the_metric_asked(sft_checkpo
     scores = [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0.9, 0.9, 0.9]]  # the validations at steps 0, 2 and 4
 
     def run(metric: str) -> tuple[list[str], dict, list[dict]]:
-        cfg, said, calls = tiny_config(**base, **{"grpo.best_metric": metric}), [], iter(scores)
+        cfg, calls = tiny_config(**base, **{"grpo.best_metric": metric}), iter(scores)
+        said: list[str] = []
         train = generate_split(cfg.task, "train")[:8]
 
         def evaluate_fn(lm, records):  # a scorer of partial credit, its values scripted by validation
@@ -2167,7 +2168,7 @@ def test_the_summary_of_a_best_kept_without_a_mean_score_under_best_metric_mean_
     lines: list[str] = []
     run = SimpleNamespace(out_dir=tmp_path, resumed_step=2, log=lines.append)
     loop = LoopState(best_step=0, best_accuracy=0.25, last_eval=0.25, started=time.time())
-    summary = _summary(run, loop, 2, {}, "mean_score")  # type: ignore[arg-type]
+    summary = _summary(run, loop, 2, {}, "mean_score")
     assert (summary["best_step"], summary["best_accuracy"], summary["best_mean_score"]) == (0, 0.25, None)
     assert "best 25.00% at step 0" in lines[0], lines
 

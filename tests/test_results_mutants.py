@@ -11,11 +11,11 @@ from dgrpo.eval.evaluate import EvalResult
 from dgrpo.eval.results import merge_results, result_scores, write_results
 
 
-def _result(scores: list[object], unparseable: int = 0) -> EvalResult:
+def _result(scores: list[float | Fraction], unparseable: int = 0) -> EvalResult:
     """A shard of one row per score (correct where it is 1), ``unparseable`` of them unparsed."""
     rows = [{"question": f"q{i}", "score": s} for i, s in enumerate(scores)]
     correct = sum(s == 1 for s in scores)
-    mean = sum(float(s) for s in scores) / len(scores)  # type: ignore[arg-type]
+    mean = sum(float(s) for s in scores) / len(scores)
     return EvalResult(
         "d",
         correct / len(scores),

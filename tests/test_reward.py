@@ -493,7 +493,7 @@ def _numeric_golds() -> list[object]:
 def test_numeric_golds_of_any_number_type_are_read_as_their_value(gold: object) -> None:
     assert score("#### 12", gold) == 1.0
     assert score("#### 12.5", gold) == 0.0  # a whole-number gold, as int 12 and float 12.0 are
-    assert Record("q", [], gold).answer == "12"  # stored as the loaders store a numeric column
+    assert Record("q", [], gold).answer == "12"  # type: ignore[arg-type]  # stored as the loaders store a numeric column
 
 
 def test_narrow_float_golds_are_the_shortest_decimal_of_their_type() -> None:
@@ -502,9 +502,9 @@ def test_narrow_float_golds_are_the_shortest_decimal_of_their_type() -> None:
     import torch
 
     for gold in (np.float32(2.3), np.array(2.3, dtype=np.float32), torch.tensor(2.3), np.float16(2.3)):
-        assert Record("q", [], gold).answer == "2.3"
+        assert Record("q", [], gold).answer == "2.3"  # type: ignore[arg-type]
         assert score("#### 2.3", gold) == 1.0
-    assert Record("q", [], torch.tensor(2.3, dtype=torch.bfloat16)).answer == "2.3"  # (stored: 2.296875)
+    assert Record("q", [], torch.tensor(2.3, dtype=torch.bfloat16)).answer == "2.3"  # type: ignore[arg-type]  # (stored: 2.296875)
     assert Record("q", [], np.float32(1e-7)).answer == "0.0000001"
     assert format_number(np.float32(float("nan"))) is None  # no number, as a float64 NaN
     # a whole number is that integer where the type holds every integer; past that, the round number it was
@@ -517,8 +517,8 @@ def test_narrow_float_golds_are_the_shortest_decimal_of_their_type() -> None:
         (np.float16(2000), "2000"),
         (torch.tensor(1e6, dtype=torch.bfloat16), "1000000"),
     ):
-        assert Record("q", [], gold).answer == text and score(f"#### {text}", gold) == 1.0, gold
-    assert Record("q", [], torch.tensor(2.3, dtype=torch.float64)).answer == "2.3"  # float64: its own repr
+        assert Record("q", [], gold).answer == text and score(f"#### {text}", gold) == 1.0, gold  # type: ignore[arg-type]
+    assert Record("q", [], torch.tensor(2.3, dtype=torch.float64)).answer == "2.3"  # type: ignore[arg-type]  # float64: its own repr
 
 
 def test_non_integer_number_golds_keep_the_float_rule() -> None:
@@ -528,7 +528,7 @@ def test_non_integer_number_golds_keep_the_float_rule() -> None:
     for gold in (np.float64(2.3333333333333335), Decimal("2.3333333333333335"), torch.tensor(2.5, dtype=torch.float64)):
         assert score(f"#### {float(gold):.2f}", gold) == 1.0
         assert score("#### 2", gold) == 0.0
-    assert Record("q", [], np.float64(2.5)).answer == Record("q", [], 2.5).answer == "2.5"
+    assert Record("q", [], np.float64(2.5)).answer == Record("q", [], 2.5).answer == "2.5"  # type: ignore[arg-type]
 
 
 def test_booleans_and_arrays_are_no_numeric_gold() -> None:
@@ -539,7 +539,7 @@ def test_booleans_and_arrays_are_no_numeric_gold() -> None:
         assert score("#### 1", gold) == 0.0 and score("#### 12", gold) == 0.0
     for answer in (True, np.bool_(False), float("nan"), None):
         with pytest.raises(DataError, match=r"^answer must be text or a finite number, got"):
-            Record("q", [], answer)
+            Record("q", [], answer)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -92,7 +92,12 @@ def test_every_way_of_writing_a_real_gold_scores_1_and_near_numbers_score_0(case
     wrong: list[tuple[str, object]] = []
     for gold, literal, value in _records(case):
         for form in _written(gold, literal):
-            texts = (f"The answer is {form}.", f"#### {form}", f"so \\boxed{{{form}}}.", f"**Answer:** ${form}")
+            texts: tuple[str, ...] = (
+                f"The answer is {form}.",
+                f"#### {form}",
+                f"so \\boxed{{{form}}}.",
+                f"**Answer:** ${form}",
+            )
             texts += (f"9 * 2 = 3. In all {form} dollars.",)  # (no marker: the last number)
             wrong += [(t, g) for t in texts for g in dict.fromkeys((gold, literal, value)) if score(t, g) != 1.0]
         for miss in _misses(gold):
