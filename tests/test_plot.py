@@ -4,6 +4,7 @@ import json
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dgrpo.cli import main
@@ -467,7 +468,8 @@ def test_an_sft_runs_curve_is_over_its_optimizer_steps_never_on_the_grpo_step_ax
     assert [ax.get_xlabel() for ax in fig.axes] == ["GRPO step", "SFT optimizer step", "GRPO step"]
     assert list(desc["panels"]) == ["eval", "eval_sft", "kept"] and desc["panels"]["eval_sft"] == {"SFT": 2}
     grpo_eval, sft_eval = fig.axes[:2]
-    assert grpo_eval.get_xlim()[1] < 10 and [list(line.get_xdata()) for line in sft_eval.get_lines()] == [[400, 800]]
+    sft_xs = [np.asarray(line.get_xdata()).tolist() for line in sft_eval.get_lines()]
+    assert grpo_eval.get_xlim()[1] < 10 and sft_xs == [[400, 800]]
     assert sft_eval.get_title() == "SFT: accuracy on valid" and grpo_eval.get_title() == "accuracy on builtin:valid"
     fig, desc = draw({"SFT": [sft]}, panels=("eval",))  # alone: one panel, over its optimizer steps
     assert [ax.get_xlabel() for ax in fig.axes] == ["SFT optimizer step"] and desc["panels"] == {"eval": {"SFT": 2}}

@@ -13,7 +13,7 @@ from dgrpo.data.records import DataError
 from dgrpo.plotting import config_label, draw, find_runs, group_runs, load_run, run_series
 
 EVAL = "eval/valid/accuracy"
-LOCKED = {"seed": 0, "perturbation": {"kind": "locked", "p": 0.1}, "grpo": {"temperature": 0.0, "group_size": 4}}
+LOCKED: dict = {"seed": 0, "perturbation": {"kind": "locked", "p": 0.1}, "grpo": {"temperature": 0.0, "group_size": 4}}
 
 
 def write_run(path: Path, config: dict | list | None, rows: list[dict], raw: str = "") -> Path:
@@ -203,7 +203,8 @@ def test_draw_refuses_no_panel_no_run_and_a_bare_reward_part(tmp_path: Path) -> 
         draw({"r": [run]}, panels=())
     with pytest.raises(DataError, match=r"^unknown panel\(s\) reward/; choose from "):
         draw({"r": [run]}, panels=("reward/",))
-    for groups in ({}, {"a": [], "b": []}):
+    no_runs: list[dict[str, list]] = [{}, {"a": [], "b": []}]
+    for groups in no_runs:
         with pytest.raises(DataError, match="^no runs to plot$"):
             draw(groups, panels=("reward_mean",))
 

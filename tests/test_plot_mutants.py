@@ -4,6 +4,7 @@ its min-max band on the steps all seeds share, each run's series), checked by ha
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dgrpo.data.records import DataError
@@ -34,7 +35,7 @@ def test_aggregate_of_one_series_is_that_series() -> None:
     assert aggregate([{2: 0.5, 1: 0.25}]) == ([1, 2], [0.25, 0.5], [0.25, 0.5], [0.25, 0.5])
 
 
-LOCKED = {"seed": 0, "perturbation": {"kind": "locked", "p": 0.1}, "grpo": {"temperature": 0.0, "group_size": 4}}
+LOCKED: dict = {"seed": 0, "perturbation": {"kind": "locked", "p": 0.1}, "grpo": {"temperature": 0.0, "group_size": 4}}
 
 
 def _drawn(tmp_path: Path, panel: str) -> tuple[dict, list, list]:
@@ -42,10 +43,10 @@ def _drawn(tmp_path: Path, panel: str) -> tuple[dict, list, list]:
     runs = [load_run(p) for p in sorted((tmp_path / "arm").iterdir())]
     fig, desc = draw({"arm": runs}, panels=(panel,))
     ax = fig.axes[0]
-    lines = [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.get_lines()]
+    lines = [(np.asarray(ln.get_xdata()).tolist(), np.asarray(ln.get_ydata()).tolist()) for ln in ax.get_lines()]
     bands = []
     for coll in ax.collections:  # fill_between: one polygon, lo along the steps then hi back
-        xy = coll.get_paths()[0].vertices
+        xy = np.asarray(coll.get_paths()[0].vertices)
         by_step: dict[float, set[float]] = {}
         for x, y in xy:
             by_step.setdefault(round(float(x), 6), set()).add(round(float(y), 6))
@@ -75,7 +76,11 @@ def test_a_seed_without_the_panel_s_metric_is_left_out_not_the_whole_arm(tmp_pat
 
 def test_run_series_reads_eval_rows_and_skips_rows_without_a_step(tmp_path: Path) -> None:
     """Values at null or missing steps are left out (a step of None was int(None): a TypeError traceback)."""
-    rows = [{"step": 0, EVAL: 0.25}, {"step": None, EVAL: 0.5}, {"step": 1, "reward_std": 0.5, "reward_mean": 0.1}]
+    rows: list[dict] = [
+        {"step": 0, EVAL: 0.25},
+        {"step": None, EVAL: 0.5},
+        {"step": 1, "reward_std": 0.5, "reward_mean": 0.1},
+    ]
     run = load_run(write_run(tmp_path / "r", LOCKED, rows))
     assert run_series(run, "eval") == {0: 0.25}
     assert run_series(run, "reward_std") == {1: 0.5}
@@ -98,7 +103,7 @@ def test_the_eval_panel_draws_a_run_s_first_logged_eval_column_by_default(tmp_pa
 
 
 def test_a_bool_is_not_plotted_as_a_number(tmp_path: Path) -> None:
-    rows = [{"step": 1, "frac_groups_kept": True}, {"step": 2, "frac_groups_kept": 0.5}]
+    rows: list[dict] = [{"step": 1, "frac_groups_kept": True}, {"step": 2, "frac_groups_kept": 0.5}]
     assert run_series(load_run(write_run(tmp_path / "r", LOCKED, rows)), "kept") == {2: 0.5}
 
 

@@ -190,7 +190,7 @@ def _wandb_records(path: Path):
         pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
-            record = pb.Record()
+            record = pb.Record()  # type: ignore[attr-defined]  # (wandb picks its protobuf module at run time)
             record.ParseFromString(pending)
             pending = b""
             yield record

@@ -57,7 +57,13 @@ def test_wandb_same_step_rows_are_logged_and_lower_steps_skipped(tmp_path: Path,
     """An eval row and a training row share step 2: both logged (W&B merges them); a row at step 1 after step 2 is
     skipped and counted; ``step`` itself is no metric."""
     t = WandbTracker(tmp_path)
-    for row in [{"step": 0, EVAL: 0.25}, {"step": 2, EVAL: 0.5}, {"step": 2, "loss": 1.0}, {"step": 1, "loss": 9.0}]:
+    rows: list[dict[str, Any]] = [
+        {"step": 0, EVAL: 0.25},
+        {"step": 2, EVAL: 0.5},
+        {"step": 2, "loss": 1.0},
+        {"step": 1, "loss": 9.0},
+    ]
+    for row in rows:
         t.log(row, row["step"])
     t.log({"step": 3, "loss": 0.5}, 3)
     assert fake_wandb.runs[0].logged == [(0, {EVAL: 0.25}), (2, {EVAL: 0.5}), (2, {"loss": 1.0}), (3, {"loss": 0.5})]
