@@ -183,7 +183,7 @@ def sft_run_between_steps(cfg, *, dist=None, steps_per_epoch: int = 4, prog=None
     run.cfg, run.prog, run.opt, run.dist = cfg, prog or Progress(), opt, dist or Dist.single()
     run.params = [torch.nn.Parameter(torch.zeros(2))]
     run.plan = Curriculum(cfg, steps_per_epoch=steps_per_epoch)
-    run.guard, run.lm = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr"), SimpleNamespace()
+    run.guard, run.lm = NonFiniteGuard(cfg.sft.max_nonfinite, "SFT", "sft.lr"), SimpleNamespace()  # type: ignore[assignment]
     return run
 
 

@@ -25,7 +25,7 @@ from dgrpo.training.master_weights import MasterWeightAdamW
 
 
 def stand_in_lm(model: nn.Module, fallbacks: int | None, attn: str = "sdpa"):
-    model.config = SimpleNamespace(_attn_implementation=attn)
+    model.config = SimpleNamespace(_attn_implementation=attn)  # type: ignore[assignment]
     compiled = None if fallbacks is None else SimpleNamespace(fallbacks=fallbacks)
     return SimpleNamespace(
         device=torch.device("cpu"), model=model, compiled_layers=compiled, head_stats=SimpleNamespace(compiled=False)

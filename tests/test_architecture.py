@@ -50,7 +50,7 @@ def imports(path: Path) -> list[tuple[str, bool]]:
     tree = ast.parse(path.read_text())
     me = module_name(path).split(".")
     package = me if path.name == "__init__.py" else me[:-1]
-    found = []
+    found: list[tuple[str, bool]] = []
 
     def resolve(base: str, names: list[str]) -> list[str]:
         subs = [f"{base}.{n}" for n in names if f"{base}.{n}" in MODULES]

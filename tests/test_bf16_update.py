@@ -65,7 +65,7 @@ def _gradient(tr: GRPOTrainer, ro, rows, adv, micro_batch: int, seen: list) -> t
     tr._optimizer_step = no_step  # type: ignore[method-assign]
     tr.cfg.grpo.micro_batch_size = micro_batch
     counts = GlobalCounts(rows.numel(), float(ro.mask[rows].sum()), tr.cfg.grpo.max_new_tokens)
-    grpo_module.grpo_objective = recording
+    grpo_module.grpo_objective = recording  # type: ignore[assignment]
     try:
         tr._update(ro, rows, adv, counts, 5e-3, 0)
     finally:

@@ -25,7 +25,7 @@ from dgrpo.training.checkpoint import (
 class StubLM:
     """What save_checkpoint and required_files use of a LatentLM: ``save_pretrained`` writes a config only."""
 
-    checkpoint_files = ("model.safetensors", "config.json")
+    checkpoint_files: tuple[str, ...] = ("model.safetensors", "config.json")
 
     def __init__(self) -> None:
         self.weights: list[bool] = []  # (each save_pretrained's ``weights``)

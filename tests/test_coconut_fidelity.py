@@ -252,7 +252,7 @@ def coconut_nll(model, input_ids: list[int], labels: list[int], latent_id: int):
     of a forward over everything before it), every other position its token's embedding; then one forward over the
     whole sequence, logits shifted against the labels. Returns (NLL sum, supervised tokens)."""
     emb = model.get_input_embeddings()
-    seq = []
+    seq: list[torch.Tensor] = []
     for t in input_ids:
         if t == latent_id:
             out = model(inputs_embeds=torch.stack(seq)[None], output_hidden_states=True)

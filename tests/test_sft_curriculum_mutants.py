@@ -148,7 +148,7 @@ def epoch_ends(monkeypatch, cfg, best_so_far: float = -1.0, sigterm: bool = Fals
     monkeypatch.setattr(sft_module, "stop_requested", lambda dist: sigterm)
     lm = lm or SimpleNamespace(train=lambda: None)
     try:
-        sft_module.train_sft(lm, TRAIN, cfg, "unused", valid=VALID, evaluate_fn=lambda *a: 1, progress=False)
+        sft_module.train_sft(lm, TRAIN, cfg, Path("unused"), valid=VALID, evaluate_fn=lambda *a: 1, progress=False)
     except Stopped:
         calls.append(("stopped",))
     return calls

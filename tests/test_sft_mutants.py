@@ -5,6 +5,7 @@ the optimizer kept without resets, the checkpoints and metrics rows within an ep
 to its validation and its checkpoints."""
 
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -28,7 +29,7 @@ from conftest import faked_sft_run, make_lm, sft_run_between_steps, tiny_config
 def fake_steps(monkeypatch) -> list[float]:
     """Replace sft_step by one that only records its lr (each step finite, loss 0); returns the lrs seen."""
     seen: list[float] = []
-    monkeypatch.setattr(sft_module, "sft_step", lambda lm, opt, ps, local, cfg, dist, lr: seen.append(lr) or (0, 0, 1))
+    monkeypatch.setattr(sft_module, "sft_step", lambda lm, opt, ps, local, cfg, dist, lr: seen.append(lr) or (0, 0, 1))  # type: ignore[func-returns-value]
     return seen
 
 
@@ -344,7 +345,7 @@ def loop_calls(monkeypatch, cfg, progress: Progress) -> list[tuple]:
     monkeypatch.setattr(sft_module, "_finish_stage", lambda lm, stage, *a: calls.append(("stage end", stage)))
     monkeypatch.setattr(sft_module, "_validate_epoch", lambda lm, stage, epoch, *a: calls.append(("valid", epoch)))
     monkeypatch.setattr(sft_module, "_keep_if_best", keep_if_best)
-    sft_module.train_sft(SimpleNamespace(train=lambda: None), [], cfg, "unused", progress=False)
+    sft_module.train_sft(SimpleNamespace(train=lambda: None), [], cfg, Path("unused"), progress=False)  # type: ignore[arg-type]
     return calls
 
 
