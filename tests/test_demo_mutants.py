@@ -368,7 +368,7 @@ class StandIn:
         monkeypatch.setattr(pipeline, "run_diagnostics", lambda run_dir: {"reward_std_max": 0.0})
         base = Config()
         base.grpo.steps = 6
-        self.demo = pipeline.Demo(base, tmp_path, [], [], {"test": [None] * 4})
+        self.demo = pipeline.Demo(base, tmp_path, [], [], {"test": [None] * 4})  # type: ignore[list-item]
         pipeline.run_arm(self.demo, "dropout_grpo", 1, 2, tmp_path / "sft" / "seed1" / "final")
         self.rows = {m["checkpoint"]: (m["step"], m["splits"]["test"]["items"]) for m in self.demo.models}
 

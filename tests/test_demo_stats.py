@@ -168,7 +168,7 @@ EXPECTED = {
 
 def claim_comparisons() -> list[dict]:
     """Every comparison on a shifted split (listed first, each with another interval) and on the headline split."""
-    out = []
+    out: list[dict] = []
     for split in ("shifted", "test"):
         for i, ckpt in enumerate(("best", "final")):
             for (a, b), spans in INTERVALS.items():
@@ -279,7 +279,7 @@ def test_analyse_pairs_each_checkpoint_and_seed_with_its_own_and_judges_the_head
 def small_results() -> dict:
     demo = small_demo()
     res = {"command": "dgrpo demo", "headline": "test", "n_sft": 2, "n_rl": 1, "steps": 8, "models": demo.models}
-    res |= {"runs": [], "splits": {"test": 4, "shifted": 4}, "wall_s": {"total": 3.0}, "analysis": analyse(demo)}
+    res |= {"runs": [], "splits": {"test": 4, "shifted": 4}, "wall_s": {"total": 3.0}, "analysis": analyse(demo)}  # type: ignore[arg-type]
     return res
 
 

@@ -129,12 +129,12 @@ def flips(base: Sequence[bool], new: Sequence[bool]) -> tuple[int, int]:
 PairKey = tuple[int, int]  # (SFT seed, RL seed)
 
 
-def compare(a: Mapping[PairKey, Sequence[bool]], b: Mapping[PairKey | int, Sequence[bool]]) -> dict[str, Any]:
+def compare(a: Mapping[PairKey, Sequence[bool]], b: Mapping[Any, Sequence[bool]]) -> dict[str, Any]:
     """A vs B, paired: per (SFT seed, RL seed) key of ``a``, B's model with the same key, or B keyed by the SFT seed
-    alone (the SFT checkpoint); the accuracy difference in points on the same items, items gained and lost. The
-    pairs of one SFT checkpoint are not independent (the checkpoint moves accuracy most): each SFT seed's pairs are
-    averaged first, and the mean difference and its 95% t-interval are over the SFT seeds (with one RL seed per
-    SFT seed, over the pairs). Keys without a partner are left out.
+    alone (the SFT checkpoint: ``b``'s keys are ints); the accuracy difference in points on the same items, items
+    gained and lost. The pairs of one SFT checkpoint are not independent (the checkpoint moves accuracy most): each
+    SFT seed's pairs are averaged first, and the mean difference and its 95% t-interval are over the SFT seeds (with
+    one RL seed per SFT seed, over the pairs). Keys without a partner are left out.
 
     Each SFT seed's mean is taken exactly (in items, as a fraction) and rounded once: SFT seeds whose pairs gain the
     same on average then have the same mean to the bit, and the interval its zero width (float means of the pairs'
