@@ -239,6 +239,16 @@ def written_with_manifest(directory: Path, files: dict[str, str]) -> Path:
     return directory
 
 
+def write_run(path: Path, config: dict | list | None, rows: list[dict], *, head: str = "", tail: str = "") -> Path:
+    """A run folder as ``dgrpo plot`` reads it: ``config.json`` (none when ``config`` is None) and ``metrics.jsonl``
+    holding ``rows``, with raw text before (``head``) or after (``tail``: a torn last line) them."""
+    path.mkdir(parents=True)
+    if config is not None:
+        (path / "config.json").write_text(json.dumps(config))
+    (path / "metrics.jsonl").write_text(head + "".join(json.dumps(r) + "\n" for r in rows) + tail)
+    return path
+
+
 def distinct_markers(lm) -> None:
     """Give the latent markers (start, latent, end) distinct random input rows: the tiny models add them as the mean
     row, one and the same vector, so a marker fed as another would go unseen."""

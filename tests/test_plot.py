@@ -1,6 +1,5 @@
 """``dgrpo plot`` and :mod:`dgrpo.plotting` on run directories written by hand (no training, no subprocess)."""
 
-import json
 import warnings
 from pathlib import Path
 
@@ -10,6 +9,8 @@ import pytest
 from dgrpo.cli import main
 from dgrpo.data.records import DataError
 from dgrpo.plotting import arm_of, config_label, draw, find_runs, group_runs, load_run, plot, plot_runs
+
+from conftest import write_run
 
 EVAL = "eval/builtin:valid/accuracy"
 
@@ -38,14 +39,6 @@ def grpo_rows(seed: int, steps: int = 6, k: int = 4, level: float = 0.3) -> list
         if t % 2 == 0:
             rows.append({"step": t, EVAL: level + 0.01 * t + 0.005 * seed})
     return rows
-
-
-def write_run(path: Path, config: dict | None, rows: list[dict], tail: str = "") -> Path:
-    path.mkdir(parents=True)
-    if config is not None:
-        (path / "config.json").write_text(json.dumps(config))
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
-    return path
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 columns a run's curve is read from, which runs are one arm, the warnings and refusals of a group that could not share
 a curve, colours and legends, and the command line's parsing (its ``plot`` call captured: no figure drawn)."""
 
-import json
 import math
 import warnings
 from pathlib import Path
@@ -12,16 +11,10 @@ import pytest
 from dgrpo.data.records import DataError
 from dgrpo.plotting import config_label, draw, find_runs, group_runs, load_run, run_series
 
+from conftest import write_run
+
 EVAL = "eval/valid/accuracy"
 LOCKED: dict = {"seed": 0, "perturbation": {"kind": "locked", "p": 0.1}, "grpo": {"temperature": 0.0, "group_size": 4}}
-
-
-def write_run(path: Path, config: dict | list | None, rows: list[dict], raw: str = "") -> Path:
-    path.mkdir(parents=True)
-    if config is not None:
-        (path / "config.json").write_text(json.dumps(config))
-    (path / "metrics.jsonl").write_text(raw + "".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def sizes(groups: dict) -> dict[str, int]:

@@ -1,7 +1,6 @@
 """Fast checks of :mod:`dgrpo.plotting` found by mutation testing: the data a figure draws (the mean over seeds and
 its min-max band on the steps all seeds share, each run's series), checked by hand on small numbers; no pixels."""
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -11,15 +10,9 @@ from dgrpo.data.records import DataError
 from dgrpo.plotting import draw, group_runs, load_run, run_series
 from dgrpo.plotting.draw import aggregate
 
+from conftest import write_run
+
 EVAL = "eval/valid/accuracy"
-
-
-def write_run(path: Path, config: dict | None, rows: list[dict]) -> Path:
-    path.mkdir(parents=True)
-    if config is not None:
-        (path / "config.json").write_text(json.dumps(config))
-    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def test_aggregate_is_mean_min_and_max_over_seeds_on_the_steps_all_share() -> None:
