@@ -219,7 +219,7 @@ def test_init_takes_an_adapter_checkpoint(base_dirs, tmp_path):
         cont = load_model(cfg.model, cfg.task, init=str(tmp_path / "adapter"))
     assert cont.peft is not None and torch.equal(logprobs(cont), logprobs(lm))  # the same adapter trains on
     other = tiny_config(**{"model.lora.r": 4, "model.lora.alpha": 8.0, "model.lora.target_modules": "[q_proj]"})
-    with pytest.warns(UserWarning, match=r"target_modules=\['q_proj'\], train_latent_tokens=True\) differs from"):
+    with pytest.warns(UserWarning, match=r"target_modules=\[q_proj\], train_latent_tokens=True\) differs from"):
         load_model(other.model, cfg.task, init=str(tmp_path / "adapter"))
     saved = lm.peft.peft_config["default"]  # the run's config records what it trains (it kept the given values)
     assert (other.model.lora.r, other.model.lora.target_modules) == (saved.r, sorted(saved.target_modules))
@@ -231,6 +231,25 @@ def test_init_takes_an_adapter_checkpoint(base_dirs, tmp_path):
         full = load_model(tiny_config().model, cfg.task, init=str(tmp_path / "adapter"))
     assert full.peft is None and all(p.requires_grad for p in full.model.parameters())
     torch.testing.assert_close(logprobs(full), logprobs(lm), atol=1e-5, rtol=0)
+
+
+def test_init_of_an_all_linear_adapter_names_its_file_for_many_targets(base_dirs, tmp_path):
+    """The --init warning for a model.lora other than the checkpoint's adapter spells targets as resuming does
+    (:func:`~dgrpo.model.lora.other_adapter`): PEFT's expansion of all-linear (14 full names on the tiny Qwen2) is
+    named by the folder's adapter_config.json, not printed name by name; a few names are written as --set takes them."""
+    from dgrpo.model.factory import load_model
+
+    lm = with_lora(base_dirs / "qwen2", target_modules=["all-linear"])
+    lm.save_pretrained(tmp_path / "adapter")
+    assert len(lm.peft.peft_config["default"].target_modules) == 14
+    other = tiny_config(**{"model.lora.r": 4, "model.lora.alpha": 8.0, "model.lora.target_modules": "[q_proj,v_proj]"})
+    with pytest.warns(UserWarning) as caught:
+        load_model(other.model, other.task, init=str(tmp_path / "adapter"))
+    (message,) = [str(w.message) for w in caught if "differs from the checkpoint's adapter" in str(w.message)]
+    file = tmp_path / "adapter" / lora.ADAPTER_CONFIG
+    assert "model.lora (r=4, alpha=8.0, target_modules=[q_proj,v_proj], train_latent_tokens=True) differs" in message
+    assert f"(r=4, alpha=8.0, target_modules as {file} lists them, train_latent_tokens=True)" in message
+    assert "layers.0" not in message
 
 
 def test_lora_needs_a_saved_base_and_no_fsdp(tokenizer):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -145,11 +146,14 @@ def configure_lora(lm: LatentLM, cfg: LoraConfig) -> None:
         if (shape["r"], shape["alpha"], latent_rows) != (cfg.r, float(cfg.alpha), cfg.train_latent_tokens) or (
             targets != ["all-linear"] and targets != saved_targets
         ):
+            file = Path(lm.loaded_from) / lora.ADAPTER_CONFIG if lm.loaded_from else None  # (names many targets)
+            given = lora.targets_setting(targets, None, "target_modules")
+            kept = lora.targets_setting(saved_targets, file, "target_modules")
             warnings.warn(
-                f"model.lora (r={cfg.r}, alpha={cfg.alpha}, target_modules={targets}, train_latent_tokens="
-                f"{cfg.train_latent_tokens}) differs from the checkpoint's adapter (r={saved.r}, alpha="
-                f"{saved.lora_alpha}, target_modules={saved_targets}, train_latent_tokens={latent_rows}): training "
-                "continues the checkpoint's adapter (the run's config records its values)",
+                f"model.lora (r={cfg.r}, alpha={cfg.alpha}, {given}, train_latent_tokens={cfg.train_latent_tokens}) "
+                f"differs from the checkpoint's adapter (r={saved.r}, alpha={saved.lora_alpha}, {kept}, "
+                f"train_latent_tokens={latent_rows}): training continues the checkpoint's adapter (the run's config "
+                "records its values)",
                 stacklevel=2,
             )
             record_adapter(cfg, saved)

@@ -63,6 +63,8 @@ BASE_FINGERPRINT = "dgrpo_base_fingerprint"
 #: the latent markers' embedding rows (input; head when untied) of an adapter that does not train them
 #: (``model.lora.train_latent_tokens: false``): a plain base gave them their first values, which its own files lack
 LATENT_ROWS = "latent_rows.safetensors"
+#: the most target modules a message writes out (:func:`targets_setting`; more are named by the adapter's file)
+LISTED_TARGETS = 8
 
 
 def _peft() -> Any:
@@ -435,20 +437,34 @@ def _as_set(value: bool | float) -> str:
     return short if float(short) == value else repr(value)
 
 
+def listed_targets(targets: Any) -> bool:
+    """Whether a message writes an adapter's target modules out: a list of up to :data:`LISTED_TARGETS` names."""
+    return isinstance(targets, list) and len(targets) <= LISTED_TARGETS
+
+
+def targets_setting(targets: Any, config: Path | str | None, key: str = "model.lora.target_modules") -> str:
+    """``key`` set to an adapter's target modules, as every message spells them: written out as ``--set`` takes them
+    (``KEY=[k_proj,v_proj]``) when :func:`listed_targets`; more (PEFT's expansion of ``all-linear``: a name per
+    linear layer, 14 in some architectures) named by ``config``, the adapter's ``adapter_config.json`` (None: no
+    file to name, the names written out)."""
+    if listed_targets(targets) or config is None:
+        return f"{key}=[{','.join(targets)}]" if isinstance(targets, list) else f"{key}={targets}"
+    return f"{key} as {config} lists them"
+
+
 def other_adapter(folder: Path, lm: LatentLM) -> str | None:
     """How the adapter saved in ``folder`` differs from the policy adapter ``lm`` holds (None: the same): the
-    ``model.lora`` settings that would give the saved one, as ``--set`` takes them (more than 8 target modules,
-    PEFT's expansion of ``all-linear``: named by the folder's file)."""
+    ``model.lora`` settings that would give the saved one, as ``--set`` takes them (target modules as
+    :func:`targets_setting` spells them)."""
     saved, now = adapter_shape(_adapter_config(folder)), adapter_shape(lm.peft.peft_config[POLICY])
     if saved == now:
         return None
     keep = []
     for key in (k for k in saved if saved[k] != now[k]):
         targets = saved[key]
-        if key == "target_modules" and isinstance(targets, list) and len(targets) <= 8:
-            keep.append(f"--set 'model.lora.target_modules=[{','.join(targets)}]'")
-        elif key == "target_modules":  # (PEFT's expansion of all-linear: a name per linear layer)
-            keep.append(f"model.lora.target_modules as {folder / ADAPTER_CONFIG} lists them")
+        if key == "target_modules":
+            spelt = targets_setting(targets, folder / ADAPTER_CONFIG)
+            keep.append(f"--set '{spelt}'" if listed_targets(targets) else spelt)
         else:
             keep.append(f"--set model.lora.{key}={_as_set(saved[key])}")
     return ", ".join(keep)
