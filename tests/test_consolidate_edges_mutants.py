@@ -100,3 +100,28 @@ def test_a_sharded_save_writes_the_config_json_that_its_consolidation_writes(tmp
         make_lm(tokenizer).save_pretrained(tmp_path / str(weights), weights=weights)
     texts = [(tmp_path / str(w) / "config.json").read_text() for w in (False, True)]
     assert texts[0] == texts[1] and '"architectures"' in texts[0] and '"dtype": "float32"' in texts[0]
+
+
+STRAY = ["model.bak.safetensors", "model-extra.safetensors", "model-00001-of-00002.safetensors"]
+
+
+@pytest.mark.parametrize("name", [*STRAY, "model.safetensors"])
+def test_a_sharded_folder_is_unconsolidated_until_it_holds_weights_that_load(tmp_path, tokenizer, name):
+    """A sharded final/ beside a stray ``model*.safetensors`` (a copy, a Hugging Face shard without its index) was
+    taken as consolidated: the run's end left its ``dgrpo consolidate`` line out, and loading it said to consolidate
+    it. Whether it is unconsolidated is now what loading finds: model.safetensors (or the index) alone counts."""
+    from dgrpo.cli.train import consolidation_lines
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.training.consolidate import unconsolidated
+
+    final, _ = sharded_final(tmp_path, tokenizer, lambda state: None)
+    (final / name).write_bytes(b"")
+    loads = name == "model.safetensors"
+    assert unconsolidated(final) is not loads
+    assert (f"  dgrpo consolidate {final}" in consolidation_lines(tmp_path)) is not loads
+    if not loads:
+        with pytest.raises(CheckpointError, match=r"holds FSDP shards \(fsdp: sharded\): dgrpo consolidate"):
+            LatentLM.from_pretrained(final)
+    (final / name).unlink()
+    (final / "model.safetensors.index.json").write_text("{}")  # (Hugging Face's shards: the index names them)
+    assert not unconsolidated(final)

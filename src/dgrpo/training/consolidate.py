@@ -28,6 +28,8 @@ from ..model.sources import on_disk
 from ..model.verified import (
     MANIFEST,
     RESUMABLE_STATE,
+    SAFETENSORS,
+    SAFETENSORS_INDEX,
     SHARDED_DIR,
     CheckpointError,
     check_intact,
@@ -149,8 +151,11 @@ def _sharded_checkpoint(path: Path) -> Path:
 
 def unconsolidated(path: Path) -> bool:
     """Whether the model folder ``path`` (``final/``, ``best/``, ``stage-K/``) holds shards (``fsdp: sharded`` wrote
-    it) and no weights yet: ``dgrpo consolidate path`` writes them, which loading it needs."""
-    return (path / SHARDED_DIR).is_dir() and not any(path.glob("model*.safetensors"))
+    it) and no weights yet: ``dgrpo consolidate path`` writes them, which loading it needs. Weights as loading finds
+    them (``model.safetensors``, or the index of Hugging Face's shards): another ``model*.safetensors`` (a copy, a
+    shard left alone) does not load, and loading says to consolidate."""
+    loadable = any((path / name).is_file() for name in (SAFETENSORS, SAFETENSORS_INDEX))
+    return (path / SHARDED_DIR).is_dir() and not loadable
 
 
 def consolidate_checkpoint(path: str | Path) -> Path:
