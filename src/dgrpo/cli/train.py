@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -363,7 +364,7 @@ def run_sft(args: argparse.Namespace) -> int:
     warn_if_scorer_misses_gold(options["scorer"], train, f"eval.scorer {cfg.eval.scorer!r}")
     check_test_sets_fit(s.lm, tests, cfg, final_settings(cfg), "sft.c_thought")
 
-    advice: list[str] = []  # (best/'s dgrpo eval lines under FSDP: printed after the consolidation lines)
+    advice: list[Callable[[], list[str]]] = []  # (best/'s lines under FSDP: said after the consolidation lines)
 
     def test(lm_: Any, best_epoch: int | None) -> dict[str, float]:  # final/, then best/ (rank 0's epoch)
         metrics = evaluate_test_sets(lm_, tests, cfg, s.out, dist)
@@ -407,7 +408,7 @@ def run_grpo(args: argparse.Namespace) -> int:
     # logged as eval/valid/accuracy, as SFT logs it (one chart for both in TensorBoard / W&B); config.json says which
     valid = {"valid": s.valid} if s.valid is not None else {}
 
-    advice: list[str] = []  # (best/'s dgrpo eval lines under FSDP: printed after the consolidation lines)
+    advice: list[Callable[[], list[str]]] = []  # (best/'s lines under FSDP: said after the consolidation lines)
 
     def test(lm_: Any, best_step: int | None) -> dict[str, float]:  # final/, then best/ (rank 0's step)
         metrics = evaluate_test_sets(lm_, tests, cfg, s.out, dist)
@@ -488,15 +489,16 @@ def evaluate_best(
     device: Any,
     *,
     final: tuple[Any, dict[str, float]] | None = None,
-    advice: list[str] | None = None,
+    advice: list[Callable[[], list[str]]] | None = None,
 ) -> dict[str, float]:
     """The test sets for ``best/`` too (the checkpoint the paper reports: the best validation accuracy after warmup;
     SFT's under ``sft.eval_every_epoch``), into ``OUT/eval_best/``; nothing when best/ is the final model
     (``best_step`` == ``final_step``: GRPO's steps, SFT's last epoch) or was not kept, or under FSDP (a second full
-    copy of the model on every rank): then the commands that do it go to ``advice`` (printed now without it). Every
-    rank calls this (rank 0's ``best_step``: the others' summary is empty). ``final``: the trained model and its test
-    metrics: a best/ of the same weights (no step updated the model after it) is not tested again, its metrics are
-    the final model's, said in a line. Returns the accuracies as metrics (``test_best/...``; rank 0's)."""
+    copy of the model on every rank): then what to do goes to ``advice``, said once final/ is written
+    (:func:`best_lines`; without it, the commands that test best/ are printed now). Every rank calls this (rank 0's
+    ``best_step``: the others' summary is empty). ``final``: the trained model and its test metrics: a best/ of the
+    same weights (no step updated the model after it) is not tested again, its metrics are the final model's, said
+    in a line. Returns the accuracies as metrics (``test_best/...``; rank 0's)."""
     from ..model.factory import load_model
     from ..model.verified import same_weights
 
@@ -504,12 +506,10 @@ def evaluate_best(
     if best_step is None or best_step == final_step or not (out / BEST_DIR).is_dir():
         return {}
     if dist.fsdp:
-        if dist.is_main:
-            lines = best_eval_lines(best_step, tests, out)
-            if advice is None:
-                print("\n".join(lines))
-            else:
-                advice.extend(lines)
+        if dist.is_main and advice is not None:  # (final/ is written after the test sets)
+            advice.append(partial(best_lines, best_step, tests, out))
+        elif dist.is_main:
+            print("\n".join(best_eval_lines(best_step, tests, out)))
         return {}
     best = load_model(cfg.model, cfg.task, init=str(out / BEST_DIR), device=device, training=False)
     # (the same weights read with other latent settings, e.g. an earlier SFT stage's thoughts, answer otherwise)
@@ -522,13 +522,29 @@ def evaluate_best(
 def final_as_best(best_step: int, tests: dict, out: Path, dist: Any, metrics: dict[str, float]) -> dict[str, float]:
     """best/'s test metrics when it holds the final model's weights: the final model's, said in a line (rank 0)."""
     if dist.is_main:
-        where = ", ".join(str(results_dir(out, spec, FINAL_DIR)) for spec in tests)
-        print(
-            f"dgrpo: best/ ({best_step}) holds the final model's weights (no update after it): not tested again; "
-            f"its test results are the final model's ({where})"
-        )
+        print(final_best_line(best_step, tests, out))
     keys = {test_metric_key(spec): test_metric_key(spec, BEST_DIR) for spec in tests}
     return {keys[k]: v for k, v in metrics.items() if k in keys}
+
+
+def final_best_line(best_step: int, tests: dict, out: Path) -> str:
+    """The line that says best/ holds the final model's weights, and where their test results are."""
+    where = ", ".join(str(results_dir(out, spec, FINAL_DIR)) for spec in tests)
+    return (
+        f"dgrpo: best/ ({best_step}) holds the final model's weights (no update after it): not tested again; its "
+        f"test results are the final model's ({where})"
+    )
+
+
+def best_lines(best_step: int, tests: dict, out: Path) -> list[str]:
+    """best/'s lines at the end of a run under FSDP, once final/ is written: that it holds the final model's weights
+    (the same saved files: :func:`~dgrpo.training.consolidate.same_saved_model`; no update after best/), or the
+    ``dgrpo eval`` lines that test it (:func:`best_eval_lines`)."""
+    from ..training.consolidate import same_saved_model
+
+    if same_saved_model(out / BEST_DIR, out / FINAL_DIR):
+        return [final_best_line(best_step, tests, out)]
+    return best_eval_lines(best_step, tests, out)
 
 
 def best_eval_lines(best_step: int, tests: dict, out: Path) -> list[str]:
@@ -564,8 +580,8 @@ def consolidation_lines(out: Path) -> list[str]:
     return [f"{head} (in one process):", *(f"  dgrpo consolidate {d}" for d in folders)]
 
 
-def print_consolidation_lines(out: Path, dist: Any, advice: Sequence[str] = ()) -> None:
-    """:func:`consolidation_lines`, then ``advice`` (best/'s ``dgrpo eval`` lines, :func:`evaluate_best`'s), from
-    rank 0."""
-    if dist.is_main and (lines := [*consolidation_lines(out), *advice]):
+def print_consolidation_lines(out: Path, dist: Any, advice: Sequence[Callable[[], list[str]]] = ()) -> None:
+    """:func:`consolidation_lines`, then the lines of ``advice`` (best/'s, :func:`evaluate_best`'s: :func:`best_lines`),
+    from rank 0."""
+    if dist.is_main and (lines := [*consolidation_lines(out), *(line for said in advice for line in said())]):
         print("\n".join(lines))

@@ -158,6 +158,28 @@ def unconsolidated(path: Path) -> bool:
     return (path / SHARDED_DIR).is_dir() and not loadable
 
 
+def same_saved_model(a: Path, b: Path) -> bool:
+    """Whether two model folders dgrpo wrote (a run's best/ and final/) hold the same model, by their manifests: the
+    same files with the same digests, but the shards' metadata (``dcp/.metadata``), which torch.distributed.checkpoint
+    writes with the save's own path and id: compared as read (safely), where each tensor lies in the shard files. A
+    folder without a readable manifest: False (nothing vouches for its files)."""
+    metadata = f"{SHARDED_DIR}/.metadata"
+    try:
+        listed = [read_json_object(folder / MANIFEST) for folder in (a, b)]
+    except (OSError, CheckpointError):
+        return False
+    others = [{name: digest for name, digest in m.items() if name != metadata} for m in listed]
+    if others[0] != others[1] or (metadata in listed[0]) != (metadata in listed[1]):
+        return False
+    if metadata not in listed[0]:
+        return True
+    try:
+        x, y = (SafeFileSystemReader(folder / SHARDED_DIR).read_metadata() for folder in (a, b))
+    except CheckpointError:
+        return False
+    return x.state_dict_metadata == y.state_dict_metadata and x.storage_data == y.storage_data
+
+
 def consolidate_checkpoint(path: str | Path) -> Path:
     """Turn a sharded FSDP checkpoint (``path/dcp``; a run directory means its ``final/``) into
     ``path/model.safetensors`` (and a new manifest), so that ``LatentLM.from_pretrained(path)`` and plain
