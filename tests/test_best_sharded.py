@@ -3,6 +3,7 @@ update after it: every step filtered) is said to be the final model at the run's
 (``dgrpo.training.consolidate.same_saved_model``), instead of ``dgrpo eval`` lines that test it again."""
 
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -11,7 +12,7 @@ from conftest import make_lm, sharded_final, tiny_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # (shards saved in one process)
 
-TESTS = {"builtin:test": []}
+TESTS: dict[str, list] = {"builtin:test": []}
 
 
 def sharded_run(tmp_path, tokenizer, change_best):
@@ -30,7 +31,7 @@ def end_lines(out, monkeypatch, capsys) -> list[str]:
     from dgrpo.training.distributed import Dist
 
     monkeypatch.delenv("DGRPO_FSDP", raising=False)
-    dist, advice = replace(Dist.single(), fsdp=True), []
+    dist, advice = replace(Dist.single(), fsdp=True), list[Callable[[], list[str]]]()
     assert evaluate_best(1, 3, TESTS, tiny_config(), out, dist, "cpu", advice=advice) == {}
     print_consolidation_lines(out, dist, advice)
     return capsys.readouterr().out.splitlines()[3:]  # (after the head and the two dgrpo consolidate lines)

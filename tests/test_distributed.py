@@ -395,7 +395,7 @@ def _worker_grpo(out: Path, args: dict) -> None:
         )
         return m
 
-    grpo.GRPOTrainer.step = checked_step
+    grpo.GRPOTrainer.step = checked_step  # type: ignore[method-assign]
     assert cli.main(["grpo", "--init", args["init"], "--out", str(out), *_args(args["sets"])]) == 0
     (out / f"rank{os.environ['RANK']}.json").write_text(json.dumps(records))  # (the CLI closed the process group)
     (out / f"gloo{os.environ['RANK']}.json").write_text(json.dumps(gloo_threads()))  # none left: see Dist.close()
@@ -463,7 +463,7 @@ def _worker_share(out: Path, args: dict) -> None:
 
     dist = Dist.from_env(torch.device("cpu"), fsdp="full", fsdp_env=False)
     lm = LatentLM.from_pretrained(args["init"])
-    lm.model.to(torch.bfloat16)
+    lm.model.to(torch.bfloat16)  # type: ignore[arg-type]  # (transformers' typing of .to)
     shares = dist.all_gather_objects(rounded_away_share(dist.prepare_model(lm.model), args["lr"]))
     if dist.is_main:
         (out / "shares.json").write_text(json.dumps(shares))
@@ -491,7 +491,7 @@ def _worker_scores(out: Path, args: dict) -> None:
     got = []
     for scores, rows in args["cases"]:
         recs = [Record(f"q{i}", [], "1") for i in range(len(scores))]
-        got.append(sharded_scores(dist, lambda local, s=scores, k=rows: scored_shard(local, s, k), recs))
+        got.append(sharded_scores(dist, lambda local, s=scores, k=rows: scored_shard(local, s, k), recs))  # type: ignore[misc]
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{dist.rank}.json").write_text(json.dumps(got))
     dist.close()

@@ -77,10 +77,10 @@ def test_fsdp_from_python_as_a_bool_is_full_fsdp_with_gathered_checkpoints(monke
     """``fsdp=True`` (a Python caller's) is ``fsdp: full``: sharded training, whole (gathered) checkpoints; False
     and None are none. DGRPO_FSDP=0 turns a config's full off, unless told to ignore the variable."""
     launched(monkeypatch, **TORCHRUN)
-    d = Dist.from_env(torch.device("cpu"), fsdp=True)  # type: ignore[arg-type]
+    d = Dist.from_env(torch.device("cpu"), fsdp=True)
     assert (d.fsdp, d.checkpoint) == (True, "full")
     for off in (False, None):
-        assert not Dist.from_env(torch.device("cpu"), fsdp=off).fsdp  # type: ignore[arg-type]
+        assert not Dist.from_env(torch.device("cpu"), fsdp=off).fsdp
     monkeypatch.setenv("DGRPO_FSDP", "0")
     assert not Dist.from_env(torch.device("cpu"), fsdp="full").fsdp
     assert Dist.from_env(torch.device("cpu"), fsdp="sharded", fsdp_env=False).checkpoint == "sharded"
@@ -128,7 +128,7 @@ def test_a_python_caller_without_dist_is_warned_at_its_own_line(monkeypatch):
     assert _trainer(given, "full") is given
     assert not _warned(lambda: (_trainer(fsdp=""), _trainer(fsdp="none")))
     [said] = _warned(lambda: _trainer(fsdp="sharded"))
-    line = inspect.currentframe().f_lineno - 1  # type: ignore[union-attr]
+    line = inspect.currentframe().f_lineno - 1
     assert "fsdp=sharded is not applied: trainer was given no dist= (one process)" in str(said.message)
     assert (said.filename, said.lineno) == (__file__, line)
     monkeypatch.setenv("WORLD_SIZE", "2")

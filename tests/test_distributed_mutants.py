@@ -236,7 +236,7 @@ def test_from_env_in_one_process_starts_no_group_and_warns_of_fsdp_it_ignores(mo
     assert not [w for w in recwarn if "fsdp" in str(w.message)]
     for fsdp in ("full", "sharded", True):
         with pytest.warns(UserWarning, match=r"fsdp=(full|sharded) .* is ignored in a single process"):
-            assert Dist.from_env(torch.device("cpu"), fsdp=fsdp) == Dist.single()  # type: ignore[arg-type]
+            assert Dist.from_env(torch.device("cpu"), fsdp=fsdp) == Dist.single()
     assert started == []
 
 
@@ -415,7 +415,7 @@ def test_the_copied_reference_is_renewed_through_the_dists_whole_state_dict(toke
     gathered = {k: torch.full_like(v, 0.5) for k, v in lm.model.state_dict().items()}
     asked = []
     dist = types.SimpleNamespace(full_state_dict=lambda model: asked.append(model) or gathered)
-    ref = CopiedReference(lm, dist)  # type: ignore[arg-type]
+    ref = CopiedReference(lm, dist)
     ref.renew()
     assert asked == [lm.model] and all(bool((p == 0.5).all()) for p in ref.lm.model.parameters())
 

@@ -294,7 +294,7 @@ def test_dgrpo_fsdp_is_the_runs_fsdp_key_so_validation_sees_it(monkeypatch):
     # (Python's fsdp=: the same spellings)
     with pytest.raises(ConfigError, match=r"fsdp='yes': expected none, full or sharded \(or 0"):
         Dist.from_env(fsdp="yes")
-    assert not Dist.from_env(fsdp=None).fsdp  # type: ignore[arg-type]  (None and bools, as before, in one process)
+    assert not Dist.from_env(fsdp=None).fsdp  # (None and bools, as before, in one process)
 
 
 def test_adapter_checkpoint_with_a_missing_base_is_one_line(base_dirs, tmp_path):
