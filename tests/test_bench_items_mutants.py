@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from dgrpo.bench import baselines, long_items, lora_item, memprobe, parallel_item, recompute_item, workload
+from dgrpo.bench import baselines, items, long_items, lora_item, memprobe, parallel_item, recompute_item, workload
 from dgrpo.bench.workload import Ctx, Shapes
 
 from conftest import bench_ctx as _ctx
@@ -383,13 +383,60 @@ def test_run_probe_sends_the_spec_and_reads_the_last_line(monkeypatch):
         memprobe.run_probe(ctx, TINY, 4, 2)
 
 
+def _counting_probes(monkeypatch) -> list:
+    """memprobe's child processes faked: each call is recorded (its spec) and measures a new peak."""
+    specs: list = []
+
+    def run(cmd, **kw):
+        specs.append(json.loads(cmd[3]))
+        n = len(specs)
+        out = {"kind": "rss", "peak_bytes": n, "before_bytes": 0, "delta_bytes": n, "clean_peak": True}
+        return subprocess.CompletedProcess(cmd, 0, json.dumps(out), "")
+
+    monkeypatch.setattr(memprobe.subprocess, "run", run)
+    return specs
+
+
+def test_run_probe_reuses_a_probe_of_the_same_spec_only_when_asked(monkeypatch):
+    """A probe's first result per spec is kept in the suite's ctx; reuse returns it for the same spec (lora_r 0 is no
+    LoRA) and runs a fresh process for any other spec, without reuse (item 5's repetitions) or in another run."""
+    specs = _counting_probes(monkeypatch)
+    ctx = _ctx()
+    first = memprobe.run_probe(ctx, TINY, 4, 2, "locked")
+    assert memprobe.run_probe(ctx, TINY, 4, 2, "locked")["peak_bytes"] == 2  # (a repetition measures again)
+    assert memprobe.run_probe(ctx, TINY, 4, 2, lora_r=0, reuse=True) == first and first["peak_bytes"] == 1
+    assert len(specs) == 2
+    for kind, K, extra in (("none", 4, {}), ("locked", 2, {}), ("locked", 4, {"lora_r": 16})):
+        assert memprobe.run_probe(ctx, TINY, K, 2, kind, reuse=True, **extra)["peak_bytes"] == len(specs)
+    assert len(specs) == 5 and specs[-1]["lora_r"] == 16
+    assert memprobe.run_probe(_ctx(), TINY, 4, 2, reuse=True)["peak_bytes"] == 6
+
+
+@pytest.mark.parametrize("section", ["quick", "gpu"])
+def test_lora_full_arm_reuses_item_5s_locked_probe_where_it_is_the_same(monkeypatch, section):
+    """In --quick (and on the GPU) item 9's full arm is item 5's locked probe: the suite runs it once; the LoRA arm,
+    and the full arm at the full CPU section's own shapes, run their own fresh processes."""
+    specs = _counting_probes(monkeypatch)
+    shapes, device = {"quick": (workload.QUICK, "cpu"), "gpu": (workload.GPU, "cuda")}[section]
+    monkeypatch.setattr(items, "_replay_bytes_row", lambda ctx, K, T: (None, {}))
+    ctx = _ctx(shapes, device)
+    mem = items.bench_memory(ctx)[1]
+    s = lora_item.item_shapes(ctx)
+    assert lora_item._probe(ctx, s, 0) is mem["probes"]["locked"][0] and len(specs) == len(mem["probes"])
+    assert lora_item._probe(ctx, s, lora_item.LORA_R)["peak_bytes"] == len(specs) == len(mem["probes"]) + 1
+    full = _ctx(workload.FULL)
+    items.bench_memory(full)
+    lora_item._probe(full, lora_item.item_shapes(full), 0)
+    assert specs[-1]["shapes"]["name"] == "lora-cpu" and specs[-1]["lora_r"] == 0
+
+
 # --------------------------------------------------------------------------- 9. LoRA
 def test_lora_rows_are_lora_over_full(monkeypatch):
     """Item 9: each arm's memory from its own fresh process (full r=0, LoRA r=16); the rows are lora / full for the
     trainable parameters, the optimizer state, the step's peak (not its growth) and the median step time."""
     probes = []
 
-    def probe(ctx, s, K, T, lora_r):
+    def probe(ctx, s, K, T, lora_r, reuse):
         probes.append(lora_r)
         peak, before = {0: (400, 300), 16: (100, 90)}[lora_r]
         return {"peak_bytes": peak * MiB, "before_bytes": before * MiB}

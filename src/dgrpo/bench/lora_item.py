@@ -3,7 +3,8 @@
 Both arms run the paper's step with the KL reference on (``beta0`` default): full fine-tuning keeps a frozen copy
 of the model for it, LoRA a frozen adapter (:mod:`dgrpo.training.ref_policy`). Measured: trainable parameters,
 optimizer state bytes, the step's peak memory (each arm in a fresh process, as in item 5: peak RSS on CPU,
-``max_memory_allocated`` on CUDA) and the step time (alternating, median). The CPU section uses a wider model than
+``max_memory_allocated`` on CUDA; where item 5 ran the full arm's probe, in --quick and on the GPU, its result is
+reused) and the step time (alternating, median). The CPU section uses a wider model than
 the other items (``LORA_CPU``) so that weights, not the tiny model's activations, set the memory.
 """
 
@@ -63,7 +64,8 @@ def build_trainer(s: Shapes, ctx_device, dtype, r: int) -> GRPOTrainer:
 
 
 def _probe(ctx: Ctx, s: Shapes, r: int) -> dict:
-    return run_probe(ctx, s, s.grpo_K_at, s.grpo_T_at, lora_r=r)
+    """An arm's memory probe; full fine-tuning reuses item 5's locked probe where that ran with the same spec."""
+    return run_probe(ctx, s, s.grpo_K_at, s.grpo_T_at, lora_r=r, reuse=not r)
 
 
 def bench_lora(ctx: Ctx) -> tuple[list[Row], dict]:

@@ -18,6 +18,9 @@ import subprocess
 import sys
 from typing import Any
 
+#: the key in ``ctx.results`` of the probes run so far in a suite: {spec_key(spec): result}
+PROBES = "memory_probes"
+
 
 def status_kb(field: str, pid: int | str = "self") -> int:
     """A ``kB`` field (VmRSS, VmHWM, ...) of /proc/PID/status (Linux)."""
@@ -89,9 +92,15 @@ def probe(spec: dict) -> dict:
     return out
 
 
-def run_probe(ctx: Any, shapes: Any, K: int, T: int, kind: str = "locked", **extra: Any) -> dict:
+def run_probe(
+    ctx: Any, shapes: Any, K: int, T: int, kind: str = "locked", *, reuse: bool = False, **extra: Any
+) -> dict:
     """Run :func:`probe` in a fresh process for ``shapes`` on ``ctx``'s device, dtype and threads (``extra``: more
-    spec keys, e.g. ``lora_r``, ``recompute``, ``recompute_latent_steps``, ``micro_batch_size``); its JSON result."""
+    spec keys, e.g. ``lora_r``, ``recompute``, ``recompute_latent_steps``, ``micro_batch_size``); its JSON result.
+
+    The first result of each spec is kept in ``ctx.results``; ``reuse``: return the kept one where a probe of the same
+    spec already ran in this suite (the same measurement: item 9's full arm is item 5's locked run in --quick and on
+    the GPU) instead of starting one more process."""
     spec = {
         "shapes": shapes.to_json(),
         "device": str(ctx.device),
@@ -103,6 +112,10 @@ def run_probe(ctx: Any, shapes: Any, K: int, T: int, kind: str = "locked", **ext
         "warmup": 1,
         **extra,
     }
+    kept = ctx.results.setdefault(PROBES, {})
+    key = spec_key(spec)
+    if reuse and key in kept:
+        return kept[key]
     proc = subprocess.run(
         [sys.executable, "-m", "dgrpo.bench.memprobe", json.dumps(spec)],
         capture_output=True,
@@ -112,7 +125,14 @@ def run_probe(ctx: Any, shapes: Any, K: int, T: int, kind: str = "locked", **ext
     if proc.returncode != 0:
         what = ", ".join(f"{k}={v}" for k, v in {"kind": kind, "K": K, "T": T, **extra}.items())
         raise RuntimeError(f"memory probe failed ({what}):\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    kept.setdefault(key, result)
+    return result
+
+
+def spec_key(spec: dict) -> str:
+    """What a probe measures, as a string: its spec, where ``lora_r`` 0 (no LoRA) is the same as no ``lora_r``."""
+    return json.dumps({k: v for k, v in spec.items() if not (k == "lora_r" and not v)}, sort_keys=True)
 
 
 def main() -> int:
