@@ -556,20 +556,20 @@ def test_ctrl_c_is_one_line_exit_130(tmp_path, monkeypatch, capsys):
     child's code (it raised KeyboardInterrupt out of its wait: a second traceback)."""
     import signal
 
-    from dgrpo.bench import suite
+    from dgrpo.bench import launch, main, suite
 
     def interrupted(args, argv):
         raise KeyboardInterrupt
 
     def bench() -> int:  # (a KeyboardInterrupt out of main would stop pytest itself)
         try:
-            return suite.main(["--out", str(tmp_path / "b"), "--only", "flops"])
+            return main(["--out", str(tmp_path / "b"), "--only", "flops"])
         except KeyboardInterrupt:
             return -1
 
     before = signal.getsignal(signal.SIGINT)  # (SIG_IGN where pytest runs as a shell's background job)
     monkeypatch.setattr(suite, "run_suite", interrupted)
-    monkeypatch.setenv(suite.CHILD_ENV, "1")
+    monkeypatch.setenv(launch.CHILD_ENV, "1")
     assert bench() == 130
     err = capsys.readouterr().err
     assert err == "dgrpo: interrupted (bench: nothing was written)\n"
@@ -577,9 +577,9 @@ def test_ctrl_c_is_one_line_exit_130(tmp_path, monkeypatch, capsys):
     child = tmp_path / "child.sh"  # (a stand-in for the suite's child: Ctrl-C reaches its parent, it ends with 130)
     child.write_text("#!/bin/sh\nkill -INT $PPID\nsleep 0.5\nexit 130\n")
     child.chmod(0o755)
-    monkeypatch.delenv(suite.CHILD_ENV)
+    monkeypatch.delenv(launch.CHILD_ENV)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    monkeypatch.setattr(suite.sys, "executable", str(child))
+    monkeypatch.setattr(launch.sys, "executable", str(child))
     assert bench() == 130
     assert signal.getsignal(signal.SIGINT) is before
 
@@ -593,21 +593,21 @@ def test_sigterm_to_the_parent_reaches_the_suite(tmp_path, monkeypatch):
     import signal
     import time
 
-    from dgrpo.bench import suite
+    from dgrpo.bench import launch, main
 
     child = tmp_path / "child.sh"  # (a stand-in for the suite: SIGTERM reaches its parent; left running, it ends 0
     # after LEFT_RUNNING_S: a parent that waits for it takes that long, however busy the machine; a 2.5 s bound on
     # a 3 s child left a busy one 2.5 s to start the child)
     child.write_text(f"#!/bin/sh\nkill -TERM $PPID\nexec sleep {LEFT_RUNNING_S}\n")
     child.chmod(0o755)
-    monkeypatch.delenv(suite.CHILD_ENV, raising=False)
+    monkeypatch.delenv(launch.CHILD_ENV, raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    monkeypatch.setattr(suite.sys, "executable", str(child))
+    monkeypatch.setattr(launch.sys, "executable", str(child))
     got: list[int] = []
     mine = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))  # (this test's, not pytest's end)
     try:
         start = time.perf_counter()
-        code = suite.main(["--out", str(tmp_path / "b"), "--only", "flops"])
+        code = main(["--out", str(tmp_path / "b"), "--only", "flops"])
     finally:
         signal.signal(signal.SIGTERM, mine)
     assert code == 128 + signal.SIGTERM and time.perf_counter() - start < LEFT_RUNNING_S and not got

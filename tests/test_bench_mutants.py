@@ -5,13 +5,14 @@ item's arithmetic from scripted timings (the candidates themselves are not run: 
 import json
 import os
 import signal
+import subprocess
 import sys
 import types
 
 import pytest
 import torch
 
-from dgrpo.bench import engine_item, items, report, step_profile, suite, timeline, timing, workload
+from dgrpo.bench import engine_item, items, launch, report, step_profile, suite, timeline, timing, workload
 from dgrpo.bench.report import Goal, Row
 from dgrpo.bench.timing import Timed
 from dgrpo.bench.workload import Ctx, Dims, Shapes
@@ -602,8 +603,28 @@ def test_engine_trainers_start_from_equal_weights_each_their_own():
 def test_run_child_gives_the_childs_code_or_128_plus_its_signal():
     """The parent's exit code is the child's, 128 + N for a child ended by signal N (as a shell says it)."""
     kill = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
-    assert suite.run_child([sys.executable, "-c", kill], {}) == 128 + signal.SIGTERM
-    assert suite.run_child([sys.executable, "-c", "raise SystemExit(3)"], {}) == 3
+    assert launch.run_child([sys.executable, "-c", kill], {}) == 128 + signal.SIGTERM
+    assert launch.run_child([sys.executable, "-c", "raise SystemExit(3)"], {}) == 3
+
+
+def test_the_parent_starts_the_suites_child_before_torch_loads():
+    """``python -m dgrpo.bench`` without OMP_WAIT_POLICY starts its child (PASSIVE, the same arguments) having loaded
+    neither torch, transformers nor the suite (seconds the child spends again); its exit code is the child's."""
+    script = (
+        "import runpy, sys\n"
+        "from dgrpo.bench import launch\n"
+        "def child(cmd, env):\n"
+        "    print([m for m in ('torch', 'transformers', 'dgrpo.bench.suite') if m in sys.modules], cmd[1:],\n"
+        "          env['OMP_WAIT_POLICY'], env[launch.CHILD_ENV])\n"
+        "    return 7\n"
+        "launch.run_child = child\n"
+        "sys.argv = ['dgrpo.bench', '--quick', '--out', 'o']\n"
+        "runpy.run_module('dgrpo.bench', run_name='__main__')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", launch.CHILD_ENV)}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert proc.returncode == 7, proc.stderr[-2000:]
+    assert proc.stdout == "[] ['-m', 'dgrpo.bench', '--quick', '--out', 'o'] PASSIVE 1\n"
 
 
 def test_needs_cuda_only_when_no_item_runs_on_the_cpu():

@@ -1,5 +1,5 @@
-"""``python -m dgrpo.bench``: the benchmark suite (dgrpo.bench.suite)."""
+"""``python -m dgrpo.bench``: the benchmark suite (dgrpo.bench.launch, then dgrpo.bench.suite)."""
 
-from .suite import main
+from .launch import main
 
 raise SystemExit(main())

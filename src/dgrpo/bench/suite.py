@@ -11,7 +11,8 @@ OpenMP: with the default (active, spinning) wait policy, two torch threads on a 
 another job is using spend most of their time spinning at barriers for a descheduled partner (a
 batch-1 forward of the tiny model: ~400 ms instead of ~3 ms), which inflates every small-op path and
 skews ratios. Unless ``OMP_WAIT_POLICY`` is already set, the suite therefore re-runs itself in a
-child process with ``OMP_WAIT_POLICY=PASSIVE`` (it has to be set before the OpenMP runtime starts).
+child process with ``OMP_WAIT_POLICY=PASSIVE`` (it has to be set before the OpenMP runtime starts):
+:func:`dgrpo.bench.main` does so before this module, torch and the items load (:mod:`dgrpo.bench.launch`).
 """
 
 from __future__ import annotations
@@ -22,12 +23,10 @@ import gc
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -56,7 +55,6 @@ GPU_ORDER = [k for k in ORDER if k not in CPU_ONLY] + list(CUDA_ONLY)  # CPU-onl
 ITEM_KEYS = ORDER + ["optimizer"]
 #: where the items of one section alone run, as --only's help and its error say it
 SECTION_NOTE = f"{' and '.join(CPU_ONLY)} run on the CPU only, {' and '.join(CUDA_ONLY)} on CUDA only"
-CHILD_ENV = "DGRPO_BENCH_CHILD"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -327,7 +325,8 @@ def selected(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``dgrpo bench``; ``argv`` are the arguments after ``bench``."""
+    """The suite's checks of ``argv`` (the arguments after ``bench``), then its run, in this process: ``dgrpo bench``
+    is :func:`dgrpo.bench.launch.main`, which calls this in a child with OMP_WAIT_POLICY=PASSIVE where it is unset."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     unknown = set(selected(args)) - set(ITEM_KEYS)
@@ -361,9 +360,6 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if os.environ.get("OMP_WAIT_POLICY") is None and not os.environ.get(CHILD_ENV):
-        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", **{CHILD_ENV: "1"})
-        return run_child([sys.executable, "-m", "dgrpo.bench", *argv], env)
     try:
         return run_suite(args, argv)
     except KeyboardInterrupt:  # (Ctrl-C: one line, as the other commands say it, not a traceback)
@@ -371,34 +367,3 @@ def main(argv: list[str] | None = None) -> int:
         kept = f"{written} holds the items finished before it" if written.is_file() else "nothing was written"
         print(f"dgrpo: interrupted (bench: {kept})", file=sys.stderr)
         return 130
-
-
-def run_child(cmd: list[str], env: dict[str, str]) -> int:
-    """Run the suite in a child process and return its exit code (128 + N for a child ended by signal N). A Ctrl-C,
-    which the terminal sends to both, is the child's to answer (one line, exit 130): this process lets it pass while
-    it waits (it raised KeyboardInterrupt out of the wait, a traceback under the child's line). A SIGTERM, which
-    ``timeout`` or ``kill`` sends to this process alone, is passed on to the child (this process ended and left the
-    suite running, timing on shared devices and writing OUT). The handlers are set before the child starts (a
-    handler, unlike an ignored signal, is not inherited: the child answers Ctrl-C itself)."""
-    import signal
-
-    children: list[subprocess.Popen] = []
-    terms: list[int] = []
-
-    def on_signal(signum: int, frame: Any) -> None:
-        if signum == signal.SIGTERM:
-            terms.append(signum)
-            for c in children:
-                c.send_signal(signal.SIGTERM)
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        with subprocess.Popen(cmd, env=env) as child:
-            children.append(child)
-            if terms:  # (a SIGTERM before the child was known)
-                child.send_signal(signal.SIGTERM)
-            code = child.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    return 128 - code if code < 0 else code
