@@ -153,33 +153,66 @@ def generate_answers(
     seeds = _question_perturbation_seeds(questions, perturbation, perturbation_seeds)
     if perturbation is not None and not perturbation.batched:
         batch_size = 1  # native dropout replays the global RNG stream: one row at a time
-    order = sorted(range(len(questions)), key=lambda i: len(questions[i]))
     sampling = _sampling_seeds(seed, questions, sampling_seeds) if temperature > 0 else None
+    how = _Decoding(n_latent, max_new_tokens, temperature, top_p, mode, markers, max_question_tokens)
     out: list[str] = [""] * len(questions)
-    batches = [order[b0 : b0 + batch_size] for b0 in range(0, len(order), batch_size)]
+    batches = _length_batches(questions, batch_size)
     with lm.eval_mode():
         for idx in tqdm(batches, desc=desc, disable=bar_disabled(progress), leave=False, dynamic_ncols=True):
-            ids, mask = lm.encode_questions(
-                [questions[i] for i in idx], markers=markers, max_tokens=max_question_tokens
-            )
-            draws = None if sampling is None else row_sampling_uniforms(sampling[idx], max_new_tokens)
-            bound = nullcontext() if perturbation is None else perturbation.bind(lm, seeds[idx])
-            with bound as pert:
-                g = lm.generate(
-                    ids,
-                    mask,
-                    n_latent,
-                    max_new_tokens=max_new_tokens,
-                    temperature=temperature,
-                    top_p=top_p,
-                    uniforms=None if draws is None else to_device(draws, lm.device),
-                    mode=mode,
-                    markers=markers,
-                    perturbation=pert,
-                )
-            for i, text in zip(idx, lm.decode(g.tokens, g.mask)):
+            texts = _answered_batch(lm, questions, idx, how, sampling, perturbation, seeds)
+            for i, text in zip(idx, texts):
                 out[i] = text
     return out
+
+
+def _length_batches(questions: list[str], batch_size: int) -> list[list[int]]:
+    """The indices of ``questions`` sorted by length (less padding in a batch), in batches of ``batch_size``."""
+    order = sorted(range(len(questions)), key=lambda i: len(questions[i]))
+    return [order[b0 : b0 + batch_size] for b0 in range(0, len(order), batch_size)]
+
+
+class _Decoding(NamedTuple):
+    """How :func:`generate_answers` answers each of its batches (its arguments of the same names)."""
+
+    n_latent: int
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    mode: str | None
+    markers: bool
+    max_question_tokens: int | None
+
+
+def _answered_batch(
+    lm: LatentLM,
+    questions: list[str],
+    idx: list[int],
+    how: _Decoding,
+    sampling: torch.Tensor | None,
+    perturbation: Perturbation | None,
+    seeds: torch.Tensor,
+) -> list[str]:
+    """The completions of the questions ``idx`` as ``how`` answers them, each row drawing its tokens from its own
+    ``sampling`` seed (None: greedy) and answered under the mask its own perturbation seed (``seeds``) binds."""
+    ids, mask = lm.encode_questions(
+        [questions[i] for i in idx], markers=how.markers, max_tokens=how.max_question_tokens
+    )
+    draws = None if sampling is None else row_sampling_uniforms(sampling[idx], how.max_new_tokens)
+    bound = nullcontext() if perturbation is None else perturbation.bind(lm, seeds[idx])
+    with bound as pert:
+        g = lm.generate(
+            ids,
+            mask,
+            how.n_latent,
+            max_new_tokens=how.max_new_tokens,
+            temperature=how.temperature,
+            top_p=how.top_p,
+            uniforms=None if draws is None else to_device(draws, lm.device),
+            mode=how.mode,
+            markers=how.markers,
+            perturbation=pert,
+        )
+    return lm.decode(g.tokens, g.mask)
 
 
 def _check_questions(
