@@ -234,17 +234,9 @@ def _check_questions(
             + (" (one string: wrap it, [question])" if isinstance(questions, str) else "")
         )
     if questions:
-        distinct = list(dict.fromkeys(questions))
+        distinct = list(dict.fromkeys(questions))  # (a vote's copies: counted, encoded and checked once)
         warn_if_questions_cut(lm, distinct, max_question_tokens, "evaluated", of=dataset)
-        check_fits_context(
-            lm,
-            distinct,
-            n_latent,
-            max_new_tokens,
-            markers=markers,
-            max_question_tokens=max_question_tokens,
-            prompt_key=prompt_key,
-        )
+        _check_distinct_fit(lm, distinct, n_latent, max_new_tokens, markers, max_question_tokens, prompt_key=prompt_key)
 
 
 def _sampling_seeds(seed: int, questions: list[str], given: torch.Tensor | None) -> torch.Tensor:
@@ -339,7 +331,25 @@ def check_fits_context(
     answered when a longer-worded one sat beside it), its ``n_latent`` thoughts and ``max_new_tokens`` answer tokens
     do not fit the model's context: what an evaluation checks, and what a trainer checks beforehand of the validation
     and test sets it answers later."""
-    ids, _ = lm.encode_questions(list(dict.fromkeys(questions)), markers=markers, max_tokens=max_question_tokens)
+    distinct = list(dict.fromkeys(questions))
+    _check_distinct_fit(
+        lm, distinct, n_latent, max_new_tokens, markers, max_question_tokens, key, answer_key, prompt_key
+    )
+
+
+def _check_distinct_fit(
+    lm: LatentLM,
+    distinct: list[str],
+    n_latent: int,
+    max_new_tokens: int,
+    markers: bool,
+    max_question_tokens: int | None,
+    key: str = "eval.n_latent",
+    answer_key: str = "",
+    prompt_key: str | None = None,
+) -> None:
+    """:func:`check_fits_context` of questions without duplicates (their longest encoded, one row each)."""
+    ids, _ = lm.encode_questions(distinct, markers=markers, max_tokens=max_question_tokens)
     lm.check_fits(
         ids.shape[1],
         n_latent,
