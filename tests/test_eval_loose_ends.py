@@ -1,10 +1,16 @@
 """Loose ends of :mod:`dgrpo.eval.evaluate`: the context check and the cut-question warning of a list with copies
 (a vote's), what a prediction row shows a scorer read, and the mode a result records."""
 
+import itertools
+
 import pytest
 
+import dgrpo.eval.evaluate as ev
 from dgrpo.config import ConfigError
-from dgrpo.eval.evaluate import check_fits_context, generate_answers
+from dgrpo.data.records import Record
+from dgrpo.eval.evaluate import check_fits_context, evaluate, generate_answers, vote_key
+from dgrpo.eval.scoring import SCORERS
+from dgrpo.reward import numbers_agree
 
 from conftest import make_lm
 
@@ -50,3 +56,51 @@ def test_check_fits_context_encodes_each_question_once_and_judges_the_longest(lm
     past = "%" * 520  # (each '%' a token: past the tiny model's context)
     with pytest.raises(ConfigError, match="does not fit the model's context"):
         check_fits_context(lm, ["a?", "a?", past, "a?"], 0, 4)
+
+
+def test_a_coconut_rows_pred_is_what_coconut_compares(lm, monkeypatch):
+    """Under the coconut scorer pred showed the whole completion when it had no ``#`` (``5``, gold 5: pred 5, not
+    correct) and the commas it drops (``1,000``); it is the text after the last ``#`` without commas, None without a
+    ``#``, as its vote (pred of evaluate_mc_vote) reads it."""
+    monkeypatch.setattr(ev, "generate_answers", lambda *a, **kw: ["5", "#### 1,000", "x # C#"])
+    recs = [Record("q", [], "5"), Record("q", [], "1000"), Record("q", [], "C#")]
+    r = evaluate(lm, recs, scorer="coconut", **FAST)
+    assert [(p["pred"], p["correct"]) for p in r.predictions] == [(None, False), ("1000", True), (None, False)]
+
+
+POOL = [
+    "#### 5",
+    "#### 5.0",
+    "#### 5,000",
+    "#### 5000",
+    "5",
+    "The answer is 5.",
+    "#### Tom",
+    "#### tom.",
+    "# Tom",
+    "#### B",
+    "#### (B) a tree",
+    "#### b",
+    "#### 2.50",
+    "#### $2.5",
+    "#### 2.5 dollars",
+    "####",
+    "none",
+    "#### C#",
+]
+GOLDS = ["5", "5000", "2.5", "Tom", "B", "C#"]
+
+
+@pytest.mark.parametrize("name", ["numeric", "exact", "choice", "coconut"])
+def test_answers_that_share_a_vote_score_alike_and_correct_ones_share_it(name):
+    """A vote groups what the scorer equates (:func:`vote_key`): two completions with one vote score the same, and
+    two correct ones give one vote (under numeric, numbers the verifier takes as one: ``numbers_agree``)."""
+    scorer = SCORERS[name]
+    for gold in GOLDS:
+        scores = scorer(POOL, [Record("q", [], gold)] * len(POOL))
+        keys = [vote_key(scorer, t, gold) for t in POOL]
+        for (a, ka, sa), (b, kb, sb) in itertools.combinations(zip(POOL, keys, scores), 2):
+            if ka is not None and ka == kb:
+                assert sa == sb, (name, gold, a, b)
+            if sa == sb == 1:
+                assert ka == kb or (name == "numeric" and numbers_agree(ka, kb)), (name, gold, a, b)

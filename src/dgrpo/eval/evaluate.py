@@ -628,24 +628,27 @@ def _graded(records: list[Record], texts: list[str], scorer: ScoreFn) -> tuple[l
     value (1: correct; in [0, 1]) is checked as a reward is, and kept as the row's ``score``. ``pred`` is the answer
     as the scorer reads it; only the numeric verifier's outputs for numeric golds count as unparseable (for a text
     gold it compares the text after the last ``#``)."""
-    is_numeric = scorer is numeric
     scores = call_checked(scorer, scorer_name(scorer), texts, records, "scorer")
     preds, correct, unparseable = [], 0, 0
     for r, text, value in zip(records, texts, scores):
         ok = value == 1
         correct += int(ok)
-        if is_numeric and _numeric_gold(r.answer):
-            pred = extract_answer(text)
-            unparseable += int(not is_parseable(text))
-        elif is_numeric:  # a text gold (ProsQA): what score() compares
-            pred = final_answer_text(text, r.answer).strip() or None
-        elif scorer is choice:  # the letter it compares (the text after the last '#' was written: a whole sentence)
-            pred = choice_letter(text)
-        else:
-            pred = final_answer_text(text, r.answer).strip()
+        unparseable += int(scorer is numeric and _numeric_gold(r.answer) and not is_parseable(text))
+        pred = _shown_answer(scorer, text, r.answer)
         row = {"question": r.question, "gold": r.answer, "completion": text, "pred": pred, "correct": ok}
         preds.append({**row, "score": float(value)})  # (a partial-credit scorer's 0.5 was nowhere: only correct)
     return preds, correct, unparseable
+
+
+def _shown_answer(scorer: ScoreFn, text: str, gold: str) -> str | None:
+    """A prediction row's ``pred``: the answer ``scorer`` compares, as :func:`vote_key` reads it (the numeric
+    verifier's number, choice's letter, coconut's text after the last ``#`` without commas, None without a ``#``:
+    it reads none, and showed the whole completion), but a text answer as written, only stripped, where
+    :func:`vote_key` normalises it so that answers the scorer takes as one (``Tom`` and ``tom.``) are one vote."""
+    if scorer is choice or scorer is coconut or (scorer is numeric and _numeric_gold(gold)):
+        return vote_key(scorer, text, gold)
+    answer = final_answer_text(text, gold).strip()
+    return (answer or None) if scorer is numeric else answer  # (numeric and a text gold, ProsQA: what score() reads)
 
 
 def _mean_score(preds: list[dict]) -> float:
@@ -683,7 +686,9 @@ def vote_key(scorer: ScoreFn, text: str, gold: str) -> str | None:
     the normalised text after the last ``#``, which is what :func:`dgrpo.reward.score` compares; ``choice``: the
     letter A-E; ``coconut``: the text after the last ``#`` without commas, as it compares it (``1,000`` and ``1000``
     split the vote), none without a ``#``; ``exact`` and any plug-in: the normalised final answer text (after the last
-    ``#``: :func:`dgrpo.reward.final_answer_text`), for ``exact`` and a numeric gold its number if it is one."""
+    ``#``: :func:`dgrpo.reward.final_answer_text`), for ``exact`` and a numeric gold its number if it is one.
+    Normalised, unlike a prediction row's ``pred`` (:func:`_shown_answer`): two answers that score alike must be
+    one vote (split, ``Tom`` and ``tom.`` would lose to a wrong answer written twice)."""
     if scorer is choice:
         return choice_letter(text)
     if scorer is coconut:
