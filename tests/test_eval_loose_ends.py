@@ -104,3 +104,22 @@ def test_answers_that_share_a_vote_score_alike_and_correct_ones_share_it(name):
                 assert sa == sb, (name, gold, a, b)
             if sa == sb == 1:
                 assert ka == kb or (name == "numeric" and numbers_agree(ka, kb)), (name, gold, a, b)
+
+
+def test_an_exact_rows_pred_is_the_text_it_compared(lm, monkeypatch):
+    """Under exact a gold holding a ``#`` is answered after the last standalone marker (``#### C#``: pred C#, not the
+    empty text after its last ``#``), and an empty answer shows as the empty text it compared."""
+    monkeypatch.setattr(ev, "generate_answers", lambda *a, **kw: ["#### C#", "#### "])
+    r = evaluate(lm, [Record("q", [], "C#"), Record("q", [], "Tom")], scorer="exact", **FAST)
+    assert [(p["pred"], p["correct"]) for p in r.predictions] == [("C#", True), ("", False)]
+
+
+def test_the_context_check_measures_questions_as_cut_and_names_the_answers_option(lm):
+    """A question past the context fits once ``max_question_tokens`` cuts it (the check measured it uncut), and a
+    trainer's check names the option of the answer's length it is given."""
+    past = "%" * 520  # (each '%' a token: past the tiny model's context)
+    with pytest.warns(UserWarning, match="longer than data.max_question_tokens"):
+        assert len(generate_answers(lm, [past, "1?"], n_latent=0, max_question_tokens=8, **FAST)) == 2
+    check_fits_context(lm, [past], 0, 4, max_question_tokens=8)
+    with pytest.raises(ConfigError, match=r"^sft: .*answer \(eval.max_new_tokens = 4\)"):
+        check_fits_context(lm, [past], 0, 4, key="sft.c_thought", answer_key="eval.max_new_tokens")
