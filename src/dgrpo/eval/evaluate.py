@@ -511,7 +511,9 @@ class _Prompted(NamedTuple):
         self, lm: LatentLM, dataset: str, correct: int, unparseable: int, preds: list[dict], decoding: dict[str, Any]
     ) -> EvalResult:
         """The :class:`EvalResult` of these records: ``correct`` of them, graded in ``preds``; ``decoding`` holds
-        the seed, temperature, top_p and max_new_tokens they were answered with."""
+        the seed, temperature, top_p and max_new_tokens they were answered with. Its ``mode`` is the checkpoint's
+        (or plain), not the generation mode: a cot or no_cot model answers in coconut mode with no thought, and is
+        reported as what it is (``n_latent`` 0)."""
         n = len(self.records)
         return EvalResult(
             dataset=dataset,
