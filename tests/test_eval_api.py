@@ -232,13 +232,13 @@ def test_the_vote_and_the_answers_check_what_they_are_given_as_evaluate_does(lm,
     recs, pert = task_records[:2], LockedDropout(p=0.1)
     rows = [{"question": r.question, "answer": r.answer} for r in recs]
     with pytest.raises(ValueError, match="evaluate_mc_vote: records must be a list of dgrpo Records, got a list of 2"):
-        evaluate_mc_vote(lm, rows, pert, n_masks=1, **FAST)  # type: ignore[arg-type]
+        evaluate_mc_vote(lm, rows, pert, n_masks=1, **FAST)
     with pytest.raises(ValueError, match="evaluate_mc_vote: records must be a list of dgrpo Records, got tuple"):
-        evaluate_mc_vote(lm, tuple(recs), pert, n_masks=1, **FAST)  # type: ignore[arg-type]
+        evaluate_mc_vote(lm, tuple(recs), pert, n_masks=1, **FAST)
     with pytest.raises(TypeError, match="evaluate_mc_vote: perturbation must be a dgrpo Perturbation.*got NoneType"):
-        evaluate_mc_vote(lm, recs, None, n_masks=1, **FAST)  # type: ignore[arg-type]
+        evaluate_mc_vote(lm, recs, None, n_masks=1, **FAST)
     with pytest.raises(ValueError, match=r"evaluate_mc_vote: n_masks must be an int >= 1 .*got 2.5"):
-        evaluate_mc_vote(lm, recs, pert, n_masks=2.5, **FAST)  # type: ignore[arg-type]
+        evaluate_mc_vote(lm, recs, pert, n_masks=2.5, **FAST)
     for what, call in {
         "evaluate": lambda m: evaluate(m, recs, **FAST),
         "evaluate_mc_vote": lambda m: evaluate_mc_vote(m, recs, pert, n_masks=1, **FAST),
@@ -248,7 +248,7 @@ def test_the_vote_and_the_answers_check_what_they_are_given_as_evaluate_does(lm,
             with pytest.raises(TypeError, match=rf"^{what}: lm must be a dgrpo LatentLM .*got {type(wrong).__name__}$"):
                 call(wrong)
     with pytest.raises(TypeError, match=r"generate_answers: questions must be a list of strings, got str \(one"):
-        generate_answers(lm, "what is 2+2?", n_latent=0, **FAST)  # type: ignore[arg-type]
+        generate_answers(lm, "what is 2+2?", n_latent=0, **FAST)
     assert evaluate_mc_vote(lm, [], pert, n_masks=1, **FAST).n == 0  # (an empty list still is: a rank's empty shard)
 
 
@@ -263,7 +263,7 @@ def test_n_latent_is_the_models_own_when_none_and_an_int_otherwise(lm, task_reco
     with pytest.raises(
         ValueError, match=r"^evaluate: n_latent must be an int \(None or < 0: the model's own\), got 2.0$"
     ):
-        evaluate(lm, task_records[:2], n_latent=2.0, **FAST)  # type: ignore[arg-type]
+        evaluate(lm, task_records[:2], n_latent=2.0, **FAST)
 
 
 def _mc_voted(lm, monkeypatch, records, texts, **kw):
@@ -501,7 +501,7 @@ def test_the_vote_takes_n_latent_limit_plain_and_shots_as_evaluate_does(lm, task
     assert (p.mode, p.shots, p.n, p.n_latent) == ("plain+mc2", 1, 2, 0)
     assert (seen[-1]["markers"], seen[-1]["mode"], seen[-1]["n_latent"]) == (False, "plain", 0)
     with pytest.raises(ValueError, match=r"^evaluate_mc_vote: n_latent must be an int .*got 2.0$"):
-        evaluate_mc_vote(lm, recs, pert, n_latent=2.0, **FAST)  # type: ignore[arg-type]
+        evaluate_mc_vote(lm, recs, pert, n_latent=2.0, **FAST)
     with pytest.raises(ValueError, match=r"^evaluate_mc_vote: limit must be an int >= 0 .*got -1$"):
         evaluate_mc_vote(lm, recs, pert, limit=-1, **FAST)
     with pytest.raises(ValueError, match=r"^evaluate_mc_vote: shots=1 apply to plain=True prompts only"):

@@ -26,7 +26,12 @@ def _encoded(lm, monkeypatch) -> list[list[str]]:
     """The question lists ``lm.encode_questions`` is called with, from now on."""
     seen: list[list[str]] = []
     encode = lm.encode_questions
-    monkeypatch.setattr(lm, "encode_questions", lambda qs, **kw: seen.append(list(qs)) or encode(qs, **kw))
+
+    def encode_and_keep(qs, **kw):
+        seen.append(list(qs))
+        return encode(qs, **kw)
+
+    monkeypatch.setattr(lm, "encode_questions", encode_and_keep)
     return seen
 
 

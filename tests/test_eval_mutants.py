@@ -30,7 +30,7 @@ class ModelSpy:
     ``questions``; the answer to it is ``"answer to <question>"``; every call's arguments are kept."""
 
     def __init__(self, lm, monkeypatch, questions: list[str]):
-        self.questions, self.encoded, self.generated = questions, [], []
+        self.questions, self.encoded, self.generated = questions, list[dict](), list[dict]()
         monkeypatch.setattr(lm, "encode_questions", self.encode)
         monkeypatch.setattr(lm, "generate", self.generate)
         monkeypatch.setattr(lm, "decode", self.decode)

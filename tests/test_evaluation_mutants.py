@@ -31,7 +31,7 @@ class Spy:
     call's rows and keyword arguments are kept; the answer to a question is ``"#### <its index>"``."""
 
     def __init__(self, lm, monkeypatch, questions: list[str]):
-        self.questions, self.calls = questions, []
+        self.questions, self.calls = questions, list[dict]()
         monkeypatch.setattr(lm, "encode_questions", self.encode)
         monkeypatch.setattr(lm, "generate", self.generate)
         monkeypatch.setattr(lm, "decode", lambda tokens, mask: [f"#### {i}" for i in tokens[:, 0].tolist()])
