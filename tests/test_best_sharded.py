@@ -78,3 +78,32 @@ def test_same_saved_model_compares_the_files_the_manifests_vouch_for(tmp_path, t
     metadata.write_bytes(pickle.dumps(read))
     write_manifest(out / "best")
     assert not same_saved_model(out / "best", out / "final")
+
+
+def test_a_best_whose_shards_metadata_reads_otherwise_or_is_not_vouched_for_is_not_the_final_model(tmp_path, tokenizer):
+    """The same shard files are not the same model when best/'s metadata reads them as other tensors (a dtype),
+    cannot be read, or is not in best/'s manifest (nothing vouches for it), in either order (mutants: the tensors'
+    entries not compared, an unreadable metadata taken as the same, one manifest without the metadata passed)."""
+    import pickle
+
+    import torch
+
+    from dgrpo.model.verified import write_manifest
+    from dgrpo.training.consolidate import same_saved_model
+
+    out = sharded_run(tmp_path, tokenizer, lambda state: None)
+    best, final = out / "best", out / "final"
+    metadata = best / "dcp" / ".metadata"
+    kept = metadata.read_bytes()
+    read = pickle.loads(kept)
+    read.state_dict_metadata["model.norm.weight"].properties.dtype = torch.float16
+    metadata.write_bytes(pickle.dumps(read))
+    assert not same_saved_model(best, final)
+    metadata.write_bytes(b"not a checkpoint's metadata")
+    assert not same_saved_model(best, final)
+    metadata.write_bytes(kept)
+    assert same_saved_model(best, final)
+    metadata.rename(tmp_path / "aside")
+    write_manifest(best)
+    (tmp_path / "aside").rename(metadata)
+    assert not same_saved_model(best, final) and not same_saved_model(final, best)
