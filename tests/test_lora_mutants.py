@@ -235,3 +235,39 @@ def test_a_second_reference_is_the_first_overwritten(bases):
     assert policy.keys() == reference.keys() and all(torch.equal(policy[k], reference[k]) for k in policy)
     assert any("lora_B" in k and bool(policy[k].abs().sum() > 0) for k in policy)
     assert sum(p.numel() for p in lm.model.parameters() if p.requires_grad) == sum(v.numel() for v in policy.values())
+
+
+def test_saved_target_modules_given_as_a_pattern_are_left_to_the_adapter_config(bases, tmp_path):
+    """A saved adapter whose target_modules is PEFT's regex string (a short one: ``q_proj``) is not spelt as a list
+    for ``--set``, which would name other modules: its adapter_config.json is named (mutant: any target_modules
+    of up to 8 characters listed)."""
+    import json
+
+    lm = LatentLM.from_pretrained(bases / "qwen2")
+    lora.apply_lora(lm, LoraConfig(r=4, alpha=8.0))
+    saved = lora.adapter_shape(lm.peft.peft_config[lora.POLICY])
+    config = {"r": saved["r"], "lora_alpha": saved["alpha"], "target_modules": "q_proj"}
+    config["trainable_token_indices"] = lora.latent_token_rows(lm)
+    file = tmp_path / lora.ADAPTER_CONFIG
+    file.write_text(json.dumps(config))
+    assert lora.other_adapter(tmp_path, lm) == f"model.lora.target_modules as {file} lists them"
+
+
+def test_the_init_warning_writes_out_every_given_target_module():
+    """--init of an adapter with a model.lora of other targets: the warning writes the given ones out, however many
+    (they have no file to be named by; mutant: more than 8 said to be listed by 'None')."""
+    import warnings
+    from types import SimpleNamespace
+
+    from dgrpo.model import factory
+
+    saved = SimpleNamespace(r=4, lora_alpha=8.0, target_modules={"q_proj", "v_proj"}, trainable_token_indices=None)
+    lm = SimpleNamespace(peft=SimpleNamespace(peft_config={lora.POLICY: saved}), loaded_from=None)
+    given = [f"m{i}" for i in range(9)]
+    cfg = LoraConfig(r=4, alpha=8.0, target_modules=given, dropout=0.0, train_latent_tokens=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        factory.configure_lora(lm, cfg)
+    (message,) = [str(w.message) for w in caught]
+    assert f"target_modules=[{','.join(given)}], train_latent_tokens=False) differs" in message
+    assert "target_modules=[q_proj,v_proj], train_latent_tokens=False): training continues" in message
