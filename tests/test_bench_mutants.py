@@ -607,6 +607,52 @@ def test_run_child_gives_the_childs_code_or_128_plus_its_signal():
     assert launch.run_child([sys.executable, "-c", "raise SystemExit(3)"], {}) == 3
 
 
+def test_the_suite_runs_in_place_in_its_child_or_under_the_users_omp_wait_policy(monkeypatch):
+    """The child (DGRPO_BENCH_CHILD set) runs the suite itself, and so does a process whose OMP_WAIT_POLICY the user
+    set (kept, not replaced by PASSIVE); only a first process without it starts a child (mutants: the child started
+    one more child of its own, and so on; the user's policy overridden)."""
+    started = []
+    monkeypatch.setattr(launch, "run_child", lambda cmd, env: started.append(env["OMP_WAIT_POLICY"]) or 7)
+    monkeypatch.setattr(suite, "main", lambda argv: 0)
+    for policy, child, code in (("ACTIVE", None, 0), (None, "1", 0), (None, None, 7)):
+        for name, value in (("OMP_WAIT_POLICY", policy), (launch.CHILD_ENV, child)):
+            if value:
+                monkeypatch.setenv(name, value)
+            else:
+                monkeypatch.delenv(name, raising=False)
+        assert launch.main(["--quick"]) == code, (policy, child)
+    assert started == ["PASSIVE"]
+
+
+def test_a_sigterm_while_the_child_starts_is_passed_on_once_it_is_known(monkeypatch):
+    """``timeout`` sending SIGTERM between the handler's setting and Popen's return (no child to pass it to yet):
+    the child gets it once started, and the exit code is 143 (mutant: the signal kept, the child left running)."""
+    sent: list[int] = []
+
+    class Child:
+        def __init__(self, cmd, env):
+            os.kill(os.getpid(), signal.SIGTERM)  # (run by run_child's handler before Popen returns)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def send_signal(self, signum):
+            sent.append(signum)
+
+        def wait(self):
+            return -signal.SIGTERM if sent else 0
+
+    monkeypatch.setattr(launch.subprocess, "Popen", Child)
+    mine = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # (a handler missing: not pytest's end)
+    try:
+        assert launch.run_child(["suite"], {}) == 128 + signal.SIGTERM and sent == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, mine)
+
+
 def test_the_parent_starts_the_suites_child_before_torch_loads():
     """``python -m dgrpo.bench`` without OMP_WAIT_POLICY starts its child (PASSIVE, the same arguments) having loaded
     neither torch, transformers nor the suite (seconds the child spends again); its exit code is the child's."""
