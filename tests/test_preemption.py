@@ -974,6 +974,31 @@ def test_a_worker_ending_in_its_process_group_exits_without_the_interpreters_tea
     assert ("dgrpo: interrupted" if code == 130 else "another rank ended mid-run") in r.stderr, r.stderr
 
 
+FAILED_WORKER = """
+import atexit, os, signal
+from dgrpo import cli
+
+cli.main = lambda: 2  # (a command that failed: a config every rank refused; its real check imports torch, seconds)
+# torchrun's SIGTERM to the workers still running once one has exited, landing in this one's teardown
+atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), __import__("time").sleep(0.2)))
+cli.entry()
+"""
+
+
+def test_a_torchrun_worker_that_failed_exits_with_its_code_through_torchruns_sigterm(tmp_path):
+    """Every rank refuses a bad config with exit 2; torchrun, seeing the first exit, sends SIGTERM to the others, and a
+    worker still in the interpreter's teardown died of it (torchrun's report said ``-15 (SIGTERM)``, as if the job had
+    been stopped: 3 of 4 such jobs). It ignores SIGTERM once its command has failed, and exits 2; one process does
+    not (nothing sends it that SIGTERM)."""
+    (tmp_path / "worker.py").write_text(FAILED_WORKER)
+    for torchrun, code in ((True, 2), (False, -signal.SIGTERM)):
+        env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
+        if torchrun:
+            env.update(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", TORCHELASTIC_RUN_ID="none")
+        r = subprocess.run([sys.executable, "worker.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert r.returncode == code, (torchrun, r.stderr[-2000:])
+
+
 def test_a_preempted_sft_run_rewrites_its_applied_entry_as_its_checkpoint_has_it(tmp_path, monkeypatch):
     """applied.json's entry is written at the start and again at the run's end (a compiler's fallback in the run
     shown); a SIGTERM's checkpoint kept the start's entry, which a resume then took as the record of what ran. Here

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
+    under_torchrun = _under_torchrun()
     if under_torchrun:
         exit_with_launcher()
     from ..config import ConfigError
@@ -127,13 +127,23 @@ def entry() -> NoReturn:
     leave it together, as a finished or SIGTERM-stopped run does) exits at once, its output flushed, without the
     interpreter's teardown: there gloo's group was destroyed with a collective in flight or a peer gone, which could
     abort the process ("terminate called without an active exception", exit -6 instead of 130 or 1; measured: 2 of 10
-    such jobs). What the run wrote (checkpoints, metrics, trackers) is closed before :func:`main` returns."""
+    such jobs). What the run wrote (checkpoints, metrics, trackers) is closed before :func:`main` returns. Any other
+    worker that failed ignores SIGTERM through the teardown: torchrun sends it to the others as soon as one worker
+    has exited, and the ones still ending died of it (reported ``-15 (SIGTERM)``, 3 of 4 jobs whose config every
+    rank refused, instead of exit 2)."""
     code = main()
     if _joined():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    if code and _under_torchrun():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(code)
+
+
+def _under_torchrun() -> bool:
+    """Whether this process is a torchrun worker."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
 
 
 def _run(args: argparse.Namespace) -> int:
