@@ -339,11 +339,14 @@ def process_alive(pid: int) -> bool:
 
 
 def files_state(root: Path) -> list[tuple[str, int]]:
-    """The files under ``root`` with their sizes: what a run writes changes it (new rows, new files)."""
+    """The files under ``root`` with their sizes: what a run writes changes it (new rows, new files). The run goes on
+    meanwhile: a folder it removes while this walks it (an old checkpoint) is skipped, where ``rglob`` raised."""
     state = []
-    for f in root.rglob("*"):
-        with contextlib.suppress(OSError):  # (a file renamed or removed between the listing and the stat)
-            state.append((str(f), f.stat().st_size))
+    for folder, _, names in os.walk(root):  # (os.walk passes over a folder it can no longer list)
+        for name in names:
+            f = Path(folder) / name
+            with contextlib.suppress(OSError):  # (a file renamed or removed between the listing and the stat)
+                state.append((str(f), f.stat().st_size))
     return sorted(state)
 
 

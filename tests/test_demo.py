@@ -345,6 +345,24 @@ def test_a_stop_of_the_demo_ends_its_workers_mid_task_and_says_so(tmp_path, sig,
                 os.kill(w, signal.SIGKILL)
 
 
+def test_files_state_passes_over_a_folder_the_run_removes_while_it_walks(tmp_path, monkeypatch):
+    """The demo removes its old checkpoints while a test watches its files: a folder listed and then gone (its
+    ``scandir`` fails) is passed over. ``rglob`` raised FileNotFoundError out of the wait and failed the test."""
+    for rel in ("run/metrics.jsonl", "run/checkpoints/step-1/model/weights", "run/checkpoints/step-2/model/weights"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    gone, scandir = tmp_path / "run" / "checkpoints" / "step-1" / "model", os.scandir
+
+    def removed_meanwhile(path="."):
+        if Path(path) == gone:
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", removed_meanwhile)
+    names = [Path(f).relative_to(tmp_path).as_posix() for f, _ in files_state(tmp_path)]
+    assert names == ["run/checkpoints/step-2/model/weights", "run/metrics.jsonl"]
+
+
 def wait_for_rows(out, pattern, key, demo):
     """Wait until a metrics file under ``out`` matching ``pattern`` has a row with ``key``: its run is in its steps.
     Fails when ``demo`` ends first, or writes nothing new under ``out`` for a while (:func:`wait_until`: a busy
