@@ -276,8 +276,10 @@ def test_fewer_prompts_than_ranks_is_refused(sft_checkpoint):
     lm = LatentLM.from_pretrained(sft_checkpoint)
     two = SimpleNamespace(world_size=2)
     _check_shares_and_thoughts(lm, tiny_config(**{"grpo.prompts_per_step": 2}).grpo, two)
-    with pytest.raises(ConfigError, match="1 prompts cannot be shared by 2 processes"):
+    with pytest.raises(ConfigError, match="1 prompt cannot be shared by 2 processes"):
         _check_shares_and_thoughts(lm, tiny_config(**{"grpo.prompts_per_step": 1}).grpo, two)
+    with pytest.raises(ConfigError, match="2 prompts cannot be shared by 3 processes"):
+        _check_shares_and_thoughts(lm, tiny_config(**{"grpo.prompts_per_step": 2}).grpo, SimpleNamespace(world_size=3))
 
 
 def test_the_auto_engine_is_fast_only_on_cuda_with_a_batched_perturbation_and_a_static_cache():

@@ -388,7 +388,7 @@ def test_what_cannot_train_is_refused_before_the_run_directory_is_made(tmp_path)
     cfg = tiny_config(**{"sft.num_epochs": 2, "sft.epochs_per_stage": 1, "sft.batch_size": 1})
     lm, out = load_model(cfg.model, cfg.task, seed=0), tmp_path / "sft"
     train = generate_split(cfg.task, "train")[:4]
-    with pytest.raises(ConfigError, match="sft.batch_size: 1 examples cannot be shared by 2 processes"):
+    with pytest.raises(ConfigError, match="sft.batch_size: 1 example cannot be shared by 2 processes"):
         train_sft(lm, train, cfg, out, dist=Dist(world_size=2), log=lambda *a: None, progress=False)
     cfg = tiny_config(**{"sft.num_epochs": 2, "sft.epochs_per_stage": 1, "sft.c_thought": 10_000})
     with pytest.raises(ConfigError, match="sft.c_thought"):

@@ -88,9 +88,9 @@ from .sharded_eval import best_value, sharded_scores
 
 def _check_shares_and_thoughts(lm: LatentLM, g: GRPOConfig, dist: Dist) -> None:
     """ConfigError when the ranks cannot each hold a group, or latent thoughts are asked of a model without them."""
-    if g.prompts_per_step < dist.world_size:
+    if (n := g.prompts_per_step) < dist.world_size:
         raise ConfigError(
-            f"grpo.prompts_per_step: {g.prompts_per_step} prompts cannot be shared by {dist.world_size} "
+            f"grpo.prompts_per_step: {n} prompt{'s' * (n != 1)} cannot be shared by {dist.world_size} "
             "processes (every rank needs at least one group)"
         )
     if g.n_latent > 0 and lm.settings.mode in ("cot", "no_cot"):

@@ -460,9 +460,9 @@ def _prepare(
     evaluate_fn = evaluate_fn or (default_evaluate_fn(cfg, valid, per_stage=True) if valid else None)  # (scorer now)
     lora_for_training(lm, cfg.model.lora)
     dist = Dist.given_or_single(dist, cfg.fsdp, "train_sft", stacklevel=4)  # (_prepare's caller's caller)
-    if cfg.sft.batch_size < dist.world_size:
+    if (b := cfg.sft.batch_size) < dist.world_size:
         raise ConfigError(
-            f"sft.batch_size: {cfg.sft.batch_size} examples cannot be shared by {dist.world_size} processes"
+            f"sft.batch_size: {b} example{'s' * (b != 1)} cannot be shared by {dist.world_size} processes"
         )
     if len(train) < dist.world_size:  # (a rank without an example would have no targets to train on)
         n = len(train)
