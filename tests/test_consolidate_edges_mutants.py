@@ -25,6 +25,22 @@ def test_a_missing_path_is_not_found_and_a_run_directory_means_its_final_checkpo
     assert _sharded_checkpoint(tmp_path / "run") == final
 
 
+@pytest.mark.parametrize("weights", ["model.safetensors", "model.safetensors.index.json"])
+def test_a_whole_model_is_nothing_to_consolidate_and_says_so(tmp_path, weights):
+    """A folder holding the whole model (``fsdp: full`` or one process wrote it), or a run directory whose final/
+    does: 'nothing to consolidate', naming the folder that holds it; it said there was no sharded checkpoint, as of
+    an empty folder, which still says so."""
+    final = tmp_path / "run" / "final"
+    final.mkdir(parents=True)
+    (final / weights).write_text("{}")
+    for given in (final, tmp_path / "run"):
+        with pytest.raises(CheckpointError, match=rf"^{given}: nothing to consolidate: {final} holds the whole model"):
+            consolidate_checkpoint(given)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match=r"empty: no sharded checkpoint \(dcp/.metadata\) to consolidate$"):
+        consolidate_checkpoint(tmp_path / "empty")
+
+
 def test_shards_the_manifest_does_not_vouch_for_are_refused(tmp_path):
     """A checkpoint whose manifest does not list dcp/.metadata (shards put there after dgrpo wrote it): refused
     before they are read, not written into a new, verified checkpoint."""

@@ -144,9 +144,21 @@ def _sharded_checkpoint(path: Path) -> Path:
     if not (path / SHARDED_DIR / ".metadata").is_file() and (path / FINAL_DIR / SHARDED_DIR / ".metadata").is_file():
         path = path / FINAL_DIR
     if not (path / SHARDED_DIR / ".metadata").is_file():
+        whole = next((d for d in (path, path / FINAL_DIR, path / "model") if _loadable(d)), None)
+        if whole is not None:  # (fsdp: full, or one process: the run wrote the weights themselves)
+            raise CheckpointError(
+                f"{path}: nothing to consolidate: {whole} holds the whole model ({SAFETENSORS} or its index), not "
+                f"FSDP shards ({SHARDED_DIR}/): it loads as it is"
+            )
         raise CheckpointError(f"{path}: no sharded checkpoint ({SHARDED_DIR}/.metadata) to consolidate")
     check_intact(path, (f"{SHARDED_DIR}/.metadata",))
     return path
+
+
+def _loadable(path: Path) -> bool:
+    """Whether the model folder ``path`` holds weights as loading finds them (``model.safetensors``, or the index of
+    Hugging Face's shards)."""
+    return any((path / name).is_file() for name in (SAFETENSORS, SAFETENSORS_INDEX))
 
 
 def unconsolidated(path: Path) -> bool:
@@ -154,8 +166,7 @@ def unconsolidated(path: Path) -> bool:
     it) and no weights yet: ``dgrpo consolidate path`` writes them, which loading it needs. Weights as loading finds
     them (``model.safetensors``, or the index of Hugging Face's shards): another ``model*.safetensors`` (a copy, a
     shard left alone) does not load, and loading says to consolidate."""
-    loadable = any((path / name).is_file() for name in (SAFETENSORS, SAFETENSORS_INDEX))
-    return (path / SHARDED_DIR).is_dir() and not loadable
+    return (path / SHARDED_DIR).is_dir() and not _loadable(path)
 
 
 def same_saved_model(a: Path, b: Path) -> bool:
