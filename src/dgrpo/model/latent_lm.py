@@ -99,6 +99,7 @@ from .verified import (
     check_intact,
     check_state_dict,
     enclosing_checkpoint,
+    holds_weights,
     one_line,
     read_json_object,
     read_weights,
@@ -420,7 +421,7 @@ class LatentLM(nn.Module):
             (local, local_files_only), hub = hub_files(str(path), revision, local_files_only), True
             revision = local.name  # the commit they are from: the weights come from the same one
         adapter = (local / ADAPTER_CONFIG_FILE).is_file()
-        weightless = not ((local / SAFETENSORS).is_file() or (local / SAFETENSORS_INDEX).is_file())
+        weightless = not holds_weights(local)
         for shards in (local, local.parent) if weightless else ():  # (a resumable checkpoint's are beside model/)
             if (shards / SHARDED_DIR).is_dir():
                 raise CheckpointError(f"{shards} holds FSDP shards (fsdp: sharded): dgrpo consolidate {shards} first")

@@ -322,6 +322,12 @@ def _relist(directory: Path, changed: set[Path]) -> None:
             changed.add(manifest)
 
 
+def holds_weights(folder: Path) -> bool:
+    """Whether the model folder ``folder`` holds weights as loading reads them: ``model.safetensors``, or the index of
+    Hugging Face's safetensors shards (another ``model*.safetensors``, a copy or a shard left alone, does not load)."""
+    return (folder / SAFETENSORS).is_file() or (folder / SAFETENSORS_INDEX).is_file()
+
+
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     """The state dict of a safetensors model directory (one file, or shards listed in the index)."""
     try:

@@ -29,10 +29,10 @@ from ..model.verified import (
     MANIFEST,
     RESUMABLE_STATE,
     SAFETENSORS,
-    SAFETENSORS_INDEX,
     SHARDED_DIR,
     CheckpointError,
     check_intact,
+    holds_weights,
     one_line,
     read_json_object,
     rewritten,
@@ -144,7 +144,7 @@ def _sharded_checkpoint(path: Path) -> Path:
     if not (path / SHARDED_DIR / ".metadata").is_file() and (path / FINAL_DIR / SHARDED_DIR / ".metadata").is_file():
         path = path / FINAL_DIR
     if not (path / SHARDED_DIR / ".metadata").is_file():
-        whole = next((d for d in (path, path / FINAL_DIR, path / "model") if _loadable(d)), None)
+        whole = next((d for d in (path, path / FINAL_DIR, path / "model") if holds_weights(d)), None)
         if whole is not None:  # (fsdp: full, or one process: the run wrote the weights themselves)
             raise CheckpointError(
                 f"{path}: nothing to consolidate: {whole} holds the whole model ({SAFETENSORS} or its index), not "
@@ -155,18 +155,11 @@ def _sharded_checkpoint(path: Path) -> Path:
     return path
 
 
-def _loadable(path: Path) -> bool:
-    """Whether the model folder ``path`` holds weights as loading finds them (``model.safetensors``, or the index of
-    Hugging Face's shards)."""
-    return any((path / name).is_file() for name in (SAFETENSORS, SAFETENSORS_INDEX))
-
-
 def unconsolidated(path: Path) -> bool:
     """Whether the model folder ``path`` (``final/``, ``best/``, ``stage-K/``) holds shards (``fsdp: sharded`` wrote
-    it) and no weights yet: ``dgrpo consolidate path`` writes them, which loading it needs. Weights as loading finds
-    them (``model.safetensors``, or the index of Hugging Face's shards): another ``model*.safetensors`` (a copy, a
-    shard left alone) does not load, and loading says to consolidate."""
-    return (path / SHARDED_DIR).is_dir() and not _loadable(path)
+    it) and no weights yet (:func:`~dgrpo.model.verified.holds_weights`, as loading reads them): ``dgrpo consolidate
+    path`` writes them, which loading it needs."""
+    return (path / SHARDED_DIR).is_dir() and not holds_weights(path)
 
 
 def same_saved_model(a: Path, b: Path) -> bool:
@@ -208,7 +201,7 @@ def consolidated(path: str | Path) -> tuple[Path, bool]:
     path = _sharded_checkpoint(on_disk(path))
     resumable = (path / RESUMABLE_STATE).is_file()
     target = path / "model" if resumable else path
-    if _holds_weights(path, "model/" if resumable else ""):
+    if _manifest_lists_weights(path, "model/" if resumable else ""):
         return target, False
     state = read_sharded(path, "model" if resumable else None)
     if not state:  # (was a StopIteration traceback)
@@ -237,7 +230,7 @@ def consolidated(path: str | Path) -> tuple[Path, bool]:
     return target, True
 
 
-def _holds_weights(path: Path, prefix: str) -> bool:
+def _manifest_lists_weights(path: Path, prefix: str) -> bool:
     """Whether ``path``'s manifest (checked by :func:`_sharded_checkpoint`) lists weights under ``prefix`` beside
     the shards' metadata: what consolidation writes."""
     if not (path / MANIFEST).is_file():
