@@ -609,19 +609,20 @@ def test_run_child_gives_the_childs_code_or_128_plus_its_signal():
 
 def test_the_suite_runs_in_place_in_its_child_or_under_the_users_omp_wait_policy(monkeypatch):
     """The child (DGRPO_BENCH_CHILD set) runs the suite itself, and so does a process whose OMP_WAIT_POLICY the user
-    set (kept, not replaced by PASSIVE); only a first process without it starts a child (mutants: the child started
-    one more child of its own, and so on; the user's policy overridden)."""
+    set (kept, not replaced by PASSIVE); only a first process without it (or with it empty, OpenMP's default policy)
+    starts a child (mutants: the child started one more child of its own, and so on; the user's policy overridden;
+    an empty policy taken as the user's)."""
     started = []
     monkeypatch.setattr(launch, "run_child", lambda cmd, env: started.append(env["OMP_WAIT_POLICY"]) or 7)
     monkeypatch.setattr(suite, "main", lambda argv: 0)
-    for policy, child, code in (("ACTIVE", None, 0), (None, "1", 0), (None, None, 7)):
+    for policy, child, code in (("ACTIVE", None, 0), (None, "1", 0), (None, None, 7), ("", None, 7)):
         for name, value in (("OMP_WAIT_POLICY", policy), (launch.CHILD_ENV, child)):
-            if value:
+            if value is not None:
                 monkeypatch.setenv(name, value)
             else:
                 monkeypatch.delenv(name, raising=False)
         assert launch.main(["--quick"]) == code, (policy, child)
-    assert started == ["PASSIVE"]
+    assert started == ["PASSIVE", "PASSIVE"]
 
 
 def test_a_sigterm_while_the_child_starts_is_passed_on_once_it_is_known(monkeypatch):

@@ -27,8 +27,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def needs_child() -> bool:
-    """Whether the suite must re-run itself: OMP_WAIT_POLICY unset and this process not the child."""
-    return os.environ.get("OMP_WAIT_POLICY") is None and not os.environ.get(CHILD_ENV)
+    """Whether the suite must re-run itself: OMP_WAIT_POLICY unset (or empty, which OpenMP reads as unset: its
+    default policy) and this process not the child."""
+    return not os.environ.get("OMP_WAIT_POLICY") and not os.environ.get(CHILD_ENV)
 
 
 def relaunch(argv: list[str]) -> int:
