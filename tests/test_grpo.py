@@ -777,13 +777,17 @@ def test_a_run_whose_every_step_was_skipped_says_that_nothing_was_updated(tmp_pa
     lines: list[str] = []
     run = SimpleNamespace(out_dir=tmp_path, resumed_step=None, log=lines.append)
     _summary(run, LoopState(skipped=3, started=time.time()), 3, {})
-    _summary(run, LoopState(skipped=2, started=time.time()), 3, {})
+    _summary(run, LoopState(skipped=2, started=time.time(), last_eval=0.25, best_step=2, best_accuracy=0.5), 3, {})
     assert lines[0].endswith(
-        "3 of 3 steps skipped: no step updated the model, every group was filtered out "
+        "; not validated; 3 of 3 steps skipped (every group filtered out): no step updated the model "
         "(metrics.jsonl's reward_mean and frac_groups_kept say why: rewards all equal, or group "
         "accuracies outside grpo.alpha_min / alpha_max)"
     )
-    assert lines[1].endswith("; 2 of 3 steps skipped")
+    # what the percentages are, and why steps were skipped, said on the line (it was "best 50.00% at step 2; final
+    # 25.00%; 2 of 3 steps skipped")
+    assert lines[1].endswith(
+        "; validation: best 50.00% at step 2, final 25.00%; 2 of 3 steps skipped (every group filtered out)"
+    )
 
 
 def test_the_null_control_trains_on_each_groups_rewards_permuted_by_its_own_null_stream(sft_checkpoint):
