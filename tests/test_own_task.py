@@ -472,7 +472,7 @@ def test_an_async_reward_is_awaited_as_trls_grpo_trainer_does_in_a_notebooks_run
         assert call_checked(_async_dgrpo_reward, "g", ["0", "2"], recs) == [0.0, 1.0]
 
         async def in_a_running_loop() -> list[float]:
-            return call_checked(_async_trl_reward, "f", ["1", "2"], recs)  # type: ignore[arg-type]
+            return call_checked(_async_trl_reward, "f", ["1", "2"], recs)
 
         assert asyncio.run(in_a_running_loop()) == [1.0, 1.0]
     with pytest.raises(RewardError, match="reward g raised ValueError: no boom on row 1 "):

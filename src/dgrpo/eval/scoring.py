@@ -36,18 +36,23 @@ import math
 import numbers
 import re
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, SupportsFloat
 
 from ..config import reward_name
 from ..data.records import Record, data_columns
 from ..plugins import PluginError, import_object
 from ..reward import ANSWER_IS, final_answer_text, normalize_number, normalize_text, score
 
-ScoreFn = Callable[[list[str], list[Record]], Sequence[float]]
+#: what a scorer or reward returns: one number per completion (a list, a 1-d NumPy array or tensor:
+#: :func:`reward_value`)
+ScoreValues = Iterable[SupportsFloat]
+#: a scorer or reward: ``fn(completions, records)``, or a function in TRL's form called with keywords
+#: (:func:`trl_style`); either may be an ``async def`` (:func:`awaited`)
+ScoreFn = Callable[..., ScoreValues | Awaitable[ScoreValues]]
 
 
 class RewardError(ValueError):
@@ -214,7 +219,7 @@ def call_checked(
     evaluation, whose values must lie in [0, 1]: 1 is correct). ``columns``: those of the whole data
     (:func:`data_columns`), so that the form a function is called in, and the keywords it gets, do not depend on
     which records a batch holds."""
-    columns, by_keyword = trl_columns(completions, records, columns), cast(Callable[..., Any], fn)
+    columns = trl_columns(completions, records, columns)
     trl = trl_style(fn, columns)
     if not trl and trl_style(fn):
         _warn_called_as_dgrpo(fn, name, columns)
@@ -226,7 +231,7 @@ def call_checked(
 
     def call(completions: list[str], records: list[Record]) -> Any:
         args, keywords = arguments(completions, records)
-        return awaited(by_keyword(*args, **keywords))
+        return awaited(fn(*args, **keywords))
 
     try:
         returned = call(completions, records)
