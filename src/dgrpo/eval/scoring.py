@@ -560,7 +560,8 @@ class Rewards:
             total = self(gold_completions(records), records)
         warn_if_gold_scores_zero(total, "the reward")
         if check_filter:
-            self.filter_values(total)
+            with on_gold():  # (its row is a gold answer's, no rollout's)
+                self.filter_values(total)
 
     def filter_values(self, total: list[float]) -> list[float]:
         """The values the accuracy window is applied to; they must lie in [0, 1] (within SCORE_TOLERANCE, taken to
