@@ -5,12 +5,14 @@ were type errors where a train_grpo(reward_fn=...) or Rewards took them)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from dgrpo.data.records import Record
-from dgrpo.eval.scoring import RewardPart, Rewards, ScoreFn, call_checked, numeric
+from dgrpo.eval.scoring import RewardError, RewardPart, Rewards, ScoreFn, call_checked, numeric
 
 
 def _dgrpo(completions: list[str], records: list[Record]) -> list[float]:
@@ -47,3 +49,14 @@ def test_every_form_a_checked_call_takes_is_a_score_fn() -> None:
         assert call_checked(fn, fn.__name__, ["#### 1", "#### 3"], records) == [1.0, 0.0], fn.__name__
     rewards = Rewards([RewardPart("a", _async_dgrpo), RewardPart("t", _async_trl, 0.5)])
     assert rewards(["#### 1", "#### 2"], records) == [1.5, 1.5]
+
+
+def test_a_string_for_a_number_is_named_as_one() -> None:
+    """A judge's reply returned as it came (``'1'``) read "returned '1' for row 0" and no more: it says it is a
+    string."""
+
+    def judge(completions: list[str], records: list[Record]) -> Any:  # (no ScoreFn to mypy: it returns strings)
+        return ["1" for _ in completions]
+
+    with pytest.raises(RewardError, match=r"returned '1' for row 0 \(completion '#### 1'.*\): a string, not a number"):
+        call_checked(judge, "judge", ["#### 1"], [Record("q1", [], "1")])

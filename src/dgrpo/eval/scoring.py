@@ -263,6 +263,8 @@ def call_checked(
             why = ""
             if v is None:
                 why = ": every completion needs a number (TRL's None, 'does not apply', has no meaning here)"
+            elif isinstance(v, str):  # (a judge's reply passed on as it came: '1' read as no number, unsaid)
+                why = ": a string, not a number (convert it: float(...))"
             elif getattr(returned, "ndim", 1) > 1:  # (an array of shape [n, 1]: its rows are arrays)
                 shape = tuple(getattr(returned, "shape", ()))
                 why = f": it returned an array of shape {shape}; one number per completion is 1-D"
