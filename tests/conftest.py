@@ -490,3 +490,27 @@ def faked_sft_run(monkeypatch, cfg, records, resumed=None):
     monkeypatch.setattr(sft_module.SFTRun, "applied", lambda self, opt: {})
     lm = SimpleNamespace(use_recompute=lambda *a: None, model=None)
     return sft_module.SFTRun(lm, cfg, dist, run_dir, records)
+
+
+#: completions whose votes and scores the scoring tests compare, and the golds they are read against
+VOTE_POOL = [
+    "#### 5",
+    "#### 5.0",
+    "#### 5,000",
+    "#### 5000",
+    "5",
+    "The answer is 5.",
+    "#### Tom",
+    "#### tom.",
+    "# Tom",
+    "#### B",
+    "#### (B) a tree",
+    "#### b",
+    "#### 2.50",
+    "#### $2.5",
+    "#### 2.5 dollars",
+    "####",
+    "none",
+    "#### C#",
+]
+VOTE_GOLDS = ["5", "5000", "2.5", "Tom", "B", "C#"]

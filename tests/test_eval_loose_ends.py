@@ -12,7 +12,7 @@ from dgrpo.eval.evaluate import check_fits_context, evaluate, generate_answers, 
 from dgrpo.eval.scoring import SCORERS
 from dgrpo.reward import numbers_agree
 
-from conftest import make_lm
+from conftest import VOTE_GOLDS, VOTE_POOL, make_lm
 
 FAST = {"max_new_tokens": 1, "progress": False}
 
@@ -73,38 +73,15 @@ def test_a_coconut_rows_pred_is_what_coconut_compares(lm, monkeypatch):
     assert [(p["pred"], p["correct"]) for p in r.predictions] == [(None, False), ("1000", True), (None, False)]
 
 
-POOL = [
-    "#### 5",
-    "#### 5.0",
-    "#### 5,000",
-    "#### 5000",
-    "5",
-    "The answer is 5.",
-    "#### Tom",
-    "#### tom.",
-    "# Tom",
-    "#### B",
-    "#### (B) a tree",
-    "#### b",
-    "#### 2.50",
-    "#### $2.5",
-    "#### 2.5 dollars",
-    "####",
-    "none",
-    "#### C#",
-]
-GOLDS = ["5", "5000", "2.5", "Tom", "B", "C#"]
-
-
 @pytest.mark.parametrize("name", ["numeric", "exact", "choice", "coconut"])
 def test_answers_that_share_a_vote_score_alike_and_correct_ones_share_it(name):
     """A vote groups what the scorer equates (:func:`vote_key`): two completions with one vote score the same, and
     two correct ones give one vote (under numeric, numbers the verifier takes as one: ``numbers_agree``)."""
     scorer = SCORERS[name]
-    for gold in GOLDS:
-        scores = scorer(POOL, [Record("q", [], gold)] * len(POOL))
-        keys = [vote_key(scorer, t, gold) for t in POOL]
-        for (a, ka, sa), (b, kb, sb) in itertools.combinations(zip(POOL, keys, scores), 2):
+    for gold in VOTE_GOLDS:
+        scores = scorer(VOTE_POOL, [Record("q", [], gold)] * len(VOTE_POOL))
+        keys = [vote_key(scorer, t, gold) for t in VOTE_POOL]
+        for (a, ka, sa), (b, kb, sb) in itertools.combinations(zip(VOTE_POOL, keys, scores), 2):
             if ka is not None and ka == kb:
                 assert sa == sb, (name, gold, a, b)
             if sa == sb == 1:

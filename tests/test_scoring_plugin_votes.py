@@ -5,7 +5,6 @@ that reads that text scores alike the completions that share a vote; the voted r
 import itertools
 
 import pytest
-from test_eval_loose_ends import GOLDS, POOL
 
 import dgrpo.eval.evaluate as ev
 from dgrpo.data.records import Record
@@ -13,7 +12,7 @@ from dgrpo.eval.evaluate import evaluate_mc_vote, vote_key
 from dgrpo.eval.scoring import SCORERS, build_scorer
 from dgrpo.perturbation import LockedDropout
 
-from conftest import make_lm
+from conftest import VOTE_GOLDS, VOTE_POOL, make_lm
 
 FAST = {"max_new_tokens": 1, "progress": False}
 
@@ -38,10 +37,10 @@ def test_a_plugin_that_reads_the_final_answer_scores_one_vote_alike(name):
     def plugin(completions, records):
         return builtin(completions, records)
 
-    for gold in GOLDS:
-        scores = plugin(POOL, [Record("q", [], gold)] * len(POOL))
-        keys = [vote_key(plugin, t, gold) for t in POOL]
-        for (a, ka, sa), (b, kb, sb) in itertools.combinations(zip(POOL, keys, scores), 2):
+    for gold in VOTE_GOLDS:
+        scores = plugin(VOTE_POOL, [Record("q", [], gold)] * len(VOTE_POOL))
+        keys = [vote_key(plugin, t, gold) for t in VOTE_POOL]
+        for (a, ka, sa), (b, kb, sb) in itertools.combinations(zip(VOTE_POOL, keys, scores), 2):
             if ka is not None and ka == kb:
                 assert sa == sb, (name, gold, a, b)
 
