@@ -208,7 +208,9 @@ def _finish_axes(
         title = f"{what} on {', '.join(names)}" if names else title
     ax.set_xlabel(xlabel)
     title = f"SFT: {title}" if sft_apart else title
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # (steps are whole: no 0.2 ticks on a short run)
+    # (steps are whole: no 0.2 ticks on a short run, nor 3.85 on a run of one point, whose range is under a step)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+    _floor_at_zero(ax)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=11)
     ax.grid(alpha=0.3)
@@ -228,6 +230,16 @@ def _finish_axes(
     for text in legend.get_texts()[len(handles) - n_notes :]:
         text.set_color("#555555")
         text.set_fontstyle("italic")
+
+
+def _floor_at_zero(ax: Axes) -> None:
+    """The y axis from 0 where autoscaling put its bottom below 0 and nothing drawn is negative (flat zero curves,
+    an untrained model's: an accuracy or a std of -0.04 is not a value they can take)."""
+    import numpy as np
+
+    ys = [np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()]
+    if min((float(y.min()) for y in ys if y.size), default=-1.0) >= 0.0 and ax.get_ylim()[0] < 0.0:
+        ax.set_ylim(bottom=0.0)
 
 
 def _check_math_text(texts: Sequence[tuple[str, str]]) -> None:

@@ -1,0 +1,42 @@
+"""The axes of ``dgrpo plot``'s panels: whole-step x ticks and no negative y range for quantities that cannot be
+negative, even for a run of one evaluation or of flat zero curves (an untrained model's first runs)."""
+
+from pathlib import Path
+
+from dgrpo.plotting import draw, group_runs, load_run
+
+from conftest import write_run
+
+
+def _figure(tmp_path: Path, rows: list[dict]):
+    run = load_run(write_run(tmp_path / "run", {"seed": 0, "grpo": {"group_size": 4}}, rows))
+    fig, _ = draw(group_runs([run]), panels=("eval", "reward_std", "reward_mean"))
+    fig.canvas.draw()
+    return fig
+
+
+def test_a_single_evaluation_gets_whole_step_ticks(tmp_path: Path) -> None:
+    fig = _figure(tmp_path, [{"step": 1, "reward_std": 0.2, "reward_mean": 0.5}, {"step": 4, "eval/v/accuracy": 0.3}])
+    eval_ax = fig.axes[0]
+    assert eval_ax.get_lines()[0].get_xdata().tolist() == [4]
+    ticks = [t for t in eval_ax.get_xticks() if eval_ax.get_xlim()[0] <= t <= eval_ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks  # (was 3.80, 3.85, ..., 4.20)
+
+
+def test_flat_zero_curves_start_their_y_axis_at_zero(tmp_path: Path) -> None:
+    rows = [{"step": 0, "eval/v/accuracy": 0.0}]
+    rows += [{"step": t, "reward_std": 0.0, "reward_mean": 0.0} for t in (1, 2)] + [{"step": 2, "eval/v/accuracy": 0.0}]
+    fig = _figure(tmp_path, rows)
+    for ax in fig.axes:  # an accuracy, a std, a mean reward of 0/1 rewards: none below 0 (was -0.05 to 0.05)
+        low, high = ax.get_ylim()
+        assert low == 0.0 and high > 0.0, (ax.get_title(), low, high)
+
+
+def test_a_curve_below_zero_keeps_its_range(tmp_path: Path) -> None:
+    rows = [{"step": 0, "eval/v/accuracy": 0.5}] + [
+        {"step": t, "reward_std": 0.1, "reward_mean": -1.5 + t} for t in (1, 2)
+    ]
+    fig = _figure(tmp_path, rows)
+    mean_ax = fig.axes[2]
+    assert mean_ax.get_ylim()[0] < -0.5  # (a penalty-shaped reward may be negative: not cut off)
+    assert fig.axes[0].get_ylim()[0] < 0.5 < fig.axes[0].get_ylim()[1]  # (nonzero data: autoscaled as before)
