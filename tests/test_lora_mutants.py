@@ -271,3 +271,26 @@ def test_the_init_warning_writes_out_every_given_target_module():
     (message,) = [str(w.message) for w in caught]
     assert f"target_modules=[{','.join(given)}], train_latent_tokens=False) differs" in message
     assert "target_modules=[q_proj,v_proj], train_latent_tokens=False): training continues" in message
+
+
+def test_an_init_adapter_trained_on_records_its_own_targets_whether_or_not_model_lora_differs():
+    """--init of an adapter under the default all-linear (which matches any adapter's targets, so no warning) records
+    the adapter's own targets, as a differing model.lora does: the run's config says what it trains, and a resume
+    under the values its first command warned about did not list target_modules as changed (all-linear recorded
+    at the resume, the adapter's list at the start)."""
+    import warnings
+    from types import SimpleNamespace
+
+    from dgrpo.model import factory
+
+    saved = SimpleNamespace(r=4, lora_alpha=8.0, target_modules={"v_proj", "q_proj"}, trainable_token_indices=None)
+    lm = SimpleNamespace(peft=SimpleNamespace(peft_config={lora.POLICY: saved}), loaded_from=None)
+    recorded = []
+    for r in (8, 4):  # the start, whose r differs (warned), then a resume under the adapter's own r (silent)
+        cfg = LoraConfig(r=r, alpha=8.0, target_modules=["all-linear"], dropout=0.0, train_latent_tokens=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            factory.configure_lora(lm, cfg)
+        assert len(caught) == (r != 4)
+        recorded.append((cfg.r, cfg.target_modules))
+    assert recorded == [(4, ["q_proj", "v_proj"])] * 2

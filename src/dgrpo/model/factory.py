@@ -131,8 +131,10 @@ def revision_hint(model_cfg: ModelConfig, init: str | None) -> str:
 
 def configure_lora(lm: LatentLM, cfg: LoraConfig) -> None:
     """``model.lora.r`` > 0: new adapters on a full model, or an adapter checkpoint's own adapter trained further
-    (its rank, alpha and targets win: a different ``model.lora`` is reported and set to them, so that the run's
-    config records what it trains, as ``dropout`` is set to the 0 every adapter uses: :func:`~.lora.no_dropout`).
+    (its rank, alpha and targets win: ``model.lora`` is set to them, a different one reported, so that the run's
+    config records what it trains whatever was given (``all-linear`` too, which matches any adapter's targets: a
+    resume under the same values records the same list), as ``dropout`` is set to the 0 every adapter uses:
+    :func:`~.lora.no_dropout`).
     ``r`` = 0 on an adapter checkpoint: the adapter is merged into the base and every weight is trained."""
     if cfg.r > 0:
         lora.no_dropout(cfg)
@@ -156,7 +158,7 @@ def configure_lora(lm: LatentLM, cfg: LoraConfig) -> None:
                 "records its values)",
                 stacklevel=2,
             )
-            record_adapter(cfg, saved)
+        record_adapter(cfg, saved)
     elif lm.peft is not None:
         warnings.warn(
             "the checkpoint is a LoRA adapter and model.lora.r=0: merging it into the base, every weight is trained "
