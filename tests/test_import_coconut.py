@@ -491,6 +491,7 @@ def test_what_the_probe_of_a_real_run_found_is_refused_or_read(official, tmp_pat
             "import-coconut", bad, "--base", base, "--c-thought", 2, "--max-latent-stage", 3, "--out", tmp_path / "o"
         )
         assert r.returncode == 2 and expect in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+        assert str(bad) in r.stderr, r.stderr  # (the NaN refusal named no file: "the checkpoint holds NaN ...")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.json").write_text(json.dumps({"sft": {}, "grpo": {}}))
@@ -609,7 +610,7 @@ def test_a_base_that_is_not_the_runs_is_one_line_asking_for_it(official, tmp_pat
         (ckpt, "base-wide", "does not fit the base model: wrong shapes (checkpoint vs base) transformer.wte.weight"),
         # (a base one layer deeper: the missing keys are a whole layer, which the key list alone did not say)
         (ckpt, "base-deep", "the checkpoint has 2 decoder layers (transformer.h.N), the base model 3; missing "),
-        (ckpt, "base-bigger", f"its {len(tok)} embedding rows lack the latent tokens (ids ["),
+        (ckpt, "base-bigger", f"its {len(tok)} embedding rows stop short of the latent tokens (ids ["),
     ):
         r = run_cli(
             "import-coconut", given, "--base", tmp_path / over, "--c-thought", 1, "--max-latent-stage", 3,
@@ -617,6 +618,7 @@ def test_a_base_that_is_not_the_runs_is_one_line_asking_for_it(official, tmp_pat
         )  # fmt: skip
         assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and says in r.stderr, r.stderr
         assert r.stderr.endswith(": is --base the model the run started from (its model_id)?\n"), r.stderr
+        assert str(given) in r.stderr, r.stderr  # (a wrong shape's or depth's refusal named no file)
         assert not (tmp_path / "o").exists()
 
 

@@ -48,8 +48,9 @@ def test_a_wrapper_embedding_other_than_the_base_models_is_refused(run, tmp_path
     sd = wrapped(plain)
     sd["embedding.weight"] = sd["embedding.weight"] + 1.0
     says = "embedding.weight differs from base_causallm.transformer.wte.weight (they are one tensor in Coconut)"
-    with pytest.raises(CheckpointError, match=f"^{says}$".replace("(", r"\(").replace(")", r"\)")):
-        import_coconut(save(tmp_path, sd), str(base), tmp_path / "o", c_thought=2, max_latent_stage=3)
+    ckpt = save(tmp_path, sd)
+    with pytest.raises(CheckpointError, match=f"^{ckpt}: {says}$".replace("(", r"\(").replace(")", r"\)")):
+        import_coconut(ckpt, str(base), tmp_path / "o", c_thought=2, max_latent_stage=3)
     assert not (tmp_path / "o").exists()
 
 
@@ -84,19 +85,21 @@ def test_a_wrapped_checkpoint_without_the_latent_rows_is_refused(run, tmp_path):
     sd = wrapped(plain)
     n = sd["embedding.weight"].shape[0] - 3
     sd = {k: v[:n] if k.endswith(("wte.weight", "lm_head.weight", "embedding.weight")) else v for k, v in sd.items()}
-    with pytest.raises(CheckpointError, match=rf"its {n} embedding rows lack the latent tokens \(ids \[{n}, "):
+    with pytest.raises(CheckpointError, match=rf"its {n} embedding rows stop short of the latent tokens \(ids \[{n}, "):
         import_coconut(save(tmp_path, sd), str(base), tmp_path / "o", c_thought=2, max_latent_stage=3)
     assert not (tmp_path / "o").exists()
 
 
 def test_rows_one_short_of_the_latent_tokens_are_named_so(run, tmp_path):
     """A checkpoint with two rows past the base's, where the tokenizer's latent tokens need three: the line says the
-    rows lack the latent tokens (mutant: ``max(latent_ids) > rows``, which let the last id, equal to the row count,
-    through to a line about the tokenizer's size)."""
+    rows stop short of the latent tokens (mutant: ``max(latent_ids) > rows``, which let the last id, equal to the
+    row count, through to a line about the tokenizer's size; the line said the rows "lack" them, which two do not)."""
     base, plain = run
     n = plain["transformer.wte.weight"].shape[0] - 1
     sd = {k: v[:n] if k in ("transformer.wte.weight", "lm_head.weight") else v for k, v in plain.items()}
-    with pytest.raises(CheckpointError, match=rf"its {n} embedding rows lack the latent tokens \(ids \[{n - 2}, "):
+    with pytest.raises(
+        CheckpointError, match=rf"its {n} embedding rows stop short of the latent tokens \(ids \[{n - 2}, "
+    ):
         import_coconut(save(tmp_path, wrapped(sd)), str(base), tmp_path / "o", c_thought=2, max_latent_stage=3)
 
 

@@ -457,8 +457,8 @@ def import_coconut(
     latent_ids = [tokenizer.get_vocab()[t] for t in OFFICIAL_TOKEN_ORDER]
     if not cot and max(latent_ids) >= rows:
         raise _error(
-            f"{ckpt}: its {rows} embedding rows lack the latent tokens (ids {latent_ids} in the tokenizer of {base!r}, "
-            f"{len(tokenizer)} tokens with them): {WHICH_BASE}"
+            f"{ckpt}: its {rows} embedding rows stop short of the latent tokens (ids {latent_ids} in the tokenizer "
+            f"of {base!r}, {len(tokenizer)} tokens with them): {WHICH_BASE}"
         )
     if not cot and rows != len(tokenizer):  # (run.py resizes to len(tokenizer): the trained latent rows went unused)
         raise _error(
@@ -472,7 +472,11 @@ def import_coconut(
         nn.Module.to(model, sd[emb_key].dtype)  # the checkpoint dtype (PreTrainedModel.to has narrower stubs)
     if base_rows != rows:
         model.resize_token_embeddings(rows, mean_resizing=False)
-    model.load_state_dict(fit_state_dict(model, sd, wrapper_emb), strict=True)
+    try:
+        fitted = fit_state_dict(model, sd, wrapper_emb)
+    except CheckpointError as e:  # (named: the other refusals of the file name it)
+        raise _error(f"{ckpt}: {e}") from None
+    model.load_state_dict(fitted, strict=True)
     if cot:
         init_latent_rows(model, tokenizer, added)
     n_rows = input_embedding_weight(model).shape[0]
