@@ -4,11 +4,13 @@ checkpointed chunks and the rollouts, and a compiler that fails leaves the eager
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
 import torch
 from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException
+from torch._dynamo.utils import counters
 
 from dgrpo.config import ModelConfig
 from dgrpo.model import head_stats
@@ -33,13 +35,18 @@ def weighted_grad(logp, x):
 @pytest.mark.slow  # (each compiled test compiles, seconds: the quick tier keeps the eager form's and the fall-back's)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_target_logprobs_and_gradients_are_eagers(compiled, dtype):
-    """Row counts and chunk widths vary (one dynamic graph serves them): the same log-probs and logits' gradients as
-    eager's fp32 log-softmax, to float rounding (1e-5; a bf16 gradient to its last bit)."""
+    """Row counts and chunk widths vary, one position wide included, as in scoring (the logits a view of the head's
+    [rows, V] output, the targets a chunk's strided slice): the same log-probs and logits' gradients as eager's fp32
+    log-softmax, to float rounding (1e-5; a bf16 gradient to its last bit), from one dynamic graph (the width of 1,
+    the 2-d call and the strided targets each compiled one more, forward and backward: three times the compiling)."""
     torch.manual_seed(0)
+    counters.clear()
     for shape in [(4, 3, 500), (7, 1, 500), (2, 5, 500), (9, 500)]:
-        x = (torch.randn(*shape) * 4).to(dtype).requires_grad_()
-        t = torch.randint(0, shape[-1], shape[:-1])
-        got, want = compiled.target_logprobs(x, t), eager_target_logprobs(x, t)
+        x = (torch.randn(math.prod(shape[:-1]), shape[-1]) * 4).to(dtype).requires_grad_()
+        wide = torch.randint(0, shape[-1], (shape[0], shape[1] + 2) if len(shape) == 3 else shape[:1])
+        t = wide[:, 1 : shape[1] + 1] if len(shape) == 3 else wide  # (a chunk of [B, L] targets: strided)
+        logits = x.view(shape)
+        got, want = compiled.target_logprobs(logits, t), eager_target_logprobs(logits, t)
         assert got.dtype == want.dtype == torch.float32
         assert torch.allclose(got, want, atol=1e-5), (shape, (got - want).abs().max())
         g_got, g_want = weighted_grad(got, x), weighted_grad(want, x)
@@ -47,6 +54,7 @@ def test_compiled_target_logprobs_and_gradients_are_eagers(compiled, dtype):
         tol = 1e-5 if dtype == torch.float32 else 2**-7 * g_want.abs().max().item()
         assert torch.allclose(g_got.float(), g_want.float(), atol=tol), (shape, (g_got - g_want).abs().max())
     assert compiled.compiled
+    assert counters["stats"]["unique_graphs"] <= 1, dict(counters["stats"])  # (none: a test before made it)
 
 
 @pytest.mark.slow
@@ -55,12 +63,12 @@ def test_compiled_greedy_choice_books_eagers_tokens_logprobs_and_entropies(compi
     torch.manual_seed(1)
     logits = (torch.randn(6, 400) * 5).to(dtype)
     logits[3, 11] = logits[3, 40] = logits[3].max() + 1  # a tie: the first index, as eager's argmax
-    with torch.no_grad():
+    with torch.no_grad():  # (as the rollouts run it: a call with grad would compile another graph)
         (tok, lp, ent), (tok0, lp0, ent0) = compiled.greedy(logits, True), eager_greedy(logits, True)
+        assert compiled.greedy(logits, False)[2] is None
     assert torch.equal(tok, tok0) and int(tok[3]) == 11
     assert ent is not None and ent0 is not None
     assert torch.allclose(lp, lp0, atol=1e-5) and torch.allclose(ent, ent0, atol=1e-5)
-    assert compiled.greedy(logits, False)[2] is None
 
 
 @pytest.mark.slow

@@ -81,8 +81,12 @@ class HeadStats:
     def target_logprobs(self, logits: Tensor, targets: Tensor) -> Tensor:
         """log softmax(logits)[targets] in fp32 (differentiable)."""
         if self._target is not None:
+            # as rows, [N, V] and contiguous [N]: one graph for every chunk of scoring (a chunk one position wide
+            # and a chunk's strided slice of the targets each compiled one more, forward and backward; the logits are
+            # a view of the head's [N, V] output there: a view of a tensor of another shape would guard on it)
             try:
-                return self._target(logits, targets)
+                flat = self._target(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).contiguous())
+                return flat.view(targets.shape)
             except COMPILE_ERRORS as err:  # a compiler that cannot run here: eager from now on
                 self._fall_back(err)
         return eager_target_logprobs(logits, targets)
