@@ -1,8 +1,10 @@
-"""When dgrpo draws a progress bar: shown where asked, unless the user turned tqdm off with ``TQDM_DISABLE``."""
+"""When dgrpo draws a progress bar (shown where asked, unless the user turned tqdm off with ``TQDM_DISABLE``), and
+its lines below a drawn bar."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 #: the values of ``TQDM_DISABLE`` that turn every bar off (tqdm reads the variable only for bars whose ``disable``
 #: is left at its default; dgrpo passes ``disable`` explicitly, so it reads the variable itself)
@@ -12,3 +14,20 @@ TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
 def bar_disabled(shown: bool) -> bool:
     """The ``disable=`` for a tqdm bar that dgrpo would show when ``shown``: off as well under ``TQDM_DISABLE=1``."""
     return not shown or os.environ.get("TQDM_DISABLE", "").strip().lower() in TRUE_VALUES
+
+
+def bar_drawn() -> bool:
+    """Whether a tqdm bar is drawn now: its line, with no newline yet, is where the next text on the terminal goes.
+    (tqdm not imported: none.)"""
+    std = sys.modules.get("tqdm.std")
+    try:
+        return std is not None and any(not bar.disable for bar in list(getattr(std.tqdm, "_instances", ())))
+    except RuntimeError:  # (the set of bars changed in another thread as it was read)
+        return False
+
+
+def below_bar(text: str) -> str:
+    """``text`` (a line for stderr) on a line of its own while a bar is drawn, not run on from the bar's text
+    (``...1.24it/s]dgrpo: SIGTERM: ...``): the bar is drawn again below it at its next update. No lock is taken (a
+    signal handler calls this; ``tqdm.write`` takes the bars' lock, which the interrupted main thread may hold)."""
+    return "\n" + text if text and bar_drawn() else text

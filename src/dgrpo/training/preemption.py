@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from ..progress import below_bar
+
 if TYPE_CHECKING:
     from .distributed import Dist
 
@@ -111,7 +113,7 @@ def _watchdog(read_fd: int, grace: float, done: threading.Event) -> None:
                 if not done.wait(grace):
                     rank = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
                     print(
-                        f"dgrpo: {rank}no stop within {GRACE_ENV} = {grace:g} s of SIGTERM {_left()}",
+                        below_bar(f"dgrpo: {rank}no stop within {GRACE_ENV} = {grace:g} s of SIGTERM {_left()}"),
                         file=sys.stderr,
                         flush=True,
                     )
@@ -153,7 +155,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
         if not _State.requested:
             _State.requested = True
             if is_rank0():
-                print(f"dgrpo: SIGTERM: {_where()}", file=sys.stderr, flush=True)
+                print(below_bar(f"dgrpo: SIGTERM: {_where()}"), file=sys.stderr, flush=True)
         return
     now = time.monotonic()
     if now - _State.last_at < REPEAT_S:
@@ -162,7 +164,7 @@ def _on_sigterm(signum: int, frame: object) -> None:
     if (_State.in_step or _State.ending) and not _State.requested:
         _State.requested = True
         print(
-            f"dgrpo: SIGTERM: {_where()} (another SIGTERM {REPEAT_S:g} s or more later stops at once)",
+            below_bar(f"dgrpo: SIGTERM: {_where()} (another SIGTERM {REPEAT_S:g} s or more later stops at once)"),
             file=sys.stderr,
             flush=True,
         )
@@ -292,7 +294,8 @@ def stop_requested(dist: Dist | None = None) -> bool:
                     if _State.stepped
                     else "before the first dataset (nothing was evaluated)"  # (dgrpo eval, before its datasets)
                 )
-                print(f"dgrpo: SIGTERM (to another rank): every rank stops now {now}", file=sys.stderr, flush=True)
+                line = f"dgrpo: SIGTERM (to another rank): every rank stops now {now}"
+                print(below_bar(line), file=sys.stderr, flush=True)
         return agreed
     return _State.requested
 
