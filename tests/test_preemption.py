@@ -356,12 +356,14 @@ def test_sigterm_to_every_process_of_a_torchrun_job_checkpoints_one_step_and_res
     os.killpg(job.pid, signal.SIGTERM)
     _, err = job.communicate(timeout=120)
     assert job.returncode != 0
-    assert err.count("dgrpo: terminated (SIGTERM); the same command resumes") == 1, err[-3000:]
+    assert err.count("dgrpo: terminated (SIGTERM) after step ") == 1, err[-3000:]
     # rank 0's one notice: "at the end of this step" inside a step, "where the ranks next agree" when the signal
     # lands between two (the one wording was asserted, and a signal between steps failed the test)
     assert err.count("dgrpo: SIGTERM: every rank stops") == 1, err[-3000:]
     names = checkpoints(out)  # (grpo.save_every = 0: only the stop's)
     assert len(names) == 1 and int(names[0][len("step-") :]) >= 2 and not (out / "final").exists(), names
+    said = f"after step {int(names[0][len('step-') :])}, checkpointed in {out / 'checkpoints' / names[0]}; the same"
+    assert said in err, err[-3000:]  # (the stop line names the step and its checkpoint)
     again = torchrun_grpo(sft_checkpoint, out, fsdp)
     _, err = again.communicate(timeout=300)
     assert again.returncode == 0, err[-3000:]
@@ -433,7 +435,9 @@ def test_a_preempted_torchrun_job_checkpoints_every_rank_exits_on_its_own_and_it
         os.kill(pid, signal.SIGTERM)
     _, err = job.communicate(timeout=120)
     assert job.returncode == 1, err[-3000:]
-    assert err.count("dgrpo: terminated (SIGTERM); the same command resumes from the newest checkpoint") == 1, err
+    assert err.count("; the same command resumes from the newest checkpoint") == 1, err
+    (stopped_at,) = checkpoints(out)
+    assert f"dgrpo: terminated (SIGTERM) after step {int(stopped_at[5:])}, checkpointed in " in err, err[-3000:]
     if to == "workers":  # (torchrun's report of its failed workers)
         assert err.count("exitcode  : 143") == 2 and "Signal 15" not in err, err[-3000:]
     else:

@@ -1,17 +1,23 @@
 """What a SIGTERM's lines look like to the user: the notice on a line of its own below a drawn progress bar (it ran on
-from the bar's text: ``...1.24it/s]dgrpo: SIGTERM: ...``)."""
+from the bar's text: ``...1.24it/s]dgrpo: SIGTERM: ...``), and the stop line of a run stopped after a step, which
+names that step and its checkpoint (it named the checkpoints' folder only, while the bar showed the step before)."""
 
 import os
 import signal
 import sys
 import time
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from tqdm import tqdm
 
-from dgrpo.training.preemption import sigterm_stops, stop_requested, within_step
+from dgrpo.cli.train import stopped_after
+from dgrpo.training import preemption
+from dgrpo.training.preemption import Terminated, sigterm_stops, stop, stop_requested, stopping, within_step
+
+from conftest import tiny_args
 
 
 @pytest.fixture(autouse=True)
@@ -56,3 +62,68 @@ def test_a_sigterm_notice_starts_a_line_of_its_own_below_a_drawn_bar(where, caps
         with tqdm(total=4, file=sys.stderr, disable=True):  # (a bar turned off: nothing above the notice)
             asked(where)
     assert capsys.readouterr().err.startswith("dgrpo: SIGTERM")
+
+
+def checkpointed(out, *steps):
+    for step in steps:
+        (out / "checkpoints" / f"step-{step:08d}").mkdir(parents=True)
+    (out / "checkpoints" / "damaged-step-00000099").mkdir()  # (set aside: not resumed)
+    (out / "checkpoints" / ".tmp-step-00000098").mkdir()  # (half-written)
+    return out
+
+
+@pytest.mark.parametrize("distributed", [False, True], ids=["one-process", "torchrun"])
+def test_a_stop_after_a_step_names_the_step_and_its_checkpoint(tmp_path, distributed):
+    """The newest checkpoint by its step (9 < 10), the one the stop wrote and the same command resumes."""
+    out = checkpointed(tmp_path, 9, 10)
+    with sigterm_stops(True, distributed=distributed), pytest.raises(Terminated) as e:
+        with stopping(partial(stopped_after, out)):
+            asked("torchrun" if distributed else "one process")
+            stop(ranks() if distributed else None)
+    assert str(e.value) == f"after step 10, checkpointed in {out / 'checkpoints' / 'step-00000010'}"
+
+
+def test_other_stops_say_no_step(tmp_path):
+    """A stop at once (outside a step: no checkpoint written for it), Ctrl-C, one in the test sets (its own line),
+    one before any checkpoint, and a guard's error keep what they say."""
+    out = checkpointed(tmp_path, 3)
+    said = partial(stopped_after, out)
+    with sigterm_stops(True), pytest.raises(Terminated) as e, stopping(said):
+        sigterm()
+    assert e.value.args == ()
+    with sigterm_stops(True), pytest.raises(KeyboardInterrupt) as e, stopping(said):
+        raise KeyboardInterrupt
+    assert e.value.args == ()
+    with sigterm_stops(True), pytest.raises(Terminated) as e, stopping(said):
+        with preemption.in_test_sets():
+            asked("one process")
+            stop()
+    assert e.value.args == ()
+    with sigterm_stops(True), pytest.raises(Terminated) as e, stopping(partial(stopped_after, tmp_path / "none")):
+        asked("one process")
+        stop()
+    assert e.value.args == ()
+    with sigterm_stops(True), pytest.raises(ValueError), stopping(said):
+        stop(error=ValueError("a guard"))
+    assert not preemption.stopped_after_a_step()
+
+
+def test_a_grpo_run_stopped_after_a_step_says_which_on_its_stop_line(sft_checkpoint, tmp_path, run_cli, monkeypatch):
+    """The command line end to end (one process): the last line names step 2 and its checkpoint."""
+    from dgrpo.training import grpo
+
+    original = grpo.GRPOTrainer.step
+
+    def step(self):
+        if self.step_idx == 1:  # (the second step)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self)
+
+    monkeypatch.setattr(grpo.GRPOTrainer, "step", step)
+    out = tmp_path / "run"
+    r = run_cli("grpo", "--init", sft_checkpoint, "--out", out, *tiny_args(**{"grpo.steps": 4}))
+    assert r.returncode == 143, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"dgrpo: terminated (SIGTERM) after step 2, checkpointed in {out / 'checkpoints' / 'step-00000002'}; the "
+        f"same command resumes from the newest checkpoint in {out / 'checkpoints'}"
+    )

@@ -356,6 +356,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
 def run_sft(args: argparse.Namespace) -> int:
     from ..eval.scoring import warn_if_scorer_misses_gold
     from ..training.curriculum import final_settings
+    from ..training.preemption import stopping
     from ..training.resume_check import command_line_words
     from ..training.sft import train_sft
 
@@ -373,7 +374,8 @@ def run_sft(args: argparse.Namespace) -> int:
             metrics |= evaluate_best(best_epoch, last, tests, cfg, s.out, dist, s.device, final=tested, advice=advice)
         return metrics
 
-    with command_line_words():  # (the run directory's refusals in the command line's words)
+    # (the run directory's refusals in the command line's words; a SIGTERM's stop after a step names it)
+    with command_line_words(), stopping(partial(stopped_after, s.out)):
         train_sft(
             s.lm,
             train,
@@ -393,6 +395,7 @@ def run_sft(args: argparse.Namespace) -> int:
 def run_grpo(args: argparse.Namespace) -> int:
     from ..eval.scoring import check_scorer
     from ..training.grpo import train_grpo
+    from ..training.preemption import stopping
     from ..training.resume_check import command_line_words
 
     s = set_up_run(args)
@@ -419,7 +422,8 @@ def run_grpo(args: argparse.Namespace) -> int:
             )
         return metrics
 
-    with command_line_words():  # (the run directory's refusals in the command line's words)
+    # (the run directory's refusals in the command line's words; a SIGTERM's stop after a step names it)
+    with command_line_words(), stopping(partial(stopped_after, s.out)):
         train_grpo(
             s.lm,
             cfg,
@@ -436,6 +440,23 @@ def run_grpo(args: argparse.Namespace) -> int:
     print_consolidation_lines(s.out, dist, advice)
     dist.close()
     return 0
+
+
+def stopped_after(out: Path) -> str:
+    """What the stop line of a run that a SIGTERM stopped after a step says: the step and its checkpoint's folder,
+    where the same command resumes (the newest in ``out``); "" for any other stop (at once, in the test sets,
+    Ctrl-C), whose line says what it says (:func:`~dgrpo.training.preemption.stopping`)."""
+    from ..run_layout import STEP_DIR
+    from ..training.checkpoint import list_checkpoints
+    from ..training.preemption import stopped_after_a_step
+
+    if not stopped_after_a_step():
+        return ""
+    steps = {int(m[1]): p for p in list_checkpoints(out) if (m := STEP_DIR.fullmatch(p.name))}
+    if not steps:  # (under torchrun, a rank on a machine of its own: rank 0 alone says it)
+        return ""
+    step = max(steps)
+    return f"after step {step}, checkpointed in {steps[step]}"
 
 
 def check_test_sets_fit(lm: Any, tests: dict, cfg: Config, settings: Any, key: str) -> None:

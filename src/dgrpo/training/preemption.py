@@ -77,6 +77,7 @@ class _State:
     ending = ""  # what the run writes after its last agreement (:func:`writing_the_end`; "" before): a SIGTERM waits
     again = "the same command"  # (testing) the command that evaluates them after a stop
     last_at = -float("inf")  # time.monotonic() of the last SIGTERM that counted (one process)
+    checkpointed = False  # the stop (:func:`stop`) came after a training step, its resumable checkpoint written
 
 
 def is_rank0() -> bool:
@@ -190,7 +191,7 @@ def sigterm_stops(on: bool, distributed: bool = False, stepped: bool = True) -> 
     except ValueError:  # not the main thread (an embedding application): keep the default
         on = False
     _State.installed, _State.distributed, _State.requested = on, on and distributed, False
-    _State.stepped = stepped
+    _State.stepped, _State.checkpointed = stepped, False
     _State.last_at = -float("inf")
     try:
         if _State.distributed:
@@ -205,6 +206,7 @@ def sigterm_stops(on: bool, distributed: bool = False, stepped: bool = True) -> 
             if signal.getsignal(signal.SIGINT) is _interrupt_once:  # (after a Ctrl-C it stays ignored: the end)
                 signal.signal(signal.SIGINT, previous_int)
         _State.installed = _State.distributed = _State.in_step = _State.requested = _State.stopping = False
+        _State.checkpointed = False
         _State.stepped = True
         _State.testing, _State.ending = False, ""
 
@@ -317,17 +319,27 @@ def stop(dist: Dist | None = None, error: Exception | None = None) -> NoReturn:
     if dist is not None and dist.active:
         _State.stopping = _State.distributed
         dist.close()  # (a barrier, then the group destroyed)
+    _State.checkpointed = error is None and _State.installed and _State.stepped and not _State.testing
     raise Terminated if error is None else error
+
+
+def stopped_after_a_step() -> bool:
+    """Whether the stop under way is a SIGTERM's after a training step, that step's resumable checkpoint written
+    (:func:`stop`, not in the test sets); not one at once (one process: outside a step, a second SIGTERM), nor
+    Ctrl-C. Its stop line names the step (:func:`stopping`, in ``dgrpo.cli.train``)."""
+    return _State.checkpointed
 
 
 @contextmanager
 def stopping(what: str | Callable[[], str]) -> Iterator[None]:
     """A stop within the block (SIGTERM's :class:`Terminated`, Ctrl-C's KeyboardInterrupt) is raised again with
     ``what`` (or what it returns at the stop) as its message: what the stop interrupted, and what that leaves on disk
-    (the command's stop line says it). The innermost block says it: a stop that carries a message goes on as it is."""
+    (the command's stop line says it). The innermost block says it: a stop that carries a message goes on as it is,
+    and so does one for which ``what`` returns ""."""
     try:
         yield
     except KeyboardInterrupt as e:
-        if e.args:
+        said = "" if e.args else what if isinstance(what, str) else what()
+        if not said:
             raise
-        raise type(e)(what if isinstance(what, str) else what()) from e
+        raise type(e)(said) from e
