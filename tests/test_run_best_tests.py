@@ -41,3 +41,22 @@ def test_a_best_of_the_final_weights_is_tested_once_and_reported_for_both(best_a
     final.model.model.norm.weight.data[0] += 1  # (an update after best/ was written)
     train_cli.evaluate_best(1, cfg.grpo.steps, tests, cfg, out, Dist.single(), "cpu", final=(final, scores))
     assert tested == ["best", "best"] and capsys.readouterr().out == ""
+
+
+def test_a_best_of_the_final_weights_is_said_at_the_runs_end_as_under_fsdp(best_and_final, monkeypatch, capsys):
+    """In one process the line came among the test results, before the run's "done in" and summary lines; under FSDP
+    (which can tell only once final/ is written) after them. Given the run's list of end lines (``advice``), it is
+    said there in one process too: printed by print_consolidation_lines, as under FSDP."""
+    import dgrpo.cli.train as train_cli
+    from dgrpo.training.distributed import Dist
+
+    out, final = best_and_final
+    cfg, tests, advice = tiny_config(), {"builtin:test": []}, []
+    scores = {"test/builtin_test/accuracy": 0.25}
+    monkeypatch.setattr(train_cli, "evaluate_test_sets", lambda *a, **k: pytest.fail("tested again"))
+    got = train_cli.evaluate_best(1, 3, tests, cfg, out, Dist.single(), "cpu", final=(final, scores), advice=advice)
+    assert got == {"test_best/builtin_test/accuracy": 0.25} and capsys.readouterr().out == ""
+    train_cli.print_consolidation_lines(out, Dist.single(), advice)
+    assert capsys.readouterr().out.splitlines() == [train_cli.final_best_line(1, tests, out)]
+    rank1 = dataclasses.replace(Dist.single(), rank=1)  # (rank 0 alone says it)
+    assert train_cli.final_as_best(1, tests, out, rank1, scores, advice := []) == got and advice == []

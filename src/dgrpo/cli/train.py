@@ -365,7 +365,7 @@ def run_sft(args: argparse.Namespace) -> int:
     warn_if_scorer_misses_gold(options["scorer"], train, f"eval.scorer {cfg.eval.scorer!r}")
     check_test_sets_fit(s.lm, tests, cfg, final_settings(cfg), "sft.c_thought")
 
-    advice: list[Callable[[], list[str]]] = []  # (best/'s lines under FSDP: said after the consolidation lines)
+    advice: list[Callable[[], list[str]]] = []  # (best/'s lines: said at the end, after the consolidation lines)
 
     def test(lm_: Any, best_epoch: int | None) -> dict[str, float]:  # final/, then best/ (rank 0's epoch)
         metrics = evaluate_test_sets(lm_, tests, cfg, s.out, dist)
@@ -411,7 +411,7 @@ def run_grpo(args: argparse.Namespace) -> int:
     # logged as eval/valid/accuracy, as SFT logs it (one chart for both in TensorBoard / W&B); config.json says which
     valid = {"valid": s.valid} if s.valid is not None else {}
 
-    advice: list[Callable[[], list[str]]] = []  # (best/'s lines under FSDP: said after the consolidation lines)
+    advice: list[Callable[[], list[str]]] = []  # (best/'s lines: said at the end, after the consolidation lines)
 
     def test(lm_: Any, best_step: int | None) -> dict[str, float]:  # final/, then best/ (rank 0's step)
         metrics = evaluate_test_sets(lm_, tests, cfg, s.out, dist)
@@ -519,7 +519,8 @@ def evaluate_best(
     (:func:`best_lines`; without it, the commands that test best/ are printed now). Every rank calls this (rank 0's
     ``best_step``: the others' summary is empty). ``final``: the trained model and its test metrics: a best/ of the
     same weights (no step updated the model after it) is not tested again, its metrics are the final model's, said
-    in a line. Returns the accuracies as metrics (``test_best/...``; rank 0's)."""
+    in a line, through ``advice`` too (at the run's end, in one process as under FSDP: :func:`final_as_best`).
+    Returns the accuracies as metrics (``test_best/...``; rank 0's)."""
     from ..model.factory import load_model
     from ..model.verified import same_weights
 
@@ -536,13 +537,23 @@ def evaluate_best(
     # (the same weights read with other latent settings, e.g. an earlier SFT stage's thoughts, answer otherwise)
     same = final is not None and best.settings == final[0].settings and same_weights(best.model, final[0].model)
     if final is not None and dist.all_gather_objects(same)[0]:  # (rank 0's answer: every rank tests, or none)
-        return final_as_best(best_step, tests, out, dist, final[1])
+        return final_as_best(best_step, tests, out, dist, final[1], advice)
     return evaluate_test_sets(best, tests, cfg, out, dist, checkpoint=BEST_DIR)
 
 
-def final_as_best(best_step: int, tests: dict, out: Path, dist: Any, metrics: dict[str, float]) -> dict[str, float]:
-    """best/'s test metrics when it holds the final model's weights: the final model's, said in a line (rank 0)."""
-    if dist.is_main:
+def final_as_best(
+    best_step: int,
+    tests: dict,
+    out: Path,
+    dist: Any,
+    metrics: dict[str, float],
+    advice: list[Callable[[], list[str]]] | None = None,
+) -> dict[str, float]:
+    """best/'s test metrics when it holds the final model's weights: the final model's, said in a line (rank 0), at the
+    run's end through ``advice`` when given, where a run under FSDP says it (:func:`best_lines`), else now."""
+    if dist.is_main and advice is not None:
+        advice.append(lambda: [final_best_line(best_step, tests, out)])
+    elif dist.is_main:
         print(final_best_line(best_step, tests, out))
     keys = {test_metric_key(spec): test_metric_key(spec, BEST_DIR) for spec in tests}
     return {keys[k]: v for k, v in metrics.items() if k in keys}
@@ -602,7 +613,7 @@ def consolidation_lines(out: Path) -> list[str]:
 
 
 def print_consolidation_lines(out: Path, dist: Any, advice: Sequence[Callable[[], list[str]]] = ()) -> None:
-    """:func:`consolidation_lines`, then the lines of ``advice`` (best/'s, :func:`evaluate_best`'s: :func:`best_lines`),
-    from rank 0."""
+    """:func:`consolidation_lines`, then the lines of ``advice`` (best/'s, :func:`evaluate_best`'s: :func:`best_lines`
+    under FSDP, :func:`final_best_line` in one process too), from rank 0."""
     if dist.is_main and (lines := [*consolidation_lines(out), *(line for said in advice for line in said())]):
         print("\n".join(lines))
