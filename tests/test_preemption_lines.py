@@ -127,3 +127,17 @@ def test_a_grpo_run_stopped_after_a_step_says_which_on_its_stop_line(sft_checkpo
         f"dgrpo: terminated (SIGTERM) after step 2, checkpointed in {out / 'checkpoints' / 'step-00000002'}; the "
         f"same command resumes from the newest checkpoint in {out / 'checkpoints'}"
     )
+
+
+def test_a_bar_being_built_is_not_drawn_and_does_not_fail_the_handler():
+    """tqdm lists a bar before its __init__ sets ``disable``: a SIGTERM landing in between (an evaluation's bar is
+    built at every evaluation) raised AttributeError in the handler, a traceback and exit 1 instead of the stop."""
+    from dgrpo.progress import below_bar
+
+    half_built = object.__new__(tqdm)
+    tqdm._instances.add(half_built)
+    try:
+        assert below_bar("dgrpo: SIGTERM: x") == "dgrpo: SIGTERM: x"
+    finally:
+        tqdm._instances.discard(half_built)
+        half_built.disable = True  # (its __del__ closes it: nothing to close)

@@ -20,9 +20,9 @@ def bar_drawn() -> bool:
     """Whether a tqdm bar is drawn now: its line, with no newline yet, is where the next text on the terminal goes.
     (tqdm not imported: none.)"""
     std = sys.modules.get("tqdm.std")
-    try:
-        return std is not None and any(not bar.disable for bar in list(getattr(std.tqdm, "_instances", ())))
-    except RuntimeError:  # (the set of bars changed in another thread as it was read)
+    try:  # (a bar is listed before its __init__ sets ``disable``: a signal may land in between)
+        return std is not None and any(not getattr(bar, "disable", True) for bar in list(std.tqdm._instances))
+    except (RuntimeError, AttributeError):  # (the set of bars changed in another thread as it was read; no set yet)
         return False
 
 
