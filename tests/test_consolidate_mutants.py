@@ -169,3 +169,29 @@ def test_a_consolidated_checkpoint_is_not_consolidated_again_unless_its_shards_c
     assert consolidate_checkpoint(ckpt) == folder and verify(ckpt) is None
     back = load_file(str(folder / "model.safetensors"))
     assert torch.equal(back["model.norm.weight"], state["model.norm.weight"])
+
+
+@pytest.mark.parametrize("final", [False, True], ids=["resumable", "final"])
+def test_only_the_model_folders_weights_mean_a_checkpoint_was_consolidated(tmp_path, tokenizer, final):
+    """A manifest that lists, beside the shards, a file that is no weights loading reads (``model.safetensors.bak``)
+    or, in a resumable checkpoint, weights outside its model/ (a stray top-level ``model.safetensors``): the shards
+    are still consolidated, into the folder that loads (mutants: a prefix match of the weights' name; the model/
+    prefix not required)."""
+    from dgrpo.model.verified import write_manifest
+    from dgrpo.training.consolidate import consolidated
+
+    ckpt, _ = sharded_checkpoint(tmp_path, tokenizer, final=final)
+    (ckpt / ("model.safetensors.bak" if final else "model.safetensors")).write_bytes(b"stray")
+    write_manifest(ckpt)
+    folder = ckpt if final else ckpt / "model"
+    assert consolidated(ckpt) == (folder, True) and verify(folder) is None
+
+
+def test_a_resumable_checkpoint_of_the_whole_model_is_nothing_to_consolidate(tmp_path):
+    """A resumable checkpoint written under ``fsdp: full`` (or in one process) holds its model's weights in model/:
+    'nothing to consolidate', naming model/ (not 'no sharded checkpoint', as of an empty folder)."""
+    (tmp_path / "step-1" / "model").mkdir(parents=True)
+    (tmp_path / "step-1" / "model" / "model.safetensors").write_bytes(b"weights")
+    model = tmp_path / "step-1" / "model"
+    with pytest.raises(CheckpointError, match=rf"^{tmp_path / 'step-1'}: nothing to consolidate: {model} holds the"):
+        consolidate_checkpoint(tmp_path / "step-1")

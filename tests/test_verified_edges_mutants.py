@@ -95,3 +95,16 @@ def test_a_folder_whose_manifest_cannot_be_read_is_not_replaced(tmp_path):
                 (tmp / "a.txt").write_text("a")
         assert (d / "x.txt").read_text() == "mine" and sorted(p.name for p in d.iterdir()) == [MANIFEST, "x.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "model.safetensors.index.json"])
+def test_a_folder_named_as_weights_is_no_weights(tmp_path, name):
+    """holds_weights reads files, as loading does: a directory of that name (a copy gone wrong) holds no weights, and
+    the file itself does (mutant: exists() for is_file())."""
+    from dgrpo.model.verified import holds_weights
+
+    (tmp_path / name).mkdir()
+    assert not holds_weights(tmp_path)
+    (tmp_path / name).rmdir()
+    (tmp_path / name).write_text("{}")
+    assert holds_weights(tmp_path)
