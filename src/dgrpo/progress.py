@@ -1,5 +1,5 @@
 """When dgrpo draws a progress bar (shown where asked, unless the user turned tqdm off with ``TQDM_DISABLE``), and
-its lines below a drawn bar."""
+its lines while a bar is drawn."""
 
 from __future__ import annotations
 
@@ -31,3 +31,16 @@ def below_bar(text: str) -> str:
     (``...1.24it/s]dgrpo: SIGTERM: ...``): the bar is drawn again below it at its next update. No lock is taken (a
     signal handler calls this; ``tqdm.write`` takes the bars' lock, which the interrupted main thread may hold)."""
     return "\n" + text if text and bar_drawn() else text
+
+
+def say(text: str) -> None:
+    """``print(text)`` on a line of its own while a bar is drawn: the trainers' lines mid-run (``stage 0 done: ...``)
+    ran on from the bar's text on a terminal. Through ``tqdm.write`` when a bar is drawn (it clears the bars, writes
+    the line and draws them again below), which takes the bars' lock: not for a signal handler (:func:`below_bar`)."""
+    if not bar_drawn():
+        print(text, flush=True)
+        return
+    from tqdm import tqdm
+
+    tqdm.write(text, file=sys.stdout)
+    sys.stdout.flush()

@@ -21,6 +21,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import NoReturn
 
+from ..progress import below_bar
 from ..training.preemption import Terminated, is_rank0, sigterm_stops
 from . import convert, evaluate, plot, tools, train
 from .common import STOPPABLE_COMMANDS, TRAINING_COMMANDS, refuse_torchrun
@@ -259,25 +260,15 @@ def _warnings_as_lines() -> Iterator[None]:
     ) -> str:
         if Path(filename).resolve().is_relative_to(PACKAGE_DIR):
             if several and issubclass(category, RuntimeWarning):
-                return _below_bars(f"dgrpo: warning: rank {rank}: {message}\n")
-            return "" if several and rank not in ("", "0") else _below_bars(f"dgrpo: warning: {message}\n")
-        return _below_bars(python_format(message, category, filename, lineno, line))
+                return below_bar(f"dgrpo: warning: rank {rank}: {message}\n")
+            return "" if several and rank not in ("", "0") else below_bar(f"dgrpo: warning: {message}\n")
+        return below_bar(python_format(message, category, filename, lineno, line))
 
     warnings.formatwarning = formatted
     try:
         yield
     finally:
         warnings.formatwarning = python_format
-
-
-def _below_bars(text: str) -> str:
-    """A warning's ``text`` on a line of its own while a progress bar is drawn: a bar leaves the cursor at its line's
-    end, and a warning written then ran on from it (``...1.52it/s]dgrpo: warning: ...``); the bar is drawn again
-    below at its next update."""
-    from tqdm import tqdm
-
-    drawn = any(not bar.disable for bar in list(getattr(tqdm, "_instances", ())))
-    return "\n" + text if text and drawn else text
 
 
 def exit_with_launcher() -> None:

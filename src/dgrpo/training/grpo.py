@@ -50,7 +50,7 @@ from ..model.latent_lm import LatentLM
 from ..model.static_cache import static_cache_obstacle
 from ..perturbation import Perturbation, make_perturbation, seeds_for
 from ..perturbation.base import to_device
-from ..progress import bar_disabled
+from ..progress import bar_disabled, say
 from ..reward import extract_answer, normalize_text
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, SUMMARY_FILE, step_dir_name
 from .applied import applied_settings
@@ -797,7 +797,7 @@ def train_grpo(
     evaluate_fn: Callable[[LatentLM, list[Record]], int | EvalResult] | None = None,
     dist: Dist | None = None,
     progress: bool = True,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = say,
     resume: bool | str = "auto",
     allow_config_change: bool = False,
     reward_fn: ScoreFn | Sequence[ScoreFn] | Rewards | None = None,

@@ -16,6 +16,7 @@ from ..model.factory import BUILTIN
 from ..model.sources import is_model_dir, on_disk
 from ..model.verified import RESUMABLE_STATE, RUN_CONFIG_FILE
 from ..paths import expand_home
+from ..progress import say
 from ..run_layout import (
     APPLIED_FILE,
     BEST_DIR,
@@ -244,7 +245,7 @@ class ResumeCheck:
         command: str,
         resume: bool | str = "auto",
         allow_config_change: bool = False,
-        log: Callable[[str], None] = print,
+        log: Callable[[str], None] = say,
         cli: bool = False,
     ):
         self.out_dir, self.cfg, self.command, self.log, self.cli = Path(out_dir), cfg, command, log, cli

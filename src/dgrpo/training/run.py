@@ -24,6 +24,7 @@ from ..config import Config, ConfigError, to_dict
 from ..model.latent_lm import LatentLM
 from ..model.sources import is_model_dir
 from ..model.verified import MANIFEST, SHARDED_DIR, CheckpointError, manifest_bytes, remove_dir
+from ..progress import say
 from ..run_layout import (
     APPLIED_FILE,
     BEST_DIR,
@@ -208,7 +209,7 @@ class RunDir(ResumeCheck):
         *,
         resume: bool | str = "auto",
         allow_config_change: bool = False,
-        log: Callable[[str], None] = print,
+        log: Callable[[str], None] = say,
     ):
         quiet = log if dist.is_main else quiet_log
         super().__init__(out_dir, to_dict(cfg), command, resume, allow_config_change, quiet, in_command_line())

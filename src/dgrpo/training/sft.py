@@ -42,7 +42,7 @@ from ..model.factory import apply_speedups, lora_for_training
 from ..model.latent_lm import LatentLM, LatentSettings
 from ..model.sources import on_for_device
 from ..model.verified import one_line
-from ..progress import bar_disabled
+from ..progress import bar_disabled, say
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dir
 from .applied import applied_settings
 from .checkpoint import read_checkpoint, save_checkpoint, shard_staging
@@ -358,7 +358,7 @@ def train_sft(
     *,
     valid: list[Record] | None = None,
     evaluate_fn: Callable[[LatentLM, list[Record], LatentSettings], int | EvalResult] | None = None,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = say,
     dist: Dist | None = None,
     resume: bool | str = "auto",
     allow_config_change: bool = False,
