@@ -80,7 +80,7 @@ def test_the_summary_gives_the_final_mean_score_beside_the_best(tmp_path):
     assert LoopState(**_loop_record(loop)).last_mean_score == 0.375
     assert "last_mean_score" not in _loop_record(LoopState())
     assert _summary(run, LoopState(), 4, {})["final_mean_score"] is None
-    assert "; no eval;" in lines[-1]
+    assert "; not validated;" in lines[-1]
 
 
 @pytest.mark.parametrize("cmd", ["grpo", "sft"])
