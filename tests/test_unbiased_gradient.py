@@ -4,6 +4,7 @@ E[grad of the Dropout-GRPO surrogate at theta_old] = (1 - 1/K) grad J, J the mas
 
 import itertools
 
+import pytest
 import torch
 
 from dgrpo.training.losses import aggregate, clipped_surrogate, group_advantages
@@ -105,3 +106,50 @@ def test_theorem_3_holds_exactly_over_every_group_and_remark_5s_std_breaks_it():
     assert torch.allclose(expected_surrogate_grad(3, "drgrpo", graded), (2 / 3) * g, rtol=1e-10, atol=0)
     ratio = expected_surrogate_grad(3, "grpo", graded) / g
     assert (ratio.max() - ratio.min()).item() > 1.0  # not one scale: a biased direction
+
+
+M2 = torch.tensor([[0.5, 0.4, -0.9], [-0.6, 0.7, 0.2], [0.3, -0.8, 0.6]], dtype=torch.float64)  # 2nd token's head
+#: the answers (first token, second token or None): 0 and 1 are one token long, 2 is followed by a second token
+ANSWERS = [(0, None), (1, None), (2, 0), (2, 1), (2, 2)]
+R_ANSWERS = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+
+
+def answer_token_logprobs(theta):
+    """[8 masks x 5 answers, 2] log-probs of each answer's tokens under each mask (0 past a one-token answer), the
+    answer mask [40, 2], and p(xi) per row: both tokens under the mask of the rollout, each from its own head."""
+    masks = torch.tensor(list(itertools.product([0.0, 1.0], repeat=3)), dtype=torch.float64)
+    p_xi = (Q ** masks.sum(1)) * ((1 - Q) ** (3 - masks.sum(1)))
+    h = (theta[None] * masks / Q).repeat_interleave(len(ANSWERS), 0)  # [40, 3]
+    y1 = torch.tensor([a for a, _ in ANSWERS] * 8)
+    y2 = torch.tensor([b or 0 for _, b in ANSWERS] * 8)
+    first = torch.log_softmax(h @ M.T, -1).gather(1, y1[:, None])[:, 0]
+    second = torch.log_softmax(h @ M2.T, -1).gather(1, y2[:, None])[:, 0]
+    tmask = torch.tensor([[1.0, float(b is not None)] for _, b in ANSWERS] * 8, dtype=torch.float64)
+    return torch.stack([first, second * tmask[:, 1]], 1), tmask, p_xi.repeat_interleave(len(ANSWERS))
+
+
+def test_theorem_3_holds_for_a_length_free_normaliser_not_for_the_sequence_mean_over_answers_of_two_lengths():
+    """Theorem 3's proof takes each rollout's whole score s = sum_l grad log pi(y_l | x, xi); Eq. 1's 1/|y| (the
+    sequence mean, the paper's aggregation) weights it by the rollout's own length, which depends on y. With answers
+    of 1 and 2 tokens, exactly over every group of K = 2 and 3: ``constant`` (Dr. GRPO's sum / (K max_len)) gives
+    (1 - 1/K) / max_len grad J; ``seq_mean`` gives a vector that is no multiple of grad J (Dr. GRPO's length bias)."""
+    theta = THETA.clone().requires_grad_(True)
+    logp, tmask, p_xi = answer_token_logprobs(theta)
+    p_row = p_xi * logp.sum(1).exp()  # P(mask, answer), [40]
+    assert float(p_row.detach().sum()) == pytest.approx(1.0, abs=1e-12)
+    (grad_j,) = torch.autograd.grad((p_row * R_ANSWERS.repeat(8)).sum(), theta)
+    for K in (2, 3):
+        groups = torch.tensor(list(itertools.product(range(len(p_row)), repeat=K)))  # [40^K, K]
+        weight = p_row.detach()[groups].prod(-1, keepdim=True)
+        adv = (group_advantages(R_ANSWERS.repeat(8)[groups], "drgrpo") * weight).flatten()
+        theta = THETA.clone().requires_grad_(True)
+        lp = answer_token_logprobs(theta)[0][groups.flatten()]
+        obj, _, _, _ = clipped_surrogate(lp, lp.detach(), adv, 0.10, 0.12)
+        m = tmask[groups.flatten()]
+        grads = {
+            kind: torch.autograd.grad(aggregate(obj, m, kind, K, float(m.sum()), 2), theta, retain_graph=True)[0]
+            for kind in ("constant", "seq_mean")
+        }
+        assert torch.allclose(grads["constant"], (1 - 1 / K) / 2 * grad_j, rtol=1e-10, atol=0)
+        ratio = grads["seq_mean"] / grad_j
+        assert (ratio.max() - ratio.min()).item() > 0.3, (K, ratio)  # a direction of its own (0.15 to 0.53 at K = 2)

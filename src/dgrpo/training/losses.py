@@ -20,7 +20,9 @@ def group_advantages(rewards: Tensor, kind: str = "drgrpo", eps: float = 1e-4) -
     """Per-rollout advantage from a group's rewards ``[G, K]``.
 
     ``drgrpo`` (default, Liu et al. 2025; paper Sec. 3.1 and Remark 5): A = r - mean(r), which keeps
-      the surrogate gradient unbiased up to the (1 - 1/K) factor of Theorem 3 (Eq. 5).
+      the surrogate gradient unbiased up to the (1 - 1/K) factor of Theorem 3 (Eq. 5) under a length-free
+      aggregation (``constant``); the paper's ``seq_mean`` divides each rollout's score by its own length, which
+      biases it when answers differ in length (Dr. GRPO's length bias; tests/test_unbiased_gradient.py).
     ``grpo``: (r - mean(r)) / (std(r) + eps), the original GRPO normalisation (population std).
     ``rloo``: r - mean of the *other* K-1 rewards = K/(K-1) * (r - mean(r)).
 
@@ -105,7 +107,8 @@ class GlobalCounts:
 
 
 def seq_mean(x: Tensor, m: Tensor, n: GlobalCounts) -> Tensor:
-    """(1/N) sum_k (1/|y_k|) sum_l x_kl (Algorithm 1, the paper's choice)."""
+    """(1/N) sum_k (1/|y_k|) sum_l x_kl (Algorithm 1, the paper's choice; not Theorem 3's unbiased estimator when
+    the answers' lengths differ: :func:`group_advantages`)."""
     lengths = m.sum(-1).clamp(min=1)
     return ((x * m).sum(-1) / lengths).sum() / max(n.sequences, 1e-12)
 
