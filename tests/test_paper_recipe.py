@@ -5,6 +5,7 @@ attention, clip 0.10/0.12, annealed beta, the paper's KL form, Huber delta 5, fi
 adamw8bit -> AdamW on CPU). The fast test checks the recipe's curriculum without training."""
 
 import json
+import re
 
 import pytest
 
@@ -112,6 +113,26 @@ def test_grpo_recipe_uses_the_papers_kl_form():
     assert load_config(Config, "paper/grpo_dropout.yaml").grpo.kl_form == "paper"
     assert load_config(Config, "paper/grpo_kl_unbiased.yaml").grpo.kl_form == "unbiased"
     assert Config().grpo.kl_form == "unbiased"
+
+
+def test_the_recipes_advice_for_smaller_cards_follows_the_out_of_memory_message():
+    """grpo_dropout.yaml's advice for 40-48 GiB cards names the levers in the order a run out of memory gives them
+    (README too): the memory held between steps (the latent chain's pool, then the kept decoders), then half the
+    micro-batch. It named the chain, then 256, leaving out grpo.keep_graphs (3.5 GiB)."""
+    from types import SimpleNamespace
+
+    from dgrpo.training.grpo import GRPOTrainer
+
+    text = resolve_config_path("paper/grpo_dropout.yaml").read_text()
+    entry = text.split("\n  micro_batch_size:", 1)[1].split("\n  recompute:", 1)[0]
+    comment = " ".join(" ".join(line.split("#", 1)[1] for line in entry.splitlines()).split())
+    advice = comment.split("40-48 GiB cards")[1]
+    held = GRPOTrainer._held_memory(SimpleNamespace(chain_latents=True, keep_graphs=True))
+    levers = [f"{key} {value}" for key, value in re.findall(r"grpo\.(\w+)=(\w+)", held)]
+    half = load_config(Config, "paper/grpo_dropout.yaml").grpo.micro_batch_size // 2
+    assert levers == ["update_latent_graphs false", "keep_graphs false"], held
+    where = [advice.find(lever) for lever in [*levers, f"then {half}"]]
+    assert -1 not in where and where == sorted(where), (where, advice)
 
 
 @pytest.mark.slow
