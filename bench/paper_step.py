@@ -222,7 +222,7 @@ def widened(lm: LatentLM, records: list[Record], width: int) -> list[Record]:
         return lm.encode_questions([FILLER * n + q for q in questions])[0].shape[1]
 
     if longest(0) > width:
-        raise ValueError(f"--prompt-widths {width}: the problems alone take {longest(0)} tokens")
+        raise ValueError(f"--prompt-widths {width}: the problems alone take {longest(0)} tokens; give at least that")
     lo, hi = 0, width  # the most copies that fit
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -254,17 +254,16 @@ class Schedule:
     """What changes from one step to the next (--prompt-widths, --kept-groups), each list cycled over the steps."""
 
     def __init__(self, lm: LatentLM, prompts: list[Record], widths: list[int], kept: list[int]):
+        """Every width's prompts are made here (a width too narrow for the problems: ValueError, before any step)."""
         self.lm, self.prompts, self.widths, self.kept = lm, prompts, widths, kept
         self.reward = GroupsKept()  # (the trainers' reward, for kept)
-        self._by_width: dict[int, list[Record]] = {}
+        self._by_width = {width: widened(lm, prompts, width) for width in dict.fromkeys(widths)}
 
     def begin(self, i: int) -> tuple[list[Record], dict]:
         """Step ``i``'s prompts (the reward told which groups to keep), and what its row says of them."""
         prompts, row = self.prompts, {}
         if self.widths:
             width = row["prompt_width"] = self.widths[i % len(self.widths)]
-            if width not in self._by_width:
-                self._by_width[width] = widened(self.lm, self.prompts, width)
             prompts = self._by_width[width]
         if self.kept:
             row["kept_groups"] = self.kept[i % len(self.kept)]
@@ -568,7 +567,10 @@ def main() -> int:
     lm = build_lm(shape, device, dtype, keep=False)  # no spare copy on the device
     prompts = task_records(cfg.grpo.prompts_per_step)
     varied = args.prompt_widths or args.kept_groups
-    schedule = Schedule(lm, prompts, args.prompt_widths, args.kept_groups) if varied else None
+    try:
+        schedule = Schedule(lm, prompts, args.prompt_widths, args.kept_groups) if varied else None
+    except ValueError as e:  # (a width under the problems' own: one line, before the trainers are built)
+        fail(str(e))
     reward = schedule.reward if schedule and args.kept_groups else None
     arms = {"recipe": (lm, cfg)}
     if args.versus:  # a copy of the weights before the recipe's trainer swaps in its kernels
