@@ -234,11 +234,9 @@ def _finish_axes(
 
 def _floor_at_zero(ax: Axes) -> None:
     """The y axis from 0 where autoscaling put its bottom below 0 and nothing drawn is negative (flat zero curves,
-    an untrained model's: an accuracy or a std of -0.04 is not a value they can take)."""
-    import numpy as np
-
-    ys = [np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()]
-    if min((float(y.min()) for y in ys if y.size), default=-1.0) >= 0.0 and ax.get_ylim()[0] < 0.0:
+    an untrained model's: an accuracy or a std of -0.04 is not a value they can take). What is drawn: the data
+    limits, the seeds' min-max bands with the curves (a band below 0, a seed's negative mean reward, is not cut)."""
+    if ax.dataLim.y0 >= 0.0 and ax.get_ylim()[0] < 0.0:
         ax.set_ylim(bottom=0.0)
 
 
