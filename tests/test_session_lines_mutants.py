@@ -2,11 +2,152 @@
 (``dgrpo.progress``), a SIGTERM's stop line (``stopped_after``), GRPO's done line, the plots' y floor, and the
 bench's re-run."""
 
+import os
+import signal
+import sys
+import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
+from tqdm import tqdm
+
+from dgrpo.bench import launch
 from dgrpo.plotting import draw, group_runs, load_run
+from dgrpo.progress import bar_drawn, below_bar
+from dgrpo.training import preemption
+from dgrpo.training.preemption import Terminated, sigterm_stops, stop, stopped_after_a_step, within_step
 
-from conftest import write_run
+from conftest import tiny_args, write_run
+
+
+@pytest.fixture(autouse=True)
+def default_sigterm():
+    yield
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_a_drawn_bar_beside_a_half_built_one_is_drawn():
+    """Any drawn bar counts, whatever is listed beside it: a bar tqdm lists before its __init__ sets ``disable``
+    (mutant: every listed bar must be drawn)."""
+    half_built = object.__new__(tqdm)
+    tqdm._instances.add(half_built)
+    try:
+        with tqdm(total=1, file=sys.stderr, disable=False, mininterval=0):
+            assert bar_drawn()
+        assert not bar_drawn()
+    finally:
+        tqdm._instances.discard(half_built)
+        half_built.disable = True  # (its __del__ closes it: nothing to close)
+
+
+@pytest.mark.parametrize("error", [AttributeError, RuntimeError])
+def test_a_set_of_bars_that_cannot_be_read_is_no_bar(monkeypatch, error):
+    """No set of bars yet (a tqdm that makes it with its first bar), or one changed by another thread as it is read:
+    no bar drawn, and the line as it is, not an exception in a signal handler."""
+
+    class Unreadable:
+        def __iter__(self):
+            raise error("Set changed size during iteration")
+
+    if error is AttributeError:
+        monkeypatch.delattr(tqdm, "_instances")
+    else:
+        monkeypatch.setattr(tqdm, "_instances", Unreadable())
+    assert not bar_drawn() and below_bar("dgrpo: SIGTERM: x") == "dgrpo: SIGTERM: x"
+
+
+def test_nothing_to_say_stays_nothing_below_a_bar():
+    """An empty text is not turned into an empty line (mutant: below_bar("") gave "\\n" while a bar was drawn)."""
+    with tqdm(total=1, file=sys.stderr, disable=False, mininterval=0):
+        assert below_bar("") == "" and below_bar("x") == "\nx"
+
+
+def test_the_watchdogs_line_starts_below_a_drawn_bar(monkeypatch, capsys):
+    """The torchrun watchdog's 'no stop within' line, as the SIGTERM notices: on a line of its own (mutant: run on)."""
+    ended = []
+    monkeypatch.setattr(os, "_exit", ended.append)
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, bytes([signal.SIGTERM]))
+    with tqdm(total=4, desc="grpo", file=sys.stderr, disable=False, mininterval=0) as bar:
+        bar.update(1)
+        preemption._watchdog(read_fd, 0.001, threading.Event())
+    os.close(write_fd)
+    lines = capsys.readouterr().err.split("\n")
+    said = [i for i, line in enumerate(lines) if "no stop within" in line]
+    assert ended == [128 + signal.SIGTERM] and len(said) == 1, lines
+    assert lines[said[0]].startswith("dgrpo: ") and "grpo:  25%" in lines[said[0] - 1], lines
+
+
+def test_only_a_training_commands_stop_after_a_step_is_one():
+    """dgrpo eval's stop (stepped=False), a guard's error and a stop without the handler are no stop after a training
+    step, even while they propagate; a stop after a step is, until its handler's block ends (mutants: each condition
+    dropped, the reset at the block's end dropped)."""
+    with sigterm_stops(True, stepped=False), pytest.raises(Terminated):
+        try:
+            with within_step():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.01)
+            stop()
+        finally:
+            assert not stopped_after_a_step()
+    with sigterm_stops(False), pytest.raises(Terminated):  # (no handler: no SIGTERM's stop)
+        try:
+            stop()
+        finally:
+            assert not stopped_after_a_step()
+    with sigterm_stops(True), pytest.raises(ValueError):
+        try:
+            stop(error=ValueError("a guard"))
+        finally:
+            assert not stopped_after_a_step()
+    with sigterm_stops(True), pytest.raises(Terminated):
+        try:
+            stop()
+        finally:
+            assert stopped_after_a_step()
+    assert not stopped_after_a_step()
+
+
+@pytest.mark.slow  # (an SFT run of two steps through the command line: ~3 s)
+def test_an_sft_run_stopped_after_a_step_says_which_on_its_stop_line(tmp_path, run_cli, monkeypatch):
+    """As GRPO's (test_preemption_lines): SFT's stop line names the step it stopped after and its checkpoint
+    (mutant: SFT's command without the stopping block, its line naming the checkpoints' folder only)."""
+    from dgrpo.training import sft
+
+    original = sft.SFTRun.step
+
+    def step(self, *args):
+        if self.prog.global_step == 1:  # (the second step)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, *args)
+
+    monkeypatch.setattr(sft.SFTRun, "step", step)
+    out = tmp_path / "run"
+    sets = {
+        "task.n_train": 64,
+        "sft.batch_size": 16,
+        "sft.num_epochs": 1,
+        "sft.epochs_per_stage": 1,
+        "sft.warmup_steps": 0,
+    }
+    r = run_cli("sft", "--out", out, *tiny_args(**sets))
+    assert r.returncode == 143, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"dgrpo: terminated (SIGTERM) after step 2, checkpointed in {out / 'checkpoints' / 'step-00000002'}; the "
+        f"same command resumes from the newest checkpoint in {out / 'checkpoints'}"
+    )
+
+
+def test_a_validated_run_without_a_best_says_it_was_validated(tmp_path):
+    """grpo.save_best=false: validated, no best/ kept; the done line says so (mutant: 'not validated' for it)."""
+    from dgrpo.training.grpo import LoopState, _summary
+
+    lines: list[str] = []
+    run = SimpleNamespace(out_dir=tmp_path, resumed_step=None, log=lines.append)
+    _summary(run, LoopState(last_eval=0.25, started=time.time()), 3, {})
+    assert lines[0].endswith("; validation: no best, final 25.00%; 0 of 3 steps skipped (every group filtered out)")
 
 
 def _y_range(tmp_path: Path, panel: str, rewards: dict[int, float]) -> tuple[float, float]:
@@ -26,3 +167,26 @@ def test_a_seeds_band_below_zero_keeps_its_range(tmp_path):
     """Two seeds' mean rewards of -0.5 and 1.5: their mean, 0.5, is not negative, but the min-max band is drawn
     down to -0.5; the axis keeps it (it was cut at 0: only the curves were read)."""
     assert _y_range(tmp_path, "reward_mean", {0: -0.5, 1: 1.5})[0] < -0.5
+
+
+def test_a_curve_from_zero_is_floored_at_zero_and_keeps_its_top(tmp_path):
+    """Mean rewards from 0 to 2 (a weighted sum of rewards): from 0, up to autoscaling's top over 2 (mutant: the
+    axis set to 0 to 1, cutting the curve)."""
+    low, high = _y_range(tmp_path, "reward_mean", {0: 0.0, 1: 2.0})
+    assert low == 0.0 and high > 2.0
+
+
+def test_curves_well_above_zero_keep_their_autoscaled_bottom(tmp_path):
+    """Nothing negative is floored at 0 only where autoscaling went below 0 (mutant: accuracies of 0.6 and 0.8 drawn
+    from 0)."""
+    assert 0.5 < _y_range(tmp_path, "eval", {0: 0.6, 1: 0.8})[0] < 0.6
+
+
+def test_an_empty_child_marker_is_no_child(monkeypatch):
+    """DGRPO_BENCH_CHILD set empty (as an empty OMP_WAIT_POLICY is unset): the suite re-runs itself under PASSIVE
+    (mutant: an empty marker taken for the child's, the suite run under OpenMP's spinning default)."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setenv(launch.CHILD_ENV, "")
+    assert launch.needs_child()
+    monkeypatch.setenv(launch.CHILD_ENV, "1")
+    assert not launch.needs_child()
