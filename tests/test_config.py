@@ -307,6 +307,10 @@ def test_trl_options_the_guide_lists_as_not_here_say_so():
         ("top_entropy_quantile=0.2", "(TRL's top_entropy_quantile has no counterpart here: every answer token is in"),
         ("adam_epsilon=1e-6", "(TRL's adam_epsilon has no counterpart here: AdamW's eps is torch's 1e-8, TRL's"),
         ("grpo.fp16=true", "(TRL's fp16 has no counterpart here: no float16, in the weights or autocast: model.dtype"),
+        ("grpo.disable_dropout=true", "(TRL's disable_dropout has no counterpart here: the model's own dropout"),
+        ("ref_model_mixup_alpha=0.6", "the reference is renewed as a hard copy of the policy (alpha 1) every grpo."),
+        ("grpo.num_generations_eval=4", "validation decodes one answer per prompt, under eval.* and no perturbation"),
+        ("multi_objective_aggregation=x", "the weighted parts of grpo.rewards are summed, then the advantage is"),
     ],
 )
 def test_a_trl_option_dgrpo_lacks_says_what_there_is_instead(override, says):

@@ -215,6 +215,13 @@ TRL_ABSENT = {
     "top_entropy_quantile": "every answer token is in the policy loss, as TRL's default 1.0 keeps them all",
     "adam_epsilon": "AdamW's eps is torch's 1e-8, TRL's default",
     "fp16": "no float16, in the weights or autocast: model.dtype is float32 or bfloat16",
+    "disable_dropout": "the model's own dropout modules are always off in GRPO (eval mode, TRL's True); the only "
+    "noise is the seeded, replayed perturbation (perturbation.*; perturbation.kind=none: none)",
+    "ref_model_mixup_alpha": "the reference is renewed as a hard copy of the policy (alpha 1) every "
+    "grpo.ref_renewal_every steps",
+    "num_generations_eval": "validation decodes one answer per prompt, under eval.* and no perturbation",
+    "multi_objective_aggregation": "the weighted parts of grpo.rewards are summed, then the advantage is taken: "
+    "TRL's default sum_then_normalize",
 }
 #: TRL names whose option in SFT (``dgrpo sft``) is not their GRPO option's of the same name: the ``sft`` section's
 #: answer, and at the top level the second one after GRPO's
