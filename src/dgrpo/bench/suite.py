@@ -168,9 +168,12 @@ def render_md(result: dict, rows: list[Row]) -> str:
 def _md_header(m: dict) -> list[str]:
     """bench.md's title and the run's facts from ``result["meta"]``: date, command, machine, load, repetitions."""
     mach = m["machine"]
+    quick = "quick smoke run: tiny shapes, the numbers are not the claims"
+    kind = quick if m["quick"] else "full run"
+    if m.get("only"):  # (a subset in full shapes is no "full run", which RESULTS.md calls the whole suite's)
+        kind = f"{quick if m['quick'] else 'full shapes'}; --only {','.join(m['only'])}, not the whole suite"
     return [
-        "# dgrpo bench "
-        f"({'quick smoke run: tiny shapes, the numbers are not the claims' if m['quick'] else 'full run'})",
+        f"# dgrpo bench ({kind})",
         "",
         f"- date: {m['date']}",
         f"- command: `{m['command']}`",
@@ -267,6 +270,7 @@ def run_suite(args: argparse.Namespace, argv: list[str]) -> int:
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "command": "dgrpo bench " + " ".join(argv),
             "quick": bool(args.quick),
+            "only": only if (args.only or "").strip(" ,") else None,  # (None: every item)
             "reps": shapes.reps,
             "warmup": shapes.warmup,
             "machine": machine_info(),
