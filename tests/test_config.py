@@ -253,6 +253,15 @@ def test_an_unknown_key_that_is_a_trl_name_names_the_option_it_is_here(override,
     assert says in msg and "did you mean" not in msg, msg
 
 
+def test_a_column_key_given_alone_says_which_is_set_and_what_the_other_names():
+    """data.answer_key=solution alone (a TRL dataset's column) said 'invalid config value data.question_key: ...'
+    without saying that answer_key was the one set and question_key the one to add."""
+    said = error("data.answer_key=solution")
+    assert "data.answer_key is set, so name the question's column too (e.g. data.question_key=question)" in said
+    said = error("data.question_key=prompt")
+    assert said.startswith("invalid config value data.answer_key: ") and "data.question_key is set" in said
+
+
 def test_the_trl_names_are_docs_from_trl_table():
     """Every name :data:`TRL_NAMES` maps is a row of docs/from_trl.md's table that names its dgrpo key."""
     from dgrpo.config import TRL_NAMES

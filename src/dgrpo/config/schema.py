@@ -344,10 +344,12 @@ class DataConfig:
                 f"{self.test[first]} and {self.test[i]} would write one results folder (eval/{name}): name each "
                 "test set once",
             )
-        _check(
+        given, missing = ("question_key", "answer_key") if self.question_key else ("answer_key", "question_key")
+        _check(  # (the key named is the one left empty: say which one is set, and what to give)
             bool(self.question_key) == bool(self.answer_key),
-            f"{p}.answer_key" if self.question_key else f"{p}.question_key",
-            "question_key and answer_key go together",
+            f"{p}.{missing}",
+            f"question_key and answer_key go together: {p}.{given} is set, so name the "
+            f"{missing.split('_')[0]}'s column too (e.g. {p}.{missing}={missing.split('_')[0]})",
         )
         _check(
             not self.steps_key or bool(self.question_key),
