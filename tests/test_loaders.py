@@ -546,6 +546,10 @@ def test_unreachable_hub_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(DataError, match=r"unknown dataset 'no_such_dataset_xyz'.*hub could not be reached") as info:
         load_dataset("no_such_dataset_xyz")
     assert time.monotonic() - t0 < 5 and "\n" not in str(info.value)
+    named = str(info.value).split("not a built-in name (")[1].split(")")[0].split(", ")
+    assert {"builtin", "openmathinstruct2_gsm", "gsm8k"} <= set(named), (
+        named
+    )  # (the task and the paper's subset were left out)
 
 
 def test_unreachable_hub_fails_at_once_for_the_streamed_openmath_subset(monkeypatch: pytest.MonkeyPatch) -> None:

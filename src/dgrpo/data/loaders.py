@@ -426,7 +426,7 @@ def _load_from_hub(
 ) -> list[Record]:
     """Rows from the Hugging Face hub (``config``: the dataset's config, None for its default), through the
     optional ``datasets`` package, as Records; ``why`` says, in an error, why the hub was asked."""
-    builtin = ", ".join([*DATASETS, *HUB_DATASETS])
+    builtin = ", ".join(["builtin", *DATASETS, *HUB_DATASETS, OPENMATH_GSM])  # (each a name load_dataset reads)
     prefix = f"unknown dataset {name!r}: not a local file, not a built-in name ({builtin}), and"
     if hub_id is not None:
         prefix = f"dataset {name!r}: {why}; its hub copy {hub_id!r}:" if why else f"dataset {name!r} (hub {hub_id!r}):"
