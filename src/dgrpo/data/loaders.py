@@ -256,6 +256,8 @@ DATASETS: dict[str, DatasetSpec] = {
 HUB_DATASETS: dict[str, str] = {"openmathinstruct2": "nvidia/OpenMathInstruct-2"}
 #: the name of the paper-sized GSM-style subset of OpenMathInstruct-2 (its rule: dgrpo.data.subsets)
 OPENMATH_GSM = "openmathinstruct2_gsm"
+#: every dataset name :func:`load_dataset` reads as a dataset (beside ``builtin``), aliases and case aside
+DATASET_NAMES = (*DATASETS, *HUB_DATASETS, OPENMATH_GSM)
 
 _ALIASES = {
     "gsm-hard": "gsm_hard",
@@ -426,7 +428,7 @@ def _load_from_hub(
 ) -> list[Record]:
     """Rows from the Hugging Face hub (``config``: the dataset's config, None for its default), through the
     optional ``datasets`` package, as Records; ``why`` says, in an error, why the hub was asked."""
-    builtin = ", ".join(["builtin", *DATASETS, *HUB_DATASETS, OPENMATH_GSM])  # (each a name load_dataset reads)
+    builtin = ", ".join(["builtin", *DATASET_NAMES])
     prefix = f"unknown dataset {name!r}: not a local file, not a built-in name ({builtin}), and"
     if hub_id is not None:
         prefix = f"dataset {name!r}: {why}; its hub copy {hub_id!r}:" if why else f"dataset {name!r} (hub {hub_id!r}):"
@@ -762,7 +764,7 @@ def _load_any(name_or_path: str, split: str | None, columns: RowParser | None, c
     except OSError:
         exists = is_file = False
     key = canonical_name(raw)
-    if config is not None and (raw.startswith("builtin") or exists or key in (*DATASETS, *HUB_DATASETS, OPENMATH_GSM)):
+    if config is not None and (raw.startswith("builtin") or exists or key in DATASET_NAMES):
         raise DataError(f"{raw}: a config (?config={config}) names one of a hub dataset's configs; this is not one")
     if isinstance(name_or_path, str) and raw.startswith("builtin"):
         return load_builtin(raw, split)
@@ -825,4 +827,4 @@ def reads_from_the_hub(name: str) -> bool:
 def is_dataset_name(name: str) -> bool:
     """Whether ``name`` names one of the datasets :func:`load_dataset` knows (its aliases and case aside), which it
     reads as that dataset even where a plain folder of that name exists."""
-    return canonical_name(name) in (*DATASETS, *HUB_DATASETS, OPENMATH_GSM)
+    return canonical_name(name) in DATASET_NAMES

@@ -558,11 +558,10 @@ class Rewards:
     def smoke_test(self, records: list[Record], check_filter: bool) -> None:
         """Call every reward once on gold answers (``#### <answer>``) of ``records``, before a run writes anything:
         a function that cannot be imported, raises or returns the wrong thing fails here, in one line."""
-        with on_gold():
+        with on_gold():  # (the filter's check too: its row is a gold answer's, no rollout's)
             total = self(gold_completions(records), records)
-        warn_if_gold_scores_zero(total, "the reward")
-        if check_filter:
-            with on_gold():  # (its row is a gold answer's, no rollout's)
+            warn_if_gold_scores_zero(total, "the reward")
+            if check_filter:
                 self.filter_values(total)
 
     def filter_values(self, total: list[float]) -> list[float]:

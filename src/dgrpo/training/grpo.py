@@ -983,9 +983,12 @@ def _summary(run: RunDir, loop: LoopState, steps: int, applied: dict[str, Any], 
     if kept and metric != "accuracy" and loop.best_mean_score is not None:  # (the value best/ was kept by first; none
         # known: a best/ kept by a count, or by dgrpo before mean scores, that no later validation replaced)
         best = f"best by {metric} {loop.best_mean_score:.4f} ({100 * loop.best_accuracy:.2f}%) at step {loop.best_step}"
-    final = f"final {100 * loop.last_eval:.2f}%" if loop.last_eval is not None else ""
-    if loop.last_eval is not None and metric != "accuracy" and loop.last_mean_score is not None:
-        final = f"final {metric} {loop.last_mean_score:.4f} ({100 * loop.last_eval:.2f}%)"
+    validation = "not validated"
+    if loop.last_eval is not None:
+        final = f"final {100 * loop.last_eval:.2f}%"
+        if metric != "accuracy" and loop.last_mean_score is not None:
+            final = f"final {metric} {loop.last_mean_score:.4f} ({100 * loop.last_eval:.2f}%)"
+        validation = f"validation: {best}, {final}"
     wall = f"{time.time() - loop.started:.0f} s" + (
         f" (this process, resumed at step {run.resumed_step})" if run.resumed_step is not None else ""
     )
@@ -995,7 +998,6 @@ def _summary(run: RunDir, loop: LoopState, steps: int, applied: dict[str, Any], 
         if steps and loop.skipped >= steps
         else ""
     )
-    validation = f"validation: {best}, {final}" if loop.last_eval is not None else "not validated"
     skipped = f"{loop.skipped} of {steps} steps skipped (every group filtered out){idle}"
     run.log(f"dgrpo grpo: done in {wall}; {validation}; {skipped}")
     return summary
