@@ -3,9 +3,11 @@
 
 import contextlib
 import fcntl
+import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +39,14 @@ settings.load_profile("repeatable")
 #: which tests ran before it in its worker (a tolerance met by most draws failed CI on one); ``DGRPO_TEST_SEED=N``
 #: runs the suite from another state, to find a test that holds for one draw only
 TEST_SEED = int(os.environ.get("DGRPO_TEST_SEED", "0"))
+
+
+@pytest.fixture
+def default_sigterm():
+    """SIGTERM's default action back after the test (a test that installs dgrpo's handler and raises through it),
+    so that the worker's next test starts as a process does. Used by a module's ``pytestmark``."""
+    yield
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @pytest.fixture(autouse=True)
@@ -514,3 +524,16 @@ VOTE_POOL = [
     "#### C#",
 ]
 VOTE_GOLDS = ["5", "5000", "2.5", "Tom", "B", "C#"]
+
+
+def vote_pairs(scorer):
+    """Every pair of :data:`VOTE_POOL`'s completions read against each of :data:`VOTE_GOLDS`, with each one's vote
+    (``vote_key``) and score under ``scorer``: ``(gold, (a, vote, score), (b, vote, score))``."""
+    from dgrpo.data.records import Record
+    from dgrpo.eval.evaluate import vote_key
+
+    for gold in VOTE_GOLDS:
+        scores = scorer(VOTE_POOL, [Record("q", [], gold)] * len(VOTE_POOL))
+        keys = [vote_key(scorer, t, gold) for t in VOTE_POOL]
+        for first, second in itertools.combinations(zip(VOTE_POOL, keys, scores), 2):
+            yield gold, first, second

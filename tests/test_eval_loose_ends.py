@@ -1,18 +1,16 @@
 """Loose ends of :mod:`dgrpo.eval.evaluate`: the context check and the cut-question warning of a list with copies
 (a vote's), what a prediction row shows a scorer read, and the mode a result records."""
 
-import itertools
-
 import pytest
 
 import dgrpo.eval.evaluate as ev
 from dgrpo.config import ConfigError
 from dgrpo.data.records import Record
-from dgrpo.eval.evaluate import check_fits_context, evaluate, generate_answers, vote_key
+from dgrpo.eval.evaluate import check_fits_context, evaluate, generate_answers
 from dgrpo.eval.scoring import SCORERS
 from dgrpo.reward import numbers_agree
 
-from conftest import VOTE_GOLDS, VOTE_POOL, make_lm
+from conftest import make_lm, vote_pairs
 
 FAST = {"max_new_tokens": 1, "progress": False}
 
@@ -77,15 +75,11 @@ def test_a_coconut_rows_pred_is_what_coconut_compares(lm, monkeypatch):
 def test_answers_that_share_a_vote_score_alike_and_correct_ones_share_it(name):
     """A vote groups what the scorer equates (:func:`vote_key`): two completions with one vote score the same, and
     two correct ones give one vote (under numeric, numbers the verifier takes as one: ``numbers_agree``)."""
-    scorer = SCORERS[name]
-    for gold in VOTE_GOLDS:
-        scores = scorer(VOTE_POOL, [Record("q", [], gold)] * len(VOTE_POOL))
-        keys = [vote_key(scorer, t, gold) for t in VOTE_POOL]
-        for (a, ka, sa), (b, kb, sb) in itertools.combinations(zip(VOTE_POOL, keys, scores), 2):
-            if ka is not None and ka == kb:
-                assert sa == sb, (name, gold, a, b)
-            if sa == sb == 1:
-                assert ka == kb or (name == "numeric" and numbers_agree(ka, kb)), (name, gold, a, b)
+    for gold, (a, ka, sa), (b, kb, sb) in vote_pairs(SCORERS[name]):
+        if ka is not None and ka == kb:
+            assert sa == sb, (name, gold, a, b)
+        if sa == sb == 1:
+            assert ka == kb or (name == "numeric" and numbers_agree(ka, kb)), (name, gold, a, b)
 
 
 def test_an_exact_rows_pred_is_the_text_it_compared(lm, monkeypatch):

@@ -8,9 +8,13 @@ from dgrpo.plotting import draw, group_runs, load_run
 from conftest import write_run
 
 
-def _figure(tmp_path: Path, rows: list[dict]):
-    run = load_run(write_run(tmp_path / "run", {"seed": 0, "grpo": {"group_size": 4}}, rows))
-    fig, _ = draw(group_runs([run]), panels=("eval", "reward_std", "reward_mean"))
+def _figure(tmp_path: Path, *rows_by_seed: list[dict], panels=("eval", "reward_std", "reward_mean")):
+    """One arm's figure, drawn: a run of each seed's rows."""
+    runs = [
+        load_run(write_run(tmp_path / f"grpo_seed{seed}", {"seed": seed, "grpo": {"group_size": 4}}, rows))
+        for seed, rows in enumerate(rows_by_seed)
+    ]
+    fig, _ = draw(group_runs(runs), panels=panels)
     fig.canvas.draw()
     return fig
 
@@ -40,3 +44,35 @@ def test_a_curve_below_zero_keeps_its_range(tmp_path: Path) -> None:
     mean_ax = fig.axes[2]
     assert mean_ax.get_ylim()[0] < -0.5  # (a penalty-shaped reward may be negative: not cut off)
     assert fig.axes[0].get_ylim()[0] < 0.5 < fig.axes[0].get_ylim()[1]  # (nonzero data: autoscaled as before)
+
+
+def _y_range(tmp_path: Path, panel: str, rewards: dict[int, float]) -> tuple[float, float]:
+    """The y range of ``panel`` for seeds (seed -> reward_mean and eval accuracy at steps 1 and 2) of one arm."""
+
+    def rows(value: float) -> list[dict]:
+        rows = [{"step": t, "reward_std": 0.1, "reward_mean": value} for t in (1, 2)]
+        return rows + [{"step": t, "eval/v/accuracy": value} for t in (1, 2)]  # (a row of its own: an evaluation's)
+
+    low, high = (
+        _figure(tmp_path, *(rows(rewards[seed]) for seed in sorted(rewards)), panels=(panel,)).axes[0].get_ylim()
+    )
+    return float(low), float(high)
+
+
+def test_a_seeds_band_below_zero_keeps_its_range(tmp_path):
+    """Two seeds' mean rewards of -0.5 and 1.5: their mean, 0.5, is not negative, but the min-max band is drawn
+    down to -0.5; the axis keeps it (it was cut at 0: only the curves were read)."""
+    assert _y_range(tmp_path, "reward_mean", {0: -0.5, 1: 1.5})[0] < -0.5
+
+
+def test_a_curve_from_zero_is_floored_at_zero_and_keeps_its_top(tmp_path):
+    """Mean rewards from 0 to 2 (a weighted sum of rewards): from 0, up to autoscaling's top over 2 (mutant: the
+    axis set to 0 to 1, cutting the curve)."""
+    low, high = _y_range(tmp_path, "reward_mean", {0: 0.0, 1: 2.0})
+    assert low == 0.0 and high > 2.0
+
+
+def test_curves_well_above_zero_keep_their_autoscaled_bottom(tmp_path):
+    """Nothing negative is floored at 0 only where autoscaling went below 0 (mutant: accuracies of 0.6 and 0.8 drawn
+    from 0)."""
+    assert 0.5 < _y_range(tmp_path, "eval", {0: 0.6, 1: 0.8})[0] < 0.6

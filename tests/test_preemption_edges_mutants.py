@@ -12,11 +12,7 @@ import pytest
 from dgrpo.training import preemption
 from dgrpo.training.preemption import Terminated, sigterm_stops, stop, stop_requested, within_step
 
-
-@pytest.fixture(autouse=True)
-def default_sigterm():
-    yield
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+pytestmark = pytest.mark.usefixtures("default_sigterm")  # (conftest: SIGTERM's default back after each test)
 
 
 def test_the_callers_own_sigterm_handler_is_back_after_the_block():

@@ -19,11 +19,7 @@ from dgrpo.training.preemption import Terminated, sigterm_stops, stop, stop_requ
 
 from conftest import tiny_args
 
-
-@pytest.fixture(autouse=True)
-def default_sigterm():
-    yield
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+pytestmark = pytest.mark.usefixtures("default_sigterm")  # (conftest: SIGTERM's default back after each test)
 
 
 def sigterm() -> None:

@@ -2,17 +2,15 @@
 answer text (after the last ``#``, the whole text without one) normalised as ``exact`` normalises it, so a plug-in
 that reads that text scores alike the completions that share a vote; the voted row is the plug-in's value of one."""
 
-import itertools
-
 import pytest
 
 import dgrpo.eval.evaluate as ev
 from dgrpo.data.records import Record
-from dgrpo.eval.evaluate import evaluate_mc_vote, vote_key
+from dgrpo.eval.evaluate import evaluate_mc_vote
 from dgrpo.eval.scoring import SCORERS, build_scorer
 from dgrpo.perturbation import LockedDropout
 
-from conftest import VOTE_GOLDS, VOTE_POOL, make_lm
+from conftest import make_lm, vote_pairs
 
 FAST = {"max_new_tokens": 1, "progress": False}
 
@@ -37,12 +35,9 @@ def test_a_plugin_that_reads_the_final_answer_scores_one_vote_alike(name):
     def plugin(completions, records):
         return builtin(completions, records)
 
-    for gold in VOTE_GOLDS:
-        scores = plugin(VOTE_POOL, [Record("q", [], gold)] * len(VOTE_POOL))
-        keys = [vote_key(plugin, t, gold) for t in VOTE_POOL]
-        for (a, ka, sa), (b, kb, sb) in itertools.combinations(zip(VOTE_POOL, keys, scores), 2):
-            if ka is not None and ka == kb:
-                assert sa == sb, (name, gold, a, b)
+    for gold, (a, ka, sa), (b, kb, sb) in vote_pairs(plugin):
+        if ka is not None and ka == kb:
+            assert sa == sb, (name, gold, a, b)
 
 
 def test_a_plugins_vote_is_the_normalised_final_answer_and_its_row_the_plugins_value(tokenizer, tmp_path, monkeypatch):

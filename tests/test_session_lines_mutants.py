@@ -1,31 +1,25 @@
 """Tests for the survivors of mutation testing of the session's new code: the lines below a progress bar
-(``dgrpo.progress``), a SIGTERM's stop line (``stopped_after``), GRPO's done line, the plots' y floor, and the
-bench's re-run."""
+(``dgrpo.progress``), a SIGTERM's stop line (``stopped_after``), GRPO's done line and the bench's re-run (the
+plots' y floor: tests/test_plot_axes.py)."""
 
 import os
 import signal
 import sys
 import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from tqdm import tqdm
 
 from dgrpo.bench import launch
-from dgrpo.plotting import draw, group_runs, load_run
 from dgrpo.progress import bar_drawn, below_bar
 from dgrpo.training import preemption
 from dgrpo.training.preemption import Terminated, sigterm_stops, stop, stopped_after_a_step, within_step
 
-from conftest import tiny_args, write_run
+from conftest import tiny_args
 
-
-@pytest.fixture(autouse=True)
-def default_sigterm():
-    yield
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+pytestmark = pytest.mark.usefixtures("default_sigterm")  # (conftest: SIGTERM's default back after each test)
 
 
 def test_a_drawn_bar_beside_a_half_built_one_is_drawn():
@@ -148,38 +142,6 @@ def test_a_validated_run_without_a_best_says_it_was_validated(tmp_path):
     run = SimpleNamespace(out_dir=tmp_path, resumed_step=None, log=lines.append)
     _summary(run, LoopState(last_eval=0.25, started=time.time()), 3, {})
     assert lines[0].endswith("; validation: no best, final 25.00%; 0 of 3 steps skipped (every group filtered out)")
-
-
-def _y_range(tmp_path: Path, panel: str, rewards: dict[int, float]) -> tuple[float, float]:
-    """The y range of ``panel`` for seeds (seed -> reward_mean and eval accuracy at steps 1 and 2) of one arm."""
-    runs = []
-    for seed, value in rewards.items():
-        rows = [{"step": t, "reward_std": 0.1, "reward_mean": value} for t in (1, 2)]
-        rows += [{"step": t, "eval/v/accuracy": value} for t in (1, 2)]  # (a row of its own: an evaluation's)
-        runs.append(load_run(write_run(tmp_path / f"grpo_seed{seed}", {"seed": seed, "grpo": {}}, rows)))
-    fig, _ = draw(group_runs(runs), panels=(panel,))
-    fig.canvas.draw()
-    low, high = fig.axes[0].get_ylim()
-    return float(low), float(high)
-
-
-def test_a_seeds_band_below_zero_keeps_its_range(tmp_path):
-    """Two seeds' mean rewards of -0.5 and 1.5: their mean, 0.5, is not negative, but the min-max band is drawn
-    down to -0.5; the axis keeps it (it was cut at 0: only the curves were read)."""
-    assert _y_range(tmp_path, "reward_mean", {0: -0.5, 1: 1.5})[0] < -0.5
-
-
-def test_a_curve_from_zero_is_floored_at_zero_and_keeps_its_top(tmp_path):
-    """Mean rewards from 0 to 2 (a weighted sum of rewards): from 0, up to autoscaling's top over 2 (mutant: the
-    axis set to 0 to 1, cutting the curve)."""
-    low, high = _y_range(tmp_path, "reward_mean", {0: 0.0, 1: 2.0})
-    assert low == 0.0 and high > 2.0
-
-
-def test_curves_well_above_zero_keep_their_autoscaled_bottom(tmp_path):
-    """Nothing negative is floored at 0 only where autoscaling went below 0 (mutant: accuracies of 0.6 and 0.8 drawn
-    from 0)."""
-    assert 0.5 < _y_range(tmp_path, "eval", {0: 0.6, 1: 0.8})[0] < 0.6
 
 
 def test_an_empty_child_marker_is_no_child(monkeypatch):
