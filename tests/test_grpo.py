@@ -2,6 +2,7 @@
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -764,6 +765,31 @@ def test_a_bf16_grpo_run_logs_its_gradient_norm_summed_in_float32(sft_checkpoint
         lambda: train_grpo(lm, cfg, train, out, progress=False, log=lambda *a: None), out
     )
     assert len(logged) == len(true) >= 1 and logged == pytest.approx(true, rel=1e-5), (logged, true)
+
+
+@pytest.mark.parametrize(
+    ("sets", "why"),
+    [
+        ({"grpo.save_best": False}, "grpo.save_best=false"),
+        ({"grpo.warmup_steps": 3}, "no validation from grpo.warmup_steps=3 on"),  # (a warmup past the run: warned)
+    ],
+)
+def test_a_validated_run_without_best_says_why_it_kept_none(sft_checkpoint, tmp_path, sets, why):
+    """The done line said "validation: no best, final 25.00%": no best of what, and why."""
+    cfg = tiny_config(**{"grpo.steps": 2, "grpo.prompts_per_step": 2, "grpo.eval_every": 2, "data.test": "[]", **sets})
+    train, lines = generate_split(cfg.task, "train")[:8], []
+    train_grpo(
+        LatentLM.from_pretrained(sft_checkpoint),
+        cfg,
+        train,
+        tmp_path,
+        valid={"v": train[:2]},
+        progress=False,
+        log=lines.append,
+    )
+    done = next(line for line in lines if "dgrpo grpo: done in" in line)
+    assert re.search(rf"; validation: final \d+\.\d\d% \(no best/: {re.escape(why)}\); ", done), done
+    assert not (tmp_path / "best").exists()
 
 
 def test_a_run_whose_every_step_was_skipped_says_that_nothing_was_updated(tmp_path):

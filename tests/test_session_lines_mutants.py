@@ -140,8 +140,10 @@ def test_a_validated_run_without_a_best_says_it_was_validated(tmp_path):
 
     lines: list[str] = []
     run = SimpleNamespace(out_dir=tmp_path, resumed_step=None, log=lines.append)
-    _summary(run, LoopState(last_eval=0.25, started=time.time()), 3, {})
-    assert lines[0].endswith("; validation: no best, final 25.00%; 0 of 3 steps skipped (every group filtered out)")
+    _summary(run, LoopState(last_eval=0.25, started=time.time()), 3, {}, unkept="grpo.save_best=false")
+    assert lines[0].endswith(
+        "; validation: final 25.00% (no best/: grpo.save_best=false); 0 of 3 steps skipped (every group filtered out)"
+    )
 
 
 def test_an_empty_child_marker_is_no_child(monkeypatch):

@@ -959,13 +959,17 @@ def _finish(
     run.final_eval(final_eval, trainer.lm, steps, loop.best_step)
     trainer.dist.save_model(trainer.lm, run.out_dir / FINAL_DIR)
     trainer.lm.stopped_run = None
-    metric = trainer.cfg.grpo.best_metric
-    return _summary(run, loop, steps, applied, metric) if trainer.dist.is_main else {}
+    g = trainer.cfg.grpo
+    unkept = "grpo.save_best=false" if not g.save_best else f"no validation from grpo.warmup_steps={g.warmup_steps} on"
+    return _summary(run, loop, steps, applied, g.best_metric, unkept) if trainer.dist.is_main else {}
 
 
-def _summary(run: RunDir, loop: LoopState, steps: int, applied: dict[str, Any], metric: str = "accuracy") -> dict:
+def _summary(
+    run: RunDir, loop: LoopState, steps: int, applied: dict[str, Any], metric: str = "accuracy", unkept: str = ""
+) -> dict:
     """``summary.json``: best (kept by ``metric``, ``grpo.best_metric``) and final validation accuracy, steps, skipped
-    steps, and what the process that finished the run applied (``applied``, as at its last step)."""
+    steps, and what the process that finished the run applied (``applied``, as at its last step). ``unkept``: why a
+    validated run kept no best/, for the done line."""
     kept = loop.best_step is not None
     summary = {
         "best_step": loop.best_step,
@@ -979,7 +983,7 @@ def _summary(run: RunDir, loop: LoopState, steps: int, applied: dict[str, Any], 
         "applied": applied,
     }
     (run.out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
-    best = f"best {100 * loop.best_accuracy:.2f}% at step {loop.best_step}" if kept else "no best"
+    best = f"best {100 * loop.best_accuracy:.2f}% at step {loop.best_step}" if kept else ""
     if kept and metric != "accuracy" and loop.best_mean_score is not None:  # (the value best/ was kept by first; none
         # known: a best/ kept by a count, or by dgrpo before mean scores, that no later validation replaced)
         best = f"best by {metric} {loop.best_mean_score:.4f} ({100 * loop.best_accuracy:.2f}%) at step {loop.best_step}"
@@ -988,7 +992,9 @@ def _summary(run: RunDir, loop: LoopState, steps: int, applied: dict[str, Any], 
         final = f"final {100 * loop.last_eval:.2f}%"
         if metric != "accuracy" and loop.last_mean_score is not None:
             final = f"final {metric} {loop.last_mean_score:.4f} ({100 * loop.last_eval:.2f}%)"
-        validation = f"validation: {best}, {final}"
+        validation = (
+            f"validation: {best}, {final}" if kept else f"validation: {final} (no best/: {unkept or 'none kept'})"
+        )
     wall = f"{time.time() - loop.started:.0f} s" + (
         f" (this process, resumed at step {run.resumed_step})" if run.resumed_step is not None else ""
     )
