@@ -62,6 +62,23 @@ def test_the_rotation_keeps_the_two_newest_checkpoints_by_default(tmp_path):
     assert _steps(tmp_path) == [2, 3]
 
 
+def test_a_users_copy_of_a_checkpoint_is_neither_rotated_away_nor_resumed(tmp_path):
+    """``cp -r step-00000002 step-00000002-copy`` in checkpoints/: the copy sorted after step 2 by name, so rotation
+    deleted it as an old checkpoint, and a resume took it for the newest; an unpadded name sorted by its digits."""
+    from dgrpo.training.checkpoint import resume_candidates
+
+    _save(tmp_path, 2)
+    root = tmp_path / "checkpoints"
+    for name in ("step-00000002-copy", "step-10"):
+        (root / name).mkdir()
+    _save(tmp_path, 3, keep_last=3)
+    assert (root / "step-00000002-copy").is_dir()
+    assert [p.name for p in resume_candidates(tmp_path)] == ["step-10", "step-00000003", "step-00000002"]
+    _save(tmp_path, 11, keep_last=1)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000011"]
+    assert (root / "step-00000002-copy").is_dir()
+
+
 def test_a_checkpoint_that_cannot_be_pruned_is_left_and_the_new_one_is_kept(tmp_path, monkeypatch):
     """Pruning that fails (a permission error renaming the old folder) does not fail the save: the new checkpoint is
     written and returned, and the old one is left in place."""

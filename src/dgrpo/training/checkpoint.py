@@ -50,7 +50,7 @@ from ..model.verified import (
     verify,
     write_text_atomically,
 )
-from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dirs, step_dir_name
+from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, STEP_DIR, stage_dirs, step_dir_name
 from .distributed import TrainingState
 
 #: torch optimizers' per-parameter state tensors, shaped like their parameter (8-bit optimizers keep others), and
@@ -202,11 +202,14 @@ def shard_staging(out_dir: Path, step: int) -> Path:
 
 
 def list_checkpoints(out_dir: Path) -> list[Path]:
-    """The run's checkpoint directories, oldest first (temporary and half-written ones excluded by name)."""
+    """The run's checkpoint directories, oldest first by step: those named as the trainers name them (``step-N``);
+    temporary and half-written ones, and a folder of another name (a user's ``step-00000012-copy``, which rotation
+    would otherwise delete and resume would take for the newest), are not checkpoints of the run."""
     root = Path(out_dir) / CHECKPOINTS_DIR
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
+    steps = [(int(m[1]), p) for p in root.iterdir() if p.is_dir() and (m := STEP_DIR.fullmatch(p.name))]
+    return [p for _, p in sorted(steps)]
 
 
 def required_files(lm, extra_models: dict[str, Any] | None, shards: bool = False) -> tuple[str, ...]:
