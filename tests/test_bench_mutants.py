@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from dgrpo.bench import engine_item, items, launch, report, step_profile, suite, timeline, timing, workload
+from dgrpo.bench import engine_item, items, launch, options, report, step_profile, suite, timeline, timing, workload
 from dgrpo.bench.report import Goal, Row
 from dgrpo.bench.timing import Timed
 from dgrpo.bench.workload import Ctx, Dims, Shapes
@@ -621,7 +621,7 @@ def test_the_suite_runs_in_place_in_its_child_or_under_the_users_omp_wait_policy
                 monkeypatch.setenv(name, value)
             else:
                 monkeypatch.delenv(name, raising=False)
-        assert launch.main(["--quick"]) == code, (policy, child)
+        assert launch.main(["--quick", "--out", "unused"]) == code, (policy, child)
     assert started == ["PASSIVE", "PASSIVE"]
 
 
@@ -677,7 +677,7 @@ def test_the_parent_starts_the_suites_child_before_torch_loads():
 def test_needs_cuda_only_when_no_item_runs_on_the_cpu():
     """What runs on CUDA alone is named only when no item of the selection runs on the CPU; the GPU section runs
     every item but the CPU-only ones, plus the CUDA-only ones."""
-    assert set(suite.GPU_ORDER) == (set(suite.ORDER) - set(suite.CPU_ONLY)) | set(suite.CUDA_ONLY)
+    assert set(suite.GPU_ORDER) == (set(suite.ORDER) - set(options.CPU_ONLY)) | set(options.CUDA_ONLY)
     assert suite.needs_cuda("all", ["optimizer"]) == "--only optimizer"
     assert suite.needs_cuda("all", ["optimizer", "sft"]) == "" and suite.needs_cuda("gpu", ["sft"]) == "--section gpu"
     assert suite.selected(types.SimpleNamespace(only=None)) == suite.ITEM_KEYS and "optimizer" in suite.ITEM_KEYS

@@ -1,8 +1,9 @@
 """The entry point of ``dgrpo bench``: where ``OMP_WAIT_POLICY`` is not set, re-run the suite in a child process
 with ``OMP_WAIT_POLICY=PASSIVE`` (why: :mod:`dgrpo.bench.suite`); otherwise run it here.
 
-The decision comes first and needs only the environment: the process that starts the child loads neither torch nor
-the items (seconds); the child checks the options and answers their errors (the same line and exit code).
+The options' help and argparse's usage errors are answered here first, without torch (:mod:`dgrpo.bench.options`);
+the decision comes next and needs only the environment: the process that starts the child loads neither torch nor
+the items (seconds); the child checks the rest of the options and answers their errors (the same line and exit code).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import subprocess
 import sys
 from typing import Any
 
+from .options import build_parser
+
 #: set in the child's environment: the suite runs there (with OMP_WAIT_POLICY set by the user, it runs in place)
 CHILD_ENV = "DGRPO_BENCH_CHILD"
 
@@ -19,6 +22,7 @@ CHILD_ENV = "DGRPO_BENCH_CHILD"
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``dgrpo bench``; ``argv`` are the arguments after ``bench``."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    build_parser().parse_args(argv)  # (--help, a missing --out: at once, before a child loads torch to say it)
     if needs_child():
         return relaunch(argv)
     from .suite import main as run_here

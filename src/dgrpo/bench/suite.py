@@ -33,53 +33,9 @@ import torch
 from ..config import ConfigError
 from ..training.out_dir import check_output_path
 from .items import ITEMS, P_DROP
+from .options import GPU_ORDER, ITEM_KEYS, ORDER, SECTION_NOTE, build_parser
 from .report import Row, markdown_table
 from .workload import FLOP_FORMULA, FULL, GPU, QUICK, Ctx, Shapes
-
-ORDER = [
-    "flops",
-    "rollouts",
-    "sft",
-    "grpo_scaling",
-    "perturbation",
-    "memory",
-    "lora",
-    "recompute",
-    "engine",
-    "parallel",
-    "soak",
-]  # flops first: its matmul peak annotates later rows
-#: the items of the CPU section alone, and of the GPU section alone
-CPU_ONLY, CUDA_ONLY = ("soak", "parallel"), ("optimizer",)
-GPU_ORDER = [k for k in ORDER if k not in CPU_ONLY] + list(CUDA_ONLY)  # CPU-only items out
-ITEM_KEYS = ORDER + ["optimizer"]
-#: where the items of one section alone run, as --only's help and its error say it
-SECTION_NOTE = f"{' and '.join(CPU_ONLY)} run on the CPU only, {' and '.join(CUDA_ONLY)} on CUDA only"
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="dgrpo bench", description="Dropout-GRPO performance suite (ratios, alternating timing)"
-    )
-    ap.add_argument("--out", required=True, help="output directory (bench.json, bench.md)")
-    ap.add_argument(
-        "--quick",
-        action="store_true",
-        help="tiny shapes, 5 repetitions: a smoke test (about 2 minutes on 2 cores), numbers mean little",
-    )
-    ap.add_argument(
-        "--only",
-        default=None,
-        help=f"comma-separated subset of: {', '.join(ITEM_KEYS)} (default: all; {SECTION_NOTE})",
-    )
-    ap.add_argument(
-        "--section",
-        default="all",
-        choices=["all", "cpu", "gpu"],
-        help="cpu: the tiny model on the CPU; gpu: a ~0.5B Qwen2 in bf16 on CUDA (refused without CUDA); all: both "
-        "(without CUDA, the CPU section alone)",
-    )
-    return ap
 
 
 def log(msg: str) -> None:

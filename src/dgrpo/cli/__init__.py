@@ -68,8 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:  # the suite parses its own options (--out, --quick, --only)
         from ..bench import main as bench_main
+        from ..bench.options import build_parser as bench_parser
         from ..config import ConfigError
 
+        bench_parser().parse_args(argv[1:])  # (its --help at once: the torchrun check loads torch, 2-8 s)
         try:
             refuse_torchrun(
                 "bench",

@@ -60,13 +60,16 @@ def add_config_options(p: argparse.ArgumentParser, example: str) -> None:
     )
 
 
-def subcommand(sub: Any, name: str, help: str, examples: str) -> argparse.ArgumentParser:
-    """A subcommand parser whose --help ends with usage examples (``help`` as written: the command list's
-    formatter would read a '%' in it as a format directive)."""
+def subcommand(
+    sub: Any, name: str, help: str, examples: str, description: str | None = None
+) -> argparse.ArgumentParser:
+    """A subcommand parser whose --help starts with ``description`` (default: ``help``, its line in the command list)
+    and ends with usage examples (``help`` as written: the command list's formatter would read a '%' in it as a format
+    directive)."""
     return sub.add_parser(
         name,
         help=help.replace("%", "%%"),
-        description=help,
+        description=description or help,
         epilog="examples:\n" + examples,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -20,10 +20,19 @@ DEMO_EXAMPLES = """  dgrpo demo                               # 1 SFT seed x eve
   dgrpo demo --quick                       # a smoke test of the whole pipeline (its numbers mean nothing)
 """
 DATA_EXAMPLES = """  dgrpo data inspect gsm8k --split train
-  dgrpo data inspect builtin:ood_steps?n_test=10
+  dgrpo data inspect 'builtin:ood_steps?n_test=10'     # quoted: '?' is a shell pattern (zsh refuses it unmatched)
   dgrpo data inspect my_data.jsonl
   dgrpo data inspect my_data.csv --set data.question_key=prompt data.answer_key=target
 """
+INSPECT_HELP = "count a dataset's records and show the first one (last line: JSON)"
+INSPECT_DESCRIPTION = """Count a dataset's records and show the first one, read as the training and evaluation
+commands read a dataset: the same names, files and column keys (data.question_key, data.answer_key, data.steps_key;
+a file's format is detected without them). The last line is JSON: {"n": N, "example": {"question": ..., "steps":
+[...], "answer": ...}}, with the record's "meta" when it has one."""
+SHOW_HELP = "print every option with its default and meaning, or (with --config / --set) the resolved config"
+SHOW_DESCRIPTION = """Print every option with its default and meaning (SECTION: only some), or, with --config /
+--set, the resolved config as JSON: what dgrpo sft and grpo given the same --config and --set run with (a bad file
+or key is the same one-line error)."""
 CONFIG_EXAMPLES = """  dgrpo config show                        # every option: default and meaning
   dgrpo config show grpo                   # only the grpo.* options
   dgrpo config show grpo.recompute         # the options whose key starts with grpo.recompute
@@ -99,9 +108,11 @@ def _add_bench_parser(sub: Any) -> None:
 
 def _add_data_parser(sub: Any) -> None:
     """The ``data`` subcommand and its ``inspect``."""
-    p = subcommand(sub, "data", "dataset utilities", DATA_EXAMPLES)
+    p = subcommand(
+        sub, "data", "inspect a dataset: count its records, show the first (dgrpo data inspect)", DATA_EXAMPLES
+    )
     dsub = p.add_subparsers(dest="data_cmd", required=True, metavar="COMMAND")
-    q = dsub.add_parser("inspect", help="count records and show the first one (last line: JSON)")
+    q = subcommand(dsub, "inspect", INSPECT_HELP, DATA_EXAMPLES, INSPECT_DESCRIPTION)
     q.add_argument(
         "name_or_path",
         metavar="DATA",
@@ -114,11 +125,11 @@ def _add_data_parser(sub: Any) -> None:
 
 def _add_config_parser(sub: Any) -> None:
     """The ``config`` subcommand and its ``show``."""
-    p = subcommand(sub, "config", "configuration utilities", CONFIG_EXAMPLES)
-    csub = p.add_subparsers(dest="config_cmd", required=True, metavar="COMMAND")
-    q = csub.add_parser(
-        "show", help="print every option with its default and meaning, or (with --config / --set) the resolved config"
+    p = subcommand(
+        sub, "config", "every option's default and meaning, or a resolved config (dgrpo config show)", CONFIG_EXAMPLES
     )
+    csub = p.add_subparsers(dest="config_cmd", required=True, metavar="COMMAND")
+    q = subcommand(csub, "show", SHOW_HELP, CONFIG_EXAMPLES, SHOW_DESCRIPTION)
     q.add_argument(
         "section",
         nargs="?",
