@@ -1,4 +1,5 @@
-"""Every command's --help says what it does and shows an example that parses; bench's answers without torch."""
+"""Every command's --help says what it does and shows an example that parses; bench's answers without torch; bench.md
+notes the items that ran."""
 
 import argparse
 import shlex
@@ -6,7 +7,10 @@ import subprocess
 import sys
 
 import pytest
+from test_bench_mutants import _fake_suite
+from test_bench_report_title import _item
 
+from dgrpo.bench import suite
 from dgrpo.bench.options import build_parser as bench_parser
 from dgrpo.cli import build_parser
 
@@ -61,6 +65,34 @@ def test_bench_help_answers_before_torch_loads():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert "--only ITEMS" in out and "examples:" in out and out.splitlines()[-1] == "0 []"
+
+
+def _notes(tmp_path, monkeypatch, only, broken=()) -> str:
+    """bench.md's notes after a CPU run of stand-in items (``broken``: the keys whose item fails)."""
+
+    def failing(ctx):
+        raise RuntimeError("it broke")
+
+    items = {k: failing if k in broken else _item for k in suite.ITEM_KEYS}
+    _fake_suite(monkeypatch, items, cuda=False)
+    args = argparse.Namespace(out=str(tmp_path), quick=True, only=only, section="cpu")
+    suite.run_suite(args, [])
+    return (tmp_path / "bench.md").read_text().split("## Notes")[1]
+
+
+def test_bench_md_notes_only_the_items_that_ran(tmp_path, monkeypatch, capsys):
+    """A bench.md of `--only flops` noted how every item measures (SFT, soak, the 8-bit optimizer, ...)."""
+    notes = _notes(tmp_path, monkeypatch, "flops")
+    assert "- FLOPs:" in notes and "OMP_WAIT_POLICY=PASSIVE is set by the suite" in notes
+    for other in ("- Rollouts:", "- SFT:", "- GRPO steps:", "- Memory:", "- LoRA", "- Soak:", "- 8-bit optimizer"):
+        assert other not in notes, other
+    # an item that failed keeps its note (its error is in the table above); LoRA's "memory as above" has Memory's
+    notes = _notes(tmp_path, monkeypatch, "sft,lora", broken={"sft"})
+    assert "- SFT:" in notes and "- LoRA" in notes and "- Memory:" in notes and "- FLOPs:" not in notes
+    # the whole CPU section: every note but the GPU-only optimizer's
+    notes = _notes(tmp_path, monkeypatch, None)
+    assert notes.count("\n- ") == 8 and "- Soak:" in notes and "8-bit optimizer" not in notes
+    capsys.readouterr()  # (the failed item's traceback)
 
 
 def test_the_suites_usage_errors_are_answered_before_its_child_starts(monkeypatch, capsys):

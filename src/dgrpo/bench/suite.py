@@ -113,11 +113,12 @@ def write_outputs(out: Path, result: dict, rows: list[Row]) -> None:
 
 
 def render_md(result: dict, rows: list[Row]) -> str:
-    """bench.md: the run's header, each section's table (or why it has none), then the notes."""
+    """bench.md: the run's header, each section's table (or why it has none), then the notes of the items run."""
     lines = _md_header(result["meta"])
     for section, title in (("cpu", "CPU"), ("gpu", "GPU (~0.5B Qwen2, bf16)")):
         lines += _md_section(result, rows, section, title)
-    lines += _md_notes()
+    ran = {key for section in ("cpu", "gpu") for key in result.get(section, {}) if key in ITEM_KEYS}
+    lines += _md_notes(ran)  # (ran or failed: its row or its error is in a table above)
     return "\n".join(lines)
 
 
@@ -171,46 +172,68 @@ def _md_section(result: dict, rows: list[Row], section: str, title: str) -> list
     return lines
 
 
-def _md_notes() -> list[str]:
-    """bench.md's closing notes: how each item measures what it reports."""
+def _md_notes(ran: set[str]) -> list[str]:
+    """bench.md's closing notes: how each item that ran (``ran``: its keys) measures what it reports."""
+    return ["## Notes", "", *(f"- {text}" for items, text in _notes() if items is None or ran & set(items)), ""]
+
+
+def _notes() -> list[tuple[tuple[str, ...] | None, str]]:
+    """Each note of bench.md, with the items it describes (None: every run's)."""
     return [
-        "## Notes",
-        "",
-        "- Rollouts: all answers are forced to the same length (EOS logit set to -1e4 by a hook on the LM head), "
-        "greedy decoding; "
-        f"locked and native dropout with p={P_DROP}; the batch-1 recompute baseline "
-        "(`dgrpo.model.reference.recompute_generate`) "
-        "runs without dropout. The one-at-a-time baselines are timed on a subset of rollouts (stated in each row) and "
-        "compared "
-        "per rollout: their cost per rollout does not depend on K.",
-        "- SFT: `naive` is `dgrpo.bench.baselines.naive_coconut_loss` (one full pass per latent + one, embeddings "
-        "rebuilt from "
-        "per-position Python lists, output_hidden_states=True, full-vocabulary logits everywhere); the two losses are "
-        "asserted "
-        "equal (1e-5 in fp32) before the ratio is reported.",
-        "- GRPO steps: `GRPOTrainer.step()` on fixed prompts, filter off, lr warm-up off, default beta0 "
-        "(reference-model KL "
-        "replay included); rollout/update split from the step's own `time_rollout_s` / `time_update_s`.",
-        "- Memory: each configuration in a fresh process (`python -m dgrpo.bench.memprobe`), measured on the step "
-        "after a warm-up "
-        "step; CPU: freed heap returned with malloc_trim, resident-set high-water mark reset through "
-        "/proc/self/clear_refs, "
-        "increment over the resident size just before the step; CUDA: max_memory_allocated over memory_allocated.",
-        "- LoRA vs full fine-tuning (item 9): the same GRPO step (KL reference on: a frozen model copy for full "
-        "fine-tuning, a frozen adapter under LoRA), rank 16, alpha 32, every linear layer plus the three latent rows; "
-        "memory as above but the absolute peak of each arm; on CPU a wider model (6 layers x 768) than the other "
-        "items, so that weights rather than the tiny model's activations set the memory.",
-        f"- FLOPs: {FLOP_FORMULA}. Achieved = update FLOPs / the step's `time_update_s` (includes clip + AdamW).",
-        "- Soak: `dgrpo grpo` as a child process (the real loop: metrics, eval, resumable checkpoints); its VmRSS is "
-        "read from "
-        "/proc each time the metrics file passes a multiple of 10 steps, and a least-squares line is fitted from step "
-        "20 on.",
-        "- 8-bit optimizer (GPU only): `bitsandbytes.optim.AdamW8bit` vs `torch.optim.AdamW` on the same bf16 weights; "
-        "state "
-        "bytes summed over the optimizer's state tensors after the timed steps.",
-        "- OMP_WAIT_POLICY=PASSIVE is set by the suite unless already set: with the default spinning policy and a busy "
-        "2-core machine, small ops are slowed by up to ~100x and the ratios would be skewed.",
-        "",
+        (
+            ("rollouts",),
+            "Rollouts: all answers are forced to the same length (EOS logit set to -1e4 by a hook on the LM head), "
+            f"greedy decoding; locked and native dropout with p={P_DROP}; the batch-1 recompute baseline "
+            "(`dgrpo.model.reference.recompute_generate`) runs without dropout. The one-at-a-time baselines are timed "
+            "on a subset of rollouts (stated in each row) and compared per rollout: their cost per rollout does not "
+            "depend on K.",
+        ),
+        (
+            ("sft",),
+            "SFT: `naive` is `dgrpo.bench.baselines.naive_coconut_loss` (one full pass per latent + one, embeddings "
+            "rebuilt from per-position Python lists, output_hidden_states=True, full-vocabulary logits everywhere); "
+            "the two losses are asserted equal (1e-5 in fp32) before the ratio is reported.",
+        ),
+        (
+            ("grpo_scaling", "perturbation"),
+            "GRPO steps: `GRPOTrainer.step()` on fixed prompts, filter off, lr warm-up off, default beta0 "
+            "(reference-model KL replay included); rollout/update split from the step's own `time_rollout_s` / "
+            "`time_update_s`.",
+        ),
+        (
+            ("memory", "lora", "recompute"),
+            "Memory: each configuration in a fresh process (`python -m dgrpo.bench.memprobe`), measured on the step "
+            "after a warm-up step; CPU: freed heap returned with malloc_trim, resident-set high-water mark reset "
+            "through /proc/self/clear_refs, increment over the resident size just before the step; CUDA: "
+            "max_memory_allocated over memory_allocated.",
+        ),
+        (
+            ("lora",),
+            "LoRA vs full fine-tuning (item 9): the same GRPO step (KL reference on: a frozen model copy for full "
+            "fine-tuning, a frozen adapter under LoRA), rank 16, alpha 32, every linear layer plus the three latent "
+            "rows; memory as above but the absolute peak of each arm; on CPU a wider model (6 layers x 768) than the "
+            "other items, so that weights rather than the tiny model's activations set the memory.",
+        ),
+        (
+            ("flops", "rollouts"),
+            f"FLOPs: {FLOP_FORMULA}. Achieved = update FLOPs / the step's `time_update_s` (includes clip + AdamW).",
+        ),
+        (
+            ("soak",),
+            "Soak: `dgrpo grpo` as a child process (the real loop: metrics, eval, resumable checkpoints); its VmRSS is "
+            "read from /proc each time the metrics file passes a multiple of 10 steps, and a least-squares line is "
+            "fitted from step 20 on.",
+        ),
+        (
+            ("optimizer",),
+            "8-bit optimizer (GPU only): `bitsandbytes.optim.AdamW8bit` vs `torch.optim.AdamW` on the same bf16 "
+            "weights; state bytes summed over the optimizer's state tensors after the timed steps.",
+        ),
+        (
+            None,
+            "OMP_WAIT_POLICY=PASSIVE is set by the suite unless already set: with the default spinning policy and a "
+            "busy 2-core machine, small ops are slowed by up to ~100x and the ratios would be skewed.",
+        ),
     ]
 
 
