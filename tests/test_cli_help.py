@@ -106,3 +106,19 @@ def test_the_suites_usage_errors_are_answered_before_its_child_starts(monkeypatc
     with pytest.raises(SystemExit) as e:
         launch.main(["--quick"])
     assert e.value.code == 2 and "--out" in capsys.readouterr().err
+
+
+def test_grpos_help_states_the_defaults_it_runs():
+    """`dgrpo grpo --help` said "Dropout-GRPO (and its ablations)" and nothing of what the defaults run; what it now
+    says of them is the config's defaults (a changed default fails here, not silently in the help)."""
+    from dgrpo.cli.train import GRPO_ABOUT
+    from dgrpo.config import Config
+
+    cfg = Config()
+    g, pert = cfg.grpo, cfg.perturbation
+    assert (g.group_size, g.prompts_per_step, g.temperature) == (8, 16, 0.0)  # "K = 8 ... 16 prompts ... greedy"
+    assert (pert.kind, pert.p, pert.sites, pert.layers) == ("locked", 0.1, ["mlp"], "all")
+    assert pert.perturb_answer and g.replay == "seed"  # "held over ... its answer, and the update replays that mask"
+    said = " ".join(GRPO_ABOUT.split())
+    for part in ("K = 8", "16 prompts", "kind=locked", "p = 0.1", "every layer's MLP output", "greedy"):
+        assert part in said, part

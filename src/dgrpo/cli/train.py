@@ -30,14 +30,25 @@ if TYPE_CHECKING:
 
 SFT_EXAMPLES = """  dgrpo sft --out runs/sft                                          # the built-in task, the defaults
   dgrpo sft --set sft.mode=cot --out runs/cot                      # a baseline: cot | no_cot | pause | no_curriculum
+  dgrpo sft --set data.train=my_train.jsonl data.valid=my_valid.jsonl 'data.test=[my_test.jsonl]' \\
+      --set model.name_or_path=Qwen/Qwen2.5-0.5B --out runs/mine/sft      # your data (README: Your own task)
   dgrpo sft --config paper/sft_coconut.yaml --out runs/paper/sft         # the paper's recipe (GPU)
   torchrun --nproc_per_node 8 -m dgrpo sft --config paper/sft_coconut.yaml --out runs/paper/sft
 """
 GRPO_EXAMPLES = """  dgrpo grpo --init runs/sft --out runs/grpo                           # Dropout-GRPO, the defaults
   dgrpo grpo --config builtin/grpo_sampling.yaml --init runs/sft --out runs/sampling
   dgrpo grpo --init runs/sft --out runs/grpo --set grpo.lr=2e-5 --set perturbation.p=0.2
+  dgrpo grpo --init runs/mine/sft --set data.train=my_train.jsonl data.valid=my_valid.jsonl \\
+      'data.test=[my_test.jsonl]' --set grpo.reward=my_rewards.py:reward --out runs/mine/grpo   # your data, reward
   dgrpo grpo --config paper/grpo_dropout.yaml --init runs/paper/sft --out runs/paper/dropout_grpo   # GPU
 """
+
+GRPO_ABOUT = """Dropout-GRPO (and its ablations) from an SFT checkpoint.
+
+The defaults: K = 8 rollouts per prompt, 16 prompts a step; each rollout runs under a dropout mask of its own
+(perturbation.kind=locked, p = 0.1 on every layer's MLP output), held over its latent thoughts and its greedy
+answer, and the update replays that mask. The paper's other arms: builtin/grpo_*.yaml and paper/grpo_*.yaml
+(--config); every option: dgrpo config show grpo (and perturbation)."""
 
 
 def register(sub: Any) -> None:
@@ -48,7 +59,7 @@ def register(sub: Any) -> None:
     add_resume_options(p)
     p.set_defaults(func=run_sft)
 
-    p = subcommand(sub, "grpo", "Dropout-GRPO (and its ablations) from an SFT checkpoint", GRPO_EXAMPLES)
+    p = subcommand(sub, "grpo", "Dropout-GRPO (and its ablations) from an SFT checkpoint", GRPO_EXAMPLES, GRPO_ABOUT)
     add_config_options(p, "grpo.lr=2e-5")
     p.add_argument(
         "--init",
@@ -56,7 +67,11 @@ def register(sub: Any) -> None:
         "model.name_or_path unless it is builtin-tiny (a run's config.json records what the run started from, so "
         "--config RUN/config.json reruns it)",
     )
-    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="run directory (checkpoints/, best/, final/, eval/ of the test sets, metrics.jsonl, summary.json)",
+    )
     add_resume_options(p)
     p.set_defaults(func=run_grpo)
 
