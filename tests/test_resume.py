@@ -806,6 +806,24 @@ def test_a_rewind_removes_the_later_checkpoints_so_that_a_stop_resumes_the_rewou
     assert not any(p.name.startswith(".tmp-") for p in (out / "checkpoints").iterdir())
 
 
+def test_a_rewind_orders_checkpoints_by_step_not_by_name(tmp_path):
+    """A rewind to a hand-named step-2 compared names: every step-0000000N sorted before it, so the abandoned later
+    steps were kept (and resumed by the next plain run); a user's step-00000004-copy sorted after step 4 and went."""
+    from types import SimpleNamespace
+
+    from dgrpo.training.checkpoint import list_checkpoints
+
+    out = tmp_path / "run"
+    two, copy = _fake_checkpoint(out / "checkpoints" / "step-2"), out / "checkpoints" / "step-00000004-copy"
+    for n in (4, 6):
+        _fake_checkpoint(out / "checkpoints" / f"step-0000000{n}")
+    copy.mkdir()
+    with _run_dir(out, resume=str(two)) as run:
+        run.resume(lambda c: SimpleNamespace(base=None))
+        run.start({"step": 2, "metrics_lines": 0})
+    assert list_checkpoints(out) == [two] and copy.is_dir()
+
+
 def test_a_run_stopped_under_resume_never_is_told_to_drop_it(tmp_path):
     """The stop line of a --resume never run said the same command resumes; given again, it deleted the checkpoint
     just written and started over."""

@@ -35,6 +35,7 @@ from ..run_layout import (
     METRICS_FILE,
     ROLLOUTS_FILE,
     RUN_WRITES,
+    STEP_DIR,
     SUMMARY_FILE,
     config_history,
     config_history_file,
@@ -551,7 +552,10 @@ class RunDir(ResumeCheck):
         root = self.out_dir / CHECKPOINTS_DIR
         if not root.is_dir() or not self.checkpoint.resolve().is_relative_to(root.resolve()):
             return
-        newer = [c for c in list_checkpoints(self.out_dir) if c.name > self.checkpoint.name]
+        rewound = STEP_DIR.match(self.checkpoint.name)  # (a user's step-00000012-copy is step 12's too)
+        if rewound is None:
+            return
+        newer = [c for c in list_checkpoints(self.out_dir) if int(c.name.removeprefix("step-")) > int(rewound[1])]
         for ckpt in newer:
             remove_dir(ckpt)
         if newer:
