@@ -972,6 +972,24 @@ def test_resume_never_refuses_another_commands_run_without_checkpoints(tmp_path,
     _run_dir(mine, command=command, resume="never").close()
 
 
+@pytest.mark.parametrize("command", ["sft", "grpo"])
+def test_another_commands_finished_run_without_checkpoints_is_refused_as_such(tmp_path, command):
+    """Another command's finished run with its checkpoints/ deleted, given to the same --out: the line said 'to
+    train it again, --resume never', which is then refused (another command's run); it now says whose run it is."""
+    from dgrpo.config import ConfigError
+
+    other = "grpo" if command == "sft" else "sft"
+    out = tmp_path / other
+    (out / "final").mkdir(parents=True)
+    (out / "final" / "manifest.json").write_text("{}")
+    row = {"step": 5, "stage": 0} if other == "sft" else {"step": 5, "reward_mean": 0.5}
+    (out / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    with pytest.raises(ConfigError, match=rf"holds a `dgrpo {other}` run, which `dgrpo {command}` cannot resume") as e:
+        _run_dir(out, command=command)
+    assert "--resume never" not in str(e.value)
+    assert (out / "final").is_dir()
+
+
 def test_leftovers_of_a_killed_final_best_or_stage_write_are_cleaned_at_start(tmp_path):
     """A kill during a final/, best/ or stage-K/ write left OUT/.tmp-final-PID (a whole model) forever: only
     checkpoints/.tmp-* was cleaned. dgrpo's own leftover names are now removed when the run starts (an earlier copy

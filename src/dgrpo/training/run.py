@@ -372,8 +372,10 @@ class RunDir(ResumeCheck):
 
     def _check_not_finished(self) -> None:
         """A finished run (final/) whose checkpoints are gone (deleted to save space) is not trained again from step 0
-        over its results, under the same config or a changed one, without being asked."""
+        over its results, under the same config or a changed one, without being asked; another command's finished run
+        is refused as such (``--resume never`` would be refused too)."""
         if (self.out_dir / FINAL_DIR).is_dir():
+            self._refuse_command(self._written_by())
             raise ConfigError(
                 f"{self.out_dir} holds a finished run ({FINAL_DIR}/) and no checkpoint to resume: its model is "
                 f"{self.out_dir / FINAL_DIR}; to train it again, --resume never (removes its results) or a new --out"
