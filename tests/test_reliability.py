@@ -940,23 +940,32 @@ def test_a_full_disk_elsewhere_in_a_run_is_one_line(tmp_path, monkeypatch, run_c
 
 def test_a_file_a_checkpoint_cannot_load_without_is_not_said_to_be_droppable(tokenizer, tmp_path):
     """A missing weights file (or another the model needs) said 'if the change is yours, delete manifest.json to
-    load it': without the manifest the next line was that the directory holds no model. A file the model loads
-    without (run_config.json) keeps that advice."""
+    load it': without the manifest the next line was that the directory holds no model (or, for the tokenizer's
+    files, no tokenizer). A file the model loads without (run_config.json, a vocabulary file beside another) keeps
+    that advice."""
     from dgrpo.model.verified import CheckpointError
 
     lm = make_lm(tokenizer, "qwen2")
     lm.run_config = {"model": {"dtype": "float32"}}
-    for name, says in (
-        ("model.safetensors", "(removed since dgrpo wrote it, and the model does not load without it: put it back, or"),
-        ("config.json", "(removed since dgrpo wrote it, and the model does not load without it: put it back, or"),
-        ("run_config.json", "(changed since dgrpo wrote it; if the change is yours, delete manifest.json to load it)"),
+    needed = "(removed since dgrpo wrote it, and the model does not load without it: put it back, or"
+    droppable = "(changed since dgrpo wrote it; if the change is yours, delete manifest.json to load it)"
+    for name, says, other in (
+        ("model.safetensors", needed, None),
+        ("config.json", needed, None),
+        ("tokenizer.json", needed, None),
+        ("tokenizer_config.json", needed, None),
+        ("run_config.json", droppable, None),
+        ("tokenizer.json", droppable, "vocab.txt"),
     ):
-        lm.save_pretrained(tmp_path / name)
-        (tmp_path / name / name).unlink()
+        folder = tmp_path / f"{name}-{other}"
+        lm.save_pretrained(folder)
+        (folder / name).unlink()
+        if other is not None:  # (the vocabulary in another format too: the tokenizer loads from that)
+            (folder / other).write_text("a\n")
         with pytest.raises(CheckpointError) as e:
-            LatentLM.from_pretrained(tmp_path / name)
+            LatentLM.from_pretrained(folder)
         message = str(e.value)
-        assert message.startswith(f"checkpoint {tmp_path / name} is damaged: missing file {name} {says}"), message
+        assert message.startswith(f"checkpoint {folder} is damaged: missing file {name} {says}"), message
 
 
 def test_weights_cut_short_say_so_and_what_to_do(tokenizer, tmp_path):

@@ -21,7 +21,7 @@ from ..config import LatentTokenInit
 from ..data.records import LATENT_MARKERS
 from .anatomy import input_embedding_weight, token_tables
 from .sources import download_hint, revision_kwargs
-from .verified import CheckpointError
+from .verified import TOKENIZER_FILES, CheckpointError, has_tokenizer_files
 
 #: the latent markers: before the thoughts, each pause thought (``mode: pause``), after the thoughts
 START_LATENT, LATENT, END_LATENT = LATENT_MARKERS
@@ -109,15 +109,6 @@ def check_special_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
             "(tokenizer.eos_token = '<eos>', a token of its vocabulary or a new one; for a model folder, "
             '"eos_token" in its tokenizer_config.json)'
         )
-
-
-#: the files one of which a tokenizer directory holds (its vocabulary, in one of transformers' formats)
-TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "*.model", "*.tiktoken")
-
-
-def has_tokenizer_files(folder: Path) -> bool:
-    """Whether a directory holds one of :data:`TOKENIZER_FILES` (a tokenizer's vocabulary)."""
-    return any(any(folder.glob(pattern)) for pattern in TOKENIZER_FILES)
 
 
 def check_hub_tokenizer(name: str, snapshot: Path, cached: bool) -> None:

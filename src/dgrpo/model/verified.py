@@ -119,19 +119,34 @@ def check_intact(directory: Path, required: tuple[str, ...] = ()) -> None:
     if problem is not None:
         edited = problem.startswith(("checksum mismatch", "missing file"))
         hint = f" (changed since dgrpo wrote it; if the change is yours, delete {MANIFEST} to load it)"
-        if _needed_file_missing(problem, required):  # (no manifest: the next line said the model was not there)
+        # (no manifest: the next line said the model, or its tokenizer, was not there)
+        if _needed_file_missing(problem, required, directory):
             hint = " (removed since dgrpo wrote it, and the model does not load without it: put it back, or copy the "
             hint += "whole directory again)"
         raise CheckpointError(f"checkpoint {directory} is damaged: {problem}{hint if edited else ''}")
 
 
-def _needed_file_missing(problem: str, required: tuple[str, ...]) -> bool:
-    """Whether :func:`verify`'s ``problem`` is a missing file that loading needs: weights, or one of ``required``."""
+def _needed_file_missing(problem: str, required: tuple[str, ...], directory: Path) -> bool:
+    """Whether :func:`verify`'s ``problem`` is a missing file that loading needs: weights, the tokenizer's config or
+    its last vocabulary file, or one of ``required``."""
     if not problem.startswith("missing file "):
         return False
     name = problem.removeprefix("missing file ")
-    needed = name.endswith(".safetensors") or Path(name).name in ("config.json", ADAPTER_CONFIG_FILE)
+    needed = name.endswith(".safetensors") or Path(name).name in ("config.json", ADAPTER_CONFIG_FILE, TOKENIZER_CONFIG)
+    vocabulary = any(Path(name).match(pattern) for pattern in TOKENIZER_FILES)
+    needed = needed or (vocabulary and not has_tokenizer_files((directory / name).parent))
     return needed or any(name in alternatives.split("|") for alternatives in required)
+
+
+#: the files one of which a tokenizer directory holds (its vocabulary, in one of transformers' formats)
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "*.model", "*.tiktoken")
+#: the tokenizer's settings (its special and added tokens: dgrpo's latent markers), saved beside its vocabulary
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+def has_tokenizer_files(folder: Path) -> bool:
+    """Whether a directory holds one of :data:`TOKENIZER_FILES` (a tokenizer's vocabulary)."""
+    return any(any(folder.glob(pattern)) for pattern in TOKENIZER_FILES)
 
 
 def _entries(manifest: Path) -> dict | None:
