@@ -81,10 +81,30 @@ def manifest_bytes(entries: dict[str, str]) -> bytes:
 
 
 def write_manifest(directory: Path) -> None:
-    """``manifest.json``: the sha256 of every file below ``directory`` (nested manifests included)."""
+    """``manifest.json``: the sha256 of every file below ``directory`` (nested manifests included); the files first
+    given the mode a new file gets here (:func:`open_as_usual`)."""
+    open_as_usual(directory)
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p != directory / MANIFEST)
     manifest = {str(p.relative_to(directory)): sha256(p) for p in files}
     _new_file(directory / MANIFEST, manifest_bytes(manifest))  # (never through a hard link)
+
+
+def open_as_usual(directory: Path) -> None:
+    """Files below ``directory`` that their writer made owner-only (mode 0600) get the mode an ordinary new file gets
+    here (the umask's, e.g. 0644, as config.json has): safetensors 0.8 writes through a temporary file of mode 0600
+    whatever the umask (safetensors#782), so a group on a shared machine could read every file of a checkpoint but
+    its weights. Nothing changes where new files are 0600 anyway (a umask of 077)."""
+    probe = directory / ".mode-probe"
+    os.close(os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o666))
+    try:
+        usual = probe.stat().st_mode & 0o777
+    finally:
+        probe.unlink()
+    if usual == 0o600:
+        return
+    for p in directory.rglob("*"):
+        if p.is_file() and not p.is_symlink() and p.stat().st_mode & 0o777 == 0o600:
+            p.chmod(usual)
 
 
 def verify(directory: Path, required: tuple[str, ...] = ()) -> str | None:
