@@ -856,6 +856,27 @@ def test_a_run_without_its_config_json_is_held_to_its_checkpoints_config(tmp_pat
         assert run.changed == ["grpo.lr"]
 
 
+def test_a_run_whose_config_json_is_damaged_is_told_how_to_go_on(tmp_path):
+    """A config.json cut short beside the run's checkpoints was "not a dgrpo run's config: name a new --out" (the run
+    lost); deleting it, as the line now says, resumes under the checkpoint's run_config.json."""
+    from dgrpo.config import ConfigError, to_dict
+
+    out = tmp_path / "run"
+    ckpt = _fake_checkpoint(out / "checkpoints" / "step-00000004")
+    (ckpt / "model").mkdir()
+    (ckpt / "model" / "run_config.json").write_text(json.dumps(to_dict(tiny_config())))
+    (out / "config.json").write_text('{"grpo": {"lr": 1')
+    with pytest.raises(ConfigError, match=r"config.json is not a dgrpo run's config, beside the run's checkpoints: if"):
+        _run_dir(out)
+    (ckpt.parent / "step-00000004").rename(ckpt.parent / "step-00000004-copy")  # (no checkpoint of the run's: foreign)
+    with pytest.raises(ConfigError, match=r"config.json is not a dgrpo run's config: name a new --out$"):
+        _run_dir(out)
+    (ckpt.parent / "step-00000004-copy").rename(ckpt)
+    (out / "config.json").unlink()
+    with _run_dir(out) as run:
+        assert run.changed == []
+
+
 def test_metrics_rows_lost_before_the_resumed_checkpoint_are_warned_of_once(tmp_path):
     """metrics.jsonl deleted, or cut below the rows the checkpoint recorded: the run resumed without a word, its
     metrics short of every row before the checkpoint. One warning now; the run goes on."""

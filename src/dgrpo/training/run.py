@@ -23,7 +23,7 @@ from typing import IO, Any, NoReturn
 from ..config import Config, ConfigError, to_dict
 from ..model.latent_lm import LatentLM
 from ..model.sources import is_model_dir
-from ..model.verified import MANIFEST, SHARDED_DIR, CheckpointError, manifest_bytes, remove_dir
+from ..model.verified import MANIFEST, RUN_CONFIG_FILE, SHARDED_DIR, CheckpointError, manifest_bytes, remove_dir
 from ..progress import say
 from ..run_layout import (
     APPLIED_FILE,
@@ -351,6 +351,12 @@ class RunDir(ResumeCheck):
             raise ConfigError(f"--out {out} is a model directory (config.json beside its weights): {new}")
         config = out / CONFIG_FILE
         if config.is_file() and not is_run_config(config):
+            if list_checkpoints(out):  # (a run's, its config.json damaged: a new --out would lose the run)
+                raise ConfigError(
+                    f"--out {out}: its {CONFIG_FILE} is not a dgrpo run's config, beside the run's checkpoints: if it "
+                    f"was damaged, delete it to resume (the newest checkpoint's model/{RUN_CONFIG_FILE}, the config "
+                    f"it was trained with, is then the run's); else {new}"
+                )
             raise ConfigError(f"--out {out}: its {CONFIG_FILE} is not a dgrpo run's config: {new}")
         stages = stage_dirs(out)
         for folder in [out / FINAL_DIR, out / BEST_DIR, *stages]:
