@@ -342,6 +342,36 @@ def test_the_readme_library_tour_runs_on_the_demo_layout(sft_checkpoint, tmp_pat
     assert len(printed) == 4 and all(0.0 <= float(x) <= 1.0 for x in printed[1:])
 
 
+def library_tour_modules() -> set[str]:
+    """The dotted module names of the README's library-tour table: a row's first cell names one module, several (two
+    full names), or one and its siblings (``dgrpo.training.run`` then ``checkpoint``, ``tracking``)."""
+    text = (ROOT / "README.md").read_text().split("## Library tour", 1)[1].split("\n## ", 1)[0]
+    named = set()
+    for cell in re.findall(r"^\| (`[^|]*`) \|", text, flags=re.MULTILINE):
+        first, *siblings = re.findall(r"`([\w.]+)`", cell)
+        named |= {first, *(n if n.startswith("dgrpo.") else f"{first.rsplit('.', 1)[0]}.{n}" for n in siblings)}
+    return named
+
+
+def test_the_readme_library_tour_names_every_module():
+    """Each module of src/dgrpo is in the library tour's table, itself or its package (``dgrpo.eval`` stands for
+    ``dgrpo.eval.scoring``; a package whose modules have rows, ``dgrpo.model``, needs none), and each name there is a
+    module: twenty-two (``dgrpo.model.factory``, ``dgrpo.training.preemption``, ``dgrpo.bench``, ...) had no row."""
+    import importlib.util
+
+    named = library_tour_modules()
+    assert {"dgrpo.config", "dgrpo.model.latent_lm", "dgrpo.training.checkpoint", "dgrpo.cli"} <= named, named
+    modules = {
+        ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        for path in (ROOT / "src" / "dgrpo").rglob("*.py")
+        if (parts := path.relative_to(ROOT / "src").with_suffix("").parts)[-1] != "__main__"
+    } - {"dgrpo"}
+    listed = {m for m in modules if any(".".join(m.split(".")[:i]) in named for i in range(2, 4))}
+    unlisted = sorted(m for m in modules - listed if not any(n.startswith(f"{m}.") for n in listed))
+    assert not unlisted, unlisted
+    assert not [n for n in named if importlib.util.find_spec(n) is None]
+
+
 def code_blocks(path: Path) -> list[str]:
     """The text of every ``` block of a doc."""
     return re.findall(r"```[^\n]*\n(.*?)```", path.read_text(), flags=re.DOTALL)
