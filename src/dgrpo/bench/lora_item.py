@@ -34,7 +34,7 @@ from .workload import (
 )
 
 LORA_R = 16
-#: CPU: a ~42M-parameter Qwen2 (6 layers x 768), few short rollouts, so that a step takes seconds
+#: CPU: a ~38M-parameter Qwen2 (6 layers x 768), few short rollouts, so that a step takes seconds
 LORA_CPU = Shapes(
     name="lora-cpu",
     hidden=768,
