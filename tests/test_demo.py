@@ -632,9 +632,12 @@ def test_the_report_says_the_deterministic_arm_ran_once_per_sft_seed():
         }
 
     once = "(the deterministic arm 1: it cannot update, whatever its seed)"
-    assert f"every RL arm ran 3 seed(s) from each {once}." in summary_paragraph(res(3))
-    assert results_markdown(res(3)).startswith(f"# dgrpo demo: 1 SFT seed(s) x 3 RL seed(s) per arm {once}\n")
-    assert "every RL arm ran 1 seed(s) from each. Paired" in summary_paragraph(res(1))
+    assert f"every RL arm ran 3 seeds from each {once}." in summary_paragraph(res(3))
+    assert results_markdown(res(3)).startswith(f"# dgrpo demo: 1 SFT seed x 3 RL seeds per arm {once}\n")
+    assert "every RL arm ran 1 seed from each. Paired" in summary_paragraph(res(1))  # ("1 seed(s)")
+    assert summary_paragraph(res(1)).startswith("1 Coconut SFT checkpoint scores 20.00% on average")  # ("checkpoints")
+    two = res(1) | {"n_sft": 2}
+    assert summary_paragraph(two).startswith("2 Coconut SFT checkpoints score 20.00% on average")
 
 
 @pytest.mark.slow

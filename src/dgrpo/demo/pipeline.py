@@ -33,6 +33,7 @@ from ..model.latent_lm import LatentLM
 from ..model.verified import same_weights
 from ..perturbation import make_perturbation
 from ..run_layout import BEST_DIR, FINAL_DIR
+from ..text import counted
 from ..training.distributed import available_cpus, exit_with_parent
 from ..training.grpo import train_grpo
 from ..training.out_dir import check_not_a_training_run, check_output_path
@@ -520,7 +521,8 @@ def run_pipeline(
     say(
         f"built-in task: {len(demo.train)} train, {len(demo.valid)} valid (per eval), "
         + ", ".join(f"{len(r)} {s}" for s, r in demo.tests.items())
-        + f"; {n_sft} SFT seed(s) x {n_rl} RL seed(s); {workers} worker(s); output in {demo.out}"
+        + f"; {counted(n_sft, 'SFT seed')} x {counted(n_rl, 'RL seed')}; {counted(workers, 'worker')}; "
+        f"output in {demo.out}"
     )
     done: list[int] = []
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import plotting
 from ..config import to_dict
+from ..text import counted
 from .pipeline import ARMS, SHORT, Demo, items_of, say
 from .stats import CHECKPOINTS, CLAIMS, LEVEL, claim_verdicts, compare
 
@@ -198,7 +199,8 @@ def results_markdown(res: Mapping[str, Any]) -> str:
     """results.md: the claims, the paired comparisons, the accuracy table, per-SFT-seed numbers, diagnostics."""
     n_test = ", ".join(f"{s} n={n}" for s, n in res["splits"].items())
     out = [
-        f"# dgrpo demo: {res['n_sft']} SFT seed(s) x {res['n_rl']} RL seed(s) per arm{_deterministic_once(res)}",
+        f"# dgrpo demo: {counted(res['n_sft'], 'SFT seed')} x {counted(res['n_rl'], 'RL seed')} per arm"
+        f"{_deterministic_once(res)}",
         "",
         f"Command: `{res['command']}`. Wall time {_wall_text(res)}. Test splits: {n_test}; greedy pass@1,"
         " no dropout. `best-valid` = each run's best post-warmup validation checkpoint (the paper's protocol),"
@@ -230,11 +232,12 @@ def summary_paragraph(res: Mapping[str, Any]) -> str:
     acc = res["analysis"]["accuracy"][headline]
     sft = acc["sft"]["final"]
     head = (
-        f"{res['n_sft']} Coconut SFT checkpoints score {_pct(statistics.fmean(sft))} on average on the built-in "
+        f"{counted(res['n_sft'], 'Coconut SFT checkpoint')} score{'s' if res['n_sft'] == 1 else ''} "
+        f"{_pct(statistics.fmean(sft))} on average on the built-in "
         f"{headline} split (n={res['splits'][headline]}; per seed "
         + ", ".join(_pct(x, 1) for x in sft)
-        + f"); every RL arm ran {res['n_rl']} seed(s) from each{_deterministic_once(res)}. Paired over (SFT seed, "
-        f"RL seed), {LEVEL:.0%} t-intervals, points: "
+        + f"); every RL arm ran {counted(res['n_rl'], 'seed')} from each{_deterministic_once(res)}. Paired over "
+        f"(SFT seed, RL seed), {LEVEL:.0%} t-intervals, points: "
     )
     parts = []
     for claim in CLAIMS:
