@@ -856,6 +856,11 @@ def test_misuses_of_the_constructor_and_generate_are_one_typed_line(tokenizer):
         LatentLM("runs/sft/final", lm.tokenizer)
     with pytest.raises(TypeError, match="tokenizer must be the model's Hugging Face tokenizer, got NoneType"):
         LatentLM(lm.model, None)
+    for path in (123, None):  # (Python's "expected str, bytes or os.PathLike object, not int", naming no call)
+        with pytest.raises(
+            TypeError, match=r"LatentLM.from_pretrained: path is a checkpoint directory or a hub id, got"
+        ):
+            LatentLM.from_pretrained(path)
     ids, mask = lm.encode_questions(["1 + 1 = ?"])
     with pytest.raises(TypeError, match=r"prompt ids must be a torch tensor, got list \(encode the questions with"):
         lm.generate(ids.tolist(), mask.tolist(), 1, max_new_tokens=2)

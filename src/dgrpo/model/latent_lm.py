@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import typing
 import weakref
 from collections.abc import Callable, Iterator
@@ -411,6 +412,8 @@ class LatentLM(nn.Module):
         it, and the revision) with the adapter on top. Any problem is one :class:`CheckpointError` line.
         ``latent_token_init``: how a base model's new latent markers start (mean, or coconut: copies of ``<<``'s
         rows)."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"LatentLM.from_pretrained: path is a checkpoint directory or a hub id, got {path!r}")
         local, hub = on_disk(path), False
         # a run directory means its final/; a missing path is one line (not the hub's "Repo id must be" error)
         if local.exists() or str(path).startswith(("/", ".", "~")):
