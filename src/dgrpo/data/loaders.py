@@ -719,7 +719,9 @@ def load_dataset(
       1000), ``multiarith`` (test: all 600), ``gsm_hard`` (test); without a local copy, the ones with a
       :class:`HubCopy` (all but ``prosqa`` and ``coconut_gsm8k_aug``) are read from the hub;
     * ``openmathinstruct2`` (``nvidia/OpenMathInstruct-2`` on the Hugging Face hub);
-    * a name starting with ``builtin``: the project's synthetic task (``dgrpo.data.synthetic``);
+    * a name starting with ``builtin``: the project's synthetic task (``dgrpo.data.synthetic``),
+      ``builtin[:split][?option=value&...]``; a ``split`` argument wins over the name's (as in
+      :func:`~dgrpo.data.load_spec`);
     * a path to a data file; its format is detected from the extension and content (jsonl/JSON-list
       records keyed like any format above (a ``.json`` file of JSON Lines too), PAL ``{input, target}`` jsonl,
       OpenMathInstruct-2 ``{problem, expected_answer}`` jsonl, or GSM8K-Aug ``question||steps #### answer`` lines);
