@@ -735,6 +735,28 @@ def test_a_moved_base_is_named_again_by_the_runs_adapter_folders(base_dirs, tmp_
     assert said == []
 
 
+def test_a_run_folder_on_a_moved_base_is_told_the_resume_that_points_the_run_there(base_dirs, tmp_path):
+    """eval of a LoRA run's best/ whose base moved said only to edit adapter_config.json and delete the manifest by
+    hand; a run's folders are pointed to the new place by resuming the run with --init there (README), said first.
+    A folder outside a run (a copy) keeps the hand-made route alone."""
+    import shutil
+
+    from dgrpo.model.verified import CheckpointError
+
+    shutil.copytree(base_dirs / "qwen2", tmp_path / "base")
+    out = tmp_path / "run"
+    _adapter_run(tmp_path / "base", out)
+    (out / "config.json").write_text("{}")
+    shutil.copytree(out / "best", tmp_path / "copy")
+    (tmp_path / "base").rename(tmp_path / "moved")
+    resume = f"if the base moved, resume the run {out} with --init at the base's new place and --allow-config-change"
+    for folder in (out / "best", out / "checkpoints" / "step-00000001"):
+        with pytest.raises(CheckpointError, match=re.escape(resume)):
+            LatentLM.from_pretrained(folder)
+    with pytest.raises(CheckpointError, match=r"if the base moved, point base_model_name_or_path in "):
+        LatentLM.from_pretrained(tmp_path / "copy")
+
+
 def test_adapter_folders_trained_on_other_weights_keep_naming_their_base(base_dirs, tokenizer, tmp_path):
     """Only the same weights are named at the new place: folders whose fingerprint is another base's, or without a
     fingerprint and naming a base still where they say, are left as they are."""

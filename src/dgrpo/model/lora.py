@@ -38,6 +38,7 @@ from safetensors.torch import load_file, save, save_file
 from torch import Tensor
 
 from ..config import ConfigError
+from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, CONFIG_FILE, FINAL_DIR, STAGE_DIR, STEP_DIR
 from .anatomy import token_tables
 from .verified import (
     MANIFEST,
@@ -392,12 +393,36 @@ def repoint(folder: Path, base: str, whole: Path | None = None) -> None:
 
 def repoint_hint(folder: Path) -> str:
     """How to give an adapter checkpoint its base's new place: the path, and the manifest that holds the file's
-    checksum (the base's weights are still checked, by the fingerprint the adapter's weights record)."""
+    checksum (the base's weights are still checked, by the fingerprint the adapter's weights record); for a folder of
+    a run (final/, best/, stage-K/, a resumable checkpoint's model/), first the resume that points them all there."""
+    run = _run_holding(folder)
+    resume = (
+        f"resume the run {run} with --init at the base's new place and --allow-config-change (every folder of the "
+        "run is then pointed there), or "
+        if run is not None
+        else ""
+    )
     return (
-        f"point base_model_name_or_path in {folder / ADAPTER_CONFIG} to where the base is now and delete "
+        f"{resume}point base_model_name_or_path in {folder / ADAPTER_CONFIG} to where the base is now and delete "
         f"{folder / MANIFEST} (it holds that file's checksum; do it in a copy of a run's final/, best/ or stage-K/, "
         "which the run no longer takes as its own without it)"
     )
+
+
+def _run_holding(folder: Path) -> Path | None:
+    """The run directory (its config.json) whose final/, best/, stage-K/ or checkpoints/step-N/model is ``folder``."""
+    folder = Path(folder)
+    if folder.name in (FINAL_DIR, BEST_DIR) or STAGE_DIR.fullmatch(folder.name):
+        run = folder.parent
+    elif (
+        folder.name == "model"
+        and STEP_DIR.fullmatch(folder.parent.name)
+        and folder.parent.parent.name == CHECKPOINTS_DIR
+    ):
+        run = folder.parent.parent.parent
+    else:
+        return None
+    return run if (run / CONFIG_FILE).is_file() else None
 
 
 def read_adapter(lm: LatentLM, folder: Path) -> dict[str, Tensor]:
