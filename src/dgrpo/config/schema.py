@@ -81,7 +81,7 @@ class LoraConfig:
     train_latent_tokens: bool = opt(
         True,
         "keep the embedding rows of <|start-latent|>, <|latent|>, <|end-latent|> trainable (PEFT trainable tokens: "
-        "those rows only, input and tied output)",
+        "those rows only: the input rows, which a tied head shares; an untied head gets its own three rows)",
     )
 
     def validate(self, p: str = "model.lora") -> None:
