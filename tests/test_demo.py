@@ -249,6 +249,8 @@ def test_join_parts_keeps_task_order_whatever_finishes_first():
         (["--set", "eval.temperature=0.7"], "--set eval.temperature: dgrpo demo does not read it"),
         (["--set", "data={{train: my.jsonl}}"], "--set data.train: dgrpo demo does not read it"),  # ({{ }}: .format)
         (["--set", "seed=3"], "each run's seed its own: --sft-seeds, --seeds"),
+        # (the config's own check came first: "question_key and answer_key go together", then, with both, this)
+        (["--set", "data.question_key=q"], "--set data.question_key: dgrpo demo does not read it"),
         (["--set", "grpo.reward=nosuch.py:f"], "reward 'nosuch.py:f': file nosuch.py not found"),
         (["--set", "perturbation.kind=nosuch.py:K"], "nosuch.py"),
         (["--set", "perturbation.kind={deaf}:Deaf", "perturbation.perturb_answer=false"], "does not take it"),

@@ -263,6 +263,7 @@ def demo_config(args: Any) -> tuple[Config, int, int]:
     """The base config (the preset's files, then --config, then --set) and the numbers of SFT and RL seeds."""
     preset = "quick" if args.quick else "full" if getattr(args, "full", False) else "default"
     files, n_sft, n_rl = PRESETS[preset]
+    _refuse_what_the_demo_does_not_read(args.overrides)  # (first: the config's own checks of such a key came first)
     base = load_config(Config, [*files, *args.config], args.overrides)
     n_sft = args.sft_seeds if getattr(args, "sft_seeds", None) is not None else n_sft
     n_rl = args.seeds if args.seeds is not None else n_rl
@@ -272,7 +273,6 @@ def demo_config(args: Any) -> tuple[Config, int, int]:
         raise ConfigError(f"--seeds must be <= {MAX_RL_SEEDS} (RL seeds are 100 x SFT seed + r), got {n_rl}")
     if getattr(args, "workers", None) is not None and args.workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
-    _refuse_what_the_demo_does_not_read(args.overrides)
     _refuse_files_setting_what_the_demo_does_not_read(files, args.config)
     _check_best_is_kept(base)
     if base.grpo.log_every != 1:  # (the report read one step in N as if it were every step)
