@@ -491,6 +491,22 @@ def test_grpo_ends_with_its_headline_line_and_the_path_of_summary_json(sft_check
     assert json.loads((out / "summary.json").read_text())["steps"] == 1
 
 
+@pytest.mark.filterwarnings("ignore:grpo.warmup_steps")
+def test_only_best_s_line_follows_the_path_of_summary_json(sft_checkpoint, tmp_path, run_cli):
+    """A best/ of the final model's weights (no group of K = 4 has an accuracy in [0.3, 0.4]: every step skipped)
+    is said after the summary's path, so that path is not the last line; docs/metrics.md said it was printed last."""
+    out = tmp_path / "run"
+    sets = {"grpo.steps": 1, "grpo.warmup_steps": 0, "grpo.eval_every": 1, "grpo.prompts_per_step": 2}
+    sets |= {"grpo.alpha_min": 0.3, "grpo.alpha_max": 0.4, "data.eval_limit": 4, "eval.limit": 4}
+    r = run_cli("grpo", "--init", sft_checkpoint, *tiny_args(**sets), "--out", out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    *_, done, summary, best = r.stdout.strip().splitlines()
+    assert done.startswith("dgrpo grpo: done in ") and summary == f"dgrpo grpo: summary -> {out / 'summary.json'}"
+    assert best.startswith("dgrpo: best/ (0) holds the final model's weights"), r.stdout[-2000:]
+    metrics_md = " ".join((Path(__file__).parents[1] / "docs" / "metrics.md").read_text().split())
+    assert "its path printed last" not in metrics_md and "best/'s line: that it holds the final model's" in metrics_md
+
+
 def test_help_is_fast_and_lists_examples():
     """`dgrpo --help` must not import torch (it answered in 3 s when it did) nor numpy (a third of its import time);
     every command's help has examples."""
