@@ -99,6 +99,17 @@ def test_best_is_kept_by_the_metric_asked():
         best_value({"accuracy": 0.25}, "mean_score", "grpo.best_metric")
 
 
+def test_best_by_mean_score_refused_for_an_eval_result_without_one_says_so():
+    """An evaluate_fn's EvalResult whose mean_score is None (made by hand) gives no mean score either: the refusal
+    names it (it said only "returns a count", and told its caller to return the EvalResult it had returned)."""
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.sharded_eval import best_value, sharded_scores
+
+    scores = sharded_scores(Dist.single(), lambda local: _result(3, 1, None), [0, 1, 2])
+    with pytest.raises(ConfigError, match="or an EvalResult whose mean_score is None; return evaluate"):
+        best_value(scores, "mean_score", "sft.best_metric")
+
+
 def test_the_non_finite_guard_trips_on_limit_steps_in_a_row_only():
     """Limit 2: one bad step, a good one, a bad one does not trip (the streak restarts); two bad in a row do. Every
     bad step is counted in ``skips``."""

@@ -84,10 +84,11 @@ def best_value(scores: dict[str, float], metric: str, key: str) -> float:
 
 
 def no_best_metric(metric: str, key: str) -> ConfigError:
-    """The refusal of ``key`` = ``metric`` (mean_score) for an ``evaluate_fn`` that returns a count."""
+    """The refusal of ``key`` = ``metric`` (mean_score) for an ``evaluate_fn`` that gives none: it returns a count, or
+    an EvalResult whose ``mean_score`` is None (one made by hand)."""
     return ConfigError(
-        f"{key}={metric}: the evaluate_fn returns a count of correct records, which has no {metric}; return "
-        f"evaluate(...)'s EvalResult (dgrpo.eval.evaluate), or set {key}=accuracy"
+        f"{key}={metric}: the evaluate_fn returns a count of correct records, which has no {metric}, or an EvalResult "
+        f"whose {metric} is None; return evaluate(...)'s EvalResult (dgrpo.eval.evaluate), or set {key}=accuracy"
     )
 
 
