@@ -363,6 +363,29 @@ def test_under_torchrun_a_usage_error_is_printed_by_each_machines_first_worker(t
         assert (r.stderr == "") != printed
 
 
+def test_under_torchrun_a_worker_ending_on_a_usage_error_ignores_torchruns_sigterm(monkeypatch, capsys):
+    """``torchrun ... -m dgrpo grpo --bogus``: the first worker to exit 2 made torchrun SIGTERM the other, which died of
+    it in its teardown (reported ``-15 (SIGTERM)``, 3 of 3 jobs) instead of exiting 2, as a refused config does. A
+    usage error ignores SIGTERM from then on under torchrun; ``--help`` (exit 0), or one process, keeps the handler."""
+    import signal
+
+    from dgrpo import cli
+
+    cases = (("2", ["grpo", "--bogus"], 2, signal.SIG_IGN), ("2", ["--help"], 0, signal.SIG_DFL))
+    for world, argv, code, handler in (*cases, ("", ["grpo", "--bogus"], 2, signal.SIG_DFL)):
+        monkeypatch.setattr(sys, "argv", ["dgrpo", *argv])
+        for var, value in (("WORLD_SIZE", world), ("LOCAL_RANK", "1")):
+            monkeypatch.setenv(var, value) if world else monkeypatch.delenv(var, raising=False)
+        previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            with pytest.raises(SystemExit) as e:
+                cli.entry()
+            assert (e.value.code or 0, signal.getsignal(signal.SIGTERM)) == (code, handler), argv
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    capsys.readouterr()
+
+
 @pytest.mark.slow
 def test_missing_checkpoint_and_unknown_dataset_exit_2(tmp_path, run_cli, monkeypatch):
     r = run_cli("eval", "--model", tmp_path / "nope", "--data", "builtin:test", "--out", tmp_path / "o")

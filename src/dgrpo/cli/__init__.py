@@ -133,8 +133,13 @@ def entry() -> NoReturn:
     such jobs). What the run wrote (checkpoints, metrics, trackers) is closed before :func:`main` returns. Any other
     worker that failed ignores SIGTERM through the teardown: torchrun sends it to the others as soon as one worker
     has exited, and the ones still ending died of it (reported ``-15 (SIGTERM)``, 3 of 4 jobs whose config every
-    rank refused, instead of exit 2)."""
-    code = main()
+    rank refused, instead of exit 2; a usage error too)."""
+    try:
+        code = main()
+    except SystemExit as e:  # (argparse: a usage error, which every rank makes, exits 2 as a refused config does)
+        if e.code and _under_torchrun():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise
     if _joined():
         sys.stdout.flush()
         sys.stderr.flush()
