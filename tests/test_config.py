@@ -719,6 +719,16 @@ def test_base_chain_with_relative_paths_and_set_last(tmp_path):
     assert (cfg.seed, cfg.grpo.steps) == (2, 9)
 
 
+def test_several_config_files_apply_in_order_each_with_its_base_chain(tmp_path):
+    """``--config a.yaml --config c.yaml``, c's base b: a, then b, then c; so b's lr overrides a's (docs/config.md)."""
+    (tmp_path / "a.yaml").write_text("grpo: {lr: 0.5, steps: 7}\n")
+    (tmp_path / "b.yaml").write_text("grpo: {lr: 0.25, group_size: 4}\n")
+    (tmp_path / "c.yaml").write_text("base: b.yaml\ngrpo: {group_size: 6}\n")
+    cfg = load_config(Config, [tmp_path / "a.yaml", tmp_path / "c.yaml"])
+    assert (cfg.grpo.lr, cfg.grpo.steps, cfg.grpo.group_size) == (0.25, 7, 6)
+    assert "a later file's base overrides an earlier file's keys" in " ".join(config_markdown().split())
+
+
 def test_base_may_be_a_packaged_name(tmp_path):
     (tmp_path / "mine.yaml").write_text("base: paper/grpo_dropout\ngrpo: {steps: 10}\n")
     cfg = load_config(Config, tmp_path / "mine.yaml")

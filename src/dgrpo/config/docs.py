@@ -58,7 +58,8 @@ Every command that trains or evaluates builds its configuration in this order, e
    the name of a config shipped with the package (listed below), with or without `.yaml`: `--config
    paper/grpo_dropout` works from any directory. A file may start with `base: OTHER.yaml` (a path relative to the
    file, or a packaged name): the base is loaded first (its own base before it), then the file's keys override
-   it, so an ablation is its differing lines;
+   it, so an ablation is its differing lines. `--config` may be given several times: the files apply in the order
+   given, each with its base chain, so a later file's base overrides an earlier file's keys too;
 3. `--set key=value`, any number of times, the value read as YAML: `--set grpo.lr=1e-5 --set data.test=[builtin:test]`
    (a `[...]` list YAML cannot read, as `[svamp, builtin:test?n_steps=3]`, is split at its commas);
 4. validation: an unknown key or a bad value stops the command with one line naming the key (exit code 2); a TRL
