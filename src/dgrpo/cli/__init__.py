@@ -229,7 +229,9 @@ def _stopped_in(stop: KeyboardInterrupt, cmd: str) -> str:
 
 
 def _resume_hint(args: argparse.Namespace) -> str:
-    """What the same command does next: resume the newest checkpoint, or (none written yet) start again. A run given
+    """What the same command does next: resume the newest checkpoint (a ``step-N`` folder, as the run lists them: not
+    a file of that name nor a user's copy such as ``step-00000003.bak``, which the run does not resume), or (none
+    written yet) start again. A run given
     ``--resume PATH`` or ``--resume never`` is told to drop it: given again, PATH would be resumed again (never: the
     checkpoint just written deleted and the run started over), not the newest checkpoint."""
     if args.cmd == "demo":
@@ -238,10 +240,10 @@ def _resume_hint(args: argparse.Namespace) -> str:
         return "; the same command keeps the runs that had finished and starts the others over"
     if args.cmd not in TRAINING_COMMANDS:
         return ""
-    from ..run_layout import CHECKPOINTS_DIR
+    from ..run_layout import CHECKPOINTS_DIR, STEP_DIR
 
-    root = Path(args.out) / CHECKPOINTS_DIR
-    if not (root.is_dir() and any(p.name.startswith("step-") for p in root.iterdir())):
+    root = Path(args.out) / CHECKPOINTS_DIR  # (a checkpoint as list_checkpoints reads one, without loading torch)
+    if not (root.is_dir() and any(p.is_dir() and STEP_DIR.fullmatch(p.name) for p in root.iterdir())):
         return "; no checkpoint was written yet: the same command starts the run again"
     resume = getattr(args, "resume", "auto")
     if resume == "auto":
