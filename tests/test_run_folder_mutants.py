@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import argparse
 
-from conftest import state_only_checkpoint
+import pytest
+
+from dgrpo.config import ConfigError
+
+from conftest import grpo_run_dir, state_only_checkpoint
 
 
 def test_the_stop_line_promises_a_resume_only_when_a_checkpoint_is_there(tmp_path):
@@ -25,3 +29,28 @@ def test_the_stop_line_promises_a_resume_only_when_a_checkpoint_is_there(tmp_pat
     assert _resume_hint(args) == "; no checkpoint was written yet: the same command starts the run again"
     state_only_checkpoint(root / "step-00000004")
     assert _resume_hint(args) == f"; the same command resumes from the newest checkpoint in {root}"
+
+
+def test_a_folder_in_checkpoints_that_no_run_left_is_refused_whatever_its_name_holds(tmp_path):
+    """A folder in OUT/checkpoints whose name merely holds ``step-`` (``old-step-x`` holding a user's notes) is not the
+    run's: refused before anything is written (``--resume never`` deleted it without a word); what a run leaves there
+    (its checkpoints, a killed write's leftovers, a skipped checkpoint moved aside), a user's copy named after its step
+    and a folder holding a checkpoint (a copy, whatever its name, which --resume may name) are not."""
+    from dgrpo.training.checkpoint import foreign_entries
+
+    out = tmp_path / "run"
+    root = out / "checkpoints"
+    state_only_checkpoint(root / "step-00000002")
+    state_only_checkpoint(root / "kept")
+    run_made = [".tmp-step-00000004-77", ".tmp-step-00000004-shards", ".old-step-00000002-77", "damaged-step-00000003"]
+    for name in [*run_made, "damaged-step-00000003-2", "step-00000002-copy"]:
+        (root / name).mkdir()
+    assert foreign_entries(out) == []
+    grpo_run_dir(out).close()
+    (root / "old-step-x").mkdir()
+    (root / "old-step-x" / "notes.txt").write_text("mine")
+    (root / "step-notes").mkdir()
+    assert foreign_entries(out) == ["old-step-x", "step-notes"]
+    with pytest.raises(ConfigError, match=r"holds old-step-x, step-notes, not dgrpo checkpoints: name a new"):
+        grpo_run_dir(out, resume="never")
+    assert (root / "old-step-x" / "notes.txt").read_text() == "mine"

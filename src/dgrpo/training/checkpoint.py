@@ -24,6 +24,7 @@ import json
 import os
 import pickle
 import random
+import re
 import shutil
 import warnings
 from collections.abc import Callable
@@ -210,6 +211,28 @@ def list_checkpoints(out_dir: Path) -> list[Path]:
         return []
     steps = [(int(m[1]), p) for p in root.iterdir() if p.is_dir() and (m := STEP_DIR.fullmatch(p.name))]
     return [p for _, p in sorted(steps)]
+
+
+#: the names of the folders a run leaves in ``OUT/checkpoints``: its checkpoints (``step-N``), what a killed write,
+#: replace or removal left (``.tmp-step-N-PID``, ``.tmp-step-N-shards``, ``.old-step-N-PID``), a skipped checkpoint
+#: moved aside (``damaged-step-N``, ``damaged-step-N-2``), and a user's copy named after its step
+#: (``step-00000012-copy``: ``--resume`` may rewind to it)
+RUN_ENTRY = re.compile(rf"(?:damaged-|\.tmp-|\.old-)?{STEP_DIR.pattern}.*")
+
+
+def foreign_entries(out_dir: Path) -> list[str]:
+    """The names in ``OUT/checkpoints`` of what no run left there, which ``--resume never`` would delete with the
+    run's checkpoints: a file, or a folder neither named as a run names its own (:data:`RUN_ENTRY`) nor holding a
+    checkpoint's ``state.json`` (a user's copy of one, whatever its name, which ``--resume`` may name): ``notes/``,
+    ``old-step-x/`` holding notes."""
+    root = Path(out_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    return sorted(
+        p.name
+        for p in root.iterdir()
+        if not (p.is_dir() and (RUN_ENTRY.fullmatch(p.name) or (p / RESUMABLE_STATE).is_file()))
+    )
 
 
 def required_files(lm, extra_models: dict[str, Any] | None, shards: bool = False) -> tuple[str, ...]:

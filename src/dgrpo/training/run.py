@@ -46,6 +46,7 @@ from .applied import record_applied, warn_if_plugins_changed
 from .checkpoint import (
     LoadedCheckpoint,
     count_lines,
+    foreign_entries,
     list_checkpoints,
     repoint_run_adapters,
     reset_metrics,
@@ -341,8 +342,8 @@ class RunDir(ResumeCheck):
         """Refuse an ``--out`` holding what no dgrpo run wrote, before anything is written there: a model directory
         (config.json beside its weights: a run would write its config.json over the model's, and a later
         ``--model`` would mean its final/), a config.json that is not a dgrpo run's, final/, best/ or stage-K/
-        folders that are not dgrpo checkpoints, or other things in checkpoints/ (a run replaces those folders, and
-        ``--resume never`` deletes them)."""
+        folders that are not dgrpo checkpoints, or other things in checkpoints/ than a run leaves there
+        (:func:`~.checkpoint.foreign_entries`: a run replaces those folders, and ``--resume never`` deletes them)."""
         out = self.out_dir
         if not out.is_dir():
             return
@@ -363,9 +364,9 @@ class RunDir(ResumeCheck):
             if folder.exists() and not (folder / MANIFEST).is_file():
                 raise ConfigError(f"--out {out}: {folder} is not a checkpoint dgrpo wrote (no {MANIFEST}): {new}")
         root = out / CHECKPOINTS_DIR
-        stray = [p.name for p in root.iterdir() if not (p.is_dir() and "step-" in p.name)] if root.is_dir() else []
+        stray = foreign_entries(out)
         if stray:
-            raise ConfigError(f"--out {out}: {root} holds {first_items(sorted(stray))}, not dgrpo checkpoints: {new}")
+            raise ConfigError(f"--out {out}: {root} holds {first_items(stray)}, not dgrpo checkpoints: {new}")
         signs = [config, out / FINAL_DIR, out / BEST_DIR, root, *stages]
         if not any(p.exists() for p in signs) and not is_run_metrics(out / METRICS_FILE):
             names = [name for name in (*RUN_WRITES, METRICS_FILE) if (out / name).exists()]
