@@ -5,12 +5,14 @@ run directory's lock."""
 from __future__ import annotations
 
 import argparse
+import errno
+from pathlib import Path
 
 import pytest
 
 from dgrpo.config import ConfigError
 
-from conftest import grpo_run_dir, state_only_checkpoint
+from conftest import grpo_run_dir, loads_no_base, state_only_checkpoint
 
 
 def test_the_stop_line_promises_a_resume_only_when_a_checkpoint_is_there(tmp_path):
@@ -54,3 +56,35 @@ def test_a_folder_in_checkpoints_that_no_run_left_is_refused_whatever_its_name_h
     with pytest.raises(ConfigError, match=r"holds old-step-x, step-notes, not dgrpo checkpoints: name a new"):
         grpo_run_dir(out, resume="never")
     assert (root / "old-step-x" / "notes.txt").read_text() == "mine"
+
+
+def test_a_full_disk_while_a_resume_cuts_the_rollouts_leaves_them_as_they_were(tmp_path, monkeypatch):
+    """A resume keeps the rollout rows of the steps before its checkpoint: rewritten in place, a full disk left
+    rollouts.jsonl cut (here empty: every earlier row lost, and the next resume kept what was left without a word).
+    Now one line naming the file and the space left, the file as it was, no temporary file beside it."""
+    from dgrpo.model.verified import CheckpointError
+
+    out = tmp_path / "run"
+    state_only_checkpoint(out / "checkpoints" / "step-00000001")
+    rows = '{"step": 0}\n{"step": 1}\n'
+    (out / "rollouts.jsonl").write_text(rows)
+    write = Path.write_text
+
+    def full(self, *a, **k):
+        if "rollouts" in self.name:
+            open(self, "w").close()  # (opened, cut, then nothing fits)
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return write(self, *a, **k)
+
+    with grpo_run_dir(out) as run:
+        run.resume(loads_no_base)
+        monkeypatch.setattr(Path, "write_text", full)
+        with pytest.raises(CheckpointError, match=r"could not write rollouts.jsonl \(no space left on the device; "):
+            run.start({"step": 1, "metrics_lines": 0})
+    assert (out / "rollouts.jsonl").read_text() == rows
+    assert not list(out.glob(".rollouts*"))
+    monkeypatch.setattr(Path, "write_text", write)
+    with grpo_run_dir(out) as run:
+        run.resume(loads_no_base)
+        run.start({"step": 1, "metrics_lines": 0})
+    assert (out / "rollouts.jsonl").read_text() == '{"step": 0}\n'

@@ -23,7 +23,15 @@ from typing import IO, Any, NoReturn
 from ..config import Config, ConfigError, to_dict
 from ..model.latent_lm import LatentLM
 from ..model.sources import is_model_dir
-from ..model.verified import MANIFEST, RUN_CONFIG_FILE, SHARDED_DIR, CheckpointError, manifest_bytes, remove_dir
+from ..model.verified import (
+    MANIFEST,
+    RUN_CONFIG_FILE,
+    SHARDED_DIR,
+    CheckpointError,
+    manifest_bytes,
+    remove_dir,
+    write_text_atomically,
+)
 from ..progress import say
 from ..run_layout import (
     APPLIED_FILE,
@@ -51,6 +59,7 @@ from .checkpoint import (
     repoint_run_adapters,
     reset_metrics,
     resume_candidates,
+    write_failed,
 )
 from .consolidate import ADDED_BY_CONSOLIDATION, CONSOLIDATED
 from .distributed import Dist
@@ -537,8 +546,8 @@ class RunDir(ResumeCheck):
             keep_before = resumed_state["step"] if resumed_state is not None else 0
             rows = self.rollouts_path.read_text().splitlines() if self.rollouts_path.is_file() else []
             kept = rollout_rows_before(rows, keep_before, self.rollouts_path)
-            if rows or kept:
-                self.rollouts_path.write_text("".join(r + "\n" for r in kept))
+            if kept != rows:
+                self._cut_rollouts(kept)
         if self.checkpoint is not None and resumed_state is not None:
             self.resumed_step = resumed_state["step"]
             self.log(f"dgrpo: resumed from {self.checkpoint} (step {resumed_state['step']})")
@@ -549,6 +558,17 @@ class RunDir(ResumeCheck):
                     f"{self.dist.world_size}: the run goes on a float rounding away from one that kept {written_by} "
                     "(the same data order and seeds; summation order differs)"
                 )
+
+    def _cut_rollouts(self, kept: list[str]) -> None:
+        """``rollouts.jsonl`` rewritten to the rows ``kept``, whole or not at all (it was cut in place: a full disk or a
+        stop during the write left the rows of the earlier steps cut short or gone, and the next resume kept what was
+        left without a word)."""
+        path = self.rollouts_path
+        try:
+            write_text_atomically(path, "".join(r + "\n" for r in kept))
+        except OSError as e:
+            after = f"{path} is left as it was; once there is space, the same command resumes again"
+            raise write_failed(path.name, path.parent, e, after) from None
 
     def _drop_abandoned_checkpoints(self) -> None:
         """A rewind (``--resume OUT/checkpoints/step-N``, one of this run's own) removes this run's checkpoints newer
