@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 from pathlib import Path
 
 import pytest
 
-from dgrpo.config import ConfigError
+from dgrpo.config import ConfigError, to_dict
 
-from conftest import grpo_run_dir, loads_no_base, state_only_checkpoint
+from conftest import grpo_run_dir, loads_no_base, state_only_checkpoint, tiny_config
 
 
 def test_the_stop_line_promises_a_resume_only_when_a_checkpoint_is_there(tmp_path):
@@ -88,3 +89,34 @@ def test_a_full_disk_while_a_resume_cuts_the_rollouts_leaves_them_as_they_were(t
         run.resume(loads_no_base)
         run.start({"step": 1, "metrics_lines": 0})
     assert (out / "rollouts.jsonl").read_text() == '{"step": 0}\n'
+
+
+def test_a_full_disk_while_a_resume_writes_the_config_leaves_it_as_it_was(tmp_path, monkeypatch):
+    """config.json written in place on a full disk was left empty: the error's line said the same command resumes,
+    and the same command was refused (its config.json not a dgrpo run's). Now one line, config.json as it was, and
+    the same command resumes."""
+    from dgrpo.model.verified import CheckpointError
+
+    out = tmp_path / "run"
+    state_only_checkpoint(out / "checkpoints" / "step-00000001")
+    config = json.dumps(to_dict(tiny_config()))
+    (out / "config.json").write_text(config)
+    write = Path.write_text
+
+    def full(self, *a, **k):
+        if "config" in self.name:
+            open(self, "w").close()  # (opened, cut, then nothing fits)
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return write(self, *a, **k)
+
+    with grpo_run_dir(out) as run:
+        run.resume(loads_no_base)
+        monkeypatch.setattr(Path, "write_text", full)
+        with pytest.raises(CheckpointError, match=r"could not write config.json \(no space left on the device; "):
+            run.start({"step": 1, "metrics_lines": 0})
+    assert (out / "config.json").read_text() == config and not list(out.glob(".config*"))
+    monkeypatch.setattr(Path, "write_text", write)
+    with grpo_run_dir(out) as run:
+        run.resume(loads_no_base)
+        run.start({"step": 1, "metrics_lines": 0})
+    assert run.checkpoint == out / "checkpoints" / "step-00000001"

@@ -151,6 +151,17 @@ def rollout_rows_before(rows: list[str], step: int, path: Path) -> list[str]:
     return kept
 
 
+def _write_whole(path: Path, text: str) -> None:
+    """Write one of the run's files whole or not at all (``config.json`` written in place on a full disk was left cut,
+    and the same command, which the error's line said resumes, was refused: not a dgrpo run's config); a failed write
+    is one line naming the space left."""
+    try:
+        write_text_atomically(path, text)
+    except OSError as e:
+        after = f"{path} is as it was: once there is space, run the same command again"
+        raise write_failed(path.name, path.parent, e, after) from None
+
+
 class MetricsLog:
     """``metrics.jsonl`` (one JSON row per write, flushed) and the run's other trackers (TensorBoard, W&B), written
     by rank 0 only: every method is a no-op on other ranks."""
@@ -522,7 +533,7 @@ class RunDir(ResumeCheck):
             step = resumed_state["step"] if resumed_state is not None else 0
             if resumed_state is not None and self.changed:
                 self._keep_config_history(step)
-            (self.out_dir / CONFIG_FILE).write_text(json.dumps(self.cfg, indent=2))
+            _write_whole(self.out_dir / CONFIG_FILE, json.dumps(self.cfg, indent=2))
             self.applied_step = step
             if applied is not None:
                 if resumed_state is not None:
@@ -563,12 +574,7 @@ class RunDir(ResumeCheck):
         """``rollouts.jsonl`` rewritten to the rows ``kept``, whole or not at all (it was cut in place: a full disk or a
         stop during the write left the rows of the earlier steps cut short or gone, and the next resume kept what was
         left without a word)."""
-        path = self.rollouts_path
-        try:
-            write_text_atomically(path, "".join(r + "\n" for r in kept))
-        except OSError as e:
-            after = f"{path} is left as it was; once there is space, the same command resumes again"
-            raise write_failed(path.name, path.parent, e, after) from None
+        _write_whole(self.rollouts_path, "".join(r + "\n" for r in kept))
 
     def _drop_abandoned_checkpoints(self) -> None:
         """A rewind (``--resume OUT/checkpoints/step-N``, one of this run's own) removes this run's checkpoints newer
@@ -727,9 +733,9 @@ class RunDir(ResumeCheck):
         if not history:
             first = self.first_config
             history = [config_history_file(self.out_dir, 0)]
-            history[0].write_text(json.dumps({"started_at_step": 0, "config": first}, indent=2))
+            _write_whole(history[0], json.dumps({"started_at_step": 0, "config": first}, indent=2))
         kept = config_history_file(self.out_dir, int(history[-1].name.split(".")[1]) + 1)
-        kept.write_text(json.dumps({"started_at_step": step, "config": self.cfg}, indent=2))
+        _write_whole(kept, json.dumps({"started_at_step": step, "config": self.cfg}, indent=2))
         self.log(f"dgrpo: config changed at step {step} ({', '.join(self.changed[:8])}); kept as {kept.name}")
 
     def close(self, exit_code: int = 0) -> None:
