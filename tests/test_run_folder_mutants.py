@@ -120,3 +120,27 @@ def test_a_full_disk_while_a_resume_writes_the_config_leaves_it_as_it_was(tmp_pa
         run.resume(loads_no_base)
         run.start({"step": 1, "metrics_lines": 0})
     assert run.checkpoint == out / "checkpoints" / "step-00000001"
+
+
+def test_a_second_run_started_as_the_first_takes_the_lock_names_the_first_not_an_unknown_pid(tmp_path):
+    """The holder takes the lock, empties the lock file, then writes its PID: a second run reading the file in
+    between read nothing and said ``PID unknown``. It now reads again while the file is empty (here the holder
+    writes its PID 50 ms after taking the lock), and names it; still refused."""
+    import fcntl
+    import os
+    import threading
+
+    from dgrpo.training.out_dir import RunLock
+
+    path = tmp_path / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # (the first run, between its lock and its PID's write)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    writes = threading.Timer(0.05, lambda: os.write(fd, b"4242\n"))
+    writes.start()
+    try:
+        with pytest.raises(ConfigError, match=r"is in use by another dgrpo process \(PID 4242\)"):
+            RunLock(tmp_path)
+    finally:
+        writes.join()
+        os.close(fd)
+    RunLock(tmp_path).release()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import time
 from pathlib import Path
 
 from ..config import ConfigError
@@ -122,7 +123,7 @@ class RunLock:
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            holder = self.path.read_text().strip() or "unknown"
+            holder = self._holder()
             os.close(self._fd)
             self._fd = None
             raise ConfigError(
@@ -131,6 +132,20 @@ class RunLock:
             ) from None
         os.ftruncate(self._fd, 0)
         os.write(self._fd, f"{os.getpid()}\n".encode())
+
+    def _holder(self, wait_s: float = 0.5) -> str:
+        """The PID the holder wrote in the lock file. A holder that has just taken the lock empties the file before it
+        writes its PID: an empty file is read again for up to ``wait_s`` seconds (the line said ``PID unknown`` to a
+        second run started at the same moment)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                holder = self.path.read_text().strip()
+            except OSError:
+                holder = ""
+            if holder or time.monotonic() >= deadline:
+                return holder or "unknown"
+            time.sleep(0.01)
 
     def release(self) -> None:
         if self._fd is not None:
