@@ -144,3 +144,29 @@ def test_a_second_run_started_as_the_first_takes_the_lock_names_the_first_not_an
         writes.join()
         os.close(fd)
     RunLock(tmp_path).release()
+
+
+def test_a_refused_run_removes_the_directory_it_made_while_it_still_holds_the_lock(tmp_path, monkeypatch):
+    """A run refused at its start removes the directory it made, still empty; it did so after releasing the lock, so
+    a second run on the same --out that took the lock in between had its directory deleted under it. The removal now
+    comes first: a run trying the lock then is refused as the directory is in use."""
+    from dgrpo.training import run as run_module
+    from dgrpo.training.out_dir import RunLock
+
+    out = tmp_path / "made"
+    seen: list[str] = []
+    rmtree = run_module.shutil.rmtree
+
+    def second_run_first(path, *a, **k):
+        if path == out:
+            try:
+                RunLock(out).release()
+                seen.append("locked by the second run")
+            except ConfigError as e:
+                seen.append(str(e))
+        return rmtree(path, *a, **k)
+
+    monkeypatch.setattr(run_module.shutil, "rmtree", second_run_first)
+    with pytest.raises(ConfigError, match="no such checkpoint directory"):
+        grpo_run_dir(out, resume=str(tmp_path / "nowhere" / "step-00000002"))
+    assert not out.exists() and len(seen) == 1 and "is in use by another dgrpo process" in seen[0]

@@ -743,11 +743,14 @@ class RunDir(ResumeCheck):
         is over: a SIGTERM no longer waits for its end."""
         writing_the_end("")
         self.metrics.close(exit_code)
+        # a run refused before it wrote anything leaves no directory it made, removed while still locked (removed
+        # once unlocked, it was another run's when that run had taken the lock in between: deleted under it)
+        if exit_code and self.created and [p.name for p in self.out_dir.iterdir()] == [LOCK_FILE]:
+            shutil.rmtree(self.out_dir)
+            self.created = False
         if self.lock is not None:
             self.lock.release()
             self.lock = None
-        if exit_code and self.created and [p.name for p in self.out_dir.iterdir()] == [LOCK_FILE]:
-            shutil.rmtree(self.out_dir)  # a run refused before it wrote anything leaves no directory it made
 
     def __enter__(self) -> RunDir:
         return self
