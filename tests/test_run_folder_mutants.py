@@ -170,3 +170,39 @@ def test_a_refused_run_removes_the_directory_it_made_while_it_still_holds_the_lo
     with pytest.raises(ConfigError, match="no such checkpoint directory"):
         grpo_run_dir(out, resume=str(tmp_path / "nowhere" / "step-00000002"))
     assert not out.exists() and len(seen) == 1 and "is in use by another dgrpo process" in seen[0]
+
+
+def test_a_lock_file_removed_between_its_open_and_its_lock_is_not_the_one_held(tmp_path, monkeypatch):
+    """Another process removes the lock file (a refused run removing the directory it made, ``rm``) after this run
+    opened it and before it locked it: the lock was held on a file no other run opens, and a second run created
+    a new lock file and went on beside it. The lock is now taken on the file at the path, checked after locking;
+    a directory removed meanwhile is one line."""
+    from dgrpo.training import out_dir
+    from dgrpo.training.out_dir import RunLock
+
+    flock = out_dir.fcntl.flock
+    removed: list[int] = []
+
+    def removed_first(fd, how):
+        if not removed and how & out_dir.fcntl.LOCK_EX:
+            removed.append(fd)
+            (tmp_path / ".lock").unlink()
+        return flock(fd, how)
+
+    monkeypatch.setattr(out_dir.fcntl, "flock", removed_first)
+    lock = RunLock(tmp_path)
+    assert removed
+    with pytest.raises(ConfigError, match="is in use by another dgrpo process"):
+        RunLock(tmp_path)
+    lock.release()
+    gone = tmp_path / "gone"
+    gone.mkdir()
+
+    def directory_removed_first(fd, how):
+        (gone / ".lock").unlink()
+        gone.rmdir()
+        return flock(fd, how)
+
+    monkeypatch.setattr(out_dir.fcntl, "flock", directory_removed_first)
+    with pytest.raises(ConfigError, match=r"gone was removed as this run started: run it again"):
+        RunLock(gone)

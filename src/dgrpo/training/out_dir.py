@@ -115,23 +115,48 @@ def check_output_dir(path: Path, what: str = "--out") -> Path:
 class RunLock:
     """An exclusive lock on a run directory for this process's lifetime (``flock``: the OS releases it when the
     process dies, however it dies). A second process on the same directory gets a one-line ConfigError naming
-    the holder's PID."""
+    the holder's PID. The lock is on the file at ``DIR/.lock`` once locked (checked: one removed in between is
+    opened again), and that file is written in place, never replaced (a new file would be a new lock)."""
 
     def __init__(self, directory: Path):
         self.path = Path(directory) / LOCK_FILE
-        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd: int | None = None
+        for _ in range(10):
+            fd = self._open(directory)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = self._holder()
+                os.close(fd)
+                raise ConfigError(
+                    f"{directory} is in use by another dgrpo process (PID {holder}); wait for it to finish or use "
+                    "another --out"
+                ) from None
+            if self._still_there(fd):
+                break
+            os.close(fd)  # (removed or replaced since it was opened: a lock on it locks out no other run)
+        else:
+            raise ConfigError(f"{self.path} is removed or replaced as fast as it is locked: use another --out")
+        self._fd = fd
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+
+    def _open(self, directory: Path) -> int:
+        """The lock file, opened (created if missing)."""
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = self._holder()
-            os.close(self._fd)
-            self._fd = None
-            raise ConfigError(
-                f"{directory} is in use by another dgrpo process (PID {holder}); wait for it to finish or use "
-                "another --out"
-            ) from None
-        os.ftruncate(self._fd, 0)
-        os.write(self._fd, f"{os.getpid()}\n".encode())
+            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # (a run refused as this one started removed the directory it had made)
+            raise ConfigError(f"{directory} was removed as this run started: run it again") from None
+
+    def _still_there(self, fd: int) -> bool:
+        """Whether the file ``fd`` locks is still the lock file (another process may have removed it, its run directory
+        with it, between the open and the lock: a lock on that file then held out no one, and two runs went on)."""
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(fd)
+        return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
 
     def _holder(self, wait_s: float = 0.5) -> str:
         """The PID the holder wrote in the lock file. A holder that has just taken the lock empties the file before it
