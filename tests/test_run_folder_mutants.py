@@ -206,3 +206,24 @@ def test_a_lock_file_removed_between_its_open_and_its_lock_is_not_the_one_held(t
     monkeypatch.setattr(out_dir.fcntl, "flock", directory_removed_first)
     with pytest.raises(ConfigError, match=r"gone was removed as this run started: run it again"):
         RunLock(gone)
+
+
+def test_a_rewind_of_a_finished_run_removes_the_abandoned_end(tmp_path):
+    """A rewind of a finished run to one of its earlier checkpoints abandons the steps after it, its end included:
+    final/ and summary.json (written after the last checkpoint) were kept until the rewound run's own end, so a stop
+    before it left them, reading as the rewound run's finished model and summary. They go with the later checkpoints;
+    a resume of the newest checkpoint (nothing abandoned) keeps them."""
+    out = tmp_path / "run"
+    root = out / "checkpoints"
+    two, four = state_only_checkpoint(root / "step-00000002"), state_only_checkpoint(root / "step-00000004")
+    (out / "final").mkdir()
+    (out / "final" / "manifest.json").write_text("{}")
+    (out / "summary.json").write_text("{}")
+    with grpo_run_dir(out, resume=str(four)) as run:
+        run.resume(loads_no_base)
+        run.start({"step": 4, "metrics_lines": 0})
+    assert (out / "final").is_dir() and (out / "summary.json").is_file()
+    with grpo_run_dir(out, resume=str(two)) as run:
+        run.resume(loads_no_base)
+        run.start({"step": 2, "metrics_lines": 0})
+    assert not (out / "final").exists() and not (out / "summary.json").exists() and not four.exists()

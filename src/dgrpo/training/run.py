@@ -581,7 +581,10 @@ class RunDir(ResumeCheck):
         than N: the resumed run writes those steps anew, and a stop before it did left them as the newest, which the
         same command without ``--resume`` (as the stop's line advised) resumed: the abandoned steps' weights, under
         the metrics rows and config of the rewound ones, the rows between them lost. Each is renamed to a temporary
-        name first (removed at a run's start), so that a stop during its removal leaves no half checkpoint."""
+        name first (removed at a run's start), so that a stop during its removal leaves no half checkpoint. A finished
+        run's ``final/`` and ``summary.json`` are then the abandoned steps' end (its last checkpoint is among those
+        removed): removed too (:meth:`_drop_earlier_finish`), else a stop of the rewound run left them, reading as its
+        finished model and summary (``dgrpo eval --model OUT`` took that final/)."""
         if not self.explicit or self.checkpoint is None:
             return
         root = self.out_dir / CHECKPOINTS_DIR
@@ -599,6 +602,7 @@ class RunDir(ResumeCheck):
                 f"dgrpo: rewound to {self.checkpoint.name}: removed this run's later checkpoints {names} (the run "
                 "writes those steps anew)"
             )
+            self._drop_earlier_finish()
 
     def best_record(self) -> str | None:
         """What identifies the run's ``best/`` now: the sha256 of its manifest (which lists its files' digests; a
