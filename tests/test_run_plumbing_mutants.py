@@ -309,6 +309,23 @@ def test_another_commands_run_is_refused_with_the_init_hint_for_sft_into_grpo_on
         check_resume_config(sft, tiny_config(), "grpo")
 
 
+def test_another_commands_checkpoint_named_by_resume_is_refused_saying_to_drop_resume(tmp_path):
+    """A checkpoint of the other command named by ``--resume PATH`` (with a new ``--out``) is refused saying to drop
+    ``--resume`` (an SFT checkpoint: with ``--init`` on it), not to name a new ``--out``: the ``--out`` is new already,
+    and another one is refused the same way."""
+    from dgrpo.training.resume_check import check_resume_config
+
+    grpo = state_only_checkpoint(tmp_path / "grpo" / "checkpoints" / "step-00000002")
+    sft = tmp_path / "sft" / "checkpoints" / "step-00000002"
+    sft.mkdir(parents=True)
+    (sft / "state.json").write_text('{"progress": {}}')
+    with pytest.raises(ConfigError, match=f"^--resume {grpo} is .*which `dgrpo sft` cannot resume: drop --resume$"):
+        check_resume_config(tmp_path / "new-sft", tiny_config(), "sft", resume=str(grpo))
+    said = f"^--resume {sft} is .*`dgrpo grpo` cannot resume: drop --resume; to start from its model: --init {sft}$"
+    with pytest.raises(ConfigError, match=said):
+        check_resume_config(tmp_path / "new-grpo", tiny_config(), "grpo", resume=str(sft))
+
+
 def test_a_run_with_rollouts_alone_is_grpos_and_not_started_over_by_sft(tmp_path):
     """``--resume never`` of ``dgrpo sft`` on a folder holding a GRPO run without checkpoints, known by its
     rollouts.jsonl alone (no summary, no metrics rows yet), is refused: it would delete that run."""

@@ -349,9 +349,10 @@ class ResumeCheck:
         start = f"; to start from its model: --init {source}" if (found, self.command) == ("sft", "grpo") else ""
         what = "run's checkpoint" if self.explicit or resume_candidates(self.out_dir) else "run"
         deletes = " (--resume never would delete it)" if self.resume_mode == "never" else ""
+        # (a checkpoint named by --resume is another run's, not this --out's: the --out is not what to change)
+        advice = "drop --resume" if self.explicit else "name a new --out"
         raise ConfigError(
-            f"{where} a `dgrpo {found}` {what}, which `dgrpo {self.command}` cannot resume{deletes}: name a new "
-            f"--out{start}"
+            f"{where} a `dgrpo {found}` {what}, which `dgrpo {self.command}` cannot resume{deletes}: {advice}{start}"
         )
 
     def _started_with(self) -> dict | None:
