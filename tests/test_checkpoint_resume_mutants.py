@@ -224,6 +224,28 @@ def test_a_state_file_holding_python_objects_is_refused_not_unpickled(tmp_path):
         read_checkpoint(ckpt, lm=StubReadLM(), optimizer=opt)
 
 
+@pytest.mark.parametrize(
+    ("state", "said"),
+    [
+        ({"loop": {}, "step": 1, "rng": {}}, "state.json lacks trainer"),
+        ({"trainer": {}, "loop": {}}, "state.json lacks step, rng"),
+        ([1, 2], "state.json does not hold a JSON object"),
+    ],
+)
+def test_a_state_file_without_what_the_resume_reads_is_refused_before_anything_loads(tmp_path, state, said):
+    """state.json (its manifest rewritten to match) without a key the command's resume reads, or not an object: one
+    line when the checkpoint is read, so that the previous one is tried (it was a KeyError's traceback once the
+    weights were applied, or an AttributeError's line)."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    ckpt = save_checkpoint(tmp_path, 1, lm=StubReadLM(), optimizer=opt, state={"trainer": {}, "loop": {}})
+    read_checkpoint(ckpt, lm=StubReadLM(), optimizer=opt, state_keys=("trainer", "loop"))
+    (ckpt / "state.json").write_text(json.dumps(state))
+    (ckpt / "manifest.json").unlink()
+    write_manifest(ckpt)
+    with pytest.raises(CheckpointError, match=f"^{said}$"):
+        read_checkpoint(ckpt, lm=StubReadLM(), optimizer=opt, state_keys=("trainer", "loop"))
+
+
 def test_a_sharded_checkpoint_takes_the_staged_shards_and_the_optimizers_groups_and_no_weights(tmp_path):
     """fsdp: sharded: model/ is written without weights, the ranks' staged shards are moved in as dcp/ (their staging
     folder removed), optimizer.pt holds the groups the ranks prepared (not the local optimizer's), and the manifest

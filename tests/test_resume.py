@@ -269,7 +269,9 @@ def _kill_after_checkpoint(ckpt, out, step):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("damage", ["dropped-tensor", "truncated-weights", "pickled-optimizer", "wrong-shape"])
+@pytest.mark.parametrize(
+    "damage", ["dropped-tensor", "truncated-weights", "pickled-optimizer", "wrong-shape", "state-without-trainer"]
+)
 def test_a_damaged_newest_checkpoint_is_reported_and_the_previous_one_resumed(
     sft_checkpoint, reference_run, tmp_path, damage
 ):
@@ -292,6 +294,10 @@ def test_a_damaged_newest_checkpoint_is_reported_and_the_previous_one_resumed(
             save_file(state, str(weights), metadata={"format": "pt"})
         elif damage == "truncated-weights":
             weights.write_bytes(weights.read_bytes()[:1000])
+        elif damage == "state-without-trainer":  # (read after the weights were applied: a KeyError's traceback)
+            state = json.loads((ckpt / "state.json").read_text())
+            del state["trainer"]
+            (ckpt / "state.json").write_text(json.dumps(state))
         else:  # an optimizer file that only unpickling code could read
 
             class Evil:

@@ -290,11 +290,13 @@ def read_checkpoint(
     optimizer: torch.optim.Optimizer,
     extra_models: dict[str, Any] | None = None,
     sharded: bool = False,
+    state_keys: tuple[str, ...] = (),
 ) -> LoadedCheckpoint:
     """Verify a checkpoint (manifest, every required file) and read all of it into memory, checking that it fits:
     the weights are exactly the model's tensors with their shapes, the optimizer state matches the optimizer's
-    parameters (``sharded``: an FSDP2 model's, whose checkpoints name them). Raises CheckpointError (one line) on any
-    problem; mutates nothing."""
+    parameters (``sharded``: an FSDP2 model's, whose checkpoints name them), ``state.json`` is an object holding
+    :data:`STATE_KEYS` and the command's ``state_keys``. Raises CheckpointError (one line) on any problem; mutates
+    nothing."""
     shards = ckpt / SHARDED_DIR if (ckpt / SHARDED_DIR).is_dir() else None  # (fsdp: sharded wrote it)
     problem = verify(ckpt, required_files(lm, extra_models, shards is not None))
     if problem is not None:
@@ -304,6 +306,7 @@ def read_checkpoint(
     check_same_local_base(ckpt, lm)
     try:
         state = json.loads((ckpt / RESUMABLE_STATE).read_text())
+        _check_state_keys(state, (*STATE_KEYS, *state_keys))
         check_same_optimizer(ckpt, state, optimizer)
         weights = lm.read_weights_dir(ckpt / "model") if shards is None else {}  # (shards: read as they load)
         if shards is not None:  # their names and shapes, from the metadata: a wrong model is refused here, whole
@@ -323,6 +326,20 @@ def read_checkpoint(
     except Exception as e:  # noqa: BLE001 - truncated files, bad JSON, ...: each one line
         raise CheckpointError(one_line(e)) from None
     return LoadedCheckpoint(ckpt, state, weights, extra, opt_state, rng, shards, _local_base(lm))
+
+
+#: what save_checkpoint adds to every checkpoint's ``state.json`` (a command's own keys: ``state_keys``)
+STATE_KEYS = ("step", "rng")
+
+
+def _check_state_keys(state: Any, keys: tuple[str, ...]) -> None:
+    """A CheckpointError when ``state`` (``state.json``'s content) is not an object holding ``keys``: a resume read
+    them after the weights were applied, a traceback instead of the fall back to the previous checkpoint."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{RESUMABLE_STATE} does not hold a JSON object")
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise CheckpointError(f"{RESUMABLE_STATE} lacks {', '.join(missing)}")
 
 
 def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:

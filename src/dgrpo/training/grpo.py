@@ -890,7 +890,10 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
     """Load the newest checkpoint that loads into the trainer (if any) and open the metrics log."""
     extra = _extra_models(trainer)
     sharded, lm, opt = trainer.dist.fsdp, trainer.lm, trainer.opt
-    loaded = run.resume(lambda ckpt: read_checkpoint(ckpt, lm=lm, optimizer=opt, extra_models=extra, sharded=sharded))
+    keys = ("trainer", "loop", "metrics_lines")  # (state.json's, beside every checkpoint's: what a GRPO resume reads)
+    loaded = run.resume(
+        lambda ckpt: read_checkpoint(ckpt, lm=lm, optimizer=opt, extra_models=extra, sharded=sharded, state_keys=keys)
+    )
     saved = loaded.apply(lm, opt, extra, trainer.dist) if loaded is not None else None
     loop = LoopState()
     check_restart(trainer.lm, saved is not None, "train_grpo")

@@ -169,7 +169,15 @@ class SFTRun:
         self.plan = Curriculum(cfg, epoch_steps(n_train, cfg))
         self.prog, saved = Progress(), None
         opt = new_optimizer(self.params, cfg)  # the state a checkpoint loads into
-        loaded = run.resume(lambda ckpt: read_checkpoint(ckpt, lm=lm, optimizer=opt, sharded=dist.fsdp))
+        loaded = run.resume(
+            lambda ckpt: read_checkpoint(
+                ckpt,
+                lm=lm,
+                optimizer=opt,
+                sharded=dist.fsdp,
+                state_keys=("progress", "nonfinite_skips", "metrics_lines"),
+            )
+        )
         self.opt: torch.optim.Optimizer | None = None  # a fresh run makes it at its first stage
         check_restart(lm, loaded is not None, "train_sft")
         if loaded is not None:
