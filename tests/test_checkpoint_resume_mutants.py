@@ -246,6 +246,39 @@ def test_a_state_file_without_what_the_resume_reads_is_refused_before_anything_l
         read_checkpoint(ckpt, lm=StubReadLM(), optimizer=opt, state_keys=("trainer", "loop"))
 
 
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        ("no-torch-state", r"rng.pt does not hold torch's CPU random state \(torch_cpu\)"),
+        ("short-torch-state", r"a random state does not load \(RuntimeError: .*\)"),
+        ("no-numpy-state", r"state.json: its rng lacks the Python or NumPy random state"),
+        ("short-python-state", r"a random state does not load \(ValueError: state vector is the wrong size\)"),
+    ],
+)
+def test_random_states_that_do_not_load_are_refused_before_anything_loads(tmp_path, damage, said):
+    """Random states (rng.pt, state.json's rng; the manifest rewritten to match) that restore_rng cannot put back: one
+    line when the checkpoint is read, so that the previous one is tried (restore_rng raised a traceback after the
+    weights were applied); the process's own random states are untouched by the check."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    ckpt = save_checkpoint(tmp_path, 1, lm=StubReadLM(), optimizer=opt, state={})
+    state = json.loads((ckpt / "state.json").read_text())
+    if damage == "no-torch-state":
+        torch.save({"torch_cuda_0": torch.zeros(3, dtype=torch.uint8)}, ckpt / "rng.pt")
+    elif damage == "short-torch-state":
+        torch.save({"torch_cpu": torch.zeros(3, dtype=torch.uint8)}, ckpt / "rng.pt")
+    elif damage == "no-numpy-state":
+        del state["rng"]["numpy"]
+    else:
+        state["rng"]["python"] = [3, [1, 2], None]
+    (ckpt / "state.json").write_text(json.dumps(state))
+    (ckpt / "manifest.json").unlink()
+    write_manifest(ckpt)
+    before = torch.random.get_rng_state()
+    with pytest.raises(CheckpointError, match=f"^{said}$"):
+        read_checkpoint(ckpt, lm=StubReadLM(), optimizer=opt)
+    assert torch.equal(torch.random.get_rng_state(), before)
+
+
 def test_a_sharded_checkpoint_takes_the_staged_shards_and_the_optimizers_groups_and_no_weights(tmp_path):
     """fsdp: sharded: model/ is written without weights, the ranks' staged shards are moved in as dcp/ (their staging
     folder removed), optimizer.pt holds the groups the ranks prepared (not the local optimizer's), and the manifest

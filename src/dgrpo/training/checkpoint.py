@@ -319,6 +319,7 @@ def read_checkpoint(
         check_same_sharding(ckpt, opt_state, sharded)
         check_optimizer_state(optimizer, opt_state, dict(lm.model.named_parameters()) if sharded else None)
         rng = torch.load(ckpt / "rng.pt", weights_only=True)
+        _check_rng(state["rng"], rng)
     except (CheckpointError, ConfigError):
         raise
     except pickle.UnpicklingError:
@@ -340,6 +341,24 @@ def _check_state_keys(state: Any, keys: tuple[str, ...]) -> None:
     missing = [k for k in keys if k not in state]
     if missing:
         raise CheckpointError(f"{RESUMABLE_STATE} lacks {', '.join(missing)}")
+
+
+def _check_rng(js: Any, tensors: Any) -> None:
+    """A CheckpointError when the random states (``state.json``'s ``rng``, ``rng.pt``) are not what
+    :func:`restore_rng` puts back, tried on generators of their own (the global ones untouched): it ran after the
+    weights were applied, a traceback instead of the fall back to the previous checkpoint."""
+    if not isinstance(js, dict) or any(k not in js for k in ("python", "numpy")):
+        raise CheckpointError(f"{RESUMABLE_STATE}: its rng lacks the Python or NumPy random state")
+    if not isinstance(tensors, dict) or not isinstance(tensors.get("torch_cpu"), torch.Tensor):
+        raise CheckpointError("rng.pt does not hold torch's CPU random state (torch_cpu)")
+    try:
+        v, state, gauss = js["python"]
+        random.Random().setstate((v, tuple(state), gauss))
+        name, keys, pos, has_gauss, cached = js["numpy"]
+        np.random.RandomState().set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+        torch.Generator().set_state(tensors["torch_cpu"])
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"a random state does not load ({one_line(e)})") from None
 
 
 def optimizer_kind(optimizer: torch.optim.Optimizer) -> str:
