@@ -790,6 +790,23 @@ def test_a_stopped_fork_is_told_to_drop_resume_and_refused_when_given_it_again(t
         assert run.candidates == [own]
 
 
+def test_a_fork_into_an_out_of_another_config_is_refused_as_a_fork_before_the_config_is_compared(tmp_path):
+    """--resume PATH of another run into an --out that holds a run of its own (its checkpoints, its config.json of
+    another config): the command line's check before loading compared the config with that run's config.json and
+    said --resume PATH 'is from a run started with a different config' and to pass --allow-config-change, which was
+    then refused as a fork; the fork's refusal comes first, in that check as in the run's."""
+    from dgrpo.config import ConfigError, to_dict
+    from dgrpo.training.resume_check import check_resume_config
+
+    parent = _fake_checkpoint(tmp_path / "parent" / "checkpoints" / "step-00000004")
+    out = tmp_path / "other"
+    _fake_checkpoint(out / "checkpoints" / "step-00000008")
+    (out / "config.json").write_text(json.dumps(to_dict(tiny_config(**{"grpo.steps": 200}))))
+    with pytest.raises(ConfigError, match=f"^--resume {parent} is another run's checkpoint, and ") as e:
+        check_resume_config(out, tiny_config(), "grpo", resume=str(parent))
+    assert "drop --resume to continue from" in str(e.value) and "step-00000008" in str(e.value)
+
+
 def test_a_rewind_removes_the_later_checkpoints_so_that_a_stop_resumes_the_rewound_run(tmp_path):
     """--resume OUT/checkpoints/step-N (a rewind, under a changed config too) left the later checkpoints of the run
     it abandoned: stopped before it rewrote them, the same command without --resume (as the stop's line advises)

@@ -262,6 +262,8 @@ class ResumeCheck:
         self.candidates = self._candidates()
         if not self.candidates:
             return
+        if self.explicit:  # (first: a config compared with another run's config.json said to allow the change)
+            self._check_fork()
         self._check_command()
         self.ignored = LOAD_RESOLVED_KEYS
         self._check_config()
@@ -298,6 +300,21 @@ class ResumeCheck:
     def explicit(self) -> bool:
         """Resuming from one named checkpoint (``--resume PATH``), not the newest of this directory's."""
         return self.resume_mode not in ("auto", "never")
+
+    def _check_fork(self) -> None:
+        """``--resume PATH`` with PATH outside ``OUT/checkpoints`` (a fork of another run's checkpoint) into an OUT
+        that already holds checkpoints of its own (the fork was stopped, and the same command given again) is refused:
+        it would go back to PATH, run the fork's steps again over its own metrics rows and best/. A rewind to one of
+        OUT's own checkpoints stays allowed."""
+        own = resume_candidates(self.out_dir)
+        named = self.candidates[0].resolve()
+        if not own or named.is_relative_to((self.out_dir / CHECKPOINTS_DIR).resolve()):
+            return
+        raise ConfigError(
+            f"--resume {self.candidates[0]} is another run's checkpoint, and {self.out_dir / CHECKPOINTS_DIR} holds "
+            f"this run's own (the newest: {own[0].name}): drop --resume to continue from {own[0]}, or name a new "
+            f"--out (or remove {self.out_dir / CHECKPOINTS_DIR}) to start from {self.candidates[0]}"
+        )
 
     def _changed_keys(self, old: dict) -> list[str]:
         """The keys a resume compares that differ between ``old`` and this run's config: not those this command never

@@ -58,7 +58,6 @@ from .checkpoint import (
     list_checkpoints,
     repoint_run_adapters,
     reset_metrics,
-    resume_candidates,
     write_failed,
 )
 from .consolidate import ADDED_BY_CONSOLIDATION, CONSOLIDATED
@@ -328,21 +327,6 @@ class RunDir(ResumeCheck):
                 problem = e
         if self.dist.sum_int(int(problem is not None)):
             raise problem or ConfigError(f"{self.out_dir}: the run directory cannot be used (see rank 0's error)")
-
-    def _check_fork(self) -> None:
-        """``--resume PATH`` with PATH outside ``OUT/checkpoints`` (a fork of another run's checkpoint) into an OUT
-        that already holds checkpoints of its own (the fork was stopped, and the same command given again) is refused:
-        it would go back to PATH, run the fork's steps again over its own metrics rows and best/. A rewind to one of
-        OUT's own checkpoints stays allowed."""
-        own = resume_candidates(self.out_dir)
-        named = self.candidates[0].resolve()
-        if not own or named.is_relative_to((self.out_dir / CHECKPOINTS_DIR).resolve()):
-            return
-        raise ConfigError(
-            f"--resume {self.candidates[0]} is another run's checkpoint, and {self.out_dir / CHECKPOINTS_DIR} holds "
-            f"this run's own (the newest: {own[0].name}): drop --resume to continue from {own[0]}, or name a new "
-            f"--out (or remove {self.out_dir / CHECKPOINTS_DIR}) to start from {self.candidates[0]}"
-        )
 
     def _check_start_over(self) -> None:
         """``--resume never`` deletes what an earlier run wrote here: never another command's run (its checkpoints
