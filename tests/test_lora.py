@@ -848,6 +848,51 @@ def test_a_checkpoint_of_another_adapter_is_refused_on_the_adapters_themselves(b
     assert says.format(model=ckpt / "model") in message and "\n" not in message
 
 
+@pytest.mark.parametrize(
+    "given, refused",
+    [
+        ({"model.lora.r": 8}, "resume with --set model.lora.r=4 (to train another adapter"),
+        ({"model.lora.alpha": 16.0}, "resume with --set model.lora.alpha=8 (to"),
+        (
+            {"model.lora.target_modules": "[q_proj]"},
+            "resume with --set 'model.lora.target_modules=[k_proj,q_proj,v_proj]'",
+        ),
+        ({"model.lora.train_latent_tokens": "false"}, "resume with --set model.lora.train_latent_tokens=true (to"),
+        ({}, None),  # (the same adapter: loaded)
+        ({"model.lora.target_modules": "[all-linear]"}, None),  # (PEFT expands it on the loaded model)
+        ({"model.lora.r": 8, "init": "adapter"}, None),  # (an --init adapter's own settings win: the same adapter)
+    ],
+    ids=["r", "alpha", "target_modules", "train_latent_tokens", "same", "all_linear", "init_adapter"],
+)
+def test_a_resume_that_would_build_another_adapter_is_refused_before_the_model_loads(
+    base_dirs, tmp_path, monkeypatch, run_cli, given, refused
+):
+    """dgrpo grpo / sft resuming a LoRA run with a model.lora that builds another adapter than its checkpoints': the
+    refusal came after the data were read and the base model loaded (minutes for a 1.5B base). It now comes from the
+    files alone, before anything is loaded; what they cannot tell (all-linear targets, an --init adapter's own
+    settings, which win) is left to the check once the model is loaded."""
+    given = dict(given)
+    init = tmp_path / "adapter" if given.pop("init", None) else base_dirs / "qwen2"
+    targets = {"target_modules": ["k_proj", "q_proj", "v_proj"]}
+    lm = _adapter_run(base_dirs / "qwen2", tmp_path / "run", **targets)
+    lm.save_pretrained(tmp_path / "adapter")
+    ckpt = tmp_path / "run" / "checkpoints" / "step-00000001"
+
+    def loads(*args, **kwargs):
+        raise CheckpointError("the model was loaded")
+
+    monkeypatch.setattr(LatentLM, "from_pretrained", loads)
+    lora_sets = {"model.lora.r": 4, "model.lora.alpha": 8.0, "model.lora.target_modules": "[q_proj,k_proj,v_proj]"}
+    args = tiny_args(**{**lora_sets, **given, "task.n_train": 64, "task.n_valid": 8, "task.n_test": 8})
+    r = run_cli("grpo", "--init", init, "--out", tmp_path / "run", *args)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    if refused is None:
+        assert "the model was loaded" in r.stderr
+        return
+    said = f"{ckpt} holds a LoRA adapter that this run's model.lora would not build: "
+    assert said in r.stderr and refused in r.stderr, r.stderr
+
+
 def test_an_export_whose_merged_weights_overflow_its_dtype_is_refused(base_dirs, tmp_path, capsys):
     """float16 ends at 65504: a merged weight past it was written as inf without a word."""
     from dgrpo.cli import main

@@ -481,11 +481,40 @@ def other_adapter(folder: Path, lm: LatentLM) -> str | None:
     """How the adapter saved in ``folder`` differs from the policy adapter ``lm`` holds (None: the same): the
     ``model.lora`` settings that would give the saved one, as ``--set`` takes them (target modules as
     :func:`targets_setting` spells them)."""
-    saved, now = adapter_shape(_adapter_config(folder)), adapter_shape(lm.peft.peft_config[POLICY])
-    if saved == now:
+    return adapter_changes(folder, adapter_shape(lm.peft.peft_config[POLICY]))
+
+
+def planned_adapter(lora_cfg: dict, source: str) -> dict[str, Any] | None:
+    """The adapter a run of ``lora_cfg`` (its ``model.lora``, as a config dict) on ``source`` (its
+    ``model.name_or_path`` as the run records it) will train, as :func:`adapter_shape` gives it, from the files
+    alone, before the model is loaded: an adapter directory's own (its settings win over ``model.lora``), else
+    ``model.lora``'s values, without the target modules when they are ``all-linear`` (PEFT expands it on the loaded
+    model). None when the files do not tell: ``r`` = 0 (no adapter, or one merged), a hub id, an unreadable
+    ``adapter_config.json`` (loading it says why)."""
+    if not int(lora_cfg.get("r") or 0) or not Path(source).is_absolute() or not Path(source).is_dir():
+        return None
+    if is_adapter_dir(Path(source)):
+        try:
+            return adapter_shape(_adapter_config(Path(source)))
+        except CheckpointError:
+            return None
+    shape = {
+        "r": int(lora_cfg["r"]),
+        "alpha": float(lora_cfg.get("alpha") or 0),
+        "train_latent_tokens": bool(lora_cfg.get("train_latent_tokens")),
+    }
+    targets = list(lora_cfg.get("target_modules") or [])
+    return shape if targets == ["all-linear"] else {**shape, "target_modules": sorted(targets)}
+
+
+def adapter_changes(folder: Path, now: dict[str, Any]) -> str | None:
+    """How the adapter saved in ``folder`` differs from ``now`` (:func:`adapter_shape`'s keys, or some of them: those
+    compared), as :func:`other_adapter` says it; None: no difference."""
+    saved = adapter_shape(_adapter_config(folder))
+    if all(saved[k] == now[k] for k in now):
         return None
     keep = []
-    for key in (k for k in saved if saved[k] != now[k]):
+    for key in (k for k in saved if k in now and saved[k] != now[k]):
         targets = saved[key]
         if key == "target_modules":
             spelt = targets_setting(targets, folder / ADAPTER_CONFIG)

@@ -454,9 +454,36 @@ def check_same_adapter(ckpt: Path, lm) -> None:
     if getattr(lm, "peft", None) is None or not is_adapter_dir(ckpt / "model"):
         return
     keep = other_adapter(ckpt / "model", lm)
-    if keep is None:
+    if keep is not None:
+        raise other_adapter_error(ckpt, keep)
+
+
+def check_planned_adapter(candidates: list[Path], model_cfg: dict) -> None:
+    """:func:`check_same_adapter` before the model is loaded (a 1.5B base took minutes to be told), from the files
+    alone (:func:`~dgrpo.model.lora.planned_adapter`: the adapter ``model_cfg``, the run's ``model`` config as a
+    dict, builds on the model it names), against the first of the checkpoints to resume (newest first) whose
+    adapter config reads: a run's checkpoints hold one kind of adapter. What the files do not tell (a hub model,
+    ``all-linear`` targets) is left to :func:`check_same_adapter`, once the model is loaded."""
+    from ..model.lora import adapter_changes, is_adapter_dir, planned_adapter
+
+    now = planned_adapter(model_cfg.get("lora", {}), str(model_cfg.get("name_or_path", "")))
+    if now is None:
         return
-    raise ConfigError(
+    for ckpt in candidates:
+        if not is_adapter_dir(ckpt / "model"):
+            continue
+        try:
+            keep = adapter_changes(ckpt / "model", now)
+        except CheckpointError:  # (unreadable: the checkpoint's reader says so, and takes an older one)
+            continue
+        if keep is not None:
+            raise other_adapter_error(ckpt, keep)
+        return
+
+
+def other_adapter_error(ckpt: Path, keep: str) -> ConfigError:
+    """The refusal of a LoRA checkpoint whose adapter this run would not build; ``keep``: the settings that would."""
+    return ConfigError(
         f"{ckpt} holds a LoRA adapter that this run's model.lora would not build: resume with {keep} (to train "
         f"another adapter from it, merge it into its base, dgrpo export {ckpt} --merge --out MERGED, and start a new "
         "run with --init MERGED)"

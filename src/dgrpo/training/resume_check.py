@@ -31,7 +31,7 @@ from ..run_layout import (
     stage_dirs,
 )
 from ..text import first_items
-from .checkpoint import checkpoint_command, resume_candidates
+from .checkpoint import check_planned_adapter, checkpoint_command, resume_candidates
 
 #: options that change neither the computation nor its results: a resumed run may change them freely. Recomputing
 #: the decoder layers or calls gives the same gradients, bit for bit on CPU (tests/test_recompute.py); keeping the
@@ -226,9 +226,13 @@ def check_resume_config(
 ) -> None:
     """``dgrpo sft`` / ``dgrpo grpo``'s refusal of a resume under a changed config (or of another command's
     checkpoints), made from the run directory alone before any dataset is read or the model loaded (at the paper's
-    scale those take minutes, and the refusal came after them), in the command line's words. The keys a run takes from
-    its model (:data:`LOAD_RESOLVED_KEYS`) are left to :class:`~.run.RunDir`'s check, after the model loads."""
-    ResumeCheck(out_dir, to_dict(cfg), command, resume, allow_config_change, log=quiet_log, cli=True).before_loading()
+    scale those take minutes, and the refusal came after them), in the command line's words, and so is a LoRA
+    checkpoint whose adapter this run would not build (:func:`~.checkpoint.check_planned_adapter`). The keys a run
+    takes from its model (:data:`LOAD_RESOLVED_KEYS`) are left to :class:`~.run.RunDir`'s check, after the model
+    loads."""
+    check = ResumeCheck(out_dir, to_dict(cfg), command, resume, allow_config_change, log=quiet_log, cli=True)
+    check.before_loading()
+    check_planned_adapter(check.candidates, check.cfg.get("model", {}))
 
 
 class ResumeCheck:
