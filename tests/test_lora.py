@@ -893,6 +893,32 @@ def test_a_resume_that_would_build_another_adapter_is_refused_before_the_model_l
     assert said in r.stderr and refused in r.stderr, r.stderr
 
 
+def test_a_resume_on_other_base_weights_is_refused_before_the_model_loads(
+    base_dirs, tokenizer, tmp_path, monkeypatch, run_cli
+):
+    """A LoRA run resumed on a base whose weights are not those its adapter was trained on (another model saved at
+    the base's place): refused from the fingerprints, before the data and the model are read (it was after)."""
+    import shutil
+
+    shutil.copytree(base_dirs / "qwen2", tmp_path / "base")
+    _adapter_run(tmp_path / "base", tmp_path / "run")
+    ckpt = tmp_path / "run" / "checkpoints" / "step-00000001"
+
+    def loads(*args, **kwargs):
+        raise CheckpointError("the model was loaded")
+
+    monkeypatch.setattr(LatentLM, "from_pretrained", loads)
+    sets = {"model.lora.r": 4, "model.lora.alpha": 8.0, "task.n_train": 64, "task.n_valid": 8, "task.n_test": 8}
+    r = run_cli("grpo", "--init", tmp_path / "base", "--out", tmp_path / "run", *tiny_args(**sets))
+    assert "the model was loaded" in r.stderr  # (the same weights: loaded)
+    shutil.rmtree(tmp_path / "base")
+    make_lm(tokenizer, seed=1).save_pretrained(tmp_path / "base")  # (other weights at the base's place)
+    r = run_cli("grpo", "--init", tmp_path / "base", "--out", tmp_path / "run", *tiny_args(**sets))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    said = f"{ckpt}: its LoRA adapter was trained on other weights than those of its base loaded now, {tmp_path}/base"
+    assert said in r.stderr
+
+
 def test_an_export_whose_merged_weights_overflow_its_dtype_is_refused(base_dirs, tmp_path, capsys):
     """float16 ends at 65504: a merged weight past it was written as inf without a word."""
     from dgrpo.cli import main

@@ -507,6 +507,24 @@ def planned_adapter(lora_cfg: dict, source: str) -> dict[str, Any] | None:
     return shape if targets == ["all-linear"] else {**shape, "target_modules": sorted(targets)}
 
 
+def planned_base(source: str) -> str | None:
+    """The local base directory a LoRA run on ``source`` (its ``model.name_or_path`` as the run records it) puts its
+    adapter on, from the files alone, before the model is loaded: ``source`` itself, or the base an adapter
+    directory names; None for a hub base, or a base that cannot be found (loading it says why)."""
+    from .sources import resolve_checkpoint
+
+    if not Path(source).is_absolute() or not Path(source).is_dir():
+        return None
+    if not is_adapter_dir(Path(source)):
+        return source
+    try:
+        named = Path(adapter_base(Path(source))).expanduser()
+        base = str(resolve_checkpoint(named)) if named.exists() else None
+    except CheckpointError:
+        return None
+    return base if base is not None and Path(base).is_absolute() else None
+
+
 def adapter_changes(folder: Path, now: dict[str, Any]) -> str | None:
     """How the adapter saved in ``folder`` differs from ``now`` (:func:`adapter_shape`'s keys, or some of them: those
     compared), as :func:`other_adapter` says it; None: no difference."""

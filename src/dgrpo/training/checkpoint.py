@@ -459,14 +459,16 @@ def check_same_adapter(ckpt: Path, lm) -> None:
 
 
 def check_planned_adapter(candidates: list[Path], model_cfg: dict) -> None:
-    """:func:`check_same_adapter` before the model is loaded (a 1.5B base took minutes to be told), from the files
-    alone (:func:`~dgrpo.model.lora.planned_adapter`: the adapter ``model_cfg``, the run's ``model`` config as a
-    dict, builds on the model it names), against the first of the checkpoints to resume (newest first) whose
-    adapter config reads: a run's checkpoints hold one kind of adapter. What the files do not tell (a hub model,
-    ``all-linear`` targets) is left to :func:`check_same_adapter`, once the model is loaded."""
-    from ..model.lora import adapter_changes, is_adapter_dir, planned_adapter
+    """:func:`check_same_adapter` and :func:`check_same_local_base` before the model is loaded (a 1.5B base took
+    minutes to be told), from the files alone (:func:`~dgrpo.model.lora.planned_adapter` and
+    :func:`~dgrpo.model.lora.planned_base`: the adapter ``model_cfg``, the run's ``model`` config as a dict, builds
+    on the model it names, and its base), against the first of the checkpoints to resume (newest first) whose
+    adapter config reads: a run's checkpoints hold one kind of adapter, on one base. What the files do not tell (a
+    hub model, ``all-linear`` targets) is left to those checks, once the model is loaded."""
+    from ..model.lora import adapter_changes, is_adapter_dir, planned_adapter, planned_base, trained_on
 
-    now = planned_adapter(model_cfg.get("lora", {}), str(model_cfg.get("name_or_path", "")))
+    source = str(model_cfg.get("name_or_path", ""))
+    now = planned_adapter(model_cfg.get("lora", {}), source)
     if now is None:
         return
     for ckpt in candidates:
@@ -478,6 +480,9 @@ def check_planned_adapter(candidates: list[Path], model_cfg: dict) -> None:
             continue
         if keep is not None:
             raise other_adapter_error(ckpt, keep)
+        base = planned_base(source)
+        if base is not None and trained_on(ckpt / "model", base) is False:
+            raise other_base_error(ckpt, base)
         return
 
 
@@ -495,12 +500,18 @@ def check_same_local_base(ckpt: Path, lm) -> None:
     checkpoint's adapter was trained on other weights than those of the local base loaded now (the fingerprint its
     weights record differs): the adapter would continue on another model. The same weights in another place (a
     moved base directory) resume, and the run's adapter folders are pointed there (:func:`repoint_run_adapters`)."""
-    from ..model.lora import adapter_base, trained_on
+    from ..model.lora import trained_on
 
     base = _local_base(lm)
-    if base is None or trained_on(ckpt / "model", base) is not False:
-        return
-    raise ConfigError(
+    if base is not None and trained_on(ckpt / "model", base) is False:
+        raise other_base_error(ckpt, base)
+
+
+def other_base_error(ckpt: Path, base: str) -> ConfigError:
+    """The refusal of a LoRA checkpoint whose adapter was trained on other weights than those of the local ``base``."""
+    from ..model.lora import adapter_base
+
+    return ConfigError(
         f"{ckpt}: its LoRA adapter was trained on other weights than those of its base loaded now, {base} (it was "
         f"saved on the base at {adapter_base(ckpt / 'model')}): resume on the weights it was trained on (--init "
         "naming where they are now), or train an adapter on this base in a new run (another --out)"
