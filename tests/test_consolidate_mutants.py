@@ -195,3 +195,22 @@ def test_a_resumable_checkpoint_of_the_whole_model_is_nothing_to_consolidate(tmp
     model = tmp_path / "step-1" / "model"
     with pytest.raises(CheckpointError, match=rf"^{tmp_path / 'step-1'}: nothing to consolidate: {model} holds the"):
         consolidate_checkpoint(tmp_path / "step-1")
+
+
+def test_dgrpo_consolidate_says_its_line_without_transformers_progress_bars(tmp_path, tokenizer, run_cli):
+    """``dgrpo consolidate`` printed transformers' "Writing model shards" and "Loading weights" bars (its save and the
+    check that the result loads) around its one line, where every other command has them off; they are off while it
+    writes and checks, and as they were afterwards (a Python caller's stay on)."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()
+    try:
+        ckpt, _ = sharded_checkpoint(tmp_path, tokenizer, final=True)
+        r = run_cli("consolidate", ckpt)
+        assert r.returncode == 0 and r.stdout == f"wrote {ckpt}/model.safetensors\n", r.stderr
+        assert "Loading weights" not in r.stderr and "Writing model shards" not in r.stderr, r.stderr
+        assert hf_logging.is_progress_bar_enabled()
+    finally:
+        if not was_on:
+            hf_logging.disable_progress_bar()

@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlan
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+from ..model.hf_loading import hf_progress_bars_off
 from ..model.latent_lm import LatentLM
 from ..model.sources import on_disk
 from ..model.verified import (
@@ -220,7 +221,9 @@ def consolidated(path: str | Path) -> tuple[Path, bool]:
             "back the run's own config.json"
         )
     model.load_state_dict(state, strict=False)
-    with rewritten(path) as tmp:  # (a stop mid-write leaves ``path`` as it was, not a cut-short weights file)
+    # (a stop mid-write leaves ``path`` as it was, not a cut-short weights file; transformers' "Writing model shards"
+    # and "Loading weights" bars, one per step, printed after dgrpo consolidate's line was decided: off)
+    with rewritten(path) as tmp, hf_progress_bars_off():
         out = tmp / target.relative_to(path)
         _save_into(model, out)
         write_manifest(out)
