@@ -1666,3 +1666,40 @@ def test_a_grpo_run_carrying_every_kind_of_state_resumes_bit_identical_after_a_c
     assert _same_weights(a / "best", b / "best")
     for name in ("summary.json", "rollouts.jsonl"):
         assert (a / name).read_text() == (b / name).read_text()
+
+
+@pytest.mark.parametrize(
+    "at, steps, refused",
+    [((2,), 1, True), ((2,), 2, False), ((1, 2), 1, False)],
+    ids=["shortened", "same_steps", "an_older_checkpoint_within"],
+)
+def test_a_shortened_grpo_resume_is_refused_before_the_model_loads(
+    lora_base_dirs, tmp_path, monkeypatch, run_cli, at, steps, refused
+):
+    """dgrpo grpo resuming at a step past grpo.steps (a config change allowed, or a run without config.json): the
+    refusal came once the data were read, the model loaded and the checkpoint read into it. It now comes from the
+    checkpoints' state.json first; when an older checkpoint is within grpo.steps (the newest may be damaged, and the
+    run resume there), it is left to the check made once the checkpoint is loaded."""
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.model.verified import CheckpointError
+
+    for step in at:
+        ckpt = tmp_path / "run" / "checkpoints" / f"step-{step:08d}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "state.json").write_text(json.dumps({"trainer": {"step_idx": step}}))
+
+    def loads(*args, **kwargs):
+        raise CheckpointError("the model was loaded")
+
+    monkeypatch.setattr(LatentLM, "from_pretrained", loads)
+    sets = {"grpo.steps": steps, "task.n_train": 64, "task.n_valid": 8, "task.n_test": 8}
+    r = run_cli("grpo", "--init", lora_base_dirs / "qwen2", "--out", tmp_path / "run", *tiny_args(**sets))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    if not refused:
+        assert "the model was loaded" in r.stderr
+        return
+    assert r.stderr == (
+        f"dgrpo: error: grpo.steps = {steps} is below the step the run resumes at (2): a run cannot be shortened; "
+        "resume with grpo.steps >= 2, or continue an earlier checkpoint in a new directory (--resume "
+        "OUT/checkpoints/step-N --out NEW)\n"
+    )

@@ -73,6 +73,7 @@ from .memory import oom_advice
 from .model_record import recorded_model
 from .preemption import stop_requested, within_step
 from .ref_policy import make_reference
+from .resume_check import shortened_error
 from .rollouts import Rollouts, collect_rollouts, replay_logprobs, resolve_engine, resolve_latent_chain
 from .run import FinalEval, RunDir
 from .run_inputs import (
@@ -902,11 +903,7 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
         _check_same_reward(run, saved["trainer"].get("reward"), trainer.rewards.identity())
         trainer.load_state(saved["trainer"])
         if trainer.step_idx > trainer.cfg.grpo.steps:  # (final/ would hold more steps than the summary says)
-            raise ConfigError(
-                f"grpo.steps = {trainer.cfg.grpo.steps} is below the step the run resumes at ({trainer.step_idx}): a "
-                f"run cannot be shortened; resume with grpo.steps >= {trainer.step_idx}, or continue an earlier "
-                "checkpoint in a new directory (--resume OUT/checkpoints/step-N --out NEW)"
-            )
+            raise shortened_error(trainer.cfg.grpo.steps, trainer.step_idx)
         loop = LoopState(**saved["loop"])
         if loop.best_step is not None and not (run.out_dir / BEST_DIR).is_dir():  # a fork: its best/ is elsewhere
             run.log(f"dgrpo: the checkpoint's best (step {loop.best_step}) is not in {run.out_dir}: best/ starts anew")

@@ -233,6 +233,34 @@ def check_resume_config(
     check = ResumeCheck(out_dir, to_dict(cfg), command, resume, allow_config_change, log=quiet_log, cli=True)
     check.before_loading()
     check_planned_adapter(check.candidates, check.cfg.get("model", {}))
+    if command == "grpo":
+        check_not_shortened(check.candidates, cfg.grpo.steps)
+
+
+def check_not_shortened(candidates: list[Path], steps: int) -> None:
+    """The refusal of a GRPO resume under ``grpo.steps`` below the step its checkpoint is at (allowed to change the
+    config), from the checkpoints' ``state.json`` before the data and the model are read (it came once the checkpoint
+    was loaded): when every checkpoint to resume (newest first) is past ``steps``; one that cannot be read leaves it
+    to the check made once the checkpoint is loaded."""
+    at = []
+    for ckpt in candidates:
+        try:
+            state = json.loads((ckpt / RESUMABLE_STATE).read_text())
+            at.append(int(state["trainer"]["step_idx"]))
+        except (OSError, ValueError, TypeError, KeyError):
+            return
+    if at and min(at) > steps:
+        raise shortened_error(steps, at[0])
+
+
+def shortened_error(steps: int, at: int) -> ConfigError:
+    """The refusal of a GRPO run resumed at step ``at`` under ``grpo.steps`` = ``steps`` below it (its final/ would
+    hold more steps than its summary says)."""
+    return ConfigError(
+        f"grpo.steps = {steps} is below the step the run resumes at ({at}): a run cannot be shortened; resume with "
+        f"grpo.steps >= {at}, or continue an earlier checkpoint in a new directory (--resume OUT/checkpoints/step-N "
+        "--out NEW)"
+    )
 
 
 class ResumeCheck:
