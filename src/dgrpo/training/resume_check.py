@@ -226,10 +226,11 @@ def check_resume_config(
 ) -> None:
     """``dgrpo sft`` / ``dgrpo grpo``'s refusal of a resume under a changed config (or of another command's
     checkpoints), made from the run directory alone before any dataset is read or the model loaded (at the paper's
-    scale those take minutes, and the refusal came after them), in the command line's words, and so is a LoRA
-    checkpoint whose adapter this run would not build (:func:`~.checkpoint.check_planned_adapter`). The keys a run
-    takes from its model (:data:`LOAD_RESOLVED_KEYS`) are left to :class:`~.run.RunDir`'s check, after the model
-    loads."""
+    scale those take minutes, and the refusal came after them), in the command line's words; and so are a LoRA
+    checkpoint whose adapter this run would not build or whose local base holds other weights
+    (:func:`~.checkpoint.check_planned_adapter`), and a GRPO run shortened below its checkpoints' step
+    (:func:`check_not_shortened`). The keys a run takes from its model (:data:`LOAD_RESOLVED_KEYS`) are left to
+    :class:`~.run.RunDir`'s check, after the model loads."""
     check = ResumeCheck(out_dir, to_dict(cfg), command, resume, allow_config_change, log=quiet_log, cli=True)
     check.before_loading()
     check_planned_adapter(check.candidates, check.cfg.get("model", {}))
