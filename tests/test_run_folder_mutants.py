@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -127,7 +128,6 @@ def test_a_second_run_started_as_the_first_takes_the_lock_names_the_first_not_an
     between read nothing and said ``PID unknown``. It now reads again while the file is empty (here the holder
     writes its PID 50 ms after taking the lock), and names it; still refused."""
     import fcntl
-    import os
     import threading
 
     from dgrpo.training.out_dir import RunLock
@@ -227,3 +227,48 @@ def test_a_rewind_of_a_finished_run_removes_the_abandoned_end(tmp_path):
         run.resume(loads_no_base)
         run.start({"step": 2, "metrics_lines": 0})
     assert not (out / "final").exists() and not (out / "summary.json").exists() and not four.exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root opens and writes whatever its mode bits say")
+def test_a_lock_file_or_out_dir_this_user_cannot_write_is_one_line(tmp_path):
+    """A run directory in a shared folder whose lock file another user's run made (here: made read-only) was a
+    PermissionError traceback at ``dgrpo grpo --out OUT``; it is one line naming the file and its owner. An --out
+    inside a directory this user cannot write into is one line too."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".lock").write_text("4242\n")
+    (out / ".lock").chmod(0o444)
+    with pytest.raises(ConfigError, match=r"\.lock, the run directory's lock file, cannot be opened for writing"):
+        grpo_run_dir(out)
+    shut = tmp_path / "shut"
+    shut.mkdir()
+    shut.chmod(0o555)
+    try:
+        with pytest.raises(ConfigError, match=r"--out .*shut/run: cannot write there \(Permission denied\)"):
+            grpo_run_dir(shut / "run")
+    finally:
+        shut.chmod(0o755)
+
+
+def test_a_lock_file_refused_by_the_system_is_one_line_naming_its_owner(tmp_path, monkeypatch):
+    """The same refusal, as the system gives it to a user who may not open another's lock file (as root too, where
+    modes refuse nothing): a ConfigError naming the file, its owner and what to do, not a PermissionError."""
+    import pwd
+
+    from dgrpo.training import out_dir
+
+    lock = tmp_path / ".lock"
+    lock.write_text("4242\n")
+    opened = out_dir.os.open
+
+    def refused(path, *a, **k):
+        if Path(path) == lock:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return opened(path, *a, **k)
+
+    monkeypatch.setattr(out_dir.os, "open", refused)
+    owner = pwd.getpwuid(os.getuid()).pw_name
+    with pytest.raises(ConfigError) as e:
+        out_dir.RunLock(tmp_path)
+    assert str(e.value).startswith(f"{lock}, the run directory's lock file, cannot be opened for writing")
+    assert f"belongs to user {owner}" in str(e.value) and "use another --out" in str(e.value)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pwd
 import time
 from pathlib import Path
 
@@ -112,6 +113,18 @@ def check_output_dir(path: Path, what: str = "--out") -> Path:
     return Path(path)
 
 
+def _owner(path: Path) -> str:
+    """The user who owns ``path``, by name where the system knows it (else ``uid N``)."""
+    try:
+        uid = path.stat().st_uid
+    except OSError:
+        return "another user"
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name}"
+    except KeyError:
+        return f"uid {uid}"
+
+
 class RunLock:
     """An exclusive lock on a run directory for this process's lifetime (``flock``: the OS releases it when the
     process dies, however it dies). A second process on the same directory gets a one-line ConfigError naming
@@ -147,6 +160,12 @@ class RunLock:
             return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except FileNotFoundError:  # (a run refused as this one started removed the directory it had made)
             raise ConfigError(f"{directory} was removed as this run started: run it again") from None
+        except PermissionError as e:  # (a shared folder: the directory writable, the lock file another user's)
+            raise ConfigError(
+                f"{self.path}, the run directory's lock file, cannot be opened for writing ({e.strerror}; it belongs "
+                f"to {_owner(self.path)}): that user's run may be in {directory}; use another --out, or have its "
+                "owner make the file writable to you or remove it"
+            ) from None
 
     def _still_there(self, fd: int) -> bool:
         """Whether the file ``fd`` locks is still the lock file (another process may have removed it, its run directory
