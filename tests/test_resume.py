@@ -1703,3 +1703,38 @@ def test_a_shortened_grpo_resume_is_refused_before_the_model_loads(
         "resume with grpo.steps >= 2, or continue an earlier checkpoint in a new directory (--resume "
         "OUT/checkpoints/step-N --out NEW)\n"
     )
+
+
+def test_an_sft_rewind_removes_the_stage_folders_the_abandoned_steps_wrote(tmp_path):
+    """An SFT rewind (--resume OUT/checkpoints/step-N) removed the later checkpoints and final/, but kept the stage-K/
+    folders the abandoned steps wrote: stopped before it wrote them anew (or ending short of that stage under a
+    changed curriculum), the run left them as its own stage-K models (--init OUT/stage-K took them). Those named by a
+    stage's end row past the checkpoint's metrics rows are removed, with a line; the earlier stages' stay, and an
+    auto resume removes none."""
+    from types import SimpleNamespace
+
+    out = tmp_path / "run"
+    ckpts = [_fake_checkpoint(out / "checkpoints" / f"step-0000000{n}", "sft") for n in (2, 4, 6, 8)]
+    stages = []
+    for k in range(4):
+        stages.append(out / f"stage-{k}")
+        stages[-1].mkdir()
+        (stages[-1] / "manifest.json").write_text("{}")
+    (out / "final").mkdir()
+    (out / "final" / "manifest.json").write_text("{}")
+    rows = []
+    for k, step in enumerate((2, 4, 6, 8)):  # one epoch per stage: a training row, then the stage's end row
+        rows += [{"step": step, "epoch": k, "stage": k, "n_latent": k}, {"step": step, "stage": k, "n_latent": k}]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with _run_dir(out, "sft") as run:  # (auto: the newest resumed, nothing removed)
+        run.resume(lambda c: SimpleNamespace(base=None))
+        run.start({"step": 8, "metrics_lines": 8})
+    assert all(s.is_dir() for s in stages) and (out / "final").is_dir()
+    said: list[str] = []
+    with _run_dir(out, "sft", resume=str(ckpts[1])) as run:  # step 4: after stage 1's end row (4 rows)
+        run.log = said.append
+        run.resume(lambda c: SimpleNamespace(base=None))
+        run.start({"step": 4, "metrics_lines": 4})
+    assert [s.is_dir() for s in stages] == [True, True, False, False] and not (out / "final").exists()
+    assert any("removed stage-2/, stage-3/" in line and "abandons" in line for line in said), said
+    assert not any(p.name.startswith(".tmp-") for p in out.iterdir())

@@ -513,7 +513,7 @@ class RunDir(ResumeCheck):
         if resumed_state is not None:
             self._adopt_base(self.base_now)
         if self.dist.is_main:
-            self._drop_abandoned_checkpoints()
+            self._drop_abandoned_checkpoints(resumed_state["metrics_lines"] if resumed_state is not None else 0)
             step = resumed_state["step"] if resumed_state is not None else 0
             if resumed_state is not None and self.changed:
                 self._keep_config_history(step)
@@ -560,7 +560,7 @@ class RunDir(ResumeCheck):
         left without a word)."""
         _write_whole(self.rollouts_path, "".join(r + "\n" for r in kept))
 
-    def _drop_abandoned_checkpoints(self) -> None:
+    def _drop_abandoned_checkpoints(self, keep_lines: int) -> None:
         """A rewind (``--resume OUT/checkpoints/step-N``, one of this run's own) removes this run's checkpoints newer
         than N: the resumed run writes those steps anew, and a stop before it did left them as the newest, which the
         same command without ``--resume`` (as the stop's line advised) resumed: the abandoned steps' weights, under
@@ -568,7 +568,8 @@ class RunDir(ResumeCheck):
         name first (removed at a run's start), so that a stop during its removal leaves no half checkpoint. A finished
         run's ``final/`` and ``summary.json`` are then the abandoned steps' end (its last checkpoint is among those
         removed): removed too (:meth:`_drop_earlier_finish`), else a stop of the rewound run left them, reading as its
-        finished model and summary (``dgrpo eval --model OUT`` took that final/)."""
+        finished model and summary (``dgrpo eval --model OUT`` took that final/). So are an SFT run's
+        ``stage-K/`` folders that the abandoned steps wrote (:meth:`_drop_abandoned_stages`)."""
         if not self.explicit or self.checkpoint is None:
             return
         root = self.out_dir / CHECKPOINTS_DIR
@@ -587,6 +588,36 @@ class RunDir(ResumeCheck):
                 "writes those steps anew)"
             )
             self._drop_earlier_finish()
+            if self.command == "sft":
+                self._drop_abandoned_stages(keep_lines)
+
+    def _drop_abandoned_stages(self, keep_lines: int) -> None:
+        """An SFT rewind's ``stage-K/`` folders written after the resumed checkpoint, by the abandoned steps: those
+        named by a stage's end row (written right after its folder) past the checkpoint's ``keep_lines`` metrics rows.
+        They are removed, else a stop of the rewound run before it wrote them anew (or its end, when it no longer
+        reaches that stage) left them, reading as this run's stage-K model. Without those rows (metrics.jsonl cut or
+        deleted) nothing is removed."""
+        try:
+            rows = self.metrics.path.read_text().splitlines()[keep_lines:]
+        except OSError:
+            return
+        stages = set()
+        for line in rows:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and "stage" in row and "n_latent" in row and "epoch" not in row:
+                stages.add(row["stage"])
+        gone = [d for d in stage_dirs(self.out_dir) if d.is_dir() and int(d.name.removeprefix("stage-")) in stages]
+        for folder in gone:
+            remove_dir(folder)
+        if gone:
+            names = ", ".join(f"{d.name}/" for d in gone)
+            self.log(
+                f"dgrpo: rewound to {self.checkpoint}: removed {names} in {self.out_dir}, written by the steps this "
+                "rewind abandons (the run writes them anew as it gets there)"
+            )
 
     def best_record(self) -> str | None:
         """What identifies the run's ``best/`` now: the sha256 of its manifest (which lists its files' digests; a
