@@ -364,3 +364,35 @@ def test_resume_never_restores_no_checkpoint_it_removes_next(tmp_path):
     RunDir(tmp_path / "run", tiny_config(), Dist.single(), "grpo", resume="never", log=said.append).close()
     assert not (tmp_path / "run" / "checkpoints").exists()
     assert not [m for m in said if "restored" in m], said
+
+
+def test_a_retry_after_config_json_failed_to_write_adds_no_second_history_entry(tmp_path, monkeypatch):
+    """A resume under a changed config writes config.1.json, then config.json; a failure in between (a full disk)
+    left config.json the earlier config, so the same command, once there was space, saw the change again and added
+    config.2.json for the same step and config. The retry keeps config.1.json as the entry of that step."""
+    import errno as errno_module
+
+    from dgrpo.training import run as run_module
+
+    out = tmp_path / "run"
+    state_only_checkpoint(out / "checkpoints" / "step-00000004")
+    (out / "config.json").write_text(json.dumps(to_dict(tiny_config())))
+    write_whole = run_module._write_whole
+
+    def full_at_config_json(path, text):
+        if path.name == "config.json":
+            raise OSError(errno_module.ENOSPC, "No space left on device", str(path))
+        write_whole(path, text)
+
+    changed = tiny_config(**{"grpo.lr": 0.5})
+    monkeypatch.setattr(run_module, "_write_whole", full_at_config_json)
+    with pytest.raises(OSError), grpo_run_dir(out, changed, allow_config_change=True) as run:
+        run.resume(loads_no_base)
+        run.start({"step": 4, "metrics_lines": 0})
+    monkeypatch.setattr(run_module, "_write_whole", write_whole)
+    with grpo_run_dir(out, changed, allow_config_change=True) as run:
+        run.resume(loads_no_base)
+        run.start({"step": 4, "metrics_lines": 0})
+    assert sorted(p.name for p in out.glob("config*.json")) == ["config.0.json", "config.1.json", "config.json"]
+    assert json.loads((out / "config.1.json").read_text())["started_at_step"] == 4
+    assert json.loads((out / "config.json").read_text())["grpo"]["lr"] == 0.5

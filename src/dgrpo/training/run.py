@@ -150,6 +150,14 @@ def rollout_rows_before(rows: list[str], step: int, path: Path) -> list[str]:
     return kept
 
 
+def _read_json(path: Path) -> object:
+    """The JSON ``path`` holds, None when it cannot be read or parsed."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _write_whole(path: Path, text: str) -> None:
     """Write one of the run's files whole or not at all (``config.json`` written in place on a full disk was left cut,
     and the same command, which the error's line said resumes, was refused: not a dgrpo run's config); a failed write
@@ -747,14 +755,20 @@ class RunDir(ResumeCheck):
                 f.writelines(json.dumps(r) + "\n" for r in rows)
 
     def _keep_config_history(self, step: int) -> None:
-        """``config.N.json``: every config the run used, with the step it started at (0 = the run's first)."""
+        """``config.N.json``: every config the run used, with the step it started at (0 = the run's first). The last
+        entry already this one at ``step`` (a retry after a failure before config.json was written: it still holds the
+        earlier config, so the change is seen again) is kept as it is, not written as a second entry."""
         history = config_history(self.out_dir)
         if not history:
             first = self.first_config
             history = [config_history_file(self.out_dir, 0)]
             _write_whole(history[0], json.dumps({"started_at_step": 0, "config": first}, indent=2))
-        kept = config_history_file(self.out_dir, int(history[-1].name.split(".")[1]) + 1)
-        _write_whole(kept, json.dumps({"started_at_step": step, "config": self.cfg}, indent=2))
+        entry = json.dumps({"started_at_step": step, "config": self.cfg}, indent=2)
+        if _read_json(history[-1]) == json.loads(entry):
+            kept = history[-1]
+        else:
+            kept = config_history_file(self.out_dir, int(history[-1].name.split(".")[1]) + 1)
+            _write_whole(kept, entry)
         self.log(f"dgrpo: config changed at step {step} ({', '.join(self.changed[:8])}); kept as {kept.name}")
 
     def close(self, exit_code: int = 0) -> None:
