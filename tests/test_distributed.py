@@ -259,6 +259,7 @@ def test_eval_shards_its_datasets_over_ranks_and_matches_one_process(sft_checkpo
             assert results(two / folder) == results(one / folder), (name, folder)
             assert results(two / folder)[0]["n"] == (21 if name == "latent" else 1)
         assert log.count('"dataset": "builtin:test"') == 1, log[-3000:]  # (rank 0 prints each set's line)
+        assert log.count(f"dgrpo: loading {sft_checkpoint} (from ") == 1, log[-3000:]  # (and the loading line)
 
 
 @NEEDS_FSDP2
@@ -294,6 +295,7 @@ def test_fsdp2_runs_write_resumable_checkpoints_and_resume_bit_identical(
     argv = ["grpo", "--init", str(sft_checkpoint), "--out", str(resumed), "--resume", str(step1)]
     log = torchrun("cli", resumed, {"argv": argv, "sets": sets})
     assert "resumed at step 1" in log, log[-3000:]
+    assert log.count(f"dgrpo: loading {sft_checkpoint} (from ") == 1, log[-3000:]  # (rank 0's line alone)
     assert [e["started_at_step"] for e in json.loads((resumed / "applied.json").read_text())] == [1]
 
     def final_weights(run: Path) -> dict:

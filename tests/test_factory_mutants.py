@@ -131,17 +131,21 @@ def test_a_loaded_model_gets_the_configs_loading_options_and_the_device(monkeypa
     monkeypatch.setattr(factory.LatentLM, "from_pretrained", from_pretrained)
     sets = ("model.trust_remote_code=true", "model.latent_token_init=coconut", "model.dtype=bfloat16")
     cfg = _cfg(*sets, "model.revision=v3")
-    factory.load_model(cfg.model, cfg.task, init="org/m", device="cuda:7", training=False)
+    factory.load_model(cfg.model, cfg.task, init="org/m", device="cuda:7", training=False, announce=print)
     cfg = _cfg("model.name_or_path=org/base")
     factory.load_model(cfg.model, cfg.task, device="cpu", training=False)
+    loaded = {"dtype": torch.bfloat16, "trust_remote_code": True, "latent_token_init": "coconut", "revision": "v3"}
     assert calls == [
-        (
-            "org/m",
-            {"dtype": torch.bfloat16, "trust_remote_code": True, "latent_token_init": "coconut", "revision": "v3"},
-        ),
+        ("org/m", {**loaded, "announce": print}),  # (the loading line's sink: a command's rank 0 prints it)
         (
             "org/base",
-            {"dtype": torch.float32, "trust_remote_code": False, "latent_token_init": "mean", "revision": None},
+            {
+                "dtype": torch.float32,
+                "trust_remote_code": False,
+                "latent_token_init": "mean",
+                "revision": None,
+                "announce": None,
+            },
         ),
     ]
     assert moved == ["cuda:7", "cpu"]

@@ -403,3 +403,66 @@ def test_dgrpo_eval_of_a_cached_hub_model_probes_the_hub_once(hub_cache, tmp_pat
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "ev" / "results.json").read_text())["model"] == f"{REPO}@{NEW}"  # (the cache's)
     assert len(probes) == 1, probes
+
+
+def test_the_commands_say_what_model_loads_and_from_where_before_its_weights_load(
+    hub_cache, tmp_path, run_cli, monkeypatch
+):
+    """With transformers' progress bars off, dgrpo eval, sft and grpo printed nothing while a large hub model
+    downloaded and loaded (minutes for a 1.5B model): the command looked hung. One line on rank 0 now says, before the
+    weights load, which model loads from where: a directory, the hub cache, or a download (the cache lacks a weights
+    file at the commit); none on torchrun's other ranks, none for the built-in model."""
+    from dgrpo.model.hf_loading import hub_weights_cached, loading_line
+
+    from conftest import tiny_args
+
+    def said(*args):
+        r = run_cli(*args)
+        assert r.returncode == 0, r.stderr[-2000:]
+        lines = r.stdout.splitlines()
+        return [i for i, line in enumerate(lines) if line.startswith("dgrpo: loading")], lines
+
+    at, lines = said("eval", "--model", REPO, "--data", "builtin:test", "--limit", 2, "--out", tmp_path / "e1")
+    assert [lines[i] for i in at] == [f"dgrpo: loading {REPO} (from the hub cache) ..."]
+    assert at[0] < min(i for i, line in enumerate(lines) if line.startswith("{"))  # (before the results)
+    folder = snapshot(hub_cache, NEW)
+    at, lines = said("eval", "--model", folder, "--data", "builtin:test", "--limit", 2, "--out", tmp_path / "e2")
+    assert [lines[i] for i in at] == [f"dgrpo: loading {folder} (from {folder}) ..."]
+    train = ["--out", tmp_path / "run", *tiny_args(**{"grpo.steps": 1, "grpo.warmup_steps": 0, "data.test": "[]"})]
+    at, lines = said("grpo", "--init", REPO, *train)
+    assert [lines[i] for i in at] == [f"dgrpo: loading {REPO} (from the hub cache) ..."]
+    monkeypatch.setenv("RANK", "1")  # (torchrun's other ranks: eval's lines are rank 0's)
+    at, _ = said("eval", "--model", REPO, "--data", "builtin:test", "--limit", 2, "--out", tmp_path / "e3")
+    assert at == []
+    monkeypatch.delenv("RANK")
+    announced: list[str] = []
+    cfg = Config()
+    load_model(cfg.model, cfg.task, announce=announced.append)  # the built-in model: built, not loaded
+    assert announced == []
+
+    # the hub reachable (local_files_only False): a download unless the cache holds every weights file at the commit
+    assert hub_weights_cached(REPO, NEW)
+    assert loading_line(REPO, REPO, False, NEW) == f"dgrpo: loading {REPO} (from the hub cache) ..."
+    lm = LatentLM.from_pretrained(folder)
+    (folder / "model.safetensors").unlink()
+    assert loading_line(REPO, REPO, False, NEW) == f"dgrpo: loading {REPO} (downloading from the hub) ..."
+    assert loading_line(REPO, REPO, True, NEW) == f"dgrpo: loading {REPO} (from the hub cache) ..."  # (offline)
+    lm.model.save_pretrained(folder, max_shard_size="20KB")
+    shards = sorted(folder.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1 and hub_weights_cached(REPO, NEW)
+    shards[1].unlink()
+    assert not hub_weights_cached(REPO, NEW)
+
+
+def test_a_lora_adapters_loading_line_names_its_base_and_where_the_base_loads_from(hub_cache, tmp_path):
+    """An adapter directory loads its base's weights (a hub id here): the line names both, and where the base's
+    weights come from."""
+    pytest.importorskip("peft")
+    from dgrpo.model import lora
+
+    lm = LatentLM.from_pretrained(REPO)
+    lora.apply_lora(lm, LoraConfig(r=4, alpha=8.0))
+    lm.save_pretrained(tmp_path / "adapter")
+    announced: list[str] = []
+    LatentLM.from_pretrained(tmp_path / "adapter", announce=announced.append)
+    assert announced == [f"dgrpo: loading {tmp_path / 'adapter'} (a LoRA adapter on {REPO}, from the hub cache) ..."]

@@ -428,12 +428,16 @@ def _read_sets(
 
 
 def _load_eval_model(model: str, cfg: Config, device: torch.device) -> LatentLM:
-    """The model evaluated, prompted as ``cfg`` says; a plain LM evaluated as a latent model, and ``eval.n_latent``
-    set for a model trained without latent thoughts (it answers with none: the option was dropped silently), are
-    warned about."""
+    """The model evaluated, prompted as ``cfg`` says, after a line on rank 0 saying what loads from where (with
+    transformers' bars off, a download of a large model printed nothing for minutes); a plain LM evaluated as a
+    latent model, and ``eval.n_latent`` set for a model trained without latent thoughts (it answers with none: the
+    option was dropped silently), are warned about."""
     from ..model.factory import load_model
+    from ..progress import say
+    from ..training.preemption import is_rank0
 
-    lm = load_model(cfg.model, cfg.task, init=model, device=device, training=False)
+    said = say if is_rank0() else None
+    lm = load_model(cfg.model, cfg.task, init=model, device=device, training=False, announce=said)
     if lm.new_latent_tokens and not cfg.eval.plain:
         warnings.warn(
             f"{model} is a plain LM (it had no trained {', '.join(lm.new_latent_tokens)}): it is evaluated "

@@ -322,6 +322,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     from ..eval.scoring import check_reward
     from ..model.factory import check_builtin_compiles, load_model
     from ..model.sources import check_path_exists
+    from ..progress import say
     from ..training.model_record import record_the_models_shape
     from ..training.resume_check import check_resume_config
     from ..training.tracking import check_installed
@@ -354,7 +355,10 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     warn_if_held_out_is_trained_on(cfg, train, held_out)
     warn_if_tests_share_validation(cfg, held_out)
     dist, device = join_processes(cfg, device)
-    lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device)
+    # (a line on rank 0 before a directory's or the hub's weights load: with transformers' bars off, a download of
+    # a large model printed nothing for minutes)
+    said = say if dist.is_main else None
+    lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device, announce=said)
     record_the_models_shape(cfg, lm)
     if args.cmd == "grpo":
         warn_if_init_differs(lm.run_config, cfg)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +77,14 @@ def load_model(
     seed: int = 0,
     device: torch.device | str = "cpu",
     training: bool = True,
+    announce: Callable[[str], None] | None = None,
 ) -> LatentLM:
     """``init`` (a checkpoint directory, a LoRA adapter directory or a hub id) wins over ``model.name_or_path``; the
     built-in name builds a fresh tiny model (from ``seed``). For ``training``, ``model.lora`` applies
     (:func:`configure_lora`; new adapters drawn from ``seed``); for evaluation a checkpoint is used as saved. Every
-    way this can fail is one :class:`CheckpointError` line."""
+    way this can fail is one :class:`CheckpointError` line. ``announce``: given the line saying what loads from where
+    (``dgrpo: loading MODEL (...) ...``) just before a directory's or the hub's weights load; the built-in model,
+    built in seconds, has none."""
     dtype = torch.bfloat16 if model_cfg.dtype == "bfloat16" else torch.float32
     name = init or model_cfg.name_or_path
     if not init and name == BUILTIN:
@@ -95,6 +99,7 @@ def load_model(
                 trust_remote_code=model_cfg.trust_remote_code,
                 latent_token_init=model_cfg.latent_token_init,
                 revision=model_cfg.revision or None,
+                announce=announce,
             )
         except CheckpointError as e:
             raise CheckpointError(f"{e}{revision_hint(model_cfg, init)}") from None

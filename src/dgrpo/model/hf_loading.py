@@ -1,11 +1,13 @@
 """Loading a Hugging Face causal LM's weights for a :class:`~dgrpo.model.latent_lm.LatentLM`, strictly: safetensors
 only, a missing or wrong-shape tensor one line, the tokenizer saved with a dgrpo checkpoint checked, a repository's
-own code named as the option that allows it, and Hugging Face's progress bars quieted while a checkpoint is
+own code named as the option that allows it, the line a command says before the weights load (where they come
+from: a directory, the hub cache or a download), and Hugging Face's progress bars quieted while a checkpoint is
 written."""
 
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,6 +66,40 @@ def remote_code_hint(e: BaseException) -> str:
         " (the repository runs its own code: allow it with --set model.trust_remote_code=true, or import-coconut's "
         "and export's --trust-remote-code, only if you trust it)"
     )
+
+
+def loading_line(given: str, path: str, local_files_only: bool, revision: str | None, adapter: bool = False) -> str:
+    """The line a command says (rank 0) just before :func:`load_hf_model` reads ``path``'s weights, which takes minutes
+    for a large hub model while transformers' bars are off: ``given`` (the name the user gave) and where the weights
+    come from: a directory, the hub cache, or the hub (some of them not cached at ``revision``: a download).
+    ``adapter``: ``given`` is a LoRA adapter directory and ``path`` its base."""
+    if Path(path).is_dir():
+        where = "" if adapter else f"from {path}"
+    elif local_files_only or hub_weights_cached(path, revision):
+        where = "from the hub cache"
+    else:
+        where = "downloading from the hub"
+    said = ", ".join(x for x in (f"a LoRA adapter on {path}" if adapter else "", where) if x)
+    return f"dgrpo: loading {given} ({said}) ..."
+
+
+def hub_weights_cached(name: str, revision: str | None) -> bool:
+    """Whether the hub cache holds every safetensors file ``from_pretrained`` reads for hub id ``name`` at
+    ``revision`` (``model.safetensors``, or each shard its index lists): loading it downloads nothing."""
+    from huggingface_hub import try_to_load_from_cache
+
+    def cached(file: str) -> str | None:
+        found = try_to_load_from_cache(name, file, revision=revision)
+        return found if isinstance(found, str) else None
+
+    if cached("model.safetensors"):
+        return True
+    index = cached("model.safetensors.index.json")
+    try:
+        shards = set(json.loads(Path(index).read_text())["weight_map"].values()) if index else set()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # (a damaged index: the load says so)
+        return False
+    return bool(shards) and all(isinstance(s, str) and cached(s) for s in shards)
 
 
 def load_hf_model(

@@ -60,7 +60,7 @@ from .attention_mask import additive_mask, causal_padding_mask, prebuilt_mask_ap
 from .compiled_layers import CompiledLayers, rows_mismatch
 from .decoding import AnswerBook, DecodeState, Generation, check_decoding, check_uniforms, head_logprobs
 from .head_stats import HeadStats
-from .hf_loading import check_saved_tokenizer, hf_progress_bars_off, load_hf_model, remote_code_hint
+from .hf_loading import check_saved_tokenizer, hf_progress_bars_off, load_hf_model, loading_line, remote_code_hint
 from .kv_prefixes import saved_as_prefixes
 from .output_head import logit_transform, output_head
 from .recompute import checkpointed_layers, last_layers, recomputed_call, unrecomputable_cache_layers
@@ -405,15 +405,18 @@ class LatentLM(nn.Module):
         local_files_only: bool = False,
         latent_token_init: LatentTokenInit = "mean",
         revision: str | None = None,
+        announce: Callable[[str], None] | None = None,
     ) -> LatentLM:
         """Load a checkpoint directory (or a hub id, at ``revision``: a branch, tag or commit; a directory ignores
         it): weights from safetensors only, every tensor present with its shape (a directory dgrpo wrote is first
         verified against its manifest). A LoRA adapter directory loads its base model (``adapter_config.json`` names
         it, and the revision) with the adapter on top. Any problem is one :class:`CheckpointError` line.
         ``latent_token_init``: how a base model's new latent markers start (mean, or coconut: copies of ``<<``'s
-        rows)."""
+        rows). ``announce``: called with one line just before the weights load (:func:`~.hf_loading.loading_line`:
+        the model and where its weights come from, the hub cache or a download), as the commands print it."""
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"LatentLM.from_pretrained: path is a checkpoint directory or a hub id, got {path!r}")
+        given = str(path)
         local, hub = on_disk(path), False
         # a run directory means its final/; a missing path is one line (not the hub's "Repo id must be" error)
         if local.exists() or str(path).startswith(("/", ".", "~")):
@@ -433,7 +436,7 @@ class LatentLM(nn.Module):
         if hub and (adapter or not trust_remote_code):  # (its tokenizer is read from the snapshot, as a directory's)
             check_hub_tokenizer(str(path), local, local_files_only)
         if adapter:
-            lm = cls._from_adapter_dir(local, dtype, device, trust_remote_code)
+            lm = cls._from_adapter_dir(local, dtype, device, trust_remote_code, given, announce)
             lm.hub_commit, lm.loaded_from = (local.name if hub else None), str(path)
             return lm
         try:
@@ -445,6 +448,8 @@ class LatentLM(nn.Module):
             raise
         except Exception as e:  # noqa: BLE001 - a damaged directory fails in many ways; each is one line for the user
             raise CheckpointError(f"cannot load the model {path}: {one_line(e)}{remote_code_hint(e)}") from None
+        if announce is not None:
+            announce(loading_line(given, str(path), local_files_only, revision))
         model = load_hf_model(str(path), dtype, trust_remote_code, local_files_only, revision)
         if (local / LATENT_CONFIG_FILE).is_file():  # (dgrpo wrote it: its tokenizer holds the markers' trained rows)
             check_saved_tokenizer(str(path), tok, input_embedding_weight(model).shape[0])
@@ -457,9 +462,16 @@ class LatentLM(nn.Module):
 
     @classmethod
     def _from_adapter_dir(
-        cls, folder: Path, dtype: torch.dtype | None, device: str | torch.device | None, trust_remote_code: bool
+        cls,
+        folder: Path,
+        dtype: torch.dtype | None,
+        device: str | torch.device | None,
+        trust_remote_code: bool,
+        given: str,
+        announce: Callable[[str], None] | None,
     ) -> LatentLM:
-        """The base model an adapter directory names, with the directory's tokenizer, settings and adapter."""
+        """The base model an adapter directory names, with the directory's tokenizer, settings and adapter
+        (``given``: the name the adapter was given by; ``announce``: as :meth:`from_pretrained`'s)."""
         from . import lora
 
         named, revision = lora.adapter_base(folder), lora.adapter_base_revision(folder)
@@ -483,6 +495,8 @@ class LatentLM(nn.Module):
             raise CheckpointError(f"cannot load the adapter checkpoint {folder}: {why}") from None
         if (folder / LATENT_CONFIG_FILE).is_file():  # (dgrpo wrote it; the base may lack the markers' rows)
             check_saved_tokenizer(str(folder), tok, None)
+        if announce is not None:
+            announce(loading_line(given, base, local_only, revision, adapter=True))
         model = load_hf_model(base, dtype, trust_remote_code, local_only, revision)
         lm = cls._built(model, tok, settings, str(folder))
         lm.run_config, lm.name_or_path, lm.revision = run_config, base, revision
