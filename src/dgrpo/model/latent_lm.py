@@ -253,6 +253,21 @@ def cache_keyword(decoder_type: type[nn.Module]) -> str:
     return _CACHE_KEYWORDS[decoder_type]
 
 
+def _check_loadable(
+    local: Path, path: str, hub: bool, adapter: bool, trust_remote_code: bool, local_files_only: bool
+) -> None:
+    """:meth:`LatentLM.from_pretrained`'s checks of the files at ``local`` (a directory, or a hub id's snapshot of its
+    small files) before anything loads: no FSDP shards in place of weights, a directory intact against its manifest,
+    a hub snapshot's tokenizer there. Each failure is one :class:`CheckpointError` line."""
+    for shards in (local, local.parent) if not holds_weights(local) else ():  # (a resumable checkpoint: beside model/)
+        if (shards / SHARDED_DIR).is_dir():
+            raise CheckpointError(f"{shards} holds FSDP shards (fsdp: sharded): dgrpo consolidate {shards} first")
+    if not hub:  # (a hub snapshot lacks the weights until from_pretrained fetches them: the hub checks its files)
+        check_intact(local, ADAPTER_FILES if adapter else MODEL_FILES)
+    if hub and (adapter or not trust_remote_code):  # (its tokenizer is read from the snapshot, as a directory's)
+        check_hub_tokenizer(path, local, local_files_only)
+
+
 def _read_latent_files(folder: Path) -> tuple[LatentSettings, dict | None]:
     """``latent_config.json`` (default settings when absent: a plain hub model) and ``run_config.json`` (or None)."""
     settings = LatentSettings()
@@ -427,14 +442,7 @@ class LatentLM(nn.Module):
             (local, local_files_only), hub = hub_files(str(path), revision, local_files_only), True
             revision = local.name  # the commit they are from: the weights come from the same one
         adapter = (local / ADAPTER_CONFIG_FILE).is_file()
-        weightless = not holds_weights(local)
-        for shards in (local, local.parent) if weightless else ():  # (a resumable checkpoint's are beside model/)
-            if (shards / SHARDED_DIR).is_dir():
-                raise CheckpointError(f"{shards} holds FSDP shards (fsdp: sharded): dgrpo consolidate {shards} first")
-        if not hub:  # (a hub snapshot lacks the weights until from_pretrained fetches them: the hub checks its files)
-            check_intact(local, ADAPTER_FILES if adapter else MODEL_FILES)
-        if hub and (adapter or not trust_remote_code):  # (its tokenizer is read from the snapshot, as a directory's)
-            check_hub_tokenizer(str(path), local, local_files_only)
+        _check_loadable(local, str(path), hub, adapter, trust_remote_code, local_files_only)
         if adapter:
             lm = cls._from_adapter_dir(local, dtype, device, trust_remote_code, given, announce)
             lm.hub_commit, lm.loaded_from = (local.name if hub else None), str(path)
