@@ -49,6 +49,16 @@ def default_sigterm():
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+@pytest.fixture
+def set_umask():
+    """``set_umask(0o022)``: this process's umask for the test (a checkpoint's file modes follow it); the caller's is
+    back after it."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield os.umask
+    os.umask(before)
+
+
 @pytest.fixture(autouse=True)
 def _same_draws_in_any_order():
     import random

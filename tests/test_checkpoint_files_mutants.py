@@ -3,7 +3,6 @@ removal by step, a manifest's mode fix (no probe file left, links untouched) and
 file."""
 
 import json
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -47,18 +46,11 @@ def test_a_rewind_to_a_folder_named_without_a_step_removes_nothing(tmp_path):
     assert list_checkpoints(tmp_path / "run") == [two, six] and odd.is_dir()
 
 
-@pytest.fixture
-def umask_022():
-    """The usual umask (new files 0644) for the test, the caller's back after it."""
-    before = os.umask(0o022)
-    yield
-    os.umask(before)
-
-
-def test_a_manifest_leaves_no_probe_file_and_no_linked_files_mode_changed(tmp_path, umask_022):
+def test_a_manifest_leaves_no_probe_file_and_no_linked_files_mode_changed(tmp_path, set_umask):
     """Giving a checkpoint's owner-only files the usual mode probes it with a file of its own, which it removes
     (mutant: left in the checkpoint and in its manifest), and a symlink's target outside the directory, a user's
     private file, keeps its mode (mutant: chmod through the link)."""
+    set_umask(0o022)  # (the usual one: new files 0644)
     private = tmp_path / "private.txt"
     private.write_text("mine")
     private.chmod(0o600)

@@ -1017,20 +1017,17 @@ def test_a_home_folder_of_no_user_is_read_as_written(argv, said, tmp_path, run_c
 
 
 @pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600)])
-def test_every_file_of_a_checkpoint_has_the_mode_the_umask_gives(tokenizer, tmp_path, umask, mode):
+def test_every_file_of_a_checkpoint_has_the_mode_the_umask_gives(tokenizer, tmp_path, set_umask, umask, mode):
     """model.safetensors was written 0600 whatever the umask (safetensors 0.8 writes through an owner-only temporary
     file: safetensors#782) beside 0644 configs: on a shared machine a group could read all of a checkpoint but its
     weights. A model directory and a resumable checkpoint (its model/, the reference beside it) alike."""
     from dgrpo.training.checkpoint import save_checkpoint
 
     lm = make_lm(tokenizer)
-    before = os.umask(umask)
-    try:
-        lm.save_pretrained(tmp_path / "model")
-        opt = torch.optim.SGD(lm.model.parameters(), lr=0.1)
-        ckpt = save_checkpoint(tmp_path, 1, lm=lm, optimizer=opt, state={}, extra_models={"ref": torch.nn.Linear(2, 2)})
-    finally:
-        os.umask(before)
+    set_umask(umask)
+    lm.save_pretrained(tmp_path / "model")
+    opt = torch.optim.SGD(lm.model.parameters(), lr=0.1)
+    ckpt = save_checkpoint(tmp_path, 1, lm=lm, optimizer=opt, state={}, extra_models={"ref": torch.nn.Linear(2, 2)})
     files = [p for folder in (tmp_path / "model", ckpt) for p in folder.rglob("*") if p.is_file()]
     assert {p.name for p in files} >= {"model.safetensors", "ref.safetensors", "config.json", "optimizer.pt"}
     assert {p.relative_to(tmp_path): oct(p.stat().st_mode & 0o777) for p in files} == {

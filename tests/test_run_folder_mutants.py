@@ -60,35 +60,55 @@ def test_a_folder_in_checkpoints_that_no_run_left_is_refused_whatever_its_name_h
     assert (root / "old-step-x" / "notes.txt").read_text() == "mine"
 
 
+def _resume_on_a_full_disk(out: Path, name: str, monkeypatch) -> None:
+    """Resume the GRPO run in ``out`` at step 1 on a disk full for ``name``: its start is one line naming the file and
+    the space left; the disk has room again after it."""
+    from dgrpo.model.verified import CheckpointError
+
+    write = Path.write_text
+    with grpo_run_dir(out) as run:
+        run.resume(loads_no_base)
+        monkeypatch.setattr(Path, "write_text", _full_disk_for(name.split(".")[0]))
+        with pytest.raises(CheckpointError, match=rf"could not write {name} \(no space left on the device; "):
+            run.start({"step": 1, "metrics_lines": 0})
+    monkeypatch.setattr(Path, "write_text", write)
+
+
+def _resume(out: Path):
+    """The GRPO run in ``out`` resumed and started at step 1."""
+    with grpo_run_dir(out) as run:
+        run.resume(loads_no_base)
+        run.start({"step": 1, "metrics_lines": 0})
+    return run
+
+
+def _full_disk_for(part: str):
+    """``Path.write_text`` on a disk that is full for a file whose name holds ``part``: the file is opened (cut to
+    nothing), then nothing fits; other files are written as usual."""
+    write = Path.write_text
+
+    def full(self, *a, **k):
+        if part in self.name:
+            open(self, "w").close()
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return write(self, *a, **k)
+
+    return full
+
+
 def test_a_full_disk_while_a_resume_cuts_the_rollouts_leaves_them_as_they_were(tmp_path, monkeypatch):
     """A resume keeps the rollout rows of the steps before its checkpoint: rewritten in place, a full disk left
     rollouts.jsonl cut (here empty: every earlier row lost, and the next resume kept what was left without a word).
     Now one line naming the file and the space left, the file as it was, no temporary file beside it."""
-    from dgrpo.model.verified import CheckpointError
 
     out = tmp_path / "run"
     state_only_checkpoint(out / "checkpoints" / "step-00000001")
     rows = '{"step": 0}\n{"step": 1}\n'
     (out / "rollouts.jsonl").write_text(rows)
-    write = Path.write_text
-
-    def full(self, *a, **k):
-        if "rollouts" in self.name:
-            open(self, "w").close()  # (opened, cut, then nothing fits)
-            raise OSError(errno.ENOSPC, "No space left on device", str(self))
-        return write(self, *a, **k)
-
-    with grpo_run_dir(out) as run:
-        run.resume(loads_no_base)
-        monkeypatch.setattr(Path, "write_text", full)
-        with pytest.raises(CheckpointError, match=r"could not write rollouts.jsonl \(no space left on the device; "):
-            run.start({"step": 1, "metrics_lines": 0})
+    _resume_on_a_full_disk(out, "rollouts.jsonl", monkeypatch)
     assert (out / "rollouts.jsonl").read_text() == rows
     assert not list(out.glob(".rollouts*"))
-    monkeypatch.setattr(Path, "write_text", write)
-    with grpo_run_dir(out) as run:
-        run.resume(loads_no_base)
-        run.start({"step": 1, "metrics_lines": 0})
+    _resume(out)
     assert (out / "rollouts.jsonl").read_text() == '{"step": 0}\n'
 
 
@@ -96,30 +116,14 @@ def test_a_full_disk_while_a_resume_writes_the_config_leaves_it_as_it_was(tmp_pa
     """config.json written in place on a full disk was left empty: the error's line said the same command resumes,
     and the same command was refused (its config.json not a dgrpo run's). Now one line, config.json as it was, and
     the same command resumes."""
-    from dgrpo.model.verified import CheckpointError
 
     out = tmp_path / "run"
     state_only_checkpoint(out / "checkpoints" / "step-00000001")
     config = json.dumps(to_dict(tiny_config()))
     (out / "config.json").write_text(config)
-    write = Path.write_text
-
-    def full(self, *a, **k):
-        if "config" in self.name:
-            open(self, "w").close()  # (opened, cut, then nothing fits)
-            raise OSError(errno.ENOSPC, "No space left on device", str(self))
-        return write(self, *a, **k)
-
-    with grpo_run_dir(out) as run:
-        run.resume(loads_no_base)
-        monkeypatch.setattr(Path, "write_text", full)
-        with pytest.raises(CheckpointError, match=r"could not write config.json \(no space left on the device; "):
-            run.start({"step": 1, "metrics_lines": 0})
+    _resume_on_a_full_disk(out, "config.json", monkeypatch)
     assert (out / "config.json").read_text() == config and not list(out.glob(".config*"))
-    monkeypatch.setattr(Path, "write_text", write)
-    with grpo_run_dir(out) as run:
-        run.resume(loads_no_base)
-        run.start({"step": 1, "metrics_lines": 0})
+    run = _resume(out)
     assert run.checkpoint == out / "checkpoints" / "step-00000001"
 
 

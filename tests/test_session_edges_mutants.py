@@ -4,7 +4,6 @@ base, a manifest's mode fix under a group-writable umask, a missing tiktoken voc
 description in its --help."""
 
 import argparse
-import os
 
 import pytest
 from test_bench_mutants import _fake_suite
@@ -99,20 +98,13 @@ def test_only_a_runs_own_adapter_folders_are_told_to_resume_the_run(tmp_path, wh
     assert f"point base_model_name_or_path in {folder / 'adapter_config.json'}" in hint
 
 
-@pytest.fixture
-def umask_002():
-    """A group-writable umask (new files 0664, as on a shared project folder) for the test, the caller's back."""
-    before = os.umask(0o002)
-    yield
-    os.umask(before)
-
-
-def test_owner_only_files_get_the_group_writable_mode_and_others_keep_theirs(tmp_path, umask_002):
+def test_owner_only_files_get_the_group_writable_mode_and_others_keep_theirs(tmp_path, set_umask):
     """Under umask 002 a checkpoint's owner-only file gets 0664, as a new file does (mutant: a probe created 0644
     gave 0644), and a file its writer gave another mode (a script 0755, a private 0640) keeps it (mutant: every
     file given the umask's mode)."""
     from dgrpo.model.verified import write_manifest
 
+    set_umask(0o002)  # (group-writable: new files 0664, as on a shared project folder)
     modes = {"model.safetensors": 0o600, "run.sh": 0o755, "notes.txt": 0o640}
     for name, mode in modes.items():
         (tmp_path / name).write_text(name)
