@@ -42,6 +42,24 @@ def stage_dirs(out: Path) -> list[Path]:
     return _by_number(out, "stage-*", STAGE_DIR)
 
 
+def checkpoint_dirs(out: Path) -> list[Path]:
+    """The run's resumable checkpoints in ``out/checkpoints``, by step: the folders whose whole name :data:`STEP_DIR`
+    matches (not a file of that name, nor a user's copy such as ``step-00000012-copy``)."""
+    return [p for p in _by_number(Path(out) / CHECKPOINTS_DIR, "step-*", STEP_DIR) if p.is_dir()]
+
+
+def run_of_checkpoint(folder: Path) -> tuple[Path, int | None] | None:
+    """The run directory whose ``final/``, ``best/``, ``stage-K/`` (step None) or resumable ``checkpoints/step-N/model``
+    (step N) ``folder`` is, with that step; None for another folder."""
+    folder = Path(folder)
+    step = STEP_DIR.fullmatch(folder.parent.name)
+    if folder.name == "model" and step and folder.parent.parent.name == CHECKPOINTS_DIR:
+        return folder.parents[2], int(step.group(1))
+    if folder.name in (FINAL_DIR, BEST_DIR) or STAGE_DIR.fullmatch(folder.name):
+        return folder.parent, None
+    return None
+
+
 def config_history_file(out: Path, n: int) -> Path:
     """``config.N.json``: the N-th config of a resumed run that changed its config (0: the one it started with)."""
     return Path(out) / f"config.{n}.json"

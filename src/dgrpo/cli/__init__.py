@@ -240,10 +240,10 @@ def _resume_hint(args: argparse.Namespace) -> str:
         return "; the same command keeps the runs that had finished and starts the others over"
     if args.cmd not in TRAINING_COMMANDS:
         return ""
-    from ..run_layout import CHECKPOINTS_DIR, STEP_DIR
+    from ..run_layout import CHECKPOINTS_DIR, checkpoint_dirs
 
-    root = Path(args.out) / CHECKPOINTS_DIR  # (a checkpoint as list_checkpoints reads one, without loading torch)
-    if not (root.is_dir() and any(p.is_dir() and STEP_DIR.fullmatch(p.name) for p in root.iterdir())):
+    root = Path(args.out) / CHECKPOINTS_DIR  # (checkpoints as list_checkpoints reads them, without loading torch)
+    if not checkpoint_dirs(args.out):
         return "; no checkpoint was written yet: the same command starts the run again"
     resume = getattr(args, "resume", "auto")
     if resume == "auto":

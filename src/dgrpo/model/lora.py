@@ -38,7 +38,7 @@ from safetensors.torch import load_file, save, save_file
 from torch import Tensor
 
 from ..config import ConfigError
-from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, CONFIG_FILE, FINAL_DIR, STAGE_DIR, STEP_DIR
+from ..run_layout import CONFIG_FILE, run_of_checkpoint
 from .anatomy import token_tables
 from .verified import (
     MANIFEST,
@@ -411,18 +411,8 @@ def repoint_hint(folder: Path) -> str:
 
 def _run_holding(folder: Path) -> Path | None:
     """The run directory (its config.json) whose final/, best/, stage-K/ or checkpoints/step-N/model is ``folder``."""
-    folder = Path(folder)
-    if folder.name in (FINAL_DIR, BEST_DIR) or STAGE_DIR.fullmatch(folder.name):
-        run = folder.parent
-    elif (
-        folder.name == "model"
-        and STEP_DIR.fullmatch(folder.parent.name)
-        and folder.parent.parent.name == CHECKPOINTS_DIR
-    ):
-        run = folder.parent.parent.parent
-    else:
-        return None
-    return run if (run / CONFIG_FILE).is_file() else None
+    found = run_of_checkpoint(folder)
+    return found[0] if found is not None and (found[0] / CONFIG_FILE).is_file() else None
 
 
 def read_adapter(lm: LatentLM, folder: Path) -> dict[str, Tensor]:

@@ -51,7 +51,7 @@ from ..model.verified import (
     verify,
     write_text_atomically,
 )
-from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, STEP_DIR, stage_dirs, step_dir_name
+from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, STEP_DIR, checkpoint_dirs, stage_dirs, step_dir_name
 from .distributed import TrainingState
 
 #: torch optimizers' per-parameter state tensors, shaped like their parameter (8-bit optimizers keep others), and
@@ -79,11 +79,10 @@ def restore_rng(js: dict, tensors: dict[str, torch.Tensor]) -> None:
     ``i``, not by the name: ``torch_cuda_10`` sorts before ``torch_cuda_2``). The states of devices this process does
     not see (a checkpoint written with more visible GPUs) are left out, with a warning (torch raised on them, after
     the weights had loaded)."""
-    v, state, gauss = js["python"]
-    random.setstate((v, tuple(state), gauss))
-    name, keys, pos, has_gauss, cached = js["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.random.set_rng_state(tensors["torch_cpu"])
+    python, numpy_state, torch_cpu = _cpu_rng_states(js, tensors)
+    random.setstate(python)
+    np.random.set_state(numpy_state)
+    torch.random.set_rng_state(torch_cpu)
     if torch.cuda.is_available():
         cuda = [k for k in tensors if k.startswith("torch_cuda_")]
         states = [tensors[k] for k in sorted(cuda, key=lambda k: int(k.removeprefix("torch_cuda_")))]
@@ -96,6 +95,15 @@ def restore_rng(js: dict, tensors: dict[str, torch.Tensor]) -> None:
             )
         if states[:seen]:
             torch.cuda.set_rng_state_all(states[:seen])
+
+
+def _cpu_rng_states(js: dict, tensors: dict[str, torch.Tensor]) -> tuple[tuple, tuple, torch.Tensor]:
+    """The Python, NumPy and torch CPU random states :func:`capture_rng` took (``state.json``'s ``rng``, ``rng.pt``),
+    as their setters take them."""
+    v, state, gauss = js["python"]
+    name, keys, pos, has_gauss, cached = js["numpy"]
+    numpy_state = (name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached)
+    return (v, tuple(state), gauss), numpy_state, tensors["torch_cpu"]
 
 
 def save_checkpoint(
@@ -206,11 +214,7 @@ def list_checkpoints(out_dir: Path) -> list[Path]:
     """The run's checkpoint directories, oldest first by step: those named as the trainers name them (``step-N``);
     temporary and half-written ones, and a folder of another name (a user's ``step-00000012-copy``, which rotation
     would otherwise delete and resume would take for the newest), are not checkpoints of the run."""
-    root = Path(out_dir) / CHECKPOINTS_DIR
-    if not root.is_dir():
-        return []
-    steps = [(int(m[1]), p) for p in root.iterdir() if p.is_dir() and (m := STEP_DIR.fullmatch(p.name))]
-    return [p for _, p in sorted(steps)]
+    return checkpoint_dirs(out_dir)
 
 
 #: the names of the folders a run leaves in ``OUT/checkpoints``: its checkpoints (``step-N``), what a killed write,
@@ -352,11 +356,10 @@ def _check_rng(js: Any, tensors: Any) -> None:
     if not isinstance(tensors, dict) or not isinstance(tensors.get("torch_cpu"), torch.Tensor):
         raise CheckpointError("rng.pt does not hold torch's CPU random state (torch_cpu)")
     try:
-        v, state, gauss = js["python"]
-        random.Random().setstate((v, tuple(state), gauss))
-        name, keys, pos, has_gauss, cached = js["numpy"]
-        np.random.RandomState().set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-        torch.Generator().set_state(tensors["torch_cpu"])
+        python, numpy_state, torch_cpu = _cpu_rng_states(js, tensors)
+        random.Random().setstate(python)
+        np.random.RandomState().set_state(numpy_state)
+        torch.Generator().set_state(torch_cpu)
     except (TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"a random state does not load ({one_line(e)})") from None
 

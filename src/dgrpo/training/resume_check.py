@@ -19,15 +19,12 @@ from ..paths import expand_home
 from ..progress import say
 from ..run_layout import (
     APPLIED_FILE,
-    BEST_DIR,
     CHECKPOINTS_DIR,
     CONFIG_FILE,
-    FINAL_DIR,
     METRICS_FILE,
     ROLLOUTS_FILE,
-    STAGE_DIR,
-    STEP_DIR,
     SUMMARY_FILE,
+    run_of_checkpoint,
     stage_dirs,
 )
 from ..text import first_items
@@ -126,13 +123,10 @@ def start_folders(checkpoint: Path) -> list[Path]:
     the latest first; for ``step-N``, only those of the processes that started before step N (the one that wrote it
     first). None (``[]``) for a checkpoint outside a run directory (one copied elsewhere), or a run recorded before
     ``started_in`` was."""
-    step = STEP_DIR.fullmatch(checkpoint.parent.name)
-    if checkpoint.name == "model" and step and checkpoint.parent.parent.name == CHECKPOINTS_DIR:
-        run, before = checkpoint.parents[2], int(step.group(1))
-    elif checkpoint.name in (FINAL_DIR, BEST_DIR) or STAGE_DIR.fullmatch(checkpoint.name):
-        run, before = checkpoint.parent, None
-    else:
+    found = run_of_checkpoint(checkpoint)
+    if found is None:
         return []
+    run, before = found
     try:
         entries = json.loads((run / APPLIED_FILE).read_text())
     except (OSError, ValueError):  # (none: a hint only, the working directory comes first anyway)
