@@ -160,6 +160,11 @@ class RunLock:
             return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except FileNotFoundError:  # (a run refused as this one started removed the directory it had made)
             raise ConfigError(f"{directory} was removed as this run started: run it again") from None
+        except IsADirectoryError:  # (a user's folder named .lock: an IsADirectoryError traceback)
+            raise ConfigError(
+                f"{self.path} is a folder, where a run keeps its lock file: move it out of {directory} (or remove "
+                "it), or use another --out"
+            ) from None
         except PermissionError as e:  # (a shared folder: the directory writable, the lock file another user's)
             raise ConfigError(
                 f"{self.path}, the run directory's lock file, cannot be opened for writing ({e.strerror}; it belongs "
