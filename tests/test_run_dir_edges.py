@@ -23,3 +23,58 @@ def test_a_folder_named_like_the_lock_file_is_one_line(tmp_path):
         "another --out"
     )
     assert (out / ".lock" / "notes.txt").read_text() == "mine"
+
+
+def _run_with_copies(out):
+    """A GRPO run's OUT (its config.json, one checkpoint) and a user's copies kept in OUT/checkpoints."""
+    import json
+
+    from dgrpo.config import to_dict
+
+    from conftest import state_only_checkpoint, tiny_config
+
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(to_dict(tiny_config())))
+    root = out / "checkpoints"
+    for name in ("step-00000004", "step-00000004-copy", "mine"):
+        state_only_checkpoint(root / name)
+    return root
+
+
+def test_resume_never_refuses_to_delete_a_users_copies_in_checkpoints(tmp_path):
+    """``--resume never`` removed OUT/checkpoints whole: a user's ``step-00000004-copy/`` and ``mine/`` (a
+    checkpoint's state.json: a copy the start's checks let stay) went with the run's checkpoints without a word. It is
+    refused in one line naming them, nothing removed; with them moved out it starts over, and what runs leave there
+    (a skipped checkpoint moved aside, a killed write's leftovers) goes with the run's checkpoints."""
+    out = tmp_path / "run"
+    root = _run_with_copies(out)
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    with pytest.raises(ConfigError) as e:
+        grpo_run_dir(out, resume="never")
+    assert str(e.value) == (
+        f"--resume never would delete mine, step-00000004-copy in {root}, kept beside the run's checkpoints (no "
+        f"checkpoint a run wrote): move them out of {root} first, or name another --out"
+    )
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock") == before
+    for name in ("mine", "step-00000004-copy"):
+        (root / name).rename(tmp_path / name)
+    for name in ("damaged-step-00000006", "damaged-step-00000006-2", ".tmp-step-00000008-77", ".old-step-00000002-9"):
+        (root / name).mkdir()
+    (root / ".tmp-step-00000008-shards").mkdir()
+    grpo_run_dir(out, resume="never").close()
+    assert not root.exists()
+
+
+def test_a_restart_under_another_config_refuses_to_delete_a_users_copies(tmp_path):
+    """An unfinished run without a checkpoint of its own, restarted under another config, removes what it wrote as
+    ``--resume never`` does: a user's copy of a checkpoint in OUT/checkpoints is refused the same way, kept."""
+    import shutil
+
+    from conftest import tiny_config
+
+    out = tmp_path / "run"
+    root = _run_with_copies(out)
+    shutil.rmtree(root / "step-00000004")
+    with pytest.raises(ConfigError, match=r"unfinished run over under another config would delete mine, "):
+        grpo_run_dir(out, tiny_config(**{"grpo.lr": 0.5}))
+    assert (root / "mine" / "state.json").is_file() and (root / "step-00000004-copy" / "state.json").is_file()

@@ -48,6 +48,23 @@ def checkpoint_dirs(out: Path) -> list[Path]:
     return [p for p in _by_number(Path(out) / CHECKPOINTS_DIR, "step-*", STEP_DIR) if p.is_dir()]
 
 
+#: what runs themselves leave in ``checkpoints/``: their checkpoints (``step-N``), those a resume skipped, moved aside
+#: (``damaged-step-N``, ``damaged-step-N-2``), and what a killed write, replace or removal left (``.tmp-step-N-PID``,
+#: ``.tmp-step-N-shards``, ``.old-step-N-PID``); not a user's copy of a checkpoint (``step-00000012-copy``, ``mine/``)
+RUN_CHECKPOINT_ENTRY = re.compile(r"step-\d+|damaged-step-\d+(?:-\d+)?|\.(?:tmp|old)-step-\d+-(?:\d+|shards)")
+
+
+def checkpoint_copies(out: Path) -> list[str]:
+    """The names, sorted, of what a user keeps in ``out/checkpoints`` beside the run's own entries
+    (:data:`RUN_CHECKPOINT_ENTRY`): a copy of a checkpoint (``step-00000012-copy/``, a folder of any name holding a
+    checkpoint's ``state.json``), which ``--resume`` may name, and which removing the run's checkpoints would take
+    with them."""
+    root = Path(out) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if not RUN_CHECKPOINT_ENTRY.fullmatch(p.name))
+
+
 def run_of_checkpoint(folder: Path) -> tuple[Path, int | None] | None:
     """The run directory whose ``final/``, ``best/``, ``stage-K/`` (step None) or resumable ``checkpoints/step-N/model``
     (step N) ``folder`` is, with that step; None for another folder."""

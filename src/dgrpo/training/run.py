@@ -45,6 +45,7 @@ from ..run_layout import (
     RUN_WRITES,
     STEP_DIR,
     SUMMARY_FILE,
+    checkpoint_copies,
     config_history,
     config_history_file,
     stage_dirs,
@@ -341,6 +342,7 @@ class RunDir(ResumeCheck):
         say whose it is), nor the model this run starts from (``--init`` inside OUT)."""
         self._refuse_command(self._written_by())
         self._refuse_deleting_init("--resume never")
+        self._refuse_deleting_copies("--resume never")
 
     def _refuse_deleting_init(self, what: str) -> None:
         """ConfigError when the model this run starts from (``--init``) is inside OUT, which ``what`` would empty."""
@@ -348,6 +350,19 @@ class RunDir(ResumeCheck):
         if init.is_absolute() and init.resolve().is_relative_to(self.out_dir.resolve()):
             raise ConfigError(
                 f"{what} would delete {init}, the model this run starts from (--init): name another --out"
+            )
+
+    def _refuse_deleting_copies(self, what: str) -> None:
+        """ConfigError when ``what`` would delete a user's copies kept in OUT/checkpoints
+        (:func:`~dgrpo.run_layout.checkpoint_copies`: ``step-00000012-copy/``, a folder holding a checkpoint's
+        state.json), which the start's checks let stay there (``--resume`` may name one): they went with the earlier
+        run's checkpoints without a word."""
+        copies = checkpoint_copies(self.out_dir)
+        if copies:
+            root = self.out_dir / CHECKPOINTS_DIR
+            raise ConfigError(
+                f"{what} would delete {first_items(copies)} in {root}, kept beside the run's checkpoints (no "
+                f"checkpoint a run wrote): move them out of {root} first, or name another --out"
             )
 
     def _check_owned(self) -> None:
@@ -413,7 +428,9 @@ class RunDir(ResumeCheck):
         changed = self._changed_keys(self._read_config(path))
         if changed:
             self._refuse_command(self._written_by())
-            self._refuse_deleting_init(f"starting {self.out_dir}'s unfinished run over under another config")
+            over = f"starting {self.out_dir}'s unfinished run over under another config"
+            self._refuse_deleting_init(over)
+            self._refuse_deleting_copies(over)
             warnings.warn(
                 f"{self.out_dir} holds a run started with a different config ({first_items(changed, 8)}) and no "
                 "checkpoint to resume: it starts over under this one, "
