@@ -78,3 +78,45 @@ def test_a_restart_under_another_config_refuses_to_delete_a_users_copies(tmp_pat
     with pytest.raises(ConfigError, match=r"unfinished run over under another config would delete mine, "):
         grpo_run_dir(out, tiny_config(**{"grpo.lr": 0.5}))
     assert (root / "mine" / "state.json").is_file() and (root / "step-00000004-copy" / "state.json").is_file()
+
+
+def test_a_run_at_work_in_out_is_refused_as_in_use_not_as_a_foreign_folder(tmp_path):
+    """The start's checks of OUT ran before the lock was taken: a second run started while the first (holding the
+    lock) was removing a stage-K/ folder under ``--resume never`` saw it without its manifest and was refused with
+    "not a checkpoint dgrpo wrote: name a new --out", a wrong answer about a run's own directory. The checks run under
+    the lock: that run is refused as the directory is in use."""
+    import json
+    import os
+
+    from dgrpo.config import to_dict
+    from dgrpo.training.out_dir import RunLock
+
+    from conftest import tiny_config
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(to_dict(tiny_config())))
+    first = RunLock(out)  # (the first run, at work: its stage-1/ half removed, its manifest gone first)
+    (out / "stage-1").mkdir()
+    (out / "stage-1" / "model.safetensors").write_text("")
+    try:
+        with pytest.raises(ConfigError) as e:
+            grpo_run_dir(out)
+        assert str(e.value).startswith(f"{out} is in use by another dgrpo process (PID {os.getpid()})")
+    finally:
+        first.release()
+
+
+def test_a_directory_refused_under_the_lock_keeps_no_lock_file_the_run_made(tmp_path):
+    """Checked under the lock, a refused OUT (a config.json no run wrote) is left as it was: the lock file the run
+    made is removed as it is refused; one that was there before (an earlier run's) stays."""
+    out = tmp_path / "theirs"
+    out.mkdir()
+    (out / "config.json").write_text('{"not": "a run"}')
+    with pytest.raises(ConfigError, match="its config.json is not a dgrpo run's config"):
+        grpo_run_dir(out)
+    assert [p.name for p in out.iterdir()] == ["config.json"]
+    (out / ".lock").write_text("12\n")
+    with pytest.raises(ConfigError, match="its config.json is not a dgrpo run's config"):
+        grpo_run_dir(out)
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "config.json"]

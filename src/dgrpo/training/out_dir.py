@@ -129,11 +129,13 @@ class RunLock:
     """An exclusive lock on a run directory for this process's lifetime (``flock``: the OS releases it when the
     process dies, however it dies). A second process on the same directory gets a one-line ConfigError naming
     the holder's PID. The lock is on the file at ``DIR/.lock`` once locked (checked: one removed in between is
-    opened again), and that file is written in place, never replaced (a new file would be a new lock)."""
+    opened again), and that file is written in place, never replaced (a new file would be a new lock). ``created``:
+    whether this lock made the file (:meth:`release` may then remove it)."""
 
     def __init__(self, directory: Path):
         self.path = Path(directory) / LOCK_FILE
         self._fd: int | None = None
+        self.created = False
         for _ in range(10):
             fd = self._open(directory)
             try:
@@ -155,9 +157,15 @@ class RunLock:
         os.write(fd, f"{os.getpid()}\n".encode())
 
     def _open(self, directory: Path) -> int:
-        """The lock file, opened (created if missing)."""
+        """The lock file, opened (created if missing: then :attr:`created`)."""
         try:
-            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                self.created = True
+                return fd
+            except FileExistsError:
+                self.created = False
+                return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except FileNotFoundError:  # (a run refused as this one started removed the directory it had made)
             raise ConfigError(f"{directory} was removed as this run started: run it again") from None
         except IsADirectoryError:  # (a user's folder named .lock: an IsADirectoryError traceback)
@@ -196,7 +204,11 @@ class RunLock:
                 return holder or "unknown"
             time.sleep(0.01)
 
-    def release(self) -> None:
+    def release(self, remove: bool = False) -> None:
+        """Unlock; ``remove``: the lock file first removed if this lock made it (a run refused once it held the lock
+        leaves no file in the directory it was refused)."""
         if self._fd is not None:
+            if remove and self.created:
+                self.path.unlink(missing_ok=True)  # (while locked: a run that opened it meanwhile opens it again)
             os.close(self._fd)
             self._fd = None

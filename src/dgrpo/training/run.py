@@ -317,8 +317,13 @@ class RunDir(ResumeCheck):
 
         def take() -> None:
             check_output_dir(self.out_dir)
-            self._check_owned()  # (before the lock file: nothing is written into a directory that is refused)
-            found.append(RunLock(self.out_dir))
+            lock = RunLock(self.out_dir)
+            try:  # (under the lock: OUT as a run at work there left it, not mid-change, which was refused as foreign)
+                self._check_owned()
+            except BaseException:
+                lock.release(remove=True)  # (a refused directory is left without a lock file this run made)
+                raise
+            found.append(lock)
             if self.resume_mode != "never":
                 self._clean_leftovers(restore=True, checkpoints_only=True)
 
@@ -366,7 +371,8 @@ class RunDir(ResumeCheck):
             )
 
     def _check_owned(self) -> None:
-        """Refuse an ``--out`` holding what no dgrpo run wrote, before anything is written there: a model directory
+        """Refuse an ``--out`` holding what no dgrpo run wrote, under the lock (its file removed on a refusal, when
+        this run made it: nothing is left there) and before anything else is written there: a model directory
         (config.json beside its weights: a run would write its config.json over the model's, and a later
         ``--model`` would mean its final/), a config.json that is not a dgrpo run's, final/, best/ or stage-K/
         folders that are not dgrpo checkpoints, or other things in checkpoints/ than a run leaves there
