@@ -120,3 +120,68 @@ def test_a_directory_refused_under_the_lock_keeps_no_lock_file_the_run_made(tmp_
     with pytest.raises(ConfigError, match="its config.json is not a dgrpo run's config"):
         grpo_run_dir(out)
     assert sorted(p.name for p in out.iterdir()) == [".lock", "config.json"]
+
+
+def _unwritable(monkeypatch, path):
+    """The system says ``path`` is not writable to this user (as another user's file is; as root too, where modes
+    refuse nothing)."""
+    from pathlib import Path
+
+    from dgrpo.training import out_dir
+
+    access = out_dir.os.access
+    monkeypatch.setattr(out_dir.os, "access", lambda p, mode, **k: Path(p) != path and access(p, mode, **k))
+
+
+def test_a_rollouts_file_the_run_cannot_append_to_is_refused_at_its_start(tmp_path, monkeypatch):
+    """OUT/rollouts.jsonl not writable to the user (another user's in a shared folder, a run started as root): the
+    run's first rollouts' write, minutes in, was a PermissionError traceback. The start refuses it in one line naming
+    the file and its owner, and OUT is left as it was; a run that writes no rollouts (grpo.log_rollouts 0) or removes
+    the file (--resume never) goes on."""
+    import json
+    import os
+    import pwd
+
+    from dgrpo.config import to_dict
+
+    from conftest import tiny_config
+
+    out = tmp_path / "run"
+    out.mkdir()
+    cfg = tiny_config(**{"grpo.log_rollouts": 4})
+    (out / "config.json").write_text(json.dumps(to_dict(cfg)))
+    rollouts = out / "rollouts.jsonl"
+    rollouts.write_text("")
+    _unwritable(monkeypatch, rollouts)
+    with pytest.raises(ConfigError) as e:
+        grpo_run_dir(out, cfg)
+    assert str(e.value) == (
+        f"{rollouts} belongs to user {pwd.getpwuid(os.getuid()).pw_name} and is not writable to you: the run appends "
+        f"its rollouts to it (grpo.log_rollouts); have its owner make it writable to you, move it out of {out}, or "
+        "use another --out"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "rollouts.jsonl"]
+    grpo_run_dir(out, cfg, resume="never").close()
+    assert not rollouts.exists()
+    (out / "config.json").write_text(json.dumps(to_dict(tiny_config())))  # (tiny.yaml: grpo.log_rollouts 0)
+    rollouts.write_text("")
+    grpo_run_dir(out).close()
+    assert rollouts.is_file()
+
+
+def test_the_command_refuses_an_unwritable_rollouts_file_before_the_model_loads(tmp_path, monkeypatch, run_cli):
+    """dgrpo grpo's refusal of a rollouts.jsonl it cannot append to comes before the data are read and the model
+    loaded (at the paper's scale those take minutes)."""
+    from dgrpo.model import factory
+
+    from conftest import tiny_args
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "rollouts.jsonl").write_text("")
+    _unwritable(monkeypatch, out / "rollouts.jsonl")
+    monkeypatch.setattr(factory, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    (tmp_path / "sft").mkdir()  # (--init: never read, the refusal comes first)
+    r = run_cli("grpo", "--init", tmp_path / "sft", "--out", out, *tiny_args(**{"grpo.log_rollouts": 2}))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"dgrpo: error: {out / 'rollouts.jsonl'} belongs to user "), r.stderr

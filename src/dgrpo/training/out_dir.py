@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..config import ConfigError
 from ..model.verified import enclosing_checkpoint, is_written_checkpoint
-from ..run_layout import CHECKPOINTS_DIR, CONFIG_FILE, LOCK_FILE, METRICS_FILE, RUN_WRITES
+from ..run_layout import CHECKPOINTS_DIR, CONFIG_FILE, LOCK_FILE, METRICS_FILE, ROLLOUTS_FILE, RUN_WRITES
 
 
 def check_output_path(path: Path | str, what: str = "--out", *, model_dir: bool = False) -> None:
@@ -111,6 +111,22 @@ def check_output_dir(path: Path, what: str = "--out") -> Path:
     except OSError as e:
         raise ConfigError(f"{what} {path}: cannot create it ({e.strerror or e})") from None
     return Path(path)
+
+
+def check_run_appends(out: Path | str, command: str, resume: str, log_rollouts: int) -> None:
+    """ConfigError, at a run's start, when a file in ``out`` that the run appends to in place (the others it replaces
+    whole, or removes) is there and not writable to this user: a GRPO run's ``rollouts.jsonl`` (``grpo.log_rollouts``
+    above 0, not removed by ``--resume never``), another user's (a shared folder, a run started as root) or made
+    read-only. Its first rollouts' write, minutes into the run, was a PermissionError traceback."""
+    path = Path(out) / ROLLOUTS_FILE
+    if command != "grpo" or log_rollouts <= 0 or resume == "never" or not path.is_file():
+        return
+    if not os.access(path, os.W_OK):
+        raise ConfigError(
+            f"{path} belongs to {_owner(path)} and is not writable to you: the run appends its rollouts to it "
+            f"(grpo.log_rollouts); have its owner make it writable to you, move it out of {path.parent}, or use "
+            "another --out"
+        )
 
 
 def _owner(path: Path) -> str:

@@ -64,7 +64,7 @@ from .checkpoint import (
 from .consolidate import ADDED_BY_CONSOLIDATION, CONSOLIDATED
 from .distributed import Dist
 from .guards import TrainingStopped
-from .out_dir import RunLock, check_output_dir, is_run_config, is_run_metrics
+from .out_dir import RunLock, check_output_dir, check_run_appends, is_run_config, is_run_metrics
 from .preemption import in_test_sets, stop, stop_if_requested, stopping, writing_the_end
 from .resume_check import ALLOW_CHANGE, START_OVER, ResumeCheck, in_command_line, quiet_log
 from .tracking import Tracker, describe_backends, open_trackers
@@ -320,6 +320,8 @@ class RunDir(ResumeCheck):
             lock = RunLock(self.out_dir)
             try:  # (under the lock: OUT as a run at work there left it, not mid-change, which was refused as foreign)
                 self._check_owned()
+                log_rollouts = self.cfg.get("grpo", {}).get("log_rollouts", 0)
+                check_run_appends(self.out_dir, self.command, self.resume_mode, log_rollouts)
             except BaseException:
                 lock.release(remove=True)  # (a refused directory is left without a lock file this run made)
                 raise
