@@ -25,6 +25,29 @@ def test_a_folder_named_like_the_lock_file_is_one_line(tmp_path):
     assert (out / ".lock" / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("kind", ["fifo", "dangling link"])
+def test_something_else_at_the_lock_files_path_is_one_line(tmp_path, kind):
+    """OUT/.lock a FIFO was an OSError traceback (Invalid argument) as the run wrote its PID there; a link to a
+    place that is not there said "OUT was removed as this run started: run it again", at every run. Each is one line
+    naming what is there and what to do."""
+    import os
+
+    out = tmp_path / "run"
+    out.mkdir()
+    lock = out / ".lock"
+    if kind == "fifo":
+        os.mkfifo(lock)
+        what = "not a regular file"
+    else:
+        lock.symlink_to(tmp_path / "gone" / "lock")
+        what = f"a link to {tmp_path / 'gone' / 'lock'}, which is not there"
+    with pytest.raises(ConfigError) as e:
+        grpo_run_dir(out)
+    assert str(e.value) == (
+        f"{lock} is {what}, where a run keeps its lock file: move it out of {out} (or remove it), or use another --out"
+    )
+
+
 def _run_with_copies(out):
     """A GRPO run's OUT (its config.json, one checkpoint) and a user's copies kept in OUT/checkpoints."""
     import json

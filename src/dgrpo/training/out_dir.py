@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import pwd
+import stat
 import time
 from pathlib import Path
 
@@ -173,7 +174,15 @@ class RunLock:
         os.write(fd, f"{os.getpid()}\n".encode())
 
     def _open(self, directory: Path) -> int:
-        """The lock file, opened (created if missing: then :attr:`created`)."""
+        """The lock file, opened (created if missing: then :attr:`created`); something else at its path (a user's
+        folder, a FIFO, a link to nowhere) is one line (:meth:`_not_a_file`)."""
+        fd = self._open_file(directory)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # (a FIFO: an OSError traceback as its PID was written)
+            os.close(fd)
+            raise self._not_a_file(directory, "not a regular file")
+        return fd
+
+    def _open_file(self, directory: Path) -> int:
         try:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
@@ -182,19 +191,30 @@ class RunLock:
             except FileExistsError:
                 self.created = False
                 return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except FileNotFoundError:  # (a run refused as this one started removed the directory it had made)
+        except FileNotFoundError:
+            if self.path.is_symlink():  # (it was "removed as this run started: run it again", at every run)
+                raise self._not_a_file(directory, f"a link to {os.readlink(self.path)}, which is not there") from None
+            # (a run refused as this one started removed the directory it had made)
             raise ConfigError(f"{directory} was removed as this run started: run it again") from None
         except IsADirectoryError:  # (a user's folder named .lock: an IsADirectoryError traceback)
-            raise ConfigError(
-                f"{self.path} is a folder, where a run keeps its lock file: move it out of {directory} (or remove "
-                "it), or use another --out"
-            ) from None
+            raise self._not_a_file(directory, "a folder") from None
         except PermissionError as e:  # (a shared folder: the directory writable, the lock file another user's)
             raise ConfigError(
                 f"{self.path}, the run directory's lock file, cannot be opened for writing ({e.strerror}; it belongs "
                 f"to {_owner(self.path)}): that user's run may be in {directory}; use another --out, or have its "
                 "owner make the file writable to you or remove it"
             ) from None
+        except OSError as e:  # (a socket at its path, a full disk: a traceback)
+            raise ConfigError(
+                f"{self.path}, the run directory's lock file, cannot be opened ({e.strerror}): use another --out"
+            ) from None
+
+    def _not_a_file(self, directory: Path, what: str) -> ConfigError:
+        """The refusal of ``what`` at the lock file's path."""
+        return ConfigError(
+            f"{self.path} is {what}, where a run keeps its lock file: move it out of {directory} (or remove it), or "
+            "use another --out"
+        )
 
     def _still_there(self, fd: int) -> bool:
         """Whether the file ``fd`` locks is still the lock file (another process may have removed it, its run directory
