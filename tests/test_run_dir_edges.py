@@ -208,3 +208,30 @@ def test_the_command_refuses_an_unwritable_rollouts_file_before_the_model_loads(
     r = run_cli("grpo", "--init", tmp_path / "sft", "--out", out, *tiny_args(**{"grpo.log_rollouts": 2}))
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith(f"dgrpo: error: {out / 'rollouts.jsonl'} belongs to user "), r.stderr
+
+
+@pytest.mark.parametrize("code", ["EPERM", "ENOSPC"])
+def test_a_run_file_that_cannot_be_replaced_is_not_said_to_wait_for_space(tmp_path, monkeypatch, code):
+    """config.json another user's, in an OUT with the sticky bit (only its owner may replace it): the run's start
+    failed in one line that ended "once there is space, run the same command again", beside the space it named free.
+    A full disk's line still says so; another failure says what must change."""
+    import errno
+
+    from dgrpo.model.verified import CheckpointError
+    from dgrpo.training import run as run_module
+
+    out = tmp_path / "run"
+    config = out / "config.json"
+
+    def refused(path, text):
+        if path == config:
+            raise OSError(getattr(errno, code), os_error[code], str(path))
+        path.write_text(text)
+
+    os_error = {"EPERM": "Operation not permitted", "ENOSPC": "No space left on device"}
+    monkeypatch.setattr(run_module, "write_text_atomically", refused)
+    with pytest.raises(CheckpointError) as e, grpo_run_dir(out) as run:
+        run.start(None)
+    when = "there is space" if code == "ENOSPC" else "config.json can be replaced there"
+    assert str(e.value).startswith("could not write config.json (")
+    assert str(e.value).endswith(f"): {config} is as it was: once {when}, run the same command again")

@@ -10,6 +10,7 @@ off rank 0, so a trainer's loop calls them unconditionally.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import re
@@ -162,11 +163,13 @@ def _read_json(path: Path) -> object:
 def _write_whole(path: Path, text: str) -> None:
     """Write one of the run's files whole or not at all (``config.json`` written in place on a full disk was left cut,
     and the same command, which the error's line said resumes, was refused: not a dgrpo run's config); a failed write
-    is one line naming the space left."""
+    is one line naming the space left, and, when the disk was not full (another user's file in a folder with the
+    sticky bit, which only its owner may replace), not saying to wait for space."""
     try:
         write_text_atomically(path, text)
     except OSError as e:
-        after = f"{path} is as it was: once there is space, run the same command again"
+        when = "there is space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else f"{path.name} can be replaced there"
+        after = f"{path} is as it was: once {when}, run the same command again"
         raise write_failed(path.name, path.parent, e, after) from None
 
 
