@@ -235,3 +235,48 @@ def test_a_run_file_that_cannot_be_replaced_is_not_said_to_wait_for_space(tmp_pa
     when = "there is space" if code == "ENOSPC" else "config.json can be replaced there"
     assert str(e.value).startswith("could not write config.json (")
     assert str(e.value).endswith(f"): {config} is as it was: once {when}, run the same command again")
+
+
+def _grpo_run(out):
+    """A GRPO run's OUT: its config.json, one checkpoint, its test results."""
+    import json
+
+    from dgrpo.config import to_dict
+
+    from conftest import state_only_checkpoint, tiny_config
+
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(to_dict(tiny_config())))
+    state_only_checkpoint(out / "checkpoints" / "step-00000004")
+    (out / "eval" / "builtin_test").mkdir(parents=True)
+    (out / "eval" / "builtin_test" / "results.json").write_text("{}")
+
+
+def test_another_users_folders_are_refused_before_the_run_writes_or_removes_anything(tmp_path, monkeypatch):
+    """A folder of the run's that the user may not write (another user's): ``--resume never`` removed the earlier
+    run's files until it met it, in a PermissionError traceback (its checkpoints gone, its eval/ left); a resume
+    found checkpoints/ unwritable at its first checkpoint, minutes in. Each is refused at the start, in one line
+    naming the folder and its owner, nothing removed."""
+    import os
+    import pwd
+
+    out = tmp_path / "run"
+    _grpo_run(out)
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    user = pwd.getpwuid(os.getuid()).pw_name
+    _unwritable(monkeypatch, out / "eval" / "builtin_test")
+    with pytest.raises(ConfigError) as e:
+        grpo_run_dir(out, resume="never")
+    assert str(e.value) == (
+        f"--resume never would delete {out / 'eval'}, and {out / 'eval' / 'builtin_test'} belongs to user {user} and "
+        "is not writable to you: have its owner remove it (or make it writable to you), or name another --out"
+    )
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock") == before
+    _unwritable(monkeypatch, out / "checkpoints")
+    with pytest.raises(ConfigError) as e:
+        grpo_run_dir(out)
+    assert str(e.value) == (
+        f"{out / 'checkpoints'} belongs to user {user} and is not writable to you: the run writes its checkpoints in "
+        f"it; have its owner make it writable to you, move it out of {out}, or use another --out"
+    )
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock") == before

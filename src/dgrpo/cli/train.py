@@ -324,7 +324,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     from ..model.sources import check_path_exists
     from ..progress import say
     from ..training.model_record import record_the_models_shape
-    from ..training.out_dir import check_run_appends
+    from ..training.out_dir import check_run_writes
     from ..training.resume_check import check_resume_config
     from ..training.tracking import check_installed
 
@@ -339,7 +339,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     check_builtin_compiles(cfg.model, args.init)  # (model.compile of the built-in model: the config knows its arch)
     # (a resume under a changed config is refused now, from OUT alone: not after the data and the model are read)
     check_resume_config(args.out, cfg, args.cmd, args.resume, args.allow_config_change)
-    check_run_appends(args.out, args.cmd, args.resume, cfg.grpo.log_rollouts)  # (its first append was minutes in)
+    check_run_writes(args.out, args.cmd, args.resume, cfg.grpo.log_rollouts)  # (its first write was minutes in)
     check_test_sets_distinct(cfg)
     check_installed(cfg.logging.backends)
     if args.cmd == "grpo":  # (a plug-in kind or reward that cannot be built fails here, before the data and the model)

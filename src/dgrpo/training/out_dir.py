@@ -114,20 +114,44 @@ def check_output_dir(path: Path, what: str = "--out") -> Path:
     return Path(path)
 
 
-def check_run_appends(out: Path | str, command: str, resume: str, log_rollouts: int) -> None:
-    """ConfigError, at a run's start, when a file in ``out`` that the run appends to in place (the others it replaces
-    whole, or removes) is there and not writable to this user: a GRPO run's ``rollouts.jsonl`` (``grpo.log_rollouts``
-    above 0, not removed by ``--resume never``), another user's (a shared folder, a run started as root) or made
-    read-only. Its first rollouts' write, minutes into the run, was a PermissionError traceback."""
-    path = Path(out) / ROLLOUTS_FILE
-    if command != "grpo" or log_rollouts <= 0 or resume == "never" or not path.is_file():
+def check_run_writes(out: Path | str, command: str, resume: str, log_rollouts: int) -> None:
+    """ConfigError, at a run's start, when what the run writes into in place in ``out`` (the files it replaces whole,
+    or removes, aside) is there and not writable to this user (another user's: a shared folder, a run started as
+    root; or made read-only): ``checkpoints/``, where a resumed run writes its checkpoints (a full one's write, at
+    the first checkpoint, was refused there), and a GRPO run's ``rollouts.jsonl`` (``grpo.log_rollouts`` above 0),
+    whose first rollouts' append, minutes into the run, was a PermissionError traceback. Not under ``--resume
+    never``, which removes them first (:func:`check_removable`)."""
+    if resume == "never":
         return
-    if not os.access(path, os.W_OK):
-        raise ConfigError(
-            f"{path} belongs to {_owner(path)} and is not writable to you: the run appends its rollouts to it "
-            f"(grpo.log_rollouts); have its owner make it writable to you, move it out of {path.parent}, or use "
-            "another --out"
-        )
+    folder, rollouts = Path(out) / CHECKPOINTS_DIR, Path(out) / ROLLOUTS_FILE
+    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+        raise _not_writable(folder, "the run writes its checkpoints in it")
+    if command == "grpo" and log_rollouts > 0 and rollouts.is_file() and not os.access(rollouts, os.W_OK):
+        raise _not_writable(rollouts, "the run appends its rollouts to it (grpo.log_rollouts)")
+
+
+def _not_writable(path: Path, why: str) -> ConfigError:
+    return ConfigError(
+        f"{path} belongs to {_owner(path)} and is not writable to you: {why}; have its owner make it writable to "
+        f"you, move it out of {path.parent}, or use another --out"
+    )
+
+
+def check_removable(path: Path, what: str) -> None:
+    """ConfigError when ``what`` (``--resume never``, a run restarted under another config) would delete ``path``
+    (a folder: its files and folders, a linked one's through the link) and a folder in it is not writable to this
+    user (another user's): its removal was a PermissionError traceback, partway (what was removed before it gone)."""
+    if not path.is_dir():
+        return
+    folders = [path] + [
+        Path(root) / d for root, dirs, _ in os.walk(path) for d in dirs if not (Path(root) / d).is_symlink()
+    ]
+    for folder in folders:
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"{what} would delete {path}, and {folder} belongs to {_owner(folder)} and is not writable to you: "
+                "have its owner remove it (or make it writable to you), or name another --out"
+            )
 
 
 def _owner(path: Path) -> str:

@@ -65,7 +65,7 @@ from .checkpoint import (
 from .consolidate import ADDED_BY_CONSOLIDATION, CONSOLIDATED
 from .distributed import Dist
 from .guards import TrainingStopped
-from .out_dir import RunLock, check_output_dir, check_run_appends, is_run_config, is_run_metrics
+from .out_dir import RunLock, check_output_dir, check_removable, check_run_writes, is_run_config, is_run_metrics
 from .preemption import in_test_sets, stop, stop_if_requested, stopping, writing_the_end
 from .resume_check import ALLOW_CHANGE, START_OVER, ResumeCheck, in_command_line, quiet_log
 from .tracking import Tracker, describe_backends, open_trackers
@@ -305,14 +305,24 @@ class RunDir(ResumeCheck):
         """``--resume never`` (or a run restarted under another config): remove what an earlier run wrote here (its
         checkpoints, best/, final/, stage-K/, test results, config history, summary, logs), so that nothing left of
         it reads as this run's output."""
-        found = [self.out_dir / name for name in RUN_WRITES if (self.out_dir / name).exists()]
-        found += stage_dirs(self.out_dir) + config_history(self.out_dir)
+        found = self._earlier_writes()
         for path in found:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         if found:
             names = ", ".join(p.name for p in found)
             why = "--resume never" if self.resume_mode == "never" else "started over under another config"
             self.log(f"dgrpo: {why}: removed the earlier run's {names} in {self.out_dir}")
+
+    def _earlier_writes(self) -> list[Path]:
+        """What an earlier run wrote here that :meth:`_start_over` removes."""
+        found = [self.out_dir / name for name in RUN_WRITES if (self.out_dir / name).exists()]
+        return found + stage_dirs(self.out_dir) + config_history(self.out_dir)
+
+    def _refuse_undeletable(self, what: str) -> None:
+        """ConfigError when ``what`` would fail partway through removing the earlier run's files (a folder of them
+        another user's: :func:`~.out_dir.check_removable`), before anything is removed."""
+        for path in self._earlier_writes():
+            check_removable(path, what)
 
     def _lock(self) -> RunLock | None:
         """Rank 0 checks the directory and takes the lock (every rank learns whether it could)."""
@@ -324,7 +334,7 @@ class RunDir(ResumeCheck):
             try:  # (under the lock: OUT as a run at work there left it, not mid-change, which was refused as foreign)
                 self._check_owned()
                 log_rollouts = self.cfg.get("grpo", {}).get("log_rollouts", 0)
-                check_run_appends(self.out_dir, self.command, self.resume_mode, log_rollouts)
+                check_run_writes(self.out_dir, self.command, self.resume_mode, log_rollouts)
             except BaseException:
                 lock.release(remove=True)  # (a refused directory is left without a lock file this run made)
                 raise
@@ -353,6 +363,7 @@ class RunDir(ResumeCheck):
         self._refuse_command(self._written_by())
         self._refuse_deleting_init("--resume never")
         self._refuse_deleting_copies("--resume never")
+        self._refuse_undeletable("--resume never")
 
     def _refuse_deleting_init(self, what: str) -> None:
         """ConfigError when the model this run starts from (``--init``) is inside OUT, which ``what`` would empty."""
@@ -442,6 +453,7 @@ class RunDir(ResumeCheck):
             over = f"starting {self.out_dir}'s unfinished run over under another config"
             self._refuse_deleting_init(over)
             self._refuse_deleting_copies(over)
+            self._refuse_undeletable(over)
             warnings.warn(
                 f"{self.out_dir} holds a run started with a different config ({first_items(changed, 8)}) and no "
                 "checkpoint to resume: it starts over under this one, "
