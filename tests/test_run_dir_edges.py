@@ -280,3 +280,21 @@ def test_another_users_folders_are_refused_before_the_run_writes_or_removes_anyt
         f"it; have its owner make it writable to you, move it out of {out}, or use another --out"
     )
     assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock") == before
+
+
+def test_resume_never_empties_a_linked_checkpoints_folder_and_keeps_the_link(tmp_path):
+    """OUT/checkpoints a link to a folder on a larger disk (a run resumes through it): ``--resume never`` was an
+    OSError traceback (rmtree on a link). The earlier run's checkpoints there are removed and the link stays, so that
+    the new run's checkpoints go to that disk too; a linked eval/ likewise."""
+    import shutil
+
+    out = tmp_path / "run"
+    _grpo_run(out)
+    big = tmp_path / "big"
+    big.mkdir()
+    for name in ("checkpoints", "eval"):
+        shutil.move(out / name, big / name)
+        (out / name).symlink_to(big / name)
+    grpo_run_dir(out, resume="never").close()
+    assert (out / "checkpoints").is_symlink() and list((big / "checkpoints").iterdir()) == []
+    assert (out / "eval").is_symlink() and list((big / "eval").iterdir()) == []

@@ -307,7 +307,11 @@ class RunDir(ResumeCheck):
         it reads as this run's output."""
         found = self._earlier_writes()
         for path in found:
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+            if path.is_symlink() and path.is_dir():  # (checkpoints/ linked to a larger disk: the link stays)
+                for entry in path.iterdir():
+                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            else:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
         if found:
             names = ", ".join(p.name for p in found)
             why = "--resume never" if self.resume_mode == "never" else "started over under another config"
