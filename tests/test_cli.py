@@ -1121,6 +1121,30 @@ def test_the_stop_line_says_whether_a_checkpoint_exists(tmp_path):
     assert _resume_hint(argparse.Namespace(cmd="eval", out="x")) == ""
 
 
+def test_a_stop_line_naming_the_newest_checkpoint_does_not_name_it_again(tmp_path):
+    """The line of a run stopped after a step named its checkpoint, then "resumes from the newest checkpoint in
+    OUT/checkpoints": the same folder twice. It says "from it" where the stop named the newest; not where it named
+    an older one (a later checkpoint was written since) or none."""
+    import argparse
+
+    from dgrpo.cli import _resume_hint
+
+    root = tmp_path / "run" / "checkpoints"
+    for step in (4, 12):
+        (root / f"step-{step:08d}").mkdir(parents=True)
+    args = argparse.Namespace(cmd="grpo", out=str(tmp_path / "run"))
+    assert _resume_hint(args, f" after step 12, checkpointed in {root}/step-00000012") == (
+        "; the same command resumes from it"
+    )
+    older = f"; the same command resumes from the newest checkpoint in {root}"
+    assert _resume_hint(args, f" after step 4, checkpointed in {root}/step-00000004") == older
+    assert _resume_hint(args, " in the test sets' evaluation") == older
+    args.resume = "never"
+    assert _resume_hint(args, f" after step 12, checkpointed in {root}/step-00000012") == (
+        "; rerun it without --resume never (--resume auto, the default) to resume from it"
+    )
+
+
 @pytest.mark.parametrize("cmd", ["sft", "grpo"])
 def test_training_on_own_data_warns_of_the_builtin_validation_and_test_sets(cmd, tmp_path, run_cli):
     """--set data.train=my.jsonl validated on builtin:valid and tested on the three built-in sets (all 0%), without a

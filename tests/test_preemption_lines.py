@@ -123,7 +123,7 @@ def test_a_grpo_run_stopped_after_a_step_says_which_on_its_stop_line(sft_checkpo
     assert r.returncode == 143, r.stderr[-2000:]
     assert r.stderr.strip().splitlines()[-1] == (
         f"dgrpo: terminated (SIGTERM) after step 2, checkpointed in {out / 'checkpoints' / 'step-00000002'}; the "
-        f"same command resumes from the newest checkpoint in {out / 'checkpoints'}"
+        "same command resumes from it"
     )
 
 

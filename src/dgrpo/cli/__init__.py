@@ -99,11 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Terminated as e:
         if is_rank0():
-            print(f"dgrpo: terminated (SIGTERM){_stopped_in(e, args.cmd)}{_resume_hint(args)}", file=sys.stderr)
+            said = _stopped_in(e, args.cmd)
+            print(f"dgrpo: terminated (SIGTERM){said}{_resume_hint(args, said)}", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt as e:
         if is_rank0():  # (Ctrl-C reaches every worker: torchrun sends it to each; to one alone: RANK_ENDED)
-            print(f"dgrpo: interrupted{_stopped_in(e, args.cmd)}{_resume_hint(args)}", file=sys.stderr)
+            said = _stopped_in(e, args.cmd)
+            print(f"dgrpo: interrupted{said}{_resume_hint(args, said)}", file=sys.stderr)
         return 130
     except RuntimeError as e:
         if not _peer_gone(e):
@@ -228,12 +230,13 @@ def _stopped_in(stop: KeyboardInterrupt, cmd: str) -> str:
     return f" {said}" if said else ""
 
 
-def _resume_hint(args: argparse.Namespace) -> str:
+def _resume_hint(args: argparse.Namespace, said: str = "") -> str:
     """What the same command does next: resume the newest checkpoint (a ``step-N`` folder, as the run lists them: not
     a file of that name nor a user's copy such as ``step-00000003.bak``, which the run does not resume), or (none
     written yet) start again. A run given
     ``--resume PATH`` or ``--resume never`` is told to drop it: given again, PATH would be resumed again (never: the
-    checkpoint just written deleted and the run started over), not the newest checkpoint."""
+    checkpoint just written deleted and the run started over), not the newest checkpoint. Where the stop's line
+    (``said``) already names the newest checkpoint, the hint says "it" (the line named it twice)."""
     if args.cmd == "demo":
         if getattr(args, "resume", "auto") == "never":
             return "; rerun it without --resume never to keep the runs that had finished (it starts every run over)"
@@ -243,15 +246,14 @@ def _resume_hint(args: argparse.Namespace) -> str:
     from ..run_layout import CHECKPOINTS_DIR, checkpoint_dirs
 
     root = Path(args.out) / CHECKPOINTS_DIR  # (checkpoints as list_checkpoints reads them, without loading torch)
-    if not checkpoint_dirs(args.out):
+    written = checkpoint_dirs(args.out)
+    if not written:
         return "; no checkpoint was written yet: the same command starts the run again"
+    newest = "it" if said.endswith(f"checkpointed in {written[-1]}") else f"the newest checkpoint in {root}"
     resume = getattr(args, "resume", "auto")
     if resume == "auto":
-        return f"; the same command resumes from the newest checkpoint in {root}"
-    return (
-        f"; rerun it without --resume {resume} (--resume auto, the default) to resume from the newest checkpoint in "
-        f"{root}"
-    )
+        return f"; the same command resumes from {newest}"
+    return f"; rerun it without --resume {resume} (--resume auto, the default) to resume from {newest}"
 
 
 @contextmanager
