@@ -2,6 +2,8 @@
 alike by dgrpo eval, sft and grpo), the advice about a checkpoint's missing tokenizer files, and the checks that
 refuse a model before its weights load (minutes for a large one), not after."""
 
+import pytest
+
 from conftest import make_lm
 
 
@@ -21,3 +23,50 @@ def test_a_stray_rank_variable_in_one_process_silences_no_line_of_eval(tokenizer
     assert f"dgrpo: loading {tmp_path / 'ckpt'} (from {tmp_path / 'ckpt'}) ..." in lines, r.stdout
     assert any(line.startswith("dgrpo eval: task, data, dtype and scorer settings from") for line in lines), r.stdout
     assert any(line.startswith("dgrpo eval: builtin:test ") for line in lines), r.stdout
+
+
+NEEDED = "(removed since dgrpo wrote it, and the model does not load without it: put it back, or copy the whole"
+DROPPABLE = "(changed since dgrpo wrote it; if the change is yours, delete manifest.json to load it)"
+
+
+def test_a_bpe_vocabularys_missing_files_are_said_to_be_needed(tokenizer, tmp_path):
+    """A checkpoint with a BPE vocabulary's files (``vocab.json``, ``merges.txt``) beside its ``tokenizer.json``: a
+    ``vocab.json`` without its ``merges.txt`` does not load (transformers: "`vocab` and `merges` must be both be from
+    memory or both filenames"), yet a missing ``merges.txt``, or a ``tokenizer.json`` missing beside a lone
+    ``vocab.json``, was said to be droppable ('delete manifest.json to load it'), and then the load failed. So did
+    one missing beside a whole vocabulary: ``tokenizer.json`` alone holds the latent markers (the files converted
+    lack them). A ``merges.txt`` or ``vocab.json`` missing beside ``tokenizer.json`` is droppable: it loads so."""
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.model.tokens import load_tokenizer
+    from dgrpo.model.verified import CheckpointError
+
+    lm = make_lm(tokenizer)
+    bpe = {"vocab.json": '{"a": 0}', "merges.txt": "#version: 0.2\n"}
+    for files, removed, says in (
+        (("vocab.json", "merges.txt"), ("merges.txt",), DROPPABLE),
+        (("vocab.json", "merges.txt"), ("vocab.json",), DROPPABLE),
+        (("vocab.json",), ("tokenizer.json",), NEEDED),  # (a lone vocab.json left)
+        (("vocab.json", "merges.txt"), ("merges.txt", "tokenizer.json"), NEEDED),
+        (("vocab.json", "merges.txt"), ("tokenizer.json",), NEEDED),  # (the latent markers)
+    ):
+        folder = tmp_path / "-".join(files + ("without",) + removed)
+        lm.save_pretrained(folder, extra=lambda tmp, files=files: [(tmp / f).write_text(bpe[f]) for f in files])
+        for name in removed:
+            (folder / name).unlink()
+        with pytest.raises(CheckpointError) as e:
+            LatentLM.from_pretrained(folder)
+        assert str(e.value).startswith(f"checkpoint {folder} is damaged: missing file {removed[0]} {says}"), e.value
+        if says == DROPPABLE:  # (as it says: without the manifest, the model loads)
+            (folder / "manifest.json").unlink()
+            LatentLM.from_pretrained(folder)
+
+    # a directory without a manifest (a model downloaded with hf download): a lone vocab.json is no tokenizer
+    folder = tmp_path / "vocab-json-without-merges"
+    folder.mkdir()
+    (folder / "vocab.json").write_text(bpe["vocab.json"])
+    with pytest.raises(CheckpointError) as e:
+        load_tokenizer(str(folder))
+    assert str(e.value).startswith(
+        f"no tokenizer in {folder} (vocab.json without the merges.txt it needs beside it, and none of tokenizer.json, "
+        "vocab.txt, *.model, *.tiktoken): save the tokenizer beside the model"
+    ), e.value

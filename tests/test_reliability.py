@@ -941,8 +941,7 @@ def test_a_full_disk_elsewhere_in_a_run_is_one_line(tmp_path, monkeypatch, run_c
 def test_a_file_a_checkpoint_cannot_load_without_is_not_said_to_be_droppable(tokenizer, tmp_path):
     """A missing weights file (or another the model needs) said 'if the change is yours, delete manifest.json to
     load it': without the manifest the next line was that the directory holds no model (or, for the tokenizer's
-    files, no tokenizer). A file the model loads without (run_config.json, a vocabulary file beside another) keeps
-    that advice."""
+    files, no tokenizer). A file the model loads without (run_config.json) keeps that advice."""
     from dgrpo.model.verified import CheckpointError
 
     lm = make_lm(tokenizer, "qwen2")
@@ -955,12 +954,12 @@ def test_a_file_a_checkpoint_cannot_load_without_is_not_said_to_be_droppable(tok
         ("tokenizer.json", needed, None),
         ("tokenizer_config.json", needed, None),
         ("run_config.json", droppable, None),
-        ("tokenizer.json", droppable, "vocab.txt"),
+        ("tokenizer.json", needed, "vocab.txt"),
     ):
         folder = tmp_path / f"{name}-{other}"
         lm.save_pretrained(folder)
         (folder / name).unlink()
-        if other is not None:  # (the vocabulary in another format too: the tokenizer loads from that)
+        if other is not None:  # (a vocabulary in another format beside it: tokenizer.json alone holds the markers)
             (folder / other).write_text("a\n")
         with pytest.raises(CheckpointError) as e:
             LatentLM.from_pretrained(folder)

@@ -21,7 +21,7 @@ from ..config import LatentTokenInit
 from ..data.records import LATENT_MARKERS
 from .anatomy import input_embedding_weight, token_tables
 from .sources import download_hint, revision_kwargs
-from .verified import TOKENIZER_FILES, CheckpointError, has_tokenizer_files
+from .verified import CheckpointError, has_tokenizer_files, no_tokenizer_files
 
 #: the latent markers: before the thoughts, each pause thought (``mode: pause``), after the thoughts
 START_LATENT, LATENT, END_LATENT = LATENT_MARKERS
@@ -117,7 +117,7 @@ def check_hub_tokenizer(name: str, snapshot: Path, cached: bool) -> None:
     that commit. (The line was a local directory's: save the tokenizer beside the model, in the hub's cache.)"""
     if has_tokenizer_files(snapshot):
         return
-    what = f"model {name!r} at commit {snapshot.name}: no tokenizer (none of {', '.join(TOKENIZER_FILES)})"
+    what = f"model {name!r} at commit {snapshot.name}: no tokenizer ({no_tokenizer_files(snapshot)})"
     if cached:
         raise CheckpointError(
             f"{what} in its files in the Hugging Face cache (an interrupted download, or only some files "
@@ -139,7 +139,7 @@ def load_tokenizer(
     folder = Path(path)
     if folder.is_dir() and not has_tokenizer_files(folder):
         raise CheckpointError(
-            f"no tokenizer in {folder} (none of {', '.join(TOKENIZER_FILES)}): save the tokenizer beside the model "
+            f"no tokenizer in {folder} ({no_tokenizer_files(folder)}): save the tokenizer beside the model "
             "(tokenizer.save_pretrained(DIR)) or copy its files from the base model"
         )
     cfg = folder / "tokenizer_config.json"

@@ -147,26 +147,53 @@ def check_intact(directory: Path, required: tuple[str, ...] = ()) -> None:
 
 
 def _needed_file_missing(problem: str, required: tuple[str, ...], directory: Path) -> bool:
-    """Whether :func:`verify`'s ``problem`` is a missing file that loading needs: weights, the tokenizer's config or
-    its last vocabulary file, or one of ``required``."""
+    """Whether :func:`verify`'s ``problem`` is a missing file that loading needs: weights, the tokenizer's config, its
+    ``tokenizer.json`` (the only file of the tokens added to its vocabulary, dgrpo's latent markers among them: the
+    other vocabulary files, converted, lack them), a file without which no whole vocabulary is left
+    (:func:`has_tokenizer_files`: its last one, or a ``vocab.json``'s ``merges.txt``), or one of ``required``."""
     if not problem.startswith("missing file "):
         return False
     name = problem.removeprefix("missing file ")
-    needed = name.endswith(".safetensors") or Path(name).name in ("config.json", ADAPTER_CONFIG_FILE, TOKENIZER_CONFIG)
-    vocabulary = any(Path(name).match(pattern) for pattern in TOKENIZER_FILES)
+    loaded = ("config.json", ADAPTER_CONFIG_FILE, TOKENIZER_CONFIG, TOKENIZER_JSON)
+    needed = name.endswith(".safetensors") or Path(name).name in loaded
+    vocabulary = any(Path(name).match(pattern) for pattern in (*TOKENIZER_FILES, *VOCABULARY_PAIRS.values()))
     needed = needed or (vocabulary and not has_tokenizer_files((directory / name).parent))
     return needed or any(name in alternatives.split("|") for alternatives in required)
 
 
 #: the files one of which a tokenizer directory holds (its vocabulary, in one of transformers' formats)
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "*.model", "*.tiktoken")
+#: a fast tokenizer's one file (its vocabulary, settings and added tokens), the file transformers 5 saves
+TOKENIZER_JSON = TOKENIZER_FILES[0]
+#: a vocabulary file of :data:`TOKENIZER_FILES` that loads only with another beside it: a BPE vocabulary's merges
+#: (GPT-2's and Qwen's files; transformers: "`vocab` and `merges` must be both be from memory or both filenames")
+VOCABULARY_PAIRS = {"vocab.json": "merges.txt"}
+#: :data:`TOKENIZER_FILES` as a message lists them, each with the file it needs beside it
+TOKENIZER_FILES_SAID = ", ".join(
+    f"{f} with {VOCABULARY_PAIRS[f]}" if f in VOCABULARY_PAIRS else f for f in TOKENIZER_FILES
+)
 #: the tokenizer's settings (its special and added tokens: dgrpo's latent markers), saved beside its vocabulary
 TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
 def has_tokenizer_files(folder: Path) -> bool:
-    """Whether a directory holds one of :data:`TOKENIZER_FILES` (a tokenizer's vocabulary)."""
-    return any(any(folder.glob(pattern)) for pattern in TOKENIZER_FILES)
+    """Whether a directory holds a tokenizer's vocabulary whole: one of :data:`TOKENIZER_FILES`, with the file
+    :data:`VOCABULARY_PAIRS` names beside it (a ``vocab.json`` alone does not load: its ``merges.txt`` is needed)."""
+    return any(
+        any(folder.glob(pattern))
+        and (pattern not in VOCABULARY_PAIRS or (folder / VOCABULARY_PAIRS[pattern]).is_file())
+        for pattern in TOKENIZER_FILES
+    )
+
+
+def no_tokenizer_files(folder: Path) -> str:
+    """What a directory without a whole vocabulary (:func:`has_tokenizer_files`) lacks, for a message: none of
+    :data:`TOKENIZER_FILES`, or the file a vocabulary file there needs beside it (and none of the others)."""
+    half = [f for f in VOCABULARY_PAIRS if (folder / f).is_file()]
+    if not half:
+        return f"none of {TOKENIZER_FILES_SAID}"
+    others = ", ".join(f for f in TOKENIZER_FILES if f not in VOCABULARY_PAIRS)
+    return f"{half[0]} without the {VOCABULARY_PAIRS[half[0]]} it needs beside it, and none of {others}"
 
 
 def _entries(manifest: Path) -> dict | None:
