@@ -70,3 +70,54 @@ def test_a_bpe_vocabularys_missing_files_are_said_to_be_needed(tokenizer, tmp_pa
         f"no tokenizer in {folder} (vocab.json without the merges.txt it needs beside it, and none of tokenizer.json, "
         "vocab.txt, *.model, *.tiktoken): save the tokenizer beside the model"
     ), e.value
+
+
+def test_an_adapter_without_its_bases_revision_loads_the_base_at_main_and_says_so_when_main_is_not_cached(
+    tokenizer, tmp_path, monkeypatch
+):
+    """An adapter whose ``adapter_config.json`` records no revision of its hub base (PEFT's, not dgrpo's) loads the
+    base at main: offline, the commit the cache's ``refs/main`` names, as ``from_pretrained`` reads it. A cache that
+    holds the base only at a commit (``hf download --revision``: no ``refs/main``) was 'not in the Hugging Face
+    cache'; it is 'not at main, ... (other revisions are)' now."""
+    import json
+
+    import huggingface_hub
+    import torch
+
+    from dgrpo.config import LoraConfig
+    from dgrpo.model import lora
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.model.verified import CheckpointError
+
+    repo, old, new = "org/base", "1" * 40, "2" * 40
+    snapshots = tmp_path / "hub" / "models--org--base" / "snapshots"
+    for commit, seed in ((old, 0), (new, 1)):
+        make_lm(tokenizer, seed=seed).save_pretrained(snapshots / commit)
+    refs = snapshots.parent / "refs"
+    refs.mkdir()
+    (refs / "main").write_text(new)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    lm = LatentLM.from_pretrained(repo, revision=old)
+    lora.apply_lora(lm, LoraConfig(r=2, alpha=4.0))
+    lm.save_pretrained(tmp_path / "adapter")
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["revision"] == old  # (dgrpo records it)
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps({**config, "revision": None}))
+    (tmp_path / "adapter" / "manifest.json").unlink()
+
+    said: list[str] = []
+    loaded = LatentLM.from_pretrained(tmp_path / "adapter", announce=said.append)
+    base = LatentLM.from_pretrained(snapshots / new)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    weights = loaded.model.state_dict()
+    weight = weights.get(name, weights.get(name.replace(".weight", ".base_layer.weight")))  # (adapted: PEFT's name)
+    assert weight is not None and torch.equal(weight, base.model.state_dict()[name])  # (main's weights)
+    assert said == [f"dgrpo: loading {tmp_path / 'adapter'} (a LoRA adapter on {repo}, from the hub cache) ..."]
+    (refs / "main").unlink()  # (the base downloaded at a commit only)
+    with pytest.raises(CheckpointError) as e:
+        LatentLM.from_pretrained(tmp_path / "adapter")
+    assert f"model '{repo}': not a local directory, and HF_HUB_OFFLINE is set but the model is not at main, the " in (
+        str(e.value)
+    )
+    assert "revision read when none is named (other revisions are) in the Hugging Face cache" in str(e.value)

@@ -549,7 +549,9 @@ def adapter_base(folder: Path) -> str:
 
 
 def adapter_base_revision(folder: Path) -> str | None:
-    """The hub revision of the base an adapter directory names (PEFT's ``revision``; None: none recorded)."""
+    """The hub revision of the base an adapter directory names (PEFT's ``revision``; None: none recorded, by PEFT
+    without dgrpo or an adapter on a local base: a hub base then loads at main, the commit the Hugging Face cache's
+    ``refs/main`` names offline, as ``from_pretrained`` and PEFT's own loading read it)."""
     try:
         revision = _adapter_config(folder).get("revision")
     except CheckpointError:

@@ -150,7 +150,9 @@ def resolve_hub_model(name: str, revision: str | None = None) -> tuple[str, bool
     )
     what = f"model {name!r}" + (f" at revision {revision!r}" if revision else "")
     repo_cached = (Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}").is_dir()
-    missing = f"not at revision {revision!r} (other revisions are)" if revision and repo_cached else "not"
+    # (no revision: main, as from_pretrained reads it, the cache's refs/main; a copy downloaded at a commit has none)
+    at = f"at revision {revision!r}" if revision else "at main, the revision read when none is named"
+    missing = f"not {at} (other revisions are)" if repo_cached else "not"
     offline = offline_variable("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")  # (the hub libraries' local cache only)
     if offline is not None:
         if cached:
