@@ -136,7 +136,7 @@ def test_a_loaded_model_gets_the_configs_loading_options_and_the_device(monkeypa
     factory.load_model(cfg.model, cfg.task, device="cpu", training=False)
     loaded = {"dtype": torch.bfloat16, "trust_remote_code": True, "latent_token_init": "coconut", "revision": "v3"}
     assert calls == [
-        ("org/m", {**loaded, "announce": print}),  # (the loading line's sink: a command's rank 0 prints it)
+        ("org/m", {**loaded, "announce": print, "check_config": None}),  # (the loading line's sink: rank 0 prints it)
         (
             "org/base",
             {
@@ -145,6 +145,7 @@ def test_a_loaded_model_gets_the_configs_loading_options_and_the_device(monkeypa
                 "latent_token_init": "mean",
                 "revision": None,
                 "announce": None,
+                "check_config": None,
             },
         ),
     ]

@@ -2,6 +2,8 @@
 alike by dgrpo eval, sft and grpo), the advice about a checkpoint's missing tokenizer files, and the checks that
 refuse a model before its weights load (minutes for a large one), not after."""
 
+import re
+
 import pytest
 
 from conftest import make_lm
@@ -121,3 +123,75 @@ def test_an_adapter_without_its_bases_revision_loads_the_base_at_main_and_says_s
         str(e.value)
     )
     assert "revision read when none is named (other revisions are) in the Hugging Face cache" in str(e.value)
+
+
+@pytest.fixture
+def no_weights_load(monkeypatch):
+    """Loading any model's weights fails the test: what is refused must be refused before."""
+    from dgrpo.model import latent_lm
+
+    def load_hf_model(path, *args, **kwargs):
+        raise AssertionError(f"the weights of {path} were loaded")
+
+    monkeypatch.setattr(latent_lm, "load_hf_model", load_hf_model)
+
+
+def test_a_checkpoints_tokenizer_that_is_not_its_own_is_refused_before_the_weights_load(
+    tokenizer, tmp_path, no_weights_load
+):
+    """A dgrpo checkpoint whose tokenizer is not the one saved with it (the base model's copied over it: no latent
+    markers; another with tokens past the model's embedding rows) was refused once its weights had loaded (minutes
+    for a 1.5B model); config.json's vocab_size gives the rows, and the tokenizer is refused before."""
+    import json
+
+    from dgrpo.model.latent_lm import LatentLM
+    from dgrpo.model.verified import CheckpointError
+
+    lm = make_lm(tokenizer)
+    rows = lm.model.get_input_embeddings().weight.shape[0]
+    lm.save_pretrained(tmp_path / "extra")
+    assert json.loads((tmp_path / "extra" / "config.json").read_text())["vocab_size"] == rows
+    more = lm.tokenizer
+    more.add_tokens(["<extra-1>", "<extra-2>"])
+    more.save_pretrained(tmp_path / "extra")
+    (tmp_path / "extra" / "manifest.json").unlink()  # (the change is the user's)
+    with pytest.raises(CheckpointError, match=f"it has 2 tokens past the model's {rows} embedding rows; copy back"):
+        LatentLM.from_pretrained(tmp_path / "extra")
+
+    make_lm(tokenizer).save_pretrained(tmp_path / "base-tokenizer")
+    tokenizer.save_pretrained(tmp_path / "base-tokenizer")  # (the base's, without the markers)
+    (tmp_path / "base-tokenizer" / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match=re.escape("it lacks the latent markers <|start-latent|>, <|latent|>")):
+        LatentLM.from_pretrained(tmp_path / "base-tokenizer")
+
+
+def test_model_compile_on_an_architecture_it_cannot_run_is_refused_before_the_weights_load(
+    tokenizer, tmp_path, no_weights_load
+):
+    """``model.compile`` for a loaded GPT-2 (or a model with attention dropout) was refused once the weights had
+    loaded and the trainer applied it; its config.json says so, and the training load refuses it before the weights
+    load, from a directory or under a LoRA adapter (its base's). An evaluation (no training) compiles nothing."""
+    import json
+
+    from dgrpo.config import Config, ConfigError, LoraConfig
+    from dgrpo.model import lora
+    from dgrpo.model.factory import load_model
+
+    gpt2 = make_lm(tokenizer, "gpt2")
+    gpt2.save_pretrained(tmp_path / "gpt2")
+    gpt2.name_or_path = str(tmp_path / "gpt2")  # (as loaded from there: its adapter names it as its base)
+    lora.apply_lora(gpt2, LoraConfig(r=2, alpha=4.0))
+    gpt2.save_pretrained(tmp_path / "adapter")
+    make_lm(tokenizer, "llama").save_pretrained(tmp_path / "llama")
+    config = json.loads((tmp_path / "llama" / "config.json").read_text())
+    (tmp_path / "llama" / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.1}))
+    (tmp_path / "llama" / "manifest.json").unlink()
+    cfg = Config()
+    cfg.model.compile = True
+    for init in ("gpt2", "adapter"):
+        with pytest.raises(ConfigError, match="model.compile: the compiled layers run qwen2, llama .* is 'gpt2'"):
+            load_model(cfg.model, cfg.task, init=str(tmp_path / init))
+    with pytest.raises(ConfigError, match="model.compile: the model's attention_dropout is 0.1"):
+        load_model(cfg.model, cfg.task, init=str(tmp_path / "llama"))
+    with pytest.raises(AssertionError, match="were loaded"):  # (an evaluation: nothing compiles, nothing refused)
+        load_model(cfg.model, cfg.task, init=str(tmp_path / "gpt2"), training=False)

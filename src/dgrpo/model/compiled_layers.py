@@ -151,22 +151,33 @@ def _factor_of(module: nn.Module, where: str) -> Tensor | None:
 def check_compilable(model: nn.Module) -> None:
     """Raise ConfigError (one line) when ``model``'s layers cannot run as the compiled step."""
     config = model.config
-    model_type = getattr(config, "model_type", None)
+    check_compilable_config(config)
+    if not prebuilt_mask_applies(config):
+        raise ConfigError(
+            "invalid config value model.compile: the compiled layers need SDPA attention over full-attention layers "
+            f"(attn_implementation={getattr(config, '_attn_implementation', None)!r}); set model.compile=false"
+        )
+
+
+def check_compilable_config(config: Any) -> None:
+    """Raise ConfigError (one line) when a model of ``config`` (its transformers config, or its config.json as a
+    dict, read before its weights load) cannot run as the compiled step: another architecture's, or attention
+    dropout. (How its attention runs is decided as it loads: :func:`check_compilable` checks it then.)"""
+    get = config.get if isinstance(config, dict) else lambda key: getattr(config, key, None)
+    model_type = get("model_type")
     if model_type not in COMPILABLE_MODEL_TYPES:
         raise ConfigError(
             f"invalid config value model.compile: the compiled layers run {', '.join(COMPILABLE_MODEL_TYPES)} "
             f"decoders; this model is {model_type!r} (set model.compile=false)"
         )
-    attention_dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0)
+    try:
+        attention_dropout = float(get("attention_dropout") or 0.0)
+    except (TypeError, ValueError):  # (not a number: transformers' own load says so)
+        return
     if attention_dropout > 0:
         raise ConfigError(
             f"invalid config value model.compile: the model's attention_dropout is {attention_dropout}; the "
             "compiled layers run without it (it would draw from the global RNG: set it to 0, or model.compile=false)"
-        )
-    if not prebuilt_mask_applies(config):
-        raise ConfigError(
-            "invalid config value model.compile: the compiled layers need SDPA attention over full-attention layers "
-            f"(attn_implementation={getattr(config, '_attn_implementation', None)!r}); set model.compile=false"
         )
 
 

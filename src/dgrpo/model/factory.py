@@ -14,7 +14,7 @@ from ..config import ConfigError, LoraConfig, ModelConfig, TaskConfig
 from ..data.synthetic import tokenizer_corpus
 from ..data.tokenizer import train_task_tokenizer
 from . import lora
-from .compiled_layers import COMPILABLE_MODEL_TYPES, CompiledLayers
+from .compiled_layers import COMPILABLE_MODEL_TYPES, CompiledLayers, check_compilable_config
 from .gqa_attention import use_packed_gqa
 from .head_stats import HeadStats
 from .kernels import apply_kernels
@@ -59,7 +59,8 @@ def check_builtin_compiles(model_cfg: ModelConfig, init: str | None = None) -> N
     """A one-line ConfigError when ``model.compile`` is on for a built-in model (no ``init``) of an architecture the
     compiled layers do not run (``model.arch=gpt2``): the config knows it, and dgrpo sft / grpo refuse the run
     before its data is read and its model built (it was refused once built; an evaluation compiles nothing). A
-    model loaded from a directory or the hub is checked once loaded (:func:`compiled_layers.check_compilable`)."""
+    model loaded from a directory or the hub is checked by :func:`load_model` from its config.json, before its
+    weights load (they take minutes for a 1.5B model), and once loaded (:func:`compiled_layers.check_compilable`)."""
     if model_cfg.compile and not init and model_cfg.name_or_path == BUILTIN:
         if model_cfg.arch not in COMPILABLE_MODEL_TYPES:
             raise ConfigError(
@@ -84,7 +85,8 @@ def load_model(
     (:func:`configure_lora`; new adapters drawn from ``seed``); for evaluation a checkpoint is used as saved. Every
     way this can fail is one :class:`CheckpointError` line. ``announce``: given the line saying what loads from where
     (``dgrpo: loading MODEL (...) ...``) just before a directory's or the hub's weights load; the built-in model,
-    built in seconds, has none."""
+    built in seconds, has none. For ``training`` with ``model.compile``, a model its config.json says the compiled
+    layers cannot run is refused before its weights load (:func:`~.compiled_layers.check_compilable_config`)."""
     dtype = torch.bfloat16 if model_cfg.dtype == "bfloat16" else torch.float32
     name = init or model_cfg.name_or_path
     if not init and name == BUILTIN:
@@ -100,6 +102,7 @@ def load_model(
                 latent_token_init=model_cfg.latent_token_init,
                 revision=model_cfg.revision or None,
                 announce=announce,
+                check_config=check_compilable_config if training and model_cfg.compile else None,
             )
         except CheckpointError as e:
             raise CheckpointError(f"{e}{revision_hint(model_cfg, init)}") from None

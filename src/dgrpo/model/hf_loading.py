@@ -57,6 +57,34 @@ def check_saved_tokenizer(where: str, tokenizer: PreTrainedTokenizerBase, rows: 
     )
 
 
+def model_config(path: str, revision: str | None, local_files_only: bool) -> dict | None:
+    """The ``config.json`` of the model ``from_pretrained`` is about to load from ``path`` (a directory, or a hub id
+    at ``revision``: fetched alone, a small file the load reads first anyway), as a dict, for what can be checked
+    before the weights load; None when it cannot be read (the load then says why)."""
+    try:
+        if Path(path).is_dir():
+            file = Path(path) / "config.json"
+        else:
+            from huggingface_hub import hf_hub_download
+
+            file = Path(hf_hub_download(path, "config.json", revision=revision, local_files_only=local_files_only))
+        config = json.loads(file.read_text())
+    except Exception:  # noqa: BLE001 - not there, not reachable, not JSON: from_pretrained's error says it
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def config_rows(config: dict | None) -> int | None:
+    """The embedding rows a model built from ``config`` (config.json's dict) has: its ``vocab_size`` (a multimodal
+    config's ``text_config``'s); None when it does not say, or when the model runs its repository's own code
+    (``auto_map``), which may size its embedding otherwise (ChatGLM's ``padded_vocab_size``)."""
+    if config is None or "auto_map" in config:
+        return None
+    text = config.get("text_config")
+    rows = config.get("vocab_size", text.get("vocab_size") if isinstance(text, dict) else None)
+    return rows if isinstance(rows, int) and not isinstance(rows, bool) and rows > 0 else None
+
+
 def remote_code_hint(e: BaseException) -> str:
     """What to add to a load that failed because the model or tokenizer runs its repository's own code: the option
     that allows it (transformers' words for it, ``trust_remote_code=True``, are on a line :func:`one_line` drops)."""

@@ -60,7 +60,15 @@ from .attention_mask import additive_mask, causal_padding_mask, prebuilt_mask_ap
 from .compiled_layers import CompiledLayers, rows_mismatch
 from .decoding import AnswerBook, DecodeState, Generation, check_decoding, check_uniforms, head_logprobs
 from .head_stats import HeadStats
-from .hf_loading import check_saved_tokenizer, hf_progress_bars_off, load_hf_model, loading_line, remote_code_hint
+from .hf_loading import (
+    check_saved_tokenizer,
+    config_rows,
+    hf_progress_bars_off,
+    load_hf_model,
+    loading_line,
+    model_config,
+    remote_code_hint,
+)
 from .kv_prefixes import saved_as_prefixes
 from .output_head import logit_transform, output_head
 from .recompute import checkpointed_layers, last_layers, recomputed_call, unrecomputable_cache_layers
@@ -268,6 +276,22 @@ def _check_loadable(
         check_hub_tokenizer(path, local, local_files_only)
 
 
+def _check_before_weights(
+    local: Path, path: str, tok: PreTrainedTokenizerBase, check_config: Callable[[dict], None] | None
+) -> int | None:
+    """:meth:`LatentLM.from_pretrained`'s checks of what ``local``'s config.json and tokenizer tell, before the weights
+    load (minutes for a large model; they were made once it had loaded): the tokenizer dgrpo saved (``local`` holds
+    its latent settings) against the embedding rows config.json gives, and ``check_config``. Returns those rows
+    (None: config.json does not say; the tokenizer is then checked against the model loaded)."""
+    config = model_config(str(local), None, True)
+    rows = config_rows(config)
+    if (local / LATENT_CONFIG_FILE).is_file():  # (dgrpo wrote it: its tokenizer holds the markers' trained rows)
+        check_saved_tokenizer(path, tok, rows)
+    if check_config is not None and config is not None:
+        check_config(config)
+    return rows
+
+
 def _read_latent_files(folder: Path) -> tuple[LatentSettings, dict | None]:
     """``latent_config.json`` (default settings when absent: a plain hub model) and ``run_config.json`` (or None)."""
     settings = LatentSettings()
@@ -421,14 +445,16 @@ class LatentLM(nn.Module):
         latent_token_init: LatentTokenInit = "mean",
         revision: str | None = None,
         announce: Callable[[str], None] | None = None,
+        check_config: Callable[[dict], None] | None = None,
     ) -> LatentLM:
         """Load a checkpoint directory (or a hub id, at ``revision``: a branch, tag or commit; a directory ignores
         it): weights from safetensors only, every tensor present with its shape (a directory dgrpo wrote is first
-        verified against its manifest). A LoRA adapter directory loads its base model (``adapter_config.json`` names
-        it, and the revision) with the adapter on top. Any problem is one :class:`CheckpointError` line.
-        ``latent_token_init``: how a base model's new latent markers start (mean, or coconut: copies of ``<<``'s
-        rows). ``announce``: called with one line just before the weights load (:func:`~.hf_loading.loading_line`:
-        the model and where its weights come from, the hub cache or a download), as the commands print it."""
+        verified against its manifest, its tokenizer against config.json's rows). A LoRA adapter directory loads its
+        base model (``adapter_config.json`` names it, and the revision) with the adapter on top. Any problem is one
+        :class:`CheckpointError` line. ``latent_token_init``: how a base model's new latent markers start (mean, or
+        coconut: copies of ``<<``'s rows). ``announce``: called with one line just before the weights load
+        (:func:`~.hf_loading.loading_line`), as the commands print it. ``check_config``: called with the config.json
+        (a dict) of the model whose weights load (an adapter's base's) before they load, to refuse it then."""
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"LatentLM.from_pretrained: path is a checkpoint directory or a hub id, got {path!r}")
         given = str(path)
@@ -444,7 +470,7 @@ class LatentLM(nn.Module):
         adapter = (local / ADAPTER_CONFIG_FILE).is_file()
         _check_loadable(local, str(path), hub, adapter, trust_remote_code, local_files_only)
         if adapter:
-            lm = cls._from_adapter_dir(local, dtype, device, trust_remote_code, given, announce)
+            lm = cls._from_adapter_dir(local, dtype, device, trust_remote_code, given, announce, check_config)
             lm.hub_commit, lm.loaded_from = (local.name if hub else None), str(path)
             return lm
         try:
@@ -456,10 +482,11 @@ class LatentLM(nn.Module):
             raise
         except Exception as e:  # noqa: BLE001 - a damaged directory fails in many ways; each is one line for the user
             raise CheckpointError(f"cannot load the model {path}: {one_line(e)}{remote_code_hint(e)}") from None
+        rows = _check_before_weights(local, str(path), tok, check_config)
         if announce is not None:
             announce(loading_line(given, str(path), local_files_only, revision))
         model = load_hf_model(str(path), dtype, trust_remote_code, local_files_only, revision)
-        if (local / LATENT_CONFIG_FILE).is_file():  # (dgrpo wrote it: its tokenizer holds the markers' trained rows)
+        if rows is None and (local / LATENT_CONFIG_FILE).is_file():  # (config.json did not say the rows)
             check_saved_tokenizer(str(path), tok, input_embedding_weight(model).shape[0])
         lm = cls._built(model, tok, settings, str(path), latent_token_init)
         lm.run_config, lm.name_or_path, lm.loaded_from = run_config, str(path), str(path)
@@ -477,9 +504,11 @@ class LatentLM(nn.Module):
         trust_remote_code: bool,
         given: str,
         announce: Callable[[str], None] | None,
+        check_config: Callable[[dict], None] | None = None,
     ) -> LatentLM:
         """The base model an adapter directory names, with the directory's tokenizer, settings and adapter
-        (``given``: the name the adapter was given by; ``announce``: as :meth:`from_pretrained`'s)."""
+        (``given``: the name the adapter was given by; ``announce`` and ``check_config``, of the base: as
+        :meth:`from_pretrained`'s)."""
         from . import lora
 
         named, revision = lora.adapter_base(folder), lora.adapter_base_revision(folder)
@@ -503,6 +532,8 @@ class LatentLM(nn.Module):
             raise CheckpointError(f"cannot load the adapter checkpoint {folder}: {why}") from None
         if (folder / LATENT_CONFIG_FILE).is_file():  # (dgrpo wrote it; the base may lack the markers' rows)
             check_saved_tokenizer(str(folder), tok, None)
+        if check_config is not None and (config := model_config(base, revision, local_only)) is not None:
+            check_config(config)
         if announce is not None:
             announce(loading_line(given, base, local_only, revision, adapter=True))
         model = load_hf_model(base, dtype, trust_remote_code, local_only, revision)
