@@ -140,8 +140,9 @@ def test_a_checkpoints_tokenizer_that_is_not_its_own_is_refused_before_the_weigh
     tokenizer, tmp_path, no_weights_load
 ):
     """A dgrpo checkpoint whose tokenizer is not the one saved with it (the base model's copied over it: no latent
-    markers; another with tokens past the model's embedding rows) was refused once its weights had loaded (minutes
-    for a 1.5B model); config.json's vocab_size gives the rows, and the tokenizer is refused before."""
+    markers; another with tokens past the model's embedding rows), or has no EOS token, was refused once its weights
+    had loaded (minutes for a 1.5B model); config.json's vocab_size gives the rows, and the tokenizer is refused
+    before."""
     import json
 
     from dgrpo.model.latent_lm import LatentLM
@@ -163,6 +164,13 @@ def test_a_checkpoints_tokenizer_that_is_not_its_own_is_refused_before_the_weigh
     (tmp_path / "base-tokenizer" / "manifest.json").unlink()
     with pytest.raises(CheckpointError, match=re.escape("it lacks the latent markers <|start-latent|>, <|latent|>")):
         LatentLM.from_pretrained(tmp_path / "base-tokenizer")
+
+    make_lm(tokenizer).save_pretrained(tmp_path / "no-eos")  # (a tokenizer without EOS: no LatentLM takes it)
+    settings = json.loads((tmp_path / "no-eos" / "tokenizer_config.json").read_text())
+    (tmp_path / "no-eos" / "tokenizer_config.json").write_text(json.dumps({**settings, "eos_token": None}))
+    (tmp_path / "no-eos" / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match=r"no-eos: ValueError: the tokenizer has no EOS token \(it has a pad"):
+        LatentLM.from_pretrained(tmp_path / "no-eos")
 
 
 def test_model_compile_on_an_architecture_it_cannot_run_is_refused_before_the_weights_load(

@@ -282,7 +282,9 @@ def _check_before_weights(
     """:meth:`LatentLM.from_pretrained`'s checks of what ``local``'s config.json and tokenizer tell, before the weights
     load (minutes for a large model; they were made once it had loaded): the tokenizer dgrpo saved (``local`` holds
     its latent settings) against the embedding rows config.json gives, and ``check_config``. Returns those rows
-    (None: config.json does not say; the tokenizer is then checked against the model loaded)."""
+    (None: config.json does not say; the tokenizer is then checked against the model loaded). A tokenizer without an
+    EOS token is refused too (:func:`check_eos`)."""
+    check_eos(path, tok)
     config = model_config(str(local), None, True)
     rows = config_rows(config)
     if (local / LATENT_CONFIG_FILE).is_file():  # (dgrpo wrote it: its tokenizer holds the markers' trained rows)
@@ -290,6 +292,15 @@ def _check_before_weights(
     if check_config is not None and config is not None:
         check_config(config)
     return rows
+
+
+def check_eos(where: str, tok: PreTrainedTokenizerBase) -> None:
+    """The model at ``where`` refused before its weights load when its tokenizer has no EOS token, as
+    :class:`LatentLM` would refuse it once loaded (:func:`~.tokens.check_special_tokens`): one CheckpointError line."""
+    try:
+        check_special_tokens(tok)
+    except ValueError as e:
+        raise CheckpointError(f"cannot load the model {where}: {one_line(e)}") from None
 
 
 def _read_latent_files(folder: Path) -> tuple[LatentSettings, dict | None]:
@@ -532,6 +543,7 @@ class LatentLM(nn.Module):
             raise CheckpointError(f"cannot load the adapter checkpoint {folder}: {why}") from None
         if (folder / LATENT_CONFIG_FILE).is_file():  # (dgrpo wrote it; the base may lack the markers' rows)
             check_saved_tokenizer(str(folder), tok, None)
+        check_eos(str(folder), tok)
         if check_config is not None and (config := model_config(base, revision, local_only)) is not None:
             check_config(config)
         if announce is not None:
