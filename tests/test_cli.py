@@ -77,6 +77,7 @@ def test_sft_baselines_run(tmp_path, mode, run_cli):
     assert said is (mode in ("cot", "no_cot")), [str(w.message) for w in seen]
 
 
+@pytest.mark.slow
 def test_eval_without_data_evaluates_the_runs_own_test_sets(tmp_path, sft_checkpoint, run_cli):
     """``--data`` was required: evaluating a run as it tested itself meant copying its data.test. It defaults to the
     test sets the checkpoint's run recorded (or data.test as --set gives it); a model that names none is one line."""

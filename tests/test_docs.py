@@ -516,6 +516,7 @@ def documented_but_not_logged(documented: set[str], logged: set[str]) -> list[st
     return sorted(n for n, p in patterns.items() if not any(p.fullmatch(k) for k in logged))
 
 
+@pytest.mark.slow
 def test_every_grpo_metric_docs_metrics_md_names_is_logged(sft_checkpoint, tmp_path):
     """The reverse of the test above, for ``dgrpo grpo``: each key docs/metrics.md's GRPO tables name is in a run's
     rows (one run that logs every optional key: the EMA baseline, a reference renewal, two reward parts, a
@@ -548,6 +549,7 @@ def test_every_grpo_metric_docs_metrics_md_names_is_logged(sft_checkpoint, tmp_p
     assert set(rollout) == listed | {"correct", "again"}
 
 
+@pytest.mark.slow
 def test_every_sft_metric_docs_metrics_md_names_is_logged(tmp_path):
     """The same for ``dgrpo sft``: a short curriculum with a validation set and ``sft.eval_every_epoch`` writes every
     key of docs/metrics.md's SFT tables (training rows, stage-end and epoch rows, the new-best-epoch row)."""

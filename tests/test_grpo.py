@@ -245,6 +245,7 @@ def test_the_reference_scores_a_step_once_when_its_masks_repeat(sft_checkpoint, 
         assert not torch.equal(scored[0][2], scored[1][2])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "over",
     [
@@ -626,6 +627,7 @@ def test_latent_thoughts_asked_of_a_checkpoint_without_them_is_one_line_at_start
         GRPOTrainer(lm, cfg, generate_split(cfg.task, "train"))
 
 
+@pytest.mark.slow
 def test_a_resume_with_another_reward_is_refused(sft_checkpoint, tmp_path):
     """A reward_fn given in Python is not in the config: a run stopped with one and resumed without it (or with
     another) went on with the config's reward, without a word. Checkpoints record the reward; both given is warned."""
@@ -656,6 +658,7 @@ def test_a_resume_with_another_reward_is_refused(sft_checkpoint, tmp_path):
         GRPOTrainer(LatentLM.from_pretrained(sft_checkpoint), cfg, train, reward_fn=parity)
 
 
+@pytest.mark.slow
 def test_valid_without_an_evaluate_fn_is_answered_under_eval_options(sft_checkpoint, tmp_path, monkeypatch):
     """train_grpo and train_sft given valid but no evaluate_fn skipped validation (a warning said so, no best/):
     they now count the records answered right as the commands do, greedy under eval.* (the scorer among them)."""
@@ -767,6 +770,7 @@ def test_a_bf16_grpo_run_logs_its_gradient_norm_summed_in_float32(sft_checkpoint
     assert len(logged) == len(true) >= 1 and logged == pytest.approx(true, rel=1e-5), (logged, true)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("sets", "why"),
     [

@@ -405,6 +405,7 @@ def test_dgrpo_eval_of_a_cached_hub_model_probes_the_hub_once(hub_cache, tmp_pat
     assert len(probes) == 1, probes
 
 
+@pytest.mark.slow
 def test_the_commands_say_what_model_loads_and_from_where_before_its_weights_load(
     hub_cache, tmp_path, run_cli, monkeypatch
 ):

@@ -2114,6 +2114,7 @@ def test_the_default_validation_reduces_a_partial_credit_scorers_mean_score(toke
         sharded_scores(Dist.single(), lambda local: _scored(2, 1.5, 3), recs)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:grpo.filter")
 def test_grpo_logs_the_mean_score_and_keeps_best_by_the_metric_asked(sft_checkpoint, tmp_path):
     """A partial-credit scorer's validation: eval/<name>/mean_score is logged beside the accuracy (both were only

@@ -1020,6 +1020,7 @@ def test_a_preempted_sft_run_rewrites_its_applied_entry_as_its_checkpoint_has_it
     assert [(e["started_at_step"], e["compile_fallbacks"]) for e in entries] == [(0, 2)]
 
 
+@pytest.mark.slow
 def test_a_preempted_grpo_run_rewrites_its_applied_entry_as_its_checkpoint_has_it(
     sft_checkpoint, tmp_path, monkeypatch
 ):
@@ -1076,6 +1077,7 @@ def test_a_nonfinite_stop_of_an_sft_run_rewrites_its_applied_entry_as_a_sigterm_
     assert [(e["started_at_step"], e["compile_fallbacks"]) for e in entries] == [(0, 2)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cause", ["guard", "weights", "stall"])
 def test_a_guards_stop_of_a_grpo_run_rewrites_its_applied_entry_as_a_sigterm_does(
     sft_checkpoint, tmp_path, monkeypatch, cause

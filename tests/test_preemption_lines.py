@@ -106,6 +106,7 @@ def test_other_stops_say_no_step(tmp_path):
             assert not preemption.stopped_after_a_step()
 
 
+@pytest.mark.slow
 def test_a_grpo_run_stopped_after_a_step_says_which_on_its_stop_line(sft_checkpoint, tmp_path, run_cli, monkeypatch):
     """The command line end to end (one process): the last line names step 2 and its checkpoint."""
     from dgrpo.training import grpo

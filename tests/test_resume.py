@@ -1244,6 +1244,7 @@ def test_an_epochs_validation_answers_with_its_stages_thoughts_before_any_stage_
     assert layouts == [(1, mode, True)] * 2  # epoch 0 (within stage 1), epoch 1 (its end)
 
 
+@pytest.mark.slow
 def test_a_run_that_recorded_a_relative_data_path_resumes_with_it(sft_checkpoint, tmp_path, monkeypatch, run_cli):
     """A run records its data files by absolute path; one begun before that (``data.train`` recorded as typed,
     relative) resumes when given the same relative path again (it was refused as a changed config)."""
@@ -1499,6 +1500,7 @@ def test_a_reward_file_edited_during_a_run_is_told_at_the_resume(tmp_path):
         train_grpo(lm, cfg, train, out, progress=False, log=lambda *a: None, allow_config_change=True)
 
 
+@pytest.mark.slow
 def test_a_resume_after_the_reward_file_was_edited_warns_naming_it(tmp_path):
     """A config names a plug-in reward by its path: a resume after the file was edited trained on another reward
     without a word. applied.json records each plug-in file's hash; a resume whose file differs says so, naming it,

@@ -291,6 +291,7 @@ def test_wandb_resume_reuses_run_id(tmp_path, wandb_env):
     assert fresh.run_id != run_id and (run_dir / WANDB_ID_FILE).read_text().strip() == fresh.run_id
 
 
+@pytest.mark.slow
 def test_open_trackers_and_describe(tmp_path, wandb_env):
     pytest.importorskip("tensorboard")
     run_dir = tmp_path / "runs" / "x"
