@@ -13,7 +13,8 @@ A checkpoint is a directory ``OUT/checkpoints/step-00000123/`` holding:
   ``manifest.json``     sha256 of every file above, written last
 It is written to a hidden ``.tmp-step-...`` directory and renamed into place, so a kill mid-write leaves no
 directory that looks complete. Resuming reads the newest checkpoint whole into memory and checks it (manifest,
-every required file listed, exact tensor names and shapes, optimizer state shapes) before anything is applied;
+every required file listed, exact tensor names and shapes, optimizer state shapes, the keys and values of the
+``state.json`` sections the command reads) before anything is applied;
 any problem is reported in one line and the previous checkpoint is tried. Nothing is ever unpickled.
 """
 
@@ -26,9 +27,11 @@ import pickle
 import random
 import re
 import shutil
+import types
+import typing
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -295,12 +298,13 @@ def read_checkpoint(
     extra_models: dict[str, Any] | None = None,
     sharded: bool = False,
     state_keys: tuple[str, ...] = (),
+    sections: dict[str, StateSection] | None = None,
 ) -> LoadedCheckpoint:
     """Verify a checkpoint (manifest, every required file) and read all of it into memory, checking that it fits:
     the weights are exactly the model's tensors with their shapes, the optimizer state matches the optimizer's
     parameters (``sharded``: an FSDP2 model's, whose checkpoints name them), ``state.json`` is an object holding
-    :data:`STATE_KEYS` and the command's ``state_keys``. Raises CheckpointError (one line) on any problem; mutates
-    nothing."""
+    :data:`STATE_KEYS`, the command's ``state_keys`` and its ``sections`` (each an object of the keys and values its
+    :class:`StateSection` allows). Raises CheckpointError (one line) on any problem; mutates nothing."""
     shards = ckpt / SHARDED_DIR if (ckpt / SHARDED_DIR).is_dir() else None  # (fsdp: sharded wrote it)
     problem = verify(ckpt, required_files(lm, extra_models, shards is not None))
     if problem is not None:
@@ -310,7 +314,9 @@ def read_checkpoint(
     check_same_local_base(ckpt, lm)
     try:
         state = json.loads((ckpt / RESUMABLE_STATE).read_text())
-        _check_state_keys(state, (*STATE_KEYS, *state_keys))
+        _check_state_keys(state, (*STATE_KEYS, *state_keys, *(sections or {})))
+        for name, section in (sections or {}).items():
+            section.check(name, state[name])
         check_same_optimizer(ckpt, state, optimizer)
         weights = lm.read_weights_dir(ckpt / "model") if shards is None else {}  # (shards: read as they load)
         if shards is not None:  # their names and shapes, from the metadata: a wrong model is refused here, whole
@@ -335,6 +341,61 @@ def read_checkpoint(
 
 #: what save_checkpoint adds to every checkpoint's ``state.json`` (a command's own keys: ``state_keys``)
 STATE_KEYS = ("step", "rng")
+
+
+#: the JSON types a section's value may take, by the Python type a field is annotated with (a JSON ``0`` reads as an
+#: int: a float field takes it; ``true`` is no number)
+_JSON_TYPES: dict[Any, tuple[type, ...]] = {int: (int,), float: (int, float), bool: (bool,), str: (str,)}
+
+
+@dataclass(frozen=True)
+class StateSection:
+    """A section of ``state.json`` that a command's resume reads once the weights are applied (GRPO's ``trainer`` and
+    ``loop``, SFT's ``progress``), checked when the checkpoint is read: an object holding ``required`` and no key
+    outside ``required`` and ``optional`` (each a key's allowed types; ``type(None)`` among them: null allowed). A
+    hand-edited section, or another dgrpo's (a key this one does not read), was a KeyError's or a TypeError's
+    traceback after the weights were applied, or, a key missing with a default, a resume from the wrong place
+    without a word; it is now a damaged checkpoint's line, and the previous checkpoint is tried."""
+
+    required: dict[str, tuple[type, ...]]
+    optional: dict[str, tuple[type, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, record: type, required: tuple[str, ...]) -> StateSection:
+        """The section a dataclass is saved as (``asdict``) and built from (``record(**section)``): its fields, each
+        with the JSON types of its annotation (``int | None``: a number or null); ``required``: the fields every
+        dgrpo has written (the others take their defaults)."""
+        hints = typing.get_type_hints(record)
+        allowed = {f.name: _json_types(hints[f.name]) for f in fields(record)}
+        return cls(
+            {k: v for k, v in allowed.items() if k in required}, {k: v for k, v in allowed.items() if k not in required}
+        )
+
+    def check(self, name: str, section: Any) -> None:
+        """A CheckpointError naming the section ``name`` of ``state.json`` when ``section`` is not what it allows."""
+        where = f"{RESUMABLE_STATE}: its {name}"
+        if not isinstance(section, dict):
+            raise CheckpointError(f"{where} is not a JSON object")
+        if missing := [k for k in self.required if k not in section]:
+            raise CheckpointError(f"{where} lacks {', '.join(missing)}")
+        allowed = {**self.required, **self.optional}
+        if unknown := sorted(k for k in section if k not in allowed):
+            raise CheckpointError(
+                f"{where} holds {', '.join(map(str, unknown))}, which this dgrpo does not read (written by another "
+                "version, or edited)"
+            )
+        for key, value in section.items():
+            kinds = allowed[key]
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                want = " or ".join("null" if t is type(None) else t.__name__ for t in kinds)
+                raise CheckpointError(f"{where}'s {key} is {json.dumps(value)[:40]}, not {want}")
+
+
+def _json_types(hint: Any) -> tuple[type, ...]:
+    """The JSON types of a field annotated ``hint`` (``int``, ``float``, ``bool``, ``str``, or one of them
+    ``| None``)."""
+    parts = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    return tuple(t for part in parts for t in (_JSON_TYPES.get(part) or (part,)))
 
 
 def _check_state_keys(state: Any, keys: tuple[str, ...]) -> None:

@@ -54,7 +54,7 @@ from ..progress import bar_disabled, say
 from ..reward import extract_answer, normalize_text
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, SUMMARY_FILE, step_dir_name
 from .applied import applied_settings
-from .checkpoint import read_checkpoint, save_checkpoint, shard_staging
+from .checkpoint import StateSection, read_checkpoint, save_checkpoint, shard_staging
 from .distributed import Dist
 from .guards import NonFiniteError, NonFiniteGuard, StalledError, clip_gradients, weights_finite
 from .losses import (
@@ -306,6 +306,14 @@ class GRPOTrainer:
             "reward": self.rewards.identity(),
         }
         return js
+
+    #: what :meth:`state` writes, as a resume checks it before anything is applied: :meth:`load_state` reads the
+    #: required keys (older checkpoints record neither the data's fingerprint nor the reward)
+    STATE = StateSection(
+        {k: (int,) for k in ("step_idx", "nonfinite_skips", "nonfinite_streak")}
+        | {"ema_baseline": (int, float), "order": (list,), "data_rng": (list,)},
+        {"train_data": (str,), "reward": (list,)},
+    )
 
     @cached_property
     def data_fingerprint(self) -> str:
@@ -774,6 +782,10 @@ class LoopState:
         self.best_step, self.best_accuracy, self.best_mean_score = None, -1.0, None
 
 
+#: a checkpoint's ``loop`` (:func:`_loop_record`): the fields of the first dgrpo's LoopState are always there
+LOOP_STATE = StateSection.of(LoopState, ("best_step", "best_accuracy", "skipped", "last_eval"))
+
+
 def _loop_record(loop: LoopState) -> dict:
     """The loop's state as a checkpoint keeps it: ``eval_pending`` only when set, and the mean scores only when
     known, so that a checkpoint of an unstopped run (validated by a count) stays readable by dgrpo before it (whose
@@ -891,9 +903,12 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
     """Load the newest checkpoint that loads into the trainer (if any) and open the metrics log."""
     extra = _extra_models(trainer)
     sharded, lm, opt = trainer.dist.fsdp, trainer.lm, trainer.opt
-    keys = ("trainer", "loop", "metrics_lines")  # (state.json's, beside every checkpoint's: what a GRPO resume reads)
+    keys = ("metrics_lines",)  # (state.json's, beside every checkpoint's and the sections: what a GRPO resume reads)
+    sections = {"trainer": GRPOTrainer.STATE, "loop": LOOP_STATE}
     loaded = run.resume(
-        lambda ckpt: read_checkpoint(ckpt, lm=lm, optimizer=opt, extra_models=extra, sharded=sharded, state_keys=keys)
+        lambda ckpt: read_checkpoint(
+            ckpt, lm=lm, optimizer=opt, extra_models=extra, sharded=sharded, state_keys=keys, sections=sections
+        )
     )
     saved = loaded.apply(lm, opt, extra, trainer.dist) if loaded is not None else None
     loop = LoopState()

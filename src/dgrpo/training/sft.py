@@ -21,7 +21,7 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -45,7 +45,7 @@ from ..model.verified import one_line
 from ..progress import bar_disabled, say
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dir
 from .applied import applied_settings
-from .checkpoint import read_checkpoint, save_checkpoint, shard_staging
+from .checkpoint import StateSection, read_checkpoint, save_checkpoint, shard_staging
 from .curriculum import (
     Curriculum,
     Progress,
@@ -154,6 +154,10 @@ def sft_step(
     return loss_sum, float(gn), finite
 
 
+#: a checkpoint's ``progress`` (every dgrpo has written all of Progress's fields)
+PROGRESS_STATE = StateSection.of(Progress, tuple(f.name for f in fields(Progress)))
+
+
 class SFTRun:
     """One SFT run between steps: the curriculum, where it stands, the optimizer and the non-finite guard,
     started fresh or resumed from the run directory's newest intact checkpoint."""
@@ -175,7 +179,8 @@ class SFTRun:
                 lm=lm,
                 optimizer=opt,
                 sharded=dist.fsdp,
-                state_keys=("progress", "nonfinite_skips", "metrics_lines"),
+                state_keys=("nonfinite_skips", "metrics_lines"),
+                sections={"progress": PROGRESS_STATE},
             )
         )
         self.opt: torch.optim.Optimizer | None = None  # a fresh run makes it at its first stage
