@@ -1,6 +1,6 @@
 """What a checkpoint holds beyond its manifest, checked when it is read (before anything is applied), so that a bad
 one is a damaged checkpoint's line and the previous one is tried: the sections of ``state.json`` a command's resume
-reads (GRPO's ``trainer`` and ``loop``, SFT's ``progress``)."""
+reads (GRPO's ``trainer`` and ``loop``, SFT's ``progress``), and weights or optimizer moments that are not finite."""
 
 import json
 import shutil
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from dgrpo.model.verified import CheckpointError, write_manifest
 from dgrpo.training.checkpoint import StateSection, read_checkpoint, save_checkpoint
@@ -143,6 +144,45 @@ def test_a_section_of_a_dataclass_takes_its_fields_types():
     assert section.optional == {"b": (int, float), "c": (int, type(None)), "d": (bool,)}
 
 
+@pytest.mark.parametrize("where", ["exp_avg", "ref"])
+def test_optimizer_moments_or_a_reference_that_are_not_finite_are_refused_when_read(tmp_path, where):
+    """A NaN in the optimizer's moments (the next step's update NaN: the run stopped as if its lr were too high) or
+    an infinity in the reference model's weights (every KL term infinite), the manifest consistent: one line naming
+    the tensor when the checkpoint is read."""
+    p = torch.nn.Parameter(torch.ones(2))
+    opt, ref = torch.optim.AdamW([p], lr=0.1), torch.nn.Linear(2, 2)
+    p.grad = torch.ones(2)
+    opt.step()
+    if where == "exp_avg":
+        opt.state[p]["exp_avg"][1] = float("nan")
+    else:
+        with torch.no_grad():
+            ref.weight[0, 0] = float("inf")
+    ckpt = save_checkpoint(tmp_path, 1, lm=StubReadLM(), optimizer=opt, state={}, extra_models={"ref": ref})
+    said = (
+        r"^optimizer.pt: the exp_avg of parameter 0 holds NaN or infinite values$"
+        if where == "exp_avg"
+        else r"^ref.safetensors: weight holds NaN or infinite values$"
+    )
+    with pytest.raises(CheckpointError, match=said):
+        read_checkpoint(ckpt, lm=StubReadLM(), optimizer=opt, extra_models={"ref": torch.nn.Linear(2, 2)})
+
+
+def test_finite_values_whose_norm_overflows_and_an_infinite_buffer_are_no_damage(tmp_path):
+    """Moments whose float32 norm overflows (values near float32's largest) are finite: the check looks at the
+    elements of a tensor whose norm is not finite before it refuses; a model's buffer (an attention mask of -inf) is
+    not a weight, and is not checked."""
+    p = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.AdamW([p], lr=0.1)
+    p.grad = torch.ones(4)
+    opt.step()
+    opt.state[p]["exp_avg_sq"].fill_(3e38)
+    ref = torch.nn.Linear(2, 2)
+    ref.register_buffer("mask", torch.full((2,), float("-inf")))
+    ckpt = save_checkpoint(tmp_path, 1, lm=StubReadLM(), optimizer=opt, state={}, extra_models={"ref": ref})
+    read_checkpoint(ckpt, lm=StubReadLM(), optimizer=opt, extra_models={"ref": ref})
+
+
 # ---------------------------------------------------------------------------------------------- whole runs
 
 
@@ -173,6 +213,13 @@ def grpo_run(tmp_path_factory):
     return out
 
 
+def _nan_in_weights(ckpt: Path) -> None:
+    weights = load_file(str(ckpt / "model" / "model.safetensors"))
+    weights["model.embed_tokens.weight"][0, 0] = float("nan")
+    save_file(weights, str(ckpt / "model" / "model.safetensors"), metadata={"format": "pt"})
+    _rewritten(ckpt, lambda state: None)
+
+
 @pytest.mark.filterwarnings("ignore:the model's latent markers")
 @pytest.mark.parametrize(
     ("damage", "said"),
@@ -183,13 +230,14 @@ def grpo_run(tmp_path_factory):
             "edited)",
         ),
         (lambda ckpt: _rewritten(ckpt, _del("trainer", "step_idx")), "state.json: its trainer lacks step_idx"),
+        (_nan_in_weights, "model/: model.embed_tokens.weight holds NaN or infinite values"),
     ],
-    ids=["unknown-loop-key", "missing-trainer-key"],
+    ids=["unknown-loop-key", "missing-trainer-key", "nan-weights"],
 )
 def test_a_grpo_checkpoint_damaged_past_its_manifest_falls_back_to_the_previous_one(grpo_run, tmp_path, damage, said):
-    """The newest checkpoint, its manifest consistent, with a loop key this dgrpo does not know (another version's)
-    or a trainer key missing (a TypeError's or KeyError's traceback once the weights were applied): skipped in one
-    line, the run resumed from the previous checkpoint."""
+    """The newest checkpoint, its manifest consistent, with a loop key this dgrpo does not know (another version's),
+    a trainer key missing (a TypeError's or KeyError's traceback once the weights were applied), or a NaN weight (it
+    resumed without a word): skipped in one line, the run resumed from the previous checkpoint."""
     out = tmp_path / "run"
     shutil.copytree(grpo_run, out)
     damage(out / "checkpoints" / STEP_2)

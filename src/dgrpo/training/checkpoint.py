@@ -14,7 +14,7 @@ A checkpoint is a directory ``OUT/checkpoints/step-00000123/`` holding:
 It is written to a hidden ``.tmp-step-...`` directory and renamed into place, so a kill mid-write leaves no
 directory that looks complete. Resuming reads the newest checkpoint whole into memory and checks it (manifest,
 every required file listed, exact tensor names and shapes, optimizer state shapes, the keys and values of the
-``state.json`` sections the command reads) before anything is applied;
+``state.json`` sections the command reads, finite weights and optimizer moments) before anything is applied;
 any problem is reported in one line and the previous checkpoint is tried. Nothing is ever unpickled.
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import pickle
 import random
@@ -330,6 +331,10 @@ def read_checkpoint(
         check_optimizer_state(optimizer, opt_state, dict(lm.model.named_parameters()) if sharded else None)
         rng = torch.load(ckpt / "rng.pt", weights_only=True)
         _check_rng(state["rng"], rng)
+        _check_finite(_parameters(weights, lm.model if weights and lm.peft is None else None), "model/")
+        for name, model in (extra_models or {}).items():
+            _check_finite(_parameters(extra[name], model), f"{name}.safetensors")
+        _check_finite(_optimizer_tensors(opt_state), "optimizer.pt")
     except (CheckpointError, ConfigError):
         raise
     except pickle.UnpicklingError:
@@ -337,6 +342,45 @@ def read_checkpoint(
     except Exception as e:  # noqa: BLE001 - truncated files, bad JSON, ...: each one line
         raise CheckpointError(one_line(e)) from None
     return LoadedCheckpoint(ckpt, state, weights, extra, opt_state, rng, shards, _local_base(lm))
+
+
+def _parameters(state: dict[str, torch.Tensor], model: Any) -> dict[str, torch.Tensor]:
+    """``state``'s tensors that are ``model``'s parameters (not its buffers: a model may keep an infinite mask), or
+    all of them when ``model`` is not a module (a LoRA adapter's state: its parameters alone)."""
+    if not isinstance(model, torch.nn.Module) or not state:
+        return state
+    names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    return {k: t for k, t in state.items() if k in names}
+
+
+def _optimizer_tensors(opt_state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """An optimizer state's per-parameter tensors, each named as a line names it (``the exp_avg of parameter 3``)."""
+    return {
+        f"the {name} of parameter {i}": value
+        for i, per_param in opt_state["state"].items()
+        for name, value in per_param.items()
+        if isinstance(value, torch.Tensor)
+    }
+
+
+def _check_finite(tensors: dict[str, torch.Tensor], where: str) -> None:
+    """A CheckpointError naming the first floating tensor of ``tensors`` that holds a NaN or an infinity: a checkpoint
+    whose manifest is consistent and whose weights or optimizer moments are not finite (written so by a tool, another
+    version, edited; a run's own steps never save one: its guards stop first) resumed without a word, every step then
+    non-finite, or the NaN went on into final/. One pass over the tensors: their norms, all at once (a NaN or an
+    infinity makes a norm non-finite), and then, element by element, only a tensor whose norm is not finite (a norm
+    past its dtype's range is no damage)."""
+    floating = [(k, t) for k, t in tensors.items() if t.is_floating_point() and t.numel()]
+    by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+    for k, t in floating:
+        by_device.setdefault(t.device, []).append((k, t))
+    for named in by_device.values():
+        norms = torch.stack(torch._foreach_norm([t for _, t in named], 2.0))  # (in their dtype: a float32 copy was 10x)
+        if bool(torch.isfinite(norms).all()):
+            continue
+        for (k, t), norm in zip(named, norms.tolist()):
+            if not math.isfinite(norm) and not bool(torch.isfinite(t).all()):
+                raise CheckpointError(f"{where}: {k} holds NaN or infinite values")
 
 
 #: what save_checkpoint adds to every checkpoint's ``state.json`` (a command's own keys: ``state_keys``)
