@@ -21,6 +21,7 @@ from ..run_layout import (
     APPLIED_FILE,
     CHECKPOINTS_DIR,
     CONFIG_FILE,
+    FINAL_DIR,
     METRICS_FILE,
     ROLLOUTS_FILE,
     SUMMARY_FILE,
@@ -331,17 +332,26 @@ class ResumeCheck:
     def _check_fork(self) -> None:
         """``--resume PATH`` with PATH outside ``OUT/checkpoints`` (a fork of another run's checkpoint) into an OUT
         that already holds checkpoints of its own (the fork was stopped, and the same command given again) is refused:
-        it would go back to PATH, run the fork's steps again over its own metrics rows and best/. A rewind to one of
-        OUT's own checkpoints stays allowed."""
+        it would go back to PATH, run the fork's steps again over its own metrics rows and best/. So is a fork into an
+        OUT that holds a finished run (``final/``) and no checkpoint, as a resume without ``--resume`` refuses it: the
+        fork replaced its final/ and summary, and kept the rest of its results beside them (SFT's stage-K/). A rewind
+        to one of OUT's own checkpoints stays allowed."""
         own = resume_candidates(self.out_dir)
         named = self.candidates[0].resolve()
-        if not own or named.is_relative_to((self.out_dir / CHECKPOINTS_DIR).resolve()):
+        if named.is_relative_to((self.out_dir / CHECKPOINTS_DIR).resolve()):
             return
-        raise ConfigError(
-            f"--resume {self.candidates[0]} is another run's checkpoint, and {self.out_dir / CHECKPOINTS_DIR} holds "
-            f"this run's own (the newest: {own[0].name}): drop --resume to continue from {own[0]}, or name a new "
-            f"--out (or remove {self.out_dir / CHECKPOINTS_DIR}) to start from {self.candidates[0]}"
-        )
+        if own:
+            raise ConfigError(
+                f"--resume {self.candidates[0]} is another run's checkpoint, and {self.out_dir / CHECKPOINTS_DIR} "
+                f"holds this run's own (the newest: {own[0].name}): drop --resume to continue from {own[0]}, or name "
+                f"a new --out (or remove {self.out_dir / CHECKPOINTS_DIR}) to start from {self.candidates[0]}"
+            )
+        if (self.out_dir / FINAL_DIR).is_dir():
+            raise ConfigError(
+                f"--resume {self.candidates[0]} is another run's checkpoint, and {self.out_dir} holds a finished run "
+                f"({FINAL_DIR}/, its model) and no checkpoint: name a new --out to start from {self.candidates[0]} "
+                "(the fork would write over that run's results)"
+            )
 
     def _changed_keys(self, old: dict) -> list[str]:
         """The keys a resume compares that differ between ``old`` and this run's config: not those this command never
