@@ -325,7 +325,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     from ..progress import say
     from ..training.model_record import record_the_models_shape
     from ..training.out_dir import check_run_writes
-    from ..training.resume_check import check_resume_config
+    from ..training.resume_check import check_resume_config, check_resume_data
     from ..training.tracking import check_installed
 
     if not args.resume.strip():  # (an empty PATH was read as the working directory)
@@ -342,17 +342,20 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     check_run_writes(args.out, args.cmd, args.resume, cfg.grpo.log_rollouts)  # (its first write was minutes in)
     check_test_sets_distinct(cfg)
     check_installed(cfg.logging.backends)
+    reward = None
     if args.cmd == "grpo":  # (a plug-in kind or reward that cannot be built fails here, before the data and the model)
         from ..perturbation import make_perturbation
 
         make_perturbation(cfg.perturbation)
-        check_reward(cfg.grpo, cfg.eval.scorer)
+        reward = check_reward(cfg.grpo, cfg.eval.scorer)
     check_path_exists(args.init or cfg.model.name_or_path)  # (a missing --init was said after the data's warnings)
     warn_if_held_out_is_builtin(cfg)
     warn_if_prompt_options_are_set(cfg)
     device = setup(cfg)
     options = eval_options(cfg)
     train = read_setting("data.train", training_split(cfg.data.train), cfg)
+    # (a resume on other data, or another reward, is refused now: not after the model is read)
+    check_resume_data(args.out, cfg, args.cmd, train, reward, args.resume, args.allow_config_change)
     held_out = {spec: read_setting(key, spec, cfg) for key, spec in held_out_specs(cfg)}
     warn_if_held_out_is_trained_on(cfg, train, held_out)
     warn_if_tests_share_validation(cfg, held_out)

@@ -597,15 +597,15 @@ def build_rewards(reward: str, rewards: list[dict], scorer: str, filter_reward: 
     return Rewards(parts, filter_reward)
 
 
-def check_reward(grpo: Any, scorer: str) -> None:
+def check_reward(grpo: Any, scorer: str) -> list[str]:
     """Build the reward a config names (``grpo.reward(s)``, ``grpo.filter_reward``, else ``eval.scorer``) once, so
     that a missing file or function fails in one line before data, models and training; the trainer builds it again
     (a plug-in file's module runs once per process: its own warnings come here) and warns of the config's reward
-    then."""
+    then. Returns its :meth:`Rewards.identity` (what a resume compares with its checkpoint's)."""
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"grpo\.reward .* is not used")
-            build_rewards(grpo.reward, grpo.rewards, scorer, grpo.filter_reward)
+            return build_rewards(grpo.reward, grpo.rewards, scorer, grpo.filter_reward).identity()
     except RewardError as e:
         raise RewardSetupError(str(e)) from None
 

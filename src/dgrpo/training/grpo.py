@@ -73,7 +73,7 @@ from .memory import oom_advice
 from .model_record import recorded_model
 from .preemption import stop_requested, within_step
 from .ref_policy import make_reference
-from .resume_check import shortened_error
+from .resume_check import SAME_REWARD, reward_change, shortened_error
 from .rollouts import Rollouts, collect_rollouts, replay_logprobs, resolve_engine, resolve_latent_chain
 from .run import FinalEval, RunDir
 from .run_inputs import (
@@ -937,9 +937,7 @@ def _check_same_reward(run: RunDir, saved: list[str] | None, given: list[str]) -
     None) is not checked."""
     if saved is None or saved == given:
         return
-    what = f"trained with the reward {'; '.join(saved)}, now {'; '.join(given)}"
-    keep = "the same reward (grpo.reward / grpo.rewards, or from Python the same reward_fn)"
-    run.refuse_unrecorded_change(what, keep)
+    run.refuse_unrecorded_change(reward_change(saved, given), SAME_REWARD)
 
 
 def _check_stall(run: RunDir, loop: LoopState, m: dict, g: GRPOConfig) -> str | None:

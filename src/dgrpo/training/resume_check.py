@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
+from typing import Any, NoReturn
 
 from ..config import BUILTIN_SHAPE, Config, ConfigError, to_dict
 from ..model.factory import BUILTIN
@@ -233,6 +234,69 @@ def check_resume_config(
         check_not_shortened(check.candidates, cfg.grpo.steps)
 
 
+def check_resume_data(
+    out_dir: Path | str,
+    cfg: Config,
+    command: str,
+    train: list,
+    reward: list[str] | None = None,
+    resume: str = "auto",
+    allow_config_change: bool = False,
+) -> None:
+    """``dgrpo sft`` / ``dgrpo grpo``'s refusal of a resume on other training data than its checkpoints were trained
+    on (``train``: the records read), or, GRPO, with another reward (``reward``: the config's reward's
+    :meth:`~dgrpo.eval.scoring.Rewards.identity`), made once the data is read and before the model loads (at the
+    paper's scale that takes minutes, and the refusal came after it), in the command line's words: when every
+    checkpoint to resume (newest first) recorded other data, or another reward. One that records none (written
+    before dgrpo did) or whose state.json does not read leaves it to the trainers' checks once the checkpoint is
+    loaded (:meth:`~.run.RunDir.check_same_data`), which allow_config_change turns into a line."""
+    from ..data.records import fingerprint
+
+    if allow_config_change:
+        return
+    check = ResumeCheck(out_dir, to_dict(cfg), command, resume, log=quiet_log, cli=True)
+    candidates = check._candidates()
+    records = [_recorded(ckpt, command) for ckpt in candidates]
+    found = [r for r in records if r is not None]
+    if not records or len(found) < len(records):
+        return
+    data = fingerprint(train)
+    saved: list[Any] = [r.get("train_data") for r in found]
+    if all(isinstance(s, str) and s != data for s in saved):
+        check.refuse_recorded(candidates[0], data_change(saved[0], data), "the same data")
+    rewards: list[Any] = [r.get("reward") for r in found]
+    if reward is not None and all(isinstance(r, list) and r != reward for r in rewards):
+        check.refuse_recorded(candidates[0], reward_change(rewards[0], reward), SAME_REWARD)
+
+
+def _recorded(ckpt: Path, command: str) -> dict | None:
+    """The part of a checkpoint's state.json that records the training data's fingerprint (``train_data``) and, for
+    GRPO, the reward (``reward``): GRPO's ``trainer``, SFT's whole state; None when it cannot be read."""
+    try:
+        state = json.loads((ckpt / RESUMABLE_STATE).read_text())
+    except (OSError, ValueError):
+        return None
+    section = state.get("trainer") if command == "grpo" and isinstance(state, dict) else state
+    return section if isinstance(section, dict) else None
+
+
+def data_change(saved: str, given: str) -> str:
+    """How the training data given now (``given``: its :func:`~dgrpo.data.records.fingerprint`) differs from the data
+    a checkpoint recorded (``saved``), as a refusal says it."""
+    (n_saved, _, _), (n_given, _, _) = saved.partition(":"), given.partition(":")
+    what = f"{n_saved} records, now {n_given}" if n_saved != n_given else f"{n_given} records as now, other ones"
+    return f"trained on other training data than given now ({what})"
+
+
+def reward_change(saved: list[str], given: list[str]) -> str:
+    """How the reward given now differs from the one a checkpoint recorded (each its parts' identities)."""
+    return f"trained with the reward {'; '.join(saved)}, now {'; '.join(given)}"
+
+
+#: how to keep a GRPO run's reward, as a refusal of another one says it
+SAME_REWARD = "the same reward (grpo.reward / grpo.rewards, or from Python the same reward_fn)"
+
+
 def check_not_shortened(candidates: list[Path], steps: int) -> None:
     """The refusal of a GRPO resume under ``grpo.steps`` below the step its checkpoint is at (allowed to change the
     config), from the checkpoints' ``state.json`` before the data and the model are read (it came once the checkpoint
@@ -352,6 +416,12 @@ class ResumeCheck:
                 f"({FINAL_DIR}/, its model) and no checkpoint: name a new --out to start from {self.candidates[0]} "
                 "(the fork would write over that run's results)"
             )
+
+    def refuse_recorded(self, ckpt: Path, what: str, keep: str) -> NoReturn:
+        """The refusal of a resume from ``ckpt`` on what the config does not hold but the checkpoint recorded (the
+        training data, a reward given from Python), changed since (``what``: how; ``keep``: what to resume with)."""
+        never, allow = self._option(*START_OVER), self._option(*ALLOW_CHANGE)
+        raise ConfigError(f"{ckpt} was {what}: resume with {keep}, start over with {never}, or pass {allow} to go on")
 
     def _changed_keys(self, old: dict) -> list[str]:
         """The keys a resume compares that differ between ``old`` and this run's config: not those this command never
