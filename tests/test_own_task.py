@@ -1166,7 +1166,10 @@ def test_the_test_sets_are_also_run_for_best_when_it_is_not_the_final_model(
     evaluate_best(1, cfg.grpo.steps, tests, cfg, tmp_path, Dist.single(), "cpu")
     res = json.loads((tmp_path / "eval_best" / "builtin_test" / "results.json").read_text())
     assert res["model"] == str((tmp_path / "best").resolve()) and res["n"] == 4
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["checkpoint"] == "best"
+    said = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(said[-1])["checkpoint"] == "best"
+    # (best/ of a 1.5B model loads for a while after final/'s results: a line says so, as the run's start does)
+    assert f"dgrpo: loading {tmp_path / 'best'} (from {tmp_path / 'best'}) ..." in said
     # under torchrun only rank 0 has the summary: every rank goes by rank 0's best step (rank 1 returned, rank 0
     # waited for it in the evaluation's gather: a hang)
     import dgrpo.cli.train as train_cli

@@ -547,6 +547,7 @@ def evaluate_best(
     Returns the accuracies as metrics (``test_best/...``; rank 0's)."""
     from ..model.factory import load_model
     from ..model.verified import same_weights
+    from ..progress import say
 
     best_step = dist.all_gather_objects(best_step)[0]
     if best_step is None or best_step == final_step or not (out / BEST_DIR).is_dir():
@@ -557,7 +558,8 @@ def evaluate_best(
         elif dist.is_main:
             print("\n".join(best_eval_lines(best_step, tests, out)))
         return {}
-    best = load_model(cfg.model, cfg.task, init=str(out / BEST_DIR), device=device, training=False)
+    said = say if dist.is_main else None  # (best/ of a large model loads for a while: a line, as the run's start has)
+    best = load_model(cfg.model, cfg.task, init=str(out / BEST_DIR), device=device, training=False, announce=said)
     # (the same weights read with other latent settings, e.g. an earlier SFT stage's thoughts, answer otherwise)
     same = final is not None and best.settings == final[0].settings and same_weights(best.model, final[0].model)
     if final is not None and dist.all_gather_objects(same)[0]:  # (rank 0's answer: every rank tests, or none)
