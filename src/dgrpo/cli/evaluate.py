@@ -287,6 +287,7 @@ def _eval_config(args: argparse.Namespace) -> tuple[Config, list[str], list[Path
     from ..config import Config, ConfigError, DataConfig, TaskConfig, load_config
     from ..model.sources import on_disk, resolve_checkpoint
     from ..training.out_dir import check_not_a_training_run, check_output_path
+    from ..training.preemption import is_rank0
     from ..training.resume_check import start_folders
     from .train import absolute_file
 
@@ -315,7 +316,7 @@ def _eval_config(args: argparse.Namespace) -> tuple[Config, list[str], list[Path
     if commit or not revision:  # the weights from the commit the settings came from (not another model's revision)
         cfg.model.revision = commit
     note = explain(start, cfg, list(args.config), local=on_disk(args.model).exists())
-    if note and speaks_for_all():  # (under torchrun: once)
+    if note and is_rank0():  # (under torchrun: once)
         print(note)
     if cfg.eval.shots and not cfg.eval.plain:  # (--shots, or eval.shots in a config)
         raise ConfigError(
@@ -426,25 +427,17 @@ def _read_sets(
     return sets
 
 
-def speaks_for_all() -> bool:
-    """Whether this process prints eval's lines: a single process, whatever ``RANK`` a shell left set (it silenced
-    eval's lines but not sft's and grpo's), or torchrun's rank 0: rank 0 as ``Dist.from_env`` decides it for sft and
-    grpo (``dist.is_main``) and the command line for its warnings, ``WORLD_SIZE`` over 1 first, then ``RANK``."""
-    from . import _ranks
-
-    rank, several = _ranks()
-    return not several or rank in ("", "0")
-
-
 def _load_eval_model(model: str, cfg: Config, device: torch.device) -> LatentLM:
-    """The model evaluated, prompted as ``cfg`` says, after a line on rank 0 (:func:`speaks_for_all`) saying what
-    loads from where (with transformers' bars off, a download of a large model printed nothing for minutes); a plain
-    LM evaluated as a latent model, and ``eval.n_latent`` set for a model trained without latent thoughts (it answers
-    with none: the option was dropped silently), are warned about."""
+    """The model evaluated, prompted as ``cfg`` says, after a line on rank 0 (one process whatever ``RANK`` says:
+    :func:`~dgrpo.training.preemption.is_rank0`) saying what loads from where (with transformers' bars off, a
+    download of a large model printed nothing for minutes); a plain LM evaluated as a latent model, and
+    ``eval.n_latent`` set for a model trained without latent thoughts (it answers with none: the option was dropped
+    silently), are warned about."""
     from ..model.factory import load_model
     from ..progress import say
+    from ..training.preemption import is_rank0
 
-    said = say if speaks_for_all() else None
+    said = say if is_rank0() else None
     lm = load_model(cfg.model, cfg.task, init=model, device=device, training=False, announce=said)
     if lm.new_latent_tokens and not cfg.eval.plain:
         warnings.warn(

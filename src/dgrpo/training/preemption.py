@@ -83,8 +83,11 @@ class _State:
 def is_rank0() -> bool:
     """Whether this process speaks for every rank: one process, or torchrun's global rank 0. It alone prints the lines
     of what every rank does together (a SIGTERM's stop, Ctrl-C, which torchrun sends to every worker, a guard's stop
-    decided on values the ranks share); a rank's own failure is that rank's line (``dgrpo.cli._error``)."""
-    return os.environ.get("RANK", "").strip() in ("", "0")
+    decided on values the ranks share); a rank's own failure is that rank's line (``dgrpo.cli._error``). A process
+    of a job of one (``WORLD_SIZE`` unset, 0 or 1) is, whatever ``RANK`` a shell left set: as ``Dist.from_env``
+    decides rank 0 for the trainers (a stray ``RANK=3`` silenced a run's errors and stop lines, not its others)."""
+    several = os.environ.get("WORLD_SIZE", "").strip() not in ("", "0", "1")
+    return not several or os.environ.get("RANK", "").strip() in ("", "0")
 
 
 def grace_s() -> float:
