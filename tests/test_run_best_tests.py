@@ -30,17 +30,19 @@ def test_a_best_of_the_final_weights_is_tested_once_and_reported_for_both(best_a
     scores = {"test/builtin_test/accuracy": 0.25}
     got = train_cli.evaluate_best(1, cfg.grpo.steps, tests, cfg, out, Dist.single(), "cpu", final=(final, scores))
     assert got == {"test_best/builtin_test/accuracy": 0.25} and tested == []
-    line = capsys.readouterr().out.strip()
+    loading = f"dgrpo: loading {out / 'best'} (from {out / 'best'}) ...\n"  # (best/ loads, to compare its weights)
+    said, line = capsys.readouterr().out.strip().split("\n")
+    assert said + "\n" == loading
     assert line.startswith("dgrpo: best/ (1) holds the final model's weights (no update after it): not tested again")
     assert line.endswith(f"its test results are the final model's ({out / 'eval' / 'builtin_test'})")
     settings = final.settings
     final.settings = dataclasses.replace(settings, n_latent=settings.n_latent + 1)  # (read with more thoughts)
     train_cli.evaluate_best(1, cfg.grpo.steps, tests, cfg, out, Dist.single(), "cpu", final=(final, scores))
-    assert tested == ["best"] and capsys.readouterr().out == ""
+    assert tested == ["best"] and capsys.readouterr().out == loading
     final.settings = settings
     final.model.model.norm.weight.data[0] += 1  # (an update after best/ was written)
     train_cli.evaluate_best(1, cfg.grpo.steps, tests, cfg, out, Dist.single(), "cpu", final=(final, scores))
-    assert tested == ["best", "best"] and capsys.readouterr().out == ""
+    assert tested == ["best", "best"] and capsys.readouterr().out == loading
 
 
 def test_a_best_of_the_final_weights_is_said_at_the_runs_end_as_under_fsdp(best_and_final, monkeypatch, capsys):
@@ -55,7 +57,8 @@ def test_a_best_of_the_final_weights_is_said_at_the_runs_end_as_under_fsdp(best_
     scores = {"test/builtin_test/accuracy": 0.25}
     monkeypatch.setattr(train_cli, "evaluate_test_sets", lambda *a, **k: pytest.fail("tested again"))
     got = train_cli.evaluate_best(1, 3, tests, cfg, out, Dist.single(), "cpu", final=(final, scores), advice=advice)
-    assert got == {"test_best/builtin_test/accuracy": 0.25} and capsys.readouterr().out == ""
+    loading = f"dgrpo: loading {out / 'best'} (from {out / 'best'}) ...\n"
+    assert got == {"test_best/builtin_test/accuracy": 0.25} and capsys.readouterr().out == loading
     train_cli.print_consolidation_lines(out, Dist.single(), advice)
     assert capsys.readouterr().out.splitlines() == [train_cli.final_best_line(1, tests, out)]
     rank1 = dataclasses.replace(Dist.single(), rank=1)  # (rank 0 alone says it)
