@@ -68,14 +68,16 @@ def test_a_manifest_leaves_no_probe_file_and_no_linked_files_mode_changed(tmp_pa
     [
         (("tokenizer_config.json", "tokenizer.json"), "tokenizer_config.json", True),  # (mutant: not named needed)
         (("tokenizer_config.json", "spiece.model"), "spiece.model", True),  # (mutant: patterns matched as names)
-        (("model/tokenizer.json", "model/vocab.txt"), "model/tokenizer.json", False),  # (mutant: looked for at the top)
-        (("model/tokenizer.json", "vocab.txt"), "model/tokenizer.json", True),
+        (("model/spiece.model", "model/vocab.txt"), "model/spiece.model", False),  # (mutant: looked for at the top)
+        (("model/spiece.model", "vocab.txt"), "model/spiece.model", True),
+        (("model/tokenizer.json", "model/vocab.txt"), "model/tokenizer.json", True),  # (it alone holds added tokens)
     ],
 )
 def test_a_missing_tokenizer_file_is_needed_unless_another_vocabulary_is_beside_it(tmp_path, files, gone, needed):
     """Without the tokenizer's config, or its last vocabulary file in any of transformers' formats (a
     sentencepiece ``*.model``), the model does not load: deleting manifest.json is no way on; a vocabulary file with
-    another beside it, in its own folder, is one the tokenizer loads without."""
+    another beside it, in its own folder, is one the tokenizer loads without; not ``tokenizer.json``, the only file of
+    the tokens added to the vocabulary (dgrpo's latent markers)."""
     from dgrpo.model.verified import CheckpointError, check_intact
 
     folder = written_with_manifest(tmp_path, dict.fromkeys(files, "x"))
