@@ -314,8 +314,9 @@ def read_setting(key: str, spec: str, cfg: Config) -> list:
 
 def set_up_run(args: argparse.Namespace) -> Setting:
     """Validate the config, read every dataset, join the processes, load the model: each failure one line before
-    anything is trained (a scorer that cannot be built fails before anything is read, and so does a resume under a
-    changed config: :func:`~dgrpo.training.resume_check.check_resume_config`)."""
+    anything is trained (a scorer that cannot be built fails before anything is read, and so do a resume under a
+    changed config and a ``--resume never`` that would delete what it may not:
+    :func:`~dgrpo.training.resume_check.check_resume_config`)."""
     from ..config import ConfigError
     from ..data import training_split
     from ..eval.evaluate import eval_options

@@ -1,7 +1,7 @@
 """Whether a run directory may be resumed under this config: the keys a resume may change, the config diff, the data
-specs made absolute, and :class:`ResumeCheck` (the command that wrote the checkpoints and the config the run was
-started with), made by :class:`~dgrpo.training.run.RunDir` with its lock held and by the command line before the data
-and the model are read."""
+specs made absolute, and :class:`ResumeCheck` (the command that wrote the checkpoints, the config the run was started
+with, what starting over would delete), made by :class:`~dgrpo.training.run.RunDir` with its lock held and by the
+command line before the data and the model are read."""
 
 from __future__ import annotations
 
@@ -15,22 +15,27 @@ from typing import Any, NoReturn
 from ..config import BUILTIN_SHAPE, Config, ConfigError, to_dict
 from ..model.factory import BUILTIN
 from ..model.sources import is_model_dir, on_disk
-from ..model.verified import RESUMABLE_STATE, RUN_CONFIG_FILE
+from ..model.verified import MANIFEST, RESUMABLE_STATE, RUN_CONFIG_FILE
 from ..paths import expand_home
 from ..progress import say
 from ..run_layout import (
     APPLIED_FILE,
+    BEST_DIR,
     CHECKPOINTS_DIR,
     CONFIG_FILE,
     FINAL_DIR,
     METRICS_FILE,
     ROLLOUTS_FILE,
+    RUN_WRITES,
     SUMMARY_FILE,
+    checkpoint_copies,
+    config_history,
     run_of_checkpoint,
     stage_dirs,
 )
 from ..text import first_items
-from .checkpoint import check_planned_adapter, checkpoint_command, resume_candidates
+from .checkpoint import check_planned_adapter, checkpoint_command, foreign_entries, list_checkpoints, resume_candidates
+from .out_dir import check_removable, is_run_config, is_run_metrics
 
 #: options that change neither the computation nor its results: a resumed run may change them freely. Recomputing
 #: the decoder layers or calls gives the same gradients, bit for bit on CPU (tests/test_recompute.py); keeping the
@@ -222,11 +227,12 @@ def check_resume_config(
 ) -> None:
     """``dgrpo sft`` / ``dgrpo grpo``'s refusal of a resume under a changed config (or of another command's
     checkpoints), made from the run directory alone before any dataset is read or the model loaded (at the paper's
-    scale those take minutes, and the refusal came after them), in the command line's words; and so are a LoRA
-    checkpoint whose adapter this run would not build or whose local base holds other weights
-    (:func:`~.checkpoint.check_planned_adapter`), and a GRPO run shortened below its checkpoints' step
-    (:func:`check_not_shortened`). The keys a run takes from its model (:data:`LOAD_RESOLVED_KEYS`) are left to
-    :class:`~.run.RunDir`'s check, after the model loads."""
+    scale those take minutes, and the refusal came after them), in the command line's words; so are a finished run
+    without a checkpoint given again, and what ``--resume never`` or a restart under another config would delete
+    that it may not (:meth:`ResumeCheck.before_loading`), and a LoRA checkpoint whose adapter this run would not
+    build or whose local base holds other weights (:func:`~.checkpoint.check_planned_adapter`), and a GRPO run
+    shortened below its checkpoints' step (:func:`check_not_shortened`). The keys a run takes from its model
+    (:data:`LOAD_RESOLVED_KEYS`) are left to :class:`~.run.RunDir`'s check, after the model loads."""
     check = ResumeCheck(out_dir, to_dict(cfg), command, resume, allow_config_change, log=quiet_log, cli=True)
     check.before_loading()
     check_planned_adapter(check.candidates, check.cfg.get("model", {}))
@@ -350,15 +356,23 @@ class ResumeCheck:
 
     def before_loading(self) -> None:
         """The checks a resume needs no data and no model for: the command that wrote the checkpoints, and the
-        config (but :data:`LOAD_RESOLVED_KEYS`, which the model may set); nothing when there is nothing to resume."""
+        config (but :data:`LOAD_RESOLVED_KEYS`, which the model may set); with nothing to resume, a finished run
+        given again, and what ``--resume never`` or a restart under another config would delete that it may not
+        (another command's run, the ``--init`` model, a user's copies, another user's folders), these last ones
+        only when OUT holds nothing but a run's files (:meth:`_owned`). RunDir makes them again with its lock held
+        (the Python API's trainers, which are given a loaded model, there only)."""
         self.candidates = self._candidates()
-        if not self.candidates:
-            return
+        self.ignored = LOAD_RESOLVED_KEYS
         if self.explicit:  # (first: a config compared with another run's config.json said to allow the change)
             self._check_fork()
-        self._check_command()
-        self.ignored = LOAD_RESOLVED_KEYS
-        self._check_config()
+        if self.resume_mode == "never" and self._owned():
+            self._check_start_over()
+        if self.candidates:
+            self._check_command()
+            self._check_config()
+        elif self.resume_mode == "auto" and self._owned():
+            self._check_not_finished()
+            self._check_restart()
 
     def _option(self, cli: str, api: str) -> str:
         """How to ask for something: the command line's option ``cli``, and for a Python caller its argument ``api``
@@ -440,6 +454,124 @@ class ResumeCheck:
         """Refuse another command's checkpoints (an SFT run's directory given to ``dgrpo grpo``, or the reverse):
         they are not damaged, and starting over there would delete them."""
         self._refuse_command(next((c for c in map(checkpoint_command, self.candidates) if c is not None), None))
+
+    def _check_owned(self) -> None:
+        """Refuse an ``--out`` holding what no dgrpo run wrote, under the lock (its file removed on a refusal, when
+        this run made it: nothing is left there) and before anything else is written there: a model directory
+        (config.json beside its weights: a run would write its config.json over the model's, and a later
+        ``--model`` would mean its final/), a config.json that is not a dgrpo run's, final/, best/ or stage-K/
+        folders that are not dgrpo checkpoints, or other things in checkpoints/ than a run leaves there
+        (:func:`~.checkpoint.foreign_entries`: a run replaces those folders, and ``--resume never`` deletes them)."""
+        out = self.out_dir
+        if not out.is_dir():
+            return
+        new = "name a new --out"
+        if is_model_dir(out):
+            raise ConfigError(f"--out {out} is a model directory (config.json beside its weights): {new}")
+        config = out / CONFIG_FILE
+        if config.is_file() and not is_run_config(config):
+            if list_checkpoints(out):  # (a run's, its config.json damaged: a new --out would lose the run)
+                raise ConfigError(
+                    f"--out {out}: its {CONFIG_FILE} is not a dgrpo run's config, beside the run's checkpoints: if it "
+                    f"was damaged, delete it to resume (the newest checkpoint's model/{RUN_CONFIG_FILE}, the config "
+                    f"it was trained with, is then the run's); else {new}"
+                )
+            raise ConfigError(f"--out {out}: its {CONFIG_FILE} is not a dgrpo run's config: {new}")
+        stages = stage_dirs(out)
+        for folder in [out / FINAL_DIR, out / BEST_DIR, *stages]:
+            if folder.exists() and not (folder / MANIFEST).is_file():
+                raise ConfigError(f"--out {out}: {folder} is not a checkpoint dgrpo wrote (no {MANIFEST}): {new}")
+        root = out / CHECKPOINTS_DIR
+        stray = foreign_entries(out)
+        if stray:
+            raise ConfigError(f"--out {out}: {root} holds {first_items(stray)}, not dgrpo checkpoints: {new}")
+        signs = [config, out / FINAL_DIR, out / BEST_DIR, root, *stages]
+        if not any(p.exists() for p in signs) and not is_run_metrics(out / METRICS_FILE):
+            names = [name for name in (*RUN_WRITES, METRICS_FILE) if (out / name).exists()]
+            if names:
+                raise ConfigError(
+                    f"--out {out} holds {', '.join(names)} but no dgrpo run (no {CONFIG_FILE}, no checkpoint, no "
+                    f"metrics rows of one): a run writes over files of those names and --resume never deletes them: "
+                    f"{new}"
+                )
+
+    def _owned(self) -> bool:
+        """Whether OUT holds nothing but a run's files (:meth:`_check_owned` passes): the checks made before the lock
+        is taken of what starting over would delete are made only then, so that a folder no dgrpo run wrote (or a run
+        at work there, mid-change) is answered as RunDir answers it under the lock."""
+        try:
+            self._check_owned()
+        except ConfigError:
+            return False
+        return True
+
+    def _check_not_finished(self) -> None:
+        """A finished run (final/) whose checkpoints are gone (deleted to save space) is not trained again from step 0
+        over its results, under the same config or a changed one, without being asked; another command's finished run
+        is refused as such (``--resume never`` would be refused too)."""
+        if (self.out_dir / FINAL_DIR).is_dir():
+            self._refuse_command(self._written_by())
+            raise ConfigError(
+                f"{self.out_dir} holds a finished run ({FINAL_DIR}/) and no checkpoint to resume: its model is "
+                f"{self.out_dir / FINAL_DIR}; to train it again, --resume never (removes its results) or a new --out"
+            )
+
+    def _check_restart(self) -> list[str]:
+        """The keys an unfinished run without a checkpoint (``config.json``, no checkpoint to resume) was started
+        with differently ([] when none, or no config.json): it starts over under this config, removing what it wrote
+        (:meth:`~.run.RunDir._warn_if_restarted_under_another_config`), which is refused for another command's run,
+        the model this run starts from, a user's copies in OUT/checkpoints and another user's folders."""
+        path = self.out_dir / CONFIG_FILE
+        if not path.is_file():
+            return []
+        changed = self._changed_keys(self._read_config(path))
+        if changed:
+            self._refuse_command(self._written_by())
+            over = f"starting {self.out_dir}'s unfinished run over under another config"
+            self._refuse_deleting_init(over)
+            self._refuse_deleting_copies(over)
+            self._refuse_undeletable(over)
+        return changed
+
+    def _check_start_over(self) -> None:
+        """``--resume never`` deletes what an earlier run wrote here: never another command's run (its checkpoints
+        say whose it is), nor the model this run starts from (``--init`` inside OUT)."""
+        self._refuse_command(self._written_by())
+        self._refuse_deleting_init("--resume never")
+        self._refuse_deleting_copies("--resume never")
+        self._refuse_undeletable("--resume never")
+
+    def _refuse_deleting_init(self, what: str) -> None:
+        """ConfigError when the model this run starts from (``--init``) is inside OUT, which ``what`` would empty."""
+        init = Path(str(self.cfg.get("model", {}).get("name_or_path", "")))
+        if init.is_absolute() and init.resolve().is_relative_to(self.out_dir.resolve()):
+            raise ConfigError(
+                f"{what} would delete {init}, the model this run starts from (--init): name another --out"
+            )
+
+    def _refuse_deleting_copies(self, what: str) -> None:
+        """ConfigError when ``what`` would delete a user's copies kept in OUT/checkpoints
+        (:func:`~dgrpo.run_layout.checkpoint_copies`: ``step-00000012-copy/``, a folder holding a checkpoint's
+        state.json), which the start's checks let stay there (``--resume`` may name one): they went with the earlier
+        run's checkpoints without a word."""
+        copies = checkpoint_copies(self.out_dir)
+        if copies:
+            root = self.out_dir / CHECKPOINTS_DIR
+            raise ConfigError(
+                f"{what} would delete {first_items(copies)} in {root}, kept beside the run's checkpoints (no "
+                f"checkpoint a run wrote): move them out of {root} first, or name another --out"
+            )
+
+    def _earlier_writes(self) -> list[Path]:
+        """What an earlier run wrote here that :meth:`_start_over` removes."""
+        found = [self.out_dir / name for name in RUN_WRITES if (self.out_dir / name).exists()]
+        return found + stage_dirs(self.out_dir) + config_history(self.out_dir)
+
+    def _refuse_undeletable(self, what: str) -> None:
+        """ConfigError when ``what`` would fail partway through removing the earlier run's files (a folder of them
+        another user's: :func:`~.out_dir.check_removable`), before anything is removed."""
+        for path in self._earlier_writes():
+            check_removable(path, what)
 
     def _written_by(self) -> str | None:
         """Which command (``sft``, ``grpo``) wrote the run in OUT: its checkpoints say, else (none left) what only

@@ -23,10 +23,8 @@ from typing import IO, Any, NoReturn
 
 from ..config import Config, ConfigError, to_dict
 from ..model.latent_lm import LatentLM
-from ..model.sources import is_model_dir
 from ..model.verified import (
     MANIFEST,
-    RUN_CONFIG_FILE,
     SHARDED_DIR,
     CheckpointError,
     manifest_bytes,
@@ -43,10 +41,8 @@ from ..run_layout import (
     LOCK_FILE,
     METRICS_FILE,
     ROLLOUTS_FILE,
-    RUN_WRITES,
     STEP_DIR,
     SUMMARY_FILE,
-    checkpoint_copies,
     config_history,
     config_history_file,
     stage_dirs,
@@ -56,7 +52,6 @@ from .applied import record_applied, warn_if_plugins_changed
 from .checkpoint import (
     LoadedCheckpoint,
     count_lines,
-    foreign_entries,
     list_checkpoints,
     repoint_run_adapters,
     reset_metrics,
@@ -65,7 +60,7 @@ from .checkpoint import (
 from .consolidate import ADDED_BY_CONSOLIDATION, CONSOLIDATED
 from .distributed import Dist
 from .guards import TrainingStopped
-from .out_dir import RunLock, check_output_dir, check_removable, check_run_writes, is_run_config, is_run_metrics
+from .out_dir import RunLock, check_output_dir, check_run_writes
 from .preemption import in_test_sets, stop, stop_if_requested, stopping, writing_the_end
 from .resume_check import ALLOW_CHANGE, START_OVER, ResumeCheck, in_command_line, quiet_log
 from .tracking import Tracker, describe_backends, open_trackers
@@ -317,17 +312,6 @@ class RunDir(ResumeCheck):
             why = "--resume never" if self.resume_mode == "never" else "started over under another config"
             self.log(f"dgrpo: {why}: removed the earlier run's {names} in {self.out_dir}")
 
-    def _earlier_writes(self) -> list[Path]:
-        """What an earlier run wrote here that :meth:`_start_over` removes."""
-        found = [self.out_dir / name for name in RUN_WRITES if (self.out_dir / name).exists()]
-        return found + stage_dirs(self.out_dir) + config_history(self.out_dir)
-
-    def _refuse_undeletable(self, what: str) -> None:
-        """ConfigError when ``what`` would fail partway through removing the earlier run's files (a folder of them
-        another user's: :func:`~.out_dir.check_removable`), before anything is removed."""
-        for path in self._earlier_writes():
-            check_removable(path, what)
-
     def _lock(self) -> RunLock | None:
         """Rank 0 checks the directory and takes the lock (every rank learns whether it could)."""
         found: list[RunLock] = []
@@ -361,103 +345,15 @@ class RunDir(ResumeCheck):
         if self.dist.sum_int(int(problem is not None)):
             raise problem or ConfigError(f"{self.out_dir}: the run directory cannot be used (see rank 0's error)")
 
-    def _check_start_over(self) -> None:
-        """``--resume never`` deletes what an earlier run wrote here: never another command's run (its checkpoints
-        say whose it is), nor the model this run starts from (``--init`` inside OUT)."""
-        self._refuse_command(self._written_by())
-        self._refuse_deleting_init("--resume never")
-        self._refuse_deleting_copies("--resume never")
-        self._refuse_undeletable("--resume never")
-
-    def _refuse_deleting_init(self, what: str) -> None:
-        """ConfigError when the model this run starts from (``--init``) is inside OUT, which ``what`` would empty."""
-        init = Path(str(self.cfg.get("model", {}).get("name_or_path", "")))
-        if init.is_absolute() and init.resolve().is_relative_to(self.out_dir.resolve()):
-            raise ConfigError(
-                f"{what} would delete {init}, the model this run starts from (--init): name another --out"
-            )
-
-    def _refuse_deleting_copies(self, what: str) -> None:
-        """ConfigError when ``what`` would delete a user's copies kept in OUT/checkpoints
-        (:func:`~dgrpo.run_layout.checkpoint_copies`: ``step-00000012-copy/``, a folder holding a checkpoint's
-        state.json), which the start's checks let stay there (``--resume`` may name one): they went with the earlier
-        run's checkpoints without a word."""
-        copies = checkpoint_copies(self.out_dir)
-        if copies:
-            root = self.out_dir / CHECKPOINTS_DIR
-            raise ConfigError(
-                f"{what} would delete {first_items(copies)} in {root}, kept beside the run's checkpoints (no "
-                f"checkpoint a run wrote): move them out of {root} first, or name another --out"
-            )
-
-    def _check_owned(self) -> None:
-        """Refuse an ``--out`` holding what no dgrpo run wrote, under the lock (its file removed on a refusal, when
-        this run made it: nothing is left there) and before anything else is written there: a model directory
-        (config.json beside its weights: a run would write its config.json over the model's, and a later
-        ``--model`` would mean its final/), a config.json that is not a dgrpo run's, final/, best/ or stage-K/
-        folders that are not dgrpo checkpoints, or other things in checkpoints/ than a run leaves there
-        (:func:`~.checkpoint.foreign_entries`: a run replaces those folders, and ``--resume never`` deletes them)."""
-        out = self.out_dir
-        if not out.is_dir():
-            return
-        new = "name a new --out"
-        if is_model_dir(out):
-            raise ConfigError(f"--out {out} is a model directory (config.json beside its weights): {new}")
-        config = out / CONFIG_FILE
-        if config.is_file() and not is_run_config(config):
-            if list_checkpoints(out):  # (a run's, its config.json damaged: a new --out would lose the run)
-                raise ConfigError(
-                    f"--out {out}: its {CONFIG_FILE} is not a dgrpo run's config, beside the run's checkpoints: if it "
-                    f"was damaged, delete it to resume (the newest checkpoint's model/{RUN_CONFIG_FILE}, the config "
-                    f"it was trained with, is then the run's); else {new}"
-                )
-            raise ConfigError(f"--out {out}: its {CONFIG_FILE} is not a dgrpo run's config: {new}")
-        stages = stage_dirs(out)
-        for folder in [out / FINAL_DIR, out / BEST_DIR, *stages]:
-            if folder.exists() and not (folder / MANIFEST).is_file():
-                raise ConfigError(f"--out {out}: {folder} is not a checkpoint dgrpo wrote (no {MANIFEST}): {new}")
-        root = out / CHECKPOINTS_DIR
-        stray = foreign_entries(out)
-        if stray:
-            raise ConfigError(f"--out {out}: {root} holds {first_items(stray)}, not dgrpo checkpoints: {new}")
-        signs = [config, out / FINAL_DIR, out / BEST_DIR, root, *stages]
-        if not any(p.exists() for p in signs) and not is_run_metrics(out / METRICS_FILE):
-            names = [name for name in (*RUN_WRITES, METRICS_FILE) if (out / name).exists()]
-            if names:
-                raise ConfigError(
-                    f"--out {out} holds {', '.join(names)} but no dgrpo run (no {CONFIG_FILE}, no checkpoint, no "
-                    f"metrics rows of one): a run writes over files of those names and --resume never deletes them: "
-                    f"{new}"
-                )
-
-    def _check_not_finished(self) -> None:
-        """A finished run (final/) whose checkpoints are gone (deleted to save space) is not trained again from step 0
-        over its results, under the same config or a changed one, without being asked; another command's finished run
-        is refused as such (``--resume never`` would be refused too)."""
-        if (self.out_dir / FINAL_DIR).is_dir():
-            self._refuse_command(self._written_by())
-            raise ConfigError(
-                f"{self.out_dir} holds a finished run ({FINAL_DIR}/) and no checkpoint to resume: its model is "
-                f"{self.out_dir / FINAL_DIR}; to train it again, --resume never (removes its results) or a new --out"
-            )
-
     def _warn_if_restarted_under_another_config(self) -> None:
         """An unfinished run with no checkpoint (killed before its first, or its checkpoints/ deleted) starts over;
         under a changed config with a warning that names the keys, and what the earlier run wrote (its best/,
         stage-K/, ...) is removed as ``--resume never`` removes it (its config.json and metrics.jsonl were replaced
         without a word, and its best/ kept beside them). Not refused, as nothing that can be resumed is lost (a rerun
         after an out-of-memory error at the first step changes a batch setting, as that error's line advises);
-        another command's run is."""
-        path = self.out_dir / CONFIG_FILE
-        if not path.is_file():
-            return
-        changed = self._changed_keys(self._read_config(path))
+        another command's run is, and so is what the removal may not delete (:meth:`_check_restart`)."""
+        changed = self._check_restart()
         if changed:
-            self._refuse_command(self._written_by())
-            over = f"starting {self.out_dir}'s unfinished run over under another config"
-            self._refuse_deleting_init(over)
-            self._refuse_deleting_copies(over)
-            self._refuse_undeletable(over)
             warnings.warn(
                 f"{self.out_dir} holds a run started with a different config ({first_items(changed, 8)}) and no "
                 "checkpoint to resume: it starts over under this one, "
