@@ -203,3 +203,44 @@ def test_an_out_no_run_wrote_is_left_to_the_checks_under_the_lock(tmp_path, run_
             _api_refusal(out, resume=resume)
             == f"--out {out}: its config.json is not a dgrpo run's config: name a new --out"
         )
+
+
+def test_the_data_and_reward_refusals_are_worded_alike_before_and_after_the_model_loads(tmp_path):
+    """A resume on other training data, or with another reward, is refused by the command line before the model
+    loads (check_resume_data) and by RunDir once the checkpoint loaded (the Python API's trainers): one wording (each
+    spelled its own before), the command line's options named in both."""
+    from dgrpo.cli.train import read_setting
+    from dgrpo.config import ConfigError
+    from dgrpo.data import training_split
+    from dgrpo.data.records import fingerprint
+    from dgrpo.training.grpo import _check_same_reward
+    from dgrpo.training.resume_check import check_resume_data, command_line_words
+
+    cfg = tiny_config()
+    train = read_setting("data.train", training_split(cfg.data.train), cfg)
+    out, saved, reward = tmp_path / "run", "3:0123456789abcdef", ["correct = plugin.old_name * 1"]
+    ckpt = out / "checkpoints" / "step-00000004"
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.json").write_text(json.dumps({"trainer": {"train_data": saved, "reward": reward}}))
+    with pytest.raises(ConfigError) as early:
+        check_resume_data(out, cfg, "grpo", train, ["correct = eval.scorer * 1"])
+    with pytest.raises(ConfigError) as later, command_line_words(), grpo_run_dir(out) as run:
+        run.checkpoint = ckpt
+        run.check_same_data(saved, fingerprint(train))
+    assert str(early.value) == str(later.value)
+    assert str(early.value).startswith(f"{ckpt} was trained on other training data than given now (3 records, now ")
+    (ckpt / "state.json").write_text(json.dumps({"trainer": {"train_data": fingerprint(train), "reward": reward}}))
+    with pytest.raises(ConfigError) as early:
+        check_resume_data(out, cfg, "grpo", train, ["correct = eval.scorer * 1"])
+    with pytest.raises(ConfigError) as later, command_line_words(), grpo_run_dir(out) as run:
+        run.checkpoint = ckpt
+        _check_same_reward(run, reward, ["correct = eval.scorer * 1"])
+    assert (
+        str(early.value)
+        == str(later.value)
+        == (
+            f"{ckpt} was trained with the reward correct = plugin.old_name * 1, now correct = eval.scorer * 1: resume "
+            "with the same reward (grpo.reward / grpo.rewards, or from Python the same reward_fn), start over with "
+            "--resume never, or pass --allow-config-change to go on"
+        )
+    )

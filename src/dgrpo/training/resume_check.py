@@ -269,7 +269,7 @@ def check_resume_data(
     data = fingerprint(train)
     saved: list[Any] = [r.get("train_data") for r in found]
     if all(isinstance(s, str) and s != data for s in saved):
-        check.refuse_recorded(candidates[0], data_change(saved[0], data), "the same data")
+        check.refuse_recorded(candidates[0], data_change(saved[0], data), SAME_DATA)
     rewards: list[Any] = [r.get("reward") for r in found]
     if reward is not None and all(isinstance(r, list) and r != reward for r in rewards):
         check.refuse_recorded(candidates[0], reward_change(rewards[0], reward), SAME_REWARD)
@@ -299,6 +299,8 @@ def reward_change(saved: list[str], given: list[str]) -> str:
     return f"trained with the reward {'; '.join(saved)}, now {'; '.join(given)}"
 
 
+#: how to keep a run's training data, as a refusal of other data says it
+SAME_DATA = "the same data"
 #: how to keep a GRPO run's reward, as a refusal of another one says it
 SAME_REWARD = "the same reward (grpo.reward / grpo.rewards, or from Python the same reward_fn)"
 
@@ -431,7 +433,7 @@ class ResumeCheck:
                 "(the fork would write over that run's results)"
             )
 
-    def refuse_recorded(self, ckpt: Path, what: str, keep: str) -> NoReturn:
+    def refuse_recorded(self, ckpt: Path | None, what: str, keep: str) -> NoReturn:
         """The refusal of a resume from ``ckpt`` on what the config does not hold but the checkpoint recorded (the
         training data, a reward given from Python), changed since (``what``: how; ``keep``: what to resume with)."""
         never, allow = self._option(*START_OVER), self._option(*ALLOW_CHANGE)

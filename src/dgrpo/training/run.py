@@ -62,7 +62,7 @@ from .distributed import Dist
 from .guards import TrainingStopped
 from .out_dir import RunLock, check_output_dir, check_run_writes
 from .preemption import in_test_sets, stop, stop_if_requested, stopping, writing_the_end
-from .resume_check import ALLOW_CHANGE, START_OVER, ResumeCheck, in_command_line, quiet_log
+from .resume_check import SAME_DATA, START_OVER, ResumeCheck, data_change, in_command_line, quiet_log
 from .tracking import Tracker, describe_backends, open_trackers
 
 #: ``final_eval(lm, best)`` of :func:`~dgrpo.training.grpo.train_grpo` / :func:`~dgrpo.training.sft.train_sft`: run
@@ -404,19 +404,15 @@ class RunDir(ResumeCheck):
         A checkpoint written before dgrpo recorded its data (``saved`` None) is not checked."""
         if saved is None or saved == given:
             return
-        (n_saved, _, _), (n_given, _, _) = saved.partition(":"), given.partition(":")
-        what = f"{n_saved} records, now {n_given}" if n_saved != n_given else f"{n_given} records as now, other ones"
-        self.refuse_unrecorded_change(f"trained on other training data than given now ({what})", "the same data")
+        self.refuse_unrecorded_change(data_change(saved, given), SAME_DATA)
 
     def refuse_unrecorded_change(self, what: str, keep: str) -> None:
-        """A resume on what the config does not hold but the checkpoint recorded (the training data, a reward given
-        from Python), changed since (``what``: how): refused in one line naming ``keep``, unless
-        ``allow_config_change``: then it goes on, and says so."""
+        """A resume of the loaded checkpoint on what the config does not hold but the checkpoint recorded (the
+        training data, a reward given from Python), changed since (``what``: how): refused in one line naming
+        ``keep`` (:meth:`~.resume_check.ResumeCheck.refuse_recorded`, as the command line's check before the model
+        loads words it), unless ``allow_config_change``: then it goes on, and says so."""
         if not self.allow_config_change:
-            never, allow = self._option(*START_OVER), self._option(*ALLOW_CHANGE)
-            raise ConfigError(
-                f"{self.checkpoint} was {what}: resume with {keep}, start over with {never}, or pass {allow} to go on"
-            )
+            self.refuse_recorded(self.checkpoint, what, keep)
         self.log(f"dgrpo: resuming {self.checkpoint}, {what}")
 
     def _move_aside(self, skipped: list[Path]) -> None:
