@@ -317,11 +317,13 @@ def test_a_stop_of_the_demo_ends_its_workers_mid_task_and_says_so(tmp_path, sig,
     (SIGTERM ended it without a word)."""
     cmd = [sys.executable, "-m", "dgrpo", "demo", "--quick", "--out", str(tmp_path / "d"), "--workers", "2"]
     err = (tmp_path / "stderr").open("w")
-    longer = "sft.num_epochs=40" if phase == "sft" else "grpo.steps=400"
+    # mid-RL: the SFT runs before it half --quick's (one epoch per stage, both stages), its RL runs far longer
+    over = ["sft.num_epochs=40"] if phase == "sft" else ["sft.epochs_per_stage=1", "sft.num_epochs=2", "grpo.steps=400"]
     # (SIGINT's default disposition, as under a terminal: a shell's `cmd &` starts its jobs with it ignored, and so
     # would the demo be, a Python process keeping the ignore it inherits)
     default_sigint = functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL)
-    demo = subprocess.Popen([*cmd, "--set", "threads=1", "--set", longer], stderr=err, preexec_fn=default_sigint)
+    sets = [a for o in ["threads=1", *over] for a in ("--set", o)]
+    demo = subprocess.Popen([*cmd, *sets], stderr=err, preexec_fn=default_sigint)
     started = "sft/seed1/metrics.jsonl" if phase == "sft" else "arms/*/*/metrics.jsonl"
     workers: set[int] = set()
     try:
