@@ -84,6 +84,24 @@ def test_a_sections_line_names_every_missing_and_unknown_key_sorted_and_a_long_v
     section.check("r", {"a": 1, "b": "", "c": None})
 
 
+def test_a_section_of_a_dataclass_with_a_list_or_dict_field_checks_it_as_a_list_or_dict():
+    """A record's ``list[int]`` or ``dict[str, float] | None`` field: checked as a list (a dict, or null); the check
+    was a TypeError (isinstance takes no ``list[int]``), and every checkpoint was skipped as damaged."""
+
+    @dataclass
+    class Record:
+        order: list[int]
+        seen: dict[str, float] | None = None
+
+    section = StateSection.of(Record, ("order",))
+    section.check("r", {"order": [3, 1], "seen": {"a": 0.5}})
+    section.check("r", {"order": [], "seen": None})
+    with pytest.raises(CheckpointError, match=r"^state.json: its r's order is 3, not list$"):
+        section.check("r", {"order": 3})
+    with pytest.raises(CheckpointError, match=r"^state.json: its r's seen is \[\], not dict or null$"):
+        section.check("r", {"order": [], "seen": []})
+
+
 # ---------------------------------------------------------------------------------------------- non-finite tensors
 
 

@@ -436,10 +436,11 @@ class StateSection:
 
 
 def _json_types(hint: Any) -> tuple[type, ...]:
-    """The JSON types of a field annotated ``hint`` (``int``, ``float``, ``bool``, ``str``, or one of them
-    ``| None``)."""
+    """The JSON types of a field annotated ``hint`` (``int``, ``float``, ``bool``, ``str``, ``list[...]``,
+    ``dict[...]``, or one of them ``| None``): a parameterized container is checked as its container (isinstance
+    takes no ``list[int]``: a TypeError that skipped every checkpoint as damaged)."""
     parts = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    return tuple(t for part in parts for t in (_JSON_TYPES.get(part) or (part,)))
+    return tuple(t for part in parts for t in (_JSON_TYPES.get(part) or (typing.get_origin(part) or part,)))
 
 
 def _check_state_keys(state: Any, keys: tuple[str, ...]) -> None:
