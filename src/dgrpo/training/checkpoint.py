@@ -14,7 +14,8 @@ A checkpoint is a directory ``OUT/checkpoints/step-00000123/`` holding:
 It is written to a hidden ``.tmp-step-...`` directory and renamed into place, so a kill mid-write leaves no
 directory that looks complete. Resuming reads the newest checkpoint whole into memory and checks it (manifest,
 every required file listed, exact tensor names and shapes, optimizer state shapes, the keys and values of the
-``state.json`` sections the command reads, finite weights and optimizer moments) before anything is applied;
+``state.json`` sections the command reads, finite weights and optimizer moments: not those of an FSDP ``sharded``
+checkpoint, whose shards are read as they are applied) before anything is applied;
 any problem is reported in one line and the previous checkpoint is tried. Nothing is ever unpickled.
 """
 
