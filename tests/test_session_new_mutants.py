@@ -447,3 +447,20 @@ def test_an_adapter_whose_tokenizer_has_no_eos_is_refused_before_its_base_loads(
     monkeypatch.setattr(latent_lm, "load_hf_model", load_hf_model)
     with pytest.raises(CheckpointError, match=r"adapter: ValueError: the tokenizer has no EOS token"):
         latent_lm.LatentLM.from_pretrained(tmp_path / "adapter")
+
+
+def test_a_sections_float_field_refuses_nan_and_infinity_that_json_reads():
+    """Python's json reads ``NaN`` and ``Infinity`` as floats: a checkpoint whose ``loop``/``trainer`` held one (an
+    EMA baseline of NaN: every REINFORCE advantage NaN once the weights were applied) passed the type check. It is
+    refused when read; a finite float, and a JSON integer for a float field, are not."""
+
+    @dataclass
+    class Record:
+        baseline: float = 0.0
+
+    section = StateSection.of(Record, ("baseline",))
+    for text, said in (("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-inf")):
+        with pytest.raises(CheckpointError, match=f"^state.json: its r's baseline is {said}, not a finite number$"):
+            section.check("r", json.loads(f'{{"baseline": {text}}}'))
+    section.check("r", {"baseline": 0.25})
+    section.check("r", {"baseline": 3})

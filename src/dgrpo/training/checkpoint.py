@@ -434,6 +434,8 @@ class StateSection:
             if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
                 want = " or ".join("null" if t is type(None) else t.__name__ for t in kinds)
                 raise CheckpointError(f"{where}'s {key} is {json.dumps(value)[:40]}, not {want}")
+            if isinstance(value, float) and not math.isfinite(value):  # (Python's json reads NaN and Infinity)
+                raise CheckpointError(f"{where}'s {key} is {value}, not a finite number")
 
 
 def _json_types(hint: Any) -> tuple[type, ...]:
