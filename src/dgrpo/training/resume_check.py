@@ -528,20 +528,21 @@ class ResumeCheck:
             return []
         changed = self._changed_keys(self._read_config(path))
         if changed:
-            self._refuse_command(self._written_by())
-            over = f"starting {self.out_dir}'s unfinished run over under another config"
-            self._refuse_deleting_init(over)
-            self._refuse_deleting_copies(over)
-            self._refuse_undeletable(over)
+            self._refuse_starting_over(f"starting {self.out_dir}'s unfinished run over under another config")
         return changed
 
     def _check_start_over(self) -> None:
-        """``--resume never`` deletes what an earlier run wrote here: never another command's run (its checkpoints
-        say whose it is), nor the model this run starts from (``--init`` inside OUT)."""
+        """``--resume never`` deletes what an earlier run wrote here: refused as :meth:`_refuse_starting_over` says."""
+        self._refuse_starting_over("--resume never")
+
+    def _refuse_starting_over(self, what: str) -> None:
+        """ConfigError when ``what`` (``--resume never``, a restart under another config) would delete what it may
+        not: another command's run (its checkpoints say whose it is), the model this run starts from (``--init``
+        inside OUT), a user's copies in OUT/checkpoints, or a folder another user owns."""
         self._refuse_command(self._written_by())
-        self._refuse_deleting_init("--resume never")
-        self._refuse_deleting_copies("--resume never")
-        self._refuse_undeletable("--resume never")
+        self._refuse_deleting_init(what)
+        self._refuse_deleting_copies(what)
+        self._refuse_undeletable(what)
 
     def _refuse_deleting_init(self, what: str) -> None:
         """ConfigError when the model this run starts from (``--init``) is inside OUT, which ``what`` would empty."""
