@@ -105,10 +105,29 @@ def restore_rng(js: dict, tensors: dict[str, torch.Tensor]) -> None:
 def _cpu_rng_states(js: dict, tensors: dict[str, torch.Tensor]) -> tuple[tuple, tuple, torch.Tensor]:
     """The Python, NumPy and torch CPU random states :func:`capture_rng` took (``state.json``'s ``rng``, ``rng.pt``),
     as their setters take them."""
-    v, state, gauss = js["python"]
     name, keys, pos, has_gauss, cached = js["numpy"]
     numpy_state = (name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached)
-    return (v, tuple(state), gauss), numpy_state, tensors["torch_cpu"]
+    return python_random_state(js["python"]), numpy_state, tensors["torch_cpu"]
+
+
+def python_random_state(value: Any) -> tuple:
+    """A Python generator's state (``random.Random.getstate()``) from the JSON a checkpoint keeps it as
+    (``[version, [624 words and the position], gauss]``: ``state.json``'s ``rng.python``, the GRPO trainer's
+    ``data_rng``). ValueError saying what else it is: ``random.setstate`` takes some damaged states without a word
+    (a word past 32 bits, a gauss that is no number: a generator that no run had) and refuses others with a
+    traceback."""
+    if not isinstance(value, list) or len(value) != 3:
+        raise ValueError("is not [version, state, gauss] (a Python random state)")
+    version, words, gauss = value
+    if type(version) is not int or version != 3:
+        raise ValueError(f"has version {json.dumps(version)[:20]}, not 3 (a Python random state)")
+    if not isinstance(words, list) or len(words) != 625 or any(type(w) is not int for w in words):
+        raise ValueError("does not hold the 625 integers of a Python random state")
+    if any(not 0 <= w < 2**32 for w in words[:624]) or not 0 <= words[624] <= 624:
+        raise ValueError("holds an integer out of a Python random state's range")
+    if gauss is not None and not (isinstance(gauss, float) and math.isfinite(gauss)):
+        raise ValueError(f"has the gauss {json.dumps(gauss)[:20]}, not a finite number or null")
+    return version, tuple(words), gauss
 
 
 def save_checkpoint(
@@ -400,20 +419,30 @@ class StateSection:
     outside ``required`` and ``optional`` (each a key's allowed types; ``type(None)`` among them: null allowed). A
     hand-edited section, or another dgrpo's (a key this one does not read), was a KeyError's or a TypeError's
     traceback after the weights were applied, or, a key missing with a default, a resume from the wrong place
-    without a word; it is now a damaged checkpoint's line, and the previous checkpoint is tried."""
+    without a word; it is now a damaged checkpoint's line, and the previous checkpoint is tried. ``contents``: what
+    is wrong with the values of a section whose keys and types pass (a negative count, an index of no training row, a
+    random state that does not load), as a phrase starting with the key; None when nothing is."""
 
     required: dict[str, tuple[type, ...]]
     optional: dict[str, tuple[type, ...]] = field(default_factory=dict)
+    contents: Callable[[dict[str, Any]], str | None] | None = None
 
     @classmethod
-    def of(cls, record: type, required: tuple[str, ...]) -> StateSection:
+    def of(
+        cls,
+        record: type,
+        required: tuple[str, ...],
+        contents: Callable[[dict[str, Any]], str | None] | None = None,
+    ) -> StateSection:
         """The section a dataclass is saved as (``asdict``) and built from (``record(**section)``): its fields, each
         with the JSON types of its annotation (``int | None``: a number or null); ``required``: the fields every
         dgrpo has written (the others take their defaults)."""
         hints = typing.get_type_hints(record)
         allowed = {f.name: _json_types(hints[f.name]) for f in fields(record)}
         return cls(
-            {k: v for k, v in allowed.items() if k in required}, {k: v for k, v in allowed.items() if k not in required}
+            {k: v for k, v in allowed.items() if k in required},
+            {k: v for k, v in allowed.items() if k not in required},
+            contents,
         )
 
     def check(self, name: str, section: Any) -> None:
@@ -436,6 +465,23 @@ class StateSection:
                 raise CheckpointError(f"{where}'s {key} is {json.dumps(value)[:40]}, not {want}")
             if isinstance(value, float) and not math.isfinite(value):  # (Python's json reads NaN and Infinity)
                 raise CheckpointError(f"{where}'s {key} is {value}, not a finite number")
+        if self.contents is not None and (problem := self.contents(section)) is not None:
+            raise CheckpointError(f"{where}'s {problem}")
+
+
+def counts(*keys: str) -> Callable[[dict[str, Any]], str | None]:
+    """A section's :attr:`StateSection.contents` check that each of ``keys`` (an integer, or null) present is not
+    negative: the counters, steps and positions a run saves (a negative one, edited, was taken as it was: an epoch
+    trained twice, an extra step, a batch counted from the end)."""
+
+    def problem(section: dict[str, Any]) -> str | None:
+        for key in keys:
+            value = section.get(key)
+            if isinstance(value, int) and value < 0:
+                return f"{key} is {value}, not a count (0 or more)"
+        return None
+
+    return problem
 
 
 def _json_types(hint: Any) -> tuple[type, ...]:
@@ -464,6 +510,10 @@ def _check_rng(js: Any, tensors: Any) -> None:
         raise CheckpointError(f"{RESUMABLE_STATE}: its rng lacks the Python or NumPy random state")
     if not isinstance(tensors, dict) or not isinstance(tensors.get("torch_cpu"), torch.Tensor):
         raise CheckpointError("rng.pt does not hold torch's CPU random state (torch_cpu)")
+    try:
+        python_random_state(js["python"])
+    except ValueError as e:
+        raise CheckpointError(f"{RESUMABLE_STATE}: its rng's python {e}") from None
     try:
         python, numpy_state, torch_cpu = _cpu_rng_states(js, tensors)
         random.Random().setstate(python)

@@ -54,7 +54,7 @@ from ..progress import bar_disabled, say
 from ..reward import extract_answer, normalize_text
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, SUMMARY_FILE, step_dir_name
 from .applied import applied_settings
-from .checkpoint import StateSection, read_checkpoint, save_checkpoint, shard_staging
+from .checkpoint import StateSection, counts, python_random_state, read_checkpoint, save_checkpoint, shard_staging
 from .distributed import Dist
 from .guards import NonFiniteError, NonFiniteGuard, StalledError, clip_gradients, weights_finite
 from .losses import (
@@ -205,6 +205,41 @@ def _replayed_logprobs(lm: LatentLM, **kw: Any) -> Tensor:
     return replay_logprobs(lm, **kw)[0]
 
 
+_TRAINER_COUNTS = counts("step_idx", "nonfinite_skips", "nonfinite_streak")
+
+
+def trainer_state_problem(section: dict[str, Any]) -> str | None:
+    """What is wrong with the values of a checkpoint's ``trainer`` section (:meth:`GRPOTrainer.state`), its keys and
+    types checked: a negative count; an ``order`` (the rest of the epoch's training rows) holding other than distinct
+    indices of the rows it was trained on (their count: its ``train_data``), which a resume took as it was (a row
+    trained twice in the epoch, a negative index a row from the end, a string a TypeError's traceback once the
+    weights were applied); a ``data_rng`` that is no Python random state (a traceback from ``random.setstate``
+    then, or a generator no run had). None when nothing is."""
+    if problem := _TRAINER_COUNTS(section):
+        return problem
+    order, rows = section["order"], _rows_trained_on(section.get("train_data"))
+    seen: set[int] = set()
+    for i in order:
+        if type(i) is not int or i < 0 or (rows is not None and i >= rows):
+            within = f" of the {rows} it was trained on" if rows is not None else ""
+            return f"order holds {json.dumps(i)[:20]}, not the index of a training row{within}"
+        if i in seen:
+            return f"order holds {i} twice (each training row comes once in an epoch)"
+        seen.add(i)
+    try:
+        python_random_state(section["data_rng"])
+    except ValueError as e:
+        return f"data_rng {e}"
+    return None
+
+
+def _rows_trained_on(fingerprint: Any) -> int | None:
+    """The count of training records a data :func:`~dgrpo.data.records.fingerprint` (``"<count>:<digest>"``) names;
+    None without one (a checkpoint written before dgrpo recorded it)."""
+    count = fingerprint.partition(":")[0] if isinstance(fingerprint, str) else ""
+    return int(count) if count.isdigit() else None
+
+
 class GRPOTrainer:
     """State of a Dropout-GRPO run; :meth:`step` is one iteration of Algorithm 1."""
 
@@ -308,11 +343,13 @@ class GRPOTrainer:
         return js
 
     #: what :meth:`state` writes, as a resume checks it before anything is applied: :meth:`load_state` reads the
-    #: required keys (older checkpoints record neither the data's fingerprint nor the reward)
+    #: required keys (older checkpoints record neither the data's fingerprint nor the reward), and their values
+    #: (:func:`trainer_state_problem`)
     STATE = StateSection(
         {k: (int,) for k in ("step_idx", "nonfinite_skips", "nonfinite_streak")}
         | {"ema_baseline": (int, float), "order": (list,), "data_rng": (list,)},
         {"train_data": (str,), "reward": (list,)},
+        contents=trainer_state_problem,
     )
 
     @cached_property
@@ -783,7 +820,9 @@ class LoopState:
 
 
 #: a checkpoint's ``loop`` (:func:`_loop_record`): the fields of the first dgrpo's LoopState are always there
-LOOP_STATE = StateSection.of(LoopState, ("best_step", "best_accuracy", "skipped", "last_eval"))
+LOOP_STATE = StateSection.of(
+    LoopState, ("best_step", "best_accuracy", "skipped", "last_eval"), counts("best_step", "skipped", "skip_streak")
+)
 
 
 def _loop_record(loop: LoopState) -> dict:

@@ -45,7 +45,7 @@ from ..model.verified import one_line
 from ..progress import bar_disabled, say
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, stage_dir
 from .applied import applied_settings
-from .checkpoint import StateSection, read_checkpoint, save_checkpoint, shard_staging
+from .checkpoint import StateSection, counts, read_checkpoint, save_checkpoint, shard_staging
 from .curriculum import (
     Curriculum,
     Progress,
@@ -154,8 +154,10 @@ def sft_step(
     return loss_sum, float(gn), finite
 
 
-#: a checkpoint's ``progress`` (every dgrpo has written all of Progress's fields)
-PROGRESS_STATE = StateSection.of(Progress, tuple(f.name for f in fields(Progress)))
+#: a checkpoint's ``progress`` (every dgrpo has written all of Progress's fields, each a count or a position)
+PROGRESS_STATE = StateSection.of(
+    Progress, tuple(f.name for f in fields(Progress)), counts(*(f.name for f in fields(Progress)))
+)
 
 
 class SFTRun:
