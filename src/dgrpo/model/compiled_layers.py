@@ -161,8 +161,11 @@ def check_compilable(model: nn.Module) -> None:
 
 def check_compilable_config(config: Any) -> None:
     """Raise ConfigError (one line) when a model of ``config`` (its transformers config, or its config.json as a
-    dict, read before its weights load) cannot run as the compiled step: another architecture's, or attention
-    dropout. (How its attention runs is decided as it loads: :func:`check_compilable` checks it then.)"""
+    dict, read before its weights load) cannot run as the compiled step: another architecture's, attention
+    dropout, or (a config.json) attention that is not SDPA over full-attention layers: sliding-window layers, or
+    an ``attn_implementation`` it names (none named: transformers loads these architectures on SDPA). That part was
+    refused only once the weights had loaded (minutes for a large model); :func:`check_compilable` checks the loaded
+    model again, as transformers set it up."""
     get = config.get if isinstance(config, dict) else lambda key: getattr(config, key, None)
     model_type = get("model_type")
     if model_type not in COMPILABLE_MODEL_TYPES:
@@ -179,6 +182,28 @@ def check_compilable_config(config: Any) -> None:
             f"invalid config value model.compile: the model's attention_dropout is {attention_dropout}; the "
             "compiled layers run without it (it would draw from the global RNG: set it to 0, or model.compile=false)"
         )
+    if isinstance(config, dict) and (built := _as_loaded(config)) is not None and not prebuilt_mask_applies(built):
+        kinds = list(getattr(built, "layer_types", None) or ())
+        sliding = sum(t != "full_attention" for t in kinds)
+        layers = f", {sliding} of its {len(kinds)} layers not full attention" if sliding else ""
+        raise ConfigError(
+            "invalid config value model.compile: the compiled layers need SDPA attention over full-attention layers "
+            f"(config.json: attn_implementation={built._attn_implementation!r}{layers}); set model.compile=false"
+        )
+
+
+def _as_loaded(config: dict) -> Any:
+    """The transformers config of a model of a compilable type that config.json ``config`` describes, its attention
+    implementation the one it would load with (config.json's ``attn_implementation``, else SDPA); None when
+    transformers does not build it from these values (its own load says why)."""
+    from transformers import AutoConfig
+
+    values = {k: v for k, v in config.items() if k != "model_type"}
+    values["attn_implementation"] = config.get("attn_implementation") or "sdpa"
+    try:
+        return AutoConfig.for_model(config["model_type"], **values)
+    except Exception:  # noqa: BLE001 - values transformers refuses: left to its load, which says so in one line
+        return None
 
 
 class CompiledLayers:
