@@ -188,3 +188,50 @@ def test_a_python_random_state_out_of_range_is_refused_when_read(tmp_path):
     said = "state.json: its rng's python holds an integer out of a Python random state's range"
     with pytest.raises(CheckpointError, match=_exactly(said)):
         read_checkpoint(ckpt, lm=StubReadLM(), optimizer=opt)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("metrics_lines", "12", 'metrics_lines is "12", not int'),
+        ("metrics_lines", -1, "metrics_lines is -1, not a count (0 or more)"),
+        ("nonfinite_skips", 1.5, "nonfinite_skips is 1.5, not int"),
+        ("time_s", "3 s", 'time_s is "3 s", not int or float'),
+        ("train_data", 12, "train_data is 12, not str"),
+        ("best", 3, "best is 3, not str or null"),
+        ("world_size", -2, "world_size is -2, not a count (0 or more)"),
+        ("step", "1", 'step is "1", not int'),
+    ],
+)
+def test_a_top_level_value_the_resume_cannot_take_is_refused_when_read(tmp_path, key, value, said):
+    """state.json's own keys beside the sections (an SFT checkpoint's: the metrics' row count, the non-finite skips,
+    the clock, the data's fingerprint, best/'s record; save_checkpoint's step and world size) of another type, or a
+    negative count: one line when the checkpoint is read (a string was a TypeError's traceback once the weights were
+    applied: the metrics file cut to it, SFT's clock; or at the first skipped step); as written, they read."""
+    from dataclasses import asdict
+
+    from dgrpo.training.curriculum import Progress
+    from dgrpo.training.sft import PROGRESS_STATE
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    state = {
+        "progress": asdict(Progress()),
+        "nonfinite_skips": 0,
+        "metrics_lines": 1,
+        "train_data": "4:0123456789abcdef",
+        "time_s": 12.5,
+        "best": None,
+    }
+    ckpt = save_checkpoint(tmp_path, 1, lm=StubReadLM(), optimizer=opt, state=state)
+    keys = ("nonfinite_skips", "metrics_lines")
+    read = lambda: read_checkpoint(  # noqa: E731
+        ckpt, lm=StubReadLM(), optimizer=opt, state_keys=keys, sections={"progress": PROGRESS_STATE}
+    )
+    read()
+    state = json.loads((ckpt / "state.json").read_text())
+    state[key] = value
+    (ckpt / "state.json").write_text(json.dumps(state))
+    (ckpt / "manifest.json").unlink()
+    write_manifest(ckpt)
+    with pytest.raises(CheckpointError, match=_exactly(f"state.json's {said}")):
+        read()

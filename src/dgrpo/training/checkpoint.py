@@ -458,6 +458,12 @@ class StateSection:
                 f"{where} holds {', '.join(map(str, unknown))}, which this dgrpo does not read (written by another "
                 "version, or edited)"
             )
+        self.check_values(where, section)
+
+    def check_values(self, where: str, section: dict[str, Any]) -> None:
+        """A CheckpointError when a value of ``section`` (each of its keys one this section allows) is not of a type
+        it allows, or not what :attr:`contents` takes; ``where``: the section, as the line names it."""
+        allowed = {**self.required, **self.optional}
         for key, value in section.items():
             kinds = allowed[key]
             if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
@@ -484,6 +490,18 @@ def counts(*keys: str) -> Callable[[dict[str, Any]], str | None]:
     return problem
 
 
+#: the keys a resume reads at the top of ``state.json`` beside the sections (save_checkpoint's, the run's, SFT's),
+#: checked when present (a command requires its own: ``state_keys``): a string where a count was read was a
+#: TypeError's traceback once the weights were applied (the metrics cut to ``metrics_lines`` rows, SFT's clock
+#: from ``time_s``), or at the first skipped step (``nonfinite_skips``)
+TOP_LEVEL = StateSection(
+    {},
+    {k: (int,) for k in ("step", "world_size", "metrics_lines", "nonfinite_skips")}
+    | {"time_s": (int, float), "train_data": (str,), "optimizer_kind": (str,), "best": (str, type(None))},
+    counts("step", "world_size", "metrics_lines", "nonfinite_skips"),
+)
+
+
 def _json_types(hint: Any) -> tuple[type, ...]:
     """The JSON types of a field annotated ``hint`` (``int``, ``float``, ``bool``, ``str``, ``list[...]``,
     ``dict[...]``, or one of them ``| None``): a parameterized container is checked as its container (isinstance
@@ -500,6 +518,7 @@ def _check_state_keys(state: Any, keys: tuple[str, ...]) -> None:
     missing = [k for k in keys if k not in state]
     if missing:
         raise CheckpointError(f"{RESUMABLE_STATE} lacks {', '.join(missing)}")
+    TOP_LEVEL.check_values(RESUMABLE_STATE, {k: v for k, v in state.items() if k in TOP_LEVEL.optional})
 
 
 def _check_rng(js: Any, tensors: Any) -> None:
