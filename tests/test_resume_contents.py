@@ -235,3 +235,40 @@ def test_a_top_level_value_the_resume_cannot_take_is_refused_when_read(tmp_path,
     write_manifest(ckpt)
     with pytest.raises(CheckpointError, match=_exactly(f"state.json's {said}")):
         read()
+
+
+def _rng_file_changed(ckpt: Path, change) -> None:
+    """``ckpt``'s rng.pt with ``change(states)`` applied, its manifest rewritten to match."""
+    states = torch.load(ckpt / "rng.pt", weights_only=True)
+    change(states)
+    torch.save(states, ckpt / "rng.pt")
+    (ckpt / "manifest.json").unlink()
+    write_manifest(ckpt)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("torch_cuda_x", torch.zeros(16, dtype=torch.uint8)), ("torch_cuda_0", torch.zeros(16)), ("torch_cuda_1", 5)],
+)
+def test_a_cuda_random_state_restore_rng_cannot_put_back_is_refused_when_read(tmp_path, key, value):
+    """rng.pt holding, under a CUDA state's name, what restore_rng cannot put back (a name without a device's number:
+    a ValueError's traceback once the weights were applied, on a GPU; floats, a number): one line when the
+    checkpoint is read, wherever it is read."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    ckpt = save_checkpoint(tmp_path, 1, lm=StubReadLM(), optimizer=opt, state={})
+    _rng_file_changed(ckpt, lambda states: states.__setitem__(key, value))
+    said = f"rng.pt: its {key} is not a CUDA device's random state (bytes, torch_cuda_<number>)"
+    with pytest.raises(CheckpointError, match=_exactly(said)):
+        read_checkpoint(ckpt, lm=StubReadLM(), optimizer=opt)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_truncated_cuda_random_state_is_refused_when_read(tmp_path):
+    """A CUDA device's random state cut short (its manifest rewritten to match): one line when the checkpoint is
+    read (torch.cuda.set_rng_state_all raised once the weights were applied); as written, it reads."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    ckpt = save_checkpoint(tmp_path, 1, lm=StubReadLM(), optimizer=opt, state={})
+    read_checkpoint(ckpt, lm=StubReadLM(), optimizer=opt)
+    _rng_file_changed(ckpt, lambda states: states.__setitem__("torch_cuda_0", states["torch_cuda_0"][:3]))
+    with pytest.raises(CheckpointError, match=r"^a random state does not load \(RuntimeError: .*\)$"):
+        read_checkpoint(ckpt, lm=StubReadLM(), optimizer=opt)

@@ -523,8 +523,9 @@ def _check_state_keys(state: Any, keys: tuple[str, ...]) -> None:
 
 def _check_rng(js: Any, tensors: Any) -> None:
     """A CheckpointError when the random states (``state.json``'s ``rng``, ``rng.pt``) are not what
-    :func:`restore_rng` puts back, tried on generators of their own (the global ones untouched): it ran after the
-    weights were applied, a traceback instead of the fall back to the previous checkpoint."""
+    :func:`restore_rng` puts back, tried on generators of their own (the global ones untouched; the CUDA states of
+    the devices this process sees, each on a generator of its device): it ran after the weights were applied, a
+    traceback instead of the fall back to the previous checkpoint."""
     if not isinstance(js, dict) or any(k not in js for k in ("python", "numpy")):
         raise CheckpointError(f"{RESUMABLE_STATE}: its rng lacks the Python or NumPy random state")
     if not isinstance(tensors, dict) or not isinstance(tensors.get("torch_cpu"), torch.Tensor):
@@ -533,11 +534,19 @@ def _check_rng(js: Any, tensors: Any) -> None:
         python_random_state(js["python"])
     except ValueError as e:
         raise CheckpointError(f"{RESUMABLE_STATE}: its rng's python {e}") from None
+    cuda = {k: t for k, t in tensors.items() if str(k).startswith("torch_cuda_")}
+    for k, t in cuda.items():
+        if not k.removeprefix("torch_cuda_").isdigit() or not isinstance(t, torch.Tensor) or t.dtype != torch.uint8:
+            raise CheckpointError(f"rng.pt: its {k} is not a CUDA device's random state (bytes, torch_cuda_<number>)")
     try:
         python, numpy_state, torch_cpu = _cpu_rng_states(js, tensors)
         random.Random().setstate(python)
         np.random.RandomState().set_state(numpy_state)
         torch.Generator().set_state(torch_cpu)
+        seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        for k, t in cuda.items():  # (those of the devices restore_rng puts back: a state of the wrong size, say)
+            if (i := int(k.removeprefix("torch_cuda_"))) < seen:
+                torch.Generator(device=f"cuda:{i}").set_state(t)
     except (TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"a random state does not load ({one_line(e)})") from None
 
