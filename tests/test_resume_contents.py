@@ -272,3 +272,31 @@ def test_a_truncated_cuda_random_state_is_refused_when_read(tmp_path):
     _rng_file_changed(ckpt, lambda states: states.__setitem__("torch_cuda_0", states["torch_cuda_0"][:3]))
     with pytest.raises(CheckpointError, match=r"^a random state does not load \(RuntimeError: .*\)$"):
         read_checkpoint(ckpt, lm=StubReadLM(), optimizer=opt)
+
+
+@pytest.mark.parametrize(
+    ("index", "value", "said"),
+    [
+        (2, 700, "has the position 700 and has_gauss 0, not 0 to 624 and 0 or 1 (a NumPy random state)"),
+        (2, -1, "has the position -1 and has_gauss 0, not 0 to 624 and 0 or 1 (a NumPy random state)"),
+        (3, 5, "has the position 624 and has_gauss 5, not 0 to 624 and 0 or 1 (a NumPy random state)"),
+        (4, "x", 'has the gauss "x", not a finite number (a NumPy random state)'),
+        (0, "PCG64", 'names the generator "PCG64", not MT19937 (a NumPy random state)'),
+        (1, [5], "does not hold the 624 32-bit integers of a NumPy random state"),
+    ],
+)
+def test_a_damaged_numpy_random_state_is_refused_when_read(tmp_path, index, value, said):
+    """``state.json``'s ``rng.numpy`` damaged: a position past the 624 words, or before them, and a has_gauss of 5
+    were taken by ``np.random.set_state`` without a word (the generator then read memory past its words); the
+    others were a traceback's line. Each is one line naming it when the checkpoint is read."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    ckpt = save_checkpoint(tmp_path, 1, lm=StubReadLM(), optimizer=opt, state={})
+    read_checkpoint(ckpt, lm=StubReadLM(), optimizer=opt)
+    state = json.loads((ckpt / "state.json").read_text())
+    state["rng"]["numpy"][2:4] = [624, 0]  # (the position and has_gauss said when another field is damaged)
+    state["rng"]["numpy"][index] = value
+    (ckpt / "state.json").write_text(json.dumps(state))
+    (ckpt / "manifest.json").unlink()
+    write_manifest(ckpt)
+    with pytest.raises(CheckpointError, match=_exactly(f"state.json: its rng's numpy {said}")):
+        read_checkpoint(ckpt, lm=StubReadLM(), optimizer=opt)

@@ -105,9 +105,29 @@ def restore_rng(js: dict, tensors: dict[str, torch.Tensor]) -> None:
 def _cpu_rng_states(js: dict, tensors: dict[str, torch.Tensor]) -> tuple[tuple, tuple, torch.Tensor]:
     """The Python, NumPy and torch CPU random states :func:`capture_rng` took (``state.json``'s ``rng``, ``rng.pt``),
     as their setters take them."""
-    name, keys, pos, has_gauss, cached = js["numpy"]
-    numpy_state = (name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached)
-    return python_random_state(js["python"]), numpy_state, tensors["torch_cpu"]
+    return python_random_state(js["python"]), numpy_random_state(js["numpy"]), tensors["torch_cpu"]
+
+
+def numpy_random_state(value: Any) -> tuple:
+    """NumPy's global generator state (``np.random.get_state()``) from the JSON ``state.json``'s ``rng.numpy`` keeps
+    it as (``["MT19937", [624 words], position, has_gauss, cached_gauss]``). ValueError saying what else it is:
+    ``np.random.set_state`` takes a position past the 624 words without a word, and the generator then reads memory
+    past them."""
+    if not isinstance(value, list) or len(value) != 5:
+        raise ValueError("is not [name, state, position, has_gauss, gauss] (a NumPy random state)")
+    name, words, pos, has_gauss, cached = value
+    if name != "MT19937":
+        raise ValueError(f"names the generator {json.dumps(name)[:20]}, not MT19937 (a NumPy random state)")
+    if not isinstance(words, list) or len(words) != 624 or any(type(w) is not int or not 0 <= w < 2**32 for w in words):
+        raise ValueError("does not hold the 624 32-bit integers of a NumPy random state")
+    if type(pos) is not int or not 0 <= pos <= 624 or has_gauss not in (0, 1) or type(has_gauss) is not int:
+        raise ValueError(
+            f"has the position {json.dumps(pos)[:20]} and has_gauss {json.dumps(has_gauss)[:20]}, not "
+            "0 to 624 and 0 or 1 (a NumPy random state)"
+        )
+    if not isinstance(cached, (int, float)) or isinstance(cached, bool) or not math.isfinite(cached):
+        raise ValueError(f"has the gauss {json.dumps(cached)[:20]}, not a finite number (a NumPy random state)")
+    return name, np.array(words, dtype=np.uint32), pos, has_gauss, float(cached)
 
 
 def python_random_state(value: Any) -> tuple:
@@ -530,10 +550,11 @@ def _check_rng(js: Any, tensors: Any) -> None:
         raise CheckpointError(f"{RESUMABLE_STATE}: its rng lacks the Python or NumPy random state")
     if not isinstance(tensors, dict) or not isinstance(tensors.get("torch_cpu"), torch.Tensor):
         raise CheckpointError("rng.pt does not hold torch's CPU random state (torch_cpu)")
-    try:
-        python_random_state(js["python"])
-    except ValueError as e:
-        raise CheckpointError(f"{RESUMABLE_STATE}: its rng's python {e}") from None
+    for name, check in (("python", python_random_state), ("numpy", numpy_random_state)):
+        try:
+            check(js[name])
+        except ValueError as e:
+            raise CheckpointError(f"{RESUMABLE_STATE}: its rng's {name} {e}") from None
     cuda = {k: t for k, t in tensors.items() if str(k).startswith("torch_cuda_")}
     for k, t in cuda.items():
         if not k.removeprefix("torch_cuda_").isdigit() or not isinstance(t, torch.Tensor) or t.dtype != torch.uint8:
