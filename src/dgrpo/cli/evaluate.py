@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         outs = output_dirs(datas, args.split, Path(args.out), given=bool(args.data))
         device = setup(cfg)
         options = eval_options(cfg)  # (a scorer that cannot be built fails here, before the data and the model load)
-        sets = _read_sets(outs, args.split, cfg, options["scorer"], started_in)
+        sets = _read_sets(outs, args.split, cfg, options["scorer"], started_in, checkpoint_columns(args, cfg))
         warn_fsdp_not_applied(cfg)
         # (under torchrun: each rank answers a shard of every set, with the whole model)
         dist, device = join_processes(cfg, device, fsdp=False)
@@ -395,14 +395,34 @@ def run_test_set_unread(spec: str, exc: Exception, folders: list[Path] | None = 
     return None
 
 
+#: the column mapping's options, as a row's error names the one that named a column it lacks
+COLUMN_KEYS = ("question_key", "answer_key", "steps_key")
+
+
+def checkpoint_columns(args: argparse.Namespace, cfg: Config) -> list[str]:
+    """The column mapping's settings ``cfg`` holds that neither ``--config`` nor ``--set`` gave: the checkpoint's
+    run's (``data.question_key=prompt``, ...), which a file of other columns does not have."""
+    from ..config import Config, load_config
+
+    given = load_config(Config, list(args.config), list(args.overrides), validate=False).data
+    return [f"data.{k}={getattr(cfg.data, k)}" for k in COLUMN_KEYS if getattr(cfg.data, k) and not getattr(given, k)]
+
+
 def _read_sets(
-    outs: dict[str, Path], split: str | None, cfg: Config, scorer: Any, started_in: list[Path] | None = None
+    outs: dict[str, Path],
+    split: str | None,
+    cfg: Config,
+    scorer: Any,
+    started_in: list[Path] | None = None,
+    from_checkpoint: list[str] | None = None,
 ) -> dict[str, list[Record]]:
     """Every ``--data``'s records, read before the model loads (a wrong name fails at once); a set with nothing to
     evaluate is one line, a scorer that gives its gold answers 0 is warned about. ``started_in``: the sets are the
     checkpoint's run's test sets, and these the folders its processes started in: a part naming nothing from here
     is read from them (:func:`~dgrpo.training.resume_check.data_spec_from`; still named as typed), and
-    :func:`run_test_set_unread` says what a failed read may mean."""
+    :func:`run_test_set_unread` says what a failed read may mean. ``from_checkpoint``: the column mapping's settings
+    taken from the checkpoint (:func:`checkpoint_columns`), which a file's missing column is then said to come from
+    (the line named an option the command line never gave)."""
     from ..config import ConfigError
     from ..data import load_spec
     from ..data.records import DataError
@@ -419,6 +439,12 @@ def _read_sets(
         except DataError as exc:
             if started_in is not None and (line := run_test_set_unread(data, exc, started_in)) is not None:
                 raise ConfigError(line) from None
+            named = [c for c in from_checkpoint or [] if f"({c.partition('=')[0]})" in str(exc)]
+            if named:  # (the option the line names is one the command line never gave)
+                raise DataError(
+                    f"{exc}; {named[0]} is the checkpoint's run's column mapping (its run_config.json): --set "
+                    "data.question_key=... data.answer_key=... names this file's columns"
+                ) from None
             raise
         n = len(recs) - (e.shots if e.plain else 0)
         if n <= 0 or (e.limit and min(n, e.limit) <= 0):
