@@ -2,6 +2,7 @@
 the module graph has no circle, and the training loop has no function over ~60 lines."""
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -44,10 +45,18 @@ FILES = sorted(SRC.rglob("*.py"))
 MODULES = {module_name(f) for f in FILES}
 
 
-def imports(path: Path) -> list[tuple[str, bool]]:
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """The file's syntax tree, parsed once per process (a test reads it, never changes it)."""
+    return ast.parse(path.read_text())
+
+
+@functools.cache
+def imports(path: Path) -> tuple[tuple[str, bool], ...]:
     """(imported dgrpo module, at module level?) for every import in the file (TYPE_CHECKING blocks excluded).
-    ``from X import name`` counts as importing ``X.name`` when that is a module of the package, else ``X``."""
-    tree = ast.parse(path.read_text())
+    ``from X import name`` counts as importing ``X.name`` when that is a module of the package, else ``X``. Found
+    once per process: the circle test reads every file's, as the one-way test does each file's."""
+    tree = parsed(path)
     me = module_name(path).split(".")
     package = me if path.name == "__init__.py" else me[:-1]
     found: list[tuple[str, bool]] = []
@@ -70,7 +79,7 @@ def imports(path: Path) -> list[tuple[str, bool]]:
             visit(child, top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 
     visit(tree, True)
-    return found
+    return tuple(found)
 
 
 def layer(module: str) -> int:
@@ -135,7 +144,7 @@ TRAINING_LOOP = sorted((SRC / "training").glob("*.py")) + [
 def test_training_functions_are_short(path):
     """No function of the training loop (training/, the latent recurrence) over 60 lines (docstring included): the
     loops read top to bottom."""
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             n = node.end_lineno - node.lineno + 1
             assert n <= 60, f"{path.name}:{node.lineno} {node.name} has {n} lines"
