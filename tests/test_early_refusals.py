@@ -178,33 +178,6 @@ def test_a_restart_under_the_same_config_and_a_resume_never_that_may_go_on_reach
         assert (out / "config.json").is_file()  # (nothing removed before the model loaded)
 
 
-def test_an_out_no_run_wrote_is_left_to_the_checks_under_the_lock(tmp_path, run_cli, monkeypatch):
-    """An OUT holding what no dgrpo run wrote (a config.json of another kind, a file in checkpoints/, a final/
-    without a manifest) is answered by RunDir's check under the lock, as before: the early checks of what starting
-    over would delete do not answer it first with another line (``--resume never would delete z``, ``a finished
-    run``)."""
-    from dgrpo.config import ConfigError
-    from dgrpo.model import factory
-
-    def load(*a, **k):
-        raise ConfigError("the model loads")
-
-    monkeypatch.setattr(factory, "load_model", load)
-    (tmp_path / "sft").mkdir()
-    out = tmp_path / "mine"
-    for name in ("final/weights.bin", "checkpoints/z"):
-        (out / name).parent.mkdir(parents=True, exist_ok=True)
-        (out / name).write_text("mine")
-    (out / "config.json").write_text('{"mine": 1}')
-    for resume in ("never", "auto"):
-        r = run_cli("grpo", "--init", tmp_path / "sft", "--out", out, "--resume", resume, *tiny_args())
-        assert r.stderr == "dgrpo: error: the model loads\n", r.stderr
-        assert (
-            _api_refusal(out, resume=resume)
-            == f"--out {out}: its config.json is not a dgrpo run's config: name a new --out"
-        )
-
-
 def test_the_data_and_reward_refusals_are_worded_alike_before_and_after_the_model_loads(tmp_path):
     """A resume on other training data, or with another reward, is refused by the command line before the model
     loads (check_resume_data) and by RunDir once the checkpoint loaded (the Python API's trainers): one wording (each

@@ -201,6 +201,7 @@ def test_the_command_refuses_an_unwritable_rollouts_file_before_the_model_loads(
 
     out = tmp_path / "run"
     out.mkdir()
+    (out / "metrics.jsonl").write_text("")  # (a run's: else OUT is refused as holding no dgrpo run, first)
     (out / "rollouts.jsonl").write_text("")
     _unwritable(monkeypatch, out / "rollouts.jsonl")
     monkeypatch.setattr(factory, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))

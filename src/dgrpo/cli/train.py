@@ -6,7 +6,7 @@ import argparse
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import partial, wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -316,7 +316,8 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     """Validate the config, read every dataset, join the processes, load the model: each failure one line before
     anything is trained (a scorer that cannot be built fails before anything is read, and so do a resume under a
     changed config and a ``--resume never`` that would delete what it may not:
-    :func:`~dgrpo.training.resume_check.check_resume_config`)."""
+    :func:`~dgrpo.training.resume_check.check_resume_config`; OUT's lock is taken first, on rank 0, and held to the
+    run's end: :func:`holding_out`)."""
     from ..config import ConfigError
     from ..data import training_split
     from ..eval.evaluate import eval_options
@@ -324,9 +325,10 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     from ..model.factory import check_builtin_compiles, load_model
     from ..model.sources import check_path_exists
     from ..progress import say
+    from ..training.distributed import env_int
     from ..training.model_record import record_the_models_shape
-    from ..training.out_dir import check_run_writes
-    from ..training.resume_check import check_resume_config, check_resume_data
+    from ..training.out_dir import check_run_writes, take_run_dir
+    from ..training.resume_check import check_owned, check_resume_config, check_resume_data
     from ..training.tracking import check_installed
 
     if not args.resume.strip():  # (an empty PATH was read as the working directory)
@@ -338,6 +340,11 @@ def set_up_run(args: argparse.Namespace) -> Setting:
         cfg.model.revision = revision_for(args.init, cfg, args.overrides, "--init")
     cfg = record_init(cfg, args.init, args.out)
     check_builtin_compiles(cfg.model, args.init)  # (model.compile of the built-in model: the config knows its arch)
+    if env_int("WORLD_SIZE", 1) <= 1 or env_int("RANK", 0) == 0:  # (rank 0 holds it, as RunDir's lock)
+        # OUT's lock, held from now to the run's end (RunDir takes it over): another run at work there, and an OUT
+        # holding what no dgrpo run wrote, are refused now, not once the data and the model are read
+        take_run_dir(args.out)
+        check_owned(args.out)
     # (a resume under a changed config is refused now, from OUT alone: not after the data and the model are read)
     check_resume_config(args.out, cfg, args.cmd, args.resume, args.allow_config_change)
     check_run_writes(args.out, args.cmd, args.resume, cfg.grpo.log_rollouts)  # (its first write was minutes in)
@@ -378,6 +385,22 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     return Setting(cfg, options, train, valid, tests, dist, device, lm, Path(args.out))
 
 
+def holding_out(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``command`` (``dgrpo sft`` / ``dgrpo grpo``) within :func:`~dgrpo.training.out_dir.run_dir_scope`: the lock
+    :func:`set_up_run` takes on OUT is handed to the run's RunDir, or given up (nothing of it left) when the command
+    ends before it."""
+
+    @wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        from ..training.out_dir import run_dir_scope
+
+        with run_dir_scope():
+            return command(args)
+
+    return run
+
+
+@holding_out
 def run_sft(args: argparse.Namespace) -> int:
     from ..eval.scoring import warn_if_scorer_misses_gold
     from ..training.curriculum import final_settings
@@ -417,6 +440,7 @@ def run_sft(args: argparse.Namespace) -> int:
     return 0
 
 
+@holding_out
 def run_grpo(args: argparse.Namespace) -> int:
     from ..eval.scoring import check_scorer
     from ..training.grpo import train_grpo

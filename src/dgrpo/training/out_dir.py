@@ -9,6 +9,10 @@ import os
 import pwd
 import stat
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ConfigError
@@ -272,3 +276,82 @@ class RunLock:
                 self.path.unlink(missing_ok=True)  # (while locked: a run that opened it meanwhile opens it again)
             os.close(self._fd)
             self._fd = None
+
+
+@dataclass
+class HeldRunDir:
+    """The lock the command line took on a run directory before reading the data and loading the model
+    (:func:`take_run_dir`), with the topmost folder it made for it (None: the directory was there)."""
+
+    out: Path
+    lock: RunLock
+    made: Path | None
+
+    def give_up(self) -> None:
+        """Release the lock (no RunDir took it: the run was refused, or failed, before it trained): its lock file
+        removed if it made it, then the folders it made while they hold nothing else, the lock still held (removed once
+        unlocked, the directory was another run's when that run had taken the lock in between)."""
+        if self.lock.created:
+            self.lock.path.unlink(missing_ok=True)
+        _remove_made(self.out, self.made)
+        self.lock.release()
+
+
+def _remove_made(out: Path, made: Path | None) -> None:
+    """``out`` and the folders above it up to ``made`` (the topmost one a run made for it), while they are empty."""
+    folder = out
+    while made is not None and folder.is_relative_to(made):
+        try:
+            folder.rmdir()
+        except OSError:  # (not empty: another run's now, or the user's)
+            break
+        folder = folder.parent
+
+
+#: the run directory the command line holds the lock of, until the RunDir made on it takes the lock over
+_HELD: ContextVar[HeldRunDir | None] = ContextVar("dgrpo_held_run_dir", default=None)
+
+
+@contextmanager
+def run_dir_scope() -> Iterator[None]:
+    """Within the block (``dgrpo sft`` / ``dgrpo grpo``), the lock :func:`take_run_dir` takes is handed to the
+    :class:`~.run.RunDir` made on its directory (:func:`adopt_run_dir`); one that no RunDir took when the block is left
+    (a refusal before the model loads, a dataset or a model that failed to load) is given up
+    (:meth:`HeldRunDir.give_up`: nothing of it is left)."""
+    token = _HELD.set(None)
+    try:
+        yield
+    finally:
+        held = _HELD.get()
+        _HELD.reset(token)
+        if held is not None:
+            held.give_up()
+
+
+def take_run_dir(out: Path | str) -> RunLock:
+    """The command line's lock on the run directory ``out`` (made if missing), taken before the data is read and the
+    model loaded (at the paper's scale those take minutes, after which another run holding ``out`` was refused) and
+    held on to the run's end (:func:`run_dir_scope`): a run refused here makes nothing in ``out``."""
+    out = Path(out)
+    made = None
+    missing = out
+    while not missing.exists():
+        made, missing = missing, missing.parent
+    check_output_dir(out)
+    try:
+        lock = RunLock(out)
+    except BaseException:
+        _remove_made(out, made)
+        raise
+    _HELD.set(HeldRunDir(out, lock, made))
+    return lock
+
+
+def adopt_run_dir(out: Path) -> HeldRunDir | None:
+    """The lock the command line holds on ``out`` (:func:`take_run_dir`), handed over (it is no longer the command
+    line's to give up); None when it holds none on that directory."""
+    held = _HELD.get()
+    if held is None or held.out.resolve() != Path(out).resolve():
+        return None
+    _HELD.set(None)
+    return held

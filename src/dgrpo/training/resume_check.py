@@ -240,6 +240,13 @@ def check_resume_config(
         check_not_shortened(check.candidates, cfg.grpo.steps)
 
 
+def check_owned(out_dir: Path | str) -> None:
+    """``dgrpo sft`` / ``dgrpo grpo``'s refusal of an ``--out`` holding what no dgrpo run wrote
+    (:meth:`ResumeCheck._check_owned`), made with the lock taken before the data and the model are read (it came once
+    they were: minutes at the paper's scale)."""
+    ResumeCheck(out_dir, {}, "", cli=True)._check_owned()
+
+
 def check_resume_data(
     out_dir: Path | str,
     cfg: Config,

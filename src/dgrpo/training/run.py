@@ -60,7 +60,7 @@ from .checkpoint import (
 from .consolidate import ADDED_BY_CONSOLIDATION, CONSOLIDATED
 from .distributed import Dist
 from .guards import TrainingStopped
-from .out_dir import RunLock, check_output_dir, check_run_writes
+from .out_dir import RunLock, adopt_run_dir, check_output_dir, check_run_writes
 from .preemption import in_test_sets, stop, stop_if_requested, stopping, writing_the_end
 from .resume_check import SAME_DATA, START_OVER, ResumeCheck, data_change, in_command_line, quiet_log
 from .tracking import Tracker, describe_backends, open_trackers
@@ -317,8 +317,12 @@ class RunDir(ResumeCheck):
         found: list[RunLock] = []
 
         def take() -> None:
-            check_output_dir(self.out_dir)
-            lock = RunLock(self.out_dir)
+            held = adopt_run_dir(self.out_dir)  # (the command line's, taken before the model loaded)
+            if held is not None:
+                lock, self.created = held.lock, held.made is not None
+            else:
+                check_output_dir(self.out_dir)
+                lock = RunLock(self.out_dir)
             try:  # (under the lock: OUT as a run at work there left it, not mid-change, which was refused as foreign)
                 self._check_owned()
                 log_rollouts = self.cfg.get("grpo", {}).get("log_rollouts", 0)
