@@ -328,7 +328,7 @@ def test_a_newest_checkpoint_that_does_not_load_is_moved_aside_and_the_previous_
     with _run_dir(out, cfg) as run, pytest.raises(CheckpointError, match=f"no checkpoint in {out} can be resumed"):
         run.resume(load_but({ckpt2.name}))
     with _run_dir(out, cfg, resume=str(ckpt2)) as run:
-        with pytest.raises(CheckpointError, match=f"^--resume {ckpt2}: checksum mismatch in rng.pt$"):
+        with pytest.raises(CheckpointError, match=f"^resume='{ckpt2}': checksum mismatch in rng.pt$"):
             run.resume(load_but({ckpt2.name}))
 
 
@@ -490,5 +490,5 @@ def test_resume_naming_a_missing_checkpoint_is_refused_before_anything_is_read(t
     from conftest import tiny_config
 
     missing = tmp_path / "other" / "checkpoints" / "step-00000004"
-    with pytest.raises(ConfigError, match=f"^--resume {missing}: no such checkpoint directory$"):
+    with pytest.raises(ConfigError, match=f"^resume='{missing}': no such checkpoint directory$"):
         _run_dir(tmp_path / "run", tiny_config(), resume=str(missing))

@@ -784,7 +784,7 @@ def test_a_stopped_fork_is_told_to_drop_resume_and_refused_when_given_it_again(t
     before = sorted(p.relative_to(out) for p in out.rglob("*"))
     with pytest.raises(ConfigError, match="is another run's checkpoint") as e:
         _run_dir(out, resume=str(parent))
-    assert "drop --resume to continue from" in str(e.value) and "step-00000008" in str(e.value)
+    assert "drop --resume (resume='auto') to continue from" in str(e.value) and "step-00000008" in str(e.value)
     assert "\n" not in str(e.value)
     assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock") == before
     with _run_dir(out, resume=str(own)) as run:  # a rewind inside OUT
@@ -893,7 +893,7 @@ def test_a_run_whose_config_json_is_damaged_is_told_how_to_go_on(tmp_path):
     with pytest.raises(ConfigError, match=r"config.json is not a dgrpo run's config, beside the run's checkpoints: if"):
         _run_dir(out)
     (ckpt.parent / "step-00000004").rename(ckpt.parent / "step-00000004-copy")  # (no checkpoint of the run's: foreign)
-    with pytest.raises(ConfigError, match=r"config.json is not a dgrpo run's config: name a new --out$"):
+    with pytest.raises(ConfigError, match=r"config.json is not a dgrpo run's config: name a new --out \(out_dir\)$"):
         _run_dir(out)
     (ckpt.parent / "step-00000004-copy").rename(ckpt)
     (out / "config.json").unlink()
@@ -1007,7 +1007,9 @@ def test_resume_never_refuses_another_commands_run_without_checkpoints(tmp_path,
             else:
                 (out / "summary.json").write_text("{}")
         before = sorted(p.relative_to(out) for p in out.rglob("*"))
-        with pytest.raises(ConfigError, match=rf"holds a `dgrpo {other}` run, .*--resume never would delete it"):
+        with pytest.raises(
+            ConfigError, match=rf"holds a `dgrpo {other}` run, .*--resume never \(resume='never'\) would delete it"
+        ):
             _run_dir(out, command=command, resume="never")
         assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock") == before
     mine = tmp_path / "mine"  # its own command's run: started over

@@ -67,7 +67,7 @@ def test_a_fork_into_an_out_holding_a_finished_run_is_refused_as_a_resume_there_
     assert str(e.value) == said
     with pytest.raises(ConfigError) as e:
         _run_dir(out, command, resume=str(parent))
-    assert str(e.value) == said
+    assert str(e.value) == said.replace(f"--resume {parent}", f"resume='{parent}'").replace("--out", "--out (out_dir)")
     assert _files(out) == before
     with pytest.raises(ConfigError, match=r"holds a finished run \(final/\) and no checkpoint to resume"):
         _run_dir(out, command)  # (the refusal the fork now matches)

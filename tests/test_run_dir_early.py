@@ -144,3 +144,66 @@ def test_a_refused_run_dir_removes_the_directory_the_command_line_made(tmp_path)
         with pytest.raises(ConfigError, match="no such checkpoint directory"):
             grpo_run_dir(out, resume=str(tmp_path / "nowhere"))
         assert not out.exists()
+
+
+def _python_refusal(out, **kw) -> str:
+    """What RunDir says of ``out`` to a Python caller (no command line around it)."""
+    from dgrpo.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        grpo_run_dir(out, **kw)
+    return str(e.value)
+
+
+def test_a_python_callers_refusals_name_its_arguments(tmp_path):
+    """A RunDir used from Python (a trainer called with out_dir=, resume=) was told to use "another --out", "drop
+    --resume", "--resume never": options it never typed. Each refusal names the Python argument beside the command
+    line's option, as the config-change refusals did already; the command line's words are unchanged."""
+    from dgrpo.config import ConfigError
+    from dgrpo.training.out_dir import RunLock
+    from dgrpo.training.resume_check import command_line_words
+
+    from conftest import state_only_checkpoint
+
+    held = tmp_path / "held"
+    held.mkdir()
+    holder = RunLock(held)
+    try:
+        said = _python_refusal(held)
+    finally:
+        holder.release()
+    assert said.endswith("wait for it to finish or use another --out (out_dir)")
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"mine": 1}')
+    said = _python_refusal(mine)
+    assert said == f"out_dir {mine}: its config.json is not a dgrpo run's config: name a new --out (out_dir)"
+
+    finished = tmp_path / "finished"
+    (finished / "final").mkdir(parents=True)
+    (finished / "final" / "manifest.json").write_text("{}")
+    said = _python_refusal(finished)
+    assert said.endswith(
+        "to train it again, --resume never (resume='never') (removes its results) or a new --out (out_dir)"
+    )
+
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / "metrics.jsonl").write_text(json.dumps({"step": 5, "stage": 0, "loss": 1.0}) + "\n")
+    said = _python_refusal(sft, resume="never")
+    assert "(--resume never (resume='never') would delete it): name a new --out (out_dir)" in said
+
+    nowhere = tmp_path / "nowhere"
+    assert _python_refusal(tmp_path / "run", resume=str(nowhere)) == f"resume='{nowhere}': no such checkpoint directory"
+
+    fork = tmp_path / "fork"
+    state_only_checkpoint(fork / "checkpoints" / "step-00000002")
+    other = state_only_checkpoint(tmp_path / "other" / "checkpoints" / "step-00000004")
+    said = _python_refusal(fork, resume=str(other))
+    assert said.startswith(f"resume='{other}' is another run's checkpoint")
+    assert "drop --resume (resume='auto') to continue" in said and "name a new --out (out_dir)" in said
+    with pytest.raises(ConfigError) as e, command_line_words():
+        grpo_run_dir(fork, resume=str(other))
+    assert str(e.value).startswith(f"--resume {other} is another run's checkpoint")
+    assert "drop --resume to continue" in str(e.value) and "(out_dir)" not in str(e.value)

@@ -20,7 +20,7 @@ def test_a_folder_named_like_the_lock_file_is_one_line(tmp_path):
         grpo_run_dir(out)
     assert str(e.value) == (
         f"{out / '.lock'} is a folder, where a run keeps its lock file: move it out of {out} (or remove it), or use "
-        "another --out"
+        "another --out (out_dir)"
     )
     assert (out / ".lock" / "notes.txt").read_text() == "mine"
 
@@ -44,7 +44,8 @@ def test_something_else_at_the_lock_files_path_is_one_line(tmp_path, kind):
     with pytest.raises(ConfigError) as e:
         grpo_run_dir(out)
     assert str(e.value) == (
-        f"{lock} is {what}, where a run keeps its lock file: move it out of {out} (or remove it), or use another --out"
+        f"{lock} is {what}, where a run keeps its lock file: move it out of {out} (or remove it), or use another --out "
+        "(out_dir)"
     )
 
 
@@ -75,8 +76,8 @@ def test_resume_never_refuses_to_delete_a_users_copies_in_checkpoints(tmp_path):
     with pytest.raises(ConfigError) as e:
         grpo_run_dir(out, resume="never")
     assert str(e.value) == (
-        f"--resume never would delete mine, step-00000004-copy in {root}, kept beside the run's checkpoints (no "
-        f"checkpoint a run wrote): move them out of {root} first, or name another --out"
+        f"--resume never (resume='never') would delete mine, step-00000004-copy in {root}, kept beside the run's "
+        f"checkpoints (no checkpoint a run wrote): move them out of {root} first, or name another --out (out_dir)"
     )
     assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock") == before
     for name in ("mine", "step-00000004-copy"):
@@ -181,7 +182,7 @@ def test_a_rollouts_file_the_run_cannot_append_to_is_refused_at_its_start(tmp_pa
     assert str(e.value) == (
         f"{rollouts} belongs to user {pwd.getpwuid(os.getuid()).pw_name} and is not writable to you: the run appends "
         f"its rollouts to it (grpo.log_rollouts); have its owner make it writable to you, move it out of {out}, or "
-        "use another --out"
+        "use another --out (out_dir)"
     )
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "rollouts.jsonl"]
     grpo_run_dir(out, cfg, resume="never").close()
@@ -269,8 +270,9 @@ def test_another_users_folders_are_refused_before_the_run_writes_or_removes_anyt
     with pytest.raises(ConfigError) as e:
         grpo_run_dir(out, resume="never")
     assert str(e.value) == (
-        f"--resume never would delete {out / 'eval'}, and {out / 'eval' / 'builtin_test'} belongs to user {user} and "
-        "is not writable to you: have its owner remove it (or make it writable to you), or name another --out"
+        f"--resume never (resume='never') would delete {out / 'eval'}, and {out / 'eval' / 'builtin_test'} belongs to "
+        f"user {user} and is not writable to you: have its owner remove it (or make it writable to you), or name "
+        "another --out (out_dir)"
     )
     assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock") == before
     _unwritable(monkeypatch, out / "checkpoints")
@@ -278,7 +280,7 @@ def test_another_users_folders_are_refused_before_the_run_writes_or_removes_anyt
         grpo_run_dir(out)
     assert str(e.value) == (
         f"{out / 'checkpoints'} belongs to user {user} and is not writable to you: the run writes its checkpoints in "
-        f"it; have its owner make it writable to you, move it out of {out}, or use another --out"
+        f"it; have its owner make it writable to you, move it out of {out}, or use another --out (out_dir)"
     )
     assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock") == before
 

@@ -118,30 +118,31 @@ def check_output_dir(path: Path, what: str = "--out") -> Path:
     return Path(path)
 
 
-def check_run_writes(out: Path | str, command: str, resume: str, log_rollouts: int) -> None:
+def check_run_writes(out: Path | str, command: str, resume: str, log_rollouts: int, option: str = "--out") -> None:
     """ConfigError, at a run's start, when what the run writes into in place in ``out`` (the files it replaces whole,
     or removes, aside) is there and not writable to this user (another user's: a shared folder, a run started as
     root; or made read-only): ``checkpoints/``, where a resumed run writes its checkpoints (a full one's write, at
     the first checkpoint, was refused there), and a GRPO run's ``rollouts.jsonl`` (``grpo.log_rollouts`` above 0),
     whose first rollouts' append, minutes into the run, was a PermissionError traceback. Not under ``--resume
-    never``, which removes them first (:func:`check_removable`)."""
+    never``, which removes them first (:func:`check_removable`). ``option``: how the refusal names another run
+    directory (from Python: ``--out (out_dir)``)."""
     if resume == "never":
         return
     folder, rollouts = Path(out) / CHECKPOINTS_DIR, Path(out) / ROLLOUTS_FILE
     if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
-        raise _not_writable(folder, "the run writes its checkpoints in it")
+        raise _not_writable(folder, "the run writes its checkpoints in it", option)
     if command == "grpo" and log_rollouts > 0 and rollouts.is_file() and not os.access(rollouts, os.W_OK):
-        raise _not_writable(rollouts, "the run appends its rollouts to it (grpo.log_rollouts)")
+        raise _not_writable(rollouts, "the run appends its rollouts to it (grpo.log_rollouts)", option)
 
 
-def _not_writable(path: Path, why: str) -> ConfigError:
+def _not_writable(path: Path, why: str, option: str = "--out") -> ConfigError:
     return ConfigError(
         f"{path} belongs to {_owner(path)} and is not writable to you: {why}; have its owner make it writable to "
-        f"you, move it out of {path.parent}, or use another --out"
+        f"you, move it out of {path.parent}, or use another {option}"
     )
 
 
-def check_removable(path: Path, what: str) -> None:
+def check_removable(path: Path, what: str, option: str = "--out") -> None:
     """ConfigError when ``what`` (``--resume never``, a run restarted under another config) would delete ``path``
     (a folder: its files and folders, a linked one's through the link) and a folder in it is not writable to this
     user (another user's): its removal was a PermissionError traceback, partway (what was removed before it gone)."""
@@ -154,7 +155,7 @@ def check_removable(path: Path, what: str) -> None:
         if not os.access(folder, os.W_OK | os.X_OK):
             raise ConfigError(
                 f"{what} would delete {path}, and {folder} belongs to {_owner(folder)} and is not writable to you: "
-                "have its owner remove it (or make it writable to you), or name another --out"
+                f"have its owner remove it (or make it writable to you), or name another {option}"
             )
 
 
@@ -175,10 +176,11 @@ class RunLock:
     process dies, however it dies). A second process on the same directory gets a one-line ConfigError naming
     the holder's PID. The lock is on the file at ``DIR/.lock`` once locked (checked: one removed in between is
     opened again), and that file is written in place, never replaced (a new file would be a new lock). ``created``:
-    whether this lock made the file (:meth:`release` may then remove it)."""
+    whether this lock made the file (:meth:`release` may then remove it). ``option``: how a refusal names another run
+    directory (from Python: ``--out (out_dir)``)."""
 
-    def __init__(self, directory: Path):
-        self.path = Path(directory) / LOCK_FILE
+    def __init__(self, directory: Path, option: str = "--out"):
+        self.path, self.option = Path(directory) / LOCK_FILE, option
         self._fd: int | None = None
         self.created = False
         for _ in range(10):
@@ -190,13 +192,13 @@ class RunLock:
                 os.close(fd)
                 raise ConfigError(
                     f"{directory} is in use by another dgrpo process (PID {holder}); wait for it to finish or use "
-                    "another --out"
+                    f"another {self.option}"
                 ) from None
             if self._still_there(fd):
                 break
             os.close(fd)  # (removed or replaced since it was opened: a lock on it locks out no other run)
         else:
-            raise ConfigError(f"{self.path} is removed or replaced as fast as it is locked: use another --out")
+            raise ConfigError(f"{self.path} is removed or replaced as fast as it is locked: use another {self.option}")
         self._fd = fd
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -229,19 +231,20 @@ class RunLock:
         except PermissionError as e:  # (a shared folder: the directory writable, the lock file another user's)
             raise ConfigError(
                 f"{self.path}, the run directory's lock file, cannot be opened for writing ({e.strerror}; it belongs "
-                f"to {_owner(self.path)}): that user's run may be in {directory}; use another --out, or have its "
-                "owner make the file writable to you or remove it"
+                f"to {_owner(self.path)}): that user's run may be in {directory}; use another {self.option}, or have "
+                "its owner make the file writable to you or remove it"
             ) from None
         except OSError as e:  # (a socket at its path, a full disk: a traceback)
             raise ConfigError(
-                f"{self.path}, the run directory's lock file, cannot be opened ({e.strerror}): use another --out"
+                f"{self.path}, the run directory's lock file, cannot be opened ({e.strerror}): use another "
+                f"{self.option}"
             ) from None
 
     def _not_a_file(self, directory: Path, what: str) -> ConfigError:
         """The refusal of ``what`` at the lock file's path."""
         return ConfigError(
             f"{self.path} is {what}, where a run keeps its lock file: move it out of {directory} (or remove it), or "
-            "use another --out"
+            f"use another {self.option}"
         )
 
     def _still_there(self, fd: int) -> bool:

@@ -216,6 +216,9 @@ def command_line_words() -> Iterator[None]:
 #: how to start a run over, and to resume it under a changed config: (the command line's option, the Python API's)
 START_OVER = ("--resume never", "resume='never'")
 ALLOW_CHANGE = ("--allow-config-change", "allow_config_change=True")
+#: where to run instead, and how to go on from the run's own newest checkpoint
+NEW_OUT = ("--out", "out_dir")
+DROP_RESUME = ("drop --resume", "resume='auto'")
 
 
 def quiet_log(message: str) -> None:
@@ -388,26 +391,32 @@ class ResumeCheck:
         too (``--resume never (resume='never')``)."""
         return cli if self.cli else f"{cli} ({api})"
 
+    def _resume_named(self, path: Path) -> str:
+        """The checkpoint ``path`` as the caller named it: ``--resume PATH``, or from Python ``resume='PATH'``."""
+        return f"--resume {path}" if self.cli else f"resume={str(path)!r}"
+
     def _candidates(self) -> list[Path]:
         if self.resume_mode == "never":
             return []
         if self.resume_mode == "auto":
             return resume_candidates(self.out_dir)
         path = on_disk(self.resume_mode)  # (checkpoints/step-N as written: step-0000000N)
+        named = self._resume_named(path)
         if path.exists() and not path.is_dir():  # (it was told "no such checkpoint directory", as a missing one is)
-            raise ConfigError(f"--resume {path} is a file: name a checkpoint directory (OUT/checkpoints/step-N)")
+            raise ConfigError(f"{named} is a file: name a checkpoint directory (OUT/checkpoints/step-N)")
         if not path.is_dir():
-            raise ConfigError(f"--resume {path}: no such checkpoint directory")
+            raise ConfigError(f"{named}: no such checkpoint directory")
         if not (path / RESUMABLE_STATE).exists() and (path / CHECKPOINTS_DIR).is_dir():
             newest = resume_candidates(path)
             raise ConfigError(
-                f"--resume {path} is a run directory: name one of its checkpoints"
+                f"{named} is a run directory: name one of its checkpoints"
                 + (f" (the newest: {newest[0]})" if newest else f" (it has none in {path / CHECKPOINTS_DIR})")
             )
         if not (path / RESUMABLE_STATE).exists() and is_model_dir(path):
+            start = f"--init {path} starts a new run from it" if self.cli else "a new run starts from it as its model"
             raise ConfigError(
-                f"--resume {path} is a model (weights without the optimizer and data state): --init {path} starts "
-                "a new run from it; --resume takes a run's checkpoints/step-N"
+                f"{named} is a model (weights without the optimizer and data state): {start}; "
+                f"{'--resume' if self.cli else 'resume'} takes a run's checkpoints/step-N"
             )
         return [path]
 
@@ -424,19 +433,20 @@ class ResumeCheck:
         fork replaced its final/ and summary, and kept the rest of its results beside them (SFT's stage-K/). A rewind
         to one of OUT's own checkpoints stays allowed."""
         own = resume_candidates(self.out_dir)
-        named = self.candidates[0].resolve()
-        if named.is_relative_to((self.out_dir / CHECKPOINTS_DIR).resolve()):
+        if self.candidates[0].resolve().is_relative_to((self.out_dir / CHECKPOINTS_DIR).resolve()):
             return
+        named = self._resume_named(self.candidates[0])
         if own:
             raise ConfigError(
-                f"--resume {self.candidates[0]} is another run's checkpoint, and {self.out_dir / CHECKPOINTS_DIR} "
-                f"holds this run's own (the newest: {own[0].name}): drop --resume to continue from {own[0]}, or name "
-                f"a new --out (or remove {self.out_dir / CHECKPOINTS_DIR}) to start from {self.candidates[0]}"
+                f"{named} is another run's checkpoint, and {self.out_dir / CHECKPOINTS_DIR} holds this run's own (the "
+                f"newest: {own[0].name}): {self._option(*DROP_RESUME)} to continue from {own[0]}, or name a new "
+                f"{self._option(*NEW_OUT)} (or remove {self.out_dir / CHECKPOINTS_DIR}) to start from "
+                f"{self.candidates[0]}"
             )
         if (self.out_dir / FINAL_DIR).is_dir():
             raise ConfigError(
-                f"--resume {self.candidates[0]} is another run's checkpoint, and {self.out_dir} holds a finished run "
-                f"({FINAL_DIR}/, its model) and no checkpoint: name a new --out to start from {self.candidates[0]} "
+                f"{named} is another run's checkpoint, and {self.out_dir} holds a finished run ({FINAL_DIR}/, its "
+                f"model) and no checkpoint: name a new {self._option(*NEW_OUT)} to start from {self.candidates[0]} "
                 "(the fork would write over that run's results)"
             )
 
@@ -474,34 +484,34 @@ class ResumeCheck:
         out = self.out_dir
         if not out.is_dir():
             return
-        new = "name a new --out"
+        new, named = f"name a new {self._option(*NEW_OUT)}", f"--out {out}" if self.cli else f"out_dir {out}"
         if is_model_dir(out):
-            raise ConfigError(f"--out {out} is a model directory (config.json beside its weights): {new}")
+            raise ConfigError(f"{named} is a model directory (config.json beside its weights): {new}")
         config = out / CONFIG_FILE
         if config.is_file() and not is_run_config(config):
             if list_checkpoints(out):  # (a run's, its config.json damaged: a new --out would lose the run)
                 raise ConfigError(
-                    f"--out {out}: its {CONFIG_FILE} is not a dgrpo run's config, beside the run's checkpoints: if it "
+                    f"{named}: its {CONFIG_FILE} is not a dgrpo run's config, beside the run's checkpoints: if it "
                     f"was damaged, delete it to resume (the newest checkpoint's model/{RUN_CONFIG_FILE}, the config "
                     f"it was trained with, is then the run's); else {new}"
                 )
-            raise ConfigError(f"--out {out}: its {CONFIG_FILE} is not a dgrpo run's config: {new}")
+            raise ConfigError(f"{named}: its {CONFIG_FILE} is not a dgrpo run's config: {new}")
         stages = stage_dirs(out)
         for folder in [out / FINAL_DIR, out / BEST_DIR, *stages]:
             if folder.exists() and not (folder / MANIFEST).is_file():
-                raise ConfigError(f"--out {out}: {folder} is not a checkpoint dgrpo wrote (no {MANIFEST}): {new}")
+                raise ConfigError(f"{named}: {folder} is not a checkpoint dgrpo wrote (no {MANIFEST}): {new}")
         root = out / CHECKPOINTS_DIR
         stray = foreign_entries(out)
         if stray:
-            raise ConfigError(f"--out {out}: {root} holds {first_items(stray)}, not dgrpo checkpoints: {new}")
+            raise ConfigError(f"{named}: {root} holds {first_items(stray)}, not dgrpo checkpoints: {new}")
         signs = [config, out / FINAL_DIR, out / BEST_DIR, root, *stages]
         if not any(p.exists() for p in signs) and not is_run_metrics(out / METRICS_FILE):
             names = [name for name in (*RUN_WRITES, METRICS_FILE) if (out / name).exists()]
             if names:
                 raise ConfigError(
-                    f"--out {out} holds {', '.join(names)} but no dgrpo run (no {CONFIG_FILE}, no checkpoint, no "
-                    f"metrics rows of one): a run writes over files of those names and --resume never deletes them: "
-                    f"{new}"
+                    f"{named} holds {', '.join(names)} but no dgrpo run (no {CONFIG_FILE}, no checkpoint, no metrics "
+                    f"rows of one): a run writes over files of those names and {self._option(*START_OVER)} deletes "
+                    f"them: {new}"
                 )
 
     def _owned(self) -> bool:
@@ -522,7 +532,8 @@ class ResumeCheck:
             self._refuse_command(self._written_by())
             raise ConfigError(
                 f"{self.out_dir} holds a finished run ({FINAL_DIR}/) and no checkpoint to resume: its model is "
-                f"{self.out_dir / FINAL_DIR}; to train it again, --resume never (removes its results) or a new --out"
+                f"{self.out_dir / FINAL_DIR}; to train it again, {self._option(*START_OVER)} (removes its results) or "
+                f"a new {self._option(*NEW_OUT)}"
             )
 
     def _check_restart(self) -> list[str]:
@@ -540,7 +551,7 @@ class ResumeCheck:
 
     def _check_start_over(self) -> None:
         """``--resume never`` deletes what an earlier run wrote here: refused as :meth:`_refuse_starting_over` says."""
-        self._refuse_starting_over("--resume never")
+        self._refuse_starting_over(self._option(*START_OVER))
 
     def _refuse_starting_over(self, what: str) -> None:
         """ConfigError when ``what`` (``--resume never``, a restart under another config) would delete what it may
@@ -556,7 +567,8 @@ class ResumeCheck:
         init = Path(str(self.cfg.get("model", {}).get("name_or_path", "")))
         if init.is_absolute() and init.resolve().is_relative_to(self.out_dir.resolve()):
             raise ConfigError(
-                f"{what} would delete {init}, the model this run starts from (--init): name another --out"
+                f"{what} would delete {init}, the model this run starts from{' (--init)' if self.cli else ''}: name "
+                f"another {self._option(*NEW_OUT)}"
             )
 
     def _refuse_deleting_copies(self, what: str) -> None:
@@ -569,7 +581,7 @@ class ResumeCheck:
             root = self.out_dir / CHECKPOINTS_DIR
             raise ConfigError(
                 f"{what} would delete {first_items(copies)} in {root}, kept beside the run's checkpoints (no "
-                f"checkpoint a run wrote): move them out of {root} first, or name another --out"
+                f"checkpoint a run wrote): move them out of {root} first, or name another {self._option(*NEW_OUT)}"
             )
 
     def _earlier_writes(self) -> list[Path]:
@@ -581,7 +593,7 @@ class ResumeCheck:
         """ConfigError when ``what`` would fail partway through removing the earlier run's files (a folder of them
         another user's: :func:`~.out_dir.check_removable`), before anything is removed."""
         for path in self._earlier_writes():
-            check_removable(path, what)
+            check_removable(path, what, self._option(*NEW_OUT))
 
     def _written_by(self) -> str | None:
         """Which command (``sft``, ``grpo``) wrote the run in OUT: its checkpoints say, else (none left) what only
@@ -610,13 +622,13 @@ class ResumeCheck:
         """ConfigError when ``found`` (the command that wrote the checkpoints or run here) is not this one."""
         if found is None or found == self.command:
             return
-        where = f"--resume {self.candidates[0]} is" if self.explicit else f"{self.out_dir} holds"
+        where = f"{self._resume_named(self.candidates[0])} is" if self.explicit else f"{self.out_dir} holds"
         source = self.candidates[0] if self.explicit else self.out_dir  # (a named checkpoint, or this run's)
         start = f"; to start from its model: --init {source}" if (found, self.command) == ("sft", "grpo") else ""
         what = "run's checkpoint" if self.explicit or resume_candidates(self.out_dir) else "run"
-        deletes = " (--resume never would delete it)" if self.resume_mode == "never" else ""
+        deletes = f" ({self._option(*START_OVER)} would delete it)" if self.resume_mode == "never" else ""
         # (a checkpoint named by --resume is another run's, not this --out's: the --out is not what to change)
-        advice = "drop --resume" if self.explicit else "name a new --out"
+        advice = self._option(*DROP_RESUME) if self.explicit else f"name a new {self._option(*NEW_OUT)}"
         raise ConfigError(
             f"{where} a `dgrpo {found}` {what}, which `dgrpo {self.command}` cannot resume{deletes}: {advice}{start}"
         )
@@ -653,7 +665,7 @@ class ResumeCheck:
         if old is None:
             return
         changed = self._changed_keys(old)
-        what = f"--resume {self.candidates[0]} is from" if self.explicit else f"{self.out_dir} holds"
+        what = f"{self._resume_named(self.candidates[0])} is from" if self.explicit else f"{self.out_dir} holds"
         self._check_same_kind_of_training(old, what)
         self._check_same_master_weights(old, what)
         refused = [k for k in changed if not (self.cfg["model"]["lora"]["r"] and k in ADAPTER_KEYS)]

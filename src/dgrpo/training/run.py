@@ -62,7 +62,7 @@ from .distributed import Dist
 from .guards import TrainingStopped
 from .out_dir import RunLock, adopt_run_dir, check_output_dir, check_run_writes
 from .preemption import in_test_sets, stop, stop_if_requested, stopping, writing_the_end
-from .resume_check import SAME_DATA, START_OVER, ResumeCheck, data_change, in_command_line, quiet_log
+from .resume_check import NEW_OUT, SAME_DATA, START_OVER, ResumeCheck, data_change, in_command_line, quiet_log
 from .tracking import Tracker, describe_backends, open_trackers
 
 #: ``final_eval(lm, best)`` of :func:`~dgrpo.training.grpo.train_grpo` / :func:`~dgrpo.training.sft.train_sft`: run
@@ -322,11 +322,11 @@ class RunDir(ResumeCheck):
                 lock, self.created = held.lock, held.made is not None
             else:
                 check_output_dir(self.out_dir)
-                lock = RunLock(self.out_dir)
+                lock = RunLock(self.out_dir, self._option(*NEW_OUT))
             try:  # (under the lock: OUT as a run at work there left it, not mid-change, which was refused as foreign)
                 self._check_owned()
                 log_rollouts = self.cfg.get("grpo", {}).get("log_rollouts", 0)
-                check_run_writes(self.out_dir, self.command, self.resume_mode, log_rollouts)
+                check_run_writes(self.out_dir, self.command, self.resume_mode, log_rollouts, self._option(*NEW_OUT))
             except BaseException:
                 lock.release(remove=True)  # (a refused directory is left without a lock file this run made)
                 raise
@@ -375,7 +375,7 @@ class RunDir(ResumeCheck):
                 loaded = load(ckpt)
             except CheckpointError as e:
                 if self.explicit:  # the one checkpoint named: nothing to fall back to
-                    raise CheckpointError(f"--resume {ckpt}: {e}") from None
+                    raise CheckpointError(f"{self._resume_named(ckpt)}: {e}") from None
                 problems.append(f"{ckpt.name}: {e}")
                 skipped.append(ckpt)
                 then = "falling back to the previous one" if i + 1 < len(self.candidates) else "no earlier one is left"
