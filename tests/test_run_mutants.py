@@ -323,7 +323,7 @@ def test_a_checkpoint_that_fails_to_load_is_moved_aside_and_the_previous_one_res
         with grpo_run_dir(out) as run:
             run.resume(fails)
     assert older.is_dir()  # (the last one is not moved aside: the error names it)
-    with pytest.raises(CheckpointError, match=f"--resume {older}: unreadable"):
+    with pytest.raises(CheckpointError, match=f"resume='{older}': unreadable"):
         with grpo_run_dir(out, resume=str(older)) as run:
             run.resume(fails)
 
