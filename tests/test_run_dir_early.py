@@ -207,3 +207,138 @@ def test_a_python_callers_refusals_name_its_arguments(tmp_path):
         grpo_run_dir(fork, resume=str(other))
     assert str(e.value).startswith(f"--resume {other} is another run's checkpoint")
     assert "drop --resume to continue" in str(e.value) and "(out_dir)" not in str(e.value)
+
+
+def _denied(monkeypatch, path, mode=None):
+    """The system says this user may not write (``mode`` None) or may not do ``mode`` in ``path`` (another user's
+    folder; as root too, where modes refuse nothing)."""
+    from pathlib import Path
+
+    from dgrpo.training import out_dir
+
+    access = out_dir.os.access
+
+    def checked(p, asked, **k):
+        if Path(p) == path and (mode is None or asked & mode):
+            return False
+        return access(p, asked, **k)
+
+    monkeypatch.setattr(out_dir.os, "access", checked)
+
+
+def _a_run(out, **over):
+    """A GRPO run's OUT: its config.json (tiny_config(**over)) and an empty metrics.jsonl."""
+    from dgrpo.config import to_dict
+
+    from conftest import tiny_config
+
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(to_dict(tiny_config(**over))))
+    (out / "metrics.jsonl").write_text("")
+    return tiny_config(**over)
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "rollouts.jsonl"])
+def test_a_folder_where_the_run_writes_a_file_is_refused_at_its_start(tmp_path, name):
+    """A folder named metrics.jsonl (or, logging rollouts, rollouts.jsonl) in a run's OUT: the run went on, and its
+    first write there was an IsADirectoryError traceback (after the model loaded, or minutes in). Refused in one line
+    at the start, the folder left as it was."""
+    from dgrpo.config import ConfigError
+
+    out = tmp_path / "run"
+    cfg = _a_run(out, **{"grpo.log_rollouts": 2})
+    (out / name).unlink(missing_ok=True)
+    (out / name).mkdir()
+    (out / name / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError) as e:
+        grpo_run_dir(out, cfg)
+    assert str(e.value).startswith(f"{out / name} is a folder, not a file: the run ")
+    assert str(e.value).endswith(f"move it out of {out}, or use another --out (out_dir)")
+    assert (out / name / "notes.txt").read_text() == "mine"
+
+
+def test_the_run_s_checkpoints_another_user_owns_are_refused_when_it_would_remove_them(tmp_path, monkeypatch):
+    """A step-N folder in OUT/checkpoints another user owns (or one the user cannot list): the run resumed, and its
+    first rotation (keep_last) failed minutes in with a PermissionError traceback. Refused at the start in one
+    line."""
+    from dgrpo.config import ConfigError
+
+    from conftest import state_only_checkpoint
+
+    out = tmp_path / "run"
+    cfg = _a_run(out)
+    step = state_only_checkpoint(out / "checkpoints" / "step-00000002")
+    (step / "model").mkdir()
+    for folder, mode, lacking in ((step / "model", None, "writable"), (step, os.R_OK, "readable")):
+        with monkeypatch.context() as m:
+            _denied(m, folder, mode)
+            with pytest.raises(ConfigError) as e:
+                grpo_run_dir(out, cfg)
+            assert str(e.value).startswith(f"{folder} belongs to user ")
+            assert f"is not {lacking} to you: the run removes its checkpoints past the newest 2 (keep_last)" in str(
+                e.value
+            )
+
+
+def test_the_folders_of_the_test_results_and_the_trackers_are_checked_at_the_start(tmp_path, monkeypatch):
+    """OUT/eval/<test set> (written at the run's end, hours in) or OUT/tb (TensorBoard, once the model loaded) not
+    writable to the user: refused at the start, naming the folder; a folder the run does not write (no such test set,
+    no such backend) is not."""
+    from dgrpo.config import ConfigError
+
+    out = tmp_path / "run"
+    cfg = _a_run(out, **{"logging.backends": "[tensorboard]"})
+    for folder in (out / "eval" / "builtin_test", out / "eval_best", out / "tb"):
+        folder.mkdir(parents=True)
+        with monkeypatch.context() as m:
+            _denied(m, folder)
+            with pytest.raises(ConfigError, match=f"^{folder} belongs to user .* not writable to you: the run "):
+                grpo_run_dir(out, cfg)
+    (out / "eval" / "mine").mkdir()
+    _denied(monkeypatch, out / "eval" / "mine")
+    grpo_run_dir(out, cfg).close()
+
+
+def test_a_read_only_rollouts_file_the_run_may_replace_is_replaced(tmp_path, monkeypatch):
+    """A read-only rollouts.jsonl in a folder the user may write (made read-only, or another user's without the
+    sticky bit): refused, though the run may replace it, as it does when it cuts it to a resumed step. The run now
+    replaces it (the same rows) and appends to its own copy; one it may not replace is still refused."""
+    from dgrpo.config import ConfigError
+
+    out = tmp_path / "run"
+    cfg = _a_run(out, **{"grpo.log_rollouts": 2})
+    rollouts = out / "rollouts.jsonl"
+    rollouts.write_text("")
+    rollouts.chmod(0o444)
+    _denied(monkeypatch, rollouts)
+    with grpo_run_dir(out, cfg) as run:
+        run.start(None)
+        monkeypatch.undo()
+        run.write_rollouts([{"step": 0, "text": "a"}])
+    assert [json.loads(line)["step"] for line in rollouts.read_text().splitlines()] == [0]
+    rollouts.chmod(0o444)
+    _denied(monkeypatch, rollouts)
+    _denied(monkeypatch, out)
+    with pytest.raises(ConfigError, match=f"^{rollouts} belongs to user "):
+        grpo_run_dir(out, cfg)
+
+
+def test_resume_never_refuses_a_folder_it_cannot_list(tmp_path, monkeypatch):
+    """``--resume never`` removing the earlier run's folders: one the user may write in but not list (read
+    permission off) was let through, and its removal failed partway with a PermissionError traceback (a folder is
+    emptied by listing it). Refused first, in one line, nothing removed."""
+    from dgrpo.config import ConfigError
+
+    out = tmp_path / "run"
+    cfg = _a_run(out)
+    (out / "eval" / "builtin_test").mkdir(parents=True)
+    (out / "eval" / "builtin_test" / "results.json").write_text("{}")
+    _denied(monkeypatch, out / "eval" / "builtin_test", os.R_OK)
+    with pytest.raises(ConfigError) as e:
+        grpo_run_dir(out, cfg, resume="never")
+    assert str(e.value).startswith(
+        f"--resume never (resume='never') would delete {out / 'eval'}, and {out / 'eval' / 'builtin_test'} belongs to "
+        "user "
+    )
+    assert "is not readable to you: have its owner remove it (or make it readable to you)" in str(e.value)
+    assert (out / "eval" / "builtin_test" / "results.json").is_file()

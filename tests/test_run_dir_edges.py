@@ -177,6 +177,7 @@ def test_a_rollouts_file_the_run_cannot_append_to_is_refused_at_its_start(tmp_pa
     rollouts = out / "rollouts.jsonl"
     rollouts.write_text("")
     _unwritable(monkeypatch, rollouts)
+    _unwritable(monkeypatch, out)  # (else the run replaces it: a file of its own, then appended to)
     with pytest.raises(ConfigError) as e:
         grpo_run_dir(out, cfg)
     assert str(e.value) == (
@@ -205,6 +206,7 @@ def test_the_command_refuses_an_unwritable_rollouts_file_before_the_model_loads(
     (out / "metrics.jsonl").write_text("")  # (a run's: else OUT is refused as holding no dgrpo run, first)
     (out / "rollouts.jsonl").write_text("")
     _unwritable(monkeypatch, out / "rollouts.jsonl")
+    _unwritable(monkeypatch, out)  # (else the run replaces it: a file of its own, then appended to)
     monkeypatch.setattr(factory, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     (tmp_path / "sft").mkdir()  # (--init: never read, the refusal comes first)
     r = run_cli("grpo", "--init", tmp_path / "sft", "--out", out, *tiny_args(**{"grpo.log_rollouts": 2}))

@@ -211,6 +211,7 @@ def test_an_sft_run_does_not_refuse_an_unwritable_rollouts_file(tmp_path, monkey
 
     (tmp_path / "rollouts.jsonl").write_text("")
     _refused(monkeypatch, tmp_path / "rollouts.jsonl", os.W_OK)
+    _refused(monkeypatch, tmp_path, os.W_OK)  # (else GRPO replaces it with a file of its own)
     check_run_writes(tmp_path, "sft", "auto", 4)
     with pytest.raises(ConfigError, match="rollouts.jsonl belongs to"):
         check_run_writes(tmp_path, "grpo", "auto", 4)

@@ -347,7 +347,15 @@ def set_up_run(args: argparse.Namespace) -> Setting:
         check_owned(args.out)
     # (a resume under a changed config is refused now, from OUT alone: not after the data and the model are read)
     check_resume_config(args.out, cfg, args.cmd, args.resume, args.allow_config_change)
-    check_run_writes(args.out, args.cmd, args.resume, cfg.grpo.log_rollouts)  # (its first write was minutes in)
+    check_run_writes(  # (its first write was minutes in, or hours: the test sets' results)
+        args.out,
+        args.cmd,
+        args.resume,
+        cfg.grpo.log_rollouts,
+        keep_last=cfg.grpo.keep_last if args.cmd == "grpo" else cfg.sft.keep_last,
+        tests=cfg.data.test,
+        backends=cfg.logging.backends,
+    )
     check_test_sets_distinct(cfg)
     check_installed(cfg.logging.backends)
     reward = None

@@ -9,7 +9,7 @@ import os
 import pwd
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -17,7 +17,20 @@ from pathlib import Path
 
 from ..config import ConfigError
 from ..model.verified import enclosing_checkpoint, is_written_checkpoint
-from ..run_layout import CHECKPOINTS_DIR, CONFIG_FILE, LOCK_FILE, METRICS_FILE, ROLLOUTS_FILE, RUN_WRITES
+from ..run_layout import (
+    BEST_DIR,
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
+    FINAL_DIR,
+    LOCK_FILE,
+    METRICS_FILE,
+    ROLLOUTS_FILE,
+    RUN_WRITES,
+    TB_DIR,
+    WANDB_DIR,
+    checkpoint_dirs,
+    results_dir,
+)
 
 
 def check_output_path(path: Path | str, what: str = "--out", *, model_dir: bool = False) -> None:
@@ -118,28 +131,94 @@ def check_output_dir(path: Path, what: str = "--out") -> Path:
     return Path(path)
 
 
-def check_run_writes(out: Path | str, command: str, resume: str, log_rollouts: int, option: str = "--out") -> None:
+def check_run_writes(
+    out: Path | str,
+    command: str,
+    resume: str,
+    log_rollouts: int,
+    option: str = "--out",
+    *,
+    keep_last: int = 0,
+    tests: Sequence[str] = (),
+    backends: Sequence[str] = (),
+) -> None:
     """ConfigError, at a run's start, when what the run writes into in place in ``out`` (the files it replaces whole,
     or removes, aside) is there and not writable to this user (another user's: a shared folder, a run started as
-    root; or made read-only): ``checkpoints/``, where a resumed run writes its checkpoints (a full one's write, at
-    the first checkpoint, was refused there), and a GRPO run's ``rollouts.jsonl`` (``grpo.log_rollouts`` above 0),
-    whose first rollouts' append, minutes into the run, was a PermissionError traceback. Not under ``--resume
-    never``, which removes them first (:func:`check_removable`). ``option``: how the refusal names another run
-    directory (from Python: ``--out (out_dir)``)."""
+    root; or made read-only), or is a folder where the run writes a file: ``metrics.jsonl`` (a folder of that name:
+    a traceback as the run opened it), ``checkpoints/``, where a resumed run writes its checkpoints (a full one's
+    write, at the first checkpoint, was refused there), its ``step-N`` folders, which it removes past ``keep_last``
+    (a traceback at the first rotation, minutes in), a GRPO run's ``rollouts.jsonl`` (``grpo.log_rollouts`` above
+    0), whose first rollouts' append, minutes into the run, was a PermissionError traceback, the folders of the
+    test sets' results (``tests``: ``data.test``, written at the run's end) and of the trackers (``backends``:
+    TensorBoard's ``tb/``, W&B's ``wandb/``). But for ``metrics.jsonl``, not under ``--resume never``, which removes
+    them first (:func:`check_removable`). ``option``: how the refusal names another run directory (from Python:
+    ``--out (out_dir)``)."""
+    out = Path(out)
+    metrics = out / METRICS_FILE
+    if metrics.exists() and not metrics.is_file():  # (--resume never keeps it: removed as the run opens it)
+        raise _not_a_file(metrics, "the run writes its metrics rows to it", option)
     if resume == "never":
         return
-    folder, rollouts = Path(out) / CHECKPOINTS_DIR, Path(out) / ROLLOUTS_FILE
+    folder, rollouts = out / CHECKPOINTS_DIR, out / ROLLOUTS_FILE
     if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
         raise _not_writable(folder, "the run writes its checkpoints in it", option)
-    if command == "grpo" and log_rollouts > 0 and rollouts.is_file() and not os.access(rollouts, os.W_OK):
-        raise _not_writable(rollouts, "the run appends its rollouts to it (grpo.log_rollouts)", option)
+    for step in checkpoint_dirs(out) if keep_last > 0 else []:
+        if (stuck := _not_removable(step)) is not None:
+            why = f"the run removes its checkpoints past the newest {keep_last} (keep_last), {step.name} among them"
+            raise _not_writable(stuck, why, option)
+    if command == "grpo" and log_rollouts > 0:
+        why = "the run appends its rollouts to it (grpo.log_rollouts)"
+        if rollouts.exists() and not rollouts.is_file():
+            raise _not_a_file(rollouts, why, option)
+        if rollouts.is_file() and not os.access(rollouts, os.W_OK) and not _replaceable(rollouts):
+            raise _not_writable(rollouts, why, option)  # (one it may replace, RunDir.start replaces first)
+    why = "the run writes its test results in it"
+    places = [(results_dir(out, spec, name), why) for spec in tests for name in (FINAL_DIR, BEST_DIR)]
+    places += [(out / TB_DIR, "the run writes its TensorBoard events in it")] if "tensorboard" in backends else []
+    places += [(out / WANDB_DIR, "the run keeps its W&B files in it")] if "wandb" in backends else []
+    for place, why in places:
+        target = place if place.exists() else place.parent  # (made there when missing)
+        if target.is_dir() and target != out and not os.access(target, os.W_OK | os.X_OK):
+            raise _not_writable(target, why, option)
+
+
+def _replaceable(path: Path) -> bool:
+    """Whether this user may replace the file ``path`` with a new one (a rename over it): its folder writable to it,
+    and, in a folder with the sticky bit (``/tmp``, a shared folder), the file or the folder its own."""
+    folder = path.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    try:
+        there, held = folder.stat(), path.stat()
+    except OSError:
+        return False
+    return not there.st_mode & stat.S_ISVTX or os.geteuid() in (there.st_uid, held.st_uid)
+
+
+def _not_removable(folder: Path) -> Path | None:
+    """The first folder in ``folder`` (itself included; not through links) that this user may not empty: one it
+    cannot list or write in; None when it may remove them all."""
+    folders = [folder] + [
+        Path(root) / d for root, dirs, _ in os.walk(folder) for d in dirs if not (Path(root) / d).is_symlink()
+    ]
+    return next((f for f in folders if not os.access(f, os.R_OK | os.W_OK | os.X_OK)), None)
+
+
+def _not_a_file(path: Path, why: str, option: str) -> ConfigError:
+    return ConfigError(f"{path} is a folder, not a file: {why}; move it out of {path.parent}, or use another {option}")
 
 
 def _not_writable(path: Path, why: str, option: str = "--out") -> ConfigError:
     return ConfigError(
-        f"{path} belongs to {_owner(path)} and is not writable to you: {why}; have its owner make it writable to "
-        f"you, move it out of {path.parent}, or use another {option}"
+        f"{path} belongs to {_owner(path)} and is not {_lacking(path)} to you: {why}; have its owner make it "
+        f"{_lacking(path)} to you, move it out of {path.parent}, or use another {option}"
     )
+
+
+def _lacking(path: Path) -> str:
+    """What this user may not do with ``path``, as a refusal says it: ``writable``, or a folder it may write in but
+    not list (to empty it), ``readable``."""
+    return "readable" if path.is_dir() and os.access(path, os.W_OK | os.X_OK) else "writable"
 
 
 def check_removable(path: Path, what: str, option: str = "--out") -> None:
@@ -148,15 +227,12 @@ def check_removable(path: Path, what: str, option: str = "--out") -> None:
     user (another user's): its removal was a PermissionError traceback, partway (what was removed before it gone)."""
     if not path.is_dir():
         return
-    folders = [path] + [
-        Path(root) / d for root, dirs, _ in os.walk(path) for d in dirs if not (Path(root) / d).is_symlink()
-    ]
-    for folder in folders:
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise ConfigError(
-                f"{what} would delete {path}, and {folder} belongs to {_owner(folder)} and is not writable to you: "
-                f"have its owner remove it (or make it writable to you), or name another {option}"
-            )
+    folder = _not_removable(path)
+    if folder is not None:  # (one that cannot be listed cannot be emptied either)
+        raise ConfigError(
+            f"{what} would delete {path}, and {folder} belongs to {_owner(folder)} and is not {_lacking(folder)} to "
+            f"you: have its owner remove it (or make it {_lacking(folder)} to you), or name another {option}"
+        )
 
 
 def _owner(path: Path) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
 import re
 import shutil
 import sys
@@ -326,7 +327,16 @@ class RunDir(ResumeCheck):
             try:  # (under the lock: OUT as a run at work there left it, not mid-change, which was refused as foreign)
                 self._check_owned()
                 log_rollouts = self.cfg.get("grpo", {}).get("log_rollouts", 0)
-                check_run_writes(self.out_dir, self.command, self.resume_mode, log_rollouts, self._option(*NEW_OUT))
+                check_run_writes(
+                    self.out_dir,
+                    self.command,
+                    self.resume_mode,
+                    log_rollouts,
+                    self._option(*NEW_OUT),
+                    keep_last=self.cfg.get(self.command, {}).get("keep_last", 0),
+                    tests=self.cfg.get("data", {}).get("test", []),
+                    backends=self.cfg.get("logging", {}).get("backends", []),
+                )
             except BaseException:
                 lock.release(remove=True)  # (a refused directory is left without a lock file this run made)
                 raise
@@ -489,7 +499,9 @@ class RunDir(ResumeCheck):
             keep_before = resumed_state["step"] if resumed_state is not None else 0
             rows = self.rollouts_path.read_text().splitlines() if self.rollouts_path.is_file() else []
             kept = rollout_rows_before(rows, keep_before, self.rollouts_path)
-            if kept != rows:
+            logged = self.cfg.get("grpo", {}).get("log_rollouts", 0) > 0 and self.command == "grpo"
+            read_only = logged and self.rollouts_path.is_file() and not os.access(self.rollouts_path, os.W_OK)
+            if kept != rows or read_only:  # (a read-only one, in a folder of this user's, replaced: then appended to)
                 self._cut_rollouts(kept)
         if self.checkpoint is not None and resumed_state is not None:
             self.resumed_step = resumed_state["step"]
