@@ -249,11 +249,12 @@ def test_eval_shards_its_datasets_over_ranks_and_matches_one_process(sft_checkpo
         "latent": ["--data", "builtin:test", "builtin:valid", "--limit", "21"],  # (an odd count: shards of 10 and 11)
         "plain": ["--data", "builtin:test", "--plain", "--shots", "2", "--limit", "1"],  # (rank 1's shard: empty)
     }
-    for name, data in cases.items():
+    argvs = {name: ["eval", "--model", str(sft_checkpoint), *data] for name, data in cases.items()}
+    launch = [[*argv, "--out", str(tmp_path / f"{name}-2")] for name, argv in argvs.items()]
+    logs = commands_of(torchrun("clis", tmp_path, {"argvs": launch, "sets": {"threads": 1}}), len(cases))
+    for (name, argv), log in zip(argvs.items(), logs):
         one, two = tmp_path / f"{name}-1", tmp_path / f"{name}-2"
-        argv = ["eval", "--model", str(sft_checkpoint), *data]
         assert run_cli(*argv, "--out", one, *_args({"threads": 1})).returncode == 0  # (the worker's config)
-        log = torchrun("cli", two, {"argv": [*argv, "--out", str(two)], "sets": {"threads": 1}})
         folders = {"latent": ["builtin_test", "builtin_valid"], "plain": [""]}[name]  # (one --data: --out itself)
         for folder in folders:
             assert results(two / folder) == results(one / folder), (name, folder)
@@ -457,6 +458,47 @@ def _worker_cli(out: Path, args: dict) -> None:
     assert cli.main([*args["argv"], *_args(args.get("sets", {}))]) == 0
 
 
+#: the line ``_worker_clis`` prints between two command lines (rank 0's, after every rank ended the one before)
+NEXT_COMMAND = "---- next command ----"
+
+
+def _worker_clis(out: Path, args: dict) -> None:
+    """The command lines ``argvs`` one after the other in the same workers (one launch: each worker's start-up of
+    torch and transformers is most of a launch's time). Each ``cli.main`` joins its own process group and leaves it;
+    torch reuses a store's keys for a new group, so from the second command on the group's store is a new one, rank
+    0's (as without torchrun), on a port rank 0 names through torchrun's. Their output is split at NEXT_COMMAND
+    (``commands_of``)."""
+    import socket
+
+    import torch.distributed as tdist
+
+    from dgrpo import cli
+
+    agent = tdist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    for i, argv in enumerate(args["argvs"]):
+        if i:  # (every rank ended the command before, its output written out)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            agent.set(f"clis/{i}/ended/{rank}", "1")
+            if rank == 0:
+                agent.wait([f"clis/{i}/ended/{r}" for r in range(world)])
+                print(NEXT_COMMAND, flush=True)
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    agent.set(f"clis/{i}/port", str(s.getsockname()[1]))
+            os.environ["MASTER_PORT"] = agent.get(f"clis/{i}/port").decode()
+            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
+        assert cli.main([*argv, *_args(args.get("sets", {}))]) == 0
+
+
+def commands_of(log: str, n: int) -> list[str]:
+    """The output of each of the ``n`` command lines of a ``clis`` launch."""
+    parts = log.split(NEXT_COMMAND)
+    assert len(parts) == n, log[-3000:]
+    return parts
+
+
 def _worker_share(out: Path, args: dict) -> None:
     """The bf16 weights sharded by FSDP2 (fsdp=full); rank 0 writes every rank's rounded-away share at ``lr``."""
     from dgrpo.model.latent_lm import LatentLM
@@ -511,6 +553,7 @@ if __name__ == "__main__":
         "grpo": _worker_grpo,
         "parity": _worker_parity,
         "cli": _worker_cli,
+        "clis": _worker_clis,
         "share": _worker_share,
         "scores": _worker_scores,
     }
