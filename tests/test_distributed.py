@@ -1,7 +1,9 @@
 """Multi-process training on torch.distributed: 2 ranks on CPU (gloo) under torchrun.
 
 Each test launches ``torchrun --standalone --nproc_per_node 2`` on this file, which then runs as the
-worker (``python test_distributed.py SCENARIO OUT ARGS_JSON``, see the bottom). A hung worker dumps
+worker (``python test_distributed.py SCENARIO OUT ARGS_JSON``, see the bottom); a test's parametrizations, or its
+cases, share one launch where they are runs one after the other (scenario ``runs``: a launch's time is mostly its
+workers' start-up and teardown). A hung worker dumps
 its stacks and exits (faulthandler watchdog), and a wall-clock timeout ends the launch, so a hang fails
 the test instead of blocking CI.
 
@@ -21,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dgrpo.training.distributed import fsdp2_missing
+from dgrpo.training.distributed import FSDP_ENV, fsdp2_missing
 
 pytestmark = pytest.mark.slow  # torchrun runs (and one in-process run of both trainers, 2-4 s)
 #: FSDP2 training needs torch >= 2.13 (an older one gets a config error: tests/test_reliability.py)
@@ -30,7 +32,7 @@ HERE = Path(__file__).resolve()
 TIMEOUT_S = 180  # per launch; a healthy one takes about 10 s on 2 cores
 
 # one GRPO setting for the CLI runs (over conftest.tiny_args: the tiny model and task)
-GRPO_SETS = {"perturbation.p": 0.3, "data.eval_limit": 32, "threads": 1}
+GRPO_SETS: dict[str, object] = {"perturbation.p": 0.3, "data.eval_limit": 32, "threads": 1}
 # a gradient that is never zero: the tiny SFT model is at chance level, so whole batches of groups can
 # have no reward variance (a zero GRPO gradient); the EMA baseline (0.5 at the start) gives every
 # rollout a non-zero advantage through the same update code (global counts, chunks, reduction)
@@ -122,17 +124,26 @@ def test_grpo_two_ranks_stay_bit_identical(sft_checkpoint, tmp_path):
     assert rows[-1] == {"step": 3, **tested} and sum("test/builtin_test/accuracy" in row for row in rows) == 1
 
 
+@pytest.fixture(scope="module")
+def asymmetric_runs(sft_checkpoint, tmp_path_factory) -> dict[str, Path]:
+    """test_asymmetric_filter_does_not_hang's runs, without FSDP2 and, where this torch has it, with (fsdp full), in
+    one launch: the run of each mode."""
+    tmp, modes = tmp_path_factory.mktemp("asymmetric"), ["none"] + ([] if fsdp2_missing() else ["full"])
+    keep = [[1, 0], [0, 1], [0, 0]]
+    launch: list[tuple[str, Path, dict, dict]] = [
+        ("grpo", tmp / m, {"init": str(sft_checkpoint), "sets": {**GRPO_SETS, "fsdp": m}, "keep": keep}, {})
+        for m in modes
+    ]
+    torchrun("runs", tmp, runs(launch))
+    return {m: tmp / m for m in modes}
+
+
 @pytest.mark.parametrize("fsdp", ["none", pytest.param("full", marks=NEEDS_FSDP2)], ids=["allreduce", "fsdp2"])
-def test_asymmetric_filter_does_not_hang(sft_checkpoint, tmp_path, fsdp):
+def test_asymmetric_filter_does_not_hang(asymmetric_runs, fsdp):
     """Step 0: rank 0 keeps all its groups, rank 1 none; step 1: the reverse; step 2: nobody keeps any.
     (The worker also sets the rewards to 0, 1, 0, 1 in every group, so that kept groups move the weights.)
     FSDP2 is switched on by the config key here (``--set fsdp=full``), by the environment variable below."""
-    out = tmp_path / "run"
-    torchrun(
-        "grpo",
-        out,
-        {"init": str(sft_checkpoint), "sets": {**GRPO_SETS, "fsdp": fsdp}, "keep": [[1, 0], [0, 1], [0, 0]]},
-    )
+    out = asymmetric_runs[fsdp]
     recs = rank_records(out)
     assert [len(r) for r in recs] == [3, 3]  # the same number of steps on both ranks
     for steps in recs:
@@ -159,8 +170,23 @@ def test_asymmetric_filter_does_not_hang(sft_checkpoint, tmp_path, fsdp):
     assert [json.loads((out / f"gloo{r}.json").read_text()) for r in range(2)] == [[], []]
 
 
+@pytest.fixture(scope="module")
+def parity_runs(sft_checkpoint, tmp_path_factory) -> dict[str, Path]:
+    """test_two_ranks_match_one_process's runs, without FSDP2 and, where this torch has it, with (DGRPO_FSDP sharded),
+    in one launch: the run of each mode. Under FSDP2 the ranks also recompute each layer in backward (the same
+    gradients): the regions sit inside the sharded layers' gather and reshard."""
+    tmp, modes = tmp_path_factory.mktemp("parity"), ["0"] + ([] if fsdp2_missing() else ["sharded"])
+    recompute = {"grpo.recompute": "true", "grpo.recompute_granularity": "layer"}
+    launch = [
+        ("parity", tmp / m, {"init": str(sft_checkpoint), "sets": recompute if m == "sharded" else {}}, {FSDP_ENV: m})
+        for m in modes
+    ]
+    torchrun("runs", tmp, runs(launch))
+    return {m: tmp / m for m in modes}
+
+
 @pytest.mark.parametrize("fsdp", ["0", pytest.param("sharded", marks=NEEDS_FSDP2)], ids=["allreduce", "fsdp2"])
-def test_two_ranks_match_one_process(sft_checkpoint, tmp_path, fsdp):
+def test_two_ranks_match_one_process(sft_checkpoint, parity_runs, fsdp):
     """The same global batch of prompts and rollout seeds (masks and sampled tokens): one step on 2 ranks = one step
     in 1 process (under FSDP2 with layer recomputation)."""
     from dgrpo.data.synthetic import generate_split
@@ -169,11 +195,7 @@ def test_two_ranks_match_one_process(sft_checkpoint, tmp_path, fsdp):
 
     from conftest import tiny_config
 
-    out = tmp_path / "run"
-    # under FSDP2 the ranks also recompute each layer in backward (the same gradients): the regions sit inside the
-    # sharded layers' gather and reshard
-    sets = {"grpo.recompute": "true", "grpo.recompute_granularity": "layer"} if fsdp == "sharded" else {}
-    torchrun("parity", out, {"init": str(sft_checkpoint), "sets": sets}, env={"DGRPO_FSDP": fsdp})
+    out = parity_runs[fsdp]
     cfg = tiny_config(**PARITY)
     start = flat_params(LatentLM.from_pretrained(sft_checkpoint).model)
     tr = GRPOTrainer(LatentLM.from_pretrained(sft_checkpoint), cfg, generate_split(cfg.task, "train"))
@@ -250,8 +272,11 @@ def test_eval_shards_its_datasets_over_ranks_and_matches_one_process(sft_checkpo
         "plain": ["--data", "builtin:test", "--plain", "--shots", "2", "--limit", "1"],  # (rank 1's shard: empty)
     }
     argvs = {name: ["eval", "--model", str(sft_checkpoint), *data] for name, data in cases.items()}
-    launch = [[*argv, "--out", str(tmp_path / f"{name}-2")] for name, argv in argvs.items()]
-    logs = commands_of(torchrun("clis", tmp_path, {"argvs": launch, "sets": {"threads": 1}}), len(cases))
+    launch = [
+        ("cli", tmp_path, {"argv": [*argv, "--out", str(tmp_path / f"{n}-2")], "sets": {"threads": 1}}, {})
+        for n, argv in argvs.items()
+    ]
+    logs = runs_of(torchrun("runs", tmp_path, runs(launch)), len(cases))  # (both in one launch)
     for (name, argv), log in zip(argvs.items(), logs):
         one, two = tmp_path / f"{name}-1", tmp_path / f"{name}-2"
         assert run_cli(*argv, "--out", one, *_args({"threads": 1})).returncode == 0  # (the worker's config)
@@ -363,6 +388,7 @@ def _worker_grpo(out: Path, args: dict) -> None:
 
     records: list[dict] = []
     calls = {"filter": 0}
+    originals = {name: getattr(grpo, name) for name in ("group_filter", "collect_rollouts")}
     keep = args.get("keep")
     if keep:
 
@@ -399,7 +425,12 @@ def _worker_grpo(out: Path, args: dict) -> None:
         return m
 
     grpo.GRPOTrainer.step = checked_step  # type: ignore[method-assign]
-    assert cli.main(["grpo", "--init", args["init"], "--out", str(out), *_args(args["sets"])]) == 0
+    try:
+        assert cli.main(["grpo", "--init", args["init"], "--out", str(out), *_args(args["sets"])]) == 0
+    finally:  # (the next run of a ``runs`` launch runs the trainer as it is)
+        grpo.GRPOTrainer.step = step  # type: ignore[method-assign]
+        for name, original in originals.items():
+            setattr(grpo, name, original)
     (out / f"rank{os.environ['RANK']}.json").write_text(json.dumps(records))  # (the CLI closed the process group)
     (out / f"gloo{os.environ['RANK']}.json").write_text(json.dumps(gloo_threads()))  # none left: see Dist.close()
 
@@ -458,43 +489,51 @@ def _worker_cli(out: Path, args: dict) -> None:
     assert cli.main([*args["argv"], *_args(args.get("sets", {}))]) == 0
 
 
-#: the line ``_worker_clis`` prints between two command lines (rank 0's, after every rank ended the one before)
-NEXT_COMMAND = "---- next command ----"
+#: the line ``_worker_runs`` prints between two runs (rank 0's, after every rank ended the one before)
+NEXT_RUN = "---- next run ----"
 
 
-def _worker_clis(out: Path, args: dict) -> None:
-    """The command lines ``argvs`` one after the other in the same workers (one launch: each worker's start-up of
-    torch and transformers is most of a launch's time). Each ``cli.main`` joins its own process group and leaves it;
-    torch reuses a store's keys for a new group, so from the second command on the group's store is a new one, rank
-    0's (as without torchrun), on a port rank 0 names through torchrun's. Their output is split at NEXT_COMMAND
-    (``commands_of``)."""
+def _worker_runs(out: Path, args: dict) -> None:
+    """The scenarios ``runs`` (each ``[scenario, out, args, env]``) one after the other in the same workers: one launch
+    (a launch's time is mostly its workers' start-up of torch and transformers, and their teardown). ``env``: the
+    variables set for the run (None: unset). Each run joins its own process group and leaves it; torch reuses a
+    store's keys for a new group, so from the second run on the group's store is a new one, rank 0's (as without
+    torchrun), on a port rank 0 names through torchrun's. The launch's output is split at NEXT_RUN (``runs_of``)."""
     import socket
 
     import torch.distributed as tdist
 
-    from dgrpo import cli
-
     agent = tdist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    for i, argv in enumerate(args["argvs"]):
-        if i:  # (every rank ended the command before, its output written out)
+    for i, (scenario, run_out, run_args, env) in enumerate(args["runs"]):
+        if i:  # (every rank ended the run before, its output written out)
             sys.stdout.flush()
             sys.stderr.flush()
-            agent.set(f"clis/{i}/ended/{rank}", "1")
+            agent.set(f"runs/{i}/ended/{rank}", "1")
             if rank == 0:
-                agent.wait([f"clis/{i}/ended/{r}" for r in range(world)])
-                print(NEXT_COMMAND, flush=True)
+                agent.wait([f"runs/{i}/ended/{r}" for r in range(world)])
+                print(NEXT_RUN, flush=True)
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", 0))
-                    agent.set(f"clis/{i}/port", str(s.getsockname()[1]))
-            os.environ["MASTER_PORT"] = agent.get(f"clis/{i}/port").decode()
+                    agent.set(f"runs/{i}/port", str(s.getsockname()[1]))
+            os.environ["MASTER_PORT"] = agent.get(f"runs/{i}/port").decode()
             os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
-        assert cli.main([*argv, *_args(args.get("sets", {}))]) == 0
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        globals()[f"_worker_{scenario}"](Path(run_out), run_args)
 
 
-def commands_of(log: str, n: int) -> list[str]:
-    """The output of each of the ``n`` command lines of a ``clis`` launch."""
-    parts = log.split(NEXT_COMMAND)
+def runs(runs: list[tuple[str, Path, dict, dict]]) -> dict:
+    """``torchrun``'s args of a launch of ``runs`` (``_worker_runs``)."""
+    return {"runs": [[scenario, str(out), args, env] for scenario, out, args, env in runs]}
+
+
+def runs_of(log: str, n: int) -> list[str]:
+    """The output of each of the ``n`` runs of a ``runs`` launch."""
+    parts = log.split(NEXT_RUN)
     assert len(parts) == n, log[-3000:]
     return parts
 
@@ -553,7 +592,7 @@ if __name__ == "__main__":
         "grpo": _worker_grpo,
         "parity": _worker_parity,
         "cli": _worker_cli,
-        "clis": _worker_clis,
+        "runs": _worker_runs,
         "share": _worker_share,
         "scores": _worker_scores,
     }
