@@ -317,14 +317,19 @@ def test_a_run_interrupted_in_process_goes_on_with_the_same_model_object(sft_che
     assert rows(tmp_path / "ref") == rows(tmp_path / "run")
 
 
+def torchrun_sets(fsdp="none"):
+    """The settings of ``torchrun_grpo``'s run (over conftest.tiny_args)."""
+    sets = {**GRPO_SETS, "grpo.steps": 5, "grpo.prompts_per_step": 4, "threads": 1, "data.test": "[]", "fsdp": fsdp}
+    sets["data.valid"] = "''"  # (no evaluation: three launches of torchrun are this test's time)
+    return sets
+
+
 def torchrun_grpo(sft_checkpoint, out, fsdp="none", entry=("-m", "dgrpo"), **popen):
     """``torchrun ... -m dgrpo grpo`` of 5 steps on 2 ranks (``entry``: what the workers run, ``-m dgrpo``)."""
     from conftest import tiny_args
 
-    sets = {**GRPO_SETS, "grpo.steps": 5, "grpo.prompts_per_step": 4, "threads": 1, "data.test": "[]", "fsdp": fsdp}
-    sets["data.valid"] = "''"  # (no evaluation: three launches of torchrun are this test's time)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *entry, "grpo"]
-    cmd += ["--init", str(sft_checkpoint), "--out", str(out), *tiny_args(**sets)]
+    cmd += ["--init", str(sft_checkpoint), "--out", str(out), *tiny_args(**torchrun_sets(fsdp))]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **popen)
 
@@ -339,17 +344,30 @@ def wait_for_two_steps(out, timeout=240):
         time.sleep(0.05)
 
 
+@pytest.fixture(scope="module")
+def torchrun_references(sft_checkpoint, tmp_path_factory) -> dict:
+    """``torchrun_grpo``'s runs never stopped, without FSDP2 and, where this torch has it, with (fsdp full): one launch
+    (test_distributed's scenario ``runs``, through ``dgrpo.cli.main``; a launch's time is mostly its workers' start-up
+    and teardown), a folder per mode."""
+    from test_distributed import runs, torchrun
+
+    tmp, modes = tmp_path_factory.mktemp("torchrun-ref"), ["none"] + ([] if fsdp2_missing() else ["full"])
+    argv = ["grpo", "--init", str(sft_checkpoint), "--out"]
+    torchrun(
+        "runs", tmp, runs([("cli", tmp, {"argv": [*argv, str(tmp / m)], "sets": torchrun_sets(m)}, {}) for m in modes])
+    )
+    return {m: tmp / m for m in modes}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fsdp", ["none", pytest.param("full", marks=NEEDS_FSDP2)], ids=["allreduce", "fsdp2"])
 def test_sigterm_to_every_process_of_a_torchrun_job_checkpoints_one_step_and_resumes_bit_identical(
-    sft_checkpoint, tmp_path, fsdp
+    sft_checkpoint, torchrun_references, tmp_path, fsdp
 ):
     """As a scheduler stops a job (SIGTERM to the launcher and each worker; torchrun forwards a second one to each):
     the ranks agree on one step, rank 0 writes its checkpoint (under FSDP2 every rank first gathers the state to it),
     the same torchrun command goes on from it and ends as a run never stopped. (The workers died at once: the steps
     since the last checkpoint were lost.)"""
-    reference = torchrun_grpo(sft_checkpoint, tmp_path / "ref", fsdp)
-    assert reference.wait(timeout=300) == 0, reference.stderr.read()[-3000:]
     out = tmp_path / "run"
     job = torchrun_grpo(sft_checkpoint, out, fsdp, start_new_session=True)
     wait_for_two_steps(out)
@@ -367,7 +385,7 @@ def test_sigterm_to_every_process_of_a_torchrun_job_checkpoints_one_step_and_res
     again = torchrun_grpo(sft_checkpoint, out, fsdp)
     _, err = again.communicate(timeout=300)
     assert again.returncode == 0, err[-3000:]
-    same_run(tmp_path / "ref", out)
+    same_run(torchrun_references[fsdp], out)
 
 
 @pytest.mark.slow
