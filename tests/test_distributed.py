@@ -288,14 +288,35 @@ def test_eval_shards_its_datasets_over_ranks_and_matches_one_process(sft_checkpo
         assert log.count(f"dgrpo: loading {sft_checkpoint} (from ") == 1, log[-3000:]  # (and the loading line)
 
 
+FSDP2_RUNS = [("full", False), ("sharded", False), ("sharded", True)]
+
+
+def fsdp2_sets(fsdp: str, master: bool) -> dict:
+    """The settings of test_fsdp2_runs_write_resumable_checkpoints_and_resume_bit_identical's runs."""
+    sets = {**NONZERO, "fsdp": fsdp, "data.valid": "''", "data.test": "[]", "grpo.save_every": 1}
+    sets |= {"grpo.keep_last": 3, "perturbation.p": 0.3, "threads": 1}
+    if master:
+        sets |= {"model.dtype": "bfloat16", "model.master_weights": "true"}
+    return sets
+
+
+@pytest.fixture(scope="module")
+def fsdp2_references(sft_checkpoint, tmp_path_factory) -> dict:
+    """The runs never stopped of test_fsdp2_runs_write_resumable_checkpoints_and_resume_bit_identical, one per
+    parametrization, in one launch (their resumes: a launch each, as a stopped run's)."""
+    tmp, argv = tmp_path_factory.mktemp("fsdp2-ref"), ["grpo", "--init", str(sft_checkpoint), "--out"]
+    outs = {(fsdp, master): tmp / f"{fsdp}-{master}" for fsdp, master in FSDP2_RUNS}
+    launch: list[tuple[str, Path, dict, dict]] = [
+        ("cli", out, {"argv": [*argv, str(out)], "sets": fsdp2_sets(*key)}, {}) for key, out in outs.items()
+    ]
+    torchrun("runs", tmp, runs(launch))
+    return outs
+
+
 @NEEDS_FSDP2
-@pytest.mark.parametrize(
-    ("fsdp", "master"),
-    [("full", False), ("sharded", False), ("sharded", True)],
-    ids=["full", "sharded", "sharded-master"],
-)
+@pytest.mark.parametrize(("fsdp", "master"), FSDP2_RUNS, ids=["full", "sharded", "sharded-master"])
 def test_fsdp2_runs_write_resumable_checkpoints_and_resume_bit_identical(
-    sft_checkpoint, tmp_path, run_cli, fsdp, master
+    sft_checkpoint, fsdp2_references, tmp_path, run_cli, fsdp, master
 ):
     """Under FSDP2 no resumable checkpoint was written: a stopped run (preempted, killed, SIGTERM) lost every step.
     ``fsdp: full``: every rank gathers the model's and the optimizer's state to rank 0, which writes it; a resume
@@ -306,12 +327,7 @@ def test_fsdp2_runs_write_resumable_checkpoints_and_resume_bit_identical(
 
     from dgrpo.training.consolidate import read_sharded
 
-    sets = {**NONZERO, "fsdp": fsdp, "data.valid": "''", "data.test": "[]", "grpo.save_every": 1}
-    sets |= {"grpo.keep_last": 3, "perturbation.p": 0.3, "threads": 1}
-    if master:
-        sets |= {"model.dtype": "bfloat16", "model.master_weights": "true"}
-    ref, resumed = tmp_path / "ref", tmp_path / "resumed"
-    torchrun("cli", ref, {"argv": ["grpo", "--init", str(sft_checkpoint), "--out", str(ref)], "sets": sets})
+    sets, ref, resumed = fsdp2_sets(fsdp, master), fsdp2_references[fsdp, master], tmp_path / "resumed"
     [applied] = json.loads((ref / "applied.json").read_text())  # (what ran: two processes under this FSDP mode)
     assert (applied["processes"], applied["fsdp"], applied["master_weights"]) == (2, fsdp, master), applied
     step1 = ref / "checkpoints" / "step-00000001"
