@@ -3,9 +3,9 @@
 Each test launches ``torchrun --standalone --nproc_per_node 2`` on this file, which then runs as the
 worker (``python test_distributed.py SCENARIO OUT ARGS_JSON``, see the bottom); a test's parametrizations, or its
 cases, share one launch where they are runs one after the other (scenario ``runs``: a launch's time is mostly its
-workers' start-up and teardown). A hung worker dumps
-its stacks and exits (faulthandler watchdog), and a wall-clock timeout ends the launch, so a hang fails
-the test instead of blocking CI.
+workers' start-up and teardown); a run resumed, as after a stop, is a launch of its own. A hung worker dumps its
+stacks and exits (faulthandler watchdog), and a wall-clock timeout ends the launch, so a hang fails the test
+instead of blocking CI.
 
 The forced-filter hook is test-only: the worker monkeypatches ``dgrpo.training.grpo.group_filter``
 (rank r keeps all or none of its groups at step s) and the rewards; nothing in the public config.
