@@ -72,7 +72,10 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--limit", type=int, help="evaluate the first N records (0: all, as eval.limit)")
     p.add_argument(
-        "--out", required=True, help="writes results.json and predictions.jsonl here (one folder per --data of several)"
+        "--out",
+        required=True,
+        help="writes results.json and predictions.jsonl here (one folder per --data of several); an earlier dgrpo "
+        "eval's results there that this one does not rewrite are removed",
     )
     p.add_argument(
         "--plain",
@@ -182,7 +185,7 @@ def dataset_label(data: str, split: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..eval.evaluate import eval_options
-    from ..eval.results import write_results
+    from ..eval.results import remove_stale_results, write_results
     from ..hub import one_probe
     from ..training.preemption import in_test_sets, stop, stop_requested, stopping
 
@@ -204,6 +207,12 @@ def run(args: argparse.Namespace) -> int:
         accuracies = []
         if stop_requested(dist):  # (under torchrun: a SIGTERM while the data and the model loaded)
             stop(dist)
+        if dist.is_main and (stale := remove_stale_results(args.out, outs.values())):
+            # (an earlier eval's results of another layout or datasets, beside these: a script read stale numbers)
+            print(
+                f"dgrpo eval: removed an earlier dgrpo eval's results in {args.out} that this one does not rewrite: "
+                f"{', '.join(str(p) for p in stale)}"
+            )
         with in_test_sets(tested="dataset", left=EVALUATED_LEFT):  # (a notice: 'at the end of the dataset under way')
             for data, recs in sets.items():
                 name = done.start(dataset_label(data, args.split), len(sets))

@@ -9,9 +9,9 @@ import fcntl
 import json
 import numbers
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import fields, replace
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
 from .evaluate import EvalResult, ordered_mean
@@ -109,6 +109,58 @@ def write_results(result: EvalResult, out_dir: str | Path) -> None:
     finally:
         for path in temporary:
             path.unlink(missing_ok=True)
+
+
+#: the keys of every ``results.json`` :func:`write_results` writes (EvalResult's fields without a default)
+_SUMMARY_KEYS = frozenset(f.name for f in fields(EvalResult) if f.default is MISSING and f.default_factory is MISSING)
+
+
+def is_results_file(path: Path, folder_name: str | None = None) -> bool:
+    """Whether ``path`` is a ``results.json`` as :func:`write_results` writes it: a JSON object with every key of an
+    :class:`EvalResult`'s summary; with ``folder_name``, one whose dataset is named so in paths (the folder ``dgrpo
+    eval`` writes a dataset of several into: :func:`~dgrpo.run_layout.results_name`)."""
+    from ..run_layout import results_name
+
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    if not isinstance(summary, dict) or not _SUMMARY_KEYS <= summary.keys():
+        return False
+    return folder_name is None or (
+        isinstance(summary["dataset"], str) and results_name(summary["dataset"]) == folder_name
+    )
+
+
+def stale_results(out: str | Path, written: Iterable[str | Path]) -> list[Path]:
+    """The files an earlier ``dgrpo eval --out OUT`` wrote that one writing its results into the folders ``written``
+    (OUT itself for one dataset, OUT/<name> for each of several) does not rewrite: OUT's own ``results.json`` and
+    ``predictions.jsonl`` beside folders of several, and the pair in a folder OUT/<name> this one does not write, where
+    that folder's results.json names a dataset so named. Only such pairs: a user's other files, and a results.json
+    that is not an evaluation's, are none of them."""
+    out, written = Path(out), {Path(w) for w in written}
+    pairs = [out] if out not in written else []
+    if out.is_dir():
+        pairs += sorted(d for d in out.iterdir() if d.is_dir() and not d.is_symlink() and d not in written)
+    stale = []
+    for folder in pairs:
+        results = folder / "results.json"
+        if is_results_file(results, None if folder == out else folder.name):
+            stale += [p for p in (results, folder / "predictions.jsonl") if p.is_file()]
+    return stale
+
+
+def remove_stale_results(out: str | Path, written: Iterable[str | Path]) -> list[Path]:
+    """Removes :func:`stale_results` (a folder OUT/<name> left empty too); returns the files removed."""
+    stale = stale_results(out, written)
+    for path in stale:
+        path.unlink(missing_ok=True)
+        if path.parent != Path(out):
+            try:
+                path.parent.rmdir()  # (only an empty one: a user's files in it stay)
+            except OSError:
+                pass
+    return stale
 
 
 @contextmanager

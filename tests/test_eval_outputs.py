@@ -1,0 +1,55 @@
+"""What a reused ``dgrpo eval --out DIR`` leaves: this evaluation's results alone (an earlier one's results of
+another layout, or of datasets not named now, are removed; a user's other files stay), and data specs joining files
+whose names hold a ``+``."""
+
+import json
+
+from dgrpo.eval.results import stale_results
+
+
+def _results(folder, dataset):
+    folder.mkdir(parents=True, exist_ok=True)
+    summary = {"dataset": dataset, "accuracy": 0.5, "n": 2, "correct": 1, "unparseable": 0, "seed": 0}
+    summary |= {"n_latent": 0, "mode": "coconut", "wall_s": 1.0}
+    (folder / "results.json").write_text(json.dumps(summary))
+    (folder / "predictions.jsonl").write_text("{}\n{}\n")
+
+
+def test_a_reused_out_holds_the_new_evaluations_results_alone(run_cli, sft_checkpoint, tmp_path):
+    """One --data after two: the old DIR/<name>/ folders go; two after one: the old DIR/results.json pair goes; a
+    user's file, a folder of their own and one holding a results.json of another dataset's name stay."""
+    out = tmp_path / "eval"
+    common = ("eval", "--model", sft_checkpoint, "--limit", 2, "--out", out)
+    r = run_cli(*common, "--data", "builtin:test", "builtin:valid")
+    assert r.returncode == 0, r.stderr
+    assert (out / "builtin_test" / "results.json").is_file() and (out / "builtin_valid" / "results.json").is_file()
+    (out / "notes.txt").write_text("mine")
+    _results(out / "mine", "builtin:test")  # (a results.json whose dataset is not named so)
+    (out / "builtin_valid" / "plot.png").write_text("mine")
+    r = run_cli(*common, "--data", "builtin:test")
+    assert r.returncode == 0, r.stderr
+    assert "removed an earlier dgrpo eval's results" in r.stdout
+    assert json.loads((out / "results.json").read_text())["dataset"] == "builtin:test"
+    assert not (out / "builtin_test").exists()
+    assert sorted(p.name for p in (out / "builtin_valid").iterdir()) == ["plot.png"]
+    assert (out / "notes.txt").read_text() == "mine" and (out / "mine" / "results.json").is_file()
+    r = run_cli(*common, "--data", "builtin:test", "builtin:valid")
+    assert r.returncode == 0, r.stderr
+    assert not (out / "results.json").exists() and not (out / "predictions.jsonl").exists()
+    assert (out / "builtin_test" / "results.json").is_file() and (out / "mine" / "results.json").is_file()
+    r = run_cli(*common, "--data", "builtin:test", "builtin:valid")  # (the same again: nothing stale)
+    assert r.returncode == 0 and "removed" not in r.stdout
+
+
+def test_stale_results_are_only_an_evaluations(tmp_path):
+    """A results.json that is not an evaluation's summary (a demo's, a user's), and a pair in a folder this
+    evaluation writes, are not stale."""
+    (tmp_path / "results.json").write_text(json.dumps({"comparisons": []}))
+    (tmp_path / "predictions.jsonl").write_text("")
+    _results(tmp_path / "builtin_test", "builtin:test")
+    _results(tmp_path / "gsm8k", "gsm8k")
+    assert stale_results(tmp_path, [tmp_path / "builtin_test", tmp_path / "other"]) == [
+        tmp_path / "gsm8k" / "results.json",
+        tmp_path / "gsm8k" / "predictions.jsonl",
+    ]
+    assert stale_results(tmp_path / "absent", [tmp_path / "absent" / "a", tmp_path / "absent" / "b"]) == []
