@@ -53,3 +53,20 @@ def test_stale_results_are_only_an_evaluations(tmp_path):
         tmp_path / "gsm8k" / "predictions.jsonl",
     ]
     assert stale_results(tmp_path / "absent", [tmp_path / "absent" / "a", tmp_path / "absent" / "b"]) == []
+
+
+def test_a_joined_spec_reads_a_file_whose_name_holds_a_plus_as_one_part(tmp_path, monkeypatch):
+    """``a+b.jsonl+other.csv`` where the file a+b.jsonl exists: a+b.jsonl then other.csv (each ``+`` split it: 'a',
+    unknown); names without such a file split as before."""
+    from dgrpo.cli.evaluate import spec_parts
+    from dgrpo.data import dataset_key, join_parts, load_spec
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a+b.jsonl").write_text('{"question": "1+1?", "answer": "2"}\n')
+    (tmp_path / "other.csv").write_text("question,answer\n2+2?,4\n")
+    spec = "a+b.jsonl+other.csv"
+    assert join_parts(spec) == spec_parts(spec) == ["a+b.jsonl", "other.csv"]
+    assert join_parts("other.csv + a+b.jsonl") == ["other.csv", "a+b.jsonl"]
+    assert [r.answer for r in load_spec(spec)] == ["2", "4"]
+    assert dataset_key(spec) == f"{tmp_path / 'a+b.jsonl'}+{tmp_path / 'other.csv'}"
+    assert join_parts("gsm8k+svamp") == ["gsm8k", "svamp"] and join_parts("a+b.jsonl") == ["a+b.jsonl"]

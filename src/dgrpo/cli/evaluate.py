@@ -374,12 +374,12 @@ def _nor_from(folders: list[Path] | None) -> str:
 
 
 def spec_parts(spec: str) -> list[str]:
-    """The datasets a spec reads: itself when it names a local path, else each part joined by ``+`` (a+b.jsonl is
-    read as a.jsonl then b.jsonl; 'a.jsonl+b.jsonl' as one path was not found, and a run tested on them refused from
-    the very folder it ran in)."""
-    from ..data import local_path
+    """The datasets a spec reads (:func:`~dgrpo.data.join_parts`): itself when it names a local path, else each part
+    joined by ``+`` (a+b.jsonl is read as a.jsonl then b.jsonl; 'a.jsonl+b.jsonl' as one path was not found, and a
+    run tested on them refused from the very folder it ran in)."""
+    from ..data import join_parts
 
-    return [spec] if local_path(spec) is not None else [part.strip() for part in spec.split("+")]
+    return join_parts(spec)
 
 
 def run_test_set_unread(spec: str, exc: Exception, folders: list[Path] | None = None) -> str | None:

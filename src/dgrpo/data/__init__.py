@@ -23,8 +23,9 @@ def columns_of(data=None, held_out: bool = False):
 
 
 def load_spec(spec: str, task=None, split: str | None = None, data=None, held_out: bool = False) -> list[Record]:
-    """Load ``name``, ``name:split``, a file path, or several joined by ``+`` (``gsm_hard+svamp``); a hub dataset
-    with several configs names one: ``openai/gsm8k:test?config=main``.
+    """Load ``name``, ``name:split``, a file path, or several joined by ``+`` (``gsm_hard+svamp``; a file whose name
+    holds a ``+`` is one part where it exists: :func:`join_parts`); a hub dataset with several configs names one:
+    ``openai/gsm8k:test?config=main``.
 
     ``task`` (a TaskConfig) parameterises ``builtin`` names (options in the name apply over it); ``split``, when
     given, wins over a split in the name; ``data`` (a DataConfig) gives the column mapping for files whose keys
@@ -83,6 +84,22 @@ def local_path(spec: str) -> tuple[str, str | None] | None:
     return None
 
 
+def join_parts(spec: str) -> list[str]:
+    """The datasets a spec joined by ``+`` reads, in order: at each place the longest run of ``+``-separated pieces
+    that names a local file or folder (:func:`local_path`: ``a+b.jsonl+c.csv`` is ``a+b.jsonl`` then ``c.csv`` where
+    the file a+b.jsonl exists), else one piece; each stripped of spaces. ``[spec]`` for a spec that is a path."""
+    pieces = spec.split("+")
+    parts: list[str] = []
+    i = 0
+    while i < len(pieces):
+        j = next(
+            j for j in range(len(pieces), i, -1) if j == i + 1 or local_path("+".join(pieces[i:j]).strip()) is not None
+        )
+        parts.append("+".join(pieces[i:j]).strip())
+        i = j
+    return parts
+
+
 def _is_local(path: str) -> bool:
     """Whether :func:`load_dataset` reads ``path`` as a local file or folder: one that exists, and, for a folder that
     is no ``save_to_disk`` one, not named as a built-in dataset (``gsm8k`` in a folder holding ``gsm8k/`` is GSM8K)."""
@@ -102,7 +119,7 @@ def _load_spec(spec: str, task, split: str | None, data, held_out: bool) -> list
         path, in_path = at_a_path
         return load_dataset(path, split or in_path, columns=columns)
     if "+" in spec:
-        parts = [part.strip() for part in spec.split("+")]
+        parts = join_parts(spec)
         if not all(parts):  # ('a+' dropped the empty part, '+' gave no records at all)
             raise DataError(f"{spec!r}: an empty part between '+' signs; join dataset names as in gsm_hard+svamp")
         return [r for part in parts for r in _load_spec(part, task, split, data, held_out)]
@@ -133,7 +150,7 @@ def dataset_key(spec: str, split: str | None = None) -> str:
         chosen, absolute = split or in_path, expand_home(path).resolve()
         return f"{absolute}:{chosen}" if chosen else str(absolute)
     if "+" in spec:
-        return "+".join(dataset_key(part.strip(), split) for part in spec.split("+"))
+        return "+".join(dataset_key(part, split) for part in join_parts(spec))
     if spec.startswith("builtin"):
         head, q, query = spec.partition("?")
         return f"{head.partition(':')[0]}:{split or head.partition(':')[2] or 'test'}{q}{query}"
@@ -149,6 +166,7 @@ __all__ = [
     "DataError",
     "Record",
     "dataset_key",
+    "join_parts",
     "load_hf_dataset",
     "load_spec",
     "local_path",
@@ -174,7 +192,7 @@ def training_split(spec: str) -> str:
             )
         return f"{spec}:train" if splits else spec
     if "+" in spec:
-        return "+".join(training_split(part.strip()) for part in spec.split("+"))
+        return "+".join(training_split(part) for part in join_parts(spec))
     known = DATASETS.get(canonical_name(spec))
     if known is not None:
         return f"{spec}:train" if "train" in known.splits else spec
