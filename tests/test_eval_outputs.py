@@ -70,3 +70,28 @@ def test_a_joined_spec_reads_a_file_whose_name_holds_a_plus_as_one_part(tmp_path
     assert [r.answer for r in load_spec(spec)] == ["2", "4"]
     assert dataset_key(spec) == f"{tmp_path / 'a+b.jsonl'}+{tmp_path / 'other.csv'}"
     assert join_parts("gsm8k+svamp") == ["gsm8k", "svamp"] and join_parts("a+b.jsonl") == ["a+b.jsonl"]
+
+
+def test_numeric_warns_of_golds_that_hold_a_number_with_other_text():
+    """A gold '50%' is text to numeric ('#### 50' scores 0, '#### 50%' 1): evaluating such golds warns, naming one;
+    golds that are numbers alone ('$40,000.', the built-in task's) and ProsQA's sentences do not."""
+    import warnings
+
+    import pytest
+
+    from dgrpo.config import TaskConfig
+    from dgrpo.data.records import Record
+    from dgrpo.data.synthetic import generate_split
+    from dgrpo.eval.scoring import SCORERS, warn_if_scorer_misses_gold
+    from dgrpo.reward import score
+
+    assert (score("#### 50", "50%"), score("#### 50%", "50%"), score("#### 40000", "$40,000.")) == (0.0, 1.0, 1.0)
+    golds = [Record("q", [], a) for a in ("50%", "12", "12 kg")]
+    with pytest.warns(UserWarning, match=r"^on t: 2 of the first 3 gold answers .*'50%'.*'#### 50' scores 0"):
+        warn_if_scorer_misses_gold(SCORERS["numeric"], golds, "on t")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_scorer_misses_gold(SCORERS["exact"], golds, "on t")  # (exact compares as text by design)
+        warn_if_scorer_misses_gold(SCORERS["numeric"], [Record("q", [], a) for a in ("$40,000.", "7")], "on t")
+        warn_if_scorer_misses_gold(SCORERS["numeric"], [Record("q", [], "Tom is a lempus.")] * 2, "on t")
+        warn_if_scorer_misses_gold(SCORERS["numeric"], generate_split(TaskConfig(), "test"), "on t")

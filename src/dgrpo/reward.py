@@ -448,7 +448,8 @@ def score(completion_text: str, gold_answer: Any) -> float:
       and ``"2.0107e-06"`` are the same number, and a prediction in scientific notation is written to the decimals
       of its plain form (``"2.01e-06"``: 8).
 
-    Non-numeric gold (ProsQA's ``"Tom is a lempus."``): the completion's final segment (after the last
+    Non-numeric gold (ProsQA's ``"Tom is a lempus."``, and a number with other text: ``"50%"``, ``"12 kg"``,
+    ``"€5"``, for which ``"#### 50"`` scores 0.0): the completion's final segment (after the last
     ``#`` if any, else the whole text; after the last standalone ``####`` when the gold holds a ``#`` itself, as
     :func:`final_answer_text` reads it) must equal the gold after :func:`normalize_text`.
 

@@ -45,7 +45,7 @@ from typing import Any, SupportsFloat
 from ..config import reward_name
 from ..data.records import Record, data_columns
 from ..plugins import PluginError, import_object
-from ..reward import ANSWER_IS, final_answer_text, normalize_number, normalize_text, score
+from ..reward import ANSWER_IS, extract_answer, final_answer_text, normalize_number, normalize_text, score
 
 #: what a scorer or reward returns: one number per completion (a list, a 1-d NumPy array or tensor:
 #: :func:`reward_value`)
@@ -489,6 +489,29 @@ def warn_if_scorer_misses_gold(scorer: ScoreFn, records: list[Record], what: str
     """:func:`warn_if_gold_scores_zero` for ``scorer`` on the gold answers of the first two of ``records``
     (:func:`check_scorer`)."""
     warn_if_gold_scores_zero(check_scorer(scorer, records), what)
+    if scorer is SCORERS["numeric"]:
+        warn_if_golds_are_numbers_with_text(records, what)
+
+
+#: how many records' gold answers :func:`warn_if_golds_are_numbers_with_text` looks at (a training set's 385,000
+#: would take seconds; a format is the file's, not one row's)
+GOLDS_LOOKED_AT = 1000
+
+
+def warn_if_golds_are_numbers_with_text(records: list[Record], what: str) -> None:
+    """Warn when gold answers (of the first :data:`GOLDS_LOOKED_AT` records) hold a number but are not one alone
+    (``50%``, ``12 kg``, ``€5``, ``1 000``): ``numeric`` compares such a gold as text, so ``#### 50`` scores 0 for
+    ``50%`` (a gold is a number when it is exactly one: thousands commas, a leading ``$``, a trailing period)."""
+    golds = [r.answer for r in records[:GOLDS_LOOKED_AT] if isinstance(r.answer, str)]
+    texts = [g for g in golds if normalize_number(g) is None and extract_answer(g) is not None]
+    if texts:
+        n = len(records[:GOLDS_LOOKED_AT])
+        warnings.warn(
+            f"{what}: {len(texts)} of the first {n} gold answers hold a number with other text (e.g. {texts[0]!r}), "
+            f"which numeric compares as text: '#### {extract_answer(texts[0])}' scores 0 for it; write the golds as "
+            "numbers alone (a leading $ and thousands commas are read) or name another eval.scorer",
+            stacklevel=2,
+        )
 
 
 @dataclass
