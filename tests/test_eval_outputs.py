@@ -1,8 +1,8 @@
-"""What a reused ``dgrpo eval --out DIR`` leaves: this evaluation's results alone (an earlier one's results of
-another layout, or of datasets not named now, are removed; a user's other files stay), and data specs joining files
-whose names hold a ``+``."""
+"""What a reused ``dgrpo eval --out DIR`` says of an earlier evaluation's results there that it does not rewrite
+(named in a warning, kept), and data specs joining files whose names hold a ``+``."""
 
 import json
+import warnings
 
 from dgrpo.eval.results import stale_results
 
@@ -15,30 +15,33 @@ def _results(folder, dataset):
     (folder / "predictions.jsonl").write_text("{}\n{}\n")
 
 
-def test_a_reused_out_holds_the_new_evaluations_results_alone(run_cli, sft_checkpoint, tmp_path):
-    """One --data after two: the old DIR/<name>/ folders go; two after one: the old DIR/results.json pair goes; a
-    user's file, a folder of their own and one holding a results.json of another dataset's name stay."""
+def test_a_reused_out_names_an_earlier_evaluations_results_and_keeps_them(run_cli, sft_checkpoint, tmp_path):
+    """One --data after two: the old DIR/<name>/ results are named in a warning (a script reading them read another
+    evaluation's numbers) and kept (results of other datasets gathered in one folder are the user's); two after one:
+    the old DIR/results.json likewise; a user's file and a results.json of another dataset's name are not named."""
     out = tmp_path / "eval"
     common = ("eval", "--model", sft_checkpoint, "--limit", 2, "--out", out)
-    r = run_cli(*common, "--data", "builtin:test", "builtin:valid")
-    assert r.returncode == 0, r.stderr
-    assert (out / "builtin_test" / "results.json").is_file() and (out / "builtin_valid" / "results.json").is_file()
+
+    def earlier(*data: str) -> list[str]:
+        """The warnings naming an earlier evaluation's results of ``dgrpo eval ... --data DATA``."""
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            r = run_cli(*common, "--data", *data)
+        assert r.returncode == 0, r.stderr
+        return [str(w.message) for w in seen if "earlier dgrpo eval's results" in str(w.message)]
+
+    assert earlier("builtin:test", "builtin:valid") == []
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     (out / "notes.txt").write_text("mine")
     _results(out / "mine", "builtin:test")  # (a results.json whose dataset is not named so)
-    (out / "builtin_valid" / "plot.png").write_text("mine")
-    r = run_cli(*common, "--data", "builtin:test")
-    assert r.returncode == 0, r.stderr
-    assert "removed an earlier dgrpo eval's results" in r.stdout
+    [line] = earlier("builtin:test")
+    assert str(out / "builtin_test" / "results.json") in line and str(out / "builtin_valid" / "results.json") in line
+    assert "mine" not in line and "(kept)" in line
     assert json.loads((out / "results.json").read_text())["dataset"] == "builtin:test"
-    assert not (out / "builtin_test").exists()
-    assert sorted(p.name for p in (out / "builtin_valid").iterdir()) == ["plot.png"]
-    assert (out / "notes.txt").read_text() == "mine" and (out / "mine" / "results.json").is_file()
-    r = run_cli(*common, "--data", "builtin:test", "builtin:valid")
-    assert r.returncode == 0, r.stderr
-    assert not (out / "results.json").exists() and not (out / "predictions.jsonl").exists()
-    assert (out / "builtin_test" / "results.json").is_file() and (out / "mine" / "results.json").is_file()
-    r = run_cli(*common, "--data", "builtin:test", "builtin:valid")  # (the same again: nothing stale)
-    assert r.returncode == 0 and "removed" not in r.stdout
+    assert all(p.read_bytes() == b for p, b in before.items())  # (kept, untouched)
+    [line] = earlier("builtin:test", "builtin:valid")
+    assert str(out / "results.json") in line and "builtin_test" not in line
+    assert (out / "results.json").is_file() and (out / "mine" / "results.json").is_file()
 
 
 def test_stale_results_are_only_an_evaluations(tmp_path):

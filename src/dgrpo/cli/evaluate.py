@@ -14,6 +14,7 @@ import argparse
 import json
 import re
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,7 +76,7 @@ def register(sub: Any) -> None:
         "--out",
         required=True,
         help="writes results.json and predictions.jsonl here (one folder per --data of several); an earlier dgrpo "
-        "eval's results there that this one does not rewrite are removed",
+        "eval's results there that this one does not rewrite are kept, and named in a warning",
     )
     p.add_argument(
         "--plain",
@@ -185,7 +186,7 @@ def dataset_label(data: str, split: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..eval.evaluate import eval_options
-    from ..eval.results import remove_stale_results, write_results
+    from ..eval.results import write_results
     from ..hub import one_probe
     from ..training.preemption import in_test_sets, stop, stop_requested, stopping
 
@@ -201,18 +202,13 @@ def run(args: argparse.Namespace) -> int:
         options = eval_options(cfg)  # (a scorer that cannot be built fails here, before the data and the model load)
         sets = _read_sets(outs, args.split, cfg, options["scorer"], started_in, checkpoint_columns(args, cfg))
         warn_fsdp_not_applied(cfg)
+        warn_of_earlier_results(Path(args.out), outs.values())
         # (under torchrun: each rank answers a shard of every set, with the whole model)
         dist, device = join_processes(cfg, device, fsdp=False)
         lm = _load_eval_model(args.model, cfg, device)
         accuracies = []
         if stop_requested(dist):  # (under torchrun: a SIGTERM while the data and the model loaded)
             stop(dist)
-        if dist.is_main and (stale := remove_stale_results(args.out, outs.values())):
-            # (an earlier eval's results of another layout or datasets, beside these: a script read stale numbers)
-            print(
-                f"dgrpo eval: removed an earlier dgrpo eval's results in {args.out} that this one does not rewrite: "
-                f"{', '.join(str(p) for p in stale)}"
-            )
         with in_test_sets(tested="dataset", left=EVALUATED_LEFT):  # (a notice: 'at the end of the dataset under way')
             for data, recs in sets.items():
                 name = done.start(dataset_label(data, args.split), len(sets))
@@ -489,6 +485,23 @@ def _load_eval_model(model: str, cfg: Config, device: torch.device) -> LatentLM:
         )
     prompt_settings(lm, cfg)
     return lm
+
+
+def warn_of_earlier_results(out: Path, written: Iterable[Path]) -> None:
+    """Warn (rank 0, before the model loads) when ``out`` holds an earlier ``dgrpo eval``'s results that this one,
+    writing into the folders ``written``, does not rewrite (``OUT/results.json`` beside new ``OUT/<name>/`` folders,
+    or the reverse, or a dataset not named now): a script reading them would read another evaluation's numbers.
+    They are kept (results of other datasets, gathered in one folder, are a user's to keep)."""
+    from ..eval.results import stale_results
+    from ..training.preemption import is_rank0
+
+    summaries = [p for p in stale_results(out, written) if p.name == "results.json"]
+    if summaries and is_rank0():
+        warnings.warn(
+            f"{out} also holds an earlier dgrpo eval's results that this one does not rewrite (kept): "
+            f"{', '.join(str(p) for p in summaries)}; they are not this evaluation's",
+            stacklevel=1,
+        )
 
 
 def output_dirs(datas: list[str], split: str | None, out: Path, given: bool = True) -> dict[str, Path]:

@@ -150,19 +150,6 @@ def stale_results(out: str | Path, written: Iterable[str | Path]) -> list[Path]:
     return stale
 
 
-def remove_stale_results(out: str | Path, written: Iterable[str | Path]) -> list[Path]:
-    """Removes :func:`stale_results` (a folder OUT/<name> left empty too); returns the files removed."""
-    stale = stale_results(out, written)
-    for path in stale:
-        path.unlink(missing_ok=True)
-        if path.parent != Path(out):
-            try:
-                path.parent.rmdir()  # (only an empty one: a user's files in it stay)
-            except OSError:
-                pass
-    return stale
-
-
 @contextmanager
 def _folder_locked(folder: Path) -> Iterator[None]:
     """An exclusive ``flock`` on ``folder`` while the block runs; without one where its file system has none (NFS
