@@ -296,10 +296,32 @@ def held_out_specs(cfg: Config) -> list[tuple[str, str]]:
     return [(key, spec) for spec, key in specs.items()]
 
 
-def read_setting(key: str, spec: str, cfg: Config) -> list:
+def init_columns(init: str | None, cfg: Config) -> list[str]:
+    """The column mapping (``data.question_key=prompt``, ...) the run of ``init``, a checkpoint on disk, read its
+    data with (its ``run_config.json``) when ``cfg`` maps no column: a training command takes its data settings
+    from its own config, not from ``--init``'s, so a file of the same columns is then read as a known format and
+    fails; [] for a hub id (not read here), a checkpoint without a run's config, or a config that maps columns."""
+    from ..model.sources import on_disk, resolve_checkpoint
+    from ..model.verified import RUN_CONFIG_FILE, CheckpointError, read_json_object
+    from .evaluate import COLUMN_KEYS
+
+    if not init or cfg.data.question_key or not on_disk(init).exists():
+        return []
+    try:
+        data = read_json_object(resolve_checkpoint(init) / RUN_CONFIG_FILE).get("data") or {}
+    except (CheckpointError, OSError, ValueError):
+        return []
+    if not isinstance(data, dict):
+        return []
+    return [f"data.{k}={data[k]}" for k in COLUMN_KEYS if isinstance(data.get(k), str) and data[k]]
+
+
+def read_setting(key: str, spec: str, cfg: Config, init: str | None = None) -> list:
     """The records of ``spec``, which config key ``key`` names; a dataset that cannot be read is a DataError that
     names the key, which --set replaces it (a paper recipe's hub name failed offline without saying whether
-    data.train or data.test held it)."""
+    data.train or data.test held it). ``init``: the checkpoint the run starts from; a file whose records are of no
+    known format, read without the column mapping that checkpoint's run read its data with (:func:`init_columns`),
+    is said to be read without it (the line said only to name the columns)."""
     from ..data import load_spec
     from ..data.records import DataError
 
@@ -309,7 +331,15 @@ def read_setting(key: str, spec: str, cfg: Config) -> list:
         return load_spec(spec, cfg.task, data=cfg.data, held_out=True)
     except DataError as e:
         fix = "--set 'data.test=[...]'" if key == "data.test" else f"--set {key}=..."
-        raise DataError(f"{key}: {e}; {fix} names another") from None
+        mapped = init_columns(init, cfg) if "unrecognised record keys" in str(e) else []
+        said = (
+            f"; the --init checkpoint's run read its data with {' '.join(mapped)} (its run_config.json), which this "
+            f"config does not set (a run takes its data settings from its own config): --set {' '.join(mapped)} "
+            "reads this file so"
+            if mapped
+            else ""
+        )
+        raise DataError(f"{key}: {e}{said}; {fix} names another") from None
 
 
 def set_up_run(args: argparse.Namespace) -> Setting:
@@ -369,10 +399,10 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     warn_if_prompt_options_are_set(cfg)
     device = setup(cfg)
     options = eval_options(cfg)
-    train = read_setting("data.train", training_split(cfg.data.train), cfg)
+    train = read_setting("data.train", training_split(cfg.data.train), cfg, args.init)
     # (a resume on other data, or another reward, is refused now: not after the model is read)
     check_resume_data(args.out, cfg, args.cmd, train, reward, args.resume, args.allow_config_change)
-    held_out = {spec: read_setting(key, spec, cfg) for key, spec in held_out_specs(cfg)}
+    held_out = {spec: read_setting(key, spec, cfg, args.init) for key, spec in held_out_specs(cfg)}
     warn_if_held_out_is_trained_on(cfg, train, held_out)
     warn_if_tests_share_validation(cfg, held_out)
     dist, device = join_processes(cfg, device)

@@ -1,0 +1,70 @@
+"""What the training commands say before the model loads, of what the ``--init`` checkpoint's run recorded: a file
+of the columns that run mapped (``data.question_key=prompt`` in its run_config.json), read here without the mapping,
+is refused with the mapping named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import make_lm, tiny_args
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """The model never loads: a refusal that came after it fails the test."""
+    from dgrpo.model import factory
+
+    monkeypatch.setattr(factory, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+
+
+def _mapped_init(tokenizer, folder, **data) -> str:
+    """A tiny checkpoint whose run_config.json says its run read its data with ``data`` (the column mapping)."""
+    make_lm(tokenizer).save_pretrained(folder)
+    (folder / "manifest.json").unlink(missing_ok=True)  # (changed by hand below)
+    (folder / "run_config.json").write_text(json.dumps({"data": data}))
+    return str(folder)
+
+
+def _prompt_target_file(path):
+    rows = [{"prompt": f"What is {i} + {i}?", "target": str(2 * i)} for i in range(4)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("cmd", ["grpo", "sft"])
+def test_a_file_of_the_init_runs_mapped_columns_is_refused_naming_the_mapping(
+    tokenizer, tmp_path, run_cli, no_model, cmd
+):
+    """The --init run read prompt/target columns (data.question_key=prompt data.answer_key=target); the same kind
+    of file given without the mapping: one line that names the mapping the checkpoint's run used."""
+    init = _mapped_init(tokenizer, tmp_path / "sft", question_key="prompt", answer_key="target")
+    data = _prompt_target_file(tmp_path / "train.jsonl")
+    over = {"data.train": data, "data.valid": "''", "data.test": "[]"}
+    r = run_cli(cmd, "--init", init, "--out", tmp_path / "out", *tiny_args(**over))
+    assert r.returncode != 0 and r.stderr.count("\n") == 1, r.stderr
+    assert "unrecognised record keys" in r.stderr
+    assert (
+        "the --init checkpoint's run read its data with data.question_key=prompt data.answer_key=target "
+        "(its run_config.json)" in r.stderr
+    ), r.stderr
+    assert "--set data.question_key=prompt data.answer_key=target reads this file so" in r.stderr
+
+
+def test_a_held_out_file_of_the_mapped_columns_names_the_mapping_too(tokenizer, tmp_path, run_cli, no_model):
+    """data.test of the --init run's columns (the training data built in): the same line, for data.test."""
+    init = _mapped_init(tokenizer, tmp_path / "sft", question_key="prompt", answer_key="target")
+    test = _prompt_target_file(tmp_path / "test.jsonl")
+    r = run_cli("grpo", "--init", init, "--out", tmp_path / "out", *tiny_args(**{"data.test": f"[{test}]"}))
+    assert r.returncode != 0 and r.stderr.count("\n") == 1, r.stderr
+    assert "data.test: " in r.stderr and "data.question_key=prompt data.answer_key=target" in r.stderr, r.stderr
+
+
+def test_an_init_run_that_mapped_no_columns_adds_nothing(tokenizer, tmp_path, run_cli, no_model):
+    """A checkpoint whose run read a known format: the line is the reader's, no mapping named."""
+    init = _mapped_init(tokenizer, tmp_path / "sft")
+    data = _prompt_target_file(tmp_path / "train.jsonl")
+    over = {"data.train": data, "data.valid": "''", "data.test": "[]"}
+    r = run_cli("grpo", "--init", init, "--out", tmp_path / "out", *tiny_args(**over))
+    assert "unrecognised record keys" in r.stderr and "--init checkpoint's run" not in r.stderr, r.stderr
