@@ -68,3 +68,76 @@ def test_an_init_run_that_mapped_no_columns_adds_nothing(tokenizer, tmp_path, ru
     over = {"data.train": data, "data.valid": "''", "data.test": "[]"}
     r = run_cli("grpo", "--init", init, "--out", tmp_path / "out", *tiny_args(**over))
     assert "unrecognised record keys" in r.stderr and "--init checkpoint's run" not in r.stderr, r.stderr
+
+
+def _denied(monkeypatch, path):
+    """The system says this user may not write in ``path`` (another user's folder; as root too)."""
+    from pathlib import Path
+
+    from dgrpo.training import out_dir
+
+    access = out_dir.os.access
+    monkeypatch.setattr(out_dir.os, "access", lambda p, mode, **k: Path(p) != path and access(p, mode, **k))
+
+
+def _run_with_eval_best(out):
+    """A finished-looking run's OUT whose eval_best/ (best/'s test results) is there."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.jsonl").write_text("")
+    (out / "eval_best").mkdir()
+    return out / "eval_best"
+
+
+@pytest.mark.parametrize(
+    ("command", "over", "refused"),
+    [
+        ("sft", {}, False),  # (no sft.eval_every_epoch: no best/, nothing tested into eval_best/)
+        ("sft", {"sft.eval_every_epoch": "true"}, True),
+        ("grpo", {}, True),
+        ("grpo", {"grpo.save_best": "false"}, False),
+        ("grpo", {"data.valid": "''"}, False),  # (no validation: no best/)
+    ],
+)
+def test_an_unwritable_eval_best_is_refused_only_where_the_run_tests_best(
+    tmp_path, monkeypatch, command, over, refused
+):
+    """OUT/eval_best not writable to the user: refused at the start where the run tests best/ into it (it keeps a
+    best/, chosen on validation); a run that keeps none (SFT without sft.eval_every_epoch, grpo.save_best=false, no
+    data.valid) was refused for a folder it never writes."""
+    from dgrpo.config import ConfigError, to_dict
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import RunDir
+
+    from conftest import tiny_config
+
+    cfg = tiny_config(**over)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(to_dict(cfg)))
+    folder = _run_with_eval_best(out)
+    _denied(monkeypatch, folder)
+    run = lambda: RunDir(out, cfg, Dist.single(), command, log=lambda m: None)  # noqa: E731
+    if refused:
+        with pytest.raises(ConfigError, match=f"^{folder} belongs to user .* not writable to you: the run writes"):
+            run()
+    else:
+        run().close()
+
+
+def test_the_command_line_lets_an_sft_run_without_best_through_an_unwritable_eval_best(tmp_path, monkeypatch, run_cli):
+    """``dgrpo sft`` without sft.eval_every_epoch, OUT/eval_best not writable: on to the model (which here fails in
+    one line), not refused for eval_best/."""
+    from dgrpo.config import ConfigError
+    from dgrpo.model import factory
+
+    def load(*a, **k):
+        raise ConfigError("the model loads")
+
+    monkeypatch.setattr(factory, "load_model", load)
+    out = tmp_path / "run"
+    folder = _run_with_eval_best(out)
+    _denied(monkeypatch, folder)
+    r = run_cli("sft", "--out", out, *tiny_args())
+    assert r.stderr == "dgrpo: error: the model loads\n", r.stderr
+    r = run_cli("sft", "--out", out, *tiny_args(**{"sft.eval_every_epoch": "true"}))
+    assert r.stderr.startswith(f"dgrpo: error: {folder} belongs to user "), r.stderr

@@ -348,7 +348,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     changed config and a ``--resume never`` that would delete what it may not:
     :func:`~dgrpo.training.resume_check.check_resume_config`; OUT's lock is taken first, on rank 0, and held to the
     run's end: :func:`holding_out`)."""
-    from ..config import ConfigError
+    from ..config import ConfigError, to_dict
     from ..data import training_split
     from ..eval.evaluate import eval_options
     from ..eval.scoring import check_reward
@@ -357,7 +357,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     from ..progress import say
     from ..training.distributed import env_int
     from ..training.model_record import record_the_models_shape
-    from ..training.out_dir import check_run_writes, take_run_dir
+    from ..training.out_dir import check_run_writes, take_run_dir, tests_best
     from ..training.resume_check import check_owned, check_resume_config, check_resume_data
     from ..training.tracking import check_installed
 
@@ -385,6 +385,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
         keep_last=cfg.grpo.keep_last if args.cmd == "grpo" else cfg.sft.keep_last,
         tests=cfg.data.test,
         backends=cfg.logging.backends,
+        best=tests_best(to_dict(cfg), args.cmd),
     )
     check_test_sets_distinct(cfg)
     check_installed(cfg.logging.backends)

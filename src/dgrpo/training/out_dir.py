@@ -141,6 +141,7 @@ def check_run_writes(
     keep_last: int = 0,
     tests: Sequence[str] = (),
     backends: Sequence[str] = (),
+    best: bool = True,
 ) -> None:
     """ConfigError, at a run's start, when what the run writes into in place in ``out`` (the files it replaces whole,
     or removes, aside) is there and not writable to this user (another user's: a shared folder, a run started as
@@ -150,7 +151,9 @@ def check_run_writes(
     (a traceback at the first rotation, minutes in), a GRPO run's ``rollouts.jsonl`` (``grpo.log_rollouts`` above
     0), whose first rollouts' append, minutes into the run, was a PermissionError traceback, the folders of the
     test sets' results (``tests``: ``data.test``, written at the run's end) and of the trackers (``backends``:
-    TensorBoard's ``tb/``, W&B's ``wandb/``). But for ``metrics.jsonl``, not under ``--resume never``, which removes
+    TensorBoard's ``tb/``, W&B's ``wandb/``): ``eval_best/``'s only when the run tests best/ too (``best``:
+    :func:`tests_best`; an SFT run without ``sft.eval_every_epoch`` was refused for an ``eval_best/`` it never
+    writes). But for ``metrics.jsonl``, not under ``--resume never``, which removes
     them first (:func:`check_removable`). ``option``: how the refusal names another run directory (from Python:
     ``--out (out_dir)``)."""
     out = Path(out)
@@ -173,13 +176,22 @@ def check_run_writes(
         if rollouts.is_file() and not os.access(rollouts, os.W_OK) and not _replaceable(rollouts):
             raise _not_writable(rollouts, why, option)  # (one it may replace, RunDir.start replaces first)
     why = "the run writes its test results in it"
-    places = [(results_dir(out, spec, name), why) for spec in tests for name in (FINAL_DIR, BEST_DIR)]
+    tested = (FINAL_DIR, BEST_DIR) if best else (FINAL_DIR,)
+    places = [(results_dir(out, spec, name), why) for spec in tests for name in tested]
     places += [(out / TB_DIR, "the run writes its TensorBoard events in it")] if "tensorboard" in backends else []
     places += [(out / WANDB_DIR, "the run keeps its W&B files in it")] if "wandb" in backends else []
     for place, why in places:
         target = place if place.exists() else place.parent  # (made there when missing)
         if target.is_dir() and target != out and not os.access(target, os.W_OK | os.X_OK):
             raise _not_writable(target, why, option)
+
+
+def tests_best(cfg: dict, command: str) -> bool:
+    """Whether a run of ``command`` under ``cfg`` (a config as a dict) tests ``best/`` too, into ``eval_best/``: it
+    keeps one (``grpo.save_best``; ``sft.eval_every_epoch``), chosen on validation (``data.valid``)."""
+    section = cfg.get(command) or {}
+    keeps = section.get("save_best", True) if command == "grpo" else section.get("eval_every_epoch", False)
+    return bool(keeps) and bool((cfg.get("data") or {}).get("valid"))
 
 
 def _replaceable(path: Path) -> bool:

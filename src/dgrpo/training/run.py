@@ -61,7 +61,7 @@ from .checkpoint import (
 from .consolidate import ADDED_BY_CONSOLIDATION, CONSOLIDATED
 from .distributed import Dist
 from .guards import TrainingStopped
-from .out_dir import RunLock, adopt_run_dir, check_output_dir, check_run_writes
+from .out_dir import RunLock, adopt_run_dir, check_output_dir, check_run_writes, tests_best
 from .preemption import in_test_sets, stop, stop_if_requested, stopping, writing_the_end
 from .resume_check import NEW_OUT, SAME_DATA, START_OVER, ResumeCheck, data_change, in_command_line, quiet_log
 from .tracking import Tracker, describe_backends, open_trackers
@@ -336,6 +336,7 @@ class RunDir(ResumeCheck):
                     keep_last=self.cfg.get(self.command, {}).get("keep_last", 0),
                     tests=self.cfg.get("data", {}).get("test", []),
                     backends=self.cfg.get("logging", {}).get("backends", []),
+                    best=tests_best(self.cfg, self.command),
                 )
             except BaseException:
                 lock.release(remove=True)  # (a refused directory is left without a lock file this run made)
