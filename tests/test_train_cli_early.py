@@ -141,3 +141,49 @@ def test_the_command_line_lets_an_sft_run_without_best_through_an_unwritable_eva
     assert r.stderr == "dgrpo: error: the model loads\n", r.stderr
     r = run_cli("sft", "--out", out, *tiny_args(**{"sft.eval_every_epoch": "true"}))
     assert r.stderr.startswith(f"dgrpo: error: {folder} belongs to user "), r.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "why", "has_config"),
+    [
+        ("config.json", "the run writes its config to it", False),
+        ("applied.json", "the run records the settings it applied in it", True),
+        ("summary.json", "the run writes its summary to it at its end", True),
+    ],
+)
+def test_a_folder_named_as_a_file_the_run_writes_is_refused_at_its_start(tmp_path, name, why, has_config):
+    """A folder named config.json, applied.json or (GRPO) summary.json in a run's OUT: the run went on, and failed
+    where it wrote there (config.json's and applied.json's once the model loaded; summary.json's at the run's end,
+    hours in). Refused in one line at the start, the folder left as it was."""
+    from dgrpo.config import ConfigError, to_dict
+
+    from conftest import grpo_run_dir, tiny_config
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("")
+    if has_config:
+        (out / "config.json").write_text(json.dumps(to_dict(tiny_config())))
+    (out / name).mkdir()
+    (out / name / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError) as e:
+        grpo_run_dir(out)
+    assert (
+        str(e.value)
+        == f"{out / name} is a folder, not a file: {why}; move it out of {out}, or use another --out (out_dir)"
+    )
+    assert (out / name / "notes.txt").read_text() == "mine"
+
+
+def test_a_folder_named_config_json_is_refused_before_the_model_loads(tmp_path, run_cli, no_model):
+    """``dgrpo sft --out OUT`` (--resume never too), OUT/config.json a folder: its write failed once the data and
+    the model were read; now one line first."""
+    out = tmp_path / "run"
+    (out / "config.json").mkdir(parents=True)
+    for resume in ("auto", "never"):
+        r = run_cli("sft", "--out", out, "--resume", resume, *tiny_args())
+        assert r.returncode == 2, r.stderr
+        assert r.stderr == (
+            f"dgrpo: error: {out / 'config.json'} is a folder, not a file: the run writes its config to it; move it "
+            f"out of {out}, or use another --out\n"
+        )

@@ -18,6 +18,7 @@ from pathlib import Path
 from ..config import ConfigError
 from ..model.verified import enclosing_checkpoint, is_written_checkpoint
 from ..run_layout import (
+    APPLIED_FILE,
     BEST_DIR,
     CHECKPOINTS_DIR,
     CONFIG_FILE,
@@ -26,6 +27,7 @@ from ..run_layout import (
     METRICS_FILE,
     ROLLOUTS_FILE,
     RUN_WRITES,
+    SUMMARY_FILE,
     TB_DIR,
     WANDB_DIR,
     checkpoint_dirs,
@@ -143,25 +145,33 @@ def check_run_writes(
     backends: Sequence[str] = (),
     best: bool = True,
 ) -> None:
-    """ConfigError, at a run's start, when what the run writes into in place in ``out`` (the files it replaces whole,
-    or removes, aside) is there and not writable to this user (another user's: a shared folder, a run started as
-    root; or made read-only), or is a folder where the run writes a file: ``metrics.jsonl`` (a folder of that name:
-    a traceback as the run opened it), ``checkpoints/``, where a resumed run writes its checkpoints (a full one's
-    write, at the first checkpoint, was refused there), its ``step-N`` folders, which it removes past ``keep_last``
-    (a traceback at the first rotation, minutes in), a GRPO run's ``rollouts.jsonl`` (``grpo.log_rollouts`` above
-    0), whose first rollouts' append, minutes into the run, was a PermissionError traceback, the folders of the
-    test sets' results (``tests``: ``data.test``, written at the run's end) and of the trackers (``backends``:
-    TensorBoard's ``tb/``, W&B's ``wandb/``): ``eval_best/``'s only when the run tests best/ too (``best``:
-    :func:`tests_best`; an SFT run without ``sft.eval_every_epoch`` was refused for an ``eval_best/`` it never
-    writes). But for ``metrics.jsonl``, not under ``--resume never``, which removes
-    them first (:func:`check_removable`). ``option``: how the refusal names another run directory (from Python:
-    ``--out (out_dir)``)."""
+    """ConfigError, at a run's start, when what the run writes into in place in ``out`` (the files it replaces whole, or
+    removes, aside) is there and not writable to this user (another user's: a shared folder, a run started as root; or
+    made read-only), or is a folder where the run writes a file: ``metrics.jsonl`` (a folder of that name: a traceback
+    as the run opened it), ``config.json``, ``applied.json`` and a GRPO run's ``summary.json`` (their writes failed once
+    the model loaded; summary.json's at the run's end, hours in), ``checkpoints/``, where a resumed run writes its
+    checkpoints (a full one's write, at the first checkpoint, was refused there), its ``step-N`` folders, which it
+    removes past ``keep_last`` (a traceback at the first rotation, minutes in), a GRPO run's ``rollouts.jsonl``
+    (``grpo.log_rollouts`` above 0), whose first rollouts' append, minutes into the run, was a PermissionError
+    traceback, the folders of the test sets' results (``tests``: ``data.test``, written at the run's end) and of the
+    trackers (``backends``: TensorBoard's ``tb/``, W&B's ``wandb/``): ``eval_best/``'s only when the run tests best/ too
+    (``best``: :func:`tests_best`; an SFT run without ``sft.eval_every_epoch`` was refused for an ``eval_best/`` it
+    never writes). But for ``metrics.jsonl`` and ``config.json``, not under ``--resume never``, which removes them first
+    (:func:`check_removable`). ``option``: how the refusal names another run directory (from Python: ``--out
+    (out_dir)``)."""
     out = Path(out)
-    metrics = out / METRICS_FILE
+    metrics, config = out / METRICS_FILE, out / CONFIG_FILE
     if metrics.exists() and not metrics.is_file():  # (--resume never keeps it: removed as the run opens it)
         raise _not_a_file(metrics, "the run writes its metrics rows to it", option)
+    if config.exists() and not config.is_file():  # (--resume never keeps it: replaced as the run starts)
+        raise _not_a_file(config, "the run writes its config to it", option)
     if resume == "never":
         return
+    files = [(out / APPLIED_FILE, "the run records the settings it applied in it")]
+    files += [(out / SUMMARY_FILE, "the run writes its summary to it at its end")] if command == "grpo" else []
+    for path, why in files:  # (a traceback once the model loaded; summary.json's, hours in, at the run's end)
+        if path.exists() and not path.is_file():
+            raise _not_a_file(path, why, option)
     folder, rollouts = out / CHECKPOINTS_DIR, out / ROLLOUTS_FILE
     if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
         raise _not_writable(folder, "the run writes its checkpoints in it", option)
