@@ -187,3 +187,64 @@ def test_a_folder_named_config_json_is_refused_before_the_model_loads(tmp_path, 
             f"dgrpo: error: {out / 'config.json'} is a folder, not a file: the run writes its config to it; move it "
             f"out of {out}, or use another --out\n"
         )
+
+
+def _grpo_out(out, **over):
+    """A GRPO run's OUT (its config.json under tiny_config(**over)) with one checkpoint."""
+    from dgrpo.config import to_dict
+
+    from conftest import state_only_checkpoint, tiny_config
+
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(to_dict(tiny_config(**over))))
+    state_only_checkpoint(out / "checkpoints" / "step-00000004")
+
+
+def test_a_python_callers_refusals_name_the_model_to_start_from_in_its_words(tmp_path):
+    """From Python (train_grpo(out_dir=, resume=)), the advice to start a new run from a model named the command
+    line's --init, which a Python caller never types: it names LatentLM.from_pretrained; the command line's words
+    are unchanged."""
+    from dgrpo.config import ConfigError
+    from dgrpo.training.resume_check import command_line_words
+
+    from conftest import grpo_run_dir, tiny_config
+
+    sft = tmp_path / "sft" / "checkpoints" / "step-00000002"
+    sft.mkdir(parents=True)
+    (sft / "state.json").write_text('{"progress": {}}')
+    with pytest.raises(ConfigError) as e:
+        grpo_run_dir(tmp_path / "new", resume=str(sft))
+    assert str(e.value).endswith(
+        f"to start from its model: LatentLM.from_pretrained({str(sft)!r}) as a new run's model"
+    )
+    with pytest.raises(ConfigError) as e, command_line_words():
+        grpo_run_dir(tmp_path / "new", resume=str(sft))
+    assert str(e.value).endswith(f"to start from its model: --init {sft}")
+
+    for over, now in (
+        ({"model.lora.r": 4}, {}),
+        ({"model.dtype": "bfloat16", "model.master_weights": "true"}, {"model.dtype": "bfloat16"}),
+    ):
+        out = tmp_path / f"run{len(over)}"
+        _grpo_out(out, **over)
+        with pytest.raises(ConfigError) as e:
+            grpo_run_dir(out, tiny_config(**now))
+        assert "start a new run with LatentLM.from_pretrained on its final/ or a checkpoint)" in str(e.value)
+        assert "--init" not in str(e.value)
+        with pytest.raises(ConfigError) as e, command_line_words():
+            grpo_run_dir(out, tiny_config(**now))
+        assert "start a new run with --init on its final/ or a checkpoint)" in str(e.value)
+
+
+def test_a_python_callers_start_over_line_names_its_argument(tmp_path):
+    """resume='never' from Python: the line saying what it removed named --resume never alone."""
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import RunDir
+
+    from conftest import tiny_config
+
+    out = tmp_path / "run"
+    _grpo_out(out)
+    said: list[str] = []
+    RunDir(out, tiny_config(), Dist.single(), "grpo", log=said.append, resume="never").close()
+    assert any(line.startswith("dgrpo: --resume never (resume='never'): removed the earlier run's ") for line in said)

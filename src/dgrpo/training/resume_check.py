@@ -391,6 +391,13 @@ class ResumeCheck:
         too (``--resume never (resume='never')``)."""
         return cli if self.cli else f"{cli} ({api})"
 
+    def _init_named(self, path: Path | None = None) -> str:
+        """How to start a new run from the model in ``path`` (a run directory means its final/): ``--init PATH``, or
+        from Python the model ``LatentLM.from_pretrained('PATH')`` loads (without ``path``: the option, the method)."""
+        if path is None:
+            return "--init" if self.cli else "LatentLM.from_pretrained"
+        return f"--init {path}" if self.cli else f"LatentLM.from_pretrained({str(path)!r}) as a new run's model"
+
     def _resume_named(self, path: Path) -> str:
         """The checkpoint ``path`` as the caller named it: ``--resume PATH``, or from Python ``resume='PATH'``."""
         return f"--resume {path}" if self.cli else f"resume={str(path)!r}"
@@ -624,7 +631,9 @@ class ResumeCheck:
             return
         where = f"{self._resume_named(self.candidates[0])} is" if self.explicit else f"{self.out_dir} holds"
         source = self.candidates[0] if self.explicit else self.out_dir  # (a named checkpoint, or this run's)
-        start = f"; to start from its model: --init {source}" if (found, self.command) == ("sft", "grpo") else ""
+        start = (
+            f"; to start from its model: {self._init_named(source)}" if (found, self.command) == ("sft", "grpo") else ""
+        )
         what = "run's checkpoint" if self.explicit or resume_candidates(self.out_dir) else "run"
         deletes = f" ({self._option(*START_OVER)} would delete it)" if self.resume_mode == "never" else ""
         # (a checkpoint named by --resume is another run's, not this --out's: the --out is not what to change)
@@ -693,8 +702,8 @@ class ResumeCheck:
         held = "the adapter" if then else "the whole model"
         raise ConfigError(
             f"{what} a run that trains {trained}, and its checkpoints hold {held}: resume it with model.lora.r={then} "
-            f"(to train {'every weight' if then else 'an adapter'} from it, start a new run with --init on its final/ "
-            "or a checkpoint)"
+            f"(to train {'every weight' if then else 'an adapter'} from it, start a new run with {self._init_named()} "
+            "on its final/ or a checkpoint)"
         )
 
     def _check_same_master_weights(self, old: dict, what: str) -> None:
@@ -708,5 +717,6 @@ class ResumeCheck:
         raise ConfigError(
             f"{what} a run with model.master_weights={str(then).lower()}, and its checkpoints' optimizer state holds "
             f"{'float32 masters' if then else 'no masters'}: resume it with model.master_weights={str(then).lower()} "
-            "(to train on with the other setting, start a new run with --init on its final/ or a checkpoint)"
+            f"(to train on with the other setting, start a new run with {self._init_named()} on its final/ or a "
+            "checkpoint)"
         )

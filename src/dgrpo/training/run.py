@@ -310,7 +310,7 @@ class RunDir(ResumeCheck):
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
         if found:
             names = ", ".join(p.name for p in found)
-            why = "--resume never" if self.resume_mode == "never" else "started over under another config"
+            why = self._option(*START_OVER) if self.resume_mode == "never" else "started over under another config"
             self.log(f"dgrpo: {why}: removed the earlier run's {names} in {self.out_dir}")
 
     def _lock(self) -> RunLock | None:
