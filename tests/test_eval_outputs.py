@@ -75,6 +75,17 @@ def test_a_joined_spec_reads_a_file_whose_name_holds_a_plus_as_one_part(tmp_path
     assert join_parts("gsm8k+svamp") == ["gsm8k", "svamp"] and join_parts("a+b.jsonl") == ["a+b.jsonl"]
 
 
+def test_a_run_records_a_joined_spec_of_a_file_whose_name_holds_a_plus_with_absolute_paths(tmp_path, monkeypatch):
+    """A run's config records ``a+b.jsonl+other.csv`` as the two absolute paths (a resume from another folder reads
+    them): split at every ``+`` it kept ``a+b.jsonl`` relative ('a' and 'b.jsonl' name no file)."""
+    from dgrpo.training.resume_check import absolute_data_spec
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a+b.jsonl").write_text('{"question": "1+1?", "answer": "2"}\n')
+    (tmp_path / "other.csv").write_text("question,answer\n2+2?,4\n")
+    assert absolute_data_spec("a+b.jsonl+other.csv") == f"{tmp_path / 'a+b.jsonl'}+{tmp_path / 'other.csv'}"
+
+
 def test_numeric_warns_of_golds_that_hold_a_number_with_other_text():
     """A gold '50%' is text to numeric ('#### 50' scores 0, '#### 50%' 1): evaluating such golds warns, naming one;
     golds that are numbers alone ('$40,000.', the built-in task's) and ProsQA's sentences do not."""

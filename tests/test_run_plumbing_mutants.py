@@ -261,9 +261,10 @@ def test_an_evaluate_fns_count_and_mean_score_are_bounded():
     assert sharded_scores(single, lambda local: _result(2, 2, 1.0), two) == {"accuracy": 1.0, "mean_score": 1.0}
 
 
-def test_a_joined_data_spec_is_made_absolute_unless_a_path_would_hold_a_plus(tmp_path, monkeypatch):
-    """``a.jsonl+b.jsonl`` from a folder is recorded as the two absolute paths joined; from a folder whose path holds
-    a ``+`` (the absolute paths would read as more parts) it is recorded as typed; a built-in name is kept."""
+def test_a_joined_data_spec_is_made_absolute_where_its_paths_read_back_as_its_parts(tmp_path, monkeypatch):
+    """``a.jsonl+b.jsonl`` from a folder is recorded as the two absolute paths joined, from a folder whose path holds
+    a ``+`` too (each absolute path names a file: read back as one part, :func:`dgrpo.data.join_parts`); a built-in
+    name is kept."""
     from dgrpo.training.resume_check import absolute_data_spec
 
     for name in ("plain", "x+y"):
@@ -272,8 +273,7 @@ def test_a_joined_data_spec_is_made_absolute_unless_a_path_would_hold_a_plus(tmp
         for f in ("a.jsonl", "b.jsonl"):
             (folder / f).write_text('{"question": "q", "answer": "1"}\n')
         monkeypatch.chdir(folder)
-        expected = f"{folder / 'a.jsonl'}+{folder / 'b.jsonl'}" if name == "plain" else "a.jsonl+b.jsonl"
-        assert absolute_data_spec("a.jsonl+b.jsonl") == expected
+        assert absolute_data_spec("a.jsonl+b.jsonl") == f"{folder / 'a.jsonl'}+{folder / 'b.jsonl'}"
     assert absolute_data_spec("builtin:train") == "builtin:train"
 
 

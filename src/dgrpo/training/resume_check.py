@@ -102,16 +102,18 @@ def absolute_data_spec(spec: str) -> str:
 def _each_dataset(spec: str, one: Callable[[str], str | None]) -> str:
     """``spec`` as ``one`` gives the one dataset it names (None: it names none of ``one``'s kind), else each part of a
     ``+``-joined spec as ``one`` gives it (as it is where None): what :func:`dgrpo.data.load_spec` reads, in its
-    order, a path, else parts joined by ``+``. Built-in specs, and a joined spec whose new parts would hold a ``+``
-    (read as another join), as typed."""
+    order, a path, else the parts of :func:`dgrpo.data.join_parts` (a file whose own name holds a ``+`` one part).
+    Built-in specs, and a joined spec whose new parts would be read as other parts, as typed."""
+    from ..data import join_parts
+
     whole = one(spec)
     if whole is not None:
         return whole
     if "+" not in spec or spec.startswith("builtin"):
         return spec
-    parts = [(one(part.strip()) or part.strip()) if part.strip() else part for part in spec.split("+")]
+    parts = [(one(part) or part) if part else part for part in join_parts(spec)]
     joined = "+".join(parts)
-    return joined if len(parts) == len(joined.split("+")) else spec
+    return joined if join_parts(joined) == parts else spec
 
 
 def absolute_data_specs(data: dict) -> dict:
