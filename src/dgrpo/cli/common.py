@@ -26,6 +26,9 @@ TRAINING_COMMANDS = ("sft", "grpo")
 #: torchrun the ranks agree after each set, and stop together); the demo's process stops at once (its runs, in worker
 #: processes, end with it), or after the step under way of a run in its own process
 STOPPABLE_COMMANDS = (*TRAINING_COMMANDS, "eval", "demo")
+#: the column mapping's options (data.*): a row's error names the one that named a column it lacks, and eval and the
+#: training commands say when a checkpoint's run mapped them
+COLUMN_KEYS = ("question_key", "answer_key", "steps_key")
 
 
 def positive_int(text: str) -> int:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..paths import expand_home
 from .common import (
+    COLUMN_KEYS,
     add_config_options,
     check_split,
     evaluate_shards,
@@ -398,10 +399,6 @@ def run_test_set_unread(spec: str, exc: Exception, folders: list[Path] | None = 
                 f"{'' if folders else relative}name the data with --data"
             )
     return None
-
-
-#: the column mapping's options, as a row's error names the one that named a column it lacks
-COLUMN_KEYS = ("question_key", "answer_key", "steps_key")
 
 
 def checkpoint_columns(args: argparse.Namespace, cfg: Config) -> list[str]:

@@ -303,7 +303,7 @@ def init_columns(init: str | None, cfg: Config) -> list[str]:
     fails; [] for a hub id (not read here), a checkpoint without a run's config, or a config that maps columns."""
     from ..model.sources import on_disk, resolve_checkpoint
     from ..model.verified import RUN_CONFIG_FILE, CheckpointError, read_json_object
-    from .evaluate import COLUMN_KEYS
+    from .common import COLUMN_KEYS
 
     if not init or cfg.data.question_key or not on_disk(init).exists():
         return []

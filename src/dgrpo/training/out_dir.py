@@ -160,19 +160,10 @@ def check_run_writes(
     (:func:`check_removable`). ``option``: how the refusal names another run directory (from Python: ``--out
     (out_dir)``)."""
     out = Path(out)
-    metrics, config = out / METRICS_FILE, out / CONFIG_FILE
-    if metrics.exists() and not metrics.is_file():  # (--resume never keeps it: removed as the run opens it)
-        raise _not_a_file(metrics, "the run writes its metrics rows to it", option)
-    if config.exists() and not config.is_file():  # (--resume never keeps it: replaced as the run starts)
-        raise _not_a_file(config, "the run writes its config to it", option)
+    _check_run_files(out, command, resume, option)
     if resume == "never":
         return
-    files = [(out / APPLIED_FILE, "the run records the settings it applied in it")]
-    files += [(out / SUMMARY_FILE, "the run writes its summary to it at its end")] if command == "grpo" else []
-    for path, why in files:  # (a traceback once the model loaded; summary.json's, hours in, at the run's end)
-        if path.exists() and not path.is_file():
-            raise _not_a_file(path, why, option)
-    folder, rollouts = out / CHECKPOINTS_DIR, out / ROLLOUTS_FILE
+    folder = out / CHECKPOINTS_DIR
     if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
         raise _not_writable(folder, "the run writes its checkpoints in it", option)
     for step in checkpoint_dirs(out) if keep_last > 0 else []:
@@ -180,11 +171,34 @@ def check_run_writes(
             why = f"the run removes its checkpoints past the newest {keep_last} (keep_last), {step.name} among them"
             raise _not_writable(stuck, why, option)
     if command == "grpo" and log_rollouts > 0:
-        why = "the run appends its rollouts to it (grpo.log_rollouts)"
+        rollouts, why = out / ROLLOUTS_FILE, "the run appends its rollouts to it (grpo.log_rollouts)"
         if rollouts.exists() and not rollouts.is_file():
             raise _not_a_file(rollouts, why, option)
         if rollouts.is_file() and not os.access(rollouts, os.W_OK) and not _replaceable(rollouts):
             raise _not_writable(rollouts, why, option)  # (one it may replace, RunDir.start replaces first)
+    _check_run_folders(out, tests, backends, best, option)
+
+
+def _check_run_files(out: Path, command: str, resume: str, option: str) -> None:
+    """:func:`check_run_writes`' refusal of a folder where the run writes a file of its own: ``metrics.jsonl`` and
+    ``config.json`` (under ``--resume never`` too: it keeps them, and the run then writes them), ``applied.json`` and
+    a GRPO run's ``summary.json``."""
+    files = [
+        (out / METRICS_FILE, "the run writes its metrics rows to it"),
+        (out / CONFIG_FILE, "the run writes its config to it"),
+    ]
+    if resume != "never":
+        files += [(out / APPLIED_FILE, "the run records the settings it applied in it")]
+        files += [(out / SUMMARY_FILE, "the run writes its summary to it at its end")] if command == "grpo" else []
+    for path, why in files:  # (a traceback once the model loaded; summary.json's, hours in, at the run's end)
+        if path.exists() and not path.is_file():
+            raise _not_a_file(path, why, option)
+
+
+def _check_run_folders(out: Path, tests: Sequence[str], backends: Sequence[str], best: bool, option: str) -> None:
+    """:func:`check_run_writes`' refusal of the folders the run writes in at its end, or as it goes, not writable to
+    this user: the test sets' results (``eval/``, and ``eval_best/`` where ``best``) and the trackers' (``tb/``,
+    ``wandb/``); a missing one's parent, where it is made."""
     why = "the run writes its test results in it"
     tested = (FINAL_DIR, BEST_DIR) if best else (FINAL_DIR,)
     places = [(results_dir(out, spec, name), why) for spec in tests for name in tested]
