@@ -10,23 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_resume_state_checks import StubReadLM
 
 from dgrpo.model.verified import CheckpointError, write_manifest
 from dgrpo.training.checkpoint import read_checkpoint, save_checkpoint
-
-
-class StubReadLM:
-    """What save_checkpoint and read_checkpoint use of a LatentLM without weights (no adapter, on the CPU)."""
-
-    checkpoint_files = ("config.json",)
-    peft, revision, device = None, None, "cpu"
-
-    def save_pretrained(self, path: Path, state_dict=None, weights: bool = True) -> None:
-        path.mkdir()
-        (path / "config.json").write_text("{}")
-
-    def read_weights_dir(self, path: Path) -> dict:
-        return {}
 
 
 def _data_rng(seed: int = 7) -> list:
