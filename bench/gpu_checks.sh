@@ -68,7 +68,8 @@
 #   head_vs_eager_head : the recipe against model.compile_head=false (the compiled head statistics alone)
 #   packed_vs_sdpa     : the recipe against model.pack_gqa=false (the packed grouped-query attention alone)
 #   cuda_tests         : pytest tests/test_cuda.py, and the CUDA tests kept beside their CPU ones (Dist's reduction
-#                        through the backend's device, sampling CUDA logits with a CPU generator)
+#                        through the backend's device, sampling CUDA logits with a CPU generator, a resume's read of
+#                        a truncated CUDA random state)
 #   call256_vs_recipe  : per-call recomputation of every call at 256-row micro-batches (the recipe until 2026-11-25)
 #   hf_vs_liger        : the recipe against model.kernels=none (what Liger's layers save)
 #   compiled_vs_liger  : model.compile=true with Hugging Face's layers (profiled) against the recipe's Liger layers
@@ -209,7 +210,8 @@ run_item head_vs_eager_head "$PY" "${STEP[@]}" --versus model.compile_head=false
 run_item packed_vs_sdpa "$PY" "${STEP[@]}" --versus model.pack_gqa=false
 run_item cuda_tests "${PYTEST[@]}" tests/test_cuda.py \
     tests/test_distributed_mutants.py::test_a_reduction_through_the_backends_device_comes_back_into_the_callers_tensor \
-    tests/test_latent_lm_mutants.py::test_a_cpu_generator_samples_cuda_logits_from_its_own_draws
+    tests/test_latent_lm_mutants.py::test_a_cpu_generator_samples_cuda_logits_from_its_own_draws \
+    tests/test_resume_contents.py::test_a_truncated_cuda_random_state_is_refused_when_read
 run_item call256_vs_recipe "$PY" "${STEP[@]}" "${CALL256[@]/#/--versus=}"
 run_item hf_vs_liger "$PY" "${STEP[@]}" --versus model.kernels=none
 run_item compiled_vs_liger "$PY" "${STEP[@]}" --profile --set model.kernels=none --set model.compile=true \
