@@ -357,7 +357,7 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     from ..progress import say
     from ..training.distributed import env_int
     from ..training.model_record import record_the_models_shape
-    from ..training.out_dir import check_run_writes, take_run_dir, tests_best
+    from ..training.out_dir import check_config_writes, take_run_dir
     from ..training.resume_check import check_owned, check_resume_config, check_resume_data
     from ..training.tracking import check_installed
 
@@ -377,16 +377,8 @@ def set_up_run(args: argparse.Namespace) -> Setting:
         check_owned(args.out)
     # (a resume under a changed config is refused now, from OUT alone: not after the data and the model are read)
     check_resume_config(args.out, cfg, args.cmd, args.resume, args.allow_config_change)
-    check_run_writes(  # (its first write was minutes in, or hours: the test sets' results)
-        args.out,
-        args.cmd,
-        args.resume,
-        cfg.grpo.log_rollouts,
-        keep_last=cfg.grpo.keep_last if args.cmd == "grpo" else cfg.sft.keep_last,
-        tests=cfg.data.test,
-        backends=cfg.logging.backends,
-        best=tests_best(to_dict(cfg), args.cmd),
-    )
+    # (its first write was minutes in, or hours: the test sets' results)
+    check_config_writes(args.out, to_dict(cfg), args.cmd, args.resume)
     check_test_sets_distinct(cfg)
     check_installed(cfg.logging.backends)
     reward = None

@@ -179,6 +179,24 @@ def check_run_writes(
     _check_run_folders(out, tests, backends, best, option)
 
 
+def check_config_writes(out: Path | str, cfg: dict, command: str, resume: str, option: str = "--out") -> None:
+    """:func:`check_run_writes` for a run of ``command`` under ``cfg`` (its config as a dict): what it writes, as its
+    options say (``grpo.log_rollouts``, ``keep_last``, ``data.test``, ``logging.backends``, :func:`tests_best`), for
+    the command line before the model loads and RunDir under its lock alike."""
+    section, data = cfg.get(command) or {}, cfg.get("data") or {}
+    check_run_writes(
+        out,
+        command,
+        resume,
+        (cfg.get("grpo") or {}).get("log_rollouts", 0),
+        option,
+        keep_last=section.get("keep_last", 0),
+        tests=data.get("test", []),
+        backends=(cfg.get("logging") or {}).get("backends", []),
+        best=tests_best(cfg, command),
+    )
+
+
 def _check_run_files(out: Path, command: str, resume: str, option: str) -> None:
     """:func:`check_run_writes`' refusal of a folder where the run writes a file of its own: ``metrics.jsonl`` and
     ``config.json`` (under ``--resume never`` too: it keeps them, and the run then writes them), ``applied.json`` and
@@ -443,7 +461,7 @@ def run_dir_scope() -> Iterator[None]:
             held.give_up()
 
 
-def take_run_dir(out: Path | str) -> RunLock:
+def take_run_dir(out: Path | str) -> None:
     """The command line's lock on the run directory ``out`` (made if missing), taken before the data is read and the
     model loaded (at the paper's scale those take minutes, after which another run holding ``out`` was refused) and
     held on to the run's end (:func:`run_dir_scope`): a run refused here makes nothing in ``out``."""
@@ -459,7 +477,6 @@ def take_run_dir(out: Path | str) -> RunLock:
         _remove_made(out, made)
         raise
     _HELD.set(HeldRunDir(out, lock, made))
-    return lock
 
 
 def adopt_run_dir(out: Path) -> HeldRunDir | None:

@@ -61,7 +61,7 @@ from .checkpoint import (
 from .consolidate import ADDED_BY_CONSOLIDATION, CONSOLIDATED
 from .distributed import Dist
 from .guards import TrainingStopped
-from .out_dir import RunLock, adopt_run_dir, check_output_dir, check_run_writes, tests_best
+from .out_dir import RunLock, adopt_run_dir, check_config_writes, check_output_dir
 from .preemption import in_test_sets, stop, stop_if_requested, stopping, writing_the_end
 from .resume_check import NEW_OUT, SAME_DATA, START_OVER, ResumeCheck, data_change, in_command_line, quiet_log
 from .tracking import Tracker, describe_backends, open_trackers
@@ -326,18 +326,7 @@ class RunDir(ResumeCheck):
                 lock = RunLock(self.out_dir, self._option(*NEW_OUT))
             try:  # (under the lock: OUT as a run at work there left it, not mid-change, which was refused as foreign)
                 self._check_owned()
-                log_rollouts = self.cfg.get("grpo", {}).get("log_rollouts", 0)
-                check_run_writes(
-                    self.out_dir,
-                    self.command,
-                    self.resume_mode,
-                    log_rollouts,
-                    self._option(*NEW_OUT),
-                    keep_last=self.cfg.get(self.command, {}).get("keep_last", 0),
-                    tests=self.cfg.get("data", {}).get("test", []),
-                    backends=self.cfg.get("logging", {}).get("backends", []),
-                    best=tests_best(self.cfg, self.command),
-                )
+                check_config_writes(self.out_dir, self.cfg, self.command, self.resume_mode, self._option(*NEW_OUT))
             except BaseException:
                 lock.release(remove=True)  # (a refused directory is left without a lock file this run made)
                 raise
