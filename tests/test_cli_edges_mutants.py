@@ -675,7 +675,7 @@ def test_eval_of_a_runs_checkpoint_with_test_sets_set_anew_reads_them_from_here(
     (tmp_path / "ckpt").mkdir()
     args = _eval_namespace(tmp_path, "data.test=[builtin:test]")
     args.model, args.data = str(tmp_path / "ckpt"), None
-    cfg, datas, folders = evaluate._eval_config(args)
+    cfg, datas, folders, _ = evaluate._eval_config(args)
     assert (datas, folders) == (["builtin:test"], None)
 
 

@@ -619,7 +619,7 @@ def test_eval_limit_0_on_the_command_line_overrides_a_configs_limit(saved, tmp_p
     config's."""
     from dgrpo.cli.evaluate import _eval_config
 
-    cfg, datas, _ = _eval_config(_eval_args(saved, tmp_path / "e", "eval.limit=5", limit=0))
+    cfg, datas, _, _ = _eval_config(_eval_args(saved, tmp_path / "e", "eval.limit=5", limit=0))
     assert (cfg.eval.limit, datas) == (0, ["builtin:test"])
     assert _eval_config(_eval_args(saved, tmp_path / "e", "eval.limit=5"))[0].eval.limit == 5
     assert _eval_config(_eval_args(saved, tmp_path / "e", limit=7))[0].eval.limit == 7

@@ -196,12 +196,12 @@ def run(args: argparse.Namespace) -> int:
     # the ranks agree before the first dataset and after each: rank 0's notice says which, the datasets under way in
     # in_test_sets, before them the command line's; the hub probed once for the model's settings, weights and data)
     with stopping(done.line), one_probe():
-        cfg, datas, started_in = _eval_config(args)
+        cfg, datas, started_in, from_checkpoint = _eval_config(args)
         e = cfg.eval
         outs = output_dirs(datas, args.split, Path(args.out), given=bool(args.data))
         device = setup(cfg)
         options = eval_options(cfg)  # (a scorer that cannot be built fails here, before the data and the model load)
-        sets = _read_sets(outs, args.split, cfg, options["scorer"], started_in, checkpoint_columns(args, cfg))
+        sets = _read_sets(outs, args.split, cfg, options["scorer"], started_in, from_checkpoint)
         warn_fsdp_not_applied(cfg)
         warn_of_earlier_results(Path(args.out), outs.values())
         # (under torchrun: each rank answers a shard of every set, with the whole model)
@@ -283,13 +283,15 @@ class Done:
         return NOTHING_YET
 
 
-def _eval_config(args: argparse.Namespace) -> tuple[Config, list[str], list[Path] | None]:
+def _eval_config(args: argparse.Namespace) -> tuple[Config, list[str], list[Path] | None, list[str]]:
     """The evaluation's config: the options given, over the checkpoint's own settings (a hub id's read at one
     commit, whose weights then load); ``--out`` checked first, before anything is read from the checkpoint. And the
     datasets to evaluate: ``--data``, else ``data.test`` as ``--config`` / ``--set`` or the checkpoint's run set it
     (the run's own test sets); a model with none named (a plain hub model, a run with none) is one line. And, when
     they are the checkpoint's run's test sets as it recorded them, the folders its processes started in
-    (:func:`~dgrpo.training.resume_check.start_folders`: [] when none is recorded), else None."""
+    (:func:`~dgrpo.training.resume_check.start_folders`: [] when none is recorded), else None. And the column
+    mapping's settings taken from the checkpoint, neither ``--config`` nor ``--set`` giving them
+    (``data.question_key=prompt``, ...: a file of other columns does not have them)."""
     from ..config import Config, ConfigError, DataConfig, TaskConfig, load_config
     from ..model.sources import on_disk, resolve_checkpoint
     from ..training.out_dir import check_not_a_training_run, check_output_path
@@ -321,6 +323,9 @@ def _eval_config(args: argparse.Namespace) -> tuple[Config, list[str], list[Path
     cfg.eval.scorer = absolute_file(cfg.eval.scorer)  # (results.json names it: reproducible from any folder)
     if commit or not revision:  # the weights from the commit the settings came from (not another model's revision)
         cfg.model.revision = commit
+    taken = [
+        f"data.{k}={getattr(cfg.data, k)}" for k in COLUMN_KEYS if getattr(cfg.data, k) and not getattr(given.data, k)
+    ]
     note = explain(start, cfg, list(args.config), local=on_disk(args.model).exists())
     if note and is_rank0():  # (under torchrun: once)
         print(note)
@@ -331,15 +336,15 @@ def _eval_config(args: argparse.Namespace) -> tuple[Config, list[str], list[Path
     for line in cfg.inert_eval_settings():
         warnings.warn(line, stacklevel=1)
     if args.data:
-        return cfg, list(args.data), None
+        return cfg, list(args.data), None, taken
     if not cfg.data.test or ("test" not in start.get("data", {}) and given.data.test == DataConfig().test):
         whose = "names no test sets (its data.test is [])" if start and not cfg.data.test else "names none"
         raise ConfigError(f"--data: name the datasets to evaluate ({args.model} {whose})")
     if cfg.data.test != start.get("data", {}).get("test"):
-        return cfg, list(cfg.data.test), None
+        return cfg, list(cfg.data.test), None, taken
     folders = start_folders(resolve_checkpoint(args.model)) if on_disk(args.model).exists() else []
     check_run_test_files(cfg.data.test, folders)
-    return cfg, list(cfg.data.test), folders
+    return cfg, list(cfg.data.test), folders, taken
 
 
 def check_run_test_files(specs: list[str], folders: list[Path] | None = None) -> None:
@@ -401,15 +406,6 @@ def run_test_set_unread(spec: str, exc: Exception, folders: list[Path] | None = 
     return None
 
 
-def checkpoint_columns(args: argparse.Namespace, cfg: Config) -> list[str]:
-    """The column mapping's settings ``cfg`` holds that neither ``--config`` nor ``--set`` gave: the checkpoint's
-    run's (``data.question_key=prompt``, ...), which a file of other columns does not have."""
-    from ..config import Config, load_config
-
-    given = load_config(Config, list(args.config), list(args.overrides), validate=False).data
-    return [f"data.{k}={getattr(cfg.data, k)}" for k in COLUMN_KEYS if getattr(cfg.data, k) and not getattr(given, k)]
-
-
 def _read_sets(
     outs: dict[str, Path],
     split: str | None,
@@ -423,7 +419,7 @@ def _read_sets(
     checkpoint's run's test sets, and these the folders its processes started in: a part naming nothing from here
     is read from them (:func:`~dgrpo.training.resume_check.data_spec_from`; still named as typed), and
     :func:`run_test_set_unread` says what a failed read may mean. ``from_checkpoint``: the column mapping's settings
-    taken from the checkpoint (:func:`checkpoint_columns`), which a file's missing column is then said to come from
+    taken from the checkpoint (:func:`_eval_config`), which a file's missing column is then said to come from
     (the line named an option the command line never gave)."""
     from ..config import ConfigError
     from ..data import load_spec
