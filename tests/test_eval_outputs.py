@@ -52,8 +52,7 @@ def test_stale_results_are_only_an_evaluations(tmp_path):
     _results(tmp_path / "builtin_test", "builtin:test")
     _results(tmp_path / "gsm8k", "gsm8k")
     assert stale_results(tmp_path, [tmp_path / "builtin_test", tmp_path / "other"]) == [
-        tmp_path / "gsm8k" / "results.json",
-        tmp_path / "gsm8k" / "predictions.jsonl",
+        tmp_path / "gsm8k" / "results.json"
     ]
     assert stale_results(tmp_path / "absent", [tmp_path / "absent" / "a", tmp_path / "absent" / "b"]) == []
 

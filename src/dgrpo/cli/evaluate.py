@@ -488,7 +488,7 @@ def warn_of_earlier_results(out: Path, written: Iterable[Path]) -> None:
     from ..eval.results import stale_results
     from ..training.preemption import is_rank0
 
-    summaries = [p for p in stale_results(out, written) if p.name == "results.json"]
+    summaries = stale_results(out, written)
     if summaries and is_rank0():
         warnings.warn(
             f"{out} also holds an earlier dgrpo eval's results that this one does not rewrite (kept): "

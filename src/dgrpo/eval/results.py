@@ -133,21 +133,15 @@ def is_results_file(path: Path, folder_name: str | None = None) -> bool:
 
 
 def stale_results(out: str | Path, written: Iterable[str | Path]) -> list[Path]:
-    """The files an earlier ``dgrpo eval --out OUT`` wrote that one writing its results into the folders ``written``
-    (OUT itself for one dataset, OUT/<name> for each of several) does not rewrite: OUT's own ``results.json`` and
-    ``predictions.jsonl`` beside folders of several, and the pair in a folder OUT/<name> this one does not write, where
-    that folder's results.json names a dataset so named. Only such pairs: a user's other files, and a results.json
-    that is not an evaluation's, are none of them."""
+    """The ``results.json`` an earlier ``dgrpo eval --out OUT`` wrote that one writing its results into the folders
+    ``written`` (OUT itself for one dataset, OUT/<name> for each of several) does not rewrite: OUT's own beside
+    folders of several, and that of a folder OUT/<name> this one does not write, where it names a dataset so named.
+    Only an evaluation's: one that is not (a demo's, a user's) is none of them."""
     out, written = Path(out), {Path(w) for w in written}
-    pairs = [out] if out not in written else []
+    folders = [out] if out not in written else []
     if out.is_dir():
-        pairs += sorted(d for d in out.iterdir() if d.is_dir() and not d.is_symlink() and d not in written)
-    stale = []
-    for folder in pairs:
-        results = folder / "results.json"
-        if is_results_file(results, None if folder == out else folder.name):
-            stale += [p for p in (results, folder / "predictions.jsonl") if p.is_file()]
-    return stale
+        folders += sorted(d for d in out.iterdir() if d.is_dir() and not d.is_symlink() and d not in written)
+    return [f / "results.json" for f in folders if is_results_file(f / "results.json", None if f == out else f.name)]
 
 
 @contextmanager
