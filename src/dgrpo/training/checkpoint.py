@@ -550,9 +550,10 @@ def _check_rng(js: Any, tensors: Any) -> None:
         raise CheckpointError(f"{RESUMABLE_STATE}: its rng lacks the Python or NumPy random state")
     if not isinstance(tensors, dict) or not isinstance(tensors.get("torch_cpu"), torch.Tensor):
         raise CheckpointError("rng.pt does not hold torch's CPU random state (torch_cpu)")
-    for name, check in (("python", python_random_state), ("numpy", numpy_random_state)):
+    states = {}
+    for name, read in (("python", python_random_state), ("numpy", numpy_random_state)):
         try:
-            check(js[name])
+            states[name] = read(js[name])
         except ValueError as e:
             raise CheckpointError(f"{RESUMABLE_STATE}: its rng's {name} {e}") from None
     cuda = {k: t for k, t in tensors.items() if str(k).startswith("torch_cuda_")}
@@ -560,10 +561,9 @@ def _check_rng(js: Any, tensors: Any) -> None:
         if not k.removeprefix("torch_cuda_").isdigit() or not isinstance(t, torch.Tensor) or t.dtype != torch.uint8:
             raise CheckpointError(f"rng.pt: its {k} is not a CUDA device's random state (bytes, torch_cuda_<number>)")
     try:
-        python, numpy_state, torch_cpu = _cpu_rng_states(js, tensors)
-        random.Random().setstate(python)
-        np.random.RandomState().set_state(numpy_state)
-        torch.Generator().set_state(torch_cpu)
+        random.Random().setstate(states["python"])
+        np.random.RandomState().set_state(states["numpy"])
+        torch.Generator().set_state(tensors["torch_cpu"])
         seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
         for k, t in cuda.items():  # (those of the devices restore_rng puts back: a state of the wrong size, say)
             if (i := int(k.removeprefix("torch_cuda_"))) < seen:
