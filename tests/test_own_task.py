@@ -1020,15 +1020,21 @@ def test_eval_rebuilds_the_checkpoints_own_task_and_overrides_win(sft_checkpoint
     assert res["n"] == 8 and res["dataset"] == "builtin:valid"  # --split honours task.*, and wins over test
 
 
+def mapped_checkpoint(checkpoint: Path, model: Path, steps_key: str) -> Path:
+    """A copy at ``model`` of ``checkpoint`` whose run_config.json says its run read its data from the columns
+    ``prompt`` and ``target`` (and ``steps_key``)."""
+    shutil.copytree(checkpoint, model)
+    run_config = json.loads((model / "run_config.json").read_text())
+    run_config["data"].update(question_key="prompt", answer_key="target", steps_key=steps_key)
+    (model / "run_config.json").write_text(json.dumps(run_config))
+    (model / "manifest.json").unlink()  # (the change is ours)
+    return model
+
+
 def test_eval_of_a_file_without_the_checkpoints_steps_column(sft_checkpoint, tmp_path, run_cli):
     """A checkpoint trained with ``data.steps_key`` hands it to ``dgrpo eval``, whose test file (no steps: evaluation
     reads none) was refused: 'missing field ... (data.steps_key) in every record'."""
-    model = tmp_path / "model"
-    shutil.copytree(sft_checkpoint, model)
-    run_config = json.loads((model / "run_config.json").read_text())
-    run_config["data"].update(question_key="prompt", answer_key="target", steps_key="reasoning")
-    (model / "run_config.json").write_text(json.dumps(run_config))
-    (model / "manifest.json").unlink()  # (the change is ours)
+    model = mapped_checkpoint(sft_checkpoint, tmp_path / "model", steps_key="reasoning")
     data = tmp_path / "test.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Start at {i}. Answer?", "target": i}) + "\n" for i in range(3)))
     r = run_cli("eval", "--model", model, "--data", data, "--out", tmp_path / "e")

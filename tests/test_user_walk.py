@@ -2,19 +2,15 @@
 of other columns."""
 
 import json
-import shutil
+
+from test_own_task import mapped_checkpoint
 
 
 def test_eval_says_a_missing_column_is_named_by_the_checkpoints_mapping(sft_checkpoint, tmp_path, run_cli):
     """``dgrpo eval`` takes the column mapping from the checkpoint's run_config.json: a ``--data`` file of other
     columns was 'missing field 'prompt' (data.question_key)', an option the command never gave. The line now says
     the key is the checkpoint's and how to name the file's columns; a key the command gave is not said to be."""
-    model = tmp_path / "model"
-    shutil.copytree(sft_checkpoint, model)
-    run_config = json.loads((model / "run_config.json").read_text())
-    run_config["data"].update(question_key="prompt", answer_key="target", steps_key="")
-    (model / "run_config.json").write_text(json.dumps(run_config))
-    (model / "manifest.json").unlink()  # (the change is ours)
+    model = mapped_checkpoint(sft_checkpoint, tmp_path / "model", steps_key="")
     data = tmp_path / "mine.jsonl"
     rows = [{"question": f"Start at {i}.", "solution": f"#### {i}"} for i in range(2)]
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
