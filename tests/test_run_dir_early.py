@@ -124,7 +124,7 @@ def test_the_run_dir_takes_over_the_command_lines_lock(tmp_path):
     with run_dir_scope():
         take_run_dir(out)
         with grpo_run_dir(out) as run:
-            assert run.lock is not None and run.created
+            assert run.lock is not None and run.made == out
             with grpo_run_dir(tmp_path / "other") as other:
                 assert other.lock is not None and other.lock is not run.lock
         RunLock(out).release()  # (released: another run may take it)
@@ -144,6 +144,27 @@ def test_a_refused_run_dir_removes_the_directory_the_command_line_made(tmp_path)
         with pytest.raises(ConfigError, match="no such checkpoint directory"):
             grpo_run_dir(out, resume=str(tmp_path / "nowhere"))
         assert not out.exists()
+
+
+@pytest.mark.parametrize("command_line", [False, True], ids=["python", "command_line"])
+def test_a_refused_run_dir_removes_the_folders_above_it_that_it_made(tmp_path, command_line):
+    """``--out runs/new/exp1`` where only ``runs/`` exists, refused once the RunDir holds the lock: the RunDir (or the
+    command line, whose lock it took over) made ``new/`` and ``new/exp1/``; both are removed, not just ``exp1/``
+    (``new/`` was left behind, empty), and ``runs/`` is kept."""
+    from contextlib import nullcontext
+
+    from dgrpo.config import ConfigError
+    from dgrpo.training.out_dir import run_dir_scope, take_run_dir
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    out = runs / "new" / "exp1"
+    with run_dir_scope() if command_line else nullcontext():
+        if command_line:
+            take_run_dir(out)
+        with pytest.raises(ConfigError, match="no such checkpoint directory"):
+            grpo_run_dir(out, resume=str(tmp_path / "nowhere"))
+        assert runs.is_dir() and list(runs.iterdir()) == []
 
 
 def _python_refusal(out, **kw) -> str:

@@ -426,11 +426,20 @@ class HeldRunDir:
         unlocked, the directory was another run's when that run had taken the lock in between)."""
         if self.lock.created:
             self.lock.path.unlink(missing_ok=True)
-        _remove_made(self.out, self.made)
+        remove_made(self.out, self.made)
         self.lock.release()
 
 
-def _remove_made(out: Path, made: Path | None) -> None:
+def topmost_missing(out: Path) -> Path | None:
+    """The topmost folder of ``out``'s path that is not there (``out`` itself, or one above it: what a run that makes
+    ``out`` makes), None when ``out`` is there."""
+    made = None
+    while not out.exists():
+        made, out = out, out.parent
+    return made
+
+
+def remove_made(out: Path, made: Path | None) -> None:
     """``out`` and the folders above it up to ``made`` (the topmost one a run made for it), while they are empty."""
     folder = out
     while made is not None and folder.is_relative_to(made):
@@ -466,15 +475,12 @@ def take_run_dir(out: Path | str) -> None:
     model loaded (at the paper's scale those take minutes, after which another run holding ``out`` was refused) and
     held on to the run's end (:func:`run_dir_scope`): a run refused here makes nothing in ``out``."""
     out = Path(out)
-    made = None
-    missing = out
-    while not missing.exists():
-        made, missing = missing, missing.parent
+    made = topmost_missing(out)
     check_output_dir(out)
     try:
         lock = RunLock(out)
     except BaseException:
-        _remove_made(out, made)
+        remove_made(out, made)
         raise
     _HELD.set(HeldRunDir(out, lock, made))
 

@@ -61,7 +61,7 @@ from .checkpoint import (
 from .consolidate import ADDED_BY_CONSOLIDATION, CONSOLIDATED
 from .distributed import Dist
 from .guards import TrainingStopped
-from .out_dir import RunLock, adopt_run_dir, check_config_writes, check_output_dir
+from .out_dir import RunLock, adopt_run_dir, check_config_writes, check_output_dir, remove_made, topmost_missing
 from .preemption import in_test_sets, stop, stop_if_requested, stopping, writing_the_end
 from .resume_check import NEW_OUT, SAME_DATA, START_OVER, ResumeCheck, data_change, in_command_line, quiet_log
 from .tracking import Tracker, describe_backends, open_trackers
@@ -243,7 +243,8 @@ class RunDir(ResumeCheck):
         quiet = log if dist.is_main else quiet_log
         super().__init__(out_dir, to_dict(cfg), command, resume, allow_config_change, quiet, in_command_line())
         self.dist, self.logging = dist, cfg.logging
-        self.created = dist.is_main and not self.out_dir.exists()  # (by this run: removed if refused, still empty)
+        # the topmost folder this run makes for OUT (OUT, or one above it): removed if refused, while still empty
+        self.made = topmost_missing(self.out_dir) if dist.is_main else None
         self.lock = self._lock()
         self.metrics = MetricsLog(self.out_dir / METRICS_FILE, dist.is_main)
         self.checkpoint: Path | None = None
@@ -320,7 +321,7 @@ class RunDir(ResumeCheck):
         def take() -> None:
             held = adopt_run_dir(self.out_dir)  # (the command line's, taken before the model loaded)
             if held is not None:
-                lock, self.created = held.lock, held.made is not None
+                lock, self.made = held.lock, held.made
             else:
                 check_output_dir(self.out_dir)
                 lock = RunLock(self.out_dir, self._option(*NEW_OUT))
@@ -718,11 +719,12 @@ class RunDir(ResumeCheck):
         is over: a SIGTERM no longer waits for its end."""
         writing_the_end("")
         self.metrics.close(exit_code)
-        # a run refused before it wrote anything leaves no directory it made, removed while still locked (removed
-        # once unlocked, it was another run's when that run had taken the lock in between: deleted under it)
-        if exit_code and self.created and [p.name for p in self.out_dir.iterdir()] == [LOCK_FILE]:
-            shutil.rmtree(self.out_dir)
-            self.created = False
+        # a run refused before it wrote anything leaves no folder it made (OUT, and those above it it made), removed
+        # while still locked (removed once unlocked, it was another run's when that run had taken the lock in between)
+        if exit_code and self.made is not None and [p.name for p in self.out_dir.iterdir()] == [LOCK_FILE]:
+            (self.out_dir / LOCK_FILE).unlink()
+            remove_made(self.out_dir, self.made)
+            self.made = None
         if self.lock is not None:
             self.lock.release()
             self.lock = None
