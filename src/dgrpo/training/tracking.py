@@ -20,6 +20,10 @@ Resuming a run in the same output directory, which re-logs the steps after its c
   skipped, and counted in ``WandbTracker.skipped``; rows at the same step are merged into one W&B history row
   (an eval row and a training row often share a step). So, unlike metrics.jsonl and TensorBoard, W&B keeps the
   values the interrupted process logged after its checkpoint (W&B history cannot be rewritten).
+* W&B failing during the run (its ``wandb-core`` process killed, a socket lost: ``run.log`` raises) does not stop
+  training: one warning names the step and the error, and the later rows go to metrics.jsonl (and TensorBoard) only,
+  counted in ``WandbTracker.lost`` (the W&B run holds what its service had sent or written before it failed: a killed
+  offline service may leave none); a ``finish`` that fails is a warning too.
 * A backend added when the run resumes (``logging.backends`` may change then) starts with every row the
   checkpoint kept, so its curves begin at step 0, not at the resume.
 """
@@ -33,6 +37,7 @@ import os
 import secrets
 import string
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -106,6 +111,12 @@ def _number(v: Any) -> float | int | None:
     if isinstance(v, (int, float)):
         return v
     return None
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception as one short line: its type and the first line of its message."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
 
 
 def _shown(path: Path, base: Path) -> str:
@@ -232,7 +243,9 @@ class WandbTracker:
     Rows are logged with ``run.log(values, step=step)`` under their metrics.jsonl names; ``None`` values are
     dropped, bools become 0/1, strings and non-finite floats are kept. A row whose step is below the last logged
     step (or below the resumed online run's next step) would be dropped by W&B with a warning: it is skipped here
-    and counted in :attr:`skipped`. Rows at the same step are merged into one history row."""
+    and counted in :attr:`skipped`. Rows at the same step are merged into one history row. W&B raising while it
+    logs or finishes (its service process gone) is a warning, not the end of the training run: the rows from then
+    on are counted in :attr:`lost` (metrics.jsonl has them all)."""
 
     name = "wandb"
 
@@ -276,6 +289,10 @@ class WandbTracker:
         self._floor = int(getattr(self._run, "starting_step", 0) or 0)
         #: rows skipped because their step was below the last one logged
         self.skipped = 0
+        #: why W&B stopped taking rows (``run.log`` raised), with the step; None while it takes them
+        self.failed: str | None = None
+        #: rows not logged because W&B had failed (the one it failed on included)
+        self.lost = 0
         self.offline = bool(getattr(self._run, "offline", False))
         if self.disabled:
             self.where = "W&B disabled (WANDB_MODE=disabled): nothing is recorded there"
@@ -299,6 +316,9 @@ class WandbTracker:
         """Log the row at ``step`` (skipped, and counted, when ``step`` is below the last logged step)."""
         if self._run is None:
             raise RuntimeError("WandbTracker.log after close()")
+        if self.failed is not None:
+            self.lost += 1
+            return
         if step < self._floor:
             self.skipped += 1
             return
@@ -308,14 +328,39 @@ class WandbTracker:
                 continue
             values[k] = int(v) if isinstance(v, bool) else v
         if values:
-            self._run.log(values, step=step)
+            try:
+                self._run.log(values, step=step)
+            except Exception as e:  # noqa: BLE001 - a copy of metrics.jsonl: training goes on without it
+                self.failed, self.lost = f"at step {step} ({_one_line(e)})", 1
+                warnings.warn(
+                    f"W&B stopped taking rows {self.failed}: training goes on without it; metrics.jsonl keeps "
+                    "every row",
+                    stacklevel=2,
+                )
+                return
         self._floor = step
 
     def close(self, exit_code: int = 0) -> None:
         """Finish the W&B run (``exit_code`` != 0 marks it failed); idempotent."""
         if self._run is not None:
             run, self._run = self._run, None
-            run.finish(exit_code=exit_code)
+            try:
+                run.finish(exit_code=exit_code)
+            except Exception as e:  # noqa: BLE001 - the run's own results are written: a warning, not a failure
+                if self.failed is None:  # (failed earlier: already said, and finishing could not work)
+                    warnings.warn(
+                        f"W&B could not finish its run ({_one_line(e)}): metrics.jsonl holds every row", stacklevel=2
+                    )
+                self._teardown()
+
+    @staticmethod
+    def _teardown() -> None:
+        """Release W&B's connection to its service once finishing failed (the service is gone): otherwise its exit
+        hook fails the same way as the process ends, in a traceback after the warning."""
+        try:
+            importlib.import_module("wandb").teardown()
+        except Exception:  # noqa: BLE001 - the service is gone: nothing left to release
+            pass
 
 
 def open_trackers(
