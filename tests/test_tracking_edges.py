@@ -1,5 +1,6 @@
 """W&B failing in the middle of a run: its ``run.log`` or ``finish`` raising (the ``wandb-core`` service process
-killed) is a warning, and training goes on (metrics.jsonl is the record; W&B a copy)."""
+killed) is a warning, and training goes on (metrics.jsonl is the record; W&B a copy). ``WANDB_RUN_ID`` names the W&B
+run a run logs to."""
 
 import json
 import os
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_tracking import wandb_env  # noqa: F401 - the offline W&B fixture
 
 from dgrpo.training.tracking import WandbTracker
 
@@ -135,3 +137,86 @@ def test_a_killed_wandb_service_leaves_a_warning_and_a_clean_exit(tmp_path: Path
     assert len(warned) == 1 and "at step 1 (" in warned[0], done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["failed"].startswith("at step 1 (") and result["lost"] == 3
+
+
+# -- WANDB_RUN_ID --------------------------------------------------------------------------------------------------
+
+
+class IdRun:
+    """What WandbTracker reads of a ``wandb.init`` run, recording the rows logged."""
+
+    def __init__(self, run_id: str) -> None:
+        self.id, self.starting_step, self.offline, self.disabled = run_id, 0, True, False
+        self.dir = "/nonexistent/wandb/offline-run-x/files"
+        self.logged: list[int] = []
+
+    def log(self, values: dict[str, Any], step: int) -> None:
+        self.logged.append(step)
+
+    def finish(self, exit_code: int = 0) -> None:
+        pass
+
+
+@pytest.fixture
+def id_wandb(monkeypatch: pytest.MonkeyPatch) -> list[IdRun]:
+    """A stand-in ``wandb`` module whose ``init`` takes the id it is given; the list holds the runs made."""
+    runs: list[IdRun] = []
+
+    def init(**kwargs: Any) -> IdRun:
+        runs.append(IdRun(kwargs["id"]))
+        return runs[-1]
+
+    module = types.ModuleType("wandb")
+    module.init = init  # type: ignore[attr-defined]
+    module.errors = types.SimpleNamespace(Error=RuntimeError)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "wandb", module)
+    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    return runs
+
+
+def test_wandb_run_id_names_the_wandb_run_and_a_resume_continues_it(tmp_path: Path, monkeypatch, id_wandb) -> None:
+    """``WANDB_RUN_ID`` (how W&B users, and sweep agents, name the run to log to) was ignored: dgrpo drew an id of
+    its own, and the rows went to another W&B run than the one named. Now it is the run's id, stored, so that a
+    resume without the variable continues that W&B run."""
+    from dgrpo.run_layout import WANDB_ID_FILE
+
+    monkeypatch.setenv("WANDB_RUN_ID", "chosen42")
+    t = WandbTracker(tmp_path, resume=False)
+    t.close()
+    assert t.run_id == id_wandb[0].id == "chosen42" and t.fresh
+    assert (tmp_path / WANDB_ID_FILE).read_text() == "chosen42\n"
+    monkeypatch.delenv("WANDB_RUN_ID")
+    resumed = WandbTracker(tmp_path)
+    resumed.resumed([{"step": 0, "loss": 1.0}])
+    resumed.close()
+    assert resumed.run_id == id_wandb[1].id == "chosen42" and not resumed.fresh and id_wandb[1].logged == []
+
+
+def test_a_resume_told_another_wandb_run_gives_it_the_kept_rows(tmp_path: Path, monkeypatch, id_wandb) -> None:
+    """A resumed run whose WANDB_RUN_ID names another W&B run than the stored one: that run has none of the rows, so it
+    gets the checkpoint's kept rows first, and it is the one a later resume continues."""
+    from dgrpo.run_layout import WANDB_ID_FILE
+
+    (tmp_path / WANDB_ID_FILE).write_text("oldrun00\n")
+    monkeypatch.setenv("WANDB_RUN_ID", "newrun11")
+    t = WandbTracker(tmp_path)
+    t.resumed([{"step": 0, "loss": 1.0}, {"step": 1, "loss": 0.5}])
+    t.close()
+    assert t.run_id == "newrun11" and t.fresh and id_wandb[0].logged == [0, 1]
+    assert (tmp_path / WANDB_ID_FILE).read_text() == "newrun11\n"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("wandb_env")
+def test_a_wandb_run_id_that_wandb_refuses_names_the_variable(tmp_path: Path, monkeypatch) -> None:
+    """W&B refuses an id with ``/`` in it: the line named a login as the fix. Now it names WANDB_RUN_ID, and the
+    run's stored id is left as it was."""
+    from dgrpo.config import ConfigError
+    from dgrpo.run_layout import WANDB_ID_FILE
+
+    (tmp_path / WANDB_ID_FILE).write_text("oldrun00\n")
+    monkeypatch.setenv("WANDB_RUN_ID", "team/run")
+    with pytest.raises(ConfigError, match=r"^WANDB_RUN_ID: W&B refuses the run id 'team/run' \(Run ID cannot") as e:
+        WandbTracker(tmp_path)
+    assert "log in" not in str(e.value)
+    assert (tmp_path / WANDB_ID_FILE).read_text() == "oldrun00\n"

@@ -13,9 +13,10 @@ Resuming a run in the same output directory, which re-logs the steps after its c
 * TensorBoard: a new event file per process; before its first row the tracker writes a session ``START``
   marker at that row's step (as ``torch.utils.tensorboard.SummaryWriter(purge_step=...)`` does), so TensorBoard's
   reader drops the older files' points at that step and later: the curves show the resumed values only.
-* W&B: the run's id is created once and kept in ``OUT/wandb_run_id``; a resumed process calls ``wandb.init`` with
-  that id and ``resume="allow"``, so it continues the same W&B run (offline, each process writes its own
-  ``OUT/wandb/offline-run-*`` directory with that id; ``wandb sync`` uploads them to that one run). W&B steps must
+* W&B: the run's id is created once (or taken from ``WANDB_RUN_ID`` where that is set: the W&B run it names) and
+  kept in ``OUT/wandb_run_id``; a resumed process calls ``wandb.init`` with that id and ``resume="allow"``, so it
+  continues the same W&B run (offline, each process writes its own ``OUT/wandb/offline-run-*`` directory with that
+  id; ``wandb sync`` uploads them to that one run). W&B steps must
   not decrease: rows whose step is below the last logged one (or, online, below the resumed run's next step) are
   skipped, and counted in ``WandbTracker.skipped``; rows at the same step are merged into one W&B history row
   (an eval row and a training row often share a step). So, unlike metrics.jsonl and TensorBoard, W&B keeps the
@@ -204,16 +205,20 @@ def _new_run_id() -> str:
     return "".join(secrets.choice(alphabet) for _ in range(8))
 
 
-def wandb_run_id(run_dir: Path, resume: bool = True) -> str:
-    """The W&B run id of ``run_dir``: the one stored in ``run_dir/wandb_run_id`` when ``resume`` and present;
-    otherwise a new one, stored there (overwriting any old one)."""
+def _stored_run_id(run_dir: Path) -> str:
+    """The W&B run id ``run_dir/wandb_run_id`` holds ('' when none)."""
     path = Path(run_dir) / WANDB_ID_FILE
-    if resume and path.is_file():
-        stored = path.read_text().strip()
-        if stored:
-            return stored
-    run_id = _new_run_id()
-    path.write_text(run_id + "\n")
+    return path.read_text().strip() if path.is_file() else ""
+
+
+def wandb_run_id(run_dir: Path, resume: bool = True, given: str | None = None, store: bool = True) -> str:
+    """The W&B run id of ``run_dir``: ``given`` when set (``WANDB_RUN_ID``: a W&B run the user, or a sweep agent,
+    names); else the one stored in ``run_dir/wandb_run_id`` when ``resume`` and present; otherwise a new one. With
+    ``store``, the id returned is stored there (overwriting any old one), so that a resume continues that W&B run."""
+    stored = _stored_run_id(run_dir) if resume else ""
+    run_id = given or stored or _new_run_id()
+    if store and (run_id != stored or not resume):
+        (Path(run_dir) / WANDB_ID_FILE).write_text(run_id + "\n")
     return run_id
 
 
@@ -235,8 +240,9 @@ def _start_refused(e: Exception, project: str, env_project: str | None) -> Confi
 
 class WandbTracker:
     """A Weights & Biases run, under ``run_dir/wandb``; ``WANDB_MODE`` (e.g. ``offline``) is honoured, and so are
-    ``WANDB_PROJECT``, ``WANDB_ENTITY`` and ``WANDB_NAME`` where ``logging.*`` is left at its default (not
-    ``WANDB_DIR``: the run's W&B files stay in its output directory).
+    ``WANDB_PROJECT``, ``WANDB_ENTITY`` and ``WANDB_NAME`` where ``logging.*`` is left at its default, and
+    ``WANDB_RUN_ID`` (the W&B run to log to, a sweep agent's included; not ``WANDB_DIR``: the run's W&B files stay in
+    its output directory).
 
     The run id is kept in ``run_dir/wandb_run_id`` (:func:`wandb_run_id`) and the run started with
     ``resume="allow"``: a resumed ``dgrpo`` run continues the same W&B run (``resume=False``: a new id, a new run).
@@ -262,10 +268,12 @@ class WandbTracker:
         wandb = _require("wandb", "wandb", "wandb")
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        #: a new W&B run for a run that has rows already (W&B added on resume): it gets every kept row first
-        self.fresh = not (resume and (self.run_dir / WANDB_ID_FILE).is_file())
-        self.run_id = wandb_run_id(self.run_dir, resume)
         env = os.environ.get  # (W&B's own variables, where the options are left at their defaults)
+        stored = _stored_run_id(self.run_dir) if resume else ""
+        self.run_id = wandb_run_id(self.run_dir, resume, given=env("WANDB_RUN_ID") or None, store=False)
+        #: another W&B run than the one this run logged to (W&B added on resume, or WANDB_RUN_ID naming another):
+        #: a resumed run gives it every kept row first
+        self.fresh = self.run_id != stored
         try:
             self._run: Any = wandb.init(
                 dir=str(self.run_dir),  # (OUT/wandb, whatever WANDB_DIR says: the run folder holds its run)
@@ -277,6 +285,11 @@ class WandbTracker:
                 resume="allow",
             )
         except wandb.errors.Error as e:
+            if "Run ID" in str(e):  # (W&B's own check of an id's characters)
+                source = "WANDB_RUN_ID" if env("WANDB_RUN_ID") else str(self.run_dir / WANDB_ID_FILE)
+                raise ConfigError(
+                    f"{source}: W&B refuses the run id {self.run_id!r} ({' '.join(str(e).split())})"
+                ) from e
             raise _start_refused(e, project, env("WANDB_PROJECT")) from e
         #: WANDB_MODE=disabled: a run that records nothing (older wandb gives it an id of its own)
         self.disabled = bool(getattr(self._run, "disabled", False))
@@ -285,6 +298,8 @@ class WandbTracker:
                 f"wandb.init returned another active W&B run ({getattr(self._run, 'id', None)}), not {self.run_id}: "
                 "finish it (run.finish()) before training"
             )
+        if self.fresh:  # (stored once W&B took it: a resume continues this W&B run)
+            wandb_run_id(self.run_dir, resume=False, given=self.run_id)
         #: the smallest step W&B still accepts (a resumed online run continues after its last logged step)
         self._floor = int(getattr(self._run, "starting_step", 0) or 0)
         #: rows skipped because their step was below the last one logged
