@@ -139,15 +139,22 @@ def check_targets(lm: LatentLM, targets: list[str]) -> None:
     names = [n for n, _ in lm.model.named_modules() if n]
     missing = [t for t in targets if not any(_names(t, n) for n in names)]
     if missing:
-        leaves = sorted({n.rsplit(".", 1)[-1] for n, m in lm.model.named_modules() if _is_linear(m)})
         raise ConfigError(
             f"invalid config value model.lora.target_modules: {', '.join(map(repr, missing))} matches no module of "
-            f"this model (its linear layers: {', '.join(leaves[:12])}; or all-linear)"
+            f"this model (its linear layers: {', '.join(_linear_leaves(lm)[:12])}; or all-linear)"
         )
     _refuse_unadaptable_targets(lm, targets)
     head, embed = lm.model.get_output_embeddings(), lm.model.get_input_embeddings()
     if head is not None and embed is not None and head.weight is embed.weight:
         _refuse_tied_targets(lm, targets, head, embed)
+
+
+def _linear_leaves(lm: LatentLM) -> list[str]:
+    """The last dotted parts of the model's linear layers that a target may name, sorted: an output layer that shares
+    its weight with the input embeddings is left out (:func:`_refuse_tied_targets` refuses it)."""
+    head, embed = lm.model.get_output_embeddings(), lm.model.get_input_embeddings()
+    tied = head if head is not None and embed is not None and head.weight is embed.weight else None
+    return sorted({n.rsplit(".", 1)[-1] for n, m in lm.model.named_modules() if _is_linear(m) and m is not tied})
 
 
 def _refuse_unadaptable_targets(lm: LatentLM, targets: list[str]) -> None:
@@ -159,7 +166,7 @@ def _refuse_unadaptable_targets(lm: LatentLM, targets: list[str]) -> None:
             if n and _names(t, n) and not _adaptable(m):
                 inner = sorted({c.rsplit(".", 1)[-1] for c, x in m.named_modules() if c and _is_linear(x)})
                 name = "its" if inner else "this model's"
-                inner = inner or sorted({c.rsplit(".", 1)[-1] for c, x in lm.model.named_modules() if _is_linear(x)})
+                inner = inner or _linear_leaves(lm)
                 raise ConfigError(
                     f"invalid config value model.lora.target_modules: {t!r} is a {type(m).__name__} ({n}), not a "
                     f"layer LoRA adapts: name {name} linear layers ({', '.join(inner[:12])}), or all-linear"
