@@ -405,7 +405,7 @@ def test_argument_errors(official, tmp_path, run_cli):
     notok.mkdir()
     shutil.copy(Path(base) / "config.json", notok)
     wrong_base = [
-        (base, ckpt, "is a directory: give the checkpoint file"),
+        (base, ckpt, "is a directory: a model directory (a transformers or TRL output, or a dgrpo checkpoint)"),
         (ckpt, tmp_path / "nodir", "checkpoint directory not found"),  # (was the hub's retries, then its error)
         (ckpt, notok, "no tokenizer in"),  # (was an empty tokenizer: latent ids on ordinary rows)
     ]

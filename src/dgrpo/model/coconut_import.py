@@ -76,7 +76,7 @@ def _few(keys: list[str]) -> str:
 def read_state_dict(ckpt: Path) -> dict[str, Tensor]:
     """``torch.load(weights_only=True)`` of a flat ``{name: tensor}`` dict; anything else is a CheckpointError."""
     if ckpt.is_dir():
-        raise _error(f"{ckpt} is a directory: give the checkpoint file Coconut's run.py saved (save_dir/checkpoint_N)")
+        raise _error(f"{ckpt} is a directory{_directory_advice(ckpt)}")
     if not ckpt.is_file():
         raise _error(f"Coconut checkpoint not found: {ckpt}")
     try:
@@ -109,6 +109,26 @@ def read_state_dict(ckpt: Path) -> dict[str, Tensor]:
     if bad:
         raise _error(f"{ckpt}: expected a state dict (name -> tensor), found non-tensor entries {_few(bad)}")
     return obj
+
+
+def _directory_advice(folder: Path) -> str:
+    """What to give instead of ``folder``: one of a run.py save_dir's ``checkpoint_N`` files (the latest named); a model
+    directory (config.json: a TRL or transformers SFT output, a dgrpo checkpoint) needs no import, ``--init`` and
+    ``--model`` load it as it is."""
+    if (folder / "config.json").is_file() or (folder / "adapter_config.json").is_file():
+        return (
+            ": a model directory (a transformers or TRL output, or a dgrpo checkpoint), which needs no import: "
+            "dgrpo sft --init, grpo --init and eval --model load it as it is; import-coconut reads the file Coconut's "
+            "run.py saved (save_dir/checkpoint_N)"
+        )
+    saved = sorted(
+        (int(m.group(1)), f.name)
+        for f in folder.iterdir()
+        if (m := re.fullmatch(r"checkpoint_(\d+)", f.name)) and f.is_file()
+    )
+    if saved:
+        return f": give one of the checkpoint files run.py saved in it ({saved[0][1]} to {saved[-1][1]})"
+    return ": give the checkpoint file Coconut's run.py saved (save_dir/checkpoint_N)"
 
 
 def _cut_short(ckpt: Path, error: Exception) -> bool:

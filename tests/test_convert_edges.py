@@ -1,0 +1,44 @@
+"""Edges of the checkpoint tools met as a user: ``dgrpo import-coconut`` given a folder instead of run.py's file."""
+
+import pytest
+import torch
+
+
+def _import(run_cli, ckpt, out):
+    return run_cli("import-coconut", ckpt, "--base", "unused-base", "--c-thought", 2, "--n-latent", 6, "--out", out)
+
+
+def test_a_coconut_save_dir_given_for_its_file_names_the_checkpoint_files_in_it(tmp_path, run_cli):
+    """run.py's save_dir holds checkpoint_1 ... checkpoint_N: the line names the first and the latest (by number, not
+    by name: checkpoint_10 after checkpoint_9), and nothing is written."""
+    save_dir = tmp_path / "gsm-coconut"
+    save_dir.mkdir()
+    for n in (4, 9, 10):
+        torch.save({"w": torch.zeros(1)}, save_dir / f"checkpoint_{n}")
+    r = _import(run_cli, save_dir, tmp_path / "out")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "gsm-coconut is a directory: give one of the checkpoint files run.py saved in it" in r.stderr
+    assert "(checkpoint_4 to checkpoint_10)" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("holds", ["config.json", "adapter_config.json"])
+def test_a_model_directory_given_to_import_says_it_loads_as_it_is(tmp_path, run_cli, holds):
+    """A TRL / transformers SFT output (or a dgrpo checkpoint, a PEFT adapter) is no run.py file: it was told to give
+    "the checkpoint file Coconut's run.py saved", which such a folder has none of; --init takes it as it is."""
+    model_dir = tmp_path / "sft-out"
+    model_dir.mkdir()
+    (model_dir / holds).write_text("{}")
+    r = _import(run_cli, model_dir, tmp_path / "out")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "sft-out is a directory: a model directory" in r.stderr
+    assert "needs no import: dgrpo sft --init, grpo --init and eval --model load it as it is" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_another_directory_is_still_asked_for_run_pys_file(tmp_path, run_cli):
+    (tmp_path / "empty").mkdir()
+    r = _import(run_cli, tmp_path / "empty", tmp_path / "out")
+    assert r.returncode == 2
+    assert "empty is a directory: give the checkpoint file Coconut's run.py saved (save_dir/checkpoint_N)" in r.stderr
+
