@@ -42,3 +42,18 @@ def test_another_directory_is_still_asked_for_run_pys_file(tmp_path, run_cli):
     assert r.returncode == 2
     assert "empty is a directory: give the checkpoint file Coconut's run.py saved (save_dir/checkpoint_N)" in r.stderr
 
+
+@pytest.mark.parametrize("key", ["model", "state_dict"])
+def test_a_state_dict_nested_in_a_training_checkpoint_is_named_with_how_to_take_it_out(tmp_path, run_cli, key):
+    """``{"model": state_dict, "epoch": 3}`` was "found non-tensor entries 'model': dict, 'epoch': int", which says
+    neither that the weights are there nor how to import them."""
+    ckpt = tmp_path / "train.pt"
+    torch.save({key: {"transformer.wte.weight": torch.zeros(2, 2)}, "epoch": 3}, ckpt)
+    r = _import(run_cli, ckpt, tmp_path / "out")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert f"train.pt: not a state dict but a dict holding one under {key!r}" in r.stderr
+    assert f"torch.save(torch.load(FILE)[{key!r}], NEW_FILE)" in r.stderr
+    assert not (tmp_path / "out").exists()
+    torch.save({"epoch": 3, "note": {"a": 1}}, ckpt)  # no state dict inside: the plain refusal
+    r = _import(run_cli, ckpt, tmp_path / "out")
+    assert r.returncode == 2 and "expected a state dict (name -> tensor), found non-tensor entries" in r.stderr

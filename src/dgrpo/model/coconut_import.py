@@ -106,6 +106,12 @@ def read_state_dict(ckpt: Path) -> dict[str, Tensor]:
     if not obj:
         raise _error(f"{ckpt}: an empty state dict (no tensors)")
     bad = [f"{k!r}: {type(v).__name__}" for k, v in obj.items() if not isinstance(k, str) or not isinstance(v, Tensor)]
+    inner = [k for k, v in obj.items() if isinstance(v, dict) and v and all(isinstance(t, Tensor) for t in v.values())]
+    if bad and inner:  # (a training script's {"model": state_dict, "optimizer": ..., "epoch": ...})
+        raise _error(
+            f"{ckpt}: not a state dict but a dict holding one under {inner[0]!r} (entries {_few(bad)}); save that "
+            f"one alone, torch.save(torch.load(FILE)[{inner[0]!r}], NEW_FILE), and import NEW_FILE"
+        )
     if bad:
         raise _error(f"{ckpt}: expected a state dict (name -> tensor), found non-tensor entries {_few(bad)}")
     return obj
