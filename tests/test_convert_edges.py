@@ -57,3 +57,30 @@ def test_a_state_dict_nested_in_a_training_checkpoint_is_named_with_how_to_take_
     torch.save({"epoch": 3, "note": {"a": 1}}, ckpt)  # no state dict inside: the plain refusal
     r = _import(run_cli, ckpt, tmp_path / "out")
     assert r.returncode == 2 and "expected a state dict (name -> tensor), found non-tensor entries" in r.stderr
+
+
+def test_export_of_a_full_checkpoint_says_it_loads_in_transformers_as_it_is(tmp_path, tokenizer, run_cli):
+    """A researcher exporting a full fine-tuned run for others was told "nothing to merge", not that the folder is
+    already what they want; and it is: plain transformers loads it and computes the dgrpo model's logits."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dgrpo.model.latent_lm import LatentLM
+
+    from conftest import make_lm
+
+    for arch in ("gpt2", "qwen2"):
+        ckpt = tmp_path / arch
+        make_lm(tokenizer, arch).save_pretrained(ckpt)
+        r = run_cli("export", ckpt, "--merge", "--out", tmp_path / f"{arch}-out")
+        assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+        assert "nothing to merge; it loads as it is, in dgrpo and in transformers" in r.stderr
+        lm = LatentLM.from_pretrained(ckpt).eval()
+        plain, plain_tok = AutoModelForCausalLM.from_pretrained(ckpt).eval(), AutoTokenizer.from_pretrained(ckpt)
+        ids = plain_tok(["12 + 7 = 19\n"], return_tensors="pt")
+        assert plain_tok.convert_tokens_to_ids(["<|start-latent|>", "<|latent|>", "<|end-latent|>"]) == [
+            lm.start_id,
+            lm.latent_id,
+            lm.end_id,
+        ]
+        with torch.no_grad():
+            assert torch.equal(plain(**ids).logits, lm.model(**ids).logits)

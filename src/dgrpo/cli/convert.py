@@ -162,7 +162,10 @@ def run_export(args: argparse.Namespace) -> int:
         for shards in (src, src.parent) if src.name == "model" else (src,):  # (a resumable checkpoint's: beside)
             if (shards / SHARDED_DIR).is_dir():
                 raise CheckpointError(f"{shards} holds FSDP shards (fsdp: sharded): dgrpo consolidate {shards} first")
-        raise CheckpointError(f"{src} is already a full checkpoint (no adapter_config.json): nothing to merge")
+        raise CheckpointError(
+            f"{src} is already a full checkpoint (no adapter_config.json): nothing to merge; it loads as it is, in "
+            "dgrpo and in transformers (AutoModelForCausalLM / AutoTokenizer.from_pretrained): copy the folder"
+        )
     if not args.merge:
         raise CheckpointError(f"{src} is a LoRA adapter checkpoint: pass --merge to write base + adapter as one model")
     dtype = dtype_named(args.dtype)
