@@ -276,3 +276,40 @@ def test_metric_key(spec: str, checkpoint: str = FINAL_DIR) -> str:
     for best/ (``<name>``: the folder name of its results, :func:`~dgrpo.run_layout.results_name`)."""
     prefix = "test" if checkpoint == FINAL_DIR else f"test_{checkpoint}"
     return f"{prefix}/{results_name(spec)}/accuracy"
+
+
+def model_without_weights(name: str, cfg: Config) -> Any:
+    """The :class:`~dgrpo.model.latent_lm.LatentLM` the training commands load from ``name`` (``--init`` or
+    ``model.name_or_path``: a checkpoint, run or LoRA adapter directory, or a hub id at ``model.revision``) as far as
+    its small files make it, on the meta device: its tokenizer with the latent markers, its latent settings
+    (``latent_config.json``) and the context its config.json gives (``max_position_embeddings``, GPT-2's
+    ``n_positions``, ...), no weights read. What needs only these (a test set that does not fit the context) is
+    refused with it before the weights load (minutes for a 1.5B model). None for the built-in model (built in
+    seconds), a model that runs its repository's own code, and whatever cannot be read so: the loaded model is
+    checked then, and the load says what is wrong with its files."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ..model.latent_lm import LatentLM, _read_latent_files
+    from ..model.lora import adapter_base, adapter_base_revision, is_adapter_dir
+    from ..model.sources import BUILTIN, hub_files, on_disk, resolve_checkpoint, resolve_model_source
+    from ..model.tokens import load_tokenizer
+
+    if name == BUILTIN or cfg.model.trust_remote_code:
+        return None
+    try:
+        local = on_disk(name)
+        folder = resolve_checkpoint(local) if local.exists() else hub_files(name, cfg.model.revision or None)[0]
+        config_from, revision = str(folder), None
+        if is_adapter_dir(folder):  # (the context is its base's)
+            revision = adapter_base_revision(folder)
+            config_from, local_only = resolve_model_source(adapter_base(folder), revision)
+        else:
+            local_only = True
+        config = AutoConfig.from_pretrained(config_from, local_files_only=local_only, revision=revision)
+        with torch.device("meta"):  # (no memory, nothing drawn: the shapes alone)
+            model = AutoModelForCausalLM.from_config(config)
+        settings, _ = _read_latent_files(folder)
+        return LatentLM(model, load_tokenizer(str(folder)), settings)
+    except Exception:  # noqa: BLE001 - the load reads these files again, and says what is wrong with them
+        return None

@@ -16,6 +16,7 @@ from .common import (
     evaluate_test_sets,
     join_processes,
     load,
+    model_without_weights,
     report_model,
     results_dir,
     revision_for,
@@ -347,7 +348,8 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     anything is trained (a scorer that cannot be built fails before anything is read, and so do a resume under a
     changed config and a ``--resume never`` that would delete what it may not:
     :func:`~dgrpo.training.resume_check.check_resume_config`; OUT's lock is taken first, on rank 0, and held to the
-    run's end: :func:`holding_out`)."""
+    run's end: :func:`holding_out`; a test set too long for the context is refused from the model's tokenizer and
+    config.json before its weights load: :func:`check_fits_before_training`)."""
     from ..config import ConfigError, to_dict
     from ..data import training_split
     from ..eval.evaluate import eval_options
@@ -398,11 +400,17 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     held_out = {spec: read_setting(key, spec, cfg, args.init) for key, spec in held_out_specs(cfg)}
     warn_if_held_out_is_trained_on(cfg, train, held_out)
     warn_if_tests_share_validation(cfg, held_out)
+    tests = {spec: held_out[spec] for spec in cfg.data.test}
+    # (what the tokenizer and config.json decide is refused now, not once the weights have loaded: minutes for 1.5B)
+    if (unloaded := model_without_weights(args.init or cfg.model.name_or_path, cfg)) is not None:
+        check_fits_before_training(unloaded, cfg, args.cmd, tests)
     dist, device = join_processes(cfg, device)
     # (a line on rank 0 before a directory's or the hub's weights load: with transformers' bars off, a download of
     # a large model printed nothing for minutes)
     said = say if dist.is_main else None
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device, announce=said)
+    if unloaded is None:  # (the built-in model, or one whose files could not be read without its weights)
+        check_fits_before_training(lm, cfg, args.cmd, tests)
     record_the_models_shape(cfg, lm)
     if args.cmd == "grpo":
         warn_if_init_differs(lm.run_config, cfg)
@@ -412,7 +420,6 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     valid = held_out[cfg.data.valid] if cfg.data.valid else None
     if valid is not None and cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded
         valid = valid[: cfg.data.eval_limit]
-    tests = {spec: held_out[spec] for spec in cfg.data.test}
     return Setting(cfg, options, train, valid, tests, dist, device, lm, Path(args.out))
 
 
@@ -434,7 +441,6 @@ def holding_out(command: Callable[[argparse.Namespace], int]) -> Callable[[argpa
 @holding_out
 def run_sft(args: argparse.Namespace) -> int:
     from ..eval.scoring import warn_if_scorer_misses_gold
-    from ..training.curriculum import final_settings
     from ..training.preemption import stopping
     from ..training.resume_check import command_line_words
     from ..training.sft import train_sft
@@ -442,7 +448,6 @@ def run_sft(args: argparse.Namespace) -> int:
     s = set_up_run(args)
     cfg, options, train, tests, dist = s.cfg, s.options, s.train, s.tests, s.dist
     warn_if_scorer_misses_gold(options["scorer"], train, f"eval.scorer {cfg.eval.scorer!r}")
-    check_test_sets_fit(s.lm, tests, cfg, final_settings(cfg), "sft.c_thought")
 
     advice: list[Callable[[], list[str]]] = []  # (best/'s lines: said at the end, after the consolidation lines)
 
@@ -480,11 +485,6 @@ def run_grpo(args: argparse.Namespace) -> int:
 
     s = set_up_run(args)
     cfg, tests, dist = s.cfg, s.tests, s.dist
-    trained = s.lm.settings  # (the model GRPO trains and saves: grpo.n_latent's thoughts after the markers)
-    chat = trained.chat_template or cfg.data.chat_template
-    n_latent = cfg.grpo.n_latent if cfg.grpo.n_latent >= 0 else trained.n_latent
-    tested = replace(trained, n_latent=n_latent, chat_template=chat, markers=True)
-    check_test_sets_fit(s.lm, tests, cfg, tested, "grpo.n_latent")
     held_out = s.valid if s.valid is not None else next(iter(tests.values()), None)
     if held_out:  # (what the scorer scores; the reward, eval.scorer or not, is checked by the trainer)
         check_scorer(s.options["scorer"], held_out)
@@ -537,6 +537,23 @@ def stopped_after(out: Path) -> str:
         return ""
     step = max(steps)
     return f"after step {step}, checkpointed in {steps[step]}"
+
+
+def check_fits_before_training(lm: Any, cfg: Config, command: str, tests: dict) -> None:
+    """What ``dgrpo sft`` / ``dgrpo grpo`` refuse of ``lm``'s context before training: the test sets answered by the
+    trained model (:func:`check_test_sets_fit`: SFT's last stage's thoughts; GRPO's ``grpo.n_latent`` after the
+    markers, as it trains and saves the model). ``lm``: the model loaded, or the same without its weights
+    (:func:`~.common.model_without_weights`), which decides it before the weights load."""
+    from ..training.curriculum import final_settings
+
+    if command == "sft":
+        check_test_sets_fit(lm, tests, cfg, final_settings(cfg), "sft.c_thought")
+        return
+    trained = lm.settings  # (the model GRPO trains and saves: grpo.n_latent's thoughts after the markers)
+    chat = trained.chat_template or cfg.data.chat_template
+    n_latent = cfg.grpo.n_latent if cfg.grpo.n_latent >= 0 else trained.n_latent
+    tested = replace(trained, n_latent=n_latent, chat_template=chat, markers=True)
+    check_test_sets_fit(lm, tests, cfg, tested, "grpo.n_latent")
 
 
 def check_test_sets_fit(lm: Any, tests: dict, cfg: Config, settings: Any, key: str) -> None:
