@@ -90,3 +90,27 @@ def test_the_built_in_model_is_checked_once_built(tmp_path, run_cli):
     assert model_without_weights(BUILTIN, Config()) is None
     r = run_cli("sft", *tiny_args(), "--set", "eval.n_latent=600", "--out", tmp_path / "run")
     assert r.returncode == 2 and "data.test builtin:test, answered after training: eval: the sequence" in r.stderr
+
+
+@pytest.mark.parametrize("command", ["sft", "grpo"])
+def test_a_validation_set_too_long_for_the_context_is_refused_before_the_weights_load(
+    command, sft_checkpoint, tmp_path, run_cli, no_weights_load
+):
+    """The validation set (SFT's each stage, GRPO's from step 0) too long for the context: refused before the weights
+    load, where the trainer refused it once they had (GRPO's, at its first validation, in a run directory made)."""
+    long = _long_test_set(tmp_path)
+    key = "sft.c_thought" if command == "sft" else "grpo.n_latent"
+    over = ["--set", f"data.valid={long}", "--set", "data.max_question_tokens=0", "--set", "data.test=[]"]
+    r = run_cli(command, "--init", sft_checkpoint, *tiny_args(), *over, "--out", tmp_path / "run")
+    assert r.returncode == 2 and "the sequence does not fit the model's context" in r.stderr, r.stderr[-2000:]
+    assert f"lower {key}, eval.max_new_tokens or data.max_question_tokens" in r.stderr
+    assert command == "sft" or f"data.valid {long}, validated from step 0: " in r.stderr
+
+
+def test_grpo_answers_too_long_for_the_context_are_refused_before_the_weights_load(
+    sft_checkpoint, tmp_path, run_cli, no_weights_load
+):
+    """grpo.max_new_tokens past the context (GRPOTrainer's start check): refused before the weights load."""
+    r = run_cli("grpo", "--init", sft_checkpoint, *tiny_args(), "--set", "grpo.max_new_tokens=600", "--out", tmp_path)
+    assert r.returncode == 2 and "grpo: the sequence does not fit the model's context" in r.stderr, r.stderr[-2000:]
+    assert "grpo.max_new_tokens = 600" in r.stderr

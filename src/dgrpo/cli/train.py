@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial, wraps
 from pathlib import Path
@@ -401,25 +402,25 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     warn_if_held_out_is_trained_on(cfg, train, held_out)
     warn_if_tests_share_validation(cfg, held_out)
     tests = {spec: held_out[spec] for spec in cfg.data.test}
+    valid = held_out[cfg.data.valid] if cfg.data.valid else None
+    if valid is not None and cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded
+        valid = valid[: cfg.data.eval_limit]
     # (what the tokenizer and config.json decide is refused now, not once the weights have loaded: minutes for 1.5B)
     if (unloaded := model_without_weights(args.init or cfg.model.name_or_path, cfg)) is not None:
-        check_fits_before_training(unloaded, cfg, args.cmd, tests)
+        check_fits_before_training(unloaded, cfg, args.cmd, tests, valid)
     dist, device = join_processes(cfg, device)
     # (a line on rank 0 before a directory's or the hub's weights load: with transformers' bars off, a download of
     # a large model printed nothing for minutes)
     said = say if dist.is_main else None
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device, announce=said)
     if unloaded is None:  # (the built-in model, or one whose files could not be read without its weights)
-        check_fits_before_training(lm, cfg, args.cmd, tests)
+        check_fits_before_training(lm, cfg, args.cmd, tests, valid)
     record_the_models_shape(cfg, lm)
     if args.cmd == "grpo":
         warn_if_init_differs(lm.run_config, cfg)
     report_model(lm, args.init or cfg.model.name_or_path, cfg, dist)
     if dist.active:  # distinct, reproducible RNG streams per rank (weights are broadcast from rank 0; rollout seeds
         seed_everything(cfg.seed * 1000003 + dist.rank)  # come from the global row anyway)
-    valid = held_out[cfg.data.valid] if cfg.data.valid else None
-    if valid is not None and cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded
-        valid = valid[: cfg.data.eval_limit]
     return Setting(cfg, options, train, valid, tests, dist, device, lm, Path(args.out))
 
 
@@ -539,37 +540,69 @@ def stopped_after(out: Path) -> str:
     return f"after step {step}, checkpointed in {steps[step]}"
 
 
-def check_fits_before_training(lm: Any, cfg: Config, command: str, tests: dict) -> None:
-    """What ``dgrpo sft`` / ``dgrpo grpo`` refuse of ``lm``'s context before training: the test sets answered by the
-    trained model (:func:`check_test_sets_fit`: SFT's last stage's thoughts; GRPO's ``grpo.n_latent`` after the
-    markers, as it trains and saves the model). ``lm``: the model loaded, or the same without its weights
-    (:func:`~.common.model_without_weights`), which decides it before the weights load."""
+def check_fits_before_training(lm: Any, cfg: Config, command: str, tests: dict, valid: list | None) -> None:
+    """What ``dgrpo sft`` / ``dgrpo grpo`` refuse of ``lm``'s context before training, in the order they came once the
+    model had loaded: the test sets answered by the trained model (:func:`check_test_sets_fit`: SFT's last stage's
+    thoughts; GRPO's ``grpo.n_latent`` after the markers, as it trains and saves the model), the trainer's own start
+    check (the last stage's thoughts; GRPO's thoughts and ``grpo.max_new_tokens``), and the validation set
+    (``valid``: SFT's :func:`~dgrpo.training.sft.check_validation_fits`; GRPO's, answered as the test sets are, from
+    step 0 on). ``lm``: the model loaded, or the same without its weights (:func:`~.common.model_without_weights`),
+    which decides it all before the weights load."""
     from ..training.curriculum import final_settings
+    from ..training.sft import check_validation_fits
 
     if command == "sft":
-        check_test_sets_fit(lm, tests, cfg, final_settings(cfg), "sft.c_thought")
+        last = final_settings(cfg)
+        check_test_sets_fit(lm, tests, cfg, last, "sft.c_thought")
+        lm.check_fits(2, last.n_latent, 1, key="sft.c_thought", target_key="data.max_target_tokens")  # (train_sft's)
+        if valid and (cfg.sft.eval_each_stage or cfg.sft.eval_every_epoch):
+            with prompted(lm, replace(lm.settings, chat_template=cfg.data.chat_template)):  # (as train_sft sets it)
+                check_validation_fits(lm, valid, cfg)
         return
     trained = lm.settings  # (the model GRPO trains and saves: grpo.n_latent's thoughts after the markers)
     chat = trained.chat_template or cfg.data.chat_template
     n_latent = cfg.grpo.n_latent if cfg.grpo.n_latent >= 0 else trained.n_latent
     tested = replace(trained, n_latent=n_latent, chat_template=chat, markers=True)
     check_test_sets_fit(lm, tests, cfg, tested, "grpo.n_latent")
+    lm.check_fits(1, n_latent, cfg.grpo.max_new_tokens, key="grpo.n_latent")  # (GRPOTrainer's start check)
+    if valid:
+        check_sets_fit(lm, {f"data.valid {cfg.data.valid}, validated from step 0": valid}, cfg, tested, "grpo.n_latent")
+
+
+@contextmanager
+def prompted(lm: Any, settings: Any) -> Iterator[None]:
+    """``lm`` with ``settings`` within the block, its own again after it."""
+    before, lm.settings = lm.settings, settings
+    try:
+        yield
+    finally:
+        lm.settings = before
 
 
 def check_test_sets_fit(lm: Any, tests: dict, cfg: Config, settings: Any, key: str) -> None:
     """The test sets are answered after the whole run, by the trained model (``settings``: its latent thoughts, set
     by ``key``, unless ``eval.n_latent`` is set) with ``eval.max_new_tokens`` tokens: the longest question of each
-    must fit the model's context, checked before training (a set that did not fit failed after all of it)."""
+    (of its first ``eval.limit``) must fit the model's context, checked before training (a set that did not fit
+    failed after all of it): :func:`check_sets_fit`."""
+    limited = {spec: recs[: cfg.eval.limit] if cfg.eval.limit else recs for spec, recs in tests.items()}
+    check_sets_fit(
+        lm, {f"data.test {spec}, answered after training": r for spec, r in limited.items()}, cfg, settings, key
+    )
+
+
+def check_sets_fit(lm: Any, sets: dict[str, list], cfg: Config, settings: Any, key: str) -> None:
+    """A ConfigError, naming the set (``sets``: records by what the line calls them), when the longest question of a
+    set that ``lm`` with ``settings`` answers under ``eval.*`` (as :func:`~dgrpo.eval.evaluate.evaluate` will) does
+    not fit the model's context with its thoughts and ``eval.max_new_tokens`` tokens (``key``: the option of the
+    thoughts, unless ``eval.n_latent`` is set)."""
     from ..config import ConfigError
     from ..eval.evaluate import answer_layout, check_fits_context
 
     key = "eval.n_latent" if cfg.eval.n_latent >= 0 else key
-    before, lm.settings = lm.settings, settings
-    try:
+    with prompted(lm, settings):
         lm.format_question("")  # (data.chat_template on a tokenizer without one: its own line, not a test set's)
         n_latent, _, markers = answer_layout(lm, cfg.eval.n_latent)  # (as evaluate will answer with the trained model)
-        for spec, recs in tests.items():
-            recs = recs[: cfg.eval.limit] if cfg.eval.limit else recs
+        for said, recs in sets.items():
             try:
                 check_fits_context(
                     lm,
@@ -582,9 +615,7 @@ def check_test_sets_fit(lm: Any, tests: dict, cfg: Config, settings: Any, key: s
                     answer_key="eval.max_new_tokens",
                 )
             except ConfigError as e:
-                raise ConfigError(f"data.test {spec}, answered after training: {e}") from None
-    finally:
-        lm.settings = before
+                raise ConfigError(f"{said}: {e}") from None
 
 
 #: where the ``dgrpo eval`` lines printed under FSDP put best/'s test results: a folder of the run's that the run does
