@@ -114,3 +114,24 @@ def test_grpo_answers_too_long_for_the_context_are_refused_before_the_weights_lo
     r = run_cli("grpo", "--init", sft_checkpoint, *tiny_args(), "--set", "grpo.max_new_tokens=600", "--out", tmp_path)
     assert r.returncode == 2 and "grpo: the sequence does not fit the model's context" in r.stderr, r.stderr[-2000:]
     assert "grpo.max_new_tokens = 600" in r.stderr
+
+
+def test_dgrpo_eval_refuses_a_set_too_long_before_the_weights_load(sft_checkpoint, tmp_path, run_cli, no_weights_load):
+    """dgrpo eval's sets are checked against the context before the weights load, each named (the second of two
+    was refused once the model had loaded and the first was answered); a plain k-shot prompt as it is answered."""
+    long = _long_test_set(tmp_path)
+    args = ["eval", "--model", sft_checkpoint, "--data", "builtin:test", "--data", long, "--out", tmp_path / "e"]
+    r = run_cli(*args, "--set", "data.max_question_tokens=0")
+    assert r.returncode == 2 and f"{long}: eval: the sequence does not fit the model's context" in r.stderr
+    assert "lower eval.n_latent, eval.max_new_tokens or data.max_question_tokens" in r.stderr, r.stderr[-2000:]
+    shots = ["--plain", "--shots", "40"]
+    r = run_cli("eval", "--model", sft_checkpoint, "--data", "builtin:test", *shots, "--out", tmp_path / "p")
+    assert r.returncode == 2 and "builtin:test: eval: the sequence does not fit" in r.stderr, r.stderr[-2000:]
+    assert "prompt (" in r.stderr and "lower eval.max_new_tokens or eval.shots" in r.stderr
+
+
+def test_dgrpo_eval_of_sets_that_fit_answers_them(sft_checkpoint, tmp_path, run_cli):
+    """Sets that fit are answered, after the check that found them fitting."""
+    r = run_cli("eval", "--model", sft_checkpoint, "--data", "builtin:test", "--limit", "4", "--out", tmp_path / "e")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "e" / "results.json").read_text())["n"] == 4

@@ -26,6 +26,7 @@ from .common import (
     check_split,
     evaluate_shards,
     join_processes,
+    model_without_weights,
     prompt_settings,
     revision_for,
     setup,
@@ -204,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
         sets = _read_sets(outs, args.split, cfg, options["scorer"], started_in, from_checkpoint)
         warn_fsdp_not_applied(cfg)
         warn_of_earlier_results(Path(args.out), outs.values())
+        check_sets_fit(args.model, cfg, sets, args.split)  # (before the weights load: each set, not once one is done)
         # (under torchrun: each rank answers a shard of every set, with the whole model)
         dist, device = join_processes(cfg, device, fsdp=False)
         lm = _load_eval_model(args.model, cfg, device)
@@ -227,6 +229,26 @@ def run(args: argparse.Namespace) -> int:
             print(f"dgrpo eval: {'; '.join(accuracies)}")
     dist.close()
     return 0
+
+
+def check_sets_fit(model: str, cfg: Config, sets: dict[str, list], split: str | None) -> None:
+    """Each dataset's longest prompt checked against the context of ``model`` as it will be answered
+    (:func:`~dgrpo.eval.evaluate.check_evaluation_fits`, :func:`~dgrpo.eval.evaluate.evaluate`'s own check) with the
+    model built from its tokenizer and config.json alone (:func:`~.common.model_without_weights`): a set too long is
+    refused, named, before the weights load and before any set is answered; nothing when that model cannot be built
+    (evaluate checks each set then, once loaded)."""
+    from ..config import ConfigError
+    from ..eval.evaluate import check_evaluation_fits, eval_options
+
+    if (lm := model_without_weights(model, cfg)) is None:
+        return
+    prompt_settings(lm, cfg)
+    e = cfg.eval
+    for data, recs in sets.items():
+        try:
+            check_evaluation_fits(lm, recs, plain=e.plain, shots=e.shots, limit=e.limit, **eval_options(cfg))
+        except ConfigError as err:
+            raise ConfigError(f"{dataset_label(data, split)}: {err}") from None
 
 
 def warn_fsdp_not_applied(cfg: Config) -> None:

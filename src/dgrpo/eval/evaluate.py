@@ -337,6 +337,41 @@ def check_fits_context(
     )
 
 
+def check_evaluation_fits(
+    lm: LatentLM,
+    records: list[Record],
+    *,
+    n_latent: int | None = None,
+    max_new_tokens: int = 64,
+    plain: bool = False,
+    shots: int = 0,
+    limit: int = 0,
+    max_question_tokens: int | None = None,
+    **_: Any,
+) -> None:
+    """The ConfigError :func:`evaluate` of ``records`` with these options (the rest, ``eval_options``'s, ignored)
+    raises when its longest prompt does not fit the context, without answering any: ``dgrpo eval`` checks every set
+    so before the weights load (with the model :func:`~dgrpo.cli.common.model_without_weights` builds), and a set
+    after another is not refused once the first is answered."""
+    p = _prompted(
+        "evaluate",
+        lm,
+        records,
+        scorer=None,
+        plain=plain,
+        shots=shots,
+        limit=limit,
+        n_latent=n_latent,
+        batch_size=1,
+        max_question_tokens=max_question_tokens,
+    )
+    if p.questions:
+        distinct = list(dict.fromkeys(p.questions))
+        _check_distinct_fit(
+            lm, distinct, p.n_latent, max_new_tokens, p.markers, p.max_question_tokens, prompt_key=p.prompt_key
+        )
+
+
 def _check_distinct_fit(
     lm: LatentLM,
     distinct: list[str],
