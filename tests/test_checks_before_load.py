@@ -135,3 +135,29 @@ def test_dgrpo_eval_of_sets_that_fit_answers_them(sft_checkpoint, tmp_path, run_
     r = run_cli("eval", "--model", sft_checkpoint, "--data", "builtin:test", "--limit", "4", "--out", tmp_path / "e")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "e" / "results.json").read_text())["n"] == 4
+
+
+def test_what_the_load_warns_of_is_said_once(tokenizer, tmp_path):
+    """A tokenizer with tokens past the model's rows is warned about by the load: not a second time by the model
+    built before it without weights."""
+    import copy
+    import warnings
+
+    from dgrpo.cli.common import model_without_weights
+    from dgrpo.config import Config
+    from dgrpo.model.factory import load_model
+
+    lm = make_lm(tokenizer, "qwen2")
+    lm.save_pretrained(tmp_path / "m")
+    for name in ("manifest.json", "latent_config.json"):  # (a plain model of a user's)
+        (tmp_path / "m" / name).unlink()
+    tok = copy.deepcopy(lm.tokenizer)
+    tok.add_tokens(["zzz_new_token"])
+    tok.save_pretrained(tmp_path / "m")
+    cfg = Config()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert model_without_weights(str(tmp_path / "m"), cfg) is not None
+        assert not said
+        load_model(cfg.model, cfg.task, init=str(tmp_path / "m"), training=False)
+    assert ["beyond the model's" in str(w.message) for w in said] == [True]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,7 +103,6 @@ def revision_for(model: str, cfg: Config, overrides: list[str], option: str) -> 
     gives it, or when the config that holds it names this model. Else "", with a warning when one was set: a run's
     config.json records the commit of the model that run loaded (its base), which another model (an upload of the
     run's own) does not have."""
-    import warnings
 
     from ..config import override_keys
     from ..model.sources import on_disk
@@ -310,6 +310,8 @@ def model_without_weights(name: str, cfg: Config) -> Any:
         with torch.device("meta"):  # (no memory, nothing drawn: the shapes alone)
             model = AutoModelForCausalLM.from_config(config)
         settings, _ = _read_latent_files(folder)
-        return LatentLM(model, load_tokenizer(str(folder)), settings)
+        with warnings.catch_warnings():  # (what it warns of, the load warns of: once)
+            warnings.simplefilter("ignore")
+            return LatentLM(model, load_tokenizer(str(folder)), settings)
     except Exception:  # noqa: BLE001 - the load reads these files again, and says what is wrong with them
         return None
