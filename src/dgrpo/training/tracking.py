@@ -268,29 +268,12 @@ class WandbTracker:
         wandb = _require("wandb", "wandb", "wandb")
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        env = os.environ.get  # (W&B's own variables, where the options are left at their defaults)
         stored = _stored_run_id(self.run_dir) if resume else ""
-        self.run_id = wandb_run_id(self.run_dir, resume, given=env("WANDB_RUN_ID") or None, store=False)
+        self.run_id = wandb_run_id(self.run_dir, resume, given=os.environ.get("WANDB_RUN_ID") or None, store=False)
         #: another W&B run than the one this run logged to (W&B added on resume, or WANDB_RUN_ID naming another):
         #: a resumed run gives it every kept row first
         self.fresh = self.run_id != stored
-        try:
-            self._run: Any = wandb.init(
-                dir=str(self.run_dir),  # (OUT/wandb, whatever WANDB_DIR says: the run folder holds its run)
-                project=None if project == DEFAULT_PROJECT and env("WANDB_PROJECT") else project,
-                entity=entity or None,
-                name=run_name or (None if env("WANDB_NAME") else self.run_dir.resolve().name),
-                config=config,
-                id=self.run_id,
-                resume="allow",
-            )
-        except wandb.errors.Error as e:
-            if "Run ID" in str(e):  # (W&B's own check of an id's characters)
-                source = "WANDB_RUN_ID" if env("WANDB_RUN_ID") else str(self.run_dir / WANDB_ID_FILE)
-                raise ConfigError(
-                    f"{source}: W&B refuses the run id {self.run_id!r} ({' '.join(str(e).split())})"
-                ) from e
-            raise _start_refused(e, project, env("WANDB_PROJECT")) from e
+        self._run: Any = self._start(wandb, project, entity, run_name, config)
         #: WANDB_MODE=disabled: a run that records nothing (older wandb gives it an id of its own)
         self.disabled = bool(getattr(self._run, "disabled", False))
         if self._run is None or (self._run.id != self.run_id and not self.disabled):
@@ -319,6 +302,28 @@ class WandbTracker:
             )
             url = getattr(self._run, "url", None)
             self.where = where + (f" ({url})" if url else "")
+
+    def _start(self, wandb: Any, project: str, entity: str, run_name: str, config: dict | None) -> Any:
+        """``wandb.init`` of the run :attr:`run_id` names, under ``run_dir`` (W&B's own variables honoured where the
+        options are left at their defaults); its refusal as one line."""
+        env = os.environ.get  # (W&B's own variables, where the options are left at their defaults)
+        try:
+            return wandb.init(
+                dir=str(self.run_dir),  # (OUT/wandb, whatever WANDB_DIR says: the run folder holds its run)
+                project=None if project == DEFAULT_PROJECT and env("WANDB_PROJECT") else project,
+                entity=entity or None,
+                name=run_name or (None if env("WANDB_NAME") else self.run_dir.resolve().name),
+                config=config,
+                id=self.run_id,
+                resume="allow",
+            )
+        except wandb.errors.Error as e:
+            if "Run ID" in str(e):  # (W&B's own check of an id's characters)
+                source = "WANDB_RUN_ID" if env("WANDB_RUN_ID") else str(self.run_dir / WANDB_ID_FILE)
+                raise ConfigError(
+                    f"{source}: W&B refuses the run id {self.run_id!r} ({' '.join(str(e).split())})"
+                ) from e
+            raise _start_refused(e, project, env("WANDB_PROJECT")) from e
 
     def resumed(self, kept_rows: list[dict[str, Any]]) -> None:
         """A resumed run keeps these rows: a :attr:`fresh` W&B run (W&B added on resume) gets them now; a continued
