@@ -231,7 +231,10 @@ def call_checked(
 
     def call(completions: list[str], records: list[Record]) -> Any:
         args, keywords = arguments(completions, records)
-        return awaited(fn(*args, **keywords))
+        returned = awaited(fn(*args, **keywords))
+        # a generator or map() computes its values as they are read: read here, so that an error in it is the
+        # function's, named with its row (it escaped bare from the reading below, a TypeError read as a bad return)
+        return list(returned) if isinstance(returned, Iterator) else returned
 
     try:
         returned = call(completions, records)
