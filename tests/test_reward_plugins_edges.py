@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from decimal import Decimal
+from typing import Any, cast
 
+import numpy as np
 import pytest
 
 from dgrpo.data.records import Record
-from dgrpo.eval.scoring import RewardError, call_checked
+from dgrpo.eval.scoring import RewardError, RewardPart, Rewards, call_checked, exact, numeric
 
 RECORDS = [Record(question=f"q{i}", answer=str(i), steps=[], meta={"n": str(i)}) for i in range(3)]
 COMPLETIONS = ["#### 0", "#### 1", "#### x"]
@@ -47,3 +49,45 @@ def test_a_lazy_return_that_reads_well_is_taken() -> None:
         return (float(c == f"#### {r.answer}") for c, r in zip(completions, records))
 
     assert call_checked(lazy, "lazy", COMPLETIONS, RECORDS) == [1.0, 1.0, 0.0]
+
+
+class _Judge:
+    def __call__(self, completions: list[str], records: list[Record]) -> list[float]:
+        return numeric(completions, records)
+
+
+@pytest.mark.parametrize(
+    ("weight", "said"),
+    [
+        (float("nan"), "got nan"),
+        (float("inf"), "got inf"),
+        ("0.5", "got '0.5'"),
+        (True, "got True"),
+        (None, "got None"),
+    ],
+)
+def test_a_reward_parts_weight_that_is_no_finite_number_is_refused_where_it_is_given(weight, said) -> None:
+    # (a NaN weight made every total NaN, refused as the filter window's "it is nan for row 0"; with the filter off
+    # it trained on NaN rewards; a weight of text failed in the first call: "can't multiply sequence by non-int")
+    with pytest.raises(RewardError, match=rf"^RewardPart 'a': weight must be a finite number, {re.escape(said)}$"):
+        RewardPart("a", numeric, weight)
+
+
+def test_a_reward_parts_weight_is_kept_as_a_float() -> None:
+    rewards = Rewards([RewardPart("a", numeric, cast(float, Decimal("0.5"))), RewardPart("b", numeric, np.float32(2))])
+    assert [type(p.weight) for p in rewards.parts] == [float, float]
+    assert rewards(["#### 0", "#### 5"], RECORDS[:2]) == [2.5, 0.0]
+
+
+def test_a_reward_part_that_is_no_function_is_refused_where_it_is_given() -> None:
+    with pytest.raises(RewardError, match=r"^RewardPart 'a': fn must be a reward function, got str 'numeric' "):
+        RewardPart("a", cast(Any, "numeric"))
+    with pytest.raises(RewardError, match=r"^RewardPart 'j': fn is the class _Judge; pass a function, or an instance"):
+        RewardPart("j", cast(Any, _Judge))
+    assert RewardPart("j", _Judge()).fn(["#### 0"], RECORDS[:1]) == [1.0]
+
+
+def test_rewards_whose_every_weight_is_zero_are_refused_as_the_config_refuses_them() -> None:
+    with pytest.raises(RewardError, match=r"^Rewards: every part has weight 0: the total reward would be 0 for every"):
+        Rewards([RewardPart("a", numeric, 0), RewardPart("b", exact, 0.0)])
+    assert Rewards([RewardPart("a", numeric, 0), RewardPart("b", exact, -0.5)]).identity()[1].endswith("* -0.5")

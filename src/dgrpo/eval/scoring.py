@@ -523,6 +523,23 @@ class RewardPart:
     fn: ScoreFn
     weight: float = 1.0
 
+    def __post_init__(self) -> None:
+        """A callable ``fn`` and a finite weight, kept as a float (a NaN weight made every total NaN, told as the
+        filter's window; a weight of text failed in the first call, "can't multiply sequence")."""
+        if inspect.isclass(self.fn):  # (called, it makes an instance: not one value per completion)
+            raise RewardError(
+                f"RewardPart {self.name!r}: fn is the class {self.fn.__name__}; pass a function, or an instance of it"
+            )
+        if not callable(self.fn):
+            raise RewardError(
+                f"RewardPart {self.name!r}: fn must be a reward function, got {type(self.fn).__name__} "
+                f"{self.fn!r:.60} (a built-in scorer by name: dgrpo.eval.scoring.SCORERS[name])"
+            )
+        weight = None if isinstance(self.weight, bool) else reward_value(self.weight)
+        if weight is None:
+            raise RewardError(f"RewardPart {self.name!r}: weight must be a finite number, got {self.weight!r:.60}")
+        self.weight = weight
+
     def identity(self) -> str:
         """``name = module.function * weight``: what a checkpoint records of the reward it was trained with."""
         return f"{self.name} = {function_name(self.fn)} * {self.weight:g}"
@@ -566,6 +583,11 @@ class Rewards:
         if twice:  # each part's values are kept by name: a second one would be summed in place of the first
             raise RewardError(
                 f"Rewards: reward part name(s) {', '.join(twice)} given twice: give each part its own name"
+            )
+        if all(p.weight == 0 for p in self.parts):  # (as grpo.rewards refuses it)
+            raise RewardError(
+                "Rewards: every part has weight 0: the total reward would be 0 for every rollout, with nothing to "
+                "learn (a part of weight 0 beside others is logged without entering the total)"
             )
         if self.filter_on and self.filter_on not in names:
             raise RewardError(
