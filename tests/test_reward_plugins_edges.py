@@ -91,3 +91,23 @@ def test_rewards_whose_every_weight_is_zero_are_refused_as_the_config_refuses_th
     with pytest.raises(RewardError, match=r"^Rewards: every part has weight 0: the total reward would be 0 for every"):
         Rewards([RewardPart("a", numeric, 0), RewardPart("b", exact, 0.0)])
     assert Rewards([RewardPart("a", numeric, 0), RewardPart("b", exact, -0.5)]).identity()[1].endswith("* -0.5")
+
+
+def test_a_reward_without_kwargs_whose_second_parameter_names_a_column_is_warned_of() -> None:
+    # TRL's `accuracy(completions, solution)`, **kwargs forgotten: called as dgrpo's form, its `solution` got the
+    # records, compared with text as 0 every time, without a word of why
+    records = [Record(question="q", answer="4", steps=[], meta={"solution": "#### 4"})]
+
+    def accuracy_no_kwargs(completions: list[str], solution: list[Any]) -> list[float]:
+        return [float(c == s) for c, s in zip(completions, solution)]
+
+    with pytest.warns(UserWarning, match=r"^accuracy_no_kwargs's second parameter 'solution' is named as a column of "):
+        assert call_checked(accuracy_no_kwargs, "accuracy_no_kwargs", ["#### 4"], records) == [0.0]
+
+
+def test_a_dgrpo_reward_whose_second_parameter_is_no_column_is_not_warned_of(recwarn: pytest.WarningsRecorder) -> None:
+    def batch_reward(completions: list[str], batch: list[Record]) -> list[float]:
+        return [float(c == f"#### {r.answer}") for c, r in zip(completions, batch)]
+
+    assert call_checked(batch_reward, "batch_reward", ["#### 0"], RECORDS[:1]) == [1.0]
+    assert not [w for w in recwarn if "batch_reward" in str(w.message)]

@@ -224,7 +224,7 @@ def call_checked(
     if not trl and trl_style(fn):
         _warn_called_as_dgrpo(fn, name, columns)
     elif not trl:
-        _warn_prompts_first(fn, name)
+        _warn_prompts_first(fn, name, columns)
 
     def arguments(completions: list[str], records: list[Record]) -> tuple[tuple, dict[str, Any]]:
         return ((), trl_columns(completions, records, columns)) if trl else ((completions, records), {})
@@ -409,20 +409,28 @@ def _warn_called_as_dgrpo(fn: Callable, name: str, columns: dict) -> None:
     )
 
 
-def _warn_prompts_first(fn: Callable, name: str) -> None:
+def _warn_prompts_first(fn: Callable, name: str, columns: Iterable[str] = ()) -> None:
     """Once per function: one called as dgrpo's ``fn(completions, records)`` whose first parameter is TRL's
     ``prompts`` (``f(prompts, completions)`` without ``**kwargs``, which TRL's trainer could not call either: it
-    passes more keywords) gets the completions as its prompts and the records as its completions."""
+    passes more keywords) gets the completions as its prompts and the records as its completions; one whose second
+    parameter is named as one of the ``columns`` it would get in TRL's form (``f(completions, solution)``) gets the
+    records in it, silently (its every value 0, compared with the records)."""
     if name in _WARNED_DGRPO_FORM:
         return
     params = [p for p in _parameters(fn) if p.kind is not p.VAR_POSITIONAL]
-    if not params or params[0].name != "prompts":
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if params and params[0].name == "prompts":
+        said = "first parameter is TRL's 'prompts'"
+        gets = "'prompts' gets the completions"
+    elif len(positional) >= 2 and positional[1] != "records" and positional[1] in set(columns):
+        said = f"second parameter {positional[1]!r} is named as a column of the data"
+        gets = f"{positional[1]!r} gets the records, not the column"
+    else:
         return
     _WARNED_DGRPO_FORM.add(name)
     warnings.warn(
-        f"{name}'s first parameter is TRL's 'prompts', but it takes no **kwargs, so it is called as dgrpo's "
-        "fn(completions, records): 'prompts' gets the completions. Written for TRL? Add **kwargs (TRL's trainer "
-        "passes more keywords too)",
+        f"{name}'s {said}, but it takes no **kwargs, so it is called as dgrpo's fn(completions, records): {gets}. "
+        "Written for TRL? Add **kwargs (TRL's trainer passes more keywords too)",
         stacklevel=3,
     )
 
