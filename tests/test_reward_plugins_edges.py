@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import numpy as np
 import pytest
+import torch
 
 from dgrpo.data.records import Record
 from dgrpo.eval.scoring import RewardError, RewardPart, Rewards, call_checked, exact, numeric
@@ -111,3 +112,15 @@ def test_a_dgrpo_reward_whose_second_parameter_is_no_column_is_not_warned_of(rec
 
     assert call_checked(batch_reward, "batch_reward", ["#### 0"], RECORDS[:1]) == [1.0]
     assert not [w for w in recwarn if "batch_reward" in str(w.message)]
+
+
+def test_a_row_of_values_wrapped_in_one_more_dimension_is_named_by_its_shape() -> None:
+    # torch.tensor([values]) is of shape [1, n]: it was "returned 1 value for 3 completions", no word of the shape
+    def wrapped(completions: list[str], records: list[Record]) -> torch.Tensor:
+        return torch.tensor([numeric(completions, records)])
+
+    shape = re.escape("(an array of shape (1, 3): one number per completion is 1-D)")
+    with pytest.raises(RewardError, match=rf"^reward wrapped returned 1 value for 3 completions {shape}$"):
+        call_checked(wrapped, "wrapped", COMPLETIONS, RECORDS)
+    with pytest.raises(RewardError, match=r"^reward short returned 2 values for 3 completions$"):
+        call_checked(lambda c, r: np.ones(2), "short", COMPLETIONS, RECORDS)

@@ -256,8 +256,10 @@ def call_checked(
         raise RewardError(f"{what} {name} returned {shown}, not one value per completion (a list of numbers)") from None
     if len(values) != len(completions):
         got, asked = len(values), len(completions)
+        shape = tuple(getattr(returned, "shape", ())) if getattr(returned, "ndim", 1) > 1 else ()
+        said = f" (an array of shape {shape}: one number per completion is 1-D)" if shape else ""  # (tensor([xs]))
         raise RewardError(
-            f"{what} {name} returned {got} value{'s' * (got != 1)} for {asked} completion{'s' * (asked != 1)}"
+            f"{what} {name} returned {got} value{'s' * (got != 1)} for {asked} completion{'s' * (asked != 1)}{said}"
         )
     out = []
     for i, v in enumerate(values):
