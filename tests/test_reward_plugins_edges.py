@@ -124,3 +124,21 @@ def test_a_row_of_values_wrapped_in_one_more_dimension_is_named_by_its_shape() -
         call_checked(wrapped, "wrapped", COMPLETIONS, RECORDS)
     with pytest.raises(RewardError, match=r"^reward short returned 2 values for 3 completions$"):
         call_checked(lambda c, r: np.ones(2), "short", COMPLETIONS, RECORDS)
+
+
+def test_a_python_reward_named_as_a_rollout_field_is_refused_saying_how_to_rename_it() -> None:
+    # reward_fn=[reward, fmt] names its parts by __name__: "give the part another name" did not say how
+    from dgrpo.config import Config
+    from dgrpo.training.grpo import _chosen_rewards
+
+    def reward(completions: list[str], **kwargs: Any) -> list[float]:
+        return [1.0] * len(completions)
+
+    def fmt(completions: list[str], **kwargs: Any) -> list[float]:
+        return [0.0] * len(completions)
+
+    how = re.escape(
+        "reward_fn=[...], where a function's __name__ names it: rename it, or pass a Rewards of RewardParts"
+    )
+    with pytest.raises(RewardError, match=rf"^Rewards: reward part name\(s\) reward are fields .*{how}\)$"):
+        _chosen_rewards([reward, fmt], Config())

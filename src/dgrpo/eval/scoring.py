@@ -587,7 +587,8 @@ class Rewards:
         if taken:  # (two parts or more: their values sit beside these in a rollouts.jsonl row, and overwrote them)
             raise RewardError(
                 f"Rewards: reward part name(s) {', '.join(taken)} are fields of rollouts.jsonl's rows "
-                f"({', '.join(ROLLOUT_FIELDS)}): give the part another name"
+                f"({', '.join(ROLLOUT_FIELDS)}): give the part another name (grpo.rewards: an item's name; "
+                "reward_fn=[...], where a function's __name__ names it: rename it, or pass a Rewards of RewardParts)"
             )
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:  # each part's values are kept by name: a second one would be summed in place of the first
