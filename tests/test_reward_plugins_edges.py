@@ -142,3 +142,14 @@ def test_a_python_reward_named_as_a_rollout_field_is_refused_saying_how_to_renam
     )
     with pytest.raises(RewardError, match=rf"^Rewards: reward part name\(s\) reward are fields .*{how}\)$"):
         _chosen_rewards([reward, fmt], Config())
+
+
+def test_trls_none_is_refused_saying_what_to_return_instead() -> None:
+    # (TRL sums the weighted rewards with nansum: a None adds nothing; the line said None "has no meaning here", not
+    # what to return for it)
+    def math_only(completions: list[str], **kwargs: Any) -> Any:
+        return [None if c.endswith("x") else 1.0 for c in completions]
+
+    said = re.escape("TRL's None ('does not apply') is not taken: return 0.0 for it, what TRL's sum of the weighted")
+    with pytest.raises(RewardError, match=rf"^reward math_only returned None for row 2 \(completion '#### x'.*{said}"):
+        call_checked(math_only, "math_only", COMPLETIONS, RECORDS)

@@ -267,7 +267,10 @@ def call_checked(
         if x is None:
             why = ""
             if v is None:
-                why = ": every completion needs a number (TRL's None, 'does not apply', has no meaning here)"
+                why = (  # (TRL's trainer sums the weighted rewards with nansum: a None, NaN there, adds nothing)
+                    ": every completion needs a number, and TRL's None ('does not apply') is not taken: return 0.0 "
+                    "for it, what TRL's sum of the weighted rewards counts it as"
+                )
             elif isinstance(v, str):  # (a judge's reply passed on as it came: '1' read as no number, unsaid)
                 why = ": a string, not a number (convert it: float(...))"
             elif getattr(returned, "ndim", 1) > 1:  # (an array of shape [n, 1]: its rows are arrays)
