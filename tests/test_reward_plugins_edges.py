@@ -153,3 +153,30 @@ def test_trls_none_is_refused_saying_what_to_return_instead() -> None:
     said = re.escape("TRL's None ('does not apply') is not taken: return 0.0 for it, what TRL's sum of the weighted")
     with pytest.raises(RewardError, match=rf"^reward math_only returned None for row 2 \(completion '#### x'.*{said}"):
         call_checked(math_only, "math_only", COMPLETIONS, RECORDS)
+
+
+def test_a_trl_reward_looking_up_a_column_the_data_lacks_is_told_the_keywords_it_gets() -> None:
+    # kwargs["solution"] on data without that column said "raised KeyError: 'solution'", no word of what it gets
+    records = [Record(question="q", answer="4", steps=[], meta={"source": "mine.jsonl"})]
+
+    def accuracy(completions: list[str], **kwargs: Any) -> list[float]:
+        return [float(c == s) for c, s in zip(completions, kwargs["solution"])]
+
+    said = re.escape(
+        "raised KeyError: 'solution' (if looked up in its **kwargs: no such keyword; it is called with prompts, "
+        "completions, answer, steps, source: the data's columns by their names, data.answer_key's too) on row 0"
+    )
+    with pytest.raises(RewardError, match=rf"^reward accuracy {said}"):
+        call_checked(accuracy, "accuracy", ["#### 4"], records, columns=("source",))
+
+    def by_letter(completions: list[str], **kwargs: Any) -> list[float]:  # (its own dict's key: the hint says "if")
+        return [{"A": 1.0}[kwargs["answer"][0]]]
+
+    with pytest.raises(RewardError, match=r"^reward by_letter raised KeyError: '4' \(if looked up in its \*\*kwargs"):
+        call_checked(by_letter, "by_letter", ["#### 4"], records)
+
+    def answer_twice(completions: list[str], **kwargs: Any) -> list[float]:  # (a keyword it gets: nothing added)
+        raise KeyError("answer")
+
+    with pytest.raises(RewardError, match=r"^reward answer_twice raised KeyError: 'answer' on row 0"):
+        call_checked(answer_twice, "answer_twice", ["#### 4"], records)

@@ -246,7 +246,8 @@ def call_checked(
         refused = isinstance(e, TypeError) and _signature_refuses(fn, *arguments(completions, records))
         where = "" if refused else _failing_row(call, completions, records, type(e))
         missing = _trl_only_required(fn) if refused else []
-        raise RewardError(f"{what} {name} raised {type(e).__name__}: {_failure(e, trl, missing)}{where}") from None
+        said = _failure(e, trl, missing, columns)
+        raise RewardError(f"{what} {name} raised {type(e).__name__}: {said}{where}") from None
     try:
         if isinstance(returned, (str, Mapping, AbstractSet)):  # iterable, but not the values in the rows' order
             raise TypeError
@@ -307,10 +308,17 @@ def _trl_only_required(fn: Callable) -> list[str]:
     return [p.name for p in _parameters(fn) if p.name in TRL_ONLY and p.kind in named and p.default is p.empty]
 
 
-def _failure(error: BaseException, trl: bool, missing: Sequence[str] = ()) -> str:
+def _failure(error: BaseException, trl: bool, missing: Sequence[str] = (), keywords: Iterable[str] = ()) -> str:
     """The first line of a reward's ``error``, and how it came about where dgrpo knows more than the error says
-    (``missing``: the keywords only TRL's trainer passes that the function requires)."""
-    how = ""
+    (``missing``: the keywords only TRL's trainer passes that the function requires; ``keywords``: those a function
+    in TRL's form is called with, named when it looked one up that is not among them, ``kwargs["solution"]``)."""
+    how, keywords = "", list(keywords)
+    key = error.args[0] if isinstance(error, KeyError) and len(error.args) == 1 else None
+    if trl and isinstance(key, str) and key not in keywords:  # (a column the data lacks: which ones it has)
+        how = (
+            f" (if looked up in its **kwargs: no such keyword; it is called with {', '.join(keywords)}: the data's "
+            "columns by their names, data.answer_key's too)"
+        )
     if isinstance(error, SystemExit):
         how = " (sys.exit() called in it: raise an error, or return 0 for a completion it cannot score)"
     if missing:  # (TRL's trainer passes them; dgrpo has no such objects)
