@@ -55,7 +55,9 @@ def test_a_bad_value_names_the_completion_it_was_given():
     with pytest.raises(RewardError) as raised:
         call_checked(parsed, "parsed", ["#### 5", "#### nan"], RECS)
     assert str(raised.value) == (
-        "reward parsed returned nan for row 1 (completion '#### nan', question 'Ben has 4 and 4 more: how many?')"
+        "reward parsed returned nan for row 1 (completion '#### nan', question 'Ben has 4 and 4 more: how many?'): "
+        "every completion needs a finite number: return 0.0 for one it cannot score (what TRL's sum of the weighted "
+        "rewards counts a NaN as, and a None)"
     )
     with pytest.raises(RewardError, match=r"returned 2\.0 for row 0 \(completion '#### 2', question 'Ann has"):
         call_checked(parsed, "parsed", ["#### 2"], RECS[:1], "scorer")

@@ -180,3 +180,23 @@ def test_a_trl_reward_looking_up_a_column_the_data_lacks_is_told_the_keywords_it
 
     with pytest.raises(RewardError, match=r"^reward answer_twice raised KeyError: 'answer' on row 0"):
         call_checked(answer_twice, "answer_twice", ["#### 4"], records)
+
+
+def test_a_nan_is_refused_saying_what_to_return_instead() -> None:
+    # (TRL's nansum leaves a NaN out as it does a None: a reward written for it returns NaN for "cannot score"; the
+    # line said only "returned nan for row 1")
+    def parsed(completions: list[str], records: list[Record]) -> Any:
+        return np.array([1.0, np.nan, 0.0], dtype=np.float32)
+
+    said = re.escape("returned np.float32(nan) for row 1 (completion '#### 1', question 'q1'): every completion needs")
+    how = re.escape("return 0.0 for one it cannot score (what TRL's sum of the weighted rewards counts a NaN as")
+    with pytest.raises(RewardError, match=rf"^reward parsed {said} a finite number: {how}, and a None\)$"):
+        call_checked(parsed, "parsed", COMPLETIONS, RECORDS)
+    with pytest.raises(
+        RewardError, match=r"^scorer parsed returned .* finite number: return 0\.0 for one it cannot score$"
+    ):
+        call_checked(parsed, "parsed", COMPLETIONS, RECORDS, "scorer")
+    with pytest.raises(
+        RewardError, match=r"^reward inf returned inf for row 0 \(completion '#### 0', question 'q0'\)$"
+    ):
+        call_checked(lambda c, r: [float("inf")] * 3, "inf", COMPLETIONS, RECORDS)

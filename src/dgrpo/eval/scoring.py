@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Se
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, SupportsFloat
+from typing import Any, SupportsFloat, cast
 
 from ..config import reward_name
 from ..data.records import Record, data_columns
@@ -277,11 +277,22 @@ def call_checked(
             elif getattr(returned, "ndim", 1) > 1:  # (an array of shape [n, 1]: its rows are arrays)
                 shape = tuple(getattr(returned, "shape", ()))
                 why = f": it returned an array of shape {shape}; one number per completion is 1-D"
+            elif _is_nan(v):  # (TRL's nansum leaves a NaN out of the total as it does a None: rewards written so)
+                also = " (what TRL's sum of the weighted rewards counts a NaN as, and a None)" * (what == "reward")
+                why = f": every completion needs a finite number: return 0.0 for one it cannot score{also}"
             raise RewardError(f"{what} {name} returned {v!r} for row {i} ({_row(completions, records, i)}){why}")
         if what == "scorer":
             x = _score_in_range(x, name, i, _row(completions, records, i))
         out.append(x)
     return out
+
+
+def _is_nan(v: object) -> bool:
+    """Whether ``v`` reads as a NaN float (a Python, NumPy or 0-d torch one)."""
+    try:
+        return math.isnan(float(cast(Any, v)))
+    except (TypeError, ValueError, OverflowError, RuntimeError):  # (RuntimeError: a tensor of several values)
+        return False
 
 
 def awaited(value: Any) -> Any:
