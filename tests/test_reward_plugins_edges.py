@@ -200,3 +200,21 @@ def test_a_nan_is_refused_saying_what_to_return_instead() -> None:
         RewardError, match=r"^reward inf returned inf for row 0 \(completion '#### 0', question 'q0'\)$"
     ):
         call_checked(lambda c, r: [float("inf")] * 3, "inf", COMPLETIONS, RECORDS)
+
+
+def test_a_reward_past_float32s_range_is_refused_naming_the_row() -> None:
+    # (the rewards are kept in a float32 tensor: 1e39 was inf there, and its group's advantages (r - mean) NaN)
+    def huge(completions: list[str], records: list[Record]) -> list[float]:
+        return [1.0, -1e39, 0.0]
+
+    said = re.escape("reward huge returned -1e+39 for row 1 (completion '#### 1', question 'q1'): past float32's range")
+    with pytest.raises(RewardError, match=rf"^{said}, \+-3\.403e\+38, in which the rewards are kept"):
+        call_checked(huge, "huge", COMPLETIONS, RECORDS)
+
+    def big(completions: list[str], records: list[Record]) -> list[float]:
+        return [3e38, 0.0, 1.0]
+
+    assert call_checked(big, "big", COMPLETIONS, RECORDS) == [3e38, 0.0, 1.0]
+    total = re.escape("the weighted total of the rewards is 6e+38 for row 0 (completion '#### 0', question 'q0')")
+    with pytest.raises(RewardError, match=rf"^{total}: past float32's range"):
+        Rewards([RewardPart("a", big), RewardPart("b", big)])(COMPLETIONS, RECORDS)

@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, SupportsFloat, cast
 
-from ..config import reward_name
+from ..config import FLOAT32_MAX, reward_name
 from ..data.records import Record, data_columns
 from ..plugins import PluginError, import_object
 from ..reward import ANSWER_IS, extract_answer, final_answer_text, normalize_number, normalize_text, score
@@ -281,10 +281,18 @@ def call_checked(
                 also = " (what TRL's sum of the weighted rewards counts a NaN as, and a None)" * (what == "reward")
                 why = f": every completion needs a finite number: return 0.0 for one it cannot score{also}"
             raise RewardError(f"{what} {name} returned {v!r} for row {i} ({_row(completions, records, i)}){why}")
+        if abs(x) > FLOAT32_MAX:  # (the rewards are a float32 tensor: inf there, then NaN advantages)
+            raise RewardError(
+                f"{what} {name} returned {x:g} for row {i} ({_row(completions, records, i)}){_PAST_FLOAT32}"
+            )
         if what == "scorer":
             x = _score_in_range(x, name, i, _row(completions, records, i))
         out.append(x)
     return out
+
+
+#: why a reward past float32's range is refused
+_PAST_FLOAT32 = f": past float32's range, +-{FLOAT32_MAX:.4g}, in which the rewards are kept (it would be inf there)"
 
 
 def _is_nan(v: object) -> bool:
@@ -634,7 +642,14 @@ class Rewards:
 
     def __call__(self, completions: list[str], records: list[Record]) -> list[float]:
         self.last = {p.name: call_checked(p.fn, p.name, completions, records, columns=self.columns) for p in self.parts}
-        return [sum(p.weight * self.last[p.name][i] for p in self.parts) for i in range(len(completions))]
+        total = [sum(p.weight * self.last[p.name][i] for p in self.parts) for i in range(len(completions))]
+        for i, t in enumerate(total):
+            if not abs(t) <= FLOAT32_MAX:  # (weighted parts each within it may sum past it, or to inf)
+                raise RewardError(
+                    f"the weighted total of the rewards is {t:g} for row {i} ({_row(completions, records, i)})"
+                    f"{_PAST_FLOAT32}"
+                )
+        return total
 
     def smoke_test(self, records: list[Record], check_filter: bool) -> None:
         """Call every reward once on gold answers (``#### <answer>``) of ``records``, before a run writes anything:
