@@ -434,7 +434,8 @@ class SFTConfig:
     reset_every: ResetEvery = opt(
         "stage",
         "with reset_optimizer: at each curriculum stage (the moments of a step's tokens are stale once it is latent), "
-        "or at every epoch, as Coconut's run.py does (reset_optimizer: True there)",
+        "or at every epoch, as Coconut's run.py does under its Coconut configs' reset_optimizer: True (its CoT config, "
+        "args/gsm_cot.yaml, keeps one AdamW: a cot run here at reset_every: stage)",
     )
     lr: float = opt(1e-3, "peak learning rate (AdamW)")
     lr_schedule: LRSchedule = opt(
