@@ -309,7 +309,11 @@ class LoadedCheckpoint:
         self, lm, optimizer: torch.optim.Optimizer, extra_models: dict[str, Any] | None = None, dist: Any = None
     ) -> dict:
         """Load everything into the model, the extra models and the optimizer; restore the RNGs; return the state
-        (state.json's content). Under FSDP2 (``dist.fsdp``) every rank calls it, and keeps its shards."""
+        (state.json's content). Under FSDP2 (``dist.fsdp``) every rank calls it, and keeps its shards. The
+        optimizer keeps its own hyperparameters (its parameter groups' betas, weight decay, eps ...: the run's
+        config), not the saved ones that torch's loading puts in their place: a resume allowed to change
+        ``grpo.weight_decay`` or ``sft.adam_betas`` stepped with the checkpoint's values, the config saying others."""
+        hyper = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
         if self.shards is not None:
             from torch.distributed.checkpoint.api import CheckpointException  # (a BaseException)
 
@@ -325,6 +329,8 @@ class LoadedCheckpoint:
         else:
             lm.load_weights(self.weights)  # complete: checked by read_checkpoint
             optimizer.load_state_dict(self.optimizer_state)
+        for group, own in zip(optimizer.param_groups, hyper):
+            group.update(own)
         for name, model in (extra_models or {}).items():
             model.load_state_dict(self.extra_weights[name], strict=False)
         restore_rng(self.state["rng"], self.rng)
