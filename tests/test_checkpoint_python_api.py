@@ -2,9 +2,12 @@
 GRPOTrainer.load_state): the optimizer's hyperparameters, the float32 masters and the trainer's state checked and
 applied as the command line's resume applies them."""
 
+import pytest
 import torch
 
+from dgrpo.model.verified import CheckpointError
 from dgrpo.training.checkpoint import read_checkpoint, save_checkpoint
+from dgrpo.training.master_weights import MasterWeightAdamW
 
 from conftest import make_lm
 
@@ -32,3 +35,47 @@ def test_a_resumed_optimizer_steps_with_the_runs_hyperparameters_not_the_checkpo
     saved, loaded = opt.state_dict()["state"], opt2.state_dict()["state"]
     assert saved.keys() == loaded.keys()
     assert all(torch.equal(saved[i]["exp_avg_sq"], loaded[i]["exp_avg_sq"]) for i in saved)
+
+
+def _bf16_checkpoint(tokenizer, tmp_path, damage=None):
+    """A bf16 model stepped once through MasterWeightAdamW and saved (``damage`` applied to each master first, as a
+    tool or another program might have written them: the manifest consistent); a fresh model and optimizer to
+    read it into."""
+    lm = make_lm(tokenizer, seed=1).to(torch.bfloat16)
+    opt = MasterWeightAdamW(lm.model.parameters(), lr=1e-2)
+    _trained(lm, opt)
+    for state in opt.state.values():
+        if damage is not None:
+            state["master"] = damage(state["master"])
+    ckpt = save_checkpoint(tmp_path, 1, lm=lm, optimizer=opt, state={})
+    lm2 = make_lm(tokenizer, seed=2).to(torch.bfloat16)
+    return ckpt, lm2, MasterWeightAdamW(lm2.model.parameters(), lr=1e-2)
+
+
+def test_honest_float32_masters_resume(tokenizer, tmp_path):
+    """Masters whose bf16 rounding is the saved weight (what every step leaves) are read and put back in float32."""
+    ckpt, lm, opt = _bf16_checkpoint(tokenizer, tmp_path)
+    read_checkpoint(ckpt, lm=lm, optimizer=opt).apply(lm, opt)
+    masters = [s["master"] for s in opt.state.values()]
+    assert masters and all(m.dtype == torch.float32 for m in masters)
+
+
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        (torch.zeros_like, "the float32 master of model.embed_tokens.weight is not that weight ("),
+        (lambda m: m * 1.5, "values round to other torch.bfloat16 values than model/'s): the first step would put"),
+        (lambda m: m.bfloat16(), "the master of model.embed_tokens.weight is torch.bfloat16, not float32"),
+    ],
+)
+def test_masters_that_are_not_the_saved_weights_are_refused_before_anything_is_applied(
+    tokenizer, tmp_path, damage, said
+):
+    """All-zero masters (or another weight's, or not float32) beside intact bf16 weights passed the checks, and the
+    resumed run's first step put them in the weights' place: a model of zeros, without a word."""
+    ckpt, lm, opt = _bf16_checkpoint(tokenizer, tmp_path, damage)
+    before = [p.detach().clone() for p in lm.model.parameters()]
+    with pytest.raises(CheckpointError, match="optimizer.pt: ") as e:
+        read_checkpoint(ckpt, lm=lm, optimizer=opt)
+    assert said in str(e.value)
+    assert all(torch.equal(a, p) for a, p in zip(before, lm.model.parameters())) and not opt.state

@@ -14,9 +14,10 @@ A checkpoint is a directory ``OUT/checkpoints/step-00000123/`` holding:
 It is written to a hidden ``.tmp-step-...`` directory and renamed into place, so a kill mid-write leaves no
 directory that looks complete. Resuming reads the newest checkpoint whole into memory and checks it (manifest,
 every required file listed, exact tensor names and shapes, optimizer state shapes, the keys and values of the
-``state.json`` sections the command reads, finite weights and optimizer moments: not those of an FSDP ``sharded``
-checkpoint, whose shards are read as they are applied) before anything is applied;
-any problem is reported in one line and the previous checkpoint is tried. Nothing is ever unpickled.
+``state.json`` sections the command reads, finite weights and optimizer moments, float32 masters that round to
+their weights: not those of an FSDP ``sharded`` checkpoint, whose shards are read as they are applied) before
+anything is applied; any problem is reported in one line and the previous checkpoint is tried. Nothing is ever
+unpickled.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from ..model.verified import (
 )
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, STEP_DIR, checkpoint_dirs, stage_dirs, step_dir_name
 from .distributed import TrainingState
+from .master_weights import LOW_PRECISION
 
 #: torch optimizers' per-parameter state tensors, shaped like their parameter (8-bit optimizers keep others), and
 #: MasterWeightAdamW's float32 copy of the weight
@@ -375,6 +377,8 @@ def read_checkpoint(
         opt_state = torch.load(ckpt / "optimizer.pt", weights_only=True, map_location=lm.device)
         check_same_sharding(ckpt, opt_state, sharded)
         check_optimizer_state(optimizer, opt_state, dict(lm.model.named_parameters()) if sharded else None)
+        if weights and lm.peft is None:  # (an adapter's weights are named as PEFT saves them, not as the model's)
+            _check_masters(opt_state, _state_names(optimizer, lm.model, opt_state, sharded), weights)
         rng = torch.load(ckpt / "rng.pt", weights_only=True)
         _check_rng(state["rng"], rng)
         _check_finite(_parameters(weights, lm.model if weights and lm.peft is None else None), "model/")
@@ -388,6 +392,41 @@ def read_checkpoint(
     except Exception as e:  # noqa: BLE001 - truncated files, bad JSON, ...: each one line
         raise CheckpointError(one_line(e)) from None
     return LoadedCheckpoint(ckpt, state, weights, extra, opt_state, rng, shards, _local_base(lm))
+
+
+def _state_names(
+    optimizer: torch.optim.Optimizer, model: torch.nn.Module, opt_state: dict[str, Any], sharded: bool
+) -> dict[Any, str]:
+    """The parameter name of each key of an optimizer state's ``state`` (a number, in the optimizer's parameter
+    order; under FSDP2 the name itself)."""
+    if sharded:
+        return {k: k for k in opt_state["state"] if isinstance(k, str)}
+    names = {id(p): n for n, p in model.named_parameters()}
+    ids = [i for g in opt_state["param_groups"] for i in g.get("params", [])]
+    return {i: names.get(id(p), "") for i, p in zip(ids, (p for g in optimizer.param_groups for p in g["params"]))}
+
+
+def _check_masters(opt_state: dict[str, Any], names: dict[Any, str], weights: dict[str, torch.Tensor]) -> None:
+    """A CheckpointError when a float32 master (``model.master_weights``: :class:`~.master_weights.MasterWeightAdamW`)
+    is not the saved low-precision weight it belongs to: each step rounds the master into the weight, so an honest
+    master rounds, to the weight's dtype, to the weight exactly. A master that does not (all zeros, another
+    checkpoint's, not float32) passed every check, and the first step of the resumed run put it in the weight's
+    place (a model of zeros, without a word). Weights this checkpoint does not hold as a whole (FSDP2 shards, a LoRA
+    adapter) are not compared."""
+    for i, per_param in opt_state["state"].items():
+        master, name = per_param.get("master"), names.get(i, "")
+        weight = weights.get(name)
+        if not isinstance(master, torch.Tensor) or weight is None or weight.dtype not in LOW_PRECISION:
+            continue
+        if master.dtype != torch.float32:
+            raise CheckpointError(f"optimizer.pt: the master of {name} is {master.dtype}, not float32")
+        differ = int((master.to(weight.dtype) != weight.to(master.device)).sum())
+        if differ:
+            raise CheckpointError(
+                f"optimizer.pt: the float32 master of {name} is not that weight ({differ} of its {weight.numel()} "
+                f"values round to other {weight.dtype} values than model/'s): the first step would put it in the "
+                "weight's place"
+            )
 
 
 def _parameters(state: dict[str, torch.Tensor], model: Any) -> dict[str, torch.Tensor]:
