@@ -2,6 +2,8 @@
 GRPOTrainer.load_state): the optimizer's hyperparameters, the float32 masters and the trainer's state checked and
 applied as the command line's resume applies them."""
 
+import json
+
 import pytest
 import torch
 
@@ -79,3 +81,31 @@ def test_masters_that_are_not_the_saved_weights_are_refused_before_anything_is_a
         read_checkpoint(ckpt, lm=lm, optimizer=opt)
     assert said in str(e.value)
     assert all(torch.equal(a, p) for a, p in zip(before, lm.model.parameters())) and not opt.state
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ({"order": [-1]}, "its trainer's order holds -1, not the index of a training row of the 8 it was trained on"),
+        ({"step_idx": "3"}, 'its trainer\'s step_idx is "3", not int'),
+        ({"data_rng": [3, [2**33] * 625, None]}, "its trainer's data_rng holds an integer out of"),
+        ({"order": [1, 1]}, "its trainer's order holds 1 twice"),
+    ],
+)
+def test_grpo_trainer_load_state_called_from_python_refuses_a_state_no_run_wrote(tokenizer, task_records, change, said):
+    """GRPOTrainer.load_state, called from Python (a notebook taking a run up again), took a damaged or hand-made
+    state as it was (a negative index: a row from the end; a string step: a TypeError steps later), where the
+    command line's resume refused it in one line: it now checks it as that resume does, the trainer left as it was."""
+    from dgrpo.training.grpo import GRPOTrainer
+
+    from conftest import tiny_config
+
+    cfg = tiny_config(**{"grpo.prompts_per_step": 3, "grpo.beta0": 0})
+    tr = GRPOTrainer(make_lm(tokenizer), cfg, task_records[:8], reward_fn=lambda c, r: [1.0] * len(c))
+    saved = json.loads(json.dumps(tr.state()))
+    before = json.dumps(tr.state())
+    with pytest.raises(CheckpointError) as e:
+        tr.load_state({**saved, **change})
+    assert said in str(e.value)
+    assert json.dumps(tr.state()) == before
+    tr.load_state(saved)  # (what state() wrote loads)

@@ -358,7 +358,11 @@ class GRPOTrainer:
         return fingerprint(self.train_data)
 
     def load_state(self, js: dict) -> None:
-        """Take up where :meth:`state` was taken (after the weights and the optimizer are loaded)."""
+        """Take up where :meth:`state` was taken (after the weights and the optimizer are loaded). ``js`` is checked
+        first as a resume checks a checkpoint's ``trainer`` section (:attr:`STATE`: CheckpointError in one line, the
+        trainer left as it was): called from Python, a damaged or hand-made state (a negative index in ``order``, a
+        count as a string, a ``data_rng`` no generator had) was taken without a word, or failed later in a step."""
+        self.STATE.check("trainer", js)
         self.step_idx, self.ema_baseline = js["step_idx"], js["ema_baseline"]
         # (the rest of the epoch's order; on other data, allowed by allow_config_change, the indices it still has)
         self.order = [i for i in js["order"] if i < len(self.train_data)]
