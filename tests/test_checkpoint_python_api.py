@@ -109,3 +109,25 @@ def test_grpo_trainer_load_state_called_from_python_refuses_a_state_no_run_wrote
     assert said in str(e.value)
     assert json.dumps(tr.state()) == before
     tr.load_state(saved)  # (what state() wrote loads)
+
+
+def test_the_refusal_of_another_optimizers_state_names_the_python_call_to_a_python_caller(tmp_path):
+    """train_grpo resumed from Python (resume=, out_dir=) on a checkpoint of another optimizer was told to start a new
+    run with --init, an option a Python caller never types: it is told LatentLM.from_pretrained(PATH), the command
+    line still --init PATH."""
+    from dgrpo.config import ConfigError
+    from dgrpo.training.checkpoint import check_same_optimizer
+    from dgrpo.training.resume_check import command_line_words
+
+    (tmp_path / "model").mkdir()
+    state = {"optimizer_kind": "bitsandbytes.optim.adamw.AdamW8bit"}
+    adamw = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
+    with pytest.raises(ConfigError) as e:
+        check_same_optimizer(tmp_path, state, adamw)
+    assert str(e.value).endswith(
+        f"start a new run with LatentLM.from_pretrained({str(tmp_path / 'model')!r}) as a new run's model"
+    )
+    assert "--init" not in str(e.value)
+    with command_line_words(), pytest.raises(ConfigError) as e:
+        check_same_optimizer(tmp_path, state, adamw)
+    assert str(e.value).endswith(f"start a new run with --init {tmp_path / 'model'}")

@@ -626,7 +626,10 @@ def check_same_optimizer(ckpt: Path, state: dict, optimizer: torch.optim.Optimiz
     """A ConfigError (the run's setting, not a damaged checkpoint) when the checkpoint holds another optimizer's
     state than the one this run built: ``grpo.optimizer=adamw8bit`` runs torch AdamW without CUDA or bitsandbytes
     (warned), and the same config resumed on a GPU built bitsandbytes' AdamW8bit to load torch AdamW's state into.
-    A checkpoint that does not say (written before dgrpo recorded it) is not checked."""
+    A checkpoint that does not say (written before dgrpo recorded it) is not checked. The new run's model is named
+    as the caller names one (``--init``, from Python ``LatentLM.from_pretrained``: ResumeCheck's words)."""
+    from .resume_check import ResumeCheck, in_command_line  # (resume_check imports this module)
+
     saved, now = state.get("optimizer_kind"), optimizer_kind(optimizer)
     if saved is None or saved == now:
         return
@@ -635,9 +638,9 @@ def check_same_optimizer(ckpt: Path, state: dict, optimizer: torch.optim.Optimiz
         if "bitsandbytes" in saved + now
         else ""
     )
-    init = f"--init {ckpt / 'model'}"
+    init = ResumeCheck(ckpt, {}, "", cli=in_command_line())._init_named(ckpt / "model")
     if (ckpt / SHARDED_DIR).is_dir() and not any((ckpt / "model").glob("*.safetensors")):  # (weights in shards)
-        init = f"--init {ckpt / 'model'} once `dgrpo consolidate {ckpt}` has written its weights there"
+        init = f"{init} once `dgrpo consolidate {ckpt}` has written its weights there"
     raise ConfigError(
         f"{ckpt} holds the state of the optimizer {saved}, and this run builds {now}{why}: resume it where it ran, "
         f"or start a new run with {init}"
