@@ -117,7 +117,7 @@ def test_the_refusal_of_another_optimizers_state_names_the_python_call_to_a_pyth
     line still --init PATH."""
     from dgrpo.config import ConfigError
     from dgrpo.training.checkpoint import check_same_optimizer
-    from dgrpo.training.resume_check import command_line_words
+    from dgrpo.training.wording import command_line_words
 
     (tmp_path / "model").mkdir()
     state = {"optimizer_kind": "bitsandbytes.optim.adamw.AdamW8bit"}

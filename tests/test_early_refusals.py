@@ -42,7 +42,7 @@ def _grpo_run(out, **over):
 def _api_refusal(out, **kw) -> str:
     """What RunDir (the Python API's path) says of ``out``, in the command line's words."""
     from dgrpo.config import ConfigError
-    from dgrpo.training.resume_check import command_line_words
+    from dgrpo.training.wording import command_line_words
 
     with pytest.raises(ConfigError) as e, command_line_words():
         grpo_run_dir(out, **kw)
@@ -187,7 +187,8 @@ def test_the_data_and_reward_refusals_are_worded_alike_before_and_after_the_mode
     from dgrpo.data import training_split
     from dgrpo.data.records import fingerprint
     from dgrpo.training.grpo import _check_same_reward
-    from dgrpo.training.resume_check import check_resume_data, command_line_words
+    from dgrpo.training.resume_check import check_resume_data
+    from dgrpo.training.wording import command_line_words
 
     cfg = tiny_config()
     train = read_setting("data.train", training_split(cfg.data.train), cfg)

@@ -1206,7 +1206,7 @@ def test_the_optimizer_refusal_of_a_sharded_checkpoint_says_to_consolidate_its_w
     alone has no weights to load, so the advice names `dgrpo consolidate` (and drops it once model/ has them)."""
     from dgrpo.config import ConfigError
     from dgrpo.training.checkpoint import check_same_optimizer
-    from dgrpo.training.resume_check import command_line_words
+    from dgrpo.training.wording import command_line_words
 
     (tmp_path / "dcp").mkdir()
     (tmp_path / "model").mkdir()

@@ -64,7 +64,7 @@ def test_an_out_no_run_wrote_is_refused_before_the_model_loads_and_left_as_it_wa
     """An OUT holding what no dgrpo run wrote (a config.json of another kind, a file in checkpoints/): refused under
     the lock before the model loads, in RunDir's words, with no lock file left behind."""
     from dgrpo.config import ConfigError
-    from dgrpo.training.resume_check import command_line_words
+    from dgrpo.training.wording import command_line_words
 
     out = tmp_path / "mine"
     (out / "checkpoints").mkdir(parents=True)
@@ -182,7 +182,7 @@ def test_a_python_callers_refusals_name_its_arguments(tmp_path):
     line's option, as the config-change refusals did already; the command line's words are unchanged."""
     from dgrpo.config import ConfigError
     from dgrpo.training.out_dir import RunLock
-    from dgrpo.training.resume_check import command_line_words
+    from dgrpo.training.wording import command_line_words
 
     from conftest import state_only_checkpoint
 

@@ -205,7 +205,7 @@ def test_a_python_callers_refusals_name_the_model_to_start_from_in_its_words(tmp
     line's --init, which a Python caller never types: it names LatentLM.from_pretrained; the command line's words
     are unchanged."""
     from dgrpo.config import ConfigError
-    from dgrpo.training.resume_check import command_line_words
+    from dgrpo.training.wording import command_line_words
 
     from conftest import grpo_run_dir, tiny_config
 

@@ -443,8 +443,8 @@ def holding_out(command: Callable[[argparse.Namespace], int]) -> Callable[[argpa
 def run_sft(args: argparse.Namespace) -> int:
     from ..eval.scoring import warn_if_scorer_misses_gold
     from ..training.preemption import stopping
-    from ..training.resume_check import command_line_words
     from ..training.sft import train_sft
+    from ..training.wording import command_line_words
 
     s = set_up_run(args)
     cfg, options, train, tests, dist = s.cfg, s.options, s.train, s.tests, s.dist
@@ -482,7 +482,7 @@ def run_grpo(args: argparse.Namespace) -> int:
     from ..eval.scoring import check_scorer
     from ..training.grpo import train_grpo
     from ..training.preemption import stopping
-    from ..training.resume_check import command_line_words
+    from ..training.wording import command_line_words
 
     s = set_up_run(args)
     cfg, tests, dist = s.cfg, s.tests, s.dist
@@ -549,12 +549,13 @@ def check_fits_before_training(lm: Any, cfg: Config, command: str, tests: dict, 
     step 0 on). ``lm``: the model loaded, or the same without its weights (:func:`~.common.model_without_weights`),
     which decides it all before the weights load."""
     from ..training.curriculum import final_settings
-    from ..training.sft import check_validation_fits
+    from ..training.grpo import check_rollouts_fit
+    from ..training.sft import check_last_stage_fits, check_validation_fits
 
     if command == "sft":
         last = final_settings(cfg)
         check_test_sets_fit(lm, tests, cfg, last, "sft.c_thought")
-        lm.check_fits(2, last.n_latent, 1, key="sft.c_thought", target_key="data.max_target_tokens")  # (train_sft's)
+        check_last_stage_fits(lm, cfg)  # (train_sft's start check)
         if valid and (cfg.sft.eval_each_stage or cfg.sft.eval_every_epoch):
             with prompted(lm, replace(lm.settings, chat_template=cfg.data.chat_template)):  # (as train_sft sets it)
                 check_validation_fits(lm, valid, cfg)
@@ -564,7 +565,7 @@ def check_fits_before_training(lm: Any, cfg: Config, command: str, tests: dict, 
     n_latent = cfg.grpo.n_latent if cfg.grpo.n_latent >= 0 else trained.n_latent
     tested = replace(trained, n_latent=n_latent, chat_template=chat, markers=True)
     check_test_sets_fit(lm, tests, cfg, tested, "grpo.n_latent")
-    lm.check_fits(1, n_latent, cfg.grpo.max_new_tokens, key="grpo.n_latent")  # (GRPOTrainer's start check)
+    check_rollouts_fit(lm, n_latent, cfg)  # (GRPOTrainer's start check)
     if valid:
         check_sets_fit(lm, {f"data.valid {cfg.data.valid}, validated from step 0": valid}, cfg, tested, "grpo.n_latent")
 

@@ -60,6 +60,7 @@ from ..model.verified import (
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, STEP_DIR, checkpoint_dirs, stage_dirs, step_dir_name
 from .distributed import TrainingState
 from .master_weights import LOW_PRECISION
+from .wording import in_command_line, init_named
 
 #: torch optimizers' per-parameter state tensors, shaped like their parameter (8-bit optimizers keep others), and
 #: MasterWeightAdamW's float32 copy of the weight
@@ -628,8 +629,6 @@ def check_same_optimizer(ckpt: Path, state: dict, optimizer: torch.optim.Optimiz
     (warned), and the same config resumed on a GPU built bitsandbytes' AdamW8bit to load torch AdamW's state into.
     A checkpoint that does not say (written before dgrpo recorded it) is not checked. The new run's model is named
     as the caller names one (``--init``, from Python ``LatentLM.from_pretrained``: ResumeCheck's words)."""
-    from .resume_check import ResumeCheck, in_command_line  # (resume_check imports this module)
-
     saved, now = state.get("optimizer_kind"), optimizer_kind(optimizer)
     if saved is None or saved == now:
         return
@@ -638,7 +637,7 @@ def check_same_optimizer(ckpt: Path, state: dict, optimizer: torch.optim.Optimiz
         if "bitsandbytes" in saved + now
         else ""
     )
-    init = ResumeCheck(ckpt, {}, "", cli=in_command_line())._init_named(ckpt / "model")
+    init = init_named(ckpt / "model", in_command_line())
     if (ckpt / SHARDED_DIR).is_dir() and not any((ckpt / "model").glob("*.safetensors")):  # (weights in shards)
         init = f"{init} once `dgrpo consolidate {ckpt}` has written its weights there"
     raise ConfigError(

@@ -265,7 +265,7 @@ class GRPOTrainer:
         self.n_latent = lm.settings.n_latent if g.n_latent < 0 else g.n_latent
         # the policy as it is trained (T thoughts, after the markers) is how it is validated, tested and saved
         lm.settings.n_latent, lm.settings.markers = self.n_latent, True
-        lm.check_fits(1, self.n_latent, g.max_new_tokens, key="grpo.n_latent")  # (rollouts check their prompts too)
+        check_rollouts_fit(lm, self.n_latent, cfg)
         self.perturbation = _perturbation(lm, cfg)
         static_obstacle = static_cache_obstacle(lm.model.config)
         self.engine = resolve_engine(g.engine, lm.device, self.perturbation.batched, static_obstacle)
@@ -743,6 +743,13 @@ class GRPOTrainer:
                 if len(self.rewards.parts) > 1
             },
         }
+
+
+def check_rollouts_fit(lm: LatentLM, n_latent: int, cfg: Config) -> None:
+    """A rollout's ``n_latent`` thoughts and ``grpo.max_new_tokens`` answer tokens fit the context after a one-token
+    prompt (each batch checks its own prompts too): at the trainer's start, and by ``dgrpo grpo`` before the weights
+    load."""
+    lm.check_fits(1, n_latent, cfg.grpo.max_new_tokens, key="grpo.n_latent")
 
 
 def _rewards(

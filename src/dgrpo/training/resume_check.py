@@ -6,9 +6,7 @@ command line before the data and the model are read."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -36,6 +34,7 @@ from ..run_layout import (
 from ..text import first_items
 from .checkpoint import check_planned_adapter, checkpoint_command, foreign_entries, list_checkpoints, resume_candidates
 from .out_dir import check_removable, is_run_config, is_run_metrics
+from .wording import init_named
 
 #: options that change neither the computation nor its results: a resumed run may change them freely. Recomputing
 #: the decoder layers or calls gives the same gradients, bit for bit on CPU (tests/test_recompute.py); keeping the
@@ -192,27 +191,6 @@ def _part_from(part: str, folders: list[Path]) -> str | None:
 #: keys a run's config takes from the model it loads (a hub commit, a chat template the model was trained with):
 #: :func:`check_resume_config`, made before the model loads, leaves them to :class:`~.run.RunDir`'s check
 LOAD_RESOLVED_KEYS = ("model.revision", "data.chat_template")
-
-
-#: True while the command line runs a trainer (:func:`command_line_words`): a run directory's refusals then name the
-#: command line's options only, not the Python API's arguments beside them
-_COMMAND_LINE: ContextVar[bool] = ContextVar("dgrpo_command_line", default=False)
-
-
-def in_command_line() -> bool:
-    """Whether the command line runs the trainer now (within :func:`command_line_words`)."""
-    return _COMMAND_LINE.get()
-
-
-@contextmanager
-def command_line_words() -> Iterator[None]:
-    """Within the block (``dgrpo sft`` / ``dgrpo grpo`` calling its trainer), :class:`~.run.RunDir`'s refusals say
-    ``--resume never`` and ``--allow-config-change``, without ``resume='never'`` / ``allow_config_change=True``."""
-    token = _COMMAND_LINE.set(True)
-    try:
-        yield
-    finally:
-        _COMMAND_LINE.reset(token)
 
 
 #: how to start a run over, and to resume it under a changed config: (the command line's option, the Python API's)
@@ -394,11 +372,8 @@ class ResumeCheck:
         return cli if self.cli else f"{cli} ({api})"
 
     def _init_named(self, path: Path | None = None) -> str:
-        """How to start a new run from the model in ``path`` (a run directory means its final/): ``--init PATH``, or
-        from Python the model ``LatentLM.from_pretrained('PATH')`` loads (without ``path``: the option, the method)."""
-        if path is None:
-            return "--init" if self.cli else "LatentLM.from_pretrained"
-        return f"--init {path}" if self.cli else f"LatentLM.from_pretrained({str(path)!r}) as a new run's model"
+        """How to start a new run from the model in ``path``, as the caller names it (:func:`~.wording.init_named`)."""
+        return init_named(path, self.cli)
 
     def _resume_named(self, path: Path) -> str:
         """The checkpoint ``path`` as the caller named it: ``--resume PATH``, or from Python ``resume='PATH'``."""

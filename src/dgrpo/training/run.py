@@ -63,8 +63,9 @@ from .distributed import Dist
 from .guards import TrainingStopped
 from .out_dir import RunLock, adopt_run_dir, check_config_writes, check_output_dir, remove_made, topmost_missing
 from .preemption import in_test_sets, stop, stop_if_requested, stopping, writing_the_end
-from .resume_check import NEW_OUT, SAME_DATA, START_OVER, ResumeCheck, data_change, in_command_line, quiet_log
+from .resume_check import NEW_OUT, SAME_DATA, START_OVER, ResumeCheck, data_change, quiet_log
 from .tracking import Tracker, describe_backends, open_trackers
+from .wording import in_command_line
 
 #: ``final_eval(lm, best)`` of :func:`~dgrpo.training.grpo.train_grpo` / :func:`~dgrpo.training.sft.train_sft`: run
 #: on the trained model (every rank) before ``final/`` is written (:meth:`RunDir.final_eval`), with the step (GRPO)

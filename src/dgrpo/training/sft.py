@@ -496,11 +496,16 @@ def _prepare(
     lm.format_question(train[0].question)  # a chat template the tokenizer lacks fails here, before files are written
     warn_if_training_questions_cut(lm, cfg, train)
     _warn_if_targets_cut(lm, train, cfg)
-    # the last stage's latent thoughts alone must fit (each batch checks its own questions and targets too)
-    lm.check_fits(2, final_settings(cfg).n_latent, 1, key="sft.c_thought", target_key="data.max_target_tokens")
+    check_last_stage_fits(lm, cfg)
     if valid and default_validation and (cfg.sft.eval_each_stage or cfg.sft.eval_every_epoch):
         check_validation_fits(lm, valid, cfg)
     return cfg, dist, evaluate_fn
+
+
+def check_last_stage_fits(lm: LatentLM, cfg: Config) -> None:
+    """The last stage's latent thoughts alone must fit the context (each batch checks its own questions and targets
+    too): at the run's start, and by ``dgrpo sft`` before the weights load."""
+    lm.check_fits(2, final_settings(cfg).n_latent, 1, key="sft.c_thought", target_key="data.max_target_tokens")
 
 
 def check_validation_fits(lm: LatentLM, valid: list[Record], cfg: Config) -> None:

@@ -1,0 +1,37 @@
+"""How a refusal names what to do: the command line's options (``--init PATH``) while the command line runs a
+trainer (:func:`command_line_words`), else the Python API's arguments (``LatentLM.from_pretrained('PATH')``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+
+#: True while the command line runs a trainer (:func:`command_line_words`): a run directory's refusals then name the
+#: command line's options only, not the Python API's arguments beside them
+_COMMAND_LINE: ContextVar[bool] = ContextVar("dgrpo_command_line", default=False)
+
+
+def in_command_line() -> bool:
+    """Whether the command line runs the trainer now (within :func:`command_line_words`)."""
+    return _COMMAND_LINE.get()
+
+
+@contextmanager
+def command_line_words() -> Iterator[None]:
+    """Within the block (``dgrpo sft`` / ``dgrpo grpo`` calling its trainer), :class:`~.run.RunDir`'s refusals say
+    ``--resume never`` and ``--allow-config-change``, without ``resume='never'`` / ``allow_config_change=True``."""
+    token = _COMMAND_LINE.set(True)
+    try:
+        yield
+    finally:
+        _COMMAND_LINE.reset(token)
+
+
+def init_named(path: Path | None, cli: bool) -> str:
+    """How to start a new run from the model in ``path`` (a run directory means its final/): ``--init PATH``, or
+    from Python the model ``LatentLM.from_pretrained('PATH')`` loads (without ``path``: the option, the method)."""
+    if path is None:
+        return "--init" if cli else "LatentLM.from_pretrained"
+    return f"--init {path}" if cli else f"LatentLM.from_pretrained({str(path)!r}) as a new run's model"
