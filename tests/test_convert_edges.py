@@ -84,3 +84,18 @@ def test_export_of_a_full_checkpoint_says_it_loads_in_transformers_as_it_is(tmp_
         ]
         with torch.no_grad():
             assert torch.equal(plain(**ids).logits, lm.model(**ids).logits)
+
+
+def test_a_runs_checkpoints_folder_given_as_a_model_names_its_step_folders(tmp_path):
+    """``--init RUN/checkpoints`` (or ``dgrpo export`` / ``eval --model`` of it) said only "holds no model checkpoint":
+    the line now names its step-N folders, newest first, and the run directory for its final/."""
+    from dgrpo.model.sources import resolve_checkpoint
+    from dgrpo.model.verified import CheckpointError
+
+    run = tmp_path / "run"
+    for step in (2, 4, 6, 8):
+        (run / "checkpoints" / f"step-{step:08d}").mkdir(parents=True)
+    with pytest.raises(CheckpointError) as e:
+        resolve_checkpoint(run / "checkpoints")
+    assert "step-00000008, step-00000006, step-00000004 and 1 more: newest first" in str(e.value)
+    assert f"the run directory {run} for its final/" in str(e.value)

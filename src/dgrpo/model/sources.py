@@ -15,7 +15,7 @@ import torch
 
 from ..hub import EndpointError, hub_reachable, offline_variable
 from ..paths import expand_home
-from ..run_layout import FINAL_DIR, METRICS_FILE, STEP_DIR, step_dir_name
+from ..run_layout import CHECKPOINTS_DIR, FINAL_DIR, METRICS_FILE, STEP_DIR, checkpoint_dirs, step_dir_name
 from ..text import first_items
 from .verified import (
     ADAPTER_CONFIG_FILE,
@@ -75,6 +75,12 @@ def resolve_checkpoint(path: str | Path) -> Path:
         )
     if p.is_dir():  # (a directory dgrpo wrote, its config.json gone: the manifest says so)
         check_intact(p)
+    if p.name == CHECKPOINTS_DIR and (steps := checkpoint_dirs(p.parent)):  # (RUN/checkpoints: name one of them)
+        newest = first_items([s.name for s in reversed(steps)])
+        raise CheckpointError(
+            f"{p} holds resumable checkpoints, not one model: name one of them ({newest}: newest first), or the run "
+            f"directory {p.parent} for its final/"
+        )
     if p.exists():
         raise CheckpointError(
             f"{p} holds no model checkpoint (no config.json with weights, no final/){coconut_hint(p)}"
