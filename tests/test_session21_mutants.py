@@ -421,3 +421,69 @@ def test_init_columns_of_a_model_without_a_run_config_is_nothing(tokenizer, tmp_
     init = _mapped_init(tokenizer, tmp_path / "sft", question_key="prompt")
     (tmp_path / "sft" / "run_config.json").unlink()
     assert init_columns(init, Config()) == []
+
+
+@pytest.mark.parametrize(("log_rollouts", "replaced"), [(2, True), (0, False)])
+def test_a_read_only_rollouts_file_is_replaced_only_by_a_run_that_logs_rollouts(
+    tmp_path, monkeypatch, log_rollouts, replaced
+):
+    """A read-only rollouts.jsonl (not writable to the user) in a folder the user may write: a run logging rollouts
+    replaces it with a file of its own (a new file: as root the append would pass on the old one, and the test with
+    it), a run logging none leaves it as it is. Kills, in RunDir.start, dropping ``or read_only`` and making
+    ``logged`` always true."""
+    from dgrpo.config import to_dict
+
+    from conftest import tiny_config
+
+    out = tmp_path / "run"
+    out.mkdir()
+    cfg = tiny_config(**{"grpo.log_rollouts": log_rollouts})
+    (out / "config.json").write_text(json.dumps(to_dict(cfg)))
+    (out / "metrics.jsonl").write_text("")
+    rollouts = out / "rollouts.jsonl"
+    rollouts.write_text("")
+    rollouts.chmod(0o444)
+    before = rollouts.stat().st_ino
+    _denied(monkeypatch, rollouts)
+    with grpo_run_dir(out, cfg) as run:
+        run.start(None)
+    assert (rollouts.stat().st_ino != before) is replaced
+
+
+def test_only_rank_0_warns_of_an_earlier_evaluations_results(tmp_path, monkeypatch):
+    """Under torchrun every rank of ``dgrpo eval`` finds OUT's earlier results: rank 0 alone warns (one warning, not
+    one per rank). Kills dropping ``is_rank0()`` in warn_of_earlier_results."""
+    import warnings
+
+    from test_eval_outputs import _results
+
+    from dgrpo.cli.evaluate import warn_of_earlier_results
+
+    _results(tmp_path / "gsm8k", "gsm8k")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.warns(UserWarning, match="earlier dgrpo eval's results"):
+        warn_of_earlier_results(tmp_path, [tmp_path / "builtin_test"])
+    monkeypatch.setenv("RANK", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_of_earlier_results(tmp_path, [tmp_path / "builtin_test"])
+
+
+def test_a_results_file_naming_no_dataset_by_a_string_is_not_stale(tmp_path):
+    """OUT/5/results.json whose ``dataset`` is the number 5 (no evaluation writes that): not an evaluation's results
+    for the folder 5, so not named as stale. Kills dropping ``isinstance(summary["dataset"], str)`` in
+    is_results_file (``results_name(str(5)) == "5"``)."""
+    from test_eval_outputs import _results
+
+    _results(tmp_path / "5", "builtin:test")
+    summary = json.loads((tmp_path / "5" / "results.json").read_text())
+    (tmp_path / "5" / "results.json").write_text(json.dumps({**summary, "dataset": 5}))
+    assert stale_results_of(tmp_path) == []
+
+
+def stale_results_of(out: Path) -> list:
+    """What an evaluation of two datasets into ``out`` finds there of an earlier one's."""
+    from dgrpo.eval.results import stale_results
+
+    return stale_results(out, [out / "builtin_test", out / "builtin_valid"])
