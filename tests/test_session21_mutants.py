@@ -487,3 +487,14 @@ def stale_results_of(out: Path) -> list:
     from dgrpo.eval.results import stale_results
 
     return stale_results(out, [out / "builtin_test", out / "builtin_valid"])
+
+
+def test_a_linked_folder_s_results_are_not_named_as_stale(tmp_path):
+    """OUT/gsm8k a link to a folder elsewhere holding an evaluation of gsm8k (a user's shortcut to other results):
+    not OUT's own earlier results, not named. Kills dropping ``not d.is_symlink()`` in stale_results."""
+    from test_eval_outputs import _results
+
+    _results(tmp_path / "elsewhere", "gsm8k")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "gsm8k").symlink_to(tmp_path / "elsewhere")
+    assert stale_results_of(tmp_path / "out") == []
