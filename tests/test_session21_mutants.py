@@ -139,7 +139,7 @@ def test_replaceable_follows_the_sticky_bits_owners(tmp_path, monkeypatch, stick
 
 def test_a_lock_that_cannot_be_made_leaves_no_folder_the_command_line_made(tmp_path, monkeypatch):
     """take_run_dir made OUT (and its parent), then its lock file could not be made (a full disk): the refusal is
-    one line and the folders it made are removed. Kills dropping ``_remove_made(out, made)`` in take_run_dir's
+    one line and the folders it made are removed. Kills dropping ``remove_made(out, made)`` in take_run_dir's
     failure path."""
     from dgrpo.config import ConfigError
     from dgrpo.training import out_dir
@@ -187,7 +187,7 @@ def test_an_inner_scope_leaves_the_outer_scopes_lock(tmp_path):
             pass
         assert (out / ".lock").is_file()
         with grpo_run_dir(out) as run:
-            assert run.lock is not None and run.created
+            assert run.lock is not None and run.made == out
 
 
 def _state_changed(ckpt: Path, change) -> None:
