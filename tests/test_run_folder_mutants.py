@@ -153,27 +153,30 @@ def test_a_second_run_started_as_the_first_takes_the_lock_names_the_first_not_an
 def test_a_refused_run_removes_the_directory_it_made_while_it_still_holds_the_lock(tmp_path, monkeypatch):
     """A run refused at its start removes the directory it made, still empty; it did so after releasing the lock, so
     a second run on the same --out that took the lock in between had its directory deleted under it. The removal now
-    comes first: a run trying the lock then is refused as the directory is in use."""
+    comes first, the lock still held (its file unlinked, the folders removed while empty): a second run that takes
+    the lock then (in a lock file of its own) keeps its directory, and the refused run's is removed otherwise."""
     from dgrpo.training import run as run_module
     from dgrpo.training.out_dir import RunLock
 
     out = tmp_path / "made"
-    seen: list[str] = []
-    rmtree = run_module.shutil.rmtree
+    held: list[RunLock] = []
+    remove_made = run_module.remove_made
 
-    def second_run_first(path, *a, **k):
-        if path == out:
-            try:
-                RunLock(out).release()
-                seen.append("locked by the second run")
-            except ConfigError as e:
-                seen.append(str(e))
-        return rmtree(path, *a, **k)
+    def second_run_first(path, made):
+        assert not (out / ".lock").exists()  # (unlinked, the lock still held)
+        held.append(RunLock(out))
+        return remove_made(path, made)
 
-    monkeypatch.setattr(run_module.shutil, "rmtree", second_run_first)
+    monkeypatch.setattr(run_module, "remove_made", second_run_first)
     with pytest.raises(ConfigError, match="no such checkpoint directory"):
         grpo_run_dir(out, resume=str(tmp_path / "nowhere" / "step-00000002"))
-    assert not out.exists() and len(seen) == 1 and "is in use by another dgrpo process" in seen[0]
+    assert len(held) == 1 and (out / ".lock").is_file()  # (the second run's directory kept, with its lock)
+    held[0].release()
+    monkeypatch.setattr(run_module, "remove_made", remove_made)
+    other = tmp_path / "other"
+    with pytest.raises(ConfigError, match="no such checkpoint directory"):
+        grpo_run_dir(other, resume=str(tmp_path / "nowhere" / "step-00000002"))
+    assert not other.exists()
 
 
 def test_a_lock_file_removed_between_its_open_and_its_lock_is_not_the_one_held(tmp_path, monkeypatch):
