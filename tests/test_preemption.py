@@ -18,7 +18,7 @@ from dgrpo.model.factory import load_model
 from dgrpo.training import grpo, sft
 from dgrpo.training.distributed import fsdp2_missing
 from dgrpo.training.guards import NonFiniteError, StalledError
-from dgrpo.training.preemption import Terminated, sigterm_stops
+from dgrpo.training.preemption import Terminated, sigterm_stops, within_step
 
 from conftest import tiny_config
 
@@ -545,9 +545,9 @@ def test_a_sigterm_to_a_torchrun_job_after_its_last_agreement_does_what_rank_0_s
 
 BLOCKED_RANK = """
 import os, sys, time, torch, torch.distributed as dist
-from dgrpo.training.preemption import sigterm_stops
+from dgrpo.training.preemption import sigterm_stops, within_step
 dist.init_process_group("gloo")
-with sigterm_stops(True, distributed=True):
+with sigterm_stops(True, distributed=True), within_step():  # (a step: before the first, the watchdog waits 5 s)
     print("ready", flush=True)
     if dist.get_rank() == 1:
         time.sleep(60)  # a peer that does not come (hung, or dead without its process group noticing)
@@ -837,6 +837,8 @@ def test_under_torchrun_a_sigterm_after_the_last_steps_agreement_stops_every_ran
     run, tested = at_the_runs_end(tmp_path), []
     try:
         with sigterm_stops(True, distributed=True):
+            with within_step():  # (the last step; before the first, a SIGTERM stops at once)
+                pass
             os.kill(os.getpid(), signal.SIGTERM)  # (in the last step's validation, or its checkpoint's write)
             with pytest.raises(Terminated) as stopped:
                 run.final_eval(lambda lm, best: tested.append(best) or {}, None, 4, None)
@@ -862,6 +864,8 @@ def test_under_torchrun_a_sigterm_as_the_runs_end_is_written_says_that_the_run_f
     err = capsys.readouterr().err
     assert err == "dgrpo: SIGTERM: the run is writing its end (final/ and summary.json): it finishes\n"
     with sigterm_stops(True, distributed=True):
+        with within_step():  # (a step; before the first, a SIGTERM stops at once)
+            pass
         os.kill(os.getpid(), signal.SIGTERM)
     assert NOT_IN_A_STEP in capsys.readouterr().err
 

@@ -144,6 +144,8 @@ def test_a_torchrun_workers_watchdog_stands_down_when_the_run_ends_in_time(exits
     monkeypatch.delenv("RANK", raising=False)
     try:
         with sigterm_stops(True, distributed=True):
+            with within_step():  # (the first step began: from then on a SIGTERM asks)
+                pass
             sigterm()
             sigterm()
             assert preemption._State.requested

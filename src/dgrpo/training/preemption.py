@@ -5,10 +5,16 @@ checkpoint at the end of the step under way and stops (:class:`Terminated`), so 
   evaluation, writing checkpoints; not the run's end, below), or at a second SIGTERM (:data:`REPEAT_S` or more
   after the first: srun and wrapper scripts deliver one stop twice), the run stops at once, closing its files,
   trackers and lock.
-- Under torchrun every rank gets the signal (from the scheduler, and again from torchrun, which forwards it): each
-  SIGTERM only asks, and after every step the ranks agree (one all-reduce) whether any was asked, so all of them
-  stop at the same step; rank 0 writes the checkpoint while the others wait, then every rank leaves the process
-  group and exits, SIGTERM ignored from then on (torchrun's own exit code is 1 all the same: docs/distributed.md).
+- Before the process's first training step (:func:`within_step`: loading, joining torchrun's process group, a resumed
+  run's pending evaluation; not a resumed run's end, its test sets or end's writes) nothing a checkpoint could hold
+  is lost: a SIGTERM stops it at once (:data:`BEFORE_TRAINING`), under torchrun too, where every rank gets it (a job
+  whose rank 0 refused at the start: torchrun sends SIGTERM to the others, which ran on to its SIGKILL 30 s later). A
+  rank whose handler cannot run there (blocked in C) is ended by the watchdog (below) :data:`PROMPT_S` after it.
+- From then on, under torchrun every rank gets the signal (from the scheduler, and again from torchrun, which
+  forwards it): each SIGTERM only asks, and after every step the ranks agree (one all-reduce) whether any was asked,
+  so all of them stop at the same step; rank 0 writes the checkpoint while the others wait, then every rank leaves
+  the process group and exits, SIGTERM ignored from then on (torchrun's own exit code is 1 all the same:
+  docs/distributed.md).
   A rank blocked in a collective (a peer died) never runs Python's handler, so a watchdog thread, woken by the
   signal's byte on Python's wakeup file descriptor (written by the C-level handler whatever the main thread is
   doing), ends the process :data:`GRACE_ENV` seconds (default :data:`GRACE_S`) after the first SIGTERM unless the
@@ -50,6 +56,12 @@ GRACE_S = 60.0
 #: (one process) a SIGTERM this soon after the one that asked for the stop is the same stop delivered again, not a
 #: second one
 REPEAT_S = 2.0
+#: (torchrun) before the first training step, the seconds a worker whose handler has not run (blocked in C: joining
+#: the process group, a setup collective whose peer is gone) has after a SIGTERM: nothing to checkpoint, so it ends
+#: well within torchrun's 30 s before its SIGKILL (at most the grace period)
+PROMPT_S = 5.0
+#: what a stop before the first training step says (the stop line's "dgrpo: terminated (SIGTERM) ...")
+BEFORE_TRAINING = "before the first training step (no training was lost)"
 
 
 class Terminated(KeyboardInterrupt):
@@ -78,6 +90,8 @@ class _State:
     again = "the same command"  # (testing) the command that evaluates them after a stop
     last_at = -float("inf")  # time.monotonic() of the last SIGTERM that counted (one process)
     checkpointed = False  # the stop (:func:`stop`) came after a training step, its resumable checkpoint written
+    begun = False  # (stepped) this process's first training step has begun (:func:`within_step`): a stop can lose one
+    leaving = False  # the handler raised Terminated before the first step: the run is closing, not blocked
 
 
 def is_rank0() -> bool:
@@ -114,6 +128,11 @@ def _watchdog(read_fd: int, grace: float, done: threading.Event) -> None:
             if not data:  # the write end closed: the run is over
                 return
             if signal.SIGTERM in data:
+                if _before_training() and not done.wait(min(grace, PROMPT_S)) and not _State.leaving:
+                    rank = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
+                    line = f"dgrpo: {rank}SIGTERM {BEFORE_TRAINING}, its handler blocked: exiting"
+                    print(below_bar(line), file=sys.stderr, flush=True)
+                    os._exit(128 + signal.SIGTERM)
                 if not done.wait(grace):
                     rank = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
                     print(
@@ -127,6 +146,13 @@ def _watchdog(read_fd: int, grace: float, done: threading.Event) -> None:
         return
     finally:
         os.close(read_fd)
+
+
+def _before_training() -> bool:
+    """Whether a training command (the handler on) has not begun its first training step in this process, nor reached
+    its end (a resumed run with no step left: its test sets, its end's writes), so that a stop loses nothing: no
+    checkpoint could hold what the last one (or none) does not."""
+    return _State.installed and _State.stepped and not (_State.begun or _State.testing or _State.ending)
 
 
 def _left() -> str:
@@ -155,6 +181,11 @@ def _watched(grace: float) -> Iterator[None]:
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
+    if _State.leaving and _State.distributed:
+        return  # (the stop before the first step is under way, torchrun's forward of it too: the watchdog's grace)
+    if _before_training() and not _State.leaving:
+        _State.leaving, _State.last_at = True, time.monotonic()  # (a repeat in one process: below)
+        raise Terminated(BEFORE_TRAINING)  # (nothing to checkpoint: every rank stops at once, as one process does)
     if _State.distributed:
         if not _State.requested:
             _State.requested = True
@@ -195,6 +226,7 @@ def sigterm_stops(on: bool, distributed: bool = False, stepped: bool = True) -> 
         on = False
     _State.installed, _State.distributed, _State.requested = on, on and distributed, False
     _State.stepped, _State.checkpointed = stepped, False
+    _State.begun = _State.leaving = False
     _State.last_at = -float("inf")
     try:
         if _State.distributed:
@@ -209,7 +241,7 @@ def sigterm_stops(on: bool, distributed: bool = False, stepped: bool = True) -> 
             if signal.getsignal(signal.SIGINT) is _interrupt_once:  # (after a Ctrl-C it stays ignored: the end)
                 signal.signal(signal.SIGINT, previous_int)
         _State.installed = _State.distributed = _State.in_step = _State.requested = _State.stopping = False
-        _State.checkpointed = False
+        _State.checkpointed = _State.begun = _State.leaving = False
         _State.stepped = True
         _State.testing, _State.ending = False, ""
 
@@ -238,6 +270,7 @@ def stops_at_once() -> Iterator[None]:
 def within_step() -> Iterator[None]:
     """A training step: a SIGTERM inside it waits for its end (see :func:`stop_requested`)."""
     _State.in_step = _State.installed
+    _State.begun = _State.begun or _State.installed
     try:
         yield
     finally:
