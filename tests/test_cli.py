@@ -1532,15 +1532,15 @@ def test_the_trainers_reward_errors_before_training_are_setup_errors(sft_checkpo
     from conftest import tiny_config
 
     (tmp_path / "r.py").write_text(
-        "x = 3\n\ndef nan(completions, records):\n    return [float('nan')] * len(records)\n"
+        "x = 3\n\ndef inf(completions, records):\n    return [float('inf')] * len(records)\n"
     )
     lm = LatentLM.from_pretrained(sft_checkpoint)
     train = generate_split(tiny_config().task, "train")[:4]
     for spec, says in (("no.py:f", "not found"), (f"{tmp_path / 'r.py'}:x", "not a function")):
         with pytest.raises(RewardSetupError, match=says):
             GRPOTrainer(lm, tiny_config(**{"grpo.reward": spec}), train)
-    with pytest.raises(RewardError, match="nan") as own:
-        GRPOTrainer(lm, tiny_config(**{"grpo.reward": f"{tmp_path / 'r.py'}:nan"}), train)
+    with pytest.raises(RewardError, match="returned inf") as own:
+        GRPOTrainer(lm, tiny_config(**{"grpo.reward": f"{tmp_path / 'r.py'}:inf"}), train)
     assert not isinstance(own.value, RewardSetupError)
 
 

@@ -4,6 +4,7 @@ silently changed config."""
 
 import asyncio
 import json
+import math
 import os
 import re
 import shutil
@@ -33,8 +34,8 @@ def broken(completions, records):
     return [0.5] * (len(completions) - 1)
 
 
-def nan(completions, records):
-    return [float("nan")] * len(completions)
+def inf(completions, records):  # (a NaN is taken: TRL's "does not apply", as a None)
+    return [float("inf")] * len(completions)
 
 
 def raises(completions, records):
@@ -529,7 +530,7 @@ def test_a_runs_reward_and_scorer_files_are_recorded_by_absolute_path(reward_fil
     "name,needle",
     [
         ("broken", "returned 31 values for 32 completions"),
-        ("nan", "returned nan for row 0"),
+        ("inf", "returned inf for row 0"),
         ("raises", "raised KeyError"),
         ("missing", "has no function 'missing'"),
         ("weight", "'weight' in"),  # (it said: has no function 'weight')
@@ -1350,8 +1351,10 @@ def test_reward_values_may_be_numpy_torch_or_bool_but_not_anything():
     for bad, shown in (["1", 0, 0], "'1'"), ([[1.0]] * 3, "[1.0]"), (torch.zeros(3, 1), "tensor([0.])"):
         with pytest.raises(RewardError, match=rf"reward mine returned {re.escape(shown)} for row 0"):
             call_checked(lambda c, r, v=bad: v, "mine", ["a", "b", "c"], recs)
-    with pytest.raises(RewardError, match=r"returned (np\.float64\(nan\)|nan) for row 1"):
-        call_checked(lambda c, r: np.array([0.0, np.nan, 1.0]), "mine", ["a", "b", "c"], recs)
+    nan = call_checked(lambda c, r: np.array([0.0, np.nan, 1.0]), "mine", ["a", "b", "c"], recs)  # (TRL's None)
+    assert nan[::2] == [0.0, 1.0] and math.isnan(nan[1])
+    with pytest.raises(RewardError, match=r"returned (np\.float64\(nan\)|nan) for row 1"):  # (a scorer's is refused)
+        call_checked(lambda c, r: np.array([0.0, np.nan, 1.0]), "mine", ["a", "b", "c"], recs, "scorer")
     with pytest.raises(RewardError, match=r"returned 1000000000.* for row 2"):  # (was a bare OverflowError)
         call_checked(lambda c, r: [0, 1, 10**400], "mine", ["a", "b", "c"], recs)
     for bad, shown in ((None, "None"), (1.0, "1.0"), ({"a": 1, "b": 1, "c": 1}, "{'a': 1")):  # (a dict: its keys)
@@ -1371,8 +1374,8 @@ def test_reward_values_may_be_fractions_or_decimals_but_not_a_set():
     recs = [Record("q", [], "1")] * 2
     for values in ([Fraction(1, 2), Fraction(1)], [Decimal("0.5"), Decimal(1)]):
         assert call_checked(lambda c, r, v=values: v, "mine", ["a", "b"], recs) == [0.5, 1.0]
-    with pytest.raises(RewardError, match=r"reward mine returned Decimal\('NaN'\) for row 1"):
-        call_checked(lambda c, r: [Decimal(1), Decimal("NaN")], "mine", ["a", "b"], recs)
+    nan = call_checked(lambda c, r: [Decimal(1), Decimal("NaN")], "mine", ["a", "b"], recs)  # (TRL's None, as NaN)
+    assert nan[0] == 1.0 and math.isnan(nan[1])
     with pytest.raises(RewardError, match=r"reward mine returned Decimal\('sNaN'\) for row 0"):  # (a ValueError)
         call_checked(lambda c, r: [Decimal("sNaN"), Decimal(1)], "mine", ["a", "b"], recs)
     with pytest.raises(RewardError, match=r"reward mine returned \{.*\}, not one value per completion"):

@@ -45,7 +45,7 @@ def test_a_scorer_failing_on_the_swapped_golds_says_so():
 
 
 def test_a_bad_value_names_the_completion_it_was_given():
-    """A reward's NaN (or a string) on a batch of the model's rollouts named the row's question alone: which of its
+    """A scorer's NaN (or a string) on a batch of the model's rollouts named the row's question alone: which of its
     group's completions made the value was left to guess. The line names the completion too."""
     from dgrpo.eval.scoring import call_checked
 
@@ -53,11 +53,10 @@ def test_a_bad_value_names_the_completion_it_was_given():
         return [float(c.split("#")[-1]) for c in completions]
 
     with pytest.raises(RewardError) as raised:
-        call_checked(parsed, "parsed", ["#### 5", "#### nan"], RECS)
+        call_checked(parsed, "parsed", ["#### 1", "#### nan"], RECS, "scorer")
     assert str(raised.value) == (
-        "reward parsed returned nan for row 1 (completion '#### nan', question 'Ben has 4 and 4 more: how many?'): "
-        "every completion needs a finite number: return 0.0 for one it cannot score (what TRL's sum of the weighted "
-        "rewards counts a NaN as, and a None)"
+        "scorer parsed returned nan for row 1 (completion '#### nan', question 'Ben has 4 and 4 more: how many?'): "
+        "every completion needs a finite number: return 0.0 for one it cannot score"
     )
     with pytest.raises(RewardError, match=r"returned 2\.0 for row 0 \(completion '#### 2', question 'Ann has"):
         call_checked(parsed, "parsed", ["#### 2"], RECS[:1], "scorer")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import Decimal
 from typing import Any, cast
@@ -144,15 +145,17 @@ def test_a_python_reward_named_as_a_rollout_field_is_refused_saying_how_to_renam
         _chosen_rewards([reward, fmt], Config())
 
 
-def test_trls_none_is_refused_saying_what_to_return_instead() -> None:
-    # (TRL sums the weighted rewards with nansum: a None adds nothing; the line said None "has no meaning here", not
-    # what to return for it)
+def test_trls_none_is_taken_as_nan_and_a_scorers_refused_saying_what_to_return() -> None:
+    # (TRL sums the weighted rewards with nansum: a None adds nothing; it was refused, stopping a run at the first
+    # one. A reward's None is NaN now, Rewards' total leaves it out (tests/test_reward_none.py); a scorer's is refused)
     def math_only(completions: list[str], **kwargs: Any) -> Any:
         return [None if c.endswith("x") else 1.0 for c in completions]
 
-    said = re.escape("TRL's None ('does not apply') is not taken: return 0.0 for it, what TRL's sum of the weighted")
-    with pytest.raises(RewardError, match=rf"^reward math_only returned None for row 2 \(completion '#### x'.*{said}"):
-        call_checked(math_only, "math_only", COMPLETIONS, RECORDS)
+    values = call_checked(math_only, "math_only", COMPLETIONS, RECORDS)
+    assert values[:2] == [1.0, 1.0] and math.isnan(values[2])
+    said = re.escape(": every completion needs a number in [0, 1]: return 0.0 for one not correct")
+    with pytest.raises(RewardError, match=rf"^scorer math_only returned None for row 2 \(completion '#### x'.*{said}$"):
+        call_checked(math_only, "math_only", COMPLETIONS, RECORDS, "scorer")
 
 
 def test_a_trl_reward_looking_up_a_column_the_data_lacks_is_told_the_keywords_it_gets() -> None:
@@ -182,16 +185,14 @@ def test_a_trl_reward_looking_up_a_column_the_data_lacks_is_told_the_keywords_it
         call_checked(answer_twice, "answer_twice", ["#### 4"], records)
 
 
-def test_a_nan_is_refused_saying_what_to_return_instead() -> None:
-    # (TRL's nansum leaves a NaN out as it does a None: a reward written for it returns NaN for "cannot score"; the
-    # line said only "returned nan for row 1")
+def test_a_scorers_nan_is_refused_saying_what_to_return_instead_and_a_rewards_taken() -> None:
+    # (TRL's nansum leaves a NaN out as it does a None: a reward written for it returns NaN for "cannot score", taken
+    # as a None is; a scorer's line said only "returned nan for row 1")
     def parsed(completions: list[str], records: list[Record]) -> Any:
         return np.array([1.0, np.nan, 0.0], dtype=np.float32)
 
-    said = re.escape("returned np.float32(nan) for row 1 (completion '#### 1', question 'q1'): every completion needs")
-    how = re.escape("return 0.0 for one it cannot score (what TRL's sum of the weighted rewards counts a NaN as")
-    with pytest.raises(RewardError, match=rf"^reward parsed {said} a finite number: {how}, and a None\)$"):
-        call_checked(parsed, "parsed", COMPLETIONS, RECORDS)
+    values = call_checked(parsed, "parsed", COMPLETIONS, RECORDS)
+    assert values[0] == 1.0 and math.isnan(values[1]) and values[2] == 0.0
     with pytest.raises(
         RewardError, match=r"^scorer parsed returned .* finite number: return 0\.0 for one it cannot score$"
     ):

@@ -791,21 +791,23 @@ class GRPOConfig:
     reward: str = opt(
         "",
         "the reward: '' = eval.scorer (1 when correct; the built-in ones 0 otherwise), or a plug-in "
-        "'package.module:function' / "
-        "'path/to/file.py:function': batched (completions, records) -> one finite float per completion, or a TRL "
-        "reward function (**kwargs: prompts, completions, answer and the data's columns by name)",
+        "'package.module:function' / 'path/to/file.py:function': batched (completions, records) -> one finite float "
+        "(or None: does not apply) per completion, or a TRL reward function (**kwargs: prompts, completions, answer "
+        "and the data's columns by name)",
     )
     rewards: list = opt(
         [],
         "several rewards, weighted (replaces grpo.reward): a list of {fn: <plug-in or scorer>, weight: 1.0, name: "
-        "<optional, default fn; a file's path/file.py:f is named file:f>}; the reward is the weighted sum; metrics "
-        "log each one's mean as reward/<name> (names distinct; a weight of 0 logs a part without training on it, not "
+        "<optional, default fn; a file's path/file.py:f is named file:f>}; the reward is the weighted sum (a part's "
+        "None, TRL's 'does not apply', adds 0, as TRL's nansum); metrics log each one's mean as reward/<name> (names "
+        "distinct; a weight of 0 logs a part without training on it, not "
         "every part)",
     )
     filter_reward: str = opt(
         "",
         "the reward the accuracy filter's window applies to: '' = the total reward, or the name of one of "
-        "grpo.rewards (e.g. a 0/1 correctness reward); its values must lie in [0, 1] when grpo.filter is on",
+        "grpo.rewards (e.g. a 0/1 correctness reward); its values must lie in [0, 1] when grpo.filter is on (a None "
+        "of it is refused; the total counts a part's None as 0)",
     )
     log_rollouts: int = opt(
         0,

@@ -5,12 +5,12 @@ A scorer or reward function is batched: ``fn(completions: list[str], records: li
 value per completion (``records[i]`` is the problem completion ``i`` answers: its ``question``, ``answer``,
 ``steps`` and ``meta``). A scorer returns a value in [0, 1], 1 for a correct completion (the built-in ones 1 or 0;
 a value between is partial credit, counted as not correct; within :data:`SCORE_TOLERANCE` of the range, a float
-sum's rounding, it is taken as its end); a reward may return any finite number. Built-in scorers, by name:
-``numeric`` (the answer's number equals the gold number; text golds are compared as normalised text), ``exact``
-(the final answer, after the last ``#`` if any, equals the gold after normalisation: case, spacing, a trailing
-period; a number gold against the answer read as a number; against a gold that holds a ``#`` itself, ``C#``, the
-answer is read after the last standalone marker, ``#### C#``), ``choice`` (a multiple-choice letter A-E), ``coconut``
-(Coconut's run.py check, as strings). A plug-in is named
+sum's rounding, it is taken as its end); a reward may return any finite number, or None (below). Built-in
+scorers, by name: ``numeric`` (the answer's number equals the gold number; text golds are compared as normalised
+text), ``exact`` (the final answer, after the last ``#`` if any, equals the gold after normalisation: case,
+spacing, a trailing period; a number gold against the answer read as a number; against a gold that holds a ``#``
+itself, ``C#``, the answer is read after the last standalone marker, ``#### C#``), ``choice`` (a multiple-choice
+letter A-E), ``coconut`` (Coconut's run.py check, as strings). A plug-in is named
 ``package.module:function`` or ``path/to/file.py:function``.
 
 A function written for TRL's ``GRPOTrainer`` works as it is: one that takes ``**kwargs`` (no ``*args``, no
@@ -21,7 +21,9 @@ completion: the question, the completion's text, the gold answer, the steps, and
 lacks it).
 
 Every call is checked: a function that raises, returns the wrong number of values, or a value that is not a
-finite number is a :class:`RewardError` (one line naming the function and the row). A number may be a Python, NumPy
+finite number is a :class:`RewardError` (one line naming the function and the row). A reward (not a scorer) may
+return None or NaN for a completion, as TRL's reward functions do for "does not apply": it adds nothing to that
+completion's weighted total, as TRL's ``nansum`` (:class:`Rewards`). A number may be a Python, NumPy
 or 0-d torch one, a bool counting 0 or 1 (:func:`reward_value`), so a 1-d array or tensor is a fine return value.
 """
 
@@ -49,9 +51,9 @@ from ..reward import ANSWER_IS, extract_answer, final_answer_text, normalize_num
 
 #: what a scorer or reward returns: one number per completion (a list, a 1-d NumPy array or tensor:
 #: :func:`reward_value`)
-ScoreValues = Iterable[SupportsFloat]
+ScoreValues = Iterable[SupportsFloat | None]
 #: a scorer or reward: ``fn(completions, records)``, or a function in TRL's form called with keywords
-#: (:func:`trl_style`); either may be an ``async def`` (:func:`awaited`)
+#: (:func:`trl_style`); either may be an ``async def`` (:func:`awaited`); a reward's None: "does not apply"
 ScoreFn = Callable[..., ScoreValues | Awaitable[ScoreValues]]
 
 
@@ -216,9 +218,10 @@ def call_checked(
 ) -> list[float]:
     """``fn(completions, records)`` (a function in TRL's form, :func:`trl_style`: ``fn(**trl_columns(...))``),
     checked: it must return one finite number per completion (an error names it as ``what``: a reward, or a scorer in
-    evaluation, whose values must lie in [0, 1]: 1 is correct). ``columns``: those of the whole data
-    (:func:`data_columns`), so that the form a function is called in, and the keywords it gets, do not depend on
-    which records a batch holds."""
+    evaluation, whose values must lie in [0, 1]: 1 is correct); a reward may return None or NaN, TRL's "does not
+    apply to this completion", which is NaN here (:class:`Rewards` leaves it out of the total). ``columns``: those
+    of the whole data (:func:`data_columns`), so that the form a function is called in, and the keywords it gets, do
+    not depend on which records a batch holds."""
     columns = trl_columns(completions, records, columns)
     trl = trl_style(fn, columns)
     if not trl and trl_style(fn):
@@ -265,21 +268,20 @@ def call_checked(
     out = []
     for i, v in enumerate(values):
         x = reward_value(v)
+        if x is None and what == "reward" and (v is None or getattr(v, "ndim", 0) == 0 and _is_nan(v)):
+            out.append(math.nan)  # TRL's "does not apply", NaN as its trainer keeps it (Rewards' total leaves it out)
+            continue
         if x is None:
             why = ""
-            if v is None:
-                why = (  # (TRL's trainer sums the weighted rewards with nansum: a None, NaN there, adds nothing)
-                    ": every completion needs a number, and TRL's None ('does not apply') is not taken: return 0.0 "
-                    "for it, what TRL's sum of the weighted rewards counts it as"
-                )
+            if v is None:  # (a scorer's: what counts as correct needs an answer for every completion)
+                why = ": every completion needs a number in [0, 1]: return 0.0 for one not correct"
             elif isinstance(v, str):  # (a judge's reply passed on as it came: '1' read as no number, unsaid)
                 why = ": a string, not a number (convert it: float(...))"
             elif getattr(returned, "ndim", 1) > 1:  # (an array of shape [n, 1]: its rows are arrays)
                 shape = tuple(getattr(returned, "shape", ()))
                 why = f": it returned an array of shape {shape}; one number per completion is 1-D"
-            elif _is_nan(v):  # (TRL's nansum leaves a NaN out of the total as it does a None: rewards written so)
-                also = " (what TRL's sum of the weighted rewards counts a NaN as, and a None)" * (what == "reward")
-                why = f": every completion needs a finite number: return 0.0 for one it cannot score{also}"
+            elif _is_nan(v):
+                why = ": every completion needs a finite number: return 0.0 for one it cannot score"
             raise RewardError(f"{what} {name} returned {v!r} for row {i} ({_row(completions, records, i)}){why}")
         if abs(x) > FLOAT32_MAX:  # (the rewards are a float32 tensor: inf there, then NaN advantages)
             raise RewardError(
@@ -608,6 +610,8 @@ class Rewards:
     #: the training data's columns (:func:`data_columns`; the trainer sets them): a TRL-style part gets each of them
     #: in every batch, None where a record lacks it
     columns: tuple[str, ...] = ()
+    #: whether a row every part gave None or NaN for was warned of (once per run)
+    _warned_none: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.parts]
@@ -641,8 +645,23 @@ class Rewards:
         return [p.identity() for p in self.parts]
 
     def __call__(self, completions: list[str], records: list[Record]) -> list[float]:
+        """Each completion's weighted total of the parts. A part's None or NaN (TRL's "does not apply") adds nothing
+        to it, as TRL's ``nansum`` (kept as NaN in :attr:`last`); a row where every part gave one has total 0, and
+        the first such row is warned of once (as TRL warns)."""
         self.last = {p.name: call_checked(p.fn, p.name, completions, records, columns=self.columns) for p in self.parts}
-        total = [sum(p.weight * self.last[p.name][i] for p in self.parts) for i in range(len(completions))]
+        given = [[p for p in self.parts if not math.isnan(self.last[p.name][i])] for i in range(len(completions))]
+        total = [sum((p.weight * self.last[p.name][i] for p in parts), 0.0) for i, parts in enumerate(given)]
+        none = [i for i, parts in enumerate(given) if not parts]
+        if none and not self._warned_none:
+            self._warned_none = True
+            names = ", ".join(p.name for p in self.parts)
+            warnings.warn(
+                f"every reward ({names}) returned None or NaN ('does not apply') for row {none[0]} "
+                f"({_row(completions, records, none[0])}), and {len(none) - 1} other row(s) of this batch: their "
+                "total reward is 0, as TRL's nansum gives; have at least one reward score every completion "
+                "(warned once)",
+                stacklevel=2,
+            )
         for i, t in enumerate(total):
             if not abs(t) <= FLOAT32_MAX:  # (weighted parts each within it may sum past it, or to inf)
                 raise RewardError(
@@ -656,6 +675,7 @@ class Rewards:
         a function that cannot be imported, raises or returns the wrong thing fails here, in one line."""
         with on_gold():  # (the filter's check too: its row is a gold answer's, no rollout's)
             total = self(gold_completions(records), records)
+            self._warned_none = False  # (a gold answer's row no reward applies to is warned of; the rollouts' too)
             warn_if_gold_scores_zero(total, "the reward")
             if check_filter:
                 self.filter_values(total)
@@ -665,6 +685,13 @@ class Rewards:
         its ends, as a scorer's are: a float32 sum's 1.0000001 is 1)."""
         values = total if not self.filter_on else self.last[self.filter_on]
         for i, v in enumerate(values):
+            if math.isnan(v):  # (only a part's: a total leaves a None out, 0 where every part gave one)
+                raise RewardError(
+                    f"grpo.filter: the accuracy window applies to reward {self.filter_on}, which returned None or NaN "
+                    f"('does not apply') for row {i}: the window needs whether every rollout is correct; have "
+                    f"{self.filter_on} return 0 or 1 for every completion, or set grpo.filter_reward to another "
+                    "reward ('' for the total, where a None adds 0)"
+                )
             if not -SCORE_TOLERANCE <= v <= 1 + SCORE_TOLERANCE:
                 what = f"reward {self.filter_on}" if self.filter_on else "the total reward"  # (v: 7 digits, as a
                 # float32 holds them: -0.04 summed in float32 was -0.03999999910593033)

@@ -711,7 +711,7 @@ class GRPOTrainer:
                 "completion": ro.texts[i],
                 "answer": self.last_prompts[i // K].answer,  # (the gold the reward was given: a reward's bugs show)
                 "reward": float(ro.rewards.flatten()[i]),
-                **{k: v[i] for k, v in parts.items()},
+                **{k: None if math.isnan(v[i]) else v[i] for k, v in parts.items()},  # (None: "does not apply")
             }
             for i in range(min(n, len(ro.texts)))
         ]
@@ -737,12 +737,21 @@ class GRPOTrainer:
             "distinct_answers": d.sum_float(float(sum(distinct))) / n_groups,
             "answer_entropy": d.sum_float(ro.entropy * n_tokens) / max(1.0, d.sum_float(n_tokens)),
             "answer_len": d.sum_float(n_tokens) / max(1, d.sum_int(ro.mask.shape[0])),
-            **{
-                f"reward/{name}": d.sum_float(sum(values)) / max(1, n_groups * K)
-                for name, values in self.rewards.last.items()
-                if len(self.rewards.parts) > 1
-            },
+            **self._part_metrics(n_groups * K),
         }
+
+    def _part_metrics(self, n_rows: int) -> dict:
+        """Each reward part's ``reward/<name>``, its mean over the step's rows that gave a number (TRL's nanmean;
+        None when none did; with two parts or more), and ``frac_none/<name>``, the fraction of rows it gave None or
+        NaN for (every part), reduced over ranks (``n_rows``: the global batch's)."""
+        d, out = self.dist, {}
+        for name, values in self.rewards.last.items():
+            numbers = [v for v in values if not math.isnan(v)]
+            if len(self.rewards.parts) > 1:
+                given = d.sum_int(len(numbers))
+                out[f"reward/{name}"] = d.sum_float(sum(numbers)) / given if given else None
+            out[f"frac_none/{name}"] = d.sum_int(len(values) - len(numbers)) / max(1, n_rows)
+        return out
 
 
 def check_rollouts_fit(lm: LatentLM, n_latent: int, cfg: Config) -> None:
