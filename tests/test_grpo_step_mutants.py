@@ -84,7 +84,7 @@ def test_the_step_diagnostics_by_hand(sft_checkpoint, monkeypatch):
     texts = ["#### 3", "#### 3", "#### 4", "no answer"] + ["#### 5"] * 4
     ro = rollouts([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]], texts, list(range(1, 9)), entropy=0.25)
     expected = {"reward_mean": 5 / 8, "reward_std": 3**0.5 / 8, "frac_zero_std": 0.5, "frac_groups_kept": 0.5}
-    expected |= {"distinct_answers": 2.0, "answer_entropy": 0.25, "answer_len": 4.5, "frac_none/numeric": 0.0}
+    expected |= {"distinct_answers": 2.0, "answer_entropy": 0.25, "answer_len": 4.5}
     assert tr._rollout_metrics(ro, torch.tensor([True, False])) == pytest.approx(expected, rel=1e-12, abs=0)
     monkeypatch.setattr(tr.dist, "sum_float", lambda x: 2 * x)
     monkeypatch.setattr(tr.dist, "sum_int", lambda n: 2 * n)

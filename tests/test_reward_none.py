@@ -94,7 +94,14 @@ def test_a_run_trains_on_none_rewards_logging_their_means_and_counts(sft_checkpo
 
     over = {"grpo.steps": 2, "grpo.prompts_per_step": 4, "grpo.group_size": 4, "grpo.log_rollouts": 16}
     cfg = tiny_config(**over, **{"grpo.warmup_steps": 0, "grpo.eval_every": 0})
-    rewards = Rewards([RewardPart("judge", judge, 0.75), RewardPart("short", short, 0.25)])
+    from dgrpo.eval.scoring import SCORERS
+
+    reward_parts = [
+        RewardPart("judge", judge, 0.75),
+        RewardPart("short", short, 0.25),
+        RewardPart("numeric", SCORERS["numeric"], 0),
+    ]
+    rewards = Rewards(reward_parts)
     lm = LatentLM.from_pretrained(sft_checkpoint)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="every reward")
@@ -117,3 +124,4 @@ def test_a_run_trains_on_none_rewards_logging_their_means_and_counts(sft_checkpo
             assert m[f"frac_none/{name}"] == pytest.approx(1 - len(given) / 16)
             assert m[f"reward/{name}"] == (pytest.approx(sum(given) / len(given)) if given else None)
         assert m["reward_mean"] == pytest.approx(sum(r["reward"] for r in step_rows) / 16, abs=1e-6)
+        assert "frac_none/numeric" not in m and "reward/numeric" in m  # (a built-in scorer scores every completion)

@@ -582,6 +582,11 @@ class RewardPart:
             raise RewardError(f"RewardPart {self.name!r}: weight must be a finite number, got {self.weight!r:.60}")
         self.weight = weight
 
+    @property
+    def may_abstain(self) -> bool:
+        """Whether it may return None ("does not apply"): not a built-in scorer, which scores every completion."""
+        return not any(self.fn is scorer for scorer in SCORERS.values())
+
     def identity(self) -> str:
         """``name = module.function * weight``: what a checkpoint records of the reward it was trained with."""
         return f"{self.name} = {function_name(self.fn)} * {self.weight:g}"

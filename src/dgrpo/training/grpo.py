@@ -743,14 +743,16 @@ class GRPOTrainer:
     def _part_metrics(self, n_rows: int) -> dict:
         """Each reward part's ``reward/<name>``, its mean over the step's rows that gave a number (TRL's nanmean;
         None when none did; with two parts or more), and ``frac_none/<name>``, the fraction of rows it gave None or
-        NaN for (every part), reduced over ranks (``n_rows``: the global batch's)."""
+        NaN for (each part that may: not a built-in scorer), reduced over ranks (``n_rows``: the global batch's)."""
         d, out = self.dist, {}
+        abstains = {p.name for p in self.rewards.parts if p.may_abstain}
         for name, values in self.rewards.last.items():
             numbers = [v for v in values if not math.isnan(v)]
             if len(self.rewards.parts) > 1:
                 given = d.sum_int(len(numbers))
                 out[f"reward/{name}"] = d.sum_float(sum(numbers)) / given if given else None
-            out[f"frac_none/{name}"] = d.sum_int(len(values) - len(numbers)) / max(1, n_rows)
+            if name in abstains:
+                out[f"frac_none/{name}"] = d.sum_int(len(values) - len(numbers)) / max(1, n_rows)
         return out
 
 
