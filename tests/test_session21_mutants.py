@@ -12,22 +12,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from test_run_dir_early import _denied
 
 from conftest import grpo_run_dir
-
-
-def _denied(monkeypatch, path, mode=None):
-    """The system says this user may not write (``mode`` None) or may not do ``mode`` in ``path`` (as root too)."""
-    from dgrpo.training import out_dir
-
-    access = out_dir.os.access
-
-    def checked(p, asked, **k):
-        if Path(p) == path and (mode is None or asked & mode):
-            return False
-        return access(p, asked, **k)
-
-    monkeypatch.setattr(out_dir.os, "access", checked)
 
 
 def test_keep_last_1_checks_the_step_folders_it_removes(tmp_path, monkeypatch):

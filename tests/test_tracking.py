@@ -140,12 +140,9 @@ def test_tensorboard_added_on_resume_gets_the_rows_before_it(tmp_path):
 # -- W&B (offline) -------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def wandb_env(tmp_path, monkeypatch):
-    """Offline, quiet W&B with every file under tmp_path; after the test, no W&B process is left running."""
-    wandb = pytest.importorskip("wandb")
-    home = tmp_path / "wandb-home"
-    for key, value in {
+def offline_wandb_variables(home: Path) -> dict[str, str]:
+    """The variables of an offline, quiet W&B that keeps every file under ``home`` (no git, code or system stats)."""
+    return {
         "WANDB_MODE": "offline",
         "WANDB_SILENT": "true",
         "WANDB_CONSOLE": "off",
@@ -158,7 +155,14 @@ def wandb_env(tmp_path, monkeypatch):
         "WANDB_CACHE_DIR": str(home / "cache"),
         "WANDB_DATA_DIR": str(home / "data"),
         "WANDB_ARTIFACT_DIR": str(home / "artifacts"),
-    }.items():
+    }
+
+
+@pytest.fixture
+def wandb_env(tmp_path, monkeypatch):
+    """Offline, quiet W&B with every file under tmp_path; after the test, no W&B process is left running."""
+    wandb = pytest.importorskip("wandb")
+    for key, value in offline_wandb_variables(tmp_path / "wandb-home").items():
         monkeypatch.setenv(key, value)
     for key in ("WANDB_API_KEY", "WANDB_ENTITY", "WANDB_PROJECT", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_NAME"):
         monkeypatch.delenv(key, raising=False)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_tracking import wandb_env  # noqa: F401 - the offline W&B fixture
+from test_tracking import offline_wandb_variables, wandb_env  # noqa: F401 - (wandb_env: the offline W&B fixture)
 
 from dgrpo.training.tracking import WandbTracker
 
@@ -108,20 +108,9 @@ def test_a_killed_wandb_service_leaves_a_warning_and_a_clean_exit(tmp_path: Path
     ConnectionResetError out of training, and W&B's exit hook printed a second traceback at exit. Now: one warning,
     the later rows are counted as lost, and the process exits 0 without a traceback."""
     pytest.importorskip("wandb")
-    home = tmp_path / "wandb-home"
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("WANDB_")},
-        "WANDB_MODE": "offline",
-        "WANDB_SILENT": "true",
-        "WANDB_CONSOLE": "off",
-        "WANDB_DISABLE_GIT": "true",
-        "WANDB_DISABLE_CODE": "true",
-        "WANDB_X_DISABLE_STATS": "true",
-        "WANDB_X_DISABLE_MACHINE_INFO": "true",
-        "WANDB_CONFIG_DIR": str(home / "config"),
-        "WANDB_CACHE_DIR": str(home / "cache"),
-        "WANDB_DATA_DIR": str(home / "data"),
-        "WANDB_ARTIFACT_DIR": str(home / "artifacts"),
+        **offline_wandb_variables(tmp_path / "wandb-home"),
     }
     run_dir = tmp_path / "run"
     done = subprocess.run(
