@@ -155,24 +155,24 @@ def test_a_refused_run_removes_the_directory_it_made_while_it_still_holds_the_lo
     a second run on the same --out that took the lock in between had its directory deleted under it. The removal now
     comes first, the lock still held (its file unlinked, the folders removed while empty): a second run that takes
     the lock then (in a lock file of its own) keeps its directory, and the refused run's is removed otherwise."""
-    from dgrpo.training import run as run_module
+    from dgrpo.training import out_dir
     from dgrpo.training.out_dir import RunLock
 
     out = tmp_path / "made"
     held: list[RunLock] = []
-    remove_made = run_module.remove_made
+    remove_made = out_dir.remove_made
 
     def second_run_first(path, made):
         assert not (out / ".lock").exists()  # (unlinked, the lock still held)
         held.append(RunLock(out))
         return remove_made(path, made)
 
-    monkeypatch.setattr(run_module, "remove_made", second_run_first)
+    monkeypatch.setattr(out_dir, "remove_made", second_run_first)
     with pytest.raises(ConfigError, match="no such checkpoint directory"):
         grpo_run_dir(out, resume=str(tmp_path / "nowhere" / "step-00000002"))
     assert len(held) == 1 and (out / ".lock").is_file()  # (the second run's directory kept, with its lock)
     held[0].release()
-    monkeypatch.setattr(run_module, "remove_made", remove_made)
+    monkeypatch.setattr(out_dir, "remove_made", remove_made)
     other = tmp_path / "other"
     with pytest.raises(ConfigError, match="no such checkpoint directory"):
         grpo_run_dir(other, resume=str(tmp_path / "nowhere" / "step-00000002"))

@@ -421,13 +421,20 @@ class HeldRunDir:
     made: Path | None
 
     def give_up(self) -> None:
-        """Release the lock (no RunDir took it: the run was refused, or failed, before it trained): its lock file
-        removed if it made it, then the folders it made while they hold nothing else, the lock still held (removed once
-        unlocked, the directory was another run's when that run had taken the lock in between)."""
-        if self.lock.created:
-            self.lock.path.unlink(missing_ok=True)
-        remove_made(self.out, self.made)
-        self.lock.release()
+        """Release the lock (no RunDir took it: the run was refused, or failed, before it trained), leaving nothing
+        it made (:func:`release_leaving_nothing`)."""
+        release_leaving_nothing(self.lock, self.out, self.made)
+
+
+def release_leaving_nothing(lock: RunLock, out: Path, made: Path | None) -> None:
+    """Release ``lock`` on ``out`` (a run refused, or failed, before it wrote anything): its lock file removed if it
+    made it, then the folders it made (``made``: the topmost, :func:`topmost_missing`) while they hold nothing else,
+    the lock still held (removed once unlocked, the directory was another run's when that run had taken the lock in
+    between: deleted under it)."""
+    if lock.created:
+        lock.path.unlink(missing_ok=True)
+    remove_made(out, made)
+    lock.release()
 
 
 def topmost_missing(out: Path) -> Path | None:

@@ -61,7 +61,14 @@ from .checkpoint import (
 from .consolidate import ADDED_BY_CONSOLIDATION, CONSOLIDATED
 from .distributed import Dist
 from .guards import TrainingStopped
-from .out_dir import RunLock, adopt_run_dir, check_config_writes, check_output_dir, remove_made, topmost_missing
+from .out_dir import (
+    RunLock,
+    adopt_run_dir,
+    check_config_writes,
+    check_output_dir,
+    release_leaving_nothing,
+    topmost_missing,
+)
 from .preemption import in_test_sets, stop, stop_if_requested, stopping, writing_the_end
 from .resume_check import NEW_OUT, SAME_DATA, START_OVER, ResumeCheck, data_change, quiet_log
 from .tracking import Tracker, describe_backends, open_trackers
@@ -720,12 +727,10 @@ class RunDir(ResumeCheck):
         is over: a SIGTERM no longer waits for its end."""
         writing_the_end("")
         self.metrics.close(exit_code)
-        # a run refused before it wrote anything leaves no folder it made (OUT, and those above it it made), removed
-        # while still locked (removed once unlocked, it was another run's when that run had taken the lock in between)
-        if exit_code and self.made is not None and [p.name for p in self.out_dir.iterdir()] == [LOCK_FILE]:
-            (self.out_dir / LOCK_FILE).unlink()
-            remove_made(self.out_dir, self.made)
-            self.made = None
+        # a run refused before it wrote anything leaves no folder it made (OUT, and those above it it made)
+        if exit_code and self.made is not None and self.lock is not None and os.listdir(self.out_dir) == [LOCK_FILE]:
+            release_leaving_nothing(self.lock, self.out_dir, self.made)
+            self.made = self.lock = None
         if self.lock is not None:
             self.lock.release()
             self.lock = None
