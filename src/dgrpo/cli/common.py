@@ -290,7 +290,7 @@ def model_without_weights(name: str, cfg: Config) -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ..model.latent_lm import LatentLM, _read_latent_files
+    from ..model.latent_lm import LatentLM, read_latent_files
     from ..model.lora import adapter_base, adapter_base_revision, is_adapter_dir
     from ..model.sources import BUILTIN, hub_files, on_disk, resolve_checkpoint, resolve_model_source
     from ..model.tokens import load_tokenizer
@@ -309,7 +309,7 @@ def model_without_weights(name: str, cfg: Config) -> Any:
         config = AutoConfig.from_pretrained(config_from, local_files_only=local_only, revision=revision)
         with torch.device("meta"):  # (no memory, nothing drawn: the shapes alone)
             model = AutoModelForCausalLM.from_config(config)
-        settings, _ = _read_latent_files(folder)
+        settings, _ = read_latent_files(folder)
         with warnings.catch_warnings():  # (what it warns of, the load warns of: once)
             warnings.simplefilter("ignore")
             return LatentLM(model, load_tokenizer(str(folder)), settings)

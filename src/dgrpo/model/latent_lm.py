@@ -303,7 +303,7 @@ def check_eos(where: str, tok: PreTrainedTokenizerBase) -> None:
         raise CheckpointError(f"cannot load the model {where}: {one_line(e)}") from None
 
 
-def _read_latent_files(folder: Path) -> tuple[LatentSettings, dict | None]:
+def read_latent_files(folder: Path) -> tuple[LatentSettings, dict | None]:
     """``latent_config.json`` (default settings when absent: a plain hub model) and ``run_config.json`` (or None)."""
     settings = LatentSettings()
     if (folder / LATENT_CONFIG_FILE).is_file():
@@ -488,7 +488,7 @@ class LatentLM(nn.Module):
             # custom tokenizer code is not among the snapshot's files: transformers fetches it with the hub id
             tok_from, tok_at = (str(path), revision) if hub and trust_remote_code else (str(local), None)
             tok = load_tokenizer(tok_from, trust_remote_code, local_files_only, tok_at)
-            settings, run_config = _read_latent_files(local)
+            settings, run_config = read_latent_files(local)
         except CheckpointError:
             raise
         except Exception as e:  # noqa: BLE001 - a damaged directory fails in many ways; each is one line for the user
@@ -537,7 +537,7 @@ class LatentLM(nn.Module):
         lora.check_base(folder, base)
         try:
             tok = load_tokenizer(str(folder), trust_remote_code=trust_remote_code)
-            settings, run_config = _read_latent_files(folder)
+            settings, run_config = read_latent_files(folder)
         except Exception as e:  # noqa: BLE001
             why = f"{one_line(e)}{remote_code_hint(e)}"
             raise CheckpointError(f"cannot load the adapter checkpoint {folder}: {why}") from None

@@ -628,7 +628,7 @@ def check_same_optimizer(ckpt: Path, state: dict, optimizer: torch.optim.Optimiz
     state than the one this run built: ``grpo.optimizer=adamw8bit`` runs torch AdamW without CUDA or bitsandbytes
     (warned), and the same config resumed on a GPU built bitsandbytes' AdamW8bit to load torch AdamW's state into.
     A checkpoint that does not say (written before dgrpo recorded it) is not checked. The new run's model is named
-    as the caller names one (``--init``, from Python ``LatentLM.from_pretrained``: ResumeCheck's words)."""
+    as the caller names one (``--init``, from Python ``LatentLM.from_pretrained``: :func:`~.wording.init_named`)."""
     saved, now = state.get("optimizer_kind"), optimizer_kind(optimizer)
     if saved is None or saved == now:
         return
