@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
         sets = _read_sets(outs, args.split, cfg, options["scorer"], started_in, from_checkpoint)
         warn_fsdp_not_applied(cfg)
         warn_of_earlier_results(Path(args.out), outs.values())
-        check_sets_fit(args.model, cfg, sets, args.split)  # (before the weights load: each set, not once one is done)
+        check_datasets_fit(args.model, cfg, sets, args.split)  # (before the weights load and any set answered)
         # (under torchrun: each rank answers a shard of every set, with the whole model)
         dist, device = join_processes(cfg, device, fsdp=False)
         lm = _load_eval_model(args.model, cfg, device)
@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_sets_fit(model: str, cfg: Config, sets: dict[str, list], split: str | None) -> None:
+def check_datasets_fit(model: str, cfg: Config, sets: dict[str, list], split: str | None) -> None:
     """Each dataset's longest prompt checked against the context of ``model`` as it will be answered
     (:func:`~dgrpo.eval.evaluate.check_evaluation_fits`, :func:`~dgrpo.eval.evaluate.evaluate`'s own check) with the
     model built from its tokenizer and config.json alone (:func:`~.common.model_without_weights`): a set too long is
