@@ -153,6 +153,13 @@ def fingerprint(records: list[Record]) -> str:
     return f"{len(records)}:{h.hexdigest()[:16]}"
 
 
+def fingerprint_count(value: object) -> int | None:
+    """The count of records a :func:`fingerprint` (``"<count>:<digest>"``) names; None when ``value`` is none (a
+    checkpoint written before dgrpo recorded it)."""
+    count = value.partition(":")[0] if isinstance(value, str) else ""
+    return int(count) if count.isdigit() else None
+
+
 def check_records(records: object, where: str, empty: bool = False) -> None:
     """ValueError (one line) unless ``records`` is a non-empty (``empty``: or empty) list of :class:`Record`, naming
     what it holds instead (a list of dicts is the usual slip: ``Record(question=..., steps=[], answer=...)`` or a

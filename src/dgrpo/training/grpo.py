@@ -34,7 +34,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..config import Config, ConfigError, GRPOConfig, to_dict
-from ..data.records import Record, check_records, data_columns, fingerprint
+from ..data.records import Record, check_records, data_columns, fingerprint, fingerprint_count
 from ..eval.evaluate import EvalResult
 from ..eval.scoring import (
     RewardError,
@@ -217,7 +217,7 @@ def trainer_state_problem(section: dict[str, Any]) -> str | None:
     then, or a generator no run had). None when nothing is."""
     if problem := _TRAINER_COUNTS(section):
         return problem
-    order, rows = section["order"], _rows_trained_on(section.get("train_data"))
+    order, rows = section["order"], fingerprint_count(section.get("train_data"))
     seen: set[int] = set()
     for i in order:
         if type(i) is not int or i < 0 or (rows is not None and i >= rows):
@@ -231,13 +231,6 @@ def trainer_state_problem(section: dict[str, Any]) -> str | None:
     except ValueError as e:
         return f"data_rng {e}"
     return None
-
-
-def _rows_trained_on(fingerprint: Any) -> int | None:
-    """The count of training records a data :func:`~dgrpo.data.records.fingerprint` (``"<count>:<digest>"``) names;
-    None without one (a checkpoint written before dgrpo recorded it)."""
-    count = fingerprint.partition(":")[0] if isinstance(fingerprint, str) else ""
-    return int(count) if count.isdigit() else None
 
 
 class GRPOTrainer:
