@@ -82,8 +82,9 @@ def test_a_sigterm_before_the_first_step_stops_at_once_and_from_it_on_is_agreed(
 
 @pytest.mark.parametrize("where", ["test sets", "end", "eval", "demo"])
 def test_a_sigterm_at_a_resumed_runs_end_or_outside_training_keeps_its_stop(where):
-    """A resumed run with no step left (its test sets, its end's writes), dgrpo eval (no steps) and the demo's runs
-    (stopped at once, not resumed) keep what they did: the agreed stop under torchrun, none of the line."""
+    """A resumed run with no step left (its test sets, its end's writes), dgrpo eval in its datasets (no steps) and
+    the demo's runs (stopped at once, not resumed) keep what they did: the agreed stop under torchrun, none of the
+    line."""
     with sigterm_stops(True, distributed=where != "demo", stepped=where != "eval"):
         if where == "test sets":
             with in_test_sets():
@@ -92,10 +93,27 @@ def test_a_sigterm_at_a_resumed_runs_end_or_outside_training_keeps_its_stop(wher
             writing_the_end("final/")
             assert handler_call() == "asked"
         elif where == "eval":
-            assert handler_call() == "asked"
+            with in_test_sets(tested="dataset"):
+                assert handler_call() == "asked"
         else:
             with stops_at_once():
                 assert handler_call() == "raised: "
+
+
+def test_dgrpo_eval_before_its_first_dataset_stops_at_once_under_torchrun_and_is_watched_so():
+    """dgrpo eval (no steps) before its first dataset (loading, joining): nothing is evaluated, so under torchrun a
+    SIGTERM stops it at once too (a job whose rank 0 refused at the start ran on to torchrun's SIGKILL 30 s later:
+    tests/test_eval_torchrun_stop.py), with no training run's words (its stop line says its own), the stop
+    delivered again ignored; after its datasets, what it said (every dataset written: it finishes)."""
+    with sigterm_stops(True, distributed=True, stepped=False):
+        assert preemption._before_training()  # (the watchdog's PROMPT_S)
+        assert handler_call() == "raised: "
+        assert handler_call() == "nothing"
+    with sigterm_stops(True, distributed=True, stepped=False):
+        with in_test_sets(tested="dataset"):
+            pass
+        assert not preemption._before_training() and handler_call() == "asked"
+        assert preemption._where() == "every dataset is evaluated and its results written: it finishes"
 
 
 def watched(monkeypatch, before_step: bool, leaving: bool = False) -> bool:

@@ -193,9 +193,10 @@ def run(args: argparse.Namespace) -> int:
     from ..training.preemption import in_test_sets, stop, stop_requested, stopping
 
     done = Done()
-    # (SIGTERM, Ctrl-C: the stop line says what was written; under torchrun a SIGTERM only asks, from the start, and
-    # the ranks agree before the first dataset and after each: rank 0's notice says which, the datasets under way in
-    # in_test_sets, before them the command line's; the hub probed once for the model's settings, weights and data)
+    # (SIGTERM, Ctrl-C: the stop line says what was written; under torchrun a SIGTERM stops a rank at once until the
+    # ranks agree before the first dataset (nothing evaluated: a rank whose peer refused at the start, which torchrun
+    # then sends SIGTERM, ended at its SIGKILL 30 s later), from then on it only asks, and they agree after each
+    # dataset: rank 0's notice says so; the hub probed once for the model's settings, weights and data)
     with stopping(done.line), one_probe():
         cfg, datas, started_in, from_checkpoint = _eval_config(args)
         e = cfg.eval
@@ -210,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
         dist, device = join_processes(cfg, device, fsdp=False)
         lm = _load_eval_model(args.model, cfg, device)
         accuracies = []
-        if stop_requested(dist):  # (under torchrun: a SIGTERM while the data and the model loaded)
+        if stop_requested(dist):  # (under torchrun: every rank loaded, none stopped; from here a SIGTERM only asks)
             stop(dist)
         with in_test_sets(tested="dataset", left=EVALUATED_LEFT):  # (a notice: 'at the end of the dataset under way')
             for data, recs in sets.items():

@@ -29,8 +29,10 @@ the grace period holds only the step and the checkpoint's write. At a run's end 
 last checkpoint, the ranks agree before the test sets, after each and after the last, and stop with no checkpoint to
 write. Then the run writes its end (``final/``, GRPO's ``summary.json``: :func:`writing_the_end`), with no agreement
 left to stop the ranks together: a SIGTERM lets it finish (exit 0), in one process too, as a step is let finish.
-``dgrpo eval`` installs the handler too: a SIGTERM stops it at once (exit 143). From Python, without the handler,
-none of this does anything: SIGTERM keeps its default.
+``dgrpo eval`` installs the handler too: a SIGTERM stops it at once (exit 143); under torchrun, once its ranks have
+agreed before its first dataset, at the end of the dataset under way (the ranks agree after each), and before that at
+once, as a training command before its first step (a rank blocked in C ended :data:`PROMPT_S` after it). From
+Python, without the handler, none of this does anything: SIGTERM keeps its default.
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ REPEAT_S = 2.0
 PROMPT_S = 5.0
 #: what a stop before the first training step says (the stop line's "dgrpo: terminated (SIGTERM) ...")
 BEFORE_TRAINING = "before the first training step (no training was lost)"
+#: what the watchdog says of a stop of ``dgrpo eval`` before its first dataset (its stop line says its own:
+#: ``dgrpo.cli.evaluate.NOTHING_YET``)
+BEFORE_EVALUATING = "before the first dataset (nothing was evaluated)"
 
 
 class Terminated(KeyboardInterrupt):
@@ -90,8 +95,9 @@ class _State:
     again = "the same command"  # (testing) the command that evaluates them after a stop
     last_at = -float("inf")  # time.monotonic() of the last SIGTERM that counted (one process)
     checkpointed = False  # the stop (:func:`stop`) came after a training step, its resumable checkpoint written
-    begun = False  # (stepped) this process's first training step has begun (:func:`within_step`): a stop can lose one
-    leaving = False  # the handler raised Terminated before the first step: the run is closing, not blocked
+    begun = False  # this process's work has begun (its first training step: :func:`within_step`; dgrpo eval's first
+    # dataset, or a run's test sets: :func:`in_test_sets`): a stop can lose some
+    leaving = False  # the handler raised Terminated before the work began: the run is closing, not blocked
 
 
 def is_rank0() -> bool:
@@ -130,7 +136,8 @@ def _watchdog(read_fd: int, grace: float, done: threading.Event) -> None:
             if signal.SIGTERM in data:
                 if _before_training() and not done.wait(min(grace, PROMPT_S)) and not _State.leaving:
                     rank = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
-                    line = f"dgrpo: {rank}SIGTERM {BEFORE_TRAINING}, its handler blocked: exiting"
+                    before = BEFORE_TRAINING if _State.stepped else BEFORE_EVALUATING
+                    line = f"dgrpo: {rank}SIGTERM {before}, its handler blocked: exiting"
                     print(below_bar(line), file=sys.stderr, flush=True)
                     os._exit(128 + signal.SIGTERM)
                 if not done.wait(grace):
@@ -151,8 +158,9 @@ def _watchdog(read_fd: int, grace: float, done: threading.Event) -> None:
 def _before_training() -> bool:
     """Whether a training command (the handler on) has not begun its first training step in this process, nor reached
     its end (a resumed run with no step left: its test sets, its end's writes), so that a stop loses nothing: no
-    checkpoint could hold what the last one (or none) does not."""
-    return _State.installed and _State.stepped and not (_State.begun or _State.testing or _State.ending)
+    checkpoint could hold what the last one (or none) does not. For ``dgrpo eval`` (not ``stepped``): whether it
+    has not begun its first dataset (nothing evaluated yet)."""
+    return _State.installed and not (_State.begun or _State.testing or _State.ending)
 
 
 def _left() -> str:
@@ -185,7 +193,8 @@ def _on_sigterm(signum: int, frame: object) -> None:
         return  # (the stop before the first step is under way, torchrun's forward of it too: the watchdog's grace)
     if _before_training() and not _State.leaving:
         _State.leaving, _State.last_at = True, time.monotonic()  # (a repeat in one process: below)
-        raise Terminated(BEFORE_TRAINING)  # (nothing to checkpoint: every rank stops at once, as one process does)
+        # (nothing to checkpoint: every rank stops at once, as one process does; dgrpo eval's stop line says its own)
+        raise Terminated(BEFORE_TRAINING) if _State.stepped else Terminated
     if _State.distributed:
         if not _State.requested:
             _State.requested = True
@@ -285,8 +294,8 @@ def _where() -> str:
         return "stopping at the end of this step, after writing a resumable checkpoint"
     if _State.testing:
         return f"every rank stops at the end of the {_State.tested} under way ({_State.left})"
-    if not _State.stepped:  # (dgrpo eval before its datasets: its modules, data and model loading)
-        return "every rank stops where the ranks next agree, before the first dataset"
+    if not _State.stepped:  # (dgrpo eval after its datasets: before them a SIGTERM stopped it at once)
+        return "every dataset is evaluated and its results written: it finishes"
     if not _State.in_step:  # (an evaluation, a checkpoint's write: the ranks agree after the next step, or at the end)
         return (
             "every rank stops where the ranks next agree: after the next step, with its resumable checkpoint, or at "
@@ -300,8 +309,10 @@ def in_test_sets(again: str = "the same command", *, tested: str = "test set", l
     """The run's end, its test sets evaluated after its last checkpoint: under torchrun a SIGTERM's notice says the
     ranks stop after the test set under way (they agree after each one), with no checkpoint to write, and that
     ``again`` (the command that goes on from the checkpoint) evaluates them. ``dgrpo eval``'s datasets: ``tested``
-    names what is evaluated one at a time, ``left`` what a stop leaves (default: the training's :data:`TESTS_LEFT`)."""
+    names what is evaluated one at a time, ``left`` what a stop leaves (default: the training's :data:`TESTS_LEFT`).
+    The command's work has begun: a SIGTERM no longer stops it at once as one before it does."""
     _State.testing, _State.again, _State.tested = True, again, tested
+    _State.begun = _State.begun or _State.installed
     _State.left = left or TESTS_LEFT.format(again=again)
     try:
         yield
@@ -330,7 +341,7 @@ def stop_requested(dist: Dist | None = None) -> bool:
                     if _State.testing
                     else "after writing a resumable checkpoint of this step"
                     if _State.stepped
-                    else "before the first dataset (nothing was evaluated)"  # (dgrpo eval, before its datasets)
+                    else BEFORE_EVALUATING  # (dgrpo eval, before its datasets)
                 )
                 line = f"dgrpo: SIGTERM (to another rank): every rank stops now {now}"
                 print(below_bar(line), file=sys.stderr, flush=True)
