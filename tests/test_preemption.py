@@ -1166,8 +1166,10 @@ def test_a_resume_over_an_unreadable_applied_json_warns_of_it_once(tmp_path):
 def test_under_torchrun_a_sigterm_to_another_rank_while_dgrpo_eval_loads_is_said_without_a_checkpoint(
     sft_checkpoint, tmp_path, monkeypatch, capsys
 ):
-    """A SIGTERM that reached another rank alone while dgrpo eval loaded: the ranks agree before the first dataset,
-    and rank 0's line said they stop 'after writing a resumable checkpoint of this step' (a training run's words)."""
+    """The ranks' agreement before dgrpo eval's first dataset answering that a rank was asked to stop: rank 0's line
+    said they stop 'after writing a resumable checkpoint of this step' (a training run's words). (With the handler
+    on, a rank that gets a SIGTERM before that agreement now stops at once instead: tests/test_eval_torchrun_stop.py;
+    the line stays true to eval should a request reach it.)"""
     from dgrpo.cli import build_parser
     from dgrpo.cli import evaluate as eval_cli
 
