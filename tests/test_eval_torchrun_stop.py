@@ -16,7 +16,7 @@ from test_sigterm_before_training import REPORTED
 RANK_0_REFUSES = """
 import os, sys
 
-from dgrpo.cli import evaluate, main
+from dgrpo.cli import entry, evaluate
 from dgrpo.data.records import DataError
 
 if os.environ["RANK"] == "0":
@@ -24,8 +24,40 @@ if os.environ["RANK"] == "0":
         raise DataError("data.jsonl: not found on this machine")
 
     evaluate._read_sets = refused
-sys.exit(main(sys.argv[1:]))
+entry()
 """
+
+#: a worker whose rank 1, loading its model while rank 0 waits in the agreement before the first dataset, sends
+#: SIGTERM to every worker (as a scheduler's stop of the job's tasks), its own last
+STOPPED_WHILE_LOADING = """
+import os, signal, time
+from pathlib import Path
+
+from dgrpo.cli import entry, evaluate
+
+if os.environ["RANK"] == "1":
+    load = evaluate._load_eval_model
+
+    def stopped(*a, **kw):
+        time.sleep(4)  # (rank 0 reaches the agreement)
+        pids = [int(p) for f in Path(f"/proc/{os.getppid()}/task").glob("*/children") for p in f.read_text().split()]
+        for pid in sorted(pids, key=lambda p: p == os.getpid()):
+            os.kill(pid, signal.SIGTERM)
+        time.sleep(5)
+        return load(*a, **kw)
+
+    evaluate._load_eval_model = stopped
+entry()
+"""
+
+
+def torchrun_eval(worker: str, model, tmp_path) -> subprocess.CompletedProcess:
+    """``torchrun`` of 2 workers running ``worker`` as ``dgrpo eval --model model --data builtin:test --limit 2``."""
+    (tmp_path / "worker.py").write_text(worker)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += [str(tmp_path / "worker.py"), "eval", "--model", str(model), "--data", "builtin:test"]
+    cmd += ["--limit", "2", "--out", str(tmp_path / "e")]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 @pytest.mark.slow
@@ -34,13 +66,9 @@ def test_a_torchrun_job_of_dgrpo_eval_whose_rank_0_refuses_at_the_start_ends_wit
 ):
     """Rank 0 refuses in one line and exits 2; torchrun sends SIGTERM to rank 1, which (its handler only asking, then
     blocked joining the process group) went on until torchrun's SIGKILL 30 s later."""
-    (tmp_path / "worker.py").write_text(RANK_0_REFUSES)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    cmd += [str(tmp_path / "worker.py"), "eval", "--model", str(sft_checkpoint), "--data", "builtin:test"]
-    cmd += ["--limit", "2", "--out", str(tmp_path / "e")]
     t0 = time.monotonic()
-    job = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    took, err = time.monotonic() - t0, job.stderr
+    err = torchrun_eval(RANK_0_REFUSES, sft_checkpoint, tmp_path).stderr
+    took = time.monotonic() - t0
     ended = {int(r): datetime.strptime(t, "%Y-%m-%d_%H:%M:%S") for t, r in REPORTED.findall(err)}
     gap = (ended[1] - ended[0]).total_seconds() if len(ended) == 2 else None
     said = [x for x in err.splitlines() if "dgrpo" in x]
@@ -48,4 +76,19 @@ def test_a_torchrun_job_of_dgrpo_eval_whose_rank_0_refuses_at_the_start_ends_wit
     assert "data.jsonl: not found on this machine" in err, err[-3000:]
     assert "SIGKILL" not in err and "Signal 9" not in err, err[-3000:]
     assert "exitcode  : 143" in err and gap is not None and gap < 10, err[-3000:]
+    assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.slow
+def test_a_sigterm_to_every_worker_while_dgrpo_eval_loads_stops_each_at_once_with_rank_0s_one_line(
+    sft_checkpoint, tmp_path
+):
+    """Rank 1 stopped at once as it loaded, rank 0 waiting for it in the agreement before the first dataset: rank 0
+    stops too (its handler runs as the collective fails), one line saying nothing was written, each rank exiting 143
+    (not 'another rank ended mid-run', nor a signal's death)."""
+    job = torchrun_eval(STOPPED_WHILE_LOADING, sft_checkpoint, tmp_path)
+    err = job.stderr
+    print(*(x for x in err.splitlines() if "dgrpo" in x or "exitcode" in x))
+    assert err.count("dgrpo: terminated (SIGTERM) before the evaluation: nothing was written") == 1, err[-3000:]
+    assert err.count("exitcode  : 143") == 2 and "another rank ended" not in err, err[-3000:]
     assert not (tmp_path / "e").exists()
