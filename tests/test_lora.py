@@ -628,7 +628,7 @@ def test_target_modules_that_match_nothing_or_cannot_be_adapted_are_one_config_l
             "llama",
             ["norm"],
             "'norm' is a LlamaRMSNorm (model.norm), not a layer LoRA adapts: name this model's linear "
-            "layers (down_proj, gate_proj, k_proj, lm_head, ",
+            "layers (down_proj, gate_proj, k_proj, o_proj, ",
         ),
     ],
 )

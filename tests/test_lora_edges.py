@@ -36,8 +36,9 @@ def test_a_tied_head_is_not_suggested_as_a_target(lora_base_dirs, arch, wrong, u
 
 
 def test_an_untied_head_is_still_suggested(lora_base_dirs) -> None:
-    """Llama's head has a weight of its own: an adapter can go there (without trainable latent rows on it)."""
+    """Llama's head has a weight of its own: an adapter can go there without trainable latent rows on it
+    (``train_latent_tokens=false``; with them, tests/test_lora_edges2.py)."""
     lm = LatentLM.from_pretrained(lora_base_dirs / "llama")
     with pytest.raises(ConfigError) as e:
-        lora.apply_lora(lm, LoraConfig(r=2, target_modules=["c_attn"]))
+        lora.apply_lora(lm, LoraConfig(r=2, target_modules=["c_attn"], train_latent_tokens=False))
     assert "lm_head" in _suggested(str(e.value))

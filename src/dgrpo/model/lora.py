@@ -131,9 +131,10 @@ def check_rank(lm: LatentLM, r: int) -> None:
         )
 
 
-def check_targets(lm: LatentLM, targets: list[str]) -> None:
+def check_targets(lm: LatentLM, targets: list[str], latent_rows: bool = False) -> None:
     """Every name in ``model.lora.target_modules`` matches a module as PEFT matches a list (the full name, or its
-    last dotted parts): a misspelt one would otherwise be left out silently while the others train."""
+    last dotted parts): a misspelt one would otherwise be left out silently while the others train. ``latent_rows``:
+    ``model.lora.train_latent_tokens``, whose untied head the layers a refusal suggests leave out."""
     if targets == ["all-linear"]:
         return
     names = [n for n, _ in lm.model.named_modules() if n]
@@ -141,23 +142,25 @@ def check_targets(lm: LatentLM, targets: list[str]) -> None:
     if missing:
         raise ConfigError(
             f"invalid config value model.lora.target_modules: {', '.join(map(repr, missing))} matches no module of "
-            f"this model (its linear layers: {', '.join(_linear_leaves(lm)[:12])}; or all-linear)"
+            f"this model (its linear layers: {', '.join(_linear_leaves(lm, latent_rows)[:12])}; or all-linear)"
         )
-    _refuse_unadaptable_targets(lm, targets)
+    _refuse_unadaptable_targets(lm, targets, latent_rows)
     head, embed = lm.model.get_output_embeddings(), lm.model.get_input_embeddings()
     if head is not None and embed is not None and head.weight is embed.weight:
         _refuse_tied_targets(lm, targets, head, embed)
 
 
-def _linear_leaves(lm: LatentLM) -> list[str]:
+def _linear_leaves(lm: LatentLM, latent_rows: bool = False) -> list[str]:
     """The last dotted parts of the model's linear layers that a target may name, sorted: an output layer that shares
-    its weight with the input embeddings is left out (:func:`_refuse_tied_targets` refuses it)."""
+    its weight with the input embeddings is left out (:func:`_refuse_tied_targets` refuses it), and with
+    ``latent_rows`` (``model.lora.train_latent_tokens``) an untied one too (:func:`_refuse_latent_row_targets`)."""
     head, embed = lm.model.get_output_embeddings(), lm.model.get_input_embeddings()
-    tied = head if head is not None and embed is not None and head.weight is embed.weight else None
-    return sorted({n.rsplit(".", 1)[-1] for n, m in lm.model.named_modules() if _is_linear(m) and m is not tied})
+    tied = head is not None and embed is not None and head.weight is embed.weight
+    out = head if tied or latent_rows else None
+    return sorted({n.rsplit(".", 1)[-1] for n, m in lm.model.named_modules() if _is_linear(m) and m is not out})
 
 
-def _refuse_unadaptable_targets(lm: LatentLM, targets: list[str]) -> None:
+def _refuse_unadaptable_targets(lm: LatentLM, targets: list[str], latent_rows: bool = False) -> None:
     """ConfigError when a target names a module LoRA does not adapt (a block such as ``mlp`` or ``self_attn``, a
     norm), naming the linear layers to write instead: PEFT refuses it with the module's printout, of which the line
     kept 'Target module Qwen2MLP(' alone."""
@@ -166,7 +169,7 @@ def _refuse_unadaptable_targets(lm: LatentLM, targets: list[str]) -> None:
             if n and _names(t, n) and not _adaptable(m):
                 inner = sorted({c.rsplit(".", 1)[-1] for c, x in m.named_modules() if c and _is_linear(x)})
                 name = "its" if inner else "this model's"
-                inner = inner or _linear_leaves(lm)
+                inner = inner or _linear_leaves(lm, latent_rows)
                 raise ConfigError(
                     f"invalid config value model.lora.target_modules: {t!r} is a {type(m).__name__} ({n}), not a "
                     f"layer LoRA adapts: name {name} linear layers ({', '.join(inner[:12])}), or all-linear"
@@ -238,7 +241,7 @@ def apply_lora(lm: LatentLM, cfg: LoraConfig | Any) -> None:
     peft = _peft()
     ours = not isinstance(cfg, peft.LoraConfig)
     if ours:
-        check_targets(lm, list(cfg.target_modules))
+        check_targets(lm, list(cfg.target_modules), cfg.train_latent_tokens)
         if cfg.train_latent_tokens:
             _refuse_latent_row_targets(lm, list(cfg.target_modules))
         check_rank(lm, cfg.r)
