@@ -52,6 +52,7 @@ def test_the_readmes_plain_peft_lines_load_an_adapter_on_a_base_dgrpo_enlarged(
     lines give the logits dgrpo's own loading computes, on a plain input that holds the markers."""
     import torch
 
+    from dgrpo.model.anatomy import input_embedding_weight
     from dgrpo.model.tiny import build_tiny_model
 
     base = tmp_path / "base"
@@ -60,14 +61,15 @@ def test_the_readmes_plain_peft_lines_load_an_adapter_on_a_base_dgrpo_enlarged(
     ).save_pretrained(base)
     tokenizer.save_pretrained(base)
     lm = LatentLM.from_pretrained(str(base))
-    assert lm.new_latent_tokens and lm.model.get_input_embeddings().weight.shape[0] > len(tokenizer)
+    assert lm.new_latent_tokens and input_embedding_weight(lm.model).shape[0] > len(tokenizer)
     lora.apply_lora(lm, LoraConfig(r=2, train_latent_tokens=train_latent_tokens))
     torch.manual_seed(1)
     with torch.no_grad():  # (a trained adapter, and trained markers' rows: neither is what a fresh one holds)
         for p in lm.model.parameters():
-            p.add_(torch.randn_like(p) * 0.5) if p.requires_grad else None
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.5)
         if not train_latent_tokens:
-            lm.model.get_input_embeddings().weight[[lm.start_id, lm.latent_id, lm.end_id]] += 1.0
+            input_embedding_weight(lm.model)[[lm.start_id, lm.latent_id, lm.end_id]] += 1.0
     (tmp_path / "runs/7b/grpo").mkdir(parents=True)
     lm.save_pretrained(tmp_path / "runs/7b/grpo/final")
     ids = torch.tensor([[5, 6, 7, lm.start_id, lm.latent_id, lm.latent_id, lm.end_id, 9]])
