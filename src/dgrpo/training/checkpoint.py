@@ -123,6 +123,8 @@ def numpy_random_state(value: Any) -> tuple:
         raise ValueError(f"names the generator {json.dumps(name)[:20]}, not MT19937 (a NumPy random state)")
     if not isinstance(words, list) or len(words) != 624 or any(type(w) is not int or not 0 <= w < 2**32 for w in words):
         raise ValueError("does not hold the 624 32-bit integers of a NumPy random state")
+    if stuck_generator(words):
+        raise ValueError(STUCK)
     if type(pos) is not int or not 0 <= pos <= 624 or has_gauss not in (0, 1) or type(has_gauss) is not int:
         raise ValueError(
             f"has the position {json.dumps(pos)[:20]} and has_gauss {json.dumps(has_gauss)[:20]}, not "
@@ -131,6 +133,17 @@ def numpy_random_state(value: Any) -> tuple:
     if not isinstance(cached, (int, float)) or isinstance(cached, bool) or not math.isfinite(cached):
         raise ValueError(f"has the gauss {json.dumps(cached)[:20]}, not a finite number (a NumPy random state)")
     return name, np.array(words, dtype=np.uint32), pos, has_gauss, float(cached)
+
+
+#: what :func:`python_random_state` and :func:`numpy_random_state` say of a state :func:`stuck_generator` finds
+STUCK = "holds an all-zero Mersenne Twister state (a generator that draws 0 forever, which no seeding makes)"
+
+
+def stuck_generator(words: list[int]) -> bool:
+    """Whether the 624 words of a Mersenne Twister state are all zero, but for the lowest 31 bits of the first, which
+    the generator never reads: it then draws 0 forever. Seeding never makes it (Python's and NumPy's set the first
+    word's top bit); ``random.setstate`` and ``np.random.set_state`` take it without a word."""
+    return not words[0] & 0x80000000 and not any(words[1:])
 
 
 def python_random_state(value: Any) -> tuple:
@@ -148,6 +161,8 @@ def python_random_state(value: Any) -> tuple:
         raise ValueError("does not hold the 625 integers of a Python random state")
     if any(not 0 <= w < 2**32 for w in words[:624]) or not 0 <= words[624] <= 624:
         raise ValueError("holds an integer out of a Python random state's range")
+    if stuck_generator(words[:624]):
+        raise ValueError(STUCK)
     if gauss is not None and not (isinstance(gauss, float) and math.isfinite(gauss)):
         raise ValueError(f"has the gauss {json.dumps(gauss)[:20]}, not a finite number or null")
     return version, tuple(words), gauss
