@@ -173,7 +173,7 @@ def test_a_lora_run_does_not_resume_onto_another_commit_of_its_hub_base(hub_cach
     ckpt = save_checkpoint(tmp_path, 1, lm=lm, optimizer=opt, state={"step": 1})
     read_checkpoint(ckpt, lm=lm, optimizer=opt)  # the same commit: loads
     moved, opt = adapted("main")
-    with pytest.raises(ConfigError, match=f"at commit {OLD}, .* now at commit {NEW} .*--set model.revision={OLD}"):
+    with pytest.raises(ConfigError, match=f"at commit {OLD}, .* now at commit {NEW} .*model.revision = '{OLD}' and"):
         read_checkpoint(ckpt, lm=moved, optimizer=opt)
 
 

@@ -52,3 +52,61 @@ def test_a_generator_state_with_a_single_live_bit_is_no_stuck_state():
     assert not stuck_generator([0x80000000] + [0] * 623) and not stuck_generator([0] * 623 + [1])
     python_random_state([3, [0x80000000] + [0] * 623 + [624], None])
     numpy_random_state(["MT19937", [0] * 623 + [1], 624, 0, 0.0])
+
+
+def _adapter_checkpoint(tmp_path):
+    """A checkpoint folder whose model/ is a LoRA adapter on the hub base ``org/base`` at commit ``aaa``."""
+    (tmp_path / "model").mkdir()
+    config = {"base_model_name_or_path": "org/base", "revision": "aaa"}
+    (tmp_path / "model" / "adapter_config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+def _refusals(ckpt) -> list[str]:
+    """The refusals of a LoRA checkpoint on another hub commit, another adapter, other base weights, and of a GRPO
+    run shortened below its checkpoint, as the caller reads them now."""
+    from types import SimpleNamespace
+
+    from dgrpo.config import ConfigError
+    from dgrpo.training.checkpoint import check_same_hub_base, other_adapter_error, other_base_error
+    from dgrpo.training.resume_check import shortened_error
+
+    with pytest.raises(ConfigError) as e:
+        check_same_hub_base(ckpt, SimpleNamespace(peft=object(), revision="bbb", name_or_path="org/base"))
+    errors = [other_adapter_error(ckpt, "model.lora.r=4"), other_base_error(ckpt, "/new/base"), shortened_error(3, 5)]
+    return [str(e.value), *map(str, errors)]
+
+
+def test_the_lora_and_shortened_run_refusals_name_the_python_call_to_a_python_caller(tmp_path):
+    """A Python caller (train_grpo with out_dir=, read_checkpoint) resuming a LoRA run whose hub base moved, whose
+    adapter its model.lora would not build or whose base holds other weights, or a GRPO run shortened below its
+    checkpoint, was told the command line's options (--set, --allow-config-change, --init, --out, --resume), which
+    it never types: it is told the Python call; the command line (command_line_words) still reads its options."""
+    from dgrpo.training.wording import command_line_words
+
+    ckpt = _adapter_checkpoint(tmp_path)
+    hub, adapter, base, short = _refusals(ckpt)
+    assert hub.endswith(
+        "resume on the same weights with the config's model.revision = 'aaa' and allow_config_change=True"
+    )
+    assert adapter.endswith("and start a new run with LatentLM.from_pretrained('MERGED') as a new run's model)")
+    assert base.endswith(
+        "resume on the weights it was trained on (LatentLM.from_pretrained naming where they are now), or train an "
+        "adapter on this base in a new run (another out_dir)"
+    )
+    assert short.endswith(
+        "continue an earlier checkpoint in a new directory (resume='OUT/checkpoints/step-N' with a new out_dir)"
+    )
+    export = f"dgrpo export {ckpt} --merge --out MERGED"  # (a command, for the command line and Python alike)
+    for said in (hub, adapter.replace(export, ""), base, short):
+        assert not re.search(r"--(set|allow-config-change|init|out|resume)\b", said), said
+    with command_line_words():
+        hub, adapter, base, short = _refusals(ckpt)
+    assert hub.endswith("resume on the same weights with --set model.revision=aaa --allow-config-change")
+    assert adapter.endswith(
+        f"merge it into its base, dgrpo export {ckpt} --merge --out MERGED, and start a new run with --init MERGED)"
+    )
+    assert base.endswith(
+        "(--init naming where they are now), or train an adapter on this base in a new run (another --out)"
+    )
+    assert short.endswith("in a new directory (--resume OUT/checkpoints/step-N --out NEW)")

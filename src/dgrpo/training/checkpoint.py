@@ -694,17 +694,22 @@ def check_same_sharding(ckpt: Path, opt_state: Any, sharded: bool) -> None:
 def check_same_hub_base(ckpt: Path, lm) -> None:
     """A ConfigError (the run's setting, not a damaged checkpoint: no fallback to an older one) when a LoRA
     checkpoint's adapter was trained on another hub commit of its base than the one loaded now: the hub's branch
-    moved since the run started, and the adapter would continue on other weights."""
+    moved since the run started, and the adapter would continue on other weights. Worded for the caller: the command
+    line's options, or the Python call (:func:`~.wording.in_command_line`)."""
     if lm.peft is None or not lm.revision:
         return
     from ..model.lora import adapter_base_revision
 
     saved = adapter_base_revision(ckpt / "model")
     if saved and saved != lm.revision:
+        how = (
+            f"--set model.revision={saved} --allow-config-change"
+            if in_command_line()
+            else f"the config's model.revision = {saved!r} and allow_config_change=True"
+        )
         raise ConfigError(
             f"{ckpt}: its LoRA adapter was trained on {lm.name_or_path} at commit {saved}, and that base was read "
-            f"now at commit {lm.revision} (the hub's branch moved on): resume on the same weights with --set "
-            f"model.revision={saved} --allow-config-change"
+            f"now at commit {lm.revision} (the hub's branch moved on): resume on the same weights with {how}"
         )
 
 
@@ -760,11 +765,12 @@ def check_planned_adapter(candidates: list[Path], model_cfg: dict) -> None:
 
 
 def other_adapter_error(ckpt: Path, keep: str) -> ConfigError:
-    """The refusal of a LoRA checkpoint whose adapter this run would not build; ``keep``: the settings that would."""
+    """The refusal of a LoRA checkpoint whose adapter this run would not build; ``keep``: the settings that would. The
+    new run's model is named as the caller names one (``--init``, from Python ``LatentLM.from_pretrained``)."""
     return ConfigError(
         f"{ckpt} holds a LoRA adapter that this run's model.lora would not build: resume with {keep} (to train "
         f"another adapter from it, merge it into its base, dgrpo export {ckpt} --merge --out MERGED, and start a new "
-        "run with --init MERGED)"
+        f"run with {init_named(Path('MERGED'), in_command_line())})"
     )
 
 
@@ -781,13 +787,16 @@ def check_same_local_base(ckpt: Path, lm) -> None:
 
 
 def other_base_error(ckpt: Path, base: str) -> ConfigError:
-    """The refusal of a LoRA checkpoint whose adapter was trained on other weights than those of the local ``base``."""
+    """The refusal of a LoRA checkpoint whose adapter was trained on other weights than those of the local ``base``,
+    worded for the caller (``--init``, ``--out``; from Python ``LatentLM.from_pretrained``, ``out_dir``)."""
     from ..model.lora import adapter_base
 
+    cli = in_command_line()
     return ConfigError(
         f"{ckpt}: its LoRA adapter was trained on other weights than those of its base loaded now, {base} (it was "
-        f"saved on the base at {adapter_base(ckpt / 'model')}): resume on the weights it was trained on (--init "
-        "naming where they are now), or train an adapter on this base in a new run (another --out)"
+        f"saved on the base at {adapter_base(ckpt / 'model')}): resume on the weights it was trained on "
+        f"({init_named(None, cli)} naming where they are now), or train an adapter on this base in a new run "
+        f"(another {'--out' if cli else 'out_dir'})"
     )
 
 

@@ -34,7 +34,7 @@ from ..run_layout import (
 from ..text import first_items
 from .checkpoint import check_planned_adapter, checkpoint_command, foreign_entries, list_checkpoints, resume_candidates
 from .out_dir import check_removable, is_run_config, is_run_metrics
-from .wording import init_named
+from .wording import command_line_words, in_command_line, init_named
 
 #: options that change neither the computation nor its results: a resumed run may change them freely. Recomputing
 #: the decoder layers or calls gives the same gradients, bit for bit on CPU (tests/test_recompute.py); keeping the
@@ -218,9 +218,10 @@ def check_resume_config(
     (:data:`LOAD_RESOLVED_KEYS`) are left to :class:`~.run.RunDir`'s check, after the model loads."""
     check = ResumeCheck(out_dir, to_dict(cfg), command, resume, allow_config_change, log=quiet_log, cli=True)
     check.before_loading()
-    check_planned_adapter(check.candidates, check.cfg.get("model", {}))
-    if command == "grpo":
-        check_not_shortened(check.candidates, cfg.grpo.steps)
+    with command_line_words():  # (their refusals are worded as the trainers' are, for the caller)
+        check_planned_adapter(check.candidates, check.cfg.get("model", {}))
+        if command == "grpo":
+            check_not_shortened(check.candidates, cfg.grpo.steps)
 
 
 def check_owned(out_dir: Path | str) -> None:
@@ -313,11 +314,15 @@ def check_not_shortened(candidates: list[Path], steps: int) -> None:
 
 def shortened_error(steps: int, at: int) -> ConfigError:
     """The refusal of a GRPO run resumed at step ``at`` under ``grpo.steps`` = ``steps`` below it (its final/ would
-    hold more steps than its summary says)."""
+    hold more steps than its summary says), worded for the caller (:func:`~.wording.in_command_line`)."""
+    fork = (
+        "--resume OUT/checkpoints/step-N --out NEW"
+        if in_command_line()
+        else "resume='OUT/checkpoints/step-N' with a new out_dir"
+    )
     return ConfigError(
         f"grpo.steps = {steps} is below the step the run resumes at ({at}): a run cannot be shortened; resume with "
-        f"grpo.steps >= {at}, or continue an earlier checkpoint in a new directory (--resume OUT/checkpoints/step-N "
-        "--out NEW)"
+        f"grpo.steps >= {at}, or continue an earlier checkpoint in a new directory ({fork})"
     )
 
 
