@@ -110,3 +110,48 @@ def test_the_lora_and_shortened_run_refusals_name_the_python_call_to_a_python_ca
         "(--init naming where they are now), or train an adapter on this base in a new run (another --out)"
     )
     assert short.endswith("in a new directory (--resume OUT/checkpoints/step-N --out NEW)")
+
+
+def _step(lm, optimizer) -> None:
+    """One optimizer step (lr as the optimizer has it) on a loss that moves every weight."""
+    optimizer.zero_grad()
+    sum(p.float().pow(2).sum() for p in lm.model.parameters()).backward()
+    optimizer.step()
+
+
+def _masters(optimizer) -> list[torch.Tensor]:
+    return [s["master"] for s in optimizer.state.values() if "master" in s]
+
+
+def test_a_bf16_runs_masters_do_not_come_back_stale_after_a_float32_resume(tokenizer, tmp_path):
+    """A bf16 run with model.master_weights resumed in float32 (allow_config_change) kept the masters in its
+    optimizer state, unused (float32 weights step themselves) and saved with each checkpoint; resumed in bf16 again,
+    it stepped from them: the weights went back to where the bf16 run had left them, the float32 run's updates
+    lost. The masters of parameters not low-precision now are dropped when read, and those beside weights saved in
+    float32 (a checkpoint written so before): a bf16 resume makes its masters from the weights."""
+    from dgrpo.training.master_weights import MasterWeightAdamW
+
+    from conftest import make_lm
+
+    lm = make_lm(tokenizer, seed=1).to(torch.bfloat16)
+    opt = MasterWeightAdamW(lm.model.parameters(), lr=1e-2)
+    _step(lm, opt)
+    bf16 = save_checkpoint(tmp_path / "bf16", 1, lm=lm, optimizer=opt, state={})
+    lm32 = make_lm(tokenizer, seed=2)
+    opt32 = MasterWeightAdamW(lm32.model.parameters(), lr=1e-2)
+    read_checkpoint(bf16, lm=lm32, optimizer=opt32).apply(lm32, opt32)
+    assert opt32.state and not _masters(opt32)  # (the moments are kept)
+    for _ in range(3):
+        _step(lm32, opt32)
+    stale = opt.state_dict()["state"]  # (the bf16 run's masters, which the float32 run kept and saved before)
+    for i in opt32.state_dict()["state"]:
+        opt32.state[opt32.param_groups[0]["params"][i]]["master"] = stale[i]["master"]
+    f32 = save_checkpoint(tmp_path / "f32", 4, lm=lm32, optimizer=opt32, state={})
+    saved = {n: p.detach().clone() for n, p in lm32.model.named_parameters()}
+    back = make_lm(tokenizer, seed=3).to(torch.bfloat16)
+    opt_back = MasterWeightAdamW(back.model.parameters(), lr=1e-6)
+    read_checkpoint(f32, lm=back, optimizer=opt_back).apply(back, opt_back)
+    assert not _masters(opt_back)
+    _step(back, opt_back)
+    for name, p in back.model.named_parameters():  # (one step of lr 1e-6 from the float32 run's weights)
+        assert torch.allclose(p.float(), saved[name], atol=1e-2, rtol=1e-2), name

@@ -395,6 +395,8 @@ def read_checkpoint(
         check_optimizer_state(optimizer, opt_state, dict(lm.model.named_parameters()) if sharded else None)
         if weights and lm.peft is None:  # (an adapter's weights are named as PEFT saves them, not as the model's)
             _check_masters(opt_state, _state_names(optimizer, lm.model, opt_state, sharded), weights)
+        if any(isinstance(s, dict) and "master" in s for s in opt_state["state"].values()):
+            _drop_stale_masters(opt_state, optimizer, lm.model, sharded, weights)
         rng = torch.load(ckpt / "rng.pt", weights_only=True)
         _check_rng(state["rng"], rng)
         _check_finite(_parameters(weights, lm.model if weights and lm.peft is None else None), "model/")
@@ -420,6 +422,40 @@ def _state_names(
     names = {id(p): n for n, p in model.named_parameters()}
     ids = [i for g in opt_state["param_groups"] for i in g.get("params", [])]
     return {i: names.get(id(p), "") for i, p in zip(ids, (p for g in optimizer.param_groups for p in g["params"]))}
+
+
+def _state_params(
+    optimizer: torch.optim.Optimizer, model: torch.nn.Module, opt_state: dict[str, Any], sharded: bool
+) -> dict[Any, torch.Tensor]:
+    """The parameter each key of an optimizer state's ``state`` belongs to (a number, in the optimizer's parameter
+    order; under FSDP2 its name)."""
+    if sharded:
+        params = dict(model.named_parameters())
+        return {k: params[k] for k in opt_state["state"] if k in params}
+    ids = [i for g in opt_state["param_groups"] for i in g.get("params", [])]
+    return dict(zip(ids, (p for g in optimizer.param_groups for p in g["params"])))
+
+
+def _drop_stale_masters(
+    opt_state: dict[str, Any],
+    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    sharded: bool,
+    weights: dict[str, torch.Tensor],
+) -> None:
+    """Remove from ``opt_state`` (read, not applied) the float32 masters (``model.master_weights``) of parameters
+    that are not low-precision now, or whose weight the checkpoint saved in float32: a bf16 run resumed in float32
+    (allow_config_change) kept its masters in the optimizer state, unused (MasterWeightAdamW steps float32 weights
+    themselves) and saved again with each checkpoint; a later resume in bf16 stepped from them, the float32 run's
+    updates lost. Without a master, the resumed run makes one from its weight at its first step."""
+    params = _state_params(optimizer, model, opt_state, sharded)
+    names = _state_names(optimizer, model, opt_state, sharded)
+    for i, per_param in opt_state["state"].items():
+        p, saved = params.get(i), weights.get(names.get(i, ""))
+        if not isinstance(per_param, dict) or "master" not in per_param:
+            continue
+        if (p is not None and p.dtype not in LOW_PRECISION) or (saved is not None and saved.dtype not in LOW_PRECISION):
+            del per_param["master"]
 
 
 def _check_masters(opt_state: dict[str, Any], names: dict[Any, str], weights: dict[str, torch.Tensor]) -> None:
