@@ -186,8 +186,7 @@ def test_the_data_and_reward_refusals_are_worded_alike_before_and_after_the_mode
     from dgrpo.config import ConfigError
     from dgrpo.data import training_split
     from dgrpo.data.records import fingerprint
-    from dgrpo.training.grpo import _check_same_reward
-    from dgrpo.training.resume_check import check_resume_data
+    from dgrpo.training.resume_check import check_resume_data, recorded_changes
     from dgrpo.training.wording import command_line_words
 
     cfg = tiny_config()
@@ -208,7 +207,8 @@ def test_the_data_and_reward_refusals_are_worded_alike_before_and_after_the_mode
         check_resume_data(out, cfg, "grpo", train, ["correct = eval.scorer * 1"])
     with pytest.raises(ConfigError) as later, command_line_words(), grpo_run_dir(out) as run:
         run.checkpoint = ckpt
-        _check_same_reward(run, reward, ["correct = eval.scorer * 1"])
+        changed = recorded_changes({"reward": reward}, fingerprint(train), ["correct = eval.scorer * 1"])
+        run.refuse_unrecorded_change(*changed[0])
     assert (
         str(early.value)
         == str(later.value)

@@ -239,7 +239,7 @@ def test_the_trainer_state_comes_back_whole(sft_checkpoint):
     saved["train_data"] = f"{n + 4}:{saved['train_data'].partition(':')[2]}"  # (trained on 4 rows more than now)
     draws = [tr.data_rng.random() for _ in range(3)]
     tr.step_idx, tr.ema_baseline, tr.order, tr.guard.skips, tr.guard.streak = 0, 0.5, [], 0, 0
-    tr.load_state(saved)
+    tr.load_state(saved, allow_config_change=True)  # (on other data: refused unless allowed)
     assert (tr.step_idx, tr.ema_baseline, tr.order) == (2, 0.3, [0, 5, n - 1])
     assert (tr.guard.skips, tr.guard.streak) == (4, 1) and [tr.data_rng.random() for _ in range(3)] == draws
 

@@ -155,3 +155,43 @@ def test_a_bf16_runs_masters_do_not_come_back_stale_after_a_float32_resume(token
     _step(back, opt_back)
     for name, p in back.model.named_parameters():  # (one step of lr 1e-6 from the float32 run's weights)
         assert torch.allclose(p.float(), saved[name], atol=1e-2, rtol=1e-2), name
+
+
+def _full_marks(completions, records):
+    return [1.0] * len(completions)
+
+
+def _no_marks(completions, records):
+    return [0.0] * len(completions)
+
+
+def test_grpo_trainer_load_state_from_python_refuses_a_state_of_other_data_or_another_reward(tokenizer, task_records):
+    """GRPOTrainer.load_state called from Python (a notebook taking a run up again) took the state of a run trained
+    on other data, or with another reward, without a word, where the command line's resume (and train_grpo's)
+    refused it: it now compares them as that resume does (resume_check.recorded_changes), the trainer left as it
+    was, unless allow_config_change."""
+    from dgrpo.config import ConfigError
+    from dgrpo.training.grpo import GRPOTrainer
+
+    from conftest import make_lm, tiny_config
+
+    cfg = tiny_config(**{"grpo.prompts_per_step": 3, "grpo.beta0": 0})
+    saved = json.loads(
+        json.dumps(GRPOTrainer(make_lm(tokenizer), cfg, task_records[:8], reward_fn=_full_marks).state())
+    )
+    saved["step_idx"] = 5
+    for train, reward, said in (
+        (task_records[8:14], _full_marks, "trained on other training data than given now (8 records, now 6): "),
+        (task_records[:8], _no_marks, f"trained with the reward {'; '.join(saved['reward'])}, now "),
+    ):
+        tr = GRPOTrainer(make_lm(tokenizer), cfg, train, reward_fn=reward)
+        with pytest.raises(ConfigError) as e:
+            tr.load_state(saved)
+        assert str(e.value).startswith(f"GRPOTrainer.load_state: the state was {said}"), str(e.value)
+        assert str(e.value).endswith(", or pass allow_config_change=True to go on")
+        assert tr.step_idx == 0
+        heard = []
+        tr.load_state(saved, refuse=lambda what, keep, heard=heard: heard.append(what))  # (train_grpo's RunDir's)
+        assert len(heard) == 1 and f"the state was {heard[0]}: " in str(e.value) and tr.step_idx == 5
+        tr.load_state(saved, allow_config_change=True)
+    GRPOTrainer(make_lm(tokenizer), cfg, task_records[:8], reward_fn=_full_marks).load_state(saved)  # (the same run)

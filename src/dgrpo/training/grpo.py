@@ -73,7 +73,7 @@ from .memory import oom_advice
 from .model_record import recorded_model
 from .preemption import stop_requested, within_step
 from .ref_policy import make_reference
-from .resume_check import SAME_REWARD, reward_change, shortened_error
+from .resume_check import recorded_changes, shortened_error
 from .rollouts import Rollouts, collect_rollouts, replay_logprobs, resolve_engine, resolve_latent_chain
 from .run import FinalEval, RunDir
 from .run_inputs import (
@@ -350,12 +350,26 @@ class GRPOTrainer:
         """The training records' :func:`~dgrpo.data.records.fingerprint` (a resume checks it)."""
         return fingerprint(self.train_data)
 
-    def load_state(self, js: dict) -> None:
+    def load_state(
+        self, js: dict, allow_config_change: bool = False, *, refuse: Callable[[str, str], None] | None = None
+    ) -> None:
         """Take up where :meth:`state` was taken (after the weights and the optimizer are loaded). ``js`` is checked
         first as a resume checks a checkpoint's ``trainer`` section (:attr:`STATE`: CheckpointError in one line, the
         trainer left as it was): called from Python, a damaged or hand-made state (a negative index in ``order``, a
-        count as a string, a ``data_rng`` no generator had) was taken without a word, or failed later in a step."""
+        count as a string, a ``data_rng`` no generator had) was taken without a word, or failed later in a step.
+        Then, as the command line's resume: a state recorded on other training data or with another reward than
+        this trainer's is refused (ConfigError) unless ``allow_config_change`` (called from Python, it was taken
+        without a word); ``refuse``: how a run refuses it instead, in its words (``(what, keep)``:
+        :meth:`~.run.RunDir.refuse_unrecorded_change`)."""
         self.STATE.check("trainer", js)
+        for what, keep in recorded_changes(js, self.data_fingerprint, self.rewards.identity()):
+            if refuse is not None:
+                refuse(what, keep)
+            elif not allow_config_change:
+                raise ConfigError(
+                    f"GRPOTrainer.load_state: the state was {what}: load it into a trainer given {keep}, or pass "
+                    "allow_config_change=True to go on"
+                )
         self.step_idx, self.ema_baseline = js["step_idx"], js["ema_baseline"]
         # (the rest of the epoch's order; on other data, allowed by allow_config_change, the indices it still has)
         self.order = [i for i in js["order"] if i < len(self.train_data)]
@@ -968,9 +982,7 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
     loop = LoopState()
     check_restart(trainer.lm, saved is not None, "train_grpo")
     if saved is not None:
-        run.check_same_data(saved["trainer"].get("train_data"), trainer.data_fingerprint)
-        _check_same_reward(run, saved["trainer"].get("reward"), trainer.rewards.identity())
-        trainer.load_state(saved["trainer"])
+        trainer.load_state(saved["trainer"], refuse=run.refuse_unrecorded_change)
         if trainer.step_idx > trainer.cfg.grpo.steps:  # (final/ would hold more steps than the summary says)
             raise shortened_error(trainer.cfg.grpo.steps, trainer.step_idx)
         loop = LoopState(**saved["loop"])
@@ -982,16 +994,6 @@ def _resume(run: RunDir, trainer: GRPOTrainer) -> LoopState:
     loop.started = time.time()
     run.start(saved, trainer.applied())
     return loop
-
-
-def _check_same_reward(run: RunDir, saved: list[str] | None, given: list[str]) -> None:
-    """Refuse to resume with another reward than the checkpoint was trained with (a ``reward_fn`` from Python is not
-    in the config: left out, or another one, it changed without a word), unless ``allow_config_change``
-    (:meth:`RunDir.refuse_unrecorded_change`). A checkpoint written before dgrpo recorded its reward (``saved``
-    None) is not checked."""
-    if saved is None or saved == given:
-        return
-    run.refuse_unrecorded_change(reward_change(saved, given), SAME_REWARD)
 
 
 def _check_stall(run: RunDir, loop: LoopState, m: dict, g: GRPOConfig) -> str | None:

@@ -296,6 +296,20 @@ SAME_DATA = "the same data"
 SAME_REWARD = "the same reward (grpo.reward / grpo.rewards, or from Python the same reward_fn)"
 
 
+def recorded_changes(saved: dict, data: str, reward: list[str] | None = None) -> list[tuple[str, str]]:
+    """How the training data (``data``: its :func:`~dgrpo.data.records.fingerprint`) and the reward (``reward``: its
+    parts' identities; None: not compared) given now differ from those a checkpoint's state recorded (``saved``: its
+    ``train_data`` and ``reward``; one it does not record, written before dgrpo did, is not compared): for each, how
+    (:func:`data_change`, :func:`reward_change`) and what to resume with (:data:`SAME_DATA`, :data:`SAME_REWARD`)."""
+    found = []
+    then_data, then_reward = saved.get("train_data"), saved.get("reward")
+    if then_data is not None and then_data != data:
+        found.append((data_change(then_data, data), SAME_DATA))
+    if reward is not None and then_reward is not None and then_reward != reward:
+        found.append((reward_change(then_reward, reward), SAME_REWARD))
+    return found
+
+
 def check_not_shortened(candidates: list[Path], steps: int) -> None:
     """The refusal of a GRPO resume under ``grpo.steps`` below the step its checkpoint is at (allowed to change the
     config), from the checkpoints' ``state.json`` before the data and the model are read (it came once the checkpoint
