@@ -16,11 +16,11 @@ Resuming a run in the same output directory, which re-logs the steps after its c
 * W&B: the run's id is created once (or taken from ``WANDB_RUN_ID`` where that is set: the W&B run it names) and
   kept in ``OUT/wandb_run_id``; a resumed process calls ``wandb.init`` with that id and ``resume="allow"``, so it
   continues the same W&B run (offline, each process writes its own ``OUT/wandb/offline-run-*`` directory with that
-  id; ``wandb sync`` uploads them to that one run). W&B steps must
-  not decrease: rows whose step is below the last logged one (or, online, below the resumed run's next step) are
-  skipped, and counted in ``WandbTracker.skipped``; rows at the same step are merged into one W&B history row
-  (an eval row and a training row often share a step). So, unlike metrics.jsonl and TensorBoard, W&B keeps the
-  values the interrupted process logged after its checkpoint (W&B history cannot be rewritten).
+  id; ``wandb sync`` uploads them to that one run). W&B steps must not decrease: rows whose step is below the last
+  logged one (or, online, below the resumed run's next step) are skipped, counted in ``WandbTracker.skipped`` and
+  said in one warning (how many, which steps) when the run ends; rows at the same step are merged into one W&B
+  history row (an eval row and a training row often share a step). So, unlike metrics.jsonl and TensorBoard, W&B
+  keeps the values the interrupted process logged after its checkpoint (W&B history cannot be rewritten).
 * W&B failing during the run (its ``wandb-core`` process killed, a socket lost: ``run.log`` raises) does not stop
   training: one warning names the step and the error, and the later rows go to metrics.jsonl (and TensorBoard) only,
   counted in ``WandbTracker.lost`` (the W&B run holds what its service had sent or written before it failed: a killed
@@ -248,10 +248,10 @@ class WandbTracker:
     ``resume="allow"``: a resumed ``dgrpo`` run continues the same W&B run (``resume=False``: a new id, a new run).
     Rows are logged with ``run.log(values, step=step)`` under their metrics.jsonl names; ``None`` values are
     dropped, bools become 0/1, strings and non-finite floats are kept. A row whose step is below the last logged
-    step (or below the resumed online run's next step) would be dropped by W&B with a warning: it is skipped here
-    and counted in :attr:`skipped`. Rows at the same step are merged into one history row. W&B raising while it
-    logs or finishes (its service process gone) is a warning, not the end of the training run: the rows from then
-    on are counted in :attr:`lost` (metrics.jsonl has them all)."""
+    step (or below the resumed online run's next step) would be dropped by W&B with a warning: it is skipped here,
+    counted in :attr:`skipped`, and the count said in one warning at :meth:`close`. Rows at the same step are
+    merged into one history row. W&B raising while it logs or finishes (its service process gone) is a warning, not
+    the end of the training run: the rows from then on are counted in :attr:`lost` (metrics.jsonl has them all)."""
 
     name = "wandb"
 
@@ -285,8 +285,10 @@ class WandbTracker:
             wandb_run_id(self.run_dir, resume=False, given=self.run_id)
         #: the smallest step W&B still accepts (a resumed online run continues after its last logged step)
         self._floor = int(getattr(self._run, "starting_step", 0) or 0)
-        #: rows skipped because their step was below the last one logged
+        #: rows skipped because their step was below the last one logged (said in one warning at :meth:`close`)
         self.skipped = 0
+        #: the lowest and highest step skipped, and the step W&B was at when the first was ((-1, -1, -1): none)
+        self._skipped_steps = (-1, -1, -1)
         #: why W&B stopped taking rows (``run.log`` raised), with the step; None while it takes them
         self.failed: str | None = None
         #: rows not logged because W&B had failed (the one it failed on included)
@@ -340,6 +342,8 @@ class WandbTracker:
             self.lost += 1
             return
         if step < self._floor:
+            low, high, at = self._skipped_steps if self.skipped else (step, step, self._floor)
+            self._skipped_steps = (min(low, step), max(high, step), at)
             self.skipped += 1
             return
         values = {}
@@ -361,9 +365,19 @@ class WandbTracker:
         self._floor = step
 
     def close(self, exit_code: int = 0) -> None:
-        """Finish the W&B run (``exit_code`` != 0 marks it failed); idempotent."""
+        """Finish the W&B run (``exit_code`` != 0 marks it failed), after one warning when rows were skipped;
+        idempotent."""
         if self._run is not None:
             run, self._run = self._run, None
+            if self.skipped:
+                low, high, at = self._skipped_steps
+                steps = f"step {low}" if low == high else f"steps {low}-{high}"
+                warnings.warn(
+                    f"W&B run {self.run_id} skipped {self.skipped} row(s), of {steps}: it takes no step below {at}, "
+                    "where its history already was (a resume re-logs the steps after its checkpoint, and W&B history "
+                    "cannot be rewritten: it keeps the earlier process's values there); metrics.jsonl holds every row",
+                    stacklevel=2,
+                )
             try:
                 run.finish(exit_code=exit_code)
             except Exception as e:  # noqa: BLE001 - the run's own results are written: a warning, not a failure
