@@ -3,6 +3,8 @@ said), ``WANDB_RESUME`` (the user's, honoured), a sweep agent's parameters (refu
 and trackers closed on every way out of a run. Against a stand-in ``wandb`` module (the offline one cannot resume
 or refuse a run: it has no server)."""
 
+import os
+import subprocess
 import sys
 import types
 import warnings
@@ -10,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_tracking import offline_wandb_variables, wandb_env  # noqa: F401 - (wandb_env: the offline W&B fixture)
 
+from dgrpo.config import ConfigError
 from dgrpo.training.tracking import WandbTracker
 
 
@@ -79,3 +83,74 @@ def test_a_run_that_skipped_no_row_says_nothing(tmp_path: Path, fake_wandb) -> N
         warnings.simplefilter("error")
         t.close()
     assert t.skipped == 0
+
+
+# -- WANDB_RESUME --------------------------------------------------------------------------------------------------
+
+
+def test_wandb_resume_set_by_the_user_is_left_to_wandb(tmp_path: Path, fake_wandb, monkeypatch) -> None:
+    """dgrpo passed ``resume="allow"``, which wins over W&B's own variable: a user's ``WANDB_RESUME=must`` (log to
+    the run WANDB_RUN_ID names, or fail) or ``never`` was silently dropped. Unset, dgrpo's ``allow`` stays."""
+    WandbTracker(tmp_path / "a").close()
+    monkeypatch.setenv("WANDB_RESUME", "must")
+    WandbTracker(tmp_path / "b").close()
+    assert [kw["resume"] for kw in fake_wandb.kwargs] == ["allow", None]  # (None: W&B reads WANDB_RESUME)
+
+
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        (
+            "must",
+            "Run (x) does not exist or has not been initialized, but your `resume` setting requires an existing run",
+        ),
+        ("never", "Run (x) already exists, but your `resume` setting does not allow resuming an existing run."),
+    ],
+)
+def test_a_run_wandb_resume_forbids_is_refused_naming_the_variable(
+    tmp_path: Path, fake_wandb, monkeypatch, value: str, reason: str
+) -> None:
+    """W&B's refusal (online) was told as a failed login ("log in (wandb login ...)")."""
+    monkeypatch.setenv("WANDB_RESUME", value)
+    fake_wandb.refuse = RuntimeError(reason)
+    with pytest.raises(ConfigError) as e:
+        WandbTracker(tmp_path)
+    said = str(e.value)
+    assert said.startswith(f"WANDB_RESUME={value}: W&B refuses to start the run ({reason}")
+    assert "unset WANDB_RESUME" in said and "log in" not in said
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("wandb_env")
+def test_wandb_resume_reaches_wandb_offline(tmp_path: Path, monkeypatch) -> None:
+    """The real W&B: the run's settings hold the user's ``WANDB_RESUME`` (was ``allow``, whatever it said)."""
+    monkeypatch.setenv("WANDB_RESUME", "never")
+    t = WandbTracker(tmp_path / "x")
+    try:
+        assert t._run.settings.resume == "never"
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("variable, value", [("WANDB_RESUME", "true"), ("WANDB_MODE", "ofline")])
+def test_a_wandb_variable_wandb_cannot_read_is_one_line(tmp_path: Path, variable: str, value: str) -> None:
+    """W&B's check of its settings raises pydantic's ValidationError (a ValueError, no wandb error): it came out as
+    a multi-line traceback, after the model had loaded."""
+    pytest.importorskip("wandb")
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from dgrpo.config import ConfigError\n"
+        "from dgrpo.training.tracking import WandbTracker\n"
+        "try:\n"
+        "    WandbTracker(Path(sys.argv[1]))\n"
+        "except ConfigError as e:\n"
+        "    print('refused:', e)\n"
+    )
+    env = {**os.environ, **offline_wandb_variables(tmp_path / "home"), variable: value}
+    env.pop("WANDB_RUN_ID", None)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "x")], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.stdout.startswith(f"refused: {variable}='{value}': W&B refuses it (Input should be "), out
+    assert len(out.stdout.strip().splitlines()) == 1

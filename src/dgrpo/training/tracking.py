@@ -14,9 +14,10 @@ Resuming a run in the same output directory, which re-logs the steps after its c
   marker at that row's step (as ``torch.utils.tensorboard.SummaryWriter(purge_step=...)`` does), so TensorBoard's
   reader drops the older files' points at that step and later: the curves show the resumed values only.
 * W&B: the run's id is created once (or taken from ``WANDB_RUN_ID`` where that is set: the W&B run it names) and
-  kept in ``OUT/wandb_run_id``; a resumed process calls ``wandb.init`` with that id and ``resume="allow"``, so it
-  continues the same W&B run (offline, each process writes its own ``OUT/wandb/offline-run-*`` directory with that
-  id; ``wandb sync`` uploads them to that one run). W&B steps must not decrease: rows whose step is below the last
+  kept in ``OUT/wandb_run_id``; a resumed process calls ``wandb.init`` with that id and ``resume="allow"`` (the
+  user's ``WANDB_RESUME`` where that is set: ``must`` or ``never`` W&B enforces online), so it continues the same
+  W&B run (offline, each process writes its own ``OUT/wandb/offline-run-*`` directory with that id; ``wandb sync``
+  uploads them to that one run). W&B steps must not decrease: rows whose step is below the last
   logged one (or, online, below the resumed run's next step) are skipped, counted in ``WandbTracker.skipped`` and
   said in one warning (how many, which steps) when the run ends; rows at the same step are merged into one W&B
   history row (an eval row and a training row often share a step). So, unlike metrics.jsonl and TensorBoard, W&B
@@ -222,10 +223,33 @@ def wandb_run_id(run_dir: Path, resume: bool = True, given: str | None = None, s
     return run_id
 
 
+def _settings_refused(e: ValueError) -> ConfigError | None:
+    """The one line of a W&B setting ``wandb.init`` cannot read (pydantic's ValidationError: ``WANDB_MODE=ofline``,
+    ``WANDB_RESUME=true``), naming the variable it came from; None for another ValueError."""
+    errors = getattr(e, "errors", None)
+    try:
+        first: dict[str, Any] = dict(errors()[0]) if callable(errors) else {}
+        field = str(first["loc"][0]) if first else ""
+    except (LookupError, TypeError, ValueError):
+        return None
+    if not field:
+        return None
+    var = f"WANDB_{field.upper()}"
+    source = f"{var}={os.environ[var]!r}" if var in os.environ else f"W&B's setting {field}={first.get('input')!r}"
+    return ConfigError(f"{source}: W&B refuses it ({' '.join(str(first.get('msg', '')).split())})")
+
+
 def _start_refused(e: Exception, project: str, env_project: str | None) -> ConfigError:
     """The one line of a ``wandb.init`` that failed: a project name W&B refuses (``team/project``: its characters,
-    not a login, are wrong, online or offline) names the option or variable it came from; else how to log in."""
+    not a login, are wrong, online or offline) names the option or variable it came from; a run ``WANDB_RESUME``
+    forbids (``must``: none yet; ``never``: one already) names it; else how to log in."""
     reason = " ".join(str(e).split())
+    resume = os.environ.get("WANDB_RESUME")
+    if resume and "`resume`" in reason:
+        return ConfigError(
+            f"WANDB_RESUME={resume}: W&B refuses to start the run ({reason}); unset WANDB_RESUME to let dgrpo "
+            "continue its run's W&B run, or start it when there is none"
+        )
     if "Invalid project name" not in reason:
         return ConfigError(
             f"logging.backends: wandb could not start a run ({reason}); "
@@ -245,7 +269,9 @@ class WandbTracker:
     its output directory).
 
     The run id is kept in ``run_dir/wandb_run_id`` (:func:`wandb_run_id`) and the run started with
-    ``resume="allow"``: a resumed ``dgrpo`` run continues the same W&B run (``resume=False``: a new id, a new run).
+    ``resume="allow"``: a resumed ``dgrpo`` run continues the same W&B run (``resume=False``: a new id, a new run);
+    ``WANDB_RESUME``, where set, is W&B's instead (``must``: refused online when the W&B run does not exist yet,
+    ``never``: when it does; one line naming the variable).
     Rows are logged with ``run.log(values, step=step)`` under their metrics.jsonl names; ``None`` values are
     dropped, bools become 0/1, strings and non-finite floats are kept. A row whose step is below the last logged
     step (or below the resumed online run's next step) would be dropped by W&B with a warning: it is skipped here,
@@ -317,8 +343,13 @@ class WandbTracker:
                 name=run_name or (None if env("WANDB_NAME") else self.run_dir.resolve().name),
                 config=config,
                 id=self.run_id,
-                resume="allow",
+                resume=None if env("WANDB_RESUME") else "allow",  # (None: W&B takes the user's WANDB_RESUME)
             )
+        except ValueError as e:  # (not a wandb.errors.Error: pydantic's check of W&B's settings)
+            refused = _settings_refused(e)
+            if refused is None:
+                raise
+            raise refused from e
         except wandb.errors.Error as e:
             if "Run ID" in str(e):  # (W&B's own check of an id's characters)
                 source = "WANDB_RUN_ID" if env("WANDB_RUN_ID") else str(self.run_dir / WANDB_ID_FILE)
