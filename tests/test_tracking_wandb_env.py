@@ -3,9 +3,11 @@ said), ``WANDB_RESUME`` (the user's, honoured), a sweep agent's parameters (refu
 and trackers closed on every way out of a run. Against a stand-in ``wandb`` module (the offline one cannot resume
 or refuse a run: it has no server)."""
 
+import importlib.machinery
 import os
 import subprocess
 import sys
+import traceback
 import types
 import warnings
 from pathlib import Path
@@ -49,6 +51,7 @@ def fake_wandb(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
         return state.runs[-1]
 
     module = types.ModuleType("wandb")
+    module.__spec__ = importlib.machinery.ModuleSpec("wandb", None)  # (found where a run checks it is installed)
     module.init = init  # type: ignore[attr-defined]
     module.errors = types.SimpleNamespace(Error=RuntimeError)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "wandb", module)
@@ -154,3 +157,80 @@ def test_a_wandb_variable_wandb_cannot_read_is_one_line(tmp_path: Path, variable
     )
     assert out.stdout.startswith(f"refused: {variable}='{value}': W&B refuses it (Input should be "), out
     assert len(out.stdout.strip().splitlines()) == 1
+
+
+# -- trackers closed on every way out --------------------------------------------------------------------------------
+
+
+def test_a_run_failing_before_its_metrics_log_opens_still_finishes_its_wandb_run(
+    tmp_path: Path, fake_wandb, monkeypatch
+) -> None:
+    """RunDir.start opened the trackers, then cleared metrics.jsonl: that failing (a full disk) left the W&B run
+    open (the metrics log, which closes them, had not taken them yet): unfinished, and not marked failed."""
+    import dgrpo.training.run as run_module
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import RunDir
+
+    from conftest import tiny_config
+
+    def full(path: Path, keep_lines: int | None) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(run_module, "reset_metrics", full)
+    cfg = tiny_config(**{"logging.backends": "[jsonl,wandb]"})
+    with pytest.raises(OSError, match="No space left"):
+        with RunDir(tmp_path / "run", cfg, Dist.single(), "grpo", resume="never", log=lambda line: None) as run:
+            run.start(None)
+    assert [r.finished for r in fake_wandb.runs] == [[1]]
+
+
+def test_a_full_disk_at_the_metrics_file_still_closes_every_tracker_and_unlocks(tmp_path: Path, fake_wandb) -> None:
+    """A row metrics.jsonl could not take (a full disk) fails again when the file closes: that error stopped
+    RunDir.close before the trackers (the W&B run left unfinished) and before the lock's release, and it replaced
+    the run's own error. Now each is closed, the lock released, and the run's error is the one raised."""
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import RunDir
+
+    from conftest import tiny_config
+
+    cfg = tiny_config(**{"logging.backends": "[jsonl,wandb]"})
+    out = tmp_path / "run"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(OSError, match="No space left") as e:
+            with RunDir(out, cfg, Dist.single(), "grpo", resume="never", log=lambda line: None) as run:
+                run.start(None)
+                assert run.metrics._file is not None
+                run.metrics._file.close()
+                run.metrics._file = open("/dev/full", "a")  # (every flush: ENOSPC)
+                run.metrics.write({"step": 0, "loss": 1.0})
+    assert "metrics.write" in "".join(traceback.format_tb(e.tb))  # (the run's error, not close's)
+    assert [r.finished for r in fake_wandb.runs] == [[1]]
+    assert run.lock is None
+    said = [str(w.message) for w in caught]
+    assert any(m.startswith("closing metrics.jsonl of the failed run failed too: [Errno 28]") for m in said), said
+    # the lock is free: another RunDir takes OUT at once
+    RunDir(out, cfg, Dist.single(), "grpo", resume="never", log=lambda line: None).close()
+
+
+def test_a_tracker_failing_to_close_does_not_keep_the_others_open(tmp_path: Path) -> None:
+    """Closing a successful run: TensorBoard's writer raising (its disk full) left the W&B run after it unfinished.
+    Every tracker is closed, then the error raised."""
+    from dgrpo.training.run import MetricsLog
+
+    class Tracker:
+        def __init__(self, name: str, fails: bool) -> None:
+            self.name, self.fails = name, fails
+            self.closed: list[int] = []
+
+        def close(self, exit_code: int = 0) -> None:
+            self.closed.append(exit_code)
+            if self.fails:
+                raise OSError(28, "No space left on device")
+
+    log = MetricsLog(tmp_path / "metrics.jsonl", enabled=True)
+    trackers = [Tracker("tensorboard", True), Tracker("wandb", False)]
+    log.open(None, trackers)  # type: ignore[arg-type]
+    with pytest.raises(OSError, match="No space left"):
+        log.close(0)
+    assert [t.closed for t in trackers] == [[0], [0]] and log.trackers == []

@@ -19,6 +19,7 @@ import shutil
 import sys
 import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
@@ -219,12 +220,23 @@ class MetricsLog:
         return count_lines(self.path) if self.enabled else 0
 
     def close(self, exit_code: int = 0) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        for t in self.trackers:
-            t.close(exit_code)
-        self.trackers = []
+        """Close the file and every tracker, each even when closing another raised (a full disk: the file's buffered
+        row fails again, and the W&B run was left unfinished): the first error is raised after them all, or, closing
+        a failed run (``exit_code`` != 0, its own error on its way), said in a warning instead of hiding that one."""
+        file, self._file = self._file, None
+        trackers, self.trackers = self.trackers, []
+        closes = [(self.path.name, file.close)] if file is not None else []
+        closes += [(getattr(t, "name", "a tracker"), partial(t.close, exit_code)) for t in trackers]
+        failed: tuple[str, Exception] | None = None
+        for what, close in closes:
+            try:
+                close()
+            except Exception as e:  # noqa: BLE001 - raised (or said) once the others are closed
+                failed = failed or (what, e)
+        if failed is not None and not exit_code:
+            raise failed[1]
+        if failed is not None:
+            warnings.warn(f"closing {failed[0]} of the failed run failed too: {failed[1]}", stacklevel=2)
 
 
 class RunDir(ResumeCheck):
@@ -490,6 +502,7 @@ class RunDir(ResumeCheck):
                 run_name=lg.run_name,
                 resume=resumed_state is not None,
             )
+            self.metrics.trackers = trackers  # (closed by close(), whatever fails before the metrics log opens)
             self.log(describe_backends(lg.backends, trackers, self.out_dir / METRICS_FILE))
             if resumed_state is not None:
                 self._warn_if_rows_lost(resumed_state["metrics_lines"])
@@ -726,14 +739,21 @@ class RunDir(ResumeCheck):
         """Close the metrics log and the trackers (marking a W&B run failed unless ``exit_code`` is 0); unlock. The run
         is over: a SIGTERM no longer waits for its end."""
         writing_the_end("")
-        self.metrics.close(exit_code)
-        # a run refused before it wrote anything leaves no folder it made (OUT, and those above it it made)
-        if exit_code and self.made is not None and self.lock is not None and os.listdir(self.out_dir) == [LOCK_FILE]:
-            release_leaving_nothing(self.lock, self.out_dir, self.made)
-            self.made = self.lock = None
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
+        try:
+            self.metrics.close(exit_code)
+        finally:  # (unlocked even when closing the metrics log raised)
+            # a run refused before it wrote anything leaves no folder it made (OUT, and those above it it made)
+            if (
+                exit_code
+                and self.made is not None
+                and self.lock is not None
+                and os.listdir(self.out_dir) == [LOCK_FILE]
+            ):
+                release_leaving_nothing(self.lock, self.out_dir, self.made)
+                self.made = self.lock = None
+            if self.lock is not None:
+                self.lock.release()
+                self.lock = None
 
     def __enter__(self) -> RunDir:
         return self
