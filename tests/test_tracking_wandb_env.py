@@ -234,3 +234,73 @@ def test_a_tracker_failing_to_close_does_not_keep_the_others_open(tmp_path: Path
     with pytest.raises(OSError, match="No space left"):
         log.close(0)
     assert [t.closed for t in trackers] == [[0], [0]] and log.trackers == []
+
+
+# -- W&B sweeps ------------------------------------------------------------------------------------------------------
+
+
+def _sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, params: dict[str, Any]) -> None:
+    """A sweep agent's run: ``WANDB_SWEEP_ID`` and the parameters file ``wandb agent`` writes for it (W&B's config
+    file format, as its ``config_util.save_config_file_from_dict`` writes it)."""
+    import yaml
+
+    path = tmp_path / "sweep" / "config-abc.yaml"
+    path.parent.mkdir()
+    body = yaml.dump({k: {"value": v} for k, v in params.items()}, Dumper=yaml.SafeDumper, sort_keys=False)
+    path.write_text("wandb_version: 1\n\n" + body)
+    monkeypatch.setenv("WANDB_SWEEP_ID", "sw33p")
+    monkeypatch.setenv("WANDB_SWEEP_PARAM_PATH", str(path))
+
+
+def test_a_sweep_run_whose_config_lacks_the_sweeps_values_is_refused(tmp_path: Path, fake_wandb, monkeypatch) -> None:
+    """Under ``wandb agent`` the parameters reach ``wandb.config`` only: a sweep command without ``--set
+    ${args_no_hyphens}`` trained dgrpo's config unchanged in every run, each recorded in W&B under the sweep's
+    values. Refused before the W&B run starts, in one line naming the parameter and the way to pass it."""
+    from dgrpo.config import to_dict
+
+    from conftest import tiny_config
+
+    _sweep(tmp_path, monkeypatch, {"grpo.lr": 3e-6, "perturbation.p": 0.2})
+    with pytest.raises(ConfigError) as e:
+        WandbTracker(tmp_path / "run", config=to_dict(tiny_config(**{"perturbation.p": 0.2})))
+    said = str(e.value)
+    assert said.startswith("W&B sweep sw33p sets grpo.lr=3e-06, but this run's grpo.lr is ")
+    assert said.endswith("end the sweep's command with --set ${args_no_hyphens} (README: W&B sweeps)")
+    assert fake_wandb.kwargs == []
+
+
+def test_a_sweep_run_given_the_sweeps_values_by_set_starts(tmp_path: Path, fake_wandb, monkeypatch) -> None:
+    """``--set grpo.lr=3e-06 perturbation.p=0.2 'data.test=[...]'``, as ``${args_no_hyphens}`` writes the values,
+    gives the config the sweep's: the run starts; a parameter naming no dgrpo option is a warning."""
+    from dgrpo.config import to_dict
+
+    from conftest import tiny_config
+
+    params = {"grpo.lr": 3e-6, "perturbation.p": 0.2, "data.test": ["builtin:test?n_steps=3"], "my_note": 1}
+    _sweep(tmp_path, monkeypatch, params)
+    cfg = tiny_config(**{k: v for k, v in params.items() if k != "my_note"})
+    with pytest.warns(UserWarning, match=r"W&B sweep parameter\(s\) my_note name no dgrpo option"):
+        t = WandbTracker(tmp_path / "run", config=to_dict(cfg))
+    t.close()
+    assert len(fake_wandb.runs) == 1
+
+
+def test_a_sweep_value_dgrpo_refuses_is_refused_as_not_passed(tmp_path: Path, fake_wandb, monkeypatch) -> None:
+    from dgrpo.config import to_dict
+
+    from conftest import tiny_config
+
+    _sweep(tmp_path, monkeypatch, {"grpo.lr": None})
+    with pytest.raises(ConfigError, match=r"sets grpo\.lr=None, which dgrpo refuses \(invalid config value grpo\.lr"):
+        WandbTracker(tmp_path / "run", config=to_dict(tiny_config()))
+
+
+def test_outside_a_sweep_no_parameter_file_is_read(tmp_path: Path, fake_wandb, monkeypatch) -> None:
+    from dgrpo.config import to_dict
+
+    from conftest import tiny_config
+
+    _sweep(tmp_path, monkeypatch, {"grpo.lr": 3e-6})
+    monkeypatch.delenv("WANDB_SWEEP_ID")
+    WandbTracker(tmp_path / "run", config=to_dict(tiny_config())).close()
+    assert len(fake_wandb.runs) == 1

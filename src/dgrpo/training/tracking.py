@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..config import ConfigError, LoggingConfig, wandb_name_advice
+from ..config import Config, ConfigError, LoggingConfig, load_config, to_dict, wandb_name_advice
 from ..run_layout import TB_DIR, WANDB_ID_FILE
 
 #: ``logging.project``'s default: left at it, W&B's own WANDB_PROJECT names the project
@@ -223,6 +223,68 @@ def wandb_run_id(run_dir: Path, resume: bool = True, given: str | None = None, s
     return run_id
 
 
+def _sweep_parameters() -> dict[str, Any]:
+    """The parameters a W&B sweep agent chose for this run (``WANDB_SWEEP_PARAM_PATH``: ``{name: {value: v}}``, the
+    file ``wandb agent`` writes for each run; {} outside a sweep or when it cannot be read)."""
+    path = os.environ.get("WANDB_SWEEP_PARAM_PATH", "")
+    if not os.environ.get("WANDB_SWEEP_ID") or not path:
+        return {}
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): v["value"] for k, v in data.items() if isinstance(v, dict) and "value" in v}
+
+
+def _at(config: dict, dotted: str) -> Any:
+    """The value of the option ``dotted`` (``grpo.lr``) in a nested config dict."""
+    for part in dotted.split("."):
+        config = config[part]
+    return config
+
+
+def check_sweep_parameters(config: dict) -> None:
+    """Under a W&B sweep agent (``WANDB_SWEEP_ID``), each sweep parameter that names a dgrpo option must hold the
+    sweep's value in ``config`` (the run's, as resolved): dgrpo takes options from ``--config`` and ``--set`` only,
+    not from ``wandb.config``, so a sweep whose command does not pass its parameters (``--set
+    ${args_no_hyphens}``) trained the same config in every run, each recorded in W&B under the sweep's values.
+    Such a run is refused in one line; a parameter that names no dgrpo option is a warning (dgrpo does not use it).
+    The value is read as ``--set NAME=VALUE`` reads what ``${args_no_hyphens}`` writes."""
+    params = _sweep_parameters()
+    if not params:
+        return
+    try:
+        base = to_dict(load_config(Config, start=config, validate=False))
+    except (ConfigError, TypeError, ValueError):  # (not a dgrpo config: nothing to compare with)
+        return
+    unknown = []
+    for name, value in params.items():
+        try:
+            swept = to_dict(load_config(Config, start=config, overrides=[f"{name}={value}"], validate=False))
+        except ConfigError as e:
+            if "unknown config key" in str(e):
+                unknown.append(name)
+                continue
+            swept, got = {}, f"which dgrpo refuses ({e})"
+        else:
+            got = f"but this run's {name} is {_at(base, name)!r}"
+        if swept != base:
+            raise ConfigError(
+                f"W&B sweep {os.environ['WANDB_SWEEP_ID']} sets {name}={value}, {got}: dgrpo does not read "
+                "wandb.config; end the sweep's command with --set ${args_no_hyphens} (README: W&B sweeps)"
+            )
+    if unknown:
+        warnings.warn(
+            f"W&B sweep parameter(s) {', '.join(unknown)} name no dgrpo option: dgrpo does not use them (name a "
+            "parameter by its dgrpo key, grpo.lr, and end the sweep's command with --set ${args_no_hyphens})",
+            stacklevel=2,
+        )
+
+
 def _settings_refused(e: ValueError) -> ConfigError | None:
     """The one line of a W&B setting ``wandb.init`` cannot read (pydantic's ValidationError: ``WANDB_MODE=ofline``,
     ``WANDB_RESUME=true``), naming the variable it came from; None for another ValueError."""
@@ -271,7 +333,8 @@ class WandbTracker:
     The run id is kept in ``run_dir/wandb_run_id`` (:func:`wandb_run_id`) and the run started with
     ``resume="allow"``: a resumed ``dgrpo`` run continues the same W&B run (``resume=False``: a new id, a new run);
     ``WANDB_RESUME``, where set, is W&B's instead (``must``: refused online when the W&B run does not exist yet,
-    ``never``: when it does; one line naming the variable).
+    ``never``: when it does; one line naming the variable). Under a W&B sweep agent, a run whose ``config`` lacks a
+    sweep parameter's value is refused before ``wandb.init`` (:func:`check_sweep_parameters`).
     Rows are logged with ``run.log(values, step=step)`` under their metrics.jsonl names; ``None`` values are
     dropped, bools become 0/1, strings and non-finite floats are kept. A row whose step is below the last logged
     step (or below the resumed online run's next step) would be dropped by W&B with a warning: it is skipped here,
@@ -299,6 +362,8 @@ class WandbTracker:
         #: another W&B run than the one this run logged to (W&B added on resume, or WANDB_RUN_ID naming another):
         #: a resumed run gives it every kept row first
         self.fresh = self.run_id != stored
+        if config is not None:
+            check_sweep_parameters(config)
         self._run: Any = self._start(wandb, project, entity, run_name, config)
         #: WANDB_MODE=disabled: a run that records nothing (older wandb gives it an id of its own)
         self.disabled = bool(getattr(self._run, "disabled", False))
