@@ -285,7 +285,8 @@ def test_wandb_resume_reuses_run_id(tmp_path, wandb_env):
         resumed.log({"step": 1, "loss": 10.0}, 1)  # below the last logged step: skipped
         resumed.log({"step": 3, "loss": 30.0}, 3)
     finally:
-        resumed.close()
+        with pytest.warns(UserWarning, match=r"skipped 1 row\(s\), of step 1: it takes no step below 2"):
+            resumed.close()
     assert resumed.skipped == 1
     assert len(list((run_dir / "wandb").glob(f"offline-run-*-{run_id}*"))) == 2
     assert _offline_run(run_dir, run_id, 0)[1] == {s: {"loss": float(s)} for s in range(4)}
