@@ -410,11 +410,6 @@ class WandbTracker:
                 id=self.run_id,
                 resume=None if env("WANDB_RESUME") else "allow",  # (None: W&B takes the user's WANDB_RESUME)
             )
-        except ValueError as e:  # (not a wandb.errors.Error: pydantic's check of W&B's settings)
-            refused = _settings_refused(e)
-            if refused is None:
-                raise
-            raise refused from e
         except wandb.errors.Error as e:
             if "Run ID" in str(e):  # (W&B's own check of an id's characters)
                 source = "WANDB_RUN_ID" if env("WANDB_RUN_ID") else str(self.run_dir / WANDB_ID_FILE)
@@ -422,6 +417,11 @@ class WandbTracker:
                     f"{source}: W&B refuses the run id {self.run_id!r} ({' '.join(str(e).split())})"
                 ) from e
             raise _start_refused(e, project, env("WANDB_PROJECT")) from e
+        except ValueError as e:  # (not a wandb.errors.Error: pydantic's check of W&B's settings)
+            refused = _settings_refused(e)
+            if refused is None:
+                raise
+            raise refused from e
 
     def resumed(self, kept_rows: list[dict[str, Any]]) -> None:
         """A resumed run keeps these rows: a :attr:`fresh` W&B run (W&B added on resume) gets them now; a continued
