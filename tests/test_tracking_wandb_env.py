@@ -304,3 +304,22 @@ def test_outside_a_sweep_no_parameter_file_is_read(tmp_path: Path, fake_wandb, m
     monkeypatch.delenv("WANDB_SWEEP_ID")
     WandbTracker(tmp_path / "run", config=to_dict(tiny_config())).close()
     assert len(fake_wandb.runs) == 1
+
+
+def test_sweep_values_the_run_makes_absolute_are_taken_as_given(tmp_path: Path, fake_wandb, monkeypatch) -> None:
+    """A run records its reward file, its data files and its --init absolute (``rew.py:reward`` ->
+    ``/abs/rew.py:reward``): a sweep over them, passed by --set, was refused as not applied."""
+    from dgrpo.cli.train import record_init
+    from dgrpo.config import to_dict
+
+    from conftest import tiny_config
+
+    monkeypatch.chdir(tmp_path)
+    Path("rew.py").write_text("def reward(completions, records):\n    return [0.0 for _ in completions]\n")
+    Path("train.jsonl").write_text('{"question": "1+1", "steps": [], "answer": "2"}\n')
+    params = {"grpo.reward": "rew.py:reward", "data.train": "train.jsonl", "grpo.rewards": [{"fn": "rew.py:reward"}]}
+    _sweep(tmp_path, monkeypatch, params)
+    cfg = record_init(tiny_config(**params), None, tmp_path / "run")
+    assert cfg.grpo.reward == f"{tmp_path.resolve()}/rew.py:reward"  # (the recorded form differs from the sweep's)
+    WandbTracker(tmp_path / "run", config=to_dict(cfg)).close()
+    assert len(fake_wandb.runs) == 1

@@ -247,13 +247,29 @@ def _at(config: dict, dotted: str) -> Any:
     return config
 
 
+def _holds(recorded: Any, swept: Any) -> bool:
+    """Whether a run's recorded option value can be the sweep's: equal, or a text the run made absolute (a path,
+    ``file.py:function``, a data spec's local part, a checkpoint: the recorded form of ``runs/sft``, ``my.py:f``) where
+    the sweep gave another text; a mapping holds each key the sweep gives (a reward part's name is added)."""
+    if recorded == swept:
+        return True
+    if isinstance(recorded, str) and isinstance(swept, str):
+        return any(os.path.isabs(part) for part in recorded.split("+"))
+    if isinstance(recorded, dict) and isinstance(swept, dict):
+        return all(k in recorded and _holds(recorded[k], v) for k, v in swept.items())
+    if isinstance(recorded, list) and isinstance(swept, list):
+        return len(recorded) == len(swept) and all(_holds(r, v) for r, v in zip(recorded, swept))
+    return False
+
+
 def check_sweep_parameters(config: dict) -> None:
     """Under a W&B sweep agent (``WANDB_SWEEP_ID``), each sweep parameter that names a dgrpo option must hold the
     sweep's value in ``config`` (the run's, as resolved): dgrpo takes options from ``--config`` and ``--set`` only,
     not from ``wandb.config``, so a sweep whose command does not pass its parameters (``--set
     ${args_no_hyphens}``) trained the same config in every run, each recorded in W&B under the sweep's values.
     Such a run is refused in one line; a parameter that names no dgrpo option is a warning (dgrpo does not use it).
-    The value is read as ``--set NAME=VALUE`` reads what ``${args_no_hyphens}`` writes."""
+    The value is read as ``--set NAME=VALUE`` reads what ``${args_no_hyphens}`` writes; a text option the run made
+    absolute (a path, a reward's file) is taken as holding it (:func:`_holds`)."""
     params = _sweep_parameters()
     if not params:
         return
@@ -269,10 +285,10 @@ def check_sweep_parameters(config: dict) -> None:
             if "unknown config key" in str(e):
                 unknown.append(name)
                 continue
-            swept, got = {}, f"which dgrpo refuses ({e})"
+            held, got = False, f"which dgrpo refuses ({e})"
         else:
-            got = f"but this run's {name} is {_at(base, name)!r}"
-        if swept != base:
+            held, got = _holds(_at(base, name), _at(swept, name)), f"but this run's {name} is {_at(base, name)!r}"
+        if not held:
             raise ConfigError(
                 f"W&B sweep {os.environ['WANDB_SWEEP_ID']} sets {name}={value}, {got}: dgrpo does not read "
                 "wandb.config; end the sweep's command with --set ${args_no_hyphens} (README: W&B sweeps)"
