@@ -33,15 +33,18 @@ import asyncio
 import concurrent.futures
 import decimal
 import functools
+import hashlib
 import inspect
 import math
 import numbers
 import re
+import sys
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, SupportsFloat, cast
 
 from ..config import FLOAT32_MAX, reward_name
@@ -564,6 +567,7 @@ class RewardPart:
     name: str
     fn: ScoreFn
     weight: float = 1.0
+    _function: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         """A callable ``fn`` and a finite weight, kept as a float (a NaN weight made every total NaN, told as the
@@ -581,6 +585,7 @@ class RewardPart:
         if weight is None:
             raise RewardError(f"RewardPart {self.name!r}: weight must be a finite number, got {self.weight!r:.60}")
         self.weight = weight
+        self._function = function_name(self.fn)  # (as built: an object's state that changes as it runs is no change)
 
     @property
     def may_abstain(self) -> bool:
@@ -588,16 +593,47 @@ class RewardPart:
         return not any(self.fn is scorer for scorer in SCORERS.values())
 
     def identity(self) -> str:
-        """``name = module.function * weight``: what a checkpoint records of the reward it was trained with."""
-        return f"{self.name} = {function_name(self.fn)} * {self.weight:g}"
+        """``name = module.function * weight``: what a checkpoint records of the reward it was trained with (the
+        function as :func:`function_name` names it when the part was made: a cache an object fills as it runs, in its
+        ``repr``, is the same reward in the checkpoint and in the resume)."""
+        return f"{self.name} = {self._function} * {self.weight:g}"
 
 
 def function_name(fn: Any) -> str:
-    """``module.qualname`` of a function (a partial: of the function it wraps; another callable: of its class)."""
+    """``module.qualname`` of a function; a plug-in file's, ``file.py:qualname`` (its file's name, not its folder's: a
+    project moved elsewhere, its run resumed there, has the same reward); a partial's, of the function it wraps with
+    the arguments it binds (``partial(m.f, k=2)``: one binding ``k=3`` is another reward); another callable's, of
+    its class, with the object's own ``repr`` where its class writes one (a dataclass's fields)."""
     if isinstance(fn, functools.partial):
-        return f"partial({function_name(fn.func)})"
+        bound = [*map(_bound_value, fn.args), *(f"{k}={_bound_value(v)}" for k, v in fn.keywords.items())]
+        return f"partial({', '.join([function_name(fn.func), *bound])})"
     named = fn if hasattr(fn, "__qualname__") else type(fn)
-    return f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
+    module = getattr(named, "__module__", None) or "?"
+    file = getattr(sys.modules.get(module), "__file__", None)
+    if getattr(sys.modules.get(module), "__dgrpo_version__", None) is not None and file:  # (a plug-in file's)
+        where = f"{Path(file).name}:{named.__qualname__}"
+    else:
+        where = f"{module}.{named.__qualname__}"
+    if named is type(fn) and type(fn).__repr__ is not object.__repr__:  # (Judge(threshold=0.5): its settings)
+        shown, own = _bound_value(fn), named.__qualname__ + "("
+        return where + shown[len(own) - 1 :] if shown.startswith(own) else f"{where}: {shown}"
+    return where
+
+
+#: the longest ``repr`` of a bound argument an identity writes out; a longer one is named by its type and a digest
+_BOUND_REPR_CHARS = 200
+
+
+def _bound_value(value: Any) -> str:
+    """A partial's bound argument as a reward's identity writes it: a function by :func:`function_name`, anything
+    else by its ``repr`` without memory addresses (``<object at 0x7f...>`` differs in every process), one longer
+    than :data:`_BOUND_REPR_CHARS` by its type and the SHA-256 of that ``repr``."""
+    if inspect.isfunction(value) or inspect.isbuiltin(value) or isinstance(value, functools.partial):
+        return function_name(value)
+    text = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+    if len(text) > _BOUND_REPR_CHARS:
+        return f"<{type(value).__qualname__} sha256:{hashlib.sha256(text.encode()).hexdigest()[:16]}>"
+    return text
 
 
 #: the fields of a ``rollouts.jsonl`` row, beside which each reward part's value is logged under the part's name

