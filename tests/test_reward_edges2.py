@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dgrpo.data.records import Record
-from dgrpo.eval.scoring import RewardPart, Rewards, load_function
+from dgrpo.eval.scoring import RewardError, RewardPart, Rewards, call_checked, load_function
 
 RECORDS = [Record("q0", [], "3"), Record("q1", [], "4")]
 COMPLETIONS = ["#### 3", "#### 5"]
@@ -83,3 +85,29 @@ def test_an_object_reward_is_identified_as_it_was_made_not_by_the_state_it_fills
     Rewards([part])(COMPLETIONS, RECORDS)
     assert part.identity() == made == RewardPart("r", CachingJudge(0.5)).identity()
     assert made != RewardPart("r", CachingJudge(0.7)).identity()
+
+
+def keywords_refused(completions: list[str], /, **kwargs: Any) -> list[float]:
+    return [1.0] * len(completions)
+
+
+def prompts_before_slash(prompts: list[str], completions: list[str], /, **kwargs: Any) -> list[float]:
+    return [1.0] * len(completions)
+
+
+def test_a_reward_whose_parameters_are_positional_only_is_refused_saying_to_remove_the_slash() -> None:
+    # called neither by keyword (TRL's form) nor with dgrpo's two arguments: "takes 1 positional argument but 2"
+    with pytest.raises(RewardError) as caught:
+        call_checked(keywords_refused, "keywords_refused", COMPLETIONS, RECORDS)
+    said = str(caught.value)
+    assert said.startswith("reward keywords_refused: completions is positional-only (before '/'), but a function")
+    assert "remove the '/'" in said and "\n" not in said and "takes 1 positional" not in said
+
+
+def test_a_reward_with_prompts_before_a_slash_is_warned_of_truly() -> None:
+    # it has **kwargs: the warning said "it takes no **kwargs" and "Add **kwargs", which changed nothing
+    with pytest.warns(UserWarning) as caught:
+        call_checked(prompts_before_slash, "prompts_before_slash", COMPLETIONS, RECORDS)
+    said = str(caught[0].message)
+    assert "no **kwargs" not in said
+    assert "prompts, completions are positional-only (before '/')" in said and "Remove the '/'" in said

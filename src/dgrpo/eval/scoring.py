@@ -225,6 +225,7 @@ def call_checked(
     apply to this completion", which is NaN here (:class:`Rewards` leaves it out of the total). ``columns``: those
     of the whole data (:func:`data_columns`), so that the form a function is called in, and the keywords it gets, do
     not depend on which records a batch holds."""
+    _refuse_keywordless(fn, name, what)
     columns = trl_columns(completions, records, columns)
     trl = trl_style(fn, columns)
     if not trl and trl_style(fn):
@@ -324,6 +325,27 @@ def awaited(value: Any) -> Any:
         return asyncio.run(result())
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, result()).result()
+
+
+def _refuse_keywordless(fn: Callable, name: str, what: str) -> None:
+    """A RewardError for a function that takes ``**kwargs`` and parameters before a ``/`` (positional-only) and cannot
+    take dgrpo's two arguments, ``fn(completions, records)``: in TRL's form it is called by keyword, as TRL's trainer
+    calls it, which such a parameter refuses (``def r(completions, /, **kw)`` failed on every call, "takes 1
+    positional argument but 2 were given")."""
+    params = _parameters(fn)
+    only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY]
+    if not only or not any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    try:
+        inspect.signature(fn).bind([], [])
+    except TypeError:
+        raise RewardError(
+            f"{what} {name}: {', '.join(only)} {'is' if len(only) == 1 else 'are'} positional-only (before '/'), but a "
+            "function taking **kwargs is called by keyword, as TRL's trainer calls it (prompts=..., completions=..., "
+            "the data's columns): remove the '/', or take dgrpo's two arguments, fn(completions, records)"
+        ) from None
+    except ValueError:
+        return
 
 
 def _trl_only_required(fn: Callable) -> list[str]:
@@ -465,9 +487,20 @@ def _warn_prompts_first(fn: Callable, name: str, columns: Iterable[str] = ()) ->
     else:
         return
     _WARNED_DGRPO_FORM.add(name)
+    kwargs = any(p.kind is p.VAR_KEYWORD for p in _parameters(fn))
+    only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY]
+    if not kwargs:
+        why, fix = "it takes no **kwargs", "Add **kwargs (TRL's trainer passes more keywords too)"
+        if only:
+            fix = "Add **kwargs and remove the '/' (TRL's trainer passes every argument by keyword)"
+    elif only:  # (a '/' kept it from TRL's form: :func:`trl_style`)
+        why = f"{', '.join(only)} {'is' if len(only) == 1 else 'are'} positional-only (before '/')"
+        fix = "Remove the '/' (TRL's trainer passes every argument by keyword)"
+    else:  # (its *args kept it from TRL's form: a decorator's wrapper(*args, **kwargs) is dgrpo's)
+        why, fix = "it takes *args", "Remove the *args (TRL's trainer passes every argument by keyword)"
     warnings.warn(
-        f"{name}'s {said}, but it takes no **kwargs, so it is called as dgrpo's fn(completions, records): {gets}. "
-        "Written for TRL? Add **kwargs (TRL's trainer passes more keywords too)",
+        f"{name}'s {said}, but {why}, so it is called as dgrpo's fn(completions, records): {gets}. Written for "
+        f"TRL? {fix}",
         stacklevel=3,
     )
 
