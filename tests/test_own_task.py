@@ -572,7 +572,8 @@ def test_several_weighted_rewards_and_the_filter_rule(reward_file):
         rw_total.filter_values([0.5, float(np.float32(-0.04))])  # value, -0.03999999910593033, in 7 digits)
     within = rw_total.filter_values([1.0000001, 0.9999999999999999, -1e-9])  # (a float sum just past 0 or 1)
     assert within == [1.0, 0.9999999999999999, 0.0]
-    with pytest.raises(RewardError, match=r"for row 0: .*; found by the check made before training.*on gold answers"):
+    gold = r"for the row with completion '#### 12', .*; found by the check made before training.*on gold answers"
+    with pytest.raises(RewardError, match=gold):
         rw_total.smoke_test(recs, check_filter=True)  # (its row 0 was taken for a rollout's: it is a gold answer's)
     with pytest.raises(RewardError, match="not one of the rewards"):
         build_rewards("", [{"fn": "numeric"}], "numeric", "nope")

@@ -5,6 +5,7 @@ check on gold answers no reward applies to, and the filter's range error naming 
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,3 +112,36 @@ def test_a_reward_with_prompts_before_a_slash_is_warned_of_truly() -> None:
     said = str(caught[0].message)
     assert "no **kwargs" not in said
     assert "prompts, completions are positional-only (before '/')" in said and "Remove the '/'" in said
+
+
+def none_everywhere(completions: list[str], records: list[Record]) -> list[None]:
+    return [None] * len(completions)
+
+
+def test_gold_answers_no_reward_applies_to_give_one_warning_saying_so() -> None:
+    # two warnings came: the row's "returned None", and "gives 0 to the gold answer of every record", which read as
+    # the reward scoring the golds wrong
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Rewards([RewardPart("judge", none_everywhere)]).smoke_test(RECORDS, check_filter=False)
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1, said
+    assert said[0].startswith("every reward (judge) returned None or NaN ('does not apply') for the gold answer of")
+    assert "every record it was tried on (2, each as '#### <answer>')" in said[0]
+
+
+def test_the_filters_range_error_names_the_completion() -> None:
+    rewards = Rewards([RewardPart("r", functools.partial(scaled, scale=2.0))])
+    total = rewards(COMPLETIONS, RECORDS)
+    with pytest.raises(RewardError) as caught:
+        rewards.filter_values(total)
+    assert "it is 2 for the row with completion '#### 3', question 'q0': set grpo.filter_reward" in str(caught.value)
+
+
+def test_the_filters_range_error_names_the_completion_of_rewards_shuffled_and_in_float32() -> None:
+    # grpo.shuffle_rewards hands the filter the totals shuffled within groups, as float32 values: the index of the
+    # value is not its completion's
+    rewards = Rewards([RewardPart("r", lambda c, r: [0.5, 1.1])])
+    total = rewards(COMPLETIONS, RECORDS)
+    with pytest.raises(RewardError, match=r"it is 1\.1 for the row with completion '#### 5', question 'q1'"):
+        rewards.filter_values([1.100000023841858, total[0]])

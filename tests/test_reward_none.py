@@ -68,7 +68,8 @@ def test_the_filters_reward_refuses_none_and_the_total_gives_it_0() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         total = rewards(COMPLETIONS, RECORDS)
-    said = r"^grpo\.filter: the accuracy window applies to reward accuracy, which returned None or NaN .* for row 1: "
+    said = r"^grpo\.filter: the accuracy window applies to reward accuracy, which returned None or NaN .* for the "
+    said += r"row with completion '#### x', question 'q1': "
     with pytest.raises(RewardError, match=said + r".*have accuracy return 0 or 1 for every completion, or set"):
         rewards.filter_values(total)
     rewards.filter_on = ""

@@ -686,6 +686,8 @@ class Rewards:
     columns: tuple[str, ...] = ()
     #: whether a row every part gave None or NaN for was warned of (once per run)
     _warned_none: bool = field(default=False, init=False, repr=False)
+    #: the completions, records and totals of the last call (an error of :meth:`filter_values` names its row's)
+    _rows: tuple[list[str], list[Record], list[float]] = field(default=([], [], []), init=False, repr=False)
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.parts]
@@ -722,10 +724,7 @@ class Rewards:
         """Each completion's weighted total of the parts. A part's None or NaN (TRL's "does not apply") adds nothing
         to it, as TRL's ``nansum`` (kept as NaN in :attr:`last`); a row where every part gave one has total 0, and
         the first such row is warned of once (as TRL warns)."""
-        self.last = {p.name: call_checked(p.fn, p.name, completions, records, columns=self.columns) for p in self.parts}
-        given = [[p for p in self.parts if not math.isnan(self.last[p.name][i])] for i in range(len(completions))]
-        total = [sum((p.weight * self.last[p.name][i] for p in parts), 0.0) for i, parts in enumerate(given)]
-        none = [i for i, parts in enumerate(given) if not parts]
+        total, none = self._total(completions, records)
         if none and not self._warned_none:
             self._warned_none = True
             names = ", ".join(p.name for p in self.parts)
@@ -736,21 +735,42 @@ class Rewards:
                 "(warned once)",
                 stacklevel=2,
             )
+        return total
+
+    def _total(self, completions: list[str], records: list[Record]) -> tuple[list[float], list[int]]:
+        """Each completion's weighted total (:meth:`__call__`), checked to lie within float32's range, and the rows
+        every part gave None or NaN for; each part's values kept in :attr:`last`, the rows in :attr:`_rows`."""
+        self.last = {p.name: call_checked(p.fn, p.name, completions, records, columns=self.columns) for p in self.parts}
+        given = [[p for p in self.parts if not math.isnan(self.last[p.name][i])] for i in range(len(completions))]
+        total = [sum((p.weight * self.last[p.name][i] for p in parts), 0.0) for i, parts in enumerate(given)]
+        self._rows = (list(completions), list(records), total)
+        none = [i for i, parts in enumerate(given) if not parts]
         for i, t in enumerate(total):
             if not abs(t) <= FLOAT32_MAX:  # (weighted parts each within it may sum past it, or to inf)
                 raise RewardError(
                     f"the weighted total of the rewards is {t:g} for row {i} ({_row(completions, records, i)})"
                     f"{_PAST_FLOAT32}"
                 )
-        return total
+        return total, none
 
     def smoke_test(self, records: list[Record], check_filter: bool) -> None:
         """Call every reward once on gold answers (``#### <answer>``) of ``records``, before a run writes anything:
         a function that cannot be imported, raises or returns the wrong thing fails here, in one line."""
         with on_gold():  # (the filter's check too: its row is a gold answer's, no rollout's)
-            total = self(gold_completions(records), records)
-            self._warned_none = False  # (a gold answer's row no reward applies to is warned of; the rollouts' too)
-            warn_if_gold_scores_zero(total, "the reward")
+            if records and len(self._total(gold_completions(records), records)[1]) == len(records):
+                names = ", ".join(p.name for p in self.parts)  # (one warning: not the row's and "gives 0" as well)
+                warnings.warn(
+                    f"every reward ({names}) returned None or NaN ('does not apply') for the gold answer of every "
+                    f"record it was tried on ({len(records)}, each as '#### <answer>'): their total reward is 0, as "
+                    "TRL's nansum gives; have at least one reward score every completion, and check the data's "
+                    "answers (data.answer_key)",
+                    stacklevel=2,
+                )
+                total = [0.0] * len(records)
+            else:
+                total = self(gold_completions(records), records)
+                self._warned_none = False  # (a gold answer's row no reward applies to is warned of; the rollouts' too)
+                warn_if_gold_scores_zero(total, "the reward")
             if check_filter:
                 self.filter_values(total)
 
@@ -762,8 +782,8 @@ class Rewards:
             if math.isnan(v):  # (only a part's: a total leaves a None out, 0 where every part gave one)
                 raise RewardError(
                     f"grpo.filter: the accuracy window applies to reward {self.filter_on}, which returned None or NaN "
-                    f"('does not apply') for row {i}: the window needs whether every rollout is correct; have "
-                    f"{self.filter_on} return 0 or 1 for every completion, or set grpo.filter_reward to another "
+                    f"('does not apply') for {self._shown(v, i)}: the window needs whether every rollout is correct; "
+                    f"have {self.filter_on} return 0 or 1 for every completion, or set grpo.filter_reward to another "
                     "reward ('' for the total, where a None adds 0)"
                 )
             if not -SCORE_TOLERANCE <= v <= 1 + SCORE_TOLERANCE:
@@ -771,9 +791,21 @@ class Rewards:
                 # float32 holds them: -0.04 summed in float32 was -0.03999999910593033)
                 raise RewardError(
                     f"grpo.filter: the accuracy window applies to {what}, which must lie in [0, 1]; it is {v:.7g} for "
-                    f"row {i}: set grpo.filter_reward to a 0/1 reward of grpo.rewards, or grpo.filter=false"
+                    f"{self._shown(v, i)}: set grpo.filter_reward to a 0/1 reward of grpo.rewards, or grpo.filter=false"
                 )
         return [min(max(v, 0.0), 1.0) for v in values]
+
+    def _shown(self, value: float, i: int) -> str:
+        """The completion and question of the last call's first row whose total (or filtered part's value) is
+        ``value``, as an error names a row (the values :meth:`filter_values` is given may be the rows shuffled within
+        their groups, ``grpo.shuffle_rewards``: a row's index is not its completion's); ``row i`` when the last call
+        gave none."""
+        completions, records, totals = self._rows
+        values = self.last.get(self.filter_on, []) if self.filter_on else totals
+        for j, v in enumerate(values[: len(completions)]):  # (given as float32: 1.1 is 1.100000023841858)
+            if math.isclose(v, value, rel_tol=1e-6, abs_tol=1e-7) or math.isnan(v) and math.isnan(value):
+                return f"the row with {_row(completions, records, j)}"
+        return f"row {i}"
 
 
 def build_rewards(reward: str, rewards: list[dict], scorer: str, filter_reward: str = "") -> Rewards:
