@@ -8,7 +8,7 @@ import functools
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -145,3 +145,19 @@ def test_the_filters_range_error_names_the_completion_of_rewards_shuffled_and_in
     total = rewards(COMPLETIONS, RECORDS)
     with pytest.raises(RewardError, match=r"it is 1\.1 for the row with completion '#### 5', question 'q1'"):
         rewards.filter_values([1.100000023841858, total[0]])
+
+
+def test_rollouts_collected_from_python_with_a_function_that_returns_none(tokenizer) -> None:
+    # the trainer passes a Rewards, which turns a None into 0; a plain function's None gave torch's TypeError
+    from dgrpo.perturbation import LockedDropout, seeds_for
+    from dgrpo.training.rollouts import collect_rollouts
+
+    from conftest import make_lm
+
+    lm = make_lm(tokenizer).eval()
+    kw: dict[str, Any] = dict(group_size=2, n_latent=1, perturbation=LockedDropout(p=0.1), seeds=seeds_for(0, 0, 0, 4))
+    with pytest.warns(UserWarning, match=r"every reward \(none_everywhere\) returned None or NaN"):
+        ro = collect_rollouts(lm, RECORDS, max_new_tokens=2, reward_fn=none_everywhere, **kw)
+    assert ro.rewards.tolist() == [[0.0, 0.0], [0.0, 0.0]]
+    with pytest.raises(RewardError, match=r"^reward <lambda> returned 'x' for row 0 .*: a string, not a number"):
+        collect_rollouts(lm, RECORDS, max_new_tokens=2, reward_fn=lambda c, r: cast(Any, ["x"] * len(c)), **kw)

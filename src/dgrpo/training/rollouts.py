@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..config import Config, ConfigError
 from ..data.records import Record
-from ..eval.scoring import ScoreFn, call_checked, numeric
+from ..eval.scoring import RewardPart, Rewards, ScoreFn, numeric
 from ..model.attention_mask import prebuilt_mask_applies
 from ..model.fixed_shape import fixed_shape_generate, fixed_shape_target_logprobs
 from ..model.latent_chain import chained_target_logprobs
@@ -140,7 +140,8 @@ def collect_rollouts(
     """Generate ``group_size`` rollouts for every record; row i is perturbed by ``seeds[i]`` and, when sampling
     (``temperature`` > 0), draws its tokens from that seed too (:func:`row_sampling_uniforms`): a row's rollout is the
     same whatever batch or rank makes it. ``reward_fn`` (batched,
-    see :mod:`dgrpo.eval.scoring`; default: the numeric verifier) gives each completion its reward;
+    see :mod:`dgrpo.eval.scoring`, a function or a :class:`~dgrpo.eval.scoring.Rewards`, each call checked: a
+    function's None adds 0; default: the numeric verifier) gives each completion its reward;
     ``static_cache``: decode over a preallocated KV cache (``grpo.rollout_cache: static``); ``engine``: ``fast`` runs
     each batch over fixed shapes (:mod:`dgrpo.model.fixed_shape`, graph-captured on CUDA), ``keep_graphs``: with one
     decoder kept for every batch of its shape (``grpo.keep_graphs``)."""
@@ -173,9 +174,19 @@ def collect_rollouts(
                 gens.append(gen)
     tokens, mask, rollout_logp, ent = _concat(gens, lm)
     texts = lm.decode(tokens, mask)
-    values = reward_fn(texts, expanded) if reward_fn is not None else call_checked(numeric, "numeric", texts, expanded)
+    values = _reward(reward_fn)(texts, expanded)
     rewards = torch.tensor(values, dtype=torch.float32).view(len(records), group_size)
     return Rollouts(prompt_ids, prompt_mask, seeds, tokens, mask, rollout_logp, rewards, texts, ent)
+
+
+def _reward(reward_fn: ScoreFn | None) -> Rewards:
+    """The reward :func:`collect_rollouts` gives: a :class:`Rewards` as it is (the trainer's); a function, called from
+    Python, checked as the trainer checks one (its None, "does not apply", a total of 0; it gave torch's TypeError
+    on building the tensor of rewards); none, the numeric verifier."""
+    if isinstance(reward_fn, Rewards):
+        return reward_fn
+    fn = numeric if reward_fn is None else reward_fn
+    return Rewards([RewardPart(getattr(fn, "__name__", None) or type(fn).__name__, fn)])
 
 
 def _concat(gens: list, lm: LatentLM) -> tuple[Tensor, Tensor, Tensor, float]:
