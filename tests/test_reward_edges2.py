@@ -161,3 +161,16 @@ def test_rollouts_collected_from_python_with_a_function_that_returns_none(tokeni
     assert ro.rewards.tolist() == [[0.0, 0.0], [0.0, 0.0]]
     with pytest.raises(RewardError, match=r"^reward <lambda> returned 'x' for row 0 .*: a string, not a number"):
         collect_rollouts(lm, RECORDS, max_new_tokens=2, reward_fn=lambda c, r: cast(Any, ["x"] * len(c)), **kw)
+
+
+def test_a_plugin_reward_recorded_by_an_earlier_dgrpo_is_the_same_reward_on_resume() -> None:
+    # earlier versions recorded a plug-in file's function under its module's name (a digest of the file's path): a
+    # run started then would be refused on resume as trained with another reward
+    from dgrpo.training.resume_check import recorded_changes, same_reward
+
+    earlier = ["r = dgrpo_plugin_my_rewards_0123456789ab.reward * 1", "n = dgrpo.eval.scoring.numeric * 0.5"]
+    now = ["r = my_rewards.py:reward * 1", "n = dgrpo.eval.scoring.numeric * 0.5"]
+    assert same_reward(earlier, now)
+    assert recorded_changes({"reward": earlier}, "", now) == []
+    assert not same_reward(earlier, ["r = other_rewards.py:reward * 1", now[1]])
+    assert not same_reward(["r = partial(m.f) * 1"], ["r = partial(m.f, scale=2.0) * 1"])

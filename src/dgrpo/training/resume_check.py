@@ -6,6 +6,7 @@ command line before the data and the model are read."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -262,7 +263,7 @@ def check_resume_data(
     if all(isinstance(s, str) and s != data for s in saved):
         check.refuse_recorded(candidates[0], data_change(saved[0], data), SAME_DATA)
     rewards: list[Any] = [r.get("reward") for r in found]
-    if reward is not None and all(isinstance(r, list) and r != reward for r in rewards):
+    if reward is not None and all(isinstance(r, list) and not same_reward(r, reward) for r in rewards):
         check.refuse_recorded(candidates[0], reward_change(rewards[0], reward), SAME_REWARD)
 
 
@@ -285,6 +286,19 @@ def data_change(saved: str, given: str) -> str:
     return f"trained on other training data than given now ({what})"
 
 
+#: a plug-in file's function as earlier dgrpo recorded it in a reward's identity: its module's name, which holds
+#: a digest of the file's absolute path (``dgrpo_plugin_my_rewards_0123456789ab.fn``); now ``my_rewards.py:fn``
+_EARLIER_PLUGIN_NAME = re.compile(r"\bdgrpo_plugin_(\w+?)_[0-9a-f]{12}\.")
+
+
+def same_reward(saved: list[str], given: list[str]) -> bool:
+    """Whether a checkpoint's recorded reward (``saved``: its parts' identities) is the one given now: equal, a
+    plug-in file's function recorded by an earlier dgrpo under its module's name read as its file's name (so a run
+    started before a plug-in was named by its file resumes; a partial recorded then without its bound arguments
+    reads as another reward: such a run resumes with allow_config_change)."""
+    return [_EARLIER_PLUGIN_NAME.sub(r"\1.py:", part) for part in saved] == given
+
+
 def reward_change(saved: list[str], given: list[str]) -> str:
     """How the reward given now differs from the one a checkpoint recorded (each its parts' identities)."""
     return f"trained with the reward {'; '.join(saved)}, now {'; '.join(given)}"
@@ -305,7 +319,7 @@ def recorded_changes(saved: dict, data: str, reward: list[str] | None = None) ->
     then_data, then_reward = saved.get("train_data"), saved.get("reward")
     if then_data is not None and then_data != data:
         found.append((data_change(then_data, data), SAME_DATA))
-    if reward is not None and then_reward is not None and then_reward != reward:
+    if reward is not None and then_reward is not None and not same_reward(then_reward, reward):
         found.append((reward_change(then_reward, reward), SAME_REWARD))
     return found
 
