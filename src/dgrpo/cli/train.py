@@ -287,6 +287,7 @@ class Setting:
     device: Any
     lm: Any
     out: Path
+    rewards: Any = None  # GRPO's reward, called on gold answers before the model loaded (grpo.checked_rewards)
 
 
 def held_out_specs(cfg: Config) -> list[tuple[str, str]]:
@@ -349,8 +350,9 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     anything is trained (a scorer that cannot be built fails before anything is read, and so do a resume under a
     changed config and a ``--resume never`` that would delete what it may not:
     :func:`~dgrpo.training.resume_check.check_resume_config`; OUT's lock is taken first, on rank 0, and held to the
-    run's end: :func:`holding_out`; a test set too long for the context is refused from the model's tokenizer and
-    config.json before its weights load: :func:`check_fits_before_training`)."""
+    run's end: :func:`holding_out`; a test set or a GRPO training question too long for the context is refused from
+    the model's tokenizer and config.json before its weights load: :func:`check_fits_before_training`; GRPO's reward
+    is called on gold answers then too: :func:`~dgrpo.training.grpo.checked_rewards`)."""
     from ..config import ConfigError, to_dict
     from ..data import training_split
     from ..eval.evaluate import eval_options
@@ -405,23 +407,28 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     valid = held_out[cfg.data.valid] if cfg.data.valid else None
     if valid is not None and cfg.data.eval_limit:  # the limit applies to the global list, before it is sharded
         valid = valid[: cfg.data.eval_limit]
+    rewards = None
+    if args.cmd == "grpo":  # (the reward on gold answers: not once the model has loaded, minutes for a 1.5B model)
+        from ..training.grpo import checked_rewards
+
+        rewards = checked_rewards(None, cfg, train)
     # (what the tokenizer and config.json decide is refused now, not once the weights have loaded: minutes for 1.5B)
     if (unloaded := model_without_weights(args.init or cfg.model.name_or_path, cfg)) is not None:
-        check_fits_before_training(unloaded, cfg, args.cmd, tests, valid)
+        check_fits_before_training(unloaded, cfg, args.cmd, tests, valid, train)
     dist, device = join_processes(cfg, device)
     # (a line on rank 0 before a directory's or the hub's weights load: with transformers' bars off, a download of
     # a large model printed nothing for minutes)
     said = say if dist.is_main else None
     lm = load_model(cfg.model, cfg.task, init=args.init, seed=cfg.seed, device=device, announce=said)
     if unloaded is None:  # (the built-in model, or one whose files could not be read without its weights)
-        check_fits_before_training(lm, cfg, args.cmd, tests, valid)
+        check_fits_before_training(lm, cfg, args.cmd, tests, valid, train)
     record_the_models_shape(cfg, lm)
     if args.cmd == "grpo":
         warn_if_init_differs(lm.run_config, cfg)
     report_model(lm, args.init or cfg.model.name_or_path, cfg, dist)
     if dist.active:  # distinct, reproducible RNG streams per rank (weights are broadcast from rank 0; rollout seeds
         seed_everything(cfg.seed * 1000003 + dist.rank)  # come from the global row anyway)
-    return Setting(cfg, options, train, valid, tests, dist, device, lm, Path(args.out))
+    return Setting(cfg, options, train, valid, tests, dist, device, lm, Path(args.out), rewards)
 
 
 def holding_out(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -479,6 +486,14 @@ def run_sft(args: argparse.Namespace) -> int:
 
 @holding_out
 def run_grpo(args: argparse.Namespace) -> int:
+    from ..training.grpo import checked_once
+
+    with checked_once():  # (the training questions and the reward, checked before the load: not again by the trainer)
+        return grpo_command(args)
+
+
+def grpo_command(args: argparse.Namespace) -> int:
+    """:func:`run_grpo`'s work."""
     from ..eval.scoring import check_scorer
     from ..training.grpo import train_grpo
     from ..training.preemption import stopping
@@ -487,7 +502,7 @@ def run_grpo(args: argparse.Namespace) -> int:
     s = set_up_run(args)
     cfg, tests, dist = s.cfg, s.tests, s.dist
     held_out = s.valid if s.valid is not None else next(iter(tests.values()), None)
-    if held_out:  # (what the scorer scores; the reward, eval.scorer or not, is checked by the trainer)
+    if held_out:  # (what the scorer scores; the reward was called on gold answers before the model loaded)
         check_scorer(s.options["scorer"], held_out)
     # logged as eval/valid/accuracy, as SFT logs it (one chart for both in TensorBoard / W&B); config.json says which
     valid = {"valid": s.valid} if s.valid is not None else {}
@@ -514,6 +529,7 @@ def run_grpo(args: argparse.Namespace) -> int:
             dist=dist,
             resume=args.resume,
             allow_config_change=args.allow_config_change,
+            reward_fn=s.rewards,  # (called on gold answers before the model loaded: the trainer takes it as checked)
             final_eval=test,
         )
     if dist.is_main:  # (the headline numbers are the line above, the trainer's "done in"; the file has the rest)
@@ -540,11 +556,14 @@ def stopped_after(out: Path) -> str:
     return f"after step {step}, checkpointed in {steps[step]}"
 
 
-def check_fits_before_training(lm: Any, cfg: Config, command: str, tests: dict, valid: list | None) -> None:
+def check_fits_before_training(
+    lm: Any, cfg: Config, command: str, tests: dict, valid: list | None, train: list | None = None
+) -> None:
     """What ``dgrpo sft`` / ``dgrpo grpo`` refuse of ``lm``'s context before training, in the order they came once the
     model had loaded: the test sets answered by the trained model (:func:`check_test_sets_fit`: SFT's last stage's
     thoughts; GRPO's ``grpo.n_latent`` after the markers, as it trains and saves the model), the trainer's own start
-    check (the last stage's thoughts; GRPO's thoughts and ``grpo.max_new_tokens``), and the validation set
+    check (the last stage's thoughts; GRPO's thoughts and ``grpo.max_new_tokens`` after each question of ``train``,
+    as its rollouts prompt them: :func:`~dgrpo.training.grpo.check_rollouts_fit`), and the validation set
     (``valid``: SFT's :func:`~dgrpo.training.sft.check_validation_fits`; GRPO's, answered as the test sets are, from
     step 0 on). ``lm``: the model loaded, or the same without its weights (:func:`~.common.model_without_weights`),
     which decides it all before the weights load."""
@@ -565,7 +584,8 @@ def check_fits_before_training(lm: Any, cfg: Config, command: str, tests: dict, 
     n_latent = cfg.grpo.n_latent if cfg.grpo.n_latent >= 0 else trained.n_latent
     tested = replace(trained, n_latent=n_latent, chat_template=chat, markers=True)
     check_test_sets_fit(lm, tests, cfg, tested, "grpo.n_latent")
-    check_rollouts_fit(lm, n_latent, cfg)  # (GRPOTrainer's start check)
+    with prompted(lm, tested):  # (GRPOTrainer's start check: its rollouts prompt as the trained model answers)
+        check_rollouts_fit(lm, n_latent, cfg, train, f"data.train {cfg.data.train}")
     if valid:
         check_sets_fit(lm, {f"data.valid {cfg.data.valid}, validated from step 0": valid}, cfg, tested, "grpo.n_latent")
 

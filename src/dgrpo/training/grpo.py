@@ -24,6 +24,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property, partial
 from pathlib import Path
@@ -258,7 +259,7 @@ class GRPOTrainer:
         self.n_latent = lm.settings.n_latent if g.n_latent < 0 else g.n_latent
         # the policy as it is trained (T thoughts, after the markers) is how it is validated, tested and saved
         lm.settings.n_latent, lm.settings.markers = self.n_latent, True
-        check_rollouts_fit(lm, self.n_latent, cfg)
+        check_rollouts_fit(lm, self.n_latent, cfg, train)
         self.perturbation = _perturbation(lm, cfg)
         static_obstacle = static_cache_obstacle(lm.model.config)
         self.engine = resolve_engine(g.engine, lm.device, self.perturbation.batched, static_obstacle)
@@ -271,11 +272,7 @@ class GRPOTrainer:
         self.kernels = apply_speedups(lm, cfg.model)  # (before the reference copy, which then has them too)
         self.objective = ObjectiveSettings.from_config(g)
         _warn_at_start(lm, cfg, train)
-        try:  # (the same files on every rank: not its calls, below, which may fail on one rank alone)
-            self.rewards = _rewards(reward_fn, cfg, data_columns(train))
-        except RewardError as e:
-            raise RewardSetupError(str(e)) from None
-        self.rewards.smoke_test(train[:2], check_filter=g.filter and g.advantage != "ema")
+        self.rewards = checked_rewards(reward_fn, cfg, train)
         # rank 0's weights everywhere, before the reference copies them (it kept each rank's own initial weights)
         self.dist.broadcast_weights(lm.model)
         # the KL reference: a frozen copy of the model, or under LoRA a frozen adapter (before the optimizer)
@@ -763,11 +760,105 @@ class GRPOTrainer:
         return out
 
 
-def check_rollouts_fit(lm: LatentLM, n_latent: int, cfg: Config) -> None:
+#: within :func:`checked_once`, what the start checks found, by what they checked (None: outside it)
+_FOUND: ContextVar[dict[tuple, tuple] | None] = ContextVar("grpo_start_checks", default=None)
+#: how many distinct training questions :func:`_widest_prompt` encodes at a time
+QUESTIONS_AT_ONCE = 1024
+
+
+@contextmanager
+def checked_once() -> Iterator[None]:
+    """Within it, the start checks that read every training question (:func:`check_rollouts_fit`) or call the reward
+    (:func:`checked_rewards`) do so once for the same data: ``dgrpo grpo`` makes them once its data is read, before
+    the model's weights load, and its trainer's start then takes what they found."""
+    token = _FOUND.set({})
+    try:
+        yield
+    finally:
+        _FOUND.reset(token)
+
+
+def check_rollouts_fit(
+    lm: LatentLM, n_latent: int, cfg: Config, train: list[Record] | None = None, what: str = "the training data"
+) -> None:
     """A rollout's ``n_latent`` thoughts and ``grpo.max_new_tokens`` answer tokens fit the context after a one-token
-    prompt (each batch checks its own prompts too): at the trainer's start, and by ``dgrpo grpo`` before the weights
-    load."""
-    lm.check_fits(1, n_latent, cfg.grpo.max_new_tokens, key="grpo.n_latent")
+    prompt and, given ``train``, after every training question as the rollouts prompt it (``data.max_question_tokens``,
+    and ``lm.settings``' chat template and markers; each batch checks its own prompts too, which failed the step that
+    sampled a question past the context, hours in): at the trainer's start, and by ``dgrpo grpo`` before the weights
+    load. The ConfigError names ``what`` ``train`` is (``dgrpo grpo``: data.train), the first record of the widest
+    prompt, and the data.max_question_tokens that fits."""
+    g, limit, max_tokens = cfg.grpo, lm.context_length, cfg.data.max_question_tokens
+    lm.check_fits(1, n_latent, g.max_new_tokens, key="grpo.n_latent")
+    # the widest question the rollouts may prompt: cut to max_tokens tokens after the BOS, before <|start-latent|>
+    fits = len(lm.question_prefix) + n_latent + 2 + g.max_new_tokens  # (all but the question)
+    if not train or limit is None or (max_tokens and not lm.settings.chat_template and fits + max_tokens <= limit):
+        return
+    first: dict[str, int] = {}  # (each distinct question's first record)
+    for i, r in enumerate(train):
+        first.setdefault(r.question, i)
+    questions = list(first)
+    at, width = _widest_prompt(lm, questions, max_tokens, train)
+    try:
+        lm.check_fits(width, n_latent, g.max_new_tokens, key="grpo.n_latent")
+    except ConfigError as e:
+        room = 0 if lm.settings.chat_template else limit - fits  # (a chat template's own tokens: not counted here)
+        cut = f" (data.max_question_tokens={room} fits every question)" if room > 0 else ""
+        if not max_tokens:
+            most, last = (f" to at most {room}", f" {room}") if room > 0 else ("", "")
+            cut = (
+                f"; data.max_question_tokens is 0 (no limit): set it{most} (the rollouts then see each question's "
+                f"last{last} tokens), or remove the record"
+            )
+        raise ConfigError(
+            f"{what}: record {first[questions[at]]} (counting from 0), its longest question: {e}{cut}"
+        ) from None
+
+
+def _widest_prompt(lm: LatentLM, questions: list[str], max_tokens: int, train: list[Record]) -> tuple[int, int]:
+    """(index, width) of the first of ``questions`` whose prompt (:meth:`LatentLM.encode_questions`, cut to
+    ``max_tokens``) is the widest: encoded :data:`QUESTIONS_AT_ONCE` at a time, then halves of the widest batch. Within
+    :func:`checked_once`, found once for the training data ``train`` under the same prompt settings."""
+    tokenizer = (getattr(lm.tokenizer, "name_or_path", ""), len(lm.tokenizer))
+    key = ("widest", id(train), len(train), max_tokens, lm.settings.chat_template, tuple(lm.question_prefix), tokenizer)
+    found = _FOUND.get()
+    if found is not None and key in found and found[key][0] is train:
+        return found[key][1]
+
+    def width(lo: int, hi: int) -> int:
+        return int(lm.encode_questions(questions[lo:hi], max_tokens=max_tokens)[0].shape[1])
+
+    n = QUESTIONS_AT_ONCE
+    widths = [width(lo, lo + n) for lo in range(0, len(questions), n)]
+    widest = max(widths)
+    lo = widths.index(widest) * n
+    hi = min(lo + n, len(questions))
+    while hi - lo > 1:  # (the widest question lies in [lo, hi))
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if width(lo, mid) == widest else (mid, hi)
+    if found is not None:
+        found[key] = (train, (lo, widest))
+    return lo, widest
+
+
+def checked_rewards(
+    reward_fn: ScoreFn | Sequence[ScoreFn] | Rewards | None, cfg: Config, train: list[Record]
+) -> Rewards:
+    """The trainer's reward (:func:`_rewards`: ``reward_fn``, else the config's), called on the gold answers of the
+    first two training records (:meth:`Rewards.smoke_test`): a reward that cannot be built, raises or returns what it
+    may not fails before anything is trained. Within :func:`checked_once`, a Rewards this returned is not called again
+    for the same records (``dgrpo grpo`` checks it before the model loads, and gives it to the trainer)."""
+    try:  # (the same files on every rank: not its calls, below, which may fail on one rank alone)
+        rewards = _rewards(reward_fn, cfg, data_columns(train))
+    except RewardError as e:
+        raise RewardSetupError(str(e)) from None
+    checked = (train[:2], cfg.grpo.filter and cfg.grpo.advantage != "ema")
+    found, key = _FOUND.get(), ("gold", id(rewards))
+    if found is not None and key in found and found[key][0] is rewards and found[key][1] == checked:
+        return rewards
+    rewards.smoke_test(checked[0], check_filter=checked[1])
+    if found is not None:
+        found[key] = (rewards, checked)
+    return rewards
 
 
 def _rewards(
