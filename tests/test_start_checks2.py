@@ -1,10 +1,11 @@
 """What ``dgrpo grpo`` checks once its data is read, before the model's weights load (minutes for a 1.5B model) and
-hours before the step that would have failed: every training question against the context and the reward on gold
-answers (once)."""
+hours before the step that would have failed: every training question against the context, the reward on gold
+answers (once), and a hub id's files looked up with one probe of the hub."""
 
 import json
 
 import pytest
+from test_hub_models import REPO, hub_cache  # noqa: F401 - (the fixture: a hub cache, offline)
 
 from conftest import tiny_args
 
@@ -111,3 +112,23 @@ def test_the_reward_is_called_on_gold_answers_before_the_weights_load_and_once(
     r = _grpo(run_cli, sft_checkpoint, train, tmp_path / "run", *more)
     assert r.returncode == 0, r.stderr[-2000:]
     assert loads == ["gold", "load"] and encoded.count(12) == 1, (loads, encoded)
+
+
+@pytest.mark.usefixtures("hub_cache")
+@pytest.mark.parametrize("command", ["sft", "grpo"])
+def test_a_training_command_on_a_cached_hub_model_probes_the_hub_once(command, tmp_path, run_cli, monkeypatch):
+    """Without HF_HUB_OFFLINE, dgrpo sft / grpo probed the hub for the model's files before its weights load (the
+    checks of the context) and again for the load: on a network that drops packets, the probe's timeout (3 s) twice.
+    One probe now; its answer (unreachable: the cache) holds for both."""
+    from dgrpo import hub
+    from dgrpo.training import grpo, sft
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    probes: list[tuple[str, int]] = []
+    monkeypatch.setattr(hub, "_connects", lambda host, port, timeout: probes.append((host, port)) and False)
+    trained: list[str] = []  # (the trainer is not under test: what reaches it is the model the start loaded)
+    monkeypatch.setattr(sft, "train_sft", lambda lm, *a, **k: trained.append(lm.name_or_path))
+    monkeypatch.setattr(grpo, "train_grpo", lambda lm, *a, **k: trained.append(lm.name_or_path))
+    r = run_cli(command, "--init", REPO, *tiny_args(**{"data.test": "[]"}), "--out", tmp_path / "run")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert trained == [REPO] and len(probes) == 1, (trained, probes)

@@ -352,7 +352,16 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     :func:`~dgrpo.training.resume_check.check_resume_config`; OUT's lock is taken first, on rank 0, and held to the
     run's end: :func:`holding_out`; a test set or a GRPO training question too long for the context is refused from
     the model's tokenizer and config.json before its weights load: :func:`check_fits_before_training`; GRPO's reward
-    is called on gold answers then too: :func:`~dgrpo.training.grpo.checked_rewards`)."""
+    is called on gold answers then too: :func:`~dgrpo.training.grpo.checked_rewards`). The hub is probed once for
+    the data and the model (a hub id's files are looked up before the weights load, and again by the load)."""
+    from ..hub import one_probe
+
+    with one_probe():
+        return read_run(args)
+
+
+def read_run(args: argparse.Namespace) -> Setting:
+    """:func:`set_up_run`'s work."""
     from ..config import ConfigError, to_dict
     from ..data import training_split
     from ..eval.evaluate import eval_options
