@@ -323,3 +323,22 @@ def test_sweep_values_the_run_makes_absolute_are_taken_as_given(tmp_path: Path, 
     assert cfg.grpo.reward == f"{tmp_path.resolve()}/rew.py:reward"  # (the recorded form differs from the sweep's)
     WandbTracker(tmp_path / "run", config=to_dict(cfg)).close()
     assert len(fake_wandb.runs) == 1
+
+
+def test_a_sweep_run_without_the_sweeps_values_is_refused_before_the_model_loads(
+    tmp_path: Path, fake_wandb, monkeypatch, run_cli, sft_checkpoint
+) -> None:
+    """The tracker's refusal came once the model had loaded (minutes for a 1.5B model, in every run of the sweep):
+    ``dgrpo grpo`` makes the same check with its config, before the weights load and before anything is written."""
+    from dgrpo.model import latent_lm
+
+    from conftest import tiny_args
+
+    loaded: list[str] = []
+    load = latent_lm.load_hf_model
+    monkeypatch.setattr(latent_lm, "load_hf_model", lambda *a, **kw: loaded.append("load") or load(*a, **kw))
+    _sweep(tmp_path, monkeypatch, {"grpo.lr": 3e-6})
+    out = tmp_path / "run"
+    r = run_cli("grpo", "--init", sft_checkpoint, *tiny_args(), "--set", "logging.backends=[wandb]", "--out", out)
+    assert r.returncode == 2 and "W&B sweep sw33p sets grpo.lr=3e-06, but this run's grpo.lr is " in r.stderr
+    assert loaded == [] and fake_wandb.kwargs == [] and not out.exists()

@@ -373,7 +373,7 @@ def read_run(args: argparse.Namespace) -> Setting:
     from ..training.model_record import record_the_models_shape
     from ..training.out_dir import check_config_writes, take_run_dir
     from ..training.resume_check import check_owned, check_resume_config, check_resume_data
-    from ..training.tracking import check_installed
+    from ..training.tracking import check_installed, check_sweep_parameters
 
     if not args.resume.strip():  # (an empty PATH was read as the working directory)
         raise ConfigError("--resume is empty: auto, never, or a checkpoint directory")
@@ -395,6 +395,8 @@ def read_run(args: argparse.Namespace) -> Setting:
     check_config_writes(args.out, to_dict(cfg), args.cmd, args.resume)
     check_test_sets_distinct(cfg)
     check_installed(cfg.logging.backends)
+    if "wandb" in cfg.logging.backends:  # (a W&B sweep's values not passed as --set: refused before the model loads)
+        check_sweep_parameters(to_dict(cfg), warn=False)
     reward = None
     if args.cmd == "grpo":  # (a plug-in kind or reward that cannot be built fails here, before the data and the model)
         from ..perturbation import make_perturbation

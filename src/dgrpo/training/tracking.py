@@ -262,14 +262,15 @@ def _holds(recorded: Any, swept: Any) -> bool:
     return False
 
 
-def check_sweep_parameters(config: dict) -> None:
+def check_sweep_parameters(config: dict, warn: bool = True) -> None:
     """Under a W&B sweep agent (``WANDB_SWEEP_ID``), each sweep parameter that names a dgrpo option must hold the
     sweep's value in ``config`` (the run's, as resolved): dgrpo takes options from ``--config`` and ``--set`` only,
     not from ``wandb.config``, so a sweep whose command does not pass its parameters (``--set
     ${args_no_hyphens}``) trained the same config in every run, each recorded in W&B under the sweep's values.
     Such a run is refused in one line; a parameter that names no dgrpo option is a warning (dgrpo does not use it).
     The value is read as ``--set NAME=VALUE`` reads what ``${args_no_hyphens}`` writes; a text option the run made
-    absolute (a path, a reward's file) is taken as holding it (:func:`_holds`)."""
+    absolute (a path, a reward's file) is taken as holding it (:func:`_holds`). ``warn=False``: the refusal alone
+    (``dgrpo sft/grpo`` check before the model loads; the tracker's own check warns)."""
     params = _sweep_parameters()
     if not params:
         return
@@ -293,7 +294,7 @@ def check_sweep_parameters(config: dict) -> None:
                 f"W&B sweep {os.environ['WANDB_SWEEP_ID']} sets {name}={value}, {got}: dgrpo does not read "
                 "wandb.config; end the sweep's command with --set ${args_no_hyphens} (README: W&B sweeps)"
             )
-    if unknown:
+    if unknown and warn:
         warnings.warn(
             f"W&B sweep parameter(s) {', '.join(unknown)} name no dgrpo option: dgrpo does not use them (name a "
             "parameter by its dgrpo key, grpo.lr, and end the sweep's command with --set ${args_no_hyphens})",
