@@ -336,7 +336,12 @@ def test_a_sweep_run_without_the_sweeps_values_is_refused_before_the_model_loads
 
     loaded: list[str] = []
     load = latent_lm.load_hf_model
-    monkeypatch.setattr(latent_lm, "load_hf_model", lambda *a, **kw: loaded.append("load") or load(*a, **kw))
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        loaded.append("load")
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(latent_lm, "load_hf_model", counted)
     _sweep(tmp_path, monkeypatch, {"grpo.lr": 3e-6})
     out = tmp_path / "run"
     r = run_cli("grpo", "--init", sft_checkpoint, *tiny_args(), "--set", "logging.backends=[wandb]", "--out", out)
