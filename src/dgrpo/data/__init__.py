@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import difflib
+from pathlib import Path
 from typing import Any
 
-from ..paths import expand_home
-from .loaders import DATASETS, canonical_name, column_parser, is_dataset_name, load_dataset, reads_from_the_hub
+from ..paths import expand_home, where_read
+from ..text import first_items
+from .loaders import (
+    DATASETS,
+    FILE_SUFFIXES,
+    canonical_name,
+    column_parser,
+    is_dataset_name,
+    load_dataset,
+    names_a_file,
+    reads_from_the_hub,
+)
 from .records import DataError, Record, shared_questions, warn_if_marker_text, with_columns
 from .synthetic import load_builtin
 from .tables import hf_folder_splits, is_hf_folder
@@ -122,12 +134,53 @@ def _load_spec(spec: str, task, split: str | None, data, held_out: bool) -> list
         parts = join_parts(spec)
         if not all(parts):  # ('a+' dropped the empty part, '+' gave no records at all)
             raise DataError(f"{spec!r}: an empty part between '+' signs; join dataset names as in gsm_hard+svamp")
+        check_files_exist(spec, parts)
         return [r for part in parts for r in _load_spec(part, task, split, data, held_out)]
     if spec.startswith("builtin"):
         return load_builtin(spec, split, task)
     spec, _, query = spec.partition("?")
     name, _, in_name = spec.partition(":")
     return load_dataset(name, split or in_name or None, columns=columns, config=_hub_config(query, spec))
+
+
+def check_files_exist(spec: str, parts: list[str]) -> None:
+    """Before any part of a ``+``-joined spec is read, a DataError for the first part meant as a local file (a data
+    file's extension, a leading ``.``, ``/`` or ``~``) that names none, naming it, and, where the parts before it name
+    nothing local or built-in either, the file their pieces joined would be: ``my+dta.jsonl``, a typo of the file
+    ``my+data.jsonl``, was read as the hub dataset ``my`` joined with ``dta.jsonl``, and failed on ``my`` ('unknown
+    dataset', or the hub unreached) without naming the file; ``gsm8k+my_trian.jsonl`` read GSM8K before failing. The
+    data files in its folder that it likely meant are named (all of them when none is close)."""
+    run: list[str] = []  # (the parts before this one that name nothing local or built-in)
+    for part in parts:
+        head = part.partition("?")[0].partition(":")[0]
+        if local_path(part) is not None or part.startswith("builtin") or is_dataset_name(head):
+            run = []
+            continue
+        if not names_a_file(head):
+            run.append(part)
+            continue
+        joined = "+".join([*run, head])
+        where = where_read(expand_home(head))
+        if not run:
+            raise DataError(f"{spec}: its part {head} names no file{where}{_files_like(expand_home(head))}")
+        raise DataError(
+            f"{spec}: no file {joined}{where}; read as datasets joined by '+', {head} is no file either and "
+            f"{first_items(run, 3)} no local file or built-in dataset{_files_like(expand_home(joined))}"
+        )
+
+
+def _files_like(path: Path) -> str:
+    """The data files beside ``path`` (in its folder) as a message's clause: those whose names are close to its name
+    (``; did you mean ...?``), else all of them (``; its folder holds ...``, the first 4); '' when its folder holds
+    none or is none."""
+    try:
+        found = sorted(p.name for p in path.parent.iterdir() if p.suffix.lower() in FILE_SUFFIXES and p.is_file())
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(path.name, found, n=3, cutoff=0.8)
+    if close:
+        return f"; did you mean {first_items([str(path.parent / name) for name in close], 3)}?"
+    return f"; its folder holds {first_items([str(path.parent / name) for name in found], 4)}" if found else ""
 
 
 def _hub_config(query: str, spec: str) -> str | None:

@@ -1,0 +1,97 @@
+"""A researcher's own data at its edges: data specs joined by '+' whose file part is mistyped."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dgrpo.data import load_spec
+from dgrpo.data.records import DataError
+
+ROW = json.dumps({"question": "What is 2+2?", "answer": "2+2=4\n#### 4"}) + "\n"
+
+
+def _hub_refused(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The hub datasets asked for (none may be: each ask is refused, and noted)."""
+    asked: list[str] = []
+
+    def refuse(name: str, *args: object, **kwargs: object) -> None:
+        asked.append(name)
+        raise AssertionError(f"the hub was asked for {name!r}")
+
+    monkeypatch.setattr("dgrpo.data.loaders._load_from_hub", refuse)
+    return asked
+
+
+def test_a_mistyped_file_whose_name_holds_a_plus_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``my+dta.jsonl``, a typo of the file ``my+data.jsonl``, was read as the dataset ``my`` joined with
+    ``dta.jsonl`` and failed on ``my``, looked up on the hub ('unknown dataset 'my'', or the hub unreached), naming
+    neither the file nor the typo. Now one line names the file it is not, the part that names no file, and the file
+    beside it that it likely meant; the hub is not asked."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my+data.jsonl").write_text(ROW)
+    asked = _hub_refused(monkeypatch)
+    with pytest.raises(DataError) as info:
+        load_spec("my+dta.jsonl")
+    said = str(info.value)
+    assert said.startswith("my+dta.jsonl: no file my+dta.jsonl (a relative path is read from the working directory")
+    assert "dta.jsonl is no file either and my no local file or built-in dataset" in said
+    assert said.endswith("; did you mean my+data.jsonl?")
+    assert "\n" not in said and asked == []
+    assert len(load_spec("my+data.jsonl")) == 1  # (the file as named)
+
+
+def test_a_mistyped_part_is_refused_before_any_part_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A part meant as a file (a data file's extension) that names none is refused, naming it, before the parts
+    before it are read (``gsm8k+my_trian.csv`` read GSM8K, from the hub where there is no local copy, then failed)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_train.csv").write_text("question,answer\nWhat is 2+2?,4\n")
+    read: list[str] = []
+    monkeypatch.setattr("dgrpo.data._load_spec", _noting(read))
+    with pytest.raises(DataError) as info:
+        load_spec("gsm8k+my_trian.csv")
+    assert str(info.value) == (
+        "gsm8k+my_trian.csv: its part my_trian.csv names no file (a relative path is read from the working directory, "
+        f"{tmp_path}); did you mean my_train.csv?"
+    )
+    assert read == ["gsm8k+my_trian.csv"]  # (the whole spec, then no part of it)
+
+
+def _noting(read: list[str]) -> Callable[..., Any]:
+    """dgrpo.data._load_spec, noting each spec it is given."""
+    import dgrpo.data
+
+    real = dgrpo.data._load_spec
+
+    def noted(spec: str, *args: Any) -> Any:
+        read.append(spec)
+        return real(spec, *args)
+
+    return noted
+
+
+def test_a_missing_part_in_a_folder_names_its_files(tmp_path: Path) -> None:
+    """A missing part with no file of a close name beside it: its folder's data files are named (an absolute path
+    is not said to be read from the working directory)."""
+    (tmp_path / "train.jsonl").write_text(ROW)
+    (tmp_path / "notes.md").write_text("not data")
+    spec = f"{tmp_path}/train.jsonl+{tmp_path}/eval_set.jsonl"
+    with pytest.raises(DataError) as info:
+        load_spec(spec)
+    said = f"{spec}: its part {tmp_path}/eval_set.jsonl names no file; its folder holds {tmp_path}/train.jsonl"
+    assert str(info.value) == said
+
+
+def test_joined_specs_that_exist_still_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check refuses nothing that reads: files, a file whose name holds a '+', the built-in task, in any order."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.jsonl").write_text(ROW)
+    (tmp_path / "b+c.jsonl").write_text(ROW + ROW)
+    assert len(load_spec("a.jsonl+b+c.jsonl")) == 3
+    assert len(load_spec("b+c.jsonl+a.jsonl")) == 3
+    n = len(load_spec("builtin:test"))
+    assert len(load_spec("a.jsonl+builtin:test")) == n + 1
