@@ -1,4 +1,5 @@
-"""A researcher's own data at its edges: data specs joined by '+' whose file part is mistyped."""
+"""A researcher's own data at its edges: data specs joined by '+' whose file part is mistyped, bytes that are not
+UTF-8 named by their line and byte."""
 
 from __future__ import annotations
 
@@ -95,3 +96,31 @@ def test_joined_specs_that_exist_still_read(tmp_path: Path, monkeypatch: pytest.
     assert len(load_spec("b+c.jsonl+a.jsonl")) == 3
     n = len(load_spec("builtin:test"))
     assert len(load_spec("a.jsonl+builtin:test")) == n + 1
+
+
+def test_a_csv_files_bytes_that_are_not_utf8_are_named_by_line_and_byte(tmp_path: Path) -> None:
+    """A spreadsheet's Latin-1 export read as UTF-8: the line and the byte where it first fails, from the file's start.
+    The byte was counted from the start of the chunk the text reader was decoding (byte 4583 for 397799) and no line
+    was named."""
+    rows = "".join(f"question {i},{i}\n" for i in range(20_000))
+    data = ("question,answer\n" + rows + "caf\xe9,4\n").encode("latin-1")
+    path = tmp_path / "export.csv"
+    path.write_bytes(data)
+    with pytest.raises(DataError) as info:
+        load_spec(str(path))
+    at = data.index(b"\xe9")
+    assert str(info.value) == f"{path} line 20002: not valid UTF-8 (byte {at}); save the file as UTF-8"
+
+
+@pytest.mark.parametrize("name", ["rows.jsonl", "rows.csv"])
+def test_a_bad_byte_after_a_byte_order_mark_is_named_on_its_own_line(tmp_path: Path, name: str) -> None:
+    """In a file that starts with a byte-order mark (as Windows editors save UTF-8), a bad byte on line 2 is on line
+    2, at its byte from the file's start: JSON's was counted after the mark, 3 bytes short, and named line 1 when the
+    newline before it was among those 3 bytes."""
+    first = '{"question": "q", "answer": "4"}' if name.endswith("jsonl") else "question,answer"
+    data = b"\xef\xbb\xbf" + first.encode() + b"\n\xff\n"
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(DataError) as info:
+        load_spec(str(tmp_path / name))
+    said = f"{tmp_path / name} line 2: not valid UTF-8 (byte {len(data) - 2}); save the file as UTF-8"
+    assert str(info.value) == said

@@ -48,6 +48,7 @@ from .tables import (
     CsvTable,
     dataset_rows,
     is_hf_folder,
+    not_utf8,
     read_csv_lines,
     read_hf_folder,
     read_parquet,
@@ -312,8 +313,7 @@ def _read_text(path: Path) -> str:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise DataError(f"{path} line {line}: not valid UTF-8 (byte {exc.start})") from None
+        raise not_utf8(path, data) or DataError(f"{path}: not UTF-8 text ({exc.reason})") from None
     if "\n" not in text:  # (lines ended by CR alone, classic Mac OS: a JSONL file was 'line 1: ... (Extra data)')
         text = text.replace("\r", "\n")
     return text
