@@ -124,3 +124,17 @@ def test_a_bad_byte_after_a_byte_order_mark_is_named_on_its_own_line(tmp_path: P
         load_spec(str(tmp_path / name))
     said = f"{tmp_path / name} line 2: not valid UTF-8 (byte {len(data) - 2}); save the file as UTF-8"
     assert str(info.value) == said
+
+
+def test_a_row_without_the_cot_field_among_gsm8k_aug_rows_is_said_to_lack_it(tmp_path: Path) -> None:
+    """A ``{question, answer}`` row after ``{question, cot, answer}`` rows (a file whose later rows lost their ``cot``):
+    'missing field', with the row's fields, not 'is empty (null)' as if the file held ``"cot": null``."""
+    rows = [{"question": "q", "cot": "<<2+2=4>>", "answer": "4"}, {"question": "q2", "answer": "5"}]
+    path = tmp_path / "aug.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(DataError) as info:
+        load_spec(str(path))
+    assert str(info.value) == f"{path} line 2: missing field 'cot'; the row's fields: 'question', 'answer'"
+    path.write_text(json.dumps(rows[0]) + "\n" + json.dumps({**rows[1], "cot": None}) + "\n")
+    with pytest.raises(DataError, match=r"line 2: field 'cot' is empty \(null\)$"):
+        load_spec(str(path))

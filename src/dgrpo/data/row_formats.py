@@ -265,7 +265,7 @@ def _row_question_answer(row: dict[str, Any]) -> Record:
 def _row_question_cot_answer(row: dict[str, Any]) -> Record:
     """GSM8K-Aug as published on the hub (e.g. ``whynlp/gsm8k-aug``): ``cot`` is ``<<e1>> <<e2>> ...``."""
     question = _text_field(row, "question")
-    cot = row.get("cot")
+    cot = _field(row, "cot")  # (a row without it among rows with it: it was 'field 'cot' is empty (null)')
     if cot is None:
         raise _NoValue("field 'cot'")
     if not isinstance(cot, str):
