@@ -138,3 +138,32 @@ def test_a_row_without_the_cot_field_among_gsm8k_aug_rows_is_said_to_lack_it(tmp
     path.write_text(json.dumps(rows[0]) + "\n" + json.dumps({**rows[1], "cot": None}) + "\n")
     with pytest.raises(DataError, match=r"line 2: field 'cot' is empty \(null\)$"):
         load_spec(str(path))
+
+
+@pytest.mark.parametrize(("name", "blank"), [("rows.jsonl", ""), ("rows.json", "\n\n"), ("later.jsonl", None)])
+def test_objects_written_over_several_lines_are_said_to_be(tmp_path: Path, name: str, blank: str | None) -> None:
+    """Rows written with ``json.dump(row, f, indent=2)`` one after another: the lines of the first such object, and
+    what a JSON Lines file holds. A .jsonl file's was 'line 1: invalid JSON (Expecting property name enclosed in
+    double quotes, column 2)', a .json file's 'line 5: invalid JSON (Extra data, column 1)'."""
+    rows = [{"question": "What is 2+2?", "answer": "4"}, {"question": "What is 3+3?", "answer": "6"}]
+    if blank is None:  # (the first row on one line, the next spread: from line 2)
+        text, first = json.dumps(rows[0]) + "\n" + json.dumps(rows[1], indent=2) + "\n", 2
+    else:
+        text, first = blank + "".join(json.dumps(row, indent=2) + "\n" for row in rows), 1 + blank.count("\n")
+    (tmp_path / name).write_text(text)
+    with pytest.raises(DataError) as info:
+        load_spec(str(tmp_path / name))
+    assert str(info.value) == (
+        f"{tmp_path / name} lines {first}-{first + 3}: one JSON object written over several lines; JSON Lines holds "
+        "one object per line (json.dumps(row), no indent), or give the rows as one JSON list in a .json file"
+    )
+
+
+def test_json_that_is_only_invalid_keeps_its_own_line(tmp_path: Path) -> None:
+    """An object cut short over several lines, or a truncated line, is invalid JSON at its line, as before."""
+    (tmp_path / "cut.jsonl").write_text('{\n "question": "q",\n')
+    with pytest.raises(DataError, match=r"cut\.jsonl line 1: invalid JSON \(Expecting property name"):
+        load_spec(str(tmp_path / "cut.jsonl"))
+    (tmp_path / "end.jsonl").write_text('{"question": "q", "answer": "4"}\n{"question": "q2", "ans')
+    with pytest.raises(DataError, match=r"end\.jsonl line 2: invalid JSON \(Unterminated string"):
+        load_spec(str(tmp_path / "end.jsonl"))

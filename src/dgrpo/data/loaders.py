@@ -131,15 +131,46 @@ def _warn_repeated_keys(path: Path, repeated: list[str]) -> None:
 
 def _parse_jsonl(path: Path, text: str, parser: RowParser | None) -> list[Record]:
     repeated: list[str] = []
-    rows = ((f"line {n}", _json_value(path, f"line {n}", line, repeated)) for n, line in _lines(text))
+    rows = ((f"line {n}", _json_line(path, n, line, text, repeated)) for n, line in _lines(text))
     records = _rows_to_records(path, rows, parser)
     _warn_repeated_keys(path, repeated)
     return records
 
 
+def _json_line(path: Path, n: int, line: str, text: str, repeated: list[str]) -> Any:
+    """Line ``n`` of a JSON Lines ``text`` parsed; one that opens an object written over several lines says so
+    (:func:`_spread_object`)."""
+    try:
+        return _json_value(path, f"line {n}", line, repeated)
+    except DataError as refused:
+        raise _spread_object(path, text, n) or refused from None
+
+
+def _spread_object(path: Path, text: str, n: int) -> DataError | None:
+    """The DataError for JSON objects written over several lines, one after another, from line ``n`` of ``text`` (a
+    file written with ``json.dump(row, f, indent=2)`` per row, in a .jsonl file or a .json one); None when line ``n``
+    opens no such object. They were 'line 1: invalid JSON (Expecting property name enclosed in double quotes, column
+    2)', or, in a .json file, 'line 5: invalid JSON (Extra data, column 1)'."""
+    rest = "\n".join(text.split("\n")[n - 1 :]).lstrip()
+    try:
+        value, end = json.JSONDecoder().raw_decode(rest)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict) or "\n" not in rest[:end]:
+        return None
+    return DataError(
+        f"{path} lines {n}-{n + rest[:end].count(chr(10))}: one JSON object written over several lines; JSON Lines "
+        "holds one object per line (json.dumps(row), no indent), or give the rows as one JSON list in a .json file"
+    )
+
+
 def _parse_json_list(path: Path, text: str, parser: RowParser | None) -> list[Record]:
     repeated: list[str] = []
-    data = _json_value(path, "", text, repeated)
+    try:
+        data = _json_value(path, "", text, repeated)
+    except DataError as refused:  # (objects, one after another, each written over several lines: which line opens)
+        first = text[: len(text) - len(text.lstrip())].count("\n") + 1
+        raise (_spread_object(path, text, first) if text.lstrip()[:1] == "{" else None) or refused from None
     _warn_repeated_keys(path, repeated)
     if isinstance(data, dict):  # tolerate {"data": [...]} wrappers
         inner = data.get("data")
