@@ -167,3 +167,20 @@ def test_json_that_is_only_invalid_keeps_its_own_line(tmp_path: Path) -> None:
     (tmp_path / "end.jsonl").write_text('{"question": "q", "answer": "4"}\n{"question": "q2", "ans')
     with pytest.raises(DataError, match=r"end\.jsonl line 2: invalid JSON \(Unterminated string"):
         load_spec(str(tmp_path / "end.jsonl"))
+
+
+def test_a_text_answer_after_gsm8ks_marker_is_refused_saying_how_to_read_it(tmp_path: Path) -> None:
+    """A file's own GSM8K-style rows with a text gold (``#### 50%``) are refused in GSM8K's format, which needs a
+    number; the line says how to read it as text (the columns named), which reads it so."""
+    from dgrpo.config import DataConfig
+
+    path = tmp_path / "pct.jsonl"
+    path.write_text(json.dumps({"question": "What share is 1 of 2?", "answer": "1/2 = 50%\n#### 50%"}) + "\n")
+    with pytest.raises(DataError) as info:
+        load_spec(str(path))
+    assert str(info.value) == (
+        f"{path} line 1: final answer after '####' must be a number, got '50%' (GSM8K's format); to read a text "
+        "answer after '####', name the columns: --set data.question_key=question data.answer_key=answer"
+    )
+    (record,) = load_spec(str(path), data=DataConfig(question_key="question", answer_key="answer"))
+    assert record.answer == "50%" and record.meta["solution"] == "1/2 = 50%\n#### 50%"

@@ -251,7 +251,15 @@ def _row_question_answer(row: dict[str, Any]) -> Record:
     """Plain ``{question, answer}`` rows: GSM8K style when the answer has ``####``, else the answer as is; any other
     field goes to ``meta``, as in every row format that is no particular dataset's."""
     if isinstance(row.get("answer"), str) and "####" in row["answer"]:
-        return _row_gsm8k(row)
+        try:
+            return _row_gsm8k(row)
+        except _RowError as exc:
+            if "after '####' must be a number" not in str(exc):
+                raise
+            raise _RowError(  # (a file's own text golds, '#### 50%': it said only that they must be numbers)
+                f"{exc} (GSM8K's format); to read a text answer after '####', name the columns: --set "
+                "data.question_key=question data.answer_key=answer"
+            ) from None
     question = _text_field(row, "question")
     meta = _other_fields(row, "question", "answer")
     number = _json_number_answer(row)
