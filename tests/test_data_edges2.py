@@ -196,3 +196,17 @@ def test_what_follows_a_completions_number_is_not_read_as_the_readme_says() -> N
     assert score("#### 50%", "50%") == 1.0 and score("#### 50 %", "50%") == 0.0
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "`#### 50%` and `The answer is 12 kg.` answer 50 and 12" in " ".join(readme.split())
+
+
+@pytest.mark.parametrize("separator", [";", "\t"])
+def test_a_csv_file_of_another_separator_is_asked_about_without_a_mapping(tmp_path: Path, separator: str) -> None:
+    """A spreadsheet's CSV saved with ``;`` (many locales) or tabs is one column, ``question;answer``: read by its
+    keys, the line listed the known formats without the question a mapped read already asks."""
+    path = tmp_path / "rows.csv"
+    path.write_text(f"question{separator}answer\nWhat is 2+2?{separator}4\n")
+    with pytest.raises(DataError) as info:
+        load_spec(str(path))
+    keys = "question;answer" if separator == ";" else "question\\tanswer"  # (escaped: one line)
+    assert str(info.value).startswith(
+        f"{path} line 2: unrecognised record keys ({keys}) (one column: is the file comma-separated?); expected one of"
+    )

@@ -38,11 +38,17 @@ def _field(row: dict[str, Any], key: str, option: str = "") -> Any:
     if key not in row:
         named = f" ({option})" if option else ""
         columns = [str(k) for k in row]
-        one = columns[0] if len(columns) == 1 else ""
-        apart = " (one column: is the file comma-separated?)" if any(c in one for c in ";\t|") else ""
+        apart = _one_column_hint(columns)
         shown = ", ".join(repr(c[:40]) for c in columns[:12]) + (", ..." if len(columns) > 12 else "")
         raise _RowError(f"missing field {key!r}{named}; the row's fields: {shown or 'none'}{apart}")
     return row[key]
+
+
+def _one_column_hint(columns: list[str]) -> str:
+    """`` (one column: is the file comma-separated?)`` for a row of one column whose name holds a ``;``, a tab or a
+    ``|`` (a CSV file written with another separator, as spreadsheets in many locales save it), else ''."""
+    one = columns[0] if len(columns) == 1 else ""
+    return " (one column: is the file comma-separated?)" if any(c in one for c in ";\t|") else ""
 
 
 def _text_field(row: dict[str, Any], key: str, *, strip: bool = True, allow_empty: bool = False) -> str:
@@ -307,9 +313,10 @@ def _detect_row_parser(row: Any) -> RowParser:
     parser = _known_row_parser(row)
     if parser is not None:
         return parser
+    one_column = _one_column_hint([str(k) for k in row])  # (a CSV file of another separator)
     raise _RowError(
-        f"unrecognised record keys ({_shown_keys(row)}); expected one of: {_KNOWN_ROW_FORMATS}; or name your columns "
-        "with data.question_key and data.answer_key (from Python: dgrpo.load_dataset(path, "
+        f"unrecognised record keys ({_shown_keys(row)}){one_column}; expected one of: {_KNOWN_ROW_FORMATS}; or name "
+        "your columns with data.question_key and data.answer_key (from Python: dgrpo.load_dataset(path, "
         f"data=dgrpo.config.DataConfig(question_key=..., answer_key=...))){_trl_columns_hint(row)}"
     )
 
