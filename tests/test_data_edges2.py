@@ -210,3 +210,20 @@ def test_a_csv_file_of_another_separator_is_asked_about_without_a_mapping(tmp_pa
     assert str(info.value).startswith(
         f"{path} line 2: unrecognised record keys ({keys}) (one column: is the file comma-separated?); expected one of"
     )
+
+
+def test_a_csv_cell_longer_than_the_csv_modules_limit_is_read(tmp_path: Path) -> None:
+    """A cell of 200,000 characters (a reasoning model's long solution beside its answer): read whole, as a JSON Lines
+    file holds it; it was 'not a readable CSV file (field larger than field limit (131072))'. The csv module's limit,
+    the process's, is as it was after the read."""
+    import csv
+
+    from dgrpo.config import DataConfig
+
+    before = csv.field_size_limit()
+    solution = "Step. " * 40_000 + "#### 4"
+    path = tmp_path / "long.csv"
+    path.write_text(f'question,solution\nWhat is 2+2?,"{solution}"\n')
+    (record,) = load_spec(str(path), data=DataConfig(question_key="question", answer_key="solution"))
+    assert record.answer == "4" and record.meta["solution"] == solution
+    assert csv.field_size_limit() == before

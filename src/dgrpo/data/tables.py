@@ -54,7 +54,7 @@ def read_csv_lines(path: Path) -> CsvTable:
     lines are skipped, as csv.DictReader does; csv.reader is read directly because DictReader skips them out of
     sight, and its line_num then names a line before the row."""
     try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f, _cells_of_any_length():
             reader = csv.reader(f)
             header = next(reader, None)
             while header == []:  # (blank lines above the header, which pandas skips too: 'no header line')
@@ -74,6 +74,22 @@ def read_csv_lines(path: Path) -> CsvTable:
         raise not_utf8(path, path.read_bytes()) or DataError(f"{path}: not UTF-8 text ({e.reason})") from None
     except csv.Error as e:
         raise DataError(f"{path}: not a readable CSV file ({e})") from None
+
+
+#: the longest cell :func:`read_csv_lines` reads: C's 32-bit long (the csv module's own limit, 131072 characters,
+#: refused a file holding a long solution, a reasoning model's trace of 30k tokens, which JSON Lines holds as it is)
+CSV_CELL_LIMIT = 2**31 - 1
+
+
+@contextmanager
+def _cells_of_any_length() -> Iterator[None]:
+    """The csv module's field size limit raised to :data:`CSV_CELL_LIMIT` inside the block, restored after it (it is
+    the process's)."""
+    before = csv.field_size_limit(CSV_CELL_LIMIT)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(before)
 
 
 def not_utf8(path: Path, data: bytes) -> DataError | None:
