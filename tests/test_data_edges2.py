@@ -227,3 +227,12 @@ def test_a_csv_cell_longer_than_the_csv_modules_limit_is_read(tmp_path: Path) ->
     (record,) = load_spec(str(path), data=DataConfig(question_key="question", answer_key="solution"))
     assert record.answer == "4" and record.meta["solution"] == solution
     assert csv.field_size_limit() == before
+
+
+def test_a_csv_row_longer_than_its_header_is_named_as_every_other_row_is(tmp_path: Path) -> None:
+    """'<file> line N: ...', as every other row's problem is named (it was '<file>: line N: ...')."""
+    path = tmp_path / "rows.csv"
+    path.write_text("question,answer\nWhat is 2+2?,4\nWhat is 1,000+1?,1001\n")
+    with pytest.raises(DataError) as info:
+        load_spec(str(path))
+    assert str(info.value).startswith(f"{path} line 3: 3 cells, more than the header's 2 columns")

@@ -120,7 +120,7 @@ def _row(path: Path, header: list[str], cells: list[str], line: int) -> dict[str
     row longer than the header is a DataError: DictReader kept its extra cells under the key None."""
     if len(cells) > len(header):
         raise DataError(
-            f"{path}: line {line}: {len(cells)} cells, more than the header's {len(header)} columns "
+            f"{path} line {line}: {len(cells)} cells, more than the header's {len(header)} columns "
             "(a value with a comma needs quotes)"
         )
     return dict(zip_longest(header, cells))
