@@ -236,3 +236,20 @@ def test_a_csv_row_longer_than_its_header_is_named_as_every_other_row_is(tmp_pat
     with pytest.raises(DataError) as info:
         load_spec(str(path))
     assert str(info.value).startswith(f"{path} line 3: 3 cells, more than the header's 2 columns")
+
+
+def test_a_mistyped_training_file_whose_name_holds_a_plus_is_named_as_typed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """data.train reads a hub name's train split, so ``my+dta.jsonl`` is read as ``my:train+dta.jsonl``: the file it
+    is not is still ``my+dta.jsonl`` (it was 'no file my:train+dta.jsonl')."""
+    from dgrpo.data import training_split
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my+data.jsonl").write_text(ROW)
+    assert training_split("my+dta.jsonl") == "my:train+dta.jsonl"
+    with pytest.raises(DataError) as info:
+        load_spec(training_split("my+dta.jsonl"))
+    said = str(info.value)
+    assert said.startswith("my:train+dta.jsonl: no file my+dta.jsonl (a relative path is read from the working")
+    assert "and my no local file or built-in dataset; did you mean my+data.jsonl?" in said

@@ -150,14 +150,14 @@ def check_files_exist(spec: str, parts: list[str]) -> None:
     ``my+data.jsonl``, was read as the hub dataset ``my`` joined with ``dta.jsonl``, and failed on ``my`` ('unknown
     dataset', or the hub unreached) without naming the file; ``gsm8k+my_trian.jsonl`` read GSM8K before failing. The
     data files in its folder that it likely meant are named (all of them when none is close)."""
-    run: list[str] = []  # (the parts before this one that name nothing local or built-in)
+    run: list[str] = []  # (the parts before this one that name nothing local or built-in, without a split or config)
     for part in parts:
         head = part.partition("?")[0].partition(":")[0]
         if local_path(part) is not None or part.startswith("builtin") or is_dataset_name(head):
             run = []
             continue
         if not names_a_file(head):
-            run.append(part)
+            run.append(head)  # (as typed: data.train's 'my+dta.jsonl' is read as 'my:train+dta.jsonl')
             continue
         joined = "+".join([*run, head])
         where = where_read(expand_home(head))
