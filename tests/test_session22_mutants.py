@@ -22,12 +22,22 @@ Equivalent mutants (no behaviour tells them apart), left alive:
   parameters in order across groups; ``names.get(id(p), "")`` -> ``"x"``: no weight has either name.
 - checkpoint._check_masters: dropping ``not isinstance(master, torch.Tensor)`` or ``weight.dtype not in
   LOW_PRECISION``: MasterWeightAdamW keeps a master for each low-precision parameter and none for a float32 one.
+- tracking.wandb_run_id: ``store and (run_id != stored or not resume)`` -> ``store and run_id != stored`` or
+  ``store``: without ``resume`` nothing is stored-and-read (``stored`` is ''), and writing the same id again changes
+  nothing. WandbTracker: ``stored = ... if resume else ""`` -> always read, and ``if self.fresh:`` -> ``if True:``
+  (the id stored is the one there, or a run without resume has no kept rows to give); dropping the ``return`` after
+  ``run.log`` failed (``_floor`` is not read once W&B failed).
+- preemption.within_step: ``begun = begun or installed`` -> ``begun = installed``: ``installed`` does not change
+  within a run; sigterm_stops: dropping the reset of ``begun``/``leaving`` on entry (its ``finally`` resets them).
 """
 
 from __future__ import annotations
 
 import math
+import sys
+import types
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -164,3 +174,92 @@ def test_a_reward_just_past_float32s_range_is_refused():
     with pytest.raises(RewardError, match=r"^reward big returned 3\.5e\+38 for row 0 .*past float32's range"):
         call_checked(lambda c, r: [3.5e38] * len(c), "big", _COMPLETIONS, _RECORDS)
     assert call_checked(lambda c, r: [-3.4e38] * len(c), "big", _COMPLETIONS, _RECORDS) == [-3.4e38] * 3
+
+
+def _stand_in_wandb(monkeypatch: pytest.MonkeyPatch, init: Any) -> None:
+    """A ``wandb`` module whose ``init`` is ``init`` (its errors RuntimeError), in place of the real one."""
+    module = types.ModuleType("wandb")
+    module.init = init  # type: ignore[attr-defined]
+    module.errors = types.SimpleNamespace(Error=RuntimeError)  # type: ignore[attr-defined]
+    module.teardown = lambda: None  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "wandb", module)
+
+
+def test_a_stored_run_id_wandb_refuses_names_the_file_not_wandb_run_id(tmp_path, monkeypatch):
+    """A resumed run whose OUT/wandb_run_id holds an id W&B refuses (edited by hand), WANDB_RUN_ID unset: the line
+    names that file, not the variable the user never set. Kills ``"WANDB_RUN_ID" if env("WANDB_RUN_ID") else`` ->
+    ``if True`` in WandbTracker._start."""
+    from dgrpo.config import ConfigError
+    from dgrpo.run_layout import WANDB_ID_FILE
+    from dgrpo.training.tracking import WandbTracker
+
+    def init(**kwargs: Any) -> None:
+        raise RuntimeError(f"Invalid Run ID: {kwargs['id']}; Run ID cannot contain: /")
+
+    _stand_in_wandb(monkeypatch, init)
+    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    (tmp_path / WANDB_ID_FILE).write_text("team/run\n")
+    with pytest.raises(ConfigError, match=rf"^{tmp_path / WANDB_ID_FILE}: W&B refuses the run id 'team/run'"):
+        WandbTracker(tmp_path)
+
+
+def test_wandbs_failure_is_warned_of_by_its_first_line_cut_short(tmp_path, monkeypatch):
+    """``run.log`` raising an error of several lines (a long first one): the warning is one line, the error's first
+    line cut to 300 characters. Kills ``text[0]`` -> ``text[-1]`` and dropping ``[:300]`` in tracking._one_line."""
+    from dgrpo.training.tracking import WandbTracker
+
+    class Run:
+        id, starting_step, offline, disabled, dir = "", 0, True, False, "/nonexistent"
+
+        def log(self, values: dict[str, Any], step: int) -> None:
+            raise ConnectionResetError("x" * 400 + "\nTraceback of the service")
+
+        def finish(self, exit_code: int = 0) -> None:
+            pass
+
+    def init(**kwargs: Any) -> Run:
+        run = Run()
+        run.id = kwargs["id"]
+        return run
+
+    _stand_in_wandb(monkeypatch, init)
+    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    t = WandbTracker(tmp_path)
+    with pytest.warns(UserWarning) as caught:
+        t.log({"loss": 1.0}, 0)
+    t.close()
+    assert t.failed == f"at step 0 (ConnectionResetError: {'x' * 300})"
+    assert "Traceback" not in str(caught[0].message)
+
+
+def test_the_model_without_weights_of_a_run_directory_is_its_final_and_none_for_remote_code(lora_base_dirs, tmp_path):
+    """``--init RUN`` (a run directory) is built without weights from RUN/final, as the load reads it; a model that
+    runs its repository's own code (model.trust_remote_code) is not built so (None: checked once loaded). Kills
+    ``resolve_checkpoint(local)`` -> ``local`` and dropping ``or cfg.model.trust_remote_code`` in
+    cli.common.model_without_weights."""
+    import shutil
+
+    from dgrpo.cli.common import model_without_weights
+    from dgrpo.config import Config
+
+    run = tmp_path / "run"
+    shutil.copytree(lora_base_dirs / "gpt2", run / "final")
+    cfg = Config()
+    lm = model_without_weights(str(run), cfg)
+    assert lm is not None and lm.context_length == model_without_weights(str(run / "final"), cfg).context_length
+    cfg.model.trust_remote_code = True
+    assert model_without_weights(str(run / "final"), cfg) is None
+
+
+def test_the_evaluation_check_counts_its_answer_tokens(lora_base_dirs):
+    """check_evaluation_fits refuses a set whose prompt fits but not with ``max_new_tokens`` answer tokens after it,
+    and takes it with a few. Kills ``max_new_tokens`` -> ``1`` in check_evaluation_fits."""
+    from dgrpo.cli.common import model_without_weights
+    from dgrpo.config import Config, ConfigError
+    from dgrpo.eval.evaluate import check_evaluation_fits
+
+    lm = model_without_weights(str(lora_base_dirs / "gpt2"), Config())
+    records = [Record(question="1 + 2 ?", steps=[], answer="3")]
+    check_evaluation_fits(lm, records, max_new_tokens=8)
+    with pytest.raises(ConfigError, match="does not fit the model's context"):
+        check_evaluation_fits(lm, records, max_new_tokens=lm.context_length)
