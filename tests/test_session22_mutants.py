@@ -263,3 +263,63 @@ def test_the_evaluation_check_counts_its_answer_tokens(lora_base_dirs):
     check_evaluation_fits(lm, records, max_new_tokens=8)
     with pytest.raises(ConfigError, match="does not fit the model's context"):
         check_evaluation_fits(lm, records, max_new_tokens=lm.context_length)
+
+
+@pytest.fixture
+def gpt2_unloaded(lora_base_dirs):
+    """The tiny GPT-2 on disk as dgrpo sft/grpo build it before its weights load."""
+    from dgrpo.cli.common import model_without_weights
+    from dgrpo.config import Config
+
+    return model_without_weights(str(lora_base_dirs / "gpt2"), Config())
+
+
+def test_sfts_last_stage_past_the_context_is_refused_before_the_load_without_test_sets(gpt2_unloaded):
+    """dgrpo sft with no test set: the last stage's thoughts past the context are refused on the model without its
+    weights (train_sft's start check), naming sft.c_thought. Kills dropping check_last_stage_fits from
+    cli.train.check_fits_before_training, and ``final_settings(cfg).n_latent`` -> ``0`` in sft.check_last_stage_fits."""
+    from dgrpo.cli.train import check_fits_before_training
+    from dgrpo.config import ConfigError
+    from dgrpo.training.curriculum import final_settings
+
+    from conftest import tiny_config
+
+    cfg = tiny_config(**{"sft.c_thought": gpt2_unloaded.context_length})
+    assert final_settings(cfg).n_latent >= gpt2_unloaded.context_length
+    with pytest.raises(ConfigError, match=r"sft\.c_thought"):
+        check_fits_before_training(gpt2_unloaded, cfg, "sft", {}, None)
+    check_fits_before_training(gpt2_unloaded, tiny_config(), "sft", {}, None)
+
+
+def test_grpo_n_latent_0_is_no_thoughts_not_the_models_own(gpt2_unloaded):
+    """grpo.n_latent=0 (rollouts without thoughts) is checked as 0, not as the model's own count (which would not
+    fit here). Kills ``cfg.grpo.n_latent >= 0`` -> ``> 0`` in cli.train.check_fits_before_training."""
+    from dataclasses import replace
+
+    from dgrpo.cli.train import check_fits_before_training
+    from dgrpo.config import ConfigError
+
+    from conftest import tiny_config
+
+    gpt2_unloaded.settings = replace(gpt2_unloaded.settings, n_latent=gpt2_unloaded.context_length)
+    check_fits_before_training(gpt2_unloaded, tiny_config(**{"grpo.n_latent": 0}), "grpo", {}, None)
+    with pytest.raises(ConfigError, match=r"grpo\.n_latent"):
+        check_fits_before_training(gpt2_unloaded, tiny_config(), "grpo", {}, None)
+
+
+def test_sfts_validation_set_is_checked_only_where_sft_validates(gpt2_unloaded):
+    """A validation set too long for the context is refused before the load when SFT validates (each stage or every
+    epoch), not when it does not (it is never answered). Kills dropping ``(cfg.sft.eval_each_stage or
+    cfg.sft.eval_every_epoch)`` in cli.train.check_fits_before_training."""
+    from dgrpo.cli.train import check_fits_before_training
+    from dgrpo.config import ConfigError
+
+    from conftest import tiny_config
+
+    valid = [Record(question="1 + " * 300 + "1 ?", steps=[], answer="301")]
+    off = {"sft.eval_each_stage": "false", "sft.eval_every_epoch": "false", "data.max_question_tokens": 0}
+    check_fits_before_training(gpt2_unloaded, tiny_config(**off), "sft", {}, valid)
+    with pytest.raises(ConfigError, match="does not fit"):
+        check_fits_before_training(
+            gpt2_unloaded, tiny_config(**{**off, "sft.eval_each_stage": "true"}), "sft", {}, valid
+        )
