@@ -323,3 +323,31 @@ def test_sfts_validation_set_is_checked_only_where_sft_validates(gpt2_unloaded):
         check_fits_before_training(
             gpt2_unloaded, tiny_config(**{**off, "sft.eval_each_stage": "true"}), "sft", {}, valid
         )
+
+
+def test_the_part_metrics_are_means_over_numbers_and_shares_of_none():
+    """``reward/<name>`` is each part's mean over the rows that gave a number (None when none did), ``frac_none/<name>``
+    the share of the step's rows it gave None for, logged for a plug-in part only. Kills, in
+    GRPOTrainer._part_metrics, the mean over every row (``given`` -> ``len(values)``), ``if given else None`` dropped,
+    ``len(values) - len(numbers)`` -> ``len(numbers)``, and frac_none for every part."""
+    from types import SimpleNamespace
+
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.grpo import GRPOTrainer
+
+    rewards = Rewards(
+        [
+            RewardPart("numeric", SCORERS["numeric"]),
+            RewardPart("fmt", lambda c, r: [1.0, None, 0.5, None]),
+            RewardPart("never", lambda c, r: [None] * len(c), 0.0),
+        ]
+    )
+    rewards(["#### 0", "#### 1", "#### 9", "x"], [Record(question="q", steps=[], answer=str(i)) for i in range(4)])
+    got = GRPOTrainer._part_metrics(SimpleNamespace(dist=Dist.single(), rewards=rewards), 4)
+    assert got == {
+        "reward/numeric": 0.5,
+        "reward/fmt": 0.75,
+        "frac_none/fmt": 0.5,
+        "reward/never": None,
+        "frac_none/never": 1.0,
+    }
