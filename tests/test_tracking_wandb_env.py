@@ -15,26 +15,10 @@ from typing import Any
 
 import pytest
 from test_tracking import offline_wandb_variables, wandb_env  # noqa: F401 - (wandb_env: the offline W&B fixture)
+from test_tracking_mutants import FakeRun  # (what WandbTracker reads of a wandb.init run)
 
 from dgrpo.config import ConfigError
 from dgrpo.training.tracking import WandbTracker
-
-
-class FakeRun:
-    """What WandbTracker reads of a ``wandb.init`` run, recording each ``log`` and ``finish``."""
-
-    def __init__(self, run_id: str, starting_step: int = 0) -> None:
-        self.id, self.starting_step = run_id, starting_step
-        self.offline, self.disabled = True, False
-        self.dir = "/nonexistent/wandb/offline-run-x/files"
-        self.logged: list[tuple[int, dict[str, Any]]] = []
-        self.finished: list[int] = []
-
-    def log(self, values: dict[str, Any], step: int) -> None:
-        self.logged.append((step, dict(values)))
-
-    def finish(self, exit_code: int = 0) -> None:
-        self.finished.append(exit_code)
 
 
 @pytest.fixture
