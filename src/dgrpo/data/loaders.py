@@ -359,8 +359,8 @@ def _nonempty(path: Path, records: list[Record]) -> list[Record]:
 def _load_file(path: Path, columns: RowParser | None = None) -> list[Record]:
     """Read a data file, its format detected from the extension and content (``columns``: a column mapping)."""
     suffix = path.suffix.lower()
-    if suffix == ".csv":
-        table = read_csv_lines(path)
+    if suffix in (".csv", ".tsv"):
+        table = read_csv_lines(path, "\t" if suffix == ".tsv" else ",")
         return rows_to_records(table.rows, str(path), str(path), columns, csv=table)
     if suffix in (".parquet", ".pq"):
         with hub_lines_held():  # (datasets logged 'Failed to read schema ...' above the DataError of a damaged file)
@@ -379,7 +379,7 @@ def _load_file(path: Path, columns: RowParser | None = None) -> list[Record]:
         records = []
     else:
         raise DataError(
-            f"{path}: unrecognised format; expected .jsonl/.json/.csv/.parquet records or 'question||steps #### "
+            f"{path}: unrecognised format; expected .jsonl/.json/.csv/.tsv/.parquet records or 'question||steps #### "
             "answer' lines"
         )
     return _nonempty(path, records)
@@ -755,8 +755,9 @@ def load_dataset(
       :func:`~dgrpo.data.load_spec`);
     * a path to a data file; its format is detected from the extension and content (jsonl/JSON-list
       records keyed like any format above (a ``.json`` file of JSON Lines too), PAL ``{input, target}`` jsonl,
-      OpenMathInstruct-2 ``{problem, expected_answer}`` jsonl, or GSM8K-Aug ``question||steps #### answer`` lines);
-      a file has no splits: ``split`` with a file path is a DataError;
+      OpenMathInstruct-2 ``{problem, expected_answer}`` jsonl, or GSM8K-Aug ``question||steps #### answer`` lines;
+      CSV, TSV (``.tsv``: CSV with tabs) and parquet tables); a file has no splits: ``split`` with a file path is a
+      DataError;
     * any other name: a Hugging Face hub dataset, read through the optional ``datasets`` package (``config``:
       which of its configs, for a dataset that has several, e.g. ``main`` of ``openai/gsm8k``).
 
@@ -829,7 +830,7 @@ def names_a_file(raw: str) -> bool:
 
 #: the extensions of the data files :func:`load_dataset` reads; a name with one is a path, never a hub dataset (a
 #: missing ``my_train.csv`` was looked up on the hub: 'unknown dataset ...', or a wait for the network)
-FILE_SUFFIXES = (".json", ".jsonl", ".txt", ".csv", ".parquet", ".pq")
+FILE_SUFFIXES = (".json", ".jsonl", ".txt", ".csv", ".tsv", ".parquet", ".pq")
 
 
 def _files_in(folder: Path) -> str:

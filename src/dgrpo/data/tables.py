@@ -47,33 +47,35 @@ class CsvTable(NamedTuple):
     header: list[str]
 
 
-def read_csv_lines(path: Path) -> CsvTable:
+def read_csv_lines(path: Path, delimiter: str = ",") -> CsvTable:
     """The rows of a CSV file with a header line (values are strings; None in a row shorter than the header), the
     file line each row starts on (the header is line 1, or the first line that is not blank; a quoted value may span
     lines) and its cells. A row longer than the header is a DataError (its extra cells had no column name). Blank
     lines are skipped, as csv.DictReader does; csv.reader is read directly because DictReader skips them out of
-    sight, and its line_num then names a line before the row."""
+    sight, and its line_num then names a line before the row. ``delimiter``: a tab for a TSV file (a CSV file
+    of tabs, quoted values too, as pandas' ``read_csv`` with a tab separator reads it)."""
+    kind = "TSV" if delimiter == "\t" else "CSV"
     try:
         with open(path, newline="", encoding="utf-8-sig") as f, _cells_of_any_length():
-            reader = csv.reader(f)
+            reader = csv.reader(f, delimiter=delimiter)
             header = next(reader, None)
             while header == []:  # (blank lines above the header, which pandas skips too: 'no header line')
                 header = next(reader, None)
             if not header:
-                raise DataError(f"{path}: no header line (CSV files need one, naming the columns)")
+                raise DataError(f"{path}: no header line ({kind} files need one, naming the columns)")
             _warn_repeated_columns(path, header)
             table, end = CsvTable([], [], [], header), reader.line_num
             for cells in reader:  # (each record, a blank line's [] too, starts on the line after the last one read)
                 start, end = end + 1, reader.line_num
                 if cells:
-                    table.rows.append(_row(path, header, cells, start))
+                    table.rows.append(_row(path, header, cells, start, delimiter))
                     table.lines.append(start)
                     table.cells.append(len(cells))
             return table
     except UnicodeDecodeError as e:  # (its start counts from the chunk the decoder was given, not the file's start)
         raise not_utf8(path, path.read_bytes()) or DataError(f"{path}: not UTF-8 text ({e.reason})") from None
     except csv.Error as e:
-        raise DataError(f"{path}: not a readable CSV file ({e})") from None
+        raise DataError(f"{path}: not a readable {kind} file ({e})") from None
 
 
 #: the longest cell :func:`read_csv_lines` reads: C's 32-bit long (the csv module's own limit, 131072 characters,
@@ -115,13 +117,14 @@ def _warn_repeated_columns(path: Path, header: list[str]) -> None:
         )
 
 
-def _row(path: Path, header: list[str], cells: list[str], line: int) -> dict[str, Any]:
+def _row(path: Path, header: list[str], cells: list[str], line: int, delimiter: str = ",") -> dict[str, Any]:
     """One row as csv.DictReader makes it (a missing cell is None; a later column of a repeated name wins), but a
     row longer than the header is a DataError: DictReader kept its extra cells under the key None."""
     if len(cells) > len(header):
+        separator = "a tab" if delimiter == "\t" else "a comma"
         raise DataError(
             f"{path} line {line}: {len(cells)} cells, more than the header's {len(header)} columns "
-            "(a value with a comma needs quotes)"
+            f"(a value with {separator} needs quotes)"
         )
     return dict(zip_longest(header, cells))
 

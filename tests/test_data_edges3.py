@@ -1,0 +1,58 @@
+"""A researcher's own data at its edges: TSV files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dgrpo.data import load_spec
+from dgrpo.data.records import DataError
+
+
+def _hub_refused(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The hub datasets asked for (none may be: each ask is refused, and noted)."""
+    asked: list[str] = []
+
+    def refuse(name: str, *args: object, **kwargs: object) -> None:
+        asked.append(name)
+        raise AssertionError(f"the hub was asked for {name!r}")
+
+    monkeypatch.setattr("dgrpo.data.loaders._load_from_hub", refuse)
+    return asked
+
+
+def test_a_tsv_file_is_read_as_csv_with_tabs(tmp_path: Path) -> None:
+    """A ``.tsv`` file (what many exports write) was 'unrecognised format'. It is read as CSV with a tab between
+    cells: a quoted value may hold a tab, and a column mapping names its columns."""
+    path = tmp_path / "rows.tsv"
+    path.write_text('question\tanswer\tsource\n"What is\t2+2?"\t4\tme\nHow many?\t1,000\tyou\n', "utf-8")
+    records = load_spec(str(path))
+    assert [(r.question, r.answer, r.meta["source"]) for r in records] == [
+        ("What is\t2+2?", "4", "me"),
+        ("How many?", "1000", "you"),
+    ]
+
+
+def test_a_tsv_files_bad_row_is_named_by_its_line(tmp_path: Path) -> None:
+    """A row of a TSV file is named by the line it starts on (blank lines and a value over two lines counted), and a
+    row of more cells than the header says a value with a tab needs quotes."""
+    path = tmp_path / "rows.tsv"
+    path.write_text('question\tanswer\n"two\nlines"\t3\n\nq\t\n', "utf-8")
+    with pytest.raises(DataError, match=r"rows\.tsv line 5: .*'answer'"):
+        load_spec(str(path))
+    path.write_text("question\tanswer\nq\t3\nq\tx\t4\n", "utf-8")
+    with pytest.raises(DataError, match=r"rows\.tsv line 3: 3 cells, .* \(a value with a tab needs quotes\)$"):
+        load_spec(str(path))
+
+
+def test_a_missing_tsv_file_is_a_missing_file_not_a_hub_dataset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A missing ``my_train.tsv`` was looked up on the Hugging Face hub ('unknown dataset ...', or a wait for the
+    network): .tsv was no data file's extension."""
+    monkeypatch.chdir(tmp_path)
+    asked = _hub_refused(monkeypatch)
+    with pytest.raises(DataError, match=r"^my_train\.tsv: file not found \(a relative path"):
+        load_spec("my_train.tsv")
+    assert asked == []
