@@ -1,7 +1,8 @@
-"""A researcher's own data at its edges: TSV files."""
+"""A researcher's own data at its edges: TSV files, a mistyped file name alone."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,14 @@ def test_a_missing_tsv_file_is_a_missing_file_not_a_hub_dataset(
     with pytest.raises(DataError, match=r"^my_train\.tsv: file not found \(a relative path"):
         load_spec("my_train.tsv")
     assert asked == []
+
+
+def test_a_mistyped_file_alone_names_the_file_it_likely_meant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing file named alone was only 'file not found', where the same typo in a '+'-joined spec named the
+    file beside it of a close name; now both do (and a folder with no close name lists its data files)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_train.jsonl").write_text(json.dumps({"question": "q", "answer": "1"}) + "\n")
+    with pytest.raises(DataError, match=r"^my_trian\.jsonl: file not found .*; did you mean my_train\.jsonl\?$"):
+        load_spec("my_trian.jsonl")
+    with pytest.raises(DataError, match=r"^.*other\.csv: file not found; its folder holds .*my_train\.jsonl$"):
+        load_spec(str(tmp_path / "other.csv"))

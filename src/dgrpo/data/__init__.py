@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import difflib
-from pathlib import Path
 from typing import Any
 
 from ..paths import expand_home, where_read
 from ..text import first_items
 from .loaders import (
     DATASETS,
-    FILE_SUFFIXES,
     canonical_name,
     column_parser,
+    files_like,
     is_dataset_name,
     load_dataset,
     names_a_file,
@@ -162,25 +160,11 @@ def check_files_exist(spec: str, parts: list[str]) -> None:
         joined = "+".join([*run, head])
         where = where_read(expand_home(head))
         if not run:
-            raise DataError(f"{spec}: its part {head} names no file{where}{_files_like(expand_home(head))}")
+            raise DataError(f"{spec}: its part {head} names no file{where}{files_like(expand_home(head))}")
         raise DataError(
             f"{spec}: no file {joined}{where}; read as datasets joined by '+', {head} is no file either and "
-            f"{first_items(run, 3)} no local file or built-in dataset{_files_like(expand_home(joined))}"
+            f"{first_items(run, 3)} no local file or built-in dataset{files_like(expand_home(joined))}"
         )
-
-
-def _files_like(path: Path) -> str:
-    """The data files beside ``path`` (in its folder) as a message's clause: those whose names are close to its name
-    (``; did you mean ...?``), else all of them (``; its folder holds ...``, the first 4); '' when its folder holds
-    none or is none."""
-    try:
-        found = sorted(p.name for p in path.parent.iterdir() if p.suffix.lower() in FILE_SUFFIXES and p.is_file())
-    except OSError:
-        return ""
-    close = difflib.get_close_matches(path.name, found, n=3, cutoff=0.8)
-    if close:
-        return f"; did you mean {first_items([str(path.parent / name) for name in close], 3)}?"
-    return f"; its folder holds {first_items([str(path.parent / name) for name in found], 4)}" if found else ""
 
 
 def _hub_config(query: str, spec: str) -> str | None:

@@ -5,6 +5,7 @@ mapping; a row read in its format: :mod:`dgrpo.data.row_formats`."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import numbers
@@ -844,8 +845,23 @@ def _files_in(folder: Path) -> str:
 
 def _not_found(path: Path) -> str:
     """``PATH: file not found``, saying where a relative path was looked for (a run's config.json copied to another
-    folder keeps its data.test as typed)."""
-    return f"{path}: file not found{where_read(path)}"
+    folder keeps its data.test as typed), and the data files beside it that it likely meant (:func:`files_like`; a
+    typo alone was 'file not found', where the same typo in a ``+``-joined spec named them)."""
+    return f"{path}: file not found{where_read(path)}{files_like(path)}"
+
+
+def files_like(path: Path) -> str:
+    """The data files beside ``path`` (in its folder) as a message's clause: those whose names are close to its name
+    (``; did you mean ...?``), else all of them (``; its folder holds ...``, the first 4); '' when its folder holds
+    none or is none."""
+    try:
+        found = sorted(p.name for p in path.parent.iterdir() if p.suffix.lower() in FILE_SUFFIXES and p.is_file())
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(path.name, found, n=3, cutoff=0.8)
+    if close:
+        return f"; did you mean {first_items([str(path.parent / name) for name in close], 3)}?"
+    return f"; its folder holds {first_items([str(path.parent / name) for name in found], 4)}" if found else ""
 
 
 def reads_from_the_hub(name: str) -> bool:
