@@ -1,4 +1,5 @@
-"""A researcher's own data at its edges: TSV files, a mistyped file name alone."""
+"""A researcher's own data at its edges: TSV files, a mistyped file name alone, the line a JSON list's bad record
+starts on."""
 
 from __future__ import annotations
 
@@ -68,3 +69,19 @@ def test_a_mistyped_file_alone_names_the_file_it_likely_meant(tmp_path: Path, mo
         load_spec("my_trian.jsonl")
     with pytest.raises(DataError, match=r"^.*other\.csv: file not found; its folder holds .*my_train\.jsonl$"):
         load_spec(str(tmp_path / "other.csv"))
+
+
+def test_a_json_lists_bad_record_is_named_by_the_line_it_starts_on(tmp_path: Path) -> None:
+    """A bad record of a JSON list written over many lines (``json.dump(rows, f, indent=2)``) was named 'record 2'
+    only, and a researcher counted objects to find it; the line it starts on is named too, in a list wrapped as
+    ``{"data": [...]}`` as well."""
+    rows = [{"question": "q1", "steps": [], "answer": "1"}, {"question": "q2", "steps": ["a", 2], "answer": "2"}]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows, indent=2), "utf-8")
+    with pytest.raises(DataError, match=r"rows\.json line 7 \(record 2\): field 'steps' must be a list of strings"):
+        load_spec(str(path))
+    path.write_text(json.dumps({"about": {"made": [1, "]"]}, "data": rows}, indent=2), "utf-8")
+    lines = path.read_text().splitlines()
+    start = next(n for n, line in enumerate(lines, 1) if line.strip() == "{" and '"q2"' in lines[n])
+    with pytest.raises(DataError, match=rf"rows\.json line {start} \(record 2\): field 'steps'"):
+        load_spec(str(path))

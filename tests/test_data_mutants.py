@@ -105,7 +105,7 @@ def test_the_builtin_coconut_gsm8k_aug_refuses_a_gold_that_is_no_number(tmp_path
     row = {"question": "q", "steps": ["<<1+1=2>>"], "answer": "Tom"}
     _file(tmp_path / "coconut" / "gsm8k_aug", [row], "gsm_test.json")
     monkeypatch.setenv("DGRPO_DATA_DIR", str(tmp_path))
-    with pytest.raises(DataError, match=r"gsm_test.json record 1: field 'answer' must be a number, got 'Tom'"):
+    with pytest.raises(DataError, match=r"gsm_test.json line 1 \(record 1\): field 'answer' must be a number, got"):
         load_dataset("coconut_gsm8k_aug")
 
 

@@ -282,7 +282,7 @@ def test_error_missing_field_jsonl(tmp_path: Path) -> None:
 def test_error_missing_field_json_record(tmp_path: Path) -> None:
     rows = [{"question": "q", "steps": ["a"], "answer": "1"}, {"question": "q", "answer": "2"}]
     path = _write(tmp_path / "c.json", json.dumps(rows))
-    with pytest.raises(DataError, match=r"c\.json record 2: missing field 'steps'"):
+    with pytest.raises(DataError, match=r"c\.json line 1 \(record 2\): missing field 'steps'"):
         load_dataset(str(path))
 
 
@@ -303,7 +303,7 @@ def test_a_later_row_of_a_more_specific_format_is_refused_not_read_without_its_f
     else:
         text = "\n".join(map(json.dumps, rows)) if suffix == ".jsonl" else json.dumps(rows)
         source = str(_write(tmp_path / f"mixed{suffix}", text))
-        where = "line 2" if suffix == ".jsonl" else "record 2"
+        where = "line 2" if suffix == ".jsonl" else "line 1 (record 2)"
     with pytest.raises(DataError) as info:
         dgrpo.load_dataset(source)
     said = str(info.value)
@@ -315,7 +315,7 @@ def test_a_later_row_of_a_more_specific_format_is_refused_not_read_without_its_f
 
 def test_error_wrong_type(tmp_path: Path) -> None:
     path = _write(tmp_path / "c.json", json.dumps([{"question": 3, "steps": [], "answer": "1"}]))
-    with pytest.raises(DataError, match=r"record 1: field 'question' must be a string"):
+    with pytest.raises(DataError, match=r"line 1 \(record 1\): field 'question' must be a string"):
         load_dataset(str(path))
 
 

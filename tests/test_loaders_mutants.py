@@ -247,8 +247,8 @@ def test_an_answer_column_without_a_question_column_is_refused() -> None:
 @pytest.mark.parametrize(
     ("row", "says"),
     [
-        ({"question": "q", "cot": None, "answer": "1"}, r"record 1: field 'cot' is empty \(null\)"),
-        ({"question": "q", "steps": ["a", 2], "answer": "1"}, "record 1: field 'steps' must be a list of strings"),
+        ({"question": "q", "cot": None, "answer": "1"}, r"line 1 \(record 1\): field 'cot' is empty \(null\)"),
+        ({"question": "q", "steps": ["a", 2], "answer": "1"}, r"line 1 \(record 1\): field 'steps' must be a list of"),
     ],
 )
 def test_a_malformed_row_of_a_known_format_is_named(tmp_path: Path, row: dict[str, Any], says: str) -> None:

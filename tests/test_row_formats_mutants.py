@@ -287,7 +287,7 @@ def test_a_file_whose_first_record_is_no_object_is_named(tmp_path: Path) -> None
         load_dataset(str(path))
     path = tmp_path / "rows.json"
     path.write_text('[[1, 2], {"question": "q", "answer": "1"}]', "utf-8")
-    with pytest.raises(DataError, match=r"rows\.json record 1: expected a JSON object, got list"):
+    with pytest.raises(DataError, match=r"rows\.json line 1 \(record 1\): expected a JSON object, got list"):
         load_dataset(str(path))
 
 

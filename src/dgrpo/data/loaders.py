@@ -71,13 +71,21 @@ def _lines(text: str) -> list[tuple[int, str]]:
     return [(i, line.rstrip("\r")) for i, line in enumerate(text.split("\n"), 1) if line.strip()]
 
 
-def _apply(path: Path, where: str, parser: RowParser, row: Any) -> Record:
+#: a row's place in a file as its errors name it (``line 4``), or what works it out when one is written
+Where = str | Callable[[], str]
+
+
+def _named(where: Where) -> str:
+    return where if isinstance(where, str) else where()
+
+
+def _apply(path: Path, where: Where, parser: RowParser, row: Any) -> Record:
     if not isinstance(row, dict):
-        raise DataError(f"{path} {where}: expected a JSON object, got {type(row).__name__}")
+        raise DataError(f"{path} {_named(where)}: expected a JSON object, got {type(row).__name__}")
     try:
         record = parser(row)
     except _RowError as exc:
-        raise DataError(f"{path} {where}: {exc}") from None
+        raise DataError(f"{path} {_named(where)}: {exc}") from None
     record.meta.setdefault("source", str(path))
     return record
 
@@ -101,7 +109,7 @@ def _json_value(path: Path, where: str, text: str, repeated: list[str] | None = 
         raise DataError(f"{path} {where or 'line 1'}: invalid JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
 
 
-def _rows_to_records(path: Path, rows: Iterable[tuple[str, Any]], parser: RowParser | None) -> list[Record]:
+def _rows_to_records(path: Path, rows: Iterable[tuple[Where, Any]], parser: RowParser | None) -> list[Record]:
     """Each (where, row) as a Record, by ``parser`` or the one the first row's fields call for (every later row in
     it: :func:`_same_format_check`)."""
     records: list[Record] = []
@@ -114,7 +122,7 @@ def _rows_to_records(path: Path, rows: Iterable[tuple[str, Any]], parser: RowPar
             elif check is not None and isinstance(row, dict):
                 check(row)
         except _RowError as exc:
-            raise DataError(f"{path} {where}: {exc}") from None
+            raise DataError(f"{path} {_named(where)}: {exc}") from None
         records.append(_apply(path, where, parser, row))
     return records
 
@@ -180,7 +188,56 @@ def _parse_json_list(path: Path, text: str, parser: RowParser | None) -> list[Re
         data = inner
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
-    return _rows_to_records(path, ((f"record {i}", row) for i, row in enumerate(data, 1)), parser)  # (as lines)
+    return _rows_to_records(path, ((_record_at(text, i), row) for i, row in enumerate(data, 1)), parser)
+
+
+def _record_at(text: str, index: int) -> Callable[[], str]:
+    """Where record ``index`` (counting from 1) of a JSON list file's ``text`` is, as its error names it: ``line 5
+    (record 2)``, the line it starts on (a file written by ``json.dump(rows, f, indent=2)`` named only ``record 2``,
+    and a researcher counted objects to find it); ``record 2`` where the list cannot be walked. Worked out only when
+    an error is written: the text is walked again up to that record."""
+
+    def where() -> str:
+        start = _list_item_start(text, index)
+        return f"record {index}" if start is None else f"line {text.count(NEWLINE, 0, start) + 1} (record {index})"
+
+    return where
+
+
+NEWLINE = "\n"
+
+
+def _list_item_start(text: str, index: int) -> int | None:
+    """The offset in ``text`` (a JSON list, or an object whose ``data`` key holds one) where its item ``index``
+    (counting from 1) starts; None where there is none."""
+    decode = json.JSONDecoder().raw_decode
+
+    def past(at: int, mark: str = "") -> int:
+        """The offset after the blanks at ``at``, and, where ``mark`` is next, after it and the blanks after it."""
+        while at < len(text) and text[at] in " \t\n\r":
+            at += 1
+        return past(at + 1) if mark and text.startswith(mark, at) else at
+
+    try:
+        at = past(0)
+        if text.startswith("{", at):  # ({"data": [...]}: the last 'data' key's value, as json.loads keeps it)
+            at, inner = past(at, "{"), None
+            while text.startswith('"', at):
+                key, at = decode(text, at)
+                at = past(at, ":")
+                inner = at if key == "data" else inner
+                at = past(decode(text, at)[1], ",")
+            if inner is None:
+                return None
+            at = inner
+        if not text.startswith("[", at):
+            return None
+        at = past(at, "[")
+        for _ in range(index - 1):
+            at = past(decode(text, at)[1], ",")
+    except ValueError:
+        return None
+    return at if at < len(text) and not text.startswith("]", at) else None
 
 
 def _parse_aug_text(path: Path, text: str) -> list[Record]:
