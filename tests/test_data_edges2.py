@@ -207,9 +207,8 @@ def test_a_csv_file_of_another_separator_is_asked_about_without_a_mapping(tmp_pa
     with pytest.raises(DataError) as info:
         load_spec(str(path))
     keys = "question;answer" if separator == ";" else "question\\tanswer"  # (escaped: one line)
-    assert str(info.value).startswith(
-        f"{path} line 2: unrecognised record keys ({keys}) (one column: is the file comma-separated?); expected one of"
-    )
+    ask = "is the file comma-separated?" if separator == ";" else "a tab-separated file is read as one when named .tsv"
+    assert str(info.value).startswith(f"{path} line 2: unrecognised record keys ({keys}) (one column: {ask}); expected")
 
 
 def test_a_csv_cell_longer_than_the_csv_modules_limit_is_read(tmp_path: Path) -> None:

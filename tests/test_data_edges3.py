@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from dgrpo.config import DataConfig
 from dgrpo.data import load_spec
 from dgrpo.data.records import DataError
 
@@ -85,3 +86,17 @@ def test_a_json_lists_bad_record_is_named_by_the_line_it_starts_on(tmp_path: Pat
     start = next(n for n, line in enumerate(lines, 1) if line.strip() == "{" and '"q2"' in lines[n])
     with pytest.raises(DataError, match=rf"rows\.json line {start} \(record 2\): field 'steps'"):
         load_spec(str(path))
+
+
+@pytest.mark.parametrize(("name", "header", "ask"), [("rows.csv", "q\ta", ".tsv"), ("rows.tsv", "q,a", ".csv")])
+def test_a_table_of_the_other_separator_names_the_extension_that_reads_it(
+    tmp_path: Path, name: str, header: str, ask: str
+) -> None:
+    """A tab-separated file named .csv was asked 'is the file comma-separated?' (it was not: it was tab-separated),
+    and a comma-separated one named .tsv was asked nothing; each now names the extension that reads it."""
+    path = tmp_path / name
+    path.write_text(f"{header}\n{header.replace('q', 'What?').replace('a', '4')}\n", "utf-8")
+    with pytest.raises(DataError, match=rf"one column: a \w+-separated file is read as one when named \{ask}\)"):
+        load_spec(str(path))
+    with pytest.raises(DataError, match=rf"one column: a \w+-separated file is read as one when named \{ask}\)$"):
+        load_spec(str(path), data=DataConfig(question_key="q", answer_key="a"))

@@ -45,10 +45,15 @@ def _field(row: dict[str, Any], key: str, option: str = "") -> Any:
 
 
 def _one_column_hint(columns: list[str]) -> str:
-    """`` (one column: is the file comma-separated?)`` for a row of one column whose name holds a ``;``, a tab or a
-    ``|`` (a CSV file written with another separator, as spreadsheets in many locales save it), else ''."""
+    """For a row of one column whose name holds another separator, a table file read with the wrong one: a tab (a
+    tab-separated file named .csv, read by its extension), a comma (a comma-separated file named .tsv), a ``;`` or a
+    ``|`` (a CSV file as spreadsheets in many locales save it); else ''."""
     one = columns[0] if len(columns) == 1 else ""
-    return " (one column: is the file comma-separated?)" if any(c in one for c in ";\t|") else ""
+    if "\t" in one:
+        return " (one column: a tab-separated file is read as one when named .tsv)"
+    if "," in one:
+        return " (one column: a comma-separated file is read as one when named .csv)"
+    return " (one column: is the file comma-separated?)" if any(c in one for c in ";|") else ""
 
 
 def _text_field(row: dict[str, Any], key: str, *, strip: bool = True, allow_empty: bool = False) -> str:
