@@ -188,12 +188,12 @@ def test_a_text_answer_after_gsm8ks_marker_is_refused_saying_how_to_read_it(tmp_
 
 def test_what_follows_a_completions_number_is_not_read_as_the_readme_says() -> None:
     """README (What counts as correct): ``#### 50%`` answers 50, right for a gold of 50, not 0.5; a ``50%`` gold is
-    text, which ``#### 50%`` matches and ``#### 50 %`` does not."""
+    text, which ``#### 50%`` matches, and so does ``#### 50 %`` (no space is kept between a digit and a symbol)."""
     from dgrpo.reward import score
 
     assert score("#### 50%", "50") == 1.0 and score("The answer is 12 kg.", "12") == 1.0
     assert score("#### 50%", "0.5") == 0.0
-    assert score("#### 50%", "50%") == 1.0 and score("#### 50 %", "50%") == 0.0
+    assert score("#### 50%", "50%") == 1.0 and score("#### 50 %", "50%") == 1.0
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "`#### 50%` and `The answer is 12 kg.` answer 50 and 12" in " ".join(readme.split())
 

@@ -420,9 +420,17 @@ def final_answer_text(completion: str, gold: Any = None) -> str:
     return completion.rpartition("#")[2]
 
 
+#: spaces between a digit and a symbol (a character neither a letter, a digit nor a space: ``%``, ``€``, ``°``,
+#: ``,``, ``(``): ``50 %`` is ``50%``, ``€ 5`` is ``€5``, ``(3, 4)`` is ``(3,4)``; a space between two digits
+#: (``1 000``) or a digit and a letter (``12 kg``) stays
+_SPACE_AT_DIGIT = re.compile(r"(?<=[0-9])\s+(?=[^\w\s])|(?<=[^\w\s])\s+(?=[0-9])")
+
+
 def normalize_text(text: str) -> str:
-    """Text answers compared case- and spacing-blind: stripped, lower-cased, spaces collapsed, no trailing period."""
-    return " ".join(text.split()).lower().rstrip(".").strip()
+    """Text answers compared case- and spacing-blind: stripped, lower-cased, spaces collapsed, no trailing period,
+    and no space between a digit and a symbol (:data:`_SPACE_AT_DIGIT`: ``"#### 50 %"`` answers a ``50%`` gold; it
+    was ``"50 %"``, not the gold's text)."""
+    return _SPACE_AT_DIGIT.sub("", " ".join(text.split())).lower().rstrip(".").strip()
 
 
 def score(completion_text: str, gold_answer: Any) -> float:

@@ -8,10 +8,10 @@ a value between is partial credit, counted as not correct; within :data:`SCORE_T
 sum's rounding, it is taken as its end); a reward may return any finite number, or None (below). Built-in
 scorers, by name: ``numeric`` (the answer's number equals the gold number; text golds are compared as normalised
 text), ``exact`` (the final answer, after the last ``#`` if any, equals the gold after normalisation: case,
-spacing, a trailing period; a number gold against the answer read as a number; against a gold that holds a ``#``
-itself, ``C#``, the answer is read after the last standalone marker, ``#### C#``), ``choice`` (a multiple-choice
-letter A-E), ``coconut`` (Coconut's run.py check, as strings). A plug-in is named
-``package.module:function`` or ``path/to/file.py:function``.
+spacing, a trailing period, a space between a digit and a symbol, ``50 %``; a number gold against the answer read
+as a number; against a gold that holds a ``#`` itself, ``C#``, the answer is read after the last standalone marker,
+``#### C#``), ``choice`` (a multiple-choice letter A-E), ``coconut`` (Coconut's run.py check, as strings). A
+plug-in is named ``package.module:function`` or ``path/to/file.py:function``.
 
 A function written for TRL's ``GRPOTrainer`` works as it is: one that takes ``**kwargs`` (no ``*args``, no
 ``records``; its named parameters columns of the data: :func:`trl_style`) is called with keywords,
@@ -75,7 +75,7 @@ def numeric(completions: list[str], records: list[Record]) -> list[float]:
 
 
 def exact(completions: list[str], records: list[Record]) -> list[float]:
-    """The final answer text equals the gold after normalisation (case, spacing, a trailing period); a gold that is a
+    """The final answer text equals the gold after normalisation (:func:`dgrpo.reward.normalize_text`); a gold that is a
     number, which the loaders keep normalised (``$3.50`` is ``3.5``, ``007`` is ``7``), is equal to the answer text
     normalised alike (``#### $3.50`` and ``#### 007`` were wrong for the golds their own text was read as)."""
     return [_exact(c, str(r.answer)) for c, r in zip(completions, records)]
