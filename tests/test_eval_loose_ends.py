@@ -84,10 +84,10 @@ def test_answers_that_share_a_vote_score_alike_and_correct_ones_share_it(name):
 
 def test_an_exact_rows_pred_is_the_text_it_compared(lm, monkeypatch):
     """Under exact a gold holding a ``#`` is answered after the last standalone marker (``#### C#``: pred C#, not the
-    empty text after its last ``#``), and an empty answer shows as the empty text it compared."""
+    empty text after its last ``#``), and an empty answer shows as null, as under numeric and in a vote."""
     monkeypatch.setattr(ev, "generate_answers", lambda *a, **kw: ["#### C#", "#### "])
     r = evaluate(lm, [Record("q", [], "C#"), Record("q", [], "Tom")], scorer="exact", **FAST)
-    assert [(p["pred"], p["correct"]) for p in r.predictions] == [("C#", True), ("", False)]
+    assert [(p["pred"], p["correct"]) for p in r.predictions] == [("C#", True), (None, False)]
 
 
 def test_the_context_check_measures_questions_as_cut_and_names_the_answers_option(lm):

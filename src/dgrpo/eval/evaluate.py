@@ -681,11 +681,12 @@ def _shown_answer(scorer: ScoreFn, text: str, gold: str) -> str | None:
     """A prediction row's ``pred``: the answer ``scorer`` compares, as :func:`vote_key` reads it (the numeric
     verifier's number, choice's letter, coconut's text after the last ``#`` without commas, None without a ``#``:
     it reads none, and showed the whole completion), but a text answer as written, only stripped, where
-    :func:`vote_key` normalises it so that answers the scorer takes as one (``Tom`` and ``tom.``) are one vote."""
+    :func:`vote_key` normalises it so that answers the scorer takes as one (``Tom`` and ``tom.``) are one vote; None
+    for an empty answer under every scorer, as a vote's (``####`` was ``""`` under exact and a plug-in, None under
+    numeric and in a vote)."""
     if scorer is choice or scorer is coconut or (scorer is numeric and _numeric_gold(gold)):
         return vote_key(scorer, text, gold)
-    answer = final_answer_text(text, gold).strip()
-    return (answer or None) if scorer is numeric else answer  # (numeric and a text gold, ProsQA: what score() reads)
+    return final_answer_text(text, gold).strip() or None
 
 
 def _mean_score(preds: list[dict]) -> float:
