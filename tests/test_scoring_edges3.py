@@ -1,12 +1,15 @@
 """What counts as correct, at its edges: a space between a number and its symbol in a text answer (``#### 50 %``
-for a ``50%`` gold), and an empty answer's ``pred`` in ``predictions.jsonl``, the same under every scorer."""
+for a ``50%`` gold), an empty answer's ``pred`` in ``predictions.jsonl``, the same under every scorer, and a gold
+that is a MATH-style solution (``\\boxed{3}``), warned of."""
+
+import warnings
 
 import pytest
 
 import dgrpo.eval.evaluate as ev
 from dgrpo.data.records import Record
 from dgrpo.eval.evaluate import vote_key
-from dgrpo.eval.scoring import SCORERS, exact, numeric
+from dgrpo.eval.scoring import SCORERS, exact, numeric, warn_if_scorer_misses_gold
 from dgrpo.reward import normalize_text, score
 
 from conftest import make_lm
@@ -53,3 +56,34 @@ def test_an_empty_answer_is_a_null_pred_under_every_scorer(tokenizer, monkeypatc
     fn = _plugin if scorer == "plugin" else SCORERS[scorer]
     preds = _predictions(tokenizer, monkeypatch, fn, ["####", "#### ", "#### Tom"], ["Tom", "5", "Tom"])
     assert [p["pred"] for p in preds] == [None, None, "Tom"]
+
+
+SOLUTION = "We have $x + 1 = 4$, so $x = \\boxed{3}$."
+
+
+@pytest.mark.parametrize("scorer", ["numeric", "exact", "coconut"])
+def test_a_boxed_solution_as_the_gold_is_warned_of_under_a_builtin_scorer(scorer):
+    """A MATH-style solution mapped as the answer column is the gold as a whole text, which no completion's answer
+    equals, and its own ``#### <solution>`` scores 1 under exact and coconut, so nothing was said under them (under
+    numeric, that the gold was a number with text, to be written alone: a solution is not); the warning names the
+    mapping to use."""
+    records = [Record("q1", [], SOLUTION), Record("q2", [], SOLUTION.replace("4", "5").replace("{3}", "{4}"))]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_if_scorer_misses_gold(SCORERS[scorer], records, f"eval.scorer {scorer!r}")
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and "2 of the first 2 gold answers hold a \\boxed{...}" in said[0], said
+    assert "data.answer_key=answer" in said[0] and "plug-in scorer that reads the gold's box" in said[0]
+
+
+def test_a_plugin_scorer_or_a_gold_without_a_box_is_not_warned_of():
+    """A plug-in may read the gold's box itself; ProsQA's sentences and GSM8K's numbers hold none."""
+
+    def boxed(completions, records):
+        return [1.0 for _ in completions]
+
+    for scorer, gold in [(boxed, SOLUTION), (exact, "Tom is a lempus."), (numeric, "18")]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warn_if_scorer_misses_gold(scorer, [Record("q", [], gold)], "eval.scorer")
+        assert not caught, [str(w.message) for w in caught]

@@ -570,6 +570,8 @@ def warn_if_scorer_misses_gold(scorer: ScoreFn, records: list[Record], what: str
     """:func:`warn_if_gold_scores_zero` for ``scorer`` on the gold answers of the first two of ``records``
     (:func:`check_scorer`)."""
     warn_if_gold_scores_zero(check_scorer(scorer, records), what)
+    if any(scorer is builtin for builtin in SCORERS.values()) and warn_if_golds_are_boxed_solutions(records, what):
+        return  # (one warning: the box's number is also a number with other text)
     if scorer is SCORERS["numeric"]:
         warn_if_golds_are_numbers_with_text(records, what)
 
@@ -593,6 +595,30 @@ def warn_if_golds_are_numbers_with_text(records: list[Record], what: str) -> Non
             "numbers alone (a leading $ and thousands commas are read) or name another eval.scorer",
             stacklevel=2,
         )
+
+
+def warn_if_golds_are_boxed_solutions(records: list[Record], what: str) -> bool:
+    """Warn, and return True, when gold answers (of the first :data:`GOLDS_LOOKED_AT` records) hold a ``\\boxed{``
+    (a MATH-style solution mapped as the answer column, or a boxed answer): the whole text is the gold, which a
+    built-in scorer compares with a completion's answer, so no completion's equals it (its gold written as
+    ``#### <solution>`` does: the check on gold answers does not see it); the loaders read the answer out of a
+    GSM8K-style solution's ``####``, not out of a box."""
+    golds = [r.answer for r in records[:GOLDS_LOOKED_AT] if isinstance(r.answer, str) and _BOXED_GOLD.search(r.answer)]
+    if golds:
+        n = len(records[:GOLDS_LOOKED_AT])
+        warnings.warn(
+            f"{what}: {len(golds)} of the first {n} gold answers hold a \\boxed{{...}} (e.g. {golds[0][:60]!r}): a "
+            "built-in scorer reads the box of a completion, not of a gold, whose whole text (a MATH-style solution) "
+            "no completion's answer equals; map data.answer_key to a column of bare answers (MATH-500's: "
+            "data.question_key=problem data.answer_key=answer), or score with a plug-in scorer that reads the gold's "
+            "box",
+            stacklevel=2,
+        )
+    return bool(golds)
+
+
+#: LaTeX's box around a final answer in a gold (``\\boxed{3}``, ``\\boxed {3}``)
+_BOXED_GOLD = re.compile(r"\\boxed\s*\{")
 
 
 @dataclass
