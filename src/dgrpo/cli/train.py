@@ -350,10 +350,11 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     anything is trained (a scorer that cannot be built fails before anything is read, and so do a resume under a
     changed config and a ``--resume never`` that would delete what it may not:
     :func:`~dgrpo.training.resume_check.check_resume_config`; OUT's lock is taken first, on rank 0, and held to the
-    run's end: :func:`holding_out`; a test set or a GRPO training question too long for the context is refused from
-    the model's tokenizer and config.json before its weights load: :func:`check_fits_before_training`; GRPO's reward
-    is called on gold answers then too: :func:`~dgrpo.training.grpo.checked_rewards`). The hub is probed once for
-    the data and the model (a hub id's files are looked up before the weights load, and again by the load)."""
+    run's end: :func:`holding_out`; a test set, a GRPO training question or an SFT training example too long for the
+    context is refused from the model's tokenizer and config.json before its weights load:
+    :func:`check_fits_before_training`; GRPO's reward is called on gold answers then too:
+    :func:`~dgrpo.training.grpo.checked_rewards`). The hub is probed once for the data and the model (a hub id's
+    files are looked up before the weights load, and again by the load)."""
     from ..hub import one_probe
 
     with one_probe():
@@ -459,6 +460,14 @@ def holding_out(command: Callable[[argparse.Namespace], int]) -> Callable[[argpa
 
 @holding_out
 def run_sft(args: argparse.Namespace) -> int:
+    from ..training.run_inputs import checked_once
+
+    with checked_once():  # (the training examples, checked against the context before the load: not again)
+        return sft_command(args)
+
+
+def sft_command(args: argparse.Namespace) -> int:
+    """:func:`run_sft`'s work."""
     from ..eval.scoring import warn_if_scorer_misses_gold
     from ..training.preemption import stopping
     from ..training.sft import train_sft
@@ -497,7 +506,7 @@ def run_sft(args: argparse.Namespace) -> int:
 
 @holding_out
 def run_grpo(args: argparse.Namespace) -> int:
-    from ..training.grpo import checked_once
+    from ..training.run_inputs import checked_once
 
     with checked_once():  # (the training questions and the reward, checked before the load: not again by the trainer)
         return grpo_command(args)
@@ -573,21 +582,23 @@ def check_fits_before_training(
     """What ``dgrpo sft`` / ``dgrpo grpo`` refuse of ``lm``'s context before training, in the order they came once the
     model had loaded: the test sets answered by the trained model (:func:`check_test_sets_fit`: SFT's last stage's
     thoughts; GRPO's ``grpo.n_latent`` after the markers, as it trains and saves the model), the trainer's own start
-    check (the last stage's thoughts; GRPO's thoughts and ``grpo.max_new_tokens`` after each question of ``train``,
-    as its rollouts prompt them: :func:`~dgrpo.training.grpo.check_rollouts_fit`), and the validation set
+    check (the last stage's thoughts, then the training examples of ``train`` as its batches hold them:
+    :func:`~dgrpo.training.sft.check_examples_fit`; GRPO's thoughts and ``grpo.max_new_tokens`` after each question
+    of ``train``, as its rollouts prompt them: :func:`~dgrpo.training.grpo.check_rollouts_fit`), and the validation set
     (``valid``: SFT's :func:`~dgrpo.training.sft.check_validation_fits`; GRPO's, answered as the test sets are, from
     step 0 on). ``lm``: the model loaded, or the same without its weights (:func:`~.common.model_without_weights`),
     which decides it all before the weights load."""
     from ..training.curriculum import final_settings
     from ..training.grpo import check_rollouts_fit
-    from ..training.sft import check_last_stage_fits, check_validation_fits
+    from ..training.sft import check_examples_fit, check_last_stage_fits, check_validation_fits
 
     if command == "sft":
         last = final_settings(cfg)
         check_test_sets_fit(lm, tests, cfg, last, "sft.c_thought")
-        check_last_stage_fits(lm, cfg)  # (train_sft's start check)
-        if valid and (cfg.sft.eval_each_stage or cfg.sft.eval_every_epoch):
-            with prompted(lm, replace(lm.settings, chat_template=cfg.data.chat_template)):  # (as train_sft sets it)
+        check_last_stage_fits(lm, cfg)  # (train_sft's start checks: then every training example as a batch holds it)
+        with prompted(lm, replace(lm.settings, chat_template=cfg.data.chat_template)):  # (as train_sft sets it)
+            check_examples_fit(lm, cfg, train or [], f"data.train {cfg.data.train}")
+            if valid and (cfg.sft.eval_each_stage or cfg.sft.eval_every_epoch):
                 check_validation_fits(lm, valid, cfg)
         return
     trained = lm.settings  # (the model GRPO trains and saves: grpo.n_latent's thoughts after the markers)

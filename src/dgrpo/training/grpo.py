@@ -24,7 +24,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from contextvars import ContextVar
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property, partial
 from pathlib import Path
@@ -82,7 +81,9 @@ from .run_inputs import (
     check_run_inputs,
     check_trainer_inputs,
     default_evaluate_fn,
+    found_at_start,
     warn_if_training_questions_cut,
+    widest_prompt,
 )
 from .schedules import beta_at, lr_at
 from .sharded_eval import best_value, sharded_scores
@@ -760,24 +761,6 @@ class GRPOTrainer:
         return out
 
 
-#: within :func:`checked_once`, what the start checks found, by what they checked (None: outside it)
-_FOUND: ContextVar[dict[tuple, tuple] | None] = ContextVar("grpo_start_checks", default=None)
-#: how many distinct training questions :func:`_widest_prompt` encodes at a time
-QUESTIONS_AT_ONCE = 1024
-
-
-@contextmanager
-def checked_once() -> Iterator[None]:
-    """Within it, the start checks that read every training question (:func:`check_rollouts_fit`) or call the reward
-    (:func:`checked_rewards`) do so once for the same data: ``dgrpo grpo`` makes them once its data is read, before
-    the model's weights load, and its trainer's start then takes what they found."""
-    token = _FOUND.set({})
-    try:
-        yield
-    finally:
-        _FOUND.reset(token)
-
-
 def check_rollouts_fit(
     lm: LatentLM, n_latent: int, cfg: Config, train: list[Record] | None = None, what: str = "the training data"
 ) -> None:
@@ -797,7 +780,7 @@ def check_rollouts_fit(
     for i, r in enumerate(train):
         first.setdefault(r.question, i)
     questions = list(first)
-    at, width = _widest_prompt(lm, questions, max_tokens, train)
+    at, width = widest_prompt(lm, questions, max_tokens, train)
     try:
         lm.check_fits(width, n_latent, g.max_new_tokens, key="grpo.n_latent")
     except ConfigError as e:
@@ -814,45 +797,19 @@ def check_rollouts_fit(
         ) from None
 
 
-def _widest_prompt(lm: LatentLM, questions: list[str], max_tokens: int, train: list[Record]) -> tuple[int, int]:
-    """(index, width) of the first of ``questions`` whose prompt (:meth:`LatentLM.encode_questions`, cut to
-    ``max_tokens``) is the widest: encoded :data:`QUESTIONS_AT_ONCE` at a time, then halves of the widest batch. Within
-    :func:`checked_once`, found once for the training data ``train`` under the same prompt settings."""
-    tokenizer = (getattr(lm.tokenizer, "name_or_path", ""), len(lm.tokenizer))
-    key = ("widest", id(train), len(train), max_tokens, lm.settings.chat_template, tuple(lm.question_prefix), tokenizer)
-    found = _FOUND.get()
-    if found is not None and key in found and found[key][0] is train:
-        return found[key][1]
-
-    def width(lo: int, hi: int) -> int:
-        return int(lm.encode_questions(questions[lo:hi], max_tokens=max_tokens)[0].shape[1])
-
-    n = QUESTIONS_AT_ONCE
-    widths = [width(lo, lo + n) for lo in range(0, len(questions), n)]
-    widest = max(widths)
-    lo = widths.index(widest) * n
-    hi = min(lo + n, len(questions))
-    while hi - lo > 1:  # (the widest question lies in [lo, hi))
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if width(lo, mid) == widest else (mid, hi)
-    if found is not None:
-        found[key] = (train, (lo, widest))
-    return lo, widest
-
-
 def checked_rewards(
     reward_fn: ScoreFn | Sequence[ScoreFn] | Rewards | None, cfg: Config, train: list[Record]
 ) -> Rewards:
     """The trainer's reward (:func:`_rewards`: ``reward_fn``, else the config's), called on the gold answers of the
     first two training records (:meth:`Rewards.smoke_test`): a reward that cannot be built, raises or returns what it
-    may not fails before anything is trained. Within :func:`checked_once`, a Rewards this returned is not called again
-    for the same records (``dgrpo grpo`` checks it before the model loads, and gives it to the trainer)."""
+    may not fails before anything is trained. Within :func:`~.run_inputs.checked_once`, a Rewards this returned is not
+    called again for the same records (``dgrpo grpo`` checks it before the model loads, and gives it to the trainer)."""
     try:  # (the same files on every rank: not its calls, below, which may fail on one rank alone)
         rewards = _rewards(reward_fn, cfg, data_columns(train))
     except RewardError as e:
         raise RewardSetupError(str(e)) from None
     checked = (train[:2], cfg.grpo.filter and cfg.grpo.advantage != "ema")
-    found, key = _FOUND.get(), ("gold", id(rewards))
+    found, key = found_at_start(), ("gold", id(rewards))
     if found is not None and key in found and found[key][0] is rewards and found[key][1] == checked:
         return rewards
     rewards.smoke_test(checked[0], check_filter=checked[1])

@@ -7,7 +7,9 @@ from __future__ import annotations
 import inspect
 import os
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from ..config import Config, ConfigError
@@ -96,6 +98,59 @@ def check_trainer_inputs(lm: object, cfg: Config, train: list[Record], what: str
         )
     cfg.validate()
     check_records(train, f"{what}: train")
+
+
+#: within :func:`checked_once`, what the start checks found, by what they checked (None: outside it)
+_FOUND: ContextVar[dict[tuple, tuple] | None] = ContextVar("start_checks", default=None)
+
+
+@contextmanager
+def checked_once() -> Iterator[None]:
+    """Within it, the start checks that read every training record or call the reward do so once for the same data
+    (GRPO's :func:`~.grpo.check_rollouts_fit` and :func:`~.grpo.checked_rewards`, SFT's
+    :func:`~.sft.check_examples_fit`): ``dgrpo grpo`` and ``dgrpo sft`` make them once their data is read, before the
+    model's weights load, and the trainer's start then takes what they found."""
+    token = _FOUND.set({})
+    try:
+        yield
+    finally:
+        _FOUND.reset(token)
+
+
+def found_at_start() -> dict[tuple, tuple] | None:
+    """Within :func:`checked_once`, what the start checks found so far (a check adds its own), by what they checked;
+    None outside it."""
+    return _FOUND.get()
+
+
+#: how many distinct training questions :func:`widest_prompt` encodes at a time
+QUESTIONS_AT_ONCE = 1024
+
+
+def widest_prompt(lm: LatentLM, questions: list[str], max_tokens: int, train: list[Record]) -> tuple[int, int]:
+    """(index, width) of the first of ``questions`` whose prompt (:meth:`LatentLM.encode_questions`, cut to
+    ``max_tokens``) is the widest: encoded :data:`QUESTIONS_AT_ONCE` at a time, then halves of the widest batch. Within
+    :func:`checked_once`, found once for the training data ``train`` under the same prompt settings."""
+    tokenizer = (getattr(lm.tokenizer, "name_or_path", ""), len(lm.tokenizer))
+    key = ("widest", id(train), len(train), max_tokens, lm.settings.chat_template, tuple(lm.question_prefix), tokenizer)
+    found = _FOUND.get()
+    if found is not None and key in found and found[key][0] is train:
+        return found[key][1]
+
+    def width(lo: int, hi: int) -> int:
+        return int(lm.encode_questions(questions[lo:hi], max_tokens=max_tokens)[0].shape[1])
+
+    n = QUESTIONS_AT_ONCE
+    widths = [width(lo, lo + n) for lo in range(0, len(questions), n)]
+    widest = max(widths)
+    lo = widths.index(widest) * n
+    hi = min(lo + n, len(questions))
+    while hi - lo > 1:  # (the widest question lies in [lo, hi))
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if width(lo, mid) == widest else (mid, hi)
+    if found is not None:
+        found[key] = (train, (lo, widest))
+    return lo, widest
 
 
 def warn_if_training_questions_cut(lm: LatentLM, cfg: Config, train: list[Record]) -> None:

@@ -66,7 +66,14 @@ from .memory import oom_advice
 from .model_record import recorded_model
 from .preemption import stop_requested, within_step
 from .run import FinalEval, RunDir
-from .run_inputs import check_restart, check_run_inputs, default_evaluate_fn, warn_if_training_questions_cut
+from .run_inputs import (
+    check_restart,
+    check_run_inputs,
+    default_evaluate_fn,
+    found_at_start,
+    warn_if_training_questions_cut,
+    widest_prompt,
+)
 from .schedules import constant_lr_at, lr_at
 from .sharded_eval import best_value, sharded_scores
 
@@ -497,6 +504,7 @@ def _prepare(
     warn_if_training_questions_cut(lm, cfg, train)
     _warn_if_targets_cut(lm, train, cfg)
     check_last_stage_fits(lm, cfg)
+    check_examples_fit(lm, cfg, train)
     if valid and default_validation and (cfg.sft.eval_each_stage or cfg.sft.eval_every_epoch):
         check_validation_fits(lm, valid, cfg)
     return cfg, dist, evaluate_fn
@@ -506,6 +514,76 @@ def check_last_stage_fits(lm: LatentLM, cfg: Config) -> None:
     """The last stage's latent thoughts alone must fit the context (each batch checks its own questions and targets
     too): at the run's start, and by ``dgrpo sft`` before the weights load."""
     lm.check_fits(2, final_settings(cfg).n_latent, 1, key="sft.c_thought", target_key="data.max_target_tokens")
+
+
+def check_examples_fit(lm: LatentLM, cfg: Config, train: list[Record], what: str = "the training data") -> None:
+    """The widest question of ``train`` (cut to ``data.max_question_tokens``) with the most latent thoughts and the
+    longest target a record has at a stage the run trains (:func:`trained_layouts`; its steps still written, the
+    answer line and EOS, cut to ``data.max_target_tokens``) must fit the context: a batch may hold both. Each batch
+    checked only its own (:func:`sft_loss`), which failed at the batch that held a record too long, hours in: checked
+    at the trainer's start, and by ``dgrpo sft`` before the weights load (once, within
+    :func:`~.run_inputs.checked_once`). The ConfigError names ``what`` ``train`` is, the records and the stage."""
+    limit, max_q, max_t = lm.context_length, cfg.data.max_question_tokens, cfg.data.max_target_tokens
+    stages = trained_layouts(cfg)
+    most = max(latent_layout(stage, 10**6, cfg)[1] for stage in stages) + 1 + max_t  # (thoughts, marker, target)
+    if not train or limit is None or (max_q and not lm.settings.chat_template and max_q + 2 + most <= limit):
+        return  # (BOS, the question, <|start-latent|>; then the rest: it all fits whatever the data)
+    first: dict[str, int] = {}  # (each distinct question's first record)
+    for i, r in enumerate(train):
+        first.setdefault(r.question, i)
+    questions = list(first)
+    at, width = widest_prompt(lm, questions, max_q, train)
+    if width + most <= limit:  # (every target cut to data.max_target_tokens still fits: not tokenized)
+        return
+    stage, t_at, n_latent, target = _longest_example(lm, cfg, train, stages)
+    try:
+        data_key = "task.n_steps" if cfg.data.train.startswith("builtin") else ""
+        lm.check_fits(width, n_latent, target, "sft.c_thought", target_key="data.max_target_tokens", data_key=data_key)
+    except ConfigError as e:
+        q_at = first[questions[at]]
+        which = f"record {q_at}" if q_at == t_at else f"record {q_at}'s question with record {t_at}'s target"
+        unlimited = (
+            "; data.max_question_tokens is 0 (no limit): set it to cut each question to its last tokens"
+            if not max_q
+            else ""
+        )
+        raise ConfigError(f"{what}: {which} (counting from 0) at stage {stage}: {e}{unlimited}") from None
+
+
+def trained_layouts(cfg: Config) -> list[int]:
+    """The latent layouts (:func:`~.curriculum.layout_stage`) the run trains examples at: each epoch's stage's, and
+    under ``sft.uniform_prob`` (a record drawn at a random stage) every one."""
+    s = cfg.sft
+    stages = {layout_stage(stage_of_epoch(epoch, cfg), cfg) for epoch in range(s.num_epochs)}
+    if s.uniform_prob > 0 and s.mode in ("coconut", "pause", "no_curriculum"):
+        stages |= set(range(s.max_latent_stage + 2))
+    return sorted(stages)
+
+
+def _longest_example(lm: LatentLM, cfg: Config, train: list[Record], stages: list[int]) -> tuple[int, int, int, int]:
+    """(stage, record, latent thoughts, target tokens) of the first example of ``train`` whose latent thoughts and
+    target (:func:`~.curriculum.make_example`, cut to ``data.max_target_tokens`` as :func:`sft_loss` encodes it) are
+    the longest, at ``stages``. Within :func:`~.run_inputs.checked_once`, found once for the same data."""
+    s, max_t = cfg.sft, cfg.data.max_target_tokens
+    tokenizer = (getattr(lm.tokenizer, "name_or_path", ""), len(lm.tokenizer))
+    layout = (s.mode, s.c_thought, s.max_latent_stage, s.pad_latent_to_max)
+    key = ("sft longest", id(train), len(train), tuple(stages), layout, max_t, tokenizer)
+    found = found_at_start()
+    if found is not None and key in found and found[key][0] is train:
+        return found[key][1]
+    longest = (-1, 0, 0, 0, 0)  # (length, stage, record, thoughts, target)
+    for stage in stages:
+        layouts = [latent_layout(stage, len(r.steps), cfg) for r in train]
+        targets = [format_target(r.steps[skip:], r.answer) for r, (skip, _) in zip(train, layouts)]
+        distinct = list(dict.fromkeys(targets))
+        widths = {t: min(len(ids) + 1, max_t) for t, ids in zip(distinct, lm.token_ids(distinct))}  # (EOS)
+        for i, (target, (_, n_latent)) in enumerate(zip(targets, layouts)):
+            if n_latent + widths[target] > longest[0]:
+                longest = (n_latent + widths[target], stage, i, n_latent, widths[target])
+    result = longest[1:]
+    if found is not None:
+        found[key] = (train, result)
+    return result
 
 
 def check_validation_fits(lm: LatentLM, valid: list[Record], cfg: Config) -> None:
