@@ -382,20 +382,33 @@ def test_a_training_command_warns_of_held_out_sets_that_share_questions_before_t
     assert r.stderr == "dgrpo: error: joined\n"
 
 
-def test_grpo_checks_its_scorer_on_the_first_test_set_when_it_has_no_validation_set(trainers, run_cli, tmp_path):
-    """``eval.scorer`` is checked on the gold answers before GRPO trains: on the validation set, else (``data.valid``
-    empty) on the first test set; a scorer out of [0, 1] there is exit 2 and one line, and nothing is trained (it
-    failed at the test sets, after the whole run)."""
+def test_grpo_checks_its_scorer_on_the_first_test_set_when_it_has_no_validation_set():
+    """``eval.scorer`` is checked on the gold answers before GRPO's model loads (set_up_run:
+    ``check_scorer_on_gold``): on the validation set, else (``data.valid`` empty) on the first test set; a scorer
+    out of [0, 1] there is a RewardError, nothing trained (it failed at the test sets, after the whole run). The
+    command's exit 2 before the load: tests/test_start_checks3.py."""
+    import pytest
+
+    from dgrpo.cli import train
     from dgrpo.data.records import Record
+    from dgrpo.eval.scoring import RewardError
+
+    from conftest import tiny_config
+
+    scored: list[str] = []
 
     def scorer(completions, records, **kw):
+        scored.extend(r.answer for r in records)
         return [2.0] * len(completions)
 
-    trainers.scorer = scorer
-    trainers.tests = {"builtin:test": [Record("What is 1 plus 1?", [], "2"), Record("What is 2 plus 1?", [], "3")]}
-    r = run_cli("grpo", "--init", "x", "--out", tmp_path / "run")
-    assert r.returncode == 2 and r.stderr.startswith("dgrpo: error: ") and r.stderr.count("\n") == 1, r.stderr
-    assert "2.0" in r.stderr and trainers.calls == []
+    first, second = [Record("What is 1 plus 1?", [], "2"), Record("What is 2 plus 1?", [], "3")], [Record("q", [], "9")]
+    with pytest.raises(RewardError, match="2.0"):
+        train.check_scorer_on_gold(tiny_config(), scorer, "grpo", [], None, {"a": first, "b": second})
+    assert set(scored) == {"2", "3"}, scored
+    scored.clear()
+    with pytest.raises(RewardError, match="2.0"):  # (the validation set, when there is one)
+        train.check_scorer_on_gold(tiny_config(), scorer, "grpo", [], second, {"a": first})
+    assert scored == ["9"], scored
 
 
 def test_init_is_read_at_the_revision_set_for_it_not_at_the_configs_other_models(monkeypatch, run_cli, tmp_path):

@@ -1,5 +1,6 @@
 """What ``dgrpo sft`` checks once its data is read, before the model's weights load (minutes for a 1.5B model) and
-hours before the batch that would have failed: every training example against the context, once."""
+hours before the batch that would have failed: every training example against the context (once), and the scorer on
+gold answers; and ``dgrpo grpo``'s scorer check, made then too."""
 
 import json
 
@@ -123,3 +124,29 @@ def test_dgrpo_sft_reads_the_training_examples_once(sft_checkpoint, tmp_path, ru
     r = _sft(run_cli, sft_checkpoint, train, tmp_path / "run", *more)
     assert r.returncode == 0, r.stderr[-2000:]
     assert questions.count(n) == 1 and targets.count(True) == 1, (questions, targets.count(True))
+
+
+def test_sft_checks_its_scorer_before_the_weights_load(sft_checkpoint, tmp_path, run_cli, events):
+    """``eval.scorer`` on the training data's gold answers came once the model had loaded: a scorer that fails was
+    refused minutes into a large model's start. It comes before the load now."""
+    scorer = tmp_path / "scorer.py"
+    scorer.write_text("def broken(completions, records, **kw):\n    raise ValueError('no such column')\n")
+    r = _sft(run_cli, sft_checkpoint, _training_file(tmp_path), tmp_path / "run", f"eval.scorer={scorer}:broken")
+    assert r.returncode == 2 and "no such column" in r.stderr, r.stderr[-2000:]
+    assert "load" not in events, events
+
+
+def test_grpo_checks_its_scorer_on_the_first_test_set_before_the_weights_load(
+    sft_checkpoint, tmp_path, run_cli, events
+):
+    """GRPO's scorer check (on the validation set, else the first test set) came once the model had loaded; it comes
+    before the load now, after the reward's check on the training data's gold answers."""
+    scorer = tmp_path / "scorer.py"
+    scorer.write_text("def two(completions, records, **kw):\n    return [2.0] * len(completions)\n")
+    test = tmp_path / "test.jsonl"
+    test.write_text('{"question": "1 + 1 ?", "answer": "2"}\n{"question": "2 + 1 ?", "answer": "3"}\n')
+    over = [f"data.train={_training_file(tmp_path)}", "data.valid=", f"data.test=[{test}]"]
+    more = [f"eval.scorer={scorer}:two", "grpo.reward=numeric"]
+    r = run_cli("grpo", "--init", sft_checkpoint, *tiny_args(), "--set", *over, *more, "--out", tmp_path / "run")
+    assert r.returncode == 2 and "2.0" in r.stderr, r.stderr[-2000:]
+    assert events == ["gold"], events

@@ -353,8 +353,9 @@ def set_up_run(args: argparse.Namespace) -> Setting:
     run's end: :func:`holding_out`; a test set, a GRPO training question or an SFT training example too long for the
     context is refused from the model's tokenizer and config.json before its weights load:
     :func:`check_fits_before_training`; GRPO's reward is called on gold answers then too:
-    :func:`~dgrpo.training.grpo.checked_rewards`). The hub is probed once for the data and the model (a hub id's
-    files are looked up before the weights load, and again by the load)."""
+    :func:`~dgrpo.training.grpo.checked_rewards`, and so is the scorer: :func:`check_scorer_on_gold`). The hub is
+    probed once for the data and the model (a hub id's files are looked up before the weights load, and again by the
+    load)."""
     from ..hub import one_probe
 
     with one_probe():
@@ -424,6 +425,7 @@ def read_run(args: argparse.Namespace) -> Setting:
         from ..training.grpo import checked_rewards
 
         rewards = checked_rewards(None, cfg, train)
+    check_scorer_on_gold(cfg, options["scorer"], args.cmd, train, valid, tests)  # (so the scorer: not after the load)
     # (what the tokenizer and config.json decide is refused now, not once the weights have loaded: minutes for 1.5B)
     if (unloaded := model_without_weights(args.init or cfg.model.name_or_path, cfg)) is not None:
         check_fits_before_training(unloaded, cfg, args.cmd, tests, valid, train)
@@ -441,6 +443,24 @@ def read_run(args: argparse.Namespace) -> Setting:
     if dist.active:  # distinct, reproducible RNG streams per rank (weights are broadcast from rank 0; rollout seeds
         seed_everything(cfg.seed * 1000003 + dist.rank)  # come from the global row anyway)
     return Setting(cfg, options, train, valid, tests, dist, device, lm, Path(args.out), rewards)
+
+
+def check_scorer_on_gold(
+    cfg: Config, scorer: Any, command: str, train: list, valid: list | None, tests: dict[str, list]
+) -> None:
+    """``eval.scorer`` called on gold answers once the data is read, before the model loads (minutes for a 1.5B
+    model): SFT's on the training data, warned of when it scores them 0
+    (:func:`~dgrpo.eval.scoring.warn_if_scorer_misses_gold`); GRPO's on what it scores, the validation set, else the
+    first test set (:func:`~dgrpo.eval.scoring.check_scorer`: a scorer that fails or returns what it may not is
+    refused)."""
+    from ..eval.scoring import check_scorer, warn_if_scorer_misses_gold
+
+    if command == "sft":
+        warn_if_scorer_misses_gold(scorer, train, f"eval.scorer {cfg.eval.scorer!r}")
+        return
+    held_out = valid if valid is not None else next(iter(tests.values()), None)
+    if held_out:
+        check_scorer(scorer, held_out)
 
 
 def holding_out(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -468,14 +488,12 @@ def run_sft(args: argparse.Namespace) -> int:
 
 def sft_command(args: argparse.Namespace) -> int:
     """:func:`run_sft`'s work."""
-    from ..eval.scoring import warn_if_scorer_misses_gold
     from ..training.preemption import stopping
     from ..training.sft import train_sft
     from ..training.wording import command_line_words
 
     s = set_up_run(args)
-    cfg, options, train, tests, dist = s.cfg, s.options, s.train, s.tests, s.dist
-    warn_if_scorer_misses_gold(options["scorer"], train, f"eval.scorer {cfg.eval.scorer!r}")
+    cfg, train, tests, dist = s.cfg, s.train, s.tests, s.dist
 
     advice: list[Callable[[], list[str]]] = []  # (best/'s lines: said at the end, after the consolidation lines)
 
@@ -514,16 +532,12 @@ def run_grpo(args: argparse.Namespace) -> int:
 
 def grpo_command(args: argparse.Namespace) -> int:
     """:func:`run_grpo`'s work."""
-    from ..eval.scoring import check_scorer
     from ..training.grpo import train_grpo
     from ..training.preemption import stopping
     from ..training.wording import command_line_words
 
     s = set_up_run(args)
     cfg, tests, dist = s.cfg, s.tests, s.dist
-    held_out = s.valid if s.valid is not None else next(iter(tests.values()), None)
-    if held_out:  # (what the scorer scores; the reward was called on gold answers before the model loaded)
-        check_scorer(s.options["scorer"], held_out)
     # logged as eval/valid/accuracy, as SFT logs it (one chart for both in TensorBoard / W&B); config.json says which
     valid = {"valid": s.valid} if s.valid is not None else {}
 
