@@ -828,6 +828,7 @@ def test_a_checkpoint_of_another_adapter_is_refused_on_the_adapters_themselves(b
     adapter's: an --init adapter's own settings win), naming the settings that resume it."""
     from dgrpo.config import ConfigError
     from dgrpo.training.checkpoint import list_checkpoints, read_checkpoint
+    from dgrpo.training.wording import command_line_words
 
     out, given = tmp_path / "run", dict(given)
     saved = {"target_modules": given.pop("saved")} if "saved" in given else {}
@@ -841,7 +842,7 @@ def test_a_checkpoint_of_another_adapter_is_refused_on_the_adapters_themselves(b
         return read_checkpoint(ckpt, lm=lm, optimizer=opt)
 
     resumed_with(**saved)  # (the same adapter)
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(ConfigError) as e, command_line_words():  # (from Python: tests/test_wording2.py)
         resumed_with(**given)
     message = str(e.value)
     assert message.startswith(f"{ckpt} holds a LoRA adapter that this run's model.lora would not build: ")

@@ -164,7 +164,7 @@ def test_up_to_eight_saved_target_modules_are_listed_for_set(bases, tmp_path):
         config = {"r": saved["r"], "lora_alpha": saved["alpha"], "target_modules": [f"m{i}" for i in range(n)]}
         config["trainable_token_indices"] = lora.latent_token_rows(lm)
         (tmp_path / str(n) / lora.ADAPTER_CONFIG).write_text(json.dumps(config))
-        assert lora.other_adapter(tmp_path / str(n), lm) == (
+        assert lora.other_adapter(tmp_path / str(n), lm, True) == (
             says if n == 8 else f"model.lora.target_modules as {tmp_path / '9' / lora.ADAPTER_CONFIG} lists them"
         )
 
@@ -250,7 +250,7 @@ def test_saved_target_modules_given_as_a_pattern_are_left_to_the_adapter_config(
     config["trainable_token_indices"] = lora.latent_token_rows(lm)
     file = tmp_path / lora.ADAPTER_CONFIG
     file.write_text(json.dumps(config))
-    assert lora.other_adapter(tmp_path, lm) == f"model.lora.target_modules as {file} lists them"
+    assert lora.other_adapter(tmp_path, lm, True) == f"model.lora.target_modules as {file} lists them"
 
 
 def test_the_init_warning_writes_out_every_given_target_module():

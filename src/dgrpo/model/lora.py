@@ -477,11 +477,10 @@ def targets_setting(targets: Any, config: Path | str | None, key: str = "model.l
     return f"{key} as {config} lists them"
 
 
-def other_adapter(folder: Path, lm: LatentLM) -> str | None:
+def other_adapter(folder: Path, lm: LatentLM, cli: bool) -> str | None:
     """How the adapter saved in ``folder`` differs from the policy adapter ``lm`` holds (None: the same): the
-    ``model.lora`` settings that would give the saved one, as ``--set`` takes them (target modules as
-    :func:`targets_setting` spells them)."""
-    return adapter_changes(folder, adapter_shape(lm.peft.peft_config[POLICY]))
+    ``model.lora`` settings that would give the saved one, worded for the caller (:func:`adapter_changes`)."""
+    return adapter_changes(folder, adapter_shape(lm.peft.peft_config[POLICY]), cli)
 
 
 def planned_adapter(lora_cfg: dict, source: str) -> dict[str, Any] | None:
@@ -525,21 +524,25 @@ def planned_base(source: str) -> str | None:
     return base if base is not None and Path(base).is_absolute() else None
 
 
-def adapter_changes(folder: Path, now: dict[str, Any]) -> str | None:
+def adapter_changes(folder: Path, now: dict[str, Any], cli: bool) -> str | None:
     """How the adapter saved in ``folder`` differs from ``now`` (:func:`adapter_shape`'s keys, or some of them: those
-    compared), as :func:`other_adapter` says it; None: no difference."""
+    compared): the ``model.lora`` settings that would give the saved one, as ``--set`` takes them (``cli``: the
+    command line runs the trainer), else as a Python caller sets them in its config (``the config's model.lora.r =
+    4``); target modules as :func:`targets_setting` spells them. None: no difference."""
     saved = adapter_shape(_adapter_config(folder))
     if all(saved[k] == now[k] for k in now):
         return None
     keep = []
     for key in (k for k in saved if k in now and saved[k] != now[k]):
-        targets = saved[key]
-        if key == "target_modules":
-            spelt = targets_setting(targets, folder / ADAPTER_CONFIG)
-            keep.append(f"--set '{spelt}'" if listed_targets(targets) else spelt)
+        value, many = saved[key], key == "target_modules" and not listed_targets(saved[key])
+        if many:  # (named by the adapter's file, for the command line and Python alike)
+            keep.append(targets_setting(value, folder / ADAPTER_CONFIG))
+        elif cli:
+            spelt = targets_setting(value, None) if key == "target_modules" else f"model.lora.{key}={_as_set(value)}"
+            keep.append(f"--set '{spelt}'" if key == "target_modules" else f"--set {spelt}")
         else:
-            keep.append(f"--set model.lora.{key}={_as_set(saved[key])}")
-    return ", ".join(keep)
+            keep.append(f"model.lora.{key} = {value!r}")
+    return ", ".join(keep) if cli else "the config's " + " and ".join(keep)
 
 
 def _adapter_config(folder: Path) -> dict:

@@ -767,7 +767,7 @@ def check_same_adapter(ckpt: Path, lm) -> None:
 
     if getattr(lm, "peft", None) is None or not is_adapter_dir(ckpt / "model"):
         return
-    keep = other_adapter(ckpt / "model", lm)
+    keep = other_adapter(ckpt / "model", lm, in_command_line())
     if keep is not None:
         raise other_adapter_error(ckpt, keep)
 
@@ -789,7 +789,7 @@ def check_planned_adapter(candidates: list[Path], model_cfg: dict) -> None:
         if not is_adapter_dir(ckpt / "model"):
             continue
         try:
-            keep = adapter_changes(ckpt / "model", now)
+            keep = adapter_changes(ckpt / "model", now, in_command_line())
         except CheckpointError:  # (unreadable: the checkpoint's reader says so, and takes an older one)
             continue
         if keep is not None:
