@@ -91,3 +91,50 @@ def test_many_saved_target_modules_are_named_by_their_file_for_either_caller(lor
     named = f"model.lora.target_modules as {file} lists them"
     assert lora.adapter_changes(ckpt / "model", now, True) == named
     assert lora.adapter_changes(ckpt / "model", now, False) == f"the config's {named}"
+
+
+@pytest.mark.parametrize("cli", [False, True], ids=["python", "command_line"])
+def test_an_sft_resume_on_other_data_is_refused_in_its_callers_words(tokenizer, task_records, tmp_path, cli):
+    """SFT's refusal of a resume on other training data once the checkpoint loaded (RunDir.check_same_data, now
+    resume_check.recorded_changes as GRPO's): from Python it names the arguments beside the options, from the
+    command line the options only; the same records resume, and allow_config_change goes on, saying so."""
+    from contextlib import nullcontext
+
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.run import RunDir
+    from dgrpo.training.sft import SFTRun
+
+    from conftest import make_lm, tiny_config
+
+    cfg, out, said = tiny_config(), tmp_path / "run", []
+    with RunDir(out, cfg, Dist(), "sft", log=said.append) as run:
+        first = SFTRun(make_lm(tokenizer), cfg, Dist(), run, task_records[:16])
+        run.start(None)
+        first.enter_stage(1)
+        first.save(1, 2)
+    ckpt = out / "checkpoints" / "step-00000000"
+    never, allow = (
+        ("--resume never", "--allow-config-change")
+        if cli
+        else (
+            "--resume never (resume='never')",
+            "--allow-config-change (allow_config_change=True)",
+        )
+    )
+    for train, what in (
+        (task_records[16:32], "16 records as now, other ones"),
+        (task_records[:8], "16 records, now 8"),
+    ):
+        with command_line_words() if cli else nullcontext(), pytest.raises(ConfigError) as e:
+            with RunDir(out, cfg, Dist(), "sft", log=said.append) as run:
+                SFTRun(make_lm(tokenizer), cfg, Dist(), run, train)
+        assert str(e.value) == (
+            f"{ckpt} was trained on other training data than given now ({what}): resume with the same data, start "
+            f"over with {never}, or pass {allow} to go on"
+        )
+    with command_line_words() if cli else nullcontext():
+        with RunDir(out, cfg, Dist(), "sft", log=said.append) as run:
+            SFTRun(make_lm(tokenizer), cfg, Dist(), run, task_records[:16])
+        with RunDir(out, cfg, Dist(), "sft", allow_config_change=True, log=said.append) as run:
+            SFTRun(make_lm(tokenizer), cfg, Dist(), run, task_records[:8])
+    assert f"dgrpo: resuming {ckpt}, trained on other training data than given now (16 records, now 8)" in said

@@ -71,7 +71,7 @@ from .out_dir import (
     topmost_missing,
 )
 from .preemption import in_test_sets, stop, stop_if_requested, stopping, writing_the_end
-from .resume_check import NEW_OUT, SAME_DATA, START_OVER, ResumeCheck, data_change, quiet_log
+from .resume_check import NEW_OUT, START_OVER, ResumeCheck, quiet_log, recorded_changes
 from .tracking import Tracker, describe_backends, open_trackers
 from .wording import in_command_line
 
@@ -426,10 +426,10 @@ class RunDir(ResumeCheck):
     def check_same_data(self, saved: str | None, given: str) -> None:
         """Refuse to resume on other training data than the checkpoint was trained on (``saved`` and ``given``:
         :func:`~dgrpo.data.records.fingerprint`), unless ``allow_config_change`` (:meth:`refuse_unrecorded_change`).
-        A checkpoint written before dgrpo recorded its data (``saved`` None) is not checked."""
-        if saved is None or saved == given:
-            return
-        self.refuse_unrecorded_change(data_change(saved, given), SAME_DATA)
+        A checkpoint written before dgrpo recorded its data (``saved`` None) is not checked. Compared as GRPO's
+        resume compares them (:func:`~.resume_check.recorded_changes`)."""
+        for what, keep in recorded_changes({"train_data": saved}, given):
+            self.refuse_unrecorded_change(what, keep)
 
     def refuse_unrecorded_change(self, what: str, keep: str) -> None:
         """A resume of the loaded checkpoint on what the config does not hold but the checkpoint recorded (the
