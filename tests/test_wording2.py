@@ -138,3 +138,61 @@ def test_an_sft_resume_on_other_data_is_refused_in_its_callers_words(tokenizer, 
         with RunDir(out, cfg, Dist(), "sft", allow_config_change=True, log=said.append) as run:
             SFTRun(make_lm(tokenizer), cfg, Dist(), run, task_records[:8])
     assert f"dgrpo: resuming {ckpt}, trained on other training data than given now (16 records, now 8)" in said
+
+
+def _stop_lines() -> list[str]:
+    """The lines of a run stopped by non-finite SFT steps and by a GRPO run's skipped steps, as the caller reads
+    them now."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from dgrpo.training.grpo import LoopState, _check_stall
+    from dgrpo.training.guards import NonFiniteGuard
+
+    from conftest import tiny_config
+
+    guard = NonFiniteGuard(3, "SFT", "sft.lr", streak=3)
+    g = tiny_config(**{"grpo.max_skip_streak": 1}).grpo
+    run = SimpleNamespace(out_dir=Path("out"), log=lambda line: None)
+    stall = _check_stall(run, LoopState(), {"step": 4, "skipped": 1, "reward_mean": 0.0}, g)  # type: ignore[arg-type]
+    assert stall is not None
+    return [str(guard.error(7, Path("out/checkpoints/step-00000007"))), stall]
+
+
+def test_a_stopped_runs_line_names_the_resume_as_its_caller_sets_it():
+    """A run stopped by non-finite steps (train_sft / train_grpo) or by a GRPO run's skipped steps told a Python
+    caller to resume with --set ... --allow-config-change, options it never types: it is told the config's setting
+    and allow_config_change=True; the command line still reads the options."""
+    nonfinite, stall = _stop_lines()
+    assert nonfinite.endswith("resume with a lower sft.lr (the config's sft.lr = ... and allow_config_change=True)"), (
+        nonfinite
+    )
+    assert stall.endswith(
+        "resume with the config's grpo.max_skip_streak = 0 and allow_config_change=True to keep going"
+    ), stall
+    with command_line_words():
+        nonfinite, stall = _stop_lines()
+    assert nonfinite.endswith("resume with a lower sft.lr (--set sft.lr=... --allow-config-change)"), nonfinite
+    assert stall.endswith("resume with --set grpo.max_skip_streak=0 --allow-config-change to keep going"), stall
+
+
+@pytest.mark.parametrize("cli", [False, True], ids=["python", "command_line"])
+def test_the_commit_to_pin_a_changed_revision_to_is_named_as_its_caller_sets_it(tmp_path, cli):
+    """A resume under another model.revision than the run loaded its model at: the refusal names the commit to pin,
+    --set model.revision=COMMIT on the command line, and from Python (RunDir of train_sft / train_grpo) the config's
+    model.revision = 'COMMIT' (it said --set)."""
+    import json
+    from contextlib import nullcontext
+
+    from conftest import grpo_run_dir, state_only_checkpoint, tiny_config
+
+    out = tmp_path / "run"
+    with grpo_run_dir(out, tiny_config(**{"model.revision": "abc123"})) as run:
+        run.start(None)
+    state_only_checkpoint(out / "checkpoints" / "step-00000001")
+    assert json.loads((out / "config.json").read_text())["model"]["revision"] == "abc123"
+    with command_line_words() if cli else nullcontext(), pytest.raises(ConfigError) as e:
+        with grpo_run_dir(out, tiny_config(**{"model.revision": "v1"})):
+            pass
+    pin = "--set model.revision=abc123" if cli else "the config's model.revision = 'abc123'"
+    assert f"(the run loaded its model at commit abc123: {pin})" in str(e.value), str(e.value)

@@ -60,7 +60,7 @@ from ..model.verified import (
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, STEP_DIR, checkpoint_dirs, stage_dirs, step_dir_name
 from .distributed import TrainingState
 from .master_weights import LOW_PRECISION
-from .wording import in_command_line, init_named
+from .wording import in_command_line, init_named, setting_named
 
 #: torch optimizers' per-parameter state tensors, shaped like their parameter (8-bit optimizers keep others), and
 #: MasterWeightAdamW's float32 copy of the weight
@@ -738,11 +738,7 @@ def check_same_hub_base(ckpt: Path, lm) -> None:
 
     saved = adapter_base_revision(ckpt / "model")
     if saved and saved != lm.revision:
-        how = (
-            f"--set model.revision={saved} --allow-config-change"
-            if in_command_line()
-            else f"the config's model.revision = {saved!r} and allow_config_change=True"
-        )
+        how = setting_named("model.revision", saved, repr(saved), in_command_line(), allow=True)
         raise ConfigError(
             f"{ckpt}: its LoRA adapter was trained on {lm.name_or_path} at commit {saved}, and that base was read "
             f"now at commit {lm.revision} (the hub's branch moved on): resume on the same weights with {how}"

@@ -87,6 +87,7 @@ from .run_inputs import (
 )
 from .schedules import beta_at, lr_at
 from .sharded_eval import best_value, sharded_scores
+from .wording import in_command_line, setting_named
 
 
 def _check_shares_and_thoughts(lm: LatentLM, g: GRPOConfig, dist: Dist) -> None:
@@ -1060,8 +1061,8 @@ def _check_stall(run: RunDir, loop: LoopState, m: dict, g: GRPOConfig) -> str | 
         return (
             f"every group was filtered out for {loop.skip_streak} steps in a row (the last: metrics step {m['step']}): "
             f"training had stopped updating (reward_mean {m['reward_mean']:.3f}); state saved in {saved}; "
-            "check the rewards and grpo.alpha_min / alpha_max, or resume with --set grpo.max_skip_streak=0 "
-            "--allow-config-change to keep going"
+            "check the rewards and grpo.alpha_min / alpha_max, or resume with "
+            f"{setting_named('grpo.max_skip_streak', '0', '0', in_command_line(), allow=True)} to keep going"
         )
     return None
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .distributed import Dist
+from .wording import in_command_line, setting_named
 
 
 class TrainingStopped(RuntimeError):
@@ -39,10 +40,11 @@ class NonFiniteGuard:
         return self.streak >= self.limit
 
     def error(self, step: int, saved_in: Path) -> NonFiniteError:
+        """The stop's line, its resume worded for the caller (:func:`~.wording.in_command_line`)."""
+        how = setting_named(self.lr_key, "...", "...", in_command_line(), allow=True)
         return NonFiniteError(
             f"{self.streak} {self.what} optimizer steps in a row had a non-finite loss or gradient (step {step}); "
-            f"state saved in {saved_in}; check the data, or resume with a lower {self.lr_key} (--set "
-            f"{self.lr_key}=... --allow-config-change)"
+            f"state saved in {saved_in}; check the data, or resume with a lower {self.lr_key} ({how})"
         )
 
 

@@ -35,7 +35,7 @@ from ..run_layout import (
 from ..text import first_items
 from .checkpoint import check_planned_adapter, checkpoint_command, foreign_entries, list_checkpoints, resume_candidates
 from .out_dir import check_removable, is_run_config, is_run_metrics
-from .wording import command_line_words, in_command_line, init_named
+from .wording import command_line_words, in_command_line, init_named, setting_named
 
 #: options that change neither the computation nor its results: a resumed run may change them freely. Recomputing
 #: the decoder layers or calls gives the same gradients, bit for bit on CPU (tests/test_recompute.py); keeping the
@@ -404,6 +404,10 @@ class ResumeCheck:
         too (``--resume never (resume='never')``)."""
         return cli if self.cli else f"{cli} ({api})"
 
+    def _set(self, key: str, value: str) -> str:
+        """The config's ``key`` set to the text ``value``, as the caller sets it (:func:`~.wording.setting_named`)."""
+        return setting_named(key, value, repr(value), self.cli)
+
     def _init_named(self, path: Path | None = None) -> str:
         """How to start a new run from the model in ``path``, as the caller names it (:func:`~.wording.init_named`)."""
         return init_named(path, self.cli)
@@ -690,7 +694,7 @@ class ResumeCheck:
         refused = [k for k in changed if not (self.cfg["model"]["lora"]["r"] and k in ADAPTER_KEYS)]
         if refused and not self.allow_config_change:
             then = old.get("model", {}).get("revision") if "model.revision" in refused else None
-            pin = f" (the run loaded its model at commit {then}: --set model.revision={then})" if then else ""
+            pin = f" (the run loaded its model at commit {then}: {self._set('model.revision', then)})" if then else ""
             never, allow = self._option(*START_OVER), self._option(*ALLOW_CHANGE)
             raise ConfigError(
                 f"{what} a run started with a different config ({first_items(refused, 8)}); resume it "

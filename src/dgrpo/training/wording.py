@@ -35,3 +35,12 @@ def init_named(path: Path | None, cli: bool) -> str:
     if path is None:
         return "--init" if cli else "LatentLM.from_pretrained"
     return f"--init {path}" if cli else f"LatentLM.from_pretrained({str(path)!r}) as a new run's model"
+
+
+def setting_named(key: str, cli_value: str, python_value: str, cli: bool, allow: bool = False) -> str:
+    """How to run with the config's ``key`` set to a value: ``--set KEY=VALUE`` (``cli_value``, as ``--set`` reads
+    it), or from Python ``the config's KEY = VALUE`` (``python_value``, as Python writes it); ``allow``: a resume
+    that changes the config, ``--allow-config-change`` (``allow_config_change=True``) with it."""
+    if cli:
+        return f"--set {key}={cli_value}" + (" --allow-config-change" if allow else "")
+    return f"the config's {key} = {python_value}" + (" and allow_config_change=True" if allow else "")
