@@ -196,3 +196,33 @@ def test_the_commit_to_pin_a_changed_revision_to_is_named_as_its_caller_sets_it(
             pass
     pin = "--set model.revision=abc123" if cli else "the config's model.revision = 'abc123'"
     assert f"(the run loaded its model at commit abc123: {pin})" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("resume", ["auto", "never"])
+@pytest.mark.parametrize("cli", [False, True], ids=["python", "command_line"])
+def test_a_failed_test_sets_line_says_how_to_finish_the_run_as_its_caller_does(tmp_path, capsys, cli, resume):
+    """The line before a failed test sets' error (train_sft / train_grpo from Python too) told a Python caller to
+    run 'the same command' (without --resume never), or to pass --set 'data.test=[]' --allow-config-change: it is
+    told the same call (with resume='auto') and the config's data.test = [] with allow_config_change=True; the
+    command line reads its options as before."""
+    from contextlib import nullcontext
+
+    from conftest import grpo_run_dir
+
+    def failing(lm, best):
+        raise ValueError("boom on the test set")
+
+    out = tmp_path / "run"
+    with command_line_words() if cli else nullcontext(), grpo_run_dir(out, resume=resume) as run:
+        run.start(None)
+        with pytest.raises(ValueError, match="boom"):
+            run.final_eval(failing, None, 1, None)
+    if cli:
+        again = "the same command" if resume == "auto" else "the same command without --resume never"
+        skip = "--set 'data.test=[]' --allow-config-change"
+    else:
+        again = "the same call" if resume == "auto" else "the same call with resume='auto'"
+        skip = "the config's data.test = [] and allow_config_change=True"
+    assert capsys.readouterr().err.endswith(
+        f"once they can run, {again} evaluates them (it trains no step), or {skip} skips them\n"
+    )

@@ -661,10 +661,12 @@ class RunDir(ResumeCheck):
     def same_command(self) -> str:
         """The command that goes on from the newest checkpoint, as the run's lines name it: under ``--resume never``
         or ``--resume PATH`` the same command would start over or go back to PATH (the command line's stop lines
-        say so too: ``dgrpo.cli._resume_hint``)."""
+        say so too: ``dgrpo.cli._resume_hint``); from Python, the same call (with ``resume='auto'``)."""
         if self.resume_mode == "auto":
-            return "the same command"
-        return f"the same command without --resume {self.resume_mode}"
+            return "the same command" if self.cli else "the same call"
+        return (
+            f"the same command without --resume {self.resume_mode}" if self.cli else "the same call with resume='auto'"
+        )
 
     @property
     def rollouts_path(self) -> Path:
@@ -705,12 +707,18 @@ class RunDir(ResumeCheck):
                 print(
                     f"dgrpo: the test sets' evaluation failed (below): the training is done and checkpointed in "
                     f"{self.out_dir / CHECKPOINTS_DIR}; {last} after the test sets: once they can run, "
-                    f"{self.same_command} evaluates them (it trains no step), or --set 'data.test=[]' "
-                    "--allow-config-change skips them",
+                    f"{self.same_command} evaluates them (it trains no step), or {self._no_test_sets} skips them",
                     file=sys.stderr,
                     flush=True,
                 )
             raise
+
+    @property
+    def _no_test_sets(self) -> str:
+        """How to resume a run without its test sets, as the caller sets it (the command line's quoted ``--set``)."""
+        if self.cli:
+            return "--set 'data.test=[]' --allow-config-change"
+        return "the config's data.test = [] and allow_config_change=True"
 
     def write_rollouts(self, rows: list[dict]) -> None:
         """Append rows to ``rollouts.jsonl`` (rank 0)."""
