@@ -1534,7 +1534,7 @@ def test_a_resume_after_the_reward_file_was_edited_warns_naming_it(tmp_path):
     reward.write_text("def reward(completions, records):\n    return [1.0 for _ in completions]\n")
     assert run_to(3) == [
         f"{reward.resolve()} changed since this run's start at step 1: the steps from 2 use the file as it is now; "
-        "restore it to resume on the same code, or start a new run (--resume never)"
+        "restore it to resume on the same code, or start a new run (resume='never')"
     ]
 
 

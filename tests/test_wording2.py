@@ -2,6 +2,7 @@
 (:func:`dgrpo.training.wording.command_line_words`), else what a Python caller sets or passes."""
 
 import re
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -98,7 +99,6 @@ def test_an_sft_resume_on_other_data_is_refused_in_its_callers_words(tokenizer, 
     """SFT's refusal of a resume on other training data once the checkpoint loaded (RunDir.check_same_data, now
     resume_check.recorded_changes as GRPO's): from Python it names the arguments beside the options, from the
     command line the options only; the same records resume, and allow_config_change goes on, saying so."""
-    from contextlib import nullcontext
 
     from dgrpo.training.distributed import Dist
     from dgrpo.training.run import RunDir
@@ -182,7 +182,6 @@ def test_the_commit_to_pin_a_changed_revision_to_is_named_as_its_caller_sets_it(
     --set model.revision=COMMIT on the command line, and from Python (RunDir of train_sft / train_grpo) the config's
     model.revision = 'COMMIT' (it said --set)."""
     import json
-    from contextlib import nullcontext
 
     from conftest import grpo_run_dir, state_only_checkpoint, tiny_config
 
@@ -205,7 +204,6 @@ def test_a_failed_test_sets_line_says_how_to_finish_the_run_as_its_caller_does(t
     run 'the same command' (without --resume never), or to pass --set 'data.test=[]' --allow-config-change: it is
     told the same call (with resume='auto') and the config's data.test = [] with allow_config_change=True; the
     command line reads its options as before."""
-    from contextlib import nullcontext
 
     from conftest import grpo_run_dir
 
@@ -226,3 +224,22 @@ def test_a_failed_test_sets_line_says_how_to_finish_the_run_as_its_caller_does(t
     assert capsys.readouterr().err.endswith(
         f"once they can run, {again} evaluates them (it trains no step), or {skip} skips them\n"
     )
+
+
+def test_a_changed_plugin_files_warning_names_a_new_run_as_its_caller_starts_one(tmp_path):
+    """A resume after a plug-in file changed (train_grpo from Python too) warned a Python caller to start a new run
+    with --resume never: it is told resume='never'; the command line still reads --resume never."""
+    import warnings
+
+    from dgrpo.training.applied import record_applied, warn_if_plugins_changed
+
+    path = tmp_path / "applied.json"
+    record_applied(path, 0, {"plugin_files": {"r.py": "a"}})
+    for cli, new_run in ((False, "resume='never'"), (True, "--resume never")):
+        with warnings.catch_warnings(record=True) as caught, command_line_words() if cli else nullcontext():
+            warnings.simplefilter("always")
+            warn_if_plugins_changed(path, 4, {"plugin_files": {"r.py": "b"}})
+        assert [str(w.message) for w in caught] == [
+            "r.py changed since this run's start at step 0: the steps from 4 use the file as it is now; restore it "
+            f"to resume on the same code, or start a new run ({new_run})"
+        ]

@@ -34,6 +34,7 @@ from ..model.verified import write_text_atomically
 from ..plugins import source_hashes
 from .distributed import Dist
 from .master_weights import MasterWeightAdamW
+from .wording import in_command_line
 
 
 def optimizer_name(opt: torch.optim.Optimizer) -> str:
@@ -116,17 +117,19 @@ def warn_if_plugins_changed(path: Path, step: int, applied: dict[str, Any]) -> N
     """Warn, one line per file, when a plug-in file ``applied`` records (``plugin_files``) has contents other than at
     the previous start recorded in ``applied.json`` at ``path`` (before ``step``): a config names a reward by its
     path, so a resume after an edit of the file would train on another reward without a word. (An unreadable file is
-    :func:`record_applied`'s to warn about, once: it is read right after.)"""
+    :func:`record_applied`'s to warn about, once: it is read right after.) A new run is named as the caller starts
+    one (:func:`~.wording.in_command_line`)."""
     before = _entries_before(path, step, warn=False)
     recorded = before[-1].get("plugin_files") if before else None
     if not isinstance(recorded, dict):  # (a new run, or one recorded before plugin_files)
         return
+    new_run = "--resume never" if in_command_line() else "resume='never'"
     for file, digest in applied.get("plugin_files", {}).items():
         if recorded.get(file, digest) != digest:
             warnings.warn(
                 f"{file} changed since this run's start at step {before[-1].get('started_at_step')}: the steps from "
                 f"{step} use the file as it is now; restore it to resume on the same code, or start a new run "
-                "(--resume never)",
+                f"({new_run})",
                 stacklevel=2,
             )
 
