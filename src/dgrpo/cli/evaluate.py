@@ -189,6 +189,7 @@ def dataset_label(data: str, split: str | None) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..eval.evaluate import eval_options
     from ..eval.results import write_results
+    from ..eval.scoring import RewardError
     from ..hub import one_probe
     from ..training.preemption import in_test_sets, stop, stop_requested, stopping
 
@@ -217,7 +218,10 @@ def run(args: argparse.Namespace) -> int:
             for data, recs in sets.items():
                 name = done.start(dataset_label(data, args.split), len(sets))
                 how: dict[str, Any] = {"plain": e.plain, "shots": e.shots, "limit": e.limit, **options}
-                r = evaluate_shards(lm, recs, dist, dataset=name, **how)
+                try:
+                    r = evaluate_shards(lm, recs, dist, dataset=name, **how)
+                except RewardError as err:  # (a scorer failing on one set of several: which, and what is written)
+                    raise type(err)(f"{err}; {done.line()}") from None
                 if dist.is_main:
                     r.model = model_label(args.model, lm.hub_commit)
                     write_results(r, outs[data])  # (whole or not at all)
