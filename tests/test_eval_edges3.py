@@ -2,6 +2,9 @@
 says, and what it leaves."""
 
 import json
+import warnings
+
+import pytest
 
 
 def _write_jsonl(path, rows):
@@ -35,3 +38,22 @@ def test_a_scorer_failing_on_the_second_dataset_names_it_and_what_was_written(
     assert "written: eval/good.jsonl" in line
     summary = json.loads((tmp_path / "eval" / "good.jsonl" / "results.json").read_text())
     assert summary["n"] == 3 and not (tmp_path / "eval" / "bad.jsonl").exists()
+
+
+def test_sampled_copies_of_a_question_are_said_to_be_one_sample(tokenizer, task_records):
+    """Records repeated k times for k samples (pass@k by hand) under temperature > 0 get one completion k times, as
+    each question is drawn from the seed and its text: a warning says so and how to draw others (another seed); it
+    said nothing, and pass@k was pass@1. Greedy, or distinct questions: no warning."""
+    from dgrpo.eval.evaluate import evaluate
+
+    from conftest import make_lm
+
+    lm, one, other = make_lm(tokenizer), task_records[0], task_records[1]
+    options = {"max_new_tokens": 6, "progress": False, "dataset": "mine.jsonl"}
+    with pytest.warns(UserWarning, match=r"^2 of 4 sampled questions of mine\.jsonl repeat an earlier one: .*seed=N"):
+        r = evaluate(lm, [one, one, other, one], temperature=1.0, **options)
+    assert len({r.predictions[i]["completion"] for i in (0, 1, 3)}) == 1  # (what the warning says)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        evaluate(lm, [one, one], **options)  # greedy: one answer is what is asked
+        evaluate(lm, [one, other], temperature=1.0, **options)

@@ -150,6 +150,8 @@ def generate_answers(
     n_latent = lm.settings.n_latent if n_latent is None else n_latent
     _check_n_latent("generate_answers", n_latent, "an int >= 0 (None: the model's own)")
     _check_questions(lm, questions, n_latent, max_new_tokens, markers, max_question_tokens, dataset, prompt_key)
+    if temperature > 0 and sampling_seeds is None:
+        _warn_if_copies_sampled_alike(questions, dataset)
     seeds = _question_perturbation_seeds(questions, perturbation, perturbation_seeds)
     if perturbation is not None and not perturbation.batched:
         batch_size = 1  # native dropout replays the global RNG stream: one row at a time
@@ -163,6 +165,20 @@ def generate_answers(
             for i, text in zip(idx, texts):
                 out[i] = text
     return out
+
+
+def _warn_if_copies_sampled_alike(questions: list[str], dataset: str) -> None:
+    """Warn when sampled questions repeat: each is drawn from its own seed (of the seed and its text), so a copy gets
+    the first's completion, and records repeated for several samples (pass@k, a vote) were one sample k times."""
+    copies = len(questions) - len(set(questions))
+    if copies:
+        of = f" of {dataset}" if dataset else ""
+        warnings.warn(
+            f"{copies} of {len(questions)} sampled questions{of} repeat an earlier one: each question is drawn from "
+            "its own seed (of the seed and its text), so a copy gets the same completion; for several samples of a "
+            "question evaluate it again with other seeds (seed=N, --set seed=N)",
+            stacklevel=3,
+        )
 
 
 def _length_batches(questions: list[str], batch_size: int) -> list[list[int]]:
