@@ -3,8 +3,8 @@
 ``recorded_changes``, ``check_resume_data``), the check of every training question against the context
 (``grpo.check_rollouts_fit`` / ``_widest_prompt``), a reward's identity and positional-only refusal
 (``scoring.function_name`` / ``_bound_value`` / ``_refuse_keywordless``), and the data files' checks
-(``data.check_files_exist`` / ``_files_like``, ``loaders._spread_object``). Each test's docstring names the behaviour
-and the mutant it kills.
+(``data.check_files_exist`` / ``_files_like``, ``loaders._spread_object``), and a W&B sweep's check
+(``tracking._holds`` / ``check_sweep_parameters``). Each test's docstring names the behaviour and the mutant it kills.
 
 Equivalent mutants (no behaviour tells them apart), left alive:
 
@@ -291,3 +291,38 @@ def test_only_an_object_over_several_lines_is_said_to_be_one(tmp_path):
     assert _spread_object(tmp_path / "a.jsonl", '{"question": "q"} x\n', 1) is None
     said = _spread_object(tmp_path / "a.jsonl", '{"question": "q",\n "answer": "1"}\n', 1)
     assert isinstance(said, DataError) and "lines 1-2: one JSON object written over several lines" in str(said)
+
+
+def test_a_swept_text_is_held_by_a_recorded_spec_whose_local_part_was_made_absolute():
+    """A data spec joined by '+' (``gsm8k+my.jsonl``) is recorded with its local part absolute
+    (``gsm8k+/abs/my.jsonl``): it holds the sweep's value; a list holds a sweep's list of the same length only.
+    Kills ``any(os.path.isabs(part) for part in recorded.split("+"))`` -> ``os.path.isabs(recorded)`` and dropping
+    ``len(recorded) == len(swept)`` in tracking._holds."""
+    from dgrpo.training.tracking import _holds
+
+    assert _holds("gsm8k+/abs/my.jsonl", "gsm8k+my.jsonl")
+    assert not _holds("gsm8k+other", "gsm8k+my.jsonl")
+    assert not _holds(["a", "b"], ["a"]) and _holds(["a", "b"], ["a", "b"])
+
+
+def test_the_sweep_check_before_the_load_does_not_warn_of_unknown_parameters(tmp_path, monkeypatch):
+    """``check_sweep_parameters(config, warn=False)`` (dgrpo sft/grpo's check before the model loads) refuses alone:
+    a parameter naming no dgrpo option is warned of by the tracker's own check, not twice. Kills ``if unknown and
+    warn`` -> ``if unknown``."""
+    import warnings
+
+    from dgrpo.config import to_dict
+    from dgrpo.training.tracking import check_sweep_parameters
+
+    from conftest import tiny_config
+
+    path = tmp_path / "params.yaml"
+    path.write_text(json.dumps({"my_note": {"value": "x"}}))
+    monkeypatch.setenv("WANDB_SWEEP_ID", "abc123")
+    monkeypatch.setenv("WANDB_SWEEP_PARAM_PATH", str(path))
+    config = to_dict(tiny_config())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_sweep_parameters(config, warn=False)
+    with pytest.warns(UserWarning, match=r"W&B sweep parameter\(s\) my_note name no dgrpo option"):
+        check_sweep_parameters(config)
