@@ -1,9 +1,9 @@
 """Tests that kill mutants of session 23's code which its own tests let survive: a checkpoint's stuck generator
 (``checkpoint.stuck_generator``), the earlier plug-in reward names a resume reads (``resume_check.same_reward``,
 ``recorded_changes``, ``check_resume_data``), the check of every training question against the context
-(``grpo.check_rollouts_fit`` / ``_widest_prompt``), a reward's identity and positional-only refusal
+(``grpo.check_rollouts_fit`` / ``run_inputs.widest_prompt``), a reward's identity and positional-only refusal
 (``scoring.function_name`` / ``_bound_value`` / ``_refuse_keywordless``), and the data files' checks
-(``data.check_files_exist`` / ``_files_like``, ``loaders._spread_object``), and a W&B sweep's check
+(``data.check_files_exist`` / ``loaders.files_like``, ``loaders._spread_object``), and a W&B sweep's check
 (``tracking._holds`` / ``check_sweep_parameters``). Each test's docstring names the behaviour and the mutant it kills.
 
 Equivalent mutants (no behaviour tells them apart), left alive:
@@ -140,7 +140,8 @@ def test_the_first_of_equally_wide_questions_in_two_batches_is_named_and_batches
     from dgrpo.config import ConfigError
     from dgrpo.data.records import Record
     from dgrpo.model.latent_lm import LatentLM
-    from dgrpo.training.grpo import QUESTIONS_AT_ONCE, check_rollouts_fit
+    from dgrpo.training.grpo import check_rollouts_fit
+    from dgrpo.training.run_inputs import QUESTIONS_AT_ONCE
 
     from conftest import make_lm, tiny_config
 
@@ -272,7 +273,7 @@ def test_files_beside_a_missing_one_offered_as_meant_are_close_names_and_files(t
     """Only data files of a close name (difflib ratio 0.8) are offered as 'did you mean'; a less close one is among
     the folder's files; a folder named like a data file is never offered. Kills cutoff 0.8 -> 0.6 and dropping
     ``p.is_file()`` in _files_like."""
-    from dgrpo.data import _files_like
+    from dgrpo.data.loaders import files_like as _files_like
 
     (tmp_path / "trains.jsonl").mkdir()
     (tmp_path / "tyzaq.jsonl").write_text("")
