@@ -7,22 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from test_data_edges2 import _hub_refused
 
 from dgrpo.config import DataConfig
 from dgrpo.data import load_spec
 from dgrpo.data.records import DataError
-
-
-def _hub_refused(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The hub datasets asked for (none may be: each ask is refused, and noted)."""
-    asked: list[str] = []
-
-    def refuse(name: str, *args: object, **kwargs: object) -> None:
-        asked.append(name)
-        raise AssertionError(f"the hub was asked for {name!r}")
-
-    monkeypatch.setattr("dgrpo.data.loaders._load_from_hub", refuse)
-    return asked
 
 
 def test_a_tsv_file_is_read_as_csv_with_tabs(tmp_path: Path) -> None:

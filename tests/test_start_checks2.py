@@ -42,9 +42,14 @@ def _training_file(tmp_path, long_at: int | None = None, n: int = 12):
     return path
 
 
-def _grpo(run_cli, init, train, out, *more):
+def run_on(run_cli, command, init, train, out, *more):
+    """``dgrpo COMMAND`` from ``init`` on the training file ``train`` alone (no validation or test set) into ``out``."""
     over = ["--set", f"data.train={train}", "data.valid=", "data.test=[]", *more]
-    return run_cli("grpo", "--init", init, *tiny_args(), *over, "--out", out)
+    return run_cli(command, "--init", init, *tiny_args(), *over, "--out", out)
+
+
+def _grpo(run_cli, init, train, out, *more):
+    return run_on(run_cli, "grpo", init, train, out, *more)
 
 
 def test_a_training_question_too_long_for_the_context_is_refused_before_the_weights_load(

@@ -5,7 +5,7 @@ gold answers; and ``dgrpo grpo``'s scorer check, made then too."""
 import json
 
 import pytest
-from test_start_checks2 import loads  # noqa: F401 - (the fixture: the order of the weights' load and the checks)
+from test_start_checks2 import loads, run_on  # noqa: F401 - (loads: the fixture, the order of the load and the checks)
 
 from conftest import tiny_args
 
@@ -30,8 +30,7 @@ def _training_file(tmp_path, n: int = 12, long_question_at: int | None = None, l
 
 
 def _sft(run_cli, init, train, out, *more):
-    over = ["--set", f"data.train={train}", "data.valid=", "data.test=[]", *more]
-    return run_cli("sft", "--init", init, *tiny_args(), *over, "--out", out)
+    return run_on(run_cli, "sft", init, train, out, *more)
 
 
 def test_a_training_question_too_long_for_the_context_is_refused_before_the_weights_load(
