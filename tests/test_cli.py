@@ -676,10 +676,18 @@ def test_sft_names_the_builtin_tasks_length_among_what_to_lower(tokenizer):
 @pytest.mark.slow
 def test_an_error_in_training_starts_its_own_line_after_the_progress_bar(run_cli, tmp_path, monkeypatch):
     """The bar is closed before the error is printed (it was closed later, when the error's traceback was freed:
-    ``sft:   0%| | 0/1 [...]dgrpo: error: ...`` on one line)."""
+    ``sft:   0%| | 0/1 [...]dgrpo: error: ...`` on one line). The error: the first batch's loss refused (a record
+    past the context is refused before training now, so the batch's own refusal is stood in for)."""
+    from dgrpo.config import ConfigError
+    from dgrpo.training import sft
+
+    def refused(*args, **kwargs):
+        raise ConfigError("sft: the sequence does not fit the model's context (a stand-in)")
+
+    monkeypatch.setattr(sft, "sft_loss", refused)
     monkeypatch.delenv("TQDM_DISABLE", raising=False)
     small = ["task.n_train=8", "task.n_valid=4", "task.n_test=4", "sft.num_epochs=1", "threads=1"]
-    r = run_cli("sft", "--set", "task.n_steps=100", *small, "--out", tmp_path / "s")
+    r = run_cli("sft", "--set", *small, "--out", tmp_path / "s")
     assert r.returncode == 2 and "sft:   0%" in r.stderr, r.stderr
     assert re.search(r"(?m)^dgrpo: error: sft: the sequence does not fit", r.stderr), r.stderr
 
