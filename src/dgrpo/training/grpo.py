@@ -777,11 +777,7 @@ def check_rollouts_fit(
     fits = len(lm.question_prefix) + n_latent + 2 + g.max_new_tokens  # (all but the question)
     if not train or limit is None or (max_tokens and not lm.settings.chat_template and fits + max_tokens <= limit):
         return
-    first: dict[str, int] = {}  # (each distinct question's first record)
-    for i, r in enumerate(train):
-        first.setdefault(r.question, i)
-    questions = list(first)
-    at, width = widest_prompt(lm, questions, max_tokens, train)
+    at, width = widest_prompt(lm, train, max_tokens)
     try:
         lm.check_fits(width, n_latent, g.max_new_tokens, key="grpo.n_latent")
     except ConfigError as e:
@@ -793,9 +789,7 @@ def check_rollouts_fit(
                 f"; data.max_question_tokens is 0 (no limit): set it{most} (the rollouts then see each question's "
                 f"last{last} tokens), or remove the record"
             )
-        raise ConfigError(
-            f"{what}: record {first[questions[at]]} (counting from 0), its longest question: {e}{cut}"
-        ) from None
+        raise ConfigError(f"{what}: record {at} (counting from 0), its longest question: {e}{cut}") from None
 
 
 def checked_rewards(

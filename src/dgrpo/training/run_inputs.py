@@ -127,15 +127,20 @@ def found_at_start() -> dict[tuple, tuple] | None:
 QUESTIONS_AT_ONCE = 1024
 
 
-def widest_prompt(lm: LatentLM, questions: list[str], max_tokens: int, train: list[Record]) -> tuple[int, int]:
-    """(index, width) of the first of ``questions`` whose prompt (:meth:`LatentLM.encode_questions`, cut to
-    ``max_tokens``) is the widest: encoded :data:`QUESTIONS_AT_ONCE` at a time, then halves of the widest batch. Within
-    :func:`checked_once`, found once for the training data ``train`` under the same prompt settings."""
+def widest_prompt(lm: LatentLM, train: list[Record], max_tokens: int) -> tuple[int, int]:
+    """(record, width): the first record of ``train`` whose question's prompt (:meth:`LatentLM.encode_questions`,
+    cut to ``max_tokens``) is the widest, and that width. Its distinct questions are encoded :data:`QUESTIONS_AT_ONCE`
+    at a time, then halves of the widest batch. Within :func:`checked_once`, found once for ``train`` under the same
+    prompt settings."""
     tokenizer = (getattr(lm.tokenizer, "name_or_path", ""), len(lm.tokenizer))
     key = ("widest", id(train), len(train), max_tokens, lm.settings.chat_template, tuple(lm.question_prefix), tokenizer)
     found = _FOUND.get()
     if found is not None and key in found and found[key][0] is train:
         return found[key][1]
+    first: dict[str, int] = {}  # (each distinct question's first record)
+    for i, r in enumerate(train):
+        first.setdefault(r.question, i)
+    questions = list(first)
 
     def width(lo: int, hi: int) -> int:
         return int(lm.encode_questions(questions[lo:hi], max_tokens=max_tokens)[0].shape[1])
@@ -148,9 +153,10 @@ def widest_prompt(lm: LatentLM, questions: list[str], max_tokens: int, train: li
     while hi - lo > 1:  # (the widest question lies in [lo, hi))
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if width(lo, mid) == widest else (mid, hi)
+    result = (first[questions[lo]], widest)
     if found is not None:
-        found[key] = (train, (lo, widest))
-    return lo, widest
+        found[key] = (train, result)
+    return result
 
 
 def warn_if_training_questions_cut(lm: LatentLM, cfg: Config, train: list[Record]) -> None:

@@ -528,11 +528,7 @@ def check_examples_fit(lm: LatentLM, cfg: Config, train: list[Record], what: str
     most = max(latent_layout(stage, 10**6, cfg)[1] for stage in stages) + 1 + max_t  # (thoughts, marker, target)
     if not train or limit is None or (max_q and not lm.settings.chat_template and max_q + 2 + most <= limit):
         return  # (BOS, the question, <|start-latent|>; then the rest: it all fits whatever the data)
-    first: dict[str, int] = {}  # (each distinct question's first record)
-    for i, r in enumerate(train):
-        first.setdefault(r.question, i)
-    questions = list(first)
-    at, width = widest_prompt(lm, questions, max_q, train)
+    q_at, width = widest_prompt(lm, train, max_q)
     if width + most <= limit:  # (every target cut to data.max_target_tokens still fits: not tokenized)
         return
     stage, t_at, n_latent, target = _longest_example(lm, cfg, train, stages)
@@ -540,7 +536,6 @@ def check_examples_fit(lm: LatentLM, cfg: Config, train: list[Record], what: str
         data_key = "task.n_steps" if cfg.data.train.startswith("builtin") else ""
         lm.check_fits(width, n_latent, target, "sft.c_thought", target_key="data.max_target_tokens", data_key=data_key)
     except ConfigError as e:
-        q_at = first[questions[at]]
         which = f"record {q_at}" if q_at == t_at else f"record {q_at}'s question with record {t_at}'s target"
         unlimited = (
             "; data.max_question_tokens is 0 (no limit): set it to cut each question to its last tokens"
