@@ -420,8 +420,7 @@ def _state_names(
     if sharded:
         return {k: k for k in opt_state["state"] if isinstance(k, str)}
     names = {id(p): n for n, p in model.named_parameters()}
-    ids = [i for g in opt_state["param_groups"] for i in g.get("params", [])]
-    return {i: names.get(id(p), "") for i, p in zip(ids, (p for g in optimizer.param_groups for p in g["params"]))}
+    return {i: names.get(id(p), "") for i, p in _state_params(optimizer, model, opt_state, sharded).items()}
 
 
 def _state_params(
