@@ -854,9 +854,10 @@ def build_rewards(reward: str, rewards: list[dict], scorer: str, filter_reward: 
 
 def check_reward(grpo: Any, scorer: str) -> list[str]:
     """Build the reward a config names (``grpo.reward(s)``, ``grpo.filter_reward``, else ``eval.scorer``) once, so
-    that a missing file or function fails in one line before data, models and training; the trainer builds it again
-    (a plug-in file's module runs once per process: its own warnings come here) and warns of the config's reward
-    then. Returns its :meth:`Rewards.identity` (what a resume compares with its checkpoint's)."""
+    that a missing file or function fails in one line before data, models and training; it is built again once the
+    data is read (``dgrpo grpo``: :func:`~dgrpo.training.grpo.checked_rewards`, told the data's columns; a plug-in
+    file's module runs once per process: its own warnings come here), which warns of the config's reward then.
+    Returns its :meth:`Rewards.identity` (what a resume compares with its checkpoint's)."""
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"grpo\.reward .* is not used")
