@@ -155,6 +155,10 @@ def _json_line(path: Path, n: int, line: str, text: str, repeated: list[str]) ->
         raise _spread_object(path, text, n) or refused from None
 
 
+#: a line's end, counted in the f-strings of the lines a JSON file's errors name
+_NEWLINE = "\n"
+
+
 def _spread_object(path: Path, text: str, n: int) -> DataError | None:
     """The DataError for JSON objects written over several lines, one after another, from line ``n`` of ``text`` (a
     file written with ``json.dump(row, f, indent=2)`` per row, in a .jsonl file or a .json one); None when line ``n``
@@ -168,7 +172,7 @@ def _spread_object(path: Path, text: str, n: int) -> DataError | None:
     if not isinstance(value, dict) or "\n" not in rest[:end]:
         return None
     return DataError(
-        f"{path} lines {n}-{n + rest[:end].count(chr(10))}: one JSON object written over several lines; JSON Lines "
+        f"{path} lines {n}-{n + rest[:end].count(_NEWLINE)}: one JSON object written over several lines; JSON Lines "
         "holds one object per line (json.dumps(row), no indent), or give the rows as one JSON list in a .json file"
     )
 
@@ -199,12 +203,9 @@ def _record_at(text: str, index: int) -> Callable[[], str]:
 
     def where() -> str:
         start = _list_item_start(text, index)
-        return f"record {index}" if start is None else f"line {text.count(NEWLINE, 0, start) + 1} (record {index})"
+        return f"record {index}" if start is None else f"line {text.count(_NEWLINE, 0, start) + 1} (record {index})"
 
     return where
-
-
-NEWLINE = "\n"
 
 
 def _list_item_start(text: str, index: int) -> int | None:
