@@ -333,19 +333,25 @@ def _refuse_keywordless(fn: Callable, name: str, what: str) -> None:
     calls it, which such a parameter refuses (``def r(completions, /, **kw)`` failed on every call, "takes 1
     positional argument but 2 were given")."""
     params = _parameters(fn)
-    only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY]
+    only = _positional_only(params)
     if not only or not any(p.kind is p.VAR_KEYWORD for p in params):
         return
     try:
         inspect.signature(fn).bind([], [])
     except TypeError:
         raise RewardError(
-            f"{what} {name}: {', '.join(only)} {'is' if len(only) == 1 else 'are'} positional-only (before '/'), but a "
-            "function taking **kwargs is called by keyword, as TRL's trainer calls it (prompts=..., completions=..., "
-            "the data's columns): remove the '/', or take dgrpo's two arguments, fn(completions, records)"
+            f"{what} {name}: {only}, but a function taking **kwargs is called by keyword, as TRL's trainer calls it "
+            "(prompts=..., completions=..., the data's columns): remove the '/', or take dgrpo's two arguments, "
+            "fn(completions, records)"
         ) from None
     except ValueError:
         return
+
+
+def _positional_only(params: list[inspect.Parameter]) -> str:
+    """``a, b are positional-only (before '/')`` for the parameters of ``params`` that are; '' when none is."""
+    only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY]
+    return f"{', '.join(only)} {'is' if len(only) == 1 else 'are'} positional-only (before '/')" if only else ""
 
 
 def _trl_only_required(fn: Callable) -> list[str]:
@@ -488,13 +494,13 @@ def _warn_prompts_first(fn: Callable, name: str, columns: Iterable[str] = ()) ->
         return
     _WARNED_DGRPO_FORM.add(name)
     kwargs = any(p.kind is p.VAR_KEYWORD for p in _parameters(fn))
-    only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY]
+    only = _positional_only(params)
     if not kwargs:
         why, fix = "it takes no **kwargs", "Add **kwargs (TRL's trainer passes more keywords too)"
         if only:
             fix = "Add **kwargs and remove the '/' (TRL's trainer passes every argument by keyword)"
     elif only:  # (a '/' kept it from TRL's form: :func:`trl_style`)
-        why = f"{', '.join(only)} {'is' if len(only) == 1 else 'are'} positional-only (before '/')"
+        why = only
         fix = "Remove the '/' (TRL's trainer passes every argument by keyword)"
     else:  # (its *args kept it from TRL's form: a decorator's wrapper(*args, **kwargs) is dgrpo's)
         why, fix = "it takes *args", "Remove the *args (TRL's trainer passes every argument by keyword)"
