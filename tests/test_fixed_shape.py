@@ -366,7 +366,7 @@ def test_a_trainer_keeps_one_decoder_per_model_and_purpose_and_frees_them(tokeni
     trainer = GRPOTrainer(make_lm(tokenizer, "qwen2"), cfg, task_records, reward_fn=code_parity)
     trainer.step()
     assert set(trainer.lm.kept_decoders) == {"generate"} and set(trainer.ref.lm.kept_decoders) == {"score"}
-    with pytest.raises(torch.OutOfMemoryError, match="grpo.keep_graphs=false"), trainer._update_oom_advice():
+    with pytest.raises(torch.OutOfMemoryError, match="grpo.keep_graphs = False"), trainer._update_oom_advice():
         raise torch.OutOfMemoryError("CUDA out of memory.")
     dec = trainer.lm.kept_decoders["generate"][1]
     cfg_m = trainer.lm.model.config

@@ -1,5 +1,6 @@
 """Out of device memory in a training phase: the error names the phase, the setting that bounds its memory and a
-value to try (``dgrpo.training.memory``)."""
+value to try (``dgrpo.training.memory``), here in the command line's words (tests/test_wording3.py: a Python
+caller's)."""
 
 from unittest import mock
 
@@ -8,10 +9,18 @@ import torch
 
 from dgrpo.config import Config, load_config
 from dgrpo.training.memory import MARK, oom_advice
+from dgrpo.training.wording import command_line_words
 
 from conftest import make_lm
 
 OOM = "CUDA out of memory. Tried to allocate 9.00 GiB. GPU 0 has a total capacity of 79.19 GiB\nthe allocator's notes"
+
+
+@pytest.fixture(autouse=True)
+def command_line():
+    """Each test as ``dgrpo sft`` / ``dgrpo grpo`` runs its trainer: the advice says ``--set``."""
+    with command_line_words():
+        yield
 
 
 def raise_oom(*args, **kwargs):

@@ -122,12 +122,14 @@ def test_the_recipes_advice_for_smaller_cards_follows_the_out_of_memory_message(
     from types import SimpleNamespace
 
     from dgrpo.training.grpo import GRPOTrainer
+    from dgrpo.training.wording import command_line_words
 
     text = resolve_config_path("paper/grpo_dropout.yaml").read_text()
     entry = text.split("\n  micro_batch_size:", 1)[1].split("\n  recompute:", 1)[0]
     comment = " ".join(" ".join(line.split("#", 1)[1] for line in entry.splitlines()).split())
     advice = comment.split("40-48 GiB cards")[1]
-    held = GRPOTrainer._held_memory(SimpleNamespace(chain_latents=True, keep_graphs=True))
+    with command_line_words():  # (the recipe's comment names the settings as --set does)
+        held = GRPOTrainer._held_memory(SimpleNamespace(chain_latents=True, keep_graphs=True))
     levers = [f"{key} {value}" for key, value in re.findall(r"grpo\.(\w+)=(\w+)", held)]
     half = load_config(Config, "paper/grpo_dropout.yaml").grpo.micro_batch_size // 2
     assert levers == ["update_latent_graphs false", "keep_graphs false"], held

@@ -345,11 +345,12 @@ def test_an_out_of_memory_step_suggests_the_next_grad_accum_dividing_the_batch()
     """An SFT step out of memory at batch_size 4, grad_accum 2: the next grad_accum that divides the batch is 4
     itself (micro-batches of one example), suggested (not the bare why, as when nothing is left to try)."""
     from dgrpo.training.memory import MARK
+    from dgrpo.training.wording import command_line_words
 
     run = object.__new__(SFTRun)
     run.cfg = tiny_config(**{"sft.batch_size": 4, "sft.grad_accum": 2})
     try:
-        with run._oom_advice():
+        with command_line_words(), run._oom_advice():
             raise torch.OutOfMemoryError("CUDA out of memory.")
     except torch.OutOfMemoryError as e:
         said = str(e)

@@ -87,7 +87,7 @@ from .run_inputs import (
 )
 from .schedules import beta_at, lr_at
 from .sharded_eval import best_value, sharded_scores
-from .wording import in_command_line, setting_named
+from .wording import in_command_line, setting_named, settings_named
 
 
 def _check_shares_and_thoughts(lm: LatentLM, g: GRPOConfig, dist: Dist) -> None:
@@ -645,10 +645,13 @@ class GRPOTrainer:
 
     def _held_memory(self) -> str:
         """The out-of-memory advice's first lever in every phase: the memory the fast engine holds between steps
-        (the latent chain's graphs, the kept decoders), whose release leaves the method as it is; '' when off."""
-        held = [("grpo.update_latent_graphs=false", self.chain_latents), ("grpo.keep_graphs=false", self.keep_graphs)]
-        free = [setting for setting, on in held if on]
-        return f"--set {' '.join(free)} (memory held between steps; the same method, a slower step)" if free else ""
+        (the latent chain's graphs, the kept decoders), whose release leaves the method as it is, named as the caller
+        sets them (:func:`~.wording.settings_named`); '' when off."""
+        held = [("grpo.update_latent_graphs", self.chain_latents), ("grpo.keep_graphs", self.keep_graphs)]
+        free = [(setting, "false", "False") for setting, on in held if on]
+        if not free:
+            return ""
+        return f"{settings_named(free, in_command_line())} (memory held between steps; the same method, a slower step)"
 
     def _models(self) -> list[LatentLM]:
         """The policy and the reference model (one model under LoRA: the reference is its adapter)."""

@@ -3,7 +3,7 @@ trainer (:func:`command_line_words`), else the Python API's arguments (``LatentL
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -41,6 +41,15 @@ def setting_named(key: str, cli_value: str, python_value: str, cli: bool, allow:
     """How to run with the config's ``key`` set to a value: ``--set KEY=VALUE`` (``cli_value``, as ``--set`` reads
     it), or from Python ``the config's KEY = VALUE`` (``python_value``, as Python writes it); ``allow``: a resume
     that changes the config, ``--allow-config-change`` (``allow_config_change=True``) with it."""
+    how = settings_named([(key, cli_value, python_value)], cli)
+    if not allow:
+        return how
+    return how + (" --allow-config-change" if cli else " and allow_config_change=True")
+
+
+def settings_named(settings: Sequence[tuple[str, str, str]], cli: bool) -> str:
+    """How to run with several of the config's settings, each ``(key, cli_value, python_value)`` as
+    :func:`setting_named` takes them: ``--set A=1 B=false``, or from Python ``the config's A = 1 and B = False``."""
     if cli:
-        return f"--set {key}={cli_value}" + (" --allow-config-change" if allow else "")
-    return f"the config's {key} = {python_value}" + (" and allow_config_change=True" if allow else "")
+        return "--set " + " ".join(f"{key}={value}" for key, value, _ in settings)
+    return "the config's " + " and ".join(f"{key} = {value}" for key, _, value in settings)
