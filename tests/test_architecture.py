@@ -18,6 +18,7 @@ LAYERS = {
     "plugins": 0,
     "text": 0,
     "paths": 0,
+    "wording": 0,
     "data": 1,
     "model": 2,
     "perturbation": 3,

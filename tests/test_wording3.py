@@ -68,3 +68,18 @@ def test_settings_are_named_together_as_each_caller_sets_them():
         "the config's sft.lr = ... and allow_config_change=True"
     )
     assert setting_named("sft.lr", "...", "...", cli=True, allow=True) == "--set sft.lr=... --allow-config-change"
+
+
+def test_the_flag_lives_below_the_model_and_the_trainers_words_are_the_same():
+    """The caller flag is at the bottom of the layers (dgrpo.wording, imported by nothing of dgrpo), so that the
+    model's refusals can be worded by caller without an import up the layers: the command line's block, entered
+    through the trainers' module, is what a model module reads, and the trainers' names are still there."""
+    import dgrpo.training.wording as trainers
+    import dgrpo.wording as lower
+
+    for name in ("command_line_words", "in_command_line", "init_named", "setting_named", "settings_named"):
+        assert getattr(trainers, name) is getattr(lower, name), name
+    assert not lower.in_command_line()
+    with trainers.command_line_words():
+        assert lower.in_command_line()
+    assert not lower.in_command_line()
