@@ -78,7 +78,14 @@ def register(sub: Any) -> None:
         "--out",
         required=True,
         help="writes results.json and predictions.jsonl here (one folder per --data of several); an earlier dgrpo "
-        "eval's results there that this one does not rewrite are kept, and named in a warning",
+        "eval's results there that this one does not rewrite are kept, and named in a warning; those it would "
+        "replace are refused when another model or dataset wrote them (--overwrite replaces them)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the results another model (or another dataset) left in the folders --out writes into (by "
+        "default refused: a second checkpoint evaluated into the first's --out replaced its results without a word)",
     )
     p.add_argument(
         "--plain",
@@ -207,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
         sets = _read_sets(outs, args.split, cfg, options["scorer"], started_in, from_checkpoint)
         warn_fsdp_not_applied(cfg)
         warn_of_earlier_results(Path(args.out), outs.values())
+        check_replaced_results(outs, args.split, model_label(args.model, cfg.model.revision or None), args.overwrite)
         check_datasets_fit(args.model, cfg, sets, args.split)  # (before the weights load and any set answered)
         # (under torchrun: each rank answers a shard of every set, with the whole model)
         dist, device = join_processes(cfg, device, fsdp=False)
@@ -522,6 +530,45 @@ def warn_of_earlier_results(out: Path, written: Iterable[Path]) -> None:
             f"{', '.join(str(p) for p in summaries)}; they are not this evaluation's",
             stacklevel=1,
         )
+
+
+def check_replaced_results(outs: dict[str, Path], split: str | None, model: str, overwrite: bool = False) -> None:
+    """ConfigError (before the model loads) when a folder this evaluation writes into holds an earlier ``dgrpo
+    eval``'s ``results.json`` of another model (``model``: :func:`model_label`; a hub id at another commit is the same
+    model) or of another dataset, unless ``overwrite``: comparing two checkpoints, a second evaluated into the first's
+    ``--out`` replaced its results without a word. The same model on the same dataset (again, with another
+    ``--limit`` or decoding) replaces its own results, as before."""
+    from ..config import ConfigError
+    from ..eval.results import is_results_file
+
+    if overwrite:
+        return
+    for data, folder in outs.items():
+        path = folder / "results.json"
+        if not is_results_file(path):
+            continue
+        earlier = json.loads(path.read_text())
+        dataset, wrote = dataset_label(data, split), earlier.get("model")
+        other = []
+        if not (isinstance(wrote, str) and _same_model(wrote, model)):
+            other.append(f"model {wrote}" if isinstance(wrote, str) else "a model it does not name")
+        if earlier["dataset"] != dataset:
+            other.append(f"dataset {earlier['dataset']}")
+        if other:
+            raise ConfigError(
+                f"--out: {path} holds the results of {' on '.join(other)}, not of {model} on {dataset}: name "
+                "another --out to keep them, or pass --overwrite to replace them"
+            )
+
+
+def _same_model(earlier: str, now: str) -> bool:
+    """Whether results naming ``earlier`` (:func:`model_label`) are of the model ``now`` names: the same directory,
+    or the same hub id (at any commit: ``ID@COMMIT``)."""
+    if earlier == now:
+        return True
+    if Path(earlier).is_absolute() or Path(now).is_absolute():  # (a local checkpoint: its directory alone)
+        return False
+    return (earlier.rpartition("@")[0] or earlier) == (now.rpartition("@")[0] or now)
 
 
 def output_dirs(datas: list[str], split: str | None, out: Path, given: bool = True) -> dict[str, Path]:
