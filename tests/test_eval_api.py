@@ -332,7 +332,7 @@ def test_a_scorer_in_trls_form_gets_every_column_in_a_vote_and_on_a_shard(lm, mo
 
     recs = [Record("q1", [], "5", {"unit": "kg"}), Record("q2", [], "7")]
     r = _mc_voted(lm, monkeypatch, recs, ["", "", "#### 7", "#### 7"], n_masks=2, scorer=per_unit)
-    assert (seen, r.correct) == ([[None]], 1)
+    assert (seen, r.correct) == ([["kg", "kg", None, None]], 1)  # (every mask's completion scored: pass@k)
     monkeypatch.setattr(ev, "generate_answers", lambda *a, **kw: ["#### 7"])
     assert evaluate(lm, recs[1:], scorer=per_unit, columns=("unit",), **FAST).correct == 1
     assert seen[-1] == [None] and recs[1].meta == {}

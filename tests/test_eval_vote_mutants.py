@@ -95,7 +95,7 @@ def test_the_vote_hands_the_scorer_the_columns_it_is_told_of(lm, monkeypatch):
     r = voted(
         lm, monkeypatch, [Record("q2", [], "7")], ["#### 7", "#### 7"], n_masks=2, scorer=per_unit, columns=("unit",)
     )
-    assert (seen, r.correct) == ([[None]], 1)
+    assert (seen, r.correct) == ([[None, None]], 1)  # (every mask's completion scored: pass@k)
 
 
 def test_the_vote_shows_its_bar_only_when_asked(lm, capsys, monkeypatch):

@@ -1529,7 +1529,13 @@ def test_a_partial_credit_scorers_values_are_in_the_predictions(tokenizer):
     result = evaluate(lm, recs, scorer=halves, max_new_tokens=2, progress=False)
     assert [p["score"] for p in result.predictions] == [1.0, 0.5, 0.0, 0.25] and result.correct == 1
     assert result.summary()["mean_score"] == 0.4375 and result.accuracy == 0.25  # (results.json: mean_score)
-    voted = evaluate_mc_vote(lm, recs, LockedDropout(p=0.1), n_masks=2, scorer=halves, max_new_tokens=2, progress=False)
+
+    def halves_per_mask(completions, records):  # (a vote scores every mask's completion: 2 per record)
+        return [v for v in [1.0, 0.5, 0.0, 0.25] for _ in range(2)][: len(completions)]
+
+    voted = evaluate_mc_vote(
+        lm, recs, LockedDropout(p=0.1), n_masks=2, scorer=halves_per_mask, max_new_tokens=2, progress=False
+    )
     assert [p["score"] for p in voted.predictions] == [1.0, 0.5, 0.0, 0.25] and voted.mean_score == 0.4375
     from dgrpo.eval.results import merge_results
 

@@ -3,6 +3,7 @@ over dropout masks (evaluate_mc_vote); the results' files and the merge of shard
 
 from __future__ import annotations
 
+import math
 import re
 import time
 import warnings
@@ -21,6 +22,7 @@ from ..perturbation.base import as_seeds, row_sampling_uniforms, text_seed, to_d
 from ..progress import bar_disabled
 from ..reward import answer_decimals, extract_answer, is_parseable, normalize_number, normalize_text, numbers_agree
 from .scoring import (
+    RewardError,
     ScoreFn,
     build_scorer,
     call_checked,
@@ -55,6 +57,9 @@ class EvalResult:
     # the mean of the scorer's values (its partial credit too: a 0.5 is not correct; = accuracy for a 0/1 scorer);
     # None when not recorded (a result made by hand)
     mean_score: float | None = None
+    # evaluate_mc_vote's pass@k over its masks ({"1": ..., "8": ...}: the k of pass_ks; each question's masks
+    # scoring 1 counted, the unbiased estimator of pass_at_k averaged); None for evaluate (one completion each)
+    pass_at_k: dict[str, float] | None = None
     # what was evaluated, and how: the checkpoint (``dgrpo eval`` names it: an absolute path, or the hub id; None
     # when not recorded) and the decoding (temperature 0: greedy), limit (0: all records), k-shot examples (plain)
     model: str | None = None
@@ -798,44 +803,100 @@ def _perturbed_texts(
 
 def _voted(records: list[Record], texts: list[str], n_masks: int, scorer: ScoreFn) -> tuple[list[dict], int]:
     """(one prediction row per record, how many are correct): each record's ``n_masks`` completions vote with
-    :func:`vote_key` (numbers grouped as the numeric verifier compares them); a completion giving the majority answer
-    (:func:`_voted_completion`) is scored by ``scorer`` (correct: 1)."""
+    :func:`vote_key` (numbers grouped as the numeric verifier compares them); every completion is scored by
+    ``scorer`` (one call, :func:`_mask_scores`), and the question is correct when a completion giving the majority
+    answer (:func:`_voted_completion`) scores 1. A row's ``correct_masks`` counts its masks that score 1 (what
+    :func:`pass_at_k` estimates from)."""
+    values = _mask_scores(scorer, texts, records, n_masks)
     preds: list[dict] = []
-    chosen: dict[int, str] = {}  # record -> the completion scored for it (records with a vote)
     for j, r in enumerate(records):
-        mine = texts[j * n_masks : (j + 1) * n_masks]
+        mine, scores = texts[j * n_masks : (j + 1) * n_masks], values[j * n_masks : (j + 1) * n_masks]
         votes = [vote_key(scorer, t, r.answer) for t in mine]
         by_number = scorer is numeric and _numeric_gold(r.answer)
         vote = majority_vote(votes, numbers_agree if by_number else None)
-        if vote is not None:
-            chosen[j] = _voted_completion(mine, votes, vote, by_number)
-        preds.append({"question": r.question, "gold": r.answer, "votes": votes, "pred": vote})
-    scores = (
-        call_checked(scorer, scorer_name(scorer), list(chosen.values()), [records[j] for j in chosen], "scorer")
-        if chosen
-        else []
-    )
-    value = {j: float(v) for j, v in zip(chosen, scores)}
-    ok = {j: v == 1 for j, v in value.items()}
-    for j, p in enumerate(preds):  # (a question without a vote shows its first completion, and scores 0)
-        p.update(completion=chosen.get(j, texts[j * n_masks]), correct=ok.get(j, False), score=value.get(j, 0.0))
-    return preds, sum(ok.values())
+        # (a question without a vote shows its first completion, and scores 0)
+        k = 0 if vote is None else _voted_completion(mine, votes, vote, by_number)
+        score = 0.0 if vote is None else scores[k]
+        row = {"question": r.question, "gold": r.answer, "votes": votes, "pred": vote, "completion": mine[k]}
+        correct_masks = sum(v == 1 for v in scores)
+        preds.append({**row, "correct": score == 1, "score": score, "correct_masks": correct_masks})
+    return preds, sum(p["correct"] for p in preds)
 
 
-def _voted_completion(texts: list[str], votes: list[str | None], vote: str, numeric_gold: bool) -> str:
-    """The completion scored for a vote: the first that gave it; for a number, the one the verifier credits with the
-    widest rounding (:func:`dgrpo.reward.numbers_match`), the fewest decimals of 2 or more, else the most (the first
-    of equals): ``36`` and ``36.00`` are one vote, as are ``2.33`` and ``2.330``, but the verifier takes ``36.00`` for
-    36.0000102016 and ``2.33``, not ``2.330``, for 2.3333..., so which came first decided the question."""
-    given = [t for t, v in zip(texts, votes) if v == vote]
+def _voted_completion(texts: list[str], votes: list[str | None], vote: str, numeric_gold: bool) -> int:
+    """The index of the completion scored for a vote: the first that gave it; for a number, the one the verifier
+    credits with the widest rounding (:func:`dgrpo.reward.numbers_match`), the fewest decimals of 2 or more, else the
+    most (the first of equals): ``36`` and ``36.00`` are one vote, as are ``2.33`` and ``2.330``, but the verifier
+    takes ``36.00`` for 36.0000102016 and ``2.33``, not ``2.330``, for 2.3333..., so which came first decided the
+    question."""
+    given = [i for i, v in enumerate(votes) if v == vote]
     if not numeric_gold:
         return given[0]
 
-    def widest_first(text: str) -> tuple[int, int]:
-        decimals = answer_decimals(text)
+    def widest_first(i: int) -> tuple[int, int]:
+        decimals = answer_decimals(texts[i])
         return (0, decimals) if decimals >= 2 else (1, -decimals)
 
     return min(given, key=widest_first)
+
+
+def _mask_scores(scorer: ScoreFn, texts: list[str], records: list[Record], n_masks: int) -> list[float]:
+    """``scorer``'s value of each of ``texts``, ``n_masks`` completions per record (question-major), in one call; an
+    error names the row as :func:`evaluate` does (the record's index) and the mask (it named the completion's index
+    in the call)."""
+    if not texts:
+        return []
+    try:
+        return [float(v) for v in call_checked(scorer, scorer_name(scorer), texts, _copies(records, n_masks), "scorer")]
+    except RewardError as e:
+        raise RewardError(_masked_rows(str(e), n_masks, len(texts))) from None
+
+
+def _copies(records: list[Record], n: int) -> list[Record]:
+    """Each record ``n`` times, in order (one per mask)."""
+    return [r for r in records for _ in range(n)]
+
+
+#: where a scorer's error line names the completion's index in its call (:func:`~.scoring.call_checked`)
+_ROW_NAMED = re.compile(r"\brow (\d+)(?= \(completion |: completion )")
+_ROWS_NAMED = re.compile(r"\brows (\d+)-(\d+) together \(of the \d+ in the call\)")
+
+
+def _masked_rows(line: str, n_masks: int, total: int) -> str:
+    """A scorer's error ``line`` for a call of ``n_masks`` completions per record, its completions' indices in the
+    call named as the record's row and the mask (``row 7`` of 2 masks: ``row 3, mask 1``)."""
+
+    def at(i: str) -> str:
+        return f"row {int(i) // n_masks}, mask {int(i) % n_masks}"
+
+    line = _ROWS_NAMED.sub(
+        lambda m: f"{at(m[1])} to {at(m[2])} together (of the {total} completions in the call, {n_masks} per row)",
+        line,
+    )
+    return _ROW_NAMED.sub(lambda m: at(m[1]), line)
+
+
+def pass_ks(n_masks: int) -> list[int]:
+    """The k of :func:`evaluate_mc_vote`'s ``pass_at_k``: 1, the powers of 2 below ``n_masks``, and ``n_masks``."""
+    return sorted({1, n_masks} | {2**i for i in range(n_masks.bit_length()) if 2**i < n_masks})
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimator of pass@k (Chen et al. 2021, "Evaluating Large Language Models Trained on Code"): the
+    chance that k of a question's ``n`` samples, ``c`` of them correct, drawn without replacement hold a correct
+    one, 1 - C(n-c, k) / C(n, k). ValueError unless 0 <= c <= n and 1 <= k <= n."""
+    if not (isinstance(n, int) and isinstance(c, int) and isinstance(k, int) and 0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass_at_k: needs 0 <= c <= n and 1 <= k <= n, got n={n!r}, c={c!r}, k={k!r}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_at_k_of(correct_masks: list[int], n_masks: int) -> dict[str, float]:
+    """``pass_at_k`` of an evaluation (keys: the k of :func:`pass_ks`, as strings, as results.json writes them): per k,
+    :func:`pass_at_k` of each question's ``correct_masks`` of ``n_masks``, averaged (:func:`ordered_mean`; 0 for no
+    question)."""
+    return {str(k): ordered_mean([pass_at_k(n_masks, c, k) for c in correct_masks]) for k in pass_ks(n_masks)}
 
 
 def evaluate_mc_vote(
@@ -866,7 +927,7 @@ def evaluate_mc_vote(
     of the copy's own (of ``seed``, the copy and the question's text), so the copies are drawn apart and the vote is
     again the same in any list. ``n_latent``, ``plain``, ``shots``, ``limit`` and ``columns`` mean what they mean to
     :func:`evaluate` (``limit`` > 0 votes on the first ``limit`` records after a plain prompt's ``shots``; the scorer
-    gets every column of ``records`` and ``columns``, for the records that have a vote), and are checked as it
+    gets every column of ``records`` and ``columns``, and scores every completion, in one call), and are checked as it
     checks them: ``evaluate_mc_vote(lm, records, perturbation, **eval_options(cfg))`` takes the config's decoding as
     :func:`evaluate` does.
 
@@ -876,7 +937,10 @@ def evaluate_mc_vote(
     question is correct when ``scorer`` scores a completion that gave the majority answer correct (the first; of a
     number's, the one written to the decimals the verifier credits most widely: ``36.00`` over ``36``, ``2.33`` over
     ``2.330``), so a vote counts exactly as that completion would in :func:`evaluate`. ``unparseable`` counts (numeric
-    scorer only, as in :func:`evaluate`) the questions none of whose completions holds an answer. ConfigError when
+    scorer only, as in :func:`evaluate`) the questions none of whose completions holds an answer. ``pass_at_k``
+    (k: :func:`pass_ks`, 1 and ``n_masks`` among them) is the mean over questions of :func:`pass_at_k` of its masks'
+    completions scoring 1 (each row's ``correct_masks``): pass@1 is the mean single mask's accuracy, pass@n_masks
+    the share of questions some mask answers, beside the vote's ``accuracy``. ConfigError when
     question, latents and answer do not fit the model's context; ValueError when ``n_masks`` < 1."""
     _check_vote(n_masks, perturbation)
     p = _prompted(
@@ -897,7 +961,8 @@ def evaluate_mc_vote(
     )
     preds, correct = _voted(with_columns(p.records, columns), _as_answers(texts, plain), n_masks, p.scorer)
     result = p.result(lm, dataset, correct, _unanswered(p, preds), preds, decoding)
-    return replace(result, mode=f"{result.mode}+mc{n_masks}")
+    passed = pass_at_k_of([pred["correct_masks"] for pred in preds], n_masks)
+    return replace(result, mode=f"{result.mode}+mc{n_masks}", pass_at_k=passed)
 
 
 def _check_vote(n_masks: object, perturbation: object) -> None:

@@ -14,11 +14,11 @@ from contextlib import contextmanager
 from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
-from .evaluate import EvalResult, ordered_mean
+from .evaluate import EvalResult, ordered_mean, pass_at_k_of
 
 #: the EvalResult fields that count what a shard evaluated (summed or joined by merge_results); the others say
 #: what was evaluated and how, and must agree between shards
-_COUNTED = frozenset({"accuracy", "n", "correct", "unparseable", "wall_s", "predictions", "mean_score"})
+_COUNTED = frozenset({"accuracy", "n", "correct", "unparseable", "wall_s", "predictions", "mean_score", "pass_at_k"})
 
 
 def merge_results(parts: list[EvalResult]) -> EvalResult:
@@ -48,6 +48,7 @@ def merge_results(parts: list[EvalResult]) -> EvalResult:
         correct=correct,
         unparseable=sum(p.unparseable for p in parts),
         mean_score=_merged_mean_score(parts, n),
+        pass_at_k=_merged_pass_at_k(parts, n),
         wall_s=max(p.wall_s for p in parts),
         predictions=[x for p in parts for x in p.predictions],
     )
@@ -65,6 +66,38 @@ def _merged_mean_score(parts: list[EvalResult], n: int) -> float | None:
     if all(s is not None for s in scored):
         return ordered_mean([x for s in scored for x in s or ()])
     return sum(float(p.mean_score or 0.0) * p.n for p in parts) / n
+
+
+def _merged_pass_at_k(parts: list[EvalResult], n: int) -> dict[str, float] | None:
+    """The shards' ``pass_at_k`` (:func:`~.evaluate.evaluate_mc_vote`'s) over all their records (None when a shard
+    has none): from their rows' ``correct_masks`` as one process averages them where each shard's rows give its own
+    ``pass_at_k``, else the shards' values weighted by their ``n``. ValueError for shards of other k."""
+    if any(p.pass_at_k is None for p in parts):
+        return None
+    keys = [sorted(p.pass_at_k or {}) for p in parts]
+    if any(k != keys[0] for k in keys):
+        raise ValueError(f"merge_results: the shards' pass_at_k differ in their k ({keys}); merge one vote's shards")
+    counted = [c for p in parts if (c := _mask_counts(p)) is not None]
+    if len(counted) == len(parts) and len({masks for _, masks in counted}) == 1:
+        return pass_at_k_of([x for counts, _ in counted for x in counts], counted[0][1])
+    return {k: sum((p.pass_at_k or {})[k] * p.n for p in parts) / n if n else 0.0 for k in keys[0]}
+
+
+def _mask_counts(result: EvalResult) -> tuple[list[int], int] | None:
+    """(each row's ``correct_masks``, the masks per row) where a vote's rows hold them and give its ``pass_at_k``;
+    None otherwise."""
+    rows = result.predictions
+    if not isinstance(rows, list) or len(rows) != result.n or not rows:
+        return None
+    if not all(isinstance(r, dict) and isinstance(r.get("correct_masks"), int) for r in rows):
+        return None
+    masks = {len(r.get("votes") or ()) for r in rows}
+    if len(masks) != 1 or (n_masks := masks.pop()) < 1:
+        return None
+    counts = [r["correct_masks"] for r in rows]
+    if any(not 0 <= c <= n_masks for c in counts) or pass_at_k_of(counts, n_masks) != result.pass_at_k:
+        return None
+    return counts, n_masks
 
 
 def result_scores(result: EvalResult) -> list[float] | None:
