@@ -95,6 +95,27 @@ def test_a_vote_reports_pass_at_k_over_its_masks_in_the_result_and_its_file(toke
     assert merge_results([a, b]).predictions == r.predictions
 
 
+def test_shards_of_a_vote_merge_pass_at_k_bit_for_bit_as_one_process_an_empty_shard_among_them(tokenizer, monkeypatch):
+    """1, 1 and 3 of 3 masks right: one process's pass@1 is 0.5555555555555556; the shards' values weighted by their
+    n give 0.5555555555555557, which the merge did where a rank's shard had no record (as a torchrun rank past the
+    data's end has)."""
+    from dgrpo.data.records import Record
+    from dgrpo.eval.results import merge_results
+
+    from conftest import make_lm
+
+    lm = make_lm(tokenizer)
+    recs = [Record("q1", [], "5"), Record("q2", [], "7"), Record("q3", [], "8")]
+    texts = ["#### 5", "#### 1", "#### 2", "#### 7", "#### 1", "#### 2", "#### 8", "#### 8", "#### 8"]
+    whole = _voted_of(monkeypatch, lm, recs, texts, n_masks=3)
+    assert whole.pass_at_k is not None and whole.pass_at_k["1"] == 0.5555555555555556
+    shards = [_voted_of(monkeypatch, lm, recs[:1], texts[:3], n_masks=3)]
+    shards.append(_voted_of(monkeypatch, lm, [], [], n_masks=3))
+    assert shards[-1].pass_at_k == {"1": 0.0, "2": 0.0, "3": 0.0}
+    shards.append(_voted_of(monkeypatch, lm, recs[1:], texts[3:], n_masks=3))
+    assert merge_results(shards).pass_at_k == whole.pass_at_k
+
+
 def test_a_vote_on_a_tiny_model_reports_pass_at_1_and_pass_at_n_masks(sft_checkpoint):
     """End to end (the tiny SFT checkpoint, real generation under dropout masks): the keys are 1, 2 and 3 for 3
     masks, pass@k not falling as k grows, pass@3 the share of questions some mask answers right, pass@1 the mean

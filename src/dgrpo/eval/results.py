@@ -77,8 +77,9 @@ def _merged_pass_at_k(parts: list[EvalResult], n: int) -> dict[str, float] | Non
     keys = [sorted(p.pass_at_k or {}) for p in parts]
     if any(k != keys[0] for k in keys):
         raise ValueError(f"merge_results: the shards' pass_at_k differ in their k ({keys}); merge one vote's shards")
-    counted = [c for p in parts if (c := _mask_counts(p)) is not None]
-    if len(counted) == len(parts) and len({masks for _, masks in counted}) == 1:
+    answered = [p for p in parts if p.n]  # (a rank's empty shard adds no row)
+    counted = [c for p in answered if (c := _mask_counts(p)) is not None]
+    if answered and len(counted) == len(answered) and len({masks for _, masks in counted}) == 1:
         return pass_at_k_of([x for counts, _ in counted for x in counts], counted[0][1])
     return {k: sum((p.pass_at_k or {})[k] * p.n for p in parts) / n if n else 0.0 for k in keys[0]}
 
