@@ -26,6 +26,10 @@ Resuming a run in the same output directory, which re-logs the steps after its c
   training: one warning names the step and the error, and the later rows go to metrics.jsonl (and TensorBoard) only,
   counted in ``WandbTracker.lost`` (the W&B run holds what its service had sent or written before it failed: a killed
   offline service may leave none); a ``finish`` that fails is a warning too.
+* A run stopped by SIGTERM (a scheduler's stop or preemption: :mod:`.preemption`, resumable from its checkpoint) ends
+  its W&B run marked preempting (``run.mark_preempting()``), with the process's exit code 143: W&B shows it preempted,
+  not failed (and a sweep requeues a preempted run, W&B's docs say); a Ctrl-C's stop records 130, the process's exit
+  code too.
 * A backend added when the run resumes (``logging.backends`` may change then) starts with every row the
   checkpoint kept, so its curves begin at step 0, not at the resume.
 """
@@ -37,7 +41,9 @@ import importlib.util
 import math
 import os
 import secrets
+import signal
 import string
+import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -46,6 +52,7 @@ from typing import Any, Protocol
 
 from ..config import Config, ConfigError, LoggingConfig, load_config, to_dict, wandb_name_advice
 from ..run_layout import TB_DIR, WANDB_ID_FILE
+from .preemption import Terminated
 
 #: ``logging.project``'s default: left at it, W&B's own WANDB_PROJECT names the project
 DEFAULT_PROJECT: str = LoggingConfig.project
@@ -119,6 +126,19 @@ def _one_line(e: BaseException) -> str:
     """An exception as one short line: its type and the first line of its message."""
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
+
+
+def _stop(exit_code: int) -> tuple[int, bool]:
+    """The exit code a tracker closed with ``exit_code`` records, and whether its run was preempted: a failed run's
+    close under way of a SIGTERM's stop (:class:`~.preemption.Terminated`, raised through the run's ``with`` block) is
+    a preemption, its exit code the process's 143 (128 + SIGTERM); a Ctrl-C's (KeyboardInterrupt) records the
+    process's 130; any other close as given."""
+    stop = sys.exc_info()[1] if exit_code else None
+    if isinstance(stop, Terminated):
+        return 128 + signal.SIGTERM, True
+    if isinstance(stop, KeyboardInterrupt):
+        return 128 + signal.SIGINT, False
+    return exit_code, False
 
 
 def _shown(path: Path, base: Path) -> str:
@@ -478,10 +498,11 @@ class WandbTracker:
         self._floor = step
 
     def close(self, exit_code: int = 0) -> None:
-        """Finish the W&B run (``exit_code`` != 0 marks it failed), after one warning when rows were skipped;
-        idempotent."""
+        """Finish the W&B run (``exit_code`` != 0 marks it failed; closed as a SIGTERM stops the run, preempted: see
+        :func:`_stop`), after one warning when rows were skipped; idempotent."""
         if self._run is not None:
             run, self._run = self._run, None
+            exit_code, preempted = _stop(exit_code)
             if self.skipped:
                 low, high, at = self._skipped_steps
                 steps = f"step {low}" if low == high else f"steps {low}-{high}"
@@ -492,6 +513,8 @@ class WandbTracker:
                     stacklevel=2,
                 )
             try:
+                if preempted and self.failed is None:
+                    run.mark_preempting()  # (W&B: preempted, not failed; a sweep agent requeues the run)
                 run.finish(exit_code=exit_code)
             except Exception as e:  # noqa: BLE001 - the run's own results are written: a warning, not a failure
                 if self.failed is None:  # (failed earlier: already said, and finishing could not work)
