@@ -111,3 +111,23 @@ def test_a_sigterm_stop_reaches_the_offline_wandb_run_as_preempted(tmp_path: Pat
             exit_code = record.exit.exit_code
     assert "preempting" in kinds and kinds.index("preempting") < kinds.index("exit"), kinds
     assert exit_code == 143
+
+
+@pytest.mark.slow
+def test_a_real_sigterm_in_a_grpo_step_ends_the_wandb_run_preempted(
+    sft_checkpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, preemptible_wandb: list[PreemptibleRun]
+) -> None:
+    """End to end: a SIGTERM in GRPO's third step (its checkpoint, step-00000002, written; the stop raised through
+    the trainer's run directory) leaves the W&B run, which got the rows of steps 0 and 1, marked preempting and
+    finished with 143."""
+    from test_preemption import run_grpo, sigterm_after
+
+    from dgrpo.training import grpo
+    from dgrpo.training.preemption import sigterm_stops
+
+    sigterm_after(monkeypatch, grpo.GRPOTrainer, "step", lambda t: t.step_idx == 2)
+    with sigterm_stops(True), pytest.raises(Terminated):
+        run_grpo(sft_checkpoint, tmp_path / "run", sets={"logging.backends": "[jsonl,wandb]"})
+    (run,) = preemptible_wandb
+    assert run.calls == [("mark_preempting", 0), ("finish", 143)]
+    assert sorted({step for step, _ in run.logged}) == [0, 1]
