@@ -1,7 +1,10 @@
 """Trackers on a run's unhappy ways out: a SIGTERM's stop (a scheduler's preemption, resumable from its checkpoint)
-ends the W&B run preempted with the process's exit code, not failed with 1; a Ctrl-C's records 130."""
+ends the W&B run preempted with the process's exit code, not failed with 1; a Ctrl-C's records 130; a SIGTERM while a
+completed run finishes its W&B run lets that finish end."""
 
 import importlib.machinery
+import os
+import signal
 import sys
 import time
 import types
@@ -131,3 +134,45 @@ def test_a_real_sigterm_in_a_grpo_step_ends_the_wandb_run_preempted(
     (run,) = preemptible_wandb
     assert run.calls == [("mark_preempting", 0), ("finish", 143)]
     assert sorted({step for step, _ in run.logged}) == [0, 1]
+
+
+class UploadingRun(PreemptibleRun):
+    """A run whose ``finish`` (W&B's upload) gets a SIGTERM, a scheduler's stop, while it runs."""
+
+    def finish(self, exit_code: int = 0) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # (the handler runs here, in the main thread)
+        super().finish(exit_code)
+
+
+def test_a_sigterm_while_a_completed_run_finishes_its_wandb_run_lets_it_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, preemptible_wandb: list[PreemptibleRun], capsys
+) -> None:
+    """The run completed and its directory closing: a SIGTERM during W&B's finish (its upload, seconds online) raised
+    Terminated inside it (W&B: "Run data was not synced"), out of the run's close, and the completed run exited 143.
+    Now, as while the run writes its end, it lets the finish end (one notice) and the run closes cleanly."""
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.preemption import sigterm_stops, within_step
+    from dgrpo.training.run import RunDir
+
+    from conftest import tiny_config
+
+    def init(**kwargs: Any) -> UploadingRun:
+        run = UploadingRun(kwargs["id"])
+        preemptible_wandb.append(run)
+        return run
+
+    monkeypatch.setattr(sys.modules["wandb"], "init", init)
+    cfg = tiny_config(**{"logging.backends": "[jsonl,wandb]"})
+    try:
+        with sigterm_stops(True):
+            with RunDir(tmp_path / "run", cfg, Dist.single(), "grpo", resume="never", log=lambda line: None) as run:
+                run.start(None)
+                with within_step():  # (the training has begun: a SIGTERM no longer stops the run at once before it)
+                    run.metrics.write({"step": 0, "loss": 1.0})
+    except Terminated:  # (a KeyboardInterrupt: uncaught, it would end the pytest session)
+        pytest.fail("the SIGTERM stopped the completed run's W&B finish at once")
+    assert run.lock is None
+    assert [r.calls for r in preemptible_wandb] == [[("finish", 0)]]
+    err = capsys.readouterr().err
+    assert "dgrpo: SIGTERM: the run is writing its end (finishing its W&B run): it finishes" in err, err

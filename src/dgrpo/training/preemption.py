@@ -327,6 +327,23 @@ def writing_the_end(what: str) -> None:
     _State.ending = what if _State.installed else ""
 
 
+@contextmanager
+def letting_finish(what: str) -> Iterator[None]:
+    """The block ends a run that completed, once its directory is closing (:func:`writing_the_end` is over): in one
+    process a SIGTERM lets it finish, as it lets the run's end be written (its notice names ``what``; a second one
+    :data:`REPEAT_S` or more later stops at once), where it stopped the block at once (W&B's finish of the run's W&B
+    run, its upload: interrupted, the run's data left unsynced, and the completed run exiting 143). Under torchrun a
+    SIGTERM only asks there already; with the handler off, or within the run's end, nothing changes."""
+    shield = _State.installed and not _State.distributed and not _State.ending
+    if shield:
+        _State.ending = what
+    try:
+        yield
+    finally:
+        if shield:
+            _State.ending = ""
+
+
 def stop_requested(dist: Dist | None = None) -> bool:
     """Whether a SIGTERM asked to stop: then write a resumable checkpoint (none in the test sets) and :func:`stop`.
     Under torchrun (with the handler on) a collective: every rank calls it after every step and after each test set,

@@ -29,7 +29,8 @@ Resuming a run in the same output directory, which re-logs the steps after its c
 * A run stopped by SIGTERM (a scheduler's stop or preemption: :mod:`.preemption`, resumable from its checkpoint) ends
   its W&B run marked preempting (``run.mark_preempting()``), with the process's exit code 143: W&B shows it preempted,
   not failed (and a sweep requeues a preempted run, W&B's docs say); a Ctrl-C's stop records 130, the process's exit
-  code too.
+  code too. A SIGTERM while a completed run finishes its W&B run (the upload) lets it finish (one process; under
+  torchrun a SIGTERM only asks there already), as it lets the run's end be written.
 * A backend added when the run resumes (``logging.backends`` may change then) starts with every row the
   checkpoint kept, so its curves begin at step 0, not at the resume.
 """
@@ -52,7 +53,7 @@ from typing import Any, Protocol
 
 from ..config import Config, ConfigError, LoggingConfig, load_config, to_dict, wandb_name_advice
 from ..run_layout import TB_DIR, WANDB_ID_FILE
-from .preemption import Terminated
+from .preemption import Terminated, letting_finish
 
 #: ``logging.project``'s default: left at it, W&B's own WANDB_PROJECT names the project
 DEFAULT_PROJECT: str = LoggingConfig.project
@@ -499,7 +500,8 @@ class WandbTracker:
 
     def close(self, exit_code: int = 0) -> None:
         """Finish the W&B run (``exit_code`` != 0 marks it failed; closed as a SIGTERM stops the run, preempted: see
-        :func:`_stop`), after one warning when rows were skipped; idempotent."""
+        :func:`_stop`), after one warning when rows were skipped; idempotent. A completed run's finish (``exit_code``
+        0: W&B's upload) is let finish by a SIGTERM (:func:`~.preemption.letting_finish`)."""
         if self._run is not None:
             run, self._run = self._run, None
             exit_code, preempted = _stop(exit_code)
@@ -515,7 +517,11 @@ class WandbTracker:
             try:
                 if preempted and self.failed is None:
                     run.mark_preempting()  # (W&B: preempted, not failed; a sweep agent requeues the run)
-                run.finish(exit_code=exit_code)
+                if exit_code:  # (a stop or a failure under way: a SIGTERM now stops it at once)
+                    run.finish(exit_code=exit_code)
+                else:  # (a completed run: a SIGTERM during the upload lets it end)
+                    with letting_finish("finishing its W&B run"):
+                        run.finish(exit_code=0)
             except Exception as e:  # noqa: BLE001 - the run's own results are written: a warning, not a failure
                 if self.failed is None:  # (failed earlier: already said, and finishing could not work)
                     warnings.warn(
