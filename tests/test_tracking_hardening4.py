@@ -15,7 +15,7 @@ import pytest
 from test_tracking import _wandb_records, wandb_env  # noqa: F401 - (wandb_env: the offline W&B fixture)
 from test_tracking_mutants import FakeRun  # (what WandbTracker reads of a wandb.init run)
 
-from dgrpo.training.preemption import Terminated
+from dgrpo.training.preemption import Terminated, exit_code_of
 from dgrpo.training.tracking import WandbTracker
 
 
@@ -96,10 +96,7 @@ def test_a_sigterm_stop_reaches_the_offline_wandb_run_as_preempted(tmp_path: Pat
     run_dir = tmp_path / "x"
     t = WandbTracker(run_dir, project="dgrpo", config={"seed": 0})
     t.log({"step": 0, "loss": 1.0}, 0)
-    try:
-        raise Terminated("after step 0")
-    except Terminated:
-        t.close(1)
+    t.close(exit_code_of(Terminated("after step 0")))  # (as RunDir closes on a SIGTERM's stop)
     files = list((run_dir / "wandb").glob(f"offline-run-*-{t.run_id}/run-{t.run_id}.wandb"))
     assert len(files) == 1, files
     deadline = time.time() + 30

@@ -74,6 +74,20 @@ class Terminated(KeyboardInterrupt):
     metrics, trackers and lock, and says how to go on, as Ctrl-C does."""
 
 
+#: the exit code of a process a SIGTERM stopped (128 + SIGTERM), what a run stopped so records
+TERMINATED_EXIT = 128 + signal.SIGTERM
+
+
+def exit_code_of(error: BaseException | None) -> int:
+    """The exit code a run that ends with ``error`` records (its trackers', W&B's): 0 without one, a SIGTERM's stop
+    (:class:`Terminated`) the process's 143 (128 + SIGTERM), a Ctrl-C's 130 (128 + SIGINT), any other error 1."""
+    if error is None:
+        return 0
+    if isinstance(error, Terminated):
+        return TERMINATED_EXIT
+    return 128 + signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
+
+
 #: what a stop in the test sets (:func:`in_test_sets`) leaves, as the ranks' lines say it ({again}: the command that
 #: goes on, :meth:`~dgrpo.training.run.RunDir.same_command`)
 TESTS_LEFT = "the training is checkpointed: {again} evaluates the test sets"
@@ -139,7 +153,7 @@ def _watchdog(read_fd: int, grace: float, done: threading.Event) -> None:
                     before = BEFORE_TRAINING if _State.stepped else BEFORE_EVALUATING
                     line = f"dgrpo: {rank}SIGTERM {before}, its handler blocked: exiting"
                     print(below_bar(line), file=sys.stderr, flush=True)
-                    os._exit(128 + signal.SIGTERM)
+                    os._exit(TERMINATED_EXIT)
                 if not done.wait(grace):
                     rank = f"rank {os.environ['RANK']}: " if "RANK" in os.environ else ""
                     print(
@@ -147,7 +161,7 @@ def _watchdog(read_fd: int, grace: float, done: threading.Event) -> None:
                         file=sys.stderr,
                         flush=True,
                     )
-                    os._exit(128 + signal.SIGTERM)
+                    os._exit(TERMINATED_EXIT)
                 return
     except OSError:
         return

@@ -70,7 +70,7 @@ from .out_dir import (
     release_leaving_nothing,
     topmost_missing,
 )
-from .preemption import in_test_sets, stop, stop_if_requested, stopping, writing_the_end
+from .preemption import exit_code_of, in_test_sets, stop, stop_if_requested, stopping, writing_the_end
 from .resume_check import NEW_OUT, START_OVER, ResumeCheck, quiet_log, recorded_changes
 from .tracking import Tracker, describe_backends, open_trackers
 from .wording import in_command_line
@@ -766,5 +766,5 @@ class RunDir(ResumeCheck):
     def __enter__(self) -> RunDir:
         return self
 
-    def __exit__(self, kind: type | None, *exc: object) -> None:
-        self.close(0 if kind is None else 1)
+    def __exit__(self, kind: type | None, error: BaseException | None, *tb: object) -> None:
+        self.close(exit_code_of(error))  # (a SIGTERM's stop 143, W&B's preempted run; Ctrl-C 130; an error 1)

@@ -42,9 +42,7 @@ import importlib.util
 import math
 import os
 import secrets
-import signal
 import string
-import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -53,7 +51,7 @@ from typing import Any, Protocol
 
 from ..config import Config, ConfigError, LoggingConfig, load_config, to_dict, wandb_name_advice
 from ..run_layout import TB_DIR, WANDB_ID_FILE
-from .preemption import Terminated, letting_finish
+from .preemption import TERMINATED_EXIT, letting_finish
 
 #: ``logging.project``'s default: left at it, W&B's own WANDB_PROJECT names the project
 DEFAULT_PROJECT: str = LoggingConfig.project
@@ -127,19 +125,6 @@ def _one_line(e: BaseException) -> str:
     """An exception as one short line: its type and the first line of its message."""
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
-
-
-def _stop(exit_code: int) -> tuple[int, bool]:
-    """The exit code a tracker closed with ``exit_code`` records, and whether its run was preempted: a failed run's
-    close under way of a SIGTERM's stop (:class:`~.preemption.Terminated`, raised through the run's ``with`` block) is
-    a preemption, its exit code the process's 143 (128 + SIGTERM); a Ctrl-C's (KeyboardInterrupt) records the
-    process's 130; any other close as given."""
-    stop = sys.exc_info()[1] if exit_code else None
-    if isinstance(stop, Terminated):
-        return 128 + signal.SIGTERM, True
-    if isinstance(stop, KeyboardInterrupt):
-        return 128 + signal.SIGINT, False
-    return exit_code, False
 
 
 def _shown(path: Path, base: Path) -> str:
@@ -499,12 +484,13 @@ class WandbTracker:
         self._floor = step
 
     def close(self, exit_code: int = 0) -> None:
-        """Finish the W&B run (``exit_code`` != 0 marks it failed; closed as a SIGTERM stops the run, preempted: see
-        :func:`_stop`), after one warning when rows were skipped; idempotent. A completed run's finish (``exit_code``
-        0: W&B's upload) is let finish by a SIGTERM (:func:`~.preemption.letting_finish`)."""
+        """Finish the W&B run (``exit_code`` != 0 marks it failed; 143, a SIGTERM's stop as
+        :func:`~.preemption.exit_code_of` gives it, marks it preempting first), after one warning when rows were
+        skipped; idempotent. A completed run's finish (``exit_code`` 0: W&B's upload) is let finish by a SIGTERM
+        (:func:`~.preemption.letting_finish`)."""
         if self._run is not None:
             run, self._run = self._run, None
-            exit_code, preempted = _stop(exit_code)
+            preempted = exit_code == TERMINATED_EXIT  # (a SIGTERM's stop: RunDir closes with 143)
             if self.skipped:
                 low, high, at = self._skipped_steps
                 steps = f"step {low}" if low == high else f"steps {low}-{high}"
