@@ -298,9 +298,9 @@ def check_eos(where: str, tok: PreTrainedTokenizerBase) -> None:
     """The model at ``where`` refused before its weights load when its tokenizer has no EOS token, as
     :class:`LatentLM` would refuse it once loaded (:func:`~.tokens.check_special_tokens`): one CheckpointError line."""
     try:
-        check_special_tokens(tok)
-    except ValueError as e:
-        raise CheckpointError(f"cannot load the model {where}: {one_line(e)}") from None
+        check_special_tokens(tok, where)
+    except ValueError as e:  # (its own line, not one_line's "ValueError: " before it)
+        raise CheckpointError(f"cannot load the model {where}: {e}") from None
 
 
 def read_latent_files(folder: Path) -> tuple[LatentSettings, dict | None]:

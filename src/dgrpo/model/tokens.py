@@ -99,16 +99,29 @@ def _warn_tokens_beyond_rows(vocab: dict[str, int], n_rows: int) -> None:
         )
 
 
-def check_special_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
+def check_special_tokens(tokenizer: PreTrainedTokenizerBase, where: str | None = None) -> None:
     """ValueError (one line) for a tokenizer without an EOS token: every answer ends with it (decoding stops there),
-    and it pads when the tokenizer has no pad token."""
+    and it pads when the tokenizer has no pad token. ``where``: the model folder or hub id the tokenizer was read
+    from, whose file the line says to set it in (None: a tokenizer built in Python, whose ``eos_token`` it names)."""
     if tokenizer.eos_token_id is None:
         pad = "" if tokenizer.pad_token_id is None else " (it has a pad token, but answers end with EOS)"
-        raise ValueError(
-            f"the tokenizer has no EOS token{pad}: set one before building the LatentLM "
-            "(tokenizer.eos_token = '<eos>', a token of its vocabulary or a new one; for a model folder, "
-            '"eos_token" in its tokenizer_config.json)'
+        raise ValueError(f"the tokenizer has no EOS token{pad}: {_eos_fix(where)}")
+
+
+def _eos_fix(where: str | None) -> str:
+    """How to give the tokenizer of ``where`` (a folder, a hub id, or None: one built in Python) its EOS token."""
+    token = "the token its texts end with (one of its vocabulary; GPT-2's and Qwen's is <|endoftext|>)"
+    if where is None:
+        return (
+            f"set one before building the LatentLM: tokenizer.eos_token = {token}, or a new one "
+            "(tokenizer.add_special_tokens({'eos_token': '<eos>'}))"
         )
+    if Path(where).is_dir():
+        return f'set "eos_token" in {Path(where) / "tokenizer_config.json"} to {token}'
+    return (
+        f'download the model (hf download {where} --local-dir DIR), set "eos_token" in DIR/tokenizer_config.json to '
+        f"{token}, and load DIR"
+    )
 
 
 def check_hub_tokenizer(name: str, snapshot: Path, cached: bool) -> None:
