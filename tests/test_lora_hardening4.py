@@ -1,13 +1,15 @@
-"""Hub models and LoRA adapters, the last rough edges: the line that refuses a tokenizer without EOS."""
+"""Hub models and LoRA adapters, the last rough edges: the line that refuses a tokenizer without EOS, and GRPO's replay
+on a model whose config has its own dropout on (GPT-2's hub configs: 0.1)."""
 
 import json
 
 import pytest
+import torch
 
 from dgrpo.model.latent_lm import LatentLM
 from dgrpo.model.verified import CheckpointError
 
-from conftest import make_lm
+from conftest import make_lm, tiny_config
 
 
 def _without_eos(folder) -> None:
@@ -44,3 +46,39 @@ def test_a_hub_tokenizer_without_eos_is_told_to_download_it_and_the_python_one_i
         check_special_tokens(none, "org/m")
     with pytest.raises(ValueError, match=r"^the tokenizer has no EOS token: set one before building the LatentLM: "):
         check_special_tokens(none)
+
+
+@pytest.fixture(scope="module")
+def gpt2_with_dropout(tokenizer, tmp_path_factory):
+    """A tiny GPT-2 saved with its config's dropout at the hub's 0.1 (resid, attn, embd), as GPT-2's own files have."""
+    from transformers import AutoModelForCausalLM
+
+    config = make_lm(tokenizer, "gpt2").model.config
+    config.resid_pdrop = config.attn_pdrop = config.embd_pdrop = 0.1
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("gpt2-dropout") / "gpt2"
+    LatentLM(AutoModelForCausalLM.from_config(config), make_lm(tokenizer, "gpt2").tokenizer).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("r", [0, 4])
+def test_grpo_replays_exactly_on_a_model_whose_config_has_dropout_handed_in_train_mode(
+    gpt2_with_dropout, task_records, r
+):
+    """GRPO's only noise is the seeded perturbation: the model's own dropout modules (GPT-2's at 0.1) stay off in the
+    rollouts and in the update, even for a model handed over in train mode (after an SFT in this process), with
+    adapters or without; else the update would score other networks than the rollouts sampled (ratios noise)."""
+    if r:
+        pytest.importorskip("peft")
+    from dgrpo.model.factory import load_model
+    from dgrpo.training.grpo import GRPOTrainer
+
+    assert any(
+        isinstance(m, torch.nn.Dropout) and m.p == 0.1 for m in LatentLM.from_pretrained(gpt2_with_dropout).modules()
+    )
+    sets = {"grpo.mini_epochs": 2, "grpo.filter": "false", "grpo.prompts_per_step": 4, "grpo.max_new_tokens": 12}
+    cfg = tiny_config(**sets, **{"model.lora.r": r, "grpo.lr": 1e-3})
+    torch.manual_seed(0)
+    lm = load_model(cfg.model, cfg.task, init=str(gpt2_with_dropout)).train()
+    metrics = GRPOTrainer(lm, cfg, task_records).step()
+    assert metrics["logp_replay_maxdiff"] < 1e-5, metrics["logp_replay_maxdiff"]
