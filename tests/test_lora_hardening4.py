@@ -82,3 +82,76 @@ def test_grpo_replays_exactly_on_a_model_whose_config_has_dropout_handed_in_trai
     lm = load_model(cfg.model, cfg.task, init=str(gpt2_with_dropout)).train()
     metrics = GRPOTrainer(lm, cfg, task_records).step()
     assert metrics["logp_replay_maxdiff"] < 1e-5, metrics["logp_replay_maxdiff"]
+
+
+def _card_python(card: str, folder) -> list[str]:
+    """The card's Python blocks, ``THIS_FOLDER`` replaced by ``folder``."""
+    import re
+
+    return [b.replace("THIS_FOLDER", str(folder)) for b in re.findall(r"```python\n(.*?)```", card, flags=re.DOTALL)]
+
+
+@pytest.mark.parametrize("train_latent_tokens", [True, False])
+def test_an_adapter_folder_has_a_card_naming_its_base_whose_lines_load_it(
+    lora_base_dirs, tmp_path, train_latent_tokens
+):
+    """An adapter folder held no README.md (PEFT's own save writes a model card): nothing in it said what it is or how
+    to load it. Its card names the base, and its lines load the adapter, with dgrpo and with PEFT alone (the same
+    logits on a plain input; with the markers' rows put back from latent_rows.safetensors when the adapter does not
+    train them); the manifest lists it."""
+    pytest.importorskip("peft")
+    from safetensors.torch import load_file
+
+    from dgrpo.config import LoraConfig
+    from dgrpo.model import lora
+
+    base = str((lora_base_dirs / "llama").resolve())
+    lm = LatentLM.from_pretrained(base)
+    lora.apply_lora(lm, LoraConfig(r=2, alpha=4.0, train_latent_tokens=train_latent_tokens))
+    with torch.no_grad():
+        for p in lm.model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.3)
+    lm.save_pretrained(tmp_path / "adapter")
+    card = (tmp_path / "adapter" / "README.md").read_text()
+    assert f"# LoRA adapter on `{base}`" in card and "base_model:" not in card  # (a local base is no hub id)
+    assert "README.md" in json.loads((tmp_path / "adapter" / "manifest.json").read_text())
+    ids = torch.tensor([[5, 6, 7, lm.start_id, lm.latent_id, lm.end_id, 9]])
+    with torch.no_grad():
+        expected = lm.model.eval()(input_ids=ids).logits
+    with_dgrpo, alone = _card_python(card, tmp_path / "adapter")
+    for code in (with_dgrpo, alone):
+        scope: dict = {}
+        exec(compile(code, "README.md", "exec"), scope)
+        model = scope["lm"].model if code is with_dgrpo else scope["lm"]
+        if code is alone and not train_latent_tokens:  # (the card's last line: the markers' rows put back)
+            rows = load_file(tmp_path / "adapter" / "latent_rows.safetensors")
+            with torch.no_grad():
+                model.get_input_embeddings().weight[[lm.start_id, lm.latent_id, lm.end_id]] = rows["input"]
+                model.get_output_embeddings().weight[[lm.start_id, lm.latent_id, lm.end_id]] = rows["output"]
+        with torch.no_grad():
+            torch.testing.assert_close(model.eval()(input_ids=ids).logits, expected, rtol=0, atol=1e-5)
+    assert ("latent_rows.safetensors" in card) is not train_latent_tokens
+
+
+def test_a_hub_bases_card_names_it_for_the_hub_and_a_moved_bases_card_follows_it(lora_base_dirs, tmp_path):
+    """A hub base is the card's ``base_model`` (the hub links an uploaded adapter to it) with its revision; an adapter
+    pointed to its base's new place (lora.repoint) has its card say the new place, its manifest still consistent."""
+    import shutil
+
+    pytest.importorskip("peft")
+    from dgrpo.config import LoraConfig
+    from dgrpo.model import lora
+    from dgrpo.model.verified import check_intact
+
+    card = lora.adapter_card({"base_model_name_or_path": "Qwen/Qwen2.5-7B", "revision": "abc123", "r": 8})
+    assert "\nbase_model: Qwen/Qwen2.5-7B\n" in card and "`Qwen/Qwen2.5-7B` at revision `abc123`" in card
+    shutil.copytree(lora_base_dirs / "qwen2", tmp_path / "base")
+    lm = LatentLM.from_pretrained(tmp_path / "base")
+    lora.apply_lora(lm, LoraConfig(r=2, alpha=4.0))
+    lm.save_pretrained(tmp_path / "adapter")
+    (tmp_path / "base").rename(tmp_path / "moved")
+    lora.repoint(tmp_path / "adapter", str(tmp_path / "moved"))
+    check_intact(tmp_path / "adapter")
+    card = (tmp_path / "adapter" / "README.md").read_text()
+    assert f"`{tmp_path / 'moved'}`" in card and f"`{tmp_path / 'base'}`" not in card

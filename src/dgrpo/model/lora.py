@@ -15,7 +15,8 @@ wrapper for what only it does (switching adapters, adapter state dicts, merging)
   ``grpo.ref_renewal_every``) copies the policy adapter into it: reference = base + the adapter of that moment.
 - Checkpoints hold the policy adapter only (``adapter_model.safetensors``, ``adapter_config.json`` naming the base
   model), with the tokenizer and ``latent_config.json`` (and ``latent_rows.safetensors``, the latent markers' rows,
-  when the adapter does not train them: a plain base's files lack the rows dgrpo gave them);
+  when the adapter does not train them: a plain base's files lack the rows dgrpo gave them), and a model card
+  (``README.md``, :func:`adapter_card`: the base, and the lines that load the adapter);
   :func:`merge_into_base` gives base + adapters as one plain model (``dgrpo export --merge``). A local base dgrpo
   wrote is fingerprinted in the adapter's metadata: loading the adapter onto other weights at that path is refused
   (:func:`check_base`), and a run resumed on the same weights in another place points its adapter folders there
@@ -64,6 +65,8 @@ BASE_FINGERPRINT = "dgrpo_base_fingerprint"
 #: the latent markers' embedding rows (input; head when untied) of an adapter that does not train them
 #: (``model.lora.train_latent_tokens: false``): a plain base gave them their first values, which its own files lack
 LATENT_ROWS = "latent_rows.safetensors"
+#: the adapter folder's model card: what it is, on which base, and how to load it (PEFT's own save writes a card)
+CARD = "README.md"
 #: the most target modules a message writes out (:func:`targets_setting`; more are named by the adapter's file)
 LISTED_TARGETS = 8
 
@@ -294,6 +297,71 @@ def save_adapter(lm: LatentLM, folder: Path) -> None:
     (folder / ADAPTER_WEIGHTS).write_bytes(_sorted_metadata(save(adapter_state(lm), metadata=metadata)))
     if not lm.peft.peft_config[POLICY].trainable_token_indices:
         save_file(_marker_rows(lm), str(folder / LATENT_ROWS))
+    (folder / CARD).write_text(adapter_card(lm.peft.peft_config[POLICY]))
+
+
+def adapter_card(config: Any) -> str:
+    """The model card (``README.md``) of an adapter folder, from its ``peft.LoraConfig`` or its
+    ``adapter_config.json`` read as a dict: the base it goes on (hub id and revision, or local path; a hub id is also
+    the card's ``base_model``, by which the hub links an uploaded adapter to its base), the dgrpo version that wrote
+    it, and the lines that load it, with dgrpo and with PEFT alone."""
+    from .. import __version__
+
+    get = config.get if isinstance(config, dict) else lambda k: getattr(config, k, None)
+    base, revision = str(get("base_model_name_or_path")), get("revision")
+    hub = not Path(base).is_absolute()
+    at = f" at revision `{revision}`" if revision else ""
+    rows = not get("trainable_token_indices")
+    front = [
+        "---",
+        *([f"base_model: {base}"] if hub else []),
+        "library_name: peft",
+        "tags:",
+        "- dgrpo",
+        "- lora",
+        "---",
+    ]
+    lines = [
+        *front,
+        "",
+        f"# LoRA adapter on `{base}`",
+        "",
+        f"A LoRA adapter (r = {get('r')}, alpha = {get('lora_alpha')}) of a latent-reasoning language model, written "
+        f"by dgrpo {__version__}. Its base model is {'the hub model' if hub else 'the local folder'} `{base}`{at}, "
+        "as `adapter_config.json` names it; this folder holds the adapter, the tokenizer with the latent markers "
+        "(`<|start-latent|>`, `<|latent|>`, `<|end-latent|>`) and `latent_config.json`"
+        + (
+            ", and the markers' embedding rows (`latent_rows.safetensors`: the adapter does not train them)."
+            if rows
+            else "."
+        ),
+        "",
+        "With dgrpo (the base is loaded as named, then the adapter):",
+        "",
+        "```python",
+        "from dgrpo.model.latent_lm import LatentLM",
+        "",
+        'lm = LatentLM.from_pretrained("THIS_FOLDER")',
+        "```",
+        "",
+        "or `dgrpo eval --model THIS_FOLDER --out DIR`; `dgrpo export THIS_FOLDER --merge --out DIR` writes "
+        "base + adapter as one Hugging Face model.",
+        "",
+        "With PEFT alone (a plain forward; transformers' `generate` does not run the latent recurrence):",
+        "",
+        "```python",
+        "from peft import AutoPeftModelForCausalLM",
+        "",
+        'lm = AutoPeftModelForCausalLM.from_pretrained("THIS_FOLDER")',
+        "```",
+    ]
+    if rows:
+        lines += [
+            "",
+            "then put the markers' rows of `latent_rows.safetensors` into its embeddings, as dgrpo's README shows "
+            "(Large backbones: LoRA, Without dgrpo).",
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def _sorted_metadata(data: bytes) -> bytes:
@@ -398,7 +466,10 @@ def repoint(folder: Path, base: str, whole: Path | None = None) -> None:
     whole = folder if whole is None else whole
     config = {**_adapter_config(folder), "base_model_name_or_path": base}
     rel = str((folder / ADAPTER_CONFIG).relative_to(whole))
-    rewrite_files(whole, {rel: json.dumps(config, indent=2, sort_keys=True).encode()})  # (as PEFT writes it)
+    files = {rel: json.dumps(config, indent=2, sort_keys=True).encode()}  # (as PEFT writes it)
+    if (folder / CARD).is_file():  # (the card names the base too)
+        files[str((folder / CARD).relative_to(whole))] = adapter_card(config).encode()
+    rewrite_files(whole, files)
 
 
 def repoint_hint(folder: Path) -> str:
