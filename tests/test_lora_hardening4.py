@@ -155,3 +155,34 @@ def test_a_hub_bases_card_names_it_for_the_hub_and_a_moved_bases_card_follows_it
     check_intact(tmp_path / "adapter")
     card = (tmp_path / "adapter" / "README.md").read_text()
     assert f"`{tmp_path / 'moved'}`" in card and f"`{tmp_path / 'base'}`" not in card
+
+
+def test_an_adapter_put_on_a_base_of_another_size_says_so(lora_base_dirs, tokenizer, tmp_path):
+    """An adapter whose adapter_config.json names a base of another width (a hub base records no fingerprint; a
+    folder of one's own neither): the line was its folder and 'wrong shapes: <PEFT tensor names>' alone. It says the
+    adapter does not fit that base, and what to point base_model_name_or_path at."""
+    pytest.importorskip("peft")
+    from safetensors.torch import load_file, save_file
+
+    from dgrpo.config import LoraConfig
+    from dgrpo.model import lora
+
+    lm = LatentLM.from_pretrained(lora_base_dirs / "llama")
+    lora.apply_lora(lm, LoraConfig(r=2, alpha=4.0))
+    lm.save_pretrained(tmp_path / "adapter")
+    make_lm(tokenizer, "llama", hidden_size=64).save_pretrained(tmp_path / "wider")
+    (tmp_path / "wider" / "manifest.json").unlink()  # (a folder of one's own: no fingerprint to compare)
+    folder = tmp_path / "adapter"
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(
+        json.dumps({**config, "base_model_name_or_path": str(tmp_path / "wider")})
+    )
+    save_file(load_file(folder / "adapter_model.safetensors"), folder / "adapter_model.safetensors")  # (no fingerprint)
+    (folder / "manifest.json").unlink()
+    with pytest.raises(CheckpointError) as e:
+        LatentLM.from_pretrained(folder)
+    said = str(e.value)
+    assert said.startswith(
+        f"LoRA adapter {folder}: it does not fit the base model {tmp_path / 'wider'} (wrong shapes: "
+    )
+    assert f"point base_model_name_or_path in {folder / 'adapter_config.json'} to that base" in said

@@ -658,7 +658,18 @@ def attach_saved_adapter(lm: LatentLM, folder: Path) -> None:
             f"{folder}: its {ADAPTER_CONFIG} does not fit the base model {lm.name_or_path} (PEFT: "
             f"{one_line(e)[:300]}): an adapter goes on the base it was trained on (base_model_name_or_path)"
         ) from None
-    load_adapter_state(lm, read_adapter(lm, folder), where=str(folder))
+    try:  # (the config is the adapter's own: a tensor that does not fit is the base's doing)
+        state = read_adapter(lm, folder)
+    except CheckpointError as e:
+        if str(e).startswith(f"{folder}: unreadable"):
+            raise
+        raise CheckpointError(
+            f"LoRA adapter {folder}: it does not fit the base model {lm.name_or_path} "
+            f"({str(e).removeprefix(f'{folder}: ')}), a model of another size or architecture than the one it was "
+            f"trained on; point base_model_name_or_path in {folder / ADAPTER_CONFIG} to that base (an adapter does "
+            "not carry over to another model: train one on this base)"
+        ) from None
+    load_adapter_state(lm, state, where=str(folder))
     if (folder / LATENT_ROWS).is_file():
         _set_marker_rows(lm, load_file(str(folder / LATENT_ROWS)))
     if (folder / LATENT_ROWS).is_file() or config.trainable_token_indices:
