@@ -1,5 +1,6 @@
-"""Hub models and LoRA adapters, the last rough edges: the line that refuses a tokenizer without EOS, and GRPO's replay
-on a model whose config has its own dropout on (GPT-2's hub configs: 0.1)."""
+"""Hub models and LoRA adapters, the last rough edges: the line that refuses a tokenizer without EOS, GRPO's replay on
+a model whose config has its own dropout on (GPT-2's hub configs: 0.1), the card an adapter folder carries, and an
+adapter named onto a base of another size."""
 
 import json
 
