@@ -344,8 +344,8 @@ def adapter_card(config: Any) -> str:
         'lm = LatentLM.from_pretrained("THIS_FOLDER")',
         "```",
         "",
-        "or `dgrpo eval --model THIS_FOLDER --out DIR`; `dgrpo export THIS_FOLDER --merge --out DIR` writes "
-        "base + adapter as one Hugging Face model.",
+        "or `dgrpo eval --model THIS_FOLDER --data DATASET --out DIR`; `dgrpo export THIS_FOLDER --merge --out DIR` "
+        "writes base + adapter as one Hugging Face model.",
         "",
         "With PEFT alone (a plain forward; transformers' `generate` does not run the latent recurrence):",
         "",
