@@ -3,6 +3,7 @@ functions (:func:`dgrpo.eval.scoring.load_function`) and perturbation kinds (:fu
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import importlib.util
@@ -23,6 +24,33 @@ def plugin_file(spec: str) -> Path | None:
     """The file a ``path/to/file.py:name`` spec names (None for a built-in name or ``package.module:name``)."""
     target, sep, _ = spec.rpartition(":")
     return expand_home(target) if sep and (target.endswith(".py") or "/" in target) else None
+
+
+def name_hint(spec: str, kind: str = "function") -> str:
+    """The end of a refusal of ``spec`` that names a ``.py`` file without the ``kind`` in it (``my_rewards.py``,
+    ``my_rewards.py:``): how to name it, with the names of that kind the file defines (read with :mod:`ast`, not
+    imported): ``; name the function in it: 'my_rewards.py:FUNCTION' (it defines correct, fmt)``; '' otherwise."""
+    target = spec.removesuffix(":")
+    if ":" in target or not target.endswith(".py"):
+        return ""
+    path = expand_home(target)
+    if not path.is_file():
+        return f"; name the {kind.lower()} in the file, '{target}:{kind.upper()}' (file {path} not found)"
+    names = _defined(path, kind)
+    defines = f" (it defines {', '.join(names[:8])}{', ...' if len(names) > 8 else ''})" if names else ""
+    return f"; name the {kind.lower()} in it: '{target}:{kind.upper()}'{defines}"
+
+
+def _defined(path: Path, kind: str) -> list[str]:
+    """The top-level functions (``kind`` ``function``) or classes (``Class``) the file ``path`` defines, in order;
+    [] when it cannot be read or parsed."""
+    types: tuple[type, ...] = (ast.ClassDef,) if kind == "Class" else (ast.FunctionDef, ast.AsyncFunctionDef)
+    try:
+        tree = ast.parse(path.read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    named = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    return [node.name for node in named if isinstance(node, types) and not node.name.startswith("_")]
 
 
 def plugin_source(spec: str) -> Path | None:
@@ -86,7 +114,9 @@ def import_object(spec: str, what: str, kind: str = "function") -> Any:
     them that the module has no such name."""
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name:
-        raise PluginError(f"{what} {spec!r}: expected 'package.module:{kind}' or 'path/to/file.py:{kind}'")
+        raise PluginError(
+            f"{what} {spec!r}: expected 'package.module:{kind}' or 'path/to/file.py:{kind}'{name_hint(spec, kind)}"
+        )
     try:
         module = _module_of(spec, target, what, kind)
     except PluginError:

@@ -108,6 +108,10 @@ def resolve_config_path(name: str | Path, relative_to: Path | None = None) -> Pa
     packaged = Path(name).as_posix().removeprefix("configs/").removesuffix(".yaml") + ".yaml"
     if packaged in packaged_configs():
         return CONFIG_DIR / packaged
+    if (path / "config.json").is_file():  # (a run's folder: the config it ran with is its config.json)
+        raise ConfigError(
+            f"config file not found: {path} is a folder; the config a run there ran with is {path / 'config.json'}"
+        )
     raise ConfigError(
         f"config file not found: {path} (not a file, and not a packaged config: {', '.join(packaged_configs())})"
     )
@@ -238,6 +242,9 @@ TRL_SFT_ABSENT = {
     "max_steps": "SFT runs sft.num_epochs epochs, sft.epochs_per_stage per curriculum stage",
     "adam_epsilon": "AdamW's eps is torch's 1e-8, TRL's default",
     "fp16": "no float16 autocast: sft.bf16 autocasts to bfloat16 (model.dtype: float32 or bfloat16 weights)",
+    "logging_steps": "SFT logs every 10th optimizer step, each epoch's last and any step not applied (metrics.jsonl)",
+    "eval_steps": "SFT validates at each curriculum stage's end (sft.eval_each_stage) and, with sft.eval_every_epoch, "
+    "at every epoch's end",
 }
 #: what the option a TRL name maps to is, where its meaning differs from TRL's (gradient_accumulation_steps counts
 #: micro-batches; grpo.micro_batch_size is their size)

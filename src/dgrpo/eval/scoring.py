@@ -49,7 +49,7 @@ from typing import Any, SupportsFloat, cast
 
 from ..config import FLOAT32_MAX, reward_name
 from ..data.records import Record, data_columns
-from ..plugins import PluginError, import_object
+from ..plugins import PluginError, import_object, name_hint
 from ..reward import ANSWER_IS, extract_answer, final_answer_text, normalize_number, normalize_text, score
 
 #: what a scorer or reward returns: one number per completion (a list, a 1-d NumPy array or tensor:
@@ -146,7 +146,7 @@ def load_function(spec: str, what: str = "reward") -> ScoreFn:
     if not target or not name:
         raise RewardError(
             f"{what} {spec!r}: expected a built-in scorer ({', '.join(SCORERS)}), 'package.module:function' or "
-            "'path/to/file.py:function'"
+            f"'path/to/file.py:function'{name_hint(spec)}"
         )
     try:
         fn = import_object(spec, what)

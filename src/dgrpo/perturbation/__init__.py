@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..config import ConfigError
-from ..plugins import PluginError, import_object
+from ..plugins import PluginError, import_object, name_hint
 from .base import (
     PERTURBATIONS,
     BoundPerturbation,
@@ -55,6 +55,7 @@ def kind_class(kind: str) -> type[Perturbation]:
         raise ConfigError(
             f"perturbation.kind {kind!r} is not registered (registered: {', '.join(PERTURBATIONS)}): import the module "
             "that registers it first, or name its class, perturbation.kind=path/to/file.py:Class"
+            + name_hint(kind, "Class")
         )
     try:
         cls = import_object(kind, "perturbation.kind", "Class")
