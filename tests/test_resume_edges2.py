@@ -128,7 +128,7 @@ def test_a_bf16_runs_masters_do_not_come_back_stale_after_a_float32_resume(token
     optimizer state, unused (float32 weights step themselves) and saved with each checkpoint; resumed in bf16 again,
     it stepped from them: the weights went back to where the bf16 run had left them, the float32 run's updates
     lost. The masters of parameters not low-precision now are dropped when read, and those beside weights saved in
-    float32 (a checkpoint written so before): a bf16 resume makes its masters from the weights."""
+    float32 (a checkpoint written so before) replaced: a bf16 resume's masters are the saved float32 weights."""
     from dgrpo.training.master_weights import MasterWeightAdamW
 
     from conftest import make_lm
@@ -151,7 +151,8 @@ def test_a_bf16_runs_masters_do_not_come_back_stale_after_a_float32_resume(token
     back = make_lm(tokenizer, seed=3).to(torch.bfloat16)
     opt_back = MasterWeightAdamW(back.model.parameters(), lr=1e-6)
     read_checkpoint(f32, lm=back, optimizer=opt_back).apply(back, opt_back)
-    assert not _masters(opt_back)
+    params = dict(zip((p for g in opt_back.param_groups for p in g["params"]), saved.values()))  # (in model order)
+    assert all(torch.equal(opt_back.state[p]["master"], w) for p, w in params.items())  # (the float32 weights)
     _step(back, opt_back)
     for name, p in back.model.named_parameters():  # (one step of lr 1e-6 from the float32 run's weights)
         assert torch.allclose(p.float(), saved[name], atol=1e-2, rtol=1e-2), name

@@ -59,7 +59,7 @@ from ..model.verified import (
 )
 from ..run_layout import BEST_DIR, CHECKPOINTS_DIR, FINAL_DIR, STEP_DIR, checkpoint_dirs, stage_dirs, step_dir_name
 from .distributed import TrainingState
-from .master_weights import LOW_PRECISION
+from .master_weights import LOW_PRECISION, MasterWeightAdamW
 from .wording import in_command_line, init_named, setting_named
 
 #: torch optimizers' per-parameter state tensors, shaped like their parameter (8-bit optimizers keep others), and
@@ -395,8 +395,10 @@ def read_checkpoint(
         check_optimizer_state(optimizer, opt_state, dict(lm.model.named_parameters()) if sharded else None)
         if weights and lm.peft is None:  # (an adapter's weights are named as PEFT saves them, not as the model's)
             _check_masters(opt_state, _state_names(optimizer, lm.model, opt_state, sharded), weights)
-        if any(isinstance(s, dict) and "master" in s for s in opt_state["state"].values()):
-            _drop_stale_masters(opt_state, optimizer, lm.model, sharded, weights)
+        if isinstance(optimizer, MasterWeightAdamW) or any(
+            isinstance(s, dict) and "master" in s for s in opt_state["state"].values()
+        ):
+            _masters_across_dtypes(opt_state, optimizer, lm.model, sharded, weights if lm.peft is None else {})
         rng = torch.load(ckpt / "rng.pt", weights_only=True)
         _check_rng(state["rng"], rng)
         _check_finite(_parameters(weights, lm.model if weights and lm.peft is None else None), "model/")
@@ -435,26 +437,45 @@ def _state_params(
     return dict(zip(ids, (p for g in optimizer.param_groups for p in g["params"])))
 
 
-def _drop_stale_masters(
+def _masters_across_dtypes(
     opt_state: dict[str, Any],
     optimizer: torch.optim.Optimizer,
     model: torch.nn.Module,
     sharded: bool,
     weights: dict[str, torch.Tensor],
 ) -> None:
-    """Remove from ``opt_state`` (read, not applied) the float32 masters (``model.master_weights``) of parameters
-    that are not low-precision now, or whose weight the checkpoint saved in float32: a bf16 run resumed in float32
-    (allow_config_change) kept its masters in the optimizer state, unused (MasterWeightAdamW steps float32 weights
-    themselves) and saved again with each checkpoint; a later resume in bf16 stepped from them, the float32 run's
-    updates lost. Without a master, the resumed run makes one from its weight at its first step."""
+    """Fit ``opt_state``'s float32 masters (``model.master_weights``) and ``weights`` (both read, not applied; the
+    masters checked against their weights) to the parameters' dtypes now, across a change of ``model.dtype``
+    (allow_config_change):
+
+    - a parameter float32 now whose weight was saved low-precision beside its master: the master is the weight
+      loaded, exactly (the saved bf16 weight is only its rounding: the float32 run went on from the rounding, the
+      precision the masters kept thrown away), and it is removed from the state (float32 weights step themselves);
+    - any other master of a parameter not low-precision now is removed (one whose weight this checkpoint does not
+      hold whole: FSDP ``sharded`` shards, a LoRA adapter);
+    - a parameter low-precision now whose weight was saved in float32 (a float32 run, or a bf16 run resumed in
+      float32): under :class:`~.master_weights.MasterWeightAdamW` its master is that float32 weight, exactly (none
+      was made from the weight rounded at the first step; a master left stale beside it, kept by a float32 resume
+      before masters were removed, stepped the weights back to where the bf16 run had left them).
+    """
     params = _state_params(optimizer, model, opt_state, sharded)
     names = _state_names(optimizer, model, opt_state, sharded)
-    for i, per_param in opt_state["state"].items():
-        p, saved = params.get(i), weights.get(names.get(i, ""))
-        if not isinstance(per_param, dict) or "master" not in per_param:
-            continue
-        if (p is not None and p.dtype not in LOW_PRECISION) or (saved is not None and saved.dtype not in LOW_PRECISION):
-            del per_param["master"]
+    makes_masters = isinstance(optimizer, MasterWeightAdamW)
+    for i, p in params.items():
+        per_param, name = opt_state["state"].get(i), names.get(i, "")
+        saved = weights.get(name)
+        if p.dtype not in LOW_PRECISION:
+            if not isinstance(per_param, dict):
+                continue
+            master = per_param.pop("master", None)
+            if isinstance(master, torch.Tensor) and saved is not None and saved.dtype in LOW_PRECISION:
+                weights[name] = master.to(device=saved.device)
+        elif saved is not None and saved.dtype not in LOW_PRECISION:
+            if makes_masters and (isinstance(per_param, dict) or (per_param is None and not sharded)):
+                per_param = opt_state["state"].setdefault(i, {})  # (none: a parameter the run never stepped)
+                per_param["master"] = saved.to(torch.float32, copy=True)  # (put on its parameter's device as loaded)
+            elif isinstance(per_param, dict):
+                per_param.pop("master", None)
 
 
 def _check_masters(opt_state: dict[str, Any], names: dict[Any, str], weights: dict[str, torch.Tensor]) -> None:
