@@ -83,3 +83,40 @@ def test_the_flag_lives_below_the_model_and_the_trainers_words_are_the_same():
     with trainers.command_line_words():
         assert lower.in_command_line()
     assert not lower.in_command_line()
+
+
+def test_a_plain_lms_untrained_markers_warning_names_the_callers_way_to_train_them(tokenizer, task_records):
+    """GRPO on a plain LM (its latent markers new): the warning told a Python caller to run ``dgrpo sft --init
+    MODEL``; from Python it names train_sft and the model to load from its run, the command line its commands."""
+    from dgrpo.training.grpo import GRPOTrainer
+
+    cfg = tiny_config()
+    with pytest.warns(UserWarning, match=r"train them first: train_sft on the model, then GRPO from LatentLM"):
+        GRPOTrainer(make_lm(tokenizer), cfg, task_records)
+    with command_line_words(), pytest.warns(UserWarning, match=r"train them first: dgrpo sft --init MODEL, then"):
+        GRPOTrainer(make_lm(tokenizer), cfg, task_records)
+
+
+def test_an_sft_epoch_kept_on_failure_names_the_call_that_resumes_it():
+    """An SFT epoch's end that failed keeps its training: the line said "the same command resumes" to a Python caller
+    of train_sft; from Python it is the same call with resume='auto'."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from dgrpo.training.curriculum import Curriculum
+    from dgrpo.training.distributed import Dist
+    from dgrpo.training.sft import _epoch_kept_on_failure
+
+    lines: list[str] = []
+    sft = SimpleNamespace(
+        dist=Dist.single(),
+        plan=Curriculum(tiny_config(), steps_per_epoch=4),
+        save=lambda epoch, batch: None,
+        run=SimpleNamespace(metrics=SimpleNamespace(n_rows=lambda: 0), out_dir=Path("out"), log=lines.append),
+    )
+    with pytest.raises(RuntimeError), _epoch_kept_on_failure(sft, 2):
+        raise RuntimeError("scorer failed")
+    with command_line_words(), pytest.raises(RuntimeError), _epoch_kept_on_failure(sft, 2):
+        raise RuntimeError("scorer failed")
+    assert lines[0].endswith(": the same call (resume='auto') resumes at the epoch's end (its validation)"), lines
+    assert lines[1].endswith(": the same command resumes at the epoch's end (its validation)"), lines

@@ -132,6 +132,13 @@ def _check_rollout_cache(perturbation: Perturbation, cfg: Config, engine: str) -
         )
 
 
+def _sft_first() -> str:
+    """How to train a plain LM's latent markers before GRPO, in the caller's words."""
+    if in_command_line():
+        return "dgrpo sft --init MODEL, then dgrpo grpo --init that run"
+    return "train_sft on the model, then GRPO from LatentLM.from_pretrained(that run's final/)"
+
+
 def _warn_at_start(lm: LatentLM, cfg: Config, train: list[Record]) -> None:
     """A GRPO run's warnings before any work: settings that do nothing (:meth:`Config.inert_settings`), training
     questions cut to ``data.max_question_tokens``, and fewer training records than prompts in a step."""
@@ -142,7 +149,7 @@ def _warn_at_start(lm: LatentLM, cfg: Config, train: list[Record]) -> None:
         warnings.warn(
             f"the model's latent markers ({', '.join(lm.new_latent_tokens)}) are new and untrained (the model had no "
             "rows for them: a plain LM, not a Coconut SFT checkpoint); GRPO prompts with them and thinks with "
-            "untrained latent steps (train them first: dgrpo sft --init MODEL, then dgrpo grpo --init that run)",
+            f"untrained latent steps (train them first: {_sft_first()})",
             stacklevel=3,
         )
     if len(train) < cfg.grpo.prompts_per_step:

@@ -76,6 +76,7 @@ from .run_inputs import (
 )
 from .schedules import constant_lr_at, lr_at
 from .sharded_eval import best_value, sharded_scores
+from .wording import in_command_line
 
 
 def sft_loss(lm: LatentLM, examples: list[SFTExample], cfg: Config, normalizer: float) -> tuple[torch.Tensor, int]:
@@ -446,9 +447,10 @@ def _epoch_kept_on_failure(sft: SFTRun, epoch: int) -> Iterator[None]:
             except Exception as e:  # noqa: BLE001 - the epoch end's error is the one to raise
                 sft.run.log(f"dgrpo sft: epoch {epoch}'s training could not be kept ({one_line(e)})")
             else:
+                again = "command" if in_command_line() else "call (resume='auto')"
                 sft.run.log(
                     f"dgrpo sft: epoch {epoch}'s training is kept in {sft.run.out_dir / CHECKPOINTS_DIR}: the same "
-                    "command resumes at the epoch's end (its validation)"
+                    f"{again} resumes at the epoch's end (its validation)"
                 )
         raise
 
