@@ -813,7 +813,8 @@ def load_dataset(
       ``builtin[:split][?option=value&...]``; a ``split`` argument wins over the name's (as in
       :func:`~dgrpo.data.load_spec`);
     * a path to a data file; its format is detected from the extension and content (jsonl/JSON-list
-      records keyed like any format above (a ``.json`` file of JSON Lines too), PAL ``{input, target}`` jsonl,
+      records keyed like any format above (a ``.json`` or ``.ndjson`` file of JSON Lines too), PAL
+      ``{input, target}`` jsonl,
       OpenMathInstruct-2 ``{problem, expected_answer}`` jsonl, or GSM8K-Aug ``question||steps #### answer`` lines;
       CSV, TSV (``.tsv``: CSV with tabs) and parquet tables); a file has no splits: ``split`` with a file path is a
       DataError;
@@ -888,8 +889,9 @@ def names_a_file(raw: str) -> bool:
 
 
 #: the extensions of the data files :func:`load_dataset` reads; a name with one is a path, never a hub dataset (a
-#: missing ``my_train.csv`` was looked up on the hub: 'unknown dataset ...', or a wait for the network)
-FILE_SUFFIXES = (".json", ".jsonl", ".txt", ".csv", ".tsv", ".parquet", ".pq")
+#: missing ``my_train.csv`` was looked up on the hub: 'unknown dataset ...', or a wait for the network; so was a
+#: missing ``.ndjson``, JSON Lines' other name, which is read as JSON Lines where it exists)
+FILE_SUFFIXES = (".json", ".jsonl", ".ndjson", ".txt", ".csv", ".tsv", ".parquet", ".pq")
 
 
 def _files_in(folder: Path) -> str:
