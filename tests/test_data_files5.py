@@ -28,3 +28,47 @@ def test_a_missing_ndjson_file_is_a_missing_file_not_a_hub_dataset(
     with pytest.raises(DataError, match=r"^MY\.NDJSON: file not found "):
         load_spec("MY.NDJSON")
     assert asked == []
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "encoding"),
+    [
+        ("rows.csv", "question,answer\nq1,18\n".encode("utf-16"), "UTF-16"),  # (a byte-order mark: FF FE)
+        ("rows.tsv", b"\xfe\xff" + "question\tanswer\nq1\t18\n".encode("utf-16-be"), "UTF-16"),
+        ("rows.jsonl", (json.dumps({"question": "q", "answer": "18"}) + "\n").encode("utf-16"), "UTF-16"),
+        ("rows.json", json.dumps([{"question": "q", "answer": "18"}]).encode("utf-32"), "UTF-32"),
+        ("rows.csv", "question,answer\nq1,18\n".encode("utf-16-le"), "UTF-16LE"),  # (no mark)
+        ("rows.jsonl", (json.dumps({"question": "q", "answer": "18"}) + "\n").encode("utf-16-be"), "UTF-16BE"),
+    ],
+    ids=["csv-utf16", "tsv-utf16be", "jsonl-utf16", "json-utf32", "csv-utf16le-no-mark", "jsonl-utf16be-no-mark"],
+)
+def test_a_utf16_file_is_named_so_with_how_to_convert_it(tmp_path: Path, name: str, data: bytes, encoding: str) -> None:
+    """A UTF-16 file (Excel's and Notepad's 'Unicode Text') was 'line 1: not valid UTF-8 (byte 0); save the file as
+    UTF-8', which did not say what it was; one without a byte-order mark was read, its columns '\\x00q\\x00u...'
+    ('unrecognised record keys'). Each is named for its encoding, with the command that converts it, which works."""
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(DataError) as info:
+        load_spec(str(path))
+    out = tmp_path / f"rows_utf8{path.suffix}"
+    said = str(info.value)
+    assert said.startswith(f"{path}: {encoding} text (as Excel's and Notepad's 'Unicode Text' is saved), not UTF-8; ")
+    assert f"convert it: iconv -f {encoding} -t UTF-8 {path} > {out} (in Python: " in said
+    python = said.partition("(in Python: ")[2].rpartition(")")[0]
+    exec(python, {"Path": Path})  # (the Python the line gives converts the file, as written)
+    assert [(r.question, r.answer) for r in load_spec(str(out))] in ([("q1", "18")], [("q", "18")])
+
+
+@pytest.mark.parametrize("name", ["rows.csv", "rows.tsv", "rows.jsonl", "rows.json"])
+def test_a_utf8_byte_order_mark_is_no_part_of_the_first_column(tmp_path: Path, name: str) -> None:
+    """A UTF-8 file that starts with a byte-order mark (EF BB BF, as Excel's 'CSV UTF-8' writes) is read as one
+    without: its first column is 'question', not '\\ufeffquestion' (checked, not changed here)."""
+    text = {
+        ".csv": "question,answer\nq,18\n",
+        ".tsv": "question\tanswer\nq\t18\n",
+        ".jsonl": json.dumps({"question": "q", "answer": "18"}) + "\n",
+        ".json": json.dumps([{"question": "q", "answer": "18"}]),
+    }[Path(name).suffix]
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    assert [(r.question, r.answer) for r in load_spec(str(path))] == [("q", "18")]

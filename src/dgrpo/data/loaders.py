@@ -46,6 +46,7 @@ from .row_formats import (
 from .subsets import OPENMATH_HUB_ID, sample_subset, stream_openmath
 from .synthetic import load_builtin
 from .tables import (
+    UTF16_HEAD,
     CsvTable,
     dataset_rows,
     is_hf_folder,
@@ -54,6 +55,7 @@ from .tables import (
     read_hf_folder,
     read_parquet,
     unnamed_split,
+    wide_text,
 )
 
 __all__ = ["DATASETS", "HUB_DATASETS", "DatasetSpec", "find_data_dir", "load_dataset"]
@@ -400,6 +402,9 @@ def _read_text(path: Path) -> str:
         raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
     if data.startswith(b"\x1f\x8b"):  # (gzip's magic bytes: was 'line 1: not valid UTF-8 (byte 1)')
         raise DataError(f"{path}: a gzip-compressed file; decompress it first (gunzip -k {path})")
+    wide = wide_text(path, data[:UTF16_HEAD])
+    if wide is not None:
+        raise wide
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -56,6 +56,13 @@ def read_csv_lines(path: Path, delimiter: str = ",") -> CsvTable:
     of tabs, quoted values too, as pandas' ``read_csv`` with a tab separator reads it)."""
     kind = "TSV" if delimiter == "\t" else "CSV"
     try:
+        with open(path, "rb") as raw:
+            wide = wide_text(path, raw.read(UTF16_HEAD))
+    except OSError:
+        wide = None  # (open below says what is wrong)
+    if wide is not None:
+        raise wide
+    try:
         with open(path, newline="", encoding="utf-8-sig") as f, _cells_of_any_length():
             reader = csv.reader(f, delimiter=delimiter)
             header = next(reader, None)
@@ -92,6 +99,38 @@ def _cells_of_any_length() -> Iterator[None]:
         yield
     finally:
         csv.field_size_limit(before)
+
+
+#: how many of a file's first bytes :func:`wide_text` looks at
+UTF16_HEAD = 64
+
+
+def wide_text(path: Path, head: bytes) -> DataError | None:
+    """The DataError for a file whose first bytes ``head`` are UTF-16 or UTF-32 text (a byte-order mark ``FF FE`` or
+    ``FE FF``; without one, a NUL byte beside each character of the first line), saying how to convert it to UTF-8;
+    None for any other. Excel's and Notepad's 'Unicode Text' is UTF-16: it was 'line 1: not valid UTF-8 (byte 0)',
+    and, without a mark, its columns were read as ``\x00q\x00u...`` ('unrecognised record keys')."""
+    if head.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        encoding = "UTF-32"
+    elif head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        encoding = "UTF-16"
+    else:
+        pairs = head[: len(head) // 2 * 2]
+        if len(pairs) < 4 or b"\x00" not in pairs:
+            return None
+        low, high = pairs[0::2], pairs[1::2]
+        if not high.strip(b"\x00") and low.strip(b"\x00"):
+            encoding = "UTF-16LE"
+        elif not low.strip(b"\x00") and high.strip(b"\x00"):
+            encoding = "UTF-16BE"
+        else:
+            return None
+    out, table = path.with_name(f"{path.stem}_utf8{path.suffix}"), path.suffix.lower() in (".csv", ".tsv")
+    return DataError(
+        f"{path}: {encoding} text (as Excel's and Notepad's 'Unicode Text' is saved), not UTF-8; convert it: iconv -f "
+        f"{encoding} -t UTF-8 {path} > {out} (in Python: Path({str(out)!r}).write_text(Path({str(path)!r}).read_text"
+        f"({encoding.lower()!r}), 'utf-8')){', or save it from Excel as CSV UTF-8' if table else ''}"
+    )
 
 
 def not_utf8(path: Path, data: bytes) -> DataError | None:
