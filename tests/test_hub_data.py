@@ -184,3 +184,21 @@ def test_a_local_parquet_file_is_read_without_the_datasets_progress_bar(tmp_path
     with pytest.raises(DataError, match="not a readable parquet file"):
         loaders.load_dataset(str(tmp_path / "bad.parquet"))
     assert datasets.utils.are_progress_bars_disabled() == before
+
+
+def test_a_typo_of_a_built_in_dataset_name_is_told_the_close_name(hub, monkeypatch):
+    """``svmap`` (for svamp) was asked of the hub and refused as an unknown dataset without the name meant; a hub id
+    (``org/name``) is never taken for a built-in name's typo."""
+
+    def offline(repo, config=None, split=None):
+        raise ConnectionError(f"Couldn't reach '{repo}' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    for typed, meant in (("svmap", "svamp"), ("GSM8KK", "gsm8k"), ("multiarth", "multiarith")):
+        with pytest.raises(DataError) as info:
+            loaders.load_dataset(typed, "test")
+        assert str(info.value).startswith(f"unknown dataset {typed!r} (did you mean {meant!r}?): not a local file")
+    with pytest.raises(DataError) as info:
+        loaders.load_dataset("org/svmap", "test")
+    assert "did you mean" not in str(info.value)

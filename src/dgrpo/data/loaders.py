@@ -524,7 +524,9 @@ def _load_from_hub(
     """Rows from the Hugging Face hub (``config``: the dataset's config, None for its default), through the
     optional ``datasets`` package, as Records; ``why`` says, in an error, why the hub was asked."""
     builtin = ", ".join(["builtin", *DATASET_NAMES])
-    prefix = f"unknown dataset {name!r}: not a local file, not a built-in name ({builtin}), and"
+    close = difflib.get_close_matches(name.lower(), DATASET_NAMES, n=1, cutoff=0.75) if "/" not in name else []
+    meant = f" (did you mean {close[0]!r}?)" if close else ""  # (a built-in name's typo: 'svmap' was asked of the hub)
+    prefix = f"unknown dataset {name!r}{meant}: not a local file, not a built-in name ({builtin}), and"
     if hub_id is not None:
         prefix = f"dataset {name!r}: {why}; its hub copy {hub_id!r}:" if why else f"dataset {name!r} (hub {hub_id!r}):"
     try:
