@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from test_data_edges2 import _hub_refused
 
-from dgrpo.data import load_spec
+from dgrpo.data import load_dataset, load_spec
 from dgrpo.data.records import DataError
 
 
@@ -72,3 +72,18 @@ def test_a_utf8_byte_order_mark_is_no_part_of_the_first_column(tmp_path: Path, n
     path = tmp_path / name
     path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
     assert [(r.question, r.answer) for r in load_spec(str(path))] == [("q", "18")]
+
+
+def test_a_csv_header_with_spaces_after_its_commas_is_told_so(tmp_path: Path) -> None:
+    """``question, answer`` as a header names a column ' answer': the refusal listed '( answer, question)', the space
+    easy to miss; it now says what is wrong (a header without such spaces reads)."""
+    path = tmp_path / "spaced.csv"
+    path.write_text("question, answer\nWhat is 1+1?, 2\n")
+    with pytest.raises(DataError, match=r"column names with spaces around them: ' answer'; a CSV header is read as"):
+        load_dataset(str(path))
+    path.write_text("question,answer\nWhat is 1+1?,2\n")
+    assert load_dataset(str(path))[0].answer == "2"
+    path.write_text("query, target\nWhat is 1+1?, 2\n")  # (no known format under the names stripped: no hint)
+    with pytest.raises(DataError) as info:
+        load_dataset(str(path))
+    assert "spaces around them" not in str(info.value)

@@ -56,6 +56,18 @@ def _one_column_hint(columns: list[str]) -> str:
     return " (one column: is the file comma-separated?)" if any(c in one for c in ";|") else ""
 
 
+def _spaced_names_hint(row: dict[str, Any]) -> str:
+    """For a row whose column names have spaces around them, which name a known format's columns without
+    (``question, answer`` as a CSV header: its second column is ' answer'), what to do; else ''."""
+    spaced = [str(k) for k in row if isinstance(k, str) and k != k.strip()]
+    if not spaced or _known_row_parser({str(k).strip(): v for k, v in row.items()}) is None:
+        return ""
+    return (
+        f" (column names with spaces around them: {', '.join(repr(k) for k in spaced[:4])}; a CSV header is read "
+        "as written: write it without spaces after its commas)"
+    )
+
+
 def _text_field(row: dict[str, Any], key: str, *, strip: bool = True, allow_empty: bool = False) -> str:
     value = _field(row, key)
     if value is None:  # (it read 'must be a string, got NoneType')
@@ -319,6 +331,7 @@ def _detect_row_parser(row: Any) -> RowParser:
     if parser is not None:
         return parser
     one_column = _one_column_hint([str(k) for k in row])  # (a CSV file of another separator)
+    one_column += _spaced_names_hint(row)
     raise _RowError(
         f"unrecognised record keys ({_shown_keys(row)}){one_column}; expected one of: {_KNOWN_ROW_FORMATS}; or name "
         "your columns with data.question_key and data.answer_key (from Python: dgrpo.load_dataset(path, "
