@@ -305,10 +305,10 @@ def adapter_card(config: Any) -> str:
     ``adapter_config.json`` read as a dict: the base it goes on (hub id and revision, or local path; a hub id is also
     the card's ``base_model``, by which the hub links an uploaded adapter to its base), the dgrpo version that wrote
     it, and the lines that load it, with dgrpo and with PEFT alone."""
-    from .. import __version__
+    from importlib.metadata import version  # (the installed dgrpo's: the package itself is above this layer)
 
     get = config.get if isinstance(config, dict) else lambda k: getattr(config, k, None)
-    base, revision = str(get("base_model_name_or_path")), get("revision")
+    base, revision, dgrpo = str(get("base_model_name_or_path")), get("revision"), version("dgrpo")
     hub = not Path(base).is_absolute()
     at = f" at revision `{revision}`" if revision else ""
     rows = not get("trainable_token_indices")
@@ -327,7 +327,7 @@ def adapter_card(config: Any) -> str:
         f"# LoRA adapter on `{base}`",
         "",
         f"A LoRA adapter (r = {get('r')}, alpha = {get('lora_alpha')}) of a latent-reasoning language model, written "
-        f"by dgrpo {__version__}. Its base model is {'the hub model' if hub else 'the local folder'} `{base}`{at}, "
+        f"by dgrpo {dgrpo}. Its base model is {'the hub model' if hub else 'the local folder'} `{base}`{at}, "
         "as `adapter_config.json` names it; this folder holds the adapter, the tokenizer with the latent markers "
         "(`<|start-latent|>`, `<|latent|>`, `<|end-latent|>`) and `latent_config.json`"
         + (
