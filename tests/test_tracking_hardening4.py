@@ -2,18 +2,17 @@
 ends the W&B run preempted with the process's exit code, not failed with 1; a Ctrl-C's records 130; a SIGTERM while a
 completed run finishes its W&B run lets that finish end."""
 
-import importlib.machinery
 import os
 import signal
 import sys
 import time
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_tracking import _wandb_records, wandb_env  # noqa: F401 - (wandb_env: the offline W&B fixture)
 from test_tracking_mutants import FakeRun  # (what WandbTracker reads of a wandb.init run)
+from test_tracking_wandb_env import wandb_of
 
 from dgrpo.training.preemption import Terminated, exit_code_of
 from dgrpo.training.tracking import WandbTracker
@@ -22,8 +21,8 @@ from dgrpo.training.tracking import WandbTracker
 class PreemptibleRun(FakeRun):
     """A :class:`FakeRun` that records ``mark_preempting`` and ``finish`` in one list, in their order."""
 
-    def __init__(self, run_id: str) -> None:
-        super().__init__(run_id)
+    def __init__(self, run_id: str, starting_step: int = 0) -> None:
+        super().__init__(run_id, starting_step)
         self.calls: list[tuple[str, int]] = []
 
     def mark_preempting(self) -> None:
@@ -37,20 +36,7 @@ class PreemptibleRun(FakeRun):
 @pytest.fixture
 def preemptible_wandb(monkeypatch: pytest.MonkeyPatch) -> list[PreemptibleRun]:
     """A ``wandb`` module whose ``init`` returns a :class:`PreemptibleRun` (listed in the fixture's value)."""
-    runs: list[PreemptibleRun] = []
-
-    def init(**kwargs: Any) -> PreemptibleRun:
-        runs.append(PreemptibleRun(kwargs["id"]))
-        return runs[-1]
-
-    module = types.ModuleType("wandb")
-    module.__spec__ = importlib.machinery.ModuleSpec("wandb", None)  # (found where a run checks it is installed)
-    module.init = init  # type: ignore[attr-defined]
-    module.errors = types.SimpleNamespace(Error=RuntimeError)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "wandb", module)
-    for key in ("WANDB_RESUME", "WANDB_RUN_ID", "WANDB_SWEEP_ID", "WANDB_SWEEP_PARAM_PATH", "WANDB_PROJECT"):
-        monkeypatch.delenv(key, raising=False)
-    return runs
+    return wandb_of(monkeypatch, PreemptibleRun).runs
 
 
 @pytest.mark.parametrize(

@@ -25,13 +25,18 @@ from dgrpo.training.tracking import WandbTracker
 def fake_wandb(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
     """A ``wandb`` module whose ``init`` returns a :class:`FakeRun` (``.runs``), its arguments in ``.kwargs``;
     ``.starting_step``: the next run's (a resumed online run's next step); ``.refuse``: an error ``init`` raises."""
+    return wandb_of(monkeypatch, FakeRun)
+
+
+def wandb_of(monkeypatch: pytest.MonkeyPatch, run_class: type[FakeRun]) -> types.SimpleNamespace:
+    """:func:`fake_wandb`'s module, its ``init`` returning a ``run_class`` (a :class:`FakeRun` of one's own)."""
     state = types.SimpleNamespace(runs=[], kwargs=[], starting_step=0, refuse=None)
 
     def init(**kwargs: Any) -> FakeRun:
         state.kwargs.append(kwargs)
         if state.refuse is not None:
             raise state.refuse
-        state.runs.append(FakeRun(kwargs["id"], state.starting_step))
+        state.runs.append(run_class(kwargs["id"], state.starting_step))
         return state.runs[-1]
 
     module = types.ModuleType("wandb")
