@@ -1147,6 +1147,23 @@ def test_a_resume_that_switches_master_weights_of_a_bf16_run_is_refused(tmp_path
     _run_dir(out, cfg=tiny_config(**{"model.master_weights": "true"}), allow_config_change=True).close()
 
 
+def test_a_sharded_runs_masters_are_not_resumed_at_another_dtype(tmp_path):
+    """A whole checkpoint carries float32 masters across model.dtype (checkpoint.read_checkpoint); an fsdp: sharded
+    run's masters live in its shards, which are not: resuming it at another model.dtype is refused, even with
+    --allow-config-change; the same dtype, or a sharded run without masters, resumes."""
+    from dgrpo.config import ConfigError, to_dict
+
+    out = tmp_path / "run"
+    _fake_checkpoint(out / "checkpoints" / "step-00000004")
+    sharded = {"fsdp": "sharded", "model.master_weights": "true"}
+    (out / "config.json").write_text(json.dumps(to_dict(tiny_config(**sharded, **{"model.dtype": "bfloat16"}))))
+    with pytest.raises(ConfigError, match="fsdp: sharded with model.master_weights=true.* model.dtype=bfloat16"):
+        _run_dir(out, cfg=tiny_config(**sharded), allow_config_change=True)
+    _run_dir(out, cfg=tiny_config(**sharded, **{"model.dtype": "bfloat16"}, seed=3), allow_config_change=True).close()
+    (out / "config.json").write_text(json.dumps(to_dict(tiny_config(fsdp="sharded", **{"model.dtype": "bfloat16"}))))
+    _run_dir(out, cfg=tiny_config(fsdp="sharded"), allow_config_change=True).close()
+
+
 def test_a_lora_runs_adapter_settings_are_left_to_the_adapters_comparison(tmp_path):
     """The config's model.lora.r / alpha / target_modules / train_latent_tokens of a LoRA run are compared on the
     adapters when the checkpoint loads (checkpoint.check_same_adapter): the config's comparison refused first,

@@ -691,6 +691,7 @@ class ResumeCheck:
         what = f"{self._resume_named(self.candidates[0])} is from" if self.explicit else f"{self.out_dir} holds"
         self._check_same_kind_of_training(old, what)
         self._check_same_master_weights(old, what)
+        self._check_sharded_masters_keep_dtype(old, what)
         refused = [k for k in changed if not (self.cfg["model"]["lora"]["r"] and k in ADAPTER_KEYS)]
         if refused and not self.allow_config_change:
             then = old.get("model", {}).get("revision") if "model.revision" in refused else None
@@ -718,6 +719,22 @@ class ResumeCheck:
             f"{what} a run that trains {trained}, and its checkpoints hold {held}: resume it with model.lora.r={then} "
             f"(to train {'every weight' if then else 'an adapter'} from it, start a new run with {self._init_named()} "
             "on its final/ or a checkpoint)"
+        )
+
+    def _check_sharded_masters_keep_dtype(self, old: dict, what: str) -> None:
+        """A run under ``fsdp: sharded`` with ``model.master_weights`` keeps its float32 masters in its checkpoints'
+        shards (``dcp/``), which a resume at another ``model.dtype`` does not carry over as a whole checkpoint's are
+        (:func:`~.checkpoint.read_checkpoint`: the bf16 weights' rounding, or masters the shards lack): refused, even
+        with allow_config_change."""
+        model = old.get("model", {})
+        then, now = (c.get("model", {}).get("dtype", "float32") for c in (old, self.cfg))
+        if old.get("fsdp") != "sharded" or not model.get("master_weights", False) or then == now:
+            return
+        raise ConfigError(
+            f"{what} a run under fsdp: sharded with model.master_weights=true, whose checkpoints keep the float32 "
+            f"masters in their shards, which are not carried to another model.dtype: resume it with "
+            f"model.dtype={then} (to train on in {now}, start a new run with {self._init_named()} on its final/ or a "
+            "checkpoint)"
         )
 
     def _check_same_master_weights(self, old: dict, what: str) -> None:
