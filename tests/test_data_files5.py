@@ -87,3 +87,13 @@ def test_a_csv_header_with_spaces_after_its_commas_is_told_so(tmp_path: Path) ->
     with pytest.raises(DataError) as info:
         load_dataset(str(path))
     assert "spaces around them" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["sheet.xlsx", "sheet.csv", "sheet.jsonl"])
+def test_an_excel_workbook_given_as_data_is_told_to_export_it(tmp_path: Path, name: str) -> None:
+    """An .xlsx workbook (a zip archive) was 'unrecognised format' (as .csv: 'contains no records'): it is named, with
+    how to export it or pass its rows."""
+    path = tmp_path / name
+    path.write_bytes(b"PK\x03\x04" + bytes(range(60)) * 2)
+    with pytest.raises(DataError, match=r"a zip archive \(an Excel .xlsx workbook is one\), not text: export the"):
+        load_dataset(str(path))

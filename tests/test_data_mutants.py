@@ -408,7 +408,7 @@ def test_a_csv_file_with_blank_lines_above_its_header_reads_from_the_header(tmp_
     with pytest.raises(DataError, match=r"rows\.csv line 5: field 'question' is empty"):
         load_dataset(str(path))
     path.write_text("\n\n", "utf-8")
-    with pytest.raises(DataError, match="no header line"):
+    with pytest.raises(DataError, match=r"the file is empty \(blank lines only\)"):
         load_dataset(str(path))
 
 

@@ -319,10 +319,19 @@ def test_error_wrong_type(tmp_path: Path) -> None:
         load_dataset(str(path))
 
 
-@pytest.mark.parametrize("text", ["", "\n\n  \n", "[]"])
-def test_error_empty(tmp_path: Path, text: str) -> None:
-    path = _write(tmp_path / ("e.json" if text == "[]" else "e.jsonl"), text)
-    with pytest.raises(DataError, match="contains no records") as info:
+@pytest.mark.parametrize(
+    "name, text, says",
+    [
+        ("e.jsonl", "", "the file is empty$"),
+        ("e.json", "", "the file is empty$"),  # (it was 'line 1: invalid JSON (Expecting value, column 1)')
+        ("e.jsonl", "\n\n  \n", r"the file is empty \(blank lines only\)"),
+        ("e.csv", "\n", r"the file is empty \(blank lines only\)"),
+        ("e.json", "[]", "contains no records"),
+    ],
+)
+def test_error_empty(tmp_path: Path, name: str, text: str, says: str) -> None:
+    path = _write(tmp_path / name, text)
+    with pytest.raises(DataError, match=says) as info:
         load_dataset(str(path))
     assert str(path) in str(info.value)
 

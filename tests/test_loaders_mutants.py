@@ -279,7 +279,7 @@ def test_a_mapped_row_without_a_question_or_answer_is_named(row: dict[str, Any],
 def test_a_text_file_of_blank_lines_is_a_file_of_no_records(tmp_path: Path) -> None:
     path = tmp_path / "empty.txt"
     path.write_text("\n  \n", "utf-8")
-    with pytest.raises(DataError, match="empty.txt contains no records"):
+    with pytest.raises(DataError, match=r"empty.txt: the file is empty \(blank lines only\)"):
         load_dataset(str(path))
 
 

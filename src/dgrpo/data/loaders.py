@@ -50,12 +50,12 @@ from .tables import (
     CsvTable,
     dataset_rows,
     is_hf_folder,
+    not_text,
     not_utf8,
     read_csv_lines,
     read_hf_folder,
     read_parquet,
     unnamed_split,
-    wide_text,
 )
 
 __all__ = ["DATASETS", "HUB_DATASETS", "DatasetSpec", "find_data_dir", "load_dataset"]
@@ -402,7 +402,7 @@ def _read_text(path: Path) -> str:
         raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
     if data.startswith(b"\x1f\x8b"):  # (gzip's magic bytes: was 'line 1: not valid UTF-8 (byte 1)')
         raise DataError(f"{path}: a gzip-compressed file; decompress it first (gunzip -k {path})")
-    wide = wide_text(path, data[:UTF16_HEAD])
+    wide = not_text(path, data[:UTF16_HEAD])
     if wide is not None:
         raise wide
     try:

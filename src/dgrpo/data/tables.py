@@ -57,7 +57,7 @@ def read_csv_lines(path: Path, delimiter: str = ",") -> CsvTable:
     kind = "TSV" if delimiter == "\t" else "CSV"
     try:
         with open(path, "rb") as raw:
-            wide = wide_text(path, raw.read(UTF16_HEAD))
+            wide = not_text(path, raw.read(UTF16_HEAD))
     except OSError:
         wide = None  # (open below says what is wrong)
     if wide is not None:
@@ -103,6 +103,22 @@ def _cells_of_any_length() -> Iterator[None]:
 
 #: how many of a file's first bytes :func:`wide_text` looks at
 UTF16_HEAD = 64
+
+
+def not_text(path: Path, head: bytes) -> DataError | None:
+    """The DataError for a data file whose first bytes ``head`` (:data:`UTF16_HEAD` of them, all of a shorter file)
+    are not text it can read, saying what it is and what to do: empty (or blank), a zip archive (an Excel ``.xlsx``
+    workbook is one: it was 'unrecognised format', or as ``.csv`` 'contains no records'), UTF-16 or UTF-32 text
+    (:func:`wide_text`); None otherwise."""
+    if len(head) < UTF16_HEAD and not head.strip():
+        return DataError(f"{path}: the file is empty" + (" (blank lines only)" if head else ""))
+    if head.startswith(b"PK\x03\x04"):
+        return DataError(
+            f"{path}: a zip archive (an Excel .xlsx workbook is one), not text: export the sheet as CSV UTF-8 (Excel: "
+            "Save As, CSV UTF-8), or in Python pass its rows: "
+            "dgrpo.load_dataset(pandas.read_excel(path).to_dict('records'))"
+        )
+    return wide_text(path, head)
 
 
 def wide_text(path: Path, head: bytes) -> DataError | None:
