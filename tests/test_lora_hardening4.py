@@ -187,3 +187,17 @@ def test_an_adapter_put_on_a_base_of_another_size_says_so(lora_base_dirs, tokeni
         f"LoRA adapter {folder}: it does not fit the base model {tmp_path / 'wider'} (wrong shapes: "
     )
     assert f"point base_model_name_or_path in {folder / 'adapter_config.json'} to that base" in said
+
+
+def test_the_moved_base_hint_asks_to_delete_the_manifest_only_while_it_is_there(tmp_path) -> None:
+    """The hint said to delete FOLDER/manifest.json after the user had deleted it (the folder then still refused for
+    its base): with no manifest, it says to point the adapter's config only."""
+    from dgrpo.model.lora import repoint_hint
+
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    assert repoint_hint(folder) == (
+        f"point base_model_name_or_path in {folder / 'adapter_config.json'} to where the base is now"
+    )
+    (folder / "manifest.json").write_text("{}")
+    assert f"and delete {folder / 'manifest.json'} (it holds that file's checksum" in repoint_hint(folder)

@@ -483,10 +483,12 @@ def repoint_hint(folder: Path) -> str:
         if run is not None
         else ""
     )
+    point = f"{resume}point base_model_name_or_path in {folder / ADAPTER_CONFIG} to where the base is now"
+    if not (folder / MANIFEST).is_file():  # (deleted already: nothing more to do)
+        return point
     return (
-        f"{resume}point base_model_name_or_path in {folder / ADAPTER_CONFIG} to where the base is now and delete "
-        f"{folder / MANIFEST} (it holds that file's checksum; do it in a copy of a run's final/, best/ or stage-K/, "
-        "which the run no longer takes as its own without it)"
+        f"{point} and delete {folder / MANIFEST} (it holds that file's checksum; do it in a copy of a run's final/, "
+        "best/ or stage-K/, which the run no longer takes as its own without it)"
     )
 
 
