@@ -2,6 +2,7 @@
 docs/*.md parses with the command line it documents, and the config it names (files and ``--set`` overrides) loads
 and validates. Nothing is run."""
 
+import ast
 import re
 import shlex
 from pathlib import Path
@@ -339,7 +340,10 @@ def test_the_readme_library_tour_runs_on_the_demo_layout(sft_checkpoint, tmp_pat
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "README.md (library tour)", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
-    assert len(printed) == 4 and all(0.0 <= float(x) <= 1.0 for x in printed[1:])
+    assert len(printed) == 5 and all(0.0 <= float(x) <= 1.0 for x in printed[1:4])
+    pass_at_k = ast.literal_eval(printed[4])  # (pass@k never falls as k grows; pass@8 is at least the vote's)
+    assert list(pass_at_k) == ["1", "2", "4", "8"] and sorted(pass_at_k.values()) == list(pass_at_k.values())
+    assert pass_at_k["8"] >= float(printed[3])
 
 
 def library_tour_modules() -> set[str]:
