@@ -20,9 +20,8 @@ Equivalent mutants (no behaviour tells them apart), left alive:
 - dropping ``found[key][0] is train`` (both caches): the key holds ``id(train)``, and the cache holds ``train``
   itself while the block lives, so no other list can take its id there.
 
-Not equivalent, left alive: trained_layouts without ``layout_stage(...)`` checks the same examples and changes only
-the stage a refusal names (a no_curriculum run of 8 epochs trains stage 3 alone: the refusal says stage 2, its
-layout; the mutant says stage 3, the stage trained). Which to name is a choice of the message, not pinned here.
+trained_layouts without ``layout_stage(...)`` (each stage its own layout) is killed by
+``test_the_refusal_names_a_stage_the_run_trains``: the refusal names the first stage trained at the layout.
 """
 
 from __future__ import annotations
@@ -350,3 +349,19 @@ def test_checked_once_starts_empty_and_leaves_nothing_behind(tokenizer):
             assert found_at_start() == {}
         assert found_at_start() is outer
     assert found_at_start() is None
+
+
+def test_the_refusal_names_a_stage_the_run_trains(tokenizer):
+    """A no_curriculum run of 8 epochs trains stage 3 alone (it writes stage-3/), at the latent layout of stage 2
+    (every step dropped past max_latent_stage): the refusal said "at stage 2", a stage the run never trains; it names
+    stage 3. Kills trained_layouts without ``layout_stage(...)`` too (the layouts then differ from the stages)."""
+    from dgrpo.config import ConfigError
+    from dgrpo.training.sft import check_examples_fit, trained_layouts
+
+    lm = _setup(tokenizer)
+    cfg = _cfg(**{"sft.mode": "no_curriculum", "sft.num_epochs": 8, "data.max_target_tokens": 600})
+    assert trained_layouts(cfg) == {2: 3}
+    with pytest.raises(ConfigError, match=r"record 0 \(counting from 0\) at stage 3: "):
+        check_examples_fit(lm, cfg, [_long_answer(600)])
+    uniform = _cfg(**{"sft.uniform_prob": 0.5, "sft.num_epochs": 8})
+    assert trained_layouts(uniform) == {0: 0, 1: 1, 2: 2}  # (a record drawn at stage 2 trains layout 2 first)

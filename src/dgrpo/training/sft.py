@@ -533,7 +533,7 @@ def check_examples_fit(lm: LatentLM, cfg: Config, train: list[Record], what: str
     q_at, width = widest_prompt(lm, train, max_q)
     if width + most <= limit:  # (every target cut to data.max_target_tokens still fits: not tokenized)
         return
-    stage, t_at, n_latent, target = _longest_example(lm, cfg, train, stages)
+    stage, t_at, n_latent, target = _longest_example(lm, cfg, train, list(stages))
     try:
         data_key = "task.n_steps" if cfg.data.train.startswith("builtin") else ""
         lm.check_fits(width, n_latent, target, "sft.c_thought", target_key="data.max_target_tokens", data_key=data_key)
@@ -544,17 +544,23 @@ def check_examples_fit(lm: LatentLM, cfg: Config, train: list[Record], what: str
             if not max_q
             else ""
         )
-        raise ConfigError(f"{what}: {which} (counting from 0) at stage {stage}: {e}{unlimited}") from None
+        raise ConfigError(f"{what}: {which} (counting from 0) at stage {stages[stage]}: {e}{unlimited}") from None
 
 
-def trained_layouts(cfg: Config) -> list[int]:
-    """The latent layouts (:func:`~.curriculum.layout_stage`) the run trains examples at: each epoch's stage's, and
-    under ``sft.uniform_prob`` (a record drawn at a random stage) every one."""
+def trained_layouts(cfg: Config) -> dict[int, int]:
+    """The latent layouts (:func:`~.curriculum.layout_stage`) the run trains examples at, each with the first stage
+    that trains it (the stage a refusal names: a no_curriculum run of 8 epochs trains stage 3 alone, at the layout of
+    stage 2, a stage it never trains), in layout order: each epoch's stage's, and under ``sft.uniform_prob`` (a record
+    drawn at a random stage) every one."""
     s = cfg.sft
-    stages = {layout_stage(stage_of_epoch(epoch, cfg), cfg) for epoch in range(s.num_epochs)}
+    named: dict[int, int] = {}
+    for epoch in range(s.num_epochs):
+        stage = stage_of_epoch(epoch, cfg)
+        named.setdefault(layout_stage(stage, cfg), stage)
     if s.uniform_prob > 0 and s.mode in ("coconut", "pause", "no_curriculum"):
-        stages |= set(range(s.max_latent_stage + 2))
-    return sorted(stages)
+        for stage in range(s.max_latent_stage + 2):  # (layout k is stage k's here)
+            named[stage] = min(named.get(stage, stage), stage)
+    return dict(sorted(named.items()))
 
 
 def _longest_example(lm: LatentLM, cfg: Config, train: list[Record], stages: list[int]) -> tuple[int, int, int, int]:
