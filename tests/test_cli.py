@@ -453,7 +453,7 @@ def test_yaml_configs_in_repo_are_valid():
     [
         ('{"question": "q", "answer": "#### 3"}\n{"question": "q2"\n', "line 2"),
         ('{"question": "q", "answer": "#### 3"}\n{"question": "q2", "nothing": 1}\n', "line 2"),
-        ("", "no records"),
+        ("", "the file is empty"),
     ],
 )
 def test_bad_data_file_exits_2_naming_file_and_line(tmp_path, content, needle, run_cli):

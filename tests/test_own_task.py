@@ -889,7 +889,7 @@ def test_a_folder_of_split_files_names_the_files_to_give(tmp_path, monkeypatch):
 
 def test_an_empty_parquet_file_contains_no_records(tmp_path):
     """A parquet file of no rows was 'not a readable parquet file (ValueError: Instruction "train" corresponds to no
-    data!)', as an empty JSONL or CSV file is 'contains no records'."""
+    data!)', as a JSON file of no records ([]) is 'contains no records'."""
     datasets = pytest.importorskip("datasets")
     from dgrpo.data.records import DataError
 

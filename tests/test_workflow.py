@@ -18,7 +18,7 @@ def test_a_dataset_that_cannot_be_read_names_its_key(tmp_path, run_cli, key):
     r = run_cli("sft", "--config", TINY, "--out", out, "--set", f"{key}={value}", "task.n_train=64")
     assert r.returncode == 2, r.stderr
     (line,) = r.stderr.strip().splitlines()
-    assert line.startswith(f"dgrpo: error: {key}: ") and str(empty) in line and "no records" in line, line
+    assert line.startswith(f"dgrpo: error: {key}: ") and str(empty) in line and "the file is empty" in line, line
     fix = "--set 'data.test=[...]'" if key == "data.test" else f"--set {key}=..."
     assert line.endswith(f"; {fix} names another"), line
     assert not out.exists()
