@@ -15,10 +15,10 @@ Equivalent mutants (no behaviour tells them apart), left alive:
 - trained_layouts without its mode test (``s.mode in ("coconut", "pause", "no_curriculum")``): under cot and no_cot
   every stage has the same layout (``latent_layout``: (0, 0), or (n_steps, 0)) and stage 0 is trained, so the extra
   stages add no longer example and a tie keeps stage 0.
-- ``_longest_example``'s ``longest = (-1, ...)`` -> ``(0, ...)``: every example has a target of at least one token
+- ``_find_longest_example``'s ``longest = (-1, ...)`` -> ``(0, ...)``: every example has a target of at least one token
   (``data.max_target_tokens`` >= 1 is validated), so the first example replaces it either way.
-- dropping ``found[key][0] is train`` (both caches): the key holds ``id(train)``, and the cache holds ``train``
-  itself while the block lives, so no other list can take its id there.
+- dropping ``found[key][0] is train`` (``run_inputs.found_once``, both caches'): the key holds ``id(train)``, and
+  the cache holds ``train`` itself while the block lives, so no other list can take its id there.
 
 trained_layouts without ``layout_stage(...)`` (each stage its own layout) is killed by
 ``test_the_refusal_names_a_stage_the_run_trains``: the refusal names the first stage trained at the layout.
@@ -167,7 +167,7 @@ def test_the_question_limit_counts_the_bos_before_the_question(tokenizer):
 def test_an_uncut_targets_eos_is_counted(tokenizer):
     """A target shorter than data.max_target_tokens ends in EOS, which the batch holds: the widest question, stage
     1's thought, the end marker, the target and its EOS one past the context are refused; a target one token shorter
-    fits. Kills ``min(len(ids) + 1, max_t)`` -> ``min(len(ids), max_t)`` in _longest_example."""
+    fits. Kills ``min(len(ids) + 1, max_t)`` -> ``min(len(ids), max_t)`` in _find_longest_example."""
     from dgrpo.config import ConfigError
     from dgrpo.training.sft import check_examples_fit
 
@@ -191,7 +191,7 @@ def _long_steps():
 def test_a_long_stage_0_target_is_counted_as_cut(tokenizer):
     """A stage-0 target longer than the context is cut to data.max_target_tokens (no EOS): with the widest question
     and the end marker it fills the context and fits; one more token of data.max_target_tokens is refused at stage
-    0. Kills ``min(len(ids) + 1, max_t)`` -> ``len(ids) + 1`` in _longest_example."""
+    0. Kills ``min(len(ids) + 1, max_t)`` -> ``len(ids) + 1`` in _find_longest_example."""
     from dgrpo.config import ConfigError
     from dgrpo.training.sft import check_examples_fit
 
@@ -216,7 +216,7 @@ def _thoughts_outweigh(lm):
 def test_the_longest_example_counts_its_thoughts(tokenizer):
     """Stage 0's target is longer than stage 1's, but stage 1's 10 thoughts make its example the longer, one past
     the context: refused, naming stage 1. Kills comparing the targets without the thoughts (``n_latent +
-    widths[target] > longest[0]`` -> ``widths[target] > ...``) in _longest_example."""
+    widths[target] > longest[0]`` -> ``widths[target] > ...``) in _find_longest_example."""
     from dgrpo.config import ConfigError
     from dgrpo.training.sft import check_examples_fit
 

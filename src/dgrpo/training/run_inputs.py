@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
 
 from ..config import Config, ConfigError
 from ..data.records import Record, check_records, data_columns
@@ -100,6 +100,8 @@ def check_trainer_inputs(lm: object, cfg: Config, train: list[Record], what: str
     check_records(train, f"{what}: train")
 
 
+T = TypeVar("T")
+
 #: within :func:`checked_once`, what the start checks found, by what they checked (None: outside it)
 _FOUND: ContextVar[dict[tuple, tuple] | None] = ContextVar("start_checks", default=None)
 
@@ -123,6 +125,18 @@ def found_at_start() -> dict[tuple, tuple] | None:
     return _FOUND.get()
 
 
+def found_once(key: tuple, train: list[Record], find: Callable[[], T]) -> T:
+    """What ``find()`` finds of the records ``train`` (``key``: what it depends on, ``id(train)`` among it): within
+    :func:`checked_once`, found once and kept (for this very list); outside it, found each call."""
+    found = _FOUND.get()
+    if found is not None and key in found and found[key][0] is train:
+        return found[key][1]
+    result = find()
+    if found is not None:
+        found[key] = (train, result)
+    return result
+
+
 #: how many distinct training questions :func:`widest_prompt` encodes at a time
 QUESTIONS_AT_ONCE = 1024
 
@@ -134,9 +148,11 @@ def widest_prompt(lm: LatentLM, train: list[Record], max_tokens: int) -> tuple[i
     prompt settings."""
     tokenizer = (getattr(lm.tokenizer, "name_or_path", ""), len(lm.tokenizer))
     key = ("widest", id(train), len(train), max_tokens, lm.settings.chat_template, tuple(lm.question_prefix), tokenizer)
-    found = _FOUND.get()
-    if found is not None and key in found and found[key][0] is train:
-        return found[key][1]
+    return found_once(key, train, lambda: _widest_prompt(lm, train, max_tokens))
+
+
+def _widest_prompt(lm: LatentLM, train: list[Record], max_tokens: int) -> tuple[int, int]:
+    """:func:`widest_prompt`'s search."""
     first: dict[str, int] = {}  # (each distinct question's first record)
     for i, r in enumerate(train):
         first.setdefault(r.question, i)
@@ -153,10 +169,7 @@ def widest_prompt(lm: LatentLM, train: list[Record], max_tokens: int) -> tuple[i
     while hi - lo > 1:  # (the widest question lies in [lo, hi))
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if width(lo, mid) == widest else (mid, hi)
-    result = (first[questions[lo]], widest)
-    if found is not None:
-        found[key] = (train, result)
-    return result
+    return first[questions[lo]], widest
 
 
 def warn_if_training_questions_cut(lm: LatentLM, cfg: Config, train: list[Record]) -> None:

@@ -70,7 +70,7 @@ from .run_inputs import (
     check_restart,
     check_run_inputs,
     default_evaluate_fn,
-    found_at_start,
+    found_once,
     warn_if_training_questions_cut,
     widest_prompt,
 )
@@ -567,14 +567,18 @@ def _longest_example(lm: LatentLM, cfg: Config, train: list[Record], stages: lis
     """(stage, record, latent thoughts, target tokens) of the first example of ``train`` whose latent thoughts and
     target (:func:`~.curriculum.make_example`, cut to ``data.max_target_tokens`` as :func:`sft_loss` encodes it) are
     the longest, at ``stages``. Within :func:`~.run_inputs.checked_once`, found once for the same data."""
-    s, max_t = cfg.sft, cfg.data.max_target_tokens
+    s = cfg.sft
     tokenizer = (getattr(lm.tokenizer, "name_or_path", ""), len(lm.tokenizer))
     layout = (s.mode, s.c_thought, s.max_latent_stage, s.pad_latent_to_max)
-    key = ("sft longest", id(train), len(train), tuple(stages), layout, max_t, tokenizer)
-    found = found_at_start()
-    if found is not None and key in found and found[key][0] is train:
-        return found[key][1]
-    longest = (-1, 0, 0, 0, 0)  # (length, stage, record, thoughts, target)
+    key = ("sft longest", id(train), len(train), tuple(stages), layout, cfg.data.max_target_tokens, tokenizer)
+    return found_once(key, train, lambda: _find_longest_example(lm, cfg, train, stages))
+
+
+def _find_longest_example(
+    lm: LatentLM, cfg: Config, train: list[Record], stages: list[int]
+) -> tuple[int, int, int, int]:
+    """:func:`_longest_example`'s search: each stage's distinct targets tokenized once."""
+    max_t, longest = cfg.data.max_target_tokens, (-1, 0, 0, 0, 0)  # (length, stage, record, thoughts, target)
     for stage in stages:
         layouts = [latent_layout(stage, len(r.steps), cfg) for r in train]
         targets = [format_target(r.steps[skip:], r.answer) for r, (skip, _) in zip(train, layouts)]
@@ -583,10 +587,7 @@ def _longest_example(lm: LatentLM, cfg: Config, train: list[Record], stages: lis
         for i, (target, (_, n_latent)) in enumerate(zip(targets, layouts)):
             if n_latent + widths[target] > longest[0]:
                 longest = (n_latent + widths[target], stage, i, n_latent, widths[target])
-    result = longest[1:]
-    if found is not None:
-        found[key] = (train, result)
-    return result
+    return longest[1:]
 
 
 def check_validation_fits(lm: LatentLM, valid: list[Record], cfg: Config) -> None:
