@@ -97,3 +97,15 @@ def test_an_excel_workbook_given_as_data_is_told_to_export_it(tmp_path: Path, na
     path.write_bytes(b"PK\x03\x04" + bytes(range(60)) * 2)
     with pytest.raises(DataError, match=r"a zip archive \(an Excel .xlsx workbook is one\), not text: export the"):
         load_dataset(str(path))
+
+
+def test_a_gzipped_csv_is_named_so_as_a_gzipped_json_file_is(tmp_path: Path) -> None:
+    """Every text reader asks one head check (tables.not_text): a gzipped .csv was 'not valid UTF-8' with a line and
+    byte, where a gzipped .jsonl said gzip; both say it now."""
+    import gzip
+
+    for name in ("rows.csv", "rows.jsonl"):
+        path = tmp_path / name
+        path.write_bytes(gzip.compress(b"question,answer\nq,3\n"))
+        with pytest.raises(DataError, match=r": a gzip-compressed file; decompress it first \(gunzip -k "):
+            load_dataset(str(path))

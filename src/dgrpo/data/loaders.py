@@ -46,7 +46,7 @@ from .row_formats import (
 from .subsets import OPENMATH_HUB_ID, sample_subset, stream_openmath
 from .synthetic import load_builtin
 from .tables import (
-    UTF16_HEAD,
+    HEAD_BYTES,
     CsvTable,
     dataset_rows,
     is_hf_folder,
@@ -400,11 +400,9 @@ def _read_text(path: Path) -> str:
         raise DataError(f"{path}: is a directory, expected a data file") from None
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if data.startswith(b"\x1f\x8b"):  # (gzip's magic bytes: was 'line 1: not valid UTF-8 (byte 1)')
-        raise DataError(f"{path}: a gzip-compressed file; decompress it first (gunzip -k {path})")
-    wide = not_text(path, data[:UTF16_HEAD])
-    if wide is not None:
-        raise wide
+    refused = not_text(path, data[:HEAD_BYTES])
+    if refused is not None:
+        raise refused
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -57,11 +57,11 @@ def read_csv_lines(path: Path, delimiter: str = ",") -> CsvTable:
     kind = "TSV" if delimiter == "\t" else "CSV"
     try:
         with open(path, "rb") as raw:
-            wide = not_text(path, raw.read(UTF16_HEAD))
+            refused = not_text(path, raw.read(HEAD_BYTES))
     except OSError:
-        wide = None  # (open below says what is wrong)
-    if wide is not None:
-        raise wide
+        refused = None  # (open below says what is wrong)
+    if refused is not None:
+        raise refused
     try:
         with open(path, newline="", encoding="utf-8-sig") as f, _cells_of_any_length():
             reader = csv.reader(f, delimiter=delimiter)
@@ -101,17 +101,20 @@ def _cells_of_any_length() -> Iterator[None]:
         csv.field_size_limit(before)
 
 
-#: how many of a file's first bytes :func:`wide_text` looks at
-UTF16_HEAD = 64
+#: how many of a file's first bytes :func:`not_text` looks at
+HEAD_BYTES = 64
 
 
 def not_text(path: Path, head: bytes) -> DataError | None:
-    """The DataError for a data file whose first bytes ``head`` (:data:`UTF16_HEAD` of them, all of a shorter file)
-    are not text it can read, saying what it is and what to do: empty (or blank), a zip archive (an Excel ``.xlsx``
-    workbook is one: it was 'unrecognised format', or as ``.csv`` 'contains no records'), UTF-16 or UTF-32 text
-    (:func:`wide_text`); None otherwise."""
-    if len(head) < UTF16_HEAD and not head.strip():
+    """The DataError for a data file whose first bytes ``head`` (:data:`HEAD_BYTES` of them, all of a shorter file)
+    are not text it can read, saying what it is and what to do: empty (or blank), gzip-compressed (it was 'line 1:
+    not valid UTF-8 (byte 1)'), a zip archive (an Excel ``.xlsx`` workbook is one: it was 'unrecognised format', or
+    as ``.csv`` 'contains no records'), UTF-16 or UTF-32 text (:func:`wide_text`); None otherwise. Every reader of a
+    text file (:func:`read_csv_lines`, the JSON and text formats') asks it before decoding."""
+    if len(head) < HEAD_BYTES and not head.strip():
         return DataError(f"{path}: the file is empty" + (" (blank lines only)" if head else ""))
+    if head.startswith(b"\x1f\x8b"):  # (gzip's magic bytes)
+        return DataError(f"{path}: a gzip-compressed file; decompress it first (gunzip -k {path})")
     if head.startswith(b"PK\x03\x04"):
         return DataError(
             f"{path}: a zip archive (an Excel .xlsx workbook is one), not text: export the sheet as CSV UTF-8 (Excel: "
