@@ -34,6 +34,7 @@ from ..model.verified import write_text_atomically
 from ..plugins import source_hashes
 from .distributed import Dist
 from .master_weights import MasterWeightAdamW
+from .resume_check import START_OVER
 from .wording import in_command_line
 
 
@@ -123,7 +124,7 @@ def warn_if_plugins_changed(path: Path, step: int, applied: dict[str, Any]) -> N
     recorded = before[-1].get("plugin_files") if before else None
     if not isinstance(recorded, dict):  # (a new run, or one recorded before plugin_files)
         return
-    new_run = "--resume never" if in_command_line() else "resume='never'"
+    new_run = START_OVER[0] if in_command_line() else START_OVER[1]
     for file, digest in applied.get("plugin_files", {}).items():
         if recorded.get(file, digest) != digest:
             warnings.warn(
